@@ -1,0 +1,160 @@
+package abi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+)
+
+// Limits a manifest is checked against. They bound what one request may make
+// the runtime allocate, not what a GPU could hold.
+const (
+	MaxBufferBytes = 1 << 30 // per buffer: input, tmp, out
+	MaxChainLength = 64
+	MaxGrid        = 1<<31 - 1
+	MaxBlock       = 1024
+)
+
+// Manifest is plover.json: what to load and what to run for each request.
+type Manifest struct {
+	Name          string   `json:"name"`
+	ABI           int      `json:"abi"`
+	Target        string   `json:"target"`
+	Library       string   `json:"library"`
+	Constants     string   `json:"constants,omitempty"`
+	MaxInputBytes int64    `json:"max_input_bytes"`
+	TmpBytes      int64    `json:"tmp_bytes"`
+	OutBytes      int64    `json:"out_bytes"`
+	ZeroTmp       bool     `json:"zero_tmp"`
+	Chain         []Launch `json:"chain"`
+	// MaxInstances caps concurrent instances of this function on a node;
+	// 0 means the server's default.
+	MaxInstances int `json:"max_instances,omitempty"`
+}
+
+// Launch is one step of a chain: the exported entry point and its launch size.
+type Launch struct {
+	Kernel string `json:"kernel"`
+	Grid   int    `json:"grid"`
+	Block  int    `json:"block"`
+}
+
+// FieldError says which manifest field is wrong and why.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+var (
+	nameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	symbolRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	fileRE   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+)
+
+// ValidName reports whether s is a valid function name.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// ValidSymbol reports whether s can name an exported C entry point.
+func ValidSymbol(s string) bool { return symbolRE.MatchString(s) }
+
+// ParseManifest decodes and validates a manifest. Unknown fields are errors:
+// a misspelt "zero_tmp" must not silently become false.
+func ParseManifest(r io.Reader) (*Manifest, error) {
+	data, err := io.ReadAll(io.LimitReader(r, 1<<20+1))
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	if len(data) > 1<<20 {
+		return nil, &FieldError{Field: ManifestFile, Reason: "larger than 1 MiB"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var m Manifest
+	if err := dec.Decode(&m); err != nil {
+		return nil, &FieldError{Field: ManifestFile, Reason: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+	}
+	if dec.More() {
+		return nil, &FieldError{Field: ManifestFile, Reason: "trailing data after the JSON object"}
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// Validate checks every field and returns the first problem as *FieldError.
+func (m *Manifest) Validate() error {
+	switch {
+	case !ValidName(m.Name):
+		return &FieldError{"name", fmt.Sprintf("%q must match [a-z0-9][a-z0-9-]{0,62}", m.Name)}
+	case m.ABI != Version:
+		return &FieldError{"abi", fmt.Sprintf("is %d, this runtime speaks ABI %d", m.ABI, Version)}
+	case m.Target != TargetHost && m.Target != TargetCUDA:
+		return &FieldError{"target", fmt.Sprintf("%q must be %q or %q", m.Target, TargetHost, TargetCUDA)}
+	case !fileRE.MatchString(m.Library) || !strings.HasSuffix(m.Library, ".so"):
+		return &FieldError{"library", fmt.Sprintf("%q must be a plain file name ending in .so", m.Library)}
+	case m.Constants != "" && !fileRE.MatchString(m.Constants):
+		return &FieldError{"constants", fmt.Sprintf("%q must be a plain file name", m.Constants)}
+	case m.Constants == m.Library || m.Constants == ManifestFile || m.Library == ManifestFile:
+		return &FieldError{"constants", "library, constants and plover.json must be three different files"}
+	case m.MaxInputBytes <= 0 || m.MaxInputBytes > MaxBufferBytes:
+		return &FieldError{"max_input_bytes", fmt.Sprintf("%d must be in 1..%d", m.MaxInputBytes, MaxBufferBytes)}
+	case m.TmpBytes < 0 || m.TmpBytes > MaxBufferBytes:
+		return &FieldError{"tmp_bytes", fmt.Sprintf("%d must be in 0..%d", m.TmpBytes, MaxBufferBytes)}
+	case m.OutBytes <= 0 || m.OutBytes > MaxBufferBytes:
+		return &FieldError{"out_bytes", fmt.Sprintf("%d must be in 1..%d", m.OutBytes, MaxBufferBytes)}
+	case m.ZeroTmp && m.TmpBytes == 0:
+		return &FieldError{"zero_tmp", "is set but tmp_bytes is 0"}
+	case m.MaxInstances < 0 || m.MaxInstances > 1024:
+		return &FieldError{"max_instances", fmt.Sprintf("%d must be in 0..1024", m.MaxInstances)}
+	}
+	return ValidateChain("chain", m.Chain)
+}
+
+// ValidateChain checks a chain's shape (not whether its symbols exist).
+func ValidateChain(field string, chain []Launch) error {
+	if len(chain) == 0 {
+		return &FieldError{field, "must name at least one kernel"}
+	}
+	if len(chain) > MaxChainLength {
+		return &FieldError{field, fmt.Sprintf("has %d kernels, at most %d allowed", len(chain), MaxChainLength)}
+	}
+	for i, l := range chain {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		switch {
+		case !ValidSymbol(l.Kernel):
+			return &FieldError{f + ".kernel", fmt.Sprintf("%q is not a C identifier", l.Kernel)}
+		case l.Grid < 1 || l.Grid > MaxGrid:
+			return &FieldError{f + ".grid", fmt.Sprintf("%d must be in 1..%d", l.Grid, MaxGrid)}
+		case l.Block < 1 || l.Block > MaxBlock:
+			return &FieldError{f + ".block", fmt.Sprintf("%d must be in 1..%d", l.Block, MaxBlock)}
+		}
+	}
+	return nil
+}
+
+// Kernels lists the distinct entry points a chain uses, in first-use order.
+func Kernels(chain []Launch) []string {
+	seen := make(map[string]bool, len(chain))
+	var out []string
+	for _, l := range chain {
+		if !seen[l.Kernel] {
+			seen[l.Kernel] = true
+			out = append(out, l.Kernel)
+		}
+	}
+	return out
+}
+
+// AsFieldError unwraps err to a *FieldError if it holds one.
+func AsFieldError(err error) (*FieldError, bool) {
+	var fe *FieldError
+	ok := errors.As(err, &fe)
+	return fe, ok
+}

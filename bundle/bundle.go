@@ -1,0 +1,218 @@
+// Package bundle packs a function directory (plover.json, library, constants)
+// into one content-addressed object, a zstd-compressed tar, and unpacks such
+// objects defensively: bundles come from users and from shared storage.
+package bundle
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// MediaType is the content type of a packed bundle.
+const MediaType = "application/vnd.plover.bundle+zstd"
+
+// DefaultMaxUnpacked bounds the unpacked size of one bundle: manifest maxima
+// are 1 GiB per buffer and constants rarely exceed a few GiB.
+const DefaultMaxUnpacked int64 = 4 << 30
+
+// Error says why a bundle was refused.
+type Error struct{ Reason string }
+
+func (e *Error) Error() string { return "bundle: " + e.Reason }
+
+func refuse(format string, a ...any) error { return &Error{Reason: fmt.Sprintf(format, a...)} }
+
+var shaRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// ValidDigest reports whether s is a lowercase hex sha256.
+func ValidDigest(s string) bool { return shaRE.MatchString(s) }
+
+// ObjectKey is where a bundle with this sha256 lives in a store.
+func ObjectKey(sha string) string { return "bundles/" + sha + ".tar.zst" }
+
+// Digest is the hex sha256 of b.
+func Digest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// ReadManifest reads and validates dir/plover.json.
+func ReadManifest(dir string) (*abi.Manifest, error) {
+	f, err := os.Open(filepath.Join(dir, abi.ManifestFile))
+	if err != nil {
+		return nil, fmt.Errorf("manifest: %w", err)
+	}
+	defer f.Close()
+	m, err := abi.ParseManifest(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name(), err)
+	}
+	return m, nil
+}
+
+// Pack writes the bundle for dir to w: plover.json first, then the library,
+// then the constants, with fixed metadata so equal inputs give equal bytes
+// (and so the same sha256).
+func Pack(dir string, w io.Writer) (*abi.Manifest, error) {
+	m, err := ReadManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	tw := tar.NewWriter(zw)
+	names := []string{abi.ManifestFile, m.Library}
+	if m.Constants != "" {
+		names = append(names, m.Constants)
+	}
+	for _, name := range names {
+		if err := addFile(tw, dir, name); err != nil {
+			zw.Close()
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		zw.Close()
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	return m, nil
+}
+
+func addFile(tw *tar.Writer, dir, name string) error {
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return fmt.Errorf("pack: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("pack: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("pack: %s is not a regular file", f.Name())
+	}
+	hdr := &tar.Header{Name: name, Mode: 0o644, Size: fi.Size(), ModTime: time.Unix(0, 0), Typeflag: tar.TypeReg, Format: tar.FormatPAX}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	if _, err := io.Copy(tw, f); err != nil {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	return nil
+}
+
+// PackBytes packs dir in memory and returns the bundle and its sha256.
+func PackBytes(dir string) ([]byte, string, *abi.Manifest, error) {
+	var buf bytes.Buffer
+	m, err := Pack(dir, &buf)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return buf.Bytes(), Digest(buf.Bytes()), m, nil
+}
+
+// Unpack extracts a bundle into dst, which must be an empty directory. It
+// accepts only regular files with plain names: plover.json first, then the
+// library and the constants the manifest names, each once. Links,
+// directories, absolute or ".." paths and any other name are refused, and so
+// is a bundle over maxUnpacked bytes.
+func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
+	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("unpack: %w", err)
+	}
+	defer zr.Close()
+	tr := tar.NewReader(zr)
+	var m *abi.Manifest
+	want := map[string]bool{}
+	var total int64
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, refuse("corrupt archive: %v", err)
+		}
+		if hdr.Typeflag != tar.TypeReg {
+			return nil, refuse("entry %q is not a regular file (type %q)", hdr.Name, hdr.Typeflag)
+		}
+		if hdr.Name != filepath.Base(hdr.Name) || hdr.Name == ".." || hdr.Name == "." || filepath.IsAbs(hdr.Name) {
+			return nil, refuse("entry %q is not a plain file name", hdr.Name)
+		}
+		if hdr.Size < 0 || total+hdr.Size > maxUnpacked {
+			return nil, refuse("unpacks to more than %d bytes", maxUnpacked)
+		}
+		total += hdr.Size
+		switch {
+		case m == nil && hdr.Name != abi.ManifestFile:
+			return nil, refuse("first entry is %q, want %s", hdr.Name, abi.ManifestFile)
+		case m == nil:
+			if m, err = abi.ParseManifest(io.LimitReader(tr, hdr.Size)); err != nil {
+				return nil, fmt.Errorf("bundle %s: %w", abi.ManifestFile, err)
+			}
+			want[m.Library] = true
+			if m.Constants != "" {
+				want[m.Constants] = true
+			}
+			err = writeFile(filepath.Join(dst, abi.ManifestFile), m)
+		case !want[hdr.Name]:
+			return nil, refuse("unexpected entry %q (library is %q, constants %q)", hdr.Name, m.Library, m.Constants)
+		default:
+			delete(want, hdr.Name)
+			err = copyFile(filepath.Join(dst, hdr.Name), tr, hdr.Size)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if m == nil {
+		return nil, refuse("empty archive, no %s", abi.ManifestFile)
+	}
+	for name := range want {
+		return nil, refuse("missing %q named by the manifest", name)
+	}
+	return m, nil
+}
+
+func writeFile(path string, m *abi.Manifest) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	return copyFile(path, bytes.NewReader(b), int64(len(b)))
+}
+
+func copyFile(path string, r io.Reader, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("unpack: %w", err)
+	}
+	n, err := io.Copy(f, io.LimitReader(r, size))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && n != size {
+		err = refuse("entry %s is truncated (%d of %d bytes)", filepath.Base(path), n, size)
+	}
+	return err
+}

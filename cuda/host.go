@@ -1,0 +1,176 @@
+package cuda
+
+/*
+#cgo CFLAGS: -O2 -I${SRCDIR}/../abi
+#include <stdlib.h>
+#include "host_run.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Host is the host device: "device memory" is 256-byte aligned C memory and a
+// chain runs on the calling OS thread. It runs the same bundles' host builds
+// and the same runtime paths as the CUDA device, so everything above the
+// device layer is testable without a GPU.
+type Host struct {
+	used  atomic.Int64
+	total int64
+}
+
+// NewHost returns a host device whose memory budget is limit bytes, or the
+// machine's RAM when limit is 0.
+func NewHost(limit int64) *Host {
+	if limit <= 0 {
+		var si syscall.Sysinfo_t
+		if syscall.Sysinfo(&si) == nil {
+			limit = int64(si.Totalram) * int64(si.Unit)
+		}
+	}
+	return &Host{total: limit}
+}
+
+func (h *Host) Target() string { return abi.TargetHost }
+func (h *Host) Name() string   { return "host (" + runtime.GOARCH + ", " + fmt.Sprint(runtime.NumCPU()) + " CPUs)" }
+func (h *Host) Health() error  { return nil }
+func (h *Host) Close() error   { return nil }
+
+func (h *Host) MemInfo() MemInfo {
+	used := h.used.Load()
+	return MemInfo{Total: h.total, Free: h.total - used, Used: used}
+}
+
+func (h *Host) alloc(n int64) (unsafe.Pointer, error) {
+	if n < 0 || n > int64(^uint(0)>>1) {
+		return nil, fmt.Errorf("host alloc of %d bytes", n)
+	}
+	p := C.plover_host_alloc(C.size_t(n))
+	if p == nil {
+		return nil, fmt.Errorf("host alloc of %d bytes: out of memory", n)
+	}
+	h.used.Add(n)
+	return p, nil
+}
+
+func (h *Host) free(p unsafe.Pointer, n int64) {
+	if p != nil {
+		C.free(p)
+		h.used.Add(-n)
+	}
+}
+
+type hostConstants struct {
+	h    *Host
+	ptr  unsafe.Pointer
+	size int64
+}
+
+func (c *hostConstants) Size() int64 { return c.size }
+func (c *hostConstants) Free()       { c.h.free(c.ptr, c.size); c.ptr = nil }
+
+func (h *Host) LoadConstants(r io.Reader, size int64) (Constants, error) {
+	p, err := h.alloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("constants: %w", err)
+	}
+	if _, err := io.ReadFull(r, unsafe.Slice((*byte)(p), size)); err != nil {
+		h.free(p, size)
+		return nil, fmt.Errorf("read constants: %w", err)
+	}
+	return &hostConstants{h: h, ptr: p, size: size}, nil
+}
+
+type hostInstance struct {
+	h         *Host
+	cfg       InstanceConfig
+	state     *C.plover_state_t // C memory: kernels may keep &s->… during the call
+	steps     [abi.MaxChainLength]C.plover_step_t
+	timing    C.plover_timing_t
+	lastError unsafe.Pointer
+}
+
+func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
+	st := (*C.plover_state_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_state_t{}))))
+	if st == nil {
+		return nil, fmt.Errorf("host instance: out of memory")
+	}
+	inst := &hostInstance{h: h, cfg: cfg, state: st, lastError: cfg.LastError}
+	bufs := []struct {
+		buf *C.plover_buf_t
+		n   int64
+	}{{&st.input, cfg.MaxInput}, {&st.tmp, cfg.Tmp}, {&st.out, cfg.Out}}
+	for _, b := range bufs {
+		p, err := h.alloc(b.n)
+		if err != nil {
+			inst.Close()
+			return nil, fmt.Errorf("host instance: %w", err)
+		}
+		b.buf.dat = (*C.uint8_t)(p)
+		b.buf.len = C.size_t(b.n)
+	}
+	if c, ok := cfg.Constants.(*hostConstants); ok && c != nil {
+		st.constant.dat = (*C.uint8_t)(c.ptr)
+		st.constant.len = C.size_t(c.size)
+	} else if cfg.Constants != nil {
+		inst.Close()
+		return nil, fmt.Errorf("host instance: constants belong to another device")
+	}
+	return inst, nil
+}
+
+func (i *hostInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
+
+func (i *hostInstance) Close() {
+	if i.state == nil {
+		return
+	}
+	i.h.free(unsafe.Pointer(i.state.input.dat), i.cfg.MaxInput)
+	i.h.free(unsafe.Pointer(i.state.tmp.dat), i.cfg.Tmp)
+	i.h.free(unsafe.Pointer(i.state.out.dat), i.cfg.Out)
+	C.free(unsafe.Pointer(i.state))
+	i.state = nil
+}
+
+func (i *hostInstance) Run(r *Run) error {
+	if err := checkRun(r, i.cfg.MaxInput, i.cfg.Tmp, i.cfg.Out, len(i.steps)); err != nil {
+		return err
+	}
+	for k, s := range r.Chain {
+		i.steps[k] = C.plover_step_t{fn: s.Fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
+	}
+	var in, out unsafe.Pointer
+	if len(r.Input) > 0 {
+		in = unsafe.Pointer(&r.Input[0])
+	}
+	if len(r.Output) > 0 {
+		out = unsafe.Pointer(&r.Output[0])
+	}
+	msg := C.plover_host_run(i.state, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)),
+		C.size_t(r.TmpLen), boolInt(r.ZeroTmp), &i.steps[0], C.int(len(r.Chain)), i.lastError, &i.timing)
+	r.Timing = Timing{
+		CopyIn:  time.Duration(i.timing.copy_in_ns),
+		Kernels: time.Duration(i.timing.kernels_ns),
+		CopyOut: time.Duration(i.timing.copy_out_ns),
+	}
+	if msg != nil {
+		return &KernelError{Msg: C.GoString(msg)}
+	}
+	return nil
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,147 @@
+// Package loader opens bundle libraries: it checks a file is a shared object
+// for this machine that exports the Plover ABI symbols, dlopens it and
+// resolves entry points. cgo for dlopen lives here and in package cuda only.
+package loader
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Error says why a library was refused. Reason is meant for the user.
+type Error struct {
+	Path   string
+	Reason string
+	Err    error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("library %s: %s: %v", e.Path, e.Reason, e.Err)
+	}
+	return fmt.Sprintf("library %s: %s", e.Path, e.Reason)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Info is what a static read of a bundle library finds, without running any
+// of its code.
+type Info struct {
+	ABIVersion uint32
+	Target     string
+	Exports    map[string]bool // defined dynamic function and object symbols
+}
+
+var machines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// Inspect reads the ELF headers and dynamic symbols of path and the values of
+// plover_abi_version and plover_target. It refuses anything that is not a
+// 64-bit little-endian shared object for this CPU.
+func Inspect(path string) (*Info, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, &Error{Path: path, Reason: "cannot open", Err: err}
+	}
+	defer f.Close()
+	var magic [4]byte
+	if _, err := io.ReadFull(f, magic[:]); err != nil || !bytes.Equal(magic[:], []byte(elf.ELFMAG)) {
+		return nil, &Error{Path: path, Reason: "not an ELF shared library (bad magic)"}
+	}
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return nil, &Error{Path: path, Reason: "corrupt ELF file", Err: err}
+	}
+	defer ef.Close()
+	if ef.Class != elf.ELFCLASS64 || ef.Data != elf.ELFDATA2LSB {
+		return nil, &Error{Path: path, Reason: fmt.Sprintf("ELF is %v %v, want 64-bit little-endian", ef.Class, ef.Data)}
+	}
+	if want, ok := machines[runtime.GOARCH]; ok && ef.Machine != want {
+		return nil, &Error{Path: path, Reason: fmt.Sprintf("built for %v, this machine is %v", ef.Machine, want)}
+	}
+	if ef.Type != elf.ET_DYN {
+		return nil, &Error{Path: path, Reason: fmt.Sprintf("ELF type is %v, want a shared object (ET_DYN)", ef.Type)}
+	}
+	syms, err := ef.DynamicSymbols()
+	if err != nil {
+		return nil, &Error{Path: path, Reason: "no dynamic symbol table", Err: err}
+	}
+	info := &Info{Exports: make(map[string]bool, len(syms))}
+	var verSym, targetSym *elf.Symbol
+	for i := range syms {
+		s := &syms[i]
+		if s.Section == elf.SHN_UNDEF || elf.ST_BIND(s.Info) == elf.STB_LOCAL {
+			continue
+		}
+		info.Exports[s.Name] = true
+		switch s.Name {
+		case abi.SymABIVersion:
+			verSym = s
+		case abi.SymTarget:
+			targetSym = s
+		}
+	}
+	for _, name := range []string{abi.SymABIVersion, abi.SymTarget, abi.SymLastError} {
+		if !info.Exports[name] {
+			return nil, &Error{Path: path, Reason: fmt.Sprintf("does not export %s: build it with PLOVER_BUNDLE(\"host\"|\"cuda\") from plover.h", name)}
+		}
+	}
+	ver, err := symbolBytes(ef, verSym, 4)
+	if err != nil {
+		return nil, &Error{Path: path, Reason: "cannot read " + abi.SymABIVersion, Err: err}
+	}
+	info.ABIVersion = binary.LittleEndian.Uint32(ver)
+	tgt, err := symbolBytes(ef, targetSym, 0)
+	if err != nil {
+		return nil, &Error{Path: path, Reason: "cannot read " + abi.SymTarget, Err: err}
+	}
+	if i := bytes.IndexByte(tgt, 0); i >= 0 {
+		tgt = tgt[:i]
+	}
+	info.Target = string(tgt)
+	return info, nil
+}
+
+// symbolBytes returns the bytes a defined data symbol points at; n = 0 means
+// the symbol's own size (bounded to 64 bytes, enough for a target name).
+func symbolBytes(ef *elf.File, s *elf.Symbol, n uint64) ([]byte, error) {
+	if n == 0 {
+		n = min(s.Size, 64)
+	}
+	if int(s.Section) >= len(ef.Sections) {
+		return nil, errors.New("symbol in no section")
+	}
+	sec := ef.Sections[s.Section]
+	if sec.Type == elf.SHT_NOBITS || s.Value < sec.Addr || s.Value+n > sec.Addr+sec.Size {
+		return nil, errors.New("symbol outside its section's data")
+	}
+	buf := make([]byte, n)
+	if _, err := sec.ReadAt(buf, int64(s.Value-sec.Addr)); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// Check verifies an inspected library against the device target and the
+// kernels a chain names. It is the part of Open that runs no code.
+func (info *Info) Check(path, target string, kernels []string) error {
+	if info.ABIVersion != abi.Version {
+		return &Error{Path: path, Reason: fmt.Sprintf("ABI version %d, this runtime speaks %d", info.ABIVersion, abi.Version)}
+	}
+	if info.Target != target {
+		return &Error{Path: path, Reason: fmt.Sprintf("built for target %q, the device is %q", info.Target, target)}
+	}
+	for _, k := range kernels {
+		if !info.Exports[k] {
+			return &Error{Path: path, Reason: fmt.Sprintf("does not export kernel %q", k)}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package loader
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+
+static void *plover_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+static const char *plover_dlerror(void) { return dlerror(); }
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Library is a dlopened bundle library.
+type Library struct {
+	Path      string
+	Target    string
+	LastError unsafe.Pointer // plover_last_error
+
+	// dlopen/dlsym/dlerror share one thread-global error slot: serialise.
+	mu     sync.Mutex
+	handle unsafe.Pointer
+	syms   map[string]unsafe.Pointer
+}
+
+var dlMu sync.Mutex
+
+// Open checks path statically (ELF, ABI version, target, the kernels), then
+// dlopens it and resolves the ABI symbols and every kernel. The library's
+// constructors run here.
+func Open(path, target string, kernels []string) (*Library, error) {
+	info, err := Inspect(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := info.Check(path, target, kernels); err != nil {
+		return nil, err
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	dlMu.Lock()
+	h := C.plover_dlopen(cpath)
+	var msg string
+	if h == nil {
+		msg = C.GoString(C.plover_dlerror())
+	}
+	dlMu.Unlock()
+	if h == nil {
+		return nil, &Error{Path: path, Reason: "dlopen failed: " + msg}
+	}
+	l := &Library{Path: path, Target: target, handle: h, syms: map[string]unsafe.Pointer{}}
+	if err := l.resolve(target, kernels); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// resolve re-reads the ABI values through the loaded image (the static read
+// and the dynamic linker must agree) and resolves every kernel.
+func (l *Library) resolve(target string, kernels []string) error {
+	ver, err := l.Symbol(abi.SymABIVersion)
+	if err != nil {
+		return err
+	}
+	if v := *(*uint32)(ver); v != abi.Version {
+		return &Error{Path: l.Path, Reason: fmt.Sprintf("ABI version %d, this runtime speaks %d", v, abi.Version)}
+	}
+	tgt, err := l.Symbol(abi.SymTarget)
+	if err != nil {
+		return err
+	}
+	if t := C.GoString((*C.char)(tgt)); t != target {
+		return &Error{Path: l.Path, Reason: fmt.Sprintf("built for target %q, the device is %q", t, target)}
+	}
+	if l.LastError, err = l.Symbol(abi.SymLastError); err != nil {
+		return err
+	}
+	for _, k := range kernels {
+		if _, err := l.Symbol(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Symbol resolves an exported symbol, caching the result.
+func (l *Library) Symbol(name string) (unsafe.Pointer, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p, ok := l.syms[name]; ok {
+		return p, nil
+	}
+	if l.handle == nil {
+		return nil, &Error{Path: l.Path, Reason: "library is closed"}
+	}
+	if !abi.ValidSymbol(name) {
+		return nil, &Error{Path: l.Path, Reason: fmt.Sprintf("%q is not a C identifier", name)}
+	}
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	dlMu.Lock()
+	C.plover_dlerror()
+	p := C.dlsym(l.handle, cname)
+	var msg string
+	if p == nil {
+		if e := C.plover_dlerror(); e != nil {
+			msg = C.GoString(e)
+		}
+	}
+	dlMu.Unlock()
+	if p == nil {
+		if msg == "" {
+			msg = "symbol is NULL"
+		}
+		return nil, &Error{Path: l.Path, Reason: fmt.Sprintf("does not export %q (%s)", name, msg)}
+	}
+	l.syms[name] = p
+	return p, nil
+}
+
+// Close unloads a host-target library. CUDA-target libraries are never
+// unloaded: their static cudart registered fatbins with the driver and
+// unregistering them at dlclose is a documented source of crashes; the
+// handle is simply dropped.
+func (l *Library) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.handle == nil {
+		return nil
+	}
+	h := l.handle
+	l.handle = nil
+	l.syms = nil
+	if l.Target != abi.TargetHost {
+		return nil
+	}
+	dlMu.Lock()
+	defer dlMu.Unlock()
+	if C.dlclose(h) != 0 {
+		return &Error{Path: l.Path, Reason: "dlclose failed: " + C.GoString(C.plover_dlerror())}
+	}
+	return nil
+}

@@ -1,0 +1,81 @@
+// Package objectstore keeps deployed bundles and function records behind a
+// small Store interface; the filesystem backend is the default.
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// ErrNotFound is returned (wrapped) for a key that does not exist.
+var ErrNotFound = errors.New("object not found")
+
+// Store is a flat key/value object store. Keys are slash-separated paths of
+// [A-Za-z0-9._-] segments; no segment may be "." or "..".
+type Store interface {
+	// Put stores size bytes from r under key, replacing any object there;
+	// readers see the old object or the new one, never a partial one.
+	Put(ctx context.Context, key string, r io.Reader, size int64) error
+	// Get streams an object; the caller closes it.
+	Get(ctx context.Context, key string) (io.ReadCloser, error)
+	Stat(ctx context.Context, key string) (Info, error)
+	// List returns the objects whose keys start with prefix, sorted by key.
+	List(ctx context.Context, prefix string) ([]Info, error)
+	// Delete removes key; deleting a missing key is not an error.
+	Delete(ctx context.Context, key string) error
+	// String names the store for logs, e.g. file:///var/lib/plover/store.
+	String() string
+}
+
+// Info describes one object.
+type Info struct {
+	Key     string
+	Size    int64
+	ModTime time.Time
+}
+
+var segmentRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
+
+// CheckKey rejects keys that could escape a store's root or are not portable
+// between backends.
+func CheckKey(key string) error {
+	if key == "" || len(key) > 512 {
+		return fmt.Errorf("object key %q: must be 1..512 bytes", key)
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if !segmentRE.MatchString(seg) {
+			return fmt.Errorf("object key %q: segment %q is not [A-Za-z0-9_][A-Za-z0-9._-]*", key, seg)
+		}
+	}
+	return nil
+}
+
+// Open returns the store a URL names: file:///abs/path or a plain path.
+func Open(ctx context.Context, rawURL string) (Store, error) {
+	switch {
+	case strings.HasPrefix(rawURL, "file://"):
+		return NewFS(strings.TrimPrefix(rawURL, "file://"))
+	case strings.Contains(rawURL, "://"):
+		return nil, fmt.Errorf("store %q: unsupported scheme (want file://)", rawURL)
+	default:
+		return NewFS(rawURL)
+	}
+}
+
+// ctxReader stops a long copy when its context ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
