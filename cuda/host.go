@@ -41,9 +41,11 @@ func NewHost(limit int64) *Host {
 }
 
 func (h *Host) Target() string { return abi.TargetHost }
-func (h *Host) Name() string   { return "host (" + runtime.GOARCH + ", " + fmt.Sprint(runtime.NumCPU()) + " CPUs)" }
-func (h *Host) Health() error  { return nil }
-func (h *Host) Close() error   { return nil }
+func (h *Host) Name() string {
+	return "host (" + runtime.GOARCH + ", " + fmt.Sprint(runtime.NumCPU()) + " CPUs)"
+}
+func (h *Host) Health() error { return nil }
+func (h *Host) Close() error  { return nil }
 
 func (h *Host) MemInfo() MemInfo {
 	used := h.used.Load()
