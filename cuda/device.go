@@ -72,7 +72,13 @@ type Run struct {
 	Chain   []Step
 	TmpLen  int64 // bytes of tmp visible to kernels; <= instance Tmp
 	ZeroTmp bool
-	Timing  Timing
+	// ChainKey, when nonzero, promises that every Run with the same ChainKey
+	// and the same input, tmp and output lengths runs the same chain, so a
+	// device may record it once and replay it (CUDA graphs). Entry points
+	// read lengths on the host, so lengths are part of the key. 0 disables
+	// recording.
+	ChainKey uint64
+	Timing   Timing
 }
 
 // Timing is measured on the device side of the call.
