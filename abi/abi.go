@@ -20,5 +20,8 @@ const (
 	SymLastError  = "plover_last_error"
 )
 
+// ReservedPrefix starts every ABI symbol; no kernel may use it.
+const ReservedPrefix = "plover_"
+
 // ManifestFile is the manifest's name inside a bundle directory and tarball.
 const ManifestFile = "plover.json"

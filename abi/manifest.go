@@ -130,6 +130,8 @@ func ValidateChain(field string, chain []Launch) error {
 		switch {
 		case !ValidSymbol(l.Kernel):
 			return &FieldError{f + ".kernel", fmt.Sprintf("%q is not a C identifier", l.Kernel)}
+		case strings.HasPrefix(l.Kernel, ReservedPrefix):
+			return &FieldError{f + ".kernel", fmt.Sprintf("%q: the %s prefix is reserved for the ABI", l.Kernel, ReservedPrefix)}
 		case l.Grid < 1 || l.Grid > MaxGrid:
 			return &FieldError{f + ".grid", fmt.Sprintf("%d must be in 1..%d", l.Grid, MaxGrid)}
 		case l.Block < 1 || l.Block > MaxBlock:

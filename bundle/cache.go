@@ -141,3 +141,18 @@ func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
 	}
 	return work, m, nil
 }
+
+// Adopt moves a directory that Verify produced for a bundle whose sha256 the
+// caller computed into the cache, so a deploy's first invoke needs no fetch.
+// It is a no-op if the cache already has that bundle.
+func (c *Cache) Adopt(work, sha string) {
+	if !ValidDigest(sha) {
+		return
+	}
+	lock := c.lock(sha)
+	lock.Lock()
+	defer lock.Unlock()
+	if err := os.Rename(work, filepath.Join(c.dir, sha)); err != nil {
+		os.RemoveAll(work)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strings"
 
 	"github.com/plover-run/plover/abi"
 )
@@ -37,7 +38,8 @@ func (e *Error) Unwrap() error { return e.Err }
 type Info struct {
 	ABIVersion uint32
 	Target     string
-	Exports    map[string]bool // defined dynamic function and object symbols
+	Exports    map[string]bool // defined, global dynamic symbols
+	Funcs      map[string]bool // the subset that are functions
 }
 
 var machines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
@@ -73,7 +75,7 @@ func Inspect(path string) (*Info, error) {
 	if err != nil {
 		return nil, &Error{Path: path, Reason: "no dynamic symbol table", Err: err}
 	}
-	info := &Info{Exports: make(map[string]bool, len(syms))}
+	info := &Info{Exports: make(map[string]bool, len(syms)), Funcs: map[string]bool{}}
 	var verSym, targetSym *elf.Symbol
 	for i := range syms {
 		s := &syms[i]
@@ -81,6 +83,9 @@ func Inspect(path string) (*Info, error) {
 			continue
 		}
 		info.Exports[s.Name] = true
+		if t := elf.ST_TYPE(s.Info); t == elf.STT_FUNC || t == elf.STT_GNU_IFUNC {
+			info.Funcs[s.Name] = true
+		}
 		switch s.Name {
 		case abi.SymABIVersion:
 			verSym = s
@@ -139,9 +144,22 @@ func (info *Info) Check(path, target string, kernels []string) error {
 		return &Error{Path: path, Reason: fmt.Sprintf("built for target %q, the device is %q", info.Target, target)}
 	}
 	for _, k := range kernels {
-		if !info.Exports[k] {
-			return &Error{Path: path, Reason: fmt.Sprintf("does not export kernel %q", k)}
+		if err := info.CheckEntry(k); err != nil {
+			return &Error{Path: path, Reason: err.Error()}
 		}
+	}
+	return nil
+}
+
+// CheckEntry allows only functions the library itself defines, outside the
+// reserved plover_ prefix. dlsym on a library handle also searches its
+// dependencies, so without this a chain could name "system" from libc.
+func (info *Info) CheckEntry(name string) error {
+	switch {
+	case strings.HasPrefix(name, abi.ReservedPrefix):
+		return fmt.Errorf("kernel %q: names starting with %q are reserved for the ABI", name, abi.ReservedPrefix)
+	case !info.Funcs[name]:
+		return fmt.Errorf("does not export kernel %q", name)
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ import (
 type Library struct {
 	Path      string
 	Target    string
+	Info      *Info          // the static read Open checked
 	LastError unsafe.Pointer // plover_last_error
 
 	// dlopen/dlsym/dlerror share one thread-global error slot: serialise.
@@ -55,7 +56,7 @@ func Open(path, target string, kernels []string) (*Library, error) {
 	if h == nil {
 		return nil, &Error{Path: path, Reason: "dlopen failed: " + msg}
 	}
-	l := &Library{Path: path, Target: target, handle: h, syms: map[string]unsafe.Pointer{}}
+	l := &Library{Path: path, Target: target, Info: info, handle: h, syms: map[string]unsafe.Pointer{}}
 	if err := l.resolve(target, kernels); err != nil {
 		l.Close()
 		return nil, err
@@ -84,11 +85,20 @@ func (l *Library) resolve(target string, kernels []string) error {
 		return err
 	}
 	for _, k := range kernels {
-		if _, err := l.Symbol(k); err != nil {
+		if _, err := l.Entry(k); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// Entry resolves a kernel entry point, allowing only functions the library
+// itself defines (see Info.CheckEntry).
+func (l *Library) Entry(name string) (unsafe.Pointer, error) {
+	if err := l.Info.CheckEntry(name); err != nil {
+		return nil, &Error{Path: l.Path, Reason: err.Error()}
+	}
+	return l.Symbol(name)
 }
 
 // Symbol resolves an exported symbol, caching the result.

@@ -55,16 +55,48 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// Open returns the store a URL names: file:///abs/path or a plain path.
-func Open(ctx context.Context, rawURL string) (Store, error) {
+// Open returns the store a URL names: file:///abs/path, a plain path, or
+// s3://bucket[/prefix], for which s3 says how to reach the service (empty
+// fields come from the environment, see NewS3). An S3 store is checked for
+// reachability, credentials and the bucket before Open returns.
+func Open(ctx context.Context, rawURL string, s3 S3Options) (Store, error) {
 	switch {
 	case strings.HasPrefix(rawURL, "file://"):
+		// Callers build file://DIR from a possibly relative --data, so what
+		// follows file:// is taken as a path, not as host and path.
 		return NewFS(strings.TrimPrefix(rawURL, "file://"))
+	case strings.HasPrefix(rawURL, "s3://"):
+		bucket, prefix, err := parseS3URL(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		return NewS3(ctx, bucket, prefix, s3)
 	case strings.Contains(rawURL, "://"):
-		return nil, fmt.Errorf("store %q: unsupported scheme (want file://)", rawURL)
+		return nil, fmt.Errorf("store %q: unsupported scheme (want file://, s3:// or a path)", rawURL)
 	default:
 		return NewFS(rawURL)
 	}
+}
+
+func parseS3URL(rawURL string) (bucket, prefix string, err error) {
+	rest := strings.TrimPrefix(rawURL, "s3://")
+	if strings.ContainsAny(rest, "?#") {
+		return "", "", fmt.Errorf("store %q: s3:// URLs take no query or fragment", rawURL)
+	}
+	bucket, prefix, _ = strings.Cut(rest, "/")
+	if bucket == "" {
+		return "", "", fmt.Errorf("store %q: empty bucket name (want s3://bucket[/prefix])", rawURL)
+	}
+	if err := checkBucket(bucket); err != nil {
+		return "", "", fmt.Errorf("store %q: %w", rawURL, err)
+	}
+	prefix = strings.Trim(prefix, "/")
+	if prefix != "" {
+		if err := CheckKey(prefix); err != nil {
+			return "", "", fmt.Errorf("store %q: prefix: %w", rawURL, err)
+		}
+	}
+	return bucket, prefix, nil
 }
 
 // ctxReader stops a long copy when its context ends.

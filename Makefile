@@ -1,0 +1,70 @@
+# Plover. Quick start: `make demo`, then `make test`.
+GO        ?= go
+BUILD     := build
+CXX       ?= g++
+NVCC      ?= nvcc
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+HOST_CXXFLAGS := -x c++ -O2 -shared -fPIC -Wall -Wextra -Iabi
+NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
+             -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
+GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
+             $(wildcard cuda/*.c cuda/*.h abi/*.h)
+
+.PHONY: all build samples cuda demo test vet bench clean install-nvcc vecadd-host vecadd-cuda
+
+all: build samples
+
+build: bin/plover
+
+bin/plover: $(GO_SRC)
+	$(GO) build -ldflags "-X github.com/plover-run/plover/cli.Version=$(VERSION)" -o $@ ./cli/plover
+
+## Samples ------------------------------------------------------------------
+VECADD_HOST := $(BUILD)/samples/vecadd-host
+VECADD_CUDA := $(BUILD)/samples/vecadd-cuda
+VECADD_DATA := $(BUILD)/samples/vecadd-input.bin $(BUILD)/samples/vecadd-expected.bin
+
+samples: vecadd-host
+vecadd-host: $(VECADD_HOST)/vecadd.so $(VECADD_HOST)/b.bin $(VECADD_HOST)/plover.json $(VECADD_DATA)
+vecadd-cuda: $(VECADD_CUDA)/vecadd.so $(VECADD_CUDA)/b.bin $(VECADD_CUDA)/plover.json
+
+$(BUILD)/samples/vecadd-%/vecadd.so: samples/vecadd/vecadd.cu abi/plover.h abi/plover_kernel.h
+	@mkdir -p $(@D)
+	$(if $(filter cuda,$*),$(NVCC) $(NVCCFLAGS),$(CXX) $(HOST_CXXFLAGS)) -o $@ $<
+
+$(BUILD)/samples/vecadd-%/plover.json: samples/vecadd/plover.json
+	@mkdir -p $(@D)
+	sed 's/"target": *"host"/"target": "$*"/' $< > $@
+
+$(BUILD)/samples/vecadd-%/b.bin: samples/vecadd/gen/main.go
+	@mkdir -p $(@D)
+	$(GO) run ./samples/vecadd/gen -consts $@
+
+$(VECADD_DATA) &: samples/vecadd/gen/main.go
+	@mkdir -p $(BUILD)/samples
+	$(GO) run ./samples/vecadd/gen -input $(BUILD)/samples/vecadd-input.bin -expect $(BUILD)/samples/vecadd-expected.bin
+
+-include samples/cnn/cnn.mk
+
+## CUDA (compile only here; runs need a GPU) --------------------------------
+cuda: vecadd-cuda $(if $(wildcard samples/cnn/cnn.mk),cnn-cuda)
+
+install-nvcc:
+	bash scripts/install-nvcc.sh
+
+## Everyday ------------------------------------------------------------------
+demo: bin/plover samples
+	bash scripts/demo.sh
+
+vet:
+	gofmt -l . | (! grep .) || (echo "gofmt needed on the files above" && false)
+	$(GO) vet ./...
+
+test: vet bin/plover samples
+	$(GO) test -count=1 ./...
+
+bench: bin/plover samples
+	$(GO) test -run '^$$' -bench . -benchmem ./runtime/...
+
+clean:
+	rm -rf bin $(BUILD)

@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Version is set at build time with -ldflags "-X .../cli.Version=...".
+var Version = "dev"
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	usage   string // arguments after the name
+	example string
+	run     func(fs *flag.FlagSet, args []string, env *Env) error
+	flags   func(fs *flag.FlagSet)
+}
+
+// Env is the process environment a command runs in.
+type Env struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// StdoutIsTerminal makes invoke refuse to print binary output there.
+	StdoutIsTerminal bool
+}
+
+var errUsage = errors.New("usage")
+
+func commands() []*command {
+	return []*command{serveCmd(), deployCmd(), invokeCmd(), lsCmd(), rmCmd(), versionCmd()}
+}
+
+// Main runs the plover command and returns its exit status.
+func Main(args []string, env *Env) int {
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		topUsage(env.Stderr, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range cmds {
+		if c.name != args[0] {
+			continue
+		}
+		fs := flag.NewFlagSet("plover "+c.name, flag.ContinueOnError)
+		fs.SetOutput(env.Stderr)
+		fs.Usage = func() {
+			fmt.Fprintf(env.Stderr, "%s\n\nUsage: plover %s %s\n\nFlags:\n", c.summary, c.name, c.usage)
+			fs.PrintDefaults()
+			if c.example != "" {
+				fmt.Fprintf(env.Stderr, "\nExample:\n%s\n", c.example)
+			}
+		}
+		if c.flags != nil {
+			c.flags(fs)
+		}
+		if err := fs.Parse(interleave(fs, args[1:])); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			return 2
+		}
+		if err := c.run(fs, fs.Args(), env); err != nil {
+			if errors.Is(err, errUsage) {
+				fs.Usage()
+				return 2
+			}
+			fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(env.Stderr, "plover: unknown command %q\n\n", args[0])
+	topUsage(env.Stderr, cmds)
+	return 2
+}
+
+// interleave lets flags follow positional arguments ("plover invoke NAME
+// --in f"), which the flag package alone does not allow.
+func interleave(fs *flag.FlagSet, args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		if f := fs.Lookup(name); f != nil && !isBool(f) && i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(flags, pos...)
+}
+
+func isBool(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+func topUsage(w io.Writer, cmds []*command) {
+	fmt.Fprintln(w, "plover — a serverless runtime for GPU kernel chains")
+	fmt.Fprintln(w, "\nUsage: plover <command> [flags]\n\nCommands:")
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun 'plover <command> --help' for a command's flags and an example.")
+	fmt.Fprintln(w, "Commands that talk to a server use --server, else $PLOVER_SERVER, else "+DefaultServer+".")
+}
+
+func versionCmd() *command {
+	return &command{
+		name: "version", summary: "print the plover version and ABI version",
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			fmt.Fprintf(env.Stdout, "plover %s (ABI %d)\n", Version, abiVersion)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,100 @@
+// Package cli implements the plover command's subcommands.
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+// DefaultServer is where commands find a server without --server or
+// PLOVER_SERVER: plover serve's default listen address.
+const DefaultServer = "http://127.0.0.1:8080"
+
+func serverURL(flagVal string) string {
+	s := flagVal
+	if s == "" {
+		s = os.Getenv("PLOVER_SERVER")
+	}
+	if s == "" {
+		s = DefaultServer
+	}
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	return strings.TrimRight(s, "/")
+}
+
+// client talks to a plover server's HTTP API.
+type client struct {
+	base string
+	http *http.Client
+}
+
+func newClient(server string) *client {
+	return &client{base: serverURL(server), http: &http.Client{Timeout: 10 * time.Minute}}
+}
+
+// apiError is the server's JSON error, with the status it came with.
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string {
+	return fmt.Sprintf("server said %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+func (c *client) do(method, path, contentType string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequest(method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the plover server at %s (start one with 'plover serve', or set --server / PLOVER_SERVER): %w", c.base, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
+			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		}
+		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b))}
+	}
+	return resp, nil
+}
+
+func (c *client) getJSON(path string, v any) error {
+	resp, err := c.do(http.MethodGet, path, "", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func (c *client) sendJSON(method, path, contentType string, body []byte, v any) error {
+	resp, err := c.do(method, path, contentType, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if v == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}

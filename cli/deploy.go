@@ -1,0 +1,225 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/runtime"
+)
+
+// checkDir validates a bundle directory before anything is uploaded: the
+// manifest, and the library's ELF headers and exports (no code runs).
+func checkDir(dir string) (*abi.Manifest, error) {
+	m, err := bundle.ReadManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	lib := filepath.Join(dir, m.Library)
+	info, err := loader.Inspect(lib)
+	if err != nil {
+		return nil, err
+	}
+	if err := info.Check(lib, m.Target, abi.Kernels(m.Chain)); err != nil {
+		return nil, err
+	}
+	if m.Constants != "" {
+		if _, err := os.Stat(filepath.Join(dir, m.Constants)); err != nil {
+			return nil, fmt.Errorf("constants: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func deployCmd() *command {
+	var server string
+	return &command{
+		name: "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
+		usage:   "DIR [--server URL]",
+		example: "  make samples && plover deploy build/samples/vecadd-host",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if len(args) != 1 {
+				return errUsage
+			}
+			m, err := checkDir(args[0])
+			if err != nil {
+				return err
+			}
+			b, sha, _, err := bundle.PackBytes(args[0])
+			if err != nil {
+				return err
+			}
+			var fi runtime.FunctionInfo
+			c := newClient(server)
+			if err := c.sendJSON(http.MethodPut, "/v1/functions/"+m.Name, bundle.MediaType, b, &fi); err != nil {
+				return err
+			}
+			fmt.Fprintf(env.Stdout, "deployed %s version %s (sha256 %s, %s)\n", fi.Name, fi.Version, sha[:12], humanBytes(int64(len(b))))
+			return nil
+		},
+	}
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func invokeCmd() *command {
+	var server, in, out string
+	var asJSON, timing bool
+	return &command{
+		name: "invoke", summary: "run a function on input bytes and write its output bytes",
+		usage: "NAME [--in FILE|-] [--out FILE|-] [--json] [--timing]",
+		example: "  plover invoke vecadd --in build/samples/vecadd-input.bin --out /tmp/sum.bin --timing\n" +
+			"  plover invoke vecadd --in build/samples/vecadd-input.bin --json | head -c 300",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			fs.StringVar(&in, "in", "-", "input file, - for stdin")
+			fs.StringVar(&out, "out", "-", "output file, - for stdout")
+			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
+			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if len(args) != 1 {
+				return errUsage
+			}
+			input, err := readInput(in, env)
+			if err != nil {
+				return err
+			}
+			return invoke(newClient(server), args[0], input, out, asJSON, timing, env)
+		},
+	}
+}
+
+func readInput(path string, env *Env) ([]byte, error) {
+	if path == "-" {
+		return io.ReadAll(env.Stdin)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--in: %w", err)
+	}
+	return b, nil
+}
+
+func invoke(c *client, name string, input []byte, out string, asJSON, timing bool, env *Env) error {
+	ct, body := "application/octet-stream", input
+	if asJSON {
+		ct = "application/json"
+		body, _ = json.Marshal(map[string][]byte{"input": input}) // []byte marshals as base64
+	}
+	if !asJSON && out == "-" && env.StdoutIsTerminal {
+		return errors.New("the output is binary: write it with --out FILE, or ask for --json")
+	}
+	resp, err := c.do(http.MethodPost, "/v1/functions/"+name+"/invoke", ct, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if timing {
+		fmt.Fprintf(env.Stderr, "start=%s version=%s\nServer-Timing: %s\n", resp.Header.Get("X-Plover-Start"), resp.Header.Get("X-Plover-Version"), resp.Header.Get("Server-Timing"))
+	}
+	w := env.Stdout
+	if out != "-" {
+		f, err := os.Create(out)
+		if err != nil {
+			return fmt.Errorf("--out: %w", err)
+		}
+		defer f.Close()
+		w = f
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("reading the response: %w", err)
+	}
+	return nil
+}
+
+func lsCmd() *command {
+	var server string
+	var asJSON bool
+	return &command{
+		name: "ls", summary: "list deployed functions",
+		usage:   "[--json]",
+		example: "  plover ls",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			fs.BoolVar(&asJSON, "json", false, "print the server's JSON")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if len(args) != 0 {
+				return errUsage
+			}
+			var resp struct {
+				Functions []runtime.FunctionInfo `json:"functions"`
+			}
+			if err := newClient(server).getJSON("/v1/functions", &resp); err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(env.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(resp)
+			}
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tVERSION\tBUNDLE\tLOADED\tBUSY/IDLE\tREQUESTS\tERRORS\tCOLD/WARM/HOT\tDEPLOYED")
+			for _, f := range resp.Functions {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d/%d\t%d\t%d\t%d/%d/%d\t%s\n", f.Name, shortID(f.Version), humanBytes(f.Size), f.Loaded,
+					f.Busy, f.Idle, f.Requests, f.Errors, f.Cold, f.Warm, f.Hot, f.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func shortID(id string) string {
+	if i := strings.IndexByte(id, '-'); i > 0 {
+		return id[:i]
+	}
+	return id
+}
+
+func rmCmd() *command {
+	var server string
+	return &command{
+		name: "rm", summary: "delete a function (its in-flight requests finish first)",
+		usage:   "NAME",
+		example: "  plover rm vecadd",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if len(args) != 1 {
+				return errUsage
+			}
+			if err := newClient(server).sendJSON(http.MethodDelete, "/v1/functions/"+args[0], "", nil, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(env.Stdout, "deleted %s\n", args[0])
+			return nil
+		},
+	}
+}

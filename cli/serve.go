@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/runtime"
+	"github.com/plover-run/plover/runtime/httpapi"
+)
+
+const abiVersion = abi.Version
+
+func defaultDataDir() string {
+	if d := os.Getenv("PLOVER_DATA"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "plover")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "plover")
+	}
+	return filepath.Join(os.TempDir(), "plover")
+}
+
+type serveFlags struct {
+	listen, data, device, store, logFormat, logLevel string
+	maxInstances, maxBodyMB                          int
+	memLimitMB                                       int64
+	grace, queueTimeout                              time.Duration
+}
+
+func serveCmd() *command {
+	var f serveFlags
+	return &command{
+		name: "serve", summary: "run a Plover server",
+		usage: "[flags]",
+		example: "  plover serve                                  # 127.0.0.1:8080, data under ~/.local/share/plover\n" +
+			"  plover serve --listen 127.0.0.1:9000 --data /tmp/plover --device host",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&f.listen, "listen", envOr("PLOVER_LISTEN", "127.0.0.1:8080"), "address to listen on ($PLOVER_LISTEN); port 0 picks a free one")
+			fs.StringVar(&f.data, "data", defaultDataDir(), "data directory: store (unless --store) and node bundle cache ($PLOVER_DATA)")
+			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
+			fs.StringVar(&f.store, "store", "", "object store URL (default file://DATA/store)")
+			fs.IntVar(&f.maxInstances, "max-instances", 4, "instances per function when its manifest sets no max_instances")
+			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
+			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
+			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+			fs.DurationVar(&f.queueTimeout, "queue-timeout", 30*time.Second, "longest wait for a free instance")
+			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
+			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if len(args) != 0 {
+				return errUsage
+			}
+			return serve(&f, env)
+		},
+	}
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+func newLogger(format, level string, env *Env) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(env.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(env.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+func serve(f *serveFlags, env *Env) error {
+	log, err := newLogger(f.logFormat, f.logLevel, env)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	storeURL := f.store
+	if storeURL == "" {
+		storeURL = "file://" + filepath.Join(f.data, "store")
+	}
+	store, err := openStore(ctx, storeURL)
+	if err != nil {
+		return err
+	}
+	cache, err := bundle.NewCache(filepath.Join(f.data, "cache"), 0)
+	if err != nil {
+		return err
+	}
+	devs, err := openDevices(f.device, f.memLimitMB<<20, log)
+	if err != nil {
+		return err
+	}
+	eng, err := runtime.New(runtime.Config{
+		Store: store, Cache: cache, Devices: devs, MaxInstances: f.maxInstances,
+		QueueTimeout: f.queueTimeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	srv := httpapi.New(eng, httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version})
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", f.listen, err)
+	}
+	names := ""
+	for i, d := range devs {
+		if i > 0 {
+			names += ", "
+		}
+		names += d.Name()
+	}
+	log.Info("plover serving", "addr", "http://"+ln.Addr().String(), "device", names, "store", store.String(), "data", f.data, "version", Version)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("server stopped: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "grace", f.grace)
+	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	eng.Close()
+	for _, d := range devs {
+		d.Close()
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func openStore(ctx context.Context, url string) (objectstore.Store, error) {
+	s, err := objectstore.Open(ctx, url, objectstore.S3Options{})
+	if err != nil {
+		return nil, fmt.Errorf("--store: %w", err)
+	}
+	return s, nil
+}

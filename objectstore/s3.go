@@ -1,0 +1,440 @@
+package objectstore
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
+)
+
+// S3Options says how to reach an S3-compatible service. Empty fields take
+// their values from the environment (see NewS3).
+type S3Options struct {
+	// Endpoint is host[:port] or an http:// or https:// URL; an http:// URL
+	// implies Insecure.
+	Endpoint  string
+	Region    string
+	AccessKey string
+	SecretKey string
+	// Insecure talks plain HTTP instead of TLS, as a local MinIO needs.
+	Insecure bool
+}
+
+// DefaultS3Endpoint is used when neither S3Options nor the environment names
+// an endpoint.
+const DefaultS3Endpoint = "s3.amazonaws.com"
+
+// S3OpenTimeout bounds the reachability check NewS3 makes, so that a wrong
+// endpoint fails a command promptly instead of hanging in retries.
+const S3OpenTimeout = 10 * time.Second
+
+// unknownSizePartSize caps the buffer minio-go allocates for a Put of unknown
+// size; left to itself it sizes parts for a 5 TiB object (~550 MiB each).
+// 16 MiB parts still allow objects up to ~156 GiB.
+const unknownSizePartSize = 16 << 20
+
+// S3 stores objects in one bucket of an S3-compatible service, optionally
+// under a key prefix.
+type S3 struct {
+	client   *minio.Client
+	bucket   string
+	prefix   string // "" or segments without a trailing slash
+	region   string // as configured; "" lets minio-go ask the service
+	endpoint string // scheme://host for messages
+}
+
+// resolved fills the empty fields of o from the environment.
+func (o S3Options) resolved() S3Options {
+	if o.Endpoint == "" {
+		o.Endpoint = firstEnv("PLOVER_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+	}
+	if o.Endpoint == "" {
+		o.Endpoint = DefaultS3Endpoint
+	}
+	if o.Region == "" {
+		o.Region = firstEnv("AWS_REGION", "AWS_DEFAULT_REGION")
+	}
+	if o.AccessKey == "" && o.SecretKey == "" {
+		o.AccessKey = os.Getenv("AWS_ACCESS_KEY_ID")
+		o.SecretKey = os.Getenv("AWS_SECRET_ACCESS_KEY")
+	}
+	return o
+}
+
+func firstEnv(names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// parseEndpoint splits an endpoint into the host[:port] minio-go wants and
+// whether to use TLS.
+func parseEndpoint(ep string, insecure bool) (host string, secure bool, err error) {
+	if !strings.Contains(ep, "://") {
+		if ep == "" || strings.ContainsAny(ep, "/?#@ ") {
+			return "", false, fmt.Errorf("S3 endpoint %q: want host[:port] or http(s)://host[:port]", ep)
+		}
+		return ep, !insecure, nil
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		return "", false, fmt.Errorf("S3 endpoint %q: %w", ep, err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", false, fmt.Errorf("S3 endpoint %q: scheme must be http or https", ep)
+	case u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
+		return "", false, fmt.Errorf("S3 endpoint %q: want %s://host[:port] with nothing after it", ep, u.Scheme)
+	}
+	return u.Host, u.Scheme == "https" && !insecure, nil
+}
+
+// NewS3 opens bucket (keys under prefix, if any) and checks that the bucket
+// exists and the credentials are accepted, so configuration mistakes surface
+// here rather than at the first deploy.
+//
+// Empty option fields come from the environment: PLOVER_S3_ENDPOINT (then
+// AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL; default s3.amazonaws.com over TLS),
+// AWS_REGION (then AWS_DEFAULT_REGION; empty means ask the service),
+// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN).
+func NewS3(ctx context.Context, bucket, prefix string, opts S3Options) (*S3, error) {
+	name := s3Name(bucket, prefix)
+	if err := checkBucket(bucket); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	prefix = strings.Trim(prefix, "/")
+	if prefix != "" {
+		if err := CheckKey(prefix); err != nil {
+			return nil, fmt.Errorf("%s: prefix: %w", name, err)
+		}
+	}
+	fromEnv := opts.AccessKey == "" && opts.SecretKey == ""
+	opts = opts.resolved()
+	host, secure, err := parseEndpoint(opts.Endpoint, opts.Insecure)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if opts.AccessKey == "" || opts.SecretKey == "" {
+		return nil, fmt.Errorf("%s: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", name)
+	}
+	token := ""
+	if fromEnv {
+		token = os.Getenv("AWS_SESSION_TOKEN")
+	}
+	mopts := &minio.Options{
+		Creds:  credentials.NewStaticV4(opts.AccessKey, opts.SecretKey, token),
+		Secure: secure,
+		Region: opts.Region,
+	}
+	if !s3utils.IsAmazonEndpoint(url.URL{Host: host}) {
+		// Virtual-host lookup needs wildcard DNS that a self-hosted MinIO
+		// rarely has.
+		mopts.BucketLookup = minio.BucketLookupPath
+	}
+	client, err := minio.New(host, mopts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	// The store's client retries for ~10 s, which would only delay a
+	// configuration error; one quick retry is enough for a flaky start.
+	popts := *mopts
+	popts.MaxRetries = 2
+	probe, err := minio.New(host, &popts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	scheme := "http"
+	if secure {
+		scheme = "https"
+	}
+	s := &S3{client: client, bucket: bucket, prefix: prefix, region: opts.Region, endpoint: scheme + "://" + host}
+	if err := s.check(ctx, probe); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func s3Name(bucket, prefix string) string {
+	prefix = strings.Trim(prefix, "/")
+	if prefix == "" {
+		return "s3://" + bucket
+	}
+	return "s3://" + bucket + "/" + prefix
+}
+
+func checkBucket(bucket string) error {
+	if bucket == "" {
+		return errors.New("empty bucket name")
+	}
+	if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {
+		return fmt.Errorf("invalid bucket name %q: %v", bucket, err)
+	}
+	return nil
+}
+
+// check makes one HEAD request on the bucket through probe and turns its
+// failure into a message that names what to fix.
+func (s *S3) check(ctx context.Context, probe *minio.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, S3OpenTimeout)
+	defer cancel()
+	ok, err := probe.BucketExists(ctx, s.bucket)
+	if err == nil && !ok {
+		return fmt.Errorf("%s: bucket %q does not exist at %s", s, s.bucket, s.endpoint)
+	}
+	if err == nil {
+		return nil
+	}
+	return s.describeOpenError(ctx, err)
+}
+
+func (s *S3) describeOpenError(ctx context.Context, err error) error {
+	var (
+		resp   = minio.ToErrorResponse(err)
+		opErr  *net.OpError
+		dnsErr *net.DNSError
+		x509U  x509.UnknownAuthorityError
+		x509H  x509.HostnameError
+		recErr tls.RecordHeaderError
+	)
+	switch {
+	case resp.Code == "NoSuchBucket":
+		return fmt.Errorf("%s: bucket %q does not exist at %s", s, s.bucket, s.endpoint)
+	case resp.Region != "" && resp.Region != s.region && (resp.StatusCode == 301 || resp.Code == "AuthorizationHeaderMalformed" || resp.Code == "PermanentRedirect"):
+		return fmt.Errorf("%s: bucket %q is in region %s: set AWS_REGION=%s", s, s.bucket, resp.Region, resp.Region)
+	case resp.StatusCode == 403 || isAuthCode(resp.Code):
+		return fmt.Errorf("%s: access denied at %s: check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (and the bucket policy): %w", s, s.endpoint, err)
+	case resp.StatusCode != 0:
+		return fmt.Errorf("%s: checking bucket %q at %s: %w", s, s.bucket, s.endpoint, err)
+	case errors.As(err, &x509U), errors.As(err, &x509H), errors.As(err, &recErr),
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return fmt.Errorf("%s: TLS to %s failed (a plain-HTTP server needs an http:// endpoint): %w", s, s.endpoint, err)
+	case errors.As(err, &dnsErr):
+		return fmt.Errorf("%s: endpoint unreachable (%s): %v", s, s.endpoint, dnsErr)
+	case errors.As(err, &opErr):
+		return fmt.Errorf("%s: endpoint unreachable (%s): %v", s, s.endpoint, opErr)
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: endpoint unreachable (%s): no answer within %v: %w", s, s.endpoint, S3OpenTimeout, ctx.Err())
+	default:
+		return fmt.Errorf("%s: checking bucket %q at %s: %w", s, s.bucket, s.endpoint, err)
+	}
+}
+
+func isAuthCode(code string) bool {
+	switch code {
+	case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "InvalidClientTokenId":
+		return true
+	}
+	return false
+}
+
+func (s *S3) String() string { return s3Name(s.bucket, s.prefix) }
+
+func (s *S3) objectName(key string) (string, error) {
+	if err := CheckKey(key); err != nil {
+		return "", err
+	}
+	if s.prefix == "" {
+		return key, nil
+	}
+	return s.prefix + "/" + key, nil
+}
+
+// wrap maps a minio-go error to ErrNotFound where the object is missing.
+func (s *S3) wrap(op, key string, err error) error {
+	if code := minio.ToErrorResponse(err).Code; code == "NoSuchKey" {
+		return fmt.Errorf("%s %s: %w", op, key, ErrNotFound)
+	}
+	return fmt.Errorf("%s %s: %s: %w", op, key, s, err)
+}
+
+func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	name, err := s.objectName(key)
+	if err != nil {
+		return err
+	}
+	body, err := exactBody(ctx, r, size)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	opts := minio.PutObjectOptions{ContentType: "application/octet-stream"}
+	if size < 0 {
+		opts.PartSize = unknownSizePartSize
+	}
+	if _, err := s.client.PutObject(ctx, s.bucket, name, body, size, opts); err != nil {
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			return fmt.Errorf("put %s: %w (%w)", key, cerr, err)
+		}
+		return s.wrap("put", key, err)
+	}
+	return nil
+}
+
+// exactBody returns what to hand minio-go for a Put of size bytes. minio-go
+// stops reading at size, so a reader holding more would be silently
+// truncated; the filesystem store refuses that, and so must this one.
+//
+// A reader that can seek is checked up front and passed through unwrapped,
+// because minio-go only retries a request whose body it can rewind and only
+// uploads parts in parallel from an io.ReaderAt.
+func exactBody(ctx context.Context, r io.Reader, size int64) (io.Reader, error) {
+	if size < 0 {
+		return ctxReader{ctx, r}, nil
+	}
+	if rs, ok := r.(io.ReadSeeker); ok {
+		if cur, err := rs.Seek(0, io.SeekCurrent); err == nil && cur == 0 {
+			end, err := rs.Seek(0, io.SeekEnd)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := rs.Seek(0, io.SeekStart); err != nil {
+				return nil, err
+			}
+			if end != size {
+				return nil, fmt.Errorf("got %d bytes, expected %d", end, size)
+			}
+			return r, nil
+		}
+	}
+	return &exactReader{ctx: ctx, r: r, size: size, left: size}, nil
+}
+
+// exactReader yields exactly size bytes of r and fails, before handing over
+// the last of them, if r is shorter or longer, so that the upload aborts
+// instead of completing with the wrong content.
+type exactReader struct {
+	ctx        context.Context
+	r          io.Reader
+	size, left int64
+	done       bool
+}
+
+func (e *exactReader) Read(p []byte) (int, error) {
+	if err := e.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if e.left == 0 {
+		if !e.done {
+			if err := e.probeEnd(); err != nil {
+				return 0, err
+			}
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > e.left {
+		p = p[:e.left]
+	}
+	n, err := e.r.Read(p)
+	e.left -= int64(n)
+	if e.left == 0 {
+		if perr := e.probeEnd(); perr != nil {
+			return 0, perr
+		}
+		return n, nil
+	}
+	if err == io.EOF {
+		return n, fmt.Errorf("got %d bytes, expected %d: %w", e.size-e.left, e.size, io.ErrUnexpectedEOF)
+	}
+	return n, err
+}
+
+func (e *exactReader) probeEnd() error {
+	e.done = true
+	var one [1]byte
+	n, err := io.ReadFull(e.r, one[:])
+	if n > 0 {
+		return fmt.Errorf("reader holds more than the %d bytes expected", e.size)
+	}
+	if err != nil && err != io.EOF {
+		return err
+	}
+	return nil
+}
+
+func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	name, err := s.objectName(key)
+	if err != nil {
+		return nil, err
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, name, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, s.wrap("get", key, err)
+	}
+	// GetObject is lazy; Stat sends the GET so that a missing object is
+	// reported here rather than at the caller's first Read.
+	if _, err := obj.Stat(); err != nil {
+		obj.Close()
+		return nil, s.wrap("get", key, err)
+	}
+	return obj, nil
+}
+
+func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
+	name, err := s.objectName(key)
+	if err != nil {
+		return Info{}, err
+	}
+	oi, err := s.client.StatObject(ctx, s.bucket, name, minio.StatObjectOptions{})
+	if err != nil {
+		return Info{}, s.wrap("stat", key, err)
+	}
+	return Info{Key: key, Size: oi.Size, ModTime: oi.LastModified}, nil
+}
+
+func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
+	full := prefix
+	if s.prefix != "" {
+		full = s.prefix + "/" + prefix
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the listing goroutine if we return early
+	var out []Info
+	for oi := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: full, Recursive: true}) {
+		if oi.Err != nil {
+			return nil, fmt.Errorf("list %q: %s: %w", prefix, s, oi.Err)
+		}
+		key := oi.Key
+		if s.prefix != "" {
+			key = strings.TrimPrefix(key, s.prefix+"/")
+		}
+		// Objects written by other tools may not be valid keys; the
+		// filesystem store skips such names too.
+		if CheckKey(key) != nil {
+			continue
+		}
+		out = append(out, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified})
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+func (s *S3) Delete(ctx context.Context, key string) error {
+	name, err := s.objectName(key)
+	if err != nil {
+		return err
+	}
+	if err := s.client.RemoveObject(ctx, s.bucket, name, minio.RemoveObjectOptions{}); err != nil {
+		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			return nil
+		}
+		return fmt.Errorf("delete %s: %s: %w", key, s, err)
+	}
+	return nil
+}

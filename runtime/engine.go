@@ -1,0 +1,516 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/runtime/registry"
+)
+
+// Config configures an Engine.
+type Config struct {
+	Store   objectstore.Store
+	Cache   *bundle.Cache
+	Devices []cuda.Device // one target for all; instances go where most memory is free
+	// MaxInstances is the per-function instance cap when the manifest sets none.
+	MaxInstances int
+	// QueueTimeout bounds the wait for an instance when the request's
+	// context has no deadline.
+	QueueTimeout time.Duration
+	// MaxBundleBytes bounds an uploaded bundle.
+	MaxBundleBytes int64
+	Log            *slog.Logger
+}
+
+// Engine is the thing that owns functions, their versions and instances, and
+// runs requests. The HTTP front end talks to it through an interface so it
+// can later live in a worker process.
+type Engine struct {
+	cfg    Config
+	reg    registry.Registry
+	target string
+
+	mu    sync.Mutex
+	funcs map[string]*function
+}
+
+// New returns an Engine over the given store, cache and devices.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Store == nil || cfg.Cache == nil || len(cfg.Devices) == 0 {
+		return nil, errors.New("runtime: store, cache and at least one device are required")
+	}
+	target := cfg.Devices[0].Target()
+	for _, d := range cfg.Devices {
+		if d.Target() != target {
+			return nil, fmt.Errorf("runtime: devices mix targets %q and %q", target, d.Target())
+		}
+	}
+	if cfg.MaxInstances <= 0 {
+		cfg.MaxInstances = 4
+	}
+	if cfg.QueueTimeout <= 0 {
+		cfg.QueueTimeout = 30 * time.Second
+	}
+	if cfg.MaxBundleBytes <= 0 {
+		cfg.MaxBundleBytes = 1 << 30
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}}, nil
+}
+
+// Target is the bundle target this engine's devices run.
+func (e *Engine) Target() string { return e.target }
+
+// Start says how a request found its instance.
+type Start uint8
+
+const (
+	Hot  Start = iota // an idle instance was reused
+	Warm              // the version was loaded; a new instance was created
+	Cold              // the version was loaded (and maybe fetched) for this request
+)
+
+func (s Start) String() string { return [...]string{"hot", "warm", "cold"}[s] }
+
+// Timing splits a request's time; Total includes everything in Invoke.
+type Timing struct {
+	Queue, Load, CopyIn, Kernels, CopyOut, Total time.Duration
+}
+
+// Override replaces parts of the manifest for one request, within its limits.
+type Override struct {
+	Chain    []abi.Launch // nil: the manifest's chain
+	OutBytes int64        // < 0: the manifest's out_bytes
+	TmpBytes int64        // < 0: the manifest's tmp_bytes
+}
+
+// Request is one invocation. Callers may reuse a Request (and its Output's
+// capacity) across calls; the engine never keeps references to it.
+type Request struct {
+	Input    []byte
+	Override *Override
+	// Output is set to the out buffer's bytes, reusing its capacity.
+	Output  []byte
+	Timing  Timing
+	Start   Start
+	Version string
+}
+
+// function is a name and its current version.
+type function struct {
+	name  string
+	cur   *version // guarded by Engine.mu
+	stats stats
+}
+
+type stats struct {
+	requests, errors, cold, warm, hot atomic.Int64
+}
+
+// Invoke runs one request on the current version of function name.
+func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err error) {
+	t0 := time.Now()
+	f, v, err := e.resolve(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer v.unref()
+	f.stats.requests.Add(1)
+	defer func() {
+		if err != nil {
+			f.stats.errors.Add(1)
+		}
+	}()
+	req.Start = Hot
+	req.Version = v.rec.ID
+	req.Timing = Timing{}
+	if !v.loaded.Load() {
+		tl := time.Now()
+		if err := e.load(ctx, v); err != nil {
+			return err
+		}
+		req.Start = Cold
+		req.Timing.Load = time.Since(tl)
+	}
+	m := v.manifest
+	if int64(len(req.Input)) > m.MaxInputBytes {
+		return errorf(KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, m.MaxInputBytes)
+	}
+	steps, outLen, tmpLen, key := v.steps, m.OutBytes, m.TmpBytes, uint64(1)
+	if req.Override != nil {
+		if steps, outLen, tmpLen, err = v.override(req.Override); err != nil {
+			return err
+		}
+		key = 0
+	}
+	tq := time.Now()
+	if err := v.acquire(ctx, e.cfg.QueueTimeout); err != nil {
+		return err
+	}
+	defer v.release()
+	req.Timing.Queue = time.Since(tq)
+	in, fresh, err := e.take(v)
+	if err != nil {
+		return err
+	}
+	if fresh {
+		if req.Start == Hot {
+			req.Start = Warm
+		}
+		req.Timing.Load += time.Since(tq) - req.Timing.Queue
+	}
+	if int64(cap(req.Output)) < outLen {
+		req.Output = make([]byte, outLen)
+	}
+	req.Output = req.Output[:outLen]
+	r := &in.run
+	r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ChainKey = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, key
+	err = in.inst.Run(r)
+	r.Input, r.Output = nil, nil
+	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
+	broken := err != nil && errors.Is(err, cuda.ErrUnhealthy)
+	v.put(in, broken)
+	req.Timing.Total = time.Since(t0)
+	switch req.Start {
+	case Cold:
+		f.stats.cold.Add(1)
+	case Warm:
+		f.stats.warm.Add(1)
+	default:
+		f.stats.hot.Add(1)
+	}
+	if err != nil {
+		var ke *cuda.KernelError
+		if errors.As(err, &ke) {
+			if broken {
+				e.cfg.Log.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "device", in.dev.dev.Name(), "error", ke.Msg)
+			}
+			return errorf(KindKernel, err, "function %s: %s", f.name, err.Error())
+		}
+		return errorf(KindInternal, err, "function %s: run failed", f.name)
+	}
+	return nil
+}
+
+// resolve finds the current version of name, reading the store the first
+// time, and takes a reference on it.
+func (e *Engine) resolve(ctx context.Context, name string) (*function, *version, error) {
+	for {
+		e.mu.Lock()
+		f := e.funcs[name]
+		e.mu.Unlock()
+		if f == nil {
+			var err error
+			if f, err = e.lookup(ctx, name); err != nil {
+				return nil, nil, err
+			}
+		}
+		e.mu.Lock()
+		v := f.cur
+		e.mu.Unlock()
+		if v != nil && v.ref() {
+			return f, v, nil
+		}
+		// Retired between the two locks: the next round sees its successor.
+	}
+}
+
+func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
+	if !abi.ValidName(name) {
+		return nil, errorf(KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
+	}
+	rec, err := e.reg.Get(ctx, name)
+	if errors.Is(err, registry.ErrNoFunction) {
+		return nil, errorf(KindNotFound, err, "function %q not found", name)
+	}
+	if err != nil {
+		return nil, errorf(KindUnavailable, err, "function %s: store unavailable", name)
+	}
+	cv, err := rec.CurrentVersion()
+	if err != nil {
+		return nil, errorf(KindInternal, err, "function %s: corrupt record", name)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f := e.funcs[name]; f != nil { // a concurrent lookup or deploy won
+		return f, nil
+	}
+	f := &function{name: name}
+	f.cur = e.newVersion(f, cv)
+	e.funcs[name] = f
+	return f, nil
+}
+
+// setCurrent makes v the current version of its function and retires the
+// previous one once its in-flight requests finish.
+func (e *Engine) setCurrent(name string, rv registry.Version) *function {
+	e.mu.Lock()
+	f := e.funcs[name]
+	if f == nil {
+		f = &function{name: name}
+		e.funcs[name] = f
+	}
+	old := f.cur
+	f.cur = e.newVersion(f, rv)
+	e.mu.Unlock()
+	if old != nil {
+		old.retire()
+	}
+	return f
+}
+
+func (e *Engine) load(ctx context.Context, v *version) error {
+	v.loadMu.Lock()
+	defer v.loadMu.Unlock()
+	if v.loaded.Load() {
+		return nil
+	}
+	if v.loadErr != nil {
+		return v.loadErr
+	}
+	t0 := time.Now()
+	dir, m, fetched, err := e.cfg.Cache.Get(ctx, e.cfg.Store, v.rec.SHA256)
+	if err != nil {
+		var fe *bundle.FetchError
+		if errors.As(err, &fe) {
+			return errorf(KindUnavailable, err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
+		}
+		v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
+		return v.loadErr
+	}
+	tFetch := time.Since(t0)
+	lib, err := loader.Open(filepath.Join(dir, m.Library), e.target, abi.Kernels(m.Chain))
+	if err != nil {
+		v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
+		return v.loadErr
+	}
+	steps := make([]cuda.Step, len(m.Chain))
+	for i, l := range m.Chain {
+		fn, err := lib.Entry(l.Kernel)
+		if err != nil {
+			return errorf(KindInvalid, err, "function %s: %s", v.fn.name, err.Error())
+		}
+		steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
+	}
+	maxInst := m.MaxInstances
+	if maxInst == 0 {
+		maxInst = e.cfg.MaxInstances
+	}
+	v.dir, v.manifest, v.lib, v.steps = dir, m, lib, steps
+	v.slots = make(chan struct{}, maxInst)
+	v.loaded.Store(true)
+	e.cfg.Log.Info("cold start", "function", v.fn.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12],
+		"fetched", fetched, "fetch_ms", ms(tFetch), "total_ms", ms(time.Since(t0)))
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// take returns an idle instance of v, or creates one on the device with the
+// most free memory (loading v's constants there first if needed).
+func (e *Engine) take(v *version) (*instance, bool, error) {
+	v.mu.Lock()
+	if n := len(v.idle); n > 0 {
+		in := v.idle[n-1]
+		v.idle = v.idle[:n-1]
+		v.mu.Unlock()
+		if err := in.dev.dev.Health(); err != nil {
+			v.put(in, true)
+			return nil, false, errorf(KindUnavailable, err, "device %s is unhealthy", in.dev.dev.Name())
+		}
+		return in, false, nil
+	}
+	v.mu.Unlock()
+	p, err := e.place(v)
+	if err != nil {
+		return nil, false, err
+	}
+	m := v.manifest
+	inst, err := p.dev.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Constants: p.consts, LastError: v.lib.LastError})
+	if err != nil {
+		return nil, false, errorf(KindUnavailable, err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
+	}
+	v.mu.Lock()
+	v.live++
+	v.mu.Unlock()
+	return &instance{inst: inst, dev: p}, true, nil
+}
+
+// place picks the healthy device with the most free memory and makes sure
+// v's constants are on it.
+func (e *Engine) place(v *version) (*placement, error) {
+	var best cuda.Device
+	var bestFree int64
+	var lastErr error
+	for _, d := range e.cfg.Devices {
+		if err := d.Health(); err != nil {
+			lastErr = err
+			continue
+		}
+		if free := d.MemInfo().Free; best == nil || free > bestFree {
+			best, bestFree = d, free
+		}
+	}
+	if best == nil {
+		return nil, errorf(KindUnavailable, lastErr, "no healthy device")
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, p := range v.placements {
+		if p.dev == best {
+			return p, nil
+		}
+	}
+	p := &placement{dev: best}
+	if c := v.manifest.Constants; c != "" {
+		f, err := os.Open(filepath.Join(v.dir, c))
+		if err != nil {
+			return nil, errorf(KindInternal, err, "function %s: constants", v.fn.name)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return nil, errorf(KindInternal, err, "function %s: constants", v.fn.name)
+		}
+		if p.consts, err = best.LoadConstants(f, fi.Size()); err != nil {
+			return nil, errorf(KindUnavailable, err, "function %s: cannot load %d bytes of constants on %s", v.fn.name, fi.Size(), best.Name())
+		}
+	}
+	v.placements = append(v.placements, p)
+	return p, nil
+}
+
+// Deploy verifies a bundle, stores it, and makes it the current version of
+// name. Nothing in the bundle runs here: the library is checked statically.
+func (e *Engine) Deploy(ctx context.Context, name string, body io.Reader) (FunctionInfo, error) {
+	if !abi.ValidName(name) {
+		return FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
+	}
+	tmp, err := os.CreateTemp("", "plover-deploy-*")
+	if err != nil {
+		return FunctionInfo{}, errorf(KindInternal, err, "deploy: temp file")
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	n, err := io.Copy(tmp, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
+	if err != nil {
+		return FunctionInfo{}, errorf(KindBadRequest, err, "deploy: reading the bundle")
+	}
+	if n > e.cfg.MaxBundleBytes {
+		return FunctionInfo{}, errorf(KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
+	}
+	sha, err := bundle.DigestReader(tmp)
+	if err != nil {
+		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
+	}
+	dir, m, err := e.cfg.Cache.Verify(tmp)
+	if err != nil {
+		return FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
+	}
+	defer os.RemoveAll(dir)
+	if err := CheckBundleDir(dir, m, name, e.target); err != nil {
+		return FunctionInfo{}, err
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
+	}
+	rv, err := e.reg.Publish(ctx, name, tmp, sha, n)
+	if err != nil {
+		return FunctionInfo{}, errorf(KindUnavailable, err, "deploy %s: store", name)
+	}
+	e.cfg.Cache.Adopt(dir, sha)
+	f := e.setCurrent(name, rv)
+	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
+	return e.info(f, rv, 1), nil
+}
+
+// CheckBundleDir checks an unpacked bundle against the name it is deployed
+// under and the node's target, and its library statically.
+func CheckBundleDir(dir string, m *abi.Manifest, name, target string) error {
+	if m.Name != name {
+		return errorf(KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
+	}
+	if m.Target != target {
+		return errorf(KindInvalid, nil, "target: the bundle is built for %q, this node's device is %q", m.Target, target)
+	}
+	path := filepath.Join(dir, m.Library)
+	info, err := loader.Inspect(path)
+	if err == nil {
+		err = info.Check(m.Library, target, abi.Kernels(m.Chain))
+	}
+	if err != nil {
+		var le *loader.Error
+		if errors.As(err, &le) {
+			le.Path = m.Library
+		}
+		return errorf(KindInvalid, err, "%s", err.Error())
+	}
+	return nil
+}
+
+// Delete removes a function; its current version retires after in-flight
+// requests finish.
+func (e *Engine) Delete(ctx context.Context, name string) error {
+	if err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
+		return errorf(KindNotFound, err, "function %q not found", name)
+	} else if err != nil {
+		return errorf(KindUnavailable, err, "delete %s: store", name)
+	}
+	e.mu.Lock()
+	f := e.funcs[name]
+	delete(e.funcs, name)
+	var old *version
+	if f != nil {
+		old, f.cur = f.cur, nil
+	}
+	e.mu.Unlock()
+	if old != nil {
+		old.retire()
+	}
+	e.cfg.Log.Info("deleted", "function", name)
+	return nil
+}
+
+// Close retires every version; in-flight requests finish first.
+func (e *Engine) Close() {
+	e.mu.Lock()
+	var olds []*version
+	for _, f := range e.funcs {
+		if f.cur != nil {
+			olds = append(olds, f.cur)
+			f.cur = nil
+		}
+	}
+	e.funcs = map[string]*function{}
+	e.mu.Unlock()
+	for _, v := range olds {
+		v.retire()
+	}
+}
+
+// sortInfos orders function infos by name.
+func sortInfos(in []FunctionInfo) {
+	sort.Slice(in, func(i, j int) bool { return in[i].Name < in[j].Name })
+}

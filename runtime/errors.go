@@ -1,0 +1,54 @@
+// Package runtime owns deployed functions on one node: it resolves a function
+// to its current version, loads versions onto devices (cold start), keeps a
+// warm pool of instances per version and runs requests through them.
+package runtime
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind classifies an error for the front end (which maps it to a status).
+type Kind int
+
+const (
+	KindInternal    Kind = iota // 500
+	KindBadRequest              // 400: malformed request
+	KindNotFound                // 404: unknown function
+	KindTooLarge                // 413: input over the function's maximum
+	KindInvalid                 // 422: invalid manifest, chain or bundle
+	KindKernel                  // 500: the chain reported a failure
+	KindUnavailable             // 503: device unhealthy, store down
+	KindTimeout                 // 504: deadline passed before the request ran
+	KindBusy                    // 429: no capacity and no room to wait
+)
+
+// Error is what the engine returns: a kind, a message for the client, and
+// the cause for logs.
+type Error struct {
+	Kind Kind
+	Msg  string
+	Err  error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil && e.Err.Error() != e.Msg {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func errorf(k Kind, err error, format string, a ...any) *Error {
+	return &Error{Kind: k, Msg: fmt.Sprintf(format, a...), Err: err}
+}
+
+// KindOf returns the kind of err (KindInternal for foreign errors).
+func KindOf(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return KindInternal
+}

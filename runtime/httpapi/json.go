@@ -1,0 +1,169 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/runtime"
+)
+
+// invokeBody is the JSON request. Two shapes share it: Plover's
+// {"input", "chain", "out_bytes", "tmp_bytes"} and PyPlover's
+// {"name", "inputs", "func_names", "grid_sizes", "block_sizes",
+// "output_size", "tmp_size"}, whose parallel arrays form the chain.
+type invokeBody struct {
+	Input    *string      `json:"input"`
+	Chain    []abi.Launch `json:"chain"`
+	OutBytes *int64       `json:"out_bytes"`
+	TmpBytes *int64       `json:"tmp_bytes"`
+
+	Name       *string  `json:"name"`
+	Inputs     *string  `json:"inputs"`
+	FuncNames  []string `json:"func_names"`
+	GridSizes  []int    `json:"grid_sizes"`
+	BlockSizes []int    `json:"block_sizes"`
+	OutputSize *int64   `json:"output_size"`
+	TmpSize    *int64   `json:"tmp_size"`
+}
+
+// badRequest is a 400 naming the offending field.
+type badRequest struct{ field, reason string }
+
+func (e *badRequest) Error() string { return e.field + ": " + e.reason }
+
+// parseInvoke turns a JSON body into the input bytes and an override (nil
+// when the request changes nothing).
+func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var b invokeBody
+	if err := dec.Decode(&b); err != nil {
+		return nil, nil, &badRequest{"body", "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+	}
+	if dec.More() {
+		return nil, nil, &badRequest{"body", "trailing data after the JSON object"}
+	}
+	pyplover := b.Inputs != nil || b.FuncNames != nil || b.GridSizes != nil || b.BlockSizes != nil || b.OutputSize != nil || b.TmpSize != nil || b.Name != nil
+	native := b.Input != nil || b.Chain != nil || b.OutBytes != nil || b.TmpBytes != nil
+	if pyplover && native {
+		return nil, nil, &badRequest{"body", `mixes Plover fields (input, chain, out_bytes, tmp_bytes) with PyPlover fields (name, inputs, func_names, grid_sizes, block_sizes, output_size, tmp_size); use one shape`}
+	}
+	o := &runtime.Override{OutBytes: -1, TmpBytes: -1}
+	field := "input"
+	enc := b.Input
+	if pyplover {
+		field, enc = "inputs", b.Inputs
+		if b.Name != nil && *b.Name != name {
+			return nil, nil, &badRequest{"name", fmt.Sprintf("%q does not match the function in the URL, %q", *b.Name, name)}
+		}
+		chain, err := pyChain(b.FuncNames, b.GridSizes, b.BlockSizes)
+		if err != nil {
+			return nil, nil, err
+		}
+		o.Chain = chain
+		b.OutBytes, b.TmpBytes = b.OutputSize, b.TmpSize
+	} else {
+		o.Chain = b.Chain
+	}
+	if enc == nil {
+		return nil, nil, &badRequest{field, "is required: the input bytes, base64-encoded"}
+	}
+	input, err := base64.StdEncoding.DecodeString(*enc)
+	if err != nil {
+		return nil, nil, &badRequest{field, "is not valid base64: " + err.Error()}
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+		dst  *int64
+	}{{sizeField(pyplover, "out"), b.OutBytes, &o.OutBytes}, {sizeField(pyplover, "tmp"), b.TmpBytes, &o.TmpBytes}} {
+		if f.v == nil {
+			continue
+		}
+		if *f.v < 0 {
+			return nil, nil, &badRequest{f.name, "must not be negative"}
+		}
+		*f.dst = *f.v
+	}
+	if o.Chain == nil && o.OutBytes < 0 && o.TmpBytes < 0 {
+		o = nil
+	}
+	return input, o, nil
+}
+
+func sizeField(pyplover bool, which string) string {
+	if pyplover {
+		return map[string]string{"out": "output_size", "tmp": "tmp_size"}[which]
+	}
+	return which + "_bytes"
+}
+
+func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
+	if names == nil {
+		if grids != nil || blocks != nil {
+			return nil, &badRequest{"func_names", "is required when grid_sizes or block_sizes is given"}
+		}
+		return nil, nil
+	}
+	if len(grids) != len(names) {
+		return nil, &badRequest{"grid_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(grids), len(names))}
+	}
+	if len(blocks) != len(names) {
+		return nil, &badRequest{"block_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(blocks), len(names))}
+	}
+	chain := make([]abi.Launch, len(names))
+	for i := range names {
+		chain[i] = abi.Launch{Kernel: names[i], Grid: grids[i], Block: blocks[i]}
+	}
+	return chain, nil
+}
+
+func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) {
+	input, o, err := parseInvoke(ctx.Request.Body(), name)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	c.req.Input, c.req.Override = input, o
+	err = s.exec.Invoke(ctx, name, &c.req)
+	c.req.Input, c.req.Override = nil, nil
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	t := &c.req.Timing
+	out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.req.Output))+256)
+	out = append(out, `{"output":"`...)
+	out = base64.StdEncoding.AppendEncode(out, c.req.Output)
+	out = append(out, `","cold":`...)
+	out = strconv.AppendBool(out, c.req.Start == runtime.Cold)
+	out = append(out, `,"start":"`...)
+	out = append(out, c.req.Start.String()...)
+	out = append(out, `","version":`...)
+	out = strconv.AppendQuote(out, c.req.Version)
+	out = append(out, `,"timing_us":{`...)
+	for i, kv := range []struct {
+		k string
+		v int64
+	}{{"queue", t.Queue.Microseconds()}, {"load", t.Load.Microseconds()}, {"copy_in", t.CopyIn.Microseconds()},
+		{"kernels", t.Kernels.Microseconds()}, {"copy_out", t.CopyOut.Microseconds()}, {"total", t.Total.Microseconds()}} {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = strconv.AppendQuote(out, kv.k)
+		out = append(out, ':')
+		out = strconv.AppendInt(out, kv.v, 10)
+	}
+	out = append(out, "}}\n"...)
+	c.req.Output = c.req.Output[:0]
+	ctx.SetContentType("application/json")
+	ctx.SetBody(out)
+	s.writeMeta(ctx, c)
+}

@@ -1,0 +1,351 @@
+// Package httpapi is Plover's HTTP front end (fasthttp). It parses requests,
+// calls an Executor and writes responses; it owns no functions itself.
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/runtime"
+)
+
+// Executor owns functions and runs requests. The engine implements it in
+// process; a worker-process client can implement it later.
+type Executor interface {
+	Invoke(ctx context.Context, name string, req *runtime.Request) error
+	Deploy(ctx context.Context, name string, body io.Reader) (runtime.FunctionInfo, error)
+	Function(ctx context.Context, name string) (runtime.FunctionInfo, error)
+	Functions(ctx context.Context) ([]runtime.FunctionInfo, error)
+	Delete(ctx context.Context, name string) error
+	Health() (bool, []runtime.DeviceHealth)
+}
+
+// Options configure a Server.
+type Options struct {
+	// MaxBodyBytes bounds any request body (inputs and bundles); larger
+	// requests get 413 before the handler runs.
+	MaxBodyBytes int
+	Log          *slog.Logger
+	Version      string
+}
+
+// Server serves the Plover HTTP API.
+type Server struct {
+	exec  Executor
+	opts  Options
+	calls sync.Pool // *call
+	srv   *fasthttp.Server
+}
+
+// call is the per-request scratch state, pooled so a hot invoke allocates
+// nothing.
+type call struct {
+	req    runtime.Request
+	timing []byte
+}
+
+// New returns a Server over exec.
+func New(exec Executor, opts Options) *Server {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 256 << 20
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{exec: exec, opts: opts}
+	s.calls.New = func() any { return &call{timing: make([]byte, 0, 160)} }
+	s.srv = &fasthttp.Server{
+		Handler:            s.Handle,
+		Name:               "plover/" + opts.Version,
+		MaxRequestBodySize: opts.MaxBodyBytes,
+		ReadTimeout:        60 * time.Second,
+		WriteTimeout:       60 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		ErrorHandler:       s.parseError,
+		Logger:             fasthttpLogger{opts.Log},
+		CloseOnShutdown:    true,
+	}
+	return s
+}
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting and waits for open requests to finish.
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug("fasthttp: " + fmt.Sprintf(format, args...))
+}
+
+func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the server's limit of "+strconv.Itoa(s.opts.MaxBodyBytes)+" bytes (plover serve --max-body)")
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed HTTP request: "+err.Error())
+}
+
+var (
+	pathFunctions = []byte("/v1/functions")
+	suffixInvoke  = []byte("/invoke")
+)
+
+// Handle routes one request. Exported for in-process benchmarks.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	switch {
+	case string(path) == "/healthz":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.health(ctx)
+		}
+	case bytes.Equal(path, pathFunctions), string(path) == "/v1/functions/":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.list(ctx)
+		}
+	case bytes.HasPrefix(path, pathFunctions) && path[len(pathFunctions)] == '/':
+		rest := path[len(pathFunctions)+1:]
+		if name, ok := bytes.CutSuffix(rest, suffixInvoke); ok && bytes.IndexByte(name, '/') < 0 {
+			if s.method(ctx, fasthttp.MethodPost) {
+				s.invoke(ctx, name)
+			}
+			return
+		}
+		if bytes.IndexByte(rest, '/') >= 0 {
+			writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(path))
+			return
+		}
+		s.function(ctx, string(rest))
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(path)+" (see GET /v1/functions, POST /v1/functions/{name}/invoke)")
+	}
+}
+
+func (s *Server) method(ctx *fasthttp.RequestCtx, want string) bool {
+	if string(ctx.Method()) == want {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", want)
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed here; use "+want)
+	return false
+}
+
+func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
+	switch string(ctx.Method()) {
+	case fasthttp.MethodGet:
+		fi, err := s.exec.Function(ctx, name)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, fi)
+	case fasthttp.MethodPut:
+		s.deploy(ctx, name)
+	case fasthttp.MethodDelete:
+		if err := s.exec.Delete(ctx, name); err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]string{"deleted": name})
+	default:
+		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed on a function; use GET, PUT or DELETE")
+	}
+}
+
+func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
+	switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
+	case bundle.MediaType, "application/octet-stream", "application/zstd":
+	default:
+		writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+			"Content-Type "+strconv.Quote(ct)+": a bundle is sent as "+bundle.MediaType+" (plover deploy DIR does this)")
+		return
+	}
+	fi, err := s.exec.Deploy(ctx, name, bytes.NewReader(ctx.Request.Body()))
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusCreated, fi)
+}
+
+func (s *Server) list(ctx *fasthttp.RequestCtx) {
+	fs, err := s.exec.Functions(ctx)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"functions": fs})
+}
+
+func (s *Server) health(ctx *fasthttp.RequestCtx) {
+	ok, devs := s.exec.Health()
+	status, code := "ok", fasthttp.StatusOK
+	if !ok {
+		status, code = "unhealthy", fasthttp.StatusServiceUnavailable
+	}
+	writeJSON(ctx, code, map[string]any{"status": status, "devices": devs})
+}
+
+// invoke is the hot path: no allocation for an octet-stream request on an
+// idle instance (see BenchmarkServedInvoke).
+func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
+	c := s.calls.Get().(*call)
+	defer s.calls.Put(c)
+	c.req.Override = nil
+	// The engine copies the name before keeping it, so the request's bytes
+	// can back it for the duration of the call.
+	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
+	switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
+	case "application/octet-stream", "":
+		c.req.Input = ctx.Request.Body()
+		c.req.Output = ctx.Response.SwapBody(nil)[:0]
+		err := s.exec.Invoke(ctx, name, &c.req)
+		ctx.Response.SwapBody(c.req.Output)
+		c.req.Input, c.req.Output = nil, nil
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		ctx.Response.Header.SetContentTypeBytes(octetStream)
+		s.writeMeta(ctx, c)
+	case "application/json":
+		s.invokeJSON(ctx, name, c)
+	default:
+		writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+			"Content-Type "+strconv.Quote(ct)+": send application/octet-stream (raw input bytes) or application/json ({\"input\":\"<base64>\"})")
+	}
+}
+
+var (
+	octetStream    = []byte("application/octet-stream")
+	hdrServerTimng = []byte("Server-Timing")
+	hdrStart       = []byte("X-Plover-Start")
+	hdrVersion     = []byte("X-Plover-Version")
+	startNames     = [][]byte{[]byte("hot"), []byte("warm"), []byte("cold")}
+)
+
+// writeMeta sets Server-Timing (milliseconds, as the header's dur expects)
+// and the start kind and version headers.
+func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
+	t := &c.req.Timing
+	b := c.timing[:0]
+	b = appendDur(b, "queue", t.Queue, true)
+	b = appendDur(b, "load", t.Load, false)
+	b = appendDur(b, "copyin", t.CopyIn, false)
+	b = appendDur(b, "kernels", t.Kernels, false)
+	b = appendDur(b, "copyout", t.CopyOut, false)
+	b = appendDur(b, "total", t.Total, false)
+	c.timing = b
+	h := &ctx.Response.Header
+	h.SetCanonical(hdrServerTimng, b)
+	h.SetCanonical(hdrStart, startNames[c.req.Start])
+	h.SetCanonical(hdrVersion, s2b(c.req.Version))
+}
+
+func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+func appendDur(b []byte, name string, d time.Duration, first bool) []byte {
+	if !first {
+		b = append(b, ", "...)
+	}
+	b = append(b, name...)
+	b = append(b, ";dur="...)
+	return strconv.AppendFloat(b, float64(d.Nanoseconds())/1e6, 'f', 3, 64)
+}
+
+func mediaType(ct []byte) string {
+	if i := bytes.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	ct = bytes.TrimSpace(ct)
+	// Common types come back as constants: no allocation on the hot path.
+	switch {
+	case len(ct) == 0:
+		return ""
+	case bytes.EqualFold(ct, octetStream):
+		return "application/octet-stream"
+	case bytes.EqualFold(ct, []byte("application/json")):
+		return "application/json"
+	}
+	return string(bytes.ToLower(ct))
+}
+
+// status maps an engine error kind to an HTTP status and error code.
+func status(k runtime.Kind) (int, string) {
+	switch k {
+	case runtime.KindBadRequest:
+		return fasthttp.StatusBadRequest, "bad_request"
+	case runtime.KindNotFound:
+		return fasthttp.StatusNotFound, "not_found"
+	case runtime.KindTooLarge:
+		return fasthttp.StatusRequestEntityTooLarge, "too_large"
+	case runtime.KindInvalid:
+		return fasthttp.StatusUnprocessableEntity, "invalid"
+	case runtime.KindKernel:
+		return fasthttp.StatusInternalServerError, "kernel_failed"
+	case runtime.KindUnavailable:
+		return fasthttp.StatusServiceUnavailable, "unavailable"
+	case runtime.KindTimeout:
+		return fasthttp.StatusGatewayTimeout, "timeout"
+	case runtime.KindBusy:
+		return fasthttp.StatusTooManyRequests, "busy"
+	default:
+		return fasthttp.StatusInternalServerError, "internal"
+	}
+}
+
+func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
+	code, name := status(runtime.KindOf(err))
+	msg := err.Error()
+	var re *runtime.Error
+	if errors.As(err, &re) {
+		msg = re.Msg
+		if code >= 500 {
+			s.opts.Log.Warn("request failed", "path", string(ctx.Path()), "status", code, "error", err)
+		}
+	} else {
+		s.opts.Log.Error("request failed", "path", string(ctx.Path()), "error", err)
+		msg = "internal error"
+	}
+	writeError(ctx, code, name, msg)
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func writeError(ctx *fasthttp.RequestCtx, code int, name, msg string) {
+	var e errorBody
+	e.Error.Code, e.Error.Message = name, msg
+	writeJSON(ctx, code, e)
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = fasthttp.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encoding the response failed"}}`)
+	}
+	ctx.Response.Reset()
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(append(b, '\n'))
+}

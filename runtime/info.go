@@ -1,0 +1,119 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/runtime/registry"
+)
+
+// FunctionInfo is what GET /v1/functions shows about a function.
+type FunctionInfo struct {
+	Name     string        `json:"name"`
+	Version  string        `json:"version"`
+	SHA256   string        `json:"sha256"`
+	Size     int64         `json:"bundle_bytes"`
+	Created  time.Time     `json:"created"`
+	Versions int           `json:"versions"`
+	Loaded   bool          `json:"loaded"`
+	Manifest *abi.Manifest `json:"manifest,omitempty"`
+	Busy     int           `json:"instances_busy"`
+	Idle     int           `json:"instances_idle"`
+	Requests int64         `json:"requests"`
+	Errors   int64         `json:"errors"`
+	Cold     int64         `json:"cold_starts"`
+	Warm     int64         `json:"warm_starts"`
+	Hot      int64         `json:"hot_starts"`
+}
+
+func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionInfo {
+	fi := FunctionInfo{Name: f.name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versions}
+	fi.Requests, fi.Errors = f.stats.requests.Load(), f.stats.errors.Load()
+	fi.Cold, fi.Warm, fi.Hot = f.stats.cold.Load(), f.stats.warm.Load(), f.stats.hot.Load()
+	e.mu.Lock()
+	v := f.cur
+	e.mu.Unlock()
+	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
+		fi.Loaded, fi.Manifest = true, v.manifest
+		v.mu.Lock()
+		fi.Idle = len(v.idle)
+		fi.Busy = v.live - fi.Idle
+		v.mu.Unlock()
+	}
+	return fi
+}
+
+// Function describes one function from its record and this node's state.
+func (e *Engine) Function(ctx context.Context, name string) (FunctionInfo, error) {
+	if !abi.ValidName(name) {
+		return FunctionInfo{}, errorf(KindNotFound, nil, "function %q not found", name)
+	}
+	rec, err := e.reg.Get(ctx, name)
+	if errors.Is(err, registry.ErrNoFunction) {
+		return FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
+	}
+	if err != nil {
+		return FunctionInfo{}, errorf(KindUnavailable, err, "function %s: store unavailable", name)
+	}
+	return e.recordInfo(rec)
+}
+
+func (e *Engine) recordInfo(rec *registry.Record) (FunctionInfo, error) {
+	cv, err := rec.CurrentVersion()
+	if err != nil {
+		return FunctionInfo{}, errorf(KindInternal, err, "function %s: corrupt record", rec.Name)
+	}
+	e.mu.Lock()
+	f := e.funcs[rec.Name]
+	e.mu.Unlock()
+	if f == nil {
+		f = &function{name: rec.Name}
+	}
+	return e.info(f, cv, len(rec.Versions)), nil
+}
+
+// Functions lists every function in the store.
+func (e *Engine) Functions(ctx context.Context) ([]FunctionInfo, error) {
+	recs, err := e.reg.List(ctx)
+	if err != nil {
+		return nil, errorf(KindUnavailable, err, "list functions: store unavailable")
+	}
+	out := make([]FunctionInfo, 0, len(recs))
+	for _, r := range recs {
+		fi, err := e.recordInfo(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fi)
+	}
+	sortInfos(out)
+	return out, nil
+}
+
+// DeviceHealth is one device's state for /healthz.
+type DeviceHealth struct {
+	Name     string `json:"name"`
+	Target   string `json:"target"`
+	Healthy  bool   `json:"healthy"`
+	Error    string `json:"error,omitempty"`
+	MemTotal int64  `json:"mem_total_bytes"`
+	MemFree  int64  `json:"mem_free_bytes"`
+	MemUsed  int64  `json:"mem_used_bytes"`
+}
+
+// Health reports every device; the node is healthy when all are.
+func (e *Engine) Health() (bool, []DeviceHealth) {
+	ok := true
+	out := make([]DeviceHealth, 0, len(e.cfg.Devices))
+	for _, d := range e.cfg.Devices {
+		mi := d.MemInfo()
+		h := DeviceHealth{Name: d.Name(), Target: d.Target(), Healthy: true, MemTotal: mi.Total, MemFree: mi.Free, MemUsed: mi.Used}
+		if err := d.Health(); err != nil {
+			h.Healthy, h.Error, ok = false, err.Error(), false
+		}
+		out = append(out, h)
+	}
+	return ok, out
+}

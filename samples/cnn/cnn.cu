@@ -1,0 +1,224 @@
+/*
+ * cnn.cu — the MNIST CNN sample (PyPlover Table 1 / CUDA-CNN), one portable
+ * source for both targets:
+ *
+ *   g++  -x c++ -O2 -shared -fPIC -Iabi samples/cnn/cnn.cu   -> host bundle
+ *   nvcc -x cu  -shared -Xcompiler -fPIC -Iabi samples/cnn/cnn.cu -> cuda bundle
+ *
+ * Network: input 28x28 -> c1: 6 filters 5x5, stride 1, + bias, sigmoid
+ * (6x24x24) -> s1: one 4x4 filter, stride 4, per channel, + one bias, sigmoid
+ * (6x6x6) -> f: fully connected 216 -> 10, + bias, sigmoid -> out.
+ * Layer names c1/s1/f follow CUDA-CNN. The Go reference in model/ mirrors
+ * every loop here, summation order included, so scores agree to ~1e-7.
+ *
+ * Two chains are exported (see README.md for the measurement):
+ *   fused  cnn_c1, cnn_s1, cnn_f: one launch per layer, each thread sums one
+ *          output and applies bias and sigmoid. Writes every tmp float it
+ *          later reads, so it needs no zero_tmp. This is plover.json's chain.
+ *   split  cnn_<layer>_preact, _bias, _sigmoid: CUDA-CNN's nine launches,
+ *          pre-activations scattered with atomicAdd, so tmp must start at
+ *          zero (zero_tmp: true).
+ * All kernels use grid-stride loops: any grid and block give the same result.
+ */
+#include "plover_kernel.h"
+
+#ifdef __CUDACC__
+PLOVER_BUNDLE("cuda");
+#else
+PLOVER_BUNDLE("host");
+#endif
+
+/* Constants (weights.bin), offsets in floats; model/model.go has the same. */
+#define W_C1 0     /* [6][5][5] */
+#define B_C1 150   /* [6] */
+#define W_S1 156   /* [4][4] */
+#define B_S1 172   /* [1] */
+#define W_F 173    /* [10][216] */
+#define B_F 2333   /* [10] */
+#define N_WEIGHTS 2343
+
+/* tmp, offsets in floats. */
+#define T_C1 0    /* [6][24][24] */
+#define T_S1 3456 /* [6][6][6] */
+#define T_F 3672  /* [10], split chain only */
+#define TMP_FUSED 3672
+#define TMP_SPLIT 3682
+
+#define N_IN 784
+#define N_C1 3456
+#define N_S1 216
+#define N_OUT 10
+
+#define GRID_STRIDE(n, count)                                  \
+  for (int n = (int)(blockIdx.x * blockDim.x + threadIdx.x); \
+       n < (count); n += (int)(gridDim.x * blockDim.x))
+
+__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* ---- fused: one thread per output ---- */
+
+__global__ void c1_fused(const float *__restrict__ in,
+                         const float *__restrict__ w, float *__restrict__ c1) {
+  GRID_STRIDE(n, N_C1) {
+    int m = n / 576, y = n / 24 % 24, x = n % 24;
+    const float *f = w + W_C1 + m * 25;
+    float acc = 0.0f;
+    for (int i = 0; i < 5; i++)
+      for (int j = 0; j < 5; j++) acc += f[i * 5 + j] * in[(y + i) * 28 + x + j];
+    c1[n] = sigmoid(acc + w[B_C1 + m]);
+  }
+}
+
+__global__ void s1_fused(const float *__restrict__ c1,
+                         const float *__restrict__ w, float *__restrict__ s1) {
+  GRID_STRIDE(n, N_S1) {
+    int c = n / 36, y = n / 6 % 6, x = n % 6;
+    const float *src = c1 + c * 576 + y * 4 * 24 + x * 4;
+    float acc = 0.0f;
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 4; j++) acc += w[W_S1 + i * 4 + j] * src[i * 24 + j];
+    s1[n] = sigmoid(acc + w[B_S1]);
+  }
+}
+
+__global__ void f_fused(const float *__restrict__ s1,
+                        const float *__restrict__ w, float *__restrict__ out) {
+  GRID_STRIDE(o, N_OUT) {
+    const float *row = w + W_F + o * N_S1;
+    float acc = 0.0f;
+    for (int k = 0; k < N_S1; k++) acc += row[k] * s1[k];
+    out[o] = sigmoid(acc + w[B_F + o]);
+  }
+}
+
+/* ---- split: CUDA-CNN's pre-activation / bias / activation launches ----
+ * One grid-stride index per (output, term) pair, the filter tap fastest, so
+ * the host target adds each output's terms in the fused kernels' order. */
+
+__global__ void c1_preact(const float *__restrict__ in,
+                          const float *__restrict__ w, float *c1) {
+  GRID_STRIDE(n, N_C1 * 25) {
+    int j = n % 5, i = n / 5 % 5, o = n / 25;
+    int m = o / 576, y = o / 24 % 24, x = o % 24;
+    atomicAdd(&c1[o], w[W_C1 + m * 25 + i * 5 + j] * in[(y + i) * 28 + x + j]);
+  }
+}
+
+__global__ void s1_preact(const float *__restrict__ c1,
+                          const float *__restrict__ w, float *s1) {
+  GRID_STRIDE(n, N_S1 * 16) {
+    int j = n % 4, i = n / 4 % 4, o = n / 16;
+    int c = o / 36, y = o / 6 % 6, x = o % 6;
+    atomicAdd(&s1[o], w[W_S1 + i * 4 + j] * c1[c * 576 + (y * 4 + i) * 24 + x * 4 + j]);
+  }
+}
+
+__global__ void f_preact(const float *__restrict__ s1,
+                         const float *__restrict__ w, float *f) {
+  GRID_STRIDE(n, N_OUT * N_S1) {
+    int k = n % N_S1, o = n / N_S1;
+    atomicAdd(&f[o], w[W_F + n] * s1[k]);
+  }
+}
+
+/* bias[i / per] is added to v[i]: per = outputs sharing one bias. */
+__global__ void add_bias(float *v, int count, const float *__restrict__ bias,
+                         int per) {
+  GRID_STRIDE(n, count) v[n] += bias[n / per];
+}
+
+__global__ void apply_sigmoid(const float *src, float *dst, int count) {
+  GRID_STRIDE(n, count) dst[n] = sigmoid(src[n]);
+}
+
+/* ---- entry points ----
+ * Lengths are checked on the host side of each entry, before launching, so
+ * a wrong request size or manifest fails the request instead of reading past
+ * a buffer on the device. Each entry checks only the buffers it touches. */
+
+enum { USES_INPUT = 1, WRITES_OUT = 2 };
+
+static int buffers_ok(plover_state_t *s, size_t tmp_floats, int flags) {
+  if ((flags & USES_INPUT) && s->input.len != N_IN * sizeof(float)) {
+    plover_fail(s, "cnn: input must be 784 little-endian float32 (3136 bytes)");
+    return 0;
+  }
+  if (s->constant.len < N_WEIGHTS * sizeof(float)) {
+    plover_fail(s, "cnn: constants must hold 2343 float32 (weights.bin)");
+    return 0;
+  }
+  if (s->tmp.len < tmp_floats * sizeof(float)) {
+    plover_fail(s, "cnn: tmp_bytes is too small for this chain");
+    return 0;
+  }
+  if ((flags & WRITES_OUT) && s->out.len != N_OUT * sizeof(float)) {
+    plover_fail(s, "cnn: out_bytes must be 40 (10 float32 scores)");
+    return 0;
+  }
+  return 1;
+}
+
+#define IN(s) ((const float *)(s)->input.dat)
+#define W(s) ((const float *)(s)->constant.dat)
+#define TMP(s) ((float *)(s)->tmp.dat)
+#define OUT(s) ((float *)(s)->out.dat)
+
+PLOVER_ENTRY(cnn_c1) {
+  if (!buffers_ok(s, T_C1 + N_C1, USES_INPUT)) return;
+  PLOVER_LAUNCH(c1_fused, grid, block, s, IN(s), W(s), TMP(s) + T_C1);
+}
+
+PLOVER_ENTRY(cnn_s1) {
+  if (!buffers_ok(s, TMP_FUSED, 0)) return;
+  PLOVER_LAUNCH(s1_fused, grid, block, s, TMP(s) + T_C1, W(s), TMP(s) + T_S1);
+}
+
+PLOVER_ENTRY(cnn_f) {
+  if (!buffers_ok(s, TMP_FUSED, WRITES_OUT)) return;
+  PLOVER_LAUNCH(f_fused, grid, block, s, TMP(s) + T_S1, W(s), OUT(s));
+}
+
+PLOVER_ENTRY(cnn_c1_preact) {
+  if (!buffers_ok(s, TMP_SPLIT, USES_INPUT)) return;
+  PLOVER_LAUNCH(c1_preact, grid, block, s, IN(s), W(s), TMP(s) + T_C1);
+}
+
+PLOVER_ENTRY(cnn_c1_bias) {
+  if (!buffers_ok(s, TMP_SPLIT, 0)) return;
+  PLOVER_LAUNCH(add_bias, grid, block, s, TMP(s) + T_C1, N_C1, W(s) + B_C1, 576);
+}
+
+PLOVER_ENTRY(cnn_c1_sigmoid) {
+  if (!buffers_ok(s, TMP_SPLIT, 0)) return;
+  PLOVER_LAUNCH(apply_sigmoid, grid, block, s, TMP(s) + T_C1, TMP(s) + T_C1, N_C1);
+}
+
+PLOVER_ENTRY(cnn_s1_preact) {
+  if (!buffers_ok(s, TMP_SPLIT, 0)) return;
+  PLOVER_LAUNCH(s1_preact, grid, block, s, TMP(s) + T_C1, W(s), TMP(s) + T_S1);
+}
+
+PLOVER_ENTRY(cnn_s1_bias) {
+  if (!buffers_ok(s, TMP_SPLIT, 0)) return;
+  PLOVER_LAUNCH(add_bias, grid, block, s, TMP(s) + T_S1, N_S1, W(s) + B_S1, N_S1);
+}
+
+PLOVER_ENTRY(cnn_s1_sigmoid) {
+  if (!buffers_ok(s, TMP_SPLIT, 0)) return;
+  PLOVER_LAUNCH(apply_sigmoid, grid, block, s, TMP(s) + T_S1, TMP(s) + T_S1, N_S1);
+}
+
+PLOVER_ENTRY(cnn_f_preact) {
+  if (!buffers_ok(s, TMP_SPLIT, 0)) return;
+  PLOVER_LAUNCH(f_preact, grid, block, s, TMP(s) + T_S1, W(s), TMP(s) + T_F);
+}
+
+PLOVER_ENTRY(cnn_f_bias) {
+  if (!buffers_ok(s, TMP_SPLIT, 0)) return;
+  PLOVER_LAUNCH(add_bias, grid, block, s, TMP(s) + T_F, N_OUT, W(s) + B_F, 1);
+}
+
+PLOVER_ENTRY(cnn_f_sigmoid) {
+  if (!buffers_ok(s, TMP_SPLIT, WRITES_OUT)) return;
+  PLOVER_LAUNCH(apply_sigmoid, grid, block, s, TMP(s) + T_F, OUT(s), N_OUT);
+}
