@@ -1,0 +1,88 @@
+package abi
+
+import (
+	"strings"
+	"testing"
+)
+
+const valid = `{"name":"vecadd","abi":1,"target":"host","library":"vecadd.so","constants":"b.bin",
+ "max_input_bytes":4000000,"tmp_bytes":0,"out_bytes":4000000,"zero_tmp":false,
+ "chain":[{"kernel":"vecadd","grid":256,"block":256}]}`
+
+func TestParseManifest(t *testing.T) {
+	tests := []struct {
+		name      string
+		from, to  string // replace from with to in valid
+		wantField string // "" means valid
+	}{
+		{"valid", "", "", ""},
+		{"name uppercase", `"name":"vecadd"`, `"name":"VecAdd"`, "name"},
+		{"name leading dash", `"name":"vecadd"`, `"name":"-x"`, "name"},
+		{"name too long", `"name":"vecadd"`, `"name":"` + strings.Repeat("a", 64) + `"`, "name"},
+		{"abi 2", `"abi":1`, `"abi":2`, "abi"},
+		{"target gpu", `"target":"host"`, `"target":"gpu"`, "target"},
+		{"library traversal", `"library":"vecadd.so"`, `"library":"../vecadd.so"`, "library"},
+		{"library not .so", `"library":"vecadd.so"`, `"library":"vecadd.dll"`, "library"},
+		{"constants slash", `"constants":"b.bin"`, `"constants":"a/b.bin"`, "constants"},
+		{"constants same as library", `"constants":"b.bin"`, `"constants":"vecadd.so"`, "constants"},
+		{"max input zero", `"max_input_bytes":4000000`, `"max_input_bytes":0`, "max_input_bytes"},
+		{"max input huge", `"max_input_bytes":4000000`, `"max_input_bytes":2000000000`, "max_input_bytes"},
+		{"tmp negative", `"tmp_bytes":0`, `"tmp_bytes":-1`, "tmp_bytes"},
+		{"out zero", `"out_bytes":4000000`, `"out_bytes":0`, "out_bytes"},
+		{"zero_tmp without tmp", `"zero_tmp":false`, `"zero_tmp":true`, "zero_tmp"},
+		{"empty chain", `[{"kernel":"vecadd","grid":256,"block":256}]`, `[]`, "chain"},
+		{"kernel not identifier", `"kernel":"vecadd"`, `"kernel":"vec add"`, "chain[0].kernel"},
+		{"kernel reserved", `"kernel":"vecadd"`, `"kernel":"plover_last_error"`, "chain[0].kernel"},
+		{"grid zero", `"grid":256`, `"grid":0`, "chain[0].grid"},
+		{"block too big", `"block":256`, `"block":2048`, "chain[0].block"},
+		{"unknown field", `"zero_tmp":false`, `"zero_tmpp":false`, "plover.json"},
+		{"wrong type", `"abi":1`, `"abi":"1"`, "plover.json"},
+		{"trailing data", `}]}`, `}]} {}`, "plover.json"},
+		{"not json", valid, `not json`, "plover.json"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := valid
+			if tt.from != "" {
+				if !strings.Contains(src, tt.from) {
+					t.Fatalf("test bug: %q not in manifest", tt.from)
+				}
+				src = strings.Replace(src, tt.from, tt.to, 1)
+			}
+			m, err := ParseManifest(strings.NewReader(src))
+			if tt.wantField == "" {
+				if err != nil {
+					t.Fatalf("valid manifest refused: %v", err)
+				}
+				if m.Name != "vecadd" || len(m.Chain) != 1 || m.Chain[0].Grid != 256 {
+					t.Fatalf("parsed wrong: %+v", m)
+				}
+				return
+			}
+			fe, ok := AsFieldError(err)
+			if !ok {
+				t.Fatalf("want a FieldError for %s, got %v", tt.wantField, err)
+			}
+			if fe.Field != tt.wantField {
+				t.Fatalf("error names field %q, want %q (%v)", fe.Field, tt.wantField, err)
+			}
+			if fe.Reason == "" {
+				t.Fatal("error has no reason")
+			}
+		})
+	}
+}
+
+func TestChainLimitAndKernels(t *testing.T) {
+	chain := make([]Launch, MaxChainLength+1)
+	for i := range chain {
+		chain[i] = Launch{Kernel: "k", Grid: 1, Block: 1}
+	}
+	if err := ValidateChain("chain", chain); err == nil {
+		t.Fatalf("chain of %d accepted", len(chain))
+	}
+	got := Kernels([]Launch{{Kernel: "a"}, {Kernel: "b"}, {Kernel: "a"}})
+	if strings.Join(got, ",") != "a,b" {
+		t.Fatalf("Kernels = %v", got)
+	}
+}

@@ -1,0 +1,196 @@
+package bundle
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/objectstore"
+)
+
+func manifestJSON(t *testing.T, consts string) []byte {
+	t.Helper()
+	m := abi.Manifest{Name: "fn", ABI: 1, Target: "host", Library: "lib.so", Constants: consts,
+		MaxInputBytes: 16, OutBytes: 16, Chain: []abi.Launch{{Kernel: "k", Grid: 1, Block: 1}}}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+type entry struct {
+	name     string
+	typ      byte
+	body     []byte
+	linkname string
+}
+
+func archive(t *testing.T, entries ...entry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, _ := zstd.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for _, e := range entries {
+		typ := e.typ
+		if typ == 0 {
+			typ = tar.TypeReg
+		}
+		h := &tar.Header{Name: e.name, Typeflag: typ, Mode: 0o644, Size: int64(len(e.body)), Linkname: e.linkname}
+		if typ != tar.TypeReg {
+			h.Size = 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if typ == tar.TypeReg {
+			tw.Write(e.body)
+		}
+	}
+	tw.Close()
+	zw.Close()
+	return buf.Bytes()
+}
+
+func TestUnpackRefusesHostileArchives(t *testing.T) {
+	man := entry{name: abi.ManifestFile, body: manifestJSON(t, "w.bin")}
+	lib := entry{name: "lib.so", body: []byte("\x7fELF...")}
+	w := entry{name: "w.bin", body: []byte{1, 2, 3}}
+	tests := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"ok", archive(t, man, lib, w), ""},
+		{"path traversal", archive(t, man, entry{name: "../lib.so", body: lib.body}, w), "not a plain file name"},
+		{"nested traversal", archive(t, man, entry{name: "x/../../lib.so", body: lib.body}, w), "not a plain file name"},
+		{"absolute path", archive(t, man, entry{name: "/etc/lib.so", body: lib.body}, w), "not a plain file name"},
+		{"symlink", archive(t, man, entry{name: "lib.so", typ: tar.TypeSymlink, linkname: "/etc/passwd"}, w), "not a regular file"},
+		{"hard link", archive(t, man, entry{name: "lib.so", typ: tar.TypeLink, linkname: "plover.json"}, w), "not a regular file"},
+		{"directory", archive(t, man, entry{name: "d", typ: tar.TypeDir}, lib, w), "not a regular file"},
+		{"unexpected name", archive(t, man, lib, w, entry{name: "evil.sh", body: []byte("x")}), "unexpected entry"},
+		{"duplicate library", archive(t, man, lib, lib, w), "unexpected entry"},
+		{"manifest not first", archive(t, lib, man, w), "first entry"},
+		{"missing constants", archive(t, man, lib), `missing "w.bin"`},
+		{"empty", archive(t), "empty archive"},
+		{"invalid manifest", archive(t, entry{name: abi.ManifestFile, body: []byte(`{"name":"BAD"}`)}), "plover.json"},
+		{"not zstd", []byte("this is not a bundle"), "corrupt archive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dst := t.TempDir()
+			m, err := Unpack(bytes.NewReader(tt.data), dst, 1<<20)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, _ := os.ReadFile(filepath.Join(dst, "w.bin"))
+				if m.Constants != "w.bin" || !bytes.Equal(got, w.body) {
+					t.Fatalf("unpacked %+v / %v", m, got)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Unpack error = %v, want %q", err, tt.want)
+			}
+			// Nothing may be written outside dst.
+			if _, err := os.Stat(filepath.Join(filepath.Dir(dst), "lib.so")); err == nil {
+				t.Fatal("an entry escaped the destination")
+			}
+		})
+	}
+}
+
+func TestUnpackSizeLimit(t *testing.T) {
+	big := entry{name: "lib.so", body: make([]byte, 2<<20)}
+	data := archive(t, entry{name: abi.ManifestFile, body: manifestJSON(t, "")}, big)
+	if _, err := Unpack(bytes.NewReader(data), t.TempDir(), 1<<20); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("Unpack of a 2 MiB entry with a 1 MiB limit: %v", err)
+	}
+}
+
+func bundleDir(t *testing.T) string {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, abi.ManifestFile), manifestJSON(t, "w.bin"), 0o644)
+	os.WriteFile(filepath.Join(dir, "lib.so"), []byte("\x7fELF"), 0o644)
+	os.WriteFile(filepath.Join(dir, "w.bin"), []byte{9, 9}, 0o644)
+	return dir
+}
+
+func TestPackIsDeterministicAndRoundTrips(t *testing.T) {
+	dir := bundleDir(t)
+	b1, sha1, _, err := PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(filepath.Join(dir, "lib.so"), timeZero, timeZero)
+	b2, sha2, _, _ := PackBytes(dir)
+	if sha1 != sha2 || !bytes.Equal(b1, b2) {
+		t.Fatal("packing the same directory twice gave different bytes")
+	}
+	m, err := Unpack(bytes.NewReader(b1), t.TempDir(), DefaultMaxUnpacked)
+	if err != nil || m.Name != "fn" {
+		t.Fatalf("round trip: %v %+v", err, m)
+	}
+}
+
+func TestCacheVerifiesSHA256(t *testing.T) {
+	ctx := context.Background()
+	store, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, sha, _, err := PackBytes(bundleDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := NewCache(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Missing object: a fetch error (an outage or a dangling record).
+	_, _, _, err = cache.Get(ctx, store, sha)
+	var fe *FetchError
+	if !errors.As(err, &fe) || !errors.Is(err, objectstore.ErrNotFound) {
+		t.Fatalf("missing object: %v", err)
+	}
+	// Tampered object under the right key: refused, nothing cached.
+	tampered := append([]byte(nil), b...)
+	tampered[len(tampered)/2] ^= 0xff
+	store.Put(ctx, ObjectKey(sha), bytes.NewReader(tampered), int64(len(tampered)))
+	_, _, _, err = cache.Get(ctx, store, sha)
+	var be *Error
+	if !errors.As(err, &be) || !strings.Contains(err.Error(), "sha256 mismatch") {
+		t.Fatalf("tampered object: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(cache.dir, sha)); err == nil {
+		t.Fatal("a tampered bundle was cached")
+	}
+	// The real object: fetched once, then served from the node cache.
+	store.Put(ctx, ObjectKey(sha), bytes.NewReader(b), int64(len(b)))
+	dir, m, fetched, err := cache.Get(ctx, store, sha)
+	if err != nil || !fetched || m.Name != "fn" {
+		t.Fatalf("first Get: %v fetched=%v", err, fetched)
+	}
+	store.Delete(ctx, ObjectKey(sha))
+	dir2, _, fetched, err := cache.Get(ctx, store, sha)
+	if err != nil || fetched || dir2 != dir {
+		t.Fatalf("second Get should come from the node cache: %v fetched=%v", err, fetched)
+	}
+	if _, _, _, err := cache.Get(ctx, store, "../../etc"); err == nil {
+		t.Fatal("invalid digest accepted")
+	}
+}
+
+// A changed mtime must not change the bundle's bytes.
+var timeZero = time.Unix(1_700_000_000, 0)

@@ -1,0 +1,100 @@
+package testkit
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/runtime"
+	"github.com/plover-run/plover/runtime/httpapi"
+)
+
+// Engine returns an engine over a fresh filesystem store and cache with one
+// host device. cfg's Store, Cache and Devices are filled in when empty.
+func Engine(t testing.TB, cfg runtime.Config) *runtime.Engine {
+	t.Helper()
+	dir := t.TempDir()
+	if cfg.Store == nil {
+		s, err := objectstore.NewFS(filepath.Join(dir, "store"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Store = s
+	}
+	if cfg.Cache == nil {
+		c, err := bundle.NewCache(filepath.Join(dir, "cache"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Cache = c
+	}
+	if len(cfg.Devices) == 0 {
+		cfg.Devices = []cuda.Device{cuda.NewHost(0)}
+	}
+	e, err := runtime.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+// Serve runs the HTTP API for exec on a free loopback port until the test
+// ends and returns its base URL.
+func Serve(t testing.TB, exec httpapi.Executor, opts httpapi.Options) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httpapi.New(exec, opts)
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// Deploy packs dir and deploys it through e under its manifest name.
+func Deploy(t testing.TB, e *runtime.Engine, dir string) runtime.FunctionInfo {
+	t.Helper()
+	b, _, m, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := e.Deploy(context.Background(), m.Name, bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("deploy %s: %v", m.Name, err)
+	}
+	return fi
+}
+
+// Post sends body to url with the content type and returns the response
+// and its body.
+func Post(t testing.TB, method, url, contentType string, body []byte) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	buf.ReadFrom(resp.Body)
+	return resp, buf.Bytes()
+}

@@ -1,0 +1,85 @@
+// Package testkit builds bundles for Plover's tests: it compiles C/C++
+// sources into shared libraries with the system compiler and lays out bundle
+// directories.
+package testkit
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Root is the repository root.
+func Root() string {
+	_, file, _, _ := goruntime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// KernelsSource is the test kernel source with entries echo, add_one,
+// count, add_constants, fail and sleep_ms.
+func KernelsSource() string { return filepath.Join(Root(), "internal", "testkit", "kernels.cu") }
+
+// BuildLib compiles src (C++ unless args say otherwise) into dir/name as a
+// host-target shared library. The test is skipped when no C++ compiler is
+// installed; a compile error fails it.
+func BuildLib(t testing.TB, src, dir, name string, args ...string) string {
+	t.Helper()
+	cxx := os.Getenv("CXX")
+	if cxx == "" {
+		cxx = "g++"
+	}
+	if _, err := exec.LookPath(cxx); err != nil {
+		t.Skipf("no C++ compiler (%s) to build test bundles: %v", cxx, err)
+	}
+	out := filepath.Join(dir, name)
+	cmd := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC", "-I" + filepath.Join(Root(), "abi")}, args...)
+	cmd = append(cmd, "-o", out, src)
+	if b, err := exec.Command(cxx, cmd...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v\n%s", cxx, cmd, err, b)
+	}
+	return out
+}
+
+// Manifest is a valid manifest for the test kernels, to adjust per test.
+func Manifest(name string) *abi.Manifest {
+	return &abi.Manifest{
+		Name: name, ABI: abi.Version, Target: abi.TargetHost, Library: "kernels.so",
+		MaxInputBytes: 1 << 16, TmpBytes: 64, OutBytes: 256,
+		Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 64}},
+	}
+}
+
+// BundleDir writes a bundle directory: the manifest, the test kernels
+// library (built once per call) and, if consts is not nil, the constants.
+func BundleDir(t testing.TB, m *abi.Manifest, consts []byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	BuildLib(t, KernelsSource(), dir, m.Library)
+	WriteManifest(t, dir, m)
+	if consts != nil {
+		if m.Constants == "" {
+			t.Fatal("testkit: constants given but the manifest names none")
+		}
+		if err := os.WriteFile(filepath.Join(dir, m.Constants), consts, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// WriteManifest writes m as dir/plover.json.
+func WriteManifest(t testing.TB, dir string, m *abi.Manifest) {
+	t.Helper()
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,110 @@
+package loader_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/loader"
+)
+
+func writeSrc(t *testing.T, dir, name, src string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestOpenRefusals(t *testing.T) {
+	dir := t.TempDir()
+	good := testkit.BuildLib(t, testkit.KernelsSource(), dir, "good.so")
+	wrongABI := testkit.BuildLib(t, writeSrc(t, dir, "abi2.cu", `#include "plover.h"
+#undef PLOVER_ABI_VERSION
+#define PLOVER_ABI_VERSION 2
+PLOVER_BUNDLE("host");
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "abi2.so")
+	cudaTarget := testkit.BuildLib(t, writeSrc(t, dir, "cuda.cu", `#include "plover.h"
+PLOVER_BUNDLE("cuda");
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cuda.so")
+	noBundle := testkit.BuildLib(t, writeSrc(t, dir, "nobundle.cu", `#include "plover.h"
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "nobundle.so")
+	notELF := filepath.Join(dir, "text.so")
+	os.WriteFile(notELF, []byte("#!/bin/sh\necho not a library\n"), 0o644)
+	truncated := filepath.Join(dir, "truncated.so")
+	b, _ := os.ReadFile(good)
+	os.WriteFile(truncated, b[:64], 0o644)
+
+	tests := []struct {
+		name    string
+		path    string
+		kernels []string
+		want    string // substring of the error; "" = success
+	}{
+		{"good", good, []string{"echo", "add_one"}, ""},
+		{"missing file", filepath.Join(dir, "nope.so"), nil, "cannot open"},
+		{"not an ELF", notELF, nil, "not an ELF"},
+		{"truncated ELF", truncated, nil, "ELF"},
+		{"wrong ABI version", wrongABI, []string{"k"}, "ABI version 2, this runtime speaks 1"},
+		{"wrong target", cudaTarget, []string{"k"}, `built for target "cuda", the device is "host"`},
+		{"no PLOVER_BUNDLE", noBundle, []string{"k"}, "does not export plover_abi_version"},
+		{"missing kernel", good, []string{"echo", "nope"}, `does not export kernel "nope"`},
+		{"libc function is no kernel", good, []string{"system"}, `does not export kernel "system"`},
+		{"data symbol is no kernel", good, []string{"plover_target"}, "reserved"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lib, err := loader.Open(tt.path, abi.TargetHost, tt.kernels)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Open: %v", err)
+				}
+				defer lib.Close()
+				for _, k := range tt.kernels {
+					if p, err := lib.Entry(k); err != nil || p == nil {
+						t.Fatalf("Entry(%s) = %v, %v", k, p, err)
+					}
+				}
+				if lib.LastError == nil {
+					t.Fatal("plover_last_error not resolved")
+				}
+				return
+			}
+			if err == nil {
+				lib.Close()
+				t.Fatalf("Open succeeded, want error containing %q", tt.want)
+			}
+			var le *loader.Error
+			if !errors.As(err, &le) {
+				t.Fatalf("error %v is not a *loader.Error", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q does not contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestInspectReadsABIValues(t *testing.T) {
+	lib := testkit.BuildLib(t, testkit.KernelsSource(), t.TempDir(), "k.so")
+	info, err := loader.Inspect(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ABIVersion != abi.Version || info.Target != abi.TargetHost {
+		t.Fatalf("Inspect = version %d target %q", info.ABIVersion, info.Target)
+	}
+	for _, k := range []string{"echo", "add_one", "count", "fail", "sleep_ms"} {
+		if !info.Funcs[k] {
+			t.Errorf("kernel %s not among functions", k)
+		}
+	}
+	if info.Funcs["plover_target"] {
+		t.Error("plover_target (data) listed as a function")
+	}
+}
