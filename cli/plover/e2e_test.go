@@ -1,0 +1,189 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// server is a real `plover serve` process on a free loopback port.
+type server struct {
+	url string
+	cmd *exec.Cmd
+	log *bytes.Buffer
+}
+
+func buildPlover(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "plover")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func startServer(t *testing.T, bin string, args ...string) *server {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--device", "host"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{cmd: cmd, log: &bytes.Buffer{}}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
+		if t.Failed() {
+			t.Logf("server log:\n%s", s.log)
+		}
+	})
+	addrRE := regexp.MustCompile(`addr=(http://127\.0\.0\.1:\d+)`)
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() {
+			s.log.WriteString(sc.Text() + "\n")
+			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil && !sent {
+				found <- m[1]
+				sent = true
+			}
+		}
+	}()
+	select {
+	case s.url = <-found:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("plover serve did not report its address:\n%s", s.log)
+	}
+	return s
+}
+
+func run(t *testing.T, bin string, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("plover %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func floats(b []byte) []float32 {
+	v := make([]float32, len(b)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
+}
+
+func TestEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a server")
+	}
+	bin := buildPlover(t)
+	root := testkit.Root()
+	work := t.TempDir()
+	// The vecadd host bundle and its data, built as `make samples` does.
+	bundle := filepath.Join(work, "vecadd")
+	os.MkdirAll(bundle, 0o755)
+	testkit.BuildLib(t, filepath.Join(root, "samples", "vecadd", "vecadd.cu"), bundle, "vecadd.so")
+	manifest, _ := os.ReadFile(filepath.Join(root, "samples", "vecadd", "plover.json"))
+	os.WriteFile(filepath.Join(bundle, "plover.json"), manifest, 0o644)
+	input, expect := filepath.Join(work, "a.bin"), filepath.Join(work, "c.bin")
+	gen := exec.Command("go", "run", "./samples/vecadd/gen", "-consts", filepath.Join(bundle, "b.bin"), "-input", input, "-expect", expect)
+	gen.Dir = root
+	if out, err := gen.CombinedOutput(); err != nil {
+		t.Fatalf("gen: %v\n%s", err, out)
+	}
+
+	srv := startServer(t, bin)
+	env := []string{"PLOVER_SERVER=" + srv.url}
+	if out := run(t, bin, env, "deploy", bundle); !strings.Contains(out, "deployed vecadd version") {
+		t.Fatalf("deploy said %q", out)
+	}
+	if out := run(t, bin, env, "ls"); !strings.Contains(out, "vecadd") {
+		t.Fatalf("ls said %q", out)
+	}
+	want, _ := os.ReadFile(expect)
+	a, _ := os.ReadFile(input)
+	// Sanity-check the expectation itself: out = a + b elementwise.
+	if got := floats(want)[123457]; got != floats(a)[123457]+float32(123457%1000)*0.25 {
+		t.Fatalf("expected file is wrong at 123457: %v", got)
+	}
+
+	out := filepath.Join(work, "out.bin")
+	run(t, bin, env, "invoke", "vecadd", "--in", input, "--out", out)
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, want) {
+		t.Fatal("plover invoke output differs from a+b")
+	}
+
+	resp, err := http.Post(srv.url+"/v1/functions/vecadd/invoke", "application/octet-stream", bytes.NewReader(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(got, want) || resp.Header.Get("X-Plover-Start") != "hot" {
+		t.Fatalf("raw HTTP: %d start=%s equal=%v", resp.StatusCode, resp.Header.Get("X-Plover-Start"), bytes.Equal(got, want))
+	}
+
+	// A short input is fine (n is taken from the request's length)...
+	jsonOut := run(t, bin, env, "invoke", "vecadd", "--in", input, "--json")
+	if !strings.Contains(jsonOut, `"start":"hot"`) || !strings.Contains(jsonOut, `"timing_us"`) {
+		t.Fatalf("invoke --json: %.200s", jsonOut)
+	}
+	// ...and a bad one is refused by the kernel with a clear message.
+	bad := exec.Command(bin, "invoke", "vecadd", "--out", filepath.Join(work, "x"))
+	bad.Env = append(os.Environ(), env...)
+	bad.Stdin = strings.NewReader("abc")
+	msg, err := bad.CombinedOutput()
+	if err == nil || !strings.Contains(string(msg), "500") || !strings.Contains(string(msg), "not a multiple of 4") {
+		t.Fatalf("3-byte input: err=%v %s", err, msg)
+	}
+
+	run(t, bin, env, "rm", "vecadd")
+	miss := exec.Command(bin, "invoke", "vecadd", "--in", input, "--out", out)
+	miss.Env = append(os.Environ(), env...)
+	if msg, err := miss.CombinedOutput(); err == nil || !strings.Contains(string(msg), "404") {
+		t.Fatalf("invoke after rm: %v %s", err, msg)
+	}
+
+	// SIGINT stops the server cleanly.
+	srv.cmd.Process.Signal(os.Interrupt)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("server exit: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("server did not stop on SIGINT")
+	}
+}

@@ -1,0 +1,102 @@
+package httpapi_test
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/runtime"
+	"github.com/plover-run/plover/runtime/httpapi"
+)
+
+// The same one-kernel chain (echo of a 64-byte input into a 256-byte out)
+// measured four ways: the device call alone, the engine, the HTTP handler,
+// and a real loopback round trip. Differences are Plover's overhead.
+const benchInput = 64
+
+func benchManifest() *abi.Manifest {
+	m := testkit.Manifest("bench")
+	m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 64}}
+	return m
+}
+
+func BenchmarkHotInvoke(b *testing.B) {
+	m := benchManifest()
+	dir := testkit.BundleDir(b, m, nil)
+	in := make([]byte, benchInput)
+
+	b.Run("direct", func(b *testing.B) {
+		lib, err := loader.Open(dir+"/"+m.Library, abi.TargetHost, []string{"echo"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		fn, _ := lib.Entry("echo")
+		inst, err := cuda.NewHost(0).NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, LastError: lib.LastError})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer inst.Close()
+		run := &cuda.Run{Input: in, Output: make([]byte, m.OutBytes), Chain: []cuda.Step{{Fn: fn, Grid: 1, Block: 64}}, TmpLen: m.TmpBytes}
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := inst.Run(run); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+
+	e := testkit.Engine(b, runtime.Config{})
+	testkit.Deploy(b, e, dir)
+	b.Run("engine", func(b *testing.B) {
+		req := &runtime.Request{Input: in}
+		ctx := context.Background()
+		e.Invoke(ctx, "bench", req) // cold start outside the loop
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := e.Invoke(ctx, "bench", req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+
+	srv := httpapi.New(e, httpapi.Options{})
+	b.Run("handler", func(b *testing.B) {
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil)
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetRequestURI("/v1/functions/bench/invoke")
+		ctx.Request.Header.SetContentType("application/octet-stream")
+		ctx.Request.SetBody(in)
+		srv.Handle(&ctx)
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx.Response.Reset()
+			srv.Handle(&ctx)
+			if ctx.Response.StatusCode() != 200 {
+				b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+			}
+		}
+	})
+
+	url := testkit.Serve(b, e, httpapi.Options{})
+	b.Run("loopback", func(b *testing.B) {
+		c := &fasthttp.HostClient{Addr: url[len("http://"):]}
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		req.Header.SetMethod("POST")
+		req.SetRequestURI(url + "/v1/functions/bench/invoke")
+		req.Header.SetContentType("application/octet-stream")
+		req.SetBody(in)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				b.Fatalf("%v %d", err, resp.StatusCode())
+			}
+		}
+	})
+}
