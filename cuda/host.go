@@ -93,8 +93,8 @@ func (h *Host) LoadConstants(r io.Reader, size int64) (Constants, error) {
 }
 
 type hostInstance struct {
-	h         *Host
-	cfg       InstanceConfig
+	h   *Host
+	cfg InstanceConfig
 	// C memory, so the per-request cgo call passes no Go pointers except the
 	// input and output bytes: cgocheck walks every pointer it is given, and a
 	// Go-held step table cost 3.5 µs a request.

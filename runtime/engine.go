@@ -473,11 +473,19 @@ func CheckBundleDir(dir string, m *abi.Manifest, name, target string) error {
 // Delete removes a function; its current version retires after in-flight
 // requests finish.
 func (e *Engine) Delete(ctx context.Context, name string) error {
-	if err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
+	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
 		return errorf(KindNotFound, err, "function %q not found", name)
 	} else if err != nil {
 		return errorf(KindUnavailable, err, "delete %s: store", name)
 	}
+	e.forget(name)
+	e.cfg.Log.Info("deleted", "function", name)
+	return nil
+}
+
+// forget drops a function from this node; its version retires once its
+// in-flight requests finish.
+func (e *Engine) forget(name string) {
 	e.mu.Lock()
 	f := e.funcs[name]
 	delete(e.funcs, name)
@@ -489,8 +497,6 @@ func (e *Engine) Delete(ctx context.Context, name string) error {
 	if old != nil {
 		old.retire()
 	}
-	e.cfg.Log.Info("deleted", "function", name)
-	return nil
 }
 
 // Close retires every version; in-flight requests finish first.

@@ -96,13 +96,13 @@ func TestConstantsAndOverrides(t *testing.T) {
 		want []byte // prefix of output; nil = expect KindInvalid
 		n    int
 	}{
-		{"chain", runtime.Override{Chain: []abi.Launch{{"echo", 1, 8}, {"add_one", 1, 1}}, OutBytes: -1, TmpBytes: -1}, []byte{2, 3, 4, 1}, 256},
+		{"chain", runtime.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 8}, {Kernel: "add_one", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, []byte{2, 3, 4, 1}, 256},
 		{"smaller out", runtime.Override{OutBytes: 2, TmpBytes: -1}, []byte{11, 12}, 2},
-		{"unknown kernel", runtime.Override{Chain: []abi.Launch{{"nope", 1, 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
-		{"libc symbol", runtime.Override{Chain: []abi.Launch{{"system", 1, 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
+		{"unknown kernel", runtime.Override{Chain: []abi.Launch{{Kernel: "nope", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
+		{"libc symbol", runtime.Override{Chain: []abi.Launch{{Kernel: "system", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
 		{"out over manifest", runtime.Override{OutBytes: 257, TmpBytes: -1}, nil, 0},
 		{"tmp over manifest", runtime.Override{OutBytes: -1, TmpBytes: 65}, nil, 0},
-		{"bad block", runtime.Override{Chain: []abi.Launch{{"echo", 1, 0}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
+		{"bad block", runtime.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 0}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

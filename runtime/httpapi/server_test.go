@@ -32,7 +32,9 @@ func setup(t *testing.T) (string, *runtime.Engine) {
 	return testkit.Serve(t, e, httpapi.Options{MaxBodyBytes: 1 << 20}), e
 }
 
-func padded(in []byte, n int) []byte { return append(append([]byte{}, in...), make([]byte, n-len(in))...) }
+func padded(in []byte, n int) []byte {
+	return append(append([]byte{}, in...), make([]byte, n-len(in))...)
+}
 
 func TestRequestShapes(t *testing.T) {
 	base, _ := setup(t)

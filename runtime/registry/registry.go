@@ -128,12 +128,38 @@ func (g Registry) Publish(ctx context.Context, name string, bundleBytes io.ReadS
 	return v, nil
 }
 
-// Delete removes a function's record. Its bundles stay in the store.
-func (g Registry) Delete(ctx context.Context, name string) error {
-	if _, err := g.Get(ctx, name); err != nil {
-		return err
+// Delete removes a function's record, then the bundles only it referenced.
+// It returns the keys of the bundles it deleted.
+func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
+	r, err := g.Get(ctx, name)
+	if err != nil {
+		return nil, err
 	}
-	return g.Store.Delete(ctx, recordKey(name))
+	if err := g.Store.Delete(ctx, recordKey(name)); err != nil {
+		return nil, fmt.Errorf("function %s: delete record: %w", name, err)
+	}
+	others, err := g.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("function %s deleted, but its bundles were kept: %w", name, err)
+	}
+	used := map[string]bool{}
+	for _, o := range others {
+		for _, v := range o.Versions {
+			used[v.SHA256] = true
+		}
+	}
+	var removed []string
+	for _, v := range r.Versions {
+		if used[v.SHA256] {
+			continue
+		}
+		used[v.SHA256] = true // versions may share a bundle
+		if err := g.Store.Delete(ctx, bundle.ObjectKey(v.SHA256)); err != nil {
+			return removed, fmt.Errorf("function %s deleted, but not its bundle %s: %w", name, v.SHA256, err)
+		}
+		removed = append(removed, bundle.ObjectKey(v.SHA256))
+	}
+	return removed, nil
 }
 
 func (g Registry) put(ctx context.Context, r *Record) error {
@@ -145,4 +171,56 @@ func (g Registry) put(ctx context.Context, r *Record) error {
 		return fmt.Errorf("function %s: write record: %w", r.Name, err)
 	}
 	return nil
+}
+
+// SetCurrent makes an existing version current (a rollback or roll-forward).
+func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (Version, error) {
+	r, err := g.Get(ctx, name)
+	if err != nil {
+		return Version{}, err
+	}
+	for _, v := range r.Versions {
+		if v.ID == versionID || (len(versionID) >= 8 && strings.HasPrefix(v.ID, versionID)) {
+			r.Current = v.ID
+			if err := g.put(ctx, r); err != nil {
+				return Version{}, err
+			}
+			return v, nil
+		}
+	}
+	return Version{}, fmt.Errorf("function %s: %w %q (see plover versions %s)", name, ErrNoVersion, versionID, name)
+}
+
+// ErrNoVersion is returned (wrapped) for a version a record does not list.
+var ErrNoVersion = errors.New("no such version")
+
+// GC deletes every bundle object that no record's version list names. A
+// bundle being published concurrently may be deleted before its record
+// lands; grace keeps objects younger than it.
+func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error) {
+	recs, err := g.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gc: %w", err)
+	}
+	used := map[string]bool{}
+	for _, r := range recs {
+		for _, v := range r.Versions {
+			used[bundle.ObjectKey(v.SHA256)] = true
+		}
+	}
+	objs, err := g.Store.List(ctx, "bundles/")
+	if err != nil {
+		return nil, fmt.Errorf("gc: %w", err)
+	}
+	var removed []string
+	for _, o := range objs {
+		if used[o.Key] || time.Since(o.ModTime) < grace {
+			continue
+		}
+		if err := g.Store.Delete(ctx, o.Key); err != nil {
+			return removed, fmt.Errorf("gc: %w", err)
+		}
+		removed = append(removed, o.Key)
+	}
+	return removed, nil
 }

@@ -1,0 +1,112 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/plover-run/plover/runtime/registry"
+)
+
+// Versions returns a function's record: every version and the current one.
+func (e *Engine) Versions(ctx context.Context, name string) (*registry.Record, error) {
+	rec, err := e.reg.Get(ctx, name)
+	if errors.Is(err, registry.ErrNoFunction) {
+		return nil, errorf(KindNotFound, err, "function %q not found", name)
+	}
+	if err != nil {
+		return nil, errorf(KindUnavailable, err, "function %s: store unavailable", name)
+	}
+	return rec, nil
+}
+
+// Rollback makes an earlier (or later) version of name current. In-flight
+// requests finish on the version they started on.
+func (e *Engine) Rollback(ctx context.Context, name, version string) (FunctionInfo, error) {
+	rv, err := e.reg.SetCurrent(ctx, name, version)
+	switch {
+	case errors.Is(err, registry.ErrNoFunction):
+		return FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
+	case errors.Is(err, registry.ErrNoVersion):
+		return FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
+	case err != nil:
+		return FunctionInfo{}, errorf(KindUnavailable, err, "rollback %s: store", name)
+	}
+	f := e.switchTo(name, rv)
+	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
+	return e.info(f, rv, 0), nil
+}
+
+// switchTo makes rv current unless it already is.
+func (e *Engine) switchTo(name string, rv registry.Version) *function {
+	e.mu.Lock()
+	f := e.funcs[name]
+	same := f != nil && f.cur != nil && f.cur.rec.ID == rv.ID
+	e.mu.Unlock()
+	if same {
+		return f
+	}
+	return e.setCurrent(name, rv)
+}
+
+// Refresh re-reads the record of every function this node has resolved and
+// follows changes made elsewhere (another node's deploy, a rollback, a
+// delete). A store outage changes nothing: loaded functions keep serving.
+func (e *Engine) Refresh(ctx context.Context) error {
+	e.mu.Lock()
+	names := make([]string, 0, len(e.funcs))
+	for n := range e.funcs {
+		names = append(names, n)
+	}
+	e.mu.Unlock()
+	var firstErr error
+	for _, name := range names {
+		rec, err := e.reg.Get(ctx, name)
+		if errors.Is(err, registry.ErrNoFunction) {
+			e.forget(name)
+			continue
+		}
+		if err == nil {
+			var cv registry.Version
+			if cv, err = rec.CurrentVersion(); err == nil {
+				if f := e.switchTo(name, cv); f != nil {
+					continue
+				}
+			}
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// Watch calls Refresh every interval until ctx ends.
+func (e *Engine) Watch(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := e.Refresh(ctx)
+		if err != nil && !failing {
+			e.cfg.Log.Warn("cannot refresh function records; serving what is loaded", "error", err)
+		} else if err == nil && failing {
+			e.cfg.Log.Info("function records readable again")
+		}
+		failing = err != nil
+	}
+}
+
+// GC deletes bundles no function record references, older than grace.
+func (e *Engine) GC(ctx context.Context, grace time.Duration) ([]string, error) {
+	removed, err := e.reg.GC(ctx, grace)
+	if err != nil {
+		return removed, errorf(KindUnavailable, err, "gc: store")
+	}
+	return removed, nil
+}
