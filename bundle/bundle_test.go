@@ -154,7 +154,7 @@ func TestCacheVerifiesSHA256(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := NewCache(t.TempDir(), 0)
+	cache, err := NewCache(t.TempDir(), 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

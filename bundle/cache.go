@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/objectstore"
@@ -19,23 +20,151 @@ import (
 // Cache holds unpacked bundles on this node, one directory per sha256. A
 // directory appears only by an atomic rename after its bundle was verified
 // and unpacked, so a present directory is complete.
+//
+// The cache survives restarts, so a restarted server cold-starts from its
+// disk. With a size limit, bundles that are not in use (see Get and
+// Release) are evicted least recently used first.
 type Cache struct {
 	dir         string
 	maxUnpacked int64
+	maxBytes    int64 // 0: no limit
 
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	mu      sync.Mutex
+	locks   map[string]*sync.Mutex
+	entries map[string]*cacheEntry
+	total   int64
 }
 
-// NewCache opens a bundle cache under dir.
-func NewCache(dir string, maxUnpacked int64) (*Cache, error) {
+type cacheEntry struct {
+	size     int64
+	lastUsed time.Time
+	inUse    int
+}
+
+// NewCache opens a bundle cache under dir, keeping at most maxBytes of
+// unpacked bundles (0: no limit). It picks up bundles a previous run left
+// and removes half-written work.
+func NewCache(dir string, maxUnpacked, maxBytes int64) (*Cache, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	if maxUnpacked <= 0 {
 		maxUnpacked = DefaultMaxUnpacked
 	}
-	return &Cache{dir: dir, maxUnpacked: maxUnpacked, locks: map[string]*sync.Mutex{}}, nil
+	c := &Cache{dir: dir, maxUnpacked: maxUnpacked, maxBytes: maxBytes, locks: map[string]*sync.Mutex{}, entries: map[string]*cacheEntry{}}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("bundle cache: %w", err)
+	}
+	for _, de := range des {
+		p := filepath.Join(dir, de.Name())
+		if !ValidDigest(de.Name()) || !de.IsDir() {
+			os.RemoveAll(p) // .fetch-*, .unpack-*, .verify-* from a crash
+			continue
+		}
+		size, mtime, err := dirSize(p)
+		if err != nil {
+			return nil, fmt.Errorf("bundle cache: %w", err)
+		}
+		c.entries[de.Name()] = &cacheEntry{size: size, lastUsed: mtime}
+		c.total += size
+	}
+	return c, nil
+}
+
+func dirSize(dir string) (int64, time.Time, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	var n int64
+	for _, de := range des {
+		info, err := de.Info()
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		n += info.Size()
+	}
+	return n, fi.ModTime(), nil
+}
+
+// CacheStats describes the cache for metrics and tests.
+type CacheStats struct {
+	Bundles int
+	Bytes   int64
+	InUse   int
+}
+
+// Stats reports the cache's contents.
+func (c *Cache) Stats() CacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := CacheStats{Bundles: len(c.entries), Bytes: c.total}
+	for _, e := range c.entries {
+		if e.inUse > 0 {
+			s.InUse++
+		}
+	}
+	return s
+}
+
+// use marks sha used now and in use by one more holder, recording it if new.
+func (c *Cache) use(sha, dir string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[sha]
+	if !ok {
+		size, _, err := dirSize(dir)
+		if err != nil {
+			return err
+		}
+		e = &cacheEntry{size: size}
+		c.entries[sha] = e
+		c.total += size
+	}
+	e.lastUsed = time.Now()
+	e.inUse++
+	now := time.Now()
+	os.Chtimes(dir, now, now) // the order survives a restart
+	c.evictLocked()
+	return nil
+}
+
+// Release ends one use of a bundle that Get returned.
+func (c *Cache) Release(sha string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[sha]; ok && e.inUse > 0 {
+		e.inUse--
+		c.evictLocked()
+	}
+}
+
+// evictLocked removes least recently used bundles not in use until the
+// cache fits its limit. Bundles in use are never removed, so the cache can
+// exceed the limit while they are.
+func (c *Cache) evictLocked() {
+	for c.maxBytes > 0 && c.total > c.maxBytes {
+		var victim string
+		var oldest time.Time
+		for sha, e := range c.entries {
+			if e.inUse == 0 && (victim == "" || e.lastUsed.Before(oldest)) {
+				victim, oldest = sha, e.lastUsed
+			}
+		}
+		if victim == "" {
+			return
+		}
+		if err := os.RemoveAll(filepath.Join(c.dir, victim)); err != nil {
+			return
+		}
+		c.total -= c.entries[victim].size
+		delete(c.entries, victim)
+	}
 }
 
 // FetchError is a failure to read a bundle from the store (an outage, a
@@ -47,7 +176,8 @@ func (e *FetchError) Unwrap() error { return e.Err }
 
 // Get returns the unpacked directory and manifest of bundle sha, fetching,
 // verifying and unpacking it from store if this node does not have it yet;
-// fetched says whether it did.
+// fetched says whether it did. On success the bundle is in use until the
+// caller calls Release(sha).
 func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (dir string, m *abi.Manifest, fetched bool, err error) {
 	if !ValidDigest(sha) {
 		return "", nil, false, refuse("invalid sha256 %q", sha)
@@ -56,16 +186,15 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	lock.Lock()
 	defer lock.Unlock()
 	dir = filepath.Join(c.dir, sha)
-	if m, err := ReadManifest(dir); err == nil {
-		return dir, m, false, nil
+	if m, err = ReadManifest(dir); err == nil {
+		return dir, m, false, c.use(sha, dir)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", nil, false, fmt.Errorf("cached bundle %s: %w", sha, err)
 	}
-	m, err = c.fetch(ctx, store, sha, dir)
-	if err != nil {
+	if m, err = c.fetch(ctx, store, sha, dir); err != nil {
 		return "", nil, true, err
 	}
-	return dir, m, true, nil
+	return dir, m, true, c.use(sha, dir)
 }
 
 func (c *Cache) lock(sha string) *sync.Mutex {
@@ -152,7 +281,12 @@ func (c *Cache) Adopt(work, sha string) {
 	lock := c.lock(sha)
 	lock.Lock()
 	defer lock.Unlock()
-	if err := os.Rename(work, filepath.Join(c.dir, sha)); err != nil {
+	dir := filepath.Join(c.dir, sha)
+	if err := os.Rename(work, dir); err != nil {
 		os.RemoveAll(work)
+		return
+	}
+	if c.use(sha, dir) == nil {
+		c.Release(sha)
 	}
 }

@@ -38,7 +38,8 @@ func defaultDataDir() string {
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
 	maxInstances, maxBodyMB                          int
-	memLimitMB                                       int64
+	memLimitMB, cacheMB                              int64
+	poll                                             time.Duration
 	grace, queueTimeout                              time.Duration
 }
 
@@ -57,6 +58,8 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxInstances, "max-instances", 4, "instances per function when its manifest sets no max_instances")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
+			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
+			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
 			fs.DurationVar(&f.queueTimeout, "queue-timeout", 30*time.Second, "longest wait for a free instance")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
@@ -108,7 +111,7 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	cache, err := bundle.NewCache(filepath.Join(f.data, "cache"), 0)
+	cache, err := bundle.NewCache(filepath.Join(f.data, "cache"), 0, f.cacheMB<<20)
 	if err != nil {
 		return err
 	}

@@ -297,6 +297,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	tFetch := time.Since(t0)
 	lib, err := loader.Open(filepath.Join(dir, m.Library), e.target, abi.Kernels(m.Chain))
 	if err != nil {
+		e.cfg.Cache.Release(v.rec.SHA256)
 		v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
 		return v.loadErr
 	}
@@ -304,7 +305,10 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	for i, l := range m.Chain {
 		fn, err := lib.Entry(l.Kernel)
 		if err != nil {
-			return errorf(KindInvalid, err, "function %s: %s", v.fn.name, err.Error())
+			lib.Close()
+			e.cfg.Cache.Release(v.rec.SHA256)
+			v.loadErr = errorf(KindInvalid, err, "function %s: %s", v.fn.name, err.Error())
+			return v.loadErr
 		}
 		steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
@@ -312,7 +316,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	if maxInst == 0 {
 		maxInst = e.cfg.MaxInstances
 	}
-	v.dir, v.manifest, v.lib, v.steps = dir, m, lib, steps
+	v.dir, v.manifest, v.lib, v.steps, v.unpin = dir, m, lib, steps, func() { e.cfg.Cache.Release(v.rec.SHA256) }
 	v.slots = make(chan struct{}, maxInst)
 	v.loaded.Store(true)
 	e.cfg.Log.Info("cold start", "function", v.fn.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12],

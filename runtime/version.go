@@ -30,6 +30,7 @@ type version struct {
 	lib      *loader.Library
 	steps    []cuda.Step
 	slots    chan struct{} // one token per running request: caps instances
+	unpin    func()        // ends the version's use of its cached bundle
 
 	mu         sync.Mutex
 	idle       []*instance
@@ -160,6 +161,9 @@ func (v *version) teardown() {
 		if err := v.lib.Close(); err != nil {
 			v.log("unload failed", "function", v.fn.name, "version", v.rec.ID, "error", err)
 		}
+	}
+	if v.unpin != nil {
+		v.unpin()
 	}
 	if v.loaded.Load() {
 		v.log("unloaded", "function", v.fn.name, "version", v.rec.ID)

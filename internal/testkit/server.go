@@ -29,7 +29,7 @@ func Engine(t testing.TB, cfg runtime.Config) *runtime.Engine {
 		cfg.Store = s
 	}
 	if cfg.Cache == nil {
-		c, err := bundle.NewCache(filepath.Join(dir, "cache"), 0)
+		c, err := bundle.NewCache(filepath.Join(dir, "cache"), 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

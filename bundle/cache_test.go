@@ -1,0 +1,80 @@
+package bundle
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/objectstore"
+)
+
+// putBundle stores a bundle whose constants are size bytes of fill.
+func putBundle(t *testing.T, store objectstore.Store, fill byte, size int) string {
+	t.Helper()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, abi.ManifestFile), manifestJSON(t, "w.bin"), 0o644)
+	os.WriteFile(filepath.Join(dir, "lib.so"), []byte("\x7fELF"), 0o644)
+	os.WriteFile(filepath.Join(dir, "w.bin"), bytes.Repeat([]byte{fill}, size), 0o644)
+	b, sha, _, err := PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Put(context.Background(), ObjectKey(sha), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	return sha
+}
+
+func TestCacheLRUEvictionSparesBundlesInUse(t *testing.T) {
+	ctx := context.Background()
+	store, _ := objectstore.NewFS(t.TempDir())
+	const size = 100 << 10
+	a, b, c := putBundle(t, store, 1, size), putBundle(t, store, 2, size), putBundle(t, store, 3, size)
+	dir := t.TempDir()
+	cache, err := NewCache(dir, 0, 2*size+size/2) // room for two bundles
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(sha string) {
+		t.Helper()
+		if _, _, _, err := cache.Get(ctx, store, sha); err != nil {
+			t.Fatal(err)
+		}
+	}
+	has := func(sha string) bool { _, err := os.Stat(filepath.Join(dir, sha)); return err == nil }
+
+	get(a) // a in use
+	get(b)
+	cache.Release(b) // b idle, most recent
+	get(c)           // over the limit: b is the only bundle not in use
+	if !has(a) || has(b) || !has(c) {
+		t.Fatalf("after c: a=%v b=%v c=%v, want b evicted (a is in use)", has(a), has(b), has(c))
+	}
+	cache.Release(c)
+	cache.Release(a) // a is now the least recently used idle bundle
+	get(b)
+	cache.Release(b)
+	if has(a) || !has(b) || !has(c) {
+		t.Fatalf("after b again: a=%v b=%v c=%v, want a evicted", has(a), has(b), has(c))
+	}
+
+	// A restarted node finds its bundles on disk: no fetch, same usage.
+	os.MkdirAll(filepath.Join(dir, ".unpack-123"), 0o755) // crash leftover
+	again, err := NewCache(dir, 0, 2*size+size/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := again.Stats(); st.Bundles != 2 || st.Bytes != cache.Stats().Bytes {
+		t.Fatalf("restart sees %+v, before %+v", st, cache.Stats())
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".unpack-123")); err == nil {
+		t.Fatal("crash leftover not cleaned")
+	}
+	store.Delete(ctx, ObjectKey(c))
+	if _, _, fetched, err := again.Get(ctx, store, c); err != nil || fetched {
+		t.Fatalf("restarted cache should serve c from disk: fetched=%v err=%v", fetched, err)
+	}
+}
