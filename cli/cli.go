@@ -27,12 +27,14 @@ type Env struct {
 	Stdout, Stderr io.Writer
 	// StdoutIsTerminal makes invoke refuse to print binary output there.
 	StdoutIsTerminal bool
+	// StderrIsTerminal enables progress bars.
+	StderrIsTerminal bool
 }
 
 var errUsage = errors.New("usage")
 
 func commands() []*command {
-	return []*command{serveCmd(), deployCmd(), invokeCmd(), lsCmd(), rmCmd(), versionCmd()}
+	return []*command{serveCmd(), deployCmd(), invokeCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), versionCmd()}
 }
 
 // Main runs the plover command and returns its exit status.

@@ -52,9 +52,17 @@ func (e *apiError) Error() string {
 }
 
 func (c *client) do(method, path, contentType string, body io.Reader) (*http.Response, error) {
+	return c.doSized(method, path, contentType, body, -1)
+}
+
+// doSized sends a body of known size (so a wrapped reader is not chunked).
+func (c *client) doSized(method, path, contentType string, body io.Reader, size int64) (*http.Response, error) {
 	req, err := http.NewRequest(method, c.base+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if size >= 0 {
+		req.ContentLength = size
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)

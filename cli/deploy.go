@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -44,13 +45,15 @@ func checkDir(dir string) (*abi.Manifest, error) {
 }
 
 func deployCmd() *command {
-	var server string
+	var server, store string
 	return &command{
 		name: "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
-		usage:   "DIR [--server URL]",
-		example: "  make samples && plover deploy build/samples/vecadd-host",
+		usage: "DIR [--server URL | --store URL]",
+		example: "  make samples && plover deploy build/samples/vecadd-host\n" +
+			"  plover deploy build/samples/vecadd-host --store s3://plover-bundles   # no server needed",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			fs.StringVar(&store, "store", "", "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if len(args) != 1 {
@@ -64,12 +67,33 @@ func deployCmd() *command {
 			if err != nil {
 				return err
 			}
-			var fi runtime.FunctionInfo
-			c := newClient(server)
-			if err := c.sendJSON(http.MethodPut, "/v1/functions/"+m.Name, bundle.MediaType, b, &fi); err != nil {
-				return err
+			body, done := withProgress(bytes.NewReader(b), int64(len(b)), "uploading "+m.Name, env)
+			var id string
+			if store != "" {
+				reg, err := openRegistry(store)
+				if err != nil {
+					return err
+				}
+				v, err := reg.Publish(context.Background(), m.Name, body, sha, int64(len(b)))
+				done()
+				if err != nil {
+					return err
+				}
+				id = v.ID
+			} else {
+				resp, err := newClient(server).doSized(http.MethodPut, "/v1/functions/"+m.Name, bundle.MediaType, body, int64(len(b)))
+				done()
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				var fi runtime.FunctionInfo
+				if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
+					return fmt.Errorf("reading the server's answer: %w", err)
+				}
+				id = fi.Version
 			}
-			fmt.Fprintf(env.Stdout, "deployed %s version %s (sha256 %s, %s)\n", fi.Name, fi.Version, sha[:12], humanBytes(int64(len(b))))
+			fmt.Fprintf(env.Stdout, "deployed %s version %s (sha256 %s, %s)\n", m.Name, id, sha[:12], humanBytes(int64(len(b))))
 			return nil
 		},
 	}

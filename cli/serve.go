@@ -141,6 +141,9 @@ func serve(f *serveFlags, env *Env) error {
 	log.Info("plover serving", "addr", "http://"+ln.Addr().String(), "device", names, "store", store.String(), "data", f.data, "version", Version)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	if f.poll > 0 {
+		go eng.Watch(ctx, f.poll)
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("server stopped: %w", err)

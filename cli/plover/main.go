@@ -8,7 +8,11 @@ import (
 )
 
 func main() {
-	fi, err := os.Stdout.Stat()
-	tty := err == nil && fi.Mode()&os.ModeCharDevice != 0
-	os.Exit(cli.Main(os.Args[1:], &cli.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, StdoutIsTerminal: tty}))
+	os.Exit(cli.Main(os.Args[1:], &cli.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		StdoutIsTerminal: isTerminal(os.Stdout), StderrIsTerminal: isTerminal(os.Stderr)}))
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

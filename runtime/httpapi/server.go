@@ -20,6 +20,7 @@ import (
 
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/runtime"
+	"github.com/plover-run/plover/runtime/registry"
 )
 
 // Executor owns functions and runs requests. The engine implements it in
@@ -30,6 +31,9 @@ type Executor interface {
 	Function(ctx context.Context, name string) (runtime.FunctionInfo, error)
 	Functions(ctx context.Context) ([]runtime.FunctionInfo, error)
 	Delete(ctx context.Context, name string) error
+	Versions(ctx context.Context, name string) (*registry.Record, error)
+	Rollback(ctx context.Context, name, version string) (runtime.FunctionInfo, error)
+	GC(ctx context.Context, grace time.Duration) ([]string, error)
 	Health() (bool, []runtime.DeviceHealth)
 }
 
@@ -126,11 +130,15 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			}
 			return
 		}
-		if bytes.IndexByte(rest, '/') >= 0 {
-			writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(path))
+		if name, sub, ok := bytes.Cut(rest, []byte{'/'}); ok {
+			s.functionSub(ctx, string(name), string(sub))
 			return
 		}
 		s.function(ctx, string(rest))
+	case string(path) == "/v1/gc":
+		if s.method(ctx, fasthttp.MethodPost) {
+			s.gc(ctx)
+		}
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(path)+" (see GET /v1/functions, POST /v1/functions/{name}/invoke)")
 	}
@@ -166,6 +174,67 @@ func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed on a function; use GET, PUT or DELETE")
 	}
+}
+
+func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
+	switch sub {
+	case "versions":
+		if !s.method(ctx, fasthttp.MethodGet) {
+			return
+		}
+		rec, err := s.exec.Versions(ctx, name)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, rec)
+	case "rollback":
+		if !s.method(ctx, fasthttp.MethodPost) {
+			return
+		}
+		var body struct {
+			Version string `json:"version"`
+		}
+		if err := strictJSON(ctx.Request.Body(), &body); err != nil || body.Version == "" {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `body must be {"version":"<version id or its first 8+ characters>"}`)
+			return
+		}
+		fi, err := s.exec.Rollback(ctx, name, body.Version)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, fi)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(ctx.Path()))
+	}
+}
+
+func (s *Server) gc(ctx *fasthttp.RequestCtx) {
+	grace := time.Minute
+	if g := ctx.QueryArgs().Peek("grace"); len(g) > 0 {
+		d, err := time.ParseDuration(string(g))
+		if err != nil || d < 0 {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "grace: want a duration such as 30s or 0s")
+			return
+		}
+		grace = d
+	}
+	removed, err := s.exec.GC(ctx, grace)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	if removed == nil {
+		removed = []string{}
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"removed": removed})
+}
+
+func strictJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
 func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {

@@ -103,7 +103,7 @@ func (g Registry) List(ctx context.Context) ([]*Record, error) {
 
 // Publish stores a bundle (if the store lacks it) and makes it the current
 // version of name. The bundle must already be verified.
-func (g Registry) Publish(ctx context.Context, name string, bundleBytes io.ReadSeeker, sha string, size int64) (Version, error) {
+func (g Registry) Publish(ctx context.Context, name string, bundleBytes io.Reader, sha string, size int64) (Version, error) {
 	key := bundle.ObjectKey(sha)
 	if _, err := g.Store.Stat(ctx, key); errors.Is(err, objectstore.ErrNotFound) {
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {

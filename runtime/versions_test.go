@@ -1,0 +1,78 @@
+package runtime_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/runtime"
+)
+
+func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
+	ctx := context.Background()
+	store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testkit.Engine(t, runtime.Config{Store: store})
+	b := testkit.Engine(t, runtime.Config{Store: store}) // its own cache: a second node
+	m := testkit.Manifest("fn")
+	m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 8}}
+	v1 := testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+
+	out := func(e *runtime.Engine) (byte, string) {
+		t.Helper()
+		r := invoke(t, e, "fn", []byte{5})
+		return r.Output[0], r.Version
+	}
+	if o, v := out(b); o != 5 || v != v1.Version {
+		t.Fatalf("node b before: %d %s", o, v)
+	}
+	m.Chain = append(m.Chain, abi.Launch{Kernel: "add_one", Grid: 1, Block: 1})
+	v2 := testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	if o, _ := out(b); o != 5 {
+		t.Fatal("node b switched without a refresh")
+	}
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o, v := out(b); o != 6 || v != v2.Version {
+		t.Fatalf("node b after deploy: %d %s, want 6 %s", o, v, v2.Version)
+	}
+
+	if _, err := a.Rollback(ctx, "fn", v1.Version[:8]); err != nil {
+		t.Fatal(err)
+	}
+	if o, v := out(a); o != 5 || v != v1.Version {
+		t.Fatalf("node a after rollback: %d %s", o, v)
+	}
+	b.Refresh(ctx)
+	if o, v := out(b); o != 5 || v != v1.Version {
+		t.Fatalf("node b after rollback: %d %s", o, v)
+	}
+	if _, err := a.Rollback(ctx, "fn", "ffffffff-nope"); runtime.KindOf(err) != runtime.KindNotFound {
+		t.Fatalf("rollback to an unknown version: %v", err)
+	}
+	rec, err := b.Versions(ctx, "fn")
+	if err != nil || len(rec.Versions) != 2 || rec.Current != v1.Version {
+		t.Fatalf("versions: %+v %v", rec, err)
+	}
+
+	// GC keeps both bundles while the record names them.
+	if removed, err := a.GC(ctx, 0); err != nil || len(removed) != 0 {
+		t.Fatalf("gc with referenced bundles removed %v (%v)", removed, err)
+	}
+	if err := a.Delete(ctx, "fn"); err != nil {
+		t.Fatal(err)
+	}
+	if objs, _ := store.List(ctx, "bundles/"); len(objs) != 0 {
+		t.Fatalf("delete left bundles behind: %v", objs)
+	}
+	b.Refresh(ctx)
+	if err := b.Invoke(ctx, "fn", &runtime.Request{}); runtime.KindOf(err) != runtime.KindNotFound {
+		t.Fatalf("node b after delete: %v", err)
+	}
+}
