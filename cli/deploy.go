@@ -18,6 +18,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
 )
 
@@ -46,6 +47,7 @@ func checkDir(dir string) (*abi.Manifest, error) {
 
 func deployCmd() *command {
 	var server, store string
+	var s3 objectstore.S3Options
 	return &command{
 		name: "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
 		usage: "DIR [--server URL | --store URL]",
@@ -54,6 +56,7 @@ func deployCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
 			fs.StringVar(&store, "store", "", "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
+			s3Flags(fs, &s3)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if len(args) != 1 {
@@ -70,7 +73,7 @@ func deployCmd() *command {
 			body, done := withProgress(bytes.NewReader(b), int64(len(b)), "uploading "+m.Name, env)
 			var id string
 			if store != "" {
-				reg, err := openRegistry(store)
+				reg, err := openRegistry(store, s3)
 				if err != nil {
 					return err
 				}

@@ -41,6 +41,7 @@ type serveFlags struct {
 	memLimitMB, cacheMB                              int64
 	poll                                             time.Duration
 	grace, queueTimeout                              time.Duration
+	s3                                               objectstore.S3Options
 }
 
 func serveCmd() *command {
@@ -54,7 +55,8 @@ func serveCmd() *command {
 			fs.StringVar(&f.listen, "listen", envOr("PLOVER_LISTEN", "127.0.0.1:8080"), "address to listen on ($PLOVER_LISTEN); port 0 picks a free one")
 			fs.StringVar(&f.data, "data", defaultDataDir(), "data directory: store (unless --store) and node bundle cache ($PLOVER_DATA)")
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
-			fs.StringVar(&f.store, "store", "", "object store URL (default file://DATA/store)")
+			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
+			s3Flags(fs, &f.s3)
 			fs.IntVar(&f.maxInstances, "max-instances", 4, "instances per function when its manifest sets no max_instances")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
@@ -107,7 +109,7 @@ func serve(f *serveFlags, env *Env) error {
 	if storeURL == "" {
 		storeURL = "file://" + filepath.Join(f.data, "store")
 	}
-	store, err := openStore(ctx, storeURL)
+	store, err := openStore(ctx, storeURL, f.s3)
 	if err != nil {
 		return err
 	}
@@ -164,8 +166,17 @@ func serve(f *serveFlags, env *Env) error {
 	return nil
 }
 
-func openStore(ctx context.Context, url string) (objectstore.Store, error) {
-	s, err := objectstore.Open(ctx, url, objectstore.S3Options{})
+// s3Flags registers the S3 settings every --store command takes.
+// Credentials come only from the environment (AWS_ACCESS_KEY_ID,
+// AWS_SECRET_ACCESS_KEY): flags would show them in ps.
+func s3Flags(fs *flag.FlagSet, o *objectstore.S3Options) {
+	fs.StringVar(&o.Endpoint, "s3-endpoint", "", "S3 endpoint host[:port] or URL (default $PLOVER_S3_ENDPOINT, else AWS)")
+	fs.StringVar(&o.Region, "s3-region", "", "S3 region (default $AWS_REGION)")
+	fs.BoolVar(&o.Insecure, "s3-insecure", false, "plain HTTP to the S3 endpoint (a local MinIO)")
+}
+
+func openStore(ctx context.Context, url string, o objectstore.S3Options) (objectstore.Store, error) {
+	s, err := objectstore.Open(ctx, url, o)
 	if err != nil {
 		return nil, fmt.Errorf("--store: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
 	"github.com/plover-run/plover/runtime/registry"
 )
@@ -32,6 +33,7 @@ func withProgress(r io.Reader, size int64, what string, env *Env) (io.Reader, fu
 
 func versionsCmd() *command {
 	var server, store string
+	var s3 objectstore.S3Options
 	var asJSON bool
 	return &command{
 		name: "versions", summary: "list a function's versions (* marks the current one)",
@@ -40,6 +42,7 @@ func versionsCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
 			fs.StringVar(&store, "store", "", "read the store directly instead of asking a server (file://... or s3://...)")
+			s3Flags(fs, &s3)
 			fs.BoolVar(&asJSON, "json", false, "print the record as JSON")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -48,7 +51,7 @@ func versionsCmd() *command {
 			}
 			var rec *registry.Record
 			if store != "" {
-				reg, err := openRegistry(store)
+				reg, err := openRegistry(store, s3)
 				if err != nil {
 					return err
 				}
@@ -83,6 +86,7 @@ func versionsCmd() *command {
 
 func rollbackCmd() *command {
 	var server, store string
+	var s3 objectstore.S3Options
 	return &command{
 		name: "rollback", summary: "make an earlier version of a function current again",
 		usage:   "NAME VERSION [--server URL | --store URL]",
@@ -90,6 +94,7 @@ func rollbackCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
 			fs.StringVar(&store, "store", "", "change the record in the store directly; servers pick it up within their --poll interval")
+			s3Flags(fs, &s3)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if len(args) != 2 {
@@ -97,7 +102,7 @@ func rollbackCmd() *command {
 			}
 			var id string
 			if store != "" {
-				reg, err := openRegistry(store)
+				reg, err := openRegistry(store, s3)
 				if err != nil {
 					return err
 				}
@@ -122,6 +127,7 @@ func rollbackCmd() *command {
 
 func gcCmd() *command {
 	var server, store string
+	var s3 objectstore.S3Options
 	var grace time.Duration
 	return &command{
 		name: "gc", summary: "delete bundles that no function version references",
@@ -130,6 +136,7 @@ func gcCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
 			fs.StringVar(&store, "store", "", "collect in the store directly")
+			s3Flags(fs, &s3)
 			fs.DurationVar(&grace, "grace", time.Minute, "keep unreferenced bundles younger than this (a deploy may be uploading them)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -138,7 +145,7 @@ func gcCmd() *command {
 			}
 			var removed []string
 			if store != "" {
-				reg, err := openRegistry(store)
+				reg, err := openRegistry(store, s3)
 				if err != nil {
 					return err
 				}
@@ -161,8 +168,8 @@ func gcCmd() *command {
 	}
 }
 
-func openRegistry(url string) (registry.Registry, error) {
-	s, err := openStore(context.Background(), url)
+func openRegistry(url string, o objectstore.S3Options) (registry.Registry, error) {
+	s, err := openStore(context.Background(), url, o)
 	if err != nil {
 		return registry.Registry{}, err
 	}
