@@ -8,6 +8,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // Limits a manifest is checked against. They bound what one request may make
@@ -31,9 +32,25 @@ type Manifest struct {
 	OutBytes      int64    `json:"out_bytes"`
 	ZeroTmp       bool     `json:"zero_tmp"`
 	Chain         []Launch `json:"chain"`
-	// MaxInstances caps concurrent instances of this function on a node;
-	// 0 means the server's default.
-	MaxInstances int `json:"max_instances,omitempty"`
+	// Pool policy; zero values take the server's defaults.
+	// MinInstances are created at deploy and at server start and never
+	// released for idleness; MaxInstances caps concurrency on a node;
+	// MaxQueue bounds the requests waiting for an instance; IdleTTL (a Go
+	// duration, "30s") releases an idle instance, and unloads the function
+	// once it has none left.
+	MinInstances int    `json:"min_instances,omitempty"`
+	MaxInstances int    `json:"max_instances,omitempty"`
+	MaxQueue     int    `json:"max_queue,omitempty"`
+	IdleTTL      string `json:"idle_ttl,omitempty"`
+}
+
+// IdleTTLDuration parses IdleTTL; ok is false when it is unset.
+func (m *Manifest) IdleTTLDuration() (d time.Duration, ok bool) {
+	if m.IdleTTL == "" {
+		return 0, false
+	}
+	d, err := time.ParseDuration(m.IdleTTL)
+	return d, err == nil
 }
 
 // Launch is one step of a chain: the exported entry point and its launch size.
@@ -113,6 +130,17 @@ func (m *Manifest) Validate() error {
 		return &FieldError{"zero_tmp", "is set but tmp_bytes is 0"}
 	case m.MaxInstances < 0 || m.MaxInstances > 1024:
 		return &FieldError{"max_instances", fmt.Sprintf("%d must be in 0..1024", m.MaxInstances)}
+	case m.MinInstances < 0 || m.MinInstances > 1024:
+		return &FieldError{"min_instances", fmt.Sprintf("%d must be in 0..1024", m.MinInstances)}
+	case m.MaxInstances > 0 && m.MinInstances > m.MaxInstances:
+		return &FieldError{"min_instances", fmt.Sprintf("%d is over max_instances %d", m.MinInstances, m.MaxInstances)}
+	case m.MaxQueue < 0 || m.MaxQueue > 1<<20:
+		return &FieldError{"max_queue", fmt.Sprintf("%d must be in 0..%d", m.MaxQueue, 1<<20)}
+	}
+	if m.IdleTTL != "" {
+		if d, err := time.ParseDuration(m.IdleTTL); err != nil || d < 0 {
+			return &FieldError{"idle_ttl", fmt.Sprintf("%q must be a non-negative Go duration such as \"30s\" or \"5m\"", m.IdleTTL)}
+		}
 	}
 	return ValidateChain("chain", m.Chain)
 }

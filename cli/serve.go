@@ -13,6 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/objectstore"
@@ -37,10 +40,11 @@ func defaultDataDir() string {
 
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
-	maxInstances, maxBodyMB                          int
+	minInstances, maxInstances, maxQueue, maxBodyMB  int
+	idleTTL, timeout                                 time.Duration
 	memLimitMB, cacheMB                              int64
 	poll                                             time.Duration
-	grace, queueTimeout                              time.Duration
+	grace                                            time.Duration
 	s3                                               objectstore.S3Options
 }
 
@@ -57,13 +61,16 @@ func serveCmd() *command {
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
 			s3Flags(fs, &f.s3)
+			fs.IntVar(&f.minInstances, "min-instances", 0, "instances kept warm per function when its manifest sets no min_instances")
 			fs.IntVar(&f.maxInstances, "max-instances", 4, "instances per function when its manifest sets no max_instances")
+			fs.IntVar(&f.maxQueue, "max-queue", 64, "requests waiting per function when its manifest sets no max_queue; more get 429")
+			fs.DurationVar(&f.idleTTL, "idle-ttl", 5*time.Minute, "release an instance idle this long; unload a function with none left (manifest idle_ttl overrides; negative: never)")
+			fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "request deadline (queue + run); a client may lower it with X-Plover-Timeout-Ms")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
-			fs.DurationVar(&f.queueTimeout, "queue-timeout", 30*time.Second, "longest wait for a free instance")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 		},
@@ -122,13 +129,16 @@ func serve(f *serveFlags, env *Env) error {
 		return err
 	}
 	eng, err := runtime.New(runtime.Config{
-		Store: store, Cache: cache, Devices: devs, MaxInstances: f.maxInstances,
-		QueueTimeout: f.queueTimeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log,
+		Store: store, Cache: cache, Devices: devs,
+		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
+		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log,
 	})
 	if err != nil {
 		return err
 	}
-	srv := httpapi.New(eng, httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(eng.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := httpapi.New(eng, httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg})
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", f.listen, err)
@@ -146,11 +156,22 @@ func serve(f *serveFlags, env *Env) error {
 	if f.poll > 0 {
 		go eng.Watch(ctx, f.poll)
 	}
+	reapEvery := time.Second // manifests may set their own idle_ttl
+	if f.idleTTL > 0 {
+		reapEvery = min(f.idleTTL/4, reapEvery)
+	}
+	go eng.ReapEvery(ctx, reapEvery)
+	go func() {
+		if err := eng.Prewarm(ctx); err != nil {
+			log.Warn("some functions could not be pre-warmed", "error", err)
+		}
+	}()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("server stopped: %w", err)
 	case <-ctx.Done():
 	}
+	srv.SetReady(false) // /readyz fails first; in-flight and queued requests drain
 	log.Info("shutting down", "grace", f.grace)
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
 	defer cancel()

@@ -26,11 +26,14 @@ type Config struct {
 	Store   objectstore.Store
 	Cache   *bundle.Cache
 	Devices []cuda.Device // one target for all; instances go where most memory is free
-	// MaxInstances is the per-function instance cap when the manifest sets none.
-	MaxInstances int
-	// QueueTimeout bounds the wait for an instance when the request's
-	// context has no deadline.
-	QueueTimeout time.Duration
+	// Pool policy defaults for manifests that set none.
+	MinInstances int
+	MaxInstances int           // default 4
+	MaxQueue     int           // requests waiting per function; default 64
+	IdleTTL      time.Duration // default 5m; negative: never release
+	// Timeout is a request's deadline (queue time plus execution) unless
+	// the request brings an earlier one; default 30s.
+	Timeout time.Duration
 	// MaxBundleBytes bounds an uploaded bundle.
 	MaxBundleBytes int64
 	Log            *slog.Logger
@@ -46,6 +49,9 @@ type Engine struct {
 
 	mu    sync.Mutex
 	funcs map[string]*function
+
+	memMu     sync.Mutex // serialises reserving device memory
+	evictions struct{ instances, functions atomic.Int64 }
 }
 
 // New returns an Engine over the given store, cache and devices.
@@ -62,8 +68,14 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MaxInstances <= 0 {
 		cfg.MaxInstances = 4
 	}
-	if cfg.QueueTimeout <= 0 {
-		cfg.QueueTimeout = 30 * time.Second
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = 64
+	}
+	if cfg.IdleTTL == 0 {
+		cfg.IdleTTL = 5 * time.Minute
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
 	}
 	if cfg.MaxBundleBytes <= 0 {
 		cfg.MaxBundleBytes = 1 << 30
@@ -105,6 +117,10 @@ type Override struct {
 type Request struct {
 	Input    []byte
 	Override *Override
+	// Deadline bounds queue time plus execution; zero means the engine's
+	// Timeout from now. A request that would start after it fails with
+	// KindTimeout without running.
+	Deadline time.Time
 	// Output is set to the out buffer's bytes, reusing its capacity.
 	Output  []byte
 	Timing  Timing
@@ -121,11 +137,16 @@ type function struct {
 
 type stats struct {
 	requests, errors, cold, warm, hot atomic.Int64
+	latencyNs                         atomic.Int64 // sum over successful requests
 }
 
 // Invoke runs one request on the current version of function name.
 func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err error) {
 	t0 := time.Now()
+	deadline := req.Deadline
+	if deadline.IsZero() {
+		deadline = t0.Add(e.cfg.Timeout)
+	}
 	f, v, err := e.resolve(ctx, name)
 	if err != nil {
 		return err
@@ -160,7 +181,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		key = 0
 	}
 	tq := time.Now()
-	if err := v.acquire(ctx, e.cfg.QueueTimeout); err != nil {
+	if err := v.acquire(ctx, deadline); err != nil {
 		return err
 	}
 	defer v.release()
@@ -174,6 +195,10 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 			req.Start = Warm
 		}
 		req.Timing.Load += time.Since(tq) - req.Timing.Queue
+	}
+	if !time.Now().Before(deadline) {
+		v.put(in, false)
+		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
 	}
 	if int64(cap(req.Output)) < outLen {
 		req.Output = make([]byte, outLen)
@@ -205,6 +230,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		}
 		return errorf(KindInternal, err, "function %s: run failed", f.name)
 	}
+	f.stats.latencyNs.Add(int64(req.Timing.Total))
 	return nil
 }
 
@@ -312,12 +338,21 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		}
 		steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
-	maxInst := m.MaxInstances
-	if maxInst == 0 {
-		maxInst = e.cfg.MaxInstances
+	v.policy = e.policyFor(m)
+	if m.Constants != "" {
+		fi, err := os.Stat(filepath.Join(dir, m.Constants))
+		if err != nil {
+			lib.Close()
+			e.cfg.Cache.Release(v.rec.SHA256)
+			return errorf(KindInternal, err, "function %s: constants", v.fn.name)
+		}
+		v.constSize = fi.Size()
 	}
 	v.dir, v.manifest, v.lib, v.steps, v.unpin = dir, m, lib, steps, func() { e.cfg.Cache.Release(v.rec.SHA256) }
-	v.slots = make(chan struct{}, maxInst)
+	v.slots = make(chan struct{}, v.policy.max)
+	v.mu.Lock()
+	v.lastUsed = time.Now()
+	v.mu.Unlock()
 	v.loaded.Store(true)
 	e.cfg.Log.Info("cold start", "function", v.fn.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12],
 		"fetched", fetched, "fetch_ms", ms(tFetch), "total_ms", ms(time.Since(t0)))
@@ -326,8 +361,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// take returns an idle instance of v, or creates one on the device with the
-// most free memory (loading v's constants there first if needed).
+// take returns an idle instance of v, or creates one.
 func (e *Engine) take(v *version) (*instance, bool, error) {
 	v.mu.Lock()
 	if n := len(v.idle); n > 0 {
@@ -341,24 +375,43 @@ func (e *Engine) take(v *version) (*instance, bool, error) {
 		return in, false, nil
 	}
 	v.mu.Unlock()
-	p, err := e.place(v)
+	in, err := e.newInstance(v)
+	return in, err == nil, err
+}
+
+// newInstance creates an instance of v on the healthy device with the most
+// free memory, loading v's constants there first if needed and evicting
+// idle functions when the device's memory budget requires it.
+func (e *Engine) newInstance(v *version) (*instance, error) {
+	best, err := e.pickDevice()
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	m := v.manifest
+	need := m.MaxInputBytes + m.TmpBytes + m.OutBytes
+	if v.placement(best) == nil {
+		need += v.constSize
+	}
+	e.memMu.Lock()
+	defer e.memMu.Unlock()
+	if err := e.reserve(best, need, v); err != nil {
+		return nil, err
+	}
+	p, err := e.place(v, best)
+	if err != nil {
+		return nil, err
+	}
 	inst, err := p.dev.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Constants: p.consts, LastError: v.lib.LastError})
 	if err != nil {
-		return nil, false, errorf(KindUnavailable, err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
+		return nil, errorf(KindUnavailable, err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
 	}
 	v.mu.Lock()
 	v.live++
 	v.mu.Unlock()
-	return &instance{inst: inst, dev: p}, true, nil
+	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes()}, nil
 }
 
-// place picks the healthy device with the most free memory and makes sure
-// v's constants are on it.
-func (e *Engine) place(v *version) (*placement, error) {
+func (e *Engine) pickDevice() (cuda.Device, error) {
 	var best cuda.Device
 	var bestFree int64
 	var lastErr error
@@ -374,29 +427,28 @@ func (e *Engine) place(v *version) (*placement, error) {
 	if best == nil {
 		return nil, errorf(KindUnavailable, lastErr, "no healthy device")
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for _, p := range v.placements {
-		if p.dev == best {
-			return p, nil
-		}
+	return best, nil
+}
+
+// place makes sure v's constants are on dev.
+func (e *Engine) place(v *version, dev cuda.Device) (*placement, error) {
+	if p := v.placement(dev); p != nil {
+		return p, nil
 	}
-	p := &placement{dev: best}
+	p := &placement{dev: dev}
 	if c := v.manifest.Constants; c != "" {
 		f, err := os.Open(filepath.Join(v.dir, c))
 		if err != nil {
 			return nil, errorf(KindInternal, err, "function %s: constants", v.fn.name)
 		}
 		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return nil, errorf(KindInternal, err, "function %s: constants", v.fn.name)
-		}
-		if p.consts, err = best.LoadConstants(f, fi.Size()); err != nil {
-			return nil, errorf(KindUnavailable, err, "function %s: cannot load %d bytes of constants on %s", v.fn.name, fi.Size(), best.Name())
+		if p.consts, err = dev.LoadConstants(f, v.constSize); err != nil {
+			return nil, errorf(KindUnavailable, err, "function %s: cannot load %d bytes of constants on %s", v.fn.name, v.constSize, dev.Name())
 		}
 	}
+	v.mu.Lock()
 	v.placements = append(v.placements, p)
+	v.mu.Unlock()
 	return p, nil
 }
 
@@ -446,6 +498,9 @@ func (e *Engine) Deploy(ctx context.Context, name string, body io.Reader) (Funct
 	}
 	e.cfg.Cache.Adopt(dir, sha)
 	f := e.setCurrent(name, rv)
+	if e.policyFor(m).min > 0 {
+		e.warmIfWanted(ctx, f)
+	}
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
 	return e.info(f, rv, 1), nil
 }

@@ -21,6 +21,9 @@ type FunctionInfo struct {
 	Manifest *abi.Manifest `json:"manifest,omitempty"`
 	Busy     int           `json:"instances_busy"`
 	Idle     int           `json:"instances_idle"`
+	Queue    int           `json:"queue_depth"`
+	Memory   int64         `json:"device_memory_bytes"`
+	MeanUs   int64         `json:"mean_latency_us"`
 	Requests int64         `json:"requests"`
 	Errors   int64         `json:"errors"`
 	Cold     int64         `json:"cold_starts"`
@@ -35,12 +38,13 @@ func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionIn
 	e.mu.Lock()
 	v := f.cur
 	e.mu.Unlock()
+	if ok := fi.Requests - fi.Errors; ok > 0 {
+		fi.MeanUs = f.stats.latencyNs.Load() / ok / 1000
+	}
 	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
 		fi.Loaded, fi.Manifest = true, v.manifest
-		v.mu.Lock()
-		fi.Idle = len(v.idle)
-		fi.Busy = v.live - fi.Idle
-		v.mu.Unlock()
+		fi.Busy, fi.Idle, fi.Memory = v.usage()
+		fi.Queue = int(v.waiting.Load())
 	}
 	return fi
 }

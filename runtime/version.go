@@ -25,12 +25,15 @@ type version struct {
 	loadErr error // a permanent refusal (invalid bundle), not an outage
 
 	// Set once by load, read-only after loaded is true.
-	dir      string
-	manifest *abi.Manifest
-	lib      *loader.Library
-	steps    []cuda.Step
-	slots    chan struct{} // one token per running request: caps instances
-	unpin    func()        // ends the version's use of its cached bundle
+	dir       string
+	manifest  *abi.Manifest
+	lib       *loader.Library
+	steps     []cuda.Step
+	policy    policy
+	constSize int64
+	slots     chan struct{} // one token per running request: caps instances
+	waiting   atomic.Int32  // requests queued for a slot
+	unpin     func()        // ends the version's use of its cached bundle
 
 	mu         sync.Mutex
 	idle       []*instance
@@ -39,6 +42,7 @@ type version struct {
 	retired    bool
 	dead       bool
 	placements []*placement
+	lastUsed   time.Time // last request end (or load)
 }
 
 type placement struct {
@@ -47,9 +51,22 @@ type placement struct {
 }
 
 type instance struct {
-	inst cuda.Instance
-	dev  *placement
-	run  cuda.Run // reused for every request on this instance
+	inst     cuda.Instance
+	dev      *placement
+	bytes    int64
+	lastUsed time.Time
+	run      cuda.Run // reused for every request on this instance
+}
+
+func (v *version) placement(dev cuda.Device) *placement {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, p := range v.placements {
+		if p.dev == dev {
+			return p
+		}
+	}
+	return nil
 }
 
 func (e *Engine) newVersion(f *function, rv registry.Version) *version {
@@ -79,30 +96,32 @@ func (v *version) unref() {
 	}
 }
 
-// acquire waits for a slot. The fast path takes no timer and allocates
-// nothing.
-func (v *version) acquire(ctx context.Context, dflt time.Duration) error {
+// acquire waits for a slot, in FIFO order, until the deadline. The fast
+// path takes no timer and allocates nothing; a full queue fails at once.
+func (v *version) acquire(ctx context.Context, deadline time.Time) error {
 	select {
 	case v.slots <- struct{}{}:
 		return nil
 	default:
 	}
-	if ctx.Err() != nil {
-		return errorf(KindTimeout, ctx.Err(), "function %s: deadline passed before the request ran", v.fn.name)
+	if n := v.waiting.Add(1); int(n) > v.policy.queue {
+		v.waiting.Add(-1)
+		return errorf(KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(v.slots), v.policy.queue)
 	}
-	var timeout <-chan time.Time
-	if _, ok := ctx.Deadline(); !ok {
-		t := time.NewTimer(dflt)
-		defer t.Stop()
-		timeout = t.C
+	defer v.waiting.Add(-1)
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran", v.fn.name)
 	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	select {
 	case v.slots <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return errorf(KindTimeout, ctx.Err(), "function %s: deadline passed while waiting for one of %d instances", v.fn.name, cap(v.slots))
-	case <-timeout:
-		return errorf(KindTimeout, nil, "function %s: waited %v for one of %d instances", v.fn.name, dflt, cap(v.slots))
+		return errorf(KindTimeout, ctx.Err(), "function %s: the request ended while waiting for one of %d instances", v.fn.name, cap(v.slots))
+	case <-t.C:
+		return errorf(KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", v.fn.name, cap(v.slots))
 	}
 }
 
@@ -111,8 +130,11 @@ func (v *version) release() { <-v.slots }
 // put returns an instance to the idle pool, or closes it when it is broken or
 // its version retired.
 func (v *version) put(in *instance, broken bool) {
+	now := time.Now()
 	v.mu.Lock()
+	v.lastUsed = now
 	if !broken && !v.retired {
+		in.lastUsed = now
 		v.idle = append(v.idle, in)
 		v.mu.Unlock()
 		return

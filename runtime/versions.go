@@ -33,20 +33,26 @@ func (e *Engine) Rollback(ctx context.Context, name, version string) (FunctionIn
 		return FunctionInfo{}, errorf(KindUnavailable, err, "rollback %s: store", name)
 	}
 	f := e.switchTo(name, rv)
+	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
 	return e.info(f, rv, 0), nil
 }
 
 // switchTo makes rv current unless it already is.
 func (e *Engine) switchTo(name string, rv registry.Version) *function {
+	f, _ := e.switchChanged(name, rv)
+	return f
+}
+
+func (e *Engine) switchChanged(name string, rv registry.Version) (*function, bool) {
 	e.mu.Lock()
 	f := e.funcs[name]
 	same := f != nil && f.cur != nil && f.cur.rec.ID == rv.ID
 	e.mu.Unlock()
 	if same {
-		return f
+		return f, false
 	}
-	return e.setCurrent(name, rv)
+	return e.setCurrent(name, rv), true
 }
 
 // Refresh re-reads the record of every function this node has resolved and
@@ -69,9 +75,10 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		if err == nil {
 			var cv registry.Version
 			if cv, err = rec.CurrentVersion(); err == nil {
-				if f := e.switchTo(name, cv); f != nil {
-					continue
+				if f, changed := e.switchChanged(name, cv); changed {
+					e.warmIfWanted(ctx, f)
 				}
+				continue
 			}
 		}
 		if firstErr == nil {

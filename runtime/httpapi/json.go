@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -19,10 +20,11 @@ import (
 // {"name", "inputs", "func_names", "grid_sizes", "block_sizes",
 // "output_size", "tmp_size"}, whose parallel arrays form the chain.
 type invokeBody struct {
-	Input    *string      `json:"input"`
-	Chain    []abi.Launch `json:"chain"`
-	OutBytes *int64       `json:"out_bytes"`
-	TmpBytes *int64       `json:"tmp_bytes"`
+	Input     *string      `json:"input"`
+	Chain     []abi.Launch `json:"chain"`
+	OutBytes  *int64       `json:"out_bytes"`
+	TmpBytes  *int64       `json:"tmp_bytes"`
+	TimeoutMs *int64       `json:"timeout_ms"`
 
 	Name       *string  `json:"name"`
 	Inputs     *string  `json:"inputs"`
@@ -40,20 +42,31 @@ func (e *badRequest) Error() string { return e.field + ": " + e.reason }
 
 // parseInvoke turns a JSON body into the input bytes and an override (nil
 // when the request changes nothing).
-func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, error) {
+func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, time.Duration, error) {
+	in, o, b, err := parseInvokeBody(body, name)
+	if err != nil || b.TimeoutMs == nil {
+		return in, o, 0, err
+	}
+	if *b.TimeoutMs <= 0 {
+		return nil, nil, 0, &badRequest{"timeout_ms", "must be a positive number of milliseconds"}
+	}
+	return in, o, time.Duration(*b.TimeoutMs) * time.Millisecond, nil
+}
+
+func parseInvokeBody(body []byte, name string) ([]byte, *runtime.Override, *invokeBody, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	var b invokeBody
 	if err := dec.Decode(&b); err != nil {
-		return nil, nil, &badRequest{"body", "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+		return nil, nil, nil, &badRequest{"body", "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
 	}
 	if dec.More() {
-		return nil, nil, &badRequest{"body", "trailing data after the JSON object"}
+		return nil, nil, nil, &badRequest{"body", "trailing data after the JSON object"}
 	}
 	pyplover := b.Inputs != nil || b.FuncNames != nil || b.GridSizes != nil || b.BlockSizes != nil || b.OutputSize != nil || b.TmpSize != nil || b.Name != nil
 	native := b.Input != nil || b.Chain != nil || b.OutBytes != nil || b.TmpBytes != nil
 	if pyplover && native {
-		return nil, nil, &badRequest{"body", `mixes Plover fields (input, chain, out_bytes, tmp_bytes) with PyPlover fields (name, inputs, func_names, grid_sizes, block_sizes, output_size, tmp_size); use one shape`}
+		return nil, nil, nil, &badRequest{"body", `mixes Plover fields (input, chain, out_bytes, tmp_bytes) with PyPlover fields (name, inputs, func_names, grid_sizes, block_sizes, output_size, tmp_size); use one shape`}
 	}
 	o := &runtime.Override{OutBytes: -1, TmpBytes: -1}
 	field := "input"
@@ -61,11 +74,11 @@ func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, error) {
 	if pyplover {
 		field, enc = "inputs", b.Inputs
 		if b.Name != nil && *b.Name != name {
-			return nil, nil, &badRequest{"name", fmt.Sprintf("%q does not match the function in the URL, %q", *b.Name, name)}
+			return nil, nil, nil, &badRequest{"name", fmt.Sprintf("%q does not match the function in the URL, %q", *b.Name, name)}
 		}
 		chain, err := pyChain(b.FuncNames, b.GridSizes, b.BlockSizes)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		o.Chain = chain
 		b.OutBytes, b.TmpBytes = b.OutputSize, b.TmpSize
@@ -73,11 +86,11 @@ func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, error) {
 		o.Chain = b.Chain
 	}
 	if enc == nil {
-		return nil, nil, &badRequest{field, "is required: the input bytes, base64-encoded"}
+		return nil, nil, nil, &badRequest{field, "is required: the input bytes, base64-encoded"}
 	}
 	input, err := base64.StdEncoding.DecodeString(*enc)
 	if err != nil {
-		return nil, nil, &badRequest{field, "is not valid base64: " + err.Error()}
+		return nil, nil, nil, &badRequest{field, "is not valid base64: " + err.Error()}
 	}
 	for _, f := range []struct {
 		name string
@@ -88,14 +101,14 @@ func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, error) {
 			continue
 		}
 		if *f.v < 0 {
-			return nil, nil, &badRequest{f.name, "must not be negative"}
+			return nil, nil, nil, &badRequest{f.name, "must not be negative"}
 		}
 		*f.dst = *f.v
 	}
 	if o.Chain == nil && o.OutBytes < 0 && o.TmpBytes < 0 {
 		o = nil
 	}
-	return input, o, nil
+	return input, o, &b, nil
 }
 
 func sizeField(pyplover bool, which string) string {
@@ -126,16 +139,20 @@ func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 }
 
 func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) {
-	input, o, err := parseInvoke(ctx.Request.Body(), name)
+	input, o, timeout, err := parseInvoke(ctx.Request.Body(), name)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
+		s.metrics.record(name, fasthttp.StatusBadRequest, runtime.KindBadRequest, &c.req.Timing)
 		return
+	}
+	if d := time.Now().Add(timeout); timeout > 0 && (c.req.Deadline.IsZero() || d.Before(c.req.Deadline)) {
+		c.req.Deadline = d
 	}
 	c.req.Input, c.req.Override = input, o
 	err = s.exec.Invoke(ctx, name, &c.req)
 	c.req.Input, c.req.Override = nil, nil
+	s.finish(ctx, name, c, err)
 	if err != nil {
-		s.fail(ctx, err)
 		return
 	}
 	t := &c.req.Timing

@@ -13,10 +13,14 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/runtime"
@@ -44,15 +48,26 @@ type Options struct {
 	MaxBodyBytes int
 	Log          *slog.Logger
 	Version      string
+	// Registry receives the request metrics and is served at /metrics;
+	// the caller registers other collectors (the engine's) on it. Nil: a
+	// private registry.
+	Registry *prometheus.Registry
 }
 
 // Server serves the Plover HTTP API.
 type Server struct {
-	exec  Executor
-	opts  Options
-	calls sync.Pool // *call
-	srv   *fasthttp.Server
+	exec     Executor
+	opts     Options
+	calls    sync.Pool // *call
+	srv      *fasthttp.Server
+	notReady atomic.Bool
+	metrics  *requestMetrics
+	scrape   fasthttp.RequestHandler
 }
+
+// SetReady sets what /readyz answers; a server going down sets it false
+// before it stops accepting, so load balancers drain it first.
+func (s *Server) SetReady(ready bool) { s.notReady.Store(!ready) }
 
 // call is the per-request scratch state, pooled so a hot invoke allocates
 // nothing.
@@ -69,7 +84,11 @@ func New(exec Executor, opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{exec: exec, opts: opts}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{exec: exec, opts: opts, metrics: newRequestMetrics(opts.Registry)}
+	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any { return &call{timing: make([]byte, 0, 160)} }
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handle,
@@ -117,6 +136,18 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	case string(path) == "/healthz":
 		if s.method(ctx, fasthttp.MethodGet) {
 			s.health(ctx)
+		}
+	case string(path) == "/metrics":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.scrape(ctx)
+		}
+	case string(path) == "/readyz":
+		if s.method(ctx, fasthttp.MethodGet) {
+			if s.notReady.Load() {
+				writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]bool{"ready": false})
+			} else {
+				writeJSON(ctx, fasthttp.StatusOK, map[string]bool{"ready": true})
+			}
 		}
 	case bytes.Equal(path, pathFunctions), string(path) == "/v1/functions/":
 		if s.method(ctx, fasthttp.MethodGet) {
@@ -274,12 +305,18 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 // invoke is the hot path: no allocation for an octet-stream request on an
 // idle instance (see BenchmarkServedInvoke).
 func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
+	// The engine and the metrics copy the name before keeping it, so the
+	// request's bytes can back it for the duration of the call.
+	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
 	c := s.calls.Get().(*call)
 	defer s.calls.Put(c)
 	c.req.Override = nil
-	// The engine copies the name before keeping it, so the request's bytes
-	// can back it for the duration of the call.
-	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
+	c.req.Timing = runtime.Timing{}
+	if err := deadline(ctx, &c.req); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
+		s.metrics.record(name, fasthttp.StatusBadRequest, runtime.KindBadRequest, &c.req.Timing)
+		return
+	}
 	switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
 	case "application/octet-stream", "":
 		c.req.Input = ctx.Request.Body()
@@ -287,18 +324,29 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		err := s.exec.Invoke(ctx, name, &c.req)
 		ctx.Response.SwapBody(c.req.Output)
 		c.req.Input, c.req.Output = nil, nil
-		if err != nil {
-			s.fail(ctx, err)
-			return
+		s.finish(ctx, name, c, err)
+		if err == nil {
+			ctx.Response.Header.SetContentTypeBytes(octetStream)
+			s.writeMeta(ctx, c)
 		}
-		ctx.Response.Header.SetContentTypeBytes(octetStream)
-		s.writeMeta(ctx, c)
 	case "application/json":
 		s.invokeJSON(ctx, name, c)
 	default:
 		writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
 			"Content-Type "+strconv.Quote(ct)+": send application/octet-stream (raw input bytes) or application/json ({\"input\":\"<base64>\"})")
+		s.metrics.record(name, fasthttp.StatusUnsupportedMediaType, runtime.KindBadRequest, &c.req.Timing)
 	}
+}
+
+// finish writes an engine error, if any, and records the request.
+func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err error) {
+	code, kind := fasthttp.StatusOK, runtime.KindInternal
+	if err != nil {
+		kind = runtime.KindOf(err)
+		code, _ = status(kind)
+		s.fail(ctx, err)
+	}
+	s.metrics.record(name, code, kind, &c.req.Timing)
 }
 
 var (
@@ -325,6 +373,24 @@ func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
 	h.SetCanonical(hdrServerTimng, b)
 	h.SetCanonical(hdrStart, startNames[c.req.Start])
 	h.SetCanonical(hdrVersion, s2b(c.req.Version))
+}
+
+var hdrTimeout = []byte("X-Plover-Timeout-Ms")
+
+// deadline sets the request's deadline from X-Plover-Timeout-Ms; none
+// leaves the server's default.
+func deadline(ctx *fasthttp.RequestCtx, r *runtime.Request) error {
+	r.Deadline = time.Time{}
+	h := ctx.Request.Header.PeekBytes(hdrTimeout)
+	if len(h) == 0 {
+		return nil
+	}
+	ms, err := strconv.ParseUint(unsafe.String(unsafe.SliceData(h), len(h)), 10, 32)
+	if err != nil || ms == 0 {
+		return fmt.Errorf("X-Plover-Timeout-Ms: %q must be a positive number of milliseconds", h)
+	}
+	r.Deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
+	return nil
 }
 
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
@@ -393,6 +459,9 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 		msg = "internal error"
 	}
 	writeError(ctx, code, name, msg)
+	if code == fasthttp.StatusTooManyRequests {
+		ctx.Response.Header.Set("Retry-After", "1")
+	}
 }
 
 type errorBody struct {

@@ -1,0 +1,84 @@
+package runtime
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports the engine's state for Prometheus: starts, instances,
+// queue depth, memory and evictions, read when scraped (nothing is updated
+// on the request path for these).
+func (e *Engine) Collector() prometheus.Collector { return engineCollector{e} }
+
+type engineCollector struct{ e *Engine }
+
+var (
+	descStarts = prometheus.NewDesc("plover_starts_total",
+		"Requests by how they found an instance: cold (version loaded for it), warm (new instance), hot (idle instance).",
+		[]string{"function", "kind"}, nil)
+	descInstances = prometheus.NewDesc("plover_instances",
+		"Instances of the function's current version by state.", []string{"function", "state"}, nil)
+	descQueue = prometheus.NewDesc("plover_queue_depth",
+		"Requests waiting for an instance.", []string{"function"}, nil)
+	descFuncMem = prometheus.NewDesc("plover_function_device_memory_bytes",
+		"Device memory held by the function: constants plus instance buffers.", []string{"function"}, nil)
+	descEvictions = prometheus.NewDesc("plover_evictions_total",
+		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
+	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
+		"Device memory as Plover accounts it.", []string{"device", "kind"}, nil)
+	descHealthy = prometheus.NewDesc("plover_device_healthy",
+		"1 while the device can run requests.", []string{"device"}, nil)
+	descCache = prometheus.NewDesc("plover_bundle_cache_bytes",
+		"Unpacked bundles in the node cache.", nil, nil)
+)
+
+func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descStarts, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache} {
+		ch <- d
+	}
+}
+
+func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
+	e := c.e
+	for _, fv := range e.current() {
+		f, v := fv.f, fv.v
+		st := &f.stats
+		for _, k := range []struct {
+			kind string
+			n    int64
+		}{{"cold", st.cold.Load()}, {"warm", st.warm.Load()}, {"hot", st.hot.Load()}} {
+			ch <- prometheus.MustNewConstMetric(descStarts, prometheus.CounterValue, float64(k.n), f.name, k.kind)
+		}
+		busy, idle, mem := v.usage()
+		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(busy), f.name, "busy")
+		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
+		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(v.waiting.Load()), f.name)
+		ch <- prometheus.MustNewConstMetric(descFuncMem, prometheus.GaugeValue, float64(mem), f.name)
+	}
+	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(e.evictions.instances.Load()), "instance")
+	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(e.evictions.functions.Load()), "function")
+	for _, d := range e.cfg.Devices {
+		mi := d.MemInfo()
+		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Total), d.Name(), "total")
+		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Free), d.Name(), "free")
+		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Used), d.Name(), "used")
+		healthy := 1.0
+		if d.Health() != nil {
+			healthy = 0
+		}
+		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, d.Name())
+	}
+	ch <- prometheus.MustNewConstMetric(descCache, prometheus.GaugeValue, float64(e.cfg.Cache.Stats().Bytes))
+}
+
+// usage reports busy and idle instances and the device memory v holds.
+func (v *version) usage() (busy, idle int, mem int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	idle = len(v.idle)
+	busy = v.live - idle
+	if v.manifest != nil {
+		m := v.manifest
+		mem = int64(v.live)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(len(v.placements))*v.constSize
+	}
+	return busy, idle, mem
+}

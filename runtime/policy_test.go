@@ -1,0 +1,204 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/binary"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/runtime"
+)
+
+func sleepy(name string, ms int) *abi.Manifest {
+	m := testkit.Manifest(name)
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: ms, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
+	return m
+}
+
+func info(t *testing.T, e *runtime.Engine, name string) runtime.FunctionInfo {
+	t.Helper()
+	fi, err := e.Function(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi
+}
+
+func TestMinInstancesAreWarmBeforeTheFirstRequest(t *testing.T) {
+	store, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Engine(t, runtime.Config{Store: store})
+	m := testkit.Manifest("fn")
+	m.MinInstances = 2
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	if fi := info(t, e, "fn"); !fi.Loaded || fi.Idle != 2 {
+		t.Fatalf("after deploy: loaded=%v idle=%d, want 2 warm instances", fi.Loaded, fi.Idle)
+	}
+	if r := invoke(t, e, "fn", []byte("x")); r.Start != runtime.Hot {
+		t.Fatalf("first request start %v, want hot", r.Start)
+	}
+	// Idle TTL never takes an instance below the minimum.
+	e.Reap(time.Now().Add(time.Hour))
+	if fi := info(t, e, "fn"); fi.Idle != 2 {
+		t.Fatalf("after reap: %d idle, want 2", fi.Idle)
+	}
+	// A fresh engine over the same store pre-warms at start.
+	e2 := testkit.Engine(t, runtime.Config{Store: store})
+	if err := e2.Prewarm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if fi := info(t, e2, "fn"); fi.Idle != 2 {
+		t.Fatalf("after Prewarm: %d idle, want 2", fi.Idle)
+	}
+}
+
+func TestMaxInstancesCapsConcurrency(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	m := sleepy("fn", 100)
+	m.MaxInstances = 2
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	var peak atomic.Int32
+	stop := make(chan struct{})
+	go func() { // sample busy instances while the load runs
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if fi, err := e.Function(context.Background(), "fn"); err == nil && int32(fi.Busy) > peak.Load() {
+				peak.Store(int32(fi.Busy))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); invoke(t, e, "fn", []byte{1}) }()
+	}
+	wg.Wait()
+	close(stop)
+	elapsed := time.Since(start)
+	if fi := info(t, e, "fn"); fi.Idle != 2 || peak.Load() > 2 || peak.Load() == 0 {
+		t.Fatalf("instances %d, peak busy %d; want 2 and at most 2", fi.Idle, peak.Load())
+	}
+	if elapsed < 300*time.Millisecond {
+		t.Fatalf("6 requests of 100 ms on 2 instances took %v, want >= 300ms", elapsed)
+	}
+}
+
+func TestIdleTTLReleasesAndUnloads(t *testing.T) {
+	host := cuda.NewHost(0)
+	e := testkit.Engine(t, runtime.Config{Devices: []cuda.Device{host}})
+	m := testkit.Manifest("fn")
+	m.IdleTTL = "100ms"
+	m.Constants = "c.bin"
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, make([]byte, 1000)))
+	invoke(t, e, "fn", []byte("x"))
+	if host.MemInfo().Used == 0 {
+		t.Fatal("nothing allocated after a request")
+	}
+	e.Reap(time.Now()) // not idle long enough yet
+	if fi := info(t, e, "fn"); fi.Idle != 1 {
+		t.Fatalf("reaped too early: %+v", fi)
+	}
+	e.Reap(time.Now().Add(200 * time.Millisecond))
+	if fi := info(t, e, "fn"); fi.Loaded || fi.Idle != 0 {
+		t.Fatalf("after idle_ttl: loaded=%v idle=%d, want unloaded", fi.Loaded, fi.Idle)
+	}
+	if used := host.MemInfo().Used; used != 0 {
+		t.Fatalf("%d bytes still held after scale to zero (constants not freed?)", used)
+	}
+	if r := invoke(t, e, "fn", []byte("y")); r.Start != runtime.Cold || r.Output[0] != 'y' {
+		t.Fatalf("after scale to zero: start %v output %q", r.Start, r.Output[:1])
+	}
+}
+
+func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
+	m := func(name string, ms int) *abi.Manifest { return sleepy(name, ms) }
+	mx := m("x", 1)
+	per := mx.MaxInputBytes + mx.TmpBytes + mx.OutBytes
+	host := cuda.NewHost(2*per + per/2) // room for two instances
+	e := testkit.Engine(t, runtime.Config{Devices: []cuda.Device{host}})
+	for _, n := range []string{"a", "b", "c"} {
+		testkit.Deploy(t, e, testkit.BundleDir(t, m(n, 1), nil))
+	}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m("slow", 400), nil))
+	invoke(t, e, "a", []byte{1})
+	invoke(t, e, "b", []byte{1})
+	instances := func(n string) int { fi := info(t, e, n); return fi.Idle + fi.Busy }
+	invoke(t, e, "c", []byte{1}) // evicts a's instance, the least recently used idle one
+	if instances("a") != 0 || instances("b") != 1 || instances("c") != 1 {
+		t.Fatalf("after c: a=%d b=%d c=%d instances, want a evicted", instances("a"), instances("b"), instances("c"))
+	}
+	done := make(chan error)
+	go func() { done <- e.Invoke(context.Background(), "slow", &runtime.Request{Input: []byte{1}}) }() // evicts b
+	time.Sleep(100 * time.Millisecond)
+	invoke(t, e, "a", []byte{1}) // evicts c, never the busy slow instance
+	if instances("slow") != 1 || instances("b") != 0 || instances("c") != 0 || instances("a") != 1 {
+		t.Fatalf("a busy function was evicted, or an idle one was kept: slow=%d a=%d b=%d c=%d",
+			instances("slow"), instances("a"), instances("b"), instances("c"))
+	}
+	if used, total := host.MemInfo().Used, host.MemInfo().Total; used > total {
+		t.Fatalf("device overcommitted: %d of %d", used, total)
+	}
+	// Both slots busy (slow runs; a is made busy too): nothing can be evicted.
+	go func() {
+		e.Invoke(context.Background(), "a", &runtime.Request{Input: []byte{1}, Override: &runtime.Override{Chain: []abi.Launch{{Kernel: "sleep_ms", Grid: 200, Block: 1}}, OutBytes: -1, TmpBytes: -1}})
+	}()
+	time.Sleep(50 * time.Millisecond)
+	err := e.Invoke(context.Background(), "b", &runtime.Request{Input: []byte{1}})
+	if runtime.KindOf(err) != runtime.KindUnavailable || !strings.Contains(err.Error(), "needs") || !strings.Contains(err.Error(), "free") {
+		t.Fatalf("over budget with everything busy: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the busy request failed: %v", err)
+	}
+}
+
+func TestFullQueueAndDeadlines(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	m := testkit.Manifest("fn")
+	m.MaxInstances, m.MaxQueue = 1, 1
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 300, Block: 1}, {Kernel: "count", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	ctx := context.Background()
+	invoke(t, e, "fn", nil) // warm up: count = 1
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); invoke(t, e, "fn", nil) }() // runs: count 2
+	time.Sleep(50 * time.Millisecond)
+	var queuedErr error
+	go func() { // queued with a deadline it cannot meet: never runs
+		defer wg.Done()
+		queuedErr = e.Invoke(ctx, "fn", &runtime.Request{Deadline: time.Now().Add(100 * time.Millisecond)})
+	}()
+	time.Sleep(50 * time.Millisecond)
+	err := e.Invoke(ctx, "fn", &runtime.Request{}) // queue (1) is full
+	if runtime.KindOf(err) != runtime.KindBusy {
+		t.Fatalf("third request: %v, want busy", err)
+	}
+	wg.Wait()
+	if runtime.KindOf(queuedErr) != runtime.KindTimeout {
+		t.Fatalf("queued request past its deadline: %v, want timeout", queuedErr)
+	}
+	if err := e.Invoke(ctx, "fn", &runtime.Request{Deadline: time.Now().Add(-time.Second)}); runtime.KindOf(err) != runtime.KindTimeout {
+		t.Fatalf("expired deadline: %v", err)
+	}
+	r := invoke(t, e, "fn", nil)
+	if got := binary.LittleEndian.Uint64(r.Output); got != 3 {
+		t.Fatalf("count = %d, want 3: a request that timed out or was refused ran", got)
+	}
+}
