@@ -83,6 +83,15 @@ func (s *FS) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get %s: %w", key, err)
 	}
+	// A key that names a directory (a prefix of other keys) is no object,
+	// as in S3.
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("get %s: %w", key, err)
+		}
+		return nil, fmt.Errorf("get %s: %w", key, ErrNotFound)
+	}
 	return f, nil
 }
 

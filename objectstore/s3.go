@@ -190,6 +190,7 @@ func checkBucket(bucket string) error {
 // check makes one HEAD request on the bucket through probe and turns its
 // failure into a message that names what to fix.
 func (s *S3) check(ctx context.Context, probe *minio.Client) error {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, S3OpenTimeout)
 	defer cancel()
 	ok, err := probe.BucketExists(ctx, s.bucket)
@@ -199,10 +200,10 @@ func (s *S3) check(ctx context.Context, probe *minio.Client) error {
 	if err == nil {
 		return nil
 	}
-	return s.describeOpenError(ctx, err)
+	return s.describeOpenError(ctx, err, time.Since(start))
 }
 
-func (s *S3) describeOpenError(ctx context.Context, err error) error {
+func (s *S3) describeOpenError(ctx context.Context, err error, took time.Duration) error {
 	var (
 		resp   = minio.ToErrorResponse(err)
 		opErr  *net.OpError
@@ -228,7 +229,7 @@ func (s *S3) describeOpenError(ctx context.Context, err error) error {
 	case errors.As(err, &opErr):
 		return fmt.Errorf("%s: endpoint unreachable (%s): %v", s, s.endpoint, opErr)
 	case ctx.Err() != nil:
-		return fmt.Errorf("%s: endpoint unreachable (%s): no answer within %v: %w", s, s.endpoint, S3OpenTimeout, ctx.Err())
+		return fmt.Errorf("%s: endpoint unreachable (%s): no answer after %v: %w", s, s.endpoint, took.Round(time.Millisecond), ctx.Err())
 	default:
 		return fmt.Errorf("%s: checking bucket %q at %s: %w", s, s.bucket, s.endpoint, err)
 	}

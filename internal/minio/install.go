@@ -80,7 +80,13 @@ func Install(ctx context.Context, progress io.Writer) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, InstallTimeout)
 	defer cancel()
 	// Build into a scratch GOBIN and rename, so that a killed build never
-	// leaves a half-written binary at the cached path.
+	// leaves a half-written binary at the cached path. Scratch directories
+	// present now, under the lock, are from builds that were killed.
+	if old, _ := filepath.Glob(filepath.Join(dir, ".build-*")); len(old) > 0 {
+		for _, o := range old {
+			os.RemoveAll(o)
+		}
+	}
 	tmp, err := os.MkdirTemp(dir, ".build-*")
 	if err != nil {
 		return "", fmt.Errorf("minio cache: %w", err)
@@ -90,11 +96,18 @@ func Install(ctx context.Context, progress io.Writer) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if progress != nil {
+		// go install is silent while it compiles, which takes minutes.
+		fmt.Fprintf(progress, "minio: building MinIO %s (%s@%s) into %s; this takes several minutes, once (`go run ./internal/minio/cmd/install-minio` does it up front)\n", Release, modulePath, ModuleVersion, dir)
+	}
 	cmd := exec.CommandContext(ctx, goBin, "install", modulePath+"@"+ModuleVersion)
 	// Outside any module, with no inherited GOFLAGS (e.g. -mod=vendor) or
 	// workspace, so the build is the same wherever it runs. MinIO's releases
 	// are built without cgo, which also spares a C toolchain.
 	cmd.Dir = tmp
+	// A test binary that hits its -timeout mid-build exits without running
+	// deferred cleanups; the build must not outlive it.
+	cmd.SysProcAttr = sysProcAttr()
 	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOFLAGS=", "GOWORK=off", "CGO_ENABLED=0")
 	var out bytes.Buffer
 	if progress != nil {

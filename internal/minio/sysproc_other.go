@@ -1,0 +1,7 @@
+//go:build !linux
+
+package minio
+
+import "syscall"
+
+func sysProcAttr() *syscall.SysProcAttr { return nil }
