@@ -104,8 +104,12 @@ func (g Registry) List(ctx context.Context) ([]*Record, error) {
 // Publish stores a bundle (if the store lacks it) and makes it the current
 // version of name. The bundle must already be verified.
 func (g Registry) Publish(ctx context.Context, name string, bundleBytes io.Reader, sha string, size int64) (Version, error) {
+	// Bundles are content-addressed, so an object already there is reused;
+	// one of the wrong size is damaged and is uploaded again. (Damage that
+	// keeps the size is caught by the sha256 check when a node fetches it.)
 	key := bundle.ObjectKey(sha)
-	if _, err := g.Store.Stat(ctx, key); errors.Is(err, objectstore.ErrNotFound) {
+	info, err := g.Store.Stat(ctx, key)
+	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && info.Size != size) {
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
 			return Version{}, fmt.Errorf("publish %s: %w", name, err)
 		}
