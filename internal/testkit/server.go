@@ -50,11 +50,16 @@ func Engine(t testing.TB, cfg runtime.Config) *runtime.Engine {
 // ends and returns its base URL.
 func Serve(t testing.TB, exec httpapi.Executor, opts httpapi.Options) string {
 	t.Helper()
+	return ServeWith(t, httpapi.New(exec, opts))
+}
+
+// ServeWith serves an already built server on a free loopback port.
+func ServeWith(t testing.TB, srv *httpapi.Server) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httpapi.New(exec, opts)
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

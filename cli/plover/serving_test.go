@@ -1,0 +1,192 @@
+package main_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--grace", "10s")
+	m := testkit.Manifest("slow")
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 800, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
+	invokeHTTP(srv.url, "slow", []byte("warm")) // load it, so the drained request is only the sleep
+
+	type result struct {
+		code int
+		out  []byte
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		code, out, err := invokeHTTP(srv.url, "slow", []byte("drain me"))
+		res <- result{code, out, err}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	r := <-res
+	if r.err != nil || r.code != 200 || !bytes.HasPrefix(r.out, []byte("drain me")) {
+		t.Fatalf("in-flight request during shutdown: %d %v %q", r.code, r.err, r.out)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("server did not exit after SIGTERM")
+	}
+	t.Logf("request finished and server exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(srv.log.String(), "shutting down") {
+		t.Fatal("no shutdown log line")
+	}
+}
+
+func rssKiB(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			return strconv.Atoi(strings.Fields(line)[1])
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS")
+}
+
+// TestLoad runs many clients across several functions against a real server
+// for a bounded time and request count, and checks that only the designed
+// statuses come back and that resident memory stays flat.
+func TestLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load test")
+	}
+	const (
+		clients     = 48
+		perClient   = 4000 // bound on requests
+		duration    = 8 * time.Second
+		rssSlackKiB = 16 << 10 // allowed growth, last third over first third
+	)
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--max-instances", "4", "--max-queue", "32", "--timeout", "100ms")
+	env := []string{"PLOVER_SERVER=" + srv.url}
+	names := []string{"f0", "f1", "f2", "f3"}
+	for i, n := range names {
+		m := testkit.Manifest(n)
+		m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 64}, {Kernel: "sleep_ms", Grid: 1 + i, Block: 1}}
+		run(t, bin, env, "deploy", testkit.BundleDir(t, m, nil))
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	bad := 0
+	var samples []int
+	stop := make(chan struct{})
+	go func() {
+		tk := time.NewTicker(200 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				if kb, err := rssKiB(srv.cmd.Process.Pid); err == nil {
+					mu.Lock()
+					samples = append(samples, kb)
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			in := bytes.Repeat([]byte{byte(c)}, 200)
+			for i := 0; i < perClient && time.Since(start) < duration; i++ {
+				name := names[(c+i)%len(names)]
+				resp, err := client.Post(srv.url+"/v1/functions/"+name+"/invoke", "application/octet-stream", bytes.NewReader(in))
+				code := 0
+				var out []byte
+				if err == nil {
+					out, _ = io.ReadAll(resp.Body)
+					resp.Body.Close()
+					code = resp.StatusCode
+				}
+				mu.Lock()
+				statuses[code]++
+				if code == 200 && !bytes.Equal(out[:200], in) {
+					bad++
+				}
+				mu.Unlock()
+			}
+		}(c)
+	}
+	wg.Wait()
+	close(stop)
+	elapsed := time.Since(start)
+	total := 0
+	for code, n := range statuses {
+		total += n
+		if code != 200 && code != 429 && code != 504 {
+			t.Errorf("%d responses with status %d", n, code)
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d responses carried another request's bytes", bad)
+	}
+	if statuses[200] == 0 {
+		t.Fatal("no request succeeded")
+	}
+	third := len(samples) / 3
+	if third == 0 {
+		t.Fatalf("only %d RSS samples", len(samples))
+	}
+	mean := func(s []int) int {
+		sum := 0
+		for _, v := range s {
+			sum += v
+		}
+		return sum / len(s)
+	}
+	first, last := mean(samples[:third]), mean(samples[len(samples)-third:])
+	t.Logf("load: %d clients, %d requests in %v (%.0f req/s): 200=%d 429=%d 504=%d; RSS first third %d KiB, last third %d KiB, max %d KiB",
+		clients, total, elapsed.Round(time.Millisecond), float64(total)/elapsed.Seconds(), statuses[200], statuses[429], statuses[504], first, last, maxInt(samples))
+	if last > first+rssSlackKiB {
+		t.Errorf("resident memory grew from %d KiB to %d KiB (bound +%d KiB)", first, last, rssSlackKiB)
+	}
+	// The server is still healthy and serving.
+	if code, _, err := invokeHTTP(srv.url, "f0", make([]byte, 200)); err != nil || code != 200 {
+		t.Fatalf("after the load: %d %v", code, err)
+	}
+}
+
+func maxInt(s []int) int {
+	m := 0
+	for _, v := range s {
+		m = max(m, v)
+	}
+	return m
+}

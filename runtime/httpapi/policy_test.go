@@ -1,0 +1,91 @@
+package httpapi_test
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/runtime"
+	"github.com/plover-run/plover/runtime/httpapi"
+)
+
+func TestBackpressureDeadlinesMetrics(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	m := testkit.Manifest("slow")
+	m.MaxInstances, m.MaxQueue = 1, 1
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 300, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.Collector())
+	srv := httpapi.New(e, httpapi.Options{Registry: reg})
+	base := testkit.ServeWith(t, srv)
+	url := base + "/v1/functions/slow/invoke"
+
+	// post may run on other goroutines: a transport error shows as status 0.
+	post := func(hdr map[string]string) *http.Response {
+		req, _ := http.NewRequest("POST", url, strings.NewReader("x"))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return &http.Response{StatusCode: 0, Header: http.Header{}}
+		}
+		resp.Body.Close()
+		return resp
+	}
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range codes { // one runs, one queues
+		wg.Add(1)
+		go func() { defer wg.Done(); codes[i] = post(nil).StatusCode }()
+		time.Sleep(50 * time.Millisecond)
+	}
+	full := post(nil)
+	if full.StatusCode != 429 || full.Header.Get("Retry-After") == "" {
+		t.Fatalf("full queue: %d Retry-After=%q", full.StatusCode, full.Header.Get("Retry-After"))
+	}
+	wg.Wait()
+	if codes[0] != 200 || codes[1] != 200 {
+		t.Fatalf("running and queued requests: %v", codes)
+	}
+	go post(nil) // occupy the instance again
+	time.Sleep(50 * time.Millisecond)
+	if r := post(map[string]string{"X-Plover-Timeout-Ms": "50"}); r.StatusCode != 504 {
+		t.Fatalf("deadline shorter than the wait: %d, want 504", r.StatusCode)
+	}
+	if r := post(map[string]string{"X-Plover-Timeout-Ms": "soon"}); r.StatusCode != 400 {
+		t.Fatalf("bad timeout header: %d", r.StatusCode)
+	}
+
+	resp, body := testkit.Post(t, "GET", base+"/metrics", "", nil)
+	text := string(body)
+	for _, want := range []string{
+		`plover_requests_total{code="200",function="slow"} 2`,
+		`plover_requests_total{code="429",function="slow"} 1`,
+		`plover_requests_total{code="504",function="slow"} 1`,
+		`plover_request_duration_seconds_count{function="slow",phase="kernels"}`,
+		`plover_starts_total{function="slow",kind="cold"} 1`,
+		`plover_instances{function="slow",state=`,
+		`plover_device_memory_bytes{device=`,
+		`plover_queue_depth{function="slow"}`,
+	} {
+		if resp.StatusCode != 200 || !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if r, _ := testkit.Post(t, "GET", base+"/readyz", "", nil); r.StatusCode != 200 {
+		t.Fatalf("readyz %d", r.StatusCode)
+	}
+	srv.SetReady(false)
+	if r, _ := testkit.Post(t, "GET", base+"/readyz", "", nil); r.StatusCode != 503 {
+		t.Fatalf("readyz when draining: %d", r.StatusCode)
+	}
+}
