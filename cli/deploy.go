@@ -212,10 +212,11 @@ func lsCmd() *command {
 				return enc.Encode(resp)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tBUNDLE\tLOADED\tBUSY/IDLE\tREQUESTS\tERRORS\tCOLD/WARM/HOT\tDEPLOYED")
+			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tDEPLOYED")
 			for _, f := range resp.Functions {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d/%d\t%d\t%d\t%d/%d/%d\t%s\n", f.Name, shortID(f.Version), humanBytes(f.Size), f.Loaded,
-					f.Busy, f.Idle, f.Requests, f.Errors, f.Cold, f.Warm, f.Hot, f.Created.Local().Format(time.DateTime))
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\n", f.Name, shortID(f.Version), f.Loaded,
+					f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.Errors, time.Duration(f.MeanUs)*time.Microsecond,
+					f.Cold, f.Warm, f.Hot, f.Created.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},
