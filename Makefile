@@ -24,7 +24,7 @@ VECADD_HOST := $(BUILD)/samples/vecadd-host
 VECADD_CUDA := $(BUILD)/samples/vecadd-cuda
 VECADD_DATA := $(BUILD)/samples/vecadd-input.bin $(BUILD)/samples/vecadd-expected.bin
 
-samples: vecadd-host
+samples: vecadd-host cnn-host bin/cnn-classify
 vecadd-host: $(VECADD_HOST)/vecadd.so $(VECADD_HOST)/b.bin $(VECADD_HOST)/plover.json $(VECADD_DATA)
 vecadd-cuda: $(VECADD_CUDA)/vecadd.so $(VECADD_CUDA)/b.bin $(VECADD_CUDA)/plover.json
 
@@ -44,10 +44,13 @@ $(VECADD_DATA) &: samples/vecadd/gen/main.go
 	@mkdir -p $(BUILD)/samples
 	$(GO) run ./samples/vecadd/gen -input $(BUILD)/samples/vecadd-input.bin -expect $(BUILD)/samples/vecadd-expected.bin
 
--include samples/cnn/cnn.mk
+include samples/cnn/cnn.mk
+
+bin/cnn-classify: $(GO_SRC)
+	$(GO) build -o $@ ./samples/cnn/cmd/cnn-classify
 
 ## CUDA (compile only here; runs need a GPU) --------------------------------
-cuda: vecadd-cuda $(if $(wildcard samples/cnn/cnn.mk),cnn-cuda)
+cuda: vecadd-cuda cnn-cuda
 
 install-nvcc:
 	bash scripts/install-nvcc.sh

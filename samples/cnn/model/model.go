@@ -4,7 +4,7 @@
 //
 // The forward pass mirrors cnn.cu's fused kernels loop for loop, in float32
 // with the same summation order, so the bundle's scores match it to within
-// float32 rounding of the sigmoid (~1e-7), not merely in the argmax.
+// float32 rounding of the sigmoid (under 1e-6), not merely in the argmax.
 package model
 
 import (

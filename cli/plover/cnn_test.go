@@ -1,0 +1,69 @@
+package main_test
+
+import (
+	"encoding/binary"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/samples/cnn/digits"
+	"github.com/plover-run/plover/samples/cnn/model"
+)
+
+// TestCNNServed serves the CNN sample through a real plover serve on the
+// host device and checks every committed held-out digit: the 10 scores
+// against the Go reference forward pass, and the accuracy.
+func TestCNNServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and serves the CNN")
+	}
+	root := testkit.Root()
+	dir := t.TempDir()
+	testkit.BuildLib(t, filepath.Join(root, "samples", "cnn", "cnn.cu"), dir, "cnn.so")
+	for _, f := range []string{"plover.json", "weights.bin"} {
+		b, err := os.ReadFile(filepath.Join(root, "samples", "cnn", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, f), b, 0o644)
+	}
+	params, err := model.Load(filepath.Join(root, "samples", "cnn", "weights.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := digits.ReadFile(filepath.Join(root, "samples", "cnn", "testdata", "heldout.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin)
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", dir)
+
+	correct, worst := 0, 0.0
+	for i := range held {
+		d := &held[i]
+		code, out, err := invokeHTTP(srv.url, "cnn", d.Input())
+		if err != nil || code != 200 || len(out) != 4*model.Classes {
+			t.Fatalf("digit %d: %d %v (%d bytes)", i, code, err, len(out))
+		}
+		want := params.Scores(d.Image())
+		var got [model.Classes]float32
+		for c := range got {
+			got[c] = math.Float32frombits(binary.LittleEndian.Uint32(out[4*c:]))
+			worst = max(worst, math.Abs(float64(got[c]-want[c])))
+		}
+		if worst > 1e-5 {
+			t.Fatalf("digit %d: scores %v, reference %v", i, got, want)
+		}
+		if model.Argmax(got) == int(d.Label) {
+			correct++
+		}
+	}
+	acc := float64(correct) / float64(len(held))
+	t.Logf("served CNN: %d/%d correct (%.2f%%), largest score difference from the reference %.2g", correct, len(held), 100*acc, worst)
+	if acc < 0.90 {
+		t.Fatalf("accuracy %.2f%% below 90%%", 100*acc)
+	}
+}
