@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard cuda/*.c cuda/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench clean install-nvcc vecadd-host vecadd-cuda
+.PHONY: all build samples cuda demo test vet bench clean install-nvcc vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -54,6 +54,16 @@ cuda: vecadd-cuda cnn-cuda
 
 install-nvcc:
 	bash scripts/install-nvcc.sh
+
+# Everything scripts/gpu-check.sh needs on a GPU machine with no Go and no
+# network: carry bin/ and build/ there, then run `bash scripts/gpu-check.sh`.
+gpu-artifacts: bin/plover samples cuda
+	$(GO) test -c -o bin/cuda.test ./cuda
+	@mkdir -p $(BUILD)/cudatest
+	$(NVCC) $(NVCCFLAGS) -o $(BUILD)/cudatest/testkernels.so cuda/testdata/kernels.cu
+
+gpu-check:
+	bash scripts/gpu-check.sh
 
 ## Everyday ------------------------------------------------------------------
 demo: bin/plover samples

@@ -1,16 +1,46 @@
 package cli
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
+	"text/tabwriter"
 
 	"github.com/plover-run/plover/cuda"
 )
 
 func openDevices(kind string, limit int64, log *slog.Logger) ([]cuda.Device, error) {
-	switch kind {
-	case "host", "auto":
-		return []cuda.Device{cuda.NewHost(limit)}, nil
+	devs, err := cuda.Open(kind, limit, log)
+	if err != nil {
+		return nil, fmt.Errorf("--device %s: %w", kind, err)
 	}
-	return nil, fmt.Errorf("--device %q: want auto, host or cuda", kind)
+	return devs, nil
+}
+
+func devicesCmd() *command {
+	return &command{
+		name: "devices", summary: "list NVIDIA GPUs (index, name, UUID, memory, utilization, MIG, driver)",
+		example: "  plover devices",
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if len(args) != 0 {
+				return errUsage
+			}
+			gpus, err := cuda.ListGPUs()
+			if errors.Is(err, cuda.ErrNoDriver) {
+				fmt.Fprintf(env.Stdout, "%v\nplover serve --device auto will use the host device.\n", err)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "INDEX\tNAME\tUUID\tMEMORY FREE/TOTAL\tUTIL\tMIG\tDRIVER\tCUDA")
+			for _, g := range gpus {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s / %s\t%d%%\t%s\t%s\t%s\n", g.Index, g.Name, g.UUID,
+					humanBytes(g.MemoryFree), humanBytes(g.MemoryTotal), g.UtilizationPct, g.MIGMode, g.DriverVersion, g.CUDADriverVersion)
+			}
+			return tw.Flush()
+		},
+	}
 }

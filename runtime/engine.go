@@ -228,6 +228,9 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 			}
 			return errorf(KindKernel, err, "function %s: %s", f.name, err.Error())
 		}
+		if broken { // the device faulted earlier: fail fast, do not hang
+			return errorf(KindUnavailable, err, "function %s: device %s is unhealthy", f.name, in.dev.dev.Name())
+		}
 		return errorf(KindInternal, err, "function %s: run failed", f.name)
 	}
 	f.stats.latencyNs.Add(int64(req.Timing.Total))

@@ -1,0 +1,418 @@
+/* clock_gettime under any -std, not only the GNU dialect cgo defaults to. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "cudadrv.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/*
+ * Every driver entry point Plover calls, by the exact symbol libcuda.so.1
+ * exports. cuda.h maps the plain names to these versioned ones (cuMemAlloc ->
+ * cuMemAlloc_v2, ...); the unversioned symbols that still exist are the old
+ * 32-bit-size ABI and must not be used. cuGraphInstantiateWithFlags is the
+ * newest (CUDA 11.4), so it sets the oldest driver that loads.
+ */
+#define PLCU_SYMBOLS(X)                                                  \
+  X(cuInit, (unsigned int))                                              \
+  X(cuDriverGetVersion, (int *))                                         \
+  X(cuGetErrorName, (CUresult, const char **))                           \
+  X(cuGetErrorString, (CUresult, const char **))                         \
+  X(cuDeviceGetCount, (int *))                                           \
+  X(cuDeviceGet, (CUdevice *, int))                                      \
+  X(cuDeviceGetName, (char *, int, CUdevice))                            \
+  X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                           \
+  X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                   \
+  X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                            \
+  X(cuCtxSetCurrent, (CUcontext))                                        \
+  X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                              \
+  X(cuMemFree_v2, (CUdeviceptr))                                         \
+  X(cuMemGetInfo_v2, (size_t *, size_t *))                               \
+  X(cuMemHostAlloc, (void **, size_t, unsigned int))                     \
+  X(cuMemFreeHost, (void *))                                             \
+  X(cuMemcpyHtoD_v2, (CUdeviceptr, const void *, size_t))                \
+  X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream)) \
+  X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))       \
+  X(cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))     \
+  X(cuStreamCreate, (CUstream *, unsigned int))                          \
+  X(cuStreamDestroy_v2, (CUstream))                                      \
+  X(cuStreamSynchronize, (CUstream))                                     \
+  X(cuStreamBeginCapture_v2, (CUstream, int))                            \
+  X(cuStreamEndCapture, (CUstream, CUgraph *))                           \
+  X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long)) \
+  X(cuGraphLaunch, (CUgraphExec, CUstream))                              \
+  X(cuGraphExecDestroy, (CUgraphExec))                                   \
+  X(cuGraphDestroy, (CUgraph))                                           \
+  X(cuEventCreate, (CUevent *, unsigned int))                            \
+  X(cuEventRecord, (CUevent, CUstream))                                  \
+  X(cuEventElapsedTime, (float *, CUevent, CUevent))                     \
+  X(cuEventDestroy_v2, (CUevent))
+
+struct plcu_driver {
+  void *lib;
+#define PLCU_FIELD(name, args) CUresult(*name) args;
+  PLCU_SYMBOLS(PLCU_FIELD)
+#undef PLCU_FIELD
+};
+
+plcu_driver_t *plcu_open(const char *path, char *err, size_t errlen) {
+  /* RTLD_LOCAL: the bundles' static cudart dlopens libcuda.so.1 itself and
+   * gets this same loaded copy by soname; nothing needs our symbols global. */
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    const char *m = dlerror();
+    snprintf(err, errlen, "cannot load %s: %s", path, m ? m : "dlopen failed");
+    return NULL;
+  }
+  plcu_driver_t *d = calloc(1, sizeof *d);
+  if (d == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return NULL; /* lib stays loaded: CUDA libraries are never unloaded */
+  }
+  d->lib = lib;
+#define PLCU_RESOLVE(name, args)                                              \
+  *(void **)(&d->name) = dlsym(lib, #name);                                   \
+  if (d->name == NULL) {                                                      \
+    snprintf(err, errlen,                                                     \
+             "%s does not export %s: the NVIDIA driver is too old (Plover "   \
+             "needs one that supports CUDA 11.4 or newer)",                   \
+             path, #name);                                                    \
+    free(d);                                                                  \
+    return NULL;                                                              \
+  }
+  PLCU_SYMBOLS(PLCU_RESOLVE)
+#undef PLCU_RESOLVE
+  return d;
+}
+
+CUresult plcu_init(const plcu_driver_t *d) { return d->cuInit(0); }
+
+CUresult plcu_driver_version(const plcu_driver_t *d, int *v) {
+  return d->cuDriverGetVersion(v);
+}
+
+const char *plcu_error_name(const plcu_driver_t *d, CUresult e) {
+  const char *s = NULL;
+  if (d == NULL || d->cuGetErrorName(e, &s) != PLCU_SUCCESS) return NULL;
+  return s;
+}
+
+const char *plcu_error_string(const plcu_driver_t *d, CUresult e) {
+  const char *s = NULL;
+  if (d == NULL || d->cuGetErrorString(e, &s) != PLCU_SUCCESS) return NULL;
+  return s;
+}
+
+CUresult plcu_device_count(const plcu_driver_t *d, int *n) {
+  return d->cuDeviceGetCount(n);
+}
+
+CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
+                          CUcontext *ctx, char *name, int namelen,
+                          size_t *total, const char **op) {
+  CUresult e;
+  if ((e = d->cuDeviceGet(dev, ordinal)) != PLCU_SUCCESS) {
+    *op = "cuDeviceGet";
+    return e;
+  }
+  if ((e = d->cuDeviceGetName(name, namelen, *dev)) != PLCU_SUCCESS) {
+    *op = "cuDeviceGetName";
+    return e;
+  }
+  if ((e = d->cuDeviceTotalMem_v2(total, *dev)) != PLCU_SUCCESS) {
+    *op = "cuDeviceTotalMem_v2";
+    return e;
+  }
+  /* The primary context, never cuCtxCreate: it is the one the bundles'
+   * cudart uses, so their launches and our stream share one context. */
+  if ((e = d->cuDevicePrimaryCtxRetain(ctx, *dev)) != PLCU_SUCCESS) {
+    *op = "cuDevicePrimaryCtxRetain";
+    return e;
+  }
+  return PLCU_SUCCESS;
+}
+
+CUresult plcu_device_close(const plcu_driver_t *d, CUdevice dev) {
+  return d->cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+CUresult plcu_mem_info(const plcu_driver_t *d, CUcontext ctx, size_t *free_b,
+                       size_t *total_b) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  return d->cuMemGetInfo_v2(free_b, total_b);
+}
+
+CUresult plcu_alloc(const plcu_driver_t *d, CUcontext ctx, size_t n,
+                    CUdeviceptr *p) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  /* cuMemAlloc refuses 0 bytes; a zero-sized buffer still gets a valid
+   * pointer, as on the host device. */
+  return d->cuMemAlloc_v2(p, n ? n : 1);
+}
+
+CUresult plcu_free(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr p) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  return p ? d->cuMemFree_v2(p) : PLCU_SUCCESS;
+}
+
+CUresult plcu_host_alloc(const plcu_driver_t *d, CUcontext ctx, size_t n,
+                         void **p) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  /* PORTABLE: pinned for every context, so staging stays valid however
+   * devices and contexts are arranged later. */
+  return d->cuMemHostAlloc(p, n ? n : 1, PLCU_MEMHOSTALLOC_PORTABLE);
+}
+
+CUresult plcu_host_free(const plcu_driver_t *d, CUcontext ctx, void *p) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  return p ? d->cuMemFreeHost(p) : PLCU_SUCCESS;
+}
+
+CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
+                   const void *src, size_t n) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  return n ? d->cuMemcpyHtoD_v2(dst, src, n) : PLCU_SUCCESS;
+}
+
+CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
+                          size_t tmp, size_t out, CUdeviceptr constant,
+                          size_t constant_len, plcu_inst_t **pin,
+                          const char **op) {
+  plcu_inst_t *in = calloc(1, sizeof *in);
+  if (in == NULL) {
+    *op = "calloc";
+    return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  }
+  in->drv = d;
+  in->ctx = ctx;
+  CUresult e;
+#define TRY(name, call)                  \
+  if ((e = (call)) != PLCU_SUCCESS) {    \
+    *op = name;                          \
+    goto fail;                           \
+  }
+  TRY("cuCtxSetCurrent", d->cuCtxSetCurrent(ctx));
+  /* Non-blocking: the legacy default stream must never serialise with, or
+   * be captured into, an instance's work (bundles' cudart and other
+   * libraries may use it). */
+  TRY("cuStreamCreate", d->cuStreamCreate(&in->stream, PLCU_STREAM_NON_BLOCKING));
+  for (int i = 0; i < 4; i++)
+    TRY("cuEventCreate", d->cuEventCreate(&in->ev[i], PLCU_EVENT_DEFAULT));
+  TRY("cuMemAlloc_v2", d->cuMemAlloc_v2(&in->d_in, max_in ? max_in : 1));
+  TRY("cuMemAlloc_v2", d->cuMemAlloc_v2(&in->d_tmp, tmp ? tmp : 1));
+  TRY("cuMemAlloc_v2", d->cuMemAlloc_v2(&in->d_out, out ? out : 1));
+  TRY("cuMemHostAlloc", d->cuMemHostAlloc(&in->h_in, max_in ? max_in : 1,
+                                          PLCU_MEMHOSTALLOC_PORTABLE));
+  TRY("cuMemHostAlloc", d->cuMemHostAlloc(&in->h_out, out ? out : 1,
+                                          PLCU_MEMHOSTALLOC_PORTABLE));
+#undef TRY
+  in->state.input.dat = (uint8_t *)(uintptr_t)in->d_in;
+  in->state.input.len = max_in;
+  in->state.tmp.dat = (uint8_t *)(uintptr_t)in->d_tmp;
+  in->state.tmp.len = tmp;
+  in->state.out.dat = (uint8_t *)(uintptr_t)in->d_out;
+  in->state.out.len = out;
+  in->state.constant.dat = (uint8_t *)(uintptr_t)constant;
+  in->state.constant.len = constant ? constant_len : 0;
+  in->state.stream = in->stream;
+  *pin = in;
+  return PLCU_SUCCESS;
+fail:
+  plcu_inst_destroy(in, 0);
+  return e;
+}
+
+static void plcu_inst_drop_graph(plcu_inst_t *in) {
+  if (in->exec != NULL) {
+    in->drv->cuGraphExecDestroy(in->exec);
+    in->exec = NULL;
+  }
+}
+
+void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu) {
+  if (in == NULL) return;
+  const plcu_driver_t *d = in->drv;
+  if (!skip_gpu) {
+    d->cuCtxSetCurrent(in->ctx);
+    plcu_inst_drop_graph(in);
+    /* Every run ends with a stream sync, so nothing is in flight here. */
+    if (in->stream) d->cuStreamDestroy_v2(in->stream);
+    for (int i = 0; i < 4; i++)
+      if (in->ev[i]) d->cuEventDestroy_v2(in->ev[i]);
+    if (in->d_in) d->cuMemFree_v2(in->d_in);
+    if (in->d_tmp) d->cuMemFree_v2(in->d_tmp);
+    if (in->d_out) d->cuMemFree_v2(in->d_out);
+    if (in->h_in) d->cuMemFreeHost(in->h_in);
+    if (in->h_out) d->cuMemFreeHost(in->h_out);
+  }
+  free(in);
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void call_entries(plcu_inst_t *in, int n) {
+  for (int i = 0; i < n; i++)
+    ((plover_entry_fn)in->steps[i].fn)(&in->state, in->steps[i].grid,
+                                       in->steps[i].block);
+}
+
+static const char *take_error(void *last_error) {
+  return last_error ? ((plover_last_error_fn)last_error)() : NULL;
+}
+
+static void capture_failed(plcu_result_t *r, CUresult e, const char *op) {
+  r->capture_err = e;
+  r->capture_op = op;
+}
+
+/*
+ * Captures the chain on the instance stream, keeps the graph and launches
+ * it. Returns 1 when the graph ran; 0 when the capture failed and nothing of
+ * the chain was enqueued, so the caller can run it directly. Only the chain
+ * is captured: the copies and the tmp memset stay outside because ZeroTmp is
+ * not part of the ChainKey promise, and a graph that holds only what the
+ * bundle enqueued makes a failed capture safe to redo directly.
+ */
+static int capture(plcu_inst_t *in, int n, void *last_error, plcu_result_t *r) {
+  const plcu_driver_t *d = in->drv;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  /* THREAD_LOCAL: other goroutines' threads capture their own instances at
+   * the same time; GLOBAL mode would make their unsafe calls fail ours. */
+  CUresult e = d->cuStreamBeginCapture_v2(in->stream, PLCU_CAPTURE_MODE_THREAD_LOCAL);
+  if (e != PLCU_SUCCESS) {
+    capture_failed(r, e, "cuStreamBeginCapture_v2");
+    return 0;
+  }
+  call_entries(in, n);
+  e = d->cuStreamEndCapture(in->stream, &g);
+  /* Read (and clear) the bundle's error now: whatever went wrong while
+   * capturing must not be reported against the direct rerun. */
+  const char *kerr = take_error(last_error);
+  if (e != PLCU_SUCCESS) {
+    if (g != NULL) d->cuGraphDestroy(g);
+    r->capture_kernel_err = kerr;
+    capture_failed(r, e, "cuStreamEndCapture");
+    return 0;
+  }
+  if (kerr != NULL) {
+    /* A launch refused while capturing, or plover_fail: the graph may be
+     * missing nodes. The direct rerun decides what the request returns. */
+    if (g != NULL) d->cuGraphDestroy(g);
+    r->capture_kernel_err = kerr;
+    capture_failed(r, 0, "capture");
+    return 0;
+  }
+  e = d->cuGraphInstantiateWithFlags(&x, g, 0);
+  d->cuGraphDestroy(g); /* the exec does not need it */
+  if (e != PLCU_SUCCESS) {
+    capture_failed(r, e, "cuGraphInstantiateWithFlags");
+    return 0;
+  }
+  plcu_inst_drop_graph(in);
+  in->exec = x;
+  e = d->cuGraphLaunch(x, in->stream);
+  if (e != PLCU_SUCCESS) {
+    plcu_inst_drop_graph(in);
+    capture_failed(r, e, "cuGraphLaunch");
+    return 0;
+  }
+  return 1;
+}
+
+/*
+ * Timing uses CUDA events on the instance stream for the device side (the
+ * H2D copy and memset, the chain, the D2H copy) plus clock_gettime for the
+ * host memcpys into and out of pinned staging. Timing the device side with
+ * host clocks would need a stream sync after each phase, which stalls the
+ * pipeline and adds latency to every request; four event records cost
+ * about a microsecond each and leave the work queued back to back.
+ */
+void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
+              size_t out_len, size_t tmp_len, int zero_tmp, int nsteps,
+              int mode, void *last_error) {
+  const plcu_driver_t *d = in->drv;
+  plcu_result_t *r = &in->res;
+  memset(r, 0, sizeof *r);
+  CUresult e;
+  int64_t t0 = now_ns();
+  if ((e = d->cuCtxSetCurrent(in->ctx)) != PLCU_SUCCESS) {
+    r->err = e;
+    r->err_op = "cuCtxSetCurrent";
+    return;
+  }
+  if (in_len) memcpy(in->h_in, src, in_len);
+  int64_t t1 = now_ns();
+#define STEP(name, call)                 \
+  if ((e = (call)) != PLCU_SUCCESS) {    \
+    r->err = e;                          \
+    r->err_op = name;                    \
+    goto sync;                           \
+  }
+  STEP("cuEventRecord", d->cuEventRecord(in->ev[0], in->stream));
+  if (in_len)
+    STEP("cuMemcpyHtoDAsync_v2",
+         d->cuMemcpyHtoDAsync_v2(in->d_in, in->h_in, in_len, in->stream));
+  if (zero_tmp && tmp_len)
+    STEP("cuMemsetD8Async", d->cuMemsetD8Async(in->d_tmp, 0, tmp_len, in->stream));
+  STEP("cuEventRecord", d->cuEventRecord(in->ev[1], in->stream));
+
+  in->state.input.len = in_len;
+  in->state.tmp.len = tmp_len;
+  in->state.out.len = out_len;
+  r->ran = PLCU_DIRECT;
+  if (mode == PLCU_REPLAY && in->exec != NULL) {
+    if ((e = d->cuGraphLaunch(in->exec, in->stream)) == PLCU_SUCCESS) {
+      r->ran = PLCU_REPLAY;
+    } else {
+      plcu_inst_drop_graph(in);
+      capture_failed(r, e, "cuGraphLaunch");
+    }
+  } else if (mode == PLCU_CAPTURE) {
+    if (capture(in, nsteps, last_error, r)) r->ran = PLCU_CAPTURE;
+  }
+  if (r->ran == PLCU_DIRECT) call_entries(in, nsteps);
+  r->kernel_err = take_error(last_error);
+
+  STEP("cuEventRecord", d->cuEventRecord(in->ev[2], in->stream));
+  /* A failed chain's output is never returned: skip the copy. */
+  if (r->kernel_err == NULL && out_len)
+    STEP("cuMemcpyDtoHAsync_v2",
+         d->cuMemcpyDtoHAsync_v2(in->h_out, in->d_out, out_len, in->stream));
+  STEP("cuEventRecord", d->cuEventRecord(in->ev[3], in->stream));
+#undef STEP
+sync:
+  /* Always sync, even after a failure: the staging buffers and the state
+   * belong to whatever is still queued until the stream drains. */
+  e = d->cuStreamSynchronize(in->stream);
+  if (e != PLCU_SUCCESS && r->err == PLCU_SUCCESS) {
+    r->err = e;
+    r->err_op = "cuStreamSynchronize";
+  }
+  if (r->err != PLCU_SUCCESS || r->kernel_err != NULL) return;
+  /* The stream drained cleanly, so a timing failure is no reason to fail
+   * the request: that phase reads as zero. */
+  float ms[3] = {0, 0, 0};
+  for (int i = 0; i < 3; i++)
+    if (d->cuEventElapsedTime(&ms[i], in->ev[i], in->ev[i + 1]) != PLCU_SUCCESS)
+      ms[i] = 0;
+  int64_t t2 = now_ns();
+  if (out_len) memcpy(dst, in->h_out, out_len);
+  int64_t t3 = now_ns();
+  r->t.copy_in_ns = (t1 - t0) + (int64_t)(ms[0] * 1e6);
+  r->t.kernels_ns = (int64_t)(ms[1] * 1e6);
+  r->t.copy_out_ns = (int64_t)(ms[2] * 1e6) + (t3 - t2);
+}

@@ -1,0 +1,119 @@
+/*
+ * cudadrv.h — Plover's shim over the CUDA driver API.
+ *
+ * The package must build with Go and gcc alone, so nothing here includes
+ * cuda.h or links -lcuda: the few types are declared below with the values
+ * cuda.h gives them, and cudadrv.c dlopens libcuda.so.1 and resolves the
+ * versioned entry points into a table (plcu_driver_t). A driver that lacks
+ * one is refused when it is opened, never at the first call.
+ *
+ * Every function that touches the GPU takes the context and makes it current
+ * on the calling thread first: Go moves goroutines between OS threads
+ * between cgo calls, so "current" cannot be assumed to persist.
+ */
+#ifndef PLOVER_CUDADRV_H
+#define PLOVER_CUDADRV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host_run.h" /* plover_step_t, plover_timing_t, plover_state_t */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+
+#define PLCU_SUCCESS 0
+#define PLCU_STREAM_NON_BLOCKING 0x1          /* CU_STREAM_NON_BLOCKING */
+#define PLCU_CAPTURE_MODE_THREAD_LOCAL 1      /* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL */
+#define PLCU_MEMHOSTALLOC_PORTABLE 0x1        /* CU_MEMHOSTALLOC_PORTABLE */
+#define PLCU_EVENT_DEFAULT 0x0                /* CU_EVENT_DEFAULT: timing enabled */
+
+/* Must equal abi.MaxChainLength; cudadev.go checks it at compile time. */
+#define PLCU_MAX_STEPS 64
+
+typedef struct plcu_driver plcu_driver_t;
+
+/* Run modes, chosen by the Go side (cudadev.go keeps the graph state). */
+enum {
+  PLCU_DIRECT = 0,  /* call every entry point */
+  PLCU_CAPTURE = 1, /* capture the entries into a graph, keep it, launch it */
+  PLCU_REPLAY = 2   /* launch the kept graph; entries are not called */
+};
+
+/* What one plcu_run did. Pointers are static strings (driver names, op names,
+ * or the bundle's own error message, which plover.h says outlives the call). */
+typedef struct {
+  plover_timing_t t;
+  CUresult err;           /* first driver error that failed the request */
+  const char *err_op;     /* the driver call that returned it */
+  const char *kernel_err; /* the bundle's plover_last_error, or NULL */
+  int ran;                /* the mode that actually produced the output */
+  CUresult capture_err;   /* nonzero: a capture or replay failed and the */
+  const char *capture_op; /*   chain ran directly instead */
+  const char *capture_kernel_err; /* bundle error seen while capturing */
+} plcu_result_t;
+
+/* One instance: everything a request touches lives in C memory so that the
+ * bundle may keep &s->... during the call and async copies can outlive no Go
+ * frame. */
+typedef struct {
+  const plcu_driver_t *drv;
+  CUcontext ctx;
+  CUstream stream;
+  CUevent ev[4];
+  CUdeviceptr d_in, d_tmp, d_out;
+  void *h_in, *h_out; /* pinned staging, MaxInput and Out bytes */
+  CUgraphExec exec;   /* the one cached graph, or NULL */
+  plover_state_t state;
+  plcu_result_t res;
+  plover_step_t steps[PLCU_MAX_STEPS];
+} plcu_inst_t;
+
+/* Opens path (normally "libcuda.so.1") and resolves every entry point. On
+ * failure returns NULL and writes the reason to err. Never unloaded. */
+plcu_driver_t *plcu_open(const char *path, char *err, size_t errlen);
+CUresult plcu_init(const plcu_driver_t *d);
+CUresult plcu_driver_version(const plcu_driver_t *d, int *v);
+/* NULL when the driver does not know the code. */
+const char *plcu_error_name(const plcu_driver_t *d, CUresult e);
+const char *plcu_error_string(const plcu_driver_t *d, CUresult e);
+
+CUresult plcu_device_count(const plcu_driver_t *d, int *n);
+/* Retains the primary context of device ordinal. */
+CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
+                          CUcontext *ctx, char *name, int namelen,
+                          size_t *total, const char **op);
+CUresult plcu_device_close(const plcu_driver_t *d, CUdevice dev);
+
+CUresult plcu_mem_info(const plcu_driver_t *d, CUcontext ctx, size_t *free_b,
+                       size_t *total_b);
+CUresult plcu_alloc(const plcu_driver_t *d, CUcontext ctx, size_t n,
+                    CUdeviceptr *p);
+CUresult plcu_free(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr p);
+CUresult plcu_host_alloc(const plcu_driver_t *d, CUcontext ctx, size_t n,
+                         void **p);
+CUresult plcu_host_free(const plcu_driver_t *d, CUcontext ctx, void *p);
+CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
+                   const void *src, size_t n);
+
+/* Allocates an instance with its stream, events, device buffers and pinned
+ * staging. On failure nothing is left allocated and *op names the call. */
+CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
+                          size_t tmp, size_t out, CUdeviceptr constant,
+                          size_t constant_len, plcu_inst_t **inst,
+                          const char **op);
+/* skip_gpu: the context is poisoned; free only the C struct. */
+void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu);
+
+/* One whole request; the result is in in->res. */
+void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
+              size_t out_len, size_t tmp_len, int zero_tmp, int nsteps,
+              int mode, void *last_error);
+
+#endif

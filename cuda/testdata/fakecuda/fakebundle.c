@@ -1,0 +1,122 @@
+/*
+ * fakebundle.c — the test kernels of ../kernels.cu for the fake driver:
+ * same entry points, same results, with host functions launched through
+ * fakecu_launch in place of CUDA kernels. Built with gcc against
+ * libfakecuda.so; see cuda_test.go.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plover.h"
+
+PLOVER_BUNDLE("cuda");
+
+typedef void (*fk_kernel)(void *args, int grid, int block);
+int fakecu_launch(void *stream, int grid, int block, fk_kernel fn, const void *args, size_t argsz);
+int fakecu_stream_sync(void *stream);
+void fakecu_fault(int code);
+
+/* Entry point calls, so tests can see that graph replay makes none. */
+PLOVER_EXPORT long long pl_entry_calls;
+
+typedef struct {
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t n, m;
+} args_t;
+
+static void enter(void) { __atomic_add_fetch(&pl_entry_calls, 1, __ATOMIC_RELAXED); }
+
+static void launch(plover_state_t *s, int grid, int block, fk_kernel k, args_t a) {
+  int e = fakecu_launch(s->stream, grid, block, k, &a, sizeof a);
+  if (e == 9) plover_fail(s, "cudaErrorInvalidConfiguration");
+  else if (e != 0) plover_fail(s, "cudaErrorLaunchFailure");
+}
+
+static void k_load(void *p, int g, int b) {
+  args_t *a = p;
+  (void)g, (void)b;
+  for (size_t i = 0; i < a->n; i++) a->dst[i] = i < a->m ? a->src[i] : 0;
+}
+
+static void k_add(void *p, int g, int b) {
+  args_t *a = p;
+  (void)g, (void)b;
+  if (a->m == 0) return;
+  for (size_t i = 0; i < a->n; i++) a->dst[i] = (uint8_t)(a->dst[i] + a->src[i % a->m]);
+}
+
+static void k_inc(void *p, int g, int b) {
+  args_t *a = p;
+  (void)g, (void)b;
+  for (size_t i = 0; i < a->n; i++) a->dst[i]++;
+}
+
+static void k_store(void *p, int g, int b) {
+  args_t *a = p;
+  (void)g, (void)b;
+  for (size_t i = 0; i < a->n; i++) a->dst[i] = a->m ? a->src[i % a->m] : 0;
+}
+
+static void k_count(void *p, int g, int b) {
+  args_t *a = p;
+  (void)g, (void)b;
+  uint32_t c;
+  __builtin_memcpy(&c, a->dst, 4);
+  c++;
+  __builtin_memcpy(a->dst, &c, 4);
+}
+
+static void k_copy(void *p, int g, int b) {
+  args_t *a = p;
+  (void)g, (void)b;
+  __builtin_memcpy(a->dst, a->src, a->n < a->m ? a->n : a->m);
+}
+
+static void k_fault(void *p, int g, int b) {
+  (void)p, (void)g, (void)b;
+  fakecu_fault(700); /* CUDA_ERROR_ILLEGAL_ADDRESS */
+}
+
+PLOVER_ENTRY(pl_load) {
+  enter();
+  launch(s, grid, block, k_load, (args_t){s->tmp.dat, s->input.dat, s->tmp.len, s->input.len});
+}
+
+PLOVER_ENTRY(pl_add_const) {
+  enter();
+  launch(s, grid, block, k_add, (args_t){s->tmp.dat, s->constant.dat, s->tmp.len, s->constant.len});
+}
+
+PLOVER_ENTRY(pl_inc) {
+  enter();
+  launch(s, grid, block, k_inc, (args_t){s->tmp.dat, NULL, s->tmp.len, 0});
+}
+
+PLOVER_ENTRY(pl_store) {
+  enter();
+  launch(s, grid, block, k_store, (args_t){s->out.dat, s->tmp.dat, s->out.len, s->tmp.len});
+}
+
+PLOVER_ENTRY(pl_count) {
+  enter();
+  launch(s, grid, block, k_count, (args_t){s->tmp.dat, NULL, 4, 0});
+}
+
+PLOVER_ENTRY(pl_copy) {
+  enter();
+  launch(s, grid, block, k_copy, (args_t){s->out.dat, s->input.dat, s->out.len, s->input.len});
+}
+
+PLOVER_ENTRY(pl_fault) {
+  enter();
+  (void)grid, (void)block;
+  launch(s, 1, 1, k_fault, (args_t){0});
+}
+
+/* Host-synchronises inside the entry point, which no capture allows. */
+PLOVER_ENTRY(pl_hostile) {
+  enter();
+  if (fakecu_stream_sync(s->stream) != 0) plover_fail(s, "cudaErrorStreamCaptureUnsupported");
+  launch(s, grid, block, k_inc, (args_t){s->tmp.dat, NULL, s->tmp.len, 0});
+}

@@ -1,0 +1,487 @@
+/*
+ * fakecuda.c — a stand-in for libcuda.so.1, so that the CUDA device's Go and
+ * C code run in tests on machines without a GPU.
+ *
+ * Device memory is host memory and every stream operation executes at once
+ * on the calling thread (a valid schedule for one in-order stream whose
+ * results are read only after a sync). Kernels are host functions launched
+ * through fakecu_launch (see fakebundle.c), which stream capture records and
+ * cuGraphLaunch replays, so a test can see that replay does not call the
+ * entry points. It is stricter than the real driver where that checks
+ * Plover's own intent: capture must be THREAD_LOCAL on a non-blocking
+ * stream, nothing may use the NULL stream, every call needs a current
+ * context, and copies or events inside a capture invalidate it.
+ *
+ * Environment: FAKECUDA_INIT_ERROR=<code> makes cuInit fail,
+ * FAKECUDA_DEVICES=<n> (default 2, at most 4) sets the device count.
+ * Built with -DFAKECUDA_OMIT_GRAPH_LAUNCH it lacks cuGraphLaunch, like a
+ * driver too old for Plover.
+ *
+ * This models the documented behaviour as Plover relies on it; it is no
+ * evidence of how a real driver behaves.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void (*fk_kernel)(void *args, int grid, int block);
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAXDEV 4
+#define MEM_PER_DEVICE (1ull << 30)
+
+enum {
+  OK = 0,
+  INVALID_VALUE = 1,
+  OUT_OF_MEMORY = 2,
+  NOT_INITIALIZED = 3,
+  INVALID_DEVICE = 101,
+  INVALID_CONTEXT = 201,
+  ILLEGAL_STATE = 401,
+  CAPTURE_UNSUPPORTED = 900,
+  CAPTURE_INVALIDATED = 901,
+};
+
+/* Live object counts, read by tests through dlsym to catch leaks:
+ * 0 device allocations, 1 pinned host allocations, 2 streams, 3 events,
+ * 4 graphs, 5 graph execs, 6 kernels executed, 7 device bytes allocated. */
+EXPORT long long fakecu_live[8];
+#define COUNT(i, d) __atomic_add_fetch(&fakecu_live[i], (d), __ATOMIC_RELAXED)
+
+struct CUctx_st {
+  int dev;
+  int refs;
+  int sticky; /* a sticky error poisons the context until its last release */
+  long long allocated;
+};
+typedef struct CUctx_st *CUcontext;
+
+typedef struct {
+  fk_kernel fn;
+  int grid, block;
+  void *args;
+} node_t;
+
+struct CUgraph_st {
+  node_t *nodes;
+  int n, cap;
+};
+typedef struct CUgraph_st *CUgraph;
+
+struct CUgraphExec_st {
+  node_t *nodes;
+  int n;
+};
+typedef struct CUgraphExec_st *CUgraphExec;
+
+struct CUstream_st {
+  unsigned flags;
+  int capturing, invalidated;
+  CUgraph g;
+};
+typedef struct CUstream_st *CUstream;
+
+struct CUevent_st {
+  int64_t t;
+};
+typedef struct CUevent_st *CUevent;
+
+static struct CUctx_st ctxs[MAXDEV];
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int inited;
+static __thread CUcontext cur;
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int ndevices(void) {
+  const char *e = getenv("FAKECUDA_DEVICES");
+  int n = e ? atoi(e) : 2;
+  return n < 0 ? 0 : n > MAXDEV ? MAXDEV : n;
+}
+
+#define NEED_CTX()                        \
+  do {                                    \
+    if (!inited) return NOT_INITIALIZED;  \
+    if (cur == NULL) return INVALID_CONTEXT; \
+    if (cur->sticky) return cur->sticky;  \
+  } while (0)
+
+EXPORT CUresult cuInit(unsigned int flags) {
+  const char *e = getenv("FAKECUDA_INIT_ERROR");
+  if (e && atoi(e)) return atoi(e);
+  if (flags != 0) return INVALID_VALUE;
+  inited = 1;
+  return OK;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+  *v = 12040;
+  return OK;
+}
+
+static const struct {
+  int code;
+  const char *name, *desc;
+} errs[] = {
+    {0, "CUDA_SUCCESS", "no error"},
+    {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {3, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+};
+
+static CUresult lookup(CUresult e, const char **p, int desc) {
+  for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++)
+    if (errs[i].code == e) {
+      *p = desc ? errs[i].desc : errs[i].name;
+      return OK;
+    }
+  *p = NULL;
+  return INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **p) { return lookup(e, p, 0); }
+EXPORT CUresult cuGetErrorString(CUresult e, const char **p) { return lookup(e, p, 1); }
+
+EXPORT CUresult cuDeviceGetCount(int *n) {
+  if (!inited) return NOT_INITIALIZED;
+  *n = ndevices();
+  return OK;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!inited) return NOT_INITIALIZED;
+  if (ordinal < 0 || ordinal >= ndevices()) return INVALID_DEVICE;
+  *d = ordinal;
+  return OK;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+  if (!inited) return NOT_INITIALIZED;
+  snprintf(name, (size_t)len, "Fake CUDA Device %d", d);
+  return OK;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) {
+  if (!inited) return NOT_INITIALIZED;
+  (void)d;
+  *b = MEM_PER_DEVICE;
+  return OK;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  if (!inited) return NOT_INITIALIZED;
+  if (d < 0 || d >= ndevices()) return INVALID_DEVICE;
+  pthread_mutex_lock(&mu);
+  ctxs[d].dev = d;
+  ctxs[d].refs++;
+  pthread_mutex_unlock(&mu);
+  *c = &ctxs[d];
+  return OK;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+  if (d < 0 || d >= MAXDEV) return INVALID_DEVICE;
+  pthread_mutex_lock(&mu);
+  if (ctxs[d].refs > 0 && --ctxs[d].refs == 0) ctxs[d].sticky = 0;
+  pthread_mutex_unlock(&mu);
+  return OK;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+  if (!inited) return NOT_INITIALIZED;
+  cur = c;
+  return OK;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  NEED_CTX();
+  if (n == 0) return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  if (cur->allocated + (long long)n > (long long)MEM_PER_DEVICE) {
+    pthread_mutex_unlock(&mu);
+    return OUT_OF_MEMORY;
+  }
+  cur->allocated += (long long)n;
+  pthread_mutex_unlock(&mu);
+  /* A 256-byte header keeps the size and the 256-byte alignment. */
+  unsigned char *b = aligned_alloc(256, 256 + ((n + 255) & ~(size_t)255));
+  if (b == NULL) return OUT_OF_MEMORY;
+  *(size_t *)b = n;
+  /* Real device memory is not zeroed; make reliance on zeros visible. */
+  memset(b + 256, 0xA5, n);
+  COUNT(0, 1);
+  COUNT(7, (long long)n);
+  *p = (CUdeviceptr)(uintptr_t)(b + 256);
+  return OK;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+  NEED_CTX();
+  if (p == 0) return INVALID_VALUE;
+  unsigned char *b = (unsigned char *)(uintptr_t)p - 256;
+  size_t n = *(size_t *)b;
+  pthread_mutex_lock(&mu);
+  cur->allocated -= (long long)n;
+  pthread_mutex_unlock(&mu);
+  free(b);
+  COUNT(0, -1);
+  COUNT(7, -(long long)n);
+  return OK;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
+  NEED_CTX();
+  *total = MEM_PER_DEVICE;
+  *free_b = MEM_PER_DEVICE - (size_t)cur->allocated;
+  return OK;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
+  NEED_CTX();
+  if (n == 0 || (flags & ~7u)) return INVALID_VALUE;
+  *p = malloc(n);
+  if (*p == NULL) return OUT_OF_MEMORY;
+  COUNT(1, 1);
+  return OK;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+  NEED_CTX();
+  free(p);
+  COUNT(1, -1);
+  return OK;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+  NEED_CTX();
+  memcpy((void *)(uintptr_t)dst, src, n);
+  return OK;
+}
+
+/* Plover keeps copies, memsets and events out of captures. */
+static CUresult stream_op(CUstream s) {
+  if (s == NULL) return INVALID_VALUE; /* never the NULL stream */
+  if (s->capturing) {
+    s->invalidated = 1;
+    return CAPTURE_UNSUPPORTED;
+  }
+  return OK;
+}
+
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  NEED_CTX();
+  CUresult e = stream_op(s);
+  if (e) return e;
+  memcpy((void *)(uintptr_t)dst, src, n);
+  return OK;
+}
+
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  NEED_CTX();
+  CUresult e = stream_op(s);
+  if (e) return e;
+  memcpy(dst, (const void *)(uintptr_t)src, n);
+  return OK;
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+  NEED_CTX();
+  CUresult e = stream_op(s);
+  if (e) return e;
+  memset((void *)(uintptr_t)dst, v, n);
+  return OK;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+  NEED_CTX();
+  *s = calloc(1, sizeof **s);
+  if (*s == NULL) return OUT_OF_MEMORY;
+  (*s)->flags = flags;
+  COUNT(2, 1);
+  return OK;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+  NEED_CTX();
+  if (s == NULL) return INVALID_VALUE;
+  free(s);
+  COUNT(2, -1);
+  return OK;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+  NEED_CTX();
+  return stream_op(s);
+}
+
+static void graph_free(CUgraph g) {
+  for (int i = 0; i < g->n; i++) free(g->nodes[i].args);
+  free(g->nodes);
+  free(g);
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+  NEED_CTX();
+  if (s == NULL || s->flags != 1 || mode != 1 || s->capturing) return INVALID_VALUE;
+  s->g = calloc(1, sizeof *s->g);
+  if (s->g == NULL) return OUT_OF_MEMORY;
+  s->capturing = 1;
+  s->invalidated = 0;
+  return OK;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+  NEED_CTX();
+  if (s == NULL || !s->capturing) return ILLEGAL_STATE;
+  s->capturing = 0;
+  if (s->invalidated) {
+    graph_free(s->g);
+    s->g = NULL;
+    *g = NULL;
+    return CAPTURE_INVALIDATED;
+  }
+  *g = s->g;
+  s->g = NULL;
+  COUNT(4, 1);
+  return OK;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+  if (g == NULL) return INVALID_VALUE;
+  graph_free(g);
+  COUNT(4, -1);
+  return OK;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *x, CUgraph g, unsigned long long flags) {
+  NEED_CTX();
+  if (g == NULL || flags != 0) return INVALID_VALUE;
+  CUgraphExec e = calloc(1, sizeof *e);
+  e->nodes = calloc((size_t)g->n + 1, sizeof *e->nodes);
+  e->n = g->n;
+  memcpy(e->nodes, g->nodes, (size_t)g->n * sizeof *e->nodes);
+  /* The exec owns the argument blocks from now on; the graph forgets them. */
+  for (int i = 0; i < g->n; i++) g->nodes[i].args = NULL;
+  *x = e;
+  COUNT(5, 1);
+  return OK;
+}
+
+static void run_node(const node_t *nd) {
+  nd->fn(nd->args, nd->grid, nd->block);
+  COUNT(6, 1);
+}
+
+#ifndef FAKECUDA_OMIT_GRAPH_LAUNCH
+EXPORT CUresult cuGraphLaunch(CUgraphExec x, CUstream s) {
+  NEED_CTX();
+  if (x == NULL) return INVALID_VALUE;
+  CUresult e = stream_op(s);
+  if (e) return e;
+  for (int i = 0; i < x->n && !cur->sticky; i++) run_node(&x->nodes[i]);
+  return OK;
+}
+#endif
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec x) {
+  if (x == NULL) return INVALID_VALUE;
+  for (int i = 0; i < x->n; i++) free(x->nodes[i].args);
+  free(x->nodes);
+  free(x);
+  COUNT(5, -1);
+  return OK;
+}
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+  NEED_CTX();
+  if (flags != 0) return INVALID_VALUE; /* Plover needs timing events */
+  *e = calloc(1, sizeof **e);
+  COUNT(3, 1);
+  return OK;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+  NEED_CTX();
+  CUresult r = stream_op(s);
+  if (r) return r;
+  e->t = now_ns();
+  return OK;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+  NEED_CTX();
+  *ms = (float)(b->t - a->t) / 1e6f;
+  return OK;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+  NEED_CTX();
+  free(e);
+  COUNT(3, -1);
+  return OK;
+}
+
+/* ---- what a bundle's cudart would do, for fakebundle.c ---- */
+
+/* A kernel launch; returns a cudaError_t-like code (9: invalid configuration). */
+EXPORT int fakecu_launch(void *stream, int grid, int block, fk_kernel fn,
+                         const void *args, size_t argsz) {
+  if (!inited || cur == NULL) return 201;
+  if (cur->sticky) return cur->sticky;
+  CUstream s = stream;
+  if (s == NULL) return 1;
+  if (grid < 1 || block < 1 || block > 1024) {
+    if (s->capturing) s->invalidated = 1;
+    return 9;
+  }
+  if (!s->capturing) {
+    fn((void *)args, grid, block);
+    COUNT(6, 1);
+    return 0;
+  }
+  CUgraph g = s->g;
+  if (g->n == g->cap) {
+    g->cap = g->cap ? 2 * g->cap : 8;
+    g->nodes = realloc(g->nodes, (size_t)g->cap * sizeof *g->nodes);
+  }
+  node_t *nd = &g->nodes[g->n++];
+  nd->fn = fn;
+  nd->grid = grid;
+  nd->block = block;
+  nd->args = malloc(argsz ? argsz : 1);
+  memcpy(nd->args, args, argsz);
+  return 0;
+}
+
+/* cudaStreamSynchronize from inside an entry point: illegal while capturing. */
+EXPORT int fakecu_stream_sync(void *stream) {
+  CUstream s = stream;
+  if (s != NULL && s->capturing) {
+    s->invalidated = 1;
+    return 900;
+  }
+  return 0;
+}
+
+/* Called by a kernel body: what an out-of-bounds store does to a context. */
+EXPORT void fakecu_fault(int code) {
+  if (cur != NULL) cur->sticky = code;
+}

@@ -1,0 +1,410 @@
+#!/usr/bin/env bash
+# gpu-check.sh — checks Plover on a machine with an NVIDIA GPU, no Go and no
+# network, from the repository root, using artifacts built beforehand
+# elsewhere (see "Build" below). It prints, and copies to $OUT when that is
+# set: the GPU, the CUDA device tests, a cold/warm/hot latency table, graph
+# vs direct time for a 9-kernel chain, copy bandwidth, CUDA-vs-host output
+# equality, and what a faulting kernel does to the server. Exit status 0
+# means every check passed.
+#
+# Build (on the dev machine, from the repository root):
+#   make build vecadd-host vecadd-cuda          # bin/plover, build/samples/vecadd-{host,cuda}/,
+#                                               # build/samples/vecadd-input.bin
+#   go test -c -o bin/cuda.test ./cuda
+#   mkdir -p build/cudatest && nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
+#     -gencode arch=compute_80,code=sm_80 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
+#     -o build/cudatest/testkernels.so cuda/testdata/kernels.cu
+#   optional: make cnn-host cnn-cuda            # build/samples/cnn-{host,cuda}/; the CNN check
+#                                               # also needs python3 here to read heldout.bin
+#
+# Assumptions about the CLI and HTTP API (written while they were being
+# written; adjust here if they drift):
+#   plover serve --listen HOST:PORT --data DIR --device cuda|host
+#   plover deploy DIR --server URL
+#   plover invoke NAME --in FILE --out FILE --server URL
+#   POST /v1/functions/NAME/invoke (application/octet-stream) answers with the
+#     output and the headers X-Plover-Start: cold|warm|hot and
+#     Server-Timing: queue;dur=…, load;dur=…, copyin;dur=…, kernels;dur=…,
+#     copyout;dur=…, total;dur=… (milliseconds)
+#   a kernel failure is 500, an unhealthy device 503; GET /healthz is 200, or
+#     503 with "unhealthy" in its body
+#   curl is used when present (status codes, headers); without it invokes go
+#   through `plover invoke --timing` and /healthz through bash's /dev/tcp.
+#
+# Environment: OUT (copy the report and logs there), HOT_RUNS (default 50),
+# BENCHTIME (go test -test.benchtime, default 2s), PORT (first of two ports),
+# NO_CURL=1 (use the fallbacks even where curl exists).
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/gpu-check.txt") 2>&1
+  tee_pid=$!
+fi
+
+hot_runs=${HOT_RUNS:-50}
+benchtime=${BENCHTIME:-2s}
+port=${PORT:-$((20000 + RANDOM % 20000))}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/plover-gpu-check.XXXXXX")
+failures=0
+pids=()
+
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+say() { printf '%s\n' "$*"; }
+section() { printf '\n== %s ==\n' "$*"; }
+pass() { say "PASS: $*"; }
+fail() {
+  say "FAIL: $*"
+  failures=$((failures + 1))
+}
+have() { # NO_CURL=1 exercises the fallbacks
+  if [ "$1" = curl ] && [ -n "${NO_CURL:-}" ]; then return 1; fi
+  command -v "$1" >/dev/null 2>&1
+}
+body() { head -c 300 "$1" | tr -c '[:print:]\n' '.'; } # a response body, printable
+save() { # save FILE NAME: copy a log to $OUT
+  if [ -n "${OUT:-}" ] && [ -f "$1" ]; then cp "$1" "$OUT/$2"; fi
+}
+
+# ---------------------------------------------------------------- artifacts
+section "artifacts"
+missing=0
+for f in bin/plover bin/cuda.test build/cudatest/testkernels.so \
+  build/samples/vecadd-cuda/plover.json build/samples/vecadd-host/plover.json \
+  build/samples/vecadd-input.bin; do
+  if [ -e "$f" ]; then say "ok  $f"; else
+    say "missing $f"
+    missing=1
+  fi
+done
+if [ "$missing" = 1 ]; then
+  fail "artifacts missing: build them first (see the top of $0)"
+  exit 1
+fi
+if have curl; then say "curl: $(command -v curl)"; else say "curl: not found, using plover invoke and /dev/tcp"; fi
+
+# ---------------------------------------------------------------- the GPU
+section "GPU"
+if have nvidia-smi; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || fail "nvidia-smi failed"
+else
+  fail "nvidia-smi not found"
+fi
+
+# ---------------------------------------------------------------- device tests
+section "CUDA device tests (bin/cuda.test -test.v)"
+testlog=$tmp/cuda-test.txt
+(cd cuda && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
+  "$root/bin/cuda.test" -test.v -test.count=1 -test.timeout=10m) >"$testlog" 2>&1
+test_rc=$?
+save "$testlog" cuda-test.txt
+grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|PASS$|FAIL$|ok |panic)' "$testlog" | grep -v '^=== RUN'
+grep -E 'no CUDA device|no CUDA test bundle' "$testlog" | sort -u | head -3
+if [ "$test_rc" -ne 0 ]; then
+  fail "bin/cuda.test exited $test_rc (full log: cuda-test.txt)"
+  tail -n 40 "$testlog"
+elif grep -q -- '--- SKIP: TestGPUSuite' "$testlog"; then
+  fail "the GPU tests skipped (reason above)"
+else
+  pass "CUDA device tests"
+fi
+
+# ---------------------------------------------------------------- benchmarks
+section "benchmarks (graph vs direct, copy bandwidth)"
+benchlog=$tmp/cuda-bench.txt
+(cd cuda && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
+  "$root/bin/cuda.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy)' \
+  -test.benchtime="$benchtime" -test.timeout=10m) >"$benchlog" 2>&1 || fail "benchmarks failed (cuda-bench.txt)"
+save "$benchlog" cuda-bench.txt
+grep -E '^Benchmark' "$benchlog"
+# field value before a unit, e.g. metric "ns/op"
+metric() { awk -v unit="$2" '{ for (i = 2; i <= NF; i++) if ($i == unit) { print $(i - 1); exit } }' <<<"$1"; }
+g_line=$(grep -E '^BenchmarkChain9Graph' "$benchlog" | tail -n 1)
+d_line=$(grep -E '^BenchmarkChain9Direct' "$benchlog" | tail -n 1)
+if [ -n "$g_line" ] && [ -n "$d_line" ]; then
+  say ""
+  say "9-kernel chain (load, 7 x inc, store at <<<64,64>>>; 3136 B in, 40 B out), per request:"
+  printf '%-8s %14s %14s %14s\n' mode "Run (us)" "kernels (us)" "copies (us)"
+  for m in graph direct; do
+    line=$g_line
+    [ "$m" = direct ] && line=$d_line
+    awk -v m="$m" -v a="$(metric "$line" ns/op)" -v k="$(metric "$line" kernel-ns/op)" -v c="$(metric "$line" copy-ns/op)" \
+      'BEGIN { printf "%-8s %14.1f %14.1f %14.1f\n", m, a / 1000, k / 1000, c / 1000 }'
+  done
+  awk -v g="$(metric "$g_line" ns/op)" -v d="$(metric "$d_line" ns/op)" \
+    'BEGIN { if (g > 0) printf "graph speedup per request: %.2fx (%.1f us saved)\n", d / g, (d - g) / 1000 }'
+else
+  fail "no Chain9 benchmark results"
+fi
+say ""
+say "copy bandwidth through Run (copy-in = memcpy to pinned + H2D; copy-out = D2H + memcpy out):"
+printf '%-10s %10s %10s\n' size "in GB/s" "out GB/s"
+grep -E '^BenchmarkCopy/' "$benchlog" | while read -r line; do
+  name=${line%% *}
+  name=${name#BenchmarkCopy/}
+  printf '%-10s %10s %10s\n' "${name%-*}" "$(metric "$line" in-GB/s)" "$(metric "$line" out-GB/s)"
+done
+
+# ---------------------------------------------------------------- servers
+http_get() { # http_get PORT PATH BODYFILE -> prints the status code
+  if have curl; then
+    curl -sS -o "$3" -w '%{http_code}' "http://127.0.0.1:$1$2" 2>/dev/null || printf '000'
+    return
+  fi
+  local resp
+  resp=$( (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3 && cat <&3) 2>/dev/null) || {
+    printf '000'
+    return
+  }
+  printf '%s' "${resp#*$'\r\n\r\n'}" >"$3"
+  awk 'NR == 1 { print $2; exit }' <<<"$resp"
+}
+
+start_server() { # start_server DEVICE PORT -> sets server_pid
+  local dev=$1 p=$2 log=$tmp/server-$1.log
+  mkdir -p "$tmp/data-$dev"
+  bin/plover serve --listen "127.0.0.1:$p" --data "$tmp/data-$dev" --device "$dev" >"$log" 2>&1 &
+  server_pid=$!
+  pids+=("$server_pid")
+  local i code
+  for i in $(seq 1 120); do
+    if ! kill -0 "$server_pid" 2>/dev/null; then
+      say "server --device $dev exited:"
+      tail -n 20 "$log"
+      return 1
+    fi
+    code=$(http_get "$p" /healthz "$tmp/healthz")
+    if [ "$code" = 200 ]; then
+      say "server --device $dev on 127.0.0.1:$p: $(cat "$tmp/healthz")"
+      return 0
+    fi
+    sleep 0.5
+  done
+  say "server --device $dev: /healthz never answered 200"
+  tail -n 20 "$log"
+  return 1
+}
+
+# invoke URL NAME IN OUT -> "code start total kernels copyin copyout client" (ms)
+invoke() {
+  local hdr=$tmp/hdr.$$.$RANDOM code client t0 t1 err
+  if have curl; then
+    read -r code client < <(curl -sS -o "$4" -D "$hdr" -w '%{http_code} %{time_total}\n' \
+      -H 'Content-Type: application/octet-stream' --data-binary @"$3" \
+      "$1/v1/functions/$2/invoke" 2>/dev/null || printf '000 0\n')
+    client=$(awk -v c="$client" 'BEGIN { printf "%.3f", c * 1000 }')
+  else
+    t0=$(date +%s%N)
+    if bin/plover invoke "$2" --in "$3" --out "$4" --server "$1" --timing 2>"$hdr.err"; then code=200; else
+      err=$(cat "$hdr.err")
+      code=$(sed -n 's/.*server said \([0-9][0-9][0-9]\).*/\1/p' <<<"$err" | head -n 1)
+      cp "$hdr.err" "$4"
+    fi
+    t1=$(date +%s%N)
+    client=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e6 }')
+    sed -n 's/^start=\([a-z]*\).*/X-Plover-Start: \1/p; s/^Server-Timing:/Server-Timing:/p' "$hdr.err" >"$hdr"
+  fi
+  awk -v code="${code:-000}" -v client="$client" '
+    { line = $0; sub(/\r$/, "", line); low = tolower(line) }
+    low ~ /^x-plover-start:/ { start = line; sub(/^[^:]*:[ ]*/, "", start) }
+    low ~ /^server-timing:/ {
+      sub(/^[^:]*:[ ]*/, "", line)
+      n = split(line, parts, /, */)
+      for (i = 1; i <= n; i++) { split(parts[i], kv, /;dur=/); t[kv[1]] = kv[2] }
+    }
+    END { printf "%s %s %.4f %.4f %.4f %.4f %s\n", code, (start == "" ? "-" : start),
+          t["total"], t["kernels"], t["copyin"], t["copyout"], client }' "$hdr" 2>/dev/null
+  rm -f "$hdr" "$hdr.err"
+}
+
+median() { sort -n | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+# latency SERVER_URL LABEL NAME INPUT: cold (first request), a concurrent
+# burst (warm where a new instance starts), then hot runs; rows to $rows.
+rows=$tmp/latency-rows
+: >"$rows"
+latency() {
+  local url=$1 label=$2 name=$3 in=$4 i r
+  r=$(invoke "$url" "$name" "$in" "$tmp/lat-out")
+  say "$label first request: $r"
+  echo "$label $r" >>"$rows"
+  for i in 1 2 3 4 5 6 7 8; do
+    (invoke "$url" "$name" "$in" "$tmp/lat-out-$i" >"$tmp/burst-$i") &
+  done
+  wait_burst
+  for i in 1 2 3 4 5 6 7 8; do echo "$label $(cat "$tmp/burst-$i")" >>"$rows"; done
+  for i in $(seq 1 "$hot_runs"); do echo "$label $(invoke "$url" "$name" "$in" "$tmp/lat-out")" >>"$rows"; done
+}
+# Waits for the burst's subshells only: the servers are children too.
+wait_burst() {
+  local j
+  for j in $(jobs -p); do
+    case " ${pids[*]} " in *" $j "*) ;; *) wait "$j" ;; esac
+  done
+}
+
+section "servers"
+cuda_port=$port
+host_port=$((port + 1))
+cuda_url=http://127.0.0.1:$cuda_port
+host_url=http://127.0.0.1:$host_port
+cuda_up=0
+host_up=0
+if start_server cuda "$cuda_port"; then cuda_up=1; else fail "plover serve --device cuda did not come up"; fi
+cuda_pid=${server_pid:-}
+if start_server host "$host_port"; then host_up=1; else fail "plover serve --device host did not come up"; fi
+
+# ---------------------------------------------------------------- vecadd
+section "vecadd: CUDA vs host"
+vin=build/samples/vecadd-input.bin
+if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ]; then
+  bin/plover deploy build/samples/vecadd-cuda --server "$cuda_url" || fail "deploy vecadd-cuda"
+  bin/plover deploy build/samples/vecadd-host --server "$host_url" || fail "deploy vecadd-host"
+  # The first requests are the cold ones in the latency table.
+  latency "$cuda_url" cuda-vecadd vecadd "$vin"
+  latency "$host_url" host-vecadd vecadd "$vin"
+  bin/plover invoke vecadd --in "$vin" --out "$tmp/vecadd-cuda.out" --server "$cuda_url" || fail "invoke vecadd (cuda)"
+  bin/plover invoke vecadd --in "$vin" --out "$tmp/vecadd-host.out" --server "$host_url" || fail "invoke vecadd (host)"
+  if cmp "$tmp/vecadd-cuda.out" "$tmp/vecadd-host.out"; then
+    pass "vecadd output: CUDA and host identical ($(wc -c <"$tmp/vecadd-cuda.out") bytes)"
+  else
+    fail "vecadd output differs between CUDA and host"
+  fi
+  if [ -f build/samples/vecadd-expected.bin ]; then
+    if cmp "$tmp/vecadd-cuda.out" build/samples/vecadd-expected.bin; then
+      pass "vecadd output matches vecadd-expected.bin"
+    else
+      fail "vecadd output differs from vecadd-expected.bin"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- cnn (optional)
+section "cnn: CUDA vs host (optional)"
+heldout=samples/cnn/testdata/heldout.bin
+if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ] && [ -f build/samples/cnn-cuda/plover.json ] &&
+  [ -f build/samples/cnn-host/plover.json ] && [ -f "$heldout" ] && have python3; then
+  bin/plover deploy build/samples/cnn-cuda --server "$cuda_url" || fail "deploy cnn-cuda"
+  bin/plover deploy build/samples/cnn-host --server "$host_url" || fail "deploy cnn-host"
+  # heldout.bin: "PLVDGT01", uint32 count, then records of 1 label byte and
+  # 784 pixel bytes k; the network's input is 784 float32 k/255.
+  python3 - "$heldout" "$tmp" <<'PY' || fail "cannot read $heldout"
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"PLVDGT01", "bad magic"
+n = min(struct.unpack_from("<I", data, 8)[0], 32)
+with open(sys.argv[2] + "/cnn-labels", "w") as labels:
+    for i in range(n):
+        rec = data[12 + i * 785: 12 + (i + 1) * 785]
+        labels.write("%d\n" % rec[0])
+        with open("%s/cnn-in-%d.bin" % (sys.argv[2], i), "wb") as f:
+            f.write(struct.pack("<784f", *[k / 255 for k in rec[1:]]))
+PY
+  argmax() { od -An -v -t f4 "$1" | tr -s ' ' '\n' | awk 'NF { i++; if (i == 1 || $1 > m) { m = $1; a = i - 1 } } END { print a }'; }
+  n=0 same=0 agree=0 correct=0
+  latency "$cuda_url" cuda-cnn cnn "$tmp/cnn-in-0.bin"
+  latency "$host_url" host-cnn cnn "$tmp/cnn-in-0.bin"
+  while read -r label; do
+    in=$tmp/cnn-in-$n.bin
+    rc=$(invoke "$cuda_url" cnn "$in" "$tmp/cnn-cuda.out")
+    rh=$(invoke "$host_url" cnn "$in" "$tmp/cnn-host.out")
+    if [ "${rc%% *}" != 200 ] || [ "${rh%% *}" != 200 ]; then
+      fail "cnn digit $n: cuda $rc, host $rh"
+    else
+      if cmp -s "$tmp/cnn-cuda.out" "$tmp/cnn-host.out"; then same=$((same + 1)); fi
+      lc=$(argmax "$tmp/cnn-cuda.out")
+      lh=$(argmax "$tmp/cnn-host.out")
+      if [ "$lc" = "$lh" ]; then agree=$((agree + 1)); fi
+      if [ "$lc" = "$label" ]; then correct=$((correct + 1)); fi
+    fi
+    n=$((n + 1))
+  done <"$tmp/cnn-labels"
+  say "cnn: $n digits; CUDA and host labels agree on $agree, outputs byte-identical on $same, CUDA correct on $correct"
+  if [ "$agree" = "$n" ]; then pass "cnn labels: CUDA = host"; else fail "cnn labels differ between CUDA and host"; fi
+else
+  say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
+fi
+
+# ---------------------------------------------------------------- latency table
+section "latency (ms; server = Server-Timing total, client = whole HTTP request)"
+printf '%-12s %-5s %4s %9s %9s %9s %9s %9s\n' function start n server kernels copyin copyout client
+awk '{ print $1, $3 }' "$rows" | sort -u | while read -r label start; do
+  [ "$start" = - ] && continue
+  sel() { awk -v l="$label" -v s="$start" -v f="$1" '$1 == l && $3 == s && $2 == 200 { print $f }' "$rows"; }
+  count=$(sel 4 | wc -l)
+  [ "$count" -eq 0 ] && continue
+  printf '%-12s %-5s %4d %9.3f %9.3f %9.3f %9.3f %9.3f\n' "$label" "$start" "$count" \
+    "$(sel 4 | median)" "$(sel 5 | median)" "$(sel 6 | median)" "$(sel 7 | median)" "$(sel 8 | median)"
+done
+bad=$(awk '$2 != 200' "$rows" | wc -l)
+[ "$bad" -eq 0 ] || fail "$bad timed requests did not answer 200: $(awk '$2 != 200 { print $1, $2 }' "$rows" | sort | uniq -c | tr '\n' ';')"
+if grep -q '^cuda-vecadd 200 cold' "$rows"; then
+  pass "first CUDA request reported cold"
+elif [ "$cuda_up" = 1 ]; then
+  fail "no cold CUDA request recorded"
+fi
+
+# ---------------------------------------------------------------- fault (last)
+section "faulting kernel (poisons the CUDA server, so it runs last)"
+if [ "$cuda_up" = 1 ]; then
+  fb=$tmp/fault-bundle
+  mkdir -p "$fb"
+  cp build/cudatest/testkernels.so "$fb/"
+  cat >"$fb/plover.json" <<'JSON'
+{
+  "name": "fault",
+  "abi": 1,
+  "target": "cuda",
+  "library": "testkernels.so",
+  "max_input_bytes": 16,
+  "tmp_bytes": 16,
+  "out_bytes": 16,
+  "zero_tmp": false,
+  "chain": [{"kernel": "pl_fault", "grid": 1, "block": 1}]
+}
+JSON
+  head -c 16 /dev/zero >"$tmp/zero16"
+  bin/plover deploy "$fb" --server "$cuda_url" || fail "deploy the fault bundle"
+  r=$(invoke "$cuda_url" fault "$tmp/zero16" "$tmp/fault.out")
+  say "fault: $r: $(body "$tmp/fault.out")"
+  if [ "${r%% *}" = 500 ]; then pass "faulting request: 500"; else fail "faulting request answered ${r%% *}, want 500"; fi
+  if grep -q CUDA_ERROR_ILLEGAL_ADDRESS "$tmp/fault.out"; then
+    pass "the 500 names CUDA_ERROR_ILLEGAL_ADDRESS"
+  else
+    fail "the 500 does not name CUDA_ERROR_ILLEGAL_ADDRESS"
+  fi
+  r=$(invoke "$cuda_url" vecadd "$vin" "$tmp/after.out")
+  say "vecadd after the fault: $r: $(body "$tmp/after.out")"
+  if [ "${r%% *}" = 503 ]; then pass "next request: 503"; else fail "next request answered ${r%% *}, want 503"; fi
+  code=$(http_get "$cuda_port" /healthz "$tmp/healthz")
+  say "/healthz: $code $(cat "$tmp/healthz")"
+  if [ "$code" = 503 ] && grep -q unhealthy "$tmp/healthz"; then pass "/healthz: 503 unhealthy"; else
+    fail "/healthz answered $code, want 503 unhealthy"
+  fi
+  if kill -0 "$cuda_pid" 2>/dev/null; then pass "the CUDA server survived the fault"; else fail "the CUDA server died"; fi
+else
+  say "SKIP: no CUDA server"
+fi
+
+save "$tmp/server-cuda.log" server-cuda.log
+save "$tmp/server-host.log" server-host.log
+
+section "summary"
+if [ "$failures" -eq 0 ]; then say "all checks passed"; else say "$failures check(s) failed"; fi
+status=$((failures > 0 ? 1 : 0))
+if [ -n "${tee_pid:-}" ]; then
+  exec >&- 2>&-
+  wait "$tee_pid" 2>/dev/null
+fi
+exit "$status"
