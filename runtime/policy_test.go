@@ -134,7 +134,7 @@ func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
 	for _, n := range []string{"a", "b", "c"} {
 		testkit.Deploy(t, e, testkit.BundleDir(t, m(n, 1), nil))
 	}
-	testkit.Deploy(t, e, testkit.BundleDir(t, m("slow", 400), nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, m("slow", 1500), nil))
 	invoke(t, e, "a", []byte{1})
 	invoke(t, e, "b", []byte{1})
 	instances := func(n string) int { fi := info(t, e, n); return fi.Idle + fi.Busy }
@@ -144,7 +144,7 @@ func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
 	}
 	done := make(chan error)
 	go func() { done <- e.Invoke(context.Background(), "slow", &runtime.Request{Input: []byte{1}}) }() // evicts b
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
 	invoke(t, e, "a", []byte{1}) // evicts c, never the busy slow instance
 	if instances("slow") != 1 || instances("b") != 0 || instances("c") != 0 || instances("a") != 1 {
 		t.Fatalf("a busy function was evicted, or an idle one was kept: slow=%d a=%d b=%d c=%d",
@@ -155,9 +155,9 @@ func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
 	}
 	// Both slots busy (slow runs; a is made busy too): nothing can be evicted.
 	go func() {
-		e.Invoke(context.Background(), "a", &runtime.Request{Input: []byte{1}, Override: &runtime.Override{Chain: []abi.Launch{{Kernel: "sleep_ms", Grid: 200, Block: 1}}, OutBytes: -1, TmpBytes: -1}})
+		e.Invoke(context.Background(), "a", &runtime.Request{Input: []byte{1}, Override: &runtime.Override{Chain: []abi.Launch{{Kernel: "sleep_ms", Grid: 800, Block: 1}}, OutBytes: -1, TmpBytes: -1}})
 	}()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
 	err := e.Invoke(context.Background(), "b", &runtime.Request{Input: []byte{1}})
 	if runtime.KindOf(err) != runtime.KindUnavailable || !strings.Contains(err.Error(), "needs") || !strings.Contains(err.Error(), "free") {
 		t.Fatalf("over budget with everything busy: %v", err)
@@ -171,7 +171,7 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	e := testkit.Engine(t, runtime.Config{})
 	m := testkit.Manifest("fn")
 	m.MaxInstances, m.MaxQueue = 1, 1
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 300, Block: 1}, {Kernel: "count", Grid: 1, Block: 1}}
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 700, Block: 1}, {Kernel: "count", Grid: 1, Block: 1}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	ctx := context.Background()
 	invoke(t, e, "fn", nil) // warm up: count = 1
@@ -179,13 +179,13 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); invoke(t, e, "fn", nil) }() // runs: count 2
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	var queuedErr error
 	go func() { // queued with a deadline it cannot meet: never runs
 		defer wg.Done()
-		queuedErr = e.Invoke(ctx, "fn", &runtime.Request{Deadline: time.Now().Add(100 * time.Millisecond)})
+		queuedErr = e.Invoke(ctx, "fn", &runtime.Request{Deadline: time.Now().Add(350 * time.Millisecond)})
 	}()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	err := e.Invoke(ctx, "fn", &runtime.Request{}) // queue (1) is full
 	if runtime.KindOf(err) != runtime.KindBusy {
 		t.Fatalf("third request: %v, want busy", err)

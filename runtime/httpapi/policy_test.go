@@ -19,7 +19,7 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	e := testkit.Engine(t, runtime.Config{})
 	m := testkit.Manifest("slow")
 	m.MaxInstances, m.MaxQueue = 1, 1
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 300, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 600, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(e.Collector())
@@ -46,7 +46,7 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	for i := range codes { // one runs, one queues
 		wg.Add(1)
 		go func() { defer wg.Done(); codes[i] = post(nil).StatusCode }()
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(150 * time.Millisecond)
 	}
 	full := post(nil)
 	if full.StatusCode != 429 || full.Header.Get("Retry-After") == "" {
@@ -57,7 +57,7 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 		t.Fatalf("running and queued requests: %v", codes)
 	}
 	go post(nil) // occupy the instance again
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(150 * time.Millisecond)
 	if r := post(map[string]string{"X-Plover-Timeout-Ms": "50"}); r.StatusCode != 504 {
 		t.Fatalf("deadline shorter than the wait: %d, want 504", r.StatusCode)
 	}
