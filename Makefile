@@ -57,7 +57,7 @@ install-nvcc:
 
 # Everything scripts/gpu-check.sh needs on a GPU machine with no Go and no
 # network: carry bin/ and build/ there, then run `bash scripts/gpu-check.sh`.
-gpu-artifacts: bin/plover samples cuda
+gpu-artifacts: bin/plover bin/plover-bench-suite samples cuda
 	$(GO) test -c -o bin/cuda.test ./cuda
 	@mkdir -p $(BUILD)/cudatest
 	$(NVCC) $(NVCCFLAGS) -o $(BUILD)/cudatest/testkernels.so cuda/testdata/kernels.cu
@@ -77,8 +77,14 @@ vet:
 test: vet bin/plover samples
 	$(GO) test -count=1 -timeout 30m ./...
 
-bench: bin/plover samples
-	$(GO) test -run '^$$' -bench . -benchmem ./runtime/...
+bin/plover-bench-suite: $(GO_SRC)
+	$(GO) build -o $@ ./cmd/plover-bench-suite
+
+# vecadd and the CNN against real plover serve processes and in-process, latency against
+# offered load, hot-path Go benchmarks; rewrites BENCHMARKS.md's bench:host section and
+# docs/cnn-latency.svg (about 1.5 min on 2 cores). GPU machine: bin/plover-bench-suite --device cuda
+bench: bin/plover bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host
 
 clean:
 	rm -rf bin $(BUILD)

@@ -34,7 +34,7 @@ type Env struct {
 var errUsage = errors.New("usage")
 
 func commands() []*command {
-	return []*command{serveCmd(), deployCmd(), invokeCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), versionCmd()}
+	return []*command{serveCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), versionCmd()}
 }
 
 // Main runs the plover command and returns its exit status.

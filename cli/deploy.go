@@ -77,7 +77,7 @@ func deployCmd() *command {
 				if err != nil {
 					return err
 				}
-				v, err := reg.Publish(context.Background(), m.Name, body, sha, int64(len(b)))
+				v, err := reg.Publish(context.Background(), m, body, sha, int64(len(b)))
 				done()
 				if err != nil {
 					return err

@@ -495,15 +495,13 @@ func (e *Engine) Deploy(ctx context.Context, name string, body io.Reader) (Funct
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}
-	rv, err := e.reg.Publish(ctx, name, tmp, sha, n)
+	rv, err := e.reg.Publish(ctx, m, tmp, sha, n)
 	if err != nil {
 		return FunctionInfo{}, errorf(KindUnavailable, err, "deploy %s: store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
 	f := e.setCurrent(name, rv)
-	if e.policyFor(m).min > 0 {
-		e.warmIfWanted(ctx, f)
-	}
+	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
 	return e.info(f, rv, 1), nil
 }

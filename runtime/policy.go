@@ -56,8 +56,9 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 }
 
 // Prewarm brings every function whose policy asks for min_instances up to
-// them, as a server does at start. Manifests come from the node cache
-// (fetched once if missing); functions without a minimum stay unloaded.
+// them, as a server does at start. The record says which functions want
+// instances (the server default applies to all), so other bundles are not
+// fetched: they stay in the store until their first request.
 func (e *Engine) Prewarm(ctx context.Context) error {
 	recs, err := e.reg.List(ctx)
 	if err != nil {
@@ -66,56 +67,31 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	var firstErr error
 	for _, rec := range recs {
 		cv, err := rec.CurrentVersion()
-		if err == nil {
-			var min int
-			if min, err = e.minInstances(ctx, cv.SHA256); err == nil && min > 0 {
-				var f *function
-				if f, err = e.lookup(ctx, rec.Name); err == nil {
-					e.mu.Lock()
-					v := f.cur
-					e.mu.Unlock()
-					if v != nil && v.ref() {
-						err = e.warm(ctx, v)
-						v.unref()
-					}
-				}
-			}
+		if err != nil || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
+			continue
 		}
-		if err != nil {
-			e.cfg.Log.Warn("prewarm failed", "function", rec.Name, "error", err)
-			if firstErr == nil {
-				firstErr = err
-			}
+		f, err := e.lookup(ctx, rec.Name)
+		if err == nil {
+			e.warmIfWanted(ctx, f)
+		} else if firstErr == nil {
+			firstErr = err
 		}
 	}
 	return firstErr
 }
 
-func (e *Engine) minInstances(ctx context.Context, sha string) (int, error) {
-	_, m, _, err := e.cfg.Cache.Get(ctx, e.cfg.Store, sha)
-	if err != nil {
-		return 0, err
-	}
-	e.cfg.Cache.Release(sha)
-	return e.policyFor(m).min, nil
-}
-
-// warmIfWanted brings f's current version up to its min_instances, reading
-// the manifest from the node cache; functions without a minimum are left
-// unloaded.
+// warmIfWanted brings f's current version up to its min_instances.
+// Functions without a minimum (by their record, or the server default) are
+// left unloaded, and nothing is fetched for them.
 func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 	e.mu.Lock()
 	v := f.cur
 	e.mu.Unlock()
-	if v == nil {
+	if v == nil || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.ref() {
 		return
 	}
-	min, err := e.minInstances(ctx, v.rec.SHA256)
-	if err == nil && min > 0 && v.ref() {
-		err = e.warm(ctx, v)
-		v.unref()
-	}
-	if err != nil {
+	defer v.unref()
+	if err := e.warm(ctx, v); err != nil {
 		e.cfg.Log.Warn("cannot pre-warm min_instances", "function", f.name, "version", v.rec.ID, "error", err)
 	}
 }

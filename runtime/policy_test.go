@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/cuda"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
@@ -51,13 +52,22 @@ func TestMinInstancesAreWarmBeforeTheFirstRequest(t *testing.T) {
 	if fi := info(t, e, "fn"); fi.Idle != 2 {
 		t.Fatalf("after reap: %d idle, want 2", fi.Idle)
 	}
-	// A fresh engine over the same store pre-warms at start.
-	e2 := testkit.Engine(t, runtime.Config{Store: store})
+	// A fresh engine over the same store pre-warms at start, fetching only
+	// the bundles of functions that want instances.
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("lazy"), nil))
+	cache, err := bundle.NewCache(t.TempDir(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2 := testkit.Engine(t, runtime.Config{Store: store, Cache: cache})
 	if err := e2.Prewarm(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if fi := info(t, e2, "fn"); fi.Idle != 2 {
 		t.Fatalf("after Prewarm: %d idle, want 2", fi.Idle)
+	}
+	if n := cache.Stats().Bundles; n != 1 {
+		t.Fatalf("Prewarm fetched %d bundles, want 1 (only fn has min_instances)", n)
 	}
 }
 

@@ -27,6 +27,10 @@ type Version struct {
 	SHA256  string    `json:"sha256"`
 	Size    int64     `json:"size"`
 	Created time.Time `json:"created"`
+	// MinInstances copies the manifest's min_instances so that a starting
+	// server can tell which functions to pre-warm without fetching every
+	// bundle in the store.
+	MinInstances int `json:"min_instances,omitempty"`
 }
 
 // Record is a function's entry in the store.
@@ -102,8 +106,9 @@ func (g Registry) List(ctx context.Context) ([]*Record, error) {
 }
 
 // Publish stores a bundle (if the store lacks it) and makes it the current
-// version of name. The bundle must already be verified.
-func (g Registry) Publish(ctx context.Context, name string, bundleBytes io.Reader, sha string, size int64) (Version, error) {
+// version of the function m names. The bundle must already be verified.
+func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64) (Version, error) {
+	name := m.Name
 	// Bundles are content-addressed, so an object already there is reused;
 	// one of the wrong size is damaged and is uploaded again. (Damage that
 	// keeps the size is caught by the sha256 check when a node fetches it.)
@@ -123,7 +128,7 @@ func (g Registry) Publish(ctx context.Context, name string, bundleBytes io.Reade
 	if err != nil {
 		return Version{}, err
 	}
-	v := Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond)}
+	v := Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances}
 	r.Versions = append(r.Versions, v)
 	r.Current = v.ID
 	if err := g.put(ctx, r); err != nil {

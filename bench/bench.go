@@ -1,0 +1,438 @@
+// Package bench is Plover's load generator: it sends a function's input to
+// a server's invoke endpoint in a closed loop (N workers, each sending its
+// next request when the previous one returns) or an open loop (requests
+// scheduled at a fixed rate, latency measured from the scheduled send time),
+// and summarises client-side latency, errors, the server's Server-Timing
+// breakdown and the X-Plover-Start counts.
+//
+// The request path allocates nothing: each worker reuses one fasthttp
+// Request and Response over a kept-alive connection, and every statistic is
+// recorded into fixed-size, lock-free histograms and counters.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultDuration = 10 * time.Second
+	DefaultRequests = 100000
+	DefaultTimeout  = 30 * time.Second
+	// DefaultOpenConcurrency bounds the requests in flight in an open loop.
+	DefaultOpenConcurrency = 64
+	// LateSlack is how far behind its scheduled time an open-loop request
+	// may start before it counts as late: more than timer jitter, much less
+	// than the queueing it is there to reveal.
+	LateSlack = time.Millisecond
+	// MaxWakeLag is how much of an open-loop worker's own wake-up delay is
+	// forgiven when its connection was idle at the due time: Go's timers
+	// wake up to ≈1 ms late when the process is idle, which is the
+	// client's doing, not the server's. Any more counts as latency.
+	MaxWakeLag = 2 * time.Millisecond
+)
+
+// Config describes one run. A run stops at whichever of Duration and
+// Requests comes first, or when ctx is done.
+type Config struct {
+	// Server is the base URL, e.g. http://127.0.0.1:8080.
+	Server   string
+	Function string
+	Input    []byte
+	// Concurrency is the number of workers, each with its own connection:
+	// the closed loop's load, the open loop's bound on requests in flight.
+	// 0: 1 in a closed loop, DefaultOpenConcurrency in an open one.
+	Concurrency int
+	// Rate > 0 selects an open loop at Rate requests per second.
+	Rate     float64
+	Duration time.Duration
+	Requests int64
+	// Timeout bounds each request.
+	Timeout time.Duration
+	// Progress, if set, is called about every interval from its own
+	// goroutine with the requests completed so far and the elapsed time.
+	Progress func(done int64, elapsed time.Duration)
+	// ProgressInterval defaults to 200ms.
+	ProgressInterval time.Duration
+	// Observe, if set, is called by the worker that received it with every
+	// 2xx response, for callers that need per-request data (the benchmark
+	// suite derives per-request overheads from it). It must return quickly
+	// and keep nothing: the Sample and its Body are reused.
+	Observe func(s *Sample)
+}
+
+// Sample is one successful response.
+type Sample struct {
+	Latency time.Duration
+	Start   int // Hot, Warm or Cold; -1 without X-Plover-Start
+	// Timing is valid when Timing.Complete().
+	Timing ServerTiming
+	Body   []byte
+}
+
+func (c *Config) fill() error {
+	if c.Function == "" {
+		return errors.New("bench: no function")
+	}
+	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
+		return fmt.Errorf("bench: rate %v: want a positive number of requests per second", c.Rate)
+	}
+	if c.Concurrency < 0 || c.Concurrency > 10000 {
+		return fmt.Errorf("bench: concurrency %d: want 1..10000", c.Concurrency)
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
+		if c.Rate > 0 {
+			c.Concurrency = DefaultOpenConcurrency
+		}
+	}
+	if c.Duration <= 0 {
+		c.Duration = DefaultDuration
+	}
+	if c.Requests <= 0 {
+		c.Requests = DefaultRequests
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.ProgressInterval <= 0 {
+		c.ProgressInterval = 200 * time.Millisecond
+	}
+	return nil
+}
+
+// run is the shared state of one run's workers.
+type run struct {
+	cfg      Config
+	client   *fasthttp.HostClient
+	uri      string
+	start    time.Time
+	deadline time.Time
+	interval float64 // open loop: nanoseconds between scheduled sends
+
+	next      atomic.Int64 // the next ticket: request k of the run
+	attempted atomic.Int64 // tickets that were sent
+	done      atomic.Int64 // requests that ended (response or error)
+	ok        atomic.Int64
+	lastEnd   atomic.Int64 // ns after start of the latest end
+	late      atomic.Int64
+	maxLag    atomic.Int64
+	slept     atomic.Int64 // open-loop requests whose worker waited for them
+	wakeLag   atomic.Int64 // sum over those of how late the timer woke
+	maxWake   atomic.Int64
+	noServer  atomic.Int64 // transport errors while ok == 0
+
+	status    [600]atomic.Int64 // by HTTP status; 0: no response
+	other     atomic.Int64      // statuses outside 100..599
+	latency   Histogram         // 2xx only, client side
+	server    [NumMetrics]Histogram
+	timed     atomic.Int64 // 2xx responses with a complete Server-Timing
+	starts    [3]atomic.Int64
+	startNone atomic.Int64
+
+	stopOnce sync.Once
+	stopped  string
+	stopAt   time.Time
+	cancel   context.CancelFunc
+
+	errMu    sync.Mutex
+	firstErr error
+	errBody  map[int]string // the first error body for each status
+}
+
+// Run performs one load run against cfg.Server. It returns an error only
+// when the run could not start or the server never answered; HTTP errors
+// are counted in the Result.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(cfg.Server)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("bench: server %q: want http://host:port", cfg.Server)
+	}
+	base := strings.TrimRight(cfg.Server, "/")
+	r := &run{
+		cfg: cfg,
+		uri: base + "/v1/functions/" + url.PathEscape(cfg.Function) + "/invoke",
+		client: &fasthttp.HostClient{
+			Addr:  hostPort(u),
+			IsTLS: u.Scheme == "https",
+			// One connection per worker, kept alive for the whole run.
+			MaxConns:            cfg.Concurrency,
+			MaxConnWaitTimeout:  cfg.Timeout,
+			MaxIdleConnDuration: time.Hour,
+			ReadTimeout:         cfg.Timeout,
+			WriteTimeout:        cfg.Timeout,
+			// A non-idempotent POST must not be silently re-sent: each
+			// request is counted once.
+			MaxIdemponentCallAttempts: 1,
+			NoDefaultUserAgentHeader:  true,
+		},
+	}
+	if cfg.Rate > 0 {
+		r.interval = 1e9 / cfg.Rate
+	}
+	r.errBody = map[int]string{}
+	ctx, r.cancel = context.WithCancel(ctx)
+	defer r.cancel()
+
+	r.start = time.Now()
+	r.deadline = r.start.Add(cfg.Duration)
+	var wg sync.WaitGroup
+	for range cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.worker(ctx)
+		}()
+	}
+	progressDone := make(chan struct{})
+	if cfg.Progress != nil {
+		go func() {
+			t := time.NewTicker(cfg.ProgressInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					cfg.Progress(r.done.Load(), time.Since(r.start))
+				case <-progressDone:
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(progressDone)
+	if cfg.Progress != nil {
+		cfg.Progress(r.done.Load(), time.Since(r.start))
+	}
+	r.client.CloseIdleConnections()
+	if ctx.Err() != nil || r.stopped == "" {
+		r.stop("interrupted")
+	}
+	res := r.result()
+	if r.ok.Load() == 0 && r.status[0].Load() > 0 {
+		return res, fmt.Errorf("no response from %s: %w", cfg.Server, r.firstErr)
+	}
+	return res, nil
+}
+
+func hostPort(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	if u.Scheme == "https" {
+		return u.Host + ":443"
+	}
+	return u.Host + ":80"
+}
+
+// stop records why the run ended. Only "errors" and "interrupted" cut
+// other workers short: at the request or time limit, tickets already taken
+// are still due and are sent.
+func (r *run) stop(why string) {
+	r.stopOnce.Do(func() { r.stopped, r.stopAt = why, time.Now() })
+	if why == "errors" {
+		r.cancel()
+	}
+}
+
+// noServerLimit is how many transport errors with no success yet end a run:
+// a server that is not there should fail the run in milliseconds, not
+// after --requests connection attempts.
+const noServerLimit = 20
+
+var (
+	hdrServerTiming = []byte("Server-Timing")
+	hdrStart        = []byte("X-Plover-Start")
+)
+
+func (r *run) worker(ctx context.Context) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI(r.uri)
+	req.Header.SetContentType("application/octet-stream")
+	// The input is shared by all workers and never written: no copy.
+	req.SetBodyRaw(r.cfg.Input)
+
+	var timer *time.Timer
+	if r.interval > 0 {
+		timer = time.NewTimer(time.Hour)
+		timer.Stop()
+		defer timer.Stop()
+	}
+	var st Sample
+	for ctx.Err() == nil {
+		k := r.next.Add(1) - 1
+		if k >= r.cfg.Requests {
+			r.stop("requests")
+			return
+		}
+		var t0 time.Time
+		if r.interval > 0 {
+			// Open loop: request k is due at start + k/rate whether or
+			// not earlier ones have returned, and its latency counts from
+			// then, so a slow server cannot hide its queue by slowing
+			// the sender (coordinated omission): a request that waits
+			// for a free connection has that wait in its latency.
+			due := r.start.Add(r.offset(k))
+			if !due.Before(r.deadline) {
+				r.stop("duration")
+				return
+			}
+			slept := false
+			if wait := time.Until(due); wait > 0 {
+				timer.Reset(wait)
+				select {
+				case <-timer.C:
+				case <-ctx.Done():
+					timer.Stop()
+					return
+				}
+				slept = true
+				r.slept.Add(1)
+			}
+			now := time.Now()
+			grace := LateSlack
+			if slept {
+				grace += MaxWakeLag
+			}
+			if now.After(r.deadline.Add(grace)) {
+				// Due in time but no connection came free before the
+				// end: counted as unsent rather than stretching the run.
+				r.stop("duration")
+				return
+			}
+			lag := now.Sub(due)
+			t0 = due
+			if slept {
+				// The connection was free when the request fell due; only
+				// this process's timer woke late (Go timers wake up to
+				// ≈1 ms late in an idle process). That delay is the
+				// client's, so up to MaxWakeLag of it is not latency.
+				r.wakeLag.Add(int64(lag))
+				atomicMax(&r.maxWake, int64(lag))
+				t0 = due.Add(min(lag, MaxWakeLag))
+				lag -= min(lag, MaxWakeLag)
+			}
+			if lag > LateSlack {
+				r.late.Add(1)
+				atomicMax(&r.maxLag, int64(lag))
+			}
+		} else {
+			t0 = time.Now()
+			if t0.After(r.deadline) {
+				r.stop("duration")
+				return
+			}
+		}
+		r.attempted.Add(1)
+		err := r.client.DoTimeout(req, resp, r.cfg.Timeout)
+		end := time.Now()
+		r.record(err, resp, end.Sub(t0), &st)
+		atomicMax(&r.lastEnd, int64(end.Sub(r.start)))
+	}
+}
+
+// offset is when open-loop request k is due, relative to the start.
+func (r *run) offset(k int64) time.Duration { return time.Duration(float64(k) * r.interval) }
+
+// dueWithin is the number of open-loop requests due before window ends.
+func (r *run) dueWithin(window time.Duration) int64 {
+	k := int64(math.Ceil(float64(window) / r.interval))
+	for k > 0 && r.offset(k-1) >= window {
+		k--
+	}
+	for r.offset(k) < window {
+		k++
+	}
+	return k
+}
+
+func atomicMax(a *atomic.Int64, v int64) {
+	for {
+		m := a.Load()
+		if v <= m || a.CompareAndSwap(m, v) {
+			return
+		}
+	}
+}
+
+func (r *run) record(err error, resp *fasthttp.Response, lat time.Duration, s *Sample) {
+	r.done.Add(1)
+	if err != nil {
+		r.status[0].Add(1)
+		r.errMu.Lock()
+		if r.firstErr == nil {
+			r.firstErr = err
+		}
+		r.errMu.Unlock()
+		if r.ok.Load() == 0 && r.noServer.Add(1) >= noServerLimit {
+			r.stop("errors")
+		}
+		return
+	}
+	code := resp.StatusCode()
+	if code >= 100 && code < len(r.status) {
+		r.status[code].Add(1)
+	} else {
+		r.other.Add(1)
+	}
+	if code < 200 || code > 299 {
+		r.errMu.Lock()
+		if _, seen := r.errBody[code]; !seen {
+			r.errBody[code] = errorMessage(resp.Body())
+		}
+		r.errMu.Unlock()
+		return
+	}
+	r.ok.Add(1)
+	r.latency.Record(lat)
+	switch h := resp.Header.PeekBytes(hdrStart); {
+	case string(h) == "hot": // compiles to a comparison, no conversion
+		s.Start = Hot
+	case string(h) == "warm":
+		s.Start = Warm
+	case string(h) == "cold":
+		s.Start = Cold
+	default:
+		s.Start = -1
+	}
+	if s.Start >= 0 {
+		r.starts[s.Start].Add(1)
+	} else {
+		r.startNone.Add(1)
+	}
+	st := &s.Timing
+	if ParseServerTiming(resp.Header.PeekBytes(hdrServerTiming), st) {
+		r.timed.Add(1)
+		for i := range st.Dur {
+			r.server[i].Record(st.Dur[i])
+		}
+	}
+	if r.cfg.Observe != nil {
+		s.Latency, s.Body = lat, resp.Body()
+		r.cfg.Observe(s)
+		s.Body = nil
+	}
+}
+
+// Start kinds, as X-Plover-Start names them.
+const (
+	Hot = iota
+	Warm
+	Cold
+)

@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+)
+
+// Result summarises a run. Times are in milliseconds.
+type Result struct {
+	Function      string  `json:"function"`
+	Server        string  `json:"server"`
+	Mode          string  `json:"mode"` // "closed" or "open"
+	Concurrency   int     `json:"concurrency"`
+	Rate          float64 `json:"rate_per_s,omitempty"` // offered load, open loop
+	InputBytes    int     `json:"input_bytes"`
+	DurationLimit float64 `json:"duration_limit_s"`
+	RequestLimit  int64   `json:"request_limit"`
+	// Stopped says which bound ended the run: "requests", "duration",
+	// "interrupted", or "errors" (the server never answered).
+	Stopped string  `json:"stopped"`
+	Elapsed float64 `json:"elapsed_s"` // start to the last response
+	// Requests is every request that ended, with a response or not.
+	Requests int64 `json:"requests"`
+	OK       int64 `json:"ok"`
+	// Throughput is successful (2xx) requests per second of Elapsed.
+	Throughput float64 `json:"throughput_per_s"`
+	// Errors counts non-2xx responses by status; status 0 is a request
+	// that got no HTTP response (connection refused, timeout).
+	Errors []ErrorCount `json:"errors"`
+	// Latency is client-side, over 2xx responses: from the send (closed
+	// loop) or the scheduled send time (open loop) to the whole response.
+	Latency Summary `json:"latency_ms"`
+	// Timing is the Server-Timing breakdown of the 2xx responses.
+	Timing ServerSummary `json:"server_ms"`
+	Starts Starts        `json:"starts"`
+	Open   *OpenLoop     `json:"open_loop,omitempty"`
+}
+
+// ErrorCount is the number of requests that ended with one status.
+type ErrorCount struct {
+	Status  int    `json:"status"`
+	Count   int64  `json:"count"`
+	Message string `json:"message,omitempty"` // the first one seen
+}
+
+// Summary describes a distribution, in milliseconds. Percentiles come from
+// a histogram with 0.4% resolution; Mean and Max are exact.
+type Summary struct {
+	N    int64   `json:"n"`
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Max  float64 `json:"max"`
+}
+
+// ServerSummary is the Server-Timing breakdown; Responses is how many 2xx
+// responses carried a complete header.
+type ServerSummary struct {
+	Responses int64   `json:"responses"`
+	Queue     Summary `json:"queue"`
+	Load      Summary `json:"load"`
+	CopyIn    Summary `json:"copyin"`
+	Kernels   Summary `json:"kernels"`
+	CopyOut   Summary `json:"copyout"`
+	Total     Summary `json:"total"`
+}
+
+// Metric returns the summary of Server-Timing metric i (Queue..Total).
+func (s *ServerSummary) Metric(i int) *Summary {
+	return [...]*Summary{&s.Queue, &s.Load, &s.CopyIn, &s.Kernels, &s.CopyOut, &s.Total}[i]
+}
+
+// Starts counts X-Plover-Start values of 2xx responses.
+type Starts struct {
+	Cold    int64 `json:"cold"`
+	Warm    int64 `json:"warm"`
+	Hot     int64 `json:"hot"`
+	Missing int64 `json:"missing,omitempty"`
+}
+
+// OpenLoop reports how well the schedule was kept.
+type OpenLoop struct {
+	// Scheduled is the requests due within the run (rate × duration,
+	// bounded by the request limit).
+	Scheduled int64 `json:"scheduled"`
+	Sent      int64 `json:"sent"`
+	// Late were sent more than LateSlack after their scheduled time
+	// because every connection was busy (or the client fell behind).
+	Late int64 `json:"late"`
+	// Unsent were due before the end but could not be sent by then; their
+	// latency is in no percentile, so a nonzero count means the offered
+	// load was above what the server (or client) sustained.
+	Unsent   int64   `json:"unsent"`
+	MaxLagMs float64 `json:"max_lag_ms"`
+	// WakeLag is how late workers that were waiting for a request's time
+	// woke up (the client's timer, not counted as latency up to
+	// MaxWakeLag).
+	WakeLagMeanMs float64 `json:"wake_lag_mean_ms"`
+	WakeLagMaxMs  float64 `json:"wake_lag_max_ms"`
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+func summarize(h *Histogram) Summary {
+	if h.Count() == 0 {
+		return Summary{}
+	}
+	return Summary{N: h.Count(), Mean: ms(h.Mean()), P50: ms(h.Quantile(0.50)), P90: ms(h.Quantile(0.90)),
+		P99: ms(h.Quantile(0.99)), P999: ms(h.Quantile(0.999)), Max: ms(h.Max())}
+}
+
+func (r *run) result() *Result {
+	c := &r.cfg
+	res := &Result{
+		Function: c.Function, Server: c.Server, Mode: "closed", Concurrency: c.Concurrency,
+		InputBytes: len(c.Input), DurationLimit: c.Duration.Seconds(), RequestLimit: c.Requests,
+		Stopped: r.stopped, Elapsed: time.Duration(r.lastEnd.Load()).Seconds(),
+		Requests: r.done.Load(), OK: r.ok.Load(), Latency: summarize(&r.latency),
+		Starts: Starts{Cold: r.starts[Cold].Load(), Warm: r.starts[Warm].Load(), Hot: r.starts[Hot].Load(), Missing: r.startNone.Load()},
+	}
+	if res.Elapsed > 0 {
+		res.Throughput = float64(res.OK) / res.Elapsed
+	}
+	res.Timing.Responses = r.timed.Load()
+	for i := range r.server {
+		*res.Timing.Metric(i) = summarize(&r.server[i])
+	}
+	for code := range r.status {
+		if n := r.status[code].Load(); n > 0 && (code < 200 || code > 299) {
+			e := ErrorCount{Status: code, Count: n, Message: r.errBody[code]}
+			if code == 0 && r.firstErr != nil {
+				e.Message = r.firstErr.Error()
+			}
+			res.Errors = append(res.Errors, e)
+		}
+	}
+	if n := r.other.Load(); n > 0 {
+		res.Errors = append(res.Errors, ErrorCount{Status: -1, Count: n, Message: "status outside 100..599"})
+	}
+	if c.Rate > 0 {
+		res.Mode, res.Rate = "open", c.Rate
+		window := c.Duration
+		if r.stopped == "interrupted" || r.stopped == "errors" {
+			window = min(window, r.stopAt.Sub(r.start))
+		}
+		scheduled := min(c.Requests, r.dueWithin(window))
+		sent := r.attempted.Load()
+		res.Open = &OpenLoop{Scheduled: scheduled, Sent: sent, Late: r.late.Load(),
+			Unsent: max(0, scheduled-sent), MaxLagMs: ms(time.Duration(r.maxLag.Load())),
+			WakeLagMaxMs: ms(time.Duration(r.maxWake.Load()))}
+		if n := r.slept.Load(); n > 0 {
+			res.Open.WakeLagMeanMs = ms(time.Duration(r.wakeLag.Load() / n))
+		}
+	}
+	return res
+}
+
+// errorMessage extracts the message of a Plover JSON error body, or the
+// start of any other body.
+func errorMessage(body []byte) string {
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error.Code != "" {
+		return e.Error.Code + ": " + e.Error.Message
+	}
+	s := strings.TrimSpace(string(body))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// FormatDuration prints milliseconds with a unit that keeps 3-4
+// significant digits: 812µs, 3.41ms, 2.05s.
+func FormatDuration(msec float64) string {
+	switch {
+	case math.IsNaN(msec):
+		return "-"
+	case msec == 0:
+		return "0"
+	case msec < 1:
+		return fmt.Sprintf("%.3gµs", msec*1000)
+	case msec < 1000:
+		return fmt.Sprintf("%.3gms", msec)
+	}
+	return fmt.Sprintf("%.3gs", msec/1000)
+}
+
+// WriteText prints res as the human-readable report of plover bench.
+func (res *Result) WriteText(w io.Writer) error {
+	var b strings.Builder
+	mode := fmt.Sprintf("closed loop, %d connection%s", res.Concurrency, plural(res.Concurrency))
+	if res.Mode == "open" {
+		mode = fmt.Sprintf("open loop at %g req/s, at most %d in flight", res.Rate, res.Concurrency)
+	}
+	fmt.Fprintf(&b, "%s at %s: %s, %d-byte input, stopped by %s\n", res.Function, res.Server, mode, res.InputBytes, stopWhy(res))
+	fmt.Fprintf(&b, "requests    %d in %.2fs: %d ok, %d failed; throughput %.1f req/s\n",
+		res.Requests, res.Elapsed, res.OK, res.Requests-res.OK, res.Throughput)
+	fmt.Fprintf(&b, "starts      cold %d, warm %d, hot %d", res.Starts.Cold, res.Starts.Warm, res.Starts.Hot)
+	if res.Starts.Missing > 0 {
+		fmt.Fprintf(&b, ", no X-Plover-Start %d", res.Starts.Missing)
+	}
+	b.WriteString("\n")
+	if o := res.Open; o != nil {
+		fmt.Fprintf(&b, "schedule    %d due, %d sent, %d late (> %v behind), %d never sent; max lag %s; timer wake-up lag mean %s, max %s\n",
+			o.Scheduled, o.Sent, o.Late, LateSlack, o.Unsent, FormatDuration(o.MaxLagMs), FormatDuration(o.WakeLagMeanMs), FormatDuration(o.WakeLagMaxMs))
+		if o.Late > 0 || o.Unsent > 0 {
+			b.WriteString("            latency counts from the scheduled send time, so it includes the wait for a connection\n")
+		}
+	}
+	for _, e := range res.Errors {
+		st := fmt.Sprint(e.Status)
+		if e.Status == 0 {
+			st = "no response"
+		}
+		fmt.Fprintf(&b, "error       %s × %d: %s\n", st, e.Count, e.Message)
+	}
+	b.WriteString("\n")
+	if l := res.Latency; l.N > 0 {
+		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s%9s%9s\n", "latency (client, 2xx)", "p50", "p90", "p99", "p99.9", "max", "mean")
+		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s%9s%9s\n\n", "", FormatDuration(l.P50), FormatDuration(l.P90), FormatDuration(l.P99),
+			FormatDuration(l.P999), FormatDuration(l.Max), FormatDuration(l.Mean))
+	}
+	if res.OK == 0 {
+		b.WriteString("no successful response\n")
+	} else if res.Timing.Responses == 0 {
+		b.WriteString("server      no response carried a Server-Timing header\n")
+	} else {
+		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s   (%d responses)\n", "server (Server-Timing)", "mean", "p50", "p99", "max", res.Timing.Responses)
+		for i, name := range MetricNames {
+			s := res.Timing.Metric(i)
+			fmt.Fprintf(&b, "  %-22s%9s%9s%9s%9s\n", name, FormatDuration(s.Mean), FormatDuration(s.P50), FormatDuration(s.P99), FormatDuration(s.Max))
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func stopWhy(res *Result) string {
+	switch res.Stopped {
+	case "requests":
+		return fmt.Sprintf("--requests %d", res.RequestLimit)
+	case "duration":
+		return fmt.Sprintf("--duration %v", time.Duration(res.DurationLimit*float64(time.Second)))
+	case "errors":
+		return "errors (the server did not answer)"
+	}
+	return res.Stopped
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}

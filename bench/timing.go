@@ -1,0 +1,133 @@
+package bench
+
+import (
+	"bytes"
+	"time"
+)
+
+// Server-Timing metric names a Plover server sends, in this order.
+const (
+	Queue = iota
+	Load
+	CopyIn
+	Kernels
+	CopyOut
+	Total
+	NumMetrics
+)
+
+// MetricNames are the Server-Timing names of the metrics, indexed by
+// Queue..Total.
+var MetricNames = [NumMetrics]string{"queue", "load", "copyin", "kernels", "copyout", "total"}
+
+var metricNameBytes = func() (b [NumMetrics][]byte) {
+	for i, n := range MetricNames {
+		b[i] = []byte(n)
+	}
+	return
+}()
+
+// ServerTiming is one response's Server-Timing breakdown.
+type ServerTiming struct {
+	Dur [NumMetrics]time.Duration
+	// Has has bit i set when metric i was present with a valid dur.
+	Has uint8
+}
+
+// Complete reports whether every Plover metric was present.
+func (t *ServerTiming) Complete() bool { return t.Has == 1<<NumMetrics-1 }
+
+// ParseServerTiming reads a Server-Timing header value such as
+// "queue;dur=0.002, load;dur=0, copyin;dur=0.61, ..." into t without
+// allocating. Names it does not know and parameters other than dur are
+// skipped; it reports whether every Plover metric was found.
+func ParseServerTiming(h []byte, t *ServerTiming) bool {
+	t.Has = 0
+	for len(h) > 0 {
+		var entry []byte
+		if i := bytes.IndexByte(h, ','); i >= 0 {
+			entry, h = h[:i], h[i+1:]
+		} else {
+			entry, h = h, nil
+		}
+		name, params := entry, []byte(nil)
+		if i := bytes.IndexByte(entry, ';'); i >= 0 {
+			name, params = entry[:i], entry[i+1:]
+		}
+		name = trimSpace(name)
+		m := -1
+		for i := range metricNameBytes {
+			if bytes.Equal(name, metricNameBytes[i]) {
+				m = i
+				break
+			}
+		}
+		if m < 0 {
+			continue
+		}
+		for len(params) > 0 {
+			var p []byte
+			if i := bytes.IndexByte(params, ';'); i >= 0 {
+				p, params = params[:i], params[i+1:]
+			} else {
+				p, params = params, nil
+			}
+			p = trimSpace(p)
+			if len(p) < 4 || (p[0]|0x20) != 'd' || (p[1]|0x20) != 'u' || (p[2]|0x20) != 'r' || p[3] != '=' {
+				continue
+			}
+			v := trimSpace(p[4:])
+			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+				v = v[1 : len(v)-1]
+			}
+			if d, ok := ParseMillis(v); ok {
+				t.Dur[m] = d
+				t.Has |= 1 << m
+			}
+		}
+	}
+	return t.Complete()
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// ParseMillis parses a non-negative decimal number of milliseconds
+// ("12", "0.613", ".5") into a Duration, truncating below a nanosecond.
+// Exponents, signs and values of 10^12 ms or more are refused: strconv
+// would need a string, and a Plover server never sends them.
+func ParseMillis(b []byte) (time.Duration, bool) {
+	var whole, frac int64
+	i, digits := 0, 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		if digits++; digits > 12 {
+			return 0, false
+		}
+		whole = whole*10 + int64(b[i]-'0')
+	}
+	fracDigits := 0
+	if i < len(b) && b[i] == '.' {
+		i++
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+			digits++
+			if fracDigits < 6 { // 10^-6 ms is a nanosecond
+				frac = frac*10 + int64(b[i]-'0')
+				fracDigits++
+			}
+		}
+	}
+	if i != len(b) || digits == 0 {
+		return 0, false
+	}
+	for ; fracDigits < 6; fracDigits++ {
+		frac *= 10
+	}
+	return time.Duration(whole*int64(time.Millisecond) + frac), true
+}

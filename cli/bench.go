@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/plover-run/plover/bench"
+)
+
+// maxGeneratedInput bounds --size: the input is held in memory once and
+// shared by every connection.
+const maxGeneratedInput = 1 << 30
+
+// rateFlag accepts "500" or "500/s".
+type rateFlag float64
+
+func (r *rateFlag) String() string { return strconv.FormatFloat(float64(*r), 'g', -1, 64) }
+
+func (r *rateFlag) Set(s string) error {
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "/s"), 64)
+	if err != nil || v <= 0 || v > 1e7 {
+		return errors.New("want requests per second, e.g. 500 or 500/s")
+	}
+	*r = rateFlag(v)
+	return nil
+}
+
+type benchFlags struct {
+	server, in        string
+	size              int64
+	concurrency       int
+	rate              rateFlag
+	duration, timeout time.Duration
+	requests          int64
+	asJSON            bool
+}
+
+func benchCmd() *command {
+	var f benchFlags
+	return &command{
+		name: "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
+		usage: "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--json]",
+		example: "  plover bench vecadd --in build/samples/vecadd-input.bin --concurrency 4 --duration 10s\n" +
+			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
+			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&f.server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			fs.StringVar(&f.in, "in", "", "input file sent as every request's body, - for stdin")
+			fs.Int64Var(&f.size, "size", 0, "send this many random bytes instead of --in")
+			fs.IntVar(&f.concurrency, "concurrency", 0, "connections: the closed loop's requests in flight, or the open loop's limit on them (default 1, or 64 with --rate)")
+			fs.Var(&f.rate, "rate", "open loop: send this many requests per second (e.g. 500/s) whatever the latency, measuring each from its scheduled time")
+			fs.DurationVar(&f.duration, "duration", bench.DefaultDuration, "stop after this long (or at --requests, whichever comes first)")
+			fs.Int64Var(&f.requests, "requests", bench.DefaultRequests, "stop after this many requests (or at --duration, whichever comes first)")
+			fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "per-request timeout (requests in flight at --duration may finish up to this much later)")
+			fs.BoolVar(&f.asJSON, "json", false, "print the result as JSON on stdout")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if len(args) != 1 {
+				return errUsage
+			}
+			return runBench(args[0], &f, env)
+		},
+	}
+}
+
+func runBench(name string, f *benchFlags, env *Env) error {
+	if (f.in != "") == (f.size > 0) {
+		return errors.New("give the input with --in FILE or --size BYTES (one of them)")
+	}
+	if f.size < 0 || f.size > maxGeneratedInput {
+		return fmt.Errorf("--size %d: want 1..%d bytes", f.size, maxGeneratedInput)
+	}
+	if f.duration <= 0 || f.requests <= 0 {
+		return errors.New("--duration and --requests must both be positive: a run is always bounded")
+	}
+	var input []byte
+	if f.in != "" {
+		var err error
+		if input, err = readInput(f.in, env); err != nil {
+			return err
+		}
+	} else {
+		input = make([]byte, f.size)
+		rand.Read(input)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	cfg := bench.Config{
+		Server: serverURL(f.server), Function: name, Input: input, Concurrency: f.concurrency,
+		Rate: float64(f.rate), Duration: f.duration, Requests: f.requests, Timeout: f.timeout,
+	}
+	finish := benchProgress(&cfg, env)
+	res, err := bench.Run(ctx, cfg)
+	finish()
+	if res == nil {
+		return err
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(env.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+	} else if err := res.WriteText(env.Stdout); err != nil {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("%w (start one with 'plover serve', or set --server / PLOVER_SERVER)", err)
+	}
+	if res.OK == 0 {
+		return errors.New("no request succeeded")
+	}
+	return nil
+}
+
+// benchProgress draws a bar on a terminal: the fraction of the run done,
+// by whichever bound (time or requests) is nearer.
+func benchProgress(cfg *bench.Config, env *Env) (finish func()) {
+	if !env.StderrIsTerminal {
+		return func() {}
+	}
+	const steps = 1000
+	bar := progressbar.NewOptions(steps,
+		progressbar.OptionSetWriter(env.Stderr),
+		progressbar.OptionSetDescription("bench "+cfg.Function),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+	)
+	cfg.Progress = func(done int64, elapsed time.Duration) {
+		frac := max(float64(elapsed)/float64(cfg.Duration), float64(done)/float64(cfg.Requests))
+		bar.Describe(fmt.Sprintf("bench %s: %d requests, %.0f/s", cfg.Function, done, float64(done)/max(elapsed.Seconds(), 1e-9)))
+		bar.Set(int(min(frac, 1) * steps))
+	}
+	return func() { bar.Finish() }
+}

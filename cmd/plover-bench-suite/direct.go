@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/loader"
+)
+
+// directTrial is one in-process cold call of a bundle's chain through the
+// Device interface, with no HTTP and no runtime: what the served numbers
+// are compared with.
+type directTrial struct {
+	OpenMs     float64 `json:"load_kernel_ms"`    // loader.Open: ELF checks, dlopen, every chain symbol
+	ConstMs    float64 `json:"load_constants_ms"` // Device.LoadConstants from the bundle's file
+	InstanceMs float64 `json:"new_instance_ms"`   // Device.NewInstance: input, tmp, out buffers
+	RunMs      float64 `json:"first_run_ms"`      // the first Instance.Run, wall time
+	CopyInMs   float64 `json:"copyin_ms"`
+	KernelsMs  float64 `json:"kernels_ms"`
+	CopyOutMs  float64 `json:"copyout_ms"`
+}
+
+// directRepeat is one Run on an instance that has already run.
+type directRepeat struct {
+	RunMs, CopyInMs, KernelsMs, CopyOutMs float64
+}
+
+type directResult struct {
+	Trials  []directTrial  `json:"trials"`
+	Repeats []directRepeat `json:"-"`
+	Output  []byte         `json:"-"`
+}
+
+// measureDirect times trials cold calls of the bundle in dir on dev, each
+// from a fresh copy of the bundle (so dlopen loads a new image instead of
+// returning the handle it has), then repeats Run on the last instance up
+// to repeat times or for dur.
+func measureDirect(dev cuda.Device, dir string, input []byte, trials, repeat int, dur time.Duration) (*directResult, error) {
+	res := &directResult{}
+	for t := 0; t < trials; t++ {
+		last := t == trials-1
+		if err := directOnce(dev, dir, input, res, last, repeat, dur); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func directOnce(dev cuda.Device, dir string, input []byte, res *directResult, last bool, repeat int, dur time.Duration) error {
+	tmp, err := os.MkdirTemp("", "plover-bench-direct-*")
+	if err != nil {
+		return err
+	}
+	defer removeAll(tmp)
+	if err := copyDir(dir, tmp); err != nil {
+		return err
+	}
+	m, err := bundle.ReadManifest(tmp)
+	if err != nil {
+		return err
+	}
+	var tr directTrial
+
+	t0 := time.Now()
+	lib, err := loader.Open(filepath.Join(tmp, m.Library), dev.Target(), abi.Kernels(m.Chain))
+	if err != nil {
+		return err
+	}
+	steps := make([]cuda.Step, len(m.Chain))
+	for i, l := range m.Chain {
+		fn, err := lib.Entry(l.Kernel)
+		if err != nil {
+			lib.Close()
+			return err
+		}
+		steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
+	}
+	tr.OpenMs = msSince(t0)
+	defer lib.Close()
+
+	var consts cuda.Constants
+	if m.Constants != "" {
+		t0 = time.Now()
+		f, err := os.Open(filepath.Join(tmp, m.Constants))
+		if err != nil {
+			return err
+		}
+		fi, err := f.Stat()
+		if err == nil {
+			consts, err = dev.LoadConstants(f, fi.Size())
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("constants: %w", err)
+		}
+		tr.ConstMs = msSince(t0)
+		defer consts.Free()
+	}
+
+	t0 = time.Now()
+	inst, err := dev.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes,
+		Constants: consts, LastError: lib.LastError})
+	if err != nil {
+		return fmt.Errorf("instance: %w", err)
+	}
+	tr.InstanceMs = msSince(t0)
+	defer inst.Close()
+
+	out := make([]byte, m.OutBytes)
+	r := &cuda.Run{Input: input, Output: out, Chain: steps, TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ChainKey: 1}
+	t0 = time.Now()
+	if err := inst.Run(r); err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	tr.RunMs = msSince(t0)
+	tr.CopyInMs, tr.KernelsMs, tr.CopyOutMs = ms(r.Timing.CopyIn), ms(r.Timing.Kernels), ms(r.Timing.CopyOut)
+	res.Trials = append(res.Trials, tr)
+	if !last {
+		return nil
+	}
+	res.Output = bytes.Clone(out)
+	end := time.Now().Add(dur)
+	for i := 0; i < repeat && time.Now().Before(end); i++ {
+		t0 = time.Now()
+		if err := inst.Run(r); err != nil {
+			return fmt.Errorf("run: %w", err)
+		}
+		res.Repeats = append(res.Repeats, directRepeat{RunMs: msSince(t0), CopyInMs: ms(r.Timing.CopyIn),
+			KernelsMs: ms(r.Timing.Kernels), CopyOutMs: ms(r.Timing.CopyOut)})
+	}
+	return nil
+}
+
+func copyDir(src, dst string) error {
+	des, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, de := range des {
+		if !de.Type().IsRegular() {
+			continue
+		}
+		if err := copyFile(filepath.Join(src, de.Name()), filepath.Join(dst, de.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+func msSince(t time.Time) float64 { return ms(time.Since(t)) }

@@ -1,0 +1,325 @@
+// Command plover-bench-suite is `make bench`: in one run on one machine it
+// measures the sample functions the way PyPlover's tables do (load kernel,
+// load constants, run, platform overhead, total; cold, warm and hot) against
+// real `plover serve` processes on loopback, the same chains called in
+// process through the cuda.Device interface, latency against offered load,
+// and the hot-path Go benchmarks; then it rewrites its own marked section
+// of BENCHMARKS.md and draws the latency chart.
+//
+// It needs no Go toolchain to run (only to run the Go benchmarks, which it
+// skips without one), so a GPU machine can run binaries built elsewhere:
+//
+//	bin/plover-bench-suite --device cuda
+//
+// reads build/samples/*-cuda bundles and writes a separate "cuda" section.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/plover-run/plover/cuda"
+)
+
+type options struct {
+	repo, plover, device, suffix, samples string
+	functions                             string
+	trials                                int
+	hot                                   time.Duration
+	hotRequests                           int64
+	probe, sweepTime                      time.Duration
+	fractions                             string
+	out, chart, jsonOut                   string
+	goBench                               string
+	dryRun                                bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.repo, "repo", ".", "repository root: BENCHMARKS.md, docs/, samples/cnn/testdata, go.mod")
+	flag.StringVar(&o.plover, "plover", "bin/plover", "the plover binary to serve and deploy with")
+	flag.StringVar(&o.device, "device", "host", "device for plover serve and the direct calls: host | cuda")
+	flag.StringVar(&o.suffix, "bundle-suffix", "", "bundle directories are SAMPLES/<function>-<suffix> (default: the device)")
+	flag.StringVar(&o.samples, "samples", "build/samples", "directory holding the built bundles and vecadd's input")
+	flag.StringVar(&o.functions, "functions", "vecadd,cnn", "functions to measure")
+	flag.IntVar(&o.trials, "trials", 11, "cold and warm starts per function (each a fresh server process)")
+	flag.DurationVar(&o.hot, "hot", 5*time.Second, "time limit of each function's sequential hot requests")
+	flag.Int64Var(&o.hotRequests, "hot-requests", 20000, "request limit of each function's sequential hot requests")
+	flag.DurationVar(&o.probe, "probe", 3*time.Second, "closed-loop run that finds the throughput the sweep's rates are fractions of")
+	flag.DurationVar(&o.sweepTime, "sweep-time", 4*time.Second, "duration of each open-loop rate in the latency sweep")
+	flag.StringVar(&o.fractions, "sweep", "0.05,0.1,0.25,0.4,0.55,0.7,0.8,0.9,1,1.2", "offered loads, as fractions of the probed throughput")
+	flag.StringVar(&o.out, "out", "BENCHMARKS.md", "markdown file whose bench:<device> section is replaced (relative to --repo)")
+	flag.StringVar(&o.chart, "chart", "", "latency chart SVG (relative to --repo; default docs/cnn-latency.svg, docs/cnn-latency-<device>.svg off the host)")
+	flag.StringVar(&o.jsonOut, "json", "", "also write every measurement as JSON here (default build/bench/results-<device>.json)")
+	flag.StringVar(&o.goBench, "go-bench", "auto", "run the hot-path Go benchmarks: auto (when go is installed and the device is host) | on | off")
+	flag.BoolVar(&o.dryRun, "dry-run", false, "print the markdown instead of writing files")
+	flag.Parse()
+	if err := run(&o); err != nil {
+		fmt.Fprintln(os.Stderr, "plover-bench-suite:", err)
+		os.Exit(1)
+	}
+}
+
+// results is everything one suite run measured.
+type results struct {
+	Machine   machine           `json:"machine"`
+	Device    string            `json:"device"`
+	DevName   string            `json:"device_name"`
+	Started   time.Time         `json:"started"`
+	WallS     float64           `json:"wall_s"`
+	Command   string            `json:"command"`
+	Functions []*functionResult `json:"functions"`
+	Sweep     *sweepResult      `json:"sweep,omitempty"`
+	GoBench   []goBenchResult   `json:"go_bench,omitempty"`
+	GoBenchNo string            `json:"go_bench_skipped,omitempty"`
+	// Load averages (1, 5, 15 min) before the suite and after its
+	// measurements: other work on the machine shows here.
+	LoadBefore    string `json:"loadavg_before"`
+	LoadAfterRuns string `json:"loadavg_after"`
+}
+
+func run(o *options) error {
+	t0 := time.Now()
+	if o.suffix == "" {
+		o.suffix = o.device
+	}
+	if o.chart == "" {
+		o.chart = "docs/cnn-latency.svg"
+		if o.device != cuda.KindHost {
+			o.chart = "docs/cnn-latency-" + o.device + ".svg"
+		}
+	}
+	if o.jsonOut == "" {
+		o.jsonOut = filepath.Join("build", "bench", "results-"+o.device+".json")
+	}
+	if o.trials < 1 || o.hot <= 0 || o.hotRequests < 1 {
+		return errors.New("--trials, --hot and --hot-requests must be positive")
+	}
+	fractions, err := parseFractions(o.fractions)
+	if err != nil {
+		return err
+	}
+	plover, err := filepath.Abs(o.plover)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(plover); err != nil {
+		return fmt.Errorf("--plover: %w (make build)", err)
+	}
+	o.plover = plover
+
+	// A ^C must still stop the servers this process started.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	res := &results{Machine: readMachine(), Device: o.device, Started: t0.UTC(), Command: strings.Join(os.Args, " "), LoadBefore: loadAvg()}
+	res.Machine.Plover = ploverVersion(o.plover)
+	logf("plover-bench-suite: %s, device %s, %s", res.Machine.CPU, o.device, res.Machine.Plover)
+
+	var loads []*workload
+	for _, name := range strings.Split(o.functions, ",") {
+		var w *workload
+		var err error
+		switch strings.TrimSpace(name) {
+		case "vecadd":
+			w, err = vecaddWorkload(o.samples, o.suffix)
+		case "cnn":
+			w, err = cnnWorkload(o.repo, o.samples, o.suffix)
+		default:
+			return fmt.Errorf("--functions: unknown function %q (vecadd, cnn)", name)
+		}
+		fr := &functionResult{Name: w.Name, Title: w.Title, Bundle: w.Dir, InputNote: w.InputNote, InputBytes: len(w.Input), w: w}
+		res.Functions = append(res.Functions, fr)
+		if err == nil {
+			if _, serr := os.Stat(filepath.Join(w.Dir, "plover.json")); serr != nil {
+				err = fmt.Errorf("bundle %s not built (make samples%s)", w.Dir, map[bool]string{true: " cnn-" + o.suffix}[w.Name == "cnn"])
+			}
+		}
+		if err != nil {
+			fr.Skipped = err.Error()
+			logf("%s: SKIPPED: %v", w.Name, err)
+			continue
+		}
+		loads = append(loads, w)
+	}
+	if len(loads) == 0 {
+		return errors.New("no function to measure")
+	}
+
+	// The sweep runs on the CNN when there is one: small requests, so the
+	// curve shows the server, not memcpy bandwidth.
+	sweepOn := loads[0]
+	for _, w := range loads {
+		if w.Name == "cnn" {
+			sweepOn = w
+		}
+	}
+	for _, fr := range res.Functions {
+		if fr.Skipped != "" {
+			continue
+		}
+		var sw *sweepResult
+		if fr.w == sweepOn {
+			sw = &sweepResult{Function: fr.Name, Fractions: fractions}
+			if fr.Name != "cnn" {
+				sw.Note = "the CNN bundle is absent, so this sweep uses vecadd (4 MB requests)"
+			}
+		}
+		if err := measureServed(ctx, o, fr, sw); err != nil {
+			return fmt.Errorf("%s: %w", fr.Name, err)
+		}
+		if sw != nil {
+			res.Sweep = sw
+		}
+	}
+
+	devs, err := cuda.Open(o.device, 0, nil)
+	if err != nil {
+		return fmt.Errorf("direct calls: %w", err)
+	}
+	res.DevName = devs[0].Name()
+	for _, fr := range res.Functions {
+		if fr.Skipped != "" || ctx.Err() != nil {
+			continue
+		}
+		logf("%s: direct calls through cuda.Device (%d cold, then repeats)", fr.Name, o.trials)
+		d, err := measureDirect(devs[0], fr.w.Dir, fr.w.Input, o.trials, int(o.hotRequests), o.hot)
+		if err != nil {
+			return fmt.Errorf("%s direct: %w", fr.Name, err)
+		}
+		fr.Direct = d
+		fr.DirectCheck, fr.DirectOK = fr.w.check(d.Output)
+		if !fr.DirectOK {
+			return fmt.Errorf("%s: the direct call's output is wrong: %s", fr.Name, fr.DirectCheck)
+		}
+	}
+	for _, d := range devs {
+		d.Close()
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	res.LoadAfterRuns = loadAvg()
+	res.GoBench, res.GoBenchNo = runGoBench(ctx, o)
+	res.WallS = time.Since(t0).Seconds()
+	return writeResults(o, res)
+}
+
+func parseFractions(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		var v float64
+		if _, err := fmt.Sscanf(strings.TrimSpace(f), "%g", &v); err != nil || v <= 0 || v > 10 {
+			return nil, fmt.Errorf("--sweep %q: want fractions like 0.5,1,1.2", s)
+		}
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func writeResults(o *options, res *results) error {
+	md := renderSection(o, res)
+	svg := ""
+	if res.Sweep != nil && len(res.Sweep.Points) > 0 {
+		svg = renderChart(res.Sweep, res)
+	}
+	if o.dryRun {
+		fmt.Println(md)
+		return nil
+	}
+	jsonPath := inRepo(o, o.jsonOut)
+	if err := os.MkdirAll(filepath.Dir(jsonPath), 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(res, "", "  ")
+	if err := os.WriteFile(jsonPath, b, 0o644); err != nil {
+		return err
+	}
+	if svg != "" {
+		p := inRepo(o, o.chart)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(svg), 0o644); err != nil {
+			return err
+		}
+		logf("wrote %s", p)
+	}
+	mdPath := inRepo(o, o.out)
+	doc, err := os.ReadFile(mdPath)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	doc = []byte(replaceSection(string(doc), o.device, md))
+	if err := os.WriteFile(mdPath, doc, 0o644); err != nil {
+		return err
+	}
+	logf("wrote the bench:%s section of %s and %s (%.0f s)", o.device, mdPath, jsonPath, res.WallS)
+	printSummary(res)
+	return nil
+}
+
+// printSummary shows the headline numbers on stdout; the tables are in
+// the markdown.
+func printSummary(res *results) {
+	fmt.Printf("client latency, ms (medians)   %8s %8s %8s %8s %8s\n", "cold", "warm", "hot", "direct", "direct")
+	fmt.Printf("%-30s %8s %8s %8s %8s %8s\n", "", "", "", "", "first", "repeat")
+	for _, f := range res.Functions {
+		if f.Skipped != "" {
+			fmt.Printf("%-30s skipped: %s\n", f.Name, f.Skipped)
+			continue
+		}
+		client := func(s *served) float64 { return s.ClientMs }
+		first := median(mapSlice(f.Direct.Trials, func(t directTrial) float64 { return t.OpenMs + t.ConstMs + t.InstanceMs + t.RunMs }))
+		rep := median(mapSlice(f.Direct.Repeats, func(t directRepeat) float64 { return t.RunMs }))
+		fmt.Printf("%-30s %8s %8s %8s %8s %8s\n", f.Name, fmtMs(median(mapSlice(f.Cold, client))), fmtMs(median(mapSlice(f.Warm, client))),
+			fmtMs(median(mapSlice(f.Hot, client))), fmtMs(first), fmtMs(rep))
+	}
+	if sw := res.Sweep; sw != nil {
+		fmt.Printf("%s sweep: closed-loop throughput %.0f/s;", sw.Function, sw.Capacity)
+		for _, p := range sw.Points {
+			fmt.Printf(" %g/s p99 %s ms;", p.Offered, fmtMs(p.P99))
+		}
+		fmt.Println()
+	}
+}
+
+// inRepo resolves a path given relative to the repository root.
+func inRepo(o *options, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(o.repo, p)
+}
+
+var logMu sync.Mutex
+
+func logf(format string, args ...any) {
+	logMu.Lock()
+	defer logMu.Unlock()
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// goAvailable reports whether a Go toolchain and the module source are
+// here (not so on a GPU machine given prebuilt binaries).
+func goAvailable(repo string) bool {
+	if _, err := exec.LookPath("go"); err != nil {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(repo, "go.mod"))
+	return err == nil
+}

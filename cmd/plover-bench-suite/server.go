@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// server is one `plover serve` process on a loopback port the kernel
+// picked, with its JSON log read as it is written.
+type server struct {
+	cmd     *exec.Cmd
+	url     string
+	startup time.Duration // exec to the "plover serving" log line
+	exited  chan struct{}
+	waitErr error
+
+	mu    sync.Mutex
+	colds []coldStart
+	tail  []string // the last log lines, for error messages
+}
+
+// coldStart is the engine's "cold start" log line: how long the bundle
+// took to come from the node cache or the store (fetch, verify, unpack),
+// and the whole load (that plus dlopen and symbol resolution).
+type coldStart struct {
+	Function string  `json:"function"`
+	Fetched  bool    `json:"fetched"`
+	FetchMs  float64 `json:"fetch_ms"`
+	TotalMs  float64 `json:"total_ms"`
+}
+
+const serverStartTimeout = 30 * time.Second
+
+// startServer runs plover serve on 127.0.0.1:0 with dataDir and waits for
+// it to log its address.
+func startServer(plover, dataDir, device string) (*server, error) {
+	cmd := exec.Command(plover, "serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device,
+		"--log-format", "json", "--poll", "0", "--grace", "2s")
+	cmd.Stdout = io.Discard
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	s := &server{cmd: cmd, exited: make(chan struct{})}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s serve: %w", plover, err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		s.readLog(stderr, ready)
+		s.waitErr = cmd.Wait()
+		close(s.exited)
+	}()
+	select {
+	case addr := <-ready:
+		s.startup = time.Since(t0)
+		s.url = addr
+		return s, nil
+	case <-s.exited:
+		return nil, fmt.Errorf("plover serve exited before listening (%v):\n%s", s.waitErr, s.logTail())
+	case <-time.After(serverStartTimeout):
+		s.stop()
+		return nil, fmt.Errorf("plover serve did not listen within %v:\n%s", serverStartTimeout, s.logTail())
+	}
+}
+
+func (s *server) readLog(r io.Reader, ready chan<- string) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var rec struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+			coldStart
+		}
+		s.mu.Lock()
+		if s.tail = append(s.tail, line); len(s.tail) > 40 {
+			s.tail = s.tail[1:]
+		}
+		s.mu.Unlock()
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		switch rec.Msg {
+		case "plover serving":
+			select {
+			case ready <- rec.Addr:
+			default:
+			}
+		case "cold start":
+			s.mu.Lock()
+			s.colds = append(s.colds, rec.coldStart)
+			s.mu.Unlock()
+		}
+	}
+	io.Copy(io.Discard, r)
+}
+
+// coldStart returns the n-th cold-start log line for fn, waiting briefly:
+// the server logs it before answering, but the pipe is read concurrently.
+func (s *server) coldStart(fn string, n int) (coldStart, bool) {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s.mu.Lock()
+		k := 0
+		for _, c := range s.colds {
+			if c.Function == fn {
+				if k == n {
+					s.mu.Unlock()
+					return c, true
+				}
+				k++
+			}
+		}
+		s.mu.Unlock()
+		if time.Now().After(deadline) {
+			return coldStart{}, false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (s *server) logTail() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.tail, "\n")
+}
+
+// stop ends the process this suite started: SIGTERM, then SIGKILL if it
+// has not exited within 10s.
+func (s *server) stop() error {
+	if s.cmd.Process == nil {
+		return nil
+	}
+	select {
+	case <-s.exited:
+		return nil
+	default:
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.exited
+		return errors.New("plover serve did not stop on SIGTERM; killed")
+	}
+	return nil
+}
+
+// deployToStore publishes a bundle directory straight into the store of
+// dataDir, as `plover deploy --store` does: no server runs, so nothing is
+// left in the node cache.
+func deployToStore(ctx context.Context, plover, dir, dataDir string) error {
+	cmd := exec.CommandContext(ctx, plover, "deploy", dir, "--store", "file://"+dataDir+"/store")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s deploy %s --store: %v\n%s", plover, dir, err, out)
+	}
+	return nil
+}
+
+func ploverVersion(plover string) string {
+	out, err := exec.Command(plover, "version").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func removeAll(dir string) {
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintf(os.Stderr, "warning: %v\n", err)
+	}
+}

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/xml"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReplaceSection(t *testing.T) {
+	doc := "# Benchmarks\n\nhand-written notes\n\n## GPU\n\n| a | b |\n|---|---|\n| x | not yet measured |\n"
+	// First run: the host section goes before the GPU heading.
+	d1 := replaceSection(doc, "host", "## Suite\n\nrun 1\n")
+	if !strings.Contains(d1, "hand-written notes\n\n<!-- bench:host:begin -->\n## Suite\n\nrun 1\n<!-- bench:host:end -->\n\n## GPU\n") {
+		t.Fatalf("first insert:\n%s", d1)
+	}
+	// Second run replaces only its own section.
+	d2 := replaceSection(d1+"\nnotes after\n", "host", "## Suite\n\nrun 2\n")
+	if strings.Contains(d2, "run 1") || !strings.Contains(d2, "run 2") || strings.Count(d2, "bench:host:begin") != 1 {
+		t.Fatalf("second run:\n%s", d2)
+	}
+	for _, keep := range []string{"hand-written notes", "not yet measured", "notes after", "## GPU"} {
+		if !strings.Contains(d2, keep) {
+			t.Fatalf("lost %q:\n%s", keep, d2)
+		}
+	}
+	// A GPU section is separate and goes at the end; the host one stays.
+	d3 := replaceSection(d2, "cuda", "gpu numbers")
+	if !strings.HasSuffix(d3, "<!-- bench:cuda:begin -->\ngpu numbers\n<!-- bench:cuda:end -->\n") || !strings.Contains(d3, "run 2") {
+		t.Fatalf("cuda section:\n%s", d3)
+	}
+	if d4 := replaceSection(d3, "host", "run 3"); !strings.Contains(d4, "gpu numbers") || strings.Contains(d4, "run 2") {
+		t.Fatalf("host rerun lost the cuda section:\n%s", d4)
+	}
+	if got := replaceSection("", "host", "x"); got != "<!-- bench:host:begin -->\nx\n<!-- bench:host:end -->\n" {
+		t.Fatalf("empty doc: %q", got)
+	}
+}
+
+func TestQuantileAndFormat(t *testing.T) {
+	if m := median([]float64{3, 1, 2}); m != 2 {
+		t.Fatal(m)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Fatal(m)
+	}
+	if m := median([]float64{math.NaN(), 5}); m != 5 {
+		t.Fatal(m)
+	}
+	if m := median(nil); !math.IsNaN(m) {
+		t.Fatal(m)
+	}
+	v := make([]float64, 100)
+	for i := range v {
+		v[i] = float64(100 - i)
+	}
+	if q := quantile(v, 0.99); q != 99 {
+		t.Fatal(q)
+	}
+	if q := quantile(v, 0.9); q != 90 {
+		t.Fatal(q)
+	}
+	for in, want := range map[float64]string{0: "0", 0.0004: "<0.001", 0.0421: "0.042", 1.234: "1.23", 12.34: "12.3", 2155.74: "2156", math.NaN(): "n/a"} {
+		if got := fmtMs(in); got != want {
+			t.Errorf("fmtMs(%v) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[float64]float64{7158: 7200, 715.8: 720, 3579: 3600, 0.4: 1, 12: 12} {
+		if got := roundRate(in); got != want {
+			t.Errorf("roundRate(%v) = %v, want %v", in, got, want)
+		}
+	}
+	if _, err := parseFractions("0.5,x"); err == nil {
+		t.Error("bad fraction accepted")
+	}
+	if f, err := parseFractions("1,0.5"); err != nil || f[0] != 0.5 {
+		t.Errorf("%v %v", f, err)
+	}
+}
+
+func TestChartIsWellFormedSVG(t *testing.T) {
+	sw := &sweepResult{Function: "cnn", Capacity: 7158, Points: []sweepPoint{
+		{Offered: 720, P50: 0.3, P90: 0.4, P99: 0.9, Sent: 100},
+		{Offered: 3600, P50: 0.46, P90: 1.5, P99: 2.0, Sent: 100},
+		{Offered: 8600, P50: 40, P90: 90, P99: 120, Sent: 100, Unsent: 30},
+	}, Note: "a <note> & more"}
+	r := &results{Device: "host", Machine: machine{CPU: "Intel(R) Xeon(R) <x>", Cores: 2}, Started: time.Now()}
+	svg := renderChart(sw, r)
+	d := xml.NewDecoder(strings.NewReader(svg))
+	n := 0
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			if err.Error() == "EOF" {
+				break
+			}
+			t.Fatalf("not well-formed XML: %v\n%s", err, svg)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+			n++
+		}
+	}
+	if n != 3 {
+		t.Fatalf("%d lines, want p50, p90, p99", n)
+	}
+	if !strings.Contains(svg, `fill="white" stroke="#d62728"`) {
+		t.Fatal("the saturated point is not drawn hollow")
+	}
+}
+
+func TestReadDigit(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "d.bin")
+	b := append([]byte("PLVDGT01"), 1, 0, 0, 0, 7)
+	px := make([]byte, 784)
+	px[0], px[783] = 255, 51
+	os.WriteFile(p, append(b, px...), 0o644)
+	in, label, err := readDigit(p)
+	if err != nil || label != 7 || len(in) != 784*4 {
+		t.Fatalf("%v %d %d", err, label, len(in))
+	}
+	if v := math.Float32frombits(binary.LittleEndian.Uint32(in)); v != 1 {
+		t.Fatal(v)
+	}
+	if v := math.Float32frombits(binary.LittleEndian.Uint32(in[783*4:])); v != float32(51.0/255) {
+		t.Fatal(v)
+	}
+	os.WriteFile(p, []byte("nope"), 0o644)
+	if _, _, err := readDigit(p); err == nil {
+		t.Fatal("accepted a non-digit file")
+	}
+}
+
+// TestSuiteEndToEnd runs the whole suite briefly against real plover serve
+// processes, with a throwaway markdown file. It needs the vecadd sample
+// (make samples) and builds bin/plover into a temp dir.
+func TestSuiteEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds plover and starts servers")
+	}
+	repo, _ := filepath.Abs("../..")
+	samples := filepath.Join(repo, "build", "samples")
+	if _, err := os.Stat(filepath.Join(samples, "vecadd-host", "plover.json")); err != nil {
+		t.Skip("no build/samples/vecadd-host: run make samples")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go to build plover with")
+	}
+	tmp := t.TempDir()
+	plover := filepath.Join(tmp, "plover")
+	if out, err := exec.Command("go", "build", "-o", plover, "../../cli/plover").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	md := filepath.Join(tmp, "B.md")
+	os.WriteFile(md, []byte("# B\n\nkeep me\n\n## GPU\n\nnot yet measured\n"), 0o644)
+	o := &options{repo: repo, plover: plover, device: "host", samples: samples, functions: "vecadd,cnn",
+		trials: 2, hot: 300 * time.Millisecond, hotRequests: 50, probe: 300 * time.Millisecond, sweepTime: 300 * time.Millisecond,
+		fractions: "0.5,1", out: md, chart: filepath.Join(tmp, "chart.svg"), jsonOut: filepath.Join(tmp, "r.json"), goBench: "off"}
+	if err := run(o); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(md)
+	doc := string(b)
+	for _, want := range []string{"keep me", "not yet measured", "<!-- bench:host:begin -->", "### vecadd, n = 1,000,000 float32",
+		"| **total** |", "served ÷ direct", "all 1000000 sums equal vecadd-expected.bin", "cold ×2"} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("BENCHMARKS lacks %q", want)
+		}
+	}
+	if strings.Index(doc, "bench:host:end") > strings.Index(doc, "## GPU") {
+		t.Error("host section not before the GPU section")
+	}
+	if _, err := os.Stat(filepath.Join(tmp, "chart.svg")); err != nil {
+		t.Error(err)
+	}
+	if _, err := os.Stat(filepath.Join(tmp, "r.json")); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// renderChart draws p50, p90 and p99 latency against offered load as a
+// self-contained SVG: a log latency axis, because latency past saturation
+// is orders of magnitude above latency below it.
+func renderChart(sw *sweepResult, r *results) string {
+	const (
+		W, H                   = 760.0, 460.0
+		left, right, top, bott = 72.0, 170.0, 58.0, 62.0
+	)
+	pw, ph := W-left-right, H-top-bott
+	xMax := sw.Capacity
+	yMin, yMax := math.Inf(1), math.Inf(-1)
+	for _, p := range sw.Points {
+		xMax = math.Max(xMax, p.Offered)
+		for _, v := range []float64{p.P50, p.P90, p.P99} {
+			if v > 0 {
+				yMin, yMax = math.Min(yMin, v), math.Max(yMax, v)
+			}
+		}
+	}
+	if math.IsInf(yMin, 0) {
+		yMin, yMax = 0.1, 1
+	}
+	step := niceCeil(xMax * 1.05 / 8)
+	xMax = step * math.Ceil(xMax*1.05/step)
+	lo, hi := math.Floor(math.Log10(yMin)), math.Ceil(math.Log10(yMax))
+	if hi <= lo {
+		hi = lo + 1
+	}
+	x := func(v float64) float64 { return left + pw*v/xMax }
+	y := func(v float64) float64 {
+		if v <= 0 {
+			v = math.Pow(10, lo)
+		}
+		return top + ph*(1-(math.Log10(v)-lo)/(hi-lo))
+	}
+
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif" font-size="12">`+"\n", W, H, W, H)
+	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
+	title := fmt.Sprintf("%s on the %s device: latency against offered load (open loop)", sw.Function, r.Device)
+	p(`<text x="%g" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, esc(title))
+	p(`<text x="%g" y="40" fill="#555">%s</text>`+"\n", left, esc(fmt.Sprintf("%s, %d cores; %s; client and server on the same machine",
+		r.Machine.CPU, r.Machine.Cores, r.Started.Format("2006-01-02"))))
+
+	// Grid and axes.
+	for e := lo; e <= hi; e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if math.Log10(v) > hi+1e-9 {
+				continue
+			}
+			yy := y(v)
+			stroke := "#eee"
+			if m == 1 {
+				stroke = "#ccc"
+			}
+			p(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="%s"/>`+"\n", left, yy, left+pw, yy, stroke)
+			p(`<text x="%g" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`+"\n", left-6, yy, strconv.FormatFloat(v, 'g', 4, 64))
+		}
+	}
+	for _, v := range ticks(xMax, step) {
+		xx := x(v)
+		p(`<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="#eee"/>`+"\n", xx, top, xx, top+ph)
+		p(`<text x="%.1f" y="%g" text-anchor="middle">%g</text>`+"\n", xx, top+ph+18, v)
+	}
+	p(`<rect x="%g" y="%g" width="%g" height="%g" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
+	p(`<text x="%g" y="%g" text-anchor="middle">offered load (requests/s)</text>`+"\n", left+pw/2, H-18)
+	p(`<text transform="translate(18 %g) rotate(-90)" text-anchor="middle">latency (ms, log scale)</text>`+"\n", top+ph/2)
+
+	// The throughput the rates are fractions of.
+	cx := x(sw.Capacity)
+	p(`<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="#888" stroke-dasharray="5 4"/>`+"\n", cx, top, cx, top+ph)
+	p(`<text x="%.1f" y="%g" fill="#555" text-anchor="end">closed-loop throughput %.0f/s </text>`+"\n", cx, top+14, sw.Capacity)
+
+	series := []struct {
+		name, color string
+		get         func(*sweepPoint) float64
+	}{
+		{"p50", "#1f77b4", func(p *sweepPoint) float64 { return p.P50 }},
+		{"p90", "#ff7f0e", func(p *sweepPoint) float64 { return p.P90 }},
+		{"p99", "#d62728", func(p *sweepPoint) float64 { return p.P99 }},
+	}
+	for i, s := range series {
+		var pts []string
+		for k := range sw.Points {
+			pt := &sw.Points[k]
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(pt.Offered), y(s.get(pt))))
+		}
+		p(`<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", s.color, strings.Join(pts, " "))
+		for k := range sw.Points {
+			pt := &sw.Points[k]
+			fill := s.color
+			if pt.saturated() {
+				fill = "white"
+			}
+			p(`<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s" stroke="%s" stroke-width="1.5"><title>%s at %g/s: %s ms</title></circle>`+"\n",
+				x(pt.Offered), y(s.get(pt)), fill, s.color, s.name, pt.Offered, fmtMs(s.get(pt)))
+		}
+		ly := top + 10 + float64(i)*20
+		p(`<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="%s" stroke-width="2"/>`+"\n", left+pw+16, ly, left+pw+40, ly, s.color)
+		p(`<text x="%g" y="%g" dominant-baseline="middle">%s</text>`+"\n", left+pw+46, ly, s.name)
+	}
+	ly := top + 80
+	p(`<circle cx="%g" cy="%g" r="3.5" fill="white" stroke="#333" stroke-width="1.5"/>`+"\n", left+pw+28, ly)
+	p(`<text x="%g" y="%g" dominant-baseline="middle">schedule not kept</text>`+"\n", left+pw+46, ly)
+	p(`<text x="%g" y="%g" dominant-baseline="middle" fill="#555">(&gt;1%% unsent)</text>`+"\n", left+pw+46, ly+16)
+	if sw.Note != "" {
+		p(`<text x="%g" y="%g" fill="#a00">%s</text>`+"\n", left, H-2, esc(sw.Note))
+	}
+	p("</svg>\n")
+	return b.String()
+}
+
+func esc(s string) string { return html.EscapeString(s) }
+
+// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
+func niceCeil(v float64) float64 {
+	if v <= 0 {
+		return 1
+	}
+	e := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*e >= v {
+			return m * e
+		}
+	}
+	return 10 * e
+}
+
+func ticks(max, step float64) []float64 {
+	var out []float64
+	for i := 0.0; i*step <= max*(1+1e-9); i++ {
+		out = append(out, i*step)
+	}
+	return out
+}

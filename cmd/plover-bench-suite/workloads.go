@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+)
+
+// workload is one function the suite measures, with its input and a
+// check of its output (a benchmark of wrong answers is worthless).
+type workload struct {
+	Name      string // function name, as in its manifest
+	Title     string
+	Dir       string // bundle directory
+	Input     []byte
+	InputNote string
+	// check describes out and says whether it is right.
+	check func(out []byte) (string, bool)
+	ref   *pyploverRef
+}
+
+// pyploverRef is PyPlover's published table (shared/README.md): times in
+// ms per start kind; nil columns were not published.
+type pyploverRef struct {
+	Note    string
+	Columns []string // "cold", "warm", "hot"
+	// Rows: load kernel, load constants, run kernel, platform overhead, total.
+	Values [][5]float64
+}
+
+var (
+	pyVecadd = &pyploverRef{
+		Note:    "PyPlover (SRK/OpenLambda, K20C GPU, i7-4765T) runs vecAdd in a cold container every time",
+		Columns: []string{"cold"},
+		Values:  [][5]float64{{1.5, 62, 20.8, 2830.7, 2915}},
+	}
+	pyCNN = &pyploverRef{
+		Note:    "PyPlover (K20C GPU, i7-4765T), MNIST CNN",
+		Columns: []string{"cold", "warm", "hot"},
+		Values: [][5]float64{
+			{0.015, 0.62, 0.208, 2154.9, 2155.74},
+			{0.015, 0, 0.208, 93.3, 94.14},
+			{0.015, 0, 0.208, 0.2, 1.04},
+		},
+	}
+)
+
+func vecaddWorkload(samples, suffix string) (*workload, error) {
+	w := &workload{Name: "vecadd", Title: "vecadd, n = 1,000,000 float32", Dir: filepath.Join(samples, "vecadd-"+suffix), ref: pyVecadd}
+	in, err := os.ReadFile(filepath.Join(samples, "vecadd-input.bin"))
+	if err != nil {
+		return w, fmt.Errorf("input: %w (run make samples)", err)
+	}
+	w.Input = in
+	w.InputNote = fmt.Sprintf("%s: %d float32 (%s), response %s", filepath.Join(samples, "vecadd-input.bin"), len(in)/4, humanBytes(len(in)), humanBytes(len(in)))
+	expect, err := os.ReadFile(filepath.Join(samples, "vecadd-expected.bin"))
+	w.check = func(out []byte) (string, bool) {
+		if err != nil {
+			return "not checked (no vecadd-expected.bin)", true
+		}
+		if bytes.Equal(out, expect) {
+			return fmt.Sprintf("all %d sums equal vecadd-expected.bin", len(out)/4), true
+		}
+		return fmt.Sprintf("output (%d bytes) differs from vecadd-expected.bin (%d bytes)", len(out), len(expect)), false
+	}
+	return w, nil
+}
+
+// cnnWorkload sends one MNIST digit as 784 float32s, taken from the
+// committed held-out set (or the converted MNIST set), in the format that
+// samples/cnn/digits documents: "PLVDGT01", a uint32 count, then records
+// of a label byte and 784 pixel bytes k standing for k/255.
+func cnnWorkload(repo, samples, suffix string) (*workload, error) {
+	w := &workload{Name: "cnn", Title: "CNN (MNIST), one 28×28 digit", Dir: filepath.Join(samples, "cnn-"+suffix), ref: pyCNN}
+	var label int
+	var src string
+	var err error
+	for _, p := range []string{filepath.Join(repo, "samples", "cnn", "testdata", "heldout.bin"), filepath.Join(repo, "build", "mnist", "digits.bin")} {
+		if w.Input, label, err = readDigit(p); err == nil {
+			src = p
+			break
+		}
+	}
+	if w.Input == nil {
+		return w, fmt.Errorf("no digit to send: %w", err)
+	}
+	w.InputNote = fmt.Sprintf("the first digit of %s (label %d): 784 float32 (%s), response 10 float32", src, label, humanBytes(len(w.Input)))
+	w.check = func(out []byte) (string, bool) {
+		if len(out) < 40 {
+			return fmt.Sprintf("output is %d bytes, want 10 float32", len(out)), false
+		}
+		best, bestV := 0, float32(math.Inf(-1))
+		for i := 0; i < 10; i++ {
+			if v := math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:])); v > bestV {
+				best, bestV = i, v
+			}
+		}
+		if best == label {
+			return fmt.Sprintf("predicts %d, the digit's label", best), true
+		}
+		// A wrong guess on one digit is possible for a 97% network; the
+		// timing is still valid, so report it rather than fail.
+		return fmt.Sprintf("predicts %d, the digit's label is %d", best, label), true
+	}
+	return w, nil
+}
+
+func readDigit(path string) ([]byte, int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	var hdr [12 + 785]byte
+	if _, err := f.ReadAt(hdr[:], 0); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	if string(hdr[:8]) != "PLVDGT01" || binary.LittleEndian.Uint32(hdr[8:]) == 0 {
+		return nil, 0, errors.New(path + ": not a digit file")
+	}
+	rec := hdr[12:]
+	in := make([]byte, 0, 784*4)
+	for _, k := range rec[1:] {
+		in = binary.LittleEndian.AppendUint32(in, math.Float32bits(float32(float64(k)/255)))
+	}
+	return in, int(rec[0]), nil
+}
+
+func humanBytes(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
