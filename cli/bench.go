@@ -37,7 +37,8 @@ func (r *rateFlag) Set(s string) error {
 }
 
 type benchFlags struct {
-	server, in        string
+	ep                endpoint
+	in                string
 	size              int64
 	concurrency       int
 	rate              rateFlag
@@ -55,7 +56,7 @@ func benchCmd() *command {
 			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
 			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&f.server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			f.ep.serverFlag(fs)
 			fs.StringVar(&f.in, "in", "", "input file sent as every request's body, - for stdin")
 			fs.Int64Var(&f.size, "size", 0, "send this many random bytes instead of --in")
 			fs.IntVar(&f.concurrency, "concurrency", 0, "connections: the closed loop's requests in flight, or the open loop's limit on them (default 1, or 64 with --rate)")
@@ -97,7 +98,7 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	cfg := bench.Config{
-		Server: serverURL(f.server), Function: name, Input: input, Concurrency: f.concurrency,
+		Server: serverURL(f.ep.server), Function: name, Input: input, Concurrency: f.concurrency,
 		Rate: float64(f.rate), Duration: f.duration, Requests: f.requests, Timeout: f.timeout,
 	}
 	finish := benchProgress(&cfg, env)

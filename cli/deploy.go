@@ -18,7 +18,6 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/loader"
-	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
 )
 
@@ -46,17 +45,14 @@ func checkDir(dir string) (*abi.Manifest, error) {
 }
 
 func deployCmd() *command {
-	var server, store string
-	var s3 objectstore.S3Options
+	var ep endpoint
 	return &command{
 		name: "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
 		usage: "DIR [--server URL | --store URL]",
 		example: "  make samples && plover deploy build/samples/vecadd-host\n" +
 			"  plover deploy build/samples/vecadd-host --store s3://plover-bundles   # no server needed",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
-			fs.StringVar(&store, "store", "", "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
-			s3Flags(fs, &s3)
+			ep.storeFlags(fs, "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if len(args) != 1 {
@@ -72,8 +68,8 @@ func deployCmd() *command {
 			}
 			body, done := withProgress(bytes.NewReader(b), int64(len(b)), "uploading "+m.Name, env)
 			var id string
-			if store != "" {
-				reg, err := openRegistry(store, s3)
+			if ep.direct() {
+				reg, err := ep.registry()
 				if err != nil {
 					return err
 				}
@@ -84,7 +80,7 @@ func deployCmd() *command {
 				}
 				id = v.ID
 			} else {
-				resp, err := newClient(server).doSized(http.MethodPut, "/v1/functions/"+m.Name, bundle.MediaType, body, int64(len(b)))
+				resp, err := ep.client().doSized(http.MethodPut, "/v1/functions/"+m.Name, bundle.MediaType, body, int64(len(b)))
 				done()
 				if err != nil {
 					return err
@@ -115,7 +111,8 @@ func humanBytes(n int64) string {
 }
 
 func invokeCmd() *command {
-	var server, in, out string
+	var ep endpoint
+	var in, out string
 	var asJSON, timing bool
 	return &command{
 		name: "invoke", summary: "run a function on input bytes and write its output bytes",
@@ -123,7 +120,7 @@ func invokeCmd() *command {
 		example: "  plover invoke vecadd --in build/samples/vecadd-input.bin --out /tmp/sum.bin --timing\n" +
 			"  plover invoke vecadd --in build/samples/vecadd-input.bin --json | head -c 300",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			ep.serverFlag(fs)
 			fs.StringVar(&in, "in", "-", "input file, - for stdin")
 			fs.StringVar(&out, "out", "-", "output file, - for stdout")
 			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
@@ -137,7 +134,7 @@ func invokeCmd() *command {
 			if err != nil {
 				return err
 			}
-			return invoke(newClient(server), args[0], input, out, asJSON, timing, env)
+			return invoke(ep.client(), args[0], input, out, asJSON, timing, env)
 		},
 	}
 }
@@ -186,14 +183,14 @@ func invoke(c *client, name string, input []byte, out string, asJSON, timing boo
 }
 
 func lsCmd() *command {
-	var server string
+	var ep endpoint
 	var asJSON bool
 	return &command{
 		name: "ls", summary: "list deployed functions",
 		usage:   "[--json]",
 		example: "  plover ls",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			ep.serverFlag(fs)
 			fs.BoolVar(&asJSON, "json", false, "print the server's JSON")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -203,7 +200,7 @@ func lsCmd() *command {
 			var resp struct {
 				Functions []runtime.FunctionInfo `json:"functions"`
 			}
-			if err := newClient(server).getJSON("/v1/functions", &resp); err != nil {
+			if err := ep.client().getJSON("/v1/functions", &resp); err != nil {
 				return err
 			}
 			if asJSON {
@@ -231,19 +228,19 @@ func shortID(id string) string {
 }
 
 func rmCmd() *command {
-	var server string
+	var ep endpoint
 	return &command{
 		name: "rm", summary: "delete a function (its in-flight requests finish first)",
 		usage:   "NAME",
 		example: "  plover rm vecadd",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+			ep.serverFlag(fs)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if len(args) != 1 {
 				return errUsage
 			}
-			if err := newClient(server).sendJSON(http.MethodDelete, "/v1/functions/"+args[0], "", nil, nil); err != nil {
+			if err := ep.client().sendJSON(http.MethodDelete, "/v1/functions/"+args[0], "", nil, nil); err != nil {
 				return err
 			}
 			fmt.Fprintf(env.Stdout, "deleted %s\n", args[0])

@@ -12,7 +12,6 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
 	"github.com/plover-run/plover/runtime/registry"
 )
@@ -32,17 +31,14 @@ func withProgress(r io.Reader, size int64, what string, env *Env) (io.Reader, fu
 }
 
 func versionsCmd() *command {
-	var server, store string
-	var s3 objectstore.S3Options
+	var ep endpoint
 	var asJSON bool
 	return &command{
 		name: "versions", summary: "list a function's versions (* marks the current one)",
 		usage:   "NAME [--server URL | --store URL]",
 		example: "  plover versions vecadd",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
-			fs.StringVar(&store, "store", "", "read the store directly instead of asking a server (file://... or s3://...)")
-			s3Flags(fs, &s3)
+			ep.storeFlags(fs, "read the store directly instead of asking a server (file://... or s3://...)")
 			fs.BoolVar(&asJSON, "json", false, "print the record as JSON")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -50,8 +46,8 @@ func versionsCmd() *command {
 				return errUsage
 			}
 			var rec *registry.Record
-			if store != "" {
-				reg, err := openRegistry(store, s3)
+			if ep.direct() {
+				reg, err := ep.registry()
 				if err != nil {
 					return err
 				}
@@ -60,7 +56,7 @@ func versionsCmd() *command {
 				}
 			} else {
 				rec = &registry.Record{}
-				if err := newClient(server).getJSON("/v1/functions/"+args[0]+"/versions", rec); err != nil {
+				if err := ep.client().getJSON("/v1/functions/"+args[0]+"/versions", rec); err != nil {
 					return err
 				}
 			}
@@ -85,24 +81,21 @@ func versionsCmd() *command {
 }
 
 func rollbackCmd() *command {
-	var server, store string
-	var s3 objectstore.S3Options
+	var ep endpoint
 	return &command{
 		name: "rollback", summary: "make an earlier version of a function current again",
 		usage:   "NAME VERSION [--server URL | --store URL]",
 		example: "  plover versions vecadd && plover rollback vecadd 9fe7fab9",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
-			fs.StringVar(&store, "store", "", "change the record in the store directly; servers pick it up within their --poll interval")
-			s3Flags(fs, &s3)
+			ep.storeFlags(fs, "change the record in the store directly; servers pick it up within their --poll interval")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if len(args) != 2 {
 				return errUsage
 			}
 			var id string
-			if store != "" {
-				reg, err := openRegistry(store, s3)
+			if ep.direct() {
+				reg, err := ep.registry()
 				if err != nil {
 					return err
 				}
@@ -114,7 +107,7 @@ func rollbackCmd() *command {
 			} else {
 				body, _ := json.Marshal(map[string]string{"version": args[1]})
 				var fi runtime.FunctionInfo
-				if err := newClient(server).sendJSON(http.MethodPost, "/v1/functions/"+args[0]+"/rollback", "application/json", body, &fi); err != nil {
+				if err := ep.client().sendJSON(http.MethodPost, "/v1/functions/"+args[0]+"/rollback", "application/json", body, &fi); err != nil {
 					return err
 				}
 				id = fi.Version
@@ -126,17 +119,14 @@ func rollbackCmd() *command {
 }
 
 func gcCmd() *command {
-	var server, store string
-	var s3 objectstore.S3Options
+	var ep endpoint
 	var grace time.Duration
 	return &command{
 		name: "gc", summary: "delete bundles that no function version references",
 		usage:   "[--server URL | --store URL] [--grace 1m]",
 		example: "  plover gc --grace 0s",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
-			fs.StringVar(&store, "store", "", "collect in the store directly")
-			s3Flags(fs, &s3)
+			ep.storeFlags(fs, "collect in the store directly")
 			fs.DurationVar(&grace, "grace", time.Minute, "keep unreferenced bundles younger than this (a deploy may be uploading them)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -144,8 +134,8 @@ func gcCmd() *command {
 				return errUsage
 			}
 			var removed []string
-			if store != "" {
-				reg, err := openRegistry(store, s3)
+			if ep.direct() {
+				reg, err := ep.registry()
 				if err != nil {
 					return err
 				}
@@ -154,7 +144,7 @@ func gcCmd() *command {
 				}
 			} else {
 				var resp struct{ Removed []string }
-				if err := newClient(server).sendJSON(http.MethodPost, "/v1/gc?grace="+grace.String(), "", nil, &resp); err != nil {
+				if err := ep.client().sendJSON(http.MethodPost, "/v1/gc?grace="+grace.String(), "", nil, &resp); err != nil {
 					return err
 				}
 				removed = resp.Removed
@@ -166,12 +156,4 @@ func gcCmd() *command {
 			return nil
 		},
 	}
-}
-
-func openRegistry(url string, o objectstore.S3Options) (registry.Registry, error) {
-	s, err := openStore(context.Background(), url, o)
-	if err != nil {
-		return registry.Registry{}, err
-	}
-	return registry.Registry{Store: s}, nil
 }
