@@ -121,6 +121,10 @@ type Request struct {
 	// Timeout from now. A request that would start after it fails with
 	// KindTimeout without running.
 	Deadline time.Time
+	// Gone, if set, reports whether the client has gone away. It is polled
+	// while the request waits for an instance, so an abandoned request
+	// gives up its queue slot instead of holding it until its deadline.
+	Gone func() bool
 	// Output is set to the out buffer's bytes, reusing its capacity.
 	Output  []byte
 	Timing  Timing
@@ -181,7 +185,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		key = 0
 	}
 	tq := time.Now()
-	if err := v.acquire(ctx, deadline); err != nil {
+	if err := v.acquire(ctx, deadline, req.Gone); err != nil {
 		return err
 	}
 	defer v.release()

@@ -21,6 +21,7 @@ const (
 	KindUnavailable             // 503: device unhealthy, store down
 	KindTimeout                 // 504: deadline passed before the request ran
 	KindBusy                    // 429: no capacity and no room to wait
+	KindGone                    // 499: the client went away while the request waited
 )
 
 // Error is what the engine returns: a kind, a message for the client, and

@@ -98,7 +98,7 @@ func (v *version) unref() {
 
 // acquire waits for a slot, in FIFO order, until the deadline. The fast
 // path takes no timer and allocates nothing; a full queue fails at once.
-func (v *version) acquire(ctx context.Context, deadline time.Time) error {
+func (v *version) acquire(ctx context.Context, deadline time.Time, gone func() bool) error {
 	select {
 	case v.slots <- struct{}{}:
 		return nil
@@ -115,15 +115,30 @@ func (v *version) acquire(ctx context.Context, deadline time.Time) error {
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	select {
-	case v.slots <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return errorf(KindTimeout, ctx.Err(), "function %s: the request ended while waiting for one of %d instances", v.fn.name, cap(v.slots))
-	case <-t.C:
-		return errorf(KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", v.fn.name, cap(v.slots))
+	var poll <-chan time.Time
+	if gone != nil {
+		tk := time.NewTicker(goneInterval)
+		defer tk.Stop()
+		poll = tk.C
+	}
+	for {
+		select {
+		case v.slots <- struct{}{}:
+			return nil
+		case <-ctx.Done():
+			return errorf(KindTimeout, ctx.Err(), "function %s: the request ended while waiting for one of %d instances", v.fn.name, cap(v.slots))
+		case <-t.C:
+			return errorf(KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", v.fn.name, cap(v.slots))
+		case <-poll:
+			if gone() {
+				return errorf(KindGone, nil, "function %s: the client went away while the request waited", v.fn.name)
+			}
+		}
 	}
 }
+
+// goneInterval is how often a queued request checks for its client.
+const goneInterval = 20 * time.Millisecond
 
 func (v *version) release() { <-v.slots }
 

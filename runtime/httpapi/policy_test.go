@@ -1,6 +1,11 @@
 package httpapi_test
 
 import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -87,5 +92,60 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	srv.SetReady(false)
 	if r, _ := testkit.Post(t, "GET", base+"/readyz", "", nil); r.StatusCode != 503 {
 		t.Fatalf("readyz when draining: %d", r.StatusCode)
+	}
+}
+
+func TestClientDisconnectFreesQueueSlot(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	m := testkit.Manifest("slow")
+	m.MaxInstances, m.MaxQueue = 1, 1
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 1500, Block: 1}, {Kernel: "count", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	base := testkit.Serve(t, e, httpapi.Options{})
+	addr := strings.TrimPrefix(base, "http://")
+	send := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 0\r\n\r\n")
+		return c
+	}
+	running := send() // holds the only instance for 1.5 s
+	defer running.Close()
+	waitQueue := func(want int) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for time.Since(start) < time.Second {
+			if fi, err := e.Function(t.Context(), "slow"); err == nil && fi.Queue == want && fi.Busy == 1 {
+				return time.Since(start)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("queue depth never reached %d", want)
+		return 0
+	}
+	waitQueue(0) // the first request is running
+	queued := send()
+	waitQueue(1)
+	queued.Close() // the client gives up
+	freed := waitQueue(0)
+	t.Logf("queue slot freed %v after the client closed", freed)
+	// The slot is usable again, long before the running request ends...
+	third := send()
+	defer third.Close()
+	waitQueue(1)
+	// ...and the abandoned request never ran: the counter shows two runs.
+	resp, err := http.ReadResponse(bufio.NewReader(running), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("running request: %v %v", resp, err)
+	}
+	resp, err = http.ReadResponse(bufio.NewReader(third), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("third request: %v %v", resp, err)
+	}
+	out := make([]byte, 8)
+	if _, err := io.ReadFull(resp.Body, out); err != nil || binary.LittleEndian.Uint64(out) != 2 {
+		t.Fatalf("third request saw count %v (%v), want 2: the abandoned request ran", out, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -74,6 +75,29 @@ func (s *Server) SetReady(ready bool) { s.notReady.Store(!ready) }
 type call struct {
 	req    runtime.Request
 	timing []byte
+	conn   net.Conn // the client's, for gone
+}
+
+// gone reports whether the client closed its connection, by peeking at the
+// socket without consuming anything (a pipelined next request stays
+// readable for fasthttp). The engine calls it only while the request is
+// queued.
+func (c *call) gone() bool {
+	sc, ok := c.conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		closed = (n == 0 && err == nil) || err == syscall.ECONNRESET
+	})
+	return closed
 }
 
 // New returns a Server over exec.
@@ -89,7 +113,11 @@ func New(exec Executor, opts Options) *Server {
 	}
 	s := &Server{exec: exec, opts: opts, metrics: newRequestMetrics(opts.Registry)}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
-	s.calls.New = func() any { return &call{timing: make([]byte, 0, 160)} }
+	s.calls.New = func() any {
+		c := &call{timing: make([]byte, 0, 160)}
+		c.req.Gone = c.gone // bound once: no allocation per request
+		return c
+	}
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handle,
 		Name:               "plover/" + opts.Version,
@@ -310,6 +338,8 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
 	c := s.calls.Get().(*call)
 	defer s.calls.Put(c)
+	c.conn = ctx.Conn()
+	defer func() { c.conn = nil }()
 	c.req.Override = nil
 	c.req.Timing = runtime.Timing{}
 	if err := deadline(ctx, &c.req); err != nil {
@@ -440,6 +470,8 @@ func status(k runtime.Kind) (int, string) {
 		return fasthttp.StatusGatewayTimeout, "timeout"
 	case runtime.KindBusy:
 		return fasthttp.StatusTooManyRequests, "busy"
+	case runtime.KindGone:
+		return 499, "client_closed" // nobody reads it; for logs and metrics
 	default:
 		return fasthttp.StatusInternalServerError, "internal"
 	}
