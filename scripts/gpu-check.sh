@@ -303,7 +303,7 @@ if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ] && [ -f build/samples/cnn-cuda/plove
 import struct, sys
 data = open(sys.argv[1], "rb").read()
 assert data[:8] == b"PLVDGT01", "bad magic"
-n = min(struct.unpack_from("<I", data, 8)[0], 32)
+n = struct.unpack_from("<I", data, 8)[0]  # all 500 held-out digits
 with open(sys.argv[2] + "/cnn-labels", "w") as labels:
     for i in range(n):
         rec = data[12 + i * 785: 12 + (i + 1) * 785]
@@ -317,14 +317,14 @@ PY
   latency "$host_url" host-cnn cnn "$tmp/cnn-in-0.bin"
   while read -r label; do
     in=$tmp/cnn-in-$n.bin
-    rc=$(invoke "$cuda_url" cnn "$in" "$tmp/cnn-cuda.out")
-    rh=$(invoke "$host_url" cnn "$in" "$tmp/cnn-host.out")
+    rc=$(invoke "$cuda_url" cnn "$in" "$tmp/cnn-cuda-$n.out")
+    rh=$(invoke "$host_url" cnn "$in" "$tmp/cnn-host-$n.out")
     if [ "${rc%% *}" != 200 ] || [ "${rh%% *}" != 200 ]; then
       fail "cnn digit $n: cuda $rc, host $rh"
     else
-      if cmp -s "$tmp/cnn-cuda.out" "$tmp/cnn-host.out"; then same=$((same + 1)); fi
-      lc=$(argmax "$tmp/cnn-cuda.out")
-      lh=$(argmax "$tmp/cnn-host.out")
+      if cmp -s "$tmp/cnn-cuda-$n.out" "$tmp/cnn-host-$n.out"; then same=$((same + 1)); fi
+      lc=$(argmax "$tmp/cnn-cuda-$n.out")
+      lh=$(argmax "$tmp/cnn-host-$n.out")
       if [ "$lc" = "$lh" ]; then agree=$((agree + 1)); fi
       if [ "$lc" = "$label" ]; then correct=$((correct + 1)); fi
     fi
@@ -332,6 +332,22 @@ PY
   done <"$tmp/cnn-labels"
   say "cnn: $n digits; CUDA and host labels agree on $agree, outputs byte-identical on $same, CUDA correct on $correct"
   if [ "$agree" = "$n" ]; then pass "cnn labels: CUDA = host"; else fail "cnn labels differ between CUDA and host"; fi
+  # The issue's bar: every one of the 10 scores within 1e-4 of the host device's.
+  maxdiff=$(python3 - "$tmp" "$n" <<'PY'
+import struct, sys
+d = 0.0
+for i in range(int(sys.argv[2])):
+    try:
+        c = struct.unpack("<10f", open("%s/cnn-cuda-%d.out" % (sys.argv[1], i), "rb").read())
+        h = struct.unpack("<10f", open("%s/cnn-host-%d.out" % (sys.argv[1], i), "rb").read())
+    except (OSError, struct.error):
+        print("nan"); sys.exit(0)
+    d = max(d, max(abs(a - b) for a, b in zip(c, h)))
+print("%.3g" % d)
+PY
+)
+  say "cnn: largest score difference CUDA vs host over $n digits: $maxdiff"
+  if python3 -c "import sys; sys.exit(0 if float('$maxdiff') <= 1e-4 else 1)"; then pass "cnn scores within 1e-4"; else fail "cnn scores differ by $maxdiff (> 1e-4)"; fi
 else
   say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
 fi
