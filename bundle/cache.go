@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -59,7 +57,7 @@ func NewCache(dir string, maxUnpacked, maxBytes int64) (*Cache, error) {
 	for _, de := range des {
 		p := filepath.Join(dir, de.Name())
 		if !ValidDigest(de.Name()) || !de.IsDir() {
-			os.RemoveAll(p) // .fetch-*, .unpack-*, .verify-* from a crash
+			os.RemoveAll(p) // .fetch-*, .unpack-*, .verify-*, .evict-* from a crash
 			continue
 		}
 		size, mtime, err := dirSize(p)
@@ -159,9 +157,13 @@ func (c *Cache) evictLocked() {
 		if victim == "" {
 			return
 		}
-		if err := os.RemoveAll(filepath.Join(c.dir, victim)); err != nil {
+		// Rename first: a crash mid-removal must not leave a half-deleted
+		// bundle under its sha256 name (NewCache removes .evict-* leftovers).
+		gone := filepath.Join(c.dir, ".evict-"+victim)
+		if err := os.Rename(filepath.Join(c.dir, victim), gone); err != nil {
 			return
 		}
+		os.RemoveAll(gone)
 		c.total -= c.entries[victim].size
 		delete(c.entries, victim)
 	}
@@ -186,15 +188,34 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	lock.Lock()
 	defer lock.Unlock()
 	dir = filepath.Join(c.dir, sha)
-	if m, err = ReadManifest(dir); err == nil {
-		return dir, m, false, c.use(sha, dir)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", nil, false, fmt.Errorf("cached bundle %s: %w", sha, err)
+	// Pin a cached bundle before reading it, so that eviction (which skips
+	// bundles in use) cannot remove it under us.
+	if c.pin(sha, dir) {
+		if m, err = ReadManifest(dir); err != nil {
+			c.Release(sha)
+			return "", nil, false, fmt.Errorf("cached bundle %s: %w", sha, err)
+		}
+		return dir, m, false, nil
 	}
 	if m, err = c.fetch(ctx, store, sha, dir); err != nil {
 		return "", nil, true, err
 	}
 	return dir, m, true, c.use(sha, dir)
+}
+
+// pin marks a cached bundle in use and recently used; false if the cache
+// does not hold sha.
+func (c *Cache) pin(sha, dir string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[sha]
+	if !ok {
+		return false
+	}
+	e.inUse++
+	e.lastUsed = time.Now()
+	os.Chtimes(dir, e.lastUsed, e.lastUsed) // the order survives a restart
+	return true
 }
 
 func (c *Cache) lock(sha string) *sync.Mutex {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
@@ -76,5 +77,39 @@ func TestCacheLRUEvictionSparesBundlesInUse(t *testing.T) {
 	store.Delete(ctx, ObjectKey(c))
 	if _, _, fetched, err := again.Get(ctx, store, c); err != nil || fetched {
 		t.Fatalf("restarted cache should serve c from disk: fetched=%v err=%v", fetched, err)
+	}
+}
+
+// Eviction must never remove a bundle between a Get finding it and pinning
+// it: with room for one bundle and four in turn, every Get still succeeds.
+func TestCacheGetRacesEviction(t *testing.T) {
+	ctx := context.Background()
+	store, _ := objectstore.NewFS(t.TempDir())
+	const size = 20 << 10
+	shas := []string{putBundle(t, store, 1, size), putBundle(t, store, 2, size), putBundle(t, store, 3, size), putBundle(t, store, 4, size)}
+	cache, err := NewCache(t.TempDir(), 0, size+size/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 150; i++ {
+				sha := shas[(g+i)%len(shas)]
+				if _, _, _, err := cache.Get(ctx, store, sha); err != nil {
+					errs <- err
+					return
+				}
+				cache.Release(sha)
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }

@@ -176,11 +176,17 @@ func serve(f *serveFlags, env *Env) error {
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
 	defer cancel()
 	err = srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Requests are still running on the devices: leave them to the
+		// process exit rather than free memory under them.
+		log.Warn("grace period over with requests still running; exiting", "grace", f.grace)
+		return nil
+	}
 	eng.Close()
 	for _, d := range devs {
 		d.Close()
 	}
-	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("stopped")

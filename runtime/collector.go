@@ -76,7 +76,7 @@ func (v *version) usage() (busy, idle int, mem int64) {
 	defer v.mu.Unlock()
 	idle = len(v.idle)
 	busy = v.live - idle
-	if v.manifest != nil {
+	if v.loaded.Load() { // manifest and constSize are written by load
 		m := v.manifest
 		mem = int64(v.live)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(len(v.placements))*v.constSize
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -284,6 +285,7 @@ func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 	if f := e.funcs[name]; f != nil { // a concurrent lookup or deploy won
 		return f, nil
 	}
+	name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
 	f := &function{name: name}
 	f.cur = e.newVersion(f, cv)
 	e.funcs[name] = f
@@ -321,11 +323,17 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	dir, m, fetched, err := e.cfg.Cache.Get(ctx, e.cfg.Store, v.rec.SHA256)
 	if err != nil {
 		var fe *bundle.FetchError
-		if errors.As(err, &fe) {
+		var be *bundle.Error
+		switch {
+		case errors.As(err, &fe):
 			return errorf(KindUnavailable, err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
+		case errors.As(err, &be): // the bundle itself is refused: that will not change
+			v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
+			return v.loadErr
+		default: // local trouble (disk full, a race with eviction): try again later
+			e.cfg.Log.Error("cannot prepare bundle", "function", v.fn.name, "sha256", v.rec.SHA256[:12], "error", err)
+			return errorf(KindUnavailable, err, "function %s: cannot prepare its bundle on this node; see the server log", v.fn.name)
 		}
-		v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
-		return v.loadErr
 	}
 	tFetch := time.Since(t0)
 	lib, err := loader.Open(filepath.Join(dir, m.Library), e.target, abi.Kernels(m.Chain))

@@ -204,6 +204,9 @@ func (e *Engine) evictIdleInstance(dev cuda.Device) bool {
 	var oldest time.Time
 	for _, fv := range e.current() {
 		v := fv.v
+		if !v.loaded.Load() { // policy is written by load
+			continue
+		}
 		v.mu.Lock()
 		if v.live <= v.policy.min {
 			v.mu.Unlock()

@@ -126,7 +126,7 @@ func (v *version) acquire(ctx context.Context, deadline time.Time, gone func() b
 		case v.slots <- struct{}{}:
 			return nil
 		case <-ctx.Done():
-			return errorf(KindTimeout, ctx.Err(), "function %s: the request ended while waiting for one of %d instances", v.fn.name, cap(v.slots))
+			return errorf(KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", v.fn.name, cap(v.slots))
 		case <-t.C:
 			return errorf(KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", v.fn.name, cap(v.slots))
 		case <-poll:

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -149,7 +150,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) {
 		c.req.Deadline = d
 	}
 	c.req.Input, c.req.Override = input, o
-	err = s.exec.Invoke(ctx, name, &c.req)
+	err = s.exec.Invoke(context.Background(), name, &c.req) // see invoke
 	c.req.Input, c.req.Override = nil, nil
 	s.finish(ctx, name, c, err)
 	if err != nil {

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,7 +62,7 @@ func (m *requestMetrics) function(name string) *fnMetrics {
 	if fm = m.byFn[name]; fm != nil {
 		return fm
 	}
-	label := name
+	label := strings.Clone(name) // name may be the request's borrowed bytes
 	if len(m.byFn) >= m.limit {
 		label = "_other"
 	}
@@ -69,7 +70,7 @@ func (m *requestMetrics) function(name string) *fnMetrics {
 	for i, p := range phaseNames {
 		fm.phases[i] = m.duration.WithLabelValues(label, p)
 	}
-	m.byFn[string([]byte(name))] = fm // the caller's name may be borrowed bytes
+	m.byFn[strings.Clone(name)] = fm
 	return fm
 }
 

@@ -351,7 +351,10 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	case "application/octet-stream", "":
 		c.req.Input = ctx.Request.Body()
 		c.req.Output = ctx.Response.SwapBody(nil)[:0]
-		err := s.exec.Invoke(ctx, name, &c.req)
+		// Not ctx: fasthttp closes its Done at the start of a graceful
+		// shutdown, and queued requests are meant to drain then. The
+		// request's own deadline bounds it.
+		err := s.exec.Invoke(context.Background(), name, &c.req)
 		ctx.Response.SwapBody(c.req.Output)
 		c.req.Input, c.req.Output = nil, nil
 		s.finish(ctx, name, c, err)
