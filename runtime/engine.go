@@ -50,6 +50,11 @@ type Engine struct {
 
 	mu    sync.Mutex
 	funcs map[string]*function
+	// epoch counts changes of funcs (a version switch, a removal), so that
+	// a store read made without the lock is applied only if nothing changed
+	// meanwhile: a slow Refresh must not undo a deploy that just returned.
+	epoch  uint64
+	closed bool
 
 	memMu     sync.Mutex // serialises reserving device memory
 	evictions struct{ instances, functions atomic.Int64 }
@@ -84,7 +89,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}}, nil
+	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, epoch: 1}, nil
 }
 
 // Target is the bundle target this engine's devices run.
@@ -248,66 +253,87 @@ func (e *Engine) resolve(ctx context.Context, name string) (*function, *version,
 	for {
 		e.mu.Lock()
 		f := e.funcs[name]
+		var v *version
+		if f != nil {
+			v = f.cur
+		}
 		e.mu.Unlock()
 		if f == nil {
-			var err error
-			if f, err = e.lookup(ctx, name); err != nil {
+			if _, err := e.lookup(ctx, name); err != nil {
 				return nil, nil, err
 			}
+			continue
 		}
-		e.mu.Lock()
-		v := f.cur
-		e.mu.Unlock()
 		if v != nil && v.ref() {
 			return f, v, nil
 		}
-		// Retired between the two locks: the next round sees its successor.
+		// Retired between the lock and ref: the next round sees its successor.
 	}
 }
 
+// lookup reads name's record and adds the function to this node, unless a
+// deploy or delete changed the node while the store was read (then it
+// reads again: what it read may be stale).
 func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 	if !abi.ValidName(name) {
 		return nil, errorf(KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
-	rec, err := e.reg.Get(ctx, name)
-	if errors.Is(err, registry.ErrNoFunction) {
-		return nil, errorf(KindNotFound, err, "function %q not found", name)
+	for attempt := 0; ; attempt++ {
+		e.mu.Lock()
+		at, closed := e.epoch, e.closed
+		e.mu.Unlock()
+		if closed {
+			return nil, errorf(KindUnavailable, nil, "the server is shutting down")
+		}
+		rec, err := e.reg.Get(ctx, name)
+		if errors.Is(err, registry.ErrNoFunction) {
+			return nil, errorf(KindNotFound, err, "function %q not found", name)
+		}
+		if err != nil {
+			return nil, errorf(KindUnavailable, err, "function %s: store unavailable", name)
+		}
+		cv, err := rec.CurrentVersion()
+		if err != nil {
+			return nil, errorf(KindInternal, err, "function %s: corrupt record", name)
+		}
+		if attempt == 3 {
+			at = 0 // changes keep coming: take what was read
+		}
+		if f, _ := e.switchTo(name, cv, at); f != nil {
+			return f, nil
+		}
 	}
-	if err != nil {
-		return nil, errorf(KindUnavailable, err, "function %s: store unavailable", name)
-	}
-	cv, err := rec.CurrentVersion()
-	if err != nil {
-		return nil, errorf(KindInternal, err, "function %s: corrupt record", name)
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if f := e.funcs[name]; f != nil { // a concurrent lookup or deploy won
-		return f, nil
-	}
-	name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
-	f := &function{name: name}
-	f.cur = e.newVersion(f, cv)
-	e.funcs[name] = f
-	return f, nil
 }
 
-// setCurrent makes v the current version of its function and retires the
-// previous one once its in-flight requests finish.
-func (e *Engine) setCurrent(name string, rv registry.Version) *function {
+// switchTo makes rv the current version of name, adding the function if
+// needed, and retires the previous version once its in-flight requests
+// finish. With at != 0 it does nothing unless the epoch is still at. It
+// returns the function (nil if it did nothing) and whether the version
+// changed.
+func (e *Engine) switchTo(name string, rv registry.Version, at uint64) (*function, bool) {
 	e.mu.Lock()
+	if e.closed || (at != 0 && e.epoch != at) {
+		e.mu.Unlock()
+		return nil, false
+	}
 	f := e.funcs[name]
+	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
+		e.mu.Unlock()
+		return f, false
+	}
 	if f == nil {
+		name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
 		f = &function{name: name}
 		e.funcs[name] = f
 	}
 	old := f.cur
 	f.cur = e.newVersion(f, rv)
+	e.epoch++
 	e.mu.Unlock()
 	if old != nil {
 		old.retire()
 	}
-	return f
+	return f, true
 }
 
 func (e *Engine) load(ctx context.Context, v *version) error {
@@ -512,10 +538,13 @@ func (e *Engine) Deploy(ctx context.Context, name string, body io.Reader) (Funct
 		return FunctionInfo{}, errorf(KindUnavailable, err, "deploy %s: store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
-	f := e.setCurrent(name, rv)
+	f, _ := e.switchTo(name, rv, 0)
+	if f == nil {
+		return FunctionInfo{}, errorf(KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
+	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
-	return e.info(f, rv, 1), nil
+	return e.info(f, rv, e.versionCount(ctx, name)), nil
 }
 
 // CheckBundleDir checks an unpacked bundle against the name it is deployed
@@ -550,30 +579,45 @@ func (e *Engine) Delete(ctx context.Context, name string) error {
 	} else if err != nil {
 		return errorf(KindUnavailable, err, "delete %s: store", name)
 	}
-	e.forget(name)
+	e.forget(name, 0)
 	e.cfg.Log.Info("deleted", "function", name)
 	return nil
 }
 
-// forget drops a function from this node; its version retires once its
-// in-flight requests finish.
-func (e *Engine) forget(name string) {
+// forget drops a function from this node (with at != 0, only if the epoch
+// is still at); its version retires once its in-flight requests finish.
+func (e *Engine) forget(name string, at uint64) {
 	e.mu.Lock()
+	if at != 0 && e.epoch != at {
+		e.mu.Unlock()
+		return
+	}
 	f := e.funcs[name]
 	delete(e.funcs, name)
 	var old *version
 	if f != nil {
 		old, f.cur = f.cur, nil
 	}
+	e.epoch++
 	e.mu.Unlock()
 	if old != nil {
 		old.retire()
 	}
 }
 
-// Close retires every version; in-flight requests finish first.
+// versionCount is how many versions name's record lists (0 if unreadable).
+func (e *Engine) versionCount(ctx context.Context, name string) int {
+	if rec, err := e.reg.Get(ctx, name); err == nil {
+		return len(rec.Versions)
+	}
+	return 0
+}
+
+// Close retires every version; in-flight requests finish first. Later
+// lookups and deploys are refused.
 func (e *Engine) Close() {
 	e.mu.Lock()
+	e.closed = true
 	var olds []*version
 	for _, f := range e.funcs {
 		if f.cur != nil {

@@ -47,11 +47,22 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 		if n >= v.policy.min || retired {
 			return nil
 		}
+		// Hold a slot like a request, so warming never takes the function
+		// past max_instances; if requests hold them all, they are creating
+		// the instances anyway.
+		select {
+		case v.slots <- struct{}{}:
+		default:
+			return nil
+		}
 		in, err := e.newInstance(v)
+		if err == nil {
+			v.put(in, false)
+		}
+		v.release()
 		if err != nil {
 			return err
 		}
-		v.put(in, false)
 	}
 }
 
@@ -175,16 +186,27 @@ func (e *Engine) unload(f *function, v *version) bool {
 
 // reserve makes need bytes free on dev, evicting least recently used idle
 // instances first and then unloading least recently used functions with no
-// instance and no request. Memory of busy instances is never taken. Callers
-// hold e.memMu.
+// instance and no request. Memory of busy instances is never taken, and
+// nothing is evicted when everything evictable would still not be enough.
+// Callers hold e.memMu.
 func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) error {
+	mi := dev.MemInfo()
+	if mi.Free >= need {
+		return nil
+	}
+	if mi.Free+e.reclaimable(dev, forV) < need {
+		return errorf(KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
+			forV.fn.name, need, dev.Name(), mi.Free, mi.Total)
+	}
 	for {
 		mi := dev.MemInfo()
 		if mi.Free >= need {
 			return nil
 		}
-		if e.evictIdleInstance(dev) {
-			e.evictions.instances.Add(1)
+		if found, freed := e.evictIdleInstance(dev); found {
+			if freed {
+				e.evictions.instances.Add(1)
+			}
 			continue
 		}
 		if fv, ok := e.idleFunction(dev, forV); ok && e.unload(fv.f, fv.v) {
@@ -197,8 +219,39 @@ func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) error {
 	}
 }
 
+// reclaimable is what evicting every idle instance (above min_instances)
+// and then every function left without instances would free on dev.
+func (e *Engine) reclaimable(dev cuda.Device, forV *version) int64 {
+	var n int64
+	for _, fv := range e.current() {
+		v := fv.v
+		if !v.loaded.Load() {
+			continue
+		}
+		v.mu.Lock()
+		spare := v.live - v.policy.min
+		for _, in := range v.idle {
+			if spare > 0 && in.dev.dev == dev {
+				n += in.bytes
+				spare--
+			}
+		}
+		if v != forV && v.policy.min == 0 && v.refs == 0 && len(v.idle) == v.live {
+			for _, p := range v.placements {
+				if p.dev == dev && p.consts != nil {
+					n += p.consts.Size()
+				}
+			}
+		}
+		v.mu.Unlock()
+	}
+	return n
+}
+
 // evictIdleInstance closes the least recently used idle instance on dev.
-func (e *Engine) evictIdleInstance(dev cuda.Device) bool {
+// found is false when there is none; freed is false when the pool changed
+// under it (look again).
+func (e *Engine) evictIdleInstance(dev cuda.Device) (found, freed bool) {
 	var victim *version
 	var at int
 	var oldest time.Time
@@ -220,29 +273,33 @@ func (e *Engine) evictIdleInstance(dev cuda.Device) bool {
 		v.mu.Unlock()
 	}
 	if victim == nil {
-		return false
+		return false, false
 	}
 	victim.mu.Lock()
 	if at >= len(victim.idle) || victim.idle[at].lastUsed != oldest {
 		victim.mu.Unlock()
-		return true // the pool changed under us: look again
+		return true, false
 	}
 	in := victim.idle[at]
 	victim.idle = append(victim.idle[:at], victim.idle[at+1:]...)
 	victim.live--
 	victim.mu.Unlock()
 	in.inst.Close()
-	return true
+	return true, true
 }
 
 // idleFunction finds the least recently used loaded function, other than
-// except, with constants on dev, no instance and no request in flight.
+// except, with constants on dev (so unloading it frees something), no
+// instance and no request in flight.
 func (e *Engine) idleFunction(dev cuda.Device, except *version) (funcVersion, bool) {
 	var best funcVersion
 	var oldest time.Time
 	for _, fv := range e.current() {
 		v := fv.v
-		if v == except || !v.loaded.Load() || v.placement(dev) == nil {
+		if v == except || !v.loaded.Load() {
+			continue
+		}
+		if p := v.placement(dev); p == nil || p.consts == nil {
 			continue
 		}
 		v.mu.Lock()

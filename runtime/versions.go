@@ -32,27 +32,13 @@ func (e *Engine) Rollback(ctx context.Context, name, version string) (FunctionIn
 	case err != nil:
 		return FunctionInfo{}, errorf(KindUnavailable, err, "rollback %s: store", name)
 	}
-	f := e.switchTo(name, rv)
+	f, _ := e.switchTo(name, rv, 0)
+	if f == nil {
+		return FunctionInfo{}, errorf(KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
+	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
-	return e.info(f, rv, 0), nil
-}
-
-// switchTo makes rv current unless it already is.
-func (e *Engine) switchTo(name string, rv registry.Version) *function {
-	f, _ := e.switchChanged(name, rv)
-	return f
-}
-
-func (e *Engine) switchChanged(name string, rv registry.Version) (*function, bool) {
-	e.mu.Lock()
-	f := e.funcs[name]
-	same := f != nil && f.cur != nil && f.cur.rec.ID == rv.ID
-	e.mu.Unlock()
-	if same {
-		return f, false
-	}
-	return e.setCurrent(name, rv), true
+	return e.info(f, rv, e.versionCount(ctx, name)), nil
 }
 
 // Refresh re-reads the record of every function this node has resolved and
@@ -67,15 +53,18 @@ func (e *Engine) Refresh(ctx context.Context) error {
 	e.mu.Unlock()
 	var firstErr error
 	for _, name := range names {
+		e.mu.Lock()
+		at := e.epoch
+		e.mu.Unlock()
 		rec, err := e.reg.Get(ctx, name)
 		if errors.Is(err, registry.ErrNoFunction) {
-			e.forget(name)
+			e.forget(name, at)
 			continue
 		}
 		if err == nil {
 			var cv registry.Version
 			if cv, err = rec.CurrentVersion(); err == nil {
-				if f, changed := e.switchChanged(name, cv); changed {
+				if f, changed := e.switchTo(name, cv, at); changed {
 					e.warmIfWanted(ctx, f)
 				}
 				continue

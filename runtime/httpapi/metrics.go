@@ -50,6 +50,12 @@ func newRequestMetrics(reg prometheus.Registerer) *requestMetrics {
 	return m
 }
 
+func (m *requestMetrics) known(name string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.byFn[name] != nil
+}
+
 func (m *requestMetrics) function(name string) *fnMetrics {
 	m.mu.RLock()
 	fm := m.byFn[name]
@@ -90,9 +96,13 @@ func (m *requestMetrics) count(fm *fnMetrics, code int) {
 }
 
 // record accounts one invoke. Unknown functions share one label so that
-// probing names cannot grow the series without bound.
+// probing names cannot grow the series without bound; so do requests
+// refused before the engine saw them (400, 415) for names the metrics have
+// not met yet.
 func (m *requestMetrics) record(name string, code int, kind runtime.Kind, t *runtime.Timing) {
 	if code == 404 && kind == runtime.KindNotFound {
+		name = "_unknown"
+	} else if kind == runtime.KindBadRequest && !m.known(name) {
 		name = "_unknown"
 	}
 	fm := m.function(name)
