@@ -56,7 +56,12 @@ type Engine struct {
 	epoch  uint64
 	closed bool
 
-	memMu     sync.Mutex // serialises reserving device memory
+	// memMu serialises decisions about device memory. pending holds bytes
+	// reserved but not yet allocated, so that allocations (and constant
+	// uploads) run outside the lock without two reservations counting the
+	// same free memory.
+	memMu     sync.Mutex
+	pending   map[cuda.Device]int64
 	evictions struct{ instances, functions atomic.Int64 }
 }
 
@@ -89,7 +94,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, epoch: 1}, nil
+	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, epoch: 1, pending: map[cuda.Device]int64{}}, nil
 }
 
 // Target is the bundle target this engine's devices run.
@@ -434,10 +439,19 @@ func (e *Engine) newInstance(v *version) (*instance, error) {
 		need += v.constSize
 	}
 	e.memMu.Lock()
-	defer e.memMu.Unlock()
-	if err := e.reserve(best, need, v); err != nil {
+	err = e.reserve(best, need, v)
+	if err == nil {
+		e.pending[best] += need
+	}
+	e.memMu.Unlock()
+	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		e.memMu.Lock()
+		e.pending[best] -= need
+		e.memMu.Unlock()
+	}()
 	p, err := e.place(v, best)
 	if err != nil {
 		return nil, err
@@ -471,8 +485,11 @@ func (e *Engine) pickDevice() (cuda.Device, error) {
 	return best, nil
 }
 
-// place makes sure v's constants are on dev.
+// place makes sure v's constants are on dev, uploading them once however
+// many requests ask at the same time.
 func (e *Engine) place(v *version, dev cuda.Device) (*placement, error) {
+	v.placeMu.Lock()
+	defer v.placeMu.Unlock()
 	if p := v.placement(dev); p != nil {
 		return p, nil
 	}

@@ -191,6 +191,7 @@ func (e *Engine) unload(f *function, v *version) bool {
 // Callers hold e.memMu.
 func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) error {
 	mi := dev.MemInfo()
+	mi.Free -= e.pending[dev]
 	if mi.Free >= need {
 		return nil
 	}
@@ -200,6 +201,7 @@ func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) error {
 	}
 	for {
 		mi := dev.MemInfo()
+		mi.Free -= e.pending[dev]
 		if mi.Free >= need {
 			return nil
 		}

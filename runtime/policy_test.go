@@ -212,3 +212,27 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 		t.Fatalf("count = %d, want 3: a request that timed out or was refused ran", got)
 	}
 }
+
+// Constants are uploaded once per device however many requests create
+// instances at the same time (uploads run outside the memory lock).
+func TestConcurrentColdRequestsUploadConstantsOnce(t *testing.T) {
+	host := cuda.NewHost(0)
+	e := testkit.Engine(t, runtime.Config{Devices: []cuda.Device{host}})
+	m := sleepy("fn", 200)
+	m.MaxInstances = 4
+	m.Constants = "c.bin"
+	const consts = 100 << 10
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, make([]byte, consts)))
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); invoke(t, e, "fn", []byte{1}) }()
+	}
+	wg.Wait()
+	fi := info(t, e, "fn")
+	per := m.MaxInputBytes + m.TmpBytes + m.OutBytes
+	want := int64(fi.Idle)*per + consts
+	if used := host.MemInfo().Used; fi.Idle < 2 || used != want {
+		t.Fatalf("%d instances, %d bytes used; want %d (constants once)", fi.Idle, used, want)
+	}
+}

@@ -21,6 +21,7 @@ type version struct {
 	log func(msg string, args ...any)
 
 	loadMu  sync.Mutex
+	placeMu sync.Mutex // one constants upload per device
 	loaded  atomic.Bool
 	loadErr error // a permanent refusal (invalid bundle), not an outage
 
