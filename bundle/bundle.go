@@ -216,12 +216,3 @@ func copyFile(path string, r io.Reader, size int64) error {
 	}
 	return err
 }
-
-// DigestReader returns the hex sha256 of everything r yields.
-func DigestReader(r io.Reader) (string, error) {
-	h := sha256.New()
-	if _, err := io.Copy(h, r); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}

@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -200,18 +202,21 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		return err
 	}
 	defer v.release()
-	req.Timing.Queue = time.Since(tq)
+	ta := time.Now()
+	req.Timing.Queue = ta.Sub(tq)
 	in, fresh, err := e.take(v)
 	if err != nil {
 		return err
 	}
+	tr := ta // a hot request reads the clock once between queue and run
 	if fresh {
 		if req.Start == Hot {
 			req.Start = Warm
 		}
-		req.Timing.Load += time.Since(tq) - req.Timing.Queue
+		tr = time.Now()
+		req.Timing.Load += tr.Sub(ta)
 	}
-	if !time.Now().Before(deadline) {
+	if !tr.Before(deadline) {
 		v.put(in, false)
 		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
 	}
@@ -522,20 +527,15 @@ func (e *Engine) Deploy(ctx context.Context, name string, body io.Reader) (Funct
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	n, err := io.Copy(tmp, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
+	h := sha256.New() // hashed on the way to disk: the bundle is read once
+	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(body, e.cfg.MaxBundleBytes+1))
 	if err != nil {
 		return FunctionInfo{}, errorf(KindBadRequest, err, "deploy: reading the bundle")
 	}
 	if n > e.cfg.MaxBundleBytes {
 		return FunctionInfo{}, errorf(KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
 	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
-	}
-	sha, err := bundle.DigestReader(tmp)
-	if err != nil {
-		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
-	}
+	sha := hex.EncodeToString(h.Sum(nil))
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}

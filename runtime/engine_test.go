@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -136,6 +137,9 @@ func TestErrorsKinds(t *testing.T) {
 	var ke *cuda.KernelError
 	if runtime.KindOf(err) != runtime.KindKernel || !errors.As(err, &ke) || ke.Msg != "fail kernel was asked to fail" {
 		t.Fatalf("failing kernel: %v", err)
+	}
+	if n := strings.Count(err.Error(), "asked to fail"); n != 1 {
+		t.Fatalf("error text names the cause %d times: %q", n, err)
 	}
 	// The instance stays usable and the error does not stick to it.
 	ok := &runtime.Request{Input: []byte("y"), Override: &runtime.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}, OutBytes: 1, TmpBytes: -1}}

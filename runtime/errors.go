@@ -6,6 +6,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Kind classifies an error for the front end (which maps it to a status).
@@ -32,8 +33,10 @@ type Error struct {
 	Err  error
 }
 
+// Error is the message plus the cause, unless the message already quotes it
+// (many do, so that clients see the reason).
 func (e *Error) Error() string {
-	if e.Err != nil && e.Err.Error() != e.Msg {
+	if e.Err != nil && !strings.Contains(e.Msg, e.Err.Error()) {
 		return e.Msg + ": " + e.Err.Error()
 	}
 	return e.Msg
