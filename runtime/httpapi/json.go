@@ -36,11 +36,6 @@ type invokeBody struct {
 	TmpSize    *int64   `json:"tmp_size"`
 }
 
-// badRequest is a 400 naming the offending field.
-type badRequest struct{ field, reason string }
-
-func (e *badRequest) Error() string { return e.field + ": " + e.reason }
-
 // parseInvoke turns a JSON body into the input bytes and an override (nil
 // when the request changes nothing).
 func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, time.Duration, error) {
@@ -49,7 +44,7 @@ func parseInvoke(body []byte, name string) ([]byte, *runtime.Override, time.Dura
 		return in, o, 0, err
 	}
 	if *b.TimeoutMs <= 0 {
-		return nil, nil, 0, &badRequest{"timeout_ms", "must be a positive number of milliseconds"}
+		return nil, nil, 0, badField("timeout_ms", "must be a positive number of milliseconds")
 	}
 	return in, o, time.Duration(*b.TimeoutMs) * time.Millisecond, nil
 }
@@ -59,15 +54,15 @@ func parseInvokeBody(body []byte, name string) ([]byte, *runtime.Override, *invo
 	dec.DisallowUnknownFields()
 	var b invokeBody
 	if err := dec.Decode(&b); err != nil {
-		return nil, nil, nil, &badRequest{"body", "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+		return nil, nil, nil, badField("body", "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "))
 	}
 	if dec.More() {
-		return nil, nil, nil, &badRequest{"body", "trailing data after the JSON object"}
+		return nil, nil, nil, badField("body", "trailing data after the JSON object")
 	}
 	pyplover := b.Inputs != nil || b.FuncNames != nil || b.GridSizes != nil || b.BlockSizes != nil || b.OutputSize != nil || b.TmpSize != nil || b.Name != nil
 	native := b.Input != nil || b.Chain != nil || b.OutBytes != nil || b.TmpBytes != nil
 	if pyplover && native {
-		return nil, nil, nil, &badRequest{"body", `mixes Plover fields (input, chain, out_bytes, tmp_bytes) with PyPlover fields (name, inputs, func_names, grid_sizes, block_sizes, output_size, tmp_size); use one shape`}
+		return nil, nil, nil, badField("body", `mixes Plover fields (input, chain, out_bytes, tmp_bytes) with PyPlover fields (name, inputs, func_names, grid_sizes, block_sizes, output_size, tmp_size); use one shape`)
 	}
 	o := &runtime.Override{OutBytes: -1, TmpBytes: -1}
 	field := "input"
@@ -75,7 +70,7 @@ func parseInvokeBody(body []byte, name string) ([]byte, *runtime.Override, *invo
 	if pyplover {
 		field, enc = "inputs", b.Inputs
 		if b.Name != nil && *b.Name != name {
-			return nil, nil, nil, &badRequest{"name", fmt.Sprintf("%q does not match the function in the URL, %q", *b.Name, name)}
+			return nil, nil, nil, badField("name", fmt.Sprintf("%q does not match the function in the URL, %q", *b.Name, name))
 		}
 		chain, err := pyChain(b.FuncNames, b.GridSizes, b.BlockSizes)
 		if err != nil {
@@ -87,11 +82,11 @@ func parseInvokeBody(body []byte, name string) ([]byte, *runtime.Override, *invo
 		o.Chain = b.Chain
 	}
 	if enc == nil {
-		return nil, nil, nil, &badRequest{field, "is required: the input bytes, base64-encoded"}
+		return nil, nil, nil, badField(field, "is required: the input bytes, base64-encoded")
 	}
 	input, err := base64.StdEncoding.DecodeString(*enc)
 	if err != nil {
-		return nil, nil, nil, &badRequest{field, "is not valid base64: " + err.Error()}
+		return nil, nil, nil, badField(field, "is not valid base64: "+err.Error())
 	}
 	for _, f := range []struct {
 		name string
@@ -102,7 +97,7 @@ func parseInvokeBody(body []byte, name string) ([]byte, *runtime.Override, *invo
 			continue
 		}
 		if *f.v < 0 {
-			return nil, nil, nil, &badRequest{f.name, "must not be negative"}
+			return nil, nil, nil, badField(f.name, "must not be negative")
 		}
 		*f.dst = *f.v
 	}
@@ -122,15 +117,15 @@ func sizeField(pyplover bool, which string) string {
 func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 	if names == nil {
 		if grids != nil || blocks != nil {
-			return nil, &badRequest{"func_names", "is required when grid_sizes or block_sizes is given"}
+			return nil, badField("func_names", "is required when grid_sizes or block_sizes is given")
 		}
 		return nil, nil
 	}
 	if len(grids) != len(names) {
-		return nil, &badRequest{"grid_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(grids), len(names))}
+		return nil, badField("grid_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(grids), len(names)))
 	}
 	if len(blocks) != len(names) {
-		return nil, &badRequest{"block_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(blocks), len(names))}
+		return nil, badField("block_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(blocks), len(names)))
 	}
 	chain := make([]abi.Launch, len(names))
 	for i := range names {
@@ -139,12 +134,11 @@ func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 	return chain, nil
 }
 
-func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) {
+// invokeJSON runs a JSON request and, on success, writes its response.
+func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) error {
 	input, o, timeout, err := parseInvoke(ctx.Request.Body(), name)
 	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
-		s.metrics.record(name, fasthttp.StatusBadRequest, runtime.KindBadRequest, &c.req.Timing)
-		return
+		return err
 	}
 	if d := time.Now().Add(timeout); timeout > 0 && (c.req.Deadline.IsZero() || d.Before(c.req.Deadline)) {
 		c.req.Deadline = d
@@ -152,9 +146,8 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) {
 	c.req.Input, c.req.Override = input, o
 	err = s.exec.Invoke(context.Background(), name, &c.req) // see invoke
 	c.req.Input, c.req.Override = nil, nil
-	s.finish(ctx, name, c, err)
 	if err != nil {
-		return
+		return err
 	}
 	t := &c.req.Timing
 	out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.req.Output))+256)
@@ -184,4 +177,5 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(out)
 	s.writeMeta(ctx, c)
+	return nil
 }

@@ -342,44 +342,67 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	defer func() { c.conn = nil }()
 	c.req.Override = nil
 	c.req.Timing = runtime.Timing{}
-	if err := deadline(ctx, &c.req); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
-		s.metrics.record(name, fasthttp.StatusBadRequest, runtime.KindBadRequest, &c.req.Timing)
-		return
-	}
-	switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
-	case "application/octet-stream", "":
-		c.req.Input = ctx.Request.Body()
-		c.req.Output = ctx.Response.SwapBody(nil)[:0]
-		// Not ctx: fasthttp closes its Done at the start of a graceful
-		// shutdown, and queued requests are meant to drain then. The
-		// request's own deadline bounds it.
-		err := s.exec.Invoke(context.Background(), name, &c.req)
-		ctx.Response.SwapBody(c.req.Output)
-		c.req.Input, c.req.Output = nil, nil
-		s.finish(ctx, name, c, err)
-		if err == nil {
-			ctx.Response.Header.SetContentTypeBytes(octetStream)
-			s.writeMeta(ctx, c)
+	err := deadline(ctx, &c.req)
+	if err == nil {
+		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
+		case "application/octet-stream", "":
+			c.req.Input = ctx.Request.Body()
+			c.req.Output = ctx.Response.SwapBody(nil)[:0]
+			// Not ctx: fasthttp closes its Done at the start of a graceful
+			// shutdown, and queued requests are meant to drain then. The
+			// request's own deadline bounds it.
+			err = s.exec.Invoke(context.Background(), name, &c.req)
+			ctx.Response.SwapBody(c.req.Output)
+			c.req.Input, c.req.Output = nil, nil
+			if err == nil {
+				ctx.Response.Header.SetContentTypeBytes(octetStream)
+				s.writeMeta(ctx, c)
+			}
+		case "application/json":
+			err = s.invokeJSON(ctx, name, c)
+		default:
+			err = &requestError{fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+				"Content-Type " + strconv.Quote(ct) + ": send application/octet-stream (raw input bytes) or application/json ({\"input\":\"<base64>\"})"}
 		}
-	case "application/json":
-		s.invokeJSON(ctx, name, c)
-	default:
-		writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
-			"Content-Type "+strconv.Quote(ct)+": send application/octet-stream (raw input bytes) or application/json ({\"input\":\"<base64>\"})")
-		s.metrics.record(name, fasthttp.StatusUnsupportedMediaType, runtime.KindBadRequest, &c.req.Timing)
 	}
+	s.finish(ctx, name, c, err)
 }
 
-// finish writes an engine error, if any, and records the request.
+// requestError is a request the front end refuses itself, before the
+// engine sees it.
+type requestError struct {
+	code      int
+	name, msg string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+// badField is a 400 naming the offending field or header.
+func badField(field, reason string) error {
+	return &requestError{fasthttp.StatusBadRequest, "bad_request", field + ": " + reason}
+}
+
+// finish writes the error, if any, and records every invoke outcome once.
 func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err error) {
 	code, kind := fasthttp.StatusOK, runtime.KindInternal
 	if err != nil {
-		kind = runtime.KindOf(err)
-		code, _ = status(kind)
+		code, kind = classify(err)
 		s.fail(ctx, err)
 	}
 	s.metrics.record(name, code, kind, &c.req.Timing)
+}
+
+// classify gives an error's status and kind. It is a function of its own so
+// that the errors.As target escapes only on the error path: the hot path
+// allocates nothing.
+func classify(err error) (int, runtime.Kind) {
+	var rq *requestError
+	if errors.As(err, &rq) {
+		return rq.code, runtime.KindBadRequest
+	}
+	kind := runtime.KindOf(err)
+	code, _ := status(kind)
+	return code, kind
 }
 
 var (
@@ -420,7 +443,7 @@ func deadline(ctx *fasthttp.RequestCtx, r *runtime.Request) error {
 	}
 	ms, err := strconv.ParseUint(unsafe.String(unsafe.SliceData(h), len(h)), 10, 32)
 	if err != nil || ms == 0 {
-		return fmt.Errorf("X-Plover-Timeout-Ms: %q must be a positive number of milliseconds", h)
+		return badField("X-Plover-Timeout-Ms", strconv.Quote(string(h))+" must be a positive number of milliseconds")
 	}
 	r.Deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
 	return nil
@@ -481,6 +504,11 @@ func status(k runtime.Kind) (int, string) {
 }
 
 func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
+	var rq *requestError
+	if errors.As(err, &rq) {
+		writeError(ctx, rq.code, rq.name, rq.msg)
+		return
+	}
 	code, name := status(runtime.KindOf(err))
 	msg := err.Error()
 	var re *runtime.Error
