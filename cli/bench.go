@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,7 +49,8 @@ type benchFlags struct {
 func benchCmd() *command {
 	var f benchFlags
 	return &command{
-		name: "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
+		nargs: 1,
+		name:  "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
 		usage: "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--json]",
 		example: "  plover bench vecadd --in build/samples/vecadd-input.bin --concurrency 4 --duration 10s\n" +
 			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
@@ -67,9 +67,6 @@ func benchCmd() *command {
 			fs.BoolVar(&f.asJSON, "json", false, "print the result as JSON on stdout")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 1 {
-				return errUsage
-			}
 			return runBench(args[0], &f, env)
 		},
 	}
@@ -108,9 +105,7 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		return err
 	}
 	if f.asJSON {
-		enc := json.NewEncoder(env.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(res); err != nil {
+		if err := printJSON(env.Stdout, res); err != nil {
 			return err
 		}
 	} else if err := res.WriteText(env.Stdout); err != nil {

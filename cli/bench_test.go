@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,14 +18,7 @@ import (
 // runCommand parses args for c as Main does and runs it.
 func runCommand(c *command, args ...string) (stdout, stderr string, err error) {
 	var out, errb bytes.Buffer
-	env := &Env{Stdout: &out, Stderr: &errb}
-	fs := flag.NewFlagSet("plover "+c.name, flag.ContinueOnError)
-	fs.SetOutput(&errb)
-	c.flags(fs)
-	if err := fs.Parse(interleave(fs, args)); err != nil {
-		return out.String(), errb.String(), err
-	}
-	err = c.run(fs, fs.Args(), env)
+	err = c.execute(args, &Env{Stdout: &out, Stderr: &errb})
 	return out.String(), errb.String(), err
 }
 

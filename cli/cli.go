@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ type command struct {
 	name    string
 	summary string
 	usage   string // arguments after the name
+	nargs   int    // positional arguments the command takes
 	example string
 	run     func(fs *flag.FlagSet, args []string, env *Env) error
 	flags   func(fs *flag.FlagSet)
@@ -31,7 +33,12 @@ type Env struct {
 	StderrIsTerminal bool
 }
 
-var errUsage = errors.New("usage")
+// printJSON writes v as indented JSON, for the --json flags.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
 
 func commands() []*command {
 	return []*command{serveCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), versionCmd()}
@@ -51,37 +58,55 @@ func Main(args []string, env *Env) int {
 		if c.name != args[0] {
 			continue
 		}
-		fs := flag.NewFlagSet("plover "+c.name, flag.ContinueOnError)
-		fs.SetOutput(env.Stderr)
-		fs.Usage = func() {
-			fmt.Fprintf(env.Stderr, "%s\n\nUsage: plover %s %s\n\nFlags:\n", c.summary, c.name, c.usage)
-			fs.PrintDefaults()
-			if c.example != "" {
-				fmt.Fprintf(env.Stderr, "\nExample:\n%s\n", c.example)
-			}
-		}
-		if c.flags != nil {
-			c.flags(fs)
-		}
-		if err := fs.Parse(interleave(fs, args[1:])); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
+		var ue *usageError
+		switch err := c.execute(args[1:], env); {
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.As(err, &ue):
 			return 2
-		}
-		if err := c.run(fs, fs.Args(), env); err != nil {
-			if errors.Is(err, errUsage) {
-				fs.Usage()
-				return 2
-			}
+		default:
 			fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
 			return 1
 		}
-		return 0
 	}
 	fmt.Fprintf(env.Stderr, "plover: unknown command %q\n\n", args[0])
 	topUsage(env.Stderr, cmds)
 	return 2
+}
+
+// usageError is a command line the command cannot run (exit status 2); the
+// message and the usage are already on stderr.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// execute parses a command's flags, checks its argument count and runs it.
+func (c *command) execute(args []string, env *Env) error {
+	fs := flag.NewFlagSet("plover "+c.name, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "%s\n\nUsage: plover %s %s\n\nFlags:\n", c.summary, c.name, c.usage)
+		fs.PrintDefaults()
+		if c.example != "" {
+			fmt.Fprintf(env.Stderr, "\nExample:\n%s\n", c.example)
+		}
+	}
+	if c.flags != nil {
+		c.flags(fs)
+	}
+	if err := fs.Parse(interleave(fs, args)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err.Error()}
+	}
+	if len(fs.Args()) != c.nargs {
+		msg := fmt.Sprintf("plover %s: takes %d argument(s), got %d", c.name, c.nargs, len(fs.Args()))
+		fmt.Fprintf(env.Stderr, "%s\n\n", msg)
+		fs.Usage()
+		return &usageError{msg}
+	}
+	return c.run(fs, fs.Args(), env)
 }
 
 // interleave lets flags follow positional arguments ("plover invoke NAME

@@ -47,7 +47,8 @@ func checkDir(dir string) (*abi.Manifest, error) {
 func deployCmd() *command {
 	var ep endpoint
 	return &command{
-		name: "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
+		nargs: 1,
+		name:  "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
 		usage: "DIR [--server URL | --store URL]",
 		example: "  make samples && plover deploy build/samples/vecadd-host\n" +
 			"  plover deploy build/samples/vecadd-host --store s3://plover-bundles   # no server needed",
@@ -55,9 +56,6 @@ func deployCmd() *command {
 			ep.storeFlags(fs, "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 1 {
-				return errUsage
-			}
 			m, err := checkDir(args[0])
 			if err != nil {
 				return err
@@ -115,7 +113,8 @@ func invokeCmd() *command {
 	var in, out string
 	var asJSON, timing bool
 	return &command{
-		name: "invoke", summary: "run a function on input bytes and write its output bytes",
+		nargs: 1,
+		name:  "invoke", summary: "run a function on input bytes and write its output bytes",
 		usage: "NAME [--in FILE|-] [--out FILE|-] [--json] [--timing]",
 		example: "  plover invoke vecadd --in build/samples/vecadd-input.bin --out /tmp/sum.bin --timing\n" +
 			"  plover invoke vecadd --in build/samples/vecadd-input.bin --json | head -c 300",
@@ -127,9 +126,6 @@ func invokeCmd() *command {
 			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 1 {
-				return errUsage
-			}
 			input, err := readInput(in, env)
 			if err != nil {
 				return err
@@ -186,7 +182,8 @@ func lsCmd() *command {
 	var ep endpoint
 	var asJSON bool
 	return &command{
-		name: "ls", summary: "list deployed functions",
+		nargs: 0,
+		name:  "ls", summary: "list deployed functions",
 		usage:   "[--json]",
 		example: "  plover ls",
 		flags: func(fs *flag.FlagSet) {
@@ -194,9 +191,6 @@ func lsCmd() *command {
 			fs.BoolVar(&asJSON, "json", false, "print the server's JSON")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 0 {
-				return errUsage
-			}
 			var resp struct {
 				Functions []runtime.FunctionInfo `json:"functions"`
 			}
@@ -204,9 +198,7 @@ func lsCmd() *command {
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(env.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(resp)
+				return printJSON(env.Stdout, resp)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tDEPLOYED")
@@ -230,16 +222,14 @@ func shortID(id string) string {
 func rmCmd() *command {
 	var ep endpoint
 	return &command{
-		name: "rm", summary: "delete a function (its in-flight requests finish first)",
+		nargs: 1,
+		name:  "rm", summary: "delete a function (its in-flight requests finish first)",
 		usage:   "NAME",
 		example: "  plover rm vecadd",
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 1 {
-				return errUsage
-			}
 			if err := ep.client().sendJSON(http.MethodDelete, "/v1/functions/"+args[0], "", nil, nil); err != nil {
 				return err
 			}

@@ -20,12 +20,10 @@ func openDevices(kind string, limit int64, log *slog.Logger) ([]cuda.Device, err
 
 func devicesCmd() *command {
 	return &command{
-		name: "devices", summary: "list NVIDIA GPUs (index, name, UUID, memory, utilization, MIG, driver)",
+		nargs: 0,
+		name:  "devices", summary: "list NVIDIA GPUs (index, name, UUID, memory, utilization, MIG, driver)",
 		example: "  plover devices",
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 0 {
-				return errUsage
-			}
 			gpus, err := cuda.ListGPUs()
 			if errors.Is(err, cuda.ErrNoDriver) {
 				fmt.Fprintf(env.Stdout, "%v\nplover serve --device auto will use the host device.\n", err)

@@ -51,7 +51,8 @@ type serveFlags struct {
 func serveCmd() *command {
 	var f serveFlags
 	return &command{
-		name: "serve", summary: "run a Plover server",
+		nargs: 0,
+		name:  "serve", summary: "run a Plover server",
 		usage: "[flags]",
 		example: "  plover serve                                  # 127.0.0.1:8080, data under ~/.local/share/plover\n" +
 			"  plover serve --listen 127.0.0.1:9000 --data /tmp/plover --device host",
@@ -75,9 +76,6 @@ func serveCmd() *command {
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 0 {
-				return errUsage
-			}
 			return serve(&f, env)
 		},
 	}

@@ -34,7 +34,8 @@ func versionsCmd() *command {
 	var ep endpoint
 	var asJSON bool
 	return &command{
-		name: "versions", summary: "list a function's versions (* marks the current one)",
+		nargs: 1,
+		name:  "versions", summary: "list a function's versions (* marks the current one)",
 		usage:   "NAME [--server URL | --store URL]",
 		example: "  plover versions vecadd",
 		flags: func(fs *flag.FlagSet) {
@@ -42,9 +43,6 @@ func versionsCmd() *command {
 			fs.BoolVar(&asJSON, "json", false, "print the record as JSON")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 1 {
-				return errUsage
-			}
 			var rec *registry.Record
 			if ep.direct() {
 				reg, err := ep.registry()
@@ -61,9 +59,7 @@ func versionsCmd() *command {
 				}
 			}
 			if asJSON {
-				enc := json.NewEncoder(env.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rec)
+				return printJSON(env.Stdout, rec)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "\tVERSION\tSHA256\tBUNDLE\tDEPLOYED")
@@ -83,16 +79,14 @@ func versionsCmd() *command {
 func rollbackCmd() *command {
 	var ep endpoint
 	return &command{
-		name: "rollback", summary: "make an earlier version of a function current again",
+		nargs: 2,
+		name:  "rollback", summary: "make an earlier version of a function current again",
 		usage:   "NAME VERSION [--server URL | --store URL]",
 		example: "  plover versions vecadd && plover rollback vecadd 9fe7fab9",
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "change the record in the store directly; servers pick it up within their --poll interval")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 2 {
-				return errUsage
-			}
 			var id string
 			if ep.direct() {
 				reg, err := ep.registry()
@@ -122,7 +116,8 @@ func gcCmd() *command {
 	var ep endpoint
 	var grace time.Duration
 	return &command{
-		name: "gc", summary: "delete bundles that no function version references",
+		nargs: 0,
+		name:  "gc", summary: "delete bundles that no function version references",
 		usage:   "[--server URL | --store URL] [--grace 1m]",
 		example: "  plover gc --grace 0s",
 		flags: func(fs *flag.FlagSet) {
@@ -130,9 +125,6 @@ func gcCmd() *command {
 			fs.DurationVar(&grace, "grace", time.Minute, "keep unreferenced bundles younger than this (a deploy may be uploading them)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if len(args) != 0 {
-				return errUsage
-			}
 			var removed []string
 			if ep.direct() {
 				reg, err := ep.registry()
