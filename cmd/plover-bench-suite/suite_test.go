@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"encoding/xml"
 	"math"
 	"os"
@@ -110,28 +109,6 @@ func TestChartIsWellFormedSVG(t *testing.T) {
 	}
 	if !strings.Contains(svg, `fill="white" stroke="#d62728"`) {
 		t.Fatal("the saturated point is not drawn hollow")
-	}
-}
-
-func TestReadDigit(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "d.bin")
-	b := append([]byte("PLVDGT01"), 1, 0, 0, 0, 7)
-	px := make([]byte, 784)
-	px[0], px[783] = 255, 51
-	os.WriteFile(p, append(b, px...), 0o644)
-	in, label, err := readDigit(p)
-	if err != nil || label != 7 || len(in) != 784*4 {
-		t.Fatalf("%v %d %d", err, label, len(in))
-	}
-	if v := math.Float32frombits(binary.LittleEndian.Uint32(in)); v != 1 {
-		t.Fatal(v)
-	}
-	if v := math.Float32frombits(binary.LittleEndian.Uint32(in[783*4:])); v != float32(51.0/255) {
-		t.Fatal(v)
-	}
-	os.WriteFile(p, []byte("nope"), 0o644)
-	if _, _, err := readDigit(p); err == nil {
-		t.Fatal("accepted a non-digit file")
 	}
 }
 

@@ -157,6 +157,19 @@ func (p *Params) Scores(in *[Pixels]float32) [Classes]float32 {
 	return a.Out
 }
 
+// DecodeScores reads the cnn function's output: Classes little-endian
+// float32 scores.
+func DecodeScores(out []byte) ([Classes]float32, error) {
+	var s [Classes]float32
+	if len(out) != 4*Classes {
+		return s, fmt.Errorf("output is %d bytes, want %d (%d float32 scores)", len(out), 4*Classes, Classes)
+	}
+	for i := range s {
+		s[i] = math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
+	}
+	return s, nil
+}
+
 // Argmax is the predicted digit: the index of the highest score, the lowest
 // index on ties.
 func Argmax(scores [Classes]float32) int {

@@ -172,3 +172,17 @@ func TestTrainingDeterministic(t *testing.T) {
 		t.Error("different seeds gave identical weights")
 	}
 }
+
+func TestDecodeScores(t *testing.T) {
+	out := make([]byte, 4*Classes)
+	for i := 0; i < Classes; i++ {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(i)/10))
+	}
+	s, err := DecodeScores(out)
+	if err != nil || s[3] != 0.3 || Argmax(s) != Classes-1 {
+		t.Fatalf("DecodeScores = %v, %v", s, err)
+	}
+	if _, err := DecodeScores(out[:39]); err == nil {
+		t.Fatal("39 bytes accepted")
+	}
+}

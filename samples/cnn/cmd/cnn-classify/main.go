@@ -23,12 +23,14 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/plover-run/plover/samples/cnn/model"
 )
 
 const (
-	side       = 28
-	pixels     = side * side
-	classes    = 10
+	side       = model.Side
+	pixels     = model.Pixels
+	classes    = model.Classes
 	defaultURL = "http://127.0.0.1:8080"
 )
 
@@ -108,7 +110,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	elapsed := time.Since(start)
 
-	best := argmax(scores)
+	best := model.Argmax(scores)
 	fmt.Fprintf(stdout, "predicted: %d\n", best)
 	note := ""
 	if inverted {
@@ -301,23 +303,10 @@ func classify(ctx context.Context, client *http.Client, server, function string,
 		}
 		return scores, fmt.Errorf("POST %s: %s: %s", u, resp.Status, msg)
 	}
-	if len(out) != 4*classes {
-		return scores, fmt.Errorf("POST %s: response is %d bytes, want %d (10 float32); is %q the cnn sample?", u, len(out), 4*classes, function)
-	}
-	for i := range scores {
-		scores[i] = math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
+	if scores, err = model.DecodeScores(out); err != nil {
+		return scores, fmt.Errorf("POST %s: %w; is %q the cnn sample?", u, err, function)
 	}
 	return scores, nil
-}
-
-func argmax(s [classes]float32) int {
-	best := 0
-	for i, v := range s {
-		if v > s[best] {
-			best = i
-		}
-	}
-	return best
 }
 
 // render draws the input as text, darkest to brightest ink.
