@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
@@ -173,7 +172,7 @@ func TestRedeployFinishesInFlightOnOldVersion(t *testing.T) {
 		}
 		done <- req
 	}()
-	time.Sleep(100 * time.Millisecond) // the request is inside sleep_ms now
+	testkit.WaitFor(t, e, "fn", "the request running on v1", testkit.Busy(1, 0))
 	m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 8}, {Kernel: "add_one", Grid: 1, Block: 1}}
 	v2 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 

@@ -154,7 +154,7 @@ func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
 	}
 	done := make(chan error)
 	go func() { done <- e.Invoke(context.Background(), "slow", &runtime.Request{Input: []byte{1}}) }() // evicts b
-	time.Sleep(200 * time.Millisecond)
+	testkit.WaitFor(t, e, "slow", "slow running", testkit.Busy(1, 0))
 	invoke(t, e, "a", []byte{1}) // evicts c, never the busy slow instance
 	if instances("slow") != 1 || instances("b") != 0 || instances("c") != 0 || instances("a") != 1 {
 		t.Fatalf("a busy function was evicted, or an idle one was kept: slow=%d a=%d b=%d c=%d",
@@ -167,7 +167,7 @@ func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
 	go func() {
 		e.Invoke(context.Background(), "a", &runtime.Request{Input: []byte{1}, Override: &runtime.Override{Chain: []abi.Launch{{Kernel: "sleep_ms", Grid: 800, Block: 1}}, OutBytes: -1, TmpBytes: -1}})
 	}()
-	time.Sleep(200 * time.Millisecond)
+	testkit.WaitFor(t, e, "a", "a running", testkit.Busy(1, 0))
 	err := e.Invoke(context.Background(), "b", &runtime.Request{Input: []byte{1}})
 	if runtime.KindOf(err) != runtime.KindUnavailable || !strings.Contains(err.Error(), "needs") || !strings.Contains(err.Error(), "free") {
 		t.Fatalf("over budget with everything busy: %v", err)
@@ -189,13 +189,13 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); invoke(t, e, "fn", nil) }() // runs: count 2
-	time.Sleep(100 * time.Millisecond)
+	testkit.WaitFor(t, e, "fn", "the second request running", testkit.Busy(1, 0))
 	var queuedErr error
 	go func() { // queued with a deadline it cannot meet: never runs
 		defer wg.Done()
 		queuedErr = e.Invoke(ctx, "fn", &runtime.Request{Deadline: time.Now().Add(350 * time.Millisecond)})
 	}()
-	time.Sleep(100 * time.Millisecond)
+	testkit.WaitFor(t, e, "fn", "the third request queued", testkit.Busy(1, 1))
 	err := e.Invoke(ctx, "fn", &runtime.Request{}) // queue (1) is full
 	if runtime.KindOf(err) != runtime.KindBusy {
 		t.Fatalf("third request: %v, want busy", err)

@@ -24,7 +24,10 @@ type slowKey struct{}
 
 // slowStore delays record reads made with a marked context, after reading
 // them: a store round trip that returns what was current when it started.
-type slowStore struct{ objectstore.Store }
+type slowStore struct {
+	objectstore.Store
+	read chan struct{} // signalled once a marked read has its data
+}
 
 func (s slowStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	rc, err := s.Store.Get(ctx, key)
@@ -33,24 +36,26 @@ func (s slowStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	}
 	b, _ := io.ReadAll(rc)
 	rc.Close()
-	time.Sleep(400 * time.Millisecond)
+	s.read <- struct{}{}
+	time.Sleep(300 * time.Millisecond)
 	return io.NopCloser(bytes.NewReader(b)), nil
 }
 
-func newSlowEngine(t *testing.T) *runtime.Engine {
+func newSlowEngine(t *testing.T) (*runtime.Engine, chan struct{}) {
 	fs, _ := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-	return testkit.Engine(t, runtime.Config{Store: slowStore{fs}})
+	read := make(chan struct{}, 8)
+	return testkit.Engine(t, runtime.Config{Store: slowStore{fs, read}}), read
 }
 
 func TestRefreshDoesNotRevertAConcurrentDeploy(t *testing.T) {
-	e := newSlowEngine(t)
+	e, read := newSlowEngine(t)
 	m := testkit.Manifest("echo")
 	v1 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	m.OutBytes = 128 // a different bundle
 	dir2 := testkit.BundleDir(t, m, nil)
 	done := make(chan struct{})
 	go func() { e.Refresh(context.WithValue(context.Background(), slowKey{}, 1)); close(done) }()
-	time.Sleep(100 * time.Millisecond) // Refresh has read the record (v1)
+	<-read // Refresh has read the record (v1)
 	v2 := testkit.Deploy(t, e, dir2)
 	<-done
 	req := &runtime.Request{Input: []byte("x")}
@@ -64,11 +69,11 @@ func TestRefreshDoesNotRevertAConcurrentDeploy(t *testing.T) {
 }
 
 func TestRefreshDoesNotResurrectADeletedFunction(t *testing.T) {
-	e := newSlowEngine(t)
+	e, read := newSlowEngine(t)
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	done := make(chan struct{})
 	go func() { e.Refresh(context.WithValue(context.Background(), slowKey{}, 1)); close(done) }()
-	time.Sleep(100 * time.Millisecond)
+	<-read // Refresh has read the record
 	if err := e.Delete(context.Background(), "echo"); err != nil {
 		t.Fatal(err)
 	}
@@ -95,9 +100,10 @@ func TestEvictionSkipsWhatFreesNothing(t *testing.T) {
 	ctx := context.Background()
 	inv := func(n string) error { return e.Invoke(ctx, n, &runtime.Request{Input: []byte("x")}) }
 	inv("x")
-	inv("y")       // evicts x's idle instance: x is loaded with no instance
-	go inv("slow") // evicts y's idle instance, then holds the memory 500 ms
-	time.Sleep(200 * time.Millisecond)
+	inv("y") // evicts x's idle instance: x is loaded with no instance
+	slowDone := make(chan error)
+	go func() { slowDone <- inv("slow") }() // evicts y's idle instance, then holds the memory
+	testkit.WaitFor(t, e, "slow", "slow running", testkit.Busy(1, 0))
 	if err := inv("b"); runtime.KindOf(err) != runtime.KindUnavailable {
 		t.Fatalf("b with everything else busy or unevictable: %v, want 503", err)
 	}
@@ -108,5 +114,7 @@ func TestEvictionSkipsWhatFreesNothing(t *testing.T) {
 			t.Errorf("%s (no constants) was unloaded though that freed no memory, and b still failed", n)
 		}
 	}
-	time.Sleep(1000 * time.Millisecond)
+	if err := <-slowDone; err != nil {
+		t.Fatal(err)
+	}
 }

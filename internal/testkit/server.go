@@ -103,3 +103,25 @@ func Post(t testing.TB, method, url, contentType string, body []byte) (*http.Res
 	buf.ReadFrom(resp.Body)
 	return resp, buf.Bytes()
 }
+
+// WaitFor polls function name on e until cond holds (busy instances, queue
+// depth, ...), so tests order concurrent requests by observed state rather
+// than by sleeping. It fails the test after 10 s.
+func WaitFor(t testing.TB, e *runtime.Engine, name string, what string, cond func(runtime.FunctionInfo) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if fi, err := e.Function(context.Background(), name); err == nil && cond(fi) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("function %s: %s never happened", name, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Busy is a WaitFor condition: n busy instances and q queued requests.
+func Busy(n, q int) func(runtime.FunctionInfo) bool {
+	return func(fi runtime.FunctionInfo) bool { return fi.Busy == n && fi.Queue == q }
+}

@@ -51,7 +51,7 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	for i := range codes { // one runs, one queues
 		wg.Add(1)
 		go func() { defer wg.Done(); codes[i] = post(nil).StatusCode }()
-		time.Sleep(150 * time.Millisecond)
+		testkit.WaitFor(t, e, "slow", "request running or queued", testkit.Busy(1, i))
 	}
 	full := post(nil)
 	if full.StatusCode != 429 || full.Header.Get("Retry-After") == "" {
@@ -62,7 +62,7 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 		t.Fatalf("running and queued requests: %v", codes)
 	}
 	go post(nil) // occupy the instance again
-	time.Sleep(150 * time.Millisecond)
+	testkit.WaitFor(t, e, "slow", "the instance busy again", testkit.Busy(1, 0))
 	if r := post(map[string]string{"X-Plover-Timeout-Ms": "50"}); r.StatusCode != 504 {
 		t.Fatalf("deadline shorter than the wait: %d, want 504", r.StatusCode)
 	}

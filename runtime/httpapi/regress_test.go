@@ -88,7 +88,7 @@ func TestShutdownDrainsQueuedRequests(t *testing.T) {
 			resp, _ := testkitPost(url)
 			codes[i] = resp
 		}()
-		time.Sleep(100 * time.Millisecond)
+		testkit.WaitFor(t, e, "slow", "request running or queued", testkit.Busy(1, i))
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
