@@ -160,8 +160,7 @@ func TestErrorsKinds(t *testing.T) {
 func TestRedeployFinishesInFlightOnOldVersion(t *testing.T) {
 	host := cuda.NewHost(0)
 	e := testkit.Engine(t, runtime.Config{Devices: []cuda.Device{host}})
-	m := testkit.Manifest("fn")
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 700, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
+	m := testkit.Slow("fn", 700)
 	v1 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 
 	done := make(chan *runtime.Request)

@@ -17,12 +17,6 @@ import (
 	"github.com/plover-run/plover/runtime"
 )
 
-func sleepy(name string, ms int) *abi.Manifest {
-	m := testkit.Manifest(name)
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: ms, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
-	return m
-}
-
 func info(t *testing.T, e *runtime.Engine, name string) runtime.FunctionInfo {
 	t.Helper()
 	fi, err := e.Function(context.Background(), name)
@@ -73,7 +67,7 @@ func TestMinInstancesAreWarmBeforeTheFirstRequest(t *testing.T) {
 
 func TestMaxInstancesCapsConcurrency(t *testing.T) {
 	e := testkit.Engine(t, runtime.Config{})
-	m := sleepy("fn", 100)
+	m := testkit.Slow("fn", 100)
 	m.MaxInstances = 2
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	var peak atomic.Int32
@@ -136,15 +130,14 @@ func TestIdleTTLReleasesAndUnloads(t *testing.T) {
 }
 
 func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
-	m := func(name string, ms int) *abi.Manifest { return sleepy(name, ms) }
-	mx := m("x", 1)
+	mx := testkit.Slow("x", 1)
 	per := mx.MaxInputBytes + mx.TmpBytes + mx.OutBytes
 	host := cuda.NewHost(2*per + per/2) // room for two instances
 	e := testkit.Engine(t, runtime.Config{Devices: []cuda.Device{host}})
 	for _, n := range []string{"a", "b", "c"} {
-		testkit.Deploy(t, e, testkit.BundleDir(t, m(n, 1), nil))
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow(n, 1), nil))
 	}
-	testkit.Deploy(t, e, testkit.BundleDir(t, m("slow", 1500), nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 1500), nil))
 	invoke(t, e, "a", []byte{1})
 	invoke(t, e, "b", []byte{1})
 	instances := func(n string) int { fi := info(t, e, n); return fi.Idle + fi.Busy }
@@ -218,7 +211,7 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 func TestConcurrentColdRequestsUploadConstantsOnce(t *testing.T) {
 	host := cuda.NewHost(0)
 	e := testkit.Engine(t, runtime.Config{Devices: []cuda.Device{host}})
-	m := sleepy("fn", 200)
+	m := testkit.Slow("fn", 200)
 	m.MaxInstances = 4
 	m.Constants = "c.bin"
 	const consts = 100 << 10

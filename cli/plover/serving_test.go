@@ -23,8 +23,7 @@ func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	srv := startServer(t, bin, "--grace", "10s")
-	m := testkit.Manifest("slow")
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 800, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
+	m := testkit.Slow("slow", 800)
 	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
 	invokeHTTP(srv.url, "slow", []byte("warm")) // load it, so the drained request is only the sleep
 

@@ -54,6 +54,14 @@ func Manifest(name string) *abi.Manifest {
 	}
 }
 
+// Slow is Manifest with a chain that holds its instance for ms
+// milliseconds, then echoes the input: for tests of queues and concurrency.
+func Slow(name string, ms int) *abi.Manifest {
+	m := Manifest(name)
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: ms, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
+	return m
+}
+
 // BundleDir writes a bundle directory: the manifest, the test kernels
 // library (built once per call) and, if consts is not nil, the constants.
 func BundleDir(t testing.TB, m *abi.Manifest, consts []byte) string {

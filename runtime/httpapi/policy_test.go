@@ -22,9 +22,8 @@ import (
 
 func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	e := testkit.Engine(t, runtime.Config{})
-	m := testkit.Manifest("slow")
+	m := testkit.Slow("slow", 600)
 	m.MaxInstances, m.MaxQueue = 1, 1
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 600, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(e.Collector())

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
@@ -68,9 +67,8 @@ func TestNameIsNotKeptFromTheRequestBuffer(t *testing.T) {
 // the server stopped accepting.
 func TestShutdownDrainsQueuedRequests(t *testing.T) {
 	e := testkit.Engine(t, runtime.Config{})
-	m := testkit.Manifest("slow")
+	m := testkit.Slow("slow", 400)
 	m.MaxInstances = 1
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 400, Block: 1}, {Kernel: "echo", Grid: 1, Block: 8}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	srv := httpapi.New(e, httpapi.Options{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
