@@ -375,6 +375,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	lib, err := loader.Open(filepath.Join(dir, m.Library), e.target, abi.Kernels(m.Chain))
 	if err != nil {
 		e.cfg.Cache.Release(v.rec.SHA256)
+		err = inBundle(err, m.Library)
 		v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
 		return v.loadErr
 	}
@@ -384,6 +385,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		if err != nil {
 			lib.Close()
 			e.cfg.Cache.Release(v.rec.SHA256)
+			err = inBundle(err, m.Library)
 			v.loadErr = errorf(KindInvalid, err, "function %s: %s", v.fn.name, err.Error())
 			return v.loadErr
 		}
@@ -579,13 +581,21 @@ func CheckBundleDir(dir string, m *abi.Manifest, name, target string) error {
 		err = info.Check(m.Library, target, abi.Kernels(m.Chain))
 	}
 	if err != nil {
-		var le *loader.Error
-		if errors.As(err, &le) {
-			le.Path = m.Library
-		}
+		err = inBundle(err, m.Library)
 		return errorf(KindInvalid, err, "%s", err.Error())
 	}
 	return nil
+}
+
+// inBundle names the library in a loader refusal by its file name in the
+// bundle: the client should read "kernels.so", not where this node keeps
+// its cache.
+func inBundle(err error, library string) error {
+	var le *loader.Error
+	if errors.As(err, &le) {
+		le.Path = library
+	}
+	return err
 }
 
 // Delete removes a function; its current version retires after in-flight
