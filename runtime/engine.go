@@ -249,7 +249,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 			return errorf(KindKernel, err, "function %s: %s", f.name, err.Error())
 		}
 		if broken { // the device faulted earlier: fail fast, do not hang
-			return errorf(KindUnavailable, err, "function %s: device %s is unhealthy", f.name, in.dev.dev.Name())
+			return unavailable(err, "function %s: device %s is unhealthy", f.name, in.dev.dev.Name())
 		}
 		return errorf(KindInternal, err, "function %s: run failed", f.name)
 	}
@@ -300,7 +300,7 @@ func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 			return nil, errorf(KindNotFound, err, "function %q not found", name)
 		}
 		if err != nil {
-			return nil, errorf(KindUnavailable, err, "function %s: store unavailable", name)
+			return nil, unavailable(err, "function %s: store unavailable", name)
 		}
 		cv, err := rec.CurrentVersion()
 		if err != nil {
@@ -362,7 +362,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		var be *bundle.Error
 		switch {
 		case errors.As(err, &fe):
-			return errorf(KindUnavailable, err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
+			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &be): // the bundle itself is refused: that will not change
 			v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
 			return v.loadErr
@@ -423,7 +423,7 @@ func (e *Engine) take(v *version) (*instance, bool, error) {
 		v.mu.Unlock()
 		if err := in.dev.dev.Health(); err != nil {
 			v.put(in, true)
-			return nil, false, errorf(KindUnavailable, err, "device %s is unhealthy", in.dev.dev.Name())
+			return nil, false, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
 		}
 		return in, false, nil
 	}
@@ -465,7 +465,7 @@ func (e *Engine) newInstance(v *version) (*instance, error) {
 	}
 	inst, err := p.dev.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Constants: p.consts, LastError: v.lib.LastError})
 	if err != nil {
-		return nil, errorf(KindUnavailable, err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
+		return nil, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
 	}
 	v.mu.Lock()
 	v.live++
@@ -508,7 +508,7 @@ func (e *Engine) place(v *version, dev cuda.Device) (*placement, error) {
 		}
 		defer f.Close()
 		if p.consts, err = dev.LoadConstants(f, v.constSize); err != nil {
-			return nil, errorf(KindUnavailable, err, "function %s: cannot load %d bytes of constants on %s", v.fn.name, v.constSize, dev.Name())
+			return nil, unavailable(err, "function %s: cannot load %d bytes of constants on %s", v.fn.name, v.constSize, dev.Name())
 		}
 	}
 	v.mu.Lock()
@@ -554,7 +554,7 @@ func (e *Engine) Deploy(ctx context.Context, name string, body io.Reader) (Funct
 	}
 	rv, err := e.reg.Publish(ctx, m, tmp, sha, n)
 	if err != nil {
-		return FunctionInfo{}, errorf(KindUnavailable, err, "deploy %s: store", name)
+		return FunctionInfo{}, unavailable(err, "deploy %s: cannot write to the store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
 	f, _ := e.switchTo(name, rv, 0)
@@ -604,7 +604,7 @@ func (e *Engine) Delete(ctx context.Context, name string) error {
 	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
 		return errorf(KindNotFound, err, "function %q not found", name)
 	} else if err != nil {
-		return errorf(KindUnavailable, err, "delete %s: store", name)
+		return unavailable(err, "delete %s: cannot update the store", name)
 	}
 	e.forget(name, 0)
 	e.cfg.Log.Info("deleted", "function", name)

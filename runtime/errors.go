@@ -48,6 +48,17 @@ func errorf(k Kind, err error, format string, a ...any) *Error {
 	return &Error{Kind: k, Msg: fmt.Sprintf(format, a...), Err: err}
 }
 
+// unavailable is a 503 whose message carries its cause: a store or device
+// failure the client can act on or report ("endpoint unreachable",
+// "CUDA_ERROR_ILLEGAL_ADDRESS"), not only that something failed.
+func unavailable(err error, format string, a ...any) *Error {
+	msg := fmt.Sprintf(format, a...)
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	return &Error{Kind: KindUnavailable, Msg: msg, Err: err}
+}
+
 // KindOf returns the kind of err (KindInternal for foreign errors).
 func KindOf(err error) Kind {
 	var e *Error

@@ -59,7 +59,7 @@ func (e *Engine) Function(ctx context.Context, name string) (FunctionInfo, error
 		return FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
 	}
 	if err != nil {
-		return FunctionInfo{}, errorf(KindUnavailable, err, "function %s: store unavailable", name)
+		return FunctionInfo{}, unavailable(err, "function %s: store unavailable", name)
 	}
 	return e.recordInfo(rec)
 }
@@ -82,7 +82,7 @@ func (e *Engine) recordInfo(rec *registry.Record) (FunctionInfo, error) {
 func (e *Engine) Functions(ctx context.Context) ([]FunctionInfo, error) {
 	recs, err := e.reg.List(ctx)
 	if err != nil {
-		return nil, errorf(KindUnavailable, err, "list functions: store unavailable")
+		return nil, unavailable(err, "list functions: store unavailable")
 	}
 	out := make([]FunctionInfo, 0, len(recs))
 	for _, r := range recs {

@@ -3,12 +3,14 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
 )
 
@@ -39,5 +41,52 @@ func TestUnloadableLibraryIsNamedByBundleFile(t *testing.T) {
 	}
 	if strings.Contains(re.Msg, "cache") {
 		t.Errorf("message %q shows the node's cache path", re.Msg)
+	}
+}
+
+// downStore fails every read with a cause the client should see.
+type downStore struct {
+	objectstore.Store
+	down bool
+}
+
+var errDown = errors.New("endpoint unreachable (http://127.0.0.1:9): connection refused")
+
+func (s *downStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if s.down {
+		return nil, errDown
+	}
+	return s.Store.Get(ctx, key)
+}
+
+func (s *downStore) List(ctx context.Context, prefix string) ([]objectstore.Info, error) {
+	if s.down {
+		return nil, errDown
+	}
+	return s.Store.List(ctx, prefix)
+}
+
+// A store outage is a 503 that says what failed, for a cold start and for
+// a listing alike.
+func TestStoreOutageMessagesCarryTheCause(t *testing.T) {
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &downStore{Store: fs}
+	deployer := testkit.Engine(t, runtime.Config{Store: store})
+	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("fn"), nil))
+	node := testkit.Engine(t, runtime.Config{Store: store}) // has never loaded fn
+	store.down = true
+	ctx := context.Background()
+	_, listErr := node.Functions(ctx)
+	for what, err := range map[string]error{
+		"cold invoke": node.Invoke(ctx, "fn", &runtime.Request{Input: []byte("x")}),
+		"list":        listErr,
+	} {
+		var re *runtime.Error
+		if !errors.As(err, &re) || re.Kind != runtime.KindUnavailable || !strings.Contains(re.Msg, "endpoint unreachable") {
+			t.Errorf("%s: %v, want a 503 whose message names the cause", what, err)
+		}
 	}
 }

@@ -15,7 +15,7 @@ func (e *Engine) Versions(ctx context.Context, name string) (*registry.Record, e
 		return nil, errorf(KindNotFound, err, "function %q not found", name)
 	}
 	if err != nil {
-		return nil, errorf(KindUnavailable, err, "function %s: store unavailable", name)
+		return nil, unavailable(err, "function %s: store unavailable", name)
 	}
 	return rec, nil
 }
@@ -30,7 +30,7 @@ func (e *Engine) Rollback(ctx context.Context, name, version string) (FunctionIn
 	case errors.Is(err, registry.ErrNoVersion):
 		return FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
 	case err != nil:
-		return FunctionInfo{}, errorf(KindUnavailable, err, "rollback %s: store", name)
+		return FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}
 	f, _ := e.switchTo(name, rv, 0)
 	if f == nil {
@@ -102,7 +102,7 @@ func (e *Engine) Watch(ctx context.Context, interval time.Duration) {
 func (e *Engine) GC(ctx context.Context, grace time.Duration) ([]string, error) {
 	removed, err := e.reg.GC(ctx, grace)
 	if err != nil {
-		return removed, errorf(KindUnavailable, err, "gc: store")
+		return removed, unavailable(err, "gc: store unavailable")
 	}
 	return removed, nil
 }
