@@ -217,7 +217,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		req.Timing.Load += tr.Sub(ta)
 	}
 	if !tr.Before(deadline) {
-		v.put(in, false)
+		v.put(in, false, tr)
 		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
 	}
 	if int64(cap(req.Output)) < outLen {
@@ -230,8 +230,9 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	r.Input, r.Output = nil, nil
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
 	broken := err != nil && errors.Is(err, cuda.ErrUnhealthy)
-	v.put(in, broken)
-	req.Timing.Total = time.Since(t0)
+	tEnd := time.Now() // one reading: the instance's last use and the total
+	v.put(in, broken, tEnd)
+	req.Timing.Total = tEnd.Sub(t0)
 	switch req.Start {
 	case Cold:
 		f.stats.cold.Add(1)
@@ -422,7 +423,7 @@ func (e *Engine) take(v *version) (*instance, bool, error) {
 		v.idle = v.idle[:n-1]
 		v.mu.Unlock()
 		if err := in.dev.dev.Health(); err != nil {
-			v.put(in, true)
+			v.put(in, true, time.Now())
 			return nil, false, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
 		}
 		return in, false, nil

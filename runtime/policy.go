@@ -57,7 +57,7 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 		}
 		in, err := e.newInstance(v)
 		if err == nil {
-			v.put(in, false)
+			v.put(in, false, time.Now())
 		}
 		v.release()
 		if err != nil {

@@ -144,9 +144,9 @@ const goneInterval = 20 * time.Millisecond
 func (v *version) release() { <-v.slots }
 
 // put returns an instance to the idle pool, or closes it when it is broken or
-// its version retired.
-func (v *version) put(in *instance, broken bool) {
-	now := time.Now()
+// its version retired; now is when it was last used (the caller's reading,
+// so the hot path reads the clock once at the end of a request).
+func (v *version) put(in *instance, broken bool, now time.Time) {
 	v.mu.Lock()
 	v.lastUsed = now
 	if !broken && !v.retired {

@@ -510,7 +510,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	code, name := status(runtime.KindOf(err))
-	msg := err.Error()
+	msg := "internal error" // a foreign error's text is for the log, not the client
 	var re *runtime.Error
 	if errors.As(err, &re) {
 		msg = re.Msg
@@ -519,7 +519,6 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 		}
 	} else {
 		s.opts.Log.Error("request failed", "path", string(ctx.Path()), "error", err)
-		msg = "internal error"
 	}
 	writeError(ctx, code, name, msg)
 	if code == fasthttp.StatusTooManyRequests {
