@@ -9,6 +9,7 @@ package cuda
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -270,6 +271,14 @@ func openGPU(d *driver, ordinal int, limit int64, log *slog.Logger) (*GPU, error
 }
 
 func (g *GPU) Target() string { return abi.TargetCUDA }
+
+// Load loads a bundle into this process, on this GPU.
+func (g *GPU) Load(ctx context.Context, spec ProgramSpec) (Program, error) {
+	if err := g.usable(); err != nil {
+		return nil, err
+	}
+	return loadProgram(ctx, g, spec)
+}
 func (g *GPU) Name() string   { return g.name }
 
 // DriverVersion is the CUDA version the driver supports, e.g. "12.4".
@@ -461,7 +470,6 @@ type gpuInstance struct {
 	g         *GPU
 	c         *C.plcu_inst_t
 	cfg       InstanceConfig
-	lastError unsafe.Pointer
 
 	// cached is the key of c.exec (valid while c.exec != nil); candidate is
 	// the key whose last run went cleanly without a graph, so the next run
@@ -503,7 +511,7 @@ func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
 		g.used.Add(-n)
 		return nil, fmt.Errorf("%s: instance: %w", g.name, g.check(C.GoString(op), code))
 	}
-	return &gpuInstance{g: g, c: ci, cfg: cfg, lastError: cfg.LastError}, nil
+	return &gpuInstance{g: g, c: ci, cfg: cfg}, nil
 }
 
 func (i *gpuInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
@@ -529,8 +537,13 @@ func (i *gpuInstance) Run(r *Run) error {
 	if err := checkRun(r, i.cfg.MaxInput, i.cfg.Tmp, i.cfg.Out, len(i.c.steps)); err != nil {
 		return err
 	}
+	table := i.cfg.Entries.table()
 	for k, s := range r.Chain {
-		i.c.steps[k] = C.plover_step_t{fn: s.Fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
+		fn, err := entryFn(table, s)
+		if err != nil {
+			return err
+		}
+		i.c.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
 	}
 	key := graphKey{chain: r.ChainKey, in: int64(len(r.Input)), tmp: r.TmpLen, out: int64(len(r.Output))}
 	mode := C.int(C.PLCU_DIRECT)
@@ -550,7 +563,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		out = unsafe.Pointer(&r.Output[0])
 	}
 	C.plcu_run(i.c, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)), C.size_t(r.TmpLen),
-		boolInt(r.ZeroTmp), C.int(len(r.Chain)), mode, i.lastError)
+		boolInt(r.ZeroTmp), C.int(len(r.Chain)), mode, i.cfg.Entries.lastErrorFn())
 	res := &i.c.res
 	r.Timing = Timing{
 		CopyIn:  time.Duration(res.t.copy_in_ns),

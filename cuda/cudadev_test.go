@@ -53,6 +53,7 @@ type bundleEnv struct {
 	fake    bool
 	open    func(t testing.TB, limit int64, log *slog.Logger) *GPU
 	lib     *loader.Library
+	ents    *Entries
 	calls   *int64    // the bundle's pl_entry_calls
 	live    *[8]int64 // the fake driver's object counts; nil on a GPU
 	ordinal int       // the device the suite uses
@@ -60,11 +61,11 @@ type bundleEnv struct {
 
 func (e *bundleEnv) step(t testing.TB, name string, grid, block int32) Step {
 	t.Helper()
-	p, err := e.lib.Symbol(name)
+	i, err := e.ents.Resolve(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Step{Fn: p, Grid: grid, Block: block}
+	return Step{Entry: i, Grid: grid, Block: block}
 }
 
 func (e *bundleEnv) entryCalls() int64 { return atomic.LoadInt64(e.calls) }
@@ -181,7 +182,7 @@ func fakeEnv(t testing.TB) *bundleEnv {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fake.env = &bundleEnv{name: "fake", fake: true, lib: lib,
+		fake.env = &bundleEnv{name: "fake", fake: true, lib: lib, ents: NewEntries(lib),
 			calls: (*int64)(calls), live: (*[8]int64)(live)}
 	}
 	e := *fake.env
@@ -243,7 +244,7 @@ func mustRun(t testing.TB, inst Instance, r *Run) {
 
 func newInst(t testing.TB, g *GPU, e *bundleEnv, cfg InstanceConfig) *gpuInstance {
 	t.Helper()
-	cfg.LastError = e.lib.LastError
+	cfg.Entries = e.ents
 	inst, err := g.NewInstance(cfg)
 	if err != nil {
 		t.Fatalf("new instance: %v", err)
@@ -656,7 +657,7 @@ func TestFakeNoLeaks(t *testing.T) {
 	}
 	chain := []Step{e.step(t, "pl_load", 1, 32), e.step(t, "pl_add_const", 1, 32), e.step(t, "pl_store", 1, 32)}
 	for i := 0; i < 3; i++ {
-		cfg := InstanceConfig{MaxInput: 100, Tmp: 100, Out: 100, Constants: c, LastError: e.lib.LastError}
+		cfg := InstanceConfig{MaxInput: 100, Tmp: 100, Out: 100, Constants: c, Entries: e.ents}
 		inst, err := g.NewInstance(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -1,14 +1,20 @@
-// Package cuda is Plover's device layer: the Device interface the runtime
-// runs kernel chains through, the host device (device memory is host memory,
-// kernels run on the calling thread), and the CUDA device.
+// Package cuda is Plover's device layer: the Device/Program/Instance seam the
+// runtime runs kernel chains through, the host device (device memory is host
+// memory, kernels run on the calling thread), and the CUDA device.
+//
+// The seam carries no pointers into a bundle: a device loads a bundle into a
+// Program where the bundle's code lives (this process, or a worker process),
+// and a run names its steps by index into the program's entry table. So the
+// same interface serves in-process devices and worker processes.
 package cuda
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
-	"unsafe"
+
+	"github.com/plover-run/plover/abi"
 )
 
 // Device owns one execution device. It is safe for concurrent use; an
@@ -18,11 +24,11 @@ type Device interface {
 	Target() string
 	// Name describes the device for logs and /healthz.
 	Name() string
-	// LoadConstants copies size bytes from r into device memory, once per
-	// function version; all instances of that version share the result.
-	LoadConstants(r io.Reader, size int64) (Constants, error)
-	// NewInstance allocates one instance's buffers (and stream).
-	NewInstance(cfg InstanceConfig) (Instance, error)
+	// Load loads an unpacked bundle onto this device: the library (its
+	// constructors run), every entry the manifest's chain names, and the
+	// constants. An invalid library is a *loader.Error; a process that died
+	// while loading is a *ProcessExit.
+	Load(ctx context.Context, spec ProgramSpec) (Program, error)
 	// MemInfo reports device memory as this device accounts it.
 	MemInfo() MemInfo
 	// Health is nil while the device can run requests.
@@ -30,20 +36,42 @@ type Device interface {
 	Close() error
 }
 
-// Constants is a read-only device buffer shared by a version's instances.
-type Constants interface {
-	Size() int64
-	Free()
+// ProgramSpec is what Device.Load loads.
+type ProgramSpec struct {
+	Dir      string // the unpacked bundle directory; read, never written
+	Manifest *abi.Manifest
+}
+
+// Program is one bundle loaded on one device. Close ends it once its
+// instances are closed: constants freed, library unloaded (or, for a worker,
+// the process stopped).
+type Program interface {
+	// Entry returns the index of kernel in the program's entry table,
+	// resolving it the first time. The manifest chain's kernels are entries
+	// 0..k-1 in the order abi.Kernels lists them, so a chain's steps can be
+	// computed without asking the program.
+	Entry(kernel string) (int32, error)
+	// ConstantsBytes is the device memory the constants hold.
+	ConstantsBytes() int64
+	NewInstance(cfg InstanceConfig) (Instance, error)
+	Close() error
 }
 
 // InstanceConfig sizes an instance's buffers.
 type InstanceConfig struct {
-	MaxInput  int64
-	Tmp       int64
-	Out       int64
-	Constants Constants // may be nil: the bundle has no constants
-	// LastError is the bundle's plover_last_error, or nil.
-	LastError unsafe.Pointer
+	MaxInput int64
+	Tmp      int64
+	Out      int64
+	// Below the seam (a device's own NewInstance): the program's constants
+	// (nil when the bundle has none) and entry table.
+	Constants Constants
+	Entries   *Entries
+}
+
+// Constants is a read-only device buffer shared by a program's instances.
+type Constants interface {
+	Size() int64
+	Free()
 }
 
 // Instance is the per-request execution state: input, tmp and out buffers on
@@ -57,9 +85,9 @@ type Instance interface {
 	Close()
 }
 
-// Step is one resolved launch: an entry point of a loaded bundle.
+// Step is one launch: an entry of the program's table and its sizes.
 type Step struct {
-	Fn    unsafe.Pointer // plover_entry_fn
+	Entry int32
 	Grid  int32
 	Block int32
 }
@@ -78,6 +106,10 @@ type Run struct {
 	// read lengths on the host, so lengths are part of the key. 0 disables
 	// recording.
 	ChainKey uint64
+	// Deadline, when set, is when a device that can stop a running chain
+	// (a worker process: by killing it) gives up with ErrDeadline. An
+	// in-process device cannot interrupt a kernel and ignores it.
+	Deadline time.Time
 	Timing   Timing
 }
 
@@ -102,6 +134,22 @@ func (e *KernelError) Error() string { return "kernel failed: " + e.Msg }
 
 // ErrUnhealthy marks a device that can no longer run requests.
 var ErrUnhealthy = errors.New("device unhealthy")
+
+// ErrDeadline is a run stopped at its deadline; the process that ran it was
+// killed with everything it held.
+var ErrDeadline = errors.New("the request's deadline passed while its chain was running")
+
+// ProcessExit is the death of the process a program lived in: a signal, an
+// exit, or a broken channel. Everything the program held is gone with it.
+type ProcessExit struct {
+	PID    int
+	Reason string // "killed by signal SIGSEGV (segmentation fault)", "exited with status 0", ...
+	During string // "running the chain", "loading the bundle", ...
+}
+
+func (e *ProcessExit) Error() string {
+	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.Reason, e.During)
+}
 
 func checkRun(r *Run, maxIn, tmp, out int64, maxSteps int) error {
 	switch {

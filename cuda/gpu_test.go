@@ -94,7 +94,7 @@ func gpuEnv(t testing.TB) *bundleEnv {
 			gpuT.err = err
 			return
 		}
-		gpuT.env = &bundleEnv{name: "gpu", lib: lib, calls: (*int64)(calls)}
+		gpuT.env = &bundleEnv{name: "gpu", lib: lib, ents: NewEntries(lib), calls: (*int64)(calls)}
 	})
 	if gpuT.skip != "" {
 		t.Skip(gpuT.skip)

@@ -8,6 +8,7 @@ package cuda
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"runtime"
@@ -45,6 +46,11 @@ func (h *Host) Name() string {
 	return "host (" + runtime.GOARCH + ", " + fmt.Sprint(runtime.NumCPU()) + " CPUs)"
 }
 func (h *Host) Health() error { return nil }
+
+// Load loads a bundle into this process.
+func (h *Host) Load(ctx context.Context, spec ProgramSpec) (Program, error) {
+	return loadProgram(ctx, h, spec)
+}
 func (h *Host) Close() error  { return nil }
 
 func (h *Host) MemInfo() MemInfo {
@@ -101,7 +107,6 @@ type hostInstance struct {
 	state     *C.plover_state_t
 	steps     *[abi.MaxChainLength]C.plover_step_t
 	timing    *C.plover_timing_t
-	lastError unsafe.Pointer
 }
 
 func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
@@ -109,7 +114,7 @@ func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
 	if st == nil {
 		return nil, fmt.Errorf("host instance: out of memory")
 	}
-	inst := &hostInstance{h: h, cfg: cfg, state: st, lastError: cfg.LastError,
+	inst := &hostInstance{h: h, cfg: cfg, state: st,
 		steps:  (*[abi.MaxChainLength]C.plover_step_t)(C.calloc(abi.MaxChainLength, C.size_t(unsafe.Sizeof(C.plover_step_t{})))),
 		timing: (*C.plover_timing_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_timing_t{}))))}
 	if inst.steps == nil || inst.timing == nil {
@@ -158,8 +163,13 @@ func (i *hostInstance) Run(r *Run) error {
 	if err := checkRun(r, i.cfg.MaxInput, i.cfg.Tmp, i.cfg.Out, len(i.steps)); err != nil {
 		return err
 	}
+	table := i.cfg.Entries.table()
 	for k, s := range r.Chain {
-		i.steps[k] = C.plover_step_t{fn: s.Fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
+		fn, err := entryFn(table, s)
+		if err != nil {
+			return err
+		}
+		i.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
 	}
 	var in, out unsafe.Pointer
 	if len(r.Input) > 0 {
@@ -169,7 +179,7 @@ func (i *hostInstance) Run(r *Run) error {
 		out = unsafe.Pointer(&r.Output[0])
 	}
 	msg := C.plover_host_run(i.state, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)),
-		C.size_t(r.TmpLen), boolInt(r.ZeroTmp), &i.steps[0], C.int(len(r.Chain)), i.lastError, i.timing)
+		C.size_t(r.TmpLen), boolInt(r.ZeroTmp), &i.steps[0], C.int(len(r.Chain)), i.cfg.Entries.lastErrorFn(), i.timing)
 	r.Timing = Timing{
 		CopyIn:  time.Duration(i.timing.copy_in_ns),
 		Kernels: time.Duration(i.timing.kernels_ns),

@@ -175,16 +175,26 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 			f.stats.errors.Add(1)
 		}
 	}()
+	if b := v.backoffUntil.Load(); b != 0 && t0.UnixNano() < b {
+		return v.backoffError(b)
+	}
 	req.Start = Hot
 	req.Version = v.rec.ID
 	req.Timing = Timing{}
 	if !v.loaded.Load() {
 		tl := time.Now()
-		if err := e.load(ctx, v); err != nil {
+		// The request's deadline bounds the fetch and load too.
+		lctx, cancel := context.WithDeadline(ctx, deadline)
+		err := e.load(lctx, v)
+		cancel()
+		if err != nil {
 			return err
 		}
 		req.Start = Cold
 		req.Timing.Load = time.Since(tl)
+	}
+	if rf := v.refused.Load(); rf != nil {
+		return rf
 	}
 	m := v.manifest
 	if int64(len(req.Input)) > m.MaxInputBytes {
@@ -192,7 +202,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	}
 	steps, outLen, tmpLen, key := v.steps, m.OutBytes, m.TmpBytes, uint64(1)
 	if req.Override != nil {
-		if steps, outLen, tmpLen, err = v.override(req.Override); err != nil {
+		if outLen, tmpLen, err = v.override(req.Override); err != nil {
 			return err
 		}
 		key = 0
@@ -204,14 +214,14 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	defer v.release()
 	ta := time.Now()
 	req.Timing.Queue = ta.Sub(tq)
-	in, fresh, err := e.take(v)
+	in, fresh, err := e.take(ctx, v, deadline)
 	if err != nil {
-		return err
+		return e.runFailed(f, v, nil, err)
 	}
 	tr := ta // a hot request reads the clock once between queue and run
-	if fresh {
-		if req.Start == Hot {
-			req.Start = Warm
+	if fresh != Hot {
+		if req.Start < fresh {
+			req.Start = fresh
 		}
 		tr = time.Now()
 		req.Timing.Load += tr.Sub(ta)
@@ -220,16 +230,22 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		v.put(in, false, tr)
 		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
 	}
+	if req.Override != nil && req.Override.Chain != nil {
+		if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
+			v.put(in, false, time.Now())
+			return e.runFailed(f, v, in.dev, err)
+		}
+	}
 	if int64(cap(req.Output)) < outLen {
 		req.Output = make([]byte, outLen)
 	}
 	req.Output = req.Output[:outLen]
 	r := &in.run
-	r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ChainKey = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, key
+	r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, key, deadline
 	err = in.inst.Run(r)
 	r.Input, r.Output = nil, nil
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
-	broken := err != nil && errors.Is(err, cuda.ErrUnhealthy)
+	broken := err != nil && (errors.Is(err, cuda.ErrUnhealthy) || in.dev.dead.Load() || processGone(err))
 	tEnd := time.Now() // one reading: the instance's last use and the total
 	v.put(in, broken, tEnd)
 	req.Timing.Total = tEnd.Sub(t0)
@@ -242,20 +258,62 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		f.stats.hot.Add(1)
 	}
 	if err != nil {
-		var ke *cuda.KernelError
-		if errors.As(err, &ke) {
-			if broken {
-				e.cfg.Log.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "device", in.dev.dev.Name(), "error", ke.Msg)
-			}
-			return errorf(KindKernel, err, "function %s: %s", f.name, err.Error())
-		}
-		if broken { // the device faulted earlier: fail fast, do not hang
-			return unavailable(err, "function %s: device %s is unhealthy", f.name, in.dev.dev.Name())
-		}
-		return errorf(KindInternal, err, "function %s: run failed", f.name)
+		return e.runFailed(f, v, in.dev, err)
+	}
+	if v.crashCount.Load() > 0 { // the common case takes no lock
+		v.succeeded()
 	}
 	f.stats.latencyNs.Add(int64(req.Timing.Total))
 	return nil
+}
+
+// processGone reports a run that ended with its worker process.
+func processGone(err error) bool {
+	var pe *cuda.ProcessExit
+	return errors.Is(err, cuda.ErrDeadline) || errors.As(err, &pe)
+}
+
+// runFailed turns a failure to create an instance or to run into the
+// client's error, and reacts to what it says: a dead worker's program is
+// abandoned and its crash counted towards back-off. p is nil when no
+// instance was taken.
+func (e *Engine) runFailed(f *function, v *version, p *placement, err error) error {
+	var pe *cuda.ProcessExit
+	var ke *cuda.KernelError
+	var ee *Error
+	switch {
+	case errors.Is(err, cuda.ErrDeadline):
+		if p != nil {
+			v.abandon(p)
+		}
+		e.cfg.Log.Warn("deadline passed while the chain ran; worker stopped", "function", f.name, "version", v.rec.ID)
+		return errorf(KindTimeout, err, "function %s: the request's deadline passed while its chain was running; its worker was stopped", f.name)
+	case errors.As(err, &pe):
+		if p != nil {
+			v.abandon(p)
+		}
+		now := time.Now()
+		backoff := v.crashed(now)
+		e.cfg.Log.Error("worker crashed", "function", f.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
+		return errorf(KindWorkerCrashed, err, "function %s: %s", f.name, pe.Error())
+	case errors.As(err, &ee):
+		return err
+	case errors.As(err, &ke):
+		if errors.Is(err, cuda.ErrUnhealthy) {
+			e.cfg.Log.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "error", ke.Msg)
+		}
+		return errorf(KindKernel, err, "function %s: %s", f.name, err.Error())
+	case errors.Is(err, cuda.ErrUnhealthy): // the device faulted earlier: fail fast, do not hang
+		return unavailable(err, "function %s: device is unhealthy", f.name)
+	}
+	return errorf(KindInternal, err, "function %s: run failed", f.name)
+}
+
+// backoffError is the 503 of a version backing off after crashes.
+func (v *version) backoffError(until int64) error {
+	at := time.Unix(0, until).UTC().Format(time.RFC3339)
+	return errorf(KindUnavailable, nil, "function %s is backing off: its worker crashed %d times within %v; requests fail until %s or a redeploy",
+		v.fn.name, crashLimit, crashWindow, at)
 }
 
 // resolve finds the current version of name, reading the store the first
@@ -373,50 +431,31 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		}
 	}
 	tFetch := time.Since(t0)
-	lib, err := loader.Open(filepath.Join(dir, m.Library), e.target, abi.Kernels(m.Chain))
-	if err != nil {
-		e.cfg.Cache.Release(v.rec.SHA256)
-		err = inBundle(err, m.Library)
-		v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
-		return v.loadErr
-	}
-	steps := make([]cuda.Step, len(m.Chain))
-	for i, l := range m.Chain {
-		fn, err := lib.Entry(l.Kernel)
-		if err != nil {
-			lib.Close()
-			e.cfg.Cache.Release(v.rec.SHA256)
-			err = inBundle(err, m.Library)
-			v.loadErr = errorf(KindInvalid, err, "function %s: %s", v.fn.name, err.Error())
-			return v.loadErr
-		}
-		steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
-	}
 	v.policy = e.policyFor(m)
 	if m.Constants != "" {
 		fi, err := os.Stat(filepath.Join(dir, m.Constants))
 		if err != nil {
-			lib.Close()
 			e.cfg.Cache.Release(v.rec.SHA256)
 			return errorf(KindInternal, err, "function %s: constants", v.fn.name)
 		}
 		v.constSize = fi.Size()
 	}
-	v.dir, v.manifest, v.lib, v.steps, v.unpin = dir, m, lib, steps, func() { e.cfg.Cache.Release(v.rec.SHA256) }
+	v.dir, v.manifest, v.steps, v.unpin = dir, m, manifestSteps(m), func() { e.cfg.Cache.Release(v.rec.SHA256) }
 	v.slots = make(chan struct{}, v.policy.max)
 	v.mu.Lock()
 	v.lastUsed = time.Now()
 	v.mu.Unlock()
 	v.loaded.Store(true)
-	e.cfg.Log.Info("cold start", "function", v.fn.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12],
+	e.cfg.Log.Info("bundle ready", "function", v.fn.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12],
 		"fetched", fetched, "fetch_ms", ms(tFetch), "total_ms", ms(time.Since(t0)))
 	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// take returns an idle instance of v, or creates one.
-func (e *Engine) take(v *version) (*instance, bool, error) {
+// take returns an idle instance of v (Hot), or creates one: Warm on a
+// program already loaded, Cold when the program had to be loaded.
+func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*instance, Start, error) {
 	v.mu.Lock()
 	if n := len(v.idle); n > 0 {
 		in := v.idle[n-1]
@@ -424,22 +463,23 @@ func (e *Engine) take(v *version) (*instance, bool, error) {
 		v.mu.Unlock()
 		if err := in.dev.dev.Health(); err != nil {
 			v.put(in, true, time.Now())
-			return nil, false, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
+			return nil, Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
 		}
-		return in, false, nil
+		return in, Hot, nil
 	}
 	v.mu.Unlock()
-	in, err := e.newInstance(v)
-	return in, err == nil, err
+	lctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return e.newInstance(lctx, v)
 }
 
 // newInstance creates an instance of v on the healthy device with the most
-// free memory, loading v's constants there first if needed and evicting
-// idle functions when the device's memory budget requires it.
-func (e *Engine) newInstance(v *version) (*instance, error) {
+// free memory, loading v's program there first if needed and evicting idle
+// functions when the device's memory budget requires it.
+func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start, error) {
 	best, err := e.pickDevice()
 	if err != nil {
-		return nil, err
+		return nil, Warm, err
 	}
 	m := v.manifest
 	need := m.MaxInputBytes + m.TmpBytes + m.OutBytes
@@ -453,25 +493,30 @@ func (e *Engine) newInstance(v *version) (*instance, error) {
 	}
 	e.memMu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, Warm, err
 	}
 	defer func() {
 		e.memMu.Lock()
 		e.pending[best] -= need
 		e.memMu.Unlock()
 	}()
-	p, err := e.place(v, best)
+	p, start, err := e.place(ctx, v, best)
 	if err != nil {
-		return nil, err
+		return nil, start, err
 	}
-	inst, err := p.dev.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Constants: p.consts, LastError: v.lib.LastError})
+	inst, err := p.prog.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
 	if err != nil {
-		return nil, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
+		var pe *cuda.ProcessExit
+		if errors.As(err, &pe) {
+			v.abandon(p)
+			return nil, start, err
+		}
+		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
 	}
 	v.mu.Lock()
 	v.live++
 	v.mu.Unlock()
-	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes()}, nil
+	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes()}, start, nil
 }
 
 func (e *Engine) pickDevice() (cuda.Device, error) {
@@ -493,29 +538,42 @@ func (e *Engine) pickDevice() (cuda.Device, error) {
 	return best, nil
 }
 
-// place makes sure v's constants are on dev, uploading them once however
-// many requests ask at the same time.
-func (e *Engine) place(v *version, dev cuda.Device) (*placement, error) {
+// place makes sure v's program is loaded on dev (library, entries,
+// constants), loading it once however many requests ask at the same time.
+// It says Cold when it loaded the program, Warm when it was there.
+func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*placement, Start, error) {
 	v.placeMu.Lock()
 	defer v.placeMu.Unlock()
 	if p := v.placement(dev); p != nil {
-		return p, nil
+		return p, Warm, nil
 	}
-	p := &placement{dev: dev}
-	if c := v.manifest.Constants; c != "" {
-		f, err := os.Open(filepath.Join(v.dir, c))
-		if err != nil {
-			return nil, errorf(KindInternal, err, "function %s: constants", v.fn.name)
-		}
-		defer f.Close()
-		if p.consts, err = dev.LoadConstants(f, v.constSize); err != nil {
-			return nil, unavailable(err, "function %s: cannot load %d bytes of constants on %s", v.fn.name, v.constSize, dev.Name())
-		}
+	if rf := v.refused.Load(); rf != nil {
+		return nil, Cold, rf
 	}
+	t0 := time.Now()
+	prog, err := dev.Load(ctx, cuda.ProgramSpec{Dir: v.dir, Manifest: v.manifest})
+	if err != nil {
+		var le *loader.Error
+		var pe *cuda.ProcessExit
+		switch {
+		case errors.As(err, &le): // the library is refused: that will not change
+			err = inBundle(err, v.manifest.Library)
+			rf := errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
+			v.refused.Store(rf)
+			return nil, Cold, rf
+		case errors.As(err, &pe):
+			return nil, Cold, err
+		case errors.Is(err, cuda.ErrDeadline) || ctx.Err() != nil:
+			return nil, Cold, errorf(KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())
+		}
+		return nil, Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
+	}
+	p := &placement{dev: dev, prog: prog}
 	v.mu.Lock()
 	v.placements = append(v.placements, p)
 	v.mu.Unlock()
-	return p, nil
+	e.cfg.Log.Info("cold start", "function", v.fn.name, "version", v.rec.ID, "device", dev.Name(), "load_ms", ms(time.Since(t0)))
+	return p, Cold, nil
 }
 
 // Deploy verifies a bundle, stores it, and makes it the current version of

@@ -23,6 +23,7 @@ const (
 	KindTimeout                 // 504: deadline passed before the request ran
 	KindBusy                    // 429: no capacity and no room to wait
 	KindGone                    // 499: the client went away while the request waited
+	KindWorkerCrashed           // 500: the process running the function died
 )
 
 // Error is what the engine returns: a kind, a message for the client, and

@@ -55,7 +55,7 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 		default:
 			return nil
 		}
-		in, err := e.newInstance(v)
+		in, _, err := e.newInstance(ctx, v)
 		if err == nil {
 			v.put(in, false, time.Now())
 		}
@@ -240,8 +240,8 @@ func (e *Engine) reclaimable(dev cuda.Device, forV *version) int64 {
 		}
 		if v != forV && v.policy.min == 0 && v.refs == 0 && len(v.idle) == v.live {
 			for _, p := range v.placements {
-				if p.dev == dev && p.consts != nil {
-					n += p.consts.Size()
+				if p.dev == dev {
+					n += p.prog.ConstantsBytes()
 				}
 			}
 		}
@@ -301,7 +301,7 @@ func (e *Engine) idleFunction(dev cuda.Device, except *version) (funcVersion, bo
 		if v == except || !v.loaded.Load() {
 			continue
 		}
-		if p := v.placement(dev); p == nil || p.consts == nil {
+		if p := v.placement(dev); p == nil || p.prog.ConstantsBytes() == 0 {
 			continue
 		}
 		v.mu.Lock()

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,23 +14,27 @@ import (
 	"github.com/plover-run/plover/runtime/registry"
 )
 
-// version is one deployed bundle of a function on this node: the loaded
-// library, its constants per device, and its warm pool.
+// version is one deployed bundle of a function on this node: its program
+// on each device it runs on, and its warm pool.
 type version struct {
 	fn  *function
 	rec registry.Version
 	log func(msg string, args ...any)
 
 	loadMu  sync.Mutex
-	placeMu sync.Mutex // one constants upload per device
+	placeMu sync.Mutex // one program load per device
 	loaded  atomic.Bool
-	loadErr error // a permanent refusal (invalid bundle), not an outage
+	loadErr error                 // a permanent refusal (invalid bundle), not an outage
+	refused atomic.Pointer[Error] // a device refused the library: as permanent
+	// backoffUntil (Unix ns, 0: none) fails requests fast after repeated
+	// worker crashes; read on the hot path without a lock.
+	backoffUntil atomic.Int64
+	crashCount   atomic.Int32 // len(crashes), for a lock-free check
 
 	// Set once by load, read-only after loaded is true.
 	dir       string
 	manifest  *abi.Manifest
-	lib       *loader.Library
-	steps     []cuda.Step
+	steps     []cuda.Step // the manifest chain: entries 0..k-1 of every program
 	policy    policy
 	constSize int64
 	slots     chan struct{} // one token per running request: caps instances
@@ -43,12 +48,17 @@ type version struct {
 	retired    bool
 	dead       bool
 	placements []*placement
-	lastUsed   time.Time // last request end (or load)
+	lastUsed   time.Time   // last request end (or load)
+	crashes    []time.Time // recent worker crashes, oldest first; reset by a success
 }
 
+// placement is v's program on one device.
 type placement struct {
-	dev    cuda.Device
-	consts cuda.Constants
+	dev  cuda.Device
+	prog cuda.Program
+	// dead: the program's process is gone; its instances are discarded as
+	// they come back and the next instance loads a new program.
+	dead atomic.Bool
 }
 
 type instance struct {
@@ -149,7 +159,7 @@ func (v *version) release() { <-v.slots }
 func (v *version) put(in *instance, broken bool, now time.Time) {
 	v.mu.Lock()
 	v.lastUsed = now
-	if !broken && !v.retired {
+	if !broken && !v.retired && !in.dev.dead.Load() {
 		in.lastUsed = now
 		v.idle = append(v.idle, in)
 		v.mu.Unlock()
@@ -181,7 +191,8 @@ func (v *version) retire() {
 	}
 }
 
-// teardown frees constants and unloads the library. Every instance is closed
+// teardown closes every program: constants freed, library unloaded or
+// worker stopped. Every instance is closed
 // by now: refs is 0, so none is busy, and retire closed the idle ones.
 func (v *version) teardown() {
 	v.loadMu.Lock()
@@ -191,13 +202,8 @@ func (v *version) teardown() {
 	v.placements = nil
 	v.mu.Unlock()
 	for _, p := range ps {
-		if p.consts != nil {
-			p.consts.Free()
-		}
-	}
-	if v.lib != nil {
-		if err := v.lib.Close(); err != nil {
-			v.log("unload failed", "function", v.fn.name, "version", v.rec.ID, "error", err)
+		if err := p.prog.Close(); err != nil {
+			v.log("unload failed", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
 		}
 	}
 	if v.unpin != nil {
@@ -208,37 +214,128 @@ func (v *version) teardown() {
 	}
 }
 
-// override resolves a per-request chain and sizes against v's manifest.
-func (v *version) override(o *Override) ([]cuda.Step, int64, int64, error) {
+// override checks a per-request chain and sizes against v's manifest. The
+// chain's kernels are resolved later, by the program that runs it.
+func (v *version) override(o *Override) (int64, int64, error) {
 	m := v.manifest
-	steps := v.steps
 	if o.Chain != nil {
 		if err := abi.ValidateChain("chain", o.Chain); err != nil {
-			return nil, 0, 0, errorf(KindInvalid, err, "%s", err.Error())
-		}
-		steps = make([]cuda.Step, len(o.Chain))
-		for i, l := range o.Chain {
-			fn, err := v.lib.Entry(l.Kernel)
-			if err != nil {
-				return nil, 0, 0, errorf(KindInvalid, err, "chain[%d].kernel: function %s %s", i, v.fn.name, reason(err))
-			}
-			steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
+			return 0, 0, errorf(KindInvalid, err, "%s", err.Error())
 		}
 	}
 	out, tmp := m.OutBytes, m.TmpBytes
 	if o.OutBytes >= 0 {
 		if o.OutBytes > m.OutBytes {
-			return nil, 0, 0, errorf(KindInvalid, nil, "out_bytes: %d is over the manifest's %d", o.OutBytes, m.OutBytes)
+			return 0, 0, errorf(KindInvalid, nil, "out_bytes: %d is over the manifest's %d", o.OutBytes, m.OutBytes)
 		}
 		out = o.OutBytes
 	}
 	if o.TmpBytes >= 0 {
 		if o.TmpBytes > m.TmpBytes {
-			return nil, 0, 0, errorf(KindInvalid, nil, "tmp_bytes: %d is over the manifest's %d", o.TmpBytes, m.TmpBytes)
+			return 0, 0, errorf(KindInvalid, nil, "tmp_bytes: %d is over the manifest's %d", o.TmpBytes, m.TmpBytes)
 		}
 		tmp = o.TmpBytes
 	}
-	return steps, out, tmp, nil
+	return out, tmp, nil
+}
+
+// resolveChain is an override chain's steps on p's program.
+func (v *version) resolveChain(p *placement, chain []abi.Launch) ([]cuda.Step, error) {
+	steps := make([]cuda.Step, len(chain))
+	for i, l := range chain {
+		e, err := p.prog.Entry(l.Kernel)
+		if err != nil {
+			var pe *cuda.ProcessExit
+			if errors.As(err, &pe) {
+				return nil, err
+			}
+			return nil, errorf(KindInvalid, err, "chain[%d].kernel: function %s %s", i, v.fn.name, reason(err))
+		}
+		steps[i] = cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+	}
+	return steps, nil
+}
+
+// manifestSteps is m's chain as entries of a program that resolved
+// abi.Kernels(m.Chain) in order (see cuda.Program.Entry).
+func manifestSteps(m *abi.Manifest) []cuda.Step {
+	index := map[string]int32{}
+	for i, k := range abi.Kernels(m.Chain) {
+		index[k] = int32(i)
+	}
+	steps := make([]cuda.Step, len(m.Chain))
+	for i, l := range m.Chain {
+		steps[i] = cuda.Step{Entry: index[l.Kernel], Grid: int32(l.Grid), Block: int32(l.Block)}
+	}
+	return steps
+}
+
+// Crash back-off: this many worker crashes within crashWindow, with no
+// success in between, fail the version's requests fast for backoffFor.
+const (
+	crashLimit  = 5
+	crashWindow = time.Minute
+	backoffFor  = time.Minute
+)
+
+// crashed records a worker crash and reports whether v is now backing off.
+func (v *version) crashed(now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.crashes = append(v.crashes, now)
+	for len(v.crashes) > 0 && now.Sub(v.crashes[0]) > crashWindow {
+		v.crashes = v.crashes[1:]
+	}
+	v.crashCount.Store(int32(len(v.crashes)))
+	if len(v.crashes) < crashLimit {
+		return false
+	}
+	v.crashes = nil
+	v.crashCount.Store(0)
+	v.backoffUntil.Store(now.Add(backoffFor).UnixNano())
+	return true
+}
+
+// succeeded ends a run of crashes.
+func (v *version) succeeded() {
+	v.mu.Lock()
+	v.crashes = v.crashes[:0]
+	v.crashCount.Store(0)
+	v.mu.Unlock()
+}
+
+// abandon forgets p after its process died: its idle instances are closed,
+// busy ones are closed as they come back (put sees p.dead), and the next
+// instance loads a fresh program.
+func (v *version) abandon(p *placement) {
+	if !p.dead.CompareAndSwap(false, true) {
+		return
+	}
+	v.mu.Lock()
+	for i, q := range v.placements {
+		if q == p {
+			v.placements = append(v.placements[:i:i], v.placements[i+1:]...)
+			break
+		}
+	}
+	var closing []*instance
+	kept := v.idle[:0]
+	for _, in := range v.idle {
+		if in.dev == p {
+			closing = append(closing, in)
+		} else {
+			kept = append(kept, in)
+		}
+	}
+	v.idle = kept
+	v.live -= len(closing)
+	v.mu.Unlock()
+	for _, in := range closing {
+		in.inst.Close()
+	}
+	if err := p.prog.Close(); err != nil {
+		v.log("closing a dead program", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
+	}
 }
 
 func reason(err error) string {

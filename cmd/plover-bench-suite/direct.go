@@ -53,7 +53,15 @@ func measureDirect(dev cuda.Device, dir string, input []byte, trials, repeat int
 	return res, nil
 }
 
-func directOnce(dev cuda.Device, dir string, input []byte, res *directResult, last bool, repeat int, dur time.Duration) error {
+// rawDevice is an in-process device below the Program seam: the direct
+// figures time dlopen, constants and instance creation apart.
+type rawDevice interface {
+	cuda.Device
+	LoadConstants(r io.Reader, size int64) (cuda.Constants, error)
+	NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error)
+}
+
+func directOnce(cdev cuda.Device, dir string, input []byte, res *directResult, last bool, repeat int, dur time.Duration) error {
 	tmp, err := os.MkdirTemp("", "plover-bench-direct-*")
 	if err != nil {
 		return err
@@ -67,20 +75,25 @@ func directOnce(dev cuda.Device, dir string, input []byte, res *directResult, la
 		return err
 	}
 	var tr directTrial
+	dev, ok := cdev.(rawDevice)
+	if !ok {
+		return fmt.Errorf("direct calls need an in-process device, not %T", cdev)
+	}
 
 	t0 := time.Now()
 	lib, err := loader.Open(filepath.Join(tmp, m.Library), dev.Target(), abi.Kernels(m.Chain))
 	if err != nil {
 		return err
 	}
+	ents := cuda.NewEntries(lib)
 	steps := make([]cuda.Step, len(m.Chain))
 	for i, l := range m.Chain {
-		fn, err := lib.Entry(l.Kernel)
+		e, err := ents.Resolve(l.Kernel)
 		if err != nil {
 			lib.Close()
 			return err
 		}
-		steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
+		steps[i] = cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
 	tr.OpenMs = msSince(t0)
 	defer lib.Close()
@@ -106,7 +119,7 @@ func directOnce(dev cuda.Device, dir string, input []byte, res *directResult, la
 
 	t0 = time.Now()
 	inst, err := dev.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes,
-		Constants: consts, LastError: lib.LastError})
+		Constants: consts, Entries: ents})
 	if err != nil {
 		return fmt.Errorf("instance: %w", err)
 	}

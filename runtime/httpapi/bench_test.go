@@ -36,13 +36,17 @@ func BenchmarkHotInvoke(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		fn, _ := lib.Entry("echo")
-		inst, err := cuda.NewHost(0).NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, LastError: lib.LastError})
+		ents := cuda.NewEntries(lib)
+		echo, err := ents.Resolve("echo")
+		if err != nil {
+			b.Fatal(err)
+		}
+		inst, err := cuda.NewHost(0).NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Entries: ents})
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer inst.Close()
-		run := &cuda.Run{Input: in, Output: make([]byte, m.OutBytes), Chain: []cuda.Step{{Fn: fn, Grid: 1, Block: 64}}, TmpLen: m.TmpBytes}
+		run := &cuda.Run{Input: in, Output: make([]byte, m.OutBytes), Chain: []cuda.Step{{Entry: echo, Grid: 1, Block: 64}}, TmpLen: m.TmpBytes}
 		b.ReportAllocs()
 		for b.Loop() {
 			if err := inst.Run(run); err != nil {

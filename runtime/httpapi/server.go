@@ -498,6 +498,8 @@ func status(k runtime.Kind) (int, string) {
 		return fasthttp.StatusTooManyRequests, "busy"
 	case runtime.KindGone:
 		return 499, "client_closed" // nobody reads it; for logs and metrics
+	case runtime.KindWorkerCrashed:
+		return fasthttp.StatusInternalServerError, "worker_crashed"
 	default:
 		return fasthttp.StatusInternalServerError, "internal"
 	}

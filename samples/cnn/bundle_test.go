@@ -102,6 +102,7 @@ func buildHost(t testing.TB, dir string) string {
 // bundle is the host bundle loaded the way the runtime loads it.
 type bundle struct {
 	lib    *loader.Library
+	ents   *cuda.Entries
 	dev    *cuda.Host
 	consts cuda.Constants
 }
@@ -128,14 +129,14 @@ func openBundle(t testing.TB, so string, kernels []string) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(consts.Free)
-	return &bundle{lib: lib, dev: dev, consts: consts}
+	return &bundle{lib: lib, ents: cuda.NewEntries(lib), dev: dev, consts: consts}
 }
 
 func (b *bundle) instance(t testing.TB, tmp int64) cuda.Instance {
 	t.Helper()
 	inst, err := b.dev.NewInstance(cuda.InstanceConfig{
 		MaxInput: model.InputBytes, Tmp: tmp, Out: model.OutBytes,
-		Constants: b.consts, LastError: b.lib.LastError,
+		Constants: b.consts, Entries: b.ents,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -148,11 +149,11 @@ func (b *bundle) steps(t testing.TB, chain []abi.Launch) []cuda.Step {
 	t.Helper()
 	steps := make([]cuda.Step, len(chain))
 	for i, l := range chain {
-		fn, err := b.lib.Symbol(l.Kernel)
+		e, err := b.ents.Resolve(l.Kernel)
 		if err != nil {
 			t.Fatal(err)
 		}
-		steps[i] = cuda.Step{Fn: fn, Grid: int32(l.Grid), Block: int32(l.Block)}
+		steps[i] = cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
 	return steps
 }
