@@ -261,7 +261,7 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 // unpackInto unpacks r into a temporary sibling of dir, then renames it into
 // place.
 func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, error) {
-	work, err := os.MkdirTemp(c.dir, ".unpack-*")
+	work, err := mkdirShared(c.dir, ".unpack-*")
 	if err != nil {
 		return nil, fmt.Errorf("bundle cache: %w", err)
 	}
@@ -280,7 +280,7 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, error) {
 // returns it with its manifest, for checks before a deploy is accepted. The
 // caller removes the directory.
 func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
-	work, err := os.MkdirTemp(c.dir, ".verify-*")
+	work, err := mkdirShared(c.dir, ".verify-*")
 	if err != nil {
 		return "", nil, fmt.Errorf("bundle cache: %w", err)
 	}
@@ -310,4 +310,18 @@ func (c *Cache) Adopt(work, sha string) {
 	if c.use(sha, dir) == nil {
 		c.Release(sha)
 	}
+}
+
+// mkdirShared is os.MkdirTemp with the directory searchable by others: a
+// worker running as an unprivileged user opens its bundle's files through
+// a directory descriptor the server hands it, which needs that right (the
+// cache's parent directories may still be private).
+func mkdirShared(parent, pattern string) (string, error) {
+	dir, err := os.MkdirTemp(parent, pattern)
+	if err == nil {
+		if err = os.Chmod(dir, 0o755); err != nil {
+			os.RemoveAll(dir)
+		}
+	}
+	return dir, err
 }

@@ -18,6 +18,7 @@ type command struct {
 	summary string
 	usage   string // arguments after the name
 	nargs   int    // positional arguments the command takes
+	hidden  bool   // not listed: internal to plover (the worker)
 	example string
 	run     func(fs *flag.FlagSet, args []string, env *Env) error
 	flags   func(fs *flag.FlagSet)
@@ -41,7 +42,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func commands() []*command {
-	return []*command{serveCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), versionCmd()}
+	return []*command{serveCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), versionCmd(), workerCmd()}
 }
 
 // Main runs the plover command and returns its exit status.
@@ -145,7 +146,9 @@ func topUsage(w io.Writer, cmds []*command) {
 	fmt.Fprintln(w, "plover — a serverless runtime for GPU kernel chains")
 	fmt.Fprintln(w, "\nUsage: plover <command> [flags]\n\nCommands:")
 	for _, c := range cmds {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		if !c.hidden {
+			fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		}
 	}
 	fmt.Fprintln(w, "\nRun 'plover <command> --help' for a command's flags and an example.")
 	fmt.Fprintln(w, "Commands that talk to a server use --server, else $PLOVER_SERVER, else "+DefaultServer+".")

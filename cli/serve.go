@@ -18,9 +18,12 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/cuda"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
 	"github.com/plover-run/plover/runtime/httpapi"
+	"github.com/plover-run/plover/worker"
+	"github.com/plover-run/plover/worker/contain"
 )
 
 const abiVersion = abi.Version
@@ -40,6 +43,8 @@ func defaultDataDir() string {
 
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
+	isolation, workerUser                            string
+	standby                                          int
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
 	idleTTL, timeout                                 time.Duration
 	memLimitMB, cacheMB                              int64
@@ -60,6 +65,9 @@ func serveCmd() *command {
 			fs.StringVar(&f.listen, "listen", envOr("PLOVER_LISTEN", "127.0.0.1:8080"), "address to listen on ($PLOVER_LISTEN); port 0 picks a free one")
 			fs.StringVar(&f.data, "data", defaultDataDir(), "data directory: store (unless --store) and node bundle cache ($PLOVER_DATA)")
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
+			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
+			fs.IntVar(&f.standby, "standby-workers", 1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process)")
+			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
 			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
 			s3Flags(fs, &f.s3)
 			fs.IntVar(&f.minInstances, "min-instances", 0, "instances kept warm per function when its manifest sets no min_instances")
@@ -124,6 +132,9 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	devs, err := openDevices(f.device, f.memLimitMB<<20, log)
 	if err != nil {
+		return err
+	}
+	if devs, err = isolate(f, devs, log); err != nil {
 		return err
 	}
 	eng, err := runtime.New(runtime.Config{
@@ -206,4 +217,50 @@ func openStore(ctx context.Context, url string, o objectstore.S3Options) (object
 		return nil, fmt.Errorf("--store: %w", err)
 	}
 	return s, nil
+}
+
+// isolate wraps each device so that functions run in worker processes
+// (--isolation process), and makes the server unreadable to them.
+func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device, error) {
+	switch f.isolation {
+	case "none":
+		log.Warn("--isolation none: every function runs inside the server process; use it for one trusted tenant only")
+		return devs, nil
+	case "process":
+	default:
+		return nil, fmt.Errorf("--isolation %q: want process or none", f.isolation)
+	}
+	if f.standby < 0 {
+		return nil, fmt.Errorf("--standby-workers %d: want 0 or more", f.standby)
+	}
+	// Workers run with another uid when we are root; when we are not, they
+	// share ours, and only a non-dumpable server keeps them out of its
+	// /proc files (environment, memory).
+	if err := contain.MakeNonDumpable(); err != nil {
+		return nil, fmt.Errorf("--isolation process: %w", err)
+	}
+	var drop *contain.Identity
+	if os.Geteuid() == 0 {
+		id, err := contain.LookupUser(f.workerUser)
+		if err != nil {
+			return nil, fmt.Errorf("--worker-user: %w", err)
+		}
+		drop = &id
+	}
+	spawner := contain.NewSpawner()
+	out := make([]cuda.Device, len(devs))
+	for i, d := range devs {
+		ordinal := 0
+		if g, ok := d.(*cuda.GPU); ok {
+			ordinal = g.Ordinal()
+		}
+		out[i] = worker.NewDevice(worker.Options{Exe: "/proc/self/exe", Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
+			Standby: f.standby, Drop: drop, Landlock: true, Spawner: spawner, Log: log})
+	}
+	user := "the server's"
+	if drop != nil {
+		user = f.workerUser + " (" + drop.String() + ")"
+	}
+	log.Info("functions run in worker processes", "standby_workers", f.standby, "worker_user", user)
+	return out, nil
 }

@@ -279,7 +279,10 @@ func (g *GPU) Load(ctx context.Context, spec ProgramSpec) (Program, error) {
 	}
 	return loadProgram(ctx, g, spec)
 }
-func (g *GPU) Name() string   { return g.name }
+func (g *GPU) Name() string { return g.name }
+
+// Ordinal is the device's index among the visible CUDA devices.
+func (g *GPU) Ordinal() int { return g.ordinal }
 
 // DriverVersion is the CUDA version the driver supports, e.g. "12.4".
 func (g *GPU) DriverVersion() string { return versionString(g.drv.version) }
@@ -467,9 +470,9 @@ type graphKey struct {
 }
 
 type gpuInstance struct {
-	g         *GPU
-	c         *C.plcu_inst_t
-	cfg       InstanceConfig
+	g   *GPU
+	c   *C.plcu_inst_t
+	cfg InstanceConfig
 
 	// cached is the key of c.exec (valid while c.exec != nil); candidate is
 	// the key whose last run went cleanly without a graph, so the next run
@@ -637,4 +640,27 @@ func (i *gpuInstance) logCaptureFailure(res *C.plcu_result_t) {
 	}
 	i.g.log.Warn(fmt.Sprintf("CUDA graph capture failed; the chain ran directly, and an instance "+
 		"launches directly for good after %d failures (logged once per device)", maxCaptureFailures), attrs...)
+}
+
+// OpenOne opens one device: the host device, or CUDA device ordinal (and no
+// other: a worker process serves one device and must not hold contexts on
+// the rest). log may be nil.
+func OpenOne(kind string, ordinal int, limit int64, log *slog.Logger) (Device, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	switch kind {
+	case KindHost:
+		return NewHost(limit), nil
+	case KindCUDA:
+		d, err := loadDriver(libcuda)
+		if err != nil {
+			return nil, err
+		}
+		if code := C.plcu_init(d.c); code != 0 {
+			return nil, fmt.Errorf("CUDA driver %s: %w", libcuda, d.err("cuInit", code))
+		}
+		return openGPU(d, ordinal, limit, log)
+	}
+	return nil, fmt.Errorf("device kind %q: want host or cuda", kind)
 }

@@ -135,8 +135,10 @@ func (e *KernelError) Error() string { return "kernel failed: " + e.Msg }
 // ErrUnhealthy marks a device that can no longer run requests.
 var ErrUnhealthy = errors.New("device unhealthy")
 
-// ErrDeadline is a run stopped at its deadline; the process that ran it was
-// killed with everything it held.
+// ErrDeadline is a run given up at its deadline. The instance stays usable:
+// a device that cannot stop the chain lets it finish in the background (a
+// worker process is killed if it overruns by more than a grace period, and
+// the next run on the instance then reports a ProcessExit with BeforeRun).
 var ErrDeadline = errors.New("the request's deadline passed while its chain was running")
 
 // ProcessExit is the death of the process a program lived in: a signal, an
@@ -145,6 +147,9 @@ type ProcessExit struct {
 	PID    int
 	Reason string // "killed by signal SIGSEGV (segmentation fault)", "exited with status 0", ...
 	During string // "running the chain", "loading the bundle", ...
+	// BeforeRun: the process was gone before this request reached it, so
+	// the request ran nowhere and may be retried on a fresh process.
+	BeforeRun bool
 }
 
 func (e *ProcessExit) Error() string {

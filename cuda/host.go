@@ -51,7 +51,7 @@ func (h *Host) Health() error { return nil }
 func (h *Host) Load(ctx context.Context, spec ProgramSpec) (Program, error) {
 	return loadProgram(ctx, h, spec)
 }
-func (h *Host) Close() error  { return nil }
+func (h *Host) Close() error { return nil }
 
 func (h *Host) MemInfo() MemInfo {
 	used := h.used.Load()
@@ -104,9 +104,9 @@ type hostInstance struct {
 	// C memory, so the per-request cgo call passes no Go pointers except the
 	// input and output bytes: cgocheck walks every pointer it is given, and a
 	// Go-held step table cost 3.5 µs a request.
-	state     *C.plover_state_t
-	steps     *[abi.MaxChainLength]C.plover_step_t
-	timing    *C.plover_timing_t
+	state  *C.plover_state_t
+	steps  *[abi.MaxChainLength]C.plover_step_t
+	timing *C.plover_timing_t
 }
 
 func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {

@@ -13,17 +13,17 @@ import (
 type Kind int
 
 const (
-	KindInternal    Kind = iota // 500
-	KindBadRequest              // 400: malformed request
-	KindNotFound                // 404: unknown function
-	KindTooLarge                // 413: input over the function's maximum
-	KindInvalid                 // 422: invalid manifest, chain or bundle
-	KindKernel                  // 500: the chain reported a failure
-	KindUnavailable             // 503: device unhealthy, store down
-	KindTimeout                 // 504: deadline passed before the request ran
-	KindBusy                    // 429: no capacity and no room to wait
-	KindGone                    // 499: the client went away while the request waited
-	KindWorkerCrashed           // 500: the process running the function died
+	KindInternal      Kind = iota // 500
+	KindBadRequest                // 400: malformed request
+	KindNotFound                  // 404: unknown function
+	KindTooLarge                  // 413: input over the function's maximum
+	KindInvalid                   // 422: invalid manifest, chain or bundle
+	KindKernel                    // 500: the chain reported a failure
+	KindUnavailable               // 503: device unhealthy, store down
+	KindTimeout                   // 504: deadline passed before the request ran
+	KindBusy                      // 429: no capacity and no room to wait
+	KindGone                      // 499: the client went away while the request waited
+	KindWorkerCrashed             // 500: the process running the function died
 )
 
 // Error is what the engine returns: a kind, a message for the client, and

@@ -40,6 +40,8 @@ type version struct {
 	slots     chan struct{} // one token per running request: caps instances
 	waiting   atomic.Int32  // requests queued for a slot
 	unpin     func()        // ends the version's use of its cached bundle
+	prepMs    float64       // fetch + verify + unpack, until the first program load logs it (placeMu)
+	fetched   bool
 
 	mu         sync.Mutex
 	idle       []*instance

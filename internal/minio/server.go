@@ -171,13 +171,16 @@ func (s *Server) waitReady(ctx context.Context, exited <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: 2 * time.Second}
-	for _, path := range []string{"/minio/health/live", "/minio/health/ready"} {
+	// Ready still answers before the IAM subsystem is up, when S3 requests
+	// get 503 "IAM sub-system not initialized yet": an anonymous list of
+	// buckets must get its 403 first.
+	for _, path := range []string{"/minio/health/live", "/minio/health/ready", "/"} {
 		for {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint+path, nil)
 			resp, err := client.Do(req)
 			if err == nil {
 				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
+				if resp.StatusCode == http.StatusOK || (path == "/" && resp.StatusCode != http.StatusServiceUnavailable) {
 					break
 				}
 			}

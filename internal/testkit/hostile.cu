@@ -1,0 +1,469 @@
+// Hostile kernels for the worker-isolation tests (cli/plover/isolation_test.go).
+// Built with g++ -x c++ for the host target (testkit.BuildLib). Each entry
+// misbehaves in one way a user's library could: it crashes, exits, never
+// returns, corrupts memory, closes or steals file descriptors, leaves threads
+// behind, or reads what it should not (the environment, the server's files,
+// another function's memory). With `plover serve --isolation process` every
+// one of them must stay inside its own worker process.
+//
+// grid and block are unused unless an entry says otherwise; out is always
+// written in full (the runtime returns every byte of it).
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "plover.h"
+
+PLOVER_BUNDLE("host");  // host-only: these kernels make system calls
+
+extern char **environ;
+
+// ---- helpers ---------------------------------------------------------------
+
+// put writes the NUL-terminated text into out and zeroes the rest.
+static void put(plover_state_t *s, const char *text) {
+  size_t n = strlen(text);
+  if (n > s->out.len) n = s->out.len;
+  memcpy(s->out.dat, text, n);
+  memset(s->out.dat + n, 0, s->out.len - n);
+}
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+// sleep_ms_full sleeps ms milliseconds even across signal interruptions.
+static void sleep_ms_full(int64_t ms) {
+  int64_t end = mono_ms() + ms;
+  for (int64_t left = ms; left > 0; left = end - mono_ms()) {
+    struct timespec ts = {(time_t)(left / 1000), (long)(left % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static const char *errno_name(int e) {
+  switch (e) {
+    case EPERM: return "EPERM";
+    case ENOENT: return "ENOENT";
+    case EIO: return "EIO";
+    case EBADF: return "EBADF";
+    case ENOMEM: return "ENOMEM";
+    case EACCES: return "EACCES";
+    case EFAULT: return "EFAULT";
+    case ENOTDIR: return "ENOTDIR";
+    case EISDIR: return "EISDIR";
+    case EINVAL: return "EINVAL";
+    case ENFILE: return "ENFILE";
+    case EMFILE: return "EMFILE";
+    case EROFS: return "EROFS";
+    case ENAMETOOLONG: return "ENAMETOOLONG";
+    case ENOSYS: return "ENOSYS";
+    case ELOOP: return "ELOOP";
+    case ENXIO: return "ENXIO";
+    case ESRCH: return "ESRCH";
+    default: return NULL;
+  }
+}
+
+// put_err writes "ERR <errno name>" (or "ERR errno=N") into out.
+static void put_err(plover_state_t *s, int e) {
+  char msg[64];
+  const char *name = errno_name(e);
+  if (name != NULL)
+    snprintf(msg, sizeof msg, "ERR %s", name);
+  else
+    snprintf(msg, sizeof msg, "ERR errno=%d", e);
+  put(s, msg);
+}
+
+// A null pointer the compiler cannot see through, so the store below is a
+// real write to address 0 (not folded into a trap instruction).
+static int *volatile null_ptr = NULL;
+
+// ---- the well-behaved one --------------------------------------------------
+
+// echo: out[0:len(input)] = input, the rest of out zeroed (as kernels.cu).
+PLOVER_ENTRY(echo) {
+  (void)grid; (void)block;
+  size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
+  memcpy(s->out.dat, s->input.dat, n);
+  memset(s->out.dat + n, 0, s->out.len - n);
+}
+
+// ---- crashes and exits -------------------------------------------------------
+
+// segv: writes to address 0 (SIGSEGV).
+PLOVER_ENTRY(segv) {
+  (void)grid; (void)block; (void)s;
+  *null_ptr = 1;
+}
+
+// abort_now: abort() (SIGABRT).
+PLOVER_ENTRY(abort_now) {
+  (void)grid; (void)block; (void)s;
+  abort();
+}
+
+// exit_zero: exit(0) from the middle of a request: a clean-looking exit
+// status that is still a dead worker.
+PLOVER_ENTRY(exit_zero) {
+  (void)grid; (void)block; (void)s;
+  exit(0);
+}
+
+// sigterm_self: sends SIGTERM to its own process, then waits up to 5 s for
+// it to take effect (delivery is asynchronous when another thread takes it)
+// before returning "survived".
+PLOVER_ENTRY(sigterm_self) {
+  (void)grid; (void)block;
+  kill(getpid(), SIGTERM);
+  sleep_ms_full(5000);
+  put(s, "survived SIGTERM");
+}
+
+// overflow_out: memset 1 MiB starting right past the end of out, then keeps
+// writing one byte per page further on until something faults. A heap
+// overflow that happens to land in mapped memory corrupts the process
+// silently; walking on guarantees the worker dies (an unmapped or read-only
+// page always comes), so the outcome is deterministic.
+PLOVER_ENTRY(overflow_out) {
+  (void)grid; (void)block;
+  volatile uint8_t *p = s->out.dat + s->out.len;
+  memset((void *)p, 0xAB, 1 << 20);
+  p += 1 << 20;
+  for (size_t i = 0; i < ((size_t)1 << 22); i++, p += 4096) *p = 0xAB;  // 16 GiB of pages
+  abort();  // unreachable in practice: nothing is mapped that contiguously
+}
+
+// ---- never returning -------------------------------------------------------
+
+// spin: an infinite busy loop.
+PLOVER_ENTRY(spin) {
+  (void)grid; (void)block; (void)s;
+  volatile unsigned long n = 0;
+  for (;;) n++;
+}
+
+// sleep_long: sleeps 10 s, then echoes.
+PLOVER_ENTRY(sleep_long) {
+  sleep_ms_full(10000);
+  echo(s, grid, block);
+}
+
+// ---- file descriptors and processes -----------------------------------------
+
+// close_fds: closes fds 3..1023 (whatever the worker talks to the server
+// over), then returns normally.
+PLOVER_ENTRY(close_fds) {
+  (void)grid; (void)block;
+  for (int fd = 3; fd < 1024; fd++) close(fd);
+  put(s, "closed fds 3..1023");
+}
+
+static const char fake_http[] =
+    "HTTP/1.1 200 OK\r\n"
+    "Content-Type: application/json\r\n"
+    "Content-Length: 37\r\n"
+    "Connection: close\r\n"
+    "\r\n"
+    "{\"status\":\"hijacked by fork_accept\"}\n";
+
+// steal_connections is the forked child of fork_accept. For `seconds` it
+// accepts on every listening socket it inherited among fds 3..1023 and
+// answers each connection with a fake 200 healthz. After its first full scan
+// it writes one byte to ready_fd, so the parent returns only once the child is
+// actively stealing. It never touches Go or the runtime: signal dispositions
+// are reset (the parent's handlers are the worker's), and it ends with _exit.
+static void steal_connections(int ready_fd, int seconds) {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  for (int sig = 1; sig < 32; sig++) signal(sig, SIG_DFL);
+  signal(SIGPIPE, SIG_IGN);
+  alarm((unsigned)seconds + 2);  // backstop: a blocking accept cannot keep it alive
+  int64_t end = mono_ms() + (int64_t)seconds * 1000;
+  int fds[1024];
+  int nfds = 0, stolen = 0;
+  int64_t rescan = 0;
+  int signalled = 0;
+  while (mono_ms() < end) {
+    if (mono_ms() >= rescan) {
+      nfds = 0;
+      for (int fd = 3; fd < 1024; fd++) {
+        if (fd == ready_fd) continue;
+        int on = 0;
+        socklen_t l = sizeof on;
+        if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &l) == 0 && on) fds[nfds++] = fd;
+      }
+      rescan = mono_ms() + 200;
+      if (!signalled) {
+        char b = (char)(nfds > 255 ? 255 : nfds);
+        if (write(ready_fd, &b, 1) < 0) { /* the parent gave up waiting */ }
+        close(ready_fd);
+        signalled = 1;
+      }
+    }
+    struct pollfd pfd[1024];
+    for (int i = 0; i < nfds; i++) {
+      pfd[i].fd = fds[i];
+      pfd[i].events = POLLIN;
+      pfd[i].revents = 0;
+    }
+    if (nfds == 0) {
+      sleep_ms_full(50);
+      continue;
+    }
+    if (poll(pfd, (nfds_t)nfds, 50) <= 0) continue;
+    for (int i = 0; i < nfds; i++) {
+      if (!(pfd[i].revents & POLLIN)) continue;
+      int c = accept(pfd[i].fd, NULL, NULL);  // may block if the owner won the race; alarm ends that
+      if (c < 0) continue;
+      stolen++;
+      char req[4096];
+      struct pollfd rp = {c, POLLIN, 0};
+      if (poll(&rp, 1, 200) > 0) {
+        ssize_t r = recv(c, req, sizeof req, MSG_DONTWAIT);
+        (void)r;
+      }
+      ssize_t w = send(c, fake_http, sizeof fake_http - 1, MSG_NOSIGNAL);
+      (void)w;
+      close(c);
+    }
+  }
+  _exit(stolen > 0 ? 3 : 0);
+}
+
+// fork_accept: fork()s; the child steals connections for `grid` seconds (10
+// when grid < 2) as above and then exits by itself; the parent waits (up to
+// 2 s) until the child has made its first scan and returns normally, writing
+// "forked <child pid> listeners=<n>" into out.
+PLOVER_ENTRY(fork_accept) {
+  (void)block;
+  int seconds = grid >= 2 && grid <= 60 ? grid : 10;
+  int p[2];
+  if (pipe(p) != 0) { put_err(s, errno); return; }
+  pid_t pid = fork();
+  if (pid < 0) { put_err(s, errno); close(p[0]); close(p[1]); return; }
+  if (pid == 0) {
+    close(p[0]);
+    steal_connections(p[1], seconds);
+  }
+  close(p[1]);
+  int listeners = -1;
+  struct pollfd rp = {p[0], POLLIN, 0};
+  if (poll(&rp, 1, 2000) > 0) {
+    unsigned char b;
+    if (read(p[0], &b, 1) == 1) listeners = b;
+  }
+  close(p[0]);
+  char msg[96];
+  snprintf(msg, sizeof msg, "forked %d listeners=%d", (int)pid, listeners);
+  put(s, msg);
+}
+
+static void *spin_forever(void *arg) {
+  (void)arg;
+  volatile unsigned long n = 0;
+  for (;;) n++;
+  return NULL;
+}
+
+// The first NSpid of /proc/self/status: our pid as seen from the namespace
+// that mounted /proc (getpid() if that line is missing).
+static long outer_pid(void) {
+  long pid = (long)getpid();
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f == NULL) return pid;
+  char line[256];
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strncmp(line, "NSpid:", 6) == 0) {
+      long v = strtol(line + 6, NULL, 10);
+      if (v > 0) pid = v;
+      break;
+    }
+  }
+  fclose(f);
+  return pid;
+}
+
+// threads: starts 4 detached threads that spin forever and returns, writing
+// "<pid>" (this process's pid) into out.
+PLOVER_ENTRY(threads) {
+  (void)grid; (void)block;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int started = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_t th;
+    if (pthread_create(&th, &attr, spin_forever, NULL) == 0) started++;
+  }
+  pthread_attr_destroy(&attr);
+  char msg[64];
+  snprintf(msg, sizeof msg, "%ld", outer_pid());
+  put(s, msg);
+  if (started != 4) plover_fail(s, "threads: pthread_create failed");
+}
+
+// ---- reading what it should not --------------------------------------------
+
+// env: the process environment, one NAME=value per line, truncated to out.
+PLOVER_ENTRY(env) {
+  (void)grid; (void)block;
+  size_t n = 0;
+  for (char **e = environ; e != NULL && *e != NULL && n < s->out.len; e++) {
+    size_t l = strlen(*e);
+    if (l > s->out.len - n) l = s->out.len - n;
+    memcpy(s->out.dat + n, *e, l);
+    n += l;
+    if (n < s->out.len) s->out.dat[n++] = '\n';
+  }
+  memset(s->out.dat + n, 0, s->out.len - n);
+}
+
+// read_file: input is a path (trailing NULs ignored); out gets the file's
+// first out.len bytes, or "ERR <errno name>".
+PLOVER_ENTRY(read_file) {
+  (void)grid; (void)block;
+  char path[4096];
+  size_t n = s->input.len;
+  while (n > 0 && s->input.dat[n - 1] == 0) n--;
+  if (n == 0 || n >= sizeof path || memchr(s->input.dat, 0, n) != NULL) { put_err(s, EINVAL); return; }
+  memcpy(path, s->input.dat, n);
+  path[n] = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) { put_err(s, errno); return; }
+  size_t got = 0;
+  while (got < s->out.len) {
+    ssize_t r = read(fd, s->out.dat + got, s->out.len - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) { int e = errno; close(fd); put_err(s, e); return; }
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+  memset(s->out.dat + got, 0, s->out.len - got);
+}
+
+// The marker memscan looks for is the input with every byte XORed with
+// 0x5A, so no copy of the request itself (in the worker's receive buffers,
+// the input buffer, shared memory with the server) contains the marker.
+#define MEMSCAN_KEY 0x5A
+
+struct skip_range {
+  const uint8_t *lo, *hi;
+};
+
+static int overlaps(uintptr_t a, uintptr_t b, const struct skip_range *skip, int nskip) {
+  for (int i = 0; i < nskip; i++)
+    if (a < (uintptr_t)skip[i].hi && (uintptr_t)skip[i].lo < b) return 1;
+  return 0;
+}
+
+// find_in scans [lo, hi) read through fd (/proc/self/mem), or directly when
+// fd < 0, for needle; it returns the address found or 0. chunk is the read
+// buffer (its own range is among skip).
+static uintptr_t find_in(int fd, uintptr_t lo, uintptr_t hi, const uint8_t *needle, size_t nlen,
+                         uint8_t *chunk, size_t chunk_len, const struct skip_range *skip, int nskip) {
+  for (uintptr_t at = lo; at < hi;) {
+    size_t want = hi - at < chunk_len ? (size_t)(hi - at) : chunk_len;
+    const uint8_t *buf;
+    if (fd >= 0) {
+      ssize_t r = pread(fd, chunk, want, (off_t)at);
+      if (r <= 0) {  // an unreadable page (guard, vvar): skip one page
+        at = (at + 4096) & ~(uintptr_t)4095;
+        continue;
+      }
+      want = (size_t)r;
+      buf = chunk;
+    } else {
+      buf = (const uint8_t *)at;
+    }
+    for (const uint8_t *p = buf; want >= nlen && p <= buf + want - nlen;) {
+      const uint8_t *q = (const uint8_t *)memmem(p, (size_t)(buf + want - p), needle, nlen);
+      if (q == NULL) break;
+      uintptr_t addr = at + (uintptr_t)(q - buf);
+      if (!overlaps(addr, addr + nlen, skip, nskip)) return addr;
+      p = q + 1;
+    }
+    if (at + want >= hi) break;
+    at += want > nlen ? want - nlen + 1 : want;  // overlap so a match across chunks is seen
+  }
+  return 0;
+}
+
+// memscan: decodes the marker from the input (XOR 0x5A, at least 8 bytes)
+// and scans every readable mapping of this process for it, skipping the
+// input buffer, its own decoded copy and its read buffer. Writes "FOUND" or
+// "NOTFOUND" (or "ERR ..." when /proc/self/maps cannot be read). With grid
+// == 2 it first plants a copy of the marker in a heap buffer it does not
+// skip: a self-test that must answer FOUND. Every copy it made is wiped
+// before it returns.
+PLOVER_ENTRY(memscan) {
+  (void)block;
+  size_t nlen = s->input.len;
+  if (nlen < 8 || nlen > 4096) { put_err(s, EINVAL); return; }
+  const size_t chunk_len = 1 << 20;
+  uint8_t *needle = (uint8_t *)malloc(nlen);
+  uint8_t *chunk = (uint8_t *)malloc(chunk_len);
+  uint8_t *planted = NULL;
+  if (needle == NULL || chunk == NULL) { free(needle); free(chunk); put_err(s, ENOMEM); return; }
+  for (size_t i = 0; i < nlen; i++) needle[i] = (uint8_t)(s->input.dat[i] ^ MEMSCAN_KEY);
+  if (grid == 2) {
+    planted = (uint8_t *)malloc(nlen + 64);
+    if (planted != NULL) memcpy(planted + 32, needle, nlen);
+    __asm__ volatile("" : : "r"(planted) : "memory");  // keep the planted copy
+  }
+  struct skip_range skip[3] = {
+      {s->input.dat, s->input.dat + s->input.len},
+      {needle, needle + nlen},
+      {chunk, chunk + chunk_len},
+  };
+  FILE *maps = fopen("/proc/self/maps", "r");
+  if (maps == NULL) {
+    int e = errno;
+    free(needle); free(chunk); free(planted);
+    put_err(s, e);
+    return;
+  }
+  int mem = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+  uintptr_t found = 0;
+  char line[512];
+  while (found == 0 && fgets(line, sizeof line, maps) != NULL) {
+    unsigned long lo, hi;
+    char perms[8] = {0};
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+    if (perms[0] != 'r') continue;
+    if (strstr(line, "[vvar") != NULL || strstr(line, "[vsyscall]") != NULL) continue;
+    if (mem < 0) {
+      // No /proc/self/mem: read only private anonymous writable memory directly
+      // (heaps, stacks, thread arenas); file mappings hold no request data.
+      int anon = strchr(line, '/') == NULL;
+      if (!(anon && perms[1] == 'w' && perms[3] == 'p')) continue;
+    }
+    found = find_in(mem, (uintptr_t)lo, (uintptr_t)hi, needle, nlen, chunk, chunk_len, skip, 3);
+  }
+  fclose(maps);
+  if (mem >= 0) close(mem);
+  // Wipe every copy of the marker before freeing it: freed heap memory keeps
+  // its bytes, and a later memscan in this worker must not find them.
+  explicit_bzero(needle, nlen);
+  explicit_bzero(chunk, chunk_len);
+  if (planted != NULL) explicit_bzero(planted, nlen + 64);
+  free(needle);
+  free(chunk);
+  free(planted);
+  put(s, found ? "FOUND" : "NOTFOUND");
+}

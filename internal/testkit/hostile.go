@@ -1,0 +1,16 @@
+package testkit
+
+import "path/filepath"
+
+// HostileSource is the source of the hostile kernels for the isolation tests:
+// echo (well-behaved), segv, abort_now, exit_zero, sigterm_self,
+// overflow_out, spin, sleep_long, close_fds, fork_accept, threads, env,
+// read_file and memscan. Build it with BuildLib.
+func HostileSource() string { return filepath.Join(Root(), "internal", "testkit", "hostile.cu") }
+
+// HostileCtorSource is a library whose ELF constructor segfaults when it is
+// loaded; it also has a valid PLOVER_BUNDLE and an echo entry, so it passes
+// the static checks of a deploy.
+func HostileCtorSource() string {
+	return filepath.Join(Root(), "internal", "testkit", "hostile_ctor.cu")
+}

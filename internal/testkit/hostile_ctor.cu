@@ -1,0 +1,22 @@
+// A library whose ELF constructor crashes: it passes every static check at
+// deploy (a valid PLOVER_BUNDLE and an echo entry) but takes down whatever
+// process dlopens it, with SIGSEGV, before any kernel runs. Built with g++ -x
+// c++ for the host target (testkit.BuildLib); see isolation_test.go.
+#include <string.h>
+
+#include "plover.h"
+
+PLOVER_BUNDLE("host");
+
+// Not visible to the compiler as null, so the store is a real write to 0.
+static int *volatile ctor_null = NULL;
+
+__attribute__((constructor)) static void crash_on_load(void) { *ctor_null = 1; }
+
+// echo: never reached, since loading the library already crashed.
+PLOVER_ENTRY(echo) {
+  (void)grid; (void)block;
+  size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
+  memcpy(s->out.dat, s->input.dat, n);
+  memset(s->out.dat + n, 0, s->out.len - n);
+}

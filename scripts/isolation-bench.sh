@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The cost of isolation, both modes in one run on one machine: the CNN sample
+# hot (p50 with 1 client, throughput with 4) and cold (a fresh deploy's first
+# request, which with --isolation process takes a standby worker), through
+# `plover serve --isolation none` and `--isolation process` side by side.
+# Rounds alternate the modes so drift on a shared machine hits both alike.
+# Usage: scripts/isolation-bench.sh [DEVICE] [SECONDS] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+device=${1:-host}
+secs=${2:-5}
+rounds=${3:-3}
+plover=bin/plover
+bundle=build/samples/cnn-$device
+work=$(mktemp -d -t plover-isobench-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+head -c 3136 samples/cnn/testdata/heldout.bin >"$work/digit.bin" # the first held-out digit
+
+start() { # mode → URL
+  local log="$work/$1.log"
+  "$plover" serve --listen 127.0.0.1:0 --data "$work/$1" --device "$device" --isolation "$1" --poll 0 >"$log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 200); do
+    addr=$(sed -n 's/.*addr=http:\/\/\([0-9.:]*\).*/\1/p' "$log" | head -n 1)
+    [ -n "$addr" ] && { echo "http://$addr"; return; }
+    sleep 0.05
+  done
+  cat "$log" >&2; exit 1
+}
+declare -A url
+for mode in none process; do url[$mode]=$(start "$mode"); done
+sleep 1 # the process server's standby worker starts in the background
+
+field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+printf "| round | mode | hot p50 ms (1 client) | hot p99 ms | req/s (4 clients) | cold ms (client) | cold load ms (Server-Timing) |\n|---|---|---:|---:|---:|---:|---:|\n"
+for r in $(seq 1 "$rounds"); do
+  for mode in none process; do
+    export PLOVER_SERVER=${url[$mode]}
+    # A fresh version each round: its first request is a cold start.
+    "$plover" deploy "$bundle" >/dev/null
+    t0=$(date +%s%N)
+    "$plover" invoke cnn --in "$work/digit.bin" --out /dev/null --timing 2>"$work/timing"
+    t1=$(date +%s%N)
+    cold_load=$(sed -n 's/.*load;dur=\([0-9.]*\).*/\1/p' "$work/timing")
+    one=$("$plover" bench cnn --in "$work/digit.bin" --concurrency 1 --duration "${secs}s" --json)
+    four=$("$plover" bench cnn --in "$work/digit.bin" --concurrency 4 --duration "${secs}s" --json)
+    p50=$(echo "$one" | field 'd["latency_ms"]["p50"]')
+    p99=$(echo "$one" | field 'd["latency_ms"]["p99"]')
+    rps=$(echo "$four" | field 'round(d["throughput_per_s"])')
+    printf "| %d | %s | %.3f | %.3f | %s | %.2f | %s |\n" "$r" "$mode" "$p50" "$p99" "$rps" "$(echo "($t1-$t0)/1000000" | bc -l)" "$cold_load"
+  done
+done

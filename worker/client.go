@@ -1,0 +1,633 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// Options configure a Device.
+type Options struct {
+	Exe      string      // the plover binary; workers run `Exe worker ...`
+	Base     cuda.Device // the server's own view of the device: name, memory, health
+	Ordinal  int         // which GPU (CUDA)
+	MemLimit int64       // the device budget in bytes, 0: none (passed to workers)
+	Standby  int         // idle workers kept started, device open, per device
+	Drop     *contain.Identity
+	Landlock bool
+	Spawner  *contain.Spawner
+	Log      *slog.Logger
+}
+
+// Device runs each program in a worker process of its own. It implements
+// cuda.Device; memory is accounted from the sizes it hands out, since the
+// server itself allocates nothing on the device.
+type Device struct {
+	opts    Options
+	used    atomic.Int64
+	standby chan *proc
+	refill  chan struct{}
+	stop    chan struct{}
+	once    sync.Once
+
+	mu    sync.Mutex
+	procs map[*proc]struct{}
+
+	landlockLogged atomic.Bool
+}
+
+var _ cuda.Device = (*Device)(nil)
+
+// NewDevice starts the standby pool and returns the device.
+func NewDevice(opts Options) *Device {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	d := &Device{opts: opts, standby: make(chan *proc, max(opts.Standby, 0)), refill: make(chan struct{}, 1),
+		stop: make(chan struct{}), procs: map[*proc]struct{}{}}
+	if opts.Standby > 0 {
+		go d.keepStandby()
+		d.refill <- struct{}{}
+	}
+	return d
+}
+
+func (d *Device) Target() string        { return d.opts.Base.Target() }
+func (d *Device) Name() string          { return d.opts.Base.Name() }
+func (d *Device) Health() error         { return d.opts.Base.Health() }
+func (d *Device) Standby() int          { return len(d.standby) }
+func (d *Device) MemInfo() cuda.MemInfo { return d.memInfo() }
+
+func (d *Device) memInfo() cuda.MemInfo {
+	b := d.opts.Base.MemInfo()
+	used := d.used.Load()
+	free := min(b.Free, b.Total-used)
+	if free < 0 {
+		free = 0
+	}
+	return cuda.MemInfo{Total: b.Total, Free: free, Used: used}
+}
+
+// Close stops every worker.
+func (d *Device) Close() error {
+	d.once.Do(func() { close(d.stop) })
+	d.mu.Lock()
+	procs := make([]*proc, 0, len(d.procs))
+	for p := range d.procs {
+		procs = append(procs, p)
+	}
+	d.mu.Unlock()
+	for _, p := range procs {
+		p.kill("the server is stopping")
+	}
+	return nil
+}
+
+// keepStandby refills the pool whenever a worker is taken from it.
+func (d *Device) keepStandby() {
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-d.refill:
+		}
+		for len(d.standby) < cap(d.standby) {
+			p, err := d.spawn(context.Background())
+			if err != nil {
+				d.opts.Log.Error("cannot start a standby worker", "device", d.Name(), "error", err)
+				select {
+				case <-d.stop:
+					return
+				case <-time.After(time.Second):
+				}
+				continue
+			}
+			select {
+			case d.standby <- p:
+			case <-d.stop:
+				p.kill("the server is stopping")
+				return
+			}
+		}
+	}
+}
+
+// take returns a started worker: a standby one when there is one.
+func (d *Device) take(ctx context.Context) (*proc, error) {
+	defer func() {
+		select {
+		case d.refill <- struct{}{}:
+		default:
+		}
+	}()
+	for {
+		select {
+		case p := <-d.standby:
+			if p.alive() {
+				return p, nil
+			}
+			continue
+		default:
+		}
+		return d.spawn(ctx)
+	}
+}
+
+// Load hands the bundle to a worker, which loads it.
+func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program, error) {
+	select {
+	case <-d.stop:
+		return nil, fmt.Errorf("%s: %w: closed", d.Name(), cuda.ErrUnhealthy)
+	default:
+	}
+	mj, err := json.Marshal(spec.Manifest)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := unix.Open(spec.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("bundle directory: %w", err)
+	}
+	defer unix.Close(dir)
+	p, err := d.take(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := p.call(ctx, append([]byte{opLoad}, mj...), []int{dir}, "loading the bundle")
+	if err != nil {
+		return nil, err
+	}
+	if len(rep) < 10 {
+		p.kill("malformed load reply")
+		return nil, fmt.Errorf("worker %d: malformed load reply", p.pid)
+	}
+	if rep[0] != stOK {
+		p.kill("its bundle was refused")
+		return nil, errorOf(rep[0], string(rep[10:]))
+	}
+	if d.opts.Landlock && rep[9] == 0 && d.landlockLogged.CompareAndSwap(false, true) {
+		d.opts.Log.Warn("this kernel has no Landlock: workers are not restricted to their bundle's files (uid, environment and descriptors still are)")
+	}
+	consts := int64(le.Uint64(rep[1:]))
+	d.used.Add(consts)
+	return &program{d: d, p: p, consts: consts, entries: map[string]int32{}}, nil
+}
+
+// ---- worker processes ----
+
+type proc struct {
+	d      *Device
+	pid    int
+	ctl    *net.UnixConn
+	ctlTok chan struct{} // one control call at a time
+	buf    []byte
+	done   chan struct{} // closed once the process is reaped; reason is set
+	reason string
+	killed atomic.Pointer[string] // why the server stopped it
+}
+
+func (d *Device) spawn(ctx context.Context) (*proc, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("start worker: socketpair: %w", err)
+	}
+	theirs := os.NewFile(uintptr(fds[1]), "worker-control")
+	ours := os.NewFile(uintptr(fds[0]), "worker-control")
+	defer theirs.Close()
+	fc, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	ctl := fc.(*net.UnixConn)
+	args := []string{"worker", "--device", d.Target(), "--ordinal", strconv.Itoa(d.opts.Ordinal),
+		"--memory-limit", strconv.FormatInt(d.opts.MemLimit, 10), "--parent", strconv.Itoa(os.Getpid())}
+	if d.opts.Drop != nil {
+		args = append(args, "--user", d.opts.Drop.String())
+	}
+	if d.opts.Landlock {
+		args = append(args, "--landlock")
+	}
+	cmd := exec.Command(d.opts.Exe, args...)
+	// Nothing of the server's environment: no credentials, no settings.
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	cmd.ExtraFiles = []*os.File{theirs}
+	// A pipe of our own rather than an io.Writer: Wait must not wait for
+	// a forked grandchild that keeps stderr open.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		ctl.Close()
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	cmd.Stderr = pw
+	// Go opens its descriptors close-on-exec, C code (a driver) may not:
+	// mark them all, so a worker inherits nothing but its ExtraFiles.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		d.opts.Log.Warn("cannot mark descriptors close-on-exec; a worker may inherit some", "error", err)
+	}
+	err = d.opts.Spawner.Start(cmd)
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		ctl.Close()
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax), done: make(chan struct{})}
+	d.mu.Lock()
+	d.procs[p] = struct{}{}
+	d.mu.Unlock()
+	go p.logStderr(pr)
+	go p.wait(cmd)
+	// Ready: the worker contained itself and opened its device.
+	if dl, ok := ctx.Deadline(); ok {
+		ctl.SetReadDeadline(dl)
+	} else {
+		ctl.SetReadDeadline(time.Now().Add(30 * time.Second))
+	}
+	n, err := ctl.Read(p.buf)
+	ctl.SetReadDeadline(time.Time{})
+	if err != nil || n != 5 || p.buf[0] != opReady {
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			p.kill("it did not start in time")
+			return nil, fmt.Errorf("start worker: %w", cuda.ErrDeadline)
+		}
+		return nil, p.lost("starting")
+	}
+	return p, nil
+}
+
+// logStderr passes the first lines a worker writes to the server log (its
+// own start-up errors, or what a crashing bundle printed) and drops the rest:
+// a bundle must not be able to flood the server's log.
+func (p *proc) logStderr(r io.ReadCloser) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	for lines := 0; sc.Scan(); lines++ {
+		if lines < 20 {
+			p.d.opts.Log.Warn("worker output", "pid", p.pid, "line", sc.Text())
+		}
+	}
+}
+
+func (p *proc) wait(cmd *exec.Cmd) {
+	err := cmd.Wait()
+	// Anything it forked dies with it.
+	contain.KillGroup(p.pid)
+	p.reason = exitReason(cmd.ProcessState, err)
+	if why := p.killed.Load(); why != nil {
+		p.reason = "was stopped by the server (" + *why + ")"
+	}
+	p.ctl.Close()
+	p.d.mu.Lock()
+	delete(p.d.procs, p)
+	p.d.mu.Unlock()
+	close(p.done)
+}
+
+func exitReason(ps *os.ProcessState, err error) string {
+	if ps == nil {
+		return "could not be waited for: " + err.Error()
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case ok && ws.Signaled():
+		sig := ws.Signal()
+		return fmt.Sprintf("was killed by signal %s (%s)", unix.SignalName(sig), sig.String())
+	case ps.ExitCode() == exitChannel:
+		return fmt.Sprintf("exited with status %d (a channel to the server broke: the bundle closed or damaged it)", exitChannel)
+	case ps.ExitCode() == exitFault:
+		return fmt.Sprintf("exited with status %d (its device context faulted)", exitFault)
+	}
+	return fmt.Sprintf("exited with status %d", ps.ExitCode())
+}
+
+// idleExit is the error of a run whose worker died before the run reached it.
+func (p *proc) idleExit() error {
+	<-p.done
+	return &cuda.ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true}
+}
+
+func (p *proc) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill stops the worker and everything it started; the first reason given
+// is the one reported.
+func (p *proc) kill(why string) {
+	p.killed.CompareAndSwap(nil, &why)
+	contain.KillGroup(p.pid)
+}
+
+// lost is the error of a channel that broke: the process died (or is made
+// to), and the error says how.
+func (p *proc) lost(during string) error {
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Second):
+		p.kill("it closed its channel to the server")
+		<-p.done
+	}
+	return &cuda.ProcessExit{PID: p.pid, Reason: p.reason, During: during}
+}
+
+// failed turns a channel error into the run's error.
+func (p *proc) failed(err error, during string) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		p.kill("the request's deadline passed while " + during)
+		return cuda.ErrDeadline
+	}
+	return p.lost(during)
+}
+
+// call sends one control message (with descriptors) and returns the reply,
+// within ctx's deadline; past it the worker is killed.
+func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) ([]byte, error) {
+	select {
+	case p.ctlTok <- struct{}{}:
+	case <-ctx.Done():
+		return nil, cuda.ErrDeadline
+	}
+	defer func() { <-p.ctlTok }()
+	dl, _ := ctx.Deadline()
+	p.ctl.SetDeadline(dl)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := p.ctl.WriteMsgUnix(msg, oob, nil); err != nil {
+		return nil, p.failed(err, during)
+	}
+	n, err := p.ctl.Read(p.buf)
+	if err != nil {
+		return nil, p.failed(err, during)
+	}
+	if n == 0 {
+		return nil, p.lost(during)
+	}
+	return append([]byte(nil), p.buf[:n]...), nil
+}
+
+// ---- programs and instances ----
+
+type program struct {
+	d      *Device
+	p      *proc
+	consts int64
+	closed atomic.Bool
+
+	mu      sync.Mutex
+	entries map[string]int32
+}
+
+// PID is the worker process's.
+func (g *program) PID() int { return g.p.pid }
+
+// Alive is false once the worker process is gone.
+func (g *program) Alive() bool { return g.p.alive() }
+
+func (g *program) ConstantsBytes() int64 { return g.consts }
+
+func (g *program) Entry(kernel string) (int32, error) {
+	g.mu.Lock()
+	i, ok := g.entries[kernel]
+	g.mu.Unlock()
+	if ok {
+		return i, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rep, err := g.p.call(ctx, append([]byte{opEntry}, kernel...), nil, "resolving an entry point")
+	if err != nil {
+		return 0, err
+	}
+	if len(rep) < 5 {
+		return 0, fmt.Errorf("worker %d: malformed entry reply", g.p.pid)
+	}
+	if rep[0] != stOK {
+		return 0, errorOf(rep[0], string(rep[5:]))
+	}
+	i = int32(le.Uint32(rep[1:]))
+	g.mu.Lock()
+	g.entries[kernel] = i
+	g.mu.Unlock()
+	return i, nil
+}
+
+func (g *program) NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error) {
+	if cfg.MaxInput < 0 || cfg.Tmp < 0 || cfg.Out < 0 {
+		return nil, fmt.Errorf("instance sizes %d/%d/%d", cfg.MaxInput, cfg.Tmp, cfg.Out)
+	}
+	size := cfg.MaxInput + cfg.Out
+	if size == 0 {
+		size = 1
+	}
+	memfd, err := unix.MemfdCreate("plover-slot", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("instance slot: %w", err)
+	}
+	defer unix.Close(memfd)
+	if err := unix.Ftruncate(memfd, size); err != nil {
+		return nil, fmt.Errorf("instance slot of %d bytes: %w", size, err)
+	}
+	slot, err := unix.Mmap(memfd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("instance slot of %d bytes: %w", size, err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		unix.Munmap(slot)
+		return nil, fmt.Errorf("instance channel: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "instance")
+	fc, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		unix.Munmap(slot)
+		return nil, fmt.Errorf("instance channel: %w", err)
+	}
+	msg := []byte{opNewInstance}
+	msg = le.AppendUint64(msg, uint64(cfg.MaxInput))
+	msg = le.AppendUint64(msg, uint64(cfg.Tmp))
+	msg = le.AppendUint64(msg, uint64(cfg.Out))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
+	unix.Close(fds[1])
+	if err == nil && rep[0] != stOK {
+		err = errorOf(rep[0], string(rep[1:]))
+	}
+	if err != nil {
+		fc.Close()
+		unix.Munmap(slot)
+		return nil, err
+	}
+	bytes := cfg.MaxInput + cfg.Tmp + cfg.Out
+	g.d.used.Add(bytes)
+	return &instance{g: g, conn: fc.(*net.UnixConn), slot: slot, maxIn: cfg.MaxInput, tmp: cfg.Tmp, out: cfg.Out,
+		msg: make([]byte, runMsgMax), rep: make([]byte, replyMax)}, nil
+}
+
+// Close stops the worker: whatever the bundle started goes with it.
+func (g *program) Close() error {
+	if !g.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	g.p.kill("its program was unloaded")
+	g.d.used.Add(-g.consts)
+	return nil
+}
+
+type instance struct {
+	g               *program
+	conn            *net.UnixConn
+	slot            []byte
+	maxIn, tmp, out int64
+	msg, rep        []byte
+	// overrun, after a run passed its deadline, receives whether the chain
+	// finished within overrunGrace (true) or the worker was killed.
+	overrun chan bool
+}
+
+// overrunGrace is how long a chain may run past its request's deadline
+// before its worker is killed. The request is answered (504) at the deadline
+// either way; the grace spares the worker's other requests when a chain is
+// merely late, and a stuck kernel still ends within it.
+const overrunGrace = 200 * time.Millisecond
+
+// finish waits out an overrun chain: its reply is discarded.
+func (i *instance) finish(done chan<- bool) {
+	i.conn.SetReadDeadline(time.Now().Add(overrunGrace))
+	n, err := i.conn.Read(i.rep)
+	if err == nil && n >= replyHeader {
+		done <- true
+		return
+	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		i.g.p.kill("a chain ran past its request's deadline by more than " + overrunGrace.String())
+	}
+	done <- false
+}
+
+func deadlineC(dl time.Time) <-chan time.Time {
+	if dl.IsZero() {
+		return nil
+	}
+	return time.After(time.Until(dl))
+}
+
+func (i *instance) DeviceBytes() int64 { return i.maxIn + i.tmp + i.out }
+
+func (i *instance) Close() {
+	if i.slot == nil {
+		return
+	}
+	if i.overrun != nil { // still finishing: the reader owns the buffers
+		go func(c chan bool, conn *net.UnixConn, slot []byte) {
+			<-c
+			conn.Close()
+			unix.Munmap(slot)
+		}(i.overrun, i.conn, i.slot)
+		i.slot = nil
+		i.g.d.used.Add(-i.DeviceBytes())
+		return
+	}
+	i.conn.Close() // the worker frees the instance when it reads EOF
+	unix.Munmap(i.slot)
+	i.slot = nil
+	i.g.d.used.Add(-i.DeviceBytes())
+}
+
+// Run hands one request to the worker: the input into the slot, one message
+// each way, the output out of the slot. Past r.Deadline the worker is
+// killed (a running kernel cannot be stopped otherwise).
+func (i *instance) Run(r *cuda.Run) error {
+	switch {
+	case i.slot == nil:
+		return errors.New("worker instance: closed")
+	case int64(len(r.Input)) > i.maxIn || int64(len(r.Output)) > i.out || r.TmpLen < 0 || r.TmpLen > i.tmp:
+		return fmt.Errorf("run of %d/%d/%d bytes on an instance of %d/%d/%d", len(r.Input), r.TmpLen, len(r.Output), i.maxIn, i.tmp, i.out)
+	case len(r.Chain) == 0 || len(r.Chain) > (runMsgMax-runHeader)/stepBytes:
+		return fmt.Errorf("chain has %d steps", len(r.Chain))
+	}
+	if i.overrun != nil {
+		// The last run passed its deadline and may still be finishing.
+		select {
+		case ok := <-i.overrun:
+			i.overrun = nil
+			if !ok {
+				return i.g.p.idleExit()
+			}
+		case <-deadlineC(r.Deadline):
+			return cuda.ErrDeadline
+		}
+	}
+	if !i.g.p.alive() {
+		return i.g.p.idleExit()
+	}
+	copy(i.slot, r.Input)
+	msg := encodeRun(i.msg, r)
+	i.conn.SetReadDeadline(r.Deadline)
+	if _, err := i.conn.Write(msg); err != nil {
+		return i.g.p.failed(err, "running the chain")
+	}
+	n, err := i.conn.Read(i.rep)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			i.overrun = make(chan bool, 1)
+			go i.finish(i.overrun)
+			return cuda.ErrDeadline
+		}
+		return i.g.p.failed(err, "running the chain")
+	}
+	if n < replyHeader {
+		return i.g.p.lost("running the chain")
+	}
+	rep := i.rep[:n]
+	r.Timing = cuda.Timing{
+		CopyIn:  time.Duration(le.Uint64(rep[1:])),
+		Kernels: time.Duration(le.Uint64(rep[9:])),
+		CopyOut: time.Duration(le.Uint64(rep[17:])),
+	}
+	switch rep[0] {
+	case stOK:
+		copy(r.Output, i.slot[i.maxIn:])
+		return nil
+	case stFault:
+		ke := &cuda.KernelError{Msg: string(rep[replyHeader:])}
+		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
+	}
+	return errorOf(rep[0], string(rep[replyHeader:]))
+}
+
+// faultError is a chain that faulted the worker's device context for good:
+// the request failed like any kernel failure, and the worker is gone.
+type faultError struct {
+	ke   *cuda.KernelError
+	exit error
+}
+
+func (e *faultError) Error() string   { return e.ke.Error() }
+func (e *faultError) Unwrap() []error { return []error{e.ke, e.exit} }

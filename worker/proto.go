@@ -1,0 +1,148 @@
+// Package worker runs bundles in worker processes: the server side (a
+// cuda.Device whose programs live in child processes, with a pool of
+// standby workers) and the worker side (`plover worker`, which serves one
+// program from an in-process device).
+//
+// Two kinds of channel join a server and a worker, both SOCK_SEQPACKET so
+// every message arrives whole:
+//
+//   - the control channel (the worker's fd 3): load, entry, new instance,
+//     one call at a time, answered in order;
+//   - one channel per instance, with a shared memory slot (a memfd mapped by
+//     both) holding the request's input at [0, max_input) and its output at
+//     [max_input, max_input+out). A request is one small message each way;
+//     the bytes never travel through the socket.
+//
+// Descriptors (the bundle directory, memfds, instance sockets) go to the
+// worker with SCM_RIGHTS. Integers are little-endian.
+package worker
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/loader"
+)
+
+// Control operations.
+const (
+	opReady       byte = 'R' // worker → server once its device is open: [op][i32 pid]
+	opLoad        byte = 'L' // [op][manifest JSON], fds: [bundle dir]
+	opEntry       byte = 'E' // [op][kernel name] → [i32 index]
+	opNewInstance byte = 'I' // [op][i64 max_in][i64 tmp][i64 out], fds: [memfd, instance socket]
+)
+
+// Reply status: the first byte of every reply.
+const (
+	stOK        byte = 0
+	stInvalid   byte = 1 // the bundle is refused (a loader.Error): [path \0 reason]
+	stKernel    byte = 2 // the chain reported a failure: [message]
+	stFault     byte = 3 // the device faulted for good: the worker must go: [message]
+	stOOM       byte = 4 // out of device memory: [message]
+	stFailed    byte = 5 // anything else: [message]
+	stBadRunMsg byte = 6 // a malformed run message (a server bug): [message]
+)
+
+// Run message: header then steps.
+const (
+	runHeader = 4 + 4 + 8 + 1 + 8 + 2 // in, out, tmp, zero_tmp, chain_key, nsteps
+	stepBytes = 12                    // entry, grid, block
+	runMsgMax = runHeader + abi.MaxChainLength*stepBytes
+	// Run reply: status, copy-in, kernels, copy-out ns, then a message.
+	replyHeader = 1 + 8 + 8 + 8
+	replyMax    = replyHeader + 4096
+	ctlMax      = 1 << 20 // a manifest, with room to spare
+)
+
+var le = binary.LittleEndian
+
+func encodeRun(b []byte, r *cuda.Run) []byte {
+	b = b[:runHeader]
+	le.PutUint32(b[0:], uint32(len(r.Input)))
+	le.PutUint32(b[4:], uint32(len(r.Output)))
+	le.PutUint64(b[8:], uint64(r.TmpLen))
+	b[16] = 0
+	if r.ZeroTmp {
+		b[16] = 1
+	}
+	le.PutUint64(b[17:], r.ChainKey)
+	le.PutUint16(b[25:], uint16(len(r.Chain)))
+	for _, s := range r.Chain {
+		b = le.AppendUint32(b, uint32(s.Entry))
+		b = le.AppendUint32(b, uint32(s.Grid))
+		b = le.AppendUint32(b, uint32(s.Block))
+	}
+	return b
+}
+
+// decodeRun fills r from a run message, slicing input and output out of
+// slot (input at 0, output at maxIn).
+func decodeRun(b []byte, r *cuda.Run, steps []cuda.Step, slot []byte, maxIn, out int64) error {
+	if len(b) < runHeader {
+		return fmt.Errorf("run message of %d bytes", len(b))
+	}
+	in, outLen := int64(le.Uint32(b[0:])), int64(le.Uint32(b[4:]))
+	n := int(le.Uint16(b[25:]))
+	if in > maxIn || outLen > out || n > len(steps) || len(b) != runHeader+n*stepBytes {
+		return fmt.Errorf("run message out of bounds: input %d/%d, output %d/%d, %d steps in %d bytes", in, maxIn, outLen, out, n, len(b))
+	}
+	r.Input = slot[:in]
+	r.Output = slot[maxIn : maxIn+outLen]
+	r.TmpLen = int64(le.Uint64(b[8:]))
+	r.ZeroTmp = b[16] == 1
+	r.ChainKey = le.Uint64(b[17:])
+	for k := 0; k < n; k++ {
+		s := b[runHeader+k*stepBytes:]
+		steps[k] = cuda.Step{Entry: int32(le.Uint32(s[0:])), Grid: int32(le.Uint32(s[4:])), Block: int32(le.Uint32(s[8:]))}
+	}
+	r.Chain = steps[:n]
+	return nil
+}
+
+// statusOf classifies an error from the worker's device for the wire.
+func statusOf(err error) (byte, string) {
+	var le *loader.Error
+	var ke *cuda.KernelError
+	switch {
+	case err == nil:
+		return stOK, ""
+	case errors.As(err, &le):
+		return stInvalid, le.Path + "\x00" + le.Reason
+	case errors.Is(err, cuda.ErrUnhealthy):
+		return stFault, err.Error()
+	case errors.As(err, &ke):
+		return stKernel, ke.Msg
+	case errors.Is(err, cuda.ErrOutOfMemory):
+		return stOOM, err.Error()
+	}
+	return stFailed, err.Error()
+}
+
+// errorOf turns a reply status back into the error the device would have
+// returned in process. stFault is handled by the caller (the worker goes).
+func errorOf(st byte, msg string) error {
+	switch st {
+	case stOK:
+		return nil
+	case stInvalid:
+		path, reason, _ := cutNul(msg)
+		return &loader.Error{Path: path, Reason: reason}
+	case stKernel:
+		return &cuda.KernelError{Msg: msg}
+	case stOOM:
+		return fmt.Errorf("%s: %w", msg, cuda.ErrOutOfMemory)
+	}
+	return errors.New(msg)
+}
+
+func cutNul(s string) (string, string, bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return "", s, false
+}

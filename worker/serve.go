@@ -1,0 +1,250 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// ctlFD is the control channel's descriptor in a worker (the first of
+// exec.Cmd.ExtraFiles).
+const ctlFD = 3
+
+// Config is what a worker process is started with (flags of `plover
+// worker`); everything else arrives on the control channel.
+type Config struct {
+	Device    string // "host" or "cuda"
+	Ordinal   int
+	MemLimit  int64             // device memory budget in bytes, 0: none
+	Drop      *contain.Identity // run as this user; nil: keep the identity
+	ParentPID int               // the server: the worker dies with it
+	Landlock  bool              // restrict the filesystem before loading
+}
+
+// Serve is a worker process's life: contain itself, open its device, say it
+// is ready, then serve one program until the server closes the control
+// channel (exit 0). Any broken channel ends the process: the server reads
+// it as a crash and starts another.
+func Serve(cfg Config) error {
+	if err := contain.Enter(contain.Policy{Drop: cfg.Drop, ParentPID: cfg.ParentPID}); err != nil {
+		return fmt.Errorf("worker: contain: %w", err)
+	}
+	// Worker-side errors go to the server over the channel; the device's
+	// own log lines are of no use to anyone here.
+	if err := defaultFatalSignals(); err != nil {
+		return fmt.Errorf("worker: signals: %w", err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	dev, err := cuda.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, log)
+	if err != nil {
+		return fmt.Errorf("worker: open device: %w", err)
+	}
+	w := &server{cfg: cfg, dev: dev, buf: make([]byte, ctlMax), oob: make([]byte, unix.CmsgSpace(4*4))}
+	msg := le.AppendUint32([]byte{opReady}, uint32(os.Getpid()))
+	if err := unix.Sendmsg(ctlFD, msg, nil, nil, 0); err != nil {
+		return fmt.Errorf("worker: ready: %w", err)
+	}
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(ctlFD, w.buf, w.oob, unix.MSG_CMSG_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("worker: control channel: %w", err)
+		}
+		if n == 0 {
+			return nil // the server is done with this worker
+		}
+		fds, err := rights(w.oob[:oobn])
+		if err != nil {
+			return fmt.Errorf("worker: control channel: %w", err)
+		}
+		reply := w.handle(w.buf[:n], fds)
+		if err := unix.Sendmsg(ctlFD, reply, nil, nil, 0); err != nil {
+			return fmt.Errorf("worker: control channel: %w", err)
+		}
+	}
+}
+
+type server struct {
+	cfg      Config
+	dev      cuda.Device
+	prog     cuda.Program
+	buf, oob []byte
+}
+
+func rights(oob []byte) ([]int, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	for _, m := range msgs {
+		f, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return nil, err
+		}
+		fds = append(fds, f...)
+	}
+	return fds, nil
+}
+
+func reply(st byte, body []byte, msg string) []byte {
+	return append(append([]byte{st}, body...), msg...)
+}
+
+func (w *server) handle(b []byte, fds []int) []byte {
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	if len(b) == 0 {
+		closeAll()
+		return reply(stFailed, nil, "empty control message")
+	}
+	switch b[0] {
+	case opLoad:
+		if len(fds) != 1 || w.prog != nil {
+			closeAll()
+			return reply(stFailed, make([]byte, 9), "load: want one bundle directory, once per worker")
+		}
+		return w.load(b[1:], fds[0])
+	case opEntry:
+		closeAll()
+		if w.prog == nil {
+			return reply(stFailed, make([]byte, 4), "entry: nothing loaded")
+		}
+		i, err := w.prog.Entry(string(b[1:]))
+		st, msg := statusOf(err)
+		return reply(st, le.AppendUint32(nil, uint32(i)), msg)
+	case opNewInstance:
+		if len(fds) != 2 || len(b) != 25 || w.prog == nil {
+			closeAll()
+			return reply(stFailed, nil, "new instance: want sizes, a memfd and a socket after a load")
+		}
+		return w.newInstance(int64(le.Uint64(b[1:])), int64(le.Uint64(b[9:])), int64(le.Uint64(b[17:])), fds[0], fds[1])
+	}
+	closeAll()
+	return reply(stFailed, nil, fmt.Sprintf("unknown control operation %q", b[0]))
+}
+
+// load restricts the filesystem to the bundle (given as an open directory,
+// so the worker needs no right to the path it lives at) and the system
+// libraries, then loads it: the library's constructors run after that.
+func (w *server) load(b []byte, dirFD int) []byte {
+	body := make([]byte, 9) // i64 constants bytes, u8 landlocked
+	var m abi.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		unix.Close(dirFD)
+		return reply(stFailed, body, "load: manifest: "+err.Error())
+	}
+	dir := "/proc/self/fd/" + strconv.Itoa(dirFD)
+	if w.cfg.Landlock {
+		rules := contain.DefaultRules()
+		rules.RODirs = append(rules.RODirs, dir)
+		applied, err := contain.RestrictFS(rules)
+		if err != nil {
+			return reply(stFailed, body, "load: landlock: "+err.Error())
+		}
+		if applied {
+			body[8] = 1
+		}
+	}
+	prog, err := w.dev.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: &m})
+	st, msg := statusOf(err)
+	if err != nil {
+		return reply(st, body, msg)
+	}
+	w.prog = prog
+	le.PutUint64(body, uint64(prog.ConstantsBytes()))
+	return reply(stOK, body, "")
+}
+
+func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
+	fail := func(err error) []byte {
+		unix.Close(memfd)
+		unix.Close(sock)
+		st, msg := statusOf(err)
+		return reply(st, nil, msg)
+	}
+	if maxIn < 0 || tmp < 0 || out < 0 || maxIn+out <= 0 {
+		return fail(fmt.Errorf("new instance: sizes %d/%d/%d", maxIn, tmp, out))
+	}
+	slot, err := unix.Mmap(memfd, 0, int(maxIn+out), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail(fmt.Errorf("new instance: map the slot: %w", err))
+	}
+	unix.Close(memfd) // the mapping keeps the memory
+	inst, err := w.prog.NewInstance(cuda.InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out})
+	if err != nil {
+		unix.Munmap(slot)
+		unix.Close(sock)
+		st, msg := statusOf(err)
+		return reply(st, nil, msg)
+	}
+	go serveInstance(sock, slot, inst, maxIn, out)
+	return reply(stOK, nil, "")
+}
+
+// serveInstance answers run messages on one instance's channel, on a thread
+// of its own, until the server closes it. A channel that breaks otherwise
+// (the bundle closed it, say) ends the worker.
+func serveInstance(sock int, slot []byte, inst cuda.Instance, maxIn, out int64) {
+	runtime.LockOSThread()
+	msg := make([]byte, runMsgMax+1)
+	rep := make([]byte, replyMax)
+	steps := make([]cuda.Step, abi.MaxChainLength)
+	var r cuda.Run
+	for {
+		n, err := unix.Read(sock, msg)
+		if n == 0 && err == nil {
+			inst.Close()
+			unix.Munmap(slot)
+			unix.Close(sock)
+			return
+		}
+		if err != nil {
+			os.Exit(exitChannel)
+		}
+		var st byte
+		var text string
+		if err := decodeRun(msg[:n], &r, steps, slot, maxIn, out); err != nil {
+			st, text = stBadRunMsg, err.Error()
+		} else {
+			st, text = statusOf(inst.Run(&r))
+		}
+		rep = rep[:replyHeader]
+		rep[0] = st
+		le.PutUint64(rep[1:], uint64(r.Timing.CopyIn))
+		le.PutUint64(rep[9:], uint64(r.Timing.Kernels))
+		le.PutUint64(rep[17:], uint64(r.Timing.CopyOut))
+		if len(text) > replyMax-replyHeader {
+			text = text[:replyMax-replyHeader]
+		}
+		rep = append(rep, text...)
+		if _, err := unix.Write(sock, rep); err != nil {
+			os.Exit(exitChannel)
+		}
+		if st == stFault {
+			// The context is poisoned for good: nothing more can run here.
+			os.Exit(exitFault)
+		}
+	}
+}
+
+// Exit statuses a worker ends with on its own.
+const (
+	exitChannel = 70 // a channel to the server broke
+	exitFault   = 71 // the device faulted (sticky CUDA error)
+)
