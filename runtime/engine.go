@@ -248,8 +248,11 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		// past an earlier deadline, a thread the bundle left behind): this
 		// request ran nowhere, so it runs once more on a fresh worker.
 		v.put(in, true, time.Now())
-		v.abandon(in.dev)
+		e.workerDied(v, in.dev, exitOf(err))
 		r.Input, r.Output = nil, nil
+		if !time.Now().Before(deadline) {
+			return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", f.name)
+		}
 		if in, fresh, err = e.take(ctx, v, deadline); err != nil {
 			return e.runFailed(f, v, nil, err)
 		}
@@ -301,6 +304,13 @@ func beforeRun(err error) bool {
 	return errors.As(err, &pe) && pe.BeforeRun
 }
 
+// exitOf is err's ProcessExit (err is known to hold one).
+func exitOf(err error) *cuda.ProcessExit {
+	var pe *cuda.ProcessExit
+	errors.As(err, &pe)
+	return pe
+}
+
 // processGone reports a run that ended with its worker process.
 func processGone(err error) bool {
 	var pe *cuda.ProcessExit
@@ -319,22 +329,12 @@ func (e *Engine) runFailed(f *function, v *version, p *placement, err error) err
 	case errors.As(err, &ke) && errors.As(err, &pe):
 		// The chain faulted its worker's device context: the request failed
 		// like any kernel failure; the worker, and only it, is gone.
-		if p != nil {
-			v.abandon(p)
-		}
-		v.crashed(time.Now())
-		e.cfg.Log.Error("device fault: the worker was stopped", "function", f.name, "version", v.rec.ID, "pid", pe.PID, "error", ke.Msg)
+		e.workerDied(v, p, pe)
 		return errorf(KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
 	case errors.Is(err, cuda.ErrDeadline):
 		return errorf(KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
 	case errors.As(err, &pe):
-		if p != nil {
-			v.abandon(p)
-		}
-		now := time.Now()
-		backoff := v.crashed(now)
-		e.cfg.Log.Error("worker crashed", "function", f.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
-		return errorf(KindWorkerCrashed, err, "function %s: %s", f.name, pe.Error())
+		return e.workerDied(v, p, pe)
 	case errors.As(err, &ee):
 		return err
 	case errors.As(err, &ke):
@@ -346,6 +346,17 @@ func (e *Engine) runFailed(f *function, v *version, p *placement, err error) err
 		return unavailable(err, "function %s: device is unhealthy", f.name)
 	}
 	return errorf(KindInternal, err, "function %s: run failed", f.name)
+}
+
+// workerDied abandons the program of a worker that died (p is nil when it
+// died loading) and counts the death once, whatever number of requests
+// saw it. It returns the error for the request that saw it.
+func (e *Engine) workerDied(v *version, p *placement, pe *cuda.ProcessExit) error {
+	if p == nil || v.abandon(p) {
+		backoff := v.crashed(time.Now())
+		e.cfg.Log.Error("worker died", "function", v.fn.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
+	}
+	return errorf(KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
 }
 
 // backoffError is the 503 of a version backing off after crashes.
@@ -500,9 +511,10 @@ func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*ins
 		v.mu.Unlock()
 		if lv, ok := in.dev.prog.(liveness); ok && !lv.Alive() {
 			// Its worker died while it was idle (a thread the bundle left
-			// behind, say): start afresh rather than fail this request.
+			// behind, say): start afresh rather than fail this request,
+			// but count the death.
 			v.put(in, true, time.Now())
-			v.abandon(in.dev)
+			e.workerDied(v, in.dev, &cuda.ProcessExit{PID: -1, Reason: "died", During: "idle"})
 			return e.take(ctx, v, deadline)
 		}
 		if err := in.dev.dev.Health(); err != nil {
@@ -552,8 +564,11 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 	if err != nil {
 		var pe *cuda.ProcessExit
 		if errors.As(err, &pe) {
+			return nil, start, e.workerDied(v, p, pe)
+		}
+		if errors.Is(err, cuda.ErrDeadline) { // its worker was stopped
 			v.abandon(p)
-			return nil, start, err
+			return nil, start, errorf(KindTimeout, err, "function %s: the request's deadline passed while an instance was created", v.fn.name)
 		}
 		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
 	}
@@ -586,8 +601,12 @@ func (e *Engine) pickDevice() (cuda.Device, error) {
 // constants), loading it once however many requests ask at the same time.
 // It says Cold when it loaded the program, Warm when it was there.
 func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*placement, Start, error) {
-	v.placeMu.Lock()
-	defer v.placeMu.Unlock()
+	select {
+	case v.placeTok <- struct{}{}:
+	case <-ctx.Done():
+		return nil, Cold, errorf(KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
+	}
+	defer func() { <-v.placeTok }()
 	if p := v.placement(dev); p != nil {
 		return p, Warm, nil
 	}

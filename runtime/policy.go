@@ -102,6 +102,11 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 		return
 	}
 	defer v.unref()
+	// A pre-warm runs the bundle's constructors: one that hangs must not
+	// hold a deploy (or a server's start) for longer than a request may
+	// take.
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
 	if err := e.warm(ctx, v); err != nil {
 		e.cfg.Log.Warn("cannot pre-warm min_instances", "function", f.name, "version", v.rec.ID, "error", err)
 	}

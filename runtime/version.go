@@ -21,11 +21,11 @@ type version struct {
 	rec registry.Version
 	log func(msg string, args ...any)
 
-	loadMu  sync.Mutex
-	placeMu sync.Mutex // one program load per device
-	loaded  atomic.Bool
-	loadErr error                 // a permanent refusal (invalid bundle), not an outage
-	refused atomic.Pointer[Error] // a device refused the library: as permanent
+	loadMu   sync.Mutex
+	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
+	loaded   atomic.Bool
+	loadErr  error                 // a permanent refusal (invalid bundle), not an outage
+	refused  atomic.Pointer[Error] // a device refused the library: as permanent
 	// backoffUntil (Unix ns, 0: none) fails requests fast after repeated
 	// worker crashes; read on the hot path without a lock.
 	backoffUntil atomic.Int64
@@ -40,7 +40,7 @@ type version struct {
 	slots     chan struct{} // one token per running request: caps instances
 	waiting   atomic.Int32  // requests queued for a slot
 	unpin     func()        // ends the version's use of its cached bundle
-	prepMs    float64       // fetch + verify + unpack, until the first program load logs it (placeMu)
+	prepMs    float64       // fetch + verify + unpack, until the first program load logs it (placeTok)
 	fetched   bool
 
 	mu         sync.Mutex
@@ -83,7 +83,7 @@ func (v *version) placement(dev cuda.Device) *placement {
 }
 
 func (e *Engine) newVersion(f *function, rv registry.Version) *version {
-	return &version{fn: f, rec: rv, log: e.cfg.Log.Info}
+	return &version{fn: f, rec: rv, log: e.cfg.Log.Info, placeTok: make(chan struct{}, 1)}
 }
 
 func (v *version) ref() bool {
@@ -248,8 +248,8 @@ func (v *version) resolveChain(p *placement, chain []abi.Launch) ([]cuda.Step, e
 		e, err := p.prog.Entry(l.Kernel)
 		if err != nil {
 			var pe *cuda.ProcessExit
-			if errors.As(err, &pe) {
-				return nil, err
+			if errors.As(err, &pe) || errors.Is(err, cuda.ErrDeadline) {
+				return nil, err // the worker's trouble, not the chain's
 			}
 			return nil, errorf(KindInvalid, err, "chain[%d].kernel: function %s %s", i, v.fn.name, reason(err))
 		}
@@ -308,10 +308,11 @@ func (v *version) succeeded() {
 
 // abandon forgets p after its process died: its idle instances are closed,
 // busy ones are closed as they come back (put sees p.dead), and the next
-// instance loads a fresh program.
-func (v *version) abandon(p *placement) {
+// instance loads a fresh program. It reports whether this call did it, so
+// that one death is counted once however many requests saw it.
+func (v *version) abandon(p *placement) bool {
 	if !p.dead.CompareAndSwap(false, true) {
-		return
+		return false
 	}
 	v.mu.Lock()
 	for i, q := range v.placements {
@@ -338,6 +339,7 @@ func (v *version) abandon(p *placement) {
 	if err := p.prog.Close(); err != nil {
 		v.log("closing a dead program", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
 	}
+	return true
 }
 
 func reason(err error) string {

@@ -41,6 +41,11 @@ func Serve(cfg Config) error {
 	}
 	// Worker-side errors go to the server over the channel; the device's
 	// own log lines are of no use to anyone here.
+	// Not dumpable: another worker under the same uid cannot read this
+	// one's /proc files (memory, environment).
+	if err := contain.MakeNonDumpable(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	if err := defaultFatalSignals(); err != nil {
 		return fmt.Errorf("worker: signals: %w", err)
 	}

@@ -88,6 +88,8 @@ func isolationCases() []isoCase {
 		{name: "read-file", noneSkip: "a kernel can read everything the server can", none: caseReadFileNone, run: caseReadFile},
 		{name: "read-server-environ", noneSkip: "the server's /proc/PID/environ is the kernel's own", run: caseReadServerEnviron},
 		{name: "memscan", noneSkip: "every function's requests live in one address space", none: caseMemscanNone, run: caseMemscan},
+		{name: "signal-others", noneSkip: "a kernel in the server process can signal anything the server can", run: caseSignalOthers},
+		{name: "connect-tcp", noneSkip: "a kernel in the server process has the server's network", run: caseConnectTCP},
 		{name: "ctor-crash", noneSkip: "a library constructor that crashes on dlopen takes the server down", run: caseCtorCrash},
 	}
 }
@@ -1013,4 +1015,40 @@ func liveTasks(pid int) int {
 		}
 	}
 	return n
+}
+
+// caseSignalOthers: a worker can signal neither the server nor another
+// function's worker (Landlock scopes signals to the worker's own domain;
+// uid separation alone would not, since all workers share --worker-user).
+func caseSignalOthers(t *testing.T, h *isoHarness) {
+	h.mustDeploy(t, hostileManifest("whoami", launch("whoami", 1, 1)), h.hostile)
+	h.mustDeploy(t, hostileManifest("signaller", launch("signal_pid", 1, 1)), h.hostile)
+	r := h.invoke(t, "whoami", []byte("?"), crashTimeout)
+	if r.code != 200 {
+		t.Fatalf("whoami: %d %.300s", r.code, r.body)
+	}
+	victim := cstr(r.body)
+	for _, target := range []struct{ what, pid string }{
+		{"the server", strconv.Itoa(h.srv.pid)},
+		{"another function's worker", victim},
+	} {
+		r := h.invoke(t, "signaller", []byte(target.pid), crashTimeout)
+		if r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
+			t.Errorf("SIGKILL to %s (pid %s): %d %q, want the kernel to refuse", target.what, target.pid, r.code, cstr(r.body))
+		}
+	}
+	if r := h.invoke(t, "whoami", []byte("?"), crashTimeout); r.code != 200 || cstr(r.body) != victim {
+		t.Errorf("the other function's worker changed: %d %q, was %s", r.code, cstr(r.body), victim)
+	}
+}
+
+// caseConnectTCP: a worker cannot open TCP connections, not even to the
+// server it runs under.
+func caseConnectTCP(t *testing.T, h *isoHarness) {
+	h.mustDeploy(t, hostileManifest("connect", launch("connect_tcp", 1, 1)), h.hostile)
+	addr := strings.TrimPrefix(h.srv.url, "http://")
+	r := h.invoke(t, "connect", []byte(addr), crashTimeout)
+	if r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
+		t.Errorf("connect to %s from a worker: %d %q, want the kernel to refuse", addr, r.code, cstr(r.body))
+	}
 }

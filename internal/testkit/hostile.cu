@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <time.h>
@@ -466,4 +468,55 @@ PLOVER_ENTRY(memscan) {
   free(chunk);
   free(planted);
   put(s, found ? "FOUND" : "NOTFOUND");
+}
+
+// ---- reaching other processes -------------------------------------------------
+
+// signal_pid: the input is a decimal pid; sends it SIGKILL and writes "OK",
+// or "ERR <errno name>" when the kernel refuses.
+PLOVER_ENTRY(signal_pid) {
+  (void)grid; (void)block;
+  char buf[32] = {0};
+  size_t n = s->input.len < sizeof buf - 1 ? s->input.len : sizeof buf - 1;
+  memcpy(buf, s->input.dat, n);
+  long pid = strtol(buf, NULL, 10);
+  if (pid <= 1) { put(s, "ERR bad pid"); return; }
+  if (kill((pid_t)pid, SIGKILL) == 0) { put(s, "OK"); return; }
+  char msg[64];
+  snprintf(msg, sizeof msg, "ERR %s", strerrorname_np(errno));
+  put(s, msg);
+}
+
+// connect_tcp: the input is "a.b.c.d:port"; connects and writes "OK", or
+// "ERR <errno name>".
+PLOVER_ENTRY(connect_tcp) {
+  (void)grid; (void)block;
+  char buf[64] = {0};
+  size_t n = s->input.len < sizeof buf - 1 ? s->input.len : sizeof buf - 1;
+  memcpy(buf, s->input.dat, n);
+  char *colon = strchr(buf, ':');
+  if (colon == NULL) { put(s, "ERR bad address"); return; }
+  *colon = 0;
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)atoi(colon + 1));
+  if (inet_pton(AF_INET, buf, &sa.sin_addr) != 1) { put(s, "ERR bad address"); return; }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) { char m[64]; snprintf(m, sizeof m, "ERR %s", strerrorname_np(errno)); put(s, m); return; }
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  int e = errno;
+  close(fd);
+  if (rc == 0) { put(s, "OK"); return; }
+  char msg[64];
+  snprintf(msg, sizeof msg, "ERR %s", strerrorname_np(e));
+  put(s, msg);
+}
+
+// whoami: writes this worker's pid (as its parent sees it).
+PLOVER_ENTRY(whoami) {
+  (void)grid; (void)block;
+  char msg[32];
+  snprintf(msg, sizeof msg, "%ld", outer_pid());
+  put(s, msg);
 }

@@ -110,7 +110,9 @@ func addExisting(dirs, files *[]string, p string) {
 // RestrictFS confines every thread of the process, and everything it
 // starts later, to r for the rest of its life: tenant code loaded after
 // it cannot read the server's configuration, other tenants' bundles,
-// credentials or keys, whatever the Unix permissions, even as root.
+// credentials or keys, whatever the Unix permissions, even as root. Where
+// the kernel supports it, it also takes away TCP (bind, connect) and
+// signals and abstract sockets to processes outside the domain.
 //
 // It is best effort by kernel: where the kernel has no Landlock (or it is
 // disabled at boot) it returns applied=false and no error, so the caller
@@ -162,7 +164,11 @@ func RestrictFS(r FSRules) (applied bool, err error) {
 	if LandlockABI() < 1 {
 		return false, nil
 	}
-	if err := llConfig.RestrictPaths(rules...); err != nil {
+	// Restrict, not RestrictPaths: with no network rules every TCP bind and
+	// connect is refused (ABI 4), and signals and abstract Unix sockets are
+	// scoped to the domain (ABI 6), so a worker can signal neither the
+	// server nor another worker, even under the same uid.
+	if err := llConfig.Restrict(rules...); err != nil {
 		return false, fmt.Errorf("contain: landlock: %w", err)
 	}
 	return true, nil

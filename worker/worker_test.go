@@ -1,0 +1,228 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// TestMain lets the test binary be its own worker: Options.Exe is
+// os.Args[0], started as "<test binary> worker --device host ...".
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		var cfg Config
+		var user string
+		fs := flag.NewFlagSet("worker", flag.ExitOnError)
+		fs.StringVar(&cfg.Device, "device", "host", "")
+		fs.IntVar(&cfg.Ordinal, "ordinal", 0, "")
+		fs.Int64Var(&cfg.MemLimit, "memory-limit", 0, "")
+		fs.IntVar(&cfg.ParentPID, "parent", 0, "")
+		fs.StringVar(&user, "user", "", "")
+		fs.BoolVar(&cfg.Landlock, "landlock", false, "")
+		fs.Parse(os.Args[2:])
+		if user != "" {
+			id, err := contain.LookupUser(user)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			cfg.Drop = &id
+		}
+		if err := Serve(cfg); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+var spawner = contain.NewSpawner()
+
+func newDevice(t testing.TB, standby int) *Device {
+	t.Helper()
+	d := NewDevice(Options{Exe: os.Args[0], Base: cuda.NewHost(0), Standby: standby, Landlock: true, Spawner: spawner})
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// load loads the test kernels with m's chain into a worker.
+func load(t testing.TB, d *Device, m *abi.Manifest) cuda.Program {
+	t.Helper()
+	dir := testkit.BundleDir(t, m, nil)
+	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func newInst(t testing.TB, p cuda.Program, m *abi.Manifest) cuda.Instance {
+	t.Helper()
+	in, err := p.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+	if err != nil {
+		t.Fatalf("new instance: %v", err)
+	}
+	t.Cleanup(in.Close)
+	return in
+}
+
+func TestRunThroughWorker(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("echo")
+	m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 64}, {Kernel: "add_one", Grid: 1, Block: 1}}
+	p := load(t, d, m)
+	if got := d.MemInfo().Used; got != 0 {
+		t.Errorf("after load without constants: Used = %d, want 0", got)
+	}
+	in := newInst(t, p, m)
+	if got, want := d.MemInfo().Used, m.MaxInputBytes+m.TmpBytes+m.OutBytes; got != want {
+		t.Errorf("after an instance: Used = %d, want %d", got, want)
+	}
+	echo, err := p.Entry("echo")
+	if err != nil || echo != 0 {
+		t.Fatalf("Entry(echo) = %d, %v; want 0 (the manifest chain's first kernel)", echo, err)
+	}
+	addOne, _ := p.Entry("add_one")
+	for _, tc := range []struct {
+		name  string
+		input []byte
+		out   int
+	}{{"full", bytes.Repeat([]byte{7}, 256), 256}, {"short input", []byte("hello"), 256}, {"short output", []byte("abcdef"), 3}, {"empty", nil, 256}} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := make([]byte, tc.out)
+			r := &cuda.Run{Input: tc.input, Output: out, TmpLen: m.TmpBytes,
+				Chain: []cuda.Step{{Entry: echo, Grid: 1, Block: 64}, {Entry: addOne, Grid: 1, Block: 1}}}
+			if err := in.Run(r); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, tc.out)
+			copy(want, tc.input)
+			for i := range want {
+				want[i]++
+			}
+			if !bytes.Equal(out, want) {
+				t.Errorf("output %v, want %v", out[:min(8, len(out))], want[:min(8, len(want))])
+			}
+		})
+	}
+	// An override kernel is resolved by the worker, once.
+	fail, err := p.Entry("fail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = in.Run(&cuda.Run{Output: make([]byte, 8), Chain: []cuda.Step{{Entry: fail, Grid: 1, Block: 1}}})
+	var ke *cuda.KernelError
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "asked to fail") {
+		t.Errorf("fail kernel: %v, want a KernelError", err)
+	}
+	if _, err := p.Entry("no_such_kernel"); err == nil || !strings.Contains(err.Error(), "no_such_kernel") {
+		t.Errorf("Entry(no_such_kernel) = %v", err)
+	}
+	in.Close()
+	if got := d.MemInfo().Used; got != 0 {
+		t.Errorf("after Close: Used = %d, want 0", got)
+	}
+}
+
+func TestCrashAndDeadline(t *testing.T) {
+	d := newDevice(t, 0)
+	m := testkit.Manifest("slow")
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 2000, Block: 1}}
+	p := load(t, d, m)
+	in := newInst(t, p, m)
+	steps := []cuda.Step{{Entry: 0, Grid: 2000, Block: 1}}
+
+	t0 := time.Now()
+	err := in.Run(&cuda.Run{Output: make([]byte, 8), Chain: steps, Deadline: t0.Add(100 * time.Millisecond)})
+	if !errors.Is(err, cuda.ErrDeadline) {
+		t.Fatalf("a 2 s chain with a 100 ms deadline: %v, want ErrDeadline", err)
+	}
+	if el := time.Since(t0); el > time.Second {
+		t.Errorf("ErrDeadline after %v, want about 100 ms", el)
+	}
+	// The chain overruns by more than the grace: the worker is killed, and
+	// the next run says so without having reached a worker.
+	err = in.Run(&cuda.Run{Output: make([]byte, 8), Chain: steps, Deadline: time.Now().Add(5 * time.Second)})
+	var pe *cuda.ProcessExit
+	if !errors.As(err, &pe) || !pe.BeforeRun || !strings.Contains(pe.Reason, "deadline") {
+		t.Fatalf("run after an overrun: %v, want a ProcessExit before the run naming the deadline", err)
+	}
+	if p.(*program).Alive() {
+		t.Error("the program is still alive after its worker was killed")
+	}
+}
+
+func TestConstructorCrashIsAProcessExit(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("ctor")
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HostileCtorSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	_, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	var pe *cuda.ProcessExit
+	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "SIGSEGV") || pe.During != "loading the bundle" {
+		t.Fatalf("load of a crashing constructor: %v, want a ProcessExit naming SIGSEGV while loading", err)
+	}
+}
+
+// TestSlotIsSealed: whoever holds the slot's memfd (the worker) can neither
+// shrink nor grow it, nor lift the seals; it can still write through a
+// shared mapping.
+func TestSlotIsSealed(t *testing.T) {
+	fd, slot, err := newSlot(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	defer unix.Munmap(slot)
+	for _, size := range []int64{0, 1 << 20} {
+		if err := unix.Ftruncate(fd, size); err != unix.EPERM {
+			t.Errorf("ftruncate to %d: %v, want EPERM", size, err)
+		}
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); err != unix.EPERM {
+		t.Errorf("adding a seal: %v, want EPERM (sealed)", err)
+	}
+	theirs, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("a second shared, writable mapping: %v", err)
+	}
+	defer unix.Munmap(theirs)
+	theirs[100] = 42
+	if slot[100] != 42 {
+		t.Error("a write through the other mapping is not seen in the server's")
+	}
+}
+
+// BenchmarkRoundTrip is one request through a worker: the cost isolation
+// adds to a hot request, with a chain that does almost nothing.
+func BenchmarkRoundTrip(b *testing.B) {
+	d := newDevice(b, 0)
+	m := testkit.Manifest("echo")
+	p := load(b, d, m)
+	in := newInst(b, p, m)
+	r := &cuda.Run{Input: make([]byte, 64), Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
+		Chain: []cuda.Step{{Entry: 0, Grid: 1, Block: 64}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Deadline = time.Now().Add(time.Second)
+		if err := in.Run(r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
