@@ -42,6 +42,10 @@ type Manifest struct {
 	MaxInstances int    `json:"max_instances,omitempty"`
 	MaxQueue     int    `json:"max_queue,omitempty"`
 	IdleTTL      string `json:"idle_ttl,omitempty"`
+	// MaxHostMemoryMB caps the resident memory of the function's worker
+	// process (MiB; 0: the server's --worker-max-memory). A worker past it
+	// is killed, and the requests it was running fail saying so.
+	MaxHostMemoryMB int64 `json:"max_host_memory_mb,omitempty"`
 }
 
 // IdleTTLDuration parses IdleTTL; ok is false when it is unset.
@@ -136,6 +140,8 @@ func (m *Manifest) Validate() error {
 		return &FieldError{"min_instances", fmt.Sprintf("%d is over max_instances %d", m.MinInstances, m.MaxInstances)}
 	case m.MaxQueue < 0 || m.MaxQueue > 1<<20:
 		return &FieldError{"max_queue", fmt.Sprintf("%d must be in 0..%d", m.MaxQueue, 1<<20)}
+	case m.MaxHostMemoryMB < 0 || m.MaxHostMemoryMB > 1<<24:
+		return &FieldError{"max_host_memory_mb", fmt.Sprintf("%d must be in 0..%d", m.MaxHostMemoryMB, 1<<24)}
 	}
 	if m.IdleTTL != "" {
 		if d, err := time.ParseDuration(m.IdleTTL); err != nil || d < 0 {

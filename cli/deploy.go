@@ -17,6 +17,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/cuda"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/runtime"
 )
@@ -201,11 +202,11 @@ func lsCmd() *command {
 				return printJSON(env.Stdout, resp)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tDEPLOYED")
+			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID RSS THREADS)\tDEPLOYED")
 			for _, f := range resp.Functions {
-				fmt.Fprintf(tw, "%s\t%s\t%v\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\n", f.Name, shortID(f.Version), f.Loaded,
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), f.Loaded,
 					f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.Errors, time.Duration(f.MeanUs)*time.Microsecond,
-					f.Cold, f.Warm, f.Hot, f.Created.Local().Format(time.DateTime))
+					f.Cold, f.Warm, f.Hot, workers(f.Workers), f.Created.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},
@@ -237,4 +238,20 @@ func rmCmd() *command {
 			return nil
 		},
 	}
+}
+
+// workers renders a function's worker processes for plover ls: "-" when it
+// runs in the server (--isolation none) or is not loaded.
+func workers(ws []cuda.ProcessStats) string {
+	if len(ws) == 0 {
+		return "-"
+	}
+	var b strings.Builder
+	for i, w := range ws {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d %s %d", w.PID, humanBytes(w.RSSBytes), w.Threads)
+	}
+	return b.String()
 }

@@ -45,6 +45,7 @@ type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
 	isolation, workerUser                            string
 	standby                                          int
+	workerMaxMemMB                                   int64
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
 	idleTTL, timeout                                 time.Duration
 	memLimitMB, cacheMB                              int64
@@ -67,6 +68,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
 			fs.IntVar(&f.standby, "standby-workers", 1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process)")
+			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb; past it the worker is killed (0: no limit)")
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
 			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
 			s3Flags(fs, &f.s3)
@@ -255,7 +257,7 @@ func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device
 			ordinal = g.Ordinal()
 		}
 		out[i] = worker.NewDevice(worker.Options{Exe: "/proc/self/exe", Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: f.standby, Drop: drop, Landlock: true, Spawner: spawner, Log: log})
+			Standby: f.standby, Drop: drop, Landlock: true, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log})
 	}
 	user := "the server's"
 	if drop != nil {

@@ -156,6 +156,15 @@ func (e *ProcessExit) Error() string {
 	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.Reason, e.During)
 }
 
+// ProcessStats is what a program living in a process of its own reports
+// about that process (Program implementations in other processes offer
+// Process() ProcessStats).
+type ProcessStats struct {
+	PID      int   `json:"pid"`
+	RSSBytes int64 `json:"resident_bytes"`
+	Threads  int   `json:"threads"`
+}
+
 func checkRun(r *Run, maxIn, tmp, out int64, maxSteps int) error {
 	switch {
 	case int64(len(r.Input)) > maxIn:

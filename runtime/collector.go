@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,10 +31,14 @@ var (
 		"1 while the device can run requests.", []string{"device"}, nil)
 	descCache = prometheus.NewDesc("plover_bundle_cache_bytes",
 		"Unpacked bundles in the node cache.", nil, nil)
+	descWorkerRSS = prometheus.NewDesc("plover_worker_resident_bytes",
+		"Resident memory of the worker process running the function on a device.", []string{"function", "device", "pid"}, nil)
+	descWorkerThreads = prometheus.NewDesc("plover_worker_threads",
+		"Threads of the worker process running the function on a device.", []string{"function", "device", "pid"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache} {
+	for _, d := range []*prometheus.Desc{descStarts, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerThreads} {
 		ch <- d
 	}
 }
@@ -53,6 +59,17 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(v.waiting.Load()), f.name)
 		ch <- prometheus.MustNewConstMetric(descFuncMem, prometheus.GaugeValue, float64(mem), f.name)
+		v.mu.Lock()
+		ps := append([]*placement(nil), v.placements...)
+		v.mu.Unlock()
+		for _, p := range ps {
+			if r, ok := p.prog.(processReporter); ok {
+				st := r.Process()
+				pid := strconv.Itoa(st.PID)
+				ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(st.RSSBytes), f.name, p.dev.Name(), pid)
+				ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(st.Threads), f.name, p.dev.Name(), pid)
+			}
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(e.evictions.instances.Load()), "instance")
 	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(e.evictions.functions.Load()), "function")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
 	"github.com/plover-run/plover/runtime/registry"
 )
 
@@ -29,6 +30,9 @@ type FunctionInfo struct {
 	Cold     int64         `json:"cold_starts"`
 	Warm     int64         `json:"warm_starts"`
 	Hot      int64         `json:"hot_starts"`
+	// Workers are the processes the current version runs in (with
+	// --isolation process): one per device it is loaded on.
+	Workers []cuda.ProcessStats `json:"workers,omitempty"`
 }
 
 func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionInfo {
@@ -45,8 +49,26 @@ func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionIn
 		fi.Loaded, fi.Manifest = true, v.manifest
 		fi.Busy, fi.Idle, fi.Memory = v.usage()
 		fi.Queue = int(v.waiting.Load())
+		fi.Workers = v.processes()
 	}
 	return fi
+}
+
+// processReporter is a program living in a process of its own.
+type processReporter interface{ Process() cuda.ProcessStats }
+
+// processes reports the processes v's programs live in.
+func (v *version) processes() []cuda.ProcessStats {
+	v.mu.Lock()
+	ps := append([]*placement(nil), v.placements...)
+	v.mu.Unlock()
+	var out []cuda.ProcessStats
+	for _, p := range ps {
+		if r, ok := p.prog.(processReporter); ok {
+			out = append(out, r.Process())
+		}
+	}
+	return out
 }
 
 // Function describes one function from its record and this node's state.

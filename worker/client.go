@@ -33,8 +33,11 @@ type Options struct {
 	Standby  int         // idle workers kept started, device open, per device
 	Drop     *contain.Identity
 	Landlock bool
-	Spawner  *contain.Spawner
-	Log      *slog.Logger
+	// MaxHostMemory is the resident memory a worker may hold (bytes; 0:
+	// no limit) when its manifest sets no max_host_memory_mb.
+	MaxHostMemory int64
+	Spawner       *contain.Spawner
+	Log           *slog.Logger
 }
 
 // Device runs each program in a worker process of its own. It implements
@@ -68,6 +71,7 @@ func NewDevice(opts Options) *Device {
 		go d.keepStandby()
 		d.refill <- struct{}{}
 	}
+	go d.watchMemory()
 	return d
 }
 
@@ -186,6 +190,11 @@ func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program,
 	if err != nil {
 		return nil, err
 	}
+	limit := d.opts.MaxHostMemory
+	if mb := spec.Manifest.MaxHostMemoryMB; mb > 0 {
+		limit = mb << 20
+	}
+	p.memLimit.Store(limit)
 	rep, err := p.call(ctx, append([]byte{opLoad}, mj...), []int{dir}, "loading the bundle")
 	if err != nil {
 		p.kill("its load failed")
@@ -209,14 +218,15 @@ func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program,
 // ---- worker processes ----
 
 type proc struct {
-	d      *Device
-	pid    int
-	ctl    *net.UnixConn
-	ctlTok chan struct{} // one control call at a time
-	buf    []byte
-	done   chan struct{} // closed once the process is reaped; reason is set
-	reason string
-	killed atomic.Pointer[string] // why the server stopped it
+	d        *Device
+	pid      int
+	ctl      *net.UnixConn
+	ctlTok   chan struct{} // one control call at a time
+	buf      []byte
+	done     chan struct{} // closed once the process is reaped; reason is set
+	reason   string
+	killed   atomic.Pointer[string] // why the server stopped it
+	memLimit atomic.Int64           // resident bytes it may hold; 0: none
 
 	// reaped is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.

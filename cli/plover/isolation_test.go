@@ -90,6 +90,8 @@ func isolationCases() []isoCase {
 		{name: "memscan", noneSkip: "every function's requests live in one address space", none: caseMemscanNone, run: caseMemscan},
 		{name: "signal-others", noneSkip: "a kernel in the server process can signal anything the server can", run: caseSignalOthers},
 		{name: "connect-tcp", noneSkip: "a kernel in the server process has the server's network", run: caseConnectTCP},
+		{name: "memory-limit", noneSkip: "a kernel in the server process grows the server", run: caseMemoryLimit},
+		{name: "accounting", noneSkip: "no worker processes to account", run: caseAccounting},
 		{name: "ctor-crash", noneSkip: "a library constructor that crashes on dlopen takes the server down", run: caseCtorCrash},
 	}
 }
@@ -1050,5 +1052,64 @@ func caseConnectTCP(t *testing.T, h *isoHarness) {
 	r := h.invoke(t, "connect", []byte(addr), crashTimeout)
 	if r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
 		t.Errorf("connect to %s from a worker: %d %q, want the kernel to refuse", addr, r.code, cstr(r.body))
+	}
+}
+
+// caseMemoryLimit: a worker past its max_host_memory_mb is killed while the
+// request runs, and the request says why.
+func caseMemoryLimit(t *testing.T, h *isoHarness) {
+	m := hostileManifest("hog", launch("hog_memory", 256, 300))
+	m.MaxHostMemoryMB = 64
+	h.mustDeploy(t, m, h.hostile)
+	expectError(t, h.invoke(t, "hog", []byte("x"), 10000), 500, "worker_crashed", "max_host_memory_mb")
+	// Within the limit it runs.
+	r := h.overrideChain(t, "hog", []byte("x"), launch("hog_memory", 8, 1))
+	if r.code != 200 {
+		t.Fatalf("8 MiB under a 64 MiB limit: %d %.300s", r.code, r.body)
+	}
+}
+
+// caseAccounting: the function view, /metrics and plover ls show the
+// worker's real pid, resident memory and threads.
+func caseAccounting(t *testing.T, h *isoHarness) {
+	h.mustDeploy(t, hostileManifest("acct", launch("whoami", 1, 1)), h.hostile)
+	r := h.invoke(t, "acct", []byte("?"), crashTimeout)
+	if r.code != 200 {
+		t.Fatalf("whoami: %d %.300s", r.code, r.body)
+	}
+	pid, _ := strconv.Atoi(cstr(r.body))
+	resp, err := h.client.Get(h.srv.url + "/v1/functions/acct")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fi struct {
+		Workers []struct {
+			PID      int   `json:"pid"`
+			Resident int64 `json:"resident_bytes"`
+			Threads  int   `json:"threads"`
+		} `json:"workers"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&fi)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fi.Workers) != 1 || fi.Workers[0].PID != pid || fi.Workers[0].Resident < 1<<20 || fi.Workers[0].Threads < 2 {
+		t.Fatalf("workers %+v, want one with pid %d, at least 1 MiB resident and 2 threads", fi.Workers, pid)
+	}
+	resp, err = h.client.Get(h.srv.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metrics bytes.Buffer
+	metrics.ReadFrom(resp.Body)
+	resp.Body.Close()
+	for _, series := range []string{"plover_worker_resident_bytes{", "plover_worker_threads{"} {
+		if !strings.Contains(metrics.String(), series) || !strings.Contains(metrics.String(), fmt.Sprintf(`function="acct",pid="%d"`, pid)) {
+			t.Errorf("/metrics has no %s series for acct's worker %d", series, pid)
+		}
+	}
+	if ls := run(t, h.bin, []string{"PLOVER_SERVER=" + h.srv.url}, "ls"); !strings.Contains(ls, strconv.Itoa(pid)+" ") {
+		t.Errorf("plover ls does not show worker %d:\n%s", pid, ls)
 	}
 }

@@ -520,3 +520,17 @@ PLOVER_ENTRY(whoami) {
   snprintf(msg, sizeof msg, "%ld", outer_pid());
   put(s, msg);
 }
+
+// hog_memory: allocates and touches `grid` MiB, holds it for 10 × `block`
+// milliseconds, then frees it.
+PLOVER_ENTRY(hog_memory) {
+  size_t n = (size_t)grid << 20;
+  char *p = (char *)malloc(n);
+  if (p == NULL) { plover_fail(s, "hog_memory: malloc failed"); return; }
+  for (size_t i = 0; i < n; i += 4096) p[i] = (char)i;
+  long ms = 10L * block;
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  free(p);
+  put(s, "held");
+}
