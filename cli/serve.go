@@ -249,6 +249,15 @@ func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device
 		}
 		drop = &id
 	}
+	// Workers' stages (where their bundles are linked) live beside the
+	// bundle cache, so links work; leftovers of an earlier run go first.
+	stages := filepath.Join(f.data, "workers")
+	if err := os.RemoveAll(stages); err != nil {
+		return nil, fmt.Errorf("--isolation process: %w", err)
+	}
+	if err := os.MkdirAll(stages, 0o700); err != nil {
+		return nil, fmt.Errorf("--isolation process: %w", err)
+	}
 	spawner := contain.NewSpawner()
 	out := make([]cuda.Device, len(devs))
 	for i, d := range devs {
@@ -257,7 +266,7 @@ func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device
 			ordinal = g.Ordinal()
 		}
 		out[i] = worker.NewDevice(worker.Options{Exe: "/proc/self/exe", Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: f.standby, Drop: drop, Landlock: true, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log})
+			Standby: f.standby, Drop: drop, Landlock: true, StageDir: stages, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log})
 	}
 	user := "the server's"
 	if drop != nil {

@@ -159,3 +159,23 @@ func (l *Library) Close() error {
 	}
 	return nil
 }
+
+// Preload maps and relocates the named system libraries (sonames such as
+// "libstdc++.so.6") and keeps them for the life of the process, so that a
+// bundle depending on them loads without paying for them: a standby worker
+// does this while it waits. Libraries that are not installed are skipped;
+// the ones loaded are returned.
+func Preload(sonames ...string) []string {
+	var loaded []string
+	for _, name := range sonames {
+		cname := C.CString(name)
+		dlMu.Lock()
+		h := C.plover_dlopen(cname)
+		dlMu.Unlock()
+		C.free(unsafe.Pointer(cname))
+		if h != nil {
+			loaded = append(loaded, name) // never closed: kept on purpose
+		}
+	}
+	return loaded
+}

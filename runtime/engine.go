@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -641,7 +642,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 	// load span with them.
 	load := ms(time.Since(t0))
 	e.cfg.Log.Info("cold start", "function", v.fn.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12], "device", dev.Name(),
-		"fetched", v.fetched, "fetch_ms", v.prepMs, "load_ms", load, "total_ms", v.prepMs+load)
+		"fetched", v.fetched, "fetch_ms", v.prepMs, "load_ms", load, "total_ms", math.Round((v.prepMs+load)*1000)/1000)
 	v.prepMs, v.fetched = 0, false
 	return p, Cold, nil
 }

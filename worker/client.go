@@ -33,6 +33,10 @@ type Options struct {
 	Standby  int         // idle workers kept started, device open, per device
 	Drop     *contain.Identity
 	Landlock bool
+	// StageDir holds each worker's stage, the directory its bundle's files
+	// are linked into; on the file system of the bundle cache, so links
+	// work (otherwise the files are copied). Required.
+	StageDir string
 	// MaxHostMemory is the resident memory a worker may hold (bytes; 0:
 	// no limit) when its manifest sets no max_host_memory_mb.
 	MaxHostMemory int64
@@ -137,14 +141,11 @@ func (d *Device) keepStandby() {
 	}
 }
 
-// take returns a started worker: a standby one when there is one.
+// take returns a started worker: a standby one when there is one. The
+// caller refills the pool (d.refillPool) once its load is done: starting a
+// worker costs a core for milliseconds, which a cold start on a small
+// machine would otherwise share.
 func (d *Device) take(ctx context.Context) (*proc, error) {
-	defer func() {
-		select {
-		case d.refill <- struct{}{}:
-		default:
-		}
-	}()
 	for {
 		select {
 		case p := <-d.standby:
@@ -155,6 +156,13 @@ func (d *Device) take(ctx context.Context) (*proc, error) {
 		default:
 		}
 		return d.spawn(ctx)
+	}
+}
+
+func (d *Device) refillPool() {
+	select {
+	case d.refill <- struct{}{}:
+	default:
 	}
 }
 
@@ -178,15 +186,11 @@ func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program,
 		}
 		consts = fi.Size()
 	}
-	dir, err := unix.Open(spec.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("bundle directory: %w", err)
-	}
-	defer unix.Close(dir)
 	if err := ctx.Err(); err != nil {
 		return nil, cuda.ErrDeadline
 	}
 	p, err := d.take(ctx)
+	defer d.refillPool()
 	if err != nil {
 		return nil, err
 	}
@@ -195,21 +199,18 @@ func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program,
 		limit = mb << 20
 	}
 	p.memLimit.Store(limit)
-	rep, err := p.call(ctx, append([]byte{opLoad}, mj...), []int{dir}, "loading the bundle")
+	if err := stage(spec, p.stage); err != nil {
+		p.kill("its bundle could not be staged")
+		return nil, err
+	}
+	rep, err := p.call(ctx, append([]byte{opLoad}, mj...), nil, "loading the bundle")
 	if err != nil {
 		p.kill("its load failed")
 		return nil, err
 	}
-	if len(rep) < 10 {
-		p.kill("malformed load reply")
-		return nil, fmt.Errorf("worker %d: malformed load reply", p.pid)
-	}
 	if rep[0] != stOK {
 		p.kill("its bundle was refused")
-		return nil, errorOf(rep[0], string(rep[10:]))
-	}
-	if d.opts.Landlock && rep[9] == 0 && d.landlockLogged.CompareAndSwap(false, true) {
-		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
+		return nil, errorOf(rep[0], string(rep[1:]))
 	}
 	d.used.Add(consts)
 	return &program{d: d, p: p, consts: consts, entries: map[string]int32{}}, nil
@@ -232,6 +233,7 @@ type proc struct {
 	// may be reused: no signal may be sent to it after that.
 	mu     sync.Mutex
 	exited bool
+	stage  string // removed when the process is gone
 }
 
 func (d *Device) spawn(ctx context.Context) (*proc, error) {
@@ -248,6 +250,20 @@ func (d *Device) spawn(ctx context.Context) (*proc, error) {
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
 	ctl := fc.(*net.UnixConn)
+	stageDir, err := os.MkdirTemp(d.opts.StageDir, "worker-*")
+	if err == nil {
+		err = os.Chmod(stageDir, 0o755) // readable by --worker-user
+	}
+	var stageF *os.File
+	if err == nil {
+		stageF, err = os.Open(stageDir)
+	}
+	if err != nil {
+		ctl.Close()
+		os.RemoveAll(stageDir)
+		return nil, fmt.Errorf("start worker: stage: %w", err)
+	}
+	defer stageF.Close()
 	args := []string{"worker", "--device", d.Target(), "--ordinal", strconv.Itoa(d.opts.Ordinal),
 		"--memory-limit", strconv.FormatInt(d.opts.MemLimit, 10), "--parent", strconv.Itoa(os.Getpid())}
 	if d.opts.Drop != nil {
@@ -259,7 +275,7 @@ func (d *Device) spawn(ctx context.Context) (*proc, error) {
 	cmd := exec.Command(d.opts.Exe, args...)
 	// Nothing of the server's environment: no credentials, no settings.
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
-	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.ExtraFiles = []*os.File{theirs, stageF} // fds 3 and 4: ctlFD, stageFD
 	// A pipe of our own rather than an io.Writer: Wait must not wait for
 	// a forked grandchild that keeps stderr open.
 	pr, pw, err := os.Pipe()
@@ -278,9 +294,10 @@ func (d *Device) spawn(ctx context.Context) (*proc, error) {
 	if err != nil {
 		pr.Close()
 		ctl.Close()
+		os.RemoveAll(stageDir)
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
-	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax), done: make(chan struct{})}
+	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax), done: make(chan struct{}), stage: stageDir}
 	d.mu.Lock()
 	closed := d.closed
 	d.procs[p] = struct{}{}
@@ -299,14 +316,52 @@ func (d *Device) spawn(ctx context.Context) (*proc, error) {
 	}
 	n, err := ctl.Read(p.buf)
 	ctl.SetReadDeadline(time.Time{})
-	if err != nil || n != 5 || p.buf[0] != opReady {
+	if err != nil || n != 6 || p.buf[0] != opReady {
 		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			p.kill("it did not start in time")
 			return nil, fmt.Errorf("start worker: %w", cuda.ErrDeadline)
 		}
 		return nil, p.lost("starting")
 	}
+	if d.opts.Landlock && p.buf[5] == 0 && d.landlockLogged.CompareAndSwap(false, true) {
+		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
+	}
 	return p, nil
+}
+
+// stage links the bundle's library and constants into a worker's stage
+// (copies them if the stage is on another file system).
+func stage(spec cuda.ProgramSpec, dir string) error {
+	for _, name := range []string{spec.Manifest.Library, spec.Manifest.Constants} {
+		if name == "" {
+			continue
+		}
+		src, dst := filepath.Join(spec.Dir, name), filepath.Join(dir, name)
+		if err := os.Link(src, dst); err == nil {
+			continue
+		}
+		if err := copyFile(src, dst); err != nil {
+			return fmt.Errorf("stage %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // logStderr passes the first lines a worker writes to the server log (its
@@ -336,6 +391,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.exited = true
 	p.mu.Unlock()
 	err := cmd.Wait()
+	os.RemoveAll(p.stage)
 	p.reason = exitReason(cmd.ProcessState, err)
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"

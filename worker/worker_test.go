@@ -54,7 +54,7 @@ var spawner = contain.NewSpawner()
 
 func newDevice(t testing.TB, standby int) *Device {
 	t.Helper()
-	d := NewDevice(Options{Exe: os.Args[0], Base: cuda.NewHost(0), Standby: standby, Landlock: true, Spawner: spawner})
+	d := NewDevice(Options{Exe: os.Args[0], Base: cuda.NewHost(0), Standby: standby, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
 	t.Cleanup(func() { d.Close() })
 	return d
 }
