@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard cuda/*.c cuda/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench clean install-nvcc vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation clean install-nvcc vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -85,6 +85,11 @@ bin/plover-bench-suite: $(GO_SRC)
 # docs/cnn-latency.svg (about 1.5 min on 2 cores). GPU machine: bin/plover-bench-suite --device cuda
 bench: bin/plover bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host
+	bash scripts/isolation-bench.sh host
+
+# The cost of isolation: the CNN through --isolation none and process, same run (about 1 min).
+bench-isolation: bin/plover samples
+	bash scripts/isolation-bench.sh host
 
 clean:
 	rm -rf bin $(BUILD)

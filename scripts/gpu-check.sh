@@ -4,7 +4,8 @@
 # elsewhere (see "Build" below). It prints, and copies to $OUT when that is
 # set: the GPU, the CUDA device tests, a cold/warm/hot latency table, graph
 # vs direct time for a 9-kernel chain, copy bandwidth, CUDA-vs-host output
-# equality, and what a faulting kernel does to the server. Exit status 0
+# equality, what a faulting kernel does (with and without worker
+# processes), and the cost of isolation on the CNN. Exit status 0
 # means every check passed.
 #
 # Build (on the dev machine, from the repository root):
@@ -171,10 +172,10 @@ http_get() { # http_get PORT PATH BODYFILE -> prints the status code
   awk 'NR == 1 { print $2; exit }' <<<"$resp"
 }
 
-start_server() { # start_server DEVICE PORT -> sets server_pid
-  local dev=$1 p=$2 log=$tmp/server-$1.log
-  mkdir -p "$tmp/data-$dev"
-  bin/plover serve --listen "127.0.0.1:$p" --data "$tmp/data-$dev" --device "$dev" >"$log" 2>&1 &
+start_server() { # start_server DEVICE PORT [ISOLATION] -> sets server_pid
+  local dev=$1 p=$2 iso=${3:-process} log=$tmp/server-$1${3:+-$3}.log
+  mkdir -p "$tmp/data-$dev${3:+-$3}"
+  bin/plover serve --listen "127.0.0.1:$p" --data "$tmp/data-$dev${3:+-$3}" --device "$dev" --isolation "$iso" >"$log" 2>&1 &
   server_pid=$!
   pids+=("$server_pid")
   local i code
@@ -371,9 +372,13 @@ elif [ "$cuda_up" = 1 ]; then
   fail "no cold CUDA request recorded"
 fi
 
-# ---------------------------------------------------------------- fault (last)
-section "faulting kernel (poisons the CUDA server, so it runs last)"
-if [ "$cuda_up" = 1 ]; then
+# ---------------------------------------------------------------- faults
+# With --isolation process (the default) a sticky fault ends only the worker
+# of the function that caused it: that request fails naming the CUDA error,
+# the next one runs on a fresh worker, the GPU stays healthy. With
+# --isolation none it poisons the server's one context (a separate server,
+# started last).
+fault_bundle() {
   fb=$tmp/fault-bundle
   mkdir -p "$fb"
   cp build/cudatest/testkernels.so "$fb/"
@@ -391,26 +396,66 @@ if [ "$cuda_up" = 1 ]; then
 }
 JSON
   head -c 16 /dev/zero >"$tmp/zero16"
-  bin/plover deploy "$fb" --server "$cuda_url" || fail "deploy the fault bundle"
-  r=$(invoke "$cuda_url" fault "$tmp/zero16" "$tmp/fault.out")
-  say "fault: $r: $(body "$tmp/fault.out")"
-  if [ "${r%% *}" = 500 ]; then pass "faulting request: 500"; else fail "faulting request answered ${r%% *}, want 500"; fi
+}
+
+fault_check() { # fault_check URL PORT PID MODE
+  local url=$1 port=$2 pid=$3 mode=$4 r code
+  bin/plover deploy "$fb" --server "$url" >/dev/null || fail "$mode: deploy the fault bundle"
+  bin/plover deploy build/samples/vecadd-cuda --server "$url" >/dev/null || fail "$mode: deploy vecadd"
+  r=$(invoke "$url" fault "$tmp/zero16" "$tmp/fault.out")
+  say "$mode: fault: $r: $(body "$tmp/fault.out")"
+  if [ "${r%% *}" = 500 ]; then pass "$mode: faulting request: 500"; else fail "$mode: faulting request answered ${r%% *}, want 500"; fi
   if grep -q CUDA_ERROR_ILLEGAL_ADDRESS "$tmp/fault.out"; then
-    pass "the 500 names CUDA_ERROR_ILLEGAL_ADDRESS"
+    pass "$mode: the 500 names CUDA_ERROR_ILLEGAL_ADDRESS"
   else
-    fail "the 500 does not name CUDA_ERROR_ILLEGAL_ADDRESS"
+    fail "$mode: the 500 does not name CUDA_ERROR_ILLEGAL_ADDRESS"
   fi
-  r=$(invoke "$cuda_url" vecadd "$vin" "$tmp/after.out")
-  say "vecadd after the fault: $r: $(body "$tmp/after.out")"
-  if [ "${r%% *}" = 503 ]; then pass "next request: 503"; else fail "next request answered ${r%% *}, want 503"; fi
-  code=$(http_get "$cuda_port" /healthz "$tmp/healthz")
-  say "/healthz: $code $(cat "$tmp/healthz")"
-  if [ "$code" = 503 ] && grep -q unhealthy "$tmp/healthz"; then pass "/healthz: 503 unhealthy"; else
-    fail "/healthz answered $code, want 503 unhealthy"
+  r=$(invoke "$url" vecadd "$vin" "$tmp/after.out")
+  say "$mode: vecadd after the fault: $r: $(body "$tmp/after.out")"
+  code=$(http_get "$port" /healthz "$tmp/healthz")
+  say "$mode: /healthz: $code $(cat "$tmp/healthz")"
+  if [ "$mode" = process ]; then
+    if [ "${r%% *}" = 200 ]; then pass "process: another function after the fault: 200"; else fail "process: another function answered ${r%% *} after the fault, want 200"; fi
+    if [ "$code" = 200 ]; then pass "process: /healthz 200 (the GPU stays healthy)"; else fail "process: /healthz answered $code, want 200"; fi
+    r=$(invoke "$url" fault "$tmp/zero16" "$tmp/fault2.out")
+    if [ "${r%% *}" = 500 ] && grep -q CUDA_ERROR_ILLEGAL_ADDRESS "$tmp/fault2.out"; then
+      pass "process: the faulting function faults again on a fresh worker (500), not 503"
+    else
+      fail "process: second fault answered ${r%% *}: $(body "$tmp/fault2.out")"
+    fi
+  else
+    if [ "${r%% *}" = 503 ]; then pass "none: next request: 503"; else fail "none: next request answered ${r%% *}, want 503"; fi
+    if [ "$code" = 503 ] && grep -q unhealthy "$tmp/healthz"; then pass "none: /healthz: 503 unhealthy"; else
+      fail "none: /healthz answered $code, want 503 unhealthy"
+    fi
   fi
-  if kill -0 "$cuda_pid" 2>/dev/null; then pass "the CUDA server survived the fault"; else fail "the CUDA server died"; fi
+  if kill -0 "$pid" 2>/dev/null; then pass "$mode: the CUDA server survived the fault"; else fail "$mode: the CUDA server died"; fi
+}
+
+section "faulting kernel, --isolation process"
+if [ "$cuda_up" = 1 ]; then
+  fault_bundle
+  fault_check "$cuda_url" "$cuda_port" "$cuda_pid" process
 else
   say "SKIP: no CUDA server"
+fi
+
+section "faulting kernel, --isolation none (poisons that server, so it runs last)"
+none_port=$((cuda_port + 2))
+if [ "$cuda_up" = 1 ] && start_server cuda "$none_port" none; then
+  fault_check "http://127.0.0.1:$none_port" "$none_port" "$server_pid" none
+  save "$tmp/server-cuda-none.log" server-cuda-none.log
+else
+  say "SKIP: no CUDA server"
+fi
+
+# ---------------------------------------------------------------- isolation cost
+section "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
+if [ "$cuda_up" = 1 ] && [ -d build/samples/cnn-cuda ] && command -v python3 >/dev/null; then
+  bash scripts/isolation-bench.sh cuda 5 3 | tee "$tmp/isolation.md" || fail "isolation bench"
+  save "$tmp/isolation.md" isolation.md
+else
+  say "SKIP: needs the CUDA server, build/samples/cnn-cuda and python3"
 fi
 
 save "$tmp/server-cuda.log" server-cuda.log

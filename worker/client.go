@@ -142,9 +142,7 @@ func (d *Device) keepStandby() {
 }
 
 // take returns a started worker: a standby one when there is one. The
-// caller refills the pool (d.refillPool) once its load is done: starting a
-// worker costs a core for milliseconds, which a cold start on a small
-// machine would otherwise share.
+// caller refills the pool (d.refillLater) once its load is done.
 func (d *Device) take(ctx context.Context) (*proc, error) {
 	for {
 		select {
@@ -165,6 +163,13 @@ func (d *Device) refillPool() {
 	default:
 	}
 }
+
+// refillDelay keeps a replacement worker's start (runtime, privilege drop,
+// Landlock, preloads: milliseconds of a core) out of the cold request that
+// took a standby: on a 2-core machine it tripled that request's time.
+const refillDelay = 20 * time.Millisecond
+
+func (d *Device) refillLater() { time.AfterFunc(refillDelay, d.refillPool) }
 
 // Load hands the bundle to a worker, which loads it.
 func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program, error) {
@@ -190,7 +195,7 @@ func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program,
 		return nil, cuda.ErrDeadline
 	}
 	p, err := d.take(ctx)
-	defer d.refillPool()
+	defer d.refillLater()
 	if err != nil {
 		return nil, err
 	}

@@ -43,6 +43,7 @@ type options struct {
 	fractions                             string
 	out, chart, jsonOut                   string
 	goBench                               string
+	isolation                             string
 	dryRun                                bool
 }
 
@@ -51,6 +52,7 @@ func main() {
 	flag.StringVar(&o.repo, "repo", ".", "repository root: BENCHMARKS.md, docs/, samples/cnn/testdata, go.mod")
 	flag.StringVar(&o.plover, "plover", "bin/plover", "the plover binary to serve and deploy with")
 	flag.StringVar(&o.device, "device", "host", "device for plover serve and the direct calls: host | cuda")
+	flag.StringVar(&o.isolation, "isolation", "process", "plover serve --isolation for the served figures: process | none (scripts/isolation-bench.sh compares the two)")
 	flag.StringVar(&o.suffix, "bundle-suffix", "", "bundle directories are SAMPLES/<function>-<suffix> (default: the device)")
 	flag.StringVar(&o.samples, "samples", "build/samples", "directory holding the built bundles and vecadd's input")
 	flag.StringVar(&o.functions, "functions", "vecadd,cnn", "functions to measure")
@@ -76,6 +78,7 @@ func main() {
 type results struct {
 	Machine   machine           `json:"machine"`
 	Device    string            `json:"device"`
+	Isolation string            `json:"isolation"`
 	DevName   string            `json:"device_name"`
 	Started   time.Time         `json:"started"`
 	WallS     float64           `json:"wall_s"`
@@ -124,7 +127,7 @@ func run(o *options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	res := &results{Machine: readMachine(), Device: o.device, Started: t0.UTC(), Command: strings.Join(os.Args, " "), LoadBefore: loadAvg()}
+	res := &results{Machine: readMachine(), Device: o.device, Isolation: o.isolation, Started: t0.UTC(), Command: strings.Join(os.Args, " "), LoadBefore: loadAvg()}
 	res.Machine.Plover = ploverVersion(o.plover)
 	logf("plover-bench-suite: %s, device %s, %s", res.Machine.CPU, o.device, res.Machine.Plover)
 

@@ -45,7 +45,7 @@ func renderSection(o *options, r *results) string {
 	p("Written by `make bench` (`cmd/plover-bench-suite`), which replaces everything between the\n")
 	p("`bench:%s` markers on every run; edit outside them. Numbers below are from its last run.\n\n", dev)
 	p("- Machine: %s.\n", r.Machine)
-	p("- Device: %s. Date: %s. Suite wall time: %.0f s.\n", r.DevName, r.Started.Format("2006-01-02 15:04 UTC"), r.WallS)
+	p("- Device: %s. Date: %s. Suite wall time: %.0f s. Served with `--isolation %s`.\n", r.DevName, r.Started.Format("2006-01-02 15:04 UTC"), r.WallS, r.Isolation)
 	p("- Command: `%s`.\n", r.Command)
 	p("- Load average (1 / 5 / 15 min) before the suite %s, after its measurements %s: work other than the\n", r.LoadBefore, r.LoadAfterRuns)
 	p("  suite's own on this machine shows here and in the numbers.\n")

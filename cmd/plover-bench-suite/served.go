@@ -150,7 +150,7 @@ func measureServed(ctx context.Context, o *options, fr *functionResult, sw *swee
 		fr.Warm = append(fr.Warm, s)
 	}
 
-	srv, err := startServer(o.plover, data, o.device)
+	srv, err := startServer(o.plover, data, o.device, o.isolation)
 	if err != nil {
 		return err
 	}
@@ -199,7 +199,7 @@ func measureServed(ctx context.Context, o *options, fr *functionResult, sw *swee
 // oneStart starts a server over data, deploys the bundle to its store if
 // asked, sends one request and stops the server.
 func oneStart(ctx context.Context, o *options, w *workload, data string, deploy bool) (*served, error) {
-	srv, err := startServer(o.plover, data, o.device)
+	srv, err := startServer(o.plover, data, o.device, o.isolation)
 	if err != nil {
 		return nil, err
 	}

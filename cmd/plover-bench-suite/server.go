@@ -43,8 +43,8 @@ const serverStartTimeout = 30 * time.Second
 
 // startServer runs plover serve on 127.0.0.1:0 with dataDir and waits for
 // it to log its address.
-func startServer(plover, dataDir, device string) (*server, error) {
-	cmd := exec.Command(plover, "serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device,
+func startServer(plover, dataDir, device, isolation string) (*server, error) {
+	cmd := exec.Command(plover, "serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device, "--isolation", isolation,
 		"--log-format", "json", "--poll", "0", "--grace", "2s")
 	cmd.Stdout = io.Discard
 	stderr, err := cmd.StderrPipe()

@@ -134,7 +134,7 @@ func TestSuiteEndToEnd(t *testing.T) {
 	}
 	md := filepath.Join(tmp, "B.md")
 	os.WriteFile(md, []byte("# B\n\nkeep me\n\n## GPU\n\nnot yet measured\n"), 0o644)
-	o := &options{repo: repo, plover: plover, device: "host", samples: samples, functions: "vecadd,cnn",
+	o := &options{repo: repo, plover: plover, device: "host", isolation: "process", samples: samples, functions: "vecadd,cnn",
 		trials: 2, hot: 300 * time.Millisecond, hotRequests: 50, probe: 300 * time.Millisecond, sweepTime: 300 * time.Millisecond,
 		fractions: "0.5,1", out: md, chart: filepath.Join(tmp, "chart.svg"), jsonOut: filepath.Join(tmp, "r.json"), goBench: "off"}
 	if err := run(o); err != nil {
