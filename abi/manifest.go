@@ -46,6 +46,9 @@ type Manifest struct {
 	// process (MiB; 0: the server's --worker-max-memory). A worker past it
 	// is killed, and the requests it was running fail saying so.
 	MaxHostMemoryMB int64 `json:"max_host_memory_mb,omitempty"`
+	// GPUShare is the percentage of the GPU's SMs the function's worker
+	// may use under NVIDIA MPS (1..100; 0: no limit). Ignored without MPS.
+	GPUShare int `json:"gpu_share,omitempty"`
 }
 
 // IdleTTLDuration parses IdleTTL; ok is false when it is unset.
@@ -140,6 +143,8 @@ func (m *Manifest) Validate() error {
 		return &FieldError{"min_instances", fmt.Sprintf("%d is over max_instances %d", m.MinInstances, m.MaxInstances)}
 	case m.MaxQueue < 0 || m.MaxQueue > 1<<20:
 		return &FieldError{"max_queue", fmt.Sprintf("%d must be in 0..%d", m.MaxQueue, 1<<20)}
+	case m.GPUShare < 0 || m.GPUShare > 100:
+		return &FieldError{"gpu_share", fmt.Sprintf("%d must be in 1..100 (or 0: no limit)", m.GPUShare)}
 	case m.MaxHostMemoryMB < 0 || m.MaxHostMemoryMB > 1<<24:
 		return &FieldError{"max_host_memory_mb", fmt.Sprintf("%d must be in 0..%d", m.MaxHostMemoryMB, 1<<24)}
 	}

@@ -46,6 +46,7 @@ type serveFlags struct {
 	isolation, workerUser                            string
 	standby                                          int
 	workerMaxMemMB                                   int64
+	mps                                              bool
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
 	idleTTL, timeout                                 time.Duration
 	memLimitMB, cacheMB                              int64
@@ -69,6 +70,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
 			fs.IntVar(&f.standby, "standby-workers", 1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process)")
 			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb; past it the worker is killed (0: no limit)")
+			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
 			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
 			s3Flags(fs, &f.s3)
@@ -258,6 +260,15 @@ func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device
 	if err := os.MkdirAll(stages, 0o700); err != nil {
 		return nil, fmt.Errorf("--isolation process: %w", err)
 	}
+	mps := false
+	if len(devs) > 0 && devs[0].Target() == abi.TargetCUDA {
+		mps = f.mps || worker.MPSRunning()
+		if mps {
+			log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
+		}
+	} else if f.mps {
+		log.Warn("--mps applies to CUDA devices only; ignored")
+	}
 	spawner := contain.NewSpawner()
 	out := make([]cuda.Device, len(devs))
 	for i, d := range devs {
@@ -266,7 +277,7 @@ func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device
 			ordinal = g.Ordinal()
 		}
 		out[i] = worker.NewDevice(worker.Options{Exe: "/proc/self/exe", Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: f.standby, Drop: drop, Landlock: true, StageDir: stages, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log})
+			Standby: f.standby, Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log})
 	}
 	user := "the server's"
 	if drop != nil {

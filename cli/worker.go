@@ -17,6 +17,7 @@ func workerCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&cfg.Device, "device", "host", "host | cuda")
 			fs.IntVar(&cfg.Ordinal, "ordinal", 0, "CUDA device ordinal")
+			fs.StringVar(&cfg.Driver, "driver", "", "CUDA driver library (default libcuda.so.1)")
 			fs.Int64Var(&cfg.MemLimit, "memory-limit", 0, "device memory budget in bytes")
 			fs.IntVar(&cfg.ParentPID, "parent", 0, "the server's pid")
 			fs.StringVar(&user, "user", "", "run as UID:GID")

@@ -644,8 +644,9 @@ func (i *gpuInstance) logCaptureFailure(res *C.plcu_result_t) {
 
 // OpenOne opens one device: the host device, or CUDA device ordinal (and no
 // other: a worker process serves one device and must not hold contexts on
-// the rest). log may be nil.
-func OpenOne(kind string, ordinal int, limit int64, log *slog.Logger) (Device, error) {
+// the rest) through the driver library at driver ("": libcuda.so.1). log
+// may be nil.
+func OpenOne(kind string, ordinal int, limit int64, driver string, log *slog.Logger) (Device, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -653,12 +654,15 @@ func OpenOne(kind string, ordinal int, limit int64, log *slog.Logger) (Device, e
 	case KindHost:
 		return NewHost(limit), nil
 	case KindCUDA:
-		d, err := loadDriver(libcuda)
+		if driver == "" {
+			driver = libcuda
+		}
+		d, err := loadDriver(driver)
 		if err != nil {
 			return nil, err
 		}
 		if code := C.plcu_init(d.c); code != 0 {
-			return nil, fmt.Errorf("CUDA driver %s: %w", libcuda, d.err("cuInit", code))
+			return nil, fmt.Errorf("CUDA driver %s: %w", driver, d.err("cuInit", code))
 		}
 		return openGPU(d, ordinal, limit, log)
 	}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/internal/fakecuda"
 	"github.com/plover-run/plover/loader"
 )
 
@@ -111,31 +111,11 @@ var fake struct {
 }
 
 func buildFake() (string, error) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		return "", fmt.Errorf("gcc not found: %w", err)
+	dir, err := fakecuda.Build()
+	if err == nil {
+		removeLater(dir)
 	}
-	dir, err := os.MkdirTemp("", "plover-fakecuda-")
-	if err != nil {
-		return "", err
-	}
-	removeLater(dir)
-	src := filepath.Join("testdata", "fakecuda")
-	builds := [][]string{
-		{"-shared", "-fPIC", "-O2", "-Wall", "-Wl,-soname,libfakecuda.so",
-			"-o", filepath.Join(dir, "libfakecuda.so"), filepath.Join(src, "fakecuda.c")},
-		{"-shared", "-fPIC", "-O2", "-Wall", "-DFAKECUDA_OMIT_GRAPH_LAUNCH", "-Wl,-soname,libfakecuda_old.so",
-			"-o", filepath.Join(dir, "libfakecuda_old.so"), filepath.Join(src, "fakecuda.c")},
-		{"-shared", "-fPIC", "-O2", "-Wall", "-I" + filepath.Join("..", "abi"),
-			"-o", filepath.Join(dir, "fakebundle.so"), filepath.Join(src, "fakebundle.c"),
-			"-L" + dir, "-lfakecuda", "-Wl,-rpath," + dir},
-	}
-	for _, args := range builds {
-		if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
-			return "", fmt.Errorf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	return dir, nil
+	return dir, err
 }
 
 func fakeDir(t testing.TB) string {

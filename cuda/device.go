@@ -40,6 +40,10 @@ type Device interface {
 type ProgramSpec struct {
 	Dir      string // the unpacked bundle directory; read, never written
 	Manifest *abi.Manifest
+	// MemoryBudget is the device memory the program may come to hold: its
+	// constants and its largest number of instances (a device that can
+	// enforce it, a worker under MPS, does; others ignore it).
+	MemoryBudget int64
 }
 
 // Program is one bundle loaded on one device. Close ends it once its

@@ -615,7 +615,9 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 		return nil, Cold, rf
 	}
 	t0 := time.Now()
-	prog, err := dev.Load(ctx, cuda.ProgramSpec{Dir: v.dir, Manifest: v.manifest})
+	m := v.manifest
+	budget := v.constSize + int64(v.policy.max)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes)
+	prog, err := dev.Load(ctx, cuda.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget})
 	if err != nil {
 		var le *loader.Error
 		var pe *cuda.ProcessExit

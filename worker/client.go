@@ -29,6 +29,7 @@ type Options struct {
 	Exe      string      // the plover binary; workers run `Exe worker ...`
 	Base     cuda.Device // the server's own view of the device: name, memory, health
 	Ordinal  int         // which GPU (CUDA)
+	Driver   string      // the CUDA driver library workers open ("": libcuda.so.1)
 	MemLimit int64       // the device budget in bytes, 0: none (passed to workers)
 	Standby  int         // idle workers kept started, device open, per device
 	Drop     *contain.Identity
@@ -37,6 +38,9 @@ type Options struct {
 	// are linked into; on the file system of the bundle cache, so links
 	// work (otherwise the files are copied). Required.
 	StageDir string
+	// MPS starts a worker per program with its limits in the environment
+	// (gpu_share, the memory budget), not from the standby pool.
+	MPS bool
 	// MaxHostMemory is the resident memory a worker may hold (bytes; 0:
 	// no limit) when its manifest sets no max_host_memory_mb.
 	MaxHostMemory int64
@@ -71,7 +75,7 @@ func NewDevice(opts Options) *Device {
 	}
 	d := &Device{opts: opts, standby: make(chan *proc, max(opts.Standby, 0)), refill: make(chan struct{}, 1),
 		stop: make(chan struct{}), procs: map[*proc]struct{}{}}
-	if opts.Standby > 0 {
+	if opts.Standby > 0 && !opts.MPS {
 		go d.keepStandby()
 		d.refill <- struct{}{}
 	}
@@ -194,8 +198,13 @@ func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program,
 	if err := ctx.Err(); err != nil {
 		return nil, cuda.ErrDeadline
 	}
-	p, err := d.take(ctx)
-	defer d.refillLater()
+	var p *proc
+	if d.opts.MPS {
+		p, err = d.spawn(ctx, mpsEnv(spec.Manifest.GPUShare, spec.MemoryBudget, d.opts.Ordinal)...)
+	} else {
+		p, err = d.take(ctx)
+		defer d.refillLater()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +250,8 @@ type proc struct {
 	stage  string // removed when the process is gone
 }
 
-func (d *Device) spawn(ctx context.Context) (*proc, error) {
+// spawn starts a worker; env is added to its (otherwise empty) environment.
+func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("start worker: socketpair: %w", err)
@@ -274,12 +284,15 @@ func (d *Device) spawn(ctx context.Context) (*proc, error) {
 	if d.opts.Drop != nil {
 		args = append(args, "--user", d.opts.Drop.String())
 	}
+	if d.opts.Driver != "" {
+		args = append(args, "--driver", d.opts.Driver)
+	}
 	if d.opts.Landlock {
 		args = append(args, "--landlock")
 	}
 	cmd := exec.Command(d.opts.Exe, args...)
 	// Nothing of the server's environment: no credentials, no settings.
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, env...)
 	cmd.ExtraFiles = []*os.File{theirs, stageF} // fds 3 and 4: ctlFD, stageFD
 	// A pipe of our own rather than an io.Writer: Wait must not wait for
 	// a forked grandchild that keeps stderr open.

@@ -31,6 +31,7 @@ const (
 // worker`); everything else arrives on the control channel.
 type Config struct {
 	Device    string // "host" or "cuda"
+	Driver    string // the CUDA driver library ("": libcuda.so.1)
 	Ordinal   int
 	MemLimit  int64             // device memory budget in bytes, 0: none
 	Drop      *contain.Identity // run as this user; nil: keep the identity
@@ -57,7 +58,7 @@ func Serve(cfg Config) error {
 		return fmt.Errorf("worker: signals: %w", err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	dev, err := cuda.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, log)
+	dev, err := cuda.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, log)
 	if err != nil {
 		return fmt.Errorf("worker: open device: %w", err)
 	}

@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 		fs := flag.NewFlagSet("worker", flag.ExitOnError)
 		fs.StringVar(&cfg.Device, "device", "host", "")
 		fs.IntVar(&cfg.Ordinal, "ordinal", 0, "")
+		fs.StringVar(&cfg.Driver, "driver", "", "")
 		fs.Int64Var(&cfg.MemLimit, "memory-limit", 0, "")
 		fs.IntVar(&cfg.ParentPID, "parent", 0, "")
 		fs.StringVar(&user, "user", "", "")
@@ -47,7 +48,11 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if fake.dir != "" {
+		os.RemoveAll(fake.dir)
+	}
+	os.Exit(code)
 }
 
 var spawner = contain.NewSpawner()
@@ -206,6 +211,43 @@ func TestSlotIsSealed(t *testing.T) {
 	theirs[100] = 42
 	if slot[100] != 42 {
 		t.Error("a write through the other mapping is not seen in the server's")
+	}
+}
+
+// TestWorkerEnvironment: a worker's environment is PATH and nothing of the
+// server's; under MPS it also carries the function's limits, set before
+// its device opens.
+func TestWorkerEnvironment(t *testing.T) {
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "server-secret")
+	m := testkit.Manifest("mps")
+	m.GPUShare = 25
+	for _, tc := range []struct {
+		name string
+		mps  bool
+		want []string
+	}{
+		{"plain", false, []string{"PATH=/usr/local/bin:/usr/bin:/bin"}},
+		{"mps", true, []string{"PATH=/usr/local/bin:/usr/bin:/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=514M"}}, // 2 MiB of buffers + 512 MiB for the context
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDevice(Options{Exe: os.Args[0], Base: cuda.NewHost(0), Standby: 1, MPS: tc.mps, StageDir: t.TempDir(), Spawner: spawner})
+			defer d.Close()
+			dir := testkit.BundleDir(t, m, nil)
+			p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m, MemoryBudget: 2 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.(*program).PID()))
+			if err != nil {
+				t.Skipf("cannot read a worker's environment here: %v", err)
+			}
+			got := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+			if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("worker environment %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,46 @@
+// Package fakecuda builds the fake CUDA driver (cuda/testdata/fakecuda) and
+// a CUDA-target test bundle linked against it, so that the CUDA device and
+// worker processes on it are tested without a GPU.
+package fakecuda
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+)
+
+// Build compiles into a new temporary directory (the caller removes it):
+// libfakecuda.so (the driver), libfakecuda_old.so (one without
+// cuGraphLaunch) and fakebundle.so (a "cuda" bundle using the driver).
+func Build() (string, error) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		return "", fmt.Errorf("gcc not found: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "plover-fakecuda-")
+	if err != nil {
+		return "", err
+	}
+	_, file, _, _ := goruntime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	src := filepath.Join(root, "cuda", "testdata", "fakecuda")
+	builds := [][]string{
+		{"-shared", "-fPIC", "-O2", "-Wall", "-Wl,-soname,libfakecuda.so",
+			"-o", filepath.Join(dir, "libfakecuda.so"), filepath.Join(src, "fakecuda.c")},
+		{"-shared", "-fPIC", "-O2", "-Wall", "-DFAKECUDA_OMIT_GRAPH_LAUNCH", "-Wl,-soname,libfakecuda_old.so",
+			"-o", filepath.Join(dir, "libfakecuda_old.so"), filepath.Join(src, "fakecuda.c")},
+		{"-shared", "-fPIC", "-O2", "-Wall", "-I" + filepath.Join(root, "abi"),
+			"-o", filepath.Join(dir, "fakebundle.so"), filepath.Join(src, "fakebundle.c"),
+			"-L" + dir, "-lfakecuda", "-Wl,-rpath," + dir},
+	}
+	for _, args := range builds {
+		if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return dir, nil
+}

@@ -1,0 +1,164 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/internal/fakecuda"
+)
+
+var fake struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// fakeGPU is the server's view of a CUDA device whose workers open the fake
+// driver: the server itself holds no context.
+type fakeGPU struct{}
+
+func (fakeGPU) Target() string { return abi.TargetCUDA }
+func (fakeGPU) Name() string   { return "fake GPU" }
+func (fakeGPU) Load(context.Context, cuda.ProgramSpec) (cuda.Program, error) {
+	return nil, errors.New("the server loads nothing itself")
+}
+func (fakeGPU) MemInfo() cuda.MemInfo { return cuda.MemInfo{Total: 1 << 30, Free: 1 << 30} }
+func (fakeGPU) Health() error         { return nil }
+func (fakeGPU) Close() error          { return nil }
+
+// fakeCUDA is a Device whose workers run on the fake CUDA driver, and a
+// CUDA-target bundle directory of the fake test kernels.
+func fakeCUDA(t *testing.T) (*Device, string) {
+	t.Helper()
+	fake.once.Do(func() { fake.dir, fake.err = fakecuda.Build() })
+	if fake.err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", fake.err)
+	}
+	bdir := t.TempDir()
+	b, err := os.ReadFile(filepath.Join(fake.dir, "fakebundle.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bdir, "fakebundle.so"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fake.dir, "libfakecuda.so"),
+		Standby: 1, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
+	t.Cleanup(func() { d.Close() })
+	return d, bdir
+}
+
+func fakeManifest(chain ...abi.Launch) *abi.Manifest {
+	return &abi.Manifest{Name: "fake", ABI: abi.Version, Target: abi.TargetCUDA, Library: "fakebundle.so",
+		MaxInputBytes: 64, TmpBytes: 64, OutBytes: 64, Chain: chain}
+}
+
+// TestCUDAWorkerFaultEndsOnlyItsWorker: on the fake driver, a CUDA bundle
+// runs in a worker with a context of its own; a sticky fault fails that
+// request naming the error and ends that worker, while the device stays
+// healthy and the next worker runs the same bundle correctly.
+func TestCUDAWorkerFaultEndsOnlyItsWorker(t *testing.T) {
+	d, dir := fakeCUDA(t)
+	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_inc", Grid: 1, Block: 64},
+		abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+	run := func(p cuda.Program, in []byte) ([]byte, error) {
+		inst, err := p.NewInstance(cuda.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer inst.Close()
+		out := make([]byte, 64)
+		err = inst.Run(&cuda.Run{Input: in, Output: out, TmpLen: 64,
+			Chain: []cuda.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}, {Entry: 2, Grid: 1, Block: 64}}})
+		return out, err
+	}
+	want := make([]byte, 64)
+	in := []byte("fake gpu")
+	for i := range want {
+		if i < len(in) {
+			want[i] = in[i]
+		}
+		want[i]++
+	}
+
+	a, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if out, err := run(a, in); err != nil || !bytes.Equal(out, want) {
+		t.Fatalf("chain through a CUDA worker: %v, %v; want %v", out[:8], err, want[:8])
+	}
+	fault, err := a.Entry("pl_fault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := a.NewInstance(cuda.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = inst.Run(&cuda.Run{Output: make([]byte, 64), Chain: []cuda.Step{{Entry: fault, Grid: 1, Block: 1}}})
+	inst.Close()
+	var ke *cuda.KernelError
+	var pe *cuda.ProcessExit
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || !errors.As(err, &pe) {
+		t.Fatalf("a sticky fault: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS that ended the worker", err)
+	}
+	if a.(*program).Alive() {
+		t.Error("the faulted worker is still alive")
+	}
+	if err := d.Health(); err != nil {
+		t.Errorf("device health after a worker's fault: %v", err)
+	}
+	b, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatalf("a new worker after the fault: %v", err)
+	}
+	defer b.Close()
+	if out, err := run(b, in); err != nil || !bytes.Equal(out, want) {
+		t.Fatalf("chain on a fresh worker after the fault: %v, %v", out[:8], err)
+	}
+}
+
+// TestCUDAWorkerUnderMPS: with MPS, the worker of a function with a
+// gpu_share starts with it (and its memory budget) in its environment,
+// before its device opens, and still runs the bundle.
+func TestCUDAWorkerUnderMPS(t *testing.T) {
+	fake.once.Do(func() { fake.dir, fake.err = fakecuda.Build() })
+	if fake.err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", fake.err)
+	}
+	_, dir := fakeCUDA(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fake.dir, "libfakecuda.so"), Ordinal: 0,
+		MPS: true, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
+	defer d.Close()
+	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64})
+	m.GPUShare = 40
+	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m, MemoryBudget: 100 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(p.(*program).PID()) + "/environ")
+	if err != nil {
+		t.Skipf("cannot read a worker's environment here: %v", err)
+	}
+	for _, v := range []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=612M"} {
+		if !bytes.Contains(env, []byte(v+"\x00")) {
+			t.Errorf("worker environment lacks %s: %q", v, env)
+		}
+	}
+	if _, err := p.Entry("pl_inc"); err != nil {
+		t.Errorf("the MPS worker does not serve its bundle: %v", err)
+	}
+}
+
