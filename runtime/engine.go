@@ -59,12 +59,7 @@ type Engine struct {
 	epoch  uint64
 	closed bool
 
-	// memMu serialises decisions about device memory. pending holds bytes
-	// reserved but not yet allocated, so that allocations (and constant
-	// uploads) run outside the lock without two reservations counting the
-	// same free memory.
-	memMu     sync.Mutex
-	pending   map[cuda.Device]int64
+	mem       ledger
 	evictions struct{ instances, functions atomic.Int64 }
 }
 
@@ -97,7 +92,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, epoch: 1, pending: map[cuda.Device]int64{}}, nil
+	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, epoch: 1, mem: newLedger()}, nil
 }
 
 // Target is the bundle target this engine's devices run.
@@ -543,20 +538,11 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 	if v.placement(best) == nil {
 		need += v.constSize
 	}
-	e.memMu.Lock()
-	err = e.reserve(best, need, v)
-	if err == nil {
-		e.pending[best] += need
-	}
-	e.memMu.Unlock()
+	unreserve, err := e.reserve(best, need, v)
 	if err != nil {
 		return nil, Warm, err
 	}
-	defer func() {
-		e.memMu.Lock()
-		e.pending[best] -= need
-		e.memMu.Unlock()
-	}()
+	defer unreserve()
 	p, start, err := e.place(ctx, v, best)
 	if err != nil {
 		return nil, start, err
