@@ -151,7 +151,7 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(eng.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv := httpapi.New(eng, httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg})
+	srv := httpapi.New(eng, eng.Control(), httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg})
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", f.listen, err)

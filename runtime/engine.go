@@ -637,7 +637,8 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 
 // Deploy verifies a bundle, stores it, and makes it the current version of
 // name. Nothing in the bundle runs here: the library is checked statically.
-func (e *Engine) Deploy(ctx context.Context, name string, body io.Reader) (FunctionInfo, error) {
+func (c *Control) Deploy(ctx context.Context, name string, body io.Reader) (FunctionInfo, error) {
+	e := c.e
 	if !abi.ValidName(name) {
 		return FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
 	}
@@ -718,7 +719,8 @@ func inBundle(err error, library string) error {
 
 // Delete removes a function; its current version retires after in-flight
 // requests finish.
-func (e *Engine) Delete(ctx context.Context, name string) error {
+func (c *Control) Delete(ctx context.Context, name string) error {
+	e := c.e
 	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
 		return errorf(KindNotFound, err, "function %q not found", name)
 	} else if err != nil {

@@ -51,7 +51,7 @@ func TestStartKinds(t *testing.T) {
 	if !(starts[0] == runtime.Hot && starts[1] == runtime.Warm || starts[0] == runtime.Warm && starts[1] == runtime.Hot) {
 		t.Fatalf("concurrent starts = %v, want one hot and one warm", starts)
 	}
-	fi, err := e.Function(context.Background(), "echo")
+	fi, err := e.Control().Function(context.Background(), "echo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestRedeployFinishesInFlightOnOldVersion(t *testing.T) {
 	if used := host.MemInfo().Used; used != want {
 		t.Fatalf("device memory used %d, want %d (v1 not released?)", used, want)
 	}
-	if err := e.Delete(context.Background(), "fn"); err != nil {
+	if err := e.Control().Delete(context.Background(), "fn"); err != nil {
 		t.Fatal(err)
 	}
 	if used := host.MemInfo().Used; used != 0 {
@@ -226,16 +226,16 @@ func TestDeployRefusals(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = e.Deploy(ctx, tt.deploy, bytes.NewReader(b))
+			_, err = e.Control().Deploy(ctx, tt.deploy, bytes.NewReader(b))
 			if runtime.KindOf(err) != tt.want {
 				t.Fatalf("Deploy: %v (kind %v), want kind %v", err, runtime.KindOf(err), tt.want)
 			}
 		})
 	}
-	if _, err := e.Deploy(ctx, "fn", bytes.NewReader([]byte("garbage"))); runtime.KindOf(err) != runtime.KindInvalid {
+	if _, err := e.Control().Deploy(ctx, "fn", bytes.NewReader([]byte("garbage"))); runtime.KindOf(err) != runtime.KindInvalid {
 		t.Fatalf("garbage bundle: %v", err)
 	}
-	if fs, err := e.Functions(ctx); err != nil || len(fs) != 0 {
+	if fs, err := e.Control().Functions(ctx); err != nil || len(fs) != 0 {
 		t.Fatalf("refused deploys left functions behind: %v %v", fs, err)
 	}
 }

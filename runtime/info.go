@@ -72,7 +72,8 @@ func (v *version) processes() []cuda.ProcessStats {
 }
 
 // Function describes one function from its record and this node's state.
-func (e *Engine) Function(ctx context.Context, name string) (FunctionInfo, error) {
+func (c *Control) Function(ctx context.Context, name string) (FunctionInfo, error) {
+	e := c.e
 	if !abi.ValidName(name) {
 		return FunctionInfo{}, errorf(KindNotFound, nil, "function %q not found", name)
 	}
@@ -101,7 +102,8 @@ func (e *Engine) recordInfo(rec *registry.Record) (FunctionInfo, error) {
 }
 
 // Functions lists every function in the store.
-func (e *Engine) Functions(ctx context.Context) ([]FunctionInfo, error) {
+func (c *Control) Functions(ctx context.Context) ([]FunctionInfo, error) {
+	e := c.e
 	recs, err := e.reg.List(ctx)
 	if err != nil {
 		return nil, unavailable(err, "list functions: store unavailable")

@@ -79,7 +79,7 @@ func TestStoreOutageMessagesCarryTheCause(t *testing.T) {
 	node := testkit.Engine(t, runtime.Config{Store: store}) // has never loaded fn
 	store.down = true
 	ctx := context.Background()
-	_, listErr := node.Functions(ctx)
+	_, listErr := node.Control().Functions(ctx)
 	for what, err := range map[string]error{
 		"cold invoke": node.Invoke(ctx, "fn", &runtime.Request{Input: []byte("x")}),
 		"list":        listErr,

@@ -19,7 +19,7 @@ import (
 
 func info(t *testing.T, e *runtime.Engine, name string) runtime.FunctionInfo {
 	t.Helper()
-	fi, err := e.Function(context.Background(), name)
+	fi, err := e.Control().Function(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestMaxInstancesCapsConcurrency(t *testing.T) {
 				return
 			default:
 			}
-			if fi, err := e.Function(context.Background(), "fn"); err == nil && int32(fi.Busy) > peak.Load() {
+			if fi, err := e.Control().Function(context.Background(), "fn"); err == nil && int32(fi.Busy) > peak.Load() {
 				peak.Store(int32(fi.Busy))
 			}
 			time.Sleep(5 * time.Millisecond)

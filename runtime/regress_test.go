@@ -74,7 +74,7 @@ func TestRefreshDoesNotResurrectADeletedFunction(t *testing.T) {
 	done := make(chan struct{})
 	go func() { e.Refresh(context.WithValue(context.Background(), slowKey{}, 1)); close(done) }()
 	<-read // Refresh has read the record
-	if err := e.Delete(context.Background(), "echo"); err != nil {
+	if err := e.Control().Delete(context.Background(), "echo"); err != nil {
 		t.Fatal(err)
 	}
 	<-done
@@ -108,7 +108,7 @@ func TestEvictionSkipsWhatFreesNothing(t *testing.T) {
 		t.Fatalf("b with everything else busy or unevictable: %v, want 503", err)
 	}
 	for _, n := range []string{"x", "y"} {
-		fi, _ := e.Function(ctx, n)
+		fi, _ := e.Control().Function(ctx, n)
 		t.Logf("%s loaded=%v", n, fi.Loaded)
 		if !fi.Loaded {
 			t.Errorf("%s (no constants) was unloaded though that freed no memory, and b still failed", n)

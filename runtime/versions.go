@@ -9,7 +9,8 @@ import (
 )
 
 // Versions returns a function's record: every version and the current one.
-func (e *Engine) Versions(ctx context.Context, name string) (*registry.Record, error) {
+func (c *Control) Versions(ctx context.Context, name string) (*registry.Record, error) {
+	e := c.e
 	rec, err := e.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
 		return nil, errorf(KindNotFound, err, "function %q not found", name)
@@ -22,7 +23,8 @@ func (e *Engine) Versions(ctx context.Context, name string) (*registry.Record, e
 
 // Rollback makes an earlier (or later) version of name current. In-flight
 // requests finish on the version they started on.
-func (e *Engine) Rollback(ctx context.Context, name, version string) (FunctionInfo, error) {
+func (c *Control) Rollback(ctx context.Context, name, version string) (FunctionInfo, error) {
+	e := c.e
 	rv, err := e.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
@@ -99,7 +101,8 @@ func (e *Engine) Watch(ctx context.Context, interval time.Duration) {
 }
 
 // GC deletes bundles no function record references, older than grace.
-func (e *Engine) GC(ctx context.Context, grace time.Duration) ([]string, error) {
+func (c *Control) GC(ctx context.Context, grace time.Duration) ([]string, error) {
+	e := c.e
 	removed, err := e.reg.GC(ctx, grace)
 	if err != nil {
 		return removed, unavailable(err, "gc: store unavailable")

@@ -43,7 +43,7 @@ func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
 		t.Fatalf("node b after deploy: %d %s, want 6 %s", o, v, v2.Version)
 	}
 
-	if _, err := a.Rollback(ctx, "fn", v1.Version[:8]); err != nil {
+	if _, err := a.Control().Rollback(ctx, "fn", v1.Version[:8]); err != nil {
 		t.Fatal(err)
 	}
 	if o, v := out(a); o != 5 || v != v1.Version {
@@ -53,19 +53,19 @@ func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
 	if o, v := out(b); o != 5 || v != v1.Version {
 		t.Fatalf("node b after rollback: %d %s", o, v)
 	}
-	if _, err := a.Rollback(ctx, "fn", "ffffffff-nope"); runtime.KindOf(err) != runtime.KindNotFound {
+	if _, err := a.Control().Rollback(ctx, "fn", "ffffffff-nope"); runtime.KindOf(err) != runtime.KindNotFound {
 		t.Fatalf("rollback to an unknown version: %v", err)
 	}
-	rec, err := b.Versions(ctx, "fn")
+	rec, err := b.Control().Versions(ctx, "fn")
 	if err != nil || len(rec.Versions) != 2 || rec.Current != v1.Version {
 		t.Fatalf("versions: %+v %v", rec, err)
 	}
 
 	// GC keeps both bundles while the record names them.
-	if removed, err := a.GC(ctx, 0); err != nil || len(removed) != 0 {
+	if removed, err := a.Control().GC(ctx, 0); err != nil || len(removed) != 0 {
 		t.Fatalf("gc with referenced bundles removed %v (%v)", removed, err)
 	}
-	if err := a.Delete(ctx, "fn"); err != nil {
+	if err := a.Control().Delete(ctx, "fn"); err != nil {
 		t.Fatal(err)
 	}
 	if objs, _ := store.List(ctx, "bundles/"); len(objs) != 0 {

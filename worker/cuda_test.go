@@ -161,4 +161,3 @@ func TestCUDAWorkerUnderMPS(t *testing.T) {
 		t.Errorf("the MPS worker does not serve its bundle: %v", err)
 	}
 }
-

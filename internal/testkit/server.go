@@ -46,11 +46,11 @@ func Engine(t testing.TB, cfg runtime.Config) *runtime.Engine {
 	return e
 }
 
-// Serve runs the HTTP API for exec on a free loopback port until the test
+// Serve runs the HTTP API for e on a free loopback port until the test
 // ends and returns its base URL.
-func Serve(t testing.TB, exec httpapi.Executor, opts httpapi.Options) string {
+func Serve(t testing.TB, e *runtime.Engine, opts httpapi.Options) string {
 	t.Helper()
-	return ServeWith(t, httpapi.New(exec, opts))
+	return ServeWith(t, httpapi.New(e, e.Control(), opts))
 }
 
 // ServeWith serves an already built server on a free loopback port.
@@ -76,7 +76,7 @@ func Deploy(t testing.TB, e *runtime.Engine, dir string) runtime.FunctionInfo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi, err := e.Deploy(context.Background(), m.Name, bytes.NewReader(b))
+	fi, err := e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b))
 	if err != nil {
 		t.Fatalf("deploy %s: %v", m.Name, err)
 	}
@@ -111,7 +111,7 @@ func WaitFor(t testing.TB, e *runtime.Engine, name string, what string, cond fun
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if fi, err := e.Function(context.Background(), name); err == nil && cond(fi) {
+		if fi, err := e.Control().Function(context.Background(), name); err == nil && cond(fi) {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -69,7 +69,7 @@ func BenchmarkHotInvoke(b *testing.B) {
 		}
 	})
 
-	srv := httpapi.New(e, httpapi.Options{})
+	srv := httpapi.New(e, e.Control(), httpapi.Options{})
 	b.Run("handler", func(b *testing.B) {
 		ctx := invokeCtx(srv, in)
 		b.ReportAllocs()
@@ -120,7 +120,7 @@ func TestHotInvokeAllocatesNothing(t *testing.T) {
 	}
 	e := testkit.Engine(t, runtime.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, benchManifest(), nil))
-	srv := httpapi.New(e, httpapi.Options{})
+	srv := httpapi.New(e, e.Control(), httpapi.Options{})
 	ctx := invokeCtx(srv, make([]byte, benchInput))
 	srv.Handle(ctx) // warm the pools past their first use
 	allocs := testing.AllocsPerRun(200, func() {

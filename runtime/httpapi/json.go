@@ -144,7 +144,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) erro
 		c.req.Deadline = d
 	}
 	c.req.Input, c.req.Override = input, o
-	err = s.exec.Invoke(context.Background(), name, &c.req) // see invoke
+	err = s.inv.Invoke(context.Background(), name, &c.req) // see invoke
 	c.req.Input, c.req.Override = nil, nil
 	if err != nil {
 		return err

@@ -27,7 +27,7 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(e.Collector())
-	srv := httpapi.New(e, httpapi.Options{Registry: reg})
+	srv := httpapi.New(e, e.Control(), httpapi.Options{Registry: reg})
 	base := testkit.ServeWith(t, srv)
 	url := base + "/v1/functions/slow/invoke"
 
@@ -116,7 +116,7 @@ func TestClientDisconnectFreesQueueSlot(t *testing.T) {
 		t.Helper()
 		start := time.Now()
 		for time.Since(start) < time.Second {
-			if fi, err := e.Function(t.Context(), "slow"); err == nil && fi.Queue == want && fi.Busy == 1 {
+			if fi, err := e.Control().Function(t.Context(), "slow"); err == nil && fi.Queue == want && fi.Busy == 1 {
 				return time.Since(start)
 			}
 			time.Sleep(5 * time.Millisecond)

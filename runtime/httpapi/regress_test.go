@@ -28,7 +28,7 @@ func TestNameIsNotKeptFromTheRequestBuffer(t *testing.T) {
 	node := testkit.Engine(t, runtime.Config{Store: store}) // resolves "echo" on its first request
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(node.Collector())
-	srv := httpapi.New(node, httpapi.Options{Registry: reg})
+	srv := httpapi.New(node, node.Control(), httpapi.Options{Registry: reg})
 
 	var ctx fasthttp.RequestCtx // reused, as on a keep-alive connection
 	ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil)
@@ -70,7 +70,7 @@ func TestShutdownDrainsQueuedRequests(t *testing.T) {
 	m := testkit.Slow("slow", 400)
 	m.MaxInstances = 1
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	srv := httpapi.New(e, httpapi.Options{})
+	srv := httpapi.New(e, e.Control(), httpapi.Options{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,5 +1,6 @@
 // Package httpapi is Plover's HTTP front end (fasthttp). It parses requests,
-// calls an Executor and writes responses; it owns no functions itself.
+// calls an Invoker (the request path) or an Admin (the control plane) and
+// writes responses; it owns no functions itself.
 package httpapi
 
 import (
@@ -28,10 +29,15 @@ import (
 	"github.com/plover-run/plover/runtime/registry"
 )
 
-// Executor owns functions and runs requests. The engine implements it in
-// process; a worker-process client can implement it later.
-type Executor interface {
+// Invoker runs requests: the request path (runtime.Engine).
+type Invoker interface {
 	Invoke(ctx context.Context, name string, req *runtime.Request) error
+	Health() (bool, []runtime.DeviceHealth)
+}
+
+// Admin changes and describes what is deployed: the control plane
+// (runtime.Control).
+type Admin interface {
 	Deploy(ctx context.Context, name string, body io.Reader) (runtime.FunctionInfo, error)
 	Function(ctx context.Context, name string) (runtime.FunctionInfo, error)
 	Functions(ctx context.Context) ([]runtime.FunctionInfo, error)
@@ -39,7 +45,6 @@ type Executor interface {
 	Versions(ctx context.Context, name string) (*registry.Record, error)
 	Rollback(ctx context.Context, name, version string) (runtime.FunctionInfo, error)
 	GC(ctx context.Context, grace time.Duration) ([]string, error)
-	Health() (bool, []runtime.DeviceHealth)
 }
 
 // Options configure a Server.
@@ -57,7 +62,8 @@ type Options struct {
 
 // Server serves the Plover HTTP API.
 type Server struct {
-	exec     Executor
+	inv      Invoker
+	adm      Admin
 	opts     Options
 	calls    sync.Pool // *call
 	srv      *fasthttp.Server
@@ -100,8 +106,8 @@ func (c *call) gone() bool {
 	return closed
 }
 
-// New returns a Server over exec.
-func New(exec Executor, opts Options) *Server {
+// New returns a Server over the request path inv and the control plane adm.
+func New(inv Invoker, adm Admin, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 256 << 20
 	}
@@ -111,7 +117,7 @@ func New(exec Executor, opts Options) *Server {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{exec: exec, opts: opts, metrics: newRequestMetrics(opts.Registry)}
+	s := &Server{inv: inv, adm: adm, opts: opts, metrics: newRequestMetrics(opts.Registry)}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
 		c := &call{timing: make([]byte, 0, 160)}
@@ -215,7 +221,7 @@ func (s *Server) method(ctx *fasthttp.RequestCtx, want string) bool {
 func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	switch string(ctx.Method()) {
 	case fasthttp.MethodGet:
-		fi, err := s.exec.Function(ctx, name)
+		fi, err := s.adm.Function(ctx, name)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -224,7 +230,7 @@ func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	case fasthttp.MethodPut:
 		s.deploy(ctx, name)
 	case fasthttp.MethodDelete:
-		if err := s.exec.Delete(ctx, name); err != nil {
+		if err := s.adm.Delete(ctx, name); err != nil {
 			s.fail(ctx, err)
 			return
 		}
@@ -241,7 +247,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 		if !s.method(ctx, fasthttp.MethodGet) {
 			return
 		}
-		rec, err := s.exec.Versions(ctx, name)
+		rec, err := s.adm.Versions(ctx, name)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -258,7 +264,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `body must be {"version":"<version id or its first 8+ characters>"}`)
 			return
 		}
-		fi, err := s.exec.Rollback(ctx, name, body.Version)
+		fi, err := s.adm.Rollback(ctx, name, body.Version)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -279,7 +285,7 @@ func (s *Server) gc(ctx *fasthttp.RequestCtx) {
 		}
 		grace = d
 	}
-	removed, err := s.exec.GC(ctx, grace)
+	removed, err := s.adm.GC(ctx, grace)
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -304,7 +310,7 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 			"Content-Type "+strconv.Quote(ct)+": a bundle is sent as "+bundle.MediaType+" (plover deploy DIR does this)")
 		return
 	}
-	fi, err := s.exec.Deploy(ctx, name, bytes.NewReader(ctx.Request.Body()))
+	fi, err := s.adm.Deploy(ctx, name, bytes.NewReader(ctx.Request.Body()))
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -313,7 +319,7 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 }
 
 func (s *Server) list(ctx *fasthttp.RequestCtx) {
-	fs, err := s.exec.Functions(ctx)
+	fs, err := s.adm.Functions(ctx)
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -322,7 +328,7 @@ func (s *Server) list(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) health(ctx *fasthttp.RequestCtx) {
-	ok, devs := s.exec.Health()
+	ok, devs := s.inv.Health()
 	status, code := "ok", fasthttp.StatusOK
 	if !ok {
 		status, code = "unhealthy", fasthttp.StatusServiceUnavailable
@@ -351,7 +357,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 			// Not ctx: fasthttp closes its Done at the start of a graceful
 			// shutdown, and queued requests are meant to drain then. The
 			// request's own deadline bounds it.
-			err = s.exec.Invoke(context.Background(), name, &c.req)
+			err = s.inv.Invoke(context.Background(), name, &c.req)
 			ctx.Response.SwapBody(c.req.Output)
 			c.req.Input, c.req.Output = nil, nil
 			if err == nil {

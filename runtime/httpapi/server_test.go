@@ -176,7 +176,7 @@ func TestErrorStatuses(t *testing.T) {
 	if resp.StatusCode != 200 || !bytes.HasPrefix(body, []byte("still ok")) {
 		t.Fatalf("after the errors: %d %q", resp.StatusCode, body)
 	}
-	if fi, err := e.Function(t.Context(), "echo"); err != nil || fi.Errors == 0 {
+	if fi, err := e.Control().Function(t.Context(), "echo"); err != nil || fi.Errors == 0 {
 		t.Fatalf("errors not counted: %+v %v", fi, err)
 	}
 }
@@ -216,7 +216,7 @@ func TestConcurrentInvokesAreNotMixed(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	fi, err := e.Function(t.Context(), "echo")
+	fi, err := e.Control().Function(t.Context(), "echo")
 	if err != nil {
 		t.Fatal(err)
 	}
