@@ -322,6 +322,8 @@ func (e *Engine) runFailed(f *function, v *version, p *placement, err error) err
 	var ke *cuda.KernelError
 	var ee *Error
 	switch {
+	case errors.As(err, &ee): // already classified, with its own message
+		return err
 	case errors.As(err, &ke) && errors.As(err, &pe):
 		// The chain faulted its worker's device context: the request failed
 		// like any kernel failure; the worker, and only it, is gone.
@@ -331,8 +333,6 @@ func (e *Engine) runFailed(f *function, v *version, p *placement, err error) err
 		return errorf(KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
 	case errors.As(err, &pe):
 		return e.workerDied(v, p, pe)
-	case errors.As(err, &ee):
-		return err
 	case errors.As(err, &ke):
 		if errors.Is(err, cuda.ErrUnhealthy) {
 			e.cfg.Log.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "error", ke.Msg)

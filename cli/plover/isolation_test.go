@@ -92,6 +92,7 @@ func isolationCases() []isoCase {
 		{name: "connect-tcp", noneSkip: "a kernel in the server process has the server's network", run: caseConnectTCP},
 		{name: "memory-limit", noneSkip: "a kernel in the server process grows the server", run: caseMemoryLimit},
 		{name: "accounting", noneSkip: "no worker processes to account", run: caseAccounting},
+		{name: "ctor-hang", noneSkip: "a constructor that never returns hangs the server's dlopen", run: caseCtorHang},
 		{name: "ctor-crash", noneSkip: "a library constructor that crashes on dlopen takes the server down", run: caseCtorCrash},
 	}
 }
@@ -1111,5 +1112,20 @@ func caseAccounting(t *testing.T, h *isoHarness) {
 	}
 	if ls := run(t, h.bin, []string{"PLOVER_SERVER=" + h.srv.url}, "ls"); !strings.Contains(ls, strconv.Itoa(pid)+" ") {
 		t.Errorf("plover ls does not show worker %d:\n%s", pid, ls)
+	}
+}
+
+// caseCtorHang: a library whose constructor never returns. The request's
+// deadline bounds the load (504 at the deadline, the worker killed), and
+// the function keeps answering so rather than wedging.
+func caseCtorHang(t *testing.T, h *isoHarness) {
+	lib := testkit.BuildLib(t, testkit.HostileCtorSource(), t.TempDir(), "hang.so", "-DPLOVER_CTOR_HANG")
+	h.mustDeploy(t, hostileManifest("ctor-hang", launch("echo", 1, 64)), lib)
+	for i := 0; i < 2; i++ {
+		t0 := time.Now()
+		expectError(t, h.invoke(t, "ctor-hang", []byte("x"), 500), 504, "timeout", "loading")
+		if d := time.Since(t0); d > 3*time.Second {
+			t.Errorf("504 after %v, want about the 500 ms deadline", d)
+		}
 	}
 }

@@ -11,7 +11,15 @@ PLOVER_BUNDLE("host");
 // Not visible to the compiler as null, so the store is a real write to 0.
 static int *volatile ctor_null = NULL;
 
+#ifdef PLOVER_CTOR_HANG
+// Built with -DPLOVER_CTOR_HANG: the constructor never returns instead.
+#include <unistd.h>
+__attribute__((constructor)) static void hang_on_load(void) {
+  for (;;) pause();
+}
+#else
 __attribute__((constructor)) static void crash_on_load(void) { *ctor_null = 1; }
+#endif
 
 // echo: never reached, since loading the library already crashed.
 PLOVER_ENTRY(echo) {
