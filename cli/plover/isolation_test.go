@@ -35,6 +35,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/worker/contain"
 )
 
 func TestIsolationProcess(t *testing.T) { runIsolation(t, "process") }
@@ -1024,6 +1025,9 @@ func liveTasks(pid int) int {
 // function's worker (Landlock scopes signals to the worker's own domain;
 // uid separation alone would not, since all workers share --worker-user).
 func caseSignalOthers(t *testing.T, h *isoHarness) {
+	if abi := contain.LandlockABI(); abi < 6 {
+		t.Skipf("this kernel's Landlock (ABI %d) cannot scope signals (ABI 6)", abi)
+	}
 	h.mustDeploy(t, hostileManifest("whoami", launch("whoami", 1, 1)), h.hostile)
 	h.mustDeploy(t, hostileManifest("signaller", launch("signal_pid", 1, 1)), h.hostile)
 	r := h.invoke(t, "whoami", []byte("?"), crashTimeout)
@@ -1048,6 +1052,9 @@ func caseSignalOthers(t *testing.T, h *isoHarness) {
 // caseConnectTCP: a worker cannot open TCP connections, not even to the
 // server it runs under.
 func caseConnectTCP(t *testing.T, h *isoHarness) {
+	if abi := contain.LandlockABI(); abi < 4 {
+		t.Skipf("this kernel's Landlock (ABI %d) has no TCP rules (ABI 4)", abi)
+	}
 	h.mustDeploy(t, hostileManifest("connect", launch("connect_tcp", 1, 1)), h.hostile)
 	addr := strings.TrimPrefix(h.srv.url, "http://")
 	r := h.invoke(t, "connect", []byte(addr), crashTimeout)
