@@ -257,12 +257,18 @@ func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device
 	if err := os.RemoveAll(stages); err != nil {
 		return nil, fmt.Errorf("--isolation process: %w", err)
 	}
-	if err := os.MkdirAll(stages, 0o700); err != nil {
+	if err := os.Mkdir(stages, 0o700); err != nil { // not MkdirAll: never through a planted symlink
 		return nil, fmt.Errorf("--isolation process: %w", err)
 	}
 	mps := false
 	if len(devs) > 0 && devs[0].Target() == abi.TargetCUDA {
 		mps = f.mps || worker.MPSRunning()
+		if mps && drop != nil {
+			// MPS serves one uid at a time: a client of another uid waits
+			// until the running server's clients (this process's own
+			// context, as root) are gone, that is for ever.
+			return nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
+		}
 		if mps {
 			log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
 		}

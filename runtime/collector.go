@@ -1,8 +1,6 @@
 package runtime
 
 import (
-	"strconv"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -31,10 +29,11 @@ var (
 		"1 while the device can run requests.", []string{"device"}, nil)
 	descCache = prometheus.NewDesc("plover_bundle_cache_bytes",
 		"Unpacked bundles in the node cache.", nil, nil)
+	// No pid label: every new worker would start a new series.
 	descWorkerRSS = prometheus.NewDesc("plover_worker_resident_bytes",
-		"Resident memory of the worker process running the function on a device.", []string{"function", "device", "pid"}, nil)
+		"Resident memory of the worker process running the function on a device.", []string{"function", "device"}, nil)
 	descWorkerThreads = prometheus.NewDesc("plover_worker_threads",
-		"Threads of the worker process running the function on a device.", []string{"function", "device", "pid"}, nil)
+		"Threads of the worker process running the function on a device.", []string{"function", "device"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -65,9 +64,8 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, p := range ps {
 			if r, ok := p.prog.(processReporter); ok {
 				st := r.Process()
-				pid := strconv.Itoa(st.PID)
-				ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(st.RSSBytes), f.name, p.dev.Name(), pid)
-				ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(st.Threads), f.name, p.dev.Name(), pid)
+				ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(st.RSSBytes), f.name, p.dev.Name())
+				ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(st.Threads), f.name, p.dev.Name())
 			}
 		}
 	}

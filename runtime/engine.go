@@ -246,7 +246,11 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		v.put(in, true, time.Now())
 		e.workerDied(v, in.dev, exitOf(err))
 		r.Input, r.Output = nil, nil
-		if !time.Now().Before(deadline) {
+		now := time.Now()
+		if b := v.backoffUntil.Load(); b != 0 && now.UnixNano() < b {
+			return v.backoffError(b)
+		}
+		if !now.Before(deadline) {
 			return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", f.name)
 		}
 		if in, fresh, err = e.take(ctx, v, deadline); err != nil {

@@ -30,8 +30,15 @@ func newLedger() ledger {
 type eviction struct {
 	dev       cuda.Device
 	bytes     int64
-	instances []*instance
+	instances []evictedInstance
 	versions  []funcVersion
+}
+
+// evictedInstance holds a reference on its version, like a request, so the
+// version is not torn down before the instance is closed.
+type evictedInstance struct {
+	in *instance
+	v  *version
 }
 
 // reserve makes need bytes available on dev for forV, evicting least
@@ -55,9 +62,9 @@ func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) (func(), er
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
 		for avail+ev.bytes < need {
-			if in, ok := e.takeIdleInstance(dev); ok {
-				ev.instances = append(ev.instances, in)
-				ev.bytes += in.bytes
+			if ei, ok := e.takeIdleInstance(dev); ok {
+				ev.instances = append(ev.instances, ei)
+				ev.bytes += ei.in.bytes
 				continue
 			}
 			if fv, bytes, ok := e.idleFunction(dev, forV); ok && e.detach(fv.f, fv.v) {
@@ -65,6 +72,7 @@ func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) (func(), er
 				ev.bytes += bytes
 				continue
 			}
+			l.freeing[dev] += ev.bytes
 			l.mu.Unlock()
 			e.free(ev, need, avail)
 			return nil, errorf(KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
@@ -75,9 +83,6 @@ func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) (func(), er
 	l.freeing[dev] += ev.bytes
 	l.mu.Unlock()
 	e.free(ev, need, avail)
-	l.mu.Lock()
-	l.freeing[dev] -= ev.bytes
-	l.mu.Unlock()
 	return func() {
 		l.mu.Lock()
 		l.pending[dev] -= need
@@ -85,13 +90,25 @@ func (e *Engine) reserve(dev cuda.Device, need int64, forV *version) (func(), er
 	}, nil
 }
 
-// free closes what an eviction chose: outside the ledger's lock.
+// free closes what an eviction chose, outside the ledger's lock. Each
+// victim's bytes leave freeing just before it is closed: from then on the
+// device's own count shows them free, and they must not count twice.
 func (e *Engine) free(ev eviction, need, avail int64) {
-	for _, in := range ev.instances {
-		in.inst.Close()
+	unfree := func(n int64) {
+		e.mem.mu.Lock()
+		e.mem.freeing[ev.dev] -= n
+		e.mem.mu.Unlock()
+	}
+	for _, ei := range ev.instances {
+		unfree(ei.in.bytes)
+		ei.in.inst.Close()
+		ei.v.unref()
 		e.evictions.instances.Add(1)
 	}
 	for _, fv := range ev.versions {
+		if p := fv.v.placement(ev.dev); p != nil {
+			unfree(p.prog.ConstantsBytes())
+		}
 		fv.v.retire()
 		e.evictions.functions.Add(1)
 		e.cfg.Log.Info("evicted idle function", "function", fv.f.name, "device", ev.dev.Name(), "needed_bytes", need, "free_bytes", avail)
@@ -151,9 +168,9 @@ func (e *Engine) reclaimable(dev cuda.Device, forV *version) int64 {
 }
 
 // takeIdleInstance removes the least recently used idle instance on dev
-// from its pool (keeping every function's min_instances) and returns it,
-// for the caller to close.
-func (e *Engine) takeIdleInstance(dev cuda.Device) (*instance, bool) {
+// from its pool (keeping every function's min_instances) and returns it
+// with a reference on its version, for the caller to close and unref.
+func (e *Engine) takeIdleInstance(dev cuda.Device) (evictedInstance, bool) {
 	for {
 		var victim *version
 		var oldest time.Time
@@ -173,15 +190,16 @@ func (e *Engine) takeIdleInstance(dev cuda.Device) (*instance, bool) {
 			v.mu.Unlock()
 		}
 		if victim == nil {
-			return nil, false
+			return evictedInstance{}, false
 		}
 		victim.mu.Lock()
 		for i, in := range victim.idle {
-			if in.dev.dev == dev && in.lastUsed.Equal(oldest) && victim.live > victim.policy.min {
+			if in.dev.dev == dev && in.lastUsed.Equal(oldest) && victim.live > victim.policy.min && !victim.dead {
 				victim.idle = append(victim.idle[:i], victim.idle[i+1:]...)
 				victim.live--
+				victim.refs++ // released by free once the instance is closed
 				victim.mu.Unlock()
-				return in, true
+				return evictedInstance{in, victim}, true
 			}
 		}
 		victim.mu.Unlock() // the pool changed meanwhile: look again

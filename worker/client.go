@@ -112,7 +112,29 @@ func (d *Device) Close() error {
 	for _, p := range procs {
 		p.kill("the server is stopping")
 	}
+	// Bounded: their stages go as they are reaped.
+	deadline := time.After(2 * time.Second)
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-deadline:
+			return nil
+		}
+	}
 	return nil
+}
+
+// deviceSelection is the server's device selection, which a worker's
+// ordinal refers to: not secrets, and without them a worker would number
+// the GPUs differently from the server.
+func deviceSelection() []string {
+	var env []string
+	for _, k := range []string{"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
 }
 
 // keepStandby refills the pool whenever a worker is taken from it.
@@ -292,13 +314,14 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 	}
 	cmd := exec.Command(d.opts.Exe, args...)
 	// Nothing of the server's environment: no credentials, no settings.
-	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, env...)
+	cmd.Env = append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, deviceSelection()...), env...)
 	cmd.ExtraFiles = []*os.File{theirs, stageF} // fds 3 and 4: ctlFD, stageFD
 	// A pipe of our own rather than an io.Writer: Wait must not wait for
 	// a forked grandchild that keeps stderr open.
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		ctl.Close()
+		os.RemoveAll(stageDir)
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
 	cmd.Stderr = pw

@@ -47,7 +47,7 @@ func mpsEnv(share int, budget int64, ordinal int) []string {
 	}
 	if budget > 0 {
 		mb := (budget + mpsContextHeadroom + 1<<20 - 1) >> 20
-		env = append(env, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dM", ordinal, mb))
+		env = append(env, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dMB", ordinal, mb))
 	}
 	return env
 }
