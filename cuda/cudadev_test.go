@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -246,6 +247,7 @@ var suite = []struct {
 	{"BadLaunch", testBadLaunch},
 	{"CaptureFallback", testCaptureFallback},
 	{"Concurrent", testConcurrent},
+	{"HostBuffer", testHostBuffer},
 }
 
 func runSuite(t *testing.T, e *bundleEnv) {
@@ -435,6 +437,43 @@ func testGraphReplay(t *testing.T, e *bundleEnv) {
 	}
 	if e.live != nil && e.live[5] < 1 {
 		t.Errorf("fake driver holds %d graph execs, want the cached one", e.live[5])
+	}
+}
+
+// testHostBuffer: an instance given a host buffer (as a worker gives its
+// shared slot) pins it in place, and a run whose input and output are its
+// two halves computes the same as one through the instance's own staging;
+// closing the instance unpins it.
+func testHostBuffer(t *testing.T, e *bundleEnv) {
+	g := e.gpu(t)
+	const maxIn, tmp, out = 300, 512, 200
+	slot, err := syscall.Mmap(-1, 0, maxIn+out, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(slot)
+	var before int64
+	if e.live != nil {
+		before = atomic.LoadInt64(&e.live[1])
+	}
+	inst := newInst(t, g, e, InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: slot})
+	if inst.c.h_ext != 1 {
+		t.Fatal("the instance did not adopt the host buffer")
+	}
+	if e.live != nil && atomic.LoadInt64(&e.live[1]) != before+1 {
+		t.Errorf("fake driver: %d host ranges held, want %d (the one registration)", atomic.LoadInt64(&e.live[1]), before+1)
+	}
+	chain := []Step{e.step(t, "pl_load", 4, 128), e.step(t, "pl_inc", 4, 128), e.step(t, "pl_store", 4, 128)}
+	in := randBytes(rand.New(rand.NewPCG(7, 8)), 250)
+	copy(slot, in)
+	r := &Run{Input: slot[:len(in)], Output: slot[maxIn : maxIn+out], Chain: chain, TmpLen: tmp}
+	mustRun(t, inst, r)
+	if want := chainOut(in, nil, tmp, out, false); !bytes.Equal(slot[maxIn:maxIn+out], want) {
+		t.Errorf("aliased run: %s", firstDiff(slot[maxIn:maxIn+out], want))
+	}
+	inst.Close()
+	if e.live != nil && atomic.LoadInt64(&e.live[1]) != before {
+		t.Errorf("fake driver: %d host ranges held after Close, want %d", atomic.LoadInt64(&e.live[1]), before)
 	}
 }
 

@@ -33,6 +33,8 @@
   X(cuMemGetInfo_v2, (size_t *, size_t *))                               \
   X(cuMemHostAlloc, (void **, size_t, unsigned int))                     \
   X(cuMemFreeHost, (void *))                                             \
+  X(cuMemHostRegister_v2, (void *, size_t, unsigned int))                \
+  X(cuMemHostUnregister, (void *))                                       \
   X(cuMemcpyHtoD_v2, (CUdeviceptr, const void *, size_t))                \
   X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream)) \
   X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))       \
@@ -185,7 +187,7 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
 
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
-                          size_t constant_len, plcu_inst_t **pin,
+                          size_t constant_len, void *host, plcu_inst_t **pin,
                           const char **op) {
   plcu_inst_t *in = calloc(1, sizeof *in);
   if (in == NULL) {
@@ -210,10 +212,20 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
   TRY("cuMemAlloc_v2", d->cuMemAlloc_v2(&in->d_in, max_in ? max_in : 1));
   TRY("cuMemAlloc_v2", d->cuMemAlloc_v2(&in->d_tmp, tmp ? tmp : 1));
   TRY("cuMemAlloc_v2", d->cuMemAlloc_v2(&in->d_out, out ? out : 1));
-  TRY("cuMemHostAlloc", d->cuMemHostAlloc(&in->h_in, max_in ? max_in : 1,
-                                          PLCU_MEMHOSTALLOC_PORTABLE));
-  TRY("cuMemHostAlloc", d->cuMemHostAlloc(&in->h_out, out ? out : 1,
-                                          PLCU_MEMHOSTALLOC_PORTABLE));
+  /* The caller's buffer (a worker's shared slot), pinned where it is, saves
+   * a copy each way; a driver or mapping that refuses it gets staging of
+   * the instance's own. */
+  if (host != NULL && max_in + out > 0 &&
+      d->cuMemHostRegister_v2(host, max_in + out, PLCU_MEMHOSTREGISTER_PORTABLE) == PLCU_SUCCESS) {
+    in->h_ext = 1;
+    in->h_in = host;
+    in->h_out = (char *)host + max_in;
+  } else {
+    TRY("cuMemHostAlloc", d->cuMemHostAlloc(&in->h_in, max_in ? max_in : 1,
+                                            PLCU_MEMHOSTALLOC_PORTABLE));
+    TRY("cuMemHostAlloc", d->cuMemHostAlloc(&in->h_out, out ? out : 1,
+                                            PLCU_MEMHOSTALLOC_PORTABLE));
+  }
 #undef TRY
   in->state.input.dat = (uint8_t *)(uintptr_t)in->d_in;
   in->state.input.len = max_in;
@@ -251,8 +263,12 @@ void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu) {
     if (in->d_in) d->cuMemFree_v2(in->d_in);
     if (in->d_tmp) d->cuMemFree_v2(in->d_tmp);
     if (in->d_out) d->cuMemFree_v2(in->d_out);
-    if (in->h_in) d->cuMemFreeHost(in->h_in);
-    if (in->h_out) d->cuMemFreeHost(in->h_out);
+    if (in->h_ext) {
+      d->cuMemHostUnregister(in->h_in);
+    } else {
+      if (in->h_in) d->cuMemFreeHost(in->h_in);
+      if (in->h_out) d->cuMemFreeHost(in->h_out);
+    }
   }
   free(in);
 }
@@ -354,7 +370,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
     r->err_op = "cuCtxSetCurrent";
     return;
   }
-  if (in_len) memcpy(in->h_in, src, in_len);
+  if (in_len && src != in->h_in) memcpy(in->h_in, src, in_len);
   int64_t t1 = now_ns();
 #define STEP(name, call)                 \
   if ((e = (call)) != PLCU_SUCCESS) {    \
@@ -410,7 +426,7 @@ sync:
     if (d->cuEventElapsedTime(&ms[i], in->ev[i], in->ev[i + 1]) != PLCU_SUCCESS)
       ms[i] = 0;
   int64_t t2 = now_ns();
-  if (out_len) memcpy(dst, in->h_out, out_len);
+  if (out_len && dst != in->h_out) memcpy(dst, in->h_out, out_len);
   int64_t t3 = now_ns();
   r->t.copy_in_ns = (t1 - t0) + (int64_t)(ms[0] * 1e6);
   r->t.kernels_ns = (int64_t)(ms[1] * 1e6);

@@ -32,6 +32,7 @@ typedef struct CUgraphExec_st *CUgraphExec;
 #define PLCU_STREAM_NON_BLOCKING 0x1          /* CU_STREAM_NON_BLOCKING */
 #define PLCU_CAPTURE_MODE_THREAD_LOCAL 1      /* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL */
 #define PLCU_MEMHOSTALLOC_PORTABLE 0x1        /* CU_MEMHOSTALLOC_PORTABLE */
+#define PLCU_MEMHOSTREGISTER_PORTABLE 0x1     /* CU_MEMHOSTREGISTER_PORTABLE */
 #define PLCU_EVENT_DEFAULT 0x0                /* CU_EVENT_DEFAULT: timing enabled */
 
 /* Must equal abi.MaxChainLength; cudadev.go checks it at compile time. */
@@ -69,6 +70,7 @@ typedef struct {
   CUevent ev[4];
   CUdeviceptr d_in, d_tmp, d_out;
   void *h_in, *h_out; /* pinned staging, MaxInput and Out bytes */
+  int h_ext;          /* h_in/h_out are the caller's buffer, registered */
   CUgraphExec exec;   /* the one cached graph, or NULL */
   plover_state_t state;
   plcu_result_t res;
@@ -103,10 +105,14 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
                    const void *src, size_t n);
 
 /* Allocates an instance with its stream, events, device buffers and pinned
- * staging. On failure nothing is left allocated and *op names the call. */
+ * staging: host (max_in + out bytes, input then output), registered in
+ * place, when it is not NULL and the driver accepts it; runs whose src and
+ * dst are those halves then copy nothing on the host. The caller keeps host
+ * mapped until plcu_inst_destroy. On failure nothing is left allocated and
+ * *op names the call. */
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
-                          size_t constant_len, plcu_inst_t **inst,
+                          size_t constant_len, void *host, plcu_inst_t **inst,
                           const char **op);
 /* skip_gpu: the context is poisoned; free only the C struct. */
 void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu);

@@ -70,6 +70,11 @@ type InstanceConfig struct {
 	// (nil when the bundle has none) and entry table.
 	Constants Constants
 	Entries   *Entries
+	// Host, when set, is memory of MaxInput+Out bytes outside the Go heap
+	// (a worker's shared slot) that stays mapped while the instance lives.
+	// A CUDA instance pins it in place and copies straight between it and
+	// the device when a Run's Input and Output are its two halves.
+	Host []byte
 }
 
 // Constants is a read-only device buffer shared by a program's instances.

@@ -142,7 +142,7 @@ func (p *program) ConstantsBytes() int64 {
 }
 
 func (p *program) NewInstance(cfg InstanceConfig) (Instance, error) {
-	cfg.Constants, cfg.Entries = p.consts, p.ents
+	cfg.Constants, cfg.Entries = p.consts, p.ents // Host passes through
 	return p.dev.NewInstance(cfg)
 }
 

@@ -206,7 +206,7 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 		return fail(fmt.Errorf("new instance: map the slot: %w", err))
 	}
 	unix.Close(memfd) // the mapping keeps the memory
-	inst, err := w.prog.NewInstance(cuda.InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out})
+	inst, err := w.prog.NewInstance(cuda.InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: slot})
 	if err != nil {
 		unix.Munmap(slot)
 		unix.Close(sock)

@@ -263,6 +263,20 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
   return OK;
 }
 
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) {
+  NEED_CTX();
+  if (p == NULL || n == 0 || (flags & ~15u)) return INVALID_VALUE;
+  COUNT(1, 1); /* counted with host allocations: each must be undone */
+  return OK;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p) {
+  NEED_CTX();
+  if (p == NULL) return INVALID_VALUE;
+  COUNT(1, -1);
+  return OK;
+}
+
 EXPORT CUresult cuMemFreeHost(void *p) {
   NEED_CTX();
   free(p);
