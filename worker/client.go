@@ -64,6 +64,9 @@ type Device struct {
 	closed bool
 
 	landlockLogged atomic.Bool
+	startFailures  atomic.Int32 // workers in a row that exited before ready
+	lastStartErr   atomic.Value // string: the last one's reason
+	lastStartFail  atomic.Int64 // when (Unix ns)
 }
 
 var _ cuda.Device = (*Device)(nil)
@@ -83,9 +86,33 @@ func NewDevice(opts Options) *Device {
 	return d
 }
 
-func (d *Device) Target() string        { return d.opts.Base.Target() }
-func (d *Device) Name() string          { return d.opts.Base.Name() }
-func (d *Device) Health() error         { return d.opts.Base.Health() }
+func (d *Device) Target() string { return d.opts.Base.Target() }
+func (d *Device) Name() string   { return d.opts.Base.Name() }
+
+// Health is the server's view of the device, and unhealthy too while the
+// last startFailureLimit workers in a row could not open it: a fault that
+// persists across workers is the device's, one that ends a worker is not.
+func (d *Device) Health() error {
+	if err := d.opts.Base.Health(); err != nil {
+		return err
+	}
+	// It lapses a while after the last failure, so that a request (or the
+	// standby pool) tries a worker again and a recovered device comes back.
+	if n := d.startFailures.Load(); n >= startFailureLimit && time.Since(time.Unix(0, d.lastStartFail.Load())) < startFailureHold {
+		why, _ := d.lastStartErr.Load().(string)
+		return fmt.Errorf("%s: %w: the last %d workers could not open it: %s", d.Name(), cuda.ErrUnhealthy, n, why)
+	}
+	return nil
+}
+
+// startFailureLimit is how many workers in a row must fail to open the
+// device before it is reported unhealthy, for startFailureHold after the
+// last one.
+const (
+	startFailureLimit = 3
+	startFailureHold  = 10 * time.Second
+)
+
 func (d *Device) Standby() int          { return len(d.standby) }
 func (d *Device) MemInfo() cuda.MemInfo { return d.memInfo() }
 
@@ -362,8 +389,13 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 			p.kill("it did not start in time")
 			return nil, fmt.Errorf("start worker: %w", cuda.ErrDeadline)
 		}
-		return nil, p.lost("starting")
+		err := p.lost("starting")
+		d.lastStartErr.Store(err.Error())
+		d.lastStartFail.Store(time.Now().UnixNano())
+		d.startFailures.Add(1)
+		return nil, err
 	}
+	d.startFailures.Store(0)
 	if d.opts.Landlock && p.buf[5] == 0 && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
 	}

@@ -161,3 +161,34 @@ func TestCUDAWorkerUnderMPS(t *testing.T) {
 		t.Errorf("the MPS worker does not serve its bundle: %v", err)
 	}
 }
+
+// TestDeviceUnhealthyWhenWorkersCannotOpenIt: one worker's failure is the
+// worker's; workers failing to open the device in a row make it unhealthy,
+// saying why, until one starts again.
+func TestDeviceUnhealthyWhenWorkersCannotOpenIt(t *testing.T) {
+	_, dir := fakeCUDA(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: "/nonexistent/libcuda.so.1",
+		Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
+	defer d.Close()
+	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64})
+	for i := 1; i <= startFailureLimit; i++ {
+		if _, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m}); err == nil {
+			t.Fatal("a worker without a driver loaded a CUDA bundle")
+		}
+		if err := d.Health(); (err == nil) != (i < startFailureLimit) {
+			t.Fatalf("after %d failed starts: Health() = %v", i, err)
+		}
+	}
+	if err := d.Health(); !errors.Is(err, cuda.ErrUnhealthy) || !strings.Contains(err.Error(), "could not open") {
+		t.Errorf("Health() = %v, want ErrUnhealthy saying the workers could not open it", err)
+	}
+	d.opts.Driver = filepath.Join(fake.dir, "libfakecuda.so") // the device comes back
+	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if err := d.Health(); err != nil {
+		t.Errorf("after a worker started again: Health() = %v", err)
+	}
+}
