@@ -22,16 +22,20 @@ const (
 
 // Manifest is plover.json: what to load and what to run for each request.
 type Manifest struct {
-	Name          string   `json:"name"`
-	ABI           int      `json:"abi"`
-	Target        string   `json:"target"`
-	Library       string   `json:"library"`
-	Constants     string   `json:"constants,omitempty"`
-	MaxInputBytes int64    `json:"max_input_bytes"`
-	TmpBytes      int64    `json:"tmp_bytes"`
-	OutBytes      int64    `json:"out_bytes"`
-	ZeroTmp       bool     `json:"zero_tmp"`
-	Chain         []Launch `json:"chain"`
+	Name          string `json:"name"`
+	ABI           int    `json:"abi"`
+	Target        string `json:"target"`
+	Library       string `json:"library"`
+	Constants     string `json:"constants,omitempty"`
+	MaxInputBytes int64  `json:"max_input_bytes"`
+	TmpBytes      int64  `json:"tmp_bytes"`
+	OutBytes      int64  `json:"out_bytes"`
+	ZeroTmp       bool   `json:"zero_tmp"`
+	// ZeroOut (default true) zeroes out before every request, so that no
+	// response byte comes from an earlier request; false is for functions
+	// whose chain always writes every byte of out.
+	ZeroOut *bool    `json:"zero_out,omitempty"`
+	Chain   []Launch `json:"chain"`
 	// Pool policy; zero values take the server's defaults.
 	// MinInstances are created at deploy and at server start and never
 	// released for idleness; MaxInstances caps concurrency on a node;
@@ -50,6 +54,9 @@ type Manifest struct {
 	// may use under NVIDIA MPS (1..100; 0: no limit). Ignored without MPS.
 	GPUShare int `json:"gpu_share,omitempty"`
 }
+
+// ZeroesOut reports whether out is zeroed before each request.
+func (m *Manifest) ZeroesOut() bool { return m.ZeroOut == nil || *m.ZeroOut }
 
 // IdleTTLDuration parses IdleTTL; ok is false when it is unset.
 func (m *Manifest) IdleTTLDuration() (d time.Duration, ok bool) {

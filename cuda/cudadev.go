@@ -570,7 +570,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		out = unsafe.Pointer(&r.Output[0])
 	}
 	C.plcu_run(i.c, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)), C.size_t(r.TmpLen),
-		boolInt(r.ZeroTmp), C.int(len(r.Chain)), mode, i.cfg.Entries.lastErrorFn())
+		zeroFlags(r), C.int(len(r.Chain)), mode, i.cfg.Entries.lastErrorFn())
 	res := &i.c.res
 	r.Timing = Timing{
 		CopyIn:  time.Duration(res.t.copy_in_ns),

@@ -358,7 +358,7 @@ static int capture(plcu_inst_t *in, int n, void *last_error, plcu_result_t *r) {
  * about a microsecond each and leave the work queued back to back.
  */
 void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
-              size_t out_len, size_t tmp_len, int zero_tmp, int nsteps,
+              size_t out_len, size_t tmp_len, int zero, int nsteps,
               int mode, void *last_error) {
   const plcu_driver_t *d = in->drv;
   plcu_result_t *r = &in->res;
@@ -382,7 +382,9 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   if (in_len)
     STEP("cuMemcpyHtoDAsync_v2",
          d->cuMemcpyHtoDAsync_v2(in->d_in, in->h_in, in_len, in->stream));
-  if (zero_tmp && tmp_len)
+  if ((zero & PLOVER_ZERO_OUT) && out_len)
+    STEP("cuMemsetD8Async", d->cuMemsetD8Async(in->d_out, 0, out_len, in->stream));
+  if ((zero & PLOVER_ZERO_TMP) && tmp_len)
     STEP("cuMemsetD8Async", d->cuMemsetD8Async(in->d_tmp, 0, tmp_len, in->stream));
   STEP("cuEventRecord", d->cuEventRecord(in->ev[1], in->stream));
 

@@ -119,7 +119,7 @@ void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu);
 
 /* One whole request; the result is in in->res. */
 void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
-              size_t out_len, size_t tmp_len, int zero_tmp, int nsteps,
+              size_t out_len, size_t tmp_len, int zero, int nsteps,
               int mode, void *last_error);
 
 #endif

@@ -109,6 +109,7 @@ type Run struct {
 	Chain   []Step
 	TmpLen  int64 // bytes of tmp visible to kernels; <= instance Tmp
 	ZeroTmp bool
+	ZeroOut bool // zero the Output's length of out first: no stale bytes
 	// ChainKey, when nonzero, promises that every Run with the same ChainKey
 	// and the same input, tmp and output lengths runs the same chain, so a
 	// device may record it once and replay it (CUDA graphs). Entry points

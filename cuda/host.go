@@ -179,7 +179,7 @@ func (i *hostInstance) Run(r *Run) error {
 		out = unsafe.Pointer(&r.Output[0])
 	}
 	msg := C.plover_host_run(i.state, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)),
-		C.size_t(r.TmpLen), boolInt(r.ZeroTmp), &i.steps[0], C.int(len(r.Chain)), i.cfg.Entries.lastErrorFn(), i.timing)
+		C.size_t(r.TmpLen), zeroFlags(r), &i.steps[0], C.int(len(r.Chain)), i.cfg.Entries.lastErrorFn(), i.timing)
 	r.Timing = Timing{
 		CopyIn:  time.Duration(i.timing.copy_in_ns),
 		Kernels: time.Duration(i.timing.kernels_ns),
@@ -189,6 +189,18 @@ func (i *hostInstance) Run(r *Run) error {
 		return &KernelError{Msg: C.GoString(msg)}
 	}
 	return nil
+}
+
+// zeroFlags is what r asks zeroed before its chain, for the C runners.
+func zeroFlags(r *Run) C.int {
+	var z C.int
+	if r.ZeroTmp {
+		z |= C.PLOVER_ZERO_TMP
+	}
+	if r.ZeroOut {
+		z |= C.PLOVER_ZERO_OUT
+	}
+	return z
 }
 
 func boolInt(b bool) C.int {

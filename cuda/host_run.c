@@ -21,14 +21,15 @@ void *plover_host_alloc(size_t n) {
 
 const char *plover_host_run(plover_state_t *st, const void *in, size_t in_len,
                             void *out, size_t out_len, size_t tmp_len,
-                            int zero_tmp, const plover_step_t *steps, int n,
+                            int zero, const plover_step_t *steps, int n,
                             void *last_error, plover_timing_t *t) {
   int64_t t0 = now_ns();
   if (in_len) memcpy(st->input.dat, in, in_len);
   st->input.len = in_len;
   st->tmp.len = tmp_len;
   st->out.len = out_len;
-  if (zero_tmp && tmp_len) memset(st->tmp.dat, 0, tmp_len);
+  if ((zero & PLOVER_ZERO_TMP) && tmp_len) memset(st->tmp.dat, 0, tmp_len);
+  if ((zero & PLOVER_ZERO_OUT) && out_len) memset(st->out.dat, 0, out_len);
   int64_t t1 = now_ns();
   for (int i = 0; i < n; i++)
     ((plover_entry_fn)steps[i].fn)(st, steps[i].grid, steps[i].block);

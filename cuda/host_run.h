@@ -18,9 +18,13 @@ typedef struct {
 
 typedef const char *(*plover_last_error_fn)(void);
 
+/* What a run zeroes before the chain (the zero argument of both runners). */
+#define PLOVER_ZERO_TMP 1
+#define PLOVER_ZERO_OUT 2
+
 void *plover_host_alloc(size_t n);
 const char *plover_host_run(plover_state_t *st, const void *in, size_t in_len,
                             void *out, size_t out_len, size_t tmp_len,
-                            int zero_tmp, const plover_step_t *steps, int n,
+                            int zero, const plover_step_t *steps, int n,
                             void *last_error, plover_timing_t *t);
 #endif

@@ -237,7 +237,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	}
 	req.Output = req.Output[:outLen]
 	r := &in.run
-	r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, key, deadline
+	r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
 	err = in.inst.Run(r)
 	if err != nil && beforeRun(err) {
 		// Its worker died while the instance was idle (a chain that ran
@@ -266,7 +266,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 			}
 		}
 		r = &in.run
-		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, key, deadline
+		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
 		err = in.inst.Run(r)
 	}
 	r.Input, r.Output = nil, nil

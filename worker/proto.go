@@ -48,7 +48,7 @@ const (
 
 // Run message: header then steps.
 const (
-	runHeader = 4 + 4 + 8 + 1 + 8 + 2 // in, out, tmp, zero_tmp, chain_key, nsteps
+	runHeader = 4 + 4 + 8 + 1 + 8 + 2 // in, out, tmp, zero flags, chain_key, nsteps
 	stepBytes = 12                    // entry, grid, block
 	runMsgMax = runHeader + abi.MaxChainLength*stepBytes
 	// Run reply: status, copy-in, kernels, copy-out ns, then a message.
@@ -59,6 +59,12 @@ const (
 
 var le = binary.LittleEndian
 
+// The run message's zero flags.
+const (
+	zeroTmp = 1 << iota
+	zeroOut
+)
+
 func encodeRun(b []byte, r *cuda.Run) []byte {
 	b = b[:runHeader]
 	le.PutUint32(b[0:], uint32(len(r.Input)))
@@ -66,7 +72,10 @@ func encodeRun(b []byte, r *cuda.Run) []byte {
 	le.PutUint64(b[8:], uint64(r.TmpLen))
 	b[16] = 0
 	if r.ZeroTmp {
-		b[16] = 1
+		b[16] |= zeroTmp
+	}
+	if r.ZeroOut {
+		b[16] |= zeroOut
 	}
 	le.PutUint64(b[17:], r.ChainKey)
 	le.PutUint16(b[25:], uint16(len(r.Chain)))
@@ -92,7 +101,8 @@ func decodeRun(b []byte, r *cuda.Run, steps []cuda.Step, slot []byte, maxIn, out
 	r.Input = slot[:in]
 	r.Output = slot[maxIn : maxIn+outLen]
 	r.TmpLen = int64(le.Uint64(b[8:]))
-	r.ZeroTmp = b[16] == 1
+	r.ZeroTmp = b[16]&zeroTmp != 0
+	r.ZeroOut = b[16]&zeroOut != 0
 	r.ChainKey = le.Uint64(b[17:])
 	for k := 0; k < n; k++ {
 		s := b[runHeader+k*stepBytes:]

@@ -185,6 +185,39 @@ func TestConstructorCrashIsAProcessExit(t *testing.T) {
 	}
 }
 
+// TestZeroOutThroughWorker: the run message carries zero_out, so a short
+// request after a long one on a worker's instance sees zeros, not the long
+// one's bytes (the chain writes only as many bytes as its input has).
+func TestZeroOutThroughWorker(t *testing.T) {
+	d := newDevice(t, 0)
+	m := testkit.Manifest("partial")
+	m.Constants, m.OutBytes = "zeros.bin", 64
+	m.Chain = []abi.Launch{{Kernel: "add_constants", Grid: 1, Block: 1}}
+	dir := testkit.BundleDir(t, m, make([]byte, 64))
+	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	in := newInst(t, p, m)
+	steps := []cuda.Step{{Entry: 0, Grid: 1, Block: 1}}
+	out := make([]byte, 64)
+	if err := in.Run(&cuda.Run{Input: bytes.Repeat([]byte{0xAA}, 64), Output: out, Chain: steps, ZeroOut: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, zero := range []bool{true, false} {
+		if err := in.Run(&cuda.Run{Input: []byte{7}, Output: out, Chain: steps, ZeroOut: zero}); err != nil {
+			t.Fatal(err)
+		}
+		if got := out[1]; (got == 0) != zero {
+			t.Errorf("ZeroOut %v: out[1] = %#x after a request of 0xAA bytes", zero, got)
+		}
+		if err := in.Run(&cuda.Run{Input: bytes.Repeat([]byte{0xAA}, 64), Output: out, Chain: steps}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestSlotIsSealed: whoever holds the slot's memfd (the worker) can neither
 // shrink nor grow it, nor lift the seals; it can still write through a
 // shared mapping.

@@ -127,7 +127,7 @@ func directOnce(cdev cuda.Device, dir string, input []byte, res *directResult, l
 	defer inst.Close()
 
 	out := make([]byte, m.OutBytes)
-	r := &cuda.Run{Input: input, Output: out, Chain: steps, TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ChainKey: 1}
+	r := &cuda.Run{Input: input, Output: out, Chain: steps, TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), ChainKey: 1}
 	t0 = time.Now()
 	if err := inst.Run(r); err != nil {
 		return fmt.Errorf("run: %w", err)
