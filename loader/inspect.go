@@ -152,12 +152,17 @@ func (info *Info) Check(path, target string, kernels []string) error {
 }
 
 // CheckEntry allows only functions the library itself defines, outside the
-// reserved plover_ prefix. dlsym on a library handle also searches its
-// dependencies, so without this a chain could name "system" from libc.
+// reserved plover_ prefix and names starting with an underscore. dlsym on a
+// library handle also searches its dependencies, so without this a chain
+// could name "system" from libc; and a C++ library defines many functions
+// that are no entry points (mangled "_Z..." template instantiations, "_init"
+// and "_fini"), which an invoker must not be able to call.
 func (info *Info) CheckEntry(name string) error {
 	switch {
 	case strings.HasPrefix(name, abi.ReservedPrefix):
 		return fmt.Errorf("kernel %q: names starting with %q are reserved for the ABI", name, abi.ReservedPrefix)
+	case strings.HasPrefix(name, "_"):
+		return fmt.Errorf("kernel %q: names starting with an underscore are reserved (C++ mangled names, _init, _fini): an entry point is a PLOVER_ENTRY", name)
 	case !info.Funcs[name]:
 		return fmt.Errorf("does not export kernel %q", name)
 	}

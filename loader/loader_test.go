@@ -34,6 +34,14 @@ PLOVER_BUNDLE("cuda");
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cuda.so")
 	noBundle := testkit.BuildLib(t, writeSrc(t, dir, "nobundle.cu", `#include "plover.h"
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "nobundle.so")
+	// C++ with helpers of external linkage: exported under mangled names,
+	// as in any C++ bundle, and no entry points.
+	cxx := testkit.BuildLib(t, writeSrc(t, dir, "cxx.cu", `#include "plover.h"
+PLOVER_BUNDLE("host");
+void helper(int *p) { *p = 0; }
+template <typename T> T twice(T x) { return x + x; }
+template int twice<int>(int);
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cxx.so")
 	notELF := filepath.Join(dir, "text.so")
 	os.WriteFile(notELF, []byte("#!/bin/sh\necho not a library\n"), 0o644)
 	truncated := filepath.Join(dir, "truncated.so")
@@ -56,6 +64,10 @@ PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "nobundle.so")
 		{"missing kernel", good, []string{"echo", "nope"}, `does not export kernel "nope"`},
 		{"libc function is no kernel", good, []string{"system"}, `does not export kernel "system"`},
 		{"data symbol is no kernel", good, []string{"plover_target"}, "reserved"},
+		{"C++ entry alongside helpers", cxx, []string{"k"}, ""},
+		{"mangled C++ helper is no kernel", cxx, []string{"_Z6helperPi"}, "reserved (C++ mangled names"},
+		{"template instantiation is no kernel", cxx, []string{"_Z5twiceIiET_S0_"}, "reserved (C++ mangled names"},
+		{"_init is no kernel", cxx, []string{"_init"}, "underscore"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
