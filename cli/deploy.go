@@ -47,14 +47,16 @@ func checkDir(dir string) (*abi.Manifest, error) {
 
 func deployCmd() *command {
 	var ep endpoint
+	var force bool
 	return &command{
 		nargs: 1,
 		name:  "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
-		usage: "DIR [--server URL | --store URL]",
+		usage: "DIR [--server URL | --store URL] [--force]",
 		example: "  make samples && plover deploy build/samples/vecadd-host\n" +
 			"  plover deploy build/samples/vecadd-host --store s3://plover-bundles   # no server needed",
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
+			fs.BoolVar(&force, "force", false, "deploy a new version even when the bundle equals the current one")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			m, err := checkDir(args[0])
@@ -67,19 +69,24 @@ func deployCmd() *command {
 			}
 			body, done := withProgress(bytes.NewReader(b), int64(len(b)), "uploading "+m.Name, env)
 			var id string
+			created := true
 			if ep.direct() {
 				reg, err := ep.registry()
 				if err != nil {
 					return err
 				}
-				v, err := reg.Publish(context.Background(), m, body, sha, int64(len(b)))
+				v, c, err := reg.Publish(context.Background(), m, body, sha, int64(len(b)), force)
 				done()
 				if err != nil {
 					return err
 				}
-				id = v.ID
+				id, created = v.ID, c
 			} else {
-				resp, err := ep.client().doSized(http.MethodPut, "/v1/functions/"+m.Name, bundle.MediaType, body, int64(len(b)))
+				path := "/v1/functions/" + m.Name
+				if force {
+					path += "?force=true"
+				}
+				resp, err := ep.client().doSized(http.MethodPut, path, bundle.MediaType, body, int64(len(b)))
 				done()
 				if err != nil {
 					return err
@@ -89,7 +96,11 @@ func deployCmd() *command {
 				if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
 					return fmt.Errorf("reading the server's answer: %w", err)
 				}
-				id = fi.Version
+				id, created = fi.Version, !fi.Unchanged
+			}
+			if !created {
+				fmt.Fprintf(env.Stdout, "%s is unchanged: version %s already has these bytes (sha256 %s); --force deploys them as a new version\n", m.Name, id, sha[:12])
+				return nil
 			}
 			fmt.Fprintf(env.Stdout, "deployed %s version %s (sha256 %s, %s)\n", m.Name, id, sha[:12], humanBytes(int64(len(b))))
 			return nil

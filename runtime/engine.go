@@ -641,7 +641,9 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 
 // Deploy verifies a bundle, stores it, and makes it the current version of
 // name. Nothing in the bundle runs here: the library is checked statically.
-func (c *Control) Deploy(ctx context.Context, name string, body io.Reader) (FunctionInfo, error) {
+// A bundle equal to the current version changes nothing (the info says
+// Unchanged) unless force is set.
+func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
 		return FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
@@ -675,11 +677,20 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader) (Func
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}
-	rv, err := e.reg.Publish(ctx, m, tmp, sha, n)
+	rv, created, err := e.reg.Publish(ctx, m, tmp, sha, n, force)
 	if err != nil {
 		return FunctionInfo{}, unavailable(err, "deploy %s: cannot write to the store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
+	if !created {
+		f, err := e.lookup(ctx, name)
+		if err != nil {
+			return FunctionInfo{}, err
+		}
+		fi := e.info(f, rv, e.versionCount(ctx, name))
+		fi.Unchanged = true
+		return fi, nil
+	}
 	f, _ := e.switchTo(name, rv, 0)
 	if f == nil {
 		return FunctionInfo{}, errorf(KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)

@@ -226,13 +226,13 @@ func TestDeployRefusals(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = e.Control().Deploy(ctx, tt.deploy, bytes.NewReader(b))
+			_, err = e.Control().Deploy(ctx, tt.deploy, bytes.NewReader(b), false)
 			if runtime.KindOf(err) != tt.want {
 				t.Fatalf("Deploy: %v (kind %v), want kind %v", err, runtime.KindOf(err), tt.want)
 			}
 		})
 	}
-	if _, err := e.Control().Deploy(ctx, "fn", bytes.NewReader([]byte("garbage"))); runtime.KindOf(err) != runtime.KindInvalid {
+	if _, err := e.Control().Deploy(ctx, "fn", bytes.NewReader([]byte("garbage")), false); runtime.KindOf(err) != runtime.KindInvalid {
 		t.Fatalf("garbage bundle: %v", err)
 	}
 	if fs, err := e.Control().Functions(ctx); err != nil || len(fs) != 0 {

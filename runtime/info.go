@@ -33,6 +33,9 @@ type FunctionInfo struct {
 	// Workers are the processes the current version runs in (with
 	// --isolation process): one per device it is loaded on.
 	Workers []cuda.ProcessStats `json:"workers,omitempty"`
+	// Unchanged: a deploy found the bundle equal to the current version
+	// and created none.
+	Unchanged bool `json:"unchanged,omitempty"`
 }
 
 func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionInfo {

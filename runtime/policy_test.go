@@ -174,7 +174,10 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	e := testkit.Engine(t, runtime.Config{})
 	m := testkit.Manifest("fn")
 	m.MaxInstances, m.MaxQueue = 1, 1
-	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 700, Block: 1}, {Kernel: "count", Grid: 1, Block: 1}}
+	// 1.5 s per request: the window in which the test observes a request
+	// running must outlast a poll on a loaded 2-core machine (700 ms once
+	// did not, under the whole suite).
+	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 1500, Block: 1}, {Kernel: "count", Grid: 1, Block: 1}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	ctx := context.Background()
 	invoke(t, e, "fn", nil) // warm up: count = 1

@@ -1,11 +1,13 @@
 package runtime_test
 
 import (
+	"bytes"
 	"context"
 	"path/filepath"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
@@ -74,5 +76,47 @@ func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
 	b.Refresh(ctx)
 	if err := b.Invoke(ctx, "fn", &runtime.Request{}); runtime.KindOf(err) != runtime.KindNotFound {
 		t.Fatalf("node b after delete: %v", err)
+	}
+}
+
+// Deploying the bytes of the current version creates no version and says
+// so; force creates one; different bytes create one as always.
+func TestDeployUnchanged(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	ctx := context.Background()
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	b, _, _, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deploy := func(body []byte, force bool) runtime.FunctionInfo {
+		t.Helper()
+		fi, err := e.Control().Deploy(ctx, "fn", bytes.NewReader(body), force)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi
+	}
+	first := deploy(b, false)
+	for _, tc := range []struct {
+		name      string
+		force     bool
+		unchanged bool
+		versions  int
+	}{{"same bytes", false, true, 1}, {"same bytes again", false, true, 1}, {"same bytes, force", true, false, 2}} {
+		fi := deploy(b, tc.force)
+		if fi.Unchanged != tc.unchanged || fi.Versions != tc.versions || (tc.unchanged && fi.Version != first.Version) {
+			t.Errorf("%s: unchanged %v, %d versions, version %s; want unchanged %v, %d versions (first %s)",
+				tc.name, fi.Unchanged, fi.Versions, fi.Version, tc.unchanged, tc.versions, first.Version)
+		}
+	}
+	m := testkit.Manifest("fn")
+	m.OutBytes++
+	b2, _, _, err := bundle.PackBytes(testkit.BundleDir(t, m, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi := deploy(b2, false); fi.Unchanged || fi.Versions != 3 {
+		t.Errorf("different bytes: unchanged %v, %d versions; want a third version", fi.Unchanged, fi.Versions)
 	}
 }

@@ -125,6 +125,17 @@ func TestEndToEnd(t *testing.T) {
 	if out := run(t, bin, env, "deploy", bundle); !strings.Contains(out, "deployed vecadd version") {
 		t.Fatalf("deploy said %q", out)
 	}
+	// The same bytes again: no new version, and the CLI says so (the
+	// server answers 200 with "unchanged", not 201); --force makes one.
+	if out := run(t, bin, env, "deploy", bundle); !strings.Contains(out, "vecadd is unchanged") {
+		t.Fatalf("second deploy of the same bytes said %q", out)
+	}
+	if out := run(t, bin, env, "deploy", bundle, "--force"); !strings.Contains(out, "deployed vecadd version") {
+		t.Fatalf("deploy --force said %q", out)
+	}
+	if out := run(t, bin, env, "versions", "vecadd"); strings.Count(out, "\n") != 3 {
+		t.Fatalf("versions after deploy, unchanged deploy, --force (want 2 and a header):\n%s", out)
+	}
 	if out := run(t, bin, env, "ls"); !strings.Contains(out, "vecadd") {
 		t.Fatalf("ls said %q", out)
 	}

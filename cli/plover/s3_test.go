@@ -54,8 +54,8 @@ func TestS3(t *testing.T) {
 	other := testkit.Manifest("other")
 	otherDir := testkit.BundleDir(t, other, nil)
 
-	deploy := func(dir string) string {
-		out := run(t, bin, nil, "deploy", dir, "--store", store)
+	deploy := func(dir string, flags ...string) string {
+		out := run(t, bin, nil, append([]string{"deploy", dir, "--store", store}, flags...)...)
 		var name, id string
 		fmt.Sscanf(out, "deployed %s version %s", &name, &id)
 		return id
@@ -143,8 +143,9 @@ func TestS3(t *testing.T) {
 		if code != 422 || !strings.Contains(string(out), "sha256 mismatch") {
 			t.Fatalf("tampered bundle: %d %s", code, out)
 		}
-		// Deploying the same bundle again repairs the object; the node follows.
-		deploy(otherDir)
+		// Deploying the same bundle again repairs the object; with --force
+		// it is a new version, which the node follows (it refused the old).
+		deploy(otherDir, "--force")
 		waitFor(t, 5*time.Second, func() bool { code, _, _ := invokeHTTP(c.url, "other", []byte{1}); return code == 200 })
 	})
 

@@ -76,7 +76,7 @@ func Deploy(t testing.TB, e *runtime.Engine, dir string) runtime.FunctionInfo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi, err := e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b))
+	fi, err := e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b), false)
 	if err != nil {
 		t.Fatalf("deploy %s: %v", m.Name, err)
 	}

@@ -38,7 +38,7 @@ type Invoker interface {
 // Admin changes and describes what is deployed: the control plane
 // (runtime.Control).
 type Admin interface {
-	Deploy(ctx context.Context, name string, body io.Reader) (runtime.FunctionInfo, error)
+	Deploy(ctx context.Context, name string, body io.Reader, force bool) (runtime.FunctionInfo, error)
 	Function(ctx context.Context, name string) (runtime.FunctionInfo, error)
 	Functions(ctx context.Context) ([]runtime.FunctionInfo, error)
 	Delete(ctx context.Context, name string) error
@@ -310,12 +310,16 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 			"Content-Type "+strconv.Quote(ct)+": a bundle is sent as "+bundle.MediaType+" (plover deploy DIR does this)")
 		return
 	}
-	fi, err := s.adm.Deploy(ctx, name, bytes.NewReader(ctx.Request.Body()))
+	fi, err := s.adm.Deploy(ctx, name, bytes.NewReader(ctx.Request.Body()), ctx.QueryArgs().GetBool("force"))
 	if err != nil {
 		s.fail(ctx, err)
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusCreated, fi)
+	status := fasthttp.StatusCreated
+	if fi.Unchanged {
+		status = fasthttp.StatusOK // nothing was created
+	}
+	writeJSON(ctx, status, fi)
 }
 
 func (s *Server) list(ctx *fasthttp.RequestCtx) {

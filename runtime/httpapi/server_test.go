@@ -248,3 +248,24 @@ func TestManagementEndpoints(t *testing.T) {
 		t.Fatalf("get after delete: %d", resp.StatusCode)
 	}
 }
+
+// A deploy answers 201 when it creates a version and 200, with
+// "unchanged", when the bytes equal the current version's; ?force=true
+// creates one anyway.
+func TestDeployStatusUnchanged(t *testing.T) {
+	base, _ := setup(t)
+	b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("fresh"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		query     string
+		status    int
+		unchanged bool
+	}{{"", 201, false}, {"", 200, true}, {"?force=true", 201, false}} {
+		resp, body := testkit.Post(t, "PUT", base+"/v1/functions/fresh"+tc.query, bundle.MediaType, b)
+		if resp.StatusCode != tc.status || strings.Contains(string(body), `"unchanged":true`) != tc.unchanged {
+			t.Errorf("PUT%s: %d %s; want %d, unchanged %v", tc.query, resp.StatusCode, body, tc.status, tc.unchanged)
+		}
+	}
+}

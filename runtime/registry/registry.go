@@ -107,8 +107,12 @@ func (g Registry) List(ctx context.Context) ([]*Record, error) {
 
 // Publish stores a bundle (if the store lacks it) and makes it the current
 // version of the function m names. The bundle must already be verified.
-func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64) (Version, error) {
+// Unless force is set, a bundle equal to the current version's (same
+// sha256) creates no version: the current one is returned with created
+// false (its object is still stored again if missing or damaged).
+func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool) (v Version, created bool, err error) {
 	name := m.Name
+
 	// Bundles are content-addressed, so an object already there is reused;
 	// one of the wrong size is damaged and is uploaded again. (Damage that
 	// keeps the size is caught by the sha256 check when a node fetches it.)
@@ -116,25 +120,30 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 	info, err := g.Store.Stat(ctx, key)
 	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && info.Size != size) {
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
-			return Version{}, fmt.Errorf("publish %s: %w", name, err)
+			return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
-		return Version{}, fmt.Errorf("publish %s: %w", name, err)
+		return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
 	}
 	r, err := g.Get(ctx, name)
 	if errors.Is(err, ErrNoFunction) {
 		r, err = &Record{Name: name}, nil
 	}
 	if err != nil {
-		return Version{}, err
+		return Version{}, false, err
 	}
-	v := Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances}
+	// After the object step, so that an unchanged deploy still repairs a
+	// missing or damaged bundle object.
+	if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha {
+		return cv, false, nil
+	}
+	v = Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances}
 	r.Versions = append(r.Versions, v)
 	r.Current = v.ID
 	if err := g.put(ctx, r); err != nil {
-		return Version{}, err
+		return Version{}, false, err
 	}
-	return v, nil
+	return v, true, nil
 }
 
 // Delete removes a function's record, then the bundles only it referenced.
