@@ -174,9 +174,10 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	e := testkit.Engine(t, runtime.Config{})
 	m := testkit.Manifest("fn")
 	m.MaxInstances, m.MaxQueue = 1, 1
-	// 1.5 s per request: the window in which the test observes a request
-	// running must outlast a poll on a loaded 2-core machine (700 ms once
-	// did not, under the whole suite).
+	// 1.5 s per request, and 1 s for the queued request's deadline: the
+	// windows in which the test observes a request running, then one
+	// queued, must outlast a poll on a loaded 2-core machine (700 and
+	// 350 ms once did not, under the whole suite).
 	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 1500, Block: 1}, {Kernel: "count", Grid: 1, Block: 1}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	ctx := context.Background()
@@ -189,7 +190,7 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	var queuedErr error
 	go func() { // queued with a deadline it cannot meet: never runs
 		defer wg.Done()
-		queuedErr = e.Invoke(ctx, "fn", &runtime.Request{Deadline: time.Now().Add(350 * time.Millisecond)})
+		queuedErr = e.Invoke(ctx, "fn", &runtime.Request{Deadline: time.Now().Add(time.Second)})
 	}()
 	testkit.WaitFor(t, e, "fn", "the third request queued", testkit.Busy(1, 1))
 	err := e.Invoke(ctx, "fn", &runtime.Request{}) // queue (1) is full
