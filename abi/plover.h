@@ -78,18 +78,23 @@ typedef void (*plover_entry_fn)(plover_state_t *s, int grid, int block);
  *   const uint32_t plover_abi_version;       PLOVER_ABI_VERSION when built
  *   const char     plover_target[];          "host" or "cuda"
  *   const char    *plover_last_error(void);  NULL, or the first error since
- *                                            the last call (then cleared)
+ *                                            the last call (then cleared):
+ *                                            plover_fail's message, else the
+ *                                            pending CUDA error's name. The
+ *                                            CUDA error is read and cleared
+ *                                            on every call, so it never
+ *                                            leaks into a later request.
  * The error slot is thread-local: the runtime runs a whole chain, and reads
  * the error, on one thread.
  */
 #ifdef __CUDACC__
-#define PLOVER_PENDING_DEVICE_ERROR()                              \
-  do {                                                             \
-    cudaError_t plover_e_ = cudaGetLastError();                    \
-    if (plover_e_ != cudaSuccess) return cudaGetErrorName(plover_e_); \
-  } while (0)
+/* Reads and clears the calling thread's pending CUDA error: NULL or its name. */
+static inline const char *plover_take_device_error_(void) {
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? NULL : cudaGetErrorName(e);
+}
 #else
-#define PLOVER_PENDING_DEVICE_ERROR() do { } while (0)
+static inline const char *plover_take_device_error_(void) { return NULL; }
 #endif
 
 #define PLOVER_BUNDLE(target)                                               \
@@ -101,10 +106,9 @@ typedef void (*plover_entry_fn)(plover_state_t *s, int grid, int block);
   }                                                                         \
   PLOVER_EXPORT const char *plover_last_error(void) {                       \
     const char *m = plover_error_;                                          \
+    const char *d = plover_take_device_error_(); /* always read and cleared */ \
     plover_error_ = NULL;                                                   \
-    if (m != NULL) return m;                                                \
-    PLOVER_PENDING_DEVICE_ERROR();                                          \
-    return NULL;                                                            \
+    return m != NULL ? m : d;                                               \
   }                                                                         \
   typedef int plover_bundle_defined_once_
 
