@@ -17,7 +17,9 @@
  *                every request when the manifest sets zero_tmp, otherwise it
  *                keeps whatever the previous request on this instance left.
  *   s->out       the response (out_bytes), owned by this instance; all
- *                out_bytes are returned, so write every byte.
+ *                out_bytes are returned. Zeroed before every request (so
+ *                no byte of an earlier response shows through) unless the
+ *                manifest sets "zero_out": false.
  *   s->stream    the cudaStream_t to launch on (CUDA target); NULL on the
  *                host target. Never launch on the default stream.
  *
