@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -280,5 +281,30 @@ func rehearse() {
 		if _, err := loader.Inspect(filepath.Join(dir, "libm.so.6")); err == nil || !errors.Is(err, fs.ErrNotExist) {
 			return
 		}
+	}
+}
+
+// BindFlags registers the flags a worker process is started with (the
+// server's spawn writes them) on fs, into cfg. Once fs is parsed, resolve
+// turns --user into cfg.Drop.
+func BindFlags(fs *flag.FlagSet, cfg *Config) (resolve func() error) {
+	var user string
+	fs.StringVar(&cfg.Device, "device", "host", "host | cuda")
+	fs.IntVar(&cfg.Ordinal, "ordinal", 0, "CUDA device ordinal")
+	fs.StringVar(&cfg.Driver, "driver", "", "CUDA driver library (default libcuda.so.1)")
+	fs.Int64Var(&cfg.MemLimit, "memory-limit", 0, "device memory budget in bytes")
+	fs.IntVar(&cfg.ParentPID, "parent", 0, "the server's pid")
+	fs.StringVar(&user, "user", "", "run as UID:GID")
+	fs.BoolVar(&cfg.Landlock, "landlock", false, "restrict the filesystem to the stage and system libraries")
+	return func() error {
+		if user == "" {
+			return nil
+		}
+		id, err := contain.LookupUser(user)
+		if err != nil {
+			return err
+		}
+		cfg.Drop = &id
+		return nil
 	}
 }

@@ -24,23 +24,12 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		var cfg Config
-		var user string
 		fs := flag.NewFlagSet("worker", flag.ExitOnError)
-		fs.StringVar(&cfg.Device, "device", "host", "")
-		fs.IntVar(&cfg.Ordinal, "ordinal", 0, "")
-		fs.StringVar(&cfg.Driver, "driver", "", "")
-		fs.Int64Var(&cfg.MemLimit, "memory-limit", 0, "")
-		fs.IntVar(&cfg.ParentPID, "parent", 0, "")
-		fs.StringVar(&user, "user", "", "")
-		fs.BoolVar(&cfg.Landlock, "landlock", false, "")
+		resolve := BindFlags(fs, &cfg)
 		fs.Parse(os.Args[2:])
-		if user != "" {
-			id, err := contain.LookupUser(user)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
-			}
-			cfg.Drop = &id
+		if err := resolve(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
 		}
 		if err := Serve(cfg); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -128,17 +128,9 @@ func runIsolation(t *testing.T, mode string) {
 	bin := buildPlover(t)
 	h := &isoHarness{mode: mode, bin: bin, env: []string{"AWS_SECRET_ACCESS_KEY=" + secretAWS, "PLOVER_TEST_SECRET=" + secretPlover},
 		client: &http.Client{Timeout: 20 * time.Second}}
-	switch {
-	case serveHasFlag(t, bin, "isolation"):
-		h.args = []string{"--isolation", mode}
-		if mode == "process" {
-			h.args = append(h.args, "--standby-workers", "2")
-		}
-	case mode == "process":
-		t.Fatal("plover serve has no --isolation flag: worker-process isolation is not implemented in this build " +
-			"(this test is its acceptance battery; TestIsolationNone runs today's in-process server)")
-	default:
-		t.Log("plover serve has no --isolation flag yet; its in-process serving is --isolation none")
+	h.args = []string{"--isolation", mode}
+	if mode == "process" {
+		h.args = append(h.args, "--standby-workers", "2")
 	}
 	libs := t.TempDir()
 	h.hostile = testkit.BuildLib(t, testkit.HostileSource(), libs, "hostile.so", "-Wall", "-Wextra")
@@ -781,11 +773,6 @@ func (l *lockedBuf) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-func serveHasFlag(t *testing.T, bin, flag string) bool {
-	out, _ := exec.Command(bin, "serve", "--help").CombinedOutput()
-	return regexp.MustCompile(`(?m)^\s+--?` + regexp.QuoteMeta(flag) + `\b`).Match(out)
 }
 
 // startIsoServer starts `plover serve` on a free port with data and extra
