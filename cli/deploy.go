@@ -17,7 +17,6 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/cuda"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/runtime"
 )
@@ -253,7 +252,7 @@ func rmCmd() *command {
 
 // workers renders a function's worker processes for plover ls: "-" when it
 // runs in the server (--isolation none) or is not loaded.
-func workers(ws []cuda.ProcessStats) string {
+func workers(ws []runtime.WorkerInfo) string {
 	if len(ws) == 0 {
 		return "-"
 	}

@@ -58,15 +58,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(v.waiting.Load()), f.name)
 		ch <- prometheus.MustNewConstMetric(descFuncMem, prometheus.GaugeValue, float64(mem), f.name)
-		v.mu.Lock()
-		ps := append([]*placement(nil), v.placements...)
-		v.mu.Unlock()
-		for _, p := range ps {
-			if r, ok := p.prog.(processReporter); ok {
-				st := r.Process()
-				ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(st.RSSBytes), f.name, p.dev.Name())
-				ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(st.Threads), f.name, p.dev.Name())
-			}
+		for _, w := range v.processes() {
+			ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(w.RSSBytes), f.name, w.Device)
+			ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(w.Threads), f.name, w.Device)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(e.evictions.instances.Load()), "instance")

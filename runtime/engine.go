@@ -226,26 +226,30 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		v.put(in, false, tr)
 		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
 	}
-	if req.Override != nil && req.Override.Chain != nil {
-		if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
-			v.put(in, false, time.Now())
-			return e.runFailed(f, v, in.dev, err)
-		}
-	}
 	if int64(cap(req.Output)) < outLen {
 		req.Output = make([]byte, outLen)
 	}
 	req.Output = req.Output[:outLen]
-	r := &in.run
-	r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
-	err = in.inst.Run(r)
-	if err != nil && beforeRun(err) {
-		// Its worker died while the instance was idle (a chain that ran
-		// past an earlier deadline, a thread the bundle left behind): this
-		// request ran nowhere, so it runs once more on a fresh worker.
+	var r *cuda.Run
+	for retried := false; ; retried = true {
+		if req.Override != nil && req.Override.Chain != nil {
+			if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
+				v.put(in, false, time.Now())
+				return e.runFailed(f, v, in.dev, err)
+			}
+		}
+		r = &in.run
+		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
+		err = in.inst.Run(r)
+		if err == nil || retried || !beforeRun(err) {
+			break
+		}
+		// The instance's worker had died while it was idle (a chain that
+		// ran past an earlier deadline, a thread the bundle left behind):
+		// this request ran nowhere, so it runs once more on a fresh worker.
+		r.Input, r.Output = nil, nil
 		v.put(in, true, time.Now())
 		e.workerDied(v, in.dev, exitOf(err))
-		r.Input, r.Output = nil, nil
 		now := time.Now()
 		if b := v.backoffUntil.Load(); b != 0 && now.UnixNano() < b {
 			return v.backoffError(b)
@@ -259,15 +263,6 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		if req.Start < fresh {
 			req.Start = fresh
 		}
-		if req.Override != nil && req.Override.Chain != nil {
-			if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
-				v.put(in, false, time.Now())
-				return e.runFailed(f, v, in.dev, err)
-			}
-		}
-		r = &in.run
-		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
-		err = in.inst.Run(r)
 	}
 	r.Input, r.Output = nil, nil
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
@@ -292,9 +287,6 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	f.stats.latencyNs.Add(int64(req.Timing.Total))
 	return nil
 }
-
-// liveness is what a program in another process reports about it.
-type liveness interface{ Alive() bool }
 
 // beforeRun reports a run whose worker was gone before the run reached it.
 // A function of its own so the errors.As target escapes only on the error
@@ -509,14 +501,6 @@ func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*ins
 		in := v.idle[n-1]
 		v.idle = v.idle[:n-1]
 		v.mu.Unlock()
-		if lv, ok := in.dev.prog.(liveness); ok && !lv.Alive() {
-			// Its worker died while it was idle (a thread the bundle left
-			// behind, say): start afresh rather than fail this request,
-			// but count the death.
-			v.put(in, true, time.Now())
-			e.workerDied(v, in.dev, &cuda.ProcessExit{PID: -1, Reason: "died", During: "idle"})
-			return e.take(ctx, v, deadline)
-		}
 		if err := in.dev.dev.Health(); err != nil {
 			v.put(in, true, time.Now())
 			return nil, Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())

@@ -32,7 +32,7 @@ type FunctionInfo struct {
 	Hot      int64         `json:"hot_starts"`
 	// Workers are the processes the current version runs in (with
 	// --isolation process): one per device it is loaded on.
-	Workers []cuda.ProcessStats `json:"workers,omitempty"`
+	Workers []WorkerInfo `json:"workers,omitempty"`
 	// Unchanged: a deploy found the bundle equal to the current version
 	// and created none.
 	Unchanged bool `json:"unchanged,omitempty"`
@@ -57,18 +57,25 @@ func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionIn
 	return fi
 }
 
+// WorkerInfo is a process a function's current version runs in, on one
+// device.
+type WorkerInfo struct {
+	Device string `json:"device"`
+	cuda.ProcessStats
+}
+
 // processReporter is a program living in a process of its own.
 type processReporter interface{ Process() cuda.ProcessStats }
 
-// processes reports the processes v's programs live in.
-func (v *version) processes() []cuda.ProcessStats {
+// processes reports the processes v's programs live in (none in process).
+func (v *version) processes() []WorkerInfo {
 	v.mu.Lock()
 	ps := append([]*placement(nil), v.placements...)
 	v.mu.Unlock()
-	var out []cuda.ProcessStats
+	var out []WorkerInfo
 	for _, p := range ps {
 		if r, ok := p.prog.(processReporter); ok {
-			out = append(out, r.Process())
+			out = append(out, WorkerInfo{Device: p.dev.Name(), ProcessStats: r.Process()})
 		}
 	}
 	return out

@@ -113,10 +113,9 @@ const (
 	startFailureHold  = 10 * time.Second
 )
 
-func (d *Device) Standby() int          { return len(d.standby) }
-func (d *Device) MemInfo() cuda.MemInfo { return d.memInfo() }
-
-func (d *Device) memInfo() cuda.MemInfo {
+// MemInfo is the device's memory less what this server's workers were
+// given (the server allocates nothing on the device itself).
+func (d *Device) MemInfo() cuda.MemInfo {
 	b := d.opts.Base.MemInfo()
 	used := d.used.Load()
 	free := min(b.Free, b.Total-used)
@@ -291,8 +290,9 @@ type proc struct {
 	reason   string
 	killed   atomic.Pointer[string] // why the server stopped it
 	memLimit atomic.Int64           // resident bytes it may hold; 0: none
+	said     chan string            // its first line of output (then closed)
 
-	// reaped is set, under mu, once the process has exited and its pid
+	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.
 	mu     sync.Mutex
 	exited bool
@@ -365,7 +365,8 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 		os.RemoveAll(stageDir)
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
-	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax), done: make(chan struct{}), stage: stageDir}
+	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax),
+		done: make(chan struct{}), said: make(chan string, 1), stage: stageDir}
 	d.mu.Lock()
 	closed := d.closed
 	d.procs[p] = struct{}{}
@@ -389,7 +390,7 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 			p.kill("it did not start in time")
 			return nil, fmt.Errorf("start worker: %w", cuda.ErrDeadline)
 		}
-		err := p.lost("starting")
+		err := p.startFailure()
 		d.lastStartErr.Store(err.Error())
 		d.lastStartFail.Store(time.Now().UnixNano())
 		d.startFailures.Add(1)
@@ -437,6 +438,22 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
+// startFailure is the error of a worker that ended before it was ready,
+// with what it said about why (a device it could not open, say): an
+// operator reads it in the request's error and in /healthz, not only in
+// the server's log.
+func (p *proc) startFailure() error {
+	err := p.lost("starting")
+	select {
+	case line, ok := <-p.said:
+		if pe, isExit := err.(*cuda.ProcessExit); ok && isExit && line != "" {
+			pe.Reason += " (it said: " + line + ")"
+		}
+	case <-time.After(200 * time.Millisecond): // it said nothing
+	}
+	return err
+}
+
 // logStderr passes the first lines a worker writes to the server log (its
 // own start-up errors, or what a crashing bundle printed) and drops the rest:
 // a bundle must not be able to flood the server's log.
@@ -444,6 +461,10 @@ func (p *proc) logStderr(r io.ReadCloser) {
 	defer r.Close()
 	sc := bufio.NewScanner(r)
 	for lines := 0; lines < 20 && sc.Scan(); lines++ {
+		if lines == 0 {
+			p.said <- sc.Text()
+			close(p.said)
+		}
 		p.d.opts.Log.Warn("worker output", "pid", p.pid, "line", sc.Text())
 	}
 	// Keep reading, or a worker that writes more would die of SIGPIPE.

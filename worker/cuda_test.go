@@ -172,14 +172,20 @@ func TestDeviceUnhealthyWhenWorkersCannotOpenIt(t *testing.T) {
 	defer d.Close()
 	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64})
 	for i := 1; i <= startFailureLimit; i++ {
-		if _, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m}); err == nil {
+		_, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+		if err == nil {
 			t.Fatal("a worker without a driver loaded a CUDA bundle")
+		}
+		// The worker's own reason reaches the error, not only the log.
+		if !strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
+			t.Errorf("failed start: %v, want it to name the driver the worker could not load", err)
 		}
 		if err := d.Health(); (err == nil) != (i < startFailureLimit) {
 			t.Fatalf("after %d failed starts: Health() = %v", i, err)
 		}
 	}
-	if err := d.Health(); !errors.Is(err, cuda.ErrUnhealthy) || !strings.Contains(err.Error(), "could not open") {
+	if err := d.Health(); !errors.Is(err, cuda.ErrUnhealthy) || !strings.Contains(err.Error(), "could not open") ||
+		!strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
 		t.Errorf("Health() = %v, want ErrUnhealthy saying the workers could not open it", err)
 	}
 	d.opts.Driver = filepath.Join(fake.dir, "libfakecuda.so") // the device comes back

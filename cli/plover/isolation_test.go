@@ -340,14 +340,7 @@ func caseForkAccept(t *testing.T, h *isoHarness) {
 // function ends its worker process and all its threads.
 func caseThreads(t *testing.T, h *isoHarness) {
 	h.mustDeploy(t, hostileManifest("threads", launch("threads", 1, 1)), h.hostile)
-	r := h.invoke(t, "threads", []byte("t"), crashTimeout)
-	if r.code != 200 {
-		t.Fatalf("threads: %d %.300s", r.code, r.body)
-	}
-	pid, err := strconv.Atoi(cstr(r.body))
-	if err != nil {
-		t.Fatalf("threads kernel wrote %q, not a pid", cstr(r.body))
-	}
+	pid := h.pidOf(t, "threads")
 	if pid == h.srv.pid {
 		t.Fatalf("the kernel ran in the server process (pid %d)", pid)
 	}
@@ -1017,11 +1010,7 @@ func caseSignalOthers(t *testing.T, h *isoHarness) {
 	}
 	h.mustDeploy(t, hostileManifest("whoami", launch("whoami", 1, 1)), h.hostile)
 	h.mustDeploy(t, hostileManifest("signaller", launch("signal_pid", 1, 1)), h.hostile)
-	r := h.invoke(t, "whoami", []byte("?"), crashTimeout)
-	if r.code != 200 {
-		t.Fatalf("whoami: %d %.300s", r.code, r.body)
-	}
-	victim := cstr(r.body)
+	victim := strconv.Itoa(h.pidOf(t, "whoami"))
 	for _, target := range []struct{ what, pid string }{
 		{"the server", strconv.Itoa(h.srv.pid)},
 		{"another function's worker", victim},
@@ -1031,8 +1020,8 @@ func caseSignalOthers(t *testing.T, h *isoHarness) {
 			t.Errorf("SIGKILL to %s (pid %s): %d %q, want the kernel to refuse", target.what, target.pid, r.code, cstr(r.body))
 		}
 	}
-	if r := h.invoke(t, "whoami", []byte("?"), crashTimeout); r.code != 200 || cstr(r.body) != victim {
-		t.Errorf("the other function's worker changed: %d %q, was %s", r.code, cstr(r.body), victim)
+	if pid := strconv.Itoa(h.pidOf(t, "whoami")); pid != victim {
+		t.Errorf("the other function's worker changed: %s, was %s", pid, victim)
 	}
 }
 
@@ -1068,20 +1057,17 @@ func caseMemoryLimit(t *testing.T, h *isoHarness) {
 // worker's real pid, resident memory and threads.
 func caseAccounting(t *testing.T, h *isoHarness) {
 	h.mustDeploy(t, hostileManifest("acct", launch("whoami", 1, 1)), h.hostile)
-	r := h.invoke(t, "acct", []byte("?"), crashTimeout)
-	if r.code != 200 {
-		t.Fatalf("whoami: %d %.300s", r.code, r.body)
-	}
-	pid, _ := strconv.Atoi(cstr(r.body))
+	pid := h.pidOf(t, "acct")
 	resp, err := h.client.Get(h.srv.url + "/v1/functions/acct")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var fi struct {
 		Workers []struct {
-			PID      int   `json:"pid"`
-			Resident int64 `json:"resident_bytes"`
-			Threads  int   `json:"threads"`
+			Device   string `json:"device"`
+			PID      int    `json:"pid"`
+			Resident int64  `json:"resident_bytes"`
+			Threads  int    `json:"threads"`
 		} `json:"workers"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&fi)
@@ -1089,8 +1075,8 @@ func caseAccounting(t *testing.T, h *isoHarness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(fi.Workers) != 1 || fi.Workers[0].PID != pid || fi.Workers[0].Resident < 1<<20 || fi.Workers[0].Threads < 2 {
-		t.Fatalf("workers %+v, want one with pid %d, at least 1 MiB resident and 2 threads", fi.Workers, pid)
+	if len(fi.Workers) != 1 || fi.Workers[0].PID != pid || fi.Workers[0].Resident < 1<<20 || fi.Workers[0].Threads < 2 || fi.Workers[0].Device == "" {
+		t.Fatalf("workers %+v, want one on a named device with pid %d, at least 1 MiB resident and 2 threads", fi.Workers, pid)
 	}
 	resp, err = h.client.Get(h.srv.url + "/metrics")
 	if err != nil {
@@ -1122,4 +1108,19 @@ func caseCtorHang(t *testing.T, h *isoHarness) {
 			t.Errorf("504 after %v, want about the 500 ms deadline", d)
 		}
 	}
+}
+
+// pidOf invokes name, whose chain writes the pid of the process it runs in
+// (whoami, threads), and returns that pid.
+func (h *isoHarness) pidOf(t *testing.T, name string) int {
+	t.Helper()
+	r := h.invoke(t, name, []byte("?"), crashTimeout)
+	if r.code != 200 {
+		t.Fatalf("%s: %d %.300s", name, r.code, r.body)
+	}
+	pid, err := strconv.Atoi(cstr(r.body))
+	if err != nil {
+		t.Fatalf("%s wrote %q, not a pid", name, cstr(r.body))
+	}
+	return pid
 }
