@@ -34,8 +34,12 @@ type Manifest struct {
 	// ZeroOut (default true) zeroes out before every request, so that no
 	// response byte comes from an earlier request; false is for functions
 	// whose chain always writes every byte of out.
-	ZeroOut *bool    `json:"zero_out,omitempty"`
-	Chain   []Launch `json:"chain"`
+	ZeroOut *bool `json:"zero_out,omitempty"`
+	// Graph (default true) lets a CUDA device record the chain once as a
+	// CUDA graph and replay it; false calls the entries on every request
+	// (for entries whose host code must run each time). See plover.h.
+	Graph *bool    `json:"graph,omitempty"`
+	Chain []Launch `json:"chain"`
 	// Pool policy; zero values take the server's defaults.
 	// MinInstances are created at deploy and at server start and never
 	// released for idleness; MaxInstances caps concurrency on a node;
@@ -53,7 +57,29 @@ type Manifest struct {
 	// GPUShare is the percentage of the GPU's SMs the function's worker
 	// may use under NVIDIA MPS (1..100; 0: no limit). Ignored without MPS.
 	GPUShare int `json:"gpu_share,omitempty"`
+	// Build says how `plover build` compiles the function from source; the
+	// runtime ignores it.
+	Build *Build `json:"build,omitempty"`
 }
+
+// Build describes a function's sources for `plover build`. Paths are
+// relative to the function directory.
+type Build struct {
+	Sources []string `json:"sources"`
+	// Include directories (default: "include", where plover init puts the
+	// ABI headers).
+	Include []string `json:"include,omitempty"`
+	// CUDAArch lists the SM versions a CUDA build targets, each as a number
+	// ("80", "90"); the last also gets PTX, so newer GPUs JIT it. Default
+	// ["80", "90"].
+	CUDAArch []string `json:"cuda_arch,omitempty"`
+	// Extra flags for g++ (host) and nvcc (cuda).
+	CXXFlags  []string `json:"cxxflags,omitempty"`
+	NVCCFlags []string `json:"nvccflags,omitempty"`
+}
+
+// Graphs reports whether a CUDA device may record and replay the chain.
+func (m *Manifest) Graphs() bool { return m.Graph == nil || *m.Graph }
 
 // ZeroesOut reports whether out is zeroed before each request.
 func (m *Manifest) ZeroesOut() bool { return m.ZeroOut == nil || *m.ZeroOut }
@@ -124,8 +150,8 @@ func (m *Manifest) Validate() error {
 	switch {
 	case !ValidName(m.Name):
 		return &FieldError{"name", fmt.Sprintf("%q must match [a-z0-9][a-z0-9-]{0,62}", m.Name)}
-	case m.ABI != Version:
-		return &FieldError{"abi", fmt.Sprintf("is %d, this runtime speaks ABI %d", m.ABI, Version)}
+	case m.ABI != 1 && m.ABI != Major:
+		return &FieldError{"abi", fmt.Sprintf("is %d, this runtime speaks ABI %d (and loads ABI 1 bundles): the major version the library was built for", m.ABI, Major)}
 	case m.Target != TargetHost && m.Target != TargetCUDA:
 		return &FieldError{"target", fmt.Sprintf("%q must be %q or %q", m.Target, TargetHost, TargetCUDA)}
 	case !fileRE.MatchString(m.Library) || !strings.HasSuffix(m.Library, ".so"):
@@ -160,7 +186,40 @@ func (m *Manifest) Validate() error {
 			return &FieldError{"idle_ttl", fmt.Sprintf("%q must be a non-negative Go duration such as \"30s\" or \"5m\"", m.IdleTTL)}
 		}
 	}
+	if err := m.Build.validate(); err != nil {
+		return err
+	}
 	return ValidateChain("chain", m.Chain)
+}
+
+var (
+	relPathRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*$`)
+	archRE    = regexp.MustCompile(`^[0-9]{2,3}[a-z]?$`)
+)
+
+func (b *Build) validate() error {
+	if b == nil {
+		return nil
+	}
+	if len(b.Sources) == 0 {
+		return &FieldError{"build.sources", "must list at least one source file"}
+	}
+	for i, s := range b.Sources {
+		if !relPathRE.MatchString(s) || strings.Contains(s, "..") {
+			return &FieldError{fmt.Sprintf("build.sources[%d]", i), fmt.Sprintf("%q must be a relative path inside the function directory", s)}
+		}
+	}
+	for i, s := range b.Include {
+		if !relPathRE.MatchString(s) || strings.Contains(s, "..") {
+			return &FieldError{fmt.Sprintf("build.include[%d]", i), fmt.Sprintf("%q must be a relative path inside the function directory", s)}
+		}
+	}
+	for i, a := range b.CUDAArch {
+		if !archRE.MatchString(a) {
+			return &FieldError{fmt.Sprintf("build.cuda_arch[%d]", i), fmt.Sprintf("%q must be an SM version such as \"80\" or \"90\"", a)}
+		}
+	}
+	return nil
 }
 
 // ValidateChain checks a chain's shape (not whether its symbols exist).

@@ -120,7 +120,11 @@ type Run struct {
 	// (a worker process: by killing it) gives up with ErrDeadline. An
 	// in-process device cannot interrupt a kernel and ignores it.
 	Deadline time.Time
-	Timing   Timing
+	// Results. OutLen is how many bytes of Output the chain produced: all of
+	// them, unless an ABI 2 entry lowered s->out.len (the response is then
+	// Output[:OutLen]).
+	OutLen int64
+	Timing Timing
 }
 
 // Timing is measured on the device side of the call.
