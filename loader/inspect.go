@@ -36,10 +36,10 @@ func (e *Error) Unwrap() error { return e.Err }
 // Info is what a static read of a bundle library finds, without running any
 // of its code.
 type Info struct {
-	ABIVersion uint32
-	Target     string
-	Exports    map[string]bool // defined, global dynamic symbols
-	Funcs      map[string]bool // the subset that are functions
+	ABI     abi.ABIVersion // plover_abi_version, decoded
+	Target  string
+	Exports map[string]bool // defined, global dynamic symbols
+	Funcs   map[string]bool // the subset that are functions
 }
 
 var machines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
@@ -102,7 +102,7 @@ func Inspect(path string) (*Info, error) {
 	if err != nil {
 		return nil, &Error{Path: path, Reason: "cannot read " + abi.SymABIVersion, Err: err}
 	}
-	info.ABIVersion = binary.LittleEndian.Uint32(ver)
+	info.ABI = abi.DecodeVersion(binary.LittleEndian.Uint32(ver))
 	tgt, err := symbolBytes(ef, targetSym, 0)
 	if err != nil {
 		return nil, &Error{Path: path, Reason: "cannot read " + abi.SymTarget, Err: err}
@@ -137,8 +137,8 @@ func symbolBytes(ef *elf.File, s *elf.Symbol, n uint64) ([]byte, error) {
 // Check verifies an inspected library against the device target and the
 // kernels a chain names. It is the part of Open that runs no code.
 func (info *Info) Check(path, target string, kernels []string) error {
-	if info.ABIVersion != abi.Version {
-		return &Error{Path: path, Reason: fmt.Sprintf("ABI version %d, this runtime speaks %d", info.ABIVersion, abi.Version)}
+	if err := abi.Accept(info.ABI); err != nil {
+		return &Error{Path: path, Reason: err.Error()}
 	}
 	if info.Target != target {
 		return &Error{Path: path, Reason: fmt.Sprintf("built for target %q, the device is %q", info.Target, target)}

@@ -71,8 +71,8 @@ func (l *Library) resolve(target string, kernels []string) error {
 	if err != nil {
 		return err
 	}
-	if v := *(*uint32)(ver); v != abi.Version {
-		return &Error{Path: l.Path, Reason: fmt.Sprintf("ABI version %d, this runtime speaks %d", v, abi.Version)}
+	if v := abi.DecodeVersion(*(*uint32)(ver)); v != l.Info.ABI {
+		return &Error{Path: l.Path, Reason: fmt.Sprintf("%s reads %s through the dynamic linker but %s in the file", abi.SymABIVersion, v, l.Info.ABI)}
 	}
 	tgt, err := l.Symbol(abi.SymTarget)
 	if err != nil {

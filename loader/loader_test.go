@@ -108,7 +108,7 @@ func TestInspectReadsABIValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.ABIVersion != abi.Version || info.Target != abi.TargetHost {
+	if abi.Accept(info.ABI) != nil || info.Target != abi.TargetHost {
 		t.Fatalf("Inspect = version %d target %q", info.ABIVersion, info.Target)
 	}
 	for _, k := range []string{"echo", "add_one", "count", "fail", "sleep_ms"} {
