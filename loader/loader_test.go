@@ -109,7 +109,7 @@ func TestInspectReadsABIValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	if abi.Accept(info.ABI) != nil || info.Target != abi.TargetHost {
-		t.Fatalf("Inspect = version %d target %q", info.ABIVersion, info.Target)
+		t.Fatalf("Inspect = version %s target %q", info.ABI, info.Target)
 	}
 	for _, k := range []string{"echo", "add_one", "count", "fail", "sleep_ms"} {
 		if !info.Funcs[k] {
