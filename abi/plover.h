@@ -1,41 +1,85 @@
 /*
- * plover.h — the Plover bundle ABI, version 1.
+ * plover.h — the Plover bundle ABI, version 2.0.
  *
- * A bundle is a shared library of kernel entry points plus a manifest
- * (plover.json) naming the chain to run. For every request the runtime fills a
+ * A bundle is a shared library of entry points plus a manifest (plover.json)
+ * naming the chain to run. For every request the runtime fills a
  * plover_state_t and calls each entry of the chain in order, on one thread,
  * with no host work in between:
  *
- *     void entry(plover_state_t *s, int grid, int block);
+ *     PLOVER_ENTRY(name) { ... }   // void name(plover_state_t *s, int grid, int block)
  *
- *   s->input     the request body on the device; len = the request's byte
- *                count (<= manifest max_input_bytes). Read-only.
- *   s->constant  the bundle's constants file on the device, loaded once per
- *                function version and shared read-only by all instances.
- *                dat is NULL and len 0 when the bundle has no constants.
+ * ENTRIES ARE HOST CODE. They run on the CPU and launch kernels; on the CUDA
+ * target every dat pointer below is device memory, so an entry that reads
+ * s->input.dat[0] itself crashes. Read lengths, launch kernels, that's all.
+ *
+ *   s->input     the request body; len = its byte count (<= max_input_bytes).
+ *                Read-only.
+ *   s->constant  the bundle's constants file, byte for byte (no header), put
+ *                on the device once per function version and shared
+ *                read-only by all instances; dat NULL and len 0 without one.
  *   s->tmp       scratch owned by this instance (tmp_bytes). Zeroed before
- *                every request when the manifest sets zero_tmp, otherwise it
- *                keeps whatever the previous request on this instance left.
- *   s->out       the response (out_bytes), owned by this instance; all
- *                out_bytes are returned. Zeroed before every request (so
- *                no byte of an earlier response shows through) unless the
- *                manifest sets "zero_out": false.
- *   s->stream    the cudaStream_t to launch on (CUDA target); NULL on the
- *                host target. Never launch on the default stream.
+ *                every request when the manifest sets zero_tmp; otherwise it
+ *                keeps what the previous request on this instance left.
+ *   s->out       the response, owned by this instance; len = out_bytes.
+ *                Zeroed before every request (no byte of an earlier response
+ *                shows through) unless the manifest sets "zero_out": false.
+ *                An entry may LOWER out.len: the response is the first
+ *                out.len bytes after the chain. Raising it fails the request.
+ *   s->stream    the cudaStream_t to launch on (CUDA); NULL on the host
+ *                target. Never launch on the default stream.
+ *   s->program   yours: what plover_load left there (else NULL), the same
+ *                for every instance of this version on this device.
+ *   s->instance  yours: what plover_instance_init left there (else NULL).
  *
- * grid and block come from the manifest (or a per-request override). An
- * entry must not call back into the runtime, block, or keep pointers into s
- * after it returns.
+ * The runtime resets every field before each request, so an entry that
+ * changes one (other than the dat bytes) affects only the current request.
+ * grid and block come from the manifest or a per-request override. An entry
+ * must not block, call back into the runtime, or keep pointers into s after
+ * it returns.
  *
- * Every bundle invokes PLOVER_BUNDLE("host") or PLOVER_BUNDLE("cuda") in
- * exactly one source file. The runtime refuses a bundle whose
- * plover_abi_version or plover_target does not match its device.
+ * CUDA GRAPHS. On the CUDA target the runtime records a chain's launches
+ * the first time it runs with given input, tmp and out lengths, then replays
+ * the recording: from then on the entries' host code does NOT run. So an
+ * entry's launches (and the out.len it sets) may depend only on the lengths,
+ * grid, block and the buffer pointers, never on a counter, the clock or
+ * host-side state, and any host-side effect happens only when recorded. A
+ * chain that needs its host code on every request sets "graph": false in the
+ * manifest. The host target always calls the entries.
  *
- * Errors: an entry reports failure with plover_fail(s, "message"); the
- * runtime stops nothing mid-chain but fails the request (HTTP 500) with that
- * message after the chain. On the CUDA target a pending cudaGetLastError()
- * is reported the same way. Field order and the buf_t/state_t aliases match
- * PyPlover, so its kernels port by recompiling.
+ * DECLARED ENTRIES. PLOVER_ENTRY records each entry's name in the bundle
+ * (section "plover_entries"); the manifest chain and per-request overrides
+ * may name only those. Use PLOVER_ENTRY once per entry, at its definition.
+ *
+ * LIFECYCLE HOOKS, optional; define any of them with these exact names:
+ *
+ *   PLOVER_EXPORT void plover_load(plover_state_t *s);
+ *       Once per version per device, after the constants are on it and
+ *       before any instance exists: s->constant is WRITABLE during this
+ *       call only (transform weights in place, build tables), s->stream is
+ *       valid, input/tmp/out are empty. Set s->program to share a pointer
+ *       with every instance.
+ *   PLOVER_EXPORT void plover_instance_init(plover_state_t *s);
+ *   PLOVER_EXPORT void plover_instance_fini(plover_state_t *s);
+ *       Once per instance, after its buffers exist and before they are
+ *       freed, with that instance's tmp, out and stream (library handles,
+ *       per-instance set-up); init may set s->instance, fini must free what
+ *       init made. fini's failure is only logged.
+ *
+ * A hook fails with plover_fail: plover_load's failure fails the load (the
+ * function's requests get the message), plover_instance_init's fails the
+ * instance creation. On CUDA the runtime waits for the hook's stream before
+ * it goes on. Hook time shows in the load timing.
+ *
+ * ERRORS. An entry reports failure with plover_fail(s, "message"); the
+ * chain still runs to its end, then the request fails (HTTP 500) with the
+ * message. On the CUDA target a pending cudaGetLastError() is reported the
+ * same way. Field names and the buf_t/state_t aliases match PyPlover, so its
+ * kernels port by recompiling.
+ *
+ * VERSIONS. plover_abi_version is (major << 16) | minor. A runtime loads
+ * bundles of its own major and any minor up to its own (and ABI 1 bundles);
+ * later minors only add fields at the end of plover_state_t (taken from
+ * reserved room, so its size does not change) and new optional hooks.
  */
 #ifndef PLOVER_H
 #define PLOVER_H
@@ -43,7 +87,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PLOVER_ABI_VERSION 1
+#define PLOVER_ABI_MAJOR 2
+#define PLOVER_ABI_MINOR 0
+#define PLOVER_ABI_VERSION ((PLOVER_ABI_MAJOR << 16) | PLOVER_ABI_MINOR)
 
 #ifdef __cplusplus
 #define PLOVER_EXTERN_C extern "C"
@@ -58,11 +104,16 @@ typedef struct plover_buf {
 } plover_buf_t;
 
 typedef struct plover_state {
+  uint32_t size;        /* sizeof(plover_state_t) in the runtime: 160 */
+  uint32_t abi_version; /* the runtime's PLOVER_ABI_VERSION */
   plover_buf_t input;
   plover_buf_t constant;
   plover_buf_t tmp;
   plover_buf_t out;
   void *stream;
+  void *program;
+  void *instance;
+  uint64_t reserved_[8]; /* later minors' fields; zero */
 } plover_state_t;
 
 /* PyPlover names. */
@@ -70,13 +121,18 @@ typedef plover_buf_t buf_t;
 typedef plover_state_t state_t;
 
 typedef void (*plover_entry_fn)(plover_state_t *s, int grid, int block);
+typedef void (*plover_hook_fn)(plover_state_t *s);
 
-/* Declares a kernel entry point with the exported, unmangled name `name`. */
-#define PLOVER_ENTRY(name) \
+/* Defines an entry point with the exported, unmangled name `name` and
+ * declares it in the bundle's entry table. */
+#define PLOVER_ENTRY(name)                                                   \
+  static const char plover_entry_##name##_[]                                \
+      __attribute__((used, section("plover_entries"), aligned(1))) = #name; \
   PLOVER_EXPORT void name(plover_state_t *s, int grid, int block)
 
 /*
- * The runtime resolves these symbols in every bundle:
+ * PLOVER_BUNDLE("host") or PLOVER_BUNDLE("cuda"), in exactly one source file
+ * of the bundle, defines the symbols the runtime reads:
  *   const uint32_t plover_abi_version;       PLOVER_ABI_VERSION when built
  *   const char     plover_target[];          "host" or "cuda"
  *   const char    *plover_last_error(void);  NULL, or the first error since
@@ -114,8 +170,8 @@ static inline const char *plover_take_device_error_(void) { return NULL; }
   }                                                                         \
   typedef int plover_bundle_defined_once_
 
-/* Records a failure for this request; msg must be a string literal or
- * otherwise outlive the request. The first failure wins. */
+/* Records a failure for this request (or hook); msg must be a string literal
+ * or otherwise outlive the call. The first failure wins. */
 PLOVER_EXTERN_C void plover_set_error_(const char *msg);
 #define plover_fail(s, msg) ((void)(s), plover_set_error_(msg))
 

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/plover-run/plover/abi"
 )
 
 // Version is set at build time with -ldflags "-X .../cli.Version=...".
@@ -158,7 +160,7 @@ func versionCmd() *command {
 	return &command{
 		name: "version", summary: "print the plover version and ABI version",
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			fmt.Fprintf(env.Stdout, "plover %s (ABI %d)\n", Version, abiVersion)
+			fmt.Fprintf(env.Stdout, "plover %s (ABI %d.%d; loads ABI 1.0 bundles too)\n", Version, abi.Major, abi.Minor)
 			return nil
 		},
 	}

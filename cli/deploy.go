@@ -36,6 +36,9 @@ func checkDir(dir string) (*abi.Manifest, error) {
 	if err := info.Check(lib, m.Target, abi.Kernels(m.Chain)); err != nil {
 		return nil, err
 	}
+	if err := info.CheckManifestABI(lib, m.ABI); err != nil {
+		return nil, err
+	}
 	if m.Constants != "" {
 		if _, err := os.Stat(filepath.Join(dir, m.Constants)); err != nil {
 			return nil, fmt.Errorf("constants: %w", err)

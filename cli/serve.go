@@ -26,7 +26,6 @@ import (
 	"github.com/plover-run/plover/worker/contain"
 )
 
-const abiVersion = abi.Version
 
 func defaultDataDir() string {
 	if d := os.Getenv("PLOVER_DATA"); d != "" {

@@ -513,12 +513,70 @@ func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
 		host = unsafe.Pointer(&cfg.Host[0]) // not Go memory: C may keep it
 	}
 	code := C.plcu_inst_create(g.drv.c, g.ctx, C.size_t(cfg.MaxInput), C.size_t(cfg.Tmp),
-		C.size_t(cfg.Out), cptr, clen, host, &ci, &op)
+		C.size_t(cfg.Out), cptr, clen, host, boolInt(cfg.Entries.abi1()), cfg.Entries.programPtr(), &ci, &op)
 	if code != 0 {
 		g.used.Add(-n)
 		return nil, fmt.Errorf("%s: instance: %w", g.name, g.check(C.GoString(op), code))
 	}
-	return &gpuInstance{g: g, c: ci, cfg: cfg}, nil
+	inst := &gpuInstance{g: g, c: ci, cfg: cfg}
+	if err := inst.hook(hookInstanceInit); err != nil {
+		inst.Close()
+		return nil, err
+	}
+	return inst, nil
+}
+
+// hook runs an instance hook, if the bundle has it, and waits for it.
+func (i *gpuInstance) hook(k hookKind) error {
+	fn, name := i.cfg.Entries.hookFn(k)
+	if fn == nil {
+		return nil
+	}
+	var code C.CUresult
+	var op *C.char
+	msg := C.plcu_inst_hook(i.c, fn, i.cfg.Entries.lastErrorFn(), &code, &op)
+	return i.g.hookResult(name, msg, code, op)
+}
+
+// hookResult turns what a hook left into an error: the bundle's message,
+// a driver failure (which may poison the device), or nil.
+func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char) error {
+	var kerr string
+	if msg != nil {
+		kerr = C.GoString(msg)
+	}
+	if code != 0 {
+		if err := g.check(C.GoString(op), code); err != nil {
+			if kerr != "" {
+				return fmt.Errorf("%s failed: %s: %w", name, kerr, err)
+			}
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if kerr != "" {
+		return &KernelError{Msg: name + " failed: " + kerr}
+	}
+	return nil
+}
+
+func (g *GPU) loadHook(e *Entries, c Constants) (unsafe.Pointer, error) {
+	fn, name := e.hookFn(hookLoad)
+	if fn == nil {
+		return nil, nil
+	}
+	var cptr C.CUdeviceptr
+	var clen C.size_t
+	if gc, ok := c.(*gpuConstants); ok && gc != nil {
+		cptr, clen = gc.ptr, C.size_t(gc.size)
+	}
+	var program unsafe.Pointer
+	var code C.CUresult
+	var op *C.char
+	msg := C.plcu_load_hook(g.drv.c, g.ctx, fn, e.lastErrorFn(), cptr, clen, &program, &code, &op)
+	if err := g.hookResult(name, msg, code, op); err != nil {
+		return nil, err
+	}
+	return program, nil
 }
 
 func (i *gpuInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
@@ -529,7 +587,11 @@ func (i *gpuInstance) Close() {
 	}
 	// After a fault the context rejects everything; after the device's Close
 	// it may be gone with its allocations. Either way: only free the C side.
-	C.plcu_inst_destroy(i.c, boolInt(i.g.poisoned() || i.g.closed.Load()))
+	skip := i.g.poisoned() || i.g.closed.Load()
+	if !skip {
+		_ = i.hook(hookInstanceFini) // documented: ignored
+	}
+	C.plcu_inst_destroy(i.c, boolInt(skip))
 	i.c = nil
 	i.g.used.Add(-i.DeviceBytes())
 }
@@ -623,7 +685,7 @@ func (i *gpuInstance) Run(r *Run) error {
 	if kerr != "" {
 		return &KernelError{Msg: kerr}
 	}
-	return nil
+	return outUsed(r, uint64(res.t.out_used))
 }
 
 func (i *gpuInstance) count(inst, dev *atomic.Uint64) {

@@ -187,8 +187,8 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
 
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
-                          size_t constant_len, void *host, plcu_inst_t **pin,
-                          const char **op) {
+                          size_t constant_len, void *host, int abi1,
+                          void *program, plcu_inst_t **pin, const char **op) {
   plcu_inst_t *in = calloc(1, sizeof *in);
   if (in == NULL) {
     *op = "calloc";
@@ -227,15 +227,10 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                                             PLCU_MEMHOSTALLOC_PORTABLE));
   }
 #undef TRY
-  in->state.input.dat = (uint8_t *)(uintptr_t)in->d_in;
-  in->state.input.len = max_in;
-  in->state.tmp.dat = (uint8_t *)(uintptr_t)in->d_tmp;
-  in->state.tmp.len = tmp;
-  in->state.out.dat = (uint8_t *)(uintptr_t)in->d_out;
-  in->state.out.len = out;
-  in->state.constant.dat = (uint8_t *)(uintptr_t)constant;
-  in->state.constant.len = constant ? constant_len : 0;
-  in->state.stream = in->stream;
+  plover_state_init(&in->state, abi1, (void *)(uintptr_t)in->d_in, max_in,
+                    (void *)(uintptr_t)constant, constant_len,
+                    (void *)(uintptr_t)in->d_tmp, tmp,
+                    (void *)(uintptr_t)in->d_out, out, in->stream, program);
   *pin = in;
   return PLCU_SUCCESS;
 fail:
@@ -280,13 +275,65 @@ static int64_t now_ns(void) {
 }
 
 static void call_entries(plcu_inst_t *in, int n) {
-  for (int i = 0; i < n; i++)
-    ((plover_entry_fn)in->steps[i].fn)(&in->state, in->steps[i].grid,
-                                       in->steps[i].block);
+  plover_call_entries(&in->state, in->steps, n);
 }
 
 static const char *take_error(void *last_error) {
   return last_error ? ((plover_last_error_fn)last_error)() : NULL;
+}
+
+/* Calls hook on st, then waits for stream: a hook's launches must be done
+ * before what follows it (the first request, freeing the buffers). */
+static const char *hook_and_sync(const plcu_driver_t *d, CUstream stream,
+                                 void *hook, plover_state_t *st,
+                                 void *last_error, CUresult *e,
+                                 const char **op) {
+  const char *msg = plover_call_hook(hook, st, last_error);
+  CUresult se = d->cuStreamSynchronize(stream);
+  if (se != PLCU_SUCCESS && *e == PLCU_SUCCESS) {
+    *e = se;
+    *op = "cuStreamSynchronize";
+  }
+  /* An error the hook's kernels raised asynchronously shows after the sync. */
+  if (msg == NULL) msg = take_error(last_error);
+  return msg;
+}
+
+const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
+                           CUresult *e, const char **op) {
+  *e = in->drv->cuCtxSetCurrent(in->ctx);
+  if (*e != PLCU_SUCCESS) {
+    *op = "cuCtxSetCurrent";
+    return NULL;
+  }
+  in->state.st = in->state.base;
+  const char *msg = hook_and_sync(in->drv, in->stream, hook, &in->state.st,
+                                  last_error, e, op);
+  in->state.base.instance = in->state.st.instance;
+  return msg;
+}
+
+const char *plcu_load_hook(const plcu_driver_t *d, CUcontext ctx, void *hook,
+                           void *last_error, CUdeviceptr constant,
+                           size_t constant_len, void **program, CUresult *e,
+                           const char **op) {
+  CUstream stream = NULL;
+  *program = NULL;
+  if ((*e = d->cuCtxSetCurrent(ctx)) != PLCU_SUCCESS) {
+    *op = "cuCtxSetCurrent";
+    return NULL;
+  }
+  if ((*e = d->cuStreamCreate(&stream, PLCU_STREAM_NON_BLOCKING)) != PLCU_SUCCESS) {
+    *op = "cuStreamCreate";
+    return NULL;
+  }
+  plover_inst_state_t s;
+  plover_state_init(&s, 0, NULL, 0, (void *)(uintptr_t)constant, constant_len,
+                    NULL, 0, NULL, 0, stream, NULL);
+  const char *msg = hook_and_sync(d, stream, hook, &s.st, last_error, e, op);
+  *program = s.st.program;
+  d->cuStreamDestroy_v2(stream);
+  return msg;
 }
 
 static void capture_failed(plcu_result_t *r, CUresult e, const char *op) {
@@ -364,6 +411,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   plcu_result_t *r = &in->res;
   memset(r, 0, sizeof *r);
   CUresult e;
+  size_t used = 0;
   int64_t t0 = now_ns();
   if ((e = d->cuCtxSetCurrent(in->ctx)) != PLCU_SUCCESS) {
     r->err = e;
@@ -388,9 +436,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
     STEP("cuMemsetD8Async", d->cuMemsetD8Async(in->d_tmp, 0, tmp_len, in->stream));
   STEP("cuEventRecord", d->cuEventRecord(in->ev[1], in->stream));
 
-  in->state.input.len = in_len;
-  in->state.tmp.len = tmp_len;
-  in->state.out.len = out_len;
+  plover_state_begin(&in->state, in_len, tmp_len, out_len);
   r->ran = PLCU_DIRECT;
   if (mode == PLCU_REPLAY && in->exec != NULL) {
     if ((e = d->cuGraphLaunch(in->exec, in->stream)) == PLCU_SUCCESS) {
@@ -404,12 +450,20 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   }
   if (r->ran == PLCU_DIRECT) call_entries(in, nsteps);
   r->kernel_err = take_error(last_error);
+  /* A replay runs no entry code, so it reproduces the out.len recorded. */
+  if (r->ran == PLCU_REPLAY) {
+    used = in->exec_out_used;
+  } else {
+    used = plover_state_out_used(&in->state, out_len);
+    if (r->ran == PLCU_CAPTURE) in->exec_out_used = used;
+  }
+  r->t.out_used = used;
 
   STEP("cuEventRecord", d->cuEventRecord(in->ev[2], in->stream));
   /* A failed chain's output is never returned: skip the copy. */
-  if (r->kernel_err == NULL && out_len)
+  if (r->kernel_err == NULL && used && used <= out_len)
     STEP("cuMemcpyDtoHAsync_v2",
-         d->cuMemcpyDtoHAsync_v2(in->h_out, in->d_out, out_len, in->stream));
+         d->cuMemcpyDtoHAsync_v2(in->h_out, in->d_out, used, in->stream));
   STEP("cuEventRecord", d->cuEventRecord(in->ev[3], in->stream));
 #undef STEP
 sync:
@@ -428,7 +482,7 @@ sync:
     if (d->cuEventElapsedTime(&ms[i], in->ev[i], in->ev[i + 1]) != PLCU_SUCCESS)
       ms[i] = 0;
   int64_t t2 = now_ns();
-  if (out_len && dst != in->h_out) memcpy(dst, in->h_out, out_len);
+  if (used && used <= out_len && dst != in->h_out) memcpy(dst, in->h_out, used);
   int64_t t3 = now_ns();
   r->t.copy_in_ns = (t1 - t0) + (int64_t)(ms[0] * 1e6);
   r->t.kernels_ns = (int64_t)(ms[1] * 1e6);

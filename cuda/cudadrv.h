@@ -72,7 +72,8 @@ typedef struct {
   void *h_in, *h_out; /* pinned staging, MaxInput and Out bytes */
   int h_ext;          /* h_in/h_out are the caller's buffer, registered */
   CUgraphExec exec;   /* the one cached graph, or NULL */
-  plover_state_t state;
+  size_t exec_out_used; /* out.len as the entries left it when recorded */
+  plover_inst_state_t state;
   plcu_result_t res;
   plover_step_t steps[PLCU_MAX_STEPS];
 } plcu_inst_t;
@@ -112,8 +113,19 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
  * *op names the call. */
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
-                          size_t constant_len, void *host, plcu_inst_t **inst,
-                          const char **op);
+                          size_t constant_len, void *host, int abi1,
+                          void *program, plcu_inst_t **inst, const char **op);
+/* Runs an instance hook (plover_instance_init/fini) on the instance's state
+ * and stream and waits for the stream: returns the bundle's error, or NULL
+ * with *e set when a driver call failed (*op names it). */
+const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
+                           CUresult *e, const char **op);
+/* Runs plover_load with the constants writable, on a stream of its own, and
+ * waits for it; *program receives s->program. Errors as plcu_inst_hook. */
+const char *plcu_load_hook(const plcu_driver_t *d, CUcontext ctx, void *hook,
+                           void *last_error, CUdeviceptr constant,
+                           size_t constant_len, void **program, CUresult *e,
+                           const char **op);
 /* skip_gpu: the context is poisoned; free only the C struct. */
 void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu);
 

@@ -104,13 +104,13 @@ type hostInstance struct {
 	// C memory, so the per-request cgo call passes no Go pointers except the
 	// input and output bytes: cgocheck walks every pointer it is given, and a
 	// Go-held step table cost 3.5 µs a request.
-	state  *C.plover_state_t
+	state  *C.plover_inst_state_t
 	steps  *[abi.MaxChainLength]C.plover_step_t
 	timing *C.plover_timing_t
 }
 
 func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
-	st := (*C.plover_state_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_state_t{}))))
+	st := (*C.plover_inst_state_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_inst_state_t{}))))
 	if st == nil {
 		return nil, fmt.Errorf("host instance: out of memory")
 	}
@@ -118,41 +118,57 @@ func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
 		steps:  (*[abi.MaxChainLength]C.plover_step_t)(C.calloc(abi.MaxChainLength, C.size_t(unsafe.Sizeof(C.plover_step_t{})))),
 		timing: (*C.plover_timing_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_timing_t{}))))}
 	if inst.steps == nil || inst.timing == nil {
-		inst.Close()
+		inst.free()
 		return nil, fmt.Errorf("host instance: out of memory")
 	}
-	bufs := []struct {
-		buf *C.plover_buf_t
-		n   int64
-	}{{&st.input, cfg.MaxInput}, {&st.tmp, cfg.Tmp}, {&st.out, cfg.Out}}
-	for _, b := range bufs {
-		p, err := h.alloc(b.n)
+	var bufs [3]unsafe.Pointer
+	for k, n := range []int64{cfg.MaxInput, cfg.Tmp, cfg.Out} {
+		p, err := h.alloc(n)
 		if err != nil {
-			inst.Close()
+			inst.free()
 			return nil, fmt.Errorf("host instance: %w", err)
 		}
-		b.buf.dat = (*C.uint8_t)(p)
-		b.buf.len = C.size_t(b.n)
+		bufs[k] = p
+		// Recorded as they come, so free() releases exactly what exists.
+		st.base.input.dat, st.base.tmp.dat, st.base.out.dat = (*C.uint8_t)(bufs[0]), (*C.uint8_t)(bufs[1]), (*C.uint8_t)(bufs[2])
 	}
+	var cptr unsafe.Pointer
+	var clen int64
 	if c, ok := cfg.Constants.(*hostConstants); ok && c != nil {
-		st.constant.dat = (*C.uint8_t)(c.ptr)
-		st.constant.len = C.size_t(c.size)
+		cptr, clen = c.ptr, c.size
 	} else if cfg.Constants != nil {
-		inst.Close()
+		inst.free()
 		return nil, fmt.Errorf("host instance: constants belong to another device")
 	}
+	C.plover_state_init(st, boolInt(cfg.Entries.abi1()), bufs[0], C.size_t(cfg.MaxInput), cptr, C.size_t(clen),
+		bufs[1], C.size_t(cfg.Tmp), bufs[2], C.size_t(cfg.Out), nil, cfg.Entries.programPtr())
+	if err := cfg.Entries.hook(hookInstanceInit, &st.st); err != nil {
+		inst.free()
+		return nil, err
+	}
+	st.base.instance = st.st.instance
 	return inst, nil
 }
 
 func (i *hostInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
 
+// Close runs the bundle's plover_instance_fini, then frees the instance.
 func (i *hostInstance) Close() {
 	if i.state == nil {
 		return
 	}
-	i.h.free(unsafe.Pointer(i.state.input.dat), i.cfg.MaxInput)
-	i.h.free(unsafe.Pointer(i.state.tmp.dat), i.cfg.Tmp)
-	i.h.free(unsafe.Pointer(i.state.out.dat), i.cfg.Out)
+	i.state.st = i.state.base
+	_ = i.cfg.Entries.hook(hookInstanceFini, &i.state.st) // documented: ignored
+	i.free()
+}
+
+func (i *hostInstance) free() {
+	if i.state == nil {
+		return
+	}
+	i.h.free(unsafe.Pointer(i.state.base.input.dat), i.cfg.MaxInput)
+	i.h.free(unsafe.Pointer(i.state.base.tmp.dat), i.cfg.Tmp)
+	i.h.free(unsafe.Pointer(i.state.base.out.dat), i.cfg.Out)
 	C.free(unsafe.Pointer(i.state))
 	C.free(unsafe.Pointer(i.steps))
 	C.free(unsafe.Pointer(i.timing))
@@ -186,9 +202,79 @@ func (i *hostInstance) Run(r *Run) error {
 		CopyOut: time.Duration(i.timing.copy_out_ns),
 	}
 	if msg != nil {
+		r.OutLen = 0
 		return &KernelError{Msg: C.GoString(msg)}
 	}
+	return outUsed(r, uint64(i.timing.out_used))
+}
+
+// outUsed records how much of the output the chain produced, refusing an
+// out.len raised above the output's length.
+func outUsed(r *Run, used uint64) error {
+	if used > uint64(len(r.Output)) {
+		r.OutLen = 0
+		return &KernelError{Msg: fmt.Sprintf("an entry set s->out.len to %d, above the %d bytes of out (entries may only lower it)", used, len(r.Output))}
+	}
+	r.OutLen = int64(used)
 	return nil
+}
+
+// The ABI 2 lifecycle hooks.
+type hookKind int
+
+const (
+	hookLoad hookKind = iota
+	hookInstanceInit
+	hookInstanceFini
+)
+
+func (e *Entries) hookFn(k hookKind) (unsafe.Pointer, string) {
+	if e == nil || e.lib == nil {
+		return nil, ""
+	}
+	switch k {
+	case hookLoad:
+		return e.lib.Load, abi.SymLoad
+	case hookInstanceInit:
+		return e.lib.InstanceInit, abi.SymInstanceInit
+	}
+	return e.lib.InstanceFini, abi.SymInstanceFini
+}
+
+// hook calls the bundle's hook k, if it has one, on the calling thread
+// (host target) and returns its plover_fail as a *KernelError.
+func (e *Entries) hook(k hookKind, st *C.plover_state_t) error {
+	fn, name := e.hookFn(k)
+	if fn == nil {
+		return nil
+	}
+	if msg := C.plover_call_hook(fn, st, e.lastError); msg != nil {
+		return &KernelError{Msg: name + " failed: " + C.GoString(msg)}
+	}
+	return nil
+}
+
+// loadHook runs plover_load with the constants writable and returns what
+// the hook left in s->program.
+func (h *Host) loadHook(e *Entries, c Constants) (unsafe.Pointer, error) {
+	if fn, _ := e.hookFn(hookLoad); fn == nil {
+		return nil, nil
+	}
+	st := (*C.plover_inst_state_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_inst_state_t{}))))
+	if st == nil {
+		return nil, fmt.Errorf("plover_load: out of memory")
+	}
+	defer C.free(unsafe.Pointer(st))
+	var cptr unsafe.Pointer
+	var clen int64
+	if hc, ok := c.(*hostConstants); ok && hc != nil {
+		cptr, clen = hc.ptr, hc.size
+	}
+	C.plover_state_init(st, 0, nil, 0, cptr, C.size_t(clen), nil, 0, nil, 0, nil, nil)
+	if err := e.hook(hookLoad, &st.st); err != nil {
+		return nil, err
+	}
+	return st.st.program, nil
 }
 
 // zeroFlags is what r asks zeroed before its chain, for the C runners.

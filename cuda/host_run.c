@@ -4,6 +4,9 @@
 #include <string.h>
 #include <time.h>
 
+_Static_assert(sizeof(plover_state_t) == 160, "plover_state_t is 160 bytes in ABI 2");
+_Static_assert(offsetof(plover_state_t, input) == 8, "the ABI 1 view starts at input");
+
 static int64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -19,27 +22,74 @@ void *plover_host_alloc(size_t n) {
   return p;
 }
 
-const char *plover_host_run(plover_state_t *st, const void *in, size_t in_len,
-                            void *out, size_t out_len, size_t tmp_len,
-                            int zero, const plover_step_t *steps, int n,
-                            void *last_error, plover_timing_t *t) {
-  int64_t t0 = now_ns();
-  if (in_len) memcpy(st->input.dat, in, in_len);
-  st->input.len = in_len;
-  st->tmp.len = tmp_len;
-  st->out.len = out_len;
-  if ((zero & PLOVER_ZERO_TMP) && tmp_len) memset(st->tmp.dat, 0, tmp_len);
-  if ((zero & PLOVER_ZERO_OUT) && out_len) memset(st->out.dat, 0, out_len);
-  int64_t t1 = now_ns();
+void plover_state_init(plover_inst_state_t *s, int abi1, void *in, size_t in_n,
+                       void *constant, size_t constant_n, void *tmp,
+                       size_t tmp_n, void *out, size_t out_n, void *stream,
+                       void *program) {
+  plover_state_t *b = &s->base;
+  memset(s, 0, sizeof *s);
+  s->abi1 = abi1;
+  b->size = sizeof(plover_state_t);
+  b->abi_version = PLOVER_ABI_VERSION;
+  b->input.dat = (uint8_t *)in;
+  b->input.len = in_n;
+  b->constant.dat = (uint8_t *)constant;
+  b->constant.len = constant ? constant_n : 0;
+  b->tmp.dat = (uint8_t *)tmp;
+  b->tmp.len = tmp_n;
+  b->out.dat = (uint8_t *)out;
+  b->out.len = out_n;
+  b->stream = stream;
+  b->program = program;
+  s->st = *b;
+}
+
+void plover_state_begin(plover_inst_state_t *s, size_t in_len, size_t tmp_len,
+                        size_t out_len) {
+  s->st = s->base;
+  s->st.input.len = in_len;
+  s->st.tmp.len = tmp_len;
+  s->st.out.len = out_len;
+}
+
+typedef void (*any_entry_fn)(void *s, int grid, int block);
+
+void plover_call_entries(plover_inst_state_t *s, const plover_step_t *steps,
+                         int n) {
+  void *arg = s->abi1 ? (void *)&s->st.input : (void *)&s->st;
   for (int i = 0; i < n; i++)
-    ((plover_entry_fn)steps[i].fn)(st, steps[i].grid, steps[i].block);
+    ((any_entry_fn)steps[i].fn)(arg, steps[i].grid, steps[i].block);
+}
+
+size_t plover_state_out_used(const plover_inst_state_t *s, size_t out_len) {
+  return s->abi1 ? out_len : s->st.out.len;
+}
+
+const char *plover_call_hook(void *hook, plover_state_t *st, void *last_error) {
+  ((plover_hook_fn)hook)(st);
+  return last_error ? ((plover_last_error_fn)last_error)() : NULL;
+}
+
+const char *plover_host_run(plover_inst_state_t *s, const void *in,
+                            size_t in_len, void *out, size_t out_len,
+                            size_t tmp_len, int zero, const plover_step_t *steps,
+                            int n, void *last_error, plover_timing_t *t) {
+  int64_t t0 = now_ns();
+  plover_state_begin(s, in_len, tmp_len, out_len);
+  if (in_len) memcpy(s->st.input.dat, in, in_len);
+  if ((zero & PLOVER_ZERO_TMP) && tmp_len) memset(s->st.tmp.dat, 0, tmp_len);
+  if ((zero & PLOVER_ZERO_OUT) && out_len) memset(s->st.out.dat, 0, out_len);
+  int64_t t1 = now_ns();
+  plover_call_entries(s, steps, n);
   const char *err = NULL;
   if (last_error) err = ((plover_last_error_fn)last_error)();
+  size_t used = plover_state_out_used(s, out_len);
   int64_t t2 = now_ns();
-  if (!err && out_len) memcpy(out, st->out.dat, out_len);
+  if (!err && used <= out_len && used) memcpy(out, s->base.out.dat, used);
   int64_t t3 = now_ns();
   t->copy_in_ns = t1 - t0;
   t->kernels_ns = t2 - t1;
   t->copy_out_ns = t3 - t2;
+  t->out_used = used;
   return err;
 }

@@ -20,6 +20,9 @@ import (
 type Entries struct {
 	lib       *loader.Library
 	lastError unsafe.Pointer
+	// program is what plover_load left in s->program; set before any
+	// instance exists, then only read.
+	program unsafe.Pointer
 
 	mu    sync.Mutex
 	index map[string]int32
@@ -61,6 +64,15 @@ func (e *Entries) table() []unsafe.Pointer {
 	return *e.fns.Load()
 }
 
+func (e *Entries) abi1() bool { return e != nil && e.lib != nil && e.lib.ABI1 }
+
+func (e *Entries) programPtr() unsafe.Pointer {
+	if e == nil {
+		return nil
+	}
+	return e.program
+}
+
 func (e *Entries) lastErrorFn() unsafe.Pointer {
 	if e == nil {
 		return nil
@@ -81,6 +93,9 @@ type rawDevice interface {
 	Name() string
 	Target() string
 	LoadConstants(r io.Reader, size int64) (Constants, error)
+	// loadHook runs the bundle's plover_load (if any) on the loaded
+	// constants and returns the s->program it left.
+	loadHook(e *Entries, c Constants) (unsafe.Pointer, error)
 	NewInstance(cfg InstanceConfig) (Instance, error)
 }
 
@@ -97,8 +112,13 @@ type program struct {
 func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program, error) {
 	m := spec.Manifest
 	kernels := abi.Kernels(m.Chain)
-	lib, err := loader.Open(filepath.Join(spec.Dir, m.Library), dev.Target(), kernels)
+	path := filepath.Join(spec.Dir, m.Library)
+	lib, err := loader.Open(path, dev.Target(), kernels)
 	if err != nil {
+		return nil, err
+	}
+	if err := lib.Info.CheckManifestABI(path, m.ABI); err != nil {
+		lib.Close()
 		return nil, err
 	}
 	p := &program{dev: dev, lib: lib, ents: NewEntries(lib)}
@@ -128,6 +148,10 @@ func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program,
 			lib.Close()
 			return nil, fmt.Errorf("cannot load %d bytes of constants on %s: %w", fi.Size(), dev.Name(), err)
 		}
+	}
+	if p.ents.program, err = dev.loadHook(p.ents, p.consts); err != nil {
+		p.Close()
+		return nil, err
 	}
 	return p, nil
 }

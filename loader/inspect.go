@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"sort"
 	"strings"
 
 	"github.com/plover-run/plover/abi"
@@ -40,6 +41,19 @@ type Info struct {
 	Target  string
 	Exports map[string]bool // defined, global dynamic symbols
 	Funcs   map[string]bool // the subset that are functions
+	// Declared lists the entries an ABI 2 bundle declared with PLOVER_ENTRY
+	// (its plover_entries section), sorted; nil for ABI 1.
+	Declared []string
+}
+
+// Declares reports whether an ABI 2 bundle declared name as an entry.
+func (info *Info) Declares(name string) bool {
+	for _, d := range info.Declared {
+		if d == name {
+			return true
+		}
+	}
+	return false
 }
 
 var machines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
@@ -111,7 +125,37 @@ func Inspect(path string) (*Info, error) {
 		tgt = tgt[:i]
 	}
 	info.Target = string(tgt)
+	if info.ABI.Major >= 2 {
+		if info.Declared, err = declaredEntries(ef); err != nil {
+			return nil, &Error{Path: path, Reason: "cannot read section " + abi.EntriesSection, Err: err}
+		}
+	}
 	return info, nil
+}
+
+// declaredEntries reads the NUL-separated names PLOVER_ENTRY put in the
+// plover_entries section (the linker may pad between object files with
+// NULs, hence the empty names skipped).
+func declaredEntries(ef *elf.File) ([]string, error) {
+	sec := ef.Section(abi.EntriesSection)
+	if sec == nil {
+		return []string{}, nil
+	}
+	if sec.Type == elf.SHT_NOBITS || sec.Size > 1<<20 {
+		return nil, fmt.Errorf("section is %v of %d bytes", sec.Type, sec.Size)
+	}
+	data, err := sec.Data()
+	if err != nil {
+		return nil, err
+	}
+	names := []string{}
+	for _, n := range bytes.Split(data, []byte{0}) {
+		if len(n) > 0 {
+			names = append(names, string(n))
+		}
+	}
+	sort.Strings(names) // the compiler's order is no one's intent
+	return names, nil
 }
 
 // symbolBytes returns the bytes a defined data symbol points at; n = 0 means
@@ -152,7 +196,8 @@ func (info *Info) Check(path, target string, kernels []string) error {
 }
 
 // CheckEntry allows only functions the library itself defines, outside the
-// reserved plover_ prefix and names starting with an underscore. dlsym on a
+// reserved plover_ prefix and names starting with an underscore, and for ABI
+// 2 bundles only the entries the bundle declared. dlsym on a
 // library handle also searches its dependencies, so without this a chain
 // could name "system" from libc; and a C++ library defines many functions
 // that are no entry points (mangled "_Z..." template instantiations, "_init"
@@ -165,6 +210,18 @@ func (info *Info) CheckEntry(name string) error {
 		return fmt.Errorf("kernel %q: names starting with an underscore are reserved (C++ mangled names, _init, _fini): an entry point is a PLOVER_ENTRY", name)
 	case !info.Funcs[name]:
 		return fmt.Errorf("does not export kernel %q", name)
+	case info.Declared != nil && !info.Declares(name):
+		return fmt.Errorf("kernel %q is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares %s", name, strings.Join(info.Declared, ", "))
+	}
+	return nil
+}
+
+// CheckManifestABI checks that the manifest's "abi" names the major version
+// the library was built for, so a manifest copied between an ABI 1 and an
+// ABI 2 build is caught before any code runs.
+func (info *Info) CheckManifestABI(path string, manifestABI int) error {
+	if uint32(manifestABI) != info.ABI.Major {
+		return &Error{Path: path, Reason: fmt.Sprintf("built for ABI %s but plover.json says \"abi\": %d", info.ABI, manifestABI)}
 	}
 	return nil
 }

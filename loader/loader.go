@@ -24,6 +24,10 @@ type Library struct {
 	Target    string
 	Info      *Info          // the static read Open checked
 	LastError unsafe.Pointer // plover_last_error
+	// ABI1: the bundle speaks ABI 1 (its entries take the ABI 1 state).
+	ABI1 bool
+	// The ABI 2 lifecycle hooks the bundle defines; nil where it does not.
+	Load, InstanceInit, InstanceFini unsafe.Pointer
 
 	// dlopen/dlsym/dlerror share one thread-global error slot: serialise.
 	mu     sync.Mutex
@@ -86,6 +90,24 @@ func (l *Library) resolve(target string, kernels []string) error {
 	}
 	for _, k := range kernels {
 		if _, err := l.Entry(k); err != nil {
+			return err
+		}
+	}
+	l.ABI1 = l.Info.ABI.Major == 1
+	if l.ABI1 {
+		return nil // ABI 1 has no hooks: a plover_load there is not one
+	}
+	for _, h := range []struct {
+		name string
+		p    *unsafe.Pointer
+	}{{abi.SymLoad, &l.Load}, {abi.SymInstanceInit, &l.InstanceInit}, {abi.SymInstanceFini, &l.InstanceFini}} {
+		if !l.Info.Exports[h.name] {
+			continue
+		}
+		if !l.Info.Funcs[h.name] {
+			return &Error{Path: l.Path, Reason: fmt.Sprintf("exports %s, but not as a function (a hook is void %s(plover_state_t *s))", h.name, h.name)}
+		}
+		if *h.p, err = l.Symbol(h.name); err != nil {
 			return err
 		}
 	}

@@ -24,11 +24,29 @@ func writeSrc(t *testing.T, dir, name, src string) string {
 func TestOpenRefusals(t *testing.T) {
 	dir := t.TempDir()
 	good := testkit.BuildLib(t, testkit.KernelsSource(), dir, "good.so")
-	wrongABI := testkit.BuildLib(t, writeSrc(t, dir, "abi2.cu", `#include "plover.h"
+	withVersion := func(name, version string) string {
+		return testkit.BuildLib(t, writeSrc(t, dir, name+".cu", `#include "plover.h"
 #undef PLOVER_ABI_VERSION
-#define PLOVER_ABI_VERSION 2
+#define PLOVER_ABI_VERSION `+version+`
 PLOVER_BUNDLE("host");
-PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "abi2.so")
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, name+".so")
+	}
+	abi3 := withVersion("abi3", "(3 << 16)")
+	abi21 := withVersion("abi21", "((2 << 16) | 1)")
+	abi0 := withVersion("abi0", "0")
+	abi1 := testkit.BuildLib(t, testkit.KernelsSource(), dir, "abi1.so", testkit.ABI1Include())
+	// An extern "C" helper is a function the library exports, but no
+	// declared entry; hooks are not entries either.
+	helper := testkit.BuildLib(t, writeSrc(t, dir, "helper.cu", `#include "plover.h"
+PLOVER_BUNDLE("host");
+extern "C" void helper(plover_state_t *s, int grid, int block) { (void)s; (void)grid; (void)block; }
+PLOVER_EXPORT void plover_load(plover_state_t *s) { (void)s; }
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }
+PLOVER_ENTRY(k2) { (void)s; (void)grid; (void)block; }`), dir, "helper.so")
+	dataHook := testkit.BuildLib(t, writeSrc(t, dir, "datahook.cu", `#include "plover.h"
+PLOVER_BUNDLE("host");
+PLOVER_EXPORT int plover_instance_init = 1;
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "datahook.so")
 	cudaTarget := testkit.BuildLib(t, writeSrc(t, dir, "cuda.cu", `#include "plover.h"
 PLOVER_BUNDLE("cuda");
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cuda.so")
@@ -58,7 +76,14 @@ PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cxx.so")
 		{"missing file", filepath.Join(dir, "nope.so"), nil, "cannot open"},
 		{"not an ELF", notELF, nil, "not an ELF"},
 		{"truncated ELF", truncated, nil, "ELF"},
-		{"wrong ABI version", wrongABI, []string{"k"}, "ABI version 2, this runtime speaks 1"},
+		{"ABI 3 refused naming both", abi3, []string{"k"}, "built for ABI 3.0; this runtime speaks ABI 2.0"},
+		{"newer minor refused", abi21, []string{"k"}, "built for ABI 2.1, newer than this runtime's ABI 2.0"},
+		{"ABI 0 refused", abi0, []string{"k"}, "built for ABI 0.0"},
+		{"ABI 1 bundle loads", abi1, []string{"echo", "add_one"}, ""},
+		{"declared entries load", helper, []string{"k", "k2"}, ""},
+		{"undeclared helper is no kernel", helper, []string{"helper"}, `kernel "helper" is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares k, k2`},
+		{"hook is no kernel", helper, []string{"plover_load"}, "reserved"},
+		{"hook must be a function", dataHook, []string{"k"}, "exports plover_instance_init, but not as a function"},
 		{"wrong target", cudaTarget, []string{"k"}, `built for target "cuda", the device is "host"`},
 		{"no PLOVER_BUNDLE", noBundle, []string{"k"}, "does not export plover_abi_version"},
 		{"missing kernel", good, []string{"echo", "nope"}, `does not export kernel "nope"`},

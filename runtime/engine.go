@@ -134,7 +134,8 @@ type Request struct {
 	// while the request waits for an instance, so an abandoned request
 	// gives up its queue slot instead of holding it until its deadline.
 	Gone func() bool
-	// Output is set to the out buffer's bytes, reusing its capacity.
+	// Output is set to the bytes the chain produced (out_bytes, or fewer when
+	// an ABI 2 entry lowered s->out.len), reusing its capacity.
 	Output  []byte
 	Timing  Timing
 	Start   Start
@@ -197,6 +198,9 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		return errorf(KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, m.MaxInputBytes)
 	}
 	steps, outLen, tmpLen, key := v.steps, m.OutBytes, m.TmpBytes, uint64(1)
+	if !m.Graphs() {
+		key = 0 // "graph": false: the entries run on every request
+	}
 	if req.Override != nil {
 		if outLen, tmpLen, err = v.override(req.Override); err != nil {
 			return err
@@ -265,6 +269,9 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 		}
 	}
 	r.Input, r.Output = nil, nil
+	if err == nil {
+		req.Output = req.Output[:r.OutLen]
+	}
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
 	broken := err != nil && (errors.Is(err, cuda.ErrUnhealthy) || in.dev.dead.Load() || processGone(err))
 	tEnd := time.Now() // one reading: the instance's last use and the total
@@ -595,6 +602,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 	if err != nil {
 		var le *loader.Error
 		var pe *cuda.ProcessExit
+		var ke *cuda.KernelError
 		switch {
 		case errors.As(err, &le): // the library is refused: that will not change
 			err = inBundle(err, v.manifest.Library)
@@ -603,6 +611,8 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 			return nil, Cold, rf
 		case errors.As(err, &pe):
 			return nil, Cold, err
+		case errors.As(err, &ke): // plover_load failed
+			return nil, Cold, errorf(KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), ke.Msg)
 		case errors.Is(err, cuda.ErrDeadline) || ctx.Err() != nil:
 			return nil, Cold, errorf(KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())
 		}
@@ -697,6 +707,9 @@ func CheckBundleDir(dir string, m *abi.Manifest, name, target string) error {
 	info, err := loader.Inspect(path)
 	if err == nil {
 		err = info.Check(m.Library, target, abi.Kernels(m.Chain))
+	}
+	if err == nil {
+		err = info.CheckManifestABI(m.Library, m.ABI)
 	}
 	if err != nil {
 		err = inBundle(err, m.Library)

@@ -893,7 +893,13 @@ func (i *instance) Run(r *cuda.Run) error {
 	}
 	switch rep[0] {
 	case stOK:
-		copy(r.Output, i.slot[i.maxIn:])
+		// The worker runs bundle code: its word on the length is bounded.
+		n := le.Uint64(rep[25:])
+		if n > uint64(len(r.Output)) {
+			i.g.p.kill(fmt.Sprintf("it reported %d output bytes of %d", n, len(r.Output)))
+			return i.g.p.lost("running the chain")
+		}
+		r.OutLen = int64(copy(r.Output, i.slot[i.maxIn:i.maxIn+int64(n)]))
 		return nil
 	case stFault:
 		ke := &cuda.KernelError{Msg: string(rep[replyHeader:])}

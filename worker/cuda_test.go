@@ -58,7 +58,7 @@ func fakeCUDA(t *testing.T) (*Device, string) {
 }
 
 func fakeManifest(chain ...abi.Launch) *abi.Manifest {
-	return &abi.Manifest{Name: "fake", ABI: abi.Version, Target: abi.TargetCUDA, Library: "fakebundle.so",
+	return &abi.Manifest{Name: "fake", ABI: abi.Major, Target: abi.TargetCUDA, Library: "fakebundle.so",
 		MaxInputBytes: 64, TmpBytes: 64, OutBytes: 64, Chain: chain}
 }
 

@@ -51,8 +51,9 @@ const (
 	runHeader = 4 + 4 + 8 + 1 + 8 + 2 // in, out, tmp, zero flags, chain_key, nsteps
 	stepBytes = 12                    // entry, grid, block
 	runMsgMax = runHeader + abi.MaxChainLength*stepBytes
-	// Run reply: status, copy-in, kernels, copy-out ns, then a message.
-	replyHeader = 1 + 8 + 8 + 8
+	// Run reply: status, copy-in, kernels, copy-out ns, the output's length
+	// (ABI 2 entries may lower it), then a message.
+	replyHeader = 1 + 8 + 8 + 8 + 8
 	replyMax    = replyHeader + 4096
 	ctlMax      = 1 << 20 // a manifest, with room to spare
 )

@@ -250,6 +250,7 @@ func serveInstance(sock int, slot []byte, inst cuda.Instance, maxIn, out int64) 
 		le.PutUint64(rep[1:], uint64(r.Timing.CopyIn))
 		le.PutUint64(rep[9:], uint64(r.Timing.Kernels))
 		le.PutUint64(rep[17:], uint64(r.Timing.CopyOut))
+		le.PutUint64(rep[25:], uint64(r.OutLen))
 		if len(text) > replyMax-replyHeader {
 			text = text[:replyMax-replyHeader]
 		}

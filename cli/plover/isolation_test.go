@@ -556,7 +556,7 @@ func launch(kernel string, grid, block int) abi.Launch {
 }
 
 func hostileManifest(name string, chain ...abi.Launch) *abi.Manifest {
-	return &abi.Manifest{Name: name, ABI: abi.Version, Target: abi.TargetHost, Library: "hostile.so",
+	return &abi.Manifest{Name: name, ABI: abi.Major, Target: abi.TargetHost, Library: "hostile.so",
 		MaxInputBytes: 1 << 16, TmpBytes: 64, OutBytes: hostileOut, Chain: chain}
 }
 

@@ -37,18 +37,23 @@ func BuildLib(t testing.TB, src, dir, name string, args ...string) string {
 		t.Skipf("no C++ compiler (%s) to build test bundles: %v", cxx, err)
 	}
 	out := filepath.Join(dir, name)
-	cmd := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC", "-I" + filepath.Join(Root(), "abi")}, args...)
-	cmd = append(cmd, "-o", out, src)
+	// args first, so that an -I there (ABI1Include) wins over the ABI's.
+	cmd := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC"}, args...)
+	cmd = append(cmd, "-I"+filepath.Join(Root(), "abi"), "-o", out, src)
 	if b, err := exec.Command(cxx, cmd...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v\n%s", cxx, cmd, err, b)
 	}
 	return out
 }
 
+// ABI1Include is the BuildLib argument that builds against the ABI 1 headers
+// as released, to prove ABI 1 bundles keep working.
+func ABI1Include() string { return "-I" + filepath.Join(Root(), "internal", "testkit", "abi1") }
+
 // Manifest is a valid manifest for the test kernels, to adjust per test.
 func Manifest(name string) *abi.Manifest {
 	return &abi.Manifest{
-		Name: name, ABI: abi.Version, Target: abi.TargetHost, Library: "kernels.so",
+		Name: name, ABI: abi.Major, Target: abi.TargetHost, Library: "kernels.so",
 		MaxInputBytes: 1 << 16, TmpBytes: 64, OutBytes: 256,
 		Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 64}},
 	}
