@@ -248,6 +248,8 @@ var suite = []struct {
 	{"CaptureFallback", testCaptureFallback},
 	{"Concurrent", testConcurrent},
 	{"HostBuffer", testHostBuffer},
+	{"OutLen", testOutLen},
+	{"Hooks", testHooks},
 }
 
 func runSuite(t *testing.T, e *bundleEnv) {
@@ -785,5 +787,60 @@ func TestFakeRunAllocs(t *testing.T) {
 	}
 	if s := inst.stats.load(); s.Replayed < 100 {
 		t.Errorf("replay not exercised: %+v", s)
+	}
+}
+
+// An entry's lowered out.len is the output's length, replayed graphs
+// reproduce it without calling the entry, and raising it fails the run.
+func testOutLen(t *testing.T, e *bundleEnv) {
+	g := e.gpu(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	inst := newInst(t, g, e, InstanceConfig{MaxInput: 256, Out: 256})
+	chain := []Step{e.step(t, "pl_copy", 1, 256), e.step(t, "pl_out_len", 100, 1)}
+	out := make([]byte, 256)
+	for i := 0; i < 4; i++ { // direct, captured, replayed, replayed
+		in := randBytes(rng, 256)
+		r := &Run{Input: in, Output: out, Chain: chain, ChainKey: 11, ZeroOut: true}
+		mustRun(t, inst, r)
+		if r.OutLen != 100 || !bytes.Equal(out[:100], in[:100]) {
+			t.Fatalf("run %d: OutLen %d, %s", i, r.OutLen, firstDiff(out[:r.OutLen], in[:100]))
+		}
+	}
+	if s := inst.stats.load(); s.Replayed < 2 {
+		t.Errorf("replay not exercised: %+v", s)
+	}
+	r := &Run{Input: make([]byte, 10), Output: out, Chain: []Step{e.step(t, "pl_out_len", 257, 1)}}
+	var ke *KernelError
+	if err := inst.Run(r); !errors.As(err, &ke) || !strings.Contains(err.Error(), "set s->out.len to 257, above the 256 bytes of out") {
+		t.Fatalf("raised out.len: %v", err)
+	}
+}
+
+// The hooks run on the device's stream and what they leave in s->program
+// and s->instance reaches every run; fini sees the instance's pointer.
+func testHooks(t *testing.T, e *bundleEnv) {
+	g := e.gpu(t)
+	p, err := e.lib.Symbol("pl_hook_calls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := (*[3]int64)(p)
+	before := [3]int64{atomic.LoadInt64(&calls[0]), atomic.LoadInt64(&calls[1]), atomic.LoadInt64(&calls[2])}
+	if e.ents.program, err = g.loadHook(e.ents, nil); err != nil || e.ents.program == nil {
+		t.Fatalf("plover_load: %v (program %p)", err, e.ents.program)
+	}
+	defer func() { e.ents.program = nil }()
+	inst, err := g.NewInstance(InstanceConfig{MaxInput: 16, Out: 16, Entries: e.ents})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // direct, captured, replayed: the check is host code
+		mustRun(t, inst, &Run{Input: make([]byte, 4), Output: make([]byte, 16), Chain: []Step{e.step(t, "pl_hooks", 1, 1)}})
+	}
+	inst.Close()
+	for k, name := range []string{"plover_load", "plover_instance_init", "plover_instance_fini"} {
+		if got := atomic.LoadInt64(&calls[k]) - before[k]; got != 1 {
+			t.Errorf("%s ran %d times, want 1", name, got)
+		}
 	}
 }

@@ -552,6 +552,10 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 			v.abandon(p)
 			return nil, start, errorf(KindTimeout, err, "function %s: the request's deadline passed while an instance was created", v.fn.name)
 		}
+		var ke *cuda.KernelError
+		if errors.As(err, &ke) { // plover_instance_init failed
+			return nil, start, errorf(KindKernel, err, "function %s: creating an instance on %s: %s", v.fn.name, p.dev.Name(), err.Error())
+		}
 		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
 	}
 	v.mu.Lock()
@@ -612,7 +616,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 		case errors.As(err, &pe):
 			return nil, Cold, err
 		case errors.As(err, &ke): // plover_load failed
-			return nil, Cold, errorf(KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), ke.Msg)
+			return nil, Cold, errorf(KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), err.Error())
 		case errors.Is(err, cuda.ErrDeadline) || ctx.Err() != nil:
 			return nil, Cold, errorf(KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())
 		}

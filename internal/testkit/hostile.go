@@ -8,6 +8,10 @@ import "path/filepath"
 // read_file and memscan. Build it with BuildLib.
 func HostileSource() string { return filepath.Join(Root(), "internal", "testkit", "hostile.cu") }
 
+// HooksSource is the ABI 2 hooks test bundle (entry "report"); build it with
+// -DFAIL_LOAD or -DFAIL_INIT to make plover_load or plover_instance_init fail.
+func HooksSource() string { return filepath.Join(Root(), "internal", "testkit", "hooks.cu") }
+
 // HostileCtorSource is a library whose ELF constructor segfaults when it is
 // loaded; it also has a valid PLOVER_BUNDLE and an echo entry, so it passes
 // the static checks of a deploy.

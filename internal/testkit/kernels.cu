@@ -57,5 +57,12 @@ PLOVER_ENTRY(sleep_ms) {
   nanosleep(&ts, NULL);
 }
 
+// out_len: lowers s->out.len to grid bytes (ABI 2; an ABI 1 build's
+// runtime returns all of out regardless).
+PLOVER_ENTRY(out_len) {
+  (void)block;
+  s->out.len = (size_t)grid;
+}
+
 // A plain helper that is exported but is no kernel; harmless to call.
 PLOVER_EXPORT int not_a_kernel_but_exported(void) { return 7; }

@@ -120,3 +120,38 @@ PLOVER_ENTRY(pl_hostile) {
   if (fakecu_stream_sync(s->stream) != 0) plover_fail(s, "cudaErrorStreamCaptureUnsupported");
   launch(s, grid, block, k_inc, (args_t){s->tmp.dat, NULL, s->tmp.len, 0});
 }
+
+/* ABI 2: lowers out.len to grid bytes (host code only, so a graph replay
+ * must reproduce it without calling this). */
+PLOVER_ENTRY(pl_out_len) {
+  enter();
+  (void)block;
+  s->out.len = (size_t)grid;
+}
+
+/* ABI 2 hooks: counted, and each leaves a pointer pl_hooks checks. */
+PLOVER_EXPORT long long pl_hook_calls[3]; /* load, instance init, fini */
+static int pl_program_tag, pl_instance_tag;
+
+PLOVER_EXPORT void plover_load(plover_state_t *s) {
+  __atomic_add_fetch(&pl_hook_calls[0], 1, __ATOMIC_RELAXED);
+  if (s->input.len != 0 || s->out.len != 0) plover_fail(s, "plover_load: input and out must be empty");
+  s->program = &pl_program_tag;
+}
+
+PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
+  __atomic_add_fetch(&pl_hook_calls[1], 1, __ATOMIC_RELAXED);
+  if (s->stream == NULL) plover_fail(s, "plover_instance_init: no stream");
+  s->instance = &pl_instance_tag;
+}
+
+PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) {
+  if (s->instance == &pl_instance_tag) __atomic_add_fetch(&pl_hook_calls[2], 1, __ATOMIC_RELAXED);
+}
+
+PLOVER_ENTRY(pl_hooks) {
+  enter();
+  (void)grid, (void)block;
+  if (s->program != &pl_program_tag) plover_fail(s, "s->program is not what plover_load left");
+  if (s->instance != &pl_instance_tag) plover_fail(s, "s->instance is not what plover_instance_init left");
+}

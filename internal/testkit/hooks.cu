@@ -1,0 +1,53 @@
+// ABI 2 lifecycle hooks for Plover's tests (host target). plover_load
+// "decodes" the constants in place (each byte inverted) and shares a pointer;
+// each instance counts its requests in memory plover_instance_init made.
+// -DFAIL_LOAD and -DFAIL_INIT make those hooks fail.
+#include <stdlib.h>
+#include <string.h>
+
+#include "plover_kernel.h"
+
+PLOVER_BUNDLE(PLOVER_TARGET);
+
+typedef struct {
+  uint64_t requests;
+} instance_t;
+
+static int program_tag;
+
+PLOVER_EXPORT void plover_load(plover_state_t *s) {
+#ifdef FAIL_LOAD
+  plover_fail(s, "the weights are corrupt");
+  return;
+#endif
+  for (size_t i = 0; i < s->constant.len; i++) s->constant.dat[i] ^= 0xff;
+  s->program = &program_tag;
+}
+
+PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
+#ifdef FAIL_INIT
+  plover_fail(s, "no handle for this instance");
+  return;
+#endif
+  s->instance = calloc(1, sizeof(instance_t));
+  if (s->instance == NULL) plover_fail(s, "out of memory");
+}
+
+PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) { free(s->instance); }
+
+// report: out = the decoded constants, this instance's request count (u64),
+// 1 if s->program is what plover_load left; out.len lowered to just that.
+PLOVER_ENTRY(report) {
+  (void)grid; (void)block;
+  instance_t *in = (instance_t *)s->instance;
+  size_t n = s->constant.len;
+  if (n + 9 > s->out.len) {
+    plover_fail(s, "out too small");
+    return;
+  }
+  in->requests++;
+  memcpy(s->out.dat, s->constant.dat, n);
+  memcpy(s->out.dat + n, &in->requests, 8);
+  s->out.dat[n + 8] = s->program == &program_tag;
+  s->out.len = n + 9;
+}
