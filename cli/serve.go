@@ -26,7 +26,6 @@ import (
 	"github.com/plover-run/plover/worker/contain"
 )
 
-
 func defaultDataDir() string {
 	if d := os.Getenv("PLOVER_DATA"); d != "" {
 		return d
