@@ -520,7 +520,9 @@ func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
 	}
 	inst := &gpuInstance{g: g, c: ci, cfg: cfg}
 	if err := inst.hook(hookInstanceInit); err != nil {
-		inst.Close()
+		// No fini for an instance whose init failed.
+		C.plcu_inst_destroy(ci, boolInt(g.poisoned()))
+		g.used.Add(-n)
 		return nil, err
 	}
 	return inst, nil
