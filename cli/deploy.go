@@ -61,11 +61,18 @@ func deployCmd() *command {
 			fs.BoolVar(&force, "force", false, "deploy a new version even when the bundle equals the current one")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			m, err := checkDir(args[0])
+			dir, err := resolveBundle(args[0], "", env) // a source dir: its build/<target>
 			if err != nil {
 				return err
 			}
-			b, sha, _, err := bundle.PackBytes(args[0])
+			if dir != args[0] {
+				fmt.Fprintf(env.Stderr, "deploying %s, built from %s\n", dir, args[0])
+			}
+			m, err := checkDir(dir)
+			if err != nil {
+				return err
+			}
+			b, sha, _, err := bundle.PackBytes(dir)
 			if err != nil {
 				return err
 			}

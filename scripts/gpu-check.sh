@@ -385,7 +385,7 @@ fault_bundle() {
   cat >"$fb/plover.json" <<'JSON'
 {
   "name": "fault",
-  "abi": 1,
+  "abi": 2,
   "target": "cuda",
   "library": "testkernels.so",
   "max_input_bytes": 16,

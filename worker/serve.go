@@ -276,7 +276,7 @@ const (
 // does not pay for a fresh process touching that code for the first time.
 func rehearse() {
 	var m abi.Manifest
-	json.Unmarshal([]byte(`{"name":"rehearsal","abi":1,"target":"host","library":"r.so","max_input_bytes":1,"out_bytes":1,"chain":[{"kernel":"k","grid":1,"block":1}]}`), &m)
+	json.Unmarshal([]byte(`{"name":"rehearsal","abi":2,"target":"host","library":"r.so","max_input_bytes":1,"out_bytes":1,"chain":[{"kernel":"k","grid":1,"block":1}]}`), &m)
 	m.Validate()
 	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"} {
 		if _, err := loader.Inspect(filepath.Join(dir, "libm.so.6")); err == nil || !errors.Is(err, fs.ErrNotExist) {

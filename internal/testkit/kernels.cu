@@ -16,7 +16,8 @@ PLOVER_ENTRY(echo) {
   memset(s->out.dat, 0, s->out.len);
   size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
   (void)grid;
-  PLOVER_LAUNCH(copy_bytes, (int)((n + block - 1) / block), block, s, s->input.dat, s->out.dat, n);
+  // A grid of 0 blocks is an invalid launch on a GPU (and so on the host).
+  if (n) PLOVER_LAUNCH(copy_bytes, (int)((n + block - 1) / block), block, s, s->input.dat, s->out.dat, n);
 }
 
 // add_one: each output byte += 1 (so echo then add_one twice gives input+2).

@@ -1,0 +1,326 @@
+package cli
+
+// The function author's loop: plover init writes a function source
+// directory, plover build compiles it into bundle directories (build/host,
+// build/cuda), plover run runs one in this process, and plover deploy (in
+// deploy.go) deploys the built bundle of a source directory.
+
+import (
+	"bytes"
+	"embed"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/template"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+)
+
+//go:embed scaffold
+var scaffold embed.FS
+
+// BuildDir is where plover build puts a source directory's bundles, one
+// directory per target (build/host, build/cuda), and where plover run and
+// plover deploy look for them.
+const BuildDir = "build"
+
+// usagef prints a command-line mistake the flag package cannot see and
+// returns it as a usage error (exit status 2).
+func usagef(env *Env, cmd, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	fmt.Fprintf(env.Stderr, "plover %s: %s (see plover %s --help)\n", cmd, msg, cmd)
+	return &usageError{msg}
+}
+
+// initSpec is what plover init's templates are filled with.
+type initSpec struct {
+	Name      string // the function name (manifest "name")
+	Symbol    string // the entry point: Name with dashes as underscores
+	Kernel    string // the __global__ function
+	Source    string // NAME.cu
+	Library   string // NAME.so
+	Constants string // constants.bin
+}
+
+// Sizes of the function plover init writes: up to 1M float32s in and out.
+const initMaxFloats = 1 << 20
+
+func newInitSpec(name string) (*initSpec, error) {
+	if !abi.ValidName(name) {
+		return nil, fmt.Errorf("function name %q must match [a-z0-9][a-z0-9-]{0,62} (lower case, digits and dashes)", name)
+	}
+	sym := strings.ReplaceAll(name, "-", "_")
+	// An entry point must be a C identifier outside the ABI's prefix.
+	if sym[0] >= '0' && sym[0] <= '9' || strings.HasPrefix(sym, abi.ReservedPrefix) {
+		sym = "fn_" + sym
+	}
+	return &initSpec{Name: name, Symbol: sym, Kernel: sym + "_kernel", Source: name + ".cu",
+		Library: name + ".so", Constants: "constants.bin"}, nil
+}
+
+// manifest is the plover.json plover init writes.
+func (s *initSpec) manifest() *abi.Manifest {
+	return &abi.Manifest{
+		Name: s.Name, ABI: abi.Major, Target: abi.TargetHost, Library: s.Library, Constants: s.Constants,
+		MaxInputBytes: 4 * initMaxFloats, OutBytes: 4 * initMaxFloats,
+		Chain: []abi.Launch{{Kernel: s.Symbol, Grid: 1, Block: 256}},
+		Build: &abi.Build{Sources: []string{s.Source}, Include: []string{"include"}, CUDAArch: []string{"80", "90"}},
+	}
+}
+
+// files returns every file plover init writes, by path in the new directory.
+func (s *initSpec) files() (map[string][]byte, error) {
+	files := map[string][]byte{}
+	m, err := manifestJSON(s.manifest())
+	if err != nil {
+		return nil, err
+	}
+	files[abi.ManifestFile] = m
+	var ab bytes.Buffer // a = 2, b = 1: y = 2x + 1
+	for _, v := range []float32{2, 1} {
+		binary.Write(&ab, binary.LittleEndian, math.Float32bits(v))
+	}
+	files[s.Constants] = ab.Bytes()
+	for _, h := range abi.HeaderFiles {
+		b, err := abi.Headers.ReadFile(h)
+		if err != nil {
+			return nil, err
+		}
+		files["include/"+h] = b
+	}
+	templates := map[string]string{
+		"kernel.cu.tmpl": s.Source, "Makefile.tmpl": "Makefile", "README.txt.tmpl": "README.txt",
+		"gitignore.tmpl": ".gitignore", "gen_input.py": "gen_input.py",
+	}
+	for tmpl, name := range templates {
+		src, err := scaffold.ReadFile("scaffold/" + tmpl)
+		if err != nil {
+			return nil, err
+		}
+		if !strings.HasSuffix(tmpl, ".tmpl") {
+			files[name] = src
+			continue
+		}
+		t, err := template.New(tmpl).Option("missingkey=error").Parse(string(src))
+		if err != nil {
+			return nil, err
+		}
+		var b bytes.Buffer
+		if err := t.Execute(&b, s); err != nil {
+			return nil, err
+		}
+		files[name] = b.Bytes()
+	}
+	return files, nil
+}
+
+func initCmd() *command {
+	var dir string
+	return &command{
+		nargs: 1,
+		name:  "init", summary: "create a function source directory: kernel, plover.json, headers, Makefile",
+		usage: "NAME [--dir DIR]",
+		example: "  plover init saxpy && cd saxpy && python3 gen_input.py input.bin 1000\n" +
+			"  plover build . && plover run . --in input.bin --out output.bin",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&dir, "dir", "", "directory to create (default ./NAME); an existing one must be empty")
+		},
+		run: func(_ *flag.FlagSet, args []string, env *Env) error {
+			spec, err := newInitSpec(args[0])
+			if err != nil {
+				return err
+			}
+			if dir == "" {
+				dir = args[0]
+			}
+			if err := writeInit(dir, spec); err != nil {
+				return err
+			}
+			fmt.Fprintf(env.Stdout, "created %s: %s (entry %s), plover.json, %s, include/, Makefile, gen_input.py, README.txt\n\n",
+				dir, spec.Source, spec.Symbol, spec.Constants)
+			fmt.Fprintf(env.Stdout, "Next:\n  cd %s\n", shellQuote(dir))
+			fmt.Fprintf(env.Stdout, "  python3 gen_input.py input.bin 1000           # 1000 float32s\n")
+			fmt.Fprintf(env.Stdout, "  plover build .                                # -> build/host/ (--target cuda|all)\n")
+			fmt.Fprintf(env.Stdout, "  plover run . --in input.bin --out output.bin  # here, on the CPU, no server\n")
+			fmt.Fprintf(env.Stdout, "  plover deploy .                               # to $PLOVER_SERVER or %s\n", DefaultServer)
+			fmt.Fprintf(env.Stdout, "  plover invoke %s --in input.bin --out output.bin\n", spec.Name)
+			return nil
+		},
+	}
+}
+
+// writeInit creates dir (or fills it when it exists and is empty) with
+// spec's files.
+func writeInit(dir string, spec *initSpec) error {
+	files, err := spec.files()
+	if err != nil {
+		return err
+	}
+	switch ents, err := os.ReadDir(dir); {
+	case err == nil && len(ents) > 0:
+		return fmt.Errorf("%s exists and is not empty: pick another NAME or --dir", dir)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "include"), 0o755); err != nil {
+		return err
+	}
+	for name, b := range files {
+		mode := os.FileMode(0o644)
+		if strings.HasSuffix(name, ".py") {
+			mode = 0o755
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolveBundle says which bundle directory plover run and plover deploy act
+// on for dir. A directory whose plover.json has no build section is a bundle
+// as it stands. A function source directory (one with a build section) means
+// its built bundle dir/build/<target>, target being the manifest's when "";
+// a source directory without that build but with its library built in place
+// is taken as a bundle too. A stale build gets a warning on stderr. An
+// unreadable manifest returns dir, for the caller's check to report.
+func resolveBundle(dir, target string, env *Env) (string, error) {
+	m, err := bundle.ReadManifest(dir)
+	if err != nil || m.Build == nil {
+		return dir, nil
+	}
+	if target == "" {
+		target = m.Target
+	}
+	built := filepath.Join(dir, BuildDir, target)
+	if _, err := os.Stat(filepath.Join(built, abi.ManifestFile)); err != nil {
+		if _, err := os.Stat(filepath.Join(dir, m.Library)); err == nil {
+			return dir, nil
+		}
+		flag := ""
+		if target != m.Target {
+			flag = " --target " + target
+		}
+		return "", fmt.Errorf("%s is a function source directory (its plover.json has a build section) with no %s bundle in %s: run `plover build %s%s` first",
+			dir, target, built, shellQuote(dir), flag)
+	}
+	if stale := staleSources(dir, m, built); stale != "" {
+		fmt.Fprintf(env.Stderr, "warning: %s changed after %s was built: run `plover build %s` to use the change\n", stale, built, shellQuote(dir))
+	}
+	return built, nil
+}
+
+// staleSources names a file of source directory dir (a source, the manifest
+// or the constants) newer than the library of its build in built, or "".
+func staleSources(dir string, m *abi.Manifest, built string) string {
+	lib, err := os.Stat(filepath.Join(built, m.Library))
+	if err != nil {
+		return ""
+	}
+	names := append([]string{abi.ManifestFile}, m.Build.Sources...)
+	if m.Constants != "" {
+		names = append(names, m.Constants)
+	}
+	for _, n := range names {
+		if fi, err := os.Stat(filepath.Join(dir, n)); err == nil && fi.ModTime().After(lib.ModTime()) {
+			return filepath.Join(dir, n)
+		}
+	}
+	return ""
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=,:+@%", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// shellLine renders argv as a line a POSIX shell runs as the same command.
+func shellLine(argv []string) string {
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		q[i] = shellQuote(a)
+	}
+	return strings.Join(q, " ")
+}
+
+// manifestJSON renders m the way people write plover.json: one field per
+// line, each chain step on a line of its own, other values on one line.
+func manifestJSON(m *abi.Manifest) ([]byte, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b)) // for the struct's field order
+	dec.Token()
+	var out bytes.Buffer
+	out.WriteString("{")
+	for i := 0; dec.More(); i++ {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil, err
+		}
+		k := tok.(string)
+		if i > 0 {
+			out.WriteString(",")
+		}
+		fmt.Fprintf(&out, "\n  %q: ", k)
+		if k == "chain" {
+			var steps []json.RawMessage
+			json.Unmarshal(fields[k], &steps)
+			out.WriteString("[")
+			for j, s := range steps {
+				if j > 0 {
+					out.WriteString(",")
+				}
+				out.WriteString("\n    ")
+				out.Write(spaced(s))
+			}
+			out.WriteString("\n  ]")
+			continue
+		}
+		out.Write(spaced(fields[k]))
+	}
+	out.WriteString("\n}\n")
+	return out.Bytes(), nil
+}
+
+// spaced puts a space after each ':' and ',' outside strings of compact JSON.
+func spaced(compact []byte) []byte {
+	var b bytes.Buffer
+	inStr, esc := false, false
+	for _, c := range compact {
+		b.WriteByte(c)
+		switch {
+		case esc:
+			esc = false
+		case inStr && c == '\\':
+			esc = true
+		case c == '"':
+			inStr = !inStr
+		case !inStr && (c == ':' || c == ','):
+			b.WriteByte(' ')
+		}
+	}
+	return b.Bytes()
+}

@@ -1,0 +1,230 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/cuda"
+)
+
+func runCmd() *command {
+	var in, out string
+	var repeat int
+	var asJSON bool
+	return &command{
+		nargs: 1,
+		name:  "run", summary: "run a bundle's chain on an input in this process, on the CPU (no server), with timings",
+		usage: "DIR --in FILE|- [--out FILE|-] [--repeat N] [--json]",
+		example: "  plover run saxpy --in input.bin --out output.bin      # saxpy/build/host, built by plover build\n" +
+			"  plover run build/samples/vecadd-host --in build/samples/vecadd-input.bin --out /tmp/sum.bin --repeat 100",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&in, "in", "", "input file, - for stdin (required)")
+			fs.StringVar(&out, "out", "-", "output file, - for stdout")
+			fs.IntVar(&repeat, "repeat", 1, "run the chain N times on one instance and print min/median/p99 of each phase")
+			fs.BoolVar(&asJSON, "json", false, "print a JSON report to stdout instead: timings, and the output in base64 unless --out names a file")
+		},
+		run: func(_ *flag.FlagSet, args []string, env *Env) error {
+			switch {
+			case in == "":
+				return usagef(env, "run", "--in FILE is required (- reads stdin)")
+			case repeat < 1:
+				return usagef(env, "run", "--repeat %d: want 1 or more", repeat)
+			case !asJSON && out == "-" && env.StdoutIsTerminal:
+				return errors.New("the output is binary: write it with --out FILE, or ask for --json")
+			}
+			dir, err := resolveBundle(args[0], abi.TargetHost, env)
+			if err != nil {
+				return err
+			}
+			input, err := readInput(in, env)
+			if err != nil {
+				return err
+			}
+			rep, output, err := runLocal(dir, input, repeat)
+			if err != nil {
+				return err
+			}
+			if out != "-" {
+				if err := os.WriteFile(out, output, 0o644); err != nil {
+					return fmt.Errorf("--out: %w", err)
+				}
+			}
+			if asJSON {
+				if out == "-" {
+					rep.Output = output
+				}
+				return printJSON(env.Stdout, rep)
+			}
+			if out == "-" {
+				if _, err := env.Stdout.Write(output); err != nil {
+					return err
+				}
+			}
+			rep.print(env.Stderr)
+			return nil
+		},
+	}
+}
+
+// runReport is what plover run measured, and its --json output.
+type runReport struct {
+	Bundle      string    `json:"bundle"`
+	Function    string    `json:"function"`
+	Chain       []string  `json:"chain"`
+	InputBytes  int       `json:"input_bytes"`
+	OutputBytes int64     `json:"output_bytes"`
+	Output      []byte    `json:"output,omitempty"` // base64 in JSON
+	Runs        int       `json:"runs"`
+	Timing      runTiming `json:"timing_us"`
+}
+
+// runTiming is in microseconds: load and instance happen once, the rest on
+// every run.
+type runTiming struct {
+	Load     float64 `json:"load"`
+	Instance float64 `json:"instance"`
+	CopyIn   stats   `json:"copy_in"`
+	Kernels  stats   `json:"kernels"`
+	CopyOut  stats   `json:"copy_out"`
+	Total    stats   `json:"run"` // one Run call, measured around it
+}
+
+type stats struct {
+	Min    float64 `json:"min"`
+	Median float64 `json:"median"`
+	P99    float64 `json:"p99"`
+}
+
+// summarize is ds' min, median and p99 (nearest rank), in microseconds.
+func summarize(ds []time.Duration) stats {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	rank := func(q float64) time.Duration {
+		i := int(math.Ceil(q*float64(len(s)))) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return stats{Min: us(s[0]), Median: us(rank(0.5)), P99: us(rank(0.99))}
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// runLocal loads the bundle in dir on a host device in this process, makes
+// one instance and runs the manifest's chain on input repeat times. It
+// returns the report and the last run's output.
+func runLocal(dir string, input []byte, repeat int) (*runReport, []byte, error) {
+	m, err := checkDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if m.Target != abi.TargetHost {
+		return nil, nil, fmt.Errorf("%s is a %s bundle; plover run runs host bundles, on this machine's CPU: build one with plover build --target host (and run this one on a plover serve with a GPU)", dir, m.Target)
+	}
+	if int64(len(input)) > m.MaxInputBytes {
+		return nil, nil, fmt.Errorf("the input is %d bytes, over max_input_bytes %d in %s", len(input), m.MaxInputBytes, filepath.Join(dir, abi.ManifestFile))
+	}
+	rep := &runReport{Bundle: dir, Function: m.Name, InputBytes: len(input), Runs: repeat}
+	for _, l := range m.Chain {
+		rep.Chain = append(rep.Chain, l.Kernel)
+	}
+	dev := cuda.NewHost(0)
+	t0 := time.Now()
+	prog, err := dev.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading %s: %w", dir, err)
+	}
+	defer prog.Close()
+	t1 := time.Now()
+	inst, err := prog.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating an instance of %s: %w", dir, err)
+	}
+	defer inst.Close()
+	rep.Timing.Load, rep.Timing.Instance = us(t1.Sub(t0)), us(time.Since(t1))
+
+	steps := make([]cuda.Step, len(m.Chain))
+	for i, l := range m.Chain {
+		e, err := prog.Entry(l.Kernel)
+		if err != nil {
+			return nil, nil, fmt.Errorf("chain[%d] kernel %q: %w", i, l.Kernel, err)
+		}
+		steps[i] = cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+	}
+	r := &cuda.Run{Input: input, Output: make([]byte, m.OutBytes), Chain: steps,
+		TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut()}
+	var copyIn, kernels, copyOut, total []time.Duration
+	for k := 0; k < repeat; k++ {
+		start := time.Now()
+		err := inst.Run(r)
+		el := time.Since(start)
+		if err != nil {
+			what := ""
+			if repeat > 1 {
+				what = fmt.Sprintf(" (run %d of %d)", k+1, repeat)
+			}
+			var ke *cuda.KernelError
+			if errors.As(err, &ke) {
+				return nil, nil, fmt.Errorf("%s: the chain [%s] failed%s: %s", dir, strings.Join(rep.Chain, " "), what, ke.Msg)
+			}
+			return nil, nil, fmt.Errorf("%s: running the chain [%s]%s: %w", dir, strings.Join(rep.Chain, " "), what, err)
+		}
+		copyIn, kernels, copyOut = append(copyIn, r.Timing.CopyIn), append(kernels, r.Timing.Kernels), append(copyOut, r.Timing.CopyOut)
+		total = append(total, el)
+	}
+	if r.OutLen < 0 || r.OutLen > int64(len(r.Output)) {
+		return nil, nil, fmt.Errorf("%s: the device reported %d output bytes of %d", dir, r.OutLen, len(r.Output))
+	}
+	rep.OutputBytes = r.OutLen
+	rep.Timing.CopyIn, rep.Timing.Kernels = summarize(copyIn), summarize(kernels)
+	rep.Timing.CopyOut, rep.Timing.Total = summarize(copyOut), summarize(total)
+	return rep, r.Output[:r.OutLen], nil
+}
+
+// print writes the report's timing breakdown for a person.
+func (rep *runReport) print(w io.Writer) {
+	runs := "1 run"
+	if rep.Runs > 1 {
+		runs = fmt.Sprintf("%d runs on one instance", rep.Runs)
+	}
+	fmt.Fprintf(w, "%s (%s): chain [%s], %s in, %s out, %s on the host device\n", rep.Function, rep.Bundle,
+		strings.Join(rep.Chain, " "), humanBytes(int64(rep.InputBytes)), humanBytes(rep.OutputBytes), runs)
+	t := rep.Timing
+	phases := []struct {
+		name string
+		s    stats
+	}{{"copy-in + zero", t.CopyIn}, {"kernels", t.Kernels}, {"copy-out", t.CopyOut}, {"run (wall)", t.Total}}
+	fmt.Fprintf(w, "  %-27s %9s\n", "load (library + constants)", fmtUs(t.Load))
+	fmt.Fprintf(w, "  %-27s %9s\n", "instance creation", fmtUs(t.Instance))
+	if rep.Runs == 1 {
+		for _, p := range phases {
+			fmt.Fprintf(w, "  %-27s %9s\n", p.name, fmtUs(p.s.Min))
+		}
+		return
+	}
+	fmt.Fprintf(w, "  %-27s %9s %9s %9s\n", "per run", "min", "median", "p99")
+	for _, p := range phases {
+		fmt.Fprintf(w, "  %-27s %9s %9s %9s\n", p.name, fmtUs(p.s.Min), fmtUs(p.s.Median), fmtUs(p.s.P99))
+	}
+}
+
+// fmtUs renders microseconds with three significant digits or so.
+func fmtUs(v float64) string {
+	switch {
+	case v < 1:
+		return fmt.Sprintf("%.0fns", v*1e3)
+	case v < 1e3:
+		return fmt.Sprintf("%.1fµs", v)
+	case v < 1e6:
+		return fmt.Sprintf("%.2fms", v/1e3)
+	}
+	return fmt.Sprintf("%.2fs", v/1e6)
+}

@@ -1,0 +1,415 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+func TestAuthorArguments(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "taken"), nil, 0o644)
+	tests := []struct {
+		args     []string
+		terminal bool
+		code     int
+		want     string // in stderr
+	}{
+		{[]string{"init"}, false, 2, "plover init: takes 1 argument(s), got 0"},
+		{[]string{"init", "a", "b"}, false, 2, "plover init: takes 1 argument(s), got 2"},
+		{[]string{"init", "Bad_Name", "--dir", filepath.Join(dir, "x")}, false, 1, `function name "Bad_Name" must match`},
+		{[]string{"init", "ok", "--dir", dir}, false, 1, "exists and is not empty"},
+		{[]string{"init", "--help"}, false, 0, "Usage: plover init NAME [--dir DIR]"},
+		{[]string{"build"}, false, 2, "plover build: takes 1 argument(s), got 0"},
+		{[]string{"build", dir, "--bogus"}, false, 2, "flag provided but not defined: -bogus"},
+		{[]string{"build", filepath.Join(dir, "none")}, false, 1, "manifest:"},
+		{[]string{"run", dir}, false, 2, "--in FILE is required"},
+		{[]string{"run", dir, "--in", "x", "--repeat", "0"}, false, 2, "--repeat 0: want 1 or more"},
+		{[]string{"run", dir, "--in", "x", "--repeat", "many"}, false, 2, `invalid value "many" for flag -repeat`},
+		{[]string{"run", dir, "--in", "x"}, true, 1, "the output is binary"},
+		{[]string{"run", "--in", "x"}, false, 2, "plover run: takes 1 argument(s), got 0"},
+		{[]string{"run", filepath.Join(dir, "none"), "--in", filepath.Join(dir, "taken"), "--out", filepath.Join(dir, "o")}, false, 1, "manifest:"},
+		{[]string{"run", filepath.Join(dir, "none"), "--in", filepath.Join(dir, "absent")}, false, 1, "--in: open"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := Main(tt.args, &Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, StdoutIsTerminal: tt.terminal})
+			if code != tt.code || !strings.Contains(errb.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d and %q", code, errb.String(), tt.code, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuildTargetFlag(t *testing.T) {
+	dir := initDir(t, "tflag")
+	var out, errb bytes.Buffer
+	if code := Main([]string{"build", dir, "--target", "gpu"}, &Env{Stdout: &out, Stderr: &errb}); code != 2 || !strings.Contains(errb.String(), `--target "gpu": want host, cuda or all`) {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, tt := range []struct {
+		flag, manifest string
+		want           []string
+	}{
+		{"", "host", []string{"host"}}, {"", "cuda", []string{"cuda"}}, {"cuda", "host", []string{"cuda"}},
+		{"all", "cuda", []string{"host", "cuda"}},
+	} {
+		if got, ok := buildTargets(tt.flag, tt.manifest); !ok || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("buildTargets(%q, %q) = %v, %v; want %v", tt.flag, tt.manifest, got, ok, tt.want)
+		}
+	}
+}
+
+func TestHostCommand(t *testing.T) {
+	tests := []struct {
+		name string
+		b    abi.Build
+		want string
+	}{
+		{"defaults", abi.Build{Sources: []string{"k.cu"}},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Iinclude -o build/host/k.so k.cu"},
+		{"includes, flags, two sources", abi.Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := strings.Join(hostCommand("g++", &tt.b, "build/host/k.so"), " "); got != tt.want {
+				t.Fatalf("got  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCUDACommand(t *testing.T) {
+	const fixed = "nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iinclude"
+	const gencode = "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]"
+	const tail = "-o out/k.so k.cu"
+	src := []string{"k.cu"}
+	cuda118 := nvccInfo{Path: "nvcc", Version: version{11, 8}, HostGCC: 11}
+	withGCC := func(nv nvccInfo, gcc int, fallback string) *nvccInfo {
+		nv.HostGCC, nv.Fallback = gcc, fallback
+		return &nv
+	}
+	tests := []struct {
+		name string
+		nv   *nvccInfo
+		b    abi.Build
+		want string // the command line, or with err: a part of the error
+		err  bool
+	}{
+		{"defaults, CUDA 11.8, g++ 11", &cuda118, abi.Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
+		{"CUDA 12.4, g++ 13: no -ccbin", &nvccInfo{Path: "nvcc", Version: version{12, 4}, HostGCC: 13}, abi.Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
+		{"unknown release: no checks", &nvccInfo{Path: "/opt/nvcc", HostGCC: 14}, abi.Build{Sources: src},
+			"/opt/nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iinclude " + gencode + " " + tail, false},
+		{"g++ 12 with g++-11 present", withGCC(cuda118, 12, "g++-11"), abi.Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
+		{"no g++ on PATH, g++-11 present", withGCC(cuda118, 0, "g++-11"), abi.Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
+		{"g++ 12 and no g++-11", withGCC(cuda118, 12, ""), abi.Build{Sources: src}, "accepts g++ up to version 11 as its host compiler, the default g++ is version 12, and there is no g++-11", true},
+		{"the author's -ccbin wins", withGCC(cuda118, 12, ""), abi.Build{Sources: src, NVCCFlags: []string{"-ccbin", "/usr/bin/g++-10"}},
+			fixed + " " + gencode + " -ccbin /usr/bin/g++-10 " + tail, false},
+		{"one arch gets PTX", &cuda118, abi.Build{Sources: src, CUDAArch: []string{"86"}},
+			fixed + " -gencode arch=compute_86,code=[sm_86,compute_86] " + tail, false},
+		{"three archs, includes, flags", &cuda118, abi.Build{Sources: []string{"a.cu", "b.cu"}, Include: []string{"inc"}, CUDAArch: []string{"75", "80", "90"}, NVCCFlags: []string{"-lineinfo"}},
+			"nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iinc -gencode arch=compute_75,code=sm_75 " + gencode + " -lineinfo -o out/k.so a.cu b.cu", false},
+		{"sm_90 on CUDA 11.7", &nvccInfo{Path: "nvcc", Version: version{11, 7}, HostGCC: 11}, abi.Build{Sources: src}, `sm_90 needs CUDA 11.8 or newer, and nvcc is CUDA 11.7`, true},
+		{"sm_80 on CUDA 10.2", &nvccInfo{Path: "nvcc", Version: version{10, 2}, HostGCC: 8}, abi.Build{Sources: src}, `sm_80 needs CUDA 11.0 or newer`, true},
+		{"sm_100 on CUDA 12.4", &nvccInfo{Path: "nvcc", Version: version{12, 4}}, abi.Build{Sources: src, CUDAArch: []string{"90", "100"}}, `sm_100 needs CUDA 12.8 or newer`, true},
+		{"an arch Plover does not know goes to nvcc", &nvccInfo{Path: "nvcc", Version: version{12, 4}}, abi.Build{Sources: src, CUDAArch: []string{"110"}},
+			fixed + " -gencode arch=compute_110,code=[sm_110,compute_110] " + tail, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			argv, err := cudaCommand(tt.nv, &tt.b, "out/k.so")
+			switch {
+			case tt.err && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("err %v, argv %v; want an error with %q", err, argv, tt.want)
+			case !tt.err && err != nil:
+				t.Fatal(err)
+			case !tt.err && strings.Join(argv, " ") != tt.want:
+				t.Fatalf("got  %s\nwant %s", strings.Join(argv, " "), tt.want)
+			}
+		})
+	}
+}
+
+func TestToolVersions(t *testing.T) {
+	out := "nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2022 NVIDIA Corporation\nBuilt on Wed_Sep_21_10:33:58_PDT_2022\n" +
+		"Cuda compilation tools, release 11.8, V11.8.89\nBuild cuda_11.8.r11.8/compiler.31833905_0\n"
+	if v := parseNVCCVersion(out); v != (version{11, 8}) {
+		t.Errorf("nvcc 11.8 read as %v", v)
+	}
+	if v := parseNVCCVersion("Cuda compilation tools, release 12.10, V12.10.3"); v != (version{12, 10}) || !(version{12, 9}).less(v) {
+		t.Errorf("nvcc 12.10 read as %v", v)
+	}
+	if v := parseNVCCVersion("garbage"); v.known() {
+		t.Errorf("garbage read as %v", v)
+	}
+	for in, want := range map[string]int{"12.2.0\n": 12, "11\n": 11, "9.4.0": 9, "": 0, "clang": 0} {
+		if got := gccMajor(in); got != want {
+			t.Errorf("gccMajor(%q) = %d, want %d", in, got, want)
+		}
+	}
+	if q := shellLine([]string{"nvcc", "-gencode", "arch=compute_90,code=[sm_90,compute_90]", "a b.cu", "it's"}); q != `nvcc -gencode 'arch=compute_90,code=[sm_90,compute_90]' 'a b.cu' 'it'\''s'` {
+		t.Errorf("shellLine: %s", q)
+	}
+}
+
+// initDir runs plover init name in a fresh directory and returns the
+// function directory.
+func initDir(t *testing.T, name string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), name)
+	if _, stderr, err := runCommand(initCmd(), name, "--dir", dir); err != nil {
+		t.Fatalf("init: %v\n%s", err, stderr)
+	}
+	return dir
+}
+
+func TestInit(t *testing.T) {
+	for _, tt := range []struct{ name, symbol string }{
+		{"saxpy", "saxpy"}, {"my-func-2", "my_func_2"}, {"3d", "fn_3d"}, {"plover-x", "fn_plover_x"},
+	} {
+		spec, err := newInitSpec(tt.name)
+		if err != nil || spec.Symbol != tt.symbol || !abi.ValidSymbol(spec.Symbol) {
+			t.Errorf("%s: symbol %q, err %v; want %q", tt.name, spec.Symbol, err, tt.symbol)
+		}
+	}
+	// An existing empty directory is filled; the output says what to run.
+	dir := t.TempDir()
+	out, _, err := runCommand(initCmd(), "my-func", "--dir", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"plover build .", "plover run . --in input.bin", "plover deploy .", "plover invoke my-func"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("init's output lacks %q:\n%s", s, out)
+		}
+	}
+	for _, f := range []string{"my-func.cu", "plover.json", "constants.bin", "include/plover.h", "include/plover_kernel.h", "Makefile", "gen_input.py", "README.txt", ".gitignore"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("init wrote no %s: %v", f, err)
+		}
+	}
+	for _, h := range abi.HeaderFiles {
+		want, _ := abi.Headers.ReadFile(h)
+		if got, _ := os.ReadFile(filepath.Join(dir, "include", h)); !bytes.Equal(got, want) {
+			t.Errorf("include/%s differs from the embedded header", h)
+		}
+	}
+	f, _ := os.Open(filepath.Join(dir, "plover.json"))
+	defer f.Close()
+	m, err := abi.ParseManifest(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ABI != abi.Major || m.Target != "host" || m.Library != "my-func.so" || m.Chain[0].Kernel != "my_func" ||
+		m.Build == nil || !reflect.DeepEqual(m.Build.Sources, []string{"my-func.cu"}) {
+		t.Fatalf("manifest %+v build %+v", m, m.Build)
+	}
+	src, _ := os.ReadFile(filepath.Join(dir, "my-func.cu"))
+	for _, s := range []string{`#include "plover_kernel.h"`, "PLOVER_BUNDLE(PLOVER_TARGET);", "PLOVER_ENTRY(my_func)", "PLOVER_LAUNCH(my_func_kernel,", "ENTRIES ARE HOST CODE"} {
+		if !bytes.Contains(src, []byte(s)) {
+			t.Errorf("the kernel source lacks %q", s)
+		}
+	}
+	mk, _ := os.ReadFile(filepath.Join(dir, "Makefile"))
+	for _, s := range []string{"-x c++ -std=c++17 -O2 -shared -fPIC -Iinclude", "-x cu -shared -Xcompiler -fPIC -O3 -Iinclude",
+		"-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]", "g++-11", "PTX"} {
+		if !bytes.Contains(mk, []byte(s)) {
+			t.Errorf("the Makefile lacks %q", s)
+		}
+	}
+	consts, _ := os.ReadFile(filepath.Join(dir, "constants.bin"))
+	if len(consts) != 8 || math.Float32frombits(binary.LittleEndian.Uint32(consts)) != 2 || math.Float32frombits(binary.LittleEndian.Uint32(consts[4:])) != 1 {
+		t.Fatalf("constants %x, want float32 2 and 1", consts)
+	}
+	// Now it is not empty.
+	if _, _, err := runCommand(initCmd(), "other", "--dir", dir); err == nil || !strings.Contains(err.Error(), "not empty") {
+		t.Fatalf("init into a non-empty directory: %v", err)
+	}
+}
+
+func TestManifestJSON(t *testing.T) {
+	spec, _ := newInitSpec("fmt")
+	m := spec.manifest()
+	yes := true
+	m.ZeroOut, m.IdleTTL, m.Chain = &yes, "30s", append(m.Chain, abi.Launch{Kernel: "second", Grid: 2, Block: 32})
+	b, err := manifestJSON(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := abi.ParseManifest(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if !reflect.DeepEqual(back, m) {
+		t.Fatalf("round trip:\n%+v\n%+v", back, m)
+	}
+	if !bytes.Contains(b, []byte("\n    {\"kernel\": \"second\", \"grid\": 2, \"block\": 32}\n  ]")) {
+		t.Fatalf("layout:\n%s", b)
+	}
+}
+
+func TestResolveBundle(t *testing.T) {
+	var errb bytes.Buffer
+	env := &Env{Stderr: &errb}
+	// A bundle without a build section is itself.
+	plain := testkit.BundleDir(t, testkit.Manifest("plain"), nil)
+	if got, err := resolveBundle(plain, "", env); err != nil || got != plain {
+		t.Fatalf("plain bundle: %q, %v", got, err)
+	}
+	// A source directory not built yet names the command to run.
+	src := initDir(t, "src")
+	if _, err := resolveBundle(src, "", env); err == nil || !strings.Contains(err.Error(), "run `plover build "+src+"` first") {
+		t.Fatalf("unbuilt: %v", err)
+	}
+	if _, err := resolveBundle(src, "cuda", env); err == nil || !strings.Contains(err.Error(), "--target cuda` first") {
+		t.Fatalf("unbuilt cuda: %v", err)
+	}
+	// Built: its build/<target>, with no warning until a source changes.
+	built := filepath.Join(src, "build", "host")
+	os.MkdirAll(built, 0o755)
+	os.WriteFile(filepath.Join(built, "plover.json"), []byte("{}"), 0o644)
+	os.WriteFile(filepath.Join(built, "src.so"), nil, 0o644)
+	old := mustStat(t, filepath.Join(src, "src.cu")).ModTime()
+	os.Chtimes(filepath.Join(built, "src.so"), old, old.Add(1e9))
+	if got, err := resolveBundle(src, "", env); err != nil || got != built || errb.Len() != 0 {
+		t.Fatalf("built: %q, %v, stderr %q", got, err, errb.String())
+	}
+	os.Chtimes(filepath.Join(src, "src.cu"), old, old.Add(2e9))
+	if got, err := resolveBundle(src, "host", env); err != nil || got != built || !strings.Contains(errb.String(), "src.cu changed after") {
+		t.Fatalf("stale: %q, %v, stderr %q", got, err, errb.String())
+	}
+	// A source directory with its library built in place is a bundle.
+	inPlace := initDir(t, "inplace")
+	os.WriteFile(filepath.Join(inPlace, "inplace.so"), nil, 0o644)
+	if got, err := resolveBundle(inPlace, "", env); err != nil || got != inPlace {
+		t.Fatalf("in place: %q, %v", got, err)
+	}
+}
+
+func mustStat(t *testing.T, path string) os.FileInfo {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi
+}
+
+func TestBuildErrors(t *testing.T) {
+	// No build section.
+	plain := testkit.BundleDir(t, testkit.Manifest("plain"), nil)
+	if _, _, err := runCommand(buildCmd(), plain); err == nil || !strings.Contains(err.Error(), `has no "build" section`) {
+		t.Fatalf("no build section: %v", err)
+	}
+	dir := initDir(t, "errs")
+	// Compilers missing.
+	t.Setenv("CXX", "no-such-cxx")
+	if _, _, err := runCommand(buildCmd(), dir); err == nil || !strings.Contains(err.Error(), "no-such-cxx not found") || !strings.Contains(err.Error(), "install g++") {
+		t.Fatalf("no g++: %v", err)
+	}
+	t.Setenv("NVCC", "no-such-nvcc")
+	if _, _, err := runCommand(buildCmd(), dir, "--target", "cuda"); err == nil || !strings.Contains(err.Error(), "no-such-nvcc not found") || !strings.Contains(err.Error(), "make install-nvcc") {
+		t.Fatalf("no nvcc: %v", err)
+	}
+	// A missing source or constants file.
+	os.Rename(filepath.Join(dir, "errs.cu"), filepath.Join(dir, "moved.cu"))
+	if _, _, err := runCommand(buildCmd(), dir); err == nil || !strings.Contains(err.Error(), "build.sources[0]") {
+		t.Fatalf("missing source: %v", err)
+	}
+	os.Rename(filepath.Join(dir, "moved.cu"), filepath.Join(dir, "errs.cu"))
+	os.Remove(filepath.Join(dir, "constants.bin"))
+	if _, _, err := runCommand(buildCmd(), dir); err == nil || !strings.Contains(err.Error(), `constants "constants.bin"`) {
+		t.Fatalf("missing constants: %v", err)
+	}
+}
+
+// TestBuildAndRun builds plover init's function with the real g++ and runs
+// it in this process.
+func TestBuildAndRun(t *testing.T) {
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("no g++")
+	}
+	dir := initDir(t, "loop")
+	// A compile error: the compiler's message reaches stderr unchanged.
+	src := filepath.Join(dir, "loop.cu")
+	good, _ := os.ReadFile(src)
+	os.WriteFile(src, append(good, []byte("\nnot_a_type x;\n")...), 0o644)
+	_, stderr, err := runCommand(buildCmd(), dir)
+	if err == nil || !strings.Contains(err.Error(), "host build of") || !strings.Contains(stderr, "loop.cu:") || !strings.Contains(stderr, "not_a_type") {
+		t.Fatalf("compile error: %v\n%s", err, stderr)
+	}
+	os.WriteFile(src, good, 0o644)
+	stdout, stderr, err := runCommand(buildCmd(), dir)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if !strings.Contains(stderr, "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Iinclude -o build/host/loop.so loop.cu") || !strings.Contains(stdout, "built ") {
+		t.Fatalf("stdout %q stderr %q", stdout, stderr)
+	}
+	bm, err := checkDir(filepath.Join(dir, "build", "host"))
+	if err != nil || bm.Build != nil || bm.Target != "host" {
+		t.Fatalf("built bundle: %+v, %v", bm, err)
+	}
+
+	const n = 1000
+	in := make([]byte, 4*n)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(float32(i)/2))
+	}
+	inPath := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(inPath, in, 0o644)
+	stdout, stderr, err = runCommand(runCmd(), dir, "--in", inPath, "--repeat", "5", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	var rep runReport
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	if rep.Runs != 5 || rep.InputBytes != 4*n || rep.OutputBytes != 4*n || len(rep.Output) != 4*n || rep.Function != "loop" ||
+		rep.Timing.Load <= 0 || rep.Timing.Kernels.Min <= 0 || rep.Timing.Kernels.Min > rep.Timing.Kernels.Median || rep.Timing.Kernels.Median > rep.Timing.Kernels.P99 {
+		t.Fatalf("report %+v", rep)
+	}
+	for i := 0; i < n; i++ {
+		if got := math.Float32frombits(binary.LittleEndian.Uint32(rep.Output[4*i:])); got != float32(i)+1 {
+			t.Fatalf("y[%d] = %v, want %v", i, got, float32(i)+1)
+		}
+	}
+	// The human form: output to a file, the timing breakdown on stderr.
+	outPath := filepath.Join(t.TempDir(), "out.bin")
+	stdout, stderr, err = runCommand(runCmd(), dir, "--in", inPath, "--out", outPath, "--repeat", "3")
+	if err != nil || stdout != "" {
+		t.Fatalf("%v, stdout %q\n%s", err, stdout, stderr)
+	}
+	for _, s := range []string{"load (library + constants)", "instance creation", "min", "median", "p99", "kernels", "copy-out"} {
+		if !strings.Contains(stderr, s) {
+			t.Errorf("timing lacks %q:\n%s", s, stderr)
+		}
+	}
+	if got, _ := os.ReadFile(outPath); !bytes.Equal(got, rep.Output) {
+		t.Fatal("--out differs from --json's output")
+	}
+	// The kernel's own error, named with the chain.
+	os.WriteFile(inPath, in[:3], 0o644)
+	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil ||
+		!strings.Contains(err.Error(), "the chain [loop] failed: input length is not a multiple of 4") {
+		t.Fatalf("bad input: %v", err)
+	}
+	// Over max_input_bytes.
+	os.WriteFile(inPath, make([]byte, 4<<20+4), 0o644)
+	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil || !strings.Contains(err.Error(), "over max_input_bytes 4194304") {
+		t.Fatalf("big input: %v", err)
+	}
+}
