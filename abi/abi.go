@@ -31,10 +31,11 @@ var HeaderFiles = []string{"plover.h", "plover_kernel.h"}
 // (major << 16) | minor.
 type ABIVersion struct{ Major, Minor uint32 }
 
-// DecodeVersion decodes a plover_abi_version value.
+// DecodeVersion decodes a plover_abi_version value. Only ABI 1's plain 1 is
+// special: a plain 2 reads as 0.2, and is refused.
 func DecodeVersion(v uint32) ABIVersion {
-	if v < 1<<16 {
-		return ABIVersion{Major: v}
+	if v == 1 {
+		return ABIVersion{Major: 1}
 	}
 	return ABIVersion{Major: v >> 16, Minor: v & 0xffff}
 }
@@ -70,6 +71,7 @@ const (
 	SymLoad         = "plover_load"
 	SymInstanceInit = "plover_instance_init"
 	SymInstanceFini = "plover_instance_fini"
+	SymUnload       = "plover_unload"
 )
 
 // EntriesSection is the ELF section where ABI 2's PLOVER_ENTRY records each

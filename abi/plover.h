@@ -37,14 +37,15 @@
  * must not block, call back into the runtime, or keep pointers into s after
  * it returns.
  *
- * CUDA GRAPHS. On the CUDA target the runtime records a chain's launches
- * the first time it runs with given input, tmp and out lengths, then replays
- * the recording: from then on the entries' host code does NOT run. So an
- * entry's launches (and the out.len it sets) may depend only on the lengths,
- * grid, block and the buffer pointers, never on a counter, the clock or
- * host-side state, and any host-side effect happens only when recorded. A
- * chain that needs its host code on every request sets "graph": false in the
- * manifest. The host target always calls the entries.
+ * CUDA GRAPHS. On the CUDA target an instance runs a chain directly the
+ * first time it sees given input, tmp and out lengths, records its launches
+ * the second time, and replays the recording from then on: the entries'
+ * host code then does NOT run. So an entry's launches (and the out.len it
+ * sets) may depend only on the lengths, grid, block and the buffer pointers,
+ * never on a counter, the clock or host-side state, and a host-side effect
+ * happens a few times per instance, not per request. A chain that needs its
+ * host code on every request sets "graph": false in the manifest. Chains
+ * given per request never replay; the host target always calls the entries.
  *
  * DECLARED ENTRIES. PLOVER_ENTRY records each entry's name in the bundle
  * (section "plover_entries"); the manifest chain and per-request overrides
@@ -56,19 +57,29 @@
  *       Once per version per device, after the constants are on it and
  *       before any instance exists: s->constant is WRITABLE during this
  *       call only (transform weights in place, build tables), s->stream is
- *       valid, input/tmp/out are empty. Set s->program to share a pointer
- *       with every instance.
+ *       a stream valid during the call, input/tmp/out are empty. Set
+ *       s->program to share a pointer with every instance.
+ *   PLOVER_EXPORT void plover_unload(plover_state_t *s);
+ *       When the version is unloaded from the device, after its last
+ *       instance, with the constants and s->program: free what plover_load
+ *       made. Not called after a failed plover_load.
  *   PLOVER_EXPORT void plover_instance_init(plover_state_t *s);
  *   PLOVER_EXPORT void plover_instance_fini(plover_state_t *s);
  *       Once per instance, after its buffers exist and before they are
  *       freed, with that instance's tmp, out and stream (library handles,
  *       per-instance set-up); init may set s->instance, fini must free what
- *       init made. fini's failure is only logged.
+ *       init made. No fini after a failed init.
  *
  * A hook fails with plover_fail: plover_load's failure fails the load (the
- * function's requests get the message), plover_instance_init's fails the
- * instance creation. On CUDA the runtime waits for the hook's stream before
- * it goes on. Hook time shows in the load timing.
+ * request gets HTTP 500 with the message), plover_instance_init's fails the
+ * instance creation; repeated failures back the function off like crashes.
+ * Failures of fini and unload are ignored. On CUDA the runtime waits for the
+ * hook's stream before it goes on. Hook time is part of the load time.
+ * In a worker process (the default isolation) fini runs when the runtime
+ * closes the instance, but unloading a version ends its worker process,
+ * which frees everything: plover_unload runs only in-process (--isolation
+ * none, plover run). A killed worker (a crash, a deadline overrun, a faulted
+ * GPU) runs no hook.
  *
  * ERRORS. An entry reports failure with plover_fail(s, "message"); the
  * chain still runs to its end, then the request fails (HTTP 500) with the
@@ -123,11 +134,21 @@ typedef plover_state_t state_t;
 typedef void (*plover_entry_fn)(plover_state_t *s, int grid, int block);
 typedef void (*plover_hook_fn)(plover_state_t *s);
 
+/* retain keeps the entry table through the linker's --gc-sections. */
+#if defined(__has_attribute)
+#if __has_attribute(retain)
+#define PLOVER_RETAIN_ retain,
+#endif
+#endif
+#ifndef PLOVER_RETAIN_
+#define PLOVER_RETAIN_
+#endif
+
 /* Defines an entry point with the exported, unmangled name `name` and
  * declares it in the bundle's entry table. */
-#define PLOVER_ENTRY(name)                                                   \
-  static const char plover_entry_##name##_[]                                \
-      __attribute__((used, section("plover_entries"), aligned(1))) = #name; \
+#define PLOVER_ENTRY(name)                                                \
+  static const char plover_entry_##name##_[] __attribute__((             \
+      used, PLOVER_RETAIN_ section("plover_entries"), aligned(1))) = #name; \
   PLOVER_EXPORT void name(plover_state_t *s, int grid, int block)
 
 /*

@@ -59,12 +59,36 @@ func newInitSpec(name string) (*initSpec, error) {
 	}
 	sym := strings.ReplaceAll(name, "-", "_")
 	// An entry point must be a C identifier outside the ABI's prefix.
-	if sym[0] >= '0' && sym[0] <= '9' || strings.HasPrefix(sym, abi.ReservedPrefix) {
+	// It must also not collide with a C/C++ keyword or a function the
+	// headers declare (math.h, stdlib.h, string.h): that fails to compile,
+	// or worse, an exported "free" would stand in for libc's.
+	if sym[0] >= '0' && sym[0] <= '9' || strings.HasPrefix(sym, abi.ReservedPrefix) || reservedC[sym] {
 		sym = "fn_" + sym
 	}
 	return &initSpec{Name: name, Symbol: sym, Kernel: sym + "_kernel", Source: name + ".cu",
 		Library: name + ".so", Constants: "constants.bin"}, nil
 }
+
+// reservedC are names an entry point cannot take: C and C++ keywords, main,
+// and the C library functions a kernel source sees through plover_kernel.h.
+var reservedC = func() map[string]bool {
+	m := map[string]bool{}
+	for _, w := range strings.Fields(`
+		alignas alignof and asm auto bool break case catch char class concept const constexpr
+		const_cast continue default delete do double dynamic_cast else enum explicit export extern
+		false float for friend goto if inline int long mutable namespace new noexcept not nullptr
+		operator or private protected public register reinterpret_cast requires return short signed
+		sizeof static static_assert static_cast struct switch template this thread_local throw true
+		try typedef typeid typename union unsigned using virtual void volatile while xor main
+		abs acos asin atan atan2 cbrt ceil cos cosh erf exp exp2 expm1 fabs floor fma fmax fmin fmod
+		frexp hypot ldexp lgamma log log10 log1p log2 modf nan pow remainder round rint sin sinh sqrt
+		tan tanh tgamma trunc
+		abort atexit atoi atof calloc div exit free getenv malloc qsort rand realloc srand system
+		memcpy memmove memset memcmp strcmp strcpy strlen strncpy`) {
+		m[w] = true
+	}
+	return m
+}()
 
 // manifest is the plover.json plover init writes.
 func (s *initSpec) manifest() *abi.Manifest {

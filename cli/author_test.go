@@ -177,7 +177,7 @@ func initDir(t *testing.T, name string) string {
 
 func TestInit(t *testing.T) {
 	for _, tt := range []struct{ name, symbol string }{
-		{"saxpy", "saxpy"}, {"my-func-2", "my_func_2"}, {"3d", "fn_3d"}, {"plover-x", "fn_plover_x"},
+		{"saxpy", "saxpy"}, {"my-func-2", "my_func_2"}, {"3d", "fn_3d"}, {"plover-x", "fn_plover_x"}, {"main", "fn_main"}, {"free", "fn_free"}, {"default", "fn_default"}, {"sin", "fn_sin"},
 	} {
 		spec, err := newInitSpec(tt.name)
 		if err != nil || spec.Symbol != tt.symbol || !abi.ValidSymbol(spec.Symbol) {

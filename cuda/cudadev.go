@@ -561,24 +561,23 @@ func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char) 
 	return nil
 }
 
-func (g *GPU) loadHook(e *Entries, c Constants) (unsafe.Pointer, error) {
-	fn, name := e.hookFn(hookLoad)
+func (g *GPU) programHook(e *Entries, k hookKind, c Constants, program unsafe.Pointer) (unsafe.Pointer, error) {
+	fn, name := e.hookFn(k)
 	if fn == nil {
-		return nil, nil
+		return program, nil
+	}
+	if err := g.usable(); err != nil {
+		return program, err
 	}
 	var cptr C.CUdeviceptr
 	var clen C.size_t
 	if gc, ok := c.(*gpuConstants); ok && gc != nil {
 		cptr, clen = gc.ptr, C.size_t(gc.size)
 	}
-	var program unsafe.Pointer
 	var code C.CUresult
 	var op *C.char
-	msg := C.plcu_load_hook(g.drv.c, g.ctx, fn, e.lastErrorFn(), cptr, clen, &program, &code, &op)
-	if err := g.hookResult(name, msg, code, op); err != nil {
-		return nil, err
-	}
-	return program, nil
+	msg := C.plcu_program_hook(g.drv.c, g.ctx, fn, e.lastErrorFn(), cptr, clen, &program, &code, &op)
+	return program, g.hookResult(name, msg, code, op)
 }
 
 func (i *gpuInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }

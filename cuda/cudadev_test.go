@@ -809,6 +809,19 @@ func testOutLen(t *testing.T, e *bundleEnv) {
 	if s := inst.stats.load(); s.Replayed < 2 {
 		t.Errorf("replay not exercised: %+v", s)
 	}
+	// A capture that fails (pl_hostile synchronises) reruns the chain
+	// directly: from a fresh state, so out.len is halved once, not twice.
+	half := []Step{e.step(t, "pl_hostile", 1, 32), e.step(t, "pl_out_half", 1, 1)}
+	for i := 0; i < 4; i++ {
+		r := &Run{Input: make([]byte, 10), Output: out, Chain: half, TmpLen: 0, ChainKey: 12}
+		mustRun(t, inst, r)
+		if r.OutLen != 128 {
+			t.Fatalf("run %d with a failing capture: OutLen %d, want 128", i, r.OutLen)
+		}
+	}
+	if s := inst.stats.load(); s.CaptureFailures == 0 {
+		t.Errorf("capture failure not exercised: %+v", s)
+	}
 	r := &Run{Input: make([]byte, 10), Output: out, Chain: []Step{e.step(t, "pl_out_len", 257, 1)}}
 	var ke *KernelError
 	if err := inst.Run(r); !errors.As(err, &ke) || !strings.Contains(err.Error(), "set s->out.len to 257, above the 256 bytes of out") {
@@ -824,9 +837,12 @@ func testHooks(t *testing.T, e *bundleEnv) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	calls := (*[3]int64)(p)
-	before := [3]int64{atomic.LoadInt64(&calls[0]), atomic.LoadInt64(&calls[1]), atomic.LoadInt64(&calls[2])}
-	if e.ents.program, err = g.loadHook(e.ents, nil); err != nil || e.ents.program == nil {
+	calls := (*[4]int64)(p)
+	var before [4]int64
+	for k := range calls {
+		before[k] = atomic.LoadInt64(&calls[k])
+	}
+	if e.ents.program, err = g.programHook(e.ents, hookLoad, nil, nil); err != nil || e.ents.program == nil {
 		t.Fatalf("plover_load: %v (program %p)", err, e.ents.program)
 	}
 	defer func() { e.ents.program = nil }()
@@ -834,11 +850,14 @@ func testHooks(t *testing.T, e *bundleEnv) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 3; i++ { // direct, captured, replayed: the check is host code
+	for i := 0; i < 3; i++ { // direct runs: the check is the entry's host code
 		mustRun(t, inst, &Run{Input: make([]byte, 4), Output: make([]byte, 16), Chain: []Step{e.step(t, "pl_hooks", 1, 1)}})
 	}
 	inst.Close()
-	for k, name := range []string{"plover_load", "plover_instance_init", "plover_instance_fini"} {
+	if _, err := g.programHook(e.ents, hookUnload, nil, e.ents.program); err != nil {
+		t.Fatalf("plover_unload: %v", err)
+	}
+	for k, name := range []string{"plover_load", "plover_instance_init", "plover_instance_fini", "plover_unload"} {
 		if got := atomic.LoadInt64(&calls[k]) - before[k]; got != 1 {
 			t.Errorf("%s ran %d times, want 1", name, got)
 		}

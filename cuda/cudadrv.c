@@ -313,12 +313,11 @@ const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
   return msg;
 }
 
-const char *plcu_load_hook(const plcu_driver_t *d, CUcontext ctx, void *hook,
-                           void *last_error, CUdeviceptr constant,
-                           size_t constant_len, void **program, CUresult *e,
-                           const char **op) {
+const char *plcu_program_hook(const plcu_driver_t *d, CUcontext ctx,
+                              void *hook, void *last_error,
+                              CUdeviceptr constant, size_t constant_len,
+                              void **program, CUresult *e, const char **op) {
   CUstream stream = NULL;
-  *program = NULL;
   if ((*e = d->cuCtxSetCurrent(ctx)) != PLCU_SUCCESS) {
     *op = "cuCtxSetCurrent";
     return NULL;
@@ -329,7 +328,7 @@ const char *plcu_load_hook(const plcu_driver_t *d, CUcontext ctx, void *hook,
   }
   plover_inst_state_t s;
   plover_state_init(&s, 0, NULL, 0, (void *)(uintptr_t)constant, constant_len,
-                    NULL, 0, NULL, 0, stream, NULL);
+                    NULL, 0, NULL, 0, stream, *program);
   const char *msg = hook_and_sync(d, stream, hook, &s.st, last_error, e, op);
   *program = s.st.program;
   d->cuStreamDestroy_v2(stream);
@@ -448,7 +447,12 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   } else if (mode == PLCU_CAPTURE) {
     if (capture(in, nsteps, last_error, r)) r->ran = PLCU_CAPTURE;
   }
-  if (r->ran == PLCU_DIRECT) call_entries(in, nsteps);
+  if (r->ran == PLCU_DIRECT) {
+    /* A failed capture called the entries already: they start again from
+     * the state every request starts from, not from what they left. */
+    if (mode == PLCU_CAPTURE) plover_state_begin(&in->state, in_len, tmp_len, out_len);
+    call_entries(in, nsteps);
+  }
   r->kernel_err = take_error(last_error);
   /* A replay runs no entry code, so it reproduces the out.len recorded. */
   if (r->ran == PLCU_REPLAY) {

@@ -120,12 +120,14 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
  * with *e set when a driver call failed (*op names it). */
 const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
                            CUresult *e, const char **op);
-/* Runs plover_load with the constants writable, on a stream of its own, and
- * waits for it; *program receives s->program. Errors as plcu_inst_hook. */
-const char *plcu_load_hook(const plcu_driver_t *d, CUcontext ctx, void *hook,
-                           void *last_error, CUdeviceptr constant,
-                           size_t constant_len, void **program, CUresult *e,
-                           const char **op);
+/* Runs plover_load or plover_unload with the constants writable and
+ * s->program = *program, on a stream of its own (valid during the call
+ * only), and waits for it; *program receives s->program. Errors as
+ * plcu_inst_hook. */
+const char *plcu_program_hook(const plcu_driver_t *d, CUcontext ctx,
+                              void *hook, void *last_error,
+                              CUdeviceptr constant, size_t constant_len,
+                              void **program, CUresult *e, const char **op);
 /* skip_gpu: the context is poisoned; free only the C struct. */
 void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu);
 

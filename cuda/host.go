@@ -226,6 +226,7 @@ const (
 	hookLoad hookKind = iota
 	hookInstanceInit
 	hookInstanceFini
+	hookUnload
 )
 
 func (e *Entries) hookFn(k hookKind) (unsafe.Pointer, string) {
@@ -237,6 +238,8 @@ func (e *Entries) hookFn(k hookKind) (unsafe.Pointer, string) {
 		return e.lib.Load, abi.SymLoad
 	case hookInstanceInit:
 		return e.lib.InstanceInit, abi.SymInstanceInit
+	case hookUnload:
+		return e.lib.Unload, abi.SymUnload
 	}
 	return e.lib.InstanceFini, abi.SymInstanceFini
 }
@@ -254,15 +257,15 @@ func (e *Entries) hook(k hookKind, st *C.plover_state_t) error {
 	return nil
 }
 
-// loadHook runs plover_load with the constants writable and returns what
-// the hook left in s->program.
-func (h *Host) loadHook(e *Entries, c Constants) (unsafe.Pointer, error) {
-	if fn, _ := e.hookFn(hookLoad); fn == nil {
-		return nil, nil
+// programHook runs plover_load or plover_unload (k) with the constants
+// writable and s->program as program; it returns what the hook left there.
+func (h *Host) programHook(e *Entries, k hookKind, c Constants, program unsafe.Pointer) (unsafe.Pointer, error) {
+	if fn, _ := e.hookFn(k); fn == nil {
+		return program, nil
 	}
 	st := (*C.plover_inst_state_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_inst_state_t{}))))
 	if st == nil {
-		return nil, fmt.Errorf("plover_load: out of memory")
+		return program, fmt.Errorf("%s: out of memory", abi.SymLoad)
 	}
 	defer C.free(unsafe.Pointer(st))
 	var cptr unsafe.Pointer
@@ -270,11 +273,9 @@ func (h *Host) loadHook(e *Entries, c Constants) (unsafe.Pointer, error) {
 	if hc, ok := c.(*hostConstants); ok && hc != nil {
 		cptr, clen = hc.ptr, hc.size
 	}
-	C.plover_state_init(st, 0, nil, 0, cptr, C.size_t(clen), nil, 0, nil, 0, nil, nil)
-	if err := e.hook(hookLoad, &st.st); err != nil {
-		return nil, err
-	}
-	return st.st.program, nil
+	C.plover_state_init(st, 0, nil, 0, cptr, C.size_t(clen), nil, 0, nil, 0, nil, program)
+	err := e.hook(k, &st.st)
+	return st.st.program, err
 }
 
 // zeroFlags is what r asks zeroed before its chain, for the C runners.

@@ -93,9 +93,10 @@ type rawDevice interface {
 	Name() string
 	Target() string
 	LoadConstants(r io.Reader, size int64) (Constants, error)
-	// loadHook runs the bundle's plover_load (if any) on the loaded
-	// constants and returns the s->program it left.
-	loadHook(e *Entries, c Constants) (unsafe.Pointer, error)
+	// programHook runs the bundle's plover_load or plover_unload (if it
+	// has it) on the program's constants with s->program set to program,
+	// and returns the s->program the hook left.
+	programHook(e *Entries, k hookKind, c Constants, program unsafe.Pointer) (unsafe.Pointer, error)
 	NewInstance(cfg InstanceConfig) (Instance, error)
 }
 
@@ -149,8 +150,8 @@ func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program,
 			return nil, fmt.Errorf("cannot load %d bytes of constants on %s: %w", fi.Size(), dev.Name(), err)
 		}
 	}
-	if p.ents.program, err = dev.loadHook(p.ents, p.consts); err != nil {
-		p.Close()
+	if p.ents.program, err = dev.programHook(p.ents, hookLoad, p.consts, nil); err != nil {
+		p.free() // no plover_unload after a failed plover_load
 		return nil, err
 	}
 	return p, nil
@@ -170,7 +171,16 @@ func (p *program) NewInstance(cfg InstanceConfig) (Instance, error) {
 	return p.dev.NewInstance(cfg)
 }
 
+// Close runs the bundle's plover_unload (its failure is ignored, as
+// fini's), then frees the constants and closes the library.
 func (p *program) Close() error {
+	if p.lib != nil && p.lib.Unload != nil {
+		p.dev.programHook(p.ents, hookUnload, p.consts, p.ents.program)
+	}
+	return p.free()
+}
+
+func (p *program) free() error {
 	if p.consts != nil {
 		p.consts.Free()
 		p.consts = nil

@@ -210,6 +210,8 @@ func (info *Info) CheckEntry(name string) error {
 		return fmt.Errorf("kernel %q: names starting with an underscore are reserved (C++ mangled names, _init, _fini): an entry point is a PLOVER_ENTRY", name)
 	case !info.Funcs[name]:
 		return fmt.Errorf("does not export kernel %q", name)
+	case info.Declared != nil && len(info.Declared) == 0:
+		return fmt.Errorf("kernel %q: the bundle declares no entries (no %s section: define entries with PLOVER_ENTRY, and link without --gc-sections or with a compiler that knows __attribute__((retain)))", name, abi.EntriesSection)
 	case info.Declared != nil && !info.Declares(name):
 		return fmt.Errorf("kernel %q is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares %s", name, strings.Join(info.Declared, ", "))
 	}

@@ -27,7 +27,7 @@ type Library struct {
 	// ABI1: the bundle speaks ABI 1 (its entries take the ABI 1 state).
 	ABI1 bool
 	// The ABI 2 lifecycle hooks the bundle defines; nil where it does not.
-	Load, InstanceInit, InstanceFini unsafe.Pointer
+	Load, InstanceInit, InstanceFini, Unload unsafe.Pointer
 
 	// dlopen/dlsym/dlerror share one thread-global error slot: serialise.
 	mu     sync.Mutex
@@ -100,7 +100,7 @@ func (l *Library) resolve(target string, kernels []string) error {
 	for _, h := range []struct {
 		name string
 		p    *unsafe.Pointer
-	}{{abi.SymLoad, &l.Load}, {abi.SymInstanceInit, &l.InstanceInit}, {abi.SymInstanceFini, &l.InstanceFini}} {
+	}{{abi.SymLoad, &l.Load}, {abi.SymInstanceInit, &l.InstanceInit}, {abi.SymInstanceFini, &l.InstanceFini}, {abi.SymUnload, &l.Unload}} {
 		if !l.Info.Exports[h.name] {
 			continue
 		}

@@ -34,6 +34,7 @@ PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, name+".so")
 	abi3 := withVersion("abi3", "(3 << 16)")
 	abi21 := withVersion("abi21", "((2 << 16) | 1)")
 	abi0 := withVersion("abi0", "0")
+	plain2 := withVersion("plain2", "2")
 	abi1 := testkit.BuildLib(t, testkit.KernelsSource(), dir, "abi1.so", testkit.ABI1Include())
 	// An extern "C" helper is a function the library exports, but no
 	// declared entry; hooks are not entries either.
@@ -79,6 +80,7 @@ PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cxx.so")
 		{"ABI 3 refused naming both", abi3, []string{"k"}, "built for ABI 3.0; this runtime speaks ABI 2.0"},
 		{"newer minor refused", abi21, []string{"k"}, "built for ABI 2.1, newer than this runtime's ABI 2.0"},
 		{"ABI 0 refused", abi0, []string{"k"}, "built for ABI 0.0"},
+		{"a plain 2 is no ABI 2", plain2, []string{"k"}, "built for ABI 0.2"},
 		{"ABI 1 bundle loads", abi1, []string{"echo", "add_one"}, ""},
 		{"declared entries load", helper, []string{"k", "k2"}, ""},
 		{"undeclared helper is no kernel", helper, []string{"helper"}, `kernel "helper" is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares k, k2`},

@@ -358,10 +358,18 @@ func (e *Engine) workerDied(v *version, p *placement, pe *cuda.ProcessExit) erro
 	return errorf(KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
 }
 
+// hookFailed counts a failing plover_load or plover_instance_init towards
+// back-off like a worker crash: each retry reloads the bundle (in a fresh
+// worker), so one that fails every time must not be retried by every request.
+func (e *Engine) hookFailed(v *version, err error) {
+	backoff := v.crashed(time.Now())
+	e.cfg.Log.Error("bundle hook failed", "function", v.fn.name, "version", v.rec.ID, "error", err.Error(), "backoff", backoff)
+}
+
 // backoffError is the 503 of a version backing off after crashes.
 func (v *version) backoffError(until int64) error {
 	at := time.Unix(0, until).UTC().Format(time.RFC3339)
-	return errorf(KindUnavailable, nil, "function %s is backing off: its worker crashed %d times within %v; requests fail until %s or a redeploy",
+	return errorf(KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
 		v.fn.name, crashLimit, crashWindow, at)
 }
 
@@ -554,6 +562,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 		}
 		var ke *cuda.KernelError
 		if errors.As(err, &ke) { // plover_instance_init failed
+			e.hookFailed(v, err)
 			return nil, start, errorf(KindKernel, err, "function %s: creating an instance on %s: %s", v.fn.name, p.dev.Name(), err.Error())
 		}
 		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
@@ -616,6 +625,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev cuda.Device) (*place
 		case errors.As(err, &pe):
 			return nil, Cold, err
 		case errors.As(err, &ke): // plover_load failed
+			e.hookFailed(v, err)
 			return nil, Cold, errorf(KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), err.Error())
 		case errors.Is(err, cuda.ErrDeadline) || ctx.Err() != nil:
 			return nil, Cold, errorf(KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())

@@ -85,6 +85,10 @@ func directOnce(cdev cuda.Device, dir string, input []byte, res *directResult, l
 	if err != nil {
 		return err
 	}
+	if lib.Load != nil {
+		lib.Close()
+		return fmt.Errorf("%s defines plover_load: direct trials time the load stages one by one and do not run it; bench it through a server", m.Library)
+	}
 	ents := cuda.NewEntries(lib)
 	steps := make([]cuda.Step, len(m.Chain))
 	for i, l := range m.Chain {
@@ -138,7 +142,7 @@ func directOnce(cdev cuda.Device, dir string, input []byte, res *directResult, l
 	if !last {
 		return nil
 	}
-	res.Output = bytes.Clone(out)
+	res.Output = bytes.Clone(out[:r.OutLen])
 	end := time.Now().Add(dur)
 	for i := 0; i < repeat && time.Now().Before(end); i++ {
 		t0 = time.Now()

@@ -111,8 +111,19 @@ PLOVER_ENTRY(pl_out_len) {
   s->out.len = (size_t)grid;
 }
 
+/* Halves out.len: applied twice (say, once by a failed capture and once by
+ * the direct rerun) it would show. */
+PLOVER_ENTRY(pl_out_half) {
+  enter();
+  (void)grid, (void)block;
+  s->out.len /= 2;
+}
+
 /* ABI 2 hooks: counted, and each leaves a pointer pl_hooks checks. */
-PLOVER_EXPORT long long pl_hook_calls[3]; /* load, instance init, fini */
+/* load, instance init, fini, unload */
+extern "C" {
+__attribute__((visibility("default"))) long long pl_hook_calls[4] = {0, 0, 0, 0};
+}
 static int pl_program_tag, pl_instance_tag;
 
 PLOVER_EXPORT void plover_load(plover_state_t *s) {
@@ -129,6 +140,10 @@ PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
 
 PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) {
   if (s->instance == &pl_instance_tag) __atomic_add_fetch(&pl_hook_calls[2], 1, __ATOMIC_RELAXED);
+}
+
+PLOVER_EXPORT void plover_unload(plover_state_t *s) {
+  if (s->program == &pl_program_tag) __atomic_add_fetch(&pl_hook_calls[3], 1, __ATOMIC_RELAXED);
 }
 
 PLOVER_ENTRY(pl_hooks) {

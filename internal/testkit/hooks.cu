@@ -15,7 +15,13 @@ typedef struct {
 
 static int program_tag;
 
+// Hook calls, for tests: load, instance init, instance fini, unload.
+extern "C" {
+__attribute__((visibility("default"))) long long hooks_calls[4] = {0, 0, 0, 0};
+}
+
 PLOVER_EXPORT void plover_load(plover_state_t *s) {
+  hooks_calls[0]++;
 #ifdef FAIL_LOAD
   plover_fail(s, "the weights are corrupt");
   return;
@@ -25,6 +31,7 @@ PLOVER_EXPORT void plover_load(plover_state_t *s) {
 }
 
 PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
+  hooks_calls[1]++;
 #ifdef FAIL_INIT
   plover_fail(s, "no handle for this instance");
   return;
@@ -33,7 +40,14 @@ PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
   if (s->instance == NULL) plover_fail(s, "out of memory");
 }
 
-PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) { free(s->instance); }
+PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) {
+  hooks_calls[2]++;
+  free(s->instance);
+}
+
+PLOVER_EXPORT void plover_unload(plover_state_t *s) {
+  if (s->program == &program_tag) hooks_calls[3]++;
+}
 
 // report: out = the decoded constants, this instance's request count (u64),
 // 1 if s->program is what plover_load left; out.len lowered to just that.
