@@ -4,7 +4,7 @@ BUILD     := build
 CXX       ?= g++
 NVCC      ?= nvcc
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-HOST_CXXFLAGS := -x c++ -O2 -shared -fPIC -Wall -Wextra -Iabi
+HOST_CXXFLAGS := -x c++ -std=c++17 -O2 -shared -fPIC -Wall -Wextra -Iabi
 NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
@@ -24,7 +24,7 @@ VECADD_HOST := $(BUILD)/samples/vecadd-host
 VECADD_CUDA := $(BUILD)/samples/vecadd-cuda
 VECADD_DATA := $(BUILD)/samples/vecadd-input.bin $(BUILD)/samples/vecadd-expected.bin
 
-samples: vecadd-host cnn-host bin/cnn-classify
+samples: vecadd-host cnn-host softmax-host bin/cnn-classify
 vecadd-host: $(VECADD_HOST)/vecadd.so $(VECADD_HOST)/b.bin $(VECADD_HOST)/plover.json $(VECADD_DATA)
 vecadd-cuda: $(VECADD_CUDA)/vecadd.so $(VECADD_CUDA)/b.bin $(VECADD_CUDA)/plover.json
 
@@ -45,12 +45,13 @@ $(VECADD_DATA) &: samples/vecadd/gen/main.go
 	$(GO) run ./samples/vecadd/gen -input $(BUILD)/samples/vecadd-input.bin -expect $(BUILD)/samples/vecadd-expected.bin
 
 include samples/cnn/cnn.mk
+include samples/softmax/softmax.mk
 
 bin/cnn-classify: $(GO_SRC)
 	$(GO) build -o $@ ./samples/cnn/cmd/cnn-classify
 
 ## CUDA (compile only here; runs need a GPU) --------------------------------
-cuda: vecadd-cuda cnn-cuda
+cuda: vecadd-cuda cnn-cuda softmax-cuda
 
 install-nvcc:
 	bash scripts/install-nvcc.sh

@@ -353,6 +353,45 @@ else
   say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
 fi
 
+# ---------------------------------------------------------------- softmax
+# ABI 2 on a GPU: shared memory, barriers and a lowered out.len, one source
+# for both targets; the expected response comes from the Go reference.
+section "softmax (ABI 2: __shared__, __syncthreads, out.len): CUDA vs host vs reference"
+if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ] && [ -f build/samples/softmax-cuda/plover.json ] &&
+  [ -f build/samples/softmax-host/plover.json ] && [ -f build/samples/softmax-input.bin ] && have python3; then
+  bin/plover deploy build/samples/softmax-cuda --server "$cuda_url" || fail "deploy softmax-cuda"
+  bin/plover deploy build/samples/softmax-host --server "$host_url" || fail "deploy softmax-host"
+  sin=build/samples/softmax-input.bin
+  for i in 1 2 3 4; do # direct, captured, replayed, replayed: out.len must hold on replay
+    rc=$(invoke "$cuda_url" softmax "$sin" "$tmp/softmax-cuda-$i.out")
+    [ "${rc%% *}" = 200 ] || fail "softmax on CUDA, request $i: $rc"
+  done
+  rh=$(invoke "$host_url" softmax "$sin" "$tmp/softmax-host.out")
+  [ "${rh%% *}" = 200 ] || fail "softmax on host: $rh"
+  sdiff=$(python3 - "$tmp" build/samples/softmax-expected.bin <<'PY'
+import struct, sys
+exp = open(sys.argv[2], "rb").read()
+worst = 0.0
+for name in ["softmax-cuda-%d.out" % i for i in range(1, 5)] + ["softmax-host.out"]:
+    got = open(sys.argv[1] + "/" + name, "rb").read()
+    if len(got) != len(exp):
+        print("length %s %d != %d" % (name, len(got), len(exp))); sys.exit(0)
+    n = len(exp) // 4
+    a, b = struct.unpack("<%df" % n, got), struct.unpack("<%df" % n, exp)
+    worst = max(worst, max(abs(x - y) for x, y in zip(a, b)))
+print("%.3g" % worst)
+PY
+)
+  say "softmax: largest difference from the reference (4 CUDA requests, 1 host): $sdiff"
+  if python3 -c "import sys; sys.exit(0 if float('$sdiff') <= 1e-5 else 1)" 2>/dev/null; then
+    pass "softmax: CUDA (direct, captured, replayed) and host match the reference within 1e-5, lengths equal"
+  else
+    fail "softmax: $sdiff"
+  fi
+else
+  say "SKIP: needs build/samples/softmax-{cuda,host}/ and python3"
+fi
+
 # ---------------------------------------------------------------- latency table
 section "latency (ms; server = Server-Timing total, client = whole HTTP request)"
 printf '%-12s %-5s %4s %9s %9s %9s %9s %9s\n' function start n server kernels copyin copyout client

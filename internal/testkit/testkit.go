@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
@@ -42,6 +43,31 @@ func BuildLib(t testing.TB, src, dir, name string, args ...string) string {
 	cmd = append(cmd, "-I"+filepath.Join(Root(), "abi"), "-o", out, src)
 	if b, err := exec.Command(cxx, cmd...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v\n%s", cxx, cmd, err, b)
+	}
+	return out
+}
+
+// BuildCUDALib compiles src with nvcc (or $NVCC) into dir/name as a CUDA
+// bundle for sm_80 and sm_90 (+PTX), as the Makefile does, to check that a
+// source builds for both targets: nothing runs it without a GPU. Skipped
+// in -short mode and when nvcc is missing; a compile error fails the test.
+func BuildCUDALib(t testing.TB, src, dir, name string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("nvcc build skipped in -short mode")
+	}
+	nvcc := os.Getenv("NVCC")
+	if nvcc == "" {
+		nvcc = "nvcc"
+	}
+	if _, err := exec.LookPath(nvcc); err != nil {
+		t.Skipf("%s not found, cannot check the CUDA build: %v", nvcc, err)
+	}
+	out := filepath.Join(dir, name)
+	cmd := exec.Command(nvcc, "-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-O3", "-I"+filepath.Join(Root(), "abi"),
+		"-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=[sm_90,compute_90]", "-o", out, src)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, b)
 	}
 	return out
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/samples/cnn/digits"
 	"github.com/plover-run/plover/samples/cnn/model"
@@ -299,22 +300,7 @@ func TestHostBundle(t *testing.T) {
 // statically (nothing runs without a GPU) that the library declares target
 // "cuda" and exports every kernel of both chains.
 func TestCUDABuild(t *testing.T) {
-	if testing.Short() {
-		t.Skip("nvcc build skipped in -short mode")
-	}
-	nvcc := os.Getenv("NVCC")
-	if nvcc == "" {
-		nvcc = "nvcc"
-	}
-	if _, err := exec.LookPath(nvcc); err != nil {
-		t.Skipf("%s not found, cannot check the CUDA build: %v", nvcc, err)
-	}
-	so := filepath.Join(t.TempDir(), "cnn.so")
-	cmd := exec.Command(nvcc, "-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-O3", "-I"+filepath.Join("..", "..", "abi"),
-		"-gencode", "arch=compute_80,code=sm_80", "-o", so, "cnn.cu")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
-	}
+	so := testkit.BuildCUDALib(t, "cnn.cu", t.TempDir(), "cnn.so")
 	info, err := loader.Inspect(so)
 	if err != nil {
 		t.Fatal(err)
