@@ -44,7 +44,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func commands() []*command {
-	return []*command{serveCmd(), initCmd(), buildCmd(), runCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), versionCmd(), workerCmd()}
+	return []*command{serveCmd(), initCmd(), buildCmd(), runCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), tokenCmd(), versionCmd(), workerCmd()}
 }
 
 // Main runs the plover command and returns its exit status.

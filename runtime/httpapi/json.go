@@ -136,7 +136,12 @@ func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 
 // invokeJSON runs a JSON request and, on success, writes its response.
 func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) error {
-	input, o, timeout, err := parseInvoke(ctx.Request.Body(), name)
+	body, held, err := s.readBody(ctx, s.opts.MaxBodyBytes, nil)
+	if err != nil {
+		return err
+	}
+	defer s.releaseBody(held)
+	input, o, timeout, err := parseInvoke(body, name)
 	if err != nil {
 		return err
 	}

@@ -58,6 +58,14 @@ type Options struct {
 	// the caller registers other collectors (the engine's) on it. Nil: a
 	// private registry.
 	Registry *prometheus.Registry
+	// Tokens, when set, authenticates every request but the probes
+	// (/healthz, /readyz) with a bearer token that must have the route's
+	// scope (and, for invoke and deploy, match the function): 401 without a
+	// known token, 403 without the scope. Nil: no authentication.
+	Tokens Tokens
+	// BodyBudget, when set, bounds the request bytes held in memory at
+	// once; a request that finds no room within 5 s gets 503.
+	BodyBudget BodyBudget
 }
 
 // Server serves the Plover HTTP API.
@@ -70,6 +78,10 @@ type Server struct {
 	notReady atomic.Bool
 	metrics  *requestMetrics
 	scrape   fasthttp.RequestHandler
+
+	authFailures *prometheus.CounterVec
+	authLog      perClient
+	metricsSrv   atomic.Pointer[fasthttp.Server]
 }
 
 // SetReady sets what /readyz answers; a server going down sets it false
@@ -80,6 +92,7 @@ func (s *Server) SetReady(ready bool) { s.notReady.Store(!ready) }
 // nothing.
 type call struct {
 	req    runtime.Request
+	in     []byte // the input buffer, reused
 	timing []byte
 	conn   net.Conn // the client's, for gone
 }
@@ -117,7 +130,7 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{inv: inv, adm: adm, opts: opts, metrics: newRequestMetrics(opts.Registry)}
+	s := &Server{inv: inv, adm: adm, opts: opts, metrics: newRequestMetrics(opts.Registry), authFailures: newAuthFailures(opts.Registry)}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
 		c := &call{timing: make([]byte, 0, 160)}
@@ -132,17 +145,46 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        120 * time.Second,
 		ErrorHandler:       s.parseError,
-		Logger:             fasthttpLogger{opts.Log},
-		CloseOnShutdown:    true,
+		// Bodies are read as they arrive, by the handlers: a client that
+		// announces a large Content-Length and sends nothing holds nothing.
+		StreamRequestBody: true,
+		Logger:            fasthttpLogger{opts.Log},
+		CloseOnShutdown:   true,
 	}
 	return s
+}
+
+// ServeMetrics serves only GET /metrics, without authentication, on ln (plover
+// serve --metrics-listen): for a scraper on a private network.
+func (s *Server) ServeMetrics(ln net.Listener) error {
+	srv := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) != "/metrics" {
+				writeError(ctx, fasthttp.StatusNotFound, "not_found", "this address serves only GET /metrics")
+				return
+			}
+			if s.method(ctx, fasthttp.MethodGet) {
+				s.scrape(ctx)
+			}
+		},
+		Name: "plover/" + s.opts.Version, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		IdleTimeout: time.Minute, Logger: fasthttpLogger{s.opts.Log}, MaxRequestBodySize: 1 << 10,
+		CloseOnShutdown: true,
+	}
+	s.metricsSrv.Store(srv)
+	return srv.Serve(ln)
 }
 
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
 
 // Shutdown stops accepting and waits for open requests to finish.
-func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+func (s *Server) Shutdown(ctx context.Context) error {
+	if m := s.metricsSrv.Load(); m != nil {
+		m.ShutdownWithContext(ctx)
+	}
+	return s.srv.ShutdownWithContext(ctx)
+}
 
 type fasthttpLogger struct{ l *slog.Logger }
 
@@ -165,6 +207,14 @@ var (
 
 // Handle routes one request. Exported for in-process benchmarks.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	if smuggling(ctx) {
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
+		return
+	}
+	if s.opts.Tokens != nil && !s.authorize(ctx) {
+		return
+	}
 	path := ctx.Path()
 	switch {
 	case string(path) == "/healthz":
@@ -260,7 +310,12 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 		var body struct {
 			Version string `json:"version"`
 		}
-		if err := strictJSON(ctx.Request.Body(), &body); err != nil || body.Version == "" {
+		b, _, err := s.readBody(ctx, 64<<10, nil) // too small for the budget
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		if err := strictJSON(b, &body); err != nil || body.Version == "" {
 			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `body must be {"version":"<version id or its first 8+ characters>"}`)
 			return
 		}
@@ -310,7 +365,20 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 			"Content-Type "+strconv.Quote(ct)+": a bundle is sent as "+bundle.MediaType+" (plover deploy DIR does this)")
 		return
 	}
-	fi, err := s.adm.Deploy(ctx, name, bytes.NewReader(ctx.Request.Body()), ctx.QueryArgs().GetBool("force"))
+	// The bundle streams to a file as it arrives (Deploy spools it), so it
+	// takes no room in the body budget.
+	var body io.Reader
+	if cl := ctx.Request.Header.ContentLength(); cl > s.opts.MaxBodyBytes {
+		s.fail(ctx, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large",
+			"bundle of " + strconv.Itoa(cl) + " bytes is over the limit of " + strconv.Itoa(s.opts.MaxBodyBytes) + " bytes (plover serve --max-body)"})
+		return
+	}
+	if stream := ctx.RequestBodyStream(); stream != nil {
+		body = io.LimitReader(stream, int64(s.opts.MaxBodyBytes)+1)
+	} else {
+		body = bytes.NewReader(ctx.Request.Body())
+	}
+	fi, err := s.adm.Deploy(ctx, name, body, ctx.QueryArgs().GetBool("force"))
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -356,7 +424,11 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	if err == nil {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
 		case "application/octet-stream", "":
-			c.req.Input = ctx.Request.Body()
+			var held int64
+			if c.req.Input, held, err = s.readBody(ctx, s.opts.MaxBodyBytes, &c.in); err != nil {
+				break
+			}
+			defer s.releaseBody(held)
 			c.req.Output = ctx.Response.SwapBody(nil)[:0]
 			// Not ctx: fasthttp closes its Done at the start of a graceful
 			// shutdown, and queued requests are meant to drain then. The

@@ -1,0 +1,463 @@
+// Package auth is Plover's bearer tokens: the auth file, scopes, function globs.
+//
+// An auth file lists one token per line:
+//
+//	# NAME   SCOPES        SHA256                                                            FUNCTIONS
+//	ci       invoke,read   583a77915a98804db1762f162685c1895dd317db52fdca950f24744635f8a9e4  cnn,vec*
+//	ops      admin         bb172bff805801f64068ef04c75c687dc840c5f20b5532d780acabac36ac0c7b
+//
+// The file holds the SHA-256 of each token, never the token: a server that
+// reads it can check a token but not mint one. plover token new makes a
+// token and prints its line.
+package auth
+
+import (
+	"bufio"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Scope is a set of permissions.
+type Scope uint8
+
+const (
+	Read   Scope = 1 << iota // list/show functions, versions, metrics
+	Invoke                   // POST /v1/functions/NAME/invoke
+	Deploy                   // deploy, rollback, delete, gc; implies Read
+	Admin                    // everything
+)
+
+// scopeNames is in bit order, the order String writes a set in.
+var scopeNames = [...]string{"read", "invoke", "deploy", "admin"}
+
+const allScopes = Read | Invoke | Deploy | Admin
+
+// String writes one scope as "read", "invoke", "deploy" or "admin", and a set
+// as those names joined with "," in that order ("read,deploy"). The empty set
+// is "none"; bits beyond Admin are written in hex ("0x10").
+func (s Scope) String() string {
+	if s == 0 {
+		return "none"
+	}
+	var b strings.Builder
+	for i, n := range scopeNames {
+		if s&(1<<i) != 0 {
+			if b.Len() > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(n)
+		}
+	}
+	if rest := s &^ allScopes; rest != 0 {
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%#x", uint8(rest))
+	}
+	return b.String()
+}
+
+// ParseScopes reads a comma-separated list of scope names ("invoke,read"), in
+// any order. An empty list, an empty element or an unknown name is an error.
+func ParseScopes(csv string) (Scope, error) {
+	if csv == "" {
+		return 0, errors.New("no scopes (want a comma-separated list of admin, deploy, invoke, read)")
+	}
+	var s Scope
+	for _, n := range strings.Split(csv, ",") {
+		i := scopeIndex(n)
+		if i < 0 {
+			if n == "" {
+				return 0, fmt.Errorf("empty scope in %q", csv)
+			}
+			return 0, fmt.Errorf("unknown scope %q (want admin, deploy, invoke or read)", n)
+		}
+		s |= 1 << i
+	}
+	return s, nil
+}
+
+func scopeIndex(name string) int {
+	for i, n := range scopeNames {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Principal is the holder of a token.
+type Principal struct {
+	Name   string
+	Scopes Scope // as written in the file
+	// Functions are path.Match globs limiting invoke and deploy; Parse sets
+	// ["*"] when the file gives none, and Allow treats an empty list as ["*"].
+	Functions []string
+}
+
+// Denied is a refusal by Principal.Allow: the request is authenticated but
+// the token may not do it (HTTP 403).
+type Denied struct{ Msg string }
+
+func (d *Denied) Error() string { return d.Msg }
+
+// Allow returns nil, or a *Denied saying what is missing. need is one scope.
+//
+// Admin allows everything; Deploy implies Read. For need Invoke or Deploy
+// with function != "", the function must match one of p.Functions
+// (path.Match). With function == "" (a store-wide operation such as gc), need
+// Invoke or Deploy requires Admin or a Functions list that is exactly ["*"]
+// (or empty). Read is not limited by Functions.
+func (p *Principal) Allow(need Scope, function string) error {
+	if p == nil {
+		return &Denied{Msg: "no token"}
+	}
+	if bits.OnesCount8(uint8(need)) != 1 || need&^allScopes != 0 {
+		return &Denied{Msg: fmt.Sprintf("internal error: Allow needs one scope, got %v", need)}
+	}
+	if p.Scopes&Admin != 0 {
+		return nil
+	}
+	have := p.Scopes
+	if have&Deploy != 0 {
+		have |= Read
+	}
+	if have&need == 0 {
+		return &Denied{Msg: fmt.Sprintf("token %q lacks the %q scope", p.Name, need.String())}
+	}
+	if need != Invoke && need != Deploy {
+		return nil
+	}
+	if p.allFunctions() {
+		return nil
+	}
+	if function == "" {
+		return &Denied{Msg: fmt.Sprintf(`token %q may %s only functions matching %s: store-wide operations need the "admin" scope or functions "*"`,
+			p.Name, need.String(), p.globs())}
+	}
+	for _, g := range p.Functions {
+		if ok, _ := path.Match(g, function); ok {
+			return nil
+		}
+	}
+	return &Denied{Msg: fmt.Sprintf("token %q may %s only functions matching %s: not %q", p.Name, need.String(), p.globs(), function)}
+}
+
+func (p *Principal) allFunctions() bool {
+	return len(p.Functions) == 0 || len(p.Functions) == 1 && p.Functions[0] == "*"
+}
+
+// globs writes p.Functions as `"cnn", "vec*"`.
+func (p *Principal) globs() string {
+	q := make([]string, len(p.Functions))
+	for i, g := range p.Functions {
+		q[i] = fmt.Sprintf("%q", g)
+	}
+	return strings.Join(q, ", ")
+}
+
+// CheckName reports whether name is a valid token name: [A-Za-z0-9_.@-]{1,64}.
+func CheckName(name string) error {
+	if name == "" {
+		return errors.New("empty name")
+	}
+	if len(name) > 64 {
+		return fmt.Errorf("name %q is longer than 64 characters", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '@' || c == '-') {
+			return fmt.Errorf("name %q has %q: want letters, digits and _ . @ -", name, c)
+		}
+	}
+	return nil
+}
+
+// ParseFunctions reads a comma-separated list of path.Match globs ("cnn,vec*").
+// Each must be a valid, non-empty pattern without whitespace or '#' (which
+// the auth file could not hold).
+func ParseFunctions(csv string) ([]string, error) {
+	if csv == "" {
+		return nil, errors.New("no functions (use * for all)")
+	}
+	globs := strings.Split(csv, ",")
+	for _, g := range globs {
+		if g == "" {
+			return nil, fmt.Errorf("empty glob in %q", csv)
+		}
+		if strings.ContainsAny(g, " \t\r\n\v\f#") {
+			return nil, fmt.Errorf("glob %q has whitespace or '#'", g)
+		}
+		if _, err := path.Match(g, ""); err != nil {
+			return nil, fmt.Errorf("glob %q: %v", g, err)
+		}
+	}
+	return globs, nil
+}
+
+// checkHash reports whether sha is 64 lowercase hex characters.
+func checkHash(sha string) error {
+	if len(sha) != 2*sha256.Size {
+		return fmt.Errorf("%q is %d characters, want 64 hex", sha, len(sha))
+	}
+	for i := 0; i < len(sha); i++ {
+		c := sha[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			if 'A' <= c && c <= 'F' {
+				return fmt.Errorf("%q: want lowercase hex", sha)
+			}
+			return fmt.Errorf("%q has %q: want lowercase hex", sha, c)
+		}
+	}
+	return nil
+}
+
+type entry struct {
+	p   Principal
+	sum [sha256.Size]byte
+}
+
+// Table is a parsed auth file. It is immutable: the *Principal values Lookup
+// returns must not be modified.
+type Table struct {
+	entries []entry
+}
+
+// Parse reads an auth file: one token per line, '#' comments (whole line or
+// trailing after whitespace) and blank lines allowed; fields separated by
+// spaces or tabs: NAME SCOPES SHA256 [FUNCTIONS].
+//
+// NAME: [A-Za-z0-9_.@-]{1,64}, unique. SCOPES: comma-separated subset of
+// admin,deploy,invoke,read. SHA256: 64 lowercase hex characters, the SHA-256
+// of the token's bytes, unique. FUNCTIONS: comma-separated path.Match globs
+// (default "*").
+//
+// A malformed line is an error "SOURCE:LINE: reason" naming the field; so is
+// a file with no tokens ("SOURCE: no tokens"), since a server with an empty
+// auth file would refuse everything.
+func Parse(r io.Reader, source string) (*Table, error) {
+	t := &Table{}
+	names := map[string]int{}  // name → line
+	hashes := map[string]int{} // sha → line
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	n := 0
+	for sc.Scan() {
+		n++
+		fields := splitLine(sc.Text())
+		if len(fields) == 0 {
+			continue
+		}
+		fail := func(format string, a ...any) error {
+			return fmt.Errorf("%s:%d: %s", source, n, fmt.Sprintf(format, a...))
+		}
+		switch len(fields) {
+		case 1:
+			return nil, fail("missing SCOPES and SHA256 after NAME %q (want NAME SCOPES SHA256 [FUNCTIONS])", fields[0])
+		case 2:
+			return nil, fail("missing SHA256 after SCOPES (want NAME SCOPES SHA256 [FUNCTIONS])")
+		case 3, 4:
+		default:
+			return nil, fail("extra field %q after FUNCTIONS (FUNCTIONS is one comma-separated field)", fields[4])
+		}
+		var e entry
+		e.p.Name = fields[0]
+		if err := CheckName(e.p.Name); err != nil {
+			return nil, fail("NAME: %v", err)
+		}
+		if prev, ok := names[e.p.Name]; ok {
+			return nil, fail("NAME: duplicate name %q (also on line %d)", e.p.Name, prev)
+		}
+		s, err := ParseScopes(fields[1])
+		if err != nil {
+			return nil, fail("SCOPES: %v", err)
+		}
+		e.p.Scopes = s
+		sha := fields[2]
+		if err := checkHash(sha); err != nil {
+			return nil, fail("SHA256: %v", err)
+		}
+		if prev, ok := hashes[sha]; ok {
+			return nil, fail("SHA256: duplicate hash (the same token as line %d)", prev)
+		}
+		hex.Decode(e.sum[:], []byte(sha))
+		e.p.Functions = []string{"*"}
+		if len(fields) == 4 {
+			if e.p.Functions, err = ParseFunctions(fields[3]); err != nil {
+				return nil, fail("FUNCTIONS: %v", err)
+			}
+		}
+		names[e.p.Name] = n
+		hashes[sha] = n
+		t.entries = append(t.entries, e)
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("%s:%d: line too long", source, n+1)
+		}
+		return nil, fmt.Errorf("%s: %w", source, err)
+	}
+	if len(t.entries) == 0 {
+		return nil, fmt.Errorf("%s: no tokens", source)
+	}
+	return t, nil
+}
+
+// splitLine drops a comment ('#' at the start or after whitespace) and splits
+// the rest at runs of spaces and tabs.
+func splitLine(line string) []string {
+	for i := 0; i < len(line); i++ {
+		if line[i] == '#' && (i == 0 || line[i-1] == ' ' || line[i-1] == '\t') {
+			line = line[:i]
+			break
+		}
+	}
+	return strings.FieldsFunc(line, func(r rune) bool { return r == ' ' || r == '\t' || r == '\r' })
+}
+
+// Lookup hashes token (SHA-256) and compares the hash with every entry in
+// constant time, returning the matching principal or nil. It does not
+// allocate.
+func (t *Table) Lookup(token []byte) *Principal {
+	if t == nil {
+		return nil
+	}
+	sum := sha256.Sum256(token)
+	match := -1
+	for i := range t.entries {
+		eq := subtle.ConstantTimeCompare(sum[:], t.entries[i].sum[:])
+		match = subtle.ConstantTimeSelect(eq, i, match)
+	}
+	if match < 0 {
+		return nil
+	}
+	return &t.entries[match].p
+}
+
+// Len is the number of tokens.
+func (t *Table) Len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.entries)
+}
+
+// Store is the live table of a server. Load reads the file, Reload re-reads
+// it (on SIGHUP), and Lookup reads the current table without locking.
+type Store struct {
+	path  string
+	mu    sync.Mutex // serializes Reload
+	table atomic.Pointer[Table]
+}
+
+// Load reads the auth file at path.
+func Load(path string) (*Store, error) {
+	s := &Store{path: path}
+	t, err := readFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s.table.Store(t)
+	return s, nil
+}
+
+func readFile(path string) (*Table, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Parse(f, path)
+}
+
+// Reload re-reads the file. If it cannot be read or parsed, the store keeps
+// the table it had and Reload returns the error.
+func (s *Store) Reload() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, err := readFile(s.path)
+	if err != nil {
+		return err
+	}
+	s.table.Store(t)
+	return nil
+}
+
+// Lookup finds token in the current table; see Table.Lookup.
+func (s *Store) Lookup(token []byte) *Principal { return s.table.Load().Lookup(token) }
+
+// Len is the number of tokens in the current table.
+func (s *Store) Len() int { return s.table.Load().Len() }
+
+// Path is the auth file's path.
+func (s *Store) Path() string { return s.path }
+
+// BearerToken extracts TOKEN from an Authorization header value
+// "Bearer TOKEN": the scheme is case-insensitive and followed by one space or
+// more; trailing spaces and tabs are dropped. ok is false for another scheme,
+// an empty token or one with whitespace inside. It does not allocate.
+func BearerToken(header []byte) (token []byte, ok bool) {
+	const scheme = "bearer"
+	if len(header) <= len(scheme) || header[len(scheme)] != ' ' {
+		return nil, false
+	}
+	for i := 0; i < len(scheme); i++ {
+		if header[i]|0x20 != scheme[i] {
+			return nil, false
+		}
+	}
+	tok := header[len(scheme):]
+	for len(tok) > 0 && tok[0] == ' ' {
+		tok = tok[1:]
+	}
+	for len(tok) > 0 && (tok[len(tok)-1] == ' ' || tok[len(tok)-1] == '\t') {
+		tok = tok[:len(tok)-1]
+	}
+	if len(tok) == 0 {
+		return nil, false
+	}
+	for _, c := range tok {
+		if c == ' ' || c == '\t' {
+			return nil, false
+		}
+	}
+	return tok, true
+}
+
+// NewToken returns 32 random bytes (crypto/rand) as unpadded base64url, 43
+// characters.
+func NewToken() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// Hash is the lowercase hex SHA-256 of token, as the auth file holds it.
+func Hash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// Line formats an auth-file line: "NAME\tSCOPES\tSHA256\tFUNCTIONS", with
+// FUNCTIONS "*" when functions is empty.
+func Line(name string, scopes Scope, sha string, functions []string) string {
+	f := "*"
+	if len(functions) > 0 {
+		f = strings.Join(functions, ",")
+	}
+	return name + "\t" + scopes.String() + "\t" + sha + "\t" + f
+}

@@ -1,0 +1,139 @@
+package httpapi
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/auth"
+)
+
+// Tokens finds the principal of a bearer token (auth.Store).
+type Tokens interface {
+	Lookup(token []byte) *auth.Principal
+}
+
+// need is what a route requires: a scope and, for invoke and deploy, the
+// function it acts on. open routes (the probes) require nothing.
+type need struct {
+	scope auth.Scope
+	fn    []byte
+	open  bool
+}
+
+var (
+	hdrAuthorization = []byte("Authorization")
+	pathHealthz      = []byte("/healthz")
+	pathReadyz       = []byte("/readyz")
+)
+
+// required is the scope a request needs, from its method and path. It
+// mirrors Handle's routes; a route Handle does not know needs read (and
+// then gets its 404), so an unauthenticated client learns nothing of it.
+func required(method, path []byte) need {
+	switch {
+	case bytes.Equal(path, pathHealthz), bytes.Equal(path, pathReadyz):
+		return need{open: true}
+	case bytes.Equal(path, []byte("/v1/gc")):
+		return need{scope: auth.Deploy}
+	case bytes.HasPrefix(path, pathFunctions) && len(path) > len(pathFunctions)+1 && path[len(pathFunctions)] == '/':
+		rest := path[len(pathFunctions)+1:]
+		if name, ok := bytes.CutSuffix(rest, suffixInvoke); ok && bytes.IndexByte(name, '/') < 0 {
+			return need{scope: auth.Invoke, fn: name}
+		}
+		if name, sub, ok := bytes.Cut(rest, []byte{'/'}); ok {
+			if string(sub) == "rollback" {
+				return need{scope: auth.Deploy, fn: name}
+			}
+			return need{scope: auth.Read}
+		}
+		if string(method) == fasthttp.MethodPut || string(method) == fasthttp.MethodDelete {
+			return need{scope: auth.Deploy, fn: rest}
+		}
+	}
+	return need{scope: auth.Read}
+}
+
+// authorize lets the request through, or writes 401 (no or unknown token)
+// or 403 (the token lacks the scope or the function) and returns false.
+func (s *Server) authorize(ctx *fasthttp.RequestCtx) bool {
+	n := required(ctx.Method(), ctx.Path())
+	if n.open {
+		return true
+	}
+	tok, ok := auth.BearerToken(ctx.Request.Header.PeekBytes(hdrAuthorization))
+	if !ok {
+		s.refuse(ctx, "missing_token", fasthttp.StatusUnauthorized, "unauthenticated",
+			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
+		return false
+	}
+	p := s.opts.Tokens.Lookup(tok)
+	if p == nil {
+		s.refuse(ctx, "unknown_token", fasthttp.StatusUnauthorized, "unauthenticated", "the bearer token is not known to this server")
+		return false
+	}
+	// The name is only matched against globs, not kept: no copy.
+	fn := unsafe.String(unsafe.SliceData(n.fn), len(n.fn))
+	if err := p.Allow(n.scope, fn); err != nil {
+		var d *auth.Denied
+		msg := err.Error()
+		if errors.As(err, &d) {
+			msg = d.Msg
+		}
+		s.refuse(ctx, "forbidden", fasthttp.StatusForbidden, "forbidden", msg)
+		return false
+	}
+	return true
+}
+
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, reason string, code int, name, msg string) {
+	s.authFailures.WithLabelValues(reason).Inc()
+	if code == fasthttp.StatusUnauthorized {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="plover"`)
+	}
+	writeError(ctx, code, name, msg)
+	if s.authLog.allow(ctx.RemoteIP()) {
+		s.opts.Log.Warn("request refused", "reason", reason, "client", ctx.RemoteIP().String(),
+			"method", string(ctx.Method()), "path", string(ctx.Path()), "status", code)
+	}
+}
+
+func newAuthFailures(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "plover_auth_failures_total",
+		Help: "Requests refused for authentication (missing_token, unknown_token) or authorization (forbidden).",
+	}, []string{"reason"})
+	reg.MustRegister(c)
+	for _, r := range []string{"missing_token", "unknown_token", "forbidden"} {
+		c.WithLabelValues(r) // present at 0, so a rate() sees the first refusal
+	}
+	return c
+}
+
+// perClient lets a log line through at most once a second per client
+// address, so a client hammering with bad tokens cannot flood the log.
+type perClient struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+func (p *perClient) allow(ip net.IP) bool {
+	now := time.Now()
+	key := string(ip)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil || len(p.last) > 4096 {
+		p.last = map[string]time.Time{} // bounded: forget everyone at once
+	}
+	if t, ok := p.last[key]; ok && now.Sub(t) < time.Second {
+		return false
+	}
+	p.last[key] = now
+	return true
+}
