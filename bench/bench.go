@@ -12,6 +12,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -46,7 +47,11 @@ const (
 // Requests comes first, or when ctx is done.
 type Config struct {
 	// Server is the base URL, e.g. http://127.0.0.1:8080.
-	Server   string
+	Server string
+	// Token, when set, is sent as Authorization: Bearer; TLS configures
+	// https servers (nil: the system roots).
+	Token    string
+	TLS      *tls.Config
 	Function string
 	Input    []byte
 	// Concurrency is the number of workers, each with its own connection:
@@ -166,8 +171,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg: cfg,
 		uri: base + "/v1/functions/" + url.PathEscape(cfg.Function) + "/invoke",
 		client: &fasthttp.HostClient{
-			Addr:  hostPort(u),
-			IsTLS: u.Scheme == "https",
+			Addr:      hostPort(u),
+			IsTLS:     u.Scheme == "https",
+			TLSConfig: cfg.TLS,
 			// One connection per worker, kept alive for the whole run.
 			MaxConns:            cfg.Concurrency,
 			MaxConnWaitTimeout:  cfg.Timeout,
@@ -265,6 +271,9 @@ func (r *run) worker(ctx context.Context) {
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.SetRequestURI(r.uri)
 	req.Header.SetContentType("application/octet-stream")
+	if r.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.cfg.Token)
+	}
 	// The input is shared by all workers and never written: no copy.
 	req.SetBodyRaw(r.cfg.Input)
 

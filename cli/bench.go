@@ -94,9 +94,14 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	tc, err := tlsConfig(firstOf(f.ep.cacert, os.Getenv("PLOVER_CACERT")))
+	if err != nil {
+		return err
+	}
 	cfg := bench.Config{
 		Server: serverURL(f.ep.server), Function: name, Input: input, Concurrency: f.concurrency,
 		Rate: float64(f.rate), Duration: f.duration, Requests: f.requests, Timeout: f.timeout,
+		Token: firstOf(f.ep.token, os.Getenv("PLOVER_TOKEN")), TLS: tc,
 	}
 	finish := benchProgress(&cfg, env)
 	res, err := bench.Run(ctx, cfg)

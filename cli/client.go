@@ -32,12 +32,22 @@ func serverURL(flagVal string) string {
 
 // client talks to a plover server's HTTP API.
 type client struct {
-	base string
-	http *http.Client
+	base   string
+	token  string
+	http   *http.Client
+	tlsErr error // a --cacert that cannot be used: reported by the first call
 }
 
-func newClient(server string) *client {
-	return &client{base: serverURL(server), http: &http.Client{Timeout: 10 * time.Minute}}
+func newClient(server, token, cacert string) *client {
+	c := &client{base: serverURL(server), token: token, http: &http.Client{Timeout: 10 * time.Minute}}
+	cfg, err := tlsConfig(cacert)
+	c.tlsErr = err
+	if cfg != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = cfg
+		c.http.Transport = tr
+	}
+	return c
 }
 
 // apiError is the server's JSON error, with the status it came with.
@@ -57,9 +67,15 @@ func (c *client) do(method, path, contentType string, body io.Reader) (*http.Res
 
 // doSized sends a body of known size (so a wrapped reader is not chunked).
 func (c *client) doSized(method, path, contentType string, body io.Reader, size int64) (*http.Response, error) {
+	if c.tlsErr != nil {
+		return nil, c.tlsErr
+	}
 	req, err := http.NewRequest(method, c.base+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	if size >= 0 {
 		req.ContentLength = size
@@ -78,7 +94,11 @@ func (c *client) doSized(method, path, contentType string, body io.Reader, size 
 			Error struct{ Code, Message string } `json:"error"`
 		}
 		if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
-			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+			msg := e.Error.Message
+			if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
+				msg += " (no token was sent: set $PLOVER_TOKEN or --token)"
+			}
+			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: msg}
 		}
 		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b))}
 	}

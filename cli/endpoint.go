@@ -2,7 +2,11 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"flag"
+	"fmt"
+	"os"
 
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime/registry"
@@ -12,13 +16,17 @@ import (
 // the object store directly (no server needed).
 type endpoint struct {
 	server string
+	token  string // --token, else $PLOVER_TOKEN
+	cacert string // --cacert, else $PLOVER_CACERT
 	store  string
 	s3     objectstore.S3Options
 }
 
 // serverFlag registers --server.
 func (e *endpoint) serverFlag(fs *flag.FlagSet) {
-	fs.StringVar(&e.server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+")")
+	fs.StringVar(&e.server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+"); https:// for a server with --tls-cert")
+	fs.StringVar(&e.token, "token", "", "bearer token for a server with --auth-file (default $PLOVER_TOKEN; prefer the variable: flags show in ps)")
+	fs.StringVar(&e.cacert, "cacert", "", "PEM file of CA certificates to trust for https, besides the system's (default $PLOVER_CACERT)")
 }
 
 // storeFlags registers --server plus --store and the S3 settings; usage says
@@ -29,8 +37,10 @@ func (e *endpoint) storeFlags(fs *flag.FlagSet, usage string) {
 	s3Flags(fs, &e.s3)
 }
 
-func (e *endpoint) direct() bool    { return e.store != "" }
-func (e *endpoint) client() *client { return newClient(e.server) }
+func (e *endpoint) direct() bool { return e.store != "" }
+func (e *endpoint) client() *client {
+	return newClient(e.server, firstOf(e.token, os.Getenv("PLOVER_TOKEN")), firstOf(e.cacert, os.Getenv("PLOVER_CACERT")))
+}
 
 func (e *endpoint) registry() (registry.Registry, error) {
 	s, err := openStore(context.Background(), e.store, e.s3)
@@ -38,4 +48,31 @@ func (e *endpoint) registry() (registry.Registry, error) {
 		return registry.Registry{}, err
 	}
 	return registry.Registry{Store: s}, nil
+}
+
+func firstOf(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// tlsConfig is the client TLS configuration: the system roots plus the CA
+// certificates in cacert (a PEM file), if any.
+func tlsConfig(cacert string) (*tls.Config, error) {
+	if cacert == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(cacert)
+	if err != nil {
+		return nil, fmt.Errorf("--cacert: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--cacert %s: no PEM certificate in it", cacert)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }

@@ -51,6 +51,10 @@ type serveFlags struct {
 	poll                                             time.Duration
 	grace                                            time.Duration
 	s3                                               objectstore.S3Options
+	authFile, tlsCert, tlsKey, metricsListen         string
+	insecureNoAuth                                   bool
+	maxConns                                         int
+	maxBodyMemMB                                     int64
 }
 
 func serveCmd() *command {
@@ -82,6 +86,13 @@ func serveCmd() *command {
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
+			fs.BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "listen on a non-loopback address without --auth-file: anyone who reaches the port can deploy native code")
+			fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for HTTPS, with --tls-key; re-read on SIGHUP")
+			fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
+			fs.StringVar(&f.metricsListen, "metrics-listen", "", "also serve GET /metrics, without authentication, on this address (for a scraper on a private network)")
+			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
+			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 		},
@@ -132,6 +143,12 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
+	// Uploaded bundles are written here as they arrive (not to /tmp, which
+	// may be a small tmpfs in memory).
+	spool := filepath.Join(f.data, "spool")
+	if err := os.MkdirAll(spool, 0o700); err != nil {
+		return fmt.Errorf("--data: %w", err)
+	}
 	devs, err := openDevices(f.device, f.memLimitMB<<20, log)
 	if err != nil {
 		return err
@@ -142,17 +159,33 @@ func serve(f *serveFlags, env *Env) error {
 	eng, err := runtime.New(runtime.Config{
 		Store: store, Cache: cache, Devices: devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
-		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log,
+		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool,
 	})
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(eng.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv := httpapi.New(eng, eng.Control(), httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg})
-	ln, err := net.Listen("tcp", f.listen)
+	front, err := newFrontDoor(f, log, reg)
 	if err != nil {
-		return fmt.Errorf("--listen %s: %w", f.listen, err)
+		return err
+	}
+	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget}
+	if front.tokens != nil {
+		opts.Tokens = front.tokens
+	}
+	srv := httpapi.New(eng, eng.Control(), opts)
+	ln, scheme, err := front.listen(ctx)
+	if err != nil {
+		return err
+	}
+	if f.metricsListen != "" {
+		mln, err := net.Listen("tcp", f.metricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen %s: %w", f.metricsListen, err)
+		}
+		log.Info("metrics without authentication", "addr", "http://"+mln.Addr().String()+"/metrics")
+		go srv.ServeMetrics(mln)
 	}
 	names := ""
 	for i, d := range devs {
@@ -161,7 +194,7 @@ func serve(f *serveFlags, env *Env) error {
 		}
 		names += d.Name()
 	}
-	log.Info("plover serving", "addr", "http://"+ln.Addr().String(), "device", names, "store", store.String(), "data", f.data, "version", Version)
+	log.Info("plover serving", "addr", scheme+"://"+ln.Addr().String(), "auth", front.authSummary(), "device", names, "store", store.String(), "data", f.data, "version", Version)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	if f.poll > 0 {

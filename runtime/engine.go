@@ -40,7 +40,10 @@ type Config struct {
 	Timeout time.Duration
 	// MaxBundleBytes bounds an uploaded bundle.
 	MaxBundleBytes int64
-	Log            *slog.Logger
+	// SpoolDir holds uploaded bundles while they are checked (default: the
+	// system's temporary directory).
+	SpoolDir string
+	Log      *slog.Logger
 }
 
 // Engine is the thing that owns functions, their versions and instances, and
@@ -656,7 +659,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	if !abi.ValidName(name) {
 		return FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
 	}
-	tmp, err := os.CreateTemp("", "plover-deploy-*")
+	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
 	if err != nil {
 		return FunctionInfo{}, errorf(KindInternal, err, "deploy: temp file")
 	}

@@ -787,7 +787,7 @@ func startIsoServer(t *testing.T, bin, data string, env []string, args ...string
 	w.Close()
 	s := &isoServer{data: data, pid: cmd.Process.Pid, cmd: cmd, log: &lockedBuf{}, exited: make(chan struct{})}
 	go func() { s.waitErr = cmd.Wait(); close(s.exited) }()
-	addrRE := regexp.MustCompile(`addr=(http://127\.0\.0\.1:\d+)`)
+	addrRE := regexp.MustCompile(`addr=(https?://127\.0\.0\.1:\d+)`)
 	found := make(chan string, 1)
 	go func() {
 		defer r.Close()

@@ -98,9 +98,9 @@ func TestS3(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 		deploy(v2Dir)
-		waitFor(t, 5*time.Second, func() bool { _, out, _ := invokeHTTP(b.url, "fn", []byte{7}); return out[0] == 8 })
+		waitFor(t, 5*time.Second, "the store to show it", func() bool { _, out, _ := invokeHTTP(b.url, "fn", []byte{7}); return out[0] == 8 })
 		run(t, bin, nil, "rollback", "fn", v1[:8], "--store", store)
-		waitFor(t, 5*time.Second, func() bool {
+		waitFor(t, 5*time.Second, "the store to show it", func() bool {
 			_, oa, _ := invokeHTTP(a.url, "fn", []byte{7})
 			_, ob, _ := invokeHTTP(b.url, "fn", []byte{7})
 			return oa[0] == 7 && ob[0] == 7
@@ -146,7 +146,7 @@ func TestS3(t *testing.T) {
 		// Deploying the same bundle again repairs the object; with --force
 		// it is a new version, which the node follows (it refused the old).
 		deploy(otherDir, "--force")
-		waitFor(t, 5*time.Second, func() bool { code, _, _ := invokeHTTP(c.url, "other", []byte{1}); return code == 200 })
+		waitFor(t, 5*time.Second, "the store to show it", func() bool { code, _, _ := invokeHTTP(c.url, "other", []byte{1}); return code == 200 })
 	})
 
 	t.Run("outage", func(t *testing.T) {
@@ -164,16 +164,17 @@ func TestS3(t *testing.T) {
 		if err := srvMinio.Restart(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 20*time.Second, func() bool { code, _, _ := invokeHTTP(a.url, "other", []byte{1}); return code == 200 })
+		waitFor(t, 20*time.Second, "the store to show it", func() bool { code, _, _ := invokeHTTP(a.url, "other", []byte{1}); return code == 200 })
 	})
 }
 
-func waitFor(t *testing.T, d time.Duration, cond func() bool) {
+// waitFor polls cond until it holds, failing the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", d)
+			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -94,10 +94,10 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx) bool {
 
 func (s *Server) refuse(ctx *fasthttp.RequestCtx, reason string, code int, name, msg string) {
 	s.authFailures.WithLabelValues(reason).Inc()
+	writeError(ctx, code, name, msg) // resets the response: headers after it
 	if code == fasthttp.StatusUnauthorized {
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="plover"`)
 	}
-	writeError(ctx, code, name, msg)
 	if s.authLog.allow(ctx.RemoteIP()) {
 		s.opts.Log.Warn("request refused", "reason", reason, "client", ctx.RemoteIP().String(),
 			"method", string(ctx.Method()), "path", string(ctx.Path()), "status", code)

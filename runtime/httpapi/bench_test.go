@@ -1,6 +1,8 @@
 package httpapi_test
 
 import (
+	"strings"
+
 	"context"
 	"net"
 	"testing"
@@ -8,9 +10,11 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/cuda"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/runtime"
 	"github.com/plover-run/plover/runtime/httpapi"
 )
@@ -82,21 +86,34 @@ func BenchmarkHotInvoke(b *testing.B) {
 		}
 	})
 
-	url := testkit.Serve(b, e, httpapi.Options{})
-	b.Run("loopback", func(b *testing.B) {
-		c := &fasthttp.HostClient{Addr: url[len("http://"):]}
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		req.Header.SetMethod("POST")
-		req.SetRequestURI(url + "/v1/functions/bench/invoke")
-		req.Header.SetContentType("application/octet-stream")
-		req.SetBody(in)
-		b.ReportAllocs()
-		for b.Loop() {
-			if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-				b.Fatalf("%v %d", err, resp.StatusCode())
+	tab, tok := benchTokens(b)
+	for _, lb := range []struct {
+		name  string
+		opts  httpapi.Options
+		token string
+	}{
+		{"loopback", httpapi.Options{}, ""},
+		{"loopback-auth", httpapi.Options{Tokens: tab, BodyBudget: netguard.NewBudget(1 << 30)}, tok},
+	} {
+		url := testkit.Serve(b, e, lb.opts)
+		b.Run(lb.name, func(b *testing.B) {
+			c := &fasthttp.HostClient{Addr: url[len("http://"):]}
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			req.Header.SetMethod("POST")
+			req.SetRequestURI(url + "/v1/functions/bench/invoke")
+			req.Header.SetContentType("application/octet-stream")
+			if lb.token != "" {
+				req.Header.Set("Authorization", "Bearer "+lb.token)
 			}
-		}
-	})
+			req.SetBody(in)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+					b.Fatalf("%v %d", err, resp.StatusCode())
+				}
+			}
+		})
+	}
 }
 
 // invokeCtx prepares an octet-stream invoke of "bench" and runs it once
@@ -112,25 +129,51 @@ func invokeCtx(srv *httpapi.Server, in []byte) *fasthttp.RequestCtx {
 	return &ctx
 }
 
+// benchTokens is a table of one invoke token for "bench", and the token.
+func benchTokens(t testing.TB) (*auth.Table, string) {
+	tok, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := auth.Parse(strings.NewReader(auth.Line("app", auth.Invoke, auth.Hash(tok), []string{"bench"})+"\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tab, tok
+}
+
 // The hot request path allocates nothing, from the HTTP handler down to the
-// device call. A count, not a timing: it holds on any machine.
+// device call, with and without tokens and a body budget. A count, not a
+// timing: it holds on any machine.
 func TestHotInvokeAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("under -race sync.Pool drops items on purpose: allocation counts do not hold")
 	}
 	e := testkit.Engine(t, runtime.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, benchManifest(), nil))
-	srv := httpapi.New(e, e.Control(), httpapi.Options{})
-	ctx := invokeCtx(srv, make([]byte, benchInput))
-	srv.Handle(ctx) // warm the pools past their first use
-	allocs := testing.AllocsPerRun(200, func() {
-		ctx.Response.Reset()
-		srv.Handle(ctx)
-	})
-	if ctx.Response.StatusCode() != 200 {
-		t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
-	}
-	if allocs != 0 {
-		t.Fatalf("hot invoke allocates %.1f times per request, want 0", allocs)
+	tab, tok := benchTokens(t)
+	for _, tt := range []struct {
+		name string
+		opts httpapi.Options
+	}{
+		{"open", httpapi.Options{}},
+		{"tokens and a body budget", httpapi.Options{Tokens: tab, BodyBudget: netguard.NewBudget(1 << 20)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httpapi.New(e, e.Control(), tt.opts)
+			ctx := invokeCtx(srv, make([]byte, benchInput))
+			ctx.Request.Header.Set("Authorization", "Bearer "+tok)
+			srv.Handle(ctx) // warm the pools past their first use
+			allocs := testing.AllocsPerRun(200, func() {
+				ctx.Response.Reset()
+				srv.Handle(ctx)
+			})
+			if ctx.Response.StatusCode() != 200 {
+				t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+			}
+			if allocs != 0 {
+				t.Fatalf("hot invoke allocates %.1f times per request, want 0", allocs)
+			}
+		})
 	}
 }

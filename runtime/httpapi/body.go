@@ -15,6 +15,7 @@ import (
 // BodyBudget bounds the bytes of request bodies held in memory at once
 // (netguard.Budget).
 type BodyBudget interface {
+	TryAcquire(n int64) bool
 	Acquire(ctx context.Context, n int64) error
 	Release(n int64)
 }
@@ -79,6 +80,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 // acquire waits for room for n body bytes: up to budgetWait, so a client
 // cannot park requests forever by announcing large bodies.
 func (s *Server) acquire(n int64) error {
+	if s.opts.BodyBudget.TryAcquire(n) { // the usual case: no deadline to build
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), budgetWait)
 	defer cancel()
 	if err := s.opts.BodyBudget.Acquire(ctx, n); err != nil {

@@ -6,6 +6,7 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,7 +103,11 @@ type call struct {
 // readable for fasthttp). The engine calls it only while the request is
 // queued.
 func (c *call) gone() bool {
-	sc, ok := c.conn.(syscall.Conn)
+	conn := c.conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn() // the socket under TLS: EOF there is the client gone
+	}
+	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return false
 	}
@@ -263,8 +268,8 @@ func (s *Server) method(ctx *fasthttp.RequestCtx, want string) bool {
 	if string(ctx.Method()) == want {
 		return true
 	}
-	ctx.Response.Header.Set("Allow", want)
 	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed here; use "+want)
+	ctx.Response.Header.Set("Allow", want) // after: writeError resets the response
 	return false
 }
 
@@ -286,8 +291,8 @@ func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 		}
 		writeJSON(ctx, fasthttp.StatusOK, map[string]string{"deleted": name})
 	default:
-		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed on a function; use GET, PUT or DELETE")
+		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
 	}
 }
 
@@ -628,7 +633,11 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 	if err != nil {
 		code, b = fasthttp.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encoding the response failed"}}`)
 	}
+	closing := ctx.Response.ConnectionClose() // a decision made before the error stands
 	ctx.Response.Reset()
+	if closing {
+		ctx.Response.SetConnectionClose()
+	}
 	ctx.SetStatusCode(code)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(append(b, '\n'))

@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/netguard"
+)
+
+// frontDoor is what stands between the network and the API: the tokens, the
+// TLS certificate, the connection cap and the body budget. SIGHUP re-reads
+// the auth file and the certificate.
+type frontDoor struct {
+	f      *serveFlags
+	log    *slog.Logger
+	tokens *auth.Store // nil: no authentication
+	budget *netguard.Budget
+	cert   atomic.Pointer[tls.Certificate]
+	guard  *netguard.Listener
+}
+
+// rejectResponse is what a connection past --max-conns reads before it is
+// closed.
+var rejectResponse = func() []byte {
+	body := `{"error":{"code":"unavailable","message":"the server has its maximum of open connections (--max-conns); retry"}}`
+	return fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}()
+
+func newFrontDoor(f *serveFlags, log *slog.Logger, reg prometheus.Registerer) (*frontDoor, error) {
+	d := &frontDoor{f: f, log: log}
+	if f.authFile != "" {
+		st, err := auth.Load(f.authFile)
+		if err != nil {
+			return nil, fmt.Errorf("--auth-file: %w", err)
+		}
+		d.tokens = st
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return nil, fmt.Errorf("--tls-cert and --tls-key go together")
+	}
+	if f.tlsCert != "" {
+		if err := d.loadCert(); err != nil {
+			return nil, err
+		}
+	}
+	if f.maxBodyMemMB < 0 {
+		return nil, fmt.Errorf("--max-body-memory %d: want 0 (no limit) or more", f.maxBodyMemMB)
+	}
+	d.budget = netguard.NewBudget(f.maxBodyMemMB << 20)
+	nofile, err := netguard.RaiseNoFileLimit()
+	if err != nil {
+		log.Warn("cannot raise the open-file limit", "error", err)
+	}
+	maxConns := f.maxConns
+	if maxConns < 0 {
+		return nil, fmt.Errorf("--max-conns %d: want 0 (derived) or more", maxConns)
+	}
+	if maxConns == 0 {
+		maxConns = netguard.DefaultMaxConns(nofile)
+	}
+	d.guard = &netguard.Listener{Max: maxConns, Reject: rejectResponse}
+	rejected := prometheus.NewCounter(prometheus.CounterOpts{Name: "plover_connections_rejected_total",
+		Help: "Connections closed at once because --max-conns were open."})
+	acceptErrs := prometheus.NewCounter(prometheus.CounterOpts{Name: "plover_accept_errors_total",
+		Help: "Accept errors (out of descriptors, ...) the server retried after a back-off."})
+	reg.MustRegister(rejected, acceptErrs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "plover_connections_open",
+		Help: "Client connections open now."}, func() float64 { return float64(d.guard.Open()) }))
+	var mu sync.Mutex
+	var lastLog time.Time
+	d.guard.OnReject = func() { rejected.Inc() }
+	d.guard.OnError = func(err error) {
+		acceptErrs.Inc()
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(lastLog) > time.Second {
+			lastLog = time.Now()
+			log.Warn("accept failed; retrying after a back-off", "error", err, "open_connections", d.guard.Open())
+		}
+	}
+	log.Info("connection limits", "max_conns", maxConns, "open_file_limit", nofile, "max_body_memory_mib", f.maxBodyMemMB)
+	return d, nil
+}
+
+func (d *frontDoor) loadCert() error {
+	c, err := tls.LoadX509KeyPair(d.f.tlsCert, d.f.tlsKey)
+	if err != nil {
+		return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	d.cert.Store(&c)
+	return nil
+}
+
+func (d *frontDoor) authSummary() string {
+	if d.tokens == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%d tokens from %s", d.tokens.Len(), d.tokens.Path())
+}
+
+// listen opens --listen behind the connection guard (and TLS), refusing a
+// non-loopback address without tokens unless --insecure-no-auth, and starts
+// the SIGHUP reloader and the no-auth reminder, both until ctx ends.
+func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
+	ln, err := net.Listen("tcp", d.f.listen)
+	if err != nil {
+		return nil, "", fmt.Errorf("--listen %s: %w", d.f.listen, err)
+	}
+	exposed := true
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsLoopback() {
+		exposed = false
+	}
+	if exposed && d.tokens == nil {
+		if !d.f.insecureNoAuth {
+			ln.Close()
+			return nil, "", fmt.Errorf("--listen %s is not a loopback address and there is no --auth-file: anyone who reaches it could deploy native code and run it here. "+
+				"Create tokens (plover token new NAME --scopes ...) and pass --auth-file FILE, or, on a network you trust, --insecure-no-auth", d.f.listen)
+		}
+		go d.remind(ctx)
+	}
+	d.guard.Listener = ln
+	var out net.Listener = d.guard
+	scheme := "http"
+	if d.cert.Load() != nil {
+		out = tls.NewListener(d.guard, &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return d.cert.Load(), nil },
+		})
+		scheme = "https"
+	}
+	go d.reloadOnHUP(ctx)
+	return out, scheme, nil
+}
+
+// remind logs that the server is open to anyone, at start and every hour.
+func (d *frontDoor) remind(ctx context.Context) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		d.log.Warn("--insecure-no-auth: no authentication on a non-loopback address; anyone who reaches it can deploy and run native code", "listen", d.f.listen)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *frontDoor) reloadOnHUP(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		if d.tokens != nil {
+			if err := d.tokens.Reload(); err != nil {
+				d.log.Error("SIGHUP: the auth file did not load; the previous tokens stay in force", "error", err)
+			} else {
+				d.log.Info("SIGHUP: tokens reloaded", "tokens", d.tokens.Len(), "file", d.tokens.Path())
+			}
+		}
+		if d.f.tlsCert != "" {
+			if err := d.loadCert(); err != nil {
+				d.log.Error("SIGHUP: the certificate did not load; the previous one stays in use", "error", err)
+			} else {
+				d.log.Info("SIGHUP: certificate reloaded", "cert", d.f.tlsCert)
+			}
+		}
+	}
+}

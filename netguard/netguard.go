@@ -1,0 +1,448 @@
+// Package netguard keeps a server up against hostile clients: a cap on open
+// connections, accept errors that never end the server, and a budget for the
+// request bytes held in memory.
+//
+// A fasthttp (or net/http) server ends its Serve loop on any accept error
+// that is not a timeout, so a flood of idle connections that exhausts the
+// process's descriptors (accept4: too many open files) takes the whole
+// server down. Listener caps the connections open at once and turns the
+// resource errors of accept into a retry with back-off. Budget bounds the
+// bytes of request bodies a server holds at once, so that requests
+// announcing a large Content-Length cannot reserve unbounded memory.
+package netguard
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Back-off between retries of a failed accept: it starts at minBackoff,
+// doubles on each consecutive failure up to maxBackoff and starts over after
+// an accept succeeds.
+const (
+	minBackoff = 5 * time.Millisecond
+	maxBackoff = time.Second
+)
+
+// rejectWriteTimeout bounds writing Listener.Reject to a connection over the
+// cap, so that a client that does not read cannot stall Accept. A fresh
+// socket's send buffer is empty, so a short canned response is normally
+// written at once.
+const rejectWriteTimeout = 10 * time.Millisecond
+
+// Listener wraps a net.Listener to keep a server's accept loop alive:
+//
+//   - At most Max connections are open at once (Max <= 0: no cap). A
+//     connection accepted past the cap is closed at once, after writing
+//     Reject to it when Reject is not empty (e.g. a canned
+//     "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n\r\n"),
+//     under a short write deadline. It is counted in Rejected, OnReject is
+//     called and Accept goes on to the next connection. Delivery of Reject
+//     is best effort: a client that already sent data may see a reset
+//     instead.
+//   - Accept never returns a temporary resource error. On EMFILE, ENFILE,
+//     ENOBUFS, ENOMEM, ECONNABORTED, EPERM (a firewall dropping the
+//     connection) and EPROTO it calls OnError, counts the error in Retried
+//     and retries after a back-off that starts at 5 ms, doubles up to 1 s
+//     and starts over after a success. With EMFILE the kernel keeps the
+//     pending connection in the listen backlog, so waiting (not a busy
+//     loop) is what lets the server recover once descriptors free up.
+//     Accept returns only when the listener is closed (net.ErrClosed) or on
+//     any other error.
+//   - Each accepted connection is wrapped so that closing it frees its slot
+//     exactly once, however many times Close is called. The wrapper exposes
+//     the inner connection with Unwrap, implements syscall.Conn when the
+//     inner connection does, and forwards io.ReaderFrom (so sendfile still
+//     applies to a *net.TCPConn).
+//
+// Set the exported fields before the first Accept and leave them alone
+// afterwards. A Listener built as a struct literal around a listener works
+// like one from NewListener.
+type Listener struct {
+	net.Listener
+
+	// Max is the most connections open at once; <= 0 means no cap.
+	Max int
+	// Reject, if not empty, is written to a connection closed for the cap.
+	Reject []byte
+	// OnError, if set, is called with each accept error being retried. It
+	// runs on the accepting goroutine; rate-limit any logging in it.
+	OnError func(err error)
+	// OnReject, if set, is called for each connection closed for the cap.
+	OnReject func()
+
+	open     atomic.Int64
+	rejected atomic.Uint64
+	retried  atomic.Uint64
+
+	mu     sync.Mutex
+	done   chan struct{} // closed by Close; ends a back-off early
+	closed bool
+}
+
+// NewListener wraps inner with a cap of max connections open at once
+// (max <= 0: no cap).
+func NewListener(inner net.Listener, max int) *Listener {
+	return &Listener{Listener: inner, Max: max}
+}
+
+// Accept waits for and returns the next connection under the cap. See
+// Listener for the errors it retries rather than returns.
+func (l *Listener) Accept() (net.Conn, error) {
+	var delay time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			if !retryable(err) {
+				return nil, err
+			}
+			l.retried.Add(1)
+			if l.OnError != nil {
+				l.OnError(err)
+			}
+			delay = min(max(2*delay, minBackoff), maxBackoff)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-l.doneChan():
+				t.Stop()
+				return nil, &net.OpError{Op: "accept", Net: l.Addr().Network(), Addr: l.Addr(), Err: net.ErrClosed}
+			}
+			continue
+		}
+		delay = 0
+		n := l.open.Add(1)
+		if l.Max > 0 && n > int64(l.Max) {
+			l.open.Add(-1)
+			l.reject(c)
+			continue
+		}
+		return l.wrap(c), nil
+	}
+}
+
+// reject closes c, which is over the cap, after writing Reject to it.
+func (l *Listener) reject(c net.Conn) {
+	if len(l.Reject) > 0 {
+		if c.SetWriteDeadline(time.Now().Add(rejectWriteTimeout)) == nil {
+			c.Write(l.Reject)
+		}
+	}
+	c.Close()
+	l.rejected.Add(1)
+	if l.OnReject != nil {
+		l.OnReject()
+	}
+}
+
+// Close closes the inner listener and ends a back-off in progress: Accept
+// then returns an error wrapping net.ErrClosed. Connections already accepted
+// stay open.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		if l.done == nil {
+			l.done = make(chan struct{})
+		}
+		close(l.done)
+	}
+	l.mu.Unlock()
+	return l.Listener.Close()
+}
+
+func (l *Listener) doneChan() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done == nil {
+		l.done = make(chan struct{})
+	}
+	return l.done
+}
+
+// Open reports the connections accepted and not yet closed.
+func (l *Listener) Open() int { return int(l.open.Load()) }
+
+// Rejected reports the connections closed for the cap.
+func (l *Listener) Rejected() uint64 { return l.rejected.Load() }
+
+// Retried reports the accept errors retried rather than returned.
+func (l *Listener) Retried() uint64 { return l.retried.Load() }
+
+// retryable reports whether an accept error is a temporary condition of
+// this process, the system or one connection, that a later accept can get
+// past.
+func retryable(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
+		syscall.ECONNABORTED, syscall.EPERM, syscall.EPROTO:
+		return true
+	}
+	return false
+}
+
+// wrap returns c counted in l's open connections, as a type that implements
+// syscall.Conn exactly when c does.
+func (l *Listener) wrap(c net.Conn) net.Conn {
+	w := &conn{Conn: c, l: l}
+	if _, ok := c.(syscall.Conn); ok {
+		return sysConn{w}
+	}
+	return w
+}
+
+// conn is an accepted connection that frees its Listener slot when closed.
+type conn struct {
+	net.Conn
+	l      *Listener
+	closed atomic.Bool
+}
+
+// Close closes the connection; the first call frees its slot.
+func (c *conn) Close() error {
+	err := c.Conn.Close()
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.open.Add(-1)
+	}
+	return err
+}
+
+// Unwrap returns the connection as accepted by the inner listener.
+func (c *conn) Unwrap() net.Conn { return c.Conn }
+
+// ReadFrom forwards to the inner connection's io.ReaderFrom (sendfile and
+// splice for a *net.TCPConn) and copies otherwise.
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}
+
+// sysConn is a conn whose inner connection implements syscall.Conn.
+type sysConn struct{ *conn }
+
+// SyscallConn returns the inner connection's raw connection.
+func (c sysConn) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+// RaiseNoFileLimit raises the soft RLIMIT_NOFILE to the hard limit and
+// returns the resulting soft limit, the most descriptors this process may
+// hold open.
+//
+// Go already raises the soft limit at start on Linux, to one below the hard
+// limit, and remembers the original soft limit to restore it in child
+// processes (for programs that still use select). Setting the limit again
+// would make children inherit the raised limit instead, so a soft limit
+// already within one of the hard limit is left as it is and returned.
+func RaiseNoFileLimit() (uint64, error) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, err
+	}
+	if lim.Cur >= lim.Max || lim.Cur == lim.Max-1 {
+		return uint64(lim.Cur), nil
+	}
+	raised := lim
+	raised.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised); err != nil {
+		return uint64(lim.Cur), err
+	}
+	return uint64(raised.Cur), nil
+}
+
+// DefaultMaxConns derives a cap on client connections from the descriptor
+// limit nofile, leaving room for everything else a server holds open
+// (worker processes' sockets and memfds, bundle files, the store):
+//
+//	nofile - max(1024, nofile/4), and at least 64
+//
+// so 65536 descriptors give 49152 connections, 1048576 give 786432, and a
+// limit of 1088 or less gives 64.
+func DefaultMaxConns(nofile uint64) int {
+	const floor = 64
+	reserve := max(1024, nofile/4)
+	if nofile <= reserve || nofile-reserve < floor {
+		return floor
+	}
+	n := nofile - reserve
+	if n > math.MaxInt {
+		return math.MaxInt
+	}
+	return int(n)
+}
+
+// Budget bounds the bytes of request bodies held in memory at once.
+//
+// Acquire takes n bytes of the budget, waiting while they do not fit, and
+// Release gives them back. A request larger than the whole budget is
+// clamped to the budget: it waits until nothing else is held and then runs
+// alone, rather than never. Release must be called with the same n that was
+// acquired; the clamp is applied to both alike.
+//
+// Waiters are not served in order: each Release grants every waiter that
+// then fits, and a new Acquire that fits proceeds at once even while others
+// wait. A small request therefore never waits behind a large one, while a
+// large one can wait for as long as smaller ones keep the budget too full
+// for it; callers bound that wait with ctx.
+//
+// A Budget with a max <= 0, or a nil *Budget, is unlimited: Acquire returns
+// at once. A Budget is safe for concurrent use.
+type Budget struct {
+	max   int64
+	inUse atomic.Int64 // changed under mu when max > 0
+
+	mu      sync.Mutex
+	waiters list.List // of *waiter, oldest first
+	minWait int64     // lower bound of the waiters' n while there are any
+}
+
+type waiter struct {
+	n     int64
+	ready chan struct{} // closed once the n bytes are granted
+}
+
+// NewBudget returns a Budget of maxBytes bytes; maxBytes <= 0 means
+// unlimited.
+func NewBudget(maxBytes int64) *Budget {
+	return &Budget{max: max(maxBytes, 0)}
+}
+
+// Acquire takes n bytes of the budget (n clamped to Max), waiting until they
+// fit or ctx ends. It returns nil once the bytes are held, and ctx's error,
+// holding nothing, if ctx ends first. When the bytes fit at once, Acquire
+// succeeds even if ctx has already ended. n <= 0 takes nothing.
+// TryAcquire takes n bytes if they fit now (clamped as in Acquire) and
+// reports whether it did; it never waits and never allocates, for callers
+// that only build a deadline when they must wait.
+func (b *Budget) TryAcquire(n int64) bool {
+	if b == nil || n <= 0 {
+		return true
+	}
+	if b.max <= 0 {
+		b.inUse.Add(n)
+		return true
+	}
+	n = min(n, b.max)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inUse.Load()+n <= b.max {
+		b.inUse.Add(n)
+		return true
+	}
+	return false
+}
+
+func (b *Budget) Acquire(ctx context.Context, n int64) error {
+	if b == nil || n <= 0 {
+		return nil
+	}
+	if b.max <= 0 {
+		b.inUse.Add(n)
+		return nil
+	}
+	n = min(n, b.max)
+
+	b.mu.Lock()
+	if b.inUse.Load()+n <= b.max {
+		b.inUse.Add(n)
+		b.mu.Unlock()
+		return nil
+	}
+	w := &waiter{n: n, ready: make(chan struct{})}
+	if b.waiters.Len() == 0 || n < b.minWait {
+		b.minWait = n
+	}
+	e := b.waiters.PushBack(w)
+	b.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	select {
+	case <-w.ready:
+		// Granted while ctx ended: give the bytes back to the others.
+		b.inUse.Add(-n)
+		b.grant()
+	default:
+		b.waiters.Remove(e)
+	}
+	b.mu.Unlock()
+	return ctx.Err()
+}
+
+// Release gives back n bytes taken by Acquire, with the same n, and grants
+// them to the waiters that then fit. Releasing more than is held is a bug
+// in the caller and panics. n <= 0 releases nothing.
+func (b *Budget) Release(n int64) {
+	if b == nil || n <= 0 {
+		return
+	}
+	if b.max <= 0 {
+		if b.inUse.Add(-n) < 0 {
+			b.inUse.Add(n)
+			panic("netguard: Budget.Release of more than was acquired")
+		}
+		return
+	}
+	n = min(n, b.max)
+	b.mu.Lock()
+	if b.inUse.Add(-n) < 0 {
+		b.inUse.Add(n)
+		b.mu.Unlock()
+		panic("netguard: Budget.Release of more than was acquired")
+	}
+	b.grant()
+	b.mu.Unlock()
+}
+
+// grant hands the free bytes to the waiters that fit, oldest first. b.mu is
+// held.
+func (b *Budget) grant() {
+	free := b.max - b.inUse.Load()
+	if b.waiters.Len() == 0 || free < b.minWait {
+		return
+	}
+	for e := b.waiters.Front(); e != nil && free >= b.minWait; {
+		next := e.Next()
+		if w := e.Value.(*waiter); w.n <= free {
+			free -= w.n
+			b.inUse.Add(w.n)
+			b.waiters.Remove(e)
+			close(w.ready)
+		}
+		e = next
+	}
+}
+
+// InUse reports the bytes held now (as clamped).
+func (b *Budget) InUse() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.inUse.Load()
+}
+
+// Max reports the budget in bytes; 0 means unlimited.
+func (b *Budget) Max() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.max
+}

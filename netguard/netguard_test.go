@@ -1,0 +1,1021 @@
+package netguard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func listenLoopback(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+const greeting = "hello\n"
+
+// serveEcho accepts on ln until it fails, greeting each connection and then
+// echoing it until the client closes. The returned channel yields Accept's
+// final error.
+func serveEcho(ln net.Listener) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				done <- err
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := c.Write([]byte(greeting)); err != nil {
+					return
+				}
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return done
+}
+
+// dialServed dials addr and reports whether the server served the
+// connection (greeted it and echoes) or closed it, in which case what it
+// read before EOF must be reject.
+func dialServed(t *testing.T, addr string, reject []byte) (net.Conn, bool) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, readServed(t, c, reject)
+}
+
+func readServed(t *testing.T, c net.Conn, reject []byte) bool {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, len(greeting))
+	n, err := io.ReadFull(c, buf)
+	if err == nil && string(buf) == greeting {
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf[:4]); err != nil || string(buf[:4]) != "ping" {
+			t.Fatalf("served connection does not echo: %q, %v", buf[:4], err)
+		}
+		return true
+	}
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		t.Fatalf("read: %v", err)
+	}
+	rest, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("read rejected connection: %v", err)
+	}
+	if got := append(buf[:n], rest...); !bytes.Equal(got, reject) {
+		t.Fatalf("rejected connection read %q, want %q", got, reject)
+	}
+	c.Close()
+	return false
+}
+
+func TestListenerCap(t *testing.T) {
+	canned := []byte("HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+	for _, tc := range []struct {
+		name    string
+		max     int
+		clients int
+		reject  []byte
+		served  int
+	}{
+		{"cap 10 of 30 with reject", 10, 30, canned, 10},
+		{"cap 10 of 30 plain close", 10, 30, nil, 10},
+		{"cap 1 of 5", 1, 5, canned, 1},
+		{"no cap", 0, 30, canned, 30},
+		{"negative is no cap", -1, 12, nil, 12},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln := NewListener(listenLoopback(t), tc.max)
+			ln.Reject = tc.reject
+			var onReject atomic.Int64
+			ln.OnReject = func() { onReject.Add(1) }
+			done := serveEcho(ln)
+			addr := ln.Addr().String()
+
+			// Dial them all before reading any, so that the accept loop
+			// sees 30 connections at once.
+			conns := make([]net.Conn, tc.clients)
+			for i := range conns {
+				c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns[i] = c
+			}
+			var served []net.Conn
+			for _, c := range conns {
+				if readServed(t, c, tc.reject) {
+					served = append(served, c)
+				}
+			}
+			if len(served) != tc.served {
+				t.Fatalf("served %d connections, want %d", len(served), tc.served)
+			}
+			wantRejected := tc.clients - tc.served
+			waitFor(t, 5*time.Second, "counters", func() bool {
+				return ln.Open() == tc.served && ln.Rejected() == uint64(wantRejected) &&
+					onReject.Load() == int64(wantRejected)
+			})
+
+			if tc.max > 0 {
+				// A new client is turned away while the cap is full ...
+				if c, ok := dialServed(t, addr, tc.reject); ok {
+					c.Close()
+					t.Fatal("connection past the full cap was served")
+				}
+				// ... and served once a served one closes.
+				served[0].Close()
+				served = served[1:]
+				waitFor(t, 5*time.Second, "slot freed", func() bool { return ln.Open() == tc.served-1 })
+				c, ok := dialServed(t, addr, tc.reject)
+				if !ok {
+					t.Fatal("connection not served after a slot was freed")
+				}
+				served = append(served, c)
+				waitFor(t, 5*time.Second, "open back at cap", func() bool { return ln.Open() == tc.served })
+			}
+
+			for _, c := range served {
+				c.Close()
+			}
+			waitFor(t, 5*time.Second, "all slots freed", func() bool { return ln.Open() == 0 })
+			ln.Close()
+			select {
+			case err := <-done:
+				if !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Accept did not return after Close")
+			}
+		})
+	}
+}
+
+// fakeListener returns errs in turn from Accept, then conns, then blocks
+// until closed. With sticky, it returns the last error for ever, even after
+// Close.
+type fakeListener struct {
+	mu     sync.Mutex
+	errs   []error
+	sticky bool
+	conns  []net.Conn
+	calls  []time.Time
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newFake(errs ...error) *fakeListener {
+	return &fakeListener{errs: errs, closed: make(chan struct{})}
+}
+
+func (f *fakeListener) Accept() (net.Conn, error) {
+	f.mu.Lock()
+	f.calls = append(f.calls, time.Now())
+	if len(f.errs) > 0 {
+		err := f.errs[0]
+		if !f.sticky || len(f.errs) > 1 {
+			f.errs = f.errs[1:]
+		}
+		f.mu.Unlock()
+		return nil, err
+	}
+	if len(f.conns) > 0 {
+		c := f.conns[0]
+		f.conns = f.conns[1:]
+		f.mu.Unlock()
+		return c, nil
+	}
+	f.mu.Unlock()
+	<-f.closed
+	return nil, &net.OpError{Op: "accept", Net: "tcp", Err: net.ErrClosed}
+}
+
+func (f *fakeListener) push(errs []error, c net.Conn) {
+	f.mu.Lock()
+	f.errs = append(f.errs, errs...)
+	if c != nil {
+		f.conns = append(f.conns, c)
+	}
+	f.mu.Unlock()
+}
+
+func (f *fakeListener) Close() error {
+	f.once.Do(func() { close(f.closed) })
+	return nil
+}
+
+func (f *fakeListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+func acceptErr(errno syscall.Errno) error {
+	return &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", errno)}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func TestAcceptErrors(t *testing.T) {
+	for _, tc := range []struct {
+		err   error
+		retry bool
+	}{
+		{acceptErr(syscall.EMFILE), true},
+		{acceptErr(syscall.ENFILE), true},
+		{acceptErr(syscall.ENOBUFS), true},
+		{acceptErr(syscall.ENOMEM), true},
+		{acceptErr(syscall.ECONNABORTED), true},
+		{acceptErr(syscall.EPERM), true},
+		{acceptErr(syscall.EPROTO), true},
+		{syscall.EMFILE, true},
+		{acceptErr(syscall.EINVAL), false},
+		{acceptErr(syscall.EBADF), false},
+		{&net.OpError{Op: "accept", Net: "tcp", Err: net.ErrClosed}, false},
+		{&net.OpError{Op: "accept", Net: "tcp", Err: timeoutErr{}}, false},
+		{errors.New("boom"), false},
+	} {
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			fake := newFake(tc.err)
+			fake.push(nil, a)
+			ln := NewListener(fake, 0)
+			var seen []error
+			ln.OnError = func(err error) { seen = append(seen, err) }
+
+			c, err := ln.Accept()
+			if tc.retry {
+				if err != nil {
+					t.Fatalf("Accept returned %v, want it retried", err)
+				}
+				if c.(interface{ Unwrap() net.Conn }).Unwrap() != a {
+					t.Fatal("Accept returned another connection")
+				}
+				if ln.Retried() != 1 || len(seen) != 1 || seen[0] != tc.err {
+					t.Fatalf("Retried %d, OnError saw %v; want the one error", ln.Retried(), seen)
+				}
+				if ln.Open() != 1 {
+					t.Fatalf("Open %d, want 1", ln.Open())
+				}
+				c.Close()
+			} else {
+				if err != tc.err {
+					t.Fatalf("Accept returned %v, %v; want the error %v", c, err, tc.err)
+				}
+				if ln.Retried() != 0 || len(seen) != 0 {
+					t.Fatalf("Retried %d, OnError saw %v; want none", ln.Retried(), seen)
+				}
+			}
+		})
+	}
+}
+
+func TestAcceptBackoff(t *testing.T) {
+	emfile := acceptErr(syscall.EMFILE)
+	errs := make([]error, 7)
+	for i := range errs {
+		errs[i] = emfile
+	}
+	a, b := net.Pipe()
+	defer b.Close()
+	fake := newFake(errs...)
+	fake.push(nil, a)
+	ln := NewListener(fake, 0)
+
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	fake.mu.Lock()
+	calls := fake.calls
+	fake.calls = nil
+	fake.mu.Unlock()
+	if len(calls) != 8 {
+		t.Fatalf("%d inner accepts, want 8", len(calls))
+	}
+	want := minBackoff
+	for i := 1; i < len(calls); i++ {
+		if gap := calls[i].Sub(calls[i-1]); gap < want {
+			t.Errorf("retry %d after %v, want at least %v", i, gap, want)
+		}
+		want *= 2
+	}
+
+	// After a success the back-off starts over at 5 ms rather than 640 ms.
+	a2, b2 := net.Pipe()
+	defer b2.Close()
+	fake.push([]error{emfile}, a2)
+	if c, err = ln.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if gap := fake.calls[1].Sub(fake.calls[0]); gap < minBackoff || gap > 300*time.Millisecond {
+		t.Errorf("first retry after a success waited %v, want about %v", gap, minBackoff)
+	}
+	if ln.Retried() != 8 {
+		t.Errorf("Retried %d, want 8", ln.Retried())
+	}
+
+	// The back-off is capped at 1 s.
+	d := time.Duration(0)
+	for range 20 {
+		d = min(max(2*d, minBackoff), maxBackoff)
+	}
+	if d != maxBackoff {
+		t.Errorf("back-off grows to %v, want %v", d, maxBackoff)
+	}
+}
+
+func TestCloseEndsBackoff(t *testing.T) {
+	fake := newFake(acceptErr(syscall.EMFILE))
+	fake.sticky = true // an inner listener that fails for ever, even closed
+	ln := NewListener(fake, 0)
+	res := make(chan error, 1)
+	go func() {
+		_, err := ln.Accept()
+		res <- err
+	}()
+	waitFor(t, 5*time.Second, "retries", func() bool { return ln.Retried() >= 3 })
+	ln.Close()
+	select {
+	case err := <-res:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept returned %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept did not return after Close")
+	}
+	// A closed Listener does not retry again.
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept on a closed listener: %v", err)
+	}
+}
+
+const childEnv = "NETGUARD_TEST_CHILD"
+
+// inChild runs the test named test in a child process with childEnv set to
+// mode, since what it does to the descriptor limit must not reach the other
+// tests, and fails unless the child passes and prints done.
+func inChild(t *testing.T, test, mode, done string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), done) {
+		t.Fatalf("child did not reach the end:\n%s", out)
+	}
+	t.Logf("child:\n%s", out)
+}
+
+// setSoftNoFile sets the soft descriptor limit, keeping the hard one.
+func setSoftNoFile(t *testing.T, soft uint64) syscall.Rlimit {
+	t.Helper()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if lim.Max < soft+2 {
+		t.Skipf("hard descriptor limit %d too low", lim.Max)
+	}
+	lim.Cur = soft
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	return lim
+}
+
+// TestAcceptEMFILE runs a child process with a small descriptor limit that
+// fills its descriptor table while a client waits in the backlog.
+func TestAcceptEMFILE(t *testing.T) {
+	if os.Getenv(childEnv) == "emfile" {
+		emfileChild(t)
+		return
+	}
+	inChild(t, "TestAcceptEMFILE", "emfile", "EMFILE recovered")
+}
+
+func emfileChild(t *testing.T) {
+	setSoftNoFile(t, 64)
+
+	ln := NewListener(listenLoopback(t), 0)
+	errs := make(chan error, 64)
+	ln.OnError = func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}
+	returned := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				returned <- err
+				return
+			}
+			c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+
+	// Hold every free descriptor, then give one back for the client.
+	var held []*os.File
+	defer func() {
+		for _, f := range held {
+			f.Close()
+		}
+	}()
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			if !errors.Is(err, syscall.EMFILE) {
+				t.Fatalf("filling descriptors: %v", err)
+			}
+			break
+		}
+		held = append(held, f)
+		if len(held) > 1000 {
+			t.Fatal("descriptor limit not in force")
+		}
+	}
+	t.Logf("held %d descriptors", len(held))
+	held[len(held)-1].Close()
+	held = held[:len(held)-1]
+	client, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer client.Close()
+
+	select {
+	case err := <-errs:
+		if !errors.Is(err, syscall.EMFILE) {
+			t.Fatalf("OnError saw %v, want EMFILE", err)
+		}
+	case err := <-returned:
+		t.Fatalf("Accept returned %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept never hit EMFILE")
+	}
+	waitFor(t, 5*time.Second, "retries", func() bool { return ln.Retried() >= 3 })
+	select {
+	case err := <-returned:
+		t.Fatalf("Accept returned %v while out of descriptors", err)
+	default:
+	}
+	t.Logf("retried %d times out of descriptors", ln.Retried())
+
+	// Free the descriptors: the client waiting in the backlog is served.
+	for _, f := range held {
+		f.Close()
+	}
+	held = nil
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(client, buf); err != nil || string(buf) != "ok" {
+		t.Fatalf("client not served after descriptors freed: %q, %v", buf, err)
+	}
+	ln.Close()
+	select {
+	case err := <-returned:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept did not return after Close")
+	}
+	fmt.Println("EMFILE recovered")
+}
+
+func TestConnInterfaces(t *testing.T) {
+	t.Run("tcp", func(t *testing.T) {
+		ln := NewListener(listenLoopback(t), 4)
+		defer ln.Close()
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := c.(interface{ Unwrap() net.Conn }).Unwrap().(*net.TCPConn); !ok {
+			t.Fatal("Unwrap does not give the *net.TCPConn")
+		}
+		sc, ok := c.(syscall.Conn)
+		if !ok {
+			t.Fatal("wrapped TCP conn is not a syscall.Conn")
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fd uintptr
+		if err := rc.Control(func(f uintptr) { fd = f }); err != nil || fd == 0 {
+			t.Fatalf("Control: fd %d, %v", fd, err)
+		}
+		rf, ok := c.(io.ReaderFrom)
+		if !ok {
+			t.Fatal("wrapped TCP conn is not an io.ReaderFrom")
+		}
+		if n, err := rf.ReadFrom(strings.NewReader("via ReadFrom")); err != nil || n != 12 {
+			t.Fatalf("ReadFrom: %d, %v", n, err)
+		}
+		buf := make([]byte, 12)
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(client, buf); err != nil || string(buf) != "via ReadFrom" {
+			t.Fatalf("client read %q, %v", buf, err)
+		}
+
+		if ln.Open() != 1 {
+			t.Fatalf("Open %d, want 1", ln.Open())
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if err := c.Close(); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("second Close: %v", err)
+			}
+		}
+		if ln.Open() != 0 {
+			t.Fatalf("Open %d after closing twice, want 0", ln.Open())
+		}
+	})
+
+	t.Run("pipe", func(t *testing.T) {
+		a, b := net.Pipe()
+		defer b.Close()
+		fake := newFake()
+		fake.push(nil, a)
+		ln := NewListener(fake, 0)
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := c.(syscall.Conn); ok {
+			t.Fatal("wrapped pipe claims syscall.Conn")
+		}
+		if c.(interface{ Unwrap() net.Conn }).Unwrap() != a {
+			t.Fatal("Unwrap does not give the inner conn")
+		}
+		got := make(chan string, 1)
+		go func() {
+			buf, _ := io.ReadAll(b)
+			got <- string(buf)
+		}()
+		if n, err := c.(io.ReaderFrom).ReadFrom(strings.NewReader("copied")); err != nil || n != 6 {
+			t.Fatalf("ReadFrom: %d, %v", n, err)
+		}
+		c.Close()
+		c.Close()
+		if s := <-got; s != "copied" {
+			t.Fatalf("peer read %q", s)
+		}
+		if ln.Open() != 0 {
+			t.Fatalf("Open %d, want 0", ln.Open())
+		}
+	})
+}
+
+func TestDefaultMaxConns(t *testing.T) {
+	for _, tc := range []struct {
+		nofile uint64
+		want   int
+	}{
+		{0, 64},
+		{64, 64},
+		{1024, 64},
+		{1088, 64},
+		{1089, 65},
+		{4096, 3072},
+		{8192, 6144},
+		{65536, 49152},
+		{1 << 20, 786432},
+		{math.MaxUint64, math.MaxInt},
+	} {
+		if got := DefaultMaxConns(tc.nofile); got != tc.want {
+			t.Errorf("DefaultMaxConns(%d) = %d, want %d", tc.nofile, got, tc.want)
+		}
+	}
+}
+
+func TestRaiseNoFileLimit(t *testing.T) {
+	switch os.Getenv(childEnv) {
+	case "":
+		t.Run("as started", func(t *testing.T) {
+			got, err := RaiseNoFileLimit()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var lim syscall.Rlimit
+			if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+				t.Fatal(err)
+			}
+			if got != uint64(lim.Cur) || got+1 < uint64(lim.Max) {
+				t.Fatalf("RaiseNoFileLimit = %d; rlimit now %d of %d", got, lim.Cur, lim.Max)
+			}
+		})
+		t.Run("from 64", func(t *testing.T) {
+			inChild(t, "TestRaiseNoFileLimit", "raise", "raised to hard limit")
+		})
+	case "raise":
+		lim := setSoftNoFile(t, 64)
+		got, err := RaiseNoFileLimit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var now syscall.Rlimit
+		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &now); err != nil {
+			t.Fatal(err)
+		}
+		if got != uint64(lim.Max) || now.Cur != lim.Max {
+			t.Fatalf("RaiseNoFileLimit = %d, soft limit now %d; want the hard limit %d", got, now.Cur, lim.Max)
+		}
+		fmt.Println("raised to hard limit")
+	}
+}
+
+func (b *Budget) waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiters.Len()
+}
+
+// acquireAsync runs Acquire in a goroutine and returns its result channel.
+func acquireAsync(ctx context.Context, b *Budget, n int64) <-chan error {
+	res := make(chan error, 1)
+	go func() { res <- b.Acquire(ctx, n) }()
+	return res
+}
+
+func recv(t *testing.T, res <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-res:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Acquire did not return")
+		return nil
+	}
+}
+
+func notYet(t *testing.T, res <-chan error) {
+	t.Helper()
+	select {
+	case err := <-res:
+		t.Fatalf("Acquire returned %v, want it waiting", err)
+	default:
+	}
+}
+
+func TestBudgetHighWater(t *testing.T) {
+	const max = 100
+	b := NewBudget(max)
+	var held, high atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for i := range 200 {
+				n := int64((g*7+i*13)%150 + 1) // some above max: clamped
+				if err := b.Acquire(context.Background(), n); err != nil {
+					t.Error(err)
+					return
+				}
+				cur := held.Add(min(n, max))
+				for h := high.Load(); cur > h && !high.CompareAndSwap(h, cur); h = high.Load() {
+				}
+				if in := b.InUse(); in > max {
+					t.Errorf("InUse %d over max", in)
+				}
+				if i%4 == 0 {
+					time.Sleep(10 * time.Microsecond)
+				}
+				held.Add(-min(n, max))
+				b.Release(n)
+			}
+		})
+	}
+	wg.Wait()
+	if h := high.Load(); h > max || h == 0 {
+		t.Fatalf("high-water mark %d, want in (0, %d]", h, max)
+	}
+	if b.InUse() != 0 || b.waiting() != 0 {
+		t.Fatalf("InUse %d, %d waiting after all released", b.InUse(), b.waiting())
+	}
+}
+
+func TestBudgetCancel(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"cancel", func() (context.Context, context.CancelFunc) {
+			return context.WithCancel(context.Background())
+		}, context.Canceled},
+		{"deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 20*time.Millisecond)
+		}, context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NewBudget(10)
+			if err := b.Acquire(context.Background(), 8); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			res := acquireAsync(ctx, b, 5)
+			waitFor(t, 5*time.Second, "waiter", func() bool { return b.waiting() == 1 })
+			if tc.want == context.Canceled {
+				cancel()
+			}
+			if err := recv(t, res); !errors.Is(err, tc.want) {
+				t.Fatalf("Acquire: %v, want %v", err, tc.want)
+			}
+			if b.InUse() != 8 || b.waiting() != 0 {
+				t.Fatalf("InUse %d, %d waiting after cancel; want 8, 0", b.InUse(), b.waiting())
+			}
+			b.Release(8)
+			if b.InUse() != 0 {
+				t.Fatalf("InUse %d, want 0", b.InUse())
+			}
+			// What the canceled waiter held back is all available.
+			if err := b.Acquire(context.Background(), 10); err != nil {
+				t.Fatal(err)
+			}
+			b.Release(10)
+		})
+	}
+}
+
+// TestBudgetCancelRace cancels waiters while releases grant them.
+func TestBudgetCancelRace(t *testing.T) {
+	b := NewBudget(10)
+	for range 300 {
+		if err := b.Acquire(context.Background(), 10); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		res := acquireAsync(ctx, b, 5)
+		waitFor(t, 5*time.Second, "waiter", func() bool { return b.waiting() == 1 })
+		go cancel()
+		b.Release(10)
+		switch err := recv(t, res); {
+		case err == nil:
+			b.Release(5)
+		case !errors.Is(err, context.Canceled):
+			t.Fatalf("Acquire: %v", err)
+		}
+		cancel()
+		if b.InUse() != 0 || b.waiting() != 0 {
+			t.Fatalf("InUse %d, %d waiting; want 0, 0", b.InUse(), b.waiting())
+		}
+	}
+}
+
+func TestBudgetClamp(t *testing.T) {
+	b := NewBudget(100)
+	if err := b.Acquire(context.Background(), 500); err != nil {
+		t.Fatal(err)
+	}
+	if b.InUse() != 100 {
+		t.Fatalf("InUse %d after oversize acquire, want 100", b.InUse())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := b.Acquire(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire with budget spent: %v", err)
+	}
+	b.Release(500)
+	if b.InUse() != 0 {
+		t.Fatalf("InUse %d after releasing the oversize request, want 0", b.InUse())
+	}
+
+	// An oversize request waits until nothing else is held, then runs.
+	if err := b.Acquire(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	res := acquireAsync(context.Background(), b, 1<<40)
+	waitFor(t, 5*time.Second, "oversize waiter", func() bool { return b.waiting() == 1 })
+	notYet(t, res)
+	b.Release(1)
+	if err := recv(t, res); err != nil {
+		t.Fatal(err)
+	}
+	if b.InUse() != 100 {
+		t.Fatalf("InUse %d, want 100", b.InUse())
+	}
+	b.Release(1 << 40)
+	if b.InUse() != 0 {
+		t.Fatalf("InUse %d, want 0", b.InUse())
+	}
+}
+
+func TestBudgetSmallPassesLarge(t *testing.T) {
+	b := NewBudget(100)
+	bg := context.Background()
+	if err := b.Acquire(bg, 60); err != nil {
+		t.Fatal(err)
+	}
+	large := acquireAsync(bg, b, 80)
+	waitFor(t, 5*time.Second, "large waiter", func() bool { return b.waiting() == 1 })
+
+	// A small request that fits does not queue behind the large one.
+	if err := recv(t, acquireAsync(bg, b, 30)); err != nil {
+		t.Fatal(err)
+	}
+	// One that does not fit waits, and a release that frees enough for it
+	// but not for the large one wakes it.
+	small := acquireAsync(bg, b, 20)
+	waitFor(t, 5*time.Second, "small waiter", func() bool { return b.waiting() == 2 })
+	b.Release(30)
+	if err := recv(t, small); err != nil {
+		t.Fatal(err)
+	}
+	notYet(t, large)
+	if b.InUse() != 80 || b.waiting() != 1 {
+		t.Fatalf("InUse %d, %d waiting; want 80, 1", b.InUse(), b.waiting())
+	}
+	b.Release(60)
+	b.Release(20)
+	if err := recv(t, large); err != nil {
+		t.Fatal(err)
+	}
+	b.Release(80)
+	if b.InUse() != 0 || b.waiting() != 0 {
+		t.Fatalf("InUse %d, %d waiting; want 0, 0", b.InUse(), b.waiting())
+	}
+}
+
+func TestBudgetReleaseGrantsSeveral(t *testing.T) {
+	b := NewBudget(100)
+	bg := context.Background()
+	if err := b.Acquire(bg, 100); err != nil {
+		t.Fatal(err)
+	}
+	var res []<-chan error
+	for range 4 {
+		res = append(res, acquireAsync(bg, b, 25))
+	}
+	waitFor(t, 5*time.Second, "waiters", func() bool { return b.waiting() == 4 })
+	b.Release(100)
+	for _, r := range res {
+		if err := recv(t, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b.InUse() != 100 {
+		t.Fatalf("InUse %d, want 100", b.InUse())
+	}
+}
+
+func TestBudgetUnlimited(t *testing.T) {
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name string
+		b    *Budget
+	}{
+		{"zero", NewBudget(0)},
+		{"negative", NewBudget(-1)},
+		{"nil", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.b
+			if b.Max() != 0 {
+				t.Fatalf("Max %d, want 0", b.Max())
+			}
+			for range 3 {
+				if err := b.Acquire(canceled, 1<<40); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if want := int64(3 << 40); b != nil && b.InUse() != want {
+				t.Fatalf("InUse %d, want %d", b.InUse(), want)
+			}
+			for range 3 {
+				b.Release(1 << 40)
+			}
+			if b.InUse() != 0 {
+				t.Fatalf("InUse %d, want 0", b.InUse())
+			}
+		})
+	}
+}
+
+func TestBudgetAcquireFitsDespiteDoneCtx(t *testing.T) {
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	b := NewBudget(10)
+	if err := b.Acquire(canceled, 10); err != nil {
+		t.Fatalf("Acquire that fits: %v", err)
+	}
+	if err := b.Acquire(canceled, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire that must wait: %v", err)
+	}
+	if b.Acquire(canceled, 0) != nil || b.Acquire(canceled, -5) != nil {
+		t.Fatal("Acquire of nothing failed")
+	}
+	b.Release(0)
+	b.Release(-5)
+	b.Release(10)
+	if b.InUse() != 0 || b.waiting() != 0 {
+		t.Fatalf("InUse %d, %d waiting", b.InUse(), b.waiting())
+	}
+}
+
+func TestBudgetOverRelease(t *testing.T) {
+	for _, max := range []int64{0, 10} {
+		t.Run(fmt.Sprint(max), func(t *testing.T) {
+			b := NewBudget(max)
+			if err := b.Acquire(context.Background(), 3); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if recover() == nil {
+					t.Fatal("releasing more than held did not panic")
+				}
+			}()
+			b.Release(4)
+		})
+	}
+}
+
+func TestBudgetTryAcquire(t *testing.T) {
+	b := NewBudget(100)
+	steps := []struct {
+		try   int64 // > 0: TryAcquire; < 0: Release(-try)
+		ok    bool
+		inUse int64
+	}{
+		{60, true, 60},
+		{50, false, 60}, // does not fit: nothing taken
+		{40, true, 100},
+		{-60, true, 40},
+		{500, false, 40}, // clamped to the whole budget, which 40 bytes already hold
+		{-40, true, 0},
+		{500, true, 100}, // alone it runs, clamped
+		{-500, true, 0},
+	}
+	for i, s := range steps {
+		ok := true
+		if s.try > 0 {
+			ok = b.TryAcquire(s.try)
+		} else {
+			b.Release(-s.try)
+		}
+		if ok != s.ok || b.InUse() != s.inUse {
+			t.Fatalf("step %d (%d): ok %v in use %d, want %v %d", i, s.try, ok, b.InUse(), s.ok, s.inUse)
+		}
+	}
+	if !(*Budget)(nil).TryAcquire(1 << 40) || !NewBudget(0).TryAcquire(1<<40) {
+		t.Fatal("an unlimited budget refused")
+	}
+}
