@@ -1015,7 +1015,7 @@ func TestBudgetTryAcquire(t *testing.T) {
 			t.Fatalf("step %d (%d): ok %v in use %d, want %v %d", i, s.try, ok, b.InUse(), s.ok, s.inUse)
 		}
 	}
-	if !(*Budget)(nil).TryAcquire(1 << 40) || !NewBudget(0).TryAcquire(1<<40) {
+	if !(*Budget)(nil).TryAcquire(1<<40) || !NewBudget(0).TryAcquire(1<<40) {
 		t.Fatal("an unlimited budget refused")
 	}
 }
