@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,14 +132,24 @@ func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
 	var out net.Listener = d.guard
 	scheme := "http"
 	if d.cert.Load() != nil {
+		d.guard.Reject = nil // plain text would only garble a TLS handshake: just close
 		out = tls.NewListener(d.guard, &tls.Config{
 			MinVersion:     tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return d.cert.Load(), nil },
 		})
 		scheme = "https"
 	}
-	go d.reloadOnHUP(ctx)
 	return out, scheme, nil
+}
+
+// listenMetrics opens --metrics-listen behind a small connection cap of its
+// own, so that scrapes cannot spend the API's descriptors.
+func (d *frontDoor) listenMetrics() (net.Listener, error) {
+	ln, err := net.Listen("tcp", d.f.metricsListen)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen %s: %w", d.f.metricsListen, err)
+	}
+	return &netguard.Listener{Listener: ln, Max: 64, OnError: d.guard.OnError}, nil
 }
 
 // remind logs that the server is open to anyone, at start and every hour.
@@ -157,9 +166,10 @@ func (d *frontDoor) remind(ctx context.Context) {
 	}
 }
 
-func (d *frontDoor) reloadOnHUP(ctx context.Context) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+// reloadOnHUP re-reads the tokens and the certificate on every signal on hup
+// (SIGHUP, taken over from its default, exit, as the server starts) until
+// ctx ends.
+func (d *frontDoor) reloadOnHUP(ctx context.Context, hup chan os.Signal) {
 	defer signal.Stop(hup)
 	for {
 		select {

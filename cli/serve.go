@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -131,6 +130,10 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP reloads tokens and certificate; caught from the start, so one
+	// sent while the server starts does not kill it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	storeURL := f.store
 	if storeURL == "" {
 		storeURL = "file://" + filepath.Join(f.data, "store")
@@ -145,7 +148,11 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	// Uploaded bundles are written here as they arrive (not to /tmp, which
 	// may be a small tmpfs in memory).
+	// A crash may have left uploads there: nothing in it outlives a deploy.
 	spool := filepath.Join(f.data, "spool")
+	if err := os.RemoveAll(spool); err != nil {
+		return fmt.Errorf("--data: %w", err)
+	}
 	if err := os.MkdirAll(spool, 0o700); err != nil {
 		return fmt.Errorf("--data: %w", err)
 	}
@@ -170,6 +177,7 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
+	go front.reloadOnHUP(ctx, hup)
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget}
 	if front.tokens != nil {
 		opts.Tokens = front.tokens
@@ -180,12 +188,16 @@ func serve(f *serveFlags, env *Env) error {
 		return err
 	}
 	if f.metricsListen != "" {
-		mln, err := net.Listen("tcp", f.metricsListen)
+		mln, err := front.listenMetrics()
 		if err != nil {
-			return fmt.Errorf("--metrics-listen %s: %w", f.metricsListen, err)
+			return err
 		}
 		log.Info("metrics without authentication", "addr", "http://"+mln.Addr().String()+"/metrics")
-		go srv.ServeMetrics(mln)
+		go func() {
+			if err := srv.ServeMetrics(mln); err != nil {
+				log.Error("the --metrics-listen server stopped", "error", err)
+			}
+		}()
 	}
 	names := ""
 	for i, d := range devs {

@@ -187,7 +187,11 @@ func retryable(err error) bool {
 	}
 	switch errno {
 	case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
-		syscall.ECONNABORTED, syscall.EPERM, syscall.EPROTO:
+		syscall.ECONNABORTED, syscall.EPERM, syscall.EPROTO,
+		// accept(2): Linux passes a pending network error of the new
+		// connection to accept; TCP's are to be retried like EAGAIN.
+		syscall.ENETDOWN, syscall.ENOPROTOOPT, syscall.EHOSTDOWN, syscall.ENONET,
+		syscall.EHOSTUNREACH, syscall.EOPNOTSUPP, syscall.ENETUNREACH:
 		return true
 	}
 	return false

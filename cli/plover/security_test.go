@@ -126,6 +126,7 @@ func TestAuthScopes(t *testing.T) {
 		{"versions", "GET", fn + "echo-a/versions", "", nil, all("ci", "dash", "ops")},
 		{"metrics", "GET", srv.url + "/metrics", "", nil, all("ci", "dash", "ops")},
 		{"invoke", "POST", fn + "echo-a/invoke", "application/octet-stream", []byte("hi"), all("app")},
+		{"invoke outside glob", "POST", fn + "other/invoke", "application/octet-stream", []byte("hi"), all()},
 		{"deploy in glob", "PUT", fn + "echo-a", bundle.MediaType, packed, all("ci", "ops")},
 		{"deploy outside glob", "PUT", fn + "other", bundle.MediaType, otherPacked, all("ops")},
 		{"rollback", "POST", fn + "echo-a/rollback", "application/json", []byte(`{"version":"00000000"}`), all("ci", "ops")},

@@ -31,9 +31,10 @@ const keptBody = 1 << 20
 // readBody reads the request body under limit and the body budget, into
 // *keep's capacity when keep is not nil (and leaves the buffer there for the
 // next request unless it grew past keptBody). Bodies are streamed (fasthttp's
-// StreamRequestBody): memory grows with the bytes that arrive, never with
-// what Content-Length announces. The caller releases the returned
-// reservation once done with the bytes.
+// StreamRequestBody) and the budget is taken as bytes arrive, a read window
+// at a time: a client holds what it has sent plus one window, never what its
+// Content-Length announces. The caller releases the returned reservation
+// once done with the bytes.
 func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]byte, int64, error) {
 	cl := ctx.Request.Header.ContentLength()
 	if cl > limit {
@@ -49,36 +50,32 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 		}
 		return b, 0, nil
 	}
-	reserve := int64(cl)
-	if cl < 0 { // chunked: the size is unknown until the end
-		reserve = int64(limit)
-	}
-	if s.opts.BodyBudget != nil && reserve > 0 {
-		if err := s.acquire(reserve); err != nil {
-			return nil, 0, err
-		}
-	}
 	var buf []byte
 	if keep != nil {
 		buf = (*keep)[:0]
 	}
-	b, err := readAllLimited(stream, buf, limit, cl)
-	if keep != nil && err == nil && cap(b) <= keptBody {
-		*keep = b[:0]
-	}
+	r := bodyReader{s: s, r: stream}
+	b, err := r.readAll(buf, limit, cl)
 	if err != nil {
-		s.releaseBody(reserve)
+		s.releaseBody(r.held)
 		ctx.SetConnectionClose() // the rest of the body is unread
+		if rq, ok := err.(*requestError); ok {
+			return nil, 0, rq
+		}
 		if errors.Is(err, errTooLarge) {
 			return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the limit of " + strconv.Itoa(limit) + " bytes"}
 		}
 		return nil, 0, &requestError{fasthttp.StatusBadRequest, "bad_request", "reading the request body: " + err.Error()}
 	}
-	return b, reserve, nil
+	markRead(ctx)
+	if keep != nil && cap(b) <= keptBody {
+		*keep = b[:0]
+	}
+	return b, r.held, nil
 }
 
-// acquire waits for room for n body bytes: up to budgetWait, so a client
-// cannot park requests forever by announcing large bodies.
+// acquire waits for room for n body bytes: up to budgetWait, so that no
+// request waits for ever behind clients that hold the budget.
 func (s *Server) acquire(n int64) error {
 	if s.opts.BodyBudget.TryAcquire(n) { // the usual case: no deadline to build
 		return nil
@@ -100,9 +97,22 @@ func (s *Server) releaseBody(n int64) {
 
 var errTooLarge = errors.New("body over the limit")
 
-// readAllLimited appends r's bytes to dst, growing it (doubling) as they
-// arrive, never beyond the announced length (-1: chunked, unknown).
-func readAllLimited(r io.Reader, dst []byte, limit, announced int) ([]byte, error) {
+// readWindow bounds one read, and so the budget a client waiting to send
+// more can hold beyond the bytes it has sent.
+const readWindow = 64 << 10
+
+// bodyReader reads a body into a growing buffer, holding budget for the
+// bytes it has read (held).
+type bodyReader struct {
+	s    *Server
+	r    io.Reader
+	held int64
+}
+
+// readAll appends the body to dst, growing it (doubling) as bytes arrive,
+// never beyond the announced length (-1: chunked, unknown).
+func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
+	budget := b.s.opts.BodyBudget != nil
 	for {
 		if announced >= 0 && len(dst) == announced {
 			return dst, nil
@@ -114,12 +124,23 @@ func readAllLimited(r io.Reader, dst []byte, limit, announced int) ([]byte, erro
 			}
 			dst = slices.Grow(dst, grow)
 		}
-		end := cap(dst)
+		end := min(cap(dst), len(dst)+readWindow)
 		if announced >= 0 {
 			end = min(end, announced)
 		}
-		n, err := r.Read(dst[len(dst):end])
+		window := int64(end - len(dst))
+		if budget {
+			if err := b.s.acquire(window); err != nil {
+				return nil, err
+			}
+			b.held += window
+		}
+		n, err := b.r.Read(dst[len(dst):end])
 		dst = dst[:len(dst)+n]
+		if budget && int64(n) < window { // keep only what arrived
+			b.s.opts.BodyBudget.Release(window - int64(n))
+			b.held -= window - int64(n)
+		}
 		if len(dst) > limit {
 			return nil, errTooLarge
 		}
@@ -134,13 +155,36 @@ func readAllLimited(r io.Reader, dst []byte, limit, announced int) ([]byte, erro
 	}
 }
 
-// smuggling reports a request that carries both Content-Length and
-// Transfer-Encoding: chunked, which RFC 9112 (6.3) says to refuse and
-// close: two parsers could disagree on where it ends.
-func smuggling(ctx *fasthttp.RequestCtx) bool {
-	if ctx.Request.Header.ContentLength() != -1 {
-		return false // not chunked
+// bodyReadKey is the user-value key of a request whose body was read; a
+// zero-size type, so setting it allocates nothing.
+type bodyReadKey struct{}
+
+// markRead records that the handler consumed the request body to its end.
+func markRead(ctx *fasthttp.RequestCtx) { ctx.SetUserValue(bodyReadKey{}, true) }
+
+// closeIfUnread closes the connection after a response to a request whose
+// body was left unread (a refusal, an early error): fasthttp does not drain
+// a streamed body, so its remaining bytes would be parsed as the next
+// request on the connection.
+func closeIfUnread(ctx *fasthttp.RequestCtx) {
+	if ctx.Request.Header.ContentLength() == 0 || ctx.RequestBodyStream() == nil {
+		return
 	}
+	if read, _ := ctx.UserValue(bodyReadKey{}).(bool); !read {
+		ctx.SetConnectionClose()
+	}
+}
+
+// smuggling reports a request that carries Content-Length and
+// Transfer-Encoding (chunked, identity, anything), which RFC 9112 (6.3)
+// says to refuse and close: two parsers could disagree on where it ends.
+// fasthttp keeps neither header as such, so the raw header is scanned; a
+// line that starts with neither c nor t costs one comparison.
+func smuggling(ctx *fasthttp.RequestCtx) bool {
+	if ctx.Request.Header.ContentLength() == -2 {
+		return false // no body headers at all
+	}
+	var cl, te bool
 	raw := ctx.Request.Header.RawHeaders()
 	for len(raw) > 0 {
 		line := raw
@@ -149,9 +193,14 @@ func smuggling(ctx *fasthttp.RequestCtx) bool {
 		} else {
 			raw = nil
 		}
-		if k, _, ok := bytes.Cut(line, []byte{':'}); ok && bytes.EqualFold(bytes.TrimSpace(k), []byte("Content-Length")) {
-			return true
+		if len(line) == 0 || (line[0]|0x20 != 'c' && line[0]|0x20 != 't') {
+			continue
+		}
+		if k, _, ok := bytes.Cut(line, []byte{':'}); ok {
+			k = bytes.TrimSpace(k)
+			cl = cl || bytes.EqualFold(k, []byte("Content-Length"))
+			te = te || bytes.EqualFold(k, []byte("Transfer-Encoding"))
 		}
 	}
-	return false
+	return cl && te
 }

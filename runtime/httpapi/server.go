@@ -212,6 +212,7 @@ var (
 
 // Handle routes one request. Exported for in-process benchmarks.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	defer closeIfUnread(ctx)
 	if smuggling(ctx) {
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
@@ -315,11 +316,12 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 		var body struct {
 			Version string `json:"version"`
 		}
-		b, _, err := s.readBody(ctx, 64<<10, nil) // too small for the budget
+		b, held, err := s.readBody(ctx, 64<<10, nil)
 		if err != nil {
 			s.fail(ctx, err)
 			return
 		}
+		s.releaseBody(held) // parsed below: the bytes are done with
 		if err := strictJSON(b, &body); err != nil || body.Version == "" {
 			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `body must be {"version":"<version id or its first 8+ characters>"}`)
 			return
@@ -379,7 +381,8 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 		return
 	}
 	if stream := ctx.RequestBodyStream(); stream != nil {
-		body = io.LimitReader(stream, int64(s.opts.MaxBodyBytes)+1)
+		// Marked read only when the stream itself ends, not the limit.
+		body = io.LimitReader(&eofMarker{r: stream, ctx: ctx}, int64(s.opts.MaxBodyBytes)+1)
 	} else {
 		body = bytes.NewReader(ctx.Request.Body())
 	}
@@ -393,6 +396,20 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 		status = fasthttp.StatusOK // nothing was created
 	}
 	writeJSON(ctx, status, fi)
+}
+
+// eofMarker marks the body read once its reader reaches the end.
+type eofMarker struct {
+	r   io.Reader
+	ctx *fasthttp.RequestCtx
+}
+
+func (m *eofMarker) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	if err == io.EOF {
+		markRead(m.ctx)
+	}
+	return n, err
 }
 
 func (s *Server) list(ctx *fasthttp.RequestCtx) {
