@@ -259,6 +259,28 @@ func TestTLSAndNonLoopback(t *testing.T) {
 		t.Fatalf("ls without a token: %v %s", err, out)
 	}
 
+	t.Run("certificate-rotation", func(t *testing.T) {
+		// A certificate from another CA replaces the files; SIGHUP: the
+		// server presents it, so clients that trust only the old CA fail.
+		ca2PEM, cert2PEM, key2PEM := makeCerts(t)
+		ca2 := filepath.Join(dir, "ca2.pem")
+		os.WriteFile(ca2, ca2PEM, 0o644)
+		os.WriteFile(cert, cert2PEM, 0o644)
+		os.WriteFile(key, key2PEM, 0o600)
+		if err := srv.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "the certificate reload", func() bool {
+			return strings.Contains(srv.log.String(), "SIGHUP: certificate reloaded")
+		})
+		run(t, bin, []string{"PLOVER_SERVER=" + srv.url, "PLOVER_TOKEN=" + toks["root"], "PLOVER_CACERT=" + ca2}, "ls")
+		cmd := exec.Command(bin, "ls")
+		cmd.Env = append(os.Environ(), env...) // the old CA
+		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "certificate") {
+			t.Fatalf("ls trusting only the old CA after rotation: %v %s", err, out)
+		}
+	})
+
 	t.Run("non-loopback-needs-auth", func(t *testing.T) {
 		cmd := exec.Command(bin, "serve", "--listen", "0.0.0.0:0", "--data", t.TempDir(), "--device", "host")
 		out, err := cmd.CombinedOutput()
