@@ -31,6 +31,10 @@ type Cache struct {
 	locks   map[string]*sync.Mutex
 	entries map[string]*cacheEntry
 	total   int64
+
+	// OnRepair, when set, hears of a cached bundle whose files no longer
+	// match what was unpacked: the entry is discarded and fetched again.
+	OnRepair func(sha string, reason error)
 }
 
 type cacheEntry struct {
@@ -191,16 +195,40 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	// Pin a cached bundle before reading it, so that eviction (which skips
 	// bundles in use) cannot remove it under us.
 	if c.pin(sha, dir) {
-		if m, err = ReadManifest(dir); err != nil {
-			c.Release(sha)
-			return "", nil, false, fmt.Errorf("cached bundle %s: %w", sha, err)
+		// The disk may have changed under the cache (a bad sector, a
+		// restore, a hand): the library and constants are checked against
+		// what was unpacked before they are loaded.
+		err := checkSums(dir)
+		if err == nil {
+			if m, err = ReadManifest(dir); err == nil {
+				return dir, m, false, nil
+			}
 		}
-		return dir, m, false, nil
+		c.Release(sha)
+		c.discard(sha, dir)
+		if c.OnRepair != nil {
+			c.OnRepair(sha, err)
+		}
 	}
 	if m, err = c.fetch(ctx, store, sha, dir); err != nil {
 		return "", nil, true, err
 	}
 	return dir, m, true, c.use(sha, dir)
+}
+
+// discard removes a damaged entry (not in use by anyone but the caller,
+// who just released it; a holder's open files stay valid after the unlink).
+func (c *Cache) discard(sha, dir string) {
+	c.mu.Lock()
+	if e, ok := c.entries[sha]; ok {
+		c.total -= e.size
+		delete(c.entries, sha)
+	}
+	c.mu.Unlock()
+	gone := filepath.Join(c.dir, ".evict-"+sha)
+	if os.Rename(dir, gone) == nil {
+		os.RemoveAll(gone)
+	}
 }
 
 // pin marks a cached bundle in use and recently used; false if the cache
@@ -267,7 +295,13 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, error) {
 	}
 	m, err := Unpack(r, work, c.maxUnpacked)
 	if err == nil {
+		err = writeSums(work)
+	}
+	if err == nil {
 		err = os.Rename(work, dir)
+	}
+	if err == nil {
+		err = syncDir(c.dir)
 	}
 	if err != nil {
 		os.RemoveAll(work)
@@ -285,6 +319,9 @@ func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
 		return "", nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	m, err := Unpack(r, work, c.maxUnpacked)
+	if err == nil {
+		err = writeSums(work) // Adopt may make it a cache entry
+	}
 	if err != nil {
 		os.RemoveAll(work)
 		return "", nil, err
@@ -307,6 +344,7 @@ func (c *Cache) Adopt(work, sha string) {
 		os.RemoveAll(work)
 		return
 	}
+	syncDir(c.dir)
 	if c.use(sha, dir) == nil {
 		c.Release(sha)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime"
 	"github.com/plover-run/plover/runtime/httpapi"
+	"github.com/plover-run/plover/runtime/registry"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
 )
@@ -141,6 +142,14 @@ func serve(f *serveFlags, env *Env) error {
 	store, err := openStore(ctx, storeURL, f.s3)
 	if err != nil {
 		return err
+	}
+	if fs, ok := store.(*objectstore.FS); ok {
+		// Half-written objects of a process that died mid-write.
+		if left, err := fs.CleanTemp(registry.BundleGrace); err != nil {
+			log.Warn("cannot clean the store's temporary files", "error", err)
+		} else if len(left) > 0 {
+			log.Info("removed temporary files a crash left in the store", "files", len(left))
+		}
 	}
 	cache, err := bundle.NewCache(filepath.Join(f.data, "cache"), 0, f.cacheMB<<20)
 	if err != nil {

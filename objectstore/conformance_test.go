@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -368,6 +370,88 @@ func TestConformance(t *testing.T) {
 					if n := s3fx.incompleteUploads(t, s.(*S3), "c"); n != 0 {
 						t.Errorf("%d incomplete multipart uploads left", n)
 					}
+				}
+			})
+
+			t.Run("ConditionalPut", func(t *testing.T) {
+				s := open(t)
+				str := func(v string) *strings.Reader { return strings.NewReader(v) }
+				if err := s.PutIf(ctx, "rec", str("v1"), 2, ""); err != nil {
+					t.Fatalf("create: %v", err)
+				}
+				if err := s.PutIf(ctx, "rec", str("v2"), 2, ""); !errors.Is(err, ErrPrecondition) {
+					t.Fatalf("second create: %v, want ErrPrecondition", err)
+				}
+				rc, in, err := s.GetTagged(ctx, "rec")
+				if err != nil || in.ETag == "" {
+					t.Fatalf("GetTagged: %v %+v", err, in)
+				}
+				rc.Close()
+				if err := s.PutIf(ctx, "rec", str("v3"), 2, in.ETag); err != nil {
+					t.Fatalf("replace if unchanged: %v", err)
+				}
+				if err := s.PutIf(ctx, "rec", str("v4"), 2, in.ETag); !errors.Is(err, ErrPrecondition) {
+					t.Fatalf("replace with a stale tag: %v, want ErrPrecondition", err)
+				}
+				if err := s.PutIf(ctx, "gone", str("v"), 1, in.ETag); !errors.Is(err, ErrPrecondition) {
+					t.Fatalf("replace of a missing object: %v, want ErrPrecondition", err)
+				}
+				if got := get(t, s, "rec"); string(got) != "v3" {
+					t.Fatalf("object = %q", got)
+				}
+				// Concurrent read-modify-write loops: every increment lands.
+				if err := s.PutIf(ctx, "counter", str("0"), 1, ""); err != nil {
+					t.Fatal(err)
+				}
+				const writers, each = 4, 5
+				var wg sync.WaitGroup
+				for w := 0; w < writers; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := 0; i < each; i++ {
+							for {
+								rc, in, err := s.GetTagged(ctx, "counter")
+								if err != nil {
+									t.Error(err)
+									return
+								}
+								b, _ := io.ReadAll(rc)
+								rc.Close()
+								n, _ := strconv.Atoi(string(b))
+								v := strconv.Itoa(n + 1)
+								err = s.PutIf(ctx, "counter", str(v), int64(len(v)), in.ETag)
+								if err == nil {
+									break
+								}
+								if !errors.Is(err, ErrPrecondition) {
+									t.Error(err)
+									return
+								}
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if got := get(t, s, "counter"); string(got) != strconv.Itoa(writers*each) {
+					t.Fatalf("counter = %s after %d increments", got, writers*each)
+				}
+			})
+
+			t.Run("Touch", func(t *testing.T) {
+				s := open(t)
+				put(t, s, "old", []byte("bytes"))
+				before, _ := s.Stat(ctx, "old")
+				time.Sleep(1100 * time.Millisecond) // S3 modification times have one-second resolution
+				if err := s.Touch(ctx, "old"); err != nil {
+					t.Fatal(err)
+				}
+				after, _ := s.Stat(ctx, "old")
+				if !after.ModTime.After(before.ModTime) || string(get(t, s, "old")) != "bytes" {
+					t.Fatalf("touch: %v -> %v", before.ModTime, after.ModTime)
+				}
+				if err := s.Touch(ctx, "missing"); !errors.Is(err, ErrNotFound) {
+					t.Fatalf("touch of a missing object: %v", err)
 				}
 			})
 

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // FS stores objects as files under a root directory.
@@ -44,6 +46,12 @@ func (s *FS) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	if err != nil {
 		return err
 	}
+	return s.write(ctx, key, p, r, size)
+}
+
+// write puts r's bytes at p through a temporary file, a rename and an
+// fsync of the directory, so the object survives a crash once Put returns.
+func (s *FS) write(ctx context.Context, key, p string, r io.Reader, size int64) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
@@ -65,10 +73,115 @@ func (s *FS) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	if err == nil {
 		err = os.Rename(tmp.Name(), p)
 	}
+	if err == nil {
+		err = syncDir(filepath.Dir(p))
+	}
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	return nil
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// fsTag is a file's version tag: a rename (every write) gives a new inode.
+func fsTag(fi fs.FileInfo) string {
+	var ino uint64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	return fmt.Sprintf("%x-%x-%x", ino, fi.Size(), fi.ModTime().UnixNano())
+}
+
+func (s *FS) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, error) {
+	rc, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	fi, err := rc.(*os.File).Stat()
+	if err != nil {
+		rc.Close()
+		return nil, Info{}, fmt.Errorf("get %s: %w", key, err)
+	}
+	return rc, Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime(), ETag: fsTag(fi)}, nil
+}
+
+// PutIf holds an exclusive lock on a lock file beside the object (flock,
+// so other processes writing the same store wait too) while it checks the
+// condition and writes.
+func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifMatch string) error {
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	lf, err := os.OpenFile(filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p)), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	defer lf.Close()
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("put %s: lock: %w", key, err)
+	}
+	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
+	fi, err := os.Stat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if ifMatch != "" {
+			return fmt.Errorf("put %s: it no longer exists: %w", key, ErrPrecondition)
+		}
+	case err != nil:
+		return fmt.Errorf("put %s: %w", key, err)
+	case ifMatch == "" || fsTag(fi) != ifMatch:
+		return fmt.Errorf("put %s: %w", key, ErrPrecondition)
+	}
+	return s.write(ctx, key, p, r, size)
+}
+
+func (s *FS) Touch(ctx context.Context, key string) error {
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	if err := os.Chtimes(p, now, now); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("touch %s: %w", key, ErrNotFound)
+		}
+		return fmt.Errorf("touch %s: %w", key, err)
+	}
+	return nil
+}
+
+// CleanTemp removes the temporary and lock files of writes older than age:
+// leftovers of a process that died mid-write (a live write is younger).
+func (s *FS) CleanTemp(age time.Duration) ([]string, error) {
+	var removed []string
+	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if !strings.HasPrefix(d.Name(), ".put-") && !strings.HasPrefix(d.Name(), ".lock-") {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil && time.Since(fi.ModTime()) > age {
+			if os.Remove(p) == nil {
+				removed = append(removed, p)
+			}
+		}
+		return nil
+	})
+	return removed, err
 }
 
 func (s *FS) Get(ctx context.Context, key string) (io.ReadCloser, error) {
@@ -107,7 +220,7 @@ func (s *FS) Stat(ctx context.Context, key string) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("stat %s: %w", key, err)
 	}
-	return Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}, nil
+	return Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime(), ETag: fsTag(fi)}, nil
 }
 
 func (s *FS) List(ctx context.Context, prefix string) ([]Info, error) {
@@ -119,7 +232,7 @@ func (s *FS) List(ctx context.Context, prefix string) ([]Info, error) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if d.IsDir() || strings.HasPrefix(d.Name(), ".put-") {
+		if d.IsDir() || strings.HasPrefix(d.Name(), ".put-") || strings.HasPrefix(d.Name(), ".lock-") {
 			return nil
 		}
 		rel, err := filepath.Rel(s.root, p)
@@ -134,7 +247,7 @@ func (s *FS) List(ctx context.Context, prefix string) ([]Info, error) {
 		if err != nil {
 			return err
 		}
-		out = append(out, Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime()})
+		out = append(out, Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime(), ETag: fsTag(fi)})
 		return nil
 	})
 	if err != nil {

@@ -384,6 +384,71 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	return obj, nil
 }
 
+func (s *S3) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, error) {
+	name, err := s.objectName(key)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, name, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, Info{}, s.wrap("get", key, err)
+	}
+	oi, err := obj.Stat()
+	if err != nil {
+		obj.Close()
+		return nil, Info{}, s.wrap("get", key, err)
+	}
+	return obj, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
+}
+
+// PutIf sends the condition with the PUT (If-None-Match: * or If-Match:
+// ETAG), which AWS S3 and MinIO evaluate atomically; 412 is the refusal.
+func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifMatch string) error {
+	name, err := s.objectName(key)
+	if err != nil {
+		return err
+	}
+	if size < 0 {
+		return fmt.Errorf("put %s: a conditional write needs the size", key)
+	}
+	body, err := exactBody(ctx, r, size)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	opts := minio.PutObjectOptions{ContentType: "application/octet-stream"}
+	if ifMatch == "" {
+		opts.SetMatchETagExcept("*")
+	} else {
+		opts.SetMatchETag(ifMatch)
+	}
+	if _, err := s.client.PutObject(ctx, s.bucket, name, body, size, opts); err != nil {
+		if resp := minio.ToErrorResponse(err); resp.StatusCode == 412 || resp.Code == "PreconditionFailed" {
+			return fmt.Errorf("put %s: %w", key, ErrPrecondition)
+		}
+		if resp := minio.ToErrorResponse(err); ifMatch != "" && (resp.Code == "NoSuchKey" || resp.StatusCode == 404) {
+			return fmt.Errorf("put %s: it no longer exists: %w", key, ErrPrecondition)
+		}
+		return s.wrap("put", key, err)
+	}
+	return nil
+}
+
+// Touch copies the object onto itself with new metadata (a server-side
+// copy; S3 refuses a self-copy that changes nothing), which resets its
+// modification time.
+func (s *S3) Touch(ctx context.Context, key string) error {
+	name, err := s.objectName(key)
+	if err != nil {
+		return err
+	}
+	dst := minio.CopyDestOptions{Bucket: s.bucket, Object: name, ReplaceMetadata: true,
+		UserMetadata: map[string]string{"Plover-Touched": time.Now().UTC().Format(time.RFC3339Nano)}}
+	if _, err := s.client.CopyObject(ctx, dst, minio.CopySrcOptions{Bucket: s.bucket, Object: name}); err != nil {
+		return s.wrap("touch", key, err)
+	}
+	return nil
+}
+
 func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	name, err := s.objectName(key)
 	if err != nil {
@@ -393,7 +458,7 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	if err != nil {
 		return Info{}, s.wrap("stat", key, err)
 	}
-	return Info{Key: key, Size: oi.Size, ModTime: oi.LastModified}, nil
+	return Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
 
 func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
@@ -417,7 +482,7 @@ func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
 		if CheckKey(key) != nil {
 			continue
 		}
-		out = append(out, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified})
+		out = append(out, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag})
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list %q: %w", prefix, err)

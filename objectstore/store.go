@@ -28,6 +28,17 @@ type Store interface {
 	List(ctx context.Context, prefix string) ([]Info, error)
 	// Delete removes key; deleting a missing key is not an error.
 	Delete(ctx context.Context, key string) error
+	// GetTagged is Get that also returns the object's Info, whose ETag a
+	// later PutIf can be conditioned on.
+	GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, error)
+	// PutIf is Put under a condition on the object there now: ifMatch ""
+	// creates key only if it does not exist; otherwise key is replaced only
+	// if its ETag is still ifMatch. A failed condition is ErrPrecondition.
+	// (S3: If-None-Match: * and If-Match on the PUT; files: a lock file.)
+	PutIf(ctx context.Context, key string, r io.Reader, size int64, ifMatch string) error
+	// Touch sets an object's modification time to now, keeping its bytes,
+	// so that a grace period measured from it starts again.
+	Touch(ctx context.Context, key string) error
 	// String names the store for logs, e.g. file:///var/lib/plover/store.
 	String() string
 }
@@ -37,7 +48,14 @@ type Info struct {
 	Key     string
 	Size    int64
 	ModTime time.Time
+	// ETag changes whenever the object is written (an opaque version tag;
+	// for S3 the object's ETag, for files inode, size and time).
+	ETag string
 }
+
+// ErrPrecondition is returned (wrapped) by PutIf when the object is not in
+// the state the condition names: another writer got there first.
+var ErrPrecondition = errors.New("the object changed (conditional write refused)")
 
 var segmentRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
 

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"sync/atomic"
 	"time"
 
@@ -94,6 +95,12 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Cache.OnRepair == nil {
+		log := cfg.Log
+		cfg.Cache.OnRepair = func(sha string, reason error) {
+			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
+		}
 	}
 	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, epoch: 1, mem: newLedger()}, nil
 }
@@ -666,7 +673,11 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	h := sha256.New() // hashed on the way to disk: the bundle is read once
-	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(body, e.cfg.MaxBundleBytes+1))
+	sink := &writeErr{w: io.MultiWriter(tmp, h)}
+	n, err := io.Copy(sink, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
+	if err != nil && sink.err != nil { // our disk, not the client
+		return FunctionInfo{}, storageError(sink.err, "deploy %s: spooling the bundle", name)
+	}
 	if err != nil {
 		return FunctionInfo{}, errorf(KindBadRequest, err, "deploy: reading the bundle")
 	}
@@ -678,6 +689,9 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}
 	dir, m, err := e.cfg.Cache.Verify(tmp)
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return FunctionInfo{}, storageError(err, "deploy %s: unpacking the bundle", name)
+	}
 	if err != nil {
 		return FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
 	}
@@ -689,8 +703,11 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}
 	rv, created, err := e.reg.Publish(ctx, m, tmp, sha, n, force)
+	if errors.Is(err, registry.ErrConflict) {
+		return FunctionInfo{}, errorf(KindConflict, err, "deploy %s: %s", name, err.Error())
+	}
 	if err != nil {
-		return FunctionInfo{}, unavailable(err, "deploy %s: cannot write to the store", name)
+		return FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
 	if !created {
@@ -748,6 +765,30 @@ func inBundle(err error, library string) error {
 
 // Delete removes a function; its current version retires after in-flight
 // requests finish.
+// writeErr remembers a write failure, to tell it from a read failure of
+// the client's body in io.Copy.
+type writeErr struct {
+	w   io.Writer
+	err error
+}
+
+func (w *writeErr) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// storageError is a failed write of ours: 507 when a disk is full (this
+// node's or, for a file store, the store's), else 503 with the cause.
+func storageError(err error, format string, args ...any) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return errorf(KindNoSpace, err, format+": out of disk space (%v)", append(args, err)...)
+	}
+	return unavailable(err, format, args...)
+}
+
 func (c *Control) Delete(ctx context.Context, name string) error {
 	e := c.e
 	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {

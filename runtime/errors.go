@@ -24,6 +24,8 @@ const (
 	KindBusy                      // 429: no capacity and no room to wait
 	KindGone                      // 499: the client went away while the request waited
 	KindWorkerCrashed             // 500: the process running the function died
+	KindConflict                  // 409: the record kept changing under an update
+	KindNoSpace                   // 507: the node's disk is full
 )
 
 // Error is what the engine returns: a kind, a message for the client, and

@@ -30,15 +30,21 @@ type slowStore struct {
 }
 
 func (s slowStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
-	rc, err := s.Store.Get(ctx, key)
+	rc, _, err := s.GetTagged(ctx, key)
+	return rc, err
+}
+
+// GetTagged is how the registry reads records.
+func (s slowStore) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	rc, info, err := s.Store.GetTagged(ctx, key)
 	if err != nil || ctx.Value(slowKey{}) == nil || !strings.HasPrefix(key, "functions/") {
-		return rc, err
+		return rc, info, err
 	}
 	b, _ := io.ReadAll(rc)
 	rc.Close()
 	s.read <- struct{}{}
 	time.Sleep(300 * time.Millisecond)
-	return io.NopCloser(bytes.NewReader(b)), nil
+	return io.NopCloser(bytes.NewReader(b)), info, nil
 }
 
 func newSlowEngine(t *testing.T) (*runtime.Engine, chan struct{}) {

@@ -31,6 +31,8 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (FunctionI
 		return FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
 	case errors.Is(err, registry.ErrNoVersion):
 		return FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
+	case errors.Is(err, registry.ErrConflict):
+		return FunctionInfo{}, errorf(KindConflict, err, "rollback %s: %s", name, err.Error())
 	case err != nil:
 		return FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}

@@ -70,8 +70,16 @@ func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
 	if err := a.Control().Delete(ctx, "fn"); err != nil {
 		t.Fatal(err)
 	}
+	// Bundles written within registry.BundleGrace stay (a deploy racing
+	// the delete may be about to name them); gc without grace removes them.
+	if objs, _ := store.List(ctx, "bundles/"); len(objs) != 2 {
+		t.Fatalf("delete of just-written bundles: %v", objs)
+	}
+	if removed, err := a.Control().GC(ctx, 0); err != nil || len(removed) != 2 {
+		t.Fatalf("gc after the delete removed %v (%v)", removed, err)
+	}
 	if objs, _ := store.List(ctx, "bundles/"); len(objs) != 0 {
-		t.Fatalf("delete left bundles behind: %v", objs)
+		t.Fatalf("gc left bundles behind: %v", objs)
 	}
 	b.Refresh(ctx)
 	if err := b.Invoke(ctx, "fn", &runtime.Request{}); runtime.KindOf(err) != runtime.KindNotFound {

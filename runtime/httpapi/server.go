@@ -604,6 +604,10 @@ func status(k runtime.Kind) (int, string) {
 		return 499, "client_closed" // nobody reads it; for logs and metrics
 	case runtime.KindWorkerCrashed:
 		return fasthttp.StatusInternalServerError, "worker_crashed"
+	case runtime.KindConflict:
+		return fasthttp.StatusConflict, "conflict"
+	case runtime.KindNoSpace:
+		return fasthttp.StatusInsufficientStorage, "insufficient_storage"
 	default:
 		return fasthttp.StatusInternalServerError, "internal"
 	}

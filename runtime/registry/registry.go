@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
@@ -62,25 +63,77 @@ type Registry struct{ Store objectstore.Store }
 
 // Get reads a function's record.
 func (g Registry) Get(ctx context.Context, name string) (*Record, error) {
+	r, _, err := g.getTagged(ctx, name)
+	return r, err
+}
+
+// getTagged reads a record and the ETag its next write is conditioned on.
+func (g Registry) getTagged(ctx context.Context, name string) (*Record, string, error) {
 	if !abi.ValidName(name) {
-		return nil, fmt.Errorf("function %q: %w", name, ErrNoFunction)
+		return nil, "", fmt.Errorf("function %q: %w", name, ErrNoFunction)
 	}
-	rc, err := g.Store.Get(ctx, recordKey(name))
+	rc, info, err := g.Store.GetTagged(ctx, recordKey(name))
 	if errors.Is(err, objectstore.ErrNotFound) {
-		return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
+		return nil, "", fmt.Errorf("function %s: %w", name, ErrNoFunction)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("function %s: %w", name, err)
+		return nil, "", fmt.Errorf("function %s: %w", name, err)
 	}
 	defer rc.Close()
 	var r Record
 	if err := json.NewDecoder(io.LimitReader(rc, 8<<20)).Decode(&r); err != nil {
-		return nil, fmt.Errorf("function %s: corrupt record: %w", name, err)
+		return nil, "", fmt.Errorf("function %s: corrupt record: %w", name, err)
 	}
 	if r.Name != name {
-		return nil, fmt.Errorf("function %s: record is for %q", name, r.Name)
+		return nil, "", fmt.Errorf("function %s: record is for %q", name, r.Name)
 	}
-	return &r, nil
+	return &r, info.ETag, nil
+}
+
+// ErrConflict is returned (wrapped) when a record kept changing under an
+// update (other writers) for every attempt.
+var ErrConflict = errors.New("the function's record kept changing under concurrent updates; retry")
+
+// casAttempts bounds an update's read-modify-write rounds; each lost round
+// means another writer's update landed, so progress is made.
+const casAttempts = 32
+
+// update applies change to a function's record (nil: none yet) and writes
+// it back only if nobody wrote it since it was read, retrying otherwise:
+// concurrent deploys and rollbacks from any number of servers and clients
+// all land. change returns the record to write, or nil to write nothing.
+func (g Registry) update(ctx context.Context, name string, change func(*Record) (*Record, error)) (*Record, error) {
+	for attempt := 0; attempt < casAttempts; attempt++ {
+		r, tag, err := g.getTagged(ctx, name)
+		if errors.Is(err, ErrNoFunction) {
+			r, err = nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		next, err := change(r)
+		if err != nil || next == nil {
+			return r, err
+		}
+		b, err := json.MarshalIndent(next, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		err = g.Store.PutIf(ctx, recordKey(name), bytes.NewReader(b), int64(len(b)), tag)
+		if err == nil {
+			return next, nil
+		}
+		if !errors.Is(err, objectstore.ErrPrecondition) {
+			return nil, fmt.Errorf("function %s: write record: %w", name, err)
+		}
+		// Lost the race: back off a little (jittered) and read again.
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(1+rand.IntN(5*(attempt+1))) * time.Millisecond):
+		}
+	}
+	return nil, fmt.Errorf("function %s: %w", name, ErrConflict)
 }
 
 // List reads every record, sorted by name.
@@ -124,30 +177,68 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 		}
 	} else if err != nil {
 		return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+	} else if err := g.Store.Touch(ctx, key); err != nil {
+		// Reused: its grace starts again, so that a delete or gc that read
+		// the records before this deploy's record lands keeps it.
+		return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
 	}
-	r, err := g.Get(ctx, name)
-	if errors.Is(err, ErrNoFunction) {
-		r, err = &Record{Name: name}, nil
-	}
+	var unchanged *Version
+	_, err = g.update(ctx, name, func(r *Record) (*Record, error) {
+		if r == nil {
+			r = &Record{Name: name}
+		}
+		// After the object step, so that an unchanged deploy still
+		// repairs a missing or damaged bundle object.
+		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha {
+			unchanged = &cv
+			return nil, nil
+		}
+		unchanged = nil
+		v = Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances}
+		r.Versions = append(r.Versions, v)
+		r.Current = v.ID
+		return r, nil
+	})
 	if err != nil {
 		return Version{}, false, err
 	}
-	// After the object step, so that an unchanged deploy still repairs a
-	// missing or damaged bundle object.
-	if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha {
-		return cv, false, nil
+	if unchanged != nil {
+		return *unchanged, false, nil
 	}
-	v = Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances}
-	r.Versions = append(r.Versions, v)
-	r.Current = v.ID
-	if err := g.put(ctx, r); err != nil {
-		return Version{}, false, err
+	// A delete of another function may have listed the records before this
+	// one landed and removed the bundle as unused (its grace protects a
+	// bundle touched or written just now; this covers a shorter grace).
+	if err := g.ensureBundle(ctx, key, bundleBytes, size); err != nil {
+		return Version{}, false, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
 	}
 	return v, true, nil
 }
 
-// Delete removes a function's record, then the bundles only it referenced.
-// It returns the keys of the bundles it deleted.
+// ensureBundle stores the bundle again if it is gone, when its bytes can be
+// read again.
+func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.Reader, size int64) error {
+	if _, err := g.Store.Stat(ctx, key); !errors.Is(err, objectstore.ErrNotFound) {
+		return err
+	}
+	rs, ok := bundleBytes.(io.ReadSeeker)
+	if !ok {
+		return objectstore.ErrNotFound
+	}
+	if _, err := rs.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return g.Store.Put(ctx, key, rs, size)
+}
+
+// BundleGrace is how long a bundle written or reused by a deploy is kept
+// even when no record names it: a deploy writes (or touches) its bundle,
+// then its record, and a delete or gc that listed the records in between
+// must not remove the bundle.
+const BundleGrace = time.Minute
+
+// Delete removes a function's record, then the bundles only it referenced
+// that are older than BundleGrace (younger ones are left to gc). It
+// returns the keys of the bundles it deleted.
 func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	r, err := g.Get(ctx, name)
 	if err != nil {
@@ -172,6 +263,9 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 			continue
 		}
 		used[v.SHA256] = true // versions may share a bundle
+		if in, err := g.Store.Stat(ctx, bundle.ObjectKey(v.SHA256)); err != nil || time.Since(in.ModTime) < BundleGrace {
+			continue // gone already, or just written or reused by a deploy
+		}
 		if err := g.Store.Delete(ctx, bundle.ObjectKey(v.SHA256)); err != nil {
 			return removed, fmt.Errorf("function %s deleted, but not its bundle %s: %w", name, v.SHA256, err)
 		}
@@ -180,33 +274,22 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	return removed, nil
 }
 
-func (g Registry) put(ctx context.Context, r *Record) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := g.Store.Put(ctx, recordKey(r.Name), bytes.NewReader(b), int64(len(b))); err != nil {
-		return fmt.Errorf("function %s: write record: %w", r.Name, err)
-	}
-	return nil
-}
-
 // SetCurrent makes an existing version current (a rollback or roll-forward).
 func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (Version, error) {
-	r, err := g.Get(ctx, name)
-	if err != nil {
-		return Version{}, err
-	}
-	for _, v := range r.Versions {
-		if v.ID == versionID || (len(versionID) >= 8 && strings.HasPrefix(v.ID, versionID)) {
-			r.Current = v.ID
-			if err := g.put(ctx, r); err != nil {
-				return Version{}, err
-			}
-			return v, nil
+	var found Version
+	_, err := g.update(ctx, name, func(r *Record) (*Record, error) {
+		if r == nil {
+			return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 		}
-	}
-	return Version{}, fmt.Errorf("function %s: %w %q (see plover versions %s)", name, ErrNoVersion, versionID, name)
+		for _, v := range r.Versions {
+			if v.ID == versionID || (len(versionID) >= 8 && strings.HasPrefix(v.ID, versionID)) {
+				found, r.Current = v, v.ID
+				return r, nil
+			}
+		}
+		return nil, fmt.Errorf("function %s: %w %q (see plover versions %s)", name, ErrNoVersion, versionID, name)
+	})
+	return found, err
 }
 
 // ErrNoVersion is returned (wrapped) for a version a record does not list.
@@ -231,6 +314,14 @@ func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error)
 		return nil, fmt.Errorf("gc: %w", err)
 	}
 	var removed []string
+	// Half-written objects of writers that died (a file store's temporary
+	// files) go too, once older than grace.
+	if tc, ok := g.Store.(interface {
+		CleanTemp(time.Duration) ([]string, error)
+	}); ok {
+		left, _ := tc.CleanTemp(max(grace, BundleGrace))
+		removed = append(removed, left...)
+	}
 	for _, o := range objs {
 		if used[o.Key] || time.Since(o.ModTime) < grace {
 			continue
