@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard cuda/*.c cuda/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation clean install-nvcc vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -56,6 +56,14 @@ cuda: vecadd-cuda cnn-cuda softmax-cuda
 install-nvcc:
 	bash scripts/install-nvcc.sh
 
+# helm (pinned, built with go install; minutes once, then cached) for the chart test.
+install-helm:
+	bash scripts/install-helm.sh
+
+# Debian's nginx for the function-affinity test and scripts/nginx-example.sh.
+install-nginx:
+	bash scripts/install-nginx.sh
+
 # Everything scripts/gpu-check.sh needs on a GPU machine with no Go and no
 # network: carry bin/ and build/ there, then run `bash scripts/gpu-check.sh`.
 gpu-artifacts: bin/plover bin/plover-bench-suite samples cuda
@@ -77,6 +85,7 @@ vet:
 # The first run builds a pinned MinIO for the S3 tests (minutes, once).
 test: vet bin/plover samples
 	$(GO) test -count=1 -timeout 30m ./...
+	cd deploy/helm/charttest && $(GO) test -count=1 ./...
 
 bin/plover-bench-suite: $(GO_SRC)
 	$(GO) build -o $@ ./cmd/plover-bench-suite

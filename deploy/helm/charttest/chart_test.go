@@ -1,0 +1,872 @@
+// Package charttest checks the Helm chart in ../plover without a cluster: helm
+// lint, then helm template for several value sets, every rendered document
+// decoded strictly (an unknown or misplaced field is an error) into the
+// official Kubernetes types, and the properties the chart promises asserted on
+// those objects.
+//
+// It needs a helm binary: $HELM, else helm on PATH, else the one
+// scripts/install-helm.sh builds into its cache directory. Without one the
+// tests skip, unless PLOVER_REQUIRE_HELM=1 (CI), when they fail.
+package charttest
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	chartDir  = "../plover"
+	namespace = "plover-test"
+	// The real metric the autoscaler scales on; it must be one the server exports.
+	queueMetric   = "plover_queue_depth"
+	collectorFile = "../../../runtime/collector.go"
+)
+
+// helmBin finds helm: $HELM, PATH, or the cache of scripts/install-helm.sh.
+func helmBin(t *testing.T) string {
+	t.Helper()
+	if h := os.Getenv("HELM"); h != "" {
+		return h
+	}
+	if h, err := exec.LookPath("helm"); err == nil {
+		return h
+	}
+	base := os.Getenv("PLOVER_HELM_CACHE")
+	if base == "" {
+		if c, err := os.UserCacheDir(); err == nil {
+			base = filepath.Join(c, "plover")
+		}
+	}
+	if base != "" {
+		found, _ := filepath.Glob(filepath.Join(base, "helm-v3*", "helm"))
+		sort.Strings(found)
+		for i := len(found) - 1; i >= 0; i-- {
+			if fi, err := os.Stat(found[i]); err == nil && fi.Mode()&0o111 != 0 {
+				return found[i]
+			}
+		}
+	}
+	msg := "helm not found ($HELM, PATH, or the cache of scripts/install-helm.sh): run `bash scripts/install-helm.sh` from the repository root (a few minutes, once)"
+	if os.Getenv("PLOVER_REQUIRE_HELM") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// values is a Helm values tree; set(v, "a.b.c", x) fills it.
+type values map[string]any
+
+func (v values) set(path string, x any) values {
+	m := map[string]any(v)
+	keys := strings.Split(path, ".")
+	for _, k := range keys[:len(keys)-1] {
+		next, ok := m[k].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			m[k] = next
+		}
+		m = next
+	}
+	m[keys[len(keys)-1]] = x
+	return v
+}
+
+// required is the least a real install must set: where the store is, its
+// credentials, and the auth file.
+func required() values {
+	return values{}.
+		set("s3.bucket", "plover-bundles").
+		set("s3.prefix", "prod").
+		set("s3.endpoint", "minio.storage.svc:9000").
+		set("s3.region", "us-east-1").
+		set("s3.existingSecret", "plover-s3").
+		set("auth.existingSecret", "plover-auth")
+}
+
+func writeValues(t *testing.T, v values) string {
+	t.Helper()
+	b, err := yaml.Marshal(map[string]any(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func runHelm(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var o, e bytes.Buffer
+	cmd := exec.Command(helmBin(t), args...)
+	cmd.Stdout, cmd.Stderr = &o, &e
+	// No repositories, plugins or caches of the user's: nothing to download.
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config",
+		"HELM_DATA_HOME="+home+"/data", "KUBECONFIG="+home+"/no-kubeconfig")
+	err = cmd.Run()
+	return o.String(), e.String(), err
+}
+
+// objects is what one helm template produced, decoded.
+type objects struct {
+	deployments     map[string]*appsv1.Deployment
+	daemonSets      map[string]*appsv1.DaemonSet
+	services        map[string]*corev1.Service
+	secrets         map[string]*corev1.Secret
+	serviceAccounts map[string]*corev1.ServiceAccount
+	pdbs            map[string]*policyv1.PodDisruptionBudget
+	hpas            map[string]*autoscalingv2.HorizontalPodAutoscaler
+	ingresses       map[string]*networkingv1.Ingress
+	serviceMonitors map[string]*serviceMonitor
+	kinds           []string
+}
+
+// serviceMonitor is the part of monitoring.coreos.com/v1 ServiceMonitor the
+// chart uses (k8s.io/api has no type for it); decoded strictly too, so a field
+// the chart writes that is not here fails the test.
+type serviceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector          metav1.LabelSelector `json:"selector"`
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Endpoints []struct {
+			Port          string `json:"port"`
+			Path          string `json:"path"`
+			Scheme        string `json:"scheme"`
+			Interval      string `json:"interval"`
+			ScrapeTimeout string `json:"scrapeTimeout"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// template renders the chart with v, lints it with the same values, and
+// decodes every document.
+func template(t *testing.T, release string, v values) *objects {
+	t.Helper()
+	f := writeValues(t, v)
+	if out, errOut, err := runHelm(t, "lint", chartDir, "--strict", "--namespace", namespace, "-f", f); err != nil {
+		t.Fatalf("helm lint: %v\n%s%s", err, out, errOut)
+	}
+	out, errOut, err := runHelm(t, "template", release, chartDir, "--namespace", namespace, "-f", f)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, errOut)
+	}
+	return decodeAll(t, out)
+}
+
+// templateFails renders with v and returns helm's error output; rendering must fail.
+func templateFails(t *testing.T, v values) string {
+	t.Helper()
+	out, errOut, err := runHelm(t, "template", "bad", chartDir, "--namespace", namespace, "-f", writeValues(t, v))
+	if err == nil {
+		t.Fatalf("helm template succeeded; want a refusal. Output:\n%s", out)
+	}
+	return errOut
+}
+
+func decodeAll(t *testing.T, stream string) *objects {
+	t.Helper()
+	o := &objects{
+		deployments: map[string]*appsv1.Deployment{}, daemonSets: map[string]*appsv1.DaemonSet{},
+		services: map[string]*corev1.Service{}, secrets: map[string]*corev1.Secret{},
+		serviceAccounts: map[string]*corev1.ServiceAccount{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
+		hpas: map[string]*autoscalingv2.HorizontalPodAutoscaler{}, ingresses: map[string]*networkingv1.Ingress{},
+		serviceMonitors: map[string]*serviceMonitor{},
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(stream)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("splitting the rendered YAML: %v", err)
+		}
+		// Strict: duplicate keys are errors too.
+		js, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			t.Fatalf("YAML: %v\n%s", err, doc)
+		}
+		if s := strings.TrimSpace(string(js)); s == "null" || s == "" {
+			continue // comments only
+		}
+		var tm metav1.TypeMeta
+		if err := json.Unmarshal(js, &tm); err != nil {
+			t.Fatalf("%v\n%s", err, doc)
+		}
+		id := tm.APIVersion + " " + tm.Kind
+		o.kinds = append(o.kinds, tm.Kind)
+		switch id {
+		case "apps/v1 Deployment":
+			x := new(appsv1.Deployment)
+			strict(t, id, js, x)
+			o.deployments[x.Name] = x
+		case "apps/v1 DaemonSet":
+			x := new(appsv1.DaemonSet)
+			strict(t, id, js, x)
+			o.daemonSets[x.Name] = x
+		case "v1 Service":
+			x := new(corev1.Service)
+			strict(t, id, js, x)
+			o.services[x.Name] = x
+		case "v1 Secret":
+			x := new(corev1.Secret)
+			strict(t, id, js, x)
+			o.secrets[x.Name] = x
+		case "v1 ServiceAccount":
+			x := new(corev1.ServiceAccount)
+			strict(t, id, js, x)
+			o.serviceAccounts[x.Name] = x
+		case "policy/v1 PodDisruptionBudget":
+			x := new(policyv1.PodDisruptionBudget)
+			strict(t, id, js, x)
+			o.pdbs[x.Name] = x
+		case "autoscaling/v2 HorizontalPodAutoscaler":
+			x := new(autoscalingv2.HorizontalPodAutoscaler)
+			strict(t, id, js, x)
+			o.hpas[x.Name] = x
+		case "networking.k8s.io/v1 Ingress":
+			x := new(networkingv1.Ingress)
+			strict(t, id, js, x)
+			o.ingresses[x.Name] = x
+		case "monitoring.coreos.com/v1 ServiceMonitor":
+			x := new(serviceMonitor)
+			strict(t, id, js, x)
+			o.serviceMonitors[x.Name] = x
+		default:
+			t.Fatalf("unexpected object %s in the rendered chart", id)
+		}
+	}
+	sort.Strings(o.kinds)
+	return o
+}
+
+// strict decodes js into x, refusing unknown fields and trailing data.
+func strict(t *testing.T, id string, js []byte, x any) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(x); err != nil {
+		t.Fatalf("%s does not decode strictly: %v\n%s", id, err, js)
+	}
+	if dec.More() {
+		t.Fatalf("%s: trailing data", id)
+	}
+}
+
+func (o *objects) wantKinds(t *testing.T, want ...string) {
+	t.Helper()
+	sort.Strings(want)
+	if !slices.Equal(o.kinds, want) {
+		t.Fatalf("rendered kinds %v, want %v", o.kinds, want)
+	}
+}
+
+// flagValue returns the value of --name=V in args, and whether it is there.
+func flagValue(args []string, name string) (string, bool) {
+	for _, a := range args {
+		if a == "--"+name {
+			return "", true
+		}
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+type podWant struct {
+	gpu      bool // an nvidia.com/gpu limit of 1
+	device   string
+	scheme   corev1.URIScheme
+	authFile string // the --auth-file path, mounted from authSecret
+	authSec  string
+	s3Secret string // the Secret AWS_* come from ("" for none)
+	store    string
+	tls      string // the TLS Secret ("" for none)
+}
+
+// checkPod asserts what every Plover pod must be, whatever the values.
+func checkPod(t *testing.T, tpl corev1.PodTemplateSpec, w podWant) {
+	t.Helper()
+	ps := tpl.Spec
+	if len(ps.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(ps.Containers))
+	}
+	c := ps.Containers[0]
+
+	// Flags plover serve gets (the image's entrypoint is plover serve).
+	if len(c.Command) != 0 {
+		t.Errorf("command %q overrides the image's entrypoint (tini -- plover serve)", c.Command)
+	}
+	wantFlags := map[string]string{
+		"listen": "0.0.0.0:8080", "data": "/var/lib/plover", "device": w.device, "store": w.store,
+		"metrics-listen": "0.0.0.0:9090", "auth-file": w.authFile,
+	}
+	for k, want := range wantFlags {
+		got, ok := flagValue(c.Args, k)
+		if !ok || got != want {
+			t.Errorf("--%s = %q (present %v), want %q; args %q", k, got, ok, want, c.Args)
+		}
+	}
+	if _, ok := flagValue(c.Args, "insecure-no-auth"); ok {
+		t.Errorf("--insecure-no-auth with an auth file: %q", c.Args)
+	}
+	_, hasCert := flagValue(c.Args, "tls-cert")
+	_, hasKey := flagValue(c.Args, "tls-key")
+	if hasCert != (w.tls != "") || hasKey != (w.tls != "") {
+		t.Errorf("--tls-cert/--tls-key present %v/%v, want %v: %q", hasCert, hasKey, w.tls != "", c.Args)
+	}
+
+	// Ports, probes.
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["http"] != 8080 || ports["metrics"] != 9090 {
+		t.Errorf("container ports %v, want http 8080 and metrics 9090", ports)
+	}
+	probe := func(name string, p *corev1.Probe, path string) {
+		if p == nil || p.HTTPGet == nil {
+			t.Errorf("%s probe missing or not httpGet", name)
+			return
+		}
+		g := p.HTTPGet
+		if g.Path != path || g.Port != intstr.FromString("http") || g.Scheme != w.scheme {
+			t.Errorf("%s probe %s %s %s, want %s on port http, scheme %s", name, g.Scheme, g.Port.String(), g.Path, path, w.scheme)
+		}
+	}
+	probe("startup", c.StartupProbe, "/healthz")
+	probe("liveness", c.LivenessProbe, "/healthz")
+	probe("readiness", c.ReadinessProbe, "/readyz")
+
+	// The GPU.
+	q, has := c.Resources.Limits["nvidia.com/gpu"]
+	if has != w.gpu || (w.gpu && !q.Equal(resource.MustParse("1"))) {
+		t.Errorf("nvidia.com/gpu limit %v (present %v), want present %v with 1", q.String(), has, w.gpu)
+	}
+	if _, has := c.Resources.Requests["nvidia.com/gpu"]; has && !w.gpu {
+		t.Errorf("nvidia.com/gpu requested on a CPU-only pod")
+	}
+
+	// Security.
+	psc, sc := ps.SecurityContext, c.SecurityContext
+	if psc == nil || sc == nil {
+		t.Fatal("pod or container securityContext missing")
+	}
+	if psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Error("runAsNonRoot is not true on the pod and the container")
+	}
+	if sc.RunAsUser == nil || *sc.RunAsUser != 10001 || psc.RunAsUser == nil || *psc.RunAsUser != 10001 {
+		t.Error("runAsUser is not 10001")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("allowPrivilegeEscalation is not false")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("readOnlyRootFilesystem is not true")
+	}
+	if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("capabilities %+v, want drop [ALL] and no add", sc.Capabilities)
+	}
+	if psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod seccompProfile %+v, want RuntimeDefault", psc.SeccompProfile)
+	}
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Error("the service account token is mounted; plover never uses the API")
+	}
+
+	// Volumes: data writable, secrets read-only where plover is told to look.
+	vols := map[string]corev1.Volume{}
+	for _, v := range ps.Volumes {
+		vols[v.Name] = v
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m
+	}
+	if m, ok := mounts["/var/lib/plover"]; !ok || m.ReadOnly {
+		t.Errorf("no writable volume at /var/lib/plover (the root filesystem is read-only): %+v", c.VolumeMounts)
+	} else if v := vols[m.Name]; v.EmptyDir == nil && v.Ephemeral == nil {
+		t.Errorf("/var/lib/plover is volume %+v, want an emptyDir or ephemeral one", v)
+	}
+	secretAt := func(dir, file, secret string) {
+		m, ok := mounts[dir]
+		if !ok {
+			t.Errorf("nothing mounted at %s", dir)
+			return
+		}
+		if !m.ReadOnly {
+			t.Errorf("%s is not mounted read-only", dir)
+		}
+		if m.SubPath != "" {
+			t.Errorf("%s mounted with subPath: kubelet would never refresh it", dir)
+		}
+		v := vols[m.Name]
+		if v.Secret == nil || v.Secret.SecretName != secret {
+			t.Errorf("%s is volume %+v, want Secret %s", dir, v.VolumeSource, secret)
+		}
+		if filepath.Dir(file) != dir {
+			t.Errorf("%s is not under %s", file, dir)
+		}
+	}
+	secretAt("/etc/plover/auth", w.authFile, w.authSec)
+	if w.tls != "" {
+		cert, _ := flagValue(c.Args, "tls-cert")
+		key, _ := flagValue(c.Args, "tls-key")
+		secretAt("/etc/plover/tls", cert, w.tls)
+		secretAt("/etc/plover/tls", key, w.tls)
+	}
+
+	// Store credentials from a Secret, never literal.
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+		if strings.HasPrefix(e.Name, "AWS_") && e.Value != "" {
+			t.Errorf("%s given as a literal value", e.Name)
+		}
+	}
+	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
+		e, ok := env[k]
+		switch {
+		case w.s3Secret == "" && ok:
+			t.Errorf("%s set without an s3 store", k)
+		case w.s3Secret != "" && (!ok || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+			e.ValueFrom.SecretKeyRef.Name != w.s3Secret || e.ValueFrom.SecretKeyRef.Key != k):
+			t.Errorf("%s = %+v, want key %s of Secret %s", k, e, k, w.s3Secret)
+		}
+	}
+
+	// Shutdown: the pod must outlive preStop's sleep plus plover's --grace.
+	pre := c.Lifecycle
+	if pre == nil || pre.PreStop == nil || pre.PreStop.Exec == nil || len(pre.PreStop.Exec.Command) != 2 || pre.PreStop.Exec.Command[0] != "sleep" {
+		t.Fatalf("preStop %+v, want exec [sleep N]", pre)
+	}
+	sleep, err := strconv.Atoi(pre.PreStop.Exec.Command[1])
+	if err != nil || sleep < 1 {
+		t.Errorf("preStop sleep %q", pre.PreStop.Exec.Command[1])
+	}
+	g, _ := flagValue(c.Args, "grace")
+	grace, err := time.ParseDuration(g)
+	if err != nil {
+		t.Fatalf("--grace %q: %v", g, err)
+	}
+	if ps.TerminationGracePeriodSeconds == nil {
+		t.Fatal("no terminationGracePeriodSeconds")
+	}
+	need := time.Duration(sleep)*time.Second + grace
+	if got := time.Duration(*ps.TerminationGracePeriodSeconds) * time.Second; got < need {
+		t.Errorf("terminationGracePeriodSeconds %v < preStop %ds + --grace %v", got, sleep, grace)
+	}
+}
+
+// checkService: the Service selects the pods and maps to their named ports.
+func checkService(t *testing.T, o *objects, name string, podLabels map[string]string, port int32, portName string) *corev1.Service {
+	t.Helper()
+	s := o.services[name]
+	if s == nil {
+		t.Fatalf("no Service %s", name)
+	}
+	if s.Spec.Type != corev1.ServiceTypeClusterIP {
+		t.Errorf("Service type %s", s.Spec.Type)
+	}
+	for k, v := range s.Spec.Selector {
+		if podLabels[k] != v {
+			t.Errorf("Service selector %v does not select pods labelled %v", s.Spec.Selector, podLabels)
+		}
+	}
+	ports := map[string]corev1.ServicePort{}
+	for _, p := range s.Spec.Ports {
+		ports[p.Name] = p
+	}
+	if p := ports[portName]; p.Port != port || p.TargetPort != intstr.FromString("http") {
+		t.Errorf("Service port %s = %+v, want %d -> http", portName, p, port)
+	}
+	if p := ports["metrics"]; p.Port != 9090 || p.TargetPort != intstr.FromString("metrics") {
+		t.Errorf("Service metrics port %+v, want 9090 -> metrics", p)
+	}
+	return s
+}
+
+func checkPDB(t *testing.T, o *objects, name string, podLabels map[string]string) {
+	t.Helper()
+	p := o.pdbs[name]
+	if p == nil {
+		t.Fatalf("no PodDisruptionBudget %s", name)
+	}
+	if p.Spec.MaxUnavailable == nil || *p.Spec.MaxUnavailable != intstr.FromInt32(1) || p.Spec.MinAvailable != nil {
+		t.Errorf("PDB maxUnavailable %v minAvailable %v, want maxUnavailable 1", p.Spec.MaxUnavailable, p.Spec.MinAvailable)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
+	if err != nil || sel.Empty() {
+		t.Fatalf("PDB selector %v: %v", p.Spec.Selector, err)
+	}
+	if !selects(p.Spec.Selector, podLabels) {
+		t.Errorf("PDB selector %v does not select pods labelled %v", p.Spec.Selector, podLabels)
+	}
+}
+
+func selects(s *metav1.LabelSelector, labels map[string]string) bool {
+	sel, err := metav1.LabelSelectorAsSelector(s)
+	if err != nil {
+		return false
+	}
+	return sel.Matches(k8slabels.Set(labels))
+}
+
+func TestDefaults(t *testing.T) {
+	o := template(t, "plover", required())
+	o.wantKinds(t, "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount")
+	d := o.deployments["plover"]
+	if d == nil {
+		t.Fatalf("no Deployment plover (release plover must not become plover-plover): %v", o.deployments)
+	}
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+		t.Errorf("replicas %v, want 2", d.Spec.Replicas)
+	}
+	if !selects(d.Spec.Selector, d.Spec.Template.Labels) {
+		t.Errorf("Deployment selector %v does not select its own pods %v", d.Spec.Selector, d.Spec.Template.Labels)
+	}
+	if ru := d.Spec.Strategy.RollingUpdate; ru == nil || ru.MaxSurge == nil || *ru.MaxSurge != intstr.FromInt32(0) {
+		t.Errorf("rolling update %+v, want maxSurge 0 (no spare GPU needed)", ru)
+	}
+	checkPod(t, d.Spec.Template, podWant{
+		gpu: true, device: "cuda", scheme: corev1.URISchemeHTTP,
+		authFile: "/etc/plover/auth/tokens", authSec: "plover-auth", s3Secret: "plover-s3",
+		store: "s3://plover-bundles/prod",
+	})
+	args := d.Spec.Template.Spec.Containers[0].Args
+	for k, want := range map[string]string{"s3-endpoint": "minio.storage.svc:9000", "s3-region": "us-east-1", "grace": "25s"} {
+		if got, _ := flagValue(args, k); got != want {
+			t.Errorf("--%s = %q, want %q", k, got, want)
+		}
+	}
+	if got := *d.Spec.Template.Spec.TerminationGracePeriodSeconds; got != 35 {
+		t.Errorf("terminationGracePeriodSeconds %d, want 5 + 25 + 5", got)
+	}
+	checkService(t, o, "plover", d.Spec.Template.Labels, 80, "http")
+	checkPDB(t, o, "plover", d.Spec.Template.Labels)
+	if sa := o.serviceAccounts["plover"]; sa == nil || d.Spec.Template.Spec.ServiceAccountName != "plover" {
+		t.Errorf("ServiceAccount plover missing or not used (%q)", d.Spec.Template.Spec.ServiceAccountName)
+	}
+}
+
+func TestCPUOnly(t *testing.T) {
+	v := required().set("gpu.enabled", false).set("kind", "Deployment").
+		set("data.type", "ephemeral").set("data.storageClassName", "local-ssd").set("data.sizeLimit", "50Gi")
+	o := template(t, "edge", v)
+	d := o.deployments["edge-plover"]
+	if d == nil {
+		t.Fatalf("no Deployment edge-plover: %v", o.deployments)
+	}
+	checkPod(t, d.Spec.Template, podWant{
+		gpu: false, device: "host", scheme: corev1.URISchemeHTTP,
+		authFile: "/etc/plover/auth/tokens", authSec: "plover-auth", s3Secret: "plover-s3",
+		store: "s3://plover-bundles/prod",
+	})
+	if d.Spec.Template.Spec.RuntimeClassName != nil {
+		t.Errorf("runtimeClassName %q on a CPU-only pod", *d.Spec.Template.Spec.RuntimeClassName)
+	}
+	for _, vol := range d.Spec.Template.Spec.Volumes {
+		if vol.Name != "data" {
+			continue
+		}
+		e := vol.Ephemeral
+		if e == nil || e.VolumeClaimTemplate == nil {
+			t.Fatalf("data volume %+v, want a generic ephemeral volume", vol.VolumeSource)
+		}
+		spec := e.VolumeClaimTemplate.Spec
+		if spec.StorageClassName == nil || *spec.StorageClassName != "local-ssd" ||
+			!spec.Resources.Requests.Storage().Equal(resource.MustParse("50Gi")) {
+			t.Errorf("data claim %+v, want 50Gi of local-ssd", spec)
+		}
+	}
+}
+
+func TestDaemonSet(t *testing.T) {
+	v := required().
+		set("kind", "DaemonSet").
+		set("gpu.runtimeClassName", "nvidia").
+		set("nodeSelector", map[string]any{"nvidia.com/gpu.present": "true"}).
+		set("tolerations", []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}})
+	o := template(t, "gpu", v)
+	o.wantKinds(t, "DaemonSet", "Service", "PodDisruptionBudget", "ServiceAccount")
+	ds := o.daemonSets["gpu-plover"]
+	if ds == nil {
+		t.Fatalf("no DaemonSet gpu-plover: %v", o.daemonSets)
+	}
+	ps := ds.Spec.Template.Spec
+	if ps.NodeSelector["nvidia.com/gpu.present"] != "true" || len(ps.Tolerations) != 1 {
+		t.Errorf("nodeSelector %v tolerations %v not passed through", ps.NodeSelector, ps.Tolerations)
+	}
+	if ps.RuntimeClassName == nil || *ps.RuntimeClassName != "nvidia" {
+		t.Errorf("runtimeClassName %v, want nvidia", ps.RuntimeClassName)
+	}
+	if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType {
+		t.Errorf("update strategy %v", ds.Spec.UpdateStrategy)
+	}
+	checkPod(t, ds.Spec.Template, podWant{
+		gpu: true, device: "cuda", scheme: corev1.URISchemeHTTP,
+		authFile: "/etc/plover/auth/tokens", authSec: "plover-auth", s3Secret: "plover-s3",
+		store: "s3://plover-bundles/prod",
+	})
+	checkPDB(t, o, "gpu-plover", ds.Spec.Template.Labels)
+}
+
+// TestFull: TLS, the ingress, the ServiceMonitor, the autoscaler, and Secrets
+// the chart creates itself.
+func TestFull(t *testing.T) {
+	tokens := "ci deploy 4f2c0000000000000000000000000000000000000000000000000000000000aa cnn,vec*\n"
+	v := values{}.
+		set("s3.bucket", "plover-bundles").
+		set("s3.createSecret", true).
+		set("s3.accessKeyId", "AKIAEXAMPLE").
+		set("s3.secretAccessKey", "secret/example").
+		set("auth.tokens", tokens).
+		set("tls.enabled", true).
+		set("tls.secretName", "plover-tls").
+		set("server.graceSeconds", 40).
+		set("preStopSleepSeconds", 10).
+		set("serviceMonitor.enabled", true).
+		set("serviceMonitor.labels", map[string]any{"release": "prometheus"}).
+		set("autoscaling.enabled", true).
+		set("ingress.enabled", true).
+		set("ingress.hashBySubsetSize", 2).
+		set("ingress.tls", []any{map[string]any{"secretName": "plover-ingress-tls", "hosts": []any{"plover.example.com"}}})
+	o := template(t, "plover", v)
+	o.wantKinds(t, "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Secret", "Secret",
+		"HorizontalPodAutoscaler", "Ingress", "ServiceMonitor")
+
+	d := o.deployments["plover"]
+	if d == nil {
+		t.Fatal("no Deployment plover")
+	}
+	if d.Spec.Replicas != nil {
+		t.Errorf("replicas %d set with an autoscaler: every helm upgrade would undo its scaling", *d.Spec.Replicas)
+	}
+	checkPod(t, d.Spec.Template, podWant{
+		gpu: true, device: "cuda", scheme: corev1.URISchemeHTTPS,
+		authFile: "/etc/plover/auth/tokens", authSec: "plover-auth", s3Secret: "plover-s3",
+		store: "s3://plover-bundles", tls: "plover-tls",
+	})
+	if got := *d.Spec.Template.Spec.TerminationGracePeriodSeconds; got < 50 {
+		t.Errorf("terminationGracePeriodSeconds %d < 10 + 40", got)
+	}
+	ann := d.Spec.Template.Annotations
+	if ann["checksum/auth"] == "" || ann["checksum/s3"] == "" {
+		t.Errorf("pod annotations %v: want checksums of the Secrets the chart makes, so changing them rolls the pods", ann)
+	}
+
+	// Secrets made from values.
+	if s := o.secrets["plover-auth"]; s == nil || string(s.Data["tokens"]) != tokens {
+		t.Errorf("auth Secret %+v, want key tokens = the auth file", s)
+	}
+	if s := o.secrets["plover-s3"]; s == nil || string(s.Data["AWS_ACCESS_KEY_ID"]) != "AKIAEXAMPLE" || string(s.Data["AWS_SECRET_ACCESS_KEY"]) != "secret/example" {
+		t.Errorf("S3 Secret %+v", s)
+	}
+
+	svc := checkService(t, o, "plover", d.Spec.Template.Labels, 443, "https")
+	checkPDB(t, o, "plover", d.Spec.Template.Labels)
+
+	// The autoscaler: the Deployment, on the queue-depth metric the server exports.
+	h := o.hpas["plover"]
+	if h == nil {
+		t.Fatal("no HorizontalPodAutoscaler plover")
+	}
+	if r := h.Spec.ScaleTargetRef; r.Kind != "Deployment" || r.Name != d.Name || r.APIVersion != "apps/v1" {
+		t.Errorf("scaleTargetRef %+v, want apps/v1 Deployment %s", r, d.Name)
+	}
+	if h.Spec.MinReplicas == nil || *h.Spec.MinReplicas < 1 || h.Spec.MaxReplicas < *h.Spec.MinReplicas {
+		t.Errorf("replicas %v..%d", h.Spec.MinReplicas, h.Spec.MaxReplicas)
+	}
+	if len(h.Spec.Metrics) != 1 || h.Spec.Metrics[0].Type != autoscalingv2.PodsMetricSourceType || h.Spec.Metrics[0].Pods == nil {
+		t.Fatalf("HPA metrics %+v, want one Pods metric", h.Spec.Metrics)
+	}
+	pm := h.Spec.Metrics[0].Pods
+	if pm.Metric.Name != queueMetric || pm.Target.Type != autoscalingv2.AverageValueMetricType || pm.Target.AverageValue == nil {
+		t.Errorf("HPA metric %+v, want %s with an AverageValue target", pm, queueMetric)
+	}
+	exportedMetric(t, pm.Metric.Name)
+
+	// The ServiceMonitor scrapes the Service's metrics port.
+	sm := o.serviceMonitors["plover"]
+	if sm == nil {
+		t.Fatal("no ServiceMonitor plover")
+	}
+	if sm.Labels["release"] != "prometheus" {
+		t.Errorf("ServiceMonitor labels %v lack serviceMonitor.labels", sm.Labels)
+	}
+	if !selects(&sm.Spec.Selector, svc.Labels) {
+		t.Errorf("ServiceMonitor selector %v does not select the Service (labels %v)", sm.Spec.Selector, svc.Labels)
+	}
+	if !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{namespace}) {
+		t.Errorf("ServiceMonitor namespaces %v", sm.Spec.NamespaceSelector.MatchNames)
+	}
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" || sm.Spec.Endpoints[0].Path != "/metrics" {
+		t.Errorf("ServiceMonitor endpoints %+v, want port metrics, /metrics", sm.Spec.Endpoints)
+	}
+
+	// The ingress: hashed per function, HTTPS to the pods, bodies up to --max-body.
+	ing := o.ingresses["plover"]
+	if ing == nil {
+		t.Fatal("no Ingress plover")
+	}
+	a := ing.Annotations
+	for k, want := range map[string]string{
+		"nginx.ingress.kubernetes.io/upstream-hash-by":             "$uri",
+		"nginx.ingress.kubernetes.io/upstream-hash-by-subset":      "true",
+		"nginx.ingress.kubernetes.io/upstream-hash-by-subset-size": "2",
+		"nginx.ingress.kubernetes.io/backend-protocol":             "HTTPS",
+		"nginx.ingress.kubernetes.io/proxy-body-size":              "256m",
+	} {
+		if a[k] != want {
+			t.Errorf("Ingress annotation %s = %q, want %q", k, a[k], want)
+		}
+	}
+	if ing.Spec.IngressClassName == nil || *ing.Spec.IngressClassName != "nginx" {
+		t.Errorf("ingressClassName %v", ing.Spec.IngressClassName)
+	}
+	if len(ing.Spec.TLS) != 1 || ing.Spec.TLS[0].SecretName != "plover-ingress-tls" {
+		t.Errorf("Ingress TLS %+v", ing.Spec.TLS)
+	}
+	if len(ing.Spec.Rules) != 1 || ing.Spec.Rules[0].HTTP == nil || len(ing.Spec.Rules[0].HTTP.Paths) != 1 {
+		t.Fatalf("Ingress rules %+v", ing.Spec.Rules)
+	}
+	b := ing.Spec.Rules[0].HTTP.Paths[0].Backend.Service
+	if b == nil || b.Name != svc.Name || b.Port.Number != 443 {
+		t.Errorf("Ingress backend %+v, want Service %s port 443", b, svc.Name)
+	}
+}
+
+// TestExternalMetric: the autoscaler on an External metric, scoped to this release.
+func TestExternalMetric(t *testing.T) {
+	v := required().
+		set("serviceMonitor.enabled", true).
+		set("autoscaling.enabled", true).
+		set("autoscaling.metricType", "External").
+		set("autoscaling.extraMetrics", []any{map[string]any{
+			"type": "Resource", "resource": map[string]any{"name": "cpu", "target": map[string]any{"type": "Utilization", "averageUtilization": 80}},
+		}})
+	o := template(t, "plover", v)
+	h := o.hpas["plover"]
+	if h == nil || len(h.Spec.Metrics) != 2 {
+		t.Fatalf("HPA %+v, want the external metric and the extra one", h)
+	}
+	e := h.Spec.Metrics[0].External
+	if e == nil || e.Metric.Name != queueMetric || e.Metric.Selector == nil || e.Metric.Selector.MatchLabels["service"] != "plover" {
+		t.Errorf("external metric %+v, want %s for service plover", e, queueMetric)
+	}
+	if r := h.Spec.Metrics[1].Resource; r == nil || r.Name != corev1.ResourceCPU {
+		t.Errorf("extra metric %+v", h.Spec.Metrics[1])
+	}
+}
+
+// TestReplicaCountNull: replicaCount null leaves replicas to an external
+// autoscaler (KEDA), as autoscaling.enabled does for the chart's own HPA.
+func TestReplicaCountNull(t *testing.T) {
+	o := template(t, "plover", required().set("replicaCount", nil))
+	if r := o.deployments["plover"].Spec.Replicas; r != nil {
+		t.Errorf("replicas %d with replicaCount null", *r)
+	}
+	if len(o.hpas) != 0 {
+		t.Errorf("an HPA without autoscaling.enabled")
+	}
+}
+
+// exportedMetric fails unless the server registers a metric of that name.
+func exportedMetric(t *testing.T, name string) {
+	t.Helper()
+	src, err := os.ReadFile(collectorFile)
+	if err != nil {
+		t.Fatalf("reading the server's collector to check the metric name: %v", err)
+	}
+	if !bytes.Contains(src, []byte(strconv.Quote(name))) {
+		t.Errorf("the autoscaler scales on %s, which %s does not export", name, collectorFile)
+	}
+}
+
+// TestRefusals: values that would deploy something broken or unsafe fail the
+// render with a message that says what to set.
+func TestRefusals(t *testing.T) {
+	cases := []struct {
+		name string
+		v    values
+		want string
+	}{
+		{"no store", values{}.set("auth.existingSecret", "a"), "set s3.bucket"},
+		{"no S3 credentials", values{}.set("s3.bucket", "b").set("auth.existingSecret", "a"), "needs credentials"},
+		{"no auth", values{}.set("s3.bucket", "b").set("s3.existingSecret", "s"), "needs an auth file"},
+		{"TLS without a Secret", required().set("tls.enabled", true), "tls.secretName"},
+		{"autoscaling a DaemonSet", required().set("kind", "DaemonSet").set("autoscaling.enabled", true), "needs kind Deployment"},
+		{"grace period too short", required().set("terminationGracePeriodSeconds", 20), "killed mid-drain"},
+		{"ServiceMonitor without the metrics port", required().set("serviceMonitor.enabled", true).set("metrics.enabled", false), "metrics.enabled"},
+		{"unknown kind", required().set("kind", "StatefulSet"), "want Deployment or DaemonSet"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if out := templateFails(t, c.v); !strings.Contains(out, c.want) {
+				t.Errorf("helm template failed without %q:\n%s", c.want, out)
+			}
+		})
+	}
+}
+
+// TestInsecureNoAuth: the explicit opt-out renders --insecure-no-auth and mounts no auth Secret.
+func TestInsecureNoAuth(t *testing.T) {
+	v := values{}.set("store.url", "file:///var/lib/plover/store").set("auth.insecureNoAuth", true).set("replicaCount", 1)
+	o := template(t, "plover", v)
+	c := o.deployments["plover"].Spec.Template.Spec.Containers[0]
+	if _, ok := flagValue(c.Args, "insecure-no-auth"); !ok {
+		t.Errorf("args %q lack --insecure-no-auth", c.Args)
+	}
+	if _, ok := flagValue(c.Args, "auth-file"); ok {
+		t.Errorf("args %q have --auth-file", c.Args)
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "AWS_") {
+			t.Errorf("%s set for a file store", e.Name)
+		}
+	}
+	if got, _ := flagValue(c.Args, "store"); got != "file:///var/lib/plover/store" {
+		t.Errorf("--store %q", got)
+	}
+}
+
+func TestMain(m *testing.M) {
+	if _, err := os.Stat(filepath.Join(chartDir, "Chart.yaml")); err != nil {
+		fmt.Fprintln(os.Stderr, "charttest: run from deploy/helm/charttest:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}

@@ -1,0 +1,164 @@
+{{/* Names and labels. */}}
+{{- define "plover.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "plover.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "plover.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "plover.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "plover.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "plover.labels" -}}
+helm.sh/chart: {{ include "plover.chart" . }}
+{{ include "plover.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "plover.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "plover.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "plover.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/* Secrets: an existing one named in values, else the chart's own. */}}
+{{- define "plover.authSecretName" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "plover.fullname" .)) }}
+{{- end }}
+
+{{- define "plover.s3SecretName" -}}
+{{- .Values.s3.existingSecret | default (printf "%s-s3" (include "plover.fullname" .)) }}
+{{- end }}
+
+{{/* The --store URL: store.url, else s3://BUCKET[/PREFIX]. */}}
+{{- define "plover.storeURL" -}}
+{{- if .Values.store.url }}
+{{- .Values.store.url }}
+{{- else if .Values.s3.bucket }}
+{{- $prefix := trimAll "/" (.Values.s3.prefix | toString) }}
+{{- if $prefix }}
+{{- printf "s3://%s/%s" .Values.s3.bucket $prefix }}
+{{- else }}
+{{- printf "s3://%s" .Values.s3.bucket }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "plover.usesS3" -}}
+{{- if hasPrefix "s3://" (include "plover.storeURL" .) }}true{{ end }}
+{{- end }}
+
+{{- define "plover.scheme" -}}
+{{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
+{{- define "plover.terminationGracePeriodSeconds" -}}
+{{- $min := add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds) }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add $min 5 }}
+{{- else }}
+{{- int .Values.terminationGracePeriodSeconds }}
+{{- end }}
+{{- end }}
+
+{{/* Refuse settings that would deploy something broken or unsafe. */}}
+{{- define "plover.validate" -}}
+{{- if not (has .Values.kind (list "Deployment" "DaemonSet")) }}
+{{- fail (printf "kind %q: want Deployment or DaemonSet" .Values.kind) }}
+{{- end }}
+{{- if not (include "plover.storeURL" .) }}
+{{- fail "set s3.bucket (the store every pod serves from; s3.prefix, s3.endpoint and s3.region as needed) or store.url" }}
+{{- end }}
+{{- if and (include "plover.usesS3" .) (not .Values.s3.existingSecret) (not .Values.s3.createSecret) }}
+{{- fail "an s3:// store needs credentials: s3.existingSecret (a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or s3.createSecret=true with s3.accessKeyId and s3.secretAccessKey" }}
+{{- end }}
+{{- if and .Values.s3.createSecret (not .Values.s3.existingSecret) (or (not .Values.s3.accessKeyId) (not .Values.s3.secretAccessKey)) }}
+{{- fail "s3.createSecret=true needs s3.accessKeyId and s3.secretAccessKey" }}
+{{- end }}
+{{- if and (not .Values.auth.existingSecret) (not .Values.auth.tokens) (not .Values.auth.insecureNoAuth) }}
+{{- fail "plover listens beyond loopback and needs an auth file: set auth.existingSecret (a Secret with key \"tokens\", lines from `plover token new`) or auth.tokens; auth.insecureNoAuth=true only on a trusted network" }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
+{{- fail "tls.enabled needs tls.secretName (a kubernetes.io/tls Secret)" }}
+{{- end }}
+{{- if and .Values.serviceMonitor.enabled (not .Values.metrics.enabled) }}
+{{- fail "serviceMonitor.enabled needs metrics.enabled (the unauthenticated --metrics-listen port it scrapes)" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (ne .Values.kind "Deployment") }}
+{{- fail "autoscaling.enabled needs kind Deployment (a DaemonSet runs one pod per node)" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (not (has .Values.autoscaling.metricType (list "Pods" "External"))) }}
+{{- fail (printf "autoscaling.metricType %q: want Pods or External" .Values.autoscaling.metricType) }}
+{{- end }}
+{{- if lt (int (include "plover.terminationGracePeriodSeconds" .)) (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds)) }}
+{{- fail (printf "terminationGracePeriodSeconds %v is less than preStopSleepSeconds + server.graceSeconds (%d): pods would be killed mid-drain" .Values.terminationGracePeriodSeconds (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds))) }}
+{{- end }}
+{{- if not (has .Values.data.type (list "emptyDir" "ephemeral")) }}
+{{- fail (printf "data.type %q: want emptyDir or ephemeral" .Values.data.type) }}
+{{- end }}
+{{- end }}
+
+{{/* plover serve's flags (the image's entrypoint is tini -- plover serve). */}}
+{{- define "plover.args" -}}
+{{- $a := list (printf "--listen=0.0.0.0:%d" (int .Values.server.port)) "--data=/var/lib/plover" }}
+{{- if .Values.device }}
+{{- $a = append $a (printf "--device=%s" .Values.device) }}
+{{- else if .Values.gpu.enabled }}
+{{- $a = append $a "--device=cuda" }}
+{{- else }}
+{{- $a = append $a "--device=host" }}
+{{- end }}
+{{- $a = append $a (printf "--store=%s" (include "plover.storeURL" .)) }}
+{{- if .Values.s3.endpoint }}
+{{- $a = append $a (printf "--s3-endpoint=%s" .Values.s3.endpoint) }}
+{{- end }}
+{{- if .Values.s3.region }}
+{{- $a = append $a (printf "--s3-region=%s" .Values.s3.region) }}
+{{- end }}
+{{- if .Values.s3.insecure }}
+{{- $a = append $a "--s3-insecure" }}
+{{- end }}
+{{- if or .Values.auth.existingSecret .Values.auth.tokens }}
+{{- $a = append $a (printf "--auth-file=/etc/plover/auth/%s" .Values.auth.key) }}
+{{- else }}
+{{- $a = append $a "--insecure-no-auth" }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- $a = concat $a (list "--tls-cert=/etc/plover/tls/tls.crt" "--tls-key=/etc/plover/tls/tls.key") }}
+{{- end }}
+{{- if .Values.metrics.enabled }}
+{{- $a = append $a (printf "--metrics-listen=0.0.0.0:%d" (int .Values.metrics.port)) }}
+{{- end }}
+{{- $a = append $a (printf "--grace=%ds" (int .Values.server.graceSeconds)) }}
+{{- $a = append $a (printf "--cache-limit=%d" (int .Values.server.cacheLimitMiB)) }}
+{{- $a = append $a (printf "--max-body=%d" (int .Values.server.maxBodyMiB)) }}
+{{- $a = append $a (printf "--log-format=%s" .Values.server.logFormat) }}
+{{- $a = append $a (printf "--log-level=%s" .Values.server.logLevel) }}
+{{- range (.Values.server.extraArgs | default list) }}
+{{- $a = append $a (toString .) }}
+{{- end }}
+{{- toYaml $a }}
+{{- end }}
