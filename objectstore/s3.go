@@ -398,8 +398,29 @@ func (s *S3) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, er
 		obj.Close()
 		return nil, Info{}, s.wrap("get", key, err)
 	}
-	return obj, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
+	return &tagReader{obj: obj, key: key}, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
+
+// tagReader reports a read of an object that was replaced after GetTagged
+// returned (minio-go conditions its reads on the ETag it saw) as
+// ErrPrecondition: the caller read a version that is gone, and should read
+// again.
+type tagReader struct {
+	obj *minio.Object
+	key string
+}
+
+func (r *tagReader) Read(p []byte) (int, error) {
+	n, err := r.obj.Read(p)
+	if err != nil && err != io.EOF {
+		if resp := minio.ToErrorResponse(err); resp.StatusCode == 412 || resp.Code == "PreconditionFailed" {
+			return n, fmt.Errorf("get %s: replaced while read: %w", r.key, ErrPrecondition)
+		}
+	}
+	return n, err
+}
+
+func (r *tagReader) Close() error { return r.obj.Close() }
 
 // PutIf sends the condition with the PUT (If-None-Match: * or If-Match:
 // ETAG), which AWS S3 and MinIO evaluate atomically; 412 is the refusal.

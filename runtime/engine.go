@@ -57,6 +57,9 @@ type Engine struct {
 
 	mu    sync.Mutex
 	funcs map[string]*function
+	// tags holds the version tag of each record Refresh last applied, so
+	// that a poll reads only the records that changed.
+	tags map[string]string
 	// epoch counts changes of funcs (a version switch, a removal), so that
 	// a store read made without the lock is applied only if nothing changed
 	// meanwhile: a slow Refresh must not undo a deploy that just returned.
@@ -102,7 +105,7 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, epoch: 1, mem: newLedger()}, nil
+	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}, nil
 }
 
 // Target is the bundle target this engine's devices run.

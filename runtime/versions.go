@@ -45,9 +45,11 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (FunctionI
 	return e.info(f, rv, e.versionCount(ctx, name)), nil
 }
 
-// Refresh re-reads the record of every function this node has resolved and
-// follows changes made elsewhere (another node's deploy, a rollback, a
-// delete). A store outage changes nothing: loaded functions keep serving.
+// Refresh follows changes made elsewhere (another node's deploy, a
+// rollback, a delete) to the functions this node has resolved. It lists the
+// records' tags (one store request) and reads only the records whose tag
+// changed since this node last applied them. A store outage changes
+// nothing: loaded functions keep serving.
 func (e *Engine) Refresh(ctx context.Context) error {
 	e.mu.Lock()
 	names := make([]string, 0, len(e.funcs))
@@ -55,12 +57,19 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		names = append(names, n)
 	}
 	e.mu.Unlock()
+	tags, err := e.reg.Tags(ctx)
+	if err != nil {
+		return err
+	}
 	var firstErr error
 	for _, name := range names {
+		if tag, ok := tags[name]; ok && tag != "" && tag == e.appliedTag(name) {
+			continue // unchanged since applied
+		}
 		e.mu.Lock()
 		at := e.epoch
 		e.mu.Unlock()
-		rec, err := e.reg.Get(ctx, name)
+		rec, tag, err := e.reg.GetTagged(ctx, name)
 		if errors.Is(err, registry.ErrNoFunction) {
 			e.forget(name, at)
 			continue
@@ -68,8 +77,14 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		if err == nil {
 			var cv registry.Version
 			if cv, err = rec.CurrentVersion(); err == nil {
-				if f, changed := e.switchTo(name, cv, at); changed {
+				f, changed := e.switchTo(name, cv, at)
+				if changed {
 					e.warmIfWanted(ctx, f)
+				}
+				if f != nil { // applied, not overtaken by a change here
+					e.mu.Lock()
+					e.tags[name] = tag
+					e.mu.Unlock()
 				}
 				continue
 			}
@@ -79,6 +94,13 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		}
 	}
 	return firstErr
+}
+
+// appliedTag is the tag of the record Refresh last applied for name.
+func (e *Engine) appliedTag(name string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.tags[name]
 }
 
 // Watch calls Refresh every interval until ctx ends.

@@ -61,14 +61,44 @@ func recordKey(name string) string { return recordPrefix + name + ".json" }
 // Registry reads and writes records in one store.
 type Registry struct{ Store objectstore.Store }
 
+// GetTagged reads a function's record and its version tag (the ETag).
+func (g Registry) GetTagged(ctx context.Context, name string) (*Record, string, error) {
+	return g.getTagged(ctx, name)
+}
+
+// Tags lists every record's version tag by function name, in one listing
+// of the store: what a node polls to see which records changed, instead of
+// reading each.
+func (g Registry) Tags(ctx context.Context) (map[string]string, error) {
+	infos, err := g.Store.List(ctx, recordPrefix)
+	if err != nil {
+		return nil, err
+	}
+	tags := make(map[string]string, len(infos))
+	for _, in := range infos {
+		tags[strings.TrimSuffix(strings.TrimPrefix(in.Key, recordPrefix), ".json")] = in.ETag
+	}
+	return tags, nil
+}
+
 // Get reads a function's record.
 func (g Registry) Get(ctx context.Context, name string) (*Record, error) {
 	r, _, err := g.getTagged(ctx, name)
 	return r, err
 }
 
-// getTagged reads a record and the ETag its next write is conditioned on.
+// getTagged reads a record and the ETag its next write is conditioned on,
+// again if it was replaced while being read.
 func (g Registry) getTagged(ctx context.Context, name string) (*Record, string, error) {
+	for attempt := 0; ; attempt++ {
+		r, tag, err := g.readTagged(ctx, name)
+		if !errors.Is(err, objectstore.ErrPrecondition) || attempt == casAttempts {
+			return r, tag, err
+		}
+	}
+}
+
+func (g Registry) readTagged(ctx context.Context, name string) (*Record, string, error) {
 	if !abi.ValidName(name) {
 		return nil, "", fmt.Errorf("function %q: %w", name, ErrNoFunction)
 	}
@@ -82,6 +112,9 @@ func (g Registry) getTagged(ctx context.Context, name string) (*Record, string, 
 	defer rc.Close()
 	var r Record
 	if err := json.NewDecoder(io.LimitReader(rc, 8<<20)).Decode(&r); err != nil {
+		if errors.Is(err, objectstore.ErrPrecondition) {
+			return nil, "", err
+		}
 		return nil, "", fmt.Errorf("function %s: corrupt record: %w", name, err)
 	}
 	if r.Name != name {
