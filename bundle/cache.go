@@ -205,6 +205,11 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 			}
 		}
 		c.Release(sha)
+		if c.holders(sha) > 0 {
+			// A loaded version still uses these files: they cannot be
+			// replaced under it. It is repaired once that version unloads.
+			return "", nil, false, &FetchError{Err: fmt.Errorf("cached bundle %s is damaged (%v) and still in use by a loaded version", sha, err)}
+		}
 		c.discard(sha, dir)
 		if c.OnRepair != nil {
 			c.OnRepair(sha, err)
@@ -214,6 +219,15 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 		return "", nil, true, err
 	}
 	return dir, m, true, c.use(sha, dir)
+}
+
+func (c *Cache) holders(sha string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[sha]; ok {
+		return e.inUse
+	}
+	return 0
 }
 
 // discard removes a damaged entry (not in use by anyone but the caller,

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -435,6 +437,31 @@ func TestConformance(t *testing.T) {
 				wg.Wait()
 				if got := get(t, s, "counter"); string(got) != strconv.Itoa(writers*each) {
 					t.Fatalf("counter = %s after %d increments", got, writers*each)
+				}
+			})
+
+			t.Run("CleanTempKeepsLocks", func(t *testing.T) {
+				fsStore, ok := open(t).(*FS)
+				if !ok {
+					t.Skip("file store only")
+				}
+				if err := fsStore.PutIf(ctx, "r", strings.NewReader("x"), 1, ""); err != nil {
+					t.Fatal(err)
+				}
+				old := time.Now().Add(-time.Hour)
+				lock := filepath.Join(fsStore.root, ".lock-r")
+				half := filepath.Join(fsStore.root, ".put-123")
+				os.WriteFile(half, []byte("half"), 0o644)
+				os.Chtimes(lock, old, old)
+				os.Chtimes(half, old, old)
+				if _, err := fsStore.CleanTemp(time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Stat(lock); err != nil {
+					t.Errorf("a lock file was removed (a held lock would then let two writers in): %v", err)
+				}
+				if _, err := os.Stat(half); !os.IsNotExist(err) {
+					t.Errorf("a dead writer's temporary file stayed")
 				}
 			})
 

@@ -125,15 +125,11 @@ func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
-	lf, err := os.OpenFile(filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p)), os.O_CREATE|os.O_RDWR, 0o644)
+	unlock, err := lockKey(p)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
-	defer lf.Close()
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("put %s: lock: %w", key, err)
-	}
-	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
+	defer unlock()
 	fi, err := os.Stat(p)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -146,6 +142,21 @@ func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 		return fmt.Errorf("put %s: %w", key, ErrPrecondition)
 	}
 	return s.write(ctx, key, p, r, size)
+}
+
+// lockKey takes the exclusive lock of the object at p: flock on a lock file
+// beside it, which stays (it is never removed, so every process locks the
+// same inode).
+func lockKey(p string) (func(), error) {
+	lf, err := os.OpenFile(filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p)), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("lock: %w", err)
+	}
+	return func() { syscall.Flock(int(lf.Fd()), syscall.LOCK_UN); lf.Close() }, nil
 }
 
 func (s *FS) Touch(ctx context.Context, key string) error {
@@ -163,15 +174,16 @@ func (s *FS) Touch(ctx context.Context, key string) error {
 	return nil
 }
 
-// CleanTemp removes the temporary and lock files of writes older than age:
-// leftovers of a process that died mid-write (a live write is younger).
+// CleanTemp removes the temporary files of writes older than age: leftovers
+// of a process that died mid-write (a live write is younger). Lock files
+// stay: removing one while it is held would let two writers in.
 func (s *FS) CleanTemp(age time.Duration) ([]string, error) {
 	var removed []string
 	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		if !strings.HasPrefix(d.Name(), ".put-") && !strings.HasPrefix(d.Name(), ".lock-") {
+		if !strings.HasPrefix(d.Name(), ".put-") {
 			return nil
 		}
 		if fi, err := d.Info(); err == nil && time.Since(fi.ModTime()) > age {
@@ -261,6 +273,15 @@ func (s *FS) Delete(ctx context.Context, key string) error {
 	p, err := s.path(key)
 	if err != nil {
 		return err
+	}
+	// Under the key's lock when it has one (a record), so that a
+	// conditional write that checked the old object cannot rename it back.
+	if _, err := os.Stat(filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p))); err == nil {
+		unlock, err := lockKey(p)
+		if err != nil {
+			return fmt.Errorf("delete %s: %w", key, err)
+		}
+		defer unlock()
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %s: %w", key, err)

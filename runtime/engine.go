@@ -455,6 +455,11 @@ func (e *Engine) switchTo(name string, rv registry.Version, at uint64) (*functio
 		e.mu.Unlock()
 		return nil, false
 	}
+	if at == 0 {
+		// A change made here: the record's tag Refresh applied is stale
+		// (the record may later return to those very bytes and tag).
+		delete(e.tags, name)
+	}
 	f := e.funcs[name]
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
 		e.mu.Unlock()
@@ -811,6 +816,9 @@ func (e *Engine) forget(name string, at uint64) {
 	if at != 0 && e.epoch != at {
 		e.mu.Unlock()
 		return
+	}
+	if at == 0 {
+		delete(e.tags, name)
 	}
 	f := e.funcs[name]
 	delete(e.funcs, name)

@@ -210,7 +210,12 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 		}
 	} else if err != nil {
 		return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
-	} else if err := g.Store.Touch(ctx, key); err != nil {
+	} else if err := g.Store.Touch(ctx, key); errors.Is(err, objectstore.ErrNotFound) {
+		// Deleted since the Stat: store it again.
+		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
+			return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+		}
+	} else if err != nil {
 		// Reused: its grace starts again, so that a delete or gc that read
 		// the records before this deploy's record lands keeps it.
 		return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
