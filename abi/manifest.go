@@ -60,6 +60,9 @@ type Manifest struct {
 	// Build says how `plover build` compiles the function from source; the
 	// runtime ignores it.
 	Build *Build `json:"build,omitempty"`
+	// Tensors declares the inputs and outputs the Open Inference Protocol
+	// (/v2) sees; without it, one UINT8 tensor each way: the raw bytes.
+	Tensors *Tensors `json:"tensors,omitempty"`
 }
 
 // Build describes a function's sources for `plover build`. Paths are
@@ -187,6 +190,9 @@ func (m *Manifest) Validate() error {
 		}
 	}
 	if err := m.Build.validate(); err != nil {
+		return err
+	}
+	if err := m.Tensors.validate(); err != nil {
 		return err
 	}
 	return ValidateChain("chain", m.Chain)

@@ -40,6 +40,15 @@ func required(method, path []byte) need {
 	switch {
 	case bytes.Equal(path, pathHealthz), bytes.Equal(path, pathReadyz):
 		return need{open: true}
+	case bytes.HasPrefix(path, []byte("/v2/health/")), bytes.Equal(path, pathV2), bytes.Equal(path, []byte("/v2/")):
+		return need{open: true} // probes and server metadata, as /healthz
+	case bytes.HasPrefix(path, []byte("/v2/models/")):
+		rest := path[len("/v2/models/"):]
+		name, _, _ := bytes.Cut(rest, []byte{'/'})
+		if bytes.HasSuffix(path, []byte("/infer")) {
+			return need{scope: auth.Invoke, fn: name}
+		}
+		return need{scope: auth.Read}
 	case bytes.Equal(path, []byte("/v1/gc")):
 		return need{scope: auth.Deploy}
 	case bytes.HasPrefix(path, pathFunctions) && len(path) > len(pathFunctions)+1 && path[len(pathFunctions)] == '/':

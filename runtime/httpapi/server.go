@@ -256,6 +256,8 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.function(ctx, string(rest))
+	case bytes.HasPrefix(path, pathV2) && (len(path) == len(pathV2) || path[len(pathV2)] == '/'):
+		s.v2(ctx)
 	case string(path) == "/v1/gc":
 		if s.method(ctx, fasthttp.MethodPost) {
 			s.gc(ctx)

@@ -32,6 +32,9 @@ type Version struct {
 	// server can tell which functions to pre-warm without fetching every
 	// bundle in the store.
 	MinInstances int `json:"min_instances,omitempty"`
+	// Tensors copies the manifest's tensor declaration, so that /v2 model
+	// metadata needs no bundle fetch.
+	Tensors *abi.Tensors `json:"tensors,omitempty"`
 }
 
 // Record is a function's entry in the store.
@@ -232,7 +235,7 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 			return nil, nil
 		}
 		unchanged = nil
-		v = Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances}
+		v = Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, Tensors: m.Tensors}
 		r.Versions = append(r.Versions, v)
 		r.Current = v.ID
 		return r, nil
