@@ -34,6 +34,8 @@ type Env struct {
 	StdoutIsTerminal bool
 	// StderrIsTerminal enables progress bars.
 	StderrIsTerminal bool
+	// StdinIsTerminal makes commands that read stdin say so.
+	StdinIsTerminal bool
 }
 
 // printJSON writes v as indented JSON, for the --json flags.
@@ -50,6 +52,9 @@ func commands() []*command {
 // Main runs the plover command and returns its exit status.
 func Main(args []string, env *Env) int {
 	cmds := commands()
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		args = []string{"version"}
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		topUsage(env.Stderr, cmds)
 		if len(args) == 0 {
@@ -157,9 +162,16 @@ func topUsage(w io.Writer, cmds []*command) {
 }
 
 func versionCmd() *command {
+	var asJSON bool
 	return &command{
-		name: "version", summary: "print the plover version and ABI version",
+		name: "version", summary: "print the plover version and ABI version (also plover --version)",
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&asJSON, "json", false, `print {"version","abi"} instead`)
+		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if asJSON {
+				return printJSON(env.Stdout, map[string]string{"version": Version, "abi": fmt.Sprintf("%d.%d", abi.Major, abi.Minor)})
+			}
 			fmt.Fprintf(env.Stdout, "plover %s (ABI %d.%d; loads ABI 1.0 bundles too)\n", Version, abi.Major, abi.Minor)
 			return nil
 		},

@@ -33,6 +33,9 @@ func checkDir(dir string) (*abi.Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	if info.Target != m.Target {
+		return nil, &loader.Error{Path: lib, Reason: fmt.Sprintf("built for target %q, but plover.json says \"target\": %q", info.Target, m.Target)}
+	}
 	if err := info.Check(lib, m.Target, abi.Kernels(m.Chain)); err != nil {
 		return nil, err
 	}
@@ -49,7 +52,7 @@ func checkDir(dir string) (*abi.Manifest, error) {
 
 func deployCmd() *command {
 	var ep endpoint
-	var force bool
+	var force, asJSON bool
 	return &command{
 		nargs: 1,
 		name:  "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
@@ -59,6 +62,7 @@ func deployCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
 			fs.BoolVar(&force, "force", false, "deploy a new version even when the bundle equals the current one")
+			fs.BoolVar(&asJSON, "json", false, `print {"name","version","sha256","bytes","created"} instead`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			dir, err := resolveBundle(args[0], "", env) // a source dir: its build/<target>
@@ -106,6 +110,9 @@ func deployCmd() *command {
 					return fmt.Errorf("reading the server's answer: %w", err)
 				}
 				id, created = fi.Version, !fi.Unchanged
+			}
+			if asJSON {
+				return printJSON(env.Stdout, map[string]any{"name": m.Name, "version": id, "sha256": sha, "bytes": len(b), "created": created})
 			}
 			if !created {
 				fmt.Fprintf(env.Stdout, "%s is unchanged: version %s already has these bytes (sha256 %s); --force deploys them as a new version\n", m.Name, id, sha[:12])
@@ -158,6 +165,9 @@ func invokeCmd() *command {
 
 func readInput(path string, env *Env) ([]byte, error) {
 	if path == "-" {
+		if env.StdinIsTerminal {
+			fmt.Fprintln(env.Stderr, "reading the input from stdin (Ctrl-D to end)")
+		}
 		return io.ReadAll(env.Stdin)
 	}
 	b, err := os.ReadFile(path)
@@ -242,6 +252,7 @@ func shortID(id string) string {
 
 func rmCmd() *command {
 	var ep endpoint
+	var asJSON bool
 	return &command{
 		nargs: 1,
 		name:  "rm", summary: "delete a function (its in-flight requests finish first)",
@@ -249,10 +260,14 @@ func rmCmd() *command {
 		example: "  plover rm vecadd",
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
+			fs.BoolVar(&asJSON, "json", false, `print {"deleted": NAME} instead`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if err := ep.client().sendJSON(http.MethodDelete, "/v1/functions/"+args[0], "", nil, nil); err != nil {
 				return err
+			}
+			if asJSON {
+				return printJSON(env.Stdout, map[string]string{"deleted": args[0]})
 			}
 			fmt.Fprintf(env.Stdout, "deleted %s\n", args[0])
 			return nil

@@ -19,12 +19,22 @@ func openDevices(kind string, limit int64, log *slog.Logger) ([]cuda.Device, err
 }
 
 func devicesCmd() *command {
+	var asJSON bool
 	return &command{
 		nargs: 0,
 		name:  "devices", summary: "list NVIDIA GPUs (index, name, UUID, memory, utilization, MIG, driver)",
 		example: "  plover devices",
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&asJSON, "json", false, `print {"gpus": [...]} instead (empty without a driver)`)
+		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			gpus, err := cuda.ListGPUs()
+			if asJSON && (err == nil || errors.Is(err, cuda.ErrNoDriver)) {
+				if gpus == nil {
+					gpus = []cuda.GPUInfo{}
+				}
+				return printJSON(env.Stdout, map[string]any{"gpus": gpus})
+			}
 			if errors.Is(err, cuda.ErrNoDriver) {
 				fmt.Fprintf(env.Stdout, "%v\nplover serve --device auto will use the host device.\n", err)
 				return nil

@@ -78,12 +78,14 @@ func versionsCmd() *command {
 
 func rollbackCmd() *command {
 	var ep endpoint
+	var asJSON bool
 	return &command{
 		nargs: 2,
 		name:  "rollback", summary: "make an earlier version of a function current again",
 		usage:   "NAME VERSION [--server URL | --store URL]",
 		example: "  plover versions vecadd && plover rollback vecadd 9fe7fab9",
 		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&asJSON, "json", false, `print {"name","version"} instead`)
 			ep.storeFlags(fs, "change the record in the store directly; servers pick it up within their --poll interval")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -106,6 +108,9 @@ func rollbackCmd() *command {
 				}
 				id = fi.Version
 			}
+			if asJSON {
+				return printJSON(env.Stdout, map[string]string{"name": args[0], "version": id})
+			}
 			fmt.Fprintf(env.Stdout, "%s: current version is now %s\n", args[0], id)
 			return nil
 		},
@@ -115,6 +120,7 @@ func rollbackCmd() *command {
 func gcCmd() *command {
 	var ep endpoint
 	var grace time.Duration
+	var asJSON bool
 	return &command{
 		nargs: 0,
 		name:  "gc", summary: "delete bundles that no function version references",
@@ -123,6 +129,7 @@ func gcCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "collect in the store directly")
 			fs.DurationVar(&grace, "grace", time.Minute, "keep unreferenced bundles younger than this (a deploy may be uploading them)")
+			fs.BoolVar(&asJSON, "json", false, `print {"removed": [...]} instead`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			var removed []string
@@ -140,6 +147,12 @@ func gcCmd() *command {
 					return err
 				}
 				removed = resp.Removed
+			}
+			if asJSON {
+				if removed == nil {
+					removed = []string{}
+				}
+				return printJSON(env.Stdout, map[string]any{"removed": removed})
 			}
 			for _, k := range removed {
 				fmt.Fprintln(env.Stdout, "removed", k)

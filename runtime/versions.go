@@ -29,6 +29,8 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (FunctionI
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
 		return FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
+	case errors.Is(err, registry.ErrNoVersion) && len(version) < 8:
+		return FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q: give a version id or a unique prefix of at least 8 characters (plover versions %s)", name, version, name)
 	case errors.Is(err, registry.ErrNoVersion):
 		return FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
 	case errors.Is(err, registry.ErrConflict):

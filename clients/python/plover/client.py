@@ -1,0 +1,339 @@
+"""The Plover HTTP API client (see the server's README, "HTTP API")."""
+
+import base64
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+DEFAULT_SERVER = "http://127.0.0.1:8080"
+BUNDLE_MEDIA_TYPE = "application/vnd.plover.bundle+zstd"
+OCTET_STREAM = "application/octet-stream"
+
+# Server-Timing names, in the order the server writes them.
+TIMING_NAMES = ("queue", "load", "copyin", "kernels", "copyout", "total")
+
+
+class PloverError(Exception):
+    """A request the server refused or failed (any non-2xx answer).
+
+    status: the HTTP status (None when the server could not be reached or
+    the plover CLI failed without saying one); code: the error object's code
+    ("not_found", "unauthenticated", "bad_request", ...; "http" for an
+    answer without an error object, "unreachable" for no answer);
+    message: the error object's message.
+    """
+
+    def __init__(self, status, code, message):
+        super().__init__(status, code, message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def __str__(self):
+        if self.status is None:
+            return "%s: %s" % (self.code, self.message)
+        return "%d %s: %s" % (self.status, self.code, self.message)
+
+
+def parse_error(status, body):
+    """Return the PloverError for an answer with this status and body.
+
+    The server's errors are {"error": {"code": ..., "message": ...}}; any
+    other body becomes code "http" with the body's text as the message.
+    """
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        body = bytes(body).decode("utf-8", "replace")
+    try:
+        obj = json.loads(body)
+        err = obj["error"]
+        code, message = err["code"], err.get("message", "")
+        if isinstance(code, str) and code:
+            return PloverError(status, code, message if isinstance(message, str) else str(message))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass
+    return PloverError(status, "http", body.strip())
+
+
+def parse_server_timing(header):
+    """Parse a Server-Timing header into {name: milliseconds}.
+
+    "queue;dur=0.012, load;dur=0.000, kernels;dur=1.5" ->
+    {"queue": 0.012, "load": 0.0, "kernels": 1.5}. Metrics without a dur
+    (or with one that is no number) are left out; None or "" gives {}.
+    """
+    out = {}
+    if not header:
+        return out
+    for metric in header.split(","):
+        parts = [p.strip() for p in metric.split(";")]
+        name = parts[0]
+        if not name:
+            continue
+        for p in parts[1:]:
+            key, sep, val = p.partition("=")
+            if sep and key.strip().lower() == "dur":
+                try:
+                    out[name] = float(val.strip().strip('"'))
+                except ValueError:
+                    pass
+                break
+    return out
+
+
+def _is_ndarray(x):
+    # No import of NumPy unless the caller already has an array.
+    return type(x).__module__ == "numpy" and hasattr(x, "dtype") and hasattr(x, "tobytes")
+
+
+def _array_bytes(arr):
+    """An array's raw bytes: C order, little-endian."""
+    import numpy as np
+
+    a = np.ascontiguousarray(arr)
+    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return a.tobytes(order="C")
+
+
+def _to_array(body, dtype, shape):
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    if dt.byteorder in ("=", ">") and dt.itemsize > 1:
+        dt = dt.newbyteorder("<")  # the wire is little-endian
+    if len(body) % dt.itemsize:
+        raise ValueError("the output is %d bytes, not a whole number of %s (%d bytes each)"
+                         % (len(body), dt, dt.itemsize))
+    a = np.frombuffer(bytearray(body), dtype=dt)  # a bytearray: the array is writable
+    if dt != np.dtype(dtype):
+        a = a.astype(np.dtype(dtype))  # back to the native order asked for
+    if shape is not None:
+        a = a.reshape(shape)
+    return a
+
+
+class Client:
+    """A client for one Plover server.
+
+    url: the server (default $PLOVER_SERVER, else http://127.0.0.1:8080);
+    token: the bearer token for a server with --auth-file (default
+    $PLOVER_TOKEN); timeout: seconds per HTTP request; cafile: PEM CA
+    certificates to trust for https, besides the system's (default
+    $PLOVER_CACERT).
+
+    After each invoke, last_timing ({"queue", "load", "copyin", "kernels",
+    "copyout", "total"}: milliseconds, from Server-Timing), last_start
+    ("cold", "warm" or "hot") and last_version (the version that ran)
+    describe it. A Client holds no connection, so one may be shared by
+    threads, except that last_* then describe whichever call ended last.
+    """
+
+    def __init__(self, url=None, token=None, timeout=60, cafile=None):
+        url = url or os.environ.get("PLOVER_SERVER") or DEFAULT_SERVER
+        if "://" not in url:
+            url = "http://" + url
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else (os.environ.get("PLOVER_TOKEN") or None)
+        self.timeout = timeout
+        self.cafile = cafile if cafile is not None else (os.environ.get("PLOVER_CACERT") or None)
+        self._ssl = None
+        if self.url.startswith("https://"):
+            self._ssl = ssl.create_default_context()
+            if self.cafile:
+                self._ssl.load_verify_locations(cafile=self.cafile)
+        self.last_timing = {}
+        self.last_start = None
+        self.last_version = None
+
+    def __repr__(self):
+        return "plover.Client(%r%s)" % (self.url, ", token=..." if self.token else "")
+
+    # -- transport ----------------------------------------------------------
+
+    def _request(self, method, path, body=None, content_type=None, headers=None):
+        """Send a request; return (status, headers, body bytes) for a 2xx
+        answer and raise PloverError for any other."""
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        if self.token:
+            req.add_header("Authorization", "Bearer " + self.token)
+        if content_type:
+            req.add_header("Content-Type", content_type)
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
+                return resp.status, resp.headers, resp.read()
+        except urllib.error.HTTPError as e:
+            try:
+                data = e.read()
+            finally:
+                e.close()
+            err = parse_error(e.code, data)
+            if e.code == 401 and not self.token:
+                err.message += " (no token was sent: pass token= or set $PLOVER_TOKEN)"
+            raise err from None
+        except urllib.error.URLError as e:
+            raise PloverError(None, "unreachable", "cannot reach the plover server at %s: %s"
+                              % (self.url, e.reason)) from e
+        except OSError as e:  # a reset or a timeout while reading the answer
+            raise PloverError(None, "unreachable", "talking to the plover server at %s: %s"
+                              % (self.url, e)) from e
+
+    def _json(self, method, path, obj=None):
+        body = None if obj is None else json.dumps(obj).encode()
+        _, _, data = self._request(method, path, body, "application/json" if body is not None else None)
+        return json.loads(data)
+
+    @staticmethod
+    def _fn(name):
+        return "/v1/functions/" + urllib.parse.quote(name, safe="")
+
+    def _meta(self, headers):
+        self.last_timing = parse_server_timing(headers.get("Server-Timing"))
+        self.last_start = headers.get("X-Plover-Start")
+        self.last_version = headers.get("X-Plover-Version")
+
+    # -- invoke -------------------------------------------------------------
+
+    def invoke(self, name, data, *, dtype=None, shape=None, timeout_ms=None):
+        """Run function name on data; return the output.
+
+        data: bytes, bytearray or memoryview, or a NumPy array (sent as its
+        raw bytes, C order, little-endian). Returns bytes, or with dtype a
+        NumPy array of that dtype (reshaped to shape when given).
+        timeout_ms bounds the request on the server (X-Plover-Timeout-Ms).
+        """
+        if _is_ndarray(data):
+            body = _array_bytes(data)
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            body = bytes(data)
+        else:
+            raise TypeError("data must be bytes, bytearray, memoryview or a NumPy array, not %s"
+                            % type(data).__name__)
+        headers = {}
+        if timeout_ms is not None:
+            headers["X-Plover-Timeout-Ms"] = str(int(timeout_ms))
+        self.last_timing, self.last_start, self.last_version = {}, None, None
+        _, hdrs, out = self._request("POST", self._fn(name) + "/invoke", body, OCTET_STREAM, headers)
+        self._meta(hdrs)
+        if dtype is None:
+            if shape is not None:
+                raise ValueError("shape needs dtype")
+            return out
+        return _to_array(out, dtype, shape)
+
+    def invoke_pyplover(self, name, inputs, func_names, grid_sizes, block_sizes, output_size,
+                        tmp_size=0, *, timeout_ms=None):
+        """Run function name with PyPlover's JSON request: the chain given
+        as parallel lists func_names, grid_sizes and block_sizes (kernels
+        the bundle exports), output_size and tmp_size in bytes. Returns the
+        output bytes."""
+        if not (len(func_names) == len(grid_sizes) == len(block_sizes)):
+            raise ValueError("func_names, grid_sizes and block_sizes must have the same length")
+        req = {
+            "name": name,
+            "inputs": base64.b64encode(bytes(inputs)).decode("ascii"),
+            "func_names": list(func_names),
+            "grid_sizes": [int(g) for g in grid_sizes],
+            "block_sizes": [int(b) for b in block_sizes],
+            "output_size": int(output_size),
+            "tmp_size": int(tmp_size),
+        }
+        if timeout_ms is not None:
+            req["timeout_ms"] = int(timeout_ms)
+        self.last_timing, self.last_start, self.last_version = {}, None, None
+        _, hdrs, data = self._request("POST", self._fn(name) + "/invoke",
+                                      json.dumps(req).encode(), "application/json")
+        self._meta(hdrs)
+        resp = json.loads(data)
+        return base64.b64decode(resp["output"])
+
+    # -- the control plane --------------------------------------------------
+
+    def health(self):
+        """GET /healthz: {"status": "ok", "devices": [...]}. An unhealthy
+        server answers 503, raised as PloverError."""
+        return self._json("GET", "/healthz")
+
+    def functions(self):
+        """The deployed functions: a list of function infos."""
+        return self._json("GET", "/v1/functions")["functions"]
+
+    def function(self, name):
+        """One function's info: version, manifest, instances, counters."""
+        return self._json("GET", self._fn(name))
+
+    def versions(self, name):
+        """{"name", "current", "versions": [{"id", "sha256", "size", "created"}, ...]}"""
+        return self._json("GET", self._fn(name) + "/versions")
+
+    def rollback(self, name, version):
+        """Make version (its id, or its first 8+ characters) current;
+        returns the function's info."""
+        return self._json("POST", self._fn(name) + "/rollback", {"version": version})
+
+    def delete(self, name):
+        """Delete a function and its versions."""
+        return self._json("DELETE", self._fn(name))
+
+    def deploy_bundle(self, name, bundle, *, force=False):
+        """PUT an already packed bundle (what Go's bundle.PackBytes makes, as
+        plover deploy sends it: a deterministic tar, zstd-compressed) as
+        function name. Returns the
+        function's info; "unchanged": true when the bytes equal the current
+        version's and force is false."""
+        path = self._fn(name) + ("?force=true" if force else "")
+        _, _, data = self._request("PUT", path, bytes(bundle), BUNDLE_MEDIA_TYPE)
+        return json.loads(data)
+
+    _SERVER_SAID = re.compile(r"server said (\d+) (\S+): (.*)")
+
+    def deploy(self, dir, *, force=False, plover="plover"):
+        """Check, pack and upload the bundle directory dir, by running the
+        plover CLI (`plover deploy DIR --server URL`) with this client's
+        token and CA file.
+
+        A bundle is a zstd-compressed tar, and the Python standard library
+        has no zstd; the CLI also checks the manifest and the library's
+        exports before anything is uploaded. Use deploy_bundle to send bytes
+        packed elsewhere.
+
+        Returns {"name", "version", "unchanged", "output"}; raises
+        PloverError when the CLI fails (with the server's status and code
+        when it reported one) and FileNotFoundError without the CLI.
+        """
+        exe = shutil.which(plover) if os.sep not in plover else plover
+        if not exe:
+            raise FileNotFoundError(
+                "the plover CLI (%r) is not on PATH: Client.deploy runs `plover deploy`, because "
+                "packing a bundle needs zstd, which Python's standard library lacks" % plover)
+        cmd = [exe, "deploy", os.fspath(dir), "--server", self.url, "--json"]
+        if force:
+            cmd.append("--force")
+        env = dict(os.environ)
+        if self.token:
+            env["PLOVER_TOKEN"] = self.token
+        else:
+            env.pop("PLOVER_TOKEN", None)
+        if self.cafile:
+            env["PLOVER_CACERT"] = self.cafile
+        p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, universal_newlines=True)
+        if p.returncode != 0:
+            msg = p.stderr.strip() or p.stdout.strip() or "exit status %d" % p.returncode
+            m = self._SERVER_SAID.search(msg)
+            if m:
+                raise PloverError(int(m.group(1)), m.group(2), m.group(3).strip())
+            raise PloverError(None, "deploy_failed", msg)
+        try:
+            r = json.loads(p.stdout)
+            return {"name": r["name"], "version": r["version"], "unchanged": not r["created"], "output": p.stdout}
+        except (ValueError, KeyError, TypeError):
+            raise PloverError(None, "deploy_failed", "unexpected output from plover deploy --json: %r" % p.stdout)

@@ -1,0 +1,294 @@
+"""Tests that need no Plover server: header and error parsing, and the
+requests the client sends, against a stub HTTP server in this process.
+
+    cd clients/python && python3 -m unittest discover -s tests -v
+"""
+
+import base64
+import json
+import os
+import stat
+import sys
+import tempfile
+import threading
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import plover  # noqa: E402
+from plover import PloverError, parse_error, parse_server_timing  # noqa: E402
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+# What the server writes (runtime/httpapi writeMeta).
+TIMING = "queue;dur=0.012, load;dur=0.000, copyin;dur=0.004, kernels;dur=1.250, copyout;dur=0.003, total;dur=1.301"
+
+
+class ParseServerTiming(unittest.TestCase):
+    def test_server_format(self):
+        self.assertEqual(parse_server_timing(TIMING), {
+            "queue": 0.012, "load": 0.0, "copyin": 0.004, "kernels": 1.25, "copyout": 0.003, "total": 1.301})
+
+    def test_every_name(self):
+        self.assertEqual(set(parse_server_timing(TIMING)), set(plover.client.TIMING_NAMES))
+
+    def test_empty(self):
+        self.assertEqual(parse_server_timing(None), {})
+        self.assertEqual(parse_server_timing(""), {})
+
+    def test_other_forms(self):
+        # Any order and spacing, quoted durs, a desc, metrics without a dur.
+        h = 'cache;desc="Cache Read";dur=23.2,db;dur="53" , app ;dur=47.2, miss, bad;dur=x'
+        self.assertEqual(parse_server_timing(h), {"cache": 23.2, "db": 53.0, "app": 47.2})
+
+    def test_case_of_dur(self):
+        self.assertEqual(parse_server_timing("total;DUR=2"), {"total": 2.0})
+
+
+class ParseError(unittest.TestCase):
+    def test_error_object(self):
+        e = parse_error(404, b'{"error":{"code":"not_found","message":"function nosuch is not deployed"}}\n')
+        self.assertIsInstance(e, Exception)
+        self.assertEqual((e.status, e.code, e.message), (404, "not_found", "function nosuch is not deployed"))
+        self.assertIn("404 not_found", str(e))
+
+    def test_str_body(self):
+        e = parse_error(429, '{"error":{"code":"busy","message":"queue full"}}')
+        self.assertEqual((e.status, e.code, e.message), (429, "busy", "queue full"))
+
+    def test_not_json(self):
+        e = parse_error(502, b"<html>Bad Gateway</html>\n")
+        self.assertEqual((e.status, e.code, e.message), (502, "http", "<html>Bad Gateway</html>"))
+
+    def test_json_without_error(self):
+        e = parse_error(503, b'{"status":"unhealthy","devices":[]}')
+        self.assertEqual((e.status, e.code), (503, "http"))
+        self.assertIn("unhealthy", e.message)
+
+    def test_bad_utf8(self):
+        e = parse_error(500, b"\xff\xfe")
+        self.assertEqual((e.status, e.code), (500, "http"))
+
+
+class Stub(BaseHTTPRequestHandler):
+    """Answers as a Plover server would, and records each request."""
+
+    protocol_version = "HTTP/1.1"
+    requests = []  # (method, path, headers, body)
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, code, body, ctype="application/json", headers=()):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, code, name, msg):
+        self._answer(code, json.dumps({"error": {"code": name, "message": msg}}).encode() + b"\n")
+
+    def _handle(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        Stub.requests.append((self.command, self.path, self.headers, body))
+        if self.headers.get("Authorization") != "Bearer secret":
+            return self._error(401, "unauthenticated", "this server needs a token")
+        meta = [("Server-Timing", TIMING), ("X-Plover-Start", "cold"), ("X-Plover-Version", "v123")]
+        if self.path == "/v1/functions/echo/invoke" and self.command == "POST":
+            if self.headers.get("Content-Type") == "application/json":
+                req = json.loads(body)
+                out = base64.b64decode(req["inputs"])[: req["output_size"]]
+                resp = {"output": base64.b64encode(out).decode(), "cold": True, "start": "cold", "version": "v123"}
+                return self._answer(200, json.dumps(resp).encode(), headers=meta)
+            return self._answer(200, body, "application/octet-stream", meta)
+        if self.path == "/v1/functions" and self.command == "GET":
+            return self._answer(200, b'{"functions":[{"name":"echo","version":"v123"}]}')
+        if self.path == "/v1/functions/echo/rollback" and self.command == "POST":
+            return self._answer(200, json.dumps({"name": "echo", "version": json.loads(body)["version"]}).encode())
+        if self.path.startswith("/v1/functions/echo") and self.command == "PUT":
+            return self._answer(201, b'{"name":"echo","version":"v124"}')
+        if self.path == "/v1/functions/a%2Fb":
+            return self._error(404, "not_found", "function a/b is not deployed")
+        if self.path == "/gateway":
+            return self._answer(502, b"bad gateway", "text/plain")
+        return self._error(404, "not_found", "no route for " + self.path)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+
+class AgainstStub(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+        cls.thread = threading.Thread(target=cls.srv.serve_forever, daemon=True)
+        cls.thread.start()
+        cls.url = "http://127.0.0.1:%d" % cls.srv.server_address[1]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.shutdown()
+        cls.srv.server_close()
+
+    def setUp(self):
+        Stub.requests.clear()
+        self.c = plover.Client(self.url, token="secret", timeout=10)
+
+    def test_invoke_bytes(self):
+        out = self.c.invoke("echo", b"\x01\x02\x03", timeout_ms=250)
+        self.assertEqual(out, b"\x01\x02\x03")
+        method, path, hdrs, body = Stub.requests[-1]
+        self.assertEqual((method, path, body), ("POST", "/v1/functions/echo/invoke", b"\x01\x02\x03"))
+        self.assertEqual(hdrs["Content-Type"], "application/octet-stream")
+        self.assertEqual(hdrs["X-Plover-Timeout-Ms"], "250")
+        self.assertEqual(hdrs["Authorization"], "Bearer secret")
+        self.assertEqual(self.c.last_timing["kernels"], 1.25)
+        self.assertEqual(self.c.last_start, "cold")
+        self.assertEqual(self.c.last_version, "v123")
+
+    def test_invoke_buffer_types(self):
+        self.assertEqual(self.c.invoke("echo", bytearray(b"ab")), b"ab")
+        self.assertEqual(self.c.invoke("echo", memoryview(b"cd")), b"cd")
+        self.assertEqual(self.c.invoke("echo", b""), b"")
+        with self.assertRaises(TypeError):
+            self.c.invoke("echo", "a str")
+        with self.assertRaises(ValueError):
+            self.c.invoke("echo", b"ab", shape=(2,))
+
+    @unittest.skipIf(np is None, "NumPy is not installed")
+    def test_invoke_numpy(self):
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        out = self.c.invoke("echo", a.T, dtype=np.float32, shape=(4, 3))  # a.T: not C-contiguous
+        np.testing.assert_array_equal(out, a.T)
+        self.assertEqual(Stub.requests[-1][3], np.ascontiguousarray(a.T).astype("<f4").tobytes())
+        out[0, 0] = 7  # writable
+        big = np.arange(3, dtype=">i4")
+        got = self.c.invoke("echo", big, dtype=">i4")
+        self.assertEqual(Stub.requests[-1][3], np.arange(3, dtype="<i4").tobytes())  # little-endian on the wire
+        np.testing.assert_array_equal(got, big)
+        self.assertEqual(got.dtype, np.dtype(">i4"))
+        with self.assertRaises(ValueError):
+            self.c.invoke("echo", b"\x00" * 5, dtype=np.float32)
+
+    def test_invoke_pyplover(self):
+        out = self.c.invoke_pyplover("echo", b"hello", ["echo"], [1], [64], 3, timeout_ms=1000)
+        self.assertEqual(out, b"hel")
+        _, _, hdrs, body = Stub.requests[-1]
+        self.assertEqual(hdrs["Content-Type"], "application/json")
+        self.assertEqual(json.loads(body), {
+            "name": "echo", "inputs": base64.b64encode(b"hello").decode(), "func_names": ["echo"],
+            "grid_sizes": [1], "block_sizes": [64], "output_size": 3, "tmp_size": 0, "timeout_ms": 1000})
+        self.assertEqual(self.c.last_start, "cold")
+        self.assertEqual(self.c.last_timing["total"], 1.301)
+        with self.assertRaises(ValueError):
+            self.c.invoke_pyplover("echo", b"", ["echo", "add_one"], [1], [1], 1)
+
+    def test_errors(self):
+        with self.assertRaises(PloverError) as cm:
+            self.c.function("a/b")  # the name is one path segment
+        self.assertEqual((cm.exception.status, cm.exception.code), (404, "not_found"))
+        self.assertEqual(cm.exception.message, "function a/b is not deployed")
+        with self.assertRaises(PloverError) as cm:
+            self.c._request("GET", "/gateway")
+        self.assertEqual((cm.exception.status, cm.exception.code, cm.exception.message), (502, "http", "bad gateway"))
+
+    def test_no_token(self):
+        c = plover.Client(self.url, token="", timeout=10)
+        with self.assertRaises(PloverError) as cm:
+            c.functions()
+        self.assertEqual((cm.exception.status, cm.exception.code), (401, "unauthenticated"))
+        self.assertIn("no token was sent", cm.exception.message)
+        self.assertNotIn("Authorization", Stub.requests[-1][2])
+
+    def test_control_plane(self):
+        self.assertEqual(self.c.functions(), [{"name": "echo", "version": "v123"}])
+        self.assertEqual(self.c.rollback("echo", "v1")["version"], "v1")
+        self.assertEqual(json.loads(Stub.requests[-1][3]), {"version": "v1"})
+        self.assertEqual(self.c.deploy_bundle("echo", b"\x28\xb5\x2f\xfd", force=True)["version"], "v124")
+        method, path, hdrs, body = Stub.requests[-1]
+        self.assertEqual((method, path, body), ("PUT", "/v1/functions/echo?force=true", b"\x28\xb5\x2f\xfd"))
+        self.assertEqual(hdrs["Content-Type"], "application/vnd.plover.bundle+zstd")
+
+    def test_unreachable(self):
+        c = plover.Client("http://127.0.0.1:1", timeout=5)
+        with self.assertRaises(PloverError) as cm:
+            c.health()
+        self.assertIsNone(cm.exception.status)
+        self.assertEqual(cm.exception.code, "unreachable")
+
+
+class Defaults(unittest.TestCase):
+    def test_env(self):
+        old = {k: os.environ.get(k) for k in ("PLOVER_SERVER", "PLOVER_TOKEN")}
+        try:
+            os.environ["PLOVER_SERVER"] = "example.com:9000/"
+            os.environ["PLOVER_TOKEN"] = "t0k"
+            c = plover.Client()
+            self.assertEqual((c.url, c.token), ("http://example.com:9000", "t0k"))
+            self.assertEqual(plover.Client(token="other").token, "other")
+            del os.environ["PLOVER_SERVER"], os.environ["PLOVER_TOKEN"]
+            c = plover.Client()
+            self.assertEqual((c.url, c.token), ("http://127.0.0.1:8080", None))
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class DeployViaCLI(unittest.TestCase):
+    """deploy runs the plover CLI: here a fake one that echoes what it got."""
+
+    def fake(self, script):
+        d = tempfile.mkdtemp()
+        self.addCleanup(lambda: __import__("shutil").rmtree(d))
+        p = os.path.join(d, "plover")
+        with open(p, "w") as f:
+            f.write("#!/bin/sh\n" + script)
+        os.chmod(p, os.stat(p).st_mode | stat.S_IEXEC)
+        return p
+
+    @unittest.skipIf(os.name != "posix", "a shell script stands in for the CLI")
+    def test_deployed(self):
+        cli = self.fake('echo "args: $*" >&2\n'
+                        'echo "{\\"name\\": \\"echo\\", \\"version\\": \\"0123456789abcdef\\", \\"created\\": true, \\"token\\": \\"$PLOVER_TOKEN\\"}"\n')
+        c = plover.Client("http://127.0.0.1:1", token="tk")
+        r = c.deploy("/some/dir", force=True, plover=cli)
+        self.assertEqual((r["name"], r["version"], r["unchanged"]), ("echo", "0123456789abcdef", False))
+        self.assertIn('"token": "tk"', r["output"])
+
+    @unittest.skipIf(os.name != "posix", "a shell script stands in for the CLI")
+    def test_args(self):
+        cli = self.fake('echo "$*" | grep -qx -- "deploy /some/dir --server http://127.0.0.1:1 --json --force" || exit 3\n'
+                        'echo \'{"name": "echo", "version": "0123", "created": false}\'\n')
+        r = plover.Client("http://127.0.0.1:1", token="tk").deploy("/some/dir", force=True, plover=cli)
+        self.assertEqual((r["name"], r["version"], r["unchanged"]), ("echo", "0123", True))
+
+    @unittest.skipIf(os.name != "posix", "a shell script stands in for the CLI")
+    def test_failure(self):
+        cli = self.fake('echo "plover deploy: server said 403 forbidden: token \\"app\\" lacks deploy" >&2\nexit 1\n')
+        with self.assertRaises(PloverError) as cm:
+            plover.Client("http://127.0.0.1:1").deploy("/d", plover=cli)
+        self.assertEqual((cm.exception.status, cm.exception.code), (403, "forbidden"))
+        self.assertEqual(cm.exception.message, 'token "app" lacks deploy')
+        cli = self.fake('echo "plover deploy: plover.json: no such file" >&2\nexit 1\n')
+        with self.assertRaises(PloverError) as cm:
+            plover.Client("http://127.0.0.1:1").deploy("/d", plover=cli)
+        self.assertEqual((cm.exception.status, cm.exception.code), (None, "deploy_failed"))
+        self.assertIn("plover.json", cm.exception.message)
+
+    def test_no_cli(self):
+        with self.assertRaises(FileNotFoundError):
+            plover.Client().deploy("/d", plover="plover-no-such-binary-here")
+
+
+if __name__ == "__main__":
+    unittest.main()
