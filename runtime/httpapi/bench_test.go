@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"strconv"
 	"strings"
 
 	"context"
@@ -82,6 +83,27 @@ func BenchmarkHotInvoke(b *testing.B) {
 			srv.Handle(ctx)
 			if ctx.Response.StatusCode() != 200 {
 				b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+			}
+		}
+	})
+
+	// The Open Inference Protocol with the binary extension: the same
+	// bytes as one UINT8 tensor, a JSON header each way.
+	b.Run("loopback-v2-binary", func(b *testing.B) {
+		url := testkit.Serve(b, e, httpapi.Options{})
+		c := &fasthttp.HostClient{Addr: url[len("http://"):]}
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		header := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[` + strconv.Itoa(len(in)) +
+			`],"parameters":{"binary_data_size":` + strconv.Itoa(len(in)) + `}}],"parameters":{"binary_data_output":true}}`)
+		req.Header.SetMethod("POST")
+		req.SetRequestURI(url + "/v2/models/bench/infer")
+		req.Header.SetContentType("application/octet-stream")
+		req.Header.Set("Inference-Header-Content-Length", strconv.Itoa(len(header)))
+		req.SetBody(append(header, in...))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				b.Fatalf("%v %d %s", err, resp.StatusCode(), resp.Body())
 			}
 		}
 	})
