@@ -61,6 +61,15 @@ type placement struct {
 	// dead: the program's process is gone; its instances are discarded as
 	// they come back and the next instance loads a new program.
 	dead atomic.Bool
+	// cold is how the program came to be, until the request whose cold
+	// start it was logs it (with that request's whole load time).
+	cold atomic.Pointer[coldLoad]
+}
+
+// coldLoad is a program load's breakdown, in milliseconds.
+type coldLoad struct {
+	fetched            bool
+	fetchMs, programMs float64
 }
 
 type instance struct {
