@@ -40,22 +40,8 @@ const (
 // cleanly. flags go before the sources.
 func buildSim(t testing.TB, dir string, flags []string, extra ...string) string {
 	t.Helper()
-	cxx := os.Getenv("CXX")
-	if cxx == "" {
-		cxx = "g++"
-	}
-	if _, err := exec.LookPath(cxx); err != nil {
-		t.Skipf("%s not found, cannot build testdata/sim.cu: %v", cxx, err)
-	}
-	so := filepath.Join(dir, "sim.so")
-	args := append([]string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror",
-		"-I" + filepath.Join("..", "abi")}, flags...)
-	args = append(append(args, "-o", so, filepath.Join("testdata", "sim.cu")), extra...)
-	cmd := exec.Command(cxx, args...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
-	}
-	return so
+	args := append(append([]string{"-std=c++17", "-Wall", "-Wextra", "-Werror"}, flags...), extra...)
+	return testkit.BuildLib(t, filepath.Join("testdata", "sim.cu"), dir, "sim.so", args...)
 }
 
 type simEnv struct {

@@ -49,12 +49,7 @@ func TestManyNodesStore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts MinIO and servers")
 	}
-	srvMinio := minio.Start(t)
-	srvMinio.MustCreateBucket(t, "plover")
-	t.Setenv("AWS_ACCESS_KEY_ID", srvMinio.AccessKey)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", srvMinio.SecretKey)
-	t.Setenv("PLOVER_S3_ENDPOINT", srvMinio.Endpoint)
-	store := "s3://plover/nodes"
+	srvMinio, store := minioStore(t, "nodes")
 	bin := buildPlover(t)
 	a := startServer(t, bin, "--store", store, "--poll", "200ms")
 	b := startServer(t, bin, "--store", store, "--poll", "200ms")

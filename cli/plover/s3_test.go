@@ -30,6 +30,19 @@ func invokeHTTP(url, name string, in []byte) (int, []byte, error) {
 	return resp.StatusCode, b, err
 }
 
+// minioStore starts MinIO with a bucket "plover", points this test's
+// environment (and so the plover processes it starts) at it, and returns it
+// with the store URL of prefix.
+func minioStore(t *testing.T, prefix string) (*minio.Server, string) {
+	t.Helper()
+	srv := minio.Start(t)
+	srv.MustCreateBucket(t, "plover")
+	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey)
+	t.Setenv("PLOVER_S3_ENDPOINT", srv.Endpoint)
+	return srv, "s3://plover/" + prefix
+}
+
 // TestS3 runs plover against a real MinIO: deploys straight to the bucket,
 // two server processes sharing it, version switch and rollback under load,
 // a corrupted object, and an outage.
@@ -37,12 +50,7 @@ func TestS3(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts MinIO and servers")
 	}
-	srvMinio := minio.Start(t)
-	srvMinio.MustCreateBucket(t, "plover")
-	t.Setenv("AWS_ACCESS_KEY_ID", srvMinio.AccessKey)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", srvMinio.SecretKey)
-	t.Setenv("PLOVER_S3_ENDPOINT", srvMinio.Endpoint)
-	store := "s3://plover/prod"
+	srvMinio, store := minioStore(t, "prod")
 	storeArgs := []string{"--store", store, "--poll", "100ms"}
 	bin := buildPlover(t)
 
