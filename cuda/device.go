@@ -75,6 +75,10 @@ type InstanceConfig struct {
 	// A CUDA instance pins it in place and copies straight between it and
 	// the device when a Run's Input and Output are its two halves.
 	Host []byte
+	// Deadline, when set, bounds the creation (it runs the bundle's
+	// plover_instance_init) on a device that can stop it: a worker process
+	// is killed past it.
+	Deadline time.Time
 }
 
 // Constants is a read-only device buffer shared by a program's instances.

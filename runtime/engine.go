@@ -571,7 +571,10 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 	if err != nil {
 		return nil, start, err
 	}
-	inst, err := p.prog.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+	// The bundle's plover_instance_init runs here: a worker that hangs in
+	// it is stopped at the request's deadline (ctx carries it).
+	dl, _ := ctx.Deadline()
+	inst, err := p.prog.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: dl})
 	if err != nil {
 		var pe *cuda.ProcessExit
 		if errors.As(err, &pe) {

@@ -678,7 +678,11 @@ func (g *program) NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error) {
 	msg = le.AppendUint64(msg, uint64(cfg.MaxInput))
 	msg = le.AppendUint64(msg, uint64(cfg.Tmp))
 	msg = le.AppendUint64(msg, uint64(cfg.Out))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	dl := cfg.Deadline
+	if dl.IsZero() {
+		dl = time.Now().Add(30 * time.Second)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
 	rep, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
 	unix.Close(fds[1])

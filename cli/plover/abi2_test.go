@@ -33,6 +33,8 @@ func TestABI2Served(t *testing.T) {
 	hooks := testkit.BuildLib(t, testkit.HooksSource(), libs, "hooks.so")
 	failLoad := testkit.BuildLib(t, testkit.HooksSource(), libs, "failload.so", "-DFAIL_LOAD")
 	failInit := testkit.BuildLib(t, testkit.HooksSource(), libs, "failinit.so", "-DFAIL_INIT")
+	crashLoad := testkit.BuildLib(t, testkit.HooksSource(), libs, "crashload.so", "-DCRASH_LOAD")
+	hangInit := testkit.BuildLib(t, testkit.HooksSource(), libs, "hanginit.so", "-DHANG_INIT")
 
 	manifest := func(name string, major int, lib string, chain ...abi.Launch) *abi.Manifest {
 		m := testkit.Manifest(name)
@@ -165,6 +167,21 @@ func TestABI2Served(t *testing.T) {
 		invoke(t, "failload", nil, 503, "is backing off: it failed 5 times")
 		mustDeploy(t, manifest("failinit", 2, failInit, launch("report", 1, 1)), failInit, []byte{1})
 		invoke(t, "failinit", nil, 500, "plover_instance_init failed: no handle for this instance")
+	})
+	t.Run("hostile-hooks", func(t *testing.T) {
+		// Hooks are bundle code: a crash in plover_load is a worker crash,
+		// and an instance init that never returns ends at the request's
+		// deadline with its worker stopped.
+		mustDeploy(t, manifest("crashload", 2, crashLoad, launch("report", 1, 1)), crashLoad, []byte{1})
+		invoke(t, "crashload", nil, 500, "SIGSEGV")
+		mustDeploy(t, manifest("hanginit", 2, hangInit, launch("report", 1, 1)), hangInit, []byte{1})
+		start := time.Now()
+		r := h.invokeNoFatal("hanginit", nil, 1500)
+		if r.err != nil || r.code != 504 || time.Since(start) > 5*time.Second {
+			t.Fatalf("hanging plover_instance_init: %d %v after %v: %s", r.code, r.err, time.Since(start), r.body)
+		}
+		// The function still serves the others' requests: the server is fine.
+		invoke(t, "hooks", nil, 200, "")
 	})
 	h.srv.mustBeHealthy(t, "after the ABI 2 cases")
 }

@@ -1,9 +1,13 @@
 // ABI 2 lifecycle hooks for Plover's tests (host target). plover_load
 // "decodes" the constants in place (each byte inverted) and shares a pointer;
 // each instance counts its requests in memory plover_instance_init made.
-// -DFAIL_LOAD and -DFAIL_INIT make those hooks fail.
+// -DFAIL_LOAD and -DFAIL_INIT make those hooks fail; -DCRASH_LOAD makes
+// plover_load segfault and -DHANG_INIT makes plover_instance_init hang (a
+// hostile bundle's hooks).
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plover_kernel.h"
 
@@ -22,6 +26,9 @@ __attribute__((visibility("default"))) long long hooks_calls[4] = {0, 0, 0, 0};
 
 PLOVER_EXPORT void plover_load(plover_state_t *s) {
   hooks_calls[0]++;
+#ifdef CRASH_LOAD
+  raise(SIGSEGV);
+#endif
 #ifdef FAIL_LOAD
   plover_fail(s, "the weights are corrupt");
   return;
@@ -32,6 +39,9 @@ PLOVER_EXPORT void plover_load(plover_state_t *s) {
 
 PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
   hooks_calls[1]++;
+#ifdef HANG_INIT
+  for (;;) pause();
+#endif
 #ifdef FAIL_INIT
   plover_fail(s, "no handle for this instance");
   return;
