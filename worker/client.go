@@ -607,6 +607,10 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 	return append([]byte(nil), p.buf[:n]...), nil
 }
 
+// instanceGrace is how long past its request's deadline an instance
+// creation may take before its worker is stopped.
+const instanceGrace = 2 * time.Second
+
 // maxControlWait bounds a control call whose context has no deadline.
 const maxControlWait = time.Minute
 
@@ -678,13 +682,20 @@ func (g *program) NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error) {
 	msg = le.AppendUint64(msg, uint64(cfg.MaxInput))
 	msg = le.AppendUint64(msg, uint64(cfg.Tmp))
 	msg = le.AppendUint64(msg, uint64(cfg.Out))
-	dl := cfg.Deadline
-	if dl.IsZero() {
-		dl = time.Now().Add(30 * time.Second)
+	// The bundle's plover_instance_init runs in there: bounded by the
+	// request's deadline plus a grace (a creation merely slowed by load
+	// must not cost the worker, which serves other instances), then the
+	// worker is stopped and the request times out.
+	dl := time.Now().Add(30 * time.Second)
+	if !cfg.Deadline.IsZero() {
+		dl = cfg.Deadline.Add(instanceGrace)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
 	rep, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
+	if err != nil && ctx.Err() != nil && !errors.Is(err, cuda.ErrDeadline) {
+		err = fmt.Errorf("%w: %v", cuda.ErrDeadline, err)
+	}
 	unix.Close(fds[1])
 	if err == nil && rep[0] != stOK {
 		err = errorOf(rep[0], string(rep[1:]))
