@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard cuda/*.c cuda/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -100,6 +100,10 @@ bench: bin/plover bin/plover-bench-suite samples
 # The cost of isolation: the CNN through --isolation none and process, same run (about 1 min).
 bench-isolation: bin/plover samples
 	bash scripts/isolation-bench.sh host
+
+# docs/cli: the CLI reference, generated from the commands (make test fails when it is stale).
+cli-docs:
+	PLOVER_UPDATE_CLI_DOCS=1 $(GO) test -count=1 -run TestCLIReferenceUpToDate ./cli
 
 clean:
 	rm -rf bin $(BUILD)

@@ -148,6 +148,7 @@ func (s *initSpec) files() (map[string][]byte, error) {
 
 func initCmd() *command {
 	var dir string
+	var asJSON bool
 	return &command{
 		nargs: 1,
 		name:  "init", summary: "create a function source directory: kernel, plover.json, headers, Makefile",
@@ -156,6 +157,7 @@ func initCmd() *command {
 			"  plover build . && plover run . --in input.bin --out output.bin",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&dir, "dir", "", "directory to create (default ./NAME); an existing one must be empty")
+			fs.BoolVar(&asJSON, "json", false, `print {"dir","name","entry","source","constants"} instead of the next steps`)
 		},
 		run: func(_ *flag.FlagSet, args []string, env *Env) error {
 			spec, err := newInitSpec(args[0])
@@ -167,6 +169,9 @@ func initCmd() *command {
 			}
 			if err := writeInit(dir, spec); err != nil {
 				return err
+			}
+			if asJSON {
+				return printJSON(env.Stdout, map[string]string{"dir": dir, "name": spec.Name, "entry": spec.Symbol, "source": spec.Source, "constants": spec.Constants})
 			}
 			fmt.Fprintf(env.Stdout, "created %s: %s (entry %s), plover.json, %s, include/, Makefile, gen_input.py, README.txt\n\n",
 				dir, spec.Source, spec.Symbol, spec.Constants)

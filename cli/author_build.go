@@ -228,6 +228,7 @@ func buildTargets(flagValue, manifestTarget string) ([]string, bool) {
 
 func buildCmd() *command {
 	var target, out string
+	var asJSON bool
 	return &command{
 		nargs: 1,
 		name:  "build", summary: "compile a function source directory into bundle directories (build/host, build/cuda)",
@@ -238,6 +239,7 @@ func buildCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&target, "target", "", "host, cuda or all (default: plover.json's target)")
 			fs.StringVar(&out, "out", "", "put the bundles in OUT/<target> (default DIR/"+BuildDir+")")
+			fs.BoolVar(&asJSON, "json", false, `print {"bundles": [{"target","dir","library","library_bytes","constants","constants_bytes"}]} to stdout (compiler lines stay on stderr)`)
 		},
 		run: func(_ *flag.FlagSet, args []string, env *Env) error {
 			dir := args[0]
@@ -256,55 +258,78 @@ func buildCmd() *command {
 			if out == "" {
 				out = filepath.Join(dir, BuildDir)
 			}
+			var built []*builtBundle
 			for _, t := range targets {
-				if err := buildTarget(dir, out, t, m, env); err != nil {
+				b, err := buildTarget(dir, out, t, m, env)
+				if err != nil {
 					return err
 				}
+				if !asJSON {
+					fmt.Fprintf(env.Stdout, "built %s: %s (%s), %s", b.Dir, b.Library, humanBytes(b.LibraryBytes), abi.ManifestFile)
+					if b.Constants != "" {
+						fmt.Fprintf(env.Stdout, ", %s (%s)", b.Constants, humanBytes(b.ConstantsBytes))
+					}
+					fmt.Fprintln(env.Stdout)
+				}
+				built = append(built, b)
+			}
+			if asJSON {
+				return printJSON(env.Stdout, map[string]any{"bundles": built})
 			}
 			return nil
 		},
 	}
 }
 
+// builtBundle is one bundle plover build made.
+type builtBundle struct {
+	Target         string `json:"target"`
+	Dir            string `json:"dir"`
+	Library        string `json:"library"`
+	LibraryBytes   int64  `json:"library_bytes"`
+	Constants      string `json:"constants,omitempty"`
+	ConstantsBytes int64  `json:"constants_bytes,omitempty"`
+}
+
 // buildTarget compiles source directory dir for target into out/<target>
 // and checks the bundle as plover deploy would.
-func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) error {
+func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBundle, error) {
 	for i, s := range m.Build.Sources {
 		if _, err := os.Stat(filepath.Join(dir, s)); err != nil {
-			return fmt.Errorf("build.sources[%d]: %w", i, err)
+			return nil, fmt.Errorf("build.sources[%d]: %w", i, err)
 		}
 	}
 	var constants os.FileInfo
 	if m.Constants != "" {
 		fi, err := os.Stat(filepath.Join(dir, m.Constants))
 		if err != nil {
-			return fmt.Errorf("constants %q (plover.json): %w", m.Constants, err)
+			return nil, fmt.Errorf("constants %q (plover.json): %w", m.Constants, err)
 		}
 		constants = fi
 	}
 	bdir := filepath.Join(out, target)
 	if err := os.MkdirAll(bdir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	lib, err := outputPath(dir, filepath.Join(bdir, m.Library))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var argv []string
 	switch target {
 	case abi.TargetHost:
 		cxx, err := hostCompiler()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		argv = hostCommand(cxx, m.Build, lib)
 	case abi.TargetCUDA:
 		nv, err := findNVCC()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if argv, err = cudaCommand(nv, m.Build, lib); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	fmt.Fprintln(env.Stderr, shellLine(argv))
@@ -314,9 +339,9 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) error {
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return fmt.Errorf("%s build of %s failed (%s: %v; its messages are above)", target, dir, filepath.Base(argv[0]), ee.ProcessState)
+			return nil, fmt.Errorf("%s build of %s failed (%s: %v; its messages are above)", target, dir, filepath.Base(argv[0]), ee.ProcessState)
 		}
-		return fmt.Errorf("%s build: %w", target, err)
+		return nil, fmt.Errorf("%s build: %w", target, err)
 	}
 	// The bundle's manifest: the target set, the build section dropped (the
 	// bundle holds no sources).
@@ -324,29 +349,28 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) error {
 	bm.Target, bm.Build = target, nil
 	mb, err := manifestJSON(&bm)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(bdir, abi.ManifestFile), mb, 0o644); err != nil {
-		return err
+		return nil, err
 	}
 	if constants != nil {
 		if err := linkOrCopy(filepath.Join(dir, m.Constants), filepath.Join(bdir, m.Constants)); err != nil {
-			return fmt.Errorf("constants: %w", err)
+			return nil, fmt.Errorf("constants: %w", err)
 		}
 	}
 	if _, err := checkDir(bdir); err != nil {
-		return fmt.Errorf("the built bundle %s fails deploy's check: %w", bdir, err)
+		return nil, fmt.Errorf("the built bundle %s fails deploy's check: %w", bdir, err)
 	}
 	fi, err := os.Stat(filepath.Join(bdir, m.Library))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Fprintf(env.Stdout, "built %s: %s (%s), %s", bdir, m.Library, humanBytes(fi.Size()), abi.ManifestFile)
+	b := &builtBundle{Target: target, Dir: bdir, Library: m.Library, LibraryBytes: fi.Size()}
 	if constants != nil {
-		fmt.Fprintf(env.Stdout, ", %s (%s)", m.Constants, humanBytes(constants.Size()))
+		b.Constants, b.ConstantsBytes = m.Constants, constants.Size()
 	}
-	fmt.Fprintln(env.Stdout)
-	return nil
+	return b, nil
 }
 
 // outputPath is path as the compiler, run in dir, should see it: relative

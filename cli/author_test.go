@@ -23,19 +23,19 @@ func TestAuthorArguments(t *testing.T) {
 		args     []string
 		terminal bool
 		code     int
-		want     string // in stderr
+		want     string // in stdout or stderr (help goes to stdout)
 	}{
 		{[]string{"init"}, false, 2, "plover init: takes 1 argument(s), got 0"},
 		{[]string{"init", "a", "b"}, false, 2, "plover init: takes 1 argument(s), got 2"},
 		{[]string{"init", "Bad_Name", "--dir", filepath.Join(dir, "x")}, false, 1, `function name "Bad_Name" must match`},
 		{[]string{"init", "ok", "--dir", dir}, false, 1, "exists and is not empty"},
-		{[]string{"init", "--help"}, false, 0, "Usage: plover init NAME [--dir DIR]"},
+		{[]string{"init", "--help"}, false, 0, "plover init NAME [--dir DIR]"},
 		{[]string{"build"}, false, 2, "plover build: takes 1 argument(s), got 0"},
-		{[]string{"build", dir, "--bogus"}, false, 2, "flag provided but not defined: -bogus"},
+		{[]string{"build", dir, "--bogus"}, false, 2, "unknown flag: --bogus"},
 		{[]string{"build", filepath.Join(dir, "none")}, false, 1, "manifest:"},
 		{[]string{"run", dir}, false, 2, "--in FILE is required"},
 		{[]string{"run", dir, "--in", "x", "--repeat", "0"}, false, 2, "--repeat 0: want 1 or more"},
-		{[]string{"run", dir, "--in", "x", "--repeat", "many"}, false, 2, `invalid value "many" for flag -repeat`},
+		{[]string{"run", dir, "--in", "x", "--repeat", "many"}, false, 2, `invalid argument "many" for "--repeat"`},
 		{[]string{"run", dir, "--in", "x"}, true, 1, "the output is binary"},
 		{[]string{"run", "--in", "x"}, false, 2, "plover run: takes 1 argument(s), got 0"},
 		{[]string{"run", filepath.Join(dir, "none"), "--in", filepath.Join(dir, "taken"), "--out", filepath.Join(dir, "o")}, false, 1, "manifest:"},
@@ -45,8 +45,8 @@ func TestAuthorArguments(t *testing.T) {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer
 			code := Main(tt.args, &Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, StdoutIsTerminal: tt.terminal})
-			if code != tt.code || !strings.Contains(errb.String(), tt.want) {
-				t.Fatalf("exit %d, stderr %q; want exit %d and %q", code, errb.String(), tt.code, tt.want)
+			if code != tt.code || !strings.Contains(out.String()+errb.String(), tt.want) {
+				t.Fatalf("exit %d, output %q; want exit %d and %q", code, out.String()+errb.String(), tt.code, tt.want)
 			}
 		})
 	}

@@ -51,7 +51,8 @@ func benchCmd() *command {
 	return &command{
 		nargs: 1,
 		name:  "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
-		usage: "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--json]",
+		complete: f.ep.completeFunctions,
+		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--json]",
 		example: "  plover bench vecadd --in build/samples/vecadd-input.bin --concurrency 4 --duration 10s\n" +
 			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
 			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms",
@@ -94,14 +95,14 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	tc, err := tlsConfig(firstOf(f.ep.cacert, os.Getenv("PLOVER_CACERT")))
+	tc, err := tlsConfig(f.ep.cacert)
 	if err != nil {
 		return err
 	}
 	cfg := bench.Config{
 		Server: serverURL(f.ep.server), Function: name, Input: input, Concurrency: f.concurrency,
 		Rate: float64(f.rate), Duration: f.duration, Requests: f.requests, Timeout: f.timeout,
-		Token: firstOf(f.ep.token, os.Getenv("PLOVER_TOKEN")), TLS: tc,
+		Token: f.ep.token, TLS: tc,
 	}
 	finish := benchProgress(&cfg, env)
 	res, err := bench.Run(ctx, cfg)

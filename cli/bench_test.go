@@ -18,7 +18,11 @@ import (
 // runCommand parses args for c as Main does and runs it.
 func runCommand(c *command, args ...string) (stdout, stderr string, err error) {
 	var out, errb bytes.Buffer
-	err = c.execute(args, &Env{Stdout: &out, Stderr: &errb})
+	env := &Env{Stdout: &out, Stderr: &errb}
+	cc := c.cobra(env)
+	cc.SetArgs(args)
+	cc.SilenceErrors, cc.SilenceUsage = true, true
+	err = cc.Execute()
 	return out.String(), errb.String(), err
 }
 

@@ -6,7 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"sort"
 	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/plover-run/plover/abi"
 )
@@ -14,7 +19,10 @@ import (
 // Version is set at build time with -ldflags "-X .../cli.Version=...".
 var Version = "dev"
 
-// command is one subcommand.
+// command is one subcommand. Commands declare their flags on a standard
+// library FlagSet, which cobra reads through pflag: the declarations stay
+// plain, and every command gets --long flags, completion and the
+// PLOVER_<FLAG> environment variables the same way.
 type command struct {
 	name    string
 	summary string
@@ -24,6 +32,9 @@ type command struct {
 	example string
 	run     func(fs *flag.FlagSet, args []string, env *Env) error
 	flags   func(fs *flag.FlagSet)
+	// complete offers values for the positional arguments (function names
+	// from the server); nil offers files.
+	complete func(fs *flag.FlagSet, args []string, toComplete string) ([]string, cobra.ShellCompDirective)
 }
 
 // Env is the process environment a command runs in.
@@ -36,6 +47,17 @@ type Env struct {
 	StderrIsTerminal bool
 	// StdinIsTerminal makes commands that read stdin say so.
 	StdinIsTerminal bool
+	// Getenv reads the environment; nil means os.Getenv. Tests set it so
+	// that PLOVER_<FLAG> variables can be checked without touching the
+	// process environment.
+	Getenv func(string) string
+}
+
+func (e *Env) getenv(k string) string {
+	if e.Getenv != nil {
+		return e.Getenv(k)
+	}
+	return os.Getenv(k)
 }
 
 // printJSON writes v as indented JSON, for the --json flags.
@@ -49,37 +71,22 @@ func commands() []*command {
 	return []*command{serveCmd(), initCmd(), buildCmd(), runCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), tokenCmd(), versionCmd(), workerCmd()}
 }
 
-// Main runs the plover command and returns its exit status.
+// Main runs the plover command and returns its exit status: 0, 1 for a
+// command that failed, 2 for a command line that cannot run.
 func Main(args []string, env *Env) int {
-	cmds := commands()
-	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
-		args = []string{"version"}
-	}
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		topUsage(env.Stderr, cmds)
-		if len(args) == 0 {
-			return 2
-		}
+	root := newRoot(env)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	var ue *usageError
+	switch {
+	case err == nil:
 		return 0
+	case errors.As(err, &ue):
+		return 2
+	default:
+		fmt.Fprintf(env.Stderr, "plover %s: %v\n", cmd.Name(), err)
+		return 1
 	}
-	for _, c := range cmds {
-		if c.name != args[0] {
-			continue
-		}
-		var ue *usageError
-		switch err := c.execute(args[1:], env); {
-		case err == nil, errors.Is(err, flag.ErrHelp):
-			return 0
-		case errors.As(err, &ue):
-			return 2
-		default:
-			fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
-			return 1
-		}
-	}
-	fmt.Fprintf(env.Stderr, "plover: unknown command %q\n\n", args[0])
-	topUsage(env.Stderr, cmds)
-	return 2
 }
 
 // usageError is a command line the command cannot run (exit status 2); the
@@ -88,77 +95,143 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
-// execute parses a command's flags, checks its argument count and runs it.
-func (c *command) execute(args []string, env *Env) error {
-	fs := flag.NewFlagSet("plover "+c.name, flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(env.Stderr, "%s\n\nUsage: plover %s %s\n\nFlags:\n", c.summary, c.name, c.usage)
-		fs.PrintDefaults()
-		if c.example != "" {
-			fmt.Fprintf(env.Stderr, "\nExample:\n%s\n", c.example)
-		}
+const envNote = `Every flag can also be set in the environment as PLOVER_<FLAG>, upper case
+with dashes as underscores (--max-conns as PLOVER_MAX_CONNS, --json as
+PLOVER_JSON=true); a flag on the command line wins.`
+
+// newRoot builds the command tree. It is rebuilt per Main call: the
+// commands' flag variables live in closures, so a tree is good for one run.
+func newRoot(env *Env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "plover",
+		Short: "a serverless runtime for GPU kernel chains",
+		Long: "plover — a serverless runtime for GPU kernel chains.\n\n" +
+			"Commands that talk to a server use --server, else $PLOVER_SERVER, else " + DefaultServer + ".\n" + envNote,
+		Version:               Version,
+		Args:                  cobra.ArbitraryArgs,
+		SilenceErrors:         true,
+		SilenceUsage:          true,
+		DisableFlagsInUseLine: true,
+		DisableAutoGenTag:     true,
+		// The root runs only when no command matched.
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				cmd.SetOut(env.Stderr)
+				cmd.Help()
+				return &usageError{"no command"}
+			}
+			fmt.Fprintf(env.Stderr, "plover: unknown command %q\n", args[0])
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				fmt.Fprintf(env.Stderr, "\nDid you mean this?\n\t%s\n", strings.Join(s, "\n\t"))
+			}
+			fmt.Fprintln(env.Stderr, "\nRun 'plover --help' for the commands.")
+			return &usageError{"unknown command " + args[0]}
+		},
 	}
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	root.SetVersionTemplate(versionLine() + "\n")
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		fmt.Fprintf(env.Stderr, "plover %s: %v\n\n", c.Name(), err)
+		c.SetOut(env.Stderr)
+		c.Usage()
+		return &usageError{err.Error()}
+	})
+	for _, c := range commands() {
+		root.AddCommand(c.cobra(env))
+	}
+	return root
+}
+
+// cobra turns c into a cobra command.
+func (c *command) cobra(env *Env) *cobra.Command {
+	fs := flag.NewFlagSet("plover "+c.name, flag.ContinueOnError)
 	if c.flags != nil {
 		c.flags(fs)
 	}
-	if err := fs.Parse(interleave(fs, args)); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	cc := &cobra.Command{
+		Use:     strings.TrimSpace(c.name + " " + c.usage),
+		Short:   c.summary,
+		Long:    c.summary,
+		Example: c.example,
+		Hidden:  c.hidden,
+		// The usage strings already show the flags that matter.
+		DisableFlagsInUseLine: true,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == c.nargs {
+				return nil
+			}
+			msg := fmt.Sprintf("plover %s: takes %d argument(s), got %d", c.name, c.nargs, len(args))
+			fmt.Fprintf(env.Stderr, "%s\n\n", msg)
+			cmd.SetOut(env.Stderr)
+			cmd.Usage()
+			return &usageError{msg}
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			// The worker is started by the server with a clean
+			// environment and every flag given; it reads no variables.
+			if !c.hidden {
+				if err := flagsFromEnv(cmd.Flags(), env); err != nil {
+					fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
+					return &usageError{err.Error()}
+				}
+			}
+			return c.run(fs, args, env)
+		},
+	}
+	cc.Flags().AddGoFlagSet(fs)
+	if vars := envNames(cc.Flags()); len(vars) > 0 {
+		cc.Long += "\n\nEach flag can also be set in the environment (the command line wins): " + strings.Join(vars, ", ") + "."
+	}
+	if c.complete != nil {
+		cc.ValidArgsFunction = func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			flagsFromEnv(cmd.Flags(), env)
+			return c.complete(fs, args, toComplete)
 		}
-		return &usageError{err.Error()}
 	}
-	if len(fs.Args()) != c.nargs {
-		msg := fmt.Sprintf("plover %s: takes %d argument(s), got %d", c.name, c.nargs, len(fs.Args()))
-		fmt.Fprintf(env.Stderr, "%s\n\n", msg)
-		fs.Usage()
-		return &usageError{msg}
-	}
-	return c.run(fs, fs.Args(), env)
+	return cc
 }
 
-// interleave lets flags follow positional arguments ("plover invoke NAME
-// --in f"), which the flag package alone does not allow.
-func interleave(fs *flag.FlagSet, args []string) []string {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			pos = append(pos, a)
-			continue
-		}
-		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if strings.Contains(name, "=") {
-			continue
-		}
-		if f := fs.Lookup(name); f != nil && !isBool(f) && i+1 < len(args) {
-			flags = append(flags, args[i+1])
-			i++
-		}
-	}
-	return append(flags, pos...)
+// envName is the variable that stands for a flag: --max-conns is
+// PLOVER_MAX_CONNS.
+func envName(flag string) string {
+	return "PLOVER_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
-func isBool(f *flag.Flag) bool {
-	b, ok := f.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
+func envNames(fs *pflag.FlagSet) []string {
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name != "help" {
+			names = append(names, envName(f.Name))
+		}
+	})
+	sort.Strings(names)
+	return names
 }
 
-func topUsage(w io.Writer, cmds []*command) {
-	fmt.Fprintln(w, "plover — a serverless runtime for GPU kernel chains")
-	fmt.Fprintln(w, "\nUsage: plover <command> [flags]\n\nCommands:")
-	for _, c := range cmds {
-		if !c.hidden {
-			fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+// flagsFromEnv sets every flag not given on the command line from its
+// PLOVER_<FLAG> variable, where that is set and not empty.
+func flagsFromEnv(fs *pflag.FlagSet, env *Env) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Changed || f.Name == "help" {
+			return
 		}
-	}
-	fmt.Fprintln(w, "\nRun 'plover <command> --help' for a command's flags and an example.")
-	fmt.Fprintln(w, "Commands that talk to a server use --server, else $PLOVER_SERVER, else "+DefaultServer+".")
+		k := envName(f.Name)
+		v := env.getenv(k)
+		if v == "" {
+			return
+		}
+		if e := fs.Set(f.Name, v); e != nil {
+			err = fmt.Errorf("$%s (for --%s): %v", k, f.Name, e)
+		}
+	})
+	return err
+}
+
+func versionLine() string {
+	return fmt.Sprintf("plover %s (ABI %d.%d; loads ABI 1.0 bundles too)", Version, abi.Major, abi.Minor)
 }
 
 func versionCmd() *command {
@@ -172,7 +245,7 @@ func versionCmd() *command {
 			if asJSON {
 				return printJSON(env.Stdout, map[string]string{"version": Version, "abi": fmt.Sprintf("%d.%d", abi.Major, abi.Minor)})
 			}
-			fmt.Fprintf(env.Stdout, "plover %s (ABI %d.%d; loads ABI 1.0 bundles too)\n", Version, abi.Major, abi.Minor)
+			fmt.Fprintln(env.Stdout, versionLine())
 			return nil
 		},
 	}

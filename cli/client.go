@@ -7,20 +7,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 )
 
-// DefaultServer is where commands find a server without --server or
-// PLOVER_SERVER: plover serve's default listen address.
+// DefaultServer is where commands find a server without --server (or
+// $PLOVER_SERVER, which sets it): plover serve's default listen address.
 const DefaultServer = "http://127.0.0.1:8080"
 
 func serverURL(flagVal string) string {
 	s := flagVal
-	if s == "" {
-		s = os.Getenv("PLOVER_SERVER")
-	}
 	if s == "" {
 		s = DefaultServer
 	}

@@ -143,7 +143,8 @@ func invokeCmd() *command {
 	return &command{
 		nargs: 1,
 		name:  "invoke", summary: "run a function on input bytes and write its output bytes",
-		usage: "NAME [--in FILE|-] [--out FILE|-] [--json] [--timing]",
+		complete: ep.completeFunctions,
+		usage:    "NAME [--in FILE|-] [--out FILE|-] [--json] [--timing]",
 		example: "  plover invoke vecadd --in build/samples/vecadd-input.bin --out /tmp/sum.bin --timing\n" +
 			"  plover invoke vecadd --in build/samples/vecadd-input.bin --json | head -c 300",
 		flags: func(fs *flag.FlagSet) {
@@ -256,8 +257,9 @@ func rmCmd() *command {
 	return &command{
 		nargs: 1,
 		name:  "rm", summary: "delete a function (its in-flight requests finish first)",
-		usage:   "NAME",
-		example: "  plover rm vecadd",
+		complete: ep.completeFunctions,
+		usage:    "NAME",
+		example:  "  plover rm vecadd",
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
 			fs.BoolVar(&asJSON, "json", false, `print {"deleted": NAME} instead`)

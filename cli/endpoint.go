@@ -7,6 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/runtime/registry"
@@ -16,8 +20,8 @@ import (
 // the object store directly (no server needed).
 type endpoint struct {
 	server string
-	token  string // --token, else $PLOVER_TOKEN
-	cacert string // --cacert, else $PLOVER_CACERT
+	token  string
+	cacert string
 	store  string
 	s3     objectstore.S3Options
 }
@@ -39,7 +43,7 @@ func (e *endpoint) storeFlags(fs *flag.FlagSet, usage string) {
 
 func (e *endpoint) direct() bool { return e.store != "" }
 func (e *endpoint) client() *client {
-	return newClient(e.server, firstOf(e.token, os.Getenv("PLOVER_TOKEN")), firstOf(e.cacert, os.Getenv("PLOVER_CACERT")))
+	return newClient(e.server, e.token, e.cacert)
 }
 
 func (e *endpoint) registry() (registry.Registry, error) {
@@ -48,13 +52,6 @@ func (e *endpoint) registry() (registry.Registry, error) {
 		return registry.Registry{}, err
 	}
 	return registry.Registry{Store: s}, nil
-}
-
-func firstOf(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // tlsConfig is the client TLS configuration: the system roots plus the CA
@@ -75,4 +72,30 @@ func tlsConfig(cacert string) (*tls.Config, error) {
 		return nil, fmt.Errorf("--cacert %s: no PEM certificate in it", cacert)
 	}
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
+// completeFunctions offers the server's function names for a command's
+// first argument. Completion must never hang a shell, so the server gets
+// two seconds, and any failure just offers nothing.
+func (e *endpoint) completeFunctions(_ *flag.FlagSet, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 || e.direct() {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c := e.client()
+	c.http.Timeout = 2 * time.Second
+	var resp struct {
+		Functions []struct {
+			Name string `json:"name"`
+		} `json:"functions"`
+	}
+	if c.getJSON("/v1/functions", &resp) != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var names []string
+	for _, f := range resp.Functions {
+		if strings.HasPrefix(f.Name, prefix) {
+			names = append(names, f.Name)
+		}
+	}
+	return names, cobra.ShellCompDirectiveNoFileComp
 }

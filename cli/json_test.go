@@ -43,6 +43,7 @@ func TestJSONOutputs(t *testing.T) {
 		t.Fatalf("deploy --json: %d %q %q", code, out, errs)
 	}
 	runMain(t, nil, "deploy", dir2, "--store", store)
+	src := filepath.Join(t.TempDir(), "src")
 	tests := []struct {
 		name string
 		args []string
@@ -54,6 +55,9 @@ func TestJSONOutputs(t *testing.T) {
 		{"devices", []string{"devices", "--json"}, `"gpus": [`},
 		{"deploy to a server", []string{"deploy", dir, "--server", url, "--json"}, `"created": true`},
 		{"rm", []string{"rm", "fn", "--server", url, "--json"}, `"deleted": "fn"`},
+		{"token", []string{"token", "new", "ci", "--scopes", "read", "--json"}, `"line": "ci\tread\t`},
+		{"init", []string{"init", "saxpy", "--dir", src, "--json"}, `"entry": "saxpy"`},
+		{"build", []string{"build", src, "--json"}, `"library": "saxpy.so"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,10 +26,10 @@ import (
 	"github.com/plover-run/plover/worker/contain"
 )
 
+// defaultDataDir is --data when neither the flag nor $PLOVER_DATA gives
+// one. It is resolved when serve starts, not as the flag's default, so that
+// help and the generated reference read the same on every machine.
 func defaultDataDir() string {
-	if d := os.Getenv("PLOVER_DATA"); d != "" {
-		return d
-	}
 	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
 		return filepath.Join(d, "plover")
 	}
@@ -66,8 +66,8 @@ func serveCmd() *command {
 		example: "  plover serve                                  # 127.0.0.1:8080, data under ~/.local/share/plover\n" +
 			"  plover serve --listen 127.0.0.1:9000 --data /tmp/plover --device host",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&f.listen, "listen", envOr("PLOVER_LISTEN", "127.0.0.1:8080"), "address to listen on ($PLOVER_LISTEN); port 0 picks a free one")
-			fs.StringVar(&f.data, "data", defaultDataDir(), "data directory: store (unless --store) and node bundle cache ($PLOVER_DATA)")
+			fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to listen on; port 0 picks a free one")
+			fs.StringVar(&f.data, "data", "", "data directory: store (unless --store) and node bundle cache (default $XDG_DATA_HOME/plover, else ~/.local/share/plover)")
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
 			fs.IntVar(&f.standby, "standby-workers", 1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process)")
@@ -102,13 +102,6 @@ func serveCmd() *command {
 	}
 }
 
-func envOr(k, d string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return d
-}
-
 func newLogger(format, level string, env *Env) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
@@ -125,6 +118,9 @@ func newLogger(format, level string, env *Env) (*slog.Logger, error) {
 }
 
 func serve(f *serveFlags, env *Env) error {
+	if f.data == "" {
+		f.data = defaultDataDir()
+	}
 	log, err := newLogger(f.logFormat, f.logLevel, env)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 
 func tokenCmd() *command {
 	var scopes, functions string
+	var asJSON bool
 	return &command{
 		nargs: 2,
 		name:  "token", summary: "make a bearer token and the auth-file line that grants it",
@@ -19,6 +20,7 @@ func tokenCmd() *command {
 			"  TOKEN=$(plover token new ci --scopes invoke,read --functions 'cnn,vec*')   # the auth-file line goes to stderr",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&scopes, "scopes", "", "what the token may do, comma-separated: read, invoke, deploy (implies read), admin (required)")
+			fs.BoolVar(&asJSON, "json", false, `print {"name","token","line"} to stdout, the auth-file line included`)
 			fs.StringVar(&functions, "functions", "*", "path.Match globs, comma-separated, limiting the functions the token may invoke and deploy")
 		},
 		run: func(_ *flag.FlagSet, args []string, env *Env) error {
@@ -52,6 +54,9 @@ func tokenCmd() *command {
 			}
 			if p := tab.Lookup([]byte(tok)); p == nil || p.Name != name || p.Scopes != sc || !reflect.DeepEqual(p.Functions, globs) {
 				return fmt.Errorf("internal error: the auth-file line %q does not grant what was asked", line)
+			}
+			if asJSON {
+				return printJSON(env.Stdout, map[string]string{"name": name, "token": tok, "line": line})
 			}
 			// The token alone on stdout, so that TOKEN=$(plover token new ...) captures it.
 			if _, err := fmt.Fprintln(env.Stdout, tok); err != nil {

@@ -92,7 +92,7 @@ func TestTokenErrors(t *testing.T) {
 		{[]string{"token", "new", "ci", "--scopes", "invoke", "--functions", "#cnn"}, `--functions: glob "#cnn" has whitespace or '#'`},
 		{[]string{"token", "new", "ci", "--scopes", "invoke", "--functions", "a b"}, `--functions: glob "a b" has whitespace`},
 		{[]string{"token", "new", "ci", "--scopes", "invoke", "--functions", ""}, `--functions: no functions`},
-		{[]string{"token", "new", "ci", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"token", "new", "ci", "--bogus"}, "unknown flag: --bogus"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -110,12 +110,12 @@ func TestTokenErrors(t *testing.T) {
 
 func TestTokenHelp(t *testing.T) {
 	var out, errb bytes.Buffer
-	if code := Main([]string{"token", "--help"}, &Env{Stdout: &out, Stderr: &errb}); code != 0 || !strings.Contains(errb.String(), "Usage: plover token new NAME --scopes") {
-		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	if code := Main([]string{"token", "--help"}, &Env{Stdout: &out, Stderr: &errb}); code != 0 || !strings.Contains(out.String(), "plover token new NAME --scopes") {
+		t.Fatalf("exit %d, stdout %q", code, out.String())
 	}
-	errb.Reset()
+	out.Reset()
 	Main([]string{"help"}, &Env{Stdout: &out, Stderr: &errb})
-	if !strings.Contains(errb.String(), "  token ") {
-		t.Fatalf("top usage lacks token: %q", errb.String())
+	if !strings.Contains(out.String(), "  token ") {
+		t.Fatalf("top usage lacks token: %q", out.String())
 	}
 }

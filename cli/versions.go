@@ -36,8 +36,9 @@ func versionsCmd() *command {
 	return &command{
 		nargs: 1,
 		name:  "versions", summary: "list a function's versions (* marks the current one)",
-		usage:   "NAME [--server URL | --store URL]",
-		example: "  plover versions vecadd",
+		complete: ep.completeFunctions,
+		usage:    "NAME [--server URL | --store URL]",
+		example:  "  plover versions vecadd",
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "read the store directly instead of asking a server (file://... or s3://...)")
 			fs.BoolVar(&asJSON, "json", false, "print the record as JSON")
@@ -82,8 +83,9 @@ func rollbackCmd() *command {
 	return &command{
 		nargs: 2,
 		name:  "rollback", summary: "make an earlier version of a function current again",
-		usage:   "NAME VERSION [--server URL | --store URL]",
-		example: "  plover versions vecadd && plover rollback vecadd 9fe7fab9",
+		complete: ep.completeFunctions,
+		usage:    "NAME VERSION [--server URL | --store URL]",
+		example:  "  plover versions vecadd && plover rollback vecadd 9fe7fab9",
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&asJSON, "json", false, `print {"name","version"} instead`)
 			ep.storeFlags(fs, "change the record in the store directly; servers pick it up within their --poll interval")
