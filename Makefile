@@ -24,7 +24,7 @@ VECADD_HOST := $(BUILD)/samples/vecadd-host
 VECADD_CUDA := $(BUILD)/samples/vecadd-cuda
 VECADD_DATA := $(BUILD)/samples/vecadd-input.bin $(BUILD)/samples/vecadd-expected.bin
 
-samples: vecadd-host cnn-host softmax-host bin/cnn-classify
+samples: vecadd-host cnn-host cnn-batch-host softmax-host bin/cnn-classify
 vecadd-host: $(VECADD_HOST)/vecadd.so $(VECADD_HOST)/b.bin $(VECADD_HOST)/plover.json $(VECADD_DATA)
 vecadd-cuda: $(VECADD_CUDA)/vecadd.so $(VECADD_CUDA)/b.bin $(VECADD_CUDA)/plover.json
 
@@ -51,7 +51,7 @@ bin/cnn-classify: $(GO_SRC)
 	$(GO) build -o $@ ./samples/cnn/cmd/cnn-classify
 
 ## CUDA (compile only here; runs need a GPU) --------------------------------
-cuda: vecadd-cuda cnn-cuda softmax-cuda
+cuda: vecadd-cuda cnn-cuda cnn-batch-cuda softmax-cuda
 
 install-nvcc:
 	bash scripts/install-nvcc.sh

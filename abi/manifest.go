@@ -63,6 +63,8 @@ type Manifest struct {
 	// Tensors declares the inputs and outputs the Open Inference Protocol
 	// (/v2) sees; without it, one UINT8 tensor each way: the raw bytes.
 	Tensors *Tensors `json:"tensors,omitempty"`
+	// Batch, when set, runs concurrent requests as one chain (see Batch).
+	Batch *Batch `json:"batch,omitempty"`
 }
 
 // Build describes a function's sources for `plover build`. Paths are
@@ -193,6 +195,9 @@ func (m *Manifest) Validate() error {
 		return err
 	}
 	if err := m.Tensors.validate(); err != nil {
+		return err
+	}
+	if err := m.Batch.validate(m); err != nil {
 		return err
 	}
 	return ValidateChain("chain", m.Chain)

@@ -1,5 +1,5 @@
 /*
- * plover.h — the Plover bundle ABI, version 2.0.
+ * plover.h — the Plover bundle ABI, version 2.1.
  *
  * A bundle is a shared library of entry points plus a manifest (plover.json)
  * naming the chain to run. For every request the runtime fills a
@@ -30,6 +30,8 @@
  *   s->program   yours: what plover_load left there (else NULL), the same
  *                for every instance of this version on this device.
  *   s->instance  yours: what plover_instance_init left there (else NULL).
+ *   s->items     (2.1) how many requests this run holds, when the function
+ *                batches (see BATCHING); 0 when it does not.
  *
  * The runtime resets every field before each request, so an entry that
  * changes one (other than the dat bytes) affects only the current request.
@@ -81,6 +83,21 @@
  * none, plover run). A killed worker (a crash, a deadline overrun, a faulted
  * GPU) runs no hook.
  *
+ * BATCHING (2.1). A bundle that defines PLOVER_BATCHED(n) in one source
+ * file says its chain handles up to n requests in one run; its manifest's
+ * "batch" section (max_items <= n, item_input_bytes, item_output_bytes)
+ * turns batching on. The runtime then gathers concurrent requests, each
+ * exactly item_input_bytes, and runs them as one chain: s->items = k
+ * (1..max_items), input = the k inputs back to back (len k *
+ * item_input_bytes), out = k outputs back to back (len k *
+ * item_output_bytes); request i gets out bytes [i * item_output_bytes,
+ * (i + 1) * item_output_bytes). Launch for s->items, read sizes from the
+ * lengths, and leave out.len as it is. On CUDA, k may be rounded up to a
+ * power of two (the extra inputs are zero, their outputs dropped) so that
+ * few graph recordings cover every batch size. A run that fails fails every
+ * request in it with the same error. A bundle without PLOVER_BATCHED is
+ * never batched.
+ *
  * ERRORS. An entry reports failure with plover_fail(s, "message"); the
  * chain still runs to its end, then the request fails (HTTP 500) with the
  * message. On the CUDA target a pending cudaGetLastError() is reported the
@@ -99,7 +116,7 @@
 #include <stdint.h>
 
 #define PLOVER_ABI_MAJOR 2
-#define PLOVER_ABI_MINOR 0
+#define PLOVER_ABI_MINOR 1
 #define PLOVER_ABI_VERSION ((PLOVER_ABI_MAJOR << 16) | PLOVER_ABI_MINOR)
 
 #ifdef __cplusplus
@@ -124,7 +141,9 @@ typedef struct plover_state {
   void *stream;
   void *program;
   void *instance;
-  uint64_t reserved_[8]; /* later minors' fields; zero */
+  uint32_t items;        /* 2.1: requests in this run (batching); else 0 */
+  uint32_t reserved32_;  /* zero */
+  uint64_t reserved_[7]; /* later minors' fields; zero */
 } plover_state_t;
 
 /* PyPlover names. */
@@ -190,6 +209,11 @@ static inline const char *plover_take_device_error_(void) { return NULL; }
     return m != NULL ? m : d;                                               \
   }                                                                         \
   typedef int plover_bundle_defined_once_
+
+/* PLOVER_BATCHED(n), in one source file: this bundle's chain handles up to
+ * n requests per run (s->items); see BATCHING. */
+#define PLOVER_BATCHED(n) \
+  PLOVER_EXPORT const uint32_t plover_max_items = (n)
 
 /* Records a failure for this request (or hook); msg must be a string literal
  * or otherwise outlive the call. The first failure wins. */

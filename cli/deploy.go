@@ -39,7 +39,7 @@ func checkDir(dir string) (*abi.Manifest, error) {
 	if err := info.Check(lib, m.Target, abi.Kernels(m.Chain)); err != nil {
 		return nil, err
 	}
-	if err := info.CheckManifestABI(lib, m.ABI); err != nil {
+	if err := info.CheckManifest(lib, m); err != nil {
 		return nil, err
 	}
 	if m.Constants != "" {

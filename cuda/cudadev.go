@@ -474,13 +474,18 @@ type gpuInstance struct {
 	c   *C.plcu_inst_t
 	cfg InstanceConfig
 
-	// cached is the key of c.exec (valid while c.exec != nil); candidate is
-	// the key whose last run went cleanly without a graph, so the next run
-	// with it may capture (kernels are loaded and cudart is initialised).
-	cached, candidate graphKey
-	captureFailures   int
-	graphsOff         bool // captures kept failing here: direct launches only
-	stats             graphCounters
+	// cached[k] is the key of c.exec[k] (valid while that is not NULL),
+	// used[k] when it last ran (a run counter: the least recently used
+	// slot is replaced); candidate is the key whose last run went cleanly
+	// without a graph, so the next run with it may capture (kernels are
+	// loaded and cudart is initialised).
+	cached          [C.PLCU_GRAPHS]graphKey
+	used            [C.PLCU_GRAPHS]uint64
+	runs            uint64
+	candidate       graphKey
+	captureFailures int
+	graphsOff       bool // captures kept failing here: direct launches only
+	stats           graphCounters
 }
 
 func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
@@ -616,13 +621,12 @@ func (i *gpuInstance) Run(r *Run) error {
 		i.c.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
 	}
 	key := graphKey{chain: r.ChainKey, in: int64(len(r.Input)), tmp: r.TmpLen, out: int64(len(r.Output))}
-	mode := C.int(C.PLCU_DIRECT)
+	mode, slot := C.int(C.PLCU_DIRECT), -1
 	if r.ChainKey != 0 && !i.graphsOff {
-		switch {
-		case i.c.exec != nil && key == i.cached:
+		if slot = i.graphSlot(key); slot >= 0 {
 			mode = C.PLCU_REPLAY
-		case key == i.candidate:
-			mode = C.PLCU_CAPTURE
+		} else if key == i.candidate {
+			mode, slot = C.PLCU_CAPTURE, i.victimSlot()
 		}
 	}
 	var in, out unsafe.Pointer
@@ -633,7 +637,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		out = unsafe.Pointer(&r.Output[0])
 	}
 	C.plcu_run(i.c, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)), C.size_t(r.TmpLen),
-		zeroFlags(r), C.int(len(r.Chain)), mode, i.cfg.Entries.lastErrorFn())
+		C.uint32_t(r.Items), zeroFlags(r), C.int(len(r.Chain)), mode, C.int(slot), i.cfg.Entries.lastErrorFn())
 	res := &i.c.res
 	r.Timing = Timing{
 		CopyIn:  time.Duration(res.t.copy_in_ns),
@@ -648,9 +652,13 @@ func (i *gpuInstance) Run(r *Run) error {
 	switch res.ran {
 	case C.PLCU_CAPTURE:
 		i.count(&i.stats.captured, &i.g.graphs.captured)
-		i.cached, i.candidate = key, graphKey{}
+		i.cached[slot], i.candidate = key, graphKey{}
+		i.runs++
+		i.used[slot] = i.runs
 	case C.PLCU_REPLAY:
 		i.count(&i.stats.replayed, &i.g.graphs.replayed)
+		i.runs++
+		i.used[slot] = i.runs
 	default:
 		i.count(&i.stats.direct, &i.g.graphs.direct)
 		i.candidate = graphKey{}
@@ -687,6 +695,31 @@ func (i *gpuInstance) Run(r *Run) error {
 		return &KernelError{Msg: kerr}
 	}
 	return outUsed(r, uint64(res.t.out_used))
+}
+
+// graphSlot is the slot holding a graph recorded for key, or -1.
+func (i *gpuInstance) graphSlot(key graphKey) int {
+	for k := range i.cached {
+		if i.c.exec[k] != nil && i.cached[k] == key {
+			return k
+		}
+	}
+	return -1
+}
+
+// victimSlot is where a new recording goes: an empty slot, else the least
+// recently run graph's.
+func (i *gpuInstance) victimSlot() int {
+	v := 0
+	for k := range i.cached {
+		if i.c.exec[k] == nil {
+			return k
+		}
+		if i.used[k] < i.used[v] {
+			v = k
+		}
+	}
+	return v
 }
 
 func (i *gpuInstance) count(inst, dev *atomic.Uint64) {

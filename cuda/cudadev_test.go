@@ -437,6 +437,21 @@ func testGraphReplay(t *testing.T, e *bundleEnv) {
 	if s := inst.stats.load(); s.Replayed == 0 {
 		t.Errorf("no replay for key 9: %+v", s)
 	}
+	// Graphs recorded for other lengths stay side by side (a batching
+	// function's run sizes): alternating between two recorded lengths
+	// replays both, with no new direct run or capture.
+	before := inst.stats.load()
+	for i := 0; i < 4; i++ {
+		n := []int{512, 100}[i%2]
+		in := randBytes(r, n)
+		run(7, in, 1024)
+		if exp := chainOut(in, nil, 1024, len(out), false); !bytes.Equal(out, exp) {
+			t.Errorf("alternating lengths, run %d (input %d): %s", i, n, firstDiff(out, exp))
+		}
+	}
+	if s := inst.stats.load(); s.Replayed-before.Replayed != 4 || s.Direct != before.Direct || s.Captured != before.Captured {
+		t.Errorf("alternating two recorded lengths: stats %+v, before %+v; want 4 more replays only", s, before)
+	}
 	if e.live != nil && e.live[5] < 1 {
 		t.Errorf("fake driver holds %d graph execs, want the cached one", e.live[5])
 	}

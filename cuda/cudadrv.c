@@ -238,10 +238,10 @@ fail:
   return e;
 }
 
-static void plcu_inst_drop_graph(plcu_inst_t *in) {
-  if (in->exec != NULL) {
-    in->drv->cuGraphExecDestroy(in->exec);
-    in->exec = NULL;
+static void plcu_inst_drop_graph(plcu_inst_t *in, int slot) {
+  if (in->exec[slot] != NULL) {
+    in->drv->cuGraphExecDestroy(in->exec[slot]);
+    in->exec[slot] = NULL;
   }
 }
 
@@ -250,7 +250,7 @@ void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu) {
   const plcu_driver_t *d = in->drv;
   if (!skip_gpu) {
     d->cuCtxSetCurrent(in->ctx);
-    plcu_inst_drop_graph(in);
+    for (int k = 0; k < PLCU_GRAPHS; k++) plcu_inst_drop_graph(in, k);
     /* Every run ends with a stream sync, so nothing is in flight here. */
     if (in->stream) d->cuStreamDestroy_v2(in->stream);
     for (int i = 0; i < 4; i++)
@@ -348,7 +348,8 @@ static void capture_failed(plcu_result_t *r, CUresult e, const char *op) {
  * not part of the ChainKey promise, and a graph that holds only what the
  * bundle enqueued makes a failed capture safe to redo directly.
  */
-static int capture(plcu_inst_t *in, int n, void *last_error, plcu_result_t *r) {
+static int capture(plcu_inst_t *in, int n, int slot, void *last_error,
+                   plcu_result_t *r) {
   const plcu_driver_t *d = in->drv;
   CUgraph g = NULL;
   CUgraphExec x = NULL;
@@ -384,11 +385,11 @@ static int capture(plcu_inst_t *in, int n, void *last_error, plcu_result_t *r) {
     capture_failed(r, e, "cuGraphInstantiateWithFlags");
     return 0;
   }
-  plcu_inst_drop_graph(in);
-  in->exec = x;
+  plcu_inst_drop_graph(in, slot);
+  in->exec[slot] = x;
   e = d->cuGraphLaunch(x, in->stream);
   if (e != PLCU_SUCCESS) {
-    plcu_inst_drop_graph(in);
+    plcu_inst_drop_graph(in, slot);
     capture_failed(r, e, "cuGraphLaunch");
     return 0;
   }
@@ -404,8 +405,8 @@ static int capture(plcu_inst_t *in, int n, void *last_error, plcu_result_t *r) {
  * about a microsecond each and leave the work queued back to back.
  */
 void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
-              size_t out_len, size_t tmp_len, int zero, int nsteps,
-              int mode, void *last_error) {
+              size_t out_len, size_t tmp_len, uint32_t items, int zero,
+              int nsteps, int mode, int slot, void *last_error) {
   const plcu_driver_t *d = in->drv;
   plcu_result_t *r = &in->res;
   memset(r, 0, sizeof *r);
@@ -435,31 +436,32 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
     STEP("cuMemsetD8Async", d->cuMemsetD8Async(in->d_tmp, 0, tmp_len, in->stream));
   STEP("cuEventRecord", d->cuEventRecord(in->ev[1], in->stream));
 
-  plover_state_begin(&in->state, in_len, tmp_len, out_len);
+  plover_state_begin(&in->state, in_len, tmp_len, out_len, items);
   r->ran = PLCU_DIRECT;
-  if (mode == PLCU_REPLAY && in->exec != NULL) {
-    if ((e = d->cuGraphLaunch(in->exec, in->stream)) == PLCU_SUCCESS) {
+  if (slot < 0 || slot >= PLCU_GRAPHS) mode = PLCU_DIRECT;
+  if (mode == PLCU_REPLAY && in->exec[slot] != NULL) {
+    if ((e = d->cuGraphLaunch(in->exec[slot], in->stream)) == PLCU_SUCCESS) {
       r->ran = PLCU_REPLAY;
     } else {
-      plcu_inst_drop_graph(in);
+      plcu_inst_drop_graph(in, slot);
       capture_failed(r, e, "cuGraphLaunch");
     }
   } else if (mode == PLCU_CAPTURE) {
-    if (capture(in, nsteps, last_error, r)) r->ran = PLCU_CAPTURE;
+    if (capture(in, nsteps, slot, last_error, r)) r->ran = PLCU_CAPTURE;
   }
   if (r->ran == PLCU_DIRECT) {
     /* A failed capture called the entries already: they start again from
      * the state every request starts from, not from what they left. */
-    if (mode == PLCU_CAPTURE) plover_state_begin(&in->state, in_len, tmp_len, out_len);
+    if (mode == PLCU_CAPTURE) plover_state_begin(&in->state, in_len, tmp_len, out_len, items);
     call_entries(in, nsteps);
   }
   r->kernel_err = take_error(last_error);
   /* A replay runs no entry code, so it reproduces the out.len recorded. */
   if (r->ran == PLCU_REPLAY) {
-    used = in->exec_out_used;
+    used = in->exec_out_used[slot];
   } else {
     used = plover_state_out_used(&in->state, out_len);
-    if (r->ran == PLCU_CAPTURE) in->exec_out_used = used;
+    if (r->ran == PLCU_CAPTURE) in->exec_out_used[slot] = used;
   }
   r->t.out_used = used;
 

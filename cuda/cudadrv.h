@@ -37,6 +37,9 @@ typedef struct CUgraphExec_st *CUgraphExec;
 
 /* Must equal abi.MaxChainLength; cudadev.go checks it at compile time. */
 #define PLCU_MAX_STEPS 64
+/* Graphs kept per instance: one per chain and lengths, so batch sizes (a
+ * power-of-two bucket each) replay side by side. */
+#define PLCU_GRAPHS 8
 
 typedef struct plcu_driver plcu_driver_t;
 
@@ -71,8 +74,8 @@ typedef struct {
   CUdeviceptr d_in, d_tmp, d_out;
   void *h_in, *h_out; /* pinned staging, MaxInput and Out bytes */
   int h_ext;          /* h_in/h_out are the caller's buffer, registered */
-  CUgraphExec exec;   /* the one cached graph, or NULL */
-  size_t exec_out_used; /* out.len as the entries left it when recorded */
+  CUgraphExec exec[PLCU_GRAPHS]; /* cached graphs (slots chosen by Go), or NULL */
+  size_t exec_out_used[PLCU_GRAPHS]; /* out.len as the entries left it when recorded */
   plover_inst_state_t state;
   plcu_result_t res;
   plover_step_t steps[PLCU_MAX_STEPS];
@@ -131,9 +134,10 @@ const char *plcu_program_hook(const plcu_driver_t *d, CUcontext ctx,
 /* skip_gpu: the context is poisoned; free only the C struct. */
 void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu);
 
-/* One whole request; the result is in in->res. */
+/* One whole request; the result is in in->res. slot (0..PLCU_GRAPHS-1) is
+ * the graph a REPLAY launches or a CAPTURE replaces. */
 void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
-              size_t out_len, size_t tmp_len, int zero, int nsteps,
-              int mode, void *last_error);
+              size_t out_len, size_t tmp_len, uint32_t items, int zero,
+              int nsteps, int mode, int slot, void *last_error);
 
 #endif

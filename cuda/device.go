@@ -120,6 +120,9 @@ type Run struct {
 	// read lengths on the host, so lengths are part of the key. 0 disables
 	// recording.
 	ChainKey uint64
+	// Items is plover_state_t.items (ABI 2.1): the requests this run
+	// holds, for a batched run; 0 otherwise.
+	Items uint32
 	// Deadline, when set, is when a device that can stop a running chain
 	// (a worker process: by killing it) gives up with ErrDeadline. An
 	// in-process device cannot interrupt a kernel and ignores it.

@@ -195,7 +195,7 @@ func (i *hostInstance) Run(r *Run) error {
 		out = unsafe.Pointer(&r.Output[0])
 	}
 	msg := C.plover_host_run(i.state, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)),
-		C.size_t(r.TmpLen), zeroFlags(r), &i.steps[0], C.int(len(r.Chain)), i.cfg.Entries.lastErrorFn(), i.timing)
+		C.size_t(r.TmpLen), C.uint32_t(r.Items), zeroFlags(r), &i.steps[0], C.int(len(r.Chain)), i.cfg.Entries.lastErrorFn(), i.timing)
 	r.Timing = Timing{
 		CopyIn:  time.Duration(i.timing.copy_in_ns),
 		Kernels: time.Duration(i.timing.kernels_ns),

@@ -45,11 +45,12 @@ void plover_state_init(plover_inst_state_t *s, int abi1, void *in, size_t in_n,
 }
 
 void plover_state_begin(plover_inst_state_t *s, size_t in_len, size_t tmp_len,
-                        size_t out_len) {
+                        size_t out_len, uint32_t items) {
   s->st = s->base;
   s->st.input.len = in_len;
   s->st.tmp.len = tmp_len;
   s->st.out.len = out_len;
+  s->st.items = items;
 }
 
 typedef void (*any_entry_fn)(void *s, int grid, int block);
@@ -72,10 +73,11 @@ const char *plover_call_hook(void *hook, plover_state_t *st, void *last_error) {
 
 const char *plover_host_run(plover_inst_state_t *s, const void *in,
                             size_t in_len, void *out, size_t out_len,
-                            size_t tmp_len, int zero, const plover_step_t *steps,
-                            int n, void *last_error, plover_timing_t *t) {
+                            size_t tmp_len, uint32_t items, int zero,
+                            const plover_step_t *steps, int n, void *last_error,
+                            plover_timing_t *t) {
   int64_t t0 = now_ns();
-  plover_state_begin(s, in_len, tmp_len, out_len);
+  plover_state_begin(s, in_len, tmp_len, out_len, items);
   if (in_len) memcpy(s->st.input.dat, in, in_len);
   if ((zero & PLOVER_ZERO_TMP) && tmp_len) memset(s->st.tmp.dat, 0, tmp_len);
   if ((zero & PLOVER_ZERO_OUT) && out_len) memset(s->st.out.dat, 0, out_len);

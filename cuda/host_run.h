@@ -42,7 +42,7 @@ void plover_state_init(plover_inst_state_t *s, int abi1, void *in, size_t in_n,
                        void *program);
 /* Resets st from base with this request's lengths. */
 void plover_state_begin(plover_inst_state_t *s, size_t in_len, size_t tmp_len,
-                        size_t out_len);
+                        size_t out_len, uint32_t items);
 void plover_call_entries(plover_inst_state_t *s, const plover_step_t *steps,
                          int n);
 /* out_used after the chain (see plover_timing_t). */
@@ -53,6 +53,7 @@ const char *plover_call_hook(void *hook, plover_state_t *st, void *last_error);
 void *plover_host_alloc(size_t n);
 const char *plover_host_run(plover_inst_state_t *s, const void *in,
                             size_t in_len, void *out, size_t out_len,
-                            size_t tmp_len, int zero, const plover_step_t *steps,
-                            int n, void *last_error, plover_timing_t *t);
+                            size_t tmp_len, uint32_t items, int zero,
+                            const plover_step_t *steps, int n, void *last_error,
+                            plover_timing_t *t);
 #endif

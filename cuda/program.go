@@ -118,7 +118,7 @@ func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program,
 	if err != nil {
 		return nil, err
 	}
-	if err := lib.Info.CheckManifestABI(path, m.ABI); err != nil {
+	if err := lib.Info.CheckManifest(path, m); err != nil {
 		lib.Close()
 		return nil, err
 	}

@@ -44,6 +44,9 @@ type Info struct {
 	// Declared lists the entries an ABI 2 bundle declared with PLOVER_ENTRY
 	// (its plover_entries section), sorted; nil for ABI 1.
 	Declared []string
+	// MaxItems is what PLOVER_BATCHED declared (ABI 2.1): the most requests
+	// the chain handles in one run; 0 for a bundle that does not batch.
+	MaxItems uint32
 }
 
 // Declares reports whether an ABI 2 bundle declared name as an entry.
@@ -90,7 +93,7 @@ func Inspect(path string) (*Info, error) {
 		return nil, &Error{Path: path, Reason: "no dynamic symbol table", Err: err}
 	}
 	info := &Info{Exports: make(map[string]bool, len(syms)), Funcs: map[string]bool{}}
-	var verSym, targetSym *elf.Symbol
+	var verSym, targetSym, itemsSym *elf.Symbol
 	for i := range syms {
 		s := &syms[i]
 		if s.Section == elf.SHN_UNDEF || elf.ST_BIND(s.Info) == elf.STB_LOCAL {
@@ -105,6 +108,8 @@ func Inspect(path string) (*Info, error) {
 			verSym = s
 		case abi.SymTarget:
 			targetSym = s
+		case abi.SymMaxItems:
+			itemsSym = s
 		}
 	}
 	for _, name := range []string{abi.SymABIVersion, abi.SymTarget, abi.SymLastError} {
@@ -125,6 +130,13 @@ func Inspect(path string) (*Info, error) {
 		tgt = tgt[:i]
 	}
 	info.Target = string(tgt)
+	if itemsSym != nil {
+		b, err := symbolBytes(ef, itemsSym, 4)
+		if err != nil {
+			return nil, &Error{Path: path, Reason: "cannot read " + abi.SymMaxItems, Err: err}
+		}
+		info.MaxItems = binary.LittleEndian.Uint32(b)
+	}
 	if info.ABI.Major >= 2 {
 		if info.Declared, err = declaredEntries(ef); err != nil {
 			return nil, &Error{Path: path, Reason: "cannot read section " + abi.EntriesSection, Err: err}
@@ -218,12 +230,26 @@ func (info *Info) CheckEntry(name string) error {
 	return nil
 }
 
-// CheckManifestABI checks that the manifest's "abi" names the major version
-// the library was built for, so a manifest copied between an ABI 1 and an
-// ABI 2 build is caught before any code runs.
-func (info *Info) CheckManifestABI(path string, manifestABI int) error {
-	if uint32(manifestABI) != info.ABI.Major {
-		return &Error{Path: path, Reason: fmt.Sprintf("built for ABI %s but plover.json says \"abi\": %d", info.ABI, manifestABI)}
+// CheckManifest checks what the manifest says about the library against the
+// library, before any code runs: "abi" must name the major version it was
+// built for (a manifest copied between an ABI 1 and an ABI 2 build), and a
+// "batch" section needs a library that declares PLOVER_BATCHED for at least
+// max_items, and the other way round (kernels written for s->items would
+// see 0).
+func (info *Info) CheckManifest(path string, m *abi.Manifest) error {
+	if uint32(m.ABI) != info.ABI.Major {
+		return &Error{Path: path, Reason: fmt.Sprintf("built for ABI %s but plover.json says \"abi\": %d", info.ABI, m.ABI)}
+	}
+	switch b := m.Batch; {
+	case b == nil && info.MaxItems > 0:
+		return &Error{Path: path, Reason: fmt.Sprintf("declares PLOVER_BATCHED(%d) but plover.json has no \"batch\" section: add one (max_items, item_input_bytes, item_output_bytes), or drop PLOVER_BATCHED", info.MaxItems)}
+	case b == nil:
+	case info.ABI.Major != abi.Major || info.ABI.Minor < abi.BatchMinor:
+		return &Error{Path: path, Reason: fmt.Sprintf("built for ABI %s, but plover.json's \"batch\" needs ABI 2.%d or later (s->items): rebuild against this plover's headers", info.ABI, abi.BatchMinor)}
+	case info.MaxItems == 0:
+		return &Error{Path: path, Reason: "plover.json has a \"batch\" section but the library does not declare PLOVER_BATCHED(max_items): a chain that is not written for s->items must not be batched"}
+	case uint32(b.MaxItems) > info.MaxItems:
+		return &Error{Path: path, Reason: fmt.Sprintf("batch.max_items %d is over the %d the library declares with PLOVER_BATCHED", b.MaxItems, info.MaxItems)}
 	}
 	return nil
 }

@@ -29,6 +29,8 @@ var (
 		"1 while the device can run requests.", []string{"device"}, nil)
 	descCache = prometheus.NewDesc("plover_bundle_cache_bytes",
 		"Unpacked bundles in the node cache.", nil, nil)
+	descBatchSize = prometheus.NewDesc("plover_batch_size",
+		"Requests per chain run of a batching function (manifest \"batch\"); buckets are powers of two.", []string{"function"}, nil)
 	// No pid label: every new worker would start a new series.
 	descWorkerRSS = prometheus.NewDesc("plover_worker_resident_bytes",
 		"Resident memory of the worker process running the function on a device.", []string{"function", "device"}, nil)
@@ -37,7 +39,7 @@ var (
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerThreads} {
+	for _, d := range []*prometheus.Desc{descStarts, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -56,8 +58,11 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		busy, idle, mem := v.usage()
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(busy), f.name, "busy")
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
-		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(v.waiting.Load()), f.name)
+		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(v.queued()), f.name)
 		ch <- prometheus.MustNewConstMetric(descFuncMem, prometheus.GaugeValue, float64(mem), f.name)
+		if b := v.batcher(); b != nil {
+			ch <- b.sizes.histogram(f.name)
+		}
 		for _, w := range v.processes() {
 			ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(w.RSSBytes), f.name, w.Device)
 			ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(w.Threads), f.name, w.Device)
@@ -77,6 +82,34 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, d.Name())
 	}
 	ch <- prometheus.MustNewConstMetric(descCache, prometheus.GaugeValue, float64(e.cfg.Cache.Stats().Bytes))
+}
+
+// batcher is v's batcher once it is loaded, else nil.
+func (v *version) batcher() *batcher {
+	if !v.loaded.Load() { // load writes batch before loaded
+		return nil
+	}
+	return v.batch
+}
+
+// queued is the requests waiting: for an instance, or for a batch.
+func (v *version) queued() int {
+	n := int(v.waiting.Load())
+	if b := v.batcher(); b != nil {
+		n += b.pendingCount()
+	}
+	return n
+}
+
+// histogram is the batch sizes as a Prometheus histogram.
+func (s *batchSizes) histogram(function string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(s.counts))
+	var cum uint64
+	for k := range s.counts {
+		cum += s.counts[k].Load()
+		buckets[float64(uint(1)<<k)] = cum
+	}
+	return prometheus.MustNewConstHistogram(descBatchSize, cum, float64(s.sum.Load()), buckets, function)
 }
 
 // usage reports busy and idle instances and the device memory v holds.

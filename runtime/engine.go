@@ -125,6 +125,9 @@ func (s Start) String() string { return [...]string{"hot", "warm", "cold"}[s] }
 // Timing splits a request's time; Total includes everything in Invoke.
 type Timing struct {
 	Queue, Load, CopyIn, Kernels, CopyOut, Total time.Duration
+	// BatchWait is the part of Queue a free instance held the request for
+	// company (a batching function with max_delay); 0 otherwise.
+	BatchWait time.Duration
 }
 
 // Override replaces parts of the manifest for one request, within its limits.
@@ -153,6 +156,9 @@ type Request struct {
 	Timing  Timing
 	Start   Start
 	Version string
+	// BatchSize is how many requests ran in this one's chain run (a
+	// batching function); 0 for a function that does not batch.
+	BatchSize int
 }
 
 // function is a name and its current version.
@@ -165,6 +171,18 @@ type function struct {
 type stats struct {
 	requests, errors, cold, warm, hot atomic.Int64
 	latencyNs                         atomic.Int64 // sum over successful requests
+}
+
+// count records how a request that ran found its instance.
+func (s *stats) count(start Start) {
+	switch start {
+	case Cold:
+		s.cold.Add(1)
+	case Warm:
+		s.warm.Add(1)
+	default:
+		s.hot.Add(1)
+	}
 }
 
 // Invoke runs one request on the current version of function name.
@@ -191,6 +209,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	req.Start = Hot
 	req.Version = v.rec.ID
 	req.Timing = Timing{}
+	req.BatchSize = 0
 	if !v.loaded.Load() {
 		tl := time.Now()
 		// The request's deadline bounds the fetch and load too.
@@ -209,6 +228,16 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	m := v.manifest
 	if int64(len(req.Input)) > m.MaxInputBytes {
 		return errorf(KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, m.MaxInputBytes)
+	}
+	if v.batch != nil {
+		err := v.batch.invoke(ctx, req, deadline)
+		req.Timing.Total = time.Since(t0)
+		if err != nil {
+			return err
+		}
+		f.stats.count(req.Start)
+		f.stats.latencyNs.Add(int64(req.Timing.Total))
+		return nil
 	}
 	steps, outLen, tmpLen, key := v.steps, m.OutBytes, m.TmpBytes, uint64(1)
 	if !m.Graphs() {
@@ -293,14 +322,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	tEnd := time.Now() // one reading: the instance's last use and the total
 	v.put(in, broken, tEnd)
 	req.Timing.Total = tEnd.Sub(t0)
-	switch req.Start {
-	case Cold:
-		f.stats.cold.Add(1)
-	case Warm:
-		f.stats.warm.Add(1)
-	default:
-		f.stats.hot.Add(1)
-	}
+	f.stats.count(req.Start)
 	if err != nil {
 		return e.runFailed(f, v, in.dev, err)
 	}
@@ -519,6 +541,9 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	}
 	v.dir, v.manifest, v.steps, v.unpin = dir, m, manifestSteps(m), func() { e.cfg.Cache.Release(v.rec.SHA256) }
 	v.slots = make(chan struct{}, v.policy.max)
+	if m.Batch != nil {
+		v.batch = newBatcher(e, v)
+	}
 	v.mu.Lock()
 	v.lastUsed = time.Now()
 	v.mu.Unlock()
@@ -770,7 +795,7 @@ func CheckBundleDir(dir string, m *abi.Manifest, name, target string) error {
 		err = info.Check(m.Library, target, abi.Kernels(m.Chain))
 	}
 	if err == nil {
-		err = info.CheckManifestABI(m.Library, m.ABI)
+		err = info.CheckManifest(m.Library, m)
 	}
 	if err != nil {
 		err = inBundle(err, m.Library)

@@ -51,7 +51,7 @@ func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionIn
 	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
 		fi.Loaded, fi.Manifest = true, v.manifest
 		fi.Busy, fi.Idle, fi.Memory = v.usage()
-		fi.Queue = int(v.waiting.Load())
+		fi.Queue = v.queued()
 		fi.Workers = v.processes()
 	}
 	return fi

@@ -37,7 +37,8 @@ type version struct {
 	steps     []cuda.Step // the manifest chain: entries 0..k-1 of every program
 	policy    policy
 	constSize int64
-	slots     chan struct{} // one token per running request: caps instances
+	slots     chan struct{} // one token per running request (batch: per run): caps instances
+	batch     *batcher      // non-nil for a batching function (manifest "batch")
 	waiting   atomic.Int32  // requests queued for a slot
 	unpin     func()        // ends the version's use of its cached bundle
 	prepMs    float64       // fetch + verify + unpack, until the first program load logs it (placeTok)

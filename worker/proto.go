@@ -48,8 +48,8 @@ const (
 
 // Run message: header then steps.
 const (
-	runHeader = 4 + 4 + 8 + 1 + 8 + 2 // in, out, tmp, zero flags, chain_key, nsteps
-	stepBytes = 12                    // entry, grid, block
+	runHeader = 4 + 4 + 8 + 1 + 8 + 2 + 4 // in, out, tmp, zero flags, chain_key, nsteps, items
+	stepBytes = 12                        // entry, grid, block
 	runMsgMax = runHeader + abi.MaxChainLength*stepBytes
 	// Run reply: status, copy-in, kernels, copy-out ns, the output's length
 	// (ABI 2 entries may lower it), then a message.
@@ -80,6 +80,7 @@ func encodeRun(b []byte, r *cuda.Run) []byte {
 	}
 	le.PutUint64(b[17:], r.ChainKey)
 	le.PutUint16(b[25:], uint16(len(r.Chain)))
+	le.PutUint32(b[27:], r.Items)
 	for _, s := range r.Chain {
 		b = le.AppendUint32(b, uint32(s.Entry))
 		b = le.AppendUint32(b, uint32(s.Grid))
@@ -105,6 +106,7 @@ func decodeRun(b []byte, r *cuda.Run, steps []cuda.Step, slot []byte, maxIn, out
 	r.ZeroTmp = b[16]&zeroTmp != 0
 	r.ZeroOut = b[16]&zeroOut != 0
 	r.ChainKey = le.Uint64(b[17:])
+	r.Items = le.Uint32(b[27:])
 	for k := 0; k < n; k++ {
 		s := b[runHeader+k*stepBytes:]
 		steps[k] = cuda.Step{Entry: int32(le.Uint32(s[0:])), Grid: int32(le.Uint32(s[4:])), Block: int32(le.Uint32(s[8:]))}

@@ -28,14 +28,7 @@ func TestCNNServed(t *testing.T) {
 		}
 		os.WriteFile(filepath.Join(dir, f), b, 0o644)
 	}
-	params, err := model.Load(filepath.Join(root, "samples", "cnn", "weights.bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := digits.ReadFile(filepath.Join(root, "samples", "cnn", "testdata", "heldout.bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	params, held := cnnReference(t)
 	bin := buildPlover(t)
 	srv := startServer(t, bin)
 	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", dir)
@@ -67,4 +60,20 @@ func TestCNNServed(t *testing.T) {
 	if acc < 0.90 {
 		t.Fatalf("accuracy %.2f%% below 90%%", 100*acc)
 	}
+}
+
+// cnnReference is the CNN's committed weights, as the Go reference model,
+// and its held-out digits.
+func cnnReference(t *testing.T) (*model.Params, []digits.Digit) {
+	t.Helper()
+	root := testkit.Root()
+	params, err := model.Load(filepath.Join(root, "samples", "cnn", "weights.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := digits.ReadFile(filepath.Join(root, "samples", "cnn", "testdata", "heldout.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return params, held
 }

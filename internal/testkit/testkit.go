@@ -93,6 +93,22 @@ func Slow(name string, ms int) *abi.Manifest {
 	return m
 }
 
+// BatchSource is the batching test bundle (PLOVER_BATCHED(16)): 8-byte
+// items, a uint32 value and a sleep in milliseconds, answered with value+1
+// and the run's item count.
+func BatchSource() string { return filepath.Join(Root(), "internal", "testkit", "batch.cu") }
+
+// BatchManifest is a valid manifest for the batching test bundle, runs of at
+// most maxItems.
+func BatchManifest(name string, maxItems int, delay string) *abi.Manifest {
+	return &abi.Manifest{
+		Name: name, ABI: abi.Major, Target: abi.TargetHost, Library: "batch.so",
+		MaxInputBytes: int64(maxItems) * 8, OutBytes: int64(maxItems) * 8,
+		Chain: []abi.Launch{{Kernel: "bitem", Grid: 1, Block: 1}},
+		Batch: &abi.Batch{MaxItems: maxItems, MaxDelay: delay, ItemInputBytes: 8, ItemOutputBytes: 8},
+	}
+}
+
 // BundleDir writes a bundle directory: the manifest, the test kernels
 // library (built once per call) and, if consts is not nil, the constants.
 func BundleDir(t testing.TB, m *abi.Manifest, consts []byte) string {

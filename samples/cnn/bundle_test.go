@@ -363,7 +363,7 @@ func TestLayoutMatchesKernels(t *testing.T) {
 		"W_C1": model.OffC1W, "B_C1": model.OffC1B, "W_S1": model.OffS1W, "B_S1": model.OffS1B,
 		"W_F": model.OffFW, "B_F": model.OffFB, "N_WEIGHTS": model.NumWeights,
 		"N_IN": model.Pixels, "N_C1": model.C1Maps * model.C1Side * model.C1Side, "N_S1": model.FCIn,
-		"N_OUT": model.Classes, "TMP_FUSED": (3456 + 216), "TMP_SPLIT": splitTmpBytes / 4,
+		"N_OUT": model.Classes, "TMP_DIGIT": (3456 + 216), "TMP_SPLIT": splitTmpBytes / 4,
 	} {
 		if got, ok := defs[name]; !ok || got != want {
 			t.Errorf("cnn.cu #define %s = %d (found %v), want %d", name, got, ok, want)

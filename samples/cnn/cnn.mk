@@ -5,6 +5,7 @@
 #   cnn-train  retrain; rewrites samples/cnn/weights.bin and testdata/heldout.bin
 #   cnn-host   host bundle   $(BUILD)/samples/cnn-host/ (plover.json, cnn.so, weights.bin)
 #   cnn-cuda   CUDA bundle   $(BUILD)/samples/cnn-cuda/ (nvcc; nothing runs it here)
+#   cnn-batch-host, cnn-batch-cuda   the batching build (-DCNN_BATCH=64, plover-batch.json)
 #   cnn-test   go test ./samples/cnn/...
 #   cnn-bench  fused vs split chains on the host device
 #
@@ -27,7 +28,7 @@ CNN_SEED ?= 1
 CNN_EPOCHS ?= 20
 CNN_DEPS := $(CNN_DIR)/cnn.cu abi/plover.h abi/plover_kernel.h
 
-.PHONY: cnn-data cnn-train cnn-host cnn-cuda cnn-test cnn-bench
+.PHONY: cnn-data cnn-train cnn-host cnn-cuda cnn-batch-host cnn-batch-cuda cnn-test cnn-bench
 
 # Alone, `make -f samples/cnn/cnn.mk` builds the host bundle rather than
 # fetching data; included, the root Makefile's default goal stands.
@@ -70,7 +71,26 @@ $(BUILD)/samples/cnn-cuda/cnn.so: $(CNN_DEPS)
 	mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -o $@ $<
 
-$(BUILD)/samples/cnn-host/weights.bin $(BUILD)/samples/cnn-cuda/weights.bin: $(CNN_DIR)/weights.bin
+cnn-batch-host: $(BUILD)/samples/cnn-batch-host/plover.json $(BUILD)/samples/cnn-batch-host/cnn.so $(BUILD)/samples/cnn-batch-host/weights.bin
+cnn-batch-cuda: $(BUILD)/samples/cnn-batch-cuda/plover.json $(BUILD)/samples/cnn-batch-cuda/cnn.so $(BUILD)/samples/cnn-batch-cuda/weights.bin
+
+$(BUILD)/samples/cnn-batch-host/plover.json: $(CNN_DIR)/plover-batch.json
+	mkdir -p $(@D)
+	cp $< $@
+
+$(BUILD)/samples/cnn-batch-cuda/plover.json: $(CNN_DIR)/plover-batch.json
+	mkdir -p $(@D)
+	sed 's/"target": "host"/"target": "cuda"/' $< > $@
+
+$(BUILD)/samples/cnn-batch-host/cnn.so: $(CNN_DEPS)
+	mkdir -p $(@D)
+	$(CXX) $(HOST_CXXFLAGS) -DCNN_BATCH=64 -o $@ $<
+
+$(BUILD)/samples/cnn-batch-cuda/cnn.so: $(CNN_DEPS)
+	mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -DCNN_BATCH=64 -o $@ $<
+
+$(BUILD)/samples/cnn-host/weights.bin $(BUILD)/samples/cnn-cuda/weights.bin $(BUILD)/samples/cnn-batch-host/weights.bin $(BUILD)/samples/cnn-batch-cuda/weights.bin: $(CNN_DIR)/weights.bin
 	mkdir -p $(@D)
 	cp $< $@
 

@@ -1,0 +1,123 @@
+package main_test
+
+import (
+	"bytes"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/samples/cnn/model"
+)
+
+// cnnBatchBundle builds the CNN sample's batching variant (-DCNN_BATCH=64,
+// plover-batch.json) into a bundle directory, as make cnn-batch-host does.
+func cnnBatchBundle(t *testing.T) string {
+	t.Helper()
+	root := testkit.Root()
+	dir := t.TempDir()
+	testkit.BuildLib(t, filepath.Join(root, "samples", "cnn", "cnn.cu"), dir, "cnn.so", "-DCNN_BATCH=64")
+	for src, dst := range map[string]string{"plover-batch.json": "plover.json", "weights.bin": "weights.bin"} {
+		b, err := os.ReadFile(filepath.Join(root, "samples", "cnn", src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, dst), b, 0o644)
+	}
+	return dir
+}
+
+var batchDescRE = regexp.MustCompile(`batch;desc=(\d+)`)
+
+// TestCNNBatchedServed: 64 concurrent requests with distinct held-out digits
+// through a real plover serve (worker processes); each gets its own scores,
+// equal to the reference forward pass, and runs hold more than one digit.
+func TestCNNBatchedServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and serves the CNN")
+	}
+	params, held := cnnReference(t)
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--max-instances", "2")
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", cnnBatchBundle(t))
+
+	const n = 64
+	type answer struct {
+		digit int
+		code  int
+		body  []byte
+		batch int
+		err   error
+	}
+	answers := make(chan answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d := &held[i]
+			resp, err := http.Post(srv.url+"/v1/functions/cnn-batch/invoke", "application/octet-stream", bytes.NewReader(d.Input()))
+			if err != nil {
+				answers <- answer{digit: i, err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			a := answer{digit: i, code: resp.StatusCode, body: b, err: err}
+			if m := batchDescRE.FindStringSubmatch(resp.Header.Get("Server-Timing")); m != nil {
+				a.batch, _ = strconv.Atoi(m[1])
+			}
+			answers <- a
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(answers)
+	worst, biggest := 0.0, 0
+	for a := range answers {
+		if a.err != nil || a.code != 200 {
+			t.Fatalf("digit %d: %d %v %s", a.digit, a.code, a.err, a.body)
+		}
+		got, err := model.DecodeScores(a.body)
+		if err != nil {
+			t.Fatalf("digit %d: %v", a.digit, err)
+		}
+		want := params.Scores(held[a.digit].Image())
+		for c := range got {
+			worst = max(worst, math.Abs(float64(got[c]-want[c])))
+		}
+		if worst > 1e-5 {
+			t.Fatalf("digit %d: scores %v, reference %v (another digit's answer?)", a.digit, got, want)
+		}
+		if a.batch < 1 {
+			t.Fatalf("digit %d: no batch size in Server-Timing", a.digit)
+		}
+		biggest = max(biggest, a.batch)
+	}
+	if biggest < 2 {
+		t.Fatalf("64 concurrent requests on 2 instances all ran alone")
+	}
+	// The histogram agrees: fewer runs than requests.
+	resp, err := http.Get(srv.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`plover_batch_size_count\{function="cnn-batch"\} (\d+)`).FindSubmatch(metrics)
+	if m == nil {
+		t.Fatalf("no plover_batch_size in /metrics")
+	}
+	if runs, _ := strconv.Atoi(string(m[1])); runs >= n || runs < 1 {
+		t.Fatalf("%d runs for %d requests", runs, n)
+	}
+	t.Logf("64 concurrent digits: largest batch %d, largest score difference from the reference %.2g", biggest, worst)
+}
