@@ -1,11 +1,12 @@
 package httpapi_test
 
 import (
-	"strconv"
-	"strings"
-
 	"context"
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -18,6 +19,8 @@ import (
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/runtime"
 	"github.com/plover-run/plover/runtime/httpapi"
+	"github.com/plover-run/plover/samples/cnn/digits"
+	"github.com/plover-run/plover/samples/cnn/model"
 )
 
 // The same one-kernel chain (echo of a 64-byte input into a 256-byte out)
@@ -89,12 +92,22 @@ func BenchmarkHotInvoke(b *testing.B) {
 
 	// The Open Inference Protocol with the binary extension: the same
 	// bytes as one UINT8 tensor, a JSON header each way.
+	b.Run("handler-v2-binary", func(b *testing.B) {
+		ctx := v2Ctx(srv, in)
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx.Response.Reset()
+			srv.Handle(ctx)
+			if ctx.Response.StatusCode() != 200 {
+				b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+			}
+		}
+	})
 	b.Run("loopback-v2-binary", func(b *testing.B) {
 		url := testkit.Serve(b, e, httpapi.Options{})
 		c := &fasthttp.HostClient{Addr: url[len("http://"):]}
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		header := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[` + strconv.Itoa(len(in)) +
-			`],"parameters":{"binary_data_size":` + strconv.Itoa(len(in)) + `}}],"parameters":{"binary_data_output":true}}`)
+		header := v2BinaryHeader(len(in))
 		req.Header.SetMethod("POST")
 		req.SetRequestURI(url + "/v2/models/bench/infer")
 		req.Header.SetContentType("application/octet-stream")
@@ -195,6 +208,125 @@ func TestHotInvokeAllocatesNothing(t *testing.T) {
 			}
 			if allocs != 0 {
 				t.Fatalf("hot invoke allocates %.1f times per request, want 0", allocs)
+			}
+		})
+	}
+}
+
+// v2Ctx prepares a binary-extension inference of "bench" with one UINT8
+// input of in's bytes and binary outputs, and runs it once (the cold start).
+func v2Ctx(srv *httpapi.Server, in []byte) *fasthttp.RequestCtx {
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil)
+	header := v2BinaryHeader(len(in))
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetRequestURI("/v2/models/bench/infer")
+	ctx.Request.Header.SetContentType("application/octet-stream")
+	ctx.Request.Header.Set("Inference-Header-Content-Length", strconv.Itoa(len(header)))
+	ctx.Request.SetBody(append(header, in...))
+	srv.Handle(&ctx)
+	return &ctx
+}
+
+// v2BinaryHeader is the JSON header of a request with one UINT8 input of n
+// bytes in the binary extension, asking for binary outputs.
+func v2BinaryHeader(n int) []byte {
+	return []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[` + strconv.Itoa(n) +
+		`],"parameters":{"binary_data_size":` + strconv.Itoa(n) + `}}],"parameters":{"binary_data_output":true}}`)
+}
+
+// A binary-extension inference allocates nothing in the handler either,
+// once its pools are warm: the header is parsed without encoding/json, the
+// input read where it arrived and the response written by hand.
+func TestV2BinaryInferAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("under -race sync.Pool drops items on purpose: allocation counts do not hold")
+	}
+	e := testkit.Engine(t, runtime.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, benchManifest(), nil))
+	srv := httpapi.New(e, e.Control(), httpapi.Options{})
+	ctx := v2Ctx(srv, make([]byte, benchInput))
+	srv.Handle(ctx)
+	allocs := testing.AllocsPerRun(200, func() {
+		ctx.Response.Reset()
+		srv.Handle(ctx)
+	})
+	if ctx.Response.StatusCode() != 200 {
+		t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if allocs != 0 {
+		t.Fatalf("a binary v2 inference allocates %.1f times per request, want 0", allocs)
+	}
+}
+
+// BenchmarkCNN is HotInvoke's loopback comparison on real work: the MNIST
+// CNN sample (samples/cnn, its plover.json and weights) classifying the
+// first held-out digit, 784 float32 in and 10 out, through the native
+// octet-stream route and through v2 with the binary extension. The sample
+// declares no tensors, so v2 sends the input as INPUT0, UINT8 [3136].
+func BenchmarkCNN(b *testing.B) {
+	src := filepath.Join(testkit.Root(), "samples", "cnn")
+	dir := b.TempDir()
+	testkit.BuildLib(b, filepath.Join(src, "cnn.cu"), dir, "cnn.so")
+	for _, f := range []string{abi.ManifestFile, "weights.bin"} {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ds, err := digits.ReadFile(filepath.Join(src, "testdata", "heldout.bin"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	in, label := ds[0].Input(), int(ds[0].Label)
+	e := testkit.Engine(b, runtime.Config{})
+	testkit.Deploy(b, e, dir)
+	url := testkit.Serve(b, e, httpapi.Options{})
+	c := &fasthttp.HostClient{Addr: url[len("http://"):]}
+	header := v2BinaryHeader(len(in))
+
+	for _, route := range []struct {
+		name string
+		prep func(*fasthttp.Request)
+		// scores cuts the 10 scores from a response body.
+		scores func(*fasthttp.Response) []byte
+	}{
+		{"loopback", func(r *fasthttp.Request) {
+			r.SetRequestURI(url + "/v1/functions/cnn/invoke")
+			r.SetBody(in)
+		}, func(r *fasthttp.Response) []byte { return r.Body() }},
+		{"loopback-v2-binary", func(r *fasthttp.Request) {
+			r.SetRequestURI(url + "/v2/models/cnn/infer")
+			r.Header.Set("Inference-Header-Content-Length", strconv.Itoa(len(header)))
+			r.SetBody(append(append([]byte(nil), header...), in...))
+		}, func(r *fasthttp.Response) []byte {
+			n, _ := strconv.Atoi(string(r.Header.Peek("Inference-Header-Content-Length")))
+			return r.Body()[min(n, len(r.Body())):]
+		}},
+	} {
+		b.Run(route.name, func(b *testing.B) {
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			req.Header.SetMethod("POST")
+			req.Header.SetContentType("application/octet-stream")
+			route.prep(req)
+			// Once outside the loop: the cold start, and the answer checked.
+			if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				b.Fatalf("%v %d %s", err, resp.StatusCode(), resp.Body())
+			}
+			scores, err := model.DecodeScores(route.scores(resp))
+			if err != nil || model.Argmax(scores) != label {
+				b.Fatalf("scores %v (%v), want the digit's label %d", scores, err, label)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+					b.Fatalf("%v %d %s", err, resp.StatusCode(), resp.Body())
+				}
 			}
 		})
 	}

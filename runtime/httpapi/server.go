@@ -256,7 +256,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.function(ctx, string(rest))
-	case bytes.HasPrefix(path, pathV2) && (len(path) == len(pathV2) || path[len(pathV2)] == '/'):
+	case isV2(path):
 		s.v2(ctx)
 	case string(path) == "/v1/gc":
 		if s.method(ctx, fasthttp.MethodPost) {
@@ -530,6 +530,13 @@ func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
 	b = appendDur(b, "kernels", t.Kernels, false)
 	b = appendDur(b, "copyout", t.CopyOut, false)
 	b = appendDur(b, "total", t.Total, false)
+	if n := c.req.BatchSize; n > 0 {
+		// A batching function: the part of queue spent held for company,
+		// and how many requests shared the run.
+		b = appendDur(b, "batchwait", t.BatchWait, false)
+		b = append(b, ", batch;desc="...)
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
 	c.timing = b
 	h := &ctx.Response.Header
 	h.SetCanonical(hdrServerTimng, b)
@@ -645,7 +652,14 @@ type errorBody struct {
 	} `json:"error"`
 }
 
+// writeError writes Plover's error object, or under /v2 the protocol's:
+// clients of the Open Inference Protocol read {"error": "..."} on every
+// status there, refusals before routing (auth, method) included.
 func writeError(ctx *fasthttp.RequestCtx, code int, name, msg string) {
+	if isV2(ctx.Path()) {
+		v2Error(ctx, code, msg)
+		return
+	}
 	var e errorBody
 	e.Error.Code, e.Error.Message = name, msg
 	writeJSON(ctx, code, e)

@@ -10,6 +10,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -31,6 +33,11 @@ type Describer interface {
 
 var pathV2 = []byte("/v2")
 
+// isV2 reports whether path is /v2 or under it.
+func isV2(path []byte) bool {
+	return bytes.HasPrefix(path, pathV2) && (len(path) == len(pathV2) || path[len(pathV2)] == '/')
+}
+
 // v2Error writes the protocol's error object.
 func v2Error(ctx *fasthttp.RequestCtx, code int, msg string) {
 	writeJSON(ctx, code, map[string]string{"error": msg})
@@ -49,18 +56,18 @@ func (s *Server) v2Fail(ctx *fasthttp.RequestCtx, err error) {
 
 // v2 routes /v2... requests.
 func (s *Server) v2(ctx *fasthttp.RequestCtx) {
-	path := string(ctx.Path())
+	path := ctx.Path()
 	switch {
-	case path == "/v2" || path == "/v2/":
+	case string(path) == "/v2" || string(path) == "/v2/":
 		if s.method(ctx, fasthttp.MethodGet) {
 			writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": "plover", "version": s.opts.Version,
 				"extensions": []string{"binary_tensor_data"}})
 		}
-	case path == "/v2/health/live":
+	case string(path) == "/v2/health/live":
 		if s.method(ctx, fasthttp.MethodGet) {
 			writeJSON(ctx, fasthttp.StatusOK, map[string]bool{"live": true})
 		}
-	case path == "/v2/health/ready":
+	case string(path) == "/v2/health/ready":
 		if s.method(ctx, fasthttp.MethodGet) {
 			ok, _ := s.inv.Health()
 			code := fasthttp.StatusOK
@@ -69,34 +76,58 @@ func (s *Server) v2(ctx *fasthttp.RequestCtx) {
 			}
 			writeJSON(ctx, code, map[string]bool{"ready": code == fasthttp.StatusOK})
 		}
-	case strings.HasPrefix(path, "/v2/models/"):
-		name, version, action, ok := parseV2Model(path[len("/v2/models/"):])
+	case bytes.HasPrefix(path, pathV2Models):
+		name, version, action, ok := parseV2Model(path[len(pathV2Models):])
 		if !ok {
-			v2Error(ctx, fasthttp.StatusNotFound, "no route for "+path)
+			v2Error(ctx, fasthttp.StatusNotFound, "no route for "+string(path))
 			return
 		}
 		s.v2Model(ctx, name, version, action)
 	default:
-		v2Error(ctx, fasthttp.StatusNotFound, "no route for "+path)
+		v2Error(ctx, fasthttp.StatusNotFound, "no route for "+string(path))
 	}
 }
 
-// parseV2Model splits NAME[/versions/V][/ready|/infer].
-func parseV2Model(rest string) (name, version, action string, ok bool) {
-	parts := strings.Split(rest, "/")
-	name, parts = parts[0], parts[1:]
-	if len(parts) >= 2 && parts[0] == "versions" {
-		version, parts = parts[1], parts[2:]
+var pathV2Models = []byte("/v2/models/")
+
+// parseV2Model splits NAME[/versions/V][/ready|/infer]. The name and
+// version borrow the path's bytes (as invoke's name does): the engine and
+// the metrics copy a name before keeping it.
+func parseV2Model(rest []byte) (name, version, action string, ok bool) {
+	// Four segments at most (NAME/versions/V/ACTION): a fixed array keeps
+	// the split off the heap.
+	var segs [4][]byte
+	n := 0
+	for {
+		if n == len(segs) {
+			return "", "", "", false
+		}
+		seg, after, more := bytes.Cut(rest, []byte{'/'})
+		segs[n] = seg
+		n++
+		if !more {
+			break
+		}
+		rest = after
+	}
+	parts := segs[1:n]
+	name = b2s(segs[0])
+	if len(parts) >= 2 && string(parts[0]) == "versions" {
+		version, parts = b2s(parts[1]), parts[2:]
 	}
 	switch {
 	case len(parts) == 0:
-	case len(parts) == 1 && (parts[0] == "ready" || parts[0] == "infer"):
-		action = parts[0]
+	case len(parts) == 1 && string(parts[0]) == "ready":
+		action = "ready"
+	case len(parts) == 1 && string(parts[0]) == "infer":
+		action = "infer"
 	default:
 		return "", "", "", false
 	}
 	return name, version, action, name != ""
 }
+
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string) {
 	d, ok := s.inv.(Describer)
@@ -140,7 +171,8 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 	}
 }
 
-// v2Tensor is a tensor in an inference request or response.
+// v2Tensor is a tensor in an inference request, as the general decoder
+// (encoding/json) reads it.
 type v2Tensor struct {
 	Name       string          `json:"name"`
 	Datatype   string          `json:"datatype"`
@@ -156,10 +188,89 @@ type v2Request struct {
 	Parameters map[string]any `json:"parameters,omitempty"`
 }
 
+// inferHeader is an inference request's JSON header reduced to what the
+// server acts on. Its strings and data may borrow the request body's bytes:
+// it lives no longer than the request.
+type inferHeader struct {
+	id           string
+	inputs       []inferTensor
+	outputs      []inferTensor
+	binaryOutput bool // parameters.binary_data_output
+}
+
+type inferTensor struct {
+	name, datatype string
+	shape          []int64
+	data           []byte // the JSON value of "data", as sent; nil: none
+	// parameters.binary_data_size of an input: hasBinSize; binSize, or
+	// binSizeBad when it is no integer; binSizeText, from decode, the value
+	// as its messages have always shown it (parse takes only integers that
+	// print as they were sent).
+	hasBinSize  bool
+	binSize     int64
+	binSizeBad  bool
+	binSizeText string
+	binary      bool // parameters.binary_data of an output
+}
+
+// v2Call is an inference's scratch state, pooled so that a binary-extension
+// request allocates next to nothing. The embedded call gives writeMeta its
+// timing buffer; its Gone stays nil, as v2 requests have never polled for a
+// departed client.
+type v2Call struct {
+	call
+	out  []byte // the engine's output
+	lay  []byte // inputs laid out from JSON data
+	hdr  inferHeader
+	cuts []cut
+	dims []int64 // the cuts' shapes
+	num  [20]byte
+}
+
+var v2Calls = sync.Pool{New: func() any { return &v2Call{call: call{timing: make([]byte, 0, 160)}} }}
+
+// keptTensors bounds the tensor and shape slices a pooled v2Call keeps, as
+// keptBody bounds its buffers.
+const keptTensors = 64
+
+func (vc *v2Call) trim() {
+	vc.req = runtime.Request{}
+	if cap(vc.out) > keptBody {
+		vc.out = nil
+	}
+	if cap(vc.lay) > keptBody {
+		vc.lay = nil
+	}
+	if cap(vc.hdr.inputs) > keptTensors || cap(vc.hdr.outputs) > keptTensors {
+		vc.hdr = inferHeader{}
+	}
+	// Borrowed strings and data go: a body too large to be kept must not
+	// stay reachable through them.
+	vc.hdr.id = ""
+	for _, ts := range [2][]inferTensor{vc.hdr.inputs, vc.hdr.outputs} {
+		ts = ts[:cap(ts)] // parse reuses every element's shape
+		for i := range ts {
+			shape := ts[i].shape[:0]
+			if cap(shape) > keptTensors {
+				shape = nil
+			}
+			ts[i] = inferTensor{shape: shape}
+		}
+	}
+	if cap(vc.cuts) > keptTensors || cap(vc.dims) > 8*keptTensors {
+		vc.cuts, vc.dims = nil, nil
+	}
+}
+
 var hdrInferHeaderLen = []byte("Inference-Header-Content-Length")
 
 func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur registry.Version, ts *abi.Tensors) {
-	body, held, err := s.readBody(ctx, s.opts.MaxBodyBytes, nil)
+	vc := v2Calls.Get().(*v2Call)
+	defer func() {
+		vc.trim()
+		v2Calls.Put(vc)
+	}()
+	body, held, err := s.readBody(ctx, s.opts.MaxBodyBytes, &vc.in)
 	if err != nil {
 		s.v2Fail(ctx, err)
 		return
@@ -169,58 +280,159 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur registry.Ver
 	// tensors' bytes in input order.
 	header, bin := body, []byte(nil)
 	if h := ctx.Request.Header.PeekBytes(hdrInferHeaderLen); len(h) > 0 {
-		n, err := strconv.Atoi(string(h))
+		n, err := strconv.Atoi(b2s(h))
 		if err != nil || n < 0 || n > len(body) {
 			v2Error(ctx, fasthttp.StatusBadRequest, "Inference-Header-Content-Length: "+strconv.Quote(string(h))+" is not a length within the body")
 			return
 		}
 		header, bin = body[:n], body[n:]
 	}
-	var req v2Request
-	dec := json.NewDecoder(bytes.NewReader(header))
-	dec.UseNumber()
-	if err := dec.Decode(&req); err != nil {
-		v2Error(ctx, fasthttp.StatusBadRequest, "request body: invalid JSON: "+err.Error())
-		return
+	h := &vc.hdr
+	if !h.parse(header) {
+		if err := h.decode(header); err != nil {
+			v2Error(ctx, fasthttp.StatusBadRequest, "request body: invalid JSON: "+err.Error())
+			return
+		}
 	}
-	input, err := layInputs(req.Inputs, ts.Inputs, bin)
+	r := &vc.req
+	r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 	if err != nil {
 		v2Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	r := runtime.Request{Input: input}
-	if err := deadline(ctx, &r); err != nil {
+	if err := deadline(ctx, r); err != nil {
 		s.v2Fail(ctx, err)
 		return
 	}
-	err = s.inv.Invoke(context.Background(), name, &r)
-	s.metrics.record(name, statusCode(err), runtime.KindOf(err), &r.Timing)
+	r.Output = vc.out[:0]
+	err = s.inv.Invoke(context.Background(), name, r)
+	vc.out, r.Input = r.Output, nil
+	code, kind := fasthttp.StatusOK, runtime.KindInternal
+	if err != nil {
+		code, kind = classify(err) // only here: its errors.As target escapes
+	}
+	s.metrics.record(name, code, kind, &r.Timing)
 	if err != nil {
 		s.v2Fail(ctx, err)
 		return
 	}
-	outs, err := cutOutputs(r.Output, ts.Outputs)
+	vc.cuts, vc.dims, err = cutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
 	if err != nil {
 		v2Error(ctx, fasthttp.StatusInternalServerError, err.Error())
 		return
 	}
-	binaryAll := paramBool(req.Parameters, "binary_data_output")
-	wantBinary := map[string]bool{}
-	for _, o := range req.Outputs {
-		if paramBool(o.Parameters, "binary_data") {
-			wantBinary[o.Name] = true
+	if h.allBinary(ts.Outputs) {
+		writeBinary(ctx, vc, name)
+	} else {
+		writeInferJSON(ctx, h, name, r.Version, vc.cuts)
+	}
+	s.writeMeta(ctx, &vc.call)
+}
+
+// allBinary reports whether every output goes in the binary extension.
+func (h *inferHeader) allBinary(decl []abi.Tensor) bool {
+	if h.binaryOutput {
+		return true
+	}
+	for _, d := range decl {
+		if !h.wantsBinary(d.Name) {
+			return false
 		}
 	}
-	resp := map[string]any{"model_name": name, "model_version": r.Version, "outputs": nil}
-	if req.ID != "" {
-		resp["id"] = req.ID
+	return true
+}
+
+func (h *inferHeader) wantsBinary(name string) bool {
+	for i := range h.outputs {
+		if h.outputs[i].binary && h.outputs[i].name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// writeBinary writes the response when every output is binary: the JSON
+// header appended by hand into the response's own buffer (the bytes
+// encoding/json would produce from writeInferJSON's maps: sorted keys, its
+// escaping), then the outputs' bytes after it.
+func writeBinary(ctx *fasthttp.RequestCtx, vc *v2Call, name string) {
+	b := ctx.Response.SwapBody(nil)[:0]
+	b = append(b, '{')
+	if vc.hdr.id != "" {
+		b = append(b, `"id":`...)
+		b = appendJSONString(b, vc.hdr.id)
+		b = append(b, ',')
+	}
+	b = append(b, `"model_name":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"model_version":`...)
+	b = appendJSONString(b, vc.req.Version)
+	b = append(b, `,"outputs":[`...)
+	tail := 0
+	for i := range vc.cuts {
+		o := &vc.cuts[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"datatype":`...)
+		b = appendJSONString(b, o.decl.Datatype)
+		b = append(b, `,"name":`...)
+		b = appendJSONString(b, o.decl.Name)
+		b = append(b, `,"parameters":{"binary_data_size":`...)
+		b = strconv.AppendInt(b, int64(len(o.bytes)), 10)
+		b = append(b, `},"shape":[`...)
+		for k, d := range o.shape {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, d, 10)
+		}
+		b = append(b, "]}"...)
+		tail += len(o.bytes)
+	}
+	b = append(b, "]}"...)
+	n := len(b)
+	// The outputs are contiguous in the engine's output, in order.
+	b = append(b, vc.req.Output[:tail]...)
+	ctx.Response.SwapBody(b)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	if tail == 0 {
+		// No bytes follow the header: plain JSON, as writeInferJSON answers.
+		ctx.Response.Header.SetContentTypeBytes(contentTypeJSON)
+		return
+	}
+	ctx.Response.Header.SetContentTypeBytes(octetStream)
+	ctx.Response.Header.SetCanonical(hdrInferHeaderLen, strconv.AppendInt(vc.num[:0], int64(n), 10))
+}
+
+var contentTypeJSON = []byte("application/json")
+
+// appendJSONString appends s as encoding/json writes it. Names, versions
+// and ids are plain ASCII: anything else takes encoding/json itself.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			js, _ := json.Marshal(s)
+			return append(b, js...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// writeInferJSON writes a response with JSON data for some output.
+func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version string, outs []cut) {
+	resp := map[string]any{"model_name": name, "model_version": version, "outputs": nil}
+	if h.id != "" {
+		resp["id"] = h.id
 	}
 	var tail []byte
 	outList := make([]map[string]any, 0, len(outs))
-	for i, o := range outs {
-		decl := ts.Outputs[i]
+	for i := range outs {
+		o, decl := &outs[i], outs[i].decl
 		t := map[string]any{"name": decl.Name, "datatype": decl.Datatype, "shape": o.shape}
-		if binaryAll || wantBinary[decl.Name] {
+		if h.binaryOutput || h.wantsBinary(decl.Name) {
 			t["parameters"] = map[string]any{"binary_data_size": len(o.bytes)}
 			tail = append(tail, o.bytes...)
 		} else {
@@ -240,16 +452,31 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur registry.Ver
 		ctx.SetContentType("application/json")
 		ctx.SetBody(js)
 	}
-	c := &call{req: r, timing: make([]byte, 0, 160)}
-	s.writeMeta(ctx, c)
 }
 
-func statusCode(err error) int {
-	if err == nil {
-		return fasthttp.StatusOK
+// decode reads header with encoding/json, for what parse leaves to it: its
+// errors are the ones clients have always seen.
+func (h *inferHeader) decode(header []byte) error {
+	var req v2Request
+	dec := json.NewDecoder(bytes.NewReader(header))
+	dec.UseNumber()
+	if err := dec.Decode(&req); err != nil {
+		return err
 	}
-	code, _ := classify(err)
-	return code
+	*h = inferHeader{id: req.ID, binaryOutput: paramBool(req.Parameters, "binary_data_output")}
+	for _, t := range req.Inputs {
+		it := inferTensor{name: t.Name, datatype: t.Datatype, shape: t.Shape, data: t.Data}
+		if n, ok := t.Parameters["binary_data_size"]; ok {
+			it.hasBinSize, it.binSizeText = true, fmt.Sprint(n)
+			it.binSize, ok = paramInt(n)
+			it.binSizeBad = !ok
+		}
+		h.inputs = append(h.inputs, it)
+	}
+	for _, t := range req.Outputs {
+		h.outputs = append(h.outputs, inferTensor{name: t.Name, binary: paramBool(t.Parameters, "binary_data")})
+	}
+	return nil
 }
 
 func paramBool(p map[string]any, key string) bool {
@@ -257,65 +484,561 @@ func paramBool(p map[string]any, key string) bool {
 	return b
 }
 
-// layInputs puts the request's tensors into one buffer in declared order,
-// checking names, datatypes and shapes.
-func layInputs(got []v2Tensor, decl []abi.Tensor, bin []byte) ([]byte, error) {
-	byName := map[string]*v2Tensor{}
-	for i := range got {
-		if _, dup := byName[got[i].Name]; dup {
-			return nil, fmt.Errorf("input %q is given twice", got[i].Name)
-		}
-		byName[got[i].Name] = &got[i]
+func paramInt(v any) (int64, bool) {
+	switch n := v.(type) {
+	case json.Number:
+		i, err := n.Int64()
+		return i, err == nil
+	case float64:
+		return int64(n), true
 	}
-	var buf []byte
-	for _, d := range decl {
-		t := byName[d.Name]
-		if t == nil {
-			return nil, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, tensorNames(decl))
+	return 0, false
+}
+
+// parse decodes the header without encoding/json, for the requests clients
+// send: keys spelled as the protocol spells them, each once, strings in
+// plain ASCII, integers where integers go. Anything else, valid or not, it
+// declines (false) and decode reads it, so that what is accepted and what
+// it means stay encoding/json's. Strings borrow header's bytes.
+func (h *inferHeader) parse(header []byte) bool {
+	p := hdrParser{b: header}
+	h.id, h.binaryOutput = "", false
+	h.inputs, h.outputs = h.inputs[:0], h.outputs[:0]
+	if !p.eat('{') {
+		return false
+	}
+	if p.eat('}') {
+		return p.end()
+	}
+	var seen uint8
+	for {
+		key, ok := p.str()
+		if !ok || !p.eat(':') {
+			return false
 		}
-		delete(byName, d.Name)
-		if t.Datatype != d.Datatype {
-			return nil, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, t.Datatype, d.Datatype)
+		bit := uint8(0)
+		switch string(key) {
+		case "id":
+			bit = 1
+			var id []byte
+			id, ok = p.str()
+			h.id = b2s(id)
+		case "inputs":
+			bit = 2
+			ok = p.tensors(&h.inputs, true)
+		case "outputs":
+			bit = 4
+			ok = p.tensors(&h.outputs, false)
+		case "parameters":
+			bit = 8
+			ok = p.params(func(key []byte) (bool, bool) {
+				if string(key) != "binary_data_output" {
+					return false, true
+				}
+				v, ok := p.bool()
+				h.binaryOutput = v
+				return true, ok
+			})
+		default:
+			ok = !foldsTo(key, "id", "inputs", "outputs", "parameters") && p.skip(0)
 		}
-		if err := matchShape(t.Shape, d.Shape); err != nil {
-			return nil, fmt.Errorf("input %q: %v", d.Name, err)
+		if !ok || seen&bit != 0 {
+			return false
 		}
-		size := abi.Elements(t.Shape) * abi.DatatypeSize[d.Datatype]
-		if n, ok := t.Parameters["binary_data_size"]; ok {
-			bs, err := paramInt(n)
-			if err != nil || bs != size || bs > int64(len(bin)) {
-				return nil, fmt.Errorf("input %q: binary_data_size %v: want %d bytes (shape %v of %s), with that many left in the body", d.Name, n, size, t.Shape, d.Datatype)
-			}
-			buf = append(buf, bin[:bs]...)
-			bin = bin[bs:]
+		seen |= bit
+		if p.eat(',') {
 			continue
 		}
-		b, err := encodeElements(d.Datatype, t.Data, abi.Elements(t.Shape))
+		return p.eat('}') && p.end()
+	}
+}
+
+// hdrParser reads JSON from b at i.
+type hdrParser struct {
+	b []byte
+	i int
+}
+
+// maxDepth bounds skip's recursion; deeper values are decode's.
+const maxDepth = 64
+
+func (p *hdrParser) ws() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// eat consumes c after any whitespace.
+func (p *hdrParser) eat(c byte) bool {
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// end: nothing but whitespace is left. (decode, reading one value, would
+// ignore what follows; parse leaves that case to it.)
+func (p *hdrParser) end() bool {
+	p.ws()
+	return p.i == len(p.b)
+}
+
+// str reads a string of printable ASCII without escapes.
+func (p *hdrParser) str() ([]byte, bool) {
+	if !p.eat('"') {
+		return nil, false
+	}
+	start := p.i
+	for ; p.i < len(p.b); p.i++ {
+		switch c := p.b[p.i]; {
+		case c == '"':
+			p.i++
+			return p.b[start : p.i-1], true
+		case c < 0x20 || c >= 0x80 || c == '\\':
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// int reads an integer that fits an int64 with room to spare (18 digits).
+func (p *hdrParser) int() (int64, bool) {
+	p.ws()
+	neg := p.i < len(p.b) && p.b[p.i] == '-'
+	if neg {
+		p.i++
+	}
+	start := p.i
+	var n int64
+	for ; p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9'; p.i++ {
+		if p.i-start == 18 {
+			return 0, false
+		}
+		n = n*10 + int64(p.b[p.i]-'0')
+	}
+	if digits := p.i - start; digits == 0 || (digits > 1 && p.b[start] == '0') {
+		return 0, false
+	}
+	if p.i < len(p.b) && (p.b[p.i] == '.' || p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		return 0, false
+	}
+	if neg {
+		if n == 0 {
+			return 0, false // -0 would not print as sent
+		}
+		n = -n
+	}
+	return n, true
+}
+
+func (p *hdrParser) bool() (v, ok bool) {
+	p.ws()
+	switch {
+	case bytes.HasPrefix(p.b[p.i:], []byte("true")):
+		p.i += 4
+		return true, true
+	case bytes.HasPrefix(p.b[p.i:], []byte("false")):
+		p.i += 5
+		return false, true
+	}
+	return false, false
+}
+
+// tensors reads an array of tensors into *dst, reusing its capacity.
+func (p *hdrParser) tensors(dst *[]inferTensor, input bool) bool {
+	if !p.eat('[') {
+		return false
+	}
+	if p.eat(']') {
+		return true
+	}
+	for {
+		n := len(*dst)
+		if n < cap(*dst) {
+			*dst = (*dst)[:n+1]
+		} else {
+			*dst = append(*dst, inferTensor{})
+		}
+		t := &(*dst)[n]
+		*t = inferTensor{shape: t.shape[:0]}
+		if !p.tensor(t, input) {
+			return false
+		}
+		if p.eat(',') {
+			continue
+		}
+		return p.eat(']')
+	}
+}
+
+// tensor reads one tensor object. Of its parameters only an input's
+// binary_data_size and an output's binary_data mean anything here.
+func (p *hdrParser) tensor(t *inferTensor, input bool) bool {
+	if !p.eat('{') {
+		return false
+	}
+	if p.eat('}') {
+		return true
+	}
+	var seen uint8
+	for {
+		key, ok := p.str()
+		if !ok || !p.eat(':') {
+			return false
+		}
+		bit := uint8(0)
+		switch string(key) {
+		case "name":
+			bit = 1
+			var s []byte
+			s, ok = p.str()
+			t.name = b2s(s)
+		case "datatype":
+			bit = 2
+			var s []byte
+			s, ok = p.str()
+			t.datatype = b2s(s)
+		case "shape":
+			bit = 4
+			ok = p.shape(t)
+		case "data":
+			bit = 8
+			p.ws()
+			start := p.i
+			ok = p.skip(0)
+			t.data = p.b[start:p.i]
+		case "parameters":
+			bit = 16
+			ok = p.params(func(key []byte) (bool, bool) {
+				switch {
+				case input && string(key) == "binary_data_size":
+					n, ok := p.int()
+					t.hasBinSize, t.binSize = true, n
+					return true, ok
+				case !input && string(key) == "binary_data":
+					v, ok := p.bool()
+					t.binary = v
+					return true, ok
+				}
+				return false, true
+			})
+		default:
+			ok = !foldsTo(key, "name", "datatype", "shape", "data", "parameters") && p.skip(0)
+		}
+		if !ok || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		if p.eat(',') {
+			continue
+		}
+		return p.eat('}')
+	}
+}
+
+func (p *hdrParser) shape(t *inferTensor) bool {
+	if !p.eat('[') {
+		return false
+	}
+	if p.eat(']') {
+		return true
+	}
+	for {
+		d, ok := p.int()
+		if !ok {
+			return false
+		}
+		t.shape = append(t.shape, d)
+		if p.eat(',') {
+			continue
+		}
+		return p.eat(']')
+	}
+}
+
+// params reads a parameters object: known is called on each key and, when
+// it reads the value itself, says so (and whether the value suited it);
+// other values are skipped. A key given twice is declined: the map decode
+// fills keeps the last, which is decode's to work out.
+func (p *hdrParser) params(known func(key []byte) (read, ok bool)) bool {
+	if !p.eat('{') {
+		return false
+	}
+	if p.eat('}') {
+		return true
+	}
+	var seen bool
+	for {
+		key, ok := p.str()
+		if !ok || !p.eat(':') {
+			return false
+		}
+		read, ok := known(key)
+		if read && seen {
+			return false
+		}
+		seen = seen || read
+		if !read {
+			ok = p.skip(0)
+		}
+		if !ok {
+			return false
+		}
+		if p.eat(',') {
+			continue
+		}
+		return p.eat('}')
+	}
+}
+
+// foldsTo reports whether key matches one of names only case-insensitively,
+// which encoding/json would take for that field: left to decode.
+func foldsTo(key []byte, names ...string) bool {
+	for _, n := range names {
+		if bytes.EqualFold(key, []byte(n)) {
+			return true
+		}
+	}
+	return false
+}
+
+// skip consumes one valid JSON value of any kind.
+func (p *hdrParser) skip(depth int) bool {
+	p.ws()
+	if p.i >= len(p.b) || depth > maxDepth {
+		return false
+	}
+	switch p.b[p.i] {
+	case '"':
+		return p.skipString()
+	case '{':
+		p.i++
+		if p.eat('}') {
+			return true
+		}
+		for {
+			if !p.skipString() || !p.eat(':') || !p.skip(depth+1) {
+				return false
+			}
+			if p.eat(',') {
+				continue
+			}
+			return p.eat('}')
+		}
+	case '[':
+		p.i++
+		if p.eat(']') {
+			return true
+		}
+		for {
+			if !p.skip(depth + 1) {
+				return false
+			}
+			if p.eat(',') {
+				continue
+			}
+			return p.eat(']')
+		}
+	case 't':
+		return p.literal("true")
+	case 'f':
+		return p.literal("false")
+	case 'n':
+		return p.literal("null")
+	}
+	return p.number()
+}
+
+func (p *hdrParser) literal(s string) bool {
+	if !bytes.HasPrefix(p.b[p.i:], []byte(s)) {
+		return false
+	}
+	p.i += len(s)
+	return true
+}
+
+// skipString consumes a string, escapes and all (any byte from 0x20 up is
+// allowed unescaped, as encoding/json allows it).
+func (p *hdrParser) skipString() bool {
+	if !p.eat('"') {
+		return false
+	}
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		p.i++
+		switch {
+		case c == '"':
+			return true
+		case c < 0x20:
+			return false
+		case c == '\\':
+			if p.i >= len(p.b) {
+				return false
+			}
+			e := p.b[p.i]
+			p.i++
+			switch e {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if p.i+4 > len(p.b) {
+					return false
+				}
+				for _, x := range p.b[p.i : p.i+4] {
+					if !('0' <= x && x <= '9' || 'a' <= x && x <= 'f' || 'A' <= x && x <= 'F') {
+						return false
+					}
+				}
+				p.i += 4
+			default:
+				return false
+			}
+		}
+	}
+	return false
+}
+
+// number consumes -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?.
+func (p *hdrParser) number() bool {
+	digits := func() int {
+		start := p.i
+		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+			p.i++
+		}
+		return p.i - start
+	}
+	if p.i < len(p.b) && p.b[p.i] == '-' {
+		p.i++
+	}
+	start := p.i
+	if n := digits(); n == 0 || (n > 1 && p.b[start] == '0') {
+		return false
+	}
+	if p.i < len(p.b) && p.b[p.i] == '.' {
+		p.i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		p.i++
+		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// layInputs puts the request's tensors in declared order, checking names,
+// datatypes and shapes. When every input comes in the binary extension
+// the result is bin itself: those bytes are already in declared order, so
+// the engine reads them where they arrived (as invoke's body). Otherwise
+// they are laid out in buf.
+func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]byte, []byte, error) {
+	// Linear search below a few inputs, as requests have; a map above, so
+	// that a header of many inputs costs no quadratic time.
+	var byName map[string]int
+	if len(got) > 16 {
+		byName = make(map[string]int, len(got))
+	}
+	for i := range got {
+		dup := false
+		if byName != nil {
+			_, dup = byName[got[i].name]
+			byName[got[i].name] = i
+		} else {
+			for j := range i {
+				dup = dup || got[j].name == got[i].name
+			}
+		}
+		if dup {
+			return nil, buf, fmt.Errorf("input %q is given twice", got[i].name)
+		}
+	}
+	var used uint32 // by index, without byName
+	all := bin      // the binary bytes from the start
+	laid := 0       // of them, the inputs' so far while every input is binary
+	allBinary := true
+	for _, d := range decl {
+		i := -1
+		if byName != nil {
+			if k, ok := byName[d.Name]; ok {
+				i = k
+				delete(byName, d.Name)
+			}
+		} else {
+			for k := range got {
+				if used&(1<<k) == 0 && got[k].name == d.Name {
+					i = k
+					used |= 1 << k
+					break
+				}
+			}
+		}
+		if i < 0 {
+			return nil, buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, tensorNames(decl))
+		}
+		t := &got[i]
+		if t.datatype != d.Datatype {
+			return nil, buf, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, t.datatype, d.Datatype)
+		}
+		if err := matchShape(t.shape, d.Shape); err != nil {
+			return nil, buf, fmt.Errorf("input %q: %v", d.Name, err)
+		}
+		size := abi.Elements(t.shape) * abi.DatatypeSize[d.Datatype]
+		if t.hasBinSize {
+			if t.binSizeBad || t.binSize != size || t.binSize > int64(len(bin)) {
+				var n any = t.binSize
+				if t.binSizeText != "" {
+					n = t.binSizeText
+				}
+				return nil, buf, fmt.Errorf("input %q: binary_data_size %v: want %d bytes (shape %v of %s), with that many left in the body", d.Name, n, size, t.shape, d.Datatype)
+			}
+			if allBinary {
+				laid += int(size)
+			} else {
+				buf = append(buf, bin[:size]...)
+			}
+			bin = bin[size:]
+			continue
+		}
+		if allBinary {
+			buf = append(buf, all[:laid]...)
+			allBinary = false
+		}
+		b, err := encodeElements(d.Datatype, t.data, abi.Elements(t.shape))
 		if err != nil {
-			return nil, fmt.Errorf("input %q: %v", d.Name, err)
+			return nil, buf, fmt.Errorf("input %q: %v", d.Name, err)
 		}
 		buf = append(buf, b...)
 	}
 	for n := range byName {
-		return nil, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, tensorNames(decl))
+		return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, tensorNames(decl))
+	}
+	for k := range got {
+		if byName == nil && used&(1<<k) == 0 {
+			return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, tensorNames(decl))
+		}
 	}
 	if len(bin) != 0 {
-		return nil, fmt.Errorf("%d bytes of binary data after the last input", len(bin))
+		return nil, buf, fmt.Errorf("%d bytes of binary data after the last input", len(bin))
 	}
-	if buf == nil {
-		buf = []byte{}
+	if allBinary {
+		if laid == 0 {
+			return []byte{}, buf, nil
+		}
+		return all[:laid], buf, nil
 	}
-	return buf, nil
-}
-
-func paramInt(v any) (int64, error) {
-	switch n := v.(type) {
-	case json.Number:
-		return n.Int64()
-	case float64:
-		return int64(n), nil
-	}
-	return 0, fmt.Errorf("not a number")
+	return buf, buf, nil
 }
 
 func tensorNames(ts []abi.Tensor) string {
@@ -338,18 +1061,24 @@ func matchShape(got, decl []int64) error {
 	return nil
 }
 
+// cut is one output: its declaration, shape and bytes.
 type cut struct {
+	decl  *abi.Tensor
 	shape []int64
 	bytes []byte
 }
 
-// cutOutputs cuts the declared outputs from out, in order; the last one's
-// variable dimension takes what is left.
-func cutOutputs(out []byte, decl []abi.Tensor) ([]cut, error) {
-	var res []cut
-	for i, d := range decl {
+// cutOutputs cuts the declared outputs from out, in order, appending to
+// res; the last one's variable dimension takes what is left. The shapes
+// are laid in dims (a slice of it stays valid when a later append moves
+// dims: the old array keeps its values).
+func cutOutputs(out []byte, decl []abi.Tensor, res []cut, dims []int64) ([]cut, []int64, error) {
+	for i := range decl {
+		d := &decl[i]
 		es := abi.DatatypeSize[d.Datatype]
-		shape := append([]int64(nil), d.Shape...)
+		start := len(dims)
+		dims = append(dims, d.Shape...)
+		shape := dims[start:len(dims):len(dims)]
 		fixed, vi := int64(1), -1
 		for k, dim := range shape {
 			if dim == -1 {
@@ -360,18 +1089,18 @@ func cutOutputs(out []byte, decl []abi.Tensor) ([]cut, error) {
 		}
 		if vi >= 0 {
 			if i != len(decl)-1 || fixed*es == 0 || int64(len(out))%(fixed*es) != 0 {
-				return nil, fmt.Errorf("output %q: %d bytes left do not make whole elements of shape %v", d.Name, len(out), d.Shape)
+				return res, dims, fmt.Errorf("output %q: %d bytes left do not make whole elements of shape %v", d.Name, len(out), d.Shape)
 			}
 			shape[vi] = int64(len(out)) / (fixed * es)
 		}
 		n := abi.Elements(shape) * es
 		if n > int64(len(out)) {
-			return nil, fmt.Errorf("output %q needs %d bytes, the function produced %d more", d.Name, n, len(out))
+			return res, dims, fmt.Errorf("output %q needs %d bytes, the function produced %d more", d.Name, n, len(out))
 		}
-		res = append(res, cut{shape, out[:n]})
+		res = append(res, cut{d, shape, out[:n]})
 		out = out[n:]
 	}
-	return res, nil
+	return res, dims, nil
 }
 
 // encodeElements turns JSON data (flat or nested arrays) into n elements of

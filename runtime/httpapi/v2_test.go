@@ -1,15 +1,18 @@
 package httpapi_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -163,4 +166,101 @@ func numbers(ns []json.Number) []string {
 		s = append(s, n.String())
 	}
 	return s
+}
+
+// Every error under /v2 is the protocol's {"error": "..."}, refusals made
+// before routing (authentication, authorization, method, a smuggling-shaped
+// request) included, with their status and headers; /v1 keeps Plover's.
+func TestV2ErrorShape(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	tab, tok := benchTokens(t) // invoke, on "bench" only
+	open := testkit.Serve(t, e, httpapi.Options{})
+	authed := testkit.Serve(t, e, httpapi.Options{Tokens: tab})
+	bearer := map[string]string{"Authorization": "Bearer " + tok}
+	infer := `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`
+
+	for _, tt := range []struct {
+		name, url, method, path string
+		hdr                     map[string]string
+		raw                     string // sent as is instead, on a connection of its own
+		code                    int
+		header, value           string // a header the response must carry
+		want                    string // in the message
+		plover                  bool   // Plover's error object, not the protocol's
+	}{
+		{name: "no token", url: authed, method: "POST", path: "/v2/models/echo/infer", code: 401,
+			header: "WWW-Authenticate", value: `Bearer realm="plover"`, want: "needs a token"},
+		{name: "unknown token", url: authed, method: "GET", path: "/v2/models/echo", hdr: map[string]string{"Authorization": "Bearer nope"}, code: 401,
+			header: "WWW-Authenticate", value: `Bearer realm="plover"`, want: "not known"},
+		{name: "token for another function", url: authed, method: "POST", path: "/v2/models/echo/infer", hdr: bearer, code: 403, want: "echo"},
+		{name: "token without read", url: authed, method: "GET", path: "/v2/models/bench/ready", hdr: bearer, code: 403, want: "read"},
+		{name: "infer by GET", url: open, method: "GET", path: "/v2/models/echo/infer", code: 405, header: "Allow", value: "POST", want: "use POST"},
+		{name: "metadata by POST", url: open, method: "POST", path: "/v2/models/echo/versions/00000000", code: 405, header: "Allow", value: "GET"},
+		{name: "server metadata by DELETE", url: open, method: "DELETE", path: "/v2", code: 405, header: "Allow", value: "GET"},
+		{name: "health by POST, behind tokens", url: authed, method: "POST", path: "/v2/health/live", code: 405, header: "Allow", value: "GET"},
+		{name: "both Content-Length and Transfer-Encoding", url: open, code: 400, want: "Transfer-Encoding",
+			raw: "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"},
+		{name: "/v1 keeps Plover's", url: authed, method: "GET", path: "/v1/functions", code: 401,
+			header: "WWW-Authenticate", value: `Bearer realm="plover"`, plover: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var code int
+			var hdr http.Header
+			var b []byte
+			if tt.raw != "" {
+				code, hdr, b = rawOnce(t, strings.TrimPrefix(tt.url, "http://"), tt.raw)
+			} else {
+				body := []byte(nil)
+				if tt.method == "POST" {
+					body = []byte(infer)
+				}
+				code, hdr, b = v2Do(t, tt.method, tt.url+tt.path, tt.hdr, body)
+			}
+			if code != tt.code || (tt.header != "" && hdr.Get(tt.header) != tt.value) {
+				t.Fatalf("%d, %s: %q; want %d, %s: %q (%s)", code, tt.header, hdr.Get(tt.header), tt.code, tt.header, tt.value, b)
+			}
+			var v2 struct {
+				Error *string `json:"error"`
+			}
+			var plover struct {
+				Error *struct{ Code, Message string } `json:"error"`
+			}
+			dec := json.NewDecoder(bytes.NewReader(b))
+			dec.DisallowUnknownFields()
+			if tt.plover {
+				if err := dec.Decode(&plover); err != nil || plover.Error == nil || plover.Error.Code == "" {
+					t.Fatalf("want Plover's error object: %v: %s", err, b)
+				}
+				return
+			}
+			if err := dec.Decode(&v2); err != nil || v2.Error == nil || !strings.Contains(*v2.Error, tt.want) {
+				t.Fatalf(`want {"error": "...%s..."}: %v: %s`, tt.want, err, b)
+			}
+			if ct := hdr.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+		})
+	}
+}
+
+// rawOnce writes raw on a fresh connection and reads one response.
+func rawOnce(t *testing.T, addr, raw string) (int, http.Header, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
 }
