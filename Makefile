@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard cuda/*.c cuda/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -96,6 +96,11 @@ bin/plover-bench-suite: $(GO_SRC)
 bench: bin/plover bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host
 	bash scripts/isolation-bench.sh host
+
+# The CNN with and without batching, same server, same run; rewrites BENCHMARKS.md's
+# bench:batch-host section and docs/cnn-batch-host.svg (about 1.5 min).
+bench-batch: bin/plover bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --batch
 
 # The cost of isolation: the CNN through --isolation none and process, same run (about 1 min).
 bench-isolation: bin/plover samples

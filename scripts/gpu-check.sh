@@ -353,6 +353,41 @@ else
   say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
 fi
 
+# ---------------------------------------------------------------- batching
+# ABI 2.1 on a GPU: 64 concurrent digits through the batching CNN build;
+# each response must be that digit's host score vector (same bar, 1e-4),
+# and runs must hold more than one digit (Server-Timing batch;desc=N).
+section "cnn-batch (ABI 2.1 batching): 64 concurrent digits, CUDA vs host"
+if [ "$cuda_up" = 1 ] && [ -f build/samples/cnn-batch-cuda/plover.json ] && [ -f "$tmp/cnn-host-63.out" ] && have python3 && have curl; then
+  bin/plover deploy build/samples/cnn-batch-cuda --server "$cuda_url" || fail "deploy cnn-batch-cuda"
+  invoke "$cuda_url" cnn-batch "$tmp/cnn-in-0.bin" "$tmp/cnnb-warm.out" >/dev/null
+  for i in $(seq 0 63); do
+    curl -sS -o "$tmp/cnnb-$i.out" -D "$tmp/cnnb-$i.hdr" -H 'Content-Type: application/octet-stream' \
+      --data-binary "@$tmp/cnn-in-$i.bin" "$cuda_url/v1/functions/cnn-batch/invoke" &
+  done
+  wait
+  res=$(python3 - "$tmp" <<'PY'
+import re, struct, sys
+d, biggest = 0.0, 0
+for i in range(64):
+    try:
+        c = struct.unpack("<10f", open("%s/cnnb-%d.out" % (sys.argv[1], i), "rb").read())
+        h = struct.unpack("<10f", open("%s/cnn-host-%d.out" % (sys.argv[1], i), "rb").read())
+    except (OSError, struct.error):
+        print("nan 0"); sys.exit(0)
+    d = max(d, max(abs(a - b) for a, b in zip(c, h)))
+    m = re.search(r"batch;desc=(\d+)", open("%s/cnnb-%d.hdr" % (sys.argv[1], i)).read())
+    biggest = max(biggest, int(m.group(1)) if m else 0)
+print("%.3g %d" % (d, biggest))
+PY
+)
+  say "cnn-batch: largest score difference from the host over 64 concurrent digits: ${res% *}; largest run ${res#* } digits"
+  if python3 -c "import sys; sys.exit(0 if float('${res% *}') <= 1e-4 else 1)"; then pass "cnn-batch scores within 1e-4"; else fail "cnn-batch scores differ by ${res% *}"; fi
+  if [ "${res#* }" -ge 2 ]; then pass "cnn-batch: runs held more than one digit"; else fail "cnn-batch: no run held two digits"; fi
+else
+  say "SKIP: needs build/samples/cnn-batch-cuda/, the cnn section's host outputs, python3 and curl"
+fi
+
 # ---------------------------------------------------------------- softmax
 # ABI 2 on a GPU: shared memory, barriers and a lowered out.len, one source
 # for both targets; the expected response comes from the Go reference.

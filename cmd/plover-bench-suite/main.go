@@ -45,6 +45,10 @@ type options struct {
 	goBench                               string
 	isolation                             string
 	dryRun                                bool
+	batch                                 bool
+	batchClients                          int
+	batchTime                             time.Duration
+	batchFractions, batchChart            string
 }
 
 func main() {
@@ -67,6 +71,11 @@ func main() {
 	flag.StringVar(&o.jsonOut, "json", "", "also write every measurement as JSON here (default build/bench/results-<device>.json)")
 	flag.StringVar(&o.goBench, "go-bench", "auto", "run the hot-path Go benchmarks: auto (when go is installed and the device is host) | on | off")
 	flag.BoolVar(&o.dryRun, "dry-run", false, "print the markdown instead of writing files")
+	flag.BoolVar(&o.batch, "batch", false, "only compare the CNN with and without batching (samples/cnn-batch-<suffix>); writes the bench:batch-<device> section and --batch-chart")
+	flag.IntVar(&o.batchClients, "batch-clients", 32, "closed-loop clients for --batch")
+	flag.DurationVar(&o.batchTime, "batch-time", 6*time.Second, "duration of each --batch closed-loop run")
+	flag.StringVar(&o.batchFractions, "batch-sweep", "0.25,0.5,0.75,1,1.25,1.5,2", "--batch offered loads, as fractions of the unbatched closed-loop throughput")
+	flag.StringVar(&o.batchChart, "batch-chart", "", "--batch chart SVG (relative to --repo; default docs/cnn-batch-<device>.svg)")
 	flag.Parse()
 	if err := run(&o); err != nil {
 		fmt.Fprintln(os.Stderr, "plover-bench-suite:", err)
@@ -129,6 +138,12 @@ func run(o *options) error {
 
 	res := &results{Machine: readMachine(), Device: o.device, Isolation: o.isolation, Started: t0.UTC(), Command: strings.Join(os.Args, " "), LoadBefore: loadAvg()}
 	res.Machine.Plover = ploverVersion(o.plover)
+	if o.batch {
+		if o.batchChart == "" {
+			o.batchChart = "docs/cnn-batch-" + o.device + ".svg"
+		}
+		return runBatch(ctx, o, res)
+	}
 	logf("plover-bench-suite: %s, device %s, %s", res.Machine.CPU, o.device, res.Machine.Plover)
 
 	var loads []*workload

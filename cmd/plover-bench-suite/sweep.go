@@ -65,19 +65,28 @@ func runSweep(ctx context.Context, o *options, url string, w *workload, sw *swee
 	for _, f := range sw.Fractions {
 		rate := roundRate(f * sw.Capacity)
 		logf("%s: open loop at %g req/s (%.0f%% of %.0f) for %v", w.Name, rate, 100*f, sw.Capacity, o.sweepTime)
-		r, err := bench.Run(ctx, bench.Config{Server: url, Function: w.Name, Input: w.Input, Rate: rate,
-			Concurrency: sweepInFlight, Duration: o.sweepTime, Requests: int64(rate*o.sweepTime.Seconds()) + 10, Timeout: time.Minute})
+		p, err := openLoop(ctx, url, w, rate, o.sweepTime)
 		if err != nil {
 			return err
-		}
-		p := sweepPoint{Offered: rate, Achieved: r.Throughput, P50: r.Latency.P50, P90: r.Latency.P90, P99: r.Latency.P99,
-			Max: r.Latency.Max, Sent: r.Open.Sent, Late: r.Open.Late, Unsent: r.Open.Unsent, WakeLag: r.Open.WakeLagMeanMs}
-		for _, e := range r.Errors {
-			p.Errors += e.Count
 		}
 		sw.Points = append(sw.Points, p)
 	}
 	return nil
+}
+
+// openLoop offers w at rate requests/s for d, at most sweepInFlight at once.
+func openLoop(ctx context.Context, url string, w *workload, rate float64, d time.Duration) (sweepPoint, error) {
+	r, err := bench.Run(ctx, bench.Config{Server: url, Function: w.Name, Input: w.Input, Rate: rate,
+		Concurrency: sweepInFlight, Duration: d, Requests: int64(rate*d.Seconds()) + 10, Timeout: time.Minute})
+	if err != nil {
+		return sweepPoint{}, err
+	}
+	p := sweepPoint{Offered: rate, Achieved: r.Throughput, P50: r.Latency.P50, P90: r.Latency.P90, P99: r.Latency.P99,
+		Max: r.Latency.Max, Sent: r.Open.Sent, Late: r.Open.Late, Unsent: r.Open.Unsent, WakeLag: r.Open.WakeLagMeanMs}
+	for _, e := range r.Errors {
+		p.Errors += e.Count
+	}
+	return p, nil
 }
 
 // roundRate keeps two significant digits: rates in the table read as

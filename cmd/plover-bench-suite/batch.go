@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/plover-run/plover/bench"
+)
+
+// batchRun is the CNN with and without batching on one server, same run.
+type batchRun struct {
+	Clients  int          `json:"clients"`
+	Closed   []batchRound `json:"closed_loop"`
+	Capacity float64      `json:"capacity_per_s"` // unbatched closed-loop median: the sweep's 1.0
+	Plain    []sweepPoint `json:"sweep_unbatched"`
+	Batched  []sweepPoint `json:"sweep_batched"`
+	// Sizes is requests per run of the batched function over each sweep
+	// point (from plover_batch_size).
+	Sizes []float64 `json:"sweep_mean_batch"`
+}
+
+type batchRound struct {
+	Function   string  `json:"function"`
+	Throughput float64 `json:"throughput_per_s"`
+	P50        float64 `json:"p50_ms"`
+	P99        float64 `json:"p99_ms"`
+	MeanBatch  float64 `json:"mean_batch,omitempty"`
+	Errors     int64   `json:"errors"`
+}
+
+// runBatch measures the CNN unbatched (samples/cnn-<suffix>) against its
+// batching build (samples/cnn-batch-<suffix>) on one plover serve: closed
+// loop with o.batchClients clients, alternating, then latency against
+// offered load for both at the same rates.
+func runBatch(ctx context.Context, o *options, res *results) error {
+	plain, err := cnnWorkload(o.repo, o.samples, o.suffix)
+	if err != nil {
+		return err
+	}
+	batched := *plain
+	batched.Name, batched.Dir = "cnn-batch", filepath.Join(o.samples, "cnn-batch-"+o.suffix)
+	data, err := os.MkdirTemp("", "plover-batch-bench-")
+	if err != nil {
+		return err
+	}
+	defer removeAll(data)
+	for _, w := range []*workload{plain, &batched} {
+		if _, err := os.Stat(filepath.Join(w.Dir, "plover.json")); err != nil {
+			return fmt.Errorf("bundle %s not built (make samples)", w.Dir)
+		}
+		if err := deployToStore(ctx, o.plover, w.Dir, data); err != nil {
+			return err
+		}
+	}
+	srv, err := startServer(o.plover, data, o.device, o.isolation)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	br := &batchRun{Clients: o.batchClients}
+	loads := []*workload{plain, &batched}
+	for _, w := range loads { // loaded, instances made, before anything is timed
+		if _, err := bench.Run(ctx, bench.Config{Server: srv.url, Function: w.Name, Input: w.Input, Concurrency: o.batchClients,
+			Duration: time.Second, Requests: 1_000_000, Timeout: time.Minute}); err != nil {
+			return err
+		}
+	}
+	for round := 0; round < 2; round++ {
+		for _, w := range loads {
+			logf("%s: closed loop, %d clients, %v (round %d)", w.Name, o.batchClients, o.batchTime, round+1)
+			before := batchSizes(srv.url, batched.Name)
+			r, err := bench.Run(ctx, bench.Config{Server: srv.url, Function: w.Name, Input: w.Input, Concurrency: o.batchClients,
+				Duration: o.batchTime, Requests: 100_000_000, Timeout: time.Minute})
+			if err != nil {
+				return err
+			}
+			rd := batchRound{Function: w.Name, Throughput: r.Throughput, P50: r.Latency.P50, P99: r.Latency.P99}
+			for _, e := range r.Errors {
+				rd.Errors += e.Count
+			}
+			if w == &batched {
+				rd.MeanBatch = batchSizes(srv.url, batched.Name).since(before)
+			}
+			br.Closed = append(br.Closed, rd)
+		}
+	}
+	var caps []float64
+	for _, rd := range br.Closed {
+		if rd.Function == plain.Name {
+			caps = append(caps, rd.Throughput)
+		}
+	}
+	br.Capacity = median(caps)
+	fractions, err := parseFractions(o.batchFractions)
+	if err != nil {
+		return err
+	}
+	for _, f := range fractions {
+		rate := roundRate(f * br.Capacity)
+		for _, w := range loads {
+			logf("%s: open loop at %g req/s for %v", w.Name, rate, o.sweepTime)
+			before := batchSizes(srv.url, batched.Name)
+			p, err := openLoop(ctx, srv.url, w, rate, o.sweepTime)
+			if err != nil {
+				return err
+			}
+			if w == plain {
+				br.Plain = append(br.Plain, p)
+			} else {
+				br.Batched = append(br.Batched, p)
+				br.Sizes = append(br.Sizes, batchSizes(srv.url, batched.Name).since(before))
+			}
+		}
+	}
+	res.LoadAfterRuns = loadAvg()
+	return writeBatch(o, res, br)
+}
+
+// sizeCount is plover_batch_size's sum and count at one moment.
+type sizeCount struct{ sum, count float64 }
+
+func (s sizeCount) since(b sizeCount) float64 {
+	if s.count <= b.count {
+		return 0
+	}
+	return (s.sum - b.sum) / (s.count - b.count)
+}
+
+var (
+	sizeSumRE   = regexp.MustCompile(`(?m)^plover_batch_size_sum\{function="([^"]+)"\} (\S+)`)
+	sizeCountRE = regexp.MustCompile(`(?m)^plover_batch_size_count\{function="([^"]+)"\} (\S+)`)
+)
+
+// batchSizes reads the function's plover_batch_size from /metrics; zeros
+// when it cannot.
+func batchSizes(url, fn string) sizeCount {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		return sizeCount{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var sc sizeCount
+	for _, m := range sizeSumRE.FindAllSubmatch(b, -1) {
+		if string(m[1]) == fn {
+			sc.sum, _ = strconv.ParseFloat(string(m[2]), 64)
+		}
+	}
+	for _, m := range sizeCountRE.FindAllSubmatch(b, -1) {
+		if string(m[1]) == fn {
+			sc.count, _ = strconv.ParseFloat(string(m[2]), 64)
+		}
+	}
+	return sc
+}
+
+func writeBatch(o *options, res *results, br *batchRun) error {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("## Batching: the CNN with and without it (%s device)\n\n", res.Device)
+	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, client and server on this machine; load average before %s, after %s.\n\n",
+		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
+	p("`cnn` is `samples/cnn` (one digit per run); `cnn-batch` is the same source built with `-DCNN_BATCH=64` and `plover-batch.json` (up to 64 digits per run, `max_delay` 200 µs). Both on one server, the same digit, measured alternately.\n\n")
+	p("Closed loop, %d clients, %v per run:\n\n", br.Clients, o.batchTime)
+	p("| function | round | throughput/s | p50 ms | p99 ms | requests per run | errors |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	var plainT, batchT []float64
+	for i, rd := range br.Closed {
+		mb := "1"
+		if rd.Function != "cnn" {
+			mb = fmt.Sprintf("%.1f", rd.MeanBatch)
+			batchT = append(batchT, rd.Throughput)
+		} else {
+			plainT = append(plainT, rd.Throughput)
+		}
+		p("| %s | %d | %.0f | %s | %s | %s | %d |\n", rd.Function, i/2+1, rd.Throughput, fmtMs(rd.P50), fmtMs(rd.P99), mb, rd.Errors)
+	}
+	p("\nBatched over unbatched throughput (medians): **%s**.\n\n", ratio(median(batchT), median(plainT)))
+	p("Open loop (at most %d in flight), %v per rate, rates as fractions of the unbatched closed-loop throughput (%.0f/s); chart: `%s`.\n\n",
+		sweepInFlight, o.sweepTime, br.Capacity, o.batchChart)
+	p("| offered/s | cnn achieved/s | cnn p50 | cnn p99 | cnn-batch achieved/s | cnn-batch p50 | cnn-batch p99 | requests per run |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i := range br.Plain {
+		a, c := br.Plain[i], br.Batched[i]
+		mark := func(p sweepPoint) string {
+			if p.saturated() {
+				return " (not kept)"
+			}
+			return ""
+		}
+		p("| %g | %.0f%s | %s | %s | %.0f%s | %s | %s | %.1f |\n", a.Offered, a.Achieved, mark(a), fmtMs(a.P50), fmtMs(a.P99),
+			c.Achieved, mark(c), fmtMs(c.P50), fmtMs(c.P99), br.Sizes[i])
+	}
+	svg := drawChart(chart{
+		title:    fmt.Sprintf("CNN on the %s device, with and without batching: latency against offered load", res.Device),
+		subtitle: machineLine(res),
+		vline:    br.Capacity, vlabel: fmt.Sprintf("unbatched closed-loop throughput %.0f/s ", br.Capacity),
+		series: []chartSeries{
+			sweepSeries("unbatched p50", "#1f77b4", false, br.Plain, func(p *sweepPoint) float64 { return p.P50 }),
+			sweepSeries("unbatched p99", "#d62728", false, br.Plain, func(p *sweepPoint) float64 { return p.P99 }),
+			sweepSeries("batched p50", "#2ca02c", true, br.Batched, func(p *sweepPoint) float64 { return p.P50 }),
+			sweepSeries("batched p99", "#9467bd", true, br.Batched, func(p *sweepPoint) float64 { return p.P99 }),
+		},
+	})
+	if o.dryRun {
+		fmt.Println(b.String())
+		return nil
+	}
+	if err := os.WriteFile(inRepo(o, o.batchChart), []byte(svg), 0o644); err != nil {
+		return err
+	}
+	mdPath := inRepo(o, o.out)
+	doc, err := os.ReadFile(mdPath)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if err := os.WriteFile(mdPath, []byte(replaceSection(string(doc), "batch-"+o.device, b.String())), 0o644); err != nil {
+		return err
+	}
+	logf("wrote the bench:batch-%s section of %s and %s", o.device, mdPath, o.batchChart)
+	fmt.Print(b.String())
+	return nil
+}
