@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/bits"
+	goruntime "runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,10 +60,13 @@ func (s *batchSizes) observe(n int) {
 
 type batchBufs struct{ in, out []byte }
 
-// Item states: a request is pending, taken into a run, being written by
-// the run, or abandoned by its waiter (deadline, cancellation, client gone).
+// Item states: a request is pending, having its input copied into a run,
+// taken into the run, having its result written by the run, or abandoned by
+// its waiter (deadline, cancellation, client gone). A waiter may leave only
+// while its request's buffers are not being read or written.
 const (
 	itemPending int32 = iota
+	itemCopying
 	itemTaken
 	itemWriting
 	itemAbandoned
@@ -101,7 +106,7 @@ func (b *batcher) invoke(ctx context.Context, req *Request, deadline time.Time) 
 	b.mu.Lock()
 	if len(b.pending) >= v.policy.queue+b.maxItems {
 		b.mu.Unlock()
-		return errorf(KindBusy, nil, "function %s is busy: %d runs in flight and %d requests waiting (max_queue %d plus a batch)", v.fn.name, cap(v.slots), len(b.pending), v.policy.queue)
+		return errorf(KindBusy, nil, "function %s is busy: %d runs in flight and %d requests waiting (max_queue %d plus a batch)", v.fn.name, b.running, len(b.pending), v.policy.queue)
 	}
 	b.pending = append(b.pending, it)
 	b.mu.Unlock()
@@ -148,22 +153,30 @@ var errWritten = errors.New("the run is writing the result")
 // that took it (the run then skips it). It fails when the run is already
 // writing it.
 func (b *batcher) abandon(it *batchItem) error {
-	if it.state.CompareAndSwap(itemPending, itemAbandoned) {
-		b.mu.Lock()
-		for i, p := range b.pending {
-			if p == it {
-				b.pending = append(b.pending[:i], b.pending[i+1:]...)
-				break
+	for {
+		switch it.state.Load() {
+		case itemPending:
+			if it.state.CompareAndSwap(itemPending, itemAbandoned) {
+				b.mu.Lock()
+				if i := slices.Index(b.pending, it); i >= 0 {
+					b.pending = slices.Delete(b.pending, i, i+1)
+				}
+				b.mu.Unlock()
+				return nil
 			}
+		case itemTaken:
+			if it.state.CompareAndSwap(itemTaken, itemAbandoned) {
+				return nil
+			}
+		case itemCopying:
+			// The run is copying this request's input (a few KiB): the
+			// caller may reuse the buffer once Invoke returns.
+			goruntime.Gosched()
+		default:
+			<-it.done
+			return errWritten
 		}
-		b.mu.Unlock()
-		return nil
 	}
-	if it.state.CompareAndSwap(itemTaken, itemAbandoned) {
-		return nil
-	}
-	<-it.done
-	return errWritten
 }
 
 // finish copies a finished item's result into its request.
@@ -210,10 +223,18 @@ func (b *batcher) dispatch() {
 			b.mu.Unlock()
 			return
 		}
+		// The run holds the version like a request does: its requests may
+		// all give up while it runs, and a redeploy must not unload the
+		// library under it.
+		if !b.v.ref() {
+			<-b.v.slots
+			b.mu.Unlock()
+			return
+		}
 		n := min(len(b.pending), b.maxItems)
 		items := make([]*batchItem, n)
 		copy(items, b.pending)
-		b.pending = append(b.pending[:0], b.pending[n:]...)
+		b.pending = slices.Delete(b.pending, 0, n)
 		held := b.holdSince
 		b.holdSince = time.Time{}
 		b.running++
@@ -247,28 +268,37 @@ func maxTime(a, c time.Time) time.Time {
 // run executes one batch on an instance (holding a slot), hands each item
 // its result, and dispatches what queued meanwhile.
 func (b *batcher) run(items []*batchItem) {
-	// Items abandoned while pending were removed; the rest are taken now,
-	// and from here an abandoned item is only skipped.
+	defer b.v.unref()
+	bb, _ := b.bufs.Get().(*batchBufs)
+	if bb == nil {
+		m := b.v.manifest
+		bb = &batchBufs{in: make([]byte, m.MaxInputBytes), out: make([]byte, m.OutBytes)}
+	}
+	// Items abandoned while pending were removed; the rest have their
+	// input copied and are taken now, and from here an abandoned item is
+	// only skipped.
 	live := items[:0]
 	for _, it := range items {
-		if it.state.CompareAndSwap(itemPending, itemTaken) {
+		if it.state.CompareAndSwap(itemPending, itemCopying) {
+			copy(bb.in[int64(len(live))*b.itemIn:], it.req.Input)
+			it.state.Store(itemTaken)
 			live = append(live, it)
 		}
 	}
 	if len(live) > 0 {
 		b.sizes.observe(len(live))
-		b.runItems(live)
+		b.runItems(live, bb)
 	}
+	b.bufs.Put(bb)
 	b.mu.Lock()
 	b.running--
 	b.mu.Unlock()
-	b.v.release()
-	b.dispatch()
+	b.v.release() // and dispatches what queued meanwhile
 }
 
-// runItems runs one chain over items and delivers each its slice of out,
-// or the run's error to all of them.
-func (b *batcher) runItems(items []*batchItem) {
+// runItems runs one chain over items, whose inputs are in bb.in already,
+// and delivers each its slice of out, or the run's error to all of them.
+func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	e, v, f := b.e, b.v, b.v.fn
 	m := v.manifest
 	n := len(items)
@@ -284,15 +314,7 @@ func (b *batcher) runItems(items []*batchItem) {
 			deadline = d
 		}
 	}
-	bb, _ := b.bufs.Get().(*batchBufs)
-	if bb == nil {
-		bb = &batchBufs{in: make([]byte, m.MaxInputBytes), out: make([]byte, m.OutBytes)}
-	}
-	defer b.bufs.Put(bb)
 	in := bb.in[:int64(k)*b.itemIn]
-	for i, it := range items {
-		copy(in[int64(i)*b.itemIn:], it.req.Input)
-	}
 	clear(in[int64(n)*b.itemIn:])
 	out := bb.out[:int64(k)*b.itemOut]
 
@@ -321,12 +343,21 @@ func (b *batcher) runItems(items []*batchItem) {
 			break
 		}
 		// The worker died while the instance was idle: the run reached no
-		// bundle code, so it goes once more on a fresh worker.
+		// bundle code, so it goes once more on a fresh worker, as an
+		// unbatched request would.
 		v.put(inst, true, time.Now())
 		e.workerDied(v, inst.dev, exitOf(err))
+		inst = nil
 		t0 = time.Now()
-		inst, fresh, err = e.take(context.Background(), v, deadline)
-		if err != nil {
+		if bo := v.backoffUntil.Load(); bo != 0 && t0.UnixNano() < bo {
+			err = v.backoffError(bo)
+			break
+		}
+		if !t0.Before(deadline) {
+			err = errorf(KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
+			break
+		}
+		if inst, fresh, err = e.take(context.Background(), v, deadline); err != nil {
 			inst = nil
 		}
 	}

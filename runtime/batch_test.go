@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -17,11 +18,12 @@ import (
 	"github.com/plover-run/plover/runtime"
 )
 
-// batchBundle is a bundle directory of the batching test bundle with m.
-func batchBundle(t *testing.T, m *abi.Manifest) string {
+// batchBundle is a bundle directory of the batching test bundle with m
+// (args: extra compiler arguments).
+func batchBundle(t *testing.T, m *abi.Manifest, args ...string) string {
 	t.Helper()
 	dir := t.TempDir()
-	testkit.BuildLib(t, testkit.BatchSource(), dir, m.Library)
+	testkit.BuildLib(t, testkit.BatchSource(), dir, m.Library, args...)
 	testkit.WriteManifest(t, dir, m)
 	return dir
 }
@@ -324,5 +326,91 @@ func TestBatchManyConcurrent(t *testing.T) {
 	}
 	if biggest < 2 {
 		t.Fatalf("64 concurrent requests on one instance never shared a run (largest run %d)", biggest)
+	}
+}
+
+// A run whose requests all gave up still holds its version: a redeploy
+// while it runs must not unload the library under it. The old version is
+// unloaded (logged) only once the run has ended.
+func TestBatchRunOutlivesItsRequests(t *testing.T) {
+	m := testkit.BatchManifest("o", 4, "")
+	m.MaxInstances = 1
+	var logs lockedBuffer
+	e := testkit.Engine(t, runtime.Config{Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	old := testkit.Deploy(t, e, batchBundle(t, m))
+	t0 := time.Now()
+	r := <-invokeAsync(e, "o", item(1, 800), time.Now().Add(100*time.Millisecond))
+	if runtime.KindOf(r.err) != runtime.KindTimeout {
+		t.Fatalf("got %v, want a timeout", r.err)
+	}
+	waitBusy(t, e, "o", 1) // the run goes on without its request
+	b, _, _, err := bundle.PackBytes(batchBundle(t, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Control().Deploy(context.Background(), "o", bytes.NewReader(b), true); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-invokeAsync(e, "o", item(41, 0), time.Time{}); r.err != nil || r.value != 42 {
+		t.Fatalf("the new version: %+v", r)
+	}
+	unloaded := "msg=unloaded function=o version=" + old.Version
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), unloaded) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old version was never unloaded:\n%s", logs.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if el := time.Since(t0); el < 750*time.Millisecond {
+		t.Fatalf("the old version was unloaded %v after its 800 ms run started", el)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A slot freed by warming (min_instances) starts queued batches: a request
+// that arrived while the only instance was being created runs as soon as
+// it exists, not at its deadline.
+func TestBatchAfterWarm(t *testing.T) {
+	m := testkit.BatchManifest("w", 4, "")
+	m.MinInstances, m.MaxInstances = 1, 1
+	dir := batchBundle(t, m, "-DSLOW_INIT_MS=700")
+	e := testkit.Engine(t, runtime.Config{})
+	b, _, _, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deployed := make(chan error, 1)
+	go func() {
+		_, err := e.Control().Deploy(context.Background(), "w", bytes.NewReader(b), false)
+		deployed <- err
+	}()
+	waitInfo(t, e, "w", "a deployed version", func(runtime.FunctionInfo) bool { return true })
+	t0 := time.Now()
+	r := <-invokeAsync(e, "w", item(1, 0), time.Now().Add(4*time.Second))
+	if r.err != nil || r.value != 2 {
+		t.Fatalf("a request during the warm-up: %+v", r)
+	}
+	if el := time.Since(t0); el > 2500*time.Millisecond {
+		t.Fatalf("a request during a 700 ms warm-up took %v: it waited for its deadline, not the instance", el)
+	}
+	if err := <-deployed; err != nil {
+		t.Fatal(err)
 	}
 }

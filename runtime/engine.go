@@ -232,10 +232,12 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err err
 	if v.batch != nil {
 		err := v.batch.invoke(ctx, req, deadline)
 		req.Timing.Total = time.Since(t0)
+		if req.BatchSize > 0 { // it ran, well or not: count its start as the unbatched path does
+			f.stats.count(req.Start)
+		}
 		if err != nil {
 			return err
 		}
-		f.stats.count(req.Start)
 		f.stats.latencyNs.Add(int64(req.Timing.Total))
 		return nil
 	}

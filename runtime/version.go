@@ -163,7 +163,14 @@ func (v *version) acquire(ctx context.Context, deadline time.Time, gone func() b
 // goneInterval is how often a queued request checks for its client.
 const goneInterval = 20 * time.Millisecond
 
-func (v *version) release() { <-v.slots }
+// release gives back a slot. A batching function's queued requests wait
+// for a free slot rather than on the channel, so they are told.
+func (v *version) release() {
+	<-v.slots
+	if v.batch != nil {
+		v.batch.dispatch()
+	}
+}
 
 // put returns an instance to the idle pool, or closes it when it is broken or
 // its version retired; now is when it was last used (the caller's reading,

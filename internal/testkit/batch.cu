@@ -42,6 +42,16 @@ PLOVER_ENTRY(bitem) {
   }
 }
 
+#ifdef SLOW_INIT_MS
+/* -DSLOW_INIT_MS=n: every instance takes n ms to create. */
+PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
+  (void)s;
+  struct timespec ts = {SLOW_INIT_MS / 1000, (SLOW_INIT_MS % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+#endif
+
 /* Lowers out.len, which a batched run must not do. */
 PLOVER_ENTRY(bshrink) {
   (void)grid;

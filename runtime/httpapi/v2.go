@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -210,7 +211,8 @@ type inferTensor struct {
 	binSize     int64
 	binSizeBad  bool
 	binSizeText string
-	binary      bool // parameters.binary_data of an output
+	binOff      int64 // layInputs: where an input's binary bytes start
+	binary      bool  // parameters.binary_data of an output
 }
 
 // v2Call is an inference's scratch state, pooled so that a binary-extension
@@ -307,25 +309,29 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur registry.Ver
 	r.Output = vc.out[:0]
 	err = s.inv.Invoke(context.Background(), name, r)
 	vc.out, r.Input = r.Output, nil
-	code, kind := fasthttp.StatusOK, runtime.KindInternal
 	if err != nil {
-		code, kind = classify(err) // only here: its errors.As target escapes
-	}
-	s.metrics.record(name, code, kind, &r.Timing)
-	if err != nil {
+		code, kind := classify(err) // only here: its errors.As target escapes
+		s.metrics.record(name, code, kind, &r.Timing)
 		s.v2Fail(ctx, err)
 		return
 	}
+	// The function ran; what it produced may still not make a response
+	// (too few bytes for its outputs, values JSON cannot carry): a 500,
+	// counted as one.
 	vc.cuts, vc.dims, err = cutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
+	if err == nil {
+		if h.allBinary(ts.Outputs) {
+			writeBinary(ctx, vc, name)
+		} else {
+			err = writeInferJSON(ctx, h, name, r.Version, vc.cuts)
+		}
+	}
 	if err != nil {
+		s.metrics.record(name, fasthttp.StatusInternalServerError, runtime.KindInternal, &r.Timing)
 		v2Error(ctx, fasthttp.StatusInternalServerError, err.Error())
 		return
 	}
-	if h.allBinary(ts.Outputs) {
-		writeBinary(ctx, vc, name)
-	} else {
-		writeInferJSON(ctx, h, name, r.Version, vc.cuts)
-	}
+	s.metrics.record(name, fasthttp.StatusOK, runtime.KindInternal, &r.Timing)
 	s.writeMeta(ctx, &vc.call)
 }
 
@@ -421,8 +427,11 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// writeInferJSON writes a response with JSON data for some output.
-func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version string, outs []cut) {
+// writeInferJSON writes a response with JSON data for some output. An
+// output whose JSON data would hold NaN or an infinity, which JSON has no
+// numbers for, is an error (and nothing is written): the binary extension
+// carries those values.
+func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version string, outs []cut) error {
 	resp := map[string]any{"model_name": name, "model_version": version, "outputs": nil}
 	if h.id != "" {
 		resp["id"] = h.id
@@ -436,12 +445,20 @@ func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version stri
 			t["parameters"] = map[string]any{"binary_data_size": len(o.bytes)}
 			tail = append(tail, o.bytes...)
 		} else {
-			t["data"] = decodeElements(decl.Datatype, o.bytes)
+			data := decodeElements(decl.Datatype, o.bytes)
+			if k, v, ok := nonFinite(data); ok {
+				return fmt.Errorf("output %q: element %d is %v, which JSON data cannot carry: ask for the output in binary "+
+					"(the request's parameters.binary_data_output, or the output's parameters.binary_data)", decl.Name, k, v)
+			}
+			t["data"] = data
 		}
 		outList = append(outList, t)
 	}
 	resp["outputs"] = outList
-	js, _ := json.Marshal(resp)
+	js, err := json.Marshal(resp)
+	if err != nil {
+		return fmt.Errorf("encoding the response: %v", err)
+	}
 	ctx.Response.Reset()
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	if tail != nil {
@@ -452,6 +469,26 @@ func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version stri
 		ctx.SetContentType("application/json")
 		ctx.SetBody(js)
 	}
+	return nil
+}
+
+// nonFinite finds the first NaN or infinity among decodeElements' values
+// (only FP16, FP32 and FP64 ones can be).
+func nonFinite(data []any) (k int, v float64, ok bool) {
+	for k, x := range data {
+		switch f := x.(type) {
+		case float32:
+			v = float64(f)
+		case float64:
+			v = f
+		default:
+			return 0, 0, false // one datatype: no floats at all
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return k, v, true
+		}
+	}
+	return 0, 0, false
 }
 
 // decode reads header with encoding/json, for what parse leaves to it: its
@@ -938,11 +975,17 @@ func (p *hdrParser) number() bool {
 	return true
 }
 
-// layInputs puts the request's tensors in declared order, checking names,
-// datatypes and shapes. When every input comes in the binary extension
-// the result is bin itself: those bytes are already in declared order, so
-// the engine reads them where they arrived (as invoke's body). Otherwise
-// they are laid out in buf.
+// layInputs puts the request's tensors in declared order (the function's
+// input buffer: inputs back to back, as the model declares them), checking
+// names, datatypes and shapes. The binary extension's bytes hold the binary
+// inputs in the order the REQUEST lists them (the protocol: "in the same
+// order as the tensors appear in the inputs list"), so each one's offset in
+// bin is worked out in request order first (kept in its binOff), and the
+// bytes are then taken from there in declared order. When the binary bytes
+// already are the declared layout (every input binary, each where the one
+// declared before it ends: request order is declared order, but for empty
+// inputs) the result is bin itself, and the engine reads the inputs where
+// they arrived (as invoke's body). Otherwise they are laid out in buf.
 func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]byte, []byte, error) {
 	// Linear search below a few inputs, as requests have; a map above, so
 	// that a header of many inputs costs no quadratic time.
@@ -964,10 +1007,22 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 			return nil, buf, fmt.Errorf("input %q is given twice", got[i].name)
 		}
 	}
-	var used uint32 // by index, without byName
-	all := bin      // the binary bytes from the start
-	laid := 0       // of them, the inputs' so far while every input is binary
-	allBinary := true
+	// Offsets in request order. A size that cannot be right (no integer,
+	// negative) takes no room: its input fails its own check below. The
+	// running offset stops past the end of bin, so that sums cannot
+	// overflow; an input placed there fails the bounds check.
+	end := int64(len(bin)) + 1
+	off := int64(0)
+	for i := range got {
+		t := &got[i]
+		t.binOff = off
+		if t.hasBinSize && !t.binSizeBad && t.binSize > 0 {
+			off = min(off+min(t.binSize, end), end)
+		}
+	}
+	var used uint32                 // by index, without byName
+	inPlace, laid := true, int64(0) // bin is the layout so far: its first laid bytes
+	var short *inferTensor          // the first binary input past the end of bin
 	for _, d := range decl {
 		i := -1
 		if byName != nil {
@@ -994,28 +1049,42 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 		if err := matchShape(t.shape, d.Shape); err != nil {
 			return nil, buf, fmt.Errorf("input %q: %v", d.Name, err)
 		}
-		size := abi.Elements(t.shape) * abi.DatatypeSize[d.Datatype]
+		size, ok := tensorBytes(t.shape, abi.DatatypeSize[d.Datatype])
+		if !ok {
+			return nil, buf, fmt.Errorf("input %q: shape %v of %s: its byte size overflows an int64", d.Name, t.shape, d.Datatype)
+		}
 		if t.hasBinSize {
-			if t.binSizeBad || t.binSize != size || t.binSize > int64(len(bin)) {
+			if t.binSizeBad || t.binSize != size {
 				var n any = t.binSize
 				if t.binSizeText != "" {
 					n = t.binSizeText
 				}
 				return nil, buf, fmt.Errorf("input %q: binary_data_size %v: want %d bytes (shape %v of %s), with that many left in the body", d.Name, n, size, t.shape, d.Datatype)
 			}
-			if allBinary {
-				laid += int(size)
-			} else {
-				buf = append(buf, bin[:size]...)
+			if size > int64(len(bin))-t.binOff {
+				// Reported once every input's own size is checked: an
+				// input listed before it may be the one that is wrong.
+				if short == nil {
+					short = t
+				}
+				continue
 			}
-			bin = bin[size:]
+			if inPlace && (t.binOff == laid || size == 0) {
+				laid += size
+				continue
+			}
+			if inPlace {
+				buf = append(buf, bin[:laid]...)
+				inPlace = false
+			}
+			buf = append(buf, bin[t.binOff:t.binOff+size]...)
 			continue
 		}
-		if allBinary {
-			buf = append(buf, all[:laid]...)
-			allBinary = false
+		if inPlace {
+			buf = append(buf, bin[:laid]...)
+			inPlace = false
 		}
-		b, err := encodeElements(d.Datatype, t.data, abi.Elements(t.shape))
+		b, err := encodeElements(d.Datatype, t.data, size/abi.DatatypeSize[d.Datatype])
 		if err != nil {
 			return nil, buf, fmt.Errorf("input %q: %v", d.Name, err)
 		}
@@ -1029,16 +1098,36 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 			return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, tensorNames(decl))
 		}
 	}
-	if len(bin) != 0 {
-		return nil, buf, fmt.Errorf("%d bytes of binary data after the last input", len(bin))
+	if short != nil {
+		return nil, buf, fmt.Errorf("input %q: binary_data_size %d: the body's binary data ends before it (%d bytes, the binary inputs in the order the request lists them)", short.name, short.binSize, len(bin))
 	}
-	if allBinary {
+	if off != int64(len(bin)) {
+		return nil, buf, fmt.Errorf("%d bytes of binary data after the last input", int64(len(bin))-off)
+	}
+	if inPlace {
 		if laid == 0 {
 			return []byte{}, buf, nil
 		}
-		return all[:laid], buf, nil
+		return bin[:laid], buf, nil
 	}
 	return buf, buf, nil
+}
+
+// tensorBytes is the byte size of a shape (of dimensions not negative) of
+// elements of es bytes; false when it does not fit an int64, which a shape
+// sent in a request may ask for.
+func tensorBytes(shape []int64, es int64) (int64, bool) {
+	if slices.Contains(shape, 0) {
+		return 0, true
+	}
+	n := es
+	for _, d := range shape {
+		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
+			return 0, false
+		}
+		n *= d
+	}
+	return n, true
 }
 
 func tensorNames(ts []abi.Tensor) string {

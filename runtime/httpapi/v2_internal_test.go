@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"net"
@@ -179,20 +180,41 @@ func TestWriteBinaryMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
-// layInputs hands over the binary bytes themselves when every input is in
-// them, and lays inputs out in declared order otherwise.
+// layInputs takes each binary input's bytes at its place in request order
+// (the binary extension's bytes hold the binary inputs in the order the
+// request lists them) and lays the inputs out in declared order; it hands
+// over the binary bytes themselves only when they already are that layout.
 func TestLayInputs(t *testing.T) {
 	decl := []abi.Tensor{{Name: "a", Datatype: "UINT8", Shape: []int64{2}}, {Name: "b", Datatype: "INT16", Shape: []int64{-1}}}
-	bin := []byte{1, 2, 3, 0, 4, 0}
+	decl3 := append(decl[:2:2], abi.Tensor{Name: "c", Datatype: "FP32", Shape: []int64{1}})
+	bin := []byte{1, 2, 3, 0, 4, 0} // a, then b: the declared layout
+	c := []byte{0, 0, 0xc0, 0x3f}   // 1.5
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 	a := inferTensor{name: "a", datatype: "UINT8", shape: []int64{2}, hasBinSize: true, binSize: 2}
+	aJSON := inferTensor{name: "a", datatype: "UINT8", shape: []int64{2}, data: []byte("[1,2]")}
 	bBin := inferTensor{name: "b", datatype: "INT16", shape: []int64{2}, hasBinSize: true, binSize: 4}
 	bJSON := inferTensor{name: "b", datatype: "INT16", shape: []int64{2}, data: []byte("[3,4]")}
+	bEmpty := inferTensor{name: "b", datatype: "INT16", shape: []int64{0}, hasBinSize: true, binSize: 0}
+	cBin := inferTensor{name: "c", datatype: "FP32", shape: []int64{1}, hasBinSize: true, binSize: 4}
+	cJSON := inferTensor{name: "c", datatype: "FP32", shape: []int64{1}, data: []byte("[1.5]")}
 	many := make([]inferTensor, 20)
 	for i := range many {
 		many[i] = inferTensor{name: fmt.Sprint("t", i)}
 	}
+	// Enough inputs for layInputs' map, all binary, listed in reverse.
+	var declMany []abi.Tensor
+	var manyRev []inferTensor
+	var manyBin, manyWant []byte
+	for i := range 20 {
+		n := fmt.Sprint("m", i)
+		declMany = append(declMany, abi.Tensor{Name: n, Datatype: "UINT8", Shape: []int64{1}})
+		manyRev = append([]inferTensor{{name: n, datatype: "UINT8", shape: []int64{1}, hasBinSize: true, binSize: 1}}, manyRev...)
+		manyBin = append([]byte{byte(i)}, manyBin...)
+		manyWant = append(manyWant, byte(i))
+	}
 	for _, tt := range []struct {
 		name    string
+		decl    []abi.Tensor // decl when nil
 		got     []inferTensor
 		bin     []byte
 		want    []byte
@@ -200,23 +222,61 @@ func TestLayInputs(t *testing.T) {
 		err     string
 	}{
 		{name: "all binary", got: []inferTensor{a, bBin}, bin: bin, want: bin, aliases: true},
-		{name: "all binary, request order differs", got: []inferTensor{bBin, a}, bin: bin, want: bin, aliases: true},
+		{name: "all binary, request order differs", got: []inferTensor{bBin, a}, bin: cat(bin[2:], bin[:2]), want: bin},
+		{name: "all binary, an empty input", got: []inferTensor{a, bEmpty}, bin: bin[:2], want: bin[:2], aliases: true},
+		{name: "all binary, an empty input listed first", got: []inferTensor{bEmpty, a}, bin: bin[:2], want: bin[:2], aliases: true},
+		{name: "three, all binary, rotated", decl: decl3, got: []inferTensor{bBin, cBin, a}, bin: cat(bin[2:], c, bin[:2]), want: cat(bin, c)},
+		{name: "three, all binary, reversed", decl: decl3, got: []inferTensor{cBin, bBin, a}, bin: cat(c, bin[2:], bin[:2]), want: cat(bin, c)},
+		{name: "three, all binary, declared order", decl: decl3, got: []inferTensor{a, bBin, cBin}, bin: cat(bin, c), want: cat(bin, c), aliases: true},
 		{name: "mixed", got: []inferTensor{bJSON, a}, bin: bin[:2], want: bin},
+		{name: "mixed, binary listed first", got: []inferTensor{a, bJSON}, bin: bin[:2], want: bin},
+		{name: "mixed, JSON declared first", got: []inferTensor{aJSON, bBin}, bin: bin[2:], want: bin},
+		{name: "three, mixed, binary out of order", decl: decl3, got: []inferTensor{cBin, aJSON, bBin}, bin: cat(c, bin[2:]), want: cat(bin, c)},
+		{name: "three, mixed, binary in order", decl: decl3, got: []inferTensor{a, bBin, cJSON}, bin: bin, want: cat(bin, c)},
+		{name: "three, mixed, JSON between", decl: decl3, got: []inferTensor{cBin, bJSON, a}, bin: cat(c, bin[:2]), want: cat(bin, c)},
+		{name: "three, all JSON", decl: decl3, got: []inferTensor{cJSON, bJSON, aJSON}, want: cat(bin, c)},
 		{name: "missing", got: []inferTensor{a}, bin: bin[:2], err: `input "b" is missing (the model takes a, b)`},
 		{name: "twice", got: []inferTensor{a, bBin, a}, bin: bin, err: `input "a" is given twice`},
 		{name: "unknown", got: []inferTensor{a, bBin, {name: "c"}}, bin: bin, err: `input "c" is not one of the model's inputs (a, b)`},
 		{name: "bytes left", got: []inferTensor{a, bBin}, bin: append(bin[:6:6], 9), err: "1 bytes of binary data after the last input"},
+		{name: "bytes left, request order differs", got: []inferTensor{bBin, a}, bin: append(bin[:6:6], 9), err: "1 bytes of binary data after the last input"},
+		{name: "bytes short", got: []inferTensor{a, bBin}, bin: bin[:5], err: `input "b": binary_data_size 4:`},
+		{name: "bytes short, request order differs", got: []inferTensor{bBin, a}, bin: bin[:5], err: `input "a": binary_data_size 2:`},
 		{name: "size mismatch", got: []inferTensor{{name: "a", datatype: "UINT8", shape: []int64{2}, hasBinSize: true, binSize: 3}, bBin}, bin: bin,
 			err: `input "a": binary_data_size 3: want 2 bytes (shape [2] of UINT8), with that many left in the body`},
+		// The input listed first is the wrong one, not the one declared
+		// first that its size pushes past the end.
+		{name: "size mismatch, listed before a declared one", got: []inferTensor{{name: "b", datatype: "INT16", shape: []int64{2}, hasBinSize: true, binSize: 100}, a}, bin: bin,
+			err: `input "b": binary_data_size 100: want 4 bytes (shape [2] of INT16)`},
 		{name: "size not an integer", got: []inferTensor{{name: "a", datatype: "UINT8", shape: []int64{2}, hasBinSize: true, binSizeBad: true, binSizeText: "2.0"}, bBin}, bin: bin,
 			err: `input "a": binary_data_size 2.0: want 2 bytes`},
 		{name: "size null", got: []inferTensor{{name: "a", datatype: "UINT8", shape: []int64{2}, hasBinSize: true, binSizeBad: true, binSizeText: "<nil>"}, bBin}, bin: bin,
 			err: `input "a": binary_data_size <nil>: want 2 bytes`},
+		{name: "size negative", got: []inferTensor{{name: "a", datatype: "UINT8", shape: []int64{2}, hasBinSize: true, binSize: -4}, bBin}, bin: bin,
+			err: `input "a": binary_data_size -4: want 2 bytes`},
+		// Shapes whose byte size overflows an int64: to a negative number,
+		// sent as that number (decode takes it), which must not be sliced
+		// with; to a small one, which must not pass for it.
+		{name: "size overflows", got: []inferTensor{a, {name: "b", datatype: "INT16", shape: []int64{1 << 62}, hasBinSize: true, binSize: math.MinInt64}}, bin: bin,
+			err: `input "b": shape [4611686018427387904] of INT16: its byte size overflows an int64`},
+		{name: "size overflows to a small one", decl: []abi.Tensor{{Name: "v", Datatype: "FP32", Shape: []int64{-1}}},
+			got: []inferTensor{{name: "v", datatype: "FP32", shape: []int64{1<<62 + 1}, hasBinSize: true, binSize: 4}}, bin: c,
+			err: `input "v": shape [4611686018427387905] of FP32: its byte size overflows an int64`},
+		{name: "size overflows, JSON data", decl: []abi.Tensor{{Name: "v", Datatype: "FP32", Shape: []int64{-1, 2}}},
+			got: []inferTensor{{name: "v", datatype: "FP32", shape: []int64{1 << 61, 2}, data: []byte("[1]")}},
+			err: `input "v": shape [2305843009213693952 2] of FP32: its byte size overflows an int64`},
+		{name: "an empty dimension before huge ones", decl: []abi.Tensor{{Name: "v", Datatype: "FP32", Shape: []int64{-1, 1 << 40, 1 << 40}}},
+			got: []inferTensor{{name: "v", datatype: "FP32", shape: []int64{0, 1 << 40, 1 << 40}, hasBinSize: true, binSize: 0}}, want: []byte{}},
+		{name: "many inputs, all binary, reversed", decl: declMany, got: manyRev, bin: manyBin, want: manyWant},
 		{name: "many inputs, one twice", got: append(many, many[3]), err: `input "t3" is given twice`},
 		{name: "many inputs, unknown", got: many, err: `input "a" is missing`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			in, _, err := layInputs(tt.got, decl, tt.bin, nil)
+			d := tt.decl
+			if d == nil {
+				d = decl
+			}
+			in, _, err := layInputs(tt.got, d, tt.bin, nil)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err %v, want %q", err, tt.err)
@@ -226,8 +286,71 @@ func TestLayInputs(t *testing.T) {
 			if err != nil || !bytes.Equal(in, tt.want) {
 				t.Fatalf("%v %v, want %v", in, err, tt.want)
 			}
-			if aliases := len(in) > 0 && &in[0] == &tt.bin[0]; aliases != tt.aliases {
+			if aliases := len(in) > 0 && len(tt.bin) > 0 && &in[0] == &tt.bin[0]; aliases != tt.aliases {
 				t.Errorf("result is the body's bytes: %v, want %v", aliases, tt.aliases)
+			}
+		})
+	}
+}
+
+// An output with JSON data holding NaN or an infinity is an error naming
+// it, with nothing written; in binary, or finite, it is a response.
+func TestWriteInferJSONNonFinite(t *testing.T) {
+	f32 := func(fs ...float32) []byte {
+		var b []byte
+		for _, f := range fs {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
+		}
+		return b
+	}
+	f64 := func(f float64) []byte { return binary.LittleEndian.AppendUint64(nil, math.Float64bits(f)) }
+	nan32, inf := float32(math.NaN()), math.Inf(1)
+	for _, tt := range []struct {
+		name      string
+		decl      []abi.Tensor
+		out       []byte
+		binary    string // an output asked for in binary
+		binAll    bool   // binary_data_output
+		err       string // "": a 200
+		dataHolds string // in the JSON written
+	}{
+		{name: "FP32 NaN", decl: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{2}}}, out: f32(1, nan32),
+			err: `output "y": element 1 is NaN, which JSON data cannot carry`},
+		{name: "FP32 -Inf", decl: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{-1}}}, out: f32(float32(math.Inf(-1))),
+			err: `output "y": element 0 is -Inf`},
+		{name: "FP64 +Inf", decl: []abi.Tensor{{Name: "w", Datatype: "FP64", Shape: []int64{1}}}, out: f64(inf), err: `output "w": element 0 is +Inf`},
+		{name: "FP16 NaN", decl: []abi.Tensor{{Name: "h", Datatype: "FP16", Shape: []int64{1}}}, out: []byte{0x00, 0x7e}, err: `output "h": element 0 is NaN`},
+		{name: "FP16 Inf", decl: []abi.Tensor{{Name: "h", Datatype: "FP16", Shape: []int64{1}}}, out: []byte{0x00, 0x7c}, err: `output "h": element 0 is +Inf`},
+		{name: "the JSON one of two named", decl: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{1}}, {Name: "w", Datatype: "FP64", Shape: []int64{1}}},
+			out: append(f32(nan32), f64(inf)...), binary: "y", err: `output "w": element 0 is +Inf`},
+		{name: "NaN asked for in binary", decl: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{1}}, {Name: "w", Datatype: "FP64", Shape: []int64{1}}},
+			out: append(f32(nan32), f64(2.5)...), binary: "y", dataHolds: `"data":[2.5]`},
+		{name: "finite", decl: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{2}}}, out: f32(1.5, -2), dataHolds: `"data":[1.5,-2]`},
+		{name: "integers", decl: []abi.Tensor{{Name: "i", Datatype: "INT32", Shape: []int64{1}}}, out: []byte{0, 0, 0xc0, 0x7f}, dataHolds: `"data":[2143289344]`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := &inferHeader{binaryOutput: tt.binAll}
+			if tt.binary != "" {
+				h.outputs = []inferTensor{{name: tt.binary, binary: true}}
+			}
+			cuts, _, err := cutOutputs(tt.out, tt.decl, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ctx fasthttp.RequestCtx
+			ctx.Init(&fasthttp.Request{}, &net.TCPAddr{}, nil)
+			err = writeInferJSON(&ctx, h, "m", "v", cuts)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), "binary_data_output") {
+					t.Fatalf("err %v, want one containing %q and naming binary_data_output", err, tt.err)
+				}
+				if len(ctx.Response.Body()) != 0 {
+					t.Errorf("wrote %q as well", ctx.Response.Body())
+				}
+				return
+			}
+			if err != nil || ctx.Response.StatusCode() != 200 || !bytes.Contains(ctx.Response.Body(), []byte(tt.dataHolds)) {
+				t.Fatalf("%v: %d %q, want data %s", err, ctx.Response.StatusCode(), ctx.Response.Body(), tt.dataHolds)
 			}
 		})
 	}

@@ -149,6 +149,10 @@ func TestOpenInferenceProtocol(t *testing.T) {
 		{"element count", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2]}]}`, 400, "data has 2 elements, the shape holds 3"},
 		{"out of range", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[256]}]}`, 400, "256 is not a UINT8"},
 		{"bad JSON", "/v2/models/echo/infer", `{"inputs":`, 400, "invalid JSON"},
+		// A byte size past int64, given as the number it overflows to:
+		// refused, not sliced with (which took the server down).
+		{"byte size overflows", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3,4]},` +
+			`{"name":"y","datatype":"INT16","shape":[4611686018427387904],"parameters":{"binary_data_size":-9223372036854775808}}]}`, 400, `input "y": shape [4611686018427387904] of INT16: its byte size overflows an int64`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			code, _, b := v2Do(t, "POST", url+tt.path, nil, []byte(tt.body))
@@ -263,4 +267,156 @@ func rawOnce(t *testing.T, addr, raw string) (int, http.Header, []byte) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header, b
+}
+
+// The binary extension's bytes hold the binary inputs in the order the
+// request lists them; the function gets its inputs back to back in declared
+// order, whatever order the request lists them in and whichever of them
+// come as JSON data. (echo answers with its input, zero-padded.)
+func TestV2BinaryInputOrder(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	m := testkit.Manifest("trio")
+	m.OutBytes = 32
+	m.Tensors = &abi.Tensors{
+		Inputs: []abi.Tensor{{Name: "p", Datatype: "UINT8", Shape: []int64{3}}, {Name: "q", Datatype: "FP32", Shape: []int64{2}},
+			{Name: "r", Datatype: "INT16", Shape: []int64{-1}}},
+		Outputs: []abi.Tensor{{Name: "o", Datatype: "UINT8", Shape: []int64{-1}}},
+	}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	url := testkit.Serve(t, e, httpapi.Options{})
+
+	q := binary.LittleEndian.AppendUint32(nil, math.Float32bits(1.5))
+	q = binary.LittleEndian.AppendUint32(q, math.Float32bits(-2))
+	inputs := map[string]struct {
+		datatype, shape, data string
+		bytes                 []byte
+	}{
+		"p": {"UINT8", "[3]", "[1,2,3]", []byte{1, 2, 3}},
+		"q": {"FP32", "[2]", "[1.5,-2]", q},
+		"r": {"INT16", "[3]", "[-3,300,7]", []byte{0xfd, 0xff, 0x2c, 0x01, 7, 0}},
+	}
+	declared := append(append(append([]byte{}, inputs["p"].bytes...), inputs["q"].bytes...), inputs["r"].bytes...)
+
+	for _, tt := range []struct {
+		name   string
+		order  []string // as the request lists them
+		binary string   // the ones sent in binary
+	}{
+		{"declared order, all binary", []string{"p", "q", "r"}, "pqr"},
+		{"reversed, all binary", []string{"r", "q", "p"}, "pqr"},
+		{"rotated, all binary", []string{"q", "r", "p"}, "pqr"},
+		{"two swapped, all binary", []string{"p", "r", "q"}, "pqr"},
+		{"declared order, mixed", []string{"p", "q", "r"}, "pr"},
+		{"reversed, mixed", []string{"r", "q", "p"}, "pr"},
+		{"JSON listed first, binary out of order", []string{"q", "r", "p"}, "pr"},
+		{"binary listed first, in order", []string{"p", "q", "r"}, "pq"},
+		{"one binary", []string{"r", "p", "q"}, "q"},
+		{"all JSON", []string{"r", "p", "q"}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var ins []string
+			var bin []byte
+			for _, n := range tt.order {
+				in := inputs[n]
+				js := `{"name":"` + n + `","datatype":"` + in.datatype + `","shape":` + in.shape
+				if strings.Contains(tt.binary, n) {
+					js += `,"parameters":{"binary_data_size":` + strconv.Itoa(len(in.bytes)) + `}}`
+					bin = append(bin, in.bytes...)
+				} else {
+					js += `,"data":` + in.data + `}`
+				}
+				ins = append(ins, js)
+			}
+			header := []byte(`{"inputs":[` + strings.Join(ins, ",") + `],"parameters":{"binary_data_output":true}}`)
+			code, hdr, b := v2Do(t, "POST", url+"/v2/models/trio/infer",
+				map[string]string{"Inference-Header-Content-Length": strconv.Itoa(len(header)), "Content-Type": "application/octet-stream"},
+				append(header, bin...))
+			n, err := strconv.Atoi(hdr.Get("Inference-Header-Content-Length"))
+			if code != 200 || err != nil || n > len(b) {
+				t.Fatalf("%d %v %s", code, hdr, b)
+			}
+			want := append(append([]byte{}, declared...), make([]byte, int(m.OutBytes)-len(declared))...)
+			if got := b[n:]; !bytes.Equal(got, want) {
+				t.Fatalf("the function got %v, want %v (p, q, r in declared order)", got, want)
+			}
+		})
+	}
+}
+
+// An output with NaN or an infinity, asked for as JSON data, is the
+// protocol's error object with a 500 naming it and the binary extension
+// (JSON has no numbers for those values), counted as a 500; asked for in
+// binary it is a response. The function echoes the input's bytes: output y
+// is its first 8 (two FP32), w the next 8 (one FP64).
+func TestV2NonFiniteOutputs(t *testing.T) {
+	e := testkit.Engine(t, runtime.Config{})
+	m := testkit.Manifest("floats")
+	m.OutBytes = 16
+	m.Tensors = &abi.Tensors{
+		Inputs:  []abi.Tensor{{Name: "x", Datatype: "UINT8", Shape: []int64{16}}},
+		Outputs: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{2}}, {Name: "w", Datatype: "FP64", Shape: []int64{1}}},
+	}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	url := testkit.Serve(t, e, httpapi.Options{})
+	x := func(y0, y1 float32, w float64) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, math.Float32bits(y0))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(y1))
+		return binary.LittleEndian.AppendUint64(b, math.Float64bits(w))
+	}
+	nan, inf := float32(math.NaN()), math.Inf(1)
+
+	for _, tt := range []struct {
+		name    string
+		x       []byte
+		params  string // the request's, after "inputs"
+		code    int
+		err     string // 500: in the message
+		jsonOut string // 200: in the JSON header
+	}{
+		{"NaN", x(1, nan, 2), ``, 500, `output "y": element 1 is NaN`, ""},
+		{"+Inf", x(float32(inf), 1, 2), ``, 500, `output "y": element 0 is +Inf`, ""},
+		{"-Inf, FP64", x(1, 2, math.Inf(-1)), ``, 500, `output "w": element 0 is -Inf`, ""},
+		{"NaN in the one asked for as JSON", x(nan, 1, inf), `,"outputs":[{"name":"y","parameters":{"binary_data":true}}]`, 500, `output "w": element 0 is +Inf`, ""},
+		{"NaN asked for in binary", x(nan, 1, 2.5), `,"outputs":[{"name":"y","parameters":{"binary_data":true}}]`, 200, "", `"data":[2.5]`},
+		{"all binary", x(nan, float32(inf), math.NaN()), `,"parameters":{"binary_data_output":true}`, 200, "", `"binary_data_size":8`},
+		{"finite", x(1.5, -2, 0.25), ``, 200, "", `"data":[1.5,-2]`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			header := []byte(`{"inputs":[{"name":"x","datatype":"UINT8","shape":[16],"parameters":{"binary_data_size":16}}]` + tt.params + `}`)
+			code, hdr, b := v2Do(t, "POST", url+"/v2/models/floats/infer",
+				map[string]string{"Inference-Header-Content-Length": strconv.Itoa(len(header)), "Content-Type": "application/octet-stream"},
+				append(header, tt.x...))
+			if code != tt.code {
+				t.Fatalf("%d %q, want %d", code, b, tt.code)
+			}
+			if tt.code != 200 {
+				var v2 struct {
+					Error *string `json:"error"`
+				}
+				dec := json.NewDecoder(bytes.NewReader(b))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&v2); err != nil || v2.Error == nil || !strings.Contains(*v2.Error, tt.err) || !strings.Contains(*v2.Error, "binary_data_output") {
+					t.Fatalf(`want {"error": "...%s... binary_data_output..."}: %v: %s`, tt.err, err, b)
+				}
+				if ct := hdr.Get("Content-Type"); ct != "application/json" {
+					t.Errorf("Content-Type %q", ct)
+				}
+				return
+			}
+			n := len(b)
+			if h := hdr.Get("Inference-Header-Content-Length"); h != "" {
+				n, _ = strconv.Atoi(h)
+			}
+			if n > len(b) || !json.Valid(b[:n]) || !strings.Contains(string(b[:n]), tt.jsonOut) {
+				t.Fatalf("%s, want a JSON header holding %s", b, tt.jsonOut)
+			}
+			if tail := b[n:]; len(tail) > 0 && !bytes.Equal(tail, tt.x[:len(tail)]) {
+				t.Errorf("binary outputs %v, want %v", tail, tt.x[:len(tail)])
+			}
+		})
+	}
+	_, _, b := v2Do(t, "GET", url+"/metrics", nil, nil)
+	if want := `plover_requests_total{code="500",function="floats"} 4`; !strings.Contains(string(b), want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
 }

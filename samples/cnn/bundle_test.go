@@ -82,7 +82,7 @@ func readHeldout(t testing.TB) ([]digits.Digit, *model.Params) {
 
 // buildHost compiles cnn.cu for the host target the way cnn.mk does (plus
 // -Werror: the sample should build cleanly) and returns the library path.
-func buildHost(t testing.TB, dir string) string {
+func buildHost(t testing.TB, dir string, defines ...string) string {
 	t.Helper()
 	cxx := os.Getenv("CXX")
 	if cxx == "" {
@@ -92,8 +92,8 @@ func buildHost(t testing.TB, dir string) string {
 		t.Skipf("%s not found, cannot build the host bundle: %v", cxx, err)
 	}
 	so := filepath.Join(dir, "cnn.so")
-	cmd := exec.Command(cxx, "-x", "c++", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror",
-		"-I"+filepath.Join("..", "..", "abi"), "-o", so, "cnn.cu")
+	args := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"}, defines...)
+	cmd := exec.Command(cxx, append(args, "-I"+filepath.Join("..", "..", "abi"), "-o", so, "cnn.cu")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
@@ -299,6 +299,54 @@ func TestHostBundle(t *testing.T) {
 // TestCUDABuild compiles cnn.cu with nvcc, as cnn.mk does, and checks
 // statically (nothing runs without a GPU) that the library declares target
 // "cuda" and exports every kernel of both chains.
+// TestBatchedBuild: the CNN_BATCH build scores every digit of a batch as
+// the reference does, for several batch sizes and for launch sizes other
+// than the manifest's (the kernels are grid-stride loops over all items).
+func TestBatchedBuild(t *testing.T) {
+	m := readManifest(t)
+	ds, p := readHeldout(t)
+	const maxItems = 64
+	so := buildHost(t, t.TempDir(), fmt.Sprintf("-DCNN_BATCH=%d", maxItems))
+	b := openBundle(t, so, abi.Kernels(m.Chain))
+	inst, err := b.dev.NewInstance(cuda.InstanceConfig{MaxInput: maxItems * model.InputBytes, Tmp: maxItems * m.TmpBytes,
+		Out: maxItems * model.OutBytes, Constants: b.consts, Entries: b.ents})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Close)
+	for _, c := range []struct {
+		name  string
+		items int
+		chain []abi.Launch
+	}{
+		{"one digit", 1, m.Chain},
+		{"7 digits", 7, m.Chain},
+		{"64 digits", 64, m.Chain},
+		{"64 digits, grid 1 block 1", 64, resized(m.Chain, 1, 1)},
+		{"13 digits, grid 3 block 7", 13, resized(m.Chain, 3, 7)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var in []byte
+			for i := range c.items {
+				in = append(in, ds[i*3].Input()...)
+			}
+			run := &cuda.Run{Input: in, Output: make([]byte, c.items*model.OutBytes), Chain: b.steps(t, c.chain),
+				TmpLen: maxItems * m.TmpBytes, Items: uint32(c.items)}
+			if err := inst.Run(run); err != nil {
+				t.Fatal(err)
+			}
+			for i := range c.items {
+				got, want := scoresOf(run.Output[i*model.OutBytes:]), p.Scores(ds[i*3].Image())
+				for k := range got {
+					if d := math.Abs(float64(got[k]) - float64(want[k])); !(d <= scoreTolerance) {
+						t.Fatalf("item %d score %d: bundle %v, reference %v", i, k, got[k], want[k])
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestCUDABuild(t *testing.T) {
 	so := testkit.BuildCUDALib(t, "cnn.cu", t.TempDir(), "cnn.so")
 	info, err := loader.Inspect(so)

@@ -78,11 +78,11 @@ __global__ void c1_fused(const float *__restrict__ in,
   GRID_STRIDE(n, N_C1 * items) {
     int d = n / N_C1, k = n % N_C1;
     int m = k / 576, y = k / 24 % 24, x = k % 24;
-    in += d * N_IN;
+    const float *img = in + d * N_IN;
     const float *f = w + W_C1 + m * 25;
     float acc = 0.0f;
     for (int i = 0; i < 5; i++)
-      for (int j = 0; j < 5; j++) acc += f[i * 5 + j] * in[(y + i) * 28 + x + j];
+      for (int j = 0; j < 5; j++) acc += f[i * 5 + j] * img[(y + i) * 28 + x + j];
     c1[n] = sigmoid(acc + w[B_C1 + m]);
   }
 }
