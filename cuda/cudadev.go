@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -476,13 +477,15 @@ type gpuInstance struct {
 
 	// cached[k] is the key of c.exec[k] (valid while that is not NULL),
 	// used[k] when it last ran (a run counter: the least recently used
-	// slot is replaced); candidate is the key whose last run went cleanly
-	// without a graph, so the next run with it may capture (kernels are
-	// loaded and cudart is initialised).
+	// slot is replaced); candidates are keys whose last direct run went
+	// cleanly, so their next run may capture (kernels are loaded and cudart
+	// is initialised). Several, so that interleaved lengths (a batching
+	// function's run sizes) each get recorded.
 	cached          [C.PLCU_GRAPHS]graphKey
 	used            [C.PLCU_GRAPHS]uint64
 	runs            uint64
-	candidate       graphKey
+	candidates      [C.PLCU_GRAPHS]graphKey
+	nextCandidate   int
 	captureFailures int
 	graphsOff       bool // captures kept failing here: direct launches only
 	stats           graphCounters
@@ -625,7 +628,7 @@ func (i *gpuInstance) Run(r *Run) error {
 	if r.ChainKey != 0 && !i.graphsOff {
 		if slot = i.graphSlot(key); slot >= 0 {
 			mode = C.PLCU_REPLAY
-		} else if key == i.candidate {
+		} else if slices.Contains(i.candidates[:], key) {
 			mode, slot = C.PLCU_CAPTURE, i.victimSlot()
 		}
 	}
@@ -652,7 +655,8 @@ func (i *gpuInstance) Run(r *Run) error {
 	switch res.ran {
 	case C.PLCU_CAPTURE:
 		i.count(&i.stats.captured, &i.g.graphs.captured)
-		i.cached[slot], i.candidate = key, graphKey{}
+		i.cached[slot] = key
+		i.setCandidate(key, false)
 		i.runs++
 		i.used[slot] = i.runs
 	case C.PLCU_REPLAY:
@@ -661,9 +665,11 @@ func (i *gpuInstance) Run(r *Run) error {
 		i.used[slot] = i.runs
 	default:
 		i.count(&i.stats.direct, &i.g.graphs.direct)
-		i.candidate = graphKey{}
-		if mode == C.PLCU_DIRECT && r.ChainKey != 0 && res.err == 0 && kerr == "" {
-			i.candidate = key
+		switch {
+		case mode == C.PLCU_CAPTURE: // the capture failed: a clean direct run must come first again
+			i.setCandidate(key, false)
+		case mode == C.PLCU_DIRECT && r.ChainKey != 0 && res.err == 0 && kerr == "":
+			i.setCandidate(key, true)
 		}
 	}
 	if res.capture_op != nil && res.err == 0 {
@@ -695,6 +701,19 @@ func (i *gpuInstance) Run(r *Run) error {
 		return &KernelError{Msg: kerr}
 	}
 	return outUsed(r, uint64(res.t.out_used))
+}
+
+// setCandidate adds key to the candidates (replacing the oldest) or
+// removes it.
+func (i *gpuInstance) setCandidate(key graphKey, on bool) {
+	k := slices.Index(i.candidates[:], key)
+	switch {
+	case on && k < 0:
+		i.candidates[i.nextCandidate] = key
+		i.nextCandidate = (i.nextCandidate + 1) % len(i.candidates)
+	case !on && k >= 0:
+		i.candidates[k] = graphKey{}
+	}
 }
 
 // graphSlot is the slot holding a graph recorded for key, or -1.

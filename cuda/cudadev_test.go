@@ -452,6 +452,20 @@ func testGraphReplay(t *testing.T, e *bundleEnv) {
 	if s := inst.stats.load(); s.Replayed-before.Replayed != 4 || s.Direct != before.Direct || s.Captured != before.Captured {
 		t.Errorf("alternating two recorded lengths: stats %+v, before %+v; want 4 more replays only", s, before)
 	}
+	// New lengths that arrive interleaved from the start are each recorded
+	// too: direct, direct, captured, captured, then replayed.
+	before = inst.stats.load()
+	for i := 0; i < 6; i++ {
+		n := []int{200, 300}[i%2]
+		in := randBytes(r, n)
+		run(11, in, 1024)
+		if exp := chainOut(in, nil, 1024, len(out), false); !bytes.Equal(out, exp) {
+			t.Errorf("interleaved new lengths, run %d (input %d): %s", i, n, firstDiff(out, exp))
+		}
+	}
+	if s := inst.stats.load(); s.Direct-before.Direct != 2 || s.Captured-before.Captured != 2 || s.Replayed-before.Replayed != 2 {
+		t.Errorf("interleaved new lengths: stats %+v, before %+v; want 2 direct, 2 captured, 2 replayed", s, before)
+	}
 	if e.live != nil && e.live[5] < 1 {
 		t.Errorf("fake driver holds %d graph execs, want the cached one", e.live[5])
 	}
