@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/bench"
+	"github.com/plover-run/plover/cuda"
 )
 
 // batchRun is the CNN with and without batching on one server, same run.
@@ -25,6 +27,15 @@ type batchRun struct {
 	// Sizes is requests per run of the batched function over each sweep
 	// point (from plover_batch_size).
 	Sizes []float64 `json:"sweep_mean_batch"`
+	// Direct is the batched chain called in process (cuda.Device, no
+	// server) on as many items per run as each entry says.
+	Direct []directBatch `json:"direct"`
+}
+
+type directBatch struct {
+	Items    int     `json:"items"`
+	RunMs    float64 `json:"run_ms"` // median Instance.Run
+	ItemsPer float64 `json:"items_per_s"`
 }
 
 type batchRound struct {
@@ -120,6 +131,28 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 			}
 		}
 	}
+	if err := srv.stop(); err != nil {
+		logf("stopping the server: %v", err)
+	}
+	// The same batched chain in process, for the HTTP path's share of it.
+	devs, err := cuda.Open(o.device, 0, nil)
+	if err != nil {
+		return fmt.Errorf("direct calls: %w", err)
+	}
+	defer func() {
+		for _, d := range devs {
+			d.Close()
+		}
+	}()
+	for _, k := range []int{1, 8, 64} {
+		logf("cnn-batch: in process, %d items per run", k)
+		d, err := measureDirect(devs[0], batched.Dir, bytes.Repeat(batched.Input, k), k, 1, 100_000, 3*time.Second)
+		if err != nil {
+			return fmt.Errorf("cnn-batch direct: %w", err)
+		}
+		runMs := median(mapSlice(d.Repeats, func(r directRepeat) float64 { return r.RunMs }))
+		br.Direct = append(br.Direct, directBatch{Items: k, RunMs: runMs, ItemsPer: float64(k) / runMs * 1000})
+	}
 	res.LoadAfterRuns = loadAvg()
 	return writeBatch(o, res, br)
 }
@@ -183,6 +216,15 @@ func writeBatch(o *options, res *results, br *batchRun) error {
 		p("| %s | %d | %.0f | %s | %s | %s | %d |\n", rd.Function, i/2+1, rd.Throughput, fmtMs(rd.P50), fmtMs(rd.P99), mb, rd.Errors)
 	}
 	p("\nBatched over unbatched throughput (medians): **%s**.\n\n", ratio(median(batchT), median(plainT)))
+	p("The same batched chain called in process (`cuda.Device`, no server, no HTTP; one instance, median of repeated runs):\n\n")
+	p("| items per run | run ms | items/s |\n|---:|---:|---:|\n")
+	best := 0.0
+	for _, d := range br.Direct {
+		p("| %d | %s | %.0f |\n", d.Items, fmtMs(d.RunMs), d.ItemsPer)
+		best = max(best, d.ItemsPer)
+	}
+	p("\nBatched throughput through HTTP (%d clients) over the in-process chain's best items/s: **%s**", br.Clients, ratio(median(batchT), best))
+	p(" (one in-process instance on one thread; the server runs up to its instance cap, on this machine's %d cores shared with the load generator).\n\n", res.Machine.Cores)
 	p("Open loop (at most %d in flight), %v per rate, rates as fractions of the unbatched closed-loop throughput (%.0f/s); chart: `%s`.\n\n",
 		sweepInFlight, o.sweepTime, br.Capacity, o.batchChart)
 	p("| offered/s | cnn achieved/s | cnn p50 | cnn p99 | cnn-batch achieved/s | cnn-batch p50 | cnn-batch p99 | requests per run |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n")

@@ -41,12 +41,13 @@ type directResult struct {
 // measureDirect times trials cold calls of the bundle in dir on dev, each
 // from a fresh copy of the bundle (so dlopen loads a new image instead of
 // returning the handle it has), then repeats Run on the last instance up
-// to repeat times or for dur.
-func measureDirect(dev cuda.Device, dir string, input []byte, trials, repeat int, dur time.Duration) (*directResult, error) {
+// to repeat times or for dur. items > 0 runs a batching bundle's chain on
+// that many items (input holds them back to back).
+func measureDirect(dev cuda.Device, dir string, input []byte, items, trials, repeat int, dur time.Duration) (*directResult, error) {
 	res := &directResult{}
 	for t := 0; t < trials; t++ {
 		last := t == trials-1
-		if err := directOnce(dev, dir, input, res, last, repeat, dur); err != nil {
+		if err := directOnce(dev, dir, input, items, res, last, repeat, dur); err != nil {
 			return nil, err
 		}
 	}
@@ -61,7 +62,7 @@ type rawDevice interface {
 	NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error)
 }
 
-func directOnce(cdev cuda.Device, dir string, input []byte, res *directResult, last bool, repeat int, dur time.Duration) error {
+func directOnce(cdev cuda.Device, dir string, input []byte, items int, res *directResult, last bool, repeat int, dur time.Duration) error {
 	tmp, err := os.MkdirTemp("", "plover-bench-direct-*")
 	if err != nil {
 		return err
@@ -132,6 +133,12 @@ func directOnce(cdev cuda.Device, dir string, input []byte, res *directResult, l
 
 	out := make([]byte, m.OutBytes)
 	r := &cuda.Run{Input: input, Output: out, Chain: steps, TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), ChainKey: 1}
+	if items > 0 {
+		if m.Batch == nil {
+			return fmt.Errorf("%s does not batch", dir)
+		}
+		r.Output, r.Items = out[:int64(items)*m.Batch.ItemOutputBytes], uint32(items)
+	}
 	t0 = time.Now()
 	if err := inst.Run(r); err != nil {
 		return fmt.Errorf("run: %w", err)

@@ -213,7 +213,7 @@ func run(o *options) error {
 			continue
 		}
 		logf("%s: direct calls through cuda.Device (%d cold, then repeats)", fr.Name, o.trials)
-		d, err := measureDirect(devs[0], fr.w.Dir, fr.w.Input, o.trials, int(o.hotRequests), o.hot)
+		d, err := measureDirect(devs[0], fr.w.Dir, fr.w.Input, 0, o.trials, int(o.hotRequests), o.hot)
 		if err != nil {
 			return fmt.Errorf("%s direct: %w", fr.Name, err)
 		}
