@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"io"
 	"math"
 	"net/http"
@@ -9,9 +10,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/samples/cnn/model"
 )
@@ -120,4 +123,42 @@ func TestCNNBatchedServed(t *testing.T) {
 		t.Fatalf("%d runs for %d requests", runs, n)
 	}
 	t.Logf("64 concurrent digits: largest batch %d, largest score difference from the reference %.2g", biggest, worst)
+}
+
+// A batched run that crashes its worker fails its requests with
+// worker_crashed; the server and the function go on with a new worker.
+func TestBatchedCrashContained(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	m := testkit.BatchManifest("bcrash", 4, "")
+	m.Chain = append(m.Chain, abi.Launch{Kernel: "bcrash", Grid: 1, Block: 1})
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.BatchSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	bin := buildPlover(t)
+	srv := startServer(t, bin)
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", dir)
+	item := func(v uint32) []byte {
+		b := make([]byte, 8)
+		binary.LittleEndian.PutUint32(b, v)
+		return b
+	}
+	for _, tt := range []struct {
+		value uint32
+		code  int
+		want  string
+	}{
+		{1, 200, ""},
+		{0xC0DE, 500, "worker_crashed"},
+		{2, 200, ""},
+	} {
+		code, body, err := invokeHTTP(srv.url, "bcrash", item(tt.value))
+		if err != nil || code != tt.code || !strings.Contains(string(body), tt.want) {
+			t.Fatalf("value %#x: %d %v %s; want %d %q", tt.value, code, err, body, tt.code, tt.want)
+		}
+		if code == 200 && binary.LittleEndian.Uint32(body) != tt.value+1 {
+			t.Fatalf("value %d: answer %d", tt.value, binary.LittleEndian.Uint32(body))
+		}
+	}
 }

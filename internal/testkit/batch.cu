@@ -52,6 +52,15 @@ PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
 }
 #endif
 
+/* Hostile: writes through a NULL pointer when any item's value is 0xC0DE. */
+PLOVER_ENTRY(bcrash) {
+  (void)grid;
+  (void)block;
+  const uint32_t *in = (const uint32_t *)s->input.dat;
+  for (uint32_t i = 0; i < s->items; i++)
+    if (in[2 * i] == 0xC0DE) *(volatile int *)0 = 1;
+}
+
 /* Lowers out.len, which a batched run must not do. */
 PLOVER_ENTRY(bshrink) {
   (void)grid;
