@@ -78,31 +78,11 @@ func BenchmarkHotInvoke(b *testing.B) {
 	})
 
 	srv := httpapi.New(e, e.Control(), httpapi.Options{})
-	b.Run("handler", func(b *testing.B) {
-		ctx := invokeCtx(srv, in)
-		b.ReportAllocs()
-		for b.Loop() {
-			ctx.Response.Reset()
-			srv.Handle(ctx)
-			if ctx.Response.StatusCode() != 200 {
-				b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
-			}
-		}
-	})
+	b.Run("handler", func(b *testing.B) { benchHandle(b, srv, invokeCtx(srv, in)) })
 
 	// The Open Inference Protocol with the binary extension: the same
 	// bytes as one UINT8 tensor, a JSON header each way.
-	b.Run("handler-v2-binary", func(b *testing.B) {
-		ctx := v2Ctx(srv, in)
-		b.ReportAllocs()
-		for b.Loop() {
-			ctx.Response.Reset()
-			srv.Handle(ctx)
-			if ctx.Response.StatusCode() != 200 {
-				b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
-			}
-		}
-	})
+	b.Run("handler-v2-binary", func(b *testing.B) { benchHandle(b, srv, v2Ctx(srv, in)) })
 	b.Run("loopback-v2-binary", func(b *testing.B) {
 		url := testkit.Serve(b, e, httpapi.Options{})
 		c := &fasthttp.HostClient{Addr: url[len("http://"):]}
@@ -329,5 +309,17 @@ func BenchmarkCNN(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// benchHandle serves ctx's request over and over, in process.
+func benchHandle(b *testing.B, srv *httpapi.Server, ctx *fasthttp.RequestCtx) {
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx.Response.Reset()
+		srv.Handle(ctx)
+		if ctx.Response.StatusCode() != 200 {
+			b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
 	}
 }

@@ -541,54 +541,33 @@ func (h *inferHeader) parse(header []byte) bool {
 	p := hdrParser{b: header}
 	h.id, h.binaryOutput = "", false
 	h.inputs, h.outputs = h.inputs[:0], h.outputs[:0]
-	if !p.eat('{') {
-		return false
-	}
-	if p.eat('}') {
-		return p.end()
-	}
-	var seen uint8
-	for {
-		key, ok := p.str()
-		if !ok || !p.eat(':') {
-			return false
-		}
-		bit := uint8(0)
-		switch string(key) {
-		case "id":
-			bit = 1
-			var id []byte
-			id, ok = p.str()
+	return p.object(headerKeys, true, func(k int) bool {
+		switch k {
+		case 0:
+			id, ok := p.str()
 			h.id = b2s(id)
-		case "inputs":
-			bit = 2
-			ok = p.tensors(&h.inputs, true)
-		case "outputs":
-			bit = 4
-			ok = p.tensors(&h.outputs, false)
-		case "parameters":
-			bit = 8
-			ok = p.params(func(key []byte) (bool, bool) {
-				if string(key) != "binary_data_output" {
-					return false, true
-				}
-				v, ok := p.bool()
-				h.binaryOutput = v
-				return true, ok
-			})
-		default:
-			ok = !foldsTo(key, "id", "inputs", "outputs", "parameters") && p.skip(0)
+			return ok
+		case 1:
+			return p.tensors(&h.inputs, true)
+		case 2:
+			return p.tensors(&h.outputs, false)
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		if p.eat(',') {
-			continue
-		}
-		return p.eat('}') && p.end()
-	}
+		return p.object(binaryOutputKey, false, func(int) bool {
+			v, ok := p.bool()
+			h.binaryOutput = v
+			return ok
+		})
+	}) && p.end()
 }
+
+// The keys parse reads, in the order the field functions number them.
+var (
+	headerKeys      = []string{"id", "inputs", "outputs", "parameters"}
+	tensorKeys      = []string{"name", "datatype", "shape", "data", "parameters"}
+	binaryOutputKey = []string{"binary_data_output"}
+	binarySizeKey   = []string{"binary_data_size"}
+	binaryDataKey   = []string{"binary_data"}
+)
 
 // hdrParser reads JSON from b at i.
 type hdrParser struct {
@@ -718,66 +697,38 @@ func (p *hdrParser) tensors(dst *[]inferTensor, input bool) bool {
 // tensor reads one tensor object. Of its parameters only an input's
 // binary_data_size and an output's binary_data mean anything here.
 func (p *hdrParser) tensor(t *inferTensor, input bool) bool {
-	if !p.eat('{') {
-		return false
-	}
-	if p.eat('}') {
-		return true
-	}
-	var seen uint8
-	for {
-		key, ok := p.str()
-		if !ok || !p.eat(':') {
-			return false
-		}
-		bit := uint8(0)
-		switch string(key) {
-		case "name":
-			bit = 1
-			var s []byte
-			s, ok = p.str()
-			t.name = b2s(s)
-		case "datatype":
-			bit = 2
-			var s []byte
-			s, ok = p.str()
-			t.datatype = b2s(s)
-		case "shape":
-			bit = 4
-			ok = p.shape(t)
-		case "data":
-			bit = 8
+	return p.object(tensorKeys, true, func(k int) bool {
+		switch k {
+		case 0:
+			b, ok := p.str()
+			t.name = b2s(b)
+			return ok
+		case 1:
+			b, ok := p.str()
+			t.datatype = b2s(b)
+			return ok
+		case 2:
+			return p.shape(t)
+		case 3:
 			p.ws()
 			start := p.i
-			ok = p.skip(0)
+			ok := p.skip(0)
 			t.data = p.b[start:p.i]
-		case "parameters":
-			bit = 16
-			ok = p.params(func(key []byte) (bool, bool) {
-				switch {
-				case input && string(key) == "binary_data_size":
-					n, ok := p.int()
-					t.hasBinSize, t.binSize = true, n
-					return true, ok
-				case !input && string(key) == "binary_data":
-					v, ok := p.bool()
-					t.binary = v
-					return true, ok
-				}
-				return false, true
+			return ok
+		}
+		if input {
+			return p.object(binarySizeKey, false, func(int) bool {
+				n, ok := p.int()
+				t.hasBinSize, t.binSize = true, n
+				return ok
 			})
-		default:
-			ok = !foldsTo(key, "name", "datatype", "shape", "data", "parameters") && p.skip(0)
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		if p.eat(',') {
-			continue
-		}
-		return p.eat('}')
-	}
+		return p.object(binaryDataKey, false, func(int) bool {
+			v, ok := p.bool()
+			t.binary = v
+			return ok
+		})
+	})
 }
 
 func (p *hdrParser) shape(t *inferTensor) bool {
@@ -800,32 +751,38 @@ func (p *hdrParser) shape(t *inferTensor) bool {
 	}
 }
 
-// params reads a parameters object: known is called on each key and, when
-// it reads the value itself, says so (and whether the value suited it);
-// other values are skipped. A key given twice is declined: the map decode
-// fills keeps the last, which is decode's to work out.
-func (p *hdrParser) params(known func(key []byte) (read, ok bool)) bool {
+// object reads a JSON object, handing each key that is one of names to
+// field (with its index), at most once per key; other keys are skipped. With
+// fold, a key that matches a name only case-insensitively declines the
+// object, since encoding/json would take it for that field (parameters are
+// a map there, so for them fold is false).
+func (p *hdrParser) object(names []string, fold bool, field func(k int) bool) bool {
 	if !p.eat('{') {
 		return false
 	}
 	if p.eat('}') {
 		return true
 	}
-	var seen bool
+	var seen uint32
 	for {
 		key, ok := p.str()
 		if !ok || !p.eat(':') {
 			return false
 		}
-		read, ok := known(key)
-		if read && seen {
-			return false
+		k := -1
+		for i, n := range names {
+			if string(key) == n {
+				k = i
+				break
+			}
 		}
-		seen = seen || read
-		if !read {
-			ok = p.skip(0)
-		}
-		if !ok {
+		switch {
+		case k >= 0:
+			if seen&(1<<k) != 0 || !field(k) {
+				return false
+			}
+			seen |= 1 << k
+		case fold && foldsTo(key, names...), !p.skip(0):
 			return false
 		}
 		if p.eat(',') {
