@@ -81,6 +81,8 @@ demo: bin/plover samples
 vet:
 	gofmt -l . | (! grep .) || (echo "gofmt needed on the files above" && false)
 	$(GO) vet ./...
+	$(GO) mod tidy -diff || (echo "go.mod/go.sum are not tidy: run go mod tidy" && false)
+	cd deploy/helm/charttest && $(GO) mod tidy -diff || (echo "deploy/helm/charttest: run go mod tidy there" && false)
 
 # The first run builds a pinned MinIO for the S3 tests (minutes, once).
 test: vet bin/plover samples
