@@ -8,7 +8,7 @@ HOST_CXXFLAGS := -x c++ -std=c++17 -O2 -shared -fPIC -Wall -Wextra -Iabi
 NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
-             $(wildcard cuda/*.c cuda/*.h abi/*.h)
+             $(wildcard device/*.c device/*.h abi/*.h)
 
 .PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
@@ -67,9 +67,9 @@ install-nginx:
 # Everything scripts/gpu-check.sh needs on a GPU machine with no Go and no
 # network: carry bin/ and build/ there, then run `bash scripts/gpu-check.sh`.
 gpu-artifacts: bin/plover bin/plover-bench-suite samples cuda
-	$(GO) test -c -o bin/cuda.test ./cuda
+	$(GO) test -c -o bin/device.test ./device
 	@mkdir -p $(BUILD)/cudatest
-	$(NVCC) $(NVCCFLAGS) -o $(BUILD)/cudatest/testkernels.so cuda/testdata/kernels.cu
+	$(NVCC) $(NVCCFLAGS) -o $(BUILD)/cudatest/testkernels.so device/testdata/kernels.cu
 
 gpu-check:
 	bash scripts/gpu-check.sh

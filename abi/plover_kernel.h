@@ -54,7 +54,7 @@
  * about 10% (a one-float vecadd: 0.35 ns a thread). If thread 0 reaches a
  * barrier the block runs as fibers: about 60 ns more per thread, and 10-35
  * ns per thread per barrier (a context switch; x86-64, 2-core VM:
- * BenchmarkSim in cuda/sim_test.go, samples/softmax).
+ * BenchmarkSim in device/sim_test.go, samples/softmax).
  * The switch is hand-written for x86-64; elsewhere, or with
  * PLOVER_FIBER_UCONTEXT defined, it is swapcontext, which makes system
  * calls: microseconds per switch. Threads run one after another, so a

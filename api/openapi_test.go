@@ -21,9 +21,9 @@ import (
 
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/httpapi"
 )
 
 // The bundle is binary; the filter must know to read it as such.
@@ -96,7 +96,7 @@ func TestServerMatchesSpec(t *testing.T) {
 	doc := loadSpec(t)
 	ctx := context.Background()
 
-	e := testkit.Engine(t, runtime.Config{})
+	e := testkit.Engine(t, engine.Config{})
 	echo := testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	other, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("other"), nil))
 	if err != nil {

@@ -36,7 +36,7 @@ func TestParseMillis(t *testing.T) {
 }
 
 func TestParseServerTiming(t *testing.T) {
-	// What runtime/httpapi writes.
+	// What httpapi writes.
 	h := "queue;dur=0.002, load;dur=9.118, copyin;dur=0.613, kernels;dur=1.697, copyout;dur=2.876, total;dur=15.163"
 	var st ServerTiming
 	if !ParseServerTiming([]byte(h), &st) {

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 )
 
 func runCmd() *command {
@@ -136,30 +136,30 @@ func runLocal(dir string, input []byte, repeat int) (*runReport, []byte, error) 
 	for _, l := range m.Chain {
 		rep.Chain = append(rep.Chain, l.Kernel)
 	}
-	dev := cuda.NewHost(0)
+	dev := device.NewHost(0)
 	t0 := time.Now()
-	prog, err := dev.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	prog, err := dev.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading %s: %w", dir, err)
 	}
 	defer prog.Close()
 	t1 := time.Now()
-	inst, err := prog.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating an instance of %s: %w", dir, err)
 	}
 	defer inst.Close()
 	rep.Timing.Load, rep.Timing.Instance = us(t1.Sub(t0)), us(time.Since(t1))
 
-	steps := make([]cuda.Step, len(m.Chain))
+	steps := make([]device.Step, len(m.Chain))
 	for i, l := range m.Chain {
 		e, err := prog.Entry(l.Kernel)
 		if err != nil {
 			return nil, nil, fmt.Errorf("chain[%d] kernel %q: %w", i, l.Kernel, err)
 		}
-		steps[i] = cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
-	r := &cuda.Run{Input: input, Output: make([]byte, m.OutBytes), Chain: steps,
+	r := &device.Run{Input: input, Output: make([]byte, m.OutBytes), Chain: steps,
 		TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut()}
 	var copyIn, kernels, copyOut, total []time.Duration
 	for k := 0; k < repeat; k++ {
@@ -171,7 +171,7 @@ func runLocal(dir string, input []byte, repeat int) (*runReport, []byte, error) 
 			if repeat > 1 {
 				what = fmt.Sprintf(" (run %d of %d)", k+1, repeat)
 			}
-			var ke *cuda.KernelError
+			var ke *device.KernelError
 			if errors.As(err, &ke) {
 				return nil, nil, fmt.Errorf("%s: the chain [%s] failed%s: %s", dir, strings.Join(rep.Chain, " "), what, ke.Msg)
 			}

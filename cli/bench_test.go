@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/bench"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/httpapi"
 )
 
 // runCommand parses args for c as Main does and runs it.
@@ -30,7 +30,7 @@ func runCommand(c *command, args ...string) (stdout, stderr string, err error) {
 // function deployed as "echo".
 func benchServer(t *testing.T) string {
 	t.Helper()
-	e := testkit.Engine(t, runtime.Config{})
+	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	return testkit.Serve(t, e, httpapi.Options{})
 }

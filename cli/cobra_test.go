@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra/doc"
 
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/httpapi"
 )
 
 // envOf is an environment holding only vars.
@@ -22,7 +22,7 @@ func envOf(vars map[string]string) *Env {
 // Every flag can come from PLOVER_<FLAG>; the command line wins, and a bad
 // value names the variable.
 func TestFlagsFromEnvironment(t *testing.T) {
-	url := testkit.Serve(t, testkit.Engine(t, runtime.Config{}), httpapi.Options{})
+	url := testkit.Serve(t, testkit.Engine(t, engine.Config{}), httpapi.Options{})
 	tests := []struct {
 		name     string
 		vars     map[string]string
@@ -61,7 +61,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 // Completion goes through cobra's hidden __complete command, which is what
 // the scripts from "plover completion bash|zsh|fish" call.
 func TestCompletion(t *testing.T) {
-	e := testkit.Engine(t, runtime.Config{})
+	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("vecadd"), nil))
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("cnn"), nil))
 	url := testkit.Serve(t, e, httpapi.Options{})

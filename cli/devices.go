@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"text/tabwriter"
 
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 )
 
-func openDevices(kind string, limit int64, log *slog.Logger) ([]cuda.Device, error) {
-	devs, err := cuda.Open(kind, limit, log)
+func openDevices(kind string, limit int64, log *slog.Logger) ([]device.Device, error) {
+	devs, err := device.Open(kind, limit, log)
 	if err != nil {
 		return nil, fmt.Errorf("--device %s: %w", kind, err)
 	}
@@ -28,14 +28,14 @@ func devicesCmd() *command {
 			fs.BoolVar(&asJSON, "json", false, `print {"gpus": [...]} instead (empty without a driver)`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			gpus, err := cuda.ListGPUs()
-			if asJSON && (err == nil || errors.Is(err, cuda.ErrNoDriver)) {
+			gpus, err := device.ListGPUs()
+			if asJSON && (err == nil || errors.Is(err, device.ErrNoDriver)) {
 				if gpus == nil {
-					gpus = []cuda.GPUInfo{}
+					gpus = []device.GPUInfo{}
 				}
 				return printJSON(env.Stdout, map[string]any{"gpus": gpus})
 			}
-			if errors.Is(err, cuda.ErrNoDriver) {
+			if errors.Is(err, device.ErrNoDriver) {
 				fmt.Fprintf(env.Stdout, "%v\nplover serve --device auto will use the host device.\n", err)
 				return nil
 			}

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/plover-run/plover/objectstore"
-	"github.com/plover-run/plover/runtime/registry"
+	"github.com/plover-run/plover/registry"
 )
 
 // endpoint is where a client command acts: a server's API, or with --store

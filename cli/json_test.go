@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/httpapi"
 )
 
 func runMain(t *testing.T, env *Env, args ...string) (string, string, int) {
@@ -30,7 +30,7 @@ func TestJSONOutputs(t *testing.T) {
 	m := testkit.Manifest("fn")
 	m.OutBytes = 128
 	dir2 := testkit.BundleDir(t, m, nil)
-	e := testkit.Engine(t, runtime.Config{})
+	e := testkit.Engine(t, engine.Config{})
 	url := testkit.Serve(t, e, httpapi.Options{})
 
 	var deployed struct {

@@ -17,11 +17,11 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/objectstore"
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/httpapi"
-	"github.com/plover-run/plover/runtime/registry"
+	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
 )
@@ -168,7 +168,7 @@ func serve(f *serveFlags, env *Env) error {
 	if devs, err = isolate(f, devs, log); err != nil {
 		return err
 	}
-	eng, err := runtime.New(runtime.Config{
+	eng, err := engine.New(engine.Config{
 		Store: store, Cache: cache, Devices: devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
 		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool,
@@ -273,7 +273,7 @@ func openStore(ctx context.Context, url string, o objectstore.S3Options) (object
 
 // isolate wraps each device so that functions run in worker processes
 // (--isolation process), and makes the server unreadable to them.
-func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device, error) {
+func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, error) {
 	switch f.isolation {
 	case "none":
 		log.Warn("--isolation none: every function runs inside the server process; use it for one trusted tenant only")
@@ -324,10 +324,10 @@ func isolate(f *serveFlags, devs []cuda.Device, log *slog.Logger) ([]cuda.Device
 		log.Warn("--mps applies to CUDA devices only; ignored")
 	}
 	spawner := contain.NewSpawner()
-	out := make([]cuda.Device, len(devs))
+	out := make([]device.Device, len(devs))
 	for i, d := range devs {
 		ordinal := 0
-		if g, ok := d.(*cuda.GPU); ok {
+		if g, ok := d.(*device.GPU); ok {
 			ordinal = g.Ordinal()
 		}
 		out[i] = worker.NewDevice(worker.Options{Exe: "/proc/self/exe", Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,

@@ -12,8 +12,8 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/registry"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/registry"
 )
 
 // progressThreshold: uploads above it show a progress bar on a terminal.
@@ -104,7 +104,7 @@ func rollbackCmd() *command {
 				id = v.ID
 			} else {
 				body, _ := json.Marshal(map[string]string{"version": args[1]})
-				var fi runtime.FunctionInfo
+				var fi engine.FunctionInfo
 				if err := ep.client().sendJSON(http.MethodPost, "/v1/functions/"+args[0]+"/rollback", "application/json", body, &fi); err != nil {
 					return err
 				}

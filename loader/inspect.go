@@ -1,6 +1,6 @@
 // Package loader opens bundle libraries: it checks a file is a shared object
 // for this machine that exports the Plover ABI symbols, dlopens it and
-// resolves entry points. cgo for dlopen lives here and in package cuda only.
+// resolves entry points. cgo for dlopen lives here and in package device only.
 package loader
 
 import (

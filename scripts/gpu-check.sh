@@ -11,10 +11,10 @@
 # Build (on the dev machine, from the repository root):
 #   make build vecadd-host vecadd-cuda          # bin/plover, build/samples/vecadd-{host,cuda}/,
 #                                               # build/samples/vecadd-input.bin
-#   go test -c -o bin/cuda.test ./cuda
+#   go test -c -o bin/device.test ./device
 #   mkdir -p build/cudatest && nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 #     -gencode arch=compute_80,code=sm_80 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
-#     -o build/cudatest/testkernels.so cuda/testdata/kernels.cu
+#     -o build/cudatest/testkernels.so device/testdata/kernels.cu
 #   optional: make cnn-host cnn-cuda            # build/samples/cnn-{host,cuda}/; the CNN check
 #                                               # also needs python3 here to read heldout.bin
 #
@@ -81,7 +81,7 @@ save() { # save FILE NAME: copy a log to $OUT
 # ---------------------------------------------------------------- artifacts
 section "artifacts"
 missing=0
-for f in bin/plover bin/cuda.test build/cudatest/testkernels.so \
+for f in bin/plover bin/device.test build/cudatest/testkernels.so \
   build/samples/vecadd-cuda/plover.json build/samples/vecadd-host/plover.json \
   build/samples/vecadd-input.bin; do
   if [ -e "$f" ]; then say "ok  $f"; else
@@ -104,16 +104,16 @@ else
 fi
 
 # ---------------------------------------------------------------- device tests
-section "CUDA device tests (bin/cuda.test -test.v)"
+section "CUDA device tests (bin/device.test -test.v)"
 testlog=$tmp/cuda-test.txt
 (cd cuda && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
-  "$root/bin/cuda.test" -test.v -test.count=1 -test.timeout=10m) >"$testlog" 2>&1
+  "$root/bin/device.test" -test.v -test.count=1 -test.timeout=10m) >"$testlog" 2>&1
 test_rc=$?
 save "$testlog" cuda-test.txt
 grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|PASS$|FAIL$|ok |panic)' "$testlog" | grep -v '^=== RUN'
 grep -E 'no CUDA device|no CUDA test bundle' "$testlog" | sort -u | head -3
 if [ "$test_rc" -ne 0 ]; then
-  fail "bin/cuda.test exited $test_rc (full log: cuda-test.txt)"
+  fail "bin/device.test exited $test_rc (full log: cuda-test.txt)"
   tail -n 40 "$testlog"
 elif grep -q -- '--- SKIP: TestGPUSuite' "$testlog"; then
   fail "the GPU tests skipped (reason above)"
@@ -125,7 +125,7 @@ fi
 section "benchmarks (graph vs direct, copy bandwidth)"
 benchlog=$tmp/cuda-bench.txt
 (cd cuda && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
-  "$root/bin/cuda.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy)' \
+  "$root/bin/device.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy)' \
   -test.benchtime="$benchtime" -test.timeout=10m) >"$benchlog" 2>&1 || fail "benchmarks failed (cuda-bench.txt)"
 save "$benchlog" cuda-bench.txt
 grep -E '^Benchmark' "$benchlog"

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 )
 
 // procStatus reads a process's resident memory and thread count from
@@ -41,8 +41,8 @@ func procStatus(pid int) (rss int64, threads int, ok bool) {
 }
 
 // Process reports the worker's pid, resident memory and threads.
-func (g *program) Process() cuda.ProcessStats {
-	st := cuda.ProcessStats{PID: g.p.pid}
+func (g *program) Process() device.ProcessStats {
+	st := device.ProcessStats{PID: g.p.pid}
 	if g.p.alive() {
 		st.RSSBytes, st.Threads, _ = procStatus(g.p.pid)
 	}

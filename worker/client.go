@@ -20,18 +20,18 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/contain"
 )
 
 // Options configure a Device.
 type Options struct {
-	Exe      string      // the plover binary; workers run `Exe worker ...`
-	Base     cuda.Device // the server's own view of the device: name, memory, health
-	Ordinal  int         // which GPU (CUDA)
-	Driver   string      // the CUDA driver library workers open ("": libcuda.so.1)
-	MemLimit int64       // the device budget in bytes, 0: none (passed to workers)
-	Standby  int         // idle workers kept started, device open, per device
+	Exe      string        // the plover binary; workers run `Exe worker ...`
+	Base     device.Device // the server's own view of the device: name, memory, health
+	Ordinal  int           // which GPU (CUDA)
+	Driver   string        // the CUDA driver library workers open ("": libcuda.so.1)
+	MemLimit int64         // the device budget in bytes, 0: none (passed to workers)
+	Standby  int           // idle workers kept started, device open, per device
 	Drop     *contain.Identity
 	Landlock bool
 	// StageDir holds each worker's stage, the directory its bundle's files
@@ -49,7 +49,7 @@ type Options struct {
 }
 
 // Device runs each program in a worker process of its own. It implements
-// cuda.Device; memory is accounted from the sizes it hands out, since the
+// device.Device; memory is accounted from the sizes it hands out, since the
 // server itself allocates nothing on the device.
 type Device struct {
 	opts    Options
@@ -69,7 +69,7 @@ type Device struct {
 	lastStartFail  atomic.Int64 // when (Unix ns)
 }
 
-var _ cuda.Device = (*Device)(nil)
+var _ device.Device = (*Device)(nil)
 
 // NewDevice starts the standby pool and returns the device.
 func NewDevice(opts Options) *Device {
@@ -100,7 +100,7 @@ func (d *Device) Health() error {
 	// standby pool) tries a worker again and a recovered device comes back.
 	if n := d.startFailures.Load(); n >= startFailureLimit && time.Since(time.Unix(0, d.lastStartFail.Load())) < startFailureHold {
 		why, _ := d.lastStartErr.Load().(string)
-		return fmt.Errorf("%s: %w: the last %d workers could not open it: %s", d.Name(), cuda.ErrUnhealthy, n, why)
+		return fmt.Errorf("%s: %w: the last %d workers could not open it: %s", d.Name(), device.ErrUnhealthy, n, why)
 	}
 	return nil
 }
@@ -115,14 +115,14 @@ const (
 
 // MemInfo is the device's memory less what this server's workers were
 // given (the server allocates nothing on the device itself).
-func (d *Device) MemInfo() cuda.MemInfo {
+func (d *Device) MemInfo() device.MemInfo {
 	b := d.opts.Base.MemInfo()
 	used := d.used.Load()
 	free := min(b.Free, b.Total-used)
 	if free < 0 {
 		free = 0
 	}
-	return cuda.MemInfo{Total: b.Total, Free: free, Used: used}
+	return device.MemInfo{Total: b.Total, Free: free, Used: used}
 }
 
 // Close stops every worker.
@@ -224,10 +224,10 @@ const refillDelay = 20 * time.Millisecond
 func (d *Device) refillLater() { time.AfterFunc(refillDelay, d.refillPool) }
 
 // Load hands the bundle to a worker, which loads it.
-func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program, error) {
+func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
 	select {
 	case <-d.stop:
-		return nil, fmt.Errorf("%s: %w: closed", d.Name(), cuda.ErrUnhealthy)
+		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
 	default:
 	}
 	mj, err := json.Marshal(spec.Manifest)
@@ -244,7 +244,7 @@ func (d *Device) Load(ctx context.Context, spec cuda.ProgramSpec) (cuda.Program,
 		consts = fi.Size()
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, cuda.ErrDeadline
+		return nil, device.ErrDeadline
 	}
 	var p *proc
 	if d.opts.MPS {
@@ -375,7 +375,7 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 	go p.wait(cmd)
 	if closed {
 		p.kill("the server is stopping")
-		return nil, fmt.Errorf("%s: %w: closed", d.Name(), cuda.ErrUnhealthy)
+		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
 	}
 	// Ready: the worker contained itself and opened its device.
 	if dl, ok := ctx.Deadline(); ok {
@@ -388,7 +388,7 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 	if err != nil || n != 6 || p.buf[0] != opReady {
 		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			p.kill("it did not start in time")
-			return nil, fmt.Errorf("start worker: %w", cuda.ErrDeadline)
+			return nil, fmt.Errorf("start worker: %w", device.ErrDeadline)
 		}
 		err := p.startFailure()
 		d.lastStartErr.Store(err.Error())
@@ -405,7 +405,7 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 
 // stage links the bundle's library and constants into a worker's stage
 // (copies them if the stage is on another file system).
-func stage(spec cuda.ProgramSpec, dir string) error {
+func stage(spec device.ProgramSpec, dir string) error {
 	for _, name := range []string{spec.Manifest.Library, spec.Manifest.Constants} {
 		if name == "" {
 			continue
@@ -446,7 +446,7 @@ func (p *proc) startFailure() error {
 	err := p.lost("starting")
 	select {
 	case line, ok := <-p.said:
-		if pe, isExit := err.(*cuda.ProcessExit); ok && isExit && line != "" {
+		if pe, isExit := err.(*device.ProcessExit); ok && isExit && line != "" {
 			pe.Reason += " (it said: " + line + ")"
 		}
 	case <-time.After(200 * time.Millisecond): // it said nothing
@@ -517,7 +517,7 @@ func exitReason(ps *os.ProcessState, err error) string {
 // idleExit is the error of a run whose worker died before the run reached it.
 func (p *proc) idleExit() error {
 	p.end("an instance of it was lost")
-	return &cuda.ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true}
+	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true}
 }
 
 func (p *proc) alive() bool {
@@ -545,7 +545,7 @@ func (p *proc) kill(why string) {
 // to), and the error says how.
 func (p *proc) lost(during string) error {
 	p.end("it closed its channel to the server")
-	return &cuda.ProcessExit{PID: p.pid, Reason: p.reason, During: during}
+	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: during}
 }
 
 // end waits for the process to be gone, killing it (for why) if it does not
@@ -563,7 +563,7 @@ func (p *proc) end(why string) {
 func (p *proc) failed(err error, during string) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		p.kill("the request's deadline passed while " + during)
-		return cuda.ErrDeadline
+		return device.ErrDeadline
 	}
 	return p.lost(during)
 }
@@ -582,7 +582,7 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 		select {
 		case p.ctlTok <- struct{}{}:
 		case <-ctx.Done():
-			return nil, cuda.ErrDeadline
+			return nil, device.ErrDeadline
 		}
 	}
 	defer func() { <-p.ctlTok }()
@@ -660,7 +660,7 @@ func (g *program) Entry(kernel string) (int32, error) {
 	return i, nil
 }
 
-func (g *program) NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error) {
+func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error) {
 	if cfg.MaxInput < 0 || cfg.Tmp < 0 || cfg.Out < 0 {
 		return nil, fmt.Errorf("instance sizes %d/%d/%d", cfg.MaxInput, cfg.Tmp, cfg.Out)
 	}
@@ -693,8 +693,8 @@ func (g *program) NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
 	rep, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
-	if err != nil && ctx.Err() != nil && !errors.Is(err, cuda.ErrDeadline) {
-		err = fmt.Errorf("%w: %v", cuda.ErrDeadline, err)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, device.ErrDeadline) {
+		err = fmt.Errorf("%w: %v", device.ErrDeadline, err)
 	}
 	unix.Close(fds[1])
 	if err == nil && rep[0] != stOK {
@@ -852,7 +852,7 @@ func (i *instance) Close() {
 // Run hands one request to the worker: the input into the slot, one message
 // each way, the output out of the slot. Past r.Deadline the worker is
 // killed (a running kernel cannot be stopped otherwise).
-func (i *instance) Run(r *cuda.Run) error {
+func (i *instance) Run(r *device.Run) error {
 	switch {
 	case i.slot == nil:
 		return errors.New("worker instance: closed")
@@ -870,7 +870,7 @@ func (i *instance) Run(r *cuda.Run) error {
 				return i.g.p.idleExit()
 			}
 		case <-deadlineC(r.Deadline):
-			return cuda.ErrDeadline
+			return device.ErrDeadline
 		}
 	}
 	if !i.g.p.alive() {
@@ -893,7 +893,7 @@ func (i *instance) Run(r *cuda.Run) error {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			i.overrun = make(chan bool, 1)
 			go i.finish(i.overrun)
-			return cuda.ErrDeadline
+			return device.ErrDeadline
 		}
 		return i.g.p.failed(err, "running the chain")
 	}
@@ -901,7 +901,7 @@ func (i *instance) Run(r *cuda.Run) error {
 		return i.g.p.lost("running the chain")
 	}
 	rep := i.rep[:n]
-	r.Timing = cuda.Timing{
+	r.Timing = device.Timing{
 		CopyIn:  time.Duration(le.Uint64(rep[1:])),
 		Kernels: time.Duration(le.Uint64(rep[9:])),
 		CopyOut: time.Duration(le.Uint64(rep[17:])),
@@ -917,7 +917,7 @@ func (i *instance) Run(r *cuda.Run) error {
 		r.OutLen = int64(copy(r.Output, i.slot[i.maxIn:i.maxIn+int64(n)]))
 		return nil
 	case stFault:
-		ke := &cuda.KernelError{Msg: string(rep[replyHeader:])}
+		ke := &device.KernelError{Msg: string(rep[replyHeader:])}
 		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
 	}
 	return errorOf(rep[0], string(rep[replyHeader:]))
@@ -926,7 +926,7 @@ func (i *instance) Run(r *cuda.Run) error {
 // faultError is a chain that faulted the worker's device context for good:
 // the request failed like any kernel failure, and the worker is gone.
 type faultError struct {
-	ke   *cuda.KernelError
+	ke   *device.KernelError
 	exit error
 }
 

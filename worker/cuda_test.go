@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/fakecuda"
 )
 
@@ -28,12 +28,12 @@ type fakeGPU struct{}
 
 func (fakeGPU) Target() string { return abi.TargetCUDA }
 func (fakeGPU) Name() string   { return "fake GPU" }
-func (fakeGPU) Load(context.Context, cuda.ProgramSpec) (cuda.Program, error) {
+func (fakeGPU) Load(context.Context, device.ProgramSpec) (device.Program, error) {
 	return nil, errors.New("the server loads nothing itself")
 }
-func (fakeGPU) MemInfo() cuda.MemInfo { return cuda.MemInfo{Total: 1 << 30, Free: 1 << 30} }
-func (fakeGPU) Health() error         { return nil }
-func (fakeGPU) Close() error          { return nil }
+func (fakeGPU) MemInfo() device.MemInfo { return device.MemInfo{Total: 1 << 30, Free: 1 << 30} }
+func (fakeGPU) Health() error           { return nil }
+func (fakeGPU) Close() error            { return nil }
 
 // fakeCUDA is a Device whose workers run on the fake CUDA driver, and a
 // CUDA-target bundle directory of the fake test kernels.
@@ -70,15 +70,15 @@ func TestCUDAWorkerFaultEndsOnlyItsWorker(t *testing.T) {
 	d, dir := fakeCUDA(t)
 	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_inc", Grid: 1, Block: 64},
 		abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
-	run := func(p cuda.Program, in []byte) ([]byte, error) {
-		inst, err := p.NewInstance(cuda.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+	run := func(p device.Program, in []byte) ([]byte, error) {
+		inst, err := p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer inst.Close()
 		out := make([]byte, 64)
-		err = inst.Run(&cuda.Run{Input: in, Output: out, TmpLen: 64,
-			Chain: []cuda.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}, {Entry: 2, Grid: 1, Block: 64}}})
+		err = inst.Run(&device.Run{Input: in, Output: out, TmpLen: 64,
+			Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}, {Entry: 2, Grid: 1, Block: 64}}})
 		return out, err
 	}
 	want := make([]byte, 64)
@@ -90,7 +90,7 @@ func TestCUDAWorkerFaultEndsOnlyItsWorker(t *testing.T) {
 		want[i]++
 	}
 
-	a, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	a, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,14 +102,14 @@ func TestCUDAWorkerFaultEndsOnlyItsWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst, err := a.NewInstance(cuda.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+	inst, err := a.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = inst.Run(&cuda.Run{Output: make([]byte, 64), Chain: []cuda.Step{{Entry: fault, Grid: 1, Block: 1}}})
+	err = inst.Run(&device.Run{Output: make([]byte, 64), Chain: []device.Step{{Entry: fault, Grid: 1, Block: 1}}})
 	inst.Close()
-	var ke *cuda.KernelError
-	var pe *cuda.ProcessExit
+	var ke *device.KernelError
+	var pe *device.ProcessExit
 	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || !errors.As(err, &pe) {
 		t.Fatalf("a sticky fault: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS that ended the worker", err)
 	}
@@ -119,7 +119,7 @@ func TestCUDAWorkerFaultEndsOnlyItsWorker(t *testing.T) {
 	if err := d.Health(); err != nil {
 		t.Errorf("device health after a worker's fault: %v", err)
 	}
-	b, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	b, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	if err != nil {
 		t.Fatalf("a new worker after the fault: %v", err)
 	}
@@ -143,7 +143,7 @@ func TestCUDAWorkerUnderMPS(t *testing.T) {
 	defer d.Close()
 	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64})
 	m.GPUShare = 40
-	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m, MemoryBudget: 100 << 20})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, MemoryBudget: 100 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestDeviceUnhealthyWhenWorkersCannotOpenIt(t *testing.T) {
 	defer d.Close()
 	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64})
 	for i := 1; i <= startFailureLimit; i++ {
-		_, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+		_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 		if err == nil {
 			t.Fatal("a worker without a driver loaded a CUDA bundle")
 		}
@@ -184,12 +184,12 @@ func TestDeviceUnhealthyWhenWorkersCannotOpenIt(t *testing.T) {
 			t.Fatalf("after %d failed starts: Health() = %v", i, err)
 		}
 	}
-	if err := d.Health(); !errors.Is(err, cuda.ErrUnhealthy) || !strings.Contains(err.Error(), "could not open") ||
+	if err := d.Health(); !errors.Is(err, device.ErrUnhealthy) || !strings.Contains(err.Error(), "could not open") ||
 		!strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
 		t.Errorf("Health() = %v, want ErrUnhealthy saying the workers could not open it", err)
 	}
 	d.opts.Driver = filepath.Join(fake.dir, "libfakecuda.so") // the device comes back
-	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	if err != nil {
 		t.Fatal(err)
 	}

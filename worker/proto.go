@@ -1,5 +1,5 @@
 // Package worker runs bundles in worker processes: the server side (a
-// cuda.Device whose programs live in child processes, with a pool of
+// device.Device whose programs live in child processes, with a pool of
 // standby workers) and the worker side (`plover worker`, which serves one
 // program from an in-process device).
 //
@@ -23,7 +23,7 @@ import (
 	"fmt"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
 )
 
@@ -66,7 +66,7 @@ const (
 	zeroOut
 )
 
-func encodeRun(b []byte, r *cuda.Run) []byte {
+func encodeRun(b []byte, r *device.Run) []byte {
 	b = b[:runHeader]
 	le.PutUint32(b[0:], uint32(len(r.Input)))
 	le.PutUint32(b[4:], uint32(len(r.Output)))
@@ -91,7 +91,7 @@ func encodeRun(b []byte, r *cuda.Run) []byte {
 
 // decodeRun fills r from a run message, slicing input and output out of
 // slot (input at 0, output at maxIn).
-func decodeRun(b []byte, r *cuda.Run, steps []cuda.Step, slot []byte, maxIn, out int64) error {
+func decodeRun(b []byte, r *device.Run, steps []device.Step, slot []byte, maxIn, out int64) error {
 	if len(b) < runHeader {
 		return fmt.Errorf("run message of %d bytes", len(b))
 	}
@@ -109,7 +109,7 @@ func decodeRun(b []byte, r *cuda.Run, steps []cuda.Step, slot []byte, maxIn, out
 	r.Items = le.Uint32(b[27:])
 	for k := 0; k < n; k++ {
 		s := b[runHeader+k*stepBytes:]
-		steps[k] = cuda.Step{Entry: int32(le.Uint32(s[0:])), Grid: int32(le.Uint32(s[4:])), Block: int32(le.Uint32(s[8:]))}
+		steps[k] = device.Step{Entry: int32(le.Uint32(s[0:])), Grid: int32(le.Uint32(s[4:])), Block: int32(le.Uint32(s[8:]))}
 	}
 	r.Chain = steps[:n]
 	return nil
@@ -118,17 +118,17 @@ func decodeRun(b []byte, r *cuda.Run, steps []cuda.Step, slot []byte, maxIn, out
 // statusOf classifies an error from the worker's device for the wire.
 func statusOf(err error) (byte, string) {
 	var le *loader.Error
-	var ke *cuda.KernelError
+	var ke *device.KernelError
 	switch {
 	case err == nil:
 		return stOK, ""
 	case errors.As(err, &le):
 		return stInvalid, le.Path + "\x00" + le.Reason
-	case errors.Is(err, cuda.ErrUnhealthy):
+	case errors.Is(err, device.ErrUnhealthy):
 		return stFault, err.Error()
 	case errors.As(err, &ke):
 		return stKernel, ke.Msg
-	case errors.Is(err, cuda.ErrOutOfMemory):
+	case errors.Is(err, device.ErrOutOfMemory):
 		return stOOM, err.Error()
 	}
 	return stFailed, err.Error()
@@ -144,9 +144,9 @@ func errorOf(st byte, msg string) error {
 		path, reason, _ := cutNul(msg)
 		return &loader.Error{Path: path, Reason: reason}
 	case stKernel:
-		return &cuda.KernelError{Msg: msg}
+		return &device.KernelError{Msg: msg}
 	case stOOM:
-		return fmt.Errorf("%s: %w", msg, cuda.ErrOutOfMemory)
+		return fmt.Errorf("%s: %w", msg, device.ErrOutOfMemory)
 	}
 	return errors.New(msg)
 }

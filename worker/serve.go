@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/worker/contain"
 )
@@ -58,7 +58,7 @@ func Serve(cfg Config) error {
 		return fmt.Errorf("worker: signals: %w", err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	dev, err := cuda.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, log)
+	dev, err := device.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, log)
 	if err != nil {
 		return fmt.Errorf("worker: open device: %w", err)
 	}
@@ -107,8 +107,8 @@ func Serve(cfg Config) error {
 
 type server struct {
 	cfg      Config
-	dev      cuda.Device
-	prog     cuda.Program
+	dev      device.Device
+	prog     device.Program
 	buf, oob []byte
 }
 
@@ -182,7 +182,7 @@ func (w *server) load(b []byte) []byte {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return reply(stFailed, nil, "load: manifest: "+err.Error())
 	}
-	prog, err := w.dev.Load(context.Background(), cuda.ProgramSpec{Dir: stageDir, Manifest: &m})
+	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: stageDir, Manifest: &m})
 	if err != nil {
 		st, msg := statusOf(err)
 		return reply(st, nil, msg)
@@ -206,7 +206,7 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 		return fail(fmt.Errorf("new instance: map the slot: %w", err))
 	}
 	unix.Close(memfd) // the mapping keeps the memory
-	inst, err := w.prog.NewInstance(cuda.InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: slot})
+	inst, err := w.prog.NewInstance(device.InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: slot})
 	if err != nil {
 		unix.Munmap(slot)
 		unix.Close(sock)
@@ -222,11 +222,11 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 // say) ends the worker. Not locked to an OS thread: a run is one cgo call
 // that makes its device context current itself, and a locked thread cost
 // two scheduler hand-offs per request (measured with perf).
-func serveInstance(sock int, slot []byte, inst cuda.Instance, maxIn, out int64) {
+func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64) {
 	msg := make([]byte, runMsgMax+1)
 	rep := make([]byte, replyMax)
-	steps := make([]cuda.Step, abi.MaxChainLength)
-	var r cuda.Run
+	steps := make([]device.Step, abi.MaxChainLength)
+	var r device.Run
 	for {
 		n, err := unix.Read(sock, msg)
 		if n == 0 && err == nil {

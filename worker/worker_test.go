@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/worker/contain"
 )
@@ -48,16 +48,16 @@ var spawner = contain.NewSpawner()
 
 func newDevice(t testing.TB, standby int) *Device {
 	t.Helper()
-	d := NewDevice(Options{Exe: os.Args[0], Base: cuda.NewHost(0), Standby: standby, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Standby: standby, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
 	t.Cleanup(func() { d.Close() })
 	return d
 }
 
 // load loads the test kernels with m's chain into a worker.
-func load(t testing.TB, d *Device, m *abi.Manifest) cuda.Program {
+func load(t testing.TB, d *Device, m *abi.Manifest) device.Program {
 	t.Helper()
 	dir := testkit.BundleDir(t, m, nil)
-	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
@@ -65,9 +65,9 @@ func load(t testing.TB, d *Device, m *abi.Manifest) cuda.Program {
 	return p
 }
 
-func newInst(t testing.TB, p cuda.Program, m *abi.Manifest) cuda.Instance {
+func newInst(t testing.TB, p device.Program, m *abi.Manifest) device.Instance {
 	t.Helper()
-	in, err := p.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+	in, err := p.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
 	if err != nil {
 		t.Fatalf("new instance: %v", err)
 	}
@@ -99,8 +99,8 @@ func TestRunThroughWorker(t *testing.T) {
 	}{{"full", bytes.Repeat([]byte{7}, 256), 256}, {"short input", []byte("hello"), 256}, {"short output", []byte("abcdef"), 3}, {"empty", nil, 256}} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := make([]byte, tc.out)
-			r := &cuda.Run{Input: tc.input, Output: out, TmpLen: m.TmpBytes,
-				Chain: []cuda.Step{{Entry: echo, Grid: 1, Block: 64}, {Entry: addOne, Grid: 1, Block: 1}}}
+			r := &device.Run{Input: tc.input, Output: out, TmpLen: m.TmpBytes,
+				Chain: []device.Step{{Entry: echo, Grid: 1, Block: 64}, {Entry: addOne, Grid: 1, Block: 1}}}
 			if err := in.Run(r); err != nil {
 				t.Fatal(err)
 			}
@@ -119,8 +119,8 @@ func TestRunThroughWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = in.Run(&cuda.Run{Output: make([]byte, 8), Chain: []cuda.Step{{Entry: fail, Grid: 1, Block: 1}}})
-	var ke *cuda.KernelError
+	err = in.Run(&device.Run{Output: make([]byte, 8), Chain: []device.Step{{Entry: fail, Grid: 1, Block: 1}}})
+	var ke *device.KernelError
 	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "asked to fail") {
 		t.Errorf("fail kernel: %v, want a KernelError", err)
 	}
@@ -139,11 +139,11 @@ func TestCrashAndDeadline(t *testing.T) {
 	m.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 2000, Block: 1}}
 	p := load(t, d, m)
 	in := newInst(t, p, m)
-	steps := []cuda.Step{{Entry: 0, Grid: 2000, Block: 1}}
+	steps := []device.Step{{Entry: 0, Grid: 2000, Block: 1}}
 
 	t0 := time.Now()
-	err := in.Run(&cuda.Run{Output: make([]byte, 8), Chain: steps, Deadline: t0.Add(100 * time.Millisecond)})
-	if !errors.Is(err, cuda.ErrDeadline) {
+	err := in.Run(&device.Run{Output: make([]byte, 8), Chain: steps, Deadline: t0.Add(100 * time.Millisecond)})
+	if !errors.Is(err, device.ErrDeadline) {
 		t.Fatalf("a 2 s chain with a 100 ms deadline: %v, want ErrDeadline", err)
 	}
 	if el := time.Since(t0); el > time.Second {
@@ -151,8 +151,8 @@ func TestCrashAndDeadline(t *testing.T) {
 	}
 	// The chain overruns by more than the grace: the worker is killed, and
 	// the next run says so without having reached a worker.
-	err = in.Run(&cuda.Run{Output: make([]byte, 8), Chain: steps, Deadline: time.Now().Add(5 * time.Second)})
-	var pe *cuda.ProcessExit
+	err = in.Run(&device.Run{Output: make([]byte, 8), Chain: steps, Deadline: time.Now().Add(5 * time.Second)})
+	var pe *device.ProcessExit
 	if !errors.As(err, &pe) || !pe.BeforeRun || !strings.Contains(pe.Reason, "deadline") {
 		t.Fatalf("run after an overrun: %v, want a ProcessExit before the run naming the deadline", err)
 	}
@@ -167,8 +167,8 @@ func TestConstructorCrashIsAProcessExit(t *testing.T) {
 	dir := t.TempDir()
 	testkit.BuildLib(t, testkit.HostileCtorSource(), dir, m.Library)
 	testkit.WriteManifest(t, dir, m)
-	_, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
-	var pe *cuda.ProcessExit
+	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	var pe *device.ProcessExit
 	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "SIGSEGV") || pe.During != "loading the bundle" {
 		t.Fatalf("load of a crashing constructor: %v, want a ProcessExit naming SIGSEGV while loading", err)
 	}
@@ -183,25 +183,25 @@ func TestZeroOutThroughWorker(t *testing.T) {
 	m.Constants, m.OutBytes = "zeros.bin", 64
 	m.Chain = []abi.Launch{{Kernel: "add_constants", Grid: 1, Block: 1}}
 	dir := testkit.BundleDir(t, m, make([]byte, 64))
-	p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
 	in := newInst(t, p, m)
-	steps := []cuda.Step{{Entry: 0, Grid: 1, Block: 1}}
+	steps := []device.Step{{Entry: 0, Grid: 1, Block: 1}}
 	out := make([]byte, 64)
-	if err := in.Run(&cuda.Run{Input: bytes.Repeat([]byte{0xAA}, 64), Output: out, Chain: steps, ZeroOut: true}); err != nil {
+	if err := in.Run(&device.Run{Input: bytes.Repeat([]byte{0xAA}, 64), Output: out, Chain: steps, ZeroOut: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, zero := range []bool{true, false} {
-		if err := in.Run(&cuda.Run{Input: []byte{7}, Output: out, Chain: steps, ZeroOut: zero}); err != nil {
+		if err := in.Run(&device.Run{Input: []byte{7}, Output: out, Chain: steps, ZeroOut: zero}); err != nil {
 			t.Fatal(err)
 		}
 		if got := out[1]; (got == 0) != zero {
 			t.Errorf("ZeroOut %v: out[1] = %#x after a request of 0xAA bytes", zero, got)
 		}
-		if err := in.Run(&cuda.Run{Input: bytes.Repeat([]byte{0xAA}, 64), Output: out, Chain: steps}); err != nil {
+		if err := in.Run(&device.Run{Input: bytes.Repeat([]byte{0xAA}, 64), Output: out, Chain: steps}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,10 +253,10 @@ func TestWorkerEnvironment(t *testing.T) {
 			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=514MB"}}, // 2 MiB of buffers + 512 MiB for the context
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := NewDevice(Options{Exe: os.Args[0], Base: cuda.NewHost(0), Standby: 1, MPS: tc.mps, StageDir: t.TempDir(), Spawner: spawner})
+			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Standby: 1, MPS: tc.mps, StageDir: t.TempDir(), Spawner: spawner})
 			defer d.Close()
 			dir := testkit.BundleDir(t, m, nil)
-			p, err := d.Load(context.Background(), cuda.ProgramSpec{Dir: dir, Manifest: m, MemoryBudget: 2 << 20})
+			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, MemoryBudget: 2 << 20})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -280,8 +280,8 @@ func BenchmarkRoundTrip(b *testing.B) {
 	m := testkit.Manifest("echo")
 	p := load(b, d, m)
 	in := newInst(b, p, m)
-	r := &cuda.Run{Input: make([]byte, 64), Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
-		Chain: []cuda.Step{{Entry: 0, Grid: 1, Block: 64}}}
+	r := &device.Run{Input: make([]byte, 64), Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
+		Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}
 	b.ReportAllocs()
 	for b.Loop() {
 		r.Deadline = time.Now().Add(time.Second)

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/bench"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 )
 
 // batchRun is the CNN with and without batching on one server, same run.
@@ -27,7 +27,7 @@ type batchRun struct {
 	// Sizes is requests per run of the batched function over each sweep
 	// point (from plover_batch_size).
 	Sizes []float64 `json:"sweep_mean_batch"`
-	// Direct is the batched chain called in process (cuda.Device, no
+	// Direct is the batched chain called in process (device.Device, no
 	// server) on as many items per run as each entry says.
 	Direct []directBatch `json:"direct"`
 }
@@ -135,7 +135,7 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 		logf("stopping the server: %v", err)
 	}
 	// The same batched chain in process, for the HTTP path's share of it.
-	devs, err := cuda.Open(o.device, 0, nil)
+	devs, err := device.Open(o.device, 0, nil)
 	if err != nil {
 		return fmt.Errorf("direct calls: %w", err)
 	}
@@ -216,7 +216,7 @@ func writeBatch(o *options, res *results, br *batchRun) error {
 		p("| %s | %d | %.0f | %s | %s | %s | %d |\n", rd.Function, i/2+1, rd.Throughput, fmtMs(rd.P50), fmtMs(rd.P99), mb, rd.Errors)
 	}
 	p("\nBatched over unbatched throughput (medians): **%s**.\n\n", ratio(median(batchT), median(plainT)))
-	p("The same batched chain called in process (`cuda.Device`, no server, no HTTP; one instance, median of repeated runs):\n\n")
+	p("The same batched chain called in process (`device.Device`, no server, no HTTP; one instance, median of repeated runs):\n\n")
 	p("| items per run | run ms | items/s |\n|---:|---:|---:|\n")
 	best := 0.0
 	for _, d := range br.Direct {

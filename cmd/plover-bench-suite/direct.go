@@ -10,7 +10,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
 )
 
@@ -43,7 +43,7 @@ type directResult struct {
 // returning the handle it has), then repeats Run on the last instance up
 // to repeat times or for dur. items > 0 runs a batching bundle's chain on
 // that many items (input holds them back to back).
-func measureDirect(dev cuda.Device, dir string, input []byte, items, trials, repeat int, dur time.Duration) (*directResult, error) {
+func measureDirect(dev device.Device, dir string, input []byte, items, trials, repeat int, dur time.Duration) (*directResult, error) {
 	res := &directResult{}
 	for t := 0; t < trials; t++ {
 		last := t == trials-1
@@ -57,12 +57,12 @@ func measureDirect(dev cuda.Device, dir string, input []byte, items, trials, rep
 // rawDevice is an in-process device below the Program seam: the direct
 // figures time dlopen, constants and instance creation apart.
 type rawDevice interface {
-	cuda.Device
-	LoadConstants(r io.Reader, size int64) (cuda.Constants, error)
-	NewInstance(cfg cuda.InstanceConfig) (cuda.Instance, error)
+	device.Device
+	LoadConstants(r io.Reader, size int64) (device.Constants, error)
+	NewInstance(cfg device.InstanceConfig) (device.Instance, error)
 }
 
-func directOnce(cdev cuda.Device, dir string, input []byte, items int, res *directResult, last bool, repeat int, dur time.Duration) error {
+func directOnce(cdev device.Device, dir string, input []byte, items int, res *directResult, last bool, repeat int, dur time.Duration) error {
 	tmp, err := os.MkdirTemp("", "plover-bench-direct-*")
 	if err != nil {
 		return err
@@ -90,20 +90,20 @@ func directOnce(cdev cuda.Device, dir string, input []byte, items int, res *dire
 		lib.Close()
 		return fmt.Errorf("%s defines plover_load: direct trials time the load stages one by one and do not run it; bench it through a server", m.Library)
 	}
-	ents := cuda.NewEntries(lib)
-	steps := make([]cuda.Step, len(m.Chain))
+	ents := device.NewEntries(lib)
+	steps := make([]device.Step, len(m.Chain))
 	for i, l := range m.Chain {
 		e, err := ents.Resolve(l.Kernel)
 		if err != nil {
 			lib.Close()
 			return err
 		}
-		steps[i] = cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
 	tr.OpenMs = msSince(t0)
 	defer lib.Close()
 
-	var consts cuda.Constants
+	var consts device.Constants
 	if m.Constants != "" {
 		t0 = time.Now()
 		f, err := os.Open(filepath.Join(tmp, m.Constants))
@@ -123,7 +123,7 @@ func directOnce(cdev cuda.Device, dir string, input []byte, items int, res *dire
 	}
 
 	t0 = time.Now()
-	inst, err := dev.NewInstance(cuda.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes,
+	inst, err := dev.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes,
 		Constants: consts, Entries: ents})
 	if err != nil {
 		return fmt.Errorf("instance: %w", err)
@@ -132,7 +132,7 @@ func directOnce(cdev cuda.Device, dir string, input []byte, items int, res *dire
 	defer inst.Close()
 
 	out := make([]byte, m.OutBytes)
-	r := &cuda.Run{Input: input, Output: out, Chain: steps, TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), ChainKey: 1}
+	r := &device.Run{Input: input, Output: out, Chain: steps, TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), ChainKey: 1}
 	if items > 0 {
 		if m.Batch == nil {
 			return fmt.Errorf("%s does not batch", dir)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 )
 
 // goBenchResult is one `go test -bench` command and the lines it printed
@@ -18,7 +18,7 @@ type goBenchResult struct {
 }
 
 var goBenches = [][]string{
-	{"test", "-run", "^$", "-bench", "HotInvoke", "-benchmem", "-count", "3", "./runtime/httpapi/"},
+	{"test", "-run", "^$", "-bench", "HotInvoke", "-benchmem", "-count", "3", "./httpapi/"},
 	{"test", "-run", "^$", "-bench", ".", "-benchmem", "./bench/"},
 }
 
@@ -27,7 +27,7 @@ func runGoBench(ctx context.Context, o *options) ([]goBenchResult, string) {
 	switch {
 	case o.goBench == "off":
 		return nil, "--go-bench off"
-	case o.goBench == "auto" && o.device != cuda.KindHost:
+	case o.goBench == "auto" && o.device != device.KindHost:
 		return nil, "they measure the host device; run with --go-bench on to include them"
 	case !goAvailable(o.repo):
 		return nil, "no Go toolchain or go.mod here"

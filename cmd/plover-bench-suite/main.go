@@ -2,7 +2,7 @@
 // measures the sample functions the way PyPlover's tables do (load kernel,
 // load constants, run, platform overhead, total; cold, warm and hot) against
 // real `plover serve` processes on loopback, the same chains called in
-// process through the cuda.Device interface, latency against offered load,
+// process through the device.Device interface, latency against offered load,
 // and the hot-path Go benchmarks; then it rewrites its own marked section
 // of BENCHMARKS.md and draws the latency chart.
 //
@@ -30,7 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 )
 
 type options struct {
@@ -109,7 +109,7 @@ func run(o *options) error {
 	}
 	if o.chart == "" {
 		o.chart = "docs/cnn-latency.svg"
-		if o.device != cuda.KindHost {
+		if o.device != device.KindHost {
 			o.chart = "docs/cnn-latency-" + o.device + ".svg"
 		}
 	}
@@ -203,7 +203,7 @@ func run(o *options) error {
 		}
 	}
 
-	devs, err := cuda.Open(o.device, 0, nil)
+	devs, err := device.Open(o.device, 0, nil)
 	if err != nil {
 		return fmt.Errorf("direct calls: %w", err)
 	}
@@ -212,7 +212,7 @@ func run(o *options) error {
 		if fr.Skipped != "" || ctx.Err() != nil {
 			continue
 		}
-		logf("%s: direct calls through cuda.Device (%d cold, then repeats)", fr.Name, o.trials)
+		logf("%s: direct calls through device.Device (%d cold, then repeats)", fr.Name, o.trials)
 		d, err := measureDirect(devs[0], fr.w.Dir, fr.w.Input, 0, o.trials, int(o.hotRequests), o.hot)
 		if err != nil {
 			return fmt.Errorf("%s direct: %w", fr.Name, err)

@@ -67,7 +67,7 @@ func renderSection(o *options, r *results) string {
 	p("  process over the cache the cold trials filled, one request. %d trials. (The server labels this request\n", o.trials)
 	p("  `X-Plover-Start: cold` too: its version was not loaded in that process.)\n")
 	p("- **hot**: sequential requests (one connection) to the idle instance of one process, up to %d requests or %v.\n", o.hotRequests, o.hot)
-	p("- **direct**: the same bundle and input in this process through `loader.Open` + `cuda.Device.LoadConstants` +\n")
+	p("- **direct**: the same bundle and input in this process through `loader.Open` + `device.Device.LoadConstants` +\n")
 	p("  `NewInstance` + `Instance.Run`, no HTTP and no runtime; *first call* from a fresh copy of the bundle\n")
 	p("  (%d trials), *repeat* = `Run` again on that instance.\n", o.trials)
 	p("- The server times `load` as one span; the suite splits it with the server's own `cold start` log line\n")

@@ -13,9 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/httpapi"
 )
 
 // The dashboard's datasource: an import input (__inputs) and a templating
@@ -248,7 +248,7 @@ var notScraped = map[string]source{
 // labelled series exist, and returns the metric families by TYPE.
 func scrape(t *testing.T) map[string]string {
 	t.Helper()
-	eng := testkit.Engine(t, runtime.Config{})
+	eng := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, eng, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(eng.Collector())
@@ -275,7 +275,7 @@ func scrape(t *testing.T) map[string]string {
 // describedNames is the metric names the engine's collector describes.
 func describedNames(t *testing.T) map[string]bool {
 	t.Helper()
-	eng := testkit.Engine(t, runtime.Config{})
+	eng := testkit.Engine(t, engine.Config{})
 	ch := make(chan *prometheus.Desc, 64)
 	go func() { eng.Collector().Describe(ch); close(ch) }()
 	re := regexp.MustCompile(`fqName: "([^"]+)"`)

@@ -1,4 +1,4 @@
-// Package fakecuda builds the fake CUDA driver (cuda/testdata/fakecuda) and
+// Package fakecuda builds the fake CUDA driver (device/testdata/fakecuda) and
 // a CUDA-target test bundle linked against it, so that the CUDA device and
 // worker processes on it are tested without a GPU.
 package fakecuda
@@ -8,7 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 )
 
@@ -24,9 +24,9 @@ func Build() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	_, file, _, _ := goruntime.Caller(0)
+	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
-	src := filepath.Join(root, "cuda", "testdata", "fakecuda")
+	src := filepath.Join(root, "device", "testdata", "fakecuda")
 	builds := [][]string{
 		{"-shared", "-fPIC", "-O2", "-Wall", "-Wl,-soname,libfakecuda.so",
 			"-o", filepath.Join(dir, "libfakecuda.so"), filepath.Join(src, "fakecuda.c")},

@@ -10,15 +10,15 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/objectstore"
-	"github.com/plover-run/plover/runtime"
-	"github.com/plover-run/plover/runtime/httpapi"
 )
 
 // Engine returns an engine over a fresh filesystem store and cache with one
 // host device. cfg's Store, Cache and Devices are filled in when empty.
-func Engine(t testing.TB, cfg runtime.Config) *runtime.Engine {
+func Engine(t testing.TB, cfg engine.Config) *engine.Engine {
 	t.Helper()
 	dir := t.TempDir()
 	if cfg.Store == nil {
@@ -36,9 +36,9 @@ func Engine(t testing.TB, cfg runtime.Config) *runtime.Engine {
 		cfg.Cache = c
 	}
 	if len(cfg.Devices) == 0 {
-		cfg.Devices = []cuda.Device{cuda.NewHost(0)}
+		cfg.Devices = []device.Device{device.NewHost(0)}
 	}
-	e, err := runtime.New(cfg)
+	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func Engine(t testing.TB, cfg runtime.Config) *runtime.Engine {
 
 // Serve runs the HTTP API for e on a free loopback port until the test
 // ends and returns its base URL.
-func Serve(t testing.TB, e *runtime.Engine, opts httpapi.Options) string {
+func Serve(t testing.TB, e *engine.Engine, opts httpapi.Options) string {
 	t.Helper()
 	return ServeWith(t, httpapi.New(e, e.Control(), opts))
 }
@@ -70,7 +70,7 @@ func ServeWith(t testing.TB, srv *httpapi.Server) string {
 }
 
 // Deploy packs dir and deploys it through e under its manifest name.
-func Deploy(t testing.TB, e *runtime.Engine, dir string) runtime.FunctionInfo {
+func Deploy(t testing.TB, e *engine.Engine, dir string) engine.FunctionInfo {
 	t.Helper()
 	b, _, m, err := bundle.PackBytes(dir)
 	if err != nil {
@@ -107,7 +107,7 @@ func Post(t testing.TB, method, url, contentType string, body []byte) (*http.Res
 // WaitFor polls function name on e until cond holds (busy instances, queue
 // depth, ...), so tests order concurrent requests by observed state rather
 // than by sleeping. It fails the test after 10 s.
-func WaitFor(t testing.TB, e *runtime.Engine, name string, what string, cond func(runtime.FunctionInfo) bool) {
+func WaitFor(t testing.TB, e *engine.Engine, name string, what string, cond func(engine.FunctionInfo) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -122,6 +122,6 @@ func WaitFor(t testing.TB, e *runtime.Engine, name string, what string, cond fun
 }
 
 // Busy is a WaitFor condition: n busy instances and q queued requests.
-func Busy(n, q int) func(runtime.FunctionInfo) bool {
-	return func(fi runtime.FunctionInfo) bool { return fi.Busy == n && fi.Queue == q }
+func Busy(n, q int) func(engine.FunctionInfo) bool {
+	return func(fi engine.FunctionInfo) bool { return fi.Busy == n && fi.Queue == q }
 }

@@ -8,7 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -17,7 +17,7 @@ import (
 
 // Root is the repository root.
 func Root() string {
-	_, file, _, _ := goruntime.Caller(0)
+	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 

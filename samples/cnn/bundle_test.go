@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/samples/cnn/digits"
@@ -103,9 +103,9 @@ func buildHost(t testing.TB, dir string, defines ...string) string {
 // bundle is the host bundle loaded the way the runtime loads it.
 type bundle struct {
 	lib    *loader.Library
-	ents   *cuda.Entries
-	dev    *cuda.Host
-	consts cuda.Constants
+	ents   *device.Entries
+	dev    *device.Host
+	consts device.Constants
 }
 
 func openBundle(t testing.TB, so string, kernels []string) *bundle {
@@ -115,7 +115,7 @@ func openBundle(t testing.TB, so string, kernels []string) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lib.Close() })
-	dev := cuda.NewHost(0)
+	dev := device.NewHost(0)
 	f, err := os.Open(weightsFile)
 	if err != nil {
 		t.Fatal(err)
@@ -130,12 +130,12 @@ func openBundle(t testing.TB, so string, kernels []string) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(consts.Free)
-	return &bundle{lib: lib, ents: cuda.NewEntries(lib), dev: dev, consts: consts}
+	return &bundle{lib: lib, ents: device.NewEntries(lib), dev: dev, consts: consts}
 }
 
-func (b *bundle) instance(t testing.TB, tmp int64) cuda.Instance {
+func (b *bundle) instance(t testing.TB, tmp int64) device.Instance {
 	t.Helper()
-	inst, err := b.dev.NewInstance(cuda.InstanceConfig{
+	inst, err := b.dev.NewInstance(device.InstanceConfig{
 		MaxInput: model.InputBytes, Tmp: tmp, Out: model.OutBytes,
 		Constants: b.consts, Entries: b.ents,
 	})
@@ -146,15 +146,15 @@ func (b *bundle) instance(t testing.TB, tmp int64) cuda.Instance {
 	return inst
 }
 
-func (b *bundle) steps(t testing.TB, chain []abi.Launch) []cuda.Step {
+func (b *bundle) steps(t testing.TB, chain []abi.Launch) []device.Step {
 	t.Helper()
-	steps := make([]cuda.Step, len(chain))
+	steps := make([]device.Step, len(chain))
 	for i, l := range chain {
 		e, err := b.ents.Resolve(l.Kernel)
 		if err != nil {
 			t.Fatal(err)
 		}
-		steps[i] = cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
 	return steps
 }
@@ -217,7 +217,7 @@ func TestHostBundle(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			inst := b.instance(t, c.tmp)
-			run := &cuda.Run{Output: make([]byte, model.OutBytes), Chain: b.steps(t, c.chain), TmpLen: c.tmp, ZeroTmp: c.zeroTmp}
+			run := &device.Run{Output: make([]byte, model.OutBytes), Chain: b.steps(t, c.chain), TmpLen: c.tmp, ZeroTmp: c.zeroTmp}
 			correct, maxDiff := 0, 0.0
 			for i := range ds {
 				run.Input = ds[i].Input()
@@ -249,7 +249,7 @@ func TestHostBundle(t *testing.T) {
 	// using it must set zero_tmp.
 	t.Run("split without zero_tmp is wrong", func(t *testing.T) {
 		inst := b.instance(t, splitTmpBytes)
-		run := &cuda.Run{Output: make([]byte, model.OutBytes), Chain: b.steps(t, splitChain(64, 64)), TmpLen: splitTmpBytes}
+		run := &device.Run{Output: make([]byte, model.OutBytes), Chain: b.steps(t, splitChain(64, 64)), TmpLen: splitTmpBytes}
 		for req, d := range []*digits.Digit{&ds[0], &ds[len(ds)/2]} {
 			run.Input = d.Input()
 			if err := inst.Run(run); err != nil {
@@ -285,9 +285,9 @@ func TestHostBundle(t *testing.T) {
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				inst := b.instance(t, max(c.tmp, 1))
-				run := &cuda.Run{Input: c.input, Output: make([]byte, model.OutBytes), Chain: b.steps(t, c.chain), TmpLen: c.tmp}
+				run := &device.Run{Input: c.input, Output: make([]byte, model.OutBytes), Chain: b.steps(t, c.chain), TmpLen: c.tmp}
 				err := inst.Run(run)
-				var ke *cuda.KernelError
+				var ke *device.KernelError
 				if !errors.As(err, &ke) || !strings.Contains(ke.Msg, c.want) {
 					t.Fatalf("Run: %v, want a kernel error containing %q", err, c.want)
 				}
@@ -308,7 +308,7 @@ func TestBatchedBuild(t *testing.T) {
 	const maxItems = 64
 	so := buildHost(t, t.TempDir(), fmt.Sprintf("-DCNN_BATCH=%d", maxItems))
 	b := openBundle(t, so, abi.Kernels(m.Chain))
-	inst, err := b.dev.NewInstance(cuda.InstanceConfig{MaxInput: maxItems * model.InputBytes, Tmp: maxItems * m.TmpBytes,
+	inst, err := b.dev.NewInstance(device.InstanceConfig{MaxInput: maxItems * model.InputBytes, Tmp: maxItems * m.TmpBytes,
 		Out: maxItems * model.OutBytes, Constants: b.consts, Entries: b.ents})
 	if err != nil {
 		t.Fatal(err)
@@ -330,7 +330,7 @@ func TestBatchedBuild(t *testing.T) {
 			for i := range c.items {
 				in = append(in, ds[i*3].Input()...)
 			}
-			run := &cuda.Run{Input: in, Output: make([]byte, c.items*model.OutBytes), Chain: b.steps(t, c.chain),
+			run := &device.Run{Input: in, Output: make([]byte, c.items*model.OutBytes), Chain: b.steps(t, c.chain),
 				TmpLen: maxItems * m.TmpBytes, Items: uint32(c.items)}
 			if err := inst.Run(run); err != nil {
 				t.Fatal(err)
@@ -444,7 +444,7 @@ func BenchmarkChain(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			inst := bd.instance(b, c.tmp)
-			run := &cuda.Run{Output: make([]byte, model.OutBytes), Chain: bd.steps(b, c.chain), TmpLen: c.tmp, ZeroTmp: c.zeroTmp}
+			run := &device.Run{Output: make([]byte, model.OutBytes), Chain: bd.steps(b, c.chain), TmpLen: c.tmp, ZeroTmp: c.zeroTmp}
 			inputs := make([][]byte, len(ds))
 			for i := range ds {
 				inputs[i] = ds[i].Input()

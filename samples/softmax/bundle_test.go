@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/cuda"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/samples/softmax/model"
@@ -69,14 +69,14 @@ func bundleDir(t testing.TB) string {
 }
 
 type bundle struct {
-	prog cuda.Program
+	prog device.Program
 	m    *abi.Manifest
 }
 
 func load(t testing.TB) *bundle {
 	t.Helper()
 	m := readManifest(t)
-	prog, err := cuda.NewHost(0).Load(context.Background(), cuda.ProgramSpec{Dir: bundleDir(t), Manifest: m})
+	prog, err := device.NewHost(0).Load(context.Background(), device.ProgramSpec{Dir: bundleDir(t), Manifest: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,9 +84,9 @@ func load(t testing.TB) *bundle {
 	return &bundle{prog: prog, m: m}
 }
 
-func (b *bundle) instance(t testing.TB) cuda.Instance {
+func (b *bundle) instance(t testing.TB) device.Instance {
 	t.Helper()
-	inst, err := b.prog.NewInstance(cuda.InstanceConfig{MaxInput: b.m.MaxInputBytes, Tmp: b.m.TmpBytes, Out: b.m.OutBytes})
+	inst, err := b.prog.NewInstance(device.InstanceConfig{MaxInput: b.m.MaxInputBytes, Tmp: b.m.TmpBytes, Out: b.m.OutBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,15 +95,15 @@ func (b *bundle) instance(t testing.TB) cuda.Instance {
 }
 
 // steps is the manifest chain with softmax's block set (0: the manifest's).
-func (b *bundle) steps(t testing.TB, softmaxBlock int) []cuda.Step {
+func (b *bundle) steps(t testing.TB, softmaxBlock int) []device.Step {
 	t.Helper()
-	var steps []cuda.Step
+	var steps []device.Step
 	for _, l := range b.m.Chain {
 		e, err := b.prog.Entry(l.Kernel)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := cuda.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+		s := device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 		if l.Kernel == "softmax" && softmaxBlock > 0 {
 			s.Block = int32(softmaxBlock)
 		}
@@ -112,8 +112,8 @@ func (b *bundle) steps(t testing.TB, softmaxBlock int) []cuda.Step {
 	return steps
 }
 
-func (b *bundle) run(inst cuda.Instance, steps []cuda.Step, input []byte) ([]byte, error) {
-	r := &cuda.Run{Input: input, Output: make([]byte, b.m.OutBytes), Chain: steps,
+func (b *bundle) run(inst device.Instance, steps []device.Step, input []byte) ([]byte, error) {
+	r := &device.Run{Input: input, Output: make([]byte, b.m.OutBytes), Chain: steps,
 		TmpLen: b.m.TmpBytes, ZeroTmp: b.m.ZeroTmp, ZeroOut: b.m.ZeroesOut()}
 	if err := inst.Run(r); err != nil {
 		return nil, err
@@ -177,7 +177,7 @@ func TestHostBundle(t *testing.T) {
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				_, err := b.run(inst, b.steps(t, c.block), c.input)
-				var ke *cuda.KernelError
+				var ke *device.KernelError
 				if !errors.As(err, &ke) || !strings.Contains(ke.Msg, c.want) {
 					t.Fatalf("Run: %v, want a kernel error containing %q", err, c.want)
 				}
@@ -256,7 +256,7 @@ func BenchmarkChain(b *testing.B) {
 	for _, rows := range []int{1, model.MaxRows} {
 		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
 			input := model.Input(rows, 7)
-			r := &cuda.Run{Input: input, Output: make([]byte, bd.m.OutBytes), Chain: steps, TmpLen: bd.m.TmpBytes}
+			r := &device.Run{Input: input, Output: make([]byte, bd.m.OutBytes), Chain: steps, TmpLen: bd.m.TmpBytes}
 			var kernels time.Duration
 			for b.Loop() {
 				if err := inst.Run(r); err != nil {

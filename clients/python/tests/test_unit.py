@@ -24,7 +24,7 @@ try:
 except ImportError:
     np = None
 
-# What the server writes (runtime/httpapi writeMeta).
+# What the server writes (httpapi writeMeta).
 TIMING = "queue;dur=0.012, load;dur=0.000, copyin;dur=0.004, kernels;dur=1.250, copyout;dur=0.003, total;dur=1.301"
 
 

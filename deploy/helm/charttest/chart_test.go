@@ -44,7 +44,7 @@ const (
 	namespace = "plover-test"
 	// The real metric the autoscaler scales on; it must be one the server exports.
 	queueMetric   = "plover_queue_depth"
-	collectorFile = "../../../runtime/collector.go"
+	collectorFile = "../../../engine/collector.go"
 )
 
 // helmBin finds helm: $HELM, PATH, or the cache of scripts/install-helm.sh.

@@ -1,0 +1,201 @@
+// Package device is Plover's device layer: the Device/Program/Instance seam the
+// runtime runs kernel chains through, the host device (device memory is host
+// memory, kernels run on the calling thread), and the CUDA device.
+//
+// The seam carries no pointers into a bundle: a device loads a bundle into a
+// Program where the bundle's code lives (this process, or a worker process),
+// and a run names its steps by index into the program's entry table. So the
+// same interface serves in-process devices and worker processes.
+package device
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Device owns one execution device. It is safe for concurrent use; an
+// Instance is not, and the runtime gives each to one request at a time.
+type Device interface {
+	// Target is the bundle target this device runs: "host" or "cuda".
+	Target() string
+	// Name describes the device for logs and /healthz.
+	Name() string
+	// Load loads an unpacked bundle onto this device: the library (its
+	// constructors run), every entry the manifest's chain names, and the
+	// constants. An invalid library is a *loader.Error; a process that died
+	// while loading is a *ProcessExit.
+	Load(ctx context.Context, spec ProgramSpec) (Program, error)
+	// MemInfo reports device memory as this device accounts it.
+	MemInfo() MemInfo
+	// Health is nil while the device can run requests.
+	Health() error
+	Close() error
+}
+
+// ProgramSpec is what Device.Load loads.
+type ProgramSpec struct {
+	Dir      string // the unpacked bundle directory; read, never written
+	Manifest *abi.Manifest
+	// MemoryBudget is the device memory the program may come to hold: its
+	// constants and its largest number of instances (a device that can
+	// enforce it, a worker under MPS, does; others ignore it).
+	MemoryBudget int64
+}
+
+// Program is one bundle loaded on one device. Close ends it once its
+// instances are closed: constants freed, library unloaded (or, for a worker,
+// the process stopped).
+type Program interface {
+	// Entry returns the index of kernel in the program's entry table,
+	// resolving it the first time. The manifest chain's kernels are entries
+	// 0..k-1 in the order abi.Kernels lists them, so a chain's steps can be
+	// computed without asking the program.
+	Entry(kernel string) (int32, error)
+	// ConstantsBytes is the device memory the constants hold.
+	ConstantsBytes() int64
+	NewInstance(cfg InstanceConfig) (Instance, error)
+	Close() error
+}
+
+// InstanceConfig sizes an instance's buffers.
+type InstanceConfig struct {
+	MaxInput int64
+	Tmp      int64
+	Out      int64
+	// Below the seam (a device's own NewInstance): the program's constants
+	// (nil when the bundle has none) and entry table.
+	Constants Constants
+	Entries   *Entries
+	// Host, when set, is memory of MaxInput+Out bytes outside the Go heap
+	// (a worker's shared slot) that stays mapped while the instance lives.
+	// A CUDA instance pins it in place and copies straight between it and
+	// the device when a Run's Input and Output are its two halves.
+	Host []byte
+	// Deadline, when set, bounds the creation (it runs the bundle's
+	// plover_instance_init) on a device that can stop it: a worker process
+	// is killed past it.
+	Deadline time.Time
+}
+
+// Constants is a read-only device buffer shared by a program's instances.
+type Constants interface {
+	Size() int64
+	Free()
+}
+
+// Instance is the per-request execution state: input, tmp and out buffers on
+// the device, plus whatever the device needs to run a chain (a stream).
+type Instance interface {
+	// Run performs one whole request in one call: copy Input in, zero tmp if
+	// asked, run every step, copy out into Output.
+	Run(r *Run) error
+	// DeviceBytes is the device memory this instance holds.
+	DeviceBytes() int64
+	Close()
+}
+
+// Step is one launch: an entry of the program's table and its sizes.
+type Step struct {
+	Entry int32
+	Grid  int32
+	Block int32
+}
+
+// Run is one request. The runtime reuses Run values, so Run must not keep
+// references to Input or Output after it returns.
+type Run struct {
+	Input   []byte // len <= instance MaxInput
+	Output  []byte // filled completely; len <= instance Out
+	Chain   []Step
+	TmpLen  int64 // bytes of tmp visible to kernels; <= instance Tmp
+	ZeroTmp bool
+	ZeroOut bool // zero the Output's length of out first: no stale bytes
+	// ChainKey, when nonzero, promises that every Run with the same ChainKey
+	// and the same input, tmp and output lengths runs the same chain, so a
+	// device may record it once and replay it (CUDA graphs). Entry points
+	// read lengths on the host, so lengths are part of the key. 0 disables
+	// recording.
+	ChainKey uint64
+	// Items is plover_state_t.items (ABI 2.1): the requests this run
+	// holds, for a batched run; 0 otherwise.
+	Items uint32
+	// Deadline, when set, is when a device that can stop a running chain
+	// (a worker process: by killing it) gives up with ErrDeadline. An
+	// in-process device cannot interrupt a kernel and ignores it.
+	Deadline time.Time
+	// Results. OutLen is how many bytes of Output the chain produced: all of
+	// them, unless an ABI 2 entry lowered s->out.len (the response is then
+	// Output[:OutLen]).
+	OutLen int64
+	Timing Timing
+}
+
+// Timing is measured on the device side of the call.
+type Timing struct {
+	CopyIn  time.Duration
+	Kernels time.Duration
+	CopyOut time.Duration
+}
+
+// MemInfo is device memory in bytes.
+type MemInfo struct {
+	Total int64
+	Free  int64
+	Used  int64 // held by Plover on this device
+}
+
+// KernelError is a failure the bundle reported (plover_fail or a CUDA error).
+type KernelError struct{ Msg string }
+
+func (e *KernelError) Error() string { return "kernel failed: " + e.Msg }
+
+// ErrUnhealthy marks a device that can no longer run requests.
+var ErrUnhealthy = errors.New("device unhealthy")
+
+// ErrDeadline is a run given up at its deadline. The instance stays usable:
+// a device that cannot stop the chain lets it finish in the background (a
+// worker process is killed if it overruns by more than a grace period, and
+// the next run on the instance then reports a ProcessExit with BeforeRun).
+var ErrDeadline = errors.New("the request's deadline passed while its chain was running")
+
+// ProcessExit is the death of the process a program lived in: a signal, an
+// exit, or a broken channel. Everything the program held is gone with it.
+type ProcessExit struct {
+	PID    int
+	Reason string // "killed by signal SIGSEGV (segmentation fault)", "exited with status 0", ...
+	During string // "running the chain", "loading the bundle", ...
+	// BeforeRun: the process was gone before this request reached it, so
+	// the request ran nowhere and may be retried on a fresh process.
+	BeforeRun bool
+}
+
+func (e *ProcessExit) Error() string {
+	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.Reason, e.During)
+}
+
+// ProcessStats is what a program living in a process of its own reports
+// about that process (Program implementations in other processes offer
+// Process() ProcessStats).
+type ProcessStats struct {
+	PID      int   `json:"pid"`
+	RSSBytes int64 `json:"resident_bytes"`
+	Threads  int   `json:"threads"`
+}
+
+func checkRun(r *Run, maxIn, tmp, out int64, maxSteps int) error {
+	switch {
+	case int64(len(r.Input)) > maxIn:
+		return fmt.Errorf("input is %d bytes, instance holds %d", len(r.Input), maxIn)
+	case int64(len(r.Output)) > out:
+		return fmt.Errorf("output is %d bytes, instance holds %d", len(r.Output), out)
+	case r.TmpLen < 0 || r.TmpLen > tmp:
+		return fmt.Errorf("tmp is %d bytes, instance holds %d", r.TmpLen, tmp)
+	case len(r.Chain) == 0 || len(r.Chain) > maxSteps:
+		return fmt.Errorf("chain has %d steps, want 1..%d", len(r.Chain), maxSteps)
+	}
+	return nil
+}

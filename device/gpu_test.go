@@ -1,0 +1,256 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/loader"
+)
+
+// GPU tests need a CUDA device and the test bundle built from
+// testdata/kernels.cu: from $PLOVER_TEST_CUDA_BUNDLE_DIR/testkernels.so
+// (for a `go test -c` binary on a machine without Go), else built with nvcc
+// when it is on PATH. Without a device they skip, saying why.
+
+const cudaBundleName = "testkernels.so"
+
+var gpuT struct {
+	once      sync.Once
+	env       *bundleEnv
+	skip      string
+	err       error
+	bundleDir string
+}
+
+func nvccArgs(out string) []string {
+	return []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-O3", "-I" + filepath.Join("..", "abi"),
+		"-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
+		"-o", out, filepath.Join("testdata", "kernels.cu")}
+}
+
+func buildCUDABundle(dir string) (string, error) {
+	nvcc, err := exec.LookPath("nvcc")
+	if err != nil {
+		return "", errors.New("set PLOVER_TEST_CUDA_BUNDLE_DIR or put nvcc on PATH")
+	}
+	out := filepath.Join(dir, cudaBundleName)
+	if b, err := exec.Command(nvcc, nvccArgs(out)...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("nvcc: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+func cudaBundle() (string, error) {
+	if dir := os.Getenv("PLOVER_TEST_CUDA_BUNDLE_DIR"); dir != "" {
+		p, err := filepath.Abs(filepath.Join(dir, cudaBundleName))
+		if err != nil {
+			return "", err
+		}
+		if _, err := os.Stat(p); err != nil {
+			return "", err
+		}
+		return p, nil
+	}
+	dir, err := os.MkdirTemp("", "plover-cudatest-")
+	if err != nil {
+		return "", err
+	}
+	removeLater(dir)
+	return buildCUDABundle(dir)
+}
+
+func gpuEnv(t testing.TB) *bundleEnv {
+	t.Helper()
+	gpuT.once.Do(func() {
+		gpus, err := OpenCUDA(0, nil)
+		if err != nil {
+			gpuT.skip = "no CUDA device: " + err.Error()
+			return
+		}
+		for _, g := range gpus {
+			g.Close()
+		}
+		path, err := cudaBundle()
+		if err != nil {
+			gpuT.skip = "no CUDA test bundle: " + err.Error()
+			return
+		}
+		gpuT.bundleDir = filepath.Dir(path)
+		lib, err := loader.Open(path, "cuda", testEntries)
+		if err != nil {
+			gpuT.err = err
+			return
+		}
+		calls, err := lib.Symbol("pl_entry_calls")
+		if err != nil {
+			gpuT.err = err
+			return
+		}
+		gpuT.env = &bundleEnv{name: "gpu", lib: lib, ents: NewEntries(lib), calls: (*int64)(calls)}
+	})
+	if gpuT.skip != "" {
+		t.Skip(gpuT.skip)
+	}
+	if gpuT.err != nil {
+		t.Fatal(gpuT.err)
+	}
+	e := *gpuT.env
+	e.open = func(t testing.TB, limit int64, log *slog.Logger) *GPU {
+		t.Helper()
+		gpus, err := openGPUs(libcuda, limit, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for _, g := range gpus {
+				g.Close()
+			}
+		})
+		return gpus[e.ordinal]
+	}
+	return &e
+}
+
+// TestKernelsCompile checks the test kernels build with the flags the
+// project uses for CUDA bundles, wherever nvcc is installed.
+func TestKernelsCompile(t *testing.T) {
+	if _, err := exec.LookPath("nvcc"); err != nil {
+		t.Skip("nvcc not on PATH")
+	}
+	if testing.Short() {
+		t.Skip("-short: nvcc is slow")
+	}
+	p, err := buildCUDABundle(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loader.Inspect(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGPUSuite(t *testing.T) { runSuite(t, gpuEnv(t)) }
+
+func TestGPUInfo(t *testing.T) {
+	e := gpuEnv(t)
+	g := e.gpu(t)
+	m := g.MemInfo()
+	t.Logf("%s, CUDA driver %s, memory %+v", g.Name(), g.DriverVersion(), m)
+	if g.Target() != "cuda" || !strings.HasSuffix(g.Name(), "(GPU 0)") || m.Total <= 0 || m.Free <= 0 || m.Free > m.Total {
+		t.Errorf("Target %q Name %q MemInfo %+v", g.Target(), g.Name(), m)
+	}
+	if err := g.Health(); err != nil {
+		t.Error(err)
+	}
+	lim := e.fresh(t, 1<<30, nil)
+	if m := lim.MemInfo(); m.Total != 1<<30 {
+		t.Errorf("1 GiB budget: %+v", m)
+	}
+}
+
+// TestGPUFault poisons its CUDA context, so it runs in a child process.
+func TestGPUFault(t *testing.T) {
+	e := gpuEnv(t)
+	if os.Getenv("PLOVER_CUDA_FAULT_CHILD") == "1" {
+		testFault(t, e)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGPUFault$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "PLOVER_CUDA_FAULT_CHILD=1", "PLOVER_TEST_CUDA_BUNDLE_DIR="+gpuT.bundleDir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("child process:\n%s", out)
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: TestGPUFault") {
+		t.Fatal("the child did not pass TestGPUFault")
+	}
+}
+
+// ---- benchmarks (scripts/gpu-check.sh reads their output) ----
+
+func benchEnv(b *testing.B) *bundleEnv {
+	if os.Getenv("PLOVER_BENCH_FAKE") == "1" { // to check the benchmarks themselves without a GPU
+		return fakeEnv(b)
+	}
+	return gpuEnv(b)
+}
+
+// A 9-launch chain the size of the CNN sample's: per-launch overhead
+// dominates, which is what graphs remove.
+func BenchmarkChain9Graph(b *testing.B)  { benchChain9(b, 1) }
+func BenchmarkChain9Direct(b *testing.B) { benchChain9(b, 0) }
+
+func benchChain9(b *testing.B, key uint64) {
+	e := benchEnv(b)
+	g := e.gpu(b)
+	inst := newInst(b, g, e, InstanceConfig{MaxInput: 3136, Tmp: 4096, Out: 40})
+	chain := []Step{e.step(b, "pl_load", 64, 64)}
+	for i := 0; i < 7; i++ {
+		chain = append(chain, e.step(b, "pl_inc", 64, 64))
+	}
+	chain = append(chain, e.step(b, "pl_store", 64, 64))
+	r := &Run{Input: make([]byte, 3136), Output: make([]byte, 40), Chain: chain, TmpLen: 4096, ZeroTmp: true, ChainKey: key}
+	for i := 0; i < 5; i++ { // lazy module loading, capture
+		mustRun(b, inst, r)
+	}
+	before := inst.stats.load()
+	var n int
+	var kernels, copies time.Duration
+	for b.Loop() {
+		if err := inst.Run(r); err != nil {
+			b.Fatal(err)
+		}
+		n++
+		kernels += r.Timing.Kernels
+		copies += r.Timing.CopyIn + r.Timing.CopyOut
+	}
+	b.ReportMetric(float64(kernels.Nanoseconds())/float64(n), "kernel-ns/op")
+	b.ReportMetric(float64(copies.Nanoseconds())/float64(n), "copy-ns/op")
+	after := inst.stats.load()
+	if key != 0 && after.Replayed-before.Replayed != uint64(n) {
+		b.Errorf("%d of %d runs replayed a graph", after.Replayed-before.Replayed, n)
+	}
+	if key == 0 && after.Direct-before.Direct != uint64(n) {
+		b.Errorf("%d of %d runs direct", after.Direct-before.Direct, n)
+	}
+}
+
+// BenchmarkCopy measures copy-in (memcpy to pinned staging + H2D) and
+// copy-out (D2H + memcpy out) bandwidth through Run, as requests see it.
+func BenchmarkCopy(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20, 16 << 20, 64 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			e := benchEnv(b)
+			g := e.gpu(b)
+			inst := newInst(b, g, e, InstanceConfig{MaxInput: int64(size), Tmp: 1, Out: int64(size)})
+			r := &Run{Input: make([]byte, size), Output: make([]byte, size),
+				Chain: []Step{e.step(b, "pl_copy", 1024, 256)}, ChainKey: 1}
+			for i := 0; i < 3; i++ {
+				mustRun(b, inst, r)
+			}
+			b.SetBytes(int64(2 * size))
+			var in, out time.Duration
+			for b.Loop() {
+				if err := inst.Run(r); err != nil {
+					b.Fatal(err)
+				}
+				in += r.Timing.CopyIn
+				out += r.Timing.CopyOut
+			}
+			if in > 0 && out > 0 {
+				n := float64(b.N)
+				b.ReportMetric(float64(size)*n/in.Seconds()/1e9, "in-GB/s")
+				b.ReportMetric(float64(size)*n/out.Seconds()/1e9, "out-GB/s")
+			}
+		})
+	}
+}

@@ -1,0 +1,298 @@
+package device
+
+/*
+#cgo CFLAGS: -O2 -I${SRCDIR}/../abi
+#include <stdlib.h>
+#include "host_run.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Host is the host device: "device memory" is 256-byte aligned C memory and a
+// chain runs on the calling OS thread. It runs the same bundles' host builds
+// and the same runtime paths as the CUDA device, so everything above the
+// device layer is testable without a GPU.
+type Host struct {
+	used  atomic.Int64
+	total int64
+}
+
+// NewHost returns a host device whose memory budget is limit bytes, or the
+// machine's RAM when limit is 0.
+func NewHost(limit int64) *Host {
+	if limit <= 0 {
+		var si syscall.Sysinfo_t
+		if syscall.Sysinfo(&si) == nil {
+			limit = int64(si.Totalram) * int64(si.Unit)
+		}
+	}
+	return &Host{total: limit}
+}
+
+func (h *Host) Target() string { return abi.TargetHost }
+func (h *Host) Name() string {
+	return "host (" + runtime.GOARCH + ", " + fmt.Sprint(runtime.NumCPU()) + " CPUs)"
+}
+func (h *Host) Health() error { return nil }
+
+// Load loads a bundle into this process.
+func (h *Host) Load(ctx context.Context, spec ProgramSpec) (Program, error) {
+	return loadProgram(ctx, h, spec)
+}
+func (h *Host) Close() error { return nil }
+
+func (h *Host) MemInfo() MemInfo {
+	used := h.used.Load()
+	return MemInfo{Total: h.total, Free: h.total - used, Used: used}
+}
+
+func (h *Host) alloc(n int64) (unsafe.Pointer, error) {
+	if n < 0 || n > int64(^uint(0)>>1) {
+		return nil, fmt.Errorf("host alloc of %d bytes", n)
+	}
+	p := C.plover_host_alloc(C.size_t(n))
+	if p == nil {
+		return nil, fmt.Errorf("host alloc of %d bytes: out of memory", n)
+	}
+	h.used.Add(n)
+	return p, nil
+}
+
+func (h *Host) free(p unsafe.Pointer, n int64) {
+	if p != nil {
+		C.free(p)
+		h.used.Add(-n)
+	}
+}
+
+type hostConstants struct {
+	h    *Host
+	ptr  unsafe.Pointer
+	size int64
+}
+
+func (c *hostConstants) Size() int64 { return c.size }
+func (c *hostConstants) Free()       { c.h.free(c.ptr, c.size); c.ptr = nil }
+
+func (h *Host) LoadConstants(r io.Reader, size int64) (Constants, error) {
+	p, err := h.alloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("constants: %w", err)
+	}
+	if _, err := io.ReadFull(r, unsafe.Slice((*byte)(p), size)); err != nil {
+		h.free(p, size)
+		return nil, fmt.Errorf("read constants: %w", err)
+	}
+	return &hostConstants{h: h, ptr: p, size: size}, nil
+}
+
+type hostInstance struct {
+	h   *Host
+	cfg InstanceConfig
+	// C memory, so the per-request cgo call passes no Go pointers except the
+	// input and output bytes: cgocheck walks every pointer it is given, and a
+	// Go-held step table cost 3.5 µs a request.
+	state  *C.plover_inst_state_t
+	steps  *[abi.MaxChainLength]C.plover_step_t
+	timing *C.plover_timing_t
+}
+
+func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
+	st := (*C.plover_inst_state_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_inst_state_t{}))))
+	if st == nil {
+		return nil, fmt.Errorf("host instance: out of memory")
+	}
+	inst := &hostInstance{h: h, cfg: cfg, state: st,
+		steps:  (*[abi.MaxChainLength]C.plover_step_t)(C.calloc(abi.MaxChainLength, C.size_t(unsafe.Sizeof(C.plover_step_t{})))),
+		timing: (*C.plover_timing_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_timing_t{}))))}
+	if inst.steps == nil || inst.timing == nil {
+		inst.free()
+		return nil, fmt.Errorf("host instance: out of memory")
+	}
+	var bufs [3]unsafe.Pointer
+	for k, n := range []int64{cfg.MaxInput, cfg.Tmp, cfg.Out} {
+		p, err := h.alloc(n)
+		if err != nil {
+			inst.free()
+			return nil, fmt.Errorf("host instance: %w", err)
+		}
+		bufs[k] = p
+		// Recorded as they come, so free() releases exactly what exists.
+		st.base.input.dat, st.base.tmp.dat, st.base.out.dat = (*C.uint8_t)(bufs[0]), (*C.uint8_t)(bufs[1]), (*C.uint8_t)(bufs[2])
+	}
+	var cptr unsafe.Pointer
+	var clen int64
+	if c, ok := cfg.Constants.(*hostConstants); ok && c != nil {
+		cptr, clen = c.ptr, c.size
+	} else if cfg.Constants != nil {
+		inst.free()
+		return nil, fmt.Errorf("host instance: constants belong to another device")
+	}
+	C.plover_state_init(st, boolInt(cfg.Entries.abi1()), bufs[0], C.size_t(cfg.MaxInput), cptr, C.size_t(clen),
+		bufs[1], C.size_t(cfg.Tmp), bufs[2], C.size_t(cfg.Out), nil, cfg.Entries.programPtr())
+	if err := cfg.Entries.hook(hookInstanceInit, &st.st); err != nil {
+		inst.free()
+		return nil, err
+	}
+	st.base.instance = st.st.instance
+	return inst, nil
+}
+
+func (i *hostInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
+
+// Close runs the bundle's plover_instance_fini, then frees the instance.
+func (i *hostInstance) Close() {
+	if i.state == nil {
+		return
+	}
+	i.state.st = i.state.base
+	_ = i.cfg.Entries.hook(hookInstanceFini, &i.state.st) // documented: ignored
+	i.free()
+}
+
+func (i *hostInstance) free() {
+	if i.state == nil {
+		return
+	}
+	i.h.free(unsafe.Pointer(i.state.base.input.dat), i.cfg.MaxInput)
+	i.h.free(unsafe.Pointer(i.state.base.tmp.dat), i.cfg.Tmp)
+	i.h.free(unsafe.Pointer(i.state.base.out.dat), i.cfg.Out)
+	C.free(unsafe.Pointer(i.state))
+	C.free(unsafe.Pointer(i.steps))
+	C.free(unsafe.Pointer(i.timing))
+	i.state, i.steps, i.timing = nil, nil, nil
+}
+
+func (i *hostInstance) Run(r *Run) error {
+	if err := checkRun(r, i.cfg.MaxInput, i.cfg.Tmp, i.cfg.Out, len(i.steps)); err != nil {
+		return err
+	}
+	table := i.cfg.Entries.table()
+	for k, s := range r.Chain {
+		fn, err := entryFn(table, s)
+		if err != nil {
+			return err
+		}
+		i.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
+	}
+	var in, out unsafe.Pointer
+	if len(r.Input) > 0 {
+		in = unsafe.Pointer(&r.Input[0])
+	}
+	if len(r.Output) > 0 {
+		out = unsafe.Pointer(&r.Output[0])
+	}
+	msg := C.plover_host_run(i.state, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)),
+		C.size_t(r.TmpLen), C.uint32_t(r.Items), zeroFlags(r), &i.steps[0], C.int(len(r.Chain)), i.cfg.Entries.lastErrorFn(), i.timing)
+	r.Timing = Timing{
+		CopyIn:  time.Duration(i.timing.copy_in_ns),
+		Kernels: time.Duration(i.timing.kernels_ns),
+		CopyOut: time.Duration(i.timing.copy_out_ns),
+	}
+	if msg != nil {
+		r.OutLen = 0
+		return &KernelError{Msg: C.GoString(msg)}
+	}
+	return outUsed(r, uint64(i.timing.out_used))
+}
+
+// outUsed records how much of the output the chain produced, refusing an
+// out.len raised above the output's length.
+func outUsed(r *Run, used uint64) error {
+	if used > uint64(len(r.Output)) {
+		r.OutLen = 0
+		return &KernelError{Msg: fmt.Sprintf("an entry set s->out.len to %d, above the %d bytes of out (entries may only lower it)", used, len(r.Output))}
+	}
+	r.OutLen = int64(used)
+	return nil
+}
+
+// The ABI 2 lifecycle hooks.
+type hookKind int
+
+const (
+	hookLoad hookKind = iota
+	hookInstanceInit
+	hookInstanceFini
+	hookUnload
+)
+
+func (e *Entries) hookFn(k hookKind) (unsafe.Pointer, string) {
+	if e == nil || e.lib == nil {
+		return nil, ""
+	}
+	switch k {
+	case hookLoad:
+		return e.lib.Load, abi.SymLoad
+	case hookInstanceInit:
+		return e.lib.InstanceInit, abi.SymInstanceInit
+	case hookUnload:
+		return e.lib.Unload, abi.SymUnload
+	}
+	return e.lib.InstanceFini, abi.SymInstanceFini
+}
+
+// hook calls the bundle's hook k, if it has one, on the calling thread
+// (host target) and returns its plover_fail as a *KernelError.
+func (e *Entries) hook(k hookKind, st *C.plover_state_t) error {
+	fn, name := e.hookFn(k)
+	if fn == nil {
+		return nil
+	}
+	if msg := C.plover_call_hook(fn, st, e.lastError); msg != nil {
+		return &KernelError{Msg: name + " failed: " + C.GoString(msg)}
+	}
+	return nil
+}
+
+// programHook runs plover_load or plover_unload (k) with the constants
+// writable and s->program as program; it returns what the hook left there.
+func (h *Host) programHook(e *Entries, k hookKind, c Constants, program unsafe.Pointer) (unsafe.Pointer, error) {
+	if fn, _ := e.hookFn(k); fn == nil {
+		return program, nil
+	}
+	st := (*C.plover_inst_state_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.plover_inst_state_t{}))))
+	if st == nil {
+		return program, fmt.Errorf("%s: out of memory", abi.SymLoad)
+	}
+	defer C.free(unsafe.Pointer(st))
+	var cptr unsafe.Pointer
+	var clen int64
+	if hc, ok := c.(*hostConstants); ok && hc != nil {
+		cptr, clen = hc.ptr, hc.size
+	}
+	C.plover_state_init(st, 0, nil, 0, cptr, C.size_t(clen), nil, 0, nil, 0, nil, program)
+	err := e.hook(k, &st.st)
+	return st.st.program, err
+}
+
+// zeroFlags is what r asks zeroed before its chain, for the C runners.
+func zeroFlags(r *Run) C.int {
+	var z C.int
+	if r.ZeroTmp {
+		z |= C.PLOVER_ZERO_TMP
+	}
+	if r.ZeroOut {
+		z |= C.PLOVER_ZERO_OUT
+	}
+	return z
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}

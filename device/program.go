@@ -1,0 +1,189 @@
+package device
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/loader"
+)
+
+// Entries is a loaded library's entry table: what Step.Entry indexes, plus
+// the bundle's plover_last_error. It grows when a request's chain override
+// names a kernel the manifest does not; runs read it without a lock.
+type Entries struct {
+	lib       *loader.Library
+	lastError unsafe.Pointer
+	// program is what plover_load left in s->program; set before any
+	// instance exists, then only read.
+	program unsafe.Pointer
+
+	mu    sync.Mutex
+	index map[string]int32
+	fns   atomic.Pointer[[]unsafe.Pointer] // copied on growth
+}
+
+// NewEntries is lib's entry table, empty until Resolve.
+func NewEntries(lib *loader.Library) *Entries {
+	e := &Entries{lib: lib, lastError: lib.LastError, index: map[string]int32{}}
+	e.fns.Store(&[]unsafe.Pointer{})
+	return e
+}
+
+// Resolve returns kernel's index, resolving it (only functions the library
+// itself defines: see loader.Info.CheckEntry) the first time.
+func (e *Entries) Resolve(kernel string) (int32, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if i, ok := e.index[kernel]; ok {
+		return i, nil
+	}
+	p, err := e.lib.Entry(kernel)
+	if err != nil {
+		return 0, err
+	}
+	old := *e.fns.Load()
+	fns := append(append(make([]unsafe.Pointer, 0, len(old)+1), old...), p)
+	i := int32(len(old))
+	e.index[kernel] = i
+	e.fns.Store(&fns)
+	return i, nil
+}
+
+// table is the current entry table, for one run.
+func (e *Entries) table() []unsafe.Pointer {
+	if e == nil {
+		return nil
+	}
+	return *e.fns.Load()
+}
+
+func (e *Entries) abi1() bool { return e != nil && e.lib != nil && e.lib.ABI1 }
+
+func (e *Entries) programPtr() unsafe.Pointer {
+	if e == nil {
+		return nil
+	}
+	return e.program
+}
+
+func (e *Entries) lastErrorFn() unsafe.Pointer {
+	if e == nil {
+		return nil
+	}
+	return e.lastError
+}
+
+// entryFn is step k's function, or an error for an index outside the table.
+func entryFn(table []unsafe.Pointer, s Step) (unsafe.Pointer, error) {
+	if s.Entry < 0 || int(s.Entry) >= len(table) {
+		return nil, fmt.Errorf("chain step names entry %d; the program has %d", s.Entry, len(table))
+	}
+	return table[s.Entry], nil
+}
+
+// rawDevice is what an in-process program needs of its device.
+type rawDevice interface {
+	Name() string
+	Target() string
+	LoadConstants(r io.Reader, size int64) (Constants, error)
+	// programHook runs the bundle's plover_load or plover_unload (if it
+	// has it) on the program's constants with s->program set to program,
+	// and returns the s->program the hook left.
+	programHook(e *Entries, k hookKind, c Constants, program unsafe.Pointer) (unsafe.Pointer, error)
+	NewInstance(cfg InstanceConfig) (Instance, error)
+}
+
+// program is a bundle loaded into this process.
+type program struct {
+	dev    rawDevice
+	lib    *loader.Library
+	ents   *Entries
+	consts Constants // nil: no constants
+}
+
+// loadProgram dlopens spec's library, resolves the manifest chain's kernels
+// in abi.Kernels order (so they are entries 0..k-1) and uploads the constants.
+func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program, error) {
+	m := spec.Manifest
+	kernels := abi.Kernels(m.Chain)
+	path := filepath.Join(spec.Dir, m.Library)
+	lib, err := loader.Open(path, dev.Target(), kernels)
+	if err != nil {
+		return nil, err
+	}
+	if err := lib.Info.CheckManifest(path, m); err != nil {
+		lib.Close()
+		return nil, err
+	}
+	p := &program{dev: dev, lib: lib, ents: NewEntries(lib)}
+	for _, k := range kernels {
+		if _, err := p.ents.Resolve(k); err != nil {
+			lib.Close()
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		lib.Close()
+		return nil, err
+	}
+	if m.Constants != "" {
+		f, err := os.Open(filepath.Join(spec.Dir, m.Constants))
+		if err != nil {
+			lib.Close()
+			return nil, fmt.Errorf("constants %s: %w", m.Constants, err)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			lib.Close()
+			return nil, fmt.Errorf("constants %s: %w", m.Constants, err)
+		}
+		if p.consts, err = dev.LoadConstants(f, fi.Size()); err != nil {
+			lib.Close()
+			return nil, fmt.Errorf("cannot load %d bytes of constants on %s: %w", fi.Size(), dev.Name(), err)
+		}
+	}
+	if p.ents.program, err = dev.programHook(p.ents, hookLoad, p.consts, nil); err != nil {
+		p.free() // no plover_unload after a failed plover_load
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *program) Entry(kernel string) (int32, error) { return p.ents.Resolve(kernel) }
+
+func (p *program) ConstantsBytes() int64 {
+	if p.consts == nil {
+		return 0
+	}
+	return p.consts.Size()
+}
+
+func (p *program) NewInstance(cfg InstanceConfig) (Instance, error) {
+	cfg.Constants, cfg.Entries = p.consts, p.ents // Host passes through
+	return p.dev.NewInstance(cfg)
+}
+
+// Close runs the bundle's plover_unload (its failure is ignored, as
+// fini's), then frees the constants and closes the library.
+func (p *program) Close() error {
+	if p.lib != nil && p.lib.Unload != nil {
+		p.dev.programHook(p.ents, hookUnload, p.consts, p.ents.program)
+	}
+	return p.free()
+}
+
+func (p *program) free() error {
+	if p.consts != nil {
+		p.consts.Free()
+		p.consts = nil
+	}
+	return p.lib.Close()
+}

@@ -1,0 +1,401 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math/bits"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+)
+
+// batcher gathers a batching version's requests into runs of one chain
+// (manifest "batch", ABI 2.1). It is work-conserving: a run starts as soon
+// as a slot (an instance) is free and requests are queued, taking up to
+// max_items of them in arrival order. With max_delay set, a free slot may
+// hold a partial batch for company, but only while other runs of the
+// function are in flight (so a lone request never waits) and never longer
+// than max_delay after the oldest request in it arrived.
+//
+// Runs execute on their own goroutines; a request's goroutine only waits
+// for its item, so its deadline, cancellation and client checks act on it
+// alone: a request that gives up leaves the run it was taken into, which
+// goes on for the others.
+type batcher struct {
+	e               *Engine
+	v               *version
+	maxItems        int
+	delay           time.Duration
+	itemIn, itemOut int64
+	// pad rounds a run up to a power of two items (zero inputs, outputs
+	// dropped) so that a CUDA instance records one graph per bucket.
+	pad bool
+
+	mu        sync.Mutex
+	pending   []*batchItem
+	running   int         // runs in flight
+	holdSince time.Time   // when a free slot began holding for company; zero: not holding
+	timer     *time.Timer // ends a hold
+	bufs      sync.Pool   // *batchBufs
+
+	sizes batchSizes
+}
+
+// batchSizes counts runs by items, in power-of-two buckets (the
+// plover_batch_size histogram): counts[k] is runs of at most 2^k items.
+type batchSizes struct {
+	counts [abi.MaxBatchItemsLog2 + 1]atomic.Uint64
+	sum    atomic.Uint64
+}
+
+func (s *batchSizes) observe(n int) {
+	s.counts[bits.Len(uint(n-1))].Add(1)
+	s.sum.Add(uint64(n))
+}
+
+type batchBufs struct{ in, out []byte }
+
+// Item states: a request is pending, having its input copied into a run,
+// taken into the run, having its result written by the run, or abandoned by
+// its waiter (deadline, cancellation, client gone). A waiter may leave only
+// while its request's buffers are not being read or written.
+const (
+	itemPending int32 = iota
+	itemCopying
+	itemTaken
+	itemWriting
+	itemAbandoned
+)
+
+type batchItem struct {
+	req      *Request
+	deadline time.Time
+	enq      time.Time
+	state    atomic.Int32
+	done     chan struct{} // closed once the run has written the result
+	// Written by the run before done is closed.
+	err       error
+	start     Start
+	queue     time.Duration // enqueued until its run started
+	batchWait time.Duration // the part of queue a free slot held it for company
+	load      time.Duration
+	size      int
+}
+
+func newBatcher(e *Engine, v *version) *batcher {
+	b := v.manifest.Batch
+	return &batcher{e: e, v: v, maxItems: b.MaxItems, delay: b.Delay(), itemIn: b.ItemInputBytes, itemOut: b.ItemOutputBytes,
+		pad: e.target == abi.TargetCUDA}
+}
+
+// invoke runs req as one item of a batch and waits for its result.
+func (b *batcher) invoke(ctx context.Context, req *Request, deadline time.Time) error {
+	v := b.v
+	if req.Override != nil {
+		return errorf(KindBadRequest, nil, "function %s batches requests (plover.json \"batch\"): per-request chain, out_bytes and tmp_bytes overrides do not apply to it", v.fn.name)
+	}
+	if int64(len(req.Input)) != b.itemIn {
+		return errorf(KindBadRequest, nil, "input is %d bytes; function %s batches requests of exactly %d bytes (batch.item_input_bytes)", len(req.Input), v.fn.name, b.itemIn)
+	}
+	it := &batchItem{req: req, deadline: deadline, enq: time.Now(), done: make(chan struct{})}
+	b.mu.Lock()
+	if len(b.pending) >= v.policy.queue+b.maxItems {
+		b.mu.Unlock()
+		return errorf(KindBusy, nil, "function %s is busy: %d runs in flight and %d requests waiting (max_queue %d plus a batch)", v.fn.name, b.running, len(b.pending), v.policy.queue)
+	}
+	b.pending = append(b.pending, it)
+	b.mu.Unlock()
+	b.dispatch()
+
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	var poll <-chan time.Time
+	if req.Gone != nil {
+		tk := time.NewTicker(goneInterval)
+		defer tk.Stop()
+		poll = tk.C
+	}
+	for {
+		select {
+		case <-it.done:
+			return b.finish(it)
+		case <-ctx.Done():
+			if err := b.abandon(it); err == nil {
+				return errorf(KindUnavailable, ctx.Err(), "function %s: the request was cancelled while it waited for its batch", v.fn.name)
+			}
+			return b.finish(it)
+		case <-t.C:
+			if err := b.abandon(it); err == nil {
+				return errorf(KindTimeout, nil, "function %s: the request's deadline passed before its batch finished", v.fn.name)
+			}
+			return b.finish(it)
+		case <-poll:
+			if !req.Gone() {
+				continue
+			}
+			if err := b.abandon(it); err == nil {
+				return errorf(KindGone, nil, "function %s: the client went away while the request waited", v.fn.name)
+			}
+			return b.finish(it)
+		}
+	}
+}
+
+// errWritten says the run is writing the item's result: wait for it.
+var errWritten = errors.New("the run is writing the result")
+
+// abandon takes it out of the batcher: out of pending, or out of the run
+// that took it (the run then skips it). It fails when the run is already
+// writing it.
+func (b *batcher) abandon(it *batchItem) error {
+	for {
+		switch it.state.Load() {
+		case itemPending:
+			if it.state.CompareAndSwap(itemPending, itemAbandoned) {
+				b.mu.Lock()
+				if i := slices.Index(b.pending, it); i >= 0 {
+					b.pending = slices.Delete(b.pending, i, i+1)
+				}
+				b.mu.Unlock()
+				return nil
+			}
+		case itemTaken:
+			if it.state.CompareAndSwap(itemTaken, itemAbandoned) {
+				return nil
+			}
+		case itemCopying:
+			// The run is copying this request's input (a few KiB): the
+			// caller may reuse the buffer once Invoke returns.
+			runtime.Gosched()
+		default:
+			<-it.done
+			return errWritten
+		}
+	}
+}
+
+// finish copies a finished item's result into its request.
+func (b *batcher) finish(it *batchItem) error {
+	r := it.req
+	if r.Start < it.start {
+		r.Start = it.start
+	}
+	r.Timing.Queue, r.Timing.Load = it.queue, r.Timing.Load+it.load
+	r.Timing.BatchWait, r.BatchSize = it.batchWait, it.size
+	return it.err
+}
+
+// dispatch starts runs while requests are queued, a slot is free and the
+// hold rule (see batcher) lets them go.
+func (b *batcher) dispatch() {
+	for {
+		b.mu.Lock()
+		if len(b.pending) == 0 {
+			b.holdSince = time.Time{}
+			b.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		if hold := b.holdFor(now); hold > 0 {
+			// Only a free slot holds: with none free, a finishing run
+			// dispatches anyway.
+			if len(b.v.slots) < cap(b.v.slots) {
+				if b.holdSince.IsZero() {
+					b.holdSince = now
+				}
+				if b.timer == nil {
+					b.timer = time.AfterFunc(hold, b.dispatch)
+				} else {
+					b.timer.Reset(hold)
+				}
+			}
+			b.mu.Unlock()
+			return
+		}
+		select {
+		case b.v.slots <- struct{}{}:
+		default:
+			b.mu.Unlock()
+			return
+		}
+		// The run holds the version like a request does: its requests may
+		// all give up while it runs, and a redeploy must not unload the
+		// library under it.
+		if !b.v.ref() {
+			<-b.v.slots
+			b.mu.Unlock()
+			return
+		}
+		n := min(len(b.pending), b.maxItems)
+		items := make([]*batchItem, n)
+		copy(items, b.pending)
+		b.pending = slices.Delete(b.pending, 0, n)
+		held := b.holdSince
+		b.holdSince = time.Time{}
+		b.running++
+		b.mu.Unlock()
+		for _, it := range items {
+			it.queue = now.Sub(it.enq)
+			if !held.IsZero() {
+				it.batchWait = now.Sub(maxTime(held, it.enq))
+			}
+		}
+		go b.run(items)
+	}
+}
+
+// holdFor is how much longer a free slot should hold the pending partial
+// batch for company; 0: run it now. Called with b.mu held.
+func (b *batcher) holdFor(now time.Time) time.Duration {
+	if b.delay <= 0 || b.running == 0 || len(b.pending) >= b.maxItems {
+		return 0
+	}
+	return max(0, b.pending[0].enq.Add(b.delay).Sub(now))
+}
+
+func maxTime(a, c time.Time) time.Time {
+	if a.After(c) {
+		return a
+	}
+	return c
+}
+
+// run executes one batch on an instance (holding a slot), hands each item
+// its result, and dispatches what queued meanwhile.
+func (b *batcher) run(items []*batchItem) {
+	defer b.v.unref()
+	bb, _ := b.bufs.Get().(*batchBufs)
+	if bb == nil {
+		m := b.v.manifest
+		bb = &batchBufs{in: make([]byte, m.MaxInputBytes), out: make([]byte, m.OutBytes)}
+	}
+	// Items abandoned while pending were removed; the rest have their
+	// input copied and are taken now, and from here an abandoned item is
+	// only skipped.
+	live := items[:0]
+	for _, it := range items {
+		if it.state.CompareAndSwap(itemPending, itemCopying) {
+			copy(bb.in[int64(len(live))*b.itemIn:], it.req.Input)
+			it.state.Store(itemTaken)
+			live = append(live, it)
+		}
+	}
+	if len(live) > 0 {
+		b.sizes.observe(len(live))
+		b.runItems(live, bb)
+	}
+	b.bufs.Put(bb)
+	b.mu.Lock()
+	b.running--
+	b.mu.Unlock()
+	b.v.release() // and dispatches what queued meanwhile
+}
+
+// runItems runs one chain over items, whose inputs are in bb.in already,
+// and delivers each its slice of out, or the run's error to all of them.
+func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
+	e, v, f := b.e, b.v, b.v.fn
+	m := v.manifest
+	n := len(items)
+	k := n
+	if b.pad {
+		k = min(1<<bits.Len(uint(n-1)), b.maxItems)
+	}
+	// The run may take as long as its most patient request allows; a
+	// request with a shorter deadline leaves the run at its own.
+	var deadline time.Time
+	for _, it := range items {
+		if d := it.deadline; d.After(deadline) {
+			deadline = d
+		}
+	}
+	in := bb.in[:int64(k)*b.itemIn]
+	clear(in[int64(n)*b.itemIn:])
+	out := bb.out[:int64(k)*b.itemOut]
+
+	var start Start
+	var load time.Duration
+	t0 := time.Now()
+	inst, fresh, err := e.take(context.Background(), v, deadline)
+	var r *device.Run
+	for retried := false; err == nil; retried = true {
+		if fresh != Hot {
+			start = max(start, fresh)
+			load = time.Since(t0)
+			if fresh == Cold {
+				e.coldStarted(f, v, inst.dev, load)
+			}
+		}
+		r = &inst.run
+		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = in, out, v.steps, m.TmpBytes, m.ZeroTmp, m.ZeroesOut(), 0, deadline
+		if m.Graphs() {
+			r.ChainKey = 1
+		}
+		r.Items = uint32(k)
+		err = inst.inst.Run(r)
+		r.Input, r.Output, r.Items = nil, nil, 0
+		if err == nil || retried || !beforeRun(err) {
+			break
+		}
+		// The worker died while the instance was idle: the run reached no
+		// bundle code, so it goes once more on a fresh worker, as an
+		// unbatched request would.
+		v.put(inst, true, time.Now())
+		e.workerDied(v, inst.dev, exitOf(err))
+		inst = nil
+		t0 = time.Now()
+		if bo := v.backoffUntil.Load(); bo != 0 && t0.UnixNano() < bo {
+			err = v.backoffError(bo)
+			break
+		}
+		if !t0.Before(deadline) {
+			err = errorf(KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
+			break
+		}
+		if inst, fresh, err = e.take(context.Background(), v, deadline); err != nil {
+			inst = nil
+		}
+	}
+	var p *placement
+	if inst != nil {
+		p = inst.dev
+		if err == nil && r.OutLen != int64(len(out)) {
+			err = &device.KernelError{Msg: "an entry changed out.len in a batched run; each request's output is its batch.item_output_bytes slice of out, so leave out.len as it is"}
+		}
+		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || processGone(err))
+		v.put(inst, broken, time.Now())
+	}
+	if err != nil {
+		err = e.runFailed(f, v, p, err)
+	} else if v.crashCount.Load() > 0 {
+		v.succeeded()
+	}
+	for i, it := range items {
+		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
+			continue // its request gave up
+		}
+		it.err, it.start, it.load, it.size = err, start, load, n
+		if err == nil {
+			rq := it.req
+			if int64(cap(rq.Output)) < b.itemOut {
+				rq.Output = make([]byte, b.itemOut)
+			}
+			rq.Output = rq.Output[:b.itemOut]
+			copy(rq.Output, out[int64(i)*b.itemOut:])
+			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
+		}
+		close(it.done)
+	}
+}
+
+// pendingCount is the requests waiting for a batch (queue depth).
+func (b *batcher) pendingCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.pending)
+}

@@ -1,0 +1,416 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// batchBundle is a bundle directory of the batching test bundle with m
+// (args: extra compiler arguments).
+func batchBundle(t *testing.T, m *abi.Manifest, args ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.BatchSource(), dir, m.Library, args...)
+	testkit.WriteManifest(t, dir, m)
+	return dir
+}
+
+// item is one request of the batching test bundle.
+func item(value, sleepMs uint32) []byte {
+	b := make([]byte, 8)
+	binary.LittleEndian.PutUint32(b, value)
+	binary.LittleEndian.PutUint32(b[4:], sleepMs)
+	return b
+}
+
+type batchResult struct {
+	value, items uint32
+	req          *engine.Request
+	err          error
+}
+
+// invokeAsync starts one request and returns where its result will be.
+func invokeAsync(e *engine.Engine, name string, in []byte, deadline time.Time) chan batchResult {
+	ch := make(chan batchResult, 1)
+	go func() {
+		req := &engine.Request{Input: in, Deadline: deadline}
+		err := e.Invoke(context.Background(), name, req)
+		r := batchResult{req: req, err: err}
+		if err == nil && len(req.Output) == 8 {
+			r.value, r.items = binary.LittleEndian.Uint32(req.Output), binary.LittleEndian.Uint32(req.Output[4:])
+		}
+		ch <- r
+	}()
+	return ch
+}
+
+// waitQueued waits until the function has n requests queued (observed
+// state, not a sleep).
+func waitQueued(t *testing.T, e *engine.Engine, name string, n int) {
+	t.Helper()
+	waitInfo(t, e, name, fmt.Sprintf("%d requests queued", n), func(fi engine.FunctionInfo) bool { return fi.Queue >= n })
+}
+
+// waitBusy waits until n of the function's instances are running.
+func waitBusy(t *testing.T, e *engine.Engine, name string, n int) {
+	t.Helper()
+	waitInfo(t, e, name, fmt.Sprintf("%d instances busy", n), func(fi engine.FunctionInfo) bool { return fi.Busy >= n })
+}
+
+func waitInfo(t *testing.T, e *engine.Engine, name, what string, ok func(engine.FunctionInfo) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if fi, err := e.Control().Function(context.Background(), name); err == nil && ok(fi) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("%s never had %s", name, what)
+}
+
+func batchEngine(t *testing.T, m *abi.Manifest) *engine.Engine {
+	t.Helper()
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, batchBundle(t, m))
+	// Load it, so that the tests below time runs, not the first load.
+	if r := <-invokeAsync(e, m.Name, item(1, 0), time.Time{}); r.err != nil || r.value != 2 || r.items != 1 {
+		t.Fatalf("first request: %+v", r)
+	}
+	return e
+}
+
+// Requests that queue behind a busy instance run together, each getting its
+// own slice of out.
+func TestBatchFormsUnderConcurrency(t *testing.T) {
+	m := testkit.BatchManifest("b", 16, "")
+	m.MaxInstances = 1
+	e := batchEngine(t, m)
+	busy := invokeAsync(e, "b", item(100, 200), time.Time{})
+	waitBusy(t, e, "b", 1)
+	var results []chan batchResult
+	for i := range 12 {
+		results = append(results, invokeAsync(e, "b", item(uint32(1000+i), 0), time.Time{}))
+	}
+	waitQueued(t, e, "b", 12)
+	if r := <-busy; r.err != nil || r.value != 101 || r.items != 1 || r.req.BatchSize != 1 {
+		t.Fatalf("the busy request: %+v", r)
+	}
+	for i, ch := range results {
+		r := <-ch
+		if r.err != nil || r.value != uint32(1001+i) {
+			t.Fatalf("request %d: value %d, err %v", i, r.value, r.err)
+		}
+		// All twelve queued behind the one instance: one run of 12.
+		if r.items != 12 || r.req.BatchSize != 12 {
+			t.Fatalf("request %d ran in a batch of %d (BatchSize %d), want 12", i, r.items, r.req.BatchSize)
+		}
+		if r.req.Timing.Queue < 50*time.Millisecond {
+			t.Errorf("request %d queued %v behind a 200 ms run", i, r.req.Timing.Queue)
+		}
+	}
+}
+
+// A lone request never waits for company, however long max_delay is; with
+// another run in flight a free instance holds a partial batch for max_delay
+// and no longer.
+func TestBatchDelay(t *testing.T) {
+	m := testkit.BatchManifest("d", 16, "300ms")
+	m.MaxInstances = 2
+	e := batchEngine(t, m)
+
+	t0 := time.Now()
+	r := <-invokeAsync(e, "d", item(7, 0), time.Time{})
+	if el := time.Since(t0); r.err != nil || r.items != 1 || r.req.Timing.BatchWait != 0 || el > 200*time.Millisecond {
+		t.Fatalf("a lone request: %+v, BatchWait %v, took %v", r, r.req.Timing.BatchWait, el)
+	}
+
+	busy := invokeAsync(e, "d", item(1, 1000), time.Time{}) // in flight for 1 s
+	waitBusy(t, e, "d", 1)
+	t1 := time.Now()
+	first := invokeAsync(e, "d", item(2, 0), time.Time{})
+	waitQueued(t, e, "d", 1) // held: the second instance is free, but a run is in flight
+	second := invokeAsync(e, "d", item(3, 0), time.Time{})
+	a, b := <-first, <-second
+	el := time.Since(t1)
+	for _, r := range []batchResult{a, b} {
+		if r.err != nil || r.items != 2 {
+			t.Fatalf("held requests: %+v", r)
+		}
+	}
+	if w := a.req.Timing.BatchWait; w < 250*time.Millisecond || w > 600*time.Millisecond {
+		t.Errorf("the first held request waited %v for company; max_delay is 300ms", w)
+	}
+	if el > 900*time.Millisecond {
+		t.Errorf("held requests took %v: they waited for the 1 s run, not max_delay", el)
+	}
+	if r := <-busy; r.err != nil {
+		t.Fatal(r.err)
+	}
+}
+
+// Deadlines and queue limits hold per request; a failing run fails every
+// request in it with its error; bad requests are refused.
+func TestBatchLimitsAndFailures(t *testing.T) {
+	m := testkit.BatchManifest("l", 4, "")
+	m.MaxInstances, m.MaxQueue = 1, 2
+	e := batchEngine(t, m)
+
+	t.Run("deadline", func(t *testing.T) {
+		busy := invokeAsync(e, "l", item(1, 400), time.Time{})
+		waitBusy(t, e, "l", 1)
+		t0 := time.Now()
+		r := <-invokeAsync(e, "l", item(2, 0), time.Now().Add(50*time.Millisecond))
+		if engine.KindOf(r.err) != engine.KindTimeout || time.Since(t0) > 300*time.Millisecond {
+			t.Fatalf("got %v after %v; want a timeout at the 50 ms deadline", r.err, time.Since(t0))
+		}
+		if r := <-busy; r.err != nil {
+			t.Fatal(r.err)
+		}
+	})
+
+	t.Run("queue", func(t *testing.T) {
+		busy := invokeAsync(e, "l", item(1, 300), time.Time{})
+		waitBusy(t, e, "l", 1)
+		// max_queue 2 plus one batch of 4 may wait; the seventh is refused.
+		var waiting []chan batchResult
+		for i := range 6 {
+			waiting = append(waiting, invokeAsync(e, "l", item(uint32(10+i), 0), time.Time{}))
+		}
+		waitQueued(t, e, "l", 6)
+		r := <-invokeAsync(e, "l", item(99, 0), time.Time{})
+		if engine.KindOf(r.err) != engine.KindBusy {
+			t.Fatalf("the seventh waiting request: %v, want busy", r.err)
+		}
+		<-busy
+		for _, ch := range waiting {
+			if r := <-ch; r.err != nil {
+				t.Fatal(r.err)
+			}
+		}
+	})
+
+	t.Run("failing run fails every request", func(t *testing.T) {
+		busy := invokeAsync(e, "l", item(1, 200), time.Time{})
+		waitBusy(t, e, "l", 1)
+		chs := []chan batchResult{invokeAsync(e, "l", item(5, 0), time.Time{}), invokeAsync(e, "l", item(0xDEAD, 0), time.Time{}), invokeAsync(e, "l", item(6, 0), time.Time{})}
+		waitQueued(t, e, "l", 3)
+		<-busy
+		for i, ch := range chs {
+			r := <-ch
+			if engine.KindOf(r.err) != engine.KindKernel || !strings.Contains(r.err.Error(), "an item asked to fail") {
+				t.Fatalf("request %d of the failing run: %v", i, r.err)
+			}
+		}
+		// The function goes on.
+		if r := <-invokeAsync(e, "l", item(8, 0), time.Time{}); r.err != nil || r.value != 9 {
+			t.Fatalf("after the failing run: %+v", r)
+		}
+	})
+
+	for _, tt := range []struct {
+		name string
+		req  *engine.Request
+		want string
+	}{
+		{"short input", &engine.Request{Input: []byte{1, 2, 3}}, "exactly 8 bytes (batch.item_input_bytes)"},
+		{"two items in one body", &engine.Request{Input: append(item(1, 0), item(2, 0)...)}, "exactly 8 bytes"},
+		{"override", &engine.Request{Input: item(1, 0), Override: &engine.Override{OutBytes: 8, TmpBytes: -1}}, "overrides do not apply"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := e.Invoke(context.Background(), "l", tt.req)
+			if engine.KindOf(err) != engine.KindBadRequest || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want a bad-input error with %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// A batched run whose entry lowers out.len fails: responses are fixed slices.
+func TestBatchOutLenFixed(t *testing.T) {
+	m := testkit.BatchManifest("s", 4, "")
+	m.Chain = append(m.Chain, abi.Launch{Kernel: "bshrink", Grid: 1, Block: 1})
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, batchBundle(t, m))
+	err := e.Invoke(context.Background(), "s", &engine.Request{Input: item(1, 0)})
+	if engine.KindOf(err) != engine.KindKernel || !strings.Contains(err.Error(), "changed out.len in a batched run") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// Batching is a contract between the manifest and the library: both say so
+// or neither does, and the manifest asks for no more than the library takes.
+func TestBatchDeployChecks(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	plain := testkit.Manifest("p")
+	plain.Batch = &abi.Batch{MaxItems: 4, ItemInputBytes: plain.MaxInputBytes / 4, ItemOutputBytes: plain.OutBytes / 4}
+	tooMany := testkit.BatchManifest("m", 32, "")
+	unbatched := testkit.BatchManifest("u", 4, "")
+	unbatched.Batch = nil
+	for _, tt := range []struct {
+		name string
+		dir  string
+		want string
+	}{
+		{"batch section, library without PLOVER_BATCHED", testkit.BundleDir(t, plain, nil), "does not declare PLOVER_BATCHED"},
+		{"max_items over the library's", batchBundle(t, tooMany), "batch.max_items 32 is over the 16 the library declares"},
+		{"batching library, no batch section", batchBundle(t, unbatched), "declares PLOVER_BATCHED(16) but plover.json has no \"batch\" section"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _, m, err := bundle.PackBytes(tt.dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b), false)
+			if engine.KindOf(err) != engine.KindInvalid || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// Many concurrent requests: each gets its own answer, and runs are
+// batches (the histogram's count is below the number of requests).
+func TestBatchManyConcurrent(t *testing.T) {
+	m := testkit.BatchManifest("c", 16, "")
+	// One instance: in process, a run's cgo call holds one of this test
+	// machine's two Ps, and the other must stay free to submit requests.
+	m.MaxInstances = 1
+	e := batchEngine(t, m)
+	const n = 64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	sizes := make(chan int, n)
+	// All start together: spawned one by one they may not overlap, as a
+	// run's cgo call can hold one of few Ps while the loop would spawn.
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			req := &engine.Request{Input: item(uint32(i*7), 2)}
+			if err := e.Invoke(context.Background(), "c", req); err != nil {
+				errs <- err
+				return
+			}
+			if v := binary.LittleEndian.Uint32(req.Output); v != uint32(i*7+1) {
+				errs <- errors.New("a request got another's output")
+			}
+			sizes <- req.BatchSize
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	close(sizes)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	biggest := 0
+	for s := range sizes {
+		biggest = max(biggest, s)
+	}
+	if biggest < 2 {
+		t.Fatalf("64 concurrent requests on one instance never shared a run (largest run %d)", biggest)
+	}
+}
+
+// A run whose requests all gave up still holds its version: a redeploy
+// while it runs must not unload the library under it. The old version is
+// unloaded (logged) only once the run has ended.
+func TestBatchRunOutlivesItsRequests(t *testing.T) {
+	m := testkit.BatchManifest("o", 4, "")
+	m.MaxInstances = 1
+	var logs lockedBuffer
+	e := testkit.Engine(t, engine.Config{Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	old := testkit.Deploy(t, e, batchBundle(t, m))
+	t0 := time.Now()
+	r := <-invokeAsync(e, "o", item(1, 800), time.Now().Add(100*time.Millisecond))
+	if engine.KindOf(r.err) != engine.KindTimeout {
+		t.Fatalf("got %v, want a timeout", r.err)
+	}
+	waitBusy(t, e, "o", 1) // the run goes on without its request
+	b, _, _, err := bundle.PackBytes(batchBundle(t, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Control().Deploy(context.Background(), "o", bytes.NewReader(b), true); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-invokeAsync(e, "o", item(41, 0), time.Time{}); r.err != nil || r.value != 42 {
+		t.Fatalf("the new version: %+v", r)
+	}
+	unloaded := "msg=unloaded function=o version=" + old.Version
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), unloaded) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old version was never unloaded:\n%s", logs.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if el := time.Since(t0); el < 750*time.Millisecond {
+		t.Fatalf("the old version was unloaded %v after its 800 ms run started", el)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A slot freed by warming (min_instances) starts queued batches: a request
+// that arrived while the only instance was being created runs as soon as
+// it exists, not at its deadline.
+func TestBatchAfterWarm(t *testing.T) {
+	m := testkit.BatchManifest("w", 4, "")
+	m.MinInstances, m.MaxInstances = 1, 1
+	dir := batchBundle(t, m, "-DSLOW_INIT_MS=700")
+	e := testkit.Engine(t, engine.Config{})
+	b, _, _, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deployed := make(chan error, 1)
+	go func() {
+		_, err := e.Control().Deploy(context.Background(), "w", bytes.NewReader(b), false)
+		deployed <- err
+	}()
+	waitInfo(t, e, "w", "a deployed version", func(engine.FunctionInfo) bool { return true })
+	t0 := time.Now()
+	r := <-invokeAsync(e, "w", item(1, 0), time.Now().Add(4*time.Second))
+	if r.err != nil || r.value != 2 {
+		t.Fatalf("a request during the warm-up: %+v", r)
+	}
+	if el := time.Since(t0); el > 2500*time.Millisecond {
+		t.Fatalf("a request during a 700 ms warm-up took %v: it waited for its deadline, not the instance", el)
+	}
+	if err := <-deployed; err != nil {
+		t.Fatal(err)
+	}
+}

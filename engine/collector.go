@@ -1,0 +1,126 @@
+package engine
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports the engine's state for Prometheus: starts, instances,
+// queue depth, memory and evictions, read when scraped (nothing is updated
+// on the request path for these).
+func (e *Engine) Collector() prometheus.Collector { return engineCollector{e} }
+
+type engineCollector struct{ e *Engine }
+
+var (
+	descStarts = prometheus.NewDesc("plover_starts_total",
+		"Requests by how they found an instance: cold (version loaded for it), warm (new instance), hot (idle instance).",
+		[]string{"function", "kind"}, nil)
+	descInstances = prometheus.NewDesc("plover_instances",
+		"Instances of the function's current version by state.", []string{"function", "state"}, nil)
+	descQueue = prometheus.NewDesc("plover_queue_depth",
+		"Requests waiting for an instance.", []string{"function"}, nil)
+	descFuncMem = prometheus.NewDesc("plover_function_device_memory_bytes",
+		"Device memory held by the function: constants plus instance buffers.", []string{"function"}, nil)
+	descEvictions = prometheus.NewDesc("plover_evictions_total",
+		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
+	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
+		"Device memory as Plover accounts it.", []string{"device", "kind"}, nil)
+	descHealthy = prometheus.NewDesc("plover_device_healthy",
+		"1 while the device can run requests.", []string{"device"}, nil)
+	descCache = prometheus.NewDesc("plover_bundle_cache_bytes",
+		"Unpacked bundles in the node cache.", nil, nil)
+	descBatchSize = prometheus.NewDesc("plover_batch_size",
+		"Requests per chain run of a batching function (manifest \"batch\"); buckets are powers of two.", []string{"function"}, nil)
+	// No pid label: every new worker would start a new series.
+	descWorkerRSS = prometheus.NewDesc("plover_worker_resident_bytes",
+		"Resident memory of the worker process running the function on a device.", []string{"function", "device"}, nil)
+	descWorkerThreads = prometheus.NewDesc("plover_worker_threads",
+		"Threads of the worker process running the function on a device.", []string{"function", "device"}, nil)
+)
+
+func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descStarts, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerThreads, descBatchSize} {
+		ch <- d
+	}
+}
+
+func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
+	e := c.e
+	for _, fv := range e.current() {
+		f, v := fv.f, fv.v
+		st := &f.stats
+		for _, k := range []struct {
+			kind string
+			n    int64
+		}{{"cold", st.cold.Load()}, {"warm", st.warm.Load()}, {"hot", st.hot.Load()}} {
+			ch <- prometheus.MustNewConstMetric(descStarts, prometheus.CounterValue, float64(k.n), f.name, k.kind)
+		}
+		busy, idle, mem := v.usage()
+		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(busy), f.name, "busy")
+		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
+		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(v.queued()), f.name)
+		ch <- prometheus.MustNewConstMetric(descFuncMem, prometheus.GaugeValue, float64(mem), f.name)
+		if b := v.batcher(); b != nil {
+			ch <- b.sizes.histogram(f.name)
+		}
+		for _, w := range v.processes() {
+			ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(w.RSSBytes), f.name, w.Device)
+			ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(w.Threads), f.name, w.Device)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(e.evictions.instances.Load()), "instance")
+	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(e.evictions.functions.Load()), "function")
+	for _, d := range e.cfg.Devices {
+		mi := d.MemInfo()
+		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Total), d.Name(), "total")
+		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Free), d.Name(), "free")
+		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Used), d.Name(), "used")
+		healthy := 1.0
+		if d.Health() != nil {
+			healthy = 0
+		}
+		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, d.Name())
+	}
+	ch <- prometheus.MustNewConstMetric(descCache, prometheus.GaugeValue, float64(e.cfg.Cache.Stats().Bytes))
+}
+
+// batcher is v's batcher once it is loaded, else nil.
+func (v *version) batcher() *batcher {
+	if !v.loaded.Load() { // load writes batch before loaded
+		return nil
+	}
+	return v.batch
+}
+
+// queued is the requests waiting: for an instance, or for a batch.
+func (v *version) queued() int {
+	n := int(v.waiting.Load())
+	if b := v.batcher(); b != nil {
+		n += b.pendingCount()
+	}
+	return n
+}
+
+// histogram is the batch sizes as a Prometheus histogram.
+func (s *batchSizes) histogram(function string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(s.counts))
+	var cum uint64
+	for k := range s.counts {
+		cum += s.counts[k].Load()
+		buckets[float64(uint(1)<<k)] = cum
+	}
+	return prometheus.MustNewConstHistogram(descBatchSize, cum, float64(s.sum.Load()), buckets, function)
+}
+
+// usage reports busy and idle instances and the device memory v holds.
+func (v *version) usage() (busy, idle int, mem int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	idle = len(v.idle)
+	busy = v.live - idle
+	if v.loaded.Load() { // manifest and constSize are written by load
+		m := v.manifest
+		mem = int64(v.live)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(len(v.placements))*v.constSize
+	}
+	return busy, idle, mem
+}

@@ -1,0 +1,92 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
+)
+
+// A library that passes the static checks but cannot be loaded on this node
+// (a dependency missing here) is refused with the loader's reason, naming
+// the library by its name in the bundle, not by its path in the node cache.
+func TestUnloadableLibraryIsNamedByBundleFile(t *testing.T) {
+	dir := t.TempDir()
+	dep := filepath.Join(dir, "dep.c")
+	os.WriteFile(dep, []byte("int plover_probe_dep(void) { return 1; }\n"), 0o644)
+	testkit.BuildLib(t, dep, dir, "libploverdep.so")
+	m := testkit.Manifest("fn")
+	bdir := t.TempDir()
+	testkit.BuildLib(t, testkit.KernelsSource(), bdir, m.Library, "-L"+dir, "-Wl,--no-as-needed", "-lploverdep")
+	testkit.WriteManifest(t, bdir, m)
+	os.Remove(filepath.Join(dir, "libploverdep.so"))
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, bdir)
+	err := e.Invoke(context.Background(), "fn", &engine.Request{Input: []byte("x")})
+	var re *engine.Error
+	if !errors.As(err, &re) || re.Kind != engine.KindInvalid {
+		t.Fatalf("invoke: %v, want KindInvalid", err)
+	}
+	for _, want := range []string{"library kernels.so:", "dlopen failed", "libploverdep.so"} {
+		if !strings.Contains(re.Msg, want) {
+			t.Errorf("message %q lacks %q", re.Msg, want)
+		}
+	}
+	if strings.Contains(re.Msg, "cache") {
+		t.Errorf("message %q shows the node's cache path", re.Msg)
+	}
+}
+
+// downStore fails every read with a cause the client should see.
+type downStore struct {
+	objectstore.Store
+	down bool
+}
+
+var errDown = errors.New("endpoint unreachable (http://127.0.0.1:9): connection refused")
+
+func (s *downStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if s.down {
+		return nil, errDown
+	}
+	return s.Store.Get(ctx, key)
+}
+
+func (s *downStore) List(ctx context.Context, prefix string) ([]objectstore.Info, error) {
+	if s.down {
+		return nil, errDown
+	}
+	return s.Store.List(ctx, prefix)
+}
+
+// A store outage is a 503 that says what failed, for a cold start and for
+// a listing alike.
+func TestStoreOutageMessagesCarryTheCause(t *testing.T) {
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &downStore{Store: fs}
+	deployer := testkit.Engine(t, engine.Config{Store: store})
+	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("fn"), nil))
+	node := testkit.Engine(t, engine.Config{Store: store}) // has never loaded fn
+	store.down = true
+	ctx := context.Background()
+	_, listErr := node.Control().Functions(ctx)
+	for what, err := range map[string]error{
+		"cold invoke": node.Invoke(ctx, "fn", &engine.Request{Input: []byte("x")}),
+		"list":        listErr,
+	} {
+		var re *engine.Error
+		if !errors.As(err, &re) || re.Kind != engine.KindUnavailable || !strings.Contains(re.Msg, "endpoint unreachable") {
+			t.Errorf("%s: %v, want a 503 whose message names the cause", what, err)
+		}
+	}
+}

@@ -1,0 +1,179 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/netguard"
+)
+
+// rawExchange sends raw on a fresh connection and returns every response
+// the server writes until it closes the connection (or 3 s pass).
+func rawExchange(t *testing.T, addr, raw string) []*http.Response {
+	return rawExchangeWithin(t, addr, raw, 3*time.Second)
+}
+
+func rawExchangeWithin(t *testing.T, addr, raw string, d time.Duration) []*http.Response {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(d))
+	br := bufio.NewReader(c)
+	var out []*http.Response
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return out
+		}
+		io.Copy(io.Discard, resp.Body)
+		out = append(out, resp)
+		if resp.Close {
+			return out
+		}
+	}
+}
+
+// A body the server does not read (a refusal, an early error) must not be
+// parsed as the next request on the connection: such a request's connection
+// is closed after the response. Both Content-Length and Transfer-Encoding,
+// of any value, is refused and closed too.
+func TestUnreadBodiesCloseTheConnection(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	tab, _ := benchTokens(t)
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{Tokens: tab, MaxBodyBytes: 1 << 20}), "http://")
+	smuggled := "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+	body := strings.Repeat("x", 8192) + smuggled // past fasthttp's 8 KiB pre-read
+	tests := []struct {
+		name   string
+		raw    string
+		status int
+	}{
+		{"refused with an unread body", fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 401},
+		{"refused with an unread chunked body", fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body), 401},
+		{"wrong method with a body", fmt.Sprintf("PATCH /v1/functions/echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 401},
+		{"Content-Length and chunked", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, 400},
+		{"Content-Length and identity", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello" + smuggled, 400},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rs := rawExchange(t, addr, tt.raw)
+			if len(rs) != 1 || rs[0].StatusCode != tt.status || !rs[0].Close {
+				var got []string
+				for _, r := range rs {
+					got = append(got, fmt.Sprintf("%d close=%v", r.StatusCode, r.Close))
+				}
+				t.Fatalf("responses %v, want exactly one %d that closes the connection", got, tt.status)
+			}
+		})
+	}
+}
+
+// Every route gives back the body budget it took, whatever the outcome; a
+// request that finds the budget held by another gets 503 after waiting, and
+// runs once it is free.
+func TestBodyBudget(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	budget := netguard.NewBudget(256 << 10)
+	url := testkit.Serve(t, e, httpapi.Options{BodyBudget: budget, MaxBodyBytes: 1 << 20})
+	addr := strings.TrimPrefix(url, "http://")
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(s), s) }
+	for _, tt := range []struct{ name, raw string }{
+		{"invoke", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 3\r\n\r\nabc"},
+		{"invoke chunked", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk("abc")},
+		{"invoke json", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{\"input\":\"YQ\"}"},
+		{"invoke bad json", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1\r\n\r\n{"},
+		{"invoke unknown", "POST /v1/functions/nope/invoke HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"},
+		{"rollback", "POST /v1/functions/echo/rollback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 21\r\n\r\n{\"version\":\"0000000\"}"},
+		{"rollback chunked", "POST /v1/functions/echo/rollback HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(`{"version":"0000000"}`)},
+		{"deploy garbage", "PUT /v1/functions/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 4\r\n\r\njunk"},
+		{"body cut short", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nabc"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			raw := tt.raw
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.WriteString(c, raw)
+			if strings.Contains(tt.name, "cut short") {
+				c.(*net.TCPConn).CloseWrite() // the client gives up mid-body
+			}
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			c.Close()
+			if err != nil && !strings.Contains(tt.name, "cut short") {
+				t.Fatal(err)
+			}
+			_ = resp
+			// The release happens as the handler returns, just after the
+			// response is written: wait for it.
+			end := time.Now().Add(3 * time.Second)
+			for budget.InUse() != 0 {
+				if time.Now().After(end) {
+					t.Fatalf("%d bytes of the body budget still held after %s", budget.InUse(), tt.name)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+
+	t.Run("full budget: 503, then room again", func(t *testing.T) {
+		// A client announces 1 MiB and sends 150 KiB: the server holds what
+		// it sent plus the read window it waits on, most of the budget.
+		hog, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hog.Close()
+		fmt.Fprintf(hog, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
+		hog.Write(make([]byte, 150<<10))
+		end := time.Now().Add(5 * time.Second)
+		for budget.InUse() < 150<<10 {
+			if time.Now().After(end) {
+				t.Fatalf("the hog holds %d of %d budget bytes", budget.InUse(), budget.Max())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		start := time.Now()
+		rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 70000\r\n\r\n"+strings.Repeat("y", 70000), 10*time.Second)
+		if len(rs) == 0 || rs[0].StatusCode != 503 {
+			t.Fatalf("with the budget full: %d responses, first %v", len(rs), statusOf(rs))
+		}
+		t.Logf("503 after %v", time.Since(start))
+		hog.Close()
+		end = time.Now().Add(10 * time.Second)
+		for budget.InUse() != 0 {
+			if time.Now().After(end) {
+				t.Fatalf("%d budget bytes held after the hog left", budget.InUse())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if rs := rawExchange(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"); len(rs) != 1 || rs[0].StatusCode != 200 {
+			t.Fatalf("after the hog left: %v", rs)
+		}
+	})
+}
+
+func statusOf(rs []*http.Response) int {
+	if len(rs) == 0 {
+		return 0
+	}
+	return rs[0].StatusCode
+}

@@ -1,0 +1,186 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/engine"
+)
+
+// invokeBody is the JSON request. Two shapes share it: Plover's
+// {"input", "chain", "out_bytes", "tmp_bytes"} and PyPlover's
+// {"name", "inputs", "func_names", "grid_sizes", "block_sizes",
+// "output_size", "tmp_size"}, whose parallel arrays form the chain.
+type invokeBody struct {
+	Input     *string      `json:"input"`
+	Chain     []abi.Launch `json:"chain"`
+	OutBytes  *int64       `json:"out_bytes"`
+	TmpBytes  *int64       `json:"tmp_bytes"`
+	TimeoutMs *int64       `json:"timeout_ms"`
+
+	Name       *string  `json:"name"`
+	Inputs     *string  `json:"inputs"`
+	FuncNames  []string `json:"func_names"`
+	GridSizes  []int    `json:"grid_sizes"`
+	BlockSizes []int    `json:"block_sizes"`
+	OutputSize *int64   `json:"output_size"`
+	TmpSize    *int64   `json:"tmp_size"`
+}
+
+// parseInvoke turns a JSON body into the input bytes and an override (nil
+// when the request changes nothing).
+func parseInvoke(body []byte, name string) ([]byte, *engine.Override, time.Duration, error) {
+	in, o, b, err := parseInvokeBody(body, name)
+	if err != nil || b.TimeoutMs == nil {
+		return in, o, 0, err
+	}
+	if *b.TimeoutMs <= 0 {
+		return nil, nil, 0, badField("timeout_ms", "must be a positive number of milliseconds")
+	}
+	return in, o, time.Duration(*b.TimeoutMs) * time.Millisecond, nil
+}
+
+func parseInvokeBody(body []byte, name string) ([]byte, *engine.Override, *invokeBody, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var b invokeBody
+	if err := dec.Decode(&b); err != nil {
+		return nil, nil, nil, badField("body", "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if dec.More() {
+		return nil, nil, nil, badField("body", "trailing data after the JSON object")
+	}
+	pyplover := b.Inputs != nil || b.FuncNames != nil || b.GridSizes != nil || b.BlockSizes != nil || b.OutputSize != nil || b.TmpSize != nil || b.Name != nil
+	native := b.Input != nil || b.Chain != nil || b.OutBytes != nil || b.TmpBytes != nil
+	if pyplover && native {
+		return nil, nil, nil, badField("body", `mixes Plover fields (input, chain, out_bytes, tmp_bytes) with PyPlover fields (name, inputs, func_names, grid_sizes, block_sizes, output_size, tmp_size); use one shape`)
+	}
+	o := &engine.Override{OutBytes: -1, TmpBytes: -1}
+	field := "input"
+	enc := b.Input
+	if pyplover {
+		field, enc = "inputs", b.Inputs
+		if b.Name != nil && *b.Name != name {
+			return nil, nil, nil, badField("name", fmt.Sprintf("%q does not match the function in the URL, %q", *b.Name, name))
+		}
+		chain, err := pyChain(b.FuncNames, b.GridSizes, b.BlockSizes)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		o.Chain = chain
+		b.OutBytes, b.TmpBytes = b.OutputSize, b.TmpSize
+	} else {
+		o.Chain = b.Chain
+	}
+	if enc == nil {
+		return nil, nil, nil, badField(field, "is required: the input bytes, base64-encoded")
+	}
+	input, err := base64.StdEncoding.DecodeString(*enc)
+	if err != nil {
+		return nil, nil, nil, badField(field, "is not valid base64: "+err.Error())
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+		dst  *int64
+	}{{sizeField(pyplover, "out"), b.OutBytes, &o.OutBytes}, {sizeField(pyplover, "tmp"), b.TmpBytes, &o.TmpBytes}} {
+		if f.v == nil {
+			continue
+		}
+		if *f.v < 0 {
+			return nil, nil, nil, badField(f.name, "must not be negative")
+		}
+		*f.dst = *f.v
+	}
+	if o.Chain == nil && o.OutBytes < 0 && o.TmpBytes < 0 {
+		o = nil
+	}
+	return input, o, &b, nil
+}
+
+func sizeField(pyplover bool, which string) string {
+	if pyplover {
+		return map[string]string{"out": "output_size", "tmp": "tmp_size"}[which]
+	}
+	return which + "_bytes"
+}
+
+func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
+	if names == nil {
+		if grids != nil || blocks != nil {
+			return nil, badField("func_names", "is required when grid_sizes or block_sizes is given")
+		}
+		return nil, nil
+	}
+	if len(grids) != len(names) {
+		return nil, badField("grid_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(grids), len(names)))
+	}
+	if len(blocks) != len(names) {
+		return nil, badField("block_sizes", fmt.Sprintf("has %d entries, func_names has %d", len(blocks), len(names)))
+	}
+	chain := make([]abi.Launch, len(names))
+	for i := range names {
+		chain[i] = abi.Launch{Kernel: names[i], Grid: grids[i], Block: blocks[i]}
+	}
+	return chain, nil
+}
+
+// invokeJSON runs a JSON request and, on success, writes its response.
+func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) error {
+	body, held, err := s.readBody(ctx, s.opts.MaxBodyBytes, nil)
+	if err != nil {
+		return err
+	}
+	defer s.releaseBody(held)
+	input, o, timeout, err := parseInvoke(body, name)
+	if err != nil {
+		return err
+	}
+	if d := time.Now().Add(timeout); timeout > 0 && (c.req.Deadline.IsZero() || d.Before(c.req.Deadline)) {
+		c.req.Deadline = d
+	}
+	c.req.Input, c.req.Override = input, o
+	err = s.inv.Invoke(context.Background(), name, &c.req) // see invoke
+	c.req.Input, c.req.Override = nil, nil
+	if err != nil {
+		return err
+	}
+	t := &c.req.Timing
+	out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.req.Output))+256)
+	out = append(out, `{"output":"`...)
+	out = base64.StdEncoding.AppendEncode(out, c.req.Output)
+	out = append(out, `","cold":`...)
+	out = strconv.AppendBool(out, c.req.Start == engine.Cold)
+	out = append(out, `,"start":"`...)
+	out = append(out, c.req.Start.String()...)
+	out = append(out, `","version":`...)
+	out = strconv.AppendQuote(out, c.req.Version)
+	out = append(out, `,"timing_us":{`...)
+	for i, kv := range []struct {
+		k string
+		v int64
+	}{{"queue", t.Queue.Microseconds()}, {"load", t.Load.Microseconds()}, {"copy_in", t.CopyIn.Microseconds()},
+		{"kernels", t.Kernels.Microseconds()}, {"copy_out", t.CopyOut.Microseconds()}, {"total", t.Total.Microseconds()}} {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = strconv.AppendQuote(out, kv.k)
+		out = append(out, ':')
+		out = strconv.AppendInt(out, kv.v, 10)
+	}
+	out = append(out, "}}\n"...)
+	c.req.Output = c.req.Output[:0]
+	ctx.SetContentType("application/json")
+	ctx.SetBody(out)
+	s.writeMeta(ctx, c)
+	return nil
+}

@@ -1,0 +1,116 @@
+package httpapi
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/engine"
+)
+
+// requestMetrics counts requests by function and status and times their
+// phases. Series are resolved once per function and status, so recording a
+// request allocates nothing.
+type requestMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+
+	mu    sync.RWMutex
+	byFn  map[string]*fnMetrics
+	limit int // distinct function labels kept; beyond it they share "_other"
+}
+
+type fnMetrics struct {
+	phases [6]prometheus.Observer // queue, load, copy_in, kernels, copy_out, total
+	mu     sync.RWMutex
+	codes  map[int]prometheus.Counter
+	name   string
+}
+
+var phaseNames = [6]string{"queue", "load", "copy_in", "kernels", "copy_out", "total"}
+
+func newRequestMetrics(reg prometheus.Registerer) *requestMetrics {
+	m := &requestMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "plover_requests_total", Help: "Invoke requests by function and HTTP status code.",
+		}, []string{"function", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "plover_request_duration_seconds",
+			Help: "Successful invoke time by phase: queue, load (cold/warm start), copy_in, kernels, copy_out, total.",
+			// 10 µs .. ~50 s
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 17),
+		}, []string{"function", "phase"}),
+		byFn:  map[string]*fnMetrics{},
+		limit: 1000,
+	}
+	reg.MustRegister(m.requests, m.duration)
+	return m
+}
+
+func (m *requestMetrics) known(name string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.byFn[name] != nil
+}
+
+func (m *requestMetrics) function(name string) *fnMetrics {
+	m.mu.RLock()
+	fm := m.byFn[name]
+	m.mu.RUnlock()
+	if fm != nil {
+		return fm
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if fm = m.byFn[name]; fm != nil {
+		return fm
+	}
+	label := strings.Clone(name) // name may be the request's borrowed bytes
+	if len(m.byFn) >= m.limit {
+		label = "_other"
+	}
+	fm = &fnMetrics{codes: map[int]prometheus.Counter{}, name: label}
+	for i, p := range phaseNames {
+		fm.phases[i] = m.duration.WithLabelValues(label, p)
+	}
+	m.byFn[strings.Clone(name)] = fm
+	return fm
+}
+
+func (m *requestMetrics) count(fm *fnMetrics, code int) {
+	fm.mu.RLock()
+	c := fm.codes[code]
+	fm.mu.RUnlock()
+	if c == nil {
+		fm.mu.Lock()
+		if c = fm.codes[code]; c == nil {
+			c = m.requests.WithLabelValues(fm.name, strconv.Itoa(code))
+			fm.codes[code] = c
+		}
+		fm.mu.Unlock()
+	}
+	c.Inc()
+}
+
+// record accounts one invoke. Unknown functions share one label so that
+// probing names cannot grow the series without bound; so do requests
+// refused before the engine saw them (400, 415) for names the metrics have
+// not met yet.
+func (m *requestMetrics) record(name string, code int, kind engine.Kind, t *engine.Timing) {
+	if code == 404 && kind == engine.KindNotFound {
+		name = "_unknown"
+	} else if kind == engine.KindBadRequest && !m.known(name) {
+		name = "_unknown"
+	}
+	fm := m.function(name)
+	m.count(fm, code)
+	if code != 200 {
+		return
+	}
+	for i, d := range [6]time.Duration{t.Queue, t.Load, t.CopyIn, t.Kernels, t.CopyOut, t.Total} {
+		fm.phases[i].Observe(d.Seconds())
+	}
+}

@@ -1,0 +1,681 @@
+// Package httpapi is Plover's HTTP front end (fasthttp). It parses requests,
+// calls an Invoker (the request path) or an Admin (the control plane) and
+// writes responses; it owns no functions itself.
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/registry"
+)
+
+// Invoker runs requests: the request path (engine.Engine).
+type Invoker interface {
+	Invoke(ctx context.Context, name string, req *engine.Request) error
+	Health() (bool, []engine.DeviceHealth)
+}
+
+// Admin changes and describes what is deployed: the control plane
+// (engine.Control).
+type Admin interface {
+	Deploy(ctx context.Context, name string, body io.Reader, force bool) (engine.FunctionInfo, error)
+	Function(ctx context.Context, name string) (engine.FunctionInfo, error)
+	Functions(ctx context.Context) ([]engine.FunctionInfo, error)
+	Delete(ctx context.Context, name string) error
+	Versions(ctx context.Context, name string) (*registry.Record, error)
+	Rollback(ctx context.Context, name, version string) (engine.FunctionInfo, error)
+	GC(ctx context.Context, grace time.Duration) ([]string, error)
+}
+
+// Options configure a Server.
+type Options struct {
+	// MaxBodyBytes bounds any request body (inputs and bundles); larger
+	// requests get 413 before the handler runs.
+	MaxBodyBytes int
+	Log          *slog.Logger
+	Version      string
+	// Registry receives the request metrics and is served at /metrics;
+	// the caller registers other collectors (the engine's) on it. Nil: a
+	// private registry.
+	Registry *prometheus.Registry
+	// Tokens, when set, authenticates every request but the probes
+	// (/healthz, /readyz) with a bearer token that must have the route's
+	// scope (and, for invoke and deploy, match the function): 401 without a
+	// known token, 403 without the scope. Nil: no authentication.
+	Tokens Tokens
+	// BodyBudget, when set, bounds the request bytes held in memory at
+	// once; a request that finds no room within 5 s gets 503.
+	BodyBudget BodyBudget
+}
+
+// Server serves the Plover HTTP API.
+type Server struct {
+	inv      Invoker
+	adm      Admin
+	opts     Options
+	calls    sync.Pool // *call
+	srv      *fasthttp.Server
+	notReady atomic.Bool
+	metrics  *requestMetrics
+	scrape   fasthttp.RequestHandler
+
+	authFailures *prometheus.CounterVec
+	authLog      perClient
+	metricsSrv   atomic.Pointer[fasthttp.Server]
+}
+
+// SetReady sets what /readyz answers; a server going down sets it false
+// before it stops accepting, so load balancers drain it first.
+func (s *Server) SetReady(ready bool) { s.notReady.Store(!ready) }
+
+// call is the per-request scratch state, pooled so a hot invoke allocates
+// nothing.
+type call struct {
+	req    engine.Request
+	in     []byte // the input buffer, reused
+	timing []byte
+	conn   net.Conn // the client's, for gone
+}
+
+// gone reports whether the client closed its connection, by peeking at the
+// socket without consuming anything (a pipelined next request stays
+// readable for fasthttp). The engine calls it only while the request is
+// queued.
+func (c *call) gone() bool {
+	conn := c.conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn() // the socket under TLS: EOF there is the client gone
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		closed = (n == 0 && err == nil) || err == syscall.ECONNRESET
+	})
+	return closed
+}
+
+// New returns a Server over the request path inv and the control plane adm.
+func New(inv Invoker, adm Admin, opts Options) *Server {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 256 << 20
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{inv: inv, adm: adm, opts: opts, metrics: newRequestMetrics(opts.Registry), authFailures: newAuthFailures(opts.Registry)}
+	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
+	s.calls.New = func() any {
+		c := &call{timing: make([]byte, 0, 160)}
+		c.req.Gone = c.gone // bound once: no allocation per request
+		return c
+	}
+	s.srv = &fasthttp.Server{
+		Handler:            s.Handle,
+		Name:               "plover/" + opts.Version,
+		MaxRequestBodySize: opts.MaxBodyBytes,
+		ReadTimeout:        60 * time.Second,
+		WriteTimeout:       60 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		ErrorHandler:       s.parseError,
+		// Bodies are read as they arrive, by the handlers: a client that
+		// announces a large Content-Length and sends nothing holds nothing.
+		StreamRequestBody: true,
+		Logger:            fasthttpLogger{opts.Log},
+		CloseOnShutdown:   true,
+	}
+	return s
+}
+
+// ServeMetrics serves only GET /metrics, without authentication, on ln (plover
+// serve --metrics-listen): for a scraper on a private network.
+func (s *Server) ServeMetrics(ln net.Listener) error {
+	srv := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) != "/metrics" {
+				writeError(ctx, fasthttp.StatusNotFound, "not_found", "this address serves only GET /metrics")
+				return
+			}
+			if s.method(ctx, fasthttp.MethodGet) {
+				s.scrape(ctx)
+			}
+		},
+		Name: "plover/" + s.opts.Version, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		IdleTimeout: time.Minute, Logger: fasthttpLogger{s.opts.Log}, MaxRequestBodySize: 1 << 10,
+		CloseOnShutdown: true,
+	}
+	s.metricsSrv.Store(srv)
+	return srv.Serve(ln)
+}
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting and waits for open requests to finish.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if m := s.metricsSrv.Load(); m != nil {
+		m.ShutdownWithContext(ctx)
+	}
+	return s.srv.ShutdownWithContext(ctx)
+}
+
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug("fasthttp: " + fmt.Sprintf(format, args...))
+}
+
+func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the server's limit of "+strconv.Itoa(s.opts.MaxBodyBytes)+" bytes (plover serve --max-body)")
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed HTTP request: "+err.Error())
+}
+
+var (
+	pathFunctions = []byte("/v1/functions")
+	suffixInvoke  = []byte("/invoke")
+)
+
+// Handle routes one request. Exported for in-process benchmarks.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	defer closeIfUnread(ctx)
+	if smuggling(ctx) {
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
+		return
+	}
+	if s.opts.Tokens != nil && !s.authorize(ctx) {
+		return
+	}
+	path := ctx.Path()
+	switch {
+	case string(path) == "/healthz":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.health(ctx)
+		}
+	case string(path) == "/metrics":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.scrape(ctx)
+		}
+	case string(path) == "/readyz":
+		if s.method(ctx, fasthttp.MethodGet) {
+			if s.notReady.Load() {
+				writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]bool{"ready": false})
+			} else {
+				writeJSON(ctx, fasthttp.StatusOK, map[string]bool{"ready": true})
+			}
+		}
+	case bytes.Equal(path, pathFunctions), string(path) == "/v1/functions/":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.list(ctx)
+		}
+	case bytes.HasPrefix(path, pathFunctions) && path[len(pathFunctions)] == '/':
+		rest := path[len(pathFunctions)+1:]
+		if name, ok := bytes.CutSuffix(rest, suffixInvoke); ok && bytes.IndexByte(name, '/') < 0 {
+			if s.method(ctx, fasthttp.MethodPost) {
+				s.invoke(ctx, name)
+			}
+			return
+		}
+		if name, sub, ok := bytes.Cut(rest, []byte{'/'}); ok {
+			s.functionSub(ctx, string(name), string(sub))
+			return
+		}
+		s.function(ctx, string(rest))
+	case isV2(path):
+		s.v2(ctx)
+	case string(path) == "/v1/gc":
+		if s.method(ctx, fasthttp.MethodPost) {
+			s.gc(ctx)
+		}
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(path)+" (see GET /v1/functions, POST /v1/functions/{name}/invoke)")
+	}
+}
+
+func (s *Server) method(ctx *fasthttp.RequestCtx, want string) bool {
+	if string(ctx.Method()) == want {
+		return true
+	}
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed here; use "+want)
+	ctx.Response.Header.Set("Allow", want) // after: writeError resets the response
+	return false
+}
+
+func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
+	switch string(ctx.Method()) {
+	case fasthttp.MethodGet:
+		fi, err := s.adm.Function(ctx, name)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, fi)
+	case fasthttp.MethodPut:
+		s.deploy(ctx, name)
+	case fasthttp.MethodDelete:
+		if err := s.adm.Delete(ctx, name); err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]string{"deleted": name})
+	default:
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed on a function; use GET, PUT or DELETE")
+		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
+	}
+}
+
+func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
+	switch sub {
+	case "versions":
+		if !s.method(ctx, fasthttp.MethodGet) {
+			return
+		}
+		rec, err := s.adm.Versions(ctx, name)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, rec)
+	case "rollback":
+		if !s.method(ctx, fasthttp.MethodPost) {
+			return
+		}
+		var body struct {
+			Version string `json:"version"`
+		}
+		b, held, err := s.readBody(ctx, 64<<10, nil)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		s.releaseBody(held) // parsed below: the bytes are done with
+		if err := strictJSON(b, &body); err != nil || body.Version == "" {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `body must be {"version":"<version id or its first 8+ characters>"}`)
+			return
+		}
+		fi, err := s.adm.Rollback(ctx, name, body.Version)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, fi)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(ctx.Path()))
+	}
+}
+
+func (s *Server) gc(ctx *fasthttp.RequestCtx) {
+	grace := time.Minute
+	if g := ctx.QueryArgs().Peek("grace"); len(g) > 0 {
+		d, err := time.ParseDuration(string(g))
+		if err != nil || d < 0 {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "grace: want a duration such as 30s or 0s")
+			return
+		}
+		grace = d
+	}
+	removed, err := s.adm.GC(ctx, grace)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	if removed == nil {
+		removed = []string{}
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"removed": removed})
+}
+
+func strictJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
+func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
+	switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
+	case bundle.MediaType, "application/octet-stream", "application/zstd":
+	default:
+		writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+			"Content-Type "+strconv.Quote(ct)+": a bundle is sent as "+bundle.MediaType+" (plover deploy DIR does this)")
+		return
+	}
+	// The bundle streams to a file as it arrives (Deploy spools it), so it
+	// takes no room in the body budget.
+	var body io.Reader
+	if cl := ctx.Request.Header.ContentLength(); cl > s.opts.MaxBodyBytes {
+		s.fail(ctx, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large",
+			"bundle of " + strconv.Itoa(cl) + " bytes is over the limit of " + strconv.Itoa(s.opts.MaxBodyBytes) + " bytes (plover serve --max-body)"})
+		return
+	}
+	if stream := ctx.RequestBodyStream(); stream != nil {
+		// Marked read only when the stream itself ends, not the limit.
+		body = io.LimitReader(&eofMarker{r: stream, ctx: ctx}, int64(s.opts.MaxBodyBytes)+1)
+	} else {
+		body = bytes.NewReader(ctx.Request.Body())
+	}
+	fi, err := s.adm.Deploy(ctx, name, body, ctx.QueryArgs().GetBool("force"))
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	status := fasthttp.StatusCreated
+	if fi.Unchanged {
+		status = fasthttp.StatusOK // nothing was created
+	}
+	writeJSON(ctx, status, fi)
+}
+
+// eofMarker marks the body read once its reader reaches the end.
+type eofMarker struct {
+	r   io.Reader
+	ctx *fasthttp.RequestCtx
+}
+
+func (m *eofMarker) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	if err == io.EOF {
+		markRead(m.ctx)
+	}
+	return n, err
+}
+
+func (s *Server) list(ctx *fasthttp.RequestCtx) {
+	fs, err := s.adm.Functions(ctx)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"functions": fs})
+}
+
+func (s *Server) health(ctx *fasthttp.RequestCtx) {
+	ok, devs := s.inv.Health()
+	status, code := "ok", fasthttp.StatusOK
+	if !ok {
+		status, code = "unhealthy", fasthttp.StatusServiceUnavailable
+	}
+	writeJSON(ctx, code, map[string]any{"status": status, "devices": devs})
+}
+
+// invoke is the hot path: no allocation for an octet-stream request on an
+// idle instance (see BenchmarkServedInvoke).
+func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
+	// The engine and the metrics copy the name before keeping it, so the
+	// request's bytes can back it for the duration of the call.
+	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
+	c := s.calls.Get().(*call)
+	defer s.calls.Put(c)
+	c.conn = ctx.Conn()
+	defer func() { c.conn = nil }()
+	c.req.Override = nil
+	c.req.Timing = engine.Timing{}
+	err := deadline(ctx, &c.req)
+	if err == nil {
+		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
+		case "application/octet-stream", "":
+			var held int64
+			if c.req.Input, held, err = s.readBody(ctx, s.opts.MaxBodyBytes, &c.in); err != nil {
+				break
+			}
+			defer s.releaseBody(held)
+			c.req.Output = ctx.Response.SwapBody(nil)[:0]
+			// Not ctx: fasthttp closes its Done at the start of a graceful
+			// shutdown, and queued requests are meant to drain then. The
+			// request's own deadline bounds it.
+			err = s.inv.Invoke(context.Background(), name, &c.req)
+			ctx.Response.SwapBody(c.req.Output)
+			c.req.Input, c.req.Output = nil, nil
+			if err == nil {
+				ctx.Response.Header.SetContentTypeBytes(octetStream)
+				s.writeMeta(ctx, c)
+			}
+		case "application/json":
+			err = s.invokeJSON(ctx, name, c)
+		default:
+			err = &requestError{fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+				"Content-Type " + strconv.Quote(ct) + ": send application/octet-stream (raw input bytes) or application/json ({\"input\":\"<base64>\"})"}
+		}
+	}
+	s.finish(ctx, name, c, err)
+}
+
+// requestError is a request the front end refuses itself, before the
+// engine sees it.
+type requestError struct {
+	code      int
+	name, msg string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+// badField is a 400 naming the offending field or header.
+func badField(field, reason string) error {
+	return &requestError{fasthttp.StatusBadRequest, "bad_request", field + ": " + reason}
+}
+
+// finish writes the error, if any, and records every invoke outcome once.
+func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err error) {
+	code, kind := fasthttp.StatusOK, engine.KindInternal
+	if err != nil {
+		code, kind = classify(err)
+		s.fail(ctx, err)
+	}
+	s.metrics.record(name, code, kind, &c.req.Timing)
+}
+
+// classify gives an error's status and kind. It is a function of its own so
+// that the errors.As target escapes only on the error path: the hot path
+// allocates nothing.
+func classify(err error) (int, engine.Kind) {
+	var rq *requestError
+	if errors.As(err, &rq) {
+		return rq.code, engine.KindBadRequest
+	}
+	kind := engine.KindOf(err)
+	code, _ := status(kind)
+	return code, kind
+}
+
+var (
+	octetStream    = []byte("application/octet-stream")
+	hdrServerTimng = []byte("Server-Timing")
+	hdrStart       = []byte("X-Plover-Start")
+	hdrVersion     = []byte("X-Plover-Version")
+	startNames     = [][]byte{[]byte("hot"), []byte("warm"), []byte("cold")}
+)
+
+// writeMeta sets Server-Timing (milliseconds, as the header's dur expects)
+// and the start kind and version headers.
+func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
+	t := &c.req.Timing
+	b := c.timing[:0]
+	b = appendDur(b, "queue", t.Queue, true)
+	b = appendDur(b, "load", t.Load, false)
+	b = appendDur(b, "copyin", t.CopyIn, false)
+	b = appendDur(b, "kernels", t.Kernels, false)
+	b = appendDur(b, "copyout", t.CopyOut, false)
+	b = appendDur(b, "total", t.Total, false)
+	if n := c.req.BatchSize; n > 0 {
+		// A batching function: the part of queue spent held for company,
+		// and how many requests shared the run.
+		b = appendDur(b, "batchwait", t.BatchWait, false)
+		b = append(b, ", batch;desc="...)
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	c.timing = b
+	h := &ctx.Response.Header
+	h.SetCanonical(hdrServerTimng, b)
+	h.SetCanonical(hdrStart, startNames[c.req.Start])
+	h.SetCanonical(hdrVersion, s2b(c.req.Version))
+}
+
+var hdrTimeout = []byte("X-Plover-Timeout-Ms")
+
+// deadline sets the request's deadline from X-Plover-Timeout-Ms; none
+// leaves the server's default.
+func deadline(ctx *fasthttp.RequestCtx, r *engine.Request) error {
+	r.Deadline = time.Time{}
+	h := ctx.Request.Header.PeekBytes(hdrTimeout)
+	if len(h) == 0 {
+		return nil
+	}
+	ms, err := strconv.ParseUint(unsafe.String(unsafe.SliceData(h), len(h)), 10, 32)
+	if err != nil || ms == 0 {
+		return badField("X-Plover-Timeout-Ms", strconv.Quote(string(h))+" must be a positive number of milliseconds")
+	}
+	r.Deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
+	return nil
+}
+
+func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+func appendDur(b []byte, name string, d time.Duration, first bool) []byte {
+	if !first {
+		b = append(b, ", "...)
+	}
+	b = append(b, name...)
+	b = append(b, ";dur="...)
+	return strconv.AppendFloat(b, float64(d.Nanoseconds())/1e6, 'f', 3, 64)
+}
+
+func mediaType(ct []byte) string {
+	if i := bytes.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	ct = bytes.TrimSpace(ct)
+	// Common types come back as constants: no allocation on the hot path.
+	switch {
+	case len(ct) == 0:
+		return ""
+	case bytes.EqualFold(ct, octetStream):
+		return "application/octet-stream"
+	case bytes.EqualFold(ct, []byte("application/json")):
+		return "application/json"
+	}
+	return string(bytes.ToLower(ct))
+}
+
+// status maps an engine error kind to an HTTP status and error code.
+func status(k engine.Kind) (int, string) {
+	switch k {
+	case engine.KindBadRequest:
+		return fasthttp.StatusBadRequest, "bad_request"
+	case engine.KindNotFound:
+		return fasthttp.StatusNotFound, "not_found"
+	case engine.KindTooLarge:
+		return fasthttp.StatusRequestEntityTooLarge, "too_large"
+	case engine.KindInvalid:
+		return fasthttp.StatusUnprocessableEntity, "invalid"
+	case engine.KindKernel:
+		return fasthttp.StatusInternalServerError, "kernel_failed"
+	case engine.KindUnavailable:
+		return fasthttp.StatusServiceUnavailable, "unavailable"
+	case engine.KindTimeout:
+		return fasthttp.StatusGatewayTimeout, "timeout"
+	case engine.KindBusy:
+		return fasthttp.StatusTooManyRequests, "busy"
+	case engine.KindGone:
+		return 499, "client_closed" // nobody reads it; for logs and metrics
+	case engine.KindWorkerCrashed:
+		return fasthttp.StatusInternalServerError, "worker_crashed"
+	case engine.KindConflict:
+		return fasthttp.StatusConflict, "conflict"
+	case engine.KindNoSpace:
+		return fasthttp.StatusInsufficientStorage, "insufficient_storage"
+	default:
+		return fasthttp.StatusInternalServerError, "internal"
+	}
+}
+
+func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
+	var rq *requestError
+	if errors.As(err, &rq) {
+		writeError(ctx, rq.code, rq.name, rq.msg)
+		return
+	}
+	code, name := status(engine.KindOf(err))
+	msg := "internal error" // a foreign error's text is for the log, not the client
+	var re *engine.Error
+	if errors.As(err, &re) {
+		msg = re.Msg
+		if code >= 500 {
+			s.opts.Log.Warn("request failed", "path", string(ctx.Path()), "status", code, "error", err)
+		}
+	} else {
+		s.opts.Log.Error("request failed", "path", string(ctx.Path()), "error", err)
+	}
+	writeError(ctx, code, name, msg)
+	if code == fasthttp.StatusTooManyRequests {
+		ctx.Response.Header.Set("Retry-After", "1")
+	}
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// writeError writes Plover's error object, or under /v2 the protocol's:
+// clients of the Open Inference Protocol read {"error": "..."} on every
+// status there, refusals before routing (auth, method) included.
+func writeError(ctx *fasthttp.RequestCtx, code int, name, msg string) {
+	if isV2(ctx.Path()) {
+		v2Error(ctx, code, msg)
+		return
+	}
+	var e errorBody
+	e.Error.Code, e.Error.Message = name, msg
+	writeJSON(ctx, code, e)
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = fasthttp.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encoding the response failed"}}`)
+	}
+	closing := ctx.Response.ConnectionClose() // a decision made before the error stands
+	ctx.Response.Reset()
+	if closing {
+		ctx.Response.SetConnectionClose()
+	}
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(append(b, '\n'))
+}
