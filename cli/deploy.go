@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/loader"
 )
 
@@ -105,7 +105,7 @@ func deployCmd() *command {
 					return err
 				}
 				defer resp.Body.Close()
-				var fi engine.FunctionInfo
+				var fi api.FunctionInfo
 				if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
 					return fmt.Errorf("reading the server's answer: %w", err)
 				}
@@ -224,7 +224,7 @@ func lsCmd() *command {
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			var resp struct {
-				Functions []engine.FunctionInfo `json:"functions"`
+				Functions []api.FunctionInfo `json:"functions"`
 			}
 			if err := ep.client().getJSON("/v1/functions", &resp); err != nil {
 				return err
@@ -279,7 +279,7 @@ func rmCmd() *command {
 
 // workers renders a function's worker processes for plover ls: "-" when it
 // runs in the server (--isolation none) or is not loaded.
-func workers(ws []engine.WorkerInfo) string {
+func workers(ws []api.WorkerInfo) string {
 	if len(ws) == 0 {
 		return "-"
 	}

@@ -12,8 +12,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/plover-run/plover/engine"
-	"github.com/plover-run/plover/registry"
+	"github.com/plover-run/plover/api"
 )
 
 // progressThreshold: uploads above it show a progress bar on a terminal.
@@ -44,7 +43,7 @@ func versionsCmd() *command {
 			fs.BoolVar(&asJSON, "json", false, "print the record as JSON")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			var rec *registry.Record
+			var rec *api.Record
 			if ep.direct() {
 				reg, err := ep.registry()
 				if err != nil {
@@ -54,7 +53,7 @@ func versionsCmd() *command {
 					return err
 				}
 			} else {
-				rec = &registry.Record{}
+				rec = &api.Record{}
 				if err := ep.client().getJSON("/v1/functions/"+args[0]+"/versions", rec); err != nil {
 					return err
 				}
@@ -104,7 +103,7 @@ func rollbackCmd() *command {
 				id = v.ID
 			} else {
 				body, _ := json.Marshal(map[string]string{"version": args[1]})
-				var fi engine.FunctionInfo
+				var fi api.FunctionInfo
 				if err := ep.client().sendJSON(http.MethodPost, "/v1/functions/"+args[0]+"/rollback", "application/json", body, &fi); err != nil {
 					return err
 				}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
@@ -61,16 +62,16 @@ func invokeAsync(e *engine.Engine, name string, in []byte, deadline time.Time) c
 // state, not a sleep).
 func waitQueued(t *testing.T, e *engine.Engine, name string, n int) {
 	t.Helper()
-	waitInfo(t, e, name, fmt.Sprintf("%d requests queued", n), func(fi engine.FunctionInfo) bool { return fi.Queue >= n })
+	waitInfo(t, e, name, fmt.Sprintf("%d requests queued", n), func(fi api.FunctionInfo) bool { return fi.Queue >= n })
 }
 
 // waitBusy waits until n of the function's instances are running.
 func waitBusy(t *testing.T, e *engine.Engine, name string, n int) {
 	t.Helper()
-	waitInfo(t, e, name, fmt.Sprintf("%d instances busy", n), func(fi engine.FunctionInfo) bool { return fi.Busy >= n })
+	waitInfo(t, e, name, fmt.Sprintf("%d instances busy", n), func(fi api.FunctionInfo) bool { return fi.Busy >= n })
 }
 
-func waitInfo(t *testing.T, e *engine.Engine, name, what string, ok func(engine.FunctionInfo) bool) {
+func waitInfo(t *testing.T, e *engine.Engine, name, what string, ok func(api.FunctionInfo) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -401,7 +402,7 @@ func TestBatchAfterWarm(t *testing.T) {
 		_, err := e.Control().Deploy(context.Background(), "w", bytes.NewReader(b), false)
 		deployed <- err
 	}()
-	waitInfo(t, e, "w", "a deployed version", func(engine.FunctionInfo) bool { return true })
+	waitInfo(t, e, "w", "a deployed version", func(api.FunctionInfo) bool { return true })
 	t0 := time.Now()
 	r := <-invokeAsync(e, "w", item(1, 0), time.Now().Add(4*time.Second))
 	if r.err != nil || r.value != 2 {

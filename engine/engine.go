@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
@@ -476,7 +477,7 @@ func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 // finish. With at != 0 it does nothing unless the epoch is still at. It
 // returns the function (nil if it did nothing) and whether the version
 // changed.
-func (e *Engine) switchTo(name string, rv registry.Version, at uint64) (*function, bool) {
+func (e *Engine) switchTo(name string, rv api.Version, at uint64) (*function, bool) {
 	e.mu.Lock()
 	if e.closed || (at != 0 && e.epoch != at) {
 		e.mu.Unlock()
@@ -715,14 +716,14 @@ func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Du
 // name. Nothing in the bundle runs here: the library is checked statically.
 // A bundle equal to the current version changes nothing (the info says
 // Unchanged) unless force is set.
-func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (FunctionInfo, error) {
+func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
-		return FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
+		return api.FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
 	}
 	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
 	if err != nil {
-		return FunctionInfo{}, errorf(KindInternal, err, "deploy: temp file")
+		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy: temp file")
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -730,44 +731,44 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	sink := &writeErr{w: io.MultiWriter(tmp, h)}
 	n, err := io.Copy(sink, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
 	if err != nil && sink.err != nil { // our disk, not the client
-		return FunctionInfo{}, storageError(sink.err, "deploy %s: spooling the bundle", name)
+		return api.FunctionInfo{}, storageError(sink.err, "deploy %s: spooling the bundle", name)
 	}
 	if err != nil {
-		return FunctionInfo{}, errorf(KindBadRequest, err, "deploy: reading the bundle")
+		return api.FunctionInfo{}, errorf(KindBadRequest, err, "deploy: reading the bundle")
 	}
 	if n > e.cfg.MaxBundleBytes {
-		return FunctionInfo{}, errorf(KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
+		return api.FunctionInfo{}, errorf(KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
 	}
 	sha := hex.EncodeToString(h.Sum(nil))
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
+		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}
 	dir, m, err := e.cfg.Cache.Verify(tmp)
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return FunctionInfo{}, storageError(err, "deploy %s: unpacking the bundle", name)
+		return api.FunctionInfo{}, storageError(err, "deploy %s: unpacking the bundle", name)
 	}
 	if err != nil {
-		return FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
+		return api.FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
 	}
 	defer os.RemoveAll(dir)
 	if err := CheckBundleDir(dir, m, name, e.target); err != nil {
-		return FunctionInfo{}, err
+		return api.FunctionInfo{}, err
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return FunctionInfo{}, errorf(KindInternal, err, "deploy")
+		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}
 	rv, created, err := e.reg.Publish(ctx, m, tmp, sha, n, force)
 	if errors.Is(err, registry.ErrConflict) {
-		return FunctionInfo{}, errorf(KindConflict, err, "deploy %s: %s", name, err.Error())
+		return api.FunctionInfo{}, errorf(KindConflict, err, "deploy %s: %s", name, err.Error())
 	}
 	if err != nil {
-		return FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
+		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
 	if !created {
 		f, err := e.lookup(ctx, name)
 		if err != nil {
-			return FunctionInfo{}, err
+			return api.FunctionInfo{}, err
 		}
 		fi := e.info(f, rv, e.versionCount(ctx, name))
 		fi.Unchanged = true
@@ -775,7 +776,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	}
 	f, _ := e.switchTo(name, rv, 0)
 	if f == nil {
-		return FunctionInfo{}, errorf(KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
+		return api.FunctionInfo{}, errorf(KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
 	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
@@ -907,6 +908,6 @@ func (e *Engine) Close() {
 }
 
 // sortInfos orders function infos by name.
-func sortInfos(in []FunctionInfo) {
+func sortInfos(in []api.FunctionInfo) {
 	sort.Slice(in, func(i, j int) bool { return in[i].Name < in[j].Name })
 }

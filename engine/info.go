@@ -3,43 +3,15 @@ package engine
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/registry"
 )
 
-// FunctionInfo is what GET /v1/functions shows about a function.
-type FunctionInfo struct {
-	Name     string        `json:"name"`
-	Version  string        `json:"version"`
-	SHA256   string        `json:"sha256"`
-	Size     int64         `json:"bundle_bytes"`
-	Created  time.Time     `json:"created"`
-	Versions int           `json:"versions"`
-	Loaded   bool          `json:"loaded"`
-	Manifest *abi.Manifest `json:"manifest,omitempty"`
-	Busy     int           `json:"instances_busy"`
-	Idle     int           `json:"instances_idle"`
-	Queue    int           `json:"queue_depth"`
-	Memory   int64         `json:"device_memory_bytes"`
-	MeanUs   int64         `json:"mean_latency_us"`
-	Requests int64         `json:"requests"`
-	Errors   int64         `json:"errors"`
-	Cold     int64         `json:"cold_starts"`
-	Warm     int64         `json:"warm_starts"`
-	Hot      int64         `json:"hot_starts"`
-	// Workers are the processes the current version runs in (with
-	// --isolation process): one per device it is loaded on.
-	Workers []WorkerInfo `json:"workers,omitempty"`
-	// Unchanged: a deploy found the bundle equal to the current version
-	// and created none.
-	Unchanged bool `json:"unchanged,omitempty"`
-}
-
-func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionInfo {
-	fi := FunctionInfo{Name: f.name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versions}
+func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInfo {
+	fi := api.FunctionInfo{Name: f.name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versions}
 	fi.Requests, fi.Errors = f.stats.requests.Load(), f.stats.errors.Load()
 	fi.Cold, fi.Warm, fi.Hot = f.stats.cold.Load(), f.stats.warm.Load(), f.stats.hot.Load()
 	e.mu.Lock()
@@ -57,50 +29,44 @@ func (e *Engine) info(f *function, rv registry.Version, versions int) FunctionIn
 	return fi
 }
 
-// WorkerInfo is a process a function's current version runs in, on one
-// device.
-type WorkerInfo struct {
-	Device string `json:"device"`
-	device.ProcessStats
-}
-
 // processReporter is a program living in a process of its own.
 type processReporter interface{ Process() device.ProcessStats }
 
 // processes reports the processes v's programs live in (none in process).
-func (v *version) processes() []WorkerInfo {
+func (v *version) processes() []api.WorkerInfo {
 	v.mu.Lock()
 	ps := append([]*placement(nil), v.placements...)
 	v.mu.Unlock()
-	var out []WorkerInfo
+	var out []api.WorkerInfo
 	for _, p := range ps {
 		if r, ok := p.prog.(processReporter); ok {
-			out = append(out, WorkerInfo{Device: p.dev.Name(), ProcessStats: r.Process()})
+			ps := r.Process()
+			out = append(out, api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, Threads: ps.Threads})
 		}
 	}
 	return out
 }
 
 // Function describes one function from its record and this node's state.
-func (c *Control) Function(ctx context.Context, name string) (FunctionInfo, error) {
+func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
-		return FunctionInfo{}, errorf(KindNotFound, nil, "function %q not found", name)
+		return api.FunctionInfo{}, errorf(KindNotFound, nil, "function %q not found", name)
 	}
 	rec, err := e.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
-		return FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
+		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
 	}
 	if err != nil {
-		return FunctionInfo{}, unavailable(err, "function %s: store unavailable", name)
+		return api.FunctionInfo{}, unavailable(err, "function %s: store unavailable", name)
 	}
 	return e.recordInfo(rec)
 }
 
-func (e *Engine) recordInfo(rec *registry.Record) (FunctionInfo, error) {
+func (e *Engine) recordInfo(rec *api.Record) (api.FunctionInfo, error) {
 	cv, err := rec.CurrentVersion()
 	if err != nil {
-		return FunctionInfo{}, errorf(KindInternal, err, "function %s: corrupt record", rec.Name)
+		return api.FunctionInfo{}, errorf(KindInternal, err, "function %s: corrupt record", rec.Name)
 	}
 	e.mu.Lock()
 	f := e.funcs[rec.Name]
@@ -112,13 +78,13 @@ func (e *Engine) recordInfo(rec *registry.Record) (FunctionInfo, error) {
 }
 
 // Functions lists every function in the store.
-func (c *Control) Functions(ctx context.Context) ([]FunctionInfo, error) {
+func (c *Control) Functions(ctx context.Context) ([]api.FunctionInfo, error) {
 	e := c.e
 	recs, err := e.reg.List(ctx)
 	if err != nil {
 		return nil, unavailable(err, "list functions: store unavailable")
 	}
-	out := make([]FunctionInfo, 0, len(recs))
+	out := make([]api.FunctionInfo, 0, len(recs))
 	for _, r := range recs {
 		fi, err := e.recordInfo(r)
 		if err != nil {
@@ -130,24 +96,13 @@ func (c *Control) Functions(ctx context.Context) ([]FunctionInfo, error) {
 	return out, nil
 }
 
-// DeviceHealth is one device's state for /healthz.
-type DeviceHealth struct {
-	Name     string `json:"name"`
-	Target   string `json:"target"`
-	Healthy  bool   `json:"healthy"`
-	Error    string `json:"error,omitempty"`
-	MemTotal int64  `json:"mem_total_bytes"`
-	MemFree  int64  `json:"mem_free_bytes"`
-	MemUsed  int64  `json:"mem_used_bytes"`
-}
-
 // Health reports every device; the node is healthy when all are.
-func (e *Engine) Health() (bool, []DeviceHealth) {
+func (e *Engine) Health() (bool, []api.DeviceHealth) {
 	ok := true
-	out := make([]DeviceHealth, 0, len(e.cfg.Devices))
+	out := make([]api.DeviceHealth, 0, len(e.cfg.Devices))
 	for _, d := range e.cfg.Devices {
 		mi := d.MemInfo()
-		h := DeviceHealth{Name: d.Name(), Target: d.Target(), Healthy: true, MemTotal: mi.Total, MemFree: mi.Free, MemUsed: mi.Used}
+		h := api.DeviceHealth{Name: d.Name(), Target: d.Target(), Healthy: true, MemTotal: mi.Total, MemFree: mi.Free, MemUsed: mi.Used}
 		if err := d.Health(); err != nil {
 			h.Healthy, h.Error, ok = false, err.Error(), false
 		}
@@ -159,10 +114,10 @@ func (e *Engine) Health() (bool, []DeviceHealth) {
 // Current is a function's current version, resolved on this node without
 // loading it: what the Open Inference Protocol's metadata and inference
 // describe.
-func (e *Engine) Current(ctx context.Context, name string) (registry.Version, error) {
+func (e *Engine) Current(ctx context.Context, name string) (api.Version, error) {
 	_, v, err := e.resolve(ctx, name)
 	if err != nil {
-		return registry.Version{}, err
+		return api.Version{}, err
 	}
 	defer v.unref()
 	return v.rec, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
@@ -17,7 +18,7 @@ import (
 	"github.com/plover-run/plover/objectstore"
 )
 
-func info(t *testing.T, e *engine.Engine, name string) engine.FunctionInfo {
+func info(t *testing.T, e *engine.Engine, name string) api.FunctionInfo {
 	t.Helper()
 	fi, err := e.Control().Function(context.Background(), name)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
@@ -50,7 +51,7 @@ func TestPollCost(t *testing.T) {
 	const n = 1000
 	ctx := context.Background()
 	write := func(name, current string) {
-		rec := registry.Record{Name: name, Current: current, Versions: []registry.Version{{ID: current, SHA256: fmt.Sprintf("%064x", 1)}}}
+		rec := api.Record{Name: name, Current: current, Versions: []api.Version{{ID: current, SHA256: fmt.Sprintf("%064x", 1)}}}
 		b, _ := json.Marshal(rec)
 		if err := fs.Put(ctx, "functions/"+name+".json", bytes.NewReader(b), int64(len(b))); err != nil {
 			t.Fatal(err)

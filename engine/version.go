@@ -9,16 +9,16 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
-	"github.com/plover-run/plover/registry"
 )
 
 // version is one deployed bundle of a function on this node: its program
 // on each device it runs on, and its warm pool.
 type version struct {
 	fn  *function
-	rec registry.Version
+	rec api.Version
 	log func(msg string, args ...any)
 
 	loadMu   sync.Mutex
@@ -92,7 +92,7 @@ func (v *version) placement(dev device.Device) *placement {
 	return nil
 }
 
-func (e *Engine) newVersion(f *function, rv registry.Version) *version {
+func (e *Engine) newVersion(f *function, rv api.Version) *version {
 	return &version{fn: f, rec: rv, log: e.cfg.Log.Info, placeTok: make(chan struct{}, 1)}
 }
 

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/registry"
 )
 
 // Versions returns a function's record: every version and the current one.
-func (c *Control) Versions(ctx context.Context, name string) (*registry.Record, error) {
+func (c *Control) Versions(ctx context.Context, name string) (*api.Record, error) {
 	e := c.e
 	rec, err := e.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
@@ -23,24 +24,24 @@ func (c *Control) Versions(ctx context.Context, name string) (*registry.Record, 
 
 // Rollback makes an earlier (or later) version of name current. In-flight
 // requests finish on the version they started on.
-func (c *Control) Rollback(ctx context.Context, name, version string) (FunctionInfo, error) {
+func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {
 	e := c.e
 	rv, err := e.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
-		return FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
+		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
 	case errors.Is(err, registry.ErrNoVersion) && len(version) < 8:
-		return FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q: give a version id or a unique prefix of at least 8 characters (plover versions %s)", name, version, name)
+		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q: give a version id or a unique prefix of at least 8 characters (plover versions %s)", name, version, name)
 	case errors.Is(err, registry.ErrNoVersion):
-		return FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
+		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
 	case errors.Is(err, registry.ErrConflict):
-		return FunctionInfo{}, errorf(KindConflict, err, "rollback %s: %s", name, err.Error())
+		return api.FunctionInfo{}, errorf(KindConflict, err, "rollback %s: %s", name, err.Error())
 	case err != nil:
-		return FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
+		return api.FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}
 	f, _ := e.switchTo(name, rv, 0)
 	if f == nil {
-		return FunctionInfo{}, errorf(KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
+		return api.FunctionInfo{}, errorf(KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
 	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
@@ -77,7 +78,7 @@ func (e *Engine) Refresh(ctx context.Context) error {
 			continue
 		}
 		if err == nil {
-			var cv registry.Version
+			var cv api.Version
 			if cv, err = rec.CurrentVersion(); err == nil {
 				f, changed := e.switchTo(name, cv, at)
 				if changed {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
@@ -97,7 +98,7 @@ func TestDeployUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deploy := func(body []byte, force bool) engine.FunctionInfo {
+	deploy := func(body []byte, force bool) api.FunctionInfo {
 		t.Helper()
 		fi, err := e.Control().Deploy(ctx, "fn", bytes.NewReader(body), force)
 		if err != nil {

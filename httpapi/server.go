@@ -25,26 +25,26 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
-	"github.com/plover-run/plover/registry"
 )
 
 // Invoker runs requests: the request path (engine.Engine).
 type Invoker interface {
 	Invoke(ctx context.Context, name string, req *engine.Request) error
-	Health() (bool, []engine.DeviceHealth)
+	Health() (bool, []api.DeviceHealth)
 }
 
 // Admin changes and describes what is deployed: the control plane
 // (engine.Control).
 type Admin interface {
-	Deploy(ctx context.Context, name string, body io.Reader, force bool) (engine.FunctionInfo, error)
-	Function(ctx context.Context, name string) (engine.FunctionInfo, error)
-	Functions(ctx context.Context) ([]engine.FunctionInfo, error)
+	Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error)
+	Function(ctx context.Context, name string) (api.FunctionInfo, error)
+	Functions(ctx context.Context) ([]api.FunctionInfo, error)
 	Delete(ctx context.Context, name string) error
-	Versions(ctx context.Context, name string) (*registry.Record, error)
-	Rollback(ctx context.Context, name, version string) (engine.FunctionInfo, error)
+	Versions(ctx context.Context, name string) (*api.Record, error)
+	Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error)
 	GC(ctx context.Context, grace time.Duration) ([]string, error)
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
@@ -238,7 +239,7 @@ func TestManagementEndpoints(t *testing.T) {
 		t.Fatalf("healthz %d %s", resp.StatusCode, body)
 	}
 	resp, body = testkit.Post(t, "GET", base+"/v1/functions", "", nil)
-	var list struct{ Functions []engine.FunctionInfo }
+	var list struct{ Functions []api.FunctionInfo }
 	if resp.StatusCode != 200 || json.Unmarshal(body, &list) != nil || len(list.Functions) != 2 || list.Functions[0].Name != "echo" {
 		t.Fatalf("list %d %s", resp.StatusCode, body)
 	}

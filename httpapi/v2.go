@@ -17,8 +17,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/engine"
-	"github.com/plover-run/plover/registry"
 )
 
 // The Open Inference Protocol (KServe v2) over HTTP/REST: health, server and
@@ -29,7 +29,7 @@ import (
 // Describer gives a function's current version without loading it
 // (engine.Engine).
 type Describer interface {
-	Current(ctx context.Context, name string) (registry.Version, error)
+	Current(ctx context.Context, name string) (api.Version, error)
 }
 
 var pathV2 = []byte("/v2")
@@ -266,7 +266,7 @@ func (vc *v2Call) trim() {
 
 var hdrInferHeaderLen = []byte("Inference-Header-Content-Length")
 
-func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur registry.Version, ts *abi.Tensors) {
+func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur api.Version, ts *abi.Tensors) {
 	vc := v2Calls.Get().(*v2Call)
 	defer func() {
 		vc.trim()

@@ -18,41 +18,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/objectstore"
 )
-
-// Version is one immutable deploy of a function.
-type Version struct {
-	ID      string    `json:"id"`
-	SHA256  string    `json:"sha256"`
-	Size    int64     `json:"size"`
-	Created time.Time `json:"created"`
-	// MinInstances copies the manifest's min_instances so that a starting
-	// server can tell which functions to pre-warm without fetching every
-	// bundle in the store.
-	MinInstances int `json:"min_instances,omitempty"`
-	// Tensors copies the manifest's tensor declaration, so that /v2 model
-	// metadata needs no bundle fetch.
-	Tensors *abi.Tensors `json:"tensors,omitempty"`
-}
-
-// Record is a function's entry in the store.
-type Record struct {
-	Name     string    `json:"name"`
-	Current  string    `json:"current"`
-	Versions []Version `json:"versions"`
-}
-
-// CurrentVersion returns the version Current names.
-func (r *Record) CurrentVersion() (Version, error) {
-	for _, v := range r.Versions {
-		if v.ID == r.Current {
-			return v, nil
-		}
-	}
-	return Version{}, fmt.Errorf("function %s: record names current version %q, which it does not list", r.Name, r.Current)
-}
 
 // ErrNoFunction is returned (wrapped) for a function without a record.
 var ErrNoFunction = errors.New("no such function")
@@ -65,7 +34,7 @@ func recordKey(name string) string { return recordPrefix + name + ".json" }
 type Registry struct{ Store objectstore.Store }
 
 // GetTagged reads a function's record and its version tag (the ETag).
-func (g Registry) GetTagged(ctx context.Context, name string) (*Record, string, error) {
+func (g Registry) GetTagged(ctx context.Context, name string) (*api.Record, string, error) {
 	return g.getTagged(ctx, name)
 }
 
@@ -85,14 +54,14 @@ func (g Registry) Tags(ctx context.Context) (map[string]string, error) {
 }
 
 // Get reads a function's record.
-func (g Registry) Get(ctx context.Context, name string) (*Record, error) {
+func (g Registry) Get(ctx context.Context, name string) (*api.Record, error) {
 	r, _, err := g.getTagged(ctx, name)
 	return r, err
 }
 
 // getTagged reads a record and the ETag its next write is conditioned on,
 // again if it was replaced while being read.
-func (g Registry) getTagged(ctx context.Context, name string) (*Record, string, error) {
+func (g Registry) getTagged(ctx context.Context, name string) (*api.Record, string, error) {
 	for attempt := 0; ; attempt++ {
 		r, tag, err := g.readTagged(ctx, name)
 		if !errors.Is(err, objectstore.ErrPrecondition) || attempt == casAttempts {
@@ -101,7 +70,7 @@ func (g Registry) getTagged(ctx context.Context, name string) (*Record, string, 
 	}
 }
 
-func (g Registry) readTagged(ctx context.Context, name string) (*Record, string, error) {
+func (g Registry) readTagged(ctx context.Context, name string) (*api.Record, string, error) {
 	if !abi.ValidName(name) {
 		return nil, "", fmt.Errorf("function %q: %w", name, ErrNoFunction)
 	}
@@ -113,7 +82,7 @@ func (g Registry) readTagged(ctx context.Context, name string) (*Record, string,
 		return nil, "", fmt.Errorf("function %s: %w", name, err)
 	}
 	defer rc.Close()
-	var r Record
+	var r api.Record
 	if err := json.NewDecoder(io.LimitReader(rc, 8<<20)).Decode(&r); err != nil {
 		if errors.Is(err, objectstore.ErrPrecondition) {
 			return nil, "", err
@@ -138,7 +107,7 @@ const casAttempts = 32
 // it back only if nobody wrote it since it was read, retrying otherwise:
 // concurrent deploys and rollbacks from any number of servers and clients
 // all land. change returns the record to write, or nil to write nothing.
-func (g Registry) update(ctx context.Context, name string, change func(*Record) (*Record, error)) (*Record, error) {
+func (g Registry) update(ctx context.Context, name string, change func(*api.Record) (*api.Record, error)) (*api.Record, error) {
 	for attempt := 0; attempt < casAttempts; attempt++ {
 		r, tag, err := g.getTagged(ctx, name)
 		if errors.Is(err, ErrNoFunction) {
@@ -173,12 +142,12 @@ func (g Registry) update(ctx context.Context, name string, change func(*Record) 
 }
 
 // List reads every record, sorted by name.
-func (g Registry) List(ctx context.Context) ([]*Record, error) {
+func (g Registry) List(ctx context.Context) ([]*api.Record, error) {
 	infos, err := g.Store.List(ctx, recordPrefix)
 	if err != nil {
 		return nil, err
 	}
-	var out []*Record
+	var out []*api.Record
 	for _, in := range infos {
 		name := strings.TrimSuffix(strings.TrimPrefix(in.Key, recordPrefix), ".json")
 		r, err := g.Get(ctx, name)
@@ -199,7 +168,7 @@ func (g Registry) List(ctx context.Context) ([]*Record, error) {
 // Unless force is set, a bundle equal to the current version's (same
 // sha256) creates no version: the current one is returned with created
 // false (its object is still stored again if missing or damaged).
-func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool) (v Version, created bool, err error) {
+func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool) (v api.Version, created bool, err error) {
 	name := m.Name
 
 	// Bundles are content-addressed, so an object already there is reused;
@@ -209,24 +178,24 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 	info, err := g.Store.Stat(ctx, key)
 	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && info.Size != size) {
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
-			return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+			return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
-		return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+		return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
 	} else if err := g.Store.Touch(ctx, key); errors.Is(err, objectstore.ErrNotFound) {
 		// Deleted since the Stat: store it again.
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
-			return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+			return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
 		// Reused: its grace starts again, so that a delete or gc that read
 		// the records before this deploy's record lands keeps it.
-		return Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+		return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
 	}
-	var unchanged *Version
-	_, err = g.update(ctx, name, func(r *Record) (*Record, error) {
+	var unchanged *api.Version
+	_, err = g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
 		if r == nil {
-			r = &Record{Name: name}
+			r = &api.Record{Name: name}
 		}
 		// After the object step, so that an unchanged deploy still
 		// repairs a missing or damaged bundle object.
@@ -235,13 +204,13 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 			return nil, nil
 		}
 		unchanged = nil
-		v = Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, Tensors: m.Tensors}
+		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, Tensors: m.Tensors}
 		r.Versions = append(r.Versions, v)
 		r.Current = v.ID
 		return r, nil
 	})
 	if err != nil {
-		return Version{}, false, err
+		return api.Version{}, false, err
 	}
 	if unchanged != nil {
 		return *unchanged, false, nil
@@ -250,7 +219,7 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 	// one landed and removed the bundle as unused (its grace protects a
 	// bundle touched or written just now; this covers a shorter grace).
 	if err := g.ensureBundle(ctx, key, bundleBytes, size); err != nil {
-		return Version{}, false, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
+		return api.Version{}, false, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
 	}
 	return v, true, nil
 }
@@ -316,9 +285,9 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 }
 
 // SetCurrent makes an existing version current (a rollback or roll-forward).
-func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (Version, error) {
-	var found Version
-	_, err := g.update(ctx, name, func(r *Record) (*Record, error) {
+func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.Version, error) {
+	var found api.Version
+	_, err := g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
 		if r == nil {
 			return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 		}

@@ -31,8 +31,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/auth"
-	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/minio"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -157,7 +157,7 @@ func TestFunctionAffinity(t *testing.T) {
 		}
 		return r
 	}
-	stats := func(node int, name string) engine.FunctionInfo {
+	stats := func(node int, name string) api.FunctionInfo {
 		t.Helper()
 		req, _ := http.NewRequest("GET", nodes[node].url+"/v1/functions/"+name, nil)
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -166,15 +166,15 @@ func TestFunctionAffinity(t *testing.T) {
 			t.Fatalf("stats of %s on node %d: %v", name, node, err)
 		}
 		defer resp.Body.Close()
-		var fi engine.FunctionInfo
+		var fi api.FunctionInfo
 		if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || json.Unmarshal(b, &fi) != nil {
 			t.Fatalf("stats of %s on node %d: %d %.300q", name, node, resp.StatusCode, b)
 		}
 		return fi
 	}
 	// counts reads every live node's counters for name.
-	counts := func(name string, live []int) map[int]engine.FunctionInfo {
-		m := map[int]engine.FunctionInfo{}
+	counts := func(name string, live []int) map[int]api.FunctionInfo {
+		m := map[int]api.FunctionInfo{}
 		for _, n := range live {
 			m[n] = stats(n, name)
 		}
@@ -382,7 +382,7 @@ func sum(v []int) int {
 	return s
 }
 
-func summarize(m map[int]engine.FunctionInfo) map[int]string {
+func summarize(m map[int]api.FunctionInfo) map[int]string {
 	out := map[int]string{}
 	for n, fi := range m {
 		out[n] = fmt.Sprintf("cold=%d warm=%d hot=%d requests=%d errors=%d", fi.Cold, fi.Warm, fi.Hot, fi.Requests, fi.Errors)

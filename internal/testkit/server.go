@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
@@ -70,7 +71,7 @@ func ServeWith(t testing.TB, srv *httpapi.Server) string {
 }
 
 // Deploy packs dir and deploys it through e under its manifest name.
-func Deploy(t testing.TB, e *engine.Engine, dir string) engine.FunctionInfo {
+func Deploy(t testing.TB, e *engine.Engine, dir string) api.FunctionInfo {
 	t.Helper()
 	b, _, m, err := bundle.PackBytes(dir)
 	if err != nil {
@@ -107,7 +108,7 @@ func Post(t testing.TB, method, url, contentType string, body []byte) (*http.Res
 // WaitFor polls function name on e until cond holds (busy instances, queue
 // depth, ...), so tests order concurrent requests by observed state rather
 // than by sleeping. It fails the test after 10 s.
-func WaitFor(t testing.TB, e *engine.Engine, name string, what string, cond func(engine.FunctionInfo) bool) {
+func WaitFor(t testing.TB, e *engine.Engine, name string, what string, cond func(api.FunctionInfo) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -122,6 +123,6 @@ func WaitFor(t testing.TB, e *engine.Engine, name string, what string, cond func
 }
 
 // Busy is a WaitFor condition: n busy instances and q queued requests.
-func Busy(n, q int) func(engine.FunctionInfo) bool {
-	return func(fi engine.FunctionInfo) bool { return fi.Busy == n && fi.Queue == q }
+func Busy(n, q int) func(api.FunctionInfo) bool {
+	return func(fi api.FunctionInfo) bool { return fi.Busy == n && fi.Queue == q }
 }

@@ -1,0 +1,97 @@
+// Package api holds the types Plover puts on the wire: what the server's
+// management routes return and what the CLI and other clients decode.
+// openapi.yaml in this directory describes the same shapes for clients in
+// other languages (openapi_test.go checks it against a running server).
+//
+// The server (httpapi, engine, registry) and the CLI import this package and
+// nothing of each other, so a client never links the engine.
+package api
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// FunctionInfo is what GET /v1/functions shows about a function.
+type FunctionInfo struct {
+	Name     string        `json:"name"`
+	Version  string        `json:"version"`
+	SHA256   string        `json:"sha256"`
+	Size     int64         `json:"bundle_bytes"`
+	Created  time.Time     `json:"created"`
+	Versions int           `json:"versions"`
+	Loaded   bool          `json:"loaded"`
+	Manifest *abi.Manifest `json:"manifest,omitempty"`
+	Busy     int           `json:"instances_busy"`
+	Idle     int           `json:"instances_idle"`
+	Queue    int           `json:"queue_depth"`
+	Memory   int64         `json:"device_memory_bytes"`
+	MeanUs   int64         `json:"mean_latency_us"`
+	Requests int64         `json:"requests"`
+	Errors   int64         `json:"errors"`
+	Cold     int64         `json:"cold_starts"`
+	Warm     int64         `json:"warm_starts"`
+	Hot      int64         `json:"hot_starts"`
+	// Workers are the processes the current version runs in (with
+	// --isolation process): one per device it is loaded on.
+	Workers []WorkerInfo `json:"workers,omitempty"`
+	// Unchanged: a deploy found the bundle equal to the current version
+	// and created none.
+	Unchanged bool `json:"unchanged,omitempty"`
+}
+
+// WorkerInfo is a process a function's current version runs in, on one
+// device.
+type WorkerInfo struct {
+	Device   string `json:"device"`
+	PID      int    `json:"pid"`
+	RSSBytes int64  `json:"resident_bytes"`
+	Threads  int    `json:"threads"`
+}
+
+// DeviceHealth is one device's state for /healthz.
+type DeviceHealth struct {
+	Name     string `json:"name"`
+	Target   string `json:"target"`
+	Healthy  bool   `json:"healthy"`
+	Error    string `json:"error,omitempty"`
+	MemTotal int64  `json:"mem_total_bytes"`
+	MemFree  int64  `json:"mem_free_bytes"`
+	MemUsed  int64  `json:"mem_used_bytes"`
+}
+
+// Version is one immutable deploy of a function. The store's function
+// records hold the same shape (package registry).
+type Version struct {
+	ID      string    `json:"id"`
+	SHA256  string    `json:"sha256"`
+	Size    int64     `json:"size"`
+	Created time.Time `json:"created"`
+	// MinInstances copies the manifest's min_instances so that a starting
+	// server can tell which functions to pre-warm without fetching every
+	// bundle in the store.
+	MinInstances int `json:"min_instances,omitempty"`
+	// Tensors copies the manifest's tensor declaration, so that /v2 model
+	// metadata needs no bundle fetch.
+	Tensors *abi.Tensors `json:"tensors,omitempty"`
+}
+
+// Record is a function's versions and which one is current: its entry in
+// the store and what GET /v1/functions/{name}/versions returns.
+type Record struct {
+	Name     string    `json:"name"`
+	Current  string    `json:"current"`
+	Versions []Version `json:"versions"`
+}
+
+// CurrentVersion returns the version Current names.
+func (r *Record) CurrentVersion() (Version, error) {
+	for _, v := range r.Versions {
+		if v.ID == r.Current {
+			return v, nil
+		}
+	}
+	return Version{}, fmt.Errorf("function %s: record names current version %q, which it does not list", r.Name, r.Current)
+}
