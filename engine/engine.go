@@ -187,17 +187,55 @@ func (s *stats) count(start Start) {
 }
 
 // Invoke runs one request on the current version of function name.
-func (e *Engine) Invoke(ctx context.Context, name string, req *Request) (err error) {
+func (e *Engine) Invoke(ctx context.Context, name string, req *Request) error {
 	t0 := time.Now()
-	deadline := req.Deadline
-	if deadline.IsZero() {
-		deadline = t0.Add(e.cfg.Timeout)
-	}
 	f, v, err := e.resolve(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer v.unref()
+	return e.invoke(ctx, f, v, req, t0)
+}
+
+// Pin is a function's version resolved once and held for one call: a
+// caller that reads the version (its tensors, its id) before running it
+// runs that very version, whatever deploys happen meanwhile. A pinned
+// version that a deploy replaced still serves the call, as any request in
+// flight finishes on the version it started on.
+type Pin struct {
+	e *Engine
+	f *function
+	v *version
+}
+
+// Pin resolves name's current version, without loading it, and holds it
+// until Release. Every successful Pin must be released.
+func (e *Engine) Pin(ctx context.Context, name string) (Pin, error) {
+	f, v, err := e.resolve(ctx, name)
+	if err != nil {
+		return Pin{}, err
+	}
+	return Pin{e, f, v}, nil
+}
+
+// Version is the pinned version's record.
+func (p Pin) Version() api.Version { return p.v.rec }
+
+// Invoke runs one request on the pinned version.
+func (p Pin) Invoke(ctx context.Context, req *Request) error {
+	return p.e.invoke(ctx, p.f, p.v, req, time.Now())
+}
+
+// Release ends the pin.
+func (p Pin) Release() { p.v.unref() }
+
+// invoke runs req on v, a version of f the caller holds a reference on;
+// t0 is when the request reached the engine.
+func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Request, t0 time.Time) (err error) {
+	deadline := req.Deadline
+	if deadline.IsZero() {
+		deadline = t0.Add(e.cfg.Timeout)
+	}
 	f.stats.requests.Add(1)
 	defer func() {
 		if err != nil {

@@ -110,15 +110,3 @@ func (e *Engine) Health() (bool, []api.DeviceHealth) {
 	}
 	return ok, out
 }
-
-// Current is a function's current version, resolved on this node without
-// loading it: what the Open Inference Protocol's metadata and inference
-// describe.
-func (e *Engine) Current(ctx context.Context, name string) (api.Version, error) {
-	_, v, err := e.resolve(ctx, name)
-	if err != nil {
-		return api.Version{}, err
-	}
-	defer v.unref()
-	return v.rec, nil
-}

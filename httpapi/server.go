@@ -32,7 +32,12 @@ import (
 
 // Invoker runs requests: the request path (engine.Engine).
 type Invoker interface {
+	// Invoke runs req on name's current version.
 	Invoke(ctx context.Context, name string, req *engine.Request) error
+	// Pin resolves name's current version once, without loading it, and
+	// holds it until its Release: a route that reads the version (the Open
+	// Inference Protocol lays inputs out by its tensors) runs that version.
+	Pin(ctx context.Context, name string) (engine.Pin, error)
 	Health() (bool, []api.DeviceHealth)
 }
 

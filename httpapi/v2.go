@@ -17,7 +17,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/engine"
 )
 
@@ -25,12 +24,6 @@ import (
 // model metadata, and inference with JSON tensor data or the binary tensor
 // data extension. A function is a model; its versions are Plover's version
 // ids (or their 8+ character prefixes), and only the current one serves.
-
-// Describer gives a function's current version without loading it
-// (engine.Engine).
-type Describer interface {
-	Current(ctx context.Context, name string) (api.Version, error)
-}
 
 var pathV2 = []byte("/v2")
 
@@ -131,11 +124,6 @@ func parseV2Model(rest []byte) (name, version, action string, ok bool) {
 func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string) {
-	d, ok := s.inv.(Describer)
-	if !ok {
-		v2Error(ctx, fasthttp.StatusNotImplemented, "this server cannot describe models")
-		return
-	}
 	want := fasthttp.MethodGet
 	if action == "infer" {
 		want = fasthttp.MethodPost
@@ -143,11 +131,15 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 	if !s.method(ctx, want) {
 		return
 	}
-	cur, err := d.Current(context.Background(), name)
+	// One resolution for the whole request: the version described, whose
+	// tensors lay the inputs out, is the version that runs.
+	pin, err := s.inv.Pin(context.Background(), name)
 	if err != nil {
 		s.v2Fail(ctx, err)
 		return
 	}
+	defer pin.Release()
+	cur := pin.Version()
 	if version != "" && version != cur.ID && !(len(version) >= 8 && strings.HasPrefix(cur.ID, version)) {
 		v2Error(ctx, fasthttp.StatusNotFound, fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID))
 		return
@@ -168,7 +160,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		}
 		writeJSON(ctx, code, map[string]any{"name": name, "ready": ok})
 	case "infer":
-		s.v2Infer(ctx, name, cur, ts)
+		s.v2Infer(ctx, name, pin, ts)
 	}
 }
 
@@ -266,7 +258,7 @@ func (vc *v2Call) trim() {
 
 var hdrInferHeaderLen = []byte("Inference-Header-Content-Length")
 
-func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur api.Version, ts *abi.Tensors) {
+func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, pin engine.Pin, ts *abi.Tensors) {
 	vc := v2Calls.Get().(*v2Call)
 	defer func() {
 		vc.trim()
@@ -307,7 +299,7 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, cur api.Version,
 		return
 	}
 	r.Output = vc.out[:0]
-	err = s.inv.Invoke(context.Background(), name, r)
+	err = pin.Invoke(context.Background(), r)
 	vc.out, r.Input = r.Output, nil
 	if err != nil {
 		code, kind := classify(err) // only here: its errors.As target escapes
