@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,30 +21,15 @@ import (
 )
 
 // checkDir validates a bundle directory before anything is uploaded: the
-// manifest, and the library's ELF headers and exports (no code runs).
+// manifest, then the check the server repeats (loader.CheckBundle; no code
+// runs).
 func checkDir(dir string) (*abi.Manifest, error) {
 	m, err := bundle.ReadManifest(dir)
 	if err != nil {
 		return nil, err
 	}
-	lib := filepath.Join(dir, m.Library)
-	info, err := loader.Inspect(lib)
-	if err != nil {
+	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		return nil, err
-	}
-	if info.Target != m.Target {
-		return nil, &loader.Error{Path: lib, Reason: fmt.Sprintf("built for target %q, but plover.json says \"target\": %q", info.Target, m.Target)}
-	}
-	if err := info.Check(lib, m.Target, abi.Kernels(m.Chain)); err != nil {
-		return nil, err
-	}
-	if err := info.CheckManifest(lib, m); err != nil {
-		return nil, err
-	}
-	if m.Constants != "" {
-		if _, err := os.Stat(filepath.Join(dir, m.Constants)); err != nil {
-			return nil, fmt.Errorf("constants: %w", err)
-		}
 	}
 	return m, nil
 }

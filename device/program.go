@@ -113,13 +113,8 @@ type program struct {
 func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program, error) {
 	m := spec.Manifest
 	kernels := abi.Kernels(m.Chain)
-	path := filepath.Join(spec.Dir, m.Library)
-	lib, err := loader.Open(path, dev.Target(), kernels)
+	lib, err := loader.OpenBundle(spec.Dir, m, dev.Target())
 	if err != nil {
-		return nil, err
-	}
-	if err := lib.Info.CheckManifest(path, m); err != nil {
-		lib.Close()
 		return nil, err
 	}
 	p := &program{dev: dev, lib: lib, ents: NewEntries(lib)}

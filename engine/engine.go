@@ -789,7 +789,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		return api.FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
 	}
 	defer os.RemoveAll(dir)
-	if err := CheckBundleDir(dir, m, name, e.target); err != nil {
+	if err := checkDeploy(dir, m, name, e.target); err != nil {
 		return api.FunctionInfo{}, err
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
@@ -821,24 +821,17 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	return e.info(f, rv, e.versionCount(ctx, name)), nil
 }
 
-// CheckBundleDir checks an unpacked bundle against the name it is deployed
-// under and the node's target, and its library statically.
-func CheckBundleDir(dir string, m *abi.Manifest, name, target string) error {
+// checkDeploy checks an unpacked bundle against the name it is deployed
+// under and the node's target, then as every bundle is checked
+// (loader.CheckBundle).
+func checkDeploy(dir string, m *abi.Manifest, name, target string) error {
 	if m.Name != name {
 		return errorf(KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
 	}
 	if m.Target != target {
 		return errorf(KindInvalid, nil, "target: the bundle is built for %q, this node's device is %q", m.Target, target)
 	}
-	path := filepath.Join(dir, m.Library)
-	info, err := loader.Inspect(path)
-	if err == nil {
-		err = info.Check(m.Library, target, abi.Kernels(m.Chain))
-	}
-	if err == nil {
-		err = info.CheckManifest(m.Library, m)
-	}
-	if err != nil {
+	if _, err := loader.CheckBundle(dir, m, target); err != nil {
 		err = inBundle(err, m.Library)
 		return errorf(KindInvalid, err, "%s", err.Error())
 	}

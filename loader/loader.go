@@ -37,9 +37,10 @@ type Library struct {
 
 var dlMu sync.Mutex
 
-// Open checks path statically (ELF, ABI version, target, the kernels), then
-// dlopens it and resolves the ABI symbols and every kernel. The library's
-// constructors run here.
+// Open checks the library at path statically (ELF, ABI version, target, the
+// kernels), then dlopens it and resolves the ABI symbols and every kernel.
+// The library's constructors run here. A bundle is opened with OpenBundle,
+// which checks the manifest too.
 func Open(path, target string, kernels []string) (*Library, error) {
 	info, err := Inspect(path)
 	if err != nil {
@@ -48,6 +49,11 @@ func Open(path, target string, kernels []string) (*Library, error) {
 	if err := info.Check(path, target, kernels); err != nil {
 		return nil, err
 	}
+	return open(path, info, target, kernels)
+}
+
+// open dlopens a library that passed the static checks of info.
+func open(path string, info *Info, target string, kernels []string) (*Library, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	dlMu.Lock()

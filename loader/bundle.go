@@ -1,0 +1,57 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// CheckBundle is the static check of a bundle directory against its
+// manifest and the target it is to run on, with no bundle code run: the
+// library's ELF headers, ABI version and target, every kernel the chain
+// names is a declared entry, the manifest's "abi" and "batch" agree with
+// the library, and the constants file exists. plover deploy runs it before
+// uploading, the server before storing a bundle, and every program load
+// before dlopen (OpenBundle), so the three cannot drift apart. Errors name
+// the library by its path under dir.
+func CheckBundle(dir string, m *abi.Manifest, target string) (*Info, error) {
+	path := filepath.Join(dir, m.Library)
+	info, err := Inspect(path)
+	if err != nil {
+		return nil, err
+	}
+	if info.Target != m.Target {
+		return nil, &Error{Path: path, Reason: fmt.Sprintf("built for target %q, but plover.json says \"target\": %q", info.Target, m.Target)}
+	}
+	if err := info.Check(path, target, abi.Kernels(m.Chain)); err != nil {
+		return nil, err
+	}
+	if err := info.CheckManifest(path, m); err != nil {
+		return nil, err
+	}
+	if m.Constants != "" {
+		if _, err := os.Stat(filepath.Join(dir, m.Constants)); err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err // the file's name, not where this node keeps it
+			}
+			return nil, fmt.Errorf("constants: %s: %w", m.Constants, err)
+		}
+	}
+	return info, nil
+}
+
+// OpenBundle checks the bundle in dir (CheckBundle), then dlopens its
+// library and resolves the ABI symbols and the chain's kernels, in
+// abi.Kernels order. The library's constructors run here.
+func OpenBundle(dir string, m *abi.Manifest, target string) (*Library, error) {
+	info, err := CheckBundle(dir, m, target)
+	if err != nil {
+		return nil, err
+	}
+	return open(filepath.Join(dir, m.Library), info, target, abi.Kernels(m.Chain))
+}

@@ -1,0 +1,53 @@
+package loader_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/loader"
+)
+
+// CheckBundle is the one static check of deploy, the server and the
+// program load: each refusal names what is wrong.
+func TestCheckBundle(t *testing.T) {
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.KernelsSource(), dir, "kernels.so")
+	if err := os.WriteFile(filepath.Join(dir, "w.bin"), []byte{1, 2, 3, 4}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		change func(m *abi.Manifest)
+		target string
+		want   string // "" accepts
+	}{
+		{"valid", func(m *abi.Manifest) {}, abi.TargetHost, ""},
+		{"valid with constants", func(m *abi.Manifest) { m.Constants = "w.bin" }, abi.TargetHost, ""},
+		{"missing constants", func(m *abi.Manifest) { m.Constants = "gone.bin" }, abi.TargetHost, "constants: gone.bin: no such file"},
+		{"manifest target differs from the library's", func(m *abi.Manifest) { m.Target = abi.TargetCUDA }, abi.TargetHost, `but plover.json says "target": "cuda"`},
+		{"device target differs", func(m *abi.Manifest) {}, abi.TargetCUDA, `the device is "cuda"`},
+		{"unknown kernel", func(m *abi.Manifest) { m.Chain[0].Kernel = "nope" }, abi.TargetHost, `kernel "nope"`},
+		{"abi mismatch", func(m *abi.Manifest) { m.ABI = 1 }, abi.TargetHost, `plover.json says "abi": 1`},
+		{"batch without PLOVER_BATCHED", func(m *abi.Manifest) {
+			m.Batch = &abi.Batch{MaxItems: 2, ItemInputBytes: 4, ItemOutputBytes: 4}
+		}, abi.TargetHost, "does not declare PLOVER_BATCHED"},
+		{"missing library", func(m *abi.Manifest) { m.Library = "gone.so" }, abi.TargetHost, "gone.so"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := testkit.Manifest("fn")
+			tt.change(m)
+			_, err := loader.CheckBundle(dir, m, tt.target)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
