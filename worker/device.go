@@ -1,0 +1,306 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// Options configure a Device.
+type Options struct {
+	Exe      string        // the plover binary; workers run `Exe worker ...`
+	Base     device.Device // the server's own view of the device: name, memory, health
+	Ordinal  int           // which GPU (CUDA)
+	Driver   string        // the CUDA driver library workers open ("": libcuda.so.1)
+	MemLimit int64         // the device budget in bytes, 0: none (passed to workers)
+	Standby  int           // idle workers kept started, device open, per device
+	Drop     *contain.Identity
+	Landlock bool
+	// StageDir holds each worker's stage, the directory its bundle's files
+	// are linked into; on the file system of the bundle cache, so links
+	// work (otherwise the files are copied). Required.
+	StageDir string
+	// MPS starts a worker per program with its limits in the environment
+	// (gpu_share, the memory budget), not from the standby pool.
+	MPS bool
+	// MaxHostMemory is the resident memory a worker may hold (bytes; 0:
+	// no limit) when its manifest sets no max_host_memory_mb.
+	MaxHostMemory int64
+	Spawner       *contain.Spawner
+	Log           *slog.Logger
+}
+
+// Device runs each program in a worker process of its own. It implements
+// device.Device; memory is accounted from the sizes it hands out, since the
+// server itself allocates nothing on the device.
+type Device struct {
+	opts    Options
+	used    atomic.Int64
+	standby chan *proc
+	refill  chan struct{}
+	stop    chan struct{}
+	once    sync.Once
+
+	mu     sync.Mutex
+	procs  map[*proc]struct{}
+	closed bool
+
+	landlockLogged atomic.Bool
+	startFailures  atomic.Int32 // workers in a row that exited before ready
+	lastStartErr   atomic.Value // string: the last one's reason
+	lastStartFail  atomic.Int64 // when (Unix ns)
+}
+
+var _ device.Device = (*Device)(nil)
+
+// NewDevice starts the standby pool and returns the device.
+func NewDevice(opts Options) *Device {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	d := &Device{opts: opts, standby: make(chan *proc, max(opts.Standby, 0)), refill: make(chan struct{}, 1),
+		stop: make(chan struct{}), procs: map[*proc]struct{}{}}
+	if opts.Standby > 0 && !opts.MPS {
+		go d.keepStandby()
+		d.refill <- struct{}{}
+	}
+	go d.watchMemory()
+	return d
+}
+
+func (d *Device) Target() string { return d.opts.Base.Target() }
+func (d *Device) Name() string   { return d.opts.Base.Name() }
+
+// Health is the server's view of the device, and unhealthy too while the
+// last startFailureLimit workers in a row could not open it: a fault that
+// persists across workers is the device's, one that ends a worker is not.
+func (d *Device) Health() error {
+	if err := d.opts.Base.Health(); err != nil {
+		return err
+	}
+	// It lapses a while after the last failure, so that a request (or the
+	// standby pool) tries a worker again and a recovered device comes back.
+	if n := d.startFailures.Load(); n >= startFailureLimit && time.Since(time.Unix(0, d.lastStartFail.Load())) < startFailureHold {
+		why, _ := d.lastStartErr.Load().(string)
+		return fmt.Errorf("%s: %w: the last %d workers could not open it: %s", d.Name(), device.ErrUnhealthy, n, why)
+	}
+	return nil
+}
+
+// startFailureLimit is how many workers in a row must fail to open the
+// device before it is reported unhealthy, for startFailureHold after the
+// last one.
+const (
+	startFailureLimit = 3
+	startFailureHold  = 10 * time.Second
+)
+
+// MemInfo is the device's memory less what this server's workers were
+// given (the server allocates nothing on the device itself).
+func (d *Device) MemInfo() device.MemInfo {
+	b := d.opts.Base.MemInfo()
+	used := d.used.Load()
+	free := min(b.Free, b.Total-used)
+	if free < 0 {
+		free = 0
+	}
+	return device.MemInfo{Total: b.Total, Free: free, Used: used}
+}
+
+// Close stops every worker.
+func (d *Device) Close() error {
+	d.once.Do(func() { close(d.stop) })
+	d.mu.Lock()
+	d.closed = true // spawn kills what it starts from now on
+	procs := make([]*proc, 0, len(d.procs))
+	for p := range d.procs {
+		procs = append(procs, p)
+	}
+	d.mu.Unlock()
+	for _, p := range procs {
+		p.kill("the server is stopping")
+	}
+	// Bounded: their stages go as they are reaped.
+	deadline := time.After(2 * time.Second)
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-deadline:
+			return nil
+		}
+	}
+	return nil
+}
+
+// deviceSelection is the server's device selection, which a worker's
+// ordinal refers to: not secrets, and without them a worker would number
+// the GPUs differently from the server.
+func deviceSelection() []string {
+	var env []string
+	for _, k := range []string{"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// keepStandby refills the pool whenever a worker is taken from it.
+func (d *Device) keepStandby() {
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-d.refill:
+		}
+		for len(d.standby) < cap(d.standby) {
+			p, err := d.spawn(context.Background())
+			if err != nil {
+				d.opts.Log.Error("cannot start a standby worker", "device", d.Name(), "error", err)
+				select {
+				case <-d.stop:
+					return
+				case <-time.After(time.Second):
+				}
+				continue
+			}
+			select {
+			case <-d.stop:
+				p.kill("the server is stopping")
+				return
+			default:
+			}
+			d.standby <- p // never blocks: this goroutine alone fills it, below its capacity
+		}
+	}
+}
+
+// take returns a started worker: a standby one when there is one. The
+// caller refills the pool (d.refillLater) once its load is done.
+func (d *Device) take(ctx context.Context) (*proc, error) {
+	for {
+		select {
+		case p := <-d.standby:
+			if p.alive() {
+				return p, nil
+			}
+			continue
+		default:
+		}
+		return d.spawn(ctx)
+	}
+}
+
+func (d *Device) refillPool() {
+	select {
+	case d.refill <- struct{}{}:
+	default:
+	}
+}
+
+// refillDelay keeps a replacement worker's start (runtime, privilege drop,
+// Landlock, preloads: milliseconds of a core) out of the cold request that
+// took a standby: on a 2-core machine it tripled that request's time.
+const refillDelay = 20 * time.Millisecond
+
+func (d *Device) refillLater() { time.AfterFunc(refillDelay, d.refillPool) }
+
+// Load hands the bundle to a worker, which loads it.
+func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
+	select {
+	case <-d.stop:
+		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
+	default:
+	}
+	mj, err := json.Marshal(spec.Manifest)
+	if err != nil {
+		return nil, err
+	}
+	// The ledger counts what the server knows, not what a worker says.
+	var consts int64
+	if c := spec.Manifest.Constants; c != "" {
+		fi, err := os.Stat(filepath.Join(spec.Dir, c))
+		if err != nil {
+			return nil, fmt.Errorf("constants: %w", err)
+		}
+		consts = fi.Size()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, device.ErrDeadline
+	}
+	var p *proc
+	if d.opts.MPS {
+		p, err = d.spawn(ctx, mpsEnv(spec.Manifest.GPUShare, spec.MemoryBudget, d.opts.Ordinal)...)
+	} else {
+		p, err = d.take(ctx)
+		defer d.refillLater()
+	}
+	if err != nil {
+		return nil, err
+	}
+	limit := d.opts.MaxHostMemory
+	if mb := spec.Manifest.MaxHostMemoryMB; mb > 0 {
+		limit = mb << 20
+	}
+	p.memLimit.Store(limit)
+	if err := stage(spec, p.stage); err != nil {
+		p.kill("its bundle could not be staged")
+		return nil, err
+	}
+	rep, err := p.call(ctx, append([]byte{opLoad}, mj...), nil, "loading the bundle")
+	if err != nil {
+		p.kill("its load failed")
+		return nil, err
+	}
+	if rep[0] != stOK {
+		p.kill("its bundle was refused")
+		return nil, errorOf(rep[0], string(rep[1:]))
+	}
+	d.used.Add(consts)
+	return &program{d: d, p: p, consts: consts, entries: map[string]int32{}}, nil
+}
+
+// stage links the bundle's library and constants into a worker's stage
+// (copies them if the stage is on another file system).
+func stage(spec device.ProgramSpec, dir string) error {
+	for _, name := range []string{spec.Manifest.Library, spec.Manifest.Constants} {
+		if name == "" {
+			continue
+		}
+		src, dst := filepath.Join(spec.Dir, name), filepath.Join(dir, name)
+		if err := os.Link(src, dst); err == nil {
+			continue
+		}
+		if err := copyFile(src, dst); err != nil {
+			return fmt.Errorf("stage %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

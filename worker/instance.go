@@ -1,0 +1,201 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/device"
+)
+
+// instance is one instance in a worker. Its channel is a plain blocking
+// descriptor, not a net.Conn: the request's goroutine waits in ppoll on its
+// own thread and the kernel wakes that thread when the reply lands, instead
+// of a round through the netpoller and the scheduler (measured: the p50 of
+// a hot CNN request and 4-client throughput both improved; BENCHMARKS.md).
+type instance struct {
+	g               *program
+	fd              int
+	slot            []byte
+	maxIn, tmp, out int64
+	msg, rep        []byte
+	// overrun, after a run passed its deadline, receives whether the chain
+	// finished within overrunGrace (true) or the worker was killed.
+	overrun chan bool
+}
+
+// overrunGrace is how long a chain may run past its request's deadline
+// before its worker is killed. The request is answered (504) at the deadline
+// either way; the grace spares the worker's other requests when a chain is
+// merely late, and a stuck kernel still ends within it.
+const overrunGrace = 200 * time.Millisecond
+
+// finish waits out an overrun chain: its reply is discarded.
+func (i *instance) finish(done chan<- bool) {
+	n, err := i.recv(time.Now().Add(overrunGrace))
+	if err == nil && n >= replyHeader && i.rep[0] != stFault {
+		done <- true
+		return
+	}
+	// Late, faulted, or not a reply at all: the worker goes.
+	i.g.p.kill("a chain ran past its request's deadline by more than " + overrunGrace.String())
+	done <- false
+}
+
+// recv waits for the reply until dl (zero: no limit): os.ErrDeadlineExceeded
+// past it, io.EOF when the worker's end closed.
+func (i *instance) recv(dl time.Time) (int, error) {
+	pfd := []unix.PollFd{{Fd: int32(i.fd), Events: unix.POLLIN}}
+	for {
+		var ts *unix.Timespec
+		if !dl.IsZero() {
+			left := time.Until(dl)
+			if left <= 0 {
+				return 0, os.ErrDeadlineExceeded
+			}
+			t := unix.NsecToTimespec(int64(left))
+			ts = &t
+		}
+		n, err := unix.Ppoll(pfd, ts, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			continue // the timeout: the loop's check says so
+		}
+		for {
+			n, err = unix.Read(i.fd, i.rep)
+			if err != unix.EINTR {
+				break
+			}
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func deadlineC(dl time.Time) <-chan time.Time {
+	if dl.IsZero() {
+		return nil
+	}
+	return time.After(time.Until(dl))
+}
+
+func (i *instance) DeviceBytes() int64 { return i.maxIn + i.tmp + i.out }
+
+func (i *instance) Close() {
+	if i.slot == nil {
+		return
+	}
+	if i.overrun != nil { // still finishing: the reader owns the buffers
+		go func(c chan bool, fd int, slot []byte) {
+			<-c
+			unix.Close(fd)
+			unix.Munmap(slot)
+		}(i.overrun, i.fd, i.slot)
+		i.slot = nil
+		i.g.d.used.Add(-i.DeviceBytes())
+		return
+	}
+	unix.Close(i.fd) // the worker frees the instance when it reads EOF
+	unix.Munmap(i.slot)
+	i.slot = nil
+	i.g.d.used.Add(-i.DeviceBytes())
+}
+
+// Run hands one request to the worker: the input into the slot, one message
+// each way, the output out of the slot. Past r.Deadline the worker is
+// killed (a running kernel cannot be stopped otherwise).
+func (i *instance) Run(r *device.Run) error {
+	switch {
+	case i.slot == nil:
+		return errors.New("worker instance: closed")
+	case int64(len(r.Input)) > i.maxIn || int64(len(r.Output)) > i.out || r.TmpLen < 0 || r.TmpLen > i.tmp:
+		return fmt.Errorf("run of %d/%d/%d bytes on an instance of %d/%d/%d", len(r.Input), r.TmpLen, len(r.Output), i.maxIn, i.tmp, i.out)
+	case len(r.Chain) == 0 || len(r.Chain) > (runMsgMax-runHeader)/stepBytes:
+		return fmt.Errorf("chain has %d steps", len(r.Chain))
+	}
+	if i.overrun != nil {
+		// The last run passed its deadline and may still be finishing.
+		select {
+		case ok := <-i.overrun:
+			i.overrun = nil
+			if !ok {
+				return i.g.p.idleExit()
+			}
+		case <-deadlineC(r.Deadline):
+			return device.ErrDeadline
+		}
+	}
+	if !i.g.p.alive() {
+		return i.g.p.idleExit()
+	}
+	copy(i.slot, r.Input)
+	msg := encodeRun(i.msg, r)
+	// One message is ever in flight, so the send never waits; if it would,
+	// the worker stuffed its own channel.
+	if err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil); err != nil {
+		if err == unix.EAGAIN {
+			i.g.p.kill("it filled its instance channel")
+			return i.g.p.failed(err, "running the chain")
+		}
+		// The worker's end is gone: the request never reached it.
+		return i.g.p.idleExit()
+	}
+	n, err := i.recv(r.Deadline)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			i.overrun = make(chan bool, 1)
+			go i.finish(i.overrun)
+			return device.ErrDeadline
+		}
+		return i.g.p.failed(err, "running the chain")
+	}
+	if n < replyHeader {
+		return i.g.p.lost("running the chain")
+	}
+	rep := i.rep[:n]
+	r.Timing = device.Timing{
+		CopyIn:  time.Duration(le.Uint64(rep[1:])),
+		Kernels: time.Duration(le.Uint64(rep[9:])),
+		CopyOut: time.Duration(le.Uint64(rep[17:])),
+	}
+	switch rep[0] {
+	case stOK:
+		// The worker runs bundle code: its word on the length is bounded.
+		n := le.Uint64(rep[25:])
+		if n > uint64(len(r.Output)) {
+			i.g.p.kill(fmt.Sprintf("it reported %d output bytes of %d", n, len(r.Output)))
+			return i.g.p.lost("running the chain")
+		}
+		r.OutLen = int64(copy(r.Output, i.slot[i.maxIn:i.maxIn+int64(n)]))
+		return nil
+	case stFault:
+		ke := &device.KernelError{Msg: string(rep[replyHeader:])}
+		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
+	}
+	return errorOf(rep[0], string(rep[replyHeader:]))
+}
+
+// faultError is a chain that faulted the worker's device context for good:
+// the request failed like any kernel failure, and the worker is gone.
+type faultError struct {
+	ke   *device.KernelError
+	exit error
+}
+
+func (e *faultError) Error() string { return e.ke.Error() }
+
+func (e *faultError) Unwrap() []error { return []error{e.ke, e.exit} }

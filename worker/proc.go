@@ -1,0 +1,323 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// proc is one worker process: its control channel, its reaping, and the
+// reason it ended.
+type proc struct {
+	d        *Device
+	pid      int
+	ctl      *net.UnixConn
+	ctlTok   chan struct{} // one control call at a time
+	buf      []byte
+	done     chan struct{} // closed once the process is reaped; reason is set
+	reason   string
+	killed   atomic.Pointer[string] // why the server stopped it
+	memLimit atomic.Int64           // resident bytes it may hold; 0: none
+	said     chan string            // its first line of output (then closed)
+
+	// exited is set, under mu, once the process has exited and its pid
+	// may be reused: no signal may be sent to it after that.
+	mu     sync.Mutex
+	exited bool
+	stage  string // removed when the process is gone
+}
+
+// spawn starts a worker; env is added to its (otherwise empty) environment.
+func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("start worker: socketpair: %w", err)
+	}
+	theirs := os.NewFile(uintptr(fds[1]), "worker-control")
+	ours := os.NewFile(uintptr(fds[0]), "worker-control")
+	defer theirs.Close()
+	fc, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	ctl := fc.(*net.UnixConn)
+	stageDir, err := os.MkdirTemp(d.opts.StageDir, "worker-*")
+	if err == nil {
+		err = os.Chmod(stageDir, 0o755) // readable by --worker-user
+	}
+	var stageF *os.File
+	if err == nil {
+		stageF, err = os.Open(stageDir)
+	}
+	if err != nil {
+		ctl.Close()
+		os.RemoveAll(stageDir)
+		return nil, fmt.Errorf("start worker: stage: %w", err)
+	}
+	defer stageF.Close()
+	args := []string{"worker", "--device", d.Target(), "--ordinal", strconv.Itoa(d.opts.Ordinal),
+		"--memory-limit", strconv.FormatInt(d.opts.MemLimit, 10), "--parent", strconv.Itoa(os.Getpid())}
+	if d.opts.Drop != nil {
+		args = append(args, "--user", d.opts.Drop.String())
+	}
+	if d.opts.Driver != "" {
+		args = append(args, "--driver", d.opts.Driver)
+	}
+	if d.opts.Landlock {
+		args = append(args, "--landlock")
+	}
+	cmd := exec.Command(d.opts.Exe, args...)
+	// Nothing of the server's environment: no credentials, no settings.
+	cmd.Env = append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, deviceSelection()...), env...)
+	cmd.ExtraFiles = []*os.File{theirs, stageF} // fds 3 and 4: ctlFD, stageFD
+	// A pipe of our own rather than an io.Writer: Wait must not wait for
+	// a forked grandchild that keeps stderr open.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		ctl.Close()
+		os.RemoveAll(stageDir)
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	cmd.Stderr = pw
+	// Go opens its descriptors close-on-exec, C code (a driver) may not:
+	// mark them all, so a worker inherits nothing but its ExtraFiles.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		d.opts.Log.Warn("cannot mark descriptors close-on-exec; a worker may inherit some", "error", err)
+	}
+	err = d.opts.Spawner.Start(cmd)
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		ctl.Close()
+		os.RemoveAll(stageDir)
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax),
+		done: make(chan struct{}), said: make(chan string, 1), stage: stageDir}
+	d.mu.Lock()
+	closed := d.closed
+	d.procs[p] = struct{}{}
+	d.mu.Unlock()
+	go p.logStderr(pr)
+	go p.wait(cmd)
+	if closed {
+		p.kill("the server is stopping")
+		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
+	}
+	// Ready: the worker contained itself and opened its device.
+	if dl, ok := ctx.Deadline(); ok {
+		ctl.SetReadDeadline(dl)
+	} else {
+		ctl.SetReadDeadline(time.Now().Add(30 * time.Second))
+	}
+	n, err := ctl.Read(p.buf)
+	ctl.SetReadDeadline(time.Time{})
+	if err != nil || n != 6 || p.buf[0] != opReady {
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			p.kill("it did not start in time")
+			return nil, fmt.Errorf("start worker: %w", device.ErrDeadline)
+		}
+		err := p.startFailure()
+		d.lastStartErr.Store(err.Error())
+		d.lastStartFail.Store(time.Now().UnixNano())
+		d.startFailures.Add(1)
+		return nil, err
+	}
+	d.startFailures.Store(0)
+	if d.opts.Landlock && p.buf[5] == 0 && d.landlockLogged.CompareAndSwap(false, true) {
+		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
+	}
+	return p, nil
+}
+
+// startFailure is the error of a worker that ended before it was ready,
+// with what it said about why (a device it could not open, say): an
+// operator reads it in the request's error and in /healthz, not only in
+// the server's log.
+func (p *proc) startFailure() error {
+	err := p.lost("starting")
+	select {
+	case line, ok := <-p.said:
+		if pe, isExit := err.(*device.ProcessExit); ok && isExit && line != "" {
+			pe.Reason += " (it said: " + line + ")"
+		}
+	case <-time.After(200 * time.Millisecond): // it said nothing
+	}
+	return err
+}
+
+// logStderr passes the first lines a worker writes to the server log (its
+// own start-up errors, or what a crashing bundle printed) and drops the rest:
+// a bundle must not be able to flood the server's log.
+func (p *proc) logStderr(r io.ReadCloser) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	for lines := 0; lines < 20 && sc.Scan(); lines++ {
+		if lines == 0 {
+			p.said <- sc.Text()
+			close(p.said)
+		}
+		p.d.opts.Log.Warn("worker output", "pid", p.pid, "line", sc.Text())
+	}
+	// Keep reading, or a worker that writes more would die of SIGPIPE.
+	io.Copy(io.Discard, r)
+}
+
+func (p *proc) wait(cmd *exec.Cmd) {
+	// Wait for the exit without reaping, so the pid (and group id) cannot
+	// be reused while kill may still signal it; then kill what it forked.
+	var info unix.Siginfo
+	for {
+		if err := unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != unix.EINTR {
+			break
+		}
+	}
+	p.mu.Lock()
+	contain.KillGroup(p.pid)
+	p.exited = true
+	p.mu.Unlock()
+	err := cmd.Wait()
+	os.RemoveAll(p.stage)
+	p.reason = exitReason(cmd.ProcessState, err)
+	if why := p.killed.Load(); why != nil {
+		p.reason = "was stopped by the server (" + *why + ")"
+	}
+	p.ctl.Close()
+	p.d.mu.Lock()
+	delete(p.d.procs, p)
+	p.d.mu.Unlock()
+	close(p.done)
+}
+
+func exitReason(ps *os.ProcessState, err error) string {
+	if ps == nil {
+		return "could not be waited for: " + err.Error()
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case ok && ws.Signaled():
+		sig := ws.Signal()
+		return fmt.Sprintf("was killed by signal %s (%s)", unix.SignalName(sig), sig.String())
+	case ps.ExitCode() == exitChannel:
+		return fmt.Sprintf("exited with status %d (a channel to the server broke: the bundle closed or damaged it)", exitChannel)
+	case ps.ExitCode() == exitFault:
+		return fmt.Sprintf("exited with status %d (its device context faulted)", exitFault)
+	}
+	return fmt.Sprintf("exited with status %d", ps.ExitCode())
+}
+
+// idleExit is the error of a run whose worker died before the run reached it.
+func (p *proc) idleExit() error {
+	p.end("an instance of it was lost")
+	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true}
+}
+
+func (p *proc) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill stops the worker and everything it started; the first reason given
+// is the one reported.
+func (p *proc) kill(why string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited {
+		return
+	}
+	p.killed.CompareAndSwap(nil, &why)
+	contain.KillGroup(p.pid)
+}
+
+// lost is the error of a channel that broke: the process died (or is made
+// to), and the error says how.
+func (p *proc) lost(during string) error {
+	p.end("it closed its channel to the server")
+	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: during}
+}
+
+// end waits for the process to be gone, killing it (for why) if it does not
+// go by itself within a moment.
+func (p *proc) end(why string) {
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Second):
+		p.kill(why)
+		<-p.done
+	}
+}
+
+// failed turns a channel error into the run's error.
+func (p *proc) failed(err error, during string) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		p.kill("the request's deadline passed while " + during)
+		return device.ErrDeadline
+	}
+	return p.lost(during)
+}
+
+// call sends one control message (with descriptors) and returns the reply,
+// within ctx's deadline; past it the worker is killed.
+func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) ([]byte, error) {
+	if _, ok := ctx.Deadline(); !ok { // a pre-warm, say: still bounded
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, maxControlWait)
+		defer cancel()
+	}
+	select {
+	case p.ctlTok <- struct{}{}:
+	default:
+		select {
+		case p.ctlTok <- struct{}{}:
+		case <-ctx.Done():
+			return nil, device.ErrDeadline
+		}
+	}
+	defer func() { <-p.ctlTok }()
+	dl, _ := ctx.Deadline()
+	p.ctl.SetDeadline(dl)
+	// Cancellation, too, ends the wait (as a deadline).
+	defer context.AfterFunc(ctx, func() { p.ctl.SetDeadline(time.Now()) })()
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := p.ctl.WriteMsgUnix(msg, oob, nil); err != nil {
+		return nil, p.failed(err, during)
+	}
+	n, err := p.ctl.Read(p.buf)
+	if err != nil {
+		return nil, p.failed(err, during)
+	}
+	if n == 0 {
+		return nil, p.lost(during)
+	}
+	return append([]byte(nil), p.buf[:n]...), nil
+}
+
+// instanceGrace is how long past its request's deadline an instance
+// creation may take before its worker is stopped.
+const instanceGrace = 2 * time.Second
+
+// maxControlWait bounds a control call whose context has no deadline.
+const maxControlWait = time.Minute

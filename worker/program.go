@@ -1,0 +1,146 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/device"
+)
+
+// program is a bundle loaded in a worker process, seen from the server:
+// device.Program over the worker's control channel.
+type program struct {
+	d      *Device
+	p      *proc
+	consts int64
+	closed atomic.Bool
+
+	mu      sync.Mutex
+	entries map[string]int32
+}
+
+// PID is the worker process's.
+func (g *program) PID() int { return g.p.pid }
+
+// Alive is false once the worker process is gone.
+func (g *program) Alive() bool { return g.p.alive() }
+
+func (g *program) ConstantsBytes() int64 { return g.consts }
+
+func (g *program) Entry(kernel string) (int32, error) {
+	g.mu.Lock()
+	i, ok := g.entries[kernel]
+	g.mu.Unlock()
+	if ok {
+		return i, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rep, err := g.p.call(ctx, append([]byte{opEntry}, kernel...), nil, "resolving an entry point")
+	if err != nil {
+		return 0, err
+	}
+	if len(rep) < 5 {
+		return 0, fmt.Errorf("worker %d: malformed entry reply", g.p.pid)
+	}
+	if rep[0] != stOK {
+		return 0, errorOf(rep[0], string(rep[5:]))
+	}
+	i = int32(le.Uint32(rep[1:]))
+	g.mu.Lock()
+	g.entries[kernel] = i
+	g.mu.Unlock()
+	return i, nil
+}
+
+func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error) {
+	if cfg.MaxInput < 0 || cfg.Tmp < 0 || cfg.Out < 0 {
+		return nil, fmt.Errorf("instance sizes %d/%d/%d", cfg.MaxInput, cfg.Tmp, cfg.Out)
+	}
+	size := cfg.MaxInput + cfg.Out
+	if size == 0 {
+		size = 1
+	}
+	memfd, slot, err := newSlot(size)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(memfd)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		unix.Munmap(slot)
+		return nil, fmt.Errorf("instance channel: %w", err)
+	}
+	msg := []byte{opNewInstance}
+	msg = le.AppendUint64(msg, uint64(cfg.MaxInput))
+	msg = le.AppendUint64(msg, uint64(cfg.Tmp))
+	msg = le.AppendUint64(msg, uint64(cfg.Out))
+	// The bundle's plover_instance_init runs in there: bounded by the
+	// request's deadline plus a grace (a creation merely slowed by load
+	// must not cost the worker, which serves other instances), then the
+	// worker is stopped and the request times out.
+	dl := time.Now().Add(30 * time.Second)
+	if !cfg.Deadline.IsZero() {
+		dl = cfg.Deadline.Add(instanceGrace)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), dl)
+	defer cancel()
+	rep, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
+	if err != nil && ctx.Err() != nil && !errors.Is(err, device.ErrDeadline) {
+		err = fmt.Errorf("%w: %v", device.ErrDeadline, err)
+	}
+	unix.Close(fds[1])
+	if err == nil && rep[0] != stOK {
+		err = errorOf(rep[0], string(rep[1:]))
+	}
+	if err != nil {
+		unix.Close(fds[0])
+		unix.Munmap(slot)
+		return nil, err
+	}
+	bytes := cfg.MaxInput + cfg.Tmp + cfg.Out
+	g.d.used.Add(bytes)
+	return &instance{g: g, fd: fds[0], slot: slot, maxIn: cfg.MaxInput, tmp: cfg.Tmp, out: cfg.Out,
+		msg: make([]byte, runMsgMax), rep: make([]byte, replyMax)}, nil
+}
+
+// newSlot is an instance's shared memory: a memfd of size bytes, sealed at
+// that size, and the server's mapping of it. Sealed, because a worker that
+// truncated it would make the server's next copy into the mapping fault
+// (SIGBUS) and take the server down.
+func newSlot(size int64) (int, []byte, error) {
+	memfd, err := unix.MemfdCreate("plover-slot", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("instance slot: %w", err)
+	}
+	if err := unix.Ftruncate(memfd, size); err != nil {
+		unix.Close(memfd)
+		return -1, nil, fmt.Errorf("instance slot of %d bytes: %w", size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(memfd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(memfd)
+		return -1, nil, fmt.Errorf("instance slot: seal: %w", err)
+	}
+	slot, err := unix.Mmap(memfd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(memfd)
+		return -1, nil, fmt.Errorf("instance slot of %d bytes: %w", size, err)
+	}
+	return memfd, slot, nil
+}
+
+// Close stops the worker: whatever the bundle started goes with it.
+func (g *program) Close() error {
+	if !g.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	g.p.kill("its program was unloaded")
+	g.d.used.Add(-g.consts)
+	return nil
+}
