@@ -219,31 +219,6 @@ func outUsed(r *Run, used uint64) error {
 	return nil
 }
 
-// The ABI 2 lifecycle hooks.
-type hookKind int
-
-const (
-	hookLoad hookKind = iota
-	hookInstanceInit
-	hookInstanceFini
-	hookUnload
-)
-
-func (e *Entries) hookFn(k hookKind) (unsafe.Pointer, string) {
-	if e == nil || e.lib == nil {
-		return nil, ""
-	}
-	switch k {
-	case hookLoad:
-		return e.lib.Load, abi.SymLoad
-	case hookInstanceInit:
-		return e.lib.InstanceInit, abi.SymInstanceInit
-	case hookUnload:
-		return e.lib.Unload, abi.SymUnload
-	}
-	return e.lib.InstanceFini, abi.SymInstanceFini
-}
-
 // hook calls the bundle's hook k, if it has one, on the calling thread
 // (host target) and returns its plover_fail as a *KernelError.
 func (e *Entries) hook(k hookKind, st *C.plover_state_t) error {
@@ -276,23 +251,4 @@ func (h *Host) programHook(e *Entries, k hookKind, c Constants, program unsafe.P
 	C.plover_state_init(st, 0, nil, 0, cptr, C.size_t(clen), nil, 0, nil, 0, nil, program)
 	err := e.hook(k, &st.st)
 	return st.st.program, err
-}
-
-// zeroFlags is what r asks zeroed before its chain, for the C runners.
-func zeroFlags(r *Run) C.int {
-	var z C.int
-	if r.ZeroTmp {
-		z |= C.PLOVER_ZERO_TMP
-	}
-	if r.ZeroOut {
-		z |= C.PLOVER_ZERO_OUT
-	}
-	return z
-}
-
-func boolInt(b bool) C.int {
-	if b {
-		return 1
-	}
-	return 0
 }

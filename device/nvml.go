@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/plover-run/plover/loader"
 )
 
 // go-nvml carries its own nvml.h and dlopens libnvidia-ml.so.1 at run time:
@@ -37,7 +39,11 @@ type GPUInfo struct {
 func ListGPUs() ([]GPUInfo, error) {
 	// Nothing but Init may be called until Init succeeds: the library's
 	// symbols are unresolved until it loads.
-	switch ret := nvml.Init(); ret {
+	// go-nvml dlopens libnvidia-ml in Init and closes it in Shutdown: under
+	// the process's one dynamic-linker lock, like every other dlopen.
+	var ret nvml.Return
+	loader.DL(func() { ret = nvml.Init() })
+	switch ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
 		return nil, fmt.Errorf("%w: libnvidia-ml.so.1 not found", ErrNoDriver)
@@ -46,7 +52,7 @@ func ListGPUs() ([]GPUInfo, error) {
 	default:
 		return nil, fmt.Errorf("nvml init: %v", ret)
 	}
-	defer nvml.Shutdown()
+	defer loader.DL(func() { nvml.Shutdown() })
 
 	driver, ret := nvml.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {

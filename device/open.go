@@ -51,3 +51,27 @@ func open(kind, driverPath string, limit int64, log *slog.Logger) ([]Device, err
 	}
 	return nil, fmt.Errorf("device kind %q: want auto, host or cuda", kind)
 }
+
+// OpenOne opens one device: the host device, or CUDA device ordinal (and no
+// other: a worker process serves one device and must not hold contexts on
+// the rest) through the driver library at driver ("": libcuda.so.1). log
+// may be nil.
+func OpenOne(kind string, ordinal int, limit int64, driver string, log *slog.Logger) (Device, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	switch kind {
+	case KindHost:
+		return NewHost(limit), nil
+	case KindCUDA:
+		if driver == "" {
+			driver = libcuda
+		}
+		g, err := openOneGPU(driver, ordinal, limit, log)
+		if err != nil {
+			return nil, err // not a nil *GPU in a non-nil Device
+		}
+		return g, nil
+	}
+	return nil, fmt.Errorf("device kind %q: want host or cuda", kind)
+}

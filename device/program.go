@@ -182,3 +182,28 @@ func (p *program) free() error {
 	}
 	return p.lib.Close()
 }
+
+// The ABI 2 lifecycle hooks.
+type hookKind int
+
+const (
+	hookLoad hookKind = iota
+	hookInstanceInit
+	hookInstanceFini
+	hookUnload
+)
+
+func (e *Entries) hookFn(k hookKind) (unsafe.Pointer, string) {
+	if e == nil || e.lib == nil {
+		return nil, ""
+	}
+	switch k {
+	case hookLoad:
+		return e.lib.Load, abi.SymLoad
+	case hookInstanceInit:
+		return e.lib.InstanceInit, abi.SymInstanceInit
+	case hookUnload:
+		return e.lib.Unload, abi.SymUnload
+	}
+	return e.lib.InstanceFini, abi.SymInstanceFini
+}

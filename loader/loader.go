@@ -29,13 +29,10 @@ type Library struct {
 	// The ABI 2 lifecycle hooks the bundle defines; nil where it does not.
 	Load, InstanceInit, InstanceFini, Unload unsafe.Pointer
 
-	// dlopen/dlsym/dlerror share one thread-global error slot: serialise.
-	mu     sync.Mutex
+	mu     sync.Mutex // guards handle and syms; the dynamic linker is dl.go's
 	handle unsafe.Pointer
 	syms   map[string]unsafe.Pointer
 }
-
-var dlMu sync.Mutex
 
 // Open checks the library at path statically (ELF, ABI version, target, the
 // kernels), then dlopens it and resolves the ABI symbols and every kernel.
@@ -56,13 +53,13 @@ func Open(path, target string, kernels []string) (*Library, error) {
 func open(path string, info *Info, target string, kernels []string) (*Library, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	dlMu.Lock()
+	lockDL()
 	h := C.plover_dlopen(cpath)
 	var msg string
 	if h == nil {
 		msg = C.GoString(C.plover_dlerror())
 	}
-	dlMu.Unlock()
+	unlockDL()
 	if h == nil {
 		return nil, &Error{Path: path, Reason: "dlopen failed: " + msg}
 	}
@@ -144,7 +141,7 @@ func (l *Library) Symbol(name string) (unsafe.Pointer, error) {
 	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	dlMu.Lock()
+	lockDL()
 	C.plover_dlerror()
 	p := C.dlsym(l.handle, cname)
 	var msg string
@@ -153,7 +150,7 @@ func (l *Library) Symbol(name string) (unsafe.Pointer, error) {
 			msg = C.GoString(e)
 		}
 	}
-	dlMu.Unlock()
+	unlockDL()
 	if p == nil {
 		if msg == "" {
 			msg = "symbol is NULL"
@@ -180,8 +177,8 @@ func (l *Library) Close() error {
 	if l.Target != abi.TargetHost {
 		return nil
 	}
-	dlMu.Lock()
-	defer dlMu.Unlock()
+	lockDL()
+	defer unlockDL()
 	if C.dlclose(h) != 0 {
 		return &Error{Path: l.Path, Reason: "dlclose failed: " + C.GoString(C.plover_dlerror())}
 	}
@@ -197,9 +194,9 @@ func Preload(sonames ...string) []string {
 	var loaded []string
 	for _, name := range sonames {
 		cname := C.CString(name)
-		dlMu.Lock()
+		lockDL()
 		h := C.plover_dlopen(cname)
-		dlMu.Unlock()
+		unlockDL()
 		C.free(unsafe.Pointer(cname))
 		if h != nil {
 			loaded = append(loaded, name) // never closed: kept on purpose

@@ -1,0 +1,83 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrOutOfMemory marks an allocation refused by the device or by its budget.
+var ErrOutOfMemory = errors.New("out of device memory")
+
+// DriverError is a CUDA driver call that failed.
+type DriverError struct {
+	Op   string // the driver entry point, e.g. "cuStreamSynchronize"
+	Code int    // the CUresult
+	Name string // e.g. "CUDA_ERROR_ILLEGAL_ADDRESS"
+	Desc string // the driver's description, may be empty
+}
+
+func (e *DriverError) Error() string {
+	if e.Desc != "" {
+		return fmt.Sprintf("%s: %s (%s)", e.Op, e.Name, e.Desc)
+	}
+	return e.Op + ": " + e.Name
+}
+
+// Sticky reports whether the error leaves the context unusable: after one,
+// every later call in the process returns it again, and only a restart
+// gives the GPU back.
+func (e *DriverError) Sticky() bool { return stickyCode(e.Code) }
+
+func (e *DriverError) Unwrap() error {
+	if e.Code == 2 { // CUDA_ERROR_OUT_OF_MEMORY
+		return ErrOutOfMemory
+	}
+	return nil
+}
+
+func stickyCode(code int) bool {
+	switch code {
+	case 700, // CUDA_ERROR_ILLEGAL_ADDRESS
+		702, // CUDA_ERROR_LAUNCH_TIMEOUT
+		710, // CUDA_ERROR_ASSERT
+		714, // CUDA_ERROR_HARDWARE_STACK_ERROR
+		715, // CUDA_ERROR_ILLEGAL_INSTRUCTION
+		716, // CUDA_ERROR_MISALIGNED_ADDRESS
+		717, // CUDA_ERROR_INVALID_ADDRESS_SPACE
+		718, // CUDA_ERROR_INVALID_PC
+		719, // CUDA_ERROR_LAUNCH_FAILED
+		// Not kernel faults, but the context is as unusable after them:
+		214, // CUDA_ERROR_ECC_UNCORRECTABLE
+		220, // CUDA_ERROR_NVLINK_UNCORRECTABLE
+		709, // CUDA_ERROR_CONTEXT_IS_DESTROYED
+		4,   // CUDA_ERROR_DEINITIALIZED
+		999: // CUDA_ERROR_UNKNOWN: nothing says it is safe to go on
+		return true
+	}
+	return false
+}
+
+// DeviceFault is the error of a GPU whose context a sticky error poisoned.
+// Health returns it, and so does every later call that would touch the GPU.
+type DeviceFault struct {
+	Device string
+	Err    *DriverError
+}
+
+func (e *DeviceFault) Error() string {
+	return fmt.Sprintf("%s: %v after %v; restart the process to use this GPU again", e.Device, ErrUnhealthy, e.Err)
+}
+
+func (e *DeviceFault) Unwrap() []error { return []error{ErrUnhealthy, e.Err} }
+
+// kernelFault is what the Run that hit a sticky error returns: the request
+// failed like any kernel failure (errors.As finds the *KernelError), and the
+// device is gone (errors.Is(err, ErrUnhealthy)).
+type kernelFault struct {
+	ke    *KernelError
+	fault *DeviceFault
+}
+
+func (e *kernelFault) Error() string { return e.ke.Error() }
+
+func (e *kernelFault) Unwrap() []error { return []error{e.ke, e.fault} }

@@ -1,0 +1,354 @@
+package device
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../abi
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "cudadrv.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// The C instance's step array must hold exactly a maximal chain.
+var (
+	_ [C.PLCU_MAX_STEPS - abi.MaxChainLength]struct{}
+	_ [abi.MaxChainLength - C.PLCU_MAX_STEPS]struct{}
+)
+
+// constantsChunk bounds the pinned staging LoadConstants uses: pinning is
+// slow and scarce, and constants load once per function version.
+const constantsChunk = 4 << 20
+
+// GPU is one CUDA device, driven through its primary context.
+type GPU struct {
+	drv     *driver
+	ordinal int
+	dev     C.CUdevice
+	ctx     C.CUcontext
+	name    string
+	hwTotal int64
+	limit   int64 // 0: no budget
+	log     *slog.Logger
+
+	used          atomic.Int64
+	fault         atomic.Pointer[DeviceFault]
+	closed        atomic.Bool
+	captureLogged atomic.Bool
+	graphs        graphCounters
+}
+
+var _ Device = (*GPU)(nil)
+
+// OpenCUDA opens every CUDA device visible to this process (as
+// CUDA_VISIBLE_DEVICES filters them). limit is each device's memory budget
+// in bytes, 0 for none. log may be nil.
+func OpenCUDA(limit int64, log *slog.Logger) ([]*GPU, error) {
+	return openGPUs(libcuda, limit, log)
+}
+
+func openGPUs(path string, limit int64, log *slog.Logger) ([]*GPU, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d, err := loadDriver(path)
+	if err != nil {
+		return nil, err
+	}
+	// cuInit is cheap after the first call and reports a driver that broke
+	// since (or, in tests, an environment that changed).
+	if code := C.plcu_init(d.c); code != 0 {
+		return nil, fmt.Errorf("CUDA driver %s: %w", path, d.err("cuInit", code))
+	}
+	var n C.int
+	if code := C.plcu_device_count(d.c, &n); code != 0 {
+		return nil, fmt.Errorf("CUDA driver %s: %w", path, d.err("cuDeviceGetCount", code))
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("CUDA driver %s: no CUDA devices visible (CUDA_VISIBLE_DEVICES=%q)",
+			path, os.Getenv("CUDA_VISIBLE_DEVICES"))
+	}
+	gpus := make([]*GPU, 0, int(n))
+	for i := 0; i < int(n); i++ {
+		g, err := openGPU(d, i, limit, log)
+		if err != nil {
+			for _, g := range gpus {
+				g.Close()
+			}
+			return nil, err
+		}
+		gpus = append(gpus, g)
+	}
+	return gpus, nil
+}
+
+func openGPU(d *driver, ordinal int, limit int64, log *slog.Logger) (*GPU, error) {
+	g := &GPU{drv: d, ordinal: ordinal, limit: limit, log: log}
+	var name [256]C.char
+	var total C.size_t
+	var op *C.char
+	code := C.plcu_device_open(d.c, C.int(ordinal), &g.dev, &g.ctx, &name[0], C.int(len(name)), &total, &op)
+	if code != 0 {
+		return nil, fmt.Errorf("CUDA device %d: %w", ordinal, d.err(C.GoString(op), code))
+	}
+	g.name = fmt.Sprintf("%s (GPU %d)", C.GoString(&name[0]), ordinal)
+	g.hwTotal = int64(total)
+	log.Info("CUDA device opened", "device", g.name, "memory", g.hwTotal,
+		"budget", limit, "driver_cuda_version", versionString(d.version))
+	return g, nil
+}
+
+func (g *GPU) Target() string { return abi.TargetCUDA }
+
+// Load loads a bundle into this process, on this GPU.
+func (g *GPU) Load(ctx context.Context, spec ProgramSpec) (Program, error) {
+	if err := g.usable(); err != nil {
+		return nil, err
+	}
+	return loadProgram(ctx, g, spec)
+}
+func (g *GPU) Name() string { return g.name }
+
+// Ordinal is the device's index among the visible CUDA devices.
+func (g *GPU) Ordinal() int { return g.ordinal }
+
+// DriverVersion is the CUDA version the driver supports, e.g. "12.4".
+func (g *GPU) DriverVersion() string { return versionString(g.drv.version) }
+
+// GraphStats counts how this device's chains ran, over all instances.
+func (g *GPU) GraphStats() GraphStats { return g.graphs.load() }
+
+func (g *GPU) Health() error {
+	if f := g.fault.Load(); f != nil {
+		return f
+	}
+	if g.closed.Load() {
+		return fmt.Errorf("%s: %w: closed", g.name, ErrUnhealthy)
+	}
+	return nil
+}
+
+// poisoned reports whether GPU calls must be skipped.
+func (g *GPU) poisoned() bool { return g.fault.Load() != nil }
+
+// check turns a CUresult into an error, marking the device unhealthy when
+// the error is sticky.
+func (g *GPU) check(op string, code C.CUresult) error {
+	if code == 0 {
+		return nil
+	}
+	de := g.drv.err(op, code)
+	if de.Sticky() {
+		return g.poison(de)
+	}
+	return de
+}
+
+func (g *GPU) poison(de *DriverError) *DeviceFault {
+	f := &DeviceFault{Device: g.name, Err: de}
+	if g.fault.CompareAndSwap(nil, f) {
+		g.log.Error("GPU unhealthy: sticky CUDA error, restart the process to use it again",
+			"device", g.name, "err", de.Error())
+		return f
+	}
+	return g.fault.Load()
+}
+
+func (g *GPU) total() int64 {
+	if g.limit > 0 && g.limit < g.hwTotal {
+		return g.limit
+	}
+	return g.hwTotal
+}
+
+// reserve charges n bytes against the budget before the driver is asked, so
+// that concurrent allocations cannot overshoot it together.
+func (g *GPU) reserve(n int64) error {
+	if n < 0 {
+		return fmt.Errorf("%s: allocation of %d bytes", g.name, n)
+	}
+	for {
+		u := g.used.Load()
+		if g.limit > 0 && u+n > g.limit {
+			return fmt.Errorf("%s: %w: %d bytes in use, %d more requested, budget %d",
+				g.name, ErrOutOfMemory, u, n, g.limit)
+		}
+		if g.used.CompareAndSwap(u, u+n) {
+			return nil
+		}
+	}
+}
+
+func (g *GPU) MemInfo() MemInfo {
+	used := g.used.Load()
+	total := g.total()
+	free := total - used
+	if !g.poisoned() && !g.closed.Load() {
+		var f, t C.size_t
+		if g.check("cuMemGetInfo_v2", C.plcu_mem_info(g.drv.c, g.ctx, &f, &t)) == nil {
+			hwFree := int64(f)
+			if g.limit <= 0 || int64(t) < g.limit {
+				total = int64(t)
+				free = hwFree
+			} else if hwFree < free {
+				free = hwFree
+			}
+		}
+	}
+	if free < 0 {
+		free = 0
+	}
+	return MemInfo{Total: total, Free: free, Used: used}
+}
+
+func (g *GPU) Close() error {
+	if !g.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	// Released even after a fault: it only drops Open's reference, and the
+	// context goes away only with the last one (the bundles' cudart hold
+	// theirs), so this never frees memory that instances still use.
+	code := C.plcu_device_close(g.drv.c, g.dev)
+	if code != 0 && !g.poisoned() {
+		return g.drv.err("cuDevicePrimaryCtxRelease_v2", code)
+	}
+	return nil
+}
+
+// usable is nil when the GPU may be touched.
+func (g *GPU) usable() error {
+	if f := g.fault.Load(); f != nil {
+		return f
+	}
+	if g.closed.Load() {
+		return fmt.Errorf("%s: closed", g.name)
+	}
+	return nil
+}
+
+type gpuConstants struct {
+	g    *GPU
+	ptr  C.CUdeviceptr
+	size int64
+	once sync.Once
+}
+
+func (c *gpuConstants) Size() int64 { return c.size }
+
+func (c *gpuConstants) Free() {
+	c.once.Do(func() {
+		if !c.g.poisoned() && !c.g.closed.Load() {
+			c.g.check("cuMemFree_v2", C.plcu_free(c.g.drv.c, c.g.ctx, c.ptr))
+		}
+		c.ptr = 0
+		c.g.used.Add(-c.size)
+	})
+}
+
+func (g *GPU) LoadConstants(r io.Reader, size int64) (Constants, error) {
+	if err := g.usable(); err != nil {
+		return nil, err
+	}
+	if err := g.reserve(size); err != nil {
+		return nil, fmt.Errorf("constants: %w", err)
+	}
+	var p C.CUdeviceptr
+	if err := g.check("cuMemAlloc_v2", C.plcu_alloc(g.drv.c, g.ctx, C.size_t(size), &p)); err != nil {
+		g.used.Add(-size)
+		return nil, fmt.Errorf("%s: constants: %w", g.name, err)
+	}
+	c := &gpuConstants{g: g, ptr: p, size: size}
+	if size == 0 {
+		return c, nil
+	}
+	chunk := min(size, constantsChunk)
+	var h unsafe.Pointer
+	if err := g.check("cuMemHostAlloc", C.plcu_host_alloc(g.drv.c, g.ctx, C.size_t(chunk), &h)); err != nil {
+		c.Free()
+		return nil, fmt.Errorf("%s: constants staging: %w", g.name, err)
+	}
+	defer func() {
+		if !g.poisoned() {
+			C.plcu_host_free(g.drv.c, g.ctx, h)
+		}
+	}()
+	buf := unsafe.Slice((*byte)(h), chunk)
+	for off := int64(0); off < size; {
+		n := min(chunk, size-off)
+		if _, err := io.ReadFull(r, buf[:n]); err != nil {
+			c.Free()
+			return nil, fmt.Errorf("read constants: %w", err)
+		}
+		code := C.plcu_htod(g.drv.c, g.ctx, p+C.CUdeviceptr(off), h, C.size_t(n))
+		if err := g.check("cuMemcpyHtoD_v2", code); err != nil {
+			c.Free()
+			return nil, fmt.Errorf("%s: upload constants: %w", g.name, err)
+		}
+		off += n
+	}
+	return c, nil
+}
+
+// hookResult turns what a hook left into an error: the bundle's message,
+// a driver failure (which may poison the device), or nil.
+func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char) error {
+	var kerr string
+	if msg != nil {
+		kerr = C.GoString(msg)
+	}
+	if code != 0 {
+		if err := g.check(C.GoString(op), code); err != nil {
+			if kerr != "" {
+				return fmt.Errorf("%s failed: %s: %w", name, kerr, err)
+			}
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if kerr != "" {
+		return &KernelError{Msg: name + " failed: " + kerr}
+	}
+	return nil
+}
+
+func (g *GPU) programHook(e *Entries, k hookKind, c Constants, program unsafe.Pointer) (unsafe.Pointer, error) {
+	fn, name := e.hookFn(k)
+	if fn == nil {
+		return program, nil
+	}
+	if err := g.usable(); err != nil {
+		return program, err
+	}
+	var cptr C.CUdeviceptr
+	var clen C.size_t
+	if gc, ok := c.(*gpuConstants); ok && gc != nil {
+		cptr, clen = gc.ptr, C.size_t(gc.size)
+	}
+	var code C.CUresult
+	var op *C.char
+	msg := C.plcu_program_hook(g.drv.c, g.ctx, fn, e.lastErrorFn(), cptr, clen, &program, &code, &op)
+	return program, g.hookResult(name, msg, code, op)
+}
+
+// openOneGPU opens CUDA device ordinal, and no other, through the driver
+// library at driver.
+func openOneGPU(driver string, ordinal int, limit int64, log *slog.Logger) (*GPU, error) {
+	d, err := loadDriver(driver)
+	if err != nil {
+		return nil, err
+	}
+	if code := C.plcu_init(d.c); code != 0 {
+		return nil, fmt.Errorf("CUDA driver %s: %w", driver, d.err("cuInit", code))
+	}
+	return openGPU(d, ordinal, limit, log)
+}

@@ -1,0 +1,210 @@
+package device
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../abi
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "cudadrv.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+	"unsafe"
+)
+
+type gpuInstance struct {
+	g   *GPU
+	c   *C.plcu_inst_t
+	cfg InstanceConfig
+
+	// cached[k] is the key of c.exec[k] (valid while that is not NULL),
+	// used[k] when it last ran (a run counter: the least recently used
+	// slot is replaced); candidates are keys whose last direct run went
+	// cleanly, so their next run may capture (kernels are loaded and cudart
+	// is initialised). Several, so that interleaved lengths (a batching
+	// function's run sizes) each get recorded.
+	cached          [C.PLCU_GRAPHS]graphKey
+	used            [C.PLCU_GRAPHS]uint64
+	runs            uint64
+	candidates      [C.PLCU_GRAPHS]graphKey
+	nextCandidate   int
+	captureFailures int
+	graphsOff       bool // captures kept failing here: direct launches only
+	stats           graphCounters
+}
+
+func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
+	if err := g.usable(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxInput < 0 || cfg.Tmp < 0 || cfg.Out < 0 {
+		return nil, fmt.Errorf("%s: instance sizes %d/%d/%d", g.name, cfg.MaxInput, cfg.Tmp, cfg.Out)
+	}
+	var cptr C.CUdeviceptr
+	var clen C.size_t
+	if cfg.Constants != nil {
+		c, ok := cfg.Constants.(*gpuConstants)
+		if !ok || c.g != g {
+			return nil, fmt.Errorf("%s: instance: constants belong to another device", g.name)
+		}
+		if c.ptr == 0 {
+			return nil, fmt.Errorf("%s: instance: constants were freed", g.name)
+		}
+		cptr, clen = c.ptr, C.size_t(c.size)
+	}
+	n := cfg.MaxInput + cfg.Tmp + cfg.Out
+	if err := g.reserve(n); err != nil {
+		return nil, fmt.Errorf("instance: %w", err)
+	}
+	var ci *C.plcu_inst_t
+	var op *C.char
+	var host unsafe.Pointer
+	if int64(len(cfg.Host)) >= cfg.MaxInput+cfg.Out && len(cfg.Host) > 0 {
+		host = unsafe.Pointer(&cfg.Host[0]) // not Go memory: C may keep it
+	}
+	code := C.plcu_inst_create(g.drv.c, g.ctx, C.size_t(cfg.MaxInput), C.size_t(cfg.Tmp),
+		C.size_t(cfg.Out), cptr, clen, host, boolInt(cfg.Entries.abi1()), cfg.Entries.programPtr(), &ci, &op)
+	if code != 0 {
+		g.used.Add(-n)
+		return nil, fmt.Errorf("%s: instance: %w", g.name, g.check(C.GoString(op), code))
+	}
+	inst := &gpuInstance{g: g, c: ci, cfg: cfg}
+	if err := inst.hook(hookInstanceInit); err != nil {
+		// No fini for an instance whose init failed.
+		C.plcu_inst_destroy(ci, boolInt(g.poisoned()))
+		g.used.Add(-n)
+		return nil, err
+	}
+	return inst, nil
+}
+
+// hook runs an instance hook, if the bundle has it, and waits for it.
+func (i *gpuInstance) hook(k hookKind) error {
+	fn, name := i.cfg.Entries.hookFn(k)
+	if fn == nil {
+		return nil
+	}
+	var code C.CUresult
+	var op *C.char
+	msg := C.plcu_inst_hook(i.c, fn, i.cfg.Entries.lastErrorFn(), &code, &op)
+	return i.g.hookResult(name, msg, code, op)
+}
+
+func (i *gpuInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
+
+func (i *gpuInstance) Close() {
+	if i.c == nil {
+		return
+	}
+	// After a fault the context rejects everything; after the device's Close
+	// it may be gone with its allocations. Either way: only free the C side.
+	skip := i.g.poisoned() || i.g.closed.Load()
+	if !skip {
+		_ = i.hook(hookInstanceFini) // documented: ignored
+	}
+	C.plcu_inst_destroy(i.c, boolInt(skip))
+	i.c = nil
+	i.g.used.Add(-i.DeviceBytes())
+}
+
+func (i *gpuInstance) Run(r *Run) error {
+	if i.c == nil {
+		return errors.New("cuda instance: closed")
+	}
+	if err := i.g.usable(); err != nil {
+		return err
+	}
+	if err := checkRun(r, i.cfg.MaxInput, i.cfg.Tmp, i.cfg.Out, len(i.c.steps)); err != nil {
+		return err
+	}
+	table := i.cfg.Entries.table()
+	for k, s := range r.Chain {
+		fn, err := entryFn(table, s)
+		if err != nil {
+			return err
+		}
+		i.c.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
+	}
+	key := graphKey{chain: r.ChainKey, in: int64(len(r.Input)), tmp: r.TmpLen, out: int64(len(r.Output))}
+	mode, slot := C.int(C.PLCU_DIRECT), -1
+	if r.ChainKey != 0 && !i.graphsOff {
+		if slot = i.graphSlot(key); slot >= 0 {
+			mode = C.PLCU_REPLAY
+		} else if slices.Contains(i.candidates[:], key) {
+			mode, slot = C.PLCU_CAPTURE, i.victimSlot()
+		}
+	}
+	var in, out unsafe.Pointer
+	if len(r.Input) > 0 {
+		in = unsafe.Pointer(&r.Input[0])
+	}
+	if len(r.Output) > 0 {
+		out = unsafe.Pointer(&r.Output[0])
+	}
+	C.plcu_run(i.c, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)), C.size_t(r.TmpLen),
+		C.uint32_t(r.Items), zeroFlags(r), C.int(len(r.Chain)), mode, C.int(slot), i.cfg.Entries.lastErrorFn())
+	res := &i.c.res
+	r.Timing = Timing{
+		CopyIn:  time.Duration(res.t.copy_in_ns),
+		Kernels: time.Duration(res.t.kernels_ns),
+		CopyOut: time.Duration(res.t.copy_out_ns),
+	}
+	var kerr string
+	if res.kernel_err != nil {
+		kerr = C.GoString(res.kernel_err)
+	}
+
+	switch res.ran {
+	case C.PLCU_CAPTURE:
+		i.count(&i.stats.captured, &i.g.graphs.captured)
+		i.cached[slot] = key
+		i.setCandidate(key, false)
+		i.runs++
+		i.used[slot] = i.runs
+	case C.PLCU_REPLAY:
+		i.count(&i.stats.replayed, &i.g.graphs.replayed)
+		i.runs++
+		i.used[slot] = i.runs
+	default:
+		i.count(&i.stats.direct, &i.g.graphs.direct)
+		switch {
+		case mode == C.PLCU_CAPTURE: // the capture failed: a clean direct run must come first again
+			i.setCandidate(key, false)
+		case mode == C.PLCU_DIRECT && r.ChainKey != 0 && res.err == 0 && kerr == "":
+			i.setCandidate(key, true)
+		}
+	}
+	if res.capture_op != nil && res.err == 0 {
+		i.count(&i.stats.failures, &i.g.graphs.failures)
+		// Only a chain that runs cleanly without a graph proves the graph was
+		// the problem; a chain that fails either way is the bundle's.
+		if kerr == "" {
+			i.captureFailures++
+			if i.captureFailures >= maxCaptureFailures {
+				i.graphsOff = true
+			}
+			i.logCaptureFailure(res)
+		}
+	}
+
+	if res.err != 0 {
+		de := i.g.drv.err(C.GoString(res.err_op), res.err)
+		msg := de.Error()
+		if kerr != "" {
+			msg = kerr + "; " + msg
+		}
+		ke := &KernelError{Msg: msg}
+		if de.Sticky() {
+			return &kernelFault{ke: ke, fault: i.g.poison(de)}
+		}
+		return ke
+	}
+	if kerr != "" {
+		return &KernelError{Msg: kerr}
+	}
+	return outUsed(r, uint64(res.t.out_used))
+}
