@@ -84,23 +84,6 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descCache, prometheus.GaugeValue, float64(e.cfg.Cache.Stats().Bytes))
 }
 
-// batcher is v's batcher once it is loaded, else nil.
-func (v *version) batcher() *batcher {
-	if !v.loaded.Load() { // load writes batch before loaded
-		return nil
-	}
-	return v.batch
-}
-
-// queued is the requests waiting: for an instance, or for a batch.
-func (v *version) queued() int {
-	n := int(v.waiting.Load())
-	if b := v.batcher(); b != nil {
-		n += b.pendingCount()
-	}
-	return n
-}
-
 // histogram is the batch sizes as a Prometheus histogram.
 func (s *batchSizes) histogram(function string) prometheus.Metric {
 	buckets := make(map[float64]uint64, len(s.counts))
@@ -110,17 +93,4 @@ func (s *batchSizes) histogram(function string) prometheus.Metric {
 		buckets[float64(uint(1)<<k)] = cum
 	}
 	return prometheus.MustNewConstHistogram(descBatchSize, cum, float64(s.sum.Load()), buckets, function)
-}
-
-// usage reports busy and idle instances and the device memory v holds.
-func (v *version) usage() (busy, idle int, mem int64) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	idle = len(v.idle)
-	busy = v.live - idle
-	if v.loaded.Load() { // manifest and constSize are written by load
-		m := v.manifest
-		mem = int64(v.live)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(len(v.placements))*v.constSize
-	}
-	return busy, idle, mem
 }

@@ -1,5 +1,21 @@
 package engine
 
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/registry"
+)
+
 // Control is the engine's control plane: deploys, rollbacks, deletes,
 // garbage collection and the views of functions and versions. It sits
 // beside the request path (Engine.Invoke) and shares the engine's state;
@@ -9,3 +25,186 @@ type Control struct{ e *Engine }
 
 // Control returns the engine's control plane.
 func (e *Engine) Control() *Control { return &Control{e} }
+
+// Deploy verifies a bundle, stores it, and makes it the current version of
+// name. Nothing in the bundle runs here: the library is checked statically.
+// A bundle equal to the current version changes nothing (the info says
+// Unchanged) unless force is set.
+func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error) {
+	e := c.e
+	if !abi.ValidName(name) {
+		return api.FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
+	}
+	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
+	if err != nil {
+		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy: temp file")
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	h := sha256.New() // hashed on the way to disk: the bundle is read once
+	sink := &writeErr{w: io.MultiWriter(tmp, h)}
+	n, err := io.Copy(sink, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
+	if err != nil && sink.err != nil { // our disk, not the client
+		return api.FunctionInfo{}, storageError(sink.err, "deploy %s: spooling the bundle", name)
+	}
+	if err != nil {
+		return api.FunctionInfo{}, errorf(KindBadRequest, err, "deploy: reading the bundle")
+	}
+	if n > e.cfg.MaxBundleBytes {
+		return api.FunctionInfo{}, errorf(KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
+	}
+	sha := hex.EncodeToString(h.Sum(nil))
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy")
+	}
+	dir, m, err := e.cfg.Cache.Verify(tmp)
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return api.FunctionInfo{}, storageError(err, "deploy %s: unpacking the bundle", name)
+	}
+	if err != nil {
+		return api.FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
+	}
+	defer os.RemoveAll(dir)
+	if err := checkDeploy(dir, m, name, e.target); err != nil {
+		return api.FunctionInfo{}, err
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy")
+	}
+	rv, created, err := e.reg.Publish(ctx, m, tmp, sha, n, force)
+	if errors.Is(err, registry.ErrConflict) {
+		return api.FunctionInfo{}, errorf(KindConflict, err, "deploy %s: %s", name, err.Error())
+	}
+	if err != nil {
+		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
+	}
+	e.cfg.Cache.Adopt(dir, sha)
+	if !created {
+		f, err := e.lookup(ctx, name)
+		if err != nil {
+			return api.FunctionInfo{}, err
+		}
+		fi := e.info(f, rv, e.versionCount(ctx, name))
+		fi.Unchanged = true
+		return fi, nil
+	}
+	f, _ := e.switchTo(name, rv, 0)
+	if f == nil {
+		return api.FunctionInfo{}, errorf(KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
+	}
+	e.warmIfWanted(ctx, f)
+	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
+	return e.info(f, rv, e.versionCount(ctx, name)), nil
+}
+
+// checkDeploy checks an unpacked bundle against the name it is deployed
+// under and the node's target, then as every bundle is checked
+// (loader.CheckBundle).
+func checkDeploy(dir string, m *abi.Manifest, name, target string) error {
+	if m.Name != name {
+		return errorf(KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
+	}
+	if m.Target != target {
+		return errorf(KindInvalid, nil, "target: the bundle is built for %q, this node's device is %q", m.Target, target)
+	}
+	if _, err := loader.CheckBundle(dir, m, target); err != nil {
+		err = inBundle(err, m.Library)
+		return errorf(KindInvalid, err, "%s", err.Error())
+	}
+	return nil
+}
+
+// Delete removes a function; its current version retires after in-flight
+// requests finish.
+// writeErr remembers a write failure, to tell it from a read failure of
+// the client's body in io.Copy.
+type writeErr struct {
+	w   io.Writer
+	err error
+}
+
+func (w *writeErr) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// storageError is a failed write of ours: 507 when a disk is full (this
+// node's or, for a file store, the store's), else 503 with the cause.
+func storageError(err error, format string, args ...any) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return errorf(KindNoSpace, err, format+": out of disk space (%v)", append(args, err)...)
+	}
+	return unavailable(err, format, args...)
+}
+
+func (c *Control) Delete(ctx context.Context, name string) error {
+	e := c.e
+	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
+		return errorf(KindNotFound, err, "function %q not found", name)
+	} else if err != nil {
+		return unavailable(err, "delete %s: cannot update the store", name)
+	}
+	e.forget(name, 0)
+	e.cfg.Log.Info("deleted", "function", name)
+	return nil
+}
+
+// versionCount is how many versions name's record lists (0 if unreadable).
+func (e *Engine) versionCount(ctx context.Context, name string) int {
+	if rec, err := e.reg.Get(ctx, name); err == nil {
+		return len(rec.Versions)
+	}
+	return 0
+}
+
+// Versions returns a function's record: every version and the current one.
+func (c *Control) Versions(ctx context.Context, name string) (*api.Record, error) {
+	e := c.e
+	rec, err := e.reg.Get(ctx, name)
+	if errors.Is(err, registry.ErrNoFunction) {
+		return nil, errorf(KindNotFound, err, "function %q not found", name)
+	}
+	if err != nil {
+		return nil, unavailable(err, "function %s: store unavailable", name)
+	}
+	return rec, nil
+}
+
+// Rollback makes an earlier (or later) version of name current. In-flight
+// requests finish on the version they started on.
+func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {
+	e := c.e
+	rv, err := e.reg.SetCurrent(ctx, name, version)
+	switch {
+	case errors.Is(err, registry.ErrNoFunction):
+		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
+	case errors.Is(err, registry.ErrNoVersion) && len(version) < 8:
+		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q: give a version id or a unique prefix of at least 8 characters (plover versions %s)", name, version, name)
+	case errors.Is(err, registry.ErrNoVersion):
+		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
+	case errors.Is(err, registry.ErrConflict):
+		return api.FunctionInfo{}, errorf(KindConflict, err, "rollback %s: %s", name, err.Error())
+	case err != nil:
+		return api.FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
+	}
+	f, _ := e.switchTo(name, rv, 0)
+	if f == nil {
+		return api.FunctionInfo{}, errorf(KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
+	}
+	e.warmIfWanted(ctx, f)
+	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
+	return e.info(f, rv, e.versionCount(ctx, name)), nil
+}
+
+// GC deletes bundles no function record references, older than grace.
+func (c *Control) GC(ctx context.Context, grace time.Duration) ([]string, error) {
+	e := c.e
+	removed, err := e.reg.GC(ctx, grace)
+	if err != nil {
+		return removed, unavailable(err, "gc: store unavailable")
+	}
+	return removed, nil
+}

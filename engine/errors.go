@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/plover-run/plover/loader"
 )
 
 // Kind classifies an error for the front end (which maps it to a status).
@@ -69,4 +71,15 @@ func KindOf(err error) Kind {
 		return e.Kind
 	}
 	return KindInternal
+}
+
+// inBundle names the library in a loader refusal by its file name in the
+// bundle: the client should read "kernels.so", not where this node keeps
+// its cache.
+func inBundle(err error, library string) error {
+	var le *loader.Error
+	if errors.As(err, &le) {
+		le.Path = library
+	}
+	return err
 }

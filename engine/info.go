@@ -3,10 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"sort"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -27,24 +27,6 @@ func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInf
 		fi.Workers = v.processes()
 	}
 	return fi
-}
-
-// processReporter is a program living in a process of its own.
-type processReporter interface{ Process() device.ProcessStats }
-
-// processes reports the processes v's programs live in (none in process).
-func (v *version) processes() []api.WorkerInfo {
-	v.mu.Lock()
-	ps := append([]*placement(nil), v.placements...)
-	v.mu.Unlock()
-	var out []api.WorkerInfo
-	for _, p := range ps {
-		if r, ok := p.prog.(processReporter); ok {
-			ps := r.Process()
-			out = append(out, api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, Threads: ps.Threads})
-		}
-	}
-	return out
 }
 
 // Function describes one function from its record and this node's state.
@@ -109,4 +91,9 @@ func (e *Engine) Health() (bool, []api.DeviceHealth) {
 		out = append(out, h)
 	}
 	return ok, out
+}
+
+// sortInfos orders function infos by name.
+func sortInfos(in []api.FunctionInfo) {
+	sort.Slice(in, func(i, j int) bool { return in[i].Name < in[j].Name })
 }

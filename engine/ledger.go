@@ -115,29 +115,6 @@ func (e *Engine) free(ev eviction, need, avail int64) {
 	}
 }
 
-// unload replaces v, if still current, by an unloaded copy of the same
-// version and retires v: its programs go once in-flight requests end. The
-// next request is a cold start.
-func (e *Engine) unload(f *function, v *version) bool {
-	if !e.detach(f, v) {
-		return false
-	}
-	v.retire()
-	return true
-}
-
-// detach replaces v, if still current, by an unloaded copy of the same
-// version; the caller retires v.
-func (e *Engine) detach(f *function, v *version) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if f.cur != v {
-		return false
-	}
-	f.cur = e.newVersion(f, v.rec)
-	return true
-}
-
 // reclaimable is what evicting every idle instance (above min_instances)
 // and then every function left without instances would free on dev.
 func (e *Engine) reclaimable(dev device.Device, forV *version) int64 {

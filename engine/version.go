@@ -39,10 +39,13 @@ type version struct {
 	constSize int64
 	slots     chan struct{} // one token per running request (batch: per run): caps instances
 	batch     *batcher      // non-nil for a batching function (manifest "batch")
-	waiting   atomic.Int32  // requests queued for a slot
-	unpin     func()        // ends the version's use of its cached bundle
-	prepMs    float64       // fetch + verify + unpack, until the first program load logs it (placeTok)
-	fetched   bool
+	// freed is told when a slot frees (the batcher, whose queued requests
+	// wait for a free slot rather than on the channel); nil: no one.
+	freed   slotWaiter
+	waiting atomic.Int32 // requests queued for a slot
+	unpin   func()       // ends the version's use of its cached bundle
+	prepMs  float64      // fetch + verify + unpack, until the first program load logs it (placeTok)
+	fetched bool
 
 	mu         sync.Mutex
 	idle       []*instance
@@ -90,10 +93,6 @@ func (v *version) placement(dev device.Device) *placement {
 		}
 	}
 	return nil
-}
-
-func (e *Engine) newVersion(f *function, rv api.Version) *version {
-	return &version{fn: f, rec: rv, log: e.cfg.Log.Info, placeTok: make(chan struct{}, 1)}
 }
 
 func (v *version) ref() bool {
@@ -167,10 +166,13 @@ const goneInterval = 20 * time.Millisecond
 // for a free slot rather than on the channel, so they are told.
 func (v *version) release() {
 	<-v.slots
-	if v.batch != nil {
-		v.batch.dispatch()
+	if v.freed != nil {
+		v.freed.dispatch()
 	}
 }
+
+// slotWaiter has requests waiting for a free slot of their own accord.
+type slotWaiter interface{ dispatch() }
 
 // put returns an instance to the idle pool, or closes it when it is broken or
 // its version retired; now is when it was last used (the caller's reading,

@@ -1,0 +1,86 @@
+package engine
+
+import (
+	"errors"
+	"time"
+
+	"github.com/plover-run/plover/device"
+)
+
+// beforeRun reports a run whose worker was gone before the run reached it.
+// A function of its own so the errors.As target escapes only on the error
+// path: the hot path allocates nothing.
+func beforeRun(err error) bool {
+	var pe *device.ProcessExit
+	return errors.As(err, &pe) && pe.BeforeRun
+}
+
+// exitOf is err's ProcessExit (err is known to hold one).
+func exitOf(err error) *device.ProcessExit {
+	var pe *device.ProcessExit
+	errors.As(err, &pe)
+	return pe
+}
+
+// processGone reports a run that ended with its worker process.
+func processGone(err error) bool {
+	var pe *device.ProcessExit
+	return errors.As(err, &pe)
+}
+
+// runFailed turns a failure to create an instance or to run into the
+// client's error, and reacts to what it says: a dead worker's program is
+// abandoned and its crash counted towards back-off. p is nil when no
+// instance was taken.
+func (e *Engine) runFailed(f *function, v *version, p *placement, err error) error {
+	var pe *device.ProcessExit
+	var ke *device.KernelError
+	var ee *Error
+	switch {
+	case errors.As(err, &ee): // already classified, with its own message
+		return err
+	case errors.As(err, &ke) && errors.As(err, &pe):
+		// The chain faulted its worker's device context: the request failed
+		// like any kernel failure; the worker, and only it, is gone.
+		e.workerDied(v, p, pe)
+		return errorf(KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
+	case errors.Is(err, device.ErrDeadline):
+		return errorf(KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
+	case errors.As(err, &pe):
+		return e.workerDied(v, p, pe)
+	case errors.As(err, &ke):
+		if errors.Is(err, device.ErrUnhealthy) {
+			e.cfg.Log.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "error", ke.Msg)
+		}
+		return errorf(KindKernel, err, "function %s: %s", f.name, err.Error())
+	case errors.Is(err, device.ErrUnhealthy): // the device faulted earlier: fail fast, do not hang
+		return unavailable(err, "function %s: device is unhealthy", f.name)
+	}
+	return errorf(KindInternal, err, "function %s: run failed", f.name)
+}
+
+// workerDied abandons the program of a worker that died (p is nil when it
+// died loading) and counts the death once, whatever number of requests
+// saw it. It returns the error for the request that saw it.
+func (e *Engine) workerDied(v *version, p *placement, pe *device.ProcessExit) error {
+	if p == nil || v.abandon(p) {
+		backoff := v.crashed(time.Now())
+		e.cfg.Log.Error("worker died", "function", v.fn.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
+	}
+	return errorf(KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
+}
+
+// hookFailed counts a failing plover_load or plover_instance_init towards
+// back-off like a worker crash: each retry reloads the bundle (in a fresh
+// worker), so one that fails every time must not be retried by every request.
+func (e *Engine) hookFailed(v *version, err error) {
+	backoff := v.crashed(time.Now())
+	e.cfg.Log.Error("bundle hook failed", "function", v.fn.name, "version", v.rec.ID, "error", err.Error(), "backoff", backoff)
+}
+
+// backoffError is the 503 of a version backing off after crashes.
+func (v *version) backoffError(until int64) error {
+	at := time.Unix(0, until).UTC().Format(time.RFC3339)
+	return errorf(KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
+		v.fn.name, crashLimit, crashWindow, at)
+}

@@ -1,0 +1,168 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/loader"
+)
+
+// take returns an idle instance of v (Hot), or creates one: Warm on a
+// program already loaded, Cold when the program had to be loaded.
+func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*instance, Start, error) {
+	v.mu.Lock()
+	if n := len(v.idle); n > 0 {
+		in := v.idle[n-1]
+		v.idle = v.idle[:n-1]
+		v.mu.Unlock()
+		if err := in.dev.dev.Health(); err != nil {
+			v.put(in, true, time.Now())
+			return nil, Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
+		}
+		return in, Hot, nil
+	}
+	v.mu.Unlock()
+	lctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return e.newInstance(lctx, v)
+}
+
+// newInstance creates an instance of v on the healthy device with the most
+// free memory, loading v's program there first if needed and evicting idle
+// functions when the device's memory budget requires it.
+func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start, error) {
+	best, err := e.pickDevice()
+	if err != nil {
+		return nil, Warm, err
+	}
+	m := v.manifest
+	need := m.MaxInputBytes + m.TmpBytes + m.OutBytes
+	if v.placement(best) == nil {
+		need += v.constSize
+	}
+	unreserve, err := e.reserve(best, need, v)
+	if err != nil {
+		return nil, Warm, err
+	}
+	defer unreserve()
+	p, start, err := e.place(ctx, v, best)
+	if err != nil {
+		return nil, start, err
+	}
+	// The bundle's plover_instance_init runs here: a worker that hangs in
+	// it is stopped at the request's deadline (ctx carries it).
+	dl, _ := ctx.Deadline()
+	inst, err := p.prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: dl})
+	if err != nil {
+		var pe *device.ProcessExit
+		if errors.As(err, &pe) {
+			return nil, start, e.workerDied(v, p, pe)
+		}
+		if errors.Is(err, device.ErrDeadline) { // its worker was stopped
+			v.abandon(p)
+			return nil, start, errorf(KindTimeout, err, "function %s: the request's deadline passed while an instance was created", v.fn.name)
+		}
+		var ke *device.KernelError
+		if errors.As(err, &ke) { // plover_instance_init failed
+			e.hookFailed(v, err)
+			return nil, start, errorf(KindKernel, err, "function %s: creating an instance on %s: %s", v.fn.name, p.dev.Name(), err.Error())
+		}
+		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
+	}
+	v.mu.Lock()
+	v.live++
+	v.mu.Unlock()
+	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes()}, start, nil
+}
+
+func (e *Engine) pickDevice() (device.Device, error) {
+	var best device.Device
+	var bestFree int64
+	var lastErr error
+	for _, d := range e.cfg.Devices {
+		if err := d.Health(); err != nil {
+			lastErr = err
+			continue
+		}
+		if free := d.MemInfo().Free; best == nil || free > bestFree {
+			best, bestFree = d, free
+		}
+	}
+	if best == nil {
+		return nil, errorf(KindUnavailable, lastErr, "no healthy device")
+	}
+	return best, nil
+}
+
+// place makes sure v's program is loaded on dev (library, entries,
+// constants), loading it once however many requests ask at the same time.
+// It says Cold when it loaded the program, Warm when it was there.
+func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*placement, Start, error) {
+	select {
+	case v.placeTok <- struct{}{}:
+	case <-ctx.Done():
+		return nil, Cold, errorf(KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
+	}
+	defer func() { <-v.placeTok }()
+	if p := v.placement(dev); p != nil {
+		return p, Warm, nil
+	}
+	if rf := v.refused.Load(); rf != nil {
+		return nil, Cold, rf
+	}
+	t0 := time.Now()
+	m := v.manifest
+	budget := v.constSize + int64(v.policy.max)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes)
+	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget})
+	if err != nil {
+		var le *loader.Error
+		var pe *device.ProcessExit
+		var ke *device.KernelError
+		switch {
+		case errors.As(err, &le): // the library is refused: that will not change
+			err = inBundle(err, v.manifest.Library)
+			rf := errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
+			v.refused.Store(rf)
+			return nil, Cold, rf
+		case errors.As(err, &pe):
+			return nil, Cold, err
+		case errors.As(err, &ke): // plover_load failed
+			e.hookFailed(v, err)
+			return nil, Cold, errorf(KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), err.Error())
+		case errors.Is(err, device.ErrDeadline) || ctx.Err() != nil:
+			return nil, Cold, errorf(KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())
+		}
+		return nil, Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
+	}
+	p := &placement{dev: dev, prog: prog}
+	// The request this load serves logs it (coldStarted), with its own
+	// load time: the number its Server-Timing shows.
+	p.cold.Store(&coldLoad{fetched: v.fetched, fetchMs: v.prepMs, programMs: ms(time.Since(t0))})
+	v.mu.Lock()
+	v.placements = append(v.placements, p)
+	v.mu.Unlock()
+	v.prepMs, v.fetched = 0, false
+	return p, Cold, nil
+}
+
+// coldStarted logs a cold start once, from the request it served. load_ms
+// is that request's whole load time, the load span of its Server-Timing;
+// fetch_ms (bundle from cache or store, verified, unpacked) and program_ms
+// (library, constants and hooks on the device, in a worker or not) are its
+// parts, and the rest is the instance (buffers, instance hooks) and waits.
+// total_ms, fetch plus program, is kept for the benchmark suite.
+func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Duration) {
+	c := p.cold.Swap(nil)
+	if c == nil {
+		return // a program another request loaded (or a pre-warm)
+	}
+	round := func(x float64) float64 { return math.Round(x*1000) / 1000 }
+	e.cfg.Log.Info("cold start", "function", f.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12], "device", p.dev.Name(),
+		"fetched", c.fetched, "load_ms", round(ms(load)), "fetch_ms", round(c.fetchMs), "program_ms", round(c.programMs),
+		"total_ms", round(c.fetchMs+c.programMs))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

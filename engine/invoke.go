@@ -1,0 +1,249 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/device"
+)
+
+// Start says how a request found its instance.
+type Start uint8
+
+const (
+	Hot  Start = iota // an idle instance was reused
+	Warm              // the version was loaded; a new instance was created
+	Cold              // the version was loaded (and maybe fetched) for this request
+)
+
+func (s Start) String() string { return [...]string{"hot", "warm", "cold"}[s] }
+
+// Timing splits a request's time; Total includes everything in Invoke.
+type Timing struct {
+	Queue, Load, CopyIn, Kernels, CopyOut, Total time.Duration
+	// BatchWait is the part of Queue a free instance held the request for
+	// company (a batching function with max_delay); 0 otherwise.
+	BatchWait time.Duration
+}
+
+// Override replaces parts of the manifest for one request, within its limits.
+type Override struct {
+	Chain    []abi.Launch // nil: the manifest's chain
+	OutBytes int64        // < 0: the manifest's out_bytes
+	TmpBytes int64        // < 0: the manifest's tmp_bytes
+}
+
+// Request is one invocation. Callers may reuse a Request (and its Output's
+// capacity) across calls; the engine never keeps references to it.
+type Request struct {
+	Input    []byte
+	Override *Override
+	// Deadline bounds queue time plus execution; zero means the engine's
+	// Timeout from now. A request that would start after it fails with
+	// KindTimeout without running.
+	Deadline time.Time
+	// Gone, if set, reports whether the client has gone away. It is polled
+	// while the request waits for an instance, so an abandoned request
+	// gives up its queue slot instead of holding it until its deadline.
+	Gone func() bool
+	// Output is set to the bytes the chain produced (out_bytes, or fewer when
+	// an ABI 2 entry lowered s->out.len), reusing its capacity.
+	Output  []byte
+	Timing  Timing
+	Start   Start
+	Version string
+	// BatchSize is how many requests ran in this one's chain run (a
+	// batching function); 0 for a function that does not batch.
+	BatchSize int
+}
+
+// Invoke runs one request on the current version of function name.
+func (e *Engine) Invoke(ctx context.Context, name string, req *Request) error {
+	t0 := time.Now()
+	f, v, err := e.resolve(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer v.unref()
+	return e.invoke(ctx, f, v, req, t0)
+}
+
+// Pin is a function's version resolved once and held for one call: a
+// caller that reads the version (its tensors, its id) before running it
+// runs that very version, whatever deploys happen meanwhile. A pinned
+// version that a deploy replaced still serves the call, as any request in
+// flight finishes on the version it started on.
+type Pin struct {
+	e *Engine
+	f *function
+	v *version
+}
+
+// Pin resolves name's current version, without loading it, and holds it
+// until Release. Every successful Pin must be released.
+func (e *Engine) Pin(ctx context.Context, name string) (Pin, error) {
+	f, v, err := e.resolve(ctx, name)
+	if err != nil {
+		return Pin{}, err
+	}
+	return Pin{e, f, v}, nil
+}
+
+// Version is the pinned version's record.
+func (p Pin) Version() api.Version { return p.v.rec }
+
+// Invoke runs one request on the pinned version.
+func (p Pin) Invoke(ctx context.Context, req *Request) error {
+	return p.e.invoke(ctx, p.f, p.v, req, time.Now())
+}
+
+// Release ends the pin.
+func (p Pin) Release() { p.v.unref() }
+
+// invoke runs req on v, a version of f the caller holds a reference on;
+// t0 is when the request reached the engine.
+func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Request, t0 time.Time) (err error) {
+	deadline := req.Deadline
+	if deadline.IsZero() {
+		deadline = t0.Add(e.cfg.Timeout)
+	}
+	f.stats.requests.Add(1)
+	defer func() {
+		if err != nil {
+			f.stats.errors.Add(1)
+		}
+	}()
+	if b := v.backoffUntil.Load(); b != 0 && t0.UnixNano() < b {
+		return v.backoffError(b)
+	}
+	req.Start = Hot
+	req.Version = v.rec.ID
+	req.Timing = Timing{}
+	req.BatchSize = 0
+	if !v.loaded.Load() {
+		tl := time.Now()
+		// The request's deadline bounds the fetch and load too.
+		lctx, cancel := context.WithDeadline(ctx, deadline)
+		err := e.load(lctx, v)
+		cancel()
+		if err != nil {
+			return err
+		}
+		req.Start = Cold
+		req.Timing.Load = time.Since(tl)
+	}
+	if rf := v.refused.Load(); rf != nil {
+		return rf
+	}
+	m := v.manifest
+	if int64(len(req.Input)) > m.MaxInputBytes {
+		return errorf(KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, m.MaxInputBytes)
+	}
+	if v.batch != nil {
+		err := v.batch.invoke(ctx, req, deadline)
+		req.Timing.Total = time.Since(t0)
+		if req.BatchSize > 0 { // it ran, well or not: count its start as the unbatched path does
+			f.stats.count(req.Start)
+		}
+		if err != nil {
+			return err
+		}
+		f.stats.latencyNs.Add(int64(req.Timing.Total))
+		return nil
+	}
+	steps, outLen, tmpLen, key := v.steps, m.OutBytes, m.TmpBytes, uint64(1)
+	if !m.Graphs() {
+		key = 0 // "graph": false: the entries run on every request
+	}
+	if req.Override != nil {
+		if outLen, tmpLen, err = v.override(req.Override); err != nil {
+			return err
+		}
+		key = 0
+	}
+	tq := time.Now()
+	if err := v.acquire(ctx, deadline, req.Gone); err != nil {
+		return err
+	}
+	defer v.release()
+	ta := time.Now()
+	req.Timing.Queue = ta.Sub(tq)
+	in, fresh, err := e.take(ctx, v, deadline)
+	if err != nil {
+		return e.runFailed(f, v, nil, err)
+	}
+	tr := ta // a hot request reads the clock once between queue and run
+	if fresh != Hot {
+		if req.Start < fresh {
+			req.Start = fresh
+		}
+		tr = time.Now()
+		req.Timing.Load += tr.Sub(ta)
+		if fresh == Cold {
+			e.coldStarted(f, v, in.dev, req.Timing.Load)
+		}
+	}
+	if !tr.Before(deadline) {
+		v.put(in, false, tr)
+		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
+	}
+	if int64(cap(req.Output)) < outLen {
+		req.Output = make([]byte, outLen)
+	}
+	req.Output = req.Output[:outLen]
+	var r *device.Run
+	for retried := false; ; retried = true {
+		if req.Override != nil && req.Override.Chain != nil {
+			if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
+				v.put(in, false, time.Now())
+				return e.runFailed(f, v, in.dev, err)
+			}
+		}
+		r = &in.run
+		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
+		err = in.inst.Run(r)
+		if err == nil || retried || !beforeRun(err) {
+			break
+		}
+		// The instance's worker had died while it was idle (a chain that
+		// ran past an earlier deadline, a thread the bundle left behind):
+		// this request ran nowhere, so it runs once more on a fresh worker.
+		r.Input, r.Output = nil, nil
+		v.put(in, true, time.Now())
+		e.workerDied(v, in.dev, exitOf(err))
+		now := time.Now()
+		if b := v.backoffUntil.Load(); b != 0 && now.UnixNano() < b {
+			return v.backoffError(b)
+		}
+		if !now.Before(deadline) {
+			return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", f.name)
+		}
+		if in, fresh, err = e.take(ctx, v, deadline); err != nil {
+			return e.runFailed(f, v, nil, err)
+		}
+		if req.Start < fresh {
+			req.Start = fresh
+		}
+	}
+	r.Input, r.Output = nil, nil
+	if err == nil {
+		req.Output = req.Output[:r.OutLen]
+	}
+	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
+	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || processGone(err))
+	tEnd := time.Now() // one reading: the instance's last use and the total
+	v.put(in, broken, tEnd)
+	req.Timing.Total = tEnd.Sub(t0)
+	f.stats.count(req.Start)
+	if err != nil {
+		return e.runFailed(f, v, in.dev, err)
+	}
+	if v.crashCount.Load() > 0 { // the common case takes no lock
+		v.succeeded()
+	}
+	f.stats.latencyNs.Add(int64(req.Timing.Total))
+	return nil
+}

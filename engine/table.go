@@ -1,0 +1,187 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/registry"
+)
+
+// function is a name and its current version.
+type function struct {
+	name  string
+	cur   *version // guarded by Engine.mu
+	stats stats
+}
+
+type stats struct {
+	requests, errors, cold, warm, hot atomic.Int64
+	latencyNs                         atomic.Int64 // sum over successful requests
+}
+
+// count records how a request that ran found its instance.
+func (s *stats) count(start Start) {
+	switch start {
+	case Cold:
+		s.cold.Add(1)
+	case Warm:
+		s.warm.Add(1)
+	default:
+		s.hot.Add(1)
+	}
+}
+
+// resolve finds the current version of name, reading the store the first
+// time, and takes a reference on it.
+func (e *Engine) resolve(ctx context.Context, name string) (*function, *version, error) {
+	for {
+		e.mu.Lock()
+		f := e.funcs[name]
+		var v *version
+		if f != nil {
+			v = f.cur
+		}
+		e.mu.Unlock()
+		if f == nil {
+			if _, err := e.lookup(ctx, name); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		if v != nil && v.ref() {
+			return f, v, nil
+		}
+		// Retired between the lock and ref: the next round sees its successor.
+	}
+}
+
+// lookup reads name's record and adds the function to this node, unless a
+// deploy or delete changed the node while the store was read (then it
+// reads again: what it read may be stale).
+func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
+	if !abi.ValidName(name) {
+		return nil, errorf(KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
+	}
+	for attempt := 0; ; attempt++ {
+		e.mu.Lock()
+		at, closed := e.epoch, e.closed
+		e.mu.Unlock()
+		if closed {
+			return nil, errorf(KindUnavailable, nil, "the server is shutting down")
+		}
+		rec, err := e.reg.Get(ctx, name)
+		if errors.Is(err, registry.ErrNoFunction) {
+			return nil, errorf(KindNotFound, err, "function %q not found", name)
+		}
+		if err != nil {
+			return nil, unavailable(err, "function %s: store unavailable", name)
+		}
+		cv, err := rec.CurrentVersion()
+		if err != nil {
+			return nil, errorf(KindInternal, err, "function %s: corrupt record", name)
+		}
+		if attempt == 3 {
+			at = 0 // changes keep coming: take what was read
+		}
+		if f, _ := e.switchTo(name, cv, at); f != nil {
+			return f, nil
+		}
+	}
+}
+
+// switchTo makes rv the current version of name, adding the function if
+// needed, and retires the previous version once its in-flight requests
+// finish. With at != 0 it does nothing unless the epoch is still at. It
+// returns the function (nil if it did nothing) and whether the version
+// changed.
+func (e *Engine) switchTo(name string, rv api.Version, at uint64) (*function, bool) {
+	e.mu.Lock()
+	if e.closed || (at != 0 && e.epoch != at) {
+		e.mu.Unlock()
+		return nil, false
+	}
+	if at == 0 {
+		// A change made here: the record's tag Refresh applied is stale
+		// (the record may later return to those very bytes and tag).
+		delete(e.tags, name)
+	}
+	f := e.funcs[name]
+	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
+		e.mu.Unlock()
+		return f, false
+	}
+	if f == nil {
+		name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
+		f = &function{name: name}
+		e.funcs[name] = f
+	}
+	old := f.cur
+	f.cur = e.newVersion(f, rv)
+	e.epoch++
+	e.mu.Unlock()
+	if old != nil {
+		old.retire()
+	}
+	return f, true
+}
+
+// forget drops a function from this node (with at != 0, only if the epoch
+// is still at); its version retires once its in-flight requests finish.
+func (e *Engine) forget(name string, at uint64) {
+	e.mu.Lock()
+	if at != 0 && e.epoch != at {
+		e.mu.Unlock()
+		return
+	}
+	if at == 0 {
+		delete(e.tags, name)
+	}
+	f := e.funcs[name]
+	delete(e.funcs, name)
+	var old *version
+	if f != nil {
+		old, f.cur = f.cur, nil
+	}
+	e.epoch++
+	e.mu.Unlock()
+	if old != nil {
+		old.retire()
+	}
+}
+
+func (e *Engine) newVersion(f *function, rv api.Version) *version {
+	return &version{fn: f, rec: rv, log: e.cfg.Log.Info, placeTok: make(chan struct{}, 1)}
+}
+
+type funcVersion struct {
+	f *function
+	v *version
+}
+
+func (e *Engine) current() []funcVersion {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]funcVersion, 0, len(e.funcs))
+	for _, f := range e.funcs {
+		if f.cur != nil {
+			out = append(out, funcVersion{f, f.cur})
+		}
+	}
+	return out
+}
+
+// detach replaces v, if still current, by an unloaded copy of the same
+// version; the caller retires v.
+func (e *Engine) detach(f *function, v *version) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f.cur != v {
+		return false
+	}
+	f.cur = e.newVersion(f, v.rec)
+	return true
+}

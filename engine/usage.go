@@ -1,0 +1,54 @@
+package engine
+
+import (
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/device"
+)
+
+// processReporter is a program living in a process of its own.
+type processReporter interface{ Process() device.ProcessStats }
+
+// processes reports the processes v's programs live in (none in process).
+func (v *version) processes() []api.WorkerInfo {
+	v.mu.Lock()
+	ps := append([]*placement(nil), v.placements...)
+	v.mu.Unlock()
+	var out []api.WorkerInfo
+	for _, p := range ps {
+		if r, ok := p.prog.(processReporter); ok {
+			ps := r.Process()
+			out = append(out, api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, Threads: ps.Threads})
+		}
+	}
+	return out
+}
+
+// batcher is v's batcher once it is loaded, else nil.
+func (v *version) batcher() *batcher {
+	if !v.loaded.Load() { // load writes batch before loaded
+		return nil
+	}
+	return v.batch
+}
+
+// queued is the requests waiting: for an instance, or for a batch.
+func (v *version) queued() int {
+	n := int(v.waiting.Load())
+	if b := v.batcher(); b != nil {
+		n += b.pendingCount()
+	}
+	return n
+}
+
+// usage reports busy and idle instances and the device memory v holds.
+func (v *version) usage() (busy, idle int, mem int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	idle = len(v.idle)
+	busy = v.live - idle
+	if v.loaded.Load() { // manifest and constSize are written by load
+		m := v.manifest
+		mem = int64(v.live)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(len(v.placements))*v.constSize
+	}
+	return busy, idle, mem
+}

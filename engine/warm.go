@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/plover-run/plover/bundle"
+)
+
+func (e *Engine) load(ctx context.Context, v *version) error {
+	v.loadMu.Lock()
+	defer v.loadMu.Unlock()
+	if v.loaded.Load() {
+		return nil
+	}
+	if v.loadErr != nil {
+		return v.loadErr
+	}
+	t0 := time.Now()
+	dir, m, fetched, err := e.cfg.Cache.Get(ctx, e.cfg.Store, v.rec.SHA256)
+	if err != nil {
+		var fe *bundle.FetchError
+		var be *bundle.Error
+		switch {
+		case errors.As(err, &fe):
+			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
+		case errors.As(err, &be): // the bundle itself is refused: that will not change
+			v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
+			return v.loadErr
+		default: // local trouble (disk full, a race with eviction): try again later
+			e.cfg.Log.Error("cannot prepare bundle", "function", v.fn.name, "sha256", v.rec.SHA256[:12], "error", err)
+			return errorf(KindUnavailable, err, "function %s: cannot prepare its bundle on this node; see the server log", v.fn.name)
+		}
+	}
+	v.policy = e.policyFor(m)
+	if m.Constants != "" {
+		fi, err := os.Stat(filepath.Join(dir, m.Constants))
+		if err != nil {
+			e.cfg.Cache.Release(v.rec.SHA256)
+			return errorf(KindInternal, err, "function %s: constants", v.fn.name)
+		}
+		v.constSize = fi.Size()
+	}
+	v.dir, v.manifest, v.steps, v.unpin = dir, m, manifestSteps(m), func() { e.cfg.Cache.Release(v.rec.SHA256) }
+	v.slots = make(chan struct{}, v.policy.max)
+	if m.Batch != nil {
+		v.batch = newBatcher(e, v)
+		v.freed = v.batch
+	}
+	v.mu.Lock()
+	v.lastUsed = time.Now()
+	v.mu.Unlock()
+	v.loaded.Store(true)
+	v.prepMs, v.fetched = ms(time.Since(t0)), fetched
+	return nil
+}
+
+// warm loads v and creates instances up to its min_instances.
+func (e *Engine) warm(ctx context.Context, v *version) error {
+	if err := e.load(ctx, v); err != nil {
+		return err
+	}
+	for {
+		v.mu.Lock()
+		n, retired := v.live, v.retired
+		v.mu.Unlock()
+		if n >= v.policy.min || retired {
+			return nil
+		}
+		// Hold a slot like a request, so warming never takes the function
+		// past max_instances; if requests hold them all, they are creating
+		// the instances anyway.
+		select {
+		case v.slots <- struct{}{}:
+		default:
+			return nil
+		}
+		in, _, err := e.newInstance(ctx, v)
+		if err == nil {
+			v.put(in, false, time.Now())
+		}
+		v.release()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// Prewarm brings every function whose policy asks for min_instances up to
+// them, as a server does at start. The record says which functions want
+// instances (the server default applies to all), so other bundles are not
+// fetched: they stay in the store until their first request.
+func (e *Engine) Prewarm(ctx context.Context) error {
+	recs, err := e.reg.List(ctx)
+	if err != nil {
+		return fmt.Errorf("prewarm: %w", err)
+	}
+	var firstErr error
+	for _, rec := range recs {
+		cv, err := rec.CurrentVersion()
+		if err != nil || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
+			continue
+		}
+		f, err := e.lookup(ctx, rec.Name)
+		if err == nil {
+			e.warmIfWanted(ctx, f)
+		} else if firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// warmIfWanted brings f's current version up to its min_instances.
+// Functions without a minimum (by their record, or the server default) are
+// left unloaded, and nothing is fetched for them.
+func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
+	e.mu.Lock()
+	v := f.cur
+	e.mu.Unlock()
+	if v == nil || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.ref() {
+		return
+	}
+	defer v.unref()
+	// A pre-warm runs the bundle's constructors: one that hangs must not
+	// hold a deploy (or a server's start) for longer than a request may
+	// take.
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	if err := e.warm(ctx, v); err != nil {
+		e.cfg.Log.Warn("cannot pre-warm min_instances", "function", f.name, "version", v.rec.ID, "error", err)
+	}
+}
