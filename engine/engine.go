@@ -32,7 +32,9 @@ type Config struct {
 	// SpoolDir holds uploaded bundles while they are checked (default: the
 	// system's temporary directory).
 	SpoolDir string
-	Log      *slog.Logger
+	// Evictor picks what goes when a device is short of memory; nil: LRU.
+	Evictor Evictor
+	Log     *slog.Logger
 }
 
 // Engine is the thing that owns functions, their versions and instances, and
@@ -83,6 +85,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.MaxBundleBytes <= 0 {
 		cfg.MaxBundleBytes = 1 << 30
+	}
+	if cfg.Evictor == nil {
+		cfg.Evictor = LRU{}
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)

@@ -1,8 +1,8 @@
 package engine
 
 import (
+	"slices"
 	"sync"
-	"time"
 
 	"github.com/plover-run/plover/device"
 )
@@ -41,12 +41,12 @@ type evictedInstance struct {
 	v  *version
 }
 
-// reserve makes need bytes available on dev for forV, evicting least
-// recently used idle instances first and then least recently used
-// functions with no instance and no request. Memory of busy instances is
-// never taken, and nothing is evicted when everything evictable would
-// still not be enough. The returned func gives the reservation back once
-// the allocation is done (or failed).
+// reserve makes need bytes available on dev for forV, evicting what the
+// Evictor picks among idle instances and functions with no instance and no
+// request (idleOn). Memory of busy instances is never taken, and nothing is
+// evicted when everything evictable would still not be enough. The
+// returned func gives the reservation back once the allocation is done (or
+// failed).
 func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), error) {
 	l := &e.mem
 	l.mu.Lock()
@@ -61,16 +61,23 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 			return nil, errorf(KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
-		for avail+ev.bytes < need {
-			if ei, ok := e.takeIdleInstance(dev); ok {
-				ev.instances = append(ev.instances, ei)
-				ev.bytes += ei.in.bytes
-				continue
-			}
-			if fv, bytes, ok := e.idleFunction(dev, forV); ok && e.detach(fv.f, fv.v) {
-				ev.versions = append(ev.versions, fv)
-				ev.bytes += bytes
-				continue
+		var idle []Idle
+		var from []idleRef
+		for missed := 0; avail+ev.bytes < need; {
+			// Gathered afresh each time: taking an instance may leave its
+			// function with none, and so evictable as a whole.
+			idle, from = e.idleOn(dev, forV, idle[:0], from[:0])
+			if len(idle) > 0 && missed <= len(idle) {
+				if i := e.cfg.Evictor.Pick(idle); i >= 0 && i < len(idle) {
+					// A miss (requests took it meanwhile) looks again, but
+					// not forever.
+					if e.take1(&ev, from[i]) {
+						missed = 0
+					} else {
+						missed++
+					}
+					continue
+				}
 			}
 			l.freeing[dev] += ev.bytes
 			l.mu.Unlock()
@@ -144,67 +151,70 @@ func (e *Engine) reclaimable(dev device.Device, forV *version) int64 {
 	return n
 }
 
-// takeIdleInstance removes the least recently used idle instance on dev
-// from its pool (keeping every function's min_instances) and returns it
-// with a reference on its version, for the caller to close and unref.
-func (e *Engine) takeIdleInstance(dev device.Device) (evictedInstance, bool) {
-	for {
-		var victim *version
-		var oldest time.Time
-		for _, fv := range e.current() {
-			v := fv.v
-			if !v.loaded.Load() { // policy is written by load
-				continue
-			}
-			v.mu.Lock()
-			if v.live > v.policy.min { // min_instances hold even under memory pressure
-				for _, in := range v.idle {
-					if in.dev.dev == dev && (victim == nil || in.lastUsed.Before(oldest)) {
-						victim, oldest = v, in.lastUsed
-					}
-				}
-			}
-			v.mu.Unlock()
-		}
-		if victim == nil {
-			return evictedInstance{}, false
-		}
-		victim.mu.Lock()
-		for i, in := range victim.idle {
-			if in.dev.dev == dev && in.lastUsed.Equal(oldest) && victim.live > victim.policy.min && !victim.dead {
-				victim.idle = append(victim.idle[:i], victim.idle[i+1:]...)
-				victim.live--
-				victim.refs++ // released by free once the instance is closed
-				victim.mu.Unlock()
-				return evictedInstance{in, victim}, true
-			}
-		}
-		victim.mu.Unlock() // the pool changed meanwhile: look again
-	}
+// idleRef is where an Idle came from: an instance of v, or v itself.
+type idleRef struct {
+	fv funcVersion
+	in *instance // nil: the function's program
 }
 
-// idleFunction finds the least recently used loaded function, other than
-// except, with constants on dev (so unloading it frees something), no
-// instance and no request in flight, and the bytes unloading it frees.
-func (e *Engine) idleFunction(dev device.Device, except *version) (funcVersion, int64, bool) {
-	var best funcVersion
-	var bytes int64
-	var oldest time.Time
+// idleOn appends to idle (and from) what could be freed on dev for forV:
+// the idle instances there above each function's min_instances, and the
+// loaded functions other than forV with constants there (so unloading
+// them frees something), no instance and no request in flight.
+func (e *Engine) idleOn(dev device.Device, forV *version, idle []Idle, from []idleRef) ([]Idle, []idleRef) {
 	for _, fv := range e.current() {
 		v := fv.v
-		if v == except || !v.loaded.Load() {
+		if !v.loaded.Load() { // policy is written by load
 			continue
 		}
 		p := v.placement(dev)
-		if p == nil || p.prog.ConstantsBytes() == 0 {
-			continue
-		}
 		v.mu.Lock()
-		idle, last := v.live == 0 && v.refs == 0, v.lastUsed
+		if v.live > v.policy.min { // min_instances hold even under memory pressure
+			for _, in := range v.idle {
+				if in.dev.dev == dev {
+					idle = append(idle, Idle{Function: fv.f.name, Instance: true, Bytes: in.bytes, LastUsed: in.lastUsed})
+					from = append(from, idleRef{fv, in})
+				}
+			}
+		}
+		whole := v != forV && v.live == 0 && v.refs == 0 && p != nil
+		last := v.lastUsed
 		v.mu.Unlock()
-		if idle && (best.v == nil || last.Before(oldest)) {
-			best, oldest, bytes = fv, last, p.prog.ConstantsBytes()
+		if whole {
+			if b := p.prog.ConstantsBytes(); b > 0 {
+				idle = append(idle, Idle{Function: fv.f.name, Bytes: b, LastUsed: last})
+				from = append(from, idleRef{fv: fv})
+			}
 		}
 	}
-	return best, bytes, best.v != nil
+	return idle, from
+}
+
+// take1 takes what r names out of its pool or off the node into ev, if it
+// is still idle (requests may have taken or ended it since idleOn looked),
+// and reports whether it did. An instance goes with a reference on its
+// version, released by free once the instance is closed.
+func (e *Engine) take1(ev *eviction, r idleRef) bool {
+	v := r.fv.v
+	if r.in == nil {
+		p := v.placement(ev.dev)
+		if p == nil || !e.detach(r.fv.f, v) {
+			return false
+		}
+		ev.versions = append(ev.versions, r.fv)
+		ev.bytes += p.prog.ConstantsBytes()
+		return true
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	i := slices.Index(v.idle, r.in)
+	if i < 0 || v.live <= v.policy.min || v.dead {
+		return false
+	}
+	v.idle = slices.Delete(v.idle, i, i+1)
+	v.live--
+	v.refs++
+	ev.instances = append(ev.instances, evictedInstance{r.in, v})
+	ev.bytes += r.in.bytes
+	return true
 }

@@ -31,3 +31,56 @@ func (e *Engine) policyFor(m *abi.Manifest) policy {
 	}
 	return p
 }
+
+// Idle is something idle on a device that the engine could free to make
+// room: an instance in a function's warm pool, or a loaded function with
+// no instance and no request in flight (its program: library and
+// constants). The ledger gathers them from its bookkeeping, the last-use
+// time every request's end records, and frees the one the Evictor picks.
+type Idle struct {
+	Function string
+	Instance bool      // an idle instance; false: the function's program
+	Bytes    int64     // what freeing it gives back on the device
+	LastUsed time.Time // when its last request ended (a program: its function's)
+}
+
+// Evictor decides what goes when a device is short of memory. The engine
+// keeps the pools, frees what it picks and accounts for it (ledger.go), as
+// open-lambda keeps its evictors apart from the sandboxes they evict. Pick
+// is shown only what may go: never a busy instance, an instance that
+// min_instances keeps, or the function the room is for; it is called
+// under the ledger's lock, so it must be quick and must not call the
+// engine. (Idleness, the other reason to free, is each function's
+// idle_ttl: configuration, applied by Reap.)
+type Evictor interface {
+	// Pick returns the index in idle (never empty) of the next thing to
+	// free, or -1 to free nothing more. It must not keep idle.
+	Pick(idle []Idle) int
+}
+
+// LRU is the default Evictor: idle instances before programs (an instance
+// is recreated in microseconds, a program costs its function a cold
+// start), each kind least recently used first.
+type LRU struct{}
+
+// Pick implements Evictor.
+func (LRU) Pick(idle []Idle) int {
+	best := -1
+	for i, c := range idle {
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := idle[best]
+		if c.Instance != b.Instance {
+			if c.Instance {
+				best = i
+			}
+			continue
+		}
+		if c.LastUsed.Before(b.LastUsed) {
+			best = i
+		}
+	}
+	return best
+}

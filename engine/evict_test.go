@@ -1,0 +1,89 @@
+package engine_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+func TestLRUPick(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	inst := func(fn string, ago int) engine.Idle {
+		return engine.Idle{Function: fn, Instance: true, Bytes: 1, LastUsed: t0.Add(-time.Duration(ago) * time.Second)}
+	}
+	prog := func(fn string, ago int) engine.Idle {
+		return engine.Idle{Function: fn, Bytes: 1, LastUsed: t0.Add(-time.Duration(ago) * time.Second)}
+	}
+	tests := []struct {
+		name string
+		idle []engine.Idle
+		want string // the picked function; "" for an instance-vs-program check below
+		inst bool
+	}{
+		{"one", []engine.Idle{inst("a", 1)}, "a", true},
+		{"oldest instance", []engine.Idle{inst("a", 1), inst("b", 5), inst("c", 3)}, "b", true},
+		{"instances before programs, however old", []engine.Idle{prog("old", 100), inst("a", 1)}, "a", true},
+		{"oldest program when no instance", []engine.Idle{prog("a", 1), prog("b", 9), prog("c", 3)}, "b", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			i := engine.LRU{}.Pick(tt.idle)
+			if i < 0 || tt.idle[i].Function != tt.want || tt.idle[i].Instance != tt.inst {
+				t.Fatalf("picked %d (%+v), want %s (instance %v)", i, tt.idle, tt.want, tt.inst)
+			}
+		})
+	}
+}
+
+// mru evicts the most recently used: the opposite of the default, so the
+// engine's choice shows whose it was. It records what it was offered.
+type mru struct {
+	mu      sync.Mutex
+	offered [][]engine.Idle
+}
+
+func (m *mru) Pick(idle []engine.Idle) int {
+	m.mu.Lock()
+	m.offered = append(m.offered, append([]engine.Idle(nil), idle...))
+	m.mu.Unlock()
+	best := 0
+	for i, c := range idle {
+		if c.LastUsed.After(idle[best].LastUsed) {
+			best = i
+		}
+	}
+	return best
+}
+
+// The engine frees what its Evictor picks, and offers it only what may go.
+func TestEvictorDecides(t *testing.T) {
+	mx := testkit.Slow("x", 1)
+	per := mx.MaxInputBytes + mx.TmpBytes + mx.OutBytes
+	host := device.NewHost(2*per + per/2) // room for two instances
+	ev := &mru{}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{host}, Evictor: ev})
+	for _, n := range []string{"a", "b", "c"} {
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow(n, 1), nil))
+	}
+	invoke(t, e, "a", []byte{1})
+	invoke(t, e, "b", []byte{1})
+	instances := func(n string) int { fi := info(t, e, n); return fi.Idle + fi.Busy }
+	invoke(t, e, "c", []byte{1}) // the evictor takes b, the most recently used
+	if instances("a") != 1 || instances("b") != 0 || instances("c") != 1 {
+		t.Fatalf("after c: a=%d b=%d c=%d instances, want b evicted", instances("a"), instances("b"), instances("c"))
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.offered) == 0 {
+		t.Fatal("the evictor was never asked")
+	}
+	for _, c := range ev.offered[0] {
+		if c.Function == "c" || !c.Instance || c.Bytes != per {
+			t.Fatalf("offered %+v: want only a's and b's idle instances of %d bytes", ev.offered[0], per)
+		}
+	}
+}
