@@ -29,7 +29,7 @@ func (c *closeProbe) Close() {
 func TestEvictedBytesLeaveFreeingBeforeClose(t *testing.T) {
 	e := &Engine{mem: newLedger(), cfg: Config{Log: slog.New(slog.DiscardHandler)}}
 	dev := device.NewHost(100)
-	v := &version{fn: &function{name: "f"}, refs: 2}
+	v := &version{fn: &function{name: "f"}, poolState: poolState{refs: 2}}
 	a, b := &closeProbe{e: e, dev: dev}, &closeProbe{e: e, dev: dev}
 	e.mem.freeing[dev] = 100
 	e.free(eviction{dev: dev, bytes: 100, instances: []evictedInstance{

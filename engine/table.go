@@ -154,7 +154,7 @@ func (e *Engine) forget(name string, at uint64) {
 }
 
 func (e *Engine) newVersion(f *function, rv api.Version) *version {
-	return &version{fn: f, rec: rv, log: e.cfg.Log.Info, placeTok: make(chan struct{}, 1)}
+	return &version{fn: f, rec: rv, log: e.cfg.Log.Info, loadState: loadState{placeTok: make(chan struct{}, 1)}}
 }
 
 type funcVersion struct {

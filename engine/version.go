@@ -15,23 +15,28 @@ import (
 )
 
 // version is one deployed bundle of a function on this node: its program
-// on each device it runs on, and its warm pool.
+// on each device it runs on, and its warm pool. Its state comes in three
+// parts by who writes it and under what: the load (written once), the
+// pool (under mu) and the crash record (read lock-free on the hot path).
 type version struct {
 	fn  *function
 	rec api.Version
 	log func(msg string, args ...any)
 
+	loadState
+	poolState
+	crashState
+}
+
+// loadState is the version's bundle as load prepared it: written once,
+// under loadMu, and read-only after loaded is true.
+type loadState struct {
 	loadMu   sync.Mutex
 	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
 	loaded   atomic.Bool
 	loadErr  error                 // a permanent refusal (invalid bundle), not an outage
 	refused  atomic.Pointer[Error] // a device refused the library: as permanent
-	// backoffUntil (Unix ns, 0: none) fails requests fast after repeated
-	// worker crashes; read on the hot path without a lock.
-	backoffUntil atomic.Int64
-	crashCount   atomic.Int32 // len(crashes), for a lock-free check
 
-	// Set once by load, read-only after loaded is true.
 	dir       string
 	manifest  *abi.Manifest
 	steps     []device.Step // the manifest chain: entries 0..k-1 of every program
@@ -46,7 +51,10 @@ type version struct {
 	unpin   func()       // ends the version's use of its cached bundle
 	prepMs  float64      // fetch + verify + unpack, until the first program load logs it (placeTok)
 	fetched bool
+}
 
+// poolState is the version's instances and references, under mu.
+type poolState struct {
 	mu         sync.Mutex
 	idle       []*instance
 	live       int // instances that exist (idle or busy)
@@ -54,8 +62,18 @@ type version struct {
 	retired    bool
 	dead       bool
 	placements []*placement
-	lastUsed   time.Time   // last request end (or load)
-	crashes    []time.Time // recent worker crashes, oldest first; reset by a success
+	lastUsed   time.Time // last request end (or load)
+}
+
+// crashState is the version's recent worker crashes and the back-off they
+// set. crashes is guarded by the version's mu; the atomics let the hot
+// path check for back-off without it.
+type crashState struct {
+	// backoffUntil (Unix ns, 0: none) fails requests fast after repeated
+	// worker crashes.
+	backoffUntil atomic.Int64
+	crashCount   atomic.Int32 // len(crashes)
+	crashes      []time.Time  // oldest first; reset by a success
 }
 
 // placement is v's program on one device.
