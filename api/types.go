@@ -3,8 +3,9 @@
 // openapi.yaml in this directory describes the same shapes for clients in
 // other languages (openapi_test.go checks it against a running server).
 //
-// The server (httpapi, engine, registry) and the CLI import this package and
-// nothing of each other, so a client never links the engine.
+// The server (httpapi, engine, registry) and the CLI's client commands
+// import this package instead of each other: only plover serve links the
+// engine.
 package api
 
 import (

@@ -114,8 +114,6 @@ func checkDeploy(dir string, m *abi.Manifest, name, target string) error {
 	return nil
 }
 
-// Delete removes a function; its current version retires after in-flight
-// requests finish.
 // writeErr remembers a write failure, to tell it from a read failure of
 // the client's body in io.Copy.
 type writeErr struct {
@@ -140,6 +138,8 @@ func storageError(err error, format string, args ...any) error {
 	return unavailable(err, format, args...)
 }
 
+// Delete removes a function; its current version retires after in-flight
+// requests finish.
 func (c *Control) Delete(ctx context.Context, name string) error {
 	e := c.e
 	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {

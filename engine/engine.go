@@ -63,12 +63,12 @@ type Engine struct {
 // New returns an Engine over the given store, cache and devices.
 func New(cfg Config) (*Engine, error) {
 	if cfg.Store == nil || cfg.Cache == nil || len(cfg.Devices) == 0 {
-		return nil, errors.New("runtime: store, cache and at least one device are required")
+		return nil, errors.New("engine: store, cache and at least one device are required")
 	}
 	target := cfg.Devices[0].Target()
 	for _, d := range cfg.Devices {
 		if d.Target() != target {
-			return nil, fmt.Errorf("runtime: devices mix targets %q and %q", target, d.Target())
+			return nil, fmt.Errorf("engine: devices mix targets %q and %q", target, d.Target())
 		}
 	}
 	if cfg.MaxInstances <= 0 {

@@ -87,3 +87,23 @@ func TestEvictorDecides(t *testing.T) {
 		}
 	}
 }
+
+// When evicting a function's idle instances is not enough, the function
+// itself (its constants) goes in the same reservation: the references the
+// eviction holds on its instances are not requests in flight.
+func TestEvictionTakesInstancesThenTheirFunction(t *testing.T) {
+	ma := testkit.Manifest("a")
+	ma.Constants = "w.bin"
+	per := ma.MaxInputBytes + ma.TmpBytes + ma.OutBytes
+	host := device.NewHost(per + 64<<10 + 2048) // a's instance and constants, and a little
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{host}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, ma, make([]byte, 64<<10)))
+	mb := testkit.Manifest("b")
+	mb.Constants = "w.bin"
+	testkit.Deploy(t, e, testkit.BundleDir(t, mb, make([]byte, 32<<10)))
+	invoke(t, e, "a", []byte{1})
+	invoke(t, e, "b", []byte{1}) // needs a's instance and a's constants
+	if fi := info(t, e, "a"); fi.Loaded || fi.Idle != 0 {
+		t.Fatalf("a still loaded (%d idle instances) after b needed its memory", fi.Idle)
+	}
+}

@@ -31,7 +31,14 @@ type eviction struct {
 	dev       device.Device
 	bytes     int64
 	instances []evictedInstance
-	versions  []funcVersion
+	versions  []evictedVersion
+}
+
+// evictedVersion is a function unloaded from dev, and the bytes of its
+// constants there, as they were when it was taken.
+type evictedVersion struct {
+	funcVersion
+	bytes int64
 }
 
 // evictedInstance holds a reference on its version, like a request, so the
@@ -66,7 +73,7 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 		for missed := 0; avail+ev.bytes < need; {
 			// Gathered afresh each time: taking an instance may leave its
 			// function with none, and so evictable as a whole.
-			idle, from = e.idleOn(dev, forV, idle[:0], from[:0])
+			idle, from = e.idleOn(dev, forV, &ev, idle[:0], from[:0])
 			if len(idle) > 0 && missed <= len(idle) {
 				if i := e.cfg.Evictor.Pick(idle); i >= 0 && i < len(idle) {
 					// A miss (requests took it meanwhile) looks again, but
@@ -113,9 +120,9 @@ func (e *Engine) free(ev eviction, need, avail int64) {
 		e.evictions.instances.Add(1)
 	}
 	for _, fv := range ev.versions {
-		if p := fv.v.placement(ev.dev); p != nil {
-			unfree(p.prog.ConstantsBytes())
-		}
+		// The bytes counted when it was taken: its placement may be gone
+		// by now (its worker died), and they must leave freeing anyway.
+		unfree(fv.bytes)
 		fv.v.retire()
 		e.evictions.functions.Add(1)
 		e.cfg.Log.Info("evicted idle function", "function", fv.f.name, "device", ev.dev.Name(), "needed_bytes", need, "free_bytes", avail)
@@ -151,6 +158,18 @@ func (e *Engine) reclaimable(dev device.Device, forV *version) int64 {
 	return n
 }
 
+// refsOn is how many references on v the eviction holds (one per instance
+// of v it took).
+func (ev *eviction) refsOn(v *version) int {
+	n := 0
+	for _, ei := range ev.instances {
+		if ei.v == v {
+			n++
+		}
+	}
+	return n
+}
+
 // idleRef is where an Idle came from: an instance of v, or v itself.
 type idleRef struct {
 	fv funcVersion
@@ -160,8 +179,10 @@ type idleRef struct {
 // idleOn appends to idle (and from) what could be freed on dev for forV:
 // the idle instances there above each function's min_instances, and the
 // loaded functions other than forV with constants there (so unloading
-// them frees something), no instance and no request in flight.
-func (e *Engine) idleOn(dev device.Device, forV *version, idle []Idle, from []idleRef) ([]Idle, []idleRef) {
+// them frees something), no instance and no request in flight. The
+// references ev holds on versions whose instances it took are not
+// requests: a function whose last instances ev took may go as a whole.
+func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []Idle, from []idleRef) ([]Idle, []idleRef) {
 	for _, fv := range e.current() {
 		v := fv.v
 		if !v.loaded.Load() { // policy is written by load
@@ -177,7 +198,7 @@ func (e *Engine) idleOn(dev device.Device, forV *version, idle []Idle, from []id
 				}
 			}
 		}
-		whole := v != forV && v.live == 0 && v.refs == 0 && p != nil
+		whole := v != forV && v.live == 0 && v.refs == ev.refsOn(v) && p != nil
 		last := v.lastUsed
 		v.mu.Unlock()
 		if whole {
@@ -201,8 +222,9 @@ func (e *Engine) take1(ev *eviction, r idleRef) bool {
 		if p == nil || !e.detach(r.fv.f, v) {
 			return false
 		}
-		ev.versions = append(ev.versions, r.fv)
-		ev.bytes += p.prog.ConstantsBytes()
+		b := p.prog.ConstantsBytes()
+		ev.versions = append(ev.versions, evictedVersion{r.fv, b})
+		ev.bytes += b
 		return true
 	}
 	v.mu.Lock()

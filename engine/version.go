@@ -29,7 +29,10 @@ type version struct {
 }
 
 // loadState is the version's bundle as load prepared it: written once,
-// under loadMu, and read-only after loaded is true.
+// under loadMu, before loaded is set, and read-only after; but for the
+// atomics (refused, set by a device's refusal; waiting, by queued
+// requests) and prepMs and fetched, which the first program load takes
+// (under placeTok).
 type loadState struct {
 	loadMu   sync.Mutex
 	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline

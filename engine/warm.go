@@ -54,8 +54,8 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	v.mu.Lock()
 	v.lastUsed = time.Now()
 	v.mu.Unlock()
+	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
 	v.loaded.Store(true)
-	v.prepMs, v.fetched = ms(time.Since(t0)), fetched
 	return nil
 }
 

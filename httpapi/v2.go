@@ -128,23 +128,16 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 	if !s.method(ctx, want) {
 		return
 	}
-	// One resolution for the whole request: the version described, whose
-	// tensors lay the inputs out, is the version that runs.
-	pin, err := s.inv.Pin(context.Background(), name)
-	if err != nil {
-		s.v2Fail(ctx, err)
+	if action == "infer" {
+		s.v2Infer(ctx, name, version)
 		return
 	}
-	defer pin.Release()
+	pin, ts, ok := s.v2Pin(ctx, name, version)
+	if !ok {
+		return
+	}
 	cur := pin.Version()
-	if version != "" && version != cur.ID && !(len(version) >= 8 && strings.HasPrefix(cur.ID, version)) {
-		v2Error(ctx, fasthttp.StatusNotFound, fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID))
-		return
-	}
-	ts := cur.Tensors
-	if ts == nil {
-		ts = &abi.RawTensors
-	}
+	pin.Release()
 	switch action {
 	case "":
 		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": name, "versions": []string{cur.ID}, "platform": "plover",
@@ -156,9 +149,30 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 			code = fasthttp.StatusServiceUnavailable
 		}
 		writeJSON(ctx, code, map[string]any{"name": name, "ready": ok})
-	case "infer":
-		s.v2Infer(ctx, name, pin, ts)
 	}
+}
+
+// v2Pin resolves name's current version once for the request (the version
+// described, whose tensors lay the inputs out, is the version that runs)
+// and checks it against the version the path names. On failure it has
+// written the error; on success the caller releases the pin.
+func (s *Server) v2Pin(ctx *fasthttp.RequestCtx, name, version string) (engine.Pin, *abi.Tensors, bool) {
+	pin, err := s.inv.Pin(context.Background(), name)
+	if err != nil {
+		s.v2Fail(ctx, err)
+		return pin, nil, false
+	}
+	cur := pin.Version()
+	if version != "" && version != cur.ID && !(len(version) >= 8 && strings.HasPrefix(cur.ID, version)) {
+		pin.Release()
+		v2Error(ctx, fasthttp.StatusNotFound, fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID))
+		return pin, nil, false
+	}
+	ts := cur.Tensors
+	if ts == nil {
+		ts = &abi.RawTensors
+	}
+	return pin, ts, true
 }
 
 // v2Call is an inference's scratch state, pooled so that a binary-extension
@@ -212,7 +226,11 @@ func (vc *v2Call) trim() {
 
 var hdrInferHeaderLen = []byte("Inference-Header-Content-Length")
 
-func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, pin engine.Pin, ts *abi.Tensors) {
+// v2Infer reads the request, then pins the function's version: a slow
+// upload must not hold a version (and its device memory) that a deploy
+// replaced, as a pin would from the start; so, as on /v1, an unknown model
+// is a 404 after its body is read.
+func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
 	vc := v2Calls.Get().(*v2Call)
 	defer func() {
 		vc.trim()
@@ -242,6 +260,11 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name string, pin engine.Pin, 
 			return
 		}
 	}
+	pin, ts, ok := s.v2Pin(ctx, name, version)
+	if !ok {
+		return
+	}
+	defer pin.Release()
 	r := &vc.req
 	r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 	if err != nil {

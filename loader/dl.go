@@ -8,10 +8,11 @@ import (
 // dlMu is the process's one lock over the dynamic linker: every dlopen,
 // dlsym, dlclose and dlerror Plover makes runs under it, the loader's own,
 // libcuda's (package device loads the driver through DL) and NVML's
-// (go-nvml's Init and Shutdown, called through DL). dlerror reports the
-// last failure of any of them, so a call and the dlerror that explains it
-// must not interleave with another library's, as go-nvml's pkg/dl keeps
-// them under one lock too.
+// (go-nvml's Init and Shutdown, called through DL). glibc keeps dlerror's
+// message per thread, so what pairs a call with the dlerror that explains
+// it is the locked OS thread (lockDL), as in go-nvml's pkg/dl; the one
+// mutex serialises the dynamic linker's work across the process, so that
+// no two libraries' loads (and constructors) interleave.
 var dlMu sync.Mutex
 
 // lockDL takes the dynamic-linker lock on a locked OS thread: glibc keeps

@@ -106,7 +106,7 @@ fi
 # ---------------------------------------------------------------- device tests
 section "CUDA device tests (bin/device.test -test.v)"
 testlog=$tmp/cuda-test.txt
-(cd cuda && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
+(cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
   "$root/bin/device.test" -test.v -test.count=1 -test.timeout=10m) >"$testlog" 2>&1
 test_rc=$?
 save "$testlog" cuda-test.txt
@@ -124,7 +124,7 @@ fi
 # ---------------------------------------------------------------- benchmarks
 section "benchmarks (graph vs direct, copy bandwidth)"
 benchlog=$tmp/cuda-bench.txt
-(cd cuda && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
+(cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
   "$root/bin/device.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy)' \
   -test.benchtime="$benchtime" -test.timeout=10m) >"$benchlog" 2>&1 || fail "benchmarks failed (cuda-bench.txt)"
 save "$benchlog" cuda-bench.txt
