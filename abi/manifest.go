@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -57,6 +58,14 @@ type Manifest struct {
 	// GPUShare is the percentage of the GPU's SMs the function's worker
 	// may use under NVIDIA MPS (1..100; 0: no limit). Ignored without MPS.
 	GPUShare int `json:"gpu_share,omitempty"`
+	// Share is the function's weight on a device: functions with runs
+	// waiting get device time in proportion to their shares (0: 1; at
+	// most 1000). A function alone gets the whole device whatever its share.
+	Share float64 `json:"share,omitempty"`
+	// Priority is the function's scheduling class: "latency" runs go
+	// before "default" ones, which go before "batch" ones; a run waits
+	// behind higher classes for a bounded time only ("": default).
+	Priority string `json:"priority,omitempty"`
 	// Build says how `plover build` compiles the function from source; the
 	// runtime ignores it.
 	Build *Build `json:"build,omitempty"`
@@ -65,6 +74,17 @@ type Manifest struct {
 	Tensors *Tensors `json:"tensors,omitempty"`
 	// Batch, when set, runs concurrent requests as one chain (see Batch).
 	Batch *Batch `json:"batch,omitempty"`
+}
+
+// Priorities are the values of a manifest's "priority", highest first.
+var Priorities = []string{"latency", "default", "batch"}
+
+// Weight is the manifest's share as a scheduler weight (0: 1).
+func (m *Manifest) Weight() float64 {
+	if m.Share <= 0 {
+		return 1
+	}
+	return m.Share
 }
 
 // Build describes a function's sources for `plover build`. Paths are
@@ -183,6 +203,10 @@ func (m *Manifest) Validate() error {
 		return &FieldError{"max_queue", fmt.Sprintf("%d must be in 0..%d", m.MaxQueue, 1<<20)}
 	case m.GPUShare < 0 || m.GPUShare > 100:
 		return &FieldError{"gpu_share", fmt.Sprintf("%d must be in 1..100 (or 0: no limit)", m.GPUShare)}
+	case m.Share < 0 || m.Share > 1000 || m.Share != m.Share:
+		return &FieldError{"share", fmt.Sprintf("%v must be a weight in 0..1000 (0: the default, 1)", m.Share)}
+	case !slices.Contains(Priorities, m.Priority) && m.Priority != "":
+		return &FieldError{"priority", fmt.Sprintf("%q must be one of %s", m.Priority, strings.Join(Priorities, ", "))}
 	case m.MaxHostMemoryMB < 0 || m.MaxHostMemoryMB > 1<<24:
 		return &FieldError{"max_host_memory_mb", fmt.Sprintf("%d must be in 0..%d", m.MaxHostMemoryMB, 1<<24)}
 	}

@@ -35,6 +35,17 @@ type FunctionInfo struct {
 	Cold     int64         `json:"cold_starts"`
 	Warm     int64         `json:"warm_starts"`
 	Hot      int64         `json:"hot_starts"`
+	// Share and Priority are the current version's (manifest share and
+	// priority, with their defaults).
+	Share    float64 `json:"share"`
+	Priority string  `json:"priority"`
+	// DeviceSeconds is the device time the function's runs held on this
+	// node (sched: from admission to the run's end), since the node first
+	// ran it: what per-second billing counts.
+	DeviceSeconds float64 `json:"device_seconds"`
+	// DeviceFraction is the function's part of the device time all
+	// functions used on this node recently (decayed over 10 s).
+	DeviceFraction float64 `json:"device_fraction"`
 	// Workers are the processes the current version runs in (with
 	// --isolation process): one per device it is loaded on.
 	Workers []WorkerInfo `json:"workers,omitempty"`
@@ -77,6 +88,10 @@ type Version struct {
 	// Tensors copies the manifest's tensor declaration, so that /v2 model
 	// metadata needs no bundle fetch.
 	Tensors *abi.Tensors `json:"tensors,omitempty"`
+	// Share and Priority copy the manifest's, so that a function's listing
+	// shows them before it is loaded ("default" priority is left out).
+	Share    float64 `json:"share,omitempty"`
+	Priority string  `json:"priority,omitempty"`
 }
 
 // Record is a function's versions and which one is current: its entry in

@@ -69,11 +69,12 @@ type ServerSummary struct {
 	Kernels   Summary `json:"kernels"`
 	CopyOut   Summary `json:"copyout"`
 	Total     Summary `json:"total"`
+	Sched     Summary `json:"sched"`
 }
 
-// Metric returns the summary of Server-Timing metric i (Queue..Total).
+// Metric returns the summary of Server-Timing metric i (Queue..Sched).
 func (s *ServerSummary) Metric(i int) *Summary {
-	return [...]*Summary{&s.Queue, &s.Load, &s.CopyIn, &s.Kernels, &s.CopyOut, &s.Total}[i]
+	return [...]*Summary{&s.Queue, &s.Load, &s.CopyIn, &s.Kernels, &s.CopyOut, &s.Total, &s.Sched}[i]
 }
 
 // Starts counts X-Plover-Start values of 2xx responses.

@@ -13,12 +13,13 @@ const (
 	Kernels
 	CopyOut
 	Total
+	Sched // optional: servers before the device scheduler do not send it
 	NumMetrics
 )
 
 // MetricNames are the Server-Timing names of the metrics, indexed by
-// Queue..Total.
-var MetricNames = [NumMetrics]string{"queue", "load", "copyin", "kernels", "copyout", "total"}
+// Queue..Sched.
+var MetricNames = [NumMetrics]string{"queue", "load", "copyin", "kernels", "copyout", "total", "sched"}
 
 var metricNameBytes = func() (b [NumMetrics][]byte) {
 	for i, n := range MetricNames {
@@ -34,8 +35,9 @@ type ServerTiming struct {
 	Has uint8
 }
 
-// Complete reports whether every Plover metric was present.
-func (t *ServerTiming) Complete() bool { return t.Has == 1<<NumMetrics-1 }
+// Complete reports whether every Plover metric but the optional Sched was
+// present.
+func (t *ServerTiming) Complete() bool { return t.Has|1<<Sched == 1<<NumMetrics-1 }
 
 // ParseServerTiming reads a Server-Timing header value such as
 // "queue;dur=0.002, load;dur=0, copyin;dur=0.61, ..." into t without

@@ -55,6 +55,8 @@ type serveFlags struct {
 	insecureNoAuth                                   bool
 	maxConns                                         int
 	maxBodyMemMB                                     int64
+	sched                                            string
+	deviceRuns                                       int
 }
 
 func serveCmd() *command {
@@ -93,6 +95,8 @@ func serveCmd() *command {
 			fs.StringVar(&f.metricsListen, "metrics-listen", "", "also serve GET /metrics, without authentication, on this address (for a scraper on a private network)")
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
+			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with a slot kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
+			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: the host device's CPUs, or 4 per GPU)")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 		},
@@ -118,6 +122,19 @@ func newLogger(format, level string, env *Env) (*slog.Logger, error) {
 }
 
 func serve(f *serveFlags, env *Env) error {
+	sc := engine.SchedConfig{MaxRuns: f.deviceRuns}
+	switch f.sched {
+	case "fair":
+	case "fair-no-reserve":
+		sc.NoReserve = true
+	case "off":
+		sc.Off = true
+	default:
+		return usagef(env, "serve", "--sched %q: want fair, fair-no-reserve or off", f.sched)
+	}
+	if f.deviceRuns < 0 {
+		return usagef(env, "serve", "--device-runs %d: want 0 (the device default) or more", f.deviceRuns)
+	}
 	if f.data == "" {
 		f.data = defaultDataDir()
 	}
@@ -171,7 +188,7 @@ func serve(f *serveFlags, env *Env) error {
 	eng, err := engine.New(engine.Config{
 		Store: store, Cache: cache, Devices: devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
-		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool,
+		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool, Sched: sc,
 	})
 	if err != nil {
 		return err

@@ -84,6 +84,7 @@ type batchItem struct {
 	queue     time.Duration // enqueued until its run started
 	batchWait time.Duration // the part of queue a free slot held it for company
 	load      time.Duration
+	sched     time.Duration // the run's wait for the device's scheduler
 	size      int
 }
 
@@ -186,7 +187,7 @@ func (b *batcher) finish(it *batchItem) error {
 		r.Start = it.start
 	}
 	r.Timing.Queue, r.Timing.Load = it.queue, r.Timing.Load+it.load
-	r.Timing.BatchWait, r.BatchSize = it.batchWait, it.size
+	r.Timing.BatchWait, r.Timing.Sched, r.BatchSize = it.batchWait, it.sched, it.size
 	return it.err
 }
 
@@ -319,7 +320,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	out := bb.out[:int64(k)*b.itemOut]
 
 	var start Start
-	var load time.Duration
+	var load, sched time.Duration
 	t0 := time.Now()
 	inst, fresh, err := e.take(context.Background(), v, deadline)
 	var r *device.Run
@@ -337,7 +338,9 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			r.ChainKey = 1
 		}
 		r.Items = uint32(k)
-		err = inst.inst.Run(r)
+		var wait time.Duration
+		wait, _, err = e.runOn(context.Background(), f, inst, r, time.Now(), deadline, nil)
+		sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !beforeRun(err) {
 			break
@@ -379,7 +382,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
 			continue // its request gave up
 		}
-		it.err, it.start, it.load, it.size = err, start, load, n
+		it.err, it.start, it.load, it.sched, it.size = err, start, load, sched, n
 		if err == nil {
 			rq := it.req
 			if int64(cap(rq.Output)) < b.itemOut {

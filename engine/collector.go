@@ -21,6 +21,8 @@ var (
 		"Requests waiting for an instance.", []string{"function"}, nil)
 	descFuncMem = prometheus.NewDesc("plover_function_device_memory_bytes",
 		"Device memory held by the function: constants plus instance buffers.", []string{"function"}, nil)
+	descDeviceSeconds = prometheus.NewDesc("plover_device_seconds_total",
+		"Device time the function's runs held (from the scheduler's admission to the run's end), on every device of the node.", []string{"function"}, nil)
 	descEvictions = prometheus.NewDesc("plover_evictions_total",
 		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
 	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
@@ -39,7 +41,7 @@ var (
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerThreads, descBatchSize} {
+	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -54,6 +56,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 			n    int64
 		}{{"cold", st.cold.Load()}, {"warm", st.warm.Load()}, {"hot", st.hot.Load()}} {
 			ch <- prometheus.MustNewConstMetric(descStarts, prometheus.CounterValue, float64(k.n), f.name, k.kind)
+		}
+		if secs, _ := e.deviceTime(f.name); e.scheds != nil {
+			ch <- prometheus.MustNewConstMetric(descDeviceSeconds, prometheus.CounterValue, secs, f.name)
 		}
 		busy, idle, mem := v.usage()
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(busy), f.name, "busy")

@@ -4,14 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
+	"github.com/plover-run/plover/sched"
 )
 
 // Config configures an Engine.
@@ -34,7 +37,9 @@ type Config struct {
 	SpoolDir string
 	// Evictor picks what goes when a device is short of memory; nil: LRU.
 	Evictor Evictor
-	Log     *slog.Logger
+	// Sched configures the scheduler each device's runs go through.
+	Sched SchedConfig
+	Log   *slog.Logger
 }
 
 // Engine is the thing that owns functions, their versions and instances, and
@@ -57,7 +62,35 @@ type Engine struct {
 	closed bool
 
 	mem       ledger
+	scheds    map[device.Device]*sched.Scheduler // nil map: runs go unscheduled
 	evictions struct{ instances, functions atomic.Int64 }
+}
+
+// SchedConfig configures the device schedulers (package sched): every run
+// on a device, a request's chain or a batch, is admitted by its device's
+// scheduler, which shares device time among functions by their manifests'
+// share and priority.
+type SchedConfig struct {
+	// Off runs chains on the devices as they come, unscheduled (whoever
+	// sends the most work gets the device): for comparison.
+	Off bool
+	// MaxRuns bounds the runs on a device at once; 0: the host device's
+	// CPUs, or 4 on a GPU.
+	MaxRuns int
+	// NoReserve uses every slot for whichever function waits, instead of
+	// keeping one for functions that come and go (sched.Config.Reserve).
+	NoReserve bool
+}
+
+// maxRuns is the runs a device takes at once.
+func (c SchedConfig) maxRuns(d device.Device) int {
+	switch {
+	case c.MaxRuns > 0:
+		return c.MaxRuns
+	case d.Target() == abi.TargetHost:
+		return runtime.NumCPU()
+	}
+	return 4
 }
 
 // New returns an Engine over the given store, cache and devices.
@@ -98,7 +131,14 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	return &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}, nil
+	e := &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}
+	if !cfg.Sched.Off {
+		e.scheds = map[device.Device]*sched.Scheduler{}
+		for _, d := range cfg.Devices {
+			e.scheds[d] = sched.New(sched.Config{MaxRuns: cfg.Sched.maxRuns(d), Reserve: !cfg.Sched.NoReserve})
+		}
+	}
+	return e, nil
 }
 
 // Target is the bundle target this engine's devices run.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/sched"
 )
 
 // beforeRun reports a run whose worker was gone before the run reached it.
@@ -83,4 +84,16 @@ func (v *version) backoffError(until int64) error {
 	at := time.Unix(0, until).UTC().Format(time.RFC3339)
 	return errorf(KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
 		v.fn.name, crashLimit, crashWindow, at)
+}
+
+// notAdmitted is the client's error for a run the device's scheduler did
+// not admit.
+func notAdmitted(f *function, dev device.Device, err error) *Error {
+	switch {
+	case errors.Is(err, sched.ErrDeadline):
+		return errorf(KindTimeout, err, "function %s: the request's deadline passed while it waited for its share of %s", f.name, dev.Name())
+	case errors.Is(err, sched.ErrGone):
+		return errorf(KindGone, err, "function %s: the client went away while the request waited for %s", f.name, dev.Name())
+	}
+	return errorf(KindUnavailable, err, "function %s: the request was cancelled while it waited for %s", f.name, dev.Name())
 }

@@ -20,6 +20,14 @@ func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInf
 	if ok := fi.Requests - fi.Errors; ok > 0 {
 		fi.MeanUs = f.stats.latencyNs.Load() / ok / 1000
 	}
+	fi.Share, fi.Priority = rv.Share, rv.Priority
+	if fi.Share <= 0 {
+		fi.Share = 1
+	}
+	if fi.Priority == "" {
+		fi.Priority = "default"
+	}
+	fi.DeviceSeconds, fi.DeviceFraction = e.deviceTime(f.name)
 	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
 		fi.Loaded, fi.Manifest = true, v.manifest
 		fi.Busy, fi.Idle, fi.Memory = v.usage()

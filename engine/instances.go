@@ -8,6 +8,7 @@ import (
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/sched"
 )
 
 // take returns an idle instance of v (Hot), or creates one: Warm on a
@@ -137,7 +138,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		}
 		return nil, Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
 	}
-	p := &placement{dev: dev, prog: prog}
+	p := &placement{dev: dev, prog: prog, flow: e.flow(v, dev)}
 	// The request this load serves logs it (coldStarted), with its own
 	// load time: the number its Server-Timing shows.
 	p.cold.Store(&coldLoad{fetched: v.fetched, fetchMs: v.prepMs, programMs: ms(time.Since(t0))})
@@ -166,3 +167,37 @@ func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Du
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// flow is v's function's queue in dev's scheduler, weighted and classed
+// by v's manifest (nil when runs go unscheduled).
+func (e *Engine) flow(v *version, dev device.Device) *sched.Flow {
+	s := e.scheds[dev]
+	if s == nil {
+		return nil
+	}
+	fl := s.Flow(v.fn.name)
+	class, _ := sched.ParseClass(v.manifest.Priority) // the manifest was validated
+	fl.Set(v.manifest.Weight(), class)
+	return fl
+}
+
+// runOn runs r on in once the device's scheduler admits it: the one path
+// by which a chain reaches a device. start is the caller's clock reading
+// just before; it returns how long the run waited for admission and the
+// clock at the run's end (a hot request reads the clock once per phase).
+// A run not admitted fails with an *Error.
+func (e *Engine) runOn(ctx context.Context, f *function, in *instance, r *device.Run, start, deadline time.Time, gone func() bool) (time.Duration, time.Time, error) {
+	fl := in.dev.flow
+	if fl == nil {
+		err := in.inst.Run(r)
+		return 0, time.Now(), err
+	}
+	tk, wait, err := fl.AdmitAt(ctx, start, deadline, gone)
+	if err != nil {
+		return wait, time.Now(), notAdmitted(f, in.dev.dev, err)
+	}
+	err = in.inst.Run(r)
+	end := time.Now()
+	tk.DoneAt(end)
+	return wait, end, err
+}

@@ -27,6 +27,9 @@ type Timing struct {
 	// BatchWait is the part of Queue a free instance held the request for
 	// company (a batching function with max_delay); 0 otherwise.
 	BatchWait time.Duration
+	// Sched is the time the run waited for the device's scheduler: for
+	// other functions' runs, by their shares and priorities.
+	Sched time.Duration
 }
 
 // Override replaces parts of the manifest for one request, within its limits.
@@ -195,6 +198,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 	}
 	req.Output = req.Output[:outLen]
 	var r *device.Run
+	var tEnd time.Time // one reading: the run's end, the instance's last use and the total
 	for retried := false; ; retried = true {
 		if req.Override != nil && req.Override.Chain != nil {
 			if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
@@ -204,7 +208,9 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		}
 		r = &in.run
 		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
-		err = in.inst.Run(r)
+		var wait time.Duration
+		wait, tEnd, err = e.runOn(ctx, f, in, r, tr, deadline, req.Gone)
+		req.Timing.Sched += wait
 		if err == nil || retried || !beforeRun(err) {
 			break
 		}
@@ -227,6 +233,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		if req.Start < fresh {
 			req.Start = fresh
 		}
+		tr = time.Now()
 	}
 	r.Input, r.Output = nil, nil
 	if err == nil {
@@ -234,7 +241,6 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 	}
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
 	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || processGone(err))
-	tEnd := time.Now() // one reading: the instance's last use and the total
 	v.put(in, broken, tEnd)
 	req.Timing.Total = tEnd.Sub(t0)
 	f.stats.count(req.Start)

@@ -151,6 +151,9 @@ func (e *Engine) forget(name string, at uint64) {
 	if old != nil {
 		old.retire()
 	}
+	for _, s := range e.scheds { // its runs in flight end normally
+		s.Forget(name)
+	}
 }
 
 func (e *Engine) newVersion(f *function, rv api.Version) *version {

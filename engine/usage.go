@@ -31,12 +31,20 @@ func (v *version) batcher() *batcher {
 	return v.batch
 }
 
-// queued is the requests waiting: for an instance, or for a batch.
+// queued is the requests waiting: for an instance, for a batch, or for
+// the device (its scheduler).
 func (v *version) queued() int {
 	n := int(v.waiting.Load())
 	if b := v.batcher(); b != nil {
 		n += b.pendingCount()
 	}
+	v.mu.Lock()
+	for _, p := range v.placements {
+		if p.flow != nil {
+			n += p.flow.Waiting()
+		}
+	}
+	v.mu.Unlock()
 	return n
 }
 
@@ -51,4 +59,21 @@ func (v *version) usage() (busy, idle int, mem int64) {
 		mem = int64(v.live)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(len(v.placements))*v.constSize
 	}
 	return busy, idle, mem
+}
+
+// deviceTime is the device time name's runs held on this node's devices
+// (seconds), and its part of the device time all functions used recently.
+func (e *Engine) deviceTime(name string) (seconds, fraction float64) {
+	var mine, all float64
+	for _, s := range e.scheds {
+		if fl := s.Lookup(name); fl != nil {
+			seconds += fl.DeviceTime().Seconds()
+			m, a := fl.Recent()
+			mine, all = mine+m, all+a
+		}
+	}
+	if all > 0 {
+		fraction = min(1, mine/all)
+	}
+	return seconds, fraction
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/sched"
 )
 
 // version is one deployed bundle of a function on this node: its program
@@ -83,6 +84,7 @@ type crashState struct {
 type placement struct {
 	dev  device.Device
 	prog device.Program
+	flow *sched.Flow // the function's queue in dev's scheduler; nil: unscheduled
 	// dead: the program's process is gone; its instances are discarded as
 	// they come back and the next instance loads a new program.
 	dead atomic.Bool

@@ -24,13 +24,13 @@ type requestMetrics struct {
 }
 
 type fnMetrics struct {
-	phases [6]prometheus.Observer // queue, load, copy_in, kernels, copy_out, total
+	phases [7]prometheus.Observer // queue, sched, load, copy_in, kernels, copy_out, total
 	mu     sync.RWMutex
 	codes  map[int]prometheus.Counter
 	name   string
 }
 
-var phaseNames = [6]string{"queue", "load", "copy_in", "kernels", "copy_out", "total"}
+var phaseNames = [7]string{"queue", "sched", "load", "copy_in", "kernels", "copy_out", "total"}
 
 func newRequestMetrics(reg prometheus.Registerer) *requestMetrics {
 	m := &requestMetrics{
@@ -39,7 +39,7 @@ func newRequestMetrics(reg prometheus.Registerer) *requestMetrics {
 		}, []string{"function", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "plover_request_duration_seconds",
-			Help: "Successful invoke time by phase: queue, load (cold/warm start), copy_in, kernels, copy_out, total.",
+			Help: "Successful invoke time by phase: queue, sched (waiting for the device's scheduler), load (cold/warm start), copy_in, kernels, copy_out, total.",
 			// 10 µs .. ~50 s
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 17),
 		}, []string{"function", "phase"}),
@@ -110,7 +110,7 @@ func (m *requestMetrics) record(name string, code int, kind engine.Kind, t *engi
 	if code != 200 {
 		return
 	}
-	for i, d := range [6]time.Duration{t.Queue, t.Load, t.CopyIn, t.Kernels, t.CopyOut, t.Total} {
+	for i, d := range [7]time.Duration{t.Queue, t.Sched, t.Load, t.CopyIn, t.Kernels, t.CopyOut, t.Total} {
 		fm.phases[i].Observe(d.Seconds())
 	}
 }

@@ -530,6 +530,7 @@ func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
 	t := &c.req.Timing
 	b := c.timing[:0]
 	b = appendDur(b, "queue", t.Queue, true)
+	b = appendDur(b, "sched", t.Sched, false)
 	b = appendDur(b, "load", t.Load, false)
 	b = appendDur(b, "copyin", t.CopyIn, false)
 	b = appendDur(b, "kernels", t.Kernels, false)

@@ -204,7 +204,10 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 			return nil, nil
 		}
 		unchanged = nil
-		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, Tensors: m.Tensors}
+		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, Tensors: m.Tensors, Share: m.Share}
+		if m.Priority != "default" {
+			v.Priority = m.Priority
+		}
 		r.Versions = append(r.Versions, v)
 		r.Current = v.ID
 		return r, nil

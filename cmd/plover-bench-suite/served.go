@@ -67,7 +67,7 @@ func (s *served) platform() float64 {
 // engine is Server-Timing's total less its parts: resolve, queue slot,
 // counters, anything in Engine.Invoke that is not load or the device call.
 func (s *served) engine() float64 {
-	return s.st(bench.Total) - s.st(bench.Load) - s.st(bench.Queue) - s.run()
+	return s.st(bench.Total) - s.st(bench.Load) - s.st(bench.Queue) - s.st(bench.Sched) - s.run()
 }
 
 // http is the client's latency less the server's total: request parsing,

@@ -1,0 +1,139 @@
+// Package sched shares one device among functions. Every run on a device
+// (a request's chain, or a batch) is admitted by the device's Scheduler
+// before it starts and reports its end; between the two it holds one of the
+// device's slots, so at most MaxRuns runs are on the device at once and a
+// flood waits in its own queue in the server, not on the device or in the
+// kernel's run queue.
+//
+// The Scheduler is mechanism: slots, queues, deadlines, accounting. Which
+// queued run goes next is its Policy's choice, made from the events the
+// Scheduler feeds it (a flow woke, a run started, a run ended and how long
+// it held the device); the default, WFQ, is weighted fair queuing on device
+// time with priority classes.
+package sched
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Class is a flow's priority class: a queued run of a higher class is
+// admitted before queued runs of lower classes (but see Config.MaxWait).
+type Class uint8
+
+const (
+	Latency Class = iota // interactive: admitted first
+	Default
+	Batch // throughput work: admitted when nothing else waits
+	numClasses
+)
+
+var classNames = [numClasses]string{"latency", "default", "batch"}
+
+func (c Class) String() string {
+	if c < numClasses {
+		return classNames[c]
+	}
+	return fmt.Sprintf("class(%d)", uint8(c))
+}
+
+// ParseClass reads a manifest's "priority" ("" is Default).
+func ParseClass(s string) (Class, error) {
+	if s == "" {
+		return Default, nil
+	}
+	for c, n := range classNames {
+		if s == n {
+			return Class(c), nil
+		}
+	}
+	return Default, fmt.Errorf("%q: want latency, default or batch", s)
+}
+
+// Clock is the Scheduler's time; tests use a fake one.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f after d (time.AfterFunc's contract).
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a Clock's timer.
+type Timer interface{ Stop() bool }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+func (wallClock) AfterFunc(d time.Duration, f func()) Timer {
+	return time.AfterFunc(d, f)
+}
+
+// Policy chooses which flow's oldest queued run is admitted next. The
+// Scheduler calls it under its lock, with every event in order: a policy
+// must be quick, must not block and must not call the Scheduler.
+type Policy interface {
+	// Woke says f has a run queued or running and had none since it
+	// last went idle: a fair policy must not let it spend the time it
+	// was idle.
+	Woke(f *Flow, now time.Time)
+	// Started says a run of f was admitted.
+	Started(f *Flow, now time.Time)
+	// Ended says a run of f ended after holding the device for ran.
+	Ended(f *Flow, ran time.Duration, now time.Time)
+	// Pick returns the index in waiting (never empty; each has a run
+	// queued and may start one) of the flow whose oldest run goes next.
+	Pick(waiting []*Flow, now time.Time) int
+}
+
+// Config configures a Scheduler.
+type Config struct {
+	// MaxRuns bounds the runs on the device at once (>= 1).
+	MaxRuns int
+	// Reserve keeps one of MaxRuns (when MaxRuns >= 2) for functions
+	// that went idle within Recent and have nothing running: a function
+	// that comes and goes between its requests finds the device free
+	// instead of behind a neighbour's long run (a spatial share, as MPS
+	// keeps SMs), while functions that are never idle (floods) share the
+	// rest by the policy. With no such function about, every slot is used.
+	Reserve bool
+	// Recent is how long after going idle a function counts for Reserve
+	// (default 100ms).
+	Recent time.Duration
+	// Policy orders queued runs; nil: NewWFQ(MaxWait).
+	Policy Policy
+	// MaxWait bounds how long the default policy lets a run of a lower
+	// class wait behind higher ones (default 200ms): older than that, it
+	// goes first. Priorities order runs; they do not starve any.
+	MaxWait time.Duration
+	// Decay is the time constant of each function's recent share of
+	// device time (Flow.Fraction; default 10s).
+	Decay time.Duration
+	// Clock is the time source; nil: the wall clock.
+	Clock Clock
+}
+
+// decayed is an exponentially decayed sum of device time: what a recent
+// fraction is computed from.
+type decayed struct {
+	v  float64
+	at time.Time
+}
+
+func (d *decayed) add(x float64, now time.Time, tau time.Duration) {
+	d.decay(now, tau)
+	d.v += x
+}
+
+func (d *decayed) decay(now time.Time, tau time.Duration) {
+	if !d.at.IsZero() && now.After(d.at) {
+		x := float64(now.Sub(d.at)) / float64(tau)
+		if x < 1e-3 {
+			// Runs end microseconds apart: the series is exact to 1e-10
+			// there, and a run's end need not pay for math.Exp.
+			d.v *= 1 - x + x*x/2
+		} else {
+			d.v *= math.Exp(-x)
+		}
+	}
+	d.at = now
+}

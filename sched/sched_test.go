@@ -1,0 +1,397 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+type result struct {
+	t    Ticket
+	wait time.Duration
+	err  error
+}
+
+func admitAsync(f *Flow, ctx context.Context, deadline time.Time, gone func() bool) <-chan result {
+	c := make(chan result, 1)
+	go func() {
+		t, w, err := f.Admit(ctx, deadline, gone)
+		c <- result{t, w, err}
+	}()
+	return c
+}
+
+// queued is how many runs of f wait.
+func (f *Flow) queued() int { return f.Waiting() }
+
+func (s *Scheduler) running_() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlight
+}
+
+// waitFor waits until cond holds, as observed (bounded: a broken scheduler
+// fails the test instead of hanging it).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+func got(t *testing.T, c <-chan result, what string) result {
+	t.Helper()
+	select {
+	case r := <-c:
+		return r
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: not admitted", what)
+	}
+	return result{}
+}
+
+func pending(c <-chan result) bool {
+	select {
+	case r := <-c:
+		panic(r)
+	default:
+		return true
+	}
+}
+
+// Backlogged flows split device time by weight, whatever their runs cost.
+func TestWeightsSplitDeviceTime(t *testing.T) {
+	tests := []struct {
+		name         string
+		wa, wb       float64
+		costA, costB time.Duration
+		wantA        float64
+	}{
+		{"3:1, equal runs", 3, 1, time.Millisecond, time.Millisecond, 0.75},
+		{"3:1, b's runs 3x longer", 3, 1, time.Millisecond, 3 * time.Millisecond, 0.75},
+		{"1:1, a's runs 5x longer", 1, 1, 5 * time.Millisecond, time.Millisecond, 0.5},
+		{"1:4", 1, 4, 2 * time.Millisecond, time.Millisecond, 0.2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			s := New(Config{MaxRuns: 1, Clock: clk})
+			a, b := s.Flow("a"), s.Flow("b")
+			a.Set(tt.wa, Default)
+			b.Set(tt.wb, Default)
+			cost := map[*Flow]time.Duration{a: tt.costA, b: tt.costB}
+			type adm struct {
+				f *Flow
+				t Ticket
+			}
+			admitted := make(chan adm)
+			stop := make(chan struct{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			for _, f := range []*Flow{a, a, a, b, b, b} {
+				go func() {
+					for {
+						tk, _, err := f.Admit(ctx, time.Time{}, nil)
+						if err != nil {
+							return
+						}
+						select {
+						case admitted <- adm{f, tk}:
+						case <-stop:
+							tk.Done()
+							return
+						}
+					}
+				}()
+			}
+			// Runs go one at a time (MaxRuns 1): end each after its cost.
+			for i := 0; i < 600; i++ {
+				r := <-admitted
+				if i == 0 {
+					// Let every client queue before the measured runs.
+					waitFor(t, "all queued", func() bool { return a.queued()+b.queued() == 6 })
+				}
+				clk.Advance(cost[r.f])
+				r.t.Done()
+			}
+			close(stop)
+			cancel()
+			fa := float64(a.DeviceTime()) / float64(a.DeviceTime()+b.DeviceTime())
+			if math.Abs(fa-tt.wantA) > 0.03 {
+				t.Fatalf("a had %.3f of device time (runs a %d, b %d), want %.2f", fa, a.Runs(), b.Runs(), tt.wantA)
+			}
+			if f := a.Fraction(); math.Abs(f-tt.wantA) > 0.05 {
+				t.Fatalf("a's recent fraction %.3f, want about %.2f", f, tt.wantA)
+			}
+		})
+	}
+}
+
+// A function alone takes every slot at once, whatever other flows exist;
+// a flow that was idle does not bank the time it did not use.
+func TestWorkConserving(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 3, Reserve: true, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	b.Set(1, Default)
+	var ts []Ticket
+	for i := 0; i < 3; i++ {
+		tk, wait, err := a.Admit(context.Background(), time.Time{}, nil)
+		if err != nil || wait != 0 {
+			t.Fatalf("run %d alone: wait %v, %v", i, wait, err)
+		}
+		ts = append(ts, tk)
+	}
+	if s.running_() != 3 {
+		t.Fatalf("%d runs on the device, want 3", s.running_())
+	}
+	// a runs alone for a long while; then b wakes. b must not be owed
+	// a's whole history: after b's first run both alternate.
+	for _, tk := range ts {
+		clk.Advance(time.Second)
+		tk.Done()
+	}
+	order := ""
+	cs := []<-chan result{}
+	hold, _, _ := a.Admit(context.Background(), time.Time{}, nil)
+	hold2, _, _ := a.Admit(context.Background(), time.Time{}, nil)
+	hold3, _, _ := a.Admit(context.Background(), time.Time{}, nil)
+	for i := 0; i < 3; i++ {
+		cs = append(cs, admitAsync(a, context.Background(), time.Time{}, nil))
+		waitFor(t, "a queued", func() bool { return a.queued() == i+1 })
+	}
+	cb := admitAsync(b, context.Background(), time.Time{}, nil)
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(time.Millisecond)
+	hold.Done()
+	// b, just woken, goes first (it is at the current virtual time, a is
+	// ahead), then a's runs: b does not get three in a row.
+	select {
+	case r := <-cb:
+		order += "b"
+		clk.Advance(time.Millisecond)
+		r.t.Done()
+	case <-time.After(5 * time.Second):
+		t.Fatal("b not admitted")
+	}
+	hold2.Done()
+	hold3.Done()
+	for _, c := range cs {
+		r := got(t, c, "a")
+		order += "a"
+		r.t.Done()
+	}
+	if order != "baaa" {
+		t.Fatalf("admission order %q", order)
+	}
+}
+
+// A queued latency run goes before queued default and batch runs; a batch
+// run is not starved: past MaxWait it goes first.
+func TestPriorities(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, MaxWait: 100 * time.Millisecond, Clock: clk})
+	bulk, mid, fast := s.Flow("bulk"), s.Flow("mid"), s.Flow("fast")
+	bulk.Set(10, Batch) // a weight does not lift a class
+	mid.Set(1, Default)
+	fast.Set(1, Latency)
+	hold, _, _ := bulk.Admit(context.Background(), time.Time{}, nil)
+	cb := admitAsync(bulk, context.Background(), time.Time{}, nil)
+	waitFor(t, "bulk queued", func() bool { return bulk.queued() == 1 })
+	cm := admitAsync(mid, context.Background(), time.Time{}, nil)
+	waitFor(t, "mid queued", func() bool { return mid.queued() == 1 })
+	cf := admitAsync(fast, context.Background(), time.Time{}, nil)
+	waitFor(t, "fast queued", func() bool { return fast.queued() == 1 })
+	hold.Done()
+	r := got(t, cf, "latency")
+	if !pending(cm) || !pending(cb) {
+		t.Fatal("lower classes admitted with a latency run queued")
+	}
+	r.t.Done()
+	r = got(t, cm, "default")
+	r.t.Done()
+	got(t, cb, "batch").t.Done()
+
+	// Starvation: fast floods (a queued run at every moment); one bulk
+	// run waits. It must start within MaxWait plus one run.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hold, _, _ = fast.Admit(ctx, time.Time{}, nil)
+	flood := []<-chan result{admitAsync(fast, ctx, time.Time{}, nil), admitAsync(fast, ctx, time.Time{}, nil)}
+	waitFor(t, "flood queued", func() bool { return fast.queued() == 2 })
+	cb = admitAsync(bulk, ctx, time.Time{}, nil)
+	waitFor(t, "bulk queued", func() bool { return bulk.queued() == 1 })
+	start := clk.Now()
+	cur := hold
+	for {
+		clk.Advance(30 * time.Millisecond)
+		cur.Done()
+		var next result
+		select {
+		case r := <-cb:
+			if w := clk.Now().Sub(start); w > 130*time.Millisecond {
+				t.Fatalf("the batch run waited %v behind the flood, want <= MaxWait + one run", w)
+			}
+			r.t.Done()
+			return
+		case next = <-flood[0]:
+			flood[0] = admitAsync(fast, ctx, time.Time{}, nil)
+		case next = <-flood[1]:
+			flood[1] = admitAsync(fast, ctx, time.Time{}, nil)
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing admitted")
+		}
+		waitFor(t, "flood requeued", func() bool { return fast.queued() == 2 })
+		cur = next.t
+		if clk.Now().Sub(start) > time.Second {
+			t.Fatal("the batch run starved")
+		}
+	}
+}
+
+// A run that never ends gives its slot up at its deadline; its late Done
+// changes nothing.
+func TestRunPastDeadlineFreesTheDevice(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	stuck, _, _ := a.Admit(context.Background(), clk.Now().Add(50*time.Millisecond), nil)
+	cb := admitAsync(b, context.Background(), time.Time{}, nil)
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(49 * time.Millisecond)
+	if !pending(cb) {
+		t.Fatal("admitted before the stuck run's deadline")
+	}
+	clk.Advance(time.Millisecond)
+	r := got(t, cb, "b after the deadline")
+	stuck.Done() // late: ignored
+	if n := s.running_(); n != 1 {
+		t.Fatalf("%d runs on the device after the late Done, want 1 (b's)", n)
+	}
+	r.t.Done()
+	if n := s.running_(); n != 0 || a.DeviceTime() != 50*time.Millisecond {
+		t.Fatalf("runs %d, a's device time %v; want 0 and 50ms", n, a.DeviceTime())
+	}
+}
+
+// A queued run leaves at its deadline, its context's end or its client's
+// departure, and the queue goes on without it.
+func TestWaitingRunGivesUp(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	a := s.Flow("a")
+	hold, _, _ := a.Admit(context.Background(), time.Time{}, nil)
+
+	cd := admitAsync(a, context.Background(), clk.Now().Add(10*time.Millisecond), nil)
+	waitFor(t, "queued", func() bool { return a.queued() == 1 })
+	clk.Advance(10 * time.Millisecond)
+	if r := got(t, cd, "deadline"); !errors.Is(r.err, ErrDeadline) || r.wait != 10*time.Millisecond {
+		t.Fatalf("deadline: %v after %v", r.err, r.wait)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cc := admitAsync(a, ctx, time.Time{}, nil)
+	waitFor(t, "queued", func() bool { return a.queued() == 1 })
+	cancel()
+	if r := got(t, cc, "cancel"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("cancel: %v", r.err)
+	}
+
+	var left atomic.Bool
+	cg := admitAsync(a, context.Background(), time.Time{}, left.Load)
+	waitFor(t, "queued", func() bool { return a.queued() == 1 })
+	clk.Advance(goneEvery)
+	if !pending(cg) {
+		t.Fatal("left while its client was there")
+	}
+	left.Store(true)
+	clk.Advance(goneEvery)
+	if r := got(t, cg, "gone"); !errors.Is(r.err, ErrGone) {
+		t.Fatalf("gone: %v", r.err)
+	}
+	if a.queued() != 0 {
+		t.Fatalf("%d runs still queued", a.queued())
+	}
+	hold.Done()
+	if s.running_() != 0 {
+		t.Fatal("a slot leaked")
+	}
+}
+
+// With Reserve, a function that ran recently finds a slot free however
+// long its neighbour's runs are; once it has been idle for Recent, the
+// neighbour gets the slot back (by a timer: nothing else happens).
+func TestReserveKeepsASlotForARecentFunction(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Reserve: true, Recent: 100 * time.Millisecond, Clock: clk})
+	victim, flood := s.Flow("victim"), s.Flow("flood")
+	v, _, _ := victim.Admit(context.Background(), time.Time{}, nil)
+	clk.Advance(time.Millisecond)
+	v.Done()
+	f1, wait, _ := flood.Admit(context.Background(), time.Time{}, nil)
+	if wait != 0 {
+		t.Fatal("the flood's first run waited")
+	}
+	c2 := admitAsync(flood, context.Background(), time.Time{}, nil)
+	waitFor(t, "flood queued", func() bool { return flood.queued() == 1 })
+	v, wait, _ = victim.Admit(context.Background(), time.Time{}, nil)
+	if wait != 0 || !pending(c2) {
+		t.Fatalf("victim waited %v; the flood's second run was admitted: %v", wait, !pending(c2))
+	}
+	clk.Advance(time.Millisecond)
+	v.Done()
+	if !pending(c2) {
+		t.Fatal("the kept slot went to the flood while the victim is recent")
+	}
+	clk.Advance(100 * time.Millisecond)
+	got(t, c2, "flood after the victim went quiet").t.Done()
+	f1.Done()
+}
+
+// The fast path (a free slot, nobody waiting) allocates nothing.
+func TestAdmitAllocatesNothing(t *testing.T) {
+	s := New(Config{MaxRuns: 2, Reserve: true})
+	f := s.Flow("a")
+	ctx := context.Background()
+	n := testing.AllocsPerRun(1000, func() {
+		tk, _, err := f.Admit(ctx, time.Time{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Done()
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per run", n)
+	}
+}
+
+func TestParseClass(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want Class
+		ok   bool
+	}{{"", Default, true}, {"latency", Latency, true}, {"default", Default, true}, {"batch", Batch, true}, {"high", Default, false}} {
+		c, err := ParseClass(tt.in)
+		if c != tt.want || (err == nil) != tt.ok {
+			t.Errorf("ParseClass(%q) = %v, %v", tt.in, c, err)
+		}
+	}
+}
+
+func BenchmarkAdmitDone(b *testing.B) {
+	s := New(Config{MaxRuns: 2, Reserve: true})
+	f := s.Flow("a")
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		tk, _, _ := f.Admit(ctx, time.Time{}, nil)
+		tk.Done()
+	}
+}

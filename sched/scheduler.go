@@ -1,0 +1,493 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors Admit returns when a run is not admitted.
+var (
+	ErrDeadline = errors.New("the deadline passed while the run waited for the device")
+	ErrGone     = errors.New("the client went away while the run waited for the device")
+)
+
+// goneEvery is how often a queued run asks whether its client is gone.
+const goneEvery = 20 * time.Millisecond
+
+// Scheduler admits the runs of one device.
+type Scheduler struct {
+	cfg   Config
+	clock Clock
+	pol   Policy
+
+	mu       sync.Mutex
+	inFlight int
+	flows    map[string]*Flow
+	waiting  []*Flow // flows with a run queued
+	running  []*run  // admitted and not ended, for deadline expiry
+	spare    []*run  // ended runs, reused
+	// idle holds the flows that went idle within Config.Recent (each
+	// once: Flow.listed), for Reserve; pruned as it is read.
+	idle    []*Flow
+	busy    decayed // every flow's recent device time
+	expiry  Timer   // armed for the earliest running deadline while runs wait
+	expAt   time.Time
+	scratch []*Flow
+}
+
+// New returns a Scheduler for one device.
+func New(cfg Config) *Scheduler {
+	if cfg.MaxRuns < 1 {
+		cfg.MaxRuns = 1
+	}
+	if cfg.Recent <= 0 {
+		cfg.Recent = 100 * time.Millisecond
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 200 * time.Millisecond
+	}
+	if cfg.Decay <= 0 {
+		cfg.Decay = 10 * time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = wallClock{}
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = NewWFQ(cfg.MaxWait)
+	}
+	return &Scheduler{cfg: cfg, clock: cfg.Clock, pol: cfg.Policy, flows: map[string]*Flow{}}
+}
+
+// MaxRuns is the bound on runs on the device at once.
+func (s *Scheduler) MaxRuns() int { return s.cfg.MaxRuns }
+
+// Flow is a function's share of the device: its runs queue here. Weight
+// and class are the function's; accounting is read without the lock.
+type Flow struct {
+	s    *Scheduler
+	name string
+
+	// Under s.mu.
+	weight   float64
+	class    Class
+	queue    []*waiter // oldest first
+	inFlight int
+	active   bool      // a run queued or running since the policy was told (Woke)
+	lastIdle time.Time // when it last went idle
+	listed   bool      // in s.idle
+	lastEnd  time.Time
+	recent   decayed
+
+	// PolicyData belongs to the Scheduler's Policy (set and read in its
+	// calls, under the Scheduler's lock).
+	PolicyData any
+
+	deviceNs atomic.Int64 // device time of ended runs
+	runs     atomic.Int64
+	waitNs   atomic.Int64 // queueing time of admitted runs
+}
+
+// Flow returns name's flow, creating it with weight 1 and class Default.
+func (s *Scheduler) Flow(name string) *Flow {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.flows[name]
+	if f == nil {
+		f = &Flow{s: s, name: name, weight: 1, class: Default}
+		s.flows[name] = f
+	}
+	return f
+}
+
+// Lookup returns name's flow, or nil.
+func (s *Scheduler) Lookup(name string) *Flow {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.flows[name]
+}
+
+// Forget drops name's flow (a deleted function); runs it has queued or
+// running go on.
+func (s *Scheduler) Forget(name string) {
+	s.mu.Lock()
+	delete(s.flows, name)
+	s.mu.Unlock()
+}
+
+// Name is the flow's function.
+func (f *Flow) Name() string { return f.name }
+
+// Set changes the flow's weight (> 0) and class.
+func (f *Flow) Set(weight float64, class Class) {
+	if weight <= 0 {
+		weight = 1
+	}
+	f.s.mu.Lock()
+	f.weight, f.class = weight, class
+	f.s.mu.Unlock()
+}
+
+// Weight is the flow's weight. Call it only from a Policy (under the lock).
+func (f *Flow) Weight() float64 { return f.weight }
+
+// Class is the flow's class. Call it only from a Policy.
+func (f *Flow) Class() Class { return f.class }
+
+// Oldest is when the flow's oldest queued run arrived (zero: none). Call
+// it only from a Policy.
+func (f *Flow) Oldest() time.Time {
+	if len(f.queue) == 0 {
+		return time.Time{}
+	}
+	return f.queue[0].arrived
+}
+
+// Waiting is how many of the flow's runs wait for the device.
+func (f *Flow) Waiting() int {
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	return len(f.queue)
+}
+
+// DeviceTime is the device time the flow's ended runs held.
+func (f *Flow) DeviceTime() time.Duration { return time.Duration(f.deviceNs.Load()) }
+
+// Runs is how many of the flow's runs ended.
+func (f *Flow) Runs() int64 { return f.runs.Load() }
+
+// Fraction is the flow's share of the device time all flows used
+// recently (decayed over Config.Decay): 0 to 1.
+func (f *Flow) Fraction() float64 {
+	mine, all := f.Recent()
+	if all <= 0 {
+		return 0
+	}
+	return min(1, mine/all)
+}
+
+// Recent is the flow's recent device time and every flow's, decayed over
+// Config.Decay (seconds): what Fraction divides, for a caller that sums
+// over devices.
+func (f *Flow) Recent() (mine, all float64) {
+	s := f.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	f.recent.decay(now, s.cfg.Decay)
+	s.busy.decay(now, s.cfg.Decay)
+	return f.recent.v / 1e9, s.busy.v / 1e9
+}
+
+// Ticket is an admitted run; Done ends it. The zero Ticket is no run.
+type Ticket struct {
+	r   *run
+	gen uint64
+}
+
+type run struct {
+	f        *Flow
+	start    time.Time
+	deadline time.Time // zero: none
+	gen      uint64
+}
+
+type waiter struct {
+	arrived  time.Time
+	deadline time.Time
+	ready    chan struct{} // admitted: t is set
+	t        Ticket
+}
+
+// Admit waits until a run of f may start on the device: at once when a
+// slot is free and no run waits, otherwise when the policy picks it. It
+// fails when ctx ends (its error), when deadline passes (ErrDeadline) or
+// when gone reports the client gone (ErrGone); deadline and gone may be
+// zero and nil. A run still running at its deadline gives its slot up
+// then, so a run that never ends does not hold the device. It returns how
+// long the run waited.
+func (f *Flow) Admit(ctx context.Context, deadline time.Time, gone func() bool) (Ticket, time.Duration, error) {
+	return f.AdmitAt(ctx, f.s.clock.Now(), deadline, gone)
+}
+
+// AdmitAt is Admit for a caller that has just read the Scheduler's clock
+// (the wall clock): now. A hot path reads the clock once per phase.
+func (f *Flow) AdmitAt(ctx context.Context, now, deadline time.Time, gone func() bool) (Ticket, time.Duration, error) {
+	s := f.s
+	s.mu.Lock()
+	if len(s.waiting) == 0 && s.inFlight < s.limit(f, now) {
+		t := s.start(f, deadline, now)
+		s.mu.Unlock()
+		return t, 0, nil
+	}
+	w := &waiter{arrived: now, deadline: deadline, ready: make(chan struct{}, 1)}
+	if !f.active {
+		f.active = true
+		s.pol.Woke(f, now)
+	}
+	if len(f.queue) == 0 {
+		s.waiting = append(s.waiting, f)
+	}
+	f.queue = append(f.queue, w)
+	s.dispatch(now) // a slot may be free for it (Reserve kept it from others)
+	s.armExpiry()
+	s.mu.Unlock()
+
+	var timeout chan struct{}
+	if !deadline.IsZero() {
+		timeout = make(chan struct{})
+		t := s.clock.AfterFunc(deadline.Sub(now), func() { close(timeout) })
+		defer t.Stop()
+	}
+	var poll chan struct{} // closed every goneEvery while gone is set
+	var pt Timer
+	arm := func() {
+		c := make(chan struct{})
+		poll, pt = c, s.clock.AfterFunc(goneEvery, func() { close(c) })
+	}
+	if gone != nil {
+		arm()
+		defer func() { pt.Stop() }()
+	}
+	for {
+		var why error
+		select {
+		case <-w.ready:
+			return w.t, s.clock.Now().Sub(w.arrived), nil
+		case <-ctx.Done():
+			why = ctx.Err()
+		case <-timeout:
+			why = ErrDeadline
+		case <-poll:
+			if !gone() {
+				arm()
+				continue
+			}
+			why = ErrGone
+		}
+		if s.leave(f, w) {
+			return Ticket{}, s.clock.Now().Sub(w.arrived), why
+		}
+		// Admitted as it gave up: the run was started; hand it back.
+		<-w.ready
+		w.t.Done()
+		return Ticket{}, s.clock.Now().Sub(w.arrived), why
+	}
+}
+
+// leave takes a waiter that gives up out of its queue, unless it was
+// admitted meanwhile (false).
+func (s *Scheduler) leave(f *Flow, w *waiter) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.Index(f.queue, w)
+	if i < 0 {
+		return false
+	}
+	f.queue = slices.Delete(f.queue, i, i+1)
+	now := s.clock.Now()
+	if len(f.queue) == 0 {
+		s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
+		s.maybeIdle(f, now)
+	}
+	s.dispatch(now) // a head that left may unblock others (Reserve)
+	s.armExpiry()
+	return true
+}
+
+// Done ends the run: its slot goes to the next queued run. A ticket whose
+// run gave its slot up at its deadline, or the zero Ticket, is ignored.
+func (t Ticket) Done() {
+	if t.r != nil {
+		t.DoneAt(t.r.f.s.clock.Now())
+	}
+}
+
+// DoneAt is Done for a caller that has just read the Scheduler's clock: now.
+func (t Ticket) DoneAt(now time.Time) {
+	r := t.r
+	if r == nil {
+		return
+	}
+	s := r.f.s
+	s.mu.Lock()
+	if r.gen == t.gen {
+		s.end(r, now.Sub(r.start), now)
+		s.dispatch(now)
+		s.armExpiry()
+	}
+	s.mu.Unlock()
+}
+
+// start admits a run of f. Called with s.mu held.
+func (s *Scheduler) start(f *Flow, deadline, now time.Time) Ticket {
+	if !f.active {
+		f.active = true
+		s.pol.Woke(f, now)
+	}
+	var r *run
+	if n := len(s.spare); n > 0 {
+		r, s.spare = s.spare[n-1], s.spare[:n-1]
+	} else {
+		r = &run{}
+	}
+	r.f, r.start, r.deadline = f, now, deadline
+	s.running = append(s.running, r)
+	s.inFlight++
+	f.inFlight++
+	s.pol.Started(f, now)
+	return Ticket{r, r.gen}
+}
+
+// end ends a run that held the device for ran. Called with s.mu held.
+func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
+	f := r.f
+	if i := slices.Index(s.running, r); i >= 0 {
+		s.running[i] = s.running[len(s.running)-1]
+		s.running = s.running[:len(s.running)-1]
+	}
+	r.gen++
+	r.f = nil
+	s.spare = append(s.spare, r)
+	s.inFlight--
+	f.inFlight--
+	f.deviceNs.Add(int64(ran))
+	f.runs.Add(1)
+	f.recent.add(float64(ran), now, s.cfg.Decay)
+	s.busy.add(float64(ran), now, s.cfg.Decay)
+	s.pol.Ended(f, ran, now)
+	f.lastEnd = now
+	s.maybeIdle(f, now)
+}
+
+// maybeIdle notes f going idle (nothing queued or running).
+func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
+	if !f.active || len(f.queue) > 0 || f.inFlight > 0 {
+		return
+	}
+	f.active = false
+	if f.lastEnd.IsZero() {
+		f.lastEnd = now
+	}
+	f.lastIdle = now
+	if !f.listed {
+		f.listed = true
+		s.idle = append(s.idle, f)
+	}
+}
+
+// limit is how many runs may be on the device when f starts one: all of
+// them, or all but one (Config.Reserve) while a function that went idle
+// within Recent has nothing running, unless f is such a function itself.
+// A function that comes and goes between its requests finds that slot
+// free; one that has not been idle lately (a flood) cannot take it.
+func (s *Scheduler) limit(f *Flow, now time.Time) int {
+	if !s.cfg.Reserve || s.cfg.MaxRuns < 2 {
+		return s.cfg.MaxRuns
+	}
+	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
+		if now.Sub(g.lastIdle) >= s.cfg.Recent {
+			g.listed = false
+			return true
+		}
+		return false
+	})
+	if f.listed {
+		return s.cfg.MaxRuns
+	}
+	for _, g := range s.idle {
+		if g.inFlight == 0 {
+			return s.cfg.MaxRuns - 1
+		}
+	}
+	return s.cfg.MaxRuns
+}
+
+// dispatch admits queued runs while slots are free. Called with s.mu held.
+func (s *Scheduler) dispatch(now time.Time) {
+	for s.inFlight < s.cfg.MaxRuns && len(s.waiting) > 0 {
+		cands := s.scratch[:0]
+		for _, f := range s.waiting {
+			if s.inFlight < s.limit(f, now) {
+				cands = append(cands, f)
+			}
+		}
+		s.scratch = cands[:0]
+		if len(cands) == 0 {
+			return
+		}
+		i := s.pol.Pick(cands, now)
+		if i < 0 || i >= len(cands) {
+			i = 0
+		}
+		f := cands[i]
+		w := f.queue[0]
+		f.queue = slices.Delete(f.queue, 0, 1)
+		if len(f.queue) == 0 {
+			s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
+		}
+		w.t = s.start(f, w.deadline, now)
+		f.waitNs.Add(int64(now.Sub(w.arrived)))
+		w.ready <- struct{}{}
+	}
+}
+
+// armExpiry keeps a timer, while runs wait, on the next moment the
+// device's state changes by time alone: the earliest deadline of a running
+// run (a run past its deadline gives its slot up then: the engine stops
+// such a run's worker, and the slot must not wait for that), or the end of
+// a Reserve that holds a slot free. Called with s.mu held.
+func (s *Scheduler) armExpiry() {
+	var at time.Time
+	earliest := func(t time.Time) {
+		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	if len(s.waiting) > 0 {
+		for _, r := range s.running {
+			earliest(r.deadline)
+		}
+		if s.inFlight < s.cfg.MaxRuns {
+			for _, g := range s.idle {
+				if g.inFlight == 0 {
+					earliest(g.lastIdle.Add(s.cfg.Recent))
+				}
+			}
+		}
+	}
+	if at.Equal(s.expAt) {
+		return
+	}
+	if s.expiry != nil {
+		s.expiry.Stop()
+		s.expiry = nil
+	}
+	s.expAt = at
+	if at.IsZero() {
+		return
+	}
+	s.expiry = s.clock.AfterFunc(max(0, at.Sub(s.clock.Now())), s.expire)
+}
+
+// expire frees the slots of runs past their deadlines, and admits what
+// that (or a lapsed Reserve) lets start.
+func (s *Scheduler) expire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	s.expiry, s.expAt = nil, time.Time{}
+	for i := 0; i < len(s.running); {
+		r := s.running[i]
+		if r.deadline.IsZero() || now.Before(r.deadline) {
+			i++
+			continue
+		}
+		s.end(r, now.Sub(r.start), now) // removes r from running
+	}
+	s.dispatch(now)
+	s.armExpiry()
+}
