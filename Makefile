@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -24,7 +24,7 @@ VECADD_HOST := $(BUILD)/samples/vecadd-host
 VECADD_CUDA := $(BUILD)/samples/vecadd-cuda
 VECADD_DATA := $(BUILD)/samples/vecadd-input.bin $(BUILD)/samples/vecadd-expected.bin
 
-samples: vecadd-host cnn-host cnn-batch-host softmax-host bin/cnn-classify
+samples: vecadd-host cnn-host cnn-batch-host softmax-host spin-host bin/cnn-classify
 vecadd-host: $(VECADD_HOST)/vecadd.so $(VECADD_HOST)/b.bin $(VECADD_HOST)/plover.json $(VECADD_DATA)
 vecadd-cuda: $(VECADD_CUDA)/vecadd.so $(VECADD_CUDA)/b.bin $(VECADD_CUDA)/plover.json
 
@@ -46,12 +46,13 @@ $(VECADD_DATA) &: samples/vecadd/gen/main.go
 
 include samples/cnn/cnn.mk
 include samples/softmax/softmax.mk
+include samples/spin/spin.mk
 
 bin/cnn-classify: $(GO_SRC)
 	$(GO) build -o $@ ./samples/cnn/cmd/cnn-classify
 
 ## CUDA (compile only here; runs need a GPU) --------------------------------
-cuda: vecadd-cuda cnn-cuda cnn-batch-cuda softmax-cuda
+cuda: vecadd-cuda cnn-cuda cnn-batch-cuda softmax-cuda spin-cuda
 
 install-nvcc:
 	bash scripts/install-nvcc.sh
@@ -103,6 +104,11 @@ bench: bin/plover bin/plover-bench-suite samples
 # bench:batch-host section and docs/cnn-batch-host.svg (about 1.5 min).
 bench-batch: bin/plover bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --batch
+
+# Sharing a device: the CNN beside floods, shares, priorities, --sched fair
+# against off in one run; rewrites BENCHMARKS.md's bench:fair-host section (about 3 min).
+bench-fair: bin/plover bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --fair
 
 # The cost of isolation: the CNN through --isolation none and process, same run (about 1 min).
 bench-isolation: bin/plover samples

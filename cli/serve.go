@@ -57,6 +57,7 @@ type serveFlags struct {
 	maxBodyMemMB                                     int64
 	sched                                            string
 	deviceRuns                                       int
+	cpuWeights                                       bool
 }
 
 func serveCmd() *command {
@@ -96,7 +97,8 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with a slot kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
-			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: the host device's CPUs, or 4 per GPU)")
+			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "put each worker in a cgroup whose CPU weight follows its function's share and priority, and the server in one above them (--isolation process, where cgroups can be written)")
+			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 		},
@@ -182,7 +184,8 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if devs, err = isolate(f, devs, log); err != nil {
+	var cpu *worker.CPUGroups
+	if devs, cpu, err = isolate(f, devs, log); err != nil {
 		return err
 	}
 	eng, err := engine.New(engine.Config{
@@ -264,6 +267,7 @@ func serve(f *serveFlags, env *Env) error {
 	for _, d := range devs {
 		d.Close()
 	}
+	cpu.Close()
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
@@ -290,29 +294,29 @@ func openStore(ctx context.Context, url string, o objectstore.S3Options) (object
 
 // isolate wraps each device so that functions run in worker processes
 // (--isolation process), and makes the server unreadable to them.
-func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, error) {
+func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, *worker.CPUGroups, error) {
 	switch f.isolation {
 	case "none":
 		log.Warn("--isolation none: every function runs inside the server process; use it for one trusted tenant only")
-		return devs, nil
+		return devs, nil, nil
 	case "process":
 	default:
-		return nil, fmt.Errorf("--isolation %q: want process or none", f.isolation)
+		return nil, nil, fmt.Errorf("--isolation %q: want process or none", f.isolation)
 	}
 	if f.standby < 0 {
-		return nil, fmt.Errorf("--standby-workers %d: want 0 or more", f.standby)
+		return nil, nil, fmt.Errorf("--standby-workers %d: want 0 or more", f.standby)
 	}
 	// Workers run with another uid when we are root; when we are not, they
 	// share ours, and only a non-dumpable server keeps them out of its
 	// /proc files (environment, memory).
 	if err := contain.MakeNonDumpable(); err != nil {
-		return nil, fmt.Errorf("--isolation process: %w", err)
+		return nil, nil, fmt.Errorf("--isolation process: %w", err)
 	}
 	var drop *contain.Identity
 	if os.Geteuid() == 0 {
 		id, err := contain.LookupUser(f.workerUser)
 		if err != nil {
-			return nil, fmt.Errorf("--worker-user: %w", err)
+			return nil, nil, fmt.Errorf("--worker-user: %w", err)
 		}
 		drop = &id
 	}
@@ -320,10 +324,10 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	// bundle cache, so links work; leftovers of an earlier run go first.
 	stages := filepath.Join(f.data, "workers")
 	if err := os.RemoveAll(stages); err != nil {
-		return nil, fmt.Errorf("--isolation process: %w", err)
+		return nil, nil, fmt.Errorf("--isolation process: %w", err)
 	}
 	if err := os.Mkdir(stages, 0o700); err != nil { // not MkdirAll: never through a planted symlink
-		return nil, fmt.Errorf("--isolation process: %w", err)
+		return nil, nil, fmt.Errorf("--isolation process: %w", err)
 	}
 	mps := false
 	if len(devs) > 0 && devs[0].Target() == abi.TargetCUDA {
@@ -332,7 +336,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 			// MPS serves one uid at a time: a client of another uid waits
 			// until the running server's clients (this process's own
 			// context, as root) are gone, that is for ever.
-			return nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
+			return nil, nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
 		}
 		if mps {
 			log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
@@ -341,6 +345,10 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		log.Warn("--mps applies to CUDA devices only; ignored")
 	}
 	spawner := contain.NewSpawner()
+	var cpu *worker.CPUGroups
+	if f.cpuWeights {
+		cpu = worker.NewCPUGroups(log)
+	}
 	out := make([]device.Device, len(devs))
 	for i, d := range devs {
 		ordinal := 0
@@ -348,12 +356,12 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 			ordinal = g.Ordinal()
 		}
 		out[i] = worker.NewDevice(worker.Options{Exe: "/proc/self/exe", Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: f.standby, Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log})
+			Standby: f.standby, Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
 	}
 	user := "the server's"
 	if drop != nil {
 		user = f.workerUser + " (" + drop.String() + ")"
 	}
 	log.Info("functions run in worker processes", "standby_workers", f.standby, "worker_user", user)
-	return out, nil
+	return out, cpu, nil
 }

@@ -74,8 +74,9 @@ type SchedConfig struct {
 	// Off runs chains on the devices as they come, unscheduled (whoever
 	// sends the most work gets the device): for comparison.
 	Off bool
-	// MaxRuns bounds the runs on a device at once; 0: the host device's
-	// CPUs, or 4 on a GPU.
+	// MaxRuns bounds the runs on a device at once; 0: twice the host
+	// device's CPUs (a run is also copies and a round trip to its worker:
+	// one run per CPU leaves CPUs idle between runs), or 4 on a GPU.
 	MaxRuns int
 	// NoReserve uses every slot for whichever function waits, instead of
 	// keeping one for functions that come and go (sched.Config.Reserve).
@@ -88,7 +89,7 @@ func (c SchedConfig) maxRuns(d device.Device) int {
 	case c.MaxRuns > 0:
 		return c.MaxRuns
 	case d.Target() == abi.TargetHost:
-		return runtime.NumCPU()
+		return 2 * runtime.NumCPU()
 	}
 	return 4
 }

@@ -89,12 +89,13 @@ type Policy interface {
 type Config struct {
 	// MaxRuns bounds the runs on the device at once (>= 1).
 	MaxRuns int
-	// Reserve keeps one of MaxRuns (when MaxRuns >= 2) for functions
-	// that went idle within Recent and have nothing running: a function
-	// that comes and goes between its requests finds the device free
-	// instead of behind a neighbour's long run (a spatial share, as MPS
-	// keeps SMs), while functions that are never idle (floods) share the
-	// rest by the policy. With no such function about, every slot is used.
+	// Reserve keeps one of MaxRuns (when MaxRuns >= 2) for light
+	// functions, ones that send a run at a time (no two queued or running
+	// within Recent), while such a function went idle within Recent and
+	// has nothing running: an interactive function finds the device free
+	// between its requests instead of behind a neighbour's long run (a
+	// spatial share, as MPS keeps SMs), while floods share the rest by the
+	// policy. With no light function about, every slot is used.
 	Reserve bool
 	// Recent is how long after going idle a function counts for Reserve
 	// (default 100ms).

@@ -395,3 +395,21 @@ func BenchmarkAdmitDone(b *testing.B) {
 		tk.Done()
 	}
 }
+
+// A flood that is idle for a moment (between its runs) is not light: no
+// slot is kept for it, and the other flood may take every slot.
+func TestReserveIsNotForFloods(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Reserve: true, Recent: 100 * time.Millisecond, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	b1, _, _ := b.Admit(context.Background(), time.Time{}, nil)
+	b2, _, _ := b.Admit(context.Background(), time.Time{}, nil) // b had two at once
+	clk.Advance(time.Millisecond)
+	b1.Done()
+	b2.Done() // b idle, but a flood
+	for i := 0; i < 2; i++ {
+		if _, wait, err := a.Admit(context.Background(), time.Time{}, nil); err != nil || wait != 0 {
+			t.Fatalf("a's run %d waited %v (%v): a slot was kept for a flood", i, wait, err)
+		}
+	}
+}

@@ -78,6 +78,7 @@ type Flow struct {
 	inFlight int
 	active   bool      // a run queued or running since the policy was told (Woke)
 	lastIdle time.Time // when it last went idle
+	lastBusy time.Time // when it last had two or more runs queued or running
 	listed   bool      // in s.idle
 	lastEnd  time.Time
 	recent   decayed
@@ -218,6 +219,9 @@ func (f *Flow) Admit(ctx context.Context, deadline time.Time, gone func() bool) 
 func (f *Flow) AdmitAt(ctx context.Context, now, deadline time.Time, gone func() bool) (Ticket, time.Duration, error) {
 	s := f.s
 	s.mu.Lock()
+	if f.inFlight+len(f.queue) >= 1 {
+		f.lastBusy = now // this run makes two or more
+	}
 	if len(s.waiting) == 0 && s.inFlight < s.limit(f, now) {
 		t := s.start(f, deadline, now)
 		s.mu.Unlock()
@@ -380,10 +384,12 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 }
 
 // limit is how many runs may be on the device when f starts one: all of
-// them, or all but one (Config.Reserve) while a function that went idle
-// within Recent has nothing running, unless f is such a function itself.
-// A function that comes and goes between its requests finds that slot
-// free; one that has not been idle lately (a flood) cannot take it.
+// them, or all but one (Config.Reserve) while a light function (one that
+// has not had two runs queued or running within Recent: it sends one
+// request at a time) went idle within Recent and has nothing running,
+// unless f is such a function itself. An interactive function finds that
+// slot free between its requests; a flood, whatever its gaps, cannot take
+// it.
 func (s *Scheduler) limit(f *Flow, now time.Time) int {
 	if !s.cfg.Reserve || s.cfg.MaxRuns < 2 {
 		return s.cfg.MaxRuns
@@ -395,15 +401,20 @@ func (s *Scheduler) limit(f *Flow, now time.Time) int {
 		}
 		return false
 	})
-	if f.listed {
+	if f.listed && s.light(f, now) {
 		return s.cfg.MaxRuns
 	}
 	for _, g := range s.idle {
-		if g.inFlight == 0 {
+		if g != f && g.inFlight == 0 && s.light(g, now) {
 			return s.cfg.MaxRuns - 1
 		}
 	}
 	return s.cfg.MaxRuns
+}
+
+// light reports a flow that has not had two runs at once within Recent.
+func (s *Scheduler) light(f *Flow, now time.Time) bool {
+	return f.lastBusy.IsZero() || now.Sub(f.lastBusy) >= s.cfg.Recent
 }
 
 // dispatch admits queued runs while slots are free. Called with s.mu held.
@@ -453,7 +464,7 @@ func (s *Scheduler) armExpiry() {
 		}
 		if s.inFlight < s.cfg.MaxRuns {
 			for _, g := range s.idle {
-				if g.inFlight == 0 {
+				if g.inFlight == 0 && s.light(g, s.clock.Now()) {
 					earliest(g.lastIdle.Add(s.cfg.Recent))
 				}
 			}

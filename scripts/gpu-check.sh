@@ -532,6 +532,20 @@ else
   say "SKIP: needs the CUDA server, build/samples/cnn-cuda and python3"
 fi
 
+# ---------------------------------------------------------------- sharing
+section "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
+if [ -x bin/plover-bench-suite ] && [ -d build/samples/cnn-cuda ] && [ -d build/samples/spin-cuda ] && [ -d build/samples/vecadd-cuda ]; then
+  if bin/plover-bench-suite --plover bin/plover --device cuda --fair --fair-time 5s --dry-run >"$tmp/fair.md" 2>&1; then
+    pass "fairness benchmark on CUDA"
+  else
+    fail "fairness benchmark on CUDA (see fair.md)"
+  fi
+  grep -E '^\|' "$tmp/fair.md" || true
+  save "$tmp/fair.md" fair.md
+else
+  say "SKIP: needs bin/plover-bench-suite and build/samples/{cnn,spin,vecadd}-cuda"
+fi
+
 save "$tmp/server-cuda.log" server-cuda.log
 save "$tmp/server-host.log" server-host.log
 

@@ -38,6 +38,9 @@ type Options struct {
 	MaxHostMemory int64
 	Spawner       *contain.Spawner
 	Log           *slog.Logger
+	// CPU, when set, puts each worker that takes a function in a cgroup
+	// weighted by the function's share and priority (NewCPUGroups).
+	CPU *CPUGroups
 }
 
 // Device runs each program in a worker process of its own. It implements
@@ -253,6 +256,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		limit = mb << 20
 	}
 	p.memLimit.Store(limit)
+	p.setCgroup(d.opts.CPU.Place(p.pid, spec.Manifest))
 	if err := stage(spec, p.stage); err != nil {
 		p.kill("its bundle could not be staged")
 		return nil, err

@@ -39,7 +39,11 @@ type proc struct {
 	// may be reused: no signal may be sent to it after that.
 	mu     sync.Mutex
 	exited bool
-	stage  string // removed when the process is gone
+	// reaped is set, under mu, once the process is waited for; uncgroup
+	// removes its cgroup then (CPUGroups.Place).
+	reaped   bool
+	uncgroup func()
+	stage    string // removed when the process is gone
 }
 
 // spawn starts a worker; env is added to its (otherwise empty) environment.
@@ -194,6 +198,14 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Unlock()
 	err := cmd.Wait()
 	os.RemoveAll(p.stage)
+	p.mu.Lock()
+	p.reaped = true
+	uncg := p.uncgroup
+	p.uncgroup = nil
+	p.mu.Unlock()
+	if uncg != nil {
+		uncg()
+	}
 	p.reason = exitReason(cmd.ProcessState, err)
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
@@ -203,6 +215,20 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	delete(p.d.procs, p)
 	p.d.mu.Unlock()
 	close(p.done)
+}
+
+// setCgroup keeps the removal of the worker's cgroup for its exit (or does
+// it now, if the worker is already gone).
+func (p *proc) setCgroup(remove func()) {
+	p.mu.Lock()
+	reaped := p.reaped
+	if !reaped {
+		p.uncgroup = remove
+	}
+	p.mu.Unlock()
+	if reaped {
+		remove()
+	}
 }
 
 func exitReason(ps *os.ProcessState, err error) string {

@@ -46,6 +46,9 @@ type options struct {
 	isolation                             string
 	dryRun                                bool
 	batch                                 bool
+	fair                                  bool
+	fairClients                           int
+	fairTime                              time.Duration
 	batchClients                          int
 	batchTime                             time.Duration
 	batchFractions, batchChart            string
@@ -72,6 +75,9 @@ func main() {
 	flag.StringVar(&o.goBench, "go-bench", "auto", "run the hot-path Go benchmarks: auto (when go is installed and the device is host) | on | off")
 	flag.BoolVar(&o.dryRun, "dry-run", false, "print the markdown instead of writing files")
 	flag.BoolVar(&o.batch, "batch", false, "only compare the CNN with and without batching (samples/cnn-batch-<suffix>); writes the bench:batch-<device> section and --batch-chart")
+	flag.BoolVar(&o.fair, "fair", false, "only measure device sharing: the CNN at one client alone and beside floods, shares 3:1, priorities, with --sched fair and off; writes the bench:fair-<device> section")
+	flag.IntVar(&o.fairClients, "fair-clients", 8, "closed-loop clients of each flood for --fair")
+	flag.DurationVar(&o.fairTime, "fair-time", 5*time.Second, "duration of each --fair measurement")
 	flag.IntVar(&o.batchClients, "batch-clients", 32, "closed-loop clients for --batch")
 	flag.DurationVar(&o.batchTime, "batch-time", 6*time.Second, "duration of each --batch closed-loop run")
 	flag.StringVar(&o.batchFractions, "batch-sweep", "0.25,0.5,0.75,1,1.25,1.5,2", "--batch offered loads, as fractions of the unbatched closed-loop throughput")
@@ -138,6 +144,9 @@ func run(o *options) error {
 
 	res := &results{Machine: readMachine(), Device: o.device, Isolation: o.isolation, Started: t0.UTC(), Command: strings.Join(os.Args, " "), LoadBefore: loadAvg()}
 	res.Machine.Plover = ploverVersion(o.plover)
+	if o.fair {
+		return runFair(ctx, o, res)
+	}
 	if o.batch {
 		if o.batchChart == "" {
 			o.batchChart = "docs/cnn-batch-" + o.device + ".svg"

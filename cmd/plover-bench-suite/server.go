@@ -41,11 +41,12 @@ type coldStart struct {
 
 const serverStartTimeout = 30 * time.Second
 
-// startServer runs plover serve on 127.0.0.1:0 with dataDir and waits for
-// it to log its address.
-func startServer(plover, dataDir, device, isolation string) (*server, error) {
-	cmd := exec.Command(plover, "serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device, "--isolation", isolation,
-		"--log-format", "json", "--poll", "0", "--grace", "2s")
+// startServer runs plover serve on 127.0.0.1:0 with dataDir (and extra
+// flags) and waits for it to log its address.
+func startServer(plover, dataDir, device, isolation string, extra ...string) (*server, error) {
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device, "--isolation", isolation,
+		"--log-format", "json", "--poll", "0", "--grace", "2s"}, extra...)
+	cmd := exec.Command(plover, args...)
 	cmd.Stdout = io.Discard
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

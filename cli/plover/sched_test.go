@@ -1,0 +1,162 @@
+package main_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// Sharing a device on a real server with real workers: a batch flood holds
+// the one device slot (--device-runs 1) and queues behind it; a latency
+// function's request is admitted next, ahead of the queued flood, and says
+// how long it waited (Server-Timing sched); device time is accounted; and
+// where cgroups can be written each worker's CPU weight follows its
+// function's share and priority.
+func TestSharingServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts servers")
+	}
+	bin := buildPlover(t)
+	s := startIsoServer(t, bin, t.TempDir(), nil, "--device-runs", "1")
+	slow := testkit.Slow("slow", 150)
+	slow.MaxInstances, slow.Priority = 4, "batch"
+	fast := testkit.Manifest("fast")
+	fast.Share, fast.Priority = 2, "latency"
+	run(t, bin, []string{"PLOVER_SERVER=" + s.url}, "deploy", testkit.BundleDir(t, slow, nil))
+	run(t, bin, []string{"PLOVER_SERVER=" + s.url}, "deploy", testkit.BundleDir(t, fast, nil))
+	post := func(fn string) (*http.Response, []byte) {
+		resp, err := http.Post(s.url+"/v1/functions/"+fn+"/invoke", "application/octet-stream", bytes.NewReader([]byte{1}))
+		if err != nil {
+			t.Error(err)
+			return nil, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", fn, resp.StatusCode, b)
+		}
+		return resp, b
+	}
+	post("fast") // both loaded, workers placed
+	post("slow")
+	info := func(fn string) api.FunctionInfo {
+		var fi api.FunctionInfo
+		resp, err := http.Get(s.url + "/v1/functions/" + fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		json.NewDecoder(resp.Body).Decode(&fi)
+		return fi
+	}
+
+	var slowDone atomic.Int32
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			post("slow")
+			slowDone.Add(1)
+		}()
+	}
+	waitFor(t, 10*time.Second, "one slow run on the device and the rest queued for it", func() bool {
+		return info("slow").Queue >= 2
+	})
+	resp, _ := post("fast")
+	before := slowDone.Load()
+	wg.Wait()
+	if resp == nil {
+		t.Fatal("no answer from fast")
+	}
+	if before > 1 {
+		t.Fatalf("%d slow requests finished before the latency one: it waited behind the queued flood", before)
+	}
+	m := regexp.MustCompile(`sched;dur=([0-9.]+)`).FindStringSubmatch(resp.Header.Get("Server-Timing"))
+	if m == nil {
+		t.Fatalf("no sched in Server-Timing %q", resp.Header.Get("Server-Timing"))
+	}
+	if ms, _ := strconv.ParseFloat(m[1], 64); ms <= 0 || ms > 1000 {
+		t.Fatalf("sched %s ms: want the rest of one slow run", m[1])
+	}
+	fs, ff := info("slow"), info("fast")
+	if fs.DeviceSeconds < 0.7 || fs.Priority != "batch" || ff.Share != 2 || ff.Priority != "latency" {
+		t.Fatalf("slow: %.3f device s, priority %q; fast: share %v priority %q", fs.DeviceSeconds, fs.Priority, ff.Share, ff.Priority)
+	}
+	mresp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if !strings.Contains(string(mb), `plover_device_seconds_total{function="slow"}`) || !strings.Contains(string(mb), `phase="sched"`) {
+		t.Fatal("/metrics lacks plover_device_seconds_total or the sched phase")
+	}
+
+	// CPU weights, where this machine lets the server write cgroups.
+	if strings.Contains(s.log.String(), "worker CPU weights off") {
+		t.Logf("cgroups not writable here; weights not checked: %s", grepLine(s.log.String(), "worker CPU weights off"))
+		return
+	}
+	group := ""
+	for _, root := range []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup"} {
+		if d := filepath.Join(root, "plover-"+strconv.Itoa(s.pid)); dirExists(d) {
+			group = d
+		}
+	}
+	if group == "" {
+		t.Fatalf("the server logged CPU weights on, but there is no plover-%d group:\n%s", s.pid, grepLine(s.log.String(), "CPU weights"))
+	}
+	want := map[string][2]string{"fast": {"16384", "1600"}, "slow": {"128", "13"}} // 1024 or 100 x share x8 (latency) or /8 (batch)
+	for fn, w := range want {
+		fi := info(fn)
+		if len(fi.Workers) != 1 {
+			t.Fatalf("%s: workers %+v", fn, fi.Workers)
+		}
+		dir := filepath.Join(group, strconv.Itoa(fi.Workers[0].PID))
+		v, err := os.ReadFile(filepath.Join(dir, "cpu.shares"))
+		if err != nil {
+			v, err = os.ReadFile(filepath.Join(dir, "cpu.weight"))
+		}
+		got := strings.TrimSpace(string(v))
+		if err != nil || (got != w[0] && got != w[1]) {
+			t.Fatalf("%s's worker %d: weight %q (%v), want %s (v1) or %s (v2)", fn, fi.Workers[0].PID, got, err, w[0], w[1])
+		}
+		procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if !strings.Contains(string(procs), strconv.Itoa(fi.Workers[0].PID)) {
+			t.Fatalf("%s's worker %d is not in its group: %q", fn, fi.Workers[0].PID, procs)
+		}
+	}
+	// The server's groups go with it.
+	s.stop(t)
+	if dirExists(group) {
+		t.Fatalf("%s outlived the server", group)
+	}
+}
+
+func dirExists(d string) bool {
+	fi, err := os.Stat(d)
+	return err == nil && fi.IsDir()
+}
+
+func grepLine(log, s string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	return ""
+}

@@ -1,0 +1,302 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bench"
+)
+
+// The device-sharing benchmark (--fair, make bench-fair): a victim at one
+// client, alone and beside a neighbour flooded by --fair-clients, on one
+// server per scheduling mode, every mode in the same run. Each mode's
+// figures are ratios to its own victim alone.
+
+// fairLoad is one closed loop of the benchmark.
+type fairLoad struct {
+	P50, P99   float64 // ms
+	Throughput float64
+	Errors     int64
+	SchedP50   float64 // the Server-Timing sched wait, ms
+}
+
+// fairMode is one scheduling mode's measurements.
+type fairMode struct {
+	Mode        string              `json:"mode"` // fair, off (--sched off), none (and --cpu-weights=false)
+	Alone       fairLoad            `json:"victim_alone"`
+	Beside      map[string]fairLoad `json:"victim_beside"` // by neighbour
+	Neighbours  map[string]fairLoad `json:"neighbours"`    // the floods, during the victim's run
+	Alone4      fairLoad            `json:"victim_alone_4_clients"`
+	SharesA     float64             `json:"shares_a_fraction"` // device time of the share-3 flood over both
+	SharesRuns  [2]int64            `json:"shares_throughput"`
+	LatAlone    fairLoad            `json:"latency_alone"`
+	LatBeside   fairLoad            `json:"latency_beside_batch"`
+	BatchBeside fairLoad            `json:"batch_flood"`
+}
+
+type fairRun struct {
+	Clients int         `json:"flood_clients"`
+	Time    float64     `json:"seconds_per_load"`
+	Modes   []*fairMode `json:"modes"`
+}
+
+// fairBundle is a sample deployed under another name, with a manifest
+// change (a share, a priority).
+type fairBundle struct {
+	name, from string
+	set        map[string]any
+}
+
+func runFair(ctx context.Context, o *options, res *results) error {
+	cnn, err := cnnWorkload(o.repo, o.samples, o.suffix)
+	if err != nil {
+		return err
+	}
+	vec, err := vecaddWorkload(o.samples, o.suffix)
+	if err != nil {
+		return err
+	}
+	spinIn := make([]byte, 1024)
+	for i := range spinIn {
+		spinIn[i] = byte(i*7 + 1)
+	}
+	data, err := os.MkdirTemp("", "plover-fair-bench-")
+	if err != nil {
+		return err
+	}
+	defer removeAll(data)
+	dir := func(s string) string { return filepath.Join(o.samples, s+"-"+o.suffix) }
+	bundles := []fairBundle{
+		{"cnn", dir("cnn"), nil},
+		{"vecadd", dir("vecadd"), nil},
+		{"spin", dir("spin"), nil},
+		{"spin-a", dir("spin"), map[string]any{"share": 3}},
+		{"spin-b", dir("spin"), map[string]any{"share": 1}},
+		{"cnn-latency", dir("cnn"), map[string]any{"priority": "latency"}},
+		{"spin-batch", dir("spin"), map[string]any{"priority": "batch"}},
+	}
+	for _, b := range bundles {
+		src := b.from
+		if b.set != nil {
+			if src, err = renamedBundle(data, b); err != nil {
+				return err
+			}
+		}
+		if err := deployToStore(ctx, o.plover, src, data); err != nil {
+			return fmt.Errorf("%s: %w (make samples)", b.name, err)
+		}
+	}
+	fr := &fairRun{Clients: o.fairClients, Time: o.fairTime.Seconds()}
+	for _, mode := range []string{"fair", "off", "none"} {
+		logf("mode %s", mode)
+		m, err := fairOneMode(ctx, o, data, mode, cnn.Input, vec.Input, spinIn)
+		if err != nil {
+			return fmt.Errorf("--sched %s: %w", mode, err)
+		}
+		fr.Modes = append(fr.Modes, m)
+	}
+	res.LoadAfterRuns = loadAvg()
+	return writeFair(o, res, fr)
+}
+
+// renamedBundle copies b.from to a directory of its own with the manifest's
+// name and b.set changed.
+func renamedBundle(root string, b fairBundle) (string, error) {
+	dst := filepath.Join(root, "bundles", b.name)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return "", err
+	}
+	if err := copyDir(b.from, dst); err != nil {
+		return "", err
+	}
+	mp := filepath.Join(dst, "plover.json")
+	raw, err := os.ReadFile(mp)
+	if err != nil {
+		return "", err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return "", err
+	}
+	m["name"] = b.name
+	for k, v := range b.set {
+		m[k] = v
+	}
+	out, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return dst, os.WriteFile(mp, out, 0o644)
+}
+
+func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecIn, spinIn []byte) (*fairMode, error) {
+	flags := []string{"--sched", mode}
+	if mode == "none" { // the server before the scheduler and the CPU weights
+		flags = []string{"--sched", "off", "--cpu-weights=false"}
+	}
+	srv, err := startServer(o.plover, data, o.device, o.isolation, flags...)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop()
+	inputs := map[string][]byte{"cnn": cnnIn, "vecadd": vecIn, "spin": spinIn, "spin-a": spinIn, "spin-b": spinIn, "cnn-latency": cnnIn, "spin-batch": spinIn}
+	for name, in := range inputs { // loaded, instances made, before anything is timed
+		if _, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	m := &fairMode{Mode: mode, Beside: map[string]fairLoad{}, Neighbours: map[string]fairLoad{}}
+	if m.Alone, err = closed(ctx, srv.url, "cnn", cnnIn, 1, o.fairTime); err != nil {
+		return nil, err
+	}
+	if m.Alone4, err = closed(ctx, srv.url, "cnn", cnnIn, 4, o.fairTime); err != nil {
+		return nil, err
+	}
+	for _, nb := range []string{"spin", "vecadd"} {
+		logf("  cnn beside %s (%d clients)", nb, o.fairClients)
+		v, n, err := beside(ctx, srv.url, "cnn", cnnIn, nb, inputs[nb], o.fairClients, o.fairTime)
+		if err != nil {
+			return nil, err
+		}
+		m.Beside[nb], m.Neighbours[nb] = v, n
+	}
+	logf("  spin-a (share 3) and spin-b (share 1), %d clients each", o.fairClients)
+	before := [2]float64{deviceSeconds(srv.url, "spin-a"), deviceSeconds(srv.url, "spin-b")}
+	var wg sync.WaitGroup
+	var la, lb fairLoad
+	var ea, eb error
+	wg.Add(2)
+	go func() { defer wg.Done(); la, ea = closed(ctx, srv.url, "spin-a", spinIn, o.fairClients, o.fairTime) }()
+	go func() { defer wg.Done(); lb, eb = closed(ctx, srv.url, "spin-b", spinIn, o.fairClients, o.fairTime) }()
+	wg.Wait()
+	if ea != nil || eb != nil {
+		return nil, fmt.Errorf("shares: %v %v", ea, eb)
+	}
+	da, db := deviceSeconds(srv.url, "spin-a")-before[0], deviceSeconds(srv.url, "spin-b")-before[1]
+	if da+db > 0 {
+		m.SharesA = da / (da + db)
+	}
+	if mode != "fair" { // no scheduler, no device time: the requests served tell
+		m.SharesA = la.Throughput / (la.Throughput + lb.Throughput)
+	}
+	m.SharesRuns = [2]int64{int64(la.Throughput), int64(lb.Throughput)}
+	logf("  cnn-latency alone and beside spin-batch")
+	if m.LatAlone, err = closed(ctx, srv.url, "cnn-latency", cnnIn, 1, o.fairTime); err != nil {
+		return nil, err
+	}
+	if m.LatBeside, m.BatchBeside, err = beside(ctx, srv.url, "cnn-latency", cnnIn, "spin-batch", spinIn, o.fairClients, o.fairTime); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// closed runs a closed loop and summarises it.
+func closed(ctx context.Context, url, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
+	r, err := bench.Run(ctx, bench.Config{Server: url, Function: fn, Input: in, Concurrency: clients, Duration: d, Requests: 100_000_000, Timeout: time.Minute})
+	if err != nil {
+		return fairLoad{}, fmt.Errorf("%s: %w", fn, err)
+	}
+	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50}
+	for _, e := range r.Errors {
+		l.Errors += e.Count
+	}
+	return l, nil
+}
+
+// beside runs the victim at one client while the neighbour is flooded;
+// the flood starts first and runs past the victim's end.
+func beside(ctx context.Context, url, victim string, vin []byte, nb string, nin []byte, clients int, d time.Duration) (fairLoad, fairLoad, error) {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var flood fairLoad
+	var ferr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		flood, ferr = closed(fctx, url, nb, nin, clients, d+2*time.Second)
+	}()
+	select {
+	case <-time.After(time.Second): // the flood at its pace
+	case <-done:
+		return fairLoad{}, fairLoad{}, fmt.Errorf("flood %s ended early: %v", nb, ferr)
+	}
+	v, err := closed(ctx, url, victim, vin, 1, d)
+	cancel()
+	<-done
+	if err != nil {
+		return v, flood, err
+	}
+	return v, flood, nil
+}
+
+// deviceSeconds is a function's device time on the server so far.
+func deviceSeconds(url, fn string) float64 {
+	resp, err := http.Get(url + "/v1/functions/" + fn)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var fi api.FunctionInfo
+	if json.NewDecoder(resp.Body).Decode(&fi) != nil {
+		return 0
+	}
+	return fi.DeviceSeconds
+}
+
+func writeFair(o *options, res *results, fr *fairRun) error {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
+	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
+		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server); `off` keeps the CPU weights but runs chains as they come (`--sched off`); `none` is the server before this work (`--sched off --cpu-weights=false`).\n\n",
+		fr.Time, fr.Clients)
+	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
+	for _, m := range fr.Modes {
+		s, v := m.Beside["spin"], m.Beside["vecadd"]
+		p("| %s | %s / %s | %s / %s | %s / %s | %.0f, %.0f |\n", m.Mode, fmtMs(m.Alone.P50), fmtMs(m.Alone.P99),
+			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99),
+			m.Neighbours["spin"].Throughput, m.Neighbours["vecadd"].Throughput)
+	}
+	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")
+	p("| mode | spin-a (share 3) part of device time, spin-b share 1 (target 0.75 ± 0.05) | served/s a, b | cnn-latency p99 beside a spin-batch flood / alone | cnn alone, 4 clients: served/s | cnn alone 1 client p50 |\n|---|---|---|---|---|---|\n")
+	for _, m := range fr.Modes {
+		p("| %s | %.3f | %d, %d | %s (%s / %s ms) | %.0f | %s ms |\n", m.Mode, m.SharesA, m.SharesRuns[0], m.SharesRuns[1],
+			ratio(m.LatBeside.P99, m.LatAlone.P99), fmtMs(m.LatBeside.P99), fmtMs(m.LatAlone.P99), m.Alone4.Throughput, fmtMs(m.Alone.P50))
+	}
+	if len(fr.Modes) >= 2 {
+		f, off := fr.Modes[0], fr.Modes[1]
+		p("\nA function alone, fair over off (work conservation: the scheduler costs nothing uncontended): 4-client throughput **%s**, 1-client p50 **%s**.",
+			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
+		p(" (Without the scheduler, the share split is the requests each flood got served, as no device time is accounted.)\n")
+	}
+	jsonPath := inRepo(o, filepath.Join("build", "bench", "fair-"+o.device+".json"))
+	if err := os.MkdirAll(filepath.Dir(jsonPath), 0o755); err == nil {
+		if raw, err := json.MarshalIndent(fr, "", "  "); err == nil {
+			os.WriteFile(jsonPath, raw, 0o644)
+		}
+	}
+	if o.dryRun {
+		fmt.Print(b.String())
+		return nil
+	}
+	mdPath := inRepo(o, o.out)
+	doc, err := os.ReadFile(mdPath)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(mdPath, []byte(replaceSection(string(doc), "fair-"+o.device, b.String())), 0o644); err != nil {
+		return err
+	}
+	logf("wrote the bench:fair-%s section of %s", o.device, mdPath)
+	fmt.Print(b.String())
+	return nil
+}

@@ -1,0 +1,82 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+)
+
+func TestCPUWeight(t *testing.T) {
+	for _, tt := range []struct {
+		share    float64
+		priority string
+		v1, v2   string
+	}{
+		{0, "", "1024", "100"},
+		{1, "default", "1024", "100"},
+		{3, "", "3072", "300"},
+		{1, "latency", "8192", "800"},
+		{1, "batch", "128", "13"},
+		{1000, "latency", "262144", "10000"},
+		{0.001, "batch", "2", "1"},
+	} {
+		m := &abi.Manifest{Share: tt.share, Priority: tt.priority}
+		if got := (&CPUGroups{}).value(Weight(m)); got != tt.v1 {
+			t.Errorf("share %v %q: v1 %s, want %s", tt.share, tt.priority, got, tt.v1)
+		}
+		if got := (&CPUGroups{v2: true}).value(Weight(m)); got != tt.v2 {
+			t.Errorf("share %v %q: v2 %s, want %s", tt.share, tt.priority, got, tt.v2)
+		}
+	}
+}
+
+// Against a fake v1 hierarchy (plain files): a group per worker with its
+// weight and pid, removed when the worker is gone; a dead server's groups
+// swept; a hierarchy that refuses writes is reported once and left alone.
+func TestCPUGroupsV1(t *testing.T) {
+	root := t.TempDir()
+	old := cgroupRoot
+	cgroupRoot = root
+	defer func() { cgroupRoot = old }()
+	cpu := filepath.Join(root, "cpu")
+	os.MkdirAll(filepath.Join(cpu, "plover-999999999", "42"), 0o755) // a dead server's
+	os.WriteFile(filepath.Join(cpu, "cpu.shares"), []byte("1024"), 0o644)
+	g := NewCPUGroups(nil)
+	if g == nil {
+		t.Fatal("no groups on a writable v1 hierarchy")
+	}
+	if _, err := os.Stat(filepath.Join(cpu, "plover-999999999")); !os.IsNotExist(err) {
+		t.Fatalf("a dead server's groups were not swept: %v", err)
+	}
+	remove := g.Place(1234, &abi.Manifest{Name: "f", Share: 2, Priority: "latency"})
+	dir := filepath.Join(g.Dir(), "1234")
+	if b, _ := os.ReadFile(filepath.Join(dir, "cpu.shares")); string(b) != strconv.Itoa(2*8*1024) {
+		t.Fatalf("cpu.shares %q", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs")); string(b) != "1234" {
+		t.Fatalf("cgroup.procs %q", b)
+	}
+	// A real group's files vanish with it; these are plain files here.
+	os.Remove(filepath.Join(dir, "cpu.shares"))
+	os.Remove(filepath.Join(dir, "cgroup.procs"))
+	remove()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the worker's group outlived it: %v", err)
+	}
+	srv := filepath.Join(g.Dir(), "server")
+	if b, _ := os.ReadFile(filepath.Join(srv, "cgroup.procs")); string(b) != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("the server is not in its group: cgroup.procs %q", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(srv, "cpu.shares")); string(b) != strconv.Itoa(serverWeight*1024) {
+		t.Fatalf("the server's cpu.shares %q", b)
+	}
+	os.Remove(filepath.Join(srv, "cpu.shares"))
+	os.Remove(filepath.Join(srv, "cgroup.procs"))
+	g.Close()
+	if _, err := os.Stat(g.Dir()); !os.IsNotExist(err) {
+		t.Fatalf("the server's group outlived Close: %v", err)
+	}
+}
