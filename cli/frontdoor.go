@@ -33,7 +33,7 @@ type frontDoor struct {
 // rejectResponse is what a connection past --max-conns reads before it is
 // closed.
 var rejectResponse = func() []byte {
-	body := `{"error":{"code":"unavailable","message":"the server has its maximum of open connections (--max-conns); retry"}}`
+	body := `{"error":{"code":"unavailable","message":"the server has its maximum of open connections (--max-conns), or this client its own (--max-conns-per-client); retry"}}`
 	return fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 }()
 
@@ -69,9 +69,16 @@ func newFrontDoor(f *serveFlags, log *slog.Logger, reg prometheus.Registerer) (*
 	if maxConns == 0 {
 		maxConns = netguard.DefaultMaxConns(nofile)
 	}
-	d.guard = &netguard.Listener{Max: maxConns, Reject: rejectResponse}
+	perClient := f.maxConnsPerClient
+	if perClient < 0 {
+		return nil, fmt.Errorf("--max-conns-per-client %d: want 0 (half of --max-conns) or more", perClient)
+	}
+	if perClient == 0 {
+		perClient = max(1, maxConns/2)
+	}
+	d.guard = &netguard.Listener{Max: maxConns, PerClient: perClient, Reject: rejectResponse}
 	rejected := prometheus.NewCounter(prometheus.CounterOpts{Name: "plover_connections_rejected_total",
-		Help: "Connections closed at once because --max-conns were open."})
+		Help: "Connections closed at once because --max-conns were open, or --max-conns-per-client from one address."})
 	acceptErrs := prometheus.NewCounter(prometheus.CounterOpts{Name: "plover_accept_errors_total",
 		Help: "Accept errors (out of descriptors, ...) the server retried after a back-off."})
 	reg.MustRegister(rejected, acceptErrs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "plover_connections_open",
@@ -88,7 +95,7 @@ func newFrontDoor(f *serveFlags, log *slog.Logger, reg prometheus.Registerer) (*
 			log.Warn("accept failed; retrying after a back-off", "error", err, "open_connections", d.guard.Open())
 		}
 	}
-	log.Info("connection limits", "max_conns", maxConns, "open_file_limit", nofile, "max_body_memory_mib", f.maxBodyMemMB)
+	log.Info("connection limits", "max_conns", maxConns, "max_conns_per_client", perClient, "open_file_limit", nofile, "max_body_memory_mib", f.maxBodyMemMB)
 	return d, nil
 }
 

@@ -53,7 +53,7 @@ type serveFlags struct {
 	s3                                               objectstore.S3Options
 	authFile, tlsCert, tlsKey, metricsListen         string
 	insecureNoAuth                                   bool
-	maxConns                                         int
+	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
 	sched                                            string
 	deviceRuns                                       int
@@ -95,6 +95,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 			fs.StringVar(&f.metricsListen, "metrics-listen", "", "also serve GET /metrics, without authentication, on this address (for a scraper on a private network)")
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
+			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
 			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with a slot kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "put each worker in a cgroup whose CPU weight follows its function's share and priority, and the server in one above them (--isolation process, where cgroups can be written)")

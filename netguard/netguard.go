@@ -71,6 +71,10 @@ type Listener struct {
 
 	// Max is the most connections open at once; <= 0 means no cap.
 	Max int
+	// PerClient is the most connections open at once from one client
+	// address (so that one client cannot hold every slot of Max); <= 0
+	// means no cap. Behind a proxy every connection is the proxy's.
+	PerClient int
 	// Reject, if not empty, is written to a connection closed for the cap.
 	Reject []byte
 	// OnError, if set, is called with each accept error being retried. It
@@ -86,6 +90,7 @@ type Listener struct {
 	mu     sync.Mutex
 	done   chan struct{} // closed by Close; ends a back-off early
 	closed bool
+	byIP   map[string]int // open connections per client address, with PerClient
 }
 
 // NewListener wraps inner with a cap of max connections open at once
@@ -125,7 +130,13 @@ func (l *Listener) Accept() (net.Conn, error) {
 			l.reject(c)
 			continue
 		}
-		return l.wrap(c), nil
+		ip, ok := l.admitClient(c)
+		if !ok {
+			l.open.Add(-1)
+			l.reject(c)
+			continue
+		}
+		return l.wrap(c, ip), nil
 	}
 }
 
@@ -199,8 +210,55 @@ func retryable(err error) bool {
 
 // wrap returns c counted in l's open connections, as a type that implements
 // syscall.Conn exactly when c does.
-func (l *Listener) wrap(c net.Conn) net.Conn {
-	w := &conn{Conn: c, l: l}
+// admitClient counts c against its client address's cap; it returns the
+// key to release on close ("" when there is no cap) and false when the
+// client is at its cap.
+func (l *Listener) admitClient(c net.Conn) (string, bool) {
+	if l.PerClient <= 0 {
+		return "", true
+	}
+	ip := clientKey(c.RemoteAddr())
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byIP == nil {
+		l.byIP = map[string]int{}
+	}
+	if l.byIP[ip] >= l.PerClient {
+		return "", false
+	}
+	l.byIP[ip]++
+	return ip, true
+}
+
+// releaseClient gives back a connection of client key ip.
+func (l *Listener) releaseClient(ip string) {
+	if ip == "" {
+		return
+	}
+	l.mu.Lock()
+	if l.byIP[ip]--; l.byIP[ip] <= 0 {
+		delete(l.byIP, ip)
+	}
+	l.mu.Unlock()
+}
+
+// clientKey is a connection's client address without its port (an
+// IPv4-mapped IPv6 address as IPv4).
+func clientKey(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		if v4 := ta.IP.To4(); v4 != nil {
+			return v4.String()
+		}
+		return ta.IP.String()
+	}
+	if host, _, err := net.SplitHostPort(a.String()); err == nil {
+		return host
+	}
+	return a.String()
+}
+
+func (l *Listener) wrap(c net.Conn, ip string) net.Conn {
+	w := &conn{Conn: c, l: l, ip: ip}
 	if _, ok := c.(syscall.Conn); ok {
 		return sysConn{w}
 	}
@@ -211,14 +269,16 @@ func (l *Listener) wrap(c net.Conn) net.Conn {
 type conn struct {
 	net.Conn
 	l      *Listener
+	ip     string // its client's key with PerClient, else ""
 	closed atomic.Bool
 }
 
-// Close closes the connection; the first call frees its slot.
+// Close closes the connection; the first call frees its slots.
 func (c *conn) Close() error {
 	err := c.Conn.Close()
 	if c.closed.CompareAndSwap(false, true) {
 		c.l.open.Add(-1)
+		c.l.releaseClient(c.ip)
 	}
 	return err
 }

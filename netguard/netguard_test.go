@@ -1019,3 +1019,50 @@ func TestBudgetTryAcquire(t *testing.T) {
 		t.Fatal("an unlimited budget refused")
 	}
 }
+
+// One client address holds at most PerClient connections: the next is
+// turned away with Reject while another address is still served, and a
+// slot comes back when one of its connections closes.
+func TestListenerPerClientCap(t *testing.T) {
+	canned := []byte("HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+	ln := NewListener(listenLoopback(t), 100)
+	ln.PerClient = 3
+	ln.Reject = canned
+	done := serveEcho(ln)
+	addr := ln.Addr().String()
+	var served []net.Conn
+	for i := 0; i < 3; i++ {
+		c, ok := dialServed(t, addr, canned)
+		if !ok {
+			t.Fatalf("connection %d of 3 was not served", i+1)
+		}
+		served = append(served, c)
+	}
+	if c, ok := dialServed(t, addr, canned); ok {
+		c.Close()
+		t.Fatal("a 4th connection from one client was served")
+	}
+	// Another address (127.0.0.2 is loopback too) is not this client.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
+	if c, err := d.Dial("tcp", addr); err == nil {
+		if !readServed(t, c, canned) {
+			t.Fatal("another client's connection was turned away")
+		}
+		c.Close()
+	} else {
+		t.Logf("no second loopback address here (%v); that part skipped", err)
+	}
+	served[0].Close()
+	waitFor(t, 5*time.Second, "the client's slot freed", func() bool { return ln.Open() == 2 })
+	c, ok := dialServed(t, addr, canned)
+	if !ok {
+		t.Fatal("not served after one of the client's connections closed")
+	}
+	served = append(served[1:], c)
+	for _, c := range served {
+		c.Close()
+	}
+	waitFor(t, 5*time.Second, "all closed", func() bool { return ln.Open() == 0 })
+	ln.Close()
+	<-done
+}
