@@ -62,8 +62,8 @@ func tokens(t *testing.T) (tab *auth.Table, reader, invoker string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := auth.Line("reader", auth.Read, auth.Hash(reader), nil) + "\n" +
-		auth.Line("app", auth.Invoke, auth.Hash(invoker), []string{"echo"}) + "\n"
+	lines := auth.Line("reader", auth.Read, auth.Hash(reader), nil, auth.Limits{}) + "\n" +
+		auth.Line("app", auth.Invoke, auth.Hash(invoker), []string{"echo"}, auth.Limits{}) + "\n"
 	tab, err = auth.Parse(strings.NewReader(lines), "tokens")
 	if err != nil {
 		t.Fatal(err)

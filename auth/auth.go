@@ -2,9 +2,14 @@
 //
 // An auth file lists one token per line:
 //
-//	# NAME   SCOPES        SHA256                                                            FUNCTIONS
-//	ci       invoke,read   583a77915a98804db1762f162685c1895dd317db52fdca950f24744635f8a9e4  cnn,vec*
+//	# NAME   SCOPES        SHA256                                                            FUNCTIONS  LIMITS
+//	ci       invoke,read   583a77915a98804db1762f162685c1895dd317db52fdca950f24744635f8a9e4  cnn,vec*   rate=50,burst=100,concurrency=8
 //	ops      admin         bb172bff805801f64068ef04c75c687dc840c5f20b5532d780acabac36ac0c7b
+//
+// LIMITS (optional; FUNCTIONS must then be given, "*" for all) bound what
+// one token may ask of the server: rate requests per second with a burst,
+// and concurrency requests in flight. Past them the server answers 429
+// with Retry-After.
 //
 // The file holds the SHA-256 of each token, never the token: a server that
 // reads it can check a token but not mint one. plover token new makes a
@@ -21,9 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,6 +112,75 @@ type Principal struct {
 	// Functions are path.Match globs limiting invoke and deploy; Parse sets
 	// ["*"] when the file gives none, and Allow treats an empty list as ["*"].
 	Functions []string
+	// Limits bound the token's requests; the zero value bounds nothing.
+	Limits Limits
+}
+
+// Limits bound one token's requests: Rate per second with bursts of up to
+// Burst (a token bucket), and Concurrency in flight. Zero: no bound.
+type Limits struct {
+	Rate        float64
+	Burst       int
+	Concurrency int
+}
+
+// Any reports whether l bounds anything.
+func (l Limits) Any() bool { return l.Rate > 0 || l.Concurrency > 0 }
+
+// String writes l as the auth file does ("rate=50,burst=100"); "" for none.
+func (l Limits) String() string {
+	var parts []string
+	if l.Rate > 0 {
+		parts = append(parts, "rate="+strconv.FormatFloat(l.Rate, 'g', -1, 64), "burst="+strconv.Itoa(l.Burst))
+	}
+	if l.Concurrency > 0 {
+		parts = append(parts, "concurrency="+strconv.Itoa(l.Concurrency))
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseLimits reads "rate=R[/s],burst=B,concurrency=C", any subset in any
+// order; burst defaults to the rate rounded up (at least 1) and needs a rate.
+func ParseLimits(csv string) (Limits, error) {
+	var l Limits
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(csv, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || v == "" {
+			return l, fmt.Errorf("%q: want key=value (rate, burst, concurrency)", kv)
+		}
+		if seen[k] {
+			return l, fmt.Errorf("%s given twice", k)
+		}
+		seen[k] = true
+		switch k {
+		case "rate":
+			r, err := strconv.ParseFloat(strings.TrimSuffix(v, "/s"), 64)
+			if err != nil || !(r > 0) || r > 1e9 {
+				return l, fmt.Errorf("rate %q: want requests per second, a number above 0", v)
+			}
+			l.Rate = r
+		case "burst", "concurrency":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1<<30 {
+				return l, fmt.Errorf("%s %q: want a whole number of at least 1", k, v)
+			}
+			if k == "burst" {
+				l.Burst = n
+			} else {
+				l.Concurrency = n
+			}
+		default:
+			return l, fmt.Errorf("unknown limit %q (want rate, burst, concurrency)", k)
+		}
+	}
+	if l.Burst > 0 && l.Rate == 0 {
+		return l, errors.New("burst needs a rate")
+	}
+	if l.Rate > 0 && l.Burst == 0 {
+		l.Burst = max(1, int(math.Ceil(l.Rate)))
+	}
+	return l, nil
 }
 
 // Denied is a refusal by Principal.Allow: the request is authenticated but
@@ -237,12 +313,12 @@ type Table struct {
 
 // Parse reads an auth file: one token per line, '#' comments (whole line or
 // trailing after whitespace) and blank lines allowed; fields separated by
-// spaces or tabs: NAME SCOPES SHA256 [FUNCTIONS].
+// spaces or tabs: NAME SCOPES SHA256 [FUNCTIONS [LIMITS]].
 //
 // NAME: [A-Za-z0-9_.@-]{1,64}, unique. SCOPES: comma-separated subset of
 // admin,deploy,invoke,read. SHA256: 64 lowercase hex characters, the SHA-256
 // of the token's bytes, unique. FUNCTIONS: comma-separated path.Match globs
-// (default "*").
+// (default "*"). LIMITS: see ParseLimits.
 //
 // A malformed line is an error "SOURCE:LINE: reason" naming the field; so is
 // a file with no tokens ("SOURCE: no tokens"), since a server with an empty
@@ -268,9 +344,9 @@ func Parse(r io.Reader, source string) (*Table, error) {
 			return nil, fail("missing SCOPES and SHA256 after NAME %q (want NAME SCOPES SHA256 [FUNCTIONS])", fields[0])
 		case 2:
 			return nil, fail("missing SHA256 after SCOPES (want NAME SCOPES SHA256 [FUNCTIONS])")
-		case 3, 4:
+		case 3, 4, 5:
 		default:
-			return nil, fail("extra field %q after FUNCTIONS (FUNCTIONS is one comma-separated field)", fields[4])
+			return nil, fail("extra field %q after LIMITS (FUNCTIONS and LIMITS are each one comma-separated field)", fields[5])
 		}
 		var e entry
 		e.p.Name = fields[0]
@@ -294,9 +370,14 @@ func Parse(r io.Reader, source string) (*Table, error) {
 		}
 		hex.Decode(e.sum[:], []byte(sha))
 		e.p.Functions = []string{"*"}
-		if len(fields) == 4 {
+		if len(fields) >= 4 {
 			if e.p.Functions, err = ParseFunctions(fields[3]); err != nil {
 				return nil, fail("FUNCTIONS: %v", err)
+			}
+		}
+		if len(fields) == 5 {
+			if e.p.Limits, err = ParseLimits(fields[4]); err != nil {
+				return nil, fail("LIMITS: %v", err)
 			}
 		}
 		names[e.p.Name] = n
@@ -452,12 +533,16 @@ func Hash(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Line formats an auth-file line: "NAME\tSCOPES\tSHA256\tFUNCTIONS", with
-// FUNCTIONS "*" when functions is empty.
-func Line(name string, scopes Scope, sha string, functions []string) string {
+// Line formats an auth-file line: "NAME\tSCOPES\tSHA256\tFUNCTIONS[\tLIMITS]",
+// with FUNCTIONS "*" when functions is empty.
+func Line(name string, scopes Scope, sha string, functions []string, limits Limits) string {
 	f := "*"
 	if len(functions) > 0 {
 		f = strings.Join(functions, ",")
 	}
-	return name + "\t" + scopes.String() + "\t" + sha + "\t" + f
+	line := name + "\t" + scopes.String() + "\t" + sha + "\t" + f
+	if limits.Any() {
+		line += "\t" + limits.String()
+	}
+	return line
 }

@@ -103,6 +103,31 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestParseLimits(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want auth.Limits
+	}{
+		{"rate=50", auth.Limits{Rate: 50, Burst: 50}},
+		{"rate=2.5/s", auth.Limits{Rate: 2.5, Burst: 3}},
+		{"rate=0.1", auth.Limits{Rate: 0.1, Burst: 1}},
+		{"burst=100,rate=50", auth.Limits{Rate: 50, Burst: 100}},
+		{"concurrency=8", auth.Limits{Concurrency: 8}},
+		{"rate=10,burst=20,concurrency=4", auth.Limits{Rate: 10, Burst: 20, Concurrency: 4}},
+	} {
+		got, err := auth.ParseLimits(tt.in)
+		if err != nil || got != tt.want {
+			t.Errorf("ParseLimits(%q) = %+v, %v; want %+v", tt.in, got, err, tt.want)
+		}
+		// The auth file's line round-trips.
+		line := auth.Line("x", auth.Invoke, hA, nil, got)
+		tab, err := auth.Parse(strings.NewReader(line), "line")
+		if err != nil || tab.Lookup([]byte("token-a")).Limits != got {
+			t.Errorf("%q: line %q does not round-trip: %v", tt.in, line, err)
+		}
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	long := strings.Repeat("n", 65)
 	tests := []struct {
@@ -112,7 +137,13 @@ func TestParseErrors(t *testing.T) {
 		{"only comments", "# nothing\n\n   \n", "f: no tokens"},
 		{"one field", "ci\n", `f:1: missing SCOPES and SHA256 after NAME "ci"`},
 		{"two fields", "# c\nci read\n", "f:2: missing SHA256"},
-		{"five fields", "ci read " + hA + " a b\n", `f:1: extra field "b" after FUNCTIONS`},
+		{"five fields, bad limits", "ci read " + hA + " a b\n", `f:1: LIMITS: "b": want key=value`},
+		{"six fields", "ci read " + hA + " a rate=1 c\n", `f:1: extra field "c" after LIMITS`},
+		{"unknown limit", "ci read " + hA + " * rps=1\n", `f:1: LIMITS: unknown limit "rps"`},
+		{"zero rate", "ci read " + hA + " * rate=0\n", `f:1: LIMITS: rate "0": want requests per second`},
+		{"burst without rate", "ci read " + hA + " * burst=5\n", `f:1: LIMITS: burst needs a rate`},
+		{"bad concurrency", "ci read " + hA + " * concurrency=0\n", `f:1: LIMITS: concurrency "0"`},
+		{"limit twice", "ci read " + hA + " * rate=1,rate=2\n", `f:1: LIMITS: rate given twice`},
 		{"bad name char", "c/i read " + hA + "\n", `f:1: NAME: name "c/i" has '/'`},
 		{"hash in name", "c#i read " + hA + "\n", `f:1: NAME: name "c#i" has '#'`},
 		{"long name", long + " read " + hA + "\n", "f:1: NAME: name \"" + long + "\" is longer than 64"},
@@ -281,7 +312,7 @@ func TestLookupAllocs(t *testing.T) {
 func BenchmarkLookup(b *testing.B) {
 	var file strings.Builder
 	for i := range 100 {
-		file.WriteString(auth.Line("t"+string(rune('a'+i%26))+strings.Repeat("x", i/26), auth.Invoke, hash(string(rune(i))), nil) + "\n")
+		file.WriteString(auth.Line("t"+string(rune('a'+i%26))+strings.Repeat("x", i/26), auth.Invoke, hash(string(rune(i))), nil, auth.Limits{}) + "\n")
 	}
 	tab, err := auth.Parse(strings.NewReader(file.String()), "b")
 	if err != nil {
@@ -390,14 +421,14 @@ func TestNewTokenHashLine(t *testing.T) {
 	if got := auth.Hash("token-a"); got != hA {
 		t.Fatalf("Hash = %q, want %q", got, hA)
 	}
-	if got, want := auth.Line("ci", auth.Invoke|auth.Read, hA, []string{"cnn", "vec*"}), "ci\tread,invoke\t"+hA+"\tcnn,vec*"; got != want {
+	if got, want := auth.Line("ci", auth.Invoke|auth.Read, hA, []string{"cnn", "vec*"}, auth.Limits{}), "ci\tread,invoke\t"+hA+"\tcnn,vec*"; got != want {
 		t.Fatalf("Line = %q, want %q", got, want)
 	}
-	if got, want := auth.Line("ops", auth.Admin, hB, nil), "ops\tadmin\t"+hB+"\t*"; got != want {
+	if got, want := auth.Line("ops", auth.Admin, hB, nil, auth.Limits{}), "ops\tadmin\t"+hB+"\t*"; got != want {
 		t.Fatalf("Line = %q, want %q", got, want)
 	}
 	// A line made by Line parses back to the same principal.
-	tab := table(t, auth.Line("ci", auth.Deploy, auth.Hash(a), []string{"v?c", "x*"})+"\n")
+	tab := table(t, auth.Line("ci", auth.Deploy, auth.Hash(a), []string{"v?c", "x*"}, auth.Limits{})+"\n")
 	p := tab.Lookup([]byte(a))
 	if p == nil || p.Name != "ci" || p.Scopes != auth.Deploy || !reflect.DeepEqual(p.Functions, []string{"v?c", "x*"}) {
 		t.Fatalf("Lookup after Line = %+v", p)

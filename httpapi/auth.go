@@ -69,23 +69,25 @@ func required(method, path []byte) need {
 	return need{scope: auth.Read}
 }
 
-// authorize lets the request through, or writes 401 (no or unknown token)
-// or 403 (the token lacks the scope or the function) and returns false.
-func (s *Server) authorize(ctx *fasthttp.RequestCtx) bool {
+// authorize lets the request through, or writes 401 (no or unknown token),
+// 403 (the token lacks the scope or the function) or 429 (the token is
+// over its limits) and returns false. The state it returns, if any, must
+// be done when the request ends (the token's concurrency).
+func (s *Server) authorize(ctx *fasthttp.RequestCtx) (*tokenState, bool) {
 	n := required(ctx.Method(), ctx.Path())
 	if n.open {
-		return true
+		return nil, true
 	}
 	tok, ok := auth.BearerToken(ctx.Request.Header.PeekBytes(hdrAuthorization))
 	if !ok {
 		s.refuse(ctx, "missing_token", fasthttp.StatusUnauthorized, "unauthenticated",
 			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
-		return false
+		return nil, false
 	}
 	p := s.opts.Tokens.Lookup(tok)
 	if p == nil {
 		s.refuse(ctx, "unknown_token", fasthttp.StatusUnauthorized, "unauthenticated", "the bearer token is not known to this server")
-		return false
+		return nil, false
 	}
 	// The name is only matched against globs, not kept: no copy.
 	fn := unsafe.String(unsafe.SliceData(n.fn), len(n.fn))
@@ -96,9 +98,12 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx) bool {
 			msg = d.Msg
 		}
 		s.refuse(ctx, "forbidden", fasthttp.StatusForbidden, "forbidden", msg)
-		return false
+		return nil, false
 	}
-	return true
+	if p.Limits.Any() {
+		return s.limit(ctx, p)
+	}
+	return nil, true
 }
 
 func (s *Server) refuse(ctx *fasthttp.RequestCtx, reason string, code int, name, msg string) {

@@ -150,7 +150,7 @@ func benchTokens(t testing.TB) (*auth.Table, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tab, err := auth.Parse(strings.NewReader(auth.Line("app", auth.Invoke, auth.Hash(tok), []string{"bench"})+"\n"), "tokens")
+	tab, err := auth.Parse(strings.NewReader(auth.Line("app", auth.Invoke, auth.Hash(tok), []string{"bench"}, auth.Limits{})+"\n"), "tokens")
 	if err != nil {
 		t.Fatal(err)
 	}

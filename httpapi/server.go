@@ -86,6 +86,7 @@ type Server struct {
 	scrape   fasthttp.RequestHandler
 
 	authFailures *prometheus.CounterVec
+	limits       *tokenLimits
 	authLog      perClient
 	metricsSrv   atomic.Pointer[fasthttp.Server]
 }
@@ -140,7 +141,7 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{inv: inv, adm: adm, opts: opts, metrics: newRequestMetrics(opts.Registry), authFailures: newAuthFailures(opts.Registry)}
+	s := &Server{inv: inv, adm: adm, opts: opts, metrics: newRequestMetrics(opts.Registry), authFailures: newAuthFailures(opts.Registry), limits: newTokenLimits(opts.Registry)}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
 		c := &call{timing: make([]byte, 0, 160)}
@@ -223,8 +224,14 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
 		return
 	}
-	if s.opts.Tokens != nil && !s.authorize(ctx) {
-		return
+	if s.opts.Tokens != nil {
+		st, ok := s.authorize(ctx)
+		if !ok {
+			return
+		}
+		if st != nil {
+			defer st.done()
+		}
 	}
 	path := ctx.Path()
 	switch {

@@ -73,7 +73,7 @@ func TestFunctionAffinity(t *testing.T) {
 		t.Fatal(err)
 	}
 	authFile := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(authFile, []byte(auth.Line("affinity", auth.Invoke|auth.Read, auth.Hash(token), nil)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(authFile, []byte(auth.Line("affinity", auth.Invoke|auth.Read, auth.Hash(token), nil, auth.Limits{})+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 

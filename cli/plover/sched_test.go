@@ -160,3 +160,102 @@ func grepLine(log, s string) string {
 	}
 	return ""
 }
+
+// A token's auth-file limits on a real server: past its rate, 429 with
+// Retry-After before anything runs (counted in the metrics); past its
+// concurrency, 429 while its requests are in flight; another token is
+// not affected.
+func TestTokenLimitsServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts servers")
+	}
+	bin := buildPlover(t)
+	dir := t.TempDir()
+	authFile := filepath.Join(dir, "tokens")
+	tok := map[string]string{}
+	var lines []string
+	for _, l := range []struct{ name, scopes, limits string }{
+		{"root", "admin", ""},
+		{"metered", "invoke", "rate=2,burst=2"},
+		{"narrow", "invoke", "concurrency=1"},
+	} {
+		out := run(t, bin, nil, "token", "new", l.name, "--scopes", l.scopes, "--json", "--limits", l.limits)
+		if l.limits == "" {
+			out = run(t, bin, nil, "token", "new", l.name, "--scopes", l.scopes, "--json")
+		}
+		var r struct{ Token, Line string }
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("token new: %v: %s", err, out)
+		}
+		tok[l.name] = r.Token
+		lines = append(lines, r.Line)
+	}
+	if err := os.WriteFile(authFile, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startIsoServer(t, bin, t.TempDir(), nil, "--auth-file", authFile)
+	run(t, bin, []string{"PLOVER_SERVER=" + s.url, "PLOVER_TOKEN=" + tok["root"]}, "deploy", testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	run(t, bin, []string{"PLOVER_SERVER=" + s.url, "PLOVER_TOKEN=" + tok["root"]}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 400), nil))
+	call := func(name, fn string) *http.Response {
+		req, _ := http.NewRequest("POST", s.url+"/v1/functions/"+fn+"/invoke", bytes.NewReader([]byte{1}))
+		req.Header.Set("Authorization", "Bearer "+tok[name])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	// The burst of 2 at once, then the third is over the rate of 2/s.
+	for i := 0; i < 2; i++ {
+		if r := call("metered", "echo"); r.StatusCode != 200 {
+			t.Fatalf("request %d within the burst: %d", i+1, r.StatusCode)
+		}
+	}
+	r := call("metered", "echo")
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
+		t.Fatalf("over the rate: %d, Retry-After %q; want 429 and 1", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if r := call("root", "echo"); r.StatusCode != 200 {
+		t.Fatalf("another token was limited: %d", r.StatusCode)
+	}
+
+	// Concurrency 1: a second request while the first runs is refused.
+	first := make(chan int, 1)
+	go func() { first <- call("narrow", "slow").StatusCode }()
+	waitFor(t, 5*time.Second, "the first request running", func() bool {
+		var fi api.FunctionInfo
+		req, _ := http.NewRequest("GET", s.url+"/v1/functions/slow", nil)
+		req.Header.Set("Authorization", "Bearer "+tok["root"])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		json.NewDecoder(resp.Body).Decode(&fi)
+		return fi.Busy == 1
+	})
+	if r := call("narrow", "echo"); r.StatusCode != 429 || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("a second request in flight: %d, Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if code := <-first; code != 200 {
+		t.Fatalf("the first request: %d", code)
+	}
+	if r := call("narrow", "echo"); r.StatusCode != 200 {
+		t.Fatalf("after the first ended: %d", r.StatusCode)
+	}
+	req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+tok["root"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`plover_token_limited_total{limit="rate",token="metered"} 1`, `plover_token_limited_total{limit="concurrency",token="narrow"} 1`} {
+		if !strings.Contains(string(mb), want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
+	}
+}
