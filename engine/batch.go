@@ -396,6 +396,13 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	}
 }
 
+// full reports a queue that refuses the next request (see invoke).
+func (b *batcher) full() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.pending) >= b.v.policy.queue+b.maxItems
+}
+
 // pendingCount is the requests waiting for a batch (queue depth).
 func (b *batcher) pendingCount() int {
 	b.mu.Lock()

@@ -74,6 +74,33 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *Request) error {
 	return e.invoke(ctx, f, v, req, t0)
 }
 
+// Full returns the error a request to name would get now for its
+// function's full queue (max_queue: 429), or nil. A front door asks before
+// it reads a request's body, so that a flood of large bodies for one
+// function is turned away without its bytes. It reads no store and waits
+// for nothing; a function not loaded on this node is never full.
+func (e *Engine) Full(name string) error {
+	e.mu.Lock()
+	var v *version
+	if f := e.funcs[name]; f != nil {
+		v = f.cur
+	}
+	e.mu.Unlock()
+	if v == nil || !v.loaded.Load() {
+		return nil
+	}
+	if b := v.batch; b != nil {
+		if b.full() {
+			return errorf(KindBusy, nil, "function %s is busy: its batch queue is full (max_queue %d plus a batch)", v.fn.name, v.policy.queue)
+		}
+		return nil
+	}
+	if len(v.slots) < cap(v.slots) || int(v.waiting.Load()) < v.policy.queue {
+		return nil
+	}
+	return errorf(KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(v.slots), v.policy.queue)
+}
+
 // Pin is a function's version resolved once and held for one call: a
 // caller that reads the version (its tensors, its id) before running it
 // runs that very version, whatever deploys happen meanwhile. A pinned

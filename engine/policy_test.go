@@ -193,7 +193,13 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 		defer wg.Done()
 		queuedErr = e.Invoke(ctx, "fn", &engine.Request{Deadline: time.Now().Add(time.Second)})
 	}()
+	if err := e.Full("fn"); err != nil {
+		t.Fatalf("Full with the queue empty: %v", err)
+	}
 	testkit.WaitFor(t, e, "fn", "the third request queued", testkit.Busy(1, 1))
+	if err := e.Full("fn"); engine.KindOf(err) != engine.KindBusy { // what a front door asks first
+		t.Fatalf("Full with the queue full: %v, want busy", err)
+	}
 	err := e.Invoke(ctx, "fn", &engine.Request{}) // queue (1) is full
 	if engine.KindOf(err) != engine.KindBusy {
 		t.Fatalf("third request: %v, want busy", err)

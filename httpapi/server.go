@@ -34,6 +34,9 @@ import (
 type Invoker interface {
 	// Invoke runs req on name's current version.
 	Invoke(ctx context.Context, name string, req *engine.Request) error
+	// Full is the 429 a request to name would get now for a full queue,
+	// or nil: asked before a body is read.
+	Full(name string) error
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
@@ -456,7 +459,10 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	defer func() { c.conn = nil }()
 	c.req.Override = nil
 	c.req.Timing = engine.Timing{}
-	err := deadline(ctx, &c.req)
+	err := s.inv.Full(name) // before the body: a flood's bytes are not read to be refused
+	if err == nil {
+		err = deadline(ctx, &c.req)
+	}
 	if err == nil {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
 		case "application/octet-stream", "":

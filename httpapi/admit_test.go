@@ -1,0 +1,66 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A function whose queue is full refuses a request before reading its
+// body: a client that announces 8 MB and sends only the first 8 KiB (what
+// fasthttp reads before any handler runs) gets 429 with Retry-After at
+// once, on /v1 and on /v2.
+func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Slow("fn", 1000)
+	m.MaxInstances, m.MaxQueue = 1, 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	url := testkit.Serve(t, e, httpapi.Options{})
+	host := strings.TrimPrefix(url, "http://")
+	post := func() {
+		resp, err := http.Post(url+"/v1/functions/fn/invoke", "application/octet-stream", strings.NewReader("x"))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}
+	post() // loaded
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ { // one running, one queued: the queue is full
+		wg.Add(1)
+		go func() { defer wg.Done(); post() }()
+		testkit.WaitFor(t, e, "fn", "running and queued", func(fi api.FunctionInfo) bool { return fi.Busy == 1 && fi.Queue == i })
+	}
+	defer wg.Wait()
+	if err := e.Full("fn"); err == nil {
+		t.Fatal("Full: nil with one running and one queued")
+	}
+	for _, path := range []string{"/v1/functions/fn/invoke", "/v2/models/fn/infer"} {
+		c, err := net.DialTimeout("tcp", host, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second)) // the server's own read timeout is 60 s
+		head := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 8388608\r\n\r\n"
+		if _, err := c.Write(append([]byte(head), make([]byte, 8<<10)...)); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: no answer before the body was sent: %v", path, err)
+		}
+		resp.Body.Close()
+		c.Close()
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("%s: %d, Retry-After %q; want 429", path, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+}
