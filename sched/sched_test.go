@@ -413,3 +413,25 @@ func TestReserveIsNotForFloods(t *testing.T) {
 		}
 	}
 }
+
+// A Done that comes after its run gave its slot up at the deadline is
+// ignored, even once the run's record was reused and ended by another run
+// (it once read the record's cleared flow and crashed the server).
+func TestLateDoneAfterExpiry(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	stuck, _, _ := a.Admit(context.Background(), clk.Now().Add(10*time.Millisecond), nil)
+	cb := admitAsync(b, context.Background(), time.Time{}, nil)
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(10 * time.Millisecond) // stuck expires; b gets its slot (and its record)
+	got(t, cb, "b").t.Done()           // the record ends again: spare, no flow
+	stuck.Done()                       // late
+	stuck.Done()                       // and twice
+	if n := s.running_(); n != 0 {
+		t.Fatalf("%d runs on the device, want 0", n)
+	}
+	if _, wait, err := a.Admit(context.Background(), time.Time{}, nil); err != nil || wait != 0 {
+		t.Fatalf("the device is not free after the late Done: %v, %v", wait, err)
+	}
+}

@@ -190,6 +190,7 @@ type Ticket struct {
 }
 
 type run struct {
+	s        *Scheduler // for a Done after end cleared f
 	f        *Flow
 	start    time.Time
 	deadline time.Time // zero: none
@@ -306,7 +307,7 @@ func (s *Scheduler) leave(f *Flow, w *waiter) bool {
 // run gave its slot up at its deadline, or the zero Ticket, is ignored.
 func (t Ticket) Done() {
 	if t.r != nil {
-		t.DoneAt(t.r.f.s.clock.Now())
+		t.DoneAt(t.r.s.clock.Now())
 	}
 }
 
@@ -316,7 +317,7 @@ func (t Ticket) DoneAt(now time.Time) {
 	if r == nil {
 		return
 	}
-	s := r.f.s
+	s := r.s // r.f is nil once the run gave its slot up at its deadline
 	s.mu.Lock()
 	if r.gen == t.gen {
 		s.end(r, now.Sub(r.start), now)
@@ -336,7 +337,7 @@ func (s *Scheduler) start(f *Flow, deadline, now time.Time) Ticket {
 	if n := len(s.spare); n > 0 {
 		r, s.spare = s.spare[n-1], s.spare[:n-1]
 	} else {
-		r = &run{}
+		r = &run{s: s}
 	}
 	r.f, r.start, r.deadline = f, now, deadline
 	s.running = append(s.running, r)

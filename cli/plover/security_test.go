@@ -352,7 +352,10 @@ func TestHostileClients(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	const maxConns = 300 // above the 200 connections of the memory case
-	srv := startIsoServer(t, bin, t.TempDir(), nil, "--max-conns", strconv.Itoa(maxConns))
+	// All the hostile connections come from 127.0.0.1, like the test's own
+	// requests: the per-client cap (netguard's tests) is set to the global
+	// one so that this test sees the global cap.
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--max-conns", strconv.Itoa(maxConns), "--max-conns-per-client", strconv.Itoa(maxConns))
 	addr := strings.TrimPrefix(srv.url, "http://")
 	c := &http.Client{Timeout: 5 * time.Second}
 	testkitDeploy := func() {

@@ -17,7 +17,7 @@ BUNDLE_MEDIA_TYPE = "application/vnd.plover.bundle+zstd"
 OCTET_STREAM = "application/octet-stream"
 
 # Server-Timing names, in the order the server writes them.
-TIMING_NAMES = ("queue", "load", "copyin", "kernels", "copyout", "total")
+TIMING_NAMES = ("queue", "sched", "load", "copyin", "kernels", "copyout", "total")
 
 
 class PloverError(Exception):
@@ -128,7 +128,7 @@ class Client:
     certificates to trust for https, besides the system's (default
     $PLOVER_CACERT).
 
-    After each invoke, last_timing ({"queue", "load", "copyin", "kernels",
+    After each invoke, last_timing ({"queue", "sched", "load", "copyin", "kernels",
     "copyout", "total"}: milliseconds, from Server-Timing), last_start
     ("cold", "warm" or "hot") and last_version (the version that ran)
     describe it. A Client holds no connection, so one may be shared by
