@@ -59,8 +59,8 @@ type Manifest struct {
 	// may use under NVIDIA MPS (1..100; 0: no limit). Ignored without MPS.
 	GPUShare int `json:"gpu_share,omitempty"`
 	// Share is the function's weight on a device: functions with runs
-	// waiting get device time in proportion to their shares (0: 1; at
-	// most 1000). A function alone gets the whole device whatever its share.
+	// waiting get device time in proportion to their shares (0.01..1000;
+	// 0: 1). A function alone gets the whole device whatever its share.
 	Share float64 `json:"share,omitempty"`
 	// Priority is the function's scheduling class: "latency" runs go
 	// before "default" ones, which go before "batch" ones; a run waits
@@ -203,8 +203,8 @@ func (m *Manifest) Validate() error {
 		return &FieldError{"max_queue", fmt.Sprintf("%d must be in 0..%d", m.MaxQueue, 1<<20)}
 	case m.GPUShare < 0 || m.GPUShare > 100:
 		return &FieldError{"gpu_share", fmt.Sprintf("%d must be in 1..100 (or 0: no limit)", m.GPUShare)}
-	case m.Share < 0 || m.Share > 1000 || m.Share != m.Share:
-		return &FieldError{"share", fmt.Sprintf("%v must be a weight in 0..1000 (0: the default, 1)", m.Share)}
+	case m.Share != 0 && !(m.Share >= 0.01 && m.Share <= 1000):
+		return &FieldError{"share", fmt.Sprintf("%v must be a weight in 0.01..1000 (or 0: the default, 1)", m.Share)}
 	case !slices.Contains(Priorities, m.Priority) && m.Priority != "":
 		return &FieldError{"priority", fmt.Sprintf("%q must be one of %s", m.Priority, strings.Join(Priorities, ", "))}
 	case m.MaxHostMemoryMB < 0 || m.MaxHostMemoryMB > 1<<24:

@@ -47,6 +47,7 @@ func TestParseManifest(t *testing.T) {
 		{"batch priority", `"zero_tmp":false`, `"zero_tmp":false,"priority":"batch"`, ""},
 		{"negative share", `"zero_tmp":false`, `"zero_tmp":false,"share":-1`, "share"},
 		{"share too large", `"zero_tmp":false`, `"zero_tmp":false,"share":1001`, "share"},
+		{"share too small", `"zero_tmp":false`, `"zero_tmp":false,"share":1e-300`, "share"},
 		{"unknown priority", `"zero_tmp":false`, `"zero_tmp":false,"priority":"high"`, "priority"},
 		{"bad idle_ttl", `"zero_tmp":false`, `"zero_tmp":false,"idle_ttl":"soon"`, "idle_ttl"},
 		{"unknown field", `"zero_tmp":false`, `"zero_tmpp":false`, "plover.json"},

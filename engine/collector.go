@@ -18,7 +18,7 @@ var (
 	descInstances = prometheus.NewDesc("plover_instances",
 		"Instances of the function's current version by state.", []string{"function", "state"}, nil)
 	descQueue = prometheus.NewDesc("plover_queue_depth",
-		"Requests waiting for an instance.", []string{"function"}, nil)
+		"Requests waiting for an instance, a batch or their turn on the device.", []string{"function"}, nil)
 	descFuncMem = prometheus.NewDesc("plover_function_device_memory_bytes",
 		"Device memory held by the function: constants plus instance buffers.", []string{"function"}, nil)
 	descDeviceSeconds = prometheus.NewDesc("plover_device_seconds_total",

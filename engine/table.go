@@ -146,13 +146,16 @@ func (e *Engine) forget(name string, at uint64) {
 	if f != nil {
 		old, f.cur = f.cur, nil
 	}
+	// Under e.mu: a redeploy's program load (place) asks for the flow
+	// after the function is back in funcs, so it gets a new flow, never
+	// the one dropped here. Its runs in flight end normally.
+	for _, s := range e.scheds {
+		s.Forget(name)
+	}
 	e.epoch++
 	e.mu.Unlock()
 	if old != nil {
 		old.retire()
-	}
-	for _, s := range e.scheds { // its runs in flight end normally
-		s.Forget(name)
 	}
 }
 

@@ -242,19 +242,28 @@ func (l *Listener) releaseClient(ip string) {
 	l.mu.Unlock()
 }
 
-// clientKey is a connection's client address without its port (an
-// IPv4-mapped IPv6 address as IPv4).
+// clientKey is a connection's client: its IPv4 address, or the /64 of its
+// IPv6 address (one host holds a whole /64, so one address per connection
+// would not bound it); the address as a string for anything else.
 func clientKey(a net.Addr) string {
 	if ta, ok := a.(*net.TCPAddr); ok {
 		if v4 := ta.IP.To4(); v4 != nil {
 			return v4.String()
 		}
-		return ta.IP.String()
+		if v6 := ta.IP.To16(); v6 != nil {
+			return v6.Mask(net.CIDRMask(64, 128)).String() + "/64"
+		}
 	}
-	if host, _, err := net.SplitHostPort(a.String()); err == nil {
+	if a == nil {
+		return "?"
+	}
+	if host, _, err := net.SplitHostPort(a.String()); err == nil && host != "" {
 		return host
 	}
-	return a.String()
+	if s := a.String(); s != "" {
+		return s
+	}
+	return "?" // never "": that is the key of no client at all
 }
 
 func (l *Listener) wrap(c net.Conn, ip string) net.Conn {

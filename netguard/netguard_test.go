@@ -1066,3 +1066,20 @@ func TestListenerPerClientCap(t *testing.T) {
 	ln.Close()
 	<-done
 }
+
+func TestClientKey(t *testing.T) {
+	for _, tt := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5}, "10.1.2.3"},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:10.1.2.3"), Port: 5}, "10.1.2.3"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 5}, "2001:db8:1:2::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:bbbb::9"), Port: 7}, "2001:db8:1:2::/64"},
+		{&net.UnixAddr{Name: "", Net: "unix"}, "?"},
+	} {
+		if got := clientKey(tt.addr); got != tt.want {
+			t.Errorf("clientKey(%v) = %q, want %q", tt.addr, got, tt.want)
+		}
+	}
+}

@@ -76,10 +76,12 @@ type Policy interface {
 	// last went idle: a fair policy must not let it spend the time it
 	// was idle.
 	Woke(f *Flow, now time.Time)
-	// Started says a run of f was admitted.
-	Started(f *Flow, now time.Time)
-	// Ended says a run of f ended after holding the device for ran.
-	Ended(f *Flow, ran time.Duration, now time.Time)
+	// Started says a run of f was admitted; what it returns (the cost the
+	// policy charged ahead, in its own units) comes back with the run's end.
+	Started(f *Flow, now time.Time) float64
+	// Ended says a run of f ended after holding the device for ran;
+	// charged is what Started returned for that run.
+	Ended(f *Flow, ran time.Duration, charged float64, now time.Time)
 	// Pick returns the index in waiting (never empty; each has a run
 	// queued and may start one) of the flow whose oldest run goes next.
 	Pick(waiting []*Flow, now time.Time) int

@@ -435,3 +435,54 @@ func TestLateDoneAfterExpiry(t *testing.T) {
 		t.Fatalf("the device is not free after the late Done: %v, %v", wait, err)
 	}
 }
+
+// A function that used the device alone for a long time is not starved
+// when another wakes: virtual time moved with its runs, so the newcomer
+// starts level with it, not an hour of credit ahead.
+func TestNoCreditFromAnotherFunctionsSoloTime(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	for i := 0; i < 1000; i++ { // a alone: admitted at once, never queued
+		tk, _, _ := a.Admit(context.Background(), time.Time{}, nil)
+		clk.Advance(time.Millisecond)
+		tk.Done()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type adm struct {
+		f *Flow
+		t Ticket
+	}
+	admitted := make(chan adm)
+	for _, f := range []*Flow{a, a, b, b} {
+		go func() {
+			for {
+				tk, _, err := f.Admit(ctx, time.Time{}, nil)
+				if err != nil {
+					return
+				}
+				select {
+				case admitted <- adm{f, tk}:
+				case <-ctx.Done():
+					tk.Done()
+					return
+				}
+			}
+		}()
+	}
+	runs := map[*Flow]int{}
+	for i := 0; i < 400; i++ {
+		r := <-admitted
+		if i == 0 {
+			waitFor(t, "both queued", func() bool { return a.queued()+b.queued() == 4 })
+		}
+		runs[r.f]++
+		clk.Advance(time.Millisecond)
+		r.t.Done()
+	}
+	cancel()
+	if runs[a] < 150 || runs[b] < 150 {
+		t.Fatalf("a %d, b %d of 400 runs: want about half each", runs[a], runs[b])
+	}
+}

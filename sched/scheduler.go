@@ -194,6 +194,7 @@ type run struct {
 	f        *Flow
 	start    time.Time
 	deadline time.Time // zero: none
+	charged  float64   // what the policy charged when it started
 	gen      uint64
 }
 
@@ -343,7 +344,7 @@ func (s *Scheduler) start(f *Flow, deadline, now time.Time) Ticket {
 	s.running = append(s.running, r)
 	s.inFlight++
 	f.inFlight++
-	s.pol.Started(f, now)
+	r.charged = s.pol.Started(f, now)
 	return Ticket{r, r.gen}
 }
 
@@ -363,7 +364,7 @@ func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
 	f.runs.Add(1)
 	f.recent.add(float64(ran), now, s.cfg.Decay)
 	s.busy.add(float64(ran), now, s.cfg.Decay)
-	s.pol.Ended(f, ran, now)
+	s.pol.Ended(f, ran, r.charged, now)
 	f.lastEnd = now
 	s.maybeIdle(f, now)
 }

@@ -14,14 +14,14 @@ import (
 // proportion to their weights whatever their runs cost. A run is charged an
 // estimate of its cost when it starts (the flow's recent mean; so a flow
 // cannot take every slot before its first run is charged) and the
-// difference when it ends. A flow that wakes from idle starts at the
-// current virtual time, not behind it: time a flow did not use goes to the
-// busy ones (work conservation) and is not banked. A run that has waited
+// difference when it ends. The clock is the tag of the last run started;
+// a flow that wakes from idle starts at it, not behind it: time a flow
+// did not use goes to the busy ones (work conservation) and is not banked. A run that has waited
 // longer than maxWait goes before every class, oldest first: priorities
 // order runs but starve none.
 type WFQ struct {
 	maxWait time.Duration
-	vnow    float64 // virtual time: the tag of the run last picked
+	vnow    float64 // virtual time: the largest tag a run started at
 }
 
 // NewWFQ returns the default policy; maxWait bounds how long a run of a
@@ -48,16 +48,30 @@ func (w *WFQ) Woke(f *Flow, now time.Time) {
 	st.tag = math.Max(st.tag, w.vnow)
 }
 
-// Started implements Policy.
-func (w *WFQ) Started(f *Flow, now time.Time) {
+// Started implements Policy. The run is charged the flow's estimate now,
+// so that a flow cannot take every free slot before its first run ends;
+// a flow with no run ended yet is charged initialEst. Virtual time moves
+// to the flow's tag as its run starts (start-time fair queuing): a flow
+// that ran alone for an hour does not leave the clock behind, to be
+// starved by whoever wakes next.
+func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	st := w.state(f)
-	st.tag += st.est / f.Weight()
+	w.vnow = math.Max(w.vnow, st.tag)
+	est := st.est
+	if est == 0 {
+		est = initialEst
+	}
+	st.tag += est / f.Weight()
+	return est
 }
 
-// Ended implements Policy.
-func (w *WFQ) Ended(f *Flow, ran time.Duration, now time.Time) {
+// initialEst is a flow's estimated run before any of its runs ended (ns).
+const initialEst = float64(time.Millisecond)
+
+// Ended implements Policy: the charge is corrected to what the run took.
+func (w *WFQ) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) {
 	st := w.state(f)
-	st.tag += (float64(ran) - st.est) / f.Weight()
+	st.tag += (float64(ran) - charged) / f.Weight()
 	if st.est == 0 {
 		st.est = float64(ran)
 	} else {
@@ -90,9 +104,6 @@ func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
 	}
 	if starved >= 0 && waiting[starved].Class() != waiting[best].Class() {
 		best = starved
-	}
-	if t := w.state(waiting[best]).tag; t > w.vnow {
-		w.vnow = t
 	}
 	return best
 }

@@ -7,9 +7,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/plover-run/plover/abi"
 )
@@ -23,6 +25,7 @@ import (
 // and v2 (cpu.weight) are both handled; where neither can be written (no
 // root, a read-only hierarchy) the server says so once and runs without.
 type CPUGroups struct {
+	home string // the group the server was in, which holds dir
 	dir  string // the server's parent group, plover-<server pid>
 	file string // "cpu.shares" (v1) or "cpu.weight" (v2)
 	v2   bool
@@ -32,11 +35,17 @@ type CPUGroups struct {
 	broken error // set once a write failed: logged once, then not tried again
 }
 
-// cgroupRoot is where cgroup hierarchies are mounted (a variable for tests).
-var cgroupRoot = "/sys/fs/cgroup"
+// Where cgroup hierarchies are mounted and where the kernel says which
+// groups this process is in (variables for tests).
+var (
+	cgroupRoot     = "/sys/fs/cgroup"
+	procSelfCgroup = "/proc/self/cgroup"
+)
 
 // NewCPUGroups finds the machine's cgroup CPU controller and makes the
-// server's parent group; nil (logged) when there is none it can use.
+// server's group inside the one the server runs in (a systemd unit's, say:
+// delegate it the cpu controller), moving the server into a subgroup of
+// its own; nil (logged) when there is none it can use.
 func NewCPUGroups(log *slog.Logger) *CPUGroups {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -48,34 +57,38 @@ func NewCPUGroups(log *slog.Logger) *CPUGroups {
 			log.Warn("worker CPU weights off: the cgroup v2 hierarchy has no cpu controller", "controllers", strings.TrimSpace(string(ctl)))
 			return nil
 		}
-		g = &CPUGroups{dir: filepath.Join(cgroupRoot, name), file: "cpu.weight", v2: true, log: log}
+		g = &CPUGroups{file: "cpu.weight", v2: true, log: log}
+		g.home = filepath.Join(cgroupRoot, ownGroup(true))
 	} else if _, err := os.Stat(filepath.Join(cgroupRoot, "cpu", "cpu.shares")); err == nil {
-		g = &CPUGroups{dir: filepath.Join(cgroupRoot, "cpu", name), file: "cpu.shares", log: log}
+		g = &CPUGroups{file: "cpu.shares", log: log}
+		g.home = filepath.Join(cgroupRoot, "cpu", ownGroup(false))
 	} else {
 		log.Warn("worker CPU weights off: no cgroup cpu controller found", "root", cgroupRoot)
 		return nil
 	}
-	sweep(filepath.Dir(g.dir))
+	g.dir = filepath.Join(g.home, name)
+	sweep(g.home)
 	if err := os.Mkdir(g.dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		log.Warn("worker CPU weights off: cannot create a cgroup", "dir", g.dir, "error", err)
 		return nil
 	}
 	if g.v2 {
 		// Children get the cpu controller only if their parent passes it
-		// down: the root to us, and we to them.
-		for _, d := range []string{cgroupRoot, g.dir} {
+		// down: the server's group to ours, and ours to the workers'.
+		for _, d := range []string{g.home, g.dir} {
 			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+cpu"), 0o644); err != nil {
-				log.Warn("worker CPU weights off: cannot enable the cpu controller", "dir", d, "error", err)
+				log.Warn("worker CPU weights off: cannot enable the cpu controller (a group with processes cannot, under cgroup v2: run the server in a group of its own)", "dir", d, "error", err)
 				os.Remove(g.dir)
 				return nil
 			}
 		}
 	}
-	// The server itself (HTTP, the device schedulers) gets a weight above
-	// any one function's, so that heavy workers cannot starve the front
-	// door that admits everyone's runs; workers it starts leave for their
-	// own groups when they take a function.
-	if err := g.placeAt(filepath.Join(g.dir, "server"), os.Getpid(), serverWeight); err != nil {
+	// The server itself (HTTP, the device schedulers) gets the largest
+	// weight, above any function's (Place caps those at half of it), so
+	// that heavy workers cannot starve the front door that admits
+	// everyone's runs; workers it starts leave for their own groups when
+	// they take a function.
+	if err := g.placeAt(filepath.Join(g.dir, "server"), os.Getpid(), g.max()); err != nil {
 		log.Warn("worker CPU weights off: cannot place the server in a cgroup", "error", err)
 		os.Remove(filepath.Join(g.dir, "server"))
 		os.Remove(g.dir)
@@ -83,6 +96,28 @@ func NewCPUGroups(log *slog.Logger) *CPUGroups {
 	}
 	log.Info("worker CPU weights on", "cgroup", g.dir, "file", g.file)
 	return g
+}
+
+// ownGroup is the server's cgroup path (v1: the cpu controller's) as
+// /proc/self/cgroup says; "/" when it says nothing usable.
+func ownGroup(v2 bool) string {
+	b, err := os.ReadFile(procSelfCgroup)
+	if err != nil {
+		return "/"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if v2 && parts[0] == "0" && parts[1] == "" {
+			return parts[2]
+		}
+		if !v2 && slices.Contains(strings.Split(parts[1], ","), "cpu") {
+			return parts[2]
+		}
+	}
+	return "/"
 }
 
 // sweep removes the groups of servers that are gone (one killed before
@@ -134,18 +169,37 @@ func Weight(m *abi.Manifest) float64 {
 }
 
 // value is weight w in the controller's units: v1 shares (1024 a default
-// function, 2..262144), v2 weight (100, 1..10000).
+// function), v2 weight (100), at most half the controller's largest (the
+// server's) and at least its smallest.
 func (g *CPUGroups) value(w float64) string {
 	if g.v2 {
-		return strconv.Itoa(int(math.Min(10000, math.Max(1, math.Round(100*w)))))
+		return strconv.Itoa(int(math.Min(5000, math.Max(1, math.Round(100*w)))))
 	}
-	return strconv.Itoa(int(math.Min(262144, math.Max(2, math.Round(1024*w)))))
+	return strconv.Itoa(int(math.Min(131072, math.Max(2, math.Round(1024*w)))))
+}
+
+// max is the controller's largest weight, in the units value takes.
+func (g *CPUGroups) max() float64 {
+	if g.v2 {
+		return 100 // 10000 / 100
+	}
+	return 256 // 262144 / 1024
+}
+
+// raw is weight w in the controller's units, uncapped: the server's.
+func (g *CPUGroups) raw(w float64) string {
+	if g.v2 {
+		return strconv.Itoa(int(math.Round(100 * w)))
+	}
+	return strconv.Itoa(int(math.Round(1024 * w)))
 }
 
 // Place moves process pid into a group of its own weighted for m and
 // returns the function that removes the group once pid has exited (a
-// no-op when there is no group). A failure is logged once and leaves pid
-// where it was.
+// no-op when there is no group). The caller holds what keeps pid from
+// being reaped meanwhile (a pid must not be written once it may have been
+// reused). A process already gone is no failure; another failure is
+// logged once and turns the weights off.
 func (g *CPUGroups) Place(pid int, m *abi.Manifest) func() {
 	if g == nil {
 		return func() {}
@@ -157,8 +211,11 @@ func (g *CPUGroups) Place(pid int, m *abi.Manifest) func() {
 		return func() {}
 	}
 	dir := filepath.Join(g.dir, strconv.Itoa(pid))
-	if err := g.placeAt(dir, pid, Weight(m)); err != nil {
+	if err := g.writeGroup(dir, pid, g.value(Weight(m))); err != nil {
 		os.Remove(dir)
+		if errors.Is(err, syscall.ESRCH) {
+			return func() {}
+		}
 		g.mu.Lock()
 		if g.broken == nil {
 			g.broken = err
@@ -172,14 +229,17 @@ func (g *CPUGroups) Place(pid int, m *abi.Manifest) func() {
 	return func() { os.Remove(dir) }
 }
 
-// serverWeight is the server process's CPU weight: a default function's 8.
-const serverWeight = 8
-
-// placeAt makes group dir with weight w and moves process pid into it.
+// placeAt makes group dir with the (unscaled) weight w and moves process
+// pid into it.
 func (g *CPUGroups) placeAt(dir string, pid int, w float64) error {
+	return g.writeGroup(dir, pid, g.raw(w))
+}
+
+// writeGroup makes group dir with weight value v and moves pid into it.
+func (g *CPUGroups) writeGroup(dir string, pid int, v string) error {
 	err := os.Mkdir(dir, 0o755)
 	if err == nil || errors.Is(err, os.ErrExist) {
-		err = os.WriteFile(filepath.Join(dir, g.file), []byte(g.value(w)), 0o644)
+		err = os.WriteFile(filepath.Join(dir, g.file), []byte(v), 0o644)
 	}
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
@@ -200,9 +260,9 @@ func (g *CPUGroups) Close() {
 	if g == nil {
 		return
 	}
-	// The server leaves its own group first: a group holding a process
-	// cannot be removed.
-	os.WriteFile(filepath.Join(filepath.Dir(g.dir), "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	// The server goes back where it was: a group holding a process cannot
+	// be removed.
+	os.WriteFile(filepath.Join(g.home, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
 	des, _ := os.ReadDir(g.dir)
 	for _, de := range des {
 		if de.IsDir() {

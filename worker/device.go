@@ -256,7 +256,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		limit = mb << 20
 	}
 	p.memLimit.Store(limit)
-	p.setCgroup(d.opts.CPU.Place(p.pid, spec.Manifest))
+	p.placeCgroup(d.opts.CPU, spec.Manifest)
 	if err := stage(spec, p.stage); err != nil {
 		p.kill("its bundle could not be staged")
 		return nil, err

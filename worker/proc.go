@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/contain"
 )
@@ -39,9 +40,7 @@ type proc struct {
 	// may be reused: no signal may be sent to it after that.
 	mu     sync.Mutex
 	exited bool
-	// reaped is set, under mu, once the process is waited for; uncgroup
-	// removes its cgroup then (CPUGroups.Place).
-	reaped   bool
+	// uncgroup removes its cgroup once it is reaped (CPUGroups.Place).
 	uncgroup func()
 	stage    string // removed when the process is gone
 }
@@ -199,7 +198,6 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	err := cmd.Wait()
 	os.RemoveAll(p.stage)
 	p.mu.Lock()
-	p.reaped = true
 	uncg := p.uncgroup
 	p.uncgroup = nil
 	p.mu.Unlock()
@@ -217,17 +215,18 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	close(p.done)
 }
 
-// setCgroup keeps the removal of the worker's cgroup for its exit (or does
-// it now, if the worker is already gone).
-func (p *proc) setCgroup(remove func()) {
-	p.mu.Lock()
-	reaped := p.reaped
-	if !reaped {
-		p.uncgroup = remove
+// placeCgroup puts the worker in a CPU group weighted for its function
+// (CPUGroups.Place) and keeps the group's removal for its exit. It writes
+// the pid under mu and only while the process has not exited, as kill
+// signals it: a reaped pid may belong to another process.
+func (p *proc) placeCgroup(g *CPUGroups, m *abi.Manifest) {
+	if g == nil {
+		return
 	}
-	p.mu.Unlock()
-	if reaped {
-		remove()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.exited {
+		p.uncgroup = g.Place(p.pid, m)
 	}
 }
 
