@@ -221,7 +221,7 @@ func lsCmd() *command {
 			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID RSS THREADS)\tDEPLOYED")
 			for _, f := range resp.Functions {
 				fmt.Fprintf(tw, "%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), f.Loaded,
-					strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, time.Duration(f.DeviceSeconds*1e9).Round(time.Millisecond), 100*f.DeviceFraction,
+					strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, time.Duration(f.DeviceSeconds*1e9).Round(time.Microsecond), 100*f.DeviceFraction,
 					f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.Errors, time.Duration(f.MeanUs)*time.Microsecond,
 					f.Cold, f.Warm, f.Hot, workers(f.Workers), f.Created.Local().Format(time.DateTime))
 			}
