@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -145,6 +146,86 @@ func ValidName(s string) bool { return nameRE.MatchString(s) }
 // ValidSymbol reports whether s can name an exported C entry point.
 func ValidSymbol(s string) bool { return symbolRE.MatchString(s) }
 
+// jsonError names what is wrong in a manifest that does not decode: for a
+// value of the wrong type, the field (its JSON path), the value and the
+// type wanted, never Go's struct names.
+func jsonError(data []byte, err error) *FieldError {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		kind := jsonKind(te.Value)
+		if te.Value == "object" || te.Value == "array" { // no short text to quote
+			return &FieldError{Field: te.Field, Reason: fmt.Sprintf("is %s, want %s", kind, jsonWant(te.Type))}
+		}
+		return &FieldError{Field: te.Field, Reason: fmt.Sprintf("%s is %s, want %s", valueBefore(data, te.Offset), kind, jsonWant(te.Type))}
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("invalid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))}
+	}
+	return &FieldError{Field: ManifestFile, Reason: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+}
+
+// valueBefore is the JSON value that ends at off in data (a string with
+// its quotes), shortened to 40 bytes.
+func valueBefore(data []byte, off int64) string {
+	if off <= 0 || off > int64(len(data)) {
+		return "the value"
+	}
+	end := int(off)
+	for end > 0 && (data[end-1] == ' ' || data[end-1] == '\n' || data[end-1] == '\t' || data[end-1] == '\r') {
+		end--
+	}
+	start := end - 1
+	if start >= 0 && data[start] == '"' {
+		for start--; start >= 0 && !(data[start] == '"' && (start == 0 || data[start-1] != '\\')); start-- {
+		}
+	} else {
+		for start >= 0 && !strings.ContainsRune(":,[{ \n\t\r", rune(data[start])) {
+			start--
+		}
+		start++
+	}
+	if start < 0 || start >= end {
+		return "the value"
+	}
+	v := string(data[start:end])
+	if len(v) > 40 {
+		v = v[:37] + "..."
+	}
+	return v
+}
+
+func jsonKind(v string) string {
+	switch {
+	case v == "string" || strings.HasPrefix(v, "number"):
+		return "a " + strings.Fields(v)[0]
+	case v == "object" || v == "array":
+		return "an " + v
+	case v == "bool":
+		return "a boolean"
+	}
+	return v
+}
+
+func jsonWant(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
+}
+
 // ParseManifest decodes and validates a manifest. Unknown fields are errors:
 // a misspelt "zero_tmp" must not silently become false.
 func ParseManifest(r io.Reader) (*Manifest, error) {
@@ -159,7 +240,7 @@ func ParseManifest(r io.Reader) (*Manifest, error) {
 	dec.DisallowUnknownFields()
 	var m Manifest
 	if err := dec.Decode(&m); err != nil {
-		return nil, &FieldError{Field: ManifestFile, Reason: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+		return nil, jsonError(data, err)
 	}
 	if dec.More() {
 		return nil, &FieldError{Field: ManifestFile, Reason: "trailing data after the JSON object"}

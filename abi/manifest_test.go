@@ -49,6 +49,8 @@ func TestParseManifest(t *testing.T) {
 		{"share too large", `"zero_tmp":false`, `"zero_tmp":false,"share":1001`, "share"},
 		{"share too small", `"zero_tmp":false`, `"zero_tmp":false,"share":1e-300`, "share"},
 		{"unknown priority", `"zero_tmp":false`, `"zero_tmp":false,"priority":"high"`, "priority"},
+		{"string for a number", `"zero_tmp":false`, `"zero_tmp":false,"max_queue":"64"`, "max_queue"},
+		{"number for a bool", `"zero_tmp":false`, `"zero_tmp":1`, "zero_tmp"},
 		{"bad idle_ttl", `"zero_tmp":false`, `"zero_tmp":false,"idle_ttl":"soon"`, "idle_ttl"},
 		{"unknown field", `"zero_tmp":false`, `"zero_tmpp":false`, "plover.json"},
 		{"batch valid", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"max_delay":"200us","item_input_bytes":1000000,"item_output_bytes":1000000},`, ""},
@@ -58,7 +60,7 @@ func TestParseManifest(t *testing.T) {
 		{"batch output not max_items items", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"item_input_bytes":1000000,"item_output_bytes":3},`, "batch.item_output_bytes"},
 		{"batch delay", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"max_delay":"2s","item_input_bytes":1000000,"item_output_bytes":1000000},`, "batch.max_delay"},
 		{"batch unknown field", `"abi":1,`, `"abi":2,"batch":{"max_item":4,"item_input_bytes":1000000,"item_output_bytes":1000000},`, "plover.json"},
-		{"wrong type", `"abi":1`, `"abi":"1"`, "plover.json"},
+		{"wrong type", `"abi":1`, `"abi":"1"`, "abi"},
 		{"trailing data", `}]}`, `}]} {}`, "plover.json"},
 		{"not json", valid, `not json`, "plover.json"},
 	}
@@ -106,5 +108,23 @@ func TestChainLimitAndKernels(t *testing.T) {
 	got := Kernels([]Launch{{Kernel: "a"}, {Kernel: "b"}, {Kernel: "a"}})
 	if strings.Join(got, ",") != "a,b" {
 		t.Fatalf("Kernels = %v", got)
+	}
+}
+
+// A value of the wrong type names the field, the value and the type
+// wanted, in JSON's words (it once said "cannot unmarshal string into Go
+// struct field Manifest.out_bytes of type int64").
+func TestManifestTypeErrors(t *testing.T) {
+	for _, tt := range []struct{ json, want string }{
+		{`{"name":"f","out_bytes":"400"}`, `out_bytes: "400" is a string, want a whole number`},
+		{`{"name":"f","zero_tmp":"yes"}`, `zero_tmp: "yes" is a string, want true or false`},
+		{`{"name":"f","chain":{"kernel":"k"}}`, `chain: is an object, want an array`},
+		{`{"name":"f","batch":{"max_items":2.5}}`, `batch.max_items: 2.5 is a number, want a whole number`},
+		{`{"name":"f",}`, `plover.json: invalid JSON at byte`},
+	} {
+		_, err := ParseManifest(strings.NewReader(tt.json))
+		if err == nil || !strings.HasPrefix(err.Error(), tt.want) || strings.Contains(err.Error(), "Go struct") {
+			t.Errorf("%s: %v, want %q", tt.json, err, tt.want)
+		}
 	}
 }

@@ -59,6 +59,12 @@ func ReadManifest(dir string) (*abi.Manifest, error) {
 	defer f.Close()
 	m, err := abi.ParseManifest(f)
 	if err != nil {
+		// Name the file once: a FieldError about the whole file says
+		// "plover.json: ..." itself.
+		var fe *abi.FieldError
+		if errors.As(err, &fe) && fe.Field == abi.ManifestFile {
+			return nil, fmt.Errorf("%s: %s", f.Name(), fe.Reason)
+		}
 		return nil, fmt.Errorf("%s: %w", f.Name(), err)
 	}
 	return m, nil

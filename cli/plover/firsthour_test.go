@@ -1,0 +1,38 @@
+package main_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A plover.json value of the wrong type, through the real CLI: the field,
+// the value and the type wanted, the file named once, no Go internals
+// (issue 27, item 6).
+func TestManifestTypeErrorServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	mp := filepath.Join(dir, "plover.json")
+	b, err := os.ReadFile(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(b), `"out_bytes": 256`, `"out_bytes": "400"`, 1)
+	if bad == string(b) {
+		t.Fatalf("manifest has no out_bytes to break:\n%s", b)
+	}
+	os.WriteFile(mp, []byte(bad), 0o644)
+	out, err := exec.Command(bin, "deploy", dir, "--store", "file://"+t.TempDir()).CombinedOutput()
+	msg := string(out)
+	if err == nil || !strings.Contains(msg, `out_bytes: "400" is a string, want a whole number`) ||
+		strings.Contains(msg, "Go struct") || strings.Count(msg, "plover.json") != 1 {
+		t.Fatalf("plover deploy: %v\n%s", err, msg)
+	}
+}
