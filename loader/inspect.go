@@ -221,13 +221,77 @@ func (info *Info) CheckEntry(name string) error {
 	case strings.HasPrefix(name, "_"):
 		return fmt.Errorf("kernel %q: names starting with an underscore are reserved (C++ mangled names, _init, _fini): an entry point is a PLOVER_ENTRY", name)
 	case !info.Funcs[name]:
-		return fmt.Errorf("does not export kernel %q", name)
+		return fmt.Errorf("kernel %q is not in the library%s", name, info.missingHint(name))
 	case info.Declared != nil && len(info.Declared) == 0:
 		return fmt.Errorf("kernel %q: the bundle declares no entries (no %s section: define entries with PLOVER_ENTRY, and link without --gc-sections or with a compiler that knows __attribute__((retain)))", name, abi.EntriesSection)
 	case info.Declared != nil && !info.Declares(name):
-		return fmt.Errorf("kernel %q is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares %s", name, strings.Join(info.Declared, ", "))
+		return fmt.Errorf("kernel %q is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares %s%s", name, strings.Join(info.Declared, ", "), didYouMean(name, info.Declared))
 	}
 	return nil
+}
+
+// missingHint says, for a kernel the library does not export, what it has
+// instead: a C++ function of that name without PLOVER_ENTRY (exported
+// mangled), the declared entries, and the closest of them.
+func (info *Info) missingHint(name string) string {
+	mangled := fmt.Sprintf("%d%s", len(name), name) // the Itanium ABI's <length><name>
+	for f := range info.Funcs {
+		if strings.HasPrefix(f, "_Z") && strings.Contains(f, mangled) {
+			return fmt.Sprintf(": %s is a C++ function (exported as %s, its name mangled), not an entry point: define it with PLOVER_ENTRY(%s)", name, f, name)
+		}
+	}
+	entries := info.Declared
+	if entries == nil { // ABI 1: the exported functions that could be entries
+		for f := range info.Funcs {
+			if !strings.HasPrefix(f, "_") && !strings.HasPrefix(f, abi.ReservedPrefix) {
+				entries = append(entries, f)
+			}
+		}
+		sort.Strings(entries)
+		if len(entries) > 20 {
+			entries = entries[:20]
+		}
+	}
+	if len(entries) == 0 {
+		return " (it declares no entries: define them with PLOVER_ENTRY)"
+	}
+	return "; this bundle declares " + strings.Join(entries, ", ") + didYouMean(name, entries)
+}
+
+// didYouMean is ` (did you mean "x"?)` for the candidate closest to name
+// within a few edits, or "".
+func didYouMean(name string, candidates []string) string {
+	best, bestD := "", 0
+	for _, c := range candidates {
+		if d := editDistance(name, c); best == "" || d < bestD {
+			best, bestD = c, d
+		}
+	}
+	if best == "" || bestD == 0 || bestD > max(2, len(name)/3) {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // CheckManifest checks what the manifest says about the library against the

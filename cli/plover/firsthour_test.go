@@ -36,3 +36,19 @@ func TestManifestTypeErrorServed(t *testing.T) {
 		t.Fatalf("plover deploy: %v\n%s", err, msg)
 	}
 }
+
+// A kernel name with a typo, through the real CLI: the entries the bundle
+// declares and the closest one (issue 27, item 5).
+func TestKernelTypoServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	m := testkit.Manifest("echo")
+	m.Chain[0].Kernel = "ecoh"
+	dir := testkit.BundleDir(t, m, nil)
+	out, err := exec.Command(bin, "deploy", dir, "--store", "file://"+t.TempDir()).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `kernel "ecoh" is not in the library; this bundle declares`) || !strings.Contains(string(out), `(did you mean "echo"?)`) {
+		t.Fatalf("plover deploy: %v\n%s", err, out)
+	}
+}
