@@ -28,6 +28,15 @@ const budgetWait = 5 * time.Second
 // requests: a rare huge request must not pin its memory forever.
 const keptBody = 1 << 20
 
+// limitName is a body limit as a client should read it: the server's
+// --max-body is named, so an operator knows what to raise.
+func (s *Server) limitName(limit int) string {
+	if limit == s.opts.MaxBodyBytes {
+		return strconv.Itoa(limit) + " bytes (plover serve --max-body)"
+	}
+	return strconv.Itoa(limit) + " bytes for this route"
+}
+
 // readBody reads the request body under limit and the body budget, into
 // *keep's capacity when keep is not nil (and leaves the buffer there for the
 // next request unless it grew past keptBody). Bodies are streamed (fasthttp's
@@ -40,13 +49,13 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 	if cl > limit {
 		ctx.SetConnectionClose() // the body stays unread
 		return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large",
-			"request body of " + strconv.Itoa(cl) + " bytes is over the limit of " + strconv.Itoa(limit) + " bytes"}
+			"request body of " + strconv.Itoa(cl) + " bytes is over the limit of " + s.limitName(limit)}
 	}
 	stream := ctx.RequestBodyStream()
 	if stream == nil { // not streamed (a handler called in process): already read
 		b := ctx.Request.Body()
 		if len(b) > limit {
-			return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the limit of " + strconv.Itoa(limit) + " bytes"}
+			return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the limit of " + s.limitName(limit)}
 		}
 		return b, 0, nil
 	}
@@ -63,7 +72,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 			return nil, 0, rq
 		}
 		if errors.Is(err, errTooLarge) {
-			return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the limit of " + strconv.Itoa(limit) + " bytes"}
+			return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the limit of " + s.limitName(limit)}
 		}
 		return nil, 0, &requestError{fasthttp.StatusBadRequest, "bad_request", "reading the request body: " + err.Error()}
 	}

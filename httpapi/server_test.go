@@ -172,7 +172,7 @@ func TestErrorStatuses(t *testing.T) {
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	conn.Close()
-	if resp.StatusCode != 413 || !strings.Contains(string(raw), "over the limit of 1048576 bytes") {
+	if resp.StatusCode != 413 || !strings.Contains(string(raw), "over the limit of 1048576 bytes (plover serve --max-body)") {
 		t.Fatalf("body over the server's limit: %d %s", resp.StatusCode, raw)
 	}
 	// None of that disturbed the server or the function.
