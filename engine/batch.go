@@ -105,9 +105,9 @@ func (b *batcher) invoke(ctx context.Context, req *Request, deadline time.Time) 
 	}
 	it := &batchItem{req: req, deadline: deadline, enq: time.Now(), done: make(chan struct{})}
 	b.mu.Lock()
-	if len(b.pending) >= v.policy.queue+b.maxItems {
+	if b.fullLocked() {
 		b.mu.Unlock()
-		return errorf(KindBusy, nil, "function %s is busy: %d runs in flight and %d requests waiting (max_queue %d plus a batch)", v.fn.name, b.running, len(b.pending), v.policy.queue)
+		return v.busy()
 	}
 	b.pending = append(b.pending, it)
 	b.mu.Unlock()
@@ -396,12 +396,14 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	}
 }
 
-// full reports a queue that refuses the next request (see invoke).
+// full reports a queue that refuses the next request.
 func (b *batcher) full() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.pending) >= b.v.policy.queue+b.maxItems
+	return b.fullLocked()
 }
+
+func (b *batcher) fullLocked() bool { return len(b.pending) >= b.v.policy.queue+b.maxItems }
 
 // pendingCount is the requests waiting for a batch (queue depth).
 func (b *batcher) pendingCount() int {

@@ -86,19 +86,10 @@ func (e *Engine) Full(name string) error {
 		v = f.cur
 	}
 	e.mu.Unlock()
-	if v == nil || !v.loaded.Load() {
+	if v == nil || !v.loaded.Load() || !v.full() { // loaded: full reads what load wrote
 		return nil
 	}
-	if b := v.batch; b != nil {
-		if b.full() {
-			return errorf(KindBusy, nil, "function %s is busy: its batch queue is full (max_queue %d plus a batch)", v.fn.name, v.policy.queue)
-		}
-		return nil
-	}
-	if len(v.slots) < cap(v.slots) || int(v.waiting.Load()) < v.policy.queue {
-		return nil
-	}
-	return errorf(KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(v.slots), v.policy.queue)
+	return v.busy()
 }
 
 // Pin is a function's version resolved once and held for one call: a
@@ -279,4 +270,15 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 	}
 	f.stats.latencyNs.Add(int64(req.Timing.Total))
 	return nil
+}
+
+// full reports a version whose next request would be refused now for its
+// full queue (a batching one: its batch queue); busy is that refusal.
+// full reports a version whose next request would be refused now for its
+// full queue (version.busy).
+func (v *version) full() bool {
+	if v.batch != nil {
+		return v.batch.full()
+	}
+	return len(v.slots) == cap(v.slots) && int(v.waiting.Load()) >= v.policy.queue
 }

@@ -141,6 +141,13 @@ func (v *version) unref() {
 	}
 }
 
+func (v *version) busy() *Error {
+	if v.batch != nil {
+		return errorf(KindBusy, nil, "function %s is busy: its batch queue holds max_queue %d plus a batch", v.fn.name, v.policy.queue)
+	}
+	return errorf(KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(v.slots), v.policy.queue)
+}
+
 // acquire waits for a slot, in FIFO order, until the deadline. The fast
 // path takes no timer and allocates nothing; a full queue fails at once.
 func (v *version) acquire(ctx context.Context, deadline time.Time, gone func() bool) error {
@@ -151,7 +158,7 @@ func (v *version) acquire(ctx context.Context, deadline time.Time, gone func() b
 	}
 	if n := v.waiting.Add(1); int(n) > v.policy.queue {
 		v.waiting.Add(-1)
-		return errorf(KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(v.slots), v.policy.queue)
+		return v.busy()
 	}
 	defer v.waiting.Add(-1)
 	wait := time.Until(deadline)

@@ -459,7 +459,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	defer func() { c.conn = nil }()
 	c.req.Override = nil
 	c.req.Timing = engine.Timing{}
-	err := s.inv.Full(name) // before the body: a flood's bytes are not read to be refused
+	err := s.fullBeforeBody(ctx, name)
 	if err == nil {
 		err = deadline(ctx, &c.req)
 	}
@@ -490,6 +490,21 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		}
 	}
 	s.finish(ctx, name, c, err)
+}
+
+// preRead is what fasthttp reads of a streamed body before any handler
+// runs (readBodyWithStreaming): a body that fits is in memory already.
+const preRead = 8 << 10
+
+// fullBeforeBody is the 429 of a function whose queue is full, asked
+// before a body is read so that a flood's bytes are not read only to be
+// refused; for a body fasthttp has read already there is nothing to save,
+// and the engine refuses it as it queues.
+func (s *Server) fullBeforeBody(ctx *fasthttp.RequestCtx, name string) error {
+	if cl := ctx.Request.Header.ContentLength(); cl >= 0 && cl <= preRead {
+		return nil
+	}
+	return s.inv.Full(name)
 }
 
 // requestError is a request the front end refuses itself, before the
@@ -659,9 +674,6 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 		s.opts.Log.Error("request failed", "path", string(ctx.Path()), "error", err)
 	}
 	writeError(ctx, code, name, msg)
-	if code == fasthttp.StatusTooManyRequests {
-		ctx.Response.Header.Set("Retry-After", "1")
-	}
 }
 
 type errorBody struct {
@@ -696,5 +708,10 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 	}
 	ctx.SetStatusCode(code)
 	ctx.SetContentType("application/json")
+	if code == fasthttp.StatusTooManyRequests {
+		// Every 429 says when to retry (a caller that knows better, the
+		// token limits, sets its own after).
+		ctx.Response.Header.Set("Retry-After", "1")
+	}
 	ctx.SetBody(append(b, '\n'))
 }

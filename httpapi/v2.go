@@ -37,11 +37,6 @@ func v2Error(ctx *fasthttp.RequestCtx, code int, msg string) {
 // v2Fail writes an engine or request error as the protocol's error object.
 func (s *Server) v2Fail(ctx *fasthttp.RequestCtx, err error) {
 	code, _ := classify(err)
-	defer func() {
-		if code == fasthttp.StatusTooManyRequests {
-			ctx.Response.Header.Set("Retry-After", "1")
-		}
-	}()
 	msg := err.Error()
 	var re *engine.Error
 	if errors.As(err, &re) {
@@ -236,7 +231,7 @@ var hdrInferHeaderLen = []byte("Inference-Header-Content-Length")
 // replaced, as a pin would from the start; so, as on /v1, an unknown model
 // is a 404 after its body is read.
 func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
-	if err := s.inv.Full(name); err != nil { // before the body, as on /v1
+	if err := s.fullBeforeBody(ctx, name); err != nil {
 		s.v2Fail(ctx, err)
 		return
 	}
