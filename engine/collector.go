@@ -57,7 +57,8 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		}{{"cold", st.cold.Load()}, {"warm", st.warm.Load()}, {"hot", st.hot.Load()}} {
 			ch <- prometheus.MustNewConstMetric(descStarts, prometheus.CounterValue, float64(k.n), f.name, k.kind)
 		}
-		if secs, _ := e.deviceTime(f.name); e.scheds != nil {
+		if e.scheds != nil { // --sched off accounts no device time
+			secs, _ := e.deviceTime(f.name)
 			ch <- prometheus.MustNewConstMetric(descDeviceSeconds, prometheus.CounterValue, secs, f.name)
 		}
 		busy, idle, mem := v.usage()

@@ -24,6 +24,56 @@ func admitAsync(f *Flow, ctx context.Context, deadline time.Time, gone func() bo
 	return c
 }
 
+// serial runs clients (one goroutine per entry, each asking again as soon
+// as it is admitted) through a one-slot scheduler on clk: once every
+// client has queued, n runs in turn each hold the device for cost of its
+// flow. It returns the runs per flow.
+func serial(t *testing.T, clk *fakeClock, n int, cost func(*Flow) time.Duration, clients ...*Flow) map[*Flow]int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type adm struct {
+		f *Flow
+		t Ticket
+	}
+	admitted := make(chan adm)
+	flows := map[*Flow]bool{}
+	for _, f := range clients {
+		flows[f] = true
+		go func() {
+			for {
+				tk, _, err := f.Admit(ctx, time.Time{}, nil)
+				if err != nil {
+					return
+				}
+				select {
+				case admitted <- adm{f, tk}:
+				case <-ctx.Done():
+					tk.Done()
+					return
+				}
+			}
+		}()
+	}
+	runs := map[*Flow]int{}
+	for i := 0; i < n; i++ {
+		r := <-admitted
+		if i == 0 {
+			waitFor(t, "every client queued", func() bool {
+				q := 0
+				for f := range flows {
+					q += f.queued()
+				}
+				return q == len(clients) // the admitted client has asked again
+			})
+		}
+		runs[r.f]++
+		clk.Advance(cost(r.f))
+		r.t.Done()
+	}
+	return runs
+}
+
 // queued is how many runs of f wait.
 func (f *Flow) queued() int { return f.Waiting() }
 
@@ -87,48 +137,13 @@ func TestWeightsSplitDeviceTime(t *testing.T) {
 			a.Set(tt.wa, Default)
 			b.Set(tt.wb, Default)
 			cost := map[*Flow]time.Duration{a: tt.costA, b: tt.costB}
-			type adm struct {
-				f *Flow
-				t Ticket
-			}
-			admitted := make(chan adm)
-			stop := make(chan struct{})
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			for _, f := range []*Flow{a, a, a, b, b, b} {
-				go func() {
-					for {
-						tk, _, err := f.Admit(ctx, time.Time{}, nil)
-						if err != nil {
-							return
-						}
-						select {
-						case admitted <- adm{f, tk}:
-						case <-stop:
-							tk.Done()
-							return
-						}
-					}
-				}()
-			}
-			// Runs go one at a time (MaxRuns 1): end each after its cost.
-			for i := 0; i < 600; i++ {
-				r := <-admitted
-				if i == 0 {
-					// Let every client queue before the measured runs.
-					waitFor(t, "all queued", func() bool { return a.queued()+b.queued() == 6 })
-				}
-				clk.Advance(cost[r.f])
-				r.t.Done()
-			}
-			close(stop)
-			cancel()
+			serial(t, clk, 600, func(f *Flow) time.Duration { return cost[f] }, a, a, a, b, b, b)
 			fa := float64(a.DeviceTime()) / float64(a.DeviceTime()+b.DeviceTime())
 			if math.Abs(fa-tt.wantA) > 0.03 {
-				t.Fatalf("a had %.3f of device time (runs a %d, b %d), want %.2f", fa, a.Runs(), b.Runs(), tt.wantA)
+				t.Fatalf("a had %.3f of device time, want %.2f", fa, tt.wantA)
 			}
-			if f := a.Fraction(); math.Abs(f-tt.wantA) > 0.05 {
-				t.Fatalf("a's recent fraction %.3f, want about %.2f", f, tt.wantA)
+			if mine, all := a.Recent(); math.Abs(mine/all-tt.wantA) > 0.05 {
+				t.Fatalf("a's recent fraction %.3f, want about %.2f", mine/all, tt.wantA)
 			}
 		})
 	}
@@ -448,40 +463,7 @@ func TestNoCreditFromAnotherFunctionsSoloTime(t *testing.T) {
 		clk.Advance(time.Millisecond)
 		tk.Done()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	type adm struct {
-		f *Flow
-		t Ticket
-	}
-	admitted := make(chan adm)
-	for _, f := range []*Flow{a, a, b, b} {
-		go func() {
-			for {
-				tk, _, err := f.Admit(ctx, time.Time{}, nil)
-				if err != nil {
-					return
-				}
-				select {
-				case admitted <- adm{f, tk}:
-				case <-ctx.Done():
-					tk.Done()
-					return
-				}
-			}
-		}()
-	}
-	runs := map[*Flow]int{}
-	for i := 0; i < 400; i++ {
-		r := <-admitted
-		if i == 0 {
-			waitFor(t, "both queued", func() bool { return a.queued()+b.queued() == 4 })
-		}
-		runs[r.f]++
-		clk.Advance(time.Millisecond)
-		r.t.Done()
-	}
-	cancel()
+	runs := serial(t, clk, 400, func(*Flow) time.Duration { return time.Millisecond }, a, a, b, b)
 	if runs[a] < 150 || runs[b] < 150 {
 		t.Fatalf("a %d, b %d of 400 runs: want about half each", runs[a], runs[b])
 	}

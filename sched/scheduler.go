@@ -62,14 +62,10 @@ func New(cfg Config) *Scheduler {
 	return &Scheduler{cfg: cfg, clock: cfg.Clock, pol: cfg.Policy, flows: map[string]*Flow{}}
 }
 
-// MaxRuns is the bound on runs on the device at once.
-func (s *Scheduler) MaxRuns() int { return s.cfg.MaxRuns }
-
 // Flow is a function's share of the device: its runs queue here. Weight
 // and class are the function's; accounting is read without the lock.
 type Flow struct {
-	s    *Scheduler
-	name string
+	s *Scheduler
 
 	// Under s.mu.
 	weight   float64
@@ -80,7 +76,6 @@ type Flow struct {
 	lastIdle time.Time // when it last went idle
 	lastBusy time.Time // when it last had two or more runs queued or running
 	listed   bool      // in s.idle
-	lastEnd  time.Time
 	recent   decayed
 
 	// PolicyData belongs to the Scheduler's Policy (set and read in its
@@ -88,8 +83,6 @@ type Flow struct {
 	PolicyData any
 
 	deviceNs atomic.Int64 // device time of ended runs
-	runs     atomic.Int64
-	waitNs   atomic.Int64 // queueing time of admitted runs
 }
 
 // Flow returns name's flow, creating it with weight 1 and class Default.
@@ -98,7 +91,7 @@ func (s *Scheduler) Flow(name string) *Flow {
 	defer s.mu.Unlock()
 	f := s.flows[name]
 	if f == nil {
-		f = &Flow{s: s, name: name, weight: 1, class: Default}
+		f = &Flow{s: s, weight: 1, class: Default}
 		s.flows[name] = f
 	}
 	return f
@@ -118,9 +111,6 @@ func (s *Scheduler) Forget(name string) {
 	delete(s.flows, name)
 	s.mu.Unlock()
 }
-
-// Name is the flow's function.
-func (f *Flow) Name() string { return f.name }
 
 // Set changes the flow's weight (> 0) and class.
 func (f *Flow) Set(weight float64, class Class) {
@@ -157,22 +147,9 @@ func (f *Flow) Waiting() int {
 // DeviceTime is the device time the flow's ended runs held.
 func (f *Flow) DeviceTime() time.Duration { return time.Duration(f.deviceNs.Load()) }
 
-// Runs is how many of the flow's runs ended.
-func (f *Flow) Runs() int64 { return f.runs.Load() }
-
-// Fraction is the flow's share of the device time all flows used
-// recently (decayed over Config.Decay): 0 to 1.
-func (f *Flow) Fraction() float64 {
-	mine, all := f.Recent()
-	if all <= 0 {
-		return 0
-	}
-	return min(1, mine/all)
-}
-
 // Recent is the flow's recent device time and every flow's, decayed over
-// Config.Decay (seconds): what Fraction divides, for a caller that sums
-// over devices.
+// Config.Decay (seconds): the flow's fraction of the device, for a caller
+// that may sum over devices first.
 func (f *Flow) Recent() (mine, all float64) {
 	s := f.s
 	s.mu.Lock()
@@ -361,11 +338,9 @@ func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
 	s.inFlight--
 	f.inFlight--
 	f.deviceNs.Add(int64(ran))
-	f.runs.Add(1)
 	f.recent.add(float64(ran), now, s.cfg.Decay)
 	s.busy.add(float64(ran), now, s.cfg.Decay)
 	s.pol.Ended(f, ran, r.charged, now)
-	f.lastEnd = now
 	s.maybeIdle(f, now)
 }
 
@@ -375,9 +350,6 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 		return
 	}
 	f.active = false
-	if f.lastEnd.IsZero() {
-		f.lastEnd = now
-	}
 	f.lastIdle = now
 	if !f.listed {
 		f.listed = true
@@ -443,7 +415,6 @@ func (s *Scheduler) dispatch(now time.Time) {
 			s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
 		}
 		w.t = s.start(f, w.deadline, now)
-		f.waitNs.Add(int64(now.Sub(w.arrived)))
 		w.ready <- struct{}{}
 	}
 }

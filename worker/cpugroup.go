@@ -53,7 +53,7 @@ func NewCPUGroups(log *slog.Logger) *CPUGroups {
 	name := fmt.Sprintf("plover-%d", os.Getpid())
 	var g *CPUGroups
 	if ctl, err := os.ReadFile(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
-		if !containsWord(string(ctl), "cpu") {
+		if !slices.Contains(strings.Fields(string(ctl)), "cpu") {
 			log.Warn("worker CPU weights off: the cgroup v2 hierarchy has no cpu controller", "controllers", strings.TrimSpace(string(ctl)))
 			return nil
 		}
@@ -88,7 +88,7 @@ func NewCPUGroups(log *slog.Logger) *CPUGroups {
 	// that heavy workers cannot starve the front door that admits
 	// everyone's runs; workers it starts leave for their own groups when
 	// they take a function.
-	if err := g.placeAt(filepath.Join(g.dir, "server"), os.Getpid(), g.max()); err != nil {
+	if err := g.writeGroup(filepath.Join(g.dir, "server"), os.Getpid(), strconv.Itoa(int(g.units().hi))); err != nil {
 		log.Warn("worker CPU weights off: cannot place the server in a cgroup", "error", err)
 		os.Remove(filepath.Join(g.dir, "server"))
 		os.Remove(g.dir)
@@ -145,15 +145,6 @@ func processExists(pid int) bool {
 	return err == nil
 }
 
-func containsWord(s, w string) bool {
-	for _, f := range strings.Fields(s) {
-		if f == w {
-			return true
-		}
-	}
-	return false
-}
-
 // Weight is a function's CPU weight relative to a default function's 1:
 // its share, times 8 for the latency class and over 8 for batch, so that
 // a latency function's worker wins the CPU as its runs win the device.
@@ -168,30 +159,27 @@ func Weight(m *abi.Manifest) float64 {
 	return w
 }
 
-// value is weight w in the controller's units: v1 shares (1024 a default
-// function), v2 weight (100), at most half the controller's largest (the
-// server's) and at least its smallest.
+// The controllers' units: a default function's weight (1 in Weight's
+// terms), and the smallest and largest a group may have.
+var (
+	unitsV1 = units{one: 1024, lo: 2, hi: 262144} // cpu.shares
+	unitsV2 = units{one: 100, lo: 1, hi: 10000}   // cpu.weight
+)
+
+type units struct{ one, lo, hi float64 }
+
+func (g *CPUGroups) units() units {
+	if g.v2 {
+		return unitsV2
+	}
+	return unitsV1
+}
+
+// value is function weight w in the controller's units: at least its
+// smallest and at most half its largest, which is the server's.
 func (g *CPUGroups) value(w float64) string {
-	if g.v2 {
-		return strconv.Itoa(int(math.Min(5000, math.Max(1, math.Round(100*w)))))
-	}
-	return strconv.Itoa(int(math.Min(131072, math.Max(2, math.Round(1024*w)))))
-}
-
-// max is the controller's largest weight, in the units value takes.
-func (g *CPUGroups) max() float64 {
-	if g.v2 {
-		return 100 // 10000 / 100
-	}
-	return 256 // 262144 / 1024
-}
-
-// raw is weight w in the controller's units, uncapped: the server's.
-func (g *CPUGroups) raw(w float64) string {
-	if g.v2 {
-		return strconv.Itoa(int(math.Round(100 * w)))
-	}
-	return strconv.Itoa(int(math.Round(1024 * w)))
+	u := g.units()
+	return strconv.Itoa(int(math.Min(u.hi/2, math.Max(u.lo, math.Round(u.one*w)))))
 }
 
 // Place moves process pid into a group of its own weighted for m and
@@ -229,12 +217,6 @@ func (g *CPUGroups) Place(pid int, m *abi.Manifest) func() {
 	return func() { os.Remove(dir) }
 }
 
-// placeAt makes group dir with the (unscaled) weight w and moves process
-// pid into it.
-func (g *CPUGroups) placeAt(dir string, pid int, w float64) error {
-	return g.writeGroup(dir, pid, g.raw(w))
-}
-
 // writeGroup makes group dir with weight value v and moves pid into it.
 func (g *CPUGroups) writeGroup(dir string, pid int, v string) error {
 	err := os.Mkdir(dir, 0o755)
@@ -245,14 +227,6 @@ func (g *CPUGroups) writeGroup(dir string, pid int, v string) error {
 		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
 	}
 	return err
-}
-
-// Dir is the server's parent group ("" for nil).
-func (g *CPUGroups) Dir() string {
-	if g == nil {
-		return ""
-	}
-	return g.dir
 }
 
 // Close removes the server's groups (every worker is gone by then).

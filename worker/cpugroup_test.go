@@ -52,7 +52,7 @@ func TestCPUGroupsV1(t *testing.T) {
 		t.Fatalf("a dead server's groups were not swept: %v", err)
 	}
 	remove := g.Place(1234, &abi.Manifest{Name: "f", Share: 2, Priority: "latency"})
-	dir := filepath.Join(g.Dir(), "1234")
+	dir := filepath.Join(g.dir, "1234")
 	if b, _ := os.ReadFile(filepath.Join(dir, "cpu.shares")); string(b) != strconv.Itoa(2*8*1024) {
 		t.Fatalf("cpu.shares %q", b)
 	}
@@ -66,7 +66,7 @@ func TestCPUGroupsV1(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the worker's group outlived it: %v", err)
 	}
-	srv := filepath.Join(g.Dir(), "server")
+	srv := filepath.Join(g.dir, "server")
 	if b, _ := os.ReadFile(filepath.Join(srv, "cgroup.procs")); string(b) != strconv.Itoa(os.Getpid()) {
 		t.Fatalf("the server is not in its group: cgroup.procs %q", b)
 	}
@@ -76,7 +76,7 @@ func TestCPUGroupsV1(t *testing.T) {
 	os.Remove(filepath.Join(srv, "cpu.shares"))
 	os.Remove(filepath.Join(srv, "cgroup.procs"))
 	g.Close()
-	if _, err := os.Stat(g.Dir()); !os.IsNotExist(err) {
+	if _, err := os.Stat(g.dir); !os.IsNotExist(err) {
 		t.Fatalf("the server's group outlived Close: %v", err)
 	}
 }
