@@ -24,7 +24,7 @@ type Config struct {
 	Devices []device.Device // one target for all; instances go where most memory is free
 	// Pool policy defaults for manifests that set none.
 	MinInstances int
-	MaxInstances int           // default 4
+	MaxInstances int           // default 8: twice the runs a device takes at once, so a function with a large share keeps runs queued in the scheduler while its others finish
 	MaxQueue     int           // requests waiting per function; default 64
 	IdleTTL      time.Duration // default 5m; negative: never release
 	// Timeout is a request's deadline (queue time plus execution) unless
@@ -79,8 +79,23 @@ type SchedConfig struct {
 	// one run per CPU leaves CPUs idle between runs), or 4 on a GPU.
 	MaxRuns int
 	// NoReserve uses every slot for whichever function waits, instead of
-	// keeping one for functions that come and go (sched.Config.Reserve).
+	// keeping some for functions that come and go (sched.Config.Reserve).
 	NoReserve bool
+}
+
+// reserve is the slots kept for light functions (sched.Config.Reserve):
+// on the host device half of them, so that floods have as many runs as
+// there are CPUs and an interactive function's run finds a CPU of its own
+// (with one of four kept, its p99 beside a compute-bound flood was 3.1-3.6x
+// alone on 2 CPUs; with half, 1.3-2.2x: BENCHMARKS.md); on a GPU one.
+func (c SchedConfig) reserve(d device.Device, maxRuns int) int {
+	switch {
+	case c.NoReserve:
+		return 0
+	case d.Target() == abi.TargetHost:
+		return maxRuns / 2
+	}
+	return 1
 }
 
 // maxRuns is the runs a device takes at once.
@@ -106,7 +121,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	if cfg.MaxInstances <= 0 {
-		cfg.MaxInstances = 4
+		cfg.MaxInstances = 8
 	}
 	if cfg.MaxQueue <= 0 {
 		cfg.MaxQueue = 64
@@ -136,7 +151,8 @@ func New(cfg Config) (*Engine, error) {
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}
 		for _, d := range cfg.Devices {
-			e.scheds[d] = sched.New(sched.Config{MaxRuns: cfg.Sched.maxRuns(d), Reserve: !cfg.Sched.NoReserve})
+			n := cfg.Sched.maxRuns(d)
+			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n)})
 		}
 	}
 	return e, nil

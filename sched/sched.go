@@ -91,14 +91,14 @@ type Policy interface {
 type Config struct {
 	// MaxRuns bounds the runs on the device at once (>= 1).
 	MaxRuns int
-	// Reserve keeps one of MaxRuns (when MaxRuns >= 2) for light
-	// functions, ones that send a run at a time (no two queued or running
-	// within Recent), while such a function went idle within Recent and
-	// has nothing running: an interactive function finds the device free
-	// between its requests instead of behind a neighbour's long run (a
+	// Reserve is how many of MaxRuns (at most MaxRuns-1) are kept for
+	// light functions, ones that send a run at a time (no two queued or
+	// running within Recent), while such a function went idle within Recent
+	// and has nothing running: an interactive function finds the device
+	// free between its requests instead of behind a neighbour's long run (a
 	// spatial share, as MPS keeps SMs), while floods share the rest by the
-	// policy. With no light function about, every slot is used.
-	Reserve bool
+	// policy. With no light function about, every slot is used. 0: none.
+	Reserve int
 	// Recent is how long after going idle a function counts for Reserve
 	// (default 100ms).
 	Recent time.Duration

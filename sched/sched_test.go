@@ -153,7 +153,7 @@ func TestWeightsSplitDeviceTime(t *testing.T) {
 // a flow that was idle does not bank the time it did not use.
 func TestWorkConserving(t *testing.T) {
 	clk := newFakeClock()
-	s := New(Config{MaxRuns: 3, Reserve: true, Clock: clk})
+	s := New(Config{MaxRuns: 3, Reserve: 1, Clock: clk})
 	a, b := s.Flow("a"), s.Flow("b")
 	b.Set(1, Default)
 	var ts []Ticket
@@ -345,7 +345,7 @@ func TestWaitingRunGivesUp(t *testing.T) {
 // neighbour gets the slot back (by a timer: nothing else happens).
 func TestReserveKeepsASlotForARecentFunction(t *testing.T) {
 	clk := newFakeClock()
-	s := New(Config{MaxRuns: 2, Reserve: true, Recent: 100 * time.Millisecond, Clock: clk})
+	s := New(Config{MaxRuns: 2, Reserve: 1, Recent: 100 * time.Millisecond, Clock: clk})
 	victim, flood := s.Flow("victim"), s.Flow("flood")
 	v, _, _ := victim.Admit(context.Background(), time.Time{}, nil)
 	clk.Advance(time.Millisecond)
@@ -370,9 +370,49 @@ func TestReserveKeepsASlotForARecentFunction(t *testing.T) {
 	f1.Done()
 }
 
+// A reserve of two of four: a flood gets two slots while a light function
+// is about, and the light function's own run takes a reserved slot, not
+// one of the flood's: the flood cannot fill the device behind it (on the
+// host device, the run would share its CPU with the flood's).
+func TestReserveHoldsWhileTheLightFunctionRuns(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 4, Reserve: 2, Recent: 100 * time.Millisecond, Clock: clk})
+	victim, flood := s.Flow("victim"), s.Flow("flood")
+	v, _, _ := victim.Admit(context.Background(), time.Time{}, nil)
+	clk.Advance(time.Millisecond)
+	v.Done()
+	var runs []Ticket
+	for range 2 {
+		tk, wait, _ := flood.Admit(context.Background(), time.Time{}, nil)
+		if wait != 0 {
+			t.Fatal("the flood waited for its first two slots")
+		}
+		runs = append(runs, tk)
+	}
+	c3 := admitAsync(flood, context.Background(), time.Time{}, nil)
+	waitFor(t, "flood queued", func() bool { return flood.queued() == 1 })
+	v, wait, _ := victim.Admit(context.Background(), time.Time{}, nil)
+	if wait != 0 {
+		t.Fatalf("the victim waited %v with two slots reserved", wait)
+	}
+	if !pending(c3) || s.running_() != 3 {
+		t.Fatalf("with the victim running, the flood took a reserved slot (%d running)", s.running_())
+	}
+	clk.Advance(time.Millisecond)
+	v.Done()
+	clk.Advance(100 * time.Millisecond) // the victim quiet for Recent: every slot is the flood's
+	runs = append(runs, got(t, c3, "flood after the victim went quiet").t)
+	if _, wait, _ := flood.Admit(context.Background(), time.Time{}, nil); wait != 0 {
+		t.Fatal("the flood's fourth run waited with nobody about")
+	}
+	for _, tk := range runs {
+		tk.Done()
+	}
+}
+
 // The fast path (a free slot, nobody waiting) allocates nothing.
 func TestAdmitAllocatesNothing(t *testing.T) {
-	s := New(Config{MaxRuns: 2, Reserve: true})
+	s := New(Config{MaxRuns: 2, Reserve: 1})
 	f := s.Flow("a")
 	ctx := context.Background()
 	n := testing.AllocsPerRun(1000, func() {
@@ -401,7 +441,7 @@ func TestParseClass(t *testing.T) {
 }
 
 func BenchmarkAdmitDone(b *testing.B) {
-	s := New(Config{MaxRuns: 2, Reserve: true})
+	s := New(Config{MaxRuns: 2, Reserve: 1})
 	f := s.Flow("a")
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -415,7 +455,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 // slot is kept for it, and the other flood may take every slot.
 func TestReserveIsNotForFloods(t *testing.T) {
 	clk := newFakeClock()
-	s := New(Config{MaxRuns: 2, Reserve: true, Recent: 100 * time.Millisecond, Clock: clk})
+	s := New(Config{MaxRuns: 2, Reserve: 1, Recent: 100 * time.Millisecond, Clock: clk})
 	a, b := s.Flow("a"), s.Flow("b")
 	b1, _, _ := b.Admit(context.Background(), time.Time{}, nil)
 	b2, _, _ := b.Admit(context.Background(), time.Time{}, nil) // b had two at once

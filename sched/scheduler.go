@@ -44,6 +44,7 @@ func New(cfg Config) *Scheduler {
 	if cfg.MaxRuns < 1 {
 		cfg.MaxRuns = 1
 	}
+	cfg.Reserve = min(max(cfg.Reserve, 0), cfg.MaxRuns-1)
 	if cfg.Recent <= 0 {
 		cfg.Recent = 100 * time.Millisecond
 	}
@@ -358,14 +359,14 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 }
 
 // limit is how many runs may be on the device when f starts one: all of
-// them, or all but one (Config.Reserve) while a light function (one that
-// has not had two runs queued or running within Recent: it sends one
-// request at a time) went idle within Recent and has nothing running,
-// unless f is such a function itself. An interactive function finds that
-// slot free between its requests; a flood, whatever its gaps, cannot take
-// it.
+// them, or all but Config.Reserve while a light function (one that has
+// not had two runs queued or running within Recent: it sends one request
+// at a time) went idle within Recent, unless f is such a function itself.
+// The light function's own runs take the reserved slots: an interactive
+// function finds them free between its requests, and a flood, whatever
+// its gaps, cannot fill the device while it runs.
 func (s *Scheduler) limit(f *Flow, now time.Time) int {
-	if !s.cfg.Reserve || s.cfg.MaxRuns < 2 {
+	if s.cfg.Reserve == 0 {
 		return s.cfg.MaxRuns
 	}
 	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
@@ -378,12 +379,18 @@ func (s *Scheduler) limit(f *Flow, now time.Time) int {
 	if f.listed && s.light(f, now) {
 		return s.cfg.MaxRuns
 	}
+	about, lightRuns := false, 0
 	for _, g := range s.idle {
-		if g != f && g.inFlight == 0 && s.light(g, now) {
-			return s.cfg.MaxRuns - 1
+		if g != f && s.light(g, now) {
+			about, lightRuns = true, lightRuns+g.inFlight
 		}
 	}
-	return s.cfg.MaxRuns
+	if !about {
+		return s.cfg.MaxRuns
+	}
+	// The light functions' own runs fill the reserved slots first: one
+	// running does not open the reserve to the floods.
+	return s.cfg.MaxRuns - s.cfg.Reserve + min(lightRuns, s.cfg.Reserve)
 }
 
 // light reports a flow that has not had two runs at once within Recent.
@@ -437,7 +444,7 @@ func (s *Scheduler) armExpiry() {
 		}
 		if s.inFlight < s.cfg.MaxRuns {
 			for _, g := range s.idle {
-				if g.inFlight == 0 && s.light(g, s.clock.Now()) {
+				if s.light(g, s.clock.Now()) {
 					earliest(g.lastIdle.Add(s.cfg.Recent))
 				}
 			}
