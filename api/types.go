@@ -60,7 +60,11 @@ type WorkerInfo struct {
 	Device   string `json:"device"`
 	PID      int    `json:"pid"`
 	RSSBytes int64  `json:"resident_bytes"`
-	Threads  int    `json:"threads"`
+	// PSSBytes is its proportional share of resident memory: pages it
+	// shares with other workers (the plover binary, libraries) count
+	// divided among them, so the sum over workers is what they cost.
+	PSSBytes int64 `json:"pss_bytes,omitempty"`
+	Threads  int   `json:"threads"`
 }
 
 // DeviceHealth is one device's state for /healthz.

@@ -183,6 +183,7 @@ func (e *ProcessExit) Error() string {
 type ProcessStats struct {
 	PID      int   `json:"pid"`
 	RSSBytes int64 `json:"resident_bytes"`
+	PSSBytes int64 `json:"pss_bytes"` // proportional set size (shared pages divided among their users)
 	Threads  int   `json:"threads"`
 }
 

@@ -17,7 +17,7 @@ func (v *version) processes() []api.WorkerInfo {
 	for _, p := range ps {
 		if r, ok := p.prog.(processReporter); ok {
 			ps := r.Process()
-			out = append(out, api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, Threads: ps.Threads})
+			out = append(out, api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, PSSBytes: ps.PSSBytes, Threads: ps.Threads})
 		}
 	}
 	return out

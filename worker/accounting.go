@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -13,31 +14,43 @@ import (
 // procStatus reads a process's resident memory and thread count from
 // /proc/PID/status. ok is false once the process is gone.
 func procStatus(pid int) (rss int64, threads int, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
+	var kb [2]int64
+	if !procFields("/proc/"+strconv.Itoa(pid)+"/status", []string{"VmRSS", "Threads"}, kb[:]) {
 		return 0, 0, false
+	}
+	return kb[0] << 10, int(kb[1]), true
+}
+
+// procPSS reads a process's proportional set size, in bytes, from
+// /proc/PID/smaps_rollup (Linux 4.14): 0 where it cannot be read.
+func procPSS(pid int) int64 {
+	var kb [1]int64
+	procFields("/proc/"+strconv.Itoa(pid)+"/smaps_rollup", []string{"Pss"}, kb[:])
+	return kb[0] << 10
+}
+
+// procFields reads the first number of each "Key: n ..." line of a /proc
+// file named in keys into the same place of out; false if it cannot be read.
+func procFields(path string, keys []string, out []int64) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
 	}
 	for _, line := range bytes.Split(b, []byte("\n")) {
 		k, v, found := bytes.Cut(line, []byte(":"))
 		if !found {
 			continue
 		}
+		i := slices.Index(keys, string(k))
 		fields := bytes.Fields(v)
-		if len(fields) == 0 {
+		if i < 0 || len(fields) == 0 {
 			continue
 		}
-		n, err := strconv.ParseInt(string(fields[0]), 10, 64)
-		if err != nil {
-			continue
-		}
-		switch string(k) {
-		case "VmRSS":
-			rss = n << 10 // kB
-		case "Threads":
-			threads = int(n)
+		if n, err := strconv.ParseInt(string(fields[0]), 10, 64); err == nil {
+			out[i] = n
 		}
 	}
-	return rss, threads, true
+	return true
 }
 
 // Process reports the worker's pid, resident memory and threads.
@@ -45,6 +58,7 @@ func (g *program) Process() device.ProcessStats {
 	st := device.ProcessStats{PID: g.p.pid}
 	if g.p.alive() {
 		st.RSSBytes, st.Threads, _ = procStatus(g.p.pid)
+		st.PSSBytes = g.p.pss()
 	}
 	return st
 }
@@ -81,4 +95,21 @@ func (d *Device) watchMemory() {
 			}
 		}
 	}
+}
+
+// pssEvery bounds how often a worker's PSS is read: smaps_rollup walks the
+// process's page tables, and a listing of a thousand functions asks for
+// every worker's.
+const pssEvery = time.Second
+
+// pss is the worker's proportional set size, read at most every pssEvery.
+func (p *proc) pss() int64 {
+	now := time.Now().UnixNano()
+	if at := p.pssAt.Load(); at != 0 && now-at < int64(pssEvery) {
+		return p.pssBytes.Load()
+	}
+	v := procPSS(p.pid)
+	p.pssBytes.Store(v)
+	p.pssAt.Store(now)
+	return v
 }

@@ -34,7 +34,9 @@ type proc struct {
 	reason   string
 	killed   atomic.Pointer[string] // why the server stopped it
 	memLimit atomic.Int64           // resident bytes it may hold; 0: none
-	said     chan string            // its first line of output (then closed)
+	pssBytes atomic.Int64           // the last PSS read (proc.pss), at pssAt (Unix ns)
+	pssAt    atomic.Int64
+	said     chan string // its first line of output (then closed)
 
 	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.

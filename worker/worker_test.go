@@ -290,3 +290,18 @@ func BenchmarkRoundTrip(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSpawn is a worker's start, from exec to ready (contained,
+// device open, libraries preloaded, Landlock applied): what a cold start
+// pays when no standby worker is left.
+func BenchmarkSpawn(b *testing.B) {
+	d := newDevice(b, 0)
+	for b.Loop() {
+		p, err := d.spawn(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.kill("benchmark")
+		<-p.done
+	}
+}

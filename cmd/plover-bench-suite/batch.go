@@ -250,22 +250,11 @@ func writeBatch(o *options, res *results, br *batchRun) error {
 			sweepSeries("batched p99", "#9467bd", true, br.Batched, func(p *sweepPoint) float64 { return p.P99 }),
 		},
 	})
-	if o.dryRun {
-		fmt.Println(b.String())
-		return nil
+	if !o.dryRun {
+		if err := os.WriteFile(inRepo(o, o.batchChart), []byte(svg), 0o644); err != nil {
+			return err
+		}
+		logf("wrote %s", o.batchChart)
 	}
-	if err := os.WriteFile(inRepo(o, o.batchChart), []byte(svg), 0o644); err != nil {
-		return err
-	}
-	mdPath := inRepo(o, o.out)
-	doc, err := os.ReadFile(mdPath)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	if err := os.WriteFile(mdPath, []byte(replaceSection(string(doc), "batch-"+o.device, b.String())), 0o644); err != nil {
-		return err
-	}
-	logf("wrote the bench:batch-%s section of %s and %s", o.device, mdPath, o.batchChart)
-	fmt.Print(b.String())
-	return nil
+	return writeSection(o, "batch-"+o.device, b.String(), br)
 }

@@ -278,25 +278,5 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
 		p(" (Without the scheduler, the share split is the requests each flood got served, as no device time is accounted.)\n")
 	}
-	jsonPath := inRepo(o, filepath.Join("build", "bench", "fair-"+o.device+".json"))
-	if err := os.MkdirAll(filepath.Dir(jsonPath), 0o755); err == nil {
-		if raw, err := json.MarshalIndent(fr, "", "  "); err == nil {
-			os.WriteFile(jsonPath, raw, 0o644)
-		}
-	}
-	if o.dryRun {
-		fmt.Print(b.String())
-		return nil
-	}
-	mdPath := inRepo(o, o.out)
-	doc, err := os.ReadFile(mdPath)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(mdPath, []byte(replaceSection(string(doc), "fair-"+o.device, b.String())), 0o644); err != nil {
-		return err
-	}
-	logf("wrote the bench:fair-%s section of %s", o.device, mdPath)
-	fmt.Print(b.String())
-	return nil
+	return writeSection(o, "fair-"+o.device, b.String(), fr)
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -345,4 +348,31 @@ func ratio(a, b float64) string {
 		return fmt.Sprintf("%.0f×", a/b)
 	}
 	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// writeSection replaces the bench:key section of the output markdown with
+// body (or prints it with --dry-run), and writes v beside the build as
+// build/bench/key.json.
+func writeSection(o *options, key, body string, v any) error {
+	jsonPath := inRepo(o, filepath.Join("build", "bench", key+".json"))
+	if err := os.MkdirAll(filepath.Dir(jsonPath), 0o755); err == nil {
+		if raw, err := json.MarshalIndent(v, "", "  "); err == nil {
+			os.WriteFile(jsonPath, raw, 0o644)
+		}
+	}
+	if o.dryRun {
+		fmt.Print(body)
+		return nil
+	}
+	mdPath := inRepo(o, o.out)
+	doc, err := os.ReadFile(mdPath)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if err := os.WriteFile(mdPath, []byte(replaceSection(string(doc), key, body)), 0o644); err != nil {
+		return err
+	}
+	logf("wrote the bench:%s section of %s", key, mdPath)
+	fmt.Print(body)
+	return nil
 }

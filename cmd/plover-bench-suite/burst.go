@@ -1,0 +1,297 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
+)
+
+// The many-functions benchmark (--burst): a node's normal day is many
+// functions waking up, not one. Every function is the CNN sample under a
+// name of its own.
+//
+//  1. A first server deploys the functions the bursts use and invokes each
+//     once, so that their bundles are in the node cache; it stops.
+//  2. A second server over the same data finds them deployed and cached
+//     but not loaded: each of burstSeq functions is invoked once, in turn,
+//     from one keep-alive client (cold starts in sequence); then rounds of
+//     burstWide functions invoked at once (cold starts together).
+//  3. More functions are deployed through it, to burstMany in all, and the
+//     listing and /metrics are timed with them; the workers the bursts
+//     started, idle now, report their memory (PSS).
+const (
+	burstSeq    = 200
+	burstWide   = 16
+	burstRounds = 3
+	burstMany   = 1000
+)
+
+type burstRun struct {
+	Sequence   []float64   `json:"sequence_ms"`      // client latency of each cold start in turn
+	SeqLoad    []float64   `json:"sequence_load_ms"` // the server's load span of each
+	SeqNotCold int         `json:"sequence_not_cold"`
+	Wide       [][]float64 `json:"wide_ms"` // per round, each function's latency
+	WideErrors int         `json:"wide_errors"`
+	Deploys    []float64   `json:"deploy_ms"` // each deploy through the server, client latency
+	List       []float64   `json:"list_ms"`   // GET /v1/functions with burstMany deployed
+	ListBytes  int         `json:"list_bytes"`
+	Metrics    []float64   `json:"metrics_ms"`
+	PSS        []float64   `json:"idle_worker_pss_mib"`
+	Workers    int         `json:"idle_workers"`
+}
+
+func runBurst(ctx context.Context, o *options, res *results) error {
+	src := filepath.Join(o.samples, "cnn-"+o.suffix)
+	in, err := os.ReadFile(filepath.Join(o.repo, "samples", "cnn", "testdata", "heldout.bin"))
+	if err != nil || len(in) < 3136 {
+		return fmt.Errorf("the CNN's held-out digits: %v", err)
+	}
+	in = in[:3136]
+	data, err := os.MkdirTemp("", "plover-burst-bench-")
+	if err != nil {
+		return err
+	}
+	defer removeAll(data)
+	name := func(i int) string { return fmt.Sprintf("cnn-%04d", i) }
+	packs := make([][]byte, burstMany)
+	for i := range packs {
+		dir, err := renamedBundle(data, fairBundle{name(i), src, map[string]any{}})
+		if err != nil {
+			return err
+		}
+		if packs[i], _, _, err = bundle.PackBytes(dir); err != nil {
+			return err
+		}
+		os.RemoveAll(dir)
+	}
+	used := burstSeq + burstWide*burstRounds
+	br := &burstRun{}
+
+	logf("deploying %d functions and loading each once (to fill the node cache)", used)
+	srv, err := startServer(o.plover, data, o.device, o.isolation)
+	if err != nil {
+		return err
+	}
+	c := &http.Client{Timeout: time.Minute}
+	for i := 0; i < used; i++ {
+		d, err := deploy(c, srv.url, name(i), packs[i])
+		if err != nil {
+			srv.stop()
+			return err
+		}
+		br.Deploys = append(br.Deploys, d)
+		if _, _, err := invoke(c, srv.url, name(i), in); err != nil {
+			srv.stop()
+			return err
+		}
+	}
+	srv.stop()
+
+	srv, err = startServer(o.plover, data, o.device, o.isolation)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	time.Sleep(time.Second) // the standby pool at rest, as on a node between bursts
+	logf("cold starts of %d functions in turn, one client", burstSeq)
+	for i := 0; i < burstSeq; i++ {
+		d, h, err := invoke(c, srv.url, name(i), in)
+		if err != nil {
+			return err
+		}
+		br.Sequence = append(br.Sequence, d)
+		br.SeqLoad = append(br.SeqLoad, timingSpan(h.Get("Server-Timing"), "load"))
+		if h.Get("X-Plover-Start") != "cold" {
+			br.SeqNotCold++
+		}
+	}
+	for r := 0; r < burstRounds; r++ {
+		time.Sleep(time.Second) // between bursts
+		logf("%d cold starts at once, round %d", burstWide, r+1)
+		lat, errs := wide(srv.url, in, func(k int) string { return name(burstSeq + r*burstWide + k) })
+		br.Wide = append(br.Wide, lat)
+		br.WideErrors += errs
+	}
+	logf("deploying up to %d functions", burstMany)
+	for i := used; i < burstMany; i++ {
+		d, err := deploy(c, srv.url, name(i), packs[i])
+		if err != nil {
+			return err
+		}
+		br.Deploys = append(br.Deploys, d)
+	}
+	for range 20 {
+		d, n, err := get(c, srv.url+"/v1/functions")
+		if err != nil {
+			return err
+		}
+		br.List, br.ListBytes = append(br.List, d), n
+		if d, _, err = get(c, srv.url+"/metrics"); err != nil {
+			return err
+		}
+		br.Metrics = append(br.Metrics, d)
+	}
+	var list struct{ Functions []api.FunctionInfo }
+	if err := getJSON(c, srv.url+"/v1/functions", &list); err != nil {
+		return err
+	}
+	for _, fi := range list.Functions {
+		for _, w := range fi.Workers {
+			br.Workers++
+			if w.PSSBytes > 0 {
+				br.PSS = append(br.PSS, float64(w.PSSBytes)/(1<<20))
+			}
+		}
+	}
+	res.LoadAfterRuns = loadAvg()
+	return writeBurst(o, res, br)
+}
+
+// invoke sends one request and returns its latency (ms) and headers.
+func invoke(c *http.Client, url, fn string, in []byte) (float64, http.Header, error) {
+	t0 := time.Now()
+	resp, err := c.Post(url+"/v1/functions/"+fn+"/invoke", "application/octet-stream", bytes.NewReader(in))
+	if err != nil {
+		return 0, nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	d := msSince(t0)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("invoke %s: %s: %s", fn, resp.Status, body)
+	}
+	return d, resp.Header, err
+}
+
+// wide invokes n distinct functions at once, each from a connection made
+// beforehand, and returns each one's latency (ms) and the failures.
+func wide(url string, in []byte, name func(int) string) ([]float64, int) {
+	clients := make([]*http.Client, burstWide)
+	for k := range clients {
+		clients[k] = &http.Client{Timeout: time.Minute}
+		get(clients[k], url+"/healthz") // the connection, kept alive
+	}
+	lat := make([]float64, burstWide)
+	errs := make([]error, burstWide)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for k := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			lat[k], _, errs[k] = invoke(clients[k], url, name(k), in)
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	n := 0
+	for k, err := range errs {
+		if err != nil {
+			logf("  %s: %v", name(k), err)
+			lat[k], n = math.NaN(), n+1
+		}
+	}
+	return lat, n
+}
+
+func deploy(c *http.Client, url, fn string, pack []byte) (float64, error) {
+	req, err := http.NewRequest(http.MethodPut, url+"/v1/functions/"+fn, bytes.NewReader(pack))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", bundle.MediaType)
+	t0 := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated {
+		return 0, fmt.Errorf("deploy %s: %s: %s", fn, resp.Status, body)
+	}
+	return msSince(t0), nil
+}
+
+// get fetches url and returns the latency (ms) and the body's length.
+func get(c *http.Client, url string) (float64, int, error) {
+	t0 := time.Now()
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, 0, err
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return msSince(t0), int(n), err
+}
+
+func getJSON(c *http.Client, url string, v any) error {
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// timingSpan is one span's duration (ms) in a Server-Timing header, NaN
+// when it is not there.
+func timingSpan(h, span string) float64 {
+	for _, part := range strings.Split(h, ",") {
+		name, rest, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if name != span {
+			continue
+		}
+		if _, v, ok := strings.Cut(rest, "dur="); ok {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return f
+			}
+		}
+	}
+	return math.NaN()
+}
+
+func writeBurst(o *options, res *results, br *burstRun) error {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("## Many functions: cold starts in bursts (%s device)\n\n", res.Device)
+	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s` with its defaults, client and server on this machine; load average before %s, after %s.\n\n",
+		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
+	p("Every function is the CNN (`samples/cnn`) under a name of its own, with its bundle in the node cache and not loaded (a first server loaded each once and stopped; a second measures). A cold start here is the worker, the library, the constants and an instance, then the request.\n\n")
+	p("| measurement | p50 | p99 | max | target |\n|---|---|---|---|---|\n")
+	row := func(what string, v []float64, target string) {
+		p("| %s | %s | %s | %s | %s |\n", what, fmtMs(quantile(v, 0.5)), fmtMs(quantile(v, 0.99)), fmtMs(quantile(v, 1)), target)
+	}
+	row(fmt.Sprintf("cold start, %d functions in turn, one client: latency ms", len(br.Sequence)), br.Sequence, "p50 <= 6, p99 <= 15")
+	row("the same: the server's `load` span, ms", br.SeqLoad, "")
+	var slowest []float64
+	for _, r := range br.Wide {
+		slowest = append(slowest, quantile(r, 1))
+	}
+	row(fmt.Sprintf("%d cold starts at once (%d rounds): the slowest of each round, ms", burstWide, len(br.Wide)), slowest, "max <= 30")
+	row(fmt.Sprintf("deploy through the server (%d functions), ms", len(br.Deploys)), br.Deploys, "")
+	row(fmt.Sprintf("`GET /v1/functions` with %d deployed (%d KiB), ms", burstMany, br.ListBytes>>10), br.List, "p50 <= 50")
+	row(fmt.Sprintf("`GET /metrics` with %d deployed, ms", burstMany), br.Metrics, "")
+	p("| PSS of an idle worker (%d workers), MiB | %.1f | %.1f | %.1f | <= 5 |\n", br.Workers, quantile(br.PSS, 0.5), quantile(br.PSS, 0.99), quantile(br.PSS, 1))
+	if br.SeqNotCold > 0 || br.WideErrors > 0 {
+		p("\n%d of the sequence's requests were not cold starts; %d of the bursts' requests failed.\n", br.SeqNotCold, br.WideErrors)
+	}
+	return writeSection(o, "burst-"+o.device, b.String(), br)
+}
