@@ -43,6 +43,7 @@ ARG VERSION=dev
 RUN CGO_ENABLED=1 go build -trimpath \
       -ldflags "-s -w -X github.com/plover-run/plover/cli.Version=${VERSION}" \
       -o /out/plover ./cli/plover \
+ && CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o /out/plover-worker ./cmd/plover-worker \
  && /out/plover version
 
 FROM debian:bookworm-slim
@@ -61,7 +62,7 @@ RUN apt-get update \
  && groupadd --gid 10001 plover \
  && useradd --uid 10001 --gid 10001 --home-dir /var/lib/plover --no-create-home --shell /usr/sbin/nologin plover \
  && install -d -o 10001 -g 10001 -m 0700 /var/lib/plover
-COPY --from=build /out/plover /usr/local/bin/plover
+COPY --from=build /out/plover /out/plover-worker /usr/local/bin/
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 10001:10001
 WORKDIR /var/lib/plover

@@ -10,14 +10,18 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
-build: bin/plover
+build: bin/plover bin/plover-worker
 
 bin/plover: $(GO_SRC)
 	$(GO) build -ldflags "-X github.com/plover-run/plover/cli.Version=$(VERSION)" -o $@ ./cli/plover
+
+# The worker alone, beside bin/plover: plover serve starts it per function.
+bin/plover-worker: $(GO_SRC)
+	$(GO) build -o $@ ./cmd/plover-worker
 
 ## Samples ------------------------------------------------------------------
 VECADD_HOST := $(BUILD)/samples/vecadd-host
@@ -82,7 +86,7 @@ gpu-check:
 	bash scripts/gpu-check.sh
 
 ## Everyday ------------------------------------------------------------------
-demo: bin/plover samples
+demo: bin/plover bin/plover-worker samples
 	bash scripts/demo.sh
 
 vet:
@@ -92,7 +96,7 @@ vet:
 	cd deploy/helm/charttest && $(GO) mod tidy -diff || (echo "deploy/helm/charttest: run go mod tidy there" && false)
 
 # The first run builds a pinned MinIO for the S3 tests (minutes, once).
-test: vet bin/plover samples
+test: vet bin/plover bin/plover-worker samples
 	$(GO) test -count=1 -timeout 30m ./...
 	cd deploy/helm/charttest && $(GO) test -count=1 ./...
 
@@ -102,22 +106,28 @@ bin/plover-bench-suite: $(GO_SRC)
 # vecadd and the CNN against real plover serve processes and in-process, latency against
 # offered load, hot-path Go benchmarks; rewrites BENCHMARKS.md's bench:host section and
 # docs/cnn-latency.svg (about 1.5 min on 2 cores). GPU machine: bin/plover-bench-suite --device cuda
-bench: bin/plover bin/plover-bench-suite samples
+bench: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host
 	bash scripts/isolation-bench.sh host
 
 # The CNN with and without batching, same server, same run; rewrites BENCHMARKS.md's
 # bench:batch-host section and docs/cnn-batch-host.svg (about 1.5 min).
-bench-batch: bin/plover bin/plover-bench-suite samples
+bench-batch: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --batch
 
 # Sharing a device: the CNN beside floods, shares, priorities, --sched fair
 # against off in one run; rewrites BENCHMARKS.md's bench:fair-host section (about 3 min).
-bench-fair: bin/plover bin/plover-bench-suite samples
+bench-fair: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --fair
 
+# Many functions: cold starts of distinct functions in turn and at once, the
+# listing and /metrics with 1,000 deployed, idle workers' memory; rewrites
+# BENCHMARKS.md's bench:burst-host section (about 1 min).
+bench-burst: bin/plover bin/plover-worker bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --burst
+
 # The cost of isolation: the CNN through --isolation none and process, same run (about 1 min).
-bench-isolation: bin/plover samples
+bench-isolation: bin/plover bin/plover-worker samples
 	bash scripts/isolation-bench.sh host
 
 # docs/cli: the CLI reference, generated from the commands (make test fails when it is stale).

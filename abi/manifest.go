@@ -134,17 +134,57 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
 
+// Name classes, checked by hand rather than by regular expressions: a
+// bounded repetition such as {0,127} compiles into a program of that many
+// states, and compiling them at init cost every process start (each
+// worker, each CLI command) about a millisecond.
 var (
-	nameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-	symbolRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-	fileRE   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+	nameClass   = byteClass{first: "a-z0-9", rest: "a-z0-9-", max: 63}      // ^[a-z0-9][a-z0-9-]{0,62}$
+	symbolClass = byteClass{first: "A-Za-z_", rest: "A-Za-z0-9_", max: 128} // ^[A-Za-z_][A-Za-z0-9_]{0,127}$
+	fileClass   = byteClass{first: "A-Za-z0-9_", rest: "A-Za-z0-9_.-", max: 128}
 )
 
 // ValidName reports whether s is a valid function name.
-func ValidName(s string) bool { return nameRE.MatchString(s) }
+func ValidName(s string) bool { return nameClass.match(s) }
 
 // ValidSymbol reports whether s can name an exported C entry point.
-func ValidSymbol(s string) bool { return symbolRE.MatchString(s) }
+func ValidSymbol(s string) bool { return symbolClass.match(s) }
+
+// byteClass matches 1..max bytes, the first from first and the rest from
+// rest; both are sets in regexp bracket syntax without negation (a-z ranges
+// and single bytes; a '-' last is itself).
+type byteClass struct {
+	first, rest string
+	max         int
+}
+
+func (c byteClass) match(s string) bool {
+	if len(s) == 0 || len(s) > c.max || !inSet(c.first, s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if !inSet(c.rest, s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func inSet(set string, b byte) bool {
+	for i := 0; i < len(set); i++ {
+		if i+2 < len(set) && set[i+1] == '-' {
+			if set[i] <= b && b <= set[i+2] {
+				return true
+			}
+			i += 2
+			continue
+		}
+		if set[i] == b {
+			return true
+		}
+	}
+	return false
+}
 
 // jsonError names what is wrong in a manifest that does not decode: for a
 // value of the wrong type, the field (its JSON path), the value and the
@@ -260,9 +300,9 @@ func (m *Manifest) Validate() error {
 		return &FieldError{"abi", fmt.Sprintf("is %d, this runtime speaks ABI %d (and loads ABI 1 bundles): the major version the library was built for", m.ABI, Major)}
 	case m.Target != TargetHost && m.Target != TargetCUDA:
 		return &FieldError{"target", fmt.Sprintf("%q must be %q or %q", m.Target, TargetHost, TargetCUDA)}
-	case !fileRE.MatchString(m.Library) || !strings.HasSuffix(m.Library, ".so"):
+	case !fileClass.match(m.Library) || !strings.HasSuffix(m.Library, ".so"):
 		return &FieldError{"library", fmt.Sprintf("%q must be a plain file name ending in .so", m.Library)}
-	case m.Constants != "" && !fileRE.MatchString(m.Constants):
+	case m.Constants != "" && !fileClass.match(m.Constants):
 		return &FieldError{"constants", fmt.Sprintf("%q must be a plain file name", m.Constants)}
 	case m.Constants == m.Library || m.Constants == ManifestFile || m.Library == ManifestFile:
 		return &FieldError{"constants", "library, constants and plover.json must be three different files"}

@@ -2,7 +2,6 @@ package abi
 
 import (
 	"fmt"
-	"regexp"
 )
 
 // Tensors declares a function's inputs and outputs for the Open Inference
@@ -35,7 +34,7 @@ var RawTensors = Tensors{
 	Outputs: []Tensor{{Name: "OUTPUT0", Datatype: "UINT8", Shape: []int64{-1}}},
 }
 
-var tensorNameRE = regexp.MustCompile(`^[A-Za-z0-9_.:/-]{1,64}$`)
+var tensorNameClass = byteClass{first: "A-Za-z0-9_.:/-", rest: "A-Za-z0-9_.:/-", max: 64} // ^[A-Za-z0-9_.:/-]{1,64}$
 
 func (t *Tensors) validate() error {
 	if t == nil {
@@ -53,7 +52,7 @@ func (t *Tensors) validate() error {
 		for i, x := range side.ts {
 			f := fmt.Sprintf("%s[%d]", side.field, i)
 			switch {
-			case !tensorNameRE.MatchString(x.Name):
+			case !tensorNameClass.match(x.Name):
 				return &FieldError{f + ".name", fmt.Sprintf("%q must match [A-Za-z0-9_.:/-]{1,64}", x.Name)}
 			case seen[x.Name]:
 				return &FieldError{f + ".name", fmt.Sprintf("%q is declared twice", x.Name)}

@@ -42,7 +42,7 @@ func defaultDataDir() string {
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
 	isolation, workerUser                            string
-	standby                                          int
+	standby, standbyMax                              int
 	workerMaxMemMB                                   int64
 	mps                                              bool
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
@@ -74,6 +74,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
 			fs.IntVar(&f.standby, "standby-workers", 1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process)")
+			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last 10 s (0: 16 on the host device, 4 on a GPU, where each holds a context)")
 			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb; past it the worker is killed (0: no limit)")
 			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
@@ -304,6 +305,9 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	default:
 		return nil, nil, fmt.Errorf("--isolation %q: want process or none", f.isolation)
 	}
+	if f.standbyMax < 0 {
+		return nil, nil, fmt.Errorf("--standby-max %d: want 0 or more", f.standbyMax)
+	}
 	if f.standby < 0 {
 		return nil, nil, fmt.Errorf("--standby-workers %d: want 0 or more", f.standby)
 	}
@@ -350,19 +354,43 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	if f.cpuWeights {
 		cpu = worker.NewCPUGroups(log)
 	}
+	exe := workerExe(log)
 	out := make([]device.Device, len(devs))
 	for i, d := range devs {
 		ordinal := 0
 		if g, ok := d.(*device.GPU); ok {
 			ordinal = g.Ordinal()
 		}
-		out[i] = worker.NewDevice(worker.Options{Exe: "/proc/self/exe", Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: f.standby, Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
+		standbyMax := f.standbyMax
+		if standbyMax == 0 {
+			standbyMax = 16
+			if d.Target() != abi.TargetHost {
+				standbyMax = 4
+			}
+		}
+		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
+			Standby: f.standby, MaxStandby: max(standbyMax, f.standby), Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
 	}
 	user := "the server's"
 	if drop != nil {
 		user = f.workerUser + " (" + drop.String() + ")"
 	}
-	log.Info("functions run in worker processes", "standby_workers", f.standby, "worker_user", user)
+	log.Info("functions run in worker processes", "standby_workers", f.standby, "worker_user", user, "worker_binary", exe)
 	return out, cpu, nil
+}
+
+// workerExe is the binary workers run: plover-worker beside this one when
+// it is there (the worker without the server, the store clients and the
+// CLI: it starts in about a third of the time, BENCHMARKS.md), else this
+// binary itself as `plover worker`. Both answer with the worker protocol
+// they speak, and a server refuses a worker of another.
+func workerExe(log *slog.Logger) string {
+	if self, err := os.Executable(); err == nil {
+		lean := filepath.Join(filepath.Dir(self), "plover-worker")
+		if fi, err := os.Stat(lean); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return lean
+		}
+	}
+	log.Info("no plover-worker beside the plover binary: workers run plover worker, which starts a few milliseconds slower (make build installs both)")
+	return "/proc/self/exe"
 }

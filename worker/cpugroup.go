@@ -182,39 +182,69 @@ func (g *CPUGroups) value(w float64) string {
 	return strconv.Itoa(int(math.Min(u.hi/2, math.Max(u.lo, math.Round(u.one*w)))))
 }
 
-// Place moves process pid into a group of its own weighted for m and
-// returns the function that removes the group once pid has exited (a
-// no-op when there is no group). The caller holds what keeps pid from
-// being reaped meanwhile (a pid must not be written once it may have been
-// reused). A process already gone is no failure; another failure is
-// logged once and turns the weights off.
-func (g *CPUGroups) Place(pid int, m *abi.Manifest) func() {
-	if g == nil {
-		return func() {}
-	}
-	g.mu.Lock()
-	broken := g.broken
-	g.mu.Unlock()
-	if broken != nil {
-		return func() {}
+// Place moves process pid into a group of its own with CPU weight w (a
+// default function's 1; 0 is the smallest there is) and returns it, or nil
+// when there is none. Moving a process between groups is the costly step
+// (the kernel waits for every CPU to pass a grace period), so a worker is
+// placed once, when it starts, and re-weighed (Group.Weigh) when it takes
+// a function. The caller holds what keeps pid from being reaped meanwhile
+// (a pid must not be written once it may have been reused). A process
+// already gone is no failure; another failure is logged once and turns
+// the weights off.
+func (g *CPUGroups) Place(pid int, w float64) *Group {
+	if g == nil || g.off() {
+		return nil
 	}
 	dir := filepath.Join(g.dir, strconv.Itoa(pid))
-	if err := g.writeGroup(dir, pid, g.value(Weight(m))); err != nil {
+	if err := g.writeGroup(dir, pid, g.value(w)); err != nil {
 		os.Remove(dir)
-		if errors.Is(err, syscall.ESRCH) {
-			return func() {}
+		if !errors.Is(err, syscall.ESRCH) {
+			g.fail(err, "cannot place a worker in a cgroup", "pid", pid)
 		}
-		g.mu.Lock()
-		if g.broken == nil {
-			g.broken = err
-			g.log.Warn("worker CPU weights off: cannot place a worker in a cgroup", "function", m.Name, "pid", pid, "error", err)
-		}
-		g.mu.Unlock()
-		return func() {}
+		return nil
 	}
-	// An empty group (its process reaped) can be removed; a group still
-	// holding a process that forked away is left for Close's sweep.
-	return func() { os.Remove(dir) }
+	return &Group{g: g, dir: dir}
+}
+
+func (g *CPUGroups) off() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.broken != nil
+}
+
+// fail turns the weights off, saying why once.
+func (g *CPUGroups) fail(err error, msg string, args ...any) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.broken == nil {
+		g.broken = err
+		g.log.Warn("worker CPU weights off: "+msg, append(args, "error", err)...)
+	}
+}
+
+// Group is one worker's cgroup.
+type Group struct {
+	g   *CPUGroups
+	dir string
+}
+
+// Weigh sets the group's weight for m's function (Weight).
+func (c *Group) Weigh(m *abi.Manifest) {
+	if c == nil || c.g.off() {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(Weight(m))), 0o644); err != nil {
+		c.g.fail(err, "cannot set a worker's CPU weight", "function", m.Name)
+	}
+}
+
+// Remove removes the group once its process has exited. An empty group
+// goes; one still holding a process that forked away is left for Close's
+// sweep.
+func (c *Group) Remove() {
+	if c != nil {
+		os.Remove(c.dir)
+	}
 }
 
 // writeGroup makes group dir with weight value v and moves pid into it.

@@ -51,10 +51,14 @@ func TestCPUGroupsV1(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cpu, "plover-999999999")); !os.IsNotExist(err) {
 		t.Fatalf("a dead server's groups were not swept: %v", err)
 	}
-	remove := g.Place(1234, &abi.Manifest{Name: "f", Share: 2, Priority: "latency"})
+	cg := g.Place(1234, 0) // a standby: the smallest weight
 	dir := filepath.Join(g.dir, "1234")
+	if b, _ := os.ReadFile(filepath.Join(dir, "cpu.shares")); string(b) != "2" {
+		t.Fatalf("a standby's cpu.shares %q, want the smallest, 2", b)
+	}
+	cg.Weigh(&abi.Manifest{Name: "f", Share: 2, Priority: "latency"})
 	if b, _ := os.ReadFile(filepath.Join(dir, "cpu.shares")); string(b) != strconv.Itoa(2*8*1024) {
-		t.Fatalf("cpu.shares %q", b)
+		t.Fatalf("cpu.shares %q once it took its function", b)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs")); string(b) != "1234" {
 		t.Fatalf("cgroup.procs %q", b)
@@ -62,7 +66,7 @@ func TestCPUGroupsV1(t *testing.T) {
 	// A real group's files vanish with it; these are plain files here.
 	os.Remove(filepath.Join(dir, "cpu.shares"))
 	os.Remove(filepath.Join(dir, "cgroup.procs"))
-	remove()
+	cg.Remove()
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the worker's group outlived it: %v", err)
 	}

@@ -42,13 +42,15 @@ type proc struct {
 	// may be reused: no signal may be sent to it after that.
 	mu     sync.Mutex
 	exited bool
-	// uncgroup removes its cgroup once it is reaped (CPUGroups.Place).
-	uncgroup func()
-	stage    string // removed when the process is gone
+	// cgroup is its CPU group (CPUGroups.Place), removed once it is reaped.
+	cgroup *Group
+	stage  string // removed when the process is gone
 }
 
-// spawn starts a worker; env is added to its (otherwise empty) environment.
-func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
+// spawn starts a worker, in a CPU group of weight w (0: the smallest, for a
+// standby: its start does not slow the cold starts in flight); env is
+// added to its (otherwise empty) environment.
+func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("start worker: socketpair: %w", err)
@@ -121,6 +123,7 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 	d.mu.Unlock()
 	go p.logStderr(pr)
 	go p.wait(cmd)
+	p.placeCgroup(d.opts.CPU, w)
 	if closed {
 		p.kill("the server is stopping")
 		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
@@ -133,7 +136,15 @@ func (d *Device) spawn(ctx context.Context, env ...string) (*proc, error) {
 	}
 	n, err := ctl.Read(p.buf)
 	ctl.SetReadDeadline(time.Time{})
-	if err != nil || n != 6 || p.buf[0] != opReady {
+	if err == nil && n >= 6 && p.buf[0] == opReady && (n != readyLen || p.buf[6] != protocol) {
+		p.kill("it speaks another protocol")
+		theirs := "an older one"
+		if n == readyLen {
+			theirs = fmt.Sprint(p.buf[6])
+		}
+		return nil, fmt.Errorf("start worker: %s speaks worker protocol %s, this server %d: install plover and plover-worker from one build", d.opts.Exe, theirs, protocol)
+	}
+	if err != nil || n != readyLen || p.buf[0] != opReady {
 		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			p.kill("it did not start in time")
 			return nil, fmt.Errorf("start worker: %w", device.ErrDeadline)
@@ -200,12 +211,10 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	err := cmd.Wait()
 	os.RemoveAll(p.stage)
 	p.mu.Lock()
-	uncg := p.uncgroup
-	p.uncgroup = nil
+	cg := p.cgroup
+	p.cgroup = nil
 	p.mu.Unlock()
-	if uncg != nil {
-		uncg()
-	}
+	cg.Remove()
 	p.reason = exitReason(cmd.ProcessState, err)
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
@@ -217,19 +226,27 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	close(p.done)
 }
 
-// placeCgroup puts the worker in a CPU group weighted for its function
-// (CPUGroups.Place) and keeps the group's removal for its exit. It writes
-// the pid under mu and only while the process has not exited, as kill
-// signals it: a reaped pid may belong to another process.
-func (p *proc) placeCgroup(g *CPUGroups, m *abi.Manifest) {
+// placeCgroup puts the worker in a CPU group of weight w (CPUGroups.Place)
+// and keeps the group's removal for its exit. It writes the pid under mu
+// and only while the process has not exited, as kill signals it: a reaped
+// pid may belong to another process.
+func (p *proc) placeCgroup(g *CPUGroups, w float64) {
 	if g == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.exited {
-		p.uncgroup = g.Place(p.pid, m)
+		p.cgroup = g.Place(p.pid, w)
 	}
+}
+
+// weigh sets the worker's CPU weight for the function it took.
+func (p *proc) weigh(m *abi.Manifest) {
+	p.mu.Lock()
+	cg := p.cgroup
+	p.mu.Unlock()
+	cg.Weigh(m)
 }
 
 func exitReason(ps *os.ProcessState, err error) string {

@@ -29,11 +29,20 @@ import (
 
 // Control operations.
 const (
-	opReady       byte = 'R' // worker → server once its device is open: [op][i32 pid]
+	opReady       byte = 'R' // worker → server once its device is open: [op][i32 pid][landlocked][protocol]
 	opLoad        byte = 'L' // [op][manifest JSON], fds: [bundle dir]
 	opEntry       byte = 'E' // [op][kernel name] → [i32 index]
 	opNewInstance byte = 'I' // [op][i64 max_in][i64 tmp][i64 out], fds: [memfd, instance socket]
 )
+
+// protocol is the version of this file's messages, sent in opReady: a
+// worker binary from another build (plover-worker beside a newer plover)
+// is refused at its start instead of misreading a run. Bump it with any
+// change to a message.
+const protocol byte = 1
+
+// readyLen is the length of the opReady message.
+const readyLen = 1 + 4 + 1 + 1
 
 // Reply status: the first byte of every reply.
 const (

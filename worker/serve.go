@@ -82,7 +82,7 @@ func Serve(cfg Config) error {
 		}
 	}
 	w := &server{cfg: cfg, dev: dev, buf: make([]byte, ctlMax), oob: make([]byte, unix.CmsgSpace(4*4))}
-	msg := append(le.AppendUint32([]byte{opReady}, uint32(os.Getpid())), landlocked)
+	msg := append(le.AppendUint32([]byte{opReady}, uint32(os.Getpid())), landlocked, protocol)
 	if err := unix.Sendmsg(ctlFD, msg, nil, nil, 0); err != nil {
 		return fmt.Errorf("worker: ready: %w", err)
 	}

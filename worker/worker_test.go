@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -293,15 +295,50 @@ func BenchmarkRoundTrip(b *testing.B) {
 
 // BenchmarkSpawn is a worker's start, from exec to ready (contained,
 // device open, libraries preloaded, Landlock applied): what a cold start
-// pays when no standby worker is left.
+// pays when no standby worker is left. "lean" is cmd/plover-worker, what a
+// server runs; "full" is a binary that links everything else too (this
+// test binary, as the plover binary would).
 func BenchmarkSpawn(b *testing.B) {
-	d := newDevice(b, 0)
-	for b.Loop() {
-		p, err := d.spawn(context.Background())
-		if err != nil {
-			b.Fatal(err)
-		}
-		p.kill("benchmark")
-		<-p.done
+	lean := filepath.Join(b.TempDir(), "plover-worker")
+	if out, err := exec.Command("go", "build", "-o", lean, "../cmd/plover-worker").CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, exe := range []struct{ name, path string }{{"lean", lean}, {"full", os.Args[0]}} {
+		b.Run(exe.name, func(b *testing.B) {
+			d := NewDevice(Options{Exe: exe.path, Base: device.NewHost(0), Landlock: true, StageDir: b.TempDir(), Spawner: spawner})
+			defer d.Close()
+			for b.Loop() {
+				p, err := d.spawn(context.Background(), 1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.kill("benchmark")
+				<-p.done
+			}
+		})
+	}
+}
+
+// A worker binary of another build is refused at its start, by the
+// protocol in its ready message, with what to do.
+func TestSpawnRefusesAnotherProtocol(t *testing.T) {
+	for _, tc := range []struct{ name, ready, want string }{
+		{"newer", `R\x01\x00\x00\x00\x00\x09`, "speaks worker protocol 9, this server 1"},
+		{"older", `R\x01\x00\x00\x00\x00`, "speaks worker protocol an older one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			exe := filepath.Join(t.TempDir(), "plover-worker")
+			// One write of the whole message: one SOCK_SEQPACKET message.
+			script := "#!/bin/bash\nprintf '" + tc.ready + "' >&3\nsleep 10\n"
+			if err := os.WriteFile(exe, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			d := NewDevice(Options{Exe: exe, Base: device.NewHost(0), StageDir: t.TempDir(), Spawner: spawner})
+			defer d.Close()
+			_, err := d.spawn(context.Background(), 1)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "install plover and plover-worker from one build") {
+				t.Fatalf("spawn: %v, want %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,14 +28,42 @@ type server struct {
 	log *bytes.Buffer
 }
 
+// buildPlover builds plover and, beside it, plover-worker (which its
+// servers then start for their workers), once per test binary.
 func buildPlover(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "plover")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "plover-e2e-bin-")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.dir = dir
+		for _, b := range [][2]string{{"plover", "."}, {"plover-worker", "../../cmd/plover-worker"}} {
+			if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, b[0]), b[1]).CombinedOutput(); err != nil {
+				built.err = fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
+				return
+			}
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return filepath.Join(built.dir, "plover")
+}
+
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
 }
 
 func startServer(t *testing.T, bin string, args ...string) *server {

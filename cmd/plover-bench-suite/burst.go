@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,7 +101,7 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 	}
 	srv.stop()
 
-	srv, err = startServer(o.plover, data, o.device, o.isolation)
+	srv, err = startServer(o.plover, data, o.device, o.isolation, strings.Fields(os.Getenv("XFLAGS"))...)
 	if err != nil {
 		return err
 	}
@@ -123,6 +124,7 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 		logf("%d cold starts at once, round %d", burstWide, r+1)
 		lat, errs := wide(srv.url, in, func(k int) string { return name(burstSeq + r*burstWide + k) })
 		br.Wide = append(br.Wide, lat)
+		logf("  latencies ms, sorted: %s", sortedMs(lat))
 		br.WideErrors += errs
 	}
 	logf("deploying up to %d functions", burstMany)
@@ -193,7 +195,11 @@ func wide(url string, in []byte, name func(int) string) ([]float64, int) {
 		go func() {
 			defer wg.Done()
 			<-gate
-			lat[k], _, errs[k] = invoke(clients[k], url, name(k), in)
+			var h http.Header
+			lat[k], h, errs[k] = invoke(clients[k], url, name(k), in)
+			if h != nil {
+				logf("    %s %.1f ms: %s", name(k), lat[k], h.Get("Server-Timing"))
+			}
 		}()
 	}
 	close(gate)
@@ -294,4 +300,14 @@ func writeBurst(o *options, res *results, br *burstRun) error {
 		p("\n%d of the sequence's requests were not cold starts; %d of the bursts' requests failed.\n", br.SeqNotCold, br.WideErrors)
 	}
 	return writeSection(o, "burst-"+o.device, b.String(), br)
+}
+
+func sortedMs(v []float64) string {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	parts := make([]string, len(s))
+	for i, x := range s {
+		parts[i] = fmtMs(x)
+	}
+	return strings.Join(parts, " ")
 }

@@ -292,6 +292,12 @@ func dropBoundingSet() error {
 		return err
 	}
 	for c := 0; c <= last; c++ {
+		// Already out of this thread's set (the early constructor): out
+		// of every thread's, as they all descend from it; verifyThreads
+		// checks.
+		if in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0); err == nil && in == 0 {
+			continue
+		}
 		if err := allThreadsPrctl(unix.PR_CAPBSET_DROP, uintptr(c), 0); err != nil {
 			return fmt.Errorf("prctl(PR_CAPBSET_DROP, %d): %w", c, err)
 		}

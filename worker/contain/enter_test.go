@@ -32,6 +32,9 @@ type enterReport struct {
 	Checks       map[string]string
 	Applied      bool
 	LandlockTest bool
+	// EarlyBnd is the main thread's bounding set before Enter: empty
+	// when the early constructor ran (a child started as "worker").
+	EarlyBnd uint64
 }
 
 // startProbeThread parks a goroutine on a thread of its own that exists
@@ -75,6 +78,13 @@ func fillIdentity(rep *enterReport) {
 // worker's next step, RestrictFS with the bundle given as an fd.
 func childEnterDrop() {
 	rep := enterReport{MainTID: unix.Gettid(), Checks: map[string]string{}}
+	for c := 0; c < 64; c++ {
+		in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
+		if err != nil {
+			break
+		}
+		rep.EarlyBnd |= uint64(in) << c
+	}
 	var ask func() int
 	rep.PreTID, ask = startProbeThread()
 	if startCThread != nil {
@@ -154,8 +164,20 @@ func TestEnterDropsPrivileges(t *testing.T) {
 		dirs = append(dirs, d)
 	}
 
+	// Started as the server starts workers, the early constructor has
+	// emptied the bounding set before Enter; started otherwise, Enter
+	// does it all. Either way the result is the same.
+	for _, as := range []string{"", "worker"} {
+		t.Run("argv1="+as, func(t *testing.T) { checkEnterDrop(t, as, secret, dirs) })
+	}
+}
+
+func checkEnterDrop(t *testing.T, as, secret string, dirs []string) {
 	var rep enterReport
-	runJSONChild(t, &rep, "enter-drop", "CT_SECRET="+secret, "CT_BUNDLE="+dirs[0], "CT_OTHER="+dirs[1])
+	runJSONChildAs(t, &rep, as, "enter-drop", "CT_SECRET="+secret, "CT_BUNDLE="+dirs[0], "CT_OTHER="+dirs[1])
+	if early := rep.EarlyBnd == 0; early != (as == "worker") {
+		t.Errorf("started with argv[1] %q: bounding set %x before Enter", as, rep.EarlyBnd)
+	}
 	if rep.Err != "" {
 		t.Fatalf("Enter: %s", rep.Err)
 	}

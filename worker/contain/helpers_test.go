@@ -88,10 +88,20 @@ func runChild(mode string) {
 // childCommand returns a command that re-runs this test binary as a child
 // of the given mode, with extra environment variables.
 func childCommand(t *testing.T, mode string, env ...string) *exec.Cmd {
+	return childCommandAs(t, "", mode, env...)
+}
+
+// childCommandAs is childCommand with argv[1] set to as (the server starts
+// workers as "EXE worker ...", which the early constructor looks for).
+func childCommandAs(t *testing.T, as, mode string, env ...string) *exec.Cmd {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), childTimeout)
 	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	args := []string{"-test.run=^$"}
+	if as != "" {
+		args = append([]string{as}, args...)
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(os.Environ(), childEnv+"="+mode)
 	cmd.Env = append(cmd.Env, env...)
 	return cmd
@@ -110,7 +120,12 @@ func selfCommand(mode string, env ...string) *exec.Cmd {
 // prints on stdout into out.
 func runJSONChild(t *testing.T, out any, mode string, env ...string) {
 	t.Helper()
-	cmd := childCommand(t, mode, env...)
+	runJSONChildAs(t, out, "", mode, env...)
+}
+
+func runJSONChildAs(t *testing.T, out any, as, mode string, env ...string) {
+	t.Helper()
+	cmd := childCommandAs(t, as, mode, env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	stdout, err := cmd.Output()
