@@ -147,7 +147,7 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	e := &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store}, target: target, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}
+	e := &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, target: target, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}
 		for _, d := range cfg.Devices {

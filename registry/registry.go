@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -30,8 +31,53 @@ const recordPrefix = "functions/"
 
 func recordKey(name string) string { return recordPrefix + name + ".json" }
 
-// Registry reads and writes records in one store.
-type Registry struct{ Store objectstore.Store }
+// Registry reads and writes records in one store. The zero Cache reads
+// every record on every List; a server keeps one (NewCache).
+type Registry struct {
+	Store objectstore.Store
+	Cache *Cache
+}
+
+// Cache keeps the records List read, by name with their version tags, so
+// that a listing reads only the records that changed since the last one
+// (a store listing gives every record's tag): a node with a thousand
+// functions lists them in a stat each, not a read and a decode each.
+type Cache struct {
+	mu   sync.Mutex
+	recs map[string]cachedRecord
+}
+
+type cachedRecord struct {
+	tag string
+	rec *api.Record
+}
+
+// NewCache returns an empty Cache for a Registry.
+func NewCache() *Cache { return &Cache{recs: map[string]cachedRecord{}} }
+
+// get is the cached record of name if its tag is still tag.
+func (c *Cache) get(name, tag string) (*api.Record, bool) {
+	if c == nil || tag == "" {
+		return nil, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cr, ok := c.recs[name]
+	if !ok || cr.tag != tag {
+		return nil, false
+	}
+	return cr.rec, true
+}
+
+// keep replaces the cache's records with those of the last listing.
+func (c *Cache) keep(recs map[string]cachedRecord) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.recs = recs
+	c.mu.Unlock()
+}
 
 // GetTagged reads a function's record and its version tag (the ETag).
 func (g Registry) GetTagged(ctx context.Context, name string) (*api.Record, string, error) {
@@ -141,24 +187,33 @@ func (g Registry) update(ctx context.Context, name string, change func(*api.Reco
 	return nil, fmt.Errorf("function %s: %w", name, ErrConflict)
 }
 
-// List reads every record, sorted by name.
+// List reads every record, sorted by name: from the Cache where the
+// store lists the tag it was read at. The records are shared with the
+// cache: callers must not modify them.
 func (g Registry) List(ctx context.Context) ([]*api.Record, error) {
 	infos, err := g.Store.List(ctx, recordPrefix)
 	if err != nil {
 		return nil, err
 	}
 	var out []*api.Record
+	seen := make(map[string]cachedRecord, len(infos))
 	for _, in := range infos {
 		name := strings.TrimSuffix(strings.TrimPrefix(in.Key, recordPrefix), ".json")
-		r, err := g.Get(ctx, name)
-		if errors.Is(err, ErrNoFunction) {
-			continue // deleted since List
+		r, ok := g.Cache.get(name, in.ETag)
+		tag := in.ETag
+		if !ok {
+			r, tag, err = g.getTagged(ctx, name)
+			if errors.Is(err, ErrNoFunction) {
+				continue // deleted since List
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
-		if err != nil {
-			return nil, err
-		}
+		seen[name] = cachedRecord{tag: tag, rec: r}
 		out = append(out, r)
 	}
+	g.Cache.keep(seen)
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }

@@ -41,17 +41,18 @@ const (
 )
 
 type burstRun struct {
-	Sequence   []float64   `json:"sequence_ms"`      // client latency of each cold start in turn
-	SeqLoad    []float64   `json:"sequence_load_ms"` // the server's load span of each
-	SeqNotCold int         `json:"sequence_not_cold"`
-	Wide       [][]float64 `json:"wide_ms"` // per round, each function's latency
-	WideErrors int         `json:"wide_errors"`
-	Deploys    []float64   `json:"deploy_ms"` // each deploy through the server, client latency
-	List       []float64   `json:"list_ms"`   // GET /v1/functions with burstMany deployed
-	ListBytes  int         `json:"list_bytes"`
-	Metrics    []float64   `json:"metrics_ms"`
-	PSS        []float64   `json:"idle_worker_pss_mib"`
-	Workers    int         `json:"idle_workers"`
+	Sequence     []float64   `json:"sequence_ms"`      // client latency of each cold start in turn
+	SeqLoad      []float64   `json:"sequence_load_ms"` // the server's load span of each
+	SeqNotCold   int         `json:"sequence_not_cold"`
+	Wide         [][]float64 `json:"wide_ms"` // per round, each function's latency
+	WideErrors   int         `json:"wide_errors"`
+	Deploys      []float64   `json:"deploy_ms"` // each deploy through the server, client latency
+	List         []float64   `json:"list_ms"`   // GET /v1/functions with burstMany deployed
+	ListBytes    int         `json:"list_bytes"`
+	Metrics      []float64   `json:"metrics_ms"`
+	MetricsBytes int         `json:"metrics_bytes"`
+	PSS          []float64   `json:"idle_worker_pss_mib"`
+	Workers      int         `json:"idle_workers"`
 }
 
 func runBurst(ctx context.Context, o *options, res *results) error {
@@ -141,10 +142,10 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 			return err
 		}
 		br.List, br.ListBytes = append(br.List, d), n
-		if d, _, err = get(c, srv.url+"/metrics"); err != nil {
+		if d, n, err = get(c, srv.url+"/metrics"); err != nil {
 			return err
 		}
-		br.Metrics = append(br.Metrics, d)
+		br.Metrics, br.MetricsBytes = append(br.Metrics, d), n
 	}
 	var list struct{ Functions []api.FunctionInfo }
 	if err := getJSON(c, srv.url+"/v1/functions", &list); err != nil {
@@ -294,7 +295,7 @@ func writeBurst(o *options, res *results, br *burstRun) error {
 	row(fmt.Sprintf("%d cold starts at once (%d rounds): the slowest of each round, ms", burstWide, len(br.Wide)), slowest, "max <= 30")
 	row(fmt.Sprintf("deploy through the server (%d functions), ms", len(br.Deploys)), br.Deploys, "")
 	row(fmt.Sprintf("`GET /v1/functions` with %d deployed (%d KiB), ms", burstMany, br.ListBytes>>10), br.List, "p50 <= 50")
-	row(fmt.Sprintf("`GET /metrics` with %d deployed, ms", burstMany), br.Metrics, "")
+	row(fmt.Sprintf("`GET /metrics` with %d deployed, %d of them invoked (%d KiB), ms", burstMany, burstSeq+burstWide*burstRounds, br.MetricsBytes>>10), br.Metrics, "")
 	p("| PSS of an idle worker (%d workers), MiB | %.1f | %.1f | %.1f | <= 5 |\n", br.Workers, quantile(br.PSS, 0.5), quantile(br.PSS, 0.99), quantile(br.PSS, 1))
 	if br.SeqNotCold > 0 || br.WideErrors > 0 {
 		p("\n%d of the sequence's requests were not cold starts; %d of the bursts' requests failed.\n", br.SeqNotCold, br.WideErrors)
