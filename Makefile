@@ -73,6 +73,8 @@ install-nginx:
 # network: carry bin/ and build/ there, then run `bash scripts/gpu-check.sh`.
 # The binaries are linked without symbol tables (-s -w: stack traces still
 # work) so that what is carried stays under the device tool's 64 MiB.
+# bin/plover-worker is left out (the carry would pass 64 MiB): the GPU's
+# servers run workers as `plover worker` from bin/plover, the same code.
 GPU_CARRY := bin/plover bin/device.test bin/plover-bench-suite $(BUILD)/samples $(BUILD)/cudatest
 gpu-artifacts: samples cuda
 	$(GO) build -ldflags "-s -w -X github.com/plover-run/plover/cli.Version=$(VERSION)" -o bin/plover ./cli/plover

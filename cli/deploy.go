@@ -218,7 +218,7 @@ func lsCmd() *command {
 				return printJSON(env.Stdout, resp)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID RSS THREADS)\tDEPLOYED")
+			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
 			for _, f := range resp.Functions {
 				fmt.Fprintf(tw, "%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), f.Loaded,
 					strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, time.Duration(f.DeviceSeconds*1e9).Round(time.Microsecond), 100*f.DeviceFraction,
@@ -274,7 +274,9 @@ func workers(ws []api.WorkerInfo) string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "%d %s %d", w.PID, humanBytes(w.RSSBytes), w.Threads)
+		// PSS first: what the worker costs the machine (its share of the
+		// pages it shares with other workers); RSS counts those whole.
+		fmt.Fprintf(&b, "%d %s/%s %d", w.PID, humanBytes(w.PSSBytes), humanBytes(w.RSSBytes), w.Threads)
 	}
 	return b.String()
 }

@@ -36,12 +36,14 @@ var (
 	// No pid label: every new worker would start a new series.
 	descWorkerRSS = prometheus.NewDesc("plover_worker_resident_bytes",
 		"Resident memory of the worker process running the function on a device.", []string{"function", "device"}, nil)
+	descWorkerPSS = prometheus.NewDesc("plover_worker_pss_bytes",
+		"Proportional set size of the worker process running the function on a device: its resident memory with pages shared among workers divided among them (read at most once a second).", []string{"function", "device"}, nil)
 	descWorkerThreads = prometheus.NewDesc("plover_worker_threads",
 		"Threads of the worker process running the function on a device.", []string{"function", "device"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerThreads, descBatchSize} {
+	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -71,6 +73,7 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, w := range v.processes() {
 			ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(w.RSSBytes), f.name, w.Device)
+			ch <- prometheus.MustNewConstMetric(descWorkerPSS, prometheus.GaugeValue, float64(w.PSSBytes), f.name, w.Device)
 			ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(w.Threads), f.name, w.Device)
 		}
 	}

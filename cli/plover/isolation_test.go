@@ -1067,6 +1067,7 @@ func caseAccounting(t *testing.T, h *isoHarness) {
 			Device   string `json:"device"`
 			PID      int    `json:"pid"`
 			Resident int64  `json:"resident_bytes"`
+			PSS      int64  `json:"pss_bytes"`
 			Threads  int    `json:"threads"`
 		} `json:"workers"`
 	}
@@ -1078,6 +1079,15 @@ func caseAccounting(t *testing.T, h *isoHarness) {
 	if len(fi.Workers) != 1 || fi.Workers[0].PID != pid || fi.Workers[0].Resident < 1<<20 || fi.Workers[0].Threads < 2 || fi.Workers[0].Device == "" {
 		t.Fatalf("workers %+v, want one on a named device with pid %d, at least 1 MiB resident and 2 threads", fi.Workers, pid)
 	}
+	// Shared pages (the binary, libraries) count divided in PSS: less than
+	// RSS, more than nothing.
+	if w := fi.Workers[0]; w.PSS <= 0 || w.PSS > w.Resident {
+		t.Errorf("worker PSS %d with %d resident: want 0 < PSS <= RSS", w.PSS, w.Resident)
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err == nil && filepath.Base(exe) != "plover-worker" {
+		t.Errorf("the worker runs %s, want plover-worker (built beside plover)", exe)
+	}
 	resp, err = h.client.Get(h.srv.url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -1085,7 +1095,7 @@ func caseAccounting(t *testing.T, h *isoHarness) {
 	var metrics bytes.Buffer
 	metrics.ReadFrom(resp.Body)
 	resp.Body.Close()
-	for _, series := range []string{"plover_worker_resident_bytes{", "plover_worker_threads{"} {
+	for _, series := range []string{"plover_worker_resident_bytes{", "plover_worker_pss_bytes{", "plover_worker_threads{"} {
 		if !strings.Contains(metrics.String(), series+`device=`) || !strings.Contains(metrics.String(), `function="acct"}`) {
 			t.Errorf("/metrics has no %s series for acct's worker", series)
 		}

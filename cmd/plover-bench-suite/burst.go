@@ -41,6 +41,7 @@ const (
 )
 
 type burstRun struct {
+	Plover       string      `json:"plover"`           // the binary measured
 	Sequence     []float64   `json:"sequence_ms"`      // client latency of each cold start in turn
 	SeqLoad      []float64   `json:"sequence_load_ms"` // the server's load span of each
 	SeqNotCold   int         `json:"sequence_not_cold"`
@@ -62,9 +63,24 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 		return fmt.Errorf("the CNN's held-out digits: %v", err)
 	}
 	in = in[:3136]
+	var runs []*burstRun
+	for _, bin := range append([]string{o.plover}, strings.Fields(o.burstBefore)...) {
+		logf("%s", bin)
+		br, err := burstOne(ctx, o, bin, src, in)
+		if err != nil {
+			return fmt.Errorf("%s: %w", bin, err)
+		}
+		runs = append(runs, br)
+	}
+	res.LoadAfterRuns = loadAvg()
+	return writeBurst(o, res, runs)
+}
+
+// burstOne measures one plover binary over a data directory of its own.
+func burstOne(ctx context.Context, o *options, plover, src string, in []byte) (*burstRun, error) {
 	data, err := os.MkdirTemp("", "plover-burst-bench-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer removeAll(data)
 	name := func(i int) string { return fmt.Sprintf("cnn-%04d", i) }
@@ -72,39 +88,39 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 	for i := range packs {
 		dir, err := renamedBundle(data, fairBundle{name(i), src, map[string]any{}})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if packs[i], _, _, err = bundle.PackBytes(dir); err != nil {
-			return err
+			return nil, err
 		}
 		os.RemoveAll(dir)
 	}
 	used := burstSeq + burstWide*burstRounds
-	br := &burstRun{}
+	br := &burstRun{Plover: plover}
 
 	logf("deploying %d functions and loading each once (to fill the node cache)", used)
-	srv, err := startServer(o.plover, data, o.device, o.isolation)
+	srv, err := startServer(plover, data, o.device, o.isolation)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c := &http.Client{Timeout: time.Minute}
 	for i := 0; i < used; i++ {
 		d, err := deploy(c, srv.url, name(i), packs[i])
 		if err != nil {
 			srv.stop()
-			return err
+			return nil, err
 		}
 		br.Deploys = append(br.Deploys, d)
 		if _, _, err := invoke(c, srv.url, name(i), in); err != nil {
 			srv.stop()
-			return err
+			return nil, err
 		}
 	}
 	srv.stop()
 
-	srv, err = startServer(o.plover, data, o.device, o.isolation, strings.Fields(os.Getenv("XFLAGS"))...)
+	srv, err = startServer(plover, data, o.device, o.isolation)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer srv.stop()
 	time.Sleep(time.Second) // the standby pool at rest, as on a node between bursts
@@ -112,7 +128,7 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 	for i := 0; i < burstSeq; i++ {
 		d, h, err := invoke(c, srv.url, name(i), in)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		br.Sequence = append(br.Sequence, d)
 		br.SeqLoad = append(br.SeqLoad, timingSpan(h.Get("Server-Timing"), "load"))
@@ -132,24 +148,24 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 	for i := used; i < burstMany; i++ {
 		d, err := deploy(c, srv.url, name(i), packs[i])
 		if err != nil {
-			return err
+			return nil, err
 		}
 		br.Deploys = append(br.Deploys, d)
 	}
 	for range 20 {
 		d, n, err := get(c, srv.url+"/v1/functions")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		br.List, br.ListBytes = append(br.List, d), n
 		if d, n, err = get(c, srv.url+"/metrics"); err != nil {
-			return err
+			return nil, err
 		}
 		br.Metrics, br.MetricsBytes = append(br.Metrics, d), n
 	}
 	var list struct{ Functions []api.FunctionInfo }
 	if err := getJSON(c, srv.url+"/v1/functions", &list); err != nil {
-		return err
+		return nil, err
 	}
 	for _, fi := range list.Functions {
 		for _, w := range fi.Workers {
@@ -159,8 +175,7 @@ func runBurst(ctx context.Context, o *options, res *results) error {
 			}
 		}
 	}
-	res.LoadAfterRuns = loadAvg()
-	return writeBurst(o, res, br)
+	return br, nil
 }
 
 // invoke sends one request and returns its latency (ms) and headers.
@@ -196,11 +211,7 @@ func wide(url string, in []byte, name func(int) string) ([]float64, int) {
 		go func() {
 			defer wg.Done()
 			<-gate
-			var h http.Header
-			lat[k], h, errs[k] = invoke(clients[k], url, name(k), in)
-			if h != nil {
-				logf("    %s %.1f ms: %s", name(k), lat[k], h.Get("Server-Timing"))
-			}
+			lat[k], _, errs[k] = invoke(clients[k], url, name(k), in)
 		}()
 	}
 	close(gate)
@@ -275,32 +286,60 @@ func timingSpan(h, span string) float64 {
 	return math.NaN()
 }
 
-func writeBurst(o *options, res *results, br *burstRun) error {
+func writeBurst(o *options, res *results, runs []*burstRun) error {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("## Many functions: cold starts in bursts (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s` with its defaults, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("Every function is the CNN (`samples/cnn`) under a name of its own, with its bundle in the node cache and not loaded (a first server loaded each once and stopped; a second measures). A cold start here is the worker, the library, the constants and an instance, then the request.\n\n")
-	p("| measurement | p50 | p99 | max | target |\n|---|---|---|---|---|\n")
-	row := func(what string, v []float64, target string) {
-		p("| %s | %s | %s | %s | %s |\n", what, fmtMs(quantile(v, 0.5)), fmtMs(quantile(v, 0.99)), fmtMs(quantile(v, 1)), target)
+	p("Every function is the CNN (`samples/cnn`) under a name of its own, with its bundle in the node cache and not loaded (a first server loaded each once and stopped; a second measures). A cold start here is the worker, the library, the constants and an instance, then the request.")
+	if len(runs) > 1 {
+		p(" Each row is measured with `%s`, then with the binaries of `--burst-before` (an earlier build, its workers started as `plover worker` by the same binary), one after the other in this run; ratios are this build over the first of them.", runs[0].Plover)
 	}
-	row(fmt.Sprintf("cold start, %d functions in turn, one client: latency ms", len(br.Sequence)), br.Sequence, "p50 <= 6, p99 <= 15")
-	row("the same: the server's `load` span, ms", br.SeqLoad, "")
-	var slowest []float64
-	for _, r := range br.Wide {
-		slowest = append(slowest, quantile(r, 1))
+	p("\n\n| measurement | p50 | p99 | max | target |")
+	for _, r := range runs[1:] {
+		p(" `%s` p50 / p99 / max | this build ÷ it, p50 |", r.Plover)
 	}
-	row(fmt.Sprintf("%d cold starts at once (%d rounds): the slowest of each round, ms", burstWide, len(br.Wide)), slowest, "max <= 30")
-	row(fmt.Sprintf("deploy through the server (%d functions), ms", len(br.Deploys)), br.Deploys, "")
-	row(fmt.Sprintf("`GET /v1/functions` with %d deployed (%d KiB), ms", burstMany, br.ListBytes>>10), br.List, "p50 <= 50")
-	row(fmt.Sprintf("`GET /metrics` with %d deployed, %d of them invoked (%d KiB), ms", burstMany, burstSeq+burstWide*burstRounds, br.MetricsBytes>>10), br.Metrics, "")
-	p("| PSS of an idle worker (%d workers), MiB | %.1f | %.1f | %.1f | <= 5 |\n", br.Workers, quantile(br.PSS, 0.5), quantile(br.PSS, 0.99), quantile(br.PSS, 1))
-	if br.SeqNotCold > 0 || br.WideErrors > 0 {
-		p("\n%d of the sequence's requests were not cold starts; %d of the bursts' requests failed.\n", br.SeqNotCold, br.WideErrors)
+	p("\n|---|---|---|---|---|%s\n", strings.Repeat("---|---|", len(runs)-1))
+	row := func(what, target string, get func(*burstRun) []float64) {
+		v := get(runs[0])
+		p("| %s | %s | %s | %s | %s |", what, fmtMs(quantile(v, 0.5)), fmtMs(quantile(v, 0.99)), fmtMs(quantile(v, 1)), target)
+		for _, r := range runs[1:] {
+			w := get(r)
+			p(" %s / %s / %s | %s |", fmtMs(quantile(w, 0.5)), fmtMs(quantile(w, 0.99)), fmtMs(quantile(w, 1)), ratio(quantile(v, 0.5), quantile(w, 0.5)))
+		}
+		p("\n")
 	}
-	return writeSection(o, "burst-"+o.device, b.String(), br)
+	br := runs[0]
+	row(fmt.Sprintf("cold start, %d functions in turn, one client: latency ms", len(br.Sequence)), "p50 <= 6, p99 <= 15", func(r *burstRun) []float64 { return r.Sequence })
+	row("the same: the server's `load` span, ms", "", func(r *burstRun) []float64 { return r.SeqLoad })
+	row(fmt.Sprintf("%d cold starts at once (%d rounds, 1 s apart): the slowest of each round, ms", burstWide, len(br.Wide)), "max <= 30", func(r *burstRun) []float64 {
+		var slowest []float64
+		for _, w := range r.Wide {
+			slowest = append(slowest, quantile(w, 1))
+		}
+		return slowest
+	})
+	row(fmt.Sprintf("deploy through the server (%d functions), ms", len(br.Deploys)), "", func(r *burstRun) []float64 { return r.Deploys })
+	row(fmt.Sprintf("`GET /v1/functions` with %d deployed (%d KiB), ms", burstMany, br.ListBytes>>10), "p50 <= 50", func(r *burstRun) []float64 { return r.List })
+	row(fmt.Sprintf("`GET /metrics` with %d deployed, %d of them invoked (%d KiB), ms", burstMany, burstSeq+burstWide*burstRounds, br.MetricsBytes>>10), "", func(r *burstRun) []float64 { return r.Metrics })
+	mib := func(v []float64) string {
+		if len(v) == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f", quantile(v, 0.5))
+	}
+	p("\nPSS of an idle worker (target <= 5 MiB), the median of the %d workers the bursts left: %s MiB", br.Workers, mib(br.PSS))
+	for _, r := range runs[1:] {
+		p("; `%s`: %s", r.Plover, mib(r.PSS))
+	}
+	p(".\n")
+	for _, r := range runs {
+		if r.SeqNotCold > 0 || r.WideErrors > 0 {
+			p("\n`%s`: %d of the sequence's requests were not cold starts; %d of the bursts' requests failed.\n", r.Plover, r.SeqNotCold, r.WideErrors)
+		}
+	}
+	return writeSection(o, "burst-"+o.device, b.String(), runs)
 }
 
 func sortedMs(v []float64) string {

@@ -234,6 +234,7 @@ var notScraped = map[string]source{
 	// function without a worker, so the collector describes these but has
 	// no series for them here (cli/plover/isolation_test.go sees them).
 	"plover_worker_resident_bytes": described,
+	"plover_worker_pss_bytes":      described,
 	"plover_worker_threads":        described,
 	// Registered by the CLI's front door on the serve registry, not by
 	// httpapi.New, so an httpapi server in process does not export them:
