@@ -63,6 +63,8 @@ type WorkerInfo struct {
 	// PSSBytes is its proportional share of resident memory: pages it
 	// shares with other workers (the plover binary, libraries) count
 	// divided among them, so the sum over workers is what they cost.
+	// Absent unless the server runs as root: workers are not dumpable, and
+	// a server of their own uid cannot read their memory maps.
 	PSSBytes int64 `json:"pss_bytes,omitempty"`
 	Threads  int   `json:"threads"`
 }

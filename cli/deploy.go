@@ -276,7 +276,11 @@ func workers(ws []api.WorkerInfo) string {
 		}
 		// PSS first: what the worker costs the machine (its share of the
 		// pages it shares with other workers); RSS counts those whole.
-		fmt.Fprintf(&b, "%d %s/%s %d", w.PID, humanBytes(w.PSSBytes), humanBytes(w.RSSBytes), w.Threads)
+		pss := "-" // unreadable unless the server is root
+		if w.PSSBytes > 0 {
+			pss = humanBytes(w.PSSBytes)
+		}
+		fmt.Fprintf(&b, "%d %s/%s %d", w.PID, pss, humanBytes(w.RSSBytes), w.Threads)
 	}
 	return b.String()
 }

@@ -74,7 +74,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
 			fs.IntVar(&f.standby, "standby-workers", 1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process)")
-			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last 10 s (0: 16 on the host device, 4 on a GPU, where each holds a context)")
+			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last 10 s (0: 16 on the host device, 4 on a GPU, where each holds a context; none when --standby-workers is 0)")
 			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb; past it the worker is killed (0: no limit)")
 			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
@@ -362,11 +362,13 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 			ordinal = g.Ordinal()
 		}
 		standbyMax := f.standbyMax
-		if standbyMax == 0 {
+		switch {
+		case standbyMax > 0:
+		case f.standby == 0: // no pool asked for: none grows either
+		case d.Target() == abi.TargetHost:
 			standbyMax = 16
-			if d.Target() != abi.TargetHost {
-				standbyMax = 4
-			}
+		default:
+			standbyMax = 4
 		}
 		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
 			Standby: f.standby, MaxStandby: max(standbyMax, f.standby), Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
@@ -384,13 +386,41 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 // CLI: it starts in about a third of the time, BENCHMARKS.md), else this
 // binary itself as `plover worker`. Both answer with the worker protocol
 // they speak, and a server refuses a worker of another.
+//
+// The server trusts it as it trusts itself, so it must be owned as the
+// plover binary is and writable by no one else; otherwise it is not used.
 func workerExe(log *slog.Logger) string {
-	if self, err := os.Executable(); err == nil {
-		lean := filepath.Join(filepath.Dir(self), "plover-worker")
-		if fi, err := os.Stat(lean); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return lean
-		}
+	self, err := os.Executable()
+	if err != nil {
+		return "/proc/self/exe"
 	}
-	log.Info("no plover-worker beside the plover binary: workers run plover worker, which starts a few milliseconds slower (make build installs both)")
+	return workerExeBeside(self, log)
+}
+
+// workerExeBeside is workerExe for the plover binary at self.
+func workerExeBeside(self string, log *slog.Logger) string {
+	lean := filepath.Join(filepath.Dir(self), "plover-worker")
+	fi, err := os.Stat(lean)
+	if err != nil {
+		log.Info("no plover-worker beside the plover binary: workers run plover worker, which starts a few milliseconds slower (make build installs both)", "looked_for", lean)
+		return "/proc/self/exe"
+	}
+	sfi, serr := os.Stat(self)
+	owner := func(fi os.FileInfo) int64 {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			return int64(st.Uid)
+		}
+		return -1
+	}
+	switch {
+	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
+		log.Warn("plover-worker beside the plover binary is not an executable file: not used", "path", lean)
+	case fi.Mode()&0o022 != 0:
+		log.Warn("plover-worker beside the plover binary is writable by others than its owner: not used", "path", lean, "mode", fi.Mode().String())
+	case serr != nil || owner(fi) != owner(sfi):
+		log.Warn("plover-worker beside the plover binary has another owner than plover: not used", "path", lean)
+	default:
+		return lean
+	}
 	return "/proc/self/exe"
 }

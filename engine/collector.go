@@ -73,7 +73,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, w := range v.processes() {
 			ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(w.RSSBytes), f.name, w.Device)
-			ch <- prometheus.MustNewConstMetric(descWorkerPSS, prometheus.GaugeValue, float64(w.PSSBytes), f.name, w.Device)
+			if w.PSSBytes > 0 { // unreadable unless the server is root (workers are not dumpable)
+				ch <- prometheus.MustNewConstMetric(descWorkerPSS, prometheus.GaugeValue, float64(w.PSSBytes), f.name, w.Device)
+			}
 			ch <- prometheus.MustNewConstMetric(descWorkerThreads, prometheus.GaugeValue, float64(w.Threads), f.name, w.Device)
 		}
 	}

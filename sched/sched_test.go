@@ -398,8 +398,14 @@ func TestReserveHoldsWhileTheLightFunctionRuns(t *testing.T) {
 	if !pending(c3) || s.running_() != 3 {
 		t.Fatalf("with the victim running, the flood took a reserved slot (%d running)", s.running_())
 	}
-	clk.Advance(time.Millisecond)
+	clk.Advance(150 * time.Millisecond) // a run longer than Recent holds the reserve throughout
+	if !pending(c3) || s.running_() != 3 {
+		t.Fatalf("150 ms into the victim's run, the flood took a reserved slot (%d running)", s.running_())
+	}
 	v.Done()
+	if !pending(c3) {
+		t.Fatal("the reserve lapsed as the victim's run ended; it holds for Recent after")
+	}
 	clk.Advance(100 * time.Millisecond) // the victim quiet for Recent: every slot is the flood's
 	runs = append(runs, got(t, c3, "flood after the victim went quiet").t)
 	if _, wait, _ := flood.Admit(context.Background(), time.Time{}, nil); wait != 0 {

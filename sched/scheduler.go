@@ -370,7 +370,9 @@ func (s *Scheduler) limit(f *Flow, now time.Time) int {
 		return s.cfg.MaxRuns
 	}
 	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
-		if now.Sub(g.lastIdle) >= s.cfg.Recent {
+		// One running stays listed however long its run: the reserve is
+		// held until Recent after that run ends (maybeIdle).
+		if g.inFlight == 0 && now.Sub(g.lastIdle) >= s.cfg.Recent {
 			g.listed = false
 			return true
 		}
@@ -444,7 +446,9 @@ func (s *Scheduler) armExpiry() {
 		}
 		if s.inFlight < s.cfg.MaxRuns {
 			for _, g := range s.idle {
-				if s.light(g, s.clock.Now()) {
+				// A running one's reserve lapses only after its run
+				// ends, which dispatches anyway: no timer for it.
+				if g.inFlight == 0 && s.light(g, s.clock.Now()) {
 					earliest(g.lastIdle.Add(s.cfg.Recent))
 				}
 			}

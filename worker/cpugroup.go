@@ -228,12 +228,16 @@ type Group struct {
 	dir string
 }
 
-// Weigh sets the group's weight for m's function (Weight).
+// Weigh sets the group's weight for m's function (Weight). It is written
+// even after the weights were turned off for new workers: a group that
+// exists holds a standby at the smallest weight, which must not run a
+// function at it. A group gone with its process is no failure.
 func (c *Group) Weigh(m *abi.Manifest) {
-	if c == nil || c.g.off() {
+	if c == nil {
 		return
 	}
-	if err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(Weight(m))), 0o644); err != nil {
+	err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(Weight(m))), 0o644)
+	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
 		c.g.fail(err, "cannot set a worker's CPU weight", "function", m.Name)
 	}
 }

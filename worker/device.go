@@ -65,6 +65,7 @@ type Device struct {
 	procs  map[*proc]struct{}
 	closed bool
 
+	running        atomic.Int32 // runs in flight on its workers (spin.go)
 	landlockLogged atomic.Bool
 	startFailures  atomic.Int32 // workers in a row that exited before ready
 	lastStartErr   atomic.Value // string: the last one's reason
@@ -178,7 +179,7 @@ func deviceSelection() []string {
 // weight) for a p99 of 17 instead of 24 ms.
 func (d *Device) take(ctx context.Context, m *abi.Manifest) (*proc, error) {
 	d.demand.took(time.Now())
-	d.refillPool()
+	defer d.refillPool() // after the take: the pool must see itself short
 	for {
 		select {
 		case p := <-d.standby:

@@ -26,6 +26,8 @@ type instance struct {
 	// overrun, after a run passed its deadline, receives whether the chain
 	// finished within overrunGrace (true) or the worker was killed.
 	overrun chan bool
+	// reply is how long its runs' replies took to come (spin.go).
+	reply waitEstimate
 }
 
 // overrunGrace is how long a chain may run past its request's deadline
@@ -36,7 +38,7 @@ const overrunGrace = 200 * time.Millisecond
 
 // finish waits out an overrun chain: its reply is discarded.
 func (i *instance) finish(done chan<- bool) {
-	n, err := i.recv(time.Now().Add(overrunGrace))
+	n, err := i.recv(time.Now().Add(overrunGrace), 0)
 	if err == nil && n >= replyHeader && i.rep[0] != stFault {
 		done <- true
 		return
@@ -47,8 +49,23 @@ func (i *instance) finish(done chan<- bool) {
 }
 
 // recv waits for the reply until dl (zero: no limit): os.ErrDeadlineExceeded
-// past it, io.EOF when the worker's end closed.
-func (i *instance) recv(dl time.Time) (int, error) {
+// past it, io.EOF when the worker's end closed. It polls for up to spin
+// first (spin.go), then sleeps.
+func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
+	if !dl.IsZero() {
+		spin = min(spin, time.Until(dl))
+	}
+	if spin > 0 {
+		n, err := pollRecv(i.fd, i.rep, spin)
+		switch {
+		case err == nil && n == 0:
+			return 0, io.EOF
+		case err == nil:
+			return n, nil
+		case err != unix.EAGAIN:
+			return 0, err
+		}
+	}
 	pfd := []unix.PollFd{{Fd: int32(i.fd), Events: unix.POLLIN}}
 	for {
 		var ts *unix.Timespec
@@ -154,7 +171,18 @@ func (i *instance) Run(r *device.Run) error {
 		// The worker's end is gone: the request never reached it.
 		return i.g.p.idleExit()
 	}
-	n, err := i.recv(r.Deadline)
+	// Polled for only while no other run is in flight on the device: a
+	// loaded device needs its CPUs for the runs.
+	var spin time.Duration
+	if i.g.d.running.Add(1) == 1 {
+		spin = i.reply.budget()
+	}
+	sent := time.Now()
+	n, err := i.recv(r.Deadline, spin)
+	i.g.d.running.Add(-1)
+	if err == nil {
+		i.reply.observe(time.Since(sent))
+	}
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			i.overrun = make(chan bool, 1)

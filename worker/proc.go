@@ -241,12 +241,12 @@ func (p *proc) placeCgroup(g *CPUGroups, w float64) {
 	}
 }
 
-// weigh sets the worker's CPU weight for the function it took.
+// weigh sets the worker's CPU weight for the function it took, under mu:
+// its group is removed once it is reaped (wait), not while this writes.
 func (p *proc) weigh(m *abi.Manifest) {
 	p.mu.Lock()
-	cg := p.cgroup
-	p.mu.Unlock()
-	cg.Weigh(m)
+	defer p.mu.Unlock()
+	p.cgroup.Weigh(m)
 }
 
 func exitReason(ps *os.ProcessState, err error) string {

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -227,8 +229,23 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 	rep := make([]byte, replyMax)
 	steps := make([]device.Step, abi.MaxChainLength)
 	var r device.Run
+	var gap waitEstimate // from a reply to the next request (spin.go)
+	var replied time.Time
 	for {
-		n, err := unix.Read(sock, msg)
+		var n int
+		var err error = unix.EAGAIN
+		// Polled for only while none of this worker's other instances runs.
+		if busy := running.Load(); busy == 0 && !replied.IsZero() {
+			if b := gap.budget(); b > 0 {
+				n, err = pollRecv(sock, msg, b)
+			}
+		}
+		if err == unix.EAGAIN {
+			n, err = unix.Read(sock, msg)
+		}
+		if !replied.IsZero() {
+			gap.observe(time.Since(replied))
+		}
 		if n == 0 && err == nil {
 			inst.Close()
 			unix.Munmap(slot)
@@ -240,11 +257,13 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		}
 		var st byte
 		var text string
+		running.Add(1)
 		if err := decodeRun(msg[:n], &r, steps, slot, maxIn, out); err != nil {
 			st, text = stBadRunMsg, err.Error()
 		} else {
 			st, text = statusOf(inst.Run(&r))
 		}
+		running.Add(-1)
 		rep = rep[:replyHeader]
 		rep[0] = st
 		le.PutUint64(rep[1:], uint64(r.Timing.CopyIn))
@@ -258,12 +277,16 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		if _, err := unix.Write(sock, rep); err != nil {
 			os.Exit(exitChannel)
 		}
+		replied = time.Now()
 		if st == stFault {
 			// The context is poisoned for good: nothing more can run here.
 			os.Exit(exitFault)
 		}
 	}
 }
+
+// running is the instances of this worker running a chain (spin.go).
+var running atomic.Int32
 
 // Exit statuses a worker ends with on its own.
 const (

@@ -80,8 +80,10 @@ func (d *Device) keepStandby() {
 		}
 		now := time.Now()
 		target := d.demand.target(now)
+		// Ready workers past the target go; those starting are not counted
+		// against it (one may yet fail).
 	shrink:
-		for len(d.standby)+starting > target {
+		for len(d.standby) > target {
 			select {
 			case p := <-d.standby:
 				p.kill("the standby pool shrank")

@@ -1,0 +1,107 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// The poll is twice the recent wait, none once that passes spinMax, and a
+// long wait (a client that paused) weighs as 2*spinMax at most.
+func TestWaitEstimate(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	for _, tc := range []struct {
+		name  string
+		waits []time.Duration
+		want  time.Duration
+	}{
+		{"nothing seen: no poll", nil, 0},
+		{"short waits: twice them", []time.Duration{us(10), us(10), us(10)}, us(20)},
+		{"a run's wait: no poll", []time.Duration{us(300)}, 0},
+		{"one pause after short waits: no poll", []time.Duration{us(10), us(10), time.Second}, 0},
+		{"short waits again after a pause: polling returns", []time.Duration{us(10), time.Second, us(10), us(10), us(10), us(10), us(10), us(10), us(10)}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var w waitEstimate
+			for _, d := range tc.waits {
+				w.observe(d)
+			}
+			got := w.budget()
+			if tc.name == "short waits again after a pause: polling returns" {
+				if got <= 0 || got > spinMax {
+					t.Fatalf("budget %v after the pause decayed, want within (0, %v]", got, spinMax)
+				}
+				return
+			}
+			if got != tc.want {
+				t.Fatalf("budget %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// With the server polling for the reply (its runs' replies came fast), a
+// worker that never answers still costs the request its deadline only, and
+// one that dies mid-run is seen as a crash at once, not after a poll or a
+// deadline.
+func TestPolledHandOver(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		kernel string
+		check  func(t *testing.T, err error, took time.Duration)
+	}{
+		{"never answers", "sleep_long", func(t *testing.T, err error, took time.Duration) {
+			if !errors.Is(err, device.ErrDeadline) || took > time.Second {
+				t.Fatalf("%v after %v, want ErrDeadline at the 100 ms deadline", err, took)
+			}
+		}},
+		{"dies mid-run", "segv", func(t *testing.T, err error, took time.Duration) {
+			var pe *device.ProcessExit
+			if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "SIGSEGV") || took > time.Second {
+				t.Fatalf("%v after %v, want a ProcessExit naming SIGSEGV at once", err, took)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDevice(t, 0)
+			m := testkit.Manifest("hostile")
+			m.Library = "hostile.so"
+			m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}
+			dir := t.TempDir()
+			testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
+			testkit.WriteManifest(t, dir, m)
+			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			inst := newInst(t, p, m)
+			echo, _ := p.Entry("echo")
+			bad, err := p.Entry(tc.kernel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Echoes until the server polls for replies (a fresh worker's
+			// first replies are slow), a thousand at most.
+			for k := 0; inst.(*instance).reply.budget() <= 0; k++ {
+				if k == 1000 {
+					t.Fatalf("after %d echoes the server does not poll: the case would test nothing", k)
+				}
+				r := &device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), Chain: []device.Step{{Entry: echo, Grid: 1, Block: 1}}}
+				if err := inst.Run(r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			start := time.Now()
+			err = inst.Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes),
+				Chain: []device.Step{{Entry: bad, Grid: 1, Block: 1}}, Deadline: start.Add(100 * time.Millisecond)})
+			tc.check(t, err, time.Since(start))
+		})
+	}
+}
