@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -15,16 +16,19 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker"
+	"github.com/plover-run/plover/worker/contain"
 )
 
 func runCmd() *command {
 	var in, out string
 	var repeat int
 	var asJSON bool
+	var timeout time.Duration
 	return &command{
 		nargs: 1,
-		name:  "run", summary: "run a bundle's chain on an input in this process, on the CPU (no server), with timings",
-		usage: "DIR --in FILE|- [--out FILE|-] [--repeat N] [--json]",
+		name:  "run", summary: "run a bundle's chain on an input in a worker process, on the CPU (no server), with timings",
+		usage: "DIR --in FILE|- [--out FILE|-] [--repeat N] [--timeout 30s] [--json]",
 		example: "  plover run saxpy --in input.bin --out output.bin      # saxpy/build/host, built by plover build\n" +
 			"  plover run build/samples/vecadd-host --in build/samples/vecadd-input.bin --out /tmp/sum.bin --repeat 100",
 		flags: func(fs *flag.FlagSet) {
@@ -32,6 +36,7 @@ func runCmd() *command {
 			fs.StringVar(&out, "out", "-", "output file, - for stdout")
 			fs.IntVar(&repeat, "repeat", 1, "run the chain N times on one instance and print min/median/p99 of each phase")
 			fs.BoolVar(&asJSON, "json", false, "print a JSON report to stdout instead: timings, and the output in base64 unless --out names a file")
+			fs.DurationVar(&timeout, "timeout", 30*time.Second, "each run's deadline, as plover serve's --timeout: a chain still running then is stopped (its worker killed) and reported")
 		},
 		run: func(_ *flag.FlagSet, args []string, env *Env) error {
 			switch {
@@ -39,6 +44,8 @@ func runCmd() *command {
 				return usagef(env, "run", "--in FILE is required (- reads stdin)")
 			case repeat < 1:
 				return usagef(env, "run", "--repeat %d: want 1 or more", repeat)
+			case timeout <= 0:
+				return usagef(env, "run", "--timeout %v: want a positive duration", timeout)
 			case !asJSON && out == "-" && env.StdoutIsTerminal:
 				return errors.New("the output is binary: write it with --out FILE, or ask for --json")
 			}
@@ -50,7 +57,7 @@ func runCmd() *command {
 			if err != nil {
 				return err
 			}
-			rep, output, err := runLocal(dir, input, repeat)
+			rep, output, err := runLocal(dir, input, repeat, timeout)
 			if err != nil {
 				return err
 			}
@@ -118,10 +125,14 @@ func summarize(ds []time.Duration) stats {
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
-// runLocal loads the bundle in dir on a host device in this process, makes
-// one instance and runs the manifest's chain on input repeat times. It
-// returns the report and the last run's output.
-func runLocal(dir string, input []byte, repeat int) (*runReport, []byte, error) {
+// runLocal loads the bundle in dir into a worker process on the host
+// device, contained as plover serve's are, makes one instance and runs the
+// manifest's chain on input repeat times, each run within timeout. It
+// returns the report and the last run's output. In a worker, a chain that
+// writes past its buffers or never returns ends as it would on a server
+// (the worker crashes, or is killed at the deadline) instead of corrupting
+// or hanging this process.
+func runLocal(dir string, input []byte, repeat int, timeout time.Duration) (*runReport, []byte, error) {
 	m, err := checkDir(dir)
 	if err != nil {
 		return nil, nil, err
@@ -136,15 +147,27 @@ func runLocal(dir string, input []byte, repeat int) (*runReport, []byte, error) 
 	for _, l := range m.Chain {
 		rep.Chain = append(rep.Chain, l.Kernel)
 	}
-	dev := device.NewHost(0)
+	stages, err := os.MkdirTemp("", "plover-run-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(stages)
+	spawner := contain.NewSpawner()
+	defer spawner.Close()
+	log := slog.New(slog.DiscardHandler)
+	dev := worker.NewDevice(worker.Options{Exe: workerExe(log), Base: device.NewHost(0), Landlock: true,
+		StageDir: stages, Spawner: spawner, Log: log})
+	defer dev.Close()
 	t0 := time.Now()
-	prog, err := dev.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m})
+	cancel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading %s: %w", dir, err)
 	}
 	defer prog.Close()
 	t1 := time.Now()
-	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: time.Now().Add(timeout)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating an instance of %s: %w", dir, err)
 	}
@@ -164,6 +187,7 @@ func runLocal(dir string, input []byte, repeat int) (*runReport, []byte, error) 
 	var copyIn, kernels, copyOut, total []time.Duration
 	for k := 0; k < repeat; k++ {
 		start := time.Now()
+		r.Deadline = start.Add(timeout)
 		err := inst.Run(r)
 		el := time.Since(start)
 		if err != nil {
@@ -174,6 +198,9 @@ func runLocal(dir string, input []byte, repeat int) (*runReport, []byte, error) 
 			var ke *device.KernelError
 			if errors.As(err, &ke) {
 				return nil, nil, fmt.Errorf("%s: the chain [%s] failed%s: %s", dir, strings.Join(rep.Chain, " "), what, ke.Msg)
+			}
+			if errors.Is(err, device.ErrDeadline) {
+				return nil, nil, fmt.Errorf("%s: the chain [%s] was still running at the --timeout of %v%s: it was stopped (a kernel that never returns, or one slower than the timeout: raise --timeout)", dir, strings.Join(rep.Chain, " "), timeout, what)
 			}
 			return nil, nil, fmt.Errorf("%s: running the chain [%s]%s: %w", dir, strings.Join(rep.Chain, " "), what, err)
 		}

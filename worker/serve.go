@@ -308,6 +308,22 @@ func rehearse() {
 	}
 }
 
+// Main is a worker process's main after "worker" in its argv: the flags
+// the server's spawn writes, then Serve. plover worker, plover-worker and
+// test binaries that stand in for them all run it.
+func Main(args []string) error {
+	var cfg Config
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	resolve := BindFlags(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := resolve(); err != nil {
+		return err
+	}
+	return Serve(cfg)
+}
+
 // BindFlags registers the flags a worker process is started with (the
 // server's spawn writes them) on fs, into cfg. Once fs is parsed, resolve
 // turns --user into cfg.Drop.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,15 +24,7 @@ import (
 // os.Args[0], started as "<test binary> worker --device host ...".
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
-		var cfg Config
-		fs := flag.NewFlagSet("worker", flag.ExitOnError)
-		resolve := BindFlags(fs, &cfg)
-		fs.Parse(os.Args[2:])
-		if err := resolve(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		if err := Serve(cfg); err != nil {
+		if err := Main(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

@@ -1,11 +1,13 @@
 package main_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -50,5 +52,47 @@ func TestKernelTypoServed(t *testing.T) {
 	out, err := exec.Command(bin, "deploy", dir, "--store", "file://"+t.TempDir()).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), `kernel "ecoh" is not in the library; this bundle declares`) || !strings.Contains(string(out), `(did you mean "echo"?)`) {
 		t.Fatalf("plover deploy: %v\n%s", err, out)
+	}
+}
+
+// plover run runs the chain in a worker, as a server does: a kernel that
+// writes far past out ends in the worker's crash, reported, and one that
+// never returns is stopped at --timeout; neither hangs nor takes plover run
+// down (issue 27, item 1). Each command is bounded by the test's own
+// timeout.
+func TestRunContainsHostileKernels(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	in := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(in, make([]byte, 4000), 0o644)
+	for _, tc := range []struct {
+		kernel string
+		want   []string
+	}{
+		{"overflow_out", []string{"SIGSEGV", "running the chain"}},
+		{"spin", []string{"still running at the --timeout of 500ms", "raise --timeout"}},
+	} {
+		t.Run(tc.kernel, func(t *testing.T) {
+			m := testkit.Manifest("hostile-" + strings.ReplaceAll(tc.kernel, "_", "-"))
+			m.Library, m.OutBytes = "hostile.so", 400
+			m.Chain[0].Kernel = tc.kernel
+			dir := t.TempDir()
+			testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
+			testkit.WriteManifest(t, dir, m)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			out, err := exec.CommandContext(ctx, bin, "run", dir, "--in", in, "--out", os.DevNull, "--timeout", "500ms").CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("plover run hung (killed after %v):\n%s", time.Since(start), out)
+			}
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(string(out), w) {
+					t.Fatalf("plover run: %v, want an error containing %q:\n%s", err, w, out)
+				}
+			}
+		})
 	}
 }

@@ -7,7 +7,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"os"
 
@@ -22,15 +21,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "plover-worker is started by plover serve; it is not meant to be run by hand")
 		os.Exit(2)
 	}
-	var cfg worker.Config
-	fs := flag.NewFlagSet("plover-worker", flag.ExitOnError)
-	resolve := worker.BindFlags(fs, &cfg)
-	fs.Parse(os.Args[2:])
-	if err := resolve(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if err := worker.Serve(cfg); err != nil {
+	if err := worker.Main(os.Args[2:]); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
