@@ -241,8 +241,13 @@ func resolveBundle(dir, target string, env *Env) (string, error) {
 		return "", fmt.Errorf("%s is a function source directory (its plover.json has a build section) with no %s bundle in %s: run `plover build %s%s` first",
 			dir, target, built, shellQuote(dir), flag)
 	}
+	// A build older than its sources is never used: its bytes are not the
+	// function the author now has (a deploy would even call them unchanged).
 	if stale := staleSources(dir, m, built); stale != "" {
-		fmt.Fprintf(env.Stderr, "warning: %s changed after %s was built: run `plover build %s` to use the change\n", stale, built, shellQuote(dir))
+		fmt.Fprintf(env.Stderr, "%s changed after %s was built: rebuilding it (plover build %s)\n", stale, built, shellQuote(dir))
+		if _, err := buildTarget(dir, filepath.Join(dir, BuildDir), target, m, env); err != nil {
+			return "", fmt.Errorf("%s changed after %s was built, and rebuilding it failed: %w", stale, built, err)
+		}
 	}
 	return built, nil
 }

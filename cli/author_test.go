@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -282,13 +283,25 @@ func TestResolveBundle(t *testing.T) {
 	os.WriteFile(filepath.Join(built, "plover.json"), []byte("{}"), 0o644)
 	os.WriteFile(filepath.Join(built, "src.so"), nil, 0o644)
 	old := mustStat(t, filepath.Join(src, "src.cu")).ModTime()
-	os.Chtimes(filepath.Join(built, "src.so"), old, old.Add(1e9))
+	for _, f := range []string{"src.cu", "plover.json", "constants.bin"} { // all in the past
+		os.Chtimes(filepath.Join(src, f), old, old.Add(-3e9))
+	}
+	os.Chtimes(filepath.Join(built, "src.so"), old, old.Add(-2e9))
 	if got, err := resolveBundle(src, "", env); err != nil || got != built || errb.Len() != 0 {
 		t.Fatalf("built: %q, %v, stderr %q", got, err, errb.String())
 	}
-	os.Chtimes(filepath.Join(src, "src.cu"), old, old.Add(2e9))
-	if got, err := resolveBundle(src, "host", env); err != nil || got != built || !strings.Contains(errb.String(), "src.cu changed after") {
+	// A source newer than the build: rebuilt before it is used.
+	os.Chtimes(filepath.Join(src, "src.cu"), old, old.Add(-1e9))
+	if got, err := resolveBundle(src, "host", env); err != nil || got != built || !strings.Contains(errb.String(), "src.cu changed after") || !strings.Contains(errb.String(), "rebuilding") {
 		t.Fatalf("stale: %q, %v, stderr %q", got, err, errb.String())
+	}
+	if staleSources(src, mustManifest(t, src), built) != "" {
+		t.Fatal("still stale after the rebuild")
+	}
+	// A rebuild that fails is an error naming the change, not the old bytes.
+	os.WriteFile(filepath.Join(src, "src.cu"), []byte("this is not C++\n"), 0o644)
+	if _, err := resolveBundle(src, "host", env); err == nil || !strings.Contains(err.Error(), "rebuilding it failed") {
+		t.Fatalf("failed rebuild: %v", err)
 	}
 	// A source directory with its library built in place is a bundle.
 	inPlace := initDir(t, "inplace")
@@ -412,4 +425,13 @@ func TestBuildAndRun(t *testing.T) {
 	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil || !strings.Contains(err.Error(), "over max_input_bytes 4194304") {
 		t.Fatalf("big input: %v", err)
 	}
+}
+
+func mustManifest(t *testing.T, dir string) *abi.Manifest {
+	t.Helper()
+	m, err := bundle.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

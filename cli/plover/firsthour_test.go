@@ -96,3 +96,44 @@ func TestRunContainsHostileKernels(t *testing.T) {
 		})
 	}
 }
+
+// Deploying a source directory whose sources changed after its build
+// rebuilds it first: what is deployed is the edited function, never the
+// stale bytes called "unchanged" (issue 27, item 4).
+func TestDeployRebuildsAStaleBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	work := t.TempDir()
+	store := "file://" + t.TempDir()
+	runIn := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = work
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("plover %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	runIn("init", "edited")
+	runIn("build", "edited")
+	runIn("deploy", "edited", "--store", store)
+	src := filepath.Join(work, "edited", "edited.cu")
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(b), "ab[0] * x[i] + ab[1]", "ab[0] * x[i] - ab[1]", 1)
+	if edited == string(b) {
+		t.Fatalf("no line to edit in %s", src)
+	}
+	os.WriteFile(src, []byte(edited), 0o644)
+	future := time.Now().Add(2 * time.Second) // newer than the build whatever the clock's grain
+	os.Chtimes(src, future, future)
+	out := runIn("deploy", "edited", "--store", store)
+	if !strings.Contains(out, "rebuilding it") || !strings.Contains(out, "deployed edited version") || strings.Contains(out, "unchanged") {
+		t.Fatalf("deploy after an edit:\n%s", out)
+	}
+}
