@@ -97,10 +97,18 @@ vet:
 	$(GO) mod tidy -diff || (echo "go.mod/go.sum are not tidy: run go mod tidy" && false)
 	cd deploy/helm/charttest && $(GO) mod tidy -diff || (echo "deploy/helm/charttest: run go mod tidy there" && false)
 
-# The first run builds a pinned MinIO for the S3 tests (minutes, once).
-test: vet bin/plover bin/plover-worker samples
-	$(GO) test -count=1 -timeout 30m ./...
-	cd deploy/helm/charttest && $(GO) test -count=1 ./...
+# The first run builds a pinned MinIO for the S3 tests (minutes, once), up
+# front and saying so. bin/testreport prints each package as it ends, every
+# test still running after 20 s, and at the end the tests skipped and why
+# (helm, nginx, MinIO missing: .ci/run installs them all).
+test: vet bin/plover bin/plover-worker bin/testreport samples
+	@echo "MinIO for the S3 tests: built once into ~/.cache/plover (several minutes the first time)"
+	-@$(GO) run ./internal/minio/cmd/install-minio >/dev/null
+	bash -o pipefail -c '$(GO) test -count=1 -timeout 30m -json ./... | bin/testreport'
+	bash -o pipefail -c 'cd deploy/helm/charttest && $(GO) test -count=1 -json ./... | ../../../bin/testreport'
+
+bin/testreport: internal/testreport/main.go
+	$(GO) build -o $@ ./internal/testreport
 
 bin/plover-bench-suite: $(GO_SRC)
 	$(GO) build -o $@ ./cmd/plover-bench-suite

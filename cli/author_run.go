@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -67,6 +68,9 @@ func runCmd() *command {
 				}
 			}
 			if asJSON {
+				for _, w := range rep.Warnings { // also where a person sees them
+					fmt.Fprintf(env.Stderr, "warning: %s\n", w)
+				}
 				if out == "-" {
 					rep.Output = output
 				}
@@ -93,6 +97,9 @@ type runReport struct {
 	Output      []byte    `json:"output,omitempty"` // base64 in JSON
 	Runs        int       `json:"runs"`
 	Timing      runTiming `json:"timing_us"`
+	// Warnings are what the run found suspicious without failing: a chain
+	// whose output depends on the run before (state left in tmp).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // runTiming is in microseconds: load and instance happen once, the rest on
@@ -213,11 +220,26 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration) (*run
 	rep.OutputBytes = r.OutLen
 	rep.Timing.CopyIn, rep.Timing.Kernels = summarize(copyIn), summarize(kernels)
 	rep.Timing.CopyOut, rep.Timing.Total = summarize(copyOut), summarize(total)
-	return rep, r.Output[:r.OutLen], nil
+	output := slices.Clone(r.Output[:r.OutLen])
+	// tmp kept between runs (zero_tmp false) is right for a cache and wrong
+	// for an accumulator (atomicAdd into tmp): the first run is correct and
+	// every later one, on a server, is not. One more run of the same input
+	// tells them apart: its output must not change.
+	if m.TmpBytes > 0 && !m.ZeroTmp {
+		r.Deadline = time.Now().Add(timeout)
+		if err := inst.Run(r); err == nil && !bytes.Equal(r.Output[:r.OutLen], output) {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("the same input, run again on the same instance, gave another output: the chain [%s] reads what an earlier run left in tmp, and %s has \"zero_tmp\": false. A kernel that accumulates into tmp (atomicAdd, +=) needs \"zero_tmp\": true, or a server answers its second request wrongly",
+				strings.Join(rep.Chain, " "), filepath.Join(dir, abi.ManifestFile)))
+		}
+	}
+	return rep, output, nil
 }
 
 // print writes the report's timing breakdown for a person.
 func (rep *runReport) print(w io.Writer) {
+	for _, warn := range rep.Warnings {
+		fmt.Fprintf(w, "warning: %s\n", warn)
+	}
 	runs := "1 run"
 	if rep.Runs > 1 {
 		runs = fmt.Sprintf("%d runs on one instance", rep.Runs)

@@ -137,3 +137,77 @@ func TestDeployRebuildsAStaleBuild(t *testing.T) {
 		t.Fatalf("deploy after an edit:\n%s", out)
 	}
 }
+
+// The scaffold's Makefile builds what plover.json says: with its constants,
+// and with none once plover.json names none (issue 27, item 9).
+func TestScaffoldMakefileFollowsConstants(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	mk, err := exec.LookPath("make")
+	if err != nil {
+		t.Skip("make not found")
+	}
+	bin := buildPlover(t)
+	work := t.TempDir()
+	if out, err := exec.Command(bin, "init", "fn", "--dir", filepath.Join(work, "fn")).CombinedOutput(); err != nil {
+		t.Fatalf("plover init: %v\n%s", err, out)
+	}
+	dir := filepath.Join(work, "fn")
+	build := func(want ...string) {
+		t.Helper()
+		os.RemoveAll(filepath.Join(dir, "build"))
+		cmd := exec.Command(mk, "host")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("make host: %v\n%s", err, out)
+		}
+		des, _ := os.ReadDir(filepath.Join(dir, "build", "host"))
+		var got []string
+		for _, de := range des {
+			got = append(got, de.Name())
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("build/host holds %v, want %v", got, want)
+		}
+	}
+	build("constants.bin", "fn.so", "plover.json")
+	mp := filepath.Join(dir, "plover.json")
+	b, _ := os.ReadFile(mp)
+	var kept []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `"constants"`) {
+			kept = append(kept, l)
+		}
+	}
+	os.WriteFile(mp, []byte(strings.Join(kept, "\n")), 0o644)
+	os.Remove(filepath.Join(dir, "constants.bin"))
+	build("fn.so", "plover.json")
+}
+
+// An accumulator in tmp without zero_tmp: plover run's answer is right the
+// first time and a server's is wrong from the second request on, so plover
+// run runs the input once more and warns when the output moved; with
+// zero_tmp it does not (issue 27, item 7).
+func TestRunWarnsOfStateLeftInTmp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	in := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(in, []byte{1}, 0o644)
+	for _, zero := range []bool{false, true} {
+		m := testkit.Manifest("counter")
+		m.Chain[0].Kernel, m.ZeroTmp = "count", zero
+		dir := testkit.BundleDir(t, m, nil)
+		out, err := exec.Command(bin, "run", dir, "--in", in, "--out", os.DevNull).CombinedOutput()
+		if err != nil {
+			t.Fatalf("plover run: %v\n%s", err, out)
+		}
+		warned := strings.Contains(string(out), `warning: the same input, run again on the same instance, gave another output`) &&
+			strings.Contains(string(out), `"zero_tmp": true`)
+		if warned == zero {
+			t.Fatalf("zero_tmp %v: warned %v:\n%s", zero, warned, out)
+		}
+	}
+}

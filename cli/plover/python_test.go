@@ -99,3 +99,26 @@ func TestPythonClient(t *testing.T) {
 		}
 	}
 }
+
+// The Python client installs with no network and no build dependency: pip
+// with --no-index (no package index at all) into a fresh virtual
+// environment, NumPy left out (issue 27, item 8).
+func TestPythonClientInstallsOffline(t *testing.T) {
+	python, dir := pythonClient(t)
+	venv := filepath.Join(t.TempDir(), "venv")
+	if out, err := exec.Command(python, "-m", "venv", venv).CombinedOutput(); err != nil {
+		t.Skipf("python3 -m venv is not available here (Debian: python3-venv): %v\n%s", err, out)
+	}
+	pip := exec.Command(filepath.Join(venv, "bin", "pip"), "install", "--no-index", "--no-cache-dir", dir)
+	pip.Env = append(os.Environ(), "PIP_NO_INPUT=1", "PIP_DISABLE_PIP_VERSION_CHECK=1")
+	if out, err := pip.CombinedOutput(); err != nil {
+		t.Fatalf("pip install --no-index %s: %v\n%s", dir, err, out)
+	}
+	check := exec.Command(filepath.Join(venv, "bin", "python"), "-c",
+		"import plover, importlib.metadata as m; print(plover.__version__, m.version('plover-client'), m.metadata('plover-client').get_all('Provides-Extra'))")
+	check.Dir = t.TempDir() // not the source tree: the installed package
+	out, err := check.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "0.1.0 0.1.0 ['numpy']") {
+		t.Fatalf("the installed client: %v\n%s", err, out)
+	}
+}

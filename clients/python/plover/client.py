@@ -305,7 +305,9 @@ class Client:
         exports before anything is uploaded. Use deploy_bundle to send bytes
         packed elsewhere.
 
-        Returns {"name", "version", "unchanged", "output"}; raises
+        Returns {"name", "version", "unchanged", "sha256", "bytes"}: the
+        CLI's JSON answer, parsed ("unchanged" when the bytes equal the
+        current version's and force is false); raises
         PloverError when the CLI fails (with the server's status and code
         when it reported one) and FileNotFoundError without the CLI.
         """
@@ -334,6 +336,7 @@ class Client:
             raise PloverError(None, "deploy_failed", msg)
         try:
             r = json.loads(p.stdout)
-            return {"name": r["name"], "version": r["version"], "unchanged": not r["created"], "output": p.stdout}
+            return {"name": r["name"], "version": r["version"], "unchanged": not r["created"],
+                    "sha256": r.get("sha256"), "bytes": r.get("bytes")}
         except (ValueError, KeyError, TypeError):
             raise PloverError(None, "deploy_failed", "unexpected output from plover deploy --json: %r" % p.stdout)

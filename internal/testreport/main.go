@@ -1,0 +1,213 @@
+// Command testreport reads `go test -json` on stdin and prints what a person
+// running `make test` wants to see as it happens: each package's result
+// when it ends, a line for every test still running after a while (so
+// minutes of a slow package are not minutes of silence), and at the end
+// every test that was skipped, with its reason, since `ok` alone hides
+// them. It exits 1 when anything failed or the stream ended early.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// event is one line of `go test -json` (cmd/test2json).
+type event struct {
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+// slowAfter is how long a test runs before it is announced, and again
+// every slowAfter after.
+const slowAfter = 20 * time.Second
+
+// skip is one skipped test and why.
+type skip struct{ pkg, test, why string }
+
+type report struct {
+	mu      sync.Mutex
+	out     io.Writer
+	running map[string]time.Time // "pkg Test" -> started
+	said    map[string]time.Time // last announced
+	output  map[string][]string  // a test's output lines, for its skip reason
+	skips   []skip
+	failed  []string
+	pkgs    int
+}
+
+func newReport(out io.Writer) *report {
+	return &report{out: out, running: map[string]time.Time{}, said: map[string]time.Time{}, output: map[string][]string{}}
+}
+
+func main() {
+	r := newReport(os.Stdout)
+	done := make(chan struct{})
+	go r.announce(done)
+	ok := r.read(os.Stdin)
+	close(done)
+	r.summary()
+	if !ok || len(r.failed) > 0 {
+		os.Exit(1)
+	}
+}
+
+// read handles the stream; false if a line was not an event (the go
+// command's own errors, a build failure) or nothing was read at all.
+func (r *report) read(in io.Reader) bool {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	ok, any := true, false
+	for sc.Scan() {
+		line := sc.Bytes()
+		var e event
+		if json.Unmarshal(line, &e) != nil || e.Action == "" {
+			fmt.Fprintf(r.out, "%s\n", line) // not an event: show it as it is
+			if len(line) > 0 {
+				ok = false
+			}
+			continue
+		}
+		any = true
+		r.handle(e)
+	}
+	return ok && any
+}
+
+func (r *report) handle(e event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := e.Package + " " + e.Test
+	switch {
+	case e.Action == "build-output":
+		fmt.Fprint(r.out, e.Output)
+	case e.Test == "" && e.Action == "output":
+		// A package's own lines: its ok/FAIL line is printed below; others
+		// (a panic, a TestMain's notice) are shown as they come.
+		if !strings.HasPrefix(e.Output, "ok ") && !strings.HasPrefix(e.Output, "FAIL") && !strings.HasPrefix(e.Output, "PASS") &&
+			!strings.HasPrefix(e.Output, "?") && !strings.HasPrefix(e.Output, "coverage:") {
+			fmt.Fprint(r.out, e.Output)
+		}
+	case e.Test == "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
+		r.pkgs++
+		word := map[string]string{"pass": "ok  ", "fail": "FAIL", "skip": "?   "}[e.Action]
+		if e.Action == "skip" {
+			fmt.Fprintf(r.out, "%s %s\t[no test files]\n", word, e.Package)
+		} else {
+			fmt.Fprintf(r.out, "%s %s\t%.1fs\n", word, e.Package, e.Elapsed)
+		}
+		if e.Action == "fail" {
+			r.failed = append(r.failed, e.Package)
+		}
+	case e.Action == "run":
+		r.running[key] = time.Now()
+	case e.Action == "output":
+		r.output[key] = append(r.output[key], e.Output)
+		if len(r.output[key]) > 200 {
+			r.output[key] = r.output[key][len(r.output[key])-200:]
+		}
+	case e.Action == "pass" || e.Action == "fail" || e.Action == "skip":
+		if e.Action == "fail" {
+			// A failing test's output is what its reader needs.
+			fmt.Fprintf(r.out, "--- FAIL: %s (%s)\n%s", e.Test, e.Package, strings.Join(r.output[key], ""))
+			r.failed = append(r.failed, e.Package+" "+e.Test)
+		}
+		if e.Action == "skip" {
+			r.skips = append(r.skips, skip{e.Package, e.Test, skipReason(r.output[key])})
+		}
+		delete(r.running, key)
+		delete(r.said, key)
+		delete(r.output, key)
+	}
+}
+
+// skipReason is the message t.Skip logged: the indented lines after the
+// test's "=== RUN", before its "--- SKIP".
+func skipReason(lines []string) string {
+	var msg []string
+	for _, l := range lines {
+		t := strings.TrimSpace(l)
+		if t == "" || strings.HasPrefix(t, "=== ") || strings.HasPrefix(t, "--- SKIP") || strings.HasPrefix(t, "***") && strings.HasSuffix(t, "***") && len(t) < 4 {
+			continue
+		}
+		msg = append(msg, strings.Trim(t, "* "))
+	}
+	if len(msg) == 0 {
+		return "(no reason given)"
+	}
+	return strings.Join(msg, " ")
+}
+
+// announce prints, every few seconds, the tests running longer than
+// slowAfter that were not announced within slowAfter.
+func (r *report) announce(done <-chan struct{}) {
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		r.mu.Lock()
+		var keys []string
+		for k, t := range r.running {
+			if now.Sub(t) >= slowAfter && now.Sub(r.said[k]) >= slowAfter {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if strings.Contains(strings.SplitN(k, " ", 2)[1], "/") {
+				continue // a subtest: its parent is announced
+			}
+			fmt.Fprintf(r.out, "      ... %s running for %s\n", k, now.Sub(r.running[k]).Round(time.Second))
+			r.said[k] = now
+		}
+		r.mu.Unlock()
+	}
+}
+
+func (r *report) summary() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.skips) > 0 {
+		// Subtests skipped together (a mode that cannot run them) make one
+		// line, so that a missing tool's skip is not lost among them.
+		fmt.Fprintf(r.out, "\n%d tests skipped:\n", len(r.skips))
+		groups := map[string][]skip{}
+		var order []string
+		for _, s := range r.skips {
+			k := s.pkg + " " + strings.SplitN(s.test, "/", 2)[0]
+			if groups[k] == nil {
+				order = append(order, k)
+			}
+			groups[k] = append(groups[k], s)
+		}
+		for _, k := range order {
+			g := groups[k]
+			if len(g) > 2 {
+				fmt.Fprintf(r.out, "  %s: %d subtests, the first: %s\n", k, len(g), g[0].why)
+				continue
+			}
+			for _, s := range g {
+				fmt.Fprintf(r.out, "  %s %s: %s\n", s.pkg, s.test, s.why)
+			}
+		}
+	}
+	if len(r.failed) > 0 {
+		fmt.Fprintf(r.out, "\nFAILED: %s\n", strings.Join(r.failed, ", "))
+	} else {
+		fmt.Fprintf(r.out, "\n%d packages, all passed\n", r.pkgs)
+	}
+}
