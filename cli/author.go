@@ -248,6 +248,12 @@ func resolveBundle(dir, target string, env *Env) (string, error) {
 		if _, err := buildTarget(dir, filepath.Join(dir, BuildDir), target, m, env); err != nil {
 			return "", fmt.Errorf("%s changed after %s was built, and rebuilding it failed: %w", stale, built, err)
 		}
+		// Still newer than what was just built: its time is in the future
+		// (a skewed clock, touch -d). Say so once rather than rebuild on
+		// every command.
+		if still := staleSources(dir, m, built); still != "" {
+			fmt.Fprintf(env.Stderr, "warning: %s has a modification time after now; %s was rebuilt from it anyway\n", still, built)
+		}
 	}
 	return built, nil
 }
@@ -266,6 +272,23 @@ func staleSources(dir string, m *abi.Manifest, built string) string {
 	for _, n := range names {
 		if fi, err := os.Stat(filepath.Join(dir, n)); err == nil && fi.ModTime().After(lib.ModTime()) {
 			return filepath.Join(dir, n)
+		}
+	}
+	// The headers too: every file under build.include (a kernel's own
+	// header, edited, is a change of the function).
+	for _, inc := range m.Build.Include {
+		stale := ""
+		filepath.WalkDir(filepath.Join(dir, inc), func(p string, de fs.DirEntry, err error) error {
+			if err != nil || de.IsDir() || stale != "" {
+				return nil
+			}
+			if fi, err := de.Info(); err == nil && fi.ModTime().After(lib.ModTime()) {
+				stale = p
+			}
+			return nil
+		})
+		if stale != "" {
+			return stale
 		}
 	}
 	return ""

@@ -10,9 +10,11 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
@@ -86,6 +88,10 @@ func runCmd() *command {
 		},
 	}
 }
+
+// loadTimeout is the least time plover run gives a worker to start and
+// load the bundle, and an instance to be made.
+const loadTimeout = 30 * time.Second
 
 // runReport is what plover run measured, and its --json output.
 type runReport struct {
@@ -166,15 +172,30 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration) (*run
 		StageDir: stages, Spawner: spawner, Log: log})
 	defer dev.Close()
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	// ^C or SIGTERM stops the workers, so that the run returns and the
+	// deferred clean-up (the stage's links to the bundle) happens.
+	sig, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSig()
+	go func() {
+		<-sig.Done()
+		dev.Close()
+	}()
+	// The load and the instance get the timeout or loadTimeout, whichever is
+	// longer: --timeout bounds runs, and a short one must not read as a
+	// chain that overran while the worker was still starting.
+	setup := max(timeout, loadTimeout)
+	ctx, cancel := context.WithTimeout(sig, setup)
 	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m})
 	cancel()
+	if sig.Err() != nil {
+		return nil, nil, errors.New("interrupted")
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading %s: %w", dir, err)
 	}
 	defer prog.Close()
 	t1 := time.Now()
-	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: time.Now().Add(timeout)})
+	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: time.Now().Add(setup)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating an instance of %s: %w", dir, err)
 	}
@@ -197,6 +218,9 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration) (*run
 		r.Deadline = start.Add(timeout)
 		err := inst.Run(r)
 		el := time.Since(start)
+		if err != nil && sig.Err() != nil {
+			return nil, nil, errors.New("interrupted")
+		}
 		if err != nil {
 			what := ""
 			if repeat > 1 {
@@ -227,9 +251,15 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration) (*run
 	// tells them apart: its output must not change.
 	if m.TmpBytes > 0 && !m.ZeroTmp {
 		r.Deadline = time.Now().Add(timeout)
-		if err := inst.Run(r); err == nil && !bytes.Equal(r.Output[:r.OutLen], output) {
-			rep.Warnings = append(rep.Warnings, fmt.Sprintf("the same input, run again on the same instance, gave another output: the chain [%s] reads what an earlier run left in tmp, and %s has \"zero_tmp\": false. A kernel that accumulates into tmp (atomicAdd, +=) needs \"zero_tmp\": true, or a server answers its second request wrongly",
-				strings.Join(rep.Chain, " "), filepath.Join(dir, abi.ManifestFile)))
+		advice := fmt.Sprintf("the chain [%s] reads what an earlier run left in tmp, and %s has \"zero_tmp\": false. A kernel that accumulates into tmp (atomicAdd, +=) needs \"zero_tmp\": true, or a server answers its second request wrongly",
+			strings.Join(rep.Chain, " "), filepath.Join(dir, abi.ManifestFile))
+		switch err := inst.Run(r); {
+		case err != nil && sig.Err() != nil:
+			return nil, nil, errors.New("interrupted")
+		case err != nil: // what tmp kept broke the run: the same bug, worse
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("the same input, run again on the same instance, failed (%v): %s", err, advice))
+		case !bytes.Equal(r.Output[:r.OutLen], output):
+			rep.Warnings = append(rep.Warnings, "the same input, run again on the same instance, gave another output: "+advice)
 		}
 	}
 	return rep, output, nil

@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
@@ -283,7 +284,7 @@ func TestResolveBundle(t *testing.T) {
 	os.WriteFile(filepath.Join(built, "plover.json"), []byte("{}"), 0o644)
 	os.WriteFile(filepath.Join(built, "src.so"), nil, 0o644)
 	old := mustStat(t, filepath.Join(src, "src.cu")).ModTime()
-	for _, f := range []string{"src.cu", "plover.json", "constants.bin"} { // all in the past
+	for _, f := range []string{"src.cu", "plover.json", "constants.bin", "include/plover.h", "include/plover_kernel.h"} { // all in the past
 		os.Chtimes(filepath.Join(src, f), old, old.Add(-3e9))
 	}
 	os.Chtimes(filepath.Join(built, "src.so"), old, old.Add(-2e9))
@@ -298,6 +299,14 @@ func TestResolveBundle(t *testing.T) {
 	if staleSources(src, mustManifest(t, src), built) != "" {
 		t.Fatal("still stale after the rebuild")
 	}
+	// An edited header is a change too.
+	os.Chtimes(filepath.Join(src, "include", "plover.h"), old, time.Now().Add(-500*time.Millisecond))
+	os.Chtimes(filepath.Join(src, "src.cu"), old, old.Add(-3e9))
+	os.Chtimes(filepath.Join(built, "src.so"), old, old.Add(-2e9))
+	if staleSources(src, mustManifest(t, src), built) != filepath.Join(src, "include", "plover.h") {
+		t.Fatal("an edited header does not make the build stale")
+	}
+	os.Chtimes(filepath.Join(src, "include", "plover.h"), old, old.Add(-3e9))
 	// A rebuild that fails is an error naming the change, not the old bytes.
 	os.WriteFile(filepath.Join(src, "src.cu"), []byte("this is not C++\n"), 0o644)
 	if _, err := resolveBundle(src, "host", env); err == nil || !strings.Contains(err.Error(), "rebuilding it failed") {

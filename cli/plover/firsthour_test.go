@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -209,5 +210,54 @@ func TestRunWarnsOfStateLeftInTmp(t *testing.T) {
 		if warned == zero {
 			t.Fatalf("zero_tmp %v: warned %v:\n%s", zero, warned, out)
 		}
+	}
+}
+
+// ^C on a plover run whose chain never returns: it stops at once, says it
+// was interrupted, and leaves nothing behind in the temporary directory
+// (the worker's stage links to the bundle).
+func TestRunInterruptedCleansUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	m := testkit.Manifest("spinner")
+	m.Library, m.Chain[0].Kernel = "hostile.so", "spin"
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	in := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(in, []byte{1}, 0o644)
+	tmp := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "run", dir, "--in", in, "--out", os.DevNull)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Running: the worker's stage exists under the run's directory.
+	for {
+		stages, _ := filepath.Glob(filepath.Join(tmp, "plover-run-*", "worker-*"))
+		if len(stages) > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no worker stage appeared:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	err := cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("plover run did not stop on ^C:\n%s", out.String())
+	}
+	if err == nil || !strings.Contains(out.String(), "interrupted") {
+		t.Fatalf("plover run after ^C: %v\n%s", err, out.String())
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Fatalf("left behind in TMPDIR: %v", left)
 	}
 }

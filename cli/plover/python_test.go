@@ -121,4 +121,15 @@ func TestPythonClientInstallsOffline(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "0.1.0 0.1.0 ['numpy']") {
 		t.Fatalf("the installed client: %v\n%s", err, out)
 	}
+	// Editable (pip install -e): the package is the source directory's.
+	pip = exec.Command(filepath.Join(venv, "bin", "pip"), "install", "--no-index", "--no-cache-dir", "--force-reinstall", "-e", dir)
+	pip.Env = append(os.Environ(), "PIP_NO_INPUT=1", "PIP_DISABLE_PIP_VERSION_CHECK=1")
+	if out, err := pip.CombinedOutput(); err != nil {
+		t.Fatalf("pip install --no-index -e %s: %v\n%s", dir, err, out)
+	}
+	where := exec.Command(filepath.Join(venv, "bin", "python"), "-c", "import plover; print(plover.__file__)")
+	where.Dir = t.TempDir()
+	if out, err := where.CombinedOutput(); err != nil || !strings.HasPrefix(strings.TrimSpace(string(out)), filepath.Join(dir, "plover")) {
+		t.Fatalf("the editable client: %v\n%s", err, out)
+	}
 }

@@ -55,7 +55,7 @@ func main() {
 	go r.announce(done)
 	ok := r.read(os.Stdin)
 	close(done)
-	r.summary()
+	r.summary(ok)
 	if !ok || len(r.failed) > 0 {
 		os.Exit(1)
 	}
@@ -80,6 +80,10 @@ func (r *report) read(in io.Reader) bool {
 		any = true
 		r.handle(e)
 	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintf(r.out, "testreport: reading go test's output: %v\n", err)
+		return false
+	}
 	return ok && any
 }
 
@@ -99,14 +103,31 @@ func (r *report) handle(e event) {
 		}
 	case e.Test == "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
 		r.pkgs++
-		word := map[string]string{"pass": "ok  ", "fail": "FAIL", "skip": "?   "}[e.Action]
-		if e.Action == "skip" {
-			fmt.Fprintf(r.out, "%s %s\t[no test files]\n", word, e.Package)
-		} else {
-			fmt.Fprintf(r.out, "%s %s\t%.1fs\n", word, e.Package, e.Elapsed)
-		}
 		if e.Action == "fail" {
+			// Tests that never ended (a timeout's panic, a crash) hold the
+			// lines saying why; show them before the package's failure.
+			var open []string
+			for k := range r.output {
+				if strings.HasPrefix(k, e.Package+" ") {
+					open = append(open, k)
+				}
+			}
+			sort.Strings(open)
+			for _, k := range open {
+				fmt.Fprintf(r.out, "--- did not end: %s\n%s", k, strings.Join(r.output[k], ""))
+				delete(r.output, k)
+				delete(r.running, k)
+				delete(r.said, k)
+			}
 			r.failed = append(r.failed, e.Package)
+		}
+		switch e.Action {
+		case "skip":
+			fmt.Fprintf(r.out, "?    %s\t[no test files]\n", e.Package)
+		case "pass":
+			fmt.Fprintf(r.out, "ok   %s\t%.1fs\n", e.Package, e.Elapsed)
+		default:
+			fmt.Fprintf(r.out, "FAIL %s\t%.1fs\n", e.Package, e.Elapsed)
 		}
 	case e.Action == "run":
 		r.running[key] = time.Now()
@@ -178,7 +199,7 @@ func (r *report) announce(done <-chan struct{}) {
 	}
 }
 
-func (r *report) summary() {
+func (r *report) summary(ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.skips) > 0 {
@@ -205,9 +226,12 @@ func (r *report) summary() {
 			}
 		}
 	}
-	if len(r.failed) > 0 {
+	switch {
+	case len(r.failed) > 0:
 		fmt.Fprintf(r.out, "\nFAILED: %s\n", strings.Join(r.failed, ", "))
-	} else {
+	case !ok:
+		fmt.Fprintf(r.out, "\nFAILED: go test's output was not all test events (see the lines above)\n")
+	default:
 		fmt.Fprintf(r.out, "\n%d packages, all passed\n", r.pkgs)
 	}
 }

@@ -24,6 +24,8 @@ func TestReport(t *testing.T) {
 		`{"Action":"run","Package":"p/b","Test":"TestBad"}`,
 		`{"Action":"output","Package":"p/b","Test":"TestBad","Output":"    b_test.go:3: boom\n"}`,
 		`{"Action":"fail","Package":"p/b","Test":"TestBad"}`,
+		`{"Action":"run","Package":"p/b","Test":"TestHung"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestHung","Output":"panic: test timed out after 30m0s\n"}`,
 		`{"Action":"fail","Package":"p/b","Elapsed":0.2}`,
 	}, "\n") + "\n"
 	var out bytes.Buffer
@@ -31,12 +33,12 @@ func TestReport(t *testing.T) {
 	if !r.read(strings.NewReader(stream)) {
 		t.Fatal("a well-formed stream read as broken")
 	}
-	r.summary()
+	r.summary(true)
 	got := out.String()
 	for _, want := range []string{
 		"ok   p/a\t1.5s\n",
 		"--- FAIL: TestBad (p/b)\n    b_test.go:3: boom\n",
-		"FAIL p/b\t0.2s\n",
+		"--- did not end: p/b TestHung\npanic: test timed out after 30m0s\nFAIL p/b\t0.2s\n",
 		"4 tests skipped:\n  p/a TestSkip: x_test.go:9: SKIPPING: helm not found\n  p/a TestMode: 3 subtests, the first: (no reason given)\n",
 		"FAILED: p/b TestBad, p/b\n",
 	} {

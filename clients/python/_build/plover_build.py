@@ -16,9 +16,18 @@ import zipfile
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _text():
+    return open(os.path.join(_HERE, "pyproject.toml"), encoding="utf-8").read()
+
+
+def _section():
+    # [project] up to the next table, or the end of the file.
+    return re.search(r"^\[project\]\n(.*?)(?=^\[|\Z)", _text(), re.S | re.M).group(1)
+
+
 def _project():
-    text = open(os.path.join(_HERE, "pyproject.toml"), encoding="utf-8").read()
-    section = re.search(r"^\[project\]\n(.*?)(?=^\[)", text, re.S | re.M).group(1)
+    text = _text()
+    section = _section()
     fields = dict(re.findall(r'^([a-z-]+) = "([^"]*)"$', section, re.M))
     extras = {}
     opt = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
@@ -32,6 +41,9 @@ def _metadata():
     f, extras = _project()
     lines = ["Metadata-Version: 2.1", "Name: " + f["name"], "Version: " + f["version"],
              "Summary: " + f.get("description", ""), "Requires-Python: " + f.get("requires-python", ">=3")]
+    deps = re.search(r'^dependencies = \[(.*)\]$', _section(), re.M)
+    for d in re.findall(r'"([^"]+)"', deps.group(1)) if deps else []:
+        lines.append("Requires-Dist: " + d)
     for extra, deps in sorted(extras.items()):
         lines.append("Provides-Extra: " + extra)
         lines += ["Requires-Dist: %s; extra == \"%s\"" % (d, extra) for d in deps]
@@ -53,16 +65,31 @@ def get_requires_for_build_sdist(config_settings=None):
     return []
 
 
+def get_requires_for_build_editable(config_settings=None):
+    return []
+
+
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    meta, f = _metadata()
-    dist = _dist(f)
-    name = dist + "-py3-none-any.whl"
     files = []
     pkg = os.path.join(_HERE, "plover")
     for fn in sorted(os.listdir(pkg)):
         if fn.endswith(".py"):
             with open(os.path.join(pkg, fn), "rb") as fh:
                 files.append(("plover/" + fn, fh.read()))
+    return _wheel(wheel_directory, files)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    """pip install -e: a wheel whose .pth file puts this directory on
+    sys.path, so edits to plover/ take effect without reinstalling."""
+    return _wheel(wheel_directory, [("plover_client_editable.pth", (_HERE + "\n").encode())])
+
+
+def _wheel(wheel_directory, files):
+    meta, f = _metadata()
+    dist = _dist(f)
+    name = dist + "-py3-none-any.whl"
+    files = list(files)
     info = dist + ".dist-info/"
     files.append((info + "METADATA", meta.encode()))
     files.append((info + "WHEEL", b"Wheel-Version: 1.0\nGenerator: plover_build\nRoot-Is-Purelib: true\nTag: py3-none-any\n"))
