@@ -136,9 +136,11 @@ bench-fair: bin/plover bin/plover-worker bin/plover-bench-suite samples
 bench-burst: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --burst
 
-# The cost of isolation: the CNN through --isolation none and process, same run (about 1 min).
-bench-isolation: bin/plover bin/plover-worker samples
+# The cost of isolation: the CNN through --isolation none and process, same run,
+# then the many-functions figures of bench-burst (about 2 min).
+bench-isolation: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bash scripts/isolation-bench.sh host
+	bin/plover-bench-suite --plover bin/plover --device host --burst
 
 # docs/cli: the CLI reference, generated from the commands (make test fails when it is stale).
 cli-docs:
