@@ -80,8 +80,13 @@ save() { # save FILE NAME: copy a log to $OUT
 
 # ---------------------------------------------------------------- artifacts
 section "artifacts"
+# make gpu-artifacts packs the binaries (plover, plover-worker beside it,
+# device.test, plover-bench-suite) into one gzip so that the carry fits.
+if [ -f build/gpu-bin.tgz ]; then
+  tar xzf build/gpu-bin.tgz && say "ok  unpacked build/gpu-bin.tgz"
+fi
 missing=0
-for f in bin/plover bin/device.test build/cudatest/testkernels.so \
+for f in bin/plover bin/plover-worker bin/device.test build/cudatest/testkernels.so \
   build/samples/vecadd-cuda/plover.json build/samples/vecadd-host/plover.json \
   build/samples/vecadd-input.bin; do
   if [ -e "$f" ]; then say "ok  $f"; else
