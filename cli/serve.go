@@ -73,8 +73,8 @@ func serveCmd() *command {
 			fs.StringVar(&f.data, "data", "", "data directory: store (unless --store) and node bundle cache (default $XDG_DATA_HOME/plover, else ~/.local/share/plover)")
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
-			fs.IntVar(&f.standby, "standby-workers", 1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process)")
-			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last 10 s (0: 16 on the host device, 4 on a GPU, where each holds a context; none when --standby-workers is 0)")
+			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none")
+			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0)")
 			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb; past it the worker is killed (0: no limit)")
 			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
@@ -308,8 +308,8 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	if f.standbyMax < 0 {
 		return nil, nil, fmt.Errorf("--standby-max %d: want 0 or more", f.standbyMax)
 	}
-	if f.standby < 0 {
-		return nil, nil, fmt.Errorf("--standby-workers %d: want 0 or more", f.standby)
+	if f.standby < -1 {
+		return nil, nil, fmt.Errorf("--standby-workers %d: want 0 or more (-1: the device's default)", f.standby)
 	}
 	// Workers run with another uid when we are root; when we are not, they
 	// share ours, and only a non-dumpable server keeps them out of its
@@ -361,23 +361,15 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		if g, ok := d.(*device.GPU); ok {
 			ordinal = g.Ordinal()
 		}
-		standbyMax := f.standbyMax
-		switch {
-		case standbyMax > 0:
-		case f.standby == 0: // no pool asked for: none grows either
-		case d.Target() == abi.TargetHost:
-			standbyMax = 16
-		default:
-			standbyMax = 4
-		}
+		standby, standbyMax := standbySizes(d.Target(), f.standby, f.standbyMax)
 		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: f.standby, MaxStandby: max(standbyMax, f.standby), Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
+			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
 	}
 	user := "the server's"
 	if drop != nil {
 		user = f.workerUser + " (" + drop.String() + ")"
 	}
-	log.Info("functions run in worker processes", "standby_workers", f.standby, "worker_user", user, "worker_binary", exe)
+	log.Info("functions run in worker processes", "worker_user", user, "worker_binary", exe)
 	return out, cpu, nil
 }
 
@@ -423,4 +415,30 @@ func workerExeBeside(self string, log *slog.Logger) string {
 		return lean
 	}
 	return "/proc/self/exe"
+}
+
+// standbySizes is a device's standby pool, floor and ceiling, from the
+// flags (-1 and 0: the target's defaults). On the host device an idle
+// worker is about 2 MiB of memory, and 16 distinct functions waking at once
+// on 2 CPUs answered within 26 ms with 16 workers waiting against 120 ms
+// with one (BENCHMARKS.md); on a GPU each holds a CUDA context. A floor of
+// 0 turns the pool off unless a ceiling is given.
+func standbySizes(target string, floor, ceiling int) (int, int) {
+	host := target == abi.TargetHost
+	if floor < 0 {
+		floor = 1
+		if host {
+			floor = 8
+		}
+	}
+	if ceiling == 0 {
+		if floor == 0 {
+			return 0, 0
+		}
+		ceiling = 4
+		if host {
+			ceiling = 16
+		}
+	}
+	return floor, max(floor, ceiling)
 }

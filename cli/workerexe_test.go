@@ -43,3 +43,27 @@ func TestWorkerExeBeside(t *testing.T) {
 		})
 	}
 }
+
+// The standby pool's floor and ceiling by target: the defaults, explicit
+// values, and 0 turning the pool off unless a ceiling is given.
+func TestStandbySizes(t *testing.T) {
+	for _, tc := range []struct {
+		target              string
+		floor, ceiling      int
+		wantFloor, wantCeil int
+	}{
+		{"host", -1, 0, 8, 16},
+		{"cuda", -1, 0, 1, 4},
+		{"host", 0, 0, 0, 0},
+		{"cuda", 0, 0, 0, 0},
+		{"host", 0, 5, 0, 5},
+		{"host", 2, 0, 2, 16},
+		{"host", 20, 0, 20, 20},
+		{"cuda", 3, 2, 3, 3},
+	} {
+		f, c := standbySizes(tc.target, tc.floor, tc.ceiling)
+		if f != tc.wantFloor || c != tc.wantCeil {
+			t.Errorf("standbySizes(%s, %d, %d) = %d, %d; want %d, %d", tc.target, tc.floor, tc.ceiling, f, c, tc.wantFloor, tc.wantCeil)
+		}
+	}
+}

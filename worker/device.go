@@ -57,6 +57,7 @@ type Device struct {
 	standby chan *proc
 	refill  chan struct{}
 	started chan standbyStart // keepStandby's starts in flight report here
+	starts  sync.WaitGroup    // the same starts, for Close
 	demand  *standbyDemand
 	stop    chan struct{}
 	once    sync.Once
@@ -131,22 +132,33 @@ func (d *Device) MemInfo() device.MemInfo {
 	return device.MemInfo{Total: b.Total, Free: free, Used: used}
 }
 
-// Close stops every worker.
+// Close stops every worker, and returns once they are gone (their stages
+// and CPU groups removed with them) or after 2 s.
 func (d *Device) Close() error {
 	d.once.Do(func() { close(d.stop) })
 	d.mu.Lock()
 	d.closed = true // spawn kills what it starts from now on
-	procs := make([]*proc, 0, len(d.procs))
-	for p := range d.procs {
-		procs = append(procs, p)
-	}
+	procs := d.procsLocked()
 	d.mu.Unlock()
 	for _, p := range procs {
 		p.kill("the server is stopping")
 	}
-	// Bounded: their stages go as they are reaped.
 	deadline := time.After(2 * time.Second)
+	// The pool's starts in flight end at once now (their workers were
+	// killed above, or kill themselves on seeing closed): wait for them,
+	// then for every worker they left too.
+	started := make(chan struct{})
+	go func() { d.starts.Wait(); close(started) }()
+	select {
+	case <-started:
+	case <-deadline:
+		return nil
+	}
+	d.mu.Lock()
+	procs = d.procsLocked()
+	d.mu.Unlock()
 	for _, p := range procs {
+		p.kill("the server is stopping")
 		select {
 		case <-p.done:
 		case <-deadline:
@@ -154,6 +166,14 @@ func (d *Device) Close() error {
 		}
 	}
 	return nil
+}
+
+func (d *Device) procsLocked() []*proc {
+	procs := make([]*proc, 0, len(d.procs))
+	for p := range d.procs {
+		procs = append(procs, p)
+	}
+	return procs
 }
 
 // deviceSelection is the server's device selection, which a worker's

@@ -123,11 +123,11 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	d.mu.Unlock()
 	go p.logStderr(pr)
 	go p.wait(cmd)
-	p.placeCgroup(d.opts.CPU, w)
 	if closed {
 		p.kill("the server is stopping")
 		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
 	}
+	p.placeCgroup(d.opts.CPU, w)
 	// Ready: the worker contained itself and opened its device.
 	if dl, ok := ctx.Deadline(); ok {
 		ctl.SetReadDeadline(dl)
@@ -290,6 +290,7 @@ func (p *proc) kill(why string) {
 		return
 	}
 	p.killed.CompareAndSwap(nil, &why)
+	p.cgroup.Dying()
 	contain.KillGroup(p.pid)
 }
 

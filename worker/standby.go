@@ -20,8 +20,9 @@ type standbyDemand struct {
 	n        [standbyWindow]int
 }
 
-// standbyWindow is how many seconds of takes the pool is sized by.
-const standbyWindow = 10
+// standbyWindow is how many seconds of takes the pool is sized by: a node
+// whose functions wake in bursts a minute apart keeps a burst's workers.
+const standbyWindow = 60
 
 // took records a worker taken from the pool (or started because it was
 // empty) at now.
@@ -95,8 +96,18 @@ func (d *Device) keepStandby() {
 			continue
 		}
 		for len(d.standby)+starting < target && starting < standbyParallel {
+			// Counted under mu, unless Close has begun: Close waits for
+			// the count to drop to zero only after it set closed.
+			d.mu.Lock()
+			if d.closed {
+				d.mu.Unlock()
+				return
+			}
+			d.starts.Add(1)
+			d.mu.Unlock()
 			starting++
 			go func() {
+				defer d.starts.Done()
 				p, err := d.spawn(context.Background(), 0)
 				d.started <- standbyStart{p, err} // buffered: never blocks
 			}()

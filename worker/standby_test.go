@@ -10,7 +10,7 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// The pool is sized by the busiest second of the last ten, between its
+// The pool is sized by the busiest second of the last minute, between its
 // floor and its ceiling.
 func TestStandbyDemand(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
@@ -26,8 +26,8 @@ func TestStandbyDemand(t *testing.T) {
 		{"a burst of five", []float64{1, 1.1, 1.2, 1.3, 1.4}, 2, 5},
 		{"a burst past the ceiling", []float64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 2, 8},
 		{"the busiest second counts", []float64{1, 1, 1, 1, 4, 5}, 6, 4},
-		{"ten seconds later: the floor again", []float64{1, 1.1, 1.2, 1.3, 1.4}, 11, 2},
-		{"nine seconds later: still the burst", []float64{1, 1.1, 1.2, 1.3, 1.4}, 10.9, 5},
+		{"a minute later: the floor again", []float64{1, 1.1, 1.2, 1.3, 1.4}, 61, 2},
+		{"59 seconds later: still the burst", []float64{1, 1.1, 1.2, 1.3, 1.4}, 60.9, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &standbyDemand{min: 2, max: 8}
