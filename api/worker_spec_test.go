@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -18,13 +17,7 @@ import (
 
 // This test binary is its own worker (worker processes run "EXE worker").
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "worker" {
-		if err := worker.Main(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	worker.RunIfWorker()
 	os.Exit(m.Run())
 }
 

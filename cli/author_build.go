@@ -4,13 +4,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/plover-run/plover/internal/fileutil"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
@@ -355,7 +356,7 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBund
 		return nil, err
 	}
 	if constants != nil {
-		if err := linkOrCopy(filepath.Join(dir, m.Constants), filepath.Join(bdir, m.Constants)); err != nil {
+		if err := fileutil.LinkOrCopy(filepath.Join(dir, m.Constants), filepath.Join(bdir, m.Constants)); err != nil {
 			return nil, fmt.Errorf("constants: %w", err)
 		}
 	}
@@ -388,29 +389,4 @@ func outputPath(dir, path string) (string, error) {
 		return rel, nil
 	}
 	return abs, nil
-}
-
-// linkOrCopy makes dst hold src's bytes: a hard link where the filesystem
-// allows, else a copy.
-func linkOrCopy(src, dst string) error {
-	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if os.Link(src, dst) == nil {
-		return nil
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	o, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(o, in); err != nil {
-		o.Close()
-		return err
-	}
-	return o.Close()
 }

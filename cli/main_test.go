@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -11,12 +10,6 @@ import (
 // The test binary is its own worker, as plover is: plover run (runLocal)
 // starts "EXE worker ..." when no plover-worker lies beside EXE.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "worker" {
-		if err := worker.Main(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	worker.RunIfWorker()
 	os.Exit(m.Run())
 }

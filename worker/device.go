@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/plover-run/plover/internal/fileutil"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
@@ -282,30 +283,9 @@ func stage(spec device.ProgramSpec, dir string) error {
 		if name == "" {
 			continue
 		}
-		src, dst := filepath.Join(spec.Dir, name), filepath.Join(dir, name)
-		if err := os.Link(src, dst); err == nil {
-			continue
-		}
-		if err := copyFile(src, dst); err != nil {
+		if err := fileutil.LinkOrCopy(filepath.Join(spec.Dir, name), filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("stage %s: %w", name, err)
 		}
 	}
 	return nil
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }

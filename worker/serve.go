@@ -308,6 +308,20 @@ func rehearse() {
 	}
 }
 
+// RunIfWorker runs the worker and exits when this process was started as
+// one ("EXE worker FLAGS"), and returns otherwise: the first line of main in
+// plover-worker and in test binaries that stand in for it.
+func RunIfWorker() {
+	if len(os.Args) < 2 || os.Args[1] != "worker" {
+		return
+	}
+	if err := Main(os.Args[2:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
 // Main is a worker process's main after "worker" in its argv: the flags
 // the server's spawn writes, then Serve. plover worker, plover-worker and
 // test binaries that stand in for them all run it.

@@ -23,13 +23,7 @@ import (
 // TestMain lets the test binary be its own worker: Options.Exe is
 // os.Args[0], started as "<test binary> worker --device host ...".
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "worker" {
-		if err := Main(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	RunIfWorker()
 	code := m.Run()
 	if fake.dir != "" {
 		os.RemoveAll(fake.dir)

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/plover-run/plover/internal/fileutil"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
@@ -171,28 +173,11 @@ func copyDir(src, dst string) error {
 		if !de.Type().IsRegular() {
 			continue
 		}
-		if err := copyFile(filepath.Join(src, de.Name()), filepath.Join(dst, de.Name())); err != nil {
+		if err := fileutil.Copy(filepath.Join(src, de.Name()), filepath.Join(dst, de.Name())); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }

@@ -17,12 +17,7 @@ func main() {
 	// Started as "plover-worker worker FLAGS", the argv of `plover worker`,
 	// so that the worker's early containment (worker/contain) sees the
 	// same argv[1] whichever binary runs.
-	if len(os.Args) < 2 || os.Args[1] != "worker" {
-		fmt.Fprintln(os.Stderr, "plover-worker is started by plover serve; it is not meant to be run by hand")
-		os.Exit(2)
-	}
-	if err := worker.Main(os.Args[2:]); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	worker.RunIfWorker()
+	fmt.Fprintln(os.Stderr, "plover-worker is started by plover serve; it is not meant to be run by hand")
+	os.Exit(2)
 }

@@ -1,0 +1,42 @@
+package fileutil
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// LinkOrCopy gives dst src's bytes, linked on one file system, and replaces
+// a dst that was there (a link to another file stays untouched).
+func TestLinkOrCopy(t *testing.T) {
+	dir := t.TempDir()
+	src, other, dst := filepath.Join(dir, "src"), filepath.Join(dir, "other"), filepath.Join(dir, "dst")
+	os.WriteFile(src, []byte("new"), 0o644)
+	os.WriteFile(other, []byte("old"), 0o644)
+	if err := os.Link(other, dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := LinkOrCopy(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(dst); string(b) != "new" {
+		t.Fatalf("dst %q", b)
+	}
+	if b, _ := os.ReadFile(other); string(b) != "old" {
+		t.Fatalf("the file dst linked to was written through: %q", b)
+	}
+	si, _ := os.Stat(src)
+	di, _ := os.Stat(dst)
+	if !os.SameFile(si, di) {
+		t.Error("same file system, but dst is not a link to src")
+	}
+	if err := Copy(src, filepath.Join(dir, "copy")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "copy")); string(b) != "new" {
+		t.Fatalf("copy %q", b)
+	}
+	if err := LinkOrCopy(filepath.Join(dir, "missing"), dst); err == nil {
+		t.Error("a missing src gave no error")
+	}
+}
