@@ -10,6 +10,7 @@ package api
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/plover-run/plover/abi"
@@ -106,6 +107,12 @@ type Record struct {
 	Name     string    `json:"name"`
 	Current  string    `json:"current"`
 	Versions []Version `json:"versions"`
+}
+
+// Matches reports whether ref names v: its id, or a prefix of it of 8 or
+// more characters (what plover versions prints).
+func (v Version) Matches(ref string) bool {
+	return ref == v.ID || (len(ref) >= 8 && strings.HasPrefix(v.ID, ref))
 }
 
 // CurrentVersion returns the version Current names.

@@ -6,7 +6,6 @@ import (
 	"net"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -23,7 +22,7 @@ type Tokens interface {
 // function it acts on. open routes (the probes) require nothing.
 type need struct {
 	scope auth.Scope
-	fn    []byte
+	fn    string // aliases the request's path: used while the request lives
 	open  bool
 }
 
@@ -43,9 +42,9 @@ func required(method, path []byte) need {
 	case bytes.HasPrefix(path, []byte("/v2/health/")), bytes.Equal(path, pathV2), bytes.Equal(path, []byte("/v2/")):
 		return need{open: true} // probes and server metadata, as /healthz
 	case bytes.HasPrefix(path, []byte("/v2/models/")):
-		rest := path[len("/v2/models/"):]
-		name, _, _ := bytes.Cut(rest, []byte{'/'})
-		if bytes.HasSuffix(path, []byte("/infer")) {
+		// The route's own parser: "/infer" at the end of a path is not
+		// always the infer action (a model named infer).
+		if name, _, action, ok := parseV2Model(path[len("/v2/models/"):]); ok && action == "infer" {
 			return need{scope: auth.Invoke, fn: name}
 		}
 		return need{scope: auth.Read}
@@ -54,16 +53,16 @@ func required(method, path []byte) need {
 	case bytes.HasPrefix(path, pathFunctions) && len(path) > len(pathFunctions)+1 && path[len(pathFunctions)] == '/':
 		rest := path[len(pathFunctions)+1:]
 		if name, ok := bytes.CutSuffix(rest, suffixInvoke); ok && bytes.IndexByte(name, '/') < 0 {
-			return need{scope: auth.Invoke, fn: name}
+			return need{scope: auth.Invoke, fn: b2s(name)}
 		}
 		if name, sub, ok := bytes.Cut(rest, []byte{'/'}); ok {
 			if string(sub) == "rollback" {
-				return need{scope: auth.Deploy, fn: name}
+				return need{scope: auth.Deploy, fn: b2s(name)}
 			}
 			return need{scope: auth.Read}
 		}
 		if string(method) == fasthttp.MethodPut || string(method) == fasthttp.MethodDelete {
-			return need{scope: auth.Deploy, fn: rest}
+			return need{scope: auth.Deploy, fn: b2s(rest)}
 		}
 	}
 	return need{scope: auth.Read}
@@ -90,7 +89,7 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx) (*tokenState, bool) {
 		return nil, false
 	}
 	// The name is only matched against globs, not kept: no copy.
-	fn := unsafe.String(unsafe.SliceData(n.fn), len(n.fn))
+	fn := n.fn
 	if err := p.Allow(n.scope, fn); err != nil {
 		var d *auth.Denied
 		msg := err.Error()

@@ -537,6 +537,9 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err erro
 func classify(err error) (int, engine.Kind) {
 	var rq *requestError
 	if errors.As(err, &rq) {
+		if rq.code >= 500 { // the server's failure (an output it cannot encode), not the request's
+			return rq.code, engine.KindInternal
+		}
 		return rq.code, engine.KindBadRequest
 	}
 	kind := engine.KindOf(err)

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -32,17 +30,6 @@ func isV2(path []byte) bool {
 // v2Error writes the protocol's error object.
 func v2Error(ctx *fasthttp.RequestCtx, code int, msg string) {
 	writeJSON(ctx, code, map[string]string{"error": msg})
-}
-
-// v2Fail writes an engine or request error as the protocol's error object.
-func (s *Server) v2Fail(ctx *fasthttp.RequestCtx, err error) {
-	code, _ := classify(err)
-	msg := err.Error()
-	var re *engine.Error
-	if errors.As(err, &re) {
-		msg = re.Msg
-	}
-	v2Error(ctx, code, msg)
 }
 
 // v2 routes /v2... requests.
@@ -132,8 +119,9 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		s.v2Infer(ctx, name, version)
 		return
 	}
-	pin, ts, ok := s.v2Pin(ctx, name, version)
-	if !ok {
+	pin, ts, err := s.v2Pin(name, version)
+	if err != nil {
+		s.fail(ctx, err)
 		return
 	}
 	cur := pin.Version()
@@ -154,25 +142,23 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 
 // v2Pin resolves name's current version once for the request (the version
 // described, whose tensors lay the inputs out, is the version that runs)
-// and checks it against the version the path names. On failure it has
-// written the error; on success the caller releases the pin.
-func (s *Server) v2Pin(ctx *fasthttp.RequestCtx, name, version string) (engine.Pin, *abi.Tensors, bool) {
+// and checks it against the version the path names. On success the caller
+// releases the pin.
+func (s *Server) v2Pin(name, version string) (engine.Pin, *abi.Tensors, error) {
 	pin, err := s.inv.Pin(context.Background(), name)
 	if err != nil {
-		s.v2Fail(ctx, err)
-		return pin, nil, false
+		return pin, nil, err
 	}
 	cur := pin.Version()
-	if version != "" && version != cur.ID && !(len(version) >= 8 && strings.HasPrefix(cur.ID, version)) {
+	if version != "" && !cur.Matches(version) {
 		pin.Release()
-		v2Error(ctx, fasthttp.StatusNotFound, fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID))
-		return pin, nil, false
+		return pin, nil, &requestError{fasthttp.StatusNotFound, "not_found", fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID)}
 	}
 	ts := cur.Tensors
 	if ts == nil {
 		ts = &abi.RawTensors
 	}
-	return pin, ts, true
+	return pin, ts, nil
 }
 
 // v2Call is an inference's scratch state, pooled so that a binary-extension
@@ -229,21 +215,35 @@ var hdrInferHeaderLen = []byte("Inference-Header-Content-Length")
 // v2Infer reads the request, then pins the function's version: a slow
 // upload must not hold a version (and its device memory) that a deploy
 // replaced, as a pin would from the start; so, as on /v1, an unknown model
-// is a 404 after its body is read.
+// is a 404 after its body is read. Every outcome, refusals included, is
+// written and counted by finish, as on /v1.
 func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
-	if err := s.fullBeforeBody(ctx, name); err != nil {
-		s.v2Fail(ctx, err)
-		return
-	}
 	vc := v2Calls.Get().(*v2Call)
 	defer func() {
 		vc.trim()
 		v2Calls.Put(vc)
 	}()
+	vc.req.Timing = engine.Timing{}
+	err := s.v2Run(ctx, vc, name, version)
+	s.finish(ctx, name, &vc.call, err)
+	if err == nil {
+		s.writeMeta(ctx, &vc.call)
+	}
+}
+
+// v2Run is v2Infer's work: the response written, or the error to write.
+func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version string) error {
+	if err := s.fullBeforeBody(ctx, name); err != nil {
+		return err
+	}
+	r := &vc.req
+	// Before the body: a bad timeout header costs no upload.
+	if err := deadline(ctx, r); err != nil {
+		return err
+	}
 	body, held, err := s.readBody(ctx, s.opts.MaxBodyBytes, &vc.in)
 	if err != nil {
-		s.v2Fail(ctx, err)
-		return
+		return err
 	}
 	defer s.releaseBody(held)
 	// The binary extension: a JSON header of the given length, then the
@@ -252,45 +252,34 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
 	if h := ctx.Request.Header.PeekBytes(hdrInferHeaderLen); len(h) > 0 {
 		n, err := strconv.Atoi(b2s(h))
 		if err != nil || n < 0 || n > len(body) {
-			v2Error(ctx, fasthttp.StatusBadRequest, "Inference-Header-Content-Length: "+strconv.Quote(string(h))+" is not a length within the body")
-			return
+			return badField("Inference-Header-Content-Length", strconv.Quote(string(h))+" is not a length within the body")
 		}
 		header, bin = body[:n], body[n:]
 	}
 	h := &vc.hdr
 	if !h.parse(header) {
 		if err := h.decode(header); err != nil {
-			v2Error(ctx, fasthttp.StatusBadRequest, "request body: invalid JSON: "+err.Error())
-			return
+			return badField("request body", "invalid JSON: "+err.Error())
 		}
 	}
-	pin, ts, ok := s.v2Pin(ctx, name, version)
-	if !ok {
-		return
+	pin, ts, err := s.v2Pin(name, version)
+	if err != nil {
+		return err
 	}
 	defer pin.Release()
-	r := &vc.req
 	r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 	if err != nil {
-		v2Error(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
-	}
-	if err := deadline(ctx, r); err != nil {
-		s.v2Fail(ctx, err)
-		return
+		return &requestError{fasthttp.StatusBadRequest, "bad_request", err.Error()}
 	}
 	r.Output = vc.out[:0]
 	err = pin.Invoke(context.Background(), r)
 	vc.out, r.Input = r.Output, nil
 	if err != nil {
-		code, kind := classify(err) // only here: its errors.As target escapes
-		s.metrics.record(name, code, kind, &r.Timing)
-		s.v2Fail(ctx, err)
-		return
+		return err
 	}
 	// The function ran; what it produced may still not make a response
-	// (too few bytes for its outputs, values JSON cannot carry): a 500,
-	// counted as one.
+	// (too few bytes for its outputs, values JSON cannot carry): a 500
+	// that says why, counted as one.
 	vc.cuts, vc.dims, err = cutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
 	if err == nil {
 		if h.allBinary(ts.Outputs) {
@@ -300,12 +289,9 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
 		}
 	}
 	if err != nil {
-		s.metrics.record(name, fasthttp.StatusInternalServerError, engine.KindInternal, &r.Timing)
-		v2Error(ctx, fasthttp.StatusInternalServerError, err.Error())
-		return
+		return &requestError{fasthttp.StatusInternalServerError, "bad_output", err.Error()}
 	}
-	s.metrics.record(name, fasthttp.StatusOK, engine.KindInternal, &r.Timing)
-	s.writeMeta(ctx, &vc.call)
+	return nil
 }
 
 // writeBinary writes the response when every output is binary: the JSON

@@ -420,3 +420,36 @@ func TestV2NonFiniteOutputs(t *testing.T) {
 		t.Errorf("/metrics lacks %s", want)
 	}
 }
+
+// /v2 refusals are written and counted as on /v1: a bad timeout header is
+// a 400 naming it (before the body is read), an unknown version a 404, and
+// both reach plover_requests_total.
+func TestV2RefusalsCounted(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	url := testkit.Serve(t, e, httpapi.Options{})
+	body := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`)
+	for _, tt := range []struct {
+		name, path string
+		hdr        map[string]string
+		code       int
+		msg        string
+	}{
+		{"bad timeout", "/v2/models/echo/infer", map[string]string{"X-Plover-Timeout-Ms": "soon"}, 400, "X-Plover-Timeout-Ms"},
+		{"unknown version", "/v2/models/echo/versions/0123456789/infer", nil, 404, "is not its current version"},
+	} {
+		code, _, b := v2Do(t, "POST", url+tt.path, tt.hdr, body)
+		if code != tt.code || !strings.Contains(string(b), tt.msg) || !strings.HasPrefix(string(b), `{"error":`) {
+			t.Errorf("%s: %d %s, want %d naming %q in the protocol's error object", tt.name, code, b, tt.code, tt.msg)
+		}
+	}
+	_, _, m := v2Do(t, "GET", url+"/metrics", nil, nil)
+	// Refused requests of a function that has not yet served one are
+	// counted under _unknown, as on /v1 (names in bad requests are the
+	// client's, not a bound on the series).
+	for _, want := range []string{`plover_requests_total{code="400",function="_unknown"} 1`, `plover_requests_total{code="404",function="_unknown"} 1`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}

@@ -350,7 +350,7 @@ func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.V
 			return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 		}
 		for _, v := range r.Versions {
-			if v.ID == versionID || (len(versionID) >= 8 && strings.HasPrefix(v.ID, versionID)) {
+			if v.Matches(versionID) {
 				found, r.Current = v, v.ID
 				return r, nil
 			}
