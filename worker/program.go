@@ -63,11 +63,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	if cfg.MaxInput < 0 || cfg.Tmp < 0 || cfg.Out < 0 {
 		return nil, fmt.Errorf("instance sizes %d/%d/%d", cfg.MaxInput, cfg.Tmp, cfg.Out)
 	}
-	size := cfg.MaxInput + cfg.Out
-	if size == 0 {
-		size = 1
-	}
-	memfd, slot, err := newSlot(size)
+	memfd, slot, err := newSlot(cfg.MaxInput + cfg.Out) // out_bytes >= 1 (abi.Manifest.Validate)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +92,11 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 		err = fmt.Errorf("%w: %v", device.ErrDeadline, err)
 	}
 	unix.Close(fds[1])
-	if err == nil && rep[0] != stOK {
+	switch {
+	case err != nil:
+	case rep[0] == stFault: // plover_instance_init faulted the device: the worker goes
+		err = &faultError{ke: &device.KernelError{Msg: string(rep[1:])}, exit: g.p.lost("creating an instance")}
+	case rep[0] != stOK:
 		err = errorOf(rep[0], string(rep[1:]))
 	}
 	if err != nil {

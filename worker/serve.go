@@ -104,6 +104,11 @@ func Serve(cfg Config) error {
 		if err := unix.Sendmsg(ctlFD, reply, nil, nil, 0); err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
+		if reply[0] == stFault {
+			// The device context is poisoned (a bundle hook faulted it):
+			// nothing more can run here, as after a faulting chain.
+			os.Exit(exitFault)
+		}
 	}
 }
 
