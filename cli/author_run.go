@@ -60,7 +60,7 @@ func runCmd() *command {
 			if err != nil {
 				return err
 			}
-			rep, output, err := runLocal(dir, input, repeat, timeout)
+			rep, output, err := runLocal(dir, input, repeat, timeout, env.Stderr)
 			if err != nil {
 				return err
 			}
@@ -144,8 +144,8 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 // returns the report and the last run's output. In a worker, a chain that
 // writes past its buffers or never returns ends as it would on a server
 // (the worker crashes, or is killed at the deadline) instead of corrupting
-// or hanging this process.
-func runLocal(dir string, input []byte, repeat int, timeout time.Duration) (*runReport, []byte, error) {
+// or hanging this process. What the bundle prints goes to stderr.
+func runLocal(dir string, input []byte, repeat int, timeout time.Duration, stderr io.Writer) (*runReport, []byte, error) {
 	m, err := checkDir(dir)
 	if err != nil {
 		return nil, nil, err
@@ -169,7 +169,7 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration) (*run
 	defer spawner.Close()
 	log := slog.New(slog.DiscardHandler)
 	dev := worker.NewDevice(worker.Options{Exe: workerExe(log), Base: device.NewHost(0), Landlock: true,
-		StageDir: stages, Spawner: spawner, Log: log})
+		StageDir: stages, Spawner: spawner, Log: log, Output: stderr})
 	defer dev.Close()
 	t0 := time.Now()
 	// ^C or SIGTERM stops the workers, so that the run returns and the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -44,6 +45,10 @@ type Options struct {
 	MaxHostMemory int64
 	Spawner       *contain.Spawner
 	Log           *slog.Logger
+	// Output, when set, receives all a worker writes to stderr (a
+	// bundle's printf, an assertion's message), line by line; unset, the
+	// first 20 lines go to Log.
+	Output io.Writer
 	// CPU, when set, puts each worker that takes a function in a cgroup
 	// weighted by the function's share and priority (NewCPUGroups).
 	CPU *CPUGroups

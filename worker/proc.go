@@ -36,7 +36,8 @@ type proc struct {
 	memLimit atomic.Int64           // resident bytes it may hold; 0: none
 	pssBytes atomic.Int64           // the last PSS read (proc.pss), at pssAt (Unix ns)
 	pssAt    atomic.Int64
-	said     chan string // its first line of output (then closed)
+	said     chan string   // its first line of output (then closed)
+	heard    chan struct{} // closed once its output is read to the end
 
 	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.
@@ -116,7 +117,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
 	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax),
-		done: make(chan struct{}), said: make(chan string, 1), stage: stageDir}
+		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir}
 	d.mu.Lock()
 	closed := d.closed
 	d.procs[p] = struct{}{}
@@ -180,14 +181,23 @@ func (p *proc) startFailure() error {
 
 // logStderr passes the first lines a worker writes to the server log (its
 // own start-up errors, or what a crashing bundle printed) and drops the rest:
-// a bundle must not be able to flood the server's log.
+// a bundle must not be able to flood the server's log. With Options.Output
+// (plover run: the author's terminal) every line goes there instead.
 func (p *proc) logStderr(r io.ReadCloser) {
+	defer close(p.heard)
 	defer r.Close()
 	sc := bufio.NewScanner(r)
-	for lines := 0; lines < 20 && sc.Scan(); lines++ {
+	for lines := 0; sc.Scan(); lines++ {
 		if lines == 0 {
 			p.said <- sc.Text()
 			close(p.said)
+		}
+		if w := p.d.opts.Output; w != nil {
+			fmt.Fprintln(w, sc.Text())
+			continue
+		}
+		if lines == 20 {
+			break
 		}
 		p.d.opts.Log.Warn("worker output", "pid", p.pid, "line", sc.Text())
 	}
@@ -209,6 +219,14 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.exited = true
 	p.mu.Unlock()
 	err := cmd.Wait()
+	if p.d.opts.Output != nil {
+		// Its last lines (a crash's message) are passed on before it is
+		// reported gone; not for long: a child it forked may hold the pipe.
+		select {
+		case <-p.heard:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 	os.RemoveAll(p.stage)
 	p.mu.Lock()
 	cg := p.cgroup

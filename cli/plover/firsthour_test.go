@@ -261,3 +261,35 @@ func TestRunInterruptedCleansUp(t *testing.T) {
 		t.Fatalf("left behind in TMPDIR: %v", left)
 	}
 }
+
+// What a bundle prints reaches the terminal of plover run, as it did when
+// the chain ran in plover run's own process: the worker's stderr is passed
+// through whole.
+func TestRunShowsWhatTheBundlePrints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	m := testkit.Manifest("talker")
+	m.Chain[0].Kernel = "talk"
+	dir := t.TempDir()
+	src := `#include <stdio.h>
+#include "plover_kernel.h"
+PLOVER_BUNDLE(PLOVER_TARGET);
+PLOVER_ENTRY(talk) {
+  (void)grid; (void)block;
+  for (int i = 0; i < 30; i++) fprintf(stderr, "talk line %d\n", i);
+  s->out.dat[0] = 1;
+}
+`
+	srcFile := filepath.Join(t.TempDir(), "talk.cu")
+	os.WriteFile(srcFile, []byte(src), 0o644)
+	testkit.BuildLib(t, srcFile, dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	in := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(in, []byte{1}, 0o644)
+	out, err := exec.Command(bin, "run", dir, "--in", in, "--out", os.DevNull).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "talk line 0\n") || !strings.Contains(string(out), "talk line 29\n") {
+		t.Fatalf("plover run: %v, want the bundle's 30 lines:\n%s", err, out)
+	}
+}
