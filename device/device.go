@@ -160,7 +160,7 @@ var ErrUnhealthy = errors.New("device unhealthy")
 // a device that cannot stop the chain lets it finish in the background (a
 // worker process is killed if it overruns by more than a grace period, and
 // the next run on the instance then reports a ProcessExit with BeforeRun).
-var ErrDeadline = errors.New("the request's deadline passed while its chain was running")
+var ErrDeadline = errors.New("the request's deadline passed")
 
 // ProcessExit is the death of the process a program lived in: a signal, an
 // exit, or a broken channel. Everything the program held is gone with it.

@@ -247,7 +247,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		consts = fi.Size()
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, device.ErrDeadline
+		return nil, fmt.Errorf("%w before the bundle was loaded", device.ErrDeadline)
 	}
 	var p *proc
 	if d.opts.MPS {

@@ -30,6 +30,9 @@ type instance struct {
 	reply waitEstimate
 }
 
+// errRunDeadline is a run given up at its deadline (device.ErrDeadline).
+var errRunDeadline = fmt.Errorf("%w while its chain was running", device.ErrDeadline)
+
 // overrunGrace is how long a chain may run past its request's deadline
 // before its worker is killed. The request is answered (504) at the deadline
 // either way; the grace spares the worker's other requests when a chain is
@@ -153,7 +156,7 @@ func (i *instance) Run(r *device.Run) error {
 				return i.g.p.idleExit()
 			}
 		case <-deadlineC(r.Deadline):
-			return device.ErrDeadline
+			return errRunDeadline
 		}
 	}
 	if !i.g.p.alive() {
@@ -187,7 +190,7 @@ func (i *instance) Run(r *device.Run) error {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			i.overrun = make(chan bool, 1)
 			go i.finish(i.overrun)
-			return device.ErrDeadline
+			return errRunDeadline
 		}
 		return i.g.p.failed(err, "running the chain")
 	}

@@ -334,7 +334,7 @@ func (p *proc) end(why string) {
 func (p *proc) failed(err error, during string) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		p.kill("the request's deadline passed while " + during)
-		return device.ErrDeadline
+		return fmt.Errorf("%w while %s", device.ErrDeadline, during)
 	}
 	return p.lost(during)
 }
@@ -353,7 +353,7 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 		select {
 		case p.ctlTok <- struct{}{}:
 		case <-ctx.Done():
-			return nil, device.ErrDeadline
+			return nil, fmt.Errorf("%w while waiting for the worker's control channel (%s)", device.ErrDeadline, during)
 		}
 	}
 	defer func() { <-p.ctlTok }()
