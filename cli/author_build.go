@@ -194,15 +194,21 @@ func cudaCommand(nv *nvccInfo, b *abi.Build, out string) ([]string, error) {
 }
 
 func includes(b *abi.Build) []string {
-	inc := b.Include
-	if len(inc) == 0 {
-		inc = defaultInclude
-	}
+	inc := includeDirs(b)
 	flags := make([]string, len(inc))
 	for i, d := range inc {
 		flags[i] = "-I" + d
 	}
 	return flags
+}
+
+// includeDirs is the build's include directories: build.include, or
+// include/ when it names none.
+func includeDirs(b *abi.Build) []string {
+	if len(b.Include) == 0 {
+		return defaultInclude
+	}
+	return b.Include
 }
 
 func hasCCBin(flags []string) bool {

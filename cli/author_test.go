@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -443,4 +444,27 @@ func mustManifest(t *testing.T, dir string) *abi.Manifest {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// A manifest that names no include directories builds with include/ (the
+// default), so a header there that changed makes the build stale too.
+func TestStaleSourcesDefaultInclude(t *testing.T) {
+	src := initDir(t, "noinc")
+	m := mustManifest(t, src)
+	m.Build.Include = nil
+	built := filepath.Join(src, "build", "host")
+	os.MkdirAll(built, 0o755)
+	lib := filepath.Join(built, m.Library)
+	os.WriteFile(lib, nil, 0o644)
+	past := time.Now().Add(-time.Hour)
+	filepath.WalkDir(src, func(p string, _ fs.DirEntry, _ error) error { return os.Chtimes(p, past, past) })
+	os.Chtimes(lib, past, past.Add(time.Minute))
+	if got := staleSources(src, m, built); got != "" {
+		t.Fatalf("fresh build reported stale by %s", got)
+	}
+	h := filepath.Join(src, "include", "plover.h")
+	os.Chtimes(h, past, past.Add(2*time.Minute))
+	if got := staleSources(src, m, built); got != h {
+		t.Fatalf("stale by %q, want the edited header %s", got, h)
+	}
 }
