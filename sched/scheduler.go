@@ -217,7 +217,7 @@ func (f *Flow) AdmitAt(ctx context.Context, now, deadline time.Time, gone func()
 	}
 	f.queue = append(f.queue, w)
 	s.dispatch(now) // a slot may be free for it (Reserve kept it from others)
-	s.armExpiry()
+	s.armExpiry(now)
 	s.mu.Unlock()
 
 	var timeout chan struct{}
@@ -278,7 +278,7 @@ func (s *Scheduler) leave(f *Flow, w *waiter) bool {
 		s.maybeIdle(f, now)
 	}
 	s.dispatch(now) // a head that left may unblock others (Reserve)
-	s.armExpiry()
+	s.armExpiry(now)
 	return true
 }
 
@@ -301,7 +301,7 @@ func (t Ticket) DoneAt(now time.Time) {
 	if r.gen == t.gen {
 		s.end(r, now.Sub(r.start), now)
 		s.dispatch(now)
-		s.armExpiry()
+		s.armExpiry(now)
 	}
 	s.mu.Unlock()
 }
@@ -433,7 +433,7 @@ func (s *Scheduler) dispatch(now time.Time) {
 // run (a run past its deadline gives its slot up then: the engine stops
 // such a run's worker, and the slot must not wait for that), or the end of
 // a Reserve that holds a slot free. Called with s.mu held.
-func (s *Scheduler) armExpiry() {
+func (s *Scheduler) armExpiry(now time.Time) {
 	var at time.Time
 	earliest := func(t time.Time) {
 		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
@@ -448,7 +448,7 @@ func (s *Scheduler) armExpiry() {
 			for _, g := range s.idle {
 				// A running one's reserve lapses only after its run
 				// ends, which dispatches anyway: no timer for it.
-				if g.inFlight == 0 && s.light(g, s.clock.Now()) {
+				if g.inFlight == 0 && s.light(g, now) {
 					earliest(g.lastIdle.Add(s.cfg.Recent))
 				}
 			}
@@ -465,7 +465,7 @@ func (s *Scheduler) armExpiry() {
 	if at.IsZero() {
 		return
 	}
-	s.expiry = s.clock.AfterFunc(max(0, at.Sub(s.clock.Now())), s.expire)
+	s.expiry = s.clock.AfterFunc(max(0, at.Sub(now)), s.expire)
 }
 
 // expire frees the slots of runs past their deadlines, and admits what
@@ -484,5 +484,5 @@ func (s *Scheduler) expire() {
 		s.end(r, now.Sub(r.start), now) // removes r from running
 	}
 	s.dispatch(now)
-	s.armExpiry()
+	s.armExpiry(now)
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"time"
 
@@ -41,13 +40,15 @@ func procFields(path string, keys []string, out []int64) bool {
 		if !found {
 			continue
 		}
-		i := slices.Index(keys, string(k))
-		fields := bytes.Fields(v)
-		if i < 0 || len(fields) == 0 {
-			continue
-		}
-		if n, err := strconv.ParseInt(string(fields[0]), 10, 64); err == nil {
-			out[i] = n
+		for i, key := range keys { // string(k) == key does not allocate
+			if string(k) != key {
+				continue
+			}
+			if fields := bytes.Fields(v); len(fields) > 0 {
+				if n, err := strconv.ParseInt(string(fields[0]), 10, 64); err == nil {
+					out[i] = n
+				}
+			}
 		}
 	}
 	return true

@@ -11,12 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bench"
 	"github.com/plover-run/plover/bundle"
 )
 
@@ -131,7 +131,13 @@ func burstOne(ctx context.Context, o *options, plover, src string, in []byte) (*
 			return nil, err
 		}
 		br.Sequence = append(br.Sequence, d)
-		br.SeqLoad = append(br.SeqLoad, timingSpan(h.Get("Server-Timing"), "load"))
+		var st bench.ServerTiming
+		bench.ParseServerTiming([]byte(h.Get("Server-Timing")), &st)
+		load := math.NaN()
+		if st.Has&(1<<bench.Load) != 0 {
+			load = ms(st.Dur[bench.Load])
+		}
+		br.SeqLoad = append(br.SeqLoad, load)
 		if h.Get("X-Plover-Start") != "cold" {
 			br.SeqNotCold++
 		}
@@ -267,23 +273,6 @@ func getJSON(c *http.Client, url string, v any) error {
 	}
 	defer resp.Body.Close()
 	return json.NewDecoder(resp.Body).Decode(v)
-}
-
-// timingSpan is one span's duration (ms) in a Server-Timing header, NaN
-// when it is not there.
-func timingSpan(h, span string) float64 {
-	for _, part := range strings.Split(h, ",") {
-		name, rest, _ := strings.Cut(strings.TrimSpace(part), ";")
-		if name != span {
-			continue
-		}
-		if _, v, ok := strings.Cut(rest, "dur="); ok {
-			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
-				return f
-			}
-		}
-	}
-	return math.NaN()
 }
 
 func writeBurst(o *options, res *results, runs []*burstRun) error {

@@ -239,13 +239,8 @@ func beside(ctx context.Context, url, victim string, vin []byte, nb string, nin 
 
 // deviceSeconds is a function's device time on the server so far.
 func deviceSeconds(url, fn string) float64 {
-	resp, err := http.Get(url + "/v1/functions/" + fn)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
 	var fi api.FunctionInfo
-	if json.NewDecoder(resp.Body).Decode(&fi) != nil {
+	if getJSON(http.DefaultClient, url+"/v1/functions/"+fn, &fi) != nil {
 		return 0
 	}
 	return fi.DeviceSeconds
