@@ -324,6 +324,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	t0 := time.Now()
 	inst, fresh, err := e.take(context.Background(), v, deadline)
 	var r *device.Run
+	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
 		if fresh != Hot {
 			start = max(start, fresh)
@@ -339,7 +340,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		}
 		r.Items = uint32(k)
 		var wait time.Duration
-		wait, _, err = e.runOn(context.Background(), f, inst, r, time.Now(), deadline, nil)
+		wait, ended, err = e.runOn(context.Background(), f, inst, r, time.Now(), deadline, nil)
 		sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !beforeRun(err) {
@@ -371,7 +372,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			err = &device.KernelError{Msg: "an entry changed out.len in a batched run; each request's output is its batch.item_output_bytes slice of out, so leave out.len as it is"}
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || processGone(err))
-		v.put(inst, broken, time.Now())
+		v.put(inst, broken, ended) // the run's end, as runOn read it
 	}
 	if err != nil {
 		err = e.runFailed(f, v, p, err)
