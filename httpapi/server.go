@@ -392,14 +392,19 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 	// The bundle streams to a file as it arrives (Deploy spools it), so it
 	// takes no room in the body budget.
 	var body io.Reader
+	tooLarge := func(size string) error {
+		return &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large",
+			"bundle of " + size + " bytes is over the limit of " + strconv.Itoa(s.opts.MaxBodyBytes) + " bytes (plover serve --max-body)"}
+	}
 	if cl := ctx.Request.Header.ContentLength(); cl > s.opts.MaxBodyBytes {
-		s.fail(ctx, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large",
-			"bundle of " + strconv.Itoa(cl) + " bytes is over the limit of " + strconv.Itoa(s.opts.MaxBodyBytes) + " bytes (plover serve --max-body)"})
+		s.fail(ctx, tooLarge(strconv.Itoa(cl)))
 		return
 	}
 	if stream := ctx.RequestBodyStream(); stream != nil {
-		// Marked read only when the stream itself ends, not the limit.
-		body = io.LimitReader(&eofMarker{r: stream, ctx: ctx}, int64(s.opts.MaxBodyBytes)+1)
+		// Marked read only when the stream itself ends; past the limit the
+		// read fails with the 413 (the engine's error wraps it), never a
+		// bundle cut short and refused as damaged.
+		body = &eofMarker{r: stream, ctx: ctx, left: int64(s.opts.MaxBodyBytes), over: tooLarge("more than " + strconv.Itoa(s.opts.MaxBodyBytes))}
 	} else {
 		body = bytes.NewReader(ctx.Request.Body())
 	}
@@ -417,12 +422,17 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 
 // eofMarker marks the body read once its reader reaches the end.
 type eofMarker struct {
-	r   io.Reader
-	ctx *fasthttp.RequestCtx
+	r    io.Reader
+	ctx  *fasthttp.RequestCtx
+	left int64 // bytes the body may still have; past them, over
+	over error
 }
 
 func (m *eofMarker) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
+	if m.left -= int64(n); m.left < 0 {
+		return n, m.over
+	}
 	if err == io.EOF {
 		markRead(m.ctx)
 	}

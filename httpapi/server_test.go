@@ -273,3 +273,23 @@ func TestDeployStatusUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// A bundle sent without a length (chunked) and larger than --max-body is a
+// 413 naming the flag, not a bundle cut at the limit and refused as
+// damaged: the engine's own bundle limit is larger.
+func TestDeployChunkedOverMaxBody(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	url := testkit.Serve(t, e, httpapi.Options{MaxBodyBytes: 64 << 10})
+	body := io.MultiReader(bytes.NewReader(make([]byte, 200<<10))) // no Len: sent chunked
+	req, _ := http.NewRequest(http.MethodPut, url+"/v1/functions/big", body)
+	req.Header.Set("Content-Type", bundle.MediaType)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 413 || !strings.Contains(string(b), "too_large") || !strings.Contains(string(b), "--max-body") {
+		t.Fatalf("%d %s, want 413 too_large naming --max-body", resp.StatusCode, b)
+	}
+}
