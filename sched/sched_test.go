@@ -80,7 +80,7 @@ func (f *Flow) queued() int { return f.Waiting() }
 func (s *Scheduler) running_() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.inFlight
+	return len(s.running)
 }
 
 // waitFor waits until cond holds, as observed (bounded: a broken scheduler

@@ -24,12 +24,11 @@ type Scheduler struct {
 	clock Clock
 	pol   Policy
 
-	mu       sync.Mutex
-	inFlight int
-	flows    map[string]*Flow
-	waiting  []*Flow // flows with a run queued
-	running  []*run  // admitted and not ended, for deadline expiry
-	spare    []*run  // ended runs, reused
+	mu      sync.Mutex
+	flows   map[string]*Flow
+	waiting []*Flow // flows with a run queued
+	running []*run  // admitted and not ended: the runs on the device
+	spare   []*run  // ended runs, reused
 	// idle holds the flows that went idle within Config.Recent (each
 	// once: Flow.listed), for Reserve; pruned as it is read.
 	idle    []*Flow
@@ -202,7 +201,7 @@ func (f *Flow) AdmitAt(ctx context.Context, now, deadline time.Time, gone func()
 	if f.inFlight+len(f.queue) >= 1 {
 		f.lastBusy = now // this run makes two or more
 	}
-	if len(s.waiting) == 0 && s.inFlight < s.limit(f, now) {
+	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
 		t := s.start(f, deadline, now)
 		s.mu.Unlock()
 		return t, 0, nil
@@ -320,7 +319,6 @@ func (s *Scheduler) start(f *Flow, deadline, now time.Time) Ticket {
 	}
 	r.f, r.start, r.deadline = f, now, deadline
 	s.running = append(s.running, r)
-	s.inFlight++
 	f.inFlight++
 	r.charged = s.pol.Started(f, now)
 	return Ticket{r, r.gen}
@@ -336,7 +334,6 @@ func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
 	r.gen++
 	r.f = nil
 	s.spare = append(s.spare, r)
-	s.inFlight--
 	f.inFlight--
 	f.deviceNs.Add(int64(ran))
 	f.recent.add(float64(ran), now, s.cfg.Decay)
@@ -402,10 +399,10 @@ func (s *Scheduler) light(f *Flow, now time.Time) bool {
 
 // dispatch admits queued runs while slots are free. Called with s.mu held.
 func (s *Scheduler) dispatch(now time.Time) {
-	for s.inFlight < s.cfg.MaxRuns && len(s.waiting) > 0 {
+	for len(s.running) < s.cfg.MaxRuns && len(s.waiting) > 0 {
 		cands := s.scratch[:0]
 		for _, f := range s.waiting {
-			if s.inFlight < s.limit(f, now) {
+			if len(s.running) < s.limit(f, now) {
 				cands = append(cands, f)
 			}
 		}
@@ -444,7 +441,7 @@ func (s *Scheduler) armExpiry(now time.Time) {
 		for _, r := range s.running {
 			earliest(r.deadline)
 		}
-		if s.inFlight < s.cfg.MaxRuns {
+		if len(s.running) < s.cfg.MaxRuns {
 			for _, g := range s.idle {
 				// A running one's reserve lapses only after its run
 				// ends, which dispatches anyway: no timer for it.
