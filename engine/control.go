@@ -162,15 +162,7 @@ func (e *Engine) versionCount(ctx context.Context, name string) int {
 
 // Versions returns a function's record: every version and the current one.
 func (c *Control) Versions(ctx context.Context, name string) (*api.Record, error) {
-	e := c.e
-	rec, err := e.reg.Get(ctx, name)
-	if errors.Is(err, registry.ErrNoFunction) {
-		return nil, errorf(KindNotFound, err, "function %q not found", name)
-	}
-	if err != nil {
-		return nil, unavailable(err, "function %s: store unavailable", name)
-	}
-	return rec, nil
+	return c.e.record(ctx, name)
 }
 
 // Rollback makes an earlier (or later) version of name current. In-flight

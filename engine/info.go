@@ -2,12 +2,10 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"sort"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/registry"
 )
 
 func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInfo {
@@ -43,12 +41,9 @@ func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, 
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(KindNotFound, nil, "function %q not found", name)
 	}
-	rec, err := e.reg.Get(ctx, name)
-	if errors.Is(err, registry.ErrNoFunction) {
-		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
-	}
+	rec, err := e.record(ctx, name)
 	if err != nil {
-		return api.FunctionInfo{}, unavailable(err, "function %s: store unavailable", name)
+		return api.FunctionInfo{}, err
 	}
 	return e.recordInfo(rec)
 }

@@ -73,12 +73,9 @@ func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 		if closed {
 			return nil, errorf(KindUnavailable, nil, "the server is shutting down")
 		}
-		rec, err := e.reg.Get(ctx, name)
-		if errors.Is(err, registry.ErrNoFunction) {
-			return nil, errorf(KindNotFound, err, "function %q not found", name)
-		}
+		rec, err := e.record(ctx, name)
 		if err != nil {
-			return nil, unavailable(err, "function %s: store unavailable", name)
+			return nil, err
 		}
 		cv, err := rec.CurrentVersion()
 		if err != nil {
@@ -190,4 +187,17 @@ func (e *Engine) detach(f *function, v *version) bool {
 	}
 	f.cur = e.newVersion(f, v.rec)
 	return true
+}
+
+// record reads name's record from the store: 404 for a function that has
+// none, 503 naming the store's trouble otherwise.
+func (e *Engine) record(ctx context.Context, name string) (*api.Record, error) {
+	rec, err := e.reg.Get(ctx, name)
+	if errors.Is(err, registry.ErrNoFunction) {
+		return nil, errorf(KindNotFound, err, "function %q not found", name)
+	}
+	if err != nil {
+		return nil, unavailable(err, "function %s: store unavailable", name)
+	}
+	return rec, nil
 }
