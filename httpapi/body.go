@@ -48,14 +48,13 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 	cl := ctx.Request.Header.ContentLength()
 	if cl > limit {
 		ctx.SetConnectionClose() // the body stays unread
-		return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large",
-			"request body of " + strconv.Itoa(cl) + " bytes is over the limit of " + s.limitName(limit)}
+		return nil, 0, tooLarge("request body of " + strconv.Itoa(cl) + " bytes is over the limit of " + s.limitName(limit))
 	}
 	stream := ctx.RequestBodyStream()
 	if stream == nil { // not streamed (a handler called in process): already read
 		b := ctx.Request.Body()
 		if len(b) > limit {
-			return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the limit of " + s.limitName(limit)}
+			return nil, 0, tooLarge("request body is over the limit of " + s.limitName(limit))
 		}
 		return b, 0, nil
 	}
@@ -72,7 +71,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 			return nil, 0, rq
 		}
 		if errors.Is(err, errTooLarge) {
-			return nil, 0, &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the limit of " + s.limitName(limit)}
+			return nil, 0, tooLarge("request body is over the limit of " + s.limitName(limit))
 		}
 		return nil, 0, &requestError{fasthttp.StatusBadRequest, "bad_request", "reading the request body: " + err.Error()}
 	}

@@ -163,7 +163,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) erro
 	out = append(out, `,"start":"`...)
 	out = append(out, c.req.Start.String()...)
 	out = append(out, `","version":`...)
-	out = strconv.AppendQuote(out, c.req.Version)
+	out = appendJSONString(out, c.req.Version) // JSON's escaping, not Go's
 	out = append(out, `,"timing_us":{`...)
 	for i, kv := range []struct {
 		k string

@@ -392,19 +392,18 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 	// The bundle streams to a file as it arrives (Deploy spools it), so it
 	// takes no room in the body budget.
 	var body io.Reader
-	tooLarge := func(size string) error {
-		return &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large",
-			"bundle of " + size + " bytes is over the limit of " + strconv.Itoa(s.opts.MaxBodyBytes) + " bytes (plover serve --max-body)"}
+	over := func(size string) error {
+		return tooLarge("bundle of " + size + " bytes is over the limit of " + strconv.Itoa(s.opts.MaxBodyBytes) + " bytes (plover serve --max-body)")
 	}
 	if cl := ctx.Request.Header.ContentLength(); cl > s.opts.MaxBodyBytes {
-		s.fail(ctx, tooLarge(strconv.Itoa(cl)))
+		s.fail(ctx, over(strconv.Itoa(cl)))
 		return
 	}
 	if stream := ctx.RequestBodyStream(); stream != nil {
 		// Marked read only when the stream itself ends; past the limit the
 		// read fails with the 413 (the engine's error wraps it), never a
 		// bundle cut short and refused as damaged.
-		body = &eofMarker{r: stream, ctx: ctx, left: int64(s.opts.MaxBodyBytes), over: tooLarge("more than " + strconv.Itoa(s.opts.MaxBodyBytes))}
+		body = &eofMarker{r: stream, ctx: ctx, left: int64(s.opts.MaxBodyBytes), over: over("more than " + strconv.Itoa(s.opts.MaxBodyBytes))}
 	} else {
 		body = bytes.NewReader(ctx.Request.Body())
 	}
@@ -529,6 +528,11 @@ func (e *requestError) Error() string { return e.msg }
 // badField is a 400 naming the offending field or header.
 func badField(field, reason string) error {
 	return &requestError{fasthttp.StatusBadRequest, "bad_request", field + ": " + reason}
+}
+
+// tooLarge is a 413 saying what was over which limit.
+func tooLarge(msg string) error {
+	return &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", msg}
 }
 
 // finish writes the error, if any, and records every invoke outcome once.

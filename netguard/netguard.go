@@ -208,8 +208,6 @@ func retryable(err error) bool {
 	return false
 }
 
-// wrap returns c counted in l's open connections, as a type that implements
-// syscall.Conn exactly when c does.
 // admitClient counts c against its client address's cap; it returns the
 // key to release on close ("" when there is no cap) and false when the
 // client is at its cap.
@@ -266,6 +264,8 @@ func clientKey(a net.Addr) string {
 	return "?" // never "": that is the key of no client at all
 }
 
+// wrap returns c counted in l's open connections, as a type that implements
+// syscall.Conn exactly when c does.
 func (l *Listener) wrap(c net.Conn, ip string) net.Conn {
 	w := &conn{Conn: c, l: l, ip: ip}
 	if _, ok := c.(syscall.Conn); ok {
