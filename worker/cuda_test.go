@@ -198,3 +198,29 @@ func TestDeviceUnhealthyWhenWorkersCannotOpenIt(t *testing.T) {
 		t.Errorf("after a worker started again: Health() = %v", err)
 	}
 }
+
+// A device fault inside plover_instance_init ends the worker as one in a
+// chain does: the instance's creation fails naming the CUDA error, the
+// worker is gone (not kept with a poisoned context), and the device stays
+// healthy.
+func TestCUDAInstanceInitFaultEndsItsWorker(t *testing.T) {
+	d, dir := fakeCUDA(t)
+	m := fakeManifest(abi.Launch{Kernel: "pl_inc", Grid: 1, Block: 64})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, err = p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 13, Out: 64}) // 13: the fake bundle's hook faults
+	var ke *device.KernelError
+	var pe *device.ProcessExit
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || !errors.As(err, &pe) {
+		t.Fatalf("a fault in plover_instance_init: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS that ended the worker", err)
+	}
+	if p.(*program).Alive() {
+		t.Error("the worker whose context faulted is still alive")
+	}
+	if err := d.Health(); err != nil {
+		t.Errorf("device health after one worker's fault: %v", err)
+	}
+}
