@@ -363,6 +363,20 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 // function finds them free between its requests, and a flood, whatever
 // its gaps, cannot fill the device while it runs.
 func (s *Scheduler) limit(f *Flow, now time.Time) int {
+	return s.limitOf(f, now, s.floodLimit(now))
+}
+
+// limitOf is limit given floodLimit's answer for this moment.
+func (s *Scheduler) limitOf(f *Flow, now time.Time, flood int) int {
+	if f.listed && s.light(f, now) {
+		return s.cfg.MaxRuns
+	}
+	return flood
+}
+
+// floodLimit is the limit of a function that is not light and recent:
+// all runs, or all but the reserve while a light function is about.
+func (s *Scheduler) floodLimit(now time.Time) int {
 	if s.cfg.Reserve == 0 {
 		return s.cfg.MaxRuns
 	}
@@ -375,12 +389,9 @@ func (s *Scheduler) limit(f *Flow, now time.Time) int {
 		}
 		return false
 	})
-	if f.listed && s.light(f, now) {
-		return s.cfg.MaxRuns
-	}
 	about, lightRuns := false, 0
 	for _, g := range s.idle {
-		if g != f && s.light(g, now) {
+		if s.light(g, now) {
 			about, lightRuns = true, lightRuns+g.inFlight
 		}
 	}
@@ -401,8 +412,9 @@ func (s *Scheduler) light(f *Flow, now time.Time) bool {
 func (s *Scheduler) dispatch(now time.Time) {
 	for len(s.running) < s.cfg.MaxRuns && len(s.waiting) > 0 {
 		cands := s.scratch[:0]
+		flood := s.floodLimit(now) // once per admission, not per waiting flow
 		for _, f := range s.waiting {
-			if len(s.running) < s.limit(f, now) {
+			if len(s.running) < s.limitOf(f, now, flood) {
 				cands = append(cands, f)
 			}
 		}
