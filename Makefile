@@ -28,7 +28,7 @@ VECADD_HOST := $(BUILD)/samples/vecadd-host
 VECADD_CUDA := $(BUILD)/samples/vecadd-cuda
 VECADD_DATA := $(BUILD)/samples/vecadd-input.bin $(BUILD)/samples/vecadd-expected.bin
 
-samples: vecadd-host cnn-host cnn-batch-host softmax-host spin-host bin/cnn-classify
+samples: vecadd-host cnn-host cnn-batch-host softmax-host spin-host digits-normalize-host digits-top1-host digits-pipeline bin/cnn-classify
 vecadd-host: $(VECADD_HOST)/vecadd.so $(VECADD_HOST)/b.bin $(VECADD_HOST)/plover.json $(VECADD_DATA)
 vecadd-cuda: $(VECADD_CUDA)/vecadd.so $(VECADD_CUDA)/b.bin $(VECADD_CUDA)/plover.json
 
@@ -51,6 +51,7 @@ $(VECADD_DATA) &: samples/vecadd/gen/main.go
 include samples/cnn/cnn.mk
 include samples/softmax/softmax.mk
 include samples/spin/spin.mk
+include samples/digits-pipeline/digits-pipeline.mk
 
 bin/cnn-classify: $(GO_SRC)
 	$(GO) build -o $@ ./samples/cnn/cmd/cnn-classify

@@ -24,7 +24,11 @@ const (
 
 // Manifest is plover.json: what to load and what to run for each request.
 type Manifest struct {
-	Name          string `json:"name"`
+	Name string `json:"name"`
+	// Kind is "function" (or empty) for a library's chain, "pipeline" for
+	// functions run in Steps' order (see Step); a pipeline sets nothing else.
+	Kind          string `json:"kind,omitempty"`
+	Steps         []Step `json:"steps,omitempty"`
 	ABI           int    `json:"abi"`
 	Target        string `json:"target"`
 	Library       string `json:"library"`
@@ -293,7 +297,16 @@ func ParseManifest(r io.Reader) (*Manifest, error) {
 
 // Validate checks every field and returns the first problem as *FieldError.
 func (m *Manifest) Validate() error {
+	switch m.Kind {
+	case KindPipeline:
+		return m.validatePipeline()
+	case "", KindFunction:
+	default:
+		return &FieldError{"kind", fmt.Sprintf("%q must be %q (the default) or %q", m.Kind, KindFunction, KindPipeline)}
+	}
 	switch {
+	case m.Steps != nil:
+		return &FieldError{"steps", "only a pipeline (\"kind\": \"pipeline\") has steps; a function has a chain"}
 	case !ValidName(m.Name):
 		return &FieldError{"name", fmt.Sprintf("%q must match [a-z0-9][a-z0-9-]{0,62}", m.Name)}
 	case m.ABI != 1 && m.ABI != Major:

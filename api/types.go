@@ -18,12 +18,19 @@ import (
 
 // FunctionInfo is what GET /v1/functions shows about a function.
 type FunctionInfo struct {
-	Name     string        `json:"name"`
-	Version  string        `json:"version"`
-	SHA256   string        `json:"sha256"`
-	Size     int64         `json:"bundle_bytes"`
-	Created  time.Time     `json:"created"`
-	Versions int           `json:"versions"`
+	Name     string    `json:"name"`
+	Version  string    `json:"version"`
+	SHA256   string    `json:"sha256"`
+	Size     int64     `json:"bundle_bytes"`
+	Created  time.Time `json:"created"`
+	Versions int       `json:"versions"`
+	// Kind is "function" or "pipeline"; a pipeline lists its Steps, runs
+	// nothing of its own and so has no instances, memory or workers.
+	Kind  string     `json:"kind"`
+	Steps []abi.Step `json:"steps,omitempty"`
+	// Target is the device kind the function runs on ("host", "cuda");
+	// empty for a pipeline and for versions deployed before it was kept.
+	Target   string        `json:"target,omitempty"`
 	Loaded   bool          `json:"loaded"`
 	Manifest *abi.Manifest `json:"manifest,omitempty"`
 	Busy     int           `json:"instances_busy"`
@@ -99,7 +106,16 @@ type Version struct {
 	// shows them before it is loaded ("default" priority is left out).
 	Share    float64 `json:"share,omitempty"`
 	Priority string  `json:"priority,omitempty"`
+	// Target copies the manifest's: the device the function runs on.
+	Target string `json:"target,omitempty"`
+	// Kind and Steps copy a pipeline's ("kind": "pipeline"), so that nodes
+	// run it and deploys check what names it without fetching its bundle.
+	Kind  string     `json:"kind,omitempty"`
+	Steps []abi.Step `json:"steps,omitempty"`
 }
+
+// IsPipeline reports whether the version is a pipeline's.
+func (v Version) IsPipeline() bool { return v.Kind == abi.KindPipeline }
 
 // Record is a function's versions and which one is current: its entry in
 // the store and what GET /v1/functions/{name}/versions returns.

@@ -83,7 +83,10 @@ func Pack(dir string, w io.Writer) (*abi.Manifest, error) {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
 	tw := tar.NewWriter(zw)
-	names := []string{abi.ManifestFile, m.Library}
+	names := []string{abi.ManifestFile}
+	if m.Library != "" { // a pipeline's bundle is its plover.json alone
+		names = append(names, m.Library)
+	}
 	if m.Constants != "" {
 		names = append(names, m.Constants)
 	}
@@ -176,7 +179,9 @@ func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
 			if m, err = abi.ParseManifest(io.LimitReader(tr, hdr.Size)); err != nil {
 				return nil, fmt.Errorf("bundle %s: %w", abi.ManifestFile, err)
 			}
-			want[m.Library] = true
+			if m.Library != "" {
+				want[m.Library] = true
+			}
 			if m.Constants != "" {
 				want[m.Constants] = true
 			}

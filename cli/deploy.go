@@ -19,6 +19,8 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/registry"
 )
 
 // checkDir validates a bundle directory before anything is uploaded: the
@@ -28,6 +30,9 @@ func checkDir(dir string) (*abi.Manifest, error) {
 	m, err := bundle.ReadManifest(dir)
 	if err != nil {
 		return nil, err
+	}
+	if m.IsPipeline() {
+		return m, nil // no library; the server checks its steps against the store
 	}
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		return nil, err
@@ -72,6 +77,13 @@ func deployCmd() *command {
 				reg, err := ep.registry()
 				if err != nil {
 					return err
+				}
+				if m.IsPipeline() { // what a server's deploy checks
+					notFound := func(err error) bool { return errors.Is(err, registry.ErrNoFunction) }
+					if err := graph.Check(context.Background(), m.Name, m.Steps, reg.Get, notFound); err != nil {
+						done()
+						return fmt.Errorf("pipeline %s: %w", m.Name, err)
+					}
 				}
 				v, c, err := reg.Publish(context.Background(), m, body, sha, int64(len(b)), force)
 				done()
@@ -218,9 +230,9 @@ func lsCmd() *command {
 				return printJSON(env.Stdout, resp)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
+			fmt.Fprintln(tw, "NAME\tVERSION\tRUNS ON\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
 			for _, f := range resp.Functions {
-				fmt.Fprintf(tw, "%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), f.Loaded,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), runsOn(f), f.Loaded,
 					strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, time.Duration(f.DeviceSeconds*1e9).Round(time.Microsecond), 100*f.DeviceFraction,
 					f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.Errors, time.Duration(f.MeanUs)*time.Microsecond,
 					f.Cold, f.Warm, f.Hot, workers(f.Workers), f.Created.Local().Format(time.DateTime))
@@ -228,6 +240,22 @@ func lsCmd() *command {
 			return tw.Flush()
 		},
 	}
+}
+
+// runsOn is where plover ls says a function runs: its device kind, or for
+// a pipeline its steps ("pipeline: normalize > cnn > top1").
+func runsOn(f api.FunctionInfo) string {
+	if f.Kind == abi.KindPipeline {
+		names := make([]string, len(f.Steps))
+		for i, s := range f.Steps {
+			names[i] = s.String()
+		}
+		return "pipeline: " + strings.Join(names, " > ")
+	}
+	if f.Target == "" {
+		return "-" // deployed before records kept the target
+	}
+	return f.Target
 }
 
 func shortID(id string) string {
@@ -239,19 +267,24 @@ func shortID(id string) string {
 
 func rmCmd() *command {
 	var ep endpoint
-	var asJSON bool
+	var asJSON, force bool
 	return &command{
 		nargs: 1,
-		name:  "rm", summary: "delete a function (its in-flight requests finish first)",
+		name:  "rm", summary: "delete a function or pipeline (its in-flight requests finish first)",
 		complete: ep.completeFunctions,
-		usage:    "NAME",
-		example:  "  plover rm vecadd",
+		usage:    "NAME [--force]",
+		example:  "  plover rm vecadd\n  plover rm cnn --force   # even though pipelines run it: their requests then fail at its step",
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
+			fs.BoolVar(&force, "force", false, "delete a function even if pipelines name it as a step (409 otherwise)")
 			fs.BoolVar(&asJSON, "json", false, `print {"deleted": NAME} instead`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
-			if err := ep.client().sendJSON(http.MethodDelete, "/v1/functions/"+args[0], "", nil, nil); err != nil {
+			path := "/v1/functions/" + args[0]
+			if force {
+				path += "?force=true"
+			}
+			if err := ep.client().sendJSON(http.MethodDelete, path, "", nil, nil); err != nil {
 				return err
 			}
 			if asJSON {

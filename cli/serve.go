@@ -21,6 +21,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
@@ -209,7 +210,7 @@ func serve(f *serveFlags, env *Env) error {
 	if front.tokens != nil {
 		opts.Tokens = front.tokens
 	}
-	srv := httpapi.New(eng, eng.Control(), opts)
+	srv := httpapi.New(pipeline.New(eng, opts.Registry), eng.Control(), opts)
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
 		return err

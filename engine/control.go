@@ -7,12 +7,14 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/pipeline/graph"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -68,6 +70,11 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	if err := checkDeploy(dir, m, name, e.target); err != nil {
 		return api.FunctionInfo{}, err
 	}
+	if m.IsPipeline() {
+		if err := e.checkPipeline(ctx, name, m.Steps); err != nil {
+			return api.FunctionInfo{}, err
+		}
+	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy")
 	}
@@ -104,6 +111,9 @@ func checkDeploy(dir string, m *abi.Manifest, name, target string) error {
 	if m.Name != name {
 		return errorf(KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
 	}
+	if m.IsPipeline() {
+		return nil // no library: its steps are checked against the store (checkPipeline)
+	}
 	if m.Target != target {
 		return errorf(KindInvalid, nil, "target: the bundle is built for %q, this node's device is %q", m.Target, target)
 	}
@@ -138,10 +148,39 @@ func storageError(err error, format string, args ...any) error {
 	return unavailable(err, format, args...)
 }
 
+// checkPipeline checks a pipeline's steps against the store's records
+// (graph.Check): 422 naming the step for a function that is not there, a
+// pinned version it lacks or a cycle; 403 for a function the deployer may
+// not invoke (the check ctx carries).
+func (e *Engine) checkPipeline(ctx context.Context, name string, steps []abi.Step) error {
+	err := graph.Check(ctx, name, steps, e.reg.Get, func(err error) bool { return errors.Is(err, registry.ErrNoFunction) })
+	var fe *graph.ForbiddenError
+	var se *graph.StepError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &fe):
+		return errorf(KindForbidden, err, "pipeline %s: %s", name, err.Error())
+	case errors.As(err, &se):
+		return errorf(KindInvalid, err, "pipeline %s: %s", name, err.Error())
+	}
+	return unavailable(err, "pipeline %s: checking its steps: store unavailable", name)
+}
+
 // Delete removes a function; its current version retires after in-flight
-// requests finish.
-func (c *Control) Delete(ctx context.Context, name string) error {
+// requests finish. A function that pipelines run is refused (409 naming
+// them) unless force is set: their requests would fail at its step.
+func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 	e := c.e
+	if !force {
+		recs, err := e.reg.List(ctx)
+		if err != nil {
+			return unavailable(err, "delete %s: listing the pipelines that may use it: store unavailable", name)
+		}
+		if users := graph.UsersOf(recs, name); len(users) > 0 {
+			return errorf(KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), strings.Join(users, ", "), plural(len(users), "it", "them"))
+		}
+	}
 	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
 		return errorf(KindNotFound, err, "function %q not found", name)
 	} else if err != nil {
@@ -169,6 +208,9 @@ func (c *Control) Versions(ctx context.Context, name string) (*api.Record, error
 // requests finish on the version they started on.
 func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {
 	e := c.e
+	if err := e.checkRollback(ctx, name, version); err != nil {
+		return api.FunctionInfo{}, err
+	}
 	rv, err := e.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
@@ -189,6 +231,27 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
 	return e.info(f, rv, e.versionCount(ctx, name)), nil
+}
+
+// checkRollback checks a pipeline version's steps before it becomes
+// current again: the functions it named may have gone since. Anything
+// else (no such function or version) is SetCurrent's to report.
+func (e *Engine) checkRollback(ctx context.Context, name, version string) error {
+	rec, err := e.reg.Get(ctx, name)
+	if err != nil {
+		return nil
+	}
+	if v, err := graph.Pick(rec, version); err == nil && v.IsPipeline() {
+		return e.checkPipeline(ctx, name, v.Steps)
+	}
+	return nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // GC deletes bundles no function record references, older than grace.

@@ -172,6 +172,10 @@ func (e *Engine) Close() {
 			olds = append(olds, f.cur)
 			f.cur = nil
 		}
+		for _, v := range f.pinned {
+			olds = append(olds, v)
+		}
+		f.pinned = nil
 	}
 	e.funcs = map[string]*function{}
 	e.mu.Unlock()

@@ -188,7 +188,7 @@ func TestRedeployFinishesInFlightOnOldVersion(t *testing.T) {
 	if used := host.MemInfo().Used; used != want {
 		t.Fatalf("device memory used %d, want %d (v1 not released?)", used, want)
 	}
-	if err := e.Control().Delete(context.Background(), "fn"); err != nil {
+	if err := e.Control().Delete(context.Background(), "fn", false); err != nil {
 		t.Fatal(err)
 	}
 	if used := host.MemInfo().Used; used != 0 {

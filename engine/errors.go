@@ -28,6 +28,7 @@ const (
 	KindWorkerCrashed             // 500: the process running the function died
 	KindConflict                  // 409: the record kept changing under an update
 	KindNoSpace                   // 507: the node's disk is full
+	KindForbidden                 // 403: the caller may not do this (a pipeline naming a function it may not invoke)
 )
 
 // Error is what the engine returns: a kind, a message for the client, and

@@ -25,6 +25,10 @@ func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInf
 	if fi.Priority == "" {
 		fi.Priority = "default"
 	}
+	fi.Kind, fi.Steps, fi.Target = rv.Kind, rv.Steps, rv.Target
+	if fi.Kind == "" {
+		fi.Kind = abi.KindFunction
+	}
 	fi.DeviceSeconds, fi.DeviceFraction = e.deviceTime(f.name)
 	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
 		fi.Loaded, fi.Manifest = true, v.manifest

@@ -61,6 +61,23 @@ type Request struct {
 	// BatchSize is how many requests ran in this one's chain run (a
 	// batching function); 0 for a function that does not batch.
 	BatchSize int
+	// Steps is, for a pipeline (package pipeline), each function step's
+	// timing in the order they ran; it keeps its capacity across calls and
+	// is empty for a function.
+	Steps []StepTiming
+}
+
+// StepTiming is one function step of a pipeline request.
+type StepTiming struct {
+	// Step is the step as the pipeline names it ("cnn"; "inner/cnn" for a
+	// step of a nested pipeline) and Index its position (0-based) in the
+	// pipeline the request named.
+	Step      string
+	Index     int
+	Version   string
+	Start     Start
+	Timing    Timing
+	BatchSize int
 }
 
 // Invoke runs one request on the current version of function name.
@@ -139,6 +156,9 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 	}()
 	if b := v.backoffUntil.Load(); b != 0 && t0.UnixNano() < b {
 		return v.backoffError(b)
+	}
+	if v.rec.Kind != "" { // a pipeline's version has nothing to run here
+		return errorf(KindInvalid, nil, "%s is a pipeline: its steps run through package pipeline, not as a function", f.name)
 	}
 	req.Start = Hot
 	req.Version = v.rec.ID

@@ -133,7 +133,7 @@ func (e *Engine) free(ev eviction, need, avail int64) {
 // and then every function left without instances would free on dev.
 func (e *Engine) reclaimable(dev device.Device, forV *version) int64 {
 	var n int64
-	for _, fv := range e.current() {
+	for _, fv := range e.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() {
 			continue
@@ -183,7 +183,7 @@ type idleRef struct {
 // references ev holds on versions whose instances it took are not
 // requests: a function whose last instances ev took may go as a whole.
 func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []Idle, from []idleRef) ([]Idle, []idleRef) {
-	for _, fv := range e.current() {
+	for _, fv := range e.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() { // policy is written by load
 			continue

@@ -23,7 +23,7 @@ func (e *Engine) ReapEvery(ctx context.Context, every time.Duration) {
 // keeping min_instances, and unloads (scales to zero) functions that have
 // had no instance for that long. The server calls it periodically.
 func (e *Engine) Reap(now time.Time) {
-	for _, fv := range e.current() {
+	for _, fv := range e.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() || v.policy.idleTTL <= 0 {
 			continue

@@ -80,7 +80,7 @@ func TestRefreshDoesNotResurrectADeletedFunction(t *testing.T) {
 	done := make(chan struct{})
 	go func() { e.Refresh(context.WithValue(context.Background(), slowKey{}, 1)); close(done) }()
 	<-read // Refresh has read the record
-	if err := e.Control().Delete(context.Background(), "echo"); err != nil {
+	if err := e.Control().Delete(context.Background(), "echo", false); err != nil {
 		t.Fatal(err)
 	}
 	<-done

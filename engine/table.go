@@ -11,11 +11,13 @@ import (
 	"github.com/plover-run/plover/registry"
 )
 
-// function is a name and its current version.
+// function is a name and its current version, and the versions pipeline
+// steps pin that are not current.
 type function struct {
-	name  string
-	cur   *version // guarded by Engine.mu
-	stats stats
+	name   string
+	cur    *version            // guarded by Engine.mu
+	pinned map[string]*version // by id; guarded by Engine.mu
+	stats  stats
 }
 
 type stats struct {
@@ -117,7 +119,13 @@ func (e *Engine) switchTo(name string, rv api.Version, at uint64) (*function, bo
 		e.funcs[name] = f
 	}
 	old := f.cur
-	f.cur = e.newVersion(f, rv)
+	if pv := f.pinned[rv.ID]; pv != nil {
+		// A version pipelines pinned becomes current: its warm pool serves both.
+		delete(f.pinned, rv.ID)
+		f.cur = pv
+	} else {
+		f.cur = e.newVersion(f, rv)
+	}
 	e.epoch++
 	e.mu.Unlock()
 	if old != nil {
@@ -139,9 +147,15 @@ func (e *Engine) forget(name string, at uint64) {
 	}
 	f := e.funcs[name]
 	delete(e.funcs, name)
-	var old *version
+	var olds []*version
 	if f != nil {
-		old, f.cur = f.cur, nil
+		if f.cur != nil {
+			olds = append(olds, f.cur)
+		}
+		for _, v := range f.pinned {
+			olds = append(olds, v)
+		}
+		f.cur, f.pinned = nil, nil
 	}
 	// Under e.mu: a redeploy's program load (place) asks for the flow
 	// after the function is back in funcs, so it gets a new flow, never
@@ -151,8 +165,8 @@ func (e *Engine) forget(name string, at uint64) {
 	}
 	e.epoch++
 	e.mu.Unlock()
-	if old != nil {
-		old.retire()
+	for _, v := range olds {
+		v.retire()
 	}
 }
 
@@ -165,7 +179,13 @@ type funcVersion struct {
 	v *version
 }
 
-func (e *Engine) current() []funcVersion {
+// current is every function's current version (one per function: what
+// per-function metrics report).
+func (e *Engine) current() []funcVersion { return e.versions(false) }
+
+// versions is every function's current version and, with pinned, the
+// versions pipeline steps pinned (what reaping and eviction go through).
+func (e *Engine) versions(pinned bool) []funcVersion {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := make([]funcVersion, 0, len(e.funcs))
@@ -173,20 +193,30 @@ func (e *Engine) current() []funcVersion {
 		if f.cur != nil {
 			out = append(out, funcVersion{f, f.cur})
 		}
+		if pinned {
+			for _, v := range f.pinned {
+				out = append(out, funcVersion{f, v})
+			}
+		}
 	}
 	return out
 }
 
 // detach replaces v, if still current, by an unloaded copy of the same
-// version; the caller retires v.
+// version, or drops v if it is a pinned one (the next pin loads it again);
+// the caller retires v.
 func (e *Engine) detach(f *function, v *version) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if f.cur != v {
-		return false
+	if f.cur == v {
+		f.cur = e.newVersion(f, v.rec)
+		return true
 	}
-	f.cur = e.newVersion(f, v.rec)
-	return true
+	if f.pinned[v.rec.ID] == v {
+		delete(f.pinned, v.rec.ID)
+		return true
+	}
+	return false
 }
 
 // record reads name's record from the store: 404 for a function that has

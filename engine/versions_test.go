@@ -68,7 +68,7 @@ func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
 	if removed, err := a.Control().GC(ctx, 0); err != nil || len(removed) != 0 {
 		t.Fatalf("gc with referenced bundles removed %v (%v)", removed, err)
 	}
-	if err := a.Control().Delete(ctx, "fn"); err != nil {
+	if err := a.Control().Delete(ctx, "fn", false); err != nil {
 		t.Fatal(err)
 	}
 	// Bundles written within registry.BundleGrace stay (a deploy racing

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/pipeline/graph"
 )
 
 // Tokens finds the principal of a bearer token (auth.Store).
@@ -103,6 +105,29 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx) (*tokenState, bool) {
 		return s.limit(ctx, p)
 	}
 	return nil, true
+}
+
+// invokeCheck is ctx carrying the check a pipeline's deploy or rollback
+// makes of each function it names (graph.WithInvokeCheck): the token must
+// have invoke on it, or a pipeline would run what its deployer may not.
+// Without tokens there is nothing to check.
+func (s *Server) invokeCheck(ctx *fasthttp.RequestCtx) context.Context {
+	if s.opts.Tokens == nil {
+		return ctx
+	}
+	tok, _ := auth.BearerToken(ctx.Request.Header.PeekBytes(hdrAuthorization))
+	p := s.opts.Tokens.Lookup(tok) // authorize found it: the route needs a token
+	return graph.WithInvokeCheck(ctx, func(fn string) error {
+		if p == nil {
+			return errors.New("no token")
+		}
+		err := p.Allow(auth.Invoke, fn)
+		var d *auth.Denied
+		if errors.As(err, &d) {
+			return errors.New(d.Msg)
+		}
+		return err
+	})
 }
 
 func (s *Server) refuse(ctx *fasthttp.RequestCtx, reason string, code int, name, msg string) {

@@ -19,6 +19,7 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/netguard"
+	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/samples/cnn/digits"
 	"github.com/plover-run/plover/samples/cnn/model"
 )
@@ -77,7 +78,7 @@ func BenchmarkHotInvoke(b *testing.B) {
 		}
 	})
 
-	srv := httpapi.New(e, e.Control(), httpapi.Options{})
+	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
 	b.Run("handler", func(b *testing.B) { benchHandle(b, srv, invokeCtx(srv, in)) })
 
 	// The Open Inference Protocol with the binary extension: the same
@@ -175,7 +176,7 @@ func TestHotInvokeAllocatesNothing(t *testing.T) {
 		{"tokens and a body budget", httpapi.Options{Tokens: tab, BodyBudget: netguard.NewBudget(1 << 20)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := httpapi.New(e, e.Control(), tt.opts)
+			srv := httpapi.New(pipeline.New(e, nil), e.Control(), tt.opts)
 			ctx := invokeCtx(srv, make([]byte, benchInput))
 			ctx.Request.Header.Set("Authorization", "Bearer "+tok)
 			srv.Handle(ctx) // warm the pools past their first use
@@ -224,7 +225,7 @@ func TestV2BinaryInferAllocatesNothing(t *testing.T) {
 	}
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, benchManifest(), nil))
-	srv := httpapi.New(e, e.Control(), httpapi.Options{})
+	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
 	ctx := v2Ctx(srv, make([]byte, benchInput))
 	srv.Handle(ctx)
 	allocs := testing.AllocsPerRun(200, func() {

@@ -177,7 +177,31 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) erro
 		out = append(out, ':')
 		out = strconv.AppendInt(out, kv.v, 10)
 	}
-	out = append(out, "}}\n"...)
+	out = append(out, '}')
+	// A pipeline: each function step, in the order they ran.
+	for i := range c.req.Steps {
+		st := &c.req.Steps[i]
+		if i == 0 {
+			out = append(out, `,"steps":[`...)
+		} else {
+			out = append(out, ',')
+		}
+		out = append(out, `{"step":`...)
+		out = strconv.AppendInt(out, int64(st.Index), 10)
+		out = append(out, `,"function":`...)
+		out = appendJSONString(out, st.Step)
+		out = append(out, `,"version":`...)
+		out = appendJSONString(out, st.Version)
+		out = append(out, `,"start":"`...)
+		out = append(out, st.Start.String()...)
+		out = append(out, `","total_us":`...)
+		out = strconv.AppendInt(out, st.Timing.Total.Microseconds(), 10)
+		out = append(out, '}')
+		if i == len(c.req.Steps)-1 {
+			out = append(out, ']')
+		}
+	}
+	out = append(out, "}\n"...)
 	c.req.Output = c.req.Output[:0]
 	ctx.SetContentType("application/json")
 	ctx.SetBody(out)

@@ -11,6 +11,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // redeployer is the engine, with a deploy of the next version made right
@@ -51,7 +52,7 @@ func TestV2InferPinsItsVersion(t *testing.T) {
 	newDir := testkit.BundleDir(t, neu, nil)
 	var v2 api.FunctionInfo
 	r := &redeployer{Engine: e, next: func() { v2 = testkit.Deploy(t, e, newDir) }}
-	url := testkit.ServeWith(t, httpapi.New(r, e.Control(), httpapi.Options{}))
+	url := testkit.ServeWith(t, httpapi.New(pipeline.New(r, nil), e.Control(), httpapi.Options{}))
 
 	code, _, b := v2Do(t, "POST", url+"/v2/models/m/infer", nil,
 		[]byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[2],"data":[1.5,-2]}]}`))

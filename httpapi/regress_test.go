@@ -15,6 +15,7 @@ import (
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // The function name in the URL is borrowed from fasthttp's request buffer,
@@ -28,7 +29,7 @@ func TestNameIsNotKeptFromTheRequestBuffer(t *testing.T) {
 	node := testkit.Engine(t, engine.Config{Store: store}) // resolves "echo" on its first request
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(node.Collector())
-	srv := httpapi.New(node, node.Control(), httpapi.Options{Registry: reg})
+	srv := httpapi.New(pipeline.New(node, nil), node.Control(), httpapi.Options{Registry: reg})
 
 	var ctx fasthttp.RequestCtx // reused, as on a keep-alive connection
 	ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil)
@@ -70,7 +71,7 @@ func TestShutdownDrainsQueuedRequests(t *testing.T) {
 	m := testkit.Slow("slow", 400)
 	m.MaxInstances = 1
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	srv := httpapi.New(e, e.Control(), httpapi.Options{})
+	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -28,11 +28,13 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // Invoker runs requests: the request path (engine.Engine).
 type Invoker interface {
-	// Invoke runs req on name's current version.
+	// Invoke runs req on name's current version: a function's chain or a
+	// pipeline's steps.
 	Invoke(ctx context.Context, name string, req *engine.Request) error
 	// Full is the 429 a request to name would get now for a full queue,
 	// or nil: asked before a body is read.
@@ -40,7 +42,7 @@ type Invoker interface {
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
-	Pin(ctx context.Context, name string) (engine.Pin, error)
+	Pin(ctx context.Context, name string) (pipeline.Pin, error)
 	Health() (bool, []api.DeviceHealth)
 }
 
@@ -50,7 +52,7 @@ type Admin interface {
 	Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error)
 	Function(ctx context.Context, name string) (api.FunctionInfo, error)
 	Functions(ctx context.Context) ([]api.FunctionInfo, error)
-	Delete(ctx context.Context, name string) error
+	Delete(ctx context.Context, name string, force bool) error
 	Versions(ctx context.Context, name string) (*api.Record, error)
 	Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error)
 	GC(ctx context.Context, grace time.Duration) ([]string, error)
@@ -303,7 +305,7 @@ func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	case fasthttp.MethodPut:
 		s.deploy(ctx, name)
 	case fasthttp.MethodDelete:
-		if err := s.adm.Delete(ctx, name); err != nil {
+		if err := s.adm.Delete(ctx, name, ctx.QueryArgs().GetBool("force")); err != nil {
 			s.fail(ctx, err)
 			return
 		}
@@ -343,7 +345,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `body must be {"version":"<version id or its first 8+ characters>"}`)
 			return
 		}
-		fi, err := s.adm.Rollback(ctx, name, body.Version)
+		fi, err := s.adm.Rollback(s.invokeCheck(ctx), name, body.Version)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -407,7 +409,7 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 	} else {
 		body = bytes.NewReader(ctx.Request.Body())
 	}
-	fi, err := s.adm.Deploy(ctx, name, body, ctx.QueryArgs().GetBool("force"))
+	fi, err := s.adm.Deploy(s.invokeCheck(ctx), name, body, ctx.QueryArgs().GetBool("force"))
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -588,6 +590,11 @@ func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
 		b = append(b, ", batch;desc="...)
 		b = strconv.AppendInt(b, int64(n), 10)
 	}
+	// A pipeline: one entry per function step, in the order they ran,
+	// named by index with the function, its start and its version short.
+	for i := range c.req.Steps { // index: its step in the pipeline (parallel functions share one)
+		b = appendStep(b, &c.req.Steps[i])
+	}
 	c.timing = b
 	h := &ctx.Response.Header
 	h.SetCanonical(hdrServerTimng, b)
@@ -614,6 +621,23 @@ func deadline(ctx *fasthttp.RequestCtx, r *engine.Request) error {
 }
 
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+// appendStep writes a pipeline step's Server-Timing entry:
+// step1;desc="cnn hot 3f1c9a2e";dur=0.210 (its whole time in the engine).
+func appendStep(b []byte, st *engine.StepTiming) []byte {
+	b = append(b, ", step"...)
+	b = strconv.AppendInt(b, int64(st.Index), 10)
+	b = append(b, ";desc=\""...)
+	b = append(b, st.Step...)
+	b = append(b, ' ')
+	b = append(b, startNames[st.Start]...)
+	if id := st.Version; id != "" {
+		b = append(b, ' ')
+		b = append(b, id[:min(8, len(id))]...)
+	}
+	b = append(b, "\";dur="...)
+	return strconv.AppendFloat(b, float64(st.Timing.Total.Nanoseconds())/1e6, 'f', 3, 64)
+}
 
 func appendDur(b []byte, name string, d time.Duration, first bool) []byte {
 	if !first {
@@ -668,6 +692,8 @@ func status(k engine.Kind) (int, string) {
 		return fasthttp.StatusConflict, "conflict"
 	case engine.KindNoSpace:
 		return fasthttp.StatusInsufficientStorage, "insufficient_storage"
+	case engine.KindForbidden:
+		return fasthttp.StatusForbidden, "forbidden"
 	default:
 		return fasthttp.StatusInternalServerError, "internal"
 	}

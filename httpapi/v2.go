@@ -13,6 +13,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // The Open Inference Protocol (KServe v2) over HTTP/REST: health, server and
@@ -144,7 +145,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 // described, whose tensors lay the inputs out, is the version that runs)
 // and checks it against the version the path names. On success the caller
 // releases the pin.
-func (s *Server) v2Pin(name, version string) (engine.Pin, *abi.Tensors, error) {
+func (s *Server) v2Pin(name, version string) (pipeline.Pin, *abi.Tensors, error) {
 	pin, err := s.inv.Pin(context.Background(), name)
 	if err != nil {
 		return pin, nil, err

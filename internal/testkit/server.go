@@ -15,6 +15,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // Engine returns an engine over a fresh filesystem store and cache with one
@@ -51,7 +52,7 @@ func Engine(t testing.TB, cfg engine.Config) *engine.Engine {
 // ends and returns its base URL.
 func Serve(t testing.TB, e *engine.Engine, opts httpapi.Options) string {
 	t.Helper()
-	return ServeWith(t, httpapi.New(e, e.Control(), opts))
+	return ServeWith(t, httpapi.New(pipeline.New(e, nil), e.Control(), opts))
 }
 
 // ServeWith serves an already built server on a free loopback port.

@@ -1,0 +1,341 @@
+package main_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// runErr runs plover and returns its combined output and error.
+func runErr(bin string, env []string, args ...string) (string, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// pipelineDir writes a pipeline's bundle directory: plover.json alone.
+func pipelineDir(t *testing.T, name string, steps ...any) string {
+	t.Helper()
+	dir := t.TempDir()
+	b, err := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": steps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// chainFn is a test-kernels function running chain (echo first: out is
+// the input, zero-padded to 256 bytes).
+func chainFn(t *testing.T, name string, kernels ...string) string {
+	m := testkit.Manifest(name)
+	for _, k := range kernels {
+		m.Chain = append(m.Chain, abi.Launch{Kernel: k, Grid: 1, Block: 1})
+	}
+	return testkit.BundleDir(t, m, nil)
+}
+
+type pipeResp struct {
+	code int
+	body []byte
+	hdr  http.Header
+}
+
+func pipeInvoke(t *testing.T, url, name string, in []byte, hdr ...string) pipeResp {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/functions/"+name+"/invoke", bytes.NewReader(in))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("invoke %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	return pipeResp{resp.StatusCode, b.Bytes(), resp.Header}
+}
+
+// ok invokes and fails the test unless it answered 200.
+func (r pipeResp) ok(t *testing.T, what string) []byte {
+	t.Helper()
+	if r.code != 200 {
+		t.Fatalf("%s: %d %s", what, r.code, r.body)
+	}
+	return r.body
+}
+
+// TestPipelinesServed runs pipelines through a real plover serve with
+// worker processes: composition against separate invocations byte for
+// byte (sequence, parallel, nested), pinned versions across a redeploy,
+// the deploy refusals, a failing, a timing-out and a crashing step, the
+// delete guard, Server-Timing per step and the /v2 route.
+func TestPipelinesServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin)
+	env := []string{"PLOVER_SERVER=" + srv.url}
+	deploy := func(dir string) string { return run(t, bin, env, "deploy", dir, "--json") }
+	deployFails := func(dir string) string {
+		t.Helper()
+		out, err := runErr(bin, env, "deploy", dir)
+		if err == nil {
+			t.Fatalf("deploy %s succeeded: %s", dir, out)
+		}
+		return out
+	}
+	deploy(chainFn(t, "p-echo"))
+	deploy(chainFn(t, "p-add", "add_one"))
+	deploy(chainFn(t, "p-add2", "add_one", "add_one"))
+	in := []byte("pipelines keep their intermediate buffers in the server")
+
+	// Separate invocations from the client, each output sent back as the
+	// next input: what a pipeline replaces.
+	sep := func(fns ...string) []byte {
+		x := in
+		for _, f := range fns {
+			x = pipeInvoke(t, srv.url, f, x).ok(t, f)
+		}
+		return x
+	}
+
+	t.Run("sequence", func(t *testing.T) {
+		deploy(pipelineDir(t, "seq", "p-echo", "p-add", "p-add2"))
+		r := pipeInvoke(t, srv.url, "seq", in)
+		got := r.ok(t, "seq")
+		if want := sep("p-echo", "p-add", "p-add2"); !bytes.Equal(got, want) || got[0] != in[0]+3 {
+			t.Fatalf("seq = %q, separate invocations %q", got, want)
+		}
+		st := r.hdr.Get("Server-Timing")
+		for _, w := range []string{`step0;desc="p-echo `, `step1;desc="p-add `, `step2;desc="p-add2 `, "total;dur="} {
+			if !strings.Contains(st, w) {
+				t.Errorf("Server-Timing %q lacks %q", st, w)
+			}
+		}
+	})
+	t.Run("parallel", func(t *testing.T) {
+		deploy(pipelineDir(t, "par", "p-echo", map[string]any{"parallel": []string{"p-add", "p-add2"}}))
+		got := pipeInvoke(t, srv.url, "par", in).ok(t, "par")
+		want := append(sep("p-echo", "p-add"), sep("p-echo", "p-add2")...)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("par = %q, want %q", got, want)
+		}
+	})
+	t.Run("nested", func(t *testing.T) {
+		deploy(pipelineDir(t, "nest", "seq", "p-add"))
+		got := pipeInvoke(t, srv.url, "nest", in).ok(t, "nest")
+		if want := sep("p-echo", "p-add", "p-add2", "p-add"); !bytes.Equal(got, want) {
+			t.Fatalf("nest = %q, want %q", got, want)
+		}
+	})
+	t.Run("pinned version stays pinned across a redeploy", func(t *testing.T) {
+		var v1 struct{ Version string }
+		json.Unmarshal([]byte(deploy(chainFn(t, "p-var", "add_one"))), &v1)
+		deploy(pipelineDir(t, "pinned", "p-echo", map[string]string{"function": "p-var", "version": v1.Version[:8]}))
+		deploy(pipelineDir(t, "floating", "p-echo", "p-var"))
+		before := pipeInvoke(t, srv.url, "pinned", in).ok(t, "pinned")
+		deploy(chainFn(t, "p-var", "add_one", "add_one", "add_one"))
+		after := pipeInvoke(t, srv.url, "pinned", in)
+		if !bytes.Equal(after.ok(t, "pinned"), before) || before[0] != in[0]+1 {
+			t.Fatalf("pinned pipeline changed with a redeploy: %q then %q", before, after.body)
+		}
+		if st := after.hdr.Get("Server-Timing"); !strings.Contains(st, `p-var `) || !strings.Contains(st, v1.Version[:8]) {
+			t.Errorf("Server-Timing %q does not name the pinned version %s", st, v1.Version[:8])
+		}
+		if got := pipeInvoke(t, srv.url, "floating", in).ok(t, "floating"); got[0] != in[0]+3 {
+			t.Fatalf("an unpinned step did not follow the redeploy: %q", got)
+		}
+	})
+	t.Run("deploy refusals", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			dir  string
+			want string
+		}{
+			{"missing function", pipelineDir(t, "bad", "p-echo", "nope"), `steps[1]: function "nope" is not deployed`},
+			{"missing version", pipelineDir(t, "bad", map[string]string{"function": "p-echo", "version": "00000000"}), `steps[0]: function p-echo has no version "00000000"`},
+			{"cycle", pipelineDir(t, "seq", "p-echo", "nest"), "seq -> nest -> seq is a cycle"},
+			{"empty", pipelineDir(t, "bad"), "steps: a pipeline must name at least one step"},
+		} {
+			if out := deployFails(tc.dir); !strings.Contains(out, tc.want) {
+				t.Errorf("%s: %s, want %q", tc.name, out, tc.want)
+			}
+		}
+	})
+	t.Run("failing step", func(t *testing.T) {
+		deploy(chainFn(t, "p-fail", "fail"))
+		deploy(pipelineDir(t, "fails", "p-echo", "p-fail"))
+		r := pipeInvoke(t, srv.url, "fails", in)
+		if r.code != 500 || !strings.Contains(string(r.body), "kernel_failed") || !strings.Contains(string(r.body), "pipeline fails: step 1 (p-fail)") {
+			t.Fatalf("failing step: %d %s", r.code, r.body)
+		}
+	})
+	t.Run("timing-out step", func(t *testing.T) {
+		deploy(testkit.BundleDir(t, testkit.Slow("p-slow", 2000), nil))
+		deploy(pipelineDir(t, "slowpipe", "p-echo", "p-slow", "p-add"))
+		r := pipeInvoke(t, srv.url, "slowpipe", in, "X-Plover-Timeout-Ms", "300")
+		if r.code != 504 || !strings.Contains(string(r.body), "step 1 (p-slow)") {
+			t.Fatalf("timing-out step: %d %s", r.code, r.body)
+		}
+	})
+	t.Run("crashing step", func(t *testing.T) {
+		dir := t.TempDir()
+		testkit.BuildLib(t, testkit.HostileSource(), dir, "hostile.so")
+		m := testkit.Manifest("p-segv")
+		m.Library, m.Chain = "hostile.so", []abi.Launch{{Kernel: "segv", Grid: 1, Block: 1}}
+		testkit.WriteManifest(t, dir, m)
+		deploy(dir)
+		deploy(pipelineDir(t, "crashes", "p-echo", "p-segv"))
+		r := pipeInvoke(t, srv.url, "crashes", in)
+		if r.code != 500 || !strings.Contains(string(r.body), "worker_crashed") || !strings.Contains(string(r.body), "step 1 (p-segv)") {
+			t.Fatalf("crashing step: %d %s", r.code, r.body)
+		}
+		if got := pipeInvoke(t, srv.url, "seq", in).ok(t, "seq after a crash"); got[0] != in[0]+3 {
+			t.Fatalf("seq after a crash: %q", got)
+		}
+	})
+	t.Run("v2 route", func(t *testing.T) {
+		body := `{"id": "r1", "inputs": [{"name": "INPUT0", "datatype": "UINT8", "shape": [3], "data": [1, 2, 3]}]}`
+		resp, err := http.Post(srv.url+"/v2/models/seq/infer", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			ID      string `json:"id"`
+			Outputs []struct {
+				Data []int `json:"data"`
+			} `json:"outputs"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 || len(out.Outputs) != 1 {
+			t.Fatalf("v2 infer: %d %v %+v", resp.StatusCode, err, out)
+		}
+		if d := out.Outputs[0].Data; out.ID != "r1" || len(d) != 256 || d[0] != 4 || d[2] != 6 || d[3] != 3 {
+			t.Fatalf("v2 infer: id %q, data %v", out.ID, d[:min(8, len(d))])
+		}
+	})
+	t.Run("delete guard", func(t *testing.T) {
+		out, err := runErr(bin, env, "rm", "p-add2")
+		if err == nil || !strings.Contains(out, "409") || !strings.Contains(out, "pipelines par, seq") {
+			t.Fatalf("rm of a function pipelines use: %v %s", err, out)
+		}
+		run(t, bin, env, "rm", "p-add2", "--force")
+		r := pipeInvoke(t, srv.url, "seq", in)
+		if r.code != 404 || !strings.Contains(string(r.body), "pipeline seq: step 2 (p-add2)") {
+			t.Fatalf("seq without p-add2: %d %s", r.code, r.body)
+		}
+	})
+	t.Run("plover ls", func(t *testing.T) {
+		out := run(t, bin, env, "ls")
+		if !strings.Contains(out, "pipeline: p-echo > p-add > p-add2") || !strings.Contains(out, "host") {
+			t.Fatalf("plover ls:\n%s", out)
+		}
+		var fi api.FunctionInfo
+		resp, err := http.Get(srv.url + "/v1/functions/par")
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.NewDecoder(resp.Body).Decode(&fi)
+		resp.Body.Close()
+		if fi.Kind != abi.KindPipeline || len(fi.Steps) != 2 || len(fi.Steps[1].Parallel) != 2 {
+			t.Fatalf("show par: %+v", fi)
+		}
+	})
+}
+
+// TestPipelineAuth: deploying a pipeline needs invoke on every function
+// it names; invoking it needs invoke on the pipeline only.
+func TestPipelineAuth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a server")
+	}
+	bin := buildPlover(t)
+	authFile := filepath.Join(t.TempDir(), "tokens")
+	toks := writeAuthFile(t, authFile, [][3]string{
+		{"root", "admin", "*"},
+		{"builder", "deploy,invoke", "pipe-*,fn-open"},
+		{"app", "invoke", "pipe-*"},
+	})
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--auth-file", authFile)
+	c := &http.Client{Timeout: 20 * time.Second}
+	put := func(tok, name, dir string) secResp {
+		return secDo(t, c, "PUT", srv.url+"/v1/functions/"+name, tok, bundle.MediaType, packDir(t, dir))
+	}
+	for _, n := range []string{"fn-open", "fn-secret"} {
+		if r := put(toks["root"], n, chainFn(t, n, "add_one")); r.code != 201 {
+			t.Fatalf("deploy %s: %d %s", n, r.code, r.body)
+		}
+	}
+	if r := put(toks["builder"], "pipe-a", pipelineDir(t, "pipe-a", "fn-open", "fn-secret")); r.code != 403 || !strings.Contains(r.body, "steps[1]") || !strings.Contains(r.body, "fn-secret") {
+		t.Fatalf("pipeline naming a function its deployer may not invoke: %d %s", r.code, r.body)
+	}
+	if r := put(toks["builder"], "pipe-b", pipelineDir(t, "pipe-b", "fn-open", "fn-open")); r.code != 201 {
+		t.Fatalf("pipeline of invocable functions: %d %s", r.code, r.body)
+	}
+	// A pipeline root deployed may run fn-secret for app, who may invoke
+	// the pipeline but not the function.
+	if r := put(toks["root"], "pipe-c", pipelineDir(t, "pipe-c", "fn-secret")); r.code != 201 {
+		t.Fatalf("root's pipeline: %d %s", r.code, r.body)
+	}
+	inv := func(name string) secResp {
+		return secDo(t, c, "POST", srv.url+"/v1/functions/"+name+"/invoke", toks["app"], "application/octet-stream", []byte{1})
+	}
+	if r := inv("pipe-c"); r.code != 200 || r.body[0] != 2 {
+		t.Fatalf("app invoking pipe-c: %d %q", r.code, r.body)
+	}
+	if r := inv("fn-secret"); r.code != 403 {
+		t.Fatalf("app invoking fn-secret: %d %s", r.code, r.body)
+	}
+	// A rollback is checked as a deploy: builder may not bring back a
+	// version naming fn-secret (root deploys one, then another).
+	var v1 api.FunctionInfo
+	r := put(toks["root"], "pipe-d", pipelineDir(t, "pipe-d", "fn-secret"))
+	json.Unmarshal([]byte(r.body), &v1)
+	put(toks["root"], "pipe-d", pipelineDir(t, "pipe-d", "fn-open"))
+	rb := secDo(t, c, "POST", srv.url+"/v1/functions/pipe-d/rollback", toks["builder"], "application/json", []byte(`{"version":"`+v1.Version+`"}`))
+	if rb.code != 403 || !strings.Contains(rb.body, "fn-secret") {
+		t.Fatalf("builder rolling pipe-d back to a version naming fn-secret: %d %s", rb.code, rb.body)
+	}
+}
+
+// TestPipelineTwoNodes: two servers on one MinIO bucket; a pipeline
+// deployed through one runs on the other.
+func TestPipelineTwoNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries, starts MinIO and two servers")
+	}
+	bin := buildPlover(t)
+	_, store := minioStore(t, "pipes")
+	a := startServer(t, bin, "--store", store, "--poll", "100ms")
+	b := startServer(t, bin, "--store", store, "--poll", "100ms")
+	envA := []string{"PLOVER_SERVER=" + a.url}
+	run(t, bin, envA, "deploy", chainFn(t, "n-add", "add_one"))
+	run(t, bin, envA, "deploy", pipelineDir(t, "n-pipe", "n-add", "n-add"))
+	in := []byte{10, 20}
+	got := pipeInvoke(t, b.url, "n-pipe", in).ok(t, "n-pipe on node b")
+	if got[0] != 12 || got[1] != 22 {
+		t.Fatalf("node b: %v", got[:2])
+	}
+	out := run(t, bin, []string{"PLOVER_SERVER=" + b.url}, "ls")
+	if !strings.Contains(out, "pipeline: n-add > n-add") {
+		t.Fatalf("node b's plover ls:\n%s", out)
+	}
+}

@@ -1,0 +1,78 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/pipeline/graph"
+)
+
+// PinVersion resolves a version of name other than, or equal to, its
+// current one: ref is a version id or a prefix of 8 or more characters (a
+// pipeline step that pins a version). A version that is not current gets a
+// warm pool of its own beside the current one's, kept while requests use
+// it and unloaded by idle_ttl as any other. Every successful PinVersion
+// must be released.
+func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) {
+	for attempt := 0; ; attempt++ {
+		e.mu.Lock()
+		f := e.funcs[name]
+		var v *version
+		if f != nil {
+			v = f.match(ref)
+		}
+		e.mu.Unlock()
+		if v != nil {
+			if v.ref() {
+				return Pin{e, f, v}, nil
+			}
+			continue // retired between the lock and ref: look again
+		}
+		if attempt == 4 {
+			return Pin{}, errorf(KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
+		}
+		if f == nil {
+			if _, err := e.lookup(ctx, name); err != nil {
+				return Pin{}, err
+			}
+			continue
+		}
+		rec, err := e.record(ctx, name)
+		if err != nil {
+			return Pin{}, err
+		}
+		rv, err := graph.Pick(rec, ref)
+		if err != nil {
+			return Pin{}, errorf(KindNotFound, err, "%s", err.Error())
+		}
+		e.mu.Lock()
+		if !e.closed && e.funcs[name] == f && f.match(rv.ID) == nil {
+			if f.pinned == nil {
+				f.pinned = map[string]*version{}
+			}
+			f.pinned[rv.ID] = e.newVersion(f, rv)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// match is f's version that ref names, current first, or nil; under
+// Engine.mu.
+func (f *function) match(ref string) *version {
+	if f.cur != nil && f.cur.rec.Matches(ref) {
+		return f.cur
+	}
+	for _, v := range f.pinned {
+		if v.rec.Matches(ref) {
+			return v
+		}
+	}
+	return nil
+}
+
+// Steps is the pinned version's pipeline steps; nil for a function.
+func (p Pin) Steps() []abi.Step { return p.v.rec.Steps }
+
+// Timeout is a request's deadline from its start when it brings none.
+func (e *Engine) Timeout() time.Duration { return e.cfg.Timeout }

@@ -1,0 +1,153 @@
+// Package graph checks pipeline definitions against the function records
+// in a store: that every step's function (and pinned version) exists, that
+// no pipeline reaches itself through the pipelines it names, that a
+// deployer may invoke every function a pipeline runs; and it finds the
+// pipelines that use a function. It reads records only, never bundles:
+// records carry each version's kind and steps (api.Version).
+package graph
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+)
+
+// MaxDepth bounds how deeply pipelines nest (a pipeline naming a pipeline
+// is depth 2): a walk at request time stops there whatever the store says,
+// so a cycle formed by a race between two nodes' deploys cannot recurse.
+const MaxDepth = 8
+
+// Records reads function records by name (registry.Registry.Get).
+type Records func(ctx context.Context, name string) (*api.Record, error)
+
+// StepError is a definition a deploy refuses: the step (its JSON path in
+// plover.json) and why. Store outages are returned as they come instead.
+type StepError struct {
+	Field  string // steps[1], steps[2].parallel[0]
+	Reason string
+}
+
+func (e *StepError) Error() string { return e.Field + ": " + e.Reason }
+
+// ForbiddenError is a step whose function the deployer may not invoke.
+type ForbiddenError struct{ StepError }
+
+type authKey struct{}
+
+// WithInvokeCheck returns ctx carrying allow, which Check asks for every
+// function a pipeline names: deploying a pipeline must not give its
+// deployer a way to run functions their token may not invoke.
+func WithInvokeCheck(ctx context.Context, allow func(function string) error) context.Context {
+	return context.WithValue(ctx, authKey{}, allow)
+}
+
+// Check checks the pipeline name's steps against the records get reads:
+// each function exists, a pinned version is one of its versions, nested
+// pipelines (at their current or pinned versions) exist as well, no step
+// leads back to name, and nesting stays within MaxDepth. isNotFound tells
+// a missing record from a store failure, which Check returns unwrapped.
+func Check(ctx context.Context, name string, steps []abi.Step, get Records, isNotFound func(error) bool) error {
+	allow, _ := ctx.Value(authKey{}).(func(string) error)
+	c := checker{ctx: ctx, get: get, notFound: isNotFound, allow: allow}
+	return c.steps(name, steps, []string{name}, "steps")
+}
+
+type checker struct {
+	ctx      context.Context
+	get      Records
+	notFound func(error) bool
+	allow    func(string) error
+}
+
+func (c *checker) steps(top string, steps []abi.Step, path []string, field string) error {
+	for i, s := range steps {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if s.Parallel != nil {
+			if err := c.steps(top, s.Parallel, path, f+".parallel"); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := c.step(top, s, path, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// step checks one function step; field is where the top pipeline's
+// plover.json names the step that leads here.
+func (c *checker) step(top string, s abi.Step, path []string, field string) error {
+	via := ""
+	if len(path) > 1 {
+		via = " (through " + strings.Join(path[1:], " -> ") + ")"
+	}
+	if slices.Contains(path, s.Function) {
+		return &StepError{field, fmt.Sprintf("%s -> %s is a cycle: a pipeline may not run itself", strings.Join(path, " -> "), s.Function)}
+	}
+	if len(path) >= MaxDepth {
+		return &StepError{field, fmt.Sprintf("pipelines nest deeper than %d (%s -> %s)", MaxDepth, strings.Join(path, " -> "), s.Function)}
+	}
+	if c.allow != nil {
+		if err := c.allow(s.Function); err != nil {
+			return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err)}}
+		}
+	}
+	rec, err := c.get(c.ctx, s.Function)
+	if err != nil && c.notFound(err) {
+		return &StepError{field, fmt.Sprintf("function %q%s is not deployed: deploy it before the pipeline that runs it", s.Function, via)}
+	}
+	if err != nil {
+		return err
+	}
+	v, err := Pick(rec, s.Version)
+	if err != nil {
+		return &StepError{field, err.Error() + via}
+	}
+	if v.Kind == abi.KindPipeline {
+		return c.steps(top, v.Steps, append(slices.Clip(path), s.Function), field+" -> "+s.Function+".steps")
+	}
+	return nil
+}
+
+// Pick is the version of rec a step runs: the one ref names (an id or a
+// prefix of 8 or more characters), or the current one for "".
+func Pick(rec *api.Record, ref string) (api.Version, error) {
+	if ref == "" {
+		return rec.CurrentVersion()
+	}
+	var found *api.Version
+	for i, v := range rec.Versions {
+		if v.Matches(ref) {
+			if found != nil {
+				return api.Version{}, fmt.Errorf("version %q of %s is ambiguous: give more of its id (plover versions %s)", ref, rec.Name, rec.Name)
+			}
+			found = &rec.Versions[i]
+		}
+	}
+	if found == nil {
+		return api.Version{}, fmt.Errorf("function %s has no version %q (plover versions %s)", rec.Name, ref, rec.Name)
+	}
+	return *found, nil
+}
+
+// UsersOf names the pipelines among recs whose current version runs the
+// function name, sorted.
+func UsersOf(recs []*api.Record, name string) []string {
+	var out []string
+	for _, r := range recs {
+		v, err := r.CurrentVersion()
+		if err != nil || v.Kind != abi.KindPipeline || r.Name == name {
+			continue
+		}
+		if slices.Contains(abi.Functions(v.Steps), name) {
+			out = append(out, r.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

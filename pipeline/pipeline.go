@@ -1,0 +1,459 @@
+// Package pipeline runs functions and pipelines by name: the one entry
+// point the transports (HTTP, gRPC) call. A pipeline ("kind": "pipeline"
+// in plover.json) is a list of steps, each a function or several run in
+// parallel on the same input; each step runs through the engine's own
+// request path (admission, the device scheduler, batching, deadlines) as
+// any request does, and its output becomes the next step's input without
+// leaving the server. Package graph, below this one, checks definitions
+// at deploy.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/pipeline/graph"
+)
+
+// Engine is what pipelines need of the engine (engine.Engine).
+type Engine interface {
+	Pin(ctx context.Context, name string) (engine.Pin, error)
+	PinVersion(ctx context.Context, name, ref string) (engine.Pin, error)
+	Full(name string) error
+	Health() (bool, []api.DeviceHealth)
+	// Timeout is a request's deadline from its start when it brings none:
+	// a pipeline's one deadline covers all its steps.
+	Timeout() time.Duration
+}
+
+// Runner runs functions and pipelines; it is safe for concurrent use.
+type Runner struct {
+	e    Engine
+	met  *metrics
+	bufs sync.Pool // *[]byte: intermediate outputs
+}
+
+// New returns a Runner over e, registering the per-step metrics on reg
+// (nil: none).
+func New(e Engine, reg prometheus.Registerer) *Runner {
+	r := &Runner{e: e, met: newMetrics(reg)}
+	r.bufs.New = func() any { return new([]byte) }
+	return r
+}
+
+// Invoke runs name on req: a function's chain, or a pipeline's steps.
+func (r *Runner) Invoke(ctx context.Context, name string, req *engine.Request) error {
+	p, err := r.Pin(ctx, name)
+	if err != nil {
+		return err
+	}
+	err = p.Invoke(ctx, req)
+	p.Release()
+	return err
+}
+
+// Full is the engine's 429 for a full queue, asked before a body is read.
+// A pipeline's queue is its first step's, which Invoke meets.
+func (r *Runner) Full(name string) error { return r.e.Full(name) }
+
+// Health is the engine's.
+func (r *Runner) Health() (bool, []api.DeviceHealth) { return r.e.Health() }
+
+// Pin is a function, or a pipeline and every function it runs, resolved
+// once and held for one call: the versions a caller reads (Version) are
+// the versions that run, whatever deploys happen meanwhile.
+type Pin struct {
+	r    *Runner
+	top  engine.Pin
+	plan *plan // nil: a function
+}
+
+// plan is a pipeline resolved for one request: its stages in order, with
+// nested pipelines' stages inlined (a sequence of sequences is one).
+type plan struct {
+	name   string
+	stages []stage
+	pins   []engine.Pin // every function pinned, released with the plan
+}
+
+// stage is a function, or parallel branches given the same input whose
+// outputs are concatenated in order.
+type stage struct {
+	index int    // the step of the requested pipeline it comes from
+	label string // the step's name: "cnn", "inner/cnn" inside pipeline inner
+	pin   engine.Pin
+	par   [][]stage
+}
+
+// Pin resolves name, and if it is a pipeline every function of its steps
+// (their current versions, or those the steps pin). Every successful Pin
+// must be released.
+func (r *Runner) Pin(ctx context.Context, name string) (Pin, error) {
+	top, err := r.e.Pin(ctx, name)
+	if err != nil {
+		return Pin{}, err
+	}
+	steps := top.Steps()
+	if steps == nil {
+		return Pin{r: r, top: top}, nil
+	}
+	pl := &plan{name: name}
+	for i, s := range steps {
+		st, err := r.expand(ctx, pl, i, "", s, []string{name})
+		if err != nil {
+			pl.release()
+			top.Release()
+			return Pin{}, err
+		}
+		pl.stages = append(pl.stages, st...)
+	}
+	return Pin{r, top, pl}, nil
+}
+
+// expand resolves step s (step index of the requested pipeline, reached
+// through the nested pipelines on path) into stages.
+func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string, s abi.Step, path []string) ([]stage, error) {
+	if s.Parallel != nil {
+		st := stage{index: index, label: prefix + s.String()}
+		for _, b := range s.Parallel {
+			br, err := r.expand(ctx, pl, index, prefix, b, path)
+			if err != nil {
+				return nil, err
+			}
+			st.par = append(st.par, br)
+		}
+		return []stage{st}, nil
+	}
+	var pin engine.Pin
+	var err error
+	if s.Version != "" {
+		pin, err = r.e.PinVersion(ctx, s.Function, s.Version)
+	} else {
+		pin, err = r.e.Pin(ctx, s.Function)
+	}
+	if err != nil {
+		return nil, stepError(pl.name, index, prefix+s.String(), err)
+	}
+	pl.pins = append(pl.pins, pin)
+	sub := pin.Steps()
+	if sub == nil {
+		return []stage{{index: index, label: prefix + s.Function, pin: pin}}, nil
+	}
+	// A nested pipeline. Deploys refuse cycles; a race between deploys on
+	// two nodes could still make one, and it must not recurse for ever.
+	if slices.Contains(path, s.Function) || len(path) >= graph.MaxDepth {
+		return nil, stepError(pl.name, index, prefix+s.String(), &engine.Error{Kind: engine.KindInvalid,
+			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d", joinPath(path), s.Function, graph.MaxDepth)})
+	}
+	var out []stage
+	for _, ss := range sub {
+		st, err := r.expand(ctx, pl, index, prefix+s.Function+"/", ss, append(slices.Clip(path), s.Function))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st...)
+	}
+	return out, nil
+}
+
+func joinPath(path []string) string {
+	s := path[0]
+	for _, p := range path[1:] {
+		s += " -> " + p
+	}
+	return s
+}
+
+func (pl *plan) release() {
+	for _, p := range pl.pins {
+		p.Release()
+	}
+	pl.pins = nil
+}
+
+// Release ends the pin.
+func (p Pin) Release() {
+	if p.plan != nil {
+		p.plan.release()
+	}
+	p.top.Release()
+}
+
+// Pipeline reports whether the pin is a pipeline's.
+func (p Pin) Pipeline() bool { return p.plan != nil }
+
+// Version is the pinned version's record. A pipeline's tensors are its
+// first step's inputs and its last step's outputs (a parallel last step:
+// each function's outputs in order); a side whose functions declare none,
+// or whose names clash, is the raw bytes.
+func (p Pin) Version() api.Version {
+	v := p.top.Version()
+	if p.plan == nil {
+		return v
+	}
+	ts := abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: abi.RawTensors.Outputs}
+	if in := firstTensors(p.plan.stages); in != nil {
+		ts.Inputs = in.Inputs
+	}
+	if outs, ok := lastOutputs(p.plan.stages); ok {
+		ts.Outputs = outs
+	}
+	v.Tensors = &ts
+	return v
+}
+
+func firstTensors(stages []stage) *abi.Tensors {
+	st := stages[0]
+	if st.par != nil {
+		return firstTensors(st.par[0])
+	}
+	return st.pin.Version().Tensors
+}
+
+func lastOutputs(stages []stage) ([]abi.Tensor, bool) {
+	st := stages[len(stages)-1]
+	if st.par == nil {
+		ts := st.pin.Version().Tensors
+		if ts == nil {
+			return nil, false
+		}
+		return ts.Outputs, true
+	}
+	var out []abi.Tensor
+	seen := map[string]bool{}
+	for _, br := range st.par {
+		outs, ok := lastOutputs(br)
+		if !ok {
+			return nil, false
+		}
+		for _, t := range outs {
+			if seen[t.Name] {
+				return nil, false
+			}
+			seen[t.Name] = true
+		}
+		out = append(out, outs...)
+	}
+	return out, true
+}
+
+// Invoke runs the pinned function or pipeline on req. For a pipeline,
+// req.Timing sums its steps' parts (Total is the whole request), req.Start
+// is the coldest step's start, req.Version the pipeline's version and
+// req.Steps each step's own; one deadline (req's, or the engine's timeout
+// from now) covers every step, and a request whose client left (req.Gone)
+// stops before its next step.
+func (p Pin) Invoke(ctx context.Context, req *engine.Request) error {
+	req.Steps = req.Steps[:0]
+	if p.plan == nil {
+		return p.top.Invoke(ctx, req)
+	}
+	if req.Override != nil {
+		return &engine.Error{Kind: engine.KindBadRequest, Msg: fmt.Sprintf("%s is a pipeline: its steps run their own manifests' chains, so a request may not override chain, out_bytes or tmp_bytes", p.plan.name)}
+	}
+	t0 := time.Now()
+	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
+	if x.deadline.IsZero() {
+		x.deadline = t0.Add(p.r.e.Timeout())
+	}
+	req.Start, req.BatchSize, req.Version = engine.Hot, 0, p.top.Version().ID
+	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps)
+	req.Output = out
+	t := engine.Timing{}
+	for _, s := range req.Steps {
+		t.Queue += s.Timing.Queue
+		t.Load += s.Timing.Load
+		t.CopyIn += s.Timing.CopyIn
+		t.Kernels += s.Timing.Kernels
+		t.CopyOut += s.Timing.CopyOut
+		t.BatchWait += s.Timing.BatchWait
+		t.Sched += s.Timing.Sched
+		req.Start = max(req.Start, s.Start)
+	}
+	t.Total = time.Since(t0)
+	req.Timing = t
+	return err
+}
+
+// run is one pipeline request's walk.
+type run struct {
+	r        *Runner
+	pl       *plan
+	deadline time.Time
+	gone     func() bool
+	t0       time.Time
+}
+
+// seq runs stages in order on in, the last writing into out (reusing its
+// capacity); intermediate outputs go to pooled buffers, each read by the
+// next stage in place.
+func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]engine.StepTiming) ([]byte, error) {
+	var bufs [2]*[]byte
+	defer func() {
+		for _, b := range bufs {
+			if b != nil {
+				x.r.putBuf(b)
+			}
+		}
+	}()
+	cur := in
+	for i := range stages {
+		st := &stages[i]
+		if err := x.before(st); err != nil {
+			return out, err
+		}
+		last := i == len(stages)-1
+		dst := out[:0]
+		if !last {
+			if bufs[i%2] == nil {
+				bufs[i%2] = x.r.getBuf()
+			}
+			dst = (*bufs[i%2])[:0]
+		}
+		res, err := x.stage(ctx, st, cur, dst, steps)
+		if last {
+			out = res
+		} else {
+			*bufs[i%2] = res // keep what it grew to
+		}
+		if err != nil {
+			return out, err
+		}
+		cur = res
+	}
+	return out, nil
+}
+
+// before stops the walk between steps: for a client that left, or a
+// deadline that passed (the engine would refuse the step anyway, but not
+// say how far the pipeline got).
+func (x *run) before(st *stage) error {
+	if x.gone != nil && x.gone() {
+		return &engine.Error{Kind: engine.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)}
+	}
+	if now := time.Now(); !now.Before(x.deadline) {
+		return &engine.Error{Kind: engine.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed before step %d (%s), %v after it started", x.pl.name, st.index, st.label, now.Sub(x.t0).Round(time.Microsecond))}
+	}
+	return nil
+}
+
+// stage runs one stage on in, writing into dst.
+func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]engine.StepTiming) ([]byte, error) {
+	if st.par == nil {
+		sub := engine.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
+		err := st.pin.Invoke(ctx, &sub)
+		*steps = append(*steps, engine.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing, BatchSize: sub.BatchSize})
+		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
+		if err != nil {
+			return sub.Output, stepError(x.pl.name, st.index, st.label, err)
+		}
+		return sub.Output, nil
+	}
+	// Parallel: every branch reads in; the first runs here, the others on
+	// goroutines of their own. Outputs are concatenated in the listed order
+	// (the one copy a parallel step costs), and so are their timings.
+	n := len(st.par)
+	outs := make([]*[]byte, n)
+	errs := make([]error, n)
+	timings := make([][]engine.StepTiming, n)
+	var wg sync.WaitGroup
+	for j := 1; j < n; j++ {
+		outs[j] = x.r.getBuf()
+		wg.Add(1)
+		go func(j int) {
+			defer wg.Done()
+			*outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j])
+		}(j)
+	}
+	outs[0] = x.r.getBuf()
+	*outs[0], errs[0] = x.seq(ctx, st.par[0], in, (*outs[0])[:0], &timings[0])
+	wg.Wait()
+	var err error
+	for j := 0; j < n; j++ {
+		*steps = append(*steps, timings[j]...)
+		if err == nil && errs[j] != nil {
+			err = errs[j]
+		}
+		if err == nil {
+			dst = append(dst, *outs[j]...)
+		}
+		x.r.putBuf(outs[j])
+	}
+	return dst, err
+}
+
+// stepError names the step a failure came from, keeping its kind (so its
+// status): "pipeline digits: step 1 (cnn): ...".
+func stepError(pipeline string, index int, label string, err error) error {
+	var ee *engine.Error
+	if errors.As(err, &ee) {
+		return &engine.Error{Kind: ee.Kind, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ee.Msg), Err: err}
+	}
+	return &engine.Error{Kind: engine.KindInternal, Msg: fmt.Sprintf("pipeline %s: step %d (%s) failed", pipeline, index, label), Err: err}
+}
+
+// keptBuf bounds the intermediate buffers the pool keeps, as the HTTP
+// front end bounds the bodies it keeps.
+const keptBuf = 1 << 20
+
+func (r *Runner) getBuf() *[]byte { return r.bufs.Get().(*[]byte) }
+
+func (r *Runner) putBuf(b *[]byte) {
+	if cap(*b) > keptBuf {
+		*b = nil
+	}
+	r.bufs.Put(b)
+}
+
+// metrics are per pipeline and step; the requests themselves are counted
+// per pipeline name where every request is (the front end's metrics).
+type metrics struct {
+	seconds *prometheus.HistogramVec
+	errors  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "plover_pipeline_step_seconds",
+			Help:    "Time of each pipeline step in the engine (queue, load and run), by pipeline, step index and function.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 18),
+		}, []string{"pipeline", "step", "function"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "plover_pipeline_step_errors_total",
+			Help: "Pipeline steps that failed, by pipeline, step index and function.",
+		}, []string{"pipeline", "step", "function"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.seconds, m.errors)
+	}
+	return m
+}
+
+// stepNames are step indexes as label values, made once.
+var stepNames = func() []string {
+	s := make([]string, abi.MaxPipelineSteps)
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+func (m *metrics) observe(pipeline string, index int, function string, d time.Duration, err error) {
+	step := stepNames[index]
+	if err != nil {
+		m.errors.WithLabelValues(pipeline, step, function).Inc()
+		return
+	}
+	m.seconds.WithLabelValues(pipeline, step, function).Observe(d.Seconds())
+}
