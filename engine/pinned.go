@@ -74,5 +74,19 @@ func (f *function) match(ref string) *version {
 // Steps is the pinned version's pipeline steps; nil for a function.
 func (p Pin) Steps() []abi.Step { return p.v.rec.Steps }
 
+// Account counts a request the pinned version served other than through
+// Invoke (a pipeline's, whose steps ran as requests of their own), in the
+// function's requests, errors, starts and mean latency.
+func (p Pin) Account(start Start, total time.Duration, err error) {
+	st := &p.f.stats
+	st.requests.Add(1)
+	if err != nil {
+		st.errors.Add(1)
+		return
+	}
+	st.count(start)
+	st.latencyNs.Add(int64(total))
+}
+
 // Timeout is a request's deadline from its start when it brings none.
 func (e *Engine) Timeout() time.Duration { return e.cfg.Timeout }

@@ -282,6 +282,7 @@ func (p Pin) Invoke(ctx context.Context, req *engine.Request) error {
 	}
 	t.Total = time.Since(t0)
 	req.Timing = t
+	p.top.Account(req.Start, t.Total, err)
 	return err
 }
 

@@ -44,6 +44,9 @@ od -A d -t f4 -N 16 "$data/sum.bin" | head -n 1 | sed 's/^/   first floats: /'
 
 if [ -d build/samples/cnn-host ] && [ -x scripts/demo-cnn.sh ]; then
   bash scripts/demo-cnn.sh "$plover"
+  if [ -d build/samples/digits-pipeline ]; then
+    bash scripts/demo-digits.sh "$plover" "$data"
+  fi
 fi
 echo "== functions"
 "$plover" ls

@@ -15,6 +15,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/samples/cnn/model"
 )
 
 // runErr runs plover and returns its combined output and error.
@@ -337,5 +338,58 @@ func TestPipelineTwoNodes(t *testing.T) {
 	out := run(t, bin, []string{"PLOVER_SERVER=" + b.url}, "ls")
 	if !strings.Contains(out, "pipeline: n-add > n-add") {
 		t.Fatalf("node b's plover ls:\n%s", out)
+	}
+}
+
+// TestDigitsPipelineServed: the digits sample (normalize on the host, the
+// CNN, top-1) through a real server, on real held-out MNIST digits: the
+// pipeline's answer equals the three functions invoked in turn, byte for
+// byte, and the Go reference model's label.
+func TestDigitsPipelineServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the samples and starts a server")
+	}
+	root := testkit.Root()
+	sample := func(src, manifest string, extra ...string) string {
+		dir := t.TempDir()
+		m, err := bundle.ReadManifest(filepath.Join(root, filepath.Dir(manifest)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testkit.BuildLib(t, filepath.Join(root, src), dir, m.Library)
+		for _, f := range append([]string{manifest}, extra...) {
+			b, err := os.ReadFile(filepath.Join(root, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644)
+		}
+		return dir
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin)
+	env := []string{"PLOVER_SERVER=" + srv.url}
+	for _, dir := range []string{
+		sample("samples/digits-pipeline/normalize/normalize.cu", "samples/digits-pipeline/normalize/plover.json"),
+		sample("samples/cnn/cnn.cu", "samples/cnn/plover.json", "samples/cnn/weights.bin"),
+		sample("samples/digits-pipeline/top1/top1.cu", "samples/digits-pipeline/top1/plover.json"),
+		filepath.Join(root, "samples", "digits-pipeline"),
+	} {
+		run(t, bin, env, "deploy", dir)
+	}
+	params, held := cnnReference(t)
+	for i := 0; i < len(held); i += 10 {
+		d := &held[i]
+		got := pipeInvoke(t, srv.url, "digits", d.Pixels[:]).ok(t, "digits")
+		x := d.Pixels[:]
+		for _, f := range []string{"digits-normalize", "cnn", "digits-top1"} {
+			x = pipeInvoke(t, srv.url, f, x).ok(t, f)
+		}
+		if !bytes.Equal(got, x) || len(got) != 8 {
+			t.Fatalf("digit %d: pipeline %x, the functions in turn %x", i, got, x)
+		}
+		if label, want := int(got[0]), model.Argmax(params.Scores(d.Image())); label != want {
+			t.Fatalf("digit %d: label %d, the reference model says %d", i, label, want)
+		}
 	}
 }

@@ -1,0 +1,142 @@
+package graph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+)
+
+var errMissing = errors.New("no such function")
+
+// store is records by name, each with one version (or the versions given).
+type store map[string]*api.Record
+
+func (s store) get(_ context.Context, name string) (*api.Record, error) {
+	if name == "down" {
+		return nil, errors.New("store unreachable")
+	}
+	r, ok := s[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", name, errMissing)
+	}
+	return r, nil
+}
+
+func fn(name string, ids ...string) *api.Record {
+	if ids == nil {
+		ids = []string{name + "-0000-0000"}
+	}
+	r := &api.Record{Name: name, Current: ids[len(ids)-1]}
+	for _, id := range ids {
+		r.Versions = append(r.Versions, api.Version{ID: id})
+	}
+	return r
+}
+
+func pipe(name string, steps ...abi.Step) *api.Record {
+	id := name + "-pipe-0001"
+	return &api.Record{Name: name, Current: id, Versions: []api.Version{{ID: id, Kind: abi.KindPipeline, Steps: steps}}}
+}
+
+func s(name string) abi.Step { return abi.Step{Function: name} }
+
+func TestCheck(t *testing.T) {
+	recs := store{
+		"a":     fn("a", "aaaaaaaa-1111", "aaaaaaaa-2222", "bbbbbbbb-3333"),
+		"b":     fn("b"),
+		"inner": pipe("inner", s("a"), s("b")),
+		"outer": pipe("outer", s("inner")),
+		"loop":  pipe("loop", s("top")), // a record naming the pipeline being deployed
+	}
+	isMissing := func(err error) bool { return errors.Is(err, errMissing) }
+	for _, tc := range []struct {
+		name  string
+		steps []abi.Step
+		allow func(string) error
+		want  string // "" ok; else the error contains it
+		field string
+	}{
+		{"plain", []abi.Step{s("a"), s("b")}, nil, "", ""},
+		{"nested", []abi.Step{s("outer"), {Parallel: []abi.Step{s("a"), s("inner")}}}, nil, "", ""},
+		{"missing", []abi.Step{s("a"), s("nope")}, nil, `function "nope" is not deployed`, "steps[1]"},
+		{"missing inside parallel", []abi.Step{{Parallel: []abi.Step{s("a"), s("nope")}}}, nil, "not deployed", "steps[0].parallel[1]"},
+		{"pinned", []abi.Step{{Function: "a", Version: "bbbbbbbb"}}, nil, "", ""},
+		{"pinned missing", []abi.Step{{Function: "a", Version: "cccccccc"}}, nil, `has no version "cccccccc"`, "steps[0]"},
+		{"pinned ambiguous", []abi.Step{{Function: "a", Version: "aaaaaaaa"}}, nil, "ambiguous", "steps[0]"},
+		{"cycle through a record", []abi.Step{s("b"), s("loop")}, nil, "top -> loop -> top is a cycle", "steps[1] -> loop.steps[0]"},
+		{"store down", []abi.Step{s("down")}, nil, "store unreachable", ""},
+		{"forbidden nested", []abi.Step{s("outer")}, func(f string) error {
+			if f == "b" {
+				return errors.New("token lacks invoke on b")
+			}
+			return nil
+		}, "function b (through outer -> inner)", "steps[0] -> outer.steps[0] -> inner.steps[1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.allow != nil {
+				ctx = WithInvokeCheck(ctx, tc.allow)
+			}
+			err := Check(ctx, "top", tc.steps, recs.get, isMissing)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+			var se *StepError
+			var fe *ForbiddenError
+			forbidden := errors.As(err, &fe)
+			if forbidden {
+				se = &fe.StepError
+			} else {
+				errors.As(err, &se)
+			}
+			if forbidden != (tc.allow != nil) {
+				t.Fatalf("ForbiddenError %v for %v", forbidden, err)
+			}
+			if tc.field != "" && (se == nil || se.Field != tc.field) {
+				t.Fatalf("field of %v: want %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestCheckDepth(t *testing.T) {
+	recs := store{"f": fn("f")}
+	prev := "f"
+	for i := 0; i < MaxDepth+1; i++ {
+		name := fmt.Sprintf("p%d", i)
+		recs[name] = pipe(name, s(prev))
+		prev = name
+	}
+	err := Check(context.Background(), "top", []abi.Step{s(prev)}, recs.get, func(err error) bool { return errors.Is(err, errMissing) })
+	if err == nil || !strings.Contains(err.Error(), "nest deeper than") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestUsersOf(t *testing.T) {
+	old := pipe("old", s("a"))
+	old.Versions = append([]api.Version{{ID: "x", Kind: abi.KindPipeline, Steps: []abi.Step{s("b")}}}, old.Versions...)
+	recs := []*api.Record{
+		pipe("p2", abi.Step{Parallel: []abi.Step{s("b"), s("c")}}),
+		pipe("p1", s("a"), s("b")),
+		fn("b"),
+		old, // names b only in a version that is not current
+	}
+	if got := strings.Join(UsersOf(recs, "b"), ","); got != "p1,p2" {
+		t.Fatalf("UsersOf(b) = %s", got)
+	}
+	if got := UsersOf(recs, "z"); got != nil {
+		t.Fatalf("UsersOf(z) = %v", got)
+	}
+}

@@ -1,0 +1,104 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
+)
+
+func pipelineDir(t *testing.T, name string, steps ...any) string {
+	t.Helper()
+	dir := t.TempDir()
+	b, _ := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": steps})
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// A client that leaves while a step runs stops the pipeline before its
+// next step: the next function never sees the request.
+func TestGoneStopsAtTheNextStep(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 300), nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "slow", "echo"))
+	r := pipeline.New(e, nil)
+	var left atomic.Bool
+	done := make(chan error, 1)
+	go func() {
+		req := &engine.Request{Input: []byte("x"), Gone: left.Load}
+		done <- r.Invoke(context.Background(), "p", req)
+	}()
+	testkit.WaitFor(t, e, "slow", "its run to start", testkit.Busy(1, 0))
+	left.Store(true)
+	err := <-done
+	if engine.KindOf(err) != engine.KindGone || !strings.Contains(err.Error(), "before step 1 (echo)") {
+		t.Fatalf("err = %v", err)
+	}
+	fi, _ := e.Control().Function(context.Background(), "echo")
+	if fi.Requests != 0 {
+		t.Fatalf("echo ran %d requests after the client left", fi.Requests)
+	}
+}
+
+// A pipeline's request reports each step and sums their phases; it takes
+// no chain override; its tensors are its first step's inputs and last
+// step's outputs.
+func TestStepsTimingOverrideTensors(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	in := testkit.Manifest("typed-in")
+	in.Tensors = &abi.Tensors{Inputs: []abi.Tensor{{Name: "x", Datatype: "UINT8", Shape: []int64{-1}}}, Outputs: abi.RawTensors.Outputs}
+	out := testkit.Manifest("typed-out")
+	out.Tensors = &abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{64}}}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, in, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, out, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "typed-in", map[string]any{"parallel": []string{"typed-in", "typed-out"}}, "typed-out"))
+	r := pipeline.New(e, nil)
+	req := &engine.Request{Input: []byte{7, 8, 9}}
+	if err := r.Invoke(context.Background(), "p", req); err != nil {
+		t.Fatal(err)
+	}
+	if len(req.Output) != 256 || req.Output[0] != 7 || req.Output[2] != 9 {
+		t.Fatalf("output %v", req.Output[:4])
+	}
+	var names []string
+	var sum int64
+	for _, s := range req.Steps {
+		names = append(names, s.Step)
+		sum += int64(s.Timing.Kernels)
+	}
+	if got := strings.Join(names, ","); got != "typed-in,typed-in,typed-out,typed-out" || req.Steps[1].Index != 1 || req.Steps[2].Index != 1 || req.Steps[3].Index != 2 {
+		t.Fatalf("steps %s (%+v)", got, req.Steps)
+	}
+	if int64(req.Timing.Kernels) != sum || req.Timing.Total < req.Timing.Kernels {
+		t.Fatalf("timing %+v, steps' kernels %d", req.Timing, sum)
+	}
+	req.Override = &engine.Override{OutBytes: 8, TmpBytes: -1}
+	if err := r.Invoke(context.Background(), "p", req); engine.KindOf(err) != engine.KindBadRequest {
+		t.Fatalf("override on a pipeline: %v", err)
+	}
+	p, err := r.Pin(context.Background(), "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	ts := p.Version().Tensors
+	if ts == nil || ts.Inputs[0].Name != "x" || ts.Outputs[0].Name != "y" || !p.Pipeline() {
+		t.Fatalf("tensors %+v", ts)
+	}
+	var v api.Version = p.Version()
+	if !v.IsPipeline() {
+		t.Fatalf("version %+v", v)
+	}
+}
