@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -136,6 +136,9 @@ bench-fair: bin/plover bin/plover-worker bin/plover-bench-suite samples
 # Many functions: cold starts of distinct functions in turn and at once, the
 # listing and /metrics with 1,000 deployed, idle workers' memory; rewrites
 # BENCHMARKS.md's bench:burst-host section (about 1 min).
+bench-pipeline: bin/plover bin/plover-worker bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --pipeline
+
 bench-burst: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --burst
 
