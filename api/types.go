@@ -131,6 +131,23 @@ func (v Version) Matches(ref string) bool {
 	return ref == v.ID || (len(ref) >= 8 && strings.HasPrefix(v.ID, ref))
 }
 
+// Find returns the version ref names (Version.Matches) and how many
+// versions it matches: 1, or 0 for none, or more for a prefix too short to
+// tell them apart (the first is returned).
+func (r *Record) Find(ref string) (Version, int) {
+	var found Version
+	n := 0
+	for _, v := range r.Versions {
+		if v.Matches(ref) {
+			if n == 0 {
+				found = v
+			}
+			n++
+		}
+	}
+	return found, n
+}
+
 // CurrentVersion returns the version Current names.
 func (r *Record) CurrentVersion() (Version, error) {
 	for _, v := range r.Versions {

@@ -40,6 +40,17 @@ func checkDir(dir string) (*abi.Manifest, error) {
 	return m, nil
 }
 
+// checkSteps is, for a deploy or rollback straight to the store, what a
+// server checks of a pipeline's steps (graph.Check); tokens do not apply:
+// store credentials are admin credentials.
+func checkSteps(reg registry.Registry, name string, steps []abi.Step) error {
+	notFound := func(err error) bool { return errors.Is(err, registry.ErrNoFunction) }
+	if err := graph.Check(context.Background(), name, steps, reg.Get, notFound); err != nil {
+		return fmt.Errorf("pipeline %s: %w", name, err)
+	}
+	return nil
+}
+
 func deployCmd() *command {
 	var ep endpoint
 	var force, asJSON bool
@@ -78,11 +89,10 @@ func deployCmd() *command {
 				if err != nil {
 					return err
 				}
-				if m.IsPipeline() { // what a server's deploy checks
-					notFound := func(err error) bool { return errors.Is(err, registry.ErrNoFunction) }
-					if err := graph.Check(context.Background(), m.Name, m.Steps, reg.Get, notFound); err != nil {
+				if m.IsPipeline() {
+					if err := checkSteps(reg, m.Name, m.Steps); err != nil {
 						done()
-						return fmt.Errorf("pipeline %s: %w", m.Name, err)
+						return err
 					}
 				}
 				v, c, err := reg.Publish(context.Background(), m, body, sha, int64(len(b)), force)

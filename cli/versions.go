@@ -13,6 +13,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/pipeline/graph"
 )
 
 // progressThreshold: uploads above it show a progress bar on a terminal.
@@ -95,6 +96,14 @@ func rollbackCmd() *command {
 				reg, err := ep.registry()
 				if err != nil {
 					return err
+				}
+				// A pipeline's version is checked as a server checks it.
+				if rec, err := reg.Get(context.Background(), args[0]); err == nil {
+					if pv, err := graph.Pick(rec, args[1]); err == nil && pv.IsPipeline() {
+						if err := checkSteps(reg, args[0], pv.Steps); err != nil {
+							return err
+						}
+					}
 				}
 				v, err := reg.SetCurrent(context.Background(), args[0], args[1])
 				if err != nil {

@@ -64,9 +64,17 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descDeviceSeconds, prometheus.CounterValue, secs, f.name)
 		}
 		busy, idle, mem := v.usage()
+		queued := v.queued()
+		// Pinned versions that are not current (pipeline steps) add to the
+		// function's figures; their workers are in plover ls, not here (one
+		// series per function and device).
+		for _, sv := range e.side(f) {
+			b, i, m := sv.usage()
+			busy, idle, mem, queued = busy+b, idle+i, mem+m, queued+sv.queued()
+		}
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(busy), f.name, "busy")
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
-		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(v.queued()), f.name)
+		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(queued), f.name)
 		ch <- prometheus.MustNewConstMetric(descFuncMem, prometheus.GaugeValue, float64(mem), f.name)
 		if b := v.batcher(); b != nil {
 			ch <- b.sizes.histogram(f.name)

@@ -238,10 +238,18 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 // else (no such function or version) is SetCurrent's to report.
 func (e *Engine) checkRollback(ctx context.Context, name, version string) error {
 	rec, err := e.reg.Get(ctx, name)
-	if err != nil {
-		return nil
+	if errors.Is(err, registry.ErrNoFunction) {
+		return nil // SetCurrent's 404
 	}
-	if v, err := graph.Pick(rec, version); err == nil && v.IsPipeline() {
+	if err != nil {
+		// Fail closed: an unchecked rollback could run what its caller may not.
+		return unavailable(err, "rollback %s: reading its record: store unavailable", name)
+	}
+	v, err := graph.Pick(rec, version)
+	if err != nil {
+		return nil // no such version, or an ambiguous prefix: SetCurrent's to refuse
+	}
+	if v.IsPipeline() {
 		return e.checkPipeline(ctx, name, v.Steps)
 	}
 	return nil

@@ -36,7 +36,28 @@ func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInf
 		fi.Queue = v.queued()
 		fi.Workers = v.processes()
 	}
+	// Versions pipelines pinned that are not current run too: their
+	// instances, memory and workers are the function's.
+	for _, sv := range e.side(f) {
+		b, i, m := sv.usage()
+		fi.Busy, fi.Idle, fi.Memory = fi.Busy+b, fi.Idle+i, fi.Memory+m
+		fi.Queue += sv.queued()
+		fi.Workers = append(fi.Workers, sv.processes()...)
+	}
 	return fi
+}
+
+// side is f's loaded versions that pipelines pinned and are not current.
+func (e *Engine) side(f *function) []*version {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*version
+	for _, v := range f.pinned {
+		if v.loaded.Load() {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // Function describes one function from its record and this node's state.

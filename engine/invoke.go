@@ -138,6 +138,13 @@ func (p Pin) Invoke(ctx context.Context, req *Request) error {
 	return p.e.invoke(ctx, p.f, p.v, req, time.Now())
 }
 
+// InvokeSince is Invoke for a request that reached the server at t0
+// (before its version was resolved): its default deadline and its total
+// time count from then, as Engine.Invoke's do.
+func (p Pin) InvokeSince(ctx context.Context, req *Request, t0 time.Time) error {
+	return p.e.invoke(ctx, p.f, p.v, req, t0)
+}
+
 // Release ends the pin.
 func (p Pin) Release() { p.v.unref() }
 

@@ -139,14 +139,14 @@ func (e *Engine) reclaimable(dev device.Device, forV *version) int64 {
 			continue
 		}
 		v.mu.Lock()
-		spare := v.live - v.policy.min
+		spare := v.live - v.minInstances()
 		for _, in := range v.idle {
 			if spare > 0 && in.dev.dev == dev {
 				n += in.bytes
 				spare--
 			}
 		}
-		if v != forV && v.policy.min == 0 && v.refs == 0 && len(v.idle) == v.live {
+		if v != forV && v.minInstances() == 0 && v.refs == 0 && len(v.idle) == v.live {
 			for _, p := range v.placements {
 				if p.dev == dev {
 					n += p.prog.ConstantsBytes()
@@ -190,7 +190,7 @@ func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []I
 		}
 		p := v.placement(dev)
 		v.mu.Lock()
-		if v.live > v.policy.min { // min_instances hold even under memory pressure
+		if v.live > v.minInstances() { // min_instances hold even under memory pressure
 			for _, in := range v.idle {
 				if in.dev.dev == dev {
 					idle = append(idle, Idle{Function: fv.f.name, Instance: true, Bytes: in.bytes, LastUsed: in.lastUsed})
@@ -230,7 +230,7 @@ func (e *Engine) take1(ev *eviction, r idleRef) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	i := slices.Index(v.idle, r.in)
-	if i < 0 || v.live <= v.policy.min || v.dead {
+	if i < 0 || v.live <= v.minInstances() || v.dead {
 		return false
 	}
 	v.idle = slices.Delete(v.idle, i, i+1)

@@ -51,7 +51,9 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 			if f.pinned == nil {
 				f.pinned = map[string]*version{}
 			}
-			f.pinned[rv.ID] = e.newVersion(f, rv)
+			pv := e.newVersion(f, rv)
+			pv.side.Store(true)
+			f.pinned[rv.ID] = pv
 		}
 		e.mu.Unlock()
 	}

@@ -12,6 +12,28 @@ type policy struct {
 	idleTTL         time.Duration // <= 0: never release for idleness
 }
 
+// sideTTL is the idle_ttl of a version pipelines pinned that is not
+// current, when its own policy never releases: such a version serves
+// pipelines alone and must not hold a worker and device memory for ever.
+const sideTTL = 5 * time.Minute
+
+// minInstances is the instances v keeps: none for a pinned version that is
+// not current (its min_instances is for when it is the function's).
+func (v *version) minInstances() int {
+	if v.side.Load() {
+		return 0
+	}
+	return v.policy.min
+}
+
+// idleTTL is how long v's idle instances, and v itself, are kept.
+func (v *version) idleTTL() time.Duration {
+	if v.side.Load() && v.policy.idleTTL <= 0 {
+		return sideTTL
+	}
+	return v.policy.idleTTL
+}
+
 func (e *Engine) policyFor(m *abi.Manifest) policy {
 	p := policy{min: e.cfg.MinInstances, max: e.cfg.MaxInstances, queue: e.cfg.MaxQueue, idleTTL: e.cfg.IdleTTL}
 	if m.MinInstances > 0 {

@@ -25,27 +25,31 @@ func (e *Engine) ReapEvery(ctx context.Context, every time.Duration) {
 func (e *Engine) Reap(now time.Time) {
 	for _, fv := range e.versions(true) {
 		v := fv.v
-		if !v.loaded.Load() || v.policy.idleTTL <= 0 {
+		if !v.loaded.Load() {
+			continue
+		}
+		ttl := v.idleTTL()
+		if ttl <= 0 {
 			continue
 		}
 		var closing []*instance
 		v.mu.Lock()
 		// idle is a stack: the least recently used instances are at the bottom.
-		for len(v.idle) > 0 && v.live > v.policy.min && now.Sub(v.idle[0].lastUsed) >= v.policy.idleTTL {
+		for len(v.idle) > 0 && v.live > v.minInstances() && now.Sub(v.idle[0].lastUsed) >= ttl {
 			closing = append(closing, v.idle[0])
 			v.idle = v.idle[1:]
 			v.live--
 		}
-		zero := v.live == 0 && v.refs == 0 && v.policy.min == 0 && now.Sub(v.lastUsed) >= v.policy.idleTTL
+		zero := v.live == 0 && v.refs == 0 && v.minInstances() == 0 && now.Sub(v.lastUsed) >= ttl
 		v.mu.Unlock()
 		for _, in := range closing {
 			in.inst.Close()
 		}
 		if len(closing) > 0 {
-			e.cfg.Log.Info("released idle instances", "function", fv.f.name, "count", len(closing), "idle_ttl", v.policy.idleTTL)
+			e.cfg.Log.Info("released idle instances", "function", fv.f.name, "count", len(closing), "idle_ttl", ttl)
 		}
 		if zero && e.unload(fv.f, v) {
-			e.cfg.Log.Info("scaled to zero", "function", fv.f.name, "version", v.rec.ID, "idle_ttl", v.policy.idleTTL)
+			e.cfg.Log.Info("scaled to zero", "function", fv.f.name, "version", v.rec.ID, "idle_ttl", ttl)
 		}
 	}
 }

@@ -122,6 +122,7 @@ func (e *Engine) switchTo(name string, rv api.Version, at uint64) (*function, bo
 	if pv := f.pinned[rv.ID]; pv != nil {
 		// A version pipelines pinned becomes current: its warm pool serves both.
 		delete(f.pinned, rv.ID)
+		pv.side.Store(false)
 		f.cur = pv
 	} else {
 		f.cur = e.newVersion(f, rv)

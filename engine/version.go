@@ -24,6 +24,10 @@ type version struct {
 	rec api.Version
 	log func(msg string, args ...any)
 
+	// side: a version pipeline steps pinned that is not the function's
+	// current one (Engine.PinVersion); cleared if it becomes current.
+	side atomic.Bool
+
 	loadState
 	poolState
 	crashState

@@ -102,7 +102,7 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	var firstErr error
 	for _, rec := range recs {
 		cv, err := rec.CurrentVersion()
-		if err != nil || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
+		if err != nil || cv.IsPipeline() || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
 			continue
 		}
 		f, err := e.lookup(ctx, rec.Name)
@@ -122,7 +122,7 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 	e.mu.Lock()
 	v := f.cur
 	e.mu.Unlock()
-	if v == nil || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.ref() {
+	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.ref() {
 		return
 	}
 	defer v.unref()

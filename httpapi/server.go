@@ -593,6 +593,13 @@ func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
 	// A pipeline: one entry per function step, in the order they ran,
 	// named by index with the function, its start and its version short.
 	for i := range c.req.Steps { // index: its step in the pipeline (parallel functions share one)
+		if i == maxTimedSteps {
+			// Headers have limits (16 KiB in some clients): the rest in one.
+			b = append(b, ", more;desc=\""...)
+			b = strconv.AppendInt(b, int64(len(c.req.Steps)-i), 10)
+			b = append(b, " steps\""...)
+			break
+		}
 		b = appendStep(b, &c.req.Steps[i])
 	}
 	c.timing = b
@@ -621,6 +628,9 @@ func deadline(ctx *fasthttp.RequestCtx, r *engine.Request) error {
 }
 
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+// maxTimedSteps bounds a pipeline's step entries in Server-Timing.
+const maxTimedSteps = 64
 
 // appendStep writes a pipeline step's Server-Timing entry:
 // step1;desc="cnn hot 3f1c9a2e";dur=0.210 (its whole time in the engine).

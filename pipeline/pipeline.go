@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,11 +54,12 @@ func New(e Engine, reg prometheus.Registerer) *Runner {
 
 // Invoke runs name on req: a function's chain, or a pipeline's steps.
 func (r *Runner) Invoke(ctx context.Context, name string, req *engine.Request) error {
+	t0 := time.Now() // before the name is resolved, which may read the store
 	p, err := r.Pin(ctx, name)
 	if err != nil {
 		return err
 	}
-	err = p.Invoke(ctx, req)
+	err = p.invoke(ctx, req, t0)
 	p.Release()
 	return err
 }
@@ -146,6 +148,12 @@ func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string,
 	}
 	pl.pins = append(pl.pins, pin)
 	sub := pin.Steps()
+	if sub == nil && len(pl.pins) > graph.MaxFunctions {
+		// Deploys refuse more; records changed since (or by another
+		// node) could still make one request run thousands.
+		return nil, stepError(pl.name, index, prefix+s.String(), &engine.Error{Kind: engine.KindInvalid,
+			Msg: fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines included", graph.MaxFunctions)})
+	}
 	if sub == nil {
 		return []stage{{index: index, label: prefix + s.Function, pin: pin}}, nil
 	}
@@ -254,14 +262,17 @@ func lastOutputs(stages []stage) ([]abi.Tensor, bool) {
 // from now) covers every step, and a request whose client left (req.Gone)
 // stops before its next step.
 func (p Pin) Invoke(ctx context.Context, req *engine.Request) error {
+	return p.invoke(ctx, req, time.Now())
+}
+
+func (p Pin) invoke(ctx context.Context, req *engine.Request, t0 time.Time) error {
 	req.Steps = req.Steps[:0]
 	if p.plan == nil {
-		return p.top.Invoke(ctx, req)
+		return p.top.InvokeSince(ctx, req, t0)
 	}
 	if req.Override != nil {
 		return &engine.Error{Kind: engine.KindBadRequest, Msg: fmt.Sprintf("%s is a pipeline: its steps run their own manifests' chains, so a request may not override chain, out_bytes or tmp_bytes", p.plan.name)}
 	}
-	t0 := time.Now()
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
 	if x.deadline.IsZero() {
 		x.deadline = t0.Add(p.r.e.Timeout())
@@ -293,6 +304,10 @@ type run struct {
 	deadline time.Time
 	gone     func() bool
 	t0       time.Time
+	// ran is set once a step has run: a client is asked whether it left
+	// only between steps, so a request whose first step fails or succeeds
+	// is answered as a function's would be.
+	ran atomic.Bool
 }
 
 // seq runs stages in order on in, the last writing into out (reusing its
@@ -339,7 +354,7 @@ func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]
 // deadline that passed (the engine would refuse the step anyway, but not
 // say how far the pipeline got).
 func (x *run) before(st *stage) error {
-	if x.gone != nil && x.gone() {
+	if x.gone != nil && x.ran.Load() && x.gone() {
 		return &engine.Error{Kind: engine.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)}
 	}
 	if now := time.Now(); !now.Before(x.deadline) {
@@ -353,6 +368,7 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]eng
 	if st.par == nil {
 		sub := engine.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
 		err := st.pin.Invoke(ctx, &sub)
+		x.ran.Store(true)
 		*steps = append(*steps, engine.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing, BatchSize: sub.BatchSize})
 		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
 		if err != nil {

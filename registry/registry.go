@@ -352,11 +352,12 @@ func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.V
 		if r == nil {
 			return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 		}
-		for _, v := range r.Versions {
-			if v.Matches(versionID) {
-				found, r.Current = v, v.ID
-				return r, nil
-			}
+		switch v, n := r.Find(versionID); {
+		case n == 1:
+			found, r.Current = v, v.ID
+			return r, nil
+		case n > 1:
+			return nil, fmt.Errorf("function %s: %w: %q is a prefix of %d versions' ids; give more of it (see plover versions %s)", name, ErrNoVersion, versionID, n, name)
 		}
 		return nil, fmt.Errorf("function %s: %w %q (see plover versions %s)", name, ErrNoVersion, versionID, name)
 	})

@@ -21,6 +21,11 @@ import (
 // so a cycle formed by a race between two nodes' deploys cannot recurse.
 const MaxDepth = 8
 
+// MaxFunctions bounds the function steps one request runs, nested
+// pipelines and parallel steps multiplied out: each limit alone (32 steps,
+// 16 in parallel, 8 levels) would let one request fan out to millions.
+const MaxFunctions = 256
+
 // Records reads function records by name (registry.Registry.Get).
 type Records func(ctx context.Context, name string) (*api.Record, error)
 
@@ -52,15 +57,35 @@ func WithInvokeCheck(ctx context.Context, allow func(function string) error) con
 // a missing record from a store failure, which Check returns unwrapped.
 func Check(ctx context.Context, name string, steps []abi.Step, get Records, isNotFound func(error) bool) error {
 	allow, _ := ctx.Value(authKey{}).(func(string) error)
-	c := checker{ctx: ctx, get: get, notFound: isNotFound, allow: allow}
-	return c.steps(name, steps, []string{name}, "steps")
+	c := checker{ctx: ctx, get: get, notFound: isNotFound, allow: allow, recs: map[string]*api.Record{}}
+	if err := c.steps(name, steps, []string{name}, "steps"); err != nil {
+		return err
+	}
+	if c.functions > MaxFunctions {
+		return &StepError{"steps", fmt.Sprintf("the pipeline runs %d functions per request, nested pipelines and parallel steps included; at most %d", c.functions, MaxFunctions)}
+	}
+	return nil
 }
 
 type checker struct {
-	ctx      context.Context
-	get      Records
-	notFound func(error) bool
-	allow    func(string) error
+	ctx       context.Context
+	get       Records
+	notFound  func(error) bool
+	allow     func(string) error
+	recs      map[string]*api.Record // read once per check
+	functions int                    // function steps a request would run
+}
+
+// record reads name's record once per check.
+func (c *checker) record(name string) (*api.Record, error) {
+	if r, ok := c.recs[name]; ok {
+		return r, nil
+	}
+	r, err := c.get(c.ctx, name)
+	if err == nil {
+		c.recs[name] = r
+	}
+	return r, err
 }
 
 func (c *checker) steps(top string, steps []abi.Step, path []string, field string) error {
@@ -97,7 +122,10 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 			return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err)}}
 		}
 	}
-	rec, err := c.get(c.ctx, s.Function)
+	if c.functions > MaxFunctions {
+		return nil // reported once the walk ends; no need to read on
+	}
+	rec, err := c.record(s.Function)
 	if err != nil && c.notFound(err) {
 		return &StepError{field, fmt.Sprintf("function %q%s is not deployed: deploy it before the pipeline that runs it", s.Function, via)}
 	}
@@ -111,6 +139,7 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 	if v.Kind == abi.KindPipeline {
 		return c.steps(top, v.Steps, append(slices.Clip(path), s.Function), field+" -> "+s.Function+".steps")
 	}
+	c.functions++
 	return nil
 }
 
@@ -120,19 +149,13 @@ func Pick(rec *api.Record, ref string) (api.Version, error) {
 	if ref == "" {
 		return rec.CurrentVersion()
 	}
-	var found *api.Version
-	for i, v := range rec.Versions {
-		if v.Matches(ref) {
-			if found != nil {
-				return api.Version{}, fmt.Errorf("version %q of %s is ambiguous: give more of its id (plover versions %s)", ref, rec.Name, rec.Name)
-			}
-			found = &rec.Versions[i]
-		}
-	}
-	if found == nil {
+	switch v, n := rec.Find(ref); n {
+	case 0:
 		return api.Version{}, fmt.Errorf("function %s has no version %q (plover versions %s)", rec.Name, ref, rec.Name)
+	case 1:
+		return v, nil
 	}
-	return *found, nil
+	return api.Version{}, fmt.Errorf("version %q of %s is ambiguous: give more of its id (plover versions %s)", ref, rec.Name, rec.Name)
 }
 
 // UsersOf names the pipelines among recs whose current version runs the
