@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"slices"
 	"text/tabwriter"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 )
 
@@ -16,6 +18,18 @@ func openDevices(kind string, limit int64, log *slog.Logger) ([]device.Device, e
 		return nil, fmt.Errorf("--device %s: %w", kind, err)
 	}
 	return devs, nil
+}
+
+// withHost adds the host device to GPUs (unless off), so that one server
+// runs host bundles (a pipeline's pre- and post-processing) beside cuda
+// ones; each bundle runs on the device its manifest's target names.
+func withHost(devs []device.Device, on bool, limit int64, log *slog.Logger) []device.Device {
+	if !on || slices.ContainsFunc(devs, func(d device.Device) bool { return d.Target() == abi.TargetHost }) {
+		return devs
+	}
+	h := device.NewHost(limit)
+	log.Info("the host device runs host-target bundles beside the GPUs (--host-device=false: GPUs only)", "device", h.Name())
+	return append(devs, h)
 }
 
 func devicesCmd() *command {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -67,7 +68,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		return api.FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
 	}
 	defer os.RemoveAll(dir)
-	if err := checkDeploy(dir, m, name, e.target); err != nil {
+	if err := checkDeploy(dir, m, name, e.targets); err != nil {
 		return api.FunctionInfo{}, err
 	}
 	if m.IsPipeline() {
@@ -105,19 +106,19 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 }
 
 // checkDeploy checks an unpacked bundle against the name it is deployed
-// under and the node's target, then as every bundle is checked
+// under and the node's targets, then as every bundle is checked
 // (loader.CheckBundle).
-func checkDeploy(dir string, m *abi.Manifest, name, target string) error {
+func checkDeploy(dir string, m *abi.Manifest, name string, targets []string) error {
 	if m.Name != name {
 		return errorf(KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
 	}
 	if m.IsPipeline() {
 		return nil // no library: its steps are checked against the store (checkPipeline)
 	}
-	if m.Target != target {
-		return errorf(KindInvalid, nil, "target: the bundle is built for %q, this node's device is %q", m.Target, target)
+	if !slices.Contains(targets, m.Target) {
+		return errorf(KindInvalid, nil, "target: the bundle is built for %q; this node's devices run %s", m.Target, strings.Join(quoted(targets), " and "))
 	}
-	if _, err := loader.CheckBundle(dir, m, target); err != nil {
+	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		err = inBundle(err, m.Library)
 		return errorf(KindInvalid, err, "%s", err.Error())
 	}
@@ -253,13 +254,6 @@ func (e *Engine) checkRollback(ctx context.Context, name, version string) error 
 		return e.checkPipeline(ctx, name, v.Steps)
 	}
 	return nil
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }
 
 // GC deletes bundles no function record references, older than grace.

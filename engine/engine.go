@@ -2,9 +2,9 @@ package engine
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +19,12 @@ import (
 
 // Config configures an Engine.
 type Config struct {
-	Store   objectstore.Store
-	Cache   *bundle.Cache
-	Devices []device.Device // one target for all; instances go where most memory is free
+	Store objectstore.Store
+	Cache *bundle.Cache
+	// Devices run the functions: a version's instances go to the device of
+	// its manifest's target with the most free memory, so a node with a GPU
+	// and the host device runs host and cuda bundles side by side.
+	Devices []device.Device
 	// Pool policy defaults for manifests that set none.
 	MinInstances int
 	MaxInstances int           // default 8: twice the runs a device takes at once, so a function with a large share keeps runs queued in the scheduler while its others finish
@@ -46,9 +49,9 @@ type Config struct {
 // runs requests. The HTTP front end talks to it through an interface so it
 // can later live in a worker process.
 type Engine struct {
-	cfg    Config
-	reg    registry.Registry
-	target string
+	cfg     Config
+	reg     registry.Registry
+	targets []string // the devices' targets, each once, in the devices' order
 
 	mu    sync.Mutex
 	funcs map[string]*function
@@ -114,10 +117,10 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Store == nil || cfg.Cache == nil || len(cfg.Devices) == 0 {
 		return nil, errors.New("engine: store, cache and at least one device are required")
 	}
-	target := cfg.Devices[0].Target()
+	var targets []string
 	for _, d := range cfg.Devices {
-		if d.Target() != target {
-			return nil, fmt.Errorf("engine: devices mix targets %q and %q", target, d.Target())
+		if !slices.Contains(targets, d.Target()) {
+			targets = append(targets, d.Target())
 		}
 	}
 	if cfg.MaxInstances <= 0 {
@@ -147,7 +150,7 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	e := &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, target: target, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}
+	e := &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, targets: targets, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}
 		for _, d := range cfg.Devices {
@@ -158,8 +161,8 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Target is the bundle target this engine's devices run.
-func (e *Engine) Target() string { return e.target }
+// Targets are the bundle targets this engine's devices run.
+func (e *Engine) Targets() []string { return e.targets }
 
 // Close retires every version; in-flight requests finish first. Later
 // lookups and deploys are refused.

@@ -6,6 +6,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/plover-run/plover/loader"
@@ -83,4 +84,20 @@ func inBundle(err error, library string) error {
 		le.Path = library
 	}
 	return err
+}
+
+// quoted and plural word lists in messages.
+func quoted(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	return out
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/plover-run/plover/device"
@@ -35,7 +36,7 @@ func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*ins
 // free memory, loading v's program there first if needed and evicting idle
 // functions when the device's memory budget requires it.
 func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start, error) {
-	best, err := e.pickDevice()
+	best, err := e.pickDevice(v)
 	if err != nil {
 		return nil, Warm, err
 	}
@@ -79,11 +80,15 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes()}, start, nil
 }
 
-func (e *Engine) pickDevice() (device.Device, error) {
+func (e *Engine) pickDevice(v *version) (device.Device, error) {
+	target := v.manifest.Target
 	var best device.Device
 	var bestFree int64
 	var lastErr error
 	for _, d := range e.cfg.Devices {
+		if d.Target() != target {
+			continue
+		}
 		if err := d.Health(); err != nil {
 			lastErr = err
 			continue
@@ -92,8 +97,12 @@ func (e *Engine) pickDevice() (device.Device, error) {
 			best, bestFree = d, free
 		}
 	}
+	if best == nil && lastErr == nil {
+		// A store shared by nodes of several kinds: this one cannot run it.
+		return nil, errorf(KindUnavailable, nil, "function %s is built for %q and this node has no such device (its devices run %s): send it to a node that has one", v.fn.name, target, strings.Join(quoted(e.targets), " and "))
+	}
 	if best == nil {
-		return nil, errorf(KindUnavailable, lastErr, "no healthy device")
+		return nil, errorf(KindUnavailable, lastErr, "function %s: no healthy %s device", v.fn.name, target)
 	}
 	return best, nil
 }

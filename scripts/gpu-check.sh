@@ -358,6 +358,32 @@ else
   say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
 fi
 
+# ---------------------------------------------------------------- pipeline
+# CPU and GPU steps in one server: the cuda server also opens the host
+# device, so the digits pipeline normalises and picks the top-1 on the CPU
+# and runs the CNN (deployed above as cnn-cuda) on the GPU. Its labels must
+# be the host CNN's for the same digits.
+section "digits pipeline: host steps and the CUDA CNN in one server"
+if [ "$cuda_up" = 1 ] && [ -f build/samples/digits-pipeline/plover.json ] && [ -f build/samples/digits-normalize-host/plover.json ] &&
+  [ -f "$tmp/cnn-host-49.out" ]; then
+  bin/plover deploy build/samples/digits-normalize-host --server "$cuda_url" || fail "deploy digits-normalize-host on the cuda server"
+  bin/plover deploy build/samples/digits-top1-host --server "$cuda_url" || fail "deploy digits-top1-host on the cuda server"
+  bin/plover deploy build/samples/digits-pipeline --server "$cuda_url" || fail "deploy the digits pipeline"
+  curl -sS "$cuda_url/v1/functions" | python3 -c 'import json,sys; print("   runs on:", ", ".join("%s %s" % (f["name"], f.get("target") or f["kind"]) for f in json.load(sys.stdin)["functions"]))' || true
+  ok=0
+  for n in $(seq 0 49); do
+    dd if="$heldout" of="$tmp/px-$n.bin" iflag=skip_bytes,count_bytes skip=$((12 + 785 * n + 1)) count=784 status=none
+    r=$(invoke "$cuda_url" digits "$tmp/px-$n.bin" "$tmp/digits-$n.out")
+    want=$(argmax "$tmp/cnn-host-$n.out")
+    got=$(od -An -t d4 -N 4 "$tmp/digits-$n.out" 2>/dev/null | tr -d ' ')
+    if [ "${r%% *}" = 200 ] && [ "$got" = "$want" ]; then ok=$((ok + 1)); else say "digit $n: $r label $got, host cnn $want"; fi
+  done
+  latency "$cuda_url" cuda-digits-pipeline digits "$tmp/px-0.bin"
+  if [ "$ok" = 50 ]; then pass "digits pipeline (CPU steps + GPU CNN): 50 of 50 labels equal the host CNN's"; else fail "digits pipeline: $ok of 50 labels equal the host CNN's"; fi
+else
+  say "SKIP: needs the cuda server, build/samples/digits-{pipeline,normalize-host,top1-host} and the cnn section's outputs"
+fi
+
 # ---------------------------------------------------------------- batching
 # ABI 2.1 on a GPU: 64 concurrent digits through the batching CNN build;
 # each response must be that digit's host score vector (same bar, 1e-4),
