@@ -137,7 +137,7 @@ bench-fair: bin/plover bin/plover-worker bin/plover-bench-suite samples
 # listing and /metrics with 1,000 deployed, idle workers' memory; rewrites
 # BENCHMARKS.md's bench:burst-host section (about 1 min).
 bench-pipeline: bin/plover bin/plover-worker bin/plover-bench-suite samples
-	bin/plover-bench-suite --plover bin/plover --device host --pipeline
+	bin/plover-bench-suite --plover bin/plover --device host --pipeline $(if $(BEFORE),--pipeline-before $(BEFORE))
 
 bench-burst: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --burst

@@ -50,6 +50,7 @@ type options struct {
 	burst                                 bool
 	burstBefore                           string
 	pipeline                              bool
+	pipelineBefore                        string
 	fairClients                           int
 	fairTime                              time.Duration
 	batchClients                          int
@@ -81,6 +82,7 @@ func main() {
 	flag.BoolVar(&o.fair, "fair", false, "only measure device sharing: the CNN at one client alone and beside floods, shares 3:1, priorities, with --sched fair and off; writes the bench:fair-<device> section")
 	flag.BoolVar(&o.burst, "burst", false, "only measure many functions: cold starts of distinct functions in turn and at once, deploys, the listing and /metrics with 1,000 deployed, idle workers' memory; writes the bench:burst-<device> section")
 	flag.BoolVar(&o.pipeline, "pipeline", false, "only measure pipelines: the digits sample as one pipeline request against its three functions invoked in turn; writes the bench:pipeline-<device> section")
+	flag.StringVar(&o.pipelineBefore, "pipeline-before", "", "with --pipeline: an earlier plover binary; the CNN alone is measured on it and on --plover side by side (what pipelines cost plain functions)")
 	flag.StringVar(&o.burstBefore, "burst-before", "", "with --burst: other plover binaries (space-separated; an earlier build) measured the same way in the same run, for ratios")
 	flag.IntVar(&o.fairClients, "fair-clients", 8, "closed-loop clients of each flood for --fair")
 	flag.DurationVar(&o.fairTime, "fair-time", 5*time.Second, "duration of each --fair measurement")

@@ -53,8 +53,71 @@ func runPipeline(ctx context.Context, o *options, res *results) error {
 		}
 		runs = append(runs, pr)
 	}
+	var plain []*plainRun
+	if o.pipelineBefore != "" {
+		in := make([]byte, 3136)
+		var err error
+		if plain, err = plainCost(ctx, o, []string{o.plover, o.pipelineBefore}, dirs[1], in); err != nil {
+			return err
+		}
+	}
 	res.LoadAfterRuns = loadAvg()
-	return writePipeline(o, res, runs)
+	return writePipeline(o, res, runs, plain)
+}
+
+// plainRun is one binary's hot latency for a plain function (the CNN).
+type plainRun struct {
+	Plover string    `json:"plover"`
+	Client []float64 `json:"client_ms"`
+	Server []float64 `json:"server_ms"`
+}
+
+// plainCost measures a plain function's hot requests on each binary's
+// server, all running, in alternating blocks: what pipelines cost the
+// functions that are not in one.
+func plainCost(ctx context.Context, o *options, bins []string, dir string, in []byte) ([]*plainRun, error) {
+	var runs []*plainRun
+	var urls []string
+	for _, bin := range bins {
+		data, err := os.MkdirTemp("", "plover-bench-plain-")
+		if err != nil {
+			return nil, err
+		}
+		defer removeAll(data)
+		srv, err := startServer(bin, data, o.device, o.isolation)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.stop()
+		if out, err := exec.CommandContext(ctx, bin, "deploy", dir, "--server", srv.url).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("deploy %s: %v\n%s", dir, err, out)
+		}
+		urls = append(urls, srv.url)
+		runs = append(runs, &plainRun{Plover: ploverVersion(bin)})
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	for round := 0; round <= pipeRounds && ctx.Err() == nil; round++ {
+		for i, u := range urls {
+			for j := 0; j < pipeBlock; j++ {
+				t0 := time.Now()
+				resp, err := c.Post(u+"/v1/functions/cnn/invoke", "application/octet-stream", bytes.NewReader(in))
+				if err != nil {
+					return nil, err
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					return nil, fmt.Errorf("cnn on %s: %d", u, resp.StatusCode)
+				}
+				if round == 0 {
+					continue // warm-up
+				}
+				runs[i].Client = append(runs[i].Client, float64(time.Since(t0).Nanoseconds())/1e6)
+				runs[i].Server = append(runs[i].Server, timingEntry(resp.Header.Get("Server-Timing"), "total;"))
+			}
+		}
+	}
+	return runs, ctx.Err()
 }
 
 func pipelineOne(ctx context.Context, o *options, plover string, dirs []string, pixels []byte) (*pipeRun, error) {
@@ -139,11 +202,12 @@ func timingEntry(h, prefix string) float64 {
 	return 0
 }
 
-func writePipeline(o *options, res *results, runs []*pipeRun) error {
+func writePipeline(o *options, res *results, runs []*pipeRun, plain []*plainRun) error {
 	var b strings.Builder
 	r := runs[0]
-	fmt.Fprintf(&b, "Pipelines (`make bench-pipeline`): the digits sample, `digits-normalize > cnn > digits-top1` on the %s device (--isolation %s), one keep-alive client, %d requests each way in alternating blocks of %d.\n\n",
-		o.device, o.isolation, pipeBlock*pipeRounds, pipeBlock)
+	fmt.Fprintf(&b, "## Pipelines: the digits sample (%s device)\n\n", o.device)
+	fmt.Fprintf(&b, "Command: `%s`. The digits sample, `digits-normalize > cnn > digits-top1` on the %s device (--isolation %s), one keep-alive client, %d requests each way in alternating blocks of %d.\n\n",
+		res.Command, o.device, o.isolation, pipeBlock*pipeRounds, pipeBlock)
 	fmt.Fprintf(&b, "Machine: %s; %s; started %s; load %s → %s.\n\n", res.Machine.CPU, r.Plover, res.Started.Format("2006-01-02 15:04 UTC"), res.LoadBefore, res.LoadAfterRuns)
 	sum := 0.0
 	b.WriteString("| | p50 ms | p99 ms |\n|---|---|---|\n")
@@ -162,5 +226,14 @@ func writePipeline(o *options, res *results, runs []*pipeRun) error {
 		fmtMs(sum), ratio(median(r.PipeServer), sum), over)
 	fmt.Fprintf(&b, "- Pipeline client latency p50 against the three invocations in turn: %s (target ≤ 0.5×); p99 %s.\n\n",
 		ratio(median(r.PipeClient), median(r.SepClient)), ratio(quantile(r.PipeClient, 0.99), quantile(r.SepClient, 0.99)))
-	return writeSection(o, "pipeline-"+o.device, b.String(), runs)
+	if len(plain) == 2 {
+		n, p := plain[0], plain[1]
+		fmt.Fprintf(&b, "No cost to plain functions: the CNN alone, hot, %d requests on each of two servers running side by side, in alternating blocks:\n\n", len(n.Client))
+		b.WriteString("| binary | client p50 ms | client p99 ms | server p50 ms |\n|---|---|---|---|\n")
+		for _, r := range plain {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.Plover, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)))
+		}
+		fmt.Fprintf(&b, "\n- With pipelines against before them: client p50 %s, server p50 %s.\n\n", ratio(median(n.Client), median(p.Client)), ratio(median(n.Server), median(p.Server)))
+	}
+	return writeSection(o, "pipeline-"+o.device, b.String(), map[string]any{"pipeline": runs, "plain": plain})
 }
