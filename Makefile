@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline cli-docs clean install-nvcc install-helm install-nginx vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -65,6 +65,22 @@ install-nvcc:
 # helm (pinned, built with go install; minutes once, then cached) for the chart test.
 install-helm:
 	bash scripts/install-helm.sh
+
+# grpcurl (pinned, built with go install; a minute once, then cached) for the
+# gRPC tests.
+install-grpcurl:
+	bash scripts/install-grpcurl.sh
+
+# Regenerates the Open Inference Protocol's gRPC code (committed) from
+# grpcapi/inferencepb/grpc_predict_v2.proto: needs protoc (Debian's
+# protobuf-compiler) and installs the pinned Go plugins.
+PROTOC_GEN_GO := v1.36.12
+PROTOC_GEN_GO_GRPC := v1.6.2
+proto:
+	GOBIN=$(CURDIR)/build/tools $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/build/tools $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC)
+	cd grpcapi/inferencepb && PATH=$(CURDIR)/build/tools:$$PATH protoc --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative grpc_predict_v2.proto
 
 # Debian's nginx for the function-affinity test and scripts/nginx-example.sh.
 install-nginx:

@@ -48,6 +48,11 @@ const (
 type Config struct {
 	// Server is the base URL, e.g. http://127.0.0.1:8080.
 	Server string
+	// GRPC, when set, sends the requests over the Open Inference
+	// Protocol's gRPC ModelInfer instead of HTTP invoke:
+	// grpc://host:port, or grpcs://host:port for TLS (with TLS). Server
+	// then only names the run in the report.
+	GRPC string
 	// Token, when set, is sent as Authorization: Bearer; TLS configures
 	// https servers (nil: the system roots).
 	Token    string
@@ -119,7 +124,8 @@ func (c *Config) fill() error {
 // run is the shared state of one run's workers.
 type run struct {
 	cfg      Config
-	client   *fasthttp.HostClient
+	client   *fasthttp.HostClient // HTTP, or
+	grpc     *grpcTarget          // gRPC
 	uri      string
 	start    time.Time
 	deadline time.Time
@@ -162,15 +168,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	u, err := url.Parse(cfg.Server)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return nil, fmt.Errorf("bench: server %q: want http://host:port", cfg.Server)
-	}
-	base := strings.TrimRight(cfg.Server, "/")
-	r := &run{
-		cfg: cfg,
-		uri: base + "/v1/functions/" + url.PathEscape(cfg.Function) + "/invoke",
-		client: &fasthttp.HostClient{
+	r := &run{cfg: cfg}
+	if cfg.GRPC != "" {
+		g, err := newGRPCTarget(ctx, &cfg)
+		if err != nil {
+			return nil, err
+		}
+		r.grpc = g
+		r.cfg.Server = cfg.GRPC
+	} else {
+		u, err := url.Parse(cfg.Server)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return nil, fmt.Errorf("bench: server %q: want http://host:port", cfg.Server)
+		}
+		base := strings.TrimRight(cfg.Server, "/")
+		r.uri = base + "/v1/functions/" + url.PathEscape(cfg.Function) + "/invoke"
+		r.client = &fasthttp.HostClient{
 			Addr:      hostPort(u),
 			IsTLS:     u.Scheme == "https",
 			TLSConfig: cfg.TLS,
@@ -184,7 +197,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			// request is counted once.
 			MaxIdemponentCallAttempts: 1,
 			NoDefaultUserAgentHeader:  true,
-		},
+		}
 	}
 	if cfg.Rate > 0 {
 		r.interval = 1e9 / cfg.Rate
@@ -223,7 +236,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Progress != nil {
 		cfg.Progress(r.done.Load(), time.Since(r.start))
 	}
-	r.client.CloseIdleConnections()
+	if r.client != nil {
+		r.client.CloseIdleConnections()
+	}
 	if ctx.Err() != nil || r.stopped == "" {
 		r.stop("interrupted")
 	}
@@ -264,10 +279,33 @@ var (
 	hdrStart        = []byte("X-Plover-Start")
 )
 
-func (r *run) worker(ctx context.Context) {
+// sender sends one request and describes its response; each worker has
+// its own (its own connection).
+type sender interface {
+	send(ctx context.Context) (*reply, error)
+	close()
+}
+
+// reply is what record reads of a response, whatever the transport.
+type reply struct {
+	code   int    // the HTTP status (gRPC: its class's)
+	start  []byte // X-Plover-Start
+	timing []byte // Server-Timing
+	body   []byte // the output, or the error's body
+	errMsg string // gRPC: the status message
+}
+
+// httpSender is one worker's HTTP invoke.
+type httpSender struct {
+	r         *run
+	req       *fasthttp.Request
+	resp      *fasthttp.Response
+	rep       reply
+	haveReply bool
+}
+
+func (r *run) newHTTPSender() *httpSender {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.SetRequestURI(r.uri)
 	req.Header.SetContentType("application/octet-stream")
@@ -276,6 +314,36 @@ func (r *run) worker(ctx context.Context) {
 	}
 	// The input is shared by all workers and never written: no copy.
 	req.SetBodyRaw(r.cfg.Input)
+	return &httpSender{r: r, req: req, resp: resp}
+}
+
+func (h *httpSender) send(context.Context) (*reply, error) {
+	if err := h.r.client.DoTimeout(h.req, h.resp, h.r.cfg.Timeout); err != nil {
+		return nil, err
+	}
+	h.rep = reply{code: h.resp.StatusCode(), start: h.resp.Header.PeekBytes(hdrStart),
+		timing: h.resp.Header.PeekBytes(hdrServerTiming), body: h.resp.Body()}
+	return &h.rep, nil
+}
+
+func (h *httpSender) close() {
+	fasthttp.ReleaseRequest(h.req)
+	fasthttp.ReleaseResponse(h.resp)
+}
+
+func (r *run) worker(ctx context.Context) {
+	var snd sender
+	if r.grpc != nil {
+		g, err := r.grpc.sender()
+		if err != nil {
+			r.record(err, nil, 0, nil)
+			return
+		}
+		snd = g
+	} else {
+		snd = r.newHTTPSender()
+	}
+	defer snd.close()
 
 	var timer *time.Timer
 	if r.interval > 0 {
@@ -349,9 +417,9 @@ func (r *run) worker(ctx context.Context) {
 			}
 		}
 		r.attempted.Add(1)
-		err := r.client.DoTimeout(req, resp, r.cfg.Timeout)
+		rep, err := snd.send(ctx)
 		end := time.Now()
-		r.record(err, resp, end.Sub(t0), &st)
+		r.record(err, rep, end.Sub(t0), &st)
 		atomicMax(&r.lastEnd, int64(end.Sub(r.start)))
 	}
 }
@@ -380,7 +448,7 @@ func atomicMax(a *atomic.Int64, v int64) {
 	}
 }
 
-func (r *run) record(err error, resp *fasthttp.Response, lat time.Duration, s *Sample) {
+func (r *run) record(err error, rep *reply, lat time.Duration, s *Sample) {
 	r.done.Add(1)
 	if err != nil {
 		r.status[0].Add(1)
@@ -394,7 +462,7 @@ func (r *run) record(err error, resp *fasthttp.Response, lat time.Duration, s *S
 		}
 		return
 	}
-	code := resp.StatusCode()
+	code := rep.code
 	if code >= 100 && code < len(r.status) {
 		r.status[code].Add(1)
 	} else {
@@ -403,14 +471,18 @@ func (r *run) record(err error, resp *fasthttp.Response, lat time.Duration, s *S
 	if code < 200 || code > 299 {
 		r.errMu.Lock()
 		if _, seen := r.errBody[code]; !seen {
-			r.errBody[code] = errorMessage(resp.Body())
+			if rep.errMsg != "" {
+				r.errBody[code] = rep.errMsg
+			} else {
+				r.errBody[code] = errorMessage(rep.body)
+			}
 		}
 		r.errMu.Unlock()
 		return
 	}
 	r.ok.Add(1)
 	r.latency.Record(lat)
-	switch h := resp.Header.PeekBytes(hdrStart); {
+	switch h := rep.start; {
 	case string(h) == "hot": // compiles to a comparison, no conversion
 		s.Start = Hot
 	case string(h) == "warm":
@@ -426,14 +498,14 @@ func (r *run) record(err error, resp *fasthttp.Response, lat time.Duration, s *S
 		r.startNone.Add(1)
 	}
 	st := &s.Timing
-	if ParseServerTiming(resp.Header.PeekBytes(hdrServerTiming), st) {
+	if ParseServerTiming(rep.timing, st) {
 		r.timed.Add(1)
 		for i := range st.Dur {
 			r.server[i].Record(st.Dur[i])
 		}
 	}
 	if r.cfg.Observe != nil {
-		s.Latency, s.Body = lat, resp.Body()
+		s.Latency, s.Body = lat, rep.body
 		r.cfg.Observe(s)
 		s.Body = nil
 	}

@@ -227,18 +227,15 @@ func hotPath(t testing.TB, bodyLen int) (func(), *run) {
 	}
 	r := &run{cfg: cfg, uri: f.url + "/v1/functions/echo/invoke", errBody: map[int]string{}, start: time.Now(),
 		client: &fasthttp.HostClient{Addr: f.url[len("http://"):], MaxConns: 1, MaxIdemponentCallAttempts: 1}}
-	req, resp := &fasthttp.Request{}, &fasthttp.Response{}
-	req.Header.SetMethod("POST")
-	req.SetRequestURI(r.uri)
-	req.Header.SetContentType("application/octet-stream")
-	req.SetBodyRaw(cfg.Input)
+	snd := r.newHTTPSender()
+	t.Cleanup(snd.close)
 	var st Sample
 	return func() {
 		t0 := time.Now()
-		err := r.client.DoTimeout(req, resp, time.Second)
-		r.record(err, resp, time.Since(t0), &st)
-		if err != nil || resp.StatusCode() != 200 {
-			t.Fatalf("%v %d", err, resp.StatusCode())
+		rep, err := snd.send(context.Background())
+		r.record(err, rep, time.Since(t0), &st)
+		if err != nil || rep.code != 200 {
+			t.Fatalf("%v %v", err, rep)
 		}
 	}, r
 }

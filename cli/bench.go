@@ -44,6 +44,7 @@ type benchFlags struct {
 	duration, timeout time.Duration
 	requests          int64
 	asJSON            bool
+	grpc              string
 }
 
 func benchCmd() *command {
@@ -55,7 +56,8 @@ func benchCmd() *command {
 		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--json]",
 		example: "  plover bench vecadd --in build/samples/vecadd-input.bin --concurrency 4 --duration 10s\n" +
 			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
-			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms",
+			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms\n" +
+			"  plover bench cnn --size 3136 --grpc grpc://127.0.0.1:8001           # through gRPC ModelInfer",
 		flags: func(fs *flag.FlagSet) {
 			f.ep.serverFlag(fs)
 			fs.StringVar(&f.in, "in", "", "input file sent as every request's body, - for stdin")
@@ -66,6 +68,7 @@ func benchCmd() *command {
 			fs.Int64Var(&f.requests, "requests", bench.DefaultRequests, "stop after this many requests (or at --duration, whichever comes first)")
 			fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "per-request timeout (requests in flight at --duration may finish up to this much later)")
 			fs.BoolVar(&f.asJSON, "json", false, "print the result as JSON on stdout")
+			fs.StringVar(&f.grpc, "grpc", "", "send the requests over gRPC (the Open Inference Protocol's ModelInfer, the input split raw into the model's inputs) to this address of plover serve --grpc-listen: grpc://HOST:PORT, or grpcs://HOST:PORT for TLS (--cacert)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			return runBench(args[0], &f, env)
@@ -102,7 +105,7 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	cfg := bench.Config{
 		Server: serverURL(f.ep.server), Function: name, Input: input, Concurrency: f.concurrency,
 		Rate: float64(f.rate), Duration: f.duration, Requests: f.requests, Timeout: f.timeout,
-		Token: f.ep.token, TLS: tc,
+		Token: f.ep.token, TLS: tc, GRPC: f.grpc,
 	}
 	finish := benchProgress(&cfg, env)
 	res, err := bench.Run(ctx, cfg)

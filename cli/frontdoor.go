@@ -123,30 +123,64 @@ func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", d.f.listen, err)
 	}
-	exposed := true
-	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsLoopback() {
-		exposed = false
-	}
-	if exposed && d.tokens == nil {
-		if !d.f.insecureNoAuth {
-			ln.Close()
-			return nil, "", fmt.Errorf("--listen %s is not a loopback address and there is no --auth-file: anyone who reaches it could deploy native code and run it here. "+
-				"Create tokens (plover token new NAME --scopes ...) and pass --auth-file FILE, or, on a network you trust, --insecure-no-auth", d.f.listen)
-		}
-		go d.remind(ctx)
+	if err := d.refuseExposed(ctx, ln, "--listen", "deploy native code and run it here"); err != nil {
+		return nil, "", err
 	}
 	d.guard.Listener = ln
 	var out net.Listener = d.guard
 	scheme := "http"
 	if d.cert.Load() != nil {
 		d.guard.Reject = nil // plain text would only garble a TLS handshake: just close
-		out = tls.NewListener(d.guard, &tls.Config{
-			MinVersion:     tls.VersionTLS12,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return d.cert.Load(), nil },
-		})
+		out = tls.NewListener(d.guard, d.tlsConfig())
 		scheme = "https"
 	}
 	return out, scheme, nil
+}
+
+// refuseExposed closes ln and refuses it when it is not a loopback
+// address and there are no tokens, unless --insecure-no-auth (then the
+// reminder runs until ctx ends).
+func (d *frontDoor) refuseExposed(ctx context.Context, ln net.Listener, flag, what string) error {
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsLoopback() || d.tokens != nil {
+		return nil
+	}
+	if !d.f.insecureNoAuth {
+		ln.Close()
+		return fmt.Errorf("%s %s is not a loopback address and there is no --auth-file: anyone who reaches it could %s. "+
+			"Create tokens (plover token new NAME --scopes ...) and pass --auth-file FILE, or, on a network you trust, --insecure-no-auth", flag, ln.Addr(), what)
+	}
+	if flag == "--listen" {
+		go d.remind(ctx)
+	}
+	return nil
+}
+
+// listenGRPC opens --grpc-listen under the same connection cap as
+// --listen (one count for both) and the same exposure rule; the TLS
+// config, when there is a certificate, serves the one SIGHUP reloads.
+func (d *frontDoor) listenGRPC(ctx context.Context) (net.Listener, *tls.Config, error) {
+	ln, err := net.Listen("tcp", d.f.grpcListen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--grpc-listen %s: %w", d.f.grpcListen, err)
+	}
+	if err := d.refuseExposed(ctx, ln, "--grpc-listen", "run every function deployed here"); err != nil {
+		return nil, nil, err
+	}
+	// No canned reply past the cap: an HTTP/2 client reads a close.
+	g := &netguard.Listener{Listener: ln, Share: d.guard, OnError: d.guard.OnError, OnReject: d.guard.OnReject}
+	var conf *tls.Config
+	if d.cert.Load() != nil {
+		conf = d.tlsConfig()
+	}
+	return g, conf, nil
+}
+
+// tlsConfig serves the certificate SIGHUP reloads.
+func (d *frontDoor) tlsConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return d.cert.Load(), nil },
+	}
 }
 
 // listenMetrics opens --metrics-listen behind a small connection cap of its

@@ -9,20 +9,25 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/grpcapi"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/registry"
+	"github.com/plover-run/plover/reqmetrics"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
 )
@@ -53,6 +58,7 @@ type serveFlags struct {
 	grace                                            time.Duration
 	s3                                               objectstore.S3Options
 	authFile, tlsCert, tlsKey, metricsListen         string
+	grpcListen                                       string
 	insecureNoAuth                                   bool
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
@@ -96,6 +102,7 @@ func serveCmd() *command {
 			fs.BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "listen on a non-loopback address without --auth-file: anyone who reaches the port can deploy native code")
 			fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for HTTPS, with --tls-key; re-read on SIGHUP")
 			fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
+			fs.StringVar(&f.grpcListen, "grpc-listen", "", "also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on this address, 8001 by custom; same tokens, TLS, connection cap and metrics as --listen (off by default)")
 			fs.StringVar(&f.metricsListen, "metrics-listen", "", "also serve GET /metrics, without authentication, on this address (for a scraper on a private network)")
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
@@ -208,14 +215,41 @@ func serve(f *serveFlags, env *Env) error {
 		return err
 	}
 	go front.reloadOnHUP(ctx, hup)
-	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget}
+	// One gate, one set of request metrics and one request path for both
+	// transports: a token's limits and a function's counts hold however
+	// its clients connect.
+	var tokens gate.Tokens
 	if front.tokens != nil {
-		opts.Tokens = front.tokens
+		tokens = front.tokens
 	}
-	srv := httpapi.New(pipeline.New(eng, opts.Registry), eng.Control(), opts)
+	gt, met, runner := gate.New(tokens, reg), reqmetrics.New(reg), pipeline.New(eng, reg)
+	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
+		Gate: gt, Metrics: met}
+	srv := httpapi.New(runner, eng.Control(), opts)
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
 		return err
+	}
+	errc := make(chan error, 2)
+	var draining atomic.Bool
+	var gs *grpc.Server
+	if f.grpcListen != "" {
+		gln, tlsConf, err := front.listenGRPC(ctx)
+		if err != nil {
+			return err
+		}
+		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Gate: gt, Metrics: met, TLS: tlsConf,
+			MaxMessageBytes: f.maxBodyMB << 20, Ready: func() bool { return !draining.Load() }}).GRPC()
+		gscheme := "grpc"
+		if tlsConf != nil {
+			gscheme = "grpcs"
+		}
+		log.Info("serving the Open Inference Protocol over gRPC", "addr", gscheme+"://"+gln.Addr().String())
+		go func() {
+			if err := gs.Serve(gln); err != nil {
+				errc <- fmt.Errorf("--grpc-listen: %w", err)
+			}
+		}()
 	}
 	if f.metricsListen != "" {
 		mln, err := front.listenMetrics()
@@ -237,7 +271,6 @@ func serve(f *serveFlags, env *Env) error {
 		names += d.Name()
 	}
 	log.Info("plover serving", "addr", scheme+"://"+ln.Addr().String(), "auth", front.authSummary(), "device", names, "store", store.String(), "data", f.data, "version", Version)
-	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	if f.poll > 0 {
 		go eng.Watch(ctx, f.poll)
@@ -258,9 +291,13 @@ func serve(f *serveFlags, env *Env) error {
 	case <-ctx.Done():
 	}
 	srv.SetReady(false) // /readyz fails first; in-flight and queued requests drain
+	draining.Store(true)
 	log.Info("shutting down", "grace", f.grace)
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
 	defer cancel()
+	if gs != nil {
+		go stopGRPC(sctx, gs)
+	}
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Requests are still running on the devices: leave them to the
@@ -444,4 +481,16 @@ func standbySizes(target string, floor, ceiling int) (int, int) {
 		}
 	}
 	return floor, max(floor, ceiling)
+}
+
+// stopGRPC lets the gRPC server's calls finish until ctx ends, then cuts
+// the rest.
+func stopGRPC(ctx context.Context, gs *grpc.Server) {
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		gs.Stop()
+	}
 }

@@ -3,22 +3,19 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/auth"
-	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/gate"
 )
 
 // Tokens finds the principal of a bearer token (auth.Store).
-type Tokens interface {
-	Lookup(token []byte) *auth.Principal
-}
+type Tokens = gate.Tokens
 
 // need is what a route requires: a scope and, for invoke and deploy, the
 // function it acts on. open routes (the probes) require nothing.
@@ -72,86 +69,45 @@ func required(method, path []byte) need {
 
 // authorize lets the request through, or writes 401 (no or unknown token),
 // 403 (the token lacks the scope or the function) or 429 (the token is
-// over its limits) and returns false. The state it returns, if any, must
-// be done when the request ends (the token's concurrency).
-func (s *Server) authorize(ctx *fasthttp.RequestCtx) (*tokenState, bool) {
+// over its limits) and returns false. The ticket it returns must be done
+// when the request ends (the token's concurrency).
+func (s *Server) authorize(ctx *fasthttp.RequestCtx) (gate.Ticket, bool) {
 	n := required(ctx.Method(), ctx.Path())
 	if n.open {
-		return nil, true
-	}
-	tok, ok := auth.BearerToken(ctx.Request.Header.PeekBytes(hdrAuthorization))
-	if !ok {
-		s.refuse(ctx, "missing_token", fasthttp.StatusUnauthorized, "unauthenticated",
-			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
-		return nil, false
-	}
-	p := s.opts.Tokens.Lookup(tok)
-	if p == nil {
-		s.refuse(ctx, "unknown_token", fasthttp.StatusUnauthorized, "unauthenticated", "the bearer token is not known to this server")
-		return nil, false
+		return gate.Ticket{}, true
 	}
 	// The name is only matched against globs, not kept: no copy.
-	fn := n.fn
-	if err := p.Allow(n.scope, fn); err != nil {
-		var d *auth.Denied
-		msg := err.Error()
-		if errors.As(err, &d) {
-			msg = d.Msg
-		}
-		s.refuse(ctx, "forbidden", fasthttp.StatusForbidden, "forbidden", msg)
-		return nil, false
+	tk, r := s.gate.Admit(ctx.Request.Header.PeekBytes(hdrAuthorization), n.scope, n.fn)
+	if r != nil {
+		s.refuse(ctx, r)
+		return tk, false
 	}
-	if p.Limits.Any() {
-		return s.limit(ctx, p)
-	}
-	return nil, true
+	return tk, true
 }
 
 // invokeCheck is ctx carrying the check a pipeline's deploy or rollback
-// makes of each function it names (graph.WithInvokeCheck): the token must
-// have invoke on it, or a pipeline would run what its deployer may not.
-// Without tokens there is nothing to check.
+// makes of each function it names (gate.InvokeCheck).
 func (s *Server) invokeCheck(ctx *fasthttp.RequestCtx) context.Context {
-	if s.opts.Tokens == nil {
-		return ctx
-	}
-	tok, _ := auth.BearerToken(ctx.Request.Header.PeekBytes(hdrAuthorization))
-	p := s.opts.Tokens.Lookup(tok) // authorize found it: the route needs a token
-	return graph.WithInvokeCheck(ctx, func(fn string) error {
-		if p == nil {
-			return errors.New("no token")
-		}
-		err := p.Allow(auth.Invoke, fn)
-		var d *auth.Denied
-		if errors.As(err, &d) {
-			return errors.New(d.Msg)
-		}
-		return err
-	})
+	return s.gate.InvokeCheck(ctx, ctx.Request.Header.PeekBytes(hdrAuthorization))
 }
 
-func (s *Server) refuse(ctx *fasthttp.RequestCtx, reason string, code int, name, msg string) {
-	s.authFailures.WithLabelValues(reason).Inc()
-	writeError(ctx, code, name, msg) // resets the response: headers after it
-	if code == fasthttp.StatusUnauthorized {
+// refuse writes a gate's refusal: 401 with WWW-Authenticate, 403, or 429
+// with Retry-After (whole seconds, at least 1). Authentication failures
+// are logged, once a second per client at most.
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, r *gate.Refusal) {
+	code := r.Status.HTTP
+	writeError(ctx, code, r.Status.Name, r.Msg) // resets the response: headers after it
+	switch code {
+	case fasthttp.StatusUnauthorized:
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="plover"`)
+	case fasthttp.StatusTooManyRequests:
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(max(1, int(r.Retry/time.Second))))
+		return // a client over its limits is counted, not logged
 	}
 	if s.authLog.allow(ctx.RemoteIP()) {
-		s.opts.Log.Warn("request refused", "reason", reason, "client", ctx.RemoteIP().String(),
+		s.opts.Log.Warn("request refused", "reason", r.Reason, "client", ctx.RemoteIP().String(),
 			"method", string(ctx.Method()), "path", string(ctx.Path()), "status", code)
 	}
-}
-
-func newAuthFailures(reg prometheus.Registerer) *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "plover_auth_failures_total",
-		Help: "Requests refused for authentication (missing_token, unknown_token) or authorization (forbidden).",
-	}, []string{"reason"})
-	reg.MustRegister(c)
-	for _, r := range []string{"missing_token", "unknown_token", "forbidden"} {
-		c.WithLabelValues(r) // present at 0, so a rate() sees the first refusal
-	}
-	return c
 }
 
 // perClient lets a log line through at most once a second per client

@@ -26,9 +26,12 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/reqmetrics"
 )
 
 // Invoker runs requests: the request path (engine.Engine).
@@ -77,6 +80,12 @@ type Options struct {
 	// BodyBudget, when set, bounds the request bytes held in memory at
 	// once; a request that finds no room within 5 s gets 503.
 	BodyBudget BodyBudget
+	// Gate and Metrics, when set, are shared with the server's other
+	// transports (gRPC): one token's limits and one set of request
+	// metrics however clients connect. Nil: the Server makes its own, from
+	// Tokens and on Registry.
+	Gate    *gate.Gate
+	Metrics *reqmetrics.Metrics
 }
 
 // Server serves the Plover HTTP API.
@@ -87,13 +96,12 @@ type Server struct {
 	calls    sync.Pool // *call
 	srv      *fasthttp.Server
 	notReady atomic.Bool
-	metrics  *requestMetrics
+	metrics  *reqmetrics.Metrics
 	scrape   fasthttp.RequestHandler
 
-	authFailures *prometheus.CounterVec
-	limits       *tokenLimits
-	authLog      perClient
-	metricsSrv   atomic.Pointer[fasthttp.Server]
+	gate       *gate.Gate
+	authLog    perClient
+	metricsSrv atomic.Pointer[fasthttp.Server]
 }
 
 // SetReady sets what /readyz answers; a server going down sets it false
@@ -146,7 +154,13 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{inv: inv, adm: adm, opts: opts, metrics: newRequestMetrics(opts.Registry), authFailures: newAuthFailures(opts.Registry), limits: newTokenLimits(opts.Registry)}
+	if opts.Gate == nil {
+		opts.Gate = gate.New(opts.Tokens, opts.Registry)
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = reqmetrics.New(opts.Registry)
+	}
+	s := &Server{inv: inv, adm: adm, opts: opts, metrics: opts.Metrics, gate: opts.Gate}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
 		c := &call{timing: make([]byte, 0, 160)}
@@ -229,14 +243,12 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
 		return
 	}
-	if s.opts.Tokens != nil {
-		st, ok := s.authorize(ctx)
+	if !s.gate.Open() {
+		tk, ok := s.authorize(ctx)
 		if !ok {
 			return
 		}
-		if st != nil {
-			defer st.done()
-		}
+		defer tk.Done()
 	}
 	path := ctx.Path()
 	switch {
@@ -544,7 +556,7 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err erro
 		code, kind = classify(err)
 		s.fail(ctx, err)
 	}
-	s.metrics.record(name, code, kind, &c.req.Timing)
+	s.metrics.Record(name, code, kind, &c.req.Timing)
 }
 
 // classify gives an error's status and kind. It is a function of its own so
@@ -574,34 +586,7 @@ var (
 // writeMeta sets Server-Timing (milliseconds, as the header's dur expects)
 // and the start kind and version headers.
 func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
-	t := &c.req.Timing
-	b := c.timing[:0]
-	b = appendDur(b, "queue", t.Queue, true)
-	b = appendDur(b, "sched", t.Sched, false)
-	b = appendDur(b, "load", t.Load, false)
-	b = appendDur(b, "copyin", t.CopyIn, false)
-	b = appendDur(b, "kernels", t.Kernels, false)
-	b = appendDur(b, "copyout", t.CopyOut, false)
-	b = appendDur(b, "total", t.Total, false)
-	if n := c.req.BatchSize; n > 0 {
-		// A batching function: the part of queue spent held for company,
-		// and how many requests shared the run.
-		b = appendDur(b, "batchwait", t.BatchWait, false)
-		b = append(b, ", batch;desc="...)
-		b = strconv.AppendInt(b, int64(n), 10)
-	}
-	// A pipeline: one entry per function step, in the order they ran,
-	// named by index with the function, its start and its version short.
-	for i := range c.req.Steps { // index: its step in the pipeline (parallel functions share one)
-		if i == maxTimedSteps {
-			// Headers have limits (16 KiB in some clients): the rest in one.
-			b = append(b, ", more;desc=\""...)
-			b = strconv.AppendInt(b, int64(len(c.req.Steps)-i), 10)
-			b = append(b, " steps\""...)
-			break
-		}
-		b = appendStep(b, &c.req.Steps[i])
-	}
+	b := reqmetrics.AppendServerTiming(c.timing[:0], &c.req)
 	c.timing = b
 	h := &ctx.Response.Header
 	h.SetCanonical(hdrServerTimng, b)
@@ -629,35 +614,6 @@ func deadline(ctx *fasthttp.RequestCtx, r *engine.Request) error {
 
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
-// maxTimedSteps bounds a pipeline's step entries in Server-Timing.
-const maxTimedSteps = 64
-
-// appendStep writes a pipeline step's Server-Timing entry:
-// step1;desc="cnn hot 3f1c9a2e";dur=0.210 (its whole time in the engine).
-func appendStep(b []byte, st *engine.StepTiming) []byte {
-	b = append(b, ", step"...)
-	b = strconv.AppendInt(b, int64(st.Index), 10)
-	b = append(b, ";desc=\""...)
-	b = append(b, st.Step...)
-	b = append(b, ' ')
-	b = append(b, startNames[st.Start]...)
-	if id := st.Version; id != "" {
-		b = append(b, ' ')
-		b = append(b, id[:min(8, len(id))]...)
-	}
-	b = append(b, "\";dur="...)
-	return strconv.AppendFloat(b, float64(st.Timing.Total.Nanoseconds())/1e6, 'f', 3, 64)
-}
-
-func appendDur(b []byte, name string, d time.Duration, first bool) []byte {
-	if !first {
-		b = append(b, ", "...)
-	}
-	b = append(b, name...)
-	b = append(b, ";dur="...)
-	return strconv.AppendFloat(b, float64(d.Nanoseconds())/1e6, 'f', 3, 64)
-}
-
 func mediaType(ct []byte) string {
 	if i := bytes.IndexByte(ct, ';'); i >= 0 {
 		ct = ct[:i]
@@ -677,36 +633,8 @@ func mediaType(ct []byte) string {
 
 // status maps an engine error kind to an HTTP status and error code.
 func status(k engine.Kind) (int, string) {
-	switch k {
-	case engine.KindBadRequest:
-		return fasthttp.StatusBadRequest, "bad_request"
-	case engine.KindNotFound:
-		return fasthttp.StatusNotFound, "not_found"
-	case engine.KindTooLarge:
-		return fasthttp.StatusRequestEntityTooLarge, "too_large"
-	case engine.KindInvalid:
-		return fasthttp.StatusUnprocessableEntity, "invalid"
-	case engine.KindKernel:
-		return fasthttp.StatusInternalServerError, "kernel_failed"
-	case engine.KindUnavailable:
-		return fasthttp.StatusServiceUnavailable, "unavailable"
-	case engine.KindTimeout:
-		return fasthttp.StatusGatewayTimeout, "timeout"
-	case engine.KindBusy:
-		return fasthttp.StatusTooManyRequests, "busy"
-	case engine.KindGone:
-		return 499, "client_closed" // nobody reads it; for logs and metrics
-	case engine.KindWorkerCrashed:
-		return fasthttp.StatusInternalServerError, "worker_crashed"
-	case engine.KindConflict:
-		return fasthttp.StatusConflict, "conflict"
-	case engine.KindNoSpace:
-		return fasthttp.StatusInsufficientStorage, "insufficient_storage"
-	case engine.KindForbidden:
-		return fasthttp.StatusForbidden, "forbidden"
-	default:
-		return fasthttp.StatusInternalServerError, "internal"
-	}
+	st := apierr.Of(k)
+	return st.HTTP, st.Name
 }
 
 func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {

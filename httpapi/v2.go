@@ -13,6 +13,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
 )
 
@@ -171,7 +172,7 @@ type v2Call struct {
 	out  []byte // the engine's output
 	lay  []byte // inputs laid out from JSON data
 	hdr  inferHeader
-	cuts []cut
+	cuts []oip.Cut
 	dims []int64 // the cuts' shapes
 	num  [20]byte
 }
@@ -281,7 +282,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	// The function ran; what it produced may still not make a response
 	// (too few bytes for its outputs, values JSON cannot carry): a 500
 	// that says why, counted as one.
-	vc.cuts, vc.dims, err = cutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
+	vc.cuts, vc.dims, err = oip.CutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
 	if err == nil {
 		if h.allBinary(ts.Outputs) {
 			writeBinary(ctx, vc, name)
@@ -319,20 +320,20 @@ func writeBinary(ctx *fasthttp.RequestCtx, vc *v2Call, name string) {
 			b = append(b, ',')
 		}
 		b = append(b, `{"datatype":`...)
-		b = appendJSONString(b, o.decl.Datatype)
+		b = appendJSONString(b, o.Decl.Datatype)
 		b = append(b, `,"name":`...)
-		b = appendJSONString(b, o.decl.Name)
+		b = appendJSONString(b, o.Decl.Name)
 		b = append(b, `,"parameters":{"binary_data_size":`...)
-		b = strconv.AppendInt(b, int64(len(o.bytes)), 10)
+		b = strconv.AppendInt(b, int64(len(o.Bytes)), 10)
 		b = append(b, `},"shape":[`...)
-		for k, d := range o.shape {
+		for k, d := range o.Shape {
 			if k > 0 {
 				b = append(b, ',')
 			}
 			b = strconv.AppendInt(b, d, 10)
 		}
 		b = append(b, "]}"...)
-		tail += len(o.bytes)
+		tail += len(o.Bytes)
 	}
 	b = append(b, "]}"...)
 	n := len(b)
@@ -369,7 +370,7 @@ func appendJSONString(b []byte, s string) []byte {
 // output whose JSON data would hold NaN or an infinity, which JSON has no
 // numbers for, is an error (and nothing is written): the binary extension
 // carries those values.
-func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version string, outs []cut) error {
+func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version string, outs []oip.Cut) error {
 	resp := map[string]any{"model_name": name, "model_version": version, "outputs": nil}
 	if h.id != "" {
 		resp["id"] = h.id
@@ -377,13 +378,13 @@ func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version stri
 	var tail []byte
 	outList := make([]map[string]any, 0, len(outs))
 	for i := range outs {
-		o, decl := &outs[i], outs[i].decl
-		t := map[string]any{"name": decl.Name, "datatype": decl.Datatype, "shape": o.shape}
+		o, decl := &outs[i], outs[i].Decl
+		t := map[string]any{"name": decl.Name, "datatype": decl.Datatype, "shape": o.Shape}
 		if h.binaryOutput || h.wantsBinary(decl.Name) {
-			t["parameters"] = map[string]any{"binary_data_size": len(o.bytes)}
-			tail = append(tail, o.bytes...)
+			t["parameters"] = map[string]any{"binary_data_size": len(o.Bytes)}
+			tail = append(tail, o.Bytes...)
 		} else {
-			data := decodeElements(decl.Datatype, o.bytes)
+			data := decodeElements(decl.Datatype, o.Bytes)
 			if k, v, ok := nonFinite(data); ok {
 				return fmt.Errorf("output %q: element %d is %v, which JSON data cannot carry: ask for the output in binary "+
 					"(the request's parameters.binary_data_output, or the output's parameters.binary_data)", decl.Name, k, v)

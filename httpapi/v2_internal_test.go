@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/oip"
 )
 
 func TestFloat16(t *testing.T) {
@@ -160,7 +161,7 @@ func TestWriteBinaryMatchesEncodingJSON(t *testing.T) {
 			vc.hdr = inferHeader{id: tt.id, binaryOutput: true}
 			vc.req.Version, vc.req.Output = tt.version, tt.out
 			var err error
-			if vc.cuts, vc.dims, err = cutOutputs(tt.out, tt.decl, nil, nil); err != nil {
+			if vc.cuts, vc.dims, err = oip.CutOutputs(tt.out, tt.decl, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			var hand, std fasthttp.RequestCtx
@@ -333,7 +334,7 @@ func TestWriteInferJSONNonFinite(t *testing.T) {
 			if tt.binary != "" {
 				h.outputs = []inferTensor{{name: tt.binary, binary: true}}
 			}
-			cuts, _, err := cutOutputs(tt.out, tt.decl, nil, nil)
+			cuts, _, err := oip.CutOutputs(tt.out, tt.decl, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -57,12 +57,7 @@ func TestOpenInferenceProtocol(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	raw := testkit.Manifest("echo") // echo: out = input, zero-padded to out_bytes
 	testkit.Deploy(t, e, testkit.BundleDir(t, raw, nil))
-	typed := testkit.Manifest("typed")
-	typed.OutBytes = 32
-	typed.Tensors = &abi.Tensors{
-		Inputs:  []abi.Tensor{{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}}, {Name: "y", Datatype: "INT16", Shape: []int64{-1}}},
-		Outputs: []abi.Tensor{{Name: "z", Datatype: "FP32", Shape: []int64{2, 2}}, {Name: "rest", Datatype: "INT16", Shape: []int64{-1}}},
-	}
+	typed := testkit.Typed("typed")
 	fi := testkit.Deploy(t, e, testkit.BundleDir(t, typed, nil))
 	url := testkit.Serve(t, e, httpapi.Options{})
 

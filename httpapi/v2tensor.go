@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/oip"
 )
 
 // Tensors to and from the function's bytes: inputs laid out in declared
@@ -101,16 +101,16 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 			}
 		}
 		if i < 0 {
-			return nil, buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, tensorNames(decl))
+			return nil, buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
 		}
 		t := &got[i]
 		if t.datatype != d.Datatype {
 			return nil, buf, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, t.datatype, d.Datatype)
 		}
-		if err := matchShape(t.shape, d.Shape); err != nil {
+		if err := oip.MatchShape(t.shape, d.Shape); err != nil {
 			return nil, buf, fmt.Errorf("input %q: %v", d.Name, err)
 		}
-		size, ok := tensorBytes(t.shape, abi.DatatypeSize[d.Datatype])
+		size, ok := oip.Bytes(t.shape, abi.DatatypeSize[d.Datatype])
 		if !ok {
 			return nil, buf, fmt.Errorf("input %q: shape %v of %s: its byte size overflows an int64", d.Name, t.shape, d.Datatype)
 		}
@@ -152,11 +152,11 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 		buf = append(buf, b...)
 	}
 	for n := range byName {
-		return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, tensorNames(decl))
+		return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
 	}
 	for k := range got {
 		if byName == nil && used&(1<<k) == 0 {
-			return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, tensorNames(decl))
+			return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, oip.Names(decl))
 		}
 	}
 	if short != nil {
@@ -172,85 +172,6 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 		return bin[:laid], buf, nil
 	}
 	return buf, buf, nil
-}
-
-// tensorBytes is the byte size of a shape (of dimensions not negative) of
-// elements of es bytes; false when it does not fit an int64, which a shape
-// sent in a request may ask for.
-func tensorBytes(shape []int64, es int64) (int64, bool) {
-	if slices.Contains(shape, 0) {
-		return 0, true
-	}
-	n := es
-	for _, d := range shape {
-		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
-			return 0, false
-		}
-		n *= d
-	}
-	return n, true
-}
-
-func tensorNames(ts []abi.Tensor) string {
-	var n []string
-	for _, t := range ts {
-		n = append(n, t.Name)
-	}
-	return strings.Join(n, ", ")
-}
-
-func matchShape(got, decl []int64) error {
-	if len(got) != len(decl) {
-		return fmt.Errorf("shape %v has %d dimensions, the model's %v has %d", got, len(got), decl, len(decl))
-	}
-	for i := range got {
-		if got[i] < 0 || (decl[i] != -1 && got[i] != decl[i]) {
-			return fmt.Errorf("shape %v does not match the model's %v", got, decl)
-		}
-	}
-	return nil
-}
-
-// cut is one output: its declaration, shape and bytes.
-type cut struct {
-	decl  *abi.Tensor
-	shape []int64
-	bytes []byte
-}
-
-// cutOutputs cuts the declared outputs from out, in order, appending to
-// res; the last one's variable dimension takes what is left. The shapes
-// are laid in dims (a slice of it stays valid when a later append moves
-// dims: the old array keeps its values).
-func cutOutputs(out []byte, decl []abi.Tensor, res []cut, dims []int64) ([]cut, []int64, error) {
-	for i := range decl {
-		d := &decl[i]
-		es := abi.DatatypeSize[d.Datatype]
-		start := len(dims)
-		dims = append(dims, d.Shape...)
-		shape := dims[start:len(dims):len(dims)]
-		fixed, vi := int64(1), -1
-		for k, dim := range shape {
-			if dim == -1 {
-				vi = k
-			} else {
-				fixed *= dim
-			}
-		}
-		if vi >= 0 {
-			if i != len(decl)-1 || fixed*es == 0 || int64(len(out))%(fixed*es) != 0 {
-				return res, dims, fmt.Errorf("output %q: %d bytes left do not make whole elements of shape %v", d.Name, len(out), d.Shape)
-			}
-			shape[vi] = int64(len(out)) / (fixed * es)
-		}
-		n := abi.Elements(shape) * es
-		if n > int64(len(out)) {
-			return res, dims, fmt.Errorf("output %q needs %d bytes, the function produced %d more", d.Name, n, len(out))
-		}
-		res = append(res, cut{d, shape, out[:n]})
-		out = out[n:]
-	}
-	return res, dims, nil
 }
 
 // encodeElements turns JSON data (flat or nested arrays) into n elements of

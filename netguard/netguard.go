@@ -82,6 +82,10 @@ type Listener struct {
 	OnError func(err error)
 	// OnReject, if set, is called for each connection closed for the cap.
 	OnReject func()
+	// Share, if set, is another Listener whose cap and counts this one
+	// uses instead of its own (Max and PerClient here are then ignored):
+	// one server's listeners (HTTP and gRPC) under one --max-conns.
+	Share *Listener
 
 	open     atomic.Int64
 	rejected atomic.Uint64
@@ -124,20 +128,29 @@ func (l *Listener) Accept() (net.Conn, error) {
 			continue
 		}
 		delay = 0
-		n := l.open.Add(1)
-		if l.Max > 0 && n > int64(l.Max) {
-			l.open.Add(-1)
+		slots := l.slots()
+		n := slots.open.Add(1)
+		if slots.Max > 0 && n > int64(slots.Max) {
+			slots.open.Add(-1)
 			l.reject(c)
 			continue
 		}
-		ip, ok := l.admitClient(c)
+		ip, ok := slots.admitClient(c)
 		if !ok {
-			l.open.Add(-1)
+			slots.open.Add(-1)
 			l.reject(c)
 			continue
 		}
-		return l.wrap(c, ip), nil
+		return slots.wrap(c, ip), nil
 	}
+}
+
+// slots is the Listener whose cap and counts l's connections take.
+func (l *Listener) slots() *Listener {
+	if l.Share != nil {
+		return l.Share
+	}
+	return l
 }
 
 // reject closes c, which is over the cap, after writing Reject to it.
@@ -180,7 +193,7 @@ func (l *Listener) doneChan() chan struct{} {
 }
 
 // Open reports the connections accepted and not yet closed.
-func (l *Listener) Open() int { return int(l.open.Load()) }
+func (l *Listener) Open() int { return int(l.slots().open.Load()) }
 
 // Rejected reports the connections closed for the cap.
 func (l *Listener) Rejected() uint64 { return l.rejected.Load() }

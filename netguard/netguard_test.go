@@ -1083,3 +1083,62 @@ func TestClientKey(t *testing.T) {
 		}
 	}
 }
+
+// TestListenerShare: two listeners of one server under one cap. The first
+// listener's connections fill the cap for the second (and back), each
+// closed connection frees a slot for either, and the per-client cap counts
+// across both.
+func TestListenerShare(t *testing.T) {
+	reject := []byte("full\n")
+	for _, tc := range []struct {
+		name           string
+		max, perClient int
+		first, second  int // connections dialled to each, in that order
+		served         int // of the second's
+	}{
+		{"cap 4: 3 on the first leave 1", 4, 0, 3, 3, 1},
+		{"cap 4: 4 on the first leave none", 4, 0, 4, 2, 0},
+		{"per client 2: 1 on the first leaves 1", 0, 2, 1, 3, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &Listener{Listener: listenLoopback(t), Max: tc.max, PerClient: tc.perClient, Reject: reject}
+			b := &Listener{Listener: listenLoopback(t), Share: a, Max: 1000, PerClient: 1000, Reject: reject}
+			serveEcho(a)
+			serveEcho(b)
+			defer a.Close()
+			defer b.Close()
+			var open []net.Conn
+			for range tc.first {
+				c, ok := dialServed(t, a.Addr().String(), reject)
+				if !ok {
+					t.Fatal("the first listener refused a connection under the cap")
+				}
+				open = append(open, c)
+			}
+			served := 0
+			for range tc.second {
+				if c, ok := dialServed(t, b.Addr().String(), reject); ok {
+					open = append(open, c)
+					served++
+				}
+			}
+			if served != tc.served {
+				t.Fatalf("the second listener served %d, want %d", served, tc.served)
+			}
+			if a.Open() != b.Open() || a.Open() != tc.first+served {
+				t.Fatalf("open: first %d, second %d, want both %d", a.Open(), b.Open(), tc.first+served)
+			}
+			// A connection of the first closed: the second serves one more.
+			open[0].Close()
+			waitFor(t, 5*time.Second, "the slot to free", func() bool { return b.Open() == tc.first+served-1 })
+			c, ok := dialServed(t, b.Addr().String(), reject)
+			if !ok {
+				t.Fatal("a freed slot was not given to the second listener")
+			}
+			c.Close()
+			for _, c := range open[1:] {
+				c.Close()
+			}
+		})
+	}
+}

@@ -349,6 +349,30 @@ func TestDigitsPipelineServed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the samples and starts a server")
 	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin)
+	deployDigits(t, bin, []string{"PLOVER_SERVER=" + srv.url})
+	params, held := cnnReference(t)
+	for i := 0; i < len(held); i += 10 {
+		d := &held[i]
+		got := pipeInvoke(t, srv.url, "digits", d.Pixels[:]).ok(t, "digits")
+		x := d.Pixels[:]
+		for _, f := range []string{"digits-normalize", "cnn", "digits-top1"} {
+			x = pipeInvoke(t, srv.url, f, x).ok(t, f)
+		}
+		if !bytes.Equal(got, x) || len(got) != 8 {
+			t.Fatalf("digit %d: pipeline %x, the functions in turn %x", i, got, x)
+		}
+		if label, want := int(got[0]), model.Argmax(params.Scores(d.Image())); label != want {
+			t.Fatalf("digit %d: label %d, the reference model says %d", i, label, want)
+		}
+	}
+}
+
+// deployDigits builds the digits sample's functions (normalize, the CNN,
+// top1) and deploys them and the digits pipeline with plover deploy.
+func deployDigits(t *testing.T, bin string, env []string) {
+	t.Helper()
 	root := testkit.Root()
 	sample := func(src, manifest string, extra ...string) string {
 		dir := t.TempDir()
@@ -366,9 +390,6 @@ func TestDigitsPipelineServed(t *testing.T) {
 		}
 		return dir
 	}
-	bin := buildPlover(t)
-	srv := startServer(t, bin)
-	env := []string{"PLOVER_SERVER=" + srv.url}
 	for _, dir := range []string{
 		sample("samples/digits-pipeline/normalize/normalize.cu", "samples/digits-pipeline/normalize/plover.json"),
 		sample("samples/cnn/cnn.cu", "samples/cnn/plover.json", "samples/cnn/weights.bin"),
@@ -376,20 +397,5 @@ func TestDigitsPipelineServed(t *testing.T) {
 		filepath.Join(root, "samples", "digits-pipeline"),
 	} {
 		run(t, bin, env, "deploy", dir)
-	}
-	params, held := cnnReference(t)
-	for i := 0; i < len(held); i += 10 {
-		d := &held[i]
-		got := pipeInvoke(t, srv.url, "digits", d.Pixels[:]).ok(t, "digits")
-		x := d.Pixels[:]
-		for _, f := range []string{"digits-normalize", "cnn", "digits-top1"} {
-			x = pipeInvoke(t, srv.url, f, x).ok(t, f)
-		}
-		if !bytes.Equal(got, x) || len(got) != 8 {
-			t.Fatalf("digit %d: pipeline %x, the functions in turn %x", i, got, x)
-		}
-		if label, want := int(got[0]), model.Argmax(params.Scores(d.Image())); label != want {
-			t.Fatalf("digit %d: label %d, the reference model says %d", i, label, want)
-		}
 	}
 }

@@ -225,11 +225,7 @@ func TestTLSAndNonLoopback(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	dir := t.TempDir()
-	caPEM, certPEM, keyPEM := makeCerts(t)
-	ca, cert, key := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	os.WriteFile(ca, caPEM, 0o644)
-	os.WriteFile(cert, certPEM, 0o644)
-	os.WriteFile(key, keyPEM, 0o600)
+	ca, cert, key, _ := writeCerts(t, dir)
 	authFile := filepath.Join(dir, "tokens")
 	toks := writeAuthFile(t, authFile, [][3]string{{"root", "admin", "*"}})
 	srv := startIsoServer(t, bin, t.TempDir(), nil, "--auth-file", authFile, "--tls-cert", cert, "--tls-key", key)
@@ -315,6 +311,23 @@ func TestTLSAndNonLoopback(t *testing.T) {
 			t.Fatal("no --insecure-no-auth warning within 20 s")
 		}
 	})
+}
+
+// writeCerts writes makeCerts' CA, certificate and key into dir and
+// returns their paths and the CA's PEM.
+func writeCerts(t *testing.T, dir string) (ca, cert, key string, caPEM []byte) {
+	t.Helper()
+	caPEM, certPEM, keyPEM := makeCerts(t)
+	ca, cert, key = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for _, f := range []struct {
+		path string
+		b    []byte
+	}{{ca, caPEM}, {cert, certPEM}, {key, keyPEM}} {
+		if err := os.WriteFile(f.path, f.b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ca, cert, key, caPEM
 }
 
 // makeCerts returns a CA and a server certificate for 127.0.0.1 it signed.

@@ -85,6 +85,19 @@ func Manifest(name string) *abi.Manifest {
 	}
 }
 
+// Typed is Manifest (echo) declaring Open Inference Protocol tensors: x
+// FP32 [2,2] and y INT16 [-1] in; z FP32 [2,2] and rest INT16 [-1] out of
+// 32 bytes, so z is x and rest is y, zero-padded to 8 elements.
+func Typed(name string) *abi.Manifest {
+	m := Manifest(name)
+	m.OutBytes = 32
+	m.Tensors = &abi.Tensors{
+		Inputs:  []abi.Tensor{{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}}, {Name: "y", Datatype: "INT16", Shape: []int64{-1}}},
+		Outputs: []abi.Tensor{{Name: "z", Datatype: "FP32", Shape: []int64{2, 2}}, {Name: "rest", Datatype: "INT16", Shape: []int64{-1}}},
+	}
+	return m
+}
+
 // Slow is Manifest with a chain that holds its instance for ms
 // milliseconds, then echoes the input: for tests of queues and concurrency.
 func Slow(name string, ms int) *abi.Manifest {

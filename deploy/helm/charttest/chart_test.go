@@ -115,7 +115,14 @@ func writeValues(t *testing.T, v values) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := filepath.Join(t.TempDir(), "values.yaml")
+	// Not t.TempDir(): its name comes from the test's, and helm splits -f on
+	// commas, which subtest names may hold.
+	dir, err := os.MkdirTemp("", "charttest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	f := filepath.Join(dir, "values.yaml")
 	if err := os.WriteFile(f, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -315,6 +322,8 @@ type podWant struct {
 	s3Secret string // the Secret AWS_* come from ("" for none)
 	store    string
 	tls      string // the TLS Secret ("" for none)
+	grpc     int32  // the --grpc-listen port, 0 for none
+	tracing  bool   // OTEL_* variables expected
 }
 
 // checkPod asserts what every Plover pod must be, whatever the values.
@@ -356,6 +365,19 @@ func checkPod(t *testing.T, tpl corev1.PodTemplateSpec, w podWant) {
 	}
 	if ports["http"] != 8080 || ports["metrics"] != 9090 {
 		t.Errorf("container ports %v, want http 8080 and metrics 9090", ports)
+	}
+	// gRPC: the flag and the named port together, or neither.
+	grpcListen, hasGRPC := flagValue(c.Args, "grpc-listen")
+	switch {
+	case w.grpc == 0 && (hasGRPC || ports["grpc"] != 0):
+		t.Errorf("gRPC off, yet --grpc-listen %q (present %v), container port grpc %d", grpcListen, hasGRPC, ports["grpc"])
+	case w.grpc != 0 && (grpcListen != fmt.Sprintf("0.0.0.0:%d", w.grpc) || ports["grpc"] != w.grpc):
+		t.Errorf("--grpc-listen %q (present %v), container port grpc %d; want 0.0.0.0:%d and %d", grpcListen, hasGRPC, ports["grpc"], w.grpc, w.grpc)
+	}
+	for _, p := range c.Ports {
+		if p.Protocol != corev1.ProtocolTCP {
+			t.Errorf("container port %s protocol %q, want TCP", p.Name, p.Protocol)
+		}
 	}
 	probe := func(name string, p *corev1.Probe, path string) {
 		if p == nil || p.HTTPGet == nil {
@@ -453,9 +475,15 @@ func checkPod(t *testing.T, tpl corev1.PodTemplateSpec, w podWant) {
 	env := map[string]corev1.EnvVar{}
 	for _, e := range c.Env {
 		env[e.Name] = e
-		if strings.HasPrefix(e.Name, "AWS_") && e.Value != "" {
+		if (strings.HasPrefix(e.Name, "AWS_") || e.Name == "OTEL_EXPORTER_OTLP_HEADERS") && e.Value != "" {
 			t.Errorf("%s given as a literal value", e.Name)
 		}
+		if !w.tracing && (strings.HasPrefix(e.Name, "OTEL_") || strings.HasPrefix(e.Name, "K8S_")) {
+			t.Errorf("%s set with tracing off", e.Name)
+		}
+	}
+	if _, ok := env["OTEL_EXPORTER_OTLP_ENDPOINT"]; ok != w.tracing {
+		t.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT present %v, want %v", ok, w.tracing)
 	}
 	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
 		e, ok := env[k]
@@ -519,6 +547,38 @@ func checkService(t *testing.T, o *objects, name string, podLabels map[string]st
 	return s
 }
 
+// checkGRPCService: the Service's grpc port maps port -> the pods' grpc port
+// (port 0: no such Service port).
+func checkGRPCService(t *testing.T, s *corev1.Service, port int32, appProtocol string) {
+	t.Helper()
+	var got []corev1.ServicePort
+	for _, p := range s.Spec.Ports {
+		if p.Name == "grpc" || p.TargetPort == intstr.FromString("grpc") || (port != 0 && p.Port == port) {
+			got = append(got, p)
+		}
+	}
+	if port == 0 {
+		if len(got) != 0 {
+			t.Errorf("Service %s has gRPC ports %+v with gRPC off", s.Name, got)
+		}
+		return
+	}
+	if len(got) != 1 {
+		t.Fatalf("Service %s gRPC ports %+v, want one", s.Name, got)
+	}
+	p := got[0]
+	if p.Name != "grpc" || p.Port != port || p.TargetPort != intstr.FromString("grpc") || p.Protocol != corev1.ProtocolTCP {
+		t.Errorf("Service gRPC port %s %d -> %s %s, want grpc %d -> grpc, TCP", p.Name, p.Port, p.TargetPort.String(), p.Protocol, port)
+	}
+	gotApp := ""
+	if p.AppProtocol != nil {
+		gotApp = *p.AppProtocol
+	}
+	if gotApp != appProtocol {
+		t.Errorf("Service gRPC port appProtocol %q, want %q", gotApp, appProtocol)
+	}
+}
+
 func checkPDB(t *testing.T, o *objects, name string, podLabels map[string]string) {
 	t.Helper()
 	p := o.pdbs[name]
@@ -575,7 +635,8 @@ func TestDefaults(t *testing.T) {
 	if got := *d.Spec.Template.Spec.TerminationGracePeriodSeconds; got != 35 {
 		t.Errorf("terminationGracePeriodSeconds %d, want 5 + 25 + 5", got)
 	}
-	checkService(t, o, "plover", d.Spec.Template.Labels, 80, "http")
+	svc := checkService(t, o, "plover", d.Spec.Template.Labels, 80, "http")
+	checkGRPCService(t, svc, 0, "")
 	checkPDB(t, o, "plover", d.Spec.Template.Labels)
 	if sa := o.serviceAccounts["plover"]; sa == nil || d.Spec.Template.Spec.ServiceAccountName != "plover" {
 		t.Errorf("ServiceAccount plover missing or not used (%q)", d.Spec.Template.Spec.ServiceAccountName)
@@ -697,6 +758,7 @@ func TestFull(t *testing.T) {
 	}
 
 	svc := checkService(t, o, "plover", d.Spec.Template.Labels, 443, "https")
+	checkGRPCService(t, svc, 0, "")
 	checkPDB(t, o, "plover", d.Spec.Template.Labels)
 
 	// The autoscaler: the Deployment, on the queue-depth metric the server exports.
@@ -832,11 +894,207 @@ func TestRefusals(t *testing.T) {
 		{"grace period too short", required().set("terminationGracePeriodSeconds", 20), "killed mid-drain"},
 		{"ServiceMonitor without the metrics port", required().set("serviceMonitor.enabled", true).set("metrics.enabled", false), "metrics.enabled"},
 		{"unknown kind", required().set("kind", "StatefulSet"), "want Deployment or DaemonSet"},
+		{"gRPC port 0", required().set("grpc.enabled", true).set("grpc.port", 0), "grpc.port 0: want a port number"},
+		{"gRPC port too high", required().set("grpc.enabled", true).set("grpc.port", 70000), "grpc.port 70000: want a port number"},
+		{"gRPC port not a number", required().set("grpc.enabled", true).set("grpc.port", "grpc"), "want a port number"},
+		{"gRPC port not an integer", required().set("grpc.enabled", true).set("grpc.port", 8001.5), "want a port number"},
+		{"gRPC on the API port", required().set("grpc.enabled", true).set("grpc.port", 8080), "is server.port too"},
+		{"gRPC on the metrics port", required().set("grpc.enabled", true).set("grpc.port", 9090), "is metrics.port too"},
+		{"OTLP endpoint without a scheme", required().set("tracing.otlpEndpoint", "otel-collector:4318"), "with its scheme"},
+		{"unknown OTLP protocol", tracingOn().set("tracing.protocol", "http/json"), "want http/protobuf or grpc"},
+		{"unknown sampler", tracingOn().set("tracing.sampler", "probabilistic"), "tracing.sampler \"probabilistic\""},
+		{"sampler ratio above 1", tracingOn().set("tracing.samplerArg", "1.5"), "want a ratio from 0 to 1"},
+		{"sampler ratio not a number", tracingOn().set("tracing.sampler", "traceidratio").set("tracing.samplerArg", "ten percent"), "want a ratio from 0 to 1"},
+		{"headers Secret without a key", tracingOn().set("tracing.headersSecret.name", "otel").set("tracing.headersSecret.key", ""), "needs tracing.headersSecret.key"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if out := templateFails(t, c.v); !strings.Contains(out, c.want) {
 				t.Errorf("helm template failed without %q:\n%s", c.want, out)
+			}
+		})
+	}
+}
+
+// TestGRPC: grpc.enabled adds --grpc-listen, the container's grpc port and the
+// Service's, beside (never instead of) the HTTP API, with TLS or without.
+func TestGRPC(t *testing.T) {
+	cases := []struct {
+		name        string
+		v           values
+		port        int32
+		appProtocol string
+		tls         string
+	}{
+		{"default port", required().set("grpc.enabled", true), 8001, "grpc", ""},
+		{"port and TLS", required().set("grpc.enabled", true).set("grpc.port", 9001).
+			set("tls.enabled", true).set("tls.secretName", "plover-tls"), 9001, "grpc", "plover-tls"},
+		{"h2c appProtocol", required().set("grpc.enabled", true).set("grpc.appProtocol", "kubernetes.io/h2c"), 8001, "kubernetes.io/h2c", ""},
+		{"no appProtocol", required().set("grpc.enabled", true).set("grpc.appProtocol", ""), 8001, "", ""},
+		{"port set but gRPC off", required().set("grpc.port", 9001), 0, "", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := template(t, "plover", c.v)
+			d := o.deployments["plover"]
+			if d == nil {
+				t.Fatal("no Deployment plover")
+			}
+			scheme, svcPort, svcName := corev1.URISchemeHTTP, int32(80), "http"
+			if c.tls != "" {
+				scheme, svcPort, svcName = corev1.URISchemeHTTPS, 443, "https"
+			}
+			// checkPod: the flag, the port, probes still on http, and the
+			// TLS flags (which the server applies to the gRPC listener too).
+			checkPod(t, d.Spec.Template, podWant{
+				gpu: true, device: "cuda", scheme: scheme,
+				authFile: "/etc/plover/auth/tokens", authSec: "plover-auth", s3Secret: "plover-s3",
+				store: "s3://plover-bundles/prod", tls: c.tls, grpc: c.port,
+			})
+			svc := checkService(t, o, "plover", d.Spec.Template.Labels, svcPort, svcName)
+			checkGRPCService(t, svc, c.port, c.appProtocol)
+		})
+	}
+}
+
+// tracingOn: required values with an OTLP endpoint, so tracing is on.
+func tracingOn() values {
+	return required().set("tracing.otlpEndpoint", "http://otel-collector.observability:4318")
+}
+
+// TestTracing: an OTLP endpoint renders the standard OTEL_* variables (and
+// only then: TestDefaults checks there are none by default); headers only
+// from a Secret.
+func TestTracing(t *testing.T) {
+	const k8sAttrs = "k8s.namespace.name=" + namespace + ",k8s.node.name=$(K8S_NODE_NAME),k8s.pod.name=$(K8S_POD_NAME)"
+	cases := []struct {
+		name     string
+		release  string
+		fullname string // the workload's name, and the default OTEL_SERVICE_NAME
+		v        values
+		want     map[string]string // OTEL_* literal values; every other OTEL_* but the headers is refused
+		headers  *corev1.SecretKeySelector
+	}{
+		{"defaults", "plover", "plover", tracingOn(), map[string]string{
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+			"OTEL_SERVICE_NAME":           "plover",
+			"OTEL_TRACES_SAMPLER":         "parentbased_traceidratio",
+			"OTEL_TRACES_SAMPLER_ARG":     "0.1",
+			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
+		}, nil},
+		{"service name from the release", "edge", "edge-plover", tracingOn(), map[string]string{
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+			"OTEL_SERVICE_NAME":           "edge-plover",
+			"OTEL_TRACES_SAMPLER":         "parentbased_traceidratio",
+			"OTEL_TRACES_SAMPLER_ARG":     "0.1",
+			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
+		}, nil},
+		{"everything set", "inference", "inference-plover", values{}.
+			set("s3.bucket", "plover-bundles").set("s3.prefix", "prod").set("s3.existingSecret", "plover-s3").
+			set("auth.existingSecret", "plover-auth").
+			set("tracing.otlpEndpoint", "https://otlp.example.com:4317").
+			set("tracing.protocol", "grpc").
+			set("tracing.sampler", "traceidratio").
+			set("tracing.samplerArg", 0.25).
+			set("tracing.serviceName", "plover-eu").
+			set("tracing.resourceAttributes", map[string]any{"deployment.environment.name": "prod", "k8s.cluster.name": "gpu-eu-1", "k8s.node.name": "pinned"}).
+			set("tracing.headersSecret.name", "plover-otel").
+			set("tracing.headersSecret.key", "headers"),
+			map[string]string{
+				"OTEL_EXPORTER_OTLP_ENDPOINT": "https://otlp.example.com:4317",
+				"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+				"OTEL_SERVICE_NAME":           "plover-eu",
+				"OTEL_TRACES_SAMPLER":         "traceidratio",
+				"OTEL_TRACES_SAMPLER_ARG":     "0.25",
+				"OTEL_RESOURCE_ATTRIBUTES": "k8s.namespace.name=" + namespace + ",k8s.pod.name=$(K8S_POD_NAME)," +
+					"deployment.environment.name=prod,k8s.cluster.name=gpu-eu-1,k8s.node.name=pinned",
+			}, &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "plover-otel"}, Key: "headers"}},
+		{"headers Secret with the default key", "plover", "plover", tracingOn().set("tracing.headersSecret.name", "plover-otel"), map[string]string{
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+			"OTEL_SERVICE_NAME":           "plover",
+			"OTEL_TRACES_SAMPLER":         "parentbased_traceidratio",
+			"OTEL_TRACES_SAMPLER_ARG":     "0.1",
+			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
+		}, &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "plover-otel"}, Key: "OTEL_EXPORTER_OTLP_HEADERS"}},
+		{"always_on: no sampler argument", "plover", "plover", tracingOn().set("tracing.sampler", "always_on"), map[string]string{
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+			"OTEL_SERVICE_NAME":           "plover",
+			"OTEL_TRACES_SAMPLER":         "always_on",
+			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
+		}, nil},
+		{"no sampler: the SDK's", "plover", "plover", tracingOn().set("tracing.sampler", ""), map[string]string{
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+			"OTEL_SERVICE_NAME":           "plover",
+			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
+		}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := template(t, c.release, c.v)
+			d := o.deployments[c.fullname]
+			if d == nil {
+				t.Fatalf("no Deployment %s: %v", c.fullname, o.deployments)
+			}
+			checkPod(t, d.Spec.Template, podWant{
+				gpu: true, device: "cuda", scheme: corev1.URISchemeHTTP,
+				authFile: "/etc/plover/auth/tokens", authSec: "plover-auth", s3Secret: "plover-s3",
+				store: "s3://plover-bundles/prod", tracing: true,
+			})
+			env := d.Spec.Template.Spec.Containers[0].Env
+			got := map[string]string{}
+			index := map[string]int{}
+			for i, e := range env {
+				index[e.Name] = i
+				if !strings.HasPrefix(e.Name, "OTEL_") {
+					continue
+				}
+				if e.Name == "OTEL_EXPORTER_OTLP_HEADERS" {
+					if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || c.headers == nil ||
+						e.ValueFrom.SecretKeyRef.Name != c.headers.Name || e.ValueFrom.SecretKeyRef.Key != c.headers.Key {
+						t.Errorf("OTEL_EXPORTER_OTLP_HEADERS = %+v, want a secretKeyRef to %+v", e, c.headers)
+					}
+					continue
+				}
+				if e.ValueFrom != nil {
+					t.Errorf("%s from %+v, want a literal", e.Name, e.ValueFrom)
+				}
+				if _, dup := got[e.Name]; dup {
+					t.Errorf("%s set twice", e.Name)
+				}
+				got[e.Name] = e.Value
+			}
+			if _, ok := index["OTEL_EXPORTER_OTLP_HEADERS"]; ok != (c.headers != nil) {
+				t.Errorf("OTEL_EXPORTER_OTLP_HEADERS present %v, want %v", ok, c.headers != nil)
+			}
+			for k, want := range c.want {
+				if got[k] != want {
+					t.Errorf("%s = %q, want %q", k, got[k], want)
+				}
+			}
+			for k, v := range got {
+				if _, ok := c.want[k]; !ok {
+					t.Errorf("unexpected %s = %q", k, v)
+				}
+			}
+			// The kubelet expands $(K8S_*) in OTEL_RESOURCE_ATTRIBUTES only
+			// from variables defined before it, from the downward API.
+			for name, field := range map[string]string{"K8S_POD_NAME": "metadata.name", "K8S_NODE_NAME": "spec.nodeName"} {
+				i, ok := index[name]
+				if !ok {
+					t.Errorf("%s not set", name)
+					continue
+				}
+				if f := env[i].ValueFrom; f == nil || f.FieldRef == nil || f.FieldRef.FieldPath != field {
+					t.Errorf("%s = %+v, want fieldRef %s", name, env[i], field)
+				}
+				if i > index["OTEL_RESOURCE_ATTRIBUTES"] {
+					t.Errorf("%s defined after OTEL_RESOURCE_ATTRIBUTES: the kubelet would not expand $(%s)", name, name)
+				}
 			}
 		})
 	}

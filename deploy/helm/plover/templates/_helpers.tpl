@@ -119,6 +119,54 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not (has .Values.data.type (list "emptyDir" "ephemeral")) }}
 {{- fail (printf "data.type %q: want emptyDir or ephemeral" .Values.data.type) }}
 {{- end }}
+{{- if .Values.grpc.enabled }}
+{{- $p := int .Values.grpc.port }}
+{{- if or (lt $p 1) (gt $p 65535) (ne (toString $p) (toString .Values.grpc.port)) }}
+{{- fail (printf "grpc.port %v: want a port number, 1 to 65535" .Values.grpc.port) }}
+{{- end }}
+{{- if eq $p (int .Values.server.port) }}
+{{- fail (printf "grpc.port %d is server.port too: the gRPC listener needs a port of its own" $p) }}
+{{- end }}
+{{- if and .Values.metrics.enabled (eq $p (int .Values.metrics.port)) }}
+{{- fail (printf "grpc.port %d is metrics.port too: the gRPC listener needs a port of its own" $p) }}
+{{- end }}
+{{- end }}
+{{- with .Values.tracing.otlpEndpoint }}
+{{- if not (regexMatch "^https?://[^/]" .) }}
+{{- fail (printf "tracing.otlpEndpoint %q: want the collector's URL with its scheme, e.g. http://otel-collector.observability:4318" .) }}
+{{- end }}
+{{- if not (has $.Values.tracing.protocol (list "http/protobuf" "grpc")) }}
+{{- fail (printf "tracing.protocol %q: want http/protobuf or grpc" $.Values.tracing.protocol) }}
+{{- end }}
+{{- $sampler := $.Values.tracing.sampler | default "" }}
+{{- if and $sampler (not (has $sampler (list "always_on" "always_off" "traceidratio" "parentbased_always_on" "parentbased_always_off" "parentbased_traceidratio"))) }}
+{{- fail (printf "tracing.sampler %q: want always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio" $sampler) }}
+{{- end }}
+{{- if and (hasSuffix "traceidratio" $sampler) (not (regexMatch "^(0(\\.[0-9]+)?|1(\\.0+)?|0?\\.[0-9]+)$" (toString $.Values.tracing.samplerArg))) }}
+{{- fail (printf "tracing.samplerArg %q: want a ratio from 0 to 1 as a decimal, e.g. \"0.1\"" (toString $.Values.tracing.samplerArg)) }}
+{{- end }}
+{{- if and $.Values.tracing.headersSecret.name (not $.Values.tracing.headersSecret.key) }}
+{{- fail "tracing.headersSecret.name needs tracing.headersSecret.key (the Secret's key holding OTEL_EXPORTER_OTLP_HEADERS)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* OTEL_RESOURCE_ATTRIBUTES: the pod's Kubernetes attributes (K8S_* are set
+     before it in the container's env, so the kubelet expands them), unless
+     tracing.resourceAttributes gives the key, then tracing.resourceAttributes;
+     each group's keys sorted. */}}
+{{- define "plover.otelResourceAttributes" -}}
+{{- $extra := .Values.tracing.resourceAttributes | default dict }}
+{{- $a := list }}
+{{- range $k, $v := dict "k8s.namespace.name" .Release.Namespace "k8s.pod.name" "$(K8S_POD_NAME)" "k8s.node.name" "$(K8S_NODE_NAME)" }}
+{{- if not (hasKey $extra $k) }}
+{{- $a = append $a (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- end }}
+{{- range $k := keys $extra | sortAlpha }}
+{{- $a = append $a (printf "%s=%v" $k (get $extra $k)) }}
+{{- end }}
+{{- join "," $a }}
 {{- end }}
 
 {{/* plover serve's flags (the image's entrypoint is tini -- plover serve). */}}
@@ -151,6 +199,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if .Values.metrics.enabled }}
 {{- $a = append $a (printf "--metrics-listen=0.0.0.0:%d" (int .Values.metrics.port)) }}
+{{- end }}
+{{- if .Values.grpc.enabled }}
+{{- $a = append $a (printf "--grpc-listen=0.0.0.0:%d" (int .Values.grpc.port)) }}
 {{- end }}
 {{- $a = append $a (printf "--grace=%ds" (int .Values.server.graceSeconds)) }}
 {{- $a = append $a (printf "--cache-limit=%d" (int .Values.server.cacheLimitMiB)) }}

@@ -1,4 +1,8 @@
-package httpapi
+// Package reqmetrics counts invoke requests by function and outcome and
+// times their phases, for every transport alike: a request over gRPC is
+// counted under the HTTP status of its outcome's class (apierr), so one
+// dashboard reads both.
+package reqmetrics
 
 import (
 	"strconv"
@@ -11,10 +15,10 @@ import (
 	"github.com/plover-run/plover/engine"
 )
 
-// requestMetrics counts requests by function and status and times their
+// Metrics counts requests by function and status and times their
 // phases. Series are resolved once per function and status, so recording a
 // request allocates nothing.
-type requestMetrics struct {
+type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 
@@ -32,10 +36,11 @@ type fnMetrics struct {
 
 var phaseNames = [7]string{"queue", "sched", "load", "copy_in", "kernels", "copy_out", "total"}
 
-func newRequestMetrics(reg prometheus.Registerer) *requestMetrics {
-	m := &requestMetrics{
+// New registers the request metrics on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "plover_requests_total", Help: "Invoke requests by function and HTTP status code.",
+			Name: "plover_requests_total", Help: "Invoke requests by function and HTTP status code (over gRPC: the HTTP status of the outcome's class).",
 		}, []string{"function", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "plover_request_duration_seconds",
@@ -50,13 +55,13 @@ func newRequestMetrics(reg prometheus.Registerer) *requestMetrics {
 	return m
 }
 
-func (m *requestMetrics) known(name string) bool {
+func (m *Metrics) known(name string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.byFn[name] != nil
 }
 
-func (m *requestMetrics) function(name string) *fnMetrics {
+func (m *Metrics) function(name string) *fnMetrics {
 	m.mu.RLock()
 	fm := m.byFn[name]
 	m.mu.RUnlock()
@@ -80,7 +85,7 @@ func (m *requestMetrics) function(name string) *fnMetrics {
 	return fm
 }
 
-func (m *requestMetrics) count(fm *fnMetrics, code int) {
+func (m *Metrics) count(fm *fnMetrics, code int) {
 	fm.mu.RLock()
 	c := fm.codes[code]
 	fm.mu.RUnlock()
@@ -95,11 +100,12 @@ func (m *requestMetrics) count(fm *fnMetrics, code int) {
 	c.Inc()
 }
 
-// record accounts one invoke. Unknown functions share one label so that
+// Record accounts one invoke, of HTTP status code (its class's, for
+// gRPC) and engine kind; t is read only when it succeeded. Unknown functions share one label so that
 // probing names cannot grow the series without bound; so do requests
 // refused before the engine saw them (400, 415) for names the metrics have
 // not met yet.
-func (m *requestMetrics) record(name string, code int, kind engine.Kind, t *engine.Timing) {
+func (m *Metrics) Record(name string, code int, kind engine.Kind, t *engine.Timing) {
 	if code == 404 && kind == engine.KindNotFound {
 		name = "_unknown"
 	} else if kind == engine.KindBadRequest && !m.known(name) {

@@ -1,0 +1,75 @@
+// Package apierr maps Plover's error classes to what each transport says:
+// an HTTP status with Plover's error code name, and a gRPC status code. It
+// is the one table both transports read (as containerd's errdefs maps its
+// error classes once per transport), so a class cannot mean 404 over HTTP
+// and Internal over gRPC.
+package apierr
+
+import (
+	"google.golang.org/grpc/codes"
+
+	"github.com/plover-run/plover/engine"
+)
+
+// Status is one class's answer on each transport.
+type Status struct {
+	HTTP int        // the HTTP status code
+	Name string     // Plover's error code in {"error": {"code": ...}}
+	GRPC codes.Code // the gRPC status code
+}
+
+// Classes the engine does not produce: the front door's refusals and a
+// request the transport itself could not parse.
+var (
+	Unauthenticated = Status{401, "unauthenticated", codes.Unauthenticated}
+	Forbidden       = Status{403, "forbidden", codes.PermissionDenied}
+	RateLimited     = Status{429, "rate_limited", codes.ResourceExhausted}
+	BadRequest      = Status{400, "bad_request", codes.InvalidArgument}
+	NotFound        = Status{404, "not_found", codes.NotFound}
+	// BadOutput is a function whose output the protocol cannot carry
+	// (too few bytes for its declared outputs, a NaN in JSON data).
+	BadOutput = Status{500, "bad_output", codes.Internal}
+)
+
+// byKind is indexed by engine.Kind.
+var byKind = [...]Status{
+	engine.KindInternal:   {500, "internal", codes.Internal},
+	engine.KindBadRequest: BadRequest,
+	engine.KindNotFound:   NotFound,
+	engine.KindTooLarge:   {413, "too_large", codes.InvalidArgument},
+	engine.KindInvalid:    {422, "invalid", codes.InvalidArgument},
+	engine.KindKernel:     {500, "kernel_failed", codes.Internal},
+	// Unavailable: the device or store is down; a client may retry.
+	engine.KindUnavailable: {503, "unavailable", codes.Unavailable},
+	engine.KindTimeout:     {504, "timeout", codes.DeadlineExceeded},
+	engine.KindBusy:        {429, "busy", codes.ResourceExhausted},
+	// The client left: nobody reads it; for logs and metrics (nginx's 499).
+	engine.KindGone:          {499, "client_closed", codes.Canceled},
+	engine.KindWorkerCrashed: {500, "worker_crashed", codes.Internal},
+	engine.KindConflict:      {409, "conflict", codes.Aborted},
+	engine.KindNoSpace:       {507, "insufficient_storage", codes.ResourceExhausted},
+	engine.KindForbidden:     Forbidden,
+}
+
+// Of is kind k's status (Internal for a kind it does not know).
+func Of(k engine.Kind) Status {
+	if int(k) >= 0 && int(k) < len(byKind) && byKind[k].HTTP != 0 {
+		return byKind[k]
+	}
+	return byKind[engine.KindInternal]
+}
+
+// HTTPOf is the HTTP status of a gRPC code's class, for reports that
+// count outcomes by HTTP status whatever the transport (200 for OK; the
+// first class in the table for codes several share).
+func HTTPOf(c codes.Code) int {
+	if c == codes.OK {
+		return 200
+	}
+	for _, s := range append(byKind[:], Unauthenticated, RateLimited) {
+		if s.GRPC == c {
+			return s.HTTP
+		}
+	}
+	return 500
+}

@@ -1,0 +1,158 @@
+package bench
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/url"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/apierr"
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/oip"
+)
+
+// grpcTarget is a run's gRPC side: the address, the credentials and the
+// request every worker sends (the input split into the model's declared
+// inputs, raw, as invoke's body lays them out).
+type grpcTarget struct {
+	cfg   *Config
+	addr  string
+	creds grpc.DialOption
+	req   *pb.ModelInferRequest
+}
+
+// newGRPCTarget reads the model's metadata once and builds the request.
+func newGRPCTarget(ctx context.Context, cfg *Config) (*grpcTarget, error) {
+	u, err := url.Parse(cfg.GRPC)
+	if err != nil || u.Host == "" || (u.Scheme != "grpc" && u.Scheme != "grpcs") {
+		return nil, fmt.Errorf("bench: gRPC address %q: want grpc://host:port or grpcs://host:port", cfg.GRPC)
+	}
+	g := &grpcTarget{cfg: cfg, addr: u.Host, creds: grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if u.Scheme == "grpcs" {
+		tc := cfg.TLS
+		if tc == nil {
+			tc = &tls.Config{}
+		}
+		g.creds = grpc.WithTransportCredentials(credentials.NewTLS(tc))
+	}
+	conn, err := grpc.NewClient(g.addr, g.creds)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %s: %w", cfg.GRPC, err)
+	}
+	defer conn.Close()
+	mctx, cancel := context.WithTimeout(g.context(ctx), cfg.Timeout)
+	defer cancel()
+	md, err := pb.NewGRPCInferenceServiceClient(conn).ModelMetadata(mctx, &pb.ModelMetadataRequest{Name: cfg.Function})
+	if err != nil {
+		return nil, fmt.Errorf("no response from %s: ModelMetadata %s: %w", cfg.GRPC, cfg.Function, err)
+	}
+	g.req, err = splitInput(cfg.Function, cfg.Input, md.GetInputs())
+	return g, err
+}
+
+// splitInput cuts input into the model's declared inputs, in order, as
+// the engine reads its input buffer: fixed sizes first, a variable
+// dimension (the last input's) taking what is left.
+func splitInput(model string, input []byte, decl []*pb.ModelMetadataResponse_TensorMetadata) (*pb.ModelInferRequest, error) {
+	req := &pb.ModelInferRequest{ModelName: model}
+	rest := input
+	for i, d := range decl {
+		es, ok := abi.DatatypeSize[d.GetDatatype()]
+		if !ok {
+			return nil, fmt.Errorf("bench: input %q: datatype %s cannot be sent raw", d.GetName(), d.GetDatatype())
+		}
+		shape := append([]int64(nil), d.GetShape()...)
+		fixed, vi := int64(1), -1
+		for k, dim := range shape {
+			if dim < 0 {
+				vi = k
+			} else {
+				fixed *= dim
+			}
+		}
+		if vi >= 0 {
+			if i != len(decl)-1 || fixed*es == 0 || int64(len(rest))%(fixed*es) != 0 {
+				return nil, fmt.Errorf("bench: the input's %d bytes left do not make whole elements of %s %v", len(rest), d.GetName(), d.GetShape())
+			}
+			shape[vi] = int64(len(rest)) / (fixed * es)
+		}
+		n, _ := oip.Bytes(shape, es)
+		if n > int64(len(rest)) {
+			return nil, fmt.Errorf("bench: input %q needs %d bytes, %d are left of the input", d.GetName(), n, len(rest))
+		}
+		req.Inputs = append(req.Inputs, &pb.ModelInferRequest_InferInputTensor{Name: d.GetName(), Datatype: d.GetDatatype(), Shape: shape})
+		req.RawInputContents = append(req.RawInputContents, rest[:n])
+		rest = rest[n:]
+	}
+	if len(rest) > 0 {
+		return nil, fmt.Errorf("bench: %d bytes of the input after the model's inputs", len(rest))
+	}
+	return req, nil
+}
+
+func (g *grpcTarget) context(ctx context.Context) context.Context {
+	if g.cfg.Token != "" {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+g.cfg.Token)
+	}
+	return ctx
+}
+
+// sender is one worker's connection.
+func (g *grpcTarget) sender() (*grpcSender, error) {
+	conn, err := grpc.NewClient(g.addr, g.creds)
+	if err != nil {
+		return nil, err
+	}
+	return &grpcSender{g: g, conn: conn, client: pb.NewGRPCInferenceServiceClient(conn)}, nil
+}
+
+type grpcSender struct {
+	g      *grpcTarget
+	conn   *grpc.ClientConn
+	client pb.GRPCInferenceServiceClient
+	hdr    metadata.MD
+	rep    reply
+}
+
+func (s *grpcSender) send(ctx context.Context) (*reply, error) {
+	ctx, cancel := context.WithTimeout(s.g.context(ctx), s.g.cfg.Timeout)
+	defer cancel()
+	s.hdr = nil
+	var p peer.Peer
+	resp, err := s.client.ModelInfer(ctx, s.g.req, grpc.Header(&s.hdr), grpc.Peer(&p))
+	s.rep = reply{}
+	if err != nil {
+		st, ok := status.FromError(err)
+		if !ok || p.Addr == nil { // no connection: no server, as an HTTP transport error
+			return nil, err
+		}
+		s.rep.code, s.rep.errMsg = apierr.HTTPOf(st.Code()), st.Code().String()+": "+st.Message()
+		return &s.rep, nil
+	}
+	s.rep.code = 200
+	if v := s.hdr.Get("x-plover-start"); len(v) > 0 {
+		s.rep.start = []byte(v[0])
+	}
+	if v := s.hdr.Get("server-timing"); len(v) > 0 {
+		s.rep.timing = []byte(v[0])
+	}
+	if raw := resp.GetRawOutputContents(); len(raw) > 0 {
+		s.rep.body = raw[0]
+		if len(raw) > 1 {
+			for _, b := range raw[1:] {
+				s.rep.body = append(s.rep.body[:len(s.rep.body):len(s.rep.body)], b...)
+			}
+		}
+	}
+	return &s.rep, nil
+}
+
+func (s *grpcSender) close() { s.conn.Close() }

@@ -1,0 +1,201 @@
+// Package gate admits a request's caller, for every transport alike: the
+// bearer token, the scope and functions it grants, and the limits of its
+// auth-file line (a token bucket of requests per second, requests in
+// flight). HTTP and gRPC share one Gate, so a token's rate is one rate
+// however the client connects.
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/pipeline/graph"
+)
+
+// Tokens finds the principal of a bearer token (auth.Store).
+type Tokens interface {
+	Lookup(token []byte) *auth.Principal
+}
+
+// Gate checks tokens against the scope a request needs. A Gate without
+// tokens lets everything through.
+type Gate struct {
+	tokens   Tokens
+	failures *prometheus.CounterVec
+
+	mu      sync.Mutex
+	by      map[string]*state // by token name: a reload keeps what a token used
+	limited *prometheus.CounterVec
+}
+
+// New returns a Gate over tokens (nil: no authentication), registering its
+// counters on reg.
+func New(tokens Tokens, reg prometheus.Registerer) *Gate {
+	g := &Gate{tokens: tokens, by: map[string]*state{}}
+	g.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "plover_auth_failures_total",
+		Help: "Requests refused for authentication (missing_token, unknown_token) or authorization (forbidden).",
+	}, []string{"reason"})
+	g.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "plover_token_limited_total",
+		Help: "Requests refused with 429 because their token was over its auth-file rate or concurrency.",
+	}, []string{"token", "limit"})
+	reg.MustRegister(g.failures, g.limited)
+	for _, r := range []string{"missing_token", "unknown_token", "forbidden"} {
+		g.failures.WithLabelValues(r) // present at 0, so a rate() sees the first refusal
+	}
+	return g
+}
+
+// Open reports whether the gate checks nothing (no tokens).
+func (g *Gate) Open() bool { return g.tokens == nil }
+
+// Refusal is why a caller may not pass: its status on each transport, a
+// reason for the log and the auth metrics, the message for the client and,
+// when over a limit, how long until a retry can succeed.
+type Refusal struct {
+	Status apierr.Status
+	Reason string // missing_token, unknown_token, forbidden, rate, concurrency
+	Msg    string
+	Retry  time.Duration
+}
+
+func (r *Refusal) Error() string { return r.Msg }
+
+// Ticket is an admitted request; Done ends it (its token's concurrency).
+type Ticket struct{ st *state }
+
+// Done ends the request the ticket admitted; a zero Ticket does nothing.
+func (t Ticket) Done() {
+	if t.st != nil {
+		t.st.mu.Lock()
+		t.st.inflight--
+		t.st.mu.Unlock()
+	}
+}
+
+// Admit checks the value of an Authorization header (or gRPC's
+// authorization metadata) for scope on function fn (empty for routes of no
+// function). fn is only matched, never kept. A refusal is counted here.
+func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket, *Refusal) {
+	if g.tokens == nil {
+		return Ticket{}, nil
+	}
+	tok, ok := auth.BearerToken(authorization)
+	if !ok {
+		return Ticket{}, g.refuse(apierr.Unauthenticated, "missing_token",
+			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
+	}
+	p := g.tokens.Lookup(tok)
+	if p == nil {
+		return Ticket{}, g.refuse(apierr.Unauthenticated, "unknown_token", "the bearer token is not known to this server")
+	}
+	if err := p.Allow(scope, fn); err != nil {
+		msg := err.Error()
+		var d *auth.Denied
+		if errors.As(err, &d) {
+			msg = d.Msg
+		}
+		return Ticket{}, g.refuse(apierr.Forbidden, "forbidden", msg)
+	}
+	if !p.Limits.Any() {
+		return Ticket{}, nil
+	}
+	st, over, retry := g.admit(p, time.Now())
+	if over == "" {
+		return Ticket{st}, nil
+	}
+	g.limited.WithLabelValues(p.Name, over).Inc()
+	secs := max(1, int(math.Ceil(retry.Seconds())))
+	var msg string
+	if over == "rate" {
+		msg = fmt.Sprintf("token %s is over its rate of %g requests/s (burst %d, auth file): retry in %d s", p.Name, p.Limits.Rate, p.Limits.Burst, secs)
+	} else {
+		msg = fmt.Sprintf("token %s has its %d requests in flight (concurrency, auth file): retry when one ends", p.Name, p.Limits.Concurrency)
+	}
+	return Ticket{}, &Refusal{Status: apierr.RateLimited, Reason: over, Msg: msg, Retry: time.Duration(secs) * time.Second}
+}
+
+func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
+	g.failures.WithLabelValues(reason).Inc()
+	return &Refusal{Status: s, Reason: reason, Msg: msg}
+}
+
+// InvokeCheck is ctx carrying the check a pipeline's deploy or rollback
+// makes of each function it names (graph.WithInvokeCheck): the caller's
+// token must have invoke on it, or a pipeline would run what its deployer
+// may not. Without tokens there is nothing to check.
+func (g *Gate) InvokeCheck(ctx context.Context, authorization []byte) context.Context {
+	if g.tokens == nil {
+		return ctx
+	}
+	tok, _ := auth.BearerToken(authorization)
+	p := g.tokens.Lookup(tok) // Admit found it: the route needs a token
+	return graph.WithInvokeCheck(ctx, func(fn string) error {
+		if p == nil {
+			return errors.New("no token")
+		}
+		err := p.Allow(auth.Invoke, fn)
+		var d *auth.Denied
+		if errors.As(err, &d) {
+			return errors.New(d.Msg)
+		}
+		return err
+	})
+}
+
+// state is one token's use of its limits.
+type state struct {
+	mu       sync.Mutex
+	tokens   float64
+	last     time.Time
+	inflight int
+}
+
+func (g *Gate) state(name string) *state {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.by[name]
+	if st == nil {
+		st = &state{tokens: -1}
+		g.by[name] = st
+	}
+	return st
+}
+
+// admit takes one request of p's at now. It returns the state whose done
+// ends the request (nil when p has no concurrency limit), or, over a
+// limit, which one and how long until a retry can succeed.
+func (g *Gate) admit(p *auth.Principal, now time.Time) (st *state, over string, retry time.Duration) {
+	lim := p.Limits
+	st = g.state(p.Name)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if lim.Concurrency > 0 && st.inflight >= lim.Concurrency {
+		return nil, "concurrency", time.Second
+	}
+	if lim.Rate > 0 {
+		if st.tokens < 0 { // first use: a full bucket
+			st.tokens, st.last = float64(lim.Burst), now
+		}
+		st.tokens = math.Min(float64(lim.Burst), st.tokens+now.Sub(st.last).Seconds()*lim.Rate)
+		st.last = now
+		if st.tokens < 1 {
+			return nil, "rate", time.Duration((1 - st.tokens) / lim.Rate * float64(time.Second))
+		}
+		st.tokens--
+	}
+	if lim.Concurrency == 0 {
+		return nil, "", 0
+	}
+	st.inflight++
+	return st, "", 0
+}

@@ -1,0 +1,104 @@
+package gate
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+
+	"github.com/plover-run/plover/auth"
+)
+
+// The token bucket over explicit times: a full burst at first, then the
+// rate, and the wait a refused request is told; concurrency counts
+// requests until done.
+func TestTokenLimitsAdmit(t *testing.T) {
+	l := New(nil, prometheus.NewRegistry())
+	p := &auth.Principal{Name: "t", Limits: auth.Limits{Rate: 4, Burst: 2}}
+	t0 := time.Unix(1000, 0)
+	steps := []struct {
+		at    time.Duration
+		over  string
+		retry time.Duration
+	}{
+		{0, "", 0}, {0, "", 0}, // the burst
+		{0, "rate", 250 * time.Millisecond}, // empty: a token in 1/4 s
+		{100 * time.Millisecond, "rate", 150 * time.Millisecond},
+		{250 * time.Millisecond, "", 0},        // refilled one
+		{time.Hour, "", 0}, {time.Hour, "", 0}, // refills to the burst, not beyond
+		{time.Hour, "rate", 250 * time.Millisecond},
+	}
+	for i, st := range steps {
+		_, over, retry := l.admit(p, t0.Add(st.at))
+		if over != st.over || (over != "" && (retry < st.retry-time.Millisecond || retry > st.retry+time.Millisecond)) {
+			t.Fatalf("step %d at %v: over %q retry %v; want %q %v", i, st.at, over, retry, st.over, st.retry)
+		}
+	}
+	c := &auth.Principal{Name: "c", Limits: auth.Limits{Concurrency: 2}}
+	a, _, _ := l.admit(c, t0)
+	b, _, _ := l.admit(c, t0)
+	if _, over, _ := l.admit(c, t0); over != "concurrency" {
+		t.Fatalf("third in flight: over %q", over)
+	}
+	Ticket{a}.Done()
+	if _, over, _ := l.admit(c, t0); over != "" {
+		t.Fatalf("after one ended: over %q", over)
+	}
+	Ticket{b}.Done()
+}
+
+type table map[string]*auth.Principal
+
+func (t table) Lookup(tok []byte) *auth.Principal { return t[string(tok)] }
+
+// Admit's answers: each refusal's class, reason and status on both
+// transports, from the header alone.
+func TestAdmit(t *testing.T) {
+	tokens := table{
+		"reader":  {Name: "reader", Scopes: auth.Read},
+		"invoker": {Name: "invoker", Scopes: auth.Invoke, Functions: []string{"cnn*"}},
+		"slow":    {Name: "slow", Scopes: auth.Invoke, Limits: auth.Limits{Rate: 0.001, Burst: 1}},
+	}
+	g := New(tokens, prometheus.NewRegistry())
+	for _, tc := range []struct {
+		name, header string
+		scope        auth.Scope
+		fn           string
+		reason       string // "": admitted
+		http         int
+		grpc         codes.Code
+	}{
+		{"no header", "", auth.Read, "", "missing_token", 401, codes.Unauthenticated},
+		{"not bearer", "Basic eDp5", auth.Read, "", "missing_token", 401, codes.Unauthenticated},
+		{"unknown", "Bearer nobody", auth.Read, "", "unknown_token", 401, codes.Unauthenticated},
+		{"read", "Bearer reader", auth.Read, "", "", 0, 0},
+		{"read cannot invoke", "Bearer reader", auth.Invoke, "cnn", "forbidden", 403, codes.PermissionDenied},
+		{"invoke in glob", "Bearer invoker", auth.Invoke, "cnn-large", "", 0, 0},
+		{"invoke outside glob", "Bearer invoker", auth.Invoke, "vecadd", "forbidden", 403, codes.PermissionDenied},
+		{"rate: the burst", "Bearer slow", auth.Invoke, "x", "", 0, 0},
+		{"rate: over", "Bearer slow", auth.Invoke, "x", "rate", 429, codes.ResourceExhausted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tk, r := g.Admit([]byte(tc.header), tc.scope, tc.fn)
+			defer tk.Done()
+			switch {
+			case tc.reason == "" && r != nil:
+				t.Fatalf("refused: %v", r)
+			case tc.reason == "":
+			case r == nil:
+				t.Fatalf("admitted, want %s", tc.reason)
+			case r.Reason != tc.reason || r.Status.HTTP != tc.http || r.Status.GRPC != tc.grpc || r.Msg == "":
+				t.Fatalf("refusal %+v, want %s %d %v", r, tc.reason, tc.http, tc.grpc)
+			case tc.reason == "rate" && (r.Retry < time.Second || !strings.Contains(r.Msg, "retry in")):
+				t.Fatalf("a rate refusal without its retry delay: %+v", r)
+			}
+		})
+	}
+	if tk, r := New(nil, prometheus.NewRegistry()).Admit(nil, auth.Deploy, "x"); r != nil {
+		t.Fatalf("a gate without tokens refused: %v", r)
+	} else {
+		tk.Done()
+	}
+}

@@ -1,0 +1,367 @@
+package grpcapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"math"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/grpcapi"
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/reqmetrics"
+)
+
+type fixture struct {
+	client pb.GRPCInferenceServiceClient
+	e      *engine.Engine
+	reg    *prometheus.Registry
+	typed  api.FunctionInfo
+	raw    *abi.Manifest
+}
+
+// serve deploys echo (raw bytes), typed (declared tensors) and slow on a
+// real engine and serves them over gRPC on a loopback port.
+func serve(t *testing.T, tokens gate.Tokens) *fixture {
+	t.Helper()
+	e := testkit.Engine(t, engine.Config{MaxInstances: 1})
+	raw := testkit.Manifest("echo") // echo: out = input, zero-padded to out_bytes
+	testkit.Deploy(t, e, testkit.BundleDir(t, raw, nil))
+	typed := testkit.Typed("typed")
+	fi := testkit.Deploy(t, e, testkit.BundleDir(t, typed, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 2000), nil))
+	reg := prometheus.NewRegistry()
+	g := gate.New(tokens, reg)
+	srv := grpcapi.New(pipeline.New(e, reg), grpcapi.Options{Version: "test", Gate: g, Metrics: reqmetrics.New(reg)})
+	gs := srv.GRPC()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &fixture{client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, typed: fi, raw: raw}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func fp32(fs ...float32) []byte {
+	var b []byte
+	for _, f := range fs {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
+	}
+	return b
+}
+
+// The protocol's methods against a served engine: health, metadata, and
+// inference with raw and typed contents, output selection and the id.
+func TestService(t *testing.T) {
+	f := serve(t, nil)
+	c, ctx := f.client, ctxT(t)
+	if r, err := c.ServerLive(ctx, &pb.ServerLiveRequest{}); err != nil || !r.Live {
+		t.Fatalf("ServerLive: %v %v", r, err)
+	}
+	if r, err := c.ServerReady(ctx, &pb.ServerReadyRequest{}); err != nil || !r.Ready {
+		t.Fatalf("ServerReady: %v %v", r, err)
+	}
+	if r, err := c.ServerMetadata(ctx, &pb.ServerMetadataRequest{}); err != nil || r.Name != "plover" || r.Version != "test" {
+		t.Fatalf("ServerMetadata: %v %v", r, err)
+	}
+	if r, err := c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "typed", Version: f.typed.Version[:8]}); err != nil || !r.Ready {
+		t.Fatalf("ModelReady: %v %v", r, err)
+	}
+	m, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "typed"})
+	if err != nil || m.Platform != "plover" || len(m.Versions) != 1 || m.Versions[0] != f.typed.Version ||
+		len(m.Inputs) != 2 || m.Inputs[0].Name != "x" || m.Inputs[0].Datatype != "FP32" || len(m.Outputs) != 2 || m.Outputs[1].Shape[0] != -1 {
+		t.Fatalf("ModelMetadata: %v %v", m, err)
+	}
+	if m, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "echo"}); err != nil || m.Inputs[0].Name != "INPUT0" || m.Inputs[0].Datatype != "UINT8" {
+		t.Fatalf("raw ModelMetadata: %v %v", m, err)
+	}
+
+	t.Run("raw bytes", func(t *testing.T) {
+		var hdr metadata.MD
+		r, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "echo", Id: "r1",
+			Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{3}}},
+			RawInputContents: [][]byte{{7, 8, 9}}}, grpc.Header(&hdr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]byte, f.raw.OutBytes)
+		copy(want, []byte{7, 8, 9})
+		if r.Id != "r1" || r.ModelName != "echo" || r.ModelVersion == "" || len(r.Outputs) != 1 || r.Outputs[0].Name != "OUTPUT0" ||
+			r.Outputs[0].Shape[0] != f.raw.OutBytes || len(r.RawOutputContents) != 1 || !bytes.Equal(r.RawOutputContents[0], want) || r.Outputs[0].Contents != nil {
+			t.Fatalf("%v", r)
+		}
+		if s := hdr.Get("x-plover-start"); len(s) != 1 || (s[0] != "hot" && s[0] != "cold" && s[0] != "warm") {
+			t.Errorf("x-plover-start: %v", hdr)
+		}
+		if s := hdr.Get("server-timing"); len(s) != 1 || !strings.HasPrefix(s[0], "queue;dur=") || !strings.Contains(s[0], "total;dur=") {
+			t.Errorf("server-timing: %v", hdr)
+		}
+	})
+
+	t.Run("raw, declared tensors in another order", func(t *testing.T) {
+		x, y := fp32(1, 2, 3, 4), []byte{5, 0, 6, 0}
+		r, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "typed", ModelVersion: f.typed.Version,
+			Inputs: []*pb.ModelInferRequest_InferInputTensor{
+				{Name: "y", Datatype: "INT16", Shape: []int64{2}},
+				{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}}},
+			RawInputContents: [][]byte{y, x}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.RawOutputContents) != 2 || !bytes.Equal(r.RawOutputContents[0], x) || !bytes.Equal(r.RawOutputContents[1][:4], y) ||
+			len(r.RawOutputContents[1]) != 16 || r.Outputs[1].Shape[0] != 8 {
+			t.Fatalf("%v", r)
+		}
+	})
+
+	t.Run("typed contents both ways", func(t *testing.T) {
+		r, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "typed",
+			Inputs: []*pb.ModelInferRequest_InferInputTensor{
+				{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}, Contents: &pb.InferTensorContents{Fp32Contents: []float32{1.5, 2, 3, -4}}},
+				{Name: "y", Datatype: "INT16", Shape: []int64{2}, Contents: &pb.InferTensorContents{IntContents: []int32{-3, 300}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.RawOutputContents) != 0 || len(r.Outputs) != 2 {
+			t.Fatalf("%v", r)
+		}
+		z, rest := r.Outputs[0].Contents, r.Outputs[1].Contents
+		if got := z.GetFp32Contents(); len(got) != 4 || got[0] != 1.5 || got[3] != -4 {
+			t.Errorf("z = %v", z)
+		}
+		if got := rest.GetIntContents(); len(got) != 8 || got[0] != -3 || got[1] != 300 || got[2] != 0 {
+			t.Errorf("rest = %v", rest)
+		}
+	})
+
+	t.Run("outputs asked for", func(t *testing.T) {
+		r, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "typed",
+			Inputs: []*pb.ModelInferRequest_InferInputTensor{
+				{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}}, {Name: "y", Datatype: "INT16", Shape: []int64{0}}},
+			Outputs:          []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "rest"}},
+			RawInputContents: [][]byte{fp32(1, 2, 3, 4), {}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Outputs) != 1 || r.Outputs[0].Name != "rest" || len(r.RawOutputContents) != 1 || len(r.RawOutputContents[0]) != 16 {
+			t.Fatalf("%v", r)
+		}
+	})
+
+	// Every gRPC inference is counted with the HTTP ones, under its
+	// class's HTTP status.
+	if n := testutil.ToFloat64(counter(t, f.reg, "echo", "200")); n != 1 {
+		t.Errorf("plover_requests_total{echo,200} = %v, want 1", n)
+	}
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, fn, code string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "plover_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["function"] == fn && labels["code"] == code {
+				return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return m.GetCounter().GetValue() })
+			}
+		}
+	}
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return 0 })
+}
+
+// Refusals: each with its code and a message naming the field.
+func TestErrors(t *testing.T) {
+	f := serve(t, nil)
+	x := &pb.ModelInferRequest_InferInputTensor{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}}
+	y := &pb.ModelInferRequest_InferInputTensor{Name: "y", Datatype: "INT16", Shape: []int64{1}}
+	for _, tc := range []struct {
+		name string
+		req  *pb.ModelInferRequest
+		code codes.Code
+		msg  string
+	}{
+		{"unknown model", &pb.ModelInferRequest{ModelName: "nope"}, codes.NotFound, "nope"},
+		{"no model name", &pb.ModelInferRequest{}, codes.InvalidArgument, "model name"},
+		{"another version", &pb.ModelInferRequest{ModelName: "typed", ModelVersion: "00000000"}, codes.NotFound, "not its current version"},
+		{"missing input", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{x}, RawInputContents: [][]byte{fp32(1, 2, 3, 4)}},
+			codes.InvalidArgument, `input "y" is missing`},
+		{"extra input", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+			{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}, {Name: "other", Datatype: "UINT8", Shape: []int64{1}}}, RawInputContents: [][]byte{{1}, {2}}},
+			codes.InvalidArgument, `input "other" is not one of the model's inputs`},
+		{"datatype", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "FP32", Shape: []int64{1}}},
+			RawInputContents: [][]byte{fp32(1)}}, codes.InvalidArgument, "datatype FP32, the model takes UINT8"},
+		{"raw size", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{x, y}, RawInputContents: [][]byte{fp32(1, 2, 3), {0, 0}}},
+			codes.InvalidArgument, "raw_input_contents[0] has 12 bytes"},
+		{"raw count", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{x, y}, RawInputContents: [][]byte{fp32(1, 2, 3, 4)}},
+			codes.InvalidArgument, "raw_input_contents has 1 entries for 2 inputs"},
+		{"typed count", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+			{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}, Contents: &pb.InferTensorContents{Fp32Contents: []float32{1}}}, y}},
+			codes.InvalidArgument, "contents hold 1 elements, the shape holds 4"},
+		{"typed range", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+			{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}, Contents: &pb.InferTensorContents{Fp32Contents: []float32{1, 2, 3, 4}}},
+			{Name: "y", Datatype: "INT16", Shape: []int64{1}, Contents: &pb.InferTensorContents{IntContents: []int32{70000}}}}},
+			codes.InvalidArgument, "int_contents[0] = 70000 is not an INT16"},
+		{"unknown output", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
+			RawInputContents: [][]byte{{1}}, Outputs: []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "z"}}}, codes.InvalidArgument, `output "z" is not one of the model's outputs`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_, err := f.client.ModelInfer(ctx, tc.req)
+			st, _ := status.FromError(err)
+			if st.Code() != tc.code || !strings.Contains(st.Message(), tc.msg) {
+				t.Fatalf("%v %q, want %v with %q", st.Code(), st.Message(), tc.code, tc.msg)
+			}
+		})
+	}
+	if _, err := f.client.ModelMetadata(ctxT(t), &pb.ModelMetadataRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("ModelMetadata of an unknown model: %v", err)
+	}
+}
+
+type table map[string]*auth.Principal
+
+func (t table) Lookup(tok []byte) *auth.Principal { return t[string(tok)] }
+
+// Tokens in the authorization metadata, with HTTP's scopes and globs.
+func TestAuth(t *testing.T) {
+	f := serve(t, table{
+		"reader":  {Name: "reader", Scopes: auth.Read},
+		"invoker": {Name: "invoker", Scopes: auth.Invoke, Functions: []string{"ech*"}},
+		"limited": {Name: "limited", Scopes: auth.Invoke, Limits: auth.Limits{Rate: 0.001, Burst: 1}},
+	})
+	infer := &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
+		RawInputContents: [][]byte{{1}}}
+	with := func(tok string) context.Context {
+		ctx := ctxT(t)
+		if tok == "" {
+			return ctx
+		}
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
+	if _, err := f.client.ServerLive(with(""), &pb.ServerLiveRequest{}); err != nil {
+		t.Errorf("ServerLive without a token: %v", err)
+	}
+	for _, tc := range []struct {
+		name, tok string
+		call      func(ctx context.Context) error
+		code      codes.Code
+		msg       string
+	}{
+		{"infer, no token", "", func(ctx context.Context) error { _, err := f.client.ModelInfer(ctx, infer); return err }, codes.Unauthenticated, "needs a token"},
+		{"infer, unknown token", "x", func(ctx context.Context) error { _, err := f.client.ModelInfer(ctx, infer); return err }, codes.Unauthenticated, "not known"},
+		{"infer, read token", "reader", func(ctx context.Context) error { _, err := f.client.ModelInfer(ctx, infer); return err }, codes.PermissionDenied, ""},
+		{"metadata, no token", "", func(ctx context.Context) error {
+			_, err := f.client.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "echo"})
+			return err
+		}, codes.Unauthenticated, ""},
+		{"metadata, read token", "reader", func(ctx context.Context) error {
+			_, err := f.client.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "echo"})
+			return err
+		}, codes.OK, ""},
+		{"infer in glob", "invoker", func(ctx context.Context) error { _, err := f.client.ModelInfer(ctx, infer); return err }, codes.OK, ""},
+		{"infer outside glob", "invoker", func(ctx context.Context) error {
+			_, err := f.client.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "typed"})
+			return err
+		}, codes.PermissionDenied, "typed"},
+		{"rate: the burst", "limited", func(ctx context.Context) error { _, err := f.client.ModelInfer(ctx, infer); return err }, codes.OK, ""},
+		{"rate: over", "limited", func(ctx context.Context) error { _, err := f.client.ModelInfer(ctx, infer); return err }, codes.ResourceExhausted, "retry in"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call(with(tc.tok))
+			st, _ := status.FromError(err)
+			if st.Code() != tc.code || !strings.Contains(st.Message(), tc.msg) {
+				t.Fatalf("%v %q, want %v with %q", st.Code(), st.Message(), tc.code, tc.msg)
+			}
+		})
+	}
+}
+
+// The client's deadline bounds the request on the server (queued past it:
+// 504, DeadlineExceeded), and a client that cancels is counted as gone
+// (499), as HTTP counts them; neither holds a queue slot.
+func TestDeadlineAndCancel(t *testing.T) {
+	f := serve(t, nil)
+	one := &pb.ModelInferRequest{ModelName: "slow", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
+		RawInputContents: [][]byte{{1}}}
+	for _, tc := range []struct {
+		name string
+		call func() error
+		code string // the metrics' status for slow
+	}{
+		{"deadline while queued", func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err := f.client.ModelInfer(ctx, one)
+			return err
+		}, "504"},
+		{"cancelled while queued", func() error {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { _, err := f.client.ModelInfer(ctx, one); done <- err }()
+			testkit.WaitFor(t, f.e, "slow", "the second request queued", testkit.Busy(1, 1))
+			cancel()
+			return <-done
+		}, "499"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The one instance busy for 2 s: the request queues behind it.
+			busy := make(chan error, 1)
+			go func() { _, err := f.client.ModelInfer(ctxT(t), one); busy <- err }()
+			testkit.WaitFor(t, f.e, "slow", "the first request running", testkit.Busy(1, 0))
+			if err := tc.call(); err == nil {
+				t.Fatal("the request succeeded")
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for testutil.ToFloat64(counter(t, f.reg, "slow", tc.code)) != 1 {
+				if time.Now().After(deadline) {
+					t.Fatalf("no request of slow counted %s", tc.code)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			testkit.WaitFor(t, f.e, "slow", "the queue empty", func(fi api.FunctionInfo) bool { return fi.Queue == 0 })
+			if err := <-busy; err != nil {
+				t.Fatalf("the first request: %v", err)
+			}
+		})
+	}
+}

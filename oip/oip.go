@@ -1,0 +1,96 @@
+// Package oip holds what the Open Inference Protocol's transports (HTTP
+// in httpapi, gRPC in grpcapi) share about tensors: a request's shapes
+// checked against a function's declared tensors, their byte sizes, and a
+// function's output cut into its declared outputs.
+package oip
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Bytes is the byte size of a shape (of dimensions not negative) of
+// elements of es bytes; false when it does not fit an int64, which a shape
+// sent in a request may ask for.
+func Bytes(shape []int64, es int64) (int64, bool) {
+	if slices.Contains(shape, 0) {
+		return 0, true
+	}
+	n := es
+	for _, d := range shape {
+		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
+			return 0, false
+		}
+		n *= d
+	}
+	return n, true
+}
+
+// Names lists the tensors' names, for messages.
+func Names(ts []abi.Tensor) string {
+	var n []string
+	for _, t := range ts {
+		n = append(n, t.Name)
+	}
+	return strings.Join(n, ", ")
+}
+
+// MatchShape checks a request's shape against a declared one (-1: any
+// size in that dimension).
+func MatchShape(got, decl []int64) error {
+	if len(got) != len(decl) {
+		return fmt.Errorf("shape %v has %d dimensions, the model's %v has %d", got, len(got), decl, len(decl))
+	}
+	for i := range got {
+		if got[i] < 0 || (decl[i] != -1 && got[i] != decl[i]) {
+			return fmt.Errorf("shape %v does not match the model's %v", got, decl)
+		}
+	}
+	return nil
+}
+
+// Cut is one output: its declaration, shape and bytes.
+type Cut struct {
+	Decl  *abi.Tensor
+	Shape []int64
+	Bytes []byte
+}
+
+// CutOutputs cuts the declared outputs from out, in order, appending to
+// res; the last one's variable dimension takes what is left. The shapes
+// are laid in dims (a slice of it stays valid when a later append moves
+// dims: the old array keeps its values).
+func CutOutputs(out []byte, decl []abi.Tensor, res []Cut, dims []int64) ([]Cut, []int64, error) {
+	for i := range decl {
+		d := &decl[i]
+		es := abi.DatatypeSize[d.Datatype]
+		start := len(dims)
+		dims = append(dims, d.Shape...)
+		shape := dims[start:len(dims):len(dims)]
+		fixed, vi := int64(1), -1
+		for k, dim := range shape {
+			if dim == -1 {
+				vi = k
+			} else {
+				fixed *= dim
+			}
+		}
+		if vi >= 0 {
+			if i != len(decl)-1 || fixed*es == 0 || int64(len(out))%(fixed*es) != 0 {
+				return res, dims, fmt.Errorf("output %q: %d bytes left do not make whole elements of shape %v", d.Name, len(out), d.Shape)
+			}
+			shape[vi] = int64(len(out)) / (fixed * es)
+		}
+		n := abi.Elements(shape) * es
+		if n > int64(len(out)) {
+			return res, dims, fmt.Errorf("output %q needs %d bytes, the function produced %d more", d.Name, n, len(out))
+		}
+		res = append(res, Cut{d, shape, out[:n]})
+		out = out[n:]
+	}
+	return res, dims, nil
+}

@@ -1,0 +1,76 @@
+package reqmetrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/plover-run/plover/engine"
+)
+
+// AppendServerTiming appends r's timing as a Server-Timing header value
+// (milliseconds, as the header's dur expects): the phases, a batching
+// function's batch wait and size, and a pipeline's steps. HTTP sends it as
+// Server-Timing, gRPC as server-timing header metadata. It allocates
+// nothing when b has room.
+func AppendServerTiming(b []byte, r *engine.Request) []byte {
+	t := &r.Timing
+	b = appendDur(b, "queue", t.Queue, true)
+	b = appendDur(b, "sched", t.Sched, false)
+	b = appendDur(b, "load", t.Load, false)
+	b = appendDur(b, "copyin", t.CopyIn, false)
+	b = appendDur(b, "kernels", t.Kernels, false)
+	b = appendDur(b, "copyout", t.CopyOut, false)
+	b = appendDur(b, "total", t.Total, false)
+	if n := r.BatchSize; n > 0 {
+		// A batching function: the part of queue spent held for company,
+		// and how many requests shared the run.
+		b = appendDur(b, "batchwait", t.BatchWait, false)
+		b = append(b, ", batch;desc="...)
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	// A pipeline: one entry per function step, in the order they ran,
+	// named by index with the function, its start and its version short.
+	for i := range r.Steps { // index: its step in the pipeline (parallel functions share one)
+		if i == maxTimedSteps {
+			// Headers have limits (16 KiB in some clients): the rest in one.
+			b = append(b, ", more;desc=\""...)
+			b = strconv.AppendInt(b, int64(len(r.Steps)-i), 10)
+			b = append(b, " steps\""...)
+			break
+		}
+		b = appendStep(b, &r.Steps[i])
+	}
+	return b
+}
+
+// StartNames are the start kinds by engine.Start, as X-Plover-Start says.
+var StartNames = [...]string{"hot", "warm", "cold"}
+
+// maxTimedSteps bounds a pipeline's step entries in Server-Timing.
+const maxTimedSteps = 64
+
+// appendStep writes a pipeline step's Server-Timing entry:
+// step1;desc="cnn hot 3f1c9a2e";dur=0.210 (its whole time in the engine).
+func appendStep(b []byte, st *engine.StepTiming) []byte {
+	b = append(b, ", step"...)
+	b = strconv.AppendInt(b, int64(st.Index), 10)
+	b = append(b, ";desc=\""...)
+	b = append(b, st.Step...)
+	b = append(b, ' ')
+	b = append(b, StartNames[st.Start]...)
+	if id := st.Version; id != "" {
+		b = append(b, ' ')
+		b = append(b, id[:min(8, len(id))]...)
+	}
+	b = append(b, "\";dur="...)
+	return strconv.AppendFloat(b, float64(st.Timing.Total.Nanoseconds())/1e6, 'f', 3, 64)
+}
+
+func appendDur(b []byte, name string, d time.Duration, first bool) []byte {
+	if !first {
+		b = append(b, ", "...)
+	}
+	b = append(b, name...)
+	b = append(b, ";dur="...)
+	return strconv.AppendFloat(b, float64(d.Nanoseconds())/1e6, 'f', 3, 64)
+}
