@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -154,6 +154,11 @@ bench-fair: bin/plover bin/plover-worker bin/plover-bench-suite samples
 # BENCHMARKS.md's bench:burst-host section (about 1 min).
 bench-pipeline: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --pipeline $(if $(BEFORE),--pipeline-before $(BEFORE))
+
+# The CNN hot over HTTP and gRPC on one server (make bench-transports;
+# rewrites BENCHMARKS.md's bench:transports-host section, about a minute).
+bench-transports: bin/plover bin/plover-worker bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --transports
 
 bench-burst: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --burst

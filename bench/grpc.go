@@ -107,7 +107,9 @@ func (g *grpcTarget) context(ctx context.Context) context.Context {
 
 // sender is one worker's connection.
 func (g *grpcTarget) sender() (*grpcSender, error) {
-	conn, err := grpc.NewClient(g.addr, g.creds)
+	conn, err := grpc.NewClient(g.addr, g.creds,
+		// As the server: fixed windows, no bandwidth probing pings.
+		grpc.WithInitialWindowSize(4<<20), grpc.WithInitialConnWindowSize(16<<20))
 	if err != nil {
 		return nil, err
 	}

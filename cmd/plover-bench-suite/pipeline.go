@@ -89,8 +89,8 @@ func plainCost(ctx context.Context, o *options, bins []string, dir string, in []
 			return nil, err
 		}
 		defer srv.stop()
-		if out, err := exec.CommandContext(ctx, bin, "deploy", dir, "--server", srv.url).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("deploy %s: %v\n%s", dir, err, out)
+		if err := deployDir(ctx, bin, dir, srv.url); err != nil {
+			return nil, err
 		}
 		urls = append(urls, srv.url)
 		runs = append(runs, &plainRun{Plover: ploverVersion(bin)})

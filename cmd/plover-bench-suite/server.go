@@ -20,6 +20,7 @@ import (
 type server struct {
 	cmd     *exec.Cmd
 	url     string
+	grpc    string // grpc://host:port with --grpc-listen
 	startup time.Duration // exec to the "plover serving" log line
 	exited  chan struct{}
 	waitErr error
@@ -95,6 +96,10 @@ func (s *server) readLog(r io.Reader, ready chan<- string) {
 			continue
 		}
 		switch rec.Msg {
+		case "serving the Open Inference Protocol over gRPC":
+			s.mu.Lock()
+			s.grpc = rec.Addr
+			s.mu.Unlock()
 		case "plover serving":
 			select {
 			case ready <- rec.Addr:
@@ -157,6 +162,14 @@ func (s *server) stop() error {
 		s.cmd.Process.Kill()
 		<-s.exited
 		return errors.New("plover serve did not stop on SIGTERM; killed")
+	}
+	return nil
+}
+
+// deployDir deploys a bundle directory through a running server.
+func deployDir(ctx context.Context, plover, dir, url string) error {
+	if out, err := exec.CommandContext(ctx, plover, "deploy", dir, "--server", url).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s deploy %s: %v\n%s", plover, dir, err, out)
 	}
 	return nil
 }
