@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -159,6 +159,11 @@ bench-pipeline: bin/plover bin/plover-worker bin/plover-bench-suite samples
 # rewrites BENCHMARKS.md's bench:transports-host section, about a minute).
 bench-transports: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --transports
+
+# What tracing costs: the CNN hot with tracing off, on unsampled and on
+# sampled, side by side (rewrites BENCHMARKS.md's bench:tracing-host section).
+bench-tracing: bin/plover bin/plover-worker bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --tracing $(if $(BEFORE),--tracing-before $(BEFORE))
 
 bench-burst: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --burst

@@ -28,6 +28,7 @@ import (
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/reqmetrics"
+	"github.com/plover-run/plover/tracing"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
 )
@@ -223,8 +224,23 @@ func serve(f *serveFlags, env *Env) error {
 		tokens = front.tokens
 	}
 	gt, met, runner := gate.New(tokens, reg), reqmetrics.New(reg), pipeline.New(eng, reg)
+	// Traces, when OpenTelemetry's environment asks for them.
+	tr, err := tracing.FromEnv(ctx, Version)
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	if tr != nil {
+		log.Info("tracing requests (OpenTelemetry)", "exporter", tr.Where)
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tr.Shutdown(sctx); err != nil {
+				log.Warn("the last spans were not exported", "error", err)
+			}
+		}()
+	}
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		Gate: gt, Metrics: met}
+		Gate: gt, Metrics: met, Tracer: tr}
 	srv := httpapi.New(runner, eng.Control(), opts)
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
@@ -238,7 +254,7 @@ func serve(f *serveFlags, env *Env) error {
 		if err != nil {
 			return err
 		}
-		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Gate: gt, Metrics: met, TLS: tlsConf,
+		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Gate: gt, Metrics: met, TLS: tlsConf, Tracer: tr,
 			MaxMessageBytes: f.maxBodyMB << 20, Ready: func() bool { return !draining.Load() }}).GRPC()
 		gscheme := "grpc"
 		if tlsConf != nil {

@@ -86,6 +86,7 @@ type batchItem struct {
 	load      time.Duration
 	sched     time.Duration // the run's wait for the device's scheduler
 	size      int
+	device    string
 }
 
 func newBatcher(e *Engine, v *version) *batcher {
@@ -187,7 +188,7 @@ func (b *batcher) finish(it *batchItem) error {
 		r.Start = it.start
 	}
 	r.Timing.Queue, r.Timing.Load = it.queue, r.Timing.Load+it.load
-	r.Timing.BatchWait, r.Timing.Sched, r.BatchSize = it.batchWait, it.sched, it.size
+	r.Timing.BatchWait, r.Timing.Sched, r.BatchSize, r.Device = it.batchWait, it.sched, it.size, it.device
 	return it.err
 }
 
@@ -366,8 +367,9 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		}
 	}
 	var p *placement
+	dev := ""
 	if inst != nil {
-		p = inst.dev
+		p, dev = inst.dev, inst.dev.name
 		if err == nil && r.OutLen != int64(len(out)) {
 			err = &device.KernelError{Msg: "an entry changed out.len in a batched run; each request's output is its batch.item_output_bytes slice of out, so leave out.len as it is"}
 		}
@@ -383,7 +385,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
 			continue // its request gave up
 		}
-		it.err, it.start, it.load, it.sched, it.size = err, start, load, sched, n
+		it.err, it.start, it.load, it.sched, it.size, it.device = err, start, load, sched, n, dev
 		if err == nil {
 			rq := it.req
 			if int64(cap(rq.Output)) < b.itemOut {

@@ -147,7 +147,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		}
 		return nil, Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
 	}
-	p := &placement{dev: dev, prog: prog, flow: e.flow(v, dev)}
+	p := &placement{dev: dev, name: dev.Name(), prog: prog, flow: e.flow(v, dev)}
 	// The request this load serves logs it (coldStarted), with its own
 	// load time: the number its Server-Timing shows.
 	p.cold.Store(&coldLoad{fetched: v.fetched, fetchMs: v.prepMs, programMs: ms(time.Since(t0))})
@@ -164,15 +164,19 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 // (library, constants and hooks on the device, in a worker or not) are its
 // parts, and the rest is the instance (buffers, instance hooks) and waits.
 // total_ms, fetch plus program, is kept for the benchmark suite.
-func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Duration) {
+//
+// It returns the fetch and program parts for the request's timing (zero
+// for a program another request loaded).
+func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Duration) (fetch, program time.Duration) {
 	c := p.cold.Swap(nil)
 	if c == nil {
-		return // a program another request loaded (or a pre-warm)
+		return 0, 0 // a program another request loaded (or a pre-warm)
 	}
 	round := func(x float64) float64 { return math.Round(x*1000) / 1000 }
 	e.cfg.Log.Info("cold start", "function", f.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12], "device", p.dev.Name(),
 		"fetched", c.fetched, "load_ms", round(ms(load)), "fetch_ms", round(c.fetchMs), "program_ms", round(c.programMs),
 		"total_ms", round(c.fetchMs+c.programMs))
+	return time.Duration(c.fetchMs * 1e6), time.Duration(c.programMs * 1e6)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

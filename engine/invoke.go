@@ -30,6 +30,12 @@ type Timing struct {
 	// Sched is the time the run waited for the device's scheduler: for
 	// other functions' runs, by their shares and priorities.
 	Sched time.Duration
+	// Fetch and Program are parts of Load for the request whose cold
+	// start loaded its version's program: the bundle from the node cache
+	// or the store (verified, unpacked), then the library, constants and
+	// hooks on the device. The rest of Load is the instance. Zero
+	// otherwise (and for a batching function's runs).
+	Fetch, Program time.Duration
 }
 
 // Override replaces parts of the manifest for one request, within its limits.
@@ -58,6 +64,9 @@ type Request struct {
 	Timing  Timing
 	Start   Start
 	Version string
+	// Device is the name of the device the request ran on ("" when it
+	// did not run).
+	Device string
 	// BatchSize is how many requests ran in this one's chain run (a
 	// batching function); 0 for a function that does not batch.
 	BatchSize int
@@ -78,6 +87,10 @@ type StepTiming struct {
 	Start     Start
 	Timing    Timing
 	BatchSize int
+	Device    string
+	// Begin is when the step started, after the pipeline's request did:
+	// parallel steps share a start.
+	Begin time.Duration
 }
 
 // Invoke runs one request on the current version of function name.
@@ -171,6 +184,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 	req.Version = v.rec.ID
 	req.Timing = Timing{}
 	req.BatchSize = 0
+	req.Device = ""
 	if !v.loaded.Load() {
 		tl := time.Now()
 		// The request's deadline bounds the fetch and load too.
@@ -231,9 +245,10 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		tr = time.Now()
 		req.Timing.Load += tr.Sub(ta)
 		if fresh == Cold {
-			e.coldStarted(f, v, in.dev, req.Timing.Load)
+			req.Timing.Fetch, req.Timing.Program = e.coldStarted(f, v, in.dev, req.Timing.Load)
 		}
 	}
+	req.Device = in.dev.name
 	if !tr.Before(deadline) {
 		v.put(in, false, tr)
 		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)

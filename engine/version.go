@@ -87,6 +87,7 @@ type crashState struct {
 // placement is v's program on one device.
 type placement struct {
 	dev  device.Device
+	name string // dev's name, read once: requests carry it (Request.Device)
 	prog device.Program
 	flow *sched.Flow // the function's queue in dev's scheduler; nil: unscheduled
 	// dead: the program's process is gone; its instances are discarded as

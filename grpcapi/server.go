@@ -35,6 +35,7 @@ import (
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
+	"github.com/plover-run/plover/tracing"
 )
 
 // Invoker is the request path (pipeline.Runner).
@@ -60,6 +61,8 @@ type Options struct {
 	// MaxMessageBytes bounds a request and a response message (the
 	// server's --max-body-mb). Default 256 MiB.
 	MaxMessageBytes int
+	// Tracer, when set, records every inference as spans.
+	Tracer *tracing.Tracer
 	// TLS, when set, serves TLS (its certificate may be reloaded through
 	// GetCertificate); h2 is added to its NextProtos.
 	TLS *tls.Config
@@ -263,16 +266,24 @@ func (s *Server) pin(ctx context.Context, name, version string) (pipeline.Pin, *
 // the way the inputs came (raw for raw, typed for typed where the
 // datatype has typed contents), each output named in outputs, or all.
 func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb.ModelInferResponse, error) {
+	var t0 time.Time
+	if s.opts.Tracer != nil {
+		t0 = time.Now()
+	}
 	name := req.GetModelName()
 	var r engine.Request
 	resp, err := s.infer(ctx, req, &r)
+	st, kind := apierr.Status{HTTP: 200, GRPC: codes.OK}, engine.KindInternal
+	if err != nil {
+		st, kind = classify(err)
+	}
 	if s.opts.Metrics != nil {
-		code, kind := 200, engine.KindInternal
-		if err != nil {
-			st, k := classify(err)
-			code, kind = st.HTTP, k
-		}
-		s.opts.Metrics.Record(name, code, kind, &r.Timing)
+		s.opts.Metrics.Record(name, st.HTTP, kind, &r.Timing)
+	}
+	if s.opts.Tracer != nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		s.opts.Tracer.Record(mdCarrier(md), &tracing.Call{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer",
+			Function: name, Start: t0, End: time.Now(), Status: st.HTTP, GRPCCode: int(st.GRPC), Err: err, Req: &r})
 	}
 	if err != nil {
 		return nil, s.statusOf(err, "ModelInfer")
@@ -379,3 +390,16 @@ func elements(shape []int64) (int64, bool) {
 	}
 	return n, true
 }
+
+// mdCarrier reads the trace context from gRPC metadata (its keys are
+// lower case, as traceparent and tracestate are).
+type mdCarrier metadata.MD
+
+func (c mdCarrier) Get(key string) string {
+	if v := metadata.MD(c).Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+func (c mdCarrier) Set(string, string) {}
+func (c mdCarrier) Keys() []string     { return nil }

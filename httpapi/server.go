@@ -32,6 +32,7 @@ import (
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
+	"github.com/plover-run/plover/tracing"
 )
 
 // Invoker runs requests: the request path (engine.Engine).
@@ -86,6 +87,9 @@ type Options struct {
 	// Tokens and on Registry.
 	Gate    *gate.Gate
 	Metrics *reqmetrics.Metrics
+	// Tracer, when set, records every invoke as spans (OpenTelemetry);
+	// nil costs the hot path one comparison.
+	Tracer *tracing.Tracer
 }
 
 // Server serves the Plover HTTP API.
@@ -557,7 +561,28 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err erro
 		s.fail(ctx, err)
 	}
 	s.metrics.Record(name, code, kind, &c.req.Timing)
+	if s.opts.Tracer != nil {
+		s.trace(ctx, name, c, code, err)
+	}
 }
+
+// trace records the request's spans under the traceparent it carries.
+func (s *Server) trace(ctx *fasthttp.RequestCtx, name string, c *call, code int, err error) {
+	route := "POST /v1/functions/{name}/invoke"
+	if isV2(ctx.Path()) {
+		route = "POST /v2/models/{name}/infer"
+	}
+	// ctx.Time is when fasthttp began the request: no clock read here.
+	s.opts.Tracer.Record(headerCarrier{&ctx.Request.Header}, &tracing.Call{Transport: "http", Route: route,
+		Function: name, Start: ctx.Time(), End: time.Now(), Status: code, GRPCCode: -1, Err: err, Req: &c.req})
+}
+
+// headerCarrier reads the trace context headers of a request.
+type headerCarrier struct{ h *fasthttp.RequestHeader }
+
+func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }
+func (c headerCarrier) Set(string, string)    {}
+func (c headerCarrier) Keys() []string        { return nil }
 
 // classify gives an error's status and kind. It is a function of its own so
 // that the errors.As target escapes only on the error path: the hot path

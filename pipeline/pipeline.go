@@ -367,9 +367,11 @@ func (x *run) before(st *stage) error {
 func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]engine.StepTiming) ([]byte, error) {
 	if st.par == nil {
 		sub := engine.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
+		begin := time.Since(x.t0)
 		err := st.pin.Invoke(ctx, &sub)
 		x.ran.Store(true)
-		*steps = append(*steps, engine.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing, BatchSize: sub.BatchSize})
+		*steps = append(*steps, engine.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
+			BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
 		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
 		if err != nil {
 			return sub.Output, stepError(x.pl.name, st.index, st.label, err)

@@ -52,6 +52,8 @@ type options struct {
 	pipeline                              bool
 	pipelineBefore                        string
 	transports                            bool
+	tracing                               bool
+	tracingBefore                         string
 	fairClients                           int
 	fairTime                              time.Duration
 	batchClients                          int
@@ -83,6 +85,8 @@ func main() {
 	flag.BoolVar(&o.fair, "fair", false, "only measure device sharing: the CNN at one client alone and beside floods, shares 3:1, priorities, with --sched fair and off; writes the bench:fair-<device> section")
 	flag.BoolVar(&o.burst, "burst", false, "only measure many functions: cold starts of distinct functions in turn and at once, deploys, the listing and /metrics with 1,000 deployed, idle workers' memory; writes the bench:burst-<device> section")
 	flag.BoolVar(&o.pipeline, "pipeline", false, "only measure pipelines: the digits sample as one pipeline request against its three functions invoked in turn; writes the bench:pipeline-<device> section")
+	flag.BoolVar(&o.tracing, "tracing", false, "only measure tracing's cost: the CNN hot on servers with tracing off, on unsampled and on sampled, side by side; writes the bench:tracing-<device> section")
+	flag.StringVar(&o.tracingBefore, "tracing-before", "", "with --tracing: an earlier plover binary (without tracing); the CNN alone is measured on it and on --plover (tracing off) side by side")
 	flag.BoolVar(&o.transports, "transports", false, "only measure the transports: the CNN hot over HTTP and over gRPC on one server, alternating blocks; writes the bench:transports-<device> section")
 	flag.StringVar(&o.pipelineBefore, "pipeline-before", "", "with --pipeline: an earlier plover binary; the CNN alone is measured on it and on --plover side by side (what pipelines cost plain functions)")
 	flag.StringVar(&o.burstBefore, "burst-before", "", "with --burst: other plover binaries (space-separated; an earlier build) measured the same way in the same run, for ratios")
@@ -165,6 +169,9 @@ func run(o *options) error {
 	}
 	if o.transports {
 		return runTransports(ctx, o, res)
+	}
+	if o.tracing {
+		return runTracing(ctx, o, res)
 	}
 	if o.batch {
 		if o.batchChart == "" {

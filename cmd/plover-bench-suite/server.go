@@ -20,7 +20,7 @@ import (
 type server struct {
 	cmd     *exec.Cmd
 	url     string
-	grpc    string // grpc://host:port with --grpc-listen
+	grpc    string        // grpc://host:port with --grpc-listen
 	startup time.Duration // exec to the "plover serving" log line
 	exited  chan struct{}
 	waitErr error
@@ -45,9 +45,17 @@ const serverStartTimeout = 30 * time.Second
 // startServer runs plover serve on 127.0.0.1:0 with dataDir (and extra
 // flags) and waits for it to log its address.
 func startServer(plover, dataDir, device, isolation string, extra ...string) (*server, error) {
+	return startServerEnv(plover, dataDir, device, isolation, nil, extra...)
+}
+
+// startServerEnv is startServer with extra environment (KEY=VALUE).
+func startServerEnv(plover, dataDir, device, isolation string, env []string, extra ...string) (*server, error) {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device, "--isolation", isolation,
 		"--log-format", "json", "--poll", "0", "--grace", "2s"}, extra...)
 	cmd := exec.Command(plover, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = io.Discard
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -1,0 +1,221 @@
+// Package tracing joins Plover's requests to the operator's distributed
+// traces (OpenTelemetry). It is off unless the standard environment asks
+// for an exporter; when on, a request's spans are made after it ends,
+// from the timings the engine records anyway (Server-Timing's), so the
+// engine and the hot path carry no tracing code and nothing is allocated
+// for a request that is not traced.
+//
+// Configuration is OpenTelemetry's own environment: OTEL_EXPORTER_OTLP_ENDPOINT
+// (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) turns tracing on;
+// OTEL_EXPORTER_OTLP_PROTOCOL picks http/protobuf (the default) or grpc;
+// OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _INSECURE, _CERTIFICATE, ... are
+// read by the exporter; OTEL_TRACES_SAMPLER and _ARG choose the sampler
+// (default parentbased_always_on: a request that arrives with a sampled
+// traceparent is traced, one with an unsampled one is not, one with none
+// starts a trace); OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the
+// service (default service.name "plover"); OTEL_SDK_DISABLED=true or
+// OTEL_TRACES_EXPORTER=none turn it off; OTEL_BSP_* tune the batching.
+package tracing
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/plover-run/plover/engine"
+)
+
+// Tracer records requests as spans. A nil *Tracer records nothing: the
+// transports check for nil before they read a clock or a header.
+type Tracer struct {
+	tp    *sdktrace.TracerProvider
+	t     trace.Tracer
+	prop  propagation.TextMapPropagator
+	Where string // the exporter's protocol and endpoint, for the log
+}
+
+// FromEnv returns a Tracer configured by the environment, or nil when the
+// environment asks for no tracing (no OTLP endpoint, the SDK disabled).
+func FromEnv(ctx context.Context, version string) (*Tracer, error) {
+	return fromEnv(ctx, version, os.Getenv)
+}
+
+func fromEnv(ctx context.Context, version string, getenv func(string) string) (*Tracer, error) {
+	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
+		return nil, nil
+	}
+	switch exp := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER"))); exp {
+	case "none":
+		return nil, nil
+	case "", "otlp":
+	default:
+		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER %q: Plover exports traces with otlp (or none)", exp)
+	}
+	endpoint := getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	if endpoint == "" {
+		endpoint = getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	if endpoint == "" {
+		return nil, nil
+	}
+	proto := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if proto == "" {
+		proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	var exp *otlptrace.Exporter
+	var err error
+	switch proto {
+	case "", "http/protobuf":
+		proto = "http/protobuf"
+		exp, err = otlptracehttp.New(ctx) // endpoint, headers, TLS and timeout from the environment
+	case "grpc":
+		exp, err = otlptracegrpc.New(ctx)
+	default:
+		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: want http/protobuf or grpc", proto)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the OTLP trace exporter (%s %s): %w", proto, endpoint, err)
+	}
+	res, err := resource.Merge(resource.NewSchemaless(semconv.ServiceName("plover"), semconv.ServiceVersion(version)),
+		resource.Environment()) // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
+	if err != nil {
+		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	// The sampler comes from OTEL_TRACES_SAMPLER (default parentbased_always_on).
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	return &Tracer{tp: tp, t: tp.Tracer("github.com/plover-run/plover"),
+		prop:  propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+		Where: proto + " " + endpoint}, nil
+}
+
+// Shutdown exports what is buffered, within ctx.
+func (t *Tracer) Shutdown(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.tp.Shutdown(ctx)
+}
+
+// Call is one finished request as a transport saw it.
+type Call struct {
+	Transport string // "http" or "grpc"
+	Route     string // the span's name: "POST /v1/functions/{name}/invoke", "inference.GRPCInferenceService/ModelInfer"
+	Function  string
+	Start     time.Time // the transport's start of the request
+	End       time.Time // when its answer was ready
+	Status    int       // the HTTP status of its class (apierr), 200 for success
+	GRPCCode  int       // gRPC: the status code; -1 for HTTP
+	Err       error     // its failure, if any (its message goes in the span)
+	Req       *engine.Request
+}
+
+// Record makes the request's spans under the parent carried by h
+// (traceparent, tracestate), if the sampler keeps it: the request (server
+// kind) with the function, version, device and start kind; below it the
+// engine's parts laid out from its timings: queue (and batch wait), load
+// (fetch, program, instance), sched, run (copy in, kernels, copy out); a
+// pipeline has a span per step with those parts below each.
+func (t *Tracer) Record(h propagation.TextMapCarrier, c *Call) {
+	ctx := t.prop.Extract(context.Background(), h)
+	ctx, span := t.t.Start(ctx, c.Route, trace.WithTimestamp(c.Start), trace.WithSpanKind(trace.SpanKindServer))
+	if !span.IsRecording() {
+		return // not sampled: nothing more to make
+	}
+	// The rest off the request's path: its answer is not held for its
+	// spans. The request (pooled by the transport) is copied first.
+	cc, r := *c, *c.Req
+	r.Input, r.Output, r.Gone, r.Steps = nil, nil, nil, slices.Clone(r.Steps)
+	cc.Req = &r
+	go t.spans(ctx, span, &cc)
+}
+
+// spans completes a sampled request's span and makes its parts.
+func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call) {
+	r := c.Req
+	span.SetAttributes(attribute.String("plover.function", c.Function), attribute.String("plover.transport", c.Transport))
+	if r.Version != "" {
+		span.SetAttributes(attribute.String("plover.version", r.Version), attribute.String("plover.start", r.Start.String()))
+	}
+	if r.Device != "" {
+		span.SetAttributes(attribute.String("plover.device", r.Device))
+	}
+	if c.GRPCCode >= 0 {
+		span.SetAttributes(attribute.String("rpc.system", "grpc"), attribute.Int("rpc.grpc.status_code", c.GRPCCode))
+	} else {
+		span.SetAttributes(attribute.Int("http.response.status_code", c.Status))
+	}
+	if c.Err != nil {
+		span.SetStatus(codes.Error, c.Err.Error())
+	}
+	if len(r.Steps) > 0 {
+		// A pipeline: its steps where they ran, from when the request
+		// reached the engine (its end less its total).
+		origin := c.End.Add(-r.Timing.Total)
+		for i := range r.Steps {
+			st := &r.Steps[i]
+			b := origin.Add(st.Begin)
+			sctx, s := t.t.Start(ctx, fmt.Sprintf("step %d %s", st.Index, st.Step), trace.WithTimestamp(b), trace.WithAttributes(
+				attribute.String("plover.function", st.Step), attribute.Int("plover.step", st.Index), attribute.String("plover.version", st.Version),
+				attribute.String("plover.start", st.Start.String()), attribute.String("plover.device", st.Device)))
+			t.parts(sctx, b, &st.Timing)
+			s.End(trace.WithTimestamp(b.Add(st.Timing.Total)))
+		}
+	} else if r.Version != "" && r.Timing.Total > 0 {
+		t.parts(ctx, c.End.Add(-r.Timing.Total), &r.Timing)
+	}
+	span.End(trace.WithTimestamp(c.End))
+}
+
+// parts lays a function request's phases out from b, in the order the
+// engine spends them: queue, load, sched, then the run.
+func (t *Tracer) parts(ctx context.Context, b time.Time, tm *engine.Timing) {
+	at := b
+	span := func(ctx context.Context, name string, from time.Time, d time.Duration) context.Context {
+		ctx, s := t.t.Start(ctx, name, trace.WithTimestamp(from))
+		s.End(trace.WithTimestamp(from.Add(d)))
+		return ctx
+	}
+	if tm.Queue > 0 {
+		qctx := span(ctx, "queue", at, tm.Queue)
+		if tm.BatchWait > 0 {
+			span(qctx, "batch wait", at.Add(tm.Queue-tm.BatchWait), tm.BatchWait)
+		}
+		at = at.Add(tm.Queue)
+	}
+	if tm.Load > 0 {
+		lctx := span(ctx, "load", at, tm.Load)
+		if tm.Fetch+tm.Program > 0 {
+			span(lctx, "fetch", at, tm.Fetch)
+			span(lctx, "program", at.Add(tm.Fetch), tm.Program)
+			if rest := tm.Load - tm.Fetch - tm.Program; rest > 0 {
+				span(lctx, "instance", at.Add(tm.Fetch+tm.Program), rest)
+			}
+		}
+		at = at.Add(tm.Load)
+	}
+	if tm.Sched > 0 {
+		span(ctx, "sched", at, tm.Sched)
+		at = at.Add(tm.Sched)
+	}
+	run := tm.CopyIn + tm.Kernels + tm.CopyOut
+	if run > 0 {
+		rctx := span(ctx, "run", at, run)
+		span(rctx, "copy in", at, tm.CopyIn)
+		span(rctx, "kernels", at.Add(tm.CopyIn), tm.Kernels)
+		span(rctx, "copy out", at.Add(tm.CopyIn+tm.Kernels), tm.CopyOut)
+	}
+}
