@@ -124,8 +124,10 @@ type grpcSender struct {
 	rep    reply
 }
 
-func (s *grpcSender) send(ctx context.Context) (*reply, error) {
-	ctx, cancel := context.WithTimeout(s.g.context(ctx), s.g.cfg.Timeout)
+// send ignores the run's context, as the HTTP sender does: a request
+// sent is answered or times out, and is counted once either way.
+func (s *grpcSender) send(context.Context) (*reply, error) {
+	ctx, cancel := context.WithTimeout(s.g.context(context.Background()), s.g.cfg.Timeout)
 	defer cancel()
 	s.hdr = nil
 	var p peer.Peer
@@ -133,7 +135,9 @@ func (s *grpcSender) send(ctx context.Context) (*reply, error) {
 	s.rep = reply{}
 	if err != nil {
 		st, ok := status.FromError(err)
-		if !ok || p.Addr == nil { // no connection: no server, as an HTTP transport error
+		// No connection (no server), or this client's own timeout: a
+		// transport error, as fasthttp reports them, not the server's.
+		if !ok || p.Addr == nil || ctx.Err() != nil {
 			return nil, err
 		}
 		s.rep.code, s.rep.errMsg = apierr.HTTPOf(st.Code()), st.Code().String()+": "+st.Message()

@@ -311,10 +311,17 @@ func serve(f *serveFlags, env *Env) error {
 	log.Info("shutting down", "grace", f.grace)
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
 	defer cancel()
+	// Both transports drain side by side, within the one grace period.
+	grpcDrained := make(chan bool, 1)
 	if gs != nil {
-		go stopGRPC(sctx, gs)
+		go func() { grpcDrained <- stopGRPC(sctx, gs) }()
+	} else {
+		grpcDrained <- true
 	}
 	err = srv.Shutdown(sctx)
+	if !<-grpcDrained && err == nil {
+		err = context.DeadlineExceeded
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Requests are still running on the devices: leave them to the
 		// process exit rather than free memory under them.
@@ -500,13 +507,15 @@ func standbySizes(target string, floor, ceiling int) (int, int) {
 }
 
 // stopGRPC lets the gRPC server's calls finish until ctx ends, then cuts
-// the rest.
-func stopGRPC(ctx context.Context, gs *grpc.Server) {
+// the rest; it reports whether they all finished.
+func stopGRPC(ctx context.Context, gs *grpc.Server) bool {
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	select {
 	case <-done:
+		return true
 	case <-ctx.Done():
 		gs.Stop()
+		return false
 	}
 }

@@ -165,18 +165,18 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 // parts, and the rest is the instance (buffers, instance hooks) and waits.
 // total_ms, fetch plus program, is kept for the benchmark suite.
 //
-// It returns the fetch and program parts for the request's timing (zero
-// for a program another request loaded).
-func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Duration) (fetch, program time.Duration) {
+// It returns the program part for the request's timing (zero for a
+// program another request loaded).
+func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Duration) (program time.Duration) {
 	c := p.cold.Swap(nil)
 	if c == nil {
-		return 0, 0 // a program another request loaded (or a pre-warm)
+		return 0 // a program another request loaded (or a pre-warm)
 	}
 	round := func(x float64) float64 { return math.Round(x*1000) / 1000 }
 	e.cfg.Log.Info("cold start", "function", f.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12], "device", p.dev.Name(),
 		"fetched", c.fetched, "load_ms", round(ms(load)), "fetch_ms", round(c.fetchMs), "program_ms", round(c.programMs),
 		"total_ms", round(c.fetchMs+c.programMs))
-	return time.Duration(c.fetchMs * 1e6), time.Duration(c.programMs * 1e6)
+	return time.Duration(c.programMs * 1e6)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -30,12 +30,13 @@ type Timing struct {
 	// Sched is the time the run waited for the device's scheduler: for
 	// other functions' runs, by their shares and priorities.
 	Sched time.Duration
-	// Fetch and Program are parts of Load for the request whose cold
-	// start loaded its version's program: the bundle from the node cache
-	// or the store (verified, unpacked), then the library, constants and
-	// hooks on the device. The rest of Load is the instance. Zero
-	// otherwise (and for a batching function's runs).
-	Fetch, Program time.Duration
+	// Prep is the part of Load a cold request spent before it queued:
+	// its version's bundle from the node cache or the store (verified,
+	// unpacked), by this request or waiting for another's. Program is the
+	// part after the queue that loaded the library, constants and hooks on
+	// the device (for the request whose cold start loaded the program; 0
+	// for a batching function's runs); the rest of Load is the instance.
+	Prep, Program time.Duration
 }
 
 // Override replaces parts of the manifest for one request, within its limits.
@@ -196,6 +197,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		}
 		req.Start = Cold
 		req.Timing.Load = time.Since(tl)
+		req.Timing.Prep = req.Timing.Load
 	}
 	if rf := v.refused.Load(); rf != nil {
 		return rf
@@ -245,7 +247,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		tr = time.Now()
 		req.Timing.Load += tr.Sub(ta)
 		if fresh == Cold {
-			req.Timing.Fetch, req.Timing.Program = e.coldStarted(f, v, in.dev, req.Timing.Load)
+			req.Timing.Program = e.coldStarted(f, v, in.dev, req.Timing.Load)
 		}
 	}
 	req.Device = in.dev.name
@@ -260,19 +262,26 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 	var r *device.Run
 	var tEnd time.Time // one reading: the run's end, the instance's last use and the total
 	for retried := false; ; retried = true {
+		err = nil
 		if req.Override != nil && req.Override.Chain != nil {
 			if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
-				v.put(in, false, time.Now())
-				return e.runFailed(f, v, in.dev, err)
+				// A worker that died while idle fails here before anything
+				// ran: retried below like a run refused for it.
+				if retried || !processGone(err) {
+					v.put(in, false, time.Now())
+					return e.runFailed(f, v, in.dev, err)
+				}
 			}
 		}
 		r = &in.run
-		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
-		var wait time.Duration
-		wait, tEnd, err = e.runOn(ctx, f, in, r, tr, deadline, req.Gone)
-		req.Timing.Sched += wait
-		if err == nil || retried || !beforeRun(err) {
-			break
+		if err == nil {
+			r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
+			var wait time.Duration
+			wait, tEnd, err = e.runOn(ctx, f, in, r, tr, deadline, req.Gone)
+			req.Timing.Sched += wait
+			if err == nil || retried || !beforeRun(err) {
+				break
+			}
 		}
 		// The instance's worker had died while it was idle (a chain that
 		// ran past an earlier deadline, a thread the bundle left behind):

@@ -89,15 +89,11 @@ func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket,
 	if g.tokens == nil {
 		return Ticket{}, nil
 	}
-	tok, ok := auth.BearerToken(authorization)
-	if !ok {
-		return Ticket{}, g.refuse(apierr.Unauthenticated, "missing_token",
-			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
+	if r := g.Authenticate(authorization); r != nil {
+		return Ticket{}, r
 	}
+	tok, _ := auth.BearerToken(authorization)
 	p := g.tokens.Lookup(tok)
-	if p == nil {
-		return Ticket{}, g.refuse(apierr.Unauthenticated, "unknown_token", "the bearer token is not known to this server")
-	}
 	if err := p.Allow(scope, fn); err != nil {
 		msg := err.Error()
 		var d *auth.Denied
@@ -122,6 +118,26 @@ func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket,
 		msg = fmt.Sprintf("token %s has its %d requests in flight (concurrency, auth file): retry when one ends", p.Name, p.Limits.Concurrency)
 	}
 	return Ticket{}, &Refusal{Status: apierr.RateLimited, Reason: over, Msg: msg, Retry: time.Duration(secs) * time.Second}
+}
+
+// Authenticate checks only that authorization carries a token the gate
+// knows: what a transport can check from a request's headers, before it
+// reads the body (gRPC reads a whole message before its handlers run), so
+// that no one without a token makes the server hold a message. Admit
+// still checks the scope, the function and the limits.
+func (g *Gate) Authenticate(authorization []byte) *Refusal {
+	if g.tokens == nil {
+		return nil
+	}
+	tok, ok := auth.BearerToken(authorization)
+	if !ok {
+		return g.refuse(apierr.Unauthenticated, "missing_token",
+			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
+	}
+	if g.tokens.Lookup(tok) == nil {
+		return g.refuse(apierr.Unauthenticated, "unknown_token", "the bearer token is not known to this server")
+	}
+	return nil
 }
 
 func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {

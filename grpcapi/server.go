@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -97,9 +99,13 @@ func (s *Server) GRPC() *grpc.Server {
 		grpc.MaxSendMsgSize(s.opts.MaxMessageBytes),
 		// Streams per connection: with the connection cap, what bounds
 		// the requests (and their messages in memory) one client holds.
-		grpc.MaxConcurrentStreams(64),
+		// gRPC reads a whole message before a handler runs, so unlike
+		// HTTP bodies these are not counted in --max-body-memory; the tap
+		// keeps them to callers with a known token.
+		grpc.MaxConcurrentStreams(32),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 120 * time.Second}),
+		grpc.InTapHandle(s.tap),
 		grpc.UnaryInterceptor(s.admit),
 		// Fixed flow-control windows turn off grpc-go's bandwidth-delay
 		// probing, a ping per burst of data that a request/response
@@ -133,6 +139,31 @@ func required(req any) (scope auth.Scope, fn string, open bool) {
 		return auth.Invoke, r.GetModelName(), false
 	}
 	return auth.Read, "", false
+}
+
+// openMethods need no token, as /v2 and /v2/health/* over HTTP.
+var openMethods = map[string]bool{
+	pb.GRPCInferenceService_ServerLive_FullMethodName:     true,
+	pb.GRPCInferenceService_ServerReady_FullMethodName:    true,
+	pb.GRPCInferenceService_ServerMetadata_FullMethodName: true,
+}
+
+// tap refuses a call without a known token from its headers, before its
+// message is read (admit then checks its scope and model).
+func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	g := s.opts.Gate
+	if g == nil || g.Open() || openMethods[info.FullMethodName] {
+		return ctx, nil
+	}
+	var authz []byte
+	if v := info.Header.Get("authorization"); len(v) > 0 {
+		authz = []byte(v[0])
+	}
+	if r := g.Authenticate(authz); r != nil {
+		s.logRefusal(ctx, info.FullMethodName, r)
+		return ctx, status.Error(r.Status.GRPC, r.Msg)
+	}
+	return ctx, nil
 }
 
 // admit is the gate for every method: the token in the authorization
@@ -303,8 +334,14 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *engine
 	// for HTTP), and of its deadline through r.Deadline (504,
 	// DeadlineExceeded): the RPC's context, which ends at that deadline
 	// too, would read as a cancellation.
+	// A client whose own deadline passes resets the stream, which reads
+	// as a cancellation a little before the server's copy of the deadline:
+	// near the deadline, that is the deadline's to report (504).
 	rpc := ctx
-	r.Gone = func() bool { return errors.Is(rpc.Err(), context.Canceled) }
+	d, hasDeadline := ctx.Deadline()
+	r.Gone = func() bool {
+		return errors.Is(rpc.Err(), context.Canceled) && (!hasDeadline || time.Until(d) > goneMargin)
+	}
 	ctx = context.WithoutCancel(ctx)
 	pin, ts, err := s.pin(ctx, req.GetModelName(), req.GetModelVersion())
 	if err != nil {
@@ -322,8 +359,18 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *engine
 	if err := pin.Invoke(ctx, r); err != nil {
 		return nil, err
 	}
-	return outputs(req, r, ts.Outputs, pick, typed)
+	resp, err := outputs(req, r, ts.Outputs, pick, typed)
+	if err == nil && typed && proto.Size(resp) > s.opts.MaxMessageBytes {
+		// Typed contents can be ten times the raw bytes (a negative
+		// int32 is a 10-byte varint): what does not fit goes raw.
+		resp, err = outputs(req, r, ts.Outputs, pick, false)
+	}
+	return resp, err
 }
+
+// goneMargin is how near its deadline a reset stream counts as timed out
+// rather than cancelled.
+const goneMargin = 25 * time.Millisecond
 
 // reqError is a request the transport refused itself, or an output it
 // could not encode.

@@ -180,7 +180,8 @@ http_get() { # http_get PORT PATH BODYFILE -> prints the status code
 start_server() { # start_server DEVICE PORT [ISOLATION] -> sets server_pid
   local dev=$1 p=$2 iso=${3:-process} log=$tmp/server-$1${3:+-$3}.log
   mkdir -p "$tmp/data-$dev${3:+-$3}"
-  bin/plover serve --listen "127.0.0.1:$p" --data "$tmp/data-$dev${3:+-$3}" --device "$dev" --isolation "$iso" >"$log" 2>&1 &
+  # Every server also serves gRPC, 100 ports above its HTTP port.
+  bin/plover serve --listen "127.0.0.1:$p" --grpc-listen "127.0.0.1:$((p + 100))" --data "$tmp/data-$dev${3:+-$3}" --device "$dev" --isolation "$iso" >"$log" 2>&1 &
   server_pid=$!
   pids+=("$server_pid")
   local i code
@@ -356,6 +357,23 @@ PY
   if python3 -c "import sys; sys.exit(0 if float('$maxdiff') <= 1e-4 else 1)"; then pass "cnn scores within 1e-4"; else fail "cnn scores differ by $maxdiff (> 1e-4)"; fi
 else
   say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
+fi
+
+# ---------------------------------------------------------------- gRPC
+# The CUDA CNN through the Open Inference Protocol's gRPC ModelInfer beside
+# the HTTP route, same server, same digit: plover bench both ways, in turn.
+section "gRPC against HTTP: the CUDA CNN (plover bench, 2000 requests each, one client)"
+if [ "$cuda_up" = 1 ] && [ -f "$tmp/cnn-in-0.bin" ] && have python3; then
+  p50() { python3 -c 'import json,sys; r=json.load(sys.stdin); print("%s ok, p50 %.3f ms, p99 %.3f ms, server total p50 %.3f ms" % (r["ok"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["server_ms"]["total"]["p50"]))'; }
+  for round in 1 2; do
+    h=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --server "$cuda_url" --requests 2000 --json 2>/dev/null | p50) || h="failed"
+    g=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --grpc "grpc://127.0.0.1:$((cuda_port + 100))" --requests 2000 --json 2>/dev/null | p50) || g="failed"
+    say "round $round: HTTP /v1: $h"
+    say "round $round: gRPC:    $g"
+  done
+  case "$g" in 2000*) pass "gRPC ModelInfer serves the CUDA CNN" ;; *) fail "gRPC ModelInfer on the CUDA CNN: $g" ;; esac
+else
+  say "SKIP: needs the cuda server and the cnn section's inputs"
 fi
 
 # ---------------------------------------------------------------- pipeline

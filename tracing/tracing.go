@@ -126,8 +126,9 @@ type Call struct {
 // Record makes the request's spans under the parent carried by h
 // (traceparent, tracestate), if the sampler keeps it: the request (server
 // kind) with the function, version, device and start kind; below it the
-// engine's parts laid out from its timings: queue (and batch wait), load
-// (fetch, program, instance), sched, run (copy in, kernels, copy out); a
+// engine's parts laid out from its timings: fetch (the version's bundle,
+// before the queue), queue (and batch wait), load (program, instance),
+// sched, run (copy in, kernels, copy out); a
 // pipeline has a span per step with those parts below each.
 func (t *Tracer) Record(h propagation.TextMapCarrier, c *Call) {
 	ctx := t.prop.Extract(context.Background(), h)
@@ -137,7 +138,9 @@ func (t *Tracer) Record(h propagation.TextMapCarrier, c *Call) {
 	}
 	// The rest off the request's path: its answer is not held for its
 	// spans. The request (pooled by the transport) is copied first.
+	// The function's name may borrow the transport's request bytes.
 	cc, r := *c, *c.Req
+	cc.Function = strings.Clone(c.Function)
 	r.Input, r.Output, r.Gone, r.Steps = nil, nil, nil, slices.Clone(r.Steps)
 	cc.Req = &r
 	go t.spans(ctx, span, &cc)
@@ -181,13 +184,20 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call) {
 }
 
 // parts lays a function request's phases out from b, in the order the
-// engine spends them: queue, load, sched, then the run.
+// engine spends them: the version's fetch (a cold request), queue, the
+// load of a program and instance, sched, then the run.
 func (t *Tracer) parts(ctx context.Context, b time.Time, tm *engine.Timing) {
 	at := b
 	span := func(ctx context.Context, name string, from time.Time, d time.Duration) context.Context {
 		ctx, s := t.t.Start(ctx, name, trace.WithTimestamp(from))
 		s.End(trace.WithTimestamp(from.Add(d)))
 		return ctx
+	}
+	if tm.Prep > 0 {
+		// The version's bundle, fetched (or waited for) before the
+		// request queued for an instance.
+		span(ctx, "fetch", at, tm.Prep)
+		at = at.Add(tm.Prep)
 	}
 	if tm.Queue > 0 {
 		qctx := span(ctx, "queue", at, tm.Queue)
@@ -196,16 +206,15 @@ func (t *Tracer) parts(ctx context.Context, b time.Time, tm *engine.Timing) {
 		}
 		at = at.Add(tm.Queue)
 	}
-	if tm.Load > 0 {
-		lctx := span(ctx, "load", at, tm.Load)
-		if tm.Fetch+tm.Program > 0 {
-			span(lctx, "fetch", at, tm.Fetch)
-			span(lctx, "program", at.Add(tm.Fetch), tm.Program)
-			if rest := tm.Load - tm.Fetch - tm.Program; rest > 0 {
-				span(lctx, "instance", at.Add(tm.Fetch+tm.Program), rest)
+	if load := tm.Load - tm.Prep; load > 0 {
+		lctx := span(ctx, "load", at, load)
+		if tm.Program > 0 {
+			span(lctx, "program", at, tm.Program)
+			if rest := load - tm.Program; rest > 0 {
+				span(lctx, "instance", at.Add(tm.Program), rest)
 			}
 		}
-		at = at.Add(tm.Load)
+		at = at.Add(load)
 	}
 	if tm.Sched > 0 {
 		span(ctx, "sched", at, tm.Sched)

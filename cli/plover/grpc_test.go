@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -147,8 +148,19 @@ func TestGRPCServed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 
+	counted := func() int {
+		m := secDo(t, &http.Client{Timeout: 10 * time.Second}, "GET", srv.url+"/metrics", toks["root"], "", nil)
+		v := regexp.MustCompile(`plover_requests_total\{code="200",function="digits"\} (\d+)`).FindStringSubmatch(m.body)
+		if v == nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(v[1])
+		return n
+	}
+	before, calls := counted(), 0
 	t.Run("the digits pipeline, typed contents", func(t *testing.T) {
 		for i := 0; i < len(held); i += 25 {
+			calls++
 			d := &held[i]
 			px := make([]uint32, len(d.Pixels))
 			for k, p := range d.Pixels {
@@ -191,10 +203,10 @@ func TestGRPCServed(t *testing.T) {
 		}
 	})
 
-	// gRPC inferences count in the same series as HTTP's.
-	m := secDo(t, &http.Client{Timeout: 10 * time.Second}, "GET", srv.url+"/metrics", toks["root"], "", nil)
-	if !regexp.MustCompile(`plover_requests_total\{code="200",function="digits"\} (\d+)`).MatchString(m.body) {
-		t.Errorf("no digits requests in /metrics:\n%s", m.body)
+	// gRPC inferences count in the same series as HTTP's: each digit was
+	// asked once over gRPC and once over HTTP.
+	if got := counted() - before; got != 2*calls {
+		t.Errorf("plover_requests_total{digits,200} grew by %d for %d gRPC and %d HTTP requests", got, calls, calls)
 	}
 	srv.mustBeHealthy(t, "after the gRPC cases")
 }

@@ -189,8 +189,13 @@ func TestTracing(t *testing.T) {
 				t.Errorf("%s is not under the request", n)
 			}
 		}
-		if !bytes.Equal(sp["fetch"].GetParentSpanId(), sp["load"].GetSpanId()) || !bytes.Equal(sp["kernels"].GetParentSpanId(), sp["run"].GetSpanId()) {
-			t.Error("fetch is not under load, or kernels under run")
+		if !bytes.Equal(sp["program"].GetParentSpanId(), sp["load"].GetSpanId()) || !bytes.Equal(sp["kernels"].GetParentSpanId(), sp["run"].GetSpanId()) {
+			t.Error("program is not under load, or kernels under run")
+		}
+		// The bundle is fetched before the request queues for an
+		// instance, whose load (program, instance) comes after.
+		if !bytes.Equal(sp["fetch"].GetParentSpanId(), req.GetSpanId()) || sp["fetch"].GetEndTimeUnixNano() > sp["load"].GetStartTimeUnixNano() {
+			t.Error("fetch is not the request's, before the load")
 		}
 		if s, e := req.GetStartTimeUnixNano(), req.GetEndTimeUnixNano(); sp["run"].GetStartTimeUnixNano() < s || sp["run"].GetEndTimeUnixNano() > e {
 			t.Errorf("run [%d, %d] outside the request [%d, %d]", sp["run"].GetStartTimeUnixNano(), sp["run"].GetEndTimeUnixNano(), s, e)

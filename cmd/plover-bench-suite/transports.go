@@ -111,7 +111,7 @@ func runTracing(ctx context.Context, o *options, res *results) error {
 		name string
 		env  []string
 	}{
-		{"tracing off", nil},
+		{"tracing off", []string{"OTEL_SDK_DISABLED=true"}}, // whatever this process's environment says
 		{"tracing on, unsampled (always_off)", []string{otlp, "OTEL_TRACES_SAMPLER=always_off"}},
 		{"tracing on, sampled (always_on)", []string{otlp, "OTEL_TRACES_SAMPLER=always_on"}},
 	}
