@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/valyala/fasthttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
@@ -22,6 +23,7 @@ import (
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/samples/cnn/digits"
 	"github.com/plover-run/plover/samples/cnn/model"
+	"github.com/plover-run/plover/tracing"
 )
 
 // The same one-kernel chain (echo of a 64-byte input into a 256-byte out)
@@ -80,6 +82,19 @@ func BenchmarkHotInvoke(b *testing.B) {
 
 	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
 	b.Run("handler", func(b *testing.B) { benchHandle(b, srv, invokeCtx(srv, in)) })
+
+	// Tracing on: every request unsampled (what it costs a request that is
+	// not traced), and every request sampled (its spans are exported to
+	// a discarding exporter).
+	for _, tc := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{{"handler-traced-unsampled", sdktrace.NeverSample()}, {"handler-traced-sampled", sdktrace.AlwaysSample()}} {
+		tr := tracing.New(discard{}, sdktrace.WithSampler(tc.sampler))
+		defer tr.Shutdown(context.Background())
+		ts := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{Tracer: tr})
+		b.Run(tc.name, func(b *testing.B) { benchHandle(b, ts, invokeCtx(ts, in)) })
+	}
 
 	// The Open Inference Protocol with the binary extension: the same
 	// bytes as one UINT8 tensor, a JSON header each way.
@@ -324,3 +339,9 @@ func benchHandle(b *testing.B, srv *httpapi.Server, ctx *fasthttp.RequestCtx) {
 		}
 	}
 }
+
+// discard is a span exporter that drops what it is given.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }

@@ -102,6 +102,14 @@ func fromEnv(ctx context.Context, version string, getenv func(string) string) (*
 		Where: proto + " " + endpoint}, nil
 }
 
+// New returns a Tracer exporting with exp under the given provider options
+// (a sampler, a resource): for tests and benchmarks; servers use FromEnv.
+func New(exp sdktrace.SpanExporter, opts ...sdktrace.TracerProviderOption) *Tracer {
+	tp := sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp)}, opts...)...)
+	return &Tracer{tp: tp, t: tp.Tracer("github.com/plover-run/plover"),
+		prop: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), Where: "in process"}
+}
+
 // Shutdown exports what is buffered, within ctx.
 func (t *Tracer) Shutdown(ctx context.Context) error {
 	if t == nil {
