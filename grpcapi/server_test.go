@@ -365,3 +365,61 @@ func TestDeadlineAndCancel(t *testing.T) {
 		})
 	}
 }
+
+func batchItem(value, sleepMs uint32) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, value)
+	return binary.LittleEndian.AppendUint32(b, sleepMs)
+}
+
+// gRPC calls share a batching function's runs as HTTP requests do: six
+// queued behind a busy instance run as one batch, each answered with its
+// own item, and server-timing says the batch's size.
+func TestBatching(t *testing.T) {
+	f := serve(t, nil)
+	m := testkit.BatchManifest("b", 16, "")
+	m.MaxInstances = 1
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.BatchSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	testkit.Deploy(t, f.e, dir)
+	type res struct {
+		value, items uint32
+		timing       string
+		err          error
+	}
+	call := func(value, sleepMs uint32) chan res {
+		ch := make(chan res, 1)
+		go func() {
+			var hdr metadata.MD
+			r, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: "b",
+				Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{8}}},
+				RawInputContents: [][]byte{batchItem(value, sleepMs)}}, grpc.Header(&hdr))
+			if err != nil {
+				ch <- res{err: err}
+				return
+			}
+			out := r.RawOutputContents[0]
+			ch <- res{value: binary.LittleEndian.Uint32(out), items: binary.LittleEndian.Uint32(out[4:]), timing: strings.Join(hdr.Get("server-timing"), "")}
+		}()
+		return ch
+	}
+	if r := <-call(1, 0); r.err != nil || r.value != 2 || r.items != 1 {
+		t.Fatalf("first call: %+v", r)
+	}
+	busy := call(100, 300)
+	testkit.WaitFor(t, f.e, "b", "the busy run", testkit.Busy(1, 0))
+	var queued []chan res
+	for i := range 6 {
+		queued = append(queued, call(uint32(1000+i), 0))
+	}
+	testkit.WaitFor(t, f.e, "b", "six calls queued", testkit.Busy(1, 6))
+	if r := <-busy; r.err != nil || r.value != 101 {
+		t.Fatalf("the busy call: %+v", r)
+	}
+	for i, ch := range queued {
+		r := <-ch
+		if r.err != nil || r.value != uint32(1001+i) || r.items != 6 || !strings.Contains(r.timing, "batch;desc=6") {
+			t.Fatalf("call %d: %+v, want value %d in a batch of 6", i, r, 1001+i)
+		}
+	}
+}
