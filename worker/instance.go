@@ -59,7 +59,7 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 		spin = min(spin, time.Until(dl))
 	}
 	if spin > 0 {
-		n, err := pollRecv(i.fd, i.rep, spin)
+		n, err := pollRecv(i.fd, i.rep, spin, &i.g.d.running, 1)
 		switch {
 		case err == nil && n == 0:
 			return 0, io.EOF
@@ -163,10 +163,15 @@ func (i *instance) Run(r *device.Run) error {
 		return i.g.p.idleExit()
 	}
 	copy(i.slot, r.Input)
-	msg := encodeRun(i.msg, r)
+	// Polled for only while no other run is in flight on the device: a
+	// loaded device needs its CPUs for the runs. The worker is told, so
+	// that it polls for this instance's next request only then too.
+	alone := i.g.d.running.Add(1) == 1
+	msg := encodeRun(i.msg, r, alone)
 	// One message is ever in flight, so the send never waits; if it would,
 	// the worker stuffed its own channel.
 	if err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil); err != nil {
+		i.g.d.running.Add(-1)
 		if err == unix.EAGAIN {
 			i.g.p.kill("it filled its instance channel")
 			return i.g.p.failed(err, "running the chain")
@@ -174,10 +179,8 @@ func (i *instance) Run(r *device.Run) error {
 		// The worker's end is gone: the request never reached it.
 		return i.g.p.idleExit()
 	}
-	// Polled for only while no other run is in flight on the device: a
-	// loaded device needs its CPUs for the runs.
 	var spin time.Duration
-	if i.g.d.running.Add(1) == 1 {
+	if alone {
 		spin = i.reply.budget()
 	}
 	sent := time.Now()

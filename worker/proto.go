@@ -39,7 +39,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const protocol byte = 1
+const protocol byte = 2
 
 // readyLen is the length of the opReady message.
 const readyLen = 1 + 4 + 1 + 1
@@ -69,13 +69,16 @@ const (
 
 var le = binary.LittleEndian
 
-// The run message's zero flags.
+// The run message's flags.
 const (
 	zeroTmp = 1 << iota
 	zeroOut
+	// runAlone: no other run was in flight on the device when this one
+	// was sent; the worker may poll for the instance's next request.
+	runAlone
 )
 
-func encodeRun(b []byte, r *device.Run) []byte {
+func encodeRun(b []byte, r *device.Run, alone bool) []byte {
 	b = b[:runHeader]
 	le.PutUint32(b[0:], uint32(len(r.Input)))
 	le.PutUint32(b[4:], uint32(len(r.Output)))
@@ -87,6 +90,9 @@ func encodeRun(b []byte, r *device.Run) []byte {
 	if r.ZeroOut {
 		b[16] |= zeroOut
 	}
+	if alone {
+		b[16] |= runAlone
+	}
 	le.PutUint64(b[17:], r.ChainKey)
 	le.PutUint16(b[25:], uint16(len(r.Chain)))
 	le.PutUint32(b[27:], r.Items)
@@ -97,6 +103,9 @@ func encodeRun(b []byte, r *device.Run) []byte {
 	}
 	return b
 }
+
+// sentAlone reports the run message's runAlone flag.
+func sentAlone(b []byte) bool { return len(b) > 16 && b[16]&runAlone != 0 }
 
 // decodeRun fills r from a run message, slicing input and output out of
 // slot (input at 0, output at maxIn).

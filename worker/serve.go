@@ -236,13 +236,15 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 	var r device.Run
 	var gap waitEstimate // from a reply to the next request (spin.go)
 	var replied time.Time
+	alone := false // the last request came while the device ran nothing else
 	for {
 		var n int
 		var err error = unix.EAGAIN
-		// Polled for only while none of this worker's other instances runs.
-		if busy := running.Load(); busy == 0 && !replied.IsZero() {
+		// Polled for only while the server's device was otherwise idle at
+		// the last request and none of this worker's other instances runs.
+		if busy := running.Load(); busy == 0 && alone && !replied.IsZero() {
 			if b := gap.budget(); b > 0 {
-				n, err = pollRecv(sock, msg, b)
+				n, err = pollRecv(sock, msg, b, &running, 0)
 			}
 		}
 		if err == unix.EAGAIN {
@@ -263,6 +265,7 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		var st byte
 		var text string
 		running.Add(1)
+		alone = sentAlone(msg[:n])
 		if err := decodeRun(msg[:n], &r, steps, slot, maxIn, out); err != nil {
 			st, text = stBadRunMsg, err.Error()
 		} else {

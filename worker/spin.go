@@ -12,16 +12,20 @@ import (
 // thread, 44 µs of a hot CNN request on a 2-CPU VM (BENCHMARKS.md), where
 // waking a thread on an idle virtual CPU is costly. Each side may instead
 // poll its channel for a while before it sleeps, catching the message as
-// it lands. Polling takes the CPU, so it is done only when the CPU is not
-// wanted by another run of the same side (the server: no other run in
-// flight on the device; the worker: none of its other instances running),
-// and only for twice the wait the side has recently seen, when that is
-// short: a sequential client's requests get the polling, a loaded device
-// gets its CPUs.
+// it lands. Polling takes the CPU, so it is done only while the device has
+// no other run in flight: the server polls for a reply only when its run
+// is the device's one, and stops the moment another starts; the worker
+// polls for an instance's next request only when the last one came while
+// the device had no other (the server says so in the run message) and none
+// of its other instances runs. A sequential client's requests get the
+// polling, a loaded device gets its CPUs. Each side polls for twice the
+// wait it has recently seen, when that is short.
 
-// spinMax is the longest a side polls. Past it a wait is no hand-over's but
-// a run's or a client's, and sleeping costs nothing measurable against it.
-const spinMax = 100 * time.Microsecond
+// spinMax is the longest a side polls. It covers a short chain's whole run
+// (the CNN's 80-150 µs on the host device), so that its reply is caught as
+// it lands rather than by a wake-up; past it a wait is a long run's or a
+// client's, and a wake-up costs nothing measurable against it.
+const spinMax = 300 * time.Microsecond
 
 // waitEstimate tracks a side's recent waits (an exponentially weighted mean
 // in nanoseconds) and says how long to poll for the next one.
@@ -49,10 +53,11 @@ func (w *waitEstimate) budget() time.Duration {
 	return b
 }
 
-// pollRecv reads one message from fd without sleeping, for up to d:
-// unix.EAGAIN when none came. A raw system call: no scheduler hand-off and
-// no allocation per poll.
-func pollRecv(fd int, p []byte, d time.Duration) (int, error) {
+// pollRecv reads one message from fd without sleeping, for up to d, or
+// until busy counts more than limit (another run started: the CPU is
+// wanted): unix.EAGAIN when none came. A raw system call: no scheduler
+// hand-off and no allocation per poll.
+func pollRecv(fd int, p []byte, d time.Duration, busy *atomic.Int32, limit int32) (int, error) {
 	start := time.Now()
 	for {
 		n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), unix.MSG_DONTWAIT, 0, 0)
@@ -64,7 +69,7 @@ func pollRecv(fd int, p []byte, d time.Duration) (int, error) {
 		case e != unix.EAGAIN:
 			return 0, e
 		}
-		if time.Since(start) >= d {
+		if time.Since(start) >= d || busy.Load() > limit {
 			return 0, unix.EAGAIN
 		}
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
+	"golang.org/x/sys/unix"
 )
 
 // The poll is twice the recent wait, none once that passes spinMax, and a
@@ -103,5 +105,56 @@ func TestPolledHandOver(t *testing.T) {
 				Chain: []device.Step{{Entry: bad, Grid: 1, Block: 1}}, Deadline: start.Add(100 * time.Millisecond)})
 			tc.check(t, err, time.Since(start))
 		})
+	}
+}
+
+// A poll gives up the CPU as soon as another run starts (the busy count
+// passes its limit), long before its budget, and a message that lands
+// while it polls is caught.
+func TestPollStopsForAnotherRun(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	buf := make([]byte, 16)
+	var busy atomic.Int32
+	busy.Store(1)
+	started := make(chan struct{})
+	go func() {
+		<-started
+		busy.Add(1) // another run starts
+	}()
+	t0 := time.Now()
+	close(started)
+	if _, err := pollRecv(fds[0], buf, time.Minute, &busy, 1); err != unix.EAGAIN {
+		t.Fatalf("poll: %v, want EAGAIN", err)
+	}
+	if took := time.Since(t0); took > 5*time.Second {
+		t.Fatalf("the poll went on %v after another run started", took)
+	}
+	busy.Store(1)
+	go func() { unix.Write(fds[1], []byte("reply")) }()
+	n, err := pollRecv(fds[0], buf, time.Minute, &busy, 1)
+	if err != nil || string(buf[:n]) != "reply" {
+		t.Fatalf("poll: %q %v, want the reply", buf[:n], err)
+	}
+}
+
+// The run message says whether the device ran nothing else when it was
+// sent: the worker polls for the instance's next request only then.
+func TestRunMessageAlone(t *testing.T) {
+	r := &device.Run{Input: []byte("x"), Output: make([]byte, 8), Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}, ZeroOut: true}
+	for _, alone := range []bool{false, true} {
+		msg := encodeRun(make([]byte, runMsgMax), r, alone)
+		if sentAlone(msg) != alone {
+			t.Fatalf("encoded alone=%v, read %v", alone, sentAlone(msg))
+		}
+		var got device.Run
+		slot := make([]byte, 64)
+		if err := decodeRun(msg, &got, make([]device.Step, 4), slot, 16, 16); err != nil || !got.ZeroOut || got.ZeroTmp {
+			t.Fatalf("decode with alone=%v: %v, %+v", alone, err, got)
+		}
 	}
 }
