@@ -171,6 +171,9 @@ type ProcessExit struct {
 	// BeforeRun: the process was gone before this request reached it, so
 	// the request ran nowhere and may be retried on a fresh process.
 	BeforeRun bool
+	// ByServer: the server stopped the process (a chain past its deadline,
+	// a memory limit), not the process's own code.
+	ByServer bool
 }
 
 func (e *ProcessExit) Error() string {

@@ -16,6 +16,12 @@ func beforeRun(err error) bool {
 	return errors.As(err, &pe) && pe.BeforeRun
 }
 
+// stoppedByServer reports a ProcessExit the server caused.
+func stoppedByServer(err error) bool {
+	var pe *device.ProcessExit
+	return errors.As(err, &pe) && pe.ByServer
+}
+
 // exitOf is err's ProcessExit (err is known to hold one).
 func exitOf(err error) *device.ProcessExit {
 	var pe *device.ProcessExit

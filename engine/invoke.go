@@ -265,10 +265,13 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		err = nil
 		if req.Override != nil && req.Override.Chain != nil {
 			if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
-				// A worker that died while idle fails here before anything
-				// ran: retried below like a run refused for it.
-				if retried || !processGone(err) {
-					v.put(in, false, time.Now())
+				// A worker that was dead before the lookup, or that the
+				// server stopped during it (an earlier chain past its
+				// deadline), fails here before anything ran: retried below
+				// like a run refused for it. One the lookup itself killed
+				// (a bundle's IFUNC resolver runs in it) is not.
+				if retried || !(beforeRun(err) || stoppedByServer(err)) {
+					v.put(in, processGone(err), time.Now())
 					return e.runFailed(f, v, in.dev, err)
 				}
 			}

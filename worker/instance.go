@@ -39,8 +39,10 @@ var errRunDeadline = fmt.Errorf("%w while its chain was running", device.ErrDead
 // merely late, and a stuck kernel still ends within it.
 const overrunGrace = 200 * time.Millisecond
 
-// finish waits out an overrun chain: its reply is discarded.
+// finish waits out an overrun chain: its reply is discarded. The run
+// leaves the device's count of runs in flight only now.
 func (i *instance) finish(done chan<- bool) {
+	defer i.g.d.running.Add(-1)
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
 	if err == nil && n >= replyHeader && i.rep[0] != stFault {
 		done <- true
@@ -185,16 +187,17 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	sent := time.Now()
 	n, err := i.recv(r.Deadline, spin)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The chain still runs: it counts in flight until finish ends.
+		i.overrun = make(chan bool, 1)
+		go i.finish(i.overrun)
+		return errRunDeadline
+	}
 	i.g.d.running.Add(-1)
 	if err == nil {
 		i.reply.observe(time.Since(sent))
 	}
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			i.overrun = make(chan bool, 1)
-			go i.finish(i.overrun)
-			return errRunDeadline
-		}
 		return i.g.p.failed(err, "running the chain")
 	}
 	if n < replyHeader {

@@ -287,7 +287,7 @@ func exitReason(ps *os.ProcessState, err error) string {
 // idleExit is the error of a run whose worker died before the run reached it.
 func (p *proc) idleExit() error {
 	p.end("an instance of it was lost")
-	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true}
+	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true, ByServer: p.killed.Load() != nil}
 }
 
 func (p *proc) alive() bool {
@@ -316,7 +316,7 @@ func (p *proc) kill(why string) {
 // to), and the error says how.
 func (p *proc) lost(during string) error {
 	p.end("it closed its channel to the server")
-	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: during}
+	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: during, ByServer: p.killed.Load() != nil}
 }
 
 // end waits for the process to be gone, killing it (for why) if it does not

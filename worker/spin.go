@@ -64,9 +64,7 @@ func pollRecv(fd int, p []byte, d time.Duration, busy *atomic.Int32, limit int32
 		switch {
 		case e == 0:
 			return int(n), nil
-		case e == unix.EINTR:
-			continue
-		case e != unix.EAGAIN:
+		case e != unix.EAGAIN && e != unix.EINTR:
 			return 0, e
 		}
 		if time.Since(start) >= d || busy.Load() > limit {

@@ -104,6 +104,10 @@ func TestPolledHandOver(t *testing.T) {
 			err = inst.Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes),
 				Chain: []device.Step{{Entry: bad, Grid: 1, Block: 1}}, Deadline: start.Add(100 * time.Millisecond)})
 			tc.check(t, err, time.Since(start))
+			// The run leaves the device's count of runs in flight, at once
+			// or once its overrun is waited out: no later run is refused
+			// its polling.
+			waitFor(t, "no run in flight", func() bool { return d.running.Load() == 0 })
 		})
 	}
 }
