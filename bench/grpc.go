@@ -58,42 +58,30 @@ func newGRPCTarget(ctx context.Context, cfg *Config) (*grpcTarget, error) {
 	return g, err
 }
 
-// splitInput cuts input into the model's declared inputs, in order, as
-// the engine reads its input buffer: fixed sizes first, a variable
+// splitInput cuts input into the model's declared inputs, as the engine
+// reads its input buffer (oip.Split): fixed sizes first, a variable
 // dimension (the last input's) taking what is left.
-func splitInput(model string, input []byte, decl []*pb.ModelMetadataResponse_TensorMetadata) (*pb.ModelInferRequest, error) {
-	req := &pb.ModelInferRequest{ModelName: model}
-	rest := input
-	for i, d := range decl {
-		es, ok := abi.DatatypeSize[d.GetDatatype()]
-		if !ok {
+func splitInput(model string, input []byte, meta []*pb.ModelMetadataResponse_TensorMetadata) (*pb.ModelInferRequest, error) {
+	decl := make([]abi.Tensor, len(meta))
+	for i, d := range meta {
+		if _, ok := abi.DatatypeSize[d.GetDatatype()]; !ok {
 			return nil, fmt.Errorf("bench: input %q: datatype %s cannot be sent raw", d.GetName(), d.GetDatatype())
 		}
-		shape := append([]int64(nil), d.GetShape()...)
-		fixed, vi := int64(1), -1
-		for k, dim := range shape {
-			if dim < 0 {
-				vi = k
-			} else {
-				fixed *= dim
-			}
-		}
-		if vi >= 0 {
-			if i != len(decl)-1 || fixed*es == 0 || int64(len(rest))%(fixed*es) != 0 {
-				return nil, fmt.Errorf("bench: the input's %d bytes left do not make whole elements of %s %v", len(rest), d.GetName(), d.GetShape())
-			}
-			shape[vi] = int64(len(rest)) / (fixed * es)
-		}
-		n, _ := oip.Bytes(shape, es)
-		if n > int64(len(rest)) {
-			return nil, fmt.Errorf("bench: input %q needs %d bytes, %d are left of the input", d.GetName(), n, len(rest))
-		}
-		req.Inputs = append(req.Inputs, &pb.ModelInferRequest_InferInputTensor{Name: d.GetName(), Datatype: d.GetDatatype(), Shape: shape})
-		req.RawInputContents = append(req.RawInputContents, rest[:n])
-		rest = rest[n:]
+		decl[i] = abi.Tensor{Name: d.GetName(), Datatype: d.GetDatatype(), Shape: d.GetShape()}
 	}
-	if len(rest) > 0 {
-		return nil, fmt.Errorf("bench: %d bytes of the input after the model's inputs", len(rest))
+	cuts, _, err := oip.Split(input, decl, nil, nil, "input")
+	if err != nil {
+		return nil, fmt.Errorf("bench: the --in/--size bytes as the model's inputs: %w", err)
+	}
+	req := &pb.ModelInferRequest{ModelName: model}
+	used := 0
+	for _, c := range cuts {
+		req.Inputs = append(req.Inputs, &pb.ModelInferRequest_InferInputTensor{Name: c.Decl.Name, Datatype: c.Decl.Datatype, Shape: c.Shape})
+		req.RawInputContents = append(req.RawInputContents, c.Bytes)
+		used += len(c.Bytes)
+	}
+	if used < len(input) {
+		return nil, fmt.Errorf("bench: %d bytes of the input after the model's inputs", len(input)-used)
 	}
 	return req, nil
 }

@@ -225,7 +225,7 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	gt, met, runner := gate.New(tokens, reg), reqmetrics.New(reg), pipeline.New(eng, reg)
 	// Traces, when OpenTelemetry's environment asks for them.
-	tr, err := tracing.FromEnv(ctx, Version)
+	tr, err := tracing.FromEnv(ctx, Version, log)
 	if err != nil {
 		return fmt.Errorf("tracing: %w", err)
 	}

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"runtime"
 	"sync"
@@ -424,18 +423,6 @@ func (s *Server) statusOf(err error, method string) error {
 		msg += " (retry in 1 s)"
 	}
 	return status.Error(st.GRPC, msg)
-}
-
-// elements is a shape's element count, or false when it overflows.
-func elements(shape []int64) (int64, bool) {
-	n := int64(1)
-	for _, d := range shape {
-		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
-			return 0, false
-		}
-		n *= d
-	}
-	return n, true
 }
 
 // mdCarrier reads the trace context from gRPC metadata (its keys are

@@ -64,7 +64,7 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, r *engine.Request) 
 			buf = append(buf, b...)
 			continue
 		}
-		n, _ := elements(t.GetShape())
+		n := size / abi.DatatypeSize[d.Datatype] // the shape's elements
 		if buf, err = appendTyped(buf, d.Datatype, t.GetContents(), n); err != nil {
 			return false, badRequest("input %q: %v", d.Name, err)
 		}

@@ -65,6 +65,14 @@ type Cut struct {
 // are laid in dims (a slice of it stays valid when a later append moves
 // dims: the old array keeps its values).
 func CutOutputs(out []byte, decl []abi.Tensor, res []Cut, dims []int64) ([]Cut, []int64, error) {
+	return Split(out, decl, res, dims, "output")
+}
+
+// Split cuts b into the tensors decl declares, as CutOutputs does, naming
+// them as what ("output", "input") in its errors: a function's input
+// buffer is laid out the same way, so a client that holds one can split it
+// into the model's inputs.
+func Split(b []byte, decl []abi.Tensor, res []Cut, dims []int64, what string) ([]Cut, []int64, error) {
 	for i := range decl {
 		d := &decl[i]
 		es := abi.DatatypeSize[d.Datatype]
@@ -80,17 +88,17 @@ func CutOutputs(out []byte, decl []abi.Tensor, res []Cut, dims []int64) ([]Cut, 
 			}
 		}
 		if vi >= 0 {
-			if i != len(decl)-1 || fixed*es == 0 || int64(len(out))%(fixed*es) != 0 {
-				return res, dims, fmt.Errorf("output %q: %d bytes left do not make whole elements of shape %v", d.Name, len(out), d.Shape)
+			if i != len(decl)-1 || fixed*es == 0 || int64(len(b))%(fixed*es) != 0 {
+				return res, dims, fmt.Errorf("%s %q: %d bytes left do not make whole elements of shape %v", what, d.Name, len(b), d.Shape)
 			}
-			shape[vi] = int64(len(out)) / (fixed * es)
+			shape[vi] = int64(len(b)) / (fixed * es)
 		}
 		n := abi.Elements(shape) * es
-		if n > int64(len(out)) {
-			return res, dims, fmt.Errorf("output %q needs %d bytes, the function produced %d more", d.Name, n, len(out))
+		if n > int64(len(b)) {
+			return res, dims, fmt.Errorf("%s %q needs %d bytes, %d are left", what, d.Name, n, len(b))
 		}
-		res = append(res, Cut{d, shape, out[:n]})
-		out = out[n:]
+		res = append(res, Cut{d, shape, b[:n]})
+		b = b[n:]
 	}
 	return res, dims, nil
 }

@@ -20,11 +20,14 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
@@ -50,8 +53,20 @@ type Tracer struct {
 
 // FromEnv returns a Tracer configured by the environment, or nil when the
 // environment asks for no tracing (no OTLP endpoint, the SDK disabled).
-func FromEnv(ctx context.Context, version string) (*Tracer, error) {
-	return fromEnv(ctx, version, os.Getenv)
+// Export failures (the collector down or refusing) go to log, once a
+// minute at most.
+func FromEnv(ctx context.Context, version string, log *slog.Logger) (*Tracer, error) {
+	t, err := fromEnv(ctx, version, os.Getenv)
+	if t != nil && log != nil {
+		var last atomic.Int64
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			now := time.Now().UnixNano()
+			if prev := last.Load(); now-prev >= int64(time.Minute) && last.CompareAndSwap(prev, now) {
+				log.Warn("spans could not be exported (OpenTelemetry); later failures within a minute are not logged", "exporter", t.Where, "error", err)
+			}
+		}))
+	}
+	return t, err
 }
 
 func fromEnv(ctx context.Context, version string, getenv func(string) string) (*Tracer, error) {

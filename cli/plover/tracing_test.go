@@ -283,3 +283,30 @@ func TestTracing(t *testing.T) {
 	}
 	rcv.mu.Unlock()
 }
+
+// A collector that is down costs the requests nothing and is said once in
+// the log, naming the exporter.
+func TestTracingCollectorDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a server")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	bin := buildPlover(t)
+	srv := startIsoServer(t, bin, t.TempDir(), []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + down, "OTEL_BSP_SCHEDULE_DELAY=50",
+		"OTEL_EXPORTER_OTLP_TIMEOUT=500"})
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	for range 3 {
+		pipeInvoke(t, srv.url, "echo", []byte("x"), "traceparent", "00-55555555555555555555555555555555-00f067aa0ba902b7-01").ok(t, "echo")
+	}
+	waitFor(t, 15*time.Second, "the export failure in the log", func() bool {
+		return strings.Contains(srv.log.String(), "spans could not be exported")
+	})
+	if n := strings.Count(srv.log.String(), "spans could not be exported"); n != 1 {
+		t.Errorf("the failure was logged %d times, want once a minute", n)
+	}
+}

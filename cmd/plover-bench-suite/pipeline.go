@@ -208,7 +208,7 @@ func writePipeline(o *options, res *results, runs []*pipeRun, plain []*plainRun)
 	fmt.Fprintf(&b, "## Pipelines: the digits sample (%s device)\n\n", o.device)
 	fmt.Fprintf(&b, "Command: `%s`. The digits sample, `digits-normalize > cnn > digits-top1` on the %s device (--isolation %s), one keep-alive client, %d requests each way in alternating blocks of %d.\n\n",
 		res.Command, o.device, o.isolation, pipeBlock*pipeRounds, pipeBlock)
-	fmt.Fprintf(&b, "Machine: %s; %s; started %s; load %s → %s.\n\n", res.Machine.CPU, r.Plover, res.Started.Format("2006-01-02 15:04 UTC"), res.LoadBefore, res.LoadAfterRuns)
+	b.WriteString(runMachine(res, r.Plover))
 	sum := 0.0
 	b.WriteString("| | p50 ms | p99 ms |\n|---|---|---|\n")
 	for s, name := range pipeSteps {
@@ -226,14 +226,6 @@ func writePipeline(o *options, res *results, runs []*pipeRun, plain []*plainRun)
 		fmtMs(sum), ratio(median(r.PipeServer), sum), over)
 	fmt.Fprintf(&b, "- Pipeline client latency p50 against the three invocations in turn: %s (target ≤ 0.5×); p99 %s.\n\n",
 		ratio(median(r.PipeClient), median(r.SepClient)), ratio(quantile(r.PipeClient, 0.99), quantile(r.SepClient, 0.99)))
-	if len(plain) == 2 {
-		n, p := plain[0], plain[1]
-		fmt.Fprintf(&b, "No cost to plain functions: the CNN alone, hot, %d requests on each of two servers running side by side, in alternating blocks:\n\n", len(n.Client))
-		b.WriteString("| binary | client p50 ms | client p99 ms | server p50 ms |\n|---|---|---|---|\n")
-		for _, r := range plain {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.Plover, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)))
-		}
-		fmt.Fprintf(&b, "\n- With pipelines against before them: client p50 %s, server p50 %s.\n\n", ratio(median(n.Client), median(p.Client)), ratio(median(n.Server), median(p.Server)))
-	}
+	writePlain(&b, plain, "No cost to plain functions", "With pipelines against before them")
 	return writeSection(o, "pipeline-"+o.device, b.String(), map[string]any{"pipeline": runs, "plain": plain})
 }

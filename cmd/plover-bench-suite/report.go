@@ -376,3 +376,23 @@ func writeSection(o *options, key, body string, v any) error {
 	fmt.Print(body)
 	return nil
 }
+
+// runMachine is a section's line naming the machine, the build, the start
+// and the load around the runs.
+func runMachine(res *results, plover string) string {
+	return fmt.Sprintf("Machine: %s; %s; started %s; load %s → %s.\n\n", res.Machine.CPU, plover, res.Started.Format("2006-01-02 15:04 UTC"), res.LoadBefore, res.LoadAfterRuns)
+}
+
+// writePlain writes plainCost's table, this build against an earlier one,
+// under intro, and the ratios as what (this build's feature against none).
+func writePlain(b *strings.Builder, plain []*plainRun, intro, what string) {
+	if len(plain) != 2 {
+		return
+	}
+	fmt.Fprintf(b, "%s: the CNN alone, hot, %d requests on each of two servers running side by side, in alternating blocks:\n\n", intro, len(plain[0].Client))
+	b.WriteString("| binary | client p50 ms | client p99 ms | server p50 ms |\n|---|---|---|---|\n")
+	for _, r := range plain {
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", r.Plover, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)))
+	}
+	fmt.Fprintf(b, "\n- %s: client p50 %s, server p50 %s.\n\n", what, ratio(median(plain[0].Client), median(plain[1].Client)), ratio(median(plain[0].Server), median(plain[1].Server)))
+}

@@ -69,7 +69,7 @@ func writeTransports(o *options, res *results, runs []*transRun) error {
 	fmt.Fprintf(&b, "## Transports: the CNN over HTTP and gRPC (%s device)\n\n", o.device)
 	fmt.Fprintf(&b, "Command: `%s`. The CNN (`samples/cnn`), hot, one client with one connection, %d requests each way in alternating blocks of %d after a warm-up block, on one server (--isolation %s).\n\n",
 		res.Command, transBlock*transRounds, transBlock, o.isolation)
-	fmt.Fprintf(&b, "Machine: %s; %s; started %s; load %s → %s.\n\n", res.Machine.CPU, res.Machine.Plover, res.Started.Format("2006-01-02 15:04 UTC"), res.LoadBefore, res.LoadAfterRuns)
+	b.WriteString(runMachine(res, res.Machine.Plover))
 	b.WriteString("| route | client p50 ms | client p99 ms | server total p50 ms | client − server p50 ms |\n|---|---|---|---|---|\n")
 	for _, r := range runs {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.Name, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)),
@@ -151,21 +151,14 @@ func runTracing(ctx context.Context, o *options, res *results) error {
 	fmt.Fprintf(&b, "## Tracing: what OpenTelemetry costs (%s device)\n\n", o.device)
 	fmt.Fprintf(&b, "Command: `%s`. The CNN (`samples/cnn`), hot, one client, %d requests on each of three servers running side by side, in alternating blocks of %d after a warm-up block (--isolation %s); spans exported over OTLP/HTTP to a local sink that drops them.\n\n",
 		res.Command, transBlock*transRounds, transBlock, o.isolation)
-	fmt.Fprintf(&b, "Machine: %s; %s; started %s; load %s → %s.\n\n", res.Machine.CPU, res.Machine.Plover, res.Started.Format("2006-01-02 15:04 UTC"), res.LoadBefore, res.LoadAfterRuns)
+	b.WriteString(runMachine(res, res.Machine.Plover))
 	b.WriteString("| server | client p50 ms | client p99 ms | server total p50 ms | client p50 against off |\n|---|---|---|---|---|\n")
 	for _, r := range runs {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.Name, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)),
 			ratio(median(r.Client), median(runs[0].Client)))
 	}
 	b.WriteString("\n")
-	if len(plain) == 2 {
-		fmt.Fprintf(&b, "Tracing off against a build without tracing: the CNN alone, hot, %d requests on each of two servers running side by side, in alternating blocks:\n\n", len(plain[0].Client))
-		b.WriteString("| binary | client p50 ms | client p99 ms | server p50 ms |\n|---|---|---|---|\n")
-		for _, r := range plain {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.Plover, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)))
-		}
-		fmt.Fprintf(&b, "\n- Tracing off against no tracing at all: client p50 %s, server p50 %s.\n\n", ratio(median(plain[0].Client), median(plain[1].Client)), ratio(median(plain[0].Server), median(plain[1].Server)))
-	}
+	writePlain(&b, plain, "Tracing off against a build without tracing", "Tracing off against no tracing at all")
 	return writeSection(o, "tracing-"+o.device, b.String(), map[string]any{"modes": runs, "before": plain})
 }
 
