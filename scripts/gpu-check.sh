@@ -34,7 +34,9 @@
 #
 # Environment: OUT (copy the report and logs there), HOT_RUNS (default 50),
 # BENCHTIME (go test -test.benchtime, default 2s), PORT (first of two ports),
-# NO_CURL=1 (use the fallbacks even where curl exists).
+# NO_CURL=1 (use the fallbacks even where curl exists), SKIP (sections to
+# leave out, of "tests bench"), ISO_SECONDS/ISO_ROUNDS (isolation bench,
+# default 5 and 3), FAIR_TIME (fairness bench, default 5s).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,6 +60,8 @@ cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  # Also when a section hangs and a timeout ends the script: the logs say why.
+  if [ -n "${OUT:-}" ]; then for p in "$tmp"/server-*.log; do [ -f "$p" ] && cp "$p" "$OUT/"; done; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -69,6 +73,7 @@ fail() {
   say "FAIL: $*"
   failures=$((failures + 1))
 }
+skip() { case " ${SKIP:-} " in *" $1 "*) say "SKIP: $1 (SKIP=${SKIP})"; return 0 ;; esac; return 1; }
 have() { # NO_CURL=1 exercises the fallbacks
   if [ "$1" = curl ] && [ -n "${NO_CURL:-}" ]; then return 1; fi
   command -v "$1" >/dev/null 2>&1
@@ -110,6 +115,7 @@ fi
 
 # ---------------------------------------------------------------- device tests
 section "CUDA device tests (bin/device.test -test.v)"
+if ! skip tests; then
 testlog=$tmp/cuda-test.txt
 (cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
   "$root/bin/device.test" -test.v -test.count=1 -test.timeout=10m) >"$testlog" 2>&1
@@ -125,9 +131,11 @@ elif grep -q -- '--- SKIP: TestGPUSuite' "$testlog"; then
 else
   pass "CUDA device tests"
 fi
+fi
 
 # ---------------------------------------------------------------- benchmarks
 section "benchmarks (graph vs direct, copy bandwidth)"
+if ! skip bench; then
 benchlog=$tmp/cuda-bench.txt
 (cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
   "$root/bin/device.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy)' \
@@ -161,6 +169,7 @@ grep -E '^BenchmarkCopy/' "$benchlog" | while read -r line; do
   name=${name#BenchmarkCopy/}
   printf '%-10s %10s %10s\n' "${name%-*}" "$(metric "$line" in-GB/s)" "$(metric "$line" out-GB/s)"
 done
+fi
 
 # ---------------------------------------------------------------- servers
 http_get() { # http_get PORT PATH BODYFILE -> prints the status code
@@ -207,7 +216,7 @@ start_server() { # start_server DEVICE PORT [ISOLATION] -> sets server_pid
 invoke() {
   local hdr=$tmp/hdr.$$.$RANDOM code client t0 t1 err
   if have curl; then
-    read -r code client < <(curl -sS -o "$4" -D "$hdr" -w '%{http_code} %{time_total}\n' \
+    read -r code client < <(curl -sS -m 60 -o "$4" -D "$hdr" -w '%{http_code} %{time_total}\n' \
       -H 'Content-Type: application/octet-stream' --data-binary @"$3" \
       "$1/v1/functions/$2/invoke" 2>/dev/null || printf '000 0\n')
     client=$(awk -v c="$client" 'BEGIN { printf "%.3f", c * 1000 }')
@@ -411,10 +420,10 @@ if [ "$cuda_up" = 1 ] && [ -f build/samples/cnn-batch-cuda/plover.json ] && [ -f
   bin/plover deploy build/samples/cnn-batch-cuda --server "$cuda_url" || fail "deploy cnn-batch-cuda"
   invoke "$cuda_url" cnn-batch "$tmp/cnn-in-0.bin" "$tmp/cnnb-warm.out" >/dev/null
   for i in $(seq 0 63); do
-    curl -sS -o "$tmp/cnnb-$i.out" -D "$tmp/cnnb-$i.hdr" -H 'Content-Type: application/octet-stream' \
+    curl -sS -m 60 -o "$tmp/cnnb-$i.out" -D "$tmp/cnnb-$i.hdr" -H 'Content-Type: application/octet-stream' \
       --data-binary "@$tmp/cnn-in-$i.bin" "$cuda_url/v1/functions/cnn-batch/invoke" &
   done
-  wait
+  wait_burst # a bare wait would wait for the servers too (it hung the first GPU run)
   res=$(python3 - "$tmp" <<'PY'
 import re, struct, sys
 d, biggest = 0.0, 0
@@ -575,7 +584,7 @@ fi
 # ---------------------------------------------------------------- isolation cost
 section "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
 if [ "$cuda_up" = 1 ] && [ -d build/samples/cnn-cuda ] && command -v python3 >/dev/null; then
-  bash scripts/isolation-bench.sh cuda 5 3 | tee "$tmp/isolation.md" || fail "isolation bench"
+  bash scripts/isolation-bench.sh cuda "${ISO_SECONDS:-5}" "${ISO_ROUNDS:-3}" | tee "$tmp/isolation.md" || fail "isolation bench"
   save "$tmp/isolation.md" isolation.md
 else
   say "SKIP: needs the CUDA server, build/samples/cnn-cuda and python3"
@@ -584,7 +593,7 @@ fi
 # ---------------------------------------------------------------- sharing
 section "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
 if [ -x bin/plover-bench-suite ] && [ -d build/samples/cnn-cuda ] && [ -d build/samples/spin-cuda ] && [ -d build/samples/vecadd-cuda ]; then
-  if bin/plover-bench-suite --plover bin/plover --device cuda --fair --fair-time 5s --dry-run >"$tmp/fair.md" 2>&1; then
+  if bin/plover-bench-suite --plover bin/plover --device cuda --fair --fair-time "${FAIR_TIME:-5s}" --dry-run >"$tmp/fair.md" 2>&1; then
     pass "fairness benchmark on CUDA"
   else
     fail "fairness benchmark on CUDA (see fair.md)"

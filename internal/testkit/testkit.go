@@ -39,7 +39,10 @@ func BuildLib(t testing.TB, src, dir, name string, args ...string) string {
 	}
 	out := filepath.Join(dir, name)
 	// args first, so that an -I there (ABI1Include) wins over the ABI's.
-	cmd := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC"}, args...)
+	// --exclude-libs: a toolchain that links the C++ runtime statically (the
+	// GPU machine's did) would otherwise export all of libsupc++ from the
+	// bundle; the Makefile builds the samples the same way.
+	cmd := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,ALL"}, args...)
 	cmd = append(cmd, "-I"+filepath.Join(Root(), "abi"), "-o", out, src)
 	if b, err := exec.Command(cxx, cmd...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v\n%s", cxx, cmd, err, b)
