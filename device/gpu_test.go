@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -221,6 +222,53 @@ func benchChain9(b *testing.B, key uint64) {
 	}
 	if key == 0 && after.Direct-before.Direct != uint64(n) {
 		b.Errorf("%d of %d runs direct", after.Direct-before.Direct, n)
+	}
+}
+
+// BenchmarkNewInstance measures what a warm start pays on a GPU beyond the
+// request: a new instance of the CNN's sizes (device buffers, a stream and
+// events, and pinned staging: its own, or a worker's shared slot page-locked
+// in place), then its first run (direct) and second (captured into a graph).
+// The first GPU run saw warm starts slower than cold ones (BENCHMARKS.md).
+func BenchmarkNewInstance(b *testing.B) {
+	for _, slot := range []bool{false, true} {
+		name := "own-staging"
+		if slot {
+			name = "worker-slot"
+		}
+		b.Run(name, func(b *testing.B) {
+			e := benchEnv(b)
+			g := e.gpu(b)
+			cfg := InstanceConfig{MaxInput: 3136, Tmp: 15 << 10, Out: 40, Entries: e.ents}
+			if slot { // as the worker maps its instance's memfd
+				mem, err := syscall.Mmap(-1, 0, 8192, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_ANONYMOUS)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { syscall.Munmap(mem) })
+				cfg.Host = mem
+			}
+			r := &Run{Input: make([]byte, 3136), Output: make([]byte, 40), Chain: []Step{e.step(b, "pl_copy", 4, 64)}, ChainKey: 1}
+			var create, first, second time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				inst, err := g.NewInstance(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				mustRun(b, inst, r)
+				t2 := time.Now()
+				mustRun(b, inst, r)
+				t3 := time.Now()
+				inst.Close()
+				create, first, second = create+t1.Sub(t0), first+t2.Sub(t1), second+t3.Sub(t2)
+			}
+			n := float64(b.N)
+			b.ReportMetric(float64(create.Nanoseconds())/n, "create-ns/op")
+			b.ReportMetric(float64(first.Nanoseconds())/n, "run1-ns/op")
+			b.ReportMetric(float64(second.Nanoseconds())/n, "run2-ns/op")
+		})
 	}
 }
 

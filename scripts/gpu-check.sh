@@ -134,11 +134,11 @@ fi
 fi
 
 # ---------------------------------------------------------------- benchmarks
-section "benchmarks (graph vs direct, copy bandwidth)"
+section "benchmarks (graph vs direct, copy bandwidth, a new instance and its first runs)"
 if ! skip bench; then
 benchlog=$tmp/cuda-bench.txt
 (cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
-  "$root/bin/device.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy)' \
+  "$root/bin/device.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy|NewInstance)' \
   -test.benchtime="$benchtime" -test.timeout=10m) >"$benchlog" 2>&1 || fail "benchmarks failed (cuda-bench.txt)"
 save "$benchlog" cuda-bench.txt
 grep -E '^Benchmark' "$benchlog"

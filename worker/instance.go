@@ -28,6 +28,8 @@ type instance struct {
 	overrun chan bool
 	// reply is how long its runs' replies took to come (spin.go).
 	reply waitEstimate
+	// seq numbers the runs; a reply must echo its run's (proto.go).
+	seq uint32
 }
 
 // errRunDeadline is a run given up at its deadline (device.ErrDeadline).
@@ -44,7 +46,7 @@ const overrunGrace = 200 * time.Millisecond
 func (i *instance) finish(done chan<- bool) {
 	defer i.g.d.running.Add(-1)
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
-	if err == nil && n >= replyHeader && i.rep[0] != stFault {
+	if err == nil && n >= replyHeader && i.rep[0] != stFault && i.inTurn(i.rep[:n]) {
 		done <- true
 		return
 	}
@@ -108,6 +110,9 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 	}
 }
 
+// inTurn reports whether a reply echoes the last run's sequence number.
+func (i *instance) inTurn(rep []byte) bool { return le.Uint32(rep[33:]) == i.seq }
+
 func deadlineC(dl time.Time) <-chan time.Time {
 	if dl.IsZero() {
 		return nil
@@ -169,7 +174,8 @@ func (i *instance) Run(r *device.Run) error {
 	// loaded device needs its CPUs for the runs. The worker is told, so
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
-	msg := encodeRun(i.msg, r, alone)
+	i.seq++
+	msg := encodeRun(i.msg, r, alone, i.seq)
 	// One message is ever in flight, so the send never waits; if it would,
 	// the worker stuffed its own channel.
 	if err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil); err != nil {
@@ -204,6 +210,10 @@ func (i *instance) Run(r *device.Run) error {
 		return i.g.p.lost("running the chain")
 	}
 	rep := i.rep[:n]
+	if !i.inTurn(rep) {
+		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", le.Uint32(rep[33:]), i.seq))
+		return i.g.p.lost("running the chain")
+	}
 	r.Timing = device.Timing{
 		CopyIn:  time.Duration(le.Uint64(rep[1:])),
 		Kernels: time.Duration(le.Uint64(rep[9:])),

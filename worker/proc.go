@@ -43,6 +43,11 @@ type proc struct {
 	// may be reused: no signal may be sent to it after that.
 	mu     sync.Mutex
 	exited bool
+	// ctlBusy: a control call is on the channel; ctlGone: the process was
+	// reaped. Whichever of the two ends last closes ctl, so that a call
+	// reads a reply the worker sent just before it exited (a fault's)
+	// instead of a channel closed under it.
+	ctlBusy, ctlGone bool
 	// cgroup is its CPU group (CPUGroups.Place), removed once it is reaped.
 	cgroup *Group
 	stage  string // removed when the process is gone
@@ -237,7 +242,13 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
 	}
-	p.ctl.Close()
+	p.mu.Lock()
+	p.ctlGone = true
+	busy := p.ctlBusy
+	p.mu.Unlock()
+	if !busy {
+		p.ctl.Close()
+	}
 	p.d.mu.Lock()
 	delete(p.d.procs, p)
 	p.d.mu.Unlock()
@@ -357,6 +368,29 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 		}
 	}
 	defer func() { <-p.ctlTok }()
+	p.mu.Lock()
+	gone := p.ctlGone
+	p.ctlBusy = !gone
+	p.mu.Unlock()
+	if gone {
+		return nil, p.lost(during)
+	}
+	defer func() {
+		p.mu.Lock()
+		p.ctlBusy = false
+		gone := p.ctlGone
+		p.mu.Unlock()
+		if gone {
+			p.ctl.Close()
+		}
+	}()
+	// Between calls the worker has nothing to say: a message waiting now
+	// is bundle code writing to the channel (or a reply it pushed ahead of
+	// the last one), which this call would read as its own reply.
+	if p.pending() {
+		p.kill("it wrote to its control channel out of turn")
+		return nil, p.lost(during)
+	}
 	dl, _ := ctx.Deadline()
 	p.ctl.SetDeadline(dl)
 	// Cancellation, too, ends the wait (as a deadline).
@@ -376,6 +410,25 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 		return nil, p.lost(during)
 	}
 	return append([]byte(nil), p.buf[:n]...), nil
+}
+
+// pending reports whether a message waits on the control channel, without
+// reading it.
+func (p *proc) pending() bool {
+	rc, err := p.ctl.SyscallConn()
+	if err != nil {
+		return false
+	}
+	waiting := false
+	rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		// n == 0 with no error is the worker's end closed: not a message
+		// (the call finds the worker gone in its own way).
+		waiting = err == nil && n > 0
+		return true // one look: never wait for the descriptor
+	})
+	return waiting
 }
 
 // instanceGrace is how long past its request's deadline an instance

@@ -39,7 +39,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const protocol byte = 2
+const protocol byte = 3
 
 // readyLen is the length of the opReady message.
 const readyLen = 1 + 4 + 1 + 1
@@ -57,12 +57,12 @@ const (
 
 // Run message: header then steps.
 const (
-	runHeader = 4 + 4 + 8 + 1 + 8 + 2 + 4 // in, out, tmp, zero flags, chain_key, nsteps, items
-	stepBytes = 12                        // entry, grid, block
+	runHeader = 4 + 4 + 8 + 1 + 8 + 2 + 4 + 4 // in, out, tmp, zero flags, chain_key, nsteps, items, seq
+	stepBytes = 12                            // entry, grid, block
 	runMsgMax = runHeader + abi.MaxChainLength*stepBytes
 	// Run reply: status, copy-in, kernels, copy-out ns, the output's length
-	// (ABI 2 entries may lower it), then a message.
-	replyHeader = 1 + 8 + 8 + 8 + 8
+	// (ABI 2 entries may lower it), the run's seq, then a message.
+	replyHeader = 1 + 8 + 8 + 8 + 8 + 4
 	replyMax    = replyHeader + 4096
 	ctlMax      = 1 << 20 // a manifest, with room to spare
 )
@@ -78,7 +78,14 @@ const (
 	runAlone
 )
 
-func encodeRun(b []byte, r *device.Run, alone bool) []byte {
+// Every run message carries its instance's next sequence number and the
+// reply echoes it. Bundle code runs in the worker and can write to the
+// instance's socket: a message it sends there, or a reply left over from
+// an earlier run, would otherwise be read as this run's reply, and the
+// next request answered with the one before's output. A reply that does not
+// echo the run's number ends the worker instead (instance.Run).
+
+func encodeRun(b []byte, r *device.Run, alone bool, seq uint32) []byte {
 	b = b[:runHeader]
 	le.PutUint32(b[0:], uint32(len(r.Input)))
 	le.PutUint32(b[4:], uint32(len(r.Output)))
@@ -96,6 +103,7 @@ func encodeRun(b []byte, r *device.Run, alone bool) []byte {
 	le.PutUint64(b[17:], r.ChainKey)
 	le.PutUint16(b[25:], uint16(len(r.Chain)))
 	le.PutUint32(b[27:], r.Items)
+	le.PutUint32(b[31:], seq)
 	for _, s := range r.Chain {
 		b = le.AppendUint32(b, uint32(s.Entry))
 		b = le.AppendUint32(b, uint32(s.Grid))
@@ -106,6 +114,15 @@ func encodeRun(b []byte, r *device.Run, alone bool) []byte {
 
 // sentAlone reports the run message's runAlone flag.
 func sentAlone(b []byte) bool { return len(b) > 16 && b[16]&runAlone != 0 }
+
+// runSeq is a run message's sequence number (0 for a message too short to
+// hold one: decodeRun refuses it).
+func runSeq(b []byte) uint32 {
+	if len(b) < runHeader {
+		return 0
+	}
+	return le.Uint32(b[31:])
+}
 
 // decodeRun fills r from a run message, slicing input and output out of
 // slot (input at 0, output at maxIn).

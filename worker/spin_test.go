@@ -151,7 +151,7 @@ func TestPollStopsForAnotherRun(t *testing.T) {
 func TestRunMessageAlone(t *testing.T) {
 	r := &device.Run{Input: []byte("x"), Output: make([]byte, 8), Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}, ZeroOut: true}
 	for _, alone := range []bool{false, true} {
-		msg := encodeRun(make([]byte, runMsgMax), r, alone)
+		msg := encodeRun(make([]byte, runMsgMax), r, alone, 7)
 		if sentAlone(msg) != alone {
 			t.Fatalf("encoded alone=%v, read %v", alone, sentAlone(msg))
 		}
@@ -159,6 +159,9 @@ func TestRunMessageAlone(t *testing.T) {
 		slot := make([]byte, 64)
 		if err := decodeRun(msg, &got, make([]device.Step, 4), slot, 16, 16); err != nil || !got.ZeroOut || got.ZeroTmp {
 			t.Fatalf("decode with alone=%v: %v, %+v", alone, err, got)
+		}
+		if runSeq(msg) != 7 {
+			t.Fatalf("sequence number %d, want 7", runSeq(msg))
 		}
 	}
 }

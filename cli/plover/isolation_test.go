@@ -79,6 +79,8 @@ func isolationCases() []isoCase {
 		{name: "sigterm-self", noneSkip: "SIGTERM to its own process shuts the in-process server down", run: crashCase("sigterm-self", "sigterm_self", diedBy("SIGTERM"))},
 		{name: "overflow-out", noneSkip: "a wild write past out corrupts or crashes the server process", run: crashCase("overflow-out", "overflow_out", nil)},
 		{name: "close-fds", noneSkip: "closing fds 3..1023 closes the server's own listener and connections", run: caseCloseFDs},
+		{name: "ring-twice", noneSkip: skipRing, run: caseRingTwice},
+		{name: "ring-control", noneSkip: skipRing, run: caseRingControl},
 		{name: "backoff", noneSkip: skipCrash, run: caseBackoff},
 		{name: "deadline-spin", noneSkip: skipDeadline, run: deadlineCase("spin", "spin")},
 		{name: "deadline-sleep", noneSkip: skipDeadline, run: deadlineCase("sleep-long", "sleep_long")},
@@ -218,6 +220,39 @@ func caseCloseFDs(t *testing.T, h *isoHarness) {
 		expectError(t, r, 500, "worker_crashed", "close-fds")
 	}
 	h.expectEchoOverride(t, "close-fds", 1)
+}
+
+const skipRing = "a kernel in the server process writes to the server's own sockets"
+
+// caseRingTwice: a kernel that writes a forged reply on each of its
+// worker's channels before the worker's own reply. The server must not take
+// it for the run's reply (the request would be answered before its chain
+// ended, and the next with this one's output): the reply does not echo the
+// run's sequence number, so the worker is ended and the request is 500
+// saying why; the function's next request gets its own bytes.
+func caseRingTwice(t *testing.T, h *isoHarness) {
+	h.mustDeploy(t, hostileManifest("ring-twice", launch("ring_twice", 1, 1)), h.hostile)
+	r := h.invoke(t, "ring-twice", []byte("first"), crashTimeout)
+	expectError(t, r, 500, "worker_crashed", "out of turn")
+	h.expectEchoOverride(t, "ring-twice", 0)
+}
+
+// caseRingControl: a kernel that writes a forged reply on its worker's
+// control channel alone, then answers its request. The server's next call
+// on that channel (here the echo override's kernel lookup) finds a message
+// waiting before it asked, ends the worker and looks the kernel up again on
+// a fresh one, instead of reading the forgery as the kernel's index.
+func caseRingControl(t *testing.T, h *isoHarness) {
+	h.mustDeploy(t, hostileManifest("ring-control", launch("ring_control", 1, 1)), h.hostile)
+	in := []byte("rang the control channel")
+	r := h.invoke(t, "ring-control", in, crashTimeout)
+	if r.code != 200 || !bytes.Equal(r.body, padTo(in, hostileOut)) {
+		t.Fatalf("ring_control: %d %.100q, want its input echoed", r.code, r.body)
+	}
+	h.expectEchoOverride(t, "ring-control", 0)
+	waitFor(t, 10*time.Second, "the server's log to say why the worker was ended", func() bool {
+		return strings.Contains(h.srv.log.String(), "wrote to its control channel out of turn")
+	})
 }
 
 // caseBackoff: a function whose workers crash backoffAfter times within a

@@ -174,6 +174,48 @@ PLOVER_ENTRY(close_fds) {
   put(s, "closed fds 3..1023");
 }
 
+// ring_twice: echoes its input, and first writes a forged "done" message (a
+// success status, everything else zero) on every SOCK_SEQPACKET descriptor
+// it has: the worker's channels to the server. A server that took it for
+// the run's reply would answer this request early and the next one with
+// this one's output.
+// ring sends a forged message on every SOCK_SEQPACKET descriptor in
+// [from, to): a success status, then index (read as a kernel lookup's
+// answer, or the low half of a run's copy-in time), then zeros.
+static int ring(int from, int to, uint32_t index) {
+  char forged[64] = {0};
+  memcpy(forged + 1, &index, sizeof index);
+  int rung = 0;
+  for (int fd = from; fd < to; fd++) {
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_SEQPACKET &&
+        send(fd, forged, sizeof forged, MSG_DONTWAIT) == (ssize_t)sizeof forged)
+      rung++;
+  }
+  return rung;
+}
+
+static void echo_or(plover_state_t *s, int rung) {
+  size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
+  memcpy(s->out.dat, s->input.dat, n);
+  memset(s->out.dat + n, 0, s->out.len - n);
+  if (rung == 0) put(s, "no channel to ring");
+}
+
+PLOVER_ENTRY(ring_twice) {
+  (void)grid; (void)block;
+  echo_or(s, ring(3, 1024, 0));
+}
+
+// ring_control: the same on fd 3 alone, the worker's control channel, where
+// the server's next call (a kernel lookup, a new instance) would read it as
+// that call's reply: a lookup would get kernel 0x7fffffff.
+PLOVER_ENTRY(ring_control) {
+  (void)grid; (void)block;
+  echo_or(s, ring(3, 4, 0x7fffffff));
+}
+
 static const char fake_http[] =
     "HTTP/1.1 200 OK\r\n"
     "Content-Type: application/json\r\n"
