@@ -18,9 +18,10 @@ import (
 )
 
 // The compilers' fixed flags; plover init's Makefile and docs/author-loop.md
-// spell the same lines.
+// spell the same lines. --exclude-libs keeps a statically linked C++ runtime
+// (some toolchains link it so) from being exported by the bundle.
 var (
-	hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC"}
+	hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,ALL"}
 	cudaFlags = []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-O3"}
 )
 

@@ -246,7 +246,11 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.ctlGone = true
 	busy := p.ctlBusy
 	p.mu.Unlock()
-	if !busy {
+	if busy {
+		// The call reads what the worker sent before it exited, then the
+		// end: a child it forked may hold the worker's side open.
+		p.ctl.CloseRead()
+	} else {
 		p.ctl.Close()
 	}
 	p.d.mu.Lock()
@@ -412,21 +416,26 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 	return append([]byte(nil), p.buf[:n]...), nil
 }
 
-// pending reports whether a message waits on the control channel, without
-// reading it.
+// pending reports whether a message waits on the control channel (an
+// empty one too), without reading it.
 func (p *proc) pending() bool {
 	rc, err := p.ctl.SyscallConn()
 	if err != nil {
-		return false
+		return false // closed: the call finds the worker gone its own way
 	}
 	waiting := false
-	rc.Read(func(fd uintptr) bool {
+	// Control, not Read: Read checks the last call's deadline first, long
+	// past by now, and would skip the look.
+	rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(pfd, 0); err != nil || n == 0 || pfd[0].Revents&unix.POLLIN == 0 {
+			return
+		}
 		var b [1]byte
 		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// n == 0 with no error is the worker's end closed: not a message
-		// (the call finds the worker gone in its own way).
-		waiting = err == nil && n > 0
-		return true // one look: never wait for the descriptor
+		// Nothing read with the worker's end closed is the end, not a
+		// message: the call finds the worker gone its own way.
+		waiting = err == nil && (n > 0 || pfd[0].Revents&unix.POLLHUP == 0)
 	})
 	return waiting
 }

@@ -161,6 +161,73 @@ func TestConstructorCrashIsAProcessExit(t *testing.T) {
 	}
 }
 
+// TestConstructorCrashWithEscapedChild: a worker that dies while the
+// server waits for its reply is found out at once, even when a child it
+// forked out of its process group still holds its end of the channel.
+func TestConstructorCrashWithEscapedChild(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("escape")
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HostileCtorSource(), dir, m.Library, "-DPLOVER_CTOR_ESCAPE")
+	testkit.WriteManifest(t, dir, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	_, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m})
+	var pe *device.ProcessExit
+	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "SIGSEGV") {
+		t.Fatalf("load of a constructor that forks and crashes: %v, want a ProcessExit naming SIGSEGV", err)
+	}
+	if el := time.Since(t0); el > 4*time.Second {
+		t.Errorf("the crash was reported after %v: the server waited for the child, not the worker", el)
+	}
+}
+
+// TestControlMessageOutOfTurn: a kernel that writes a forged reply on its
+// worker's control channel. The server's next control call, soon or long
+// after the last call's deadline passed, finds it waiting, ends the worker
+// and says why, instead of reading the forgery as its answer (a kernel
+// index of 0x7fffffff here).
+func TestControlMessageOutOfTurn(t *testing.T) {
+	for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
+		t.Run(fmt.Sprintf("after %v", wait), func(t *testing.T) {
+			d := newDevice(t, 1)
+			m := testkit.Manifest("ring")
+			m.Chain = []abi.Launch{{Kernel: "ring_control", Grid: 1, Block: 1}}
+			dir := t.TempDir()
+			testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
+			testkit.WriteManifest(t, dir, m)
+			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			entry, err := p.Entry("ring_control")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The last control call before the ring, the instance's, has a
+			// deadline (its request's plus a grace) 200 ms from now: the
+			// longer wait below outlasts it.
+			in, err := p.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes,
+				Deadline: time.Now().Add(200*time.Millisecond - instanceGrace)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			if err := in.Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), Chain: []device.Step{{Entry: entry, Grid: 1, Block: 1}}}); err != nil {
+				t.Fatalf("ring_control's own run: %v", err)
+			}
+			time.Sleep(wait)
+			i, err := p.Entry("echo")
+			var pe *device.ProcessExit
+			if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "out of turn") {
+				t.Fatalf("the next control call: kernel %#x, %v; want a ProcessExit saying the worker wrote out of turn", i, err)
+			}
+		})
+	}
+}
+
 // TestZeroOutThroughWorker: the run message carries zero_out, so a short
 // request after a long one on a worker's instance sees zeros, not the long
 // one's bytes (the chain writes only as many bytes as its input has).

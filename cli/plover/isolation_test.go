@@ -233,7 +233,7 @@ const skipRing = "a kernel in the server process writes to the server's own sock
 func caseRingTwice(t *testing.T, h *isoHarness) {
 	h.mustDeploy(t, hostileManifest("ring-twice", launch("ring_twice", 1, 1)), h.hostile)
 	r := h.invoke(t, "ring-twice", []byte("first"), crashTimeout)
-	expectError(t, r, 500, "worker_crashed", "out of turn")
+	expectError(t, r, 500, "worker_crashed", "answered out of turn")
 	h.expectEchoOverride(t, "ring-twice", 0)
 }
 

@@ -17,6 +17,19 @@ static int *volatile ctor_null = NULL;
 __attribute__((constructor)) static void hang_on_load(void) {
   for (;;) pause();
 }
+#elif defined(PLOVER_CTOR_ESCAPE)
+// Built with -DPLOVER_CTOR_ESCAPE: the constructor first forks a child that
+// leaves the process group (setsid) and keeps every inherited descriptor,
+// the worker's channels included, open for 5 s; then it crashes.
+#include <unistd.h>
+__attribute__((constructor)) static void escape_then_crash(void) {
+  if (fork() == 0) {
+    setsid();
+    sleep(5);
+    _exit(0);
+  }
+  *ctor_null = 1;
+}
 #else
 __attribute__((constructor)) static void crash_on_load(void) { *ctor_null = 1; }
 #endif
