@@ -1,16 +1,13 @@
 package worker
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
-	"github.com/plover-run/plover/internal/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -72,17 +69,7 @@ func TestPolledHandOver(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDevice(t, 0)
-			m := testkit.Manifest("hostile")
-			m.Library = "hostile.so"
-			m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}
-			dir := t.TempDir()
-			testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
-			testkit.WriteManifest(t, dir, m)
-			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
+			p, m := loadHostile(t, d, "echo")
 			inst := newInst(t, p, m)
 			echo, _ := p.Entry("echo")
 			bad, err := p.Entry(tc.kernel)

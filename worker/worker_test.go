@@ -52,6 +52,24 @@ func load(t testing.TB, d *Device, m *abi.Manifest) device.Program {
 	return p
 }
 
+// loadHostile loads the hostile test bundle (internal/testkit/hostile.cu)
+// into a worker, its chain the one kernel named.
+func loadHostile(t testing.TB, d *Device, kernel string) (device.Program, *abi.Manifest) {
+	t.Helper()
+	m := testkit.Manifest("hostile")
+	m.Library = "hostile.so"
+	m.Chain = []abi.Launch{{Kernel: kernel, Grid: 1, Block: 1}}
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p, m
+}
+
 func newInst(t testing.TB, p device.Program, m *abi.Manifest) device.Instance {
 	t.Helper()
 	in, err := p.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
@@ -191,17 +209,7 @@ func TestConstructorCrashWithEscapedChild(t *testing.T) {
 func TestControlMessageOutOfTurn(t *testing.T) {
 	for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
 		t.Run(fmt.Sprintf("after %v", wait), func(t *testing.T) {
-			d := newDevice(t, 1)
-			m := testkit.Manifest("ring")
-			m.Chain = []abi.Launch{{Kernel: "ring_control", Grid: 1, Block: 1}}
-			dir := t.TempDir()
-			testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
-			testkit.WriteManifest(t, dir, m)
-			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
+			p, m := loadHostile(t, newDevice(t, 1), "ring_control")
 			entry, err := p.Entry("ring_control")
 			if err != nil {
 				t.Fatal(err)
