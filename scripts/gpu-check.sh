@@ -35,8 +35,10 @@
 # Environment: OUT (copy the report and logs there), HOT_RUNS (default 50),
 # BENCHTIME (go test -test.benchtime, default 2s), PORT (first of two ports),
 # NO_CURL=1 (use the fallbacks even where curl exists), SKIP (sections to
-# leave out, of "tests bench"), ISO_SECONDS/ISO_ROUNDS (isolation bench,
-# default 5 and 3), FAIR_TIME (fairness bench, default 5s).
+# leave out, of "tests bench sanitizer eager batch"), ISO_SECONDS/ISO_ROUNDS
+# (isolation bench, default 5 and 3), FAIR_TIME (fairness bench, default
+# 5s), BATCH_TIME/BATCH_SWEEP (batching bench, default 3s and 0.5,1,2).
+# $OUT gets gpu-check.txt (this report) and gpu-check-logs.tgz (the logs).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,6 +54,7 @@ hot_runs=${HOT_RUNS:-50}
 benchtime=${BENCHTIME:-2s}
 port=${PORT:-$((20000 + RANDOM % 20000))}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/plover-gpu-check.XXXXXX")
+mkdir -p "$tmp/logs"
 failures=0
 pids=()
 
@@ -60,11 +63,16 @@ cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-  # Also when a section hangs and a timeout ends the script: the logs say why.
-  if [ -n "${OUT:-}" ]; then for p in "$tmp"/server-*.log; do [ -f "$p" ] && cp "$p" "$OUT/"; done; fi
+  # Also when a section hangs and a timeout ends the script: the logs say
+  # why. One archive beside the report: the device tool returns 8 files.
+  if [ -n "${OUT:-}" ]; then
+    for p in "$tmp"/server-*.log; do [ -f "$p" ] && cp "$p" "$tmp/logs/"; done
+    tar czf "$OUT/gpu-check-logs.tgz" -C "$tmp/logs" . 2>/dev/null
+  fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT # a timeout's signal still runs cleanup
 
 say() { printf '%s\n' "$*"; }
 section() { printf '\n== %s ==\n' "$*"; }
@@ -79,8 +87,8 @@ have() { # NO_CURL=1 exercises the fallbacks
   command -v "$1" >/dev/null 2>&1
 }
 body() { head -c 300 "$1" | tr -c '[:print:]\n' '.'; } # a response body, printable
-save() { # save FILE NAME: copy a log to $OUT
-  if [ -n "${OUT:-}" ] && [ -f "$1" ]; then cp "$1" "$OUT/$2"; fi
+save() { # save FILE NAME: keep a log for $OUT/gpu-check-logs.tgz
+  if [ -f "$1" ]; then cp "$1" "$tmp/logs/$2"; fi
 }
 
 # ---------------------------------------------------------------- artifacts
@@ -602,6 +610,66 @@ if [ -x bin/plover-bench-suite ] && [ -d build/samples/cnn-cuda ] && [ -d build/
   save "$tmp/fair.md" fair.md
 else
   say "SKIP: needs bin/plover-bench-suite and build/samples/{cnn,spin,vecadd}-cuda"
+fi
+
+# ---------------------------------------------------------------- memcheck
+# The device suite under compute-sanitizer: out-of-bounds and misaligned
+# device accesses and leaked device memory. API errors are not reported:
+# the suite provokes some on purpose (bad launches) and checks them itself.
+section "compute-sanitizer memcheck: the device suite"
+if ! skip sanitizer; then
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+  if [ -n "$cs" ]; then
+    (cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" timeout 300 "$cs" --tool memcheck \
+      --leak-check full --report-api-errors no --error-exitcode 9 \
+      "$root/bin/device.test" -test.run '^TestGPUSuite$' -test.count=1 -test.v) >"$tmp/memcheck.txt" 2>&1
+    rc=$?
+    save "$tmp/memcheck.txt" memcheck.txt
+    grep -E 'ERROR SUMMARY|LEAK SUMMARY|^--- (PASS|FAIL)' "$tmp/memcheck.txt" | head -n 5
+    if [ "$rc" -eq 0 ]; then pass "memcheck: the device suite ran clean"; else
+      fail "memcheck exited $rc (memcheck.txt in gpu-check-logs.tgz)"
+      tail -n 30 "$tmp/memcheck.txt"
+    fi
+  else
+    say "SKIP: compute-sanitizer not found"
+  fi
+fi
+
+# ---------------------------------------------------------------- eager
+# Module loading is lazy by default since CUDA 12: kernels load at their
+# first launch, inside a capture too. Eager loading must work the same.
+section "CUDA_MODULE_LOADING=EAGER: the device suite again"
+if ! skip eager; then
+  (cd device && CUDA_MODULE_LOADING=EAGER PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
+    "$root/bin/device.test" -test.run '^(TestGPUSuite|TestGPUFault)$' -test.count=1 -test.v) >"$tmp/eager.txt" 2>&1
+  rc=$?
+  save "$tmp/eager.txt" eager.txt
+  grep -E '^--- (PASS|FAIL|SKIP)' "$tmp/eager.txt"
+  if [ "$rc" -eq 0 ] && ! grep -q -- '--- SKIP: TestGPUSuite' "$tmp/eager.txt"; then pass "the device suite with eager module loading"; else
+    fail "the device suite with eager module loading (eager.txt)"
+    tail -n 30 "$tmp/eager.txt"
+  fi
+fi
+
+# ---------------------------------------------------------------- batching
+# The batched CNN against the unbatched one on one CUDA server, and against
+# the same batched chain called in process: throughput and the batch size
+# where it stops growing.
+section "batching on CUDA: the CNN with and without it (plover-bench-suite --batch)"
+if skip batch; then
+  :
+elif [ -x bin/plover-bench-suite ] && [ -d build/samples/cnn-cuda ] && [ -d build/samples/cnn-batch-cuda ]; then
+  if bin/plover-bench-suite --plover bin/plover --device cuda --batch --batch-time "${BATCH_TIME:-3s}" \
+    --batch-sweep "${BATCH_SWEEP:-0.5,1,2}" --dry-run >"$tmp/batch.md" 2>&1; then
+    pass "batching benchmark on CUDA"
+  else
+    fail "batching benchmark on CUDA (batch.md)"
+    tail -n 20 "$tmp/batch.md"
+  fi
+  grep -E '^\||over the|over unbatched' "$tmp/batch.md" || true
+  save "$tmp/batch.md" batch.md
+else
+  say "SKIP: needs bin/plover-bench-suite and build/samples/cnn{,-batch}-cuda"
 fi
 
 save "$tmp/server-cuda.log" server-cuda.log
