@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# cold-sequence.sh — the anatomy of cold starts in turn: N copies of the CNN
+# deployed and loaded once, a fresh server, then each invoked once from one
+# keep-alive client. Prints the client latency percentiles and, per request
+# from the server's "cold start" log lines, the load time and its program
+# part (worker taken or started, library, constants): a worker from the
+# standby pool costs well under a millisecond there, one started for the
+# request a worker's start more.
+# Usage: scripts/cold-sequence.sh [N] (default 200; after make build samples)
+set -euo pipefail
+n=${1:-200}
+plover=${PLOVER:-bin/plover}
+work=$(mktemp -d)
+spid=
+trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
+
+python3 - samples/cnn/testdata/heldout.bin "$work/digit.bin" <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+assert d[:8] == b"PLVDGT01"
+open(sys.argv[2], "wb").write(struct.pack("<784f", *[k / 255 for k in d[13:13 + 784]]))
+PY
+
+start() { # start LOG: a server on the shared data directory; sets spid, addr
+  "$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 >"$1" 2>&1 &
+  spid=$!
+  addr=
+  for _ in $(seq 1 200); do
+    addr=$(sed -n 's/.*addr=http:\/\/\([0-9.:]*\).*/\1/p' "$1" | head -n 1)
+    [ -n "$addr" ] && return
+    sleep 0.05
+  done
+  cat "$1" >&2
+  exit 1
+}
+stop() { kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; }
+# invoke_all ADDR [TIMES]: each function once, one keep-alive connection
+invoke_all() {
+  python3 - "$1" "$n" "$work/digit.bin" <<'PY'
+import http.client, sys, time
+h, p = sys.argv[1].split(":"); n = int(sys.argv[2]); body = open(sys.argv[3], "rb").read()
+c = http.client.HTTPConnection(h, int(p))
+for i in range(1, n + 1):
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/functions/cnn-%04d/invoke" % i, body, {"Content-Type": "application/octet-stream"})
+    r = c.getresponse(); r.read()
+    assert r.status == 200, r.status
+    print("%.3f" % ((time.perf_counter() - t0) * 1000))
+PY
+}
+
+start "$work/deploy.log"
+export PLOVER_SERVER=http://$addr
+for i in $(seq 1 "$n"); do
+  d=$work/bundles/$(printf 'cnn-%04d' "$i")
+  mkdir -p "$d"
+  cp build/samples/cnn-host/* "$d/"
+  python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["name"]=sys.argv[2]; json.dump(m, open(sys.argv[1], "w"))' "$d/plover.json" "${d##*/}"
+  "$plover" deploy "$d" >/dev/null
+done
+invoke_all "$addr" >/dev/null # every bundle in the node cache
+stop
+
+start "$work/measure.log"
+sleep 1 # the standby pool at rest
+invoke_all "$addr" >"$work/client"
+stop
+sort -n "$work/client" | awk '{ a[NR] = $1 } END { printf "client ms: p50 %s  p90 %s  p99 %s  max %s\n", a[int(NR * 0.5)], a[int(NR * 0.9)], a[int(NR * 0.99)], a[NR] }'
+grep '"cold start"\|msg="cold start"' "$work/measure.log" |
+  sed -n 's/.*load_ms=\([0-9.]*\) fetch_ms=[0-9.]* program_ms=\([0-9.]*\).*/\1 \2/p' |
+  awk '{ n++; if ($2 < 2) { fast++; f += $2 } else { slow++; s += $2 } }
+       END { printf "program part: %d of %d under 2 ms (mean %.2f ms: a standby worker), %d over (mean %.2f ms: a worker started for the request)\n", fast, n, fast ? f / fast : 0, slow, slow ? s / slow : 0 }'
