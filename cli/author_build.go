@@ -21,7 +21,7 @@ import (
 // spell the same lines. --exclude-libs keeps a statically linked C++ runtime
 // (some toolchains link it so) from being exported by the bundle.
 var (
-	hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,ALL"}
+	hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a"}
 	cudaFlags = []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-O3"}
 )
 

@@ -81,9 +81,9 @@ func TestHostCommand(t *testing.T) {
 		want string
 	}{
 		{"defaults", abi.Build{Sources: []string{"k.cu"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,ALL -Iinclude -o build/host/k.so k.cu"},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinclude -o build/host/k.so k.cu"},
 		{"includes, flags, two sources", abi.Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,ALL -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -226,7 +226,7 @@ func TestInit(t *testing.T) {
 		}
 	}
 	mk, _ := os.ReadFile(filepath.Join(dir, "Makefile"))
-	for _, s := range []string{"-x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,ALL -Iinclude", "-x cu -shared -Xcompiler -fPIC -O3 -Iinclude",
+	for _, s := range []string{"-x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinclude", "-x cu -shared -Xcompiler -fPIC -O3 -Iinclude",
 		"-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]", "g++-11", "PTX"} {
 		if !bytes.Contains(mk, []byte(s)) {
 			t.Errorf("the Makefile lacks %q", s)
@@ -378,7 +378,7 @@ func TestBuildAndRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
-	if !strings.Contains(stderr, "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,ALL -Iinclude -o build/host/loop.so loop.cu") || !strings.Contains(stdout, "built ") {
+	if !strings.Contains(stderr, "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinclude -o build/host/loop.so loop.cu") || !strings.Contains(stdout, "built ") {
 		t.Fatalf("stdout %q stderr %q", stdout, stderr)
 	}
 	bm, err := checkDir(filepath.Join(dir, "build", "host"))

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # cpu-per-request.sh — where the CPU of a loaded server goes, per request:
-# the server, the worker serving the function (--isolation process) and the
-# load generator, user and system time and context switches, for the CNN
+# the server, the worker serving the function (--isolation process; the
+# busiest of the server's children: the standby workers idle) and the load
+# generator (GNU time), user and system time and context switches, for the CNN
 # sample at C closed-loop clients, through --isolation none and process in
 # turn. On a machine whose CPUs are all busy, throughput is the inverse of
 # this sum, so the two modes' sums explain their throughput ratio.
 # Usage: scripts/cpu-per-request.sh [CLIENTS] [REQUESTS] [ROUNDS]
 # (defaults 4, 20000, 1; run from the repository root after make build samples)
 set -euo pipefail
+[ -x /usr/bin/time ] || { echo "needs GNU time (/usr/bin/time)" >&2; exit 1; }
 clients=${1:-4}
 requests=${2:-20000}
 rounds=${3:-1}
 plover=${PLOVER:-bin/plover}
 work=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 
 python3 - samples/cnn/testdata/heldout.bin "$work/digit.bin" <<'PY'
 import struct, sys
@@ -54,7 +56,7 @@ for r in $(seq 1 "$rounds"); do
     fi
     read -r su0 ss0 < <(times "$spid"); read -r wu0 ws0 < <(times "$wpid")
     read -r sv0 sn0 < <(switches "$spid"); read -r wv0 wn0 < <(switches "$wpid")
-    out=$( { /usr/bin/time -f "%U %S" "$plover" bench cnn --in "$work/digit.bin" --concurrency "$clients" --requests "$requests" --json; } 2>"$work/time")
+    out=$(/usr/bin/time -o "$work/time" -f "%U %S" "$plover" bench cnn --in "$work/digit.bin" --concurrency "$clients" --requests "$requests" --json)
     read -r su1 ss1 < <(times "$spid"); read -r wu1 ws1 < <(times "$wpid")
     read -r sv1 sn1 < <(switches "$spid"); read -r wv1 wn1 < <(switches "$wpid")
     rps=$(python3 -c 'import json,sys; print(round(json.load(sys.stdin)["throughput_per_s"]))' <<<"$out")

@@ -421,21 +421,24 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 func (p *proc) pending() bool {
 	rc, err := p.ctl.SyscallConn()
 	if err != nil {
-		return false // closed: the call finds the worker gone its own way
+		return false
 	}
 	waiting := false
 	// Control, not Read: Read checks the last call's deadline first, long
-	// past by now, and would skip the look.
+	// past by now, and would skip the look. On a closed channel Control
+	// does not call the function: the call finds the worker gone its own
+	// way.
 	rc.Control(func(fd uintptr) {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
 		if n, err := unix.Poll(pfd, 0); err != nil || n == 0 || pfd[0].Revents&unix.POLLIN == 0 {
 			return
 		}
 		var b [1]byte
 		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// Nothing read with the worker's end closed is the end, not a
-		// message: the call finds the worker gone its own way.
-		waiting = err == nil && (n > 0 || pfd[0].Revents&unix.POLLHUP == 0)
+		// Nothing to read with the worker's end closed or shut for writing
+		// is the end, not a message.
+		ended := pfd[0].Revents&(unix.POLLHUP|unix.POLLRDHUP) != 0
+		waiting = err == nil && (n > 0 || !ended)
 	})
 	return waiting
 }

@@ -19,13 +19,16 @@ __attribute__((constructor)) static void hang_on_load(void) {
 }
 #elif defined(PLOVER_CTOR_ESCAPE)
 // Built with -DPLOVER_CTOR_ESCAPE: the constructor first forks a child that
-// leaves the process group (setsid) and keeps every inherited descriptor,
-// the worker's channels included, open for 5 s; then it crashes.
+// leaves the process group (setsid), names itself "plover-escaped" (so that
+// a test can find it and end it) and keeps every inherited descriptor, the
+// worker's channels included, open for 20 s; then it crashes.
+#include <sys/prctl.h>
 #include <unistd.h>
 __attribute__((constructor)) static void escape_then_crash(void) {
   if (fork() == 0) {
     setsid();
-    sleep(5);
+    prctl(PR_SET_NAME, "plover-escaped", 0, 0, 0);
+    sleep(20);
     _exit(0);
   }
   *ctor_null = 1;

@@ -42,7 +42,7 @@ func BuildLib(t testing.TB, src, dir, name string, args ...string) string {
 	// --exclude-libs: a toolchain that links the C++ runtime statically (the
 	// GPU machine's did) would otherwise export all of libsupc++ from the
 	// bundle; the Makefile builds the samples the same way.
-	cmd := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,ALL"}, args...)
+	cmd := append([]string{"-x", "c++", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a"}, args...)
 	cmd = append(cmd, "-I"+filepath.Join(Root(), "abi"), "-o", out, src)
 	if b, err := exec.Command(cxx, cmd...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v\n%s", cxx, cmd, err, b)

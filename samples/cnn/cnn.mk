@@ -17,7 +17,7 @@ CXX ?= g++
 NVCC ?= nvcc
 GO ?= go
 NPM ?= npm
-HOST_CXXFLAGS ?= -x c++ -O2 -shared -fPIC -Wl,--exclude-libs,ALL -Wall -Wextra -Iabi
+HOST_CXXFLAGS ?= -x c++ -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iabi
 NVCCFLAGS ?= -x cu -shared -Xcompiler -fPIC -O3 -Iabi -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 
 CNN_DIR := samples/cnn

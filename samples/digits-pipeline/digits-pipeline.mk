@@ -12,7 +12,7 @@
 BUILD ?= build
 CXX ?= g++
 GO ?= go
-HOST_CXXFLAGS ?= -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,ALL -Wall -Wextra -Iabi
+HOST_CXXFLAGS ?= -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iabi
 
 DIGITS_DIR := samples/digits-pipeline
 DIGITS_NORMALIZE_HOST := $(BUILD)/samples/digits-normalize-host

@@ -12,7 +12,7 @@ BUILD ?= build
 CXX ?= g++
 NVCC ?= nvcc
 GO ?= go
-HOST_CXXFLAGS ?= -x c++ -O2 -shared -fPIC -Wl,--exclude-libs,ALL -Wall -Wextra -Iabi
+HOST_CXXFLAGS ?= -x c++ -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iabi
 NVCCFLAGS ?= -x cu -shared -Xcompiler -fPIC -O3 -Iabi -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 
 SOFTMAX_DIR := samples/softmax
