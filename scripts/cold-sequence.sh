@@ -8,30 +8,22 @@
 # request a worker's start more.
 # Usage: scripts/cold-sequence.sh [N] (default 200; after make build samples)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 n=${1:-200}
 plover=${PLOVER:-bin/plover}
 work=$(mktemp -d)
 spid=
 trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
 
-python3 - samples/cnn/testdata/heldout.bin "$work/digit.bin" <<'PY'
-import struct, sys
-d = open(sys.argv[1], "rb").read()
-assert d[:8] == b"PLVDGT01"
-open(sys.argv[2], "wb").write(struct.pack("<784f", *[k / 255 for k in d[13:13 + 784]]))
-PY
+. scripts/lib/bench.sh
+cnn_digit "$work/digit.bin"
 
 start() { # start LOG: a server on the shared data directory; sets spid, addr
   "$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 >"$1" 2>&1 &
   spid=$!
-  addr=
-  for _ in $(seq 1 200); do
-    addr=$(sed -n 's/.*addr=http:\/\/\([0-9.:]*\).*/\1/p' "$1" | head -n 1)
-    [ -n "$addr" ] && return
-    sleep 0.05
-  done
-  cat "$1" >&2
-  exit 1
+  local url
+  url=$(server_url "$1")
+  addr=${url#http://}
 }
 stop() { kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; }
 # invoke_all ADDR [TIMES]: each function once, one keep-alive connection

@@ -9,6 +9,7 @@
 # Usage: scripts/cpu-per-request.sh [CLIENTS] [REQUESTS] [ROUNDS]
 # (defaults 4, 20000, 1; run from the repository root after make build samples)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 [ -x /usr/bin/time ] || { echo "needs GNU time (/usr/bin/time)" >&2; exit 1; }
 clients=${1:-4}
 requests=${2:-20000}
@@ -18,12 +19,8 @@ work=$(mktemp -d)
 pids=()
 trap 'for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 
-python3 - samples/cnn/testdata/heldout.bin "$work/digit.bin" <<'PY'
-import struct, sys
-d = open(sys.argv[1], "rb").read()
-assert d[:8] == b"PLVDGT01"
-open(sys.argv[2], "wb").write(struct.pack("<784f", *[k / 255 for k in d[13:13 + 784]]))
-PY
+. scripts/lib/bench.sh
+cnn_digit "$work/digit.bin"
 
 # user and system clock ticks of a process, its threads included
 times() { awk '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); print f[12], f[13] }' "/proc/$1/stat"; }
@@ -40,13 +37,8 @@ for r in $(seq 1 "$rounds"); do
     "$plover" serve --listen 127.0.0.1:0 --data "$work/d-$mode-$r" --device host --isolation "$mode" --poll 0 >"$log" 2>&1 &
     spid=$!
     pids+=("$spid")
-    addr=
-    for _ in $(seq 1 200); do
-      addr=$(sed -n 's/.*addr=http:\/\/\([0-9.:]*\).*/\1/p' "$log" | head -n 1)
-      [ -n "$addr" ] && break
-      sleep 0.05
-    done
-    export PLOVER_SERVER=http://$addr
+    PLOVER_SERVER=$(server_url "$log")
+    export PLOVER_SERVER
     "$plover" deploy build/samples/cnn-host >/dev/null
     "$plover" bench cnn --in "$work/digit.bin" --concurrency "$clients" --requests 3000 >/dev/null # warm
     # the worker serving cnn: the server's child with the most CPU so far

@@ -20,31 +20,15 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-# The first held-out digit as the network's input: 784 float32 pixels k/255
-# (heldout.bin: "PLVDGT01", a uint32 count, then a label byte and 784 pixel
-# bytes per digit). Until 2026-11-27 this took the file's first 3136 bytes
-# as they were: header and pixel bytes read as floats, mostly denormals,
-# which made the CNN's kernels about 4x slower than on a real digit.
-python3 - samples/cnn/testdata/heldout.bin "$work/digit.bin" <<'PY'
-import struct, sys
-d = open(sys.argv[1], "rb").read()
-assert d[:8] == b"PLVDGT01"
-open(sys.argv[2], "wb").write(struct.pack("<784f", *[k / 255 for k in d[13:13 + 784]]))
-PY
+. scripts/lib/bench.sh
+cnn_digit "$work/digit.bin"
 
-start() { # mode → URL
-  local log="$work/$1.log"
-  "$plover" serve --listen 127.0.0.1:0 --data "$work/$1" --device "$device" --isolation "$1" --poll 0 >"$log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 200); do
-    addr=$(sed -n 's/.*addr=http:\/\/\([0-9.:]*\).*/\1/p' "$log" | head -n 1)
-    [ -n "$addr" ] && { echo "http://$addr"; return; }
-    sleep 0.05
-  done
-  cat "$log" >&2; exit 1
-}
 declare -A url
-for mode in none process; do url[$mode]=$(start "$mode"); done
+for mode in none process; do
+  "$plover" serve --listen 127.0.0.1:0 --data "$work/$mode" --device "$device" --isolation "$mode" --poll 0 >"$work/$mode.log" 2>&1 &
+  pids+=($!)
+  url[$mode]=$(server_url "$work/$mode.log")
+done
 sleep 1 # the process server's standby worker starts in the background
 
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }

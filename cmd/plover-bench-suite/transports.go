@@ -70,11 +70,7 @@ func writeTransports(o *options, res *results, runs []*transRun) error {
 	fmt.Fprintf(&b, "Command: `%s`. The CNN (`samples/cnn`), hot, one client with one connection, %d requests each way in alternating blocks of %d after a warm-up block, on one server (--isolation %s).\n\n",
 		res.Command, transBlock*transRounds, transBlock, o.isolation)
 	b.WriteString(runMachine(res, res.Machine.Plover))
-	b.WriteString("| route | client p50 ms | client p99 ms | server total p50 ms | client − server p50 ms |\n|---|---|---|---|---|\n")
-	for _, r := range runs {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.Name, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)),
-			fmtMs(median(diffs(r.Client, r.Server))))
-	}
+	writeHotTable(&b, "route", "client − server p50 ms", runs, func(r *transRun) string { return fmtMs(median(diffs(r.Client, r.Server))) })
 	h, g := runs[0], runs[1]
 	fmt.Fprintf(&b, "\n- gRPC hot p50 against HTTP: %s (target ≤ 1.3×); p99 %s; the server's own time %s.\n\n",
 		ratio(median(g.Client), median(h.Client)), ratio(quantile(g.Client, 0.99), quantile(h.Client, 0.99)), ratio(median(g.Server), median(h.Server)))
@@ -152,14 +148,19 @@ func runTracing(ctx context.Context, o *options, res *results) error {
 	fmt.Fprintf(&b, "Command: `%s`. The CNN (`samples/cnn`), hot, one client, %d requests on each of three servers running side by side, in alternating blocks of %d after a warm-up block (--isolation %s); spans exported over OTLP/HTTP to a local sink that drops them.\n\n",
 		res.Command, transBlock*transRounds, transBlock, o.isolation)
 	b.WriteString(runMachine(res, res.Machine.Plover))
-	b.WriteString("| server | client p50 ms | client p99 ms | server total p50 ms | client p50 against off |\n|---|---|---|---|---|\n")
-	for _, r := range runs {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.Name, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)),
-			ratio(median(r.Client), median(runs[0].Client)))
-	}
+	writeHotTable(&b, "server", "client p50 against off", runs, func(r *transRun) string { return ratio(median(r.Client), median(runs[0].Client)) })
 	b.WriteString("\n")
 	writePlain(&b, plain, "Tracing off against a build without tracing", "Tracing off against no tracing at all")
 	return writeSection(o, "tracing-"+o.device, b.String(), map[string]any{"modes": runs, "before": plain})
+}
+
+// writeHotTable writes one row per run: its name (column first), client
+// p50 and p99, server p50, and the column last says.
+func writeHotTable(b *strings.Builder, first, last string, runs []*transRun, lastOf func(*transRun) string) {
+	fmt.Fprintf(b, "| %s | client p50 ms | client p99 ms | server total p50 ms | %s |\n|---|---|---|---|---|\n", first, last)
+	for _, r := range runs {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", r.Name, fmtMs(median(r.Client)), fmtMs(quantile(r.Client, 0.99)), fmtMs(median(r.Server)), lastOf(r))
+	}
 }
 
 // alternate runs each config's CNN requests in blocks, in turn, one

@@ -967,6 +967,26 @@ func tracingOn() values {
 // from a Secret.
 func TestTracing(t *testing.T) {
 	const k8sAttrs = "k8s.namespace.name=" + namespace + ",k8s.node.name=$(K8S_NODE_NAME),k8s.pod.name=$(K8S_POD_NAME)"
+	// defaults is what tracingOn() renders for service name svc, changed by
+	// edits (an empty value: the variable is absent).
+	defaults := func(svc string, edits map[string]string) map[string]string {
+		m := map[string]string{
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+			"OTEL_SERVICE_NAME":           svc,
+			"OTEL_TRACES_SAMPLER":         "parentbased_traceidratio",
+			"OTEL_TRACES_SAMPLER_ARG":     "0.1",
+			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
+		}
+		for k, v := range edits {
+			if v == "" {
+				delete(m, k)
+			} else {
+				m[k] = v
+			}
+		}
+		return m
+	}
 	cases := []struct {
 		name     string
 		release  string
@@ -975,22 +995,8 @@ func TestTracing(t *testing.T) {
 		want     map[string]string // OTEL_* literal values; every other OTEL_* but the headers is refused
 		headers  *corev1.SecretKeySelector
 	}{
-		{"defaults", "plover", "plover", tracingOn(), map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
-			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-			"OTEL_SERVICE_NAME":           "plover",
-			"OTEL_TRACES_SAMPLER":         "parentbased_traceidratio",
-			"OTEL_TRACES_SAMPLER_ARG":     "0.1",
-			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
-		}, nil},
-		{"service name from the release", "edge", "edge-plover", tracingOn(), map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
-			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-			"OTEL_SERVICE_NAME":           "edge-plover",
-			"OTEL_TRACES_SAMPLER":         "parentbased_traceidratio",
-			"OTEL_TRACES_SAMPLER_ARG":     "0.1",
-			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
-		}, nil},
+		{"defaults", "plover", "plover", tracingOn(), defaults("plover", nil), nil},
+		{"service name from the release", "edge", "edge-plover", tracingOn(), defaults("edge-plover", nil), nil},
 		{"everything set", "inference", "inference-plover", values{}.
 			set("s3.bucket", "plover-bundles").set("s3.prefix", "prod").set("s3.existingSecret", "plover-s3").
 			set("auth.existingSecret", "plover-auth").
@@ -1011,27 +1017,12 @@ func TestTracing(t *testing.T) {
 				"OTEL_RESOURCE_ATTRIBUTES": "k8s.namespace.name=" + namespace + ",k8s.pod.name=$(K8S_POD_NAME)," +
 					"deployment.environment.name=prod,k8s.cluster.name=gpu-eu-1,k8s.node.name=pinned",
 			}, &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "plover-otel"}, Key: "headers"}},
-		{"headers Secret with the default key", "plover", "plover", tracingOn().set("tracing.headersSecret.name", "plover-otel"), map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
-			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-			"OTEL_SERVICE_NAME":           "plover",
-			"OTEL_TRACES_SAMPLER":         "parentbased_traceidratio",
-			"OTEL_TRACES_SAMPLER_ARG":     "0.1",
-			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
-		}, &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "plover-otel"}, Key: "OTEL_EXPORTER_OTLP_HEADERS"}},
-		{"always_on: no sampler argument", "plover", "plover", tracingOn().set("tracing.sampler", "always_on"), map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
-			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-			"OTEL_SERVICE_NAME":           "plover",
-			"OTEL_TRACES_SAMPLER":         "always_on",
-			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
-		}, nil},
-		{"no sampler: the SDK's", "plover", "plover", tracingOn().set("tracing.sampler", ""), map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
-			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-			"OTEL_SERVICE_NAME":           "plover",
-			"OTEL_RESOURCE_ATTRIBUTES":    k8sAttrs,
-		}, nil},
+		{"headers Secret with the default key", "plover", "plover", tracingOn().set("tracing.headersSecret.name", "plover-otel"), defaults("plover", nil),
+			&corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "plover-otel"}, Key: "OTEL_EXPORTER_OTLP_HEADERS"}},
+		{"always_on: no sampler argument", "plover", "plover", tracingOn().set("tracing.sampler", "always_on"),
+			defaults("plover", map[string]string{"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": ""}), nil},
+		{"no sampler: the SDK's", "plover", "plover", tracingOn().set("tracing.sampler", ""),
+			defaults("plover", map[string]string{"OTEL_TRACES_SAMPLER": "", "OTEL_TRACES_SAMPLER_ARG": ""}), nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

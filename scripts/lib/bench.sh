@@ -1,0 +1,34 @@
+# scripts/lib/bench.sh — sourced by the benchmark scripts (isolation-bench.sh,
+# cpu-per-request.sh, cold-sequence.sh); run them from the repository root.
+
+# cnn_digit OUT: the first held-out digit as the CNN's input, 784 float32
+# pixels k/255 (heldout.bin: "PLVDGT01", a uint32 count, then a label byte
+# and 784 pixel bytes per digit). Not the file's first 3136 bytes as they
+# are: read as floats those are mostly denormals, which made the CNN's
+# kernels about 4x slower than on a real digit (until 2026-11-27).
+cnn_digit() {
+  python3 - samples/cnn/testdata/heldout.bin "$1" <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+assert d[:8] == b"PLVDGT01"
+open(sys.argv[2], "wb").write(struct.pack("<784f", *[k / 255 for k in d[13:13 + 784]]))
+PY
+}
+
+# server_url LOG: waits (10 s at most) for a `plover serve --listen
+# 127.0.0.1:0` writing LOG to say where it listens, and prints its URL; on
+# failure prints the log to stderr and returns 1. Start the server in the
+# calling shell (not in $(...)), so that its pid is the caller's to stop.
+server_url() {
+  local addr
+  for _ in $(seq 1 200); do
+    addr=$(sed -n 's/.*addr=http:\/\/\([0-9.:]*\).*/\1/p' "$1" | head -n 1)
+    if [ -n "$addr" ]; then
+      echo "http://$addr"
+      return 0
+    fi
+    sleep 0.05
+  done
+  cat "$1" >&2
+  return 1
+}
