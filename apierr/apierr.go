@@ -6,6 +6,8 @@
 package apierr
 
 import (
+	"errors"
+
 	"google.golang.org/grpc/codes"
 
 	"github.com/plover-run/plover/engine"
@@ -28,8 +30,41 @@ var (
 	NotFound        = Status{404, "not_found", codes.NotFound}
 	// BadOutput is a function whose output the protocol cannot carry
 	// (too few bytes for its declared outputs, a NaN in JSON data).
-	BadOutput = Status{500, "bad_output", codes.Internal}
+	BadOutput        = Status{500, "bad_output", codes.Internal}
+	UnsupportedMedia = Status{415, "unsupported_media_type", codes.InvalidArgument}
+	TooLarge         = byKind[engine.KindTooLarge]
+	Unavailable      = byKind[engine.KindUnavailable]
 )
+
+// Error is a request a transport refuses itself (a field it cannot parse,
+// a version that is not the current one, a body over a limit) or an
+// output it cannot encode: its class and the message for the client.
+type Error struct {
+	Status Status
+	Msg    string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Classify is err's status, the engine kind the metrics count it under,
+// and the message for the client; ok is false for an error of neither
+// kind, whose text is for the log only. Call it on the error path only: its
+// errors.As targets escape.
+func Classify(err error) (st Status, k engine.Kind, msg string, ok bool) {
+	var e *Error
+	if errors.As(err, &e) {
+		if e.Status.HTTP >= 500 { // the server's failure (an output it cannot encode), not the request's
+			return e.Status, engine.KindInternal, e.Msg, true
+		}
+		return e.Status, engine.KindBadRequest, e.Msg, true
+	}
+	k = engine.KindOf(err)
+	var ee *engine.Error
+	if errors.As(err, &ee) {
+		return Of(k), k, ee.Msg, true
+	}
+	return Of(k), k, "internal error", false
+}
 
 // byKind is indexed by engine.Kind.
 var byKind = [...]Status{
@@ -66,7 +101,12 @@ func HTTPOf(c codes.Code) int {
 	if c == codes.OK {
 		return 200
 	}
-	for _, s := range append(byKind[:], Unauthenticated, RateLimited) {
+	for _, s := range byKind {
+		if s.GRPC == c {
+			return s.HTTP
+		}
+	}
+	for _, s := range [...]Status{Unauthenticated, RateLimited} {
 		if s.GRPC == c {
 			return s.HTTP
 		}

@@ -297,11 +297,10 @@ type reply struct {
 
 // httpSender is one worker's HTTP invoke.
 type httpSender struct {
-	r         *run
-	req       *fasthttp.Request
-	resp      *fasthttp.Response
-	rep       reply
-	haveReply bool
+	r    *run
+	req  *fasthttp.Request
+	resp *fasthttp.Response
+	rep  reply
 }
 
 func (r *run) newHTTPSender() *httpSender {

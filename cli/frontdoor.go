@@ -149,9 +149,7 @@ func (d *frontDoor) refuseExposed(ctx context.Context, ln net.Listener, flag, wh
 		return fmt.Errorf("%s %s is not a loopback address and there is no --auth-file: anyone who reaches it could %s. "+
 			"Create tokens (plover token new NAME --scopes ...) and pass --auth-file FILE, or, on a network you trust, --insecure-no-auth", flag, ln.Addr(), what)
 	}
-	if flag == "--listen" {
-		go d.remind(ctx)
-	}
+	go d.remind(ctx, flag, ln.Addr().String())
 	return nil
 }
 
@@ -193,12 +191,13 @@ func (d *frontDoor) listenMetrics() (net.Listener, error) {
 	return &netguard.Listener{Listener: ln, Max: 64, OnError: d.guard.OnError}, nil
 }
 
-// remind logs that the server is open to anyone, at start and every hour.
-func (d *frontDoor) remind(ctx context.Context) {
+// remind logs that listener flag (at addr) is open to anyone, at start and
+// every hour: one reminder per exposed listener.
+func (d *frontDoor) remind(ctx context.Context, flag, addr string) {
 	t := time.NewTicker(time.Hour)
 	defer t.Stop()
 	for {
-		d.log.Warn("--insecure-no-auth: no authentication on a non-loopback address; anyone who reaches it can deploy and run native code", "listen", d.f.listen)
+		d.log.Warn("--insecure-no-auth: no authentication on a non-loopback address; anyone who reaches it can deploy and run native code", "flag", flag, "addr", addr)
 		select {
 		case <-ctx.Done():
 			return

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -247,7 +246,6 @@ func serve(f *serveFlags, env *Env) error {
 		return err
 	}
 	errc := make(chan error, 2)
-	var draining atomic.Bool
 	var gs *grpc.Server
 	if f.grpcListen != "" {
 		gln, tlsConf, err := front.listenGRPC(ctx)
@@ -255,7 +253,7 @@ func serve(f *serveFlags, env *Env) error {
 			return err
 		}
 		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Gate: gt, Metrics: met, TLS: tlsConf, Tracer: tr,
-			MaxMessageBytes: f.maxBodyMB << 20, Ready: func() bool { return !draining.Load() }}).GRPC()
+			MaxMessageBytes: f.maxBodyMB << 20, Ready: srv.Ready}).GRPC()
 		gscheme := "grpc"
 		if tlsConf != nil {
 			gscheme = "grpcs"
@@ -306,8 +304,7 @@ func serve(f *serveFlags, env *Env) error {
 		return fmt.Errorf("server stopped: %w", err)
 	case <-ctx.Done():
 	}
-	srv.SetReady(false) // /readyz fails first; in-flight and queued requests drain
-	draining.Store(true)
+	srv.SetReady(false) // /readyz and ServerReady fail first; in-flight and queued requests drain
 	log.Info("shutting down", "grace", f.grace)
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
 	defer cancel()

@@ -172,7 +172,8 @@ type ProcessExit struct {
 	// the request ran nowhere and may be retried on a fresh process.
 	BeforeRun bool
 	// ByServer: the server stopped the process (a chain past its deadline,
-	// a memory limit), not the process's own code.
+	// a memory limit, a message out of turn), not a crash of the process's
+	// own.
 	ByServer bool
 }
 

@@ -266,10 +266,11 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		if req.Override != nil && req.Override.Chain != nil {
 			if steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
 				// A worker that was dead before the lookup, or that the
-				// server stopped during it (an earlier chain past its
-				// deadline), fails here before anything ran: retried below
-				// like a run refused for it. One the lookup itself killed
-				// (a bundle's IFUNC resolver runs in it) is not.
+				// server stopped (an earlier chain past its deadline, its
+				// memory limit, a message out of turn), fails here before
+				// anything ran: retried once below like a run refused for
+				// it. One the lookup itself crashed (a bundle's IFUNC
+				// resolver runs in it) is not.
 				if retried || !(beforeRun(err) || stoppedByServer(err)) {
 					v.put(in, processGone(err), time.Now())
 					return e.runFailed(f, v, in.dev, err)

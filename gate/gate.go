@@ -89,11 +89,10 @@ func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket,
 	if g.tokens == nil {
 		return Ticket{}, nil
 	}
-	if r := g.Authenticate(authorization); r != nil {
+	p, r := g.principal(authorization)
+	if r != nil {
 		return Ticket{}, r
 	}
-	tok, _ := auth.BearerToken(authorization)
-	p := g.tokens.Lookup(tok)
 	if err := p.Allow(scope, fn); err != nil {
 		msg := err.Error()
 		var d *auth.Denied
@@ -129,15 +128,23 @@ func (g *Gate) Authenticate(authorization []byte) *Refusal {
 	if g.tokens == nil {
 		return nil
 	}
+	_, r := g.principal(authorization)
+	return r
+}
+
+// principal is the token authorization carries, looked up once (a reload
+// between two lookups could find it gone), or why there is none.
+func (g *Gate) principal(authorization []byte) (*auth.Principal, *Refusal) {
 	tok, ok := auth.BearerToken(authorization)
 	if !ok {
-		return g.refuse(apierr.Unauthenticated, "missing_token",
+		return nil, g.refuse(apierr.Unauthenticated, "missing_token",
 			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
 	}
-	if g.tokens.Lookup(tok) == nil {
-		return g.refuse(apierr.Unauthenticated, "unknown_token", "the bearer token is not known to this server")
+	p := g.tokens.Lookup(tok)
+	if p == nil {
+		return nil, g.refuse(apierr.Unauthenticated, "unknown_token", "the bearer token is not known to this server")
 	}
-	return nil
+	return p, nil
 }
 
 func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
@@ -214,4 +221,28 @@ func (g *Gate) admit(p *auth.Principal, now time.Time) (st *state, over string, 
 	}
 	st.inflight++
 	return st, "", 0
+}
+
+// LogThrottle lets a refusal's log line through at most once a second per
+// client address, so that a client hammering with bad tokens cannot flood
+// the log and cannot hide other clients' refusals either. Both transports
+// use one.
+type LogThrottle struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// Allow reports whether a line about client may be logged now.
+func (p *LogThrottle) Allow(client string) bool {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil || len(p.last) > 4096 {
+		p.last = map[string]time.Time{} // bounded: forget everyone at once
+	}
+	if t, ok := p.last[client]; ok && now.Sub(t) < time.Second {
+		return false
+	}
+	p.last[client] = now
+	return true
 }

@@ -102,3 +102,17 @@ func TestAdmit(t *testing.T) {
 		tk.Done()
 	}
 }
+
+// LogThrottle: one line a second per client, and one client's refusals do
+// not hold back another's.
+func TestLogThrottle(t *testing.T) {
+	var l LogThrottle
+	for _, tc := range []struct {
+		client string
+		want   bool
+	}{{"10.0.0.1", true}, {"10.0.0.1", false}, {"10.0.0.2", true}, {"10.0.0.1", false}, {"10.0.0.2", false}} {
+		if got := l.Allow(tc.client); got != tc.want {
+			t.Errorf("Allow(%s) = %v, want %v", tc.client, got, tc.want)
+		}
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -34,6 +33,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/gate"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 	"github.com/plover-run/plover/tracing"
@@ -75,8 +75,7 @@ type Server struct {
 	inv  Invoker
 	opts Options
 
-	logMu   sync.Mutex
-	lastLog time.Time
+	authLog gate.LogThrottle
 }
 
 // New returns a Server over inv.
@@ -126,21 +125,18 @@ func (s *Server) GRPC() *grpc.Server {
 	return g
 }
 
-// required is the scope a method needs and the function it acts on, as
-// the HTTP routes: health and server metadata are open, as /v2 and
-// /v2/health are; model metadata and readiness need read; inference needs
-// invoke on the model.
-func required(req any) (scope auth.Scope, fn string, open bool) {
-	switch r := req.(type) {
-	case *pb.ServerLiveRequest, *pb.ServerReadyRequest, *pb.ServerMetadataRequest:
-		return 0, "", true
-	case *pb.ModelInferRequest:
-		return auth.Invoke, r.GetModelName(), false
+// required is the scope a method outside openMethods needs and the
+// function it acts on, as the HTTP routes: model metadata and readiness
+// need read; inference needs invoke on the model.
+func required(req any) (scope auth.Scope, fn string) {
+	if r, ok := req.(*pb.ModelInferRequest); ok {
+		return auth.Invoke, r.GetModelName()
 	}
-	return auth.Read, "", false
+	return auth.Read, ""
 }
 
-// openMethods need no token, as /v2 and /v2/health/* over HTTP.
+// openMethods need no token, as /v2 and /v2/health/* over HTTP: health
+// and server metadata.
 var openMethods = map[string]bool{
 	pb.GRPCInferenceService_ServerLive_FullMethodName:     true,
 	pb.GRPCInferenceService_ServerReady_FullMethodName:    true,
@@ -172,15 +168,13 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if g == nil || g.Open() {
 		return h(ctx, req)
 	}
-	scope, fn, open := required(req)
-	if open {
+	if openMethods[info.FullMethod] {
 		return h(ctx, req)
 	}
+	scope, fn := required(req)
 	var authz []byte
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("authorization"); len(v) > 0 {
-			authz = []byte(v[0])
-		}
+	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
+		authz = []byte(v[0])
 	}
 	tk, r := g.Admit(authz, scope, fn)
 	if r != nil {
@@ -193,24 +187,17 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	return h(ctx, req)
 }
 
-// logRefusal logs an authentication failure, once a second at most, so
-// that a client hammering with bad tokens cannot flood the log.
+// logRefusal logs an authentication failure, once a second per client at
+// most (gate.LogThrottle).
 func (s *Server) logRefusal(ctx context.Context, method string, r *gate.Refusal) {
-	s.logMu.Lock()
-	now := time.Now()
-	ok := now.Sub(s.lastLog) >= time.Second
-	if ok {
-		s.lastLog = now
-	}
-	s.logMu.Unlock()
-	if !ok {
-		return
-	}
 	client := "?"
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
 			client = host
 		}
+	}
+	if !s.authLog.Allow(client) {
+		return
 	}
 	s.opts.Log.Warn("request refused", "reason", r.Reason, "client", client, "method", method, "transport", "grpc")
 }
@@ -268,27 +255,13 @@ func tensorMeta(ts []abi.Tensor) []*pb.ModelMetadataResponse_TensorMetadata {
 	return out
 }
 
-// pin resolves name's current version, as the HTTP route does: the version
-// whose tensors lay the inputs out is the version that runs. A version
-// asked for must be the current one.
+// pin resolves name's current version for the request (oip.Pin, as the
+// HTTP route does).
 func (s *Server) pin(ctx context.Context, name, version string) (pipeline.Pin, *abi.Tensors, error) {
 	if name == "" {
 		return pipeline.Pin{}, nil, badRequest("model name: empty")
 	}
-	pin, err := s.inv.Pin(ctx, name)
-	if err != nil {
-		return pin, nil, err
-	}
-	cur := pin.Version()
-	if version != "" && !cur.Matches(version) {
-		pin.Release()
-		return pin, nil, &reqError{apierr.NotFound, fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID)}
-	}
-	ts := cur.Tensors
-	if ts == nil {
-		ts = &abi.RawTensors
-	}
-	return pin, ts, nil
+	return oip.Pin(ctx, s.inv, name, version)
 }
 
 // ModelInfer runs one inference: inputs from raw_input_contents or typed
@@ -303,9 +276,11 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 	name := req.GetModelName()
 	var r engine.Request
 	resp, err := s.infer(ctx, req, &r)
-	st, kind := apierr.Status{HTTP: 200, GRPC: codes.OK}, engine.KindInternal
+	st, kind, msg := apierr.Status{HTTP: 200, GRPC: codes.OK}, engine.KindInternal, ""
 	if err != nil {
-		st, kind = classify(err)
+		var known bool
+		st, kind, msg, known = apierr.Classify(err)
+		s.logFailure(err, "ModelInfer", st, known)
 	}
 	if s.opts.Metrics != nil {
 		s.opts.Metrics.Record(name, st.HTTP, kind, &r.Timing)
@@ -316,11 +291,11 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 			Function: name, Start: t0, End: time.Now(), Status: st.HTTP, GRPCCode: int(st.GRPC), Err: err, Req: &r})
 	}
 	if err != nil {
-		return nil, s.statusOf(err, "ModelInfer")
+		return nil, grpcStatus(st, msg)
 	}
 	// What HTTP says in Server-Timing, X-Plover-Start and X-Plover-Version.
 	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, 160), &r)),
-		"x-plover-start", reqmetrics.StartNames[r.Start], "x-plover-version", r.Version))
+		"x-plover-start", r.Start.String(), "x-plover-version", r.Version))
 	return resp, nil
 }
 
@@ -363,6 +338,16 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *engine
 		// Typed contents can be ten times the raw bytes (a negative
 		// int32 is a 10-byte varint): what does not fit goes raw.
 		resp, err = outputs(req, r, ts.Outputs, pick, false)
+		typed = false
+	}
+	// Raw, a response is its output's bytes and a little framing: sized
+	// only when those bytes come near the limit, which gRPC would
+	// otherwise enforce with a message that names neither.
+	if err == nil && !typed && 2*len(r.Output) > s.opts.MaxMessageBytes {
+		if n := proto.Size(resp); n > s.opts.MaxMessageBytes {
+			return nil, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf(
+				"model %s: its response of %d bytes is over the gRPC message limit of %d bytes (plover serve --max-body-mb)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
+		}
 	}
 	return resp, err
 }
@@ -371,54 +356,31 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *engine
 // rather than cancelled.
 const goneMargin = 25 * time.Millisecond
 
-// reqError is a request the transport refused itself, or an output it
-// could not encode.
-type reqError struct {
-	st  apierr.Status
-	msg string
-}
-
-func (e *reqError) Error() string { return e.msg }
-
 func badRequest(format string, a ...any) error {
-	return &reqError{apierr.BadRequest, fmt.Sprintf(format, a...)}
+	return &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf(format, a...)}
 }
 
-// classify is an error's status and the engine kind the metrics count.
-func classify(err error) (apierr.Status, engine.Kind) {
-	var rq *reqError
-	if errors.As(err, &rq) {
-		if rq.st.HTTP >= 500 {
-			return rq.st, engine.KindInternal
-		}
-		if rq.st.HTTP == 404 {
-			return rq.st, engine.KindNotFound
-		}
-		return rq.st, engine.KindBadRequest
-	}
-	k := engine.KindOf(err)
-	return apierr.Of(k), k
-}
-
-// statusOf is err as a gRPC status: the class's code and the message a
-// client of the HTTP routes reads; a foreign error's text goes to the log
-// only. A 429 says when to retry, as HTTP's Retry-After does.
+// statusOf is err as a gRPC status (logged as logFailure says).
 func (s *Server) statusOf(err error, method string) error {
-	st, _ := classify(err)
-	var rq *reqError
-	var ee *engine.Error
-	msg := "internal error"
+	st, _, msg, known := apierr.Classify(err)
+	s.logFailure(err, method, st, known)
+	return grpcStatus(st, msg)
+}
+
+// logFailure logs what the client is not told: a foreign error's text,
+// and a server-side failure.
+func (s *Server) logFailure(err error, method string, st apierr.Status, known bool) {
 	switch {
-	case errors.As(err, &rq):
-		msg = rq.msg
-	case errors.As(err, &ee):
-		msg = ee.Msg
-		if st.HTTP >= 500 {
-			s.opts.Log.Warn("request failed", "method", method, "code", st.GRPC.String(), "error", err)
-		}
-	default:
+	case !known:
 		s.opts.Log.Error("request failed", "method", method, "error", err)
+	case st.HTTP >= 500:
+		s.opts.Log.Warn("request failed", "method", method, "code", st.GRPC.String(), "error", err)
 	}
+}
+
+// grpcStatus is a class and message as a gRPC status; a 429 says when to
+// retry, as HTTP's Retry-After does.
+func grpcStatus(st apierr.Status, msg string) error {
 	if st.GRPC == codes.ResourceExhausted && st.HTTP == 429 {
 		msg += " (retry in 1 s)"
 	}

@@ -40,7 +40,11 @@ type fixture struct {
 
 // serve deploys echo (raw bytes), typed (declared tensors) and slow on a
 // real engine and serves them over gRPC on a loopback port.
-func serve(t *testing.T, tokens gate.Tokens) *fixture {
+func serve(t *testing.T, tokens gate.Tokens) *fixture { return serveOpts(t, tokens, grpcapi.Options{}) }
+
+// serveOpts is serve with more of the server's options than its gate and
+// metrics.
+func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture {
 	t.Helper()
 	e := testkit.Engine(t, engine.Config{MaxInstances: 1})
 	raw := testkit.Manifest("echo") // echo: out = input, zero-padded to out_bytes
@@ -50,7 +54,8 @@ func serve(t *testing.T, tokens gate.Tokens) *fixture {
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 2000), nil))
 	reg := prometheus.NewRegistry()
 	g := gate.New(tokens, reg)
-	srv := grpcapi.New(pipeline.New(e, reg), grpcapi.Options{Version: "test", Gate: g, Metrics: reqmetrics.New(reg)})
+	opts.Version, opts.Gate, opts.Metrics = "test", g, reqmetrics.New(reg)
+	srv := grpcapi.New(pipeline.New(e, reg), opts)
 	gs := srv.GRPC()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -253,8 +258,40 @@ func TestErrors(t *testing.T) {
 			}
 		})
 	}
+	// A version that is not current is counted as HTTP counts it: under its
+	// model's name once the model has been served (the name is known).
+	echo := &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
+		RawInputContents: [][]byte{{1}}}
+	if _, err := f.client.ModelInfer(ctxT(t), echo); err != nil {
+		t.Fatal(err)
+	}
+	echo.ModelVersion = "00000000"
+	if _, err := f.client.ModelInfer(ctxT(t), echo); status.Code(err) != codes.NotFound {
+		t.Fatalf("another version of echo: %v", err)
+	}
+	if got := testutil.ToFloat64(counter(t, f.reg, "echo", "404")); got != 1 {
+		t.Errorf("echo's 404s: %v, want 1 (the version that is not current)", got)
+	}
 	if _, err := f.client.ModelMetadata(ctxT(t), &pb.ModelMetadataRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
 		t.Errorf("ModelMetadata of an unknown model: %v", err)
+	}
+}
+
+// TestResponseOverMessageLimit: a raw response over the server's message
+// limit is refused by the server, naming the model, the sizes and the flag
+// (not by gRPC's own check, which names neither), and counted as the 500 it
+// is, not as the success the run was.
+func TestResponseOverMessageLimit(t *testing.T) {
+	f := serveOpts(t, nil, grpcapi.Options{MaxMessageBytes: 200}) // echo's output is 256 bytes
+	_, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: "echo",
+		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}}, RawInputContents: [][]byte{{7}}})
+	st, _ := status.FromError(err)
+	if st.Code() != codes.Internal || !strings.Contains(st.Message(), "model echo") || !strings.Contains(st.Message(), "over the gRPC message limit of 200 bytes") ||
+		!strings.Contains(st.Message(), "--max-body-mb") {
+		t.Fatalf("%v %q, want Internal naming the model, the limit and --max-body-mb", st.Code(), st.Message())
+	}
+	if got := testutil.ToFloat64(counter(t, f.reg, "echo", "500")); got != 1 {
+		t.Errorf("requests counted as 500: %v, want 1", got)
 	}
 }
 

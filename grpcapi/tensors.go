@@ -42,15 +42,9 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, r *engine.Request) 
 		}
 		delete(idx, d.Name)
 		t := got[i]
-		if t.GetDatatype() != d.Datatype {
-			return false, badRequest("input %q: datatype %s, the model takes %s", d.Name, t.GetDatatype(), d.Datatype)
-		}
-		if err := oip.MatchShape(t.GetShape(), d.Shape); err != nil {
-			return false, badRequest("input %q: %v", d.Name, err)
-		}
-		size, ok := oip.Bytes(t.GetShape(), abi.DatatypeSize[d.Datatype])
-		if !ok {
-			return false, badRequest("input %q: shape %v of %s: its byte size overflows an int64", d.Name, t.GetShape(), d.Datatype)
+		size, err := oip.CheckInput(t.GetDatatype(), t.GetShape(), d)
+		if err != nil {
+			return false, badRequest("%v", err)
 		}
 		if !typed {
 			b := raw[i]
@@ -206,7 +200,7 @@ func requested(want []*pb.ModelInferRequest_InferRequestedOutputTensor, decl []a
 func outputs(req *pb.ModelInferRequest, r *engine.Request, decl []abi.Tensor, pick []int, typed bool) (*pb.ModelInferResponse, error) {
 	cuts, _, err := oip.CutOutputs(r.Output, decl, nil, nil)
 	if err != nil {
-		return nil, &reqError{apierr.BadOutput, err.Error()}
+		return nil, &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}
 	}
 	if pick == nil {
 		pick = make([]int, len(cuts))

@@ -3,9 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -104,30 +102,8 @@ func (s *Server) refuse(ctx *fasthttp.RequestCtx, r *gate.Refusal) {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(max(1, int(r.Retry/time.Second))))
 		return // a client over its limits is counted, not logged
 	}
-	if s.authLog.allow(ctx.RemoteIP()) {
+	if s.authLog.Allow(string(ctx.RemoteIP())) {
 		s.opts.Log.Warn("request refused", "reason", r.Reason, "client", ctx.RemoteIP().String(),
 			"method", string(ctx.Method()), "path", string(ctx.Path()), "status", code)
 	}
-}
-
-// perClient lets a log line through at most once a second per client
-// address, so a client hammering with bad tokens cannot flood the log.
-type perClient struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-}
-
-func (p *perClient) allow(ip net.IP) bool {
-	now := time.Now()
-	key := string(ip)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.last == nil || len(p.last) > 4096 {
-		p.last = map[string]time.Time{} // bounded: forget everyone at once
-	}
-	if t, ok := p.last[key]; ok && now.Sub(t) < time.Second {
-		return false
-	}
-	p.last[key] = now
-	return true
 }

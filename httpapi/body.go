@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/plover-run/plover/apierr"
 	"github.com/valyala/fasthttp"
 )
 
@@ -67,13 +68,13 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 	if err != nil {
 		s.releaseBody(r.held)
 		ctx.SetConnectionClose() // the rest of the body is unread
-		if rq, ok := err.(*requestError); ok {
+		if rq, ok := err.(*apierr.Error); ok {
 			return nil, 0, rq
 		}
 		if errors.Is(err, errTooLarge) {
 			return nil, 0, tooLarge("request body is over the limit of " + s.limitName(limit))
 		}
-		return nil, 0, &requestError{fasthttp.StatusBadRequest, "bad_request", "reading the request body: " + err.Error()}
+		return nil, 0, &apierr.Error{Status: apierr.BadRequest, Msg: "reading the request body: " + err.Error()}
 	}
 	markRead(ctx)
 	if keep != nil && cap(b) <= keptBody {
@@ -91,8 +92,8 @@ func (s *Server) acquire(n int64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), budgetWait)
 	defer cancel()
 	if err := s.opts.BodyBudget.Acquire(ctx, n); err != nil {
-		return &requestError{fasthttp.StatusServiceUnavailable, "unavailable",
-			"the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
+		return &apierr.Error{Status: apierr.Unavailable,
+			Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
 	}
 	return nil
 }

@@ -104,13 +104,17 @@ type Server struct {
 	scrape   fasthttp.RequestHandler
 
 	gate       *gate.Gate
-	authLog    perClient
+	authLog    gate.LogThrottle
 	metricsSrv atomic.Pointer[fasthttp.Server]
 }
 
 // SetReady sets what /readyz answers; a server going down sets it false
 // before it stops accepting, so load balancers drain it first.
 func (s *Server) SetReady(ready bool) { s.notReady.Store(!ready) }
+
+// Ready is what /readyz answers: false once the server is going down (gRPC's
+// ServerReady answers the same).
+func (s *Server) Ready() bool { return !s.notReady.Load() }
 
 // call is the per-request scratch state, pooled so a hot invoke allocates
 // nothing.
@@ -512,8 +516,8 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		case "application/json":
 			err = s.invokeJSON(ctx, name, c)
 		default:
-			err = &requestError{fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
-				"Content-Type " + strconv.Quote(ct) + ": send application/octet-stream (raw input bytes) or application/json ({\"input\":\"<base64>\"})"}
+			err = &apierr.Error{Status: apierr.UnsupportedMedia,
+				Msg: "Content-Type " + strconv.Quote(ct) + ": send application/octet-stream (raw input bytes) or application/json ({\"input\":\"<base64>\"})"}
 		}
 	}
 	s.finish(ctx, name, c, err)
@@ -534,31 +538,21 @@ func (s *Server) fullBeforeBody(ctx *fasthttp.RequestCtx, name string) error {
 	return s.inv.Full(name)
 }
 
-// requestError is a request the front end refuses itself, before the
-// engine sees it.
-type requestError struct {
-	code      int
-	name, msg string
-}
-
-func (e *requestError) Error() string { return e.msg }
-
 // badField is a 400 naming the offending field or header.
 func badField(field, reason string) error {
-	return &requestError{fasthttp.StatusBadRequest, "bad_request", field + ": " + reason}
+	return &apierr.Error{Status: apierr.BadRequest, Msg: field + ": " + reason}
 }
 
 // tooLarge is a 413 saying what was over which limit.
 func tooLarge(msg string) error {
-	return &requestError{fasthttp.StatusRequestEntityTooLarge, "too_large", msg}
+	return &apierr.Error{Status: apierr.TooLarge, Msg: msg}
 }
 
 // finish writes the error, if any, and records every invoke outcome once.
 func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err error) {
 	code, kind := fasthttp.StatusOK, engine.KindInternal
 	if err != nil {
-		code, kind = classify(err)
-		s.fail(ctx, err)
+		code, kind = s.fail(ctx, err)
 	}
 	s.metrics.Record(name, code, kind, &c.req.Timing)
 	if s.opts.Tracer != nil {
@@ -584,28 +578,12 @@ func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }
 func (c headerCarrier) Set(string, string)    {}
 func (c headerCarrier) Keys() []string        { return nil }
 
-// classify gives an error's status and kind. It is a function of its own so
-// that the errors.As target escapes only on the error path: the hot path
-// allocates nothing.
-func classify(err error) (int, engine.Kind) {
-	var rq *requestError
-	if errors.As(err, &rq) {
-		if rq.code >= 500 { // the server's failure (an output it cannot encode), not the request's
-			return rq.code, engine.KindInternal
-		}
-		return rq.code, engine.KindBadRequest
-	}
-	kind := engine.KindOf(err)
-	code, _ := status(kind)
-	return code, kind
-}
-
 var (
 	octetStream    = []byte("application/octet-stream")
 	hdrServerTimng = []byte("Server-Timing")
 	hdrStart       = []byte("X-Plover-Start")
 	hdrVersion     = []byte("X-Plover-Version")
-	startNames     = [][]byte{[]byte("hot"), []byte("warm"), []byte("cold")}
+	startNames     = [...][]byte{[]byte(engine.Hot.String()), []byte(engine.Warm.String()), []byte(engine.Cold.String())}
 )
 
 // writeMeta sets Server-Timing (milliseconds, as the header's dur expects)
@@ -656,30 +634,18 @@ func mediaType(ct []byte) string {
 	return string(bytes.ToLower(ct))
 }
 
-// status maps an engine error kind to an HTTP status and error code.
-func status(k engine.Kind) (int, string) {
-	st := apierr.Of(k)
-	return st.HTTP, st.Name
-}
-
-func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
-	var rq *requestError
-	if errors.As(err, &rq) {
-		writeError(ctx, rq.code, rq.name, rq.msg)
-		return
-	}
-	code, name := status(engine.KindOf(err))
-	msg := "internal error" // a foreign error's text is for the log, not the client
-	var re *engine.Error
-	if errors.As(err, &re) {
-		msg = re.Msg
-		if code >= 500 {
-			s.opts.Log.Warn("request failed", "path", string(ctx.Path()), "status", code, "error", err)
-		}
-	} else {
+// fail writes err's answer and returns its status and the kind the
+// metrics count (apierr.Classify: called on the error path only).
+func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) (int, engine.Kind) {
+	st, kind, msg, known := apierr.Classify(err)
+	switch {
+	case !known: // a foreign error's text is for the log, not the client
 		s.opts.Log.Error("request failed", "path", string(ctx.Path()), "error", err)
+	case st.HTTP >= 500:
+		s.opts.Log.Warn("request failed", "path", string(ctx.Path()), "status", st.HTTP, "error", err)
 	}
-	writeError(ctx, code, name, msg)
+	writeError(ctx, st.HTTP, st.Name, msg)
+	return st.HTTP, kind
 }
 
 type errorBody struct {

@@ -11,10 +11,9 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/oip"
-	"github.com/plover-run/plover/pipeline"
 )
 
 // The Open Inference Protocol (KServe v2) over HTTP/REST: health, server and
@@ -121,7 +120,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		s.v2Infer(ctx, name, version)
 		return
 	}
-	pin, ts, err := s.v2Pin(name, version)
+	pin, ts, err := oip.Pin(context.Background(), s.inv, name, version)
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -140,27 +139,6 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		}
 		writeJSON(ctx, code, map[string]any{"name": name, "ready": ok})
 	}
-}
-
-// v2Pin resolves name's current version once for the request (the version
-// described, whose tensors lay the inputs out, is the version that runs)
-// and checks it against the version the path names. On success the caller
-// releases the pin.
-func (s *Server) v2Pin(name, version string) (pipeline.Pin, *abi.Tensors, error) {
-	pin, err := s.inv.Pin(context.Background(), name)
-	if err != nil {
-		return pin, nil, err
-	}
-	cur := pin.Version()
-	if version != "" && !cur.Matches(version) {
-		pin.Release()
-		return pin, nil, &requestError{fasthttp.StatusNotFound, "not_found", fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID)}
-	}
-	ts := cur.Tensors
-	if ts == nil {
-		ts = &abi.RawTensors
-	}
-	return pin, ts, nil
 }
 
 // v2Call is an inference's scratch state, pooled so that a binary-extension
@@ -264,14 +242,14 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 			return badField("request body", "invalid JSON: "+err.Error())
 		}
 	}
-	pin, ts, err := s.v2Pin(name, version)
+	pin, ts, err := oip.Pin(context.Background(), s.inv, name, version)
 	if err != nil {
 		return err
 	}
 	defer pin.Release()
 	r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 	if err != nil {
-		return &requestError{fasthttp.StatusBadRequest, "bad_request", err.Error()}
+		return &apierr.Error{Status: apierr.BadRequest, Msg: err.Error()}
 	}
 	r.Output = vc.out[:0]
 	err = pin.Invoke(context.Background(), r)
@@ -291,7 +269,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 		}
 	}
 	if err != nil {
-		return &requestError{fasthttp.StatusInternalServerError, "bad_output", err.Error()}
+		return &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}
 	}
 	return nil
 }

@@ -104,15 +104,9 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 			return nil, buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
 		}
 		t := &got[i]
-		if t.datatype != d.Datatype {
-			return nil, buf, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, t.datatype, d.Datatype)
-		}
-		if err := oip.MatchShape(t.shape, d.Shape); err != nil {
-			return nil, buf, fmt.Errorf("input %q: %v", d.Name, err)
-		}
-		size, ok := oip.Bytes(t.shape, abi.DatatypeSize[d.Datatype])
-		if !ok {
-			return nil, buf, fmt.Errorf("input %q: shape %v of %s: its byte size overflows an int64", d.Name, t.shape, d.Datatype)
+		size, err := oip.CheckInput(t.datatype, t.shape, d)
+		if err != nil {
+			return nil, buf, err
 		}
 		if t.hasBinSize {
 			if t.binSizeBad || t.binSize != size {

@@ -1,16 +1,20 @@
 // Package oip holds what the Open Inference Protocol's transports (HTTP
-// in httpapi, gRPC in grpcapi) share about tensors: a request's shapes
-// checked against a function's declared tensors, their byte sizes, and a
-// function's output cut into its declared outputs.
+// in httpapi, gRPC in grpcapi) share: the version a request runs, and about
+// tensors: a request's shapes checked against a function's declared
+// tensors, their byte sizes, and a function's output cut into its declared
+// outputs.
 package oip
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // Bytes is the byte size of a shape (of dimensions not negative) of
@@ -51,6 +55,23 @@ func MatchShape(got, decl []int64) error {
 		}
 	}
 	return nil
+}
+
+// CheckInput checks a request's input against its declaration d (found by
+// name): the datatype, the shape, and that its byte size fits an int64,
+// which it returns. Errors name the input.
+func CheckInput(datatype string, shape []int64, d abi.Tensor) (int64, error) {
+	if datatype != d.Datatype {
+		return 0, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, datatype, d.Datatype)
+	}
+	if err := MatchShape(shape, d.Shape); err != nil {
+		return 0, fmt.Errorf("input %q: %v", d.Name, err)
+	}
+	size, ok := Bytes(shape, abi.DatatypeSize[d.Datatype])
+	if !ok {
+		return 0, fmt.Errorf("input %q: shape %v of %s: its byte size overflows an int64", d.Name, shape, d.Datatype)
+	}
+	return size, nil
 }
 
 // Cut is one output: its declaration, shape and bytes.
@@ -101,4 +122,31 @@ func Split(b []byte, decl []abi.Tensor, res []Cut, dims []int64, what string) ([
 		b = b[n:]
 	}
 	return res, dims, nil
+}
+
+// Pinner is what Pin needs of a transport's invoker.
+type Pinner interface {
+	Pin(ctx context.Context, name string) (pipeline.Pin, error)
+}
+
+// Pin resolves name's current version once for a request (the version
+// whose tensors lay the inputs out is the version that runs) and checks it
+// against the version the request names, if any: Plover serves the current
+// one. On success the caller releases the pin; the tensors are the
+// version's, or abi.RawTensors when it declares none.
+func Pin(ctx context.Context, inv Pinner, name, version string) (pipeline.Pin, *abi.Tensors, error) {
+	pin, err := inv.Pin(ctx, name)
+	if err != nil {
+		return pin, nil, err
+	}
+	cur := pin.Version()
+	if version != "" && !cur.Matches(version) {
+		pin.Release()
+		return pin, nil, &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID)}
+	}
+	ts := cur.Tensors
+	if ts == nil {
+		ts = &abi.RawTensors
+	}
+	return pin, ts, nil
 }

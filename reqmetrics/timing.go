@@ -43,9 +43,6 @@ func AppendServerTiming(b []byte, r *engine.Request) []byte {
 	return b
 }
 
-// StartNames are the start kinds by engine.Start, as X-Plover-Start says.
-var StartNames = [...]string{"hot", "warm", "cold"}
-
 // maxTimedSteps bounds a pipeline's step entries in Server-Timing.
 const maxTimedSteps = 64
 
@@ -57,7 +54,7 @@ func appendStep(b []byte, st *engine.StepTiming) []byte {
 	b = append(b, ";desc=\""...)
 	b = append(b, st.Step...)
 	b = append(b, ' ')
-	b = append(b, StartNames[st.Start]...)
+	b = append(b, st.Start.String()...)
 	if id := st.Version; id != "" {
 		b = append(b, ' ')
 		b = append(b, id[:min(8, len(id))]...)

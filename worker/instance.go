@@ -111,7 +111,7 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 }
 
 // inTurn reports whether a reply echoes the last run's sequence number.
-func (i *instance) inTurn(rep []byte) bool { return le.Uint32(rep[33:]) == i.seq }
+func (i *instance) inTurn(rep []byte) bool { return le.Uint32(rep[replySeqAt:]) == i.seq }
 
 func deadlineC(dl time.Time) <-chan time.Time {
 	if dl.IsZero() {
@@ -211,7 +211,7 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	rep := i.rep[:n]
 	if !i.inTurn(rep) {
-		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", le.Uint32(rep[33:]), i.seq))
+		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", le.Uint32(rep[replySeqAt:]), i.seq))
 		return i.g.p.lost("running the chain")
 	}
 	r.Timing = device.Timing{

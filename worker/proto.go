@@ -63,8 +63,11 @@ const (
 	// Run reply: status, copy-in, kernels, copy-out ns, the output's length
 	// (ABI 2 entries may lower it), the run's seq, then a message.
 	replyHeader = 1 + 8 + 8 + 8 + 8 + 4
-	replyMax    = replyHeader + 4096
-	ctlMax      = 1 << 20 // a manifest, with room to spare
+	// Where the sequence number sits: the last field of each header.
+	runSeqAt   = runHeader - 4
+	replySeqAt = replyHeader - 4
+	replyMax   = replyHeader + 4096
+	ctlMax     = 1 << 20 // a manifest, with room to spare
 )
 
 var le = binary.LittleEndian
@@ -103,7 +106,7 @@ func encodeRun(b []byte, r *device.Run, alone bool, seq uint32) []byte {
 	le.PutUint64(b[17:], r.ChainKey)
 	le.PutUint16(b[25:], uint16(len(r.Chain)))
 	le.PutUint32(b[27:], r.Items)
-	le.PutUint32(b[31:], seq)
+	le.PutUint32(b[runSeqAt:], seq)
 	for _, s := range r.Chain {
 		b = le.AppendUint32(b, uint32(s.Entry))
 		b = le.AppendUint32(b, uint32(s.Grid))
@@ -121,7 +124,7 @@ func runSeq(b []byte) uint32 {
 	if len(b) < runHeader {
 		return 0
 	}
-	return le.Uint32(b[31:])
+	return le.Uint32(b[runSeqAt:])
 }
 
 // decodeRun fills r from a run message, slicing input and output out of

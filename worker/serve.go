@@ -278,7 +278,7 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		le.PutUint64(rep[9:], uint64(r.Timing.Kernels))
 		le.PutUint64(rep[17:], uint64(r.Timing.CopyOut))
 		le.PutUint64(rep[25:], uint64(r.OutLen))
-		le.PutUint32(rep[33:], runSeq(msg[:n]))
+		le.PutUint32(rep[replySeqAt:], runSeq(msg[:n]))
 		if len(text) > replyMax-replyHeader {
 			text = text[:replyMax-replyHeader]
 		}

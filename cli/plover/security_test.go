@@ -283,32 +283,41 @@ func TestTLSAndNonLoopback(t *testing.T) {
 		if err == nil || !strings.Contains(string(out), "is not a loopback address and there is no --auth-file") {
 			t.Fatalf("serve on 0.0.0.0 without auth: %v\n%s", err, out)
 		}
-		// With --insecure-no-auth it starts, and says what that means.
-		cmd = exec.Command(bin, "serve", "--listen", "0.0.0.0:0", "--insecure-no-auth", "--data", t.TempDir(), "--device", "host")
-		stderr, _ := cmd.StderrPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { cmd.Process.Kill(); cmd.Wait() }()
-		warned := make(chan bool, 1)
-		go func() {
-			sc := bufio.NewScanner(stderr)
-			for sc.Scan() {
-				if strings.Contains(sc.Text(), "--insecure-no-auth: no authentication on a non-loopback address") {
-					warned <- true
-					io.Copy(io.Discard, stderr)
-					return
+		// With --insecure-no-auth it starts, and says what that means for
+		// each exposed listener: gRPC's too, with HTTP on loopback.
+		for _, tc := range []struct{ flag, args string }{
+			{"--listen", "--listen 0.0.0.0:0"},
+			{"--grpc-listen", "--listen 127.0.0.1:0 --grpc-listen 0.0.0.0:0"},
+		} {
+			args := append(strings.Fields("serve "+tc.args+" --insecure-no-auth --device host --data"), t.TempDir())
+			cmd := exec.Command(bin, args...)
+			stderr, _ := cmd.StderrPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			warned := make(chan bool, 1)
+			go func() {
+				sc := bufio.NewScanner(stderr)
+				for sc.Scan() {
+					if strings.Contains(sc.Text(), "--insecure-no-auth: no authentication on a non-loopback address") &&
+						strings.Contains(sc.Text(), "flag="+tc.flag) {
+						warned <- true
+						io.Copy(io.Discard, stderr)
+						return
+					}
 				}
+				warned <- false
+			}()
+			select {
+			case ok := <-warned:
+				if !ok {
+					t.Errorf("serve %s --insecure-no-auth exited without the warning for %s", tc.args, tc.flag)
+				}
+			case <-time.After(20 * time.Second):
+				t.Errorf("no --insecure-no-auth warning for %s within 20 s", tc.flag)
 			}
-			warned <- false
-		}()
-		select {
-		case ok := <-warned:
-			if !ok {
-				t.Fatal("serve --insecure-no-auth exited without the warning")
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("no --insecure-no-auth warning within 20 s")
+			cmd.Process.Kill()
+			cmd.Wait()
 		}
 	})
 }
