@@ -73,6 +73,11 @@ func (f *function) match(ref string) *version {
 	return nil
 }
 
+// Name is the function's name as the engine keeps it: a copy of its own,
+// safe to keep (a plan, a metric label) after the request that named it
+// has gone and its buffer serves another.
+func (p Pin) Name() string { return p.f.name }
+
 // Steps is the pinned version's pipeline steps; nil for a function.
 func (p Pin) Steps() []abi.Step { return p.v.rec.Steps }
 

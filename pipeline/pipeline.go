@@ -109,7 +109,7 @@ func (r *Runner) Pin(ctx context.Context, name string) (Pin, error) {
 	if steps == nil {
 		return Pin{r: r, top: top}, nil
 	}
-	pl := &plan{name: name}
+	pl := &plan{name: top.Name()} // name may be the request's borrowed bytes
 	for i, s := range steps {
 		st, err := r.expand(ctx, pl, i, "", s, []string{name})
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
 )
 
@@ -33,6 +34,9 @@ type fnMetrics struct {
 	codes  map[int]prometheus.Counter
 	name   string
 }
+
+// unknown is the label of requests for names no function has.
+const unknown = "_unknown"
 
 var phaseNames = [7]string{"queue", "sched", "load", "copy_in", "kernels", "copy_out", "total"}
 
@@ -67,6 +71,11 @@ func (m *Metrics) function(name string) *fnMetrics {
 	m.mu.RUnlock()
 	if fm != nil {
 		return fm
+	}
+	if name != unknown && !abi.ValidName(name) {
+		// No function has such a name, and a label that is not UTF-8
+		// fails every scrape: whatever a client sent shares one series.
+		return m.function(unknown)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -107,9 +116,9 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // not met yet.
 func (m *Metrics) Record(name string, code int, kind engine.Kind, t *engine.Timing) {
 	if code == 404 && kind == engine.KindNotFound {
-		name = "_unknown"
+		name = unknown
 	} else if kind == engine.KindBadRequest && !m.known(name) {
-		name = "_unknown"
+		name = unknown
 	}
 	fm := m.function(name)
 	m.count(fm, code)

@@ -1,0 +1,45 @@
+package reqmetrics
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/plover-run/plover/engine"
+)
+
+// A request's name becomes a label only if a function could have it:
+// bytes that are not UTF-8 would fail every scrape, and borrowed bytes
+// would change under the series.
+func TestLabels(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		code      int
+		kind      engine.Kind
+		wantLabel string
+	}{
+		{"cnn", 200, engine.KindInternal, "cnn"},
+		{"cnn", 429, engine.KindBusy, "cnn"},
+		{"\xff\xfe\xfd", 429, engine.KindBusy, "_unknown"},
+		{"\xff\xfe\xfd", 401, engine.KindInternal, "_unknown"},
+		{"Upper", 500, engine.KindInternal, "_unknown"},
+		{"nope", 404, engine.KindNotFound, "_unknown"},
+		{"fresh", 400, engine.KindBadRequest, "_unknown"},
+	} {
+		reg := prometheus.NewRegistry()
+		m := New(reg)
+		buf := []byte(tc.name)
+		m.Record(string(buf), tc.code, tc.kind, &engine.Timing{})
+		for i := range buf {
+			buf[i] = 0xff // the request's buffer, reused
+		}
+		if _, err := reg.Gather(); err != nil {
+			t.Fatalf("%q: gather: %v", tc.name, err)
+		}
+		if n := testutil.ToFloat64(m.requests.WithLabelValues(tc.wantLabel, strconv.Itoa(tc.code))); n != 1 {
+			t.Errorf("%q %d: plover_requests_total{function=%q} = %v, want 1", tc.name, tc.code, tc.wantLabel, n)
+		}
+	}
+}
