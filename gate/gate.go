@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/auth"
@@ -104,7 +105,7 @@ func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket,
 	if !p.Limits.Any() {
 		return Ticket{}, nil
 	}
-	st, over, retry := g.admit(p, time.Now())
+	st, over, retry := g.admit(p, time.Now)
 	if over == "" {
 		return Ticket{st}, nil
 	}
@@ -175,11 +176,12 @@ func (g *Gate) InvokeCheck(ctx context.Context, authorization []byte) context.Co
 	})
 }
 
-// state is one token's use of its limits.
+// state is one token's use of its limits: its bucket (golang.org/x/time/rate)
+// and its requests in flight.
 type state struct {
 	mu       sync.Mutex
-	tokens   float64
-	last     time.Time
+	bucket   *rate.Limiter // nil until the token first has a rate
+	last     time.Time     // the latest time the bucket was given
 	inflight int
 }
 
@@ -188,16 +190,22 @@ func (g *Gate) state(name string) *state {
 	defer g.mu.Unlock()
 	st := g.by[name]
 	if st == nil {
-		st = &state{tokens: -1}
+		st = &state{}
 		g.by[name] = st
 	}
 	return st
 }
 
-// admit takes one request of p's at now. It returns the state whose done
-// ends the request (nil when p has no concurrency limit), or, over a
-// limit, which one and how long until a retry can succeed.
-func (g *Gate) admit(p *auth.Principal, now time.Time) (st *state, over string, retry time.Duration) {
+// admit takes one request of p's at the time clock reads. It returns the
+// state whose done ends the request (nil when p has no concurrency limit),
+// or, over a limit, which one and how long until a retry can succeed.
+//
+// The clock is read under the token's lock, and a time older than one the
+// bucket has seen counts as that one: a bucket handed an earlier time
+// than its last counts the interval between them twice (rate.Limiter
+// moves its last update back), and requests racing to the lock carry
+// times out of order.
+func (g *Gate) admit(p *auth.Principal, clock func() time.Time) (st *state, over string, retry time.Duration) {
 	lim := p.Limits
 	st = g.state(p.Name)
 	st.mu.Lock()
@@ -206,15 +214,23 @@ func (g *Gate) admit(p *auth.Principal, now time.Time) (st *state, over string, 
 		return nil, "concurrency", time.Second
 	}
 	if lim.Rate > 0 {
-		if st.tokens < 0 { // first use: a full bucket
-			st.tokens, st.last = float64(lim.Burst), now
+		now := clock()
+		if now.Before(st.last) {
+			now = st.last
 		}
-		st.tokens = math.Min(float64(lim.Burst), st.tokens+now.Sub(st.last).Seconds()*lim.Rate)
 		st.last = now
-		if st.tokens < 1 {
-			return nil, "rate", time.Duration((1 - st.tokens) / lim.Rate * float64(time.Second))
+		r := rate.Limit(lim.Rate)
+		switch {
+		case st.bucket == nil: // first use: a full bucket
+			st.bucket = rate.NewLimiter(r, lim.Burst)
+		case st.bucket.Limit() != r || st.bucket.Burst() != lim.Burst: // the auth file changed
+			st.bucket.SetLimitAt(now, r)
+			st.bucket.SetBurstAt(now, lim.Burst)
 		}
-		st.tokens--
+		if have := st.bucket.TokensAt(now); have < 1 {
+			return nil, "rate", time.Duration((1 - have) / lim.Rate * float64(time.Second))
+		}
+		st.bucket.AllowN(now, 1)
 	}
 	if lim.Concurrency == 0 {
 		return nil, "", 0

@@ -2,6 +2,8 @@ package gate
 
 import (
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,22 +33,89 @@ func TestTokenLimitsAdmit(t *testing.T) {
 		{time.Hour, "rate", 250 * time.Millisecond},
 	}
 	for i, st := range steps {
-		_, over, retry := l.admit(p, t0.Add(st.at))
+		_, over, retry := l.admit(p, at(t0.Add(st.at)))
 		if over != st.over || (over != "" && (retry < st.retry-time.Millisecond || retry > st.retry+time.Millisecond)) {
 			t.Fatalf("step %d at %v: over %q retry %v; want %q %v", i, st.at, over, retry, st.over, st.retry)
 		}
 	}
 	c := &auth.Principal{Name: "c", Limits: auth.Limits{Concurrency: 2}}
-	a, _, _ := l.admit(c, t0)
-	b, _, _ := l.admit(c, t0)
-	if _, over, _ := l.admit(c, t0); over != "concurrency" {
+	a, _, _ := l.admit(c, at(t0))
+	b, _, _ := l.admit(c, at(t0))
+	if _, over, _ := l.admit(c, at(t0)); over != "concurrency" {
 		t.Fatalf("third in flight: over %q", over)
 	}
 	Ticket{a}.Done()
-	if _, over, _ := l.admit(c, t0); over != "" {
+	if _, over, _ := l.admit(c, at(t0)); over != "" {
 		t.Fatalf("after one ended: over %q", over)
 	}
 	Ticket{b}.Done()
+}
+
+// at is a clock stopped at t.
+func at(t time.Time) func() time.Time { return func() time.Time { return t } }
+
+// A bucket handed times out of order (requests racing to its lock read
+// the clock before they get it) admits no more than burst + rate*T over
+// any span T. Before, an earlier time made the elapsed time negative, the
+// count fell below zero and was taken for a first use: a full burst.
+func TestBucketOutOfOrderTimes(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		rate        float64
+		burst       int
+		jitter      time.Duration // how far back a time may be
+		step, total time.Duration
+	}{
+		{"small jitter", 200, 200, 50 * time.Microsecond, 100 * time.Microsecond, 6 * time.Second},
+		{"large jitter", 500, 5000, 30 * time.Millisecond, 20 * time.Microsecond, 2 * time.Second},
+		{"burst of one", 10, 1, time.Millisecond, 10 * time.Microsecond, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := New(nil, prometheus.NewRegistry())
+			p := &auth.Principal{Name: "t", Limits: auth.Limits{Rate: tc.rate, Burst: tc.burst}}
+			t0 := time.Unix(1000, 0)
+			admitted := 0
+			for i, now := 0, time.Duration(0); now < tc.total; i, now = i+1, now+tc.step {
+				back := time.Duration(i*7919%101) * tc.jitter / 100 // a deterministic scatter of earlier times
+				if _, over, _ := g.admit(p, at(t0.Add(now-back))); over == "" {
+					admitted++
+				}
+			}
+			if limit := tc.burst + int(tc.rate*tc.total.Seconds()); admitted > limit {
+				t.Fatalf("admitted %d in %v, over burst + rate*T = %d", admitted, tc.total, limit)
+			}
+			if admitted < tc.burst {
+				t.Fatalf("admitted %d, fewer than the burst %d", admitted, tc.burst)
+			}
+		})
+	}
+}
+
+// The same bound through Admit on the real clock, 64 clients at once.
+func TestBucketBoundUnderConcurrency(t *testing.T) {
+	p := &auth.Principal{Name: "app", Scopes: auth.Invoke, Functions: []string{"*"}, Limits: auth.Limits{Rate: 200, Burst: 200}}
+	g := New(table{"tok": p}, prometheus.NewRegistry())
+	const clients, each = 64, 400
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if _, r := g.Admit([]byte("Bearer tok"), auth.Invoke, "f"); r == nil {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	limit := p.Limits.Burst + int(p.Limits.Rate*elapsed.Seconds()) + 1
+	if n := int(admitted.Load()); n > limit || n < p.Limits.Burst {
+		t.Fatalf("%d clients x %d requests in %v: admitted %d, want %d..%d (burst .. burst + rate*T)", clients, each, elapsed, n, p.Limits.Burst, limit)
+	}
 }
 
 type table map[string]*auth.Principal
