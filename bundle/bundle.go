@@ -145,6 +145,11 @@ func PackBytes(dir string) ([]byte, string, *abi.Manifest, error) {
 // directories, absolute or ".." paths and any other name are refused, and so
 // is a bundle over maxUnpacked bytes.
 func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
+	return unpack(r, dst, maxUnpacked, nil)
+}
+
+// unpack is Unpack with each file write first put to fault (nil: none).
+func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.Manifest, error) {
 	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("unpack: %w", err)
@@ -185,12 +190,12 @@ func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
 			if m.Constants != "" {
 				want[m.Constants] = true
 			}
-			err = writeFile(filepath.Join(dst, abi.ManifestFile), m)
+			err = writeFile(filepath.Join(dst, abi.ManifestFile), m, fault)
 		case !want[hdr.Name]:
 			return nil, refuse("unexpected entry %q (library is %q, constants %q)", hdr.Name, m.Library, m.Constants)
 		default:
 			delete(want, hdr.Name)
-			err = copyFile(filepath.Join(dst, hdr.Name), tr, hdr.Size)
+			err = copyFile(filepath.Join(dst, hdr.Name), tr, hdr.Size, fault)
 		}
 		if err != nil {
 			return nil, err
@@ -205,20 +210,20 @@ func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
 	return m, nil
 }
 
-func writeFile(path string, m *abi.Manifest) error {
+func writeFile(path string, m *abi.Manifest, fault WriteFault) error {
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
 	}
-	return copyFile(path, bytes.NewReader(b), int64(len(b)))
+	return copyFile(path, bytes.NewReader(b), int64(len(b)), fault)
 }
 
-func copyFile(path string, r io.Reader, size int64) error {
+func copyFile(path string, r io.Reader, size int64, fault WriteFault) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("unpack: %w", err)
 	}
-	n, err := io.Copy(f, io.LimitReader(r, size))
+	n, err := io.Copy(fault.Wrap(f, path), io.LimitReader(r, size))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

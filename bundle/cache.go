@@ -35,6 +35,9 @@ type Cache struct {
 	// OnRepair, when set, hears of a cached bundle whose files no longer
 	// match what was unpacked: the entry is discarded and fetched again.
 	OnRepair func(sha string, reason error)
+	// WriteFault, when set, may fail the cache's writes of bundles (a
+	// fetched archive, an unpacked file) as a full disk would: a test seam.
+	WriteFault WriteFault
 }
 
 type cacheEntry struct {
@@ -93,6 +96,9 @@ func dirSize(dir string) (int64, time.Time, error) {
 	}
 	return n, fi.ModTime(), nil
 }
+
+// Dir is the directory the cache keeps its bundles in, on this node's disk.
+func (c *Cache) Dir() string { return c.dir }
 
 // CacheStats describes the cache for metrics and tests.
 type CacheStats struct {
@@ -284,7 +290,13 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(rc, c.maxUnpacked+1))
+	sink := &writeErr{w: c.WriteFault.Wrap(tmp, tmp.Name())}
+	n, err := io.Copy(io.MultiWriter(sink, h), io.LimitReader(rc, c.maxUnpacked+1))
+	if sink.err != nil {
+		// This node's disk (full, most likely), not the store: the caller
+		// must not report a store that is fine as the cause.
+		return nil, fmt.Errorf("bundle cache: %w", sink.err)
+	}
 	if err != nil {
 		return nil, &FetchError{Err: err}
 	}
@@ -300,6 +312,21 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	return c.unpackInto(tmp, dir)
 }
 
+// writeErr remembers a write failure, to tell it from a failure to read
+// the store's object in io.Copy.
+type writeErr struct {
+	w   io.Writer
+	err error
+}
+
+func (w *writeErr) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
 // unpackInto unpacks r into a temporary sibling of dir, then renames it into
 // place.
 func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, error) {
@@ -307,7 +334,7 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundle cache: %w", err)
 	}
-	m, err := Unpack(r, work, c.maxUnpacked)
+	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
 	if err == nil {
 		err = writeSums(work)
 	}
@@ -332,7 +359,7 @@ func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("bundle cache: %w", err)
 	}
-	m, err := Unpack(r, work, c.maxUnpacked)
+	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
 	if err == nil {
 		err = writeSums(work) // Adopt may make it a cache entry
 	}

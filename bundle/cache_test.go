@@ -3,10 +3,16 @@ package bundle
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"testing/iotest"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/objectstore"
@@ -112,4 +118,101 @@ func TestCacheGetRacesEviction(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+}
+
+// failingStore serves every object as a stream that breaks after a few
+// bytes: the store, not this node, fails a fetch.
+type failingStore struct{ objectstore.Store }
+
+func (s failingStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	return io.NopCloser(io.MultiReader(strings.NewReader("(zstd"), iotest.ErrReader(errors.New("connection reset by peer")))), nil
+}
+
+// TestCacheDiskFull: a write of the node's copy of a bundle that fails for
+// a full disk (at the fetch, the unpacking into the cache, or a deploy's
+// check) is reported as ENOSPC naming the file, not as a failure to read
+// the store (FetchError) nor as a refused bundle (Error); it leaves nothing
+// behind, and the same call succeeds once the disk has room. A stream the
+// store breaks is still a FetchError.
+func TestCacheDiskFull(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		full    string // writes to paths containing this fail with ENOSPC
+		get     func(c *Cache, store objectstore.Store, sha string) error
+		isFetch bool
+	}{
+		{"fetch", "/.fetch-", cacheGet, false},
+		{"unpack", "/.unpack-", cacheGet, false},
+		{"deploy-check", "/.verify-", cacheVerify, false},
+		{"store-breaks", "", func(c *Cache, store objectstore.Store, sha string) error {
+			return cacheGet(c, failingStore{store}, sha)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := objectstore.NewFS(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			sha := putBundle(t, store, 7, 4<<10)
+			c, err := NewCache(t.TempDir(), 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var full atomic.Bool
+			full.Store(true)
+			c.WriteFault = func(path string, n int) error {
+				if tc.full != "" && full.Load() && strings.Contains(path, tc.full) {
+					return syscall.ENOSPC
+				}
+				return nil
+			}
+			err = tc.get(c, store, sha)
+			var fe *FetchError
+			var be *Error
+			switch {
+			case err == nil:
+				t.Fatal("no error")
+			case tc.isFetch != errors.As(err, &fe):
+				t.Fatalf("FetchError is %v, want %v: %v", !tc.isFetch, tc.isFetch, err)
+			case errors.As(err, &be):
+				t.Fatalf("a full disk refused the bundle: %v", err)
+			case !tc.isFetch && (!errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), c.Dir()+tc.full)):
+				t.Fatalf("want ENOSPC naming the file under %s: %v", c.Dir(), err)
+			}
+			des, _ := os.ReadDir(c.Dir())
+			for _, de := range des {
+				t.Errorf("left in the cache: %s", de.Name())
+			}
+			full.Store(false)
+			if tc.isFetch {
+				return
+			}
+			if err := tc.get(c, store, sha); err != nil {
+				t.Fatalf("with room again: %v", err)
+			}
+		})
+	}
+}
+
+// cacheGet fetches sha into the cache, as a cold start does.
+func cacheGet(c *Cache, store objectstore.Store, sha string) error {
+	_, _, _, err := c.Get(context.Background(), store, sha)
+	if err == nil {
+		c.Release(sha)
+	}
+	return err
+}
+
+// cacheVerify unpacks sha for a deploy's checks, as a deploy does.
+func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
+	rc, err := store.Get(context.Background(), ObjectKey(sha))
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	dir, _, err := c.Verify(rc)
+	if err == nil {
+		os.RemoveAll(dir)
+	}
+	return err
 }

@@ -45,7 +45,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	h := sha256.New() // hashed on the way to disk: the bundle is read once
-	sink := &writeErr{w: io.MultiWriter(tmp, h)}
+	sink := &writeErr{w: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
 	n, err := io.Copy(sink, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
 	if err != nil && sink.err != nil { // our disk, not the client
 		return api.FunctionInfo{}, storageError(sink.err, "deploy %s: spooling the bundle", name)

@@ -38,6 +38,9 @@ type Config struct {
 	// SpoolDir holds uploaded bundles while they are checked (default: the
 	// system's temporary directory).
 	SpoolDir string
+	// WriteFault, when set, may fail writes to the spool as a full disk
+	// would: a test seam (the cache has its own, bundle.Cache.WriteFault).
+	WriteFault bundle.WriteFault
 	// Evictor picks what goes when a device is short of memory; nil: LRU.
 	Evictor Evictor
 	// Sched configures the scheduler each device's runs go through.

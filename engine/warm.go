@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/bundle"
@@ -26,6 +27,10 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		var fe *bundle.FetchError
 		var be *bundle.Error
 		switch {
+		case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT):
+			// Writing the bundle into the cache failed: the store is fine,
+			// and the disk to free is this node's.
+			return errorf(KindNoSpace, err, "function %s: cold start: this node's disk is full: no room for bundle %s in its bundle cache %s (%v)", v.fn.name, v.rec.SHA256[:12], e.cfg.Cache.Dir(), err)
 		case errors.As(err, &fe):
 			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &be): // the bundle itself is refused: that will not change

@@ -811,6 +811,14 @@ func startIsoServer(t *testing.T, bin, data string, env []string, args ...string
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0", "--data", data, "--device", "host"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
+	return startIsoCmd(t, cmd, data)
+}
+
+// startIsoCmd starts cmd, a `plover serve` on a free port with data (or a
+// wrapper that execs one, so that the process is the server), and watches
+// it as startIsoServer does.
+func startIsoCmd(t *testing.T, cmd *exec.Cmd, data string) *isoServer {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
