@@ -99,6 +99,10 @@ type Version struct {
 	// server can tell which functions to pre-warm without fetching every
 	// bundle in the store.
 	MinInstances int `json:"min_instances,omitempty"`
+	// MaxInputBytes copies the manifest's max_input_bytes, so that a front
+	// door can refuse a body no version could take before reading it, and
+	// before the bundle is fetched (0 in records written before it).
+	MaxInputBytes int64 `json:"max_input_bytes,omitempty"`
 	// Tensors copies the manifest's tensor declaration, so that /v2 model
 	// metadata needs no bundle fetch.
 	Tensors *abi.Tensors `json:"tensors,omitempty"`

@@ -32,8 +32,14 @@ var (
 	// (too few bytes for its declared outputs, a NaN in JSON data).
 	BadOutput        = Status{500, "bad_output", codes.Internal}
 	UnsupportedMedia = Status{415, "unsupported_media_type", codes.InvalidArgument}
-	TooLarge         = byKind[engine.KindTooLarge]
-	Unavailable      = byKind[engine.KindUnavailable]
+	// RequestTimeout is a client that did not send its request (headers
+	// or body) within the server's read timeout.
+	RequestTimeout = Status{408, "request_timeout", codes.DeadlineExceeded}
+	// HeaderTooLarge is a request line or header over the server's read
+	// buffer.
+	HeaderTooLarge = Status{431, "header_too_large", codes.InvalidArgument}
+	TooLarge       = byKind[engine.KindTooLarge]
+	Unavailable    = byKind[engine.KindUnavailable]
 )
 
 // Error is a request a transport refuses itself (a field it cannot parse,

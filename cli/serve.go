@@ -55,7 +55,7 @@ type serveFlags struct {
 	idleTTL, timeout                                 time.Duration
 	memLimitMB, cacheMB                              int64
 	poll                                             time.Duration
-	grace                                            time.Duration
+	grace, readTimeout                               time.Duration
 	s3                                               objectstore.S3Options
 	authFile, tlsCert, tlsKey, metricsListen         string
 	grpcListen                                       string
@@ -98,11 +98,12 @@ func serveCmd() *command {
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC call's message after its headers (the call is cancelled)")
 			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
 			fs.BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "listen on a non-loopback address without --auth-file: anyone who reaches the port can deploy native code")
 			fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for HTTPS, with --tls-key; re-read on SIGHUP")
 			fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
-			fs.StringVar(&f.grpcListen, "grpc-listen", "", "also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on this address, 8001 by custom; same tokens, TLS, connection cap and metrics as --listen (off by default)")
+			fs.StringVar(&f.grpcListen, "grpc-listen", "", "also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on this address (8001 is the usual port); same tokens, TLS, connection cap and metrics as --listen (off by default)")
 			fs.StringVar(&f.metricsListen, "metrics-listen", "", "also serve GET /metrics, without authentication, on this address (for a scraper on a private network)")
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
@@ -239,7 +240,7 @@ func serve(f *serveFlags, env *Env) error {
 		}()
 	}
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		Gate: gt, Metrics: met, Tracer: tr}
+		Gate: gt, Metrics: met, Tracer: tr, ReadTimeout: f.readTimeout}
 	srv := httpapi.New(runner, eng.Control(), opts)
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
@@ -253,7 +254,7 @@ func serve(f *serveFlags, env *Env) error {
 			return err
 		}
 		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Gate: gt, Metrics: met, TLS: tlsConf, Tracer: tr,
-			MaxMessageBytes: f.maxBodyMB << 20, Ready: srv.Ready}).GRPC()
+			MaxMessageBytes: f.maxBodyMB << 20, Ready: srv.Ready, ReadTimeout: f.readTimeout}).GRPC()
 		gscheme := "grpc"
 		if tlsConf != nil {
 			gscheme = "grpcs"

@@ -78,6 +78,25 @@ func (f *function) match(ref string) *version {
 // has gone and its buffer serves another.
 func (p Pin) Name() string { return p.f.name }
 
+// MaxInput is the most input bytes the pinned version takes (its
+// manifest's max_input_bytes), known before it is loaded from the record's
+// copy; 0 when unknown (a record written before the copy, not loaded yet).
+func (p Pin) MaxInput() int64 {
+	if p.v.loaded.Load() { // loaded: the manifest is written and read-only
+		return p.v.manifest.MaxInputBytes
+	}
+	return p.v.rec.MaxInputBytes
+}
+
+// Full is the 429 a request to the pinned version would get now for its
+// full queue, or nil (Engine.Full).
+func (p Pin) Full() error {
+	if !p.v.loaded.Load() || !p.v.full() {
+		return nil
+	}
+	return p.v.busy()
+}
+
 // Steps is the pinned version's pipeline steps; nil for a function.
 func (p Pin) Steps() []abi.Step { return p.v.rec.Steps }
 

@@ -85,8 +85,37 @@ func (t Ticket) Done() {
 
 // Admit checks the value of an Authorization header (or gRPC's
 // authorization metadata) for scope on function fn (empty for routes of no
-// function). fn is only matched, never kept. A refusal is counted here.
+// function), and takes one request of the token's limits. fn is only
+// matched, never kept. A refusal is counted here.
 func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket, *Refusal) {
+	return g.check(authorization, scope, fn, limitRate|limitConcurrency)
+}
+
+// Hold admits a call from its headers alone, before its message is read
+// (gRPC reads a whole message before any handler runs): the token must be
+// known, and the call takes a place in its concurrency from then until the
+// ticket is done, so that calls whose messages never come count against
+// the token. AdmitHeld checks the rest once the message has arrived.
+func (g *Gate) Hold(authorization []byte) (Ticket, *Refusal) {
+	return g.check(authorization, 0, "", limitConcurrency)
+}
+
+// AdmitHeld is Admit for a call Hold admitted: scope, function and rate,
+// but not a second place in the token's concurrency.
+func (g *Gate) AdmitHeld(authorization []byte, scope auth.Scope, fn string) *Refusal {
+	_, r := g.check(authorization, scope, fn, limitRate)
+	return r
+}
+
+// The limits a check takes.
+const (
+	limitRate = 1 << iota
+	limitConcurrency
+)
+
+// check is Admit, Hold and AdmitHeld: the token, then the scope on fn
+// (none: scope 0), then the limits named.
+func (g *Gate) check(authorization []byte, scope auth.Scope, fn string, limits int) (Ticket, *Refusal) {
 	if g.tokens == nil {
 		return Ticket{}, nil
 	}
@@ -94,18 +123,20 @@ func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket,
 	if r != nil {
 		return Ticket{}, r
 	}
-	if err := p.Allow(scope, fn); err != nil {
-		msg := err.Error()
-		var d *auth.Denied
-		if errors.As(err, &d) {
-			msg = d.Msg
+	if scope != 0 {
+		if err := p.Allow(scope, fn); err != nil {
+			msg := err.Error()
+			var d *auth.Denied
+			if errors.As(err, &d) {
+				msg = d.Msg
+			}
+			return Ticket{}, g.refuse(apierr.Forbidden, "forbidden", msg)
 		}
-		return Ticket{}, g.refuse(apierr.Forbidden, "forbidden", msg)
 	}
 	if !p.Limits.Any() {
 		return Ticket{}, nil
 	}
-	st, over, retry := g.admit(p, time.Now)
+	st, over, retry := g.admit(p, time.Now, limits)
 	if over == "" {
 		return Ticket{st}, nil
 	}
@@ -118,19 +149,6 @@ func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket,
 		msg = fmt.Sprintf("token %s has its %d requests in flight (concurrency, auth file): retry when one ends", p.Name, p.Limits.Concurrency)
 	}
 	return Ticket{}, &Refusal{Status: apierr.RateLimited, Reason: over, Msg: msg, Retry: time.Duration(secs) * time.Second}
-}
-
-// Authenticate checks only that authorization carries a token the gate
-// knows: what a transport can check from a request's headers, before it
-// reads the body (gRPC reads a whole message before its handlers run), so
-// that no one without a token makes the server hold a message. Admit
-// still checks the scope, the function and the limits.
-func (g *Gate) Authenticate(authorization []byte) *Refusal {
-	if g.tokens == nil {
-		return nil
-	}
-	_, r := g.principal(authorization)
-	return r
 }
 
 // principal is the token authorization carries, looked up once (a reload
@@ -196,7 +214,8 @@ func (g *Gate) state(name string) *state {
 	return st
 }
 
-// admit takes one request of p's at the time clock reads. It returns the
+// admit takes one request of p's at the time clock reads, of the limits
+// named (limitRate, limitConcurrency). It returns the
 // state whose done ends the request (nil when p has no concurrency limit),
 // or, over a limit, which one and how long until a retry can succeed.
 //
@@ -205,8 +224,14 @@ func (g *Gate) state(name string) *state {
 // than its last counts the interval between them twice (rate.Limiter
 // moves its last update back), and requests racing to the lock carry
 // times out of order.
-func (g *Gate) admit(p *auth.Principal, clock func() time.Time) (st *state, over string, retry time.Duration) {
+func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st *state, over string, retry time.Duration) {
 	lim := p.Limits
+	if limits&limitRate == 0 {
+		lim.Rate = 0
+	}
+	if limits&limitConcurrency == 0 {
+		lim.Concurrency = 0
+	}
 	st = g.state(p.Name)
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -33,19 +33,19 @@ func TestTokenLimitsAdmit(t *testing.T) {
 		{time.Hour, "rate", 250 * time.Millisecond},
 	}
 	for i, st := range steps {
-		_, over, retry := l.admit(p, at(t0.Add(st.at)))
+		_, over, retry := l.admit(p, at(t0.Add(st.at)), limitRate|limitConcurrency)
 		if over != st.over || (over != "" && (retry < st.retry-time.Millisecond || retry > st.retry+time.Millisecond)) {
 			t.Fatalf("step %d at %v: over %q retry %v; want %q %v", i, st.at, over, retry, st.over, st.retry)
 		}
 	}
 	c := &auth.Principal{Name: "c", Limits: auth.Limits{Concurrency: 2}}
-	a, _, _ := l.admit(c, at(t0))
-	b, _, _ := l.admit(c, at(t0))
-	if _, over, _ := l.admit(c, at(t0)); over != "concurrency" {
+	a, _, _ := l.admit(c, at(t0), limitRate|limitConcurrency)
+	b, _, _ := l.admit(c, at(t0), limitRate|limitConcurrency)
+	if _, over, _ := l.admit(c, at(t0), limitRate|limitConcurrency); over != "concurrency" {
 		t.Fatalf("third in flight: over %q", over)
 	}
 	Ticket{a}.Done()
-	if _, over, _ := l.admit(c, at(t0)); over != "" {
+	if _, over, _ := l.admit(c, at(t0), limitRate|limitConcurrency); over != "" {
 		t.Fatalf("after one ended: over %q", over)
 	}
 	Ticket{b}.Done()
@@ -77,7 +77,7 @@ func TestBucketOutOfOrderTimes(t *testing.T) {
 			admitted := 0
 			for i, now := 0, time.Duration(0); now < tc.total; i, now = i+1, now+tc.step {
 				back := time.Duration(i*7919%101) * tc.jitter / 100 // a deterministic scatter of earlier times
-				if _, over, _ := g.admit(p, at(t0.Add(now-back))); over == "" {
+				if _, over, _ := g.admit(p, at(t0.Add(now-back)), limitRate); over == "" {
 					admitted++
 				}
 			}

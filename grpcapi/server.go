@@ -64,6 +64,9 @@ type Options struct {
 	MaxMessageBytes int
 	// Tracer, when set, records every inference as spans.
 	Tracer *tracing.Tracer
+	// ReadTimeout bounds the time from a call's headers to its message
+	// (HTTP's read timeout); past it the call is cancelled. 0: 60 s.
+	ReadTimeout time.Duration
 	// TLS, when set, serves TLS (its certificate may be reloaded through
 	// GetCertificate); h2 is added to its NextProtos.
 	TLS *tls.Config
@@ -85,6 +88,9 @@ func New(inv Invoker, opts Options) *Server {
 	}
 	if opts.MaxMessageBytes <= 0 {
 		opts.MaxMessageBytes = 256 << 20
+	}
+	if opts.ReadTimeout <= 0 {
+		opts.ReadTimeout = 60 * time.Second
 	}
 	return &Server{inv: inv, opts: opts}
 }
@@ -143,32 +149,59 @@ var openMethods = map[string]bool{
 	pb.GRPCInferenceService_ServerMetadata_FullMethodName: true,
 }
 
-// tap refuses a call without a known token from its headers, before its
-// message is read (admit then checks its scope and model).
-func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	g := s.opts.Gate
-	if g == nil || g.Open() || openMethods[info.FullMethodName] {
-		return ctx, nil
-	}
-	var authz []byte
-	if v := info.Header.Get("authorization"); len(v) > 0 {
-		authz = []byte(v[0])
-	}
-	if r := g.Authenticate(authz); r != nil {
-		s.logRefusal(ctx, info.FullMethodName, r)
-		return ctx, status.Error(r.Status.GRPC, r.Msg)
-	}
-	return ctx, nil
+// call is what the tap starts for a call and its end releases: the timer
+// that ends it if its message does not come within the read timeout, and
+// its place in its token's concurrency.
+type call struct {
+	timer  *time.Timer
+	ticket gate.Ticket
 }
 
-// admit is the gate for every method: the token in the authorization
-// metadata ("Bearer TOKEN"), as HTTP's Authorization header.
-func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	g := s.opts.Gate
-	if g == nil || g.Open() {
-		return h(ctx, req)
+type callKey struct{}
+
+// tap runs on a call's headers, before its message is read. It refuses a
+// call without a known token (admit then checks its scope and model once
+// the message has come), takes its place in the token's concurrency, and
+// ends the call (the stream is cancelled) if its message has not come
+// within the read timeout: gRPC-Go waits for a message without limit, so
+// a client could hold streams, and the goroutines serving them, forever.
+// Both are released when the stream ends, however it ends.
+func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	c := &call{}
+	if g := s.opts.Gate; g != nil && !g.Open() && !openMethods[info.FullMethodName] {
+		var authz []byte
+		if v := info.Header.Get("authorization"); len(v) > 0 {
+			authz = []byte(v[0])
+		}
+		tk, r := g.Hold(authz)
+		if r != nil {
+			if r.Status.HTTP != 429 {
+				s.logRefusal(ctx, info.FullMethodName, r)
+			}
+			return ctx, status.Error(r.Status.GRPC, r.Msg)
+		}
+		c.ticket = tk
 	}
-	if openMethods[info.FullMethod] {
+	ctx, cancel := context.WithCancel(ctx)
+	c.timer = time.AfterFunc(s.opts.ReadTimeout, cancel)
+	context.AfterFunc(ctx, func() { // the stream ended (the transport cancels it), or the timer did
+		c.timer.Stop()
+		c.ticket.Done()
+	})
+	return context.WithValue(ctx, callKey{}, c), nil
+}
+
+// admit is the gate for every method, once its message has come: the
+// token in the authorization metadata ("Bearer TOKEN"), as HTTP's
+// Authorization header, for the method's scope and model, and the token's
+// rate (its concurrency was taken by the tap).
+func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if c, ok := ctx.Value(callKey{}).(*call); ok && !c.timer.Stop() {
+		// The timer fired as the message came: the stream is cancelled.
+		return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within the server's read timeout of %v", s.opts.ReadTimeout)
+	}
+	g := s.opts.Gate
+	if g == nil || g.Open() || openMethods[info.FullMethod] {
 		return h(ctx, req)
 	}
 	scope, fn := required(req)
@@ -176,14 +209,12 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
 		authz = []byte(v[0])
 	}
-	tk, r := g.Admit(authz, scope, fn)
-	if r != nil {
+	if r := g.AdmitHeld(authz, scope, fn); r != nil {
 		if r.Status.HTTP != 429 {
 			s.logRefusal(ctx, info.FullMethod, r)
 		}
 		return nil, status.Error(r.Status.GRPC, r.Msg)
 	}
-	defer tk.Done()
 	return h(ctx, req)
 }
 

@@ -31,6 +31,7 @@ import (
 )
 
 type fixture struct {
+	conn   *grpc.ClientConn
 	client pb.GRPCInferenceServiceClient
 	e      *engine.Engine
 	reg    *prometheus.Registry
@@ -68,7 +69,7 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &fixture{client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, typed: fi, raw: raw}
+	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, typed: fi, raw: raw}
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -350,6 +351,53 @@ func TestAuth(t *testing.T) {
 				t.Fatalf("%v %q, want %v with %q", st.Code(), st.Message(), tc.code, tc.msg)
 			}
 		})
+	}
+}
+
+// A call whose message never comes (a client that sends the headers and
+// holds the stream) is ended within the read timeout, and until then holds
+// a place in its token's concurrency: held calls used to last for ever
+// (200 connections x 32 streams, 5.5 minutes), outside the token's limits.
+func TestCallWithoutItsMessage(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	f := serveOpts(t, table{"two": {Name: "two", Scopes: auth.Invoke, Functions: []string{"*"}, Limits: auth.Limits{Concurrency: 2}}},
+		grpcapi.Options{ReadTimeout: timeout})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer two")
+	infer := &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
+		RawInputContents: [][]byte{{1}}}
+	start := time.Now()
+	var held []grpc.ClientStream
+	for range 2 { // headers now, the message never
+		cs, err := f.conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, pb.GRPCInferenceService_ModelInfer_FullMethodName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, cs)
+	}
+	// One connection: the server reads the held calls' headers first.
+	_, err := f.client.ModelInfer(ctx, infer)
+	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "concurrency") {
+		t.Fatalf("a third call while two wait for their messages: %v, want ResourceExhausted (concurrency)", err)
+	}
+	for i, cs := range held {
+		err := cs.RecvMsg(&pb.ModelInferResponse{})
+		if st, _ := status.FromError(err); st.Code() == codes.OK || st.Code() == codes.DeadlineExceeded && ctx.Err() != nil {
+			t.Fatalf("held call %d: %v after %v; want it ended by the server", i, err, time.Since(start))
+		}
+	}
+	if d := time.Since(start); d > timeout+2*time.Second {
+		t.Fatalf("held calls ended after %v, read timeout %v", d, timeout)
+	}
+	for { // their places come back as their streams end
+		_, err := f.client.ModelInfer(ctx, infer)
+		if err == nil {
+			break
+		}
+		if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || ctx.Err() != nil {
+			t.Fatalf("after the held calls ended: %v", err)
+		}
 	}
 }
 

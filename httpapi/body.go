@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -29,13 +31,81 @@ const budgetWait = 5 * time.Second
 // requests: a rare huge request must not pin its memory forever.
 const keptBody = 1 << 20
 
-// limitName is a body limit as a client should read it: the server's
-// --max-body is named, so an operator knows what to raise.
-func (s *Server) limitName(limit int) string {
-	if limit == s.opts.MaxBodyBytes {
-		return strconv.Itoa(limit) + " bytes (plover serve --max-body)"
+// bodyLimit is the most bytes a route reads of a body, and what sets it,
+// as a client should read it in a 413: --max-body is named, so that an
+// operator knows what to raise; a function's max_input_bytes, so that an
+// author does.
+type bodyLimit struct {
+	n   int
+	why string // what sets it; "" for a function's, named by fn, maxIn and enc
+	fn  string // borrowed: for the message only
+	in  int64
+	enc encoding
+}
+
+func (s *Server) serverLimit() bodyLimit {
+	return bodyLimit{n: s.opts.MaxBodyBytes, why: "(plover serve --max-body)"}
+}
+
+func (l bodyLimit) over(size string) error {
+	why := l.why
+	if why == "" {
+		why = "for function " + l.fn + " (its max_input_bytes, " + strconv.FormatInt(l.in, 10)
+		if l.enc == jsonBody {
+			why += ", carried as JSON"
+		}
+		why += ")"
 	}
-	return strconv.Itoa(limit) + " bytes for this route"
+	return tooLarge("request body " + size + " is over the limit of " + strconv.Itoa(l.n) + " bytes " + why)
+}
+
+// encoding is how a request carries a function's input: the raw bytes, or
+// JSON (base64 on /v1; numbers as text, or the binary extension, on /v2).
+type encoding uint8
+
+const (
+	rawBody encoding = iota
+	jsonBody
+)
+
+// JSON carries a byte in at most about six characters (a BOOL's "false,";
+// a UINT8's "255," is four; base64 one and a third), plus room for names,
+// shapes, parameters and spacing: the bound a JSON body for a function is
+// held to, from its max_input_bytes.
+const (
+	jsonPerByte = 8
+	jsonRoom    = 64 << 10
+)
+
+// inputLimit is what may be read of a request to name carried as enc: the
+// function's own max_input_bytes (in JSON, what carries that many bytes),
+// under --max-body. It is asked before the body is read (Invoker.Admit), so
+// that a body the function could never take is a 413 at once, from its
+// Content-Length or as a chunked body passes the bound, without waiting for
+// or holding the body budget, and a full queue is a 429. A body fasthttp
+// has read already (preRead) costs nothing more to read: the engine
+// bounds it, and the hot path asks nothing here.
+func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name string, enc encoding) (bodyLimit, error) {
+	cl := ctx.Request.Header.ContentLength()
+	if cl == -2 || (cl >= 0 && cl <= preRead) { // -2: no body headers, so no body
+		return s.serverLimit(), nil
+	}
+	maxIn, err := s.inv.Admit(context.Background(), name)
+	if err != nil {
+		return bodyLimit{}, err
+	}
+	lim := s.serverLimit()
+	if maxIn <= 0 {
+		return lim, nil
+	}
+	n := maxIn
+	if enc == jsonBody {
+		n = maxIn*jsonPerByte + jsonRoom
+	}
+	if n < int64(lim.n) {
+		lim = bodyLimit{n: int(n), fn: name, in: maxIn, enc: enc}
+	}
+	return lim, nil
 }
 
 // readBody reads the request body under limit and the body budget, into
@@ -45,17 +115,17 @@ func (s *Server) limitName(limit int) string {
 // at a time: a client holds what it has sent plus one window, never what its
 // Content-Length announces. The caller releases the returned reservation
 // once done with the bytes.
-func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]byte, int64, error) {
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byte) ([]byte, int64, error) {
 	cl := ctx.Request.Header.ContentLength()
-	if cl > limit {
+	if cl > limit.n {
 		ctx.SetConnectionClose() // the body stays unread
-		return nil, 0, tooLarge("request body of " + strconv.Itoa(cl) + " bytes is over the limit of " + s.limitName(limit))
+		return nil, 0, limit.over("of " + strconv.Itoa(cl) + " bytes")
 	}
 	stream := ctx.RequestBodyStream()
 	if stream == nil { // not streamed (a handler called in process): already read
 		b := ctx.Request.Body()
-		if len(b) > limit {
-			return nil, 0, tooLarge("request body is over the limit of " + s.limitName(limit))
+		if len(b) > limit.n {
+			return nil, 0, limit.over("of " + strconv.Itoa(len(b)) + " bytes")
 		}
 		return b, 0, nil
 	}
@@ -64,7 +134,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 		buf = (*keep)[:0]
 	}
 	r := bodyReader{s: s, r: stream}
-	b, err := r.readAll(buf, limit, cl)
+	b, err := r.readAll(buf, limit.n, cl)
 	if err != nil {
 		s.releaseBody(r.held)
 		ctx.SetConnectionClose() // the rest of the body is unread
@@ -72,7 +142,11 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, keep *[]byte) ([]
 			return nil, 0, rq
 		}
 		if errors.Is(err, errTooLarge) {
-			return nil, 0, tooLarge("request body is over the limit of " + s.limitName(limit))
+			return nil, 0, limit.over("of more than " + strconv.Itoa(limit.n) + " bytes")
+		}
+		if timedOut(err) {
+			return nil, 0, &apierr.Error{Status: apierr.RequestTimeout,
+				Msg: "the request body did not arrive within the server's read timeout of " + s.readTimeout().String()}
 		}
 		return nil, 0, &apierr.Error{Status: apierr.BadRequest, Msg: "reading the request body: " + err.Error()}
 	}
@@ -212,4 +286,10 @@ func smuggling(ctx *fasthttp.RequestCtx) bool {
 		}
 	}
 	return cl && te
+}
+
+// timedOut reports a read that ended at the connection's deadline.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }

@@ -89,7 +89,9 @@ func TestUnreadBodiesCloseTheConnection(t *testing.T) {
 // runs once it is free.
 func TestBodyBudget(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
-	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	m := testkit.Manifest("echo")
+	m.MaxInputBytes = 2 << 20 // bodies held here are the function's to take
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	budget := netguard.NewBudget(256 << 10)
 	url := testkit.Serve(t, e, httpapi.Options{BodyBudget: budget, MaxBodyBytes: 1 << 20})
 	addr := strings.TrimPrefix(url, "http://")

@@ -136,7 +136,11 @@ func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 
 // invokeJSON runs a JSON request and, on success, writes its response.
 func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) error {
-	body, held, err := s.readBody(ctx, s.opts.MaxBodyBytes, nil)
+	limit, err := s.inputLimit(ctx, name, jsonBody)
+	if err != nil {
+		return err
+	}
+	body, held, err := s.readBody(ctx, limit, nil)
 	if err != nil {
 		return err
 	}

@@ -40,9 +40,10 @@ type Invoker interface {
 	// Invoke runs req on name's current version: a function's chain or a
 	// pipeline's steps.
 	Invoke(ctx context.Context, name string, req *engine.Request) error
-	// Full is the 429 a request to name would get now for a full queue,
-	// or nil: asked before a body is read.
-	Full(name string) error
+	// Admit is asked before a body is read: the most input bytes name
+	// takes (0: unknown), or the error a request would get now (404, 429
+	// for a full queue).
+	Admit(ctx context.Context, name string) (int64, error)
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
@@ -87,6 +88,9 @@ type Options struct {
 	// Tokens and on Registry.
 	Gate    *gate.Gate
 	Metrics *reqmetrics.Metrics
+	// ReadTimeout bounds the time a client takes to send a request, its
+	// headers and body (408 past it); 0: 60 s.
+	ReadTimeout time.Duration
 	// Tracer, when set, records every invoke as spans (OpenTelemetry);
 	// nil costs the hot path one comparison.
 	Tracer *tracing.Tracer
@@ -159,6 +163,9 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	if opts.ReadTimeout <= 0 {
+		opts.ReadTimeout = 60 * time.Second
+	}
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
@@ -179,7 +186,8 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 		Handler:            s.Handle,
 		Name:               "plover/" + opts.Version,
 		MaxRequestBodySize: opts.MaxBodyBytes,
-		ReadTimeout:        60 * time.Second,
+		ReadBufferSize:     readBuffer,
+		ReadTimeout:        opts.ReadTimeout,
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        120 * time.Second,
 		ErrorHandler:       s.parseError,
@@ -231,12 +239,26 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 }
 
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", "request body is over the server's limit of "+strconv.Itoa(s.opts.MaxBodyBytes)+" bytes (plover serve --max-body)")
-		return
+	case errors.As(err, &small):
+		st := apierr.HeaderTooLarge
+		writeError(ctx, st.HTTP, st.Name, "the request line and headers are over the server's limit of "+strconv.Itoa(s.srv.ReadBufferSize)+" bytes")
+	case timedOut(err):
+		st := apierr.RequestTimeout
+		writeError(ctx, st.HTTP, st.Name, "the request did not arrive within the server's read timeout of "+s.readTimeout().String())
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed HTTP request: "+err.Error())
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed HTTP request: "+err.Error())
 }
+
+func (s *Server) readTimeout() time.Duration { return s.srv.ReadTimeout }
+
+// readBuffer bounds a request's line and headers (431 past it): fasthttp's
+// default, named so that the 431 can say it.
+const readBuffer = 4096
 
 var (
 	pathFunctions = []byte("/v1/functions")
@@ -355,7 +377,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 		var body struct {
 			Version string `json:"version"`
 		}
-		b, held, err := s.readBody(ctx, 64<<10, nil)
+		b, held, err := s.readBody(ctx, bodyLimit{n: 64 << 10, why: "for this route"}, nil)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -490,15 +512,16 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	defer func() { c.conn = nil }()
 	c.req.Override = nil
 	c.req.Timing = engine.Timing{}
-	err := s.fullBeforeBody(ctx, name)
-	if err == nil {
-		err = deadline(ctx, &c.req)
-	}
+	err := deadline(ctx, &c.req)
 	if err == nil {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
 		case "application/octet-stream", "":
+			var limit bodyLimit
+			if limit, err = s.inputLimit(ctx, name, rawBody); err != nil {
+				break
+			}
 			var held int64
-			if c.req.Input, held, err = s.readBody(ctx, s.opts.MaxBodyBytes, &c.in); err != nil {
+			if c.req.Input, held, err = s.readBody(ctx, limit, &c.in); err != nil {
 				break
 			}
 			defer s.releaseBody(held)
@@ -526,17 +549,6 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 // preRead is what fasthttp reads of a streamed body before any handler
 // runs (readBodyWithStreaming): a body that fits is in memory already.
 const preRead = 8 << 10
-
-// fullBeforeBody is the 429 of a function whose queue is full, asked
-// before a body is read so that a flood's bytes are not read only to be
-// refused; for a body fasthttp has read already there is nothing to save,
-// and the engine refuses it as it queues.
-func (s *Server) fullBeforeBody(ctx *fasthttp.RequestCtx, name string) error {
-	if cl := ctx.Request.Header.ContentLength(); cl >= 0 && cl <= preRead {
-		return nil
-	}
-	return s.inv.Full(name)
-}
 
 // badField is a 400 naming the offending field or header.
 func badField(field, reason string) error {

@@ -160,11 +160,14 @@ func TestErrorStatuses(t *testing.T) {
 	// streamed, so nothing is reserved for what was announced). Sent by
 	// hand: a client still writing the body can see the connection close
 	// before it reads the 413.
+	big := testkit.Manifest("big") // takes more than the server's limit
+	big.MaxInputBytes = 4 << 20
+	testkit.Deploy(t, e, testkit.BundleDir(t, big, nil))
 	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(conn, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 2<<20)
+	fmt.Fprintf(conn, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 2<<20)
 	conn.Write(make([]byte, 16<<10))
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {

@@ -213,15 +213,19 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
 
 // v2Run is v2Infer's work: the response written, or the error to write.
 func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version string) error {
-	if err := s.fullBeforeBody(ctx, name); err != nil {
-		return err
-	}
 	r := &vc.req
 	// Before the body: a bad timeout header costs no upload.
 	if err := deadline(ctx, r); err != nil {
 		return err
 	}
-	body, held, err := s.readBody(ctx, s.opts.MaxBodyBytes, &vc.in)
+	limit := s.serverLimit()
+	if version == "" { // another version than the current may take more
+		var err error
+		if limit, err = s.inputLimit(ctx, name, jsonBody); err != nil {
+			return err
+		}
+	}
+	body, held, err := s.readBody(ctx, limit, &vc.in)
 	if err != nil {
 		return err
 	}

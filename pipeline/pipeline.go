@@ -30,7 +30,6 @@ import (
 type Engine interface {
 	Pin(ctx context.Context, name string) (engine.Pin, error)
 	PinVersion(ctx context.Context, name, ref string) (engine.Pin, error)
-	Full(name string) error
 	Health() (bool, []api.DeviceHealth)
 	// Timeout is a request's deadline from its start when it brings none:
 	// a pipeline's one deadline covers all its steps.
@@ -64,9 +63,42 @@ func (r *Runner) Invoke(ctx context.Context, name string, req *engine.Request) e
 	return err
 }
 
-// Full is the engine's 429 for a full queue, asked before a body is read.
-// A pipeline's queue is its first step's, which Invoke meets.
-func (r *Runner) Full(name string) error { return r.e.Full(name) }
+// Admit is asked before a request's body is read: the most input bytes
+// name takes now (0: unknown), or the error the request would get now
+// (404; 429 for a full queue), so that a body no version could take, or a
+// flood for a full function, is refused without its bytes. A pipeline takes
+// what its first step takes (each branch of a parallel first step gets the
+// whole input: the least of theirs) and its queue is its first step's,
+// which Invoke meets first. It holds nothing: a deploy may change the
+// answer before Invoke, which checks again.
+func (r *Runner) Admit(ctx context.Context, name string) (int64, error) {
+	p, err := r.Pin(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	defer p.Release()
+	if p.plan == nil {
+		return p.top.MaxInput(), p.top.Full()
+	}
+	return admitFirst(p.plan.stages[0])
+}
+
+func admitFirst(st stage) (int64, error) {
+	if st.par == nil {
+		return st.pin.MaxInput(), st.pin.Full()
+	}
+	var least int64
+	for _, br := range st.par {
+		n, err := admitFirst(br[0])
+		if err != nil {
+			return 0, err
+		}
+		if n > 0 && (least == 0 || n < least) {
+			least = n
+		}
+	}
+	return least, nil
+}
 
 // Health is the engine's.
 func (r *Runner) Health() (bool, []api.DeviceHealth) { return r.e.Health() }

@@ -1,0 +1,140 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/netguard"
+)
+
+// A function's max_input_bytes bounds what the server reads for it, not
+// only --max-body: a body it could never take is a 413 at once, from its
+// Content-Length or as a chunked body passes the bound, on every route
+// that runs it, naming the bound; and it never waits for the body budget.
+func TestFunctionBoundsItsBody(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("small")
+	m.MaxInputBytes = 3136 // the CNN's
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	budget := netguard.NewBudget(128 << 10)
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: budget, MaxBodyBytes: 256 << 20}), "http://")
+	const huge = 100 << 20
+	// fasthttp reads up to 8 KiB of a body before any handler runs: a
+	// client that sends (as curl does, after Expect: 100-continue) is
+	// answered once it has.
+	preRead := strings.Repeat("x", 8<<10)
+	for _, tc := range []struct {
+		name, head string
+		body       string // sent after head; the rest of an announced body never is
+		want       string
+	}{
+		{"v1 raw", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+			"request body of 104857600 bytes is over the limit of 3136 bytes for function small (its max_input_bytes, 3136)"},
+		{"v1 json", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+			"over the limit of 90624 bytes for function small (its max_input_bytes, 3136, carried as JSON)"},
+		{"v2", "POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+			"over the limit of 90624 bytes for function small"},
+		{"v1 chunked", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+			fmt.Sprintf("%x\r\n%s\r\n", 16<<10, strings.Repeat("z", 16<<10)), "request body of more than 3136 bytes is over the limit of 3136 bytes for function small"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			code, b := firstResponse(t, addr, tc.head+tc.body, 3*time.Second)
+			if code != 413 {
+				t.Fatalf("%d after %v, want 413 at once", code, time.Since(start))
+			}
+			if !strings.Contains(b, tc.want) {
+				t.Fatalf("413 says %s, want it to say %q", b, tc.want)
+			}
+		})
+	}
+
+	// Bodies announced for a small function cannot hold the budget that a
+	// function taking large inputs needs: eight such clients sending slowly
+	// are refused at once, and a 100 KiB body to echo is served.
+	big := testkit.Manifest("echo")
+	big.MaxInputBytes = 1 << 20
+	testkit.Deploy(t, e, testkit.BundleDir(t, big, nil))
+	var wg sync.WaitGroup
+	for range 8 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
+		wg.Add(1)
+		go func() { // what a hog sends, slowly, while the server lets it
+			defer wg.Done()
+			for range 16 {
+				if _, err := c.Write(make([]byte, 16<<10)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 102400\r\n\r\n"+strings.Repeat("y", 100<<10), 4*time.Second)
+	if len(rs) == 0 || rs[0].StatusCode != 200 {
+		t.Fatalf("a 100 KiB body for echo beside 8 clients sending 1 MiB bodies to small: %v (budget in use %d of %d)", statusOf(rs), budget.InUse(), budget.Max())
+	}
+	wg.Wait()
+}
+
+// firstResponse sends raw on a fresh connection and returns the first
+// response's status and body (0 if none came within d).
+func firstResponse(t *testing.T, addr, raw string, d time.Duration) (int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(d))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A client too slow to send its request, or one whose request line is
+// over the read buffer, is told so in the status: 408 and 431, not 400.
+func TestSlowAndOversizedRequests(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{ReadTimeout: 300 * time.Millisecond}), "http://")
+	for _, tc := range []struct {
+		name, raw string
+		code      int
+		want      string
+	}{
+		{"slow body", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 60000\r\n\r\n" + strings.Repeat("s", 9000),
+			408, "the request body did not arrive within the server's read timeout of 300ms"},
+		{"slow chunked body", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
+			408, "read timeout"},
+		{"long request line", "GET /v1/functions/" + strings.Repeat("a", 5000) + " HTTP/1.1\r\nHost: x\r\n\r\n",
+			431, "the request line and headers are over the server's limit of 4096 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := firstResponse(t, addr, tc.raw, 5*time.Second)
+			if code != tc.code || !strings.Contains(body, tc.want) {
+				t.Fatalf("%d %s; want %d saying %q", code, body, tc.code, tc.want)
+			}
+		})
+	}
+}
