@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet fuzz fuzz-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -120,11 +120,31 @@ vet:
 # front and saying so. bin/testreport prints each package as it ends, every
 # test still running after 20 s, and at the end the tests skipped and why
 # (helm, nginx, MinIO missing: .ci/run installs them all).
-test: vet bin/plover bin/plover-worker bin/testreport samples
+test: vet fuzz-short bin/plover bin/plover-worker bin/testreport samples
 	@echo "MinIO for the S3 tests: built once into ~/.cache/plover (several minutes the first time)"
 	-@$(GO) run ./internal/minio/cmd/install-minio >/dev/null
 	bash -o pipefail -c '$(GO) test -count=1 -timeout 30m -json ./... | bin/testreport'
 	bash -o pipefail -c 'cd deploy/helm/charttest && $(GO) test -count=1 -json ./... | ../../../bin/testreport'
+
+# Fuzzing: each target's seeds, then new inputs for a while, one go test per
+# target (it fuzzes one at a time). An input that fails is written under the
+# package's testdata/fuzz: a bug; go test -run=FuzzX/ID reruns it. A new
+# input is minimized for 1 s, not the default minute, which would take a
+# short run's whole time. fuzz-short is part of test; fuzz goes on longer.
+FUZZTIME ?= 5m
+fuzz1 = $(GO) test -run '^$$' -fuzz '^$(2)$$' -fuzztime $(3) -fuzzminimizetime 1s ./$(1)
+
+fuzz-short:
+	$(call fuzz1,httpapi,FuzzInferHeader,8s)
+	$(call fuzz1,httpapi,FuzzV2InferBody,8s)
+	$(call fuzz1,abi,FuzzParseManifest,8s)
+	$(call fuzz1,bundle,FuzzUnpack,8s)
+
+fuzz:
+	$(call fuzz1,httpapi,FuzzInferHeader,$(FUZZTIME))
+	$(call fuzz1,httpapi,FuzzV2InferBody,$(FUZZTIME))
+	$(call fuzz1,abi,FuzzParseManifest,$(FUZZTIME))
+	$(call fuzz1,bundle,FuzzUnpack,$(FUZZTIME))
 
 bin/testreport: internal/testreport/main.go
 	$(GO) build -o $@ ./internal/testreport

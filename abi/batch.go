@@ -55,9 +55,11 @@ func (b *Batch) validate(m *Manifest) error {
 		return &FieldError{"batch.item_input_bytes", fmt.Sprintf("%d must be 1 or more", b.ItemInputBytes)}
 	case b.ItemOutputBytes <= 0:
 		return &FieldError{"batch.item_output_bytes", fmt.Sprintf("%d must be 1 or more", b.ItemOutputBytes)}
-	case int64(b.MaxItems)*b.ItemInputBytes != m.MaxInputBytes:
+	// By division: a product of a huge item size could overflow to the
+	// very buffer size.
+	case m.MaxInputBytes%int64(b.MaxItems) != 0 || m.MaxInputBytes/int64(b.MaxItems) != b.ItemInputBytes:
 		return &FieldError{"batch.item_input_bytes", fmt.Sprintf("%d × max_items %d must equal max_input_bytes %d (a full batch's input)", b.ItemInputBytes, b.MaxItems, m.MaxInputBytes)}
-	case int64(b.MaxItems)*b.ItemOutputBytes != m.OutBytes:
+	case m.OutBytes%int64(b.MaxItems) != 0 || m.OutBytes/int64(b.MaxItems) != b.ItemOutputBytes:
 		return &FieldError{"batch.item_output_bytes", fmt.Sprintf("%d × max_items %d must equal out_bytes %d (a full batch's output)", b.ItemOutputBytes, b.MaxItems, m.OutBytes)}
 	case m.ABI == 1:
 		return &FieldError{"batch", "needs ABI 2.1 or later (\"abi\": 2): ABI 1 bundles have no items field"}

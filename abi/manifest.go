@@ -195,7 +195,18 @@ func inSet(set string, b byte) bool {
 // type wanted, never Go's struct names.
 func jsonError(data []byte, err error) *FieldError {
 	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) && te.Field != "" {
+	if errors.As(err, &te) && err != error(te) {
+		// Wrapped by Step.UnmarshalJSON, the one decoder of its own: its
+		// field and offset are the step's, not the file's.
+		if te.Field != "" {
+			return &FieldError{Field: "steps", Reason: fmt.Sprintf("a step's %q is %s, want %s", te.Field, jsonKind(te.Value), jsonWant(te.Type))}
+		}
+		return &FieldError{Field: "steps", Reason: fmt.Sprintf("a step is %s, want a function name or an object", jsonKind(te.Value))}
+	}
+	if errors.As(err, &te) && te.Field == "" { // the document is no object
+		return &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("is %s, want an object", jsonKind(te.Value))}
+	}
+	if errors.As(err, &te) {
 		kind := jsonKind(te.Value)
 		if te.Value == "object" || te.Value == "array" { // no short text to quote
 			return &FieldError{Field: te.Field, Reason: fmt.Sprintf("is %s, want %s", kind, jsonWant(te.Type))}

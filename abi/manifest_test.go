@@ -55,6 +55,7 @@ func TestParseManifest(t *testing.T) {
 		{"unknown field", `"zero_tmp":false`, `"zero_tmpp":false`, "plover.json"},
 		{"batch valid", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"max_delay":"200us","item_input_bytes":1000000,"item_output_bytes":1000000},`, ""},
 		{"batch on abi 1", `"zero_tmp":false`, `"zero_tmp":false,"batch":{"max_items":4,"item_input_bytes":1000000,"item_output_bytes":1000000}`, "batch"},
+		{"batch item size overflowing to the buffer", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"item_input_bytes":4611686018428387904,"item_output_bytes":1000000},`, "batch.item_input_bytes"},
 		{"batch one item", `"abi":1,`, `"abi":2,"batch":{"max_items":1,"item_input_bytes":4000000,"item_output_bytes":4000000},`, "batch.max_items"},
 		{"batch input not max_items items", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"item_input_bytes":999999,"item_output_bytes":1000000},`, "batch.item_input_bytes"},
 		{"batch output not max_items items", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"item_input_bytes":1000000,"item_output_bytes":3},`, "batch.item_output_bytes"},

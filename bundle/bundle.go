@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -173,7 +172,10 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 		if hdr.Name != filepath.Base(hdr.Name) || hdr.Name == ".." || hdr.Name == "." || filepath.IsAbs(hdr.Name) {
 			return nil, refuse("entry %q is not a plain file name", hdr.Name)
 		}
-		if hdr.Size < 0 || total+hdr.Size > maxUnpacked {
+		// Not total+hdr.Size > maxUnpacked: a size near MaxInt64 wraps the
+		// sum negative and passes, and the entry then takes whatever the
+		// stream holds (a zstd bomb, gigabytes).
+		if hdr.Size < 0 || hdr.Size > maxUnpacked-total {
 			return nil, refuse("unpacks to more than %d bytes", maxUnpacked)
 		}
 		total += hdr.Size
@@ -181,7 +183,14 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 		case m == nil && hdr.Name != abi.ManifestFile:
 			return nil, refuse("first entry is %q, want %s", hdr.Name, abi.ManifestFile)
 		case m == nil:
-			if m, err = abi.ParseManifest(io.LimitReader(tr, hdr.Size)); err != nil {
+			// Kept as sent: re-encoded, a manifest can grow (JSON escapes
+			// < > & six times larger) past what ReadManifest takes, and
+			// every cache hit would then refuse the bundle as damaged.
+			raw, rerr := io.ReadAll(io.LimitReader(tr, min(hdr.Size, 1<<20+1)))
+			if rerr != nil {
+				return nil, fmt.Errorf("unpack %s: %w", abi.ManifestFile, rerr)
+			}
+			if m, err = abi.ParseManifest(bytes.NewReader(raw)); err != nil {
 				return nil, fmt.Errorf("bundle %s: %w", abi.ManifestFile, err)
 			}
 			if m.Library != "" {
@@ -190,7 +199,7 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 			if m.Constants != "" {
 				want[m.Constants] = true
 			}
-			err = writeFile(filepath.Join(dst, abi.ManifestFile), m, fault)
+			err = copyFile(filepath.Join(dst, abi.ManifestFile), bytes.NewReader(raw), int64(len(raw)), fault)
 		case !want[hdr.Name]:
 			return nil, refuse("unexpected entry %q (library is %q, constants %q)", hdr.Name, m.Library, m.Constants)
 		default:
@@ -210,20 +219,22 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 	return m, nil
 }
 
-func writeFile(path string, m *abi.Manifest, fault WriteFault) error {
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	return copyFile(path, bytes.NewReader(b), int64(len(b)), fault)
-}
-
 func copyFile(path string, r io.Reader, size int64, fault WriteFault) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("unpack: %w", err)
 	}
-	n, err := io.Copy(fault.Wrap(f, path), io.LimitReader(r, size))
+	src := &readErr{r: io.LimitReader(r, size)}
+	n, err := io.Copy(fault.Wrap(f, path), src)
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		err = nil // the archive ends inside the entry: refused below, named
+	case err != nil && src.err != nil:
+		// The archive, not this disk: a damaged stream says which entry.
+		// Not refused outright: a read error of the node's own disk
+		// would then condemn a good bundle for good.
+		err = fmt.Errorf("unpack %s: reading the archive: %w", filepath.Base(path), err)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -231,4 +242,19 @@ func copyFile(path string, r io.Reader, size int64, fault WriteFault) error {
 		err = refuse("entry %s is truncated (%d of %d bytes)", filepath.Base(path), n, size)
 	}
 	return err
+}
+
+// readErr keeps its reader's error, to tell a damaged archive from a
+// failed write in io.Copy's one error.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF {
+		r.err = err
+	}
+	return n, err
 }

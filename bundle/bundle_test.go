@@ -194,3 +194,29 @@ func TestCacheVerifiesSHA256(t *testing.T) {
 
 // A changed mtime must not change the bundle's bytes.
 var timeZero = time.Unix(1_700_000_000, 0)
+
+// The manifest a cache hit reads is the one the bundle carries, byte for
+// byte: re-encoded, a manifest of 200 KB with characters JSON escapes grew
+// past the 1 MiB ReadManifest takes, and every cache hit refused the bundle
+// as damaged.
+func TestUnpackKeepsTheManifestAsSent(t *testing.T) {
+	m := abi.Manifest{Name: "fn", ABI: 1, Target: "host", Library: "lib.so", MaxInputBytes: 16, OutBytes: 16,
+		Chain: []abi.Launch{{Kernel: "k", Grid: 1, Block: 1}}, Build: &abi.Build{Sources: []string{"k.cu"}, CXXFlags: []string{strings.Repeat("<", 200<<10)}}}
+	var raw bytes.Buffer
+	enc := json.NewEncoder(&raw)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if _, err := Unpack(bytes.NewReader(archive(t, entry{name: abi.ManifestFile, body: raw.Bytes()}, entry{name: "lib.so", body: []byte("\x7fELF")})), dst, DefaultMaxUnpacked); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dst, abi.ManifestFile))
+	if err != nil || !bytes.Equal(got, raw.Bytes()) {
+		t.Fatalf("plover.json unpacked: %d bytes (%v), sent %d", len(got), err, raw.Len())
+	}
+	if _, err := ReadManifest(dst); err != nil {
+		t.Fatalf("what a cache hit reads: %v", err)
+	}
+}
