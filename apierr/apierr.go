@@ -8,9 +8,8 @@ package apierr
 import (
 	"errors"
 
+	"github.com/plover-run/plover/errdefs"
 	"google.golang.org/grpc/codes"
-
-	"github.com/plover-run/plover/engine"
 )
 
 // Status is one class's answer on each transport.
@@ -38,8 +37,8 @@ var (
 	// HeaderTooLarge is a request line or header over the server's read
 	// buffer.
 	HeaderTooLarge = Status{431, "header_too_large", codes.InvalidArgument}
-	TooLarge       = byKind[engine.KindTooLarge]
-	Unavailable    = byKind[engine.KindUnavailable]
+	TooLarge       = byKind[errdefs.KindTooLarge]
+	Unavailable    = byKind[errdefs.KindUnavailable]
 )
 
 // Error is a request a transport refuses itself (a field it cannot parse,
@@ -56,48 +55,48 @@ func (e *Error) Error() string { return e.Msg }
 // and the message for the client; ok is false for an error of neither
 // kind, whose text is for the log only. Call it on the error path only: its
 // errors.As targets escape.
-func Classify(err error) (st Status, k engine.Kind, msg string, ok bool) {
+func Classify(err error) (st Status, k errdefs.Kind, msg string, ok bool) {
 	var e *Error
 	if errors.As(err, &e) {
 		if e.Status.HTTP >= 500 { // the server's failure (an output it cannot encode), not the request's
-			return e.Status, engine.KindInternal, e.Msg, true
+			return e.Status, errdefs.KindInternal, e.Msg, true
 		}
-		return e.Status, engine.KindBadRequest, e.Msg, true
+		return e.Status, errdefs.KindBadRequest, e.Msg, true
 	}
-	k = engine.KindOf(err)
-	var ee *engine.Error
+	k = errdefs.KindOf(err)
+	var ee *errdefs.Error
 	if errors.As(err, &ee) {
 		return Of(k), k, ee.Msg, true
 	}
 	return Of(k), k, "internal error", false
 }
 
-// byKind is indexed by engine.Kind.
+// byKind is indexed by errdefs.Kind.
 var byKind = [...]Status{
-	engine.KindInternal:   {500, "internal", codes.Internal},
-	engine.KindBadRequest: BadRequest,
-	engine.KindNotFound:   NotFound,
-	engine.KindTooLarge:   {413, "too_large", codes.InvalidArgument},
-	engine.KindInvalid:    {422, "invalid", codes.InvalidArgument},
-	engine.KindKernel:     {500, "kernel_failed", codes.Internal},
+	errdefs.KindInternal:   {500, "internal", codes.Internal},
+	errdefs.KindBadRequest: BadRequest,
+	errdefs.KindNotFound:   NotFound,
+	errdefs.KindTooLarge:   {413, "too_large", codes.InvalidArgument},
+	errdefs.KindInvalid:    {422, "invalid", codes.InvalidArgument},
+	errdefs.KindKernel:     {500, "kernel_failed", codes.Internal},
 	// Unavailable: the device or store is down; a client may retry.
-	engine.KindUnavailable: {503, "unavailable", codes.Unavailable},
-	engine.KindTimeout:     {504, "timeout", codes.DeadlineExceeded},
-	engine.KindBusy:        {429, "busy", codes.ResourceExhausted},
+	errdefs.KindUnavailable: {503, "unavailable", codes.Unavailable},
+	errdefs.KindTimeout:     {504, "timeout", codes.DeadlineExceeded},
+	errdefs.KindBusy:        {429, "busy", codes.ResourceExhausted},
 	// The client left: nobody reads it; for logs and metrics (nginx's 499).
-	engine.KindGone:          {499, "client_closed", codes.Canceled},
-	engine.KindWorkerCrashed: {500, "worker_crashed", codes.Internal},
-	engine.KindConflict:      {409, "conflict", codes.Aborted},
-	engine.KindNoSpace:       {507, "insufficient_storage", codes.ResourceExhausted},
-	engine.KindForbidden:     Forbidden,
+	errdefs.KindGone:          {499, "client_closed", codes.Canceled},
+	errdefs.KindWorkerCrashed: {500, "worker_crashed", codes.Internal},
+	errdefs.KindConflict:      {409, "conflict", codes.Aborted},
+	errdefs.KindNoSpace:       {507, "insufficient_storage", codes.ResourceExhausted},
+	errdefs.KindForbidden:     Forbidden,
 }
 
 // Of is kind k's status (Internal for a kind it does not know).
-func Of(k engine.Kind) Status {
+func Of(k errdefs.Kind) Status {
 	if int(k) >= 0 && int(k) < len(byKind) && byKind[k].HTTP != 0 {
 		return byKind[k]
 	}
-	return byKind[engine.KindInternal]
+	return byKind[errdefs.KindInternal]
 }
 
 // HTTPOf is the HTTP status of a gRPC code's class, for reports that

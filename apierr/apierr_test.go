@@ -5,37 +5,36 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/plover-run/plover/errdefs"
 	"google.golang.org/grpc/codes"
-
-	"github.com/plover-run/plover/engine"
 )
 
 // Every engine kind has its own row (a kind added without one would answer
 // 500/Internal on both transports), and the rows the issue names map as it
 // says.
 func TestEveryKindMapped(t *testing.T) {
-	for k := engine.KindInternal; k <= engine.KindForbidden; k++ {
+	for k := errdefs.KindInternal; k <= errdefs.KindForbidden; k++ {
 		if int(k) >= len(byKind) || byKind[k].HTTP == 0 || byKind[k].Name == "" {
 			t.Errorf("engine kind %d has no status", k)
 		}
 	}
-	if int(engine.KindForbidden)+1 != len(byKind) {
-		t.Errorf("byKind has %d rows for %d kinds: a kind after KindForbidden?", len(byKind), engine.KindForbidden+1)
+	if int(errdefs.KindForbidden)+1 != len(byKind) {
+		t.Errorf("byKind has %d rows for %d kinds: a kind after KindForbidden?", len(byKind), errdefs.KindForbidden+1)
 	}
 	for _, tc := range []struct {
-		k    engine.Kind
+		k    errdefs.Kind
 		http int
 		grpc codes.Code
 	}{
-		{engine.KindNotFound, 404, codes.NotFound},
-		{engine.KindBadRequest, 400, codes.InvalidArgument},
-		{engine.KindBusy, 429, codes.ResourceExhausted},
-		{engine.KindTimeout, 504, codes.DeadlineExceeded},
-		{engine.KindUnavailable, 503, codes.Unavailable},
-		{engine.KindForbidden, 403, codes.PermissionDenied},
-		{engine.KindKernel, 500, codes.Internal},
-		{engine.KindWorkerCrashed, 500, codes.Internal},
-		{engine.Kind(99), 500, codes.Internal},
+		{errdefs.KindNotFound, 404, codes.NotFound},
+		{errdefs.KindBadRequest, 400, codes.InvalidArgument},
+		{errdefs.KindBusy, 429, codes.ResourceExhausted},
+		{errdefs.KindTimeout, 504, codes.DeadlineExceeded},
+		{errdefs.KindUnavailable, 503, codes.Unavailable},
+		{errdefs.KindForbidden, 403, codes.PermissionDenied},
+		{errdefs.KindKernel, 500, codes.Internal},
+		{errdefs.KindWorkerCrashed, 500, codes.Internal},
+		{errdefs.Kind(99), 500, codes.Internal},
 	} {
 		if s := Of(tc.k); s.HTTP != tc.http || s.GRPC != tc.grpc {
 			t.Errorf("kind %d: %d %v, want %d %v", tc.k, s.HTTP, s.GRPC, tc.http, tc.grpc)
@@ -51,14 +50,14 @@ func TestClassify(t *testing.T) {
 		name  string
 		err   error
 		http  int
-		kind  engine.Kind
+		kind  errdefs.Kind
 		msg   string
 		known bool
 	}{
-		{"refusal", fmt.Errorf("wrapped: %w", &Error{Status: NotFound, Msg: "model m version v"}), 404, engine.KindBadRequest, "model m version v", true},
-		{"bad output", &Error{Status: BadOutput, Msg: "NaN"}, 500, engine.KindInternal, "NaN", true},
-		{"engine", &engine.Error{Kind: engine.KindBusy, Msg: "queue full"}, 429, engine.KindBusy, "queue full", true},
-		{"foreign", errors.New("secret path /var/x"), 500, engine.KindInternal, "internal error", false},
+		{"refusal", fmt.Errorf("wrapped: %w", &Error{Status: NotFound, Msg: "model m version v"}), 404, errdefs.KindBadRequest, "model m version v", true},
+		{"bad output", &Error{Status: BadOutput, Msg: "NaN"}, 500, errdefs.KindInternal, "NaN", true},
+		{"engine", &errdefs.Error{Kind: errdefs.KindBusy, Msg: "queue full"}, 429, errdefs.KindBusy, "queue full", true},
+		{"foreign", errors.New("secret path /var/x"), 500, errdefs.KindInternal, "internal error", false},
 	} {
 		st, k, msg, known := Classify(tc.err)
 		if st.HTTP != tc.http || k != tc.kind || msg != tc.msg || known != tc.known {

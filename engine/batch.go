@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // batcher gathers a batching version's requests into runs of one chain
@@ -73,14 +75,14 @@ const (
 )
 
 type batchItem struct {
-	req      *Request
+	req      *call.Request
 	deadline time.Time
 	enq      time.Time
 	state    atomic.Int32
 	done     chan struct{} // closed once the run has written the result
 	// Written by the run before done is closed.
 	err       error
-	start     Start
+	start     call.Start
 	queue     time.Duration // enqueued until its run started
 	batchWait time.Duration // the part of queue a free slot held it for company
 	load      time.Duration
@@ -96,13 +98,13 @@ func newBatcher(e *Engine, v *version) *batcher {
 }
 
 // invoke runs req as one item of a batch and waits for its result.
-func (b *batcher) invoke(ctx context.Context, req *Request, deadline time.Time) error {
+func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline time.Time) error {
 	v := b.v
 	if req.Override != nil {
-		return errorf(KindBadRequest, nil, "function %s batches requests (plover.json \"batch\"): per-request chain, out_bytes and tmp_bytes overrides do not apply to it", v.fn.name)
+		return errorf(errdefs.KindBadRequest, nil, "function %s batches requests (plover.json \"batch\"): per-request chain, out_bytes and tmp_bytes overrides do not apply to it", v.fn.name)
 	}
 	if int64(len(req.Input)) != b.itemIn {
-		return errorf(KindBadRequest, nil, "input is %d bytes; function %s batches requests of exactly %d bytes (batch.item_input_bytes)", len(req.Input), v.fn.name, b.itemIn)
+		return errorf(errdefs.KindBadRequest, nil, "input is %d bytes; function %s batches requests of exactly %d bytes (batch.item_input_bytes)", len(req.Input), v.fn.name, b.itemIn)
 	}
 	it := &batchItem{req: req, deadline: deadline, enq: time.Now(), done: make(chan struct{})}
 	b.mu.Lock()
@@ -128,12 +130,12 @@ func (b *batcher) invoke(ctx context.Context, req *Request, deadline time.Time) 
 			return b.finish(it)
 		case <-ctx.Done():
 			if err := b.abandon(it); err == nil {
-				return errorf(KindUnavailable, ctx.Err(), "function %s: the request was cancelled while it waited for its batch", v.fn.name)
+				return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while it waited for its batch", v.fn.name)
 			}
 			return b.finish(it)
 		case <-t.C:
 			if err := b.abandon(it); err == nil {
-				return errorf(KindTimeout, nil, "function %s: the request's deadline passed before its batch finished", v.fn.name)
+				return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before its batch finished", v.fn.name)
 			}
 			return b.finish(it)
 		case <-poll:
@@ -141,7 +143,7 @@ func (b *batcher) invoke(ctx context.Context, req *Request, deadline time.Time) 
 				continue
 			}
 			if err := b.abandon(it); err == nil {
-				return errorf(KindGone, nil, "function %s: the client went away while the request waited", v.fn.name)
+				return errorf(errdefs.KindGone, nil, "function %s: the client went away while the request waited", v.fn.name)
 			}
 			return b.finish(it)
 		}
@@ -320,17 +322,17 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	clear(in[int64(n)*b.itemIn:])
 	out := bb.out[:int64(k)*b.itemOut]
 
-	var start Start
+	var start call.Start
 	var load, sched time.Duration
 	t0 := time.Now()
 	inst, fresh, err := e.take(context.Background(), v, deadline)
 	var r *device.Run
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
-		if fresh != Hot {
+		if fresh != call.Hot {
 			start = max(start, fresh)
 			load = time.Since(t0)
-			if fresh == Cold {
+			if fresh == call.Cold {
 				e.coldStarted(f, v, inst.dev, load)
 			}
 		}
@@ -359,7 +361,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			break
 		}
 		if !t0.Before(deadline) {
-			err = errorf(KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
+			err = errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
 			break
 		}
 		if inst, fresh, err = e.take(context.Background(), v, deadline); err != nil {

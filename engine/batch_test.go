@@ -15,7 +15,9 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -39,7 +41,7 @@ func item(value, sleepMs uint32) []byte {
 
 type batchResult struct {
 	value, items uint32
-	req          *engine.Request
+	req          *call.Request
 	err          error
 }
 
@@ -47,7 +49,7 @@ type batchResult struct {
 func invokeAsync(e *engine.Engine, name string, in []byte, deadline time.Time) chan batchResult {
 	ch := make(chan batchResult, 1)
 	go func() {
-		req := &engine.Request{Input: in, Deadline: deadline}
+		req := &call.Request{Input: in, Deadline: deadline}
 		err := e.Invoke(context.Background(), name, req)
 		r := batchResult{req: req, err: err}
 		if err == nil && len(req.Output) == 8 {
@@ -175,7 +177,7 @@ func TestBatchLimitsAndFailures(t *testing.T) {
 		waitBusy(t, e, "l", 1)
 		t0 := time.Now()
 		r := <-invokeAsync(e, "l", item(2, 0), time.Now().Add(50*time.Millisecond))
-		if engine.KindOf(r.err) != engine.KindTimeout || time.Since(t0) > 300*time.Millisecond {
+		if errdefs.KindOf(r.err) != errdefs.KindTimeout || time.Since(t0) > 300*time.Millisecond {
 			t.Fatalf("got %v after %v; want a timeout at the 50 ms deadline", r.err, time.Since(t0))
 		}
 		if r := <-busy; r.err != nil {
@@ -193,7 +195,7 @@ func TestBatchLimitsAndFailures(t *testing.T) {
 		}
 		waitQueued(t, e, "l", 6)
 		r := <-invokeAsync(e, "l", item(99, 0), time.Time{})
-		if engine.KindOf(r.err) != engine.KindBusy {
+		if errdefs.KindOf(r.err) != errdefs.KindBusy {
 			t.Fatalf("the seventh waiting request: %v, want busy", r.err)
 		}
 		<-busy
@@ -212,7 +214,7 @@ func TestBatchLimitsAndFailures(t *testing.T) {
 		<-busy
 		for i, ch := range chs {
 			r := <-ch
-			if engine.KindOf(r.err) != engine.KindKernel || !strings.Contains(r.err.Error(), "an item asked to fail") {
+			if errdefs.KindOf(r.err) != errdefs.KindKernel || !strings.Contains(r.err.Error(), "an item asked to fail") {
 				t.Fatalf("request %d of the failing run: %v", i, r.err)
 			}
 		}
@@ -224,16 +226,16 @@ func TestBatchLimitsAndFailures(t *testing.T) {
 
 	for _, tt := range []struct {
 		name string
-		req  *engine.Request
+		req  *call.Request
 		want string
 	}{
-		{"short input", &engine.Request{Input: []byte{1, 2, 3}}, "exactly 8 bytes (batch.item_input_bytes)"},
-		{"two items in one body", &engine.Request{Input: append(item(1, 0), item(2, 0)...)}, "exactly 8 bytes"},
-		{"override", &engine.Request{Input: item(1, 0), Override: &engine.Override{OutBytes: 8, TmpBytes: -1}}, "overrides do not apply"},
+		{"short input", &call.Request{Input: []byte{1, 2, 3}}, "exactly 8 bytes (batch.item_input_bytes)"},
+		{"two items in one body", &call.Request{Input: append(item(1, 0), item(2, 0)...)}, "exactly 8 bytes"},
+		{"override", &call.Request{Input: item(1, 0), Override: &call.Override{OutBytes: 8, TmpBytes: -1}}, "overrides do not apply"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := e.Invoke(context.Background(), "l", tt.req)
-			if engine.KindOf(err) != engine.KindBadRequest || !strings.Contains(err.Error(), tt.want) {
+			if errdefs.KindOf(err) != errdefs.KindBadRequest || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want a bad-input error with %q", err, tt.want)
 			}
 		})
@@ -246,8 +248,8 @@ func TestBatchOutLenFixed(t *testing.T) {
 	m.Chain = append(m.Chain, abi.Launch{Kernel: "bshrink", Grid: 1, Block: 1})
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, batchBundle(t, m))
-	err := e.Invoke(context.Background(), "s", &engine.Request{Input: item(1, 0)})
-	if engine.KindOf(err) != engine.KindKernel || !strings.Contains(err.Error(), "changed out.len in a batched run") {
+	err := e.Invoke(context.Background(), "s", &call.Request{Input: item(1, 0)})
+	if errdefs.KindOf(err) != errdefs.KindKernel || !strings.Contains(err.Error(), "changed out.len in a batched run") {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -276,7 +278,7 @@ func TestBatchDeployChecks(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b), false)
-			if engine.KindOf(err) != engine.KindInvalid || !strings.Contains(err.Error(), tt.want) {
+			if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want %q", err, tt.want)
 			}
 		})
@@ -303,7 +305,7 @@ func TestBatchManyConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			req := &engine.Request{Input: item(uint32(i*7), 2)}
+			req := &call.Request{Input: item(uint32(i*7), 2)}
 			if err := e.Invoke(context.Background(), "c", req); err != nil {
 				errs <- err
 				return
@@ -341,7 +343,7 @@ func TestBatchRunOutlivesItsRequests(t *testing.T) {
 	old := testkit.Deploy(t, e, batchBundle(t, m))
 	t0 := time.Now()
 	r := <-invokeAsync(e, "o", item(1, 800), time.Now().Add(100*time.Millisecond))
-	if engine.KindOf(r.err) != engine.KindTimeout {
+	if errdefs.KindOf(r.err) != errdefs.KindTimeout {
 		t.Fatalf("got %v, want a timeout", r.err)
 	}
 	waitBusy(t, e, "o", 1) // the run goes on without its request

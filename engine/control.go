@@ -14,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/pipeline/graph"
 	"github.com/plover-run/plover/registry"
@@ -36,11 +37,11 @@ func (e *Engine) Control() *Control { return &Control{e} }
 func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
-		return api.FunctionInfo{}, errorf(KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
+		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
 	}
 	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
 	if err != nil {
-		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy: temp file")
+		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy: temp file")
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -51,21 +52,21 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		return api.FunctionInfo{}, storageError(sink.err, "deploy %s: spooling the bundle", name)
 	}
 	if err != nil {
-		return api.FunctionInfo{}, errorf(KindBadRequest, err, "deploy: reading the bundle")
+		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, err, "deploy: reading the bundle")
 	}
 	if n > e.cfg.MaxBundleBytes {
-		return api.FunctionInfo{}, errorf(KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
+		return api.FunctionInfo{}, errorf(errdefs.KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
 	}
 	sha := hex.EncodeToString(h.Sum(nil))
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy")
+		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
 	dir, m, err := e.cfg.Cache.Verify(tmp)
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		return api.FunctionInfo{}, storageError(err, "deploy %s: unpacking the bundle", name)
 	}
 	if err != nil {
-		return api.FunctionInfo{}, errorf(KindInvalid, err, "%s", err.Error())
+		return api.FunctionInfo{}, errorf(errdefs.KindInvalid, err, "%s", err.Error())
 	}
 	defer os.RemoveAll(dir)
 	if err := checkDeploy(dir, m, name, e.targets); err != nil {
@@ -77,11 +78,11 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		}
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return api.FunctionInfo{}, errorf(KindInternal, err, "deploy")
+		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
 	rv, created, err := e.reg.Publish(ctx, m, tmp, sha, n, force)
 	if errors.Is(err, registry.ErrConflict) {
-		return api.FunctionInfo{}, errorf(KindConflict, err, "deploy %s: %s", name, err.Error())
+		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
 	}
 	if err != nil {
 		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
@@ -98,7 +99,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	}
 	f, _ := e.switchTo(name, rv, 0)
 	if f == nil {
-		return api.FunctionInfo{}, errorf(KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
+		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
 	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
@@ -110,17 +111,17 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 // (loader.CheckBundle).
 func checkDeploy(dir string, m *abi.Manifest, name string, targets []string) error {
 	if m.Name != name {
-		return errorf(KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
+		return errorf(errdefs.KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
 	}
 	if m.IsPipeline() {
 		return nil // no library: its steps are checked against the store (checkPipeline)
 	}
 	if !slices.Contains(targets, m.Target) {
-		return errorf(KindInvalid, nil, "target: the bundle is built for %q; this node's devices run %s", m.Target, strings.Join(quoted(targets), " and "))
+		return errorf(errdefs.KindInvalid, nil, "target: the bundle is built for %q; this node's devices run %s", m.Target, strings.Join(quoted(targets), " and "))
 	}
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		err = inBundle(err, m.Library)
-		return errorf(KindInvalid, err, "%s", err.Error())
+		return errorf(errdefs.KindInvalid, err, "%s", err.Error())
 	}
 	return nil
 }
@@ -144,7 +145,7 @@ func (w *writeErr) Write(p []byte) (int, error) {
 // node's or, for a file store, the store's), else 503 with the cause.
 func storageError(err error, format string, args ...any) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return errorf(KindNoSpace, err, format+": out of disk space (%v)", append(args, err)...)
+		return errorf(errdefs.KindNoSpace, err, format+": out of disk space (%v)", append(args, err)...)
 	}
 	return unavailable(err, format, args...)
 }
@@ -161,9 +162,9 @@ func (e *Engine) checkPipeline(ctx context.Context, name string, steps []abi.Ste
 	case err == nil:
 		return nil
 	case errors.As(err, &fe):
-		return errorf(KindForbidden, err, "pipeline %s: %s", name, err.Error())
+		return errorf(errdefs.KindForbidden, err, "pipeline %s: %s", name, err.Error())
 	case errors.As(err, &se):
-		return errorf(KindInvalid, err, "pipeline %s: %s", name, err.Error())
+		return errorf(errdefs.KindInvalid, err, "pipeline %s: %s", name, err.Error())
 	}
 	return unavailable(err, "pipeline %s: checking its steps: store unavailable", name)
 }
@@ -179,11 +180,11 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 			return unavailable(err, "delete %s: listing the pipelines that may use it: store unavailable", name)
 		}
 		if users := graph.UsersOf(recs, name); len(users) > 0 {
-			return errorf(KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), strings.Join(users, ", "), plural(len(users), "it", "them"))
+			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), strings.Join(users, ", "), plural(len(users), "it", "them"))
 		}
 	}
 	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
-		return errorf(KindNotFound, err, "function %q not found", name)
+		return errorf(errdefs.KindNotFound, err, "function %q not found", name)
 	} else if err != nil {
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
@@ -215,19 +216,19 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	rv, err := e.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
-		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %q not found", name)
+		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, err, "function %q not found", name)
 	case errors.Is(err, registry.ErrNoVersion) && len(version) < 8:
-		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q: give a version id or a unique prefix of at least 8 characters (plover versions %s)", name, version, name)
+		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, err, "function %s has no version %q: give a version id or a unique prefix of at least 8 characters (plover versions %s)", name, version, name)
 	case errors.Is(err, registry.ErrNoVersion):
-		return api.FunctionInfo{}, errorf(KindNotFound, err, "function %s has no version %q", name, version)
+		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, err, "function %s has no version %q", name, version)
 	case errors.Is(err, registry.ErrConflict):
-		return api.FunctionInfo{}, errorf(KindConflict, err, "rollback %s: %s", name, err.Error())
+		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "rollback %s: %s", name, err.Error())
 	case err != nil:
 		return api.FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}
 	f, _ := e.switchTo(name, rv, 0)
 	if f == nil {
-		return api.FunctionInfo{}, errorf(KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
+		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
 	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)

@@ -11,14 +11,16 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-func invoke(t *testing.T, e *engine.Engine, name string, in []byte) *engine.Request {
+func invoke(t *testing.T, e *engine.Engine, name string, in []byte) *call.Request {
 	t.Helper()
-	req := &engine.Request{Input: in}
+	req := &call.Request{Input: in}
 	if err := e.Invoke(context.Background(), name, req); err != nil {
 		t.Fatalf("invoke %s: %v", name, err)
 	}
@@ -31,15 +33,15 @@ func TestStartKinds(t *testing.T) {
 	m.Chain = append(m.Chain, abi.Launch{Kernel: "sleep_ms", Grid: 50, Block: 1})
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 
-	if r := invoke(t, e, "echo", []byte("a")); r.Start != engine.Cold || r.Timing.Load <= 0 {
+	if r := invoke(t, e, "echo", []byte("a")); r.Start != call.Cold || r.Timing.Load <= 0 {
 		t.Fatalf("first request: start %v load %v, want cold with load time", r.Start, r.Timing.Load)
 	}
-	if r := invoke(t, e, "echo", []byte("b")); r.Start != engine.Hot || r.Timing.Load != 0 {
+	if r := invoke(t, e, "echo", []byte("b")); r.Start != call.Hot || r.Timing.Load != 0 {
 		t.Fatalf("second request: start %v load %v, want hot", r.Start, r.Timing.Load)
 	}
 	// Two at once: one reuses the idle instance, the other creates one.
 	var wg sync.WaitGroup
-	starts := make([]engine.Start, 2)
+	starts := make([]call.Start, 2)
 	for i := range starts {
 		wg.Add(1)
 		go func() {
@@ -48,7 +50,7 @@ func TestStartKinds(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if !(starts[0] == engine.Hot && starts[1] == engine.Warm || starts[0] == engine.Warm && starts[1] == engine.Hot) {
+	if !(starts[0] == call.Hot && starts[1] == call.Warm || starts[0] == call.Warm && starts[1] == call.Hot) {
 		t.Fatalf("concurrent starts = %v, want one hot and one warm", starts)
 	}
 	fi, err := e.Control().Function(context.Background(), "echo")
@@ -92,25 +94,25 @@ func TestConstantsAndOverrides(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		o    engine.Override
+		o    call.Override
 		want []byte // prefix of output; nil = expect KindInvalid
 		n    int
 	}{
-		{"chain", engine.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 8}, {Kernel: "add_one", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, []byte{2, 3, 4, 1}, 256},
-		{"smaller out", engine.Override{OutBytes: 2, TmpBytes: -1}, []byte{11, 12}, 2},
-		{"unknown kernel", engine.Override{Chain: []abi.Launch{{Kernel: "nope", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
-		{"libc symbol", engine.Override{Chain: []abi.Launch{{Kernel: "system", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
-		{"out over manifest", engine.Override{OutBytes: 257, TmpBytes: -1}, nil, 0},
-		{"tmp over manifest", engine.Override{OutBytes: -1, TmpBytes: 65}, nil, 0},
-		{"bad block", engine.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 0}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
+		{"chain", call.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 8}, {Kernel: "add_one", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, []byte{2, 3, 4, 1}, 256},
+		{"smaller out", call.Override{OutBytes: 2, TmpBytes: -1}, []byte{11, 12}, 2},
+		{"unknown kernel", call.Override{Chain: []abi.Launch{{Kernel: "nope", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
+		{"libc symbol", call.Override{Chain: []abi.Launch{{Kernel: "system", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
+		{"out over manifest", call.Override{OutBytes: 257, TmpBytes: -1}, nil, 0},
+		{"tmp over manifest", call.Override{OutBytes: -1, TmpBytes: 65}, nil, 0},
+		{"bad block", call.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 0}}, OutBytes: -1, TmpBytes: -1}, nil, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := tt.o
-			req := &engine.Request{Input: []byte{1, 2, 3}, Override: &o}
+			req := &call.Request{Input: []byte{1, 2, 3}, Override: &o}
 			err := e.Invoke(context.Background(), "addc", req)
 			if tt.want == nil {
-				if engine.KindOf(err) != engine.KindInvalid {
+				if errdefs.KindOf(err) != errdefs.KindInvalid {
 					t.Fatalf("want KindInvalid, got %v", err)
 				}
 				return
@@ -132,27 +134,27 @@ func TestErrorsKinds(t *testing.T) {
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	ctx := context.Background()
 
-	err := e.Invoke(ctx, "failing", &engine.Request{Input: []byte("x")})
+	err := e.Invoke(ctx, "failing", &call.Request{Input: []byte("x")})
 	var ke *device.KernelError
-	if engine.KindOf(err) != engine.KindKernel || !errors.As(err, &ke) || ke.Msg != "fail kernel was asked to fail" {
+	if errdefs.KindOf(err) != errdefs.KindKernel || !errors.As(err, &ke) || ke.Msg != "fail kernel was asked to fail" {
 		t.Fatalf("failing kernel: %v", err)
 	}
 	if n := strings.Count(err.Error(), "asked to fail"); n != 1 {
 		t.Fatalf("error text names the cause %d times: %q", n, err)
 	}
 	// The instance stays usable and the error does not stick to it.
-	ok := &engine.Request{Input: []byte("y"), Override: &engine.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}, OutBytes: 1, TmpBytes: -1}}
-	if err := e.Invoke(ctx, "failing", ok); err != nil || string(ok.Output) != "y" || ok.Start != engine.Hot {
+	ok := &call.Request{Input: []byte("y"), Override: &call.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}, OutBytes: 1, TmpBytes: -1}}
+	if err := e.Invoke(ctx, "failing", ok); err != nil || string(ok.Output) != "y" || ok.Start != call.Hot {
 		t.Fatalf("after a failure: %v %q %v", err, ok.Output, ok.Start)
 	}
-	if err := e.Invoke(ctx, "nope", &engine.Request{}); engine.KindOf(err) != engine.KindNotFound {
+	if err := e.Invoke(ctx, "nope", &call.Request{}); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("unknown function: %v", err)
 	}
-	if err := e.Invoke(ctx, "../etc", &engine.Request{}); engine.KindOf(err) != engine.KindNotFound {
+	if err := e.Invoke(ctx, "../etc", &call.Request{}); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("invalid name: %v", err)
 	}
 	big := make([]byte, testkit.Manifest("x").MaxInputBytes+1)
-	if err := e.Invoke(ctx, "failing", &engine.Request{Input: big}); engine.KindOf(err) != engine.KindTooLarge {
+	if err := e.Invoke(ctx, "failing", &call.Request{Input: big}); errdefs.KindOf(err) != errdefs.KindTooLarge {
 		t.Fatalf("input over max: %v", err)
 	}
 }
@@ -163,9 +165,9 @@ func TestRedeployFinishesInFlightOnOldVersion(t *testing.T) {
 	m := testkit.Slow("fn", 700)
 	v1 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 
-	done := make(chan *engine.Request)
+	done := make(chan *call.Request)
 	go func() {
-		req := &engine.Request{Input: []byte{5}}
+		req := &call.Request{Input: []byte{5}}
 		if err := e.Invoke(context.Background(), "fn", req); err != nil {
 			t.Error(err)
 		}
@@ -194,7 +196,7 @@ func TestRedeployFinishesInFlightOnOldVersion(t *testing.T) {
 	if used := host.MemInfo().Used; used != 0 {
 		t.Fatalf("device memory used %d after delete, want 0", used)
 	}
-	if err := e.Invoke(context.Background(), "fn", &engine.Request{}); engine.KindOf(err) != engine.KindNotFound {
+	if err := e.Invoke(context.Background(), "fn", &call.Request{}); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("after delete: %v", err)
 	}
 }
@@ -207,12 +209,12 @@ func TestDeployRefusals(t *testing.T) {
 		name   string
 		deploy string // name deployed under
 		edit   func(m *abi.Manifest)
-		want   engine.Kind
+		want   errdefs.Kind
 	}{
-		{"name mismatch", "other", nil, engine.KindInvalid},
-		{"missing kernel", "fn", func(m *abi.Manifest) { m.Chain[0].Kernel = "nope" }, engine.KindInvalid},
-		{"cuda target on host", "fn", func(m *abi.Manifest) { m.Target = abi.TargetCUDA }, engine.KindInvalid},
-		{"bad name", "Bad_Name", nil, engine.KindBadRequest},
+		{"name mismatch", "other", nil, errdefs.KindInvalid},
+		{"missing kernel", "fn", func(m *abi.Manifest) { m.Chain[0].Kernel = "nope" }, errdefs.KindInvalid},
+		{"cuda target on host", "fn", func(m *abi.Manifest) { m.Target = abi.TargetCUDA }, errdefs.KindInvalid},
+		{"bad name", "Bad_Name", nil, errdefs.KindBadRequest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,12 +229,12 @@ func TestDeployRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = e.Control().Deploy(ctx, tt.deploy, bytes.NewReader(b), false)
-			if engine.KindOf(err) != tt.want {
-				t.Fatalf("Deploy: %v (kind %v), want kind %v", err, engine.KindOf(err), tt.want)
+			if errdefs.KindOf(err) != tt.want {
+				t.Fatalf("Deploy: %v (kind %v), want kind %v", err, errdefs.KindOf(err), tt.want)
 			}
 		})
 	}
-	if _, err := e.Control().Deploy(ctx, "fn", bytes.NewReader([]byte("garbage")), false); engine.KindOf(err) != engine.KindInvalid {
+	if _, err := e.Control().Deploy(ctx, "fn", bytes.NewReader([]byte("garbage")), false); errdefs.KindOf(err) != errdefs.KindInvalid {
 		t.Fatalf("garbage bundle: %v", err)
 	}
 	if fs, err := e.Control().Functions(ctx); err != nil || len(fs) != 0 {

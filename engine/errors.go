@@ -5,74 +5,19 @@ package engine
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
-	"strings"
 
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
 )
 
-// Kind classifies an error for the front end (which maps it to a status).
-type Kind int
-
-const (
-	KindInternal      Kind = iota // 500
-	KindBadRequest                // 400: malformed request
-	KindNotFound                  // 404: unknown function
-	KindTooLarge                  // 413: input over the function's maximum
-	KindInvalid                   // 422: invalid manifest, chain or bundle
-	KindKernel                    // 500: the chain reported a failure
-	KindUnavailable               // 503: device unhealthy, store down
-	KindTimeout                   // 504: deadline passed before the request ran
-	KindBusy                      // 429: no capacity and no room to wait
-	KindGone                      // 499: the client went away while the request waited
-	KindWorkerCrashed             // 500: the process running the function died
-	KindConflict                  // 409: the record kept changing under an update
-	KindNoSpace                   // 507: the node's disk is full
-	KindForbidden                 // 403: the caller may not do this (a pipeline naming a function it may not invoke)
-)
-
-// Error is what the engine returns: a kind, a message for the client, and
-// the cause for logs.
-type Error struct {
-	Kind Kind
-	Msg  string
-	Err  error
+// The engine's errors are errdefs', made here with these two.
+func errorf(k errdefs.Kind, err error, format string, a ...any) *errdefs.Error {
+	return errdefs.New(k, err, format, a...)
 }
 
-// Error is the message plus the cause, unless the message already quotes it
-// (many do, so that clients see the reason).
-func (e *Error) Error() string {
-	if e.Err != nil && !strings.Contains(e.Msg, e.Err.Error()) {
-		return e.Msg + ": " + e.Err.Error()
-	}
-	return e.Msg
-}
-
-func (e *Error) Unwrap() error { return e.Err }
-
-func errorf(k Kind, err error, format string, a ...any) *Error {
-	return &Error{Kind: k, Msg: fmt.Sprintf(format, a...), Err: err}
-}
-
-// unavailable is a 503 whose message carries its cause: a store or device
-// failure the client can act on or report ("endpoint unreachable",
-// "CUDA_ERROR_ILLEGAL_ADDRESS"), not only that something failed.
-func unavailable(err error, format string, a ...any) *Error {
-	msg := fmt.Sprintf(format, a...)
-	if err != nil {
-		msg += ": " + err.Error()
-	}
-	return &Error{Kind: KindUnavailable, Msg: msg, Err: err}
-}
-
-// KindOf returns the kind of err (KindInternal for foreign errors).
-func KindOf(err error) Kind {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Kind
-	}
-	return KindInternal
+func unavailable(err error, format string, a ...any) *errdefs.Error {
+	return errdefs.Unavailable(err, format, a...)
 }
 
 // inBundle names the library in a loader refusal by its file name in the

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/sched"
 )
 
@@ -42,7 +43,7 @@ func processGone(err error) bool {
 func (e *Engine) runFailed(f *function, v *version, p *placement, err error) error {
 	var pe *device.ProcessExit
 	var ke *device.KernelError
-	var ee *Error
+	var ee *errdefs.Error
 	switch {
 	case errors.As(err, &ee): // already classified, with its own message
 		return err
@@ -50,20 +51,20 @@ func (e *Engine) runFailed(f *function, v *version, p *placement, err error) err
 		// The chain faulted its worker's device context: the request failed
 		// like any kernel failure; the worker, and only it, is gone.
 		e.workerDied(v, p, pe)
-		return errorf(KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
+		return errorf(errdefs.KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
 	case errors.Is(err, device.ErrDeadline):
-		return errorf(KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
+		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
 	case errors.As(err, &pe):
 		return e.workerDied(v, p, pe)
 	case errors.As(err, &ke):
 		if errors.Is(err, device.ErrUnhealthy) {
 			e.cfg.Log.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "error", ke.Msg)
 		}
-		return errorf(KindKernel, err, "function %s: %s", f.name, err.Error())
+		return errorf(errdefs.KindKernel, err, "function %s: %s", f.name, err.Error())
 	case errors.Is(err, device.ErrUnhealthy): // the device faulted earlier: fail fast, do not hang
 		return unavailable(err, "function %s: device is unhealthy", f.name)
 	}
-	return errorf(KindInternal, err, "function %s: run failed", f.name)
+	return errorf(errdefs.KindInternal, err, "function %s: run failed", f.name)
 }
 
 // workerDied abandons the program of a worker that died (p is nil when it
@@ -74,7 +75,7 @@ func (e *Engine) workerDied(v *version, p *placement, pe *device.ProcessExit) er
 		backoff := v.crashed(time.Now())
 		e.cfg.Log.Error("worker died", "function", v.fn.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
 	}
-	return errorf(KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
+	return errorf(errdefs.KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
 }
 
 // hookFailed counts a failing plover_load or plover_instance_init towards
@@ -88,18 +89,18 @@ func (e *Engine) hookFailed(v *version, err error) {
 // backoffError is the 503 of a version backing off after crashes.
 func (v *version) backoffError(until int64) error {
 	at := time.Unix(0, until).UTC().Format(time.RFC3339)
-	return errorf(KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
+	return errorf(errdefs.KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
 		v.fn.name, crashLimit, crashWindow, at)
 }
 
 // notAdmitted is the client's error for a run the device's scheduler did
 // not admit.
-func notAdmitted(f *function, dev device.Device, err error) *Error {
+func notAdmitted(f *function, dev device.Device, err error) *errdefs.Error {
 	switch {
 	case errors.Is(err, sched.ErrDeadline):
-		return errorf(KindTimeout, err, "function %s: the request's deadline passed while it waited for its share of %s", f.name, dev.Name())
+		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while it waited for its share of %s", f.name, dev.Name())
 	case errors.Is(err, sched.ErrGone):
-		return errorf(KindGone, err, "function %s: the client went away while the request waited for %s", f.name, dev.Name())
+		return errorf(errdefs.KindGone, err, "function %s: the client went away while the request waited for %s", f.name, dev.Name())
 	}
-	return errorf(KindUnavailable, err, "function %s: the request was cancelled while it waited for %s", f.name, dev.Name())
+	return errorf(errdefs.KindUnavailable, err, "function %s: the request was cancelled while it waited for %s", f.name, dev.Name())
 }

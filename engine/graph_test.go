@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
@@ -72,9 +73,9 @@ func TestGraphOptOut(t *testing.T) {
 			m := testkit.Manifest("fn")
 			m.Graph = tt.graph
 			testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-			req := &engine.Request{Input: []byte("x")}
+			req := &call.Request{Input: []byte("x")}
 			if tt.override {
-				req.Override = &engine.Override{Chain: m.Chain, OutBytes: -1, TmpBytes: -1}
+				req.Override = &call.Override{Chain: m.Chain, OutBytes: -1, TmpBytes: -1}
 			}
 			if err := e.Invoke(context.Background(), "fn", req); err != nil {
 				t.Fatal(err)

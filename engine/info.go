@@ -6,6 +6,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 )
 
 func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInfo {
@@ -64,7 +65,7 @@ func (e *Engine) side(f *function) []*version {
 func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
-		return api.FunctionInfo{}, errorf(KindNotFound, nil, "function %q not found", name)
+		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, nil, "function %q not found", name)
 	}
 	rec, err := e.record(ctx, name)
 	if err != nil {
@@ -76,7 +77,7 @@ func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, 
 func (e *Engine) recordInfo(rec *api.Record) (api.FunctionInfo, error) {
 	cv, err := rec.CurrentVersion()
 	if err != nil {
-		return api.FunctionInfo{}, errorf(KindInternal, err, "function %s: corrupt record", rec.Name)
+		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "function %s: corrupt record", rec.Name)
 	}
 	e.mu.Lock()
 	f := e.funcs[rec.Name]

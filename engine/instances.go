@@ -7,14 +7,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/sched"
 )
 
 // take returns an idle instance of v (Hot), or creates one: Warm on a
 // program already loaded, Cold when the program had to be loaded.
-func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*instance, Start, error) {
+func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*instance, call.Start, error) {
 	v.mu.Lock()
 	if n := len(v.idle); n > 0 {
 		in := v.idle[n-1]
@@ -22,9 +24,9 @@ func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*ins
 		v.mu.Unlock()
 		if err := in.dev.dev.Health(); err != nil {
 			v.put(in, true, time.Now())
-			return nil, Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
+			return nil, call.Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
 		}
-		return in, Hot, nil
+		return in, call.Hot, nil
 	}
 	v.mu.Unlock()
 	lctx, cancel := context.WithDeadline(ctx, deadline)
@@ -35,10 +37,10 @@ func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*ins
 // newInstance creates an instance of v on the healthy device with the most
 // free memory, loading v's program there first if needed and evicting idle
 // functions when the device's memory budget requires it.
-func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start, error) {
+func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.Start, error) {
 	best, err := e.pickDevice(v)
 	if err != nil {
-		return nil, Warm, err
+		return nil, call.Warm, err
 	}
 	m := v.manifest
 	need := m.MaxInputBytes + m.TmpBytes + m.OutBytes
@@ -47,7 +49,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 	}
 	unreserve, err := e.reserve(best, need, v)
 	if err != nil {
-		return nil, Warm, err
+		return nil, call.Warm, err
 	}
 	defer unreserve()
 	p, start, err := e.place(ctx, v, best)
@@ -65,12 +67,12 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, Start,
 		}
 		if errors.Is(err, device.ErrDeadline) { // its worker was stopped
 			v.abandon(p)
-			return nil, start, errorf(KindTimeout, err, "function %s: the request's deadline passed while an instance was created", v.fn.name)
+			return nil, start, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while an instance was created", v.fn.name)
 		}
 		var ke *device.KernelError
 		if errors.As(err, &ke) { // plover_instance_init failed
 			e.hookFailed(v, err)
-			return nil, start, errorf(KindKernel, err, "function %s: creating an instance on %s: %s", v.fn.name, p.dev.Name(), err.Error())
+			return nil, start, errorf(errdefs.KindKernel, err, "function %s: creating an instance on %s: %s", v.fn.name, p.dev.Name(), err.Error())
 		}
 		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
 	}
@@ -99,10 +101,10 @@ func (e *Engine) pickDevice(v *version) (device.Device, error) {
 	}
 	if best == nil && lastErr == nil {
 		// A store shared by nodes of several kinds: this one cannot run it.
-		return nil, errorf(KindUnavailable, nil, "function %s is built for %q and this node has no such device (its devices run %s): send it to a node that has one", v.fn.name, target, strings.Join(quoted(e.targets), " and "))
+		return nil, errorf(errdefs.KindUnavailable, nil, "function %s is built for %q and this node has no such device (its devices run %s): send it to a node that has one", v.fn.name, target, strings.Join(quoted(e.targets), " and "))
 	}
 	if best == nil {
-		return nil, errorf(KindUnavailable, lastErr, "function %s: no healthy %s device", v.fn.name, target)
+		return nil, errorf(errdefs.KindUnavailable, lastErr, "function %s: no healthy %s device", v.fn.name, target)
 	}
 	return best, nil
 }
@@ -110,18 +112,18 @@ func (e *Engine) pickDevice(v *version) (device.Device, error) {
 // place makes sure v's program is loaded on dev (library, entries,
 // constants), loading it once however many requests ask at the same time.
 // It says Cold when it loaded the program, Warm when it was there.
-func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*placement, Start, error) {
+func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*placement, call.Start, error) {
 	select {
 	case v.placeTok <- struct{}{}:
 	case <-ctx.Done():
-		return nil, Cold, errorf(KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
+		return nil, call.Cold, errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
 	}
 	defer func() { <-v.placeTok }()
 	if p := v.placement(dev); p != nil {
-		return p, Warm, nil
+		return p, call.Warm, nil
 	}
 	if rf := v.refused.Load(); rf != nil {
-		return nil, Cold, rf
+		return nil, call.Cold, rf
 	}
 	t0 := time.Now()
 	m := v.manifest
@@ -134,18 +136,18 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		switch {
 		case errors.As(err, &le): // the library is refused: that will not change
 			err = inBundle(err, v.manifest.Library)
-			rf := errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
+			rf := errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
 			v.refused.Store(rf)
-			return nil, Cold, rf
+			return nil, call.Cold, rf
 		case errors.As(err, &pe):
-			return nil, Cold, err
+			return nil, call.Cold, err
 		case errors.As(err, &ke): // plover_load failed
 			e.hookFailed(v, err)
-			return nil, Cold, errorf(KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), err.Error())
+			return nil, call.Cold, errorf(errdefs.KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), err.Error())
 		case errors.Is(err, device.ErrDeadline) || ctx.Err() != nil:
-			return nil, Cold, errorf(KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())
+			return nil, call.Cold, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())
 		}
-		return nil, Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
+		return nil, call.Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
 	}
 	p := &placement{dev: dev, name: dev.Name(), prog: prog, flow: e.flow(v, dev)}
 	// The request this load serves logs it (coldStarted), with its own
@@ -155,7 +157,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	v.placements = append(v.placements, p)
 	v.mu.Unlock()
 	v.prepMs, v.fetched = 0, false
-	return p, Cold, nil
+	return p, call.Cold, nil
 }
 
 // coldStarted logs a cold start once, from the request it served. load_ms

@@ -5,97 +5,14 @@ import (
 	"errors"
 	"time"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
 )
-
-// Start says how a request found its instance.
-type Start uint8
-
-const (
-	Hot  Start = iota // an idle instance was reused
-	Warm              // the version was loaded; a new instance was created
-	Cold              // the version was loaded (and maybe fetched) for this request
-)
-
-func (s Start) String() string { return [...]string{"hot", "warm", "cold"}[s] }
-
-// Timing splits a request's time; Total includes everything in Invoke.
-type Timing struct {
-	Queue, Load, CopyIn, Kernels, CopyOut, Total time.Duration
-	// BatchWait is the part of Queue a free instance held the request for
-	// company (a batching function with max_delay); 0 otherwise.
-	BatchWait time.Duration
-	// Sched is the time the run waited for the device's scheduler: for
-	// other functions' runs, by their shares and priorities.
-	Sched time.Duration
-	// Prep is the part of Load a cold request spent before it queued:
-	// its version's bundle from the node cache or the store (verified,
-	// unpacked), by this request or waiting for another's. Program is the
-	// part after the queue that loaded the library, constants and hooks on
-	// the device (for the request whose cold start loaded the program; 0
-	// for a batching function's runs); the rest of Load is the instance.
-	Prep, Program time.Duration
-}
-
-// Override replaces parts of the manifest for one request, within its limits.
-type Override struct {
-	Chain    []abi.Launch // nil: the manifest's chain
-	OutBytes int64        // < 0: the manifest's out_bytes
-	TmpBytes int64        // < 0: the manifest's tmp_bytes
-}
-
-// Request is one invocation. Callers may reuse a Request (and its Output's
-// capacity) across calls; the engine never keeps references to it.
-type Request struct {
-	Input    []byte
-	Override *Override
-	// Deadline bounds queue time plus execution; zero means the engine's
-	// Timeout from now. A request that would start after it fails with
-	// KindTimeout without running.
-	Deadline time.Time
-	// Gone, if set, reports whether the client has gone away. It is polled
-	// while the request waits for an instance, so an abandoned request
-	// gives up its queue slot instead of holding it until its deadline.
-	Gone func() bool
-	// Output is set to the bytes the chain produced (out_bytes, or fewer when
-	// an ABI 2 entry lowered s->out.len), reusing its capacity.
-	Output  []byte
-	Timing  Timing
-	Start   Start
-	Version string
-	// Device is the name of the device the request ran on ("" when it
-	// did not run).
-	Device string
-	// BatchSize is how many requests ran in this one's chain run (a
-	// batching function); 0 for a function that does not batch.
-	BatchSize int
-	// Steps is, for a pipeline (package pipeline), each function step's
-	// timing in the order they ran; it keeps its capacity across calls and
-	// is empty for a function.
-	Steps []StepTiming
-}
-
-// StepTiming is one function step of a pipeline request.
-type StepTiming struct {
-	// Step is the step as the pipeline names it ("cnn"; "inner/cnn" for a
-	// step of a nested pipeline) and Index its position (0-based) in the
-	// pipeline the request named.
-	Step      string
-	Index     int
-	Version   string
-	Start     Start
-	Timing    Timing
-	BatchSize int
-	Device    string
-	// Begin is when the step started, after the pipeline's request did:
-	// parallel steps share a start.
-	Begin time.Duration
-}
 
 // Invoke runs one request on the current version of function name.
-func (e *Engine) Invoke(ctx context.Context, name string, req *Request) error {
+func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now()
 	f, v, err := e.resolve(ctx, name)
 	if err != nil {
@@ -148,14 +65,14 @@ func (e *Engine) Pin(ctx context.Context, name string) (Pin, error) {
 func (p Pin) Version() api.Version { return p.v.rec }
 
 // Invoke runs one request on the pinned version.
-func (p Pin) Invoke(ctx context.Context, req *Request) error {
+func (p Pin) Invoke(ctx context.Context, req *call.Request) error {
 	return p.e.invoke(ctx, p.f, p.v, req, time.Now())
 }
 
 // InvokeSince is Invoke for a request that reached the server at t0
 // (before its version was resolved): its default deadline and its total
 // time count from then, as Engine.Invoke's do.
-func (p Pin) InvokeSince(ctx context.Context, req *Request, t0 time.Time) error {
+func (p Pin) InvokeSince(ctx context.Context, req *call.Request, t0 time.Time) error {
 	return p.e.invoke(ctx, p.f, p.v, req, t0)
 }
 
@@ -164,7 +81,7 @@ func (p Pin) Release() { p.v.unref() }
 
 // invoke runs req on v, a version of f the caller holds a reference on;
 // t0 is when the request reached the engine.
-func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Request, t0 time.Time) (err error) {
+func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.Request, t0 time.Time) (err error) {
 	deadline := req.Deadline
 	if deadline.IsZero() {
 		deadline = t0.Add(e.cfg.Timeout)
@@ -179,11 +96,11 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		return v.backoffError(b)
 	}
 	if v.rec.Kind != "" { // a pipeline's version has nothing to run here
-		return errorf(KindInvalid, nil, "%s is a pipeline: its steps run through package pipeline, not as a function", f.name)
+		return errorf(errdefs.KindInvalid, nil, "%s is a pipeline: its steps run through package pipeline, not as a function", f.name)
 	}
-	req.Start = Hot
+	req.Start = call.Hot
 	req.Version = v.rec.ID
-	req.Timing = Timing{}
+	req.Timing = call.Timing{}
 	req.BatchSize = 0
 	req.Device = ""
 	if !v.loaded.Load() {
@@ -195,7 +112,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		if err != nil {
 			return err
 		}
-		req.Start = Cold
+		req.Start = call.Cold
 		req.Timing.Load = time.Since(tl)
 		req.Timing.Prep = req.Timing.Load
 	}
@@ -204,7 +121,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 	}
 	m := v.manifest
 	if int64(len(req.Input)) > m.MaxInputBytes {
-		return errorf(KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, m.MaxInputBytes)
+		return errorf(errdefs.KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, m.MaxInputBytes)
 	}
 	if v.batch != nil {
 		err := v.batch.invoke(ctx, req, deadline)
@@ -240,20 +157,20 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 		return e.runFailed(f, v, nil, err)
 	}
 	tr := ta // a hot request reads the clock once between queue and run
-	if fresh != Hot {
+	if fresh != call.Hot {
 		if req.Start < fresh {
 			req.Start = fresh
 		}
 		tr = time.Now()
 		req.Timing.Load += tr.Sub(ta)
-		if fresh == Cold {
+		if fresh == call.Cold {
 			req.Timing.Program = e.coldStarted(f, v, in.dev, req.Timing.Load)
 		}
 	}
 	req.Device = in.dev.name
 	if !tr.Before(deadline) {
 		v.put(in, false, tr)
-		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
+		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
 	}
 	if int64(cap(req.Output)) < outLen {
 		req.Output = make([]byte, outLen)
@@ -298,7 +215,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *Reque
 			return v.backoffError(b)
 		}
 		if !now.Before(deadline) {
-			return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", f.name)
+			return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", f.name)
 		}
 		if in, fresh, err = e.take(ctx, v, deadline); err != nil {
 			return e.runFailed(f, v, nil, err)

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // ledger decides device memory. It chooses what to evict under its lock
@@ -65,7 +66,7 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 	if avail < need {
 		if avail+e.reclaimable(dev, forV) < need {
 			l.mu.Unlock()
-			return nil, errorf(KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
+			return nil, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
 		var idle []Idle
@@ -89,7 +90,7 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 			l.freeing[dev] += ev.bytes
 			l.mu.Unlock()
 			e.free(ev, need, avail)
-			return nil, errorf(KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
+			return nil, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
 	}

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -29,9 +31,9 @@ func TestUnloadableLibraryIsNamedByBundleFile(t *testing.T) {
 	os.Remove(filepath.Join(dir, "libploverdep.so"))
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, bdir)
-	err := e.Invoke(context.Background(), "fn", &engine.Request{Input: []byte("x")})
-	var re *engine.Error
-	if !errors.As(err, &re) || re.Kind != engine.KindInvalid {
+	err := e.Invoke(context.Background(), "fn", &call.Request{Input: []byte("x")})
+	var re *errdefs.Error
+	if !errors.As(err, &re) || re.Kind != errdefs.KindInvalid {
 		t.Fatalf("invoke: %v, want KindInvalid", err)
 	}
 	for _, want := range []string{"library kernels.so:", "dlopen failed", "libploverdep.so"} {
@@ -81,11 +83,11 @@ func TestStoreOutageMessagesCarryTheCause(t *testing.T) {
 	ctx := context.Background()
 	_, listErr := node.Control().Functions(ctx)
 	for what, err := range map[string]error{
-		"cold invoke": node.Invoke(ctx, "fn", &engine.Request{Input: []byte("x")}),
+		"cold invoke": node.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}),
 		"list":        listErr,
 	} {
-		var re *engine.Error
-		if !errors.As(err, &re) || re.Kind != engine.KindUnavailable || !strings.Contains(re.Msg, "endpoint unreachable") {
+		var re *errdefs.Error
+		if !errors.As(err, &re) || re.Kind != errdefs.KindUnavailable || !strings.Contains(re.Msg, "endpoint unreachable") {
 			t.Errorf("%s: %v, want a 503 whose message names the cause", what, err)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/pipeline/graph"
 )
 
@@ -30,7 +32,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 			continue // retired between the lock and ref: look again
 		}
 		if attempt == 4 {
-			return Pin{}, errorf(KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
+			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
 		}
 		if f == nil {
 			if _, err := e.lookup(ctx, name); err != nil {
@@ -44,7 +46,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 		}
 		rv, err := graph.Pick(rec, ref)
 		if err != nil {
-			return Pin{}, errorf(KindNotFound, err, "%s", err.Error())
+			return Pin{}, errorf(errdefs.KindNotFound, err, "%s", err.Error())
 		}
 		e.mu.Lock()
 		if !e.closed && e.funcs[name] == f && f.match(rv.ID) == nil {
@@ -103,7 +105,7 @@ func (p Pin) Steps() []abi.Step { return p.v.rec.Steps }
 // Account counts a request the pinned version served other than through
 // Invoke (a pipeline's, whose steps ran as requests of their own), in the
 // function's requests, errors, starts and mean latency.
-func (p Pin) Account(start Start, total time.Duration, err error) {
+func (p Pin) Account(start call.Start, total time.Duration, err error) {
 	st := &p.f.stats
 	st.requests.Add(1)
 	if err != nil {

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -31,7 +33,7 @@ func TestPinnedVersionLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Release()
-		req := &engine.Request{Input: []byte("x")}
+		req := &call.Request{Input: []byte("x")}
 		if err := p.Invoke(ctx, req); err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +54,7 @@ func TestPinnedVersionLifecycle(t *testing.T) {
 	if got := run(v1.Version); got != v1.Version {
 		t.Fatalf("pinned again: ran %s", got)
 	}
-	if _, err := e.PinVersion(ctx, "fn", "00000000"); engine.KindOf(err) != engine.KindNotFound {
+	if _, err := e.PinVersion(ctx, "fn", "00000000"); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("a version fn does not have: %v", err)
 	}
 	// Rolled back to, the pinned version becomes current with its pool.

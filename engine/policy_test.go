@@ -12,8 +12,10 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -39,7 +41,7 @@ func TestMinInstancesAreWarmBeforeTheFirstRequest(t *testing.T) {
 	if fi := info(t, e, "fn"); !fi.Loaded || fi.Idle != 2 {
 		t.Fatalf("after deploy: loaded=%v idle=%d, want 2 warm instances", fi.Loaded, fi.Idle)
 	}
-	if r := invoke(t, e, "fn", []byte("x")); r.Start != engine.Hot {
+	if r := invoke(t, e, "fn", []byte("x")); r.Start != call.Hot {
 		t.Fatalf("first request start %v, want hot", r.Start)
 	}
 	// Idle TTL never takes an instance below the minimum.
@@ -125,7 +127,7 @@ func TestIdleTTLReleasesAndUnloads(t *testing.T) {
 	if used := host.MemInfo().Used; used != 0 {
 		t.Fatalf("%d bytes still held after scale to zero (constants not freed?)", used)
 	}
-	if r := invoke(t, e, "fn", []byte("y")); r.Start != engine.Cold || r.Output[0] != 'y' {
+	if r := invoke(t, e, "fn", []byte("y")); r.Start != call.Cold || r.Output[0] != 'y' {
 		t.Fatalf("after scale to zero: start %v output %q", r.Start, r.Output[:1])
 	}
 }
@@ -147,7 +149,7 @@ func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
 		t.Fatalf("after c: a=%d b=%d c=%d instances, want a evicted", instances("a"), instances("b"), instances("c"))
 	}
 	done := make(chan error)
-	go func() { done <- e.Invoke(context.Background(), "slow", &engine.Request{Input: []byte{1}}) }() // evicts b
+	go func() { done <- e.Invoke(context.Background(), "slow", &call.Request{Input: []byte{1}}) }() // evicts b
 	testkit.WaitFor(t, e, "slow", "slow running", testkit.Busy(1, 0))
 	invoke(t, e, "a", []byte{1}) // evicts c, never the busy slow instance
 	if instances("slow") != 1 || instances("b") != 0 || instances("c") != 0 || instances("a") != 1 {
@@ -159,11 +161,11 @@ func TestMemoryBudgetEvictsIdleNeverBusy(t *testing.T) {
 	}
 	// Both slots busy (slow runs; a is made busy too): nothing can be evicted.
 	go func() {
-		e.Invoke(context.Background(), "a", &engine.Request{Input: []byte{1}, Override: &engine.Override{Chain: []abi.Launch{{Kernel: "sleep_ms", Grid: 800, Block: 1}}, OutBytes: -1, TmpBytes: -1}})
+		e.Invoke(context.Background(), "a", &call.Request{Input: []byte{1}, Override: &call.Override{Chain: []abi.Launch{{Kernel: "sleep_ms", Grid: 800, Block: 1}}, OutBytes: -1, TmpBytes: -1}})
 	}()
 	testkit.WaitFor(t, e, "a", "a running", testkit.Busy(1, 0))
-	err := e.Invoke(context.Background(), "b", &engine.Request{Input: []byte{1}})
-	if engine.KindOf(err) != engine.KindUnavailable || !strings.Contains(err.Error(), "needs") || !strings.Contains(err.Error(), "free") {
+	err := e.Invoke(context.Background(), "b", &call.Request{Input: []byte{1}})
+	if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "needs") || !strings.Contains(err.Error(), "free") {
 		t.Fatalf("over budget with everything busy: %v", err)
 	}
 	if err := <-done; err != nil {
@@ -196,21 +198,21 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	var queuedErr error
 	go func() { // queued with a deadline it cannot meet: never runs
 		defer wg.Done()
-		queuedErr = e.Invoke(ctx, "fn", &engine.Request{Deadline: time.Now().Add(time.Second)})
+		queuedErr = e.Invoke(ctx, "fn", &call.Request{Deadline: time.Now().Add(time.Second)})
 	}()
 	testkit.WaitFor(t, e, "fn", "the third request queued", testkit.Busy(1, 1))
-	if err := e.Full("fn"); engine.KindOf(err) != engine.KindBusy { // what a front door asks first
+	if err := e.Full("fn"); errdefs.KindOf(err) != errdefs.KindBusy { // what a front door asks first
 		t.Fatalf("Full with the queue full: %v, want busy", err)
 	}
-	err := e.Invoke(ctx, "fn", &engine.Request{}) // queue (1) is full
-	if engine.KindOf(err) != engine.KindBusy {
+	err := e.Invoke(ctx, "fn", &call.Request{}) // queue (1) is full
+	if errdefs.KindOf(err) != errdefs.KindBusy {
 		t.Fatalf("third request: %v, want busy", err)
 	}
 	wg.Wait()
-	if engine.KindOf(queuedErr) != engine.KindTimeout {
+	if errdefs.KindOf(queuedErr) != errdefs.KindTimeout {
 		t.Fatalf("queued request past its deadline: %v, want timeout", queuedErr)
 	}
-	if err := e.Invoke(ctx, "fn", &engine.Request{Deadline: time.Now().Add(-time.Second)}); engine.KindOf(err) != engine.KindTimeout {
+	if err := e.Invoke(ctx, "fn", &call.Request{Deadline: time.Now().Add(-time.Second)}); errdefs.KindOf(err) != errdefs.KindTimeout {
 		t.Fatalf("expired deadline: %v", err)
 	}
 	r := invoke(t, e, "fn", nil)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
@@ -62,7 +63,7 @@ func TestPollCost(t *testing.T) {
 	}
 	e := testkit.Engine(t, engine.Config{Store: store})
 	for i := 0; i < n; i++ { // the node resolves every function (the load fails: no bundle; no matter)
-		e.Invoke(ctx, fmt.Sprintf("f%04d", i), &engine.Request{})
+		e.Invoke(ctx, fmt.Sprintf("f%04d", i), &call.Request{})
 	}
 	e.Refresh(ctx) // the first poll reads every record once
 	for _, tt := range []struct {
@@ -148,7 +149,7 @@ func TestPollSeesARecordReturningToItsOldBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Refresh(ctx)
-	req := &engine.Request{Input: []byte("x")}
+	req := &call.Request{Input: []byte("x")}
 	if err := e.Invoke(ctx, "fn", req); err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -64,7 +66,7 @@ func TestRefreshDoesNotRevertAConcurrentDeploy(t *testing.T) {
 	<-read // Refresh has read the record (v1)
 	v2 := testkit.Deploy(t, e, dir2)
 	<-done
-	req := &engine.Request{Input: []byte("x")}
+	req := &call.Request{Input: []byte("x")}
 	if err := e.Invoke(context.Background(), "echo", req); err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func TestRefreshDoesNotResurrectADeletedFunction(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
-	err := e.Invoke(context.Background(), "echo", &engine.Request{Input: []byte("x")})
+	err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("x")})
 	t.Logf("invoke after delete: %v", err)
 	if err == nil {
 		t.Errorf("deleted function still runs on this node (until the next Refresh)")
@@ -104,13 +106,13 @@ func TestEvictionSkipsWhatFreesNothing(t *testing.T) {
 	slow.Chain = []abi.Launch{{Kernel: "sleep_ms", Grid: 1000, Block: 1}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
 	ctx := context.Background()
-	inv := func(n string) error { return e.Invoke(ctx, n, &engine.Request{Input: []byte("x")}) }
+	inv := func(n string) error { return e.Invoke(ctx, n, &call.Request{Input: []byte("x")}) }
 	inv("x")
 	inv("y") // evicts x's idle instance: x is loaded with no instance
 	slowDone := make(chan error)
 	go func() { slowDone <- inv("slow") }() // evicts y's idle instance, then holds the memory
 	testkit.WaitFor(t, e, "slow", "slow running", testkit.Busy(1, 0))
-	if err := inv("b"); engine.KindOf(err) != engine.KindUnavailable {
+	if err := inv("b"); errdefs.KindOf(err) != errdefs.KindUnavailable {
 		t.Fatalf("b with everything else busy or unevictable: %v, want 503", err)
 	}
 	for _, n := range []string{"x", "y"} {

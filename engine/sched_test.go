@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -27,7 +28,7 @@ func TestRunsGoThroughTheDeviceScheduler(t *testing.T) {
 	done := make(chan string, 4)
 	for i := 0; i < 3; i++ {
 		go func() {
-			if err := e.Invoke(context.Background(), "slow", &engine.Request{Input: []byte{1}}); err != nil {
+			if err := e.Invoke(context.Background(), "slow", &call.Request{Input: []byte{1}}); err != nil {
 				t.Errorf("slow: %v", err)
 			}
 			done <- "slow"
@@ -35,7 +36,7 @@ func TestRunsGoThroughTheDeviceScheduler(t *testing.T) {
 	}
 	// One slow run on the device, two waiting for it.
 	testkit.WaitFor(t, e, "slow", "one slow run and two queued", testkit.Busy(3, 2))
-	req := &engine.Request{Input: []byte{2}}
+	req := &call.Request{Input: []byte{2}}
 	if err := e.Invoke(context.Background(), "fast", req); err != nil {
 		t.Fatal(err)
 	}

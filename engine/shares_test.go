@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -31,7 +32,7 @@ func TestSharesSplitDeviceTime(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				e.Invoke(context.Background(), fn, &engine.Request{Input: []byte{1}})
+				e.Invoke(context.Background(), fn, &call.Request{Input: []byte{1}})
 			}
 		}()
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -31,11 +32,11 @@ func TestNoStaleBytes(t *testing.T) {
 			m.Chain = []abi.Launch{{Kernel: "add_constants", Grid: 1, Block: 1}}
 			testkit.Deploy(t, e, testkit.BundleDir(t, m, make([]byte, 64)))
 			long := bytes.Repeat([]byte{0xAA}, 64)
-			req := &engine.Request{Input: long}
+			req := &call.Request{Input: long}
 			if err := e.Invoke(context.Background(), "partial", req); err != nil || !bytes.Equal(req.Output, long) {
 				t.Fatalf("long request: %v %x", err, req.Output)
 			}
-			req = &engine.Request{Input: []byte{1, 2, 3}}
+			req = &call.Request{Input: []byte{1, 2, 3}}
 			if err := e.Invoke(context.Background(), "partial", req); err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -26,11 +28,11 @@ type stats struct {
 }
 
 // count records how a request that ran found its instance.
-func (s *stats) count(start Start) {
+func (s *stats) count(start call.Start) {
 	switch start {
-	case Cold:
+	case call.Cold:
 		s.cold.Add(1)
-	case Warm:
+	case call.Warm:
 		s.warm.Add(1)
 	default:
 		s.hot.Add(1)
@@ -66,14 +68,14 @@ func (e *Engine) resolve(ctx context.Context, name string) (*function, *version,
 // reads again: what it read may be stale).
 func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 	if !abi.ValidName(name) {
-		return nil, errorf(KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
+		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
 	for attempt := 0; ; attempt++ {
 		e.mu.Lock()
 		at, closed := e.epoch, e.closed
 		e.mu.Unlock()
 		if closed {
-			return nil, errorf(KindUnavailable, nil, "the server is shutting down")
+			return nil, errorf(errdefs.KindUnavailable, nil, "the server is shutting down")
 		}
 		rec, err := e.record(ctx, name)
 		if err != nil {
@@ -81,7 +83,7 @@ func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 		}
 		cv, err := rec.CurrentVersion()
 		if err != nil {
-			return nil, errorf(KindInternal, err, "function %s: corrupt record", name)
+			return nil, errorf(errdefs.KindInternal, err, "function %s: corrupt record", name)
 		}
 		if attempt == 3 {
 			at = 0 // changes keep coming: take what was read
@@ -225,7 +227,7 @@ func (e *Engine) detach(f *function, v *version) bool {
 func (e *Engine) record(ctx context.Context, name string) (*api.Record, error) {
 	rec, err := e.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
-		return nil, errorf(KindNotFound, err, "function %q not found", name)
+		return nil, errorf(errdefs.KindNotFound, err, "function %q not found", name)
 	}
 	if err != nil {
 		return nil, unavailable(err, "function %s: store unavailable", name)

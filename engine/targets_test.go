@@ -10,8 +10,10 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/fakecuda"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/pipeline"
@@ -62,7 +64,7 @@ func TestHostAndCUDASideBySide(t *testing.T) {
 	for i := range want {
 		want[i]++
 	}
-	req := &engine.Request{Input: in}
+	req := &call.Request{Input: in}
 	if err := pipeline.New(e, nil).Invoke(context.Background(), "mixed", req); err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +91,7 @@ func TestDeployRefusesAnotherTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.Control().Deploy(context.Background(), "gpu-only", bytes.NewReader(b), false)
-	if engine.KindOf(err) != engine.KindInvalid || !strings.Contains(err.Error(), `this node's devices run "host"`) {
+	if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.Contains(err.Error(), `this node's devices run "host"`) {
 		t.Fatalf("err = %v", err)
 	}
 }

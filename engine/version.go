@@ -10,7 +10,9 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/sched"
 )
@@ -42,8 +44,8 @@ type loadState struct {
 	loadMu   sync.Mutex
 	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
 	loaded   atomic.Bool
-	loadErr  error                 // a permanent refusal (invalid bundle), not an outage
-	refused  atomic.Pointer[Error] // a device refused the library: as permanent
+	loadErr  error                         // a permanent refusal (invalid bundle), not an outage
+	refused  atomic.Pointer[errdefs.Error] // a device refused the library: as permanent
 
 	dir       string
 	manifest  *abi.Manifest
@@ -146,11 +148,11 @@ func (v *version) unref() {
 	}
 }
 
-func (v *version) busy() *Error {
+func (v *version) busy() *errdefs.Error {
 	if v.batch != nil {
-		return errorf(KindBusy, nil, "function %s is busy: its batch queue holds max_queue %d plus a batch", v.fn.name, v.policy.queue)
+		return errorf(errdefs.KindBusy, nil, "function %s is busy: its batch queue holds max_queue %d plus a batch", v.fn.name, v.policy.queue)
 	}
-	return errorf(KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(v.slots), v.policy.queue)
+	return errorf(errdefs.KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(v.slots), v.policy.queue)
 }
 
 // acquire waits for a slot, in FIFO order, until the deadline. The fast
@@ -168,7 +170,7 @@ func (v *version) acquire(ctx context.Context, deadline time.Time, gone func() b
 	defer v.waiting.Add(-1)
 	wait := time.Until(deadline)
 	if wait <= 0 {
-		return errorf(KindTimeout, nil, "function %s: the request's deadline passed before it ran", v.fn.name)
+		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran", v.fn.name)
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -183,12 +185,12 @@ func (v *version) acquire(ctx context.Context, deadline time.Time, gone func() b
 		case v.slots <- struct{}{}:
 			return nil
 		case <-ctx.Done():
-			return errorf(KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", v.fn.name, cap(v.slots))
+			return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", v.fn.name, cap(v.slots))
 		case <-t.C:
-			return errorf(KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", v.fn.name, cap(v.slots))
+			return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", v.fn.name, cap(v.slots))
 		case <-poll:
 			if gone() {
-				return errorf(KindGone, nil, "function %s: the client went away while the request waited", v.fn.name)
+				return errorf(errdefs.KindGone, nil, "function %s: the client went away while the request waited", v.fn.name)
 			}
 		}
 	}
@@ -272,23 +274,23 @@ func (v *version) teardown() {
 
 // override checks a per-request chain and sizes against v's manifest. The
 // chain's kernels are resolved later, by the program that runs it.
-func (v *version) override(o *Override) (int64, int64, error) {
+func (v *version) override(o *call.Override) (int64, int64, error) {
 	m := v.manifest
 	if o.Chain != nil {
 		if err := abi.ValidateChain("chain", o.Chain); err != nil {
-			return 0, 0, errorf(KindInvalid, err, "%s", err.Error())
+			return 0, 0, errorf(errdefs.KindInvalid, err, "%s", err.Error())
 		}
 	}
 	out, tmp := m.OutBytes, m.TmpBytes
 	if o.OutBytes >= 0 {
 		if o.OutBytes > m.OutBytes {
-			return 0, 0, errorf(KindInvalid, nil, "out_bytes: %d is over the manifest's %d", o.OutBytes, m.OutBytes)
+			return 0, 0, errorf(errdefs.KindInvalid, nil, "out_bytes: %d is over the manifest's %d", o.OutBytes, m.OutBytes)
 		}
 		out = o.OutBytes
 	}
 	if o.TmpBytes >= 0 {
 		if o.TmpBytes > m.TmpBytes {
-			return 0, 0, errorf(KindInvalid, nil, "tmp_bytes: %d is over the manifest's %d", o.TmpBytes, m.TmpBytes)
+			return 0, 0, errorf(errdefs.KindInvalid, nil, "tmp_bytes: %d is over the manifest's %d", o.TmpBytes, m.TmpBytes)
 		}
 		tmp = o.TmpBytes
 	}
@@ -305,7 +307,7 @@ func (v *version) resolveChain(p *placement, chain []abi.Launch) ([]device.Step,
 			if errors.As(err, &pe) || errors.Is(err, device.ErrDeadline) {
 				return nil, err // the worker's trouble, not the chain's
 			}
-			return nil, errorf(KindInvalid, err, "chain[%d].kernel: function %s %s", i, v.fn.name, reason(err))
+			return nil, errorf(errdefs.KindInvalid, err, "chain[%d].kernel: function %s %s", i, v.fn.name, reason(err))
 		}
 		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}

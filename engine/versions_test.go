@@ -9,7 +9,9 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -56,7 +58,7 @@ func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
 	if o, v := out(b); o != 5 || v != v1.Version {
 		t.Fatalf("node b after rollback: %d %s", o, v)
 	}
-	if _, err := a.Control().Rollback(ctx, "fn", "ffffffff-nope"); engine.KindOf(err) != engine.KindNotFound {
+	if _, err := a.Control().Rollback(ctx, "fn", "ffffffff-nope"); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("rollback to an unknown version: %v", err)
 	}
 	rec, err := b.Control().Versions(ctx, "fn")
@@ -83,7 +85,7 @@ func TestTwoNodesFollowDeployRollbackDelete(t *testing.T) {
 		t.Fatalf("gc left bundles behind: %v", objs)
 	}
 	b.Refresh(ctx)
-	if err := b.Invoke(ctx, "fn", &engine.Request{}); engine.KindOf(err) != engine.KindNotFound {
+	if err := b.Invoke(ctx, "fn", &call.Request{}); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("node b after delete: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/errdefs"
 )
 
 func (e *Engine) load(ctx context.Context, v *version) error {
@@ -30,15 +31,15 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT):
 			// Writing the bundle into the cache failed: the store is fine,
 			// and the disk to free is this node's.
-			return errorf(KindNoSpace, err, "function %s: cold start: this node's disk is full: no room for bundle %s in its bundle cache %s (%v)", v.fn.name, v.rec.SHA256[:12], e.cfg.Cache.Dir(), err)
+			return errorf(errdefs.KindNoSpace, err, "function %s: cold start: this node's disk is full: no room for bundle %s in its bundle cache %s (%v)", v.fn.name, v.rec.SHA256[:12], e.cfg.Cache.Dir(), err)
 		case errors.As(err, &fe):
 			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &be): // the bundle itself is refused: that will not change
-			v.loadErr = errorf(KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
+			v.loadErr = errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
 			return v.loadErr
 		default: // local trouble (disk full, a race with eviction): try again later
 			e.cfg.Log.Error("cannot prepare bundle", "function", v.fn.name, "sha256", v.rec.SHA256[:12], "error", err)
-			return errorf(KindUnavailable, err, "function %s: cannot prepare its bundle on this node; see the server log", v.fn.name)
+			return errorf(errdefs.KindUnavailable, err, "function %s: cannot prepare its bundle on this node; see the server log", v.fn.name)
 		}
 	}
 	v.policy = e.policyFor(m)
@@ -46,7 +47,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		fi, err := os.Stat(filepath.Join(dir, m.Constants))
 		if err != nil {
 			e.cfg.Cache.Release(v.rec.SHA256)
-			return errorf(KindInternal, err, "function %s: constants", v.fn.name)
+			return errorf(errdefs.KindInternal, err, "function %s: constants", v.fn.name)
 		}
 		v.constSize = fi.Size()
 	}

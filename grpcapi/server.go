@@ -30,7 +30,8 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/auth"
-	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/gate"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/oip"
@@ -149,10 +150,10 @@ var openMethods = map[string]bool{
 	pb.GRPCInferenceService_ServerMetadata_FullMethodName: true,
 }
 
-// call is what the tap starts for a call and its end releases: the timer
+// pending is what the tap starts for a call and its end releases: the timer
 // that ends it if its message does not come within the read timeout, and
 // its place in its token's concurrency.
-type call struct {
+type pending struct {
 	timer  *time.Timer
 	ticket gate.Ticket
 }
@@ -167,7 +168,7 @@ type callKey struct{}
 // a client could hold streams, and the goroutines serving them, forever.
 // Both are released when the stream ends, however it ends.
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	c := &call{}
+	c := &pending{}
 	if g := s.opts.Gate; g != nil && !g.Open() && !openMethods[info.FullMethodName] {
 		var authz []byte
 		if v := info.Header.Get("authorization"); len(v) > 0 {
@@ -196,7 +197,7 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 // Authorization header, for the method's scope and model, and the token's
 // rate (its concurrency was taken by the tap).
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if c, ok := ctx.Value(callKey{}).(*call); ok && !c.timer.Stop() {
+	if c, ok := ctx.Value(callKey{}).(*pending); ok && !c.timer.Stop() {
 		// The timer fired as the message came: the stream is cancelled.
 		return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within the server's read timeout of %v", s.opts.ReadTimeout)
 	}
@@ -305,9 +306,9 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 		t0 = time.Now()
 	}
 	name := req.GetModelName()
-	var r engine.Request
+	var r call.Request
 	resp, err := s.infer(ctx, req, &r)
-	st, kind, msg := apierr.Status{HTTP: 200, GRPC: codes.OK}, engine.KindInternal, ""
+	st, kind, msg := apierr.Status{HTTP: 200, GRPC: codes.OK}, errdefs.KindInternal, ""
 	if err != nil {
 		var known bool
 		st, kind, msg, known = apierr.Classify(err)
@@ -330,7 +331,7 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 	return resp, nil
 }
 
-func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *engine.Request) (*pb.ModelInferResponse, error) {
+func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.Request) (*pb.ModelInferResponse, error) {
 	if d, ok := ctx.Deadline(); ok {
 		// The client's deadline is the request's: queue time plus the run.
 		r.Deadline = d

@@ -7,7 +7,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/apierr"
-	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/call"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/oip"
 )
@@ -17,7 +17,7 @@ import (
 // (raw_input_contents, one entry per input in the request's order) or all
 // typed (each input's contents); typed reports which. A single raw input
 // is used where it arrived, with no copy.
-func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, r *engine.Request) (typed bool, err error) {
+func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, r *call.Request) (typed bool, err error) {
 	got := req.GetInputs()
 	raw := req.GetRawInputContents()
 	if len(raw) > 0 && len(raw) != len(got) {
@@ -197,7 +197,7 @@ func requested(want []*pb.ModelInferRequest_InferRequestedOutputTensor, decl []a
 // answers the picked ones: raw_output_contents, or typed contents when the
 // inputs came typed and every answered datatype has a typed field (the
 // protocol allows one way for all outputs of a response).
-func outputs(req *pb.ModelInferRequest, r *engine.Request, decl []abi.Tensor, pick []int, typed bool) (*pb.ModelInferResponse, error) {
+func outputs(req *pb.ModelInferRequest, r *call.Request, decl []abi.Tensor, pick []int, typed bool) (*pb.ModelInferResponse, error) {
 	cuts, _, err := oip.CutOutputs(r.Output, decl, nil, nil)
 	if err != nil {
 		return nil, &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}

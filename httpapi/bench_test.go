@@ -14,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
@@ -69,7 +70,7 @@ func BenchmarkHotInvoke(b *testing.B) {
 	e := testkit.Engine(b, engine.Config{})
 	testkit.Deploy(b, e, dir)
 	b.Run("engine", func(b *testing.B) {
-		req := &engine.Request{Input: in}
+		req := &call.Request{Input: in}
 		ctx := context.Background()
 		e.Invoke(ctx, "bench", req) // cold start outside the loop
 		b.ReportAllocs()

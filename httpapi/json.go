@@ -13,7 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/call"
 )
 
 // invokeBody is the JSON request. Two shapes share it: Plover's
@@ -38,7 +38,7 @@ type invokeBody struct {
 
 // parseInvoke turns a JSON body into the input bytes and an override (nil
 // when the request changes nothing).
-func parseInvoke(body []byte, name string) ([]byte, *engine.Override, time.Duration, error) {
+func parseInvoke(body []byte, name string) ([]byte, *call.Override, time.Duration, error) {
 	in, o, b, err := parseInvokeBody(body, name)
 	if err != nil || b.TimeoutMs == nil {
 		return in, o, 0, err
@@ -49,7 +49,7 @@ func parseInvoke(body []byte, name string) ([]byte, *engine.Override, time.Durat
 	return in, o, time.Duration(*b.TimeoutMs) * time.Millisecond, nil
 }
 
-func parseInvokeBody(body []byte, name string) ([]byte, *engine.Override, *invokeBody, error) {
+func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeBody, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	var b invokeBody
@@ -64,7 +64,7 @@ func parseInvokeBody(body []byte, name string) ([]byte, *engine.Override, *invok
 	if pyplover && native {
 		return nil, nil, nil, badField("body", `mixes Plover fields (input, chain, out_bytes, tmp_bytes) with PyPlover fields (name, inputs, func_names, grid_sizes, block_sizes, output_size, tmp_size); use one shape`)
 	}
-	o := &engine.Override{OutBytes: -1, TmpBytes: -1}
+	o := &call.Override{OutBytes: -1, TmpBytes: -1}
 	field := "input"
 	enc := b.Input
 	if pyplover {
@@ -135,7 +135,7 @@ func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 }
 
 // invokeJSON runs a JSON request and, on success, writes its response.
-func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) error {
+func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) error {
 	limit, err := s.inputLimit(ctx, name, jsonBody)
 	if err != nil {
 		return err
@@ -163,7 +163,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *call) erro
 	out = append(out, `{"output":"`...)
 	out = base64.StdEncoding.AppendEncode(out, c.req.Output)
 	out = append(out, `","cold":`...)
-	out = strconv.AppendBool(out, c.req.Start == engine.Cold)
+	out = strconv.AppendBool(out, c.req.Start == call.Cold)
 	out = append(out, `,"start":"`...)
 	out = append(out, c.req.Start.String()...)
 	out = append(out, `","version":`...)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -48,8 +49,8 @@ func TestNameIsNotKeptFromTheRequestBuffer(t *testing.T) {
 	if c := do("/v1/functions/zzzz/invoke"); c != 404 {
 		t.Fatalf("zzzz: %d", c)
 	}
-	req := &engine.Request{Input: []byte("x")}
-	if err := node.Invoke(context.Background(), "echo", req); err != nil || req.Start != engine.Hot {
+	req := &call.Request{Input: []byte("x")}
+	if err := node.Invoke(context.Background(), "echo", req); err != nil || req.Start != call.Hot {
 		t.Fatalf("echo after the buffer was reused: %v, start %v (want hot: same function entry)", err, req.Start)
 	}
 	mfs, _ := reg.Gather()

@@ -28,7 +28,8 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
@@ -39,7 +40,7 @@ import (
 type Invoker interface {
 	// Invoke runs req on name's current version: a function's chain or a
 	// pipeline's steps.
-	Invoke(ctx context.Context, name string, req *engine.Request) error
+	Invoke(ctx context.Context, name string, req *call.Request) error
 	// Admit is asked before a body is read: the most input bytes name
 	// takes (0: unknown), or the error a request would get now (404, 429
 	// for a full queue).
@@ -101,7 +102,7 @@ type Server struct {
 	inv      Invoker
 	adm      Admin
 	opts     Options
-	calls    sync.Pool // *call
+	calls    sync.Pool // *exchange
 	srv      *fasthttp.Server
 	notReady atomic.Bool
 	metrics  *reqmetrics.Metrics
@@ -120,10 +121,10 @@ func (s *Server) SetReady(ready bool) { s.notReady.Store(!ready) }
 // ServerReady answers the same).
 func (s *Server) Ready() bool { return !s.notReady.Load() }
 
-// call is the per-request scratch state, pooled so a hot invoke allocates
+// exchange is the per-request scratch state, pooled so a hot invoke allocates
 // nothing.
-type call struct {
-	req    engine.Request
+type exchange struct {
+	req    call.Request
 	in     []byte // the input buffer, reused
 	timing []byte
 	conn   net.Conn // the client's, for gone
@@ -133,7 +134,7 @@ type call struct {
 // socket without consuming anything (a pipelined next request stays
 // readable for fasthttp). The engine calls it only while the request is
 // queued.
-func (c *call) gone() bool {
+func (c *exchange) gone() bool {
 	conn := c.conn
 	if tc, ok := conn.(*tls.Conn); ok {
 		conn = tc.NetConn() // the socket under TLS: EOF there is the client gone
@@ -178,7 +179,7 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 	s := &Server{inv: inv, adm: adm, opts: opts, metrics: opts.Metrics, gate: opts.Gate}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
-		c := &call{timing: make([]byte, 0, 160)}
+		c := &exchange{timing: make([]byte, 0, 160)}
 		c.req.Gone = c.gone // bound once: no allocation per request
 		return c
 	}
@@ -506,12 +507,12 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	// The engine and the metrics copy the name before keeping it, so the
 	// request's bytes can back it for the duration of the call.
 	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
-	c := s.calls.Get().(*call)
+	c := s.calls.Get().(*exchange)
 	defer s.calls.Put(c)
 	c.conn = ctx.Conn()
 	defer func() { c.conn = nil }()
 	c.req.Override = nil
-	c.req.Timing = engine.Timing{}
+	c.req.Timing = call.Timing{}
 	err := deadline(ctx, &c.req)
 	if err == nil {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
@@ -561,8 +562,8 @@ func tooLarge(msg string) error {
 }
 
 // finish writes the error, if any, and records every invoke outcome once.
-func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err error) {
-	code, kind := fasthttp.StatusOK, engine.KindInternal
+func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *exchange, err error) {
+	code, kind := fasthttp.StatusOK, errdefs.KindInternal
 	if err != nil {
 		code, kind = s.fail(ctx, err)
 	}
@@ -573,7 +574,7 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *call, err erro
 }
 
 // trace records the request's spans under the traceparent it carries.
-func (s *Server) trace(ctx *fasthttp.RequestCtx, name string, c *call, code int, err error) {
+func (s *Server) trace(ctx *fasthttp.RequestCtx, name string, c *exchange, code int, err error) {
 	route := "POST /v1/functions/{name}/invoke"
 	if isV2(ctx.Path()) {
 		route = "POST /v2/models/{name}/infer"
@@ -595,12 +596,12 @@ var (
 	hdrServerTimng = []byte("Server-Timing")
 	hdrStart       = []byte("X-Plover-Start")
 	hdrVersion     = []byte("X-Plover-Version")
-	startNames     = [...][]byte{[]byte(engine.Hot.String()), []byte(engine.Warm.String()), []byte(engine.Cold.String())}
+	startNames     = [...][]byte{[]byte(call.Hot.String()), []byte(call.Warm.String()), []byte(call.Cold.String())}
 )
 
 // writeMeta sets Server-Timing (milliseconds, as the header's dur expects)
 // and the start kind and version headers.
-func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *call) {
+func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *exchange) {
 	b := reqmetrics.AppendServerTiming(c.timing[:0], &c.req)
 	c.timing = b
 	h := &ctx.Response.Header
@@ -613,7 +614,7 @@ var hdrTimeout = []byte("X-Plover-Timeout-Ms")
 
 // deadline sets the request's deadline from X-Plover-Timeout-Ms; none
 // leaves the server's default.
-func deadline(ctx *fasthttp.RequestCtx, r *engine.Request) error {
+func deadline(ctx *fasthttp.RequestCtx, r *call.Request) error {
 	r.Deadline = time.Time{}
 	h := ctx.Request.Header.PeekBytes(hdrTimeout)
 	if len(h) == 0 {
@@ -648,7 +649,7 @@ func mediaType(ct []byte) string {
 
 // fail writes err's answer and returns its status and the kind the
 // metrics count (apierr.Classify: called on the error path only).
-func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) (int, engine.Kind) {
+func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) (int, errdefs.Kind) {
 	st, kind, msg, known := apierr.Classify(err)
 	switch {
 	case !known: // a foreign error's text is for the log, not the client

@@ -12,7 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/apierr"
-	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/oip"
 )
 
@@ -146,7 +146,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 // timing buffer; its Gone stays nil, as v2 requests have never polled for a
 // departed client.
 type v2Call struct {
-	call
+	exchange
 	out  []byte // the engine's output
 	lay  []byte // inputs laid out from JSON data
 	hdr  inferHeader
@@ -155,14 +155,14 @@ type v2Call struct {
 	num  [20]byte
 }
 
-var v2Calls = sync.Pool{New: func() any { return &v2Call{call: call{timing: make([]byte, 0, 160)}} }}
+var v2Calls = sync.Pool{New: func() any { return &v2Call{exchange: exchange{timing: make([]byte, 0, 160)}} }}
 
 // keptTensors bounds the tensor and shape slices a pooled v2Call keeps, as
 // keptBody bounds its buffers.
 const keptTensors = 64
 
 func (vc *v2Call) trim() {
-	vc.req = engine.Request{}
+	vc.req = call.Request{}
 	if cap(vc.out) > keptBody {
 		vc.out = nil
 	}
@@ -203,11 +203,11 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
 		vc.trim()
 		v2Calls.Put(vc)
 	}()
-	vc.req.Timing = engine.Timing{}
+	vc.req.Timing = call.Timing{}
 	err := s.v2Run(ctx, vc, name, version)
-	s.finish(ctx, name, &vc.call, err)
+	s.finish(ctx, name, &vc.exchange, err)
 	if err == nil {
-		s.writeMeta(ctx, &vc.call)
+		s.writeMeta(ctx, &vc.exchange)
 	}
 }
 

@@ -22,7 +22,9 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/pipeline/graph"
 )
 
@@ -52,7 +54,7 @@ func New(e Engine, reg prometheus.Registerer) *Runner {
 }
 
 // Invoke runs name on req: a function's chain, or a pipeline's steps.
-func (r *Runner) Invoke(ctx context.Context, name string, req *engine.Request) error {
+func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now() // before the name is resolved, which may read the store
 	p, err := r.Pin(ctx, name)
 	if err != nil {
@@ -183,7 +185,7 @@ func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string,
 	if sub == nil && len(pl.pins) > graph.MaxFunctions {
 		// Deploys refuse more; records changed since (or by another
 		// node) could still make one request run thousands.
-		return nil, stepError(pl.name, index, prefix+s.String(), &engine.Error{Kind: engine.KindInvalid,
+		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInvalid,
 			Msg: fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines included", graph.MaxFunctions)})
 	}
 	if sub == nil {
@@ -192,7 +194,7 @@ func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string,
 	// A nested pipeline. Deploys refuse cycles; a race between deploys on
 	// two nodes could still make one, and it must not recurse for ever.
 	if slices.Contains(path, s.Function) || len(path) >= graph.MaxDepth {
-		return nil, stepError(pl.name, index, prefix+s.String(), &engine.Error{Kind: engine.KindInvalid,
+		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInvalid,
 			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d", joinPath(path), s.Function, graph.MaxDepth)})
 	}
 	var out []stage
@@ -293,26 +295,26 @@ func lastOutputs(stages []stage) ([]abi.Tensor, bool) {
 // req.Steps each step's own; one deadline (req's, or the engine's timeout
 // from now) covers every step, and a request whose client left (req.Gone)
 // stops before its next step.
-func (p Pin) Invoke(ctx context.Context, req *engine.Request) error {
+func (p Pin) Invoke(ctx context.Context, req *call.Request) error {
 	return p.invoke(ctx, req, time.Now())
 }
 
-func (p Pin) invoke(ctx context.Context, req *engine.Request, t0 time.Time) error {
+func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error {
 	req.Steps = req.Steps[:0]
 	if p.plan == nil {
 		return p.top.InvokeSince(ctx, req, t0)
 	}
 	if req.Override != nil {
-		return &engine.Error{Kind: engine.KindBadRequest, Msg: fmt.Sprintf("%s is a pipeline: its steps run their own manifests' chains, so a request may not override chain, out_bytes or tmp_bytes", p.plan.name)}
+		return &errdefs.Error{Kind: errdefs.KindBadRequest, Msg: fmt.Sprintf("%s is a pipeline: its steps run their own manifests' chains, so a request may not override chain, out_bytes or tmp_bytes", p.plan.name)}
 	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
 	if x.deadline.IsZero() {
 		x.deadline = t0.Add(p.r.e.Timeout())
 	}
-	req.Start, req.BatchSize, req.Version = engine.Hot, 0, p.top.Version().ID
+	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
 	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps)
 	req.Output = out
-	t := engine.Timing{}
+	t := call.Timing{}
 	for _, s := range req.Steps {
 		t.Queue += s.Timing.Queue
 		t.Load += s.Timing.Load
@@ -345,7 +347,7 @@ type run struct {
 // seq runs stages in order on in, the last writing into out (reusing its
 // capacity); intermediate outputs go to pooled buffers, each read by the
 // next stage in place.
-func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]engine.StepTiming) ([]byte, error) {
+func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]call.StepTiming) ([]byte, error) {
 	var bufs [2]*[]byte
 	defer func() {
 		for _, b := range bufs {
@@ -387,22 +389,22 @@ func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]
 // say how far the pipeline got).
 func (x *run) before(st *stage) error {
 	if x.gone != nil && x.ran.Load() && x.gone() {
-		return &engine.Error{Kind: engine.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)}
+		return &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)}
 	}
 	if now := time.Now(); !now.Before(x.deadline) {
-		return &engine.Error{Kind: engine.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed before step %d (%s), %v after it started", x.pl.name, st.index, st.label, now.Sub(x.t0).Round(time.Microsecond))}
+		return &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed before step %d (%s), %v after it started", x.pl.name, st.index, st.label, now.Sub(x.t0).Round(time.Microsecond))}
 	}
 	return nil
 }
 
 // stage runs one stage on in, writing into dst.
-func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]engine.StepTiming) ([]byte, error) {
+func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming) ([]byte, error) {
 	if st.par == nil {
-		sub := engine.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
+		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
 		begin := time.Since(x.t0)
 		err := st.pin.Invoke(ctx, &sub)
 		x.ran.Store(true)
-		*steps = append(*steps, engine.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
+		*steps = append(*steps, call.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
 			BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
 		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
 		if err != nil {
@@ -416,7 +418,7 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]eng
 	n := len(st.par)
 	outs := make([]*[]byte, n)
 	errs := make([]error, n)
-	timings := make([][]engine.StepTiming, n)
+	timings := make([][]call.StepTiming, n)
 	var wg sync.WaitGroup
 	for j := 1; j < n; j++ {
 		outs[j] = x.r.getBuf()
@@ -446,11 +448,11 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]eng
 // stepError names the step a failure came from, keeping its kind (so its
 // status): "pipeline digits: step 1 (cnn): ...".
 func stepError(pipeline string, index int, label string, err error) error {
-	var ee *engine.Error
+	var ee *errdefs.Error
 	if errors.As(err, &ee) {
-		return &engine.Error{Kind: ee.Kind, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ee.Msg), Err: err}
+		return &errdefs.Error{Kind: ee.Kind, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ee.Msg), Err: err}
 	}
-	return &engine.Error{Kind: engine.KindInternal, Msg: fmt.Sprintf("pipeline %s: step %d (%s) failed", pipeline, index, label), Err: err}
+	return &errdefs.Error{Kind: errdefs.KindInternal, Msg: fmt.Sprintf("pipeline %s: step %d (%s) failed", pipeline, index, label), Err: err}
 }
 
 // keptBuf bounds the intermediate buffers the pool keeps, as the HTTP

@@ -11,7 +11,9 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -37,13 +39,13 @@ func TestGoneStopsAtTheNextStep(t *testing.T) {
 	var left atomic.Bool
 	done := make(chan error, 1)
 	go func() {
-		req := &engine.Request{Input: []byte("x"), Gone: left.Load}
+		req := &call.Request{Input: []byte("x"), Gone: left.Load}
 		done <- r.Invoke(context.Background(), "p", req)
 	}()
 	testkit.WaitFor(t, e, "slow", "its run to start", testkit.Busy(1, 0))
 	left.Store(true)
 	err := <-done
-	if engine.KindOf(err) != engine.KindGone || !strings.Contains(err.Error(), "before step 1 (echo)") {
+	if errdefs.KindOf(err) != errdefs.KindGone || !strings.Contains(err.Error(), "before step 1 (echo)") {
 		t.Fatalf("err = %v", err)
 	}
 	fi, _ := e.Control().Function(context.Background(), "echo")
@@ -65,7 +67,7 @@ func TestStepsTimingOverrideTensors(t *testing.T) {
 	testkit.Deploy(t, e, testkit.BundleDir(t, out, nil))
 	testkit.Deploy(t, e, pipelineDir(t, "p", "typed-in", map[string]any{"parallel": []string{"typed-in", "typed-out"}}, "typed-out"))
 	r := pipeline.New(e, nil)
-	req := &engine.Request{Input: []byte{7, 8, 9}}
+	req := &call.Request{Input: []byte{7, 8, 9}}
 	if err := r.Invoke(context.Background(), "p", req); err != nil {
 		t.Fatal(err)
 	}
@@ -84,8 +86,8 @@ func TestStepsTimingOverrideTensors(t *testing.T) {
 	if int64(req.Timing.Kernels) != sum || req.Timing.Total < req.Timing.Kernels {
 		t.Fatalf("timing %+v, steps' kernels %d", req.Timing, sum)
 	}
-	req.Override = &engine.Override{OutBytes: 8, TmpBytes: -1}
-	if err := r.Invoke(context.Background(), "p", req); engine.KindOf(err) != engine.KindBadRequest {
+	req.Override = &call.Override{OutBytes: 8, TmpBytes: -1}
+	if err := r.Invoke(context.Background(), "p", req); errdefs.KindOf(err) != errdefs.KindBadRequest {
 		t.Fatalf("override on a pipeline: %v", err)
 	}
 	p, err := r.Pin(context.Background(), "p")

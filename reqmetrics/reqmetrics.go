@@ -13,7 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // Metrics counts requests by function and status and times their
@@ -114,10 +115,10 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // probing names cannot grow the series without bound; so do requests
 // refused before the engine saw them (400, 415) for names the metrics have
 // not met yet.
-func (m *Metrics) Record(name string, code int, kind engine.Kind, t *engine.Timing) {
-	if code == 404 && kind == engine.KindNotFound {
+func (m *Metrics) Record(name string, code int, kind errdefs.Kind, t *call.Timing) {
+	if code == 404 && kind == errdefs.KindNotFound {
 		name = unknown
-	} else if kind == engine.KindBadRequest && !m.known(name) {
+	} else if kind == errdefs.KindBadRequest && !m.known(name) {
 		name = unknown
 	}
 	fm := m.function(name)

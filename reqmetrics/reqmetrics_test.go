@@ -4,10 +4,10 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/plover-run/plover/engine"
 )
 
 // A request's name becomes a label only if a function could have it:
@@ -17,21 +17,21 @@ func TestLabels(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		code      int
-		kind      engine.Kind
+		kind      errdefs.Kind
 		wantLabel string
 	}{
-		{"cnn", 200, engine.KindInternal, "cnn"},
-		{"cnn", 429, engine.KindBusy, "cnn"},
-		{"\xff\xfe\xfd", 429, engine.KindBusy, "_unknown"},
-		{"\xff\xfe\xfd", 401, engine.KindInternal, "_unknown"},
-		{"Upper", 500, engine.KindInternal, "_unknown"},
-		{"nope", 404, engine.KindNotFound, "_unknown"},
-		{"fresh", 400, engine.KindBadRequest, "_unknown"},
+		{"cnn", 200, errdefs.KindInternal, "cnn"},
+		{"cnn", 429, errdefs.KindBusy, "cnn"},
+		{"\xff\xfe\xfd", 429, errdefs.KindBusy, "_unknown"},
+		{"\xff\xfe\xfd", 401, errdefs.KindInternal, "_unknown"},
+		{"Upper", 500, errdefs.KindInternal, "_unknown"},
+		{"nope", 404, errdefs.KindNotFound, "_unknown"},
+		{"fresh", 400, errdefs.KindBadRequest, "_unknown"},
 	} {
 		reg := prometheus.NewRegistry()
 		m := New(reg)
 		buf := []byte(tc.name)
-		m.Record(string(buf), tc.code, tc.kind, &engine.Timing{})
+		m.Record(string(buf), tc.code, tc.kind, &call.Timing{})
 		for i := range buf {
 			buf[i] = 0xff // the request's buffer, reused
 		}

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/call"
 )
 
 // AppendServerTiming appends r's timing as a Server-Timing header value
@@ -12,7 +12,7 @@ import (
 // function's batch wait and size, and a pipeline's steps. HTTP sends it as
 // Server-Timing, gRPC as server-timing header metadata. It allocates
 // nothing when b has room.
-func AppendServerTiming(b []byte, r *engine.Request) []byte {
+func AppendServerTiming(b []byte, r *call.Request) []byte {
 	t := &r.Timing
 	b = appendDur(b, "queue", t.Queue, true)
 	b = appendDur(b, "sched", t.Sched, false)
@@ -48,7 +48,7 @@ const maxTimedSteps = 64
 
 // appendStep writes a pipeline step's Server-Timing entry:
 // step1;desc="cnn hot 3f1c9a2e";dur=0.210 (its whole time in the engine).
-func appendStep(b []byte, st *engine.StepTiming) []byte {
+func appendStep(b []byte, st *call.StepTiming) []byte {
 	b = append(b, ", step"...)
 	b = strconv.AppendInt(b, int64(st.Index), 10)
 	b = append(b, ";desc=\""...)

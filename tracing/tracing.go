@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/plover-run/plover/call"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -38,8 +39,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/plover-run/plover/engine"
 )
 
 // Tracer records requests as spans. A nil *Tracer records nothing: the
@@ -143,7 +142,7 @@ type Call struct {
 	Status    int       // the HTTP status of its class (apierr), 200 for success
 	GRPCCode  int       // gRPC: the status code; -1 for HTTP
 	Err       error     // its failure, if any (its message goes in the span)
-	Req       *engine.Request
+	Req       *call.Request
 }
 
 // Record makes the request's spans under the parent carried by h
@@ -209,7 +208,7 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call) {
 // parts lays a function request's phases out from b, in the order the
 // engine spends them: the version's fetch (a cold request), queue, the
 // load of a program and instance, sched, then the run.
-func (t *Tracer) parts(ctx context.Context, b time.Time, tm *engine.Timing) {
+func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 	at := b
 	span := func(ctx context.Context, name string, from time.Time, d time.Duration) context.Context {
 		ctx, s := t.t.Start(ctx, name, trace.WithTimestamp(from))

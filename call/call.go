@@ -1,0 +1,96 @@
+// Package call holds what every layer shares about one invocation: the
+// request, how it found an instance and where its time went. The engine
+// fills it, the pipelines compose it, and the transports, metrics and
+// traces read it; it imports nothing of Plover's but the ABI's launch
+// description, so none of them reaches into the engine for it.
+package call
+
+import (
+	"time"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// Start says how a request found its instance.
+type Start uint8
+
+const (
+	Hot  Start = iota // an idle instance was reused
+	Warm              // the version was loaded; a new instance was created
+	Cold              // the version was loaded (and maybe fetched) for this request
+)
+
+func (s Start) String() string { return [...]string{"hot", "warm", "cold"}[s] }
+
+// Timing splits a request's time; Total includes everything in Invoke.
+type Timing struct {
+	Queue, Load, CopyIn, Kernels, CopyOut, Total time.Duration
+	// BatchWait is the part of Queue a free instance held the request for
+	// company (a batching function with max_delay); 0 otherwise.
+	BatchWait time.Duration
+	// Sched is the time the run waited for the device's scheduler: for
+	// other functions' runs, by their shares and priorities.
+	Sched time.Duration
+	// Prep is the part of Load a cold request spent before it queued:
+	// its version's bundle from the node cache or the store (verified,
+	// unpacked), by this request or waiting for another's. Program is the
+	// part after the queue that loaded the library, constants and hooks on
+	// the device (for the request whose cold start loaded the program; 0
+	// for a batching function's runs); the rest of Load is the instance.
+	Prep, Program time.Duration
+}
+
+// Override replaces parts of the manifest for one request, within its limits.
+type Override struct {
+	Chain    []abi.Launch // nil: the manifest's chain
+	OutBytes int64        // < 0: the manifest's out_bytes
+	TmpBytes int64        // < 0: the manifest's tmp_bytes
+}
+
+// Request is one invocation. Callers may reuse a Request (and its Output's
+// capacity) across calls; the engine never keeps references to it.
+type Request struct {
+	Input    []byte
+	Override *Override
+	// Deadline bounds queue time plus execution; zero means the engine's
+	// Timeout from now. A request that would start after it fails with
+	// KindTimeout without running.
+	Deadline time.Time
+	// Gone, if set, reports whether the client has gone away. It is polled
+	// while the request waits for an instance, so an abandoned request
+	// gives up its queue slot instead of holding it until its deadline.
+	Gone func() bool
+	// Output is set to the bytes the chain produced (out_bytes, or fewer when
+	// an ABI 2 entry lowered s->out.len), reusing its capacity.
+	Output  []byte
+	Timing  Timing
+	Start   Start
+	Version string
+	// Device is the name of the device the request ran on ("" when it
+	// did not run).
+	Device string
+	// BatchSize is how many requests ran in this one's chain run (a
+	// batching function); 0 for a function that does not batch.
+	BatchSize int
+	// Steps is, for a pipeline (package pipeline), each function step's
+	// timing in the order they ran; it keeps its capacity across calls and
+	// is empty for a function.
+	Steps []StepTiming
+}
+
+// StepTiming is one function step of a pipeline request.
+type StepTiming struct {
+	// Step is the step as the pipeline names it ("cnn"; "inner/cnn" for a
+	// step of a nested pipeline) and Index its position (0-based) in the
+	// pipeline the request named.
+	Step      string
+	Index     int
+	Version   string
+	Start     Start
+	Timing    Timing
+	BatchSize int
+	Device    string
+	// Begin is when the step started, after the pipeline's request did:
+	// parallel steps share a start.
+	Begin time.Duration
+}
