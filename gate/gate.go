@@ -252,10 +252,9 @@ func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st 
 			st.bucket.SetLimitAt(now, r)
 			st.bucket.SetBurstAt(now, lim.Burst)
 		}
-		if have := st.bucket.TokensAt(now); have < 1 {
-			return nil, "rate", time.Duration((1 - have) / lim.Rate * float64(time.Second))
+		if !st.bucket.AllowN(now, 1) { // a refusal takes nothing: what it lacks says when to retry
+			return nil, "rate", time.Duration((1 - st.bucket.TokensAt(now)) / lim.Rate * float64(time.Second))
 		}
-		st.bucket.AllowN(now, 1)
 	}
 	if lim.Concurrency == 0 {
 		return nil, "", 0

@@ -150,23 +150,36 @@ var openMethods = map[string]bool{
 	pb.GRPCInferenceService_ServerMetadata_FullMethodName: true,
 }
 
-// pending is what the tap starts for a call and its end releases: the timer
-// that ends it if its message does not come within the read timeout, and
-// its place in its token's concurrency.
+// pending is what the tap starts for a call and its end releases: the
+// timer that ends it if its message does not come within the read
+// timeout, and its place in its token's concurrency.
 type pending struct {
 	timer  *time.Timer
 	ticket gate.Ticket
+	// stop keeps release from running when the stream's context ends;
+	// true if it did (release is then the caller's to run).
+	stop func() bool
 }
 
-type callKey struct{}
+func (c *pending) release() {
+	c.timer.Stop()
+	c.ticket.Done()
+}
+
+type pendingKey struct{}
+
+// errNoMessage is the cause of a call ended for want of its message.
+var errNoMessage = errors.New("no request message within the read timeout")
 
 // tap runs on a call's headers, before its message is read. It refuses a
 // call without a known token (admit then checks its scope and model once
 // the message has come), takes its place in the token's concurrency, and
-// ends the call (the stream is cancelled) if its message has not come
-// within the read timeout: gRPC-Go waits for a message without limit, so
-// a client could hold streams, and the goroutines serving them, forever.
-// Both are released when the stream ends, however it ends.
+// ends the call (its stream's context is cancelled, and the client reads
+// CANCELLED) if its message has not come within the read timeout: gRPC-Go
+// waits for a message without limit, so a client could hold streams, and
+// the goroutines serving them, for ever. Both are released once, when the
+// handler returns (admit) or, for a call that never reaches it, when its
+// stream ends however it ends.
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	c := &pending{}
 	if g := s.opts.Gate; g != nil && !g.Open() && !openMethods[info.FullMethodName] {
@@ -183,23 +196,28 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 		}
 		c.ticket = tk
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	c.timer = time.AfterFunc(s.opts.ReadTimeout, cancel)
-	context.AfterFunc(ctx, func() { // the stream ended (the transport cancels it), or the timer did
-		c.timer.Stop()
-		c.ticket.Done()
-	})
-	return context.WithValue(ctx, callKey{}, c), nil
+	ctx, cancel := context.WithCancelCause(ctx)
+	c.timer = time.AfterFunc(s.opts.ReadTimeout, func() { cancel(errNoMessage) })
+	c.stop = context.AfterFunc(ctx, c.release)
+	return context.WithValue(ctx, pendingKey{}, c), nil
 }
 
 // admit is the gate for every method, once its message has come: the
 // token in the authorization metadata ("Bearer TOKEN"), as HTTP's
 // Authorization header, for the method's scope and model, and the token's
-// rate (its concurrency was taken by the tap).
+// rate (its concurrency was taken by the tap). It gives the call's place
+// back as the handler returns, before its status is written: a client
+// calling one at a time must find it free for its next call.
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if c, ok := ctx.Value(callKey{}).(*pending); ok && !c.timer.Stop() {
-		// The timer fired as the message came: the stream is cancelled.
-		return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within the server's read timeout of %v", s.opts.ReadTimeout)
+	if c, ok := ctx.Value(pendingKey{}).(*pending); ok {
+		if !c.timer.Stop() && errors.Is(context.Cause(ctx), errNoMessage) {
+			return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within the server's read timeout of %v", s.opts.ReadTimeout)
+		}
+		defer func() {
+			if c.stop() {
+				c.release()
+			}
+		}()
 	}
 	g := s.opts.Gate
 	if g == nil || g.Open() || openMethods[info.FullMethod] {

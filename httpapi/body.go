@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/oip"
 	"github.com/valyala/fasthttp"
 )
 
@@ -37,7 +38,7 @@ const keptBody = 1 << 20
 // author does.
 type bodyLimit struct {
 	n   int
-	why string // what sets it; "" for a function's, named by fn, maxIn and enc
+	why string // what sets it; "" for a function's, named by fn, in and enc
 	fn  string // borrowed: for the message only
 	in  int64
 	enc encoding
@@ -50,57 +51,73 @@ func (s *Server) serverLimit() bodyLimit {
 func (l bodyLimit) over(size string) error {
 	why := l.why
 	if why == "" {
-		why = "for function " + l.fn + " (its max_input_bytes, " + strconv.FormatInt(l.in, 10)
-		if l.enc == jsonBody {
-			why += ", carried as JSON"
-		}
-		why += ")"
+		why = "for function " + l.fn + " (its max_input_bytes, " + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")"
 	}
 	return tooLarge("request body " + size + " is over the limit of " + strconv.Itoa(l.n) + " bytes " + why)
 }
 
-// encoding is how a request carries a function's input: the raw bytes, or
-// JSON (base64 on /v1; numbers as text, or the binary extension, on /v2).
+// encoding is how a request carries a function's input.
 type encoding uint8
 
 const (
-	rawBody encoding = iota
-	jsonBody
+	rawBody    encoding = iota // the bytes themselves
+	base64JSON                 // /v1 JSON: {"input": "<base64>"} and the PyPlover fields
+	v2JSON                     // /v2: tensors as JSON numbers, or the binary extension
 )
 
-// JSON carries a byte in at most about six characters (a BOOL's "false,";
-// a UINT8's "255," is four; base64 one and a third), plus room for names,
-// shapes, parameters and spacing: the bound a JSON body for a function is
-// held to, from its max_input_bytes.
+var encodingNames = [...]string{rawBody: "", base64JSON: ", as base64 in JSON", v2JSON: ", as JSON numbers"}
+
+// What a JSON body carrying max_input_bytes of input may take. Base64 is 4
+// characters for 3 bytes. A number is at most about 24 characters plus its
+// separator, for an element of 1 to 8 bytes: an FP16 written as the float64
+// it widens to ("0.00010001659393310547, ", 12 a byte) or a UINT8 in
+// indented JSON. jsonRoom is for names, shapes, parameters and the rest.
 const (
-	jsonPerByte = 8
-	jsonRoom    = 64 << 10
+	base64PerByte  = 2
+	numbersPerByte = 32
+	jsonRoom       = 64 << 10
 )
 
-// inputLimit is what may be read of a request to name carried as enc: the
-// function's own max_input_bytes (in JSON, what carries that many bytes),
-// under --max-body. It is asked before the body is read (Invoker.Admit), so
-// that a body the function could never take is a 413 at once, from its
+// inputLimit is what may be read of a request to name (in version, if not
+// ""; only the current one runs) carried as enc: the function's own
+// max_input_bytes, or what carries that many bytes in enc, under
+// --max-body. It is asked before the body is read (Invoker.Admit), so that
+// a body the function could never take is a 413 at once, from its
 // Content-Length or as a chunked body passes the bound, without waiting for
-// or holding the body budget, and a full queue is a 429. A body fasthttp
-// has read already (preRead) costs nothing more to read: the engine
-// bounds it, and the hot path asks nothing here.
-func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name string, enc encoding) (bodyLimit, error) {
+// or holding the body budget; an unknown function or version is a 404 and
+// a full queue a 429 before the body too. A body fasthttp has read already
+// (preRead) costs nothing more to read: the engine bounds it, and the hot
+// path asks nothing here.
+func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name, version string, enc encoding) (bodyLimit, error) {
 	cl := ctx.Request.Header.ContentLength()
 	if cl == -2 || (cl >= 0 && cl <= preRead) { // -2: no body headers, so no body
 		return s.serverLimit(), nil
 	}
-	maxIn, err := s.inv.Admit(context.Background(), name)
+	a, err := s.inv.Admit(context.Background(), name)
 	if err != nil {
 		return bodyLimit{}, err
 	}
+	if err := oip.CheckVersion(name, version, a.Version); err != nil {
+		return bodyLimit{}, err
+	}
+	maxIn := a.MaxInput
 	lim := s.serverLimit()
 	if maxIn <= 0 {
 		return lim, nil
 	}
 	n := maxIn
-	if enc == jsonBody {
-		n = maxIn*jsonPerByte + jsonRoom
+	switch enc {
+	case base64JSON:
+		n = maxIn*base64PerByte + jsonRoom
+	case v2JSON:
+		n = maxIn*numbersPerByte + jsonRoom
+		// The binary extension: a JSON header of the length given, then
+		// at most max_input_bytes of tensors.
+		if h := ctx.Request.Header.PeekBytes(hdrInferHeaderLen); len(h) > 0 {
+			if hl, err := strconv.ParseInt(b2s(h), 10, 64); err == nil && hl >= 0 {
+				n = min(n, hl) + maxIn
+			}
+		}
 	}
 	if n < int64(lim.n) {
 		lim = bodyLimit{n: int(n), fn: name, in: maxIn, enc: enc}

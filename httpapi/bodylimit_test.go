@@ -2,15 +2,18 @@ package httpapi_test
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -25,7 +28,7 @@ func TestFunctionBoundsItsBody(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("small")
 	m.MaxInputBytes = 3136 // the CNN's
-	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	fi := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	budget := netguard.NewBudget(128 << 10)
 	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: budget, MaxBodyBytes: 256 << 20}), "http://")
 	const huge = 100 << 20
@@ -37,24 +40,34 @@ func TestFunctionBoundsItsBody(t *testing.T) {
 		name, head string
 		body       string // sent after head; the rest of an announced body never is
 		want       string
+		code       int // 0: 413
 	}{
 		{"v1 raw", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
-			"request body of 104857600 bytes is over the limit of 3136 bytes for function small (its max_input_bytes, 3136)"},
+			"request body of 104857600 bytes is over the limit of 3136 bytes for function small (its max_input_bytes, 3136)", 0},
 		{"v1 json", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
-			"over the limit of 90624 bytes for function small (its max_input_bytes, 3136, carried as JSON)"},
+			"over the limit of 71808 bytes for function small (its max_input_bytes, 3136, as base64 in JSON)", 0},
 		{"v2", "POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
-			"over the limit of 90624 bytes for function small"},
+			"over the limit of 165888 bytes for function small (its max_input_bytes, 3136, as JSON numbers)", 0},
+		{"v2 binary extension", "POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: 100\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+			"over the limit of 3236 bytes for function small", 0},
+		{"v2 naming its version", "POST /v2/models/small/versions/" + fi.Version + "/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+			"over the limit of 165888 bytes for function small", 0},
+		{"v2 naming another version", "POST /v2/models/small/versions/0123456789abcdef/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+			"is not its current version", 404},
 		{"v1 chunked", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
-			fmt.Sprintf("%x\r\n%s\r\n", 16<<10, strings.Repeat("z", 16<<10)), "request body of more than 3136 bytes is over the limit of 3136 bytes for function small"},
+			fmt.Sprintf("%x\r\n%s\r\n", 16<<10, strings.Repeat("z", 16<<10)), "request body of more than 3136 bytes is over the limit of 3136 bytes for function small", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
 			code, b := firstResponse(t, addr, tc.head+tc.body, 3*time.Second)
-			if code != 413 {
-				t.Fatalf("%d after %v, want 413 at once", code, time.Since(start))
+			if tc.code == 0 {
+				tc.code = 413
+			}
+			if code != tc.code {
+				t.Fatalf("%d after %v, want %d at once", code, time.Since(start), tc.code)
 			}
 			if !strings.Contains(b, tc.want) {
-				t.Fatalf("413 says %s, want it to say %q", b, tc.want)
+				t.Fatalf("%d says %s, want it to say %q", code, b, tc.want)
 			}
 		})
 	}
@@ -136,5 +149,31 @@ func TestSlowAndOversizedRequests(t *testing.T) {
 				t.Fatalf("%d %s; want %d saying %q", code, body, tc.code, tc.want)
 			}
 		})
+	}
+}
+
+// The JSON bound holds what clients send: an FP16 written as the float64 it
+// widens to takes 12 characters a byte (Python's .tolist() of a float16
+// array), over the 8 of an earlier bound.
+func TestJSONBoundTakesWideNumbers(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	const n = 16 << 10
+	m := testkit.Manifest("half")
+	m.MaxInputBytes, m.OutBytes = 2*n, 2*n
+	m.Tensors = &abi.Tensors{Inputs: []abi.Tensor{{Name: "x", Datatype: "FP16", Shape: []int64{n}}}, Outputs: []abi.Tensor{{Name: "y", Datatype: "FP16", Shape: []int64{n}}}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	url := testkit.Serve(t, e, httpapi.Options{MaxBodyBytes: 256 << 20})
+	var b bytes.Buffer
+	b.WriteString(`{"inputs": [{"name": "x", "datatype": "FP16", "shape": [` + strconv.Itoa(n) + `], "data": [`)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("0.00010001659393310547") // float(np.float16(1e-4))
+	}
+	b.WriteString(`]}]}`)
+	resp, body := testkit.Post(t, "POST", url+"/v2/models/half/infer", "application/json", b.Bytes())
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d bytes of JSON for %d bytes of FP16: %d %.200s", b.Len(), 2*n, resp.StatusCode, body)
 	}
 }

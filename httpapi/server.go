@@ -42,9 +42,9 @@ type Invoker interface {
 	// pipeline's steps.
 	Invoke(ctx context.Context, name string, req *call.Request) error
 	// Admit is asked before a body is read: the most input bytes name
-	// takes (0: unknown), or the error a request would get now (404, 429
-	// for a full queue).
-	Admit(ctx context.Context, name string) (int64, error)
+	// takes (0: unknown) and its current version, or the error a request
+	// would get now (404, 429 for a full queue).
+	Admit(ctx context.Context, name string) (pipeline.Admission, error)
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
@@ -518,7 +518,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
 		case "application/octet-stream", "":
 			var limit bodyLimit
-			if limit, err = s.inputLimit(ctx, name, rawBody); err != nil {
+			if limit, err = s.inputLimit(ctx, name, "", rawBody); err != nil {
 				break
 			}
 			var held int64

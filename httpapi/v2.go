@@ -218,12 +218,9 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	if err := deadline(ctx, r); err != nil {
 		return err
 	}
-	limit := s.serverLimit()
-	if version == "" { // another version than the current may take more
-		var err error
-		if limit, err = s.inputLimit(ctx, name, jsonBody); err != nil {
-			return err
-		}
+	limit, err := s.inputLimit(ctx, name, version, v2JSON)
+	if err != nil {
+		return err
 	}
 	body, held, err := s.readBody(ctx, limit, &vc.in)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -140,13 +141,22 @@ func Pin(ctx context.Context, inv Pinner, name, version string) (pipeline.Pin, *
 		return pin, nil, err
 	}
 	cur := pin.Version()
-	if version != "" && !cur.Matches(version) {
+	if err := CheckVersion(name, version, cur); err != nil {
 		pin.Release()
-		return pin, nil, &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID)}
+		return pin, nil, err
 	}
 	ts := cur.Tensors
 	if ts == nil {
 		ts = &abi.RawTensors
 	}
 	return pin, ts, nil
+}
+
+// CheckVersion is the 404 of a request that names a version (not "")
+// other than cur, the current one: Plover serves the current version.
+func CheckVersion(name, version string, cur api.Version) error {
+	if version == "" || cur.Matches(version) {
+		return nil
+	}
+	return &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID)}
 }

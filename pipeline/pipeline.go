@@ -73,16 +73,26 @@ func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) err
 // whole input: the least of theirs) and its queue is its first step's,
 // which Invoke meets first. It holds nothing: a deploy may change the
 // answer before Invoke, which checks again.
-func (r *Runner) Admit(ctx context.Context, name string) (int64, error) {
+func (r *Runner) Admit(ctx context.Context, name string) (Admission, error) {
 	p, err := r.Pin(ctx, name)
 	if err != nil {
-		return 0, err
+		return Admission{}, err
 	}
 	defer p.Release()
+	a := Admission{Version: p.top.Version()}
 	if p.plan == nil {
-		return p.top.MaxInput(), p.top.Full()
+		a.MaxInput, err = p.top.MaxInput(), p.top.Full()
+	} else {
+		a.MaxInput, err = admitFirst(p.plan.stages[0])
 	}
-	return admitFirst(p.plan.stages[0])
+	return a, err
+}
+
+// Admission is what Admit found: the most input bytes the request may
+// bring (0: unknown) and the version that would run it.
+type Admission struct {
+	MaxInput int64
+	Version  api.Version
 }
 
 func admitFirst(st stage) (int64, error) {
