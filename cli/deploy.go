@@ -19,7 +19,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/loader"
-	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/pipedef"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -41,11 +41,11 @@ func checkDir(dir string) (*abi.Manifest, error) {
 }
 
 // checkSteps is, for a deploy or rollback straight to the store, what a
-// server checks of a pipeline's steps (graph.Check); tokens do not apply:
+// server checks of a pipeline's steps (pipedef.Check); tokens do not apply:
 // store credentials are admin credentials.
 func checkSteps(reg registry.Registry, name string, steps []abi.Step) error {
 	notFound := func(err error) bool { return errors.Is(err, registry.ErrNoFunction) }
-	if err := graph.Check(context.Background(), name, steps, reg.Get, notFound); err != nil {
+	if err := pipedef.Check(context.Background(), name, steps, reg.Get, notFound); err != nil {
 		return fmt.Errorf("pipeline %s: %w", name, err)
 	}
 	return nil

@@ -13,7 +13,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // progressThreshold: uploads above it show a progress bar on a terminal.
@@ -99,7 +99,7 @@ func rollbackCmd() *command {
 				}
 				// A pipeline's version is checked as a server checks it.
 				if rec, err := reg.Get(context.Background(), args[0]); err == nil {
-					if pv, err := graph.Pick(rec, args[1]); err == nil && pv.IsPipeline() {
+					if pv, err := pipedef.Pick(rec, args[1]); err == nil && pv.IsPipeline() {
 						if err := checkSteps(reg, args[0], pv.Steps); err != nil {
 							return err
 						}

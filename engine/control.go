@@ -16,7 +16,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
-	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/pipedef"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -151,13 +151,13 @@ func storageError(err error, format string, args ...any) error {
 }
 
 // checkPipeline checks a pipeline's steps against the store's records
-// (graph.Check): 422 naming the step for a function that is not there, a
+// (pipedef.Check): 422 naming the step for a function that is not there, a
 // pinned version it lacks or a cycle; 403 for a function the deployer may
 // not invoke (the check ctx carries).
 func (e *Engine) checkPipeline(ctx context.Context, name string, steps []abi.Step) error {
-	err := graph.Check(ctx, name, steps, e.reg.Get, func(err error) bool { return errors.Is(err, registry.ErrNoFunction) })
-	var fe *graph.ForbiddenError
-	var se *graph.StepError
+	err := pipedef.Check(ctx, name, steps, e.reg.Get, func(err error) bool { return errors.Is(err, registry.ErrNoFunction) })
+	var fe *pipedef.ForbiddenError
+	var se *pipedef.StepError
 	switch {
 	case err == nil:
 		return nil
@@ -179,7 +179,7 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 		if err != nil {
 			return unavailable(err, "delete %s: listing the pipelines that may use it: store unavailable", name)
 		}
-		if users := graph.UsersOf(recs, name); len(users) > 0 {
+		if users := pipedef.UsersOf(recs, name); len(users) > 0 {
 			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), strings.Join(users, ", "), plural(len(users), "it", "them"))
 		}
 	}
@@ -247,7 +247,7 @@ func (e *Engine) checkRollback(ctx context.Context, name, version string) error 
 		// Fail closed: an unchecked rollback could run what its caller may not.
 		return unavailable(err, "rollback %s: reading its record: store unavailable", name)
 	}
-	v, err := graph.Pick(rec, version)
+	v, err := pipedef.Pick(rec, version)
 	if err != nil {
 		return nil // no such version, or an ambiguous prefix: SetCurrent's to refuse
 	}

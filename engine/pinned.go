@@ -7,7 +7,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
-	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // PinVersion resolves a version of name other than, or equal to, its
@@ -44,7 +44,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 		if err != nil {
 			return Pin{}, err
 		}
-		rv, err := graph.Pick(rec, ref)
+		rv, err := pipedef.Pick(rec, ref)
 		if err != nil {
 			return Pin{}, errorf(errdefs.KindNotFound, err, "%s", err.Error())
 		}

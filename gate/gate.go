@@ -18,7 +18,7 @@ import (
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/auth"
-	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // Tokens finds the principal of a bearer token (auth.Store).
@@ -172,7 +172,7 @@ func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
 }
 
 // InvokeCheck is ctx carrying the check a pipeline's deploy or rollback
-// makes of each function it names (graph.WithInvokeCheck): the caller's
+// makes of each function it names (pipedef.WithInvokeCheck): the caller's
 // token must have invoke on it, or a pipeline would run what its deployer
 // may not. Without tokens there is nothing to check.
 func (g *Gate) InvokeCheck(ctx context.Context, authorization []byte) context.Context {
@@ -181,7 +181,7 @@ func (g *Gate) InvokeCheck(ctx context.Context, authorization []byte) context.Co
 	}
 	tok, _ := auth.BearerToken(authorization)
 	p := g.tokens.Lookup(tok) // Admit found it: the route needs a token
-	return graph.WithInvokeCheck(ctx, func(fn string) error {
+	return pipedef.WithInvokeCheck(ctx, func(fn string) error {
 		if p == nil {
 			return errors.New("no token")
 		}

@@ -25,7 +25,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
-	"github.com/plover-run/plover/pipeline/graph"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // Engine is what pipelines need of the engine (engine.Engine).
@@ -192,20 +192,20 @@ func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string,
 	}
 	pl.pins = append(pl.pins, pin)
 	sub := pin.Steps()
-	if sub == nil && len(pl.pins) > graph.MaxFunctions {
+	if sub == nil && len(pl.pins) > pipedef.MaxFunctions {
 		// Deploys refuse more; records changed since (or by another
 		// node) could still make one request run thousands.
 		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInvalid,
-			Msg: fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines included", graph.MaxFunctions)})
+			Msg: fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines included", pipedef.MaxFunctions)})
 	}
 	if sub == nil {
 		return []stage{{index: index, label: prefix + s.Function, pin: pin}}, nil
 	}
 	// A nested pipeline. Deploys refuse cycles; a race between deploys on
 	// two nodes could still make one, and it must not recurse for ever.
-	if slices.Contains(path, s.Function) || len(path) >= graph.MaxDepth {
+	if slices.Contains(path, s.Function) || len(path) >= pipedef.MaxDepth {
 		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInvalid,
-			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d", joinPath(path), s.Function, graph.MaxDepth)})
+			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d", joinPath(path), s.Function, pipedef.MaxDepth)})
 	}
 	var out []stage
 	for _, ss := range sub {

@@ -1,10 +1,10 @@
-// Package graph checks pipeline definitions against the function records
+// Package pipedef checks pipeline definitions against the function records
 // in a store: that every step's function (and pinned version) exists, that
 // no pipeline reaches itself through the pipelines it names, that a
 // deployer may invoke every function a pipeline runs; and it finds the
 // pipelines that use a function. It reads records only, never bundles:
 // records carry each version's kind and steps (api.Version).
-package graph
+package pipedef
 
 import (
 	"context"
