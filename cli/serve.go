@@ -20,6 +20,7 @@ import (
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/grpcapi"
 	"github.com/plover-run/plover/httpapi"
@@ -223,7 +224,7 @@ func serve(f *serveFlags, env *Env) error {
 	if front.tokens != nil {
 		tokens = front.tokens
 	}
-	gt, met, runner := gate.New(tokens, reg), reqmetrics.New(reg), pipeline.New(eng, reg)
+	runner := pipeline.New(eng, reg)
 	// Traces, when OpenTelemetry's environment asks for them.
 	tr, err := tracing.FromEnv(ctx, Version, log)
 	if err != nil {
@@ -239,8 +240,9 @@ func serve(f *serveFlags, env *Env) error {
 			}
 		}()
 	}
+	door := frontdoor.New(frontdoor.Config{Runner: runner, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg), Tracer: tr, Log: log})
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		Gate: gt, Metrics: met, Tracer: tr, ReadTimeout: f.readTimeout}
+		Door: door, ReadTimeout: f.readTimeout}
 	srv := httpapi.New(runner, eng.Control(), opts)
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
@@ -253,7 +255,7 @@ func serve(f *serveFlags, env *Env) error {
 		if err != nil {
 			return err
 		}
-		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Gate: gt, Metrics: met, TLS: tlsConf, Tracer: tr,
+		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Door: door, TLS: tlsConf,
 			MaxMessageBytes: f.maxBodyMB << 20, Ready: srv.Ready, ReadTimeout: f.readTimeout}).GRPC()
 		gscheme := "grpc"
 		if tlsConf != nil {

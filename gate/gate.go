@@ -49,7 +49,9 @@ func New(tokens Tokens, reg prometheus.Registerer) *Gate {
 		Name: "plover_token_limited_total",
 		Help: "Requests refused with 429 because their token was over its auth-file rate or concurrency.",
 	}, []string{"token", "limit"})
-	reg.MustRegister(g.failures, g.limited)
+	if reg != nil {
+		reg.MustRegister(g.failures, g.limited)
+	}
 	for _, r := range []string{"missing_token", "unknown_token", "forbidden"} {
 		g.failures.WithLabelValues(r) // present at 0, so a rate() sees the first refusal
 	}

@@ -27,44 +27,31 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/call"
-	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
-	"github.com/plover-run/plover/tracing"
 )
-
-// Invoker is the request path (pipeline.Runner).
-type Invoker interface {
-	// Pin resolves name's current version (a function's, or a pipeline's
-	// and its steps') and holds it until Release.
-	Pin(ctx context.Context, name string) (pipeline.Pin, error)
-	Health() (bool, []api.DeviceHealth)
-}
 
 // Options configure a Server.
 type Options struct {
 	Log     *slog.Logger
 	Version string
-	// Gate admits callers; share the HTTP server's, so that a token's
-	// limits hold across both. Nil: no authentication.
-	Gate *gate.Gate
-	// Metrics counts requests; share the HTTP server's. Nil: not counted.
-	Metrics *reqmetrics.Metrics
+	// Door is the front door shared with the HTTP server: its gate, request
+	// metrics and tracer, so a token's limits and the counts hold across
+	// both. Nil: a door of its own, with no authentication, not counted.
+	Door *frontdoor.Door
 	// Ready, if set, is what ServerReady adds to the devices' health (a
 	// server shutting down answers false first).
 	Ready func() bool
 	// MaxMessageBytes bounds a request and a response message (the
 	// server's --max-body-mb). Default 256 MiB.
 	MaxMessageBytes int
-	// Tracer, when set, records every inference as spans.
-	Tracer *tracing.Tracer
 	// ReadTimeout bounds the time from a call's headers to its message
 	// (HTTP's read timeout); past it the call is cancelled. 0: 60 s.
 	ReadTimeout time.Duration
@@ -76,14 +63,14 @@ type Options struct {
 // Server implements inference.GRPCInferenceService.
 type Server struct {
 	pb.UnimplementedGRPCInferenceServiceServer
-	inv  Invoker
+	door *frontdoor.Door
 	opts Options
 
 	authLog gate.LogThrottle
 }
 
-// New returns a Server over inv.
-func New(inv Invoker, opts Options) *Server {
+// New returns a Server over the request path run (opts.Door's, when set).
+func New(run frontdoor.Runner, opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -93,7 +80,10 @@ func New(inv Invoker, opts Options) *Server {
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
 	}
-	return &Server{inv: inv, opts: opts}
+	if opts.Door == nil {
+		opts.Door = frontdoor.New(frontdoor.Config{Runner: run, Log: opts.Log})
+	}
+	return &Server{door: opts.Door, opts: opts}
 }
 
 // GRPC returns a grpc.Server with s registered, its limits and credentials
@@ -182,7 +172,7 @@ var errNoMessage = errors.New("no request message within the read timeout")
 // stream ends however it ends.
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	c := &pending{}
-	if g := s.opts.Gate; g != nil && !g.Open() && !openMethods[info.FullMethodName] {
+	if g := s.door.Gate(); !g.Open() && !openMethods[info.FullMethodName] {
 		var authz []byte
 		if v := info.Header.Get("authorization"); len(v) > 0 {
 			authz = []byte(v[0])
@@ -219,8 +209,8 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 			}
 		}()
 	}
-	g := s.opts.Gate
-	if g == nil || g.Open() || openMethods[info.FullMethod] {
+	g := s.door.Gate()
+	if g.Open() || openMethods[info.FullMethod] {
 		return h(ctx, req)
 	}
 	scope, fn := required(req)
@@ -260,7 +250,7 @@ func (s *Server) ServerLive(context.Context, *pb.ServerLiveRequest) (*pb.ServerL
 // ServerReady is /v2/health/ready: the devices healthy and the server not
 // draining.
 func (s *Server) ServerReady(context.Context, *pb.ServerReadyRequest) (*pb.ServerReadyResponse, error) {
-	ok, _ := s.inv.Health()
+	ok, _ := s.door.Health()
 	if s.opts.Ready != nil && !s.opts.Ready() {
 		ok = false
 	}
@@ -281,7 +271,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 		return nil, s.statusOf(err, "ModelReady")
 	}
 	pin.Release()
-	ok, _ := s.inv.Health()
+	ok, _ := s.door.Health()
 	return &pb.ModelReadyResponse{Ready: ok}, nil
 }
 
@@ -311,7 +301,7 @@ func (s *Server) pin(ctx context.Context, name, version string) (pipeline.Pin, *
 	if name == "" {
 		return pipeline.Pin{}, nil, badRequest("model name: empty")
 	}
-	return oip.Pin(ctx, s.inv, name, version)
+	return oip.Pin(ctx, s.door, name, version)
 }
 
 // ModelInfer runs one inference: inputs from raw_input_contents or typed
@@ -319,32 +309,20 @@ func (s *Server) pin(ctx context.Context, name, version string) (pipeline.Pin, *
 // the way the inputs came (raw for raw, typed for typed where the
 // datatype has typed contents), each output named in outputs, or all.
 func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb.ModelInferResponse, error) {
-	var t0 time.Time
-	if s.opts.Tracer != nil {
-		t0 = time.Now()
-	}
-	name := req.GetModelName()
-	var r call.Request
-	resp, err := s.infer(ctx, req, &r)
-	st, kind, msg := apierr.Status{HTTP: 200, GRPC: codes.OK}, errdefs.KindInternal, ""
-	if err != nil {
-		var known bool
-		st, kind, msg, known = apierr.Classify(err)
-		s.logFailure(err, "ModelInfer", st, known)
-	}
-	if s.opts.Metrics != nil {
-		s.opts.Metrics.Record(name, st.HTTP, kind, &r.Timing)
-	}
-	if s.opts.Tracer != nil {
+	o := frontdoor.Outcome{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer", Function: req.GetModelName(), Req: &call.Request{}}
+	if s.door.Traced() {
 		md, _ := metadata.FromIncomingContext(ctx)
-		s.opts.Tracer.Record(mdCarrier(md), &tracing.Call{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer",
-			Function: name, Start: t0, End: time.Now(), Status: st.HTTP, GRPCCode: int(st.GRPC), Err: err, Req: &r})
+		o.Start, o.Carrier = time.Now(), mdCarrier(md)
 	}
+	resp, err := s.infer(ctx, req, o.Req)
+	o.Err = err
+	st, msg := s.door.End(&o)
 	if err != nil {
 		return nil, grpcStatus(st, msg)
 	}
 	// What HTTP says in Server-Timing, X-Plover-Start and X-Plover-Version.
-	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, 160), &r)),
+	r := o.Req
+	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, 160), r)),
 		"x-plover-start", r.Start.String(), "x-plover-version", r.Version))
 	return resp, nil
 }
@@ -410,22 +388,11 @@ func badRequest(format string, a ...any) error {
 	return &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf(format, a...)}
 }
 
-// statusOf is err as a gRPC status (logged as logFailure says).
+// statusOf is err as a gRPC status, classified and logged by the front
+// door.
 func (s *Server) statusOf(err error, method string) error {
-	st, _, msg, known := apierr.Classify(err)
-	s.logFailure(err, method, st, known)
+	st, msg := s.door.Fail(err, "grpc", method)
 	return grpcStatus(st, msg)
-}
-
-// logFailure logs what the client is not told: a foreign error's text,
-// and a server-side failure.
-func (s *Server) logFailure(err error, method string, st apierr.Status, known bool) {
-	switch {
-	case !known:
-		s.opts.Log.Error("request failed", "method", method, "error", err)
-	case st.HTTP >= 500:
-		s.opts.Log.Warn("request failed", "method", method, "code", st.GRPC.String(), "error", err)
-	}
 }
 
 // grpcStatus is a class and message as a gRPC status; a 429 says when to

@@ -22,6 +22,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
@@ -54,9 +55,10 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 	fi := testkit.Deploy(t, e, testkit.BundleDir(t, typed, nil))
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 2000), nil))
 	reg := prometheus.NewRegistry()
-	g := gate.New(tokens, reg)
-	opts.Version, opts.Gate, opts.Metrics = "test", g, reqmetrics.New(reg)
-	srv := grpcapi.New(pipeline.New(e, reg), opts)
+	run := pipeline.New(e, reg)
+	opts.Version = "test"
+	opts.Door = frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg)})
+	srv := grpcapi.New(run, opts)
 	gs := srv.GRPC()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -93,7 +93,7 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name, version string, enc 
 	if cl == -2 || (cl >= 0 && cl <= preRead) { // -2: no body headers, so no body
 		return s.serverLimit(), nil
 	}
-	a, err := s.inv.Admit(context.Background(), name)
+	a, err := s.door.Admit(context.Background(), name)
 	if err != nil {
 		return bodyLimit{}, err
 	}

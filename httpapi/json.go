@@ -153,7 +153,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) 
 		c.req.Deadline = d
 	}
 	c.req.Input, c.req.Override = input, o
-	err = s.inv.Invoke(context.Background(), name, &c.req) // see invoke
+	err = s.door.Invoke(context.Background(), name, &c.req) // see invoke
 	c.req.Input, c.req.Override = nil, nil
 	if err != nil {
 		return err

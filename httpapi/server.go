@@ -29,28 +29,11 @@ import (
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
-	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
-	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 	"github.com/plover-run/plover/tracing"
 )
-
-// Invoker runs requests: the request path (engine.Engine).
-type Invoker interface {
-	// Invoke runs req on name's current version: a function's chain or a
-	// pipeline's steps.
-	Invoke(ctx context.Context, name string, req *call.Request) error
-	// Admit is asked before a body is read: the most input bytes name
-	// takes (0: unknown) and its current version, or the error a request
-	// would get now (404, 429 for a full queue).
-	Admit(ctx context.Context, name string) (pipeline.Admission, error)
-	// Pin resolves name's current version once, without loading it, and
-	// holds it until its Release: a route that reads the version (the Open
-	// Inference Protocol lays inputs out by its tensors) runs that version.
-	Pin(ctx context.Context, name string) (pipeline.Pin, error)
-	Health() (bool, []api.DeviceHealth)
-}
 
 // Admin changes and describes what is deployed: the control plane
 // (engine.Control).
@@ -83,32 +66,31 @@ type Options struct {
 	// BodyBudget, when set, bounds the request bytes held in memory at
 	// once; a request that finds no room within 5 s gets 503.
 	BodyBudget BodyBudget
-	// Gate and Metrics, when set, are shared with the server's other
-	// transports (gRPC): one token's limits and one set of request
-	// metrics however clients connect. Nil: the Server makes its own, from
-	// Tokens and on Registry.
-	Gate    *gate.Gate
-	Metrics *reqmetrics.Metrics
+	// Door, when set, is the front door shared with the server's other
+	// transports (gRPC): one gate, one set of request metrics, one tracer
+	// however clients connect; Tokens, Tracer and the request metrics'
+	// registration are then its. Nil: the Server makes its own, from
+	// Tokens and Tracer, counting on Registry.
+	Door *frontdoor.Door
 	// ReadTimeout bounds the time a client takes to send a request, its
 	// headers and body (408 past it); 0: 60 s.
 	ReadTimeout time.Duration
-	// Tracer, when set, records every invoke as spans (OpenTelemetry);
-	// nil costs the hot path one comparison.
+	// Tracer, when set (and Door is not), records every invoke as spans
+	// (OpenTelemetry); nil costs the hot path one comparison.
 	Tracer *tracing.Tracer
 }
 
 // Server serves the Plover HTTP API.
 type Server struct {
-	inv      Invoker
+	door     *frontdoor.Door
+	gate     *gate.Gate
 	adm      Admin
 	opts     Options
 	calls    sync.Pool // *exchange
 	srv      *fasthttp.Server
 	notReady atomic.Bool
-	metrics  *reqmetrics.Metrics
 	scrape   fasthttp.RequestHandler
 
-	gate       *gate.Gate
 	authLog    gate.LogThrottle
 	metricsSrv atomic.Pointer[fasthttp.Server]
 }
@@ -156,8 +138,8 @@ func (c *exchange) gone() bool {
 	return closed
 }
 
-// New returns a Server over the request path inv and the control plane adm.
-func New(inv Invoker, adm Admin, opts Options) *Server {
+// New returns a Server over the request path run and the control plane adm.
+func New(run frontdoor.Runner, adm Admin, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 256 << 20
 	}
@@ -170,13 +152,11 @@ func New(inv Invoker, adm Admin, opts Options) *Server {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	if opts.Gate == nil {
-		opts.Gate = gate.New(opts.Tokens, opts.Registry)
+	if opts.Door == nil {
+		opts.Door = frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(opts.Tokens, opts.Registry),
+			Metrics: reqmetrics.New(opts.Registry), Tracer: opts.Tracer, Log: opts.Log})
 	}
-	if opts.Metrics == nil {
-		opts.Metrics = reqmetrics.New(opts.Registry)
-	}
-	s := &Server{inv: inv, adm: adm, opts: opts, metrics: opts.Metrics, gate: opts.Gate}
+	s := &Server{door: opts.Door, gate: opts.Door.Gate(), adm: adm, opts: opts}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
 		c := &exchange{timing: make([]byte, 0, 160)}
@@ -493,7 +473,7 @@ func (s *Server) list(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) health(ctx *fasthttp.RequestCtx) {
-	ok, devs := s.inv.Health()
+	ok, devs := s.door.Health()
 	status, code := "ok", fasthttp.StatusOK
 	if !ok {
 		status, code = "unhealthy", fasthttp.StatusServiceUnavailable
@@ -530,7 +510,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 			// Not ctx: fasthttp closes its Done at the start of a graceful
 			// shutdown, and queued requests are meant to drain then. The
 			// request's own deadline bounds it.
-			err = s.inv.Invoke(context.Background(), name, &c.req)
+			err = s.door.Invoke(context.Background(), name, &c.req)
 			ctx.Response.SwapBody(c.req.Output)
 			c.req.Input, c.req.Output = nil, nil
 			if err == nil {
@@ -561,28 +541,26 @@ func tooLarge(msg string) error {
 	return &apierr.Error{Status: apierr.TooLarge, Msg: msg}
 }
 
-// finish writes the error, if any, and records every invoke outcome once.
+// finish ends every invoke once, through the front door (classified,
+// logged, counted, traced), and writes its error, if any.
 func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *exchange, err error) {
-	code, kind := fasthttp.StatusOK, errdefs.KindInternal
-	if err != nil {
-		code, kind = s.fail(ctx, err)
+	o := frontdoor.Outcome{Transport: "http", Route: routeInvoke, Function: name, Start: ctx.Time(), Req: &c.req, Err: err}
+	if isV2(ctx.Path()) {
+		o.Route = routeInfer
 	}
-	s.metrics.Record(name, code, kind, &c.req.Timing)
-	if s.opts.Tracer != nil {
-		s.trace(ctx, name, c, code, err)
+	if s.door.Traced() {
+		o.Carrier = headerCarrier{&ctx.Request.Header}
+	}
+	if st, msg := s.door.End(&o); err != nil {
+		writeError(ctx, st.HTTP, st.Name, msg)
 	}
 }
 
-// trace records the request's spans under the traceparent it carries.
-func (s *Server) trace(ctx *fasthttp.RequestCtx, name string, c *exchange, code int, err error) {
-	route := "POST /v1/functions/{name}/invoke"
-	if isV2(ctx.Path()) {
-		route = "POST /v2/models/{name}/infer"
-	}
-	// ctx.Time is when fasthttp began the request: no clock read here.
-	s.opts.Tracer.Record(headerCarrier{&ctx.Request.Header}, &tracing.Call{Transport: "http", Route: route,
-		Function: name, Start: ctx.Time(), End: time.Now(), Status: code, GRPCCode: -1, Err: err, Req: &c.req})
-}
+// The invoke routes, as spans and log lines name them.
+const (
+	routeInvoke = "POST /v1/functions/{name}/invoke"
+	routeInfer  = "POST /v2/models/{name}/infer"
+)
 
 // headerCarrier reads the trace context headers of a request.
 type headerCarrier struct{ h *fasthttp.RequestHeader }
@@ -647,18 +625,11 @@ func mediaType(ct []byte) string {
 	return string(bytes.ToLower(ct))
 }
 
-// fail writes err's answer and returns its status and the kind the
-// metrics count (apierr.Classify: called on the error path only).
-func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) (int, errdefs.Kind) {
-	st, kind, msg, known := apierr.Classify(err)
-	switch {
-	case !known: // a foreign error's text is for the log, not the client
-		s.opts.Log.Error("request failed", "path", string(ctx.Path()), "error", err)
-	case st.HTTP >= 500:
-		s.opts.Log.Warn("request failed", "path", string(ctx.Path()), "status", st.HTTP, "error", err)
-	}
+// fail writes the answer to a request that failed, other than an invoke
+// (finish ends those): classified and logged by the front door.
+func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
+	st, msg := s.door.Fail(err, "http", string(ctx.Path()))
 	writeError(ctx, st.HTTP, st.Name, msg)
-	return st.HTTP, kind
 }
 
 type errorBody struct {

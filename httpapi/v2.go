@@ -48,7 +48,7 @@ func (s *Server) v2(ctx *fasthttp.RequestCtx) {
 		}
 	case string(path) == "/v2/health/ready":
 		if s.method(ctx, fasthttp.MethodGet) {
-			ok, _ := s.inv.Health()
+			ok, _ := s.door.Health()
 			code := fasthttp.StatusOK
 			if !ok || s.notReady.Load() {
 				code = fasthttp.StatusServiceUnavailable
@@ -120,7 +120,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		s.v2Infer(ctx, name, version)
 		return
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.inv, name, version)
+	pin, ts, err := oip.Pin(context.Background(), s.door, name, version)
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -132,7 +132,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": name, "versions": []string{cur.ID}, "platform": "plover",
 			"inputs": ts.Inputs, "outputs": ts.Outputs})
 	case "ready":
-		ok, _ := s.inv.Health()
+		ok, _ := s.door.Health()
 		code := fasthttp.StatusOK
 		if !ok {
 			code = fasthttp.StatusServiceUnavailable
@@ -243,7 +243,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 			return badField("request body", "invalid JSON: "+err.Error())
 		}
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.inv, name, version)
+	pin, ts, err := oip.Pin(context.Background(), s.door, name, version)
 	if err != nil {
 		return err
 	}

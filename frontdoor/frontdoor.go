@@ -1,0 +1,137 @@
+// Package frontdoor is what every transport calls between its own encoding
+// and the request path: the gate (tokens, scopes, limits), the runner
+// (functions and pipelines, package pipeline), and, once an invoke ends,
+// the one classification of its outcome (apierr), the log line of a
+// failure the client is not told the cause of, its count (reqmetrics) and
+// its trace (tracing). httpapi and grpcapi keep only what their protocols
+// need: parsing, encoding, and where the token and the trace context are
+// found. A new transport takes a Door and writes its encoding; nothing
+// else is stitched by hand.
+package frontdoor
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/reqmetrics"
+	"github.com/plover-run/plover/tracing"
+)
+
+// Runner is the request path (pipeline.Runner): functions and pipelines.
+type Runner interface {
+	// Invoke runs req on name's current version: a function's chain or a
+	// pipeline's steps.
+	Invoke(ctx context.Context, name string, req *call.Request) error
+	// Admit is asked before a body is read: the most input bytes name
+	// takes (0: unknown) and its current version, or the error a request
+	// would get now (404, 429 for a full queue). It holds nothing.
+	Admit(ctx context.Context, name string) (pipeline.Admission, error)
+	// Pin resolves name's current version once, without loading it, and
+	// holds it until its Release: a route that reads the version (the Open
+	// Inference Protocol lays inputs out by its tensors) runs that version.
+	Pin(ctx context.Context, name string) (pipeline.Pin, error)
+	Health() (bool, []api.DeviceHealth)
+}
+
+// Config assembles a Door. Gate nil: no authentication; Metrics and Tracer
+// nil: not counted, not traced; Log nil: discarded.
+type Config struct {
+	Runner  Runner
+	Gate    *gate.Gate
+	Metrics *reqmetrics.Metrics
+	Tracer  *tracing.Tracer
+	Log     *slog.Logger
+}
+
+// Door is one server's front door, shared by its transports, so a token's
+// limits, the request counts and the traces are one however clients
+// connect.
+type Door struct {
+	Runner
+	gate    *gate.Gate
+	metrics *reqmetrics.Metrics
+	tracer  *tracing.Tracer
+	log     *slog.Logger
+}
+
+// New returns the Door cfg describes.
+func New(cfg Config) *Door {
+	if cfg.Gate == nil {
+		cfg.Gate = gate.New(nil, nil)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Door{Runner: cfg.Runner, gate: cfg.Gate, metrics: cfg.Metrics, tracer: cfg.Tracer, log: cfg.Log}
+}
+
+// Gate is the door's gate, for a transport to admit callers with what its
+// protocol carries (a header, metadata).
+func (d *Door) Gate() *gate.Gate { return d.gate }
+
+// Traced reports whether invokes are traced: a transport builds a trace
+// carrier only then.
+func (d *Door) Traced() bool { return d.tracer != nil }
+
+// Outcome is one ended invoke as its transport saw it.
+type Outcome struct {
+	Transport string // "http", "grpc"
+	Route     string // the span's name and the log's "route"
+	Function  string // may borrow the request's bytes: End copies what it keeps
+	// Carrier holds the request's trace context; read only when Traced.
+	Carrier propagation.TextMapCarrier
+	Start   time.Time // when the transport began the request
+	Req     *call.Request
+	Err     error // nil: it succeeded
+}
+
+// End classifies an ended invoke once, logs a failure whose cause the
+// client is not told (a foreign error) or that is the server's (5xx),
+// counts it by function and status, and records its trace. The transport
+// encodes st and msg (nothing to write on success).
+func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
+	st, kind := apierr.Status{HTTP: 200, Name: "ok"}, errdefs.KindInternal
+	if o.Err != nil {
+		var known bool
+		st, kind, msg, known = apierr.Classify(o.Err)
+		d.logFailure(o.Err, o.Transport, o.Route, st, known)
+	}
+	if d.metrics != nil {
+		d.metrics.Record(o.Function, st.HTTP, kind, &o.Req.Timing)
+	}
+	if d.tracer != nil {
+		code := -1
+		if o.Transport == "grpc" {
+			code = int(st.GRPC)
+		}
+		d.tracer.Record(o.Carrier, &tracing.Call{Transport: o.Transport, Route: o.Route, Function: o.Function,
+			Start: o.Start, End: time.Now(), Status: st.HTTP, GRPCCode: code, Err: o.Err, Req: o.Req})
+	}
+	return st, msg
+}
+
+// Fail classifies a failure of a request that is not an invoke (metadata,
+// readiness, the control plane) and logs it as End does; it is not counted.
+func (d *Door) Fail(err error, transport, route string) (apierr.Status, string) {
+	st, _, msg, known := apierr.Classify(err)
+	d.logFailure(err, transport, route, st, known)
+	return st, msg
+}
+
+func (d *Door) logFailure(err error, transport, route string, st apierr.Status, known bool) {
+	switch {
+	case !known: // a foreign error's text is for the log, not the client
+		d.log.Error("request failed", "transport", transport, "route", route, "error", err)
+	case st.HTTP >= 500:
+		d.log.Warn("request failed", "transport", transport, "route", route, "status", st.HTTP, "error", err)
+	}
+}

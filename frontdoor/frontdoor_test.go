@@ -1,0 +1,85 @@
+package frontdoor
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/reqmetrics"
+)
+
+// End is the one place an invoke's outcome is classified, logged and
+// counted, whichever transport saw it.
+func TestEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		err       error
+		status    int
+		msg, log  string // what the client reads; what the log holds ("": nothing)
+		label     string
+		transport string
+	}{
+		{"ok", nil, 200, "", "", "echo", "http"},
+		{"unknown function", &errdefs.Error{Kind: errdefs.KindNotFound, Msg: "function nope not found"}, 404, "function nope not found", "", "_unknown", "grpc"},
+		{"kernel failure", &errdefs.Error{Kind: errdefs.KindKernel, Msg: "vecadd: bad input"}, 500, "vecadd: bad input", "level=WARN msg=\"request failed\" transport=http", "echo", "http"},
+		{"transport refusal", &apierr.Error{Status: apierr.UnsupportedMedia, Msg: "Content-Type text/plain"}, 415, "Content-Type text/plain", "", "echo", "http"},
+		{"foreign error", errors.New("disk on fire"), 500, "internal error", "level=ERROR msg=\"request failed\" transport=grpc", "echo", "grpc"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			reg := prometheus.NewRegistry()
+			m := reqmetrics.New(reg)
+			m.Record("echo", 200, errdefs.KindInternal, &call.Timing{}) // a function the metrics know
+			d := New(Config{Metrics: m, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+			fn := "echo"
+			if tc.label == "_unknown" {
+				fn = "nope"
+			}
+			st, msg := d.End(&Outcome{Transport: tc.transport, Route: "r", Function: fn, Req: &call.Request{}, Err: tc.err})
+			if st.HTTP != tc.status || msg != tc.msg {
+				t.Fatalf("%d %q, want %d %q", st.HTTP, msg, tc.status, tc.msg)
+			}
+			if tc.log == "" && logs.Len() > 0 || !strings.Contains(logs.String(), tc.log) {
+				t.Fatalf("log %q, want %q", logs.String(), tc.log)
+			}
+			want := 1.0
+			if tc.label == "echo" && tc.status == 200 {
+				want = 2 // the one recorded above, and this one
+			}
+			if got := requests(t, reg, tc.label, strconv.Itoa(tc.status)); got != want {
+				t.Fatalf("plover_requests_total{function=%q,code=%d} = %v, want %v", tc.label, tc.status, got, want)
+			}
+		})
+	}
+}
+
+func requests(t *testing.T, reg *prometheus.Registry, fn, code string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "plover_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			if l["function"] == fn && l["code"] == code {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
