@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,10 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/grpcapi"
@@ -28,6 +29,7 @@ import (
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/reqmetrics"
+	"github.com/plover-run/plover/sched"
 	"github.com/plover-run/plover/tracing"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
@@ -63,7 +65,7 @@ type serveFlags struct {
 	insecureNoAuth                                   bool
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
-	sched                                            string
+	sched, schedPolicy, evictPolicy                  string
 	deviceRuns                                       int
 	cpuWeights                                       bool
 }
@@ -109,6 +111,8 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
 			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
+			fs.StringVar(&f.schedPolicy, "sched-policy", sched.DefaultPolicy, "the order in which queued runs get the device, one of the registered policies: "+strings.Join(sched.Policies(), ", ")+" (wfq: weighted fair by device time within priority classes; fifo: as they came, shares and priorities ignored)")
+			fs.StringVar(&f.evictPolicy, "evict", evict.Default, "what goes first when a device is short of memory, one of the registered policies: "+strings.Join(evict.Names(), ", ")+" (idle instances before programs; lru: least recently used first; largest: the most memory first)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "put each worker in a cgroup whose CPU weight follows its function's share and priority, and the server in one above them (--isolation process, where cgroups can be written)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
@@ -137,7 +141,14 @@ func newLogger(format, level string, env *Env) (*slog.Logger, error) {
 }
 
 func serve(f *serveFlags, env *Env) error {
-	sc := engine.SchedConfig{MaxRuns: f.deviceRuns}
+	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, Policy: f.schedPolicy}
+	if _, err := sched.NewPolicy(f.schedPolicy, 0); err != nil {
+		return usagef(env, "serve", "--sched-policy: %v", err)
+	}
+	evictor, err := evict.Lookup(f.evictPolicy)
+	if err != nil {
+		return usagef(env, "serve", "--evict: %v", err)
+	}
 	switch f.sched {
 	case "fair":
 	case "fair-no-reserve":
@@ -205,7 +216,7 @@ func serve(f *serveFlags, env *Env) error {
 	eng, err := engine.New(engine.Config{
 		Store: store, Cache: cache, Devices: devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
-		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool, Sched: sc,
+		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
 	})
 	if err != nil {
 		return err
@@ -398,7 +409,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		return nil, nil, fmt.Errorf("--isolation process: %w", err)
 	}
 	mps := false
-	if len(devs) > 0 && devs[0].Target() == abi.TargetCUDA {
+	if len(devs) > 0 && device.TakesMPS(devs[0].Target()) {
 		mps = f.mps || worker.MPSRunning()
 		if mps && drop != nil {
 			// MPS serves one uid at a time: a client of another uid waits
@@ -421,12 +432,12 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	out := make([]device.Device, len(devs))
 	for i, d := range devs {
 		ordinal := 0
-		if g, ok := d.(*device.GPU); ok {
-			ordinal = g.Ordinal()
+		if o, ok := d.(interface{ Ordinal() int }); ok {
+			ordinal = o.Ordinal()
 		}
 		standby, standbyMax := standbySizes(d.Target(), f.standby, f.standbyMax)
 		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && d.Target() == abi.TargetCUDA, MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
+			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && device.TakesMPS(d.Target()), MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu})
 	}
 	user := "the server's"
 	if drop != nil {
@@ -487,21 +498,15 @@ func workerExeBeside(self string, log *slog.Logger) string {
 // with one (BENCHMARKS.md); on a GPU each holds a CUDA context. A floor of
 // 0 turns the pool off unless a ceiling is given.
 func standbySizes(target string, floor, ceiling int) (int, int) {
-	host := target == abi.TargetHost
+	defFloor, defCeiling := device.Standby(target)
 	if floor < 0 {
-		floor = 1
-		if host {
-			floor = 8
-		}
+		floor = defFloor
 	}
 	if ceiling == 0 {
 		if floor == 0 {
 			return 0, 0
 		}
-		ceiling = 4
-		if host {
-			ceiling = 16
-		}
+		ceiling = defCeiling
 	}
 	return floor, max(floor, ceiling)
 }

@@ -109,6 +109,44 @@ func openGPU(d *driver, ordinal int, limit int64, log *slog.Logger) (*GPU, error
 	return g, nil
 }
 
+func init() {
+	Register(Kind{Target: abi.TargetCUDA, Name: "CUDA",
+		Open: func(driver string, limit int64, log *slog.Logger) ([]Device, error) {
+			if driver == "" {
+				driver = libcuda
+			}
+			gpus, err := openGPUs(driver, limit, log)
+			if err != nil {
+				return nil, err
+			}
+			devs := make([]Device, len(gpus))
+			for i, g := range gpus {
+				devs[i] = g
+			}
+			return devs, nil
+		},
+		OpenOne: func(ordinal int, limit int64, driver string, log *slog.Logger) (Device, error) {
+			if driver == "" {
+				driver = libcuda
+			}
+			g, err := openOneGPU(driver, ordinal, limit, log)
+			if err != nil {
+				return nil, err // not a nil *GPU in a non-nil Device
+			}
+			return g, nil
+		},
+		// Four runs at once, one kept for light functions: a run is
+		// mostly the GPU's, and copies overlap another's kernels.
+		Runs:    func() int { return 4 },
+		Reserve: func(int) int { return 1 },
+		// Graphs replay by shape: a batch is padded to the full batch.
+		PadBatches: true,
+		MPS:        true,
+		// Each standby worker holds a CUDA context.
+		StandbyFloor: 1, StandbyCeiling: 4,
+	})
+}
+
 func (g *GPU) Target() string { return abi.TargetCUDA }
 
 // Load loads a bundle into this process, on this GPU.

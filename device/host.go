@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -39,6 +40,28 @@ func NewHost(limit int64) *Host {
 		}
 	}
 	return &Host{total: limit}
+}
+
+func init() {
+	Register(Kind{Target: abi.TargetHost, Name: "host", Fallback: true,
+		Open: func(_ string, limit int64, _ *slog.Logger) ([]Device, error) { return []Device{NewHost(limit)}, nil },
+		OpenOne: func(_ int, limit int64, _ string, _ *slog.Logger) (Device, error) {
+			return NewHost(limit), nil
+		},
+		// Twice the CPUs: a run is also copies and a round trip to its
+		// worker, so one run per CPU leaves CPUs idle between runs. Half
+		// kept for light functions, so that floods have as many runs as
+		// there are CPUs and an interactive function's run finds a CPU of
+		// its own (with one of four kept, its p99 beside a compute-bound
+		// flood was 3.1-3.6x alone on 2 CPUs; with half, 1.3-2.2x:
+		// BENCHMARKS.md).
+		Runs:    func() int { return 2 * runtime.NumCPU() },
+		Reserve: func(runs int) int { return runs / 2 },
+		// An idle worker is about 2 MiB, and 16 distinct functions waking
+		// at once on 2 CPUs answered within 26 ms with 16 workers waiting
+		// against 120 ms with one (BENCHMARKS.md).
+		StandbyFloor: 8, StandbyCeiling: 16,
+	})
 }
 
 func (h *Host) Target() string { return abi.TargetHost }

@@ -94,7 +94,7 @@ type batchItem struct {
 func newBatcher(e *Engine, v *version) *batcher {
 	b := v.manifest.Batch
 	return &batcher{e: e, v: v, maxItems: b.MaxItems, delay: b.Delay(), itemIn: b.ItemInputBytes, itemOut: b.ItemOutputBytes,
-		pad: v.manifest.Target == abi.TargetCUDA}
+		pad: device.PadsBatches(v.manifest.Target)}
 }
 
 // invoke runs req as one item of a batch and waits for its result.

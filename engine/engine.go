@@ -3,15 +3,14 @@ package engine
 import (
 	"errors"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/sched"
@@ -41,8 +40,9 @@ type Config struct {
 	// WriteFault, when set, may fail writes to the spool as a full disk
 	// would: a test seam (the cache has its own, bundle.Cache.WriteFault).
 	WriteFault bundle.WriteFault
-	// Evictor picks what goes when a device is short of memory; nil: LRU.
-	Evictor Evictor
+	// Evictor picks what goes when a device is short of memory (package
+	// evict); nil: evict.LRU.
+	Evictor evict.Evictor
 	// Sched configures the scheduler each device's runs go through.
 	Sched SchedConfig
 	Log   *slog.Logger
@@ -80,39 +80,32 @@ type SchedConfig struct {
 	// Off runs chains on the devices as they come, unscheduled (whoever
 	// sends the most work gets the device): for comparison.
 	Off bool
-	// MaxRuns bounds the runs on a device at once; 0: twice the host
-	// device's CPUs (a run is also copies and a round trip to its worker:
-	// one run per CPU leaves CPUs idle between runs), or 4 on a GPU.
+	// MaxRuns bounds the runs on a device at once; 0: its kind's default
+	// (device.DefaultRuns: twice the host's CPUs, 4 on a GPU).
 	MaxRuns int
 	// NoReserve uses every slot for whichever function waits, instead of
-	// keeping some for functions that come and go (sched.Config.Reserve).
+	// keeping some for functions that come and go (sched.Config.Reserve;
+	// how many is the device kind's: device.ReservedRuns).
 	NoReserve bool
+	// Policy names the registered policy that orders queued runs
+	// (sched.RegisterPolicy; "": sched.DefaultPolicy, wfq).
+	Policy string
 }
 
-// reserve is the slots kept for light functions (sched.Config.Reserve):
-// on the host device half of them, so that floods have as many runs as
-// there are CPUs and an interactive function's run finds a CPU of its own
-// (with one of four kept, its p99 beside a compute-bound flood was 3.1-3.6x
-// alone on 2 CPUs; with half, 1.3-2.2x: BENCHMARKS.md); on a GPU one.
+// reserve is the slots kept for light functions (sched.Config.Reserve).
 func (c SchedConfig) reserve(d device.Device, maxRuns int) int {
-	switch {
-	case c.NoReserve:
+	if c.NoReserve {
 		return 0
-	case d.Target() == abi.TargetHost:
-		return maxRuns / 2
 	}
-	return 1
+	return device.ReservedRuns(d.Target(), maxRuns)
 }
 
 // maxRuns is the runs a device takes at once.
 func (c SchedConfig) maxRuns(d device.Device) int {
-	switch {
-	case c.MaxRuns > 0:
+	if c.MaxRuns > 0 {
 		return c.MaxRuns
-	case d.Target() == abi.TargetHost:
-		return 2 * runtime.NumCPU()
 	}
-	return 4
+	return device.DefaultRuns(d.Target())
 }
 
 // New returns an Engine over the given store, cache and devices.
@@ -142,7 +135,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.MaxBundleBytes = 1 << 30
 	}
 	if cfg.Evictor == nil {
-		cfg.Evictor = LRU{}
+		cfg.Evictor = evict.LRU{}
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -156,9 +149,12 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, targets: targets, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}
+		if _, err := sched.NewPolicy(cfg.Sched.Policy, 0); err != nil {
+			return nil, err
+		}
 		for _, d := range cfg.Devices {
 			n := cfg.Sched.maxRuns(d)
-			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n)})
+			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), PolicyName: cfg.Sched.Policy})
 		}
 	}
 	return e, nil

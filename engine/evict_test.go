@@ -3,52 +3,23 @@ package engine_test
 import (
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/internal/testkit"
 )
-
-func TestLRUPick(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	inst := func(fn string, ago int) engine.Idle {
-		return engine.Idle{Function: fn, Instance: true, Bytes: 1, LastUsed: t0.Add(-time.Duration(ago) * time.Second)}
-	}
-	prog := func(fn string, ago int) engine.Idle {
-		return engine.Idle{Function: fn, Bytes: 1, LastUsed: t0.Add(-time.Duration(ago) * time.Second)}
-	}
-	tests := []struct {
-		name string
-		idle []engine.Idle
-		want string // the picked function; "" for an instance-vs-program check below
-		inst bool
-	}{
-		{"one", []engine.Idle{inst("a", 1)}, "a", true},
-		{"oldest instance", []engine.Idle{inst("a", 1), inst("b", 5), inst("c", 3)}, "b", true},
-		{"instances before programs, however old", []engine.Idle{prog("old", 100), inst("a", 1)}, "a", true},
-		{"oldest program when no instance", []engine.Idle{prog("a", 1), prog("b", 9), prog("c", 3)}, "b", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			i := engine.LRU{}.Pick(tt.idle)
-			if i < 0 || tt.idle[i].Function != tt.want || tt.idle[i].Instance != tt.inst {
-				t.Fatalf("picked %d (%+v), want %s (instance %v)", i, tt.idle, tt.want, tt.inst)
-			}
-		})
-	}
-}
 
 // mru evicts the most recently used: the opposite of the default, so the
 // engine's choice shows whose it was. It records what it was offered.
 type mru struct {
 	mu      sync.Mutex
-	offered [][]engine.Idle
+	offered [][]evict.Idle
 }
 
-func (m *mru) Pick(idle []engine.Idle) int {
+func (m *mru) Pick(idle []evict.Idle) int {
 	m.mu.Lock()
-	m.offered = append(m.offered, append([]engine.Idle(nil), idle...))
+	m.offered = append(m.offered, append([]evict.Idle(nil), idle...))
 	m.mu.Unlock()
 	best := 0
 	for i, c := range idle {

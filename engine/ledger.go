@@ -6,6 +6,7 @@ import (
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/evict"
 )
 
 // ledger decides device memory. It chooses what to evict under its lock
@@ -69,7 +70,7 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 			return nil, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
-		var idle []Idle
+		var idle []evict.Idle
 		var from []idleRef
 		for missed := 0; avail+ev.bytes < need; {
 			// Gathered afresh each time: taking an instance may leave its
@@ -171,7 +172,7 @@ func (ev *eviction) refsOn(v *version) int {
 	return n
 }
 
-// idleRef is where an Idle came from: an instance of v, or v itself.
+// idleRef is where an evict.Idle came from: an instance of v, or v itself.
 type idleRef struct {
 	fv funcVersion
 	in *instance // nil: the function's program
@@ -183,7 +184,7 @@ type idleRef struct {
 // them frees something), no instance and no request in flight. The
 // references ev holds on versions whose instances it took are not
 // requests: a function whose last instances ev took may go as a whole.
-func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []Idle, from []idleRef) ([]Idle, []idleRef) {
+func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []evict.Idle, from []idleRef) ([]evict.Idle, []idleRef) {
 	for _, fv := range e.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() { // policy is written by load
@@ -194,7 +195,7 @@ func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []I
 		if v.live > v.minInstances() { // min_instances hold even under memory pressure
 			for _, in := range v.idle {
 				if in.dev.dev == dev {
-					idle = append(idle, Idle{Function: fv.f.name, Instance: true, Bytes: in.bytes, LastUsed: in.lastUsed})
+					idle = append(idle, evict.Idle{Function: fv.f.name, Instance: true, Bytes: in.bytes, LastUsed: in.lastUsed})
 					from = append(from, idleRef{fv, in})
 				}
 			}
@@ -204,7 +205,7 @@ func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []I
 		v.mu.Unlock()
 		if whole {
 			if b := p.prog.ConstantsBytes(); b > 0 {
-				idle = append(idle, Idle{Function: fv.f.name, Bytes: b, LastUsed: last})
+				idle = append(idle, evict.Idle{Function: fv.f.name, Bytes: b, LastUsed: last})
 				from = append(from, idleRef{fv: fv})
 			}
 		}

@@ -102,8 +102,10 @@ type Config struct {
 	// Recent is how long after going idle a function counts for Reserve
 	// (default 100ms).
 	Recent time.Duration
-	// Policy orders queued runs; nil: NewWFQ(MaxWait).
-	Policy Policy
+	// Policy orders queued runs; nil: the policy registered as PolicyName
+	// ("" or unknown: DefaultPolicy), made with MaxWait.
+	Policy     Policy
+	PolicyName string
 	// MaxWait bounds how long the default policy lets a run of a lower
 	// class wait behind higher ones (default 200ms): older than that, it
 	// goes first. Priorities order runs; they do not starve any.

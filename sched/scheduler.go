@@ -57,7 +57,11 @@ func New(cfg Config) *Scheduler {
 		cfg.Clock = wallClock{}
 	}
 	if cfg.Policy == nil {
-		cfg.Policy = NewWFQ(cfg.MaxWait)
+		pol, err := NewPolicy(cfg.PolicyName, cfg.MaxWait)
+		if err != nil {
+			pol = NewWFQ(cfg.MaxWait)
+		}
+		cfg.Policy = pol
 	}
 	return &Scheduler{cfg: cfg, clock: cfg.Clock, pol: cfg.Policy, flows: map[string]*Flow{}}
 }

@@ -5,6 +5,10 @@ import (
 	"time"
 )
 
+func init() {
+	RegisterPolicy(DefaultPolicy, func(maxWait time.Duration) Policy { return NewWFQ(maxWait) })
+}
+
 // WFQ is the default Policy: weighted fair queuing on device time, within
 // strict priority classes, with a bound on waiting.
 //

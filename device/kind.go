@@ -1,0 +1,167 @@
+package device
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Kind is a kind of device Plover runs bundles on, as it registers itself
+// (host.go, gpu.go; database/sql's drivers are the model): its target, how
+// its devices open, and the traits the rest of Plover asks about instead
+// of switching on target names. Adding a kind is a file here that
+// registers one, and its target in package abi.
+type Kind struct {
+	// Target is the manifest "target" (abi.Target*) its devices run, and
+	// Name the kind as people write it ("CUDA").
+	Target, Name string
+	// Open opens every device of the kind on this node, or says why there
+	// is none; limit is each one's memory budget in bytes (0: all of it).
+	// driver is where its driver library is ("": the default).
+	Open func(driver string, limit int64, log *slog.Logger) ([]Device, error)
+	// OpenOne opens device ordinal and no other: a worker process serves
+	// one device and must not hold contexts on the rest.
+	OpenOne func(ordinal int, limit int64, driver string, log *slog.Logger) (Device, error)
+	// Fallback marks the kind "auto" falls back to when no other kind has
+	// a device (the host); "auto" tries the others first, in name order.
+	Fallback bool
+	// Runs is how many runs one device takes at once by default, and
+	// Reserve how many of runs are kept for light functions (sched).
+	Runs    func() int
+	Reserve func(runs int) int
+	// PadBatches: a batch's input is padded to the function's full batch,
+	// so that a recorded graph replays (its launches are keyed by shape).
+	PadBatches bool
+	// MPS: the kind's workers can take CUDA MPS limits.
+	MPS bool
+	// StandbyFloor and StandbyCeiling bound the standby workers a node
+	// keeps by default (each holds a context on a GPU; on the host about
+	// 2 MiB).
+	StandbyFloor, StandbyCeiling int
+}
+
+var kinds = struct {
+	sync.RWMutex
+	m map[string]Kind
+}{m: map[string]Kind{}}
+
+// Register adds a device kind; a second kind of the same target is a
+// programming error.
+func Register(k Kind) {
+	kinds.Lock()
+	defer kinds.Unlock()
+	if _, dup := kinds.m[k.Target]; dup || k.Target == "" || k.Open == nil || k.OpenOne == nil {
+		panic("device: Register of kind " + strconv.Quote(k.Target) + ": empty, incomplete or registered twice")
+	}
+	kinds.m[k.Target] = k
+}
+
+// KindOf is the registered kind of target, if any.
+func KindOf(target string) (Kind, bool) {
+	kinds.RLock()
+	defer kinds.RUnlock()
+	k, ok := kinds.m[target]
+	return k, ok
+}
+
+// Kinds are the registered kinds' targets, sorted.
+func Kinds() []string {
+	kinds.RLock()
+	defer kinds.RUnlock()
+	var ts []string
+	for t := range kinds.m {
+		ts = append(ts, t)
+	}
+	sort.Strings(ts)
+	return ts
+}
+
+// traits is target's kind, or a kind with no traits for a target no kind
+// registered (a test's fake device).
+func traits(target string) Kind {
+	k, _ := KindOf(target)
+	return k
+}
+
+// DefaultRuns is how many runs a device of target takes at once by
+// default (4 for a kind that does not say).
+func DefaultRuns(target string) int {
+	if k := traits(target); k.Runs != nil {
+		return k.Runs()
+	}
+	return 4
+}
+
+// ReservedRuns is how many of runs a device of target keeps for light
+// functions by default (1 for a kind that does not say).
+func ReservedRuns(target string, runs int) int {
+	if k := traits(target); k.Reserve != nil {
+		return k.Reserve(runs)
+	}
+	return 1
+}
+
+// PadsBatches reports the kind's PadBatches.
+func PadsBatches(target string) bool { return traits(target).PadBatches }
+
+// TakesMPS reports the kind's MPS.
+func TakesMPS(target string) bool { return traits(target).MPS }
+
+// Standby is the kind's StandbyFloor and StandbyCeiling (1 and 4 for a
+// kind that does not say).
+func Standby(target string) (floor, ceiling int) {
+	k := traits(target)
+	if k.StandbyCeiling == 0 {
+		return 1, 4
+	}
+	return k.StandbyFloor, k.StandbyCeiling
+}
+
+// openKinds is Open's kind argument: one kind, or "auto": the first kind
+// other than the fallback with a device, else the fallback's, with a log
+// line saying why.
+func openKinds(kind, driver string, limit int64, log *slog.Logger) ([]Device, error) {
+	if kind != KindAuto && kind != "" {
+		k, ok := KindOf(kind)
+		if !ok {
+			return nil, fmt.Errorf("device kind %q: want %s", kind, strings.Join(append([]string{KindAuto}, Kinds()...), ", "))
+		}
+		devs, err := k.Open(driver, limit, log)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", kind, err)
+		}
+		return devs, nil
+	}
+	var why, names []string
+	var fallback *Kind
+	for _, t := range Kinds() {
+		k, _ := KindOf(t)
+		if k.Fallback {
+			fallback = &k
+			continue
+		}
+		devs, err := k.Open(driver, limit, log)
+		if err == nil && len(devs) > 0 {
+			return devs, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("no devices")
+		}
+		why, names = append(why, err.Error()), append(names, k.Name)
+	}
+	if fallback == nil {
+		return nil, fmt.Errorf("no device: %s", strings.Join(why, "; "))
+	}
+	devs, err := fallback.Open(driver, limit, log)
+	if err != nil {
+		return nil, err
+	}
+	if len(why) > 0 && len(devs) > 0 {
+		log.Info("no usable "+strings.Join(names, " or ")+" device, running kernels on the "+fallback.Target+" device",
+			"reason", strings.Join(why, "; "), "device", devs[0].Name())
+	}
+	return devs, nil
+}

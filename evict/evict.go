@@ -1,0 +1,146 @@
+// Package evict holds the policies that decide what goes when a device is
+// short of memory (open-lambda's evictors are the model): the engine keeps
+// the pools, gathers what may go, frees what a policy picks and accounts
+// for it; a policy only picks. Each registers itself under a name, so a
+// new one is a file here and plover serve --evict NAME selects it.
+package evict
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Idle is something idle on a device that the engine could free to make
+// room: an instance in a function's warm pool, or a loaded function with
+// no instance and no request in flight (its program: library and
+// constants). The ledger gathers them from its bookkeeping, the last-use
+// time every request's end records, and frees the one the Evictor picks.
+type Idle struct {
+	Function string
+	Instance bool      // an idle instance; false: the function's program
+	Bytes    int64     // what freeing it gives back on the device
+	LastUsed time.Time // when its last request ended (a program: its function's)
+}
+
+// Evictor decides what goes when a device is short of memory. The engine
+// keeps the pools, frees what it picks and accounts for it (ledger.go), as
+// open-lambda keeps its evictors apart from the sandboxes they evict. Pick
+// is shown only what may go: never a busy instance, an instance that
+// min_instances keeps, or the whole function the room is for (its idle
+// instances may be shown); it is called
+// under the ledger's lock, so it must be quick and must not call the
+// engine. (Idleness, the other reason to free, is each function's
+// idle_ttl: configuration, applied by Reap.)
+type Evictor interface {
+	// Pick returns the index in idle (never empty) of the next thing to
+	// free, or -1 to free nothing more. It must not keep idle.
+	Pick(idle []Idle) int
+}
+
+func init() {
+	Register("lru", LRU{})
+	Register("largest", Largest{})
+}
+
+// LRU is the default Evictor: idle instances before programs (an instance
+// is recreated in microseconds, a program costs its function a cold
+// start), each kind least recently used first.
+type LRU struct{}
+
+// Pick implements Evictor.
+func (LRU) Pick(idle []Idle) int {
+	best := -1
+	for i, c := range idle {
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := idle[best]
+		if c.Instance != b.Instance {
+			if c.Instance {
+				best = i
+			}
+			continue
+		}
+		if c.LastUsed.Before(b.LastUsed) {
+			best = i
+		}
+	}
+	return best
+}
+
+// Largest frees idle instances before programs, as LRU does, and among
+// each the one that gives back the most memory first: the fewest
+// evictions to make room for a large function, at the cost of sometimes
+// evicting something used a moment ago.
+type Largest struct{}
+
+// Pick implements Evictor.
+func (Largest) Pick(idle []Idle) int {
+	best := -1
+	for i, c := range idle {
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := idle[best]
+		if c.Instance != b.Instance {
+			if c.Instance {
+				best = i
+			}
+			continue
+		}
+		if c.Bytes > b.Bytes || (c.Bytes == b.Bytes && c.LastUsed.Before(b.LastUsed)) {
+			best = i
+		}
+	}
+	return best
+}
+
+// Default is the policy used when none is named.
+const Default = "lru"
+
+var evictors = struct {
+	sync.RWMutex
+	m map[string]Evictor
+}{m: map[string]Evictor{}}
+
+// Register adds an eviction policy; a second of the same name is a
+// programming error.
+func Register(name string, e Evictor) {
+	evictors.Lock()
+	defer evictors.Unlock()
+	if _, dup := evictors.m[name]; dup || name == "" || e == nil {
+		panic(fmt.Sprintf("evict: Register(%q): empty or registered twice", name))
+	}
+	evictors.m[name] = e
+}
+
+// Names are the registered policies, sorted.
+func Names() []string {
+	evictors.RLock()
+	defer evictors.RUnlock()
+	var ns []string
+	for n := range evictors.m {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+// Lookup is the policy registered as name ("": Default).
+func Lookup(name string) (Evictor, error) {
+	if name == "" {
+		name = Default
+	}
+	evictors.RLock()
+	e := evictors.m[name]
+	evictors.RUnlock()
+	if e == nil {
+		return nil, fmt.Errorf("eviction policy %q: want one of %s", name, strings.Join(Names(), ", "))
+	}
+	return e, nil
+}
