@@ -353,7 +353,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		// bundle code, so it goes once more on a fresh worker, as an
 		// unbatched request would.
 		v.put(inst, true, time.Now())
-		e.workerDied(v, inst.dev, exitOf(err))
+		v.workerDied(inst.dev, exitOf(err))
 		inst = nil
 		t0 = time.Now()
 		if bo := v.backoffUntil.Load(); bo != 0 && t0.UnixNano() < bo {
@@ -379,7 +379,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		v.put(inst, broken, ended) // the run's end, as runOn read it
 	}
 	if err != nil {
-		err = e.runFailed(f, v, p, err)
+		err = v.runFailed(p, err)
 	} else if v.crashCount.Load() > 0 {
 		v.succeeded()
 	}

@@ -50,7 +50,7 @@ func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	e := c.e
-	for _, fv := range e.current() {
+	for _, fv := range e.tab.current() {
 		f, v := fv.f, fv.v
 		st := &f.stats
 		for _, k := range []struct {
@@ -68,7 +68,7 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		// Pinned versions that are not current (pipeline steps) add to the
 		// function's figures; their workers are in plover ls, not here (one
 		// series per function and device).
-		for _, sv := range e.side(f) {
+		for _, sv := range e.tab.side(f) {
 			b, i, m := sv.usage()
 			busy, idle, mem, queued = busy+b, idle+i, mem+m, queued+sv.queued()
 		}

@@ -73,14 +73,14 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		return api.FunctionInfo{}, err
 	}
 	if m.IsPipeline() {
-		if err := e.checkPipeline(ctx, name, m.Steps); err != nil {
+		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
 		}
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
-	rv, created, err := e.reg.Publish(ctx, m, tmp, sha, n, force)
+	rv, created, err := e.tab.reg.Publish(ctx, m, tmp, sha, n, force)
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
 	}
@@ -89,21 +89,21 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	}
 	e.cfg.Cache.Adopt(dir, sha)
 	if !created {
-		f, err := e.lookup(ctx, name)
+		f, err := e.tab.lookup(ctx, name)
 		if err != nil {
 			return api.FunctionInfo{}, err
 		}
-		fi := e.info(f, rv, e.versionCount(ctx, name))
+		fi := c.info(f, rv, c.versionCount(ctx, name))
 		fi.Unchanged = true
 		return fi, nil
 	}
-	f, _ := e.switchTo(name, rv, 0)
+	f, _ := e.tab.switchTo(name, rv, 0)
 	if f == nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
 	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
-	return e.info(f, rv, e.versionCount(ctx, name)), nil
+	return c.info(f, rv, c.versionCount(ctx, name)), nil
 }
 
 // checkDeploy checks an unpacked bundle against the name it is deployed
@@ -154,8 +154,9 @@ func storageError(err error, format string, args ...any) error {
 // (pipedef.Check): 422 naming the step for a function that is not there, a
 // pinned version it lacks or a cycle; 403 for a function the deployer may
 // not invoke (the check ctx carries).
-func (e *Engine) checkPipeline(ctx context.Context, name string, steps []abi.Step) error {
-	err := pipedef.Check(ctx, name, steps, e.reg.Get, func(err error) bool { return errors.Is(err, registry.ErrNoFunction) })
+func (c *Control) checkPipeline(ctx context.Context, name string, steps []abi.Step) error {
+	e := c.e
+	err := pipedef.Check(ctx, name, steps, e.tab.reg.Get, func(err error) bool { return errors.Is(err, registry.ErrNoFunction) })
 	var fe *pipedef.ForbiddenError
 	var se *pipedef.StepError
 	switch {
@@ -175,7 +176,7 @@ func (e *Engine) checkPipeline(ctx context.Context, name string, steps []abi.Ste
 func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 	e := c.e
 	if !force {
-		recs, err := e.reg.List(ctx)
+		recs, err := e.tab.reg.List(ctx)
 		if err != nil {
 			return unavailable(err, "delete %s: listing the pipelines that may use it: store unavailable", name)
 		}
@@ -183,19 +184,20 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), strings.Join(users, ", "), plural(len(users), "it", "them"))
 		}
 	}
-	if _, err := e.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
+	if _, err := e.tab.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
 		return errorf(errdefs.KindNotFound, err, "function %q not found", name)
 	} else if err != nil {
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
-	e.forget(name, 0)
+	e.tab.forget(name, 0)
 	e.cfg.Log.Info("deleted", "function", name)
 	return nil
 }
 
 // versionCount is how many versions name's record lists (0 if unreadable).
-func (e *Engine) versionCount(ctx context.Context, name string) int {
-	if rec, err := e.reg.Get(ctx, name); err == nil {
+func (c *Control) versionCount(ctx context.Context, name string) int {
+	e := c.e
+	if rec, err := e.tab.reg.Get(ctx, name); err == nil {
 		return len(rec.Versions)
 	}
 	return 0
@@ -203,17 +205,17 @@ func (e *Engine) versionCount(ctx context.Context, name string) int {
 
 // Versions returns a function's record: every version and the current one.
 func (c *Control) Versions(ctx context.Context, name string) (*api.Record, error) {
-	return c.e.record(ctx, name)
+	return c.e.tab.record(ctx, name)
 }
 
 // Rollback makes an earlier (or later) version of name current. In-flight
 // requests finish on the version they started on.
 func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {
 	e := c.e
-	if err := e.checkRollback(ctx, name, version); err != nil {
+	if err := c.checkRollback(ctx, name, version); err != nil {
 		return api.FunctionInfo{}, err
 	}
-	rv, err := e.reg.SetCurrent(ctx, name, version)
+	rv, err := e.tab.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
 		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, err, "function %q not found", name)
@@ -226,20 +228,21 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	case err != nil:
 		return api.FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}
-	f, _ := e.switchTo(name, rv, 0)
+	f, _ := e.tab.switchTo(name, rv, 0)
 	if f == nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
 	}
 	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
-	return e.info(f, rv, e.versionCount(ctx, name)), nil
+	return c.info(f, rv, c.versionCount(ctx, name)), nil
 }
 
 // checkRollback checks a pipeline version's steps before it becomes
 // current again: the functions it named may have gone since. Anything
 // else (no such function or version) is SetCurrent's to report.
-func (e *Engine) checkRollback(ctx context.Context, name, version string) error {
-	rec, err := e.reg.Get(ctx, name)
+func (c *Control) checkRollback(ctx context.Context, name, version string) error {
+	e := c.e
+	rec, err := e.tab.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
 		return nil // SetCurrent's 404
 	}
@@ -252,7 +255,7 @@ func (e *Engine) checkRollback(ctx context.Context, name, version string) error 
 		return nil // no such version, or an ambiguous prefix: SetCurrent's to refuse
 	}
 	if v.IsPipeline() {
-		return e.checkPipeline(ctx, name, v.Steps)
+		return c.checkPipeline(ctx, name, v.Steps)
 	}
 	return nil
 }
@@ -260,7 +263,7 @@ func (e *Engine) checkRollback(ctx context.Context, name, version string) error 
 // GC deletes bundles no function record references, older than grace.
 func (c *Control) GC(ctx context.Context, grace time.Duration) ([]string, error) {
 	e := c.e
-	removed, err := e.reg.GC(ctx, grace)
+	removed, err := e.tab.reg.GC(ctx, grace)
 	if err != nil {
 		return removed, unavailable(err, "gc: store unavailable")
 	}

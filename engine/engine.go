@@ -4,7 +4,6 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,24 +52,16 @@ type Config struct {
 // can later live in a worker process.
 type Engine struct {
 	cfg     Config
-	reg     registry.Registry
 	targets []string // the devices' targets, each once, in the devices' order
 
-	mu    sync.Mutex
-	funcs map[string]*function
-	// tags holds the version tag of each record Refresh last applied, so
-	// that a poll reads only the records that changed.
-	tags map[string]string
-	// epoch counts changes of funcs (a version switch, a removal), so that
-	// a store read made without the lock is applied only if nothing changed
-	// meanwhile: a slow Refresh must not undo a deploy that just returned.
-	epoch  uint64
-	closed bool
-
-	mem       ledger
+	tab       *table                             // the functions and their versions
+	mem       ledger                             // device memory: reservations and evictions
 	scheds    map[device.Device]*sched.Scheduler // nil map: runs go unscheduled
-	evictions struct{ instances, functions atomic.Int64 }
+	evictions evictionCounts
 }
+
+// evictionCounts are the instances and functions evicted for memory.
+type evictionCounts struct{ instances, functions atomic.Int64 }
 
 // SchedConfig configures the device schedulers (package sched): every run
 // on a device, a request's chain or a batch, is admitted by its device's
@@ -146,7 +137,14 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	e := &Engine{cfg: cfg, reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, targets: targets, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, mem: newLedger()}
+	e := &Engine{cfg: cfg, targets: targets, mem: newLedger()}
+	e.tab = &table{reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, log: cfg.Log,
+		funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, forgetFlow: func(name string) {
+			for _, s := range e.scheds { // set below, before any function is known
+				s.Forget(name)
+			}
+		}}
+	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}
 		if _, err := sched.NewPolicy(cfg.Sched.Policy, 0); err != nil {
@@ -166,10 +164,10 @@ func (e *Engine) Targets() []string { return e.targets }
 // Close retires every version; in-flight requests finish first. Later
 // lookups and deploys are refused.
 func (e *Engine) Close() {
-	e.mu.Lock()
-	e.closed = true
+	e.tab.mu.Lock()
+	e.tab.closed = true
 	var olds []*version
-	for _, f := range e.funcs {
+	for _, f := range e.tab.funcs {
 		if f.cur != nil {
 			olds = append(olds, f.cur)
 			f.cur = nil
@@ -179,8 +177,8 @@ func (e *Engine) Close() {
 		}
 		f.pinned = nil
 	}
-	e.funcs = map[string]*function{}
-	e.mu.Unlock()
+	e.tab.funcs = map[string]*function{}
+	e.tab.mu.Unlock()
 	for _, v := range olds {
 		v.retire()
 	}

@@ -40,7 +40,8 @@ func processGone(err error) bool {
 // client's error, and reacts to what it says: a dead worker's program is
 // abandoned and its crash counted towards back-off. p is nil when no
 // instance was taken.
-func (e *Engine) runFailed(f *function, v *version, p *placement, err error) error {
+func (v *version) runFailed(p *placement, err error) error {
+	f := v.fn
 	var pe *device.ProcessExit
 	var ke *device.KernelError
 	var ee *errdefs.Error
@@ -50,15 +51,15 @@ func (e *Engine) runFailed(f *function, v *version, p *placement, err error) err
 	case errors.As(err, &ke) && errors.As(err, &pe):
 		// The chain faulted its worker's device context: the request failed
 		// like any kernel failure; the worker, and only it, is gone.
-		e.workerDied(v, p, pe)
+		v.workerDied(p, pe)
 		return errorf(errdefs.KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
 	case errors.Is(err, device.ErrDeadline):
 		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
 	case errors.As(err, &pe):
-		return e.workerDied(v, p, pe)
+		return v.workerDied(p, pe)
 	case errors.As(err, &ke):
 		if errors.Is(err, device.ErrUnhealthy) {
-			e.cfg.Log.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "error", ke.Msg)
+			v.lg.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "error", ke.Msg)
 		}
 		return errorf(errdefs.KindKernel, err, "function %s: %s", f.name, err.Error())
 	case errors.Is(err, device.ErrUnhealthy): // the device faulted earlier: fail fast, do not hang
@@ -70,10 +71,10 @@ func (e *Engine) runFailed(f *function, v *version, p *placement, err error) err
 // workerDied abandons the program of a worker that died (p is nil when it
 // died loading) and counts the death once, whatever number of requests
 // saw it. It returns the error for the request that saw it.
-func (e *Engine) workerDied(v *version, p *placement, pe *device.ProcessExit) error {
+func (v *version) workerDied(p *placement, pe *device.ProcessExit) error {
 	if p == nil || v.abandon(p) {
 		backoff := v.crashed(time.Now())
-		e.cfg.Log.Error("worker died", "function", v.fn.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
+		v.lg.Error("worker died", "function", v.fn.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
 	}
 	return errorf(errdefs.KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
 }
@@ -81,9 +82,9 @@ func (e *Engine) workerDied(v *version, p *placement, pe *device.ProcessExit) er
 // hookFailed counts a failing plover_load or plover_instance_init towards
 // back-off like a worker crash: each retry reloads the bundle (in a fresh
 // worker), so one that fails every time must not be retried by every request.
-func (e *Engine) hookFailed(v *version, err error) {
+func (v *version) hookFailed(err error) {
 	backoff := v.crashed(time.Now())
-	e.cfg.Log.Error("bundle hook failed", "function", v.fn.name, "version", v.rec.ID, "error", err.Error(), "backoff", backoff)
+	v.lg.Error("bundle hook failed", "function", v.fn.name, "version", v.rec.ID, "error", err.Error(), "backoff", backoff)
 }
 
 // backoffError is the 503 of a version backing off after crashes.

@@ -9,13 +9,14 @@ import (
 	"github.com/plover-run/plover/errdefs"
 )
 
-func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInfo {
+func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionInfo {
+	e := c.e
 	fi := api.FunctionInfo{Name: f.name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versions}
 	fi.Requests, fi.Errors = f.stats.requests.Load(), f.stats.errors.Load()
 	fi.Cold, fi.Warm, fi.Hot = f.stats.cold.Load(), f.stats.warm.Load(), f.stats.hot.Load()
-	e.mu.Lock()
+	e.tab.mu.Lock()
 	v := f.cur
-	e.mu.Unlock()
+	e.tab.mu.Unlock()
 	if ok := fi.Requests - fi.Errors; ok > 0 {
 		fi.MeanUs = f.stats.latencyNs.Load() / ok / 1000
 	}
@@ -39,7 +40,7 @@ func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInf
 	}
 	// Versions pipelines pinned that are not current run too: their
 	// instances, memory and workers are the function's.
-	for _, sv := range e.side(f) {
+	for _, sv := range e.tab.side(f) {
 		b, i, m := sv.usage()
 		fi.Busy, fi.Idle, fi.Memory = fi.Busy+b, fi.Idle+i, fi.Memory+m
 		fi.Queue += sv.queued()
@@ -49,9 +50,9 @@ func (e *Engine) info(f *function, rv api.Version, versions int) api.FunctionInf
 }
 
 // side is f's loaded versions that pipelines pinned and are not current.
-func (e *Engine) side(f *function) []*version {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+func (t *table) side(f *function) []*version {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	var out []*version
 	for _, v := range f.pinned {
 		if v.loaded.Load() {
@@ -67,37 +68,38 @@ func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, 
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, nil, "function %q not found", name)
 	}
-	rec, err := e.record(ctx, name)
+	rec, err := e.tab.record(ctx, name)
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
-	return e.recordInfo(rec)
+	return c.recordInfo(rec)
 }
 
-func (e *Engine) recordInfo(rec *api.Record) (api.FunctionInfo, error) {
+func (c *Control) recordInfo(rec *api.Record) (api.FunctionInfo, error) {
+	e := c.e
 	cv, err := rec.CurrentVersion()
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "function %s: corrupt record", rec.Name)
 	}
-	e.mu.Lock()
-	f := e.funcs[rec.Name]
-	e.mu.Unlock()
+	e.tab.mu.Lock()
+	f := e.tab.funcs[rec.Name]
+	e.tab.mu.Unlock()
 	if f == nil {
 		f = &function{name: rec.Name}
 	}
-	return e.info(f, cv, len(rec.Versions)), nil
+	return c.info(f, cv, len(rec.Versions)), nil
 }
 
 // Functions lists every function in the store.
 func (c *Control) Functions(ctx context.Context) ([]api.FunctionInfo, error) {
 	e := c.e
-	recs, err := e.reg.List(ctx)
+	recs, err := e.tab.reg.List(ctx)
 	if err != nil {
 		return nil, unavailable(err, "list functions: store unavailable")
 	}
 	out := make([]api.FunctionInfo, 0, len(recs))
 	for _, r := range recs {
-		fi, err := e.recordInfo(r)
+		fi, err := c.recordInfo(r)
 		if err != nil {
 			return nil, err
 		}

@@ -47,7 +47,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	if v.placement(best) == nil {
 		need += v.constSize
 	}
-	unreserve, err := e.reserve(best, need, v)
+	unreserve, err := e.mem.reserve(best, need, v)
 	if err != nil {
 		return nil, call.Warm, err
 	}
@@ -63,7 +63,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	if err != nil {
 		var pe *device.ProcessExit
 		if errors.As(err, &pe) {
-			return nil, start, e.workerDied(v, p, pe)
+			return nil, start, v.workerDied(p, pe)
 		}
 		if errors.Is(err, device.ErrDeadline) { // its worker was stopped
 			v.abandon(p)
@@ -71,7 +71,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		}
 		var ke *device.KernelError
 		if errors.As(err, &ke) { // plover_instance_init failed
-			e.hookFailed(v, err)
+			v.hookFailed(err)
 			return nil, start, errorf(errdefs.KindKernel, err, "function %s: creating an instance on %s: %s", v.fn.name, p.dev.Name(), err.Error())
 		}
 		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
@@ -142,7 +142,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		case errors.As(err, &pe):
 			return nil, call.Cold, err
 		case errors.As(err, &ke): // plover_load failed
-			e.hookFailed(v, err)
+			v.hookFailed(err)
 			return nil, call.Cold, errorf(errdefs.KindKernel, err, "function %s: loading on %s: %s", v.fn.name, dev.Name(), err.Error())
 		case errors.Is(err, device.ErrDeadline) || ctx.Err() != nil:
 			return nil, call.Cold, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while its bundle was loading on %s", v.fn.name, dev.Name())

@@ -14,7 +14,7 @@ import (
 // Invoke runs one request on the current version of function name.
 func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now()
-	f, v, err := e.resolve(ctx, name)
+	f, v, err := e.tab.resolve(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -28,12 +28,12 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) err
 // function is turned away without its bytes. It reads no store and waits
 // for nothing; a function not loaded on this node is never full.
 func (e *Engine) Full(name string) error {
-	e.mu.Lock()
+	e.tab.mu.Lock()
 	var v *version
-	if f := e.funcs[name]; f != nil {
+	if f := e.tab.funcs[name]; f != nil {
 		v = f.cur
 	}
-	e.mu.Unlock()
+	e.tab.mu.Unlock()
 	if v == nil || !v.loaded.Load() || !v.full() { // loaded: full reads what load wrote
 		return nil
 	}
@@ -54,7 +54,7 @@ type Pin struct {
 // Pin resolves name's current version, without loading it, and holds it
 // until Release. Every successful Pin must be released.
 func (e *Engine) Pin(ctx context.Context, name string) (Pin, error) {
-	f, v, err := e.resolve(ctx, name)
+	f, v, err := e.tab.resolve(ctx, name)
 	if err != nil {
 		return Pin{}, err
 	}
@@ -154,7 +154,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	req.Timing.Queue = ta.Sub(tq)
 	in, fresh, err := e.take(ctx, v, deadline)
 	if err != nil {
-		return e.runFailed(f, v, nil, err)
+		return v.runFailed(nil, err)
 	}
 	tr := ta // a hot request reads the clock once between queue and run
 	if fresh != call.Hot {
@@ -190,7 +190,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 				// resolver runs in it) is not.
 				if retried || !(beforeRun(err) || stoppedByServer(err)) {
 					v.put(in, processGone(err), time.Now())
-					return e.runFailed(f, v, in.dev, err)
+					return v.runFailed(in.dev, err)
 				}
 			}
 		}
@@ -209,7 +209,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		// this request ran nowhere, so it runs once more on a fresh worker.
 		r.Input, r.Output = nil, nil
 		v.put(in, true, time.Now())
-		e.workerDied(v, in.dev, exitOf(err))
+		v.workerDied(in.dev, exitOf(err))
 		now := time.Now()
 		if b := v.backoffUntil.Load(); b != 0 && now.UnixNano() < b {
 			return v.backoffError(b)
@@ -218,7 +218,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 			return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", f.name)
 		}
 		if in, fresh, err = e.take(ctx, v, deadline); err != nil {
-			return e.runFailed(f, v, nil, err)
+			return v.runFailed(nil, err)
 		}
 		if req.Start < fresh {
 			req.Start = fresh
@@ -235,7 +235,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	req.Timing.Total = tEnd.Sub(t0)
 	f.stats.count(req.Start)
 	if err != nil {
-		return e.runFailed(f, v, in.dev, err)
+		return v.runFailed(in.dev, err)
 	}
 	if v.crashCount.Load() > 0 { // the common case takes no lock
 		v.succeeded()

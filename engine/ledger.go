@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"log/slog"
 	"slices"
 	"sync"
 
@@ -19,6 +20,11 @@ import (
 // memory); freeing is memory that evicted instances and functions hold
 // until they are freed (so that it counts as free for later decisions).
 type ledger struct {
+	tab       *table        // what may be evicted: the functions' versions
+	evictor   evict.Evictor // picks what goes
+	log       *slog.Logger
+	evictions *evictionCounts
+
 	mu      sync.Mutex
 	pending map[device.Device]int64
 	freeing map[device.Device]int64
@@ -56,8 +62,7 @@ type evictedInstance struct {
 // evicted when everything evictable would still not be enough. The
 // returned func gives the reservation back once the allocation is done (or
 // failed).
-func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), error) {
-	l := &e.mem
+func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), error) {
 	l.mu.Lock()
 	// MemInfo is read under the lock because pending must be consistent
 	// with it; it is a query (cuMemGetInfo at most), never an allocation.
@@ -65,7 +70,7 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 	avail := mi.Free + l.freeing[dev] - l.pending[dev]
 	ev := eviction{dev: dev}
 	if avail < need {
-		if avail+e.reclaimable(dev, forV) < need {
+		if avail+l.reclaimable(dev, forV) < need {
 			l.mu.Unlock()
 			return nil, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
@@ -75,12 +80,12 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 		for missed := 0; avail+ev.bytes < need; {
 			// Gathered afresh each time: taking an instance may leave its
 			// function with none, and so evictable as a whole.
-			idle, from = e.idleOn(dev, forV, &ev, idle[:0], from[:0])
+			idle, from = l.idleOn(dev, forV, &ev, idle[:0], from[:0])
 			if len(idle) > 0 && missed <= len(idle) {
-				if i := e.cfg.Evictor.Pick(idle); i >= 0 && i < len(idle) {
+				if i := l.evictor.Pick(idle); i >= 0 && i < len(idle) {
 					// A miss (requests took it meanwhile) looks again, but
 					// not forever.
-					if e.take1(&ev, from[i]) {
+					if l.take1(&ev, from[i]) {
 						missed = 0
 					} else {
 						missed++
@@ -90,7 +95,7 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 			}
 			l.freeing[dev] += ev.bytes
 			l.mu.Unlock()
-			e.free(ev, need, avail)
+			l.free(ev, need, avail)
 			return nil, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
@@ -98,7 +103,7 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 	l.pending[dev] += need
 	l.freeing[dev] += ev.bytes
 	l.mu.Unlock()
-	e.free(ev, need, avail)
+	l.free(ev, need, avail)
 	return func() {
 		l.mu.Lock()
 		l.pending[dev] -= need
@@ -109,33 +114,33 @@ func (e *Engine) reserve(dev device.Device, need int64, forV *version) (func(), 
 // free closes what an eviction chose, outside the ledger's lock. Each
 // victim's bytes leave freeing just before it is closed: from then on the
 // device's own count shows them free, and they must not count twice.
-func (e *Engine) free(ev eviction, need, avail int64) {
+func (l *ledger) free(ev eviction, need, avail int64) {
 	unfree := func(n int64) {
-		e.mem.mu.Lock()
-		e.mem.freeing[ev.dev] -= n
-		e.mem.mu.Unlock()
+		l.mu.Lock()
+		l.freeing[ev.dev] -= n
+		l.mu.Unlock()
 	}
 	for _, ei := range ev.instances {
 		unfree(ei.in.bytes)
 		ei.in.inst.Close()
 		ei.v.unref()
-		e.evictions.instances.Add(1)
+		l.evictions.instances.Add(1)
 	}
 	for _, fv := range ev.versions {
 		// The bytes counted when it was taken: its placement may be gone
 		// by now (its worker died), and they must leave freeing anyway.
 		unfree(fv.bytes)
 		fv.v.retire()
-		e.evictions.functions.Add(1)
-		e.cfg.Log.Info("evicted idle function", "function", fv.f.name, "device", ev.dev.Name(), "needed_bytes", need, "free_bytes", avail)
+		l.evictions.functions.Add(1)
+		l.log.Info("evicted idle function", "function", fv.f.name, "device", ev.dev.Name(), "needed_bytes", need, "free_bytes", avail)
 	}
 }
 
 // reclaimable is what evicting every idle instance (above min_instances)
 // and then every function left without instances would free on dev.
-func (e *Engine) reclaimable(dev device.Device, forV *version) int64 {
+func (l *ledger) reclaimable(dev device.Device, forV *version) int64 {
 	var n int64
-	for _, fv := range e.versions(true) {
+	for _, fv := range l.tab.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() {
 			continue
@@ -184,8 +189,8 @@ type idleRef struct {
 // them frees something), no instance and no request in flight. The
 // references ev holds on versions whose instances it took are not
 // requests: a function whose last instances ev took may go as a whole.
-func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []evict.Idle, from []idleRef) ([]evict.Idle, []idleRef) {
-	for _, fv := range e.versions(true) {
+func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, idle []evict.Idle, from []idleRef) ([]evict.Idle, []idleRef) {
+	for _, fv := range l.tab.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() { // policy is written by load
 			continue
@@ -217,11 +222,11 @@ func (e *Engine) idleOn(dev device.Device, forV *version, ev *eviction, idle []e
 // is still idle (requests may have taken or ended it since idleOn looked),
 // and reports whether it did. An instance goes with a reference on its
 // version, released by free once the instance is closed.
-func (e *Engine) take1(ev *eviction, r idleRef) bool {
+func (l *ledger) take1(ev *eviction, r idleRef) bool {
 	v := r.fv.v
 	if r.in == nil {
 		p := v.placement(ev.dev)
-		if p == nil || !e.detach(r.fv.f, v) {
+		if p == nil || !l.tab.detach(r.fv.f, v) {
 			return false
 		}
 		b := p.prog.ConstantsBytes()

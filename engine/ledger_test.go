@@ -27,12 +27,13 @@ func (c *closeProbe) Close() {
 // closed: once closed, the device counts them free, and counting them twice
 // let a concurrent reservation promise memory that did not exist.
 func TestEvictedBytesLeaveFreeingBeforeClose(t *testing.T) {
-	e := &Engine{mem: newLedger(), cfg: Config{Log: slog.New(slog.DiscardHandler)}}
+	e := &Engine{mem: newLedger()}
+	e.mem.log, e.mem.evictions = slog.New(slog.DiscardHandler), &e.evictions
 	dev := device.NewHost(100)
 	v := &version{fn: &function{name: "f"}, poolState: poolState{refs: 2}}
 	a, b := &closeProbe{e: e, dev: dev}, &closeProbe{e: e, dev: dev}
 	e.mem.freeing[dev] = 100
-	e.free(eviction{dev: dev, bytes: 100, instances: []evictedInstance{
+	e.mem.free(eviction{dev: dev, bytes: 100, instances: []evictedInstance{
 		{&instance{inst: a, bytes: 50}, v}, {&instance{inst: b, bytes: 50}, v},
 	}}, 100, 0)
 	if a.seen != 50 || b.seen != 0 {

@@ -18,13 +18,13 @@ import (
 // must be released.
 func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) {
 	for attempt := 0; ; attempt++ {
-		e.mu.Lock()
-		f := e.funcs[name]
+		e.tab.mu.Lock()
+		f := e.tab.funcs[name]
 		var v *version
 		if f != nil {
 			v = f.match(ref)
 		}
-		e.mu.Unlock()
+		e.tab.mu.Unlock()
 		if v != nil {
 			if v.ref() {
 				return Pin{e, f, v}, nil
@@ -35,12 +35,12 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
 		}
 		if f == nil {
-			if _, err := e.lookup(ctx, name); err != nil {
+			if _, err := e.tab.lookup(ctx, name); err != nil {
 				return Pin{}, err
 			}
 			continue
 		}
-		rec, err := e.record(ctx, name)
+		rec, err := e.tab.record(ctx, name)
 		if err != nil {
 			return Pin{}, err
 		}
@@ -48,16 +48,16 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 		if err != nil {
 			return Pin{}, errorf(errdefs.KindNotFound, err, "%s", err.Error())
 		}
-		e.mu.Lock()
-		if !e.closed && e.funcs[name] == f && f.match(rv.ID) == nil {
+		e.tab.mu.Lock()
+		if !e.tab.closed && e.tab.funcs[name] == f && f.match(rv.ID) == nil {
 			if f.pinned == nil {
 				f.pinned = map[string]*version{}
 			}
-			pv := e.newVersion(f, rv)
+			pv := e.tab.newVersion(f, rv)
 			pv.side.Store(true)
 			f.pinned[rv.ID] = pv
 		}
-		e.mu.Unlock()
+		e.tab.mu.Unlock()
 	}
 }
 

@@ -23,7 +23,7 @@ func (e *Engine) ReapEvery(ctx context.Context, every time.Duration) {
 // keeping min_instances, and unloads (scales to zero) functions that have
 // had no instance for that long. The server calls it periodically.
 func (e *Engine) Reap(now time.Time) {
-	for _, fv := range e.versions(true) {
+	for _, fv := range e.tab.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() {
 			continue
@@ -58,7 +58,7 @@ func (e *Engine) Reap(now time.Time) {
 // version and retires v: its programs go once in-flight requests end. The
 // next request is a cold start.
 func (e *Engine) unload(f *function, v *version) bool {
-	if !e.detach(f, v) {
+	if !e.tab.detach(f, v) {
 		return false
 	}
 	v.retire()

@@ -15,40 +15,40 @@ import (
 // changed since this node last applied them. A store outage changes
 // nothing: loaded functions keep serving.
 func (e *Engine) Refresh(ctx context.Context) error {
-	e.mu.Lock()
-	names := make([]string, 0, len(e.funcs))
-	for n := range e.funcs {
+	e.tab.mu.Lock()
+	names := make([]string, 0, len(e.tab.funcs))
+	for n := range e.tab.funcs {
 		names = append(names, n)
 	}
-	e.mu.Unlock()
-	tags, err := e.reg.Tags(ctx)
+	e.tab.mu.Unlock()
+	tags, err := e.tab.reg.Tags(ctx)
 	if err != nil {
 		return err
 	}
 	var firstErr error
 	for _, name := range names {
-		if tag, ok := tags[name]; ok && tag != "" && tag == e.appliedTag(name) {
+		if tag, ok := tags[name]; ok && tag != "" && tag == e.tab.appliedTag(name) {
 			continue // unchanged since applied
 		}
-		e.mu.Lock()
-		at := e.epoch
-		e.mu.Unlock()
-		rec, tag, err := e.reg.GetTagged(ctx, name)
+		e.tab.mu.Lock()
+		at := e.tab.epoch
+		e.tab.mu.Unlock()
+		rec, tag, err := e.tab.reg.GetTagged(ctx, name)
 		if errors.Is(err, registry.ErrNoFunction) {
-			e.forget(name, at)
+			e.tab.forget(name, at)
 			continue
 		}
 		if err == nil {
 			var cv api.Version
 			if cv, err = rec.CurrentVersion(); err == nil {
-				f, changed := e.switchTo(name, cv, at)
+				f, changed := e.tab.switchTo(name, cv, at)
 				if changed {
 					e.warmIfWanted(ctx, f)
 				}
 				if f != nil { // applied, not overtaken by a change here
-					e.mu.Lock()
-					e.tags[name] = tag
-					e.mu.Unlock()
+					e.tab.mu.Lock()
+					e.tab.tags[name] = tag
+					e.tab.mu.Unlock()
 				}
 				continue
 			}
@@ -61,10 +61,10 @@ func (e *Engine) Refresh(ctx context.Context) error {
 }
 
 // appliedTag is the tag of the record Refresh last applied for name.
-func (e *Engine) appliedTag(name string) string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.tags[name]
+func (t *table) appliedTag(name string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tags[name]
 }
 
 // Watch calls Refresh every interval until ctx ends.

@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/plover-run/plover/abi"
@@ -17,9 +19,31 @@ import (
 // steps pin that are not current.
 type function struct {
 	name   string
-	cur    *version            // guarded by Engine.mu
+	cur    *version            // guarded by table.mu
 	pinned map[string]*version // by id; guarded by Engine.mu
 	stats  stats
+}
+
+// table is the functions this node knows and their current versions (and
+// the versions pipelines pinned): the room every request passes through to
+// find what it runs, and every deploy, rollback and refresh to change it.
+type table struct {
+	reg registry.Registry
+	log *slog.Logger
+	// forgetFlow drops a deleted function's share of the devices
+	// (called under mu, so a redeploy's load gets a new flow).
+	forgetFlow func(name string)
+
+	mu    sync.Mutex
+	funcs map[string]*function
+	// tags holds the version tag of each record Refresh last applied, so
+	// that a poll reads only the records that changed.
+	tags map[string]string
+	// epoch counts changes of funcs (a version switch, a removal), so that
+	// a store read made without the lock is applied only if nothing changed
+	// meanwhile: a slow Refresh must not undo a deploy that just returned.
+	epoch  uint64
+	closed bool
 }
 
 type stats struct {
@@ -41,17 +65,17 @@ func (s *stats) count(start call.Start) {
 
 // resolve finds the current version of name, reading the store the first
 // time, and takes a reference on it.
-func (e *Engine) resolve(ctx context.Context, name string) (*function, *version, error) {
+func (t *table) resolve(ctx context.Context, name string) (*function, *version, error) {
 	for {
-		e.mu.Lock()
-		f := e.funcs[name]
+		t.mu.Lock()
+		f := t.funcs[name]
 		var v *version
 		if f != nil {
 			v = f.cur
 		}
-		e.mu.Unlock()
+		t.mu.Unlock()
 		if f == nil {
-			if _, err := e.lookup(ctx, name); err != nil {
+			if _, err := t.lookup(ctx, name); err != nil {
 				return nil, nil, err
 			}
 			continue
@@ -66,18 +90,18 @@ func (e *Engine) resolve(ctx context.Context, name string) (*function, *version,
 // lookup reads name's record and adds the function to this node, unless a
 // deploy or delete changed the node while the store was read (then it
 // reads again: what it read may be stale).
-func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
+func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 	if !abi.ValidName(name) {
 		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
 	for attempt := 0; ; attempt++ {
-		e.mu.Lock()
-		at, closed := e.epoch, e.closed
-		e.mu.Unlock()
+		t.mu.Lock()
+		at, closed := t.epoch, t.closed
+		t.mu.Unlock()
 		if closed {
 			return nil, errorf(errdefs.KindUnavailable, nil, "the server is shutting down")
 		}
-		rec, err := e.record(ctx, name)
+		rec, err := t.record(ctx, name)
 		if err != nil {
 			return nil, err
 		}
@@ -88,7 +112,7 @@ func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 		if attempt == 3 {
 			at = 0 // changes keep coming: take what was read
 		}
-		if f, _ := e.switchTo(name, cv, at); f != nil {
+		if f, _ := t.switchTo(name, cv, at); f != nil {
 			return f, nil
 		}
 	}
@@ -99,26 +123,26 @@ func (e *Engine) lookup(ctx context.Context, name string) (*function, error) {
 // finish. With at != 0 it does nothing unless the epoch is still at. It
 // returns the function (nil if it did nothing) and whether the version
 // changed.
-func (e *Engine) switchTo(name string, rv api.Version, at uint64) (*function, bool) {
-	e.mu.Lock()
-	if e.closed || (at != 0 && e.epoch != at) {
-		e.mu.Unlock()
+func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, bool) {
+	t.mu.Lock()
+	if t.closed || (at != 0 && t.epoch != at) {
+		t.mu.Unlock()
 		return nil, false
 	}
 	if at == 0 {
 		// A change made here: the record's tag Refresh applied is stale
 		// (the record may later return to those very bytes and tag).
-		delete(e.tags, name)
+		delete(t.tags, name)
 	}
-	f := e.funcs[name]
+	f := t.funcs[name]
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
-		e.mu.Unlock()
+		t.mu.Unlock()
 		return f, false
 	}
 	if f == nil {
 		name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
 		f = &function{name: name}
-		e.funcs[name] = f
+		t.funcs[name] = f
 	}
 	old := f.cur
 	if pv := f.pinned[rv.ID]; pv != nil {
@@ -127,10 +151,10 @@ func (e *Engine) switchTo(name string, rv api.Version, at uint64) (*function, bo
 		pv.side.Store(false)
 		f.cur = pv
 	} else {
-		f.cur = e.newVersion(f, rv)
+		f.cur = t.newVersion(f, rv)
 	}
-	e.epoch++
-	e.mu.Unlock()
+	t.epoch++
+	t.mu.Unlock()
 	if old != nil {
 		old.retire()
 	}
@@ -139,17 +163,17 @@ func (e *Engine) switchTo(name string, rv api.Version, at uint64) (*function, bo
 
 // forget drops a function from this node (with at != 0, only if the epoch
 // is still at); its version retires once its in-flight requests finish.
-func (e *Engine) forget(name string, at uint64) {
-	e.mu.Lock()
-	if at != 0 && e.epoch != at {
-		e.mu.Unlock()
+func (t *table) forget(name string, at uint64) {
+	t.mu.Lock()
+	if at != 0 && t.epoch != at {
+		t.mu.Unlock()
 		return
 	}
 	if at == 0 {
-		delete(e.tags, name)
+		delete(t.tags, name)
 	}
-	f := e.funcs[name]
-	delete(e.funcs, name)
+	f := t.funcs[name]
+	delete(t.funcs, name)
 	var olds []*version
 	if f != nil {
 		if f.cur != nil {
@@ -160,21 +184,21 @@ func (e *Engine) forget(name string, at uint64) {
 		}
 		f.cur, f.pinned = nil, nil
 	}
-	// Under e.mu: a redeploy's program load (place) asks for the flow
+	// Under t.mu: a redeploy's program load (place) asks for the flow
 	// after the function is back in funcs, so it gets a new flow, never
 	// the one dropped here. Its runs in flight end normally.
-	for _, s := range e.scheds {
-		s.Forget(name)
+	if t.forgetFlow != nil {
+		t.forgetFlow(name)
 	}
-	e.epoch++
-	e.mu.Unlock()
+	t.epoch++
+	t.mu.Unlock()
 	for _, v := range olds {
 		v.retire()
 	}
 }
 
-func (e *Engine) newVersion(f *function, rv api.Version) *version {
-	return &version{fn: f, rec: rv, log: e.cfg.Log.Info, loadState: loadState{placeTok: make(chan struct{}, 1)}}
+func (t *table) newVersion(f *function, rv api.Version) *version {
+	return &version{fn: f, rec: rv, lg: t.log, loadState: loadState{placeTok: make(chan struct{}, 1)}}
 }
 
 type funcVersion struct {
@@ -184,15 +208,15 @@ type funcVersion struct {
 
 // current is every function's current version (one per function: what
 // per-function metrics report).
-func (e *Engine) current() []funcVersion { return e.versions(false) }
+func (t *table) current() []funcVersion { return t.versions(false) }
 
 // versions is every function's current version and, with pinned, the
 // versions pipeline steps pinned (what reaping and eviction go through).
-func (e *Engine) versions(pinned bool) []funcVersion {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := make([]funcVersion, 0, len(e.funcs))
-	for _, f := range e.funcs {
+func (t *table) versions(pinned bool) []funcVersion {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]funcVersion, 0, len(t.funcs))
+	for _, f := range t.funcs {
 		if f.cur != nil {
 			out = append(out, funcVersion{f, f.cur})
 		}
@@ -208,11 +232,11 @@ func (e *Engine) versions(pinned bool) []funcVersion {
 // detach replaces v, if still current, by an unloaded copy of the same
 // version, or drops v if it is a pinned one (the next pin loads it again);
 // the caller retires v.
-func (e *Engine) detach(f *function, v *version) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+func (t *table) detach(f *function, v *version) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if f.cur == v {
-		f.cur = e.newVersion(f, v.rec)
+		f.cur = t.newVersion(f, v.rec)
 		return true
 	}
 	if f.pinned[v.rec.ID] == v {
@@ -224,8 +248,8 @@ func (e *Engine) detach(f *function, v *version) bool {
 
 // record reads name's record from the store: 404 for a function that has
 // none, 503 naming the store's trouble otherwise.
-func (e *Engine) record(ctx context.Context, name string) (*api.Record, error) {
-	rec, err := e.reg.Get(ctx, name)
+func (t *table) record(ctx context.Context, name string) (*api.Record, error) {
+	rec, err := t.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
 		return nil, errorf(errdefs.KindNotFound, err, "function %q not found", name)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +25,7 @@ import (
 type version struct {
 	fn  *function
 	rec api.Version
-	log func(msg string, args ...any)
+	lg  *slog.Logger
 
 	// side: a version pipeline steps pinned that is not the function's
 	// current one (Engine.PinVersion); cleared if it becomes current.
@@ -261,14 +262,14 @@ func (v *version) teardown() {
 	v.mu.Unlock()
 	for _, p := range ps {
 		if err := p.prog.Close(); err != nil {
-			v.log("unload failed", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
+			v.lg.Info("unload failed", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
 		}
 	}
 	if v.unpin != nil {
 		v.unpin()
 	}
 	if v.loaded.Load() {
-		v.log("unloaded", "function", v.fn.name, "version", v.rec.ID)
+		v.lg.Info("unloaded", "function", v.fn.name, "version", v.rec.ID)
 	}
 }
 
@@ -393,7 +394,7 @@ func (v *version) abandon(p *placement) bool {
 		in.inst.Close()
 	}
 	if err := p.prog.Close(); err != nil {
-		v.log("closing a dead program", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
+		v.lg.Info("closing a dead program", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
 	}
 	return true
 }

@@ -101,7 +101,7 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 // instances (the server default applies to all), so other bundles are not
 // fetched: they stay in the store until their first request.
 func (e *Engine) Prewarm(ctx context.Context) error {
-	recs, err := e.reg.List(ctx)
+	recs, err := e.tab.reg.List(ctx)
 	if err != nil {
 		return fmt.Errorf("prewarm: %w", err)
 	}
@@ -111,7 +111,7 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 		if err != nil || cv.IsPipeline() || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
 			continue
 		}
-		f, err := e.lookup(ctx, rec.Name)
+		f, err := e.tab.lookup(ctx, rec.Name)
 		if err == nil {
 			e.warmIfWanted(ctx, f)
 		} else if firstErr == nil {
@@ -125,9 +125,9 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 // Functions without a minimum (by their record, or the server default) are
 // left unloaded, and nothing is fetched for them.
 func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
-	e.mu.Lock()
+	e.tab.mu.Lock()
 	v := f.cur
-	e.mu.Unlock()
+	e.tab.mu.Unlock()
 	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.ref() {
 		return
 	}
