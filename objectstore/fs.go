@@ -9,9 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // FS stores objects as files under a root directory.
@@ -98,7 +101,20 @@ func fsTag(fi fs.FileInfo) string {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		ino = st.Ino
 	}
-	return fmt.Sprintf("%x-%x-%x", ino, fi.Size(), fi.ModTime().UnixNano())
+	return tag(ino, fi.Size(), fi.ModTime())
+}
+
+// tag is the version tag of a file of inode ino, size and mtime: List
+// builds it from a stat of its own, and it must equal fsTag's for the
+// same file (a node compares the two).
+func tag(ino uint64, size int64, mtime time.Time) string {
+	b := make([]byte, 0, 48)
+	b = strconv.AppendUint(b, ino, 16)
+	b = append(b, '-')
+	b = strconv.AppendInt(b, size, 16)
+	b = append(b, '-')
+	b = strconv.AppendInt(b, mtime.UnixNano(), 16)
+	return string(b)
 }
 
 func (s *FS) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, error) {
@@ -235,38 +251,90 @@ func (s *FS) Stat(ctx context.Context, key string) (Info, error) {
 	return Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime(), ETag: fsTag(fi)}, nil
 }
 
+// List reads only the directories keys with prefix can be in, starting at
+// the one the prefix names up to its last "/", and stats each entry
+// relative to its directory: a node lists functions/ on every poll and
+// every GET /v1/functions, and walking the whole store (every bundle
+// too) and stating each record by its full path was most of a listing's
+// cost with 1,000 functions.
 func (s *FS) List(ctx context.Context, prefix string) ([]Info, error) {
 	var out []Info
-	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if d.IsDir() || strings.HasPrefix(d.Name(), ".put-") || strings.HasPrefix(d.Name(), ".lock-") {
-			return nil
-		}
-		rel, err := filepath.Rel(s.root, p)
-		if err != nil {
-			return err
-		}
-		key := filepath.ToSlash(rel)
-		if !strings.HasPrefix(key, prefix) || CheckKey(key) != nil {
-			return nil
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		out = append(out, Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime(), ETag: fsTag(fi)})
-		return nil
-	})
+	dir := strings.TrimSuffix(prefix[:strings.LastIndex(prefix, "/")+1], "/")
+	if dir != "" && CheckKey(dir) != nil {
+		return nil, nil // no key has the prefix (and ".." must not leave the root)
+	}
+	err := s.listDir(ctx, dir, prefix, &out)
+	if dir != "" && noDir(err) {
+		err = nil // no key has the prefix
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list %q: %w", prefix, err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// noDir is whether err says a directory is not there (any more): missing,
+// or a file.
+func noDir(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
+// listDir adds the objects under rel (a key prefix without its trailing
+// "/", "" for the root) whose keys have prefix to out.
+func (s *FS) listDir(ctx context.Context, rel, prefix string, out *[]Info) error {
+	d, err := os.Open(filepath.Join(s.root, filepath.FromSlash(rel)))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ents, err := d.ReadDir(-1)
+	if err != nil {
+		return err
+	}
+	raw, err := d.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name := e.Name()
+		key := name
+		if rel != "" {
+			key = rel + "/" + name
+		}
+		if e.IsDir() {
+			// Only directories whose keys can have the prefix.
+			if sub := key + "/"; strings.HasPrefix(sub, prefix) || strings.HasPrefix(prefix, sub) {
+				if err := s.listDir(ctx, key, prefix, out); err != nil && !noDir(err) {
+					return err // gone since read is not an error
+				}
+			}
+			continue
+		}
+		// Temporary and lock files start with "." and are no keys.
+		if !strings.HasPrefix(key, prefix) || CheckKey(key) != nil {
+			continue
+		}
+		var st unix.Stat_t
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.Fstatat(int(fd), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		}); err != nil {
+			return err
+		}
+		if errors.Is(serr, unix.ENOENT) {
+			continue // deleted since the directory was read
+		}
+		if serr != nil {
+			return &fs.PathError{Op: "lstat", Path: filepath.Join(s.root, filepath.FromSlash(key)), Err: serr}
+		}
+		mtime := time.Unix(st.Mtim.Unix())
+		*out = append(*out, Info{Key: key, Size: st.Size, ModTime: mtime, ETag: tag(st.Ino, st.Size, mtime)})
+	}
+	return nil
 }
 
 func (s *FS) Delete(ctx context.Context, key string) error {

@@ -52,6 +52,10 @@ type Options struct {
 	// CPU, when set, puts each worker that takes a function in a cgroup
 	// weighted by the function's share and priority (NewCPUGroups).
 	CPU *CPUGroups
+
+	// sampling replaces the periods of workers' figures (a zero field:
+	// its constant, statsEvery...): tests shorten them.
+	sampling sampling
 }
 
 // Device runs each program in a worker process of its own. It implements
@@ -88,6 +92,14 @@ func NewDevice(opts Options) *Device {
 	}
 	opts.Standby = max(opts.Standby, 0)
 	opts.MaxStandby = max(opts.MaxStandby, opts.Standby)
+	for _, f := range []struct {
+		p   *time.Duration
+		def time.Duration
+	}{{&opts.sampling.statsEvery, statsEvery}, {&opts.sampling.statsIdle, statsIdle}, {&opts.sampling.pssEvery, pssEvery}, {&opts.sampling.pssIdle, pssIdle}} {
+		if *f.p <= 0 {
+			*f.p = f.def
+		}
+	}
 	d := &Device{opts: opts, standby: make(chan *proc, opts.MaxStandby), refill: make(chan struct{}, 1),
 		started: make(chan standbyStart, standbyParallel), demand: &standbyDemand{min: opts.Standby, max: opts.MaxStandby},
 		stop: make(chan struct{}), procs: map[*proc]struct{}{}}
@@ -95,7 +107,7 @@ func NewDevice(opts Options) *Device {
 		go d.keepStandby()
 		d.refill <- struct{}{}
 	}
-	go d.watchMemory()
+	go d.watch()
 	return d
 }
 
@@ -278,6 +290,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		return nil, errorOf(rep[0], string(rep[1:]))
 	}
 	d.used.Add(consts)
+	p.reported.Store(true)
 	return &program{d: d, p: p, consts: consts, entries: map[string]int32{}}, nil
 }
 

@@ -34,10 +34,14 @@ type proc struct {
 	reason   string
 	killed   atomic.Pointer[string] // why the server stopped it
 	memLimit atomic.Int64           // resident bytes it may hold; 0: none
-	pssBytes atomic.Int64           // the last PSS read (proc.pss), at pssAt (Unix ns)
-	pssAt    atomic.Int64
-	said     chan string   // its first line of output (then closed)
-	heard    chan struct{} // closed once its output is read to the end
+	// reported is set once it runs a program: from then on the watch
+	// loop samples its figures into sample (nil until the first), which
+	// Process reports; asked is set by Process, cleared by the loop when
+	// it takes the next sample.
+	reported, asked atomic.Bool
+	sample          atomic.Pointer[sample]
+	said            chan string   // its first line of output (then closed)
+	heard           chan struct{} // closed once its output is read to the end
 
 	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.

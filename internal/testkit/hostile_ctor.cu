@@ -21,15 +21,27 @@ __attribute__((constructor)) static void hang_on_load(void) {
 // Built with -DPLOVER_CTOR_ESCAPE: the constructor first forks a child that
 // leaves the process group (setsid), names itself "plover-escaped" (so that
 // a test can find it and end it) and keeps every inherited descriptor, the
-// worker's channels included, open for 20 s; then it crashes.
+// worker's channels included, open for 20 s; then it crashes, once the child
+// says it has left: the server kills the worker's group when the worker
+// dies, and a child slow to be scheduled went with it (the test found no
+// child in about half its runs right after another test ended workers).
 #include <sys/prctl.h>
 #include <unistd.h>
 __attribute__((constructor)) static void escape_then_crash(void) {
-  if (fork() == 0) {
+  int left[2];
+  if (pipe(left) != 0) *ctor_null = 1;
+  pid_t pid = fork();
+  if (pid == 0) {
     setsid();
     prctl(PR_SET_NAME, "plover-escaped", 0, 0, 0);
+    char c = 1;
+    if (write(left[1], &c, 1) != 1) _exit(1);
     sleep(20);
     _exit(0);
+  }
+  close(left[1]);  // a child that dies first ends the read
+  char c;
+  if (pid > 0 && read(left[0], &c, 1) < 0) {
   }
   *ctor_null = 1;
 }

@@ -1,0 +1,110 @@
+package worker
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/device"
+)
+
+// A worker's figures come from samples taken in the background: they must
+// still be the worker's own, and follow its memory within the sampling
+// periods (shortened here): the idle ones while nobody reads them, the
+// short ones while someone does.
+func TestProcessFiguresFollowTheWorker(t *testing.T) {
+	sp := sampling{statsEvery: 100 * time.Millisecond, statsIdle: 1500 * time.Millisecond, pssEvery: 200 * time.Millisecond, pssIdle: 2500 * time.Millisecond}
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Standby: 1, Landlock: true, StageDir: t.TempDir(),
+		Spawner: spawner, sampling: sp})
+	t.Cleanup(func() { d.Close() })
+	p, m := loadHostile(t, d, "hog_memory")
+	in := newInst(t, p, m)
+	g := p.(*program)
+	root := os.Geteuid() == 0 // PSS needs it: workers are not dumpable
+
+	st := g.Process()
+	rss, threads, ok := procStatus(st.PID)
+	if !ok || st.PID != g.PID() {
+		t.Fatalf("Process() = %+v: not the worker's (%d)", st, g.PID())
+	}
+	// An idle worker: its figures move by a few pages at most.
+	if st.RSSBytes < rss*9/10 || st.RSSBytes > rss*11/10 || st.Threads < 2 || st.Threads > threads+2 {
+		t.Errorf("Process() = %+v; /proc says %d bytes resident, %d threads", st, rss, threads)
+	}
+	if root && (st.PSSBytes <= 0 || st.PSSBytes > st.RSSBytes) {
+		t.Errorf("PSS %d with %d resident: want 0 < PSS <= RSS", st.PSSBytes, st.RSSBytes)
+	}
+
+	// hog_memory holds 64 MiB for 4 s, longer than the idle periods.
+	const hog = 64 << 20
+	entry, err := p.Entry("hog_memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- in.Run(&device.Run{Input: []byte{0}, Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
+			Chain: []device.Step{{Entry: entry, Grid: hog >> 20, Block: 400}}})
+	}()
+	// Unread, the figures follow within the idle periods: watch /proc
+	// directly (which asks for nothing) until the hog holds its memory,
+	// then read once after each idle period.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if now, _, _ := procStatus(st.PID); now >= st.RSSBytes+hog*9/10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the hog never held its memory")
+		}
+	}
+	held := time.Now()
+	slack := 3 * watchEvery // the loop's ticks, and a loaded machine
+	time.Sleep(sp.statsIdle + slack)
+	if s := g.Process(); s.RSSBytes < st.RSSBytes+hog*9/10 {
+		t.Errorf("unread for %v, the resident memory is still from before the hog: %+v (before: %+v)", time.Since(held), s, st)
+	}
+	time.Sleep(time.Until(held.Add(sp.pssIdle + slack)))
+	if s := g.Process(); root && s.PSSBytes < st.PSSBytes+hog*9/10 {
+		t.Errorf("unread for %v, PSS is still from before the hog: %+v (before: %+v)", time.Since(held), s, st)
+	}
+	// Reads in a row are one sample (nothing is read per call), unless the
+	// watch loop took the next one in between: try a few pairs.
+	same := false
+	for range 5 {
+		if a, b := g.Process(), g.Process(); a == b {
+			same = true
+			break
+		}
+	}
+	if !same {
+		t.Errorf("five pairs of reads in a row all differed while the hog held still")
+	}
+
+	// Read often, they follow within the short periods.
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitFigures := func(what string, within time.Duration, cond func(device.ProcessStats) bool) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for {
+			s := g.Process()
+			if cond(s) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v: %+v (before the hog: %+v)", what, within, s, st)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	freed := time.Now()
+	waitFigures("RSS down after the hog", 2*sp.statsEvery+slack, func(s device.ProcessStats) bool { return s.RSSBytes < st.RSSBytes+hog/2 })
+	if root {
+		waitFigures("PSS down after the hog", time.Until(freed.Add(2*sp.pssEvery+slack)), func(s device.ProcessStats) bool { return s.PSSBytes < st.PSSBytes+hog/2 })
+	}
+
+	// A worker gone reports its pid alone.
+	p.Close()
+	waitFigures("a closed worker's figures", 5*time.Second, func(s device.ProcessStats) bool { return s == device.ProcessStats{PID: st.PID} })
+}
