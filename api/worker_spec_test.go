@@ -13,11 +13,12 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
+	"github.com/plover-run/plover/worker/inside"
 )
 
 // This test binary is its own worker (worker processes run "EXE worker").
 func TestMain(m *testing.M) {
-	worker.RunIfWorker()
+	inside.RunIfWorker()
 	os.Exit(m.Run())
 }
 

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/plover-run/plover/internal/fileutil"
+	"github.com/plover-run/plover/fileutil"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"

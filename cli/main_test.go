@@ -4,12 +4,12 @@ import (
 	"os"
 	"testing"
 
-	"github.com/plover-run/plover/worker"
+	"github.com/plover-run/plover/worker/inside"
 )
 
 // The test binary is its own worker, as plover is: plover run (runLocal)
 // starts "EXE worker ..." when no plover-worker lies beside EXE.
 func TestMain(m *testing.M) {
-	worker.RunIfWorker()
+	inside.RunIfWorker()
 	os.Exit(m.Run())
 }

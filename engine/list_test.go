@@ -27,12 +27,13 @@ import (
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/worker"
 	"github.com/plover-run/plover/worker/contain"
+	"github.com/plover-run/plover/worker/inside"
 )
 
 // TestMain lets the test binary be its own worker (worker.Options.Exe is
 // os.Args[0]), as plover is.
 func TestMain(m *testing.M) {
-	worker.RunIfWorker()
+	inside.RunIfWorker()
 	os.Exit(m.Run())
 }
 

@@ -12,11 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/plover-run/plover/internal/fileutil"
+	"github.com/plover-run/plover/fileutil"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/contain"
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // Options configure a Device.
@@ -76,7 +77,7 @@ type Device struct {
 	procs  map[*proc]struct{}
 	closed bool
 
-	running        atomic.Int32 // runs in flight on its workers (spin.go)
+	running        atomic.Int32 // runs in flight on its workers (wire/poll.go)
 	landlockLogged atomic.Bool
 	startFailures  atomic.Int32 // workers in a row that exited before ready
 	lastStartErr   atomic.Value // string: the last one's reason
@@ -280,14 +281,14 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		p.kill("its bundle could not be staged")
 		return nil, err
 	}
-	rep, err := p.call(ctx, append([]byte{opLoad}, mj...), nil, "loading the bundle")
+	rep, err := p.call(ctx, append([]byte{wire.OpLoad}, mj...), nil, "loading the bundle")
 	if err != nil {
 		p.kill("its load failed")
 		return nil, err
 	}
-	if rep[0] != stOK {
+	if rep[0] != wire.StOK {
 		p.kill("its bundle was refused")
-		return nil, errorOf(rep[0], string(rep[1:]))
+		return nil, wire.ErrorOf(rep[0], string(rep[1:]))
 	}
 	d.used.Add(consts)
 	p.reported.Store(true)

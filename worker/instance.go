@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // instance is one instance in a worker. Its channel is a plain blocking
@@ -26,9 +27,9 @@ type instance struct {
 	// overrun, after a run passed its deadline, receives whether the chain
 	// finished within overrunGrace (true) or the worker was killed.
 	overrun chan bool
-	// reply is how long its runs' replies took to come (spin.go).
-	reply waitEstimate
-	// seq numbers the runs; a reply must echo its run's (proto.go).
+	// reply is how long its runs' replies took to come (wire/poll.go).
+	reply wire.WaitEstimate
+	// seq numbers the runs; a reply must echo its run's (wire/wire.go).
 	seq uint32
 }
 
@@ -46,7 +47,7 @@ const overrunGrace = 200 * time.Millisecond
 func (i *instance) finish(done chan<- bool) {
 	defer i.g.d.running.Add(-1)
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
-	if err == nil && n >= replyHeader && i.rep[0] != stFault && i.inTurn(i.rep[:n]) {
+	if err == nil && n >= wire.ReplyHeader && i.rep[0] != wire.StFault && i.inTurn(i.rep[:n]) {
 		done <- true
 		return
 	}
@@ -57,13 +58,13 @@ func (i *instance) finish(done chan<- bool) {
 
 // recv waits for the reply until dl (zero: no limit): os.ErrDeadlineExceeded
 // past it, io.EOF when the worker's end closed. It polls for up to spin
-// first (spin.go), then sleeps.
+// first (wire/poll.go), then sleeps.
 func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 	if !dl.IsZero() {
 		spin = min(spin, time.Until(dl))
 	}
 	if spin > 0 {
-		n, err := pollRecv(i.fd, i.rep, spin, &i.g.d.running, 1)
+		n, err := wire.PollRecv(i.fd, i.rep, spin, &i.g.d.running, 1)
 		switch {
 		case err == nil && n == 0:
 			return 0, io.EOF
@@ -111,7 +112,7 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 }
 
 // inTurn reports whether a reply echoes the last run's sequence number.
-func (i *instance) inTurn(rep []byte) bool { return le.Uint32(rep[replySeqAt:]) == i.seq }
+func (i *instance) inTurn(rep []byte) bool { return wire.LE.Uint32(rep[wire.ReplySeqAt:]) == i.seq }
 
 func deadlineC(dl time.Time) <-chan time.Time {
 	if dl.IsZero() {
@@ -151,7 +152,7 @@ func (i *instance) Run(r *device.Run) error {
 		return errors.New("worker instance: closed")
 	case int64(len(r.Input)) > i.maxIn || int64(len(r.Output)) > i.out || r.TmpLen < 0 || r.TmpLen > i.tmp:
 		return fmt.Errorf("run of %d/%d/%d bytes on an instance of %d/%d/%d", len(r.Input), r.TmpLen, len(r.Output), i.maxIn, i.tmp, i.out)
-	case len(r.Chain) == 0 || len(r.Chain) > (runMsgMax-runHeader)/stepBytes:
+	case len(r.Chain) == 0 || len(r.Chain) > (wire.RunMsgMax-wire.RunHeader)/wire.StepBytes:
 		return fmt.Errorf("chain has %d steps", len(r.Chain))
 	}
 	if i.overrun != nil {
@@ -175,7 +176,7 @@ func (i *instance) Run(r *device.Run) error {
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
 	i.seq++
-	msg := encodeRun(i.msg, r, alone, i.seq)
+	msg := wire.EncodeRun(i.msg, r, alone, i.seq)
 	// One message is ever in flight, so the send never waits; if it would,
 	// the worker stuffed its own channel.
 	if err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil); err != nil {
@@ -189,7 +190,7 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	var spin time.Duration
 	if alone {
-		spin = i.reply.budget()
+		spin = i.reply.Budget()
 	}
 	sent := time.Now()
 	n, err := i.recv(r.Deadline, spin)
@@ -201,39 +202,39 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	i.g.d.running.Add(-1)
 	if err == nil {
-		i.reply.observe(time.Since(sent))
+		i.reply.Observe(time.Since(sent))
 	}
 	if err != nil {
 		return i.g.p.failed(err, "running the chain")
 	}
-	if n < replyHeader {
+	if n < wire.ReplyHeader {
 		return i.g.p.lost("running the chain")
 	}
 	rep := i.rep[:n]
 	if !i.inTurn(rep) {
-		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", le.Uint32(rep[replySeqAt:]), i.seq))
+		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", wire.LE.Uint32(rep[wire.ReplySeqAt:]), i.seq))
 		return i.g.p.lost("running the chain")
 	}
 	r.Timing = device.Timing{
-		CopyIn:  time.Duration(le.Uint64(rep[1:])),
-		Kernels: time.Duration(le.Uint64(rep[9:])),
-		CopyOut: time.Duration(le.Uint64(rep[17:])),
+		CopyIn:  time.Duration(wire.LE.Uint64(rep[1:])),
+		Kernels: time.Duration(wire.LE.Uint64(rep[9:])),
+		CopyOut: time.Duration(wire.LE.Uint64(rep[17:])),
 	}
 	switch rep[0] {
-	case stOK:
+	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
-		n := le.Uint64(rep[25:])
+		n := wire.LE.Uint64(rep[25:])
 		if n > uint64(len(r.Output)) {
 			i.g.p.kill(fmt.Sprintf("it reported %d output bytes of %d", n, len(r.Output)))
 			return i.g.p.lost("running the chain")
 		}
 		r.OutLen = int64(copy(r.Output, i.slot[i.maxIn:i.maxIn+int64(n)]))
 		return nil
-	case stFault:
-		ke := &device.KernelError{Msg: string(rep[replyHeader:])}
+	case wire.StFault:
+		ke := &device.KernelError{Msg: string(rep[wire.ReplyHeader:])}
 		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
 	}
-	return errorOf(rep[0], string(rep[replyHeader:]))
+	return wire.ErrorOf(rep[0], string(rep[wire.ReplyHeader:]))
 }
 
 // faultError is a chain that faulted the worker's device context for good:

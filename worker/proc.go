@@ -20,6 +20,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/contain"
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // proc is one worker process: its control channel, its reaping, and the
@@ -125,7 +126,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 		os.RemoveAll(stageDir)
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
-	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, replyMax),
+	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir}
 	d.mu.Lock()
 	closed := d.closed
@@ -146,15 +147,15 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	}
 	n, err := ctl.Read(p.buf)
 	ctl.SetReadDeadline(time.Time{})
-	if err == nil && n >= 6 && p.buf[0] == opReady && (n != readyLen || p.buf[6] != protocol) {
+	if err == nil && n >= 6 && p.buf[0] == wire.OpReady && (n != wire.ReadyLen || p.buf[6] != wire.Protocol) {
 		p.kill("it speaks another protocol")
 		theirs := "an older one"
-		if n == readyLen {
+		if n == wire.ReadyLen {
 			theirs = fmt.Sprint(p.buf[6])
 		}
-		return nil, fmt.Errorf("start worker: %s speaks worker protocol %s, this server %d: install plover and plover-worker from one build", d.opts.Exe, theirs, protocol)
+		return nil, fmt.Errorf("start worker: %s speaks worker protocol %s, this server %d: install plover and plover-worker from one build", d.opts.Exe, theirs, wire.Protocol)
 	}
-	if err != nil || n != readyLen || p.buf[0] != opReady {
+	if err != nil || n != wire.ReadyLen || p.buf[0] != wire.OpReady {
 		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			p.kill("it did not start in time")
 			return nil, fmt.Errorf("start worker: %w", device.ErrDeadline)
@@ -295,10 +296,10 @@ func exitReason(ps *os.ProcessState, err error) string {
 	case ok && ws.Signaled():
 		sig := ws.Signal()
 		return fmt.Sprintf("was killed by signal %s (%s)", unix.SignalName(sig), sig.String())
-	case ps.ExitCode() == exitChannel:
-		return fmt.Sprintf("exited with status %d (a channel to the server broke: the bundle closed or damaged it)", exitChannel)
-	case ps.ExitCode() == exitFault:
-		return fmt.Sprintf("exited with status %d (its device context faulted)", exitFault)
+	case ps.ExitCode() == wire.ExitChannel:
+		return fmt.Sprintf("exited with status %d (a channel to the server broke: the bundle closed or damaged it)", wire.ExitChannel)
+	case ps.ExitCode() == wire.ExitFault:
+		return fmt.Sprintf("exited with status %d (its device context faulted)", wire.ExitFault)
 	}
 	return fmt.Sprintf("exited with status %d", ps.ExitCode())
 }

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // program is a bundle loaded in a worker process, seen from the server:
@@ -42,17 +43,17 @@ func (g *program) Entry(kernel string) (int32, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rep, err := g.p.call(ctx, append([]byte{opEntry}, kernel...), nil, "resolving an entry point")
+	rep, err := g.p.call(ctx, append([]byte{wire.OpEntry}, kernel...), nil, "resolving an entry point")
 	if err != nil {
 		return 0, err
 	}
 	if len(rep) < 5 {
 		return 0, fmt.Errorf("worker %d: malformed entry reply", g.p.pid)
 	}
-	if rep[0] != stOK {
-		return 0, errorOf(rep[0], string(rep[5:]))
+	if rep[0] != wire.StOK {
+		return 0, wire.ErrorOf(rep[0], string(rep[5:]))
 	}
-	i = int32(le.Uint32(rep[1:]))
+	i = int32(wire.LE.Uint32(rep[1:]))
 	g.mu.Lock()
 	g.entries[kernel] = i
 	g.mu.Unlock()
@@ -73,10 +74,10 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 		unix.Munmap(slot)
 		return nil, fmt.Errorf("instance channel: %w", err)
 	}
-	msg := []byte{opNewInstance}
-	msg = le.AppendUint64(msg, uint64(cfg.MaxInput))
-	msg = le.AppendUint64(msg, uint64(cfg.Tmp))
-	msg = le.AppendUint64(msg, uint64(cfg.Out))
+	msg := []byte{wire.OpNewInstance}
+	msg = wire.LE.AppendUint64(msg, uint64(cfg.MaxInput))
+	msg = wire.LE.AppendUint64(msg, uint64(cfg.Tmp))
+	msg = wire.LE.AppendUint64(msg, uint64(cfg.Out))
 	// The bundle's plover_instance_init runs in there: bounded by the
 	// request's deadline plus a grace (a creation merely slowed by load
 	// must not cost the worker, which serves other instances), then the
@@ -94,10 +95,10 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	unix.Close(fds[1])
 	switch {
 	case err != nil:
-	case rep[0] == stFault: // plover_instance_init faulted the device: the worker goes
+	case rep[0] == wire.StFault: // plover_instance_init faulted the device: the worker goes
 		err = &faultError{ke: &device.KernelError{Msg: string(rep[1:])}, exit: g.p.lost("creating an instance")}
-	case rep[0] != stOK:
-		err = errorOf(rep[0], string(rep[1:]))
+	case rep[0] != wire.StOK:
+		err = wire.ErrorOf(rep[0], string(rep[1:]))
 	}
 	if err != nil {
 		unix.Close(fds[0])
@@ -107,7 +108,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	bytes := cfg.MaxInput + cfg.Tmp + cfg.Out
 	g.d.used.Add(bytes)
 	return &instance{g: g, fd: fds[0], slot: slot, maxIn: cfg.MaxInput, tmp: cfg.Tmp, out: cfg.Out,
-		msg: make([]byte, runMsgMax), rep: make([]byte, replyMax)}, nil
+		msg: make([]byte, wire.RunMsgMax), rep: make([]byte, wire.ReplyMax)}, nil
 }
 
 // newSlot is an instance's shared memory: a memfd of size bytes, sealed at

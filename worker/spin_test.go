@@ -8,42 +8,9 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/wire"
 	"golang.org/x/sys/unix"
 )
-
-// The poll is twice the recent wait, none once that passes spinMax, and a
-// long wait (a client that paused) weighs as 2*spinMax at most.
-func TestWaitEstimate(t *testing.T) {
-	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
-	for _, tc := range []struct {
-		name  string
-		waits []time.Duration
-		want  time.Duration
-	}{
-		{"nothing seen: no poll", nil, 0},
-		{"short waits: twice them", []time.Duration{us(10), us(10), us(10)}, us(20)},
-		{"a run's wait: no poll", []time.Duration{us(300)}, 0},
-		{"one pause after short waits: no poll", []time.Duration{us(10), us(10), time.Second}, 0},
-		{"short waits again after a pause: polling returns", []time.Duration{us(10), time.Second, us(10), us(10), us(10), us(10), us(10), us(10), us(10)}, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var w waitEstimate
-			for _, d := range tc.waits {
-				w.observe(d)
-			}
-			got := w.budget()
-			if tc.name == "short waits again after a pause: polling returns" {
-				if got <= 0 || got > spinMax {
-					t.Fatalf("budget %v after the pause decayed, want within (0, %v]", got, spinMax)
-				}
-				return
-			}
-			if got != tc.want {
-				t.Fatalf("budget %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
 
 // With the server polling for the reply (its runs' replies came fast), a
 // worker that never answers still costs the request its deadline only, and
@@ -78,7 +45,7 @@ func TestPolledHandOver(t *testing.T) {
 			}
 			// Echoes until the server polls for replies (a fresh worker's
 			// first replies are slow), a thousand at most.
-			for k := 0; inst.(*instance).reply.budget() <= 0; k++ {
+			for k := 0; inst.(*instance).reply.Budget() <= 0; k++ {
 				if k == 1000 {
 					t.Fatalf("after %d echoes the server does not poll: the case would test nothing", k)
 				}
@@ -119,7 +86,7 @@ func TestPollStopsForAnotherRun(t *testing.T) {
 	}()
 	t0 := time.Now()
 	close(started)
-	if _, err := pollRecv(fds[0], buf, time.Minute, &busy, 1); err != unix.EAGAIN {
+	if _, err := wire.PollRecv(fds[0], buf, time.Minute, &busy, 1); err != unix.EAGAIN {
 		t.Fatalf("poll: %v, want EAGAIN", err)
 	}
 	if took := time.Since(t0); took > 5*time.Second {
@@ -127,7 +94,7 @@ func TestPollStopsForAnotherRun(t *testing.T) {
 	}
 	busy.Store(1)
 	go func() { unix.Write(fds[1], []byte("reply")) }()
-	n, err := pollRecv(fds[0], buf, time.Minute, &busy, 1)
+	n, err := wire.PollRecv(fds[0], buf, time.Minute, &busy, 1)
 	if err != nil || string(buf[:n]) != "reply" {
 		t.Fatalf("poll: %q %v, want the reply", buf[:n], err)
 	}
@@ -138,17 +105,17 @@ func TestPollStopsForAnotherRun(t *testing.T) {
 func TestRunMessageAlone(t *testing.T) {
 	r := &device.Run{Input: []byte("x"), Output: make([]byte, 8), Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}, ZeroOut: true}
 	for _, alone := range []bool{false, true} {
-		msg := encodeRun(make([]byte, runMsgMax), r, alone, 7)
-		if sentAlone(msg) != alone {
-			t.Fatalf("encoded alone=%v, read %v", alone, sentAlone(msg))
+		msg := wire.EncodeRun(make([]byte, wire.RunMsgMax), r, alone, 7)
+		if wire.SentAlone(msg) != alone {
+			t.Fatalf("encoded alone=%v, read %v", alone, wire.SentAlone(msg))
 		}
 		var got device.Run
 		slot := make([]byte, 64)
-		if err := decodeRun(msg, &got, make([]device.Step, 4), slot, 16, 16); err != nil || !got.ZeroOut || got.ZeroTmp {
+		if err := wire.DecodeRun(msg, &got, make([]device.Step, 4), slot, 16, 16); err != nil || !got.ZeroOut || got.ZeroTmp {
 			t.Fatalf("decode with alone=%v: %v, %+v", alone, err, got)
 		}
-		if runSeq(msg) != 7 {
-			t.Fatalf("sequence number %d, want 7", runSeq(msg))
+		if wire.RunSeq(msg) != 7 {
+			t.Fatalf("sequence number %d, want 7", wire.RunSeq(msg))
 		}
 	}
 }

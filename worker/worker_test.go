@@ -18,12 +18,14 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/worker/contain"
+	"github.com/plover-run/plover/worker/inside"
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // TestMain lets the test binary be its own worker: Options.Exe is
 // os.Args[0], started as "<test binary> worker --device host ...".
 func TestMain(m *testing.M) {
-	RunIfWorker()
+	inside.RunIfWorker()
 	code := m.Run()
 	if fake.dir != "" {
 		os.RemoveAll(fake.dir)
@@ -416,7 +418,7 @@ func BenchmarkSpawn(b *testing.B) {
 // protocol in its ready message, with what to do.
 func TestSpawnRefusesAnotherProtocol(t *testing.T) {
 	for _, tc := range []struct{ name, ready, want string }{
-		{"newer", `R\x01\x00\x00\x00\x00\x09`, fmt.Sprintf("speaks worker protocol 9, this server %d", protocol)},
+		{"newer", `R\x01\x00\x00\x00\x00\x09`, fmt.Sprintf("speaks worker protocol 9, this server %d", wire.Protocol)},
 		{"older", `R\x01\x00\x00\x00\x00`, "speaks worker protocol an older one"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

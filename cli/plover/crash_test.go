@@ -20,7 +20,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/internal/fileutil"
+	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/internal/testkit"
 )
 

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/plover-run/plover/internal/fileutil"
+	"github.com/plover-run/plover/fileutil"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"

@@ -10,14 +10,14 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/plover-run/plover/worker"
+	"github.com/plover-run/plover/worker/inside"
 )
 
 func main() {
 	// Started as "plover-worker worker FLAGS", the argv of `plover worker`,
 	// so that the worker's early containment (worker/contain) sees the
 	// same argv[1] whichever binary runs.
-	worker.RunIfWorker()
+	inside.RunIfWorker()
 	fmt.Fprintln(os.Stderr, "plover-worker is started by plover serve; it is not meant to be run by hand")
 	os.Exit(2)
 }

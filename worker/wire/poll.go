@@ -1,4 +1,4 @@
-package worker
+package wire
 
 import (
 	"sync/atomic"
@@ -21,20 +21,20 @@ import (
 // polling, a loaded device gets its CPUs. Each side polls for twice the
 // wait it has recently seen, when that is short.
 
-// spinMax is the longest a side polls. It covers a short chain's whole run
+// SpinMax is the longest a side polls. It covers a short chain's whole run
 // (the CNN's 80-150 µs on the host device), so that its reply is caught as
 // it lands rather than by a wake-up; past it a wait is a long run's or a
 // client's, and a wake-up costs nothing measurable against it.
-const spinMax = 300 * time.Microsecond
+const SpinMax = 300 * time.Microsecond
 
-// waitEstimate tracks a side's recent waits (an exponentially weighted mean
+// WaitEstimate tracks a side's recent waits (an exponentially weighted mean
 // in nanoseconds) and says how long to poll for the next one.
-type waitEstimate struct{ ns atomic.Int64 }
+type WaitEstimate struct{ ns atomic.Int64 }
 
-func (w *waitEstimate) observe(d time.Duration) {
+func (w *WaitEstimate) Observe(d time.Duration) {
 	// A long wait (a client that paused) says only that it was long: kept
-	// whole, it would hold the mean past spinMax for many waits after.
-	d = min(d, 2*spinMax)
+	// whole, it would hold the mean past SpinMax for many waits after.
+	d = min(d, 2*SpinMax)
 	old := w.ns.Load()
 	if old == 0 {
 		w.ns.Store(int64(d))
@@ -44,20 +44,20 @@ func (w *waitEstimate) observe(d time.Duration) {
 }
 
 // budget is how long to poll: twice the recent wait, or nothing when that
-// passes spinMax (the message will come after a poll would give up).
-func (w *waitEstimate) budget() time.Duration {
+// passes SpinMax (the message will come after a poll would give up).
+func (w *WaitEstimate) Budget() time.Duration {
 	b := 2 * time.Duration(w.ns.Load())
-	if b > spinMax {
+	if b > SpinMax {
 		return 0
 	}
 	return b
 }
 
-// pollRecv reads one message from fd without sleeping, for up to d, or
+// PollRecv reads one message from fd without sleeping, for up to d, or
 // until busy counts more than limit (another run started: the CPU is
 // wanted): unix.EAGAIN when none came. A raw system call: no scheduler
 // hand-off and no allocation per poll.
-func pollRecv(fd int, p []byte, d time.Duration, busy *atomic.Int32, limit int32) (int, error) {
+func PollRecv(fd int, p []byte, d time.Duration, busy *atomic.Int32, limit int32) (int, error) {
 	start := time.Now()
 	for {
 		n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), unix.MSG_DONTWAIT, 0, 0)

@@ -1,4 +1,8 @@
-package worker
+// Package inside is a worker process's side of the worker protocol
+// (package worker/wire): `plover worker` and plover-worker contain
+// themselves, open their one device, and serve one program's loads,
+// instances and runs to the server that started them (package worker).
+package inside
 
 import (
 	"context"
@@ -20,13 +24,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/worker/contain"
-)
-
-// A worker's descriptors (exec.Cmd.ExtraFiles): the control channel, and
-// its stage, the directory the server puts its bundle's files in.
-const (
-	ctlFD   = 3
-	stageFD = 4
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // Config is what a worker process is started with (flags of `plover
@@ -83,13 +81,13 @@ func Serve(cfg Config) error {
 			landlocked = 1
 		}
 	}
-	w := &server{cfg: cfg, dev: dev, buf: make([]byte, ctlMax), oob: make([]byte, unix.CmsgSpace(4*4))}
-	msg := append(le.AppendUint32([]byte{opReady}, uint32(os.Getpid())), landlocked, protocol)
-	if err := unix.Sendmsg(ctlFD, msg, nil, nil, 0); err != nil {
+	w := &server{cfg: cfg, dev: dev, buf: make([]byte, wire.CtlMax), oob: make([]byte, unix.CmsgSpace(4*4))}
+	msg := append(wire.LE.AppendUint32([]byte{wire.OpReady}, uint32(os.Getpid())), landlocked, wire.Protocol)
+	if err := unix.Sendmsg(wire.CtlFD, msg, nil, nil, 0); err != nil {
 		return fmt.Errorf("worker: ready: %w", err)
 	}
 	for {
-		n, oobn, _, _, err := unix.Recvmsg(ctlFD, w.buf, w.oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, _, _, err := unix.Recvmsg(wire.CtlFD, w.buf, w.oob, unix.MSG_CMSG_CLOEXEC)
 		if err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
@@ -101,13 +99,13 @@ func Serve(cfg Config) error {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
 		reply := w.handle(w.buf[:n], fds)
-		if err := unix.Sendmsg(ctlFD, reply, nil, nil, 0); err != nil {
+		if err := unix.Sendmsg(wire.CtlFD, reply, nil, nil, 0); err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
-		if reply[0] == stFault {
+		if reply[0] == wire.StFault {
 			// The device context is poisoned (a bundle hook faulted it):
 			// nothing more can run here, as after a faulting chain.
-			os.Exit(exitFault)
+			os.Exit(wire.ExitFault)
 		}
 	}
 }
@@ -150,59 +148,59 @@ func (w *server) handle(b []byte, fds []int) []byte {
 	}
 	if len(b) == 0 {
 		closeAll()
-		return reply(stFailed, nil, "empty control message")
+		return reply(wire.StFailed, nil, "empty control message")
 	}
 	switch b[0] {
-	case opLoad:
+	case wire.OpLoad:
 		closeAll()
 		if w.prog != nil {
-			return reply(stFailed, nil, "load: once per worker")
+			return reply(wire.StFailed, nil, "load: once per worker")
 		}
 		return w.load(b[1:])
-	case opEntry:
+	case wire.OpEntry:
 		closeAll()
 		if w.prog == nil {
-			return reply(stFailed, make([]byte, 4), "entry: nothing loaded")
+			return reply(wire.StFailed, make([]byte, 4), "entry: nothing loaded")
 		}
 		i, err := w.prog.Entry(string(b[1:]))
-		st, msg := statusOf(err)
-		return reply(st, le.AppendUint32(nil, uint32(i)), msg)
-	case opNewInstance:
+		st, msg := wire.StatusOf(err)
+		return reply(st, wire.LE.AppendUint32(nil, uint32(i)), msg)
+	case wire.OpNewInstance:
 		if len(fds) != 2 || len(b) != 25 || w.prog == nil {
 			closeAll()
-			return reply(stFailed, nil, "new instance: want sizes, a memfd and a socket after a load")
+			return reply(wire.StFailed, nil, "new instance: want sizes, a memfd and a socket after a load")
 		}
-		return w.newInstance(int64(le.Uint64(b[1:])), int64(le.Uint64(b[9:])), int64(le.Uint64(b[17:])), fds[0], fds[1])
+		return w.newInstance(int64(wire.LE.Uint64(b[1:])), int64(wire.LE.Uint64(b[9:])), int64(wire.LE.Uint64(b[17:])), fds[0], fds[1])
 	}
 	closeAll()
-	return reply(stFailed, nil, fmt.Sprintf("unknown control operation %q", b[0]))
+	return reply(wire.StFailed, nil, fmt.Sprintf("unknown control operation %q", b[0]))
 }
 
 // stageDir names the stage through the worker's descriptor, so the worker
 // needs no right to the path it has on the server's side.
-var stageDir = "/proc/self/fd/" + strconv.Itoa(stageFD)
+var stageDir = "/proc/self/fd/" + strconv.Itoa(wire.StageFD)
 
 // load loads the bundle the server linked into the stage: the library's
 // constructors run here, inside the restrictions.
 func (w *server) load(b []byte) []byte {
 	var m abi.Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return reply(stFailed, nil, "load: manifest: "+err.Error())
+		return reply(wire.StFailed, nil, "load: manifest: "+err.Error())
 	}
 	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: stageDir, Manifest: &m})
 	if err != nil {
-		st, msg := statusOf(err)
+		st, msg := wire.StatusOf(err)
 		return reply(st, nil, msg)
 	}
 	w.prog = prog
-	return reply(stOK, nil, "")
+	return reply(wire.StOK, nil, "")
 }
 
 func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 	fail := func(err error) []byte {
 		unix.Close(memfd)
 		unix.Close(sock)
-		st, msg := statusOf(err)
+		st, msg := wire.StatusOf(err)
 		return reply(st, nil, msg)
 	}
 	if maxIn < 0 || tmp < 0 || out < 0 || maxIn+out <= 0 {
@@ -217,11 +215,11 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 	if err != nil {
 		unix.Munmap(slot)
 		unix.Close(sock)
-		st, msg := statusOf(err)
+		st, msg := wire.StatusOf(err)
 		return reply(st, nil, msg)
 	}
 	go serveInstance(sock, slot, inst, maxIn, out)
-	return reply(stOK, nil, "")
+	return reply(wire.StOK, nil, "")
 }
 
 // serveInstance answers run messages on one instance's channel until the
@@ -230,11 +228,11 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 // that makes its device context current itself, and a locked thread cost
 // two scheduler hand-offs per request (measured with perf).
 func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64) {
-	msg := make([]byte, runMsgMax+1)
-	rep := make([]byte, replyMax)
+	msg := make([]byte, wire.RunMsgMax+1)
+	rep := make([]byte, wire.ReplyMax)
 	steps := make([]device.Step, abi.MaxChainLength)
 	var r device.Run
-	var gap waitEstimate // from a reply to the next request (spin.go)
+	var gap wire.WaitEstimate // from a reply to the next request (worker/wire/poll.go)
 	var replied time.Time
 	alone := false // the last request came while the device ran nothing else
 	for {
@@ -243,15 +241,15 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		// Polled for only while the server's device was otherwise idle at
 		// the last request and none of this worker's other instances runs.
 		if busy := running.Load(); busy == 0 && alone && !replied.IsZero() {
-			if b := gap.budget(); b > 0 {
-				n, err = pollRecv(sock, msg, b, &running, 0)
+			if b := gap.Budget(); b > 0 {
+				n, err = wire.PollRecv(sock, msg, b, &running, 0)
 			}
 		}
 		if err == unix.EAGAIN {
 			n, err = unix.Read(sock, msg)
 		}
 		if !replied.IsZero() {
-			gap.observe(time.Since(replied))
+			gap.Observe(time.Since(replied))
 		}
 		if n == 0 && err == nil {
 			inst.Close()
@@ -260,48 +258,42 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 			return
 		}
 		if err != nil {
-			os.Exit(exitChannel)
+			os.Exit(wire.ExitChannel)
 		}
 		var st byte
 		var text string
 		running.Add(1)
-		alone = sentAlone(msg[:n])
-		if err := decodeRun(msg[:n], &r, steps, slot, maxIn, out); err != nil {
-			st, text = stBadRunMsg, err.Error()
+		alone = wire.SentAlone(msg[:n])
+		if err := wire.DecodeRun(msg[:n], &r, steps, slot, maxIn, out); err != nil {
+			st, text = wire.StBadRunMsg, err.Error()
 		} else {
-			st, text = statusOf(inst.Run(&r))
+			st, text = wire.StatusOf(inst.Run(&r))
 		}
 		running.Add(-1)
-		rep = rep[:replyHeader]
+		rep = rep[:wire.ReplyHeader]
 		rep[0] = st
-		le.PutUint64(rep[1:], uint64(r.Timing.CopyIn))
-		le.PutUint64(rep[9:], uint64(r.Timing.Kernels))
-		le.PutUint64(rep[17:], uint64(r.Timing.CopyOut))
-		le.PutUint64(rep[25:], uint64(r.OutLen))
-		le.PutUint32(rep[replySeqAt:], runSeq(msg[:n]))
-		if len(text) > replyMax-replyHeader {
-			text = text[:replyMax-replyHeader]
+		wire.LE.PutUint64(rep[1:], uint64(r.Timing.CopyIn))
+		wire.LE.PutUint64(rep[9:], uint64(r.Timing.Kernels))
+		wire.LE.PutUint64(rep[17:], uint64(r.Timing.CopyOut))
+		wire.LE.PutUint64(rep[25:], uint64(r.OutLen))
+		wire.LE.PutUint32(rep[wire.ReplySeqAt:], wire.RunSeq(msg[:n]))
+		if len(text) > wire.ReplyMax-wire.ReplyHeader {
+			text = text[:wire.ReplyMax-wire.ReplyHeader]
 		}
 		rep = append(rep, text...)
 		if _, err := unix.Write(sock, rep); err != nil {
-			os.Exit(exitChannel)
+			os.Exit(wire.ExitChannel)
 		}
 		replied = time.Now()
-		if st == stFault {
+		if st == wire.StFault {
 			// The context is poisoned for good: nothing more can run here.
-			os.Exit(exitFault)
+			os.Exit(wire.ExitFault)
 		}
 	}
 }
 
-// running is the instances of this worker running a chain (spin.go).
+// running is the instances of this worker running a chain (worker/wire/poll.go).
 var running atomic.Int32
-
-// Exit statuses a worker ends with on its own.
-const (
-	exitChannel = 70 // a channel to the server broke
-	exitFault   = 71 // the device faulted (sticky CUDA error)
-)
 
 // rehearse runs the code a load runs (manifest decoding, the ELF checks)
 // on harmless input while the worker is a standby, so that a cold start

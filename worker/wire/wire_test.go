@@ -1,0 +1,122 @@
+package wire
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/loader"
+)
+
+// A run message carries what the worker needs to run a request on its
+// slot, and decodes to the same run; the output and input are slices of
+// the slot, never copies.
+func TestRunRoundTrip(t *testing.T) {
+	const maxIn, out = 64, 32
+	for _, tc := range []struct {
+		name  string
+		run   device.Run
+		alone bool
+		seq   uint32
+	}{
+		{"one step", device.Run{Input: make([]byte, 10), Output: make([]byte, 32), TmpLen: 8, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}, false, 1},
+		{"flags and a key", device.Run{Input: make([]byte, 64), Output: make([]byte, 5), ZeroTmp: true, ZeroOut: true, ChainKey: 1 << 40,
+			Chain: []device.Step{{Entry: 2, Grid: 3, Block: 4}, {Entry: 1, Grid: 1 << 20, Block: 1024}}}, true, 1 << 31},
+		{"a batch", device.Run{Input: make([]byte, 0), Output: make([]byte, 0), Items: 7, Chain: []device.Step{{Entry: 5, Grid: 9, Block: 9}}}, false, 42},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := EncodeRun(make([]byte, 0, RunMsgMax), &tc.run, tc.alone, tc.seq)
+			if SentAlone(msg) != tc.alone || RunSeq(msg) != tc.seq {
+				t.Fatalf("alone %v seq %d, want %v %d", SentAlone(msg), RunSeq(msg), tc.alone, tc.seq)
+			}
+			slot := make([]byte, maxIn+out)
+			var got device.Run
+			steps := make([]device.Step, 8)
+			if err := DecodeRun(msg, &got, steps, slot, maxIn, out); err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Input) != len(tc.run.Input) || len(got.Output) != len(tc.run.Output) || got.TmpLen != tc.run.TmpLen ||
+				got.ZeroTmp != tc.run.ZeroTmp || got.ZeroOut != tc.run.ZeroOut || got.ChainKey != tc.run.ChainKey || got.Items != tc.run.Items {
+				t.Fatalf("decoded %+v, sent %+v", got, tc.run)
+			}
+			for i, s := range got.Chain {
+				if s != tc.run.Chain[i] {
+					t.Fatalf("step %d: %+v, sent %+v", i, s, tc.run.Chain[i])
+				}
+			}
+			if len(got.Input) > 0 && &got.Input[0] != &slot[0] || len(got.Output) > 0 && &got.Output[0] != &slot[maxIn] {
+				t.Fatal("input and output are not the slot's bytes")
+			}
+		})
+	}
+}
+
+// A run message that does not fit its instance is refused, whoever wrote
+// it: a worker never reads or writes past its slot.
+func TestRunOutOfBounds(t *testing.T) {
+	const maxIn, out = 16, 16
+	ok := device.Run{Input: make([]byte, 16), Output: make([]byte, 16), Chain: []device.Step{{Grid: 1, Block: 1}}}
+	good := EncodeRun(make([]byte, 0, RunMsgMax), &ok, false, 1)
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"short", good[:RunHeader-1]},
+		{"input past max_input", func() []byte { b := append([]byte(nil), good...); LE.PutUint32(b[0:], maxIn+1); return b }()},
+		{"output past out_bytes", func() []byte { b := append([]byte(nil), good...); LE.PutUint32(b[4:], out+1); return b }()},
+		{"more steps than the table", func() []byte { b := append([]byte(nil), good...); LE.PutUint16(b[25:], 9); return b }()},
+		{"length not the steps'", append(append([]byte(nil), good...), 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r device.Run
+			if err := DecodeRun(tc.msg, &r, make([]device.Step, 8), make([]byte, maxIn+out), maxIn, out); err == nil {
+				t.Fatal("decoded")
+			}
+		})
+	}
+}
+
+// A device's error crosses the wire as a status and comes back as the
+// same class of error the device returns in process.
+func TestStatusRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		st   byte
+		same func(error) bool
+	}{
+		{"ok", nil, StOK, func(err error) bool { return err == nil }},
+		{"refused bundle", &loader.Error{Path: "k.so", Reason: "no PLOVER_ENTRY"}, StInvalid, func(err error) bool {
+			var le *loader.Error
+			return errors.As(err, &le) && le.Path == "k.so" && le.Reason == "no PLOVER_ENTRY"
+		}},
+		{"kernel", &device.KernelError{Msg: "input must be 784 floats"}, StKernel, func(err error) bool {
+			var ke *device.KernelError
+			return errors.As(err, &ke) && ke.Msg == "input must be 784 floats"
+		}},
+		{"out of memory", errors.Join(errors.New("cuMemAlloc"), device.ErrOutOfMemory), StOOM, func(err error) bool { return errors.Is(err, device.ErrOutOfMemory) }},
+		{"other", errors.New("disk on fire"), StFailed, func(err error) bool { return err != nil && strings.Contains(err.Error(), "disk on fire") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, msg := StatusOf(tc.err)
+			if st != tc.st {
+				t.Fatalf("status %d, want %d", st, tc.st)
+			}
+			if back := ErrorOf(st, msg); !tc.same(back) {
+				t.Fatalf("came back as %v", back)
+			}
+		})
+	}
+	if st, _ := StatusOf(errors.Join(errors.New("sticky"), device.ErrUnhealthy)); st != StFault {
+		t.Fatalf("an unhealthy device: status %d, want StFault (the worker goes)", st)
+	}
+}
+
+// The protocol version is in the ready message: bumped with any change to
+// a message, so a worker of another build is refused at its start.
+func TestProtocolIsVersioned(t *testing.T) {
+	if Protocol < 3 || ReadyLen != 7 {
+		t.Fatalf("protocol %d, ready message %d bytes", Protocol, ReadyLen)
+	}
+}
