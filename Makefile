@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet fuzz fuzz-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet fuzz fuzz-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -182,6 +182,13 @@ bench-pipeline: bin/plover bin/plover-worker bin/plover-bench-suite samples
 # rewrites BENCHMARKS.md's bench:transports-host section, about a minute).
 bench-transports: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --transports
+
+# The data path: vecadd 4 MB in and out against an echo floor that reads,
+# spins for the kernel's time and answers the same bytes; BEFORE=an earlier
+# plover binary adds it to the same run (rewrites BENCHMARKS.md's
+# bench:datapath-host section, about a minute).
+bench-datapath: bin/plover bin/plover-worker bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --datapath $(if $(BEFORE),--datapath-before "$(BEFORE)")
 
 # What tracing costs: the CNN hot with tracing off, on unsampled and on
 # sampled, side by side (rewrites BENCHMARKS.md's bench:tracing-host section).

@@ -76,6 +76,27 @@ type Request struct {
 	// timing in the order they ran; it keeps its capacity across calls and
 	// is empty for a function.
 	Steps []StepTiming
+	// Landing, when set, is the memory Input was read into, lent by the
+	// request path before the body was read (Land): the run works on it
+	// where it is, and Output is then its output region (the caller writes
+	// the response from it, and releases the landing after). Nil: Input and
+	// Output are ordinary memory, copied in and out.
+	Landing Landing
+	// Copied is the payload bytes copied on the host for this request
+	// besides reading the body and writing the response: into and out of a
+	// device's slot or buffers when the request did not land where its run
+	// read it (a landing on another device, or none), and by the device.
+	Copied int64
+}
+
+// Landing is memory a request's body is read into, where the device that
+// will run it reads its input and writes its output: a worker's shared
+// slot. The transport that asked for it releases it once the response is
+// written: until then no other request uses it.
+type Landing interface {
+	Input() []byte  // the input region, max_input_bytes long: read the body into it
+	Output() []byte // the output region, out_bytes long: the run's output lands here
+	Release()
 }
 
 // StepTiming is one function step of a pipeline request.

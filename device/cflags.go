@@ -15,6 +15,9 @@ func zeroFlags(r *Run) C.int {
 	if r.ZeroOut {
 		z |= C.PLOVER_ZERO_OUT
 	}
+	if r.InPlace {
+		z |= C.PLOVER_IN_PLACE
+	}
 	return z
 }
 

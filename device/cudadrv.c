@@ -178,6 +178,13 @@ CUresult plcu_host_free(const plcu_driver_t *d, CUcontext ctx, void *p) {
   return p ? d->cuMemFreeHost(p) : PLCU_SUCCESS;
 }
 
+CUresult plcu_host_register(const plcu_driver_t *d, CUcontext ctx, void *p,
+                            size_t n) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  return d->cuMemHostRegister_v2(p, n, PLCU_MEMHOSTREGISTER_PORTABLE);
+}
+
 CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
                    const void *src, size_t n) {
   CUresult e = d->cuCtxSetCurrent(ctx);
@@ -418,7 +425,21 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
     r->err_op = "cuCtxSetCurrent";
     return;
   }
-  if (in_len && src != in->h_in) memcpy(in->h_in, src, in_len);
+  /* In place: src and dst are a worker's slot, registered with the driver
+   * (RegisterHost): the copies go straight between them and the GPU.
+   * Otherwise through the instance's pinned buffers, which are the
+   * instance's own slot when src and dst are its halves. */
+  const void *h_in = in->h_in;
+  void *h_out = in->h_out;
+  if (zero & PLOVER_IN_PLACE) {
+    h_in = src;
+    h_out = dst;
+  }
+  r->t.copied = 0;
+  if (in_len && src != h_in) {
+    memcpy(in->h_in, src, in_len);
+    r->t.copied += in_len;
+  }
   int64_t t1 = now_ns();
 #define STEP(name, call)                 \
   if ((e = (call)) != PLCU_SUCCESS) {    \
@@ -429,7 +450,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   STEP("cuEventRecord", d->cuEventRecord(in->ev[0], in->stream));
   if (in_len)
     STEP("cuMemcpyHtoDAsync_v2",
-         d->cuMemcpyHtoDAsync_v2(in->d_in, in->h_in, in_len, in->stream));
+         d->cuMemcpyHtoDAsync_v2(in->d_in, h_in, in_len, in->stream));
   if ((zero & PLOVER_ZERO_OUT) && out_len)
     STEP("cuMemsetD8Async", d->cuMemsetD8Async(in->d_out, 0, out_len, in->stream));
   if ((zero & PLOVER_ZERO_TMP) && tmp_len)
@@ -469,7 +490,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   /* A failed chain's output is never returned: skip the copy. */
   if (r->kernel_err == NULL && used && used <= out_len)
     STEP("cuMemcpyDtoHAsync_v2",
-         d->cuMemcpyDtoHAsync_v2(in->h_out, in->d_out, used, in->stream));
+         d->cuMemcpyDtoHAsync_v2(h_out, in->d_out, used, in->stream));
   STEP("cuEventRecord", d->cuEventRecord(in->ev[3], in->stream));
 #undef STEP
 sync:
@@ -488,7 +509,10 @@ sync:
     if (d->cuEventElapsedTime(&ms[i], in->ev[i], in->ev[i + 1]) != PLCU_SUCCESS)
       ms[i] = 0;
   int64_t t2 = now_ns();
-  if (used && used <= out_len && dst != in->h_out) memcpy(dst, in->h_out, used);
+  if (used && used <= out_len && dst != h_out) {
+    memcpy(dst, h_out, used);
+    r->t.copied += used;
+  }
   int64_t t3 = now_ns();
   r->t.copy_in_ns = (t1 - t0) + (int64_t)(ms[0] * 1e6);
   r->t.kernels_ns = (int64_t)(ms[1] * 1e6);

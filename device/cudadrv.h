@@ -105,6 +105,10 @@ CUresult plcu_free(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr p);
 CUresult plcu_host_alloc(const plcu_driver_t *d, CUcontext ctx, size_t n,
                          void **p);
 CUresult plcu_host_free(const plcu_driver_t *d, CUcontext ctx, void *p);
+/* Pins memory the process already has (a worker's slot), for every
+ * context: copies between it and a device then run at DMA speed. */
+CUresult plcu_host_register(const plcu_driver_t *d, CUcontext ctx, void *p,
+                            size_t n);
 CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
                    const void *src, size_t n);
 

@@ -127,6 +127,18 @@ type Run struct {
 	// (a worker process: by killing it) gives up with ErrDeadline. An
 	// in-process device cannot interrupt a kernel and ignores it.
 	Deadline time.Time
+	// InPlace says Input and Output are memory the device may work on
+	// directly for the whole run, nobody else touching it (a worker's
+	// shared slot): the host device runs the chain on them rather than on
+	// copies in its own buffers, and a CUDA device copies straight between
+	// them and the GPU (they must be registered: RegisterHost).
+	InPlace bool
+	// Slot, when set, is the memory the request's body was read into,
+	// lent before the body was read (Lender): a device that lent it works
+	// on it where it is (Input is its input's first bytes, Output its
+	// output's); any other reads Input and writes Output as memory like
+	// any other.
+	Slot Slot
 	// Results. OutLen is how many bytes of Output the chain produced: all of
 	// them, unless an ABI 2 entry lowered s->out.len (the response is then
 	// Output[:OutLen]).
@@ -139,6 +151,37 @@ type Timing struct {
 	CopyIn  time.Duration
 	Kernels time.Duration
 	CopyOut time.Duration
+	// Copied is the payload bytes the device copied on the host (into and
+	// out of its own buffers or staging), beside the transfer to and from
+	// the device itself: 0 when it worked in place.
+	Copied int64
+}
+
+// Slot is memory a request's input lands in and its output is read from,
+// where a device works on them: a worker's shared slot, registered with
+// its device once. Its input is Input, its output Output (of the sizes it
+// was lent for); Release gives it back, once nothing reads or writes it
+// any more (the response is written).
+type Slot interface {
+	Input() []byte
+	Output() []byte
+	// Device is the device whose runs work on it in place.
+	Device() Device
+	Release()
+}
+
+// Lender is a Program that lends slots of its instances' layout (maxIn
+// input bytes, out output bytes), so that a body can be read straight
+// into one; false when it has none to lend now.
+type Lender interface {
+	Lend(maxIn, out int64) (Slot, bool)
+}
+
+// HostRegistrar is a device that must register host memory before it
+// copies straight between it and the device (CUDA: cuMemHostRegister,
+// once per buffer: costly per call, free after).
+type HostRegistrar interface {
+	RegisterHost(b []byte) error
 }
 
 // MemInfo is device memory in bytes.

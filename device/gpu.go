@@ -264,6 +264,20 @@ func (g *GPU) Close() error {
 	return nil
 }
 
+// RegisterHost pins b where it is, for every context (a worker's slot, once
+// per slot): runs in place copy straight between it and the GPU. b must
+// stay mapped while the process runs; it is never unregistered, as a
+// worker's slots live as long as it does.
+func (g *GPU) RegisterHost(b []byte) error {
+	if err := g.usable(); err != nil {
+		return err
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return g.check("cuMemHostRegister_v2", C.plcu_host_register(g.drv.c, g.ctx, unsafe.Pointer(&b[0]), C.size_t(len(b))))
+}
+
 // usable is nil when the GPU may be touched.
 func (g *GPU) usable() error {
 	if f := g.fault.Load(); f != nil {

@@ -152,6 +152,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		CopyIn:  time.Duration(res.t.copy_in_ns),
 		Kernels: time.Duration(res.t.kernels_ns),
 		CopyOut: time.Duration(res.t.copy_out_ns),
+		Copied:  int64(res.t.copied),
 	}
 	var kerr string
 	if res.kernel_err != nil {

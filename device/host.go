@@ -223,6 +223,7 @@ func (i *hostInstance) Run(r *Run) error {
 		CopyIn:  time.Duration(i.timing.copy_in_ns),
 		Kernels: time.Duration(i.timing.kernels_ns),
 		CopyOut: time.Duration(i.timing.copy_out_ns),
+		Copied:  int64(i.timing.copied),
 	}
 	if msg != nil {
 		r.OutLen = 0

@@ -77,8 +77,19 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
                             const plover_step_t *steps, int n, void *last_error,
                             plover_timing_t *t) {
   int64_t t0 = now_ns();
+  int in_place = zero & PLOVER_IN_PLACE;
   plover_state_begin(s, in_len, tmp_len, out_len, items);
-  if (in_len) memcpy(s->st.input.dat, in, in_len);
+  t->copied = 0;
+  if (in_place) {
+    /* This request's input and out are where they already are (a worker's
+     * slot): the chain works on them; the next request's begin points the
+     * state back at whatever it is given. */
+    if (in) s->st.input.dat = (uint8_t *)in;
+    if (out) s->st.out.dat = (uint8_t *)out;
+  } else if (in_len) {
+    memcpy(s->st.input.dat, in, in_len);
+    t->copied += in_len;
+  }
   if ((zero & PLOVER_ZERO_TMP) && tmp_len) memset(s->st.tmp.dat, 0, tmp_len);
   if ((zero & PLOVER_ZERO_OUT) && out_len) memset(s->st.out.dat, 0, out_len);
   int64_t t1 = now_ns();
@@ -87,7 +98,10 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
   if (last_error) err = ((plover_last_error_fn)last_error)();
   size_t used = plover_state_out_used(s, out_len);
   int64_t t2 = now_ns();
-  if (!err && used <= out_len && used) memcpy(out, s->base.out.dat, used);
+  if (!in_place && !err && used <= out_len && used) {
+    memcpy(out, s->base.out.dat, used);
+    t->copied += used;
+  }
   int64_t t3 = now_ns();
   t->copy_in_ns = t1 - t0;
   t->kernels_ns = t2 - t1;

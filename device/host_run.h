@@ -18,13 +18,19 @@ typedef struct {
    * (ABI 2), else the whole out. Above the out length asked for means an
    * entry raised out.len: nothing was copied. */
   uint64_t out_used;
+  /* Payload bytes copied on the host, into and out of the instance's own
+   * buffers or staging: 0 for a run in place. */
+  uint64_t copied;
 } plover_timing_t;
 
 typedef const char *(*plover_last_error_fn)(void);
 
-/* What a run zeroes before the chain (the zero argument of both runners). */
+/* Flags of a run (the zero argument of both runners): what it zeroes before
+ * the chain, and whether in and out are memory the device works on in place
+ * (a worker's slot; on CUDA registered with the driver). */
 #define PLOVER_ZERO_TMP 1
 #define PLOVER_ZERO_OUT 2
+#define PLOVER_IN_PLACE 4
 
 /* The state entries see: st, reset from base before every request. ABI 1
  * bundles get the ABI 1 view, which is ABI 2's state from input to stream. */

@@ -325,7 +325,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	var start call.Start
 	var load, sched time.Duration
 	t0 := time.Now()
-	inst, fresh, err := e.take(context.Background(), v, deadline)
+	inst, fresh, err := e.take(context.Background(), v, deadline, nil)
 	var r *device.Run
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
@@ -364,7 +364,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			err = errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
 			break
 		}
-		if inst, fresh, err = e.take(context.Background(), v, deadline); err != nil {
+		if inst, fresh, err = e.take(context.Background(), v, deadline, nil); err != nil {
 			inst = nil
 		}
 	}

@@ -15,12 +15,23 @@ import (
 )
 
 // take returns an idle instance of v (Hot), or creates one: Warm on a
-// program already loaded, Cold when the program had to be loaded.
-func (e *Engine) take(ctx context.Context, v *version, deadline time.Time) (*instance, call.Start, error) {
+// program already loaded, Cold when the program had to be loaded. An idle
+// instance on prefer (the device the request's body landed on; nil: any)
+// goes first, the most recently used of them.
+func (e *Engine) take(ctx context.Context, v *version, deadline time.Time, prefer device.Device) (*instance, call.Start, error) {
 	v.mu.Lock()
 	if n := len(v.idle); n > 0 {
-		in := v.idle[n-1]
-		v.idle = v.idle[:n-1]
+		k := n - 1
+		if prefer != nil {
+			for j := n - 1; j >= 0; j-- {
+				if v.idle[j].dev.dev == prefer {
+					k = j
+					break
+				}
+			}
+		}
+		in := v.idle[k]
+		v.idle = append(v.idle[:k], v.idle[k+1:]...)
 		v.mu.Unlock()
 		if err := in.dev.dev.Health(); err != nil {
 			v.put(in, true, time.Now())

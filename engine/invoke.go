@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"time"
+	"unsafe"
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
@@ -20,6 +21,45 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) err
 	}
 	defer v.unref()
 	return e.invoke(ctx, f, v, req, t0)
+}
+
+// Land lends memory to read a request's body into for name's current
+// version: a slot of a program of it that lends them (a worker's shared
+// memory, where its device reads), on the device a request would find an
+// idle instance on, else the first. Nil when there is none now: not loaded
+// on this node, a batching function (its runs gather several requests), a
+// pipeline, a device that does not lend, or a pool at its bound; the body
+// then goes to ordinary memory and is copied. It reads no store and waits
+// for nothing; the caller releases what it gets once the response is
+// written.
+func (e *Engine) Land(name string) call.Landing {
+	e.tab.mu.Lock()
+	var v *version
+	if f := e.tab.funcs[name]; f != nil {
+		v = f.cur
+	}
+	e.tab.mu.Unlock()
+	if v == nil || !v.loaded.Load() || v.batch != nil || v.rec.Kind != "" {
+		return nil
+	}
+	m := v.manifest
+	v.mu.Lock()
+	var prog device.Program
+	if n := len(v.idle); n > 0 {
+		prog = v.idle[n-1].dev.prog
+	} else if len(v.placements) > 0 {
+		prog = v.placements[0].prog
+	}
+	v.mu.Unlock()
+	l, ok := prog.(device.Lender)
+	if !ok {
+		return nil
+	}
+	s, ok := l.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		return nil
+	}
+	return s
 }
 
 // Full returns the error a request to name would get now for its
@@ -101,6 +141,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	req.Start = call.Hot
 	req.Version = v.rec.ID
 	req.Timing = call.Timing{}
+	req.Copied = 0
 	req.BatchSize = 0
 	req.Device = ""
 	if !v.loaded.Load() {
@@ -152,7 +193,15 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	defer v.release()
 	ta := time.Now()
 	req.Timing.Queue = ta.Sub(tq)
-	in, fresh, err := e.take(ctx, v, deadline)
+	var landed device.Slot // where the body was read, if a device lent it
+	if req.Landing != nil {
+		landed, _ = req.Landing.(device.Slot)
+	}
+	var prefer device.Device
+	if landed != nil {
+		prefer = landed.Device()
+	}
+	in, fresh, err := e.take(ctx, v, deadline, prefer)
 	if err != nil {
 		return v.runFailed(nil, err)
 	}
@@ -172,10 +221,17 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		v.put(in, false, tr)
 		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", f.name, req.Timing.Queue, req.Timing.Load)
 	}
-	if int64(cap(req.Output)) < outLen {
-		req.Output = make([]byte, outLen)
+	if landed != nil && in.dev.dev == landed.Device() && int64(len(landed.Output())) >= outLen {
+		// The body is where this instance's device reads it: the output
+		// lands there too, and the response is written from it.
+		req.Output = landed.Output()[:outLen]
+	} else {
+		landed = nil // ordinary memory, copied
+		if int64(cap(req.Output)) < outLen || req.Landing != nil && overlaps(req.Output, req.Landing.Output()) {
+			req.Output = make([]byte, outLen)
+		}
+		req.Output = req.Output[:outLen]
 	}
-	req.Output = req.Output[:outLen]
 	var r *device.Run
 	var tEnd time.Time // one reading: the run's end, the instance's last use and the total
 	for retried := false; ; retried = true {
@@ -197,6 +253,10 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		r = &in.run
 		if err == nil {
 			r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, steps, tmpLen, m.ZeroTmp, m.ZeroesOut(), key, deadline
+			r.Slot = nil
+			if landed != nil && in.dev.dev == landed.Device() {
+				r.Slot = landed
+			}
 			var wait time.Duration
 			wait, tEnd, err = e.runOn(ctx, f, in, r, tr, deadline, req.Gone)
 			req.Timing.Sched += wait
@@ -207,7 +267,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		// The instance's worker had died while it was idle (a chain that
 		// ran past an earlier deadline, a thread the bundle left behind):
 		// this request ran nowhere, so it runs once more on a fresh worker.
-		r.Input, r.Output = nil, nil
+		r.Input, r.Output, r.Slot = nil, nil, nil
 		v.put(in, true, time.Now())
 		v.workerDied(in.dev, exitOf(err))
 		now := time.Now()
@@ -217,7 +277,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		if !now.Before(deadline) {
 			return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", f.name)
 		}
-		if in, fresh, err = e.take(ctx, v, deadline); err != nil {
+		if in, fresh, err = e.take(ctx, v, deadline, prefer); err != nil {
 			return v.runFailed(nil, err)
 		}
 		if req.Start < fresh {
@@ -225,10 +285,11 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		}
 		tr = time.Now()
 	}
-	r.Input, r.Output = nil, nil
+	r.Input, r.Output, r.Slot = nil, nil, nil
 	if err == nil {
 		req.Output = req.Output[:r.OutLen]
 	}
+	req.Copied += r.Timing.Copied
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
 	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || processGone(err))
 	v.put(in, broken, tEnd)
@@ -253,4 +314,15 @@ func (v *version) full() bool {
 		return v.batch.full()
 	}
 	return len(v.slots) == cap(v.slots) && int(v.waiting.Load()) >= v.policy.queue
+}
+
+// overlaps reports whether a and b share memory (an output buffer the
+// caller passed that is a landing's own output: it must not be written as
+// ordinary memory by another device's run).
+func overlaps(a, b []byte) bool {
+	if cap(a) == 0 || cap(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a0 < b0+uintptr(cap(b)) && b0 < a0+uintptr(cap(a))
 }

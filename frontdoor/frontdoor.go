@@ -35,6 +35,10 @@ type Runner interface {
 	// takes (0: unknown) and its current version, or the error a request
 	// would get now (404, 429 for a full queue). It holds nothing.
 	Admit(ctx context.Context, name string) (pipeline.Admission, error)
+	// Land lends memory to read a request's body into, where the device
+	// that will run it reads it (a worker's slot), or nil; the transport
+	// puts it in the request and releases it once the response is written.
+	Land(name string) call.Landing
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
@@ -106,7 +110,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 		d.logFailure(o.Err, o.Transport, o.Route, st, known)
 	}
 	if d.metrics != nil {
-		d.metrics.Record(o.Function, st.HTTP, kind, &o.Req.Timing)
+		d.metrics.Record(o.Function, st.HTTP, kind, o.Req)
 	}
 	if d.tracer != nil {
 		code := -1

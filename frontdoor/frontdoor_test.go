@@ -37,7 +37,7 @@ func TestEnd(t *testing.T) {
 			var logs bytes.Buffer
 			reg := prometheus.NewRegistry()
 			m := reqmetrics.New(reg)
-			m.Record("echo", 200, errdefs.KindInternal, &call.Timing{}) // a function the metrics know
+			m.Record("echo", 200, errdefs.KindInternal, &call.Request{}) // a function the metrics know
 			d := New(Config{Metrics: m, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 			fn := "echo"
 			if tc.label == "_unknown" {

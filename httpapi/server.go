@@ -497,26 +497,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	if err == nil {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
 		case "application/octet-stream", "":
-			var limit bodyLimit
-			if limit, err = s.inputLimit(ctx, name, "", rawBody); err != nil {
-				break
-			}
-			var held int64
-			if c.req.Input, held, err = s.readBody(ctx, limit, &c.in); err != nil {
-				break
-			}
-			defer s.releaseBody(held)
-			c.req.Output = ctx.Response.SwapBody(nil)[:0]
-			// Not ctx: fasthttp closes its Done at the start of a graceful
-			// shutdown, and queued requests are meant to drain then. The
-			// request's own deadline bounds it.
-			err = s.door.Invoke(context.Background(), name, &c.req)
-			ctx.Response.SwapBody(c.req.Output)
-			c.req.Input, c.req.Output = nil, nil
-			if err == nil {
-				ctx.Response.Header.SetContentTypeBytes(octetStream)
-				s.writeMeta(ctx, c)
-			}
+			err = s.invokeRaw(ctx, name, c)
 		case "application/json":
 			err = s.invokeJSON(ctx, name, c)
 		default:
@@ -525,6 +506,131 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		}
 	}
 	s.finish(ctx, name, c, err)
+}
+
+// invokeRaw runs a request whose body is its input, and on success writes
+// the output as the response. The body is read straight into a slot the
+// request path lends (Land: where the function's worker reads it) when it
+// has one, and the response is then written from the slot where the run
+// left the output: no copy of the payload in the server. The slot is
+// released once the response is written (slotBody.Close), so it never
+// serves another request while this one's answer is still being sent.
+func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) error {
+	limit, err := s.inputLimit(ctx, name, "", rawBody)
+	if err != nil {
+		return err
+	}
+	land := s.door.Land(name)
+	dst, copied := &c.in, int64(0)
+	var landed []byte
+	if land != nil {
+		landed = land.Input()[:0]
+		dst = &landed
+	}
+	body, held, err := s.readBody(ctx, limit, dst)
+	if err != nil {
+		if land != nil {
+			land.Release()
+		}
+		return err
+	}
+	defer s.releaseBody(held)
+	switch {
+	case land != nil && !sameStart(body, land.Input()) && len(body) <= len(land.Input()):
+		// fasthttp read it before the handler ran (up to 8 KiB): the one
+		// copy of a small body, into where the device reads it.
+		body = land.Input()[:copy(land.Input(), body)]
+		copied = int64(len(body))
+	case land != nil && ctx.RequestBodyStream() != nil:
+		// Streamed into the slot, but for the first bytes, which fasthttp
+		// read with the headers and its stream copied from its buffer.
+		copied = int64(min(len(body), preRead))
+	}
+	c.req.Input, c.req.Landing = body, land
+	buf := ctx.Response.SwapBody(nil)[:0]
+	c.req.Output = buf
+	// Not ctx: fasthttp closes its Done at the start of a graceful
+	// shutdown, and queued requests are meant to drain then. The
+	// request's own deadline bounds it.
+	err = s.door.Invoke(context.Background(), name, &c.req)
+	out := c.req.Output
+	c.req.Copied += copied
+	switch {
+	case land != nil && aliases(out, land.Output()):
+		// The output is in the slot: the response is written from there,
+		// and the slot released after. The response keeps its own buffer
+		// (an error written later must not land in the slot).
+		ctx.Response.SwapBody(buf)
+		if err == nil && len(out) > 0 {
+			sb := slotBodies.Get().(*slotBody)
+			sb.land, sb.b = land, out
+			ctx.Response.SetBodyStream(sb, len(out))
+		} else {
+			land.Release()
+		}
+	default:
+		ctx.Response.SwapBody(out)
+		if land != nil {
+			land.Release()
+		}
+	}
+	c.req.Input, c.req.Output, c.req.Landing = nil, nil, nil
+	if err == nil {
+		ctx.Response.Header.SetContentTypeBytes(octetStream)
+		s.writeMeta(ctx, c)
+	}
+	return err
+}
+
+// aliases reports whether a's memory (to its capacity) is within b's.
+func aliases(a, b []byte) bool {
+	if cap(a) == 0 || cap(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a0 >= b0 && a0 < b0+uintptr(cap(b))
+}
+
+// sameStart reports whether a and b start at the same byte.
+func sameStart(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
+}
+
+// slotBody is a response written from the slot its output is in, released
+// once fasthttp has written it (or dropped the response).
+type slotBody struct {
+	land call.Landing
+	b    []byte
+}
+
+var slotBodies = sync.Pool{New: func() any { return new(slotBody) }}
+
+// Read serves a writer that does not take WriteTo (none of fasthttp's).
+func (sb *slotBody) Read(p []byte) (int, error) {
+	if len(sb.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, sb.b)
+	sb.b = sb.b[n:]
+	return n, nil
+}
+
+// WriteTo writes the output to the connection's buffered writer in one
+// call: past its buffer, bufio writes straight from the slot to the socket.
+func (sb *slotBody) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(sb.b)
+	sb.b = sb.b[n:]
+	return int64(n), err
+}
+
+// Close releases the slot: the response is out (or will never be).
+func (sb *slotBody) Close() error {
+	if sb.land != nil {
+		sb.land.Release()
+	}
+	sb.land, sb.b = nil, nil
+	slotBodies.Put(sb)
+	return nil
 }
 
 // preRead is what fasthttp reads of a streamed body before any handler

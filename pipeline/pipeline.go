@@ -32,6 +32,7 @@ import (
 type Engine interface {
 	Pin(ctx context.Context, name string) (engine.Pin, error)
 	PinVersion(ctx context.Context, name, ref string) (engine.Pin, error)
+	Land(name string) call.Landing
 	Health() (bool, []api.DeviceHealth)
 	// Timeout is a request's deadline from its start when it brings none:
 	// a pipeline's one deadline covers all its steps.
@@ -111,6 +112,11 @@ func admitFirst(st stage) (int64, error) {
 	}
 	return least, nil
 }
+
+// Land is the engine's: memory to read a request's body into where the
+// function's device reads it, or nil (a pipeline: its first step's input
+// is its own request's).
+func (r *Runner) Land(name string) call.Landing { return r.e.Land(name) }
 
 // Health is the engine's.
 func (r *Runner) Health() (bool, []api.DeviceHealth) { return r.e.Health() }

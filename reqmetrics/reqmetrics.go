@@ -23,6 +23,7 @@ import (
 type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	copied   *prometheus.CounterVec
 
 	mu    sync.RWMutex
 	byFn  map[string]*fnMetrics
@@ -31,6 +32,7 @@ type Metrics struct {
 
 type fnMetrics struct {
 	phases [7]prometheus.Observer // queue, sched, load, copy_in, kernels, copy_out, total
+	copied prometheus.Counter
 	mu     sync.RWMutex
 	codes  map[int]prometheus.Counter
 	name   string
@@ -53,10 +55,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			// 10 µs .. ~50 s
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 17),
 		}, []string{"function", "phase"}),
+		copied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "plover_payload_copied_bytes_total",
+			Help: "Request and response payload bytes copied on the host, beside reading the body from the socket, writing the response to it and the transfer to and from the device: 0 on the default path (a body that lands in its worker's slot); a small body fasthttp read before the handler ran, or a request whose body did not land where its run read it, shows here.",
+		}, []string{"function"}),
 		byFn:  map[string]*fnMetrics{},
 		limit: 1000,
 	}
-	reg.MustRegister(m.requests, m.duration)
+	reg.MustRegister(m.requests, m.duration, m.copied)
 	return m
 }
 
@@ -87,7 +93,7 @@ func (m *Metrics) function(name string) *fnMetrics {
 	if len(m.byFn) >= m.limit {
 		label = "_other"
 	}
-	fm = &fnMetrics{codes: map[int]prometheus.Counter{}, name: label}
+	fm = &fnMetrics{codes: map[int]prometheus.Counter{}, name: label, copied: m.copied.WithLabelValues(label)}
 	for i, p := range phaseNames {
 		fm.phases[i] = m.duration.WithLabelValues(label, p)
 	}
@@ -115,7 +121,8 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // probing names cannot grow the series without bound; so do requests
 // refused before the engine saw them (400, 415) for names the metrics have
 // not met yet.
-func (m *Metrics) Record(name string, code int, kind errdefs.Kind, t *call.Timing) {
+func (m *Metrics) Record(name string, code int, kind errdefs.Kind, r *call.Request) {
+	t := &r.Timing
 	if code == 404 && kind == errdefs.KindNotFound {
 		name = unknown
 	} else if kind == errdefs.KindBadRequest && !m.known(name) {
@@ -123,6 +130,9 @@ func (m *Metrics) Record(name string, code int, kind errdefs.Kind, t *call.Timin
 	}
 	fm := m.function(name)
 	m.count(fm, code)
+	if r.Copied > 0 {
+		fm.copied.Add(float64(r.Copied))
+	}
 	if code != 200 {
 		return
 	}

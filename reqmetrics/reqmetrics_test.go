@@ -32,7 +32,7 @@ func TestLabels(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		m := New(reg)
 		buf := []byte(tc.name)
-		m.Record(unsafe.String(&buf[0], len(buf)), tc.code, tc.kind, &call.Timing{}) // borrowed, as the HTTP path's
+		m.Record(unsafe.String(&buf[0], len(buf)), tc.code, tc.kind, &call.Request{}) // borrowed, as the HTTP path's
 		for i := range buf {
 			buf[i] = 0xff // the request's buffer, reused
 		}

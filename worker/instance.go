@@ -44,8 +44,13 @@ const overrunGrace = 200 * time.Millisecond
 
 // finish waits out an overrun chain: its reply is discarded. The run
 // leaves the device's count of runs in flight only now.
-func (i *instance) finish(done chan<- bool) {
+func (i *instance) finish(done chan<- bool, held *poolSlot) {
 	defer i.g.d.running.Add(-1)
+	if held != nil {
+		// The chain may still read and write its slot until it ends or
+		// its worker does: only then may the slot serve another request.
+		defer held.unhold()
+	}
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
 	if err == nil && n >= wire.ReplyHeader && i.rep[0] != wire.StFault && i.inTurn(i.rep[:n]) {
 		done <- true
@@ -143,9 +148,12 @@ func (i *instance) Close() {
 	i.g.d.used.Add(-i.DeviceBytes())
 }
 
-// Run hands one request to the worker: the input into the slot, one message
-// each way, the output out of the slot. Past r.Deadline the worker is
-// killed (a running kernel cannot be stopped otherwise).
+// Run hands one request to the worker: one message each way. The request is
+// in a pool slot of this worker's when its body was read into one (r.Slot:
+// nothing is copied, and the output is left there), else the input is
+// copied into the instance's own slot and the output out of it. Past
+// r.Deadline the worker is killed (a running kernel cannot be stopped
+// otherwise).
 func (i *instance) Run(r *device.Run) error {
 	switch {
 	case i.slot == nil:
@@ -170,13 +178,21 @@ func (i *instance) Run(r *device.Run) error {
 	if !i.g.p.alive() {
 		return i.g.p.idleExit()
 	}
-	copy(i.slot, r.Input)
+	mem, id := i.slot, uint32(0)
+	var ps *poolSlot
+	if s, ok := r.Slot.(*poolSlot); ok && s.g == i.g && s.maxIn == i.maxIn && s.out >= int64(len(r.Output)) {
+		mem, id, ps = s.mem, s.id, s
+	}
+	var copiedIn int64 // the payload copied here, beside the worker's own
+	if len(r.Input) > 0 && &r.Input[0] != &mem[0] {
+		copiedIn = int64(copy(mem, r.Input))
+	}
 	// Polled for only while no other run is in flight on the device: a
 	// loaded device needs its CPUs for the runs. The worker is told, so
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
 	i.seq++
-	msg := wire.EncodeRun(i.msg, r, alone, i.seq)
+	msg := wire.EncodeRun(i.msg, r, alone, id, i.seq)
 	// One message is ever in flight, so the send never waits; if it would,
 	// the worker stuffed its own channel.
 	if err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil); err != nil {
@@ -197,7 +213,10 @@ func (i *instance) Run(r *device.Run) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		// The chain still runs: it counts in flight until finish ends.
 		i.overrun = make(chan bool, 1)
-		go i.finish(i.overrun)
+		if ps != nil {
+			ps.hold()
+		}
+		go i.finish(i.overrun, ps)
 		return errRunDeadline
 	}
 	i.g.d.running.Add(-1)
@@ -215,26 +234,26 @@ func (i *instance) Run(r *device.Run) error {
 		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", wire.LE.Uint32(rep[wire.ReplySeqAt:]), i.seq))
 		return i.g.p.lost("running the chain")
 	}
-	r.Timing = device.Timing{
-		CopyIn:  time.Duration(wire.LE.Uint64(rep[1:])),
-		Kernels: time.Duration(wire.LE.Uint64(rep[9:])),
-		CopyOut: time.Duration(wire.LE.Uint64(rep[17:])),
-	}
+	outLen, text := wire.DecodeReply(rep, r)
+	r.Timing.Copied += copiedIn
 	switch rep[0] {
 	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
-		n := wire.LE.Uint64(rep[25:])
-		if n > uint64(len(r.Output)) {
-			i.g.p.kill(fmt.Sprintf("it reported %d output bytes of %d", n, len(r.Output)))
+		if outLen > uint64(len(r.Output)) {
+			i.g.p.kill(fmt.Sprintf("it reported %d output bytes of %d", outLen, len(r.Output)))
 			return i.g.p.lost("running the chain")
 		}
-		r.OutLen = int64(copy(r.Output, i.slot[i.maxIn:i.maxIn+int64(n)]))
+		out := mem[i.maxIn : i.maxIn+int64(outLen)]
+		if outLen > 0 && &r.Output[0] != &out[0] {
+			r.Timing.Copied += int64(copy(r.Output, out))
+		}
+		r.OutLen = int64(outLen)
 		return nil
 	case wire.StFault:
-		ke := &device.KernelError{Msg: string(rep[wire.ReplyHeader:])}
+		ke := &device.KernelError{Msg: text}
 		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
 	}
-	return wire.ErrorOf(rep[0], string(rep[wire.ReplyHeader:]))
+	return wire.ErrorOf(rep[0], text)
 }
 
 // faultError is a chain that faulted the worker's device context for good:

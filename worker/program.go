@@ -24,6 +24,8 @@ type program struct {
 
 	mu      sync.Mutex
 	entries map[string]int32
+
+	slots slotPool // lent before bodies are read (slots.go)
 }
 
 // PID is the worker process's.
@@ -142,6 +144,7 @@ func (g *program) Close() error {
 		return nil
 	}
 	g.p.kill("its program was unloaded")
+	g.closeSlots()
 	g.d.used.Add(-g.consts)
 	return nil
 }

@@ -105,7 +105,7 @@ func TestPollStopsForAnotherRun(t *testing.T) {
 func TestRunMessageAlone(t *testing.T) {
 	r := &device.Run{Input: []byte("x"), Output: make([]byte, 8), Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}, ZeroOut: true}
 	for _, alone := range []bool{false, true} {
-		msg := wire.EncodeRun(make([]byte, wire.RunMsgMax), r, alone, 7)
+		msg := wire.EncodeRun(make([]byte, wire.RunMsgMax), r, alone, 0, 7)
 		if wire.SentAlone(msg) != alone {
 			t.Fatalf("encoded alone=%v, read %v", alone, wire.SentAlone(msg))
 		}

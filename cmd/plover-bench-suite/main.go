@@ -51,7 +51,8 @@ type options struct {
 	burstBefore                           string
 	pipeline                              bool
 	pipelineBefore                        string
-	transports                            bool
+	transports, datapath                  bool
+	datapathBefore                        string
 	tracing                               bool
 	tracingBefore                         string
 	fairClients                           int
@@ -62,6 +63,7 @@ type options struct {
 }
 
 func main() {
+	runEchoFloorIfAsked()
 	var o options
 	flag.StringVar(&o.repo, "repo", ".", "repository root: BENCHMARKS.md, docs/, samples/cnn/testdata, go.mod")
 	flag.StringVar(&o.plover, "plover", "bin/plover", "the plover binary to serve and deploy with")
@@ -87,6 +89,8 @@ func main() {
 	flag.BoolVar(&o.pipeline, "pipeline", false, "only measure pipelines: the digits sample as one pipeline request against its three functions invoked in turn; writes the bench:pipeline-<device> section")
 	flag.BoolVar(&o.tracing, "tracing", false, "only measure tracing's cost: the CNN hot on servers with tracing off, on unsampled and on sampled, side by side; writes the bench:tracing-<device> section")
 	flag.StringVar(&o.tracingBefore, "tracing-before", "", "with --tracing: an earlier plover binary (without tracing); the CNN alone is measured on it and on --plover (tracing off) side by side")
+	flag.BoolVar(&o.datapath, "datapath", false, "only measure the data path: vecadd 4 MB in and out against an echo floor (a server that reads, spins for the kernel's time and answers the same bytes), one and four clients; writes the bench:datapath-<device> section")
+	flag.StringVar(&o.datapathBefore, "datapath-before", "", "with --datapath: earlier plover binaries (space-separated) measured the same way in the same run")
 	flag.BoolVar(&o.transports, "transports", false, "only measure the transports: the CNN hot over HTTP and over gRPC on one server, alternating blocks; writes the bench:transports-<device> section")
 	flag.StringVar(&o.pipelineBefore, "pipeline-before", "", "with --pipeline: an earlier plover binary; the CNN alone is measured on it and on --plover side by side (what pipelines cost plain functions)")
 	flag.StringVar(&o.burstBefore, "burst-before", "", "with --burst: other plover binaries (space-separated; an earlier build) measured the same way in the same run, for ratios")
@@ -169,6 +173,9 @@ func run(o *options) error {
 	}
 	if o.transports {
 		return runTransports(ctx, o, res)
+	}
+	if o.datapath {
+		return runDatapath(ctx, o, res)
 	}
 	if o.tracing {
 		return runTracing(ctx, o, res)

@@ -21,6 +21,14 @@ PLOVER_ENTRY(echo) {
   if (n) PLOVER_LAUNCH(copy_bytes, (int)((n + block - 1) / block), block, s, s->input.dat, s->out.dat, n);
 }
 
+// echo_exact: out = input, out.len lowered to the input's length: the
+// response is exactly the request's body (no zeroing of the rest).
+PLOVER_ENTRY(echo_exact) {
+  size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
+  s->out.len = n;
+  if (n) PLOVER_LAUNCH(copy_bytes, (int)((n + block - 1) / block), block, s, s->input.dat, s->out.dat, n);
+}
+
 // add_one: each output byte += 1 (so echo then add_one twice gives input+2).
 PLOVER_ENTRY(add_one) {
   (void)grid; (void)block;

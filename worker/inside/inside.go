@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -165,6 +166,12 @@ func (w *server) handle(b []byte, fds []int) []byte {
 		i, err := w.prog.Entry(string(b[1:]))
 		st, msg := wire.StatusOf(err)
 		return reply(st, wire.LE.AppendUint32(nil, uint32(i)), msg)
+	case wire.OpSlot:
+		if len(fds) != 1 || len(b) != 9 {
+			closeAll()
+			return reply(wire.StFailed, make([]byte, 4), "slot: want a size and a memfd")
+		}
+		return w.addSlot(int64(wire.LE.Uint64(b[1:])), fds[0])
 	case wire.OpNewInstance:
 		if len(fds) != 2 || len(b) != 25 || w.prog == nil {
 			closeAll()
@@ -222,6 +229,55 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 	return reply(wire.StOK, nil, "")
 }
 
+// slots are the worker's pool slots, by id-1: shared memory the server
+// lends before a request's body is read, so that the body lands where this
+// worker's device reads it. Added by the control channel, read by every
+// instance's goroutine; never removed (they live as long as the worker).
+var slots struct {
+	mu sync.RWMutex
+	s  [][]byte
+}
+
+// slotOf is the memory a run message's slot names: the instance's own (0)
+// or a pool slot.
+func slotOf(id uint32, own []byte) ([]byte, bool) {
+	if id == 0 {
+		return own, true
+	}
+	slots.mu.RLock()
+	defer slots.mu.RUnlock()
+	if int(id) > len(slots.s) {
+		return nil, false
+	}
+	return slots.s[id-1], true
+}
+
+// addSlot maps a pool slot the server made and registers it with the
+// device once (CUDA pins it: every run on it then copies straight between
+// it and the GPU). The memfd is sealed at its size by the server, so the
+// mapping cannot lose its pages under either side.
+func (w *server) addSlot(size int64, memfd int) []byte {
+	defer unix.Close(memfd) // the mapping keeps the memory
+	var st unix.Stat_t
+	if err := unix.Fstat(memfd, &st); err != nil || size <= 0 || st.Size < size {
+		return reply(wire.StFailed, make([]byte, 4), fmt.Sprintf("slot: a memfd of %d bytes for a slot of %d", st.Size, size))
+	}
+	mem, err := unix.Mmap(memfd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return reply(wire.StFailed, make([]byte, 4), "slot: map: "+err.Error())
+	}
+	if r, ok := w.dev.(device.HostRegistrar); ok {
+		// Refused (a driver that cannot pin it): runs on it still work,
+		// the driver staging the copies itself.
+		_ = r.RegisterHost(mem)
+	}
+	slots.mu.Lock()
+	slots.s = append(slots.s, mem)
+	id := uint32(len(slots.s))
+	slots.mu.Unlock()
+	return reply(wire.StOK, wire.LE.AppendUint32(nil, id), "")
+}
+
 // serveInstance answers run messages on one instance's channel until the
 // server closes it. A channel that breaks otherwise (the bundle closed it,
 // say) ends the worker. Not locked to an OS thread: a run is one cgo call
@@ -264,23 +320,19 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		var text string
 		running.Add(1)
 		alone = wire.SentAlone(msg[:n])
-		if err := wire.DecodeRun(msg[:n], &r, steps, slot, maxIn, out); err != nil {
+		r.Timing, r.OutLen = device.Timing{}, 0
+		if mem, ok := slotOf(wire.RunSlot(msg[:n]), slot); !ok {
+			st, text = wire.StBadRunMsg, fmt.Sprintf("run names slot %d, which this worker does not have", wire.RunSlot(msg[:n]))
+		} else if err := wire.DecodeRun(msg[:n], &r, steps, mem, maxIn, out); err != nil {
 			st, text = wire.StBadRunMsg, err.Error()
 		} else {
+			// The slot is this run's alone until the reply: the device
+			// works on it where it is.
+			r.InPlace = true
 			st, text = wire.StatusOf(inst.Run(&r))
 		}
 		running.Add(-1)
-		rep = rep[:wire.ReplyHeader]
-		rep[0] = st
-		wire.LE.PutUint64(rep[1:], uint64(r.Timing.CopyIn))
-		wire.LE.PutUint64(rep[9:], uint64(r.Timing.Kernels))
-		wire.LE.PutUint64(rep[17:], uint64(r.Timing.CopyOut))
-		wire.LE.PutUint64(rep[25:], uint64(r.OutLen))
-		wire.LE.PutUint32(rep[wire.ReplySeqAt:], wire.RunSeq(msg[:n]))
-		if len(text) > wire.ReplyMax-wire.ReplyHeader {
-			text = text[:wire.ReplyMax-wire.ReplyHeader]
-		}
-		rep = append(rep, text...)
+		rep = wire.EncodeReply(rep, st, &r, wire.RunSeq(msg[:n]), text)
 		if _, err := unix.Write(sock, rep); err != nil {
 			os.Exit(wire.ExitChannel)
 		}

@@ -14,6 +14,14 @@
 //     [max_input, max_input+out). A request is one small message each way;
 //     the bytes never travel through the socket.
 //
+// Beside each instance's own slot a worker holds a pool of slots of the
+// same layout (OpSlot), which the server lends before a request's body is
+// read, so that the body lands where the worker's device reads it: a run
+// message names the slot its request is in (0: the instance's own), and the
+// worker's device works on it in place (the host device runs the chain on
+// it; a CUDA device copies straight between it, registered once, and the
+// GPU).
+//
 // Descriptors (the bundle directory, memfds, instance sockets) go to the
 // worker with SCM_RIGHTS. Integers are little-endian.
 package wire
@@ -22,6 +30,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
@@ -47,13 +56,14 @@ const (
 	OpLoad        byte = 'L' // [op][manifest JSON], fds: [bundle dir]
 	OpEntry       byte = 'E' // [op][kernel name] → [i32 index]
 	OpNewInstance byte = 'I' // [op][i64 max_in][i64 tmp][i64 out], fds: [memfd, instance socket]
+	OpSlot        byte = 'S' // [op][i64 size], fds: [memfd] → [u32 id]: a pool slot, registered with the device
 )
 
 // Protocol is the version of this file's messages, sent in OpReady: a
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 3
+const Protocol byte = 4
 
 // ReadyLen is the length of the OpReady message.
 const ReadyLen = 1 + 4 + 1 + 1
@@ -71,12 +81,13 @@ const (
 
 // Run message: header then steps.
 const (
-	RunHeader = 4 + 4 + 8 + 1 + 8 + 2 + 4 + 4 // in, out, tmp, zero flags, chain_key, nsteps, items, seq
-	StepBytes = 12                            // entry, grid, block
+	RunHeader = 4 + 4 + 8 + 1 + 8 + 2 + 4 + 4 + 4 // in, out, tmp, zero flags, chain_key, nsteps, items, slot, seq
+	StepBytes = 12                                // entry, grid, block
 	RunMsgMax = RunHeader + abi.MaxChainLength*StepBytes
 	// Run reply: status, copy-in, kernels, copy-out ns, the output's length
-	// (ABI 2 entries may lower it), the run's seq, then a message.
-	ReplyHeader = 1 + 8 + 8 + 8 + 8 + 4
+	// (ABI 2 entries may lower it), the payload bytes the worker copied on
+	// the host, the run's seq, then a message.
+	ReplyHeader = 1 + 8 + 8 + 8 + 8 + 8 + 4
 	// Where the sequence number sits: the last field of each header.
 	RunSeqAt   = RunHeader - 4
 	ReplySeqAt = ReplyHeader - 4
@@ -102,7 +113,9 @@ const (
 // next request answered with the one before's output. A reply that does not
 // echo the run's number ends the worker instead (instance.Run).
 
-func EncodeRun(b []byte, r *device.Run, alone bool, seq uint32) []byte {
+// EncodeRun writes r's run message into b (of RunMsgMax capacity): its
+// request is in slot (0: the instance's own, else a pool slot's id).
+func EncodeRun(b []byte, r *device.Run, alone bool, slot, seq uint32) []byte {
 	b = b[:RunHeader]
 	LE.PutUint32(b[0:], uint32(len(r.Input)))
 	LE.PutUint32(b[4:], uint32(len(r.Output)))
@@ -120,6 +133,7 @@ func EncodeRun(b []byte, r *device.Run, alone bool, seq uint32) []byte {
 	LE.PutUint64(b[17:], r.ChainKey)
 	LE.PutUint16(b[25:], uint16(len(r.Chain)))
 	LE.PutUint32(b[27:], r.Items)
+	LE.PutUint32(b[31:], slot)
 	LE.PutUint32(b[RunSeqAt:], seq)
 	for _, s := range r.Chain {
 		b = LE.AppendUint32(b, uint32(s.Entry))
@@ -141,19 +155,28 @@ func RunSeq(b []byte) uint32 {
 	return LE.Uint32(b[RunSeqAt:])
 }
 
+// RunSlot is the slot a run message names (0: the instance's own).
+func RunSlot(b []byte) uint32 {
+	if len(b) < RunHeader {
+		return 0
+	}
+	return LE.Uint32(b[31:])
+}
+
 // DecodeRun fills r from a run message, slicing input and output out of
-// slot (input at 0, output at maxIn).
+// slot (input at 0, output at maxIn): the slot the message names, which
+// the caller looked up (RunSlot).
 func DecodeRun(b []byte, r *device.Run, steps []device.Step, slot []byte, maxIn, out int64) error {
 	if len(b) < RunHeader {
 		return fmt.Errorf("run message of %d bytes", len(b))
 	}
 	in, outLen := int64(LE.Uint32(b[0:])), int64(LE.Uint32(b[4:]))
 	n := int(LE.Uint16(b[25:]))
-	if in > maxIn || outLen > out || n > len(steps) || len(b) != RunHeader+n*StepBytes {
-		return fmt.Errorf("run message out of bounds: input %d/%d, output %d/%d, %d steps in %d bytes", in, maxIn, outLen, out, n, len(b))
+	if in > maxIn || outLen > out || maxIn+outLen > int64(len(slot)) || n > len(steps) || len(b) != RunHeader+n*StepBytes {
+		return fmt.Errorf("run message out of bounds: input %d/%d, output %d/%d in a slot of %d, %d steps in %d bytes", in, maxIn, outLen, out, len(slot), n, len(b))
 	}
-	r.Input = slot[:in]
-	r.Output = slot[maxIn : maxIn+outLen]
+	r.Input = slot[:in:in]
+	r.Output = slot[maxIn : maxIn+outLen : maxIn+outLen]
 	r.TmpLen = int64(LE.Uint64(b[8:]))
 	r.ZeroTmp = b[16]&FlagZeroTmp != 0
 	r.ZeroOut = b[16]&FlagZeroOut != 0
@@ -165,6 +188,44 @@ func DecodeRun(b []byte, r *device.Run, steps []device.Step, slot []byte, maxIn,
 	}
 	r.Chain = steps[:n]
 	return nil
+}
+
+// Reply fields after the status byte.
+const (
+	replyCopyIn  = 1
+	replyKernels = 9
+	replyCopyOut = 17
+	replyOutLen  = 25
+	replyCopied  = 33
+)
+
+// EncodeReply writes a run's reply into b (of ReplyMax capacity).
+func EncodeReply(b []byte, st byte, r *device.Run, seq uint32, text string) []byte {
+	b = b[:ReplyHeader]
+	b[0] = st
+	LE.PutUint64(b[replyCopyIn:], uint64(r.Timing.CopyIn))
+	LE.PutUint64(b[replyKernels:], uint64(r.Timing.Kernels))
+	LE.PutUint64(b[replyCopyOut:], uint64(r.Timing.CopyOut))
+	LE.PutUint64(b[replyOutLen:], uint64(r.OutLen))
+	LE.PutUint64(b[replyCopied:], uint64(r.Timing.Copied))
+	LE.PutUint32(b[ReplySeqAt:], seq)
+	if len(text) > ReplyMax-ReplyHeader {
+		text = text[:ReplyMax-ReplyHeader]
+	}
+	return append(b, text...)
+}
+
+// DecodeReply reads a reply's timing into r and returns the output length
+// the worker reported (to be checked against the run's output) and the
+// message. b is at least ReplyHeader bytes.
+func DecodeReply(b []byte, r *device.Run) (outLen uint64, text string) {
+	r.Timing = device.Timing{
+		CopyIn:  time.Duration(LE.Uint64(b[replyCopyIn:])),
+		Kernels: time.Duration(LE.Uint64(b[replyKernels:])),
+		CopyOut: time.Duration(LE.Uint64(b[replyCopyOut:])),
+		Copied:  int64(LE.Uint64(b[replyCopied:])),
+	}
+	return LE.Uint64(b[replyOutLen:]), string(b[ReplyHeader:])
 }
 
 // StatusOf classifies an error from the worker's device for the wire.

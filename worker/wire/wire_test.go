@@ -18,17 +18,18 @@ func TestRunRoundTrip(t *testing.T) {
 		name  string
 		run   device.Run
 		alone bool
+		slot  uint32
 		seq   uint32
 	}{
-		{"one step", device.Run{Input: make([]byte, 10), Output: make([]byte, 32), TmpLen: 8, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}, false, 1},
+		{"one step", device.Run{Input: make([]byte, 10), Output: make([]byte, 32), TmpLen: 8, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}, false, 0, 1},
 		{"flags and a key", device.Run{Input: make([]byte, 64), Output: make([]byte, 5), ZeroTmp: true, ZeroOut: true, ChainKey: 1 << 40,
-			Chain: []device.Step{{Entry: 2, Grid: 3, Block: 4}, {Entry: 1, Grid: 1 << 20, Block: 1024}}}, true, 1 << 31},
-		{"a batch", device.Run{Input: make([]byte, 0), Output: make([]byte, 0), Items: 7, Chain: []device.Step{{Entry: 5, Grid: 9, Block: 9}}}, false, 42},
+			Chain: []device.Step{{Entry: 2, Grid: 3, Block: 4}, {Entry: 1, Grid: 1 << 20, Block: 1024}}}, true, 3, 1 << 31},
+		{"a batch", device.Run{Input: make([]byte, 0), Output: make([]byte, 0), Items: 7, Chain: []device.Step{{Entry: 5, Grid: 9, Block: 9}}}, false, 7, 42},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			msg := EncodeRun(make([]byte, 0, RunMsgMax), &tc.run, tc.alone, tc.seq)
-			if SentAlone(msg) != tc.alone || RunSeq(msg) != tc.seq {
-				t.Fatalf("alone %v seq %d, want %v %d", SentAlone(msg), RunSeq(msg), tc.alone, tc.seq)
+			msg := EncodeRun(make([]byte, 0, RunMsgMax), &tc.run, tc.alone, tc.slot, tc.seq)
+			if SentAlone(msg) != tc.alone || RunSeq(msg) != tc.seq || RunSlot(msg) != tc.slot {
+				t.Fatalf("alone %v slot %d seq %d, want %v %d %d", SentAlone(msg), RunSlot(msg), RunSeq(msg), tc.alone, tc.slot, tc.seq)
 			}
 			slot := make([]byte, maxIn+out)
 			var got device.Run
@@ -57,7 +58,7 @@ func TestRunRoundTrip(t *testing.T) {
 func TestRunOutOfBounds(t *testing.T) {
 	const maxIn, out = 16, 16
 	ok := device.Run{Input: make([]byte, 16), Output: make([]byte, 16), Chain: []device.Step{{Grid: 1, Block: 1}}}
-	good := EncodeRun(make([]byte, 0, RunMsgMax), &ok, false, 1)
+	good := EncodeRun(make([]byte, 0, RunMsgMax), &ok, false, 0, 1)
 	for _, tc := range []struct {
 		name string
 		msg  []byte
@@ -116,7 +117,22 @@ func TestStatusRoundTrip(t *testing.T) {
 // The protocol version is in the ready message: bumped with any change to
 // a message, so a worker of another build is refused at its start.
 func TestProtocolIsVersioned(t *testing.T) {
-	if Protocol < 3 || ReadyLen != 7 {
+	if Protocol < 4 || ReadyLen != 7 {
 		t.Fatalf("protocol %d, ready message %d bytes", Protocol, ReadyLen)
+	}
+}
+
+// A reply carries the run's timing, its output length, the bytes the
+// worker copied and its text.
+func TestReplyRoundTrip(t *testing.T) {
+	r := device.Run{OutLen: 12345, Timing: device.Timing{CopyIn: 1, Kernels: 2, CopyOut: 3, Copied: 4096}}
+	b := EncodeReply(make([]byte, 0, ReplyMax), StKernel, &r, 9, "bad input")
+	var got device.Run
+	n, text := DecodeReply(b, &got)
+	if b[0] != StKernel || n != 12345 || text != "bad input" || got.Timing != r.Timing || LE.Uint32(b[ReplySeqAt:]) != 9 {
+		t.Fatalf("decoded %d %q %+v", n, text, got.Timing)
+	}
+	if long := EncodeReply(make([]byte, 0, ReplyMax), StKernel, &r, 9, strings.Repeat("x", 2*ReplyMax)); len(long) != ReplyMax {
+		t.Fatalf("a long message made a reply of %d bytes, want it cut to %d", len(long), ReplyMax)
 	}
 }

@@ -1,0 +1,179 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/wire"
+)
+
+// The pool slots of a program: shared memory the worker maps and registers
+// with its device once (OpSlot), lent before a request's body is read so
+// that the body lands where the worker's device reads it, and its output
+// is written to the client from where the device put it. A slot is one
+// request's from its lending to its Release (after the response is
+// written), and only this function's worker ever maps it: a worker that
+// writes into its slots after replying can spoil only its own function's
+// answers, and a slot is never lent again before its response is out.
+
+// maxPoolSlots bounds a program's pool slots: runs in flight on its
+// instances plus requests queued or uploading beyond them. Past it a body
+// is read into ordinary memory and copied into the instance's own slot.
+const maxPoolSlots = 32
+
+// slotPool is a program's pool slots.
+type slotPool struct {
+	mu    sync.Mutex
+	free  []*poolSlot
+	count int // lent and free
+	size  [2]int64
+	dead  bool // the worker is gone: nothing goes back to free
+}
+
+// poolSlot is one pool slot, seen from the server.
+type poolSlot struct {
+	g     *program
+	id    uint32 // the worker's id for it
+	mem   []byte // the server's mapping: input at 0, output at maxIn
+	maxIn int64
+	out   int64
+	lent  atomic.Bool
+
+	// holds counts chains still running on it past their request (an
+	// overrun: the request was answered at its deadline); released says
+	// the request let it go meanwhile: the last hold gives it back.
+	mu       sync.Mutex
+	holds    int
+	released bool
+}
+
+func (s *poolSlot) hold() {
+	s.mu.Lock()
+	s.holds++
+	s.mu.Unlock()
+}
+
+func (s *poolSlot) unhold() {
+	s.mu.Lock()
+	s.holds--
+	back := s.holds == 0 && s.released
+	s.released = s.released && !back
+	s.mu.Unlock()
+	if back {
+		s.giveBack()
+	}
+}
+
+func (s *poolSlot) Input() []byte         { return s.mem[:s.maxIn:s.maxIn] }
+func (s *poolSlot) Output() []byte        { return s.mem[s.maxIn : s.maxIn+s.out : s.maxIn+s.out] }
+func (s *poolSlot) Device() device.Device { return s.g.d }
+
+// Release gives the slot back to its program's pool, or unmaps it once
+// the worker is gone; while a chain that overran its request still runs on
+// it, once that chain ends. Releasing twice is a server bug: refused.
+func (s *poolSlot) Release() {
+	if !s.lent.CompareAndSwap(true, false) {
+		panic("worker: a pool slot released twice")
+	}
+	s.mu.Lock()
+	if s.holds > 0 {
+		s.released = true
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.giveBack()
+}
+
+func (s *poolSlot) giveBack() {
+	pool := &s.g.slots
+	pool.mu.Lock()
+	if !pool.dead && s.g.p.alive() {
+		pool.free = append(pool.free, s)
+		pool.mu.Unlock()
+		return
+	}
+	pool.count--
+	pool.mu.Unlock()
+	unix.Munmap(s.mem)
+}
+
+var _ device.Lender = (*program)(nil)
+
+// Lend lends a pool slot of maxIn input and out output bytes (a program's
+// instances all have its manifest's sizes), making one if none is free and
+// the pool has room: a control call the first time, the slot reused after.
+// False when the worker is gone or the pool is full.
+func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
+	pool := &g.slots
+	pool.mu.Lock()
+	if pool.dead || !g.p.alive() || g.closed.Load() || (pool.count > 0 && pool.size != [2]int64{maxIn, out}) {
+		pool.mu.Unlock()
+		return nil, false
+	}
+	if n := len(pool.free); n > 0 {
+		s := pool.free[n-1]
+		pool.free = pool.free[:n-1]
+		pool.mu.Unlock()
+		s.lent.Store(true)
+		return s, true
+	}
+	if pool.count >= maxPoolSlots {
+		pool.mu.Unlock()
+		return nil, false
+	}
+	pool.count++ // this one's, before the call: the cap holds under concurrency
+	pool.size = [2]int64{maxIn, out}
+	pool.mu.Unlock()
+	s, err := g.newPoolSlot(maxIn, out)
+	if err != nil {
+		pool.mu.Lock()
+		pool.count--
+		pool.mu.Unlock()
+		return nil, false
+	}
+	s.lent.Store(true)
+	return s, true
+}
+
+// newPoolSlot makes a slot and has the worker map and register it.
+func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
+	memfd, mem, err := newSlot(maxIn + out)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(memfd)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	msg := wire.LE.AppendUint64([]byte{wire.OpSlot}, uint64(maxIn+out))
+	rep, err := g.p.call(ctx, msg, []int{memfd}, "adding a slot")
+	if err == nil && (len(rep) < 5 || rep[0] != wire.StOK) {
+		err = fmt.Errorf("worker %d refused a slot: %q", g.p.pid, rep)
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	return &poolSlot{g: g, id: wire.LE.Uint32(rep[1:]), mem: mem, maxIn: maxIn, out: out}, nil
+}
+
+// closeSlots unmaps the free slots of a program whose worker is gone;
+// lent ones are unmapped as they come back.
+func (g *program) closeSlots() {
+	pool := &g.slots
+	pool.mu.Lock()
+	pool.dead = true
+	free := pool.free
+	pool.free = nil
+	pool.count -= len(free)
+	pool.mu.Unlock()
+	for _, s := range free {
+		unix.Munmap(s.mem)
+	}
+}

@@ -1,0 +1,122 @@
+package worker
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A request whose body is in a slot its worker lent runs there: nothing is
+// copied on either side (the host device runs the chain on the slot), and
+// the output is left in the slot's output. Without a lent slot the server
+// copies the input in and the output out of the instance's own slot.
+func TestLentSlotRunsInPlace(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("echo")
+	m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 64}, {Kernel: "add_one", Grid: 1, Block: 1}}
+	p := load(t, d, m)
+	in := newInst(t, p, m)
+	echo, _ := p.Entry("echo")
+	addOne, _ := p.Entry("add_one")
+	chain := []device.Step{{Entry: echo, Grid: 1, Block: 64}, {Entry: addOne, Grid: 1, Block: 1}}
+	lender := p.(device.Lender)
+	input := []byte("a body that landed where the worker reads it")
+	want := make([]byte, m.OutBytes)
+	copy(want, input)
+	for i := range want {
+		want[i]++
+	}
+
+	s, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot lent")
+	}
+	if s.Device() != d || int64(len(s.Input())) != m.MaxInputBytes || int64(len(s.Output())) != m.OutBytes {
+		t.Fatalf("slot of %d/%d bytes on %v", len(s.Input()), len(s.Output()), s.Device())
+	}
+	n := copy(s.Input(), input)
+	r := &device.Run{Input: s.Input()[:n], Output: s.Output(), Slot: s, TmpLen: m.TmpBytes, Chain: chain}
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Timing.Copied != 0 || !bytes.Equal(s.Output(), want) {
+		t.Fatalf("in a lent slot: %d bytes copied, output %q", r.Timing.Copied, s.Output()[:8])
+	}
+	first := &s.Input()[0]
+	s.Release()
+
+	out := make([]byte, m.OutBytes)
+	r = &device.Run{Input: input, Output: out, TmpLen: m.TmpBytes, Chain: chain}
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Timing.Copied != int64(len(input))+m.OutBytes || !bytes.Equal(out, want) {
+		t.Fatalf("in ordinary memory: %d bytes copied (want %d: in and out), output %q", r.Timing.Copied, int64(len(input))+m.OutBytes, out[:8])
+	}
+
+	// Slots are reused, bounded, and of the program's layout only.
+	var lent []device.Slot
+	for {
+		s, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
+		if !ok {
+			break
+		}
+		lent = append(lent, s)
+	}
+	if len(lent) != maxPoolSlots || &lent[0].Input()[0] != first {
+		t.Fatalf("lent %d slots (want %d), the first one again: %v", len(lent), maxPoolSlots, &lent[0].Input()[0] == first)
+	}
+	lent[3].Release()
+	if s, ok := lender.Lend(m.MaxInputBytes, m.OutBytes); !ok || s != lent[3] {
+		t.Fatal("a released slot was not lent again")
+	}
+	for _, s := range lent {
+		s.Release()
+	}
+	if _, ok := lender.Lend(m.MaxInputBytes+1, m.OutBytes); ok {
+		t.Fatal("lent a slot of another layout")
+	}
+}
+
+// A chain that runs past its request's deadline still works on its slot:
+// the slot must not serve another request until the chain has ended, even
+// though its request let it go when it was answered (504).
+func TestOverrunHoldsItsSlot(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Slow("slow", 1)
+	p := load(t, d, m)
+	in := newInst(t, p, m)
+	sleep, _ := p.Entry("sleep_ms")
+	echo, _ := p.Entry("echo")
+	lender := p.(device.Lender)
+	s, _ := lender.Lend(m.MaxInputBytes, m.OutBytes)
+	r := &device.Run{Input: s.Input()[:1], Output: s.Output(), Slot: s, TmpLen: m.TmpBytes,
+		Chain: []device.Step{{Entry: sleep, Grid: 120, Block: 1}}, Deadline: time.Now().Add(30 * time.Millisecond)}
+	if err := in.Run(r); !errors.Is(err, device.ErrDeadline) {
+		t.Fatalf("run past its deadline: %v", err)
+	}
+	s.Release() // the request was answered: 504
+	other, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok || other == s {
+		t.Fatal("the slot of a chain still running was lent again")
+	}
+	// The instance's next run waits for the overrun to end: then the slot
+	// is free again.
+	r = &device.Run{Input: []byte{1}, Output: make([]byte, 8), TmpLen: m.TmpBytes, Chain: []device.Step{{Entry: echo, Grid: 1, Block: 8}}}
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	other.Release()
+	a, _ := lender.Lend(m.MaxInputBytes, m.OutBytes)
+	b, _ := lender.Lend(m.MaxInputBytes, m.OutBytes)
+	if a != s && b != s {
+		t.Fatal("the slot did not come back once the overrun ended")
+	}
+	a.Release()
+	b.Release()
+}
