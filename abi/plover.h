@@ -134,10 +134,10 @@ typedef struct plover_buf {
 typedef struct plover_state {
   uint32_t size;        /* sizeof(plover_state_t) in the runtime: 160 */
   uint32_t abi_version; /* the runtime's PLOVER_ABI_VERSION */
-  plover_buf_t input;
+  plover_buf_t input;    /* may point elsewhere each request (a worker's slot): read it from s */
   plover_buf_t constant;
   plover_buf_t tmp;
-  plover_buf_t out;
+  plover_buf_t out;      /* as input: never keep the pointer from plover_instance_init */
   void *stream;
   void *program;
   void *instance;
