@@ -601,6 +601,23 @@ else
   say "SKIP: needs the CUDA server, build/samples/cnn-cuda and python3"
 fi
 
+# ---------------------------------------------------------------- data path
+# vecadd 4 MB against an echo floor on CUDA: the body lands in the worker's
+# registered slot, the DMA runs straight from it, the response is written
+# from it (issue "The data path": vecadd hot server time <= 0.35 ms).
+section "data path: vecadd 4 MB against an echo floor (plover-bench-suite --datapath)"
+if ! skip datapath && [ -x bin/plover-bench-suite ] && [ -d build/samples/vecadd-cuda ] && [ -f build/samples/vecadd-input.bin ]; then
+  if bin/plover-bench-suite --plover bin/plover --device cuda --datapath --dry-run >"$tmp/datapath.md" 2>&1; then
+    pass "data-path benchmark on CUDA"
+  else
+    fail "data-path benchmark on CUDA (see datapath.md)"
+  fi
+  grep -E '^\||Targets' "$tmp/datapath.md" || true
+  save "$tmp/datapath.md" datapath.md
+else
+  say "SKIP: needs bin/plover-bench-suite, build/samples/vecadd-cuda and vecadd-input.bin (or SKIP has datapath)"
+fi
+
 # ---------------------------------------------------------------- sharing
 section "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
 if [ -x bin/plover-bench-suite ] && [ -d build/samples/cnn-cuda ] && [ -d build/samples/spin-cuda ] && [ -d build/samples/vecadd-cuda ]; then
