@@ -68,6 +68,7 @@ type serveFlags struct {
 	sched, schedPolicy, evictPolicy                  string
 	deviceRuns                                       int
 	cpuWeights                                       bool
+	cgroupRoot                                       string
 }
 
 func serveCmd() *command {
@@ -114,7 +115,8 @@ func serveCmd() *command {
 			fs.StringVar(&f.schedPolicy, "sched-policy", sched.DefaultPolicy, "the order in which queued runs get the device, one of the registered policies: "+strings.Join(sched.Policies(), ", ")+" (wfq: weighted fair by device time within priority classes; fifo: as they came, shares and priorities ignored)")
 			fs.StringVar(&f.evictPolicy, "evict", evict.Default, "what goes first when a device is short of memory, one of the registered policies: "+strings.Join(evict.Names(), ", ")+" (idle instances before programs; lru: least recently used first; largest: the most memory first)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
-			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "put each worker in a cgroup whose CPU weight follows its function's share and priority, and the server in one above them (--isolation process, where cgroups can be written)")
+			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
+			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (with --cpu-weights)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
@@ -254,6 +256,9 @@ func serve(f *serveFlags, env *Env) error {
 	door := frontdoor.New(frontdoor.Config{Runner: runner, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg), Tracer: tr, Log: log})
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
 		Door: door, ReadTimeout: f.readTimeout}
+	if f.isolation == "process" {
+		opts.CPUWeights = cpu.Mechanism // nil: "off"
+	}
 	srv := httpapi.New(runner, eng.Control(), opts)
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
@@ -426,7 +431,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	spawner := contain.NewSpawner()
 	var cpu *worker.CPUGroups
 	if f.cpuWeights {
-		cpu = worker.NewCPUGroups(log)
+		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
 	}
 	exe := workerExe(log)
 	out := make([]device.Device, len(devs))

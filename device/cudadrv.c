@@ -517,4 +517,5 @@ sync:
   r->t.copy_in_ns = (t1 - t0) + (int64_t)(ms[0] * 1e6);
   r->t.kernels_ns = (int64_t)(ms[1] * 1e6);
   r->t.copy_out_ns = (int64_t)(ms[2] * 1e6) + (t3 - t2);
+  r->t.busy_ns = (int64_t)((ms[0] + ms[1] + ms[2]) * 1e6);
 }

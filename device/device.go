@@ -155,6 +155,11 @@ type Timing struct {
 	// out of its own buffers or staging), beside the transfer to and from
 	// the device itself: 0 when it worked in place.
 	Copied int64
+	// Busy is the device time the run used, what its function is charged
+	// and billed for it: on the host device the CPU time of the thread that
+	// ran the chain, not the time it waited for a CPU; on CUDA the copies'
+	// and the chain's time on the GPU. 0: the device does not know.
+	Busy time.Duration
 }
 
 // Slot is memory a request's input lands in and its output is read from,

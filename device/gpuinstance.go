@@ -153,6 +153,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		Kernels: time.Duration(res.t.kernels_ns),
 		CopyOut: time.Duration(res.t.copy_out_ns),
 		Copied:  int64(res.t.copied),
+		Busy:    time.Duration(res.t.busy_ns),
 	}
 	var kerr string
 	if res.kernel_err != nil {

@@ -224,6 +224,7 @@ func (i *hostInstance) Run(r *Run) error {
 		Kernels: time.Duration(i.timing.kernels_ns),
 		CopyOut: time.Duration(i.timing.copy_out_ns),
 		Copied:  int64(i.timing.copied),
+		Busy:    time.Duration(i.timing.busy_ns),
 	}
 	if msg != nil {
 		r.OutLen = 0

@@ -21,6 +21,11 @@ typedef struct {
   /* Payload bytes copied on the host, into and out of the instance's own
    * buffers or staging: 0 for a run in place. */
   uint64_t copied;
+  /* The device time the run used, what it is charged and billed: on the
+   * host device the CPU time of the thread that ran it (not the time it
+   * waited for a CPU); on CUDA the copies' and the chain's time on the GPU
+   * (its events). 0: unknown. */
+  int64_t busy_ns;
 } plover_timing_t;
 
 typedef const char *(*plover_last_error_fn)(void);

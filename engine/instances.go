@@ -224,6 +224,6 @@ func (e *Engine) runOn(ctx context.Context, f *function, in *instance, r *device
 	}
 	err = in.inst.Run(r)
 	end := time.Now()
-	tk.DoneAt(end)
+	tk.DoneUsed(end, r.Timing.Busy)
 	return wait, end, err
 }

@@ -72,6 +72,9 @@ type Options struct {
 	// registration are then its. Nil: the Server makes its own, from
 	// Tokens and Tracer, counting on Registry.
 	Door *frontdoor.Door
+	// CPUWeights, when set, says how worker processes' CPU weights are
+	// applied ("cgroup v2", "cgroup v1", "nice", "off"), for /healthz.
+	CPUWeights func() string
 	// ReadTimeout bounds the time a client takes to send a request, its
 	// headers and body (408 past it); 0: 60 s.
 	ReadTimeout time.Duration
@@ -478,7 +481,11 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		status, code = "unhealthy", fasthttp.StatusServiceUnavailable
 	}
-	writeJSON(ctx, code, map[string]any{"status": status, "devices": devs})
+	body := map[string]any{"status": status, "devices": devs}
+	if s.opts.CPUWeights != nil {
+		body["cpu_weights"] = s.opts.CPUWeights()
+	}
+	writeJSON(ctx, code, body)
 }
 
 // invoke is the hot path: no allocation for an octet-stream request on an

@@ -35,3 +35,34 @@ func TestPoliciesByName(t *testing.T) {
 		})
 	}
 }
+
+// A run is charged the device time it used, when its device says: not the
+// time it held its slot (which includes waiting for the device when runs
+// outnumber it), but at least its slot time over the device's slots.
+func TestChargeIsTheDeviceTimeUsed(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		held, used time.Duration
+		want       time.Duration
+	}{
+		{"unknown: the slot time", 8 * time.Millisecond, 0, 8 * time.Millisecond},
+		{"used less than held (waited for a CPU)", 8 * time.Millisecond, 3 * time.Millisecond, 3 * time.Millisecond},
+		{"a sleeping run: the slot's share", 8 * time.Millisecond, time.Microsecond, 2 * time.Millisecond},
+		{"more than held (another clock): held", 8 * time.Millisecond, 9 * time.Millisecond, 8 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			s := New(Config{MaxRuns: 4, Clock: clk})
+			f := s.Flow("f")
+			tk, _, err := f.Admit(t.Context(), time.Time{}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(tc.held)
+			tk.DoneUsed(clk.Now(), tc.used)
+			if got := f.DeviceTime(); got != tc.want {
+				t.Fatalf("charged %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -294,7 +294,17 @@ func (t Ticket) Done() {
 }
 
 // DoneAt is Done for a caller that has just read the Scheduler's clock: now.
-func (t Ticket) DoneAt(now time.Time) {
+func (t Ticket) DoneAt(now time.Time) { t.DoneUsed(now, 0) }
+
+// DoneUsed is DoneAt for a run whose device says how much device time it
+// used (0: it does not know): the run is charged and billed that, not the
+// time it held its slot, which on a device busier than its slots (the
+// host device's runs outnumber its CPUs) includes the time the run waited
+// for the device. It is charged at least its slot time divided by the
+// device's slots: a run that holds a slot while using little of the
+// device (a sleeping kernel) still costs the share of the device a slot
+// is, so that runs of that kind cannot take every slot for nothing.
+func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 	r := t.r
 	if r == nil {
 		return
@@ -302,7 +312,12 @@ func (t Ticket) DoneAt(now time.Time) {
 	s := r.s // r.f is nil once the run gave its slot up at its deadline
 	s.mu.Lock()
 	if r.gen == t.gen {
-		s.end(r, now.Sub(r.start), now)
+		held := now.Sub(r.start)
+		charge := held
+		if used > 0 {
+			charge = min(held, max(used, held/time.Duration(s.cfg.MaxRuns)))
+		}
+		s.end(r, charge, now)
 		s.dispatch(now)
 		s.armExpiry(now)
 	}

@@ -16,19 +16,26 @@ import (
 	"github.com/plover-run/plover/abi"
 )
 
-// CPUGroups gives each worker process a cgroup of its own whose CPU weight
-// follows its function's share and priority, so that the OS divides the
-// CPU among workers as the device scheduler divides the device: a worker
-// that spins threads beyond its runs takes them out of its own weight, not
-// its neighbours'. The server creates a group when a worker takes a
-// function and removes it when the worker is gone. cgroup v1 (cpu.shares)
-// and v2 (cpu.weight) are both handled; where neither can be written (no
-// root, a read-only hierarchy) the server says so once and runs without.
+// CPUGroups gives each worker process a CPU weight that follows its
+// function's share and priority, so that the OS divides the CPU among
+// workers as the device scheduler divides the device: a worker that spins
+// threads beyond its runs takes them out of its own weight, not its
+// neighbours'. Where cgroups can be written, each worker gets a cgroup of
+// its own (v1 cpu.shares or v2 cpu.weight), created when it takes a
+// function and removed when it is gone. Where they cannot (a container, a
+// pod, a hierarchy without the cpu controller delegated), every thread of
+// the worker gets a nice level instead, which any process may raise for
+// its own children: CFS weighs threads by nice level (nice 0 = 1024, each
+// level about 1.25x less), so the levels carry the same ratios, within a
+// level's 25%, from nice 10 for a default function down to 0 and up to
+// 19 (the server stays at 0: the front door above every function but the
+// heaviest). Mechanism says which is in force.
 type CPUGroups struct {
 	home string // the group the server was in, which holds dir
 	dir  string // the server's parent group, plover-<server pid>
 	file string // "cpu.shares" (v1) or "cpu.weight" (v2)
 	v2   bool
+	nice bool // no cgroups: nice levels per worker thread
 	log  *slog.Logger
 
 	mu     sync.Mutex
@@ -45,16 +52,44 @@ var (
 // NewCPUGroups finds the machine's cgroup CPU controller and makes the
 // server's group inside the one the server runs in (a systemd unit's, say:
 // delegate it the cpu controller), moving the server into a subgroup of
-// its own; nil (logged) when there is none it can use.
-func NewCPUGroups(log *slog.Logger) *CPUGroups {
+// its own; where there is none it can use, it falls back to nice levels
+// (logged, with the reason).
+func NewCPUGroups(log *slog.Logger) *CPUGroups { return NewCPUGroupsAt(cgroupRoot, log) }
+
+// NewCPUGroupsAt is NewCPUGroups with the cgroup hierarchy mounted at root.
+func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
+	cgroupRoot = root
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if g := newCgroups(log); g != nil {
+		return g
+	}
+	log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
+	return &CPUGroups{nice: true, log: log}
+}
+
+// Mechanism says how worker CPU weights are applied: "cgroup v2", "cgroup
+// v1", "nice", or "off" (nil, or turned off after a failure).
+func (g *CPUGroups) Mechanism() string {
+	switch {
+	case g == nil || g.off():
+		return "off"
+	case g.nice:
+		return "nice"
+	case g.v2:
+		return "cgroup v2"
+	}
+	return "cgroup v1"
+}
+
+// newCgroups is NewCPUGroups's cgroup controller, or nil (logged).
+func newCgroups(log *slog.Logger) *CPUGroups {
 	name := fmt.Sprintf("plover-%d", os.Getpid())
 	var g *CPUGroups
 	if ctl, err := os.ReadFile(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
 		if !slices.Contains(strings.Fields(string(ctl)), "cpu") {
-			log.Warn("worker CPU weights off: the cgroup v2 hierarchy has no cpu controller", "controllers", strings.TrimSpace(string(ctl)))
+			log.Warn("worker CPU weights: the cgroup v2 hierarchy has no cpu controller", "controllers", strings.TrimSpace(string(ctl)))
 			return nil
 		}
 		g = &CPUGroups{file: "cpu.weight", v2: true, log: log}
@@ -63,13 +98,13 @@ func NewCPUGroups(log *slog.Logger) *CPUGroups {
 		g = &CPUGroups{file: "cpu.shares", log: log}
 		g.home = filepath.Join(cgroupRoot, "cpu", ownGroup(false))
 	} else {
-		log.Warn("worker CPU weights off: no cgroup cpu controller found", "root", cgroupRoot)
+		log.Warn("worker CPU weights: no cgroup cpu controller found", "root", cgroupRoot)
 		return nil
 	}
 	g.dir = filepath.Join(g.home, name)
 	sweep(g.home)
 	if err := os.Mkdir(g.dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		log.Warn("worker CPU weights off: cannot create a cgroup", "dir", g.dir, "error", err)
+		log.Warn("worker CPU weights: cannot create a cgroup", "dir", g.dir, "error", err)
 		return nil
 	}
 	if g.v2 {
@@ -77,7 +112,7 @@ func NewCPUGroups(log *slog.Logger) *CPUGroups {
 		// down: the server's group to ours, and ours to the workers'.
 		for _, d := range []string{g.home, g.dir} {
 			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+cpu"), 0o644); err != nil {
-				log.Warn("worker CPU weights off: cannot enable the cpu controller (a group with processes cannot, under cgroup v2: run the server in a group of its own)", "dir", d, "error", err)
+				log.Warn("worker CPU weights: cannot enable the cpu controller (a group with processes cannot, under cgroup v2: run the server in a group of its own)", "dir", d, "error", err)
 				os.Remove(g.dir)
 				return nil
 			}
@@ -89,7 +124,7 @@ func NewCPUGroups(log *slog.Logger) *CPUGroups {
 	// everyone's runs; workers it starts leave for their own groups when
 	// they take a function.
 	if err := g.writeGroup(filepath.Join(g.dir, "server"), os.Getpid(), strconv.Itoa(int(g.units().hi))); err != nil {
-		log.Warn("worker CPU weights off: cannot place the server in a cgroup", "error", err)
+		log.Warn("worker CPU weights: cannot place the server in a cgroup", "error", err)
 		os.Remove(filepath.Join(g.dir, "server"))
 		os.Remove(g.dir)
 		return nil
@@ -195,6 +230,11 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 	if g == nil || g.off() {
 		return nil
 	}
+	if g.nice {
+		c := &Group{g: g, pid: pid}
+		c.setWeight(w, "")
+		return c
+	}
 	dir := filepath.Join(g.dir, strconv.Itoa(pid))
 	if err := g.writeGroup(dir, pid, g.value(w)); err != nil {
 		os.Remove(dir)
@@ -222,10 +262,11 @@ func (g *CPUGroups) fail(err error, msg string, args ...any) {
 	}
 }
 
-// Group is one worker's cgroup.
+// Group is one worker's cgroup, or its process with nice levels.
 type Group struct {
 	g   *CPUGroups
 	dir string
+	pid int // nice levels
 }
 
 // Weigh sets the group's weight for m's function (Weight). It is written
@@ -246,6 +287,12 @@ func (c *Group) setWeight(w float64, function string) {
 	if c == nil {
 		return
 	}
+	if c.g.nice {
+		if err := renice(c.pid, niceLevel(w)); err != nil && !errors.Is(err, syscall.ESRCH) {
+			c.g.fail(err, "cannot set a worker's nice level", "function", function)
+		}
+		return
+	}
 	err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(w)), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
 		c.g.fail(err, "cannot set a worker's CPU weight", "function", function)
@@ -256,9 +303,43 @@ func (c *Group) setWeight(w float64, function string) {
 // goes; one still holding a process that forked away is left for Close's
 // sweep.
 func (c *Group) Remove() {
-	if c != nil {
+	if c != nil && c.dir != "" {
 		os.Remove(c.dir)
 	}
+}
+
+// niceBase is a default function's nice level; a worker's level is
+// niceBase less the levels (factors of 1.25 in CFS's weight table) of its
+// weight, within 0..19.
+const niceBase = 10
+
+func niceLevel(w float64) int {
+	if w <= 0 {
+		return 19
+	}
+	return min(19, max(0, niceBase-int(math.Round(math.Log(w)/math.Log(1.25)))))
+}
+
+// renice sets every thread of process pid to nice level n: a nice level
+// is a thread's on Linux, and threads a thread creates inherit its level.
+func renice(pid, n int) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return syscall.ESRCH
+		}
+		return err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeGroup makes group dir with weight value v and moves pid into it.
@@ -275,7 +356,7 @@ func (g *CPUGroups) writeGroup(dir string, pid int, v string) error {
 
 // Close removes the server's groups (every worker is gone by then).
 func (g *CPUGroups) Close() {
-	if g == nil {
+	if g == nil || g.nice {
 		return
 	}
 	// The server goes back where it was: a group holding a process cannot

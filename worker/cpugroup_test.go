@@ -1,12 +1,16 @@
 package worker
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 func TestCPUWeight(t *testing.T) {
@@ -82,5 +86,48 @@ func TestCPUGroupsV1(t *testing.T) {
 	g.Close()
 	if _, err := os.Stat(g.dir); !os.IsNotExist(err) {
 		t.Fatalf("the server's group outlived Close: %v", err)
+	}
+}
+
+// Where cgroups cannot be written, every thread of a worker gets the nice
+// level of its function's weight: a standby the lowest, a default function
+// 10, share 3 about 4.9 levels (x1.25 each) above, a latency function 9
+// levels above; the mechanism says "nice".
+func TestCPUWeightsByNiceLevel(t *testing.T) {
+	old := cgroupRoot
+	cgroupRoot = filepath.Join(t.TempDir(), "none") // no hierarchy at all
+	defer func() { cgroupRoot = old }()
+	g := NewCPUGroups(nil)
+	if g.Mechanism() != "nice" {
+		t.Fatalf("mechanism %q without cgroups, want nice", g.Mechanism())
+	}
+	for _, tc := range []struct {
+		share    float64
+		priority string
+		nice     int
+	}{{1, "", 10}, {3, "", 5}, {1, "latency", 1}, {1, "batch", 19}} {
+		d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, CPU: g})
+		m := testkit.Manifest("nice")
+		m.Share, m.Priority = tc.share, tc.priority
+		p := load(t, d, m)
+		pid := p.(interface{ PID() int }).PID()
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil || len(tasks) < 2 {
+			t.Fatalf("worker %d's threads: %v (%d)", pid, err, len(tasks))
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The fields after the command's closing parenthesis: nice is
+			// the 19th field of the line, the 17th after it.
+			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+			if n, _ := strconv.Atoi(f[16]); n != tc.nice {
+				t.Fatalf("share %v %q: thread %s of worker %d at nice %d, want %d", tc.share, tc.priority, task.Name(), pid, n, tc.nice)
+			}
+		}
+		p.Close()
+		d.Close()
 	}
 }

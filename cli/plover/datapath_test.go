@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,4 +199,33 @@ func TestDataPath(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// /healthz says how workers' CPU weights are applied: cgroups where they
+// can be written, nice levels where they cannot (a pod; here a cgroup root
+// with nothing in it).
+func TestCPUWeightsReported(t *testing.T) {
+	bin := buildPlover(t)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, []string{"cgroup v1", "cgroup v2", "nice"}}, // whatever this machine allows
+		{[]string{"--cgroup-root", t.TempDir()}, []string{"nice"}},
+		{[]string{"--cpu-weights=false"}, []string{"off"}},
+	} {
+		srv := startServer(t, bin, append([]string{"--isolation", "process"}, tc.args...)...)
+		resp, err := http.Get(srv.url + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h struct {
+			CPUWeights string `json:"cpu_weights"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		if err != nil || !slices.Contains(tc.want, h.CPUWeights) {
+			t.Fatalf("%v: cpu_weights %q (%v), want one of %q", tc.args, h.CPUWeights, err, tc.want)
+		}
+	}
 }

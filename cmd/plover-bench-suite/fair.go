@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -35,11 +36,20 @@ type fairMode struct {
 	Beside      map[string]fairLoad `json:"victim_beside"` // by neighbour
 	Neighbours  map[string]fairLoad `json:"neighbours"`    // the floods, during the victim's run
 	Alone4      fairLoad            `json:"victim_alone_4_clients"`
-	SharesA     float64             `json:"shares_a_fraction"` // device time of the share-3 flood over both
-	SharesRuns  [2]int64            `json:"shares_throughput"`
+	Shares      []fairShares        `json:"shares"` // at each count of clients per flood
 	LatAlone    fairLoad            `json:"latency_alone"`
 	LatBeside   fairLoad            `json:"latency_beside_batch"`
 	BatchBeside fairLoad            `json:"batch_flood"`
+}
+
+// fairShares is spin-a (share 3) against spin-b (share 1), each flooded by
+// Clients: the part of the device time each was billed, and the part of
+// the work each got done (requests served: the same chain).
+type fairShares struct {
+	Clients    int      `json:"clients"`
+	BilledA    float64  `json:"billed_a_fraction"`
+	WorkA      float64  `json:"work_a_fraction"`
+	Throughput [2]int64 `json:"throughput"`
 }
 
 type fairRun struct {
@@ -95,7 +105,7 @@ func runFair(ctx context.Context, o *options, res *results) error {
 		}
 	}
 	fr := &fairRun{Clients: o.fairClients, Time: o.fairTime.Seconds()}
-	for _, mode := range []string{"fair", "off", "none"} {
+	for _, mode := range []string{"fair", "fair-nice", "off", "none"} {
 		logf("mode %s", mode)
 		m, err := fairOneMode(ctx, o, data, mode, cnn.Input, vec.Input, spinIn)
 		if err != nil {
@@ -139,8 +149,11 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 
 func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecIn, spinIn []byte) (*fairMode, error) {
 	flags := []string{"--sched", mode}
-	if mode == "none" { // the server before the scheduler and the CPU weights
+	switch mode {
+	case "none": // the server before the scheduler and the CPU weights
 		flags = []string{"--sched", "off", "--cpu-weights=false"}
+	case "fair-nice": // where cgroups cannot be written (a pod): nice levels
+		flags = []string{"--sched", "fair", "--cgroup-root", filepath.Join(data, "no-cgroups")}
 	}
 	srv, err := startServer(o.plover, data, o.device, o.isolation, flags...)
 	if err != nil {
@@ -168,26 +181,30 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 		}
 		m.Beside[nb], m.Neighbours[nb] = v, n
 	}
-	logf("  spin-a (share 3) and spin-b (share 1), %d clients each", o.fairClients)
-	before := [2]float64{deviceSeconds(srv.url, "spin-a"), deviceSeconds(srv.url, "spin-b")}
-	var wg sync.WaitGroup
-	var la, lb fairLoad
-	var ea, eb error
-	wg.Add(2)
-	go func() { defer wg.Done(); la, ea = closed(ctx, srv.url, "spin-a", spinIn, o.fairClients, o.fairTime) }()
-	go func() { defer wg.Done(); lb, eb = closed(ctx, srv.url, "spin-b", spinIn, o.fairClients, o.fairTime) }()
-	wg.Wait()
-	if ea != nil || eb != nil {
-		return nil, fmt.Errorf("shares: %v %v", ea, eb)
+	for _, clients := range []int{4, 12} {
+		logf("  spin-a (share 3) and spin-b (share 1), %d clients each", clients)
+		before := [2]float64{deviceSeconds(srv.url, "spin-a"), deviceSeconds(srv.url, "spin-b")}
+		var wg sync.WaitGroup
+		var la, lb fairLoad
+		var ea, eb error
+		wg.Add(2)
+		go func() { defer wg.Done(); la, ea = closed(ctx, srv.url, "spin-a", spinIn, clients, o.fairTime) }()
+		go func() { defer wg.Done(); lb, eb = closed(ctx, srv.url, "spin-b", spinIn, clients, o.fairTime) }()
+		wg.Wait()
+		if ea != nil || eb != nil {
+			return nil, fmt.Errorf("shares: %v %v", ea, eb)
+		}
+		sh := fairShares{Clients: clients, Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}}
+		if la.Throughput+lb.Throughput > 0 {
+			sh.WorkA = la.Throughput / (la.Throughput + lb.Throughput)
+		}
+		da, db := deviceSeconds(srv.url, "spin-a")-before[0], deviceSeconds(srv.url, "spin-b")-before[1]
+		sh.BilledA = math.NaN() // no scheduler, no device time
+		if strings.HasPrefix(mode, "fair") && da+db > 0 {
+			sh.BilledA = da / (da + db)
+		}
+		m.Shares = append(m.Shares, sh)
 	}
-	da, db := deviceSeconds(srv.url, "spin-a")-before[0], deviceSeconds(srv.url, "spin-b")-before[1]
-	if da+db > 0 {
-		m.SharesA = da / (da + db)
-	}
-	if mode != "fair" { // no scheduler, no device time: the requests served tell
-		m.SharesA = la.Throughput / (la.Throughput + lb.Throughput)
-	}
-	m.SharesRuns = [2]int64{int64(la.Throughput), int64(lb.Throughput)}
 	logf("  cnn-latency alone and beside spin-batch")
 	if m.LatAlone, err = closed(ctx, srv.url, "cnn-latency", cnnIn, 1, o.fairTime); err != nil {
 		return nil, err
@@ -252,7 +269,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server); `off` keeps the CPU weights but runs chains as they come (`--sched off`); `none` is the server before this work (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here); `fair-nice` is the same where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels; `off` keeps the CPU weights but runs chains as they come (`--sched off`); `none` is the server before this work (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
@@ -262,16 +279,25 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			m.Neighbours["spin"].Throughput, m.Neighbours["vecadd"].Throughput)
 	}
 	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")
-	p("| mode | spin-a (share 3) part of device time, spin-b share 1 (target 0.75 ± 0.05) | served/s a, b | cnn-latency p99 beside a spin-batch flood / alone | cnn alone, 4 clients: served/s | cnn alone 1 client p50 |\n|---|---|---|---|---|---|\n")
+	p("| mode | spin-a (share 3) against spin-b (share 1): work done / billed device time (targets 0.75 ± 0.05; billed within 0.05 of the work), at 4 and 12 clients each | served/s a, b | cnn-latency p99 beside a spin-batch flood / alone | cnn alone, 4 clients: served/s | cnn alone 1 client p50 |\n|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
-		p("| %s | %.3f | %d, %d | %s (%s / %s ms) | %.0f | %s ms |\n", m.Mode, m.SharesA, m.SharesRuns[0], m.SharesRuns[1],
+		var parts, served []string
+		for _, sh := range m.Shares {
+			billed := "-"
+			if !math.IsNaN(sh.BilledA) {
+				billed = fmt.Sprintf("%.3f", sh.BilledA)
+			}
+			parts = append(parts, fmt.Sprintf("%d clients: %.3f / %s", sh.Clients, sh.WorkA, billed))
+			served = append(served, fmt.Sprintf("%d, %d", sh.Throughput[0], sh.Throughput[1]))
+		}
+		p("| %s | %s | %s | %s (%s / %s ms) | %.0f | %s ms |\n", m.Mode, strings.Join(parts, "; "), strings.Join(served, "; "),
 			ratio(m.LatBeside.P99, m.LatAlone.P99), fmtMs(m.LatBeside.P99), fmtMs(m.LatAlone.P99), m.Alone4.Throughput, fmtMs(m.Alone.P50))
 	}
-	if len(fr.Modes) >= 2 {
-		f, off := fr.Modes[0], fr.Modes[1]
+	if len(fr.Modes) >= 3 {
+		f, off := fr.Modes[0], fr.Modes[2]
 		p("\nA function alone, fair over off (work conservation: the scheduler costs nothing uncontended): 4-client throughput **%s**, 1-client p50 **%s**.",
 			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
-		p(" (Without the scheduler, the share split is the requests each flood got served, as no device time is accounted.)\n")
+		p(" (Without the scheduler no device time is accounted: only the work split shows.)\n")
 	}
 	return writeSection(o, "fair-"+o.device, b.String(), fr)
 }

@@ -63,7 +63,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 4
+const Protocol byte = 5
 
 // ReadyLen is the length of the OpReady message.
 const ReadyLen = 1 + 4 + 1 + 1
@@ -86,8 +86,9 @@ const (
 	RunMsgMax = RunHeader + abi.MaxChainLength*StepBytes
 	// Run reply: status, copy-in, kernels, copy-out ns, the output's length
 	// (ABI 2 entries may lower it), the payload bytes the worker copied on
-	// the host, the run's seq, then a message.
-	ReplyHeader = 1 + 8 + 8 + 8 + 8 + 8 + 4
+	// the host, the device time the run used (ns), the run's seq, then a
+	// message.
+	ReplyHeader = 1 + 8 + 8 + 8 + 8 + 8 + 8 + 4
 	// Where the sequence number sits: the last field of each header.
 	RunSeqAt   = RunHeader - 4
 	ReplySeqAt = ReplyHeader - 4
@@ -197,6 +198,7 @@ const (
 	replyCopyOut = 17
 	replyOutLen  = 25
 	replyCopied  = 33
+	replyBusy    = 41
 )
 
 // EncodeReply writes a run's reply into b (of ReplyMax capacity).
@@ -208,6 +210,7 @@ func EncodeReply(b []byte, st byte, r *device.Run, seq uint32, text string) []by
 	LE.PutUint64(b[replyCopyOut:], uint64(r.Timing.CopyOut))
 	LE.PutUint64(b[replyOutLen:], uint64(r.OutLen))
 	LE.PutUint64(b[replyCopied:], uint64(r.Timing.Copied))
+	LE.PutUint64(b[replyBusy:], uint64(r.Timing.Busy))
 	LE.PutUint32(b[ReplySeqAt:], seq)
 	if len(text) > ReplyMax-ReplyHeader {
 		text = text[:ReplyMax-ReplyHeader]
@@ -224,6 +227,7 @@ func DecodeReply(b []byte, r *device.Run) (outLen uint64, text string) {
 		Kernels: time.Duration(LE.Uint64(b[replyKernels:])),
 		CopyOut: time.Duration(LE.Uint64(b[replyCopyOut:])),
 		Copied:  int64(LE.Uint64(b[replyCopied:])),
+		Busy:    time.Duration(LE.Uint64(b[replyBusy:])),
 	}
 	return LE.Uint64(b[replyOutLen:]), string(b[ReplyHeader:])
 }

@@ -117,7 +117,7 @@ func TestStatusRoundTrip(t *testing.T) {
 // The protocol version is in the ready message: bumped with any change to
 // a message, so a worker of another build is refused at its start.
 func TestProtocolIsVersioned(t *testing.T) {
-	if Protocol < 4 || ReadyLen != 7 {
+	if Protocol < 5 || ReadyLen != 7 {
 		t.Fatalf("protocol %d, ready message %d bytes", Protocol, ReadyLen)
 	}
 }
@@ -125,7 +125,7 @@ func TestProtocolIsVersioned(t *testing.T) {
 // A reply carries the run's timing, its output length, the bytes the
 // worker copied and its text.
 func TestReplyRoundTrip(t *testing.T) {
-	r := device.Run{OutLen: 12345, Timing: device.Timing{CopyIn: 1, Kernels: 2, CopyOut: 3, Copied: 4096}}
+	r := device.Run{OutLen: 12345, Timing: device.Timing{CopyIn: 1, Kernels: 2, CopyOut: 3, Copied: 4096, Busy: 5}}
 	b := EncodeReply(make([]byte, 0, ReplyMax), StKernel, &r, 9, "bad input")
 	var got device.Run
 	n, text := DecodeReply(b, &got)
