@@ -13,7 +13,7 @@ import (
 // equal PLOVER_ABI_MAJOR and PLOVER_ABI_MINOR in plover.h.
 const (
 	Major   = 2
-	Minor   = 1
+	Minor   = 2
 	Version = Major<<16 | Minor // plover_abi_version of a bundle built today
 )
 

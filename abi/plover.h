@@ -101,7 +101,12 @@
  * ERRORS. An entry reports failure with plover_fail(s, "message"); the
  * chain still runs to its end, then the request fails (HTTP 500) with the
  * message. On the CUDA target a pending cudaGetLastError() is reported the
- * same way. Field names and the buf_t/state_t aliases match PyPlover, so its
+ * same way. 2.2: an entry that finds its input malformed refuses it with
+ * plover_reject(s, "message") and returns: the request fails as the
+ * client's fault (HTTP 422 invalid_input, gRPC InvalidArgument) with the
+ * message, up to 255 bytes of it, copied (it may be built on the stack).
+ * The first failure or refusal of a request wins; a refusal in a hook is a
+ * failure. Field names and the buf_t/state_t aliases match PyPlover, so its
  * kernels port by recompiling.
  *
  * VERSIONS. plover_abi_version is (major << 16) | minor. A runtime loads
@@ -116,7 +121,7 @@
 #include <stdint.h>
 
 #define PLOVER_ABI_MAJOR 2
-#define PLOVER_ABI_MINOR 1
+#define PLOVER_ABI_MINOR 2
 #define PLOVER_ABI_VERSION ((PLOVER_ABI_MAJOR << 16) | PLOVER_ABI_MINOR)
 
 #ifdef __cplusplus
@@ -202,6 +207,17 @@ static inline const char *plover_take_device_error_(void) { return NULL; }
   PLOVER_EXPORT void plover_set_error_(const char *msg) {                   \
     if (plover_error_ == NULL) plover_error_ = msg;                         \
   }                                                                         \
+  static __thread char plover_rejected_[257];                               \
+  PLOVER_EXPORT void plover_set_reject_(const char *msg) {                  \
+    if (plover_error_ != NULL) return;                                      \
+    /* \x1e (record separator) first: the runtime reads it as a refusal. */ \
+    plover_rejected_[0] = '\x1e';                                           \
+    size_t i = 0;                                                           \
+    for (; msg != NULL && msg[i] != 0 && i < sizeof plover_rejected_ - 2; i++) \
+      plover_rejected_[i + 1] = msg[i];                                     \
+    plover_rejected_[i + 1] = 0;                                            \
+    plover_error_ = plover_rejected_;                                       \
+  }                                                                         \
   PLOVER_EXPORT const char *plover_last_error(void) {                       \
     const char *m = plover_error_;                                          \
     const char *d = plover_take_device_error_(); /* always read and cleared */ \
@@ -219,5 +235,10 @@ static inline const char *plover_take_device_error_(void) { return NULL; }
  * or otherwise outlive the call. The first failure wins. */
 PLOVER_EXTERN_C void plover_set_error_(const char *msg);
 #define plover_fail(s, msg) ((void)(s), plover_set_error_(msg))
+
+/* 2.2: refuses this request's input as the client's fault (HTTP 422); msg
+ * is copied, up to 255 bytes. The first failure or refusal wins. */
+PLOVER_EXTERN_C void plover_set_reject_(const char *msg);
+#define plover_reject(s, msg) ((void)(s), plover_set_reject_(msg))
 
 #endif /* PLOVER_H */

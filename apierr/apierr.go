@@ -89,6 +89,9 @@ var byKind = [...]Status{
 	errdefs.KindConflict:      {409, "conflict", codes.Aborted},
 	errdefs.KindNoSpace:       {507, "insufficient_storage", codes.ResourceExhausted},
 	errdefs.KindForbidden:     Forbidden,
+	// Rejected: the function refused its input (plover_reject): a client
+	// that sends the same bytes again gets the same answer.
+	errdefs.KindRejected: {422, "invalid_input", codes.InvalidArgument},
 }
 
 // Of is kind k's status (Internal for a kind it does not know).

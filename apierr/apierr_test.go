@@ -13,13 +13,13 @@ import (
 // 500/Internal on both transports), and the rows the issue names map as it
 // says.
 func TestEveryKindMapped(t *testing.T) {
-	for k := errdefs.KindInternal; k <= errdefs.KindForbidden; k++ {
+	for k := errdefs.KindInternal; k <= errdefs.KindRejected; k++ {
 		if int(k) >= len(byKind) || byKind[k].HTTP == 0 || byKind[k].Name == "" {
 			t.Errorf("engine kind %d has no status", k)
 		}
 	}
-	if int(errdefs.KindForbidden)+1 != len(byKind) {
-		t.Errorf("byKind has %d rows for %d kinds: a kind after KindForbidden?", len(byKind), errdefs.KindForbidden+1)
+	if int(errdefs.KindRejected)+1 != len(byKind) {
+		t.Errorf("byKind has %d rows for %d kinds: a kind after KindRejected?", len(byKind), errdefs.KindRejected+1)
 	}
 	for _, tc := range []struct {
 		k    errdefs.Kind
@@ -28,6 +28,7 @@ func TestEveryKindMapped(t *testing.T) {
 	}{
 		{errdefs.KindNotFound, 404, codes.NotFound},
 		{errdefs.KindBadRequest, 400, codes.InvalidArgument},
+		{errdefs.KindRejected, 422, codes.InvalidArgument},
 		{errdefs.KindBusy, 429, codes.ResourceExhausted},
 		{errdefs.KindTimeout, 504, codes.DeadlineExceeded},
 		{errdefs.KindUnavailable, 503, codes.Unavailable},

@@ -32,7 +32,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		stderr   string // in stderr
 		noStdout string // must not be in stdout
 	}{
-		{"bool flag", map[string]string{"PLOVER_JSON": "true"}, []string{"version"}, 0, `"abi": "2.1"`, "", ""},
+		{"bool flag", map[string]string{"PLOVER_JSON": "true"}, []string{"version"}, 0, `"abi": "2.2"`, "", ""},
 		{"command line wins", map[string]string{"PLOVER_JSON": "true"}, []string{"version", "--json=false"}, 0, "plover dev (ABI", "", `"abi"`},
 		{"bad value names the variable", map[string]string{"PLOVER_JSON": "maybe"}, []string{"version"}, 2, "", "$PLOVER_JSON (for --json)", ""},
 		{"string flag", map[string]string{"PLOVER_SERVER": url, "PLOVER_JSON": "1"}, []string{"ls"}, 0, `"functions": []`, "", ""},

@@ -51,7 +51,7 @@ func TestJSONOutputs(t *testing.T) {
 	}{
 		{"rollback", []string{"rollback", "fn", deployed.Version[:8], "--store", store, "--json"}, `"version": "` + deployed.Version + `"`},
 		{"gc", []string{"gc", "--store", store, "--json"}, `"removed": [`},
-		{"version", []string{"version", "--json"}, `"abi": "2.1"`},
+		{"version", []string{"version", "--json"}, `"abi": "2.2"`},
 		{"devices", []string{"devices", "--json"}, `"gpus": [`},
 		{"deploy to a server", []string{"deploy", dir, "--server", url, "--json"}, `"created": true`},
 		{"rm", []string{"rm", "fn", "--server", url, "--json"}, `"deleted": "fn"`},
@@ -72,7 +72,7 @@ func TestJSONOutputs(t *testing.T) {
 
 func TestVersionFlagAndStdinHint(t *testing.T) {
 	out, _, code := runMain(t, nil, "--version")
-	if code != 0 || !strings.HasPrefix(out, "plover ") || !strings.Contains(out, "ABI 2.1") {
+	if code != 0 || !strings.HasPrefix(out, "plover ") || !strings.Contains(out, "ABI 2.2") {
 		t.Fatalf("--version: %d %q", code, out)
 	}
 	// Reading the input from a terminal says so before it waits.

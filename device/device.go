@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/plover-run/plover/abi"
@@ -197,9 +198,36 @@ type MemInfo struct {
 }
 
 // KernelError is a failure the bundle reported (plover_fail or a CUDA error).
-type KernelError struct{ Msg string }
+type KernelError struct {
+	Msg string
+	// Rejected: the chain refused its input (plover_reject, ABI 2.2): the
+	// client's fault, not the function's.
+	Rejected bool
+}
 
-func (e *KernelError) Error() string { return "kernel failed: " + e.Msg }
+func (e *KernelError) Error() string {
+	if e.Rejected {
+		return "input refused: " + e.Msg
+	}
+	return "kernel failed: " + e.Msg
+}
+
+// rejectMark starts a message plover_reject left (plover.h).
+const rejectMark = "\x1e"
+
+// chainError is the error a chain's message reports: a refusal of its
+// input when plover_reject made it, a failure otherwise.
+func chainError(msg string) *KernelError {
+	if m, ok := strings.CutPrefix(msg, rejectMark); ok {
+		return &KernelError{Msg: m, Rejected: true}
+	}
+	return &KernelError{Msg: msg}
+}
+
+// hookError is a hook's failure: a refusal there is a failure too.
+func hookError(name, msg string) *KernelError {
+	return &KernelError{Msg: name + " failed: " + strings.TrimPrefix(msg, rejectMark)}
+}
 
 // ErrUnhealthy marks a device that can no longer run requests.
 var ErrUnhealthy = errors.New("device unhealthy")

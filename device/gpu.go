@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -362,13 +363,13 @@ func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char) 
 	if code != 0 {
 		if err := g.check(C.GoString(op), code); err != nil {
 			if kerr != "" {
-				return fmt.Errorf("%s failed: %s: %w", name, kerr, err)
+				return fmt.Errorf("%s failed: %s: %w", name, strings.TrimPrefix(kerr, rejectMark), err)
 			}
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	if kerr != "" {
-		return &KernelError{Msg: name + " failed: " + kerr}
+		return hookError(name, kerr)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 	"unsafe"
 )
@@ -197,7 +198,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		de := i.g.drv.err(C.GoString(res.err_op), res.err)
 		msg := de.Error()
 		if kerr != "" {
-			msg = kerr + "; " + msg
+			msg = strings.TrimPrefix(kerr, rejectMark) + "; " + msg
 		}
 		ke := &KernelError{Msg: msg}
 		if de.Sticky() {
@@ -206,7 +207,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		return ke
 	}
 	if kerr != "" {
-		return &KernelError{Msg: kerr}
+		return chainError(kerr)
 	}
 	return outUsed(r, uint64(res.t.out_used))
 }

@@ -228,7 +228,7 @@ func (i *hostInstance) Run(r *Run) error {
 	}
 	if msg != nil {
 		r.OutLen = 0
-		return &KernelError{Msg: C.GoString(msg)}
+		return chainError(C.GoString(msg))
 	}
 	return outUsed(r, uint64(i.timing.out_used))
 }
@@ -252,7 +252,7 @@ func (e *Entries) hook(k hookKind, st *C.plover_state_t) error {
 		return nil
 	}
 	if msg := C.plover_call_hook(fn, st, e.lastError); msg != nil {
-		return &KernelError{Msg: name + " failed: " + C.GoString(msg)}
+		return hookError(name, C.GoString(msg))
 	}
 	return nil
 }

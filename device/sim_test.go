@@ -619,7 +619,7 @@ func checkSimExports(t *testing.T, flags []string) {
 		}
 	}
 	slices.Sort(exported)
-	want := []string{"plover_abi_version", "plover_last_error", "plover_set_error_", "plover_target"}
+	want := []string{"plover_abi_version", "plover_last_error", "plover_set_error_", "plover_set_reject_", "plover_target"}
 	if !slices.Equal(exported, want) {
 		t.Errorf("exported symbols other than the entries: %v, want %v", exported, want)
 	}

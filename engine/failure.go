@@ -57,6 +57,8 @@ func (v *version) runFailed(p *placement, err error) error {
 		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
 	case errors.As(err, &pe):
 		return v.workerDied(p, pe)
+	case errors.As(err, &ke) && ke.Rejected:
+		return errorf(errdefs.KindRejected, err, "function %s refused its input: %s", f.name, ke.Msg)
 	case errors.As(err, &ke):
 		if errors.Is(err, device.ErrUnhealthy) {
 			v.lg.Error("device fault: device is now unhealthy", "function", f.name, "version", v.rec.ID, "error", ke.Msg)
@@ -77,6 +79,28 @@ func (v *version) workerDied(p *placement, pe *device.ProcessExit) error {
 		v.lg.Error("worker died", "function", v.fn.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
 	}
 	return errorf(errdefs.KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
+}
+
+// exitWatcher is a program living in a process of its own whose end can
+// be waited for (a worker's).
+type exitWatcher interface {
+	// Exited is closed once the process is gone.
+	Exited() <-chan struct{}
+	// Death is how it ended, nil when the server ended it by design (the
+	// program closed, the server stopping).
+	Death() *device.ProcessExit
+}
+
+// watchExit notices the death of p's process when it happens, not when the
+// next request finds it: it is logged then and p abandoned at once (its
+// instances gone from the pool, so a listing shows no instance of a dead
+// worker, and the next request loads a fresh one). A request that saw the
+// death too reports it to its client; it is logged and counted once.
+func (v *version) watchExit(p *placement, w exitWatcher) {
+	<-w.Exited()
+	if pe := w.Death(); pe != nil {
+		v.workerDied(p, pe)
+	}
 }
 
 // hookFailed counts a failing plover_load or plover_instance_init towards

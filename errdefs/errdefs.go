@@ -29,6 +29,7 @@ const (
 	KindConflict                  // 409: the record kept changing under an update
 	KindNoSpace                   // 507: the node's disk is full
 	KindForbidden                 // 403: the caller may not do this (a pipeline naming a function it may not invoke)
+	KindRejected                  // 422: the function refused its input (plover_reject): the client's fault
 )
 
 // Error is a classified error: a kind, a message for the client, and the

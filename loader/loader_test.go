@@ -32,7 +32,7 @@ PLOVER_BUNDLE("host");
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, name+".so")
 	}
 	abi3 := withVersion("abi3", "(3 << 16)")
-	abi22 := withVersion("abi22", "((2 << 16) | 2)")
+	abi23 := withVersion("abi23", "((2 << 16) | 3)")
 	abi0 := withVersion("abi0", "0")
 	plain2 := withVersion("plain2", "2")
 	abi1 := testkit.BuildLib(t, testkit.KernelsSource(), dir, "abi1.so", testkit.ABI1Include())
@@ -77,8 +77,8 @@ PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cxx.so")
 		{"missing file", filepath.Join(dir, "nope.so"), nil, "cannot open"},
 		{"not an ELF", notELF, nil, "not an ELF"},
 		{"truncated ELF", truncated, nil, "ELF"},
-		{"ABI 3 refused naming both", abi3, []string{"k"}, "built for ABI 3.0; this runtime speaks ABI 2.1"},
-		{"newer minor refused", abi22, []string{"k"}, "built for ABI 2.2, newer than this runtime's ABI 2.1"},
+		{"ABI 3 refused naming both", abi3, []string{"k"}, "built for ABI 3.0; this runtime speaks ABI 2.2"},
+		{"newer minor refused", abi23, []string{"k"}, "built for ABI 2.3, newer than this runtime's ABI 2.2"},
 		{"ABI 0 refused", abi0, []string{"k"}, "built for ABI 0.0"},
 		{"a plain 2 is no ABI 2", plain2, []string{"k"}, "built for ABI 0.2"},
 		{"ABI 1 bundle loads", abi1, []string{"echo", "add_one"}, ""},

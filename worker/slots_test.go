@@ -120,3 +120,19 @@ func TestOverrunHoldsItsSlot(t *testing.T) {
 	a.Release()
 	b.Release()
 }
+
+// A chain's refusal of its input crosses the worker's wire as a refusal,
+// not a kernel failure.
+func TestRefusalThroughWorker(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("picky")
+	m.Chain = []abi.Launch{{Kernel: "refuse", Grid: 1, Block: 1}}
+	p := load(t, d, m)
+	in := newInst(t, p, m)
+	refuse, _ := p.Entry("refuse")
+	err := in.Run(&device.Run{Output: make([]byte, 8), Chain: []device.Step{{Entry: refuse, Grid: 1, Block: 1}}})
+	var ke *device.KernelError
+	if !errors.As(err, &ke) || !ke.Rejected || ke.Msg != "input must not be empty (got 0 bytes)" {
+		t.Fatalf("%v (%+v), want a refusal with the chain's message", err, ke)
+	}
+}

@@ -1,9 +1,14 @@
 package main_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/internal/testkit"
@@ -60,6 +65,28 @@ func TestCNNServed(t *testing.T) {
 	if acc < 0.90 {
 		t.Fatalf("accuracy %.2f%% below 90%%", 100*acc)
 	}
+	// An input of the wrong size is the client's fault: the CNN refuses it
+	// (plover_reject) and the client reads 422 with the CNN's message.
+	code, out, err := invokeHTTP(srv.url, "cnn", make([]byte, 100))
+	if err != nil || code != 422 || !strings.Contains(string(out), `"code":"invalid_input"`) || !strings.Contains(string(out), "input must be 784 little-endian float32") {
+		t.Fatalf("100 bytes to the CNN: %d %s %v; want 422 invalid_input with its message", code, out, err)
+	}
+	// Its declared tensors take FP32 over /v2.
+	v2 := fmt.Sprintf(`{"inputs":[{"name":"digit","datatype":"FP32","shape":[1,784],"data":%s}]}`, floatsJSON(held[0].Image()[:]))
+	resp, err := http.Post(srv.url+"/v2/models/cnn/infer", "application/json", strings.NewReader(v2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"name":"scores"`) || !strings.Contains(string(b), `"shape":[1,10]`) {
+		t.Fatalf("FP32 over /v2: %d %s", resp.StatusCode, b)
+	}
+}
+
+func floatsJSON(fs []float32) string {
+	b, _ := json.Marshal(fs)
+	return string(b)
 }
 
 // cnnReference is the CNN's committed weights, as the Go reference model,

@@ -109,7 +109,7 @@ func TestGRPCServed(t *testing.T) {
 		d := &held[0]
 		img := floatBytes(d.Image()[:])
 		req, _ := json.Marshal(map[string]any{"model_name": "cnn", "id": "g1",
-			"inputs":             []map[string]any{{"name": "INPUT0", "datatype": "UINT8", "shape": []int{len(img)}}},
+			"inputs":             []map[string]any{{"name": "digit", "datatype": "FP32", "shape": []int{1, 784}}},
 			"raw_input_contents": []string{base64.StdEncoding.EncodeToString(img)}})
 		out, err := curl(toks["root"], "ModelInfer", string(req))
 		if err != nil {

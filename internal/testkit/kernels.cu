@@ -1,4 +1,5 @@
 // Test kernels for Plover's own tests; built with g++ for the host target.
+#include <stdio.h>
 #include <errno.h>
 #include <string.h>
 #include <time.h>
@@ -53,6 +54,22 @@ PLOVER_ENTRY(add_constants) {
   for (size_t i = 0; i < s->input.len && i < s->constant.len && i < s->out.len; i++)
     s->out.dat[i] = (uint8_t)(s->input.dat[i] + s->constant.dat[i]);
 }
+
+#ifdef plover_reject // the ABI 1 headers (abi1/) have no refusal
+// refuse: refuses an empty input as the client's fault (plover_reject,
+// ABI 2.2), with a message built on the stack; echoes otherwise.
+PLOVER_ENTRY(refuse) {
+  (void)grid; (void)block;
+  if (s->input.len == 0) {
+    char msg[64];
+    snprintf(msg, sizeof msg, "input must not be empty (got %zu bytes)", s->input.len);
+    plover_reject(s, msg);
+    return;
+  }
+  size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
+  memcpy(s->out.dat, s->input.dat, n);
+}
+#endif
 
 // fail: reports an error through the ABI.
 PLOVER_ENTRY(fail) {

@@ -170,7 +170,7 @@ static int buffers_ok(plover_state_t *s, size_t tmp_floats, int flags) {
     return 0;
   }
   if ((flags & USES_INPUT) && s->input.len != ITEMS(s) * N_IN * sizeof(float)) {
-    plover_fail(s, "cnn: input must be 784 little-endian float32 (3136 bytes) per digit");
+    plover_reject(s, "cnn: input must be 784 little-endian float32 (3136 bytes) per digit");
     return 0;
   }
   if (s->constant.len < N_WEIGHTS * sizeof(float)) {

@@ -89,7 +89,7 @@ PLOVER_ENTRY(dense) {
   (void)grid, (void)block;
   size_t rows = rows_of(s);
   if (rows == 0) {
-    plover_fail(s, "input must be 1 to 64 rows of 256 float32 features");
+    plover_reject(s, "input must be 1 to 64 rows of 256 float32 features");
     return;
   }
   if (s->constant.len != 4 * (K_IN * N_OUT + N_OUT)) {

@@ -63,7 +63,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 5
+const Protocol byte = 6
 
 // ReadyLen is the length of the OpReady message.
 const ReadyLen = 1 + 4 + 1 + 1
@@ -77,6 +77,7 @@ const (
 	StOOM       byte = 4 // out of device memory: [message]
 	StFailed    byte = 5 // anything else: [message]
 	StBadRunMsg byte = 6 // a malformed run message (a server bug): [message]
+	StRejected  byte = 7 // the chain refused its input (plover_reject): [message]
 )
 
 // Run message: header then steps.
@@ -243,6 +244,8 @@ func StatusOf(err error) (byte, string) {
 		return StInvalid, lerr.Path + "\x00" + lerr.Reason
 	case errors.Is(err, device.ErrUnhealthy):
 		return StFault, err.Error()
+	case errors.As(err, &ke) && ke.Rejected:
+		return StRejected, ke.Msg
 	case errors.As(err, &ke):
 		return StKernel, ke.Msg
 	case errors.Is(err, device.ErrOutOfMemory):
@@ -262,6 +265,8 @@ func ErrorOf(st byte, msg string) error {
 		return &loader.Error{Path: path, Reason: reason}
 	case StKernel:
 		return &device.KernelError{Msg: msg}
+	case StRejected:
+		return &device.KernelError{Msg: msg, Rejected: true}
 	case StOOM:
 		return fmt.Errorf("%s: %w", msg, device.ErrOutOfMemory)
 	}

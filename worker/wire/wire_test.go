@@ -96,6 +96,10 @@ func TestStatusRoundTrip(t *testing.T) {
 			var ke *device.KernelError
 			return errors.As(err, &ke) && ke.Msg == "input must be 784 floats"
 		}},
+		{"refused input", &device.KernelError{Msg: "input must be 784 floats", Rejected: true}, StRejected, func(err error) bool {
+			var ke *device.KernelError
+			return errors.As(err, &ke) && ke.Rejected && ke.Msg == "input must be 784 floats"
+		}},
 		{"out of memory", errors.Join(errors.New("cuMemAlloc"), device.ErrOutOfMemory), StOOM, func(err error) bool { return errors.Is(err, device.ErrOutOfMemory) }},
 		{"other", errors.New("disk on fire"), StFailed, func(err error) bool { return err != nil && strings.Contains(err.Error(), "disk on fire") }},
 	} {
@@ -117,7 +121,7 @@ func TestStatusRoundTrip(t *testing.T) {
 // The protocol version is in the ready message: bumped with any change to
 // a message, so a worker of another build is refused at its start.
 func TestProtocolIsVersioned(t *testing.T) {
-	if Protocol < 5 || ReadyLen != 7 {
+	if Protocol < 6 || ReadyLen != 7 {
 		t.Fatalf("protocol %d, ready message %d bytes", Protocol, ReadyLen)
 	}
 }
