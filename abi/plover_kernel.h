@@ -38,9 +38,13 @@
  *     a block of 0 or over 1024 threads (z <= 64), a grid of 0 blocks or y
  *     or z over 65535, dynamic shared memory over 48 KiB (#define
  *     PLOVER_MAX_DYNAMIC_SHARED_BYTES to match a cudaFuncSetAttribute), a
- *     launch from a kernel, and barrier divergence: a __syncthreads() that
- *     thread 0 of the block returned without reaching (undefined on a GPU,
- *     often a hang).
+ *     launch from a kernel, and barrier divergence, undefined on a GPU
+ *     (often a hang or wrong results): a __syncthreads() (or _count, _and,
+ *     _or) that not every thread of the block reaches, whether some skip
+ *     it in a conditional (they return, or reach another barrier, while
+ *     the others wait at this one) or returned before it. The message
+ *     names the kernel, the block, the barrier's file and line, and a
+ *     thread that did not reach it.
  *   - Also there: __threadfence/_block (compiler barriers only), __ldg,
  *     __float_as_int and the other bit casts, __launch_bounds__ (ignored).
  *   - NOT SUPPORTED (compile errors on the host target): warp intrinsics
@@ -98,6 +102,7 @@
 #endif
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
@@ -206,7 +211,10 @@ struct State {
   uint64_t fpctl;                  /* fiber mode: thread 0's control words */
   unsigned acc, arrived;           /* the barrier being reached */
   unsigned res_count, res_arrived; /* the last completed barrier */
+  const char *site;                /* that barrier's file:line */
+  bool returned;                   /* a thread returned in this round */
   bool diverged;
+  const char *kernel; /* the launch's kernel, for messages */
   void *dyn; /* this launch's dynamic shared memory */
   Pool *pool;
 };
@@ -332,6 +340,53 @@ inline void ctx_make(Fiber *f, uint64_t fpctl, size_t color) {
 
 #endif
 
+/* A divergence's message, read by the runtime after the chain: the first
+ * of a launch (a second launch of the same run that diverges rewrites it). */
+[[maybe_unused]] thread_local char diverge_msg_[512];
+
+inline const char *base_name(const char *path) {
+  const char *b = path;
+  for (const char *p = path; *p; p++)
+    if (*p == '/') b = p + 1;
+  return b;
+}
+
+/* The shapes of barrier divergence the simulator tells apart. */
+enum Diverge { RETURNED, OTHER_BARRIER, AFTER_RETURN, THREAD0_RETURNED };
+
+/* Reports barrier divergence in the current block, once per launch: the
+ * thread now running (threadIdx) did not keep step with the others at
+ * site (other: the barrier it reached instead, for OTHER_BARRIER). */
+inline __attribute__((noinline, cold)) void diverged(State &s, Diverge how, const char *site, const char *other) {
+  if (s.diverged) return;
+  s.diverged = true;
+  char what[256];
+  site = site ? base_name(site) : "?";
+  switch (how) {
+    case RETURNED:
+      snprintf(what, sizeof what, "returned while other threads wait at __syncthreads() at %s", site);
+      break;
+    case OTHER_BARRIER:
+      snprintf(what, sizeof what, "reached __syncthreads() at %s while other threads wait at the one at %s",
+               other ? base_name(other) : "?", site);
+      break;
+    case AFTER_RETURN:
+      snprintf(what, sizeof what, "reached __syncthreads() at %s after other threads returned without reaching it",
+               site);
+      break;
+    case THREAD0_RETURNED:
+      snprintf(what, sizeof what, "reached __syncthreads() at %s, which thread 0 returned without reaching", site);
+      break;
+  }
+  snprintf(diverge_msg_, sizeof diverge_msg_,
+           "plover_kernel.h: barrier divergence in kernel %s, block (%u,%u,%u): thread (%u,%u,%u) %s "
+           "(undefined on a GPU, often a hang or wrong results: every thread of a block must reach "
+           "the same __syncthreads() calls)",
+           s.kernel ? s.kernel : "?", blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z,
+           what);
+  plover_set_error_(diverge_msg_);
+}
+
 /* Fiber mode. A block's threads run in rounds, in thread order: each runs
  * to its next barrier or its return, then switches straight to the next
  * live thread (starting it in the first round). A round ends with every
@@ -351,6 +406,8 @@ inline void run_next(State &s, Fiber *self) {
       s.res_count = s.acc;
       s.res_arrived = s.arrived;
       s.acc = s.arrived = 0;
+      s.site = nullptr;
+      s.returned = false;
     }
     Fiber *f = &fs[t];
     if (t == s.started) { /* the first round: start it */
@@ -380,6 +437,8 @@ inline void run_next(State &s, Fiber *self) {
 /* A returned thread: on to the next, or back to the launching code. */
 [[noreturn]] inline void thread_done(State &s, Fiber *self) {
   self->done = true;
+  if (s.arrived > 0) diverged(s, RETURNED, s.site, nullptr);
+  s.returned = true;
   if (--s.live == 0)
     ctx_switch(&self->ctx, &s.pool->fibers[0].ctx);
   else
@@ -406,7 +465,7 @@ inline bool map_stack(Fiber *f) {
 }
 
 /* Thread 0 reached its first barrier: the block goes to fiber mode. */
-inline __attribute__((noinline)) void enter_fibers(State &s, unsigned pred) {
+inline __attribute__((noinline)) void enter_fibers(State &s, unsigned pred, const char *site) {
   Pool *p = s.pool;
   for (; p->mapped < s.nthreads; p->mapped++)
     if (!map_stack(&p->fibers[p->mapped])) {
@@ -419,6 +478,8 @@ inline __attribute__((noinline)) void enter_fibers(State &s, unsigned pred) {
   s.fpctl = fp_control();
   s.acc = pred;
   s.arrived = 1;
+  s.site = site;
+  s.returned = false;
   s.started = 1;
   s.live = s.nthreads;
   s.cur = f0;
@@ -431,28 +492,30 @@ inline __attribute__((noinline)) void enter_fibers(State &s, unsigned pred) {
 inline __attribute__((noinline)) void finish_block(State &s) {
   Fiber *f0 = &s.pool->fibers[0];
   f0->done = true;
+  s.returned = true; /* first in its round: no other thread waits yet */
   if (--s.live > 0) run_next(s, f0); /* resumed by the last thread_done */
 }
 
-/* __syncthreads and friends, outside the fast path. */
-inline __attribute__((noinline)) void barrier(unsigned pred) {
+/* __syncthreads and friends, outside the fast path; site is the barrier's
+ * file:line. */
+inline __attribute__((noinline)) void barrier(unsigned pred, const char *site) {
   State &s = st;
   switch (s.mode) {
     case FIBERS:
+      if (s.arrived == 0)
+        s.site = site;
+      else if (site != s.site && strcmp(site, s.site) != 0)
+        diverged(s, OTHER_BARRIER, s.site, site);
+      if (s.returned) diverged(s, AFTER_RETURN, site, nullptr);
       s.acc += pred;
       s.arrived++;
       run_next(s, s.cur);
       return;
     case PROBE:
-      enter_fibers(s, pred);
+      enter_fibers(s, pred, site);
       return;
     case DIRECT:
-      if (!s.diverged) {
-        s.diverged = true;
-        plover_set_error_(
-            "plover_kernel.h: barrier divergence: threads of a block reached __syncthreads() "
-            "that its thread 0 never reached (undefined on a GPU)");
-      }
+      diverged(s, THREAD0_RETURNED, site, nullptr);
       break;
     case IDLE:
     case SOLO:
@@ -518,6 +581,8 @@ inline __attribute__((noinline)) bool begin(State &s, dim3 g, dim3 b, size_t sha
     s.arg = arg;
     s.nthreads = n;
     s.diverged = false;
+    s.site = nullptr;
+    s.returned = false;
     gridDim = g;
     blockDim = b;
     return true;
@@ -579,19 +644,21 @@ struct Launcher {
   dim3 grid, block;
   size_t shared;
   K kernel;
+  const char *name;
   template <class... A>
   void operator()(A &&...a) {
     /* Arguments are evaluated once, as for <<< >>>, and held by value. */
     auto body = [k = kernel, args = std::tuple<std::decay_t<A>...>(std::forward<A>(a)...)]() {
       std::apply(k, args);
     };
+    st.kernel = name;
     run(grid, block, shared, body);
   }
 };
 
 template <class K>
-inline Launcher<K> launcher(dim3 grid, dim3 block, size_t shared, K kernel) {
-  return Launcher<K>{grid, block, shared, kernel};
+inline Launcher<K> launcher(dim3 grid, dim3 block, size_t shared, K kernel, const char *name) {
+  return Launcher<K>{grid, block, shared, kernel, name};
 }
 
 } /* namespace */
@@ -602,35 +669,26 @@ inline Launcher<K> launcher(dim3 grid, dim3 block, size_t shared, K kernel) {
 
 #define PLOVER_LAUNCH_SHARED(kernel, grid, block, shared_bytes, s, ...)              \
   ((void)(s), ::plover_sim_::launcher(::dim3(grid), ::dim3(block), (size_t)(shared_bytes), \
-                                      [](auto &...plover_a_) { kernel(plover_a_...); })(__VA_ARGS__))
+                                      [](auto &...plover_a_) { kernel(plover_a_...); }, #kernel)(__VA_ARGS__))
 
 #define PLOVER_DYNAMIC_SHARED(type, name) \
   type *const name = reinterpret_cast<type *>(::plover_sim_::st.dyn)
 
-/* Barriers: the compiler must not keep memory in registers across them. */
-static inline void __syncthreads() {
+/* Barriers: the compiler must not keep memory in registers across them.
+ * Macros, so that each call names its file and line (divergence reports). */
+#define PLOVER_STR2_(x) #x
+#define PLOVER_STR_(x) PLOVER_STR2_(x)
+#define PLOVER_SITE_ __FILE__ ":" PLOVER_STR_(__LINE__)
+static inline void plover_sync_(unsigned pred, const char *site) {
   __asm__ volatile("" ::: "memory");
-  ::plover_sim_::barrier(0);
+  ::plover_sim_::barrier(pred, site);
   __asm__ volatile("" ::: "memory");
 }
-static inline int __syncthreads_count(int pred) {
-  __asm__ volatile("" ::: "memory");
-  ::plover_sim_::barrier(pred != 0);
-  __asm__ volatile("" ::: "memory");
-  return (int)::plover_sim_::st.res_count;
-}
-static inline int __syncthreads_and(int pred) {
-  __asm__ volatile("" ::: "memory");
-  ::plover_sim_::barrier(pred != 0);
-  __asm__ volatile("" ::: "memory");
-  return ::plover_sim_::st.res_count == ::plover_sim_::st.res_arrived;
-}
-static inline int __syncthreads_or(int pred) {
-  __asm__ volatile("" ::: "memory");
-  ::plover_sim_::barrier(pred != 0);
-  __asm__ volatile("" ::: "memory");
-  return ::plover_sim_::st.res_count != 0;
-}
+#define __syncthreads() plover_sync_(0, PLOVER_SITE_)
+#define __syncthreads_count(pred) (plover_sync_((pred) != 0, PLOVER_SITE_), (int)::plover_sim_::st.res_count)
+#define __syncthreads_and(pred) \
+  (plover_sync_((pred) != 0, PLOVER_SITE_), (int)(::plover_sim_::st.res_count == ::plover_sim_::st.res_arrived))
+#define __syncthreads_or(pred) (plover_sync_((pred) != 0, PLOVER_SITE_), (int)(::plover_sim_::st.res_count != 0))
 /* One thread runs at a time: fences only stop the compiler reordering. */
 static inline void __threadfence() { __asm__ volatile("" ::: "memory"); }
 static inline void __threadfence_block() { __asm__ volatile("" ::: "memory"); }

@@ -375,11 +375,15 @@ func simCases() []simCase {
 			sum += x
 		}
 		for _, mirror := range []int32{1, 2} {
-			cs = append(cs, simCase{
+			c := simCase{
 				name: fmt.Sprintf("early exit n=%d block %d mirror %v", c.n, c.block, mirror == 2), kernel: "sim_early_exit",
 				grid: mirror, block: int32(c.block), input: u32bytes(in), outLen: 4,
 				check: func(out []byte) error { return sameWords(out, []uint32{sum}) },
-			})
+			}
+			if c.block > 1 { // threads return while others wait: reported
+				c.check, c.wantErr = nil, "barrier divergence in kernel early_exit, block (0,0,0)"
+			}
+			cs = append(cs, c)
 		}
 	}
 
@@ -466,8 +470,19 @@ func simCases() []simCase {
 	}
 
 	cs = append(cs,
-		simCase{name: "divergent barrier fails", kernel: "sim_diverge", grid: 2, block: 64, outLen: 512,
-			wantErr: "barrier divergence"},
+		simCase{name: "thread 0 skips a barrier", kernel: "sim_diverge", grid: 2, block: 64, outLen: 512,
+			wantErr: "barrier divergence in kernel diverge, block (0,0,0): thread (1,0,0) reached __syncthreads() at sim.cu:"},
+		simCase{name: "threads skip a conditional barrier", kernel: "sim_cond_barrier", grid: 1, block: 64, outLen: 256,
+			wantErr: "barrier divergence in kernel cond_barrier, block (0,0,0): thread (32,0,0) returned while other " +
+				"threads wait at __syncthreads() at " + simSite("skipped")},
+		simCase{name: "threads reach another barrier", kernel: "sim_cond_barrier", grid: 2, block: 64, outLen: 256,
+			wantErr: "thread (16,0,0) reached __syncthreads() at " + simSite("second") +
+				" while other threads wait at the one at " + simSite("first")},
+		simCase{name: "a thread reaches a barrier after others returned", kernel: "sim_early_exit", grid: 2, block: 2,
+			input: u32bytes([]uint32{1, 2, 3}), outLen: 4,
+			wantErr: "thread (1,0,0) reached __syncthreads() at sim.cu:"},
+		simCase{name: "a conditional barrier all threads skip passes", kernel: "sim_cond_barrier", grid: 1, block: 32,
+			outLen: 128, check: func(out []byte) error { return sameWords(out, slices.Repeat([]uint32{1}, 32)) }},
 		simCase{name: "2048 threads per block fail", kernel: "sim_bad_launch", grid: 1, block: 1, outLen: 4,
 			wantErr: "invalid launch configuration"},
 		simCase{name: "64 KiB of dynamic shared memory fail", kernel: "sim_dyn_too_big", grid: 1, block: 32, outLen: 4,
@@ -534,9 +549,24 @@ func TestSimKernels(t *testing.T) {
 	}
 }
 
+// simSite is the file:line of the barrier in sim.cu marked "site: mark",
+// as the simulator names it.
+func simSite(mark string) string {
+	src, err := os.ReadFile(filepath.Join("testdata", "sim.cu"))
+	if err != nil {
+		panic(err)
+	}
+	for i, line := range strings.Split(string(src), "\n") {
+		if strings.Contains(line, "/* site: "+mark+" */") {
+			return fmt.Sprintf("sim.cu:%d", i+1)
+		}
+	}
+	panic("sim.cu has no barrier marked " + mark)
+}
+
 // simEntries are sim.cu's entries.
 var simEntries = []string{"sim_reduce", "sim_early_exit", "sim_votes", "sim_matmul", "sim_atomics", "sim_dynshared",
-	"sim_dyn_too_big", "sim_grid3d", "sim_grid3d_sync", "sim_bad_launch", "sim_diverge", "sim_deep",
+	"sim_dyn_too_big", "sim_grid3d", "sim_grid3d_sync", "sim_bad_launch", "sim_diverge", "sim_cond_barrier", "sim_deep",
 	"sim_vec_nosync", "sim_vec_sync", "sim_vec_sync8", "sim_vec_serial"}
 
 // TestSimCUDABuild compiles sim.cu with nvcc and the Makefile's NVCCFLAGS:

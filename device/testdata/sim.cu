@@ -52,10 +52,11 @@ PLOVER_ENTRY(sim_reduce) {
 }
 
 /* Threads leave as soon as they are done: threads past the input at once,
- * the others after their last step of the reduction. A barrier that some
- * threads never reach because they returned is undefined by CUDA (GPUs from
- * Volta on count exited threads as arrived); the host target defines it
- * that way, and this checks the rounds with threads leaving at each one. */
+ * the others after their last step of the reduction, while the rest go on
+ * to the next barrier. CUDA leaves a barrier that some threads of the block
+ * return without reaching undefined, so the host target reports it (with a
+ * block of 1 there is nothing to report); mirrored, the threads that
+ * return come before those that wait in each round. */
 __global__ void early_exit(const unsigned *in, size_t n, unsigned *out, int mirror) {
   __shared__ unsigned sh[1024];
   unsigned m = n < blockDim.x ? (unsigned)n : blockDim.x;
@@ -335,6 +336,29 @@ PLOVER_ENTRY(sim_diverge) {
     return;
   }
   PLOVER_LAUNCH(diverge, grid, block, s, (unsigned *)s->out.dat);
+}
+
+/* ---- Conditional barriers: shape 0 (grid 1), threads 32 and up skip the
+ * barrier; shape 1 (grid 2), threads 16 and up reach another. One block. */
+
+__global__ void cond_barrier(unsigned *out, int shape) {
+  unsigned t = threadIdx.x;
+  if (shape == 0) {
+    if (t < 32) __syncthreads(); /* site: skipped */
+  } else if (t < 16) {
+    __syncthreads(); /* site: first */
+  } else {
+    __syncthreads(); /* site: second */
+  }
+  out[t] = 1;
+}
+
+PLOVER_ENTRY(sim_cond_barrier) {
+  if (s->out.len < 4 * (size_t)block) {
+    plover_fail(s, "sim_cond_barrier: out must hold block words");
+    return;
+  }
+  PLOVER_LAUNCH(cond_barrier, 1, block, s, (unsigned *)s->out.dat, grid == 2);
 }
 
 /* ---- Stack depth: thread 1 recurses `grid` levels of 1 KiB. -----------

@@ -1,0 +1,87 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// kernelFixture replaces an initialised function's kernel with body (the
+// scaffold's entry and constants stay) and returns the 1-based line of the
+// source line holding mark.
+func kernelFixture(t *testing.T, dir, name, body, mark string) int {
+	t.Helper()
+	src := filepath.Join(dir, name+".cu")
+	old, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strings.Index(string(old), "__global__ void")
+	end := strings.Index(string(old), "// The entry point")
+	if start < 0 || end < start {
+		t.Fatalf("%s: no kernel to replace", src)
+	}
+	text := string(old[:start]) + body + "\n" + string(old[end:])
+	if err := os.WriteFile(src, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, mark) {
+			return i + 1
+		}
+	}
+	t.Fatalf("fixture has no line marked %q", mark)
+	return 0
+}
+
+// TestRunReportsBarrierDivergence: kernels whose threads do not all reach
+// the same __syncthreads() (issue 37, item 2) fail `plover run` with the
+// kernel, the barrier's file:line and what the odd thread did; a kernel
+// that keeps every barrier outside its conditions passes.
+func TestRunReportsBarrierDivergence(t *testing.T) {
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("no g++")
+	}
+	const head = `__global__ void loop_kernel(const float *x, const float *ab, float *y, size_t n) {
+  __shared__ float sh[256];
+  unsigned t = threadIdx.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + t;
+  sh[t] = i < n ? x[i] : 0.f;
+`
+	const tail = `  if (i < n) y[i] = ab[0] * sh[t] + ab[1];
+}`
+	for _, tt := range []struct {
+		name, body, want string // want: %d is the marked line
+	}{
+		{"conditional barrier", "  if (t < 128) __syncthreads(); // MARK\n",
+			"barrier divergence in kernel loop_kernel, block (0,0,0): thread (128,0,0) returned while other threads wait at __syncthreads() at loop.cu:%d"},
+		{"return before a barrier", "  if (t >= 128) return;\n  __syncthreads(); // MARK\n",
+			"thread (128,0,0) returned while other threads wait at __syncthreads() at loop.cu:%d"},
+		{"thread 0 returns", "  if (t == 0) return;\n  __syncthreads(); // MARK\n",
+			"thread (1,0,0) reached __syncthreads() at loop.cu:%d, which thread 0 returned without reaching"},
+		{"barriers outside conditions", "  __syncthreads(); // MARK\n", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := initDir(t, "loop")
+			line := kernelFixture(t, dir, "loop", head+tt.body+tail, "// MARK")
+			if _, stderr, err := runCommand(buildCmd(), dir); err != nil {
+				t.Fatalf("build: %v\n%s", err, stderr)
+			}
+			in := filepath.Join(t.TempDir(), "in.bin")
+			os.WriteFile(in, make([]byte, 4*1000), 0o644)
+			_, stderr, err := runCommand(runCmd(), dir, "--in", in, "--out", filepath.Join(t.TempDir(), "out.bin"))
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("run: %v\n%s", err, stderr)
+				}
+				return
+			}
+			if want := fmt.Sprintf(tt.want, line); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("run: %v\nwant an error containing %q", err, want)
+			}
+		})
+	}
+}
