@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/oip"
 	"github.com/valyala/fasthttp"
 )
@@ -278,13 +279,15 @@ func markRead(ctx *fasthttp.RequestCtx) { ctx.SetUserValue(bodyReadKey{}, true) 
 // closeIfUnread closes the connection after a response to a request whose
 // body was left unread (a refusal, an early error): fasthttp does not drain
 // a streamed body, so its remaining bytes would be parsed as the next
-// request on the connection.
+// request on the connection. The close lingers (netguard.Linger), so that
+// a client still sending the body reads the answer rather than a reset.
 func closeIfUnread(ctx *fasthttp.RequestCtx) {
 	if ctx.Request.Header.ContentLength() == 0 || ctx.RequestBodyStream() == nil {
 		return
 	}
 	if read, _ := ctx.UserValue(bodyReadKey{}).(bool); !read {
 		ctx.SetConnectionClose()
+		netguard.Linger(ctx.Conn())
 	}
 }
 

@@ -1,8 +1,11 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -117,4 +121,43 @@ func testkitPost(url string) (int, error) {
 		return -1, nil
 	}
 	return resp.StatusCode(), nil
+}
+
+// A client still sending a large body when the server answers without
+// reading it (404: no such function; 413: over the function's input
+// bound) reads the answer, not a connection reset: the server's close
+// lingers. Without it this failed now and then (the e2e "invoke after rm").
+func TestEarlyAnswerReachesSendingClient(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("small")
+	m.MaxInputBytes = 1024
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := netguard.NewListener(inner, 0)
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	body := bytes.Repeat([]byte{7}, 8<<20)
+	for _, tc := range []struct {
+		fn   string
+		want int
+	}{{"gone", 404}, {"small", 413}} {
+		for i := range 10 {
+			// A fresh connection each time: the answer closes it.
+			c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+			resp, err := c.Post("http://"+ln.Addr().String()+"/v1/functions/"+tc.fn+"/invoke",
+				"application/octet-stream", bytes.NewReader(body))
+			if err != nil {
+				t.Fatalf("%s, try %d: %v", tc.fn, i, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%s, try %d: status %d, want %d", tc.fn, i, resp.StatusCode, tc.want)
+			}
+		}
+	}
 }

@@ -293,16 +293,87 @@ type conn struct {
 	l      *Listener
 	ip     string // its client's key with PerClient, else ""
 	closed atomic.Bool
+	linger atomic.Bool
 }
 
-// Close closes the connection; the first call frees its slots.
+// Close closes the connection; the first call frees its slots. A
+// connection marked by Linger is closed in the background after a
+// lingering close, and its slots are freed once that ends.
 func (c *conn) Close() error {
-	err := c.Conn.Close()
-	if c.closed.CompareAndSwap(false, true) {
-		c.l.open.Add(-1)
-		c.l.releaseClient(c.ip)
+	if !c.closed.CompareAndSwap(false, true) {
+		return c.Conn.Close()
 	}
+	if c.linger.Load() {
+		if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			go c.drainAndClose()
+			return nil
+		}
+	}
+	return c.release(c.Conn.Close())
+}
+
+func (c *conn) release(err error) error {
+	c.l.open.Add(-1)
+	c.l.releaseClient(c.ip)
 	return err
+}
+
+// Lingering close bounds: the client's unsent bytes are read and dropped
+// for at most lingerTotal, and for at most lingerIdle after the last
+// bytes arrived (nginx's lingering_time and lingering_timeout play the
+// same part).
+const (
+	lingerTotal = 5 * time.Second
+	lingerIdle  = time.Second
+)
+
+// drainAndClose reads and drops what the client still sends after the
+// write side was shut, until it closes its side or the bounds run out,
+// then closes the connection.
+func (c *conn) drainAndClose() {
+	end := time.Now().Add(lingerTotal)
+	buf := make([]byte, 32<<10)
+	for {
+		d := time.Now().Add(lingerIdle)
+		if d.After(end) {
+			d = end
+		}
+		if c.Conn.SetReadDeadline(d) != nil {
+			break
+		}
+		if _, err := c.Conn.Read(buf); err != nil {
+			break
+		}
+	}
+	c.release(c.Conn.Close())
+}
+
+// Linger marks c, a connection from a Listener (or a *tls.Conn over one),
+// for a lingering close: when the server closes it, its write side is shut
+// first and what the client still sends is read and dropped for a few
+// seconds before the socket is closed. A server that answers before it
+// read a request's whole body (a 404, a 413) marks the connection so: a
+// socket closed with unread bytes is reset, and a reset reaching the
+// client while it still writes the body discards the answer waiting in
+// its receive buffer, so the client sees "connection reset" instead of
+// the 404. Linger reports whether c was marked; any other connection is
+// left alone.
+func Linger(c net.Conn) bool {
+	for c != nil {
+		switch v := c.(type) {
+		case *conn:
+			v.linger.Store(true)
+			return true
+		case sysConn:
+			v.linger.Store(true)
+			return true
+		case interface{ NetConn() net.Conn }: // *tls.Conn
+			c = v.NetConn()
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // Unwrap returns the connection as accepted by the inner listener.

@@ -1142,3 +1142,55 @@ func TestListenerShare(t *testing.T) {
 		})
 	}
 }
+
+// A connection marked by Linger and closed with the client's bytes unread
+// shuts its write side first and drops what still arrives: the client
+// finishes writing and reads the whole answer, and the slot is freed once
+// the client closes (or the linger bounds run out).
+func TestLingerDeliversAnswerToSendingClient(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := NewListener(inner, 0)
+	defer ln.Close()
+	for _, mark := range []func(net.Conn) net.Conn{
+		func(c net.Conn) net.Conn { return c },
+		func(c net.Conn) net.Conn { return tlsLike{c} }, // reached through NetConn
+	} {
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.ReadFull(c, make([]byte, 16)) // a request's head, the body unread
+			c.Write([]byte("answer"))
+			if !Linger(mark(c)) {
+				t.Error("Linger did not mark a Listener connection")
+			}
+			c.Close()
+		}()
+		cl, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cl.Write(bytes.Repeat([]byte{1}, 16<<20)); err != nil {
+			t.Fatalf("client write: %v", err)
+		}
+		cl.(*net.TCPConn).CloseWrite()
+		got, err := io.ReadAll(cl)
+		if err != nil || string(got) != "answer" {
+			t.Fatalf("client read %q, %v; want the answer", got, err)
+		}
+		cl.Close()
+		waitFor(t, 5*time.Second, "the lingering connection's slot freed", func() bool { return ln.Open() == 0 })
+	}
+	if Linger(nil) || Linger(tlsLike{nil}) {
+		t.Fatal("Linger marked a connection that is not a Listener's")
+	}
+}
+
+// tlsLike wraps a connection the way *tls.Conn does, for Linger's unwrap.
+type tlsLike struct{ net.Conn }
+
+func (c tlsLike) NetConn() net.Conn { return c.Conn }
