@@ -26,8 +26,28 @@ import (
 // and the same runtime paths as the CUDA device, so everything above the
 // device layer is testable without a GPU.
 type Host struct {
-	used  atomic.Int64
-	total int64
+	used    atomic.Int64
+	total   int64
+	checked atomic.Bool // instances made from now on are checked
+}
+
+// FaultMark starts the line a checked worker writes on stderr when an
+// access past a buffer kills it (host_run.h's PLOVER_FAULT_MARK).
+const FaultMark = "plover: checked mode: "
+
+// EnableChecks makes the instances this device creates from now on
+// checked: an access past the end of in, tmp or out is caught (see
+// host_checked.c); the runs copy in and out instead of working in place.
+// reportFaults also installs the handler that names the entry and buffer
+// of a fault on a guard page before the fault kills the process: for a
+// worker process only, as it replaces the process's SIGSEGV and SIGBUS
+// handlers (Go's among them).
+func (h *Host) EnableChecks(reportFaults bool) error {
+	if reportFaults && C.plover_checked_install() != 0 {
+		return fmt.Errorf("checked mode: cannot install the fault handler")
+	}
+	h.checked.Store(true)
+	return nil
 }
 
 // NewHost returns a host device whose memory budget is limit bytes, or the
@@ -81,16 +101,37 @@ func (h *Host) MemInfo() MemInfo {
 	return MemInfo{Total: h.total, Free: h.total - used, Used: used}
 }
 
-func (h *Host) alloc(n int64) (unsafe.Pointer, error) {
+func (h *Host) alloc(n int64) (unsafe.Pointer, error) { return h.allocBuf(n, false) }
+
+// allocBuf allocates an instance's buffer of n bytes: guarded (checked
+// mode: its end against an inaccessible page), or plain.
+func (h *Host) allocBuf(n int64, guarded bool) (unsafe.Pointer, error) {
 	if n < 0 || n > int64(^uint(0)>>1) {
 		return nil, fmt.Errorf("host alloc of %d bytes", n)
 	}
-	p := C.plover_host_alloc(C.size_t(n))
+	var p unsafe.Pointer
+	if guarded {
+		p = C.plover_guarded_alloc(C.size_t(n))
+	} else {
+		p = C.plover_host_alloc(C.size_t(n))
+	}
 	if p == nil {
+		if guarded {
+			return nil, fmt.Errorf("guarded host alloc of %d bytes: out of memory or of mappings", n)
+		}
 		return nil, fmt.Errorf("host alloc of %d bytes: out of memory", n)
 	}
 	h.used.Add(n)
 	return p, nil
+}
+
+func (h *Host) freeBuf(p unsafe.Pointer, n int64, guarded bool) {
+	if !guarded {
+		h.free(p, n)
+	} else if p != nil {
+		C.plover_guarded_free(p, C.size_t(n))
+		h.used.Add(-n)
+	}
 }
 
 func (h *Host) free(p unsafe.Pointer, n int64) {
@@ -127,9 +168,11 @@ type hostInstance struct {
 	// C memory, so the per-request cgo call passes no Go pointers except the
 	// input and output bytes: cgocheck walks every pointer it is given, and a
 	// Go-held step table cost 3.5 µs a request.
-	state  *C.plover_inst_state_t
-	steps  *[abi.MaxChainLength]C.plover_step_t
-	timing *C.plover_timing_t
+	state   *C.plover_inst_state_t
+	steps   *[abi.MaxChainLength]C.plover_step_t
+	timing  *C.plover_timing_t
+	bufs    [3]unsafe.Pointer // in, tmp, out
+	checked bool              // bufs are guarded (host_checked.c)
 }
 
 func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
@@ -144,17 +187,16 @@ func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
 		inst.free()
 		return nil, fmt.Errorf("host instance: out of memory")
 	}
-	var bufs [3]unsafe.Pointer
+	inst.checked = h.checked.Load()
 	for k, n := range []int64{cfg.MaxInput, cfg.Tmp, cfg.Out} {
-		p, err := h.alloc(n)
+		p, err := h.allocBuf(n, inst.checked)
 		if err != nil {
 			inst.free()
 			return nil, fmt.Errorf("host instance: %w", err)
 		}
-		bufs[k] = p
-		// Recorded as they come, so free() releases exactly what exists.
-		st.base.input.dat, st.base.tmp.dat, st.base.out.dat = (*C.uint8_t)(bufs[0]), (*C.uint8_t)(bufs[1]), (*C.uint8_t)(bufs[2])
+		inst.bufs[k] = p // as they come, so free() releases exactly what exists
 	}
+	bufs := inst.bufs
 	var cptr unsafe.Pointer
 	var clen int64
 	if c, ok := cfg.Constants.(*hostConstants); ok && c != nil {
@@ -165,6 +207,9 @@ func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
 	}
 	C.plover_state_init(st, boolInt(cfg.Entries.abi1()), bufs[0], C.size_t(cfg.MaxInput), cptr, C.size_t(clen),
 		bufs[1], C.size_t(cfg.Tmp), bufs[2], C.size_t(cfg.Out), nil, cfg.Entries.programPtr())
+	if inst.checked {
+		C.plover_checked_init(st, bufs[0], C.size_t(cfg.MaxInput), bufs[1], C.size_t(cfg.Tmp), bufs[2], C.size_t(cfg.Out))
+	}
 	if err := cfg.Entries.hook(hookInstanceInit, &st.st); err != nil {
 		inst.free()
 		return nil, err
@@ -189,9 +234,9 @@ func (i *hostInstance) free() {
 	if i.state == nil {
 		return
 	}
-	i.h.free(unsafe.Pointer(i.state.base.input.dat), i.cfg.MaxInput)
-	i.h.free(unsafe.Pointer(i.state.base.tmp.dat), i.cfg.Tmp)
-	i.h.free(unsafe.Pointer(i.state.base.out.dat), i.cfg.Out)
+	for k, n := range []int64{i.cfg.MaxInput, i.cfg.Tmp, i.cfg.Out} {
+		i.h.freeBuf(i.bufs[k], n, i.checked)
+	}
 	C.free(unsafe.Pointer(i.state))
 	C.free(unsafe.Pointer(i.steps))
 	C.free(unsafe.Pointer(i.timing))
@@ -208,7 +253,7 @@ func (i *hostInstance) Run(r *Run) error {
 		if err != nil {
 			return err
 		}
-		i.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
+		i.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block), name: table.name(s.Entry)}
 	}
 	var in, out unsafe.Pointer
 	if len(r.Input) > 0 {

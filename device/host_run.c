@@ -85,15 +85,18 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
                             const plover_step_t *steps, int n, void *last_error,
                             plover_timing_t *t) {
   int64_t t0 = now_ns(), c0 = cpu_ns();
-  int in_place = zero & PLOVER_IN_PLACE;
+  /* Checked, the chain runs on the instance's guarded buffers: copies. */
+  int in_place = (zero & PLOVER_IN_PLACE) && !s->checked;
   plover_state_begin(s, in_len, tmp_len, out_len, items);
+  if (s->checked) plover_checked_place(s);
+  uint8_t *out_dat = s->st.out.dat; /* where the chain writes this request's out */
   t->copied = 0;
   if (in_place) {
     /* This request's input and out are where they already are (a worker's
      * slot): the chain works on them; the next request's begin points the
      * state back at whatever it is given. */
     if (in) s->st.input.dat = (uint8_t *)in;
-    if (out) s->st.out.dat = (uint8_t *)out;
+    if (out) s->st.out.dat = out_dat = (uint8_t *)out;
   } else if (in_len) {
     memcpy(s->st.input.dat, in, in_len);
     t->copied += in_len;
@@ -101,13 +104,19 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
   if ((zero & PLOVER_ZERO_TMP) && tmp_len) memset(s->st.tmp.dat, 0, tmp_len);
   if ((zero & PLOVER_ZERO_OUT) && out_len) memset(s->st.out.dat, 0, out_len);
   int64_t t1 = now_ns();
-  plover_call_entries(s, steps, n);
   const char *err = NULL;
-  if (last_error) err = ((plover_last_error_fn)last_error)();
+  if (s->checked) {
+    const char *overrun = plover_checked_call(s, steps, n);
+    if (last_error) err = ((plover_last_error_fn)last_error)(); /* read (and cleared) either way */
+    if (overrun) err = overrun;
+  } else {
+    plover_call_entries(s, steps, n);
+    if (last_error) err = ((plover_last_error_fn)last_error)();
+  }
   size_t used = plover_state_out_used(s, out_len);
   int64_t t2 = now_ns();
   if (!in_place && !err && used <= out_len && used) {
-    memcpy(out, s->base.out.dat, used);
+    memcpy(out, out_dat, used);
     t->copied += used;
   }
   int64_t t3 = now_ns();

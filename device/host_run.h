@@ -8,6 +8,7 @@ typedef struct {
   void *fn;
   int32_t grid;
   int32_t block;
+  const char *name; /* the entry's name, for checked mode's reports */
 } plover_step_t;
 
 typedef struct {
@@ -43,6 +44,18 @@ typedef struct {
   plover_state_t st;
   plover_state_t base;
   int abi1;
+  /* Checked mode (host_checked.c): in, tmp and out each in a mapping of
+   * their own, body bytes between inaccessible guard pages; this request's
+   * buffer ends where the body does, to 256 bytes, and the bytes between
+   * its end and the body's hold a pattern checked after every entry. */
+  int checked;
+  struct plover_guarded {
+    uint8_t *body;
+    size_t body_len;
+    uint8_t *dat; /* this request's buffer, len bytes */
+    size_t len;
+  } guard[3]; /* in, tmp, out */
+  char report[320]; /* an overrun's message */
 } plover_inst_state_t;
 
 /* Fills base for an instance: its buffers (capacities as lengths), the
@@ -62,6 +75,28 @@ size_t plover_state_out_used(const plover_inst_state_t *s, size_t out_len);
 const char *plover_call_hook(void *hook, plover_state_t *st, void *last_error);
 
 void *plover_host_alloc(size_t n);
+
+/* Checked mode. plover_guarded_alloc maps n bytes (rounded up to pages)
+ * between two inaccessible pages, zeroed; NULL: out of memory. */
+void *plover_guarded_alloc(size_t n);
+void plover_guarded_free(void *body, size_t n);
+/* Marks an instance checked, its buffers from plover_guarded_alloc with
+ * these capacities; base then points at each placed for its capacity. */
+void plover_checked_init(plover_inst_state_t *s, void *in, size_t in_n,
+                         void *tmp, size_t tmp_n, void *out, size_t out_n);
+/* Places this request's buffers in st (lengths from st) and writes the
+ * pattern after each. */
+void plover_checked_place(plover_inst_state_t *s);
+/* Runs the chain's entries, checking the patterns after each: NULL, or
+ * the report of the first overrun (the chain stops there). */
+const char *plover_checked_call(plover_inst_state_t *s,
+                                const plover_step_t *steps, int n);
+/* Installs the SIGSEGV/SIGBUS handler that, for a fault on a checked run's
+ * guard page, writes one line to stderr naming the entry and the buffer
+ * (PLOVER_FAULT_MARK first), then lets the fault kill the process. Worker
+ * processes only: it replaces any handler the process had. */
+int plover_checked_install(void);
+#define PLOVER_FAULT_MARK "plover: checked mode: "
 const char *plover_host_run(plover_inst_state_t *s, const void *in,
                             size_t in_len, void *out, size_t out_len,
                             size_t tmp_len, uint32_t items, int zero,

@@ -1,5 +1,8 @@
 package device
 
+// #include <stdlib.h>
+import "C"
+
 import (
 	"context"
 	"fmt"
@@ -26,13 +29,20 @@ type Entries struct {
 
 	mu    sync.Mutex
 	index map[string]int32
-	fns   atomic.Pointer[[]unsafe.Pointer] // copied on growth
+	tab   atomic.Pointer[entryTable] // copied on growth
+}
+
+// entryTable is what Step.Entry indexes: each entry's function and its
+// name as a C string (checked mode's reports name it from C).
+type entryTable struct {
+	fns   []unsafe.Pointer
+	names []*C.char
 }
 
 // NewEntries is lib's entry table, empty until Resolve.
 func NewEntries(lib *loader.Library) *Entries {
 	e := &Entries{lib: lib, lastError: lib.LastError, index: map[string]int32{}}
-	e.fns.Store(&[]unsafe.Pointer{})
+	e.tab.Store(&entryTable{})
 	return e
 }
 
@@ -48,20 +58,38 @@ func (e *Entries) Resolve(kernel string) (int32, error) {
 	if err != nil {
 		return 0, err
 	}
-	old := *e.fns.Load()
-	fns := append(append(make([]unsafe.Pointer, 0, len(old)+1), old...), p)
-	i := int32(len(old))
+	old := e.tab.Load()
+	i := int32(len(old.fns))
 	e.index[kernel] = i
-	e.fns.Store(&fns)
+	e.tab.Store(&entryTable{fns: append(old.fns[:i:i], p), names: append(old.names[:i:i], C.CString(kernel))})
 	return i, nil
 }
 
-// table is the current entry table, for one run.
-func (e *Entries) table() []unsafe.Pointer {
+// free releases the names; no run may follow.
+func (e *Entries) free() {
 	if e == nil {
+		return
+	}
+	for _, n := range e.tab.Load().names {
+		C.free(unsafe.Pointer(n))
+	}
+	e.tab.Store(&entryTable{})
+}
+
+// table is the current entry table, for one run.
+func (e *Entries) table() *entryTable {
+	if e == nil {
+		return &entryTable{}
+	}
+	return e.tab.Load()
+}
+
+// name is entry i's name (nil outside the table).
+func (t *entryTable) name(i int32) *C.char {
+	if i < 0 || int(i) >= len(t.names) {
 		return nil
 	}
-	return *e.fns.Load()
+	return t.names[i]
 }
 
 func (e *Entries) abi1() bool { return e != nil && e.lib != nil && e.lib.ABI1 }
@@ -81,11 +109,11 @@ func (e *Entries) lastErrorFn() unsafe.Pointer {
 }
 
 // entryFn is step k's function, or an error for an index outside the table.
-func entryFn(table []unsafe.Pointer, s Step) (unsafe.Pointer, error) {
-	if s.Entry < 0 || int(s.Entry) >= len(table) {
-		return nil, fmt.Errorf("chain step names entry %d; the program has %d", s.Entry, len(table))
+func entryFn(table *entryTable, s Step) (unsafe.Pointer, error) {
+	if s.Entry < 0 || int(s.Entry) >= len(table.fns) {
+		return nil, fmt.Errorf("chain step names entry %d; the program has %d", s.Entry, len(table.fns))
 	}
-	return table[s.Entry], nil
+	return table.fns[s.Entry], nil
 }
 
 // rawDevice is what an in-process program needs of its device.
@@ -180,6 +208,7 @@ func (p *program) free() error {
 		p.consts.Free()
 		p.consts = nil
 	}
+	p.ents.free()
 	return p.lib.Close()
 }
 

@@ -49,14 +49,17 @@ type simEnv struct {
 }
 
 // loadSim loads a built sim.so on a host device, as the runtime would.
-func loadSim(t testing.TB, so string) *simEnv {
+func loadSim(t testing.TB, so string) *simEnv { return loadSimOn(t, so, device.NewHost(0)) }
+
+// loadSimOn loads a built sim.so on h.
+func loadSimOn(t testing.TB, so string, h *device.Host) *simEnv {
 	t.Helper()
 	m := &abi.Manifest{
 		Name: "sim", ABI: abi.Major, Target: abi.TargetHost, Library: filepath.Base(so),
 		MaxInputBytes: simMaxInput, OutBytes: simMaxOut,
 		Chain: []abi.Launch{{Kernel: "sim_reduce", Grid: 1, Block: 1}},
 	}
-	prog, err := device.NewHost(0).Load(context.Background(), device.ProgramSpec{Dir: filepath.Dir(so), Manifest: m})
+	prog, err := h.Load(context.Background(), device.ProgramSpec{Dir: filepath.Dir(so), Manifest: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -514,18 +517,24 @@ func firstDiff(got, want []byte) string {
 }
 
 // TestSimKernels runs the table on both context switches, the x86-64 one
-// (where this is x86-64) and the ucontext fallback, and at -O3 (more
-// inlining across barriers). All cases share one
+// (where this is x86-64) and the ucontext fallback, at -O3 (more inlining
+// across barriers), and on a checked host device (buffers placed against
+// guard pages; none of these kernels overruns). All cases share one
 // instance, so every case after an error also checks that the simulator
 // recovered.
 func TestSimKernels(t *testing.T) {
 	cases := simCases()
 	for _, v := range []struct {
-		name  string
-		flags []string
-	}{{"default", nil}, {"ucontext", []string{"-DPLOVER_FIBER_UCONTEXT"}}, {"O3", []string{"-O3"}}} {
+		name    string
+		flags   []string
+		checked bool
+	}{{"default", nil, false}, {"ucontext", []string{"-DPLOVER_FIBER_UCONTEXT"}, false}, {"O3", []string{"-O3"}, false}, {"checked", nil, true}} {
 		t.Run(v.name, func(t *testing.T) {
-			e := loadSim(t, buildSim(t, t.TempDir(), v.flags))
+			h := device.NewHost(0)
+			if v.checked {
+				h.EnableChecks(false)
+			}
+			e := loadSimOn(t, buildSim(t, t.TempDir(), v.flags), h)
 			inst := e.instance(t)
 			for _, c := range cases {
 				t.Run(c.name, func(t *testing.T) {

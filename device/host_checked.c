@@ -1,0 +1,187 @@
+/* Checked mode on the host device: an overrun of in, tmp or out is caught.
+ *
+ * Each buffer is a mapping of its own with an inaccessible page on either
+ * side. A request's buffer is placed so that it ends at the start of the
+ * guard after it, to CUDA's 256-byte alignment, so an access past its end
+ * faults at the access (the handler below names the entry and the buffer
+ * before the fault kills the worker); the 0-255 bytes between the end and
+ * the guard hold a pattern that is checked after every entry, so a small
+ * overrun fails the request with the same names and the worker lives on.
+ * Writes before a buffer's start are caught only at a full body's start. */
+#define _GNU_SOURCE
+#include "host_run.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <stdio.h>
+#if defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#define PATTERN 0xFD /* what the bytes after a buffer hold */
+#define ALIGN 256
+
+static const char *const names[3] = {"in", "tmp", "out"};
+
+static size_t page(void) {
+  static size_t p;
+  if (p == 0) p = (size_t)sysconf(_SC_PAGESIZE);
+  return p;
+}
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+static size_t body_len(size_t n) { return round_up(n ? n : 1, page()); }
+
+void *plover_guarded_alloc(size_t n) {
+  size_t pg = page(), body = body_len(n);
+  uint8_t *m = mmap(NULL, body + 2 * pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return NULL;
+  if (mprotect(m + pg, body, PROT_READ | PROT_WRITE) != 0) {
+    munmap(m, body + 2 * pg);
+    return NULL;
+  }
+  return m + pg;
+}
+
+void plover_guarded_free(void *body, size_t n) {
+  if (body) munmap((uint8_t *)body - page(), body_len(n) + 2 * page());
+}
+
+/* b's buffer for len bytes: the last round_up(len, 256) bytes of its body. */
+static void place(struct plover_guarded *g, size_t len) {
+  g->len = len;
+  g->dat = g->body + g->body_len - round_up(len, ALIGN);
+  memset(g->dat + len, PATTERN, g->body_len - (size_t)(g->dat - g->body) - len);
+}
+
+void plover_checked_init(plover_inst_state_t *s, void *in, size_t in_n, void *tmp, size_t tmp_n, void *out,
+                         size_t out_n) {
+  void *bufs[3] = {in, tmp, out};
+  size_t caps[3] = {in_n, tmp_n, out_n};
+  plover_buf_t *base[3] = {&s->base.input, &s->base.tmp, &s->base.out};
+  s->checked = 1;
+  for (int b = 0; b < 3; b++) {
+    s->guard[b].body = bufs[b];
+    s->guard[b].body_len = body_len(caps[b]);
+    place(&s->guard[b], caps[b]);
+    base[b]->dat = s->guard[b].dat;
+  }
+  s->st = s->base;
+}
+
+void plover_checked_place(plover_inst_state_t *s) {
+  plover_buf_t *st[3] = {&s->st.input, &s->st.tmp, &s->st.out};
+  for (int b = 0; b < 3; b++) {
+    place(&s->guard[b], st[b]->len);
+    st[b]->dat = s->guard[b].dat;
+  }
+}
+
+/* The run this thread is in, for the fault handler. */
+static __thread plover_inst_state_t *cur_state;
+static __thread const char *cur_entry;
+
+const char *plover_checked_call(plover_inst_state_t *s, const plover_step_t *steps, int n) {
+  void *arg = s->abi1 ? (void *)&s->st.input : (void *)&s->st;
+  cur_state = s;
+  for (int i = 0; i < n; i++) {
+    cur_entry = steps[i].name;
+    ((void (*)(void *, int, int))steps[i].fn)(arg, steps[i].grid, steps[i].block);
+    for (int b = 0; b < 3; b++) {
+      struct plover_guarded *g = &s->guard[b];
+      uint8_t *end = g->body + g->body_len, *p = g->dat + g->len, *first = NULL, *last = NULL;
+      for (; p < end; p++)
+        if (*p != PATTERN) {
+          if (!first) first = p;
+          last = p;
+        }
+      if (first) {
+        snprintf(s->report, sizeof s->report,
+                 PLOVER_FAULT_MARK "entry %s wrote past the end of %s (%zu bytes this request): "
+                                   "bytes %zu to %zu changed",
+                 steps[i].name ? steps[i].name : "?", names[b], g->len, (size_t)(first - g->dat),
+                 (size_t)(last - g->dat));
+        cur_state = NULL;
+        return s->report;
+      }
+    }
+  }
+  cur_state = NULL;
+  return NULL;
+}
+
+/* ---- The fault handler: async-signal-safe, so no stdio. ---------------- */
+
+struct line {
+  char b[400];
+  size_t n;
+};
+
+static void put(struct line *l, const char *s) {
+  while (*s && l->n < sizeof l->b - 1) l->b[l->n++] = *s++;
+}
+
+static void put_num(struct line *l, size_t v) {
+  char d[24];
+  int i = 0;
+  do d[i++] = (char)('0' + v % 10), v /= 10;
+  while (v && i < (int)sizeof d);
+  while (i > 0 && l->n < sizeof l->b - 1) l->b[l->n++] = d[--i];
+}
+
+static void on_fault(int sig, siginfo_t *si, void *ctx) {
+  (void)sig;
+  plover_inst_state_t *s = cur_state;
+  if (!s) return; /* not a checked run: the default action (reset) kills */
+  uint8_t *a = (uint8_t *)si->si_addr;
+  const char *verb = "accessed";
+#if defined(__x86_64__)
+  /* The page fault's error code: bit 1 set for a write. */
+  verb = (((ucontext_t *)ctx)->uc_mcontext.gregs[REG_ERR] & 2) ? "wrote" : "read";
+#else
+  (void)ctx;
+#endif
+  size_t pg = page();
+  for (int b = 0; b < 3; b++) {
+    struct plover_guarded *g = &s->guard[b];
+    uint8_t *end = g->body + g->body_len;
+    int after = a >= end && a < end + pg, before = a >= g->body - pg && a < g->body;
+    if (!after && !before) continue;
+    struct line l = {.n = 0};
+    put(&l, PLOVER_FAULT_MARK "entry ");
+    put(&l, cur_entry ? cur_entry : "?");
+    put(&l, " ");
+    put(&l, verb);
+    if (after) {
+      put(&l, " past the end of ");
+      put(&l, names[b]);
+      put(&l, ", at byte ");
+      put_num(&l, (size_t)(a - g->dat));
+    } else {
+      put(&l, " before the start of ");
+      put(&l, names[b]);
+      put(&l, ", ");
+      put_num(&l, (size_t)(g->dat - a));
+      put(&l, " bytes before it");
+    }
+    put(&l, " (");
+    put_num(&l, g->len);
+    put(&l, " bytes this request)\n");
+    ssize_t w = write(2, l.b, l.n);
+    (void)w;
+    return; /* the handler is reset: the access faults again and kills */
+  }
+}
+
+int plover_checked_install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGSEGV, &sa, NULL) != 0) return -1;
+  return sigaction(SIGBUS, &sa, NULL);
+}

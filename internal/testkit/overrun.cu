@@ -1,0 +1,44 @@
+/* overrun.cu: entries that write past (or before) a buffer, for checked
+ * mode (device/checked_test.go, cli/plover/checked_test.go). block names
+ * the buffer (0 in, 1 tmp, 2 out), grid the bytes written starting at its
+ * end (negative: before its start). overrun_kernel does the same from a
+ * simulated CUDA kernel, one byte per thread. */
+#include "plover_kernel.h"
+
+PLOVER_BUNDLE(PLOVER_TARGET);
+
+static plover_buf_t *buffer(plover_state_t *s, int which) {
+  return which == 0 ? &s->input : which == 1 ? &s->tmp : &s->out;
+}
+
+PLOVER_ENTRY(overrun) {
+  plover_buf_t *b = buffer(s, block);
+  volatile uint8_t *p = b->dat;
+  if (grid >= 0)
+    for (int i = 0; i < grid; i++) p[b->len + i] = 0xAB;
+  else
+    for (int i = -1; i >= grid; i--) p[i] = 0xAB;
+}
+
+__global__ void scribble(uint8_t *end) { end[threadIdx.x] = 0xAB; }
+
+PLOVER_ENTRY(overrun_kernel) {
+  plover_buf_t *b = buffer(s, block);
+  if (grid > 0) PLOVER_LAUNCH(scribble, 1, grid, s, b->dat + b->len);
+}
+
+/* fill: writes every byte of out and tmp and echoes in, the well-behaved
+ * neighbour of the entries above. */
+PLOVER_ENTRY(fill) {
+  (void)grid, (void)block;
+  memset(s->tmp.dat, 7, s->tmp.len);
+  for (size_t i = 0; i < s->out.len; i++) s->out.dat[i] = i < s->input.len ? s->input.dat[i] : 0xEE;
+}
+
+/* echo: out = in (memcpy), for checked mode's cost against in place. */
+PLOVER_ENTRY(echo) {
+  (void)grid, (void)block;
+  size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
+  memcpy(s->out.dat, s->input.dat, n);
+  s->out.len = n;
+}
