@@ -5,7 +5,7 @@ CXX       ?= g++
 NVCC      ?= nvcc
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 HOST_CXXFLAGS := -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iabi
-NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
+NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iabi \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)

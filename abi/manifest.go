@@ -207,17 +207,61 @@ func jsonError(data []byte, err error) *FieldError {
 		return &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("is %s, want an object", jsonKind(te.Value))}
 	}
 	if errors.As(err, &te) {
+		// encoding/json names the field without array indices
+		// ("chain.grid"); the path printed is the one Validate prints
+		// ("chain[0].grid").
+		field := te.Field
+		if p := jsonPathAt(data, manifestType, te.Offset); p != "" {
+			field = p
+		}
 		kind := jsonKind(te.Value)
 		if te.Value == "object" || te.Value == "array" { // no short text to quote
-			return &FieldError{Field: te.Field, Reason: fmt.Sprintf("is %s, want %s", kind, jsonWant(te.Type))}
+			return &FieldError{Field: field, Reason: fmt.Sprintf("is %s, want %s", kind, jsonWant(te.Type))}
 		}
-		return &FieldError{Field: te.Field, Reason: fmt.Sprintf("%s is %s, want %s", valueBefore(data, te.Offset), kind, jsonWant(te.Type))}
+		return &FieldError{Field: field, Reason: fmt.Sprintf("%s is %s, want %s", valueBefore(data, te.Offset), kind, jsonWant(te.Type))}
 	}
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
-		return &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("invalid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))}
+		// Offset counts the bytes read, the one in error included.
+		line, col := lineColumn(data, se.Offset-1)
+		return &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("invalid JSON at line %d, column %d: %s", line, col, strings.TrimPrefix(se.Error(), "json: "))}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return &FieldError{Field: ManifestFile, Reason: "is empty, want a JSON object"}
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		line, col := lineColumn(data, int64(len(bytes.TrimRight(data, " \t\r\n"))))
+		return &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("invalid JSON: it ends at line %d, column %d before the object does (a missing '}' or ']'?)", line, col)}
+	}
+	if strings.Contains(err.Error(), "json: unknown field ") {
+		if parent, key, fields, ok := unknownJSONField(data, manifestType); ok {
+			path := pathKey(key)
+			if parent != "" {
+				path = parent + "." + path
+			}
+			reason := unknownFieldReason(parent, key, fields)
+			if form, _, ok := strings.Cut(err.Error(), ": json: unknown field"); ok && form != "" {
+				reason += " (" + form + ")" // Step's: the forms a step takes
+			}
+			return &FieldError{Field: path, Reason: reason}
+		}
 	}
 	return &FieldError{Field: ManifestFile, Reason: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+}
+
+var manifestType = reflect.TypeFor[Manifest]()
+
+// unknownFieldReason says a key is no field, and which field was meant:
+// a misspelt "zero_tmp" would otherwise silently be false.
+func unknownFieldReason(parent, key string, fields []string) string {
+	in, has := "", "a manifest has"
+	if parent != "" {
+		in, has = " in "+parent, parent+" has"
+	}
+	if s := Suggest(key, fields); s != "" {
+		return fmt.Sprintf("no such field%s (did you mean %q?)", in, s)
+	}
+	return fmt.Sprintf("no such field; %s %s", has, strings.Join(fields, ", "))
 }
 
 // valueBefore is the JSON value that ends at off in data (a string with

@@ -1,6 +1,8 @@
 package abi
 
 import (
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -52,7 +54,7 @@ func TestParseManifest(t *testing.T) {
 		{"string for a number", `"zero_tmp":false`, `"zero_tmp":false,"max_queue":"64"`, "max_queue"},
 		{"number for a bool", `"zero_tmp":false`, `"zero_tmp":1`, "zero_tmp"},
 		{"bad idle_ttl", `"zero_tmp":false`, `"zero_tmp":false,"idle_ttl":"soon"`, "idle_ttl"},
-		{"unknown field", `"zero_tmp":false`, `"zero_tmpp":false`, "plover.json"},
+		{"unknown field", `"zero_tmp":false`, `"zero_tmpp":false`, "zero_tmpp"},
 		{"batch valid", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"max_delay":"200us","item_input_bytes":1000000,"item_output_bytes":1000000},`, ""},
 		{"batch on abi 1", `"zero_tmp":false`, `"zero_tmp":false,"batch":{"max_items":4,"item_input_bytes":1000000,"item_output_bytes":1000000}`, "batch"},
 		{"batch item size overflowing to the buffer", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"item_input_bytes":4611686018428387904,"item_output_bytes":1000000},`, "batch.item_input_bytes"},
@@ -60,7 +62,8 @@ func TestParseManifest(t *testing.T) {
 		{"batch input not max_items items", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"item_input_bytes":999999,"item_output_bytes":1000000},`, "batch.item_input_bytes"},
 		{"batch output not max_items items", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"item_input_bytes":1000000,"item_output_bytes":3},`, "batch.item_output_bytes"},
 		{"batch delay", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"max_delay":"2s","item_input_bytes":1000000,"item_output_bytes":1000000},`, "batch.max_delay"},
-		{"batch unknown field", `"abi":1,`, `"abi":2,"batch":{"max_item":4,"item_input_bytes":1000000,"item_output_bytes":1000000},`, "plover.json"},
+		{"batch unknown field", `"abi":1,`, `"abi":2,"batch":{"max_item":4,"item_input_bytes":1000000,"item_output_bytes":1000000},`, "batch.max_item"},
+		{"unknown field in a chain step", `"block":256`, `"blok":256`, "chain[0].blok"},
 		{"wrong type", `"abi":1`, `"abi":"1"`, "abi"},
 		{"trailing data", `}]}`, `}]} {}`, "plover.json"},
 		{"not json", valid, `not json`, "plover.json"},
@@ -121,11 +124,99 @@ func TestManifestTypeErrors(t *testing.T) {
 		{`{"name":"f","zero_tmp":"yes"}`, `zero_tmp: "yes" is a string, want true or false`},
 		{`{"name":"f","chain":{"kernel":"k"}}`, `chain: is an object, want an array`},
 		{`{"name":"f","batch":{"max_items":2.5}}`, `batch.max_items: 2.5 is a number, want a whole number`},
-		{`{"name":"f",}`, `plover.json: invalid JSON at byte`},
+		{`{"name":"f",}`, `plover.json: invalid JSON at line 1, column 13: invalid character '}'`},
+		// Paths are printed as Validate prints them: with the index.
+		{`{"name":"f","chain":[{"grid":1},{"grid":"2"}]}`, `chain[1].grid: "2" is a string, want a whole number`},
+		{`{"name":"f","chain":[{"grid":1},{"grid":{}}]}`, `chain[1].grid: is an object, want a whole number`},
+		{`{"name":"f","build":{"sources":["a",3]}}`, `build.sources[1]: 3 is a number, want a string`},
+		{`{"name":"f","tensors":{"inputs":[{"name":"x","shape":[1,"2"]}]}}`, `tensors.inputs[0].shape[1]: "2" is a string, want a whole number`},
+		// A syntax error: the line and column.
+		{"{\n  \"name\": \"f\",\n  \"abi\": 2,,\n}", `plover.json: invalid JSON at line 3, column 12: invalid character ','`},
+		{"{\n  \"name\": \"f\",\n  \"chain\": [", `plover.json: invalid JSON: it ends at line 3, column 13 before the object does`},
+		{"  \n", `plover.json: is empty`},
+		// An unknown field: where it is, and the field meant.
+		{`{"name":"f","zero_temp":true}`, `zero_temp: no such field (did you mean "zero_tmp"?)`},
+		{`{"name":"f","Zero_Temp":true}`, `Zero_Temp: no such field (did you mean "zero_tmp"?)`},
+		{`{"name":"f","chain":[{"kernel":"k"},{"kernel":"k","blok":1}]}`, `chain[1].blok: no such field in chain[1] (did you mean "block"?)`},
+		{`{"name":"f","build":{"sources":["a"],"cxxflag":["-O3"]}}`, `build.cxxflag: no such field in build (did you mean "cxxflags"?)`},
+		{`{"name":"p","kind":"pipeline","steps":["a",{"functon":"b"}]}`, `steps[1].functon: no such field in steps[1] (did you mean "function"?)`},
+		{`{"name":"f","xyzzy":1}`, `xyzzy: no such field; a manifest has name, kind, steps, abi, target,`},
+		{`{"NAME":0}`, `name: 0 is a number, want a string`}, // as the field is spelt
+		{`{"name":"f","":1}`, `"": no such field; a manifest has name,`},
+		{`{"name":"f","chain":[{"a.b":1}]}`, `chain[0]."a.b": no such field; chain[0] has kernel, grid, block`},
+		{`{"name":"f","batch":{"max_items":2,"colour":1}}`, `batch.colour: no such field; batch has max_items, max_delay, item_input_bytes, item_output_bytes`},
 	} {
 		_, err := ParseManifest(strings.NewReader(tt.json))
 		if err == nil || !strings.HasPrefix(err.Error(), tt.want) || strings.Contains(err.Error(), "Go struct") {
 			t.Errorf("%s: %v, want %q", tt.json, err, tt.want)
 		}
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	fields := []string{"zero_tmp", "zero_out", "tmp_bytes", "out_bytes", "max_queue"}
+	for _, tt := range []struct{ name, want string }{
+		{"zero_temp", "zero_tmp"}, // one insertion
+		{"zero_otu", "zero_out"},  // one swap
+		{"ZERO_OUT", "zero_out"},  // case
+		{"tmp_byts", "tmp_bytes"},
+		{"max_queues", "max_queue"},
+		{"colour", ""}, // nothing close
+		{"zt", ""},     // too short to guess from
+		{"out", ""},    // a prefix is not a typo
+		{"outbytes", "out_bytes"},
+	} {
+		if got := Suggest(tt.name, fields); got != tt.want {
+			t.Errorf("Suggest(%q) = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// README's manifest table lists every field of plover.json, each with its
+// JSON type and a default, so that it cannot drift from Manifest (issue
+// 37, item 9).
+func TestReadmeManifestTable(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	start := strings.Index(readme, "### The manifest (`plover.json`)")
+	if start < 0 {
+		t.Fatal("README has no manifest section")
+	}
+	section := readme[start:]
+	if end := strings.Index(section[1:], "\n## "); end >= 0 {
+		section = section[:end+1]
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(section, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 6 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		rows[strings.Trim(strings.TrimSpace(cells[1]), "`")] = cells[2:5]
+	}
+	rt := reflect.TypeFor[Manifest]()
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		row, ok := rows[name]
+		if !ok {
+			t.Errorf("README's manifest table has no row for %q", name)
+			continue
+		}
+		typ := map[reflect.Kind]string{reflect.String: "string", reflect.Int: "integer", reflect.Int64: "integer",
+			reflect.Bool: "boolean", reflect.Float64: "number", reflect.Slice: "array", reflect.Struct: "object"}[deref(f.Type).Kind()]
+		if got := strings.TrimSpace(row[0]); got != typ {
+			t.Errorf("README says %s is %q, want %q", name, got, typ)
+		}
+		if strings.TrimSpace(row[1]) == "" || strings.TrimSpace(row[2]) == "" {
+			t.Errorf("README's row for %s has no default or no meaning: %q", name, row)
+		}
+		delete(rows, name)
+	}
+	for name := range rows {
+		t.Errorf("README's manifest table has %q, which is no field of plover.json", name)
 	}
 }

@@ -30,6 +30,7 @@ import (
 func init() {
 	openapi3filter.RegisterBodyDecoder(bundle.MediaType, openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("application/zstd", openapi3filter.FileBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("application/x-ndjson", openapi3filter.FileBodyDecoder)
 }
 
 // loadSpec loads and validates api/openapi.yaml.
@@ -203,6 +204,11 @@ func TestServerMatchesSpec(t *testing.T) {
 				}
 			}},
 		{name: "versions unknown", method: "GET", url: P("/v1/functions/nope/versions"), status: 404},
+		{name: "logs", method: "GET", url: P("/v1/functions/echo/logs"), status: 200},
+		{name: "logs since", method: "GET", url: P("/v1/functions/echo/logs?since=5m&follow=false"), status: 200},
+		{name: "logs bad since", method: "GET", url: P("/v1/functions/echo/logs?since=yesterday"), status: 400},
+		{name: "logs unknown", method: "GET", url: P("/v1/functions/nope/logs"), status: 404},
+		{name: "logs wrong method", method: "DELETE", url: P("/v1/functions/echo/logs"), status: 405},
 		{name: "versions wrong method", method: "DELETE", url: P("/v1/functions/other/versions"), status: 405},
 		{name: "rollback", method: "POST", url: P("/v1/functions/other/rollback"), ctype: "application/json",
 			body: func() []byte { return []byte(`{"version":"` + firstOther[:8] + `"}`) }, status: 200,
@@ -266,6 +272,8 @@ func TestServerMatchesSpec(t *testing.T) {
 		{name: "auth: no token", method: "GET", url: A("/v1/functions"), status: 401},
 		{name: "auth: unknown token", method: "GET", url: A("/metrics"), header: bearer("not-a-token"), status: 401},
 		{name: "auth: read", method: "GET", url: A("/v1/functions/echo"), header: bearer(reader), status: 200},
+		{name: "auth: read logs", method: "GET", url: A("/v1/functions/echo/logs"), header: bearer(reader), status: 200},
+		{name: "auth: invoke cannot read logs", method: "GET", url: A("/v1/functions/echo/logs"), header: bearer(invoker), status: 403},
 		{name: "auth: read cannot invoke", method: "POST", url: A("/v1/functions/echo/invoke"), header: bearer(reader),
 			ctype: "application/octet-stream", body: raw("x"), status: 403},
 		{name: "auth: invoke", method: "POST", url: A("/v1/functions/echo/invoke"), header: bearer(invoker),

@@ -77,6 +77,25 @@ type WorkerInfo struct {
 	Threads  int   `json:"threads"`
 }
 
+// LogLine is one line a function's worker process wrote to its stdout or
+// stderr, as GET /v1/functions/{name}/logs sends it: one JSON object a line
+// (application/x-ndjson).
+type LogLine struct {
+	Time   time.Time `json:"time"`   // when the server read it (the worker's output is line-buffered)
+	Stream string    `json:"stream"` // "stdout" or "stderr"
+	PID    int       `json:"pid"`    // the worker process's
+	Line   string    `json:"line"`   // without its newline; invalid UTF-8 replaced
+	// Truncated is how many bytes of a longer line were cut: the server
+	// keeps a line's first LogLineMax bytes.
+	Truncated int `json:"truncated,omitempty"`
+	// Dropped, on a followed stream, is how many lines before this one the
+	// reader missed because it read more slowly than the function printed.
+	Dropped int64 `json:"dropped,omitempty"`
+}
+
+// LogLineMax is the longest line the server keeps whole (bytes).
+const LogLineMax = 4096
+
 // DeviceHealth is one device's state for /healthz.
 type DeviceHealth struct {
 	Name     string `json:"name"`

@@ -123,3 +123,85 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	}
 	return h.Max()
 }
+
+// Bin is one bar of a distribution: the Count values in [LoMs, HiMs)
+// milliseconds.
+type Bin struct {
+	LoMs  float64 `json:"lo_ms"`
+	HiMs  float64 `json:"hi_ms"`
+	Count int64   `json:"count"`
+}
+
+// binSteps are the edges within a decade, finest first: each list is
+// spaced about evenly on a log scale, and every edge is a round number.
+var binSteps = [][]float64{
+	{1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8},
+	{1, 1.5, 2, 3, 5, 7},
+	{1, 2, 5},
+	{1},
+}
+
+// LogBins groups the values recorded into at most maxBins bins spaced
+// evenly on a log scale, with round edges (the finest of binSteps that
+// fits), from the edge at or below Min to the edge above Max. Empty
+// bins inside the range are kept: a gap is part of the shape. Call it
+// after recording has stopped; nil when nothing was recorded.
+func (h *Histogram) LogBins(maxBins int) []Bin {
+	if h.Count() == 0 || maxBins < 1 {
+		return nil
+	}
+	lo, hi := float64(max(h.Min(), 1)), float64(max(h.Max(), 1))
+	var edges []float64
+	for _, steps := range binSteps {
+		edges = logEdges(lo, hi, steps)
+		if len(edges)-1 <= maxBins {
+			break
+		}
+	}
+	bins := make([]Bin, len(edges)-1)
+	for i := range bins {
+		bins[i] = Bin{LoMs: edges[i] / 1e6, HiMs: edges[i+1] / 1e6}
+	}
+	for i := range h.counts {
+		n := h.counts[i].Load()
+		if n == 0 {
+			continue
+		}
+		blo, bhi := bucketRange(i)
+		v := float64(min(max(time.Duration(blo+(bhi-blo-1)/2), h.Min()), h.Max()))
+		// The last edge at or below v; values below the first edge (a
+		// bucket's middle below Min cannot be) go to the first bin.
+		k := max(sortSearch(edges, v)-1, 0)
+		bins[min(k, len(bins)-1)].Count += int64(n)
+	}
+	return bins
+}
+
+// logEdges are the edges m·10^e (m from steps) from the largest at or
+// below lo to the smallest above hi.
+func logEdges(lo, hi float64, steps []float64) []float64 {
+	var edges []float64
+	for e := math.Floor(math.Log10(lo)) - 1; ; e++ {
+		p := math.Pow(10, e)
+		for _, m := range steps {
+			v := m * p
+			if v <= lo {
+				edges = append(edges[:0], v) // the start, so far
+				continue
+			}
+			edges = append(edges, v)
+			if v > hi {
+				return edges
+			}
+		}
+	}
+}
+
+// sortSearch is the number of edges at or below v.
+func sortSearch(edges []float64, v float64) int {
+	n := 0
+	for n < len(edges) && edges[n] <= v {
+		n++
+	}
+	return n
+}

@@ -34,6 +34,9 @@ type Result struct {
 	// Latency is client-side, over 2xx responses: from the send (closed
 	// loop) or the scheduled send time (open loop) to the whole response.
 	Latency Summary `json:"latency_ms"`
+	// LatencyHistogram is the same latencies in at most HistogramBins
+	// bins spaced evenly on a log scale, with round edges.
+	LatencyHistogram []Bin `json:"latency_histogram,omitempty"`
 	// Timing is the Server-Timing breakdown of the 2xx responses.
 	Timing ServerSummary `json:"server_ms"`
 	Starts Starts        `json:"starts"`
@@ -122,7 +125,7 @@ func (r *run) result() *Result {
 		Function: c.Function, Server: c.Server, Mode: "closed", Concurrency: c.Concurrency,
 		InputBytes: len(c.Input), DurationLimit: c.Duration.Seconds(), RequestLimit: c.Requests,
 		Stopped: r.stopped, Elapsed: time.Duration(r.lastEnd.Load()).Seconds(),
-		Requests: r.done.Load(), OK: r.ok.Load(), Latency: summarize(&r.latency),
+		Requests: r.done.Load(), OK: r.ok.Load(), Latency: summarize(&r.latency), LatencyHistogram: r.latency.LogBins(HistogramBins),
 		Starts: Starts{Cold: r.starts[Cold].Load(), Warm: r.starts[Warm].Load(), Hot: r.starts[Hot].Load(), Missing: r.startNone.Load()},
 	}
 	if res.Elapsed > 0 {
@@ -229,6 +232,7 @@ func (res *Result) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s%9s%9s\n\n", "", FormatDuration(l.P50), FormatDuration(l.P90), FormatDuration(l.P99),
 			FormatDuration(l.P999), FormatDuration(l.Max), FormatDuration(l.Mean))
 	}
+	writeHistogram(&b, res)
 	if res.OK == 0 {
 		b.WriteString("no successful response\n")
 	} else if res.Timing.Responses == 0 {
@@ -242,6 +246,56 @@ func (res *Result) WriteText(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// HistogramBins bounds the bins of a Result's LatencyHistogram: rows of
+// plover bench's text report, bars of its chart.
+const HistogramBins = 16
+
+// histogramWidth is the longest bar of the text histogram, in characters.
+const histogramWidth = 40
+
+// writeHistogram draws the latency distribution below the percentiles:
+// a row per log-scaled bin, a bar of '#' in proportion to its count ('.'
+// for a count too small for one), the count, its share, and the
+// percentiles that fall in it.
+func writeHistogram(b *strings.Builder, res *Result) {
+	bins := res.LatencyHistogram
+	if len(bins) == 0 || res.Latency.N == 0 {
+		return
+	}
+	var peak int64
+	for _, bin := range bins {
+		peak = max(peak, bin.Count)
+	}
+	fmt.Fprintf(b, "latency distribution (client, 2xx; bins even on a log scale; the longest bar is %d requests)\n", peak)
+	l := res.Latency
+	for i := 0; i < len(bins); i++ {
+		bin := bins[i]
+		// A run of empty bins is one row: the gap, not its length.
+		for bin.Count == 0 && i+1 < len(bins) && bins[i+1].Count == 0 {
+			i++
+			bin.HiMs = bins[i].HiMs
+		}
+		bar := int(math.Round(float64(bin.Count) * histogramWidth / float64(peak)))
+		cells := strings.Repeat("#", bar)
+		if bar == 0 && bin.Count > 0 {
+			cells = "."
+		}
+		var marks []string
+		for _, q := range []struct {
+			name string
+			v    float64
+		}{{"p50", l.P50}, {"p90", l.P90}, {"p99", l.P99}, {"p99.9", l.P999}, {"max", l.Max}} {
+			if q.v >= bin.LoMs && (q.v < bin.HiMs || i == len(bins)-1) {
+				marks = append(marks, q.name)
+			}
+		}
+		row := fmt.Sprintf("  %7s - %-7s |%-*s %7d %5.1f%%  %s", FormatDuration(bin.LoMs), FormatDuration(bin.HiMs), histogramWidth, cells,
+			bin.Count, 100*float64(bin.Count)/float64(l.N), strings.Join(marks, " "))
+		b.WriteString(strings.TrimRight(row, " ") + "\n")
+	}
+	b.WriteString("\n")
 }
 
 func stopWhy(res *Result) string {

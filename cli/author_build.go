@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,10 +21,12 @@ import (
 
 // The compilers' fixed flags; plover init's Makefile and docs/author-loop.md
 // spell the same lines. --exclude-libs keeps a statically linked C++ runtime
-// (some toolchains link it so) from being exported by the bundle.
+// (some toolchains link it so) from being exported by the bundle. -Wall
+// -Wextra, as the repository's own Makefile builds its samples: a warning
+// is often the bug (an unsigned loop counter tested >= 0 never ends).
 var (
-	hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a"}
-	cudaFlags = []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-O3"}
+	hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a", "-Wall", "-Wextra"}
+	cudaFlags = []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-Wall,-Wextra", "-O3"}
 )
 
 // Build section defaults (see abi.Build).
@@ -343,8 +347,20 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBund
 	fmt.Fprintln(env.Stderr, shellLine(argv))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = env.Stderr, env.Stderr
-	if err := cmd.Run(); err != nil {
+	warnings := &warningCounter{}
+	// One writer for both: exec then copies through one pipe, so writes to
+	// env.Stderr never race.
+	both := io.MultiWriter(env.Stderr, warnings)
+	cmd.Stdout, cmd.Stderr = both, both
+	err = cmd.Run()
+	if n := warnings.count(); n > 0 && err == nil {
+		what := "1 compiler warning above; read it"
+		if n > 1 {
+			what = fmt.Sprintf("%d compiler warnings above; read them", n)
+		}
+		fmt.Fprintf(env.Stderr, "%s build of %s: %s: a warning is often the bug (a loop that never ends, a value never set)\n", target, dir, what)
+	}
+	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			return nil, fmt.Errorf("%s build of %s failed (%s: %v; its messages are above)", target, dir, filepath.Base(argv[0]), ee.ProcessState)
@@ -396,4 +412,43 @@ func outputPath(dir, path string) (string, error) {
 		return rel, nil
 	}
 	return abs, nil
+}
+
+// warningCounter counts the compiler's warnings in what it writes: lines
+// with "warning:" (g++'s "file:line:col: warning: ...") or "warning #"
+// (nvcc's front end), each distinct line once (nvcc repeats its own for
+// every compilation pass).
+type warningCounter struct {
+	seen    map[string]bool
+	partial []byte // the line being written
+}
+
+func (w *warningCounter) Write(p []byte) (int, error) {
+	w.partial = append(w.partial, p...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			break
+		}
+		w.line(w.partial[:i])
+		w.partial = w.partial[i+1:]
+	}
+	return len(p), nil
+}
+
+func (w *warningCounter) line(l []byte) {
+	if bytes.Contains(l, []byte("warning:")) || bytes.Contains(l, []byte("warning #")) {
+		if w.seen == nil {
+			w.seen = map[string]bool{}
+		}
+		w.seen[string(bytes.TrimSpace(l))] = true
+	}
+}
+
+func (w *warningCounter) count() int {
+	if len(w.partial) > 0 {
+		w.line(w.partial)
+		w.partial = nil
+	}
+	return len(w.seen)
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -83,5 +84,79 @@ func TestRunReportsBarrierDivergence(t *testing.T) {
 				t.Fatalf("run: %v\nwant an error containing %q", err, want)
 			}
 		})
+	}
+}
+
+// TestRunCatchesOverruns: plover run is checked by default (issue 37, item
+// 1): a kernel writing a few floats past out fails with the entry, the
+// buffer and the bytes, and one writing 64 floats past a full page of out
+// is stopped at the faulting write, its worker's death naming the same.
+// --checked=false runs in place, as plover serve does by default, and the
+// small overrun goes unseen there.
+func TestRunCatchesOverruns(t *testing.T) {
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("no g++")
+	}
+	const kernel = `__global__ void loop_kernel(const float *x, const float *ab, float *y, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = ab[0] * x[i] + ab[1];
+  if (i == n - 1)
+    for (size_t k = 1; k <= EXTRA; k++) y[i + k] = 0; // MARK
+}`
+	for _, tt := range []struct {
+		name   string
+		floats int // input floats: out holds as many
+		extra  int
+		args   []string
+		want   string
+	}{
+		{"a few floats past out", 1000, 8, nil,
+			"entry loop wrote past the end of out (4000 bytes this request): bytes 4000 to 4031 changed"},
+		{"64 floats past a full page", 1024, 64, nil,
+			"was killed by signal SIGSEGV (segmentation fault): entry loop wrote past the end of out, at byte 4096 (4096 bytes this request) while running the chain"},
+		{"unchecked", 1000, 8, []string{"--checked=false"}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := initDir(t, "loop")
+			kernelFixture(t, dir, "loop", strings.Replace(kernel, "EXTRA", fmt.Sprint(tt.extra), 1), "// MARK")
+			setOutBytes(t, dir, 4*tt.floats) // a full out: the overrun is past out_bytes
+			if _, stderr, err := runCommand(buildCmd(), dir); err != nil {
+				t.Fatalf("build: %v\n%s", err, stderr)
+			}
+			in := filepath.Join(t.TempDir(), "in.bin")
+			os.WriteFile(in, make([]byte, 4*tt.floats), 0o644)
+			args := append([]string{dir, "--in", in, "--out", filepath.Join(t.TempDir(), "out.bin")}, tt.args...)
+			_, stderr, err := runCommand(runCmd(), args...)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("run: %v\n%s", err, stderr)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("run: %v\nwant an error containing %q\n%s", err, tt.want, stderr)
+			}
+		})
+	}
+}
+
+// setOutBytes sets plover.json's out_bytes in dir.
+func setOutBytes(t *testing.T, dir string, n int) {
+	t.Helper()
+	path := filepath.Join(dir, "plover.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["out_bytes"] = n
+	if b, err = json.MarshalIndent(m, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -26,7 +26,7 @@ import (
 func runCmd() *command {
 	var in, out string
 	var repeat int
-	var asJSON bool
+	var asJSON, checked bool
 	var timeout time.Duration
 	return &command{
 		nargs: 1,
@@ -39,6 +39,7 @@ func runCmd() *command {
 			fs.StringVar(&out, "out", "-", "output file, - for stdout")
 			fs.IntVar(&repeat, "repeat", 1, "run the chain N times on one instance and print min/median/p99 of each phase")
 			fs.BoolVar(&asJSON, "json", false, "print a JSON report to stdout instead: timings, and the output in base64 unless --out names a file")
+			fs.BoolVar(&checked, "checked", true, "catch an access past the end of in, tmp or out, naming the entry and the buffer (guard pages; --checked=false runs in place, as plover serve does by default)")
 			fs.DurationVar(&timeout, "timeout", 30*time.Second, "each run's deadline, as plover serve's --timeout: a chain still running then is stopped (its worker killed) and reported")
 		},
 		run: func(_ *flag.FlagSet, args []string, env *Env) error {
@@ -60,7 +61,7 @@ func runCmd() *command {
 			if err != nil {
 				return err
 			}
-			rep, output, err := runLocal(dir, input, repeat, timeout, env.Stderr)
+			rep, output, err := runLocal(dir, input, repeat, timeout, checked, env.Stderr)
 			if err != nil {
 				return err
 			}
@@ -102,6 +103,7 @@ type runReport struct {
 	OutputBytes int64     `json:"output_bytes"`
 	Output      []byte    `json:"output,omitempty"` // base64 in JSON
 	Runs        int       `json:"runs"`
+	Checked     bool      `json:"checked"` // checked mode: buffers against guard pages, copied in and out
 	Timing      runTiming `json:"timing_us"`
 	// Warnings are what the run found suspicious without failing: a chain
 	// whose output depends on the run before (state left in tmp).
@@ -145,7 +147,7 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 // writes past its buffers or never returns ends as it would on a server
 // (the worker crashes, or is killed at the deadline) instead of corrupting
 // or hanging this process. What the bundle prints goes to stderr.
-func runLocal(dir string, input []byte, repeat int, timeout time.Duration, stderr io.Writer) (*runReport, []byte, error) {
+func runLocal(dir string, input []byte, repeat int, timeout time.Duration, checked bool, stderr io.Writer) (*runReport, []byte, error) {
 	m, err := checkDir(dir)
 	if err != nil {
 		return nil, nil, err
@@ -156,7 +158,7 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, stder
 	if int64(len(input)) > m.MaxInputBytes {
 		return nil, nil, fmt.Errorf("the input is %d bytes, over max_input_bytes %d in %s", len(input), m.MaxInputBytes, filepath.Join(dir, abi.ManifestFile))
 	}
-	rep := &runReport{Bundle: dir, Function: m.Name, InputBytes: len(input), Runs: repeat}
+	rep := &runReport{Bundle: dir, Function: m.Name, InputBytes: len(input), Runs: repeat, Checked: checked}
 	for _, l := range m.Chain {
 		rep.Chain = append(rep.Chain, l.Kernel)
 	}
@@ -169,7 +171,7 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, stder
 	defer spawner.Close()
 	log := slog.New(slog.DiscardHandler)
 	dev := worker.NewDevice(worker.Options{Exe: workerExe(log), Base: device.NewHost(0), Landlock: true,
-		StageDir: stages, Spawner: spawner, Log: log, Output: stderr})
+		StageDir: stages, Spawner: spawner, Log: log, Output: stderr, Checked: checked})
 	defer dev.Close()
 	t0 := time.Now()
 	// ^C or SIGTERM stops the workers, so that the run returns and the
@@ -274,8 +276,12 @@ func (rep *runReport) print(w io.Writer) {
 	if rep.Runs > 1 {
 		runs = fmt.Sprintf("%d runs on one instance", rep.Runs)
 	}
-	fmt.Fprintf(w, "%s (%s): chain [%s], %s in, %s out, %s on the host device\n", rep.Function, rep.Bundle,
-		strings.Join(rep.Chain, " "), humanBytes(int64(rep.InputBytes)), humanBytes(rep.OutputBytes), runs)
+	mode := ", checked (--checked=false times the server's default, in place)"
+	if !rep.Checked {
+		mode = ""
+	}
+	fmt.Fprintf(w, "%s (%s): chain [%s], %s in, %s out, %s on the host device%s\n", rep.Function, rep.Bundle,
+		strings.Join(rep.Chain, " "), humanBytes(int64(rep.InputBytes)), humanBytes(rep.OutputBytes), runs, mode)
 	t := rep.Timing
 	phases := []struct {
 		name string

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"math"
 	"os"
@@ -81,9 +82,9 @@ func TestHostCommand(t *testing.T) {
 		want string
 	}{
 		{"defaults", abi.Build{Sources: []string{"k.cu"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinclude -o build/host/k.so k.cu"},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinclude -o build/host/k.so k.cu"},
 		{"includes, flags, two sources", abi.Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -95,7 +96,7 @@ func TestHostCommand(t *testing.T) {
 }
 
 func TestCUDACommand(t *testing.T) {
-	const fixed = "nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iinclude"
+	const fixed = "nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinclude"
 	const gencode = "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]"
 	const tail = "-o out/k.so k.cu"
 	src := []string{"k.cu"}
@@ -114,7 +115,7 @@ func TestCUDACommand(t *testing.T) {
 		{"defaults, CUDA 11.8, g++ 11", &cuda118, abi.Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
 		{"CUDA 12.4, g++ 13: no -ccbin", &nvccInfo{Path: "nvcc", Version: version{12, 4}, HostGCC: 13}, abi.Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
 		{"unknown release: no checks", &nvccInfo{Path: "/opt/nvcc", HostGCC: 14}, abi.Build{Sources: src},
-			"/opt/nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iinclude " + gencode + " " + tail, false},
+			"/opt/nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinclude " + gencode + " " + tail, false},
 		{"g++ 12 with g++-11 present", withGCC(cuda118, 12, "g++-11"), abi.Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
 		{"no g++ on PATH, g++-11 present", withGCC(cuda118, 0, "g++-11"), abi.Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
 		{"g++ 12 and no g++-11", withGCC(cuda118, 12, ""), abi.Build{Sources: src}, "accepts g++ up to version 11 as its host compiler, the default g++ is version 12, and there is no g++-11", true},
@@ -123,7 +124,7 @@ func TestCUDACommand(t *testing.T) {
 		{"one arch gets PTX", &cuda118, abi.Build{Sources: src, CUDAArch: []string{"86"}},
 			fixed + " -gencode arch=compute_86,code=[sm_86,compute_86] " + tail, false},
 		{"three archs, includes, flags", &cuda118, abi.Build{Sources: []string{"a.cu", "b.cu"}, Include: []string{"inc"}, CUDAArch: []string{"75", "80", "90"}, NVCCFlags: []string{"-lineinfo"}},
-			"nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iinc -gencode arch=compute_75,code=sm_75 " + gencode + " -lineinfo -o out/k.so a.cu b.cu", false},
+			"nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinc -gencode arch=compute_75,code=sm_75 " + gencode + " -lineinfo -o out/k.so a.cu b.cu", false},
 		{"sm_90 on CUDA 11.7", &nvccInfo{Path: "nvcc", Version: version{11, 7}, HostGCC: 11}, abi.Build{Sources: src}, `sm_90 needs CUDA 11.8 or newer, and nvcc is CUDA 11.7`, true},
 		{"sm_80 on CUDA 10.2", &nvccInfo{Path: "nvcc", Version: version{10, 2}, HostGCC: 8}, abi.Build{Sources: src}, `sm_80 needs CUDA 11.0 or newer`, true},
 		{"sm_100 on CUDA 12.4", &nvccInfo{Path: "nvcc", Version: version{12, 4}}, abi.Build{Sources: src, CUDAArch: []string{"90", "100"}}, `sm_100 needs CUDA 12.8 or newer`, true},
@@ -219,14 +220,42 @@ func TestInit(t *testing.T) {
 		m.Build == nil || !reflect.DeepEqual(m.Build.Sources, []string{"my-func.cu"}) {
 		t.Fatalf("manifest %+v build %+v", m, m.Build)
 	}
+	// Buffers sized for the example, and out not zeroed since the kernel
+	// writes every byte it returns; README.txt and the source say so
+	// (issue 37, item 11). plover run runs in a worker, not "in this
+	// process" (item 12).
+	if m.MaxInputBytes != 64<<10 || m.OutBytes != 64<<10 || m.ZeroesOut() || m.TmpBytes != 0 {
+		t.Errorf("sizes: max_input_bytes %d, out_bytes %d, zero_out %v, tmp_bytes %d; want 64 KiB, 64 KiB, false, 0", m.MaxInputBytes, m.OutBytes, m.ZeroesOut(), m.TmpBytes)
+	}
+	readme, _ := os.ReadFile(filepath.Join(dir, "README.txt"))
+	for _, tt := range []struct {
+		file, text string
+		want       bool
+	}{
+		{"README.txt", "in a worker process on the CPU", true},
+		{"README.txt", "in this process", false},
+		{"README.txt", `"zero_out": false`, true},
+		{"README.txt", "55 us against 1.4 us", true},
+		{"my-func.cu", `"zero_out": false`, true},
+	} {
+		b := readme
+		if tt.file != "README.txt" {
+			b, _ = os.ReadFile(filepath.Join(dir, tt.file))
+		}
+		if bytes.Contains(b, []byte(tt.text)) != tt.want {
+			t.Errorf("%s: contains %q is %v, want %v", tt.file, tt.text, !tt.want, tt.want)
+		}
+	}
 	src, _ := os.ReadFile(filepath.Join(dir, "my-func.cu"))
 	for _, s := range []string{`#include "plover_kernel.h"`, "PLOVER_BUNDLE(PLOVER_TARGET);", "PLOVER_ENTRY(my_func)", "PLOVER_LAUNCH(my_func_kernel,", "ENTRIES ARE HOST CODE"} {
 		if !bytes.Contains(src, []byte(s)) {
 			t.Errorf("the kernel source lacks %q", s)
 		}
 	}
+	// The Makefile builds as plover build does, warnings on (issue 37,
+	// item 7).
 	mk, _ := os.ReadFile(filepath.Join(dir, "Makefile"))
-	for _, s := range []string{"-x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinclude", "-x cu -shared -Xcompiler -fPIC -O3 -Iinclude",
+	for _, s := range []string{strings.Join(hostFlags, " ") + " -Iinclude", strings.Join(cudaFlags, " ") + " -Iinclude",
 		"-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]", "g++-11", "PTX"} {
 		if !bytes.Contains(mk, []byte(s)) {
 			t.Errorf("the Makefile lacks %q", s)
@@ -308,10 +337,29 @@ func TestResolveBundle(t *testing.T) {
 		t.Fatal("an edited header does not make the build stale")
 	}
 	os.Chtimes(filepath.Join(src, "include", "plover.h"), old, old.Add(-3e9))
+	// The build directory named itself (plover deploy build/host, as the
+	// generated Makefile has it) is checked against its sources as well.
+	if m := mustManifest(t, built); m.Build != nil {
+		t.Fatal("the built manifest has a build section")
+	}
+	errb.Reset()
+	if got, err := resolveBundle(built, "", env); err != nil || got != built || errb.Len() != 0 {
+		t.Fatalf("build dir, fresh: %q, %v, stderr %q", got, err, errb.String())
+	}
+	os.Chtimes(filepath.Join(src, "src.cu"), old, old.Add(-1e9))
+	if got, err := resolveBundle(built+"/", "", env); err != nil || got != built+"/" || !strings.Contains(errb.String(), "src.cu changed after") {
+		t.Fatalf("build dir, stale: %q, %v, stderr %q", got, err, errb.String())
+	}
+	if staleSources(src, mustManifest(t, src), built) != "" {
+		t.Fatal("build dir still stale after the rebuild")
+	}
 	// A rebuild that fails is an error naming the change, not the old bytes.
 	os.WriteFile(filepath.Join(src, "src.cu"), []byte("this is not C++\n"), 0o644)
 	if _, err := resolveBundle(src, "host", env); err == nil || !strings.Contains(err.Error(), "rebuilding it failed") {
 		t.Fatalf("failed rebuild: %v", err)
+	}
+	if _, err := resolveBundle(built, "", env); err == nil || !strings.Contains(err.Error(), "rebuilding it failed") {
+		t.Fatalf("failed rebuild through the build dir: %v", err)
 	}
 	// A source directory with its library built in place is a bundle.
 	inPlace := initDir(t, "inplace")
@@ -378,7 +426,7 @@ func TestBuildAndRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
-	if !strings.Contains(stderr, "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinclude -o build/host/loop.so loop.cu") || !strings.Contains(stdout, "built ") {
+	if !strings.Contains(stderr, "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinclude -o build/host/loop.so loop.cu") || !strings.Contains(stdout, "built ") {
 		t.Fatalf("stdout %q stderr %q", stdout, stderr)
 	}
 	bm, err := checkDir(filepath.Join(dir, "build", "host"))
@@ -431,8 +479,8 @@ func TestBuildAndRun(t *testing.T) {
 		t.Fatalf("bad input: %v", err)
 	}
 	// Over max_input_bytes.
-	os.WriteFile(inPath, make([]byte, 4<<20+4), 0o644)
-	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil || !strings.Contains(err.Error(), "over max_input_bytes 4194304") {
+	os.WriteFile(inPath, make([]byte, 4*initMaxFloats+4), 0o644)
+	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("over max_input_bytes %d", 4*initMaxFloats)) {
 		t.Fatalf("big input: %v", err)
 	}
 }

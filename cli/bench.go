@@ -45,6 +45,7 @@ type benchFlags struct {
 	requests          int64
 	asJSON            bool
 	grpc              string
+	chart             string
 }
 
 func benchCmd() *command {
@@ -53,11 +54,12 @@ func benchCmd() *command {
 		nargs: 1,
 		name:  "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
 		complete: f.ep.completeFunctions,
-		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--json]",
+		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--chart FILE.svg] [--json]",
 		example: "  plover bench vecadd --in build/samples/vecadd-input.bin --concurrency 4 --duration 10s\n" +
 			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
 			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms\n" +
-			"  plover bench cnn --size 3136 --grpc grpc://127.0.0.1:8001           # through gRPC ModelInfer",
+			"  plover bench cnn --size 3136 --grpc grpc://127.0.0.1:8001           # through gRPC ModelInfer\n" +
+			"  plover bench cnn --size 3136 --duration 5s --chart cnn-latency.svg   # and the latency histogram as an SVG chart",
 		flags: func(fs *flag.FlagSet) {
 			f.ep.serverFlag(fs)
 			fs.StringVar(&f.in, "in", "", "input file sent as every request's body, - for stdin")
@@ -68,6 +70,7 @@ func benchCmd() *command {
 			fs.Int64Var(&f.requests, "requests", bench.DefaultRequests, "stop after this many requests (or at --duration, whichever comes first)")
 			fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "per-request timeout (requests in flight at --duration may finish up to this much later)")
 			fs.BoolVar(&f.asJSON, "json", false, "print the result as JSON on stdout")
+			fs.StringVar(&f.chart, "chart", "", "also write the client latency histogram as an SVG chart to this file (bars over a log latency axis, p50/p90/p99 marked)")
 			fs.StringVar(&f.grpc, "grpc", "", "send the requests over gRPC (the Open Inference Protocol's ModelInfer, the input split raw into the model's inputs) to this address of plover serve --grpc-listen: grpc://HOST:PORT, or grpcs://HOST:PORT for TLS (--cacert)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -122,6 +125,16 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%w (start one with 'plover serve', or set --server / PLOVER_SERVER)", err)
+	}
+	if f.chart != "" {
+		svg := bench.HistogramSVG(res)
+		if svg == "" {
+			fmt.Fprintf(env.Stderr, "--chart: not written: no request succeeded, so there is no latency to draw\n")
+		} else if err := os.WriteFile(f.chart, []byte(svg), 0o644); err != nil {
+			return fmt.Errorf("--chart: %w", err)
+		} else {
+			fmt.Fprintf(env.Stderr, "latency chart: %s\n", f.chart)
+		}
 	}
 	if res.OK == 0 {
 		return errors.New("no request succeeded")

@@ -32,6 +32,8 @@ type command struct {
 	example string
 	run     func(fs *flag.FlagSet, args []string, env *Env) error
 	flags   func(fs *flag.FlagSet)
+	// shorthands gives flags one-letter forms: {"output": "o"} is -o.
+	shorthands map[string]string
 	// complete offers values for the positional arguments (function names
 	// from the server); nil offers files.
 	complete func(fs *flag.FlagSet, args []string, toComplete string) ([]string, cobra.ShellCompDirective)
@@ -68,7 +70,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func commands() []*command {
-	return []*command{serveCmd(), initCmd(), buildCmd(), runCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), tokenCmd(), versionCmd(), workerCmd()}
+	return []*command{serveCmd(), initCmd(), buildCmd(), runCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), logsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), tokenCmd(), versionCmd(), workerCmd()}
 }
 
 // Main runs the plover command and returns its exit status: 0, 1 for a
@@ -120,9 +122,10 @@ func newRoot(env *Env) *cobra.Command {
 				cmd.Help()
 				return &usageError{"no command"}
 			}
-			fmt.Fprintf(env.Stderr, "plover: unknown command %q\n", args[0])
-			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-				fmt.Fprintf(env.Stderr, "\nDid you mean this?\n\t%s\n", strings.Join(s, "\n\t"))
+			if s := commandSuggestions(cmd, args[0]); len(s) > 0 {
+				fmt.Fprintf(env.Stderr, "plover: unknown command %q (did you mean \"%s\"?)\n", args[0], strings.Join(s, `" or "`))
+			} else {
+				fmt.Fprintf(env.Stderr, "plover: unknown command %q\n", args[0])
 			}
 			fmt.Fprintln(env.Stderr, "\nRun 'plover --help' for the commands.")
 			return &usageError{"unknown command " + args[0]}
@@ -133,7 +136,7 @@ func newRoot(env *Env) *cobra.Command {
 	root.SetErr(env.Stderr)
 	root.SetVersionTemplate(versionLine() + "\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		fmt.Fprintf(env.Stderr, "plover %s: %v\n\n", c.Name(), err)
+		fmt.Fprintf(env.Stderr, "plover %s: %v%s\n\n", c.Name(), err, flagSuggestion(c, err))
 		c.SetOut(env.Stderr)
 		c.Usage()
 		return &usageError{err.Error()}
@@ -142,6 +145,47 @@ func newRoot(env *Env) *cobra.Command {
 		root.AddCommand(c.cobra(env))
 	}
 	return root
+}
+
+// commandSuggestions are the commands a mistyped name may have meant: the
+// one within a typo of it (abi.Suggest), else those it begins ("dep":
+// deploy).
+func commandSuggestions(root *cobra.Command, name string) []string {
+	var names []string
+	for _, c := range root.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	if s := abi.Suggest(name, names); s != "" {
+		return []string{s}
+	}
+	var prefixed []string
+	for _, n := range names {
+		if len(name) >= 2 && strings.HasPrefix(n, strings.ToLower(name)) {
+			prefixed = append(prefixed, n)
+		}
+	}
+	return prefixed
+}
+
+// flagSuggestion is " (did you mean --timing?)" for an unknown flag within
+// a typo of one of the command's flags, else "".
+func flagSuggestion(c *cobra.Command, err error) string {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok {
+		return ""
+	}
+	var names []string
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if !f.Hidden {
+			names = append(names, f.Name)
+		}
+	})
+	if s := abi.Suggest(name, names); s != "" {
+		return fmt.Sprintf(" (did you mean --%s?)", s)
+	}
+	return ""
 }
 
 // cobra turns c into a cobra command.
@@ -180,7 +224,13 @@ func (c *command) cobra(env *Env) *cobra.Command {
 			return c.run(fs, args, env)
 		},
 	}
-	cc.Flags().AddGoFlagSet(fs)
+	fs.VisitAll(func(gf *flag.Flag) {
+		pf := pflag.PFlagFromGoFlag(gf)
+		if short := c.shorthands[gf.Name]; short != "" {
+			pf.Shorthand = short
+		}
+		cc.Flags().AddFlag(pf)
+	})
 	if vars := envNames(cc.Flags()); len(vars) > 0 {
 		cc.Long += "\n\nEach flag can also be set in the environment (the command line wins): " + strings.Join(vars, ", ") + "."
 	}

@@ -3,6 +3,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -63,12 +64,21 @@ func (c *client) do(method, path, contentType string, body io.Reader) (*http.Res
 
 // doSized sends a body of known size (so a wrapped reader is not chunked).
 func (c *client) doSized(method, path, contentType string, body io.Reader, size int64) (*http.Response, error) {
+	return c.doRequest(context.Background(), method, path, contentType, body, size, nil)
+}
+
+// doRequest sends a request with extra headers; ctx bounds the whole
+// exchange, the response body's reading included.
+func (c *client) doRequest(ctx context.Context, method, path, contentType string, body io.Reader, size int64, header http.Header) (*http.Response, error) {
 	if c.tlsErr != nil {
 		return nil, c.tlsErr
 	}
-	req, err := http.NewRequest(method, c.base+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)

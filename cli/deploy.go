@@ -147,28 +147,44 @@ func invokeCmd() *command {
 	var ep endpoint
 	var in, out string
 	var asJSON, timing bool
+	var timeout time.Duration
 	return &command{
 		nargs: 1,
 		name:  "invoke", summary: "run a function on input bytes and write its output bytes",
 		complete: ep.completeFunctions,
-		usage:    "NAME [--in FILE|-] [--out FILE|-] [--json] [--timing]",
+		usage:    "NAME [--in FILE|-] [--out FILE|-] [--timeout DURATION] [--json] [--timing]",
 		example: "  plover invoke vecadd --in build/samples/vecadd-input.bin --out /tmp/sum.bin --timing\n" +
-			"  plover invoke vecadd --in build/samples/vecadd-input.bin --json | head -c 300",
+			"  plover invoke vecadd --in build/samples/vecadd-input.bin --json | head -c 300\n" +
+			"  plover invoke cnn --in digit.bin --out scores.bin --timeout 2s   # give up after 2 s, not the server's 30 s",
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
 			fs.StringVar(&in, "in", "-", "input file, - for stdin")
 			fs.StringVar(&out, "out", "-", "output file, - for stdout")
 			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
 			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
+			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's own --timeout, 30s by default, still caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's deadline)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if timeout < 0 || timeout > 0 && timeout < time.Millisecond {
+				return usagef(env, "invoke", "--timeout %v: want a duration of 1ms or more (or 0: the server's deadline)", timeout)
+			}
 			input, err := readInput(in, env)
 			if err != nil {
 				return err
 			}
-			return invoke(ep.client(), args[0], input, out, asJSON, timing, env)
+			return invoke(ep.client(), args[0], input, out, invokeOptions{asJSON: asJSON, timing: timing, timeout: timeout}, env)
 		},
 	}
+}
+
+// invokeGrace is how long plover invoke waits past its --timeout for the
+// server's answer (a 504 saying why) before it gives up itself (a
+// variable for tests).
+var invokeGrace = 2 * time.Second
+
+type invokeOptions struct {
+	asJSON, timing bool
+	timeout        time.Duration // 0: the server's
 }
 
 func readInput(path string, env *Env) ([]byte, error) {
@@ -185,7 +201,8 @@ func readInput(path string, env *Env) ([]byte, error) {
 	return b, nil
 }
 
-func invoke(c *client, name string, input []byte, out string, asJSON, timing bool, env *Env) error {
+func invoke(c *client, name string, input []byte, out string, o invokeOptions, env *Env) error {
+	asJSON := o.asJSON
 	ct, body := "application/octet-stream", input
 	if asJSON {
 		ct = "application/json"
@@ -194,12 +211,20 @@ func invoke(c *client, name string, input []byte, out string, asJSON, timing boo
 	if !asJSON && out == "-" && env.StdoutIsTerminal {
 		return errors.New("the output is binary: write it with --out FILE, or ask for --json")
 	}
-	resp, err := c.do(http.MethodPost, "/v1/functions/"+name+"/invoke", ct, bytes.NewReader(body))
+	ctx, hdr := context.Background(), http.Header{}
+	if o.timeout > 0 {
+		ms := (o.timeout + time.Millisecond - 1) / time.Millisecond
+		hdr.Set("X-Plover-Timeout-Ms", strconv.FormatInt(int64(ms), 10))
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.timeout+invokeGrace)
+		defer cancel()
+	}
+	resp, err := c.doRequest(ctx, http.MethodPost, "/v1/functions/"+name+"/invoke", ct, bytes.NewReader(body), int64(len(body)), hdr)
 	if err != nil {
-		return err
+		return invokeTimeoutError(ctx, name, o.timeout, err)
 	}
 	defer resp.Body.Close()
-	if timing {
+	if o.timing {
 		fmt.Fprintf(env.Stderr, "start=%s version=%s\nServer-Timing: %s\n", resp.Header.Get("X-Plover-Start"), resp.Header.Get("X-Plover-Version"), resp.Header.Get("Server-Timing"))
 	}
 	w := env.Stdout
@@ -212,24 +237,57 @@ func invoke(c *client, name string, input []byte, out string, asJSON, timing boo
 		w = f
 	}
 	if _, err := io.Copy(w, resp.Body); err != nil {
+		if ctx.Err() != nil {
+			return invokeTimeoutError(ctx, name, o.timeout, ctx.Err())
+		}
 		return fmt.Errorf("reading the response: %w", err)
 	}
 	return nil
 }
 
+// invokeTimeoutError says in plain words that a request passed its
+// --timeout: the server's 504, or no answer at all within the grace.
+func invokeTimeoutError(ctx context.Context, name string, timeout time.Duration, err error) error {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae) && ae.Status == http.StatusGatewayTimeout:
+		limit := "the server's --timeout (30s unless plover serve was given another)"
+		if timeout > 0 {
+			limit = fmt.Sprintf("--timeout %v (or the server's own --timeout, if shorter)", timeout)
+		}
+		return fmt.Errorf("%s did not finish within %s: the server stopped waiting (504 %s: %s); raise --timeout if the function needs longer, or look for a kernel that does not end (plover run DIR --timeout shows it on your machine)",
+			name, limit, ae.Code, ae.Message)
+	case timeout > 0 && ctx.Err() != nil:
+		return fmt.Errorf("%s: no answer within --timeout %v (and %v more for the server's own answer): gave up waiting; the server may still be running the request", name, timeout, invokeGrace)
+	}
+	return err
+}
+
 func lsCmd() *command {
 	var ep endpoint
 	var asJSON bool
+	var output string
 	return &command{
 		nargs: 0,
 		name:  "ls", summary: "list deployed functions",
-		usage:   "[--json]",
-		example: "  plover ls",
+		usage: "[-o wide|json] [--json]",
+		example: "  plover ls            # one line a function, within 100 columns\n" +
+			"  plover ls -o wide    # and share, priority, device time, memory, starts, worker processes\n" +
+			"  plover ls -o json    # the server's JSON (as --json)",
+		shorthands: map[string]string{"output": "o"},
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
-			fs.BoolVar(&asJSON, "json", false, "print the server's JSON")
+			fs.BoolVar(&asJSON, "json", false, "print the server's JSON (as -o json)")
+			fs.StringVar(&output, "output", "", "wide: every column (share, priority, device time, memory, starts, worker processes); json: the server's JSON")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			switch output {
+			case "", "wide":
+			case "json":
+				asJSON = true
+			default:
+				return usagef(env, "ls", "-o %q: want wide or json (or nothing: the short table)", output)
+			}
 			var resp struct {
 				Functions []api.FunctionInfo `json:"functions"`
 			}
@@ -239,17 +297,72 @@ func lsCmd() *command {
 			if asJSON {
 				return printJSON(env.Stdout, resp)
 			}
-			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tRUNS ON\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
-			for _, f := range resp.Functions {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), runsOn(f), f.Loaded,
-					strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, time.Duration(f.DeviceSeconds*1e9).Round(time.Microsecond), 100*f.DeviceFraction,
-					f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.Errors, time.Duration(f.MeanUs)*time.Microsecond,
-					f.Cold, f.Warm, f.Hot, workers(f.Workers), f.Created.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
+			return writeLs(env.Stdout, resp.Functions, output == "wide", time.Now())
 		},
 	}
+}
+
+// writeLs prints plover ls's table: the short one fits 100 columns for
+// names up to 24 characters; wide has every column.
+func writeLs(w io.Writer, fns []api.FunctionInfo, wide bool, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if !wide {
+		fmt.Fprintln(tw, "NAME\tVERSION\tON\tBUSY/IDLE\tQUEUE\tREQUESTS\tERRORS\tMEAN\tDEPLOYED")
+		for _, f := range fns {
+			on := f.Target
+			if f.Kind == abi.KindPipeline {
+				on = "pipeline" // its steps: -o wide
+			} else if on == "" {
+				on = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%s\t%s\n", f.Name, shortID(f.Version), on, f.Busy, f.Idle, f.Queue,
+				f.Requests, f.Errors, roundDuration(time.Duration(f.MeanUs)*time.Microsecond), age(now, f.Created))
+		}
+		return tw.Flush()
+	}
+	fmt.Fprintln(tw, "NAME\tVERSION\tRUNS ON\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
+	for _, f := range fns {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), runsOn(f), f.Loaded,
+			strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, roundDuration(time.Duration(f.DeviceSeconds*1e9)), 100*f.DeviceFraction,
+			f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.Errors, roundDuration(time.Duration(f.MeanUs)*time.Microsecond),
+			f.Cold, f.Warm, f.Hot, workers(f.Workers), f.Created.Local().Format(time.DateTime))
+	}
+	return tw.Flush()
+}
+
+// roundDuration keeps three significant digits of d (1.23ms, 45.7s), whole
+// seconds from a minute (1m9s), whole minutes from an hour (2h5m).
+func roundDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0"
+	case d >= time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	case d >= time.Minute:
+		return d.Round(time.Second).String()
+	}
+	unit := time.Duration(1)
+	for v := d; v >= 1000; v /= 10 {
+		unit *= 10
+	}
+	return d.Round(unit).String()
+}
+
+// age says how long ago t was, in the largest whole unit: 40s, 12m, 5h, 3d.
+func age(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", max(0, int(d/time.Second)))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd ago", int(d/(24*time.Hour)))
 }
 
 // runsOn is where plover ls says a function runs: its device kind, or for

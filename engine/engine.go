@@ -10,6 +10,7 @@ import (
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/evict"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/sched"
@@ -58,7 +59,13 @@ type Engine struct {
 	mem       ledger                             // device memory: reservations and evictions
 	scheds    map[device.Device]*sched.Scheduler // nil map: runs go unscheduled
 	evictions evictionCounts
+	logs      *funclog.Store // what functions print (outputKeeper devices)
 }
+
+// outputKeeper is a device whose functions' output can be kept (a worker
+// device: its workers' stdout and stderr). A device that runs bundles in
+// the server's own process has none to give.
+type outputKeeper interface{ KeepOutput(*funclog.Store) }
 
 // evictionCounts are the instances and functions evicted for memory.
 type evictionCounts struct{ instances, functions atomic.Int64 }
@@ -137,7 +144,12 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	e := &Engine{cfg: cfg, targets: targets, mem: newLedger()}
+	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log)}
+	for _, d := range cfg.Devices {
+		if k, ok := d.(outputKeeper); ok {
+			k.KeepOutput(e.logs)
+		}
+	}
 	e.tab = &table{reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, log: cfg.Log,
 		funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, forgetFlow: func(name string) {
 			for _, s := range e.scheds { // set below, before any function is known

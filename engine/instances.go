@@ -167,6 +167,9 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	v.mu.Lock()
 	v.placements = append(v.placements, p)
 	v.mu.Unlock()
+	if w, ok := prog.(exitWatcher); ok {
+		go v.watchExit(p, w)
+	}
 	v.prepMs, v.fetched = 0, false
 	return p, call.Cold, nil
 }

@@ -119,8 +119,11 @@ type exchange struct {
 // socket without consuming anything (a pipelined next request stays
 // readable for fasthttp). The engine calls it only while the request is
 // queued.
-func (c *exchange) gone() bool {
-	conn := c.conn
+func (c *exchange) gone() bool { return connGone(c.conn) }
+
+// connGone reports whether the client at the other end of conn closed it
+// (exchange.gone; a followed log stream).
+func connGone(conn net.Conn) bool {
 	if tc, ok := conn.(*tls.Conn); ok {
 		conn = tc.NetConn() // the socket under TLS: EOF there is the client gone
 	}
@@ -354,6 +357,10 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 			return
 		}
 		writeJSON(ctx, fasthttp.StatusOK, rec)
+	case "logs":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.logs(ctx, name)
+		}
 	case "rollback":
 		if !s.method(ctx, fasthttp.MethodPost) {
 			return

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/fileutil"
+	"github.com/plover-run/plover/funclog"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
@@ -34,6 +35,10 @@ type Options struct {
 	MaxStandby int
 	Drop       *contain.Identity
 	Landlock   bool
+	// Checked starts host workers in checked mode: an access past the end
+	// of in, tmp or out fails the request naming the entry and the buffer
+	// (device.Host.EnableChecks), at the cost of a copy in and out.
+	Checked bool
 	// StageDir holds each worker's stage, the directory its bundle's files
 	// are linked into; on the file system of the bundle cache, so links
 	// work (otherwise the files are copied). Required.
@@ -46,9 +51,11 @@ type Options struct {
 	MaxHostMemory int64
 	Spawner       *contain.Spawner
 	Log           *slog.Logger
-	// Output, when set, receives all a worker writes to stderr (a
-	// bundle's printf, an assertion's message), line by line; unset, the
-	// first 20 lines go to Log.
+	// Output, when set, receives all a worker writes to stdout and stderr
+	// (a bundle's printf, an assertion's message), line by line, each
+	// marked with its stream ("stdout | ..."); unset, a function's lines
+	// go to the store KeepOutput gave (the first 20 of a worker's to Log
+	// without one).
 	Output io.Writer
 	// CPU, when set, puts each worker that takes a function in a cgroup
 	// weighted by the function's share and priority (NewCPUGroups).
@@ -76,6 +83,9 @@ type Device struct {
 	mu     sync.Mutex
 	procs  map[*proc]struct{}
 	closed bool
+
+	logs  atomic.Pointer[funclog.Store] // where functions' output is kept (KeepOutput)
+	outMu sync.Mutex                    // Options.Output's lines, one at a time
 
 	running        atomic.Int32 // runs in flight on its workers (wire/poll.go)
 	landlockLogged atomic.Bool
@@ -110,6 +120,19 @@ func NewDevice(opts Options) *Device {
 	}
 	go d.watch()
 	return d
+}
+
+// KeepOutput keeps what each function's workers write to stdout and stderr
+// in s, from their next line on (engine.New gives the engine's store to the
+// devices that take one).
+func (d *Device) KeepOutput(s *funclog.Store) { d.logs.Store(s) }
+
+// stopping reports whether Close was called: the workers it ends then end
+// by design.
+func (d *Device) stopping() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
 }
 
 func (d *Device) Target() string { return d.opts.Base.Target() }
@@ -271,6 +294,10 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	if err != nil {
 		return nil, err
 	}
+	// Its output is the function's from here: the bundle's constructors
+	// and plover_load print under its name.
+	name := spec.Manifest.Name
+	p.fn.Store(&name)
 	limit := d.opts.MaxHostMemory
 	if mb := spec.Manifest.MaxHostMemoryMB; mb > 0 {
 		limit = mb << 20

@@ -45,6 +45,7 @@ const overrunGrace = 200 * time.Millisecond
 // finish waits out an overrun chain: its reply is discarded. The run
 // leaves the device's count of runs in flight only now.
 func (i *instance) finish(done chan<- bool, held *poolSlot) {
+	defer i.g.p.runs.Add(-1) // last: after the worker is gone, if it goes
 	defer i.g.d.running.Add(-1)
 	if held != nil {
 		// The chain may still read and write its slot until it ends or
@@ -57,7 +58,9 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 		return
 	}
 	// Late, faulted, or not a reply at all: the worker goes.
-	i.g.p.kill("a chain ran past its request's deadline by more than " + overrunGrace.String())
+	why := "a chain ran past its request's deadline by more than " + overrunGrace.String()
+	i.g.p.kill(why)
+	i.g.p.end(why) // reaped while this run counts: its death was a run's
 	done <- false
 }
 
@@ -191,12 +194,14 @@ func (i *instance) Run(r *device.Run) error {
 	// loaded device needs its CPUs for the runs. The worker is told, so
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
+	i.g.p.runs.Add(1)
 	i.seq++
 	msg := wire.EncodeRun(i.msg, r, alone, id, i.seq)
 	// One message is ever in flight, so the send never waits; if it would,
 	// the worker stuffed its own channel.
 	if err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil); err != nil {
 		i.g.d.running.Add(-1)
+		i.g.p.runs.Add(-1) // it never reached the worker
 		if err == unix.EAGAIN {
 			i.g.p.kill("it filled its instance channel")
 			return i.g.p.failed(err, "running the chain")
@@ -220,6 +225,9 @@ func (i *instance) Run(r *device.Run) error {
 		return errRunDeadline
 	}
 	i.g.d.running.Add(-1)
+	// After any wait for the worker's end below: a run that saw it die
+	// counts until it is reaped.
+	defer i.g.p.runs.Add(-1)
 	if err == nil {
 		i.reply.Observe(time.Since(sent))
 	}

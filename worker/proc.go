@@ -2,14 +2,15 @@ package worker
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/contain"
 	"github.com/plover-run/plover/worker/wire"
@@ -41,8 +43,20 @@ type proc struct {
 	// it takes the next sample.
 	reported, asked atomic.Bool
 	sample          atomic.Pointer[sample]
-	said            chan string   // its first line of output (then closed)
-	heard           chan struct{} // closed once its output is read to the end
+	said            chan string   // its first line on stderr (then closed)
+	heard           chan struct{} // closed once its stdout and stderr are read to the end
+	// fn is the function whose program it runs (set by Load): from then on
+	// its output is that function's (funclog); before, a standby's own
+	// start-up messages, the first few of which go to the server log.
+	fn       atomic.Pointer[string]
+	startOut atomic.Int32 // lines written before it had a function
+	// fault is checked mode's report of the access that killed it, a line
+	// it wrote on stderr (device.FaultMark), told with its exit.
+	fault atomic.Pointer[string]
+	// runs is the chains in flight on it; a run that sees the process die
+	// counts until the process is reaped, so that wait can say what the
+	// worker was doing (during).
+	runs atomic.Int32
 
 	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.
@@ -56,6 +70,11 @@ type proc struct {
 	// cgroup is its CPU group (CPUGroups.Place), removed once it is reaped.
 	cgroup *Group
 	stage  string // removed when the process is gone
+	// calling is what the control call on the channel does (ctlBusy).
+	calling string
+	// during is what it was doing when it ended ("running the chain",
+	// a control call's, "idle"): set before done is closed.
+	during string
 }
 
 // spawn starts a worker, in a CPU group of weight w (0: the smallest, for a
@@ -100,28 +119,35 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	if d.opts.Landlock {
 		args = append(args, "--landlock")
 	}
+	if d.opts.Checked {
+		args = append(args, "--checked")
+	}
 	cmd := exec.Command(d.opts.Exe, args...)
 	// Nothing of the server's environment: no credentials, no settings.
 	cmd.Env = append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, deviceSelection()...), env...)
 	cmd.ExtraFiles = []*os.File{theirs, stageF} // fds 3 and 4: ctlFD, stageFD
-	// A pipe of our own rather than an io.Writer: Wait must not wait for
-	// a forked grandchild that keeps stderr open.
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		ctl.Close()
-		os.RemoveAll(stageDir)
-		return nil, fmt.Errorf("start worker: %w", err)
+	// Pipes of our own rather than io.Writers: Wait must not wait for a
+	// forked grandchild that keeps stdout or stderr open.
+	var pr, pw [2]*os.File
+	for i := range pr {
+		if pr[i], pw[i], err = os.Pipe(); err != nil {
+			closeAll(pr[:i]...)
+			closeAll(pw[:i]...)
+			ctl.Close()
+			os.RemoveAll(stageDir)
+			return nil, fmt.Errorf("start worker: %w", err)
+		}
 	}
-	cmd.Stderr = pw
+	cmd.Stdout, cmd.Stderr = pw[0], pw[1]
 	// Go opens its descriptors close-on-exec, C code (a driver) may not:
 	// mark them all, so a worker inherits nothing but its ExtraFiles.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		d.opts.Log.Warn("cannot mark descriptors close-on-exec; a worker may inherit some", "error", err)
 	}
 	err = d.opts.Spawner.Start(cmd)
-	pw.Close()
+	closeAll(pw[:]...)
 	if err != nil {
-		pr.Close()
+		closeAll(pr[:]...)
 		ctl.Close()
 		os.RemoveAll(stageDir)
 		return nil, fmt.Errorf("start worker: %w", err)
@@ -132,7 +158,11 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	closed := d.closed
 	d.procs[p] = struct{}{}
 	d.mu.Unlock()
-	go p.logStderr(pr)
+	var reading sync.WaitGroup
+	for i, stream := range []string{"stdout", "stderr"} {
+		reading.Go(func() { p.readOutput(pr[i], stream) })
+	}
+	go func() { reading.Wait(); close(p.heard) }()
 	go p.wait(cmd)
 	if closed {
 		p.kill("the server is stopping")
@@ -189,31 +219,83 @@ func (p *proc) startFailure() error {
 	return err
 }
 
-// logStderr passes the first lines a worker writes to the server log (its
-// own start-up errors, or what a crashing bundle printed) and drops the rest:
-// a bundle must not be able to flood the server's log. With Options.Output
-// (plover run: the author's terminal) every line goes there instead.
-func (p *proc) logStderr(r io.ReadCloser) {
-	defer close(p.heard)
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
+// readOutput reads what the worker writes to one of its streams ("stdout"
+// or "stderr"), line by line (the worker line-buffers C's stdout: package
+// inside), to its end. A line over api.LogLineMax is cut there (the rest is
+// counted). The first stderr line goes to said (a worker that fails to
+// start says why there).
+func (p *proc) readOutput(r *os.File, stream string) {
 	defer r.Close()
-	sc := bufio.NewScanner(r)
-	for lines := 0; sc.Scan(); lines++ {
-		if lines == 0 {
-			p.said <- sc.Text()
+	said := stream != "stderr"
+	defer func() {
+		if !said { // nothing on stderr: a start failure need not wait for it
 			close(p.said)
 		}
-		if w := p.d.opts.Output; w != nil {
-			fmt.Fprintln(w, sc.Text())
-			continue
+	}()
+	br := bufio.NewReaderSize(r, api.LogLineMax)
+	nl := []byte{'\n'}
+	for {
+		b, err := br.ReadSlice('\n')
+		if len(b) == 0 && err != nil {
+			return
 		}
-		if lines == 20 {
-			break
+		text := string(bytes.TrimSuffix(b, nl))
+		cut := 0
+		for err == bufio.ErrBufferFull {
+			b, err = br.ReadSlice('\n')
+			cut += len(bytes.TrimSuffix(b, nl))
 		}
-		p.d.opts.Log.Warn("worker output", "pid", p.pid, "line", sc.Text())
+		if !said {
+			p.said <- text
+			close(p.said)
+			said = true
+		}
+		if stream == "stderr" && strings.HasPrefix(text, device.FaultMark) {
+			p.fault.CompareAndSwap(nil, &text) // the first: the one that killed it
+		}
+		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
+		if err != nil {
+			return
+		}
 	}
-	// Keep reading, or a worker that writes more would die of SIGPIPE.
-	io.Copy(io.Discard, r)
 }
+
+// output passes on one line the worker wrote: with Options.Output (plover
+// run: the author's terminal) there, marked with its stream; once the
+// worker runs a function, to that function's lines (Device.KeepOutput),
+// which the server log traces at a bounded rate; before (a standby's own
+// start-up errors), the first startLines to the server log. A bundle
+// cannot flood the server's log or its memory.
+func (p *proc) output(l api.LogLine) {
+	d := p.d
+	if w := d.opts.Output; w != nil {
+		more := ""
+		if l.Truncated > 0 {
+			more = fmt.Sprintf(" [%d more bytes cut]", l.Truncated)
+		}
+		d.outMu.Lock()
+		fmt.Fprintf(w, "%s | %s%s\n", l.Stream, l.Line, more)
+		d.outMu.Unlock()
+		return
+	}
+	if fn, logs := p.fn.Load(), d.logs.Load(); fn != nil && logs != nil {
+		logs.Add(*fn, l)
+		return
+	}
+	if p.startOut.Add(1) <= startLines {
+		d.opts.Log.Warn("worker output", "pid", p.pid, "stream", l.Stream, "line", l.Line)
+	}
+}
+
+// startLines is how many lines of a worker's not yet a function's (or of
+// a server that keeps no function output) reach the server log.
+const startLines = 20
 
 func (p *proc) wait(cmd *exec.Cmd) {
 	// Wait for the exit without reaping, so the pid (and group id) cannot
@@ -227,15 +309,22 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Lock()
 	contain.KillGroup(p.pid)
 	p.exited = true
+	// What it was doing: a run or a call that saw it die still counts
+	// (they wait for done before they end).
+	p.during = "idle"
+	switch {
+	case p.runs.Load() > 0:
+		p.during = "running the chain"
+	case p.ctlBusy:
+		p.during = p.calling
+	}
 	p.mu.Unlock()
 	err := cmd.Wait()
-	if p.d.opts.Output != nil {
-		// Its last lines (a crash's message) are passed on before it is
-		// reported gone; not for long: a child it forked may hold the pipe.
-		select {
-		case <-p.heard:
-		case <-time.After(100 * time.Millisecond):
-		}
+	// Its last lines (a crash's message) are passed on before it is
+	// reported gone; not for long: a child it forked may hold the pipes.
+	select {
+	case <-p.heard:
+	case <-time.After(100 * time.Millisecond):
 	}
 	os.RemoveAll(p.stage)
 	p.mu.Lock()
@@ -244,6 +333,9 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Unlock()
 	cg.Remove()
 	p.reason = exitReason(cmd.ProcessState, err)
+	if f := p.fault.Load(); f != nil {
+		p.reason += ": " + strings.TrimPrefix(*f, device.FaultMark)
+	}
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
 	}
@@ -379,7 +471,7 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 	defer func() { <-p.ctlTok }()
 	p.mu.Lock()
 	gone := p.ctlGone
-	p.ctlBusy = !gone
+	p.ctlBusy, p.calling = !gone, during
 	p.mu.Unlock()
 	if gone {
 		return nil, p.lost(during)

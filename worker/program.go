@@ -34,6 +34,22 @@ func (g *program) PID() int { return g.p.pid }
 // Alive is false once the worker process is gone.
 func (g *program) Alive() bool { return g.p.alive() }
 
+// Exited is closed once the worker process is gone (reaped), whenever that
+// happens: the engine watches it, so that a worker's death is noticed when
+// it happens rather than by the next request.
+func (g *program) Exited() <-chan struct{} { return g.p.done }
+
+// Death is how the worker process ended, once Exited is closed: nil when
+// the server ended it by design (the program closed, the server stopping).
+// A worker the server killed for its own reasons (a chain past its
+// deadline, its memory limit, a message out of turn) did die: ByServer.
+func (g *program) Death() *device.ProcessExit {
+	if g.closed.Load() || g.d.stopping() {
+		return nil
+	}
+	return &device.ProcessExit{PID: g.p.pid, Reason: g.p.reason, During: g.p.during, ByServer: g.p.killed.Load() != nil}
+}
+
 func (g *program) ConstantsBytes() int64 { return g.consts }
 
 func (g *program) Entry(kernel string) (int32, error) {

@@ -61,15 +61,7 @@ func loadHostile(t testing.TB, d *Device, kernel string) (device.Program, *abi.M
 	m := testkit.Manifest("hostile")
 	m.Library = "hostile.so"
 	m.Chain = []abi.Launch{{Kernel: kernel, Grid: 1, Block: 1}}
-	dir := t.TempDir()
-	testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
-	testkit.WriteManifest(t, dir, m)
-	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p, m
+	return loadSource(t, d, testkit.HostileSource(), m), m
 }
 
 func newInst(t testing.TB, p device.Program, m *abi.Manifest) device.Instance {

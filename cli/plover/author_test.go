@@ -79,12 +79,12 @@ func TestAuthorLoop(t *testing.T) {
 	}
 
 	out := runIn(t, work, bin, nil, "build", "saxpy")
-	if !strings.Contains(out, "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Iinclude -o build/host/saxpy.so saxpy.cu") ||
-		!strings.Contains(out, "built saxpy/build/host") {
+	if !strings.Contains(out, "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinclude -o build/host/saxpy.so saxpy.cu") ||
+		!strings.Contains(out, "built saxpy/build/host") || strings.Contains(out, "warning") {
 		t.Fatalf("build said %q", out)
 	}
 
-	// In this process, from the source directory (build/host).
+	// In a worker process, from the source directory (build/host).
 	runOut := filepath.Join(work, "run.bin")
 	out = runIn(t, fn, bin, nil, "run", ".", "--in", "input.bin", "--out", runOut, "--repeat", "3")
 	if !strings.Contains(out, "load (library + constants)") || !strings.Contains(out, "median") {

@@ -1143,7 +1143,7 @@ func caseAccounting(t *testing.T, h *isoHarness) {
 			t.Errorf("/metrics has no %s series for acct's worker", series)
 		}
 	}
-	if ls := run(t, h.bin, []string{"PLOVER_SERVER=" + h.srv.url}, "ls"); !strings.Contains(ls, strconv.Itoa(pid)+" ") {
+	if ls := run(t, h.bin, []string{"PLOVER_SERVER=" + h.srv.url}, "ls", "-o", "wide"); !strings.Contains(ls, strconv.Itoa(pid)+" ") {
 		t.Errorf("plover ls does not show worker %d:\n%s", pid, ls)
 	}
 }

@@ -245,7 +245,7 @@ func TestPipelinesServed(t *testing.T) {
 		}
 	})
 	t.Run("plover ls", func(t *testing.T) {
-		out := run(t, bin, env, "ls")
+		out := run(t, bin, env, "ls", "-o", "wide") // the steps: the short view says "pipeline"
 		if !strings.Contains(out, "pipeline: p-echo > p-add > p-add2") || !strings.Contains(out, "host") {
 			t.Fatalf("plover ls:\n%s", out)
 		}
@@ -335,7 +335,7 @@ func TestPipelineTwoNodes(t *testing.T) {
 	if got[0] != 12 || got[1] != 22 {
 		t.Fatalf("node b: %v", got[:2])
 	}
-	out := run(t, bin, []string{"PLOVER_SERVER=" + b.url}, "ls")
+	out := run(t, bin, []string{"PLOVER_SERVER=" + b.url}, "ls", "-o", "wide")
 	if !strings.Contains(out, "pipeline: n-add > n-add") {
 		t.Fatalf("node b's plover ls:\n%s", out)
 	}

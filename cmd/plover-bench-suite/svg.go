@@ -2,10 +2,11 @@ package main
 
 import (
 	"fmt"
-	"html"
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/plover-run/plover/bench"
 )
 
 // renderChart draws p50, p90 and p99 latency against offered load as a
@@ -86,7 +87,7 @@ func drawChart(c chart) string {
 	if math.IsInf(yMin, 0) {
 		yMin, yMax = 0.1, 1
 	}
-	step := niceCeil(xMax * 1.05 / 8)
+	step := bench.NiceCeil(xMax * 1.05 / 8)
 	xMax = step * math.Ceil(xMax*1.05/step)
 	lo, hi := math.Floor(math.Log10(yMin)), math.Ceil(math.Log10(yMax))
 	if hi <= lo {
@@ -100,30 +101,20 @@ func drawChart(c chart) string {
 		return top + ph*(1-(math.Log10(v)-lo)/(hi-lo))
 	}
 
-	var b strings.Builder
-	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
-	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif" font-size="12">`+"\n", W, H, W, H)
-	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	p(`<text x="%g" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, esc(c.title))
-	p(`<text x="%g" y="40" fill="#555">%s</text>`+"\n", left, esc(c.subtitle))
+	svg := bench.NewSVG(W, H, c.title, c.subtitle, left)
+	p := svg.Printf
 
 	// Grid and axes.
-	for e := lo; e <= hi; e++ {
-		for _, m := range []float64{1, 2, 5} {
-			v := m * math.Pow(10, e)
-			if math.Log10(v) > hi+1e-9 {
-				continue
-			}
-			yy := y(v)
-			stroke := "#eee"
-			if m == 1 {
-				stroke = "#ccc"
-			}
-			p(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="%s"/>`+"\n", left, yy, left+pw, yy, stroke)
-			p(`<text x="%g" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`+"\n", left-6, yy, strconv.FormatFloat(v, 'g', 4, 64))
+	for _, t := range bench.LogTicks(lo, hi) {
+		yy := y(t.V)
+		stroke := "#eee"
+		if t.Major {
+			stroke = "#ccc"
 		}
+		p(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="%s"/>`+"\n", left, yy, left+pw, yy, stroke)
+		p(`<text x="%g" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`+"\n", left-6, yy, strconv.FormatFloat(t.V, 'g', 4, 64))
 	}
-	for _, v := range ticks(xMax, step) {
+	for _, v := range bench.Ticks(xMax, step) {
 		xx := x(v)
 		p(`<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="#eee"/>`+"\n", xx, top, xx, top+ph)
 		p(`<text x="%.1f" y="%g" text-anchor="middle">%g</text>`+"\n", xx, top+ph+18, v)
@@ -166,30 +157,7 @@ func drawChart(c chart) string {
 	if c.note != "" {
 		p(`<text x="%g" y="%g" fill="#a00">%s</text>`+"\n", left, H-2, esc(c.note))
 	}
-	p("</svg>\n")
-	return b.String()
+	return svg.String()
 }
 
-func esc(s string) string { return html.EscapeString(s) }
-
-// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
-func niceCeil(v float64) float64 {
-	if v <= 0 {
-		return 1
-	}
-	e := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if m*e >= v {
-			return m * e
-		}
-	}
-	return 10 * e
-}
-
-func ticks(max, step float64) []float64 {
-	var out []float64
-	for i := 0.0; i*step <= max*(1+1e-9); i++ {
-		out = append(out, i*step)
-	}
-	return out
-}
+func esc(s string) string { return bench.Esc(s) }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -151,6 +152,40 @@ func (r *report) handle(e event) {
 	}
 }
 
+// skipClass is why a test was skipped, as its reason reads.
+type skipClass int
+
+const (
+	missingTool skipClass = iota // a program or build output to install
+	thisMachine                  // a kernel feature, root, a GPU
+	byDesign                     // -short, -race, a mode the test does not apply to
+	numClasses
+)
+
+var classTitles = [numClasses]string{
+	missingTool: "for a missing tool (install it and rerun: make install-helm install-nginx, bash scripts/install-grpcurl.sh, make install-nvcc):",
+	thisMachine: "because this machine cannot run them (a kernel feature, root, a GPU):",
+	byDesign:    "by design (-short, -race, or a mode the test does not apply to):",
+}
+
+// toolRE and machineRE read a skip's reason. A test that skips for a
+// missing program says "X not found" (or "not on PATH"); those that need
+// something of the machine name it.
+var (
+	toolRE    = regexp.MustCompile(`(?i)\bnot found\b|not on PATH|\bis not available\b|cannot install|\bno (g\+\+|go|nvcc|python3|make|helm|nginx|grpcurl|minio)([\s:,.]|$)|\(run make |: run make |is not built`)
+	machineRE = regexp.MustCompile(`(?i)landlock|needs root|\bas root\b|GPU|CUDA driver|cannot mount|descriptor limit|cannot read a worker|cannot inspect|ld\.so\.cache|/proc/`)
+)
+
+func classify(why string) skipClass {
+	switch {
+	case toolRE.MatchString(why):
+		return missingTool
+	case machineRE.MatchString(why):
+		return thisMachine
+	}
+	return byDesign
+}
+
 // skipReason is the message t.Skip logged: the indented lines after the
 // test's "=== RUN", before its "--- SKIP".
 func skipReason(lines []string) string {
@@ -215,14 +250,22 @@ func (r *report) summary(ok bool) {
 			}
 			groups[k] = append(groups[k], s)
 		}
+		// Then by cause: what the reader can install comes first, apart
+		// from what this machine cannot do and from skips by design.
+		lines := map[skipClass][]string{}
 		for _, k := range order {
 			g := groups[k]
 			if len(g) > 2 {
-				fmt.Fprintf(r.out, "  %s: %d subtests, the first: %s\n", k, len(g), g[0].why)
+				lines[classify(g[0].why)] = append(lines[classify(g[0].why)], fmt.Sprintf("    %s: %d subtests, the first: %s\n", k, len(g), g[0].why))
 				continue
 			}
 			for _, s := range g {
-				fmt.Fprintf(r.out, "  %s %s: %s\n", s.pkg, s.test, s.why)
+				lines[classify(s.why)] = append(lines[classify(s.why)], fmt.Sprintf("    %s %s: %s\n", s.pkg, s.test, s.why))
+			}
+		}
+		for c := range skipClass(numClasses) {
+			if len(lines[c]) > 0 {
+				fmt.Fprintf(r.out, "  %s\n%s", classTitles[c], strings.Join(lines[c], ""))
 			}
 		}
 	}

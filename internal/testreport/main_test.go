@@ -39,7 +39,9 @@ func TestReport(t *testing.T) {
 		"ok   p/a\t1.5s\n",
 		"--- FAIL: TestBad (p/b)\n    b_test.go:3: boom\n",
 		"--- did not end: p/b TestHung\npanic: test timed out after 30m0s\nFAIL p/b\t0.2s\n",
-		"4 tests skipped:\n  p/a TestSkip: x_test.go:9: SKIPPING: helm not found\n  p/a TestMode: 3 subtests, the first: (no reason given)\n",
+		"4 tests skipped:\n  for a missing tool (install it and rerun: make install-helm install-nginx, bash scripts/install-grpcurl.sh, make install-nvcc):\n" +
+			"    p/a TestSkip: x_test.go:9: SKIPPING: helm not found\n" +
+			"  by design (-short, -race, or a mode the test does not apply to):\n    p/a TestMode: 3 subtests, the first: (no reason given)\n",
 		"FAILED: p/b TestBad, p/b\n",
 	} {
 		if !strings.Contains(got, want) {
@@ -57,5 +59,36 @@ func TestReport(t *testing.T) {
 	}
 	if newReport(&out).read(strings.NewReader("")) {
 		t.Error("an empty stream read as fine")
+	}
+}
+
+// Skips are told apart by cause, as their reasons read: the reasons are
+// those of this repository's tests.
+func TestClassify(t *testing.T) {
+	for _, tt := range []struct {
+		why  string
+		want skipClass
+	}{
+		{"*** SKIPPING TestFunctionAffinity: nginx not found (bash scripts/install-nginx.sh installs Debian's; PLOVER_REQUIRE_NGINX=1 makes this a failure) ***", missingTool},
+		{"grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (about a minute, once)", missingTool},
+		{"chart_test.go:70: helm not found: make install-helm", missingTool},
+		{"*** SKIPPING S3 TESTS: cannot install MinIO RELEASE.2024: exit status 1 ***", missingTool},
+		{"nvcc not on PATH: the CUDA build is not checked (make install-nvcc installs Debian's CUDA 11.8)", missingTool},
+		{"python3 -m venv is not available here (Debian: python3-venv): exit status 1", missingTool},
+		{"no g++ for the host build", missingTool},
+		{"no build/samples/vecadd-host: run make samples", missingTool},
+		{"kernel has no Landlock (or it is disabled at boot)", thisMachine},
+		{"needs root: switching to another uid is only possible as root", thisMachine},
+		{"a CUDA driver and GPU are present", thisMachine},
+		{"open /proc/sys/kernel/pid_max: permission denied", thisMachine},
+		{"builds binaries and starts a server", byDesign},
+		{"under -race sync.Pool drops items on purpose: allocation counts do not hold", byDesign},
+		{"--isolation none cannot contain this: a wild write lands in the server", byDesign},
+		{"file store only", byDesign},
+		{"(no reason given)", byDesign},
+	} {
+		if got := classify(tt.why); got != tt.want {
+			t.Errorf("classify(%q) = %q, want %q", tt.why, classTitles[got], classTitles[tt.want])
+		}
 	}
 }

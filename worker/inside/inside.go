@@ -38,13 +38,19 @@ type Config struct {
 	Drop      *contain.Identity // run as this user; nil: keep the identity
 	ParentPID int               // the server: the worker dies with it
 	Landlock  bool              // restrict the filesystem to the stage and system libraries
+	Checked   bool              // host device: checked mode (device.Host.EnableChecks)
 }
+
+// checker is a device with a checked mode (the host).
+type checker interface{ EnableChecks(reportFaults bool) error }
 
 // Serve is a worker process's life: contain itself, open its device, say it
 // is ready, then serve one program until the server closes the control
 // channel (exit 0). Any broken channel ends the process: the server reads
 // it as a crash and starts another.
 func Serve(cfg Config) error {
+	// What the bundle prints reaches the server line by line (stdio.go).
+	lineBuffered()
 	if err := contain.Enter(contain.Policy{Drop: cfg.Drop, ParentPID: cfg.ParentPID}); err != nil {
 		return fmt.Errorf("worker: contain: %w", err)
 	}
@@ -62,6 +68,12 @@ func Serve(cfg Config) error {
 	dev, err := device.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, log)
 	if err != nil {
 		return fmt.Errorf("worker: open device: %w", err)
+	}
+	if c, ok := dev.(checker); ok && cfg.Checked {
+		// After defaultFatalSignals: its handler replaces the default one.
+		if err := c.EnableChecks(true); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
 	}
 	// What nearly every bundle links, mapped now rather than in a cold start
 	// (about 2 ms of a fresh process's first dlopen of a C++ bundle).
@@ -403,6 +415,7 @@ func BindFlags(fs *flag.FlagSet, cfg *Config) (resolve func() error) {
 	fs.IntVar(&cfg.ParentPID, "parent", 0, "the server's pid")
 	fs.StringVar(&user, "user", "", "run as UID:GID")
 	fs.BoolVar(&cfg.Landlock, "landlock", false, "restrict the filesystem to the stage and system libraries")
+	fs.BoolVar(&cfg.Checked, "checked", false, "host device: catch accesses past in, tmp and out (checked mode)")
 	return func() error {
 		if user == "" {
 			return nil

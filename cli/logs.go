@@ -1,0 +1,100 @@
+package cli
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/plover-run/plover/api"
+)
+
+func logsCmd() *command {
+	var ep endpoint
+	var follow, asJSON bool
+	var since time.Duration
+	return &command{
+		nargs: 1,
+		name:  "logs", summary: "show what a function printed (its workers' stdout and stderr, kept by the server)",
+		complete: ep.completeFunctions,
+		usage:    "NAME [--follow] [--since 10m] [--json]",
+		example: "  plover logs saxpy\n" +
+			"  plover logs saxpy --since 5m --follow   # the last 5 minutes, then each new line as it comes (^C stops)",
+		flags: func(fs *flag.FlagSet) {
+			ep.serverFlag(fs)
+			fs.BoolVar(&follow, "follow", false, "keep printing new lines as the function writes them, until interrupted")
+			fs.DurationVar(&since, "since", 0, "only lines from this long ago on (default: all the server keeps, the last 1000 lines or 256 KiB)")
+			fs.BoolVar(&asJSON, "json", false, "print the server's lines as they come: one JSON object a line (time, stream, pid, line)")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if since < 0 {
+				return usagef(env, "logs", "--since %v: want a positive duration", since)
+			}
+			q := url.Values{}
+			if since > 0 {
+				q.Set("since", since.String())
+			}
+			if follow {
+				q.Set("follow", "true")
+			}
+			path := "/v1/functions/" + url.PathEscape(args[0]) + "/logs"
+			if len(q) > 0 {
+				path += "?" + q.Encode()
+			}
+			c := ep.client()
+			if follow {
+				c.http.Timeout = 0 // the stream lasts until it is interrupted
+			}
+			resp, err := c.do(http.MethodGet, path, "", nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			return printLogs(resp.Body, env.Stdout, asJSON)
+		},
+	}
+}
+
+// printLogs copies the server's NDJSON lines to w as they arrive: as they
+// are with asJSON, else one line each (logLine).
+func printLogs(r io.Reader, w io.Writer, asJSON bool) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if asJSON {
+			if _, err := fmt.Fprintf(w, "%s\n", sc.Bytes()); err != nil {
+				return err
+			}
+			continue
+		}
+		var l api.LogLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return fmt.Errorf("the server sent a line that is not a log line (%v): %.200s", err, sc.Bytes())
+		}
+		if _, err := io.WriteString(w, logLine(l)); err != nil {
+			return err
+		}
+	}
+	return sc.Err()
+}
+
+// logLine renders one line for a person:
+//
+//	2026-05-01 10:00:00.123 stdout[4242] | the line
+//
+// in local time, preceded by a note when a followed stream missed lines.
+func logLine(l api.LogLine) string {
+	s := ""
+	if l.Dropped > 0 {
+		s = fmt.Sprintf("... %d lines not shown: this client read more slowly than the function printed\n", l.Dropped)
+	}
+	s += fmt.Sprintf("%s %s[%d] | %s", l.Time.Local().Format(time.DateTime+".000"), l.Stream, l.PID, l.Line)
+	if l.Truncated > 0 {
+		s += fmt.Sprintf(" [%d more bytes cut]", l.Truncated)
+	}
+	return s + "\n"
+}

@@ -1,0 +1,31 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/funclog"
+)
+
+// Logs is what function name's workers wrote to stdout and stderr on this
+// node from since on (zero: all that is kept), oldest first; with follow,
+// also a Follower that receives its later lines from the same instant on
+// (the caller closes it). Output is kept for functions run in worker
+// processes (--isolation process): a bundle run in the server's own
+// process writes to the server's streams.
+func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow bool) ([]api.LogLine, *funclog.Follower, error) {
+	if !abi.ValidName(name) {
+		return nil, nil, errorf(errdefs.KindNotFound, nil, "function %q not found", name)
+	}
+	if _, err := c.e.tab.record(ctx, name); err != nil {
+		return nil, nil, err
+	}
+	if !follow {
+		return c.e.logs.Lines(name, since), nil, nil
+	}
+	lines, f := c.e.logs.Follow(name, since)
+	return lines, f, nil
+}

@@ -1,0 +1,307 @@
+// Package funclog keeps what functions print. Each line a function's worker
+// process writes to its stdout or stderr is kept, with its time, stream and
+// worker pid, in a ring of that function's last lines (plover logs, GET
+// /v1/functions/{name}/logs), handed to whoever follows the function
+// (--follow), and traced in the server's own log at a bounded rate.
+//
+// Everything is bounded: a line at api.LogLineMax bytes (the rest is cut and
+// counted), a function's ring at RingLines lines or RingBytes bytes, the
+// rings together at TotalBytes (past it the function that printed least
+// recently loses its lines), a follower's backlog at followBuffer lines (a
+// follower that reads more slowly misses lines and is told how many), and
+// the server log at traceLines lines per function and traceTotal in all per
+// traceWindow (then one line saying how many were not logged). Add never
+// blocks: a function's printf never waits for a reader.
+package funclog
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/plover-run/plover/api"
+)
+
+// The bounds (see the package comment).
+const (
+	RingLines    = 1000
+	RingBytes    = 256 << 10
+	TotalBytes   = 64 << 20
+	followBuffer = 256
+	traceWindow  = 10 * time.Second
+	traceLines   = 20
+	traceTotal   = 100
+	// lineOverhead is what a kept line costs besides its text (the
+	// LogLine's fields), counted against the byte bounds.
+	lineOverhead = 96
+)
+
+// Store holds every function's lines on a node.
+type Store struct {
+	log *slog.Logger
+	// limits: the constants, shortened by tests
+	ringLines, ringBytes, totalBytes int
+	traceWindow                      time.Duration
+
+	mu    sync.Mutex
+	fns   map[string]*ring
+	bytes int // of all rings
+	// the server log's budget shared by all functions: traced lines in the
+	// window that began at winStart
+	winStart time.Time
+	winCount int
+}
+
+// ring is one function's lines, oldest first from head, and its followers.
+type ring struct {
+	buf     []api.LogLine // circular; grows to ringLines
+	head, n int
+	bytes   int
+	last    time.Time // the newest line's
+	follow  map[*Follower]struct{}
+	// its share of the server log: lines traced in the window that began
+	// at winStart, lines not traced since the last summary, and the timer
+	// that writes that summary
+	winStart   time.Time
+	winCount   int
+	suppressed int
+	summary    *time.Timer
+}
+
+// New returns an empty store that traces lines in log (nil: nowhere).
+func New(log *slog.Logger) *Store {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Store{log: log, ringLines: RingLines, ringBytes: RingBytes, totalBytes: TotalBytes, traceWindow: traceWindow,
+		fns: map[string]*ring{}}
+}
+
+func size(l *api.LogLine) int { return len(l.Line) + lineOverhead }
+
+// Add keeps l, a line of function name's output, hands it to the
+// function's followers and traces it in the server log if the budget
+// allows. It never blocks.
+func (s *Store) Add(name string, l api.LogLine) {
+	s.mu.Lock()
+	r := s.fns[name]
+	if r == nil {
+		r = &ring{}
+		s.fns[name] = r
+	}
+	r.push(s, l)
+	for f := range r.follow {
+		f.offer(l)
+	}
+	for s.bytes > s.totalBytes && s.evict(r) {
+	}
+	trace := s.allowTrace(name, r, l.Time)
+	s.mu.Unlock()
+	if trace {
+		s.log.Info("function output", "function", name, "stream", l.Stream, "pid", l.PID, "line", l.Line)
+	}
+}
+
+// push appends l, dropping the oldest lines past the ring's bounds.
+func (r *ring) push(s *Store, l api.LogLine) {
+	if r.n == len(r.buf) && len(r.buf) < s.ringLines {
+		grown := make([]api.LogLine, min(max(16, 2*len(r.buf)), s.ringLines))
+		for i := range r.n {
+			grown[i] = r.buf[(r.head+i)%len(r.buf)]
+		}
+		r.buf, r.head = grown, 0
+	}
+	if r.n == len(r.buf) {
+		r.drop(s)
+	}
+	r.buf[(r.head+r.n)%len(r.buf)] = l
+	r.n++
+	r.bytes += size(&l)
+	s.bytes += size(&l)
+	r.last = l.Time
+	for r.bytes > s.ringBytes && r.n > 1 {
+		r.drop(s)
+	}
+}
+
+// drop forgets the oldest line.
+func (r *ring) drop(s *Store) {
+	old := &r.buf[r.head]
+	r.bytes -= size(old)
+	s.bytes -= size(old)
+	*old = api.LogLine{}
+	r.head = (r.head + 1) % len(r.buf)
+	r.n--
+}
+
+// evict empties the ring, other than keep, that printed least recently,
+// and reports whether there was one.
+func (s *Store) evict(keep *ring) bool {
+	var oldest *ring
+	var name string
+	for n, r := range s.fns {
+		if r != keep && r.n > 0 && (oldest == nil || r.last.Before(oldest.last)) {
+			oldest, name = r, n
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	for oldest.n > 0 {
+		oldest.drop(s)
+	}
+	oldest.buf, oldest.head = nil, 0
+	if len(oldest.follow) == 0 && oldest.summary == nil {
+		delete(s.fns, name)
+	}
+	return true
+}
+
+// allowTrace decides whether a line of name's at now goes to the server
+// log; a line that does not is counted, and a summary of those is written
+// at the end of the function's window.
+func (s *Store) allowTrace(name string, r *ring, now time.Time) bool {
+	if now.Sub(s.winStart) >= s.traceWindow {
+		s.winStart, s.winCount = now, 0
+	}
+	if now.Sub(r.winStart) >= s.traceWindow {
+		r.winStart, r.winCount = now, 0
+	}
+	if r.winCount < traceLines && s.winCount < traceTotal {
+		r.winCount++
+		s.winCount++
+		return true
+	}
+	r.suppressed++
+	if r.summary == nil {
+		r.summary = time.AfterFunc(s.traceWindow, func() { s.summarize(name, r) })
+	}
+	return false
+}
+
+// summarize logs how many of r's lines the trace left out.
+func (s *Store) summarize(name string, r *ring) {
+	s.mu.Lock()
+	n := r.suppressed
+	r.suppressed, r.summary = 0, nil
+	if r.n == 0 && len(r.follow) == 0 && s.fns[name] == r {
+		delete(s.fns, name)
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		s.log.Info("function output not logged", "function", name, "lines", n, "within", s.traceWindow,
+			"read", "plover logs "+name)
+	}
+}
+
+// Lines is name's kept lines from since on (zero: all), oldest first.
+func (s *Store) Lines(name string, since time.Time) []api.LogLine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.linesLocked(name, since)
+}
+
+func (s *Store) linesLocked(name string, since time.Time) []api.LogLine {
+	r := s.fns[name]
+	if r == nil {
+		return nil
+	}
+	var out []api.LogLine
+	for i := range r.n {
+		l := r.buf[(r.head+i)%len(r.buf)]
+		if !l.Time.Before(since) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Follow is Lines and, from the same instant, a Follower that receives
+// name's later lines, so that none falls between the two. Close it.
+func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lines := s.linesLocked(name, since)
+	r := s.fns[name]
+	if r == nil {
+		r = &ring{}
+		s.fns[name] = r
+	}
+	if r.follow == nil {
+		r.follow = map[*Follower]struct{}{}
+	}
+	ch := make(chan api.LogLine, followBuffer)
+	f := &Follower{C: ch, ch: ch, s: s, name: name, r: r}
+	r.follow[f] = struct{}{}
+	return lines, f
+}
+
+// Forget drops name's lines (a deleted function) and ends its followers:
+// their channels close.
+func (s *Store) Forget(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.fns[name]
+	if r == nil {
+		return
+	}
+	delete(s.fns, name)
+	for r.n > 0 {
+		r.drop(s)
+	}
+	for f := range r.follow {
+		f.end()
+	}
+	r.follow = nil
+	if r.summary != nil {
+		r.summary.Stop()
+		r.summary = nil
+	}
+}
+
+// Follower receives a function's lines as they are added. A line carries
+// in Dropped how many before it the follower missed for reading too slowly.
+// C is closed when the function is forgotten.
+type Follower struct {
+	C    <-chan api.LogLine
+	ch   chan api.LogLine
+	s    *Store
+	name string
+	r    *ring
+	// under s.mu
+	dropped int64
+	closed  bool
+}
+
+// offer hands l over without waiting (under s.mu).
+func (f *Follower) offer(l api.LogLine) {
+	if f.dropped > 0 {
+		l.Dropped = f.dropped
+	}
+	select {
+	case f.ch <- l:
+		f.dropped = 0
+	default:
+		f.dropped++
+	}
+}
+
+// end closes the channel (under s.mu).
+func (f *Follower) end() {
+	if !f.closed {
+		f.closed = true
+		close(f.ch)
+	}
+}
+
+// Close stops following.
+func (f *Follower) Close() {
+	s := f.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(f.r.follow, f)
+	f.end()
+	if f.r.n == 0 && len(f.r.follow) == 0 && f.r.summary == nil && s.fns[f.name] == f.r {
+		delete(s.fns, f.name)
+	}
+}

@@ -1,0 +1,164 @@
+package funclog
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+)
+
+func line(t0 time.Time, i int) api.LogLine {
+	return api.LogLine{Time: t0.Add(time.Duration(i) * time.Millisecond), Stream: "stdout", PID: 7, Line: fmt.Sprintf("line %d", i)}
+}
+
+// A function's ring keeps its last RingLines lines, oldest first, and
+// Lines filters by time.
+func TestRingKeepsTheLastLines(t *testing.T) {
+	s := New(nil)
+	t0 := time.Now()
+	for i := range RingLines + 500 {
+		s.Add("f", line(t0, i))
+	}
+	got := s.Lines("f", time.Time{})
+	if len(got) != RingLines || got[0].Line != "line 500" || got[len(got)-1].Line != fmt.Sprintf("line %d", RingLines+499) {
+		t.Fatalf("kept %d lines, %q .. %q", len(got), got[0].Line, got[len(got)-1].Line)
+	}
+	since := s.Lines("f", t0.Add(1400*time.Millisecond))
+	if len(since) != 100 || since[0].Line != "line 1400" {
+		t.Fatalf("since: %d lines from %q", len(since), since[0].Line)
+	}
+	if s.Lines("g", time.Time{}) != nil {
+		t.Fatal("a function that printed nothing has lines")
+	}
+}
+
+// The byte bounds: a ring of long lines keeps RingBytes, and all rings
+// together TotalBytes, the least recently written function losing its
+// lines first.
+func TestByteBounds(t *testing.T) {
+	s := New(nil)
+	s.totalBytes = 3 * RingBytes
+	long := strings.Repeat("x", api.LogLineMax-lineOverhead)
+	t0 := time.Now()
+	for f := range 5 {
+		for i := range 200 {
+			l := line(t0, f*1000+i)
+			l.Line = long
+			s.Add(fmt.Sprint("f", f), l)
+		}
+	}
+	perRing := RingBytes / api.LogLineMax
+	for f := range 5 {
+		n := len(s.Lines(fmt.Sprint("f", f), time.Time{}))
+		want := perRing
+		if f < 2 { // written least recently: evicted
+			want = 0
+		}
+		if n != want {
+			t.Errorf("f%d keeps %d lines, want %d", f, n, want)
+		}
+	}
+	if s.bytes > s.totalBytes {
+		t.Errorf("%d bytes kept, over %d", s.bytes, s.totalBytes)
+	}
+	if r := s.fns["f0"]; r != nil && (r.n != 0 || r.buf != nil) {
+		t.Error("an evicted function's ring still holds memory")
+	}
+}
+
+// A follower gets the backlog and then every new line; one that does not
+// read misses lines and is told how many on the next it gets; Forget ends
+// it.
+func TestFollow(t *testing.T) {
+	s := New(nil)
+	t0 := time.Now()
+	s.Add("f", line(t0, 0))
+	back, f := s.Follow("f", time.Time{})
+	if len(back) != 1 {
+		t.Fatalf("backlog %v", back)
+	}
+	for i := 1; i <= followBuffer+10; i++ {
+		s.Add("f", line(t0, i))
+	}
+	for i := 1; i <= followBuffer; i++ {
+		if l := <-f.C; l.Line != fmt.Sprintf("line %d", i) || l.Dropped != 0 {
+			t.Fatalf("got %+v, want line %d", l, i)
+		}
+	}
+	s.Add("f", line(t0, 9999))
+	if l := <-f.C; l.Line != "line 9999" || l.Dropped != 10 {
+		t.Fatalf("after a full buffer: %+v, want line 9999 with 10 dropped", l)
+	}
+	s.Forget("f")
+	if _, ok := <-f.C; ok {
+		t.Fatal("the follower of a forgotten function is still open")
+	}
+	f.Close() // after Forget: harmless
+	if s.Lines("f", time.Time{}) != nil || s.bytes != 0 {
+		t.Fatalf("forgotten: %d bytes left", s.bytes)
+	}
+
+	// Close stops delivery and forgets an empty ring.
+	_, f2 := s.Follow("g", time.Time{})
+	f2.Close()
+	s.Add("g", line(t0, 1))
+	if _, ok := <-f2.C; ok {
+		t.Fatal("a closed follower got a line")
+	}
+}
+
+// syncBuf is a log destination the store's timer may write to.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuf) Write(p []byte) (int, error) { b.mu.Lock(); defer b.mu.Unlock(); return b.b.Write(p) }
+func (b *syncBuf) String() string              { b.mu.Lock(); defer b.mu.Unlock(); return b.b.String() }
+
+// A flood reaches the server log as traceLines lines per function per
+// window, traceTotal in all, then one line saying how many were left out.
+func TestTraceIsThrottled(t *testing.T) {
+	var out syncBuf
+	s := New(slog.New(slog.NewTextHandler(&out, nil)))
+	s.traceWindow = 200 * time.Millisecond
+	t0 := time.Now()
+	for i := range 10000 {
+		s.Add("flood", line(t0, 0))
+		if i < 3 {
+			s.Add("quiet", line(t0, i))
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "function output not logged") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no summary of the lines left out:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	log := out.String()
+	if n := strings.Count(log, "function=flood stream=stdout"); n != traceLines {
+		t.Errorf("%d of the flood's lines logged, want %d", n, traceLines)
+	}
+	if n := strings.Count(log, "function=quiet stream=stdout"); n != 3 {
+		t.Errorf("%d of the quiet function's lines logged, want 3:\n%s", n, log)
+	}
+	if !strings.Contains(log, "function=flood lines=9980") || !strings.Contains(log, `read="plover logs flood"`) {
+		t.Errorf("summary does not count the lines left out or say where they are:\n%s", log)
+	}
+	// All functions share traceTotal.
+	s2 := New(slog.New(slog.NewTextHandler(&out, nil)))
+	for f := range 50 {
+		for range traceLines {
+			s2.Add(fmt.Sprint("g", f), line(t0, 0))
+		}
+	}
+	if n := strings.Count(out.String(), "function=g"); n > traceTotal+50 {
+		t.Errorf("%d lines of 50 functions logged in one window, want at most %d (and their summaries)", n, traceTotal)
+	}
+}

@@ -1,0 +1,119 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/funclog"
+)
+
+// LogReader serves what functions print (engine.Control): GET
+// /v1/functions/{name}/logs. An Admin without it answers that route 404.
+type LogReader interface {
+	Logs(ctx context.Context, name string, since time.Time, follow bool) ([]api.LogLine, *funclog.Follower, error)
+}
+
+// followWrite bounds each write of a followed stream (the server's
+// WriteTimeout bounds only the response's start), and followPoll is how
+// often an idle one checks that its client is still there and the server
+// is not going down.
+const (
+	followWrite = 30 * time.Second
+	followPoll  = time.Second
+)
+
+// logs answers GET /v1/functions/{name}/logs (scope read): the function's
+// kept output as NDJSON, one api.LogLine a line, from ?since= (a duration
+// back from now, or an RFC 3339 time) on; with ?follow=true the response
+// stays open and carries each new line as it comes, until the client goes,
+// the function is deleted or the server shuts down.
+func (s *Server) logs(ctx *fasthttp.RequestCtx, name string) {
+	lr, ok := s.adm.(LogReader)
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "this server keeps no function output")
+		return
+	}
+	args := ctx.QueryArgs()
+	var since time.Time
+	if v := string(args.Peek("since")); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+			since = time.Now().Add(-d)
+		} else if since, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "since: want a duration back from now (30s, 5m, 2h) or an RFC 3339 time, not "+v)
+			return
+		}
+	}
+	follow := false
+	switch v := string(args.Peek("follow")); v {
+	case "", "false", "0":
+	case "true", "1":
+		follow = true
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "follow: want true or false, not "+v)
+		return
+	}
+	lines, f, err := lr.Logs(ctx, name, since, follow)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	ctx.SetContentType("application/x-ndjson")
+	ctx.Response.Header.Set("Cache-Control", "no-store")
+	if f == nil {
+		enc := json.NewEncoder(ctx)
+		for i := range lines {
+			enc.Encode(&lines[i])
+		}
+		return
+	}
+	// The status and headers go at once: a client following a quiet
+	// function learns that it follows.
+	ctx.Response.ImmediateHeaderFlush = true
+	conn := ctx.Conn()
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { s.follow(w, conn, lines, f) })
+}
+
+// follow writes lines, then f's lines as they come, flushing after each
+// burst, until the client goes (a write fails, or its end of conn is
+// closed), f ends (the function was deleted) or the server is draining.
+func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *funclog.Follower) {
+	defer f.Close()
+	enc := json.NewEncoder(w)
+	flush := func() bool {
+		conn.SetWriteDeadline(time.Now().Add(followWrite))
+		return w.Flush() == nil
+	}
+	for i := range lines {
+		enc.Encode(&lines[i])
+	}
+	if !flush() {
+		return
+	}
+	tick := time.NewTicker(followPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case l, ok := <-f.C:
+			for ok {
+				enc.Encode(&l)
+				if len(f.C) == 0 {
+					break
+				}
+				l, ok = <-f.C // what else is queued goes in the same flush
+			}
+			if !flush() || !ok {
+				return
+			}
+		case <-tick.C:
+			if s.notReady.Load() || connGone(conn) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// logAdmin serves only Logs, from a store the test fills; each follower it
+// hands out is passed to followers too.
+type logAdmin struct {
+	httpapi.Admin // nil: the routes under test call only Logs
+	store         *funclog.Store
+	followers     chan *funclog.Follower
+}
+
+func (a logAdmin) Logs(_ context.Context, name string, since time.Time, follow bool) ([]api.LogLine, *funclog.Follower, error) {
+	if !follow {
+		return a.store.Lines(name, since), nil, nil
+	}
+	lines, f := a.store.Follow(name, since)
+	a.followers <- f
+	return lines, f, nil
+}
+
+func logLine(text string) api.LogLine {
+	return api.LogLine{Time: time.Now(), Stream: "stdout", PID: 42, Line: text}
+}
+
+// closedWithin drains f until its channel closes (the server stopped
+// following), or fails after d.
+func closedWithin(t *testing.T, f *funclog.Follower, d time.Duration, why string) {
+	t.Helper()
+	timeout := time.After(d)
+	for {
+		select {
+		case _, ok := <-f.C:
+			if !ok {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("the server still follows after %s", why)
+		}
+	}
+}
+
+// GET /v1/functions/{name}/logs: the kept lines as NDJSON; with
+// follow=true the headers come at once, then each new line as it is added,
+// and the server stops following when the client goes or the server
+// drains.
+func TestLogsRoute(t *testing.T) {
+	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 4)}
+	srv := httpapi.New(nil, adm, httpapi.Options{})
+	url := testkit.ServeWith(t, srv) + "/v1/functions/f/logs"
+	adm.store.Add("f", logLine("one"))
+	adm.store.Add("f", logLine("two"))
+
+	resp, body := testkit.Post(t, "GET", url, "", nil)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" {
+		t.Fatalf("GET logs: %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+	var l api.LogLine
+	if len(lines) != 2 || json.Unmarshal([]byte(lines[1]), &l) != nil || l.Line != "two" || l.PID != 42 || l.Stream != "stdout" {
+		t.Fatalf("GET logs: %s", body)
+	}
+	if resp, body := testkit.Post(t, "GET", url+"?since=1h&follow=false", "", nil); resp.StatusCode != 200 || strings.Count(string(body), "\n") != 2 {
+		t.Fatalf("since 1h: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := testkit.Post(t, "GET", url+"?since="+time.Now().Add(time.Hour).Format(time.RFC3339), "", nil); resp.StatusCode != 200 || len(body) != 0 {
+		t.Fatalf("since an hour ahead: %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := testkit.Post(t, "GET", url+"?since=-5m", "", nil); resp.StatusCode != 400 {
+		t.Fatalf("since -5m: %d, want 400", resp.StatusCode)
+	}
+
+	follow := func() (*http.Response, *bufio.Scanner, *funclog.Follower) {
+		t.Helper()
+		c := &http.Client{Timeout: 20 * time.Second}
+		resp, err := c.Get(url + "?follow=true&since=1h")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, bufio.NewScanner(resp.Body), <-adm.followers
+	}
+	resp, sc, f := follow()
+	for _, want := range []string{"one", "two", "three"} {
+		if want == "three" {
+			adm.store.Add("f", logLine("three")) // after the backlog: as it comes
+		}
+		if !sc.Scan() || json.Unmarshal(sc.Bytes(), &l) != nil || l.Line != want {
+			t.Fatalf("followed: %q, want %q (%v)", sc.Text(), want, sc.Err())
+		}
+	}
+	resp.Body.Close() // the client goes
+	closedWithin(t, f, 5*time.Second, "the client went")
+
+	// A quiet function: the status comes at once all the same.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", strings.Replace(url, "/f/", "/quiet/", 1)+"?follow=true", nil)
+	quiet, err := http.DefaultClient.Do(req)
+	if err != nil || quiet.StatusCode != 200 {
+		t.Fatalf("following a function that printed nothing: %v", err)
+	}
+	quiet.Body.Close()
+	closedWithin(t, <-adm.followers, 5*time.Second, "the quiet function's client went")
+
+	resp, sc, f = follow()
+	srv.SetReady(false) // draining before a shutdown
+	for sc.Scan() {
+	}
+	resp.Body.Close()
+	closedWithin(t, f, 5*time.Second, "the server began to drain")
+}

@@ -1,0 +1,210 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// loadOutput loads the printing test kernels (testkit.OutputSource) with
+// the one kernel as its chain.
+func loadOutput(t *testing.T, d *Device, kernel string, grid, block int) (device.Program, *abi.Manifest) {
+	t.Helper()
+	m := testkit.OutputManifest("talker", kernel, grid, block)
+	return loadSource(t, d, testkit.OutputSource(), m), m
+}
+
+// loadSource builds src as m's library and loads the bundle into a worker.
+func loadSource(t testing.TB, d *Device, src string, m *abi.Manifest) device.Program {
+	t.Helper()
+	dir := t.TempDir()
+	testkit.BuildLib(t, src, dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// keptDevice is a worker device that keeps functions' output in a store.
+func keptDevice(t *testing.T) (*Device, *funclog.Store) {
+	t.Helper()
+	d := newDevice(t, 0)
+	s := funclog.New(nil)
+	d.KeepOutput(s)
+	return d, s
+}
+
+func runOnce(t *testing.T, p device.Program, m *abi.Manifest, in []byte, deadline time.Duration) error {
+	t.Helper()
+	inst := newInst(t, p, m)
+	l := m.Chain[0]
+	return inst.Run(&device.Run{Input: in, Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
+		Chain: []device.Step{{Entry: 0, Grid: int32(l.Grid), Block: int32(l.Block)}}, Deadline: time.Now().Add(deadline)})
+}
+
+// waitLines polls the store until want holds of the function's lines.
+func waitLines(t *testing.T, s *funclog.Store, name string, want func([]api.LogLine) bool) []api.LogLine {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lines := s.Lines(name, time.Time{})
+		if want(lines) {
+			return lines
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lines of %s never as expected: %+v", name, lines)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func hasLine(lines []api.LogLine, stream, text string) bool {
+	for _, l := range lines {
+		if l.Stream == stream && l.Line == text {
+			return true
+		}
+	}
+	return false
+}
+
+// What a function's entry and its kernels print on stdout and stderr is
+// kept under the function's name, line by line, with stream and pid.
+func TestOutputIsKeptPerFunction(t *testing.T) {
+	d, s := keptDevice(t)
+	p, m := loadOutput(t, d, "say", 1, 4)
+	if err := runOnce(t, p, m, []byte("hello"), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	lines := waitLines(t, s, "talker", func(ls []api.LogLine) bool { return len(ls) >= 6 })
+	pid := p.(*program).PID()
+	for _, want := range []struct{ stream, text string }{{"stdout", "say: hello"}, {"stderr", "warn: hello"},
+		{"stdout", "kernel 7 thread 0 of 4"}, {"stdout", "kernel 7 thread 3 of 4"}} {
+		if !hasLine(lines, want.stream, want.text) {
+			t.Errorf("no %s line %q in %+v", want.stream, want.text, lines)
+		}
+	}
+	for _, l := range lines {
+		if l.PID != pid || l.Time.IsZero() {
+			t.Errorf("line %+v: want pid %d and a time", l, pid)
+		}
+	}
+}
+
+// A line printed just before a crash, with no fflush, still arrives (C's
+// stdout is line-buffered in a worker), and the death is seen as it
+// happens: Exited closes, Death says how and while doing what.
+func TestOutputSurvivesACrashAndTheDeathIsSeen(t *testing.T) {
+	d, s := keptDevice(t)
+	p, m := loadOutput(t, d, "say_then_crash", 1, 1)
+	err := runOnce(t, p, m, []byte("x"), 10*time.Second)
+	var pe *device.ProcessExit
+	if !errors.As(err, &pe) {
+		t.Fatalf("run: %v, want the worker's death", err)
+	}
+	// The line is kept before the death is reported.
+	if !hasLine(s.Lines("talker", time.Time{}), "stdout", "last words") {
+		t.Fatalf("the line printed before the crash is lost: %+v", s.Lines("talker", time.Time{}))
+	}
+	g := p.(*program)
+	select {
+	case <-g.Exited():
+	default:
+		t.Fatal("Exited is open after the worker died")
+	}
+	death := g.Death()
+	if death == nil || !strings.Contains(death.Reason, "SIGSEGV") || death.During != "running the chain" || death.ByServer {
+		t.Fatalf("Death() = %+v, want SIGSEGV while running the chain", death)
+	}
+}
+
+// A chain past its deadline: the worker is killed after the grace, and its
+// death is seen then (no further request), as the server's doing, while
+// the chain ran. A program closed on purpose reports no death.
+func TestDeadlineKillIsSeenAtOnce(t *testing.T) {
+	d := newDevice(t, 0)
+	p, m := loadOutput(t, d, "say_then_spin", 1, 1)
+	if err := runOnce(t, p, m, []byte("x"), 100*time.Millisecond); !errors.Is(err, device.ErrDeadline) {
+		t.Fatalf("run: %v, want ErrDeadline", err)
+	}
+	g := p.(*program)
+	select {
+	case <-g.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker of a chain past its deadline was not ended")
+	}
+	death := g.Death()
+	if death == nil || !death.ByServer || !strings.Contains(death.Reason, "deadline") || death.During != "running the chain" {
+		t.Fatalf("Death() = %+v, want the server's kill for the deadline while running the chain", death)
+	}
+
+	q, _ := loadOutput(t, d, "say", 1, 1)
+	q.Close()
+	<-q.(*program).Exited()
+	if death := q.(*program).Death(); death != nil {
+		t.Fatalf("a closed program's worker reported a death: %+v", death)
+	}
+}
+
+// A flood keeps the function's last lines only, a line over
+// api.LogLineMax is cut there (the rest counted), and what follows it is
+// whole.
+func TestOutputFloodIsBounded(t *testing.T) {
+	d, s := keptDevice(t)
+	p, m := loadOutput(t, d, "flood", 5000, 1)
+	if err := runOnce(t, p, m, []byte("x"), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	lines := waitLines(t, s, "talker", func(ls []api.LogLine) bool { return hasLine(ls, "stdout", "flood done") })
+	if len(lines) > funclog.RingLines {
+		t.Errorf("%d lines kept, over %d", len(lines), funclog.RingLines)
+	}
+	big := lines[len(lines)-2]
+	if len(big.Line) != api.LogLineMax || big.Truncated != 10000-api.LogLineMax || strings.Trim(big.Line, "y") != "" {
+		t.Errorf("the long line: %d bytes kept, %d cut; want %d and %d", len(big.Line), big.Truncated, api.LogLineMax, 10000-api.LogLineMax)
+	}
+}
+
+// plover run's device (Options.Output): every line goes there as it comes,
+// marked with its stream.
+func TestOutputToWriter(t *testing.T) {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	w := writerFunc(func(b []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(b) })
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Output: w})
+	t.Cleanup(func() { d.Close() })
+	p, m := loadOutput(t, d, "say", 1, 2)
+	if err := runOnce(t, p, m, []byte("hi"), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		out := buf.String()
+		mu.Unlock()
+		if strings.Contains(out, "stdout | say: hi\n") && strings.Contains(out, "stderr | warn: hi\n") && strings.Contains(out, "stdout | kernel 7 thread 1 of 2\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("output:\n%s", out)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
