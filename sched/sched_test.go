@@ -58,15 +58,16 @@ func serial(t *testing.T, clk *fakeClock, n int, cost func(*Flow) time.Duration,
 	runs := map[*Flow]int{}
 	for i := 0; i < n; i++ {
 		r := <-admitted
-		if i == 0 {
-			waitFor(t, "every client queued", func() bool {
-				q := 0
-				for f := range flows {
-					q += f.queued()
-				}
-				return q == len(clients) // the admitted client has asked again
-			})
-		}
+		// Every client waits again before the next admission, the one
+		// just admitted included: a client slow to ask again (a loaded
+		// machine) would otherwise miss turns and skew the split.
+		waitFor(t, "every client queued", func() bool {
+			q := 0
+			for f := range flows {
+				q += f.queued()
+			}
+			return q == len(clients) // the admitted client has asked again
+		})
 		runs[r.f]++
 		clk.Advance(cost(r.f))
 		r.t.Done()
