@@ -266,3 +266,41 @@ func typoDistance(a, b string) int {
 	}
 	return d[len(a)][len(b)]
 }
+
+// stepFieldPath is the path of the first value in data at a step's field
+// (steps[i].field, at any depth of parallel steps) whose JSON kind is the
+// one an UnmarshalTypeError names (value: "number", "number 5", "string",
+// ...); "" when there is none. A step decodes on its own, so its errors
+// carry no index or offset into the file.
+func stepFieldPath(data []byte, field, value string) string {
+	found := ""
+	walkJSON(data, manifestType, func(frames []jsonFrame, tok json.Token, isKey bool, _ int64) bool {
+		if isKey || len(frames) < 2 || frames[0].key != "steps" {
+			return false
+		}
+		if last := frames[len(frames)-1]; last.array || last.key != field || !strings.HasPrefix(value, tokenKind(tok)) {
+			return false
+		}
+		found = jsonPathOf(frames)
+		return true
+	})
+	return found
+}
+
+// tokenKind is a JSON token's kind as encoding/json's errors name it.
+func tokenKind(tok json.Token) string {
+	switch v := tok.(type) {
+	case json.Delim:
+		if v == '[' {
+			return "array"
+		}
+		return "object"
+	case json.Number, float64:
+		return "number"
+	case string:
+		return "string"
+	case bool:
+		return "bool"
+	}
+	return "null"
+}

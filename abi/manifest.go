@@ -199,7 +199,11 @@ func jsonError(data []byte, err error) *FieldError {
 		// Wrapped by Step.UnmarshalJSON, the one decoder of its own: its
 		// field and offset are the step's, not the file's.
 		if te.Field != "" {
-			return &FieldError{Field: "steps", Reason: fmt.Sprintf("a step's %q is %s, want %s", te.Field, jsonKind(te.Value), jsonWant(te.Type))}
+			field := "steps"
+			if p := stepFieldPath(data, te.Field, te.Value); p != "" {
+				field = p // which step: steps[1].function
+			}
+			return &FieldError{Field: field, Reason: fmt.Sprintf("a step's %q is %s, want %s", te.Field, jsonKind(te.Value), jsonWant(te.Type))}
 		}
 		return &FieldError{Field: "steps", Reason: fmt.Sprintf("a step is %s, want a function name or an object", jsonKind(te.Value))}
 	}

@@ -130,6 +130,9 @@ func TestManifestTypeErrors(t *testing.T) {
 		{`{"name":"f","chain":[{"grid":1},{"grid":{}}]}`, `chain[1].grid: is an object, want a whole number`},
 		{`{"name":"f","build":{"sources":["a",3]}}`, `build.sources[1]: 3 is a number, want a string`},
 		{`{"name":"f","tensors":{"inputs":[{"name":"x","shape":[1,"2"]}]}}`, `tensors.inputs[0].shape[1]: "2" is a string, want a whole number`},
+		// A step decodes on its own; the path still names which.
+		{`{"name":"p","kind":"pipeline","steps":[{"function":"a"},{"function":5}]}`, `steps[1].function: a step's "function" is a number, want a string`},
+		{`{"name":"p","kind":"pipeline","steps":["a",{"parallel":["b",{"function":"c","version":true}]}]}`, `steps[1].parallel[1].version: a step's "version" is a boolean, want a string`},
 		// A syntax error: the line and column.
 		{"{\n  \"name\": \"f\",\n  \"abi\": 2,,\n}", `plover.json: invalid JSON at line 3, column 12: invalid character ','`},
 		{"{\n  \"name\": \"f\",\n  \"chain\": [", `plover.json: invalid JSON: it ends at line 3, column 13 before the object does`},

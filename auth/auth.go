@@ -195,7 +195,8 @@ func (d *Denied) Error() string { return d.Msg }
 // with function != "", the function must match one of p.Functions
 // (path.Match). With function == "" (a store-wide operation such as gc), need
 // Invoke or Deploy requires Admin or a Functions list that is exactly ["*"]
-// (or empty). Read is not limited by Functions.
+// (or empty). Read is limited by Functions only where function != "" (a
+// function's own output, its logs); listings and metadata are not.
 func (p *Principal) Allow(need Scope, function string) error {
 	if p == nil {
 		return &Denied{Msg: "no token"}
@@ -213,7 +214,7 @@ func (p *Principal) Allow(need Scope, function string) error {
 	if have&need == 0 {
 		return &Denied{Msg: fmt.Sprintf("token %q lacks the %q scope", p.Name, need.String())}
 	}
-	if need != Invoke && need != Deploy {
+	if need != Invoke && need != Deploy && function == "" {
 		return nil
 	}
 	if p.allFunctions() {

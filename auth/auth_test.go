@@ -209,6 +209,9 @@ func TestAllow(t *testing.T) {
 		{I | D, all, D, "x", ""},
 
 		// Globs.
+		{R, some, R, "", ""},    // a listing: not limited by Functions
+		{R, some, R, "cnn", ""}, // a function's own (its logs): limited
+		{R, some, R, "other", `token "t" may read only functions matching "cnn", "vec*": not "other"`},
 		{I, some, I, "cnn", ""},
 		{I, some, I, "vecadd", ""},
 		{I, some, I, "vec", ""},
@@ -216,8 +219,8 @@ func TestAllow(t *testing.T) {
 		{I, some, I, "cnn2", `token "t" may invoke only functions matching "cnn", "vec*": not "cnn2"`},
 		{D, some, D, "vecadd", ""},
 		{D, some, D, "other", `token "t" may deploy only functions matching "cnn", "vec*": not "other"`},
-		{D, some, R, "other", ""}, // globs do not limit read
-		{R, some, R, "other", ""}, // nor for a read token
+		{D, some, R, "", ""}, // globs do not limit a listing
+		{D, some, R, "other", `token "t" may read only functions matching "cnn", "vec*": not "other"`}, // but a function's own output
 		{A, some, D, "other", ""}, // admin ignores globs
 		{A, some, I, "other", ""}, // admin ignores globs
 		{I, some, D, "cnn", `token "t" lacks the "deploy" scope`},

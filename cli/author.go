@@ -233,9 +233,13 @@ func resolveBundle(dir, target string, env *Env) (string, error) {
 	}
 	if m.Build == nil {
 		// A built bundle named directly (build/host, as the generated
-		// Makefile suggests) is checked against its sources too.
-		if src, sm := sourceOf(dir); sm != nil {
-			return dir, rebuildIfStale(src, sm, dir, filepath.Base(filepath.Clean(dir)), env)
+		// Makefile suggests) is checked against its sources too. A bundle
+		// of another target than asked for is left to the caller to refuse.
+		if target != "" && target != m.Target {
+			return dir, nil
+		}
+		if src, sm := sourceOf(dir, m.Target); sm != nil {
+			return dir, rebuildIfStale(src, sm, dir, m.Target, env)
 		}
 		return dir, nil
 	}
@@ -260,15 +264,20 @@ func resolveBundle(dir, target string, env *Env) (string, error) {
 	return built, nil
 }
 
-// sourceOf returns the function source directory whose build dir is (dir
-// is <src>/build/<target> and <src>/plover.json has a build section), or
-// nil.
-func sourceOf(dir string) (string, *abi.Manifest) {
-	parent := filepath.Dir(filepath.Clean(dir))
-	if filepath.Base(parent) != BuildDir {
+// sourceOf returns the function source directory that built dir, a bundle
+// for target (dir is <src>/build/<target> and <src>/plover.json has a
+// build section), and its manifest; nil for any other directory.
+func sourceOf(dir, target string) (string, *abi.Manifest) {
+	abs, err := filepath.Abs(dir) // "." inside build/host too
+	if err != nil || filepath.Base(abs) != target || filepath.Base(filepath.Dir(abs)) != BuildDir {
 		return "", nil
 	}
-	src := filepath.Dir(parent)
+	src := filepath.Dir(filepath.Dir(abs))
+	if wd, err := os.Getwd(); err == nil && !filepath.IsAbs(dir) {
+		if rel, err := filepath.Rel(wd, src); err == nil {
+			src = rel // messages name it as the author did, relative
+		}
+	}
 	m, err := bundle.ReadManifest(src)
 	if err != nil || m.Build == nil {
 		return "", nil

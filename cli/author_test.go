@@ -353,6 +353,17 @@ func TestResolveBundle(t *testing.T) {
 	if staleSources(src, mustManifest(t, src), built) != "" {
 		t.Fatal("build dir still stale after the rebuild")
 	}
+	// From inside the build dir ("."), and not for another target than
+	// the bundle's (the caller refuses that bundle).
+	os.Chtimes(filepath.Join(src, "src.cu"), old, time.Now().Add(time.Second))
+	errb.Reset()
+	if got, err := resolveBundle(built, abi.TargetCUDA, env); err != nil || got != built || errb.Len() != 0 {
+		t.Fatalf("build dir for another target: %q, %v, stderr %q", got, err, errb.String())
+	}
+	t.Chdir(built)
+	if got, err := resolveBundle(".", "", env); err != nil || got != "." || !strings.Contains(errb.String(), "../../src.cu changed after . was built") {
+		t.Fatalf("build dir as '.': %q, %v, stderr %q", got, err, errb.String())
+	}
 	// A rebuild that fails is an error naming the change, not the old bytes.
 	os.WriteFile(filepath.Join(src, "src.cu"), []byte("this is not C++\n"), 0o644)
 	if _, err := resolveBundle(src, "host", env); err == nil || !strings.Contains(err.Error(), "rebuilding it failed") {

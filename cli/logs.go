@@ -65,6 +65,9 @@ func printLogs(r io.Reader, w io.Writer, asJSON bool) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
+		if len(sc.Bytes()) == 0 {
+			continue // a followed stream's keep-alive
+		}
 		if asJSON {
 			if _, err := fmt.Fprintf(w, "%s\n", sc.Bytes()); err != nil {
 				return err

@@ -378,12 +378,20 @@ func openStore(ctx context.Context, url string, o objectstore.S3Options) (object
 // isolate wraps each device so that functions run in worker processes
 // (--isolation process), and makes the server unreadable to them.
 func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, *worker.CPUGroups, error) {
+	type checker interface{ EnableChecks(bool) error }
+	if f.checked {
+		for _, d := range devs {
+			if _, ok := d.(checker); !ok {
+				log.Warn("--checked applies to the host device only: functions on this device run unchecked", "device", d.Name())
+			}
+		}
+	}
 	switch f.isolation {
 	case "none":
 		log.Warn("--isolation none: every function runs inside the server process; use it for one trusted tenant only")
 		if f.checked { // overruns past the padding fault the server itself, unreported
 			for _, d := range devs {
-				if c, ok := d.(interface{ EnableChecks(bool) error }); ok {
+				if c, ok := d.(checker); ok {
 					c.EnableChecks(false)
 				}
 			}

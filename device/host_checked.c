@@ -133,15 +133,16 @@ static void put_num(struct line *l, size_t v) {
 }
 
 static void on_fault(int sig, siginfo_t *si, void *ctx) {
-  (void)sig;
   plover_inst_state_t *s = cur_state;
   if (!s) return; /* not a checked run: the default action (reset) kills */
   uint8_t *a = (uint8_t *)si->si_addr;
   const char *verb = "accessed";
 #if defined(__x86_64__)
-  /* The page fault's error code: bit 1 set for a write. */
-  verb = (((ucontext_t *)ctx)->uc_mcontext.gregs[REG_ERR] & 2) ? "wrote" : "read";
+  /* The page fault's error code (bit 1 set for a write): SIGSEGV's only. */
+  if (sig == SIGSEGV)
+    verb = (((ucontext_t *)ctx)->uc_mcontext.gregs[REG_ERR] & 2) ? "wrote" : "read";
 #else
+  (void)sig;
   (void)ctx;
 #endif
   size_t pg = page();

@@ -146,37 +146,42 @@ func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program,
 		return nil, err
 	}
 	p := &program{dev: dev, lib: lib, ents: NewEntries(lib)}
+	// A failed load frees what it made: the library, the entry names, the
+	// constants (and calls no plover_unload after a failed plover_load).
+	loaded := false
+	defer func() {
+		if !loaded {
+			p.free()
+		}
+	}()
 	for _, k := range kernels {
 		if _, err := p.ents.Resolve(k); err != nil {
-			lib.Close()
 			return nil, err
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		lib.Close()
 		return nil, err
 	}
 	if m.Constants != "" {
 		f, err := os.Open(filepath.Join(spec.Dir, m.Constants))
 		if err != nil {
-			lib.Close()
 			return nil, fmt.Errorf("constants %s: %w", m.Constants, err)
 		}
 		defer f.Close()
 		fi, err := f.Stat()
 		if err != nil {
-			lib.Close()
 			return nil, fmt.Errorf("constants %s: %w", m.Constants, err)
 		}
-		if p.consts, err = dev.LoadConstants(f, fi.Size()); err != nil {
-			lib.Close()
+		c, err := dev.LoadConstants(f, fi.Size())
+		if err != nil {
 			return nil, fmt.Errorf("cannot load %d bytes of constants on %s: %w", fi.Size(), dev.Name(), err)
 		}
+		p.consts = c
 	}
 	if p.ents.program, err = dev.programHook(p.ents, hookLoad, p.consts, nil); err != nil {
-		p.free() // no plover_unload after a failed plover_load
 		return nil, err
 	}
+	loaded = true
 	return p, nil
 }
 

@@ -56,6 +56,9 @@ func required(method, path []byte) need {
 			if string(sub) == "rollback" {
 				return need{scope: auth.Deploy, fn: b2s(name)}
 			}
+			if string(sub) == "logs" { // its output is the tenant's data
+				return need{scope: auth.Read, fn: b2s(name)}
+			}
 			return need{scope: auth.Read}
 		}
 		if string(method) == fasthttp.MethodPut || string(method) == fasthttp.MethodDelete {

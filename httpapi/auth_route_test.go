@@ -25,7 +25,7 @@ func TestRequiredScope(t *testing.T) {
 		{"PUT", "/v1/functions/cnn", need{scope: auth.Deploy, fn: "cnn"}},
 		{"POST", "/v1/functions/cnn/rollback", need{scope: auth.Deploy, fn: "cnn"}},
 		{"GET", "/v1/functions/cnn", need{scope: auth.Read}},
-		{"GET", "/v1/functions/cnn/logs", need{scope: auth.Read}}, // any function's, as the listing
+		{"GET", "/v1/functions/cnn/logs", need{scope: auth.Read, fn: "cnn"}}, // its output: the token's functions only
 		{"POST", "/v1/gc", need{scope: auth.Deploy}},
 	} {
 		if got := required([]byte(tc.method), []byte(tc.path)); got != tc.want {

@@ -23,9 +23,14 @@ type LogReader interface {
 // WriteTimeout bounds only the response's start), and followPoll is how
 // often an idle one checks that its client is still there and the server
 // is not going down.
-const (
-	followWrite = 30 * time.Second
-	followPoll  = time.Second
+// A stream quiet for followKeepAlive gets an empty line: a client that went
+// away without a trace (a TLS close_notify still unread hides the socket's
+// end from a peek) shows up as a failed write, and proxies see traffic.
+// (Variables for the tests, which shorten them.)
+var (
+	followWrite     = 30 * time.Second
+	followPoll      = time.Second
+	followKeepAlive = 15 * time.Second
 )
 
 // logs answers GET /v1/functions/{name}/logs (scope read): the function's
@@ -85,14 +90,16 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string) {
 func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *funclog.Follower) {
 	defer f.Close()
 	enc := json.NewEncoder(w)
-	flush := func() bool {
-		conn.SetWriteDeadline(time.Now().Add(followWrite))
-		return w.Flush() == nil
-	}
+	// Every write runs under a fresh deadline, set before a burst is
+	// encoded: the encoder writes through w's buffer by itself once it
+	// fills, and a deadline left from the last burst may have passed.
+	var last time.Time
+	start := func() { last = time.Now(); conn.SetWriteDeadline(last.Add(followWrite)) }
+	start()
 	for i := range lines {
 		enc.Encode(&lines[i])
 	}
-	if !flush() {
+	if w.Flush() != nil {
 		return
 	}
 	tick := time.NewTicker(followPoll)
@@ -100,19 +107,28 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 	for {
 		select {
 		case l, ok := <-f.C:
+			start()
 			for ok {
-				enc.Encode(&l)
+				if enc.Encode(&l) != nil {
+					return
+				}
 				if len(f.C) == 0 {
 					break
 				}
 				l, ok = <-f.C // what else is queued goes in the same flush
 			}
-			if !flush() || !ok {
+			if w.Flush() != nil || !ok {
 				return
 			}
 		case <-tick.C:
 			if s.notReady.Load() || connGone(conn) {
 				return
+			}
+			if time.Since(last) >= followKeepAlive {
+				start()
+				if w.WriteByte('\n') != nil || w.Flush() != nil {
+					return
+				}
 			}
 		}
 	}

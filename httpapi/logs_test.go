@@ -122,3 +122,47 @@ func TestLogsRoute(t *testing.T) {
 	resp.Body.Close()
 	closedWithin(t, f, 5*time.Second, "the server began to drain")
 }
+
+// A followed stream that stays quiet gets empty keep-alive lines, and a
+// line that comes after a quiet spell longer than the write bound is
+// still delivered (each burst is written under a fresh deadline, even when
+// the encoder writes through its buffer before the flush: a long line).
+func TestLogsFollowQuiet(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		write, keepAlive time.Duration
+		quiet            time.Duration
+		wantKeepAlive    bool
+	}{
+		{"keep-alive", 30 * time.Second, 1500 * time.Millisecond, 0, true},
+		{"a long line after the write bound", time.Second, time.Hour, 2500 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer httpapi.SetFollowTimes(tc.write, tc.keepAlive)()
+			adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 1)}
+			url := testkit.ServeWith(t, httpapi.New(nil, adm, httpapi.Options{})) + "/v1/functions/f/logs?follow=true"
+			c := &http.Client{Timeout: 20 * time.Second}
+			resp, err := c.Get(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			sc.Buffer(make([]byte, 64<<10), 64<<10)
+			<-adm.followers
+			if tc.wantKeepAlive {
+				if !sc.Scan() || len(sc.Bytes()) != 0 {
+					t.Fatalf("a quiet stream: %q (%v), want an empty keep-alive line", sc.Text(), sc.Err())
+				}
+				return
+			}
+			time.Sleep(tc.quiet) // the quiet spell itself is what is tested
+			long := strings.Repeat("x", 4000)
+			adm.store.Add("f", logLine(long))
+			var l api.LogLine
+			if !sc.Scan() || json.Unmarshal(sc.Bytes(), &l) != nil || l.Line != long {
+				t.Fatalf("after %v quiet: %.80q (%v), want the long line", tc.quiet, sc.Text(), sc.Err())
+			}
+		})
+	}
+}

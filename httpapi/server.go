@@ -136,11 +136,13 @@ func connGone(conn net.Conn) bool {
 		return false
 	}
 	closed := false
-	rc.Control(func(fd uintptr) {
+	if err := rc.Control(func(fd uintptr) {
 		var b [1]byte
 		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		closed = (n == 0 && err == nil) || err == syscall.ECONNRESET
-	})
+	}); err != nil {
+		return true // the socket is closed already
+	}
 	return closed
 }
 

@@ -257,7 +257,7 @@ func (p *proc) readOutput(r *os.File, stream string) {
 			said = true
 		}
 		if stream == "stderr" && strings.HasPrefix(text, device.FaultMark) {
-			p.fault.CompareAndSwap(nil, &text) // the first: the one that killed it
+			p.fault.Store(&text) // the last: the handler's, written as the process dies
 		}
 		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		if err != nil {
@@ -333,7 +333,9 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Unlock()
 	cg.Remove()
 	p.reason = exitReason(cmd.ProcessState, err)
-	if f := p.fault.Load(); f != nil {
+	// Only a death by a memory fault takes the handler's line: the bundle
+	// can print anything on stderr, a marked line included.
+	if f := p.fault.Load(); f != nil && faultSignal(cmd.ProcessState) {
 		p.reason += ": " + strings.TrimPrefix(*f, device.FaultMark)
 	}
 	if why := p.killed.Load(); why != nil {
@@ -546,3 +548,13 @@ const instanceGrace = 2 * time.Second
 
 // maxControlWait bounds a control call whose context has no deadline.
 const maxControlWait = time.Minute
+
+// faultSignal reports a process killed by SIGSEGV or SIGBUS, the signals
+// checked mode's handler reports before it lets them kill the process.
+func faultSignal(ps *os.ProcessState) bool {
+	if ps == nil {
+		return false
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && (ws.Signal() == syscall.SIGSEGV || ws.Signal() == syscall.SIGBUS)
+}

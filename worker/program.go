@@ -159,6 +159,9 @@ func (g *program) Close() error {
 	if !g.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	// What it still prints is no longer the function's: a deleted
+	// function's ring is not made anew by its dying worker's last lines.
+	g.p.fn.Store(nil)
 	g.p.kill("its program was unloaded")
 	g.closeSlots()
 	g.d.used.Add(-g.consts)

@@ -108,6 +108,26 @@ func TestAuthorLoop(t *testing.T) {
 		t.Fatal("plover invoke's output differs from plover run's")
 	}
 
+	// An edit, then a deploy of the build directory itself (the generated
+	// Makefile's form): the build is older than the source, so it is
+	// rebuilt before the deploy, never sent stale.
+	src := filepath.Join(fn, "saxpy.cu")
+	code, _ := os.ReadFile(src)
+	edited := bytes.Replace(code, []byte("ab[0] * x[i] + ab[1];"), []byte("ab[0] * x[i] + ab[1] + 1.0f;"), 1)
+	if bytes.Equal(edited, code) {
+		t.Fatal("the scaffold's kernel line changed; update this test")
+	}
+	os.WriteFile(src, edited, 0o644)
+	out = runIn(t, fn, bin, env, "deploy", "build/host")
+	if !strings.Contains(out, "saxpy.cu changed after build/host was built: rebuilding it") || !strings.Contains(out, "deployed saxpy version") {
+		t.Fatalf("deploy build/host after an edit said %q", out)
+	}
+	runIn(t, work, bin, env, "invoke", "saxpy", "--in", input, "--out", invOut)
+	inv, _ = os.ReadFile(invOut)
+	if x, y := floats(in), floats(inv); len(y) != len(x) || y[7] != 2*x[7]+2 {
+		t.Fatalf("after the edit, y[7] = %v for x[7] = %v, want 2x+2", y[7], x[7])
+	}
+
 	t.Run("cuda build", func(t *testing.T) {
 		if _, err := exec.LookPath("nvcc"); err != nil {
 			t.Skip("nvcc not on PATH: the CUDA build is not checked (make install-nvcc installs Debian's CUDA 11.8)")
