@@ -892,3 +892,25 @@ func testHooks(t *testing.T, e *bundleEnv) {
 		}
 	}
 }
+
+// copyProbe, BenchmarkCopy's floor, runs its copies through the driver
+// (here the fake one), times both ways and leaves the host bytes as they
+// were (they go to the device and come back).
+func TestFakeCopyProbe(t *testing.T) {
+	g := fakeEnv(t).gpu(t)
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	want := append([]byte(nil), buf...)
+	if err := g.RegisterHost(buf); err != nil {
+		t.Fatal(err)
+	}
+	in, out, err := g.copyProbe(buf, 3)
+	if err != nil || in <= 0 || out <= 0 {
+		t.Fatalf("copyProbe: in %v, out %v, %v", in, out, err)
+	}
+	if !bytes.Equal(buf, want) {
+		t.Fatal("the bytes did not come back as they went")
+	}
+}

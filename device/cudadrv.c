@@ -185,6 +185,48 @@ CUresult plcu_host_register(const plcu_driver_t *d, CUcontext ctx, void *p,
   return d->cuMemHostRegister_v2(p, n, PLCU_MEMHOSTREGISTER_PORTABLE);
 }
 
+static int64_t mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+CUresult plcu_copy_probe(const plcu_driver_t *d, CUcontext ctx, void *h,
+                         size_t n, int iters, int64_t *ns_in, int64_t *ns_out,
+                         const char **op) {
+  CUdeviceptr dp = 0;
+  CUstream st = NULL;
+  CUresult e;
+  *op = "cuCtxSetCurrent";
+  if ((e = d->cuCtxSetCurrent(ctx)) != PLCU_SUCCESS) return e;
+  *op = "cuStreamCreate";
+  if ((e = d->cuStreamCreate(&st, 0)) != PLCU_SUCCESS) return e;
+  *op = "cuMemAlloc_v2";
+  if ((e = d->cuMemAlloc_v2(&dp, n)) != PLCU_SUCCESS) {
+    d->cuStreamDestroy_v2(st);
+    return e;
+  }
+  int64_t t0 = mono_ns();
+  *op = "cuMemcpyHtoD_v2"; /* from pinned memory: returns once done */
+  for (int i = 0; i < iters && e == PLCU_SUCCESS; i++)
+    e = d->cuMemcpyHtoD_v2(dp, h, n);
+  int64_t t1 = mono_ns();
+  for (int i = 0; i < iters && e == PLCU_SUCCESS; i++) {
+    *op = "cuMemcpyDtoHAsync_v2";
+    e = d->cuMemcpyDtoHAsync_v2(h, dp, n, st);
+    if (e == PLCU_SUCCESS) {
+      *op = "cuStreamSynchronize";
+      e = d->cuStreamSynchronize(st);
+    }
+  }
+  int64_t t2 = mono_ns();
+  d->cuMemFree_v2(dp);
+  d->cuStreamDestroy_v2(st);
+  *ns_in = t1 - t0;
+  *ns_out = t2 - t1;
+  return e;
+}
+
 CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
                    const void *src, size_t n) {
   CUresult e = d->cuCtxSetCurrent(ctx);

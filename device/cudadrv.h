@@ -109,6 +109,13 @@ CUresult plcu_host_free(const plcu_driver_t *d, CUcontext ctx, void *p);
  * context: copies between it and a device then run at DMA speed. */
 CUresult plcu_host_register(const plcu_driver_t *d, CUcontext ctx, void *p,
                             size_t n);
+/* plcu_copy_probe times iters plain synchronous copies of n bytes from h
+ * (pinned: registered or allocated so) to a device allocation of its own,
+ * then iters back, on the host's monotonic clock: the floor the copy
+ * benchmark sets Run's copies beside. *op names the call that failed. */
+CUresult plcu_copy_probe(const plcu_driver_t *d, CUcontext ctx, void *h,
+                         size_t n, int iters, int64_t *ns_in, int64_t *ns_out,
+                         const char **op);
 CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
                    const void *src, size_t n);
 

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/plover-run/plover/abi"
@@ -277,6 +278,25 @@ func (g *GPU) RegisterHost(b []byte) error {
 		return nil
 	}
 	return g.check("cuMemHostRegister_v2", C.plcu_host_register(g.drv.c, g.ctx, unsafe.Pointer(&b[0]), C.size_t(len(b))))
+}
+
+// copyProbe times iters plain synchronous copies of b (pinned: registered
+// with RegisterHost) to a device allocation of its size, then iters back:
+// the floor BenchmarkCopy sets Run's copies beside, timed on the host.
+func (g *GPU) copyProbe(b []byte, iters int) (in, out time.Duration, err error) {
+	if err := g.usable(); err != nil {
+		return 0, 0, err
+	}
+	if len(b) == 0 || iters <= 0 {
+		return 0, 0, nil
+	}
+	var nsIn, nsOut C.int64_t
+	var op *C.char
+	code := C.plcu_copy_probe(g.drv.c, g.ctx, unsafe.Pointer(&b[0]), C.size_t(len(b)), C.int(iters), &nsIn, &nsOut, &op)
+	if err := g.check(C.GoString(op), code); err != nil {
+		return 0, 0, err
+	}
+	return time.Duration(nsIn), time.Duration(nsOut), nil
 }
 
 // usable is nil when the GPU may be touched.

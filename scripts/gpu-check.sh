@@ -173,12 +173,12 @@ else
   fail "no Chain9 benchmark results"
 fi
 say ""
-say "copy bandwidth through Run (copy-in = memcpy to pinned + H2D; copy-out = D2H + memcpy out):"
-printf '%-10s %10s %10s\n' size "in GB/s" "out GB/s"
+say "copy bandwidth (staged: Run with a host memcpy beside the DMA; inplace: Run on registered memory, the DMA alone by events; pinned: plain cuMemcpy of the same registered bytes, host-timed):"
+printf '%-18s %10s %10s\n' size/mode "in GB/s" "out GB/s"
 grep -E '^BenchmarkCopy/' "$benchlog" | while read -r line; do
   name=${line%% *}
   name=${name#BenchmarkCopy/}
-  printf '%-10s %10s %10s\n' "${name%-*}" "$(metric "$line" in-GB/s)" "$(metric "$line" out-GB/s)"
+  printf '%-18s %10s %10s\n' "${name%-*}" "$(metric "$line" in-GB/s)" "$(metric "$line" out-GB/s)"
 done
 fi
 
