@@ -27,8 +27,8 @@ type Device interface {
 	Name() string
 	// Load loads an unpacked bundle onto this device: the library (its
 	// constructors run), every entry the manifest's chain names, and the
-	// constants. An invalid library is a *loader.Error; a process that died
-	// while loading is a *ProcessExit.
+	// constants. An invalid library is a *loader.Error; a program lost
+	// while loading (its worker process died) is a Loss.
 	Load(ctx context.Context, spec ProgramSpec) (Program, error)
 	// MemInfo reports device memory as this device accounts it.
 	MemInfo() MemInfo
@@ -235,26 +235,32 @@ var ErrUnhealthy = errors.New("device unhealthy")
 // ErrDeadline is a run given up at its deadline. The instance stays usable:
 // a device that cannot stop the chain lets it finish in the background (a
 // worker process is killed if it overruns by more than a grace period, and
-// the next run on the instance then reports a ProcessExit with BeforeRun).
+// the next run on the instance then reports a Loss that RanNowhere).
 var ErrDeadline = errors.New("the request's deadline passed")
 
-// ProcessExit is the death of the process a program lived in: a signal, an
-// exit, or a broken channel. Everything the program held is gone with it.
-type ProcessExit struct {
-	PID    int
-	Reason string // "killed by signal SIGSEGV (segmentation fault)", "exited with status 0", ...
-	During string // "running the chain", "loading the bundle", ...
-	// BeforeRun: the process was gone before this request reached it, so
-	// the request ran nowhere and may be retried on a fresh process.
-	BeforeRun bool
-	// ByServer: the server stopped the process (a chain past its deadline,
-	// a memory limit, a message out of turn), not a crash of the process's
-	// own.
-	ByServer bool
+// Loss is the error of a program that is gone, with everything it held
+// (its instances, its memory): for a program in a worker process, the
+// process's death (worker.ProcessExit). The caller drops the program and
+// its instances and loads it afresh; a call that RanNowhere did nothing
+// anywhere and may run once more on the fresh program. What the loss was
+// (a process, a context) is the implementation's; a caller needs only
+// these answers.
+type Loss interface {
+	error
+	// RanNowhere: the program was gone before this call reached it.
+	RanNowhere() bool
+	// ByServer: the server ended it (a run past its deadline, a memory
+	// limit, a message out of turn), not a fault of the program's own.
+	ByServer() bool
+	// LogAttrs describes the loss for a log line, as key-value pairs.
+	LogAttrs() []any
 }
 
-func (e *ProcessExit) Error() string {
-	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.Reason, e.During)
+// AsLoss is the Loss err holds, if any.
+func AsLoss(err error) (Loss, bool) {
+	var l Loss
+	ok := errors.As(err, &l)
+	return l, ok
 }
 
 // ProcessStats is what a program living in a process of its own reports

@@ -353,7 +353,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		// bundle code, so it goes once more on a fresh worker, as an
 		// unbatched request would.
 		v.put(inst, true, time.Now())
-		v.workerDied(inst.dev, exitOf(err))
+		v.workerDied(inst.dev, lossOf(err))
 		inst = nil
 		t0 = time.Now()
 		if bo := v.backoffUntil.Load(); bo != 0 && t0.UnixNano() < bo {
@@ -375,7 +375,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		if err == nil && r.OutLen != int64(len(out)) {
 			err = &device.KernelError{Msg: "an entry changed out.len in a batched run; each request's output is its batch.item_output_bytes slice of out, so leave out.len as it is"}
 		}
-		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || processGone(err))
+		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
 		v.put(inst, broken, ended) // the run's end, as runOn read it
 	}
 	if err != nil {

@@ -9,31 +9,30 @@ import (
 	"github.com/plover-run/plover/sched"
 )
 
-// beforeRun reports a run whose worker was gone before the run reached it.
-// A function of its own so the errors.As target escapes only on the error
-// path: the hot path allocates nothing.
+// beforeRun reports a run whose program was lost before the run reached
+// it (its worker gone). A function of its own so the errors.As target
+// escapes only on the error path: the hot path allocates nothing.
 func beforeRun(err error) bool {
-	var pe *device.ProcessExit
-	return errors.As(err, &pe) && pe.BeforeRun
+	l, ok := device.AsLoss(err)
+	return ok && l.RanNowhere()
 }
 
-// stoppedByServer reports a ProcessExit the server caused.
+// stoppedByServer reports a loss the server caused.
 func stoppedByServer(err error) bool {
-	var pe *device.ProcessExit
-	return errors.As(err, &pe) && pe.ByServer
+	l, ok := device.AsLoss(err)
+	return ok && l.ByServer()
 }
 
-// exitOf is err's ProcessExit (err is known to hold one).
-func exitOf(err error) *device.ProcessExit {
-	var pe *device.ProcessExit
-	errors.As(err, &pe)
-	return pe
+// lossOf is err's Loss (err is known to hold one).
+func lossOf(err error) device.Loss {
+	l, _ := device.AsLoss(err)
+	return l
 }
 
-// processGone reports a run that ended with its worker process.
-func processGone(err error) bool {
-	var pe *device.ProcessExit
-	return errors.As(err, &pe)
+// programLost reports a run that ended with its program (its worker).
+func programLost(err error) bool {
+	_, ok := device.AsLoss(err)
+	return ok
 }
 
 // runFailed turns a failure to create an instance or to run into the
@@ -42,21 +41,20 @@ func processGone(err error) bool {
 // instance was taken.
 func (v *version) runFailed(p *placement, err error) error {
 	f := v.fn
-	var pe *device.ProcessExit
 	var ke *device.KernelError
 	var ee *errdefs.Error
 	switch {
 	case errors.As(err, &ee): // already classified, with its own message
 		return err
-	case errors.As(err, &ke) && errors.As(err, &pe):
+	case errors.As(err, &ke) && programLost(err):
 		// The chain faulted its worker's device context: the request failed
 		// like any kernel failure; the worker, and only it, is gone.
-		v.workerDied(p, pe)
+		v.workerDied(p, lossOf(err))
 		return errorf(errdefs.KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
 	case errors.Is(err, device.ErrDeadline):
 		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
-	case errors.As(err, &pe):
-		return v.workerDied(p, pe)
+	case programLost(err):
+		return v.workerDied(p, lossOf(err))
 	case errors.As(err, &ke) && ke.Rejected:
 		return errorf(errdefs.KindRejected, err, "function %s refused its input: %s", f.name, ke.Msg)
 	case errors.As(err, &ke):
@@ -73,12 +71,13 @@ func (v *version) runFailed(p *placement, err error) error {
 // workerDied abandons the program of a worker that died (p is nil when it
 // died loading) and counts the death once, whatever number of requests
 // saw it. It returns the error for the request that saw it.
-func (v *version) workerDied(p *placement, pe *device.ProcessExit) error {
+func (v *version) workerDied(p *placement, l device.Loss) error {
 	if p == nil || v.abandon(p) {
 		backoff := v.crashed(time.Now())
-		v.lg.Error("worker died", "function", v.fn.name, "version", v.rec.ID, "pid", pe.PID, "reason", pe.Reason, "during", pe.During, "backoff", backoff)
+		attrs := append([]any{"function", v.fn.name, "version", v.rec.ID}, l.LogAttrs()...)
+		v.lg.Error("worker died", append(attrs, "backoff", backoff)...)
 	}
-	return errorf(errdefs.KindWorkerCrashed, pe, "function %s: %s", v.fn.name, pe.Error())
+	return errorf(errdefs.KindWorkerCrashed, l, "function %s: %s", v.fn.name, l.Error())
 }
 
 // exitWatcher is a program living in a process of its own whose end can
@@ -88,7 +87,7 @@ type exitWatcher interface {
 	Exited() <-chan struct{}
 	// Death is how it ended, nil when the server ended it by design (the
 	// program closed, the server stopping).
-	Death() *device.ProcessExit
+	Death() device.Loss
 }
 
 // watchExit notices the death of p's process when it happens, not when the
@@ -98,8 +97,8 @@ type exitWatcher interface {
 // death too reports it to its client; it is logged and counted once.
 func (v *version) watchExit(p *placement, w exitWatcher) {
 	<-w.Exited()
-	if pe := w.Death(); pe != nil {
-		v.workerDied(p, pe)
+	if l := w.Death(); l != nil {
+		v.workerDied(p, l)
 	}
 }
 

@@ -72,9 +72,8 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	dl, _ := ctx.Deadline()
 	inst, err := p.prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: dl})
 	if err != nil {
-		var pe *device.ProcessExit
-		if errors.As(err, &pe) {
-			return nil, start, v.workerDied(p, pe)
+		if l, ok := device.AsLoss(err); ok {
+			return nil, start, v.workerDied(p, l)
 		}
 		if errors.Is(err, device.ErrDeadline) { // its worker was stopped
 			v.abandon(p)
@@ -142,7 +141,6 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget})
 	if err != nil {
 		var le *loader.Error
-		var pe *device.ProcessExit
 		var ke *device.KernelError
 		switch {
 		case errors.As(err, &le): // the library is refused: that will not change
@@ -150,7 +148,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 			rf := errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
 			v.refused.Store(rf)
 			return nil, call.Cold, rf
-		case errors.As(err, &pe):
+		case programLost(err):
 			return nil, call.Cold, err
 		case errors.As(err, &ke): // plover_load failed
 			v.hookFailed(err)

@@ -245,7 +245,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 				// it. One the lookup itself crashed (a bundle's IFUNC
 				// resolver runs in it) is not.
 				if retried || !(beforeRun(err) || stoppedByServer(err)) {
-					v.put(in, processGone(err), time.Now())
+					v.put(in, programLost(err), time.Now())
 					return v.runFailed(in.dev, err)
 				}
 			}
@@ -269,7 +269,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		// this request ran nowhere, so it runs once more on a fresh worker.
 		r.Input, r.Output, r.Slot = nil, nil, nil
 		v.put(in, true, time.Now())
-		v.workerDied(in.dev, exitOf(err))
+		v.workerDied(in.dev, lossOf(err))
 		now := time.Now()
 		if b := v.backoffUntil.Load(); b != 0 && now.UnixNano() < b {
 			return v.backoffError(b)
@@ -291,7 +291,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	}
 	req.Copied += r.Timing.Copied
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
-	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || processGone(err))
+	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || programLost(err))
 	v.put(in, broken, tEnd)
 	req.Timing.Total = tEnd.Sub(t0)
 	f.stats.count(req.Start)

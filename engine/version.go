@@ -304,8 +304,7 @@ func (v *version) resolveChain(p *placement, chain []abi.Launch) ([]device.Step,
 	for i, l := range chain {
 		e, err := p.prog.Entry(l.Kernel)
 		if err != nil {
-			var pe *device.ProcessExit
-			if errors.As(err, &pe) || errors.Is(err, device.ErrDeadline) {
+			if _, lost := device.AsLoss(err); lost || errors.Is(err, device.ErrDeadline) {
 				return nil, err // the worker's trouble, not the chain's
 			}
 			return nil, errorf(errdefs.KindInvalid, err, "chain[%d].kernel: function %s %s", i, v.fn.name, reason(err))

@@ -109,7 +109,7 @@ func TestCUDAWorkerFaultEndsOnlyItsWorker(t *testing.T) {
 	err = inst.Run(&device.Run{Output: make([]byte, 64), Chain: []device.Step{{Entry: fault, Grid: 1, Block: 1}}})
 	inst.Close()
 	var ke *device.KernelError
-	var pe *device.ProcessExit
+	var pe *ProcessExit
 	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || !errors.As(err, &pe) {
 		t.Fatalf("a sticky fault: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS that ended the worker", err)
 	}
@@ -213,7 +213,7 @@ func TestCUDAInstanceInitFaultEndsItsWorker(t *testing.T) {
 	defer p.Close()
 	_, err = p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 13, Out: 64}) // 13: the fake bundle's hook faults
 	var ke *device.KernelError
-	var pe *device.ProcessExit
+	var pe *ProcessExit
 	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || !errors.As(err, &pe) {
 		t.Fatalf("a fault in plover_instance_init: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS that ended the worker", err)
 	}

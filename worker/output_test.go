@@ -111,7 +111,7 @@ func TestOutputSurvivesACrashAndTheDeathIsSeen(t *testing.T) {
 	d, s := keptDevice(t)
 	p, m := loadOutput(t, d, "say_then_crash", 1, 1)
 	err := runOnce(t, p, m, []byte("x"), 10*time.Second)
-	var pe *device.ProcessExit
+	var pe *ProcessExit
 	if !errors.As(err, &pe) {
 		t.Fatalf("run: %v, want the worker's death", err)
 	}
@@ -125,8 +125,8 @@ func TestOutputSurvivesACrashAndTheDeathIsSeen(t *testing.T) {
 	default:
 		t.Fatal("Exited is open after the worker died")
 	}
-	death := g.Death()
-	if death == nil || !strings.Contains(death.Reason, "SIGSEGV") || death.During != "running the chain" || death.ByServer {
+	death := g.death()
+	if death == nil || !strings.Contains(death.Reason, "SIGSEGV") || death.During != "running the chain" || death.Killed {
 		t.Fatalf("Death() = %+v, want SIGSEGV while running the chain", death)
 	}
 }
@@ -146,15 +146,15 @@ func TestDeadlineKillIsSeenAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker of a chain past its deadline was not ended")
 	}
-	death := g.Death()
-	if death == nil || !death.ByServer || !strings.Contains(death.Reason, "deadline") || death.During != "running the chain" {
+	death := g.death()
+	if death == nil || !death.Killed || !strings.Contains(death.Reason, "deadline") || death.During != "running the chain" {
 		t.Fatalf("Death() = %+v, want the server's kill for the deadline while running the chain", death)
 	}
 
 	q, _ := loadOutput(t, d, "say", 1, 1)
 	q.Close()
 	<-q.(*program).Exited()
-	if death := q.(*program).Death(); death != nil {
+	if death := q.(*program).death(); death != nil {
 		t.Fatalf("a closed program's worker reported a death: %+v", death)
 	}
 }

@@ -211,7 +211,7 @@ func (p *proc) startFailure() error {
 	err := p.lost("starting")
 	select {
 	case line, ok := <-p.said:
-		if pe, isExit := err.(*device.ProcessExit); ok && isExit && line != "" {
+		if pe, isExit := err.(*ProcessExit); ok && isExit && line != "" {
 			pe.Reason += " (it said: " + line + ")"
 		}
 	case <-time.After(200 * time.Millisecond): // it said nothing
@@ -401,7 +401,7 @@ func exitReason(ps *os.ProcessState, err error) string {
 // idleExit is the error of a run whose worker died before the run reached it.
 func (p *proc) idleExit() error {
 	p.end("an instance of it was lost")
-	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true, ByServer: p.killed.Load() != nil}
+	return &ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true, Killed: p.killed.Load() != nil}
 }
 
 func (p *proc) alive() bool {
@@ -430,7 +430,7 @@ func (p *proc) kill(why string) {
 // to), and the error says how.
 func (p *proc) lost(during string) error {
 	p.end("it closed its channel to the server")
-	return &device.ProcessExit{PID: p.pid, Reason: p.reason, During: during, ByServer: p.killed.Load() != nil}
+	return &ProcessExit{PID: p.pid, Reason: p.reason, During: during, Killed: p.killed.Load() != nil}
 }
 
 // end waits for the process to be gone, killing it (for why) if it does not

@@ -43,11 +43,18 @@ func (g *program) Exited() <-chan struct{} { return g.p.done }
 // the server ended it by design (the program closed, the server stopping).
 // A worker the server killed for its own reasons (a chain past its
 // deadline, its memory limit, a message out of turn) did die: ByServer.
-func (g *program) Death() *device.ProcessExit {
+func (g *program) Death() device.Loss {
+	if d := g.death(); d != nil {
+		return d
+	}
+	return nil // not a typed nil
+}
+
+func (g *program) death() *ProcessExit {
 	if g.closed.Load() || g.d.stopping() {
 		return nil
 	}
-	return &device.ProcessExit{PID: g.p.pid, Reason: g.p.reason, During: g.p.during, ByServer: g.p.killed.Load() != nil}
+	return &ProcessExit{PID: g.p.pid, Reason: g.p.reason, During: g.p.during, Killed: g.p.killed.Load() != nil}
 }
 
 func (g *program) ConstantsBytes() int64 { return g.consts }

@@ -28,7 +28,7 @@ func TestPolledHandOver(t *testing.T) {
 			}
 		}},
 		{"dies mid-run", "segv", func(t *testing.T, err error, took time.Duration) {
-			var pe *device.ProcessExit
+			var pe *ProcessExit
 			if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "SIGSEGV") || took > time.Second {
 				t.Fatalf("%v after %v, want a ProcessExit naming SIGSEGV at once", err, took)
 			}

@@ -151,7 +151,7 @@ func TestCrashAndDeadline(t *testing.T) {
 	// The chain overruns by more than the grace: the worker is killed, and
 	// the next run says so without having reached a worker.
 	err = in.Run(&device.Run{Output: make([]byte, 8), Chain: steps, Deadline: time.Now().Add(5 * time.Second)})
-	var pe *device.ProcessExit
+	var pe *ProcessExit
 	if !errors.As(err, &pe) || !pe.BeforeRun || !strings.Contains(pe.Reason, "deadline") {
 		t.Fatalf("run after an overrun: %v, want a ProcessExit before the run naming the deadline", err)
 	}
@@ -167,7 +167,7 @@ func TestConstructorCrashIsAProcessExit(t *testing.T) {
 	testkit.BuildLib(t, testkit.HostileCtorSource(), dir, m.Library)
 	testkit.WriteManifest(t, dir, m)
 	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
-	var pe *device.ProcessExit
+	var pe *ProcessExit
 	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "SIGSEGV") || pe.During != "loading the bundle" {
 		t.Fatalf("load of a crashing constructor: %v, want a ProcessExit naming SIGSEGV while loading", err)
 	}
@@ -187,7 +187,7 @@ func TestConstructorCrashWithEscapedChild(t *testing.T) {
 	t0 := time.Now()
 	_, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m})
 	el := time.Since(t0)
-	var pe *device.ProcessExit
+	var pe *ProcessExit
 	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "SIGSEGV") {
 		t.Fatalf("load of a constructor that forks and crashes: %v, want a ProcessExit naming SIGSEGV", err)
 	}
@@ -255,7 +255,7 @@ func TestControlMessageOutOfTurn(t *testing.T) {
 				time.Sleep(time.Until(dl) + wait)
 			}
 			i, err := p.Entry("echo")
-			var pe *device.ProcessExit
+			var pe *ProcessExit
 			if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "out of turn") {
 				t.Fatalf("the next control call: kernel %#x, %v; want a ProcessExit saying the worker wrote out of turn", i, err)
 			}

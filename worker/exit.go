@@ -1,0 +1,37 @@
+package worker
+
+import (
+	"fmt"
+
+	"github.com/plover-run/plover/device"
+)
+
+// ProcessExit is the death of the worker process a program lived in: a
+// signal, an exit, or a broken channel. Everything the program held is gone
+// with it. It is the worker's device.Loss: callers above the device seam
+// read only RanNowhere, ByServer and LogAttrs.
+type ProcessExit struct {
+	PID    int
+	Reason string // "killed by signal SIGSEGV (segmentation fault)", "exited with status 0", ...
+	During string // "running the chain", "loading the bundle", ...
+	// BeforeRun: the process was gone before this request reached it, so
+	// the request ran nowhere and may be retried on a fresh process.
+	BeforeRun bool
+	// Killed: the server stopped the process (a chain past its deadline, a
+	// memory limit, a message out of turn), not a crash of its own.
+	Killed bool
+}
+
+var _ device.Loss = (*ProcessExit)(nil)
+
+func (e *ProcessExit) Error() string {
+	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.Reason, e.During)
+}
+
+func (e *ProcessExit) RanNowhere() bool { return e.BeforeRun }
+func (e *ProcessExit) ByServer() bool   { return e.Killed }
+
+// LogAttrs names the process, how it ended and what it was doing.
+func (e *ProcessExit) LogAttrs() []any {
+	return []any{"pid", e.PID, "reason", e.Reason, "during", e.During}
+}
