@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -36,6 +37,8 @@ func TestDidYouMeanCommandsAndFlags(t *testing.T) {
 		{[]string{"bench", "f", "--chrat", "x.svg"}, "plover bench: unknown flag: --chrat (did you mean --chart?)", ""},
 		{[]string{"run", ".", "--in", "x", "--repaet", "3"}, "plover run: unknown flag: --repaet (did you mean --repeat?)", ""},
 		{[]string{"ls", "--zzzz"}, "plover ls: unknown flag: --zzzz\n", "did you mean"},
+		{[]string{"invoke", "f", "--timeout", "2"}, `plover invoke: invalid argument "2" for "--timeout" flag: parse error (a duration takes a unit: 500ms, 2s, 1m)`, ""},
+		{[]string{"bench", "f", "--concurrency", "x"}, `for "--concurrency" flag: parse error` + "\n", "a duration"},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			_, errs, code := runMain(t, nil, tt.args...)
@@ -43,6 +46,32 @@ func TestDidYouMeanCommandsAndFlags(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want exit 2 with %q", code, errs, tt.want)
 			}
 		})
+	}
+}
+
+// A function the server does not have, within a typo of one it has: the
+// 404 says which was meant (the CLI asks the server for its functions).
+func TestDidYouMeanFunction(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/functions" {
+			w.Write([]byte(`{"functions":[{"name":"saxpy"},{"name":"cnn"}]}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(404)
+		fmt.Fprintf(w, `{"error":{"code":"not_found","message":"function \"%s\" not found"}}`, strings.Split(r.URL.Path, "/")[3])
+	}))
+	defer srv.Close()
+	in := filepath.Join(t.TempDir(), "in")
+	os.WriteFile(in, []byte("x"), 0o644)
+	for _, tt := range []struct{ name, want, not string }{
+		{"saxpi", `function "saxpi" not found (did you mean "saxpy"?)`, ""},
+		{"zzzzzz", `function "zzzzzz" not found`, "did you mean"},
+	} {
+		_, errs, code := runMain(t, nil, "invoke", tt.name, "--server", srv.URL, "--in", in, "--out", filepath.Join(t.TempDir(), "out"))
+		if code == 0 || !strings.Contains(errs, tt.want) || tt.not != "" && strings.Contains(errs, tt.not) {
+			t.Fatalf("invoke %s: exit %d, stderr %q; want %q", tt.name, code, errs, tt.want)
+		}
 	}
 }
 

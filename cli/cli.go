@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -147,6 +148,9 @@ func newRoot(env *Env) *cobra.Command {
 	return root
 }
 
+// badValue matches pflag's error for a flag's value that does not parse.
+var badValue = regexp.MustCompile(`^invalid argument ".*" for "(?:-., )?--([a-z0-9-]+)" flag`)
+
 // commandSuggestions are the commands a mistyped name may have meant: the
 // one within a typo of it (abi.Suggest), else those it begins ("dep":
 // deploy).
@@ -170,8 +174,16 @@ func commandSuggestions(root *cobra.Command, name string) []string {
 }
 
 // flagSuggestion is " (did you mean --timing?)" for an unknown flag within
-// a typo of one of the command's flags, else "".
+// a typo of one of the command's flags, a hint for a duration without its
+// unit, else "".
 func flagSuggestion(c *cobra.Command, err error) string {
+	if m := badValue.FindStringSubmatch(err.Error()); m != nil {
+		// A bad value: for a duration, the likely slip is its unit.
+		if f := c.Flags().Lookup(m[1]); f != nil && f.Value.Type() == "duration" {
+			return " (a duration takes a unit: 500ms, 2s, 1m)"
+		}
+		return ""
+	}
 	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
 	if !ok {
 		return ""

@@ -83,18 +83,14 @@ func (e *endpoint) completeFunctions(_ *flag.FlagSet, args []string, prefix stri
 	}
 	c := e.client()
 	c.http.Timeout = 2 * time.Second
-	var resp struct {
-		Functions []struct {
-			Name string `json:"name"`
-		} `json:"functions"`
-	}
-	if c.getJSON("/v1/functions", &resp) != nil {
+	all, err := c.functionNames()
+	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
 	var names []string
-	for _, f := range resp.Functions {
-		if strings.HasPrefix(f.Name, prefix) {
-			names = append(names, f.Name)
+	for _, n := range all {
+		if strings.HasPrefix(n, prefix) {
+			names = append(names, n)
 		}
 	}
 	return names, cobra.ShellCompDirectiveNoFileComp
