@@ -166,3 +166,27 @@ func TestLogsFollowQuiet(t *testing.T) {
 		})
 	}
 }
+
+// Shutdown alone (without SetReady(false) first) ends a followed stream
+// rather than waiting for its context to run out.
+func TestLogsFollowEndsAtShutdown(t *testing.T) {
+	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 1)}
+	srv := httpapi.New(nil, adm, httpapi.Options{})
+	url := testkit.ServeWith(t, srv) + "/v1/functions/f/logs?follow=true"
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	f := <-adm.followers
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a follower: %v", err)
+	}
+	closedWithin(t, f, 5*time.Second, "the server shut down")
+	if srv.Ready() {
+		t.Fatal("ready after Shutdown")
+	}
+}
+

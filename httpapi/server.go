@@ -215,6 +215,9 @@ func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
 
 // Shutdown stops accepting and waits for open requests to finish.
 func (s *Server) Shutdown(ctx context.Context) error {
+	// Not ready from here on, which also ends followed log streams (they
+	// would hold the shutdown until ctx ends otherwise).
+	s.notReady.Store(true)
 	if m := s.metricsSrv.Load(); m != nil {
 		m.ShutdownWithContext(ctx)
 	}
