@@ -189,4 +189,3 @@ func TestLogsFollowEndsAtShutdown(t *testing.T) {
 		t.Fatal("ready after Shutdown")
 	}
 }
-
