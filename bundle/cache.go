@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/objectstore"
 )
 
@@ -290,12 +291,12 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	h := sha256.New()
-	sink := &writeErr{w: c.WriteFault.Wrap(tmp, tmp.Name())}
+	sink := &fileutil.Writer{W: c.WriteFault.Wrap(tmp, tmp.Name())}
 	n, err := io.Copy(io.MultiWriter(sink, h), io.LimitReader(rc, c.maxUnpacked+1))
-	if sink.err != nil {
+	if sink.Err != nil {
 		// This node's disk (full, most likely), not the store: the caller
 		// must not report a store that is fine as the cause.
-		return nil, fmt.Errorf("bundle cache: %w", sink.err)
+		return nil, fmt.Errorf("bundle cache: %w", sink.Err)
 	}
 	if err != nil {
 		return nil, &FetchError{Err: err}
@@ -310,21 +311,6 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 		return nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	return c.unpackInto(tmp, dir)
-}
-
-// writeErr remembers a write failure, to tell it from a failure to read
-// the store's object in io.Copy.
-type writeErr struct {
-	w   io.Writer
-	err error
-}
-
-func (w *writeErr) Write(p []byte) (int, error) {
-	n, err := w.w.Write(p)
-	if err != nil {
-		w.err = err
-	}
-	return n, err
 }
 
 // unpackInto unpacks r into a temporary sibling of dir, then renames it into

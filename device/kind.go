@@ -3,7 +3,8 @@ package device
 import (
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,12 +72,7 @@ func KindOf(target string) (Kind, bool) {
 func Kinds() []string {
 	kinds.RLock()
 	defer kinds.RUnlock()
-	var ts []string
-	for t := range kinds.m {
-		ts = append(ts, t)
-	}
-	sort.Strings(ts)
-	return ts
+	return slices.Sorted(maps.Keys(kinds.m))
 }
 
 // traits is target's kind, or a kind with no traits for a target no kind

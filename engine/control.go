@@ -15,6 +15,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/pipedef"
 	"github.com/plover-run/plover/registry"
@@ -46,10 +47,10 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	h := sha256.New() // hashed on the way to disk: the bundle is read once
-	sink := &writeErr{w: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
+	sink := &fileutil.Writer{W: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
 	n, err := io.Copy(sink, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
-	if err != nil && sink.err != nil { // our disk, not the client
-		return api.FunctionInfo{}, storageError(sink.err, "deploy %s: spooling the bundle", name)
+	if err != nil && sink.Err != nil { // our disk, not the client
+		return api.FunctionInfo{}, storageError(sink.Err, "deploy %s: spooling the bundle", name)
 	}
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, err, "deploy: reading the bundle")
@@ -124,21 +125,6 @@ func checkDeploy(dir string, m *abi.Manifest, name string, targets []string) err
 		return errorf(errdefs.KindInvalid, err, "%s", err.Error())
 	}
 	return nil
-}
-
-// writeErr remembers a write failure, to tell it from a read failure of
-// the client's body in io.Copy.
-type writeErr struct {
-	w   io.Writer
-	err error
-}
-
-func (w *writeErr) Write(p []byte) (int, error) {
-	n, err := w.w.Write(p)
-	if err != nil {
-		w.err = err
-	}
-	return n, err
 }
 
 // storageError is a failed write of ours: 507 when a disk is full (this

@@ -7,7 +7,8 @@ package evict
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -52,24 +53,7 @@ type LRU struct{}
 
 // Pick implements Evictor.
 func (LRU) Pick(idle []Idle) int {
-	best := -1
-	for i, c := range idle {
-		if best < 0 {
-			best = i
-			continue
-		}
-		b := idle[best]
-		if c.Instance != b.Instance {
-			if c.Instance {
-				best = i
-			}
-			continue
-		}
-		if c.LastUsed.Before(b.LastUsed) {
-			best = i
-		}
-	}
-	return best
+	return pick(idle, func(c, b Idle) bool { return c.LastUsed.Before(b.LastUsed) })
 }
 
 // Largest frees idle instances before programs, as LRU does, and among
@@ -80,20 +64,25 @@ type Largest struct{}
 
 // Pick implements Evictor.
 func (Largest) Pick(idle []Idle) int {
+	return pick(idle, func(c, b Idle) bool {
+		return c.Bytes > b.Bytes || (c.Bytes == b.Bytes && c.LastUsed.Before(b.LastUsed))
+	})
+}
+
+// pick is the index of the idle entry to evict first: an instance before
+// any program, and among the same kind the one first goes before b; -1
+// when idle is empty.
+func pick(idle []Idle, first func(c, b Idle) bool) int {
 	best := -1
 	for i, c := range idle {
-		if best < 0 {
+		switch {
+		case best < 0:
 			best = i
-			continue
-		}
-		b := idle[best]
-		if c.Instance != b.Instance {
+		case c.Instance != idle[best].Instance:
 			if c.Instance {
 				best = i
 			}
-			continue
-		}
-		if c.Bytes > b.Bytes || (c.Bytes == b.Bytes && c.LastUsed.Before(b.LastUsed)) {
+		case first(c, idle[best]):
 			best = i
 		}
 	}
@@ -123,12 +112,7 @@ func Register(name string, e Evictor) {
 func Names() []string {
 	evictors.RLock()
 	defer evictors.RUnlock()
-	var ns []string
-	for n := range evictors.m {
-		ns = append(ns, n)
-	}
-	sort.Strings(ns)
-	return ns
+	return slices.Sorted(maps.Keys(evictors.m))
 }
 
 // Lookup is the policy registered as name ("": Default).

@@ -1,5 +1,6 @@
 // Package fileutil holds the file copies the worker's stage, plover build
-// and the benchmark suite share.
+// and the benchmark suite share, and the writer that tells a failed write
+// from a failed read in a copy (the deploy spool, the bundle cache).
 package fileutil
 
 import (
@@ -37,4 +38,20 @@ func LinkOrCopy(src, dst string) error {
 		return nil
 	}
 	return Copy(src, dst)
+}
+
+// Writer passes writes on to W and keeps the first that failed in Err:
+// after io.Copy it tells a failure of the writing side (this node's disk,
+// full) from one of the reader (a client, a store).
+type Writer struct {
+	W   io.Writer
+	Err error
+}
+
+func (w *Writer) Write(p []byte) (int, error) {
+	n, err := w.W.Write(p)
+	if err != nil && w.Err == nil {
+		w.Err = err
+	}
+	return n, err
 }

@@ -1,9 +1,13 @@
 package fileutil
 
 import (
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 // LinkOrCopy gives dst src's bytes, linked on one file system, and replaces
@@ -39,4 +43,28 @@ func TestLinkOrCopy(t *testing.T) {
 	if err := LinkOrCopy(filepath.Join(dir, "missing"), dst); err == nil {
 		t.Error("a missing src gave no error")
 	}
+}
+
+// Writer keeps the first failure of its own writes, and only those: an
+// io.Copy that fails reading leaves Err nil.
+func TestWriterKeepsItsFailure(t *testing.T) {
+	full := &Writer{W: failAfter{n: 3}}
+	if _, err := io.Copy(full, strings.NewReader("abcdef")); err == nil || full.Err != errFull {
+		t.Fatalf("copy into a full disk: %v, Err %v", err, full.Err)
+	}
+	ok := &Writer{W: io.Discard}
+	if _, err := io.Copy(ok, iotest.ErrReader(errors.New("client went"))); err == nil || ok.Err != nil {
+		t.Fatalf("a failed read: %v, Err %v (want nil)", err, ok.Err)
+	}
+}
+
+var errFull = errors.New("no space left on device")
+
+type failAfter struct{ n int }
+
+func (f failAfter) Write(p []byte) (int, error) {
+	if len(p) > f.n {
+		return f.n, errFull
+	}
+	return len(p), nil
 }

@@ -2,7 +2,8 @@ package sched
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,12 +38,7 @@ func RegisterPolicy(name string, make PolicyMaker) {
 func Policies() []string {
 	policies.RLock()
 	defer policies.RUnlock()
-	var ns []string
-	for n := range policies.m {
-		ns = append(ns, n)
-	}
-	sort.Strings(ns)
-	return ns
+	return slices.Sorted(maps.Keys(policies.m))
 }
 
 // NewPolicy makes the policy registered as name ("": DefaultPolicy).
