@@ -21,7 +21,9 @@ import (
 
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -97,7 +99,9 @@ func TestServerMatchesSpec(t *testing.T) {
 	doc := loadSpec(t)
 	ctx := context.Background()
 
-	e := testkit.Engine(t, engine.Config{})
+	// A device that says it keeps its functions' output (as worker
+	// processes do), so that the logs route answers with its 200 shape.
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{keepsOutput{device.NewHost(0)}}})
 	echo := testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	other, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("other"), nil))
 	if err != nil {
@@ -418,3 +422,9 @@ func checkJSON(fail func(string, ...any), schema *openapi3.Schema, b []byte, cod
 		fail("want error code %s: %.200s", code, b)
 	}
 }
+
+// keepsOutput is a device whose functions' output the engine keeps (none
+// arrives here: the bundle runs in this process).
+type keepsOutput struct{ device.Device }
+
+func (keepsOutput) KeepOutput(*funclog.Store) {}

@@ -3,6 +3,7 @@ package bench
 import (
 	"math"
 	"math/bits"
+	"sort"
 	"sync/atomic"
 	"time"
 )
@@ -171,7 +172,7 @@ func (h *Histogram) LogBins(maxBins int) []Bin {
 		v := float64(min(max(time.Duration(blo+(bhi-blo-1)/2), h.Min()), h.Max()))
 		// The last edge at or below v; values below the first edge (a
 		// bucket's middle below Min cannot be) go to the first bin.
-		k := max(sortSearch(edges, v)-1, 0)
+		k := max(sort.Search(len(edges), func(i int) bool { return edges[i] > v })-1, 0) // the last edge at or below v
 		bins[min(k, len(bins)-1)].Count += int64(n)
 	}
 	return bins
@@ -195,13 +196,4 @@ func logEdges(lo, hi float64, steps []float64) []float64 {
 			}
 		}
 	}
-}
-
-// sortSearch is the number of edges at or below v.
-func sortSearch(edges []float64, v float64) int {
-	n := 0
-	for n < len(edges) && edges[n] <= v {
-		n++
-	}
-	return n
 }

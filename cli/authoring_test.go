@@ -336,3 +336,18 @@ func TestBenchHistogramAndChart(t *testing.T) {
 		t.Errorf("exit %d: %s", code, errs)
 	}
 }
+
+// plover logs shows a function's control characters escaped, not obeyed:
+// the lines are a tenant's output on an operator's terminal.
+func TestLogLineControlCharacters(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"plain\ttabbed é", "| plain\ttabbed é\n"},
+		{"\x1b[2Jwiped\rover", `| \x1b[2Jwiped\x0dover` + "\n"},
+		{"bell\x07 and \u0085", `| bell\x07 and \x85` + "\n"},
+	} {
+		got := logLine(api.LogLine{Stream: "stdout", PID: 1, Line: tc.in})
+		if !strings.HasSuffix(got, tc.want) {
+			t.Errorf("%q: %q, want it to end %q", tc.in, got, tc.want)
+		}
+	}
+}

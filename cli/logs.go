@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/plover-run/plover/api"
 )
@@ -95,9 +97,32 @@ func logLine(l api.LogLine) string {
 	if l.Dropped > 0 {
 		s = fmt.Sprintf("... %d lines not shown: this client read more slowly than the function printed\n", l.Dropped)
 	}
-	s += fmt.Sprintf("%s %s[%d] | %s", l.Time.Local().Format(time.DateTime+".000"), l.Stream, l.PID, l.Line)
+	s += fmt.Sprintf("%s %s[%d] | %s", l.Time.Local().Format(time.DateTime+".000"), l.Stream, l.PID, visible(l.Line))
 	if l.Truncated > 0 {
 		s += fmt.Sprintf(" [%d more bytes cut]", l.Truncated)
 	}
 	return s + "\n"
 }
+
+// visible is a function's line made safe for a terminal: a function is a
+// tenant's code, and its control characters (an escape sequence, a \r that
+// overwrites the line before) are shown escaped, not obeyed. Tabs pass.
+func visible(line string) string {
+	if !strings.ContainsFunc(line, isControl) {
+		return line
+	}
+	var b strings.Builder
+	for _, r := range line {
+		switch {
+		case !isControl(r):
+			b.WriteRune(r)
+		case r < 0x100:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
+}
+
+func isControl(r rune) bool { return r != '\t' && unicode.IsControl(r) }

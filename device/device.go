@@ -226,8 +226,12 @@ func chainError(msg string) *KernelError {
 
 // hookError is a hook's failure: a refusal there is a failure too.
 func hookError(name, msg string) *KernelError {
-	return &KernelError{Msg: name + " failed: " + strings.TrimPrefix(msg, rejectMark)}
+	return &KernelError{Msg: name + " failed: " + unmarked(msg)}
 }
+
+// unmarked is a bundle's message without plover_reject's mark, where a
+// refusal counts as a failure (a hook's, one beside a CUDA error).
+func unmarked(msg string) string { return strings.TrimPrefix(msg, rejectMark) }
 
 // ErrUnhealthy marks a device that can no longer run requests.
 var ErrUnhealthy = errors.New("device unhealthy")

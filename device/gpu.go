@@ -14,7 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -383,7 +382,7 @@ func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char) 
 	if code != 0 {
 		if err := g.check(C.GoString(op), code); err != nil {
 			if kerr != "" {
-				return fmt.Errorf("%s failed: %s: %w", name, strings.TrimPrefix(kerr, rejectMark), err)
+				return fmt.Errorf("%s failed: %s: %w", name, unmarked(kerr), err)
 			}
 			return fmt.Errorf("%s: %w", name, err)
 		}

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 	"unsafe"
 )
@@ -198,7 +197,7 @@ func (i *gpuInstance) Run(r *Run) error {
 		de := i.g.drv.err(C.GoString(res.err_op), res.err)
 		msg := de.Error()
 		if kerr != "" {
-			msg = strings.TrimPrefix(kerr, rejectMark) + "; " + msg
+			msg = unmarked(kerr) + "; " + msg
 		}
 		ke := &KernelError{Msg: msg}
 		if de.Sticky() {

@@ -32,11 +32,7 @@ func Open(kind string, limit int64, log *slog.Logger) ([]Device, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return open(kind, "", limit, log)
-}
-
-func open(kind, driverPath string, limit int64, log *slog.Logger) ([]Device, error) {
-	return openKinds(kind, driverPath, limit, log)
+	return openKinds(kind, "", limit, log)
 }
 
 // OpenOne opens one device of a registered kind: the host device, or CUDA

@@ -176,7 +176,6 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
 	e.tab.forget(name, 0)
-	e.logs.Forget(name)
 	e.cfg.Log.Info("deleted", "function", name)
 	return nil
 }

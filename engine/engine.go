@@ -60,6 +60,7 @@ type Engine struct {
 	scheds    map[device.Device]*sched.Scheduler // nil map: runs go unscheduled
 	evictions evictionCounts
 	logs      *funclog.Store // what functions print (outputKeeper devices)
+	keepsLogs bool           // some device keeps its functions' output
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker
@@ -148,6 +149,7 @@ func New(cfg Config) (*Engine, error) {
 	for _, d := range cfg.Devices {
 		if k, ok := d.(outputKeeper); ok {
 			k.KeepOutput(e.logs)
+			e.keepsLogs = true
 		}
 	}
 	e.tab = &table{reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, log: cfg.Log,
@@ -155,7 +157,7 @@ func New(cfg Config) (*Engine, error) {
 			for _, s := range e.scheds { // set below, before any function is known
 				s.Forget(name)
 			}
-		}}
+		}, forgotten: e.logs.Forget}
 	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}

@@ -62,24 +62,6 @@ func (e *Engine) Land(name string) call.Landing {
 	return s
 }
 
-// Full returns the error a request to name would get now for its
-// function's full queue (max_queue: 429), or nil. A front door asks before
-// it reads a request's body, so that a flood of large bodies for one
-// function is turned away without its bytes. It reads no store and waits
-// for nothing; a function not loaded on this node is never full.
-func (e *Engine) Full(name string) error {
-	e.tab.mu.Lock()
-	var v *version
-	if f := e.tab.funcs[name]; f != nil {
-		v = f.cur
-	}
-	e.tab.mu.Unlock()
-	if v == nil || !v.loaded.Load() || !v.full() { // loaded: full reads what load wrote
-		return nil
-	}
-	return v.busy()
-}
-
 // Pin is a function's version resolved once and held for one call: a
 // caller that reads the version (its tensors, its id) before running it
 // runs that very version, whatever deploys happen meanwhile. A pinned

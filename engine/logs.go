@@ -23,6 +23,10 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	if _, err := c.e.tab.record(ctx, name); err != nil {
 		return nil, nil, err
 	}
+	if !c.e.keepsLogs {
+		// Not an empty log: a follower would wait for lines that never come.
+		return nil, nil, errorf(errdefs.KindConflict, nil, "function %s: this server keeps no function output: its functions run in the server's own process (--isolation none) and print to the server's stdout and stderr", name)
+	}
 	if !follow {
 		return c.e.logs.Lines(name, since), nil, nil
 	}

@@ -91,7 +91,10 @@ func (p Pin) MaxInput() int64 {
 }
 
 // Full is the 429 a request to the pinned version would get now for its
-// full queue, or nil (Engine.Full).
+// full queue (max_queue), or nil: a front door asks before it reads a
+// request's body, so that a flood of large bodies for one function is
+// turned away without its bytes. It reads no store and waits for nothing;
+// a version not loaded is never full.
 func (p Pin) Full() error {
 	if !p.v.loaded.Load() || !p.v.full() {
 		return nil

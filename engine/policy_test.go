@@ -192,7 +192,7 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 	testkit.WaitFor(t, e, "fn", "the second request running", testkit.Busy(1, 0))
 	// Asked before the third request is sent: once its goroutine starts,
 	// the queue may already hold it.
-	if err := e.Full("fn"); err != nil {
+	if err := full(t, e, "fn"); err != nil {
 		t.Fatalf("Full with the queue empty: %v", err)
 	}
 	var queuedErr error
@@ -201,7 +201,7 @@ func TestFullQueueAndDeadlines(t *testing.T) {
 		queuedErr = e.Invoke(ctx, "fn", &call.Request{Deadline: time.Now().Add(time.Second)})
 	}()
 	testkit.WaitFor(t, e, "fn", "the third request queued", testkit.Busy(1, 1))
-	if err := e.Full("fn"); errdefs.KindOf(err) != errdefs.KindBusy { // what a front door asks first
+	if err := full(t, e, "fn"); errdefs.KindOf(err) != errdefs.KindBusy { // what a front door asks first
 		t.Fatalf("Full with the queue full: %v, want busy", err)
 	}
 	err := e.Invoke(ctx, "fn", &call.Request{}) // queue (1) is full
@@ -242,5 +242,32 @@ func TestConcurrentColdRequestsUploadConstantsOnce(t *testing.T) {
 	want := int64(fi.Idle)*per + consts
 	if used := host.MemInfo().Used; fi.Idle < 2 || used != want {
 		t.Fatalf("%d instances, %d bytes used; want %d (constants once)", fi.Idle, used, want)
+	}
+}
+
+// full is what a front door asks before reading a body: the pinned
+// version's Full.
+func full(t *testing.T, e *engine.Engine, name string) error {
+	t.Helper()
+	p, err := e.Pin(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	return p.Full()
+}
+
+// A server whose devices keep no function output (functions in the
+// server's own process) says so for a function's logs, rather than
+// answering an empty log that a follower would wait on forever.
+func TestLogsWithoutKeeper(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	_, _, err := e.Control().Logs(context.Background(), "echo", time.Time{}, true)
+	if errdefs.KindOf(err) != errdefs.KindConflict || !strings.Contains(err.Error(), "--isolation none") {
+		t.Fatalf("logs without a keeper: %v, want a 409 naming --isolation none", err)
+	}
+	if _, _, err := e.Control().Logs(context.Background(), "nope", time.Time{}, false); errdefs.KindOf(err) != errdefs.KindNotFound {
+		t.Fatalf("logs of an unknown function: %v, want 404", err)
 	}
 }

@@ -33,6 +33,9 @@ type table struct {
 	// forgetFlow drops a deleted function's share of the devices
 	// (called under mu, so a redeploy's load gets a new flow).
 	forgetFlow func(name string)
+	// forgotten is told of a function deleted here or on another node
+	// (after mu is released): its kept output goes, its followers end.
+	forgotten func(name string)
 
 	mu    sync.Mutex
 	funcs map[string]*function
@@ -192,6 +195,9 @@ func (t *table) forget(name string, at uint64) {
 	}
 	t.epoch++
 	t.mu.Unlock()
+	if t.forgotten != nil {
+		t.forgotten(name)
+	}
 	for _, v := range olds {
 		v.retire()
 	}

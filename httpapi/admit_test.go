@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/http"
 	"strings"
@@ -40,9 +41,14 @@ func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
 		testkit.WaitFor(t, e, "fn", "running and queued", func(fi api.FunctionInfo) bool { return fi.Busy == 1 && fi.Queue == i })
 	}
 	defer wg.Wait()
-	if err := e.Full("fn"); err == nil {
+	p, err := e.Pin(context.Background(), "fn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Full(); err == nil {
 		t.Fatal("Full: nil with one running and one queued")
 	}
+	p.Release()
 	for _, path := range []string{"/v1/functions/fn/invoke", "/v2/models/fn/infer"} {
 		c, err := net.DialTimeout("tcp", host, 5*time.Second)
 		if err != nil {

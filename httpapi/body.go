@@ -228,6 +228,12 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		if announced >= 0 && len(dst) == announced {
 			return dst, nil
 		}
+		if len(dst) == cap(dst) && announced < 0 && len(dst) >= limit {
+			// Full at the limit, the length unknown: one byte tells the
+			// body's end from one too long, where growing would move a
+			// body that fits out of the slot it was read into.
+			return b.atLimit(dst)
+		}
 		if len(dst) == cap(dst) {
 			grow := max(cap(dst), 4096)
 			if announced >= 0 {
@@ -263,6 +269,22 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 			return dst, nil
 		case err == io.EOF:
 			return nil, io.ErrUnexpectedEOF
+		case err != nil:
+			return nil, err
+		}
+	}
+}
+
+// atLimit is dst if the body ends here, errTooLarge if a byte follows.
+func (b *bodyReader) atLimit(dst []byte) ([]byte, error) {
+	var one [1]byte
+	for {
+		n, err := b.r.Read(one[:])
+		switch {
+		case n > 0:
+			return nil, errTooLarge
+		case err == io.EOF:
+			return dst, nil
 		case err != nil:
 			return nil, err
 		}

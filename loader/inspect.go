@@ -258,40 +258,13 @@ func (info *Info) missingHint(name string) string {
 	return "; this bundle declares " + strings.Join(entries, ", ") + didYouMean(name, entries)
 }
 
-// didYouMean is ` (did you mean "x"?)` for the candidate closest to name
-// within a few edits, or "".
+// didYouMean is ` (did you mean "x"?)` for the candidate within a typo of
+// name (abi.Suggest, as commands, flags and manifest fields), or "".
 func didYouMean(name string, candidates []string) string {
-	best, bestD := "", 0
-	for _, c := range candidates {
-		if d := editDistance(name, c); best == "" || d < bestD {
-			best, bestD = c, d
-		}
+	if s := abi.Suggest(name, candidates); s != "" && s != name {
+		return fmt.Sprintf(" (did you mean %q?)", s)
 	}
-	if best == "" || bestD == 0 || bestD > max(2, len(name)/3) {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return ""
 }
 
 // CheckManifest checks what the manifest says about the library against the

@@ -327,12 +327,18 @@ const (
 	lingerIdle  = time.Second
 )
 
+// lingerBufs hold what lingering closes read and drop: a flood of early
+// answers (404s, 413s) should not allocate a buffer each.
+var lingerBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // drainAndClose reads and drops what the client still sends after the
 // write side was shut, until it closes its side or the bounds run out,
 // then closes the connection.
 func (c *conn) drainAndClose() {
 	end := time.Now().Add(lingerTotal)
-	buf := make([]byte, 32<<10)
+	bp := lingerBufs.Get().(*[]byte)
+	defer lingerBufs.Put(bp)
+	buf := *bp
 	for {
 		d := time.Now().Add(lingerIdle)
 		if d.After(end) {

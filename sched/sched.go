@@ -103,7 +103,8 @@ type Config struct {
 	// (default 100ms).
 	Recent time.Duration
 	// Policy orders queued runs; nil: the policy registered as PolicyName
-	// ("" or unknown: DefaultPolicy), made with MaxWait.
+	// ("": DefaultPolicy), made with MaxWait. An unknown name is a
+	// programming error (New panics): check it with NewPolicy first.
 	Policy     Policy
 	PolicyName string
 	// MaxWait bounds how long the default policy lets a run of a lower

@@ -58,8 +58,8 @@ func New(cfg Config) *Scheduler {
 	}
 	if cfg.Policy == nil {
 		pol, err := NewPolicy(cfg.PolicyName, cfg.MaxWait)
-		if err != nil {
-			pol = NewWFQ(cfg.MaxWait)
+		if err != nil { // callers check the name first (NewPolicy): not a user's error here
+			panic("sched.New: " + err.Error())
 		}
 		cfg.Policy = pol
 	}

@@ -126,7 +126,7 @@ func drawChart(c chart) string {
 	if c.vline > 0 {
 		cx := x(c.vline)
 		p(`<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="#888" stroke-dasharray="5 4"/>`+"\n", cx, top, cx, top+ph)
-		p(`<text x="%.1f" y="%g" fill="#555" text-anchor="end">%s</text>`+"\n", cx, top+14, esc(c.vlabel))
+		p(`<text x="%.1f" y="%g" fill="#555" text-anchor="end">%s</text>`+"\n", cx, top+14, bench.Esc(c.vlabel))
 	}
 	for i, s := range c.series {
 		dash := ""
@@ -144,20 +144,18 @@ func drawChart(c chart) string {
 				fill = "white"
 			}
 			p(`<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s" stroke="%s" stroke-width="1.5"><title>%s</title></circle>`+"\n",
-				x(pt.x), y(pt.y), fill, s.color, esc(pt.tip))
+				x(pt.x), y(pt.y), fill, s.color, bench.Esc(pt.tip))
 		}
 		ly := top + 10 + float64(i)*20
 		p(`<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="%s" stroke-width="2"%s/>`+"\n", left+pw+16, ly, left+pw+40, ly, s.color, dash)
-		p(`<text x="%g" y="%g" dominant-baseline="middle">%s</text>`+"\n", left+pw+46, ly, esc(s.name))
+		p(`<text x="%g" y="%g" dominant-baseline="middle">%s</text>`+"\n", left+pw+46, ly, bench.Esc(s.name))
 	}
 	ly := top + 20 + float64(len(c.series))*20
 	p(`<circle cx="%g" cy="%g" r="3.5" fill="white" stroke="#333" stroke-width="1.5"/>`+"\n", left+pw+28, ly)
 	p(`<text x="%g" y="%g" dominant-baseline="middle">schedule not kept</text>`+"\n", left+pw+46, ly)
 	p(`<text x="%g" y="%g" dominant-baseline="middle" fill="#555">(&gt;1%% unsent)</text>`+"\n", left+pw+46, ly+16)
 	if c.note != "" {
-		p(`<text x="%g" y="%g" fill="#a00">%s</text>`+"\n", left, H-2, esc(c.note))
+		p(`<text x="%g" y="%g" fill="#a00">%s</text>`+"\n", left, H-2, bench.Esc(c.note))
 	}
 	return svg.String()
 }
-
-func esc(s string) string { return bench.Esc(s) }
