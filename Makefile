@@ -10,7 +10,7 @@ NVCCFLAGS := -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iabi \
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet fuzz fuzz-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet fuzz fuzz-short race-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -120,11 +120,19 @@ vet:
 # front and saying so. bin/testreport prints each package as it ends, every
 # test still running after 20 s, and at the end the tests skipped and why
 # (helm, nginx, MinIO missing: .ci/run installs them all).
-test: vet fuzz-short bin/plover bin/plover-worker bin/testreport samples
+test: vet fuzz-short race-short bin/plover bin/plover-worker bin/testreport samples
 	@echo "MinIO for the S3 tests: built once into ~/.cache/plover (several minutes the first time)"
 	-@$(GO) run ./internal/minio/cmd/install-minio >/dev/null
 	bash -o pipefail -c '$(GO) test -count=1 -timeout 30m -json ./... | bin/testreport'
 	bash -o pipefail -c 'cd deploy/helm/charttest && $(GO) test -count=1 -json ./... | ../../../bin/testreport'
+
+# The tests of shared state under concurrent requests, with the race
+# detector: the gate's buckets, request metrics, labels kept from borrowed
+# request bytes under keep-alive traffic, gRPC calls holding their token's
+# place. The whole suite under -race takes too long for every run.
+race-short:
+	$(GO) test -race -count=1 ./gate ./reqmetrics
+	$(GO) test -race -count=1 -run 'Labels|Stalled|BoundsItsBody|CallWithoutItsMessage|SequentialCalls' ./httpapi ./grpcapi
 
 # Fuzzing: each target's seeds, then new inputs for a while, one go test per
 # target (it fuzzes one at a time). An input that fails is written under the

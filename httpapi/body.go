@@ -234,17 +234,17 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 			// body that fits out of the slot it was read into.
 			return b.atLimit(dst)
 		}
-		if len(dst) == cap(dst) {
-			grow := max(cap(dst), 4096)
-			if announced >= 0 {
-				grow = min(grow, announced-len(dst))
-			}
-			dst = slices.Grow(dst, grow)
-		}
-		end := min(cap(dst), len(dst)+win)
+		// Never room for more than one byte past the limit: a body for a
+		// function with small inputs holds no more of the budget (or of
+		// memory) than the function's bound, however slowly it comes.
+		room := limit + 1 - len(dst)
 		if announced >= 0 {
-			end = min(end, announced)
+			room = announced - len(dst)
 		}
+		if len(dst) == cap(dst) {
+			dst = slices.Grow(dst, min(max(cap(dst), 4096), room))
+		}
+		end := min(cap(dst), len(dst)+win, len(dst)+room)
 		window := int64(end - len(dst))
 		if budget {
 			if err := b.s.acquire(window); err != nil {

@@ -103,6 +103,46 @@ func TestFunctionBoundsItsBody(t *testing.T) {
 	wg.Wait()
 }
 
+// A body a small function could take, sent and then stalled, holds no more
+// of the body budget than the function's bound (plus the byte that tells a
+// body too long): before, each held what it had sent plus a read window
+// (4 KiB to 64 KiB, whatever buffer it was read into), so that eight such
+// chunked bodies left no room for a 100 KiB body to echo (503 after 5 s).
+func TestStalledBodyHoldsItsFunctionsBound(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("small")
+	m.MaxInputBytes = 3136
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	big := testkit.Manifest("echo")
+	big.MaxInputBytes = 1 << 20
+	testkit.Deploy(t, e, testkit.BundleDir(t, big, nil))
+	const hogs, sent, echoBody = 8, 3000, 100 << 10
+	budget := netguard.NewBudget(hogs*(3136+1) + echoBody + 1024)
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: budget, MaxBodyBytes: 256 << 20}), "http://")
+	for range hogs {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", sent, strings.Repeat("h", sent))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for budget.InUse() < hogs*sent { // the server has read what they sent
+		if time.Now().After(deadline) {
+			t.Fatalf("budget in use %d after 5 s, want the %d bytes the clients sent", budget.InUse(), hogs*sent)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if in := budget.InUse(); in > hogs*(3136+1) {
+		t.Errorf("%d stalled bodies to a 3136-byte function hold %d bytes of the budget, over %d", hogs, in, hogs*(3136+1))
+	}
+	rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(echoBody)+"\r\n\r\n"+strings.Repeat("y", echoBody), 4*time.Second)
+	if len(rs) == 0 || rs[0].StatusCode != 200 {
+		t.Fatalf("a 100 KiB body for echo beside %d stalled bodies for small: %v (budget in use %d of %d)", hogs, statusOf(rs), budget.InUse(), budget.Max())
+	}
+}
+
 // firstResponse sends raw on a fresh connection and returns the first
 // response's status and body (0 if none came within d).
 func firstResponse(t *testing.T, addr, raw string, d time.Duration) (int, string) {

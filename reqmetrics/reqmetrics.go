@@ -38,8 +38,12 @@ type fnMetrics struct {
 	name   string
 }
 
-// unknown is the label of requests for names no function has.
-const unknown = "_unknown"
+// unknown is the label of requests for names no function has; other, of
+// functions met past the limit of labels.
+const (
+	unknown = "_unknown"
+	other   = "_other"
+)
 
 var phaseNames = [7]string{"queue", "sched", "load", "copy_in", "kernels", "copy_out", "total"}
 
@@ -89,15 +93,20 @@ func (m *Metrics) function(name string) *fnMetrics {
 	if fm = m.byFn[name]; fm != nil {
 		return fm
 	}
-	label := strings.Clone(name) // name may be the request's borrowed bytes
-	if len(m.byFn) >= m.limit {
-		label = "_other"
+	if len(m.byFn) >= m.limit && name != unknown {
+		// Names past the limit share one series and one entry: a name
+		// is not kept once its series is no longer its own.
+		if fm = m.byFn[other]; fm != nil {
+			return fm
+		}
+		name = other
 	}
+	label := strings.Clone(name) // name may be the request's borrowed bytes
 	fm = &fnMetrics{codes: map[int]prometheus.Counter{}, name: label, copied: m.copied.WithLabelValues(label)}
 	for i, p := range phaseNames {
 		fm.phases[i] = m.duration.WithLabelValues(label, p)
 	}
-	m.byFn[strings.Clone(name)] = fm
+	m.byFn[label] = fm
 	return fm
 }
 

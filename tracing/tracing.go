@@ -160,9 +160,11 @@ func (t *Tracer) Record(h propagation.TextMapCarrier, c *Call) {
 	}
 	// The rest off the request's path: its answer is not held for its
 	// spans. The request (pooled by the transport) is copied first.
-	// The function's name may borrow the transport's request bytes.
+	// The function's name may borrow the transport's request bytes, and
+	// is whatever the client sent: a string attribute that is not UTF-8
+	// fails the exporter's encoding of the whole batch it is in.
 	cc, r := *c, *c.Req
-	cc.Function = strings.Clone(c.Function)
+	cc.Function = strings.Clone(strings.ToValidUTF8(c.Function, "\uFFFD"))
 	r.Input, r.Output, r.Gone, r.Steps = nil, nil, nil, slices.Clone(r.Steps)
 	cc.Req = &r
 	go t.spans(ctx, span, &cc)
@@ -184,7 +186,7 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call) {
 		span.SetAttributes(attribute.Int("http.response.status_code", c.Status))
 	}
 	if c.Err != nil {
-		span.SetStatus(codes.Error, c.Err.Error())
+		span.SetStatus(codes.Error, strings.ToValidUTF8(c.Err.Error(), "\uFFFD"))
 	}
 	if len(r.Steps) > 0 {
 		// A pipeline: its steps where they ran, from when the request

@@ -255,6 +255,32 @@ func TestTracing(t *testing.T) {
 		}
 	})
 
+	// A name that is not UTF-8 (a client's %ff%fe) is exported with its
+	// bad bytes replaced: as sent, it failed the encoding of its whole
+	// batch, and a good request's spans beside it were lost.
+	t.Run("name not UTF-8", func(t *testing.T) {
+		bad, good := "55555555555555555555555555555555", "66666666666666666666666666666666"
+		req, err := http.NewRequest("POST", srv.url+"/v1/functions/%ff%fe/invoke", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("traceparent", tp(bad, "01"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 404 {
+			t.Fatalf("invoke of %%ff%%fe: %d, want 404", resp.StatusCode)
+		}
+		pipeInvoke(t, srv.url, "echo", []byte("x"), "traceparent", tp(good, "01")).ok(t, "echo")
+		rcv.waitSpans(t, good, "POST /v1/functions/{name}/invoke")
+		sp := rcv.waitSpans(t, bad, "POST /v1/functions/{name}/invoke")["POST /v1/functions/{name}/invoke"]
+		if f := attr(sp, "plover.function"); f != "\uFFFD" || attr(sp, "http.response.status_code") != "404" {
+			t.Errorf("plover.function %q, status %s", f, attr(sp, "http.response.status_code"))
+		}
+	})
+
 	t.Run("gRPC", func(t *testing.T) {
 		conn, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
