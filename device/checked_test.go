@@ -31,6 +31,17 @@ const (
 
 func loadOverrun(t testing.TB, reportFaults bool) *overrunEnv {
 	t.Helper()
+	prog := loadOverrunProgram(t, reportFaults)
+	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: ovMaxIn, Tmp: ovTmp, Out: ovOut})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Close)
+	return &overrunEnv{prog: prog, inst: inst}
+}
+
+func loadOverrunProgram(t testing.TB, reportFaults bool) device.Program {
+	t.Helper()
 	so := testkit.BuildLib(t, testkit.OverrunSource(), t.TempDir(), "overrun.so", "-std=c++17", "-Wall", "-Wextra")
 	h := device.NewHost(0)
 	if err := h.EnableChecks(reportFaults); err != nil {
@@ -43,12 +54,28 @@ func loadOverrun(t testing.TB, reportFaults bool) *overrunEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { prog.Close() })
+	return prog
+}
+
+// TestCheckedInstanceInit: plover_instance_init is checked as a chain's
+// entries are. A near overrun fails the instance naming the hook, the
+// buffer (all of its capacity in use) and the bytes; a far one (below, in
+// TestCheckedGuardFault) is named as the process dies.
+func TestCheckedInstanceInit(t *testing.T) {
+	t.Setenv("PLOVER_OVERRUN_INIT", "0 10") // in: 10,000 bytes, 240 of padding
+	prog := loadOverrunProgram(t, false)
+	_, err := prog.NewInstance(device.InstanceConfig{MaxInput: ovMaxIn, Tmp: ovTmp, Out: ovOut})
+	want := "plover: checked mode: entry plover_instance_init wrote past the end of in (10000 bytes, all of it): bytes 10000 to 10009 changed"
+	var ke *device.KernelError
+	if !errors.As(err, &ke) || ke.Msg != want {
+		t.Fatalf("NewInstance: %v, want a kernel error %q", err, want)
+	}
+	t.Setenv("PLOVER_OVERRUN_INIT", "")
 	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: ovMaxIn, Tmp: ovTmp, Out: ovOut})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("an instance whose init writes nothing past: %v", err)
 	}
-	t.Cleanup(inst.Close)
-	return &overrunEnv{prog: prog, inst: inst}
+	inst.Close()
 }
 
 // run runs fill and then entry (grid, block) over in, with tmpLen bytes of
@@ -120,6 +147,7 @@ func TestCheckedGuardFault(t *testing.T) {
 		{"overrun", "5000 1 3000", "entry overrun wrote past the end of tmp, at byte 3072 (3000 bytes this request)"},
 		{"overrun", "-1 2 8192", "entry overrun wrote before the start of out, 1 bytes before it (8192 bytes this request)"},
 		{"overrun_kernel", "300 2 4096", "entry overrun_kernel wrote past the end of out, at byte 4096"},
+		{"init", "2 1 0", "entry plover_instance_init wrote past the end of out, at byte 8192 (8192 bytes, all of it)"},
 	} {
 		t.Run(tt.entry+" "+tt.args, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCheckedGuardFault$", "-test.count=1")
@@ -142,6 +170,11 @@ func TestCheckedGuardFault(t *testing.T) {
 // the fault handler installed; it should not return.
 func checkedChild(t *testing.T) {
 	f := strings.Fields(os.Getenv("PLOVER_CHECKED_CHILD"))
+	if f[0] == "init" { // plover_instance_init writes f[2] bytes past buffer f[1]
+		t.Setenv("PLOVER_OVERRUN_INIT", f[1]+" "+f[2])
+		_, err := loadOverrunProgram(t, true).NewInstance(device.InstanceConfig{MaxInput: ovMaxIn, Tmp: ovTmp, Out: ovOut})
+		t.Fatalf("the overrun returned: %v", err)
+	}
 	grid, _ := strconv.Atoi(f[1])
 	block, _ := strconv.Atoi(f[2])
 	outLen, _ := strconv.Atoi(f[3])

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -210,7 +211,7 @@ func (h *Host) NewInstance(cfg InstanceConfig) (Instance, error) {
 	if inst.checked {
 		C.plover_checked_init(st, bufs[0], C.size_t(cfg.MaxInput), bufs[1], C.size_t(cfg.Tmp), bufs[2], C.size_t(cfg.Out))
 	}
-	if err := cfg.Entries.hook(hookInstanceInit, &st.st); err != nil {
+	if err := inst.hook(hookInstanceInit); err != nil {
 		inst.free()
 		return nil, err
 	}
@@ -226,8 +227,31 @@ func (i *hostInstance) Close() {
 		return
 	}
 	i.state.st = i.state.base
-	_ = i.cfg.Entries.hook(hookInstanceFini, &i.state.st) // documented: ignored
+	_ = i.hook(hookInstanceFini) // documented: ignored
 	i.free()
+}
+
+// hook runs the instance's hook k. Checked, it runs under the fault
+// handler and the patterns are checked after it, as after a chain's
+// entries: an overrun there is named as one in a request is.
+func (i *hostInstance) hook(k hookKind) error {
+	if !i.checked {
+		return i.cfg.Entries.hook(k, &i.state.st)
+	}
+	fn, name := i.cfg.Entries.hookFn(k)
+	if fn == nil {
+		return nil
+	}
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	msg := C.plover_checked_hook(i.state, fn, cname, i.cfg.Entries.lastErrorFn())
+	switch {
+	case msg == nil:
+		return nil
+	case strings.HasPrefix(C.GoString(msg), FaultMark):
+		return &KernelError{Msg: C.GoString(msg)}
+	}
+	return hookError(name, C.GoString(msg))
 }
 
 func (i *hostInstance) free() {

@@ -80,37 +80,57 @@ void plover_checked_place(plover_inst_state_t *s) {
   }
 }
 
-/* The run this thread is in, for the fault handler. */
+/* The run or hook this thread is in, for the fault handler; cur_len says
+ * what a buffer's length is: this request's, or (a hook) its capacity. */
 static __thread plover_inst_state_t *cur_state;
 static __thread const char *cur_entry;
+static __thread const char *cur_len;
+
+static const char *const request_len = " bytes this request", *const hook_len = " bytes, all of it";
+
+/* scan checks the pattern after each buffer once entry has run: NULL, or
+ * the report of the bytes it changed. */
+static const char *scan(plover_inst_state_t *s, const char *entry) {
+  for (int b = 0; b < 3; b++) {
+    struct plover_guarded *g = &s->guard[b];
+    uint8_t *end = g->body + g->body_len, *p = g->dat + g->len, *first = NULL, *last = NULL;
+    for (; p < end; p++)
+      if (*p != PATTERN) {
+        if (!first) first = p;
+        last = p;
+      }
+    if (first) {
+      snprintf(s->report, sizeof s->report,
+               PLOVER_FAULT_MARK "entry %s wrote past the end of %s (%zu%s): bytes %zu to %zu changed",
+               entry ? entry : "?", names[b], g->len, cur_len, (size_t)(first - g->dat), (size_t)(last - g->dat));
+      return s->report;
+    }
+  }
+  return NULL;
+}
 
 const char *plover_checked_call(plover_inst_state_t *s, const plover_step_t *steps, int n) {
   void *arg = s->abi1 ? (void *)&s->st.input : (void *)&s->st;
+  const char *overrun = NULL;
   cur_state = s;
-  for (int i = 0; i < n; i++) {
+  cur_len = request_len;
+  for (int i = 0; i < n && !overrun; i++) {
     cur_entry = steps[i].name;
     ((void (*)(void *, int, int))steps[i].fn)(arg, steps[i].grid, steps[i].block);
-    for (int b = 0; b < 3; b++) {
-      struct plover_guarded *g = &s->guard[b];
-      uint8_t *end = g->body + g->body_len, *p = g->dat + g->len, *first = NULL, *last = NULL;
-      for (; p < end; p++)
-        if (*p != PATTERN) {
-          if (!first) first = p;
-          last = p;
-        }
-      if (first) {
-        snprintf(s->report, sizeof s->report,
-                 PLOVER_FAULT_MARK "entry %s wrote past the end of %s (%zu bytes this request): "
-                                   "bytes %zu to %zu changed",
-                 steps[i].name ? steps[i].name : "?", names[b], g->len, (size_t)(first - g->dat),
-                 (size_t)(last - g->dat));
-        cur_state = NULL;
-        return s->report;
-      }
-    }
+    overrun = scan(s, steps[i].name);
   }
   cur_state = NULL;
-  return NULL;
+  return overrun;
+}
+
+const char *plover_checked_hook(plover_inst_state_t *s, void *hook, const char *name, void *last_error) {
+  cur_state = s;
+  cur_entry = name;
+  cur_len = hook_len;
+  const char *err = plover_call_hook(hook, &s->st, last_error);
+  const char *overrun = scan(s, name);
+  cur_state = NULL;
+  return overrun ? overrun : err;
 }
 
 /* ---- The fault handler: async-signal-safe, so no stdio. ---------------- */
@@ -170,7 +190,8 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
     }
     put(&l, " (");
     put_num(&l, g->len);
-    put(&l, " bytes this request)\n");
+    put(&l, cur_len);
+    put(&l, ")\n");
     ssize_t w = write(2, l.b, l.n);
     (void)w;
     return; /* the handler is reset: the access faults again and kills */

@@ -91,6 +91,11 @@ void plover_checked_place(plover_inst_state_t *s);
  * the report of the first overrun (the chain stops there). */
 const char *plover_checked_call(plover_inst_state_t *s,
                                 const plover_step_t *steps, int n);
+/* Calls a hook (plover_instance_init, _fini) named name on s as
+ * plover_call_hook does, under the fault handler, and checks the patterns
+ * after it: the report of an overrun, else the hook's error, else NULL. */
+const char *plover_checked_hook(plover_inst_state_t *s, void *hook,
+                                const char *name, void *last_error);
 /* Installs the SIGSEGV/SIGBUS handler that, for a fault on a checked run's
  * guard page, writes one line to stderr naming the entry and the buffer
  * (PLOVER_FAULT_MARK first), then lets the fault kill the process. Worker

@@ -5,6 +5,9 @@
  * simulated CUDA kernel, one byte per thread. */
 #include "plover_kernel.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+
 PLOVER_BUNDLE(PLOVER_TARGET);
 
 static plover_buf_t *buffer(plover_state_t *s, int which) {
@@ -25,6 +28,17 @@ __global__ void scribble(uint8_t *end) { end[threadIdx.x] = 0xAB; }
 PLOVER_ENTRY(overrun_kernel) {
   plover_buf_t *b = buffer(s, block);
   if (grid > 0) PLOVER_LAUNCH(scribble, 1, grid, s, b->dat + b->len);
+}
+
+/* plover_instance_init writes past a buffer as overrun does, as
+ * $PLOVER_OVERRUN_INIT says ("buffer bytes"); unset, nothing. */
+PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
+  const char *e = getenv("PLOVER_OVERRUN_INIT");
+  int which, n;
+  if (!e || sscanf(e, "%d %d", &which, &n) != 2) return;
+  plover_buf_t *b = buffer(s, which);
+  volatile uint8_t *p = b->dat;
+  for (int i = 0; i < n; i++) p[b->len + i] = 0xAB;
 }
 
 /* fill: writes every byte of out and tmp and echoes in, the well-behaved
