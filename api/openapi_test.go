@@ -23,7 +23,6 @@ import (
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
-	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -427,4 +426,4 @@ func checkJSON(fail func(string, ...any), schema *openapi3.Schema, b []byte, cod
 // arrives here: the bundle runs in this process).
 type keepsOutput struct{ device.Device }
 
-func (keepsOutput) KeepOutput(*funclog.Store) {}
+func (keepsOutput) KeepsOutput() bool { return true }

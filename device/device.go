@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 )
 
 // Device owns one execution device. It is safe for concurrent use; an
@@ -45,7 +46,15 @@ type ProgramSpec struct {
 	// constants and its largest number of instances (a device that can
 	// enforce it, a worker under MPS, does; others ignore it).
 	MemoryBudget int64
+	// Output receives what the program's bundle code prints, a line at a
+	// time, on a device that runs it apart (a worker process: its stdout
+	// and stderr); nil: kept nowhere. One function's, in one life of its
+	// name: a function deleted meanwhile drops what its workers still say.
+	Output Output
 }
+
+// Output takes a program's printed lines; Add never blocks.
+type Output interface{ Add(api.LogLine) }
 
 // Program is one bundle loaded on one device. Close ends it once its
 // instances are closed: constants freed, library unloaded (or, for a worker,

@@ -64,9 +64,9 @@ type Engine struct {
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker
-// device: its workers' stdout and stderr). A device that runs bundles in
-// the server's own process has none to give.
-type outputKeeper interface{ KeepOutput(*funclog.Store) }
+// device: its workers' stdout and stderr, to ProgramSpec.Output). A device
+// that runs bundles in the server's own process has none to give.
+type outputKeeper interface{ KeepsOutput() bool }
 
 // evictionCounts are the instances and functions evicted for memory.
 type evictionCounts struct{ instances, functions atomic.Int64 }
@@ -147,8 +147,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log)}
 	for _, d := range cfg.Devices {
-		if k, ok := d.(outputKeeper); ok {
-			k.KeepOutput(e.logs)
+		if k, ok := d.(outputKeeper); ok && k.KeepsOutput() {
 			e.keepsLogs = true
 		}
 	}
@@ -157,7 +156,7 @@ func New(cfg Config) (*Engine, error) {
 			for _, s := range e.scheds { // set below, before any function is known
 				s.Forget(name)
 			}
-		}, forgotten: e.logs.Forget}
+		}, logs: e.logs}
 	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}

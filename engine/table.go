@@ -11,7 +11,9 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -19,9 +21,19 @@ import (
 // steps pin that are not current.
 type function struct {
 	name   string
+	out    *funclog.Sink       // where its programs' output goes
 	cur    *version            // guarded by table.mu
 	pinned map[string]*version // by id; guarded by Engine.mu
 	stats  stats
+}
+
+// output is where f's programs print: its sink, or nil when nothing keeps
+// output (never a nil *Sink in the interface).
+func (f *function) output() device.Output {
+	if f.out == nil {
+		return nil
+	}
+	return f.out
 }
 
 // table is the functions this node knows and their current versions (and
@@ -33,9 +45,11 @@ type table struct {
 	// forgetFlow drops a deleted function's share of the devices
 	// (called under mu, so a redeploy's load gets a new flow).
 	forgetFlow func(name string)
-	// forgotten is told of a function deleted here or on another node
-	// (after mu is released): its kept output goes, its followers end.
-	forgotten func(name string)
+	// logs keeps functions' output: each function (each life of its
+	// name, from its lookup or deploy here to its delete) has its sink,
+	// given to its programs; a delete (here or on another node) drops the
+	// kept lines, ends the followers and the sink.
+	logs *funclog.Store
 
 	mu    sync.Mutex
 	funcs map[string]*function
@@ -144,7 +158,7 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	}
 	if f == nil {
 		name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
-		f = &function{name: name}
+		f = &function{name: name, out: t.logs.Sink(name)}
 		t.funcs[name] = f
 	}
 	old := f.cur
@@ -193,11 +207,12 @@ func (t *table) forget(name string, at uint64) {
 	if t.forgetFlow != nil {
 		t.forgetFlow(name)
 	}
+	// Under t.mu too: a redeploy's function gets its sink after this, in
+	// the name's next life, never in the one that ends here (whose lines,
+	// from workers still finishing requests, are dropped from now on).
+	t.logs.Forget(name)
 	t.epoch++
 	t.mu.Unlock()
-	if t.forgotten != nil {
-		t.forgotten(name)
-	}
 	for _, v := range olds {
 		v.retire()
 	}

@@ -45,7 +45,8 @@ type Store struct {
 
 	mu    sync.Mutex
 	fns   map[string]*ring
-	bytes int // of all rings
+	lives map[string]*life // the current life of each name with a Sink
+	bytes int              // of all rings
 	// the server log's budget shared by all functions: traced lines in the
 	// window that began at winStart
 	winStart time.Time
@@ -74,16 +75,56 @@ func New(log *slog.Logger) *Store {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Store{log: log, ringLines: RingLines, ringBytes: RingBytes, totalBytes: TotalBytes, traceWindow: traceWindow,
-		fns: map[string]*ring{}}
+		fns: map[string]*ring{}, lives: map[string]*life{}}
 }
+
+// life is one lifetime of a function's name on this node: from its first
+// Sink to its Forget (a delete). Lines a sink of an ended life brings are
+// dropped, so that what a deleted function's worker prints as its last
+// requests finish is not kept under the name, for whoever deploys it next.
+type life struct{ over bool }
+
+// Sink is where one worker's output goes: the function it was loaded for,
+// in the life of the name it was loaded in.
+type Sink struct {
+	s    *Store
+	name string
+	life *life
+}
+
+// Sink returns the sink of name's current life (a new life once Forget
+// ended the last); nil for a nil Store.
+func (s *Store) Sink(name string) *Sink {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.lives[name]
+	if l == nil {
+		l = &life{}
+		s.lives[name] = l
+	}
+	return &Sink{s: s, name: name, life: l}
+}
+
+// Add keeps l as Store.Add does, unless the function's name was forgotten
+// since the sink was made: then l is dropped.
+func (k *Sink) Add(l api.LogLine) { k.s.add(k.name, k.life, l) }
 
 func size(l *api.LogLine) int { return len(l.Line) + lineOverhead }
 
 // Add keeps l, a line of function name's output, hands it to the
 // function's followers and traces it in the server log if the budget
 // allows. It never blocks.
-func (s *Store) Add(name string, l api.LogLine) {
+func (s *Store) Add(name string, l api.LogLine) { s.add(name, nil, l) }
+
+func (s *Store) add(name string, lf *life, l api.LogLine) {
 	s.mu.Lock()
+	if lf != nil && lf.over {
+		s.mu.Unlock()
+		return
+	}
 	r := s.fns[name]
 	if r == nil {
 		r = &ring{}
@@ -237,10 +278,17 @@ func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower) 
 }
 
 // Forget drops name's lines (a deleted function) and ends its followers:
-// their channels close.
+// their channels close; sinks made before it keep nothing more.
 func (s *Store) Forget(name string) {
+	if s == nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if l := s.lives[name]; l != nil {
+		l.over = true
+		delete(s.lives, name)
+	}
 	r := s.fns[name]
 	if r == nil {
 		return

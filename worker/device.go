@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/fileutil"
-	"github.com/plover-run/plover/funclog"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
@@ -53,9 +52,9 @@ type Options struct {
 	Log           *slog.Logger
 	// Output, when set, receives all a worker writes to stdout and stderr
 	// (a bundle's printf, an assertion's message), line by line, each
-	// marked with its stream ("stdout | ..."); unset, a function's lines
-	// go to the store KeepOutput gave (the first 20 of a worker's to Log
-	// without one).
+	// marked with its stream ("stdout | ..."); unset, a program's lines
+	// go to its ProgramSpec.Output (the first 20 of a worker's to Log
+	// before it has a program).
 	Output io.Writer
 	// CPU, when set, puts each worker that takes a function in a cgroup
 	// weighted by the function's share and priority (NewCPUGroups).
@@ -84,8 +83,7 @@ type Device struct {
 	procs  map[*proc]struct{}
 	closed bool
 
-	logs  atomic.Pointer[funclog.Store] // where functions' output is kept (KeepOutput)
-	outMu sync.Mutex                    // Options.Output's lines, one at a time
+	outMu sync.Mutex // Options.Output's lines, one at a time
 
 	running        atomic.Int32 // runs in flight on its workers (wire/poll.go)
 	landlockLogged atomic.Bool
@@ -122,10 +120,9 @@ func NewDevice(opts Options) *Device {
 	return d
 }
 
-// KeepOutput keeps what each function's workers write to stdout and stderr
-// in s, from their next line on (engine.New gives the engine's store to the
-// devices that take one).
-func (d *Device) KeepOutput(s *funclog.Store) { d.logs.Store(s) }
+// KeepsOutput says that what a program's workers write to stdout and
+// stderr goes to its ProgramSpec.Output.
+func (d *Device) KeepsOutput() bool { return true }
 
 // stopping reports whether Close was called: the workers it ends then end
 // by design.
@@ -296,8 +293,9 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	}
 	// Its output is the function's from here: the bundle's constructors
 	// and plover_load print under its name.
-	name := spec.Manifest.Name
-	p.fn.Store(&name)
+	if spec.Output != nil {
+		p.out.Store(&output{spec.Output})
+	}
 	limit := d.opts.MaxHostMemory
 	if mb := spec.Manifest.MaxHostMemoryMB; mb > 0 {
 		limit = mb << 20

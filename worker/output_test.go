@@ -31,7 +31,11 @@ func loadSource(t testing.TB, d *Device, src string, m *abi.Manifest) device.Pro
 	dir := t.TempDir()
 	testkit.BuildLib(t, src, dir, m.Library)
 	testkit.WriteManifest(t, dir, m)
-	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	var out device.Output
+	if s, ok := kept.Load(d); ok {
+		out = s.(*funclog.Store).Sink(m.Name)
+	}
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Output: out})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
@@ -39,12 +43,17 @@ func loadSource(t testing.TB, d *Device, src string, m *abi.Manifest) device.Pro
 	return p
 }
 
-// keptDevice is a worker device that keeps functions' output in a store.
+// kept is the store of each keptDevice: programs loadSource loads on it
+// print there, as the engine's do in its store.
+var kept sync.Map // *Device -> *funclog.Store
+
+// keptDevice is a worker device whose programs' output is kept in a store.
 func keptDevice(t *testing.T) (*Device, *funclog.Store) {
 	t.Helper()
 	d := newDevice(t, 0)
 	s := funclog.New(nil)
-	d.KeepOutput(s)
+	kept.Store(d, s)
+	t.Cleanup(func() { kept.Delete(d) })
 	return d, s
 }
 
@@ -102,6 +111,46 @@ func TestOutputIsKeptPerFunction(t *testing.T) {
 			t.Errorf("line %+v: want pid %d and a time", l, pid)
 		}
 	}
+}
+
+// What a worker prints after its function was deleted (a request that was
+// in flight finishing) is dropped, not kept under the name for whoever
+// deploys it next; a worker of the redeployed function is heard. The line
+// is printed before the run returns, and the store is read only once the
+// worker's output was read to its end (it crashes, printing a last line).
+func TestOutputOfADeletedFunctionIsDropped(t *testing.T) {
+	d, s := keptDevice(t)
+	for _, deleted := range []bool{false, true} {
+		p, m := loadOutput(t, d, "say_later", 200, 1)
+		ran := make(chan error, 1)
+		go func() { ran <- runOnce(t, p, m, []byte("SECRET of the old owner"), 10*time.Second) }()
+		if deleted {
+			s.Forget("talker") // while the entry sleeps
+		}
+		if err := <-ran; err != nil {
+			t.Fatal(err)
+		}
+		// The worker ends by itself (Close would stop its output being
+		// the function's, deleted or not), and its output is read to the
+		// end: the later line has been kept or dropped by now.
+		crash, err := p.Entry("say_then_crash")
+		if err != nil {
+			t.Fatal(err)
+		}
+		inst := newInst(t, p, m)
+		inst.Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), Chain: []device.Step{{Entry: crash, Grid: 1, Block: 1}}})
+		<-p.(*program).p.heard
+		kept := hasLine(s.Lines("talker", time.Time{}), "stdout", "later: SECRET of the old owner")
+		if kept == deleted {
+			t.Fatalf("deleted %v: the line kept %v: %+v", deleted, kept, s.Lines("talker", time.Time{}))
+		}
+		s.Forget("talker")
+	}
+	p, m := loadOutput(t, d, "say", 1, 1) // the name deployed again
+	if err := runOnce(t, p, m, []byte("new owner"), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitLines(t, s, "talker", func(ls []api.LogLine) bool { return hasLine(ls, "stdout", "say: new owner") })
 }
 
 // A line printed just before a crash, with no fflush, still arrives (C's

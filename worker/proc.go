@@ -45,10 +45,11 @@ type proc struct {
 	sample          atomic.Pointer[sample]
 	said            chan string   // its first line on stderr (then closed)
 	heard           chan struct{} // closed once its stdout and stderr are read to the end
-	// fn is the function whose program it runs (set by Load): from then on
-	// its output is that function's (funclog); before, a standby's own
-	// start-up messages, the first few of which go to the server log.
-	fn       atomic.Pointer[string]
+	// out is where its output goes once Load gave it a function's program
+	// (ProgramSpec.Output); before, a standby's own start-up messages, the
+	// first few of which go to the server log; after its program closed,
+	// nowhere.
+	out      atomic.Pointer[output]
 	startOut atomic.Int32 // lines written before it had a function
 	// fault is checked mode's report of the access that killed it, a line
 	// it wrote on stderr (device.FaultMark), told with its exit.
@@ -268,7 +269,7 @@ func (p *proc) readOutput(r *os.File, stream string) {
 
 // output passes on one line the worker wrote: with Options.Output (plover
 // run: the author's terminal) there, marked with its stream; once the
-// worker runs a function, to that function's lines (Device.KeepOutput),
+// worker runs a function, to its program's ProgramSpec.Output,
 // which the server log traces at a bounded rate; before (a standby's own
 // start-up errors), the first startLines to the server log. A bundle
 // cannot flood the server's log or its memory.
@@ -284,14 +285,17 @@ func (p *proc) output(l api.LogLine) {
 		d.outMu.Unlock()
 		return
 	}
-	if fn, logs := p.fn.Load(), d.logs.Load(); fn != nil && logs != nil {
-		logs.Add(*fn, l)
+	if o := p.out.Load(); o != nil {
+		o.Add(l)
 		return
 	}
 	if p.startOut.Add(1) <= startLines {
 		d.opts.Log.Warn("worker output", "pid", p.pid, "stream", l.Stream, "line", l.Line)
 	}
 }
+
+// output holds a program's device.Output for an atomic pointer.
+type output struct{ device.Output }
 
 // startLines is how many lines of a worker's not yet a function's (or of
 // a server that keeps no function output) reach the server log.

@@ -168,7 +168,7 @@ func (g *program) Close() error {
 	}
 	// What it still prints is no longer the function's: a deleted
 	// function's ring is not made anew by its dying worker's last lines.
-	g.p.fn.Store(nil)
+	g.p.out.Store(nil)
 	g.p.kill("its program was unloaded")
 	g.closeSlots()
 	g.d.used.Add(-g.consts)

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plover_kernel.h"
 
@@ -46,6 +47,16 @@ PLOVER_ENTRY(flood) {
   memset(big, 'y', 10000);
   printf("%s\n", big);
   printf("flood done\n");
+  echo_input(s);
+}
+
+// say_later: after grid ms, "later: <input>" on stdout (a request still
+// printing when its function is deleted).
+PLOVER_ENTRY(say_later) {
+  (void)block;
+  usleep((useconds_t)grid * 1000);
+  int n = (int)(s->input.len < 200 ? s->input.len : 200);
+  printf("later: %.*s\n", n, (const char *)s->input.dat);
   echo_input(s);
 }
 
