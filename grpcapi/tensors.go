@@ -167,30 +167,9 @@ func appendInt(b []byte, v uint64, size int64) []byte {
 }
 
 // requested is the indices of the declared outputs to answer: those the
-// request names, in its order, or all.
+// request names, in its order, or all (nil).
 func requested(want []*pb.ModelInferRequest_InferRequestedOutputTensor, decl []abi.Tensor) ([]int, error) {
-	if len(want) == 0 {
-		return nil, nil
-	}
-	pick := make([]int, 0, len(want))
-	for _, w := range want {
-		k := -1
-		for i := range decl {
-			if decl[i].Name == w.GetName() {
-				k = i
-			}
-		}
-		if k < 0 {
-			return nil, badRequest("output %q is not one of the model's outputs (%s)", w.GetName(), oip.Names(decl))
-		}
-		for _, p := range pick {
-			if p == k {
-				return nil, badRequest("output %q is asked for twice", w.GetName())
-			}
-		}
-		pick = append(pick, k)
-	}
-	return pick, nil
+	return oip.Requested(nil, want, (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, decl)
 }
 
 // outputs cuts the function's output into its declared outputs and

@@ -151,7 +151,9 @@ type v2Call struct {
 	lay  []byte // inputs laid out from JSON data
 	hdr  inferHeader
 	cuts []oip.Cut
-	dims []int64 // the cuts' shapes
+	dims []int64   // the cuts' shapes
+	pick []int     // the outputs asked for (oip.Requested); nil: all
+	ans  []oip.Cut // the cuts answered, picked
 	num  [20]byte
 }
 
@@ -185,8 +187,11 @@ func (vc *v2Call) trim() {
 			ts[i] = inferTensor{shape: shape}
 		}
 	}
-	if cap(vc.cuts) > keptTensors || cap(vc.dims) > 8*keptTensors {
-		vc.cuts, vc.dims = nil, nil
+	// The cuts point into the output and at the version's tensors.
+	clear(vc.cuts[:cap(vc.cuts)])
+	clear(vc.ans[:cap(vc.ans)])
+	if cap(vc.cuts) > keptTensors || cap(vc.dims) > 8*keptTensors || cap(vc.ans) > keptTensors || cap(vc.pick) > keptTensors {
+		vc.cuts, vc.dims, vc.ans, vc.pick = nil, nil, nil, nil
 	}
 }
 
@@ -248,6 +253,9 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 		return err
 	}
 	defer pin.Release()
+	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err != nil {
+		return err
+	}
 	r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 	if err != nil {
 		return &apierr.Error{Status: apierr.BadRequest, Msg: err.Error()}
@@ -263,10 +271,11 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	// that says why, counted as one.
 	vc.cuts, vc.dims, err = oip.CutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
 	if err == nil {
-		if h.allBinary(ts.Outputs) {
+		vc.ans = oip.Picked(vc.ans[:0], vc.cuts, vc.pick)
+		if h.allBinary(vc.ans) {
 			writeBinary(ctx, vc, name)
 		} else {
-			err = writeInferJSON(ctx, h, name, r.Version, vc.cuts)
+			err = writeInferJSON(ctx, h, name, r.Version, vc.ans)
 		}
 	}
 	if err != nil {
@@ -292,9 +301,8 @@ func writeBinary(ctx *fasthttp.RequestCtx, vc *v2Call, name string) {
 	b = append(b, `,"model_version":`...)
 	b = appendJSONString(b, vc.req.Version)
 	b = append(b, `,"outputs":[`...)
-	tail := 0
-	for i := range vc.cuts {
-		o := &vc.cuts[i]
+	for i := range vc.ans {
+		o := &vc.ans[i]
 		if i > 0 {
 			b = append(b, ',')
 		}
@@ -312,12 +320,13 @@ func writeBinary(ctx *fasthttp.RequestCtx, vc *v2Call, name string) {
 			b = strconv.AppendInt(b, d, 10)
 		}
 		b = append(b, "]}"...)
-		tail += len(o.Bytes)
 	}
 	b = append(b, "]}"...)
 	n := len(b)
-	// The outputs are contiguous in the engine's output, in order.
-	b = append(b, vc.req.Output[:tail]...)
+	for i := range vc.ans {
+		b = append(b, vc.ans[i].Bytes...)
+	}
+	tail := len(b) - n
 	ctx.Response.SwapBody(b)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	if tail == 0 {

@@ -164,6 +164,7 @@ func TestWriteBinaryMatchesEncodingJSON(t *testing.T) {
 			if vc.cuts, vc.dims, err = oip.CutOutputs(tt.out, tt.decl, nil, nil); err != nil {
 				t.Fatal(err)
 			}
+			vc.ans = vc.cuts
 			var hand, std fasthttp.RequestCtx
 			hand.Init(&fasthttp.Request{}, &net.TCPAddr{}, nil)
 			std.Init(&fasthttp.Request{}, &net.TCPAddr{}, nil)

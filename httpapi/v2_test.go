@@ -104,6 +104,44 @@ func TestOpenInferenceProtocol(t *testing.T) {
 		}
 	})
 
+	// The outputs asked for are answered, in the request's order; one the
+	// model does not have, or one asked for twice, is a 400 before the run
+	// (as over gRPC: InvalidArgument).
+	t.Run("requested outputs", func(t *testing.T) {
+		in := `{"inputs":[{"name":"y","datatype":"INT16","shape":[2],"data":[-3,300]},{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1.5,2],[3,-4]]}],`
+		code, _, b := v2Do(t, "POST", url+"/v2/models/typed/infer", nil, []byte(in+`"outputs":[{"name":"rest"}]}`))
+		var out v2Out
+		json.Unmarshal(b, &out)
+		if code != 200 || len(out.Outputs) != 1 || out.Outputs[0].Name != "rest" || out.Outputs[0].Data[1] != "300" {
+			t.Fatalf("rest alone: %d %s", code, b)
+		}
+		header := []byte(in + `"outputs":[{"name":"rest","parameters":{"binary_data":true}},{"name":"z","parameters":{"binary_data":true}}]}`)
+		code, hdr, b := v2Do(t, "POST", url+"/v2/models/typed/infer", map[string]string{"Inference-Header-Content-Length": strconv.Itoa(len(header)), "Content-Type": "application/octet-stream"}, header)
+		n, err := strconv.Atoi(hdr.Get("Inference-Header-Content-Length"))
+		if code != 200 || err != nil || n > len(b) {
+			t.Fatalf("rest then z, binary: %d %v %s", code, hdr, b)
+		}
+		out = v2Out{}
+		json.Unmarshal(b[:n], &out)
+		z := make([]byte, 16)
+		for i, f := range []float32{1.5, 2, 3, -4} {
+			binary.LittleEndian.PutUint32(z[4*i:], math.Float32bits(f))
+		}
+		if tail := b[n:]; len(out.Outputs) != 2 || out.Outputs[0].Name != "rest" || out.Outputs[1].Name != "z" || len(tail) != 32 ||
+			!bytes.Equal(tail[:4], []byte{0xfd, 0xff, 0x2c, 0x01}) || !bytes.Equal(tail[16:], z) {
+			t.Fatalf("rest then z, binary: header %s, tail %v", b[:n], b[n:])
+		}
+		for _, tc := range []struct{ outputs, want string }{
+			{`[{"name":"nope"}]`, `output \"nope\" is not one of the model's outputs (z, rest)`},
+			{`[{"name":"z"},{"name":"z"}]`, `output \"z\" is asked for twice`},
+		} {
+			code, _, b := v2Do(t, "POST", url+"/v2/models/typed/infer", nil, []byte(in+`"outputs":`+tc.outputs+`}`))
+			if code != 400 || !strings.Contains(string(b), tc.want) {
+				t.Errorf("outputs %s: %d %s, want 400 saying %s", tc.outputs, code, b, tc.want)
+			}
+		}
+	})
+
 	t.Run("binary extension both ways", func(t *testing.T) {
 		x := make([]byte, 16)
 		for i, f := range []float32{1, 2, 3, 4} {
@@ -371,8 +409,9 @@ func TestV2NonFiniteOutputs(t *testing.T) {
 		{"NaN", x(1, nan, 2), ``, 500, `output "y": element 1 is NaN`, ""},
 		{"+Inf", x(float32(inf), 1, 2), ``, 500, `output "y": element 0 is +Inf`, ""},
 		{"-Inf, FP64", x(1, 2, math.Inf(-1)), ``, 500, `output "w": element 0 is -Inf`, ""},
-		{"NaN in the one asked for as JSON", x(nan, 1, inf), `,"outputs":[{"name":"y","parameters":{"binary_data":true}}]`, 500, `output "w": element 0 is +Inf`, ""},
-		{"NaN asked for in binary", x(nan, 1, 2.5), `,"outputs":[{"name":"y","parameters":{"binary_data":true}}]`, 200, "", `"data":[2.5]`},
+		{"NaN in the one asked for as JSON", x(nan, 1, inf), `,"outputs":[{"name":"y","parameters":{"binary_data":true}},{"name":"w"}]`, 500, `output "w": element 0 is +Inf`, ""},
+		{"NaN asked for in binary", x(nan, 1, 2.5), `,"outputs":[{"name":"y","parameters":{"binary_data":true}},{"name":"w"}]`, 200, "", `"data":[2.5]`},
+		{"NaN in an output not asked for", x(1, 2, math.NaN()), `,"outputs":[{"name":"y"}]`, 200, "", `"data":[1,2]`},
 		{"all binary", x(nan, float32(inf), math.NaN()), `,"parameters":{"binary_data_output":true}`, 200, "", `"binary_data_size":8`},
 		{"finite", x(1.5, -2, 0.25), ``, 200, "", `"data":[1.5,-2]`},
 	} {

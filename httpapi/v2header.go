@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/oip"
 )
 
 // An inference request's JSON header: a typed reader (hdrParser) for the
@@ -55,18 +55,22 @@ type inferTensor struct {
 	binary      bool  // parameters.binary_data of an output
 }
 
-// allBinary reports whether every output goes in the binary extension.
-func (h *inferHeader) allBinary(decl []abi.Tensor) bool {
+// allBinary reports whether every output answered goes in the binary
+// extension.
+func (h *inferHeader) allBinary(ans []oip.Cut) bool {
 	if h.binaryOutput {
 		return true
 	}
-	for _, d := range decl {
-		if !h.wantsBinary(d.Name) {
+	for i := range ans {
+		if !h.wantsBinary(ans[i].Decl.Name) {
 			return false
 		}
 	}
 	return true
 }
+
+// outputName is a requested output's name, for oip.Requested.
+func outputName(t inferTensor) string { return t.name }
 
 func (h *inferHeader) wantsBinary(name string) bool {
 	for i := range h.outputs {

@@ -35,6 +35,41 @@ func Bytes(shape []int64, es int64) (int64, bool) {
 	return n, true
 }
 
+// Requested is the indices in decl of the outputs a request asks for
+// (name gives each one's name), in its order, appended to dst; nil when it
+// names none: all, in their order. A name the function does not declare, or
+// one asked for twice, is a 400 naming it (the protocol: each requested
+// output must be one the model has).
+func Requested[T any](dst []int, want []T, name func(T) string, decl []abi.Tensor) ([]int, error) {
+	if len(want) == 0 {
+		return nil, nil
+	}
+	for _, w := range want {
+		n := name(w)
+		k := slices.IndexFunc(decl, func(t abi.Tensor) bool { return t.Name == n })
+		if k < 0 {
+			return nil, &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is not one of the model's outputs (%s)", n, Names(decl))}
+		}
+		if slices.Contains(dst, k) {
+			return nil, &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is asked for twice", n)}
+		}
+		dst = append(dst, k)
+	}
+	return dst, nil
+}
+
+// Picked is the cuts pick names (Requested), in its order, appended to dst;
+// all of cuts when pick is nil.
+func Picked(dst, cuts []Cut, pick []int) []Cut {
+	if pick == nil {
+		return append(dst, cuts...)
+	}
+	for _, k := range pick {
+		dst = append(dst, cuts[k])
+	}
+	return dst
+}
+
 // Names lists the tensors' names, for messages.
 func Names(ts []abi.Tensor) string {
 	var n []string
