@@ -175,15 +175,21 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 	return b, r.held, nil
 }
 
-// acquire waits for room for n body bytes: up to budgetWait, so that no
-// request waits for ever behind clients that hold the budget.
-func (s *Server) acquire(n int64) error {
-	if s.opts.BodyBudget.TryAcquire(n) { // the usual case: no deadline to build
+// acquire waits for room for n more body bytes: up to budgetWait in all
+// over the body's windows, so that no request waits for ever (nor, a
+// window at a time, up to the read timeout) behind clients that hold the
+// budget.
+func (b *bodyReader) acquire(n int64) error {
+	budget := b.s.opts.BodyBudget
+	if budget.TryAcquire(n) { // the usual case: no deadline to build
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), budgetWait)
+	if b.waitEnd.IsZero() {
+		b.waitEnd = time.Now().Add(budgetWait)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), b.waitEnd)
 	defer cancel()
-	if err := s.opts.BodyBudget.Acquire(ctx, n); err != nil {
+	if err := budget.Acquire(ctx, n); err != nil {
 		return &apierr.Error{Status: apierr.Unavailable,
 			Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
 	}
@@ -214,9 +220,10 @@ const (
 // bodyReader reads a body into a growing buffer, holding budget for the
 // bytes it has read (held).
 type bodyReader struct {
-	s    *Server
-	r    io.Reader
-	held int64
+	s       *Server
+	r       io.Reader
+	held    int64
+	waitEnd time.Time // when its waits for the budget end, from the first
 }
 
 // readAll appends the body to dst, growing it (doubling) as bytes arrive,
@@ -247,7 +254,7 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		end := min(cap(dst), len(dst)+win, len(dst)+room)
 		window := int64(end - len(dst))
 		if budget {
-			if err := b.s.acquire(window); err != nil {
+			if err := b.acquire(window); err != nil {
 				return nil, err
 			}
 			b.held += window

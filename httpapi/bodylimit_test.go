@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -140,6 +141,52 @@ func TestStalledBodyHoldsItsFunctionsBound(t *testing.T) {
 	rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(echoBody)+"\r\n\r\n"+strings.Repeat("y", echoBody), 4*time.Second)
 	if len(rs) == 0 || rs[0].StatusCode != 200 {
 		t.Fatalf("a 100 KiB body for echo beside %d stalled bodies for small: %v (budget in use %d of %d)", hogs, statusOf(rs), budget.InUse(), budget.Max())
+	}
+}
+
+// slowBudget has room for every window, but only after a wait: a body of
+// many windows waited that long for each, up to the read timeout in all.
+type slowBudget struct{ wait time.Duration }
+
+func (slowBudget) TryAcquire(int64) bool { return false }
+func (b slowBudget) Acquire(ctx context.Context, _ int64) error {
+	select {
+	case <-time.After(b.wait):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+func (slowBudget) Release(int64) {}
+
+// A request waits for the body budget 5 s in all, however many windows its
+// body takes: a 4 MiB body whose every window waited 0.7 s was answered
+// after 7 s (and under contention, up to the read timeout); it is a 503 at 5 s.
+func TestBudgetWaitIsPerRequest(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("echo")
+	m.MaxInputBytes, m.OutBytes = 8<<20, 8<<20
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: slowBudget{700 * time.Millisecond}, MaxBodyBytes: 256 << 20}), "http://")
+	const n = 4 << 20
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	// Sent while the answer is read: the server answers before it has
+	// read the body, and this test's server closes without lingering.
+	go io.WriteString(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(n)+"\r\n\r\n"+strings.Repeat("b", n))
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("after %v: %v", time.Since(start), err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	took := time.Since(start)
+	if resp.StatusCode != 503 || !strings.Contains(string(body), "--max-body-memory") || took > 9*time.Second {
+		t.Fatalf("%d after %v: %.200s; want 503 within about 5 s", resp.StatusCode, took.Round(time.Millisecond), body)
 	}
 }
 
