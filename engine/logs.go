@@ -30,6 +30,10 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	if !follow {
 		return c.e.logs.Lines(name, since), nil, nil
 	}
-	lines, f := c.e.logs.Follow(name, since)
+	lines, f, err := c.e.logs.Follow(name, since)
+	if err != nil {
+		return nil, nil, errorf(errdefs.KindBusy, err, "function %s: %d clients follow its output on this node already (or %d functions' in all): follow it with fewer, or read it without ?follow",
+			name, funclog.MaxFollowers, funclog.MaxFollowersTotal)
+	}
 	return lines, f, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -269,5 +270,42 @@ func TestLogsWithoutKeeper(t *testing.T) {
 	}
 	if _, _, err := e.Control().Logs(context.Background(), "nope", time.Time{}, false); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("logs of an unknown function: %v, want 404", err)
+	}
+}
+
+// keepsOutput is a device whose functions' output the engine keeps (none
+// arrives: the bundle runs in this process).
+type keepsOutput struct{ device.Device }
+
+func (keepsOutput) KeepsOutput() bool { return true }
+
+// A function's output has at most funclog.MaxFollowers followers on a node:
+// the next is a 429 saying so, and a closed one frees its place.
+func TestFollowersOfAFunctionBounded(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{keepsOutput{device.NewHost(0)}}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	var fs []*funclog.Follower
+	for range funclog.MaxFollowers {
+		_, f, err := e.Control().Logs(context.Background(), "echo", time.Time{}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
+	}
+	_, _, err := e.Control().Logs(context.Background(), "echo", time.Time{}, true)
+	if errdefs.KindOf(err) != errdefs.KindBusy || !strings.Contains(err.Error(), "follow its output on this node already") {
+		t.Fatalf("follower %d: %v, want a 429 saying why", funclog.MaxFollowers+1, err)
+	}
+	if _, _, err := e.Control().Logs(context.Background(), "echo", time.Time{}, false); err != nil {
+		t.Fatalf("reading without following: %v", err)
+	}
+	fs[0].Close()
+	if _, f, err := e.Control().Logs(context.Background(), "echo", time.Time{}, true); err != nil {
+		t.Fatalf("after one closed: %v", err)
+	} else {
+		f.Close()
+	}
+	for _, f := range fs[1:] {
+		f.Close()
 	}
 }

@@ -15,6 +15,7 @@
 package funclog
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -28,9 +29,16 @@ const (
 	RingBytes    = 256 << 10
 	TotalBytes   = 64 << 20
 	followBuffer = 256
-	traceWindow  = 10 * time.Second
-	traceLines   = 20
-	traceTotal   = 100
+	// Followers of one function and of all on a node: each line is
+	// handed to, encoded for and written to every follower, so that a
+	// client holding many that never read multiplied a printing
+	// function's cost (300 of them cut another function's throughput to
+	// a quarter, its p99 8x).
+	MaxFollowers      = 32
+	MaxFollowersTotal = 1024
+	traceWindow       = 10 * time.Second
+	traceLines        = 20
+	traceTotal        = 100
 	// lineOverhead is what a kept line costs besides its text (the
 	// LogLine's fields), counted against the byte bounds.
 	lineOverhead = 96
@@ -43,10 +51,11 @@ type Store struct {
 	ringLines, ringBytes, totalBytes int
 	traceWindow                      time.Duration
 
-	mu    sync.Mutex
-	fns   map[string]*ring
-	lives map[string]*life // the current life of each name with a Sink
-	bytes int              // of all rings
+	mu        sync.Mutex
+	following int // followers not closed
+	fns       map[string]*ring
+	lives     map[string]*life // the current life of each name with a Sink
+	bytes     int              // of all rings
 	// the server log's budget shared by all functions: traced lines in the
 	// window that began at winStart
 	winStart time.Time
@@ -257,13 +266,20 @@ func (s *Store) linesLocked(name string, since time.Time) []api.LogLine {
 	return out
 }
 
+// ErrTooManyFollowers refuses a follower past MaxFollowers of the function
+// or MaxFollowersTotal on the node.
+var ErrTooManyFollowers = errors.New("too many followers")
+
 // Follow is Lines and, from the same instant, a Follower that receives
 // name's later lines, so that none falls between the two. Close it.
-func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower) {
+func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	lines := s.linesLocked(name, since)
 	r := s.fns[name]
+	if s.following >= MaxFollowersTotal || (r != nil && len(r.follow) >= MaxFollowers) {
+		return nil, nil, ErrTooManyFollowers
+	}
+	lines := s.linesLocked(name, since)
 	if r == nil {
 		r = &ring{}
 		s.fns[name] = r
@@ -274,7 +290,8 @@ func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower) 
 	ch := make(chan api.LogLine, followBuffer)
 	f := &Follower{C: ch, ch: ch, s: s, name: name, r: r}
 	r.follow[f] = struct{}{}
-	return lines, f
+	s.following++
+	return lines, f, nil
 }
 
 // Forget drops name's lines (a deleted function) and ends its followers:
@@ -318,7 +335,8 @@ type Follower struct {
 	r    *ring
 	// under s.mu
 	dropped int64
-	closed  bool
+	closed  bool // its channel
+	done    bool // Close was called
 }
 
 // offer hands l over without waiting (under s.mu).
@@ -347,6 +365,11 @@ func (f *Follower) Close() {
 	s := f.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if f.done {
+		return
+	}
+	f.done = true
+	s.following--
 	delete(f.r.follow, f)
 	f.end()
 	if f.r.n == 0 && len(f.r.follow) == 0 && f.r.summary == nil && s.fns[f.name] == f.r {

@@ -2,6 +2,7 @@ package funclog
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -78,8 +79,8 @@ func TestFollow(t *testing.T) {
 	s := New(nil)
 	t0 := time.Now()
 	s.Add("f", line(t0, 0))
-	back, f := s.Follow("f", time.Time{})
-	if len(back) != 1 {
+	back, f, err := s.Follow("f", time.Time{})
+	if err != nil || len(back) != 1 {
 		t.Fatalf("backlog %v", back)
 	}
 	for i := 1; i <= followBuffer+10; i++ {
@@ -104,7 +105,7 @@ func TestFollow(t *testing.T) {
 	}
 
 	// Close stops delivery and forgets an empty ring.
-	_, f2 := s.Follow("g", time.Time{})
+	_, f2, _ := s.Follow("g", time.Time{})
 	f2.Close()
 	s.Add("g", line(t0, 1))
 	if _, ok := <-f2.C; ok {
@@ -160,5 +161,45 @@ func TestTraceIsThrottled(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "function=g"); n > traceTotal+50 {
 		t.Errorf("%d lines of 50 functions logged in one window, want at most %d (and their summaries)", n, traceTotal)
+	}
+}
+
+// Followers are bounded per function and per node: each line is handed to,
+// encoded for and written to every one. A closed one (twice, or after its
+// function was forgotten) frees its place once.
+func TestFollowersBounded(t *testing.T) {
+	s := New(nil)
+	var fs []*Follower
+	for i := range MaxFollowers {
+		_, f, err := s.Follow("f", time.Time{})
+		if err != nil {
+			t.Fatalf("follower %d: %v", i, err)
+		}
+		fs = append(fs, f)
+	}
+	if _, _, err := s.Follow("f", time.Time{}); !errors.Is(err, ErrTooManyFollowers) {
+		t.Fatalf("follower %d of f: %v, want ErrTooManyFollowers", MaxFollowers+1, err)
+	}
+	fs[0].Close()
+	fs[0].Close()
+	_, f, err := s.Follow("f", time.Time{})
+	if err != nil {
+		t.Fatalf("after one closed: %v", err)
+	}
+	fs[0] = f
+	if _, _, err := s.Follow("f", time.Time{}); err == nil {
+		t.Fatal("a place freed twice by one follower's two Closes")
+	}
+	s.Forget("f")
+	for _, f := range fs {
+		f.Close()
+	}
+	for i := range MaxFollowersTotal {
+		if _, _, err := s.Follow(fmt.Sprint("g", i%64), time.Time{}); err != nil {
+			t.Fatalf("follower %d on the node: %v", i, err)
+		}
+	}
+	if _, _, err := s.Follow("h", time.Time{}); !errors.Is(err, ErrTooManyFollowers) {
+		t.Fatalf("follower %d on the node: %v, want ErrTooManyFollowers", MaxFollowersTotal+1, err)
 	}
 }

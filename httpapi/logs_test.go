@@ -27,7 +27,10 @@ func (a logAdmin) Logs(_ context.Context, name string, since time.Time, follow b
 	if !follow {
 		return a.store.Lines(name, since), nil, nil
 	}
-	lines, f := a.store.Follow(name, since)
+	lines, f, err := a.store.Follow(name, since)
+	if err != nil {
+		return nil, nil, err
+	}
 	a.followers <- f
 	return lines, f, nil
 }
