@@ -176,7 +176,7 @@ func TestBudgetWaitIsPerRequest(t *testing.T) {
 	defer c.Close()
 	start := time.Now()
 	// Sent while the answer is read: the server answers before it has
-	// read the body, and this test's server closes without lingering.
+	// read the body.
 	go io.WriteString(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(n)+"\r\n\r\n"+strings.Repeat("b", n))
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)

@@ -14,6 +14,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -55,13 +56,17 @@ func Serve(t testing.TB, e *engine.Engine, opts httpapi.Options) string {
 	return ServeWith(t, httpapi.New(pipeline.New(e, nil), e.Control(), opts))
 }
 
-// ServeWith serves an already built server on a free loopback port.
+// ServeWith serves an already built server on a free loopback port,
+// behind a netguard.Listener as plover serve's: a refusal sent before a
+// body was read closes with a linger, so a client still sending reads the
+// answer rather than a reset.
 func ServeWith(t testing.TB, srv *httpapi.Server) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln := netguard.NewListener(inner, 0)
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
