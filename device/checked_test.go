@@ -148,6 +148,8 @@ func TestCheckedGuardFault(t *testing.T) {
 		{"overrun", "-1 2 8192", "entry overrun wrote before the start of out, 1 bytes before it (8192 bytes this request)"},
 		{"overrun_kernel", "300 2 4096", "entry overrun_kernel wrote past the end of out, at byte 4096"},
 		{"init", "2 1 0", "entry plover_instance_init wrote past the end of out, at byte 8192 (8192 bytes, all of it)"},
+		// After a request of 1 byte: fini sees in at its full 10,000.
+		{"fini", "0 300 0", "entry plover_instance_fini wrote past the end of in, at byte 10240 (10000 bytes, all of it)"},
 	} {
 		t.Run(tt.entry+" "+tt.args, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCheckedGuardFault$", "-test.count=1")
@@ -170,10 +172,19 @@ func TestCheckedGuardFault(t *testing.T) {
 // the fault handler installed; it should not return.
 func checkedChild(t *testing.T) {
 	f := strings.Fields(os.Getenv("PLOVER_CHECKED_CHILD"))
-	if f[0] == "init" { // plover_instance_init writes f[2] bytes past buffer f[1]
+	switch f[0] { // plover_instance_init or _fini writes f[2] bytes past buffer f[1]
+	case "init":
 		t.Setenv("PLOVER_OVERRUN_INIT", f[1]+" "+f[2])
 		_, err := loadOverrunProgram(t, true).NewInstance(device.InstanceConfig{MaxInput: ovMaxIn, Tmp: ovTmp, Out: ovOut})
 		t.Fatalf("the overrun returned: %v", err)
+	case "fini":
+		t.Setenv("PLOVER_OVERRUN_FINI", f[1]+" "+f[2])
+		e := loadOverrun(t, true)
+		if _, err := e.run(t, "overrun", 0, 2, []byte{1}, 10, 100); err != nil {
+			t.Fatal(err)
+		}
+		e.inst.Close()
+		t.Fatal("the overrun in fini returned")
 	}
 	grid, _ := strconv.Atoi(f[1])
 	block, _ := strconv.Atoi(f[2])

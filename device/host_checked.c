@@ -124,6 +124,14 @@ const char *plover_checked_call(plover_inst_state_t *s, const plover_step_t *ste
 }
 
 const char *plover_checked_hook(plover_inst_state_t *s, void *hook, const char *name, void *last_error) {
+  /* A hook sees every buffer at its full size: placed so again, whatever
+   * the last request's lengths were (fini comes after requests). */
+  plover_buf_t *base[3] = {&s->base.input, &s->base.tmp, &s->base.out};
+  for (int b = 0; b < 3; b++) {
+    place(&s->guard[b], base[b]->len);
+    base[b]->dat = s->guard[b].dat;
+  }
+  s->st = s->base;
   cur_state = s;
   cur_entry = name;
   cur_len = hook_len;

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/plover-run/plover/api"
@@ -38,6 +39,16 @@ func (e *Engine) Refresh(ctx context.Context) error {
 			e.tab.forget(name, at)
 			continue
 		}
+		if err == nil && e.tab.recreated(name, rec) {
+			// Deleted and deployed again elsewhere between two polls: a
+			// new function under the name (its output, its counts), not
+			// a new version of the one this node had.
+			now, ok := e.tab.forget(name, at)
+			if !ok {
+				continue // a change here meanwhile: the next poll looks again
+			}
+			at = now
+		}
 		if err == nil {
 			var cv api.Version
 			if cv, err = rec.CurrentVersion(); err == nil {
@@ -58,6 +69,20 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		}
 	}
 	return firstErr
+}
+
+// recreated reports whether rec no longer lists the version this node runs
+// for name: records keep every version until the function is deleted, so
+// the record was deleted and made anew.
+func (t *table) recreated(name string, rec *api.Record) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.funcs[name]
+	if f == nil || f.cur == nil {
+		return false
+	}
+	id := f.cur.rec.ID
+	return !slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.ID == id })
 }
 
 // appliedTag is the tag of the record Refresh last applied for name.

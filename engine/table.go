@@ -179,12 +179,13 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 }
 
 // forget drops a function from this node (with at != 0, only if the epoch
-// is still at); its version retires once its in-flight requests finish.
-func (t *table) forget(name string, at uint64) {
+// is still at); its version retires once its in-flight requests finish. It
+// reports whether it did, and the epoch it left.
+func (t *table) forget(name string, at uint64) (uint64, bool) {
 	t.mu.Lock()
 	if at != 0 && t.epoch != at {
 		t.mu.Unlock()
-		return
+		return 0, false
 	}
 	if at == 0 {
 		delete(t.tags, name)
@@ -212,10 +213,12 @@ func (t *table) forget(name string, at uint64) {
 	// from workers still finishing requests, are dropped from now on).
 	t.logs.Forget(name)
 	t.epoch++
+	now := t.epoch
 	t.mu.Unlock()
 	for _, v := range olds {
 		v.retire()
 	}
+	return now, true
 }
 
 func (t *table) newVersion(f *function, rv api.Version) *version {

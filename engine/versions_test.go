@@ -5,11 +5,13 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
@@ -129,5 +131,58 @@ func TestDeployUnchanged(t *testing.T) {
 	}
 	if fi := deploy(b2, false); fi.Unchanged || fi.Versions != 3 {
 		t.Errorf("different bytes: unchanged %v, %d versions; want a third version", fi.Unchanged, fi.Versions)
+	}
+}
+
+// A function deleted and deployed again on another node between two of
+// this node's polls is a new function here too: the old one's output is
+// dropped and its followers end, its request counts start again. Records
+// keep every version, so one that no longer lists the version this node
+// runs was made anew.
+func TestRefreshSeesARecreatedFunction(t *testing.T) {
+	ctx := context.Background()
+	store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testkit.Engine(t, engine.Config{Store: store})
+	b := testkit.Engine(t, engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}})
+	m := testkit.Manifest("fn")
+	testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	for range 3 {
+		invoke(t, b, "fn", []byte{1})
+	}
+	_, f, err := b.Control().Logs(ctx, "fn", time.Time{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := b.Refresh(ctx); err != nil { // nothing changed: the same function
+		t.Fatal(err)
+	}
+	if fi, _ := b.Control().Function(ctx, "fn"); fi.Requests != 3 {
+		t.Fatalf("requests %d after a refresh that changed nothing, want 3", fi.Requests)
+	}
+	if err := a.Control().Delete(ctx, "fn", false); err != nil {
+		t.Fatal(err)
+	}
+	m.Chain = []abi.Launch{{Kernel: "add_one", Grid: 1, Block: 1}}
+	v := testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case _, ok := <-f.C:
+		if ok {
+			t.Fatal("a line for the follower of the deleted function")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the follower of a function deleted on another node still follows after the refresh")
+	}
+	if r := invoke(t, b, "fn", []byte{1}); r.Version != v.Version {
+		t.Fatalf("node b runs %s, want the new function's %s", r.Version, v.Version)
+	}
+	if fi, _ := b.Control().Function(ctx, "fn"); fi.Requests != 1 {
+		t.Fatalf("requests %d after the function was made anew and invoked once, want 1", fi.Requests)
 	}
 }

@@ -167,7 +167,7 @@ func appendInt(b []byte, v uint64, size int64) []byte {
 }
 
 // requested is the indices of the declared outputs to answer: those the
-// request names, in its order, or all (nil).
+// request names, in its order, or all (empty).
 func requested(want []*pb.ModelInferRequest_InferRequestedOutputTensor, decl []abi.Tensor) ([]int, error) {
 	return oip.Requested(nil, want, (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, decl)
 }
@@ -181,7 +181,7 @@ func outputs(req *pb.ModelInferRequest, r *call.Request, decl []abi.Tensor, pick
 	if err != nil {
 		return nil, &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}
 	}
-	if pick == nil {
+	if len(pick) == 0 {
 		pick = make([]int, len(cuts))
 		for i := range pick {
 			pick[i] = i

@@ -184,12 +184,12 @@ func (b *bodyReader) acquire(n int64) error {
 	if budget.TryAcquire(n) { // the usual case: no deadline to build
 		return nil
 	}
-	if b.waitEnd.IsZero() {
-		b.waitEnd = time.Now().Add(budgetWait)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), b.waitEnd)
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), budgetWait-b.waited)
 	defer cancel()
-	if err := budget.Acquire(ctx, n); err != nil {
+	err := budget.Acquire(ctx, n)
+	b.waited += time.Since(t0)
+	if err != nil {
 		return &apierr.Error{Status: apierr.Unavailable,
 			Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
 	}
@@ -220,10 +220,10 @@ const (
 // bodyReader reads a body into a growing buffer, holding budget for the
 // bytes it has read (held).
 type bodyReader struct {
-	s       *Server
-	r       io.Reader
-	held    int64
-	waitEnd time.Time // when its waits for the budget end, from the first
+	s      *Server
+	r      io.Reader
+	held   int64
+	waited time.Duration // for the budget so far, over all its windows
 }
 
 // readAll appends the body to dst, growing it (doubling) as bytes arrive,

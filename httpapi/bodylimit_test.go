@@ -190,6 +190,35 @@ func TestBudgetWaitIsPerRequest(t *testing.T) {
 	}
 }
 
+// What counts is the time spent waiting for the budget, not since the
+// first wait: a client that pauses 6 s between two parts of its body, its
+// windows waiting 10 ms each, is served.
+func TestBudgetWaitCountsOnlyWaiting(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("echo")
+	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: slowBudget{10 * time.Millisecond}, MaxBodyBytes: 256 << 20}), "http://")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const part = 100 << 10
+	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", 2*part, strings.Repeat("p", part))
+	time.Sleep(6 * time.Second) // the client's pause, longer than the 5 s of waiting allowed
+	io.WriteString(c, strings.Repeat("q", part))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || len(b) < 2*part || string(b[part-1:part+1]) != "pq" {
+		t.Fatalf("%d, %d bytes: %.200s; want the body echoed", resp.StatusCode, len(b), b)
+	}
+}
+
 // firstResponse sends raw on a fresh connection and returns the first
 // response's status and body (0 if none came within d).
 func firstResponse(t *testing.T, addr, raw string, d time.Duration) (int, string) {

@@ -152,7 +152,7 @@ type v2Call struct {
 	hdr  inferHeader
 	cuts []oip.Cut
 	dims []int64   // the cuts' shapes
-	pick []int     // the outputs asked for (oip.Requested); nil: all
+	pick []int     // the outputs asked for (oip.Requested); empty: all
 	ans  []oip.Cut // the cuts answered, picked
 	num  [20]byte
 }

@@ -36,22 +36,23 @@ func Bytes(shape []int64, es int64) (int64, bool) {
 }
 
 // Requested is the indices in decl of the outputs a request asks for
-// (name gives each one's name), in its order, appended to dst; nil when it
-// names none: all, in their order. A name the function does not declare, or
+// (name gives each one's name), in its order, appended to dst[:0]; empty
+// when it names none: all, in their order. A name the function does not declare, or
 // one asked for twice, is a 400 naming it (the protocol: each requested
 // output must be one the model has).
 func Requested[T any](dst []int, want []T, name func(T) string, decl []abi.Tensor) ([]int, error) {
+	dst = dst[:0]
 	if len(want) == 0 {
-		return nil, nil
+		return dst, nil
 	}
 	for _, w := range want {
 		n := name(w)
 		k := slices.IndexFunc(decl, func(t abi.Tensor) bool { return t.Name == n })
 		if k < 0 {
-			return nil, &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is not one of the model's outputs (%s)", n, Names(decl))}
+			return dst[:0], &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is not one of the model's outputs (%s)", n, Names(decl))}
 		}
 		if slices.Contains(dst, k) {
-			return nil, &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is asked for twice", n)}
+			return dst[:0], &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is asked for twice", n)}
 		}
 		dst = append(dst, k)
 	}
@@ -59,9 +60,9 @@ func Requested[T any](dst []int, want []T, name func(T) string, decl []abi.Tenso
 }
 
 // Picked is the cuts pick names (Requested), in its order, appended to dst;
-// all of cuts when pick is nil.
+// all of cuts when pick is empty.
 func Picked(dst, cuts []Cut, pick []int) []Cut {
-	if pick == nil {
+	if len(pick) == 0 {
 		return append(dst, cuts...)
 	}
 	for _, k := range pick {

@@ -123,7 +123,12 @@ func TestOutputOfADeletedFunctionIsDropped(t *testing.T) {
 	for _, deleted := range []bool{false, true} {
 		p, m := loadOutput(t, d, "say_later", 200, 1)
 		ran := make(chan error, 1)
-		go func() { ran <- runOnce(t, p, m, []byte("SECRET of the old owner"), 10*time.Second) }()
+		inst := newInst(t, p, m) // here: it may t.Fatal
+		l := m.Chain[0]
+		go func() {
+			ran <- inst.Run(&device.Run{Input: []byte("SECRET of the old owner"), Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
+				Chain: []device.Step{{Entry: 0, Grid: int32(l.Grid), Block: int32(l.Block)}}, Deadline: time.Now().Add(10 * time.Second)})
+		}()
 		if deleted {
 			s.Forget("talker") // while the entry sleeps
 		}
@@ -137,8 +142,7 @@ func TestOutputOfADeletedFunctionIsDropped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		inst := newInst(t, p, m)
-		inst.Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), Chain: []device.Step{{Entry: crash, Grid: 1, Block: 1}}})
+		newInst(t, p, m).Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), Chain: []device.Step{{Entry: crash, Grid: 1, Block: 1}}})
 		<-p.(*program).p.heard
 		kept := hasLine(s.Lines("talker", time.Time{}), "stdout", "later: SECRET of the old owner")
 		if kept == deleted {

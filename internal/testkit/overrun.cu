@@ -30,16 +30,19 @@ PLOVER_ENTRY(overrun_kernel) {
   if (grid > 0) PLOVER_LAUNCH(scribble, 1, grid, s, b->dat + b->len);
 }
 
-/* plover_instance_init writes past a buffer as overrun does, as
- * $PLOVER_OVERRUN_INIT says ("buffer bytes"); unset, nothing. */
-PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
-  const char *e = getenv("PLOVER_OVERRUN_INIT");
+/* plover_instance_init and _fini write past a buffer as overrun does, as
+ * $PLOVER_OVERRUN_INIT and _FINI say ("buffer bytes"); unset, nothing. */
+static void hook_overrun(plover_state_t *s, const char *var) {
+  const char *e = getenv(var);
   int which, n;
   if (!e || sscanf(e, "%d %d", &which, &n) != 2) return;
   plover_buf_t *b = buffer(s, which);
   volatile uint8_t *p = b->dat;
   for (int i = 0; i < n; i++) p[b->len + i] = 0xAB;
 }
+
+PLOVER_EXPORT void plover_instance_init(plover_state_t *s) { hook_overrun(s, "PLOVER_OVERRUN_INIT"); }
+PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) { hook_overrun(s, "PLOVER_OVERRUN_FINI"); }
 
 /* fill: writes every byte of out and tmp and echoes in, the well-behaved
  * neighbour of the entries above. */
