@@ -159,21 +159,29 @@ func (b slowBudget) Acquire(ctx context.Context, _ int64) error {
 }
 func (slowBudget) Release(int64) {}
 
-// A request waits for the body budget 5 s in all, however many windows its
-// body takes: a 4 MiB body whose every window waited 0.7 s was answered
-// after 7 s (and under contention, up to the read timeout); it is a 503 at 5 s.
-func TestBudgetWaitIsPerRequest(t *testing.T) {
+// dialSlowBudget serves echo (8 MiB in and out) with a slowBudget of wait
+// and returns a connection to it.
+func dialSlowBudget(t *testing.T, wait time.Duration) net.Conn {
+	t.Helper()
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("echo")
 	m.MaxInputBytes, m.OutBytes = 8<<20, 8<<20
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: slowBudget{700 * time.Millisecond}, MaxBodyBytes: 256 << 20}), "http://")
-	const n = 4 << 20
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: slowBudget{wait}, MaxBodyBytes: 256 << 20}), "http://")
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// A request waits for the body budget 5 s in all, however many windows its
+// body takes: a 4 MiB body whose every window waited 0.7 s was answered
+// after 7 s (and under contention, up to the read timeout); it is a 503 at 5 s.
+func TestBudgetWaitIsPerRequest(t *testing.T) {
+	c := dialSlowBudget(t, 700*time.Millisecond)
+	const n = 4 << 20
 	start := time.Now()
 	// Sent while the answer is read: the server answers before it has
 	// read the body.
@@ -194,16 +202,7 @@ func TestBudgetWaitIsPerRequest(t *testing.T) {
 // first wait: a client that pauses 6 s between two parts of its body, its
 // windows waiting 10 ms each, is served.
 func TestBudgetWaitCountsOnlyWaiting(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{})
-	m := testkit.Manifest("echo")
-	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
-	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{BodyBudget: slowBudget{10 * time.Millisecond}, MaxBodyBytes: 256 << 20}), "http://")
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialSlowBudget(t, 10*time.Millisecond)
 	const part = 100 << 10
 	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", 2*part, strings.Repeat("p", part))
 	time.Sleep(6 * time.Second) // the client's pause, longer than the 5 s of waiting allowed
