@@ -23,22 +23,9 @@ import (
 // answers, and a slot is never lent again before its response is out.
 
 // maxPoolSlots bounds a program's pool slots: runs in flight on its
-// instances plus requests queued or uploading beyond them; maxPoolBytes
-// bounds their memory, which a pool keeps while its worker lives (the
-// pages a body touched stay resident, outside the device's accounting),
-// so that a function with large inputs keeps fewer: 8 slots of vecadd's 8
-// MB, one of a layout over 64 MiB. Past the bound a body is read into
-// ordinary memory (under --max-body-memory) and copied into the
-// instance's own slot.
-const (
-	maxPoolSlots = 32
-	maxPoolBytes = 64 << 20
-)
-
-// poolBound is how many slots of size bytes a program's pool may hold.
-func poolBound(size int64) int {
-	return int(max(1, min(maxPoolSlots, maxPoolBytes/max(size, 1))))
-}
+// instances plus requests queued or uploading beyond them. Past it a body
+// is read into ordinary memory and copied into the instance's own slot.
+const maxPoolSlots = 32
 
 // slotPool is a program's pool slots.
 type slotPool struct {
@@ -137,7 +124,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 		s.lent.Store(true)
 		return s, true
 	}
-	if pool.count >= poolBound(maxIn+out) {
+	if pool.count >= maxPoolSlots {
 		pool.mu.Unlock()
 		return nil, false
 	}
