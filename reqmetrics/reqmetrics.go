@@ -128,13 +128,15 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // Record accounts one invoke, of HTTP status code (its class's, for
 // gRPC) and engine kind; t is read only when it succeeded. Unknown functions share one label so that
 // probing names cannot grow the series without bound; so do requests
-// refused before the engine saw them (400, 415) for names the metrics have
-// not met yet.
+// refused before the engine saw them (400, 415, the gate's 401, 403, 429)
+// and those answered 503 (the store unreachable: the name may be anything)
+// for names the metrics have not met yet: a name takes one of the limited
+// labels only once a function of that name has answered.
 func (m *Metrics) Record(name string, code int, kind errdefs.Kind, r *call.Request) {
 	t := &r.Timing
 	if code == 404 && kind == errdefs.KindNotFound {
 		name = unknown
-	} else if kind == errdefs.KindBadRequest && !m.known(name) {
+	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable) && !m.known(name) {
 		name = unknown
 	}
 	fm := m.function(name)
