@@ -117,20 +117,16 @@ func (s *Store) Sink(name string) *Sink {
 	return &Sink{s: s, name: name, life: l}
 }
 
-// Add keeps l as Store.Add does, unless the function's name was forgotten
-// since the sink was made: then l is dropped.
-func (k *Sink) Add(l api.LogLine) { k.s.add(k.name, k.life, l) }
-
 func size(l *api.LogLine) int { return len(l.Line) + lineOverhead }
 
-// Add keeps l, a line of function name's output, hands it to the
-// function's followers and traces it in the server log if the budget
-// allows. It never blocks.
-func (s *Store) Add(name string, l api.LogLine) { s.add(name, nil, l) }
-
-func (s *Store) add(name string, lf *life, l api.LogLine) {
+// Add keeps l, a line of the function's output, hands it to its followers
+// and traces it in the server log if the budget allows, unless the
+// function's name was forgotten since the sink was made: then l is
+// dropped. It never blocks.
+func (k *Sink) Add(l api.LogLine) {
+	s, name := k.s, k.name
 	s.mu.Lock()
-	if lf != nil && lf.over {
+	if k.life.over {
 		s.mu.Unlock()
 		return
 	}

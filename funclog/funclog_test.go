@@ -23,7 +23,7 @@ func TestRingKeepsTheLastLines(t *testing.T) {
 	s := New(nil)
 	t0 := time.Now()
 	for i := range RingLines + 500 {
-		s.Add("f", line(t0, i))
+		s.Sink("f").Add(line(t0, i))
 	}
 	got := s.Lines("f", time.Time{})
 	if len(got) != RingLines || got[0].Line != "line 500" || got[len(got)-1].Line != fmt.Sprintf("line %d", RingLines+499) {
@@ -50,7 +50,7 @@ func TestByteBounds(t *testing.T) {
 		for i := range 200 {
 			l := line(t0, f*1000+i)
 			l.Line = long
-			s.Add(fmt.Sprint("f", f), l)
+			s.Sink(fmt.Sprint("f", f)).Add(l)
 		}
 	}
 	perRing := RingBytes / api.LogLineMax
@@ -78,20 +78,20 @@ func TestByteBounds(t *testing.T) {
 func TestFollow(t *testing.T) {
 	s := New(nil)
 	t0 := time.Now()
-	s.Add("f", line(t0, 0))
+	s.Sink("f").Add(line(t0, 0))
 	back, f, err := s.Follow("f", time.Time{})
 	if err != nil || len(back) != 1 {
 		t.Fatalf("backlog %v", back)
 	}
 	for i := 1; i <= followBuffer+10; i++ {
-		s.Add("f", line(t0, i))
+		s.Sink("f").Add(line(t0, i))
 	}
 	for i := 1; i <= followBuffer; i++ {
 		if l := <-f.C; l.Line != fmt.Sprintf("line %d", i) || l.Dropped != 0 {
 			t.Fatalf("got %+v, want line %d", l, i)
 		}
 	}
-	s.Add("f", line(t0, 9999))
+	s.Sink("f").Add(line(t0, 9999))
 	if l := <-f.C; l.Line != "line 9999" || l.Dropped != 10 {
 		t.Fatalf("after a full buffer: %+v, want line 9999 with 10 dropped", l)
 	}
@@ -107,7 +107,7 @@ func TestFollow(t *testing.T) {
 	// Close stops delivery and forgets an empty ring.
 	_, f2, _ := s.Follow("g", time.Time{})
 	f2.Close()
-	s.Add("g", line(t0, 1))
+	s.Sink("g").Add(line(t0, 1))
 	if _, ok := <-f2.C; ok {
 		t.Fatal("a closed follower got a line")
 	}
@@ -130,9 +130,9 @@ func TestTraceIsThrottled(t *testing.T) {
 	s.traceWindow = 200 * time.Millisecond
 	t0 := time.Now()
 	for i := range 10000 {
-		s.Add("flood", line(t0, 0))
+		s.Sink("flood").Add(line(t0, 0))
 		if i < 3 {
-			s.Add("quiet", line(t0, i))
+			s.Sink("quiet").Add(line(t0, i))
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -156,7 +156,7 @@ func TestTraceIsThrottled(t *testing.T) {
 	s2 := New(slog.New(slog.NewTextHandler(&out, nil)))
 	for f := range 50 {
 		for range traceLines {
-			s2.Add(fmt.Sprint("g", f), line(t0, 0))
+			s2.Sink(fmt.Sprint("g", f)).Add(line(t0, 0))
 		}
 	}
 	if n := strings.Count(out.String(), "function=g"); n > traceTotal+50 {

@@ -64,8 +64,8 @@ func TestLogsRoute(t *testing.T) {
 	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 4)}
 	srv := httpapi.New(nil, adm, httpapi.Options{})
 	url := testkit.ServeWith(t, srv) + "/v1/functions/f/logs"
-	adm.store.Add("f", logLine("one"))
-	adm.store.Add("f", logLine("two"))
+	adm.store.Sink("f").Add(logLine("one"))
+	adm.store.Sink("f").Add(logLine("two"))
 
 	resp, body := testkit.Post(t, "GET", url, "", nil)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" {
@@ -98,7 +98,7 @@ func TestLogsRoute(t *testing.T) {
 	resp, sc, f := follow()
 	for _, want := range []string{"one", "two", "three"} {
 		if want == "three" {
-			adm.store.Add("f", logLine("three")) // after the backlog: as it comes
+			adm.store.Sink("f").Add(logLine("three")) // after the backlog: as it comes
 		}
 		if !sc.Scan() || json.Unmarshal(sc.Bytes(), &l) != nil || l.Line != want {
 			t.Fatalf("followed: %q, want %q (%v)", sc.Text(), want, sc.Err())
@@ -161,7 +161,7 @@ func TestLogsFollowQuiet(t *testing.T) {
 			}
 			time.Sleep(tc.quiet) // the quiet spell itself is what is tested
 			long := strings.Repeat("x", 4000)
-			adm.store.Add("f", logLine(long))
+			adm.store.Sink("f").Add(logLine(long))
 			var l api.LogLine
 			if !sc.Scan() || json.Unmarshal(sc.Bytes(), &l) != nil || l.Line != long {
 				t.Fatalf("after %v quiet: %.80q (%v), want the long line", tc.quiet, sc.Text(), sc.Err())
