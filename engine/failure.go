@@ -43,18 +43,19 @@ func (v *version) runFailed(p *placement, err error) error {
 	f := v.fn
 	var ke *device.KernelError
 	var ee *errdefs.Error
+	loss, lost := device.AsLoss(err)
 	switch {
 	case errors.As(err, &ee): // already classified, with its own message
 		return err
-	case errors.As(err, &ke) && programLost(err):
+	case errors.As(err, &ke) && lost:
 		// The chain faulted its worker's device context: the request failed
 		// like any kernel failure; the worker, and only it, is gone.
-		v.workerDied(p, lossOf(err))
+		v.workerDied(p, loss)
 		return errorf(errdefs.KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
 	case errors.Is(err, device.ErrDeadline):
 		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while its chain was running", f.name)
-	case programLost(err):
-		return v.workerDied(p, lossOf(err))
+	case lost:
+		return v.workerDied(p, loss)
 	case errors.As(err, &ke) && ke.Rejected:
 		return errorf(errdefs.KindRejected, err, "function %s refused its input: %s", f.name, ke.Msg)
 	case errors.As(err, &ke):

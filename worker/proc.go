@@ -405,7 +405,15 @@ func exitReason(ps *os.ProcessState, err error) string {
 // idleExit is the error of a run whose worker died before the run reached it.
 func (p *proc) idleExit() error {
 	p.end("an instance of it was lost")
-	return &ProcessExit{PID: p.pid, Reason: p.reason, During: "idle", BeforeRun: true, Killed: p.killed.Load() != nil}
+	e := p.exit("idle")
+	e.BeforeRun = true
+	return e
+}
+
+// exit is its death as a run or call doing during saw it (the process has
+// ended: reason is set).
+func (p *proc) exit(during string) *ProcessExit {
+	return &ProcessExit{PID: p.pid, Reason: p.reason, During: during, Killed: p.killed.Load() != nil}
 }
 
 func (p *proc) alive() bool {
@@ -434,7 +442,7 @@ func (p *proc) kill(why string) {
 // to), and the error says how.
 func (p *proc) lost(during string) error {
 	p.end("it closed its channel to the server")
-	return &ProcessExit{PID: p.pid, Reason: p.reason, During: during, Killed: p.killed.Load() != nil}
+	return p.exit(during)
 }
 
 // end waits for the process to be gone, killing it (for why) if it does not

@@ -54,7 +54,7 @@ func (g *program) death() *ProcessExit {
 	if g.closed.Load() || g.d.stopping() {
 		return nil
 	}
-	return &ProcessExit{PID: g.p.pid, Reason: g.p.reason, During: g.p.during, Killed: g.p.killed.Load() != nil}
+	return g.p.exit(g.p.during)
 }
 
 func (g *program) ConstantsBytes() int64 { return g.consts }
