@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -148,9 +147,6 @@ func newRoot(env *Env) *cobra.Command {
 	return root
 }
 
-// badValue matches pflag's error for a flag's value that does not parse.
-var badValue = regexp.MustCompile(`^invalid argument ".*" for "(?:-., )?--([a-z0-9-]+)" flag`)
-
 // commandSuggestions are the commands a mistyped name may have meant: the
 // one within a typo of it (abi.Suggest), else those it begins ("dep":
 // deploy).
@@ -177,17 +173,19 @@ func commandSuggestions(root *cobra.Command, name string) []string {
 // a typo of one of the command's flags, a hint for a duration without its
 // unit, else "".
 func flagSuggestion(c *cobra.Command, err error) string {
-	if m := badValue.FindStringSubmatch(err.Error()); m != nil {
+	var bad *pflag.InvalidValueError
+	if errors.As(err, &bad) {
 		// A bad value: for a duration, the likely slip is its unit.
-		if f := c.Flags().Lookup(m[1]); f != nil && f.Value.Type() == "duration" {
+		if f := bad.GetFlag(); f != nil && f.Value.Type() == "duration" {
 			return " (a duration takes a unit: 500ms, 2s, 1m)"
 		}
 		return ""
 	}
-	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
-	if !ok {
-		return ""
+	var unknown *pflag.NotExistError
+	if !errors.As(err, &unknown) || unknown.GetSpecifiedShortnames() != "" {
+		return "" // not an unknown --long flag
 	}
+	name := unknown.GetSpecifiedName()
 	var names []string
 	c.Flags().VisitAll(func(f *pflag.Flag) {
 		if !f.Hidden {

@@ -155,14 +155,14 @@ func invokeCmd() *command {
 		usage:    "NAME [--in FILE|-] [--out FILE|-] [--timeout DURATION] [--json] [--timing]",
 		example: "  plover invoke vecadd --in build/samples/vecadd-input.bin --out /tmp/sum.bin --timing\n" +
 			"  plover invoke vecadd --in build/samples/vecadd-input.bin --json | head -c 300\n" +
-			"  plover invoke cnn --in digit.bin --out scores.bin --timeout 2s   # give up after 2 s, not the server's 30 s",
+			"  plover invoke cnn --in digit.bin --out scores.bin --timeout 2s   # give up after 2 s, not the server's " + defaultTimeout.String(),
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
 			fs.StringVar(&in, "in", "-", "input file, - for stdin")
 			fs.StringVar(&out, "out", "-", "output file, - for stdout")
 			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
 			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
-			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's own --timeout, 30s by default, still caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's deadline)")
+			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's own --timeout, "+defaultTimeout.String()+" by default, still caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's deadline)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if timeout < 0 || timeout > 0 && timeout < time.Millisecond {
@@ -251,7 +251,7 @@ func invokeTimeoutError(ctx context.Context, name string, timeout time.Duration,
 	var ae *apiError
 	switch {
 	case errors.As(err, &ae) && ae.Status == http.StatusGatewayTimeout:
-		limit := "the server's --timeout (30s unless plover serve was given another)"
+		limit := "the server's --timeout (" + defaultTimeout.String() + " unless plover serve was given another)"
 		if timeout > 0 {
 			limit = fmt.Sprintf("--timeout %v (or the server's own --timeout, if shorter)", timeout)
 		}

@@ -38,6 +38,11 @@ import (
 // defaultDataDir is --data when neither the flag nor $PLOVER_DATA gives
 // one. It is resolved when serve starts, not as the flag's default, so that
 // help and the generated reference read the same on every machine.
+
+// defaultTimeout is plover serve's --timeout unless given: the deadline of
+// a request (queue and run), which clients are told of by name.
+const defaultTimeout = 30 * time.Second
+
 func defaultDataDir() string {
 	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
 		return filepath.Join(d, "plover")
@@ -98,7 +103,7 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxInstances, "max-instances", 8, "instances per function when its manifest sets no max_instances (more than --device-runs, so a function keeps runs queued for the device scheduler)")
 			fs.IntVar(&f.maxQueue, "max-queue", 64, "requests waiting per function when its manifest sets no max_queue; more get 429")
 			fs.DurationVar(&f.idleTTL, "idle-ttl", 5*time.Minute, "release an instance idle this long; unload a function with none left (manifest idle_ttl overrides; negative: never)")
-			fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "request deadline (queue + run); a client may lower it with X-Plover-Timeout-Ms")
+			fs.DurationVar(&f.timeout, "timeout", defaultTimeout, "request deadline (queue + run); a client may lower it with X-Plover-Timeout-Ms")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
