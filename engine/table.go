@@ -61,6 +61,9 @@ type table struct {
 	// meanwhile: a slow Refresh must not undo a deploy that just returned.
 	epoch  uint64
 	closed bool
+	// flights holds the store reads in progress of names not yet known
+	// here, for lookups of the same name to share.
+	flights map[string]*flight
 }
 
 type stats struct {
@@ -106,11 +109,62 @@ func (t *table) resolve(ctx context.Context, name string) (*function, *version, 
 
 // lookup reads name's record and adds the function to this node, unless a
 // deploy or delete changed the node while the store was read (then it
-// reads again: what it read may be stale).
+// reads again: what it read may be stale). Concurrent lookups of one name
+// share one read: a node cold under load, or a flood of requests for a
+// name no function has, costs the store one read at a time per name, not
+// one per request.
 func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 	if !abi.ValidName(name) {
 		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
+	for {
+		t.mu.Lock()
+		fl, joined := t.flights[name]
+		if joined {
+			fl.waiters++
+		} else {
+			if t.flights == nil {
+				t.flights = map[string]*flight{}
+			}
+			fl = &flight{done: make(chan struct{})}
+			t.flights[name] = fl
+		}
+		t.mu.Unlock()
+		if !joined {
+			fl.f, fl.err = t.read(ctx, name)
+			fl.cut = ctx.Err() != nil
+			t.mu.Lock()
+			delete(t.flights, name)
+			t.mu.Unlock()
+			close(fl.done)
+			return fl.f, fl.err
+		}
+		select {
+		case <-fl.done:
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while its record was read", name)
+			}
+			return nil, errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while its record was read", name)
+		}
+		if fl.err != nil && fl.cut && ctx.Err() == nil {
+			continue // the reader's own request gave up, not the store: read again
+		}
+		return fl.f, fl.err
+	}
+}
+
+// flight is a store read of a name's record that lookups share.
+type flight struct {
+	done    chan struct{} // closed when f and err are set
+	f       *function
+	err     error
+	cut     bool // the reader's context had ended: err may be its, not the store's
+	waiters int  // lookups that joined it (guarded by table.mu; for tests)
+}
+
+// read is lookup's store read, made by one of the lookups of a name.
+func (t *table) read(ctx context.Context, name string) (*function, error) {
 	for attempt := 0; ; attempt++ {
 		t.mu.Lock()
 		at, closed := t.epoch, t.closed
