@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/plover-run/plover/internal/fakecuda"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -34,7 +35,9 @@ import (
 // os.Args[0]), as plover is.
 func TestMain(m *testing.M) {
 	inside.RunIfWorker()
-	os.Exit(m.Run())
+	code := m.Run()
+	fakecuda.Remove()
+	os.Exit(code)
 }
 
 var spawner = contain.NewSpawner()

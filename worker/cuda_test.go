@@ -8,19 +8,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/fakecuda"
 )
-
-var fake struct {
-	once sync.Once
-	dir  string
-	err  error
-}
 
 // fakeGPU is the server's view of a CUDA device whose workers open the fake
 // driver: the server itself holds no context.
@@ -39,19 +32,19 @@ func (fakeGPU) Close() error            { return nil }
 // CUDA-target bundle directory of the fake test kernels.
 func fakeCUDA(t *testing.T) (*Device, string) {
 	t.Helper()
-	fake.once.Do(func() { fake.dir, fake.err = fakecuda.Build() })
-	if fake.err != nil {
-		t.Skipf("cannot build the fake CUDA driver: %v", fake.err)
+	fakeDir, err := fakecuda.Shared()
+	if err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
 	}
 	bdir := t.TempDir()
-	b, err := os.ReadFile(filepath.Join(fake.dir, "fakebundle.so"))
+	b, err := os.ReadFile(filepath.Join(fakeDir, "fakebundle.so"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(bdir, "fakebundle.so"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fake.dir, "libfakecuda.so"),
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
 		Standby: 1, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
 	t.Cleanup(func() { d.Close() })
 	return d, bdir
@@ -133,12 +126,12 @@ func TestCUDAWorkerFaultEndsOnlyItsWorker(t *testing.T) {
 // gpu_share starts with it (and its memory budget) in its environment,
 // before its device opens, and still runs the bundle.
 func TestCUDAWorkerUnderMPS(t *testing.T) {
-	fake.once.Do(func() { fake.dir, fake.err = fakecuda.Build() })
-	if fake.err != nil {
-		t.Skipf("cannot build the fake CUDA driver: %v", fake.err)
+	fakeDir, err := fakecuda.Shared()
+	if err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
 	}
 	_, dir := fakeCUDA(t)
-	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fake.dir, "libfakecuda.so"), Ordinal: 0,
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"), Ordinal: 0,
 		MPS: true, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
 	defer d.Close()
 	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64})
@@ -166,7 +159,7 @@ func TestCUDAWorkerUnderMPS(t *testing.T) {
 // worker's; workers failing to open the device in a row make it unhealthy,
 // saying why, until one starts again.
 func TestDeviceUnhealthyWhenWorkersCannotOpenIt(t *testing.T) {
-	_, dir := fakeCUDA(t)
+	good, dir := fakeCUDA(t)
 	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: "/nonexistent/libcuda.so.1",
 		Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
 	defer d.Close()
@@ -188,7 +181,7 @@ func TestDeviceUnhealthyWhenWorkersCannotOpenIt(t *testing.T) {
 		!strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
 		t.Errorf("Health() = %v, want ErrUnhealthy saying the workers could not open it", err)
 	}
-	d.opts.Driver = filepath.Join(fake.dir, "libfakecuda.so") // the device comes back
+	d.opts.Driver = good.opts.Driver // the device comes back
 	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	if err != nil {
 		t.Fatal(err)

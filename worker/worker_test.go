@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/plover-run/plover/internal/fakecuda"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,9 +28,7 @@ import (
 func TestMain(m *testing.M) {
 	inside.RunIfWorker()
 	code := m.Run()
-	if fake.dir != "" {
-		os.RemoveAll(fake.dir)
-	}
+	fakecuda.Remove()
 	os.Exit(code)
 }
 

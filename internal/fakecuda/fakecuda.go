@@ -10,7 +10,31 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 )
+
+var shared struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// Shared is Build done once per process, for tests that load the driver
+// into their own process: a second build loaded beside the first does not
+// get its own bundle, since the bundle's libfakecuda.so resolves by soname
+// to the copy loaded first (with its own current contexts), and launches
+// fail where the test ran more than once (-count). Remove removes it.
+func Shared() (string, error) {
+	shared.once.Do(func() { shared.dir, shared.err = Build() })
+	return shared.dir, shared.err
+}
+
+// Remove removes Shared's build, if any (from TestMain, after the tests).
+func Remove() {
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
+	}
+}
 
 // Build compiles into a new temporary directory (the caller removes it):
 // libfakecuda.so (the driver), libfakecuda_old.so (one without
