@@ -90,7 +90,10 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	}
 	e.cfg.Cache.Adopt(dir, sha)
 	if !created {
-		f, err := e.tab.lookup(ctx, name)
+		// Its own read, not one in flight (lookup): that one may have
+		// begun before this deploy's record was read, and a deploy must
+		// leave this node on the version it answers.
+		f, err := e.tab.read(ctx, name)
 		if err != nil {
 			return api.FunctionInfo{}, err
 		}

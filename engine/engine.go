@@ -156,7 +156,7 @@ func New(cfg Config) (*Engine, error) {
 			for _, s := range e.scheds { // set below, before any function is known
 				s.Forget(name)
 			}
-		}, logs: e.logs}
+		}, logs: e.logs, timeout: cfg.Timeout}
 	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}

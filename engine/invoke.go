@@ -15,7 +15,7 @@ import (
 // Invoke runs one request on the current version of function name.
 func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now()
-	f, v, err := e.tab.resolve(ctx, name)
+	f, v, err := e.tab.resolve(ctx, name, req.Deadline)
 	if err != nil {
 		return err
 	}
@@ -76,7 +76,7 @@ type Pin struct {
 // Pin resolves name's current version, without loading it, and holds it
 // until Release. Every successful Pin must be released.
 func (e *Engine) Pin(ctx context.Context, name string) (Pin, error) {
-	f, v, err := e.tab.resolve(ctx, name)
+	f, v, err := e.tab.resolve(ctx, name, time.Time{})
 	if err != nil {
 		return Pin{}, err
 	}

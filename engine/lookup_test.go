@@ -101,7 +101,12 @@ func TestLookupsShareOneRead(t *testing.T) {
 				if err := <-firstDone; err == nil {
 					t.Fatal("the cancelled lookup succeeded")
 				}
-				waitFor(t, "a second reader", func() bool { return store.reads.Load() == 2 })
+				waitFor(t, "a second reader, the others joining it", func() bool {
+					tab.mu.Lock()
+					defer tab.mu.Unlock()
+					fl := tab.flights[name]
+					return store.reads.Load() == 2 && fl != nil && fl.waiters == others-1
+				})
 			}
 			close(store.release)
 			wg.Wait()

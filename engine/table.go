@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -64,6 +65,9 @@ type table struct {
 	// flights holds the store reads in progress of names not yet known
 	// here, for lookups of the same name to share.
 	flights map[string]*flight
+	// timeout bounds a request's store read when it has no deadline of
+	// its own (the engine's request timeout).
+	timeout time.Duration
 }
 
 type stats struct {
@@ -84,8 +88,11 @@ func (s *stats) count(start call.Start) {
 }
 
 // resolve finds the current version of name, reading the store the first
-// time, and takes a reference on it.
-func (t *table) resolve(ctx context.Context, name string) (*function, *version, error) {
+// time, and takes a reference on it. The store read ends at deadline (the
+// request's; zero: the engine's request timeout from now), so a store that
+// hangs answers 504 as a request's deadline passes, not when the store
+// client gives up.
+func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*function, *version, error) {
 	for {
 		t.mu.Lock()
 		f := t.funcs[name]
@@ -95,7 +102,16 @@ func (t *table) resolve(ctx context.Context, name string) (*function, *version, 
 		}
 		t.mu.Unlock()
 		if f == nil {
-			if _, err := t.lookup(ctx, name); err != nil {
+			if deadline.IsZero() && t.timeout > 0 {
+				deadline = time.Now().Add(t.timeout)
+			}
+			lctx, cancel := ctx, context.CancelFunc(func() {})
+			if !deadline.IsZero() {
+				lctx, cancel = context.WithDeadline(ctx, deadline)
+			}
+			_, err := t.lookup(lctx, name)
+			cancel()
+			if err != nil {
 				return nil, nil, err
 			}
 			continue
@@ -142,10 +158,7 @@ func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 		select {
 		case <-fl.done:
 		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while its record was read", name)
-			}
-			return nil, errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while its record was read", name)
+			return nil, readCut(ctx, name)
 		}
 		if fl.err != nil && fl.cut && ctx.Err() == nil {
 			continue // the reader's own request gave up, not the store: read again
@@ -160,7 +173,7 @@ type flight struct {
 	f       *function
 	err     error
 	cut     bool // the reader's context had ended: err may be its, not the store's
-	waiters int  // lookups that joined it (guarded by table.mu; for tests)
+	waiters int  // lookups that ever joined it, gone or not (guarded by table.mu; for tests)
 }
 
 // read is lookup's store read, made by one of the lookups of a name.
@@ -331,8 +344,21 @@ func (t *table) record(ctx context.Context, name string) (*api.Record, error) {
 	if errors.Is(err, registry.ErrNoFunction) {
 		return nil, errorf(errdefs.KindNotFound, err, "function %q not found", name)
 	}
+	if err != nil && ctx.Err() != nil {
+		return nil, readCut(ctx, name)
+	}
 	if err != nil {
 		return nil, unavailable(err, "function %s: store unavailable", name)
 	}
 	return rec, nil
+}
+
+// readCut is the error of a request whose context ended while name's record
+// was read (by it or by another request it waited for): the deadline's 504
+// or the client's going away, not the store's fault.
+func readCut(ctx context.Context, name string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while its record was read from the store", name)
+	}
+	return errorf(errdefs.KindGone, ctx.Err(), "function %s: the client went away while its record was read from the store", name)
 }

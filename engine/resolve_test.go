@@ -1,0 +1,138 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
+)
+
+// staleStore answers its first record reads (held of them; 0: one) as the
+// store was when each began, but only once released: slow reads that
+// another node's deploy overtakes. Later reads pass through.
+type staleStore struct {
+	objectstore.Store
+	held    int64
+	reads   atomic.Int64
+	release chan struct{}
+}
+
+func (s *staleStore) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	if !strings.HasPrefix(key, "functions/") || s.reads.Add(1) > max(s.held, 1) {
+		return s.Store.GetTagged(ctx, key)
+	}
+	rc, info, err := s.Store.GetTagged(ctx, key)
+	var b []byte
+	if err == nil {
+		b, err = io.ReadAll(rc)
+		rc.Close()
+	}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, objectstore.Info{}, ctx.Err()
+	}
+	return io.NopCloser(bytes.NewReader(b)), info, err
+}
+
+// A deploy of the bundle another node just deployed answers from the
+// record as it is now, not from a read of it begun before (a request for
+// the name, still waiting on a slow store): here, while such a read would
+// answer 404, the deploy says the version is unchanged and serves it.
+func TestDeployReadsTheRecordAfresh(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := &staleStore{Store: fs, release: make(chan struct{})}
+	here := testkit.Engine(t, engine.Config{Store: slow})
+	there := testkit.Engine(t, engine.Config{Store: fs})
+
+	early := make(chan error, 1)
+	go func() { early <- here.Invoke(context.Background(), "late", &call.Request{Input: []byte("x")}) }()
+	for slow.reads.Load() == 0 { // the request's read began (the record absent then)
+		time.Sleep(time.Millisecond)
+	}
+	dir := testkit.BundleDir(t, testkit.Manifest("late"), nil)
+	fi := testkit.Deploy(t, there, dir)
+
+	b, _, _, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		got, err := here.Control().Deploy(context.Background(), "late", bytes.NewReader(b), false)
+		if err == nil && (!got.Unchanged || got.Version != fi.Version) {
+			t.Errorf("deploy here: version %s, unchanged %v; want %s unchanged", got.Version, got.Unchanged, fi.Version)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("deploy here of the bundle deployed there: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the deploy waited for a record read begun before it")
+	}
+	req := &call.Request{Input: []byte("x")}
+	if err := here.Invoke(context.Background(), "late", req); err != nil || req.Version != fi.Version {
+		t.Fatalf("after the deploy: %v, version %q, want %s", err, req.Version, fi.Version)
+	}
+	close(slow.release)
+	<-early // whatever it read; it must only end
+}
+
+// A request whose deadline passes while its function's record is read from
+// a store that does not answer gets 504 at its deadline, naming the
+// function (the store is not blamed), whether it reads the record itself
+// or waits for another request's read.
+func TestHungStoreReadEndsAtTheDeadline(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := &staleStore{Store: fs, held: 1 << 30, release: make(chan struct{})}
+	defer close(hung.release)
+	e := testkit.Engine(t, engine.Config{Store: hung})
+	invoke := func(d time.Duration) chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- e.Invoke(context.Background(), "fn", &call.Request{Deadline: time.Now().Add(d)}) }()
+		return ch
+	}
+	t0 := time.Now()
+	reader := invoke(300 * time.Millisecond)
+	for hung.reads.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	joiner := invoke(100 * time.Millisecond)
+	for _, r := range []struct {
+		who string
+		ch  chan error
+	}{{"the joiner", joiner}, {"the reader", reader}} {
+		var err error
+		select {
+		case err = <-r.ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s still waits for the store 10 s on", r.who)
+		}
+		if errdefs.KindOf(err) != errdefs.KindTimeout || !strings.Contains(err.Error(), "function fn") {
+			t.Errorf("%s: %v, want a timeout naming fn", r.who, err)
+		}
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Errorf("answered after %v", d)
+	}
+}
