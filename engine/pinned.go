@@ -17,6 +17,7 @@ import (
 // it and unloaded by idle_ttl as any other. Every successful PinVersion
 // must be released.
 func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) {
+	var deadline time.Time // of its store reads, set at the first
 	for attempt := 0; ; attempt++ {
 		e.tab.mu.Lock()
 		f := e.tab.funcs[name]
@@ -34,13 +35,20 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 		if attempt == 4 {
 			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
 		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(e.cfg.Timeout)
+		}
+		rctx, cancel := e.tab.bound(ctx, deadline)
 		if f == nil {
-			if _, err := e.tab.lookup(ctx, name); err != nil {
+			_, err := e.tab.lookup(rctx, name)
+			cancel()
+			if err != nil {
 				return Pin{}, err
 			}
 			continue
 		}
-		rec, err := e.tab.record(ctx, name)
+		rec, err := e.tab.record(rctx, name)
+		cancel()
 		if err != nil {
 			return Pin{}, err
 		}

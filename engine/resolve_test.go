@@ -136,3 +136,40 @@ func TestHungStoreReadEndsAtTheDeadline(t *testing.T) {
 		t.Errorf("answered after %v", d)
 	}
 }
+
+// Without a deadline of their own (a pipeline pinning a step's version, a
+// request before its body is read), store reads end at the engine's
+// request timeout.
+func TestHungStoreReadEndsAtTheTimeout(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := &staleStore{Store: fs, held: 1 << 30, release: make(chan struct{})}
+	defer close(hung.release)
+	e := testkit.Engine(t, engine.Config{Store: hung, Timeout: 100 * time.Millisecond})
+	for _, tc := range []struct {
+		name string
+		pin  func() (engine.Pin, error)
+	}{
+		{"Pin", func() (engine.Pin, error) { return e.Pin(context.Background(), "fn") }},
+		{"PinVersion", func() (engine.Pin, error) { return e.PinVersion(context.Background(), "fn", "0123456789abcdef") }},
+	} {
+		ch := make(chan error, 1)
+		go func() {
+			p, err := tc.pin()
+			if err == nil {
+				p.Release()
+			}
+			ch <- err
+		}()
+		select {
+		case err := <-ch:
+			if errdefs.KindOf(err) != errdefs.KindTimeout || !strings.Contains(err.Error(), "function fn") {
+				t.Errorf("%s: %v, want a timeout naming fn", tc.name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s still waits for the store 10 s on", tc.name)
+		}
+	}
+}

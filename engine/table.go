@@ -102,13 +102,7 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 		}
 		t.mu.Unlock()
 		if f == nil {
-			if deadline.IsZero() && t.timeout > 0 {
-				deadline = time.Now().Add(t.timeout)
-			}
-			lctx, cancel := ctx, context.CancelFunc(func() {})
-			if !deadline.IsZero() {
-				lctx, cancel = context.WithDeadline(ctx, deadline)
-			}
+			lctx, cancel := t.bound(ctx, deadline)
 			_, err := t.lookup(lctx, name)
 			cancel()
 			if err != nil {
@@ -121,6 +115,19 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 		}
 		// Retired between the lock and ref: the next round sees its successor.
 	}
+}
+
+// bound is ctx ending at deadline (zero: the engine's request timeout from
+// now), for a request's store reads: made only when the store is read, so
+// that the hot path makes no context.
+func (t *table) bound(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	if deadline.IsZero() && t.timeout > 0 {
+		deadline = time.Now().Add(t.timeout)
+	}
+	if deadline.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, deadline)
 }
 
 // lookup reads name's record and adds the function to this node, unless a
