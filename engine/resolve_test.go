@@ -138,8 +138,8 @@ func TestHungStoreReadEndsAtTheDeadline(t *testing.T) {
 }
 
 // Without a deadline of their own (a pipeline pinning a step's version, a
-// request before its body is read), store reads end at the engine's
-// request timeout.
+// request before its body is read, a control call reading a record), store
+// reads end at the engine's request timeout.
 func TestHungStoreReadEndsAtTheTimeout(t *testing.T) {
 	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
 	if err != nil {
@@ -148,21 +148,24 @@ func TestHungStoreReadEndsAtTheTimeout(t *testing.T) {
 	hung := &staleStore{Store: fs, held: 1 << 30, release: make(chan struct{})}
 	defer close(hung.release)
 	e := testkit.Engine(t, engine.Config{Store: hung, Timeout: 100 * time.Millisecond})
+	pin := func(p engine.Pin, err error) error {
+		if err == nil {
+			p.Release()
+		}
+		return err
+	}
+	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
-		pin  func() (engine.Pin, error)
+		call func() error
 	}{
-		{"Pin", func() (engine.Pin, error) { return e.Pin(context.Background(), "fn") }},
-		{"PinVersion", func() (engine.Pin, error) { return e.PinVersion(context.Background(), "fn", "0123456789abcdef") }},
+		{"Pin", func() error { return pin(e.Pin(ctx, "fn")) }},
+		{"PinVersion", func() error { return pin(e.PinVersion(ctx, "fn", "0123456789abcdef")) }},
+		{"Control.Function", func() error { _, err := e.Control().Function(ctx, "fn"); return err }},
+		{"Control.Versions", func() error { _, err := e.Control().Versions(ctx, "fn"); return err }},
 	} {
 		ch := make(chan error, 1)
-		go func() {
-			p, err := tc.pin()
-			if err == nil {
-				p.Release()
-			}
-			ch <- err
-		}()
+		go func() { ch <- tc.call() }()
 		select {
 		case err := <-ch:
 			if errdefs.KindOf(err) != errdefs.KindTimeout || !strings.Contains(err.Error(), "function fn") {

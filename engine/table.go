@@ -345,8 +345,15 @@ func (t *table) detach(f *function, v *version) bool {
 }
 
 // record reads name's record from the store: 404 for a function that has
-// none, 503 naming the store's trouble otherwise.
+// none, 503 naming the store's trouble otherwise, 504 past ctx's deadline
+// (none: the engine's request timeout, so that a store that hangs answers
+// control calls too in bounded time).
 func (t *table) record(ctx context.Context, name string) (*api.Record, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = t.bound(ctx, time.Time{})
+		defer cancel()
+	}
 	rec, err := t.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
 		return nil, errorf(errdefs.KindNotFound, err, "function %q not found", name)
