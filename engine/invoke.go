@@ -74,9 +74,11 @@ type Pin struct {
 }
 
 // Pin resolves name's current version, without loading it, and holds it
-// until Release. Every successful Pin must be released.
-func (e *Engine) Pin(ctx context.Context, name string) (Pin, error) {
-	f, v, err := e.tab.resolve(ctx, name, time.Time{})
+// until Release. Every successful Pin must be released. A store read it
+// needs ends at deadline (the request's; zero: the engine's request
+// timeout from now).
+func (e *Engine) Pin(ctx context.Context, name string, deadline time.Time) (Pin, error) {
+	f, v, err := e.tab.resolve(ctx, name, deadline)
 	if err != nil {
 		return Pin{}, err
 	}

@@ -15,9 +15,8 @@ import (
 // pipeline step that pins a version). A version that is not current gets a
 // warm pool of its own beside the current one's, kept while requests use
 // it and unloaded by idle_ttl as any other. Every successful PinVersion
-// must be released.
-func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) {
-	var deadline time.Time // of its store reads, set at the first
+// must be released. Its store reads end at deadline, as Pin's.
+func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time.Time) (Pin, error) {
 	for attempt := 0; ; attempt++ {
 		e.tab.mu.Lock()
 		f := e.tab.funcs[name]
@@ -35,7 +34,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string) (Pin, error) 
 		if attempt == 4 {
 			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
 		}
-		if deadline.IsZero() {
+		if deadline.IsZero() { // one bound for all its reads
 			deadline = time.Now().Add(e.cfg.Timeout)
 		}
 		rctx, cancel := e.tab.bound(ctx, deadline)

@@ -28,7 +28,7 @@ func TestPinnedVersionLifecycle(t *testing.T) {
 	}
 	run := func(ref string) string {
 		t.Helper()
-		p, err := e.PinVersion(ctx, "fn", ref)
+		p, err := e.PinVersion(ctx, "fn", ref, time.Time{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,7 @@ func TestPinnedVersionLifecycle(t *testing.T) {
 	if got := run(v1.Version); got != v1.Version {
 		t.Fatalf("pinned again: ran %s", got)
 	}
-	if _, err := e.PinVersion(ctx, "fn", "00000000"); errdefs.KindOf(err) != errdefs.KindNotFound {
+	if _, err := e.PinVersion(ctx, "fn", "00000000", time.Time{}); errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("a version fn does not have: %v", err)
 	}
 	// Rolled back to, the pinned version becomes current with its pool.

@@ -250,7 +250,7 @@ func TestConcurrentColdRequestsUploadConstantsOnce(t *testing.T) {
 // version's Full.
 func full(t *testing.T, e *engine.Engine, name string) error {
 	t.Helper()
-	p, err := e.Pin(context.Background(), name)
+	p, err := e.Pin(context.Background(), name, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -159,8 +161,8 @@ func TestHungStoreReadEndsAtTheTimeout(t *testing.T) {
 		name string
 		call func() error
 	}{
-		{"Pin", func() error { return pin(e.Pin(ctx, "fn")) }},
-		{"PinVersion", func() error { return pin(e.PinVersion(ctx, "fn", "0123456789abcdef")) }},
+		{"Pin", func() error { return pin(e.Pin(ctx, "fn", time.Time{})) }},
+		{"PinVersion", func() error { return pin(e.PinVersion(ctx, "fn", "0123456789abcdef", time.Time{})) }},
 		{"Control.Function", func() error { _, err := e.Control().Function(ctx, "fn"); return err }},
 		{"Control.Versions", func() error { _, err := e.Control().Versions(ctx, "fn"); return err }},
 	} {
@@ -173,6 +175,43 @@ func TestHungStoreReadEndsAtTheTimeout(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s still waits for the store 10 s on", tc.name)
+		}
+	}
+}
+
+// Served over HTTP, a request's own deadline (X-Plover-Timeout-Ms) bounds
+// its function's record read, below the server's timeout: for a small body
+// (read with the headers, the function resolved as it runs) and for one
+// whose function is asked first what it takes (over 8 KiB).
+func TestHungStoreServedAtTheRequestsDeadline(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := &staleStore{Store: fs, held: 1 << 30, release: make(chan struct{})}
+	defer close(hung.release)
+	e := testkit.Engine(t, engine.Config{Store: hung, Timeout: time.Minute})
+	url := testkit.Serve(t, e, httpapi.Options{}) + "/v1/functions/fn/invoke"
+	for _, size := range []int{16, 64 << 10} {
+		req, err := http.NewRequest("POST", url, bytes.NewReader(make([]byte, size)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("X-Plover-Timeout-Ms", "200")
+		client := http.Client{Timeout: 20 * time.Second}
+		t0 := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%d-byte body: %v", size, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusGatewayTimeout || !strings.Contains(string(body), "function fn") {
+			t.Errorf("%d-byte body: %d %s, want 504 naming fn", size, resp.StatusCode, body)
+		}
+		if d := time.Since(t0); d > 10*time.Second {
+			t.Errorf("%d-byte body: answered after %v; the request's deadline was 200ms, the server's a minute", size, d)
 		}
 	}
 }

@@ -150,7 +150,8 @@ func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 				t.flights = map[string]*flight{}
 			}
 			fl = &flight{done: make(chan struct{})}
-			t.flights[name] = fl
+			// A copy: name may be a request's borrowed bytes.
+			t.flights[strings.Clone(name)] = fl
 		}
 		t.mu.Unlock()
 		if !joined {
@@ -368,11 +369,12 @@ func (t *table) record(ctx context.Context, name string) (*api.Record, error) {
 }
 
 // readCut is the error of a request whose context ended while name's record
-// was read (by it or by another request it waited for): the deadline's 504
-// or the client's going away, not the store's fault.
+// was read (by it or by another request it waited for): the deadline's 504,
+// not the store's fault; or a cancellation, which over HTTP is the server
+// shutting down (its request contexts end then), not the client: 503.
 func readCut(ctx context.Context, name string) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while its record was read from the store", name)
 	}
-	return errorf(errdefs.KindGone, ctx.Err(), "function %s: the client went away while its record was read from the store", name)
+	return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while its record was read from the store (the server is shutting down, or the client went away)", name)
 }

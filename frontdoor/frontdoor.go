@@ -34,7 +34,8 @@ type Runner interface {
 	// Admit is asked before a body is read: the most input bytes name
 	// takes (0: unknown) and its current version, or the error a request
 	// would get now (404, 429 for a full queue). It holds nothing.
-	Admit(ctx context.Context, name string) (pipeline.Admission, error)
+	// Its store read ends at deadline (zero: the engine's timeout).
+	Admit(ctx context.Context, name string, deadline time.Time) (pipeline.Admission, error)
 	// Land lends memory to read a request's body into, where the device
 	// that will run it reads it (a worker's slot), or nil; the transport
 	// puts it in the request and releases it once the response is written.
@@ -42,7 +43,8 @@ type Runner interface {
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
-	Pin(ctx context.Context, name string) (pipeline.Pin, error)
+	// Its store read ends at deadline (zero: the engine's timeout).
+	Pin(ctx context.Context, name string, deadline time.Time) (pipeline.Pin, error)
 	Health() (bool, []api.DeviceHealth)
 }
 

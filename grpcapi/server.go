@@ -266,7 +266,7 @@ func (s *Server) ServerMetadata(context.Context, *pb.ServerMetadataRequest) (*pb
 // ModelReady is a model's /ready: it exists (in the version asked, if
 // any) and the devices are healthy.
 func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb.ModelReadyResponse, error) {
-	pin, _, err := s.pin(ctx, req.GetName(), req.GetVersion())
+	pin, _, err := s.pin(ctx, req.GetName(), req.GetVersion(), deadlineOf(ctx))
 	if err != nil {
 		return nil, s.statusOf(err, "ModelReady")
 	}
@@ -277,7 +277,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 
 // ModelMetadata is a model's current version and tensors.
 func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
-	pin, ts, err := s.pin(ctx, req.GetName(), req.GetVersion())
+	pin, ts, err := s.pin(ctx, req.GetName(), req.GetVersion(), deadlineOf(ctx))
 	if err != nil {
 		return nil, s.statusOf(err, "ModelMetadata")
 	}
@@ -297,11 +297,18 @@ func tensorMeta(ts []abi.Tensor) []*pb.ModelMetadataResponse_TensorMetadata {
 
 // pin resolves name's current version for the request (oip.Pin, as the
 // HTTP route does).
-func (s *Server) pin(ctx context.Context, name, version string) (pipeline.Pin, *abi.Tensors, error) {
+// A store read it needs ends at deadline (the call's; zero: --timeout).
+func (s *Server) pin(ctx context.Context, name, version string, deadline time.Time) (pipeline.Pin, *abi.Tensors, error) {
 	if name == "" {
 		return pipeline.Pin{}, nil, badRequest("model name: empty")
 	}
-	return oip.Pin(ctx, s.door, name, version)
+	return oip.Pin(ctx, s.door, name, version, deadline)
+}
+
+// deadlineOf is ctx's deadline, or zero.
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 // ModelInfer runs one inference: inputs from raw_input_contents or typed
@@ -345,7 +352,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return errors.Is(rpc.Err(), context.Canceled) && (!hasDeadline || time.Until(d) > goneMargin)
 	}
 	ctx = context.WithoutCancel(ctx)
-	pin, ts, err := s.pin(ctx, req.GetModelName(), req.GetModelVersion())
+	pin, ts, err := s.pin(ctx, req.GetModelName(), req.GetModelVersion(), r.Deadline)
 	if err != nil {
 		return nil, err
 	}

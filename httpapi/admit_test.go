@@ -41,7 +41,7 @@ func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
 		testkit.WaitFor(t, e, "fn", "running and queued", func(fi api.FunctionInfo) bool { return fi.Busy == 1 && fi.Queue == i })
 	}
 	defer wg.Wait()
-	p, err := e.Pin(context.Background(), "fn")
+	p, err := e.Pin(context.Background(), "fn", time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}

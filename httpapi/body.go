@@ -89,12 +89,12 @@ const (
 // a full queue a 429 before the body too. A body fasthttp has read already
 // (preRead) costs nothing more to read: the engine bounds it, and the hot
 // path asks nothing here.
-func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name, version string, enc encoding) (bodyLimit, error) {
+func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name, version string, enc encoding, deadline time.Time) (bodyLimit, error) {
 	cl := ctx.Request.Header.ContentLength()
 	if cl == -2 || (cl >= 0 && cl <= preRead) { // -2: no body headers, so no body
 		return s.serverLimit(), nil
 	}
-	a, err := s.door.Admit(context.Background(), name)
+	a, err := s.door.Admit(context.Background(), name, deadline)
 	if err != nil {
 		return bodyLimit{}, err
 	}

@@ -136,7 +136,7 @@ func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 
 // invokeJSON runs a JSON request and, on success, writes its response.
 func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) error {
-	limit, err := s.inputLimit(ctx, name, "", base64JSON)
+	limit, err := s.inputLimit(ctx, name, "", base64JSON, c.req.Deadline)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -24,8 +25,8 @@ type redeployer struct {
 	next func()
 }
 
-func (r *redeployer) Pin(ctx context.Context, name string) (engine.Pin, error) {
-	p, err := r.Engine.Pin(ctx, name)
+func (r *redeployer) Pin(ctx context.Context, name string, deadline time.Time) (engine.Pin, error) {
+	p, err := r.Engine.Pin(ctx, name, deadline)
 	r.once.Do(r.next)
 	return p, err
 }

@@ -535,7 +535,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 // released once the response is written (slotBody.Close), so it never
 // serves another request while this one's answer is still being sent.
 func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) error {
-	limit, err := s.inputLimit(ctx, name, "", rawBody)
+	limit, err := s.inputLimit(ctx, name, "", rawBody, c.req.Deadline)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
@@ -120,7 +121,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		s.v2Infer(ctx, name, version)
 		return
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, name, version)
+	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, time.Time{})
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -223,7 +224,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	if err := deadline(ctx, r); err != nil {
 		return err
 	}
-	limit, err := s.inputLimit(ctx, name, version, v2JSON)
+	limit, err := s.inputLimit(ctx, name, version, v2JSON, r.Deadline)
 	if err != nil {
 		return err
 	}
@@ -248,7 +249,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 			return badField("request body", "invalid JSON: "+err.Error())
 		}
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, name, version)
+	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, r.Deadline)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -163,16 +164,17 @@ func Split(b []byte, decl []abi.Tensor, res []Cut, dims []int64, what string) ([
 
 // Pinner is what Pin needs of a transport's invoker.
 type Pinner interface {
-	Pin(ctx context.Context, name string) (pipeline.Pin, error)
+	Pin(ctx context.Context, name string, deadline time.Time) (pipeline.Pin, error)
 }
 
 // Pin resolves name's current version once for a request (the version
 // whose tensors lay the inputs out is the version that runs) and checks it
 // against the version the request names, if any: Plover serves the current
 // one. On success the caller releases the pin; the tensors are the
-// version's, or abi.RawTensors when it declares none.
-func Pin(ctx context.Context, inv Pinner, name, version string) (pipeline.Pin, *abi.Tensors, error) {
-	pin, err := inv.Pin(ctx, name)
+// version's, or abi.RawTensors when it declares none. Its store read ends
+// at deadline (the request's; zero: the engine's timeout).
+func Pin(ctx context.Context, inv Pinner, name, version string, deadline time.Time) (pipeline.Pin, *abi.Tensors, error) {
+	pin, err := inv.Pin(ctx, name, deadline)
 	if err != nil {
 		return pin, nil, err
 	}

@@ -30,8 +30,10 @@ import (
 
 // Engine is what pipelines need of the engine (engine.Engine).
 type Engine interface {
-	Pin(ctx context.Context, name string) (engine.Pin, error)
-	PinVersion(ctx context.Context, name, ref string) (engine.Pin, error)
+	// Pin and PinVersion read the store within deadline (zero: the
+	// engine's request timeout) when the name is new to the node.
+	Pin(ctx context.Context, name string, deadline time.Time) (engine.Pin, error)
+	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (engine.Pin, error)
 	Land(name string) call.Landing
 	Health() (bool, []api.DeviceHealth)
 	// Timeout is a request's deadline from its start when it brings none:
@@ -57,7 +59,7 @@ func New(e Engine, reg prometheus.Registerer) *Runner {
 // Invoke runs name on req: a function's chain, or a pipeline's steps.
 func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now() // before the name is resolved, which may read the store
-	p, err := r.Pin(ctx, name)
+	p, err := r.Pin(ctx, name, req.Deadline)
 	if err != nil {
 		return err
 	}
@@ -74,8 +76,8 @@ func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) err
 // whole input: the least of theirs) and its queue is its first step's,
 // which Invoke meets first. It holds nothing: a deploy may change the
 // answer before Invoke, which checks again.
-func (r *Runner) Admit(ctx context.Context, name string) (Admission, error) {
-	p, err := r.Pin(ctx, name)
+func (r *Runner) Admit(ctx context.Context, name string, deadline time.Time) (Admission, error) {
+	p, err := r.Pin(ctx, name, deadline)
 	if err != nil {
 		return Admission{}, err
 	}
@@ -149,9 +151,10 @@ type stage struct {
 
 // Pin resolves name, and if it is a pipeline every function of its steps
 // (their current versions, or those the steps pin). Every successful Pin
-// must be released.
-func (r *Runner) Pin(ctx context.Context, name string) (Pin, error) {
-	top, err := r.e.Pin(ctx, name)
+// must be released. Store reads end at deadline (the request's; zero: the
+// engine's request timeout).
+func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin, error) {
+	top, err := r.e.Pin(ctx, name, deadline)
 	if err != nil {
 		return Pin{}, err
 	}
@@ -159,9 +162,12 @@ func (r *Runner) Pin(ctx context.Context, name string) (Pin, error) {
 	if steps == nil {
 		return Pin{r: r, top: top}, nil
 	}
+	if deadline.IsZero() { // one bound for all the steps' reads
+		deadline = time.Now().Add(r.e.Timeout())
+	}
 	pl := &plan{name: top.Name()} // name may be the request's borrowed bytes
 	for i, s := range steps {
-		st, err := r.expand(ctx, pl, i, "", s, []string{name})
+		st, err := r.expand(ctx, deadline, pl, i, "", s, []string{name})
 		if err != nil {
 			pl.release()
 			top.Release()
@@ -174,11 +180,11 @@ func (r *Runner) Pin(ctx context.Context, name string) (Pin, error) {
 
 // expand resolves step s (step index of the requested pipeline, reached
 // through the nested pipelines on path) into stages.
-func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string, s abi.Step, path []string) ([]stage, error) {
+func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index int, prefix string, s abi.Step, path []string) ([]stage, error) {
 	if s.Parallel != nil {
 		st := stage{index: index, label: prefix + s.String()}
 		for _, b := range s.Parallel {
-			br, err := r.expand(ctx, pl, index, prefix, b, path)
+			br, err := r.expand(ctx, deadline, pl, index, prefix, b, path)
 			if err != nil {
 				return nil, err
 			}
@@ -189,9 +195,9 @@ func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string,
 	var pin engine.Pin
 	var err error
 	if s.Version != "" {
-		pin, err = r.e.PinVersion(ctx, s.Function, s.Version)
+		pin, err = r.e.PinVersion(ctx, s.Function, s.Version, deadline)
 	} else {
-		pin, err = r.e.Pin(ctx, s.Function)
+		pin, err = r.e.Pin(ctx, s.Function, deadline)
 	}
 	if err != nil {
 		return nil, stepError(pl.name, index, prefix+s.String(), err)
@@ -215,7 +221,7 @@ func (r *Runner) expand(ctx context.Context, pl *plan, index int, prefix string,
 	}
 	var out []stage
 	for _, ss := range sub {
-		st, err := r.expand(ctx, pl, index, prefix+s.Function+"/", ss, append(slices.Clip(path), s.Function))
+		st, err := r.expand(ctx, deadline, pl, index, prefix+s.Function+"/", ss, append(slices.Clip(path), s.Function))
 		if err != nil {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -90,7 +91,7 @@ func TestStepsTimingOverrideTensors(t *testing.T) {
 	if err := r.Invoke(context.Background(), "p", req); errdefs.KindOf(err) != errdefs.KindBadRequest {
 		t.Fatalf("override on a pipeline: %v", err)
 	}
-	p, err := r.Pin(context.Background(), "p")
+	p, err := r.Pin(context.Background(), "p", time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
