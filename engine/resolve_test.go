@@ -3,14 +3,18 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
@@ -213,5 +217,69 @@ func TestHungStoreServedAtTheRequestsDeadline(t *testing.T) {
 		if d := time.Since(t0); d > 10*time.Second {
 			t.Errorf("%d-byte body: answered after %v; the request's deadline was 200ms, the server's a minute", size, d)
 		}
+	}
+}
+
+// distantStore answers record reads after a delay.
+type distantStore struct {
+	objectstore.Store
+	delay time.Duration
+	reads atomic.Int64
+}
+
+func (s *distantStore) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	if strings.HasPrefix(key, "functions/") {
+		s.reads.Add(1)
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return nil, objectstore.Info{}, ctx.Err()
+		}
+	}
+	return s.Store.GetTagged(ctx, key)
+}
+
+// Requests whose deadlines are shorter than the store's answer time get
+// their 504 but do not cut the read they share: it completes, the name
+// resolves, and a flood of such requests costs the store one read, not
+// one per request.
+func TestShortDeadlinesDoNotStarveTheRead(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rec, _ := json.Marshal(api.Record{Name: "fn", Current: "v1", Versions: []api.Version{{ID: "v1", SHA256: fmt.Sprintf("%064x", 1)}}})
+	if err := fs.Put(ctx, "functions/fn.json", bytes.NewReader(rec), int64(len(rec))); err != nil {
+		t.Fatal(err)
+	}
+	slow := &distantStore{Store: fs, delay: 200 * time.Millisecond}
+	e := testkit.Engine(t, engine.Config{Store: slow, Timeout: time.Minute})
+	var wg sync.WaitGroup
+	var timedOut atomic.Int64
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := e.Pin(ctx, "fn", time.Now().Add(5*time.Millisecond))
+			switch {
+			case err == nil:
+				p.Release() // scheduled after the read ended: fine
+			case errdefs.KindOf(err) == errdefs.KindTimeout:
+				timedOut.Add(1)
+			default:
+				t.Errorf("a 5 ms request: %v, want a timeout", err)
+			}
+		}()
+	}
+	wg.Wait()
+	p, err := e.Pin(ctx, "fn", time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatalf("a request with room, after the flood: %v", err)
+	}
+	p.Release()
+	t.Logf("%d of 32 short requests timed out", timedOut.Load())
+	if n := slow.reads.Load(); n != 1 {
+		t.Errorf("33 requests made %d record reads, want 1", n)
 	}
 }

@@ -135,44 +135,54 @@ func (t *table) bound(ctx context.Context, deadline time.Time) (context.Context,
 // reads again: what it read may be stale). Concurrent lookups of one name
 // share one read: a node cold under load, or a flood of requests for a
 // name no function has, costs the store one read at a time per name, not
-// one per request.
+// one per request. The read runs apart from the request that started it,
+// until the later of its deadline and the engine's request timeout: a
+// request with a short deadline (or a flood of them) gets its 504 but does
+// not cut the read the others wait for, so the name still resolves.
 func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 	if !abi.ValidName(name) {
 		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
-	for {
-		t.mu.Lock()
-		fl, joined := t.flights[name]
-		if joined {
-			fl.waiters++
-		} else {
-			if t.flights == nil {
-				t.flights = map[string]*flight{}
-			}
-			fl = &flight{done: make(chan struct{})}
-			// A copy: name may be a request's borrowed bytes.
-			t.flights[strings.Clone(name)] = fl
+	t.mu.Lock()
+	fl := t.flights[name]
+	if fl != nil {
+		fl.waiters++
+	} else {
+		if t.flights == nil {
+			t.flights = map[string]*flight{}
 		}
-		t.mu.Unlock()
-		if !joined {
-			fl.f, fl.err = t.read(ctx, name)
-			fl.cut = ctx.Err() != nil
-			t.mu.Lock()
-			delete(t.flights, name)
-			t.mu.Unlock()
-			close(fl.done)
-			return fl.f, fl.err
-		}
-		select {
-		case <-fl.done:
-		case <-ctx.Done():
-			return nil, readCut(ctx, name)
-		}
-		if fl.err != nil && fl.cut && ctx.Err() == nil {
-			continue // the reader's own request gave up, not the store: read again
-		}
-		return fl.f, fl.err
+		fl = &flight{done: make(chan struct{})}
+		name = strings.Clone(name) // the key outlives the request's bytes
+		t.flights[name] = fl
+		go t.fly(ctx, name, fl)
 	}
+	t.mu.Unlock()
+	select {
+	case <-fl.done:
+		return fl.f, fl.err
+	case <-ctx.Done():
+		return nil, readCut(ctx, name)
+	}
+}
+
+// fly makes a flight's read, bounded by the later of the starting
+// request's deadline and the engine's request timeout, not cut by the
+// request's end.
+func (t *table) fly(ctx context.Context, name string, fl *flight) {
+	deadline, ok := ctx.Deadline()
+	if d := time.Now().Add(t.timeout); t.timeout > 0 && (!ok || d.After(deadline)) {
+		deadline, ok = d, true
+	}
+	rctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+	if ok {
+		rctx, cancel = context.WithDeadline(rctx, deadline)
+	}
+	fl.f, fl.err = t.read(rctx, name)
+	cancel()
+	t.mu.Lock()
+	delete(t.flights, name)
+	t.mu.Unlock()
+	close(fl.done)
 }
 
 // flight is a store read of a name's record that lookups share.
@@ -180,8 +190,7 @@ type flight struct {
 	done    chan struct{} // closed when f and err are set
 	f       *function
 	err     error
-	cut     bool // the reader's context had ended: err may be its, not the store's
-	waiters int  // lookups that ever joined it, gone or not (guarded by table.mu; for tests)
+	waiters int // lookups that joined it after the first, gone or not (guarded by table.mu; for tests)
 }
 
 // read is lookup's store read, made by one of the lookups of a name.

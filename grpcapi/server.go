@@ -266,7 +266,9 @@ func (s *Server) ServerMetadata(context.Context, *pb.ServerMetadataRequest) (*pb
 // ModelReady is a model's /ready: it exists (in the version asked, if
 // any) and the devices are healthy.
 func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb.ModelReadyResponse, error) {
-	pin, _, err := s.pin(ctx, req.GetName(), req.GetVersion(), deadlineOf(ctx))
+	// Not cut by the call's end: a client past its deadline resets the
+	// stream a little before it, which must read as the deadline's 504.
+	pin, _, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), deadlineOf(ctx))
 	if err != nil {
 		return nil, s.statusOf(err, "ModelReady")
 	}
@@ -277,7 +279,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 
 // ModelMetadata is a model's current version and tensors.
 func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
-	pin, ts, err := s.pin(ctx, req.GetName(), req.GetVersion(), deadlineOf(ctx))
+	pin, ts, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), deadlineOf(ctx)) // as ModelReady
 	if err != nil {
 		return nil, s.statusOf(err, "ModelMetadata")
 	}

@@ -717,18 +717,22 @@ var hdrTimeout = []byte("X-Plover-Timeout-Ms")
 
 // deadline sets the request's deadline from X-Plover-Timeout-Ms; none
 // leaves the server's default.
-func deadline(ctx *fasthttp.RequestCtx, r *call.Request) error {
-	r.Deadline = time.Time{}
+func deadline(ctx *fasthttp.RequestCtx, r *call.Request) (err error) {
+	r.Deadline, err = headerDeadline(ctx)
+	return err
+}
+
+// headerDeadline is the deadline X-Plover-Timeout-Ms asks for, or zero.
+func headerDeadline(ctx *fasthttp.RequestCtx) (time.Time, error) {
 	h := ctx.Request.Header.PeekBytes(hdrTimeout)
 	if len(h) == 0 {
-		return nil
+		return time.Time{}, nil
 	}
 	ms, err := strconv.ParseUint(unsafe.String(unsafe.SliceData(h), len(h)), 10, 32)
 	if err != nil || ms == 0 {
-		return badField("X-Plover-Timeout-Ms", strconv.Quote(string(h))+" must be a positive number of milliseconds")
+		return time.Time{}, badField("X-Plover-Timeout-Ms", strconv.Quote(string(h))+" must be a positive number of milliseconds")
 	}
-	r.Deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
-	return nil
+	return time.Now().Add(time.Duration(ms) * time.Millisecond), nil
 }
 
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

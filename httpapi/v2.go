@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
@@ -121,7 +120,12 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		s.v2Infer(ctx, name, version)
 		return
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, time.Time{})
+	dl, err := headerDeadline(ctx)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, dl)
 	if err != nil {
 		s.fail(ctx, err)
 		return

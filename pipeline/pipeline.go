@@ -154,6 +154,9 @@ type stage struct {
 // must be released. Store reads end at deadline (the request's; zero: the
 // engine's request timeout).
 func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin, error) {
+	if deadline.IsZero() { // one bound for its reads and its steps' (no allocation)
+		deadline = time.Now().Add(r.e.Timeout())
+	}
 	top, err := r.e.Pin(ctx, name, deadline)
 	if err != nil {
 		return Pin{}, err
@@ -161,9 +164,6 @@ func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin,
 	steps := top.Steps()
 	if steps == nil {
 		return Pin{r: r, top: top}, nil
-	}
-	if deadline.IsZero() { // one bound for all the steps' reads
-		deadline = time.Now().Add(r.e.Timeout())
 	}
 	pl := &plan{name: top.Name()} // name may be the request's borrowed bytes
 	for i, s := range steps {
