@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"slices"
@@ -157,6 +158,7 @@ func New(cfg Config) (*Engine, error) {
 				s.Forget(name)
 			}
 		}, logs: e.logs, timeout: cfg.Timeout}
+	e.tab.life, e.tab.stop = context.WithCancel(context.Background())
 	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}
@@ -192,6 +194,9 @@ func (e *Engine) Close() {
 	}
 	e.tab.funcs = map[string]*function{}
 	e.tab.mu.Unlock()
+	if e.tab.stop != nil {
+		e.tab.stop() // the shared reads in progress
+	}
 	for _, v := range olds {
 		v.retire()
 	}

@@ -29,9 +29,9 @@ import (
 // another node's deploy overtakes. Later reads pass through.
 type staleStore struct {
 	objectstore.Store
-	held    int64
-	reads   atomic.Int64
-	release chan struct{}
+	held         int64
+	reads, ended atomic.Int64 // ended: held reads whose context ended first
+	release      chan struct{}
 }
 
 func (s *staleStore) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
@@ -47,6 +47,7 @@ func (s *staleStore) GetTagged(ctx context.Context, key string) (io.ReadCloser, 
 	select {
 	case <-s.release:
 	case <-ctx.Done():
+		s.ended.Add(1)
 		return nil, objectstore.Info{}, ctx.Err()
 	}
 	return io.NopCloser(bytes.NewReader(b)), info, err
@@ -57,10 +58,7 @@ func (s *staleStore) GetTagged(ctx context.Context, key string) (io.ReadCloser, 
 // the name, still waiting on a slow store): here, while such a read would
 // answer 404, the deploy says the version is unchanged and serves it.
 func TestDeployReadsTheRecordAfresh(t *testing.T) {
-	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs := fsStore(t)
 	slow := &staleStore{Store: fs, release: make(chan struct{})}
 	here := testkit.Engine(t, engine.Config{Store: slow})
 	there := testkit.Engine(t, engine.Config{Store: fs})
@@ -106,13 +104,7 @@ func TestDeployReadsTheRecordAfresh(t *testing.T) {
 // function (the store is not blamed), whether it reads the record itself
 // or waits for another request's read.
 func TestHungStoreReadEndsAtTheDeadline(t *testing.T) {
-	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hung := &staleStore{Store: fs, held: 1 << 30, release: make(chan struct{})}
-	defer close(hung.release)
-	e := testkit.Engine(t, engine.Config{Store: hung})
+	e, hung := hungEngine(t, 0)
 	invoke := func(d time.Duration) chan error {
 		ch := make(chan error, 1)
 		go func() { ch <- e.Invoke(context.Background(), "fn", &call.Request{Deadline: time.Now().Add(d)}) }()
@@ -147,13 +139,7 @@ func TestHungStoreReadEndsAtTheDeadline(t *testing.T) {
 // request before its body is read, a control call reading a record), store
 // reads end at the engine's request timeout.
 func TestHungStoreReadEndsAtTheTimeout(t *testing.T) {
-	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hung := &staleStore{Store: fs, held: 1 << 30, release: make(chan struct{})}
-	defer close(hung.release)
-	e := testkit.Engine(t, engine.Config{Store: hung, Timeout: 100 * time.Millisecond})
+	e, _ := hungEngine(t, 100*time.Millisecond)
 	pin := func(p engine.Pin, err error) error {
 		if err == nil {
 			p.Release()
@@ -188,13 +174,7 @@ func TestHungStoreReadEndsAtTheTimeout(t *testing.T) {
 // (read with the headers, the function resolved as it runs) and for one
 // whose function is asked first what it takes (over 8 KiB).
 func TestHungStoreServedAtTheRequestsDeadline(t *testing.T) {
-	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hung := &staleStore{Store: fs, held: 1 << 30, release: make(chan struct{})}
-	defer close(hung.release)
-	e := testkit.Engine(t, engine.Config{Store: hung, Timeout: time.Minute})
+	e, _ := hungEngine(t, time.Minute)
 	url := testkit.Serve(t, e, httpapi.Options{}) + "/v1/functions/fn/invoke"
 	for _, size := range []int{16, 64 << 10} {
 		req, err := http.NewRequest("POST", url, bytes.NewReader(make([]byte, size)))
@@ -244,10 +224,7 @@ func (s *distantStore) GetTagged(ctx context.Context, key string) (io.ReadCloser
 // resolves, and a flood of such requests costs the store one read, not
 // one per request.
 func TestShortDeadlinesDoNotStarveTheRead(t *testing.T) {
-	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs := fsStore(t)
 	ctx := context.Background()
 	rec, _ := json.Marshal(api.Record{Name: "fn", Current: "v1", Versions: []api.Version{{ID: "v1", SHA256: fmt.Sprintf("%064x", 1)}}})
 	if err := fs.Put(ctx, "functions/fn.json", bytes.NewReader(rec), int64(len(rec))); err != nil {
@@ -282,4 +259,90 @@ func TestShortDeadlinesDoNotStarveTheRead(t *testing.T) {
 	if n := slow.reads.Load(); n != 1 {
 		t.Errorf("33 requests made %d record reads, want 1", n)
 	}
+}
+
+// The reads that outlive their requests are bounded: none starts for a
+// request already past its deadline; at most maxFlights (256) run apart
+// from their requests, the rest end with their requests; Close ends those
+// that run apart.
+func TestReadsApartAreBounded(t *testing.T) {
+	e, hung := hungEngine(t, time.Minute)
+	ctx := context.Background()
+	for i := range 50 {
+		if _, err := e.Pin(ctx, fmt.Sprintf("past-%d", i), time.Now().Add(-time.Second)); errdefs.KindOf(err) != errdefs.KindTimeout {
+			t.Fatalf("a request past its deadline: %v, want a timeout", err)
+		}
+	}
+	if n := hung.reads.Load(); n != 0 {
+		t.Fatalf("50 requests already past their deadlines started %d store reads", n)
+	}
+	const names = 300
+	var wg sync.WaitGroup
+	for i := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.Pin(ctx, fmt.Sprintf("made-up-%d", i), time.Now().Add(300*time.Millisecond))
+		}()
+	}
+	wg.Wait()
+	running := hung.reads.Load() - hung.ended.Load()
+	t.Logf("%d requests for made-up names: %d reads, %d still running after the requests", names, hung.reads.Load(), running)
+	if running > 256 {
+		t.Errorf("%d reads, %d still running after their requests; want at most 256", hung.reads.Load(), running)
+	}
+	e.Close()
+	waitUntil(t, "Close to end the reads", func() bool { return hung.reads.Load() == hung.ended.Load() })
+}
+
+// A request whose deadline is later than the shared read's (the engine's
+// timeout, the read started by a request with a short deadline) is not
+// answered at the read's end: it reads again, and waits until its own
+// deadline.
+func TestLongerDeadlineOutwaitsTheSharedRead(t *testing.T) {
+	e, hung := hungEngine(t, 100*time.Millisecond)
+	ctx := context.Background()
+	short := make(chan error, 1)
+	go func() {
+		_, err := e.Pin(ctx, "fn", time.Now().Add(20*time.Millisecond))
+		short <- err
+	}()
+	waitUntil(t, "the first read", func() bool { return hung.reads.Load() == 1 })
+	long := time.Now().Add(time.Second)
+	_, err := e.Pin(ctx, "fn", long)
+	if early := time.Until(long); errdefs.KindOf(err) != errdefs.KindTimeout || early > 5*time.Millisecond {
+		t.Errorf("a request with a 1 s deadline: %v, %v before its deadline; want a timeout at it", err, early)
+	}
+	if n := hung.reads.Load(); n != 2 {
+		t.Errorf("%d reads, want 2 (the shared one, then the longer request's own)", n)
+	}
+	<-short
+}
+
+// waitUntil polls cond (observed state) for up to 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("waited 10 s for %s", what)
+}
+
+func fsStore(t *testing.T) objectstore.Store {
+	t.Helper()
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// hungEngine is an engine whose store holds every record read until the
+// test ends (timeout 0: the default request timeout).
+func hungEngine(t *testing.T, timeout time.Duration) (*engine.Engine, *staleStore) {
+	hung := &staleStore{Store: fsStore(t), held: 1 << 30, release: make(chan struct{})}
+	t.Cleanup(func() { close(hung.release) })
+	return testkit.Engine(t, engine.Config{Store: hung, Timeout: timeout}), hung
 }

@@ -68,6 +68,10 @@ type table struct {
 	// timeout bounds a request's store read when it has no deadline of
 	// its own (the engine's request timeout).
 	timeout time.Duration
+	// life ends at Close, and with it the shared reads in progress (nil:
+	// never; tests that make a table by hand).
+	life context.Context
+	stop context.CancelFunc
 }
 
 type stats struct {
@@ -130,54 +134,88 @@ func (t *table) bound(ctx context.Context, deadline time.Time) (context.Context,
 	return context.WithDeadline(ctx, deadline)
 }
 
+// maxFlights bounds the shared reads in progress on a node (distinct
+// names): past it a lookup reads for itself, under its own deadline, so
+// that requests with short deadlines for made-up names cannot leave more
+// reads running than this beyond their requests.
+const maxFlights = 256
+
 // lookup reads name's record and adds the function to this node, unless a
 // deploy or delete changed the node while the store was read (then it
 // reads again: what it read may be stale). Concurrent lookups of one name
 // share one read: a node cold under load, or a flood of requests for a
 // name no function has, costs the store one read at a time per name, not
 // one per request. The read runs apart from the request that started it,
-// until the later of its deadline and the engine's request timeout: a
-// request with a short deadline (or a flood of them) gets its 504 but does
-// not cut the read the others wait for, so the name still resolves.
+// until the later of its deadline and the engine's request timeout (or
+// Close): a request with a short deadline (or a flood of them) gets its 504
+// but does not cut the read the others wait for, so the name still
+// resolves. A request whose deadline is later than the read's reads again
+// if the read ran out of time.
 func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 	if !abi.ValidName(name) {
 		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
-	t.mu.Lock()
-	fl := t.flights[name]
-	if fl != nil {
-		fl.waiters++
-	} else {
-		if t.flights == nil {
-			t.flights = map[string]*flight{}
+	for {
+		if ctx.Err() != nil { // no read for a request that cannot wait for it
+			return nil, readCut(ctx, name)
 		}
-		fl = &flight{done: make(chan struct{})}
-		name = strings.Clone(name) // the key outlives the request's bytes
-		t.flights[name] = fl
-		go t.fly(ctx, name, fl)
-	}
-	t.mu.Unlock()
-	select {
-	case <-fl.done:
+		t.mu.Lock()
+		fl := t.flights[name]
+		switch {
+		case fl != nil:
+			fl.waiters++
+		case len(t.flights) >= maxFlights:
+			t.mu.Unlock()
+			return t.read(ctx, name)
+		default:
+			if t.flights == nil {
+				t.flights = map[string]*flight{}
+			}
+			fl = &flight{done: make(chan struct{}), deadline: t.flightDeadline(ctx)}
+			key := strings.Clone(name) // it outlives the request's bytes
+			t.flights[key] = fl
+			go t.fly(key, fl)
+		}
+		t.mu.Unlock()
+		select {
+		case <-fl.done:
+		case <-ctx.Done():
+			select {
+			case <-fl.done: // answered as well: the answer, not the deadline
+			default:
+				return nil, readCut(ctx, name)
+			}
+		}
+		if d, ok := ctx.Deadline(); fl.cut && ctx.Err() == nil && (!ok || d.After(fl.deadline)) {
+			continue // the read ran out of time before this request would have: read again
+		}
 		return fl.f, fl.err
-	case <-ctx.Done():
-		return nil, readCut(ctx, name)
 	}
 }
 
-// fly makes a flight's read, bounded by the later of the starting
-// request's deadline and the engine's request timeout, not cut by the
-// request's end.
-func (t *table) fly(ctx context.Context, name string, fl *flight) {
-	deadline, ok := ctx.Deadline()
-	if d := time.Now().Add(t.timeout); t.timeout > 0 && (!ok || d.After(deadline)) {
-		deadline, ok = d, true
+// flightDeadline is when a read started for ctx's request ends: the later
+// of its deadline and the engine's request timeout from now (zero: none).
+func (t *table) flightDeadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	if late := time.Now().Add(t.timeout); t.timeout > 0 && late.After(d) {
+		d = late
 	}
-	rctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
-	if ok {
-		rctx, cancel = context.WithDeadline(rctx, deadline)
+	return d
+}
+
+// fly makes a flight's read under the table's life (Close cancels it), not
+// the request's: values and cancellation of the request are not its.
+func (t *table) fly(name string, fl *flight) {
+	rctx := t.life
+	if rctx == nil {
+		rctx = context.Background()
+	}
+	cancel := context.CancelFunc(func() {})
+	if !fl.deadline.IsZero() {
+		rctx, cancel = context.WithDeadline(rctx, fl.deadline)
 	}
 	fl.f, fl.err = t.read(rctx, name)
+	fl.cut = errors.Is(rctx.Err(), context.DeadlineExceeded)
 	cancel()
 	t.mu.Lock()
 	delete(t.flights, name)
@@ -187,10 +225,12 @@ func (t *table) fly(ctx context.Context, name string, fl *flight) {
 
 // flight is a store read of a name's record that lookups share.
 type flight struct {
-	done    chan struct{} // closed when f and err are set
-	f       *function
-	err     error
-	waiters int // lookups that joined it after the first, gone or not (guarded by table.mu; for tests)
+	done     chan struct{} // closed when f, err and cut are set
+	deadline time.Time     // when the read gives up (zero: never)
+	f        *function
+	err      error
+	cut      bool // the read ran out of time: a request with later deadline reads again
+	waiters  int  // lookups that joined it after the first, gone or not (guarded by table.mu; for tests)
 }
 
 // read is lookup's store read, made by one of the lookups of a name.
