@@ -163,3 +163,33 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 	t.Fatalf("waited 10 s for %s", what)
 }
+
+// A lookup without a deadline (prewarming at start) whose shared read runs
+// out of the engine's timeout gets that timeout, once: it does not read
+// the store again and again.
+func TestLookupWithoutDeadlineEndsAtTheTimeout(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &heldStore{Store: fs, release: make(chan struct{})}
+	defer close(store.release)
+	tab := &table{reg: registry.Registry{Store: store}, funcs: map[string]*function{}, tags: map[string]string{},
+		epoch: 1, timeout: 50 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() {
+		_, err := tab.lookup(context.Background(), "fn")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if errdefs.KindOf(err) != errdefs.KindTimeout {
+			t.Errorf("lookup without a deadline: %v, want a timeout", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("lookup without a deadline still going 10 s on, %d store reads", store.reads.Load())
+	}
+	if n := store.reads.Load(); n != 1 {
+		t.Errorf("%d store reads, want 1", n)
+	}
+}

@@ -304,7 +304,7 @@ func TestLongerDeadlineOutwaitsTheSharedRead(t *testing.T) {
 	ctx := context.Background()
 	short := make(chan error, 1)
 	go func() {
-		_, err := e.Pin(ctx, "fn", time.Now().Add(20*time.Millisecond))
+		_, err := e.Pin(ctx, "fn", time.Now().Add(200*time.Millisecond))
 		short <- err
 	}()
 	waitUntil(t, "the first read", func() bool { return hung.reads.Load() == 1 })

@@ -186,7 +186,9 @@ func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 				return nil, readCut(ctx, name)
 			}
 		}
-		if d, ok := ctx.Deadline(); fl.cut && ctx.Err() == nil && (!ok || d.After(fl.deadline)) {
+		// A request without a deadline (prewarming) takes the cut read's
+		// 504: the engine's timeout was its bound too.
+		if d, ok := ctx.Deadline(); ok && fl.cut && ctx.Err() == nil && d.After(fl.deadline) {
 			continue // the read ran out of time before this request would have: read again
 		}
 		return fl.f, fl.err
@@ -215,7 +217,7 @@ func (t *table) fly(name string, fl *flight) {
 		rctx, cancel = context.WithDeadline(rctx, fl.deadline)
 	}
 	fl.f, fl.err = t.read(rctx, name)
-	fl.cut = errors.Is(rctx.Err(), context.DeadlineExceeded)
+	fl.cut = fl.err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded)
 	cancel()
 	t.mu.Lock()
 	delete(t.flights, name)
