@@ -164,32 +164,41 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("waited 10 s for %s", what)
 }
 
-// A lookup without a deadline (prewarming at start) whose shared read runs
-// out of the engine's timeout gets that timeout, once: it does not read
-// the store again and again.
+// A lookup without a deadline (prewarming at start) waits no longer than
+// the engine's timeout, whether it starts the read (then it gets that
+// timeout once, not a read again and again) or joins one that a request
+// with a long deadline started.
 func TestLookupWithoutDeadlineEndsAtTheTimeout(t *testing.T) {
-	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &heldStore{Store: fs, release: make(chan struct{})}
-	defer close(store.release)
-	tab := &table{reg: registry.Registry{Store: store}, funcs: map[string]*function{}, tags: map[string]string{},
-		epoch: 1, timeout: 50 * time.Millisecond}
-	done := make(chan error, 1)
-	go func() {
-		_, err := tab.lookup(context.Background(), "fn")
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if errdefs.KindOf(err) != errdefs.KindTimeout {
-			t.Errorf("lookup without a deadline: %v, want a timeout", err)
+	for _, joins := range []bool{false, true} {
+		fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+		if err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("lookup without a deadline still going 10 s on, %d store reads", store.reads.Load())
-	}
-	if n := store.reads.Load(); n != 1 {
-		t.Errorf("%d store reads, want 1", n)
+		store := &heldStore{Store: fs, release: make(chan struct{})}
+		tab := &table{reg: registry.Registry{Store: store}, funcs: map[string]*function{}, tags: map[string]string{},
+			epoch: 1, timeout: 50 * time.Millisecond}
+		if joins {
+			long, cancel := context.WithTimeout(context.Background(), time.Minute)
+			go tab.lookup(long, "fn")
+			waitFor(t, "the long request's read", func() bool { return store.reads.Load() == 1 })
+			cancel() // the client goes; its read goes on
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := tab.lookup(context.Background(), "fn")
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if errdefs.KindOf(err) != errdefs.KindTimeout {
+				t.Errorf("joins %v: lookup without a deadline: %v, want a timeout", joins, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("joins %v: lookup without a deadline still going 10 s on, %d store reads", joins, store.reads.Load())
+		}
+		if n := store.reads.Load(); n != 1 {
+			t.Errorf("joins %v: %d store reads, want 1", joins, n)
+		}
+		close(store.release)
 	}
 }

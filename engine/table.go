@@ -155,6 +155,13 @@ func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 	if !abi.ValidName(name) {
 		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		// Prewarming: it waits no longer than a request would, whatever
+		// the deadline of a read it joins.
+		var cancel context.CancelFunc
+		ctx, cancel = t.bound(ctx, time.Time{})
+		defer cancel()
+	}
 	for {
 		if ctx.Err() != nil { // no read for a request that cannot wait for it
 			return nil, readCut(ctx, name)
@@ -186,8 +193,6 @@ func (t *table) lookup(ctx context.Context, name string) (*function, error) {
 				return nil, readCut(ctx, name)
 			}
 		}
-		// A request without a deadline (prewarming) takes the cut read's
-		// 504: the engine's timeout was its bound too.
 		if d, ok := ctx.Deadline(); ok && fl.cut && ctx.Err() == nil && d.After(fl.deadline) {
 			continue // the read ran out of time before this request would have: read again
 		}
