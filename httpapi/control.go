@@ -1,0 +1,190 @@
+package httpapi
+
+// The control plane's routes: deploy, describe, roll back and remove
+// functions, collect unused bundles, the node's health. Each calls the
+// Admin (engine.Control) and writes its answer; none is on the hot path.
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/bundle"
+)
+
+func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
+	switch string(ctx.Method()) {
+	case fasthttp.MethodGet:
+		fi, err := s.adm.Function(ctx, name)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, fi)
+	case fasthttp.MethodPut:
+		s.deploy(ctx, name)
+	case fasthttp.MethodDelete:
+		if err := s.adm.Delete(ctx, name, ctx.QueryArgs().GetBool("force")); err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]string{"deleted": name})
+	default:
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", string(ctx.Method())+" is not allowed on a function; use GET, PUT or DELETE")
+		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
+	}
+}
+
+func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
+	switch sub {
+	case "versions":
+		if !s.method(ctx, fasthttp.MethodGet) {
+			return
+		}
+		rec, err := s.adm.Versions(ctx, name)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, rec)
+	case "logs":
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.logs(ctx, name)
+		}
+	case "rollback":
+		if !s.method(ctx, fasthttp.MethodPost) {
+			return
+		}
+		var body struct {
+			Version string `json:"version"`
+		}
+		b, held, err := s.readBody(ctx, bodyLimit{n: 64 << 10, why: "for this route"}, nil)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		s.releaseBody(held) // parsed below: the bytes are done with
+		if err := strictJSON(b, &body); err != nil || body.Version == "" {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `body must be {"version":"<version id or its first 8+ characters>"}`)
+			return
+		}
+		fi, err := s.adm.Rollback(s.invokeCheck(ctx), name, body.Version)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, fi)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route for "+string(ctx.Path()))
+	}
+}
+
+func (s *Server) gc(ctx *fasthttp.RequestCtx) {
+	grace := time.Minute
+	if g := ctx.QueryArgs().Peek("grace"); len(g) > 0 {
+		d, err := time.ParseDuration(string(g))
+		if err != nil || d < 0 {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "grace: want a duration such as 30s or 0s")
+			return
+		}
+		grace = d
+	}
+	removed, err := s.adm.GC(ctx, grace)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	if removed == nil {
+		removed = []string{}
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"removed": removed})
+}
+
+func strictJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
+func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
+	switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
+	case bundle.MediaType, "application/octet-stream", "application/zstd":
+	default:
+		writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+			"Content-Type "+strconv.Quote(ct)+": a bundle is sent as "+bundle.MediaType+" (plover deploy DIR does this)")
+		return
+	}
+	// The bundle streams to a file as it arrives (Deploy spools it), so it
+	// takes no room in the body budget.
+	var body io.Reader
+	over := func(size string) error {
+		return tooLarge("bundle of " + size + " bytes is over the limit of " + strconv.Itoa(s.opts.MaxBodyBytes) + " bytes (plover serve --max-body)")
+	}
+	if cl := ctx.Request.Header.ContentLength(); cl > s.opts.MaxBodyBytes {
+		s.fail(ctx, over(strconv.Itoa(cl)))
+		return
+	}
+	if stream := ctx.RequestBodyStream(); stream != nil {
+		// Marked read only when the stream itself ends; past the limit the
+		// read fails with the 413 (the engine's error wraps it), never a
+		// bundle cut short and refused as damaged.
+		body = &eofMarker{r: stream, ctx: ctx, left: int64(s.opts.MaxBodyBytes), over: over("more than " + strconv.Itoa(s.opts.MaxBodyBytes))}
+	} else {
+		body = bytes.NewReader(ctx.Request.Body())
+	}
+	fi, err := s.adm.Deploy(s.invokeCheck(ctx), name, body, ctx.QueryArgs().GetBool("force"))
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	status := fasthttp.StatusCreated
+	if fi.Unchanged {
+		status = fasthttp.StatusOK // nothing was created
+	}
+	writeJSON(ctx, status, fi)
+}
+
+// eofMarker marks the body read once its reader reaches the end.
+type eofMarker struct {
+	r    io.Reader
+	ctx  *fasthttp.RequestCtx
+	left int64 // bytes the body may still have; past them, over
+	over error
+}
+
+func (m *eofMarker) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	if m.left -= int64(n); m.left < 0 {
+		return n, m.over
+	}
+	if err == io.EOF {
+		markRead(m.ctx)
+	}
+	return n, err
+}
+
+func (s *Server) list(ctx *fasthttp.RequestCtx) {
+	fs, err := s.adm.Functions(ctx)
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"functions": fs})
+}
+
+func (s *Server) health(ctx *fasthttp.RequestCtx) {
+	ok, devs := s.door.Health()
+	status, code := "ok", fasthttp.StatusOK
+	if !ok {
+		status, code = "unhealthy", fasthttp.StatusServiceUnavailable
+	}
+	body := map[string]any{"status": status, "devices": devs}
+	if s.opts.CPUWeights != nil {
+		body["cpu_weights"] = s.opts.CPUWeights()
+	}
+	writeJSON(ctx, code, body)
+}
