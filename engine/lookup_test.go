@@ -74,7 +74,7 @@ func TestLookupsShareOneRead(t *testing.T) {
 			defer cancelFirst()
 			firstDone := make(chan error, 1)
 			go func() {
-				_, err := tab.lookup(first, name)
+				_, err := tab.lookup(first, name, time.Time{})
 				firstDone <- err
 			}()
 			waitFor(t, "the first read", func() bool { return store.reads.Load() == 1 })
@@ -87,7 +87,7 @@ func TestLookupsShareOneRead(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					fns[i], errs[i] = tab.lookup(ctx, name)
+					fns[i], errs[i] = tab.lookup(ctx, name, time.Time{})
 				}()
 			}
 			waitFor(t, "every lookup to join the read", func() bool {
@@ -142,11 +142,11 @@ func TestLookupJoinerDeadline(t *testing.T) {
 	store := &heldStore{Store: fs, release: make(chan struct{})}
 	defer close(store.release)
 	tab := &table{reg: registry.Registry{Store: store}, funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1}
-	go tab.lookup(context.Background(), "fn")
+	go tab.lookup(context.Background(), "fn", time.Time{})
 	waitFor(t, "the first read", func() bool { return store.reads.Load() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err = tab.lookup(ctx, "fn")
+	_, err = tab.lookup(ctx, "fn", time.Time{})
 	var e *errdefs.Error
 	if !errors.As(err, &e) || e.Kind != errdefs.KindTimeout || !bytes.Contains([]byte(err.Error()), []byte("function fn")) {
 		t.Fatalf("joined lookup past its deadline: %v, want a timeout naming fn", err)
@@ -179,13 +179,13 @@ func TestLookupWithoutDeadlineEndsAtTheTimeout(t *testing.T) {
 			epoch: 1, timeout: 50 * time.Millisecond}
 		if joins {
 			long, cancel := context.WithTimeout(context.Background(), time.Minute)
-			go tab.lookup(long, "fn")
+			go tab.lookup(long, "fn", time.Time{})
 			waitFor(t, "the long request's read", func() bool { return store.reads.Load() == 1 })
 			cancel() // the client goes; its read goes on
 		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := tab.lookup(context.Background(), "fn")
+			_, err := tab.lookup(context.Background(), "fn", time.Time{})
 			done <- err
 		}()
 		select {

@@ -37,15 +37,13 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 		if deadline.IsZero() { // one bound for all its reads
 			deadline = time.Now().Add(e.cfg.Timeout)
 		}
-		rctx, cancel := e.tab.bound(ctx, deadline)
 		if f == nil {
-			_, err := e.tab.lookup(rctx, name)
-			cancel()
-			if err != nil {
+			if _, err := e.tab.lookup(ctx, name, deadline); err != nil {
 				return Pin{}, err
 			}
 			continue
 		}
+		rctx, cancel := e.tab.bound(ctx, deadline)
 		rec, err := e.tab.record(rctx, name)
 		cancel()
 		if err != nil {

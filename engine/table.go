@@ -106,10 +106,7 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 		}
 		t.mu.Unlock()
 		if f == nil {
-			lctx, cancel := t.bound(ctx, deadline)
-			_, err := t.lookup(lctx, name)
-			cancel()
-			if err != nil {
+			if _, err := t.lookup(ctx, name, deadline); err != nil {
 				return nil, nil, err
 			}
 			continue
@@ -121,15 +118,15 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 	}
 }
 
-// bound is ctx ending at deadline (zero: the engine's request timeout from
-// now), for a request's store reads: made only when the store is read, so
-// that the hot path makes no context.
+// bound is ctx ending at deadline (zero: ctx's own, else the engine's
+// request timeout from now), for a request's store reads: made only when
+// the store is read, so that the hot path makes no context.
 func (t *table) bound(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
-	if deadline.IsZero() && t.timeout > 0 {
-		deadline = time.Now().Add(t.timeout)
+	if _, ok := ctx.Deadline(); deadline.IsZero() && (ok || t.timeout <= 0) {
+		return ctx, func() {}
 	}
 	if deadline.IsZero() {
-		return ctx, func() {}
+		deadline = time.Now().Add(t.timeout)
 	}
 	return context.WithDeadline(ctx, deadline)
 }
@@ -150,18 +147,15 @@ const maxFlights = 256
 // Close): a request with a short deadline (or a flood of them) gets its 504
 // but does not cut the read the others wait for, so the name still
 // resolves. A request whose deadline is later than the read's reads again
-// if the read ran out of time.
-func (t *table) lookup(ctx context.Context, name string) (*function, error) {
+// if the read ran out of time. The request waits until deadline or ctx's,
+// whichever is earlier (neither: the engine's request timeout from now, so
+// that prewarming waits no longer than a request would).
+func (t *table) lookup(ctx context.Context, name string, deadline time.Time) (*function, error) {
 	if !abi.ValidName(name) {
 		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		// Prewarming: it waits no longer than a request would, whatever
-		// the deadline of a read it joins.
-		var cancel context.CancelFunc
-		ctx, cancel = t.bound(ctx, time.Time{})
-		defer cancel()
-	}
+	ctx, cancel := t.bound(ctx, deadline)
+	defer cancel()
 	for {
 		if ctx.Err() != nil { // no read for a request that cannot wait for it
 			return nil, readCut(ctx, name)
@@ -406,11 +400,8 @@ func (t *table) detach(f *function, v *version) bool {
 // (none: the engine's request timeout, so that a store that hangs answers
 // control calls too in bounded time).
 func (t *table) record(ctx context.Context, name string) (*api.Record, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = t.bound(ctx, time.Time{})
-		defer cancel()
-	}
+	ctx, cancel := t.bound(ctx, time.Time{})
+	defer cancel()
 	rec, err := t.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
 		return nil, errorf(errdefs.KindNotFound, err, "function %q not found", name)

@@ -111,7 +111,7 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 		if err != nil || cv.IsPipeline() || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
 			continue
 		}
-		f, err := e.tab.lookup(ctx, rec.Name)
+		f, err := e.tab.lookup(ctx, rec.Name, time.Time{})
 		if err == nil {
 			e.warmIfWanted(ctx, f)
 		} else if firstErr == nil {
