@@ -9,9 +9,11 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -227,7 +229,13 @@ func (i *hostInstance) Close() {
 		return
 	}
 	i.state.st = i.state.base
-	_ = i.hook(hookInstanceFini) // documented: ignored
+	// Documented: fini's failure is ignored. An overrun checked mode
+	// finds in it is reported where the function's output goes (a
+	// worker's stderr), as nothing else would show it.
+	var ke *KernelError
+	if err := i.hook(hookInstanceFini); errors.As(err, &ke) {
+		fmt.Fprintln(os.Stderr, ke.Msg)
+	}
 	i.free()
 }
 

@@ -83,6 +83,7 @@ void plover_checked_place(plover_inst_state_t *s) {
 /* The run or hook this thread is in, for the fault handler; cur_len says
  * what a buffer's length is: this request's, or (a hook) its capacity. */
 static __thread plover_inst_state_t *cur_state;
+static __thread const char *cur_what; /* "entry " or "hook " */
 static __thread const char *cur_entry;
 static __thread const char *cur_len;
 
@@ -101,8 +102,8 @@ static const char *scan(plover_inst_state_t *s, const char *entry) {
       }
     if (first) {
       snprintf(s->report, sizeof s->report,
-               PLOVER_FAULT_MARK "entry %s wrote past the end of %s (%zu%s): bytes %zu to %zu changed",
-               entry ? entry : "?", names[b], g->len, cur_len, (size_t)(first - g->dat), (size_t)(last - g->dat));
+               PLOVER_FAULT_MARK "%s%s wrote past the end of %s (%zu%s): bytes %zu to %zu changed",
+               cur_what, entry ? entry : "?", names[b], g->len, cur_len, (size_t)(first - g->dat), (size_t)(last - g->dat));
       return s->report;
     }
   }
@@ -113,6 +114,7 @@ const char *plover_checked_call(plover_inst_state_t *s, const plover_step_t *ste
   void *arg = s->abi1 ? (void *)&s->st.input : (void *)&s->st;
   const char *overrun = NULL;
   cur_state = s;
+  cur_what = "entry ";
   cur_len = request_len;
   for (int i = 0; i < n && !overrun; i++) {
     cur_entry = steps[i].name;
@@ -126,13 +128,10 @@ const char *plover_checked_call(plover_inst_state_t *s, const plover_step_t *ste
 const char *plover_checked_hook(plover_inst_state_t *s, void *hook, const char *name, void *last_error) {
   /* A hook sees every buffer at its full size: placed so again, whatever
    * the last request's lengths were (fini comes after requests). */
-  plover_buf_t *base[3] = {&s->base.input, &s->base.tmp, &s->base.out};
-  for (int b = 0; b < 3; b++) {
-    place(&s->guard[b], base[b]->len);
-    base[b]->dat = s->guard[b].dat;
-  }
   s->st = s->base;
+  plover_checked_place(s);
   cur_state = s;
+  cur_what = "hook ";
   cur_entry = name;
   cur_len = hook_len;
   const char *err = plover_call_hook(hook, &s->st, last_error);
@@ -180,7 +179,8 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
     int after = a >= end && a < end + pg, before = a >= g->body - pg && a < g->body;
     if (!after && !before) continue;
     struct line l = {.n = 0};
-    put(&l, PLOVER_FAULT_MARK "entry ");
+    put(&l, PLOVER_FAULT_MARK);
+    put(&l, cur_what ? cur_what : "entry ");
     put(&l, cur_entry ? cur_entry : "?");
     put(&l, " ");
     put(&l, verb);
