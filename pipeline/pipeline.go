@@ -59,7 +59,11 @@ func New(e Engine, reg prometheus.Registerer) *Runner {
 // Invoke runs name on req: a function's chain, or a pipeline's steps.
 func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now() // before the name is resolved, which may read the store
-	p, err := r.Pin(ctx, name, req.Deadline)
+	deadline := req.Deadline
+	if deadline.IsZero() { // the one the run will have: its reads share it
+		deadline = t0.Add(r.e.Timeout())
+	}
+	p, err := r.Pin(ctx, name, deadline)
 	if err != nil {
 		return err
 	}
@@ -154,9 +158,6 @@ type stage struct {
 // must be released. Store reads end at deadline (the request's; zero: the
 // engine's request timeout).
 func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin, error) {
-	if deadline.IsZero() { // one bound for its reads and its steps' (no allocation)
-		deadline = time.Now().Add(r.e.Timeout())
-	}
 	top, err := r.e.Pin(ctx, name, deadline)
 	if err != nil {
 		return Pin{}, err
@@ -164,6 +165,9 @@ func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin,
 	steps := top.Steps()
 	if steps == nil {
 		return Pin{r: r, top: top}, nil
+	}
+	if deadline.IsZero() { // one bound for the steps' reads
+		deadline = time.Now().Add(r.e.Timeout())
 	}
 	pl := &plan{name: top.Name()} // name may be the request's borrowed bytes
 	for i, s := range steps {
