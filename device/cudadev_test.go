@@ -41,6 +41,7 @@ func removeLater(dir string) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	fakecuda.Remove()
 	for _, d := range cleanupDirs.dirs {
 		os.RemoveAll(d)
 	}
@@ -105,27 +106,16 @@ func newLog() (*slog.Logger, *logBuf) {
 // ---- the fake driver ----
 
 var fake struct {
-	once sync.Once
-	dir  string
-	err  error
-	env  *bundleEnv
-}
-
-func buildFake() (string, error) {
-	dir, err := fakecuda.Build()
-	if err == nil {
-		removeLater(dir)
-	}
-	return dir, err
+	env *bundleEnv
 }
 
 func fakeDir(t testing.TB) string {
 	t.Helper()
-	fake.once.Do(func() { fake.dir, fake.err = buildFake() })
-	if fake.err != nil {
-		t.Skipf("cannot build the fake CUDA driver: %v", fake.err)
+	dir, err := fakecuda.Shared()
+	if err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
 	}
-	return fake.dir
+	return dir
 }
 
 func fakeLib(t testing.TB) string { return filepath.Join(fakeDir(t), "libfakecuda.so") }

@@ -363,7 +363,8 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if err != nil {
 		return nil, err
 	}
-	pick, err := requested(req.GetOutputs(), ts.Outputs)
+	// The outputs to answer: those the request names, in its order, or all.
+	pick, err := oip.Requested(nil, req.GetOutputs(), (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, ts.Outputs)
 	if err != nil {
 		return nil, err
 	}

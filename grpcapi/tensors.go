@@ -166,12 +166,6 @@ func appendInt(b []byte, v uint64, size int64) []byte {
 	return b
 }
 
-// requested is the indices of the declared outputs to answer: those the
-// request names, in its order, or all (empty).
-func requested(want []*pb.ModelInferRequest_InferRequestedOutputTensor, decl []abi.Tensor) ([]int, error) {
-	return oip.Requested(nil, want, (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, decl)
-}
-
 // outputs cuts the function's output into its declared outputs and
 // answers the picked ones: raw_output_contents, or typed contents when the
 // inputs came typed and every answered datatype has a typed field (the
@@ -181,24 +175,19 @@ func outputs(req *pb.ModelInferRequest, r *call.Request, decl []abi.Tensor, pick
 	if err != nil {
 		return nil, &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}
 	}
-	if len(pick) == 0 {
-		pick = make([]int, len(cuts))
-		for i := range pick {
-			pick[i] = i
-		}
-	}
-	for _, k := range pick {
-		if cuts[k].Decl.Datatype == "FP16" {
+	answer := oip.Picked(nil, cuts, pick)
+	for _, c := range answer {
+		if c.Decl.Datatype == "FP16" {
 			typed = false
 		}
 	}
 	resp := &pb.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: r.Version, Id: req.GetId(),
-		Outputs: make([]*pb.ModelInferResponse_InferOutputTensor, len(pick))}
+		Outputs: make([]*pb.ModelInferResponse_InferOutputTensor, len(answer))}
 	if !typed {
-		resp.RawOutputContents = make([][]byte, len(pick))
+		resp.RawOutputContents = make([][]byte, len(answer))
 	}
-	for j, k := range pick {
-		c := &cuts[k]
+	for j := range answer {
+		c := &answer[j]
 		o := &pb.ModelInferResponse_InferOutputTensor{Name: c.Decl.Name, Datatype: c.Decl.Datatype, Shape: c.Shape}
 		if typed {
 			o.Contents = typedContents(c.Decl.Datatype, c.Bytes)
