@@ -35,14 +35,13 @@ import (
 	"github.com/plover-run/plover/worker/contain"
 )
 
-// defaultDataDir is --data when neither the flag nor $PLOVER_DATA gives
-// one. It is resolved when serve starts, not as the flag's default, so that
-// help and the generated reference read the same on every machine.
-
 // defaultTimeout is plover serve's --timeout unless given: the deadline of
 // a request (queue and run), which clients are told of by name.
 const defaultTimeout = 30 * time.Second
 
+// defaultDataDir is --data when neither the flag nor $PLOVER_DATA gives
+// one. It is resolved when serve starts, not as the flag's default, so that
+// help and the generated reference read the same on every machine.
 func defaultDataDir() string {
 	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
 		return filepath.Join(d, "plover")

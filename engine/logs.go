@@ -32,8 +32,7 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	}
 	lines, f, err := c.e.logs.Follow(name, since)
 	if err != nil {
-		return nil, nil, errorf(errdefs.KindBusy, err, "function %s: its output has %d followers on this node, or the node %d in all, the most it serves: follow with fewer clients, or read without ?follow",
-			name, funclog.MaxFollowers, funclog.MaxFollowersTotal)
+		return nil, nil, errorf(errdefs.KindBusy, err, "function %s: %v: follow with fewer clients, or read without ?follow", name, err)
 	}
 	return lines, f, nil
 }

@@ -293,7 +293,7 @@ func TestFollowersOfAFunctionBounded(t *testing.T) {
 		fs = append(fs, f)
 	}
 	_, _, err := e.Control().Logs(context.Background(), "echo", time.Time{}, true)
-	if errdefs.KindOf(err) != errdefs.KindBusy || !strings.Contains(err.Error(), "the most it serves") {
+	if errdefs.KindOf(err) != errdefs.KindBusy || !strings.Contains(err.Error(), "its output has 32 on this node, the most a function may") {
 		t.Fatalf("follower %d: %v, want a 429 saying why", funclog.MaxFollowers+1, err)
 	}
 	if _, _, err := e.Control().Logs(context.Background(), "echo", time.Time{}, false); err != nil {

@@ -16,8 +16,10 @@ package funclog
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/plover-run/plover/api"
@@ -91,7 +93,7 @@ func New(log *slog.Logger) *Store {
 // Sink to its Forget (a delete). Lines a sink of an ended life brings are
 // dropped, so that what a deleted function's worker prints as its last
 // requests finish is not kept under the name, for whoever deploys it next.
-type life struct{ over bool }
+type life struct{ over atomic.Bool }
 
 // Sink is where one worker's output goes: the function it was loaded for,
 // in the life of the name it was loaded in.
@@ -125,8 +127,11 @@ func size(l *api.LogLine) int { return len(l.Line) + lineOverhead }
 // dropped. It never blocks.
 func (k *Sink) Add(l api.LogLine) {
 	s, name := k.s, k.name
+	if k.life.over.Load() { // a deleted function's worker still printing: no lock
+		return
+	}
 	s.mu.Lock()
-	if k.life.over {
+	if k.life.over.Load() {
 		s.mu.Unlock()
 		return
 	}
@@ -272,8 +277,11 @@ func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.fns[name]
-	if s.following >= MaxFollowersTotal || (r != nil && len(r.follow) >= MaxFollowers) {
-		return nil, nil, ErrTooManyFollowers
+	switch {
+	case r != nil && len(r.follow) >= MaxFollowers:
+		return nil, nil, fmt.Errorf("%w: its output has %d on this node, the most a function may", ErrTooManyFollowers, MaxFollowers)
+	case s.following >= MaxFollowersTotal:
+		return nil, nil, fmt.Errorf("%w: this node serves %d in all, the most it may", ErrTooManyFollowers, MaxFollowersTotal)
 	}
 	lines := s.linesLocked(name, since)
 	if r == nil {
@@ -299,7 +307,7 @@ func (s *Store) Forget(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l := s.lives[name]; l != nil {
-		l.over = true
+		l.over.Store(true)
 		delete(s.lives, name)
 	}
 	r := s.fns[name]

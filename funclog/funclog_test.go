@@ -177,7 +177,7 @@ func TestFollowersBounded(t *testing.T) {
 		}
 		fs = append(fs, f)
 	}
-	if _, _, err := s.Follow("f", time.Time{}); !errors.Is(err, ErrTooManyFollowers) {
+	if _, _, err := s.Follow("f", time.Time{}); !errors.Is(err, ErrTooManyFollowers) || !strings.Contains(err.Error(), "the most a function may") {
 		t.Fatalf("follower %d of f: %v, want ErrTooManyFollowers", MaxFollowers+1, err)
 	}
 	fs[0].Close()
@@ -199,7 +199,7 @@ func TestFollowersBounded(t *testing.T) {
 			t.Fatalf("follower %d on the node: %v", i, err)
 		}
 	}
-	if _, _, err := s.Follow("h", time.Time{}); !errors.Is(err, ErrTooManyFollowers) {
+	if _, _, err := s.Follow("h", time.Time{}); !errors.Is(err, ErrTooManyFollowers) || !strings.Contains(err.Error(), "in all") {
 		t.Fatalf("follower %d on the node: %v, want ErrTooManyFollowers", MaxFollowersTotal+1, err)
 	}
 }
