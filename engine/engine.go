@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"slices"
@@ -152,13 +151,13 @@ func New(cfg Config) (*Engine, error) {
 			e.keepsLogs = true
 		}
 	}
-	e.tab = &table{reg: registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, log: cfg.Log,
-		funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, forgetFlow: func(name string) {
-			for _, s := range e.scheds { // set below, before any function is known
-				s.Forget(name)
-			}
-		}, logs: e.logs, timeout: cfg.Timeout}
-	e.tab.life, e.tab.stop = context.WithCancel(context.Background())
+	e.tab = newTable(registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, e.logs, cfg.Timeout)
+	e.tab.log = cfg.Log
+	e.tab.forgetFlow = func(name string) {
+		for _, s := range e.scheds { // set below, before any function is known
+			s.Forget(name)
+		}
+	}
 	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}
@@ -194,9 +193,7 @@ func (e *Engine) Close() {
 	}
 	e.tab.funcs = map[string]*function{}
 	e.tab.mu.Unlock()
-	if e.tab.stop != nil {
-		e.tab.stop() // the shared reads in progress
-	}
+	e.tab.stop() // the shared reads in progress
 	for _, v := range olds {
 		v.retire()
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/registry"
 )
 
 // A function forgotten on this node (deleted here, or found deleted by a
@@ -15,7 +16,7 @@ import (
 // moved on forgets nothing.
 func TestForgetEndsTheOutputsLife(t *testing.T) {
 	logs := funclog.New(nil)
-	tab := &table{funcs: map[string]*function{}, tags: map[string]string{}, epoch: 1, logs: logs}
+	tab := newTable(registry.Registry{}, logs, 0)
 	for _, n := range []string{"f", "g"} {
 		tab.funcs[n] = &function{name: n, out: logs.Sink(n)}
 	}

@@ -292,7 +292,7 @@ func TestReadsApartAreBounded(t *testing.T) {
 		t.Errorf("%d reads, %d still running after their requests; want at most 256", hung.reads.Load(), running)
 	}
 	e.Close()
-	waitUntil(t, "Close to end the reads", func() bool { return hung.reads.Load() == hung.ended.Load() })
+	engine.WaitFor(t, "Close to end the reads", func() bool { return hung.reads.Load() == hung.ended.Load() })
 }
 
 // A request whose deadline is later than the shared read's (the engine's
@@ -307,7 +307,7 @@ func TestLongerDeadlineOutwaitsTheSharedRead(t *testing.T) {
 		_, err := e.Pin(ctx, "fn", time.Now().Add(200*time.Millisecond))
 		short <- err
 	}()
-	waitUntil(t, "the first read", func() bool { return hung.reads.Load() == 1 })
+	engine.WaitFor(t, "the first read", func() bool { return hung.reads.Load() == 1 })
 	long := time.Now().Add(time.Second)
 	_, err := e.Pin(ctx, "fn", long)
 	if early := time.Until(long); errdefs.KindOf(err) != errdefs.KindTimeout || early > 5*time.Millisecond {
@@ -317,17 +317,6 @@ func TestLongerDeadlineOutwaitsTheSharedRead(t *testing.T) {
 		t.Errorf("%d reads, want 2 (the shared one, then the longer request's own)", n)
 	}
 	<-short
-}
-
-// waitUntil polls cond (observed state) for up to 10 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("waited 10 s for %s", what)
 }
 
 func fsStore(t *testing.T) objectstore.Store {

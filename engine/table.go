@@ -68,10 +68,18 @@ type table struct {
 	// timeout bounds a request's store read when it has no deadline of
 	// its own (the engine's request timeout).
 	timeout time.Duration
-	// life ends at Close, and with it the shared reads in progress (nil:
-	// never; tests that make a table by hand).
+	// life ends at Close, and with it the shared reads in progress.
 	life context.Context
 	stop context.CancelFunc
+}
+
+// newTable is a table of no functions over reg, its programs' output kept
+// in logs, a request's store reads bounded by timeout when it has no
+// deadline of its own.
+func newTable(reg registry.Registry, logs *funclog.Store, timeout time.Duration) *table {
+	life, stop := context.WithCancel(context.Background())
+	return &table{reg: reg, logs: logs, timeout: timeout, life: life, stop: stop, epoch: 1,
+		funcs: map[string]*function{}, tags: map[string]string{}, flights: map[string]*flight{}}
 }
 
 type stats struct {
@@ -169,9 +177,6 @@ func (t *table) lookup(ctx context.Context, name string, deadline time.Time) (*f
 			t.mu.Unlock()
 			return t.read(ctx, name)
 		default:
-			if t.flights == nil {
-				t.flights = map[string]*flight{}
-			}
 			fl = &flight{done: make(chan struct{}), deadline: t.flightDeadline(ctx)}
 			key := strings.Clone(name) // it outlives the request's bytes
 			t.flights[key] = fl
@@ -207,11 +212,7 @@ func (t *table) flightDeadline(ctx context.Context) time.Time {
 // fly makes a flight's read under the table's life (Close cancels it), not
 // the request's: values and cancellation of the request are not its.
 func (t *table) fly(name string, fl *flight) {
-	rctx := t.life
-	if rctx == nil {
-		rctx = context.Background()
-	}
-	cancel := context.CancelFunc(func() {})
+	rctx, cancel := t.life, context.CancelFunc(func() {})
 	if !fl.deadline.IsZero() {
 		rctx, cancel = context.WithDeadline(rctx, fl.deadline)
 	}
