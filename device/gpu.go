@@ -140,6 +140,11 @@ func init() {
 		// mostly the GPU's, and copies overlap another's kernels.
 		Runs:    func() int { return 4 },
 		Reserve: func(int) int { return 1 },
+		// A run's events time a span of its stream, and other runs'
+		// kernels fall inside it (other contexts' while contexts
+		// time-slice, other streams' in one): runs in flight together
+		// split the GPU's time for charging (sched.Config.Capacity).
+		SharedTime: 1,
 		// Graphs replay by shape: a batch is padded to the full batch.
 		PadBatches: true,
 		MPS:        true,

@@ -33,6 +33,12 @@ type Kind struct {
 	// Reserve how many of runs are kept for light functions (sched).
 	Runs    func() int
 	Reserve func(runs int) int
+	// SharedTime, when not 0, says a run's measured device time
+	// (Timing.Busy) is a span in which other runs' work can fall, and how
+	// many runs the device serves at full speed at once: runs in flight
+	// together split its time for charging (sched.Config.Capacity). 0: the
+	// measure is the run's own (the host's per-thread CPU time).
+	SharedTime float64
 	// PadBatches: a batch's input is padded to the function's full batch,
 	// so that a recorded graph replays (its launches are keyed by shape).
 	PadBatches bool
@@ -99,6 +105,9 @@ func ReservedRuns(target string, runs int) int {
 	}
 	return 1
 }
+
+// SharedTime reports the kind's SharedTime (0 for a kind that does not say).
+func SharedTime(target string) float64 { return traits(target).SharedTime }
 
 // PadsBatches reports the kind's PadBatches.
 func PadsBatches(target string) bool { return traits(target).PadBatches }

@@ -166,7 +166,8 @@ func New(cfg Config) (*Engine, error) {
 		}
 		for _, d := range cfg.Devices {
 			n := cfg.Sched.maxRuns(d)
-			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), PolicyName: cfg.Sched.Policy})
+			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), PolicyName: cfg.Sched.Policy,
+				Capacity: device.SharedTime(d.Target())})
 		}
 	}
 	return e, nil

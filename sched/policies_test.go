@@ -2,6 +2,7 @@ package sched
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -64,5 +65,138 @@ func TestChargeIsTheDeviceTimeUsed(t *testing.T) {
 				t.Fatalf("charged %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// Where a run's own measure of its device time is a span other runs' work
+// falls in (Capacity: a GPU's events), runs in flight together split the
+// device's time: what all of them are charged never passes the time the
+// device was in use, and a run alone is charged what it measured.
+func TestChargeSplitsOverlappingRuns(t *testing.T) {
+	ms := time.Millisecond
+	type span struct {
+		start, end time.Duration // from the test's start
+		used       time.Duration // what the device measured
+	}
+	for _, tc := range []struct {
+		name     string
+		capacity float64
+		runs     []span
+		want     []time.Duration
+	}{
+		{"alone: what it measured", 1, []span{{0, 8 * ms, 5 * ms}}, []time.Duration{5 * ms}},
+		{"four at once, each span the whole: a quarter each", 1,
+			[]span{{0, 8 * ms, 8 * ms}, {0, 8 * ms, 8 * ms}, {0, 8 * ms, 8 * ms}, {0, 8 * ms, 8 * ms}},
+			[]time.Duration{2 * ms, 2 * ms, 2 * ms, 2 * ms}},
+		{"staggered: alone, then halves", 1, []span{{0, 4 * ms, 4 * ms}, {2 * ms, 6 * ms, 4 * ms}},
+			[]time.Duration{3 * ms, 3 * ms}},
+		{"measured less than its part: what it measured", 1, []span{{0, 8 * ms, 8 * ms}, {0, 8 * ms, ms}},
+			[]time.Duration{4 * ms, 2 * ms}}, // the second's floor is its slot time over 4 slots
+		{"capacity 2: two at once run at full speed", 2,
+			[]span{{0, 8 * ms, 8 * ms}, {0, 8 * ms, 8 * ms}, {0, 8 * ms, 8 * ms}, {0, 8 * ms, 8 * ms}},
+			[]time.Duration{4 * ms, 4 * ms, 4 * ms, 4 * ms}},
+		{"capacity 0: nothing split", 0, []span{{0, 8 * ms, 8 * ms}, {0, 8 * ms, 8 * ms}},
+			[]time.Duration{8 * ms, 8 * ms}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			s := New(Config{MaxRuns: 4, Clock: clk, Capacity: tc.capacity})
+			t0 := clk.Now()
+			flows := make([]*Flow, len(tc.runs))
+			tickets := make([]Ticket, len(tc.runs))
+			// Events in time order: starts before ends at the same moment.
+			type event struct {
+				at  time.Duration
+				i   int
+				end bool
+			}
+			var evs []event
+			for i, r := range tc.runs {
+				evs = append(evs, event{r.start, i, false}, event{r.end, i, true})
+			}
+			slices.SortStableFunc(evs, func(a, b event) int {
+				if a.at != b.at {
+					return int(a.at - b.at)
+				}
+				if a.end == b.end {
+					return 0
+				}
+				if b.end {
+					return -1
+				}
+				return 1
+			})
+			for _, ev := range evs {
+				clk.Advance(t0.Add(ev.at).Sub(clk.Now()))
+				if !ev.end {
+					flows[ev.i] = s.Flow(string(rune('a' + ev.i)))
+					tk, _, err := flows[ev.i].Admit(t.Context(), time.Time{}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					tickets[ev.i] = tk
+					continue
+				}
+				tickets[ev.i].DoneUsed(clk.Now(), tc.runs[ev.i].used)
+			}
+			for i, f := range flows {
+				if got := f.DeviceTime(); got != tc.want[i] {
+					t.Errorf("run %d charged %v, want %v", i, got, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+// However runs overlap, what a device of capacity 1 charges them in all is
+// at most the time some run was in flight, and a run past its deadline,
+// ended by the Scheduler, is charged its part too.
+func TestSplitChargesNeverPassTheDevicesTime(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 4, Clock: clk, Capacity: 1})
+	rng := rand.New(rand.NewPCG(1, 2))
+	var open []Ticket
+	var flows []*Flow
+	inUse := time.Duration(0)
+	for step := 0; step < 2000; step++ {
+		d := time.Duration(rng.IntN(500)+1) * time.Microsecond
+		if len(open) > 0 {
+			inUse += d
+		}
+		clk.Advance(d)
+		if len(open) < 4 && (len(open) == 0 || rng.IntN(2) == 0) {
+			f := s.Flow(string(rune('a' + rng.IntN(6))))
+			deadline := time.Time{}
+			if rng.IntN(10) == 0 {
+				deadline = clk.Now().Add(time.Millisecond) // expires unless it ends first
+			}
+			tk, _, err := f.Admit(t.Context(), deadline, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			open, flows = append(open, tk), append(flows, f)
+			continue
+		}
+		i := rng.IntN(len(open))
+		// The device measured the whole span: the worst case for a sum.
+		open[i].DoneUsed(clk.Now(), clk.Now().Sub(open[i].r.start)+time.Hour)
+		open = slices.Delete(open, i, i+1)
+		// A run the Scheduler ended at its deadline left running: drop it
+		// from open once its ticket is stale, as its slot is free.
+		open = slices.DeleteFunc(open, func(tk Ticket) bool { return tk.r.gen != tk.gen })
+	}
+	for _, tk := range open {
+		tk.DoneUsed(clk.Now(), time.Hour)
+	}
+	var sum time.Duration
+	seen := map[*Flow]bool{}
+	for _, f := range flows {
+		if !seen[f] {
+			seen[f] = true
+			sum += f.DeviceTime()
+		}
+	}
+	if sum > inUse || sum < inUse*9/10 {
+		t.Fatalf("charged %v in all while runs were in flight for %v: want at most that, and most of it", sum, inUse)
 	}
 }

@@ -114,6 +114,13 @@ type Config struct {
 	// Decay is the time constant of each function's recent share of
 	// device time (Flow.Fraction; default 10s).
 	Decay time.Duration
+	// Capacity is how many runs the device serves at full speed at once,
+	// for charging (Ticket.DoneUsed), where a run's own measure of its
+	// device time can include other runs' work: a GPU's events time a span
+	// on one stream, and other contexts' kernels run inside it while
+	// contexts time-slice (1). 0: the device's measure is the run's alone
+	// (the host device's per-thread CPU time), and nothing is split.
+	Capacity float64
 	// Clock is the time source; nil: the wall clock.
 	Clock Clock
 }

@@ -31,11 +31,18 @@ type Scheduler struct {
 	spare   []*run  // ended runs, reused
 	// idle holds the flows that went idle within Config.Recent (each
 	// once: Flow.listed), for Reserve; pruned as it is read.
-	idle    []*Flow
-	busy    decayed // every flow's recent device time
-	expiry  Timer   // armed for the earliest running deadline while runs wait
-	expAt   time.Time
-	scratch []*Flow
+	idle []*Flow
+	busy decayed // every flow's recent device time
+	// shared is the device time one run in flight has had since the
+	// Scheduler began, were the device split evenly among the runs in
+	// flight at each moment (Config.Capacity), in nanoseconds; sharedAt
+	// is when it was last brought up to date. A run's part of the device
+	// is the difference between its end's and its start's.
+	shared   float64
+	sharedAt time.Time
+	expiry   Timer // armed for the earliest running deadline while runs wait
+	expAt    time.Time
+	scratch  []*Flow
 }
 
 // New returns a Scheduler for one device.
@@ -176,6 +183,7 @@ type run struct {
 	start    time.Time
 	deadline time.Time // zero: none
 	charged  float64   // what the policy charged when it started
+	shared   float64   // Scheduler.shared at its start
 	gen      uint64
 }
 
@@ -300,10 +308,15 @@ func (t Ticket) DoneAt(now time.Time) { t.DoneUsed(now, 0) }
 // used (0: it does not know): the run is charged and billed that, not the
 // time it held its slot, which on a device busier than its slots (the
 // host device's runs outnumber its CPUs) includes the time the run waited
-// for the device. It is charged at least its slot time divided by the
-// device's slots: a run that holds a slot while using little of the
-// device (a sleeping kernel) still costs the share of the device a slot
-// is, so that runs of that kind cannot take every slot for nothing.
+// for the device. Where the device's measure is a span that other runs'
+// work can fall in (Config.Capacity: a GPU's events), it is charged at
+// most its part of the device while it held its slot, the device split
+// evenly among the runs in flight at each moment, so that what all runs
+// are charged never exceeds the time the device was in use. It is charged
+// at least its slot time divided by the device's slots: a run that holds a
+// slot while using little of the device (a sleeping kernel) still costs
+// the share of the device a slot is, so that runs of that kind cannot take
+// every slot for nothing.
 func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 	r := t.r
 	if r == nil {
@@ -312,16 +325,42 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 	s := r.s // r.f is nil once the run gave its slot up at its deadline
 	s.mu.Lock()
 	if r.gen == t.gen {
-		held := now.Sub(r.start)
-		charge := held
+		part := s.part(r, now)
+		charge := part
 		if used > 0 {
-			charge = min(held, max(used, held/time.Duration(s.cfg.MaxRuns)))
+			charge = max(min(used, part), now.Sub(r.start)/time.Duration(s.cfg.MaxRuns))
 		}
 		s.end(r, charge, now)
 		s.dispatch(now)
 		s.armExpiry(now)
 	}
 	s.mu.Unlock()
+}
+
+// part is r's part of the device from its start to now: the time it held
+// its slot, or less where runs in flight outnumbered Config.Capacity.
+// Called with s.mu held.
+func (s *Scheduler) part(r *run, now time.Time) time.Duration {
+	s.share(now)
+	held := now.Sub(r.start)
+	if s.cfg.Capacity <= 0 {
+		return held
+	}
+	return min(held, time.Duration(s.shared-r.shared))
+}
+
+// share brings Scheduler.shared up to now, before the runs in flight
+// change. Called with s.mu held. Callers read their clocks before taking
+// the lock, so now may be a little behind the last call's: that stretch
+// counts once.
+func (s *Scheduler) share(now time.Time) {
+	if !now.After(s.sharedAt) {
+		return
+	}
+	if n := len(s.running); n > 0 && s.cfg.Capacity > 0 {
+		s.shared += float64(now.Sub(s.sharedAt)) * min(1, s.cfg.Capacity/float64(n))
+	}
+	s.sharedAt = now
 }
 
 // start admits a run of f. Called with s.mu held.
@@ -336,7 +375,8 @@ func (s *Scheduler) start(f *Flow, deadline, now time.Time) Ticket {
 	} else {
 		r = &run{s: s}
 	}
-	r.f, r.start, r.deadline = f, now, deadline
+	s.share(now)
+	r.f, r.start, r.deadline, r.shared = f, now, deadline, s.shared
 	s.running = append(s.running, r)
 	f.inFlight++
 	r.charged = s.pol.Started(f, now)
@@ -509,7 +549,7 @@ func (s *Scheduler) expire() {
 			i++
 			continue
 		}
-		s.end(r, now.Sub(r.start), now) // removes r from running
+		s.end(r, s.part(r, now), now) // removes r from running
 	}
 	s.dispatch(now)
 	s.armExpiry(now)

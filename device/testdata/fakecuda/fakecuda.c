@@ -14,13 +14,21 @@
  *
  * Environment: FAKECUDA_INIT_ERROR=<code> makes cuInit fail,
  * FAKECUDA_DEVICES=<n> (default 2, at most 4) sets the device count.
+ * FAKECUDA_KERNEL_US=<n> makes the GPU busy: every kernel holds it for n
+ * microseconds, one kernel at a time in the process, and across processes
+ * that name the same file in FAKECUDA_GPU_LOCK (flock): a GPU whose kernels
+ * fill it, and whose contexts time-slice, so that a run's events span other
+ * runs' kernels as they do on a real one.
  * Built with -DFAKECUDA_OMIT_GRAPH_LAUNCH it lacks cuGraphLaunch, like a
  * driver too old for Plover.
  *
  * This models the documented behaviour as Plover relies on it; it is no
  * evidence of how a real driver behaves.
  */
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +103,10 @@ typedef struct CUevent_st *CUevent;
 static struct CUctx_st ctxs[MAXDEV];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int inited;
+/* The busy GPU of FAKECUDA_KERNEL_US: one kernel at a time. */
+static pthread_mutex_t gpu_mu = PTHREAD_MUTEX_INITIALIZER;
+static int gpu_fd = -1; /* FAKECUDA_GPU_LOCK, opened by cuInit (before a
+                           worker restricts its filesystem) */
 static __thread CUcontext cur;
 
 static int64_t now_ns(void) {
@@ -120,6 +132,8 @@ EXPORT CUresult cuInit(unsigned int flags) {
   const char *e = getenv("FAKECUDA_INIT_ERROR");
   if (e && atoi(e)) return atoi(e);
   if (flags != 0) return INVALID_VALUE;
+  const char *lock = getenv("FAKECUDA_GPU_LOCK");
+  if (lock && gpu_fd < 0) gpu_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   inited = 1;
   return OK;
 }
@@ -399,10 +413,29 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *x, CUgraph g, unsigned 
   return OK;
 }
 
-static void run_node(const node_t *nd) {
-  nd->fn(nd->args, nd->grid, nd->block);
+
+static void run_kernel(fk_kernel fn, void *args, int grid, int block) {
+  const char *us = getenv("FAKECUDA_KERNEL_US");
+  long hold = us ? atol(us) : 0;
+  if (hold <= 0) {
+    fn(args, grid, block);
+    COUNT(6, 1);
+    return;
+  }
+  pthread_mutex_lock(&gpu_mu);
+  if (gpu_fd >= 0) flock(gpu_fd, LOCK_EX);
+  int64_t until = now_ns() + hold * 1000;
+  fn(args, grid, block);
   COUNT(6, 1);
+  for (int64_t left; (left = until - now_ns()) > 0;) {
+    struct timespec ts = {left / 1000000000, left % 1000000000};
+    nanosleep(&ts, NULL);
+  }
+  if (gpu_fd >= 0) flock(gpu_fd, LOCK_UN);
+  pthread_mutex_unlock(&gpu_mu);
 }
+
+static void run_node(const node_t *nd) { run_kernel(nd->fn, nd->args, nd->grid, nd->block); }
 
 #ifndef FAKECUDA_OMIT_GRAPH_LAUNCH
 EXPORT CUresult cuGraphLaunch(CUgraphExec x, CUstream s) {
@@ -467,8 +500,7 @@ EXPORT int fakecu_launch(void *stream, int grid, int block, fk_kernel fn,
     return 9;
   }
   if (!s->capturing) {
-    fn((void *)args, grid, block);
-    COUNT(6, 1);
+    run_kernel(fn, (void *)args, grid, block);
     return 0;
   }
   CUgraph g = s->g;
