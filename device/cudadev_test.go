@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/plover-run/plover/internal/fakecuda"
 	"github.com/plover-run/plover/loader"
 )
@@ -238,6 +240,7 @@ var suite = []struct {
 	{"CaptureFallback", testCaptureFallback},
 	{"Concurrent", testConcurrent},
 	{"HostBuffer", testHostBuffer},
+	{"MemfdSlot", testMemfdSlot},
 	{"OutLen", testOutLen},
 	{"Hooks", testHooks},
 }
@@ -495,6 +498,64 @@ func testHostBuffer(t *testing.T, e *bundleEnv) {
 	inst.Close()
 	if e.live != nil && atomic.LoadInt64(&e.live[1]) != before {
 		t.Errorf("fake driver: %d host ranges held after Close, want %d", atomic.LoadInt64(&e.live[1]), before)
+	}
+}
+
+// memfdSlot maps a slot as a worker's are made (worker.newSlot): a memfd
+// sealed at its size, MAP_SHARED.
+func memfdSlot(t *testing.T, size int) []byte {
+	t.Helper()
+	fd, err := unix.MemfdCreate("plover-slot-test", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		t.Fatal(err)
+	}
+	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
+
+// The production mapping, on the device: an instance adopts a memfd slot
+// of its own (HostPinned), a second one registered as a pool slot is run
+// on in place, and neither run copies a byte on the host.
+func testMemfdSlot(t *testing.T, e *bundleEnv) {
+	g := e.gpu(t)
+	const maxIn, tmp, out = 64 << 10, 4096, 64 << 10
+	own, pool := memfdSlot(t, maxIn+out), memfdSlot(t, maxIn+out)
+	inst := newInst(t, g, e, InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: own})
+	if pinned, err := inst.HostPinned(); !pinned || err != nil {
+		t.Fatalf("a memfd slot of its own: pinned %v, %v", pinned, err)
+	}
+	if err := g.RegisterHost(pool); err != nil {
+		t.Fatalf("registering a memfd pool slot: %v", err)
+	}
+	defer func() {
+		if err := g.UnregisterHost(pool); err != nil {
+			t.Errorf("unregister: %v", err)
+		}
+	}()
+	chain := []Step{e.step(t, "pl_load", 64, 128), e.step(t, "pl_inc", 64, 128), e.step(t, "pl_store", 64, 128)}
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, slot := range [][]byte{own, pool} {
+		in := randBytes(rng, maxIn-17)
+		copy(slot, in)
+		r := &Run{Input: slot[:len(in)], Output: slot[maxIn : maxIn+out], Chain: chain, TmpLen: tmp, InPlace: true}
+		mustRun(t, inst, r)
+		if want := chainOut(in, nil, tmp, out, false); !bytes.Equal(slot[maxIn:], want) {
+			t.Errorf("in place on a memfd slot: %s", firstDiff(slot[maxIn:], want))
+		}
+		if r.Timing.Copied != 0 {
+			t.Errorf("in place on a memfd slot: %d bytes copied on the host, want 0", r.Timing.Copied)
+		}
 	}
 }
 

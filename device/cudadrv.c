@@ -185,6 +185,12 @@ CUresult plcu_host_register(const plcu_driver_t *d, CUcontext ctx, void *p,
   return d->cuMemHostRegister_v2(p, n, PLCU_MEMHOSTREGISTER_PORTABLE);
 }
 
+CUresult plcu_host_unregister(const plcu_driver_t *d, CUcontext ctx, void *p) {
+  CUresult e = d->cuCtxSetCurrent(ctx);
+  if (e != PLCU_SUCCESS) return e;
+  return d->cuMemHostUnregister(p);
+}
+
 static int64_t mono_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -265,7 +271,7 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
    * a copy each way; a driver or mapping that refuses it gets staging of
    * the instance's own. */
   if (host != NULL && max_in + out > 0 &&
-      d->cuMemHostRegister_v2(host, max_in + out, PLCU_MEMHOSTREGISTER_PORTABLE) == PLCU_SUCCESS) {
+      (in->host_err = d->cuMemHostRegister_v2(host, max_in + out, PLCU_MEMHOSTREGISTER_PORTABLE)) == PLCU_SUCCESS) {
     in->h_ext = 1;
     in->h_in = host;
     in->h_out = (char *)host + max_in;

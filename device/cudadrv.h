@@ -74,6 +74,8 @@ typedef struct {
   CUdeviceptr d_in, d_tmp, d_out;
   void *h_in, *h_out; /* pinned staging, MaxInput and Out bytes */
   int h_ext;          /* h_in/h_out are the caller's buffer, registered */
+  CUresult host_err;  /* why the caller's buffer was not registered (0: it
+                         was, or none was given) */
   CUgraphExec exec[PLCU_GRAPHS]; /* cached graphs (slots chosen by Go), or NULL */
   size_t exec_out_used[PLCU_GRAPHS]; /* out.len as the entries left it when recorded */
   plover_inst_state_t state;
@@ -109,6 +111,7 @@ CUresult plcu_host_free(const plcu_driver_t *d, CUcontext ctx, void *p);
  * context: copies between it and a device then run at DMA speed. */
 CUresult plcu_host_register(const plcu_driver_t *d, CUcontext ctx, void *p,
                             size_t n);
+CUresult plcu_host_unregister(const plcu_driver_t *d, CUcontext ctx, void *p);
 /* plcu_copy_probe times iters plain synchronous copies of n bytes from h
  * (pinned: registered or allocated so) to a device allocation of its own,
  * then iters back, on the host's monotonic clock: the floor the copy
@@ -121,8 +124,9 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
 
 /* Allocates an instance with its stream, events, device buffers and pinned
  * staging: host (max_in + out bytes, input then output), registered in
- * place, when it is not NULL and the driver accepts it; runs whose src and
- * dst are those halves then copy nothing on the host. The caller keeps host
+ * place, when it is not NULL and the driver accepts it (else host_err says
+ * why, and the instance has staging of its own); runs whose src and dst
+ * are those halves then copy nothing on the host. The caller keeps host
  * mapped until plcu_inst_destroy. On failure nothing is left allocated and
  * *op names the call. */
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,

@@ -199,6 +199,28 @@ type HostRegistrar interface {
 	RegisterHost(b []byte) error
 }
 
+// Pinning is host memory a device pinned for the slots requests' bytes
+// land in (a CUDA device's workers: page-locked and resident for each
+// slot's life, whatever a request touches).
+type Pinning struct {
+	Bytes   int64 // pinned now
+	Limit   int64 // what pool slots may bring it to (0: no bound)
+	Refused int64 // pins the driver refused
+}
+
+// HostPinning is a device that pins host memory for its slots.
+type HostPinning interface {
+	Pinning() Pinning
+}
+
+// HostPinner is an Instance of a HostRegistrar device, given Host memory
+// (InstanceConfig.Host): HostPinned reports whether the device registered
+// it, and if not why (the instance then stages its copies in buffers of its
+// own, and runs on Host must not be InPlace).
+type HostPinner interface {
+	HostPinned() (bool, error)
+}
+
 // MemInfo is device memory in bytes.
 type MemInfo struct {
 	Total int64

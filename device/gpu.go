@@ -145,6 +145,8 @@ func init() {
 		// time-slice, other streams' in one): runs in flight together
 		// split the GPU's time for charging (sched.Config.Capacity).
 		SharedTime: 1,
+		// Workers register their slots (cuMemHostRegister): pinned whole.
+		PinsHost: true,
 		// Graphs replay by shape: a batch is padded to the full batch.
 		PadBatches: true,
 		MPS:        true,
@@ -282,6 +284,19 @@ func (g *GPU) RegisterHost(b []byte) error {
 		return nil
 	}
 	return g.check("cuMemHostRegister_v2", C.plcu_host_register(g.drv.c, g.ctx, unsafe.Pointer(&b[0]), C.size_t(len(b))))
+}
+
+// UnregisterHost undoes RegisterHost for b, which must then not be run on
+// in place: for a process that registered memory it is done with (a
+// benchmark's buffers), not for a worker's slots.
+func (g *GPU) UnregisterHost(b []byte) error {
+	if err := g.usable(); err != nil {
+		return err
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return g.check("cuMemHostUnregister", C.plcu_host_unregister(g.drv.c, g.ctx, unsafe.Pointer(&b[0])))
 }
 
 // copyProbe times iters plain synchronous copies of b (pinned: registered

@@ -96,6 +96,20 @@ func (i *gpuInstance) hook(k hookKind) error {
 
 func (i *gpuInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
 
+var _ HostPinner = (*gpuInstance)(nil)
+
+// HostPinned reports whether the driver registered the instance's Host
+// memory; false with no error when none was given.
+func (i *gpuInstance) HostPinned() (bool, error) {
+	if i.c.h_ext != 0 {
+		return true, nil
+	}
+	if code := i.c.host_err; code != 0 {
+		return false, i.g.drv.err("cuMemHostRegister_v2", code)
+	}
+	return false, nil
+}
+
 func (i *gpuInstance) Close() {
 	if i.c == nil {
 		return

@@ -39,6 +39,9 @@ type Kind struct {
 	// together split its time for charging (sched.Config.Capacity). 0: the
 	// measure is the run's own (the host's per-thread CPU time).
 	SharedTime float64
+	// PinsHost: its devices pin (page-lock) the host memory requests are
+	// copied between, whole (HostRegistrar), so a node bounds it.
+	PinsHost bool
 	// PadBatches: a batch's input is padded to the function's full batch,
 	// so that a recorded graph replays (its launches are keyed by shape).
 	PadBatches bool
@@ -108,6 +111,9 @@ func ReservedRuns(target string, runs int) int {
 
 // SharedTime reports the kind's SharedTime (0 for a kind that does not say).
 func SharedTime(target string) float64 { return traits(target).SharedTime }
+
+// PinsHost reports the kind's PinsHost.
+func PinsHost(target string) bool { return traits(target).PinsHost }
 
 // PadsBatches reports the kind's PadBatches.
 func PadsBatches(target string) bool { return traits(target).PadBatches }

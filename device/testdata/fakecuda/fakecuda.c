@@ -14,6 +14,7 @@
  *
  * Environment: FAKECUDA_INIT_ERROR=<code> makes cuInit fail,
  * FAKECUDA_DEVICES=<n> (default 2, at most 4) sets the device count.
+ * FAKECUDA_REGISTER_ERROR=<code> makes cuMemHostRegister refuse.
  * FAKECUDA_KERNEL_US=<n> makes the GPU busy: every kernel holds it for n
  * microseconds, one kernel at a time in the process, and across processes
  * that name the same file in FAKECUDA_GPU_LOCK (flock): a GPU whose kernels
@@ -280,6 +281,11 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
 EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) {
   NEED_CTX();
   if (p == NULL || n == 0 || (flags & ~15u)) return INVALID_VALUE;
+  const char *refuse = getenv("FAKECUDA_REGISTER_ERROR");
+  if (refuse && atoi(refuse)) return atoi(refuse);
+  /* Page-locking makes the whole range resident, as the real driver does
+   * ("page-locks the memory range"): touch every page. */
+  for (size_t i = 0; i < n; i += 4096) (void)((volatile const char *)p)[i];
   COUNT(1, 1); /* counted with host allocations: each must be undone */
   return OK;
 }
