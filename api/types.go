@@ -105,6 +105,11 @@ type DeviceHealth struct {
 	MemTotal int64  `json:"mem_total_bytes"`
 	MemFree  int64  `json:"mem_free_bytes"`
 	MemUsed  int64  `json:"mem_used_bytes"`
+	// Host memory pinned for the device's request slots (a GPU's
+	// workers), the bound on it, and the pins its driver refused.
+	PinnedBytes int64 `json:"pinned_host_bytes,omitempty"`
+	PinnedLimit int64 `json:"pinned_host_limit_bytes,omitempty"`
+	PinRefusals int64 `json:"pin_refusals,omitempty"`
 }
 
 // Version is one immutable deploy of a function. The store's function

@@ -57,7 +57,7 @@ type serveFlags struct {
 	isolation, workerUser                            string
 	checked                                          bool
 	standby, standbyMax                              int
-	workerMaxMemMB                                   int64
+	workerMaxMemMB, maxPinnedMB                      int64
 	mps, hostDevice                                  bool
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
 	idleTTL, timeout                                 time.Duration
@@ -92,7 +92,8 @@ func serveCmd() *command {
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
 			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none")
 			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0)")
-			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb; past it the worker is killed (0: no limit)")
+			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb, the server's request slots it maps not counted; past it the worker is killed (0: no limit)")
+			fs.Int64Var(&f.maxPinnedMB, "max-pinned-memory", 2048, "host memory in MiB a GPU's request slots may keep pinned (page-locked whole for their worker's life, whatever a request touches); past it no more pool slots are made and a body is read into ordinary memory, then copied into its instance's own slot (0: no bound)")
 			fs.BoolVar(&f.hostDevice, "host-device", true, "with GPUs, also open the host device, so host-target bundles (a pipeline's CPU steps) run beside cuda ones; each bundle runs on the device its manifest's target names")
 			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
@@ -464,7 +465,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		standby, standbyMax := standbySizes(d.Target(), f.standby, f.standbyMax)
 		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
 			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && device.TakesMPS(d.Target()), MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu,
-			Checked: f.checked})
+			Checked: f.checked, PinLimit: f.maxPinnedMB << 20})
 	}
 	user := "the server's"
 	if drop != nil {

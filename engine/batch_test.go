@@ -338,7 +338,7 @@ func TestBatchManyConcurrent(t *testing.T) {
 func TestBatchRunOutlivesItsRequests(t *testing.T) {
 	m := testkit.BatchManifest("o", 4, "")
 	m.MaxInstances = 1
-	var logs lockedBuffer
+	var logs testkit.LogBuffer
 	e := testkit.Engine(t, engine.Config{Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	old := testkit.Deploy(t, e, batchBundle(t, m))
 	t0 := time.Now()
@@ -368,23 +368,6 @@ func TestBatchRunOutlivesItsRequests(t *testing.T) {
 	if el := time.Since(t0); el < 750*time.Millisecond {
 		t.Fatalf("the old version was unloaded %v after its 800 ms run started", el)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // A slot freed by warming (min_instances) starts queued batches: a request

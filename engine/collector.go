@@ -2,6 +2,8 @@ package engine
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/device"
 )
 
 // Collector exports the engine's state for Prometheus: starts, instances,
@@ -27,6 +29,10 @@ var (
 		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
 	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
 		"Device memory as Plover accounts it.", []string{"device", "kind"}, nil)
+	descPinned = prometheus.NewDesc("plover_pinned_host_bytes",
+		"Host memory pinned for the device's request slots (a GPU's workers: page-locked whole while their worker lives).", []string{"device"}, nil)
+	descPinRefusals = prometheus.NewDesc("plover_pin_refusals_total",
+		"Request slots the device's driver refused to pin: requests on them are staged through their instance's buffers.", []string{"device"}, nil)
 	descHealthy = prometheus.NewDesc("plover_device_healthy",
 		"1 while the device can run requests.", []string{"device"}, nil)
 	descCache = prometheus.NewDesc("plover_bundle_cache_bytes",
@@ -43,7 +49,7 @@ var (
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
+	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -94,6 +100,11 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Total), d.Name(), "total")
 		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Free), d.Name(), "free")
 		ch <- prometheus.MustNewConstMetric(descDevMem, prometheus.GaugeValue, float64(mi.Used), d.Name(), "used")
+		if p, ok := d.(device.HostPinning); ok && device.PinsHost(d.Target()) {
+			pi := p.Pinning()
+			ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(pi.Bytes), d.Name())
+			ch <- prometheus.MustNewConstMetric(descPinRefusals, prometheus.CounterValue, float64(pi.Refused), d.Name())
+		}
 		healthy := 1.0
 		if d.Health() != nil {
 			healthy = 0

@@ -6,6 +6,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -116,6 +117,10 @@ func (e *Engine) Health() (bool, []api.DeviceHealth) {
 	for _, d := range e.cfg.Devices {
 		mi := d.MemInfo()
 		h := api.DeviceHealth{Name: d.Name(), Target: d.Target(), Healthy: true, MemTotal: mi.Total, MemFree: mi.Free, MemUsed: mi.Used}
+		if p, ok := d.(device.HostPinning); ok {
+			pi := p.Pinning()
+			h.PinnedBytes, h.PinnedLimit, h.PinRefusals = pi.Bytes, pi.Limit, pi.Refused
+		}
 		if err := d.Health(); err != nil {
 			h.Healthy, h.Error, ok = false, err.Error(), false
 		}

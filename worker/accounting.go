@@ -49,18 +49,20 @@ type sampling struct{ statsEvery, statsIdle, pssEvery, pssIdle time.Duration }
 // modified, so that a reader sees one read's figures together.
 type sample struct {
 	rss, pss  int64 // bytes; pss 0: unreadable (a server not root)
+	shmem     int64 // of rss, shared memory (the server's slots are)
 	threads   int
 	at, pssAt time.Time
 }
 
-// procStatus reads a process's resident memory and thread count from
-// /proc/PID/status. ok is false once the process is gone.
-func procStatus(pid int) (rss int64, threads int, ok bool) {
-	var kb [2]int64
-	if !procFields("/proc/"+strconv.Itoa(pid)+"/status", []string{"VmRSS", "Threads"}, kb[:]) {
-		return 0, 0, false
+// procStatus reads a process's resident memory, of it the shared memory,
+// and its thread count from /proc/PID/status. ok is false once the
+// process is gone.
+func procStatus(pid int) (rss, shmem int64, threads int, ok bool) {
+	var kb [3]int64
+	if !procFields("/proc/"+strconv.Itoa(pid)+"/status", []string{"VmRSS", "RssShmem", "Threads"}, kb[:]) {
+		return 0, 0, 0, false
 	}
-	return kb[0] << 10, int(kb[1]), true
+	return kb[0] << 10, kb[1] << 10, int(kb[2]), true
 }
 
 // procPSS reads a process's proportional set size, in bytes, from
@@ -154,8 +156,8 @@ func (p *proc) measure(prev *sample, pss bool) (s *sample, ok bool) {
 		s.at = now.Add(-rand.N(p.d.opts.sampling.statsIdle))
 		s.pssAt = now.Add(-rand.N(p.d.opts.sampling.pssIdle))
 	}
-	if s.rss, s.threads, ok = procStatus(p.pid); !ok && prev != nil {
-		s.rss, s.threads = prev.rss, prev.threads
+	if s.rss, s.shmem, s.threads, ok = procStatus(p.pid); !ok && prev != nil {
+		s.rss, s.shmem, s.threads = prev.rss, prev.shmem, prev.threads
 	}
 	if pss {
 		s.pss = procPSS(p.pid)
@@ -217,8 +219,10 @@ func (d *Device) watch() {
 				// sample is as fresh as this one.
 				p.sample.CompareAndSwap(prev, s)
 			}
-			if ok && limit > 0 && s.rss > limit {
-				p.kill(fmt.Sprintf("its resident memory, %d MiB, passed its limit of %d MiB (max_host_memory_mb)", s.rss>>20, limit>>20))
+			// The server's slots it maps are the server's layout, not the
+			// bundle's keeping: on CUDA they are pinned whole (pin.go).
+			if rss := p.limitedRSS(s.rss, s.shmem); ok && limit > 0 && rss > limit {
+				p.kill(fmt.Sprintf("its resident memory, %d MiB besides the server's slots, passed its limit of %d MiB (max_host_memory_mb)", rss>>20, limit>>20))
 			}
 		}
 		clear(watched) // no proc kept alive past its tick

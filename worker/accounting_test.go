@@ -23,7 +23,7 @@ func TestProcessFiguresFollowTheWorker(t *testing.T) {
 	root := os.Geteuid() == 0 // PSS needs it: workers are not dumpable
 
 	st := g.Process()
-	rss, threads, ok := procStatus(st.PID)
+	rss, _, threads, ok := procStatus(st.PID)
 	if !ok || st.PID != g.PID() {
 		t.Fatalf("Process() = %+v: not the worker's (%d)", st, g.PID())
 	}
@@ -50,7 +50,7 @@ func TestProcessFiguresFollowTheWorker(t *testing.T) {
 	// directly (which asks for nothing) until the hog holds its memory,
 	// then read once after each idle period.
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if now, _, _ := procStatus(st.PID); now >= st.RSSBytes+hog*9/10 {
+		if now, _, _, _ := procStatus(st.PID); now >= st.RSSBytes+hog*9/10 {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -4,15 +4,18 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/fakecuda"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // fakeGPU is the server's view of a CUDA device whose workers open the fake
@@ -215,5 +218,153 @@ func TestCUDAInstanceInitFaultEndsItsWorker(t *testing.T) {
 	}
 	if err := d.Health(); err != nil {
 		t.Errorf("device health after one worker's fault: %v", err)
+	}
+}
+
+// pinCUDA is a fake CUDA device whose workers' driver gets env, and a
+// bundle of the fake kernels: pl_copy's output is its input.
+func pinCUDA(t *testing.T, limit int64, log *slog.Logger, env ...string) (*Device, string) {
+	t.Helper()
+	good, dir := fakeCUDA(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: good.opts.Driver, Standby: 1, Landlock: true,
+		StageDir: t.TempDir(), Spawner: spawner, PinLimit: limit, Log: log, env: env,
+		sampling: sampling{statsEvery: 50 * time.Millisecond, statsIdle: 50 * time.Millisecond, pssEvery: time.Hour, pssIdle: time.Hour}})
+	t.Cleanup(func() { d.Close() })
+	return d, dir
+}
+
+// loadCopy loads m (pl_copy's chain) into one of d's workers with an
+// instance of its sizes; both end with the test.
+func loadCopy(t *testing.T, d *Device, dir string, m *abi.Manifest) (device.Program, device.Instance) {
+	t.Helper()
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	inst, err := p.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: 64, Out: m.OutBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Close)
+	return p, inst
+}
+
+// copyRun runs pl_copy on in: a body in slot s (nil: ordinary memory);
+// it returns the output and the bytes copied on the host.
+func copyRun(t *testing.T, p device.Program, in device.Instance, s device.Slot, body []byte) ([]byte, int64) {
+	t.Helper()
+	entry, err := p.Entry("pl_copy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &device.Run{Input: body, Output: make([]byte, 64), Chain: []device.Step{{Entry: entry, Grid: 1, Block: 64}}}
+	if s != nil {
+		n := copy(s.Input(), body)
+		r.Input, r.Output, r.Slot = s.Input()[:n], s.Output()[:64], s
+	}
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Clone(r.Output[:len(body)]), r.Timing.Copied
+}
+
+// On CUDA a worker pins every slot it maps, whole: the pinned bytes are
+// counted per device and bound the pool slots (PinLimit), and a worker's
+// slots, resident however little a request touched, are left out of its
+// max_host_memory_mb (three 32 MiB slots against 80 MiB here, where the
+// fake driver's device buffers are 32 MiB of the worker's own memory). Pinned
+// memory is given back with its worker.
+func TestCUDASlotsPinnedAndBounded(t *testing.T) {
+	const slot = 32 << 20
+	d, dir := pinCUDA(t, 3*slot, nil)
+	m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
+	m.MaxInputBytes, m.OutBytes, m.MaxHostMemoryMB = slot/2, slot/2, 80
+	p, inst := loadCopy(t, d, dir, m)
+	if got := d.Pinning(); got.Bytes != slot || got.Refused != 0 || got.Limit != 3*slot {
+		t.Fatalf("after an instance: %+v, want its slot's %d bytes pinned", got, slot)
+	}
+	var lent []device.Slot
+	for {
+		s, ok := p.(device.Lender).Lend(m.MaxInputBytes, m.OutBytes)
+		if !ok {
+			break
+		}
+		lent = append(lent, s)
+	}
+	if len(lent) != 2 || d.Pinning().Bytes != 3*slot {
+		t.Fatalf("lent %d pool slots with %+v pinned; want 2, the bound met", len(lent), d.Pinning())
+	}
+	body := []byte("in a pinned slot")
+	if out, copied := copyRun(t, p, inst, lent[0], body); copied != 0 || !bytes.Equal(out, body) {
+		t.Fatalf("in a pinned pool slot: output %q, %d bytes copied on the host; want the body, none", out, copied)
+	}
+	for _, s := range lent {
+		s.Release()
+	}
+	// The three slots are resident (pinned): once a sample shows them,
+	// the memory limit was checked against that sample.
+	g := p.(*program)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if s := g.p.sample.Load(); s != nil && s.rss >= 3*slot {
+			break
+		}
+		if !g.Alive() {
+			t.Fatalf("the worker was killed for its slots: %v", g.Death())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pinned slots never showed resident: %+v", g.p.sample.Load())
+		}
+	}
+	for range 2 { // and the next sample's check
+		at := g.p.sample.Load().at
+		for g.p.sample.Load().at == at && g.Alive() {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if !g.Alive() {
+		t.Fatalf("the worker was killed for the server's slots: %v", g.Death())
+	}
+	if out, _ := copyRun(t, p, inst, nil, body); !bytes.Equal(out, body) {
+		t.Fatalf("output %q", out)
+	}
+	inst.Close()
+	p.Close()
+	for deadline := time.Now().Add(5 * time.Second); d.Pinning().Bytes != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the worker ended: %+v, want nothing pinned", d.Pinning())
+		}
+	}
+}
+
+// A pin the driver refuses is counted and logged, once a worker, and runs
+// on that slot are staged through the instance's buffers, their copies
+// counted, with the same output: not copied by the driver from pageable
+// memory unseen.
+func TestCUDAPinRefusedIsCountedAndStaged(t *testing.T) {
+	var buf testkit.LogBuffer
+	d, dir := pinCUDA(t, 0, slog.New(slog.NewTextHandler(&buf, nil)), "FAKECUDA_REGISTER_ERROR=2")
+	m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
+	p, inst := loadCopy(t, d, dir, m)
+	s, ok := p.(device.Lender).Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no pool slot lent")
+	}
+	defer s.Release()
+	body := []byte("staged")
+	if out, copied := copyRun(t, p, inst, s, body); copied != int64(len(body))+64 || !bytes.Equal(out, body) {
+		t.Fatalf("in a pool slot the driver refused: output %q, %d bytes copied on the host; want the body, %d", out, copied, len(body)+64)
+	}
+	// Its own slot refused too: the server copies in and out, and so
+	// does the worker, through its staging.
+	if out, copied := copyRun(t, p, inst, nil, body); copied != 2*(int64(len(body))+64) || !bytes.Equal(out, body) {
+		t.Fatalf("in its own slot: output %q, %d bytes copied; want the body, %d", out, copied, 2*(len(body)+64))
+	}
+	if got := d.Pinning(); got.Refused != 2 || got.Bytes != 0 {
+		t.Fatalf("Pinning() = %+v, want 2 refused, nothing pinned", got)
+	}
+	if log := buf.String(); strings.Count(log, "refused to pin a slot") != 1 || !strings.Contains(log, "CUDA_ERROR_OUT_OF_MEMORY") ||
+		!strings.Contains(log, "function=fake") {
+		t.Fatalf("log: %q; want one line naming the function and the driver's error", log)
 	}
 }

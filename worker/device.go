@@ -46,10 +46,16 @@ type Options struct {
 	// (gpu_share, the memory budget), not from the standby pool.
 	MPS bool
 	// MaxHostMemory is the resident memory a worker may hold (bytes; 0:
-	// no limit) when its manifest sets no max_host_memory_mb.
+	// no limit) when its manifest sets no max_host_memory_mb; the
+	// server's slots it maps are not counted (pin.go).
 	MaxHostMemory int64
-	Spawner       *contain.Spawner
-	Log           *slog.Logger
+	// PinLimit bounds the pinned memory of the device's slots (bytes; 0:
+	// none) on a device that pins them (CUDA): pool slots are made only
+	// within it; past it a request's body is read into ordinary memory
+	// and copied into its instance's own slot (pin.go).
+	PinLimit int64
+	Spawner  *contain.Spawner
+	Log      *slog.Logger
 	// Output, when set, receives all a worker writes to stdout and stderr
 	// (a bundle's printf, an assertion's message), line by line, each
 	// marked with its stream ("stdout | ..."); unset, a program's lines
@@ -63,6 +69,9 @@ type Options struct {
 	// sampling replaces the periods of workers' figures (a zero field:
 	// its constant, statsEvery...): tests shorten them.
 	sampling sampling
+	// env is added to every worker's environment: tests set the fake
+	// driver's variables (FAKECUDA_*) there.
+	env []string
 }
 
 // Device runs each program in a worker process of its own. It implements
@@ -71,6 +80,7 @@ type Options struct {
 type Device struct {
 	opts    Options
 	used    atomic.Int64
+	pin     pinning // the slots' pinned memory (pin.go)
 	standby chan *proc
 	refill  chan struct{}
 	started chan standbyStart // keepStandby's starts in flight report here
@@ -317,7 +327,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	}
 	d.used.Add(consts)
 	p.reported.Store(true)
-	return &program{d: d, p: p, consts: consts, entries: map[string]int32{}}, nil
+	return &program{d: d, p: p, name: spec.Manifest.Name, consts: consts, entries: map[string]int32{}}, nil
 }
 
 // stage links the bundle's library and constants into a worker's stage

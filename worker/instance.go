@@ -22,6 +22,7 @@ type instance struct {
 	g               *program
 	fd              int
 	slot            []byte
+	pinned          int64 // bytes of slot its worker pinned (pin.go)
 	maxIn, tmp, out int64
 	msg, rep        []byte
 	// overrun, after a run passed its deadline, receives whether the chain
@@ -136,17 +137,19 @@ func (i *instance) Close() {
 		return
 	}
 	if i.overrun != nil { // still finishing: the reader owns the buffers
-		go func(c chan bool, fd int, slot []byte) {
+		go func(c chan bool, fd int, slot []byte, pinned int64) {
 			<-c
 			unix.Close(fd)
 			unix.Munmap(slot)
-		}(i.overrun, i.fd, i.slot)
+			i.g.p.dropSlot(int64(len(slot)), pinned)
+		}(i.overrun, i.fd, i.slot, i.pinned)
 		i.slot = nil
 		i.g.d.used.Add(-i.DeviceBytes())
 		return
 	}
 	unix.Close(i.fd) // the worker frees the instance when it reads EOF
 	unix.Munmap(i.slot)
+	i.g.p.dropSlot(int64(len(i.slot)), i.pinned)
 	i.slot = nil
 	i.g.d.used.Add(-i.DeviceBytes())
 }

@@ -58,6 +58,8 @@ type proc struct {
 	// counts until the process is reaped, so that wait can say what the
 	// worker was doing (during).
 	runs atomic.Int32
+	// slots is the server's slots it maps, and those it pinned (pin.go).
+	slots slotMem
 
 	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.
@@ -125,7 +127,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	}
 	cmd := exec.Command(d.opts.Exe, args...)
 	// Nothing of the server's environment: no credentials, no settings.
-	cmd.Env = append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, deviceSelection()...), env...)
+	cmd.Env = append(append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, deviceSelection()...), d.opts.env...), env...)
 	cmd.ExtraFiles = []*os.File{theirs, stageF} // fds 3 and 4: ctlFD, stageFD
 	// Pipes of our own rather than io.Writers: Wait must not wait for a
 	// forked grandchild that keeps stdout or stderr open.
@@ -356,6 +358,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	} else {
 		p.ctl.Close()
 	}
+	p.unpin()
 	p.d.mu.Lock()
 	delete(p.d.procs, p)
 	p.d.mu.Unlock()

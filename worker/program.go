@@ -19,6 +19,7 @@ import (
 type program struct {
 	d      *Device
 	p      *proc
+	name   string // the function's, for the log
 	consts int64
 	closed atomic.Bool
 
@@ -113,6 +114,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
+	g.p.mapSlot(int64(len(slot)))
 	rep, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
 	if err != nil && ctx.Err() != nil && !errors.Is(err, device.ErrDeadline) {
 		err = fmt.Errorf("%w: %v", device.ErrDeadline, err)
@@ -126,13 +128,15 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 		err = wire.ErrorOf(rep[0], string(rep[1:]))
 	}
 	if err != nil {
+		g.p.dropSlot(int64(len(slot)), 0)
 		unix.Close(fds[0])
 		unix.Munmap(slot)
 		return nil, err
 	}
 	bytes := cfg.MaxInput + cfg.Tmp + cfg.Out
 	g.d.used.Add(bytes)
-	return &instance{g: g, fd: fds[0], slot: slot, maxIn: cfg.MaxInput, tmp: cfg.Tmp, out: cfg.Out,
+	pinned := g.p.pinSlot(g, rep, 1, int64(len(slot)), "an instance's own", false)
+	return &instance{g: g, fd: fds[0], slot: slot, pinned: pinned, maxIn: cfg.MaxInput, tmp: cfg.Tmp, out: cfg.Out,
 		msg: make([]byte, wire.RunMsgMax), rep: make([]byte, wire.ReplyMax)}, nil
 }
 

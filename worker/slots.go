@@ -124,7 +124,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 		s.lent.Store(true)
 		return s, true
 	}
-	if pool.count >= maxPoolSlots {
+	if pool.count >= maxPoolSlots || !g.d.reservePin(maxIn+out) {
 		pool.mu.Unlock()
 		return nil, false
 	}
@@ -133,6 +133,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 	pool.mu.Unlock()
 	s, err := g.newPoolSlot(maxIn, out)
 	if err != nil {
+		g.d.unpinned(maxIn + out)
 		pool.mu.Lock()
 		pool.count--
 		pool.mu.Unlock()
@@ -152,14 +153,18 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	msg := wire.LE.AppendUint64([]byte{wire.OpSlot}, uint64(maxIn+out))
+	g.p.mapSlot(maxIn + out)
 	rep, err := g.p.call(ctx, msg, []int{memfd}, "adding a slot")
 	if err == nil && (len(rep) < 5 || rep[0] != wire.StOK) {
 		err = fmt.Errorf("worker %d refused a slot: %q", g.p.pid, rep)
 	}
 	if err != nil {
+		g.p.dropSlot(maxIn+out, 0)
 		unix.Munmap(mem)
 		return nil, err
 	}
+	// Kept as long as the worker: its pin is given back when it is gone.
+	g.p.pinSlot(g, rep, 5, maxIn+out, "a pool slot", true)
 	return &poolSlot{g: g, id: wire.LE.Uint32(rep[1:]), mem: mem, maxIn: maxIn, out: out}, nil
 }
 

@@ -237,8 +237,49 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 		st, msg := wire.StatusOf(err)
 		return reply(st, nil, msg)
 	}
-	go serveInstance(sock, slot, inst, maxIn, out)
-	return reply(wire.StOK, nil, "")
+	own := poolMem{mem: slot}
+	state, why := wire.PinNone, ""
+	if _, ok := w.dev.(device.HostRegistrar); ok {
+		// The device pinned the slot when it made the instance, or
+		// staged the instance's copies in buffers of its own: a run on
+		// the slot is then not in place.
+		state, why = pinState(instancePin(inst))
+	}
+	own.inPlace = state != wire.PinRefused
+	go serveInstance(sock, own, inst, maxIn, out)
+	return reply(wire.StOK, wire.AppendPin(nil, state, why), "")
+}
+
+// instancePin is whether inst's device pinned its slot.
+func instancePin(inst device.Instance) error {
+	p, ok := inst.(device.HostPinner)
+	if !ok {
+		return nil
+	}
+	pinned, err := p.HostPinned()
+	if err == nil && !pinned {
+		err = errors.New("the device did not pin it")
+	}
+	return err
+}
+
+// pinState is a pin's wire state: done, or refused saying why.
+func pinState(err error) (byte, string) {
+	if err != nil {
+		return wire.PinRefused, err.Error()
+	}
+	return wire.PinDone, ""
+}
+
+// poolMem is a slot as the worker holds it: its mapping, and whether runs
+// on it are in place (the device works on it where it is: the host
+// device, or a CUDA device that pinned it). A slot the driver refused to
+// pin is staged: its bytes are copied into the instance's pinned buffers
+// and back, which the reply counts (Timing.Copied), rather than copied by
+// the driver from pageable memory unseen.
+type poolMem struct {
+	mem     []byte
+	inPlace bool
 }
 
 // slots are the worker's pool slots, by id-1: shared memory the server
@@ -247,19 +288,19 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 // instance's goroutine; never removed (they live as long as the worker).
 var slots struct {
 	mu sync.RWMutex
-	s  [][]byte
+	s  []poolMem
 }
 
 // slotOf is the memory a run message's slot names: the instance's own (0)
 // or a pool slot.
-func slotOf(id uint32, own []byte) ([]byte, bool) {
+func slotOf(id uint32, own poolMem) (poolMem, bool) {
 	if id == 0 {
 		return own, true
 	}
 	slots.mu.RLock()
 	defer slots.mu.RUnlock()
 	if int(id) > len(slots.s) {
-		return nil, false
+		return poolMem{}, false
 	}
 	return slots.s[id-1], true
 }
@@ -278,16 +319,18 @@ func (w *server) addSlot(size int64, memfd int) []byte {
 	if err != nil {
 		return reply(wire.StFailed, make([]byte, 4), "slot: map: "+err.Error())
 	}
+	state, why := wire.PinNone, ""
 	if r, ok := w.dev.(device.HostRegistrar); ok {
-		// Refused (a driver that cannot pin it): runs on it still work,
-		// the driver staging the copies itself.
-		_ = r.RegisterHost(mem)
+		// Refused (a driver that cannot pin it, a locked-memory limit):
+		// runs on it still work, staged through the instance's buffers;
+		// the server counts and logs the refusal.
+		state, why = pinState(r.RegisterHost(mem))
 	}
 	slots.mu.Lock()
-	slots.s = append(slots.s, mem)
+	slots.s = append(slots.s, poolMem{mem: mem, inPlace: state != wire.PinRefused})
 	id := uint32(len(slots.s))
 	slots.mu.Unlock()
-	return reply(wire.StOK, wire.LE.AppendUint32(nil, id), "")
+	return reply(wire.StOK, wire.AppendPin(wire.LE.AppendUint32(nil, id), state, why), "")
 }
 
 // serveInstance answers run messages on one instance's channel until the
@@ -295,7 +338,7 @@ func (w *server) addSlot(size int64, memfd int) []byte {
 // say) ends the worker. Not locked to an OS thread: a run is one cgo call
 // that makes its device context current itself, and a locked thread cost
 // two scheduler hand-offs per request (measured with perf).
-func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64) {
+func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64) {
 	msg := make([]byte, wire.RunMsgMax+1)
 	rep := make([]byte, wire.ReplyMax)
 	steps := make([]device.Step, abi.MaxChainLength)
@@ -321,7 +364,7 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		}
 		if n == 0 && err == nil {
 			inst.Close()
-			unix.Munmap(slot)
+			unix.Munmap(own.mem)
 			unix.Close(sock)
 			return
 		}
@@ -333,14 +376,14 @@ func serveInstance(sock int, slot []byte, inst device.Instance, maxIn, out int64
 		running.Add(1)
 		alone = wire.SentAlone(msg[:n])
 		r.Timing, r.OutLen = device.Timing{}, 0
-		if mem, ok := slotOf(wire.RunSlot(msg[:n]), slot); !ok {
+		if mem, ok := slotOf(wire.RunSlot(msg[:n]), own); !ok {
 			st, text = wire.StBadRunMsg, fmt.Sprintf("run names slot %d, which this worker does not have", wire.RunSlot(msg[:n]))
-		} else if err := wire.DecodeRun(msg[:n], &r, steps, mem, maxIn, out); err != nil {
+		} else if err := wire.DecodeRun(msg[:n], &r, steps, mem.mem, maxIn, out); err != nil {
 			st, text = wire.StBadRunMsg, err.Error()
 		} else {
 			// The slot is this run's alone until the reply: the device
-			// works on it where it is.
-			r.InPlace = true
+			// works on it where it is, if it can.
+			r.InPlace = mem.inPlace
 			st, text = wire.StatusOf(inst.Run(&r))
 		}
 		running.Add(-1)

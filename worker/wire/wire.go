@@ -55,15 +55,35 @@ const (
 	OpReady       byte = 'R' // worker → server once its device is open: [op][i32 pid][landlocked][Protocol]
 	OpLoad        byte = 'L' // [op][manifest JSON], fds: [bundle dir]
 	OpEntry       byte = 'E' // [op][kernel name] → [i32 index]
-	OpNewInstance byte = 'I' // [op][i64 max_in][i64 tmp][i64 out], fds: [memfd, instance socket]
-	OpSlot        byte = 'S' // [op][i64 size], fds: [memfd] → [u32 id]: a pool slot, registered with the device
+	OpNewInstance byte = 'I' // [op][i64 max_in][i64 tmp][i64 out], fds: [memfd, instance socket] → [pin]
+	OpSlot        byte = 'S' // [op][i64 size], fds: [memfd] → [u32 id][pin]: a pool slot, registered with the device
 )
+
+// A slot's pin: whether the worker's device pinned the memory in place
+// (CUDA: cuMemHostRegister), the last fields of the replies to OpSlot and
+// OpNewInstance, [state][why the device refused].
+const (
+	PinNone    byte = 0 // the device works on plain memory (the host): nothing to pin
+	PinDone    byte = 1 // pinned: runs on it copy straight between it and the device
+	PinRefused byte = 2 // the device refused it: runs on it are staged (copied on the host)
+)
+
+// AppendPin appends a slot's pin to a reply.
+func AppendPin(b []byte, state byte, why string) []byte { return append(append(b, state), why...) }
+
+// PinOf reads the pin a reply holds from at (false when it holds none).
+func PinOf(rep []byte, at int) (state byte, why string, ok bool) {
+	if len(rep) <= at || rep[at] > PinRefused {
+		return 0, "", false
+	}
+	return rep[at], string(rep[at+1:]), true
+}
 
 // Protocol is the version of this file's messages, sent in OpReady: a
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 6
+const Protocol byte = 7
 
 // ReadyLen is the length of the OpReady message.
 const ReadyLen = 1 + 4 + 1 + 1

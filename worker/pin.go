@@ -1,0 +1,141 @@
+package worker
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/wire"
+)
+
+// Slots and pinned memory. A CUDA worker pins every slot it is given (an
+// instance's own and the pool's) with cuMemHostRegister, which page-locks
+// the whole range: its pages are resident and locked for the slot's life,
+// however little of them a request touches, where a slot on the host
+// device holds only the pages its bodies touched. So on a device that pins,
+// the pool slots a node keeps are bounded by bytes (Options.PinLimit), and
+// a worker's slots are left out of its resident-memory limit: they are the
+// server's layout, not what its bundle keeps (max_host_memory_mb).
+//
+// A pin the driver refuses (a locked-memory limit, a mapping it cannot
+// register) is counted and logged: runs on that slot are staged through
+// the instance's own pinned buffers, their copies counted in
+// Timing.Copied, instead of copied by the driver from pageable memory
+// unseen.
+
+// pinning is a device's pinned slot memory, over its workers.
+type pinning struct {
+	bytes   atomic.Int64 // slots pinned now
+	refused atomic.Int64 // pins the driver refused, ever
+}
+
+// slotMem is what a worker holds of the server's slots: the bytes mapped
+// (left out of its resident-memory limit) and of them those pinned, until
+// it is gone.
+type slotMem struct {
+	mu             sync.Mutex
+	mapped, pinned int64
+	gone, logged   bool // logged: a refusal was logged for this worker
+}
+
+// Pinning reports the pinned memory of the device's slots: none on a
+// device that pins nothing.
+func (d *Device) Pinning() device.Pinning {
+	if !device.PinsHost(d.Target()) {
+		return device.Pinning{}
+	}
+	return device.Pinning{Bytes: d.pin.bytes.Load(), Limit: d.opts.PinLimit, Refused: d.pin.refused.Load()}
+}
+
+// reservePin reserves size bytes of pinning for a pool slot about to be
+// made (addSlot settles it, unpinned releases it): always on a device that
+// pins nothing, else while the device's pinned slots stay within
+// Options.PinLimit.
+func (d *Device) reservePin(size int64) bool {
+	for {
+		b := d.pin.bytes.Load()
+		if d.opts.PinLimit > 0 && device.PinsHost(d.Target()) && b+size > d.opts.PinLimit {
+			return false
+		}
+		if d.pin.bytes.CompareAndSwap(b, b+size) {
+			return true
+		}
+	}
+}
+
+// unpinned releases a reservation of size bytes whose slot was not made.
+func (d *Device) unpinned(size int64) { d.pin.bytes.Add(-size) }
+
+// mapSlot accounts a slot of size bytes about to be handed to p's worker:
+// from here, before the worker pins (touches) it, its bytes are not the
+// bundle's (limitedRSS). dropSlot undoes it.
+func (p *proc) mapSlot(size int64) {
+	p.slots.mu.Lock()
+	p.slots.mapped += size
+	p.slots.mu.Unlock()
+}
+
+// pinSlot accounts the pin p's worker reported at rep[at:] for a slot of
+// size bytes it mapped (what names it for the log), and returns the bytes
+// pinned (0: not pinned). reserved: reservePin counted them already.
+func (p *proc) pinSlot(g *program, rep []byte, at int, size int64, what string, reserved bool) int64 {
+	state, why, _ := wire.PinOf(rep, at)
+	s := &p.slots
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if state == wire.PinRefused {
+		p.d.pin.refused.Add(1)
+		if !s.logged {
+			s.logged = true
+			p.d.opts.Log.Warn("the device refused to pin a slot: its requests' copies are staged through the instance's buffers",
+				"function", g.name, "pid", p.pid, "slot", what, "bytes", size, "reason", why)
+		}
+	}
+	if state != wire.PinDone || s.gone {
+		if reserved {
+			p.d.unpinned(size)
+		}
+		return 0
+	}
+	s.pinned += size
+	if !reserved {
+		p.d.pin.bytes.Add(size)
+	}
+	return size
+}
+
+// dropSlot undoes mapSlot and pinSlot for a slot its worker let go (an
+// instance's, closed, or one it never took): size bytes mapped, pinned of
+// them pinned.
+func (p *proc) dropSlot(size, pinned int64) {
+	s := &p.slots
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mapped -= size
+	if !s.gone {
+		s.pinned -= pinned
+		p.d.pin.bytes.Add(-pinned)
+	}
+}
+
+// unpin gives back what the worker pinned, once it is gone: the process's
+// end undoes every registration.
+func (p *proc) unpin() {
+	s := &p.slots
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gone = true
+	p.d.pin.bytes.Add(-s.pinned)
+	s.pinned = 0
+}
+
+// limitedRSS is the resident memory a worker's limit counts: rss less the
+// server's slots it maps, as far as its shared memory (where they are)
+// holds them; a bundle's own shared memory past that still counts.
+func (p *proc) limitedRSS(rss, shmem int64) int64 {
+	s := &p.slots
+	s.mu.Lock()
+	mapped := s.mapped
+	s.mu.Unlock()
+	return rss - min(max(shmem, 0), mapped)
+}
