@@ -88,7 +88,7 @@ install-nginx:
 
 # Everything scripts/gpu-check.sh needs on a GPU machine with no Go and no
 # network: carry $(GPU_CARRY) there, then run `bash scripts/gpu-check.sh`,
-# which unpacks the binaries. They are linked without symbol tables (-s -w:
+# which unpacks the binaries and keeps within its budget (BUDGET, 540 s). They are linked without symbol tables (-s -w:
 # stack traces still work) and packed into one gzip, so that what is carried
 # stays under the device tool's 64 MiB with plover-worker included.
 GPU_BIN   := bin/plover bin/plover-worker bin/device.test bin/plover-bench-suite

@@ -1,6 +1,7 @@
 package device
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -164,7 +165,16 @@ func TestGPUFault(t *testing.T) {
 		testFault(t, e)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestGPUFault$", "-test.v", "-test.count=1")
+	// Bounded inside this test's own deadline: a child that hangs in the
+	// driver ends with its goroutines' stacks, and this test with it.
+	limit := 2 * time.Minute
+	if dl, ok := t.Deadline(); ok && time.Until(dl)-5*time.Second < limit {
+		limit = max(time.Until(dl)-5*time.Second, time.Second)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestGPUFault$", "-test.v", "-test.count=1",
+		"-test.timeout="+max(limit-2*time.Second, time.Second).String())
 	cmd.Env = append(os.Environ(), "PLOVER_CUDA_FAULT_CHILD=1", "PLOVER_TEST_CUDA_BUNDLE_DIR="+gpuT.bundleDir)
 	out, err := cmd.CombinedOutput()
 	t.Logf("child process:\n%s", out)

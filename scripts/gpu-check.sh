@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317 # sections are called by name (run)
 # gpu-check.sh — checks Plover on a machine with an NVIDIA GPU, no Go and no
 # network, from the repository root, using artifacts built beforehand
-# elsewhere (see "Build" below). It prints, and copies to $OUT when that is
-# set: the GPU, the CUDA device tests, a cold/warm/hot latency table, graph
-# vs direct time for a 9-kernel chain, copy bandwidth, CUDA-vs-host output
-# equality, what a faulting kernel does (with and without worker
-# processes), and the cost of isolation on the CNN. Exit status 0
-# means every check passed.
+# elsewhere. It prints, and copies to $OUT when that is set: the GPU, the
+# CUDA device tests (also under compute-sanitizer memcheck and with eager
+# module loading), graph vs direct time for a 9-kernel chain, copy
+# bandwidth, a new instance's cost, CUDA-vs-host output equality for the
+# samples served by real servers, what a faulting kernel does (with and
+# without worker processes), a cold/warm/hot latency table, and the
+# batching, data-path, sharing and isolation benchmarks. Exit status 0 means
+# every check that ran passed; a section the budget left out is listed, not
+# failed.
 #
 # Build (on the dev machine, from the repository root):
-#   make build vecadd-host vecadd-cuda          # bin/plover, build/samples/vecadd-{host,cuda}/,
-#                                               # build/samples/vecadd-input.bin
-#   go test -c -o bin/device.test ./device
-#   mkdir -p build/cudatest && nvcc -x cu -shared -Xcompiler -fPIC -O3 -Iabi \
-#     -gencode arch=compute_80,code=sm_80 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
-#     -o build/cudatest/testkernels.so device/testdata/kernels.cu
-#   optional: make cnn-host cnn-cuda            # build/samples/cnn-{host,cuda}/; the CNN check
-#                                               # also needs python3 here to read heldout.bin
+#   make gpu-artifacts      # build/gpu-bin.tgz (plover, plover-worker,
+#                           # device.test, plover-bench-suite), build/samples
+#                           # (host and CUDA bundles), build/cudatest
+# Carry build/gpu-bin.tgz, build/samples and build/cudatest there (the
+# device tool's 64 MiB; make gpu-artifacts prints the total) and run
+#   OUT=$OUT bash scripts/gpu-check.sh
 #
-# Assumptions about the CLI and HTTP API (written while they were being
-# written; adjust here if they drift):
+# The budget. The whole check ends within BUDGET seconds (default 540, inside
+# a device call's 600 s limit), report and logs written: it runs under a
+# timeout of its own (the TERM it sends reaches every process of the check,
+# and the exit trap still stops the servers and packs the logs), every step
+# is bounded by what is left of the budget, and a section that cannot get
+# its minimum in what is left is skipped, named at the end ("not run for
+# the budget"), so that a second call with ONLY="those sections" runs the
+# rest. Sections run in order of what is least known: the device suite,
+# memcheck and eager loading first, the benchmarks last. RESERVE seconds
+# (default 20) are kept for the summary and the logs.
+#
+# Sections (names for SKIP and ONLY): tests memcheck eager bench servers
+# vecadd cnn cnnbatch softmax pipeline grpc latency faults batch datapath
+# fair isolation. The sample sections start the servers themselves.
+#
+# Assumptions about the CLI and HTTP API (adjust here if they drift):
 #   plover serve --listen HOST:PORT --data DIR --device cuda|host
 #   plover deploy DIR --server URL
 #   plover invoke NAME --in FILE --out FILE --server URL
@@ -32,17 +48,28 @@
 #   curl is used when present (status codes, headers); without it invokes go
 #   through `plover invoke --timing` and /healthz through bash's /dev/tcp.
 #
-# Environment: OUT (copy the report and logs there), HOT_RUNS (default 50),
-# BENCHTIME (go test -test.benchtime, default 2s), PORT (first of two ports),
-# NO_CURL=1 (use the fallbacks even where curl exists), SKIP (sections to
-# leave out, of "tests bench sanitizer eager batch"), ISO_SECONDS/ISO_ROUNDS
-# (isolation bench, default 5 and 3), FAIR_TIME (fairness bench, default
-# 5s), BATCH_TIME/BATCH_SWEEP (batching bench, default 3s and 0.5,1,2).
-# $OUT gets gpu-check.txt (this report) and gpu-check-logs.tgz (the logs).
+# Environment: OUT (copy the report and logs there), BUDGET and RESERVE
+# (seconds, above), SKIP and ONLY (section names), HOT_RUNS (default 30),
+# BENCHTIME (go test -test.benchtime, default 1s), PORT (first of three
+# ports), NO_CURL=1 (use the fallbacks even where curl exists),
+# ISO_SECONDS/ISO_ROUNDS (isolation bench, default 3 and 2), FAIR_TIME
+# (fairness bench, default 3s), BATCH_TIME/BATCH_SWEEP (batching bench,
+# default 2s and 0.5,1,2). $OUT gets gpu-check.txt (this report, written as
+# it goes) and gpu-check-logs.tgz (the logs).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
+
+budget=${BUDGET:-540}
+reserve=${RESERVE:-20}
+# Under a timeout of its own, once: past the budget everything the check
+# started gets TERM (timeout signals its process group), then KILL.
+if [ -z "${PLOVER_GPU_CHECK_TIMED:-}" ] && command -v timeout >/dev/null 2>&1; then
+  export PLOVER_GPU_CHECK_TIMED=1
+  exec timeout -s TERM -k 10 "$budget" bash "$0" "$@"
+fi
+t0=$(date +%s)
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
@@ -52,22 +79,24 @@ if [ -n "${OUT:-}" ]; then
   tee_pid=$!
 fi
 
-hot_runs=${HOT_RUNS:-50}
-benchtime=${BENCHTIME:-2s}
+hot_runs=${HOT_RUNS:-30}
+benchtime=${BENCHTIME:-1s}
 port=${PORT:-$((20000 + RANDOM % 20000))}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/plover-gpu-check.XXXXXX")
 mkdir -p "$tmp/logs"
 failures=0
 pids=()
+not_run=()
 
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   local p
-  trap '' PIPE
+  trap '' PIPE TERM
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-  # Also when a section hangs and a timeout ends the script: the logs say
-  # why. One archive beside the report: the device tool returns 8 files.
+  # Also when a section hangs and the budget's timeout ends the script:
+  # the logs say why. One archive beside the report: the device tool
+  # returns 8 files.
   if [ -n "${OUT:-}" ]; then
     for p in "$tmp"/server-*.log; do [ -f "$p" ] && cp "$p" "$tmp/logs/"; done
     tar czf "$OUT/gpu-check-logs.tgz" -C "$tmp/logs" . 2>/dev/null
@@ -75,16 +104,44 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-trap 'exit 143' TERM INT # a timeout's signal still runs cleanup
+# A timeout's signal: say so, then exit (cleanup runs).
+trap 'say ""; say "STOPPED: the budget of ${budget} s ran out after $(($(date +%s) - t0)) s (sections after this point did not run)"; exit 143' TERM INT
 
 say() { printf '%s\n' "$*"; }
-section() { printf '\n== %s ==\n' "$*"; }
+elapsed() { echo $(($(date +%s) - t0)); }
+# left: seconds of the budget left for work (the reserve kept back).
+left() { echo $((t0 + budget - reserve - $(date +%s))); }
+section() { printf '\n== %s == (at %d s, %d s left)\n' "$*" "$(elapsed)" "$(left)"; }
 pass() { say "PASS: $*"; }
 fail() {
   say "FAIL: $*"
   failures=$((failures + 1))
 }
-skip() { case " ${SKIP:-} " in *" $1 "*) say "SKIP: $1 (SKIP=${SKIP})"; return 0 ;; esac; return 1; }
+# wanted NAME: the section is selected (ONLY lists it, or SKIP does not).
+wanted() {
+  if [ -n "${ONLY:-}" ]; then
+    case " $ONLY " in *" $1 "*) return 0 ;; esac
+    return 1
+  fi
+  case " ${SKIP:-} " in *" $1 "*) return 1 ;; esac
+  return 0
+}
+# bounded CAP CMD...: runs CMD for at most CAP seconds or what is left of
+# the budget, whichever is less (status 124 when cut); refuses to start
+# with under 5 s left.
+bounded() {
+  local cap=$1 l
+  shift
+  l=$(left)
+  if [ "$l" -lt 5 ]; then
+    say "budget: no time left for: $*"
+    return 124
+  fi
+  [ "$cap" -gt "$l" ] && cap=$l
+  timeout -k 5 "$cap" "$@"
+}
+# out_of_time: fewer than 5 s of the budget are left (long loops stop).
+out_of_time() { [ "$(left)" -lt 5 ]; }
 have() { # NO_CURL=1 exercises the fallbacks
   if [ "$1" = curl ] && [ -n "${NO_CURL:-}" ]; then return 1; fi
   command -v "$1" >/dev/null 2>&1
@@ -93,99 +150,159 @@ body() { head -c 300 "$1" | tr -c '[:print:]\n' '.'; } # a response body, printa
 save() { # save FILE NAME: keep a log for $OUT/gpu-check-logs.tgz
   if [ -f "$1" ]; then cp "$1" "$tmp/logs/$2"; fi
 }
+# test_timeout: a Go test binary's -test.timeout inside CAP seconds, so that
+# it panics with its goroutines' stacks (in the log) before bounded kills it.
+test_timeout() { echo "$(($(left) < $1 ? $(left) - 3 : $1 - 3))s"; }
 
-# ---------------------------------------------------------------- artifacts
-section "artifacts"
 # make gpu-artifacts packs the binaries (plover, plover-worker beside it,
 # device.test, plover-bench-suite) into one gzip so that the carry fits.
-if [ -f build/gpu-bin.tgz ]; then
-  tar xzf build/gpu-bin.tgz && say "ok  unpacked build/gpu-bin.tgz"
-fi
-missing=0
-for f in bin/plover bin/plover-worker bin/device.test build/cudatest/testkernels.so \
-  build/samples/vecadd-cuda/plover.json build/samples/vecadd-host/plover.json \
-  build/samples/vecadd-input.bin; do
-  if [ -e "$f" ]; then say "ok  $f"; else
-    say "missing $f"
-    missing=1
+# bin/plover and bin/plover-worker are needed by everything but the device
+# tests; what else is missing skips the sections that need it.
+sec_artifacts() {
+  local f
+  if [ -f build/gpu-bin.tgz ]; then
+    tar xzf build/gpu-bin.tgz && say "ok  unpacked build/gpu-bin.tgz"
   fi
-done
-if [ "$missing" = 1 ]; then
-  fail "artifacts missing: build them first (see the top of $0)"
-  exit 1
-fi
-if have curl; then say "curl: $(command -v curl)"; else say "curl: not found, using plover invoke and /dev/tcp"; fi
+  for f in bin/plover bin/plover-worker bin/device.test bin/plover-bench-suite build/cudatest/testkernels.so \
+    build/samples/vecadd-cuda/plover.json build/samples/vecadd-host/plover.json build/samples/vecadd-input.bin \
+    build/samples/cnn-cuda/plover.json build/samples/cnn-host/plover.json; do
+    if [ -e "$f" ]; then say "ok  $f"; else say "missing $f (the sections that need it skip)"; fi
+  done
+  if [ ! -x bin/plover ] || [ ! -x bin/plover-worker ]; then
+    fail "bin/plover and bin/plover-worker are missing: run make gpu-artifacts and carry build/gpu-bin.tgz"
+    exit 1
+  fi
+  if have curl; then say "curl: $(command -v curl)"; else say "curl: not found, using plover invoke and /dev/tcp"; fi
+}
 
-# ---------------------------------------------------------------- the GPU
-section "GPU"
-if have nvidia-smi; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || fail "nvidia-smi failed"
-else
-  fail "nvidia-smi not found"
-fi
+sec_gpu() {
+  if have nvidia-smi; then
+    bounded 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || fail "nvidia-smi failed"
+  else
+    fail "nvidia-smi not found"
+  fi
+}
 
-# ---------------------------------------------------------------- device tests
-section "CUDA device tests (bin/device.test -test.v)"
-if ! skip tests; then
-testlog=$tmp/cuda-test.txt
-(cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
-  "$root/bin/device.test" -test.v -test.count=1 -test.timeout=10m) >"$testlog" 2>&1
-test_rc=$?
-save "$testlog" cuda-test.txt
-grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|PASS$|FAIL$|ok |panic)' "$testlog" | grep -v '^=== RUN'
-grep -E 'no CUDA device|no CUDA test bundle' "$testlog" | sort -u | head -3
-if [ "$test_rc" -ne 0 ]; then
-  fail "bin/device.test exited $test_rc (full log: cuda-test.txt)"
-  tail -n 40 "$testlog"
-elif grep -q -- '--- SKIP: TestGPUSuite' "$testlog"; then
-  fail "the GPU tests skipped (reason above)"
-else
-  pass "CUDA device tests"
-fi
-fi
+# ================================================================ sections
+# Each section is a function sec_NAME, run by `run NAME MIN TITLE` below
+# when it is wanted and MIN seconds of the budget are left.
 
-# ---------------------------------------------------------------- benchmarks
-section "benchmarks (graph vs direct, copy bandwidth, a new instance and its first runs)"
-if ! skip bench; then
-benchlog=$tmp/cuda-bench.txt
-(cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
-  "$root/bin/device.test" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy|NewInstance)' \
-  -test.benchtime="$benchtime" -test.timeout=10m) >"$benchlog" 2>&1 || fail "benchmarks failed (cuda-bench.txt)"
-save "$benchlog" cuda-bench.txt
-grep -E '^Benchmark' "$benchlog"
+# The device tests need bin/device.test and the test kernels.
+device_test_ready() {
+  if [ -x bin/device.test ] && [ -f build/cudatest/testkernels.so ]; then return 0; fi
+  say "SKIP: needs bin/device.test and build/cudatest/testkernels.so (make gpu-artifacts)"
+  return 1
+}
+
+# device_test CAP LOG ARGS...: bin/device.test from device/, on the test
+# kernels, within CAP seconds of the budget, its output to LOG; the status.
+device_test() {
+  local cap=$1 log=$2
+  shift 2
+  (cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
+    bounded "$cap" "$root/bin/device.test" -test.count=1 -test.timeout="$(test_timeout "$cap")" "$@") >"$log" 2>&1
+}
+
+# The GPU's tests only (TestGPU*): the rest of the package (the host and the
+# fake driver's suites) is make test's, on the dev machine.
+sec_tests() {
+  device_test_ready || return 0
+  local testlog=$tmp/cuda-test.txt rc
+  device_test 150 "$testlog" -test.v -test.run '^TestGPU'
+  rc=$?
+  save "$testlog" cuda-test.txt
+  grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|PASS$|FAIL$|ok |panic)' "$testlog"
+  grep -E 'no CUDA device|no CUDA test bundle' "$testlog" | sort -u | head -3
+  if [ "$rc" -ne 0 ]; then
+    fail "bin/device.test exited $rc (full log: cuda-test.txt)"
+    tail -n 40 "$testlog"
+  elif grep -q -- '--- SKIP: TestGPUSuite' "$testlog"; then
+    fail "the GPU tests skipped (reason above)"
+  else
+    pass "CUDA device tests"
+  fi
+}
+
+# The device suite under compute-sanitizer: out-of-bounds and misaligned
+# device accesses and leaked device memory. API errors are not reported:
+# the suite provokes some on purpose (bad launches) and checks them itself.
+sec_memcheck() {
+  device_test_ready || return 0
+  local cs rc
+  # shellcheck disable=SC2012 # a glob of CUDA install paths, no odd names
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+  if [ -z "$cs" ]; then
+    say "SKIP: compute-sanitizer not found"
+    return 0
+  fi
+  (cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" bounded 200 "$cs" --tool memcheck \
+    --leak-check full --report-api-errors no --error-exitcode 9 \
+    "$root/bin/device.test" -test.run '^TestGPUSuite$' -test.count=1 -test.v -test.timeout="$(test_timeout 200)") >"$tmp/memcheck.txt" 2>&1
+  rc=$?
+  save "$tmp/memcheck.txt" memcheck.txt
+  grep -E 'ERROR SUMMARY|LEAK SUMMARY|^--- (PASS|FAIL|SKIP)' "$tmp/memcheck.txt" | head -n 5
+  if [ "$rc" -eq 0 ] && ! grep -q -- '--- SKIP: TestGPUSuite' "$tmp/memcheck.txt"; then pass "memcheck: the device suite ran clean"; else
+    fail "memcheck exited $rc (memcheck.txt in gpu-check-logs.tgz)"
+    tail -n 30 "$tmp/memcheck.txt"
+  fi
+}
+
+# Module loading is lazy by default since CUDA 12: kernels load at their
+# first launch, inside a capture too. Eager loading must work the same.
+sec_eager() {
+  device_test_ready || return 0
+  local rc
+  CUDA_MODULE_LOADING=EAGER device_test 90 "$tmp/eager.txt" -test.v -test.run '^(TestGPUSuite|TestGPUFault)$'
+  rc=$?
+  save "$tmp/eager.txt" eager.txt
+  grep -E '^--- (PASS|FAIL|SKIP)' "$tmp/eager.txt"
+  if [ "$rc" -eq 0 ] && ! grep -q -- '--- SKIP: TestGPUSuite' "$tmp/eager.txt"; then pass "the device suite with eager module loading"; else
+    fail "the device suite with eager module loading (exit $rc; eager.txt)"
+    tail -n 30 "$tmp/eager.txt"
+  fi
+}
+
 # field value before a unit, e.g. metric "ns/op"
 metric() { awk -v unit="$2" '{ for (i = 2; i <= NF; i++) if ($i == unit) { print $(i - 1); exit } }' <<<"$1"; }
-g_line=$(grep -E '^BenchmarkChain9Graph' "$benchlog" | tail -n 1)
-d_line=$(grep -E '^BenchmarkChain9Direct' "$benchlog" | tail -n 1)
-if [ -n "$g_line" ] && [ -n "$d_line" ]; then
-  say ""
-  say "9-kernel chain (load, 7 x inc, store at <<<64,64>>>; 3136 B in, 40 B out), per request:"
-  printf '%-8s %14s %14s %14s\n' mode "Run (us)" "kernels (us)" "copies (us)"
-  for m in graph direct; do
-    line=$g_line
-    [ "$m" = direct ] && line=$d_line
-    awk -v m="$m" -v a="$(metric "$line" ns/op)" -v k="$(metric "$line" kernel-ns/op)" -v c="$(metric "$line" copy-ns/op)" \
-      'BEGIN { printf "%-8s %14.1f %14.1f %14.1f\n", m, a / 1000, k / 1000, c / 1000 }'
-  done
-  awk -v g="$(metric "$g_line" ns/op)" -v d="$(metric "$d_line" ns/op)" \
-    'BEGIN { if (g > 0) printf "graph speedup per request: %.2fx (%.1f us saved)\n", d / g, (d - g) / 1000 }'
-else
-  fail "no Chain9 benchmark results"
-fi
-say ""
-say "copy bandwidth (staged: Run with a host memcpy beside the DMA; inplace: Run on registered memory, the DMA alone by events; pinned: plain cuMemcpy of the same registered bytes, host-timed):"
-printf '%-18s %10s %10s\n' size/mode "in GB/s" "out GB/s"
-grep -E '^BenchmarkCopy/' "$benchlog" | while read -r line; do
-  name=${line%% *}
-  name=${name#BenchmarkCopy/}
-  printf '%-18s %10s %10s\n' "${name%-*}" "$(metric "$line" in-GB/s)" "$(metric "$line" out-GB/s)"
-done
-fi
 
-# ---------------------------------------------------------------- servers
+sec_bench() {
+  device_test_ready || return 0
+  local benchlog=$tmp/cuda-bench.txt g_line d_line m line name
+  device_test 120 "$benchlog" -test.run='^$' -test.bench='^Benchmark(Chain9|Copy|NewInstance)' \
+    -test.benchtime="$benchtime" || fail "benchmarks failed (cuda-bench.txt)"
+  save "$benchlog" cuda-bench.txt
+  grep -E '^Benchmark' "$benchlog"
+  g_line=$(grep -E '^BenchmarkChain9Graph' "$benchlog" | tail -n 1)
+  d_line=$(grep -E '^BenchmarkChain9Direct' "$benchlog" | tail -n 1)
+  if [ -n "$g_line" ] && [ -n "$d_line" ]; then
+    say ""
+    say "9-kernel chain (load, 7 x inc, store at <<<64,64>>>; 3136 B in, 40 B out), per request:"
+    printf '%-8s %14s %14s %14s\n' mode "Run (us)" "kernels (us)" "copies (us)"
+    for m in graph direct; do
+      line=$g_line
+      [ "$m" = direct ] && line=$d_line
+      awk -v m="$m" -v a="$(metric "$line" ns/op)" -v k="$(metric "$line" kernel-ns/op)" -v c="$(metric "$line" copy-ns/op)" \
+        'BEGIN { printf "%-8s %14.1f %14.1f %14.1f\n", m, a / 1000, k / 1000, c / 1000 }'
+    done
+    awk -v g="$(metric "$g_line" ns/op)" -v d="$(metric "$d_line" ns/op)" \
+      'BEGIN { if (g > 0) printf "graph speedup per request: %.2fx (%.1f us saved)\n", d / g, (d - g) / 1000 }'
+  else
+    fail "no Chain9 benchmark results"
+  fi
+  say ""
+  say "copy bandwidth (staged: Run with a host memcpy beside the DMA; inplace: Run on registered memory, the DMA alone by events; pinned: plain cuMemcpy of the same registered bytes, host-timed):"
+  printf '%-18s %10s %10s\n' size/mode "in GB/s" "out GB/s"
+  grep -E '^BenchmarkCopy/' "$benchlog" | while read -r line; do
+    name=${line%% *}
+    name=${name#BenchmarkCopy/}
+    printf '%-18s %10s %10s\n' "${name%-*}" "$(metric "$line" in-GB/s)" "$(metric "$line" out-GB/s)"
+  done
+}
+
+# ================================================================ serving
 http_get() { # http_get PORT PATH BODYFILE -> prints the status code
   if have curl; then
-    curl -sS -o "$3" -w '%{http_code}' "http://127.0.0.1:$1$2" 2>/dev/null || printf '000'
+    curl -sS -m 10 -o "$3" -w '%{http_code}' "http://127.0.0.1:$1$2" 2>/dev/null || printf '000'
     return
   fi
   local resp
@@ -206,6 +323,10 @@ start_server() { # start_server DEVICE PORT [ISOLATION] -> sets server_pid
   pids+=("$server_pid")
   local i code
   for i in $(seq 1 120); do
+    if out_of_time; then
+      say "server --device $dev: the budget ran out before /healthz answered"
+      return 1
+    fi
     if ! kill -0 "$server_pid" 2>/dev/null; then
       say "server --device $dev exited:"
       tail -n 20 "$log"
@@ -223,23 +344,26 @@ start_server() { # start_server DEVICE PORT [ISOLATION] -> sets server_pid
   return 1
 }
 
+# curl_limit: seconds one request may take: 60, or what is left.
+curl_limit() { local l; l=$(left); echo $((l < 60 ? (l > 1 ? l : 1) : 60)); }
+
 # invoke URL NAME IN OUT -> "code start total kernels copyin copyout client" (ms)
 invoke() {
-  local hdr=$tmp/hdr.$$.$RANDOM code client t0 t1 err
+  local hdr=$tmp/hdr.$$.$RANDOM code client ns0 ns1 err
   if have curl; then
-    read -r code client < <(curl -sS -m 60 -o "$4" -D "$hdr" -w '%{http_code} %{time_total}\n' \
+    read -r code client < <(curl -sS -m "$(curl_limit)" -o "$4" -D "$hdr" -w '%{http_code} %{time_total}\n' \
       -H 'Content-Type: application/octet-stream' --data-binary @"$3" \
       "$1/v1/functions/$2/invoke" 2>/dev/null || printf '000 0\n')
     client=$(awk -v c="$client" 'BEGIN { printf "%.3f", c * 1000 }')
   else
-    t0=$(date +%s%N)
-    if bin/plover invoke "$2" --in "$3" --out "$4" --server "$1" --timing 2>"$hdr.err"; then code=200; else
+    ns0=$(date +%s%N)
+    if bin/plover invoke "$2" --in "$3" --out "$4" --server "$1" --timeout "$(curl_limit)s" --timing 2>"$hdr.err"; then code=200; else
       err=$(cat "$hdr.err")
       code=$(sed -n 's/.*server said \([0-9][0-9][0-9]\).*/\1/p' <<<"$err" | head -n 1)
       cp "$hdr.err" "$4"
     fi
-    t1=$(date +%s%N)
-    client=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e6 }')
+    ns1=$(date +%s%N)
+    client=$(awk -v a="$ns0" -v b="$ns1" 'BEGIN { printf "%.3f", (b - a) / 1e6 }')
     sed -n 's/^start=\([a-z]*\).*/X-Plover-Start: \1/p; s/^Server-Timing:/Server-Timing:/p' "$hdr.err" >"$hdr"
   fi
   awk -v code="${code:-000}" -v client="$client" '
@@ -271,7 +395,10 @@ latency() {
   done
   wait_burst
   for i in 1 2 3 4 5 6 7 8; do echo "$label $(cat "$tmp/burst-$i")" >>"$rows"; done
-  for i in $(seq 1 "$hot_runs"); do echo "$label $(invoke "$url" "$name" "$in" "$tmp/lat-out")" >>"$rows"; done
+  for i in $(seq 1 "$hot_runs"); do
+    out_of_time && break
+    echo "$label $(invoke "$url" "$name" "$in" "$tmp/lat-out")" >>"$rows"
+  done
 }
 # Waits for the burst's subshells only: the servers are children too.
 wait_burst() {
@@ -281,52 +408,40 @@ wait_burst() {
   done
 }
 
-section "servers"
-cuda_port=$port
-host_port=$((port + 1))
-cuda_url=http://127.0.0.1:$cuda_port
-host_url=http://127.0.0.1:$host_port
-cuda_up=0
-host_up=0
-if start_server cuda "$cuda_port"; then cuda_up=1; else fail "plover serve --device cuda did not come up"; fi
-cuda_pid=${server_pid:-}
-if start_server host "$host_port"; then host_up=1; else fail "plover serve --device host did not come up"; fi
-
-# ---------------------------------------------------------------- vecadd
-section "vecadd: CUDA vs host"
-vin=build/samples/vecadd-input.bin
-if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ]; then
-  bin/plover deploy build/samples/vecadd-cuda --server "$cuda_url" || fail "deploy vecadd-cuda"
-  bin/plover deploy build/samples/vecadd-host --server "$host_url" || fail "deploy vecadd-host"
-  # The first requests are the cold ones in the latency table.
-  latency "$cuda_url" cuda-vecadd vecadd "$vin"
-  latency "$host_url" host-vecadd vecadd "$vin"
-  bin/plover invoke vecadd --in "$vin" --out "$tmp/vecadd-cuda.out" --server "$cuda_url" || fail "invoke vecadd (cuda)"
-  bin/plover invoke vecadd --in "$vin" --out "$tmp/vecadd-host.out" --server "$host_url" || fail "invoke vecadd (host)"
-  if cmp "$tmp/vecadd-cuda.out" "$tmp/vecadd-host.out"; then
-    pass "vecadd output: CUDA and host identical ($(wc -c <"$tmp/vecadd-cuda.out") bytes)"
-  else
-    fail "vecadd output differs between CUDA and host"
-  fi
-  if [ -f build/samples/vecadd-expected.bin ]; then
-    if cmp "$tmp/vecadd-cuda.out" build/samples/vecadd-expected.bin; then
-      pass "vecadd output matches vecadd-expected.bin"
+sec_vecadd() {
+  if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ]; then
+    bin/plover deploy build/samples/vecadd-cuda --server "$cuda_url" || fail "deploy vecadd-cuda"
+    bin/plover deploy build/samples/vecadd-host --server "$host_url" || fail "deploy vecadd-host"
+    # The first requests are the cold ones in the latency table.
+    latency "$cuda_url" cuda-vecadd vecadd "$vin"
+    latency "$host_url" host-vecadd vecadd "$vin"
+    bin/plover invoke vecadd --in "$vin" --out "$tmp/vecadd-cuda.out" --server "$cuda_url" || fail "invoke vecadd (cuda)"
+    bin/plover invoke vecadd --in "$vin" --out "$tmp/vecadd-host.out" --server "$host_url" || fail "invoke vecadd (host)"
+    if cmp "$tmp/vecadd-cuda.out" "$tmp/vecadd-host.out"; then
+      pass "vecadd output: CUDA and host identical ($(wc -c <"$tmp/vecadd-cuda.out") bytes)"
     else
-      fail "vecadd output differs from vecadd-expected.bin"
+      fail "vecadd output differs between CUDA and host"
     fi
+    if [ -f build/samples/vecadd-expected.bin ]; then
+      if cmp "$tmp/vecadd-cuda.out" build/samples/vecadd-expected.bin; then
+        pass "vecadd output matches vecadd-expected.bin"
+      else
+        fail "vecadd output differs from vecadd-expected.bin"
+      fi
+    fi
+  else
+    say "SKIP: needs the CUDA and host servers"
   fi
-fi
+}
 
-# ---------------------------------------------------------------- cnn (optional)
-section "cnn: CUDA vs host (optional)"
-heldout=samples/cnn/testdata/heldout.bin
-if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ] && [ -f build/samples/cnn-cuda/plover.json ] &&
-  [ -f build/samples/cnn-host/plover.json ] && [ -f "$heldout" ] && have python3; then
-  bin/plover deploy build/samples/cnn-cuda --server "$cuda_url" || fail "deploy cnn-cuda"
-  bin/plover deploy build/samples/cnn-host --server "$host_url" || fail "deploy cnn-host"
-  # heldout.bin: "PLVDGT01", uint32 count, then records of 1 label byte and
-  # 784 pixel bytes k; the network's input is 784 float32 k/255.
-  python3 - "$heldout" "$tmp" <<'PY' || fail "cannot read $heldout"
+sec_cnn() {
+  if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ] && [ -f build/samples/cnn-cuda/plover.json ] &&
+    [ -f build/samples/cnn-host/plover.json ] && [ -f "$heldout" ] && have python3; then
+    bin/plover deploy build/samples/cnn-cuda --server "$cuda_url" || fail "deploy cnn-cuda"
+    bin/plover deploy build/samples/cnn-host --server "$host_url" || fail "deploy cnn-host"
+    # heldout.bin: "PLVDGT01", uint32 count, then records of 1 label byte and
+    # 784 pixel bytes k; the network's input is 784 float32 k/255.
+    python3 - "$heldout" "$tmp" <<'PY' || fail "cannot read $heldout"
 import struct, sys
 data = open(sys.argv[1], "rb").read()
 assert data[:8] == b"PLVDGT01", "bad magic"
@@ -338,29 +453,30 @@ with open(sys.argv[2] + "/cnn-labels", "w") as labels:
         with open("%s/cnn-in-%d.bin" % (sys.argv[2], i), "wb") as f:
             f.write(struct.pack("<784f", *[k / 255 for k in rec[1:]]))
 PY
-  argmax() { od -An -v -t f4 "$1" | tr -s ' ' '\n' | awk 'NF { i++; if (i == 1 || $1 > m) { m = $1; a = i - 1 } } END { print a }'; }
-  n=0 same=0 agree=0 correct=0
-  latency "$cuda_url" cuda-cnn cnn "$tmp/cnn-in-0.bin"
-  latency "$host_url" host-cnn cnn "$tmp/cnn-in-0.bin"
-  while read -r label; do
-    in=$tmp/cnn-in-$n.bin
-    rc=$(invoke "$cuda_url" cnn "$in" "$tmp/cnn-cuda-$n.out")
-    rh=$(invoke "$host_url" cnn "$in" "$tmp/cnn-host-$n.out")
-    if [ "${rc%% *}" != 200 ] || [ "${rh%% *}" != 200 ]; then
-      fail "cnn digit $n: cuda $rc, host $rh"
-    else
-      if cmp -s "$tmp/cnn-cuda-$n.out" "$tmp/cnn-host-$n.out"; then same=$((same + 1)); fi
-      lc=$(argmax "$tmp/cnn-cuda-$n.out")
-      lh=$(argmax "$tmp/cnn-host-$n.out")
-      if [ "$lc" = "$lh" ]; then agree=$((agree + 1)); fi
-      if [ "$lc" = "$label" ]; then correct=$((correct + 1)); fi
-    fi
-    n=$((n + 1))
-  done <"$tmp/cnn-labels"
-  say "cnn: $n digits; CUDA and host labels agree on $agree, outputs byte-identical on $same, CUDA correct on $correct"
-  if [ "$agree" = "$n" ]; then pass "cnn labels: CUDA = host"; else fail "cnn labels differ between CUDA and host"; fi
-  # The issue's bar: every one of the 10 scores within 1e-4 of the host device's.
-  maxdiff=$(python3 - "$tmp" "$n" <<'PY'
+    argmax() { od -An -v -t f4 "$1" | tr -s ' ' '\n' | awk 'NF { i++; if (i == 1 || $1 > m) { m = $1; a = i - 1 } } END { print a }'; }
+    n=0 same=0 agree=0 correct=0
+    latency "$cuda_url" cuda-cnn cnn "$tmp/cnn-in-0.bin"
+    latency "$host_url" host-cnn cnn "$tmp/cnn-in-0.bin"
+    while read -r label; do
+      out_of_time && break
+      in=$tmp/cnn-in-$n.bin
+      rc=$(invoke "$cuda_url" cnn "$in" "$tmp/cnn-cuda-$n.out")
+      rh=$(invoke "$host_url" cnn "$in" "$tmp/cnn-host-$n.out")
+      if [ "${rc%% *}" != 200 ] || [ "${rh%% *}" != 200 ]; then
+        fail "cnn digit $n: cuda $rc, host $rh"
+      else
+        if cmp -s "$tmp/cnn-cuda-$n.out" "$tmp/cnn-host-$n.out"; then same=$((same + 1)); fi
+        lc=$(argmax "$tmp/cnn-cuda-$n.out")
+        lh=$(argmax "$tmp/cnn-host-$n.out")
+        if [ "$lc" = "$lh" ]; then agree=$((agree + 1)); fi
+        if [ "$lc" = "$label" ]; then correct=$((correct + 1)); fi
+      fi
+      n=$((n + 1))
+    done <"$tmp/cnn-labels"
+    say "cnn: $n digits; CUDA and host labels agree on $agree, outputs byte-identical on $same, CUDA correct on $correct"
+    if [ "$agree" = "$n" ]; then pass "cnn labels: CUDA = host"; else fail "cnn labels differ between CUDA and host"; fi
+    # The issue's bar: every one of the 10 scores within 1e-4 of the host device's.
+    maxdiff=$(python3 - "$tmp" "$n" <<'PY'
 import struct, sys
 d = 0.0
 for i in range(int(sys.argv[2])):
@@ -372,70 +488,71 @@ for i in range(int(sys.argv[2])):
     d = max(d, max(abs(a - b) for a, b in zip(c, h)))
 print("%.3g" % d)
 PY
-)
-  say "cnn: largest score difference CUDA vs host over $n digits: $maxdiff"
-  if python3 -c "import sys; sys.exit(0 if float('$maxdiff') <= 1e-4 else 1)"; then pass "cnn scores within 1e-4"; else fail "cnn scores differ by $maxdiff (> 1e-4)"; fi
-else
-  say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
-fi
+  )
+    say "cnn: largest score difference CUDA vs host over $n digits: $maxdiff"
+    if python3 -c "import sys; sys.exit(0 if float('$maxdiff') <= 1e-4 else 1)"; then pass "cnn scores within 1e-4"; else fail "cnn scores differ by $maxdiff (> 1e-4)"; fi
+  else
+    say "SKIP: needs build/samples/cnn-{cuda,host}/, $heldout and python3"
+  fi
+}
 
-# ---------------------------------------------------------------- gRPC
 # The CUDA CNN through the Open Inference Protocol's gRPC ModelInfer beside
 # the HTTP route, same server, same digit: plover bench both ways, in turn.
-section "gRPC against HTTP: the CUDA CNN (plover bench, 2000 requests each, one client)"
-if [ "$cuda_up" = 1 ] && [ -f "$tmp/cnn-in-0.bin" ] && have python3; then
-  p50() { python3 -c 'import json,sys; r=json.load(sys.stdin); print("%s ok, p50 %.3f ms, p99 %.3f ms, server total p50 %.3f ms" % (r["ok"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["server_ms"]["total"]["p50"]))'; }
-  for round in 1 2; do
-    h=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --server "$cuda_url" --requests 2000 --json 2>/dev/null | p50) || h="failed"
-    g=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --grpc "grpc://127.0.0.1:$((cuda_port + 100))" --requests 2000 --json 2>/dev/null | p50) || g="failed"
-    say "round $round: HTTP /v1: $h"
-    say "round $round: gRPC:    $g"
-  done
-  case "$g" in 2000*) pass "gRPC ModelInfer serves the CUDA CNN" ;; *) fail "gRPC ModelInfer on the CUDA CNN: $g" ;; esac
-else
-  say "SKIP: needs the cuda server and the cnn section's inputs"
-fi
+sec_grpc() {
+  if [ "$cuda_up" = 1 ] && [ -f "$tmp/cnn-in-0.bin" ] && have python3; then
+    p50() { python3 -c 'import json,sys; r=json.load(sys.stdin); print("%s ok, p50 %.3f ms, p99 %.3f ms, server total p50 %.3f ms" % (r["ok"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["server_ms"]["total"]["p50"]))'; }
+    for round in 1 2; do
+      h=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --server "$cuda_url" --requests "$grpc_requests" --json 2>/dev/null | p50) || h="failed"
+      g=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --grpc "grpc://127.0.0.1:$((cuda_port + 100))" --requests "$grpc_requests" --json 2>/dev/null | p50) || g="failed"
+      say "round $round: HTTP /v1: $h"
+      say "round $round: gRPC:    $g"
+    done
+    case "$g" in "$grpc_requests"*) pass "gRPC ModelInfer serves the CUDA CNN" ;; *) fail "gRPC ModelInfer on the CUDA CNN: $g" ;; esac
+  else
+    say "SKIP: needs the cuda server and the cnn section's inputs"
+  fi
+}
 
-# ---------------------------------------------------------------- pipeline
 # CPU and GPU steps in one server: the cuda server also opens the host
 # device, so the digits pipeline normalises and picks the top-1 on the CPU
 # and runs the CNN (deployed above as cnn-cuda) on the GPU. Its labels must
 # be the host CNN's for the same digits.
-section "digits pipeline: host steps and the CUDA CNN in one server"
-if [ "$cuda_up" = 1 ] && [ -f build/samples/digits-pipeline/plover.json ] && [ -f build/samples/digits-normalize-host/plover.json ] &&
-  [ -f "$tmp/cnn-host-49.out" ]; then
-  bin/plover deploy build/samples/digits-normalize-host --server "$cuda_url" || fail "deploy digits-normalize-host on the cuda server"
-  bin/plover deploy build/samples/digits-top1-host --server "$cuda_url" || fail "deploy digits-top1-host on the cuda server"
-  bin/plover deploy build/samples/digits-pipeline --server "$cuda_url" || fail "deploy the digits pipeline"
-  curl -sS "$cuda_url/v1/functions" | python3 -c 'import json,sys; print("   runs on:", ", ".join("%s %s" % (f["name"], f.get("target") or f["kind"]) for f in json.load(sys.stdin)["functions"]))' || true
-  ok=0
-  for n in $(seq 0 49); do
-    dd if="$heldout" of="$tmp/px-$n.bin" iflag=skip_bytes,count_bytes skip=$((12 + 785 * n + 1)) count=784 status=none
-    r=$(invoke "$cuda_url" digits "$tmp/px-$n.bin" "$tmp/digits-$n.out")
-    want=$(argmax "$tmp/cnn-host-$n.out")
-    got=$(od -An -t d4 -N 4 "$tmp/digits-$n.out" 2>/dev/null | tr -d ' ')
-    if [ "${r%% *}" = 200 ] && [ "$got" = "$want" ]; then ok=$((ok + 1)); else say "digit $n: $r label $got, host cnn $want"; fi
-  done
-  latency "$cuda_url" cuda-digits-pipeline digits "$tmp/px-0.bin"
-  if [ "$ok" = 50 ]; then pass "digits pipeline (CPU steps + GPU CNN): 50 of 50 labels equal the host CNN's"; else fail "digits pipeline: $ok of 50 labels equal the host CNN's"; fi
-else
-  say "SKIP: needs the cuda server, build/samples/digits-{pipeline,normalize-host,top1-host} and the cnn section's outputs"
-fi
+sec_pipeline() {
+  if [ "$cuda_up" = 1 ] && [ -f build/samples/digits-pipeline/plover.json ] && [ -f build/samples/digits-normalize-host/plover.json ] &&
+    [ -f "$tmp/cnn-host-49.out" ]; then
+    bin/plover deploy build/samples/digits-normalize-host --server "$cuda_url" || fail "deploy digits-normalize-host on the cuda server"
+    bin/plover deploy build/samples/digits-top1-host --server "$cuda_url" || fail "deploy digits-top1-host on the cuda server"
+    bin/plover deploy build/samples/digits-pipeline --server "$cuda_url" || fail "deploy the digits pipeline"
+    curl -sS "$cuda_url/v1/functions" | python3 -c 'import json,sys; print("   runs on:", ", ".join("%s %s" % (f["name"], f.get("target") or f["kind"]) for f in json.load(sys.stdin)["functions"]))' || true
+    ok=0
+    for n in $(seq 0 49); do
+      out_of_time && break
+      dd if="$heldout" of="$tmp/px-$n.bin" iflag=skip_bytes,count_bytes skip=$((12 + 785 * n + 1)) count=784 status=none
+      r=$(invoke "$cuda_url" digits "$tmp/px-$n.bin" "$tmp/digits-$n.out")
+      want=$(argmax "$tmp/cnn-host-$n.out")
+      got=$(od -An -t d4 -N 4 "$tmp/digits-$n.out" 2>/dev/null | tr -d ' ')
+      if [ "${r%% *}" = 200 ] && [ "$got" = "$want" ]; then ok=$((ok + 1)); else say "digit $n: $r label $got, host cnn $want"; fi
+    done
+    latency "$cuda_url" cuda-digits-pipeline digits "$tmp/px-0.bin"
+    if [ "$ok" = 50 ]; then pass "digits pipeline (CPU steps + GPU CNN): 50 of 50 labels equal the host CNN's"; else fail "digits pipeline: $ok of 50 labels equal the host CNN's"; fi
+  else
+    say "SKIP: needs the cuda server, build/samples/digits-{pipeline,normalize-host,top1-host} and the cnn section's outputs"
+  fi
+}
 
-# ---------------------------------------------------------------- batching
 # ABI 2.1 on a GPU: 64 concurrent digits through the batching CNN build;
 # each response must be that digit's host score vector (same bar, 1e-4),
 # and runs must hold more than one digit (Server-Timing batch;desc=N).
-section "cnn-batch (ABI 2.1 batching): 64 concurrent digits, CUDA vs host"
-if [ "$cuda_up" = 1 ] && [ -f build/samples/cnn-batch-cuda/plover.json ] && [ -f "$tmp/cnn-host-63.out" ] && have python3 && have curl; then
-  bin/plover deploy build/samples/cnn-batch-cuda --server "$cuda_url" || fail "deploy cnn-batch-cuda"
-  invoke "$cuda_url" cnn-batch "$tmp/cnn-in-0.bin" "$tmp/cnnb-warm.out" >/dev/null
-  for i in $(seq 0 63); do
-    curl -sS -m 60 -o "$tmp/cnnb-$i.out" -D "$tmp/cnnb-$i.hdr" -H 'Content-Type: application/octet-stream' \
-      --data-binary "@$tmp/cnn-in-$i.bin" "$cuda_url/v1/functions/cnn-batch/invoke" &
-  done
-  wait_burst # a bare wait would wait for the servers too (it hung the first GPU run)
-  res=$(python3 - "$tmp" <<'PY'
+sec_cnnbatch() {
+  if [ "$cuda_up" = 1 ] && [ -f build/samples/cnn-batch-cuda/plover.json ] && [ -f "$tmp/cnn-host-63.out" ] && have python3 && have curl; then
+    bin/plover deploy build/samples/cnn-batch-cuda --server "$cuda_url" || fail "deploy cnn-batch-cuda"
+    invoke "$cuda_url" cnn-batch "$tmp/cnn-in-0.bin" "$tmp/cnnb-warm.out" >/dev/null
+    for i in $(seq 0 63); do
+      curl -sS -m "$(curl_limit)" -o "$tmp/cnnb-$i.out" -D "$tmp/cnnb-$i.hdr" -H 'Content-Type: application/octet-stream' \
+        --data-binary "@$tmp/cnn-in-$i.bin" "$cuda_url/v1/functions/cnn-batch/invoke" &
+    done
+    wait_burst # a bare wait would wait for the servers too (it hung the first GPU run)
+    res=$(python3 - "$tmp" <<'PY'
 import re, struct, sys
 d, biggest = 0.0, 0
 for i in range(64):
@@ -449,30 +566,30 @@ for i in range(64):
     biggest = max(biggest, int(m.group(1)) if m else 0)
 print("%.3g %d" % (d, biggest))
 PY
-)
-  say "cnn-batch: largest score difference from the host over 64 concurrent digits: ${res% *}; largest run ${res#* } digits"
-  if python3 -c "import sys; sys.exit(0 if float('${res% *}') <= 1e-4 else 1)"; then pass "cnn-batch scores within 1e-4"; else fail "cnn-batch scores differ by ${res% *}"; fi
-  if [ "${res#* }" -ge 2 ]; then pass "cnn-batch: runs held more than one digit"; else fail "cnn-batch: no run held two digits"; fi
-else
-  say "SKIP: needs build/samples/cnn-batch-cuda/, the cnn section's host outputs, python3 and curl"
-fi
+  )
+    say "cnn-batch: largest score difference from the host over 64 concurrent digits: ${res% *}; largest run ${res#* } digits"
+    if python3 -c "import sys; sys.exit(0 if float('${res% *}') <= 1e-4 else 1)"; then pass "cnn-batch scores within 1e-4"; else fail "cnn-batch scores differ by ${res% *}"; fi
+    if [ "${res#* }" -ge 2 ]; then pass "cnn-batch: runs held more than one digit"; else fail "cnn-batch: no run held two digits"; fi
+  else
+    say "SKIP: needs build/samples/cnn-batch-cuda/, the cnn section's host outputs, python3 and curl"
+  fi
+}
 
-# ---------------------------------------------------------------- softmax
 # ABI 2 on a GPU: shared memory, barriers and a lowered out.len, one source
 # for both targets; the expected response comes from the Go reference.
-section "softmax (ABI 2: __shared__, __syncthreads, out.len): CUDA vs host vs reference"
-if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ] && [ -f build/samples/softmax-cuda/plover.json ] &&
-  [ -f build/samples/softmax-host/plover.json ] && [ -f build/samples/softmax-input.bin ] && have python3; then
-  bin/plover deploy build/samples/softmax-cuda --server "$cuda_url" || fail "deploy softmax-cuda"
-  bin/plover deploy build/samples/softmax-host --server "$host_url" || fail "deploy softmax-host"
-  sin=build/samples/softmax-input.bin
-  for i in 1 2 3 4; do # direct, captured, replayed, replayed: out.len must hold on replay
-    rc=$(invoke "$cuda_url" softmax "$sin" "$tmp/softmax-cuda-$i.out")
-    [ "${rc%% *}" = 200 ] || fail "softmax on CUDA, request $i: $rc"
-  done
-  rh=$(invoke "$host_url" softmax "$sin" "$tmp/softmax-host.out")
-  [ "${rh%% *}" = 200 ] || fail "softmax on host: $rh"
-  sdiff=$(python3 - "$tmp" build/samples/softmax-expected.bin <<'PY'
+sec_softmax() {
+  if [ "$cuda_up" = 1 ] && [ "$host_up" = 1 ] && [ -f build/samples/softmax-cuda/plover.json ] &&
+    [ -f build/samples/softmax-host/plover.json ] && [ -f build/samples/softmax-input.bin ] && have python3; then
+    bin/plover deploy build/samples/softmax-cuda --server "$cuda_url" || fail "deploy softmax-cuda"
+    bin/plover deploy build/samples/softmax-host --server "$host_url" || fail "deploy softmax-host"
+    sin=build/samples/softmax-input.bin
+    for i in 1 2 3 4; do # direct, captured, replayed, replayed: out.len must hold on replay
+      rc=$(invoke "$cuda_url" softmax "$sin" "$tmp/softmax-cuda-$i.out")
+      [ "${rc%% *}" = 200 ] || fail "softmax on CUDA, request $i: $rc"
+    done
+    rh=$(invoke "$host_url" softmax "$sin" "$tmp/softmax-host.out")
+    [ "${rh%% *}" = 200 ] || fail "softmax on host: $rh"
+    sdiff=$(python3 - "$tmp" build/samples/softmax-expected.bin <<'PY'
 import struct, sys
 exp = open(sys.argv[2], "rb").read()
 worst = 0.0
@@ -485,37 +602,37 @@ for name in ["softmax-cuda-%d.out" % i for i in range(1, 5)] + ["softmax-host.ou
     worst = max(worst, max(abs(x - y) for x, y in zip(a, b)))
 print("%.3g" % worst)
 PY
-)
-  say "softmax: largest difference from the reference (4 CUDA requests, 1 host): $sdiff"
-  if python3 -c "import sys; sys.exit(0 if float('$sdiff') <= 1e-5 else 1)" 2>/dev/null; then
-    pass "softmax: CUDA (direct, captured, replayed) and host match the reference within 1e-5, lengths equal"
+  )
+    say "softmax: largest difference from the reference (4 CUDA requests, 1 host): $sdiff"
+    if python3 -c "import sys; sys.exit(0 if float('$sdiff') <= 1e-5 else 1)" 2>/dev/null; then
+      pass "softmax: CUDA (direct, captured, replayed) and host match the reference within 1e-5, lengths equal"
+    else
+      fail "softmax: $sdiff"
+    fi
   else
-    fail "softmax: $sdiff"
+    say "SKIP: needs build/samples/softmax-{cuda,host}/ and python3"
   fi
-else
-  say "SKIP: needs build/samples/softmax-{cuda,host}/ and python3"
-fi
+}
 
-# ---------------------------------------------------------------- latency table
-section "latency (ms; server = Server-Timing total, client = whole HTTP request)"
-printf '%-12s %-5s %4s %9s %9s %9s %9s %9s\n' function start n server kernels copyin copyout client
-awk '{ print $1, $3 }' "$rows" | sort -u | while read -r label start; do
-  [ "$start" = - ] && continue
-  sel() { awk -v l="$label" -v s="$start" -v f="$1" '$1 == l && $3 == s && $2 == 200 { print $f }' "$rows"; }
-  count=$(sel 4 | wc -l)
-  [ "$count" -eq 0 ] && continue
-  printf '%-12s %-5s %4d %9.3f %9.3f %9.3f %9.3f %9.3f\n' "$label" "$start" "$count" \
-    "$(sel 4 | median)" "$(sel 5 | median)" "$(sel 6 | median)" "$(sel 7 | median)" "$(sel 8 | median)"
-done
-bad=$(awk '$2 != 200' "$rows" | wc -l)
-[ "$bad" -eq 0 ] || fail "$bad timed requests did not answer 200: $(awk '$2 != 200 { print $1, $2 }' "$rows" | sort | uniq -c | tr '\n' ';')"
-if grep -q '^cuda-vecadd 200 cold' "$rows"; then
-  pass "first CUDA request reported cold"
-elif [ "$cuda_up" = 1 ]; then
-  fail "no cold CUDA request recorded"
-fi
+sec_latency() {
+  printf '%-12s %-5s %4s %9s %9s %9s %9s %9s\n' function start n server kernels copyin copyout client
+  awk '{ print $1, $3 }' "$rows" | sort -u | while read -r label start; do
+    [ "$start" = - ] && continue
+    sel() { awk -v l="$label" -v s="$start" -v f="$1" '$1 == l && $3 == s && $2 == 200 { print $f }' "$rows"; }
+    count=$(sel 4 | wc -l)
+    [ "$count" -eq 0 ] && continue
+    printf '%-12s %-5s %4d %9.3f %9.3f %9.3f %9.3f %9.3f\n' "$label" "$start" "$count" \
+      "$(sel 4 | median)" "$(sel 5 | median)" "$(sel 6 | median)" "$(sel 7 | median)" "$(sel 8 | median)"
+  done
+  bad=$(awk '$2 != 200' "$rows" | wc -l)
+  [ "$bad" -eq 0 ] || fail "$bad timed requests did not answer 200: $(awk '$2 != 200 { print $1, $2 }' "$rows" | sort | uniq -c | tr '\n' ';')"
+  if grep -q '^cuda-vecadd 200 cold' "$rows"; then
+    pass "first CUDA request reported cold"
+  elif [ "$cuda_up" = 1 ]; then
+    fail "no cold CUDA request recorded"
+  fi
+}
 
-# ---------------------------------------------------------------- faults
 # With --isolation process (the default) a sticky fault ends only the worker
 # of the function that caused it: that request fails naming the CUDA error,
 # the next one runs on a fresh worker, the GPU stays healthy. With
@@ -575,128 +692,163 @@ fault_check() { # fault_check URL PORT PID MODE
   if kill -0 "$pid" 2>/dev/null; then pass "$mode: the CUDA server survived the fault"; else fail "$mode: the CUDA server died"; fi
 }
 
-section "faulting kernel, --isolation process"
-if [ "$cuda_up" = 1 ]; then
+
+# The servers the sample sections use: one on the GPU, one on the host
+# device (the reference), each also serving gRPC 100 ports above.
+cuda_port=$port
+host_port=$((port + 1))
+cuda_url=http://127.0.0.1:$cuda_port
+host_url=http://127.0.0.1:$host_port
+cuda_up=0
+host_up=0
+cuda_pid=
+vin=build/samples/vecadd-input.bin
+heldout=samples/cnn/testdata/heldout.bin
+grpc_requests=1000
+sec_servers() {
+  if start_server cuda "$cuda_port"; then cuda_up=1; else fail "plover serve --device cuda did not come up"; fi
+  cuda_pid=${server_pid:-}
+  if start_server host "$host_port"; then host_up=1; else fail "plover serve --device host did not come up"; fi
+}
+
+sec_faults() {
+  if [ "$cuda_up" != 1 ]; then
+    say "SKIP: no CUDA server"
+    return 0
+  fi
   fault_bundle
+  say "-- --isolation process: a sticky fault ends only its function's worker"
   fault_check "$cuda_url" "$cuda_port" "$cuda_pid" process
-else
-  say "SKIP: no CUDA server"
-fi
-
-section "faulting kernel, --isolation none (poisons that server, so it runs last)"
-none_port=$((cuda_port + 2))
-if [ "$cuda_up" = 1 ] && start_server cuda "$none_port" none; then
-  fault_check "http://127.0.0.1:$none_port" "$none_port" "$server_pid" none
-  save "$tmp/server-cuda-none.log" server-cuda-none.log
-else
-  say "SKIP: no CUDA server"
-fi
-
-# ---------------------------------------------------------------- isolation cost
-section "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
-if [ "$cuda_up" = 1 ] && [ -d build/samples/cnn-cuda ] && command -v python3 >/dev/null; then
-  bash scripts/isolation-bench.sh cuda "${ISO_SECONDS:-5}" "${ISO_ROUNDS:-3}" | tee "$tmp/isolation.md" || fail "isolation bench"
-  save "$tmp/isolation.md" isolation.md
-else
-  say "SKIP: needs the CUDA server, build/samples/cnn-cuda and python3"
-fi
-
-# ---------------------------------------------------------------- data path
-# vecadd 4 MB against an echo floor on CUDA: the body lands in the worker's
-# registered slot, the DMA runs straight from it, the response is written
-# from it (issue "The data path": vecadd hot server time <= 0.35 ms).
-section "data path: vecadd 4 MB against an echo floor (plover-bench-suite --datapath)"
-if ! skip datapath && [ -x bin/plover-bench-suite ] && [ -d build/samples/vecadd-cuda ] && [ -f build/samples/vecadd-input.bin ]; then
-  if bin/plover-bench-suite --plover bin/plover --device cuda --datapath --dry-run >"$tmp/datapath.md" 2>&1; then
-    pass "data-path benchmark on CUDA"
+  # It poisons that server's one context: a server of its own, stopped
+  # after the check.
+  say "-- --isolation none: a sticky fault poisons the server's context"
+  local none_port=$((cuda_port + 2))
+  if start_server cuda "$none_port" none; then
+    fault_check "http://127.0.0.1:$none_port" "$none_port" "$server_pid" none
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    save "$tmp/server-cuda-none.log" server-cuda-none.log
   else
-    fail "data-path benchmark on CUDA (see datapath.md)"
+    fail "plover serve --device cuda --isolation none did not come up"
   fi
-  grep -E '^\||Targets' "$tmp/datapath.md" || true
-  save "$tmp/datapath.md" datapath.md
-else
-  say "SKIP: needs bin/plover-bench-suite, build/samples/vecadd-cuda and vecadd-input.bin (or SKIP has datapath)"
-fi
+}
 
-# ---------------------------------------------------------------- sharing
-section "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
-if [ -x bin/plover-bench-suite ] && [ -d build/samples/cnn-cuda ] && [ -d build/samples/spin-cuda ] && [ -d build/samples/vecadd-cuda ]; then
-  if bin/plover-bench-suite --plover bin/plover --device cuda --fair --fair-time "${FAIR_TIME:-5s}" --dry-run >"$tmp/fair.md" 2>&1; then
-    pass "fairness benchmark on CUDA"
+# bench_suite NAME CAP ARGS...: plover-bench-suite on CUDA within CAP
+# seconds of the budget, its markdown to NAME.md (kept with the logs).
+bench_suite() {
+  local name=$1 cap=$2
+  shift 2
+  if [ ! -x bin/plover-bench-suite ]; then
+    say "SKIP: needs bin/plover-bench-suite (make gpu-artifacts)"
+    return 0
+  fi
+  if bounded "$cap" bin/plover-bench-suite --plover bin/plover --device cuda --dry-run "$@" >"$tmp/$name.md" 2>&1; then
+    pass "$name benchmark on CUDA"
   else
-    fail "fairness benchmark on CUDA (see fair.md)"
+    fail "$name benchmark on CUDA (exit $?; $name.md in gpu-check-logs.tgz)"
+    tail -n 20 "$tmp/$name.md"
   fi
-  grep -E '^\|' "$tmp/fair.md" || true
-  save "$tmp/fair.md" fair.md
-else
-  say "SKIP: needs bin/plover-bench-suite and build/samples/{cnn,spin,vecadd}-cuda"
-fi
+  grep -E '^\||over the|over unbatched|Targets' "$tmp/$name.md" || true
+  save "$tmp/$name.md" "$name.md"
+}
 
-# ---------------------------------------------------------------- memcheck
-# The device suite under compute-sanitizer: out-of-bounds and misaligned
-# device accesses and leaked device memory. API errors are not reported:
-# the suite provokes some on purpose (bad launches) and checks them itself.
-section "compute-sanitizer memcheck: the device suite"
-if ! skip sanitizer; then
-  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
-  if [ -n "$cs" ]; then
-    (cd device && PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" timeout 300 "$cs" --tool memcheck \
-      --leak-check full --report-api-errors no --error-exitcode 9 \
-      "$root/bin/device.test" -test.run '^TestGPUSuite$' -test.count=1 -test.v) >"$tmp/memcheck.txt" 2>&1
-    rc=$?
-    save "$tmp/memcheck.txt" memcheck.txt
-    grep -E 'ERROR SUMMARY|LEAK SUMMARY|^--- (PASS|FAIL|SKIP)' "$tmp/memcheck.txt" | head -n 5
-    if [ "$rc" -eq 0 ] && ! grep -q -- '--- SKIP: TestGPUSuite' "$tmp/memcheck.txt"; then pass "memcheck: the device suite ran clean"; else
-      fail "memcheck exited $rc (memcheck.txt in gpu-check-logs.tgz)"
-      tail -n 30 "$tmp/memcheck.txt"
-    fi
-  else
-    say "SKIP: compute-sanitizer not found"
-  fi
-fi
-
-# ---------------------------------------------------------------- eager
-# Module loading is lazy by default since CUDA 12: kernels load at their
-# first launch, inside a capture too. Eager loading must work the same.
-section "CUDA_MODULE_LOADING=EAGER: the device suite again"
-if ! skip eager; then
-  (cd device && CUDA_MODULE_LOADING=EAGER PLOVER_TEST_CUDA_BUNDLE_DIR="$root/build/cudatest" \
-    "$root/bin/device.test" -test.run '^(TestGPUSuite|TestGPUFault)$' -test.count=1 -test.v) >"$tmp/eager.txt" 2>&1
-  rc=$?
-  save "$tmp/eager.txt" eager.txt
-  grep -E '^--- (PASS|FAIL|SKIP)' "$tmp/eager.txt"
-  if [ "$rc" -eq 0 ] && ! grep -q -- '--- SKIP: TestGPUSuite' "$tmp/eager.txt"; then pass "the device suite with eager module loading"; else
-    fail "the device suite with eager module loading (eager.txt)"
-    tail -n 30 "$tmp/eager.txt"
-  fi
-fi
-
-# ---------------------------------------------------------------- batching
 # The batched CNN against the unbatched one on one CUDA server, and against
 # the same batched chain called in process: throughput and the batch size
 # where it stops growing.
-section "batching on CUDA: the CNN with and without it (plover-bench-suite --batch)"
-if skip batch; then
-  :
-elif [ -x bin/plover-bench-suite ] && [ -d build/samples/cnn-cuda ] && [ -d build/samples/cnn-batch-cuda ]; then
-  if bin/plover-bench-suite --plover bin/plover --device cuda --batch --batch-time "${BATCH_TIME:-3s}" \
-    --batch-sweep "${BATCH_SWEEP:-0.5,1,2}" --dry-run >"$tmp/batch.md" 2>&1; then
-    pass "batching benchmark on CUDA"
-  else
-    fail "batching benchmark on CUDA (batch.md)"
-    tail -n 20 "$tmp/batch.md"
+sec_batch() {
+  if [ ! -d build/samples/cnn-cuda ] || [ ! -d build/samples/cnn-batch-cuda ]; then
+    say "SKIP: needs build/samples/cnn{,-batch}-cuda"
+    return 0
   fi
-  grep -E '^\||over the|over unbatched' "$tmp/batch.md" || true
-  save "$tmp/batch.md" batch.md
-else
-  say "SKIP: needs bin/plover-bench-suite and build/samples/cnn{,-batch}-cuda"
-fi
+  bench_suite batch 90 --batch --batch-time "${BATCH_TIME:-2s}" --batch-sweep "${BATCH_SWEEP:-0.5,1,2}"
+}
 
-save "$tmp/server-cuda.log" server-cuda.log
-save "$tmp/server-host.log" server-host.log
+# vecadd 4 MB against an echo floor on CUDA: the body lands in the worker's
+# registered slot, the DMA runs straight from it, the response is written
+# from it (issue "The data path": vecadd hot server time <= 0.35 ms).
+sec_datapath() {
+  if [ ! -d build/samples/vecadd-cuda ] || [ ! -f build/samples/vecadd-input.bin ]; then
+    say "SKIP: needs build/samples/vecadd-cuda and vecadd-input.bin"
+    return 0
+  fi
+  bench_suite datapath 90 --datapath
+}
+
+sec_fair() {
+  if [ ! -d build/samples/cnn-cuda ] || [ ! -d build/samples/spin-cuda ] || [ ! -d build/samples/vecadd-cuda ]; then
+    say "SKIP: needs build/samples/{cnn,spin,vecadd}-cuda"
+    return 0
+  fi
+  bench_suite fair 120 --fair --fair-time "${FAIR_TIME:-3s}"
+}
+
+sec_isolation() {
+  if [ ! -d build/samples/cnn-cuda ] || ! have python3; then
+    say "SKIP: needs build/samples/cnn-cuda and python3"
+    return 0
+  fi
+  bounded 90 bash scripts/isolation-bench.sh cuda "${ISO_SECONDS:-3}" "${ISO_ROUNDS:-2}" >"$tmp/isolation.md" 2>&1 || fail "isolation bench (exit $?)"
+  cat "$tmp/isolation.md"
+  save "$tmp/isolation.md" isolation.md
+}
+
+# ================================================================ the run
+# run NAME MIN TITLE: sec_NAME under its title when it is wanted and at
+# least MIN seconds of the budget are left; otherwise it is named at the end.
+run() {
+  local name=$1 min=$2
+  shift 2
+  wanted "$name" || return 0
+  section "$*"
+  if [ "$(left)" -lt "$min" ]; then
+    say "SKIP: $name: $(left) s of the budget left, it needs about $min s"
+    not_run+=("$name")
+    return 0
+  fi
+  "sec_$name"
+}
+
+samples="vecadd cnn cnnbatch softmax pipeline grpc latency faults"
+samples_wanted() {
+  local s
+  for s in $samples; do wanted "$s" && return 0; done
+  return 1
+}
+
+section "artifacts"
+sec_artifacts
+section "GPU"
+sec_gpu
+# What has run on a GPU least first: the device suite, under memcheck and
+# with eager loading; then the samples served; the benchmarks last.
+run tests 30 "CUDA device tests (bin/device.test -test.run ^TestGPU)"
+run memcheck 60 "compute-sanitizer memcheck: the device suite"
+run eager 30 "CUDA_MODULE_LOADING=EAGER: the device suite again"
+run bench 40 "benchmarks (graph vs direct, copy bandwidth, a new instance and its first runs)"
+if samples_wanted; then
+  ONLY="${ONLY:+$ONLY servers}" run servers 10 "servers"
+  run vecadd 10 "vecadd: CUDA vs host"
+  run cnn 20 "cnn: CUDA vs host (optional)"
+  run cnnbatch 10 "cnn-batch (ABI 2.1 batching): 64 concurrent digits, CUDA vs host"
+  run softmax 10 "softmax (ABI 2: __shared__, __syncthreads, out.len): CUDA vs host vs reference"
+  run pipeline 15 "digits pipeline: host steps and the CUDA CNN in one server"
+  run grpc 20 "gRPC against HTTP: the CUDA CNN (plover bench, $grpc_requests requests each, one client)"
+  run latency 0 "latency (ms; server = Server-Timing total, client = whole HTTP request)"
+  run faults 15 "faulting kernel: --isolation process, then none"
+  save "$tmp/server-cuda.log" server-cuda.log
+  save "$tmp/server-host.log" server-host.log
+fi
+run batch 40 "batching on CUDA: the CNN with and without it (plover-bench-suite --batch)"
+run datapath 40 "data path: vecadd 4 MB against an echo floor (plover-bench-suite --datapath)"
+run fair 40 "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
+run isolation 30 "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
 
 section "summary"
-if [ "$failures" -eq 0 ]; then say "all checks passed"; else say "$failures check(s) failed"; fi
+say "ran $(elapsed) s of a ${budget} s budget"
+if [ "${#not_run[@]}" -gt 0 ]; then
+  say "not run for the budget: ${not_run[*]} (ONLY=\"${not_run[*]}\" runs them)"
+fi
+if [ "$failures" -eq 0 ]; then say "all checks that ran passed"; else say "$failures check(s) failed"; fi
 status=$((failures > 0 ? 1 : 0))
 if [ -n "${tee_pid:-}" ]; then
   exec >&- 2>&-

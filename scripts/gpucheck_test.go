@@ -1,0 +1,124 @@
+// Package scripts holds no Go code: its test checks scripts/gpu-check.sh's
+// budget here, without a GPU, against stand-ins for the binaries that hang.
+package scripts
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// checkTree lays out what gpu-check.sh runs from: the script, and stand-ins
+// for bin/plover (serve answers /healthz from a tiny HTTP server; every
+// other command runs cmd), bin/device.test, bin/plover-bench-suite and
+// nvidia-smi that sleep, as a hung GPU step would.
+func checkTree(t *testing.T, plover string) (root, path string) {
+	t.Helper()
+	for _, tool := range []string{"bash", "timeout", "python3", "curl", "tar"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found", tool)
+		}
+	}
+	root = t.TempDir()
+	src, err := os.ReadFile("gpu-check.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(rel, text string, mode os.FileMode) {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("scripts/gpu-check.sh", string(src), 0o755)
+	hang := "#!/bin/sh\necho \"$0 $*\"\nexec sleep 600\n"
+	write("bin/device.test", hang, 0o755)
+	write("bin/plover-bench-suite", hang, 0o755)
+	write("bin/plover-worker", hang, 0o755)
+	write("bin/plover", `#!/bin/sh
+if [ "$1" = serve ]; then
+  while [ "$1" != --listen ]; do shift; done
+  exec python3 -c '
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{\"ok\":true}")
+    def log_message(self, *a): pass
+host, port = sys.argv[1].rsplit(":", 1)
+http.server.HTTPServer((host, int(port)), H).serve_forever()' "$2"
+fi
+`+plover+"\n", 0o755)
+	write("build/cudatest/testkernels.so", "", 0o644)
+	write("device/.keep", "", 0o644) // the device tests run from there
+	for _, d := range []string{"vecadd-cuda", "vecadd-host"} {
+		write("build/samples/"+d+"/plover.json", "{}", 0o644)
+	}
+	write("build/samples/vecadd-input.bin", "x", 0o644)
+	write("path/nvidia-smi", "#!/bin/sh\necho 'name, driver_version, memory.total'\necho 'Stand-in GPU, 0, 0 MiB'\n", 0o755)
+	return root, filepath.Join(root, "path") + ":" + os.Getenv("PATH")
+}
+
+// runCheck runs the check with env and returns its report and wall time;
+// $OUT must hold the report and the logs' archive whatever happened.
+func runCheck(t *testing.T, root, path string, env ...string) (string, time.Duration) {
+	t.Helper()
+	out := filepath.Join(root, "out")
+	cmd := exec.Command("bash", "scripts/gpu-check.sh")
+	cmd.Dir = root
+	cmd.Env = append([]string{"PATH=" + path, "HOME=" + root, "OUT=" + out, "PORT=" + strconv.Itoa(30000+os.Getpid()%20000)}, env...)
+	start := time.Now()
+	b, _ := cmd.CombinedOutput()
+	took := time.Since(start)
+	report, err := os.ReadFile(filepath.Join(out, "gpu-check.txt"))
+	if err != nil {
+		t.Fatalf("no report in $OUT: %v; the check printed:\n%s", err, b)
+	}
+	if _, err := os.Stat(filepath.Join(out, "gpu-check-logs.tgz")); err != nil {
+		t.Errorf("no logs' archive in $OUT: %v; report:\n%s", err, report)
+	}
+	return string(report), took
+}
+
+// A step that hangs (the device tests here) is cut where the budget ends,
+// the sections it leaves no room for are skipped and named for a second
+// call, and the check still writes its summary and packs its logs, inside
+// its budget.
+func TestGPUCheckCutsAHungStep(t *testing.T) {
+	root, path := checkTree(t, "exit 1")
+	const budget = 40
+	report, took := runCheck(t, root, path, "BUDGET="+strconv.Itoa(budget), "RESERVE=5", "ONLY=tests bench vecadd")
+	for _, want := range []string{
+		"FAIL: bin/device.test exited 124",
+		"SKIP: bench: ",
+		`not run for the budget: bench servers vecadd (ONLY="bench servers vecadd" runs them)`,
+		"== summary ==",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
+	}
+	if took > budget*time.Second {
+		t.Errorf("the check took %v, past its budget of %d s", took, budget)
+	}
+}
+
+// A step that no section bounds (a deploy that hangs) meets the budget's
+// own timeout: the report says where it stopped and the logs are packed.
+func TestGPUCheckStopsAtItsBudget(t *testing.T) {
+	root, path := checkTree(t, `exec sleep 600 # deploy, invoke: hang`)
+	const budget = 15
+	report, took := runCheck(t, root, path, "BUDGET="+strconv.Itoa(budget), "RESERVE=2", "ONLY=vecadd")
+	if !strings.Contains(report, "STOPPED: the budget of 15 s ran out") || !strings.Contains(report, "== vecadd: CUDA vs host ==") {
+		t.Errorf("the report does not say the budget stopped it in vecadd:\n%s", report)
+	}
+	if took > (budget+12)*time.Second { // the timeout's TERM, then its KILL 10 s later
+		t.Errorf("the check took %v with a budget of %d s", took, budget)
+	}
+}
