@@ -85,6 +85,16 @@ func (t Ticket) Done() {
 	}
 }
 
+// Pass hands t's place on to what outlives the handler that was admitted
+// (a followed log stream, written after the handler returns): the ticket
+// returned ends it, and t is left zero, so the handler's own Done gives
+// nothing back.
+func (t *Ticket) Pass() Ticket {
+	held := *t
+	*t = Ticket{}
+	return held
+}
+
 // Admit checks the value of an Authorization header (or gRPC's
 // authorization metadata) for scope on function fn (empty for routes of no
 // function), and takes one request of the token's limits. fn is only

@@ -264,12 +264,15 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
 		return
 	}
+	var tk gate.Ticket
 	if !s.gate.Open() {
-		tk, ok := s.authorize(ctx)
-		if !ok {
+		var ok bool
+		if tk, ok = s.authorize(ctx); !ok {
 			return
 		}
-		defer tk.Done()
+		// Read when the handler returns: a followed log stream takes the
+		// place on (Ticket.Pass) and gives it back when it ends.
+		defer func() { tk.Done() }()
 	}
 	path := ctx.Path()
 	switch {
@@ -302,7 +305,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		if name, sub, ok := bytes.Cut(rest, []byte{'/'}); ok {
-			s.functionSub(ctx, string(name), string(sub))
+			s.functionSub(ctx, string(name), string(sub), &tk)
 			return
 		}
 		s.function(ctx, string(rest))
