@@ -141,15 +141,18 @@ func TestInvokeTimeout(t *testing.T) {
 }
 
 // plover ls fits 100 columns by default and rounds its durations; -o wide
-// has every column, -o json the server's JSON (issue 37, item 12).
+// has every column, -o json the server's JSON (issue 37, item 12). Client
+// errors (4xx) show apart from the others (5xx), and a function none of
+// whose requests succeeded has no mean ("-", not 0: issue 42, item 6).
 func TestLsViews(t *testing.T) {
 	created := time.Now().Add(-3 * time.Hour)
 	fns := []api.FunctionInfo{
 		{Name: "a-function-of-24-chars-x", Version: "3f1c9a2e-0000-4000-8000-000000000000", Kind: "function", Target: "host", Loaded: true,
-			Busy: 12, Idle: 100, Queue: 1024, Requests: 123456789, Errors: 12345, MeanUs: 69435812, Share: 2.5, Priority: "latency",
+			Busy: 12, Idle: 100, Queue: 1024, Requests: 123456789, ClientErrors: 67890, Errors: 12345, MeanUs: 69435812, Share: 2.5, Priority: "latency",
 			DeviceSeconds: 69.4358, DeviceFraction: 0.5, Memory: 3 << 30, Cold: 1, Warm: 2, Hot: 3, Created: created,
 			Workers: []api.WorkerInfo{{PID: 4242, RSSBytes: 40 << 20, PSSBytes: 20 << 20, Threads: 9}}},
-		{Name: "pipe", Version: "9a9a9a9a-1", Kind: "pipeline", Steps: nil, Created: created, MeanUs: 1234},
+		{Name: "pipe", Version: "9a9a9a9a-1", Kind: "pipeline", Steps: nil, Created: created, Requests: 1, MeanUs: 1234},
+		{Name: "all-failed", Version: "7b7b7b7b-1", Kind: "function", Target: "host", Created: created, Requests: 5, ClientErrors: 3, Errors: 2},
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(map[string]any{"functions": fns})
@@ -164,9 +167,11 @@ func TestLsViews(t *testing.T) {
 		not      []string
 		maxWidth int // 0: no bound
 	}{
-		{"default", nil, 0, []string{"NAME", "BUSY/IDLE", "a-function-of-24-chars-x", "3f1c9a2e", "12/100", "1m9s", "pipeline", "3h ago", "1.23ms"},
-			[]string{"WORKER", "4242", "SHARE"}, 100},
-		{"wide", []string{"-o", "wide"}, 0, []string{"WORKER (PID PSS/RSS THREADS)", "4242 20.0 MiB/40.0 MiB 9", "2.5 latency", "1m9s 50%", "1/2/3"}, nil, 0},
+		{"default", nil, 0, []string{"NAME", "BUSY/IDLE", "a-function-of-24-chars-x", "3f1c9a2e", "12/100", "1m9s", "pipeline", "1.23ms",
+			"REQUESTS   4XX/5XX      MEAN    AGE", "123456789  67890/12345  1m9s    3h\n", "5          3/2          -       3h\n"},
+			[]string{"WORKER", "4242", "SHARE", "0s"}, 100},
+		{"wide", []string{"-o", "wide"}, 0, []string{"WORKER (PID PSS/RSS THREADS)", "4242 20.0 MiB/40.0 MiB 9", "2.5 latency", "1m9s 50%", "1/2/3",
+			"123456789  67890/12345  1m9s", "5          3/2          -"}, []string{" 0s "}, 0},
 		{"json", []string{"-o", "json"}, 0, []string{`"device_seconds": 69.4358`}, nil, 0},
 		{"bad view", []string{"-o", "tall"}, 2, []string{`-o "tall": want wide or json`}, nil, 0},
 	} {

@@ -11,6 +11,7 @@ package frontdoor
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -40,6 +41,9 @@ type Runner interface {
 	// that will run it reads it (a worker's slot), or nil; the transport
 	// puts it in the request and releases it once the response is written.
 	Land(name string) call.Landing
+	// Refused counts, in name's requests and client errors, one that its
+	// transport refused itself before Invoke (End calls it).
+	Refused(name string)
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
@@ -102,7 +106,9 @@ type Outcome struct {
 
 // End classifies an ended invoke once, logs a failure whose cause the
 // client is not told (a foreign error) or that is the server's (5xx),
-// counts it by function and status, and records its trace. The transport
+// counts it by function and status (and, refused by the transport before
+// it ran, in the function's client errors: Runner.Refused), and records
+// its trace. The transport
 // encodes st and msg (nothing to write on success).
 func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 	st, kind := apierr.Status{HTTP: 200, Name: "ok"}, errdefs.KindInternal
@@ -110,6 +116,9 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 		var known bool
 		st, kind, msg, known = apierr.Classify(o.Err)
 		d.logFailure(o.Err, o.Transport, o.Route, st, known)
+		if d.Runner != nil && refusedByTransport(o.Err) {
+			d.Runner.Refused(o.Function)
+		}
 	}
 	if d.metrics != nil {
 		d.metrics.Record(o.Function, st.HTTP, kind, o.Req)
@@ -123,6 +132,17 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 			Start: o.Start, End: time.Now(), Status: st.HTTP, GRPCCode: code, Err: o.Err, Req: o.Req})
 	}
 	return st, msg
+}
+
+// refusedByTransport reports whether err is a transport's own 4xx (an
+// apierr.Error: a body it could not read or parse, over the function's
+// limit, of a type it does not take). Transports make those before they
+// call Invoke, so the engine did not count the request; a transport's 5xx
+// (an output it cannot encode) comes after a run the engine counted. On
+// the error path only: the errors.As target escapes.
+func refusedByTransport(err error) bool {
+	var e *apierr.Error
+	return errors.As(err, &e) && e.Status.HTTP < 500
 }
 
 // Fail classifies a failure of a request that is not an invoke (metadata,
