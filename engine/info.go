@@ -66,7 +66,7 @@ func (t *table) side(f *function) []*version {
 func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
-		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, nil, "function %q not found", name)
+		return api.FunctionInfo{}, notFound(name, nil, "")
 	}
 	rec, err := e.tab.record(ctx, name)
 	if err != nil {

@@ -176,7 +176,7 @@ const maxFlights = 256
 // that prewarming waits no longer than a request would).
 func (t *table) lookup(ctx context.Context, name string, deadline time.Time) (*function, error) {
 	if !abi.ValidName(name) {
-		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
+		return nil, notFound(name, nil, " (names match [a-z0-9][a-z0-9-]{0,62})")
 	}
 	ctx, cancel := t.bound(ctx, deadline)
 	defer cancel()
@@ -421,7 +421,7 @@ func (t *table) record(ctx context.Context, name string) (*api.Record, error) {
 	defer cancel()
 	rec, err := t.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
-		return nil, errorf(errdefs.KindNotFound, err, "function %q not found", name)
+		return nil, notFound(name, err, "")
 	}
 	if err != nil && ctx.Err() != nil {
 		return nil, readCut(ctx, name)

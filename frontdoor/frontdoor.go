@@ -44,6 +44,9 @@ type Runner interface {
 	// Refused counts, in name's requests and client errors, one that its
 	// transport refused itself before Invoke (End calls it).
 	Refused(name string)
+	// Names is every function's name, for a did-you-mean on an error's
+	// path: it may list the store (engine.Engine.Names bounds how often).
+	Names() []string
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
@@ -102,6 +105,10 @@ type Outcome struct {
 	Start   time.Time // when the transport began the request
 	Req     *call.Request
 	Err     error // nil: it succeeded
+	// Authorization is the request's Authorization header (gRPC: its
+	// authorization metadata), read only when Err names no function (the
+	// names a did-you-mean may offer); borrowed for the call.
+	Authorization []byte
 }
 
 // End classifies an ended invoke once, logs a failure whose cause the
@@ -114,7 +121,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 	st, kind := apierr.Status{HTTP: 200, Name: "ok"}, errdefs.KindInternal
 	if o.Err != nil {
 		var known bool
-		st, kind, msg, known = apierr.Classify(o.Err)
+		st, kind, msg, known = d.classify(o.Err, o.Authorization)
 		d.logFailure(o.Err, o.Transport, o.Route, st, known)
 		if d.Runner != nil && refusedByTransport(o.Err) {
 			d.Runner.Refused(o.Function)
@@ -147,10 +154,24 @@ func refusedByTransport(err error) bool {
 
 // Fail classifies a failure of a request that is not an invoke (metadata,
 // readiness, the control plane) and logs it as End does; it is not counted.
-func (d *Door) Fail(err error, transport, route string) (apierr.Status, string) {
-	st, _, msg, known := apierr.Classify(err)
+// authorization is the request's (Outcome.Authorization).
+func (d *Door) Fail(err error, transport, route string, authorization []byte) (apierr.Status, string) {
+	st, _, msg, known := d.classify(err, authorization)
 	d.logFailure(err, transport, route, st, known)
 	return st, msg
+}
+
+// classify is apierr.Classify, the one mapping of both transports, and for
+// an error about a name no function has (errdefs.NoFunction: a 404, a
+// pipeline's step), a did-you-mean in the message: a function within a
+// typo of the name, among those the caller's token may see (gate.Sees).
+func (d *Door) classify(err error, authorization []byte) (apierr.Status, errdefs.Kind, string, bool) {
+	st, kind, msg, known := apierr.Classify(err)
+	var nf *errdefs.NoFunction
+	if known && d.Runner != nil && errors.As(err, &nf) {
+		msg += apierr.DidYouMean(nf.Name, d.Runner.Names(), d.gate.Sees(authorization))
+	}
+	return st, kind, msg, known
 }
 
 func (d *Door) logFailure(err error, transport, route string, st apierr.Status, known bool) {

@@ -183,6 +183,20 @@ func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
 	return &Refusal{Status: s, Reason: reason, Msg: msg}
 }
 
+// Sees is which function names the caller authorization carries may learn
+// from a did-you-mean: those its token's globs match (auth's Covers: all
+// for an admin token or functions "*", and all without tokens); none for a
+// token this gate does not know. A token limited to its tenant's functions
+// must not learn another tenant's names by mistyping one. Not counted as
+// a refusal: the request was refused (or answered) already.
+func (g *Gate) Sees(authorization []byte) func(function string) bool {
+	if g.tokens == nil {
+		return func(string) bool { return true }
+	}
+	tok, _ := auth.BearerToken(authorization)
+	return g.tokens.Lookup(tok).Covers
+}
+
 // InvokeCheck is ctx carrying the check a pipeline's deploy or rollback
 // makes of each function it names (pipedef.WithInvokeCheck): the caller's
 // token must have invoke on it, or a pipeline would run what its deployer

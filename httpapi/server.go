@@ -505,6 +505,9 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *exchange, err 
 	if s.door.Traced() {
 		o.Carrier = headerCarrier{&ctx.Request.Header}
 	}
+	if err != nil {
+		o.Authorization = ctx.Request.Header.PeekBytes(hdrAuthorization)
+	}
 	if st, msg := s.door.End(&o); err != nil {
 		writeError(ctx, st.HTTP, st.Name, msg)
 	}
@@ -586,7 +589,7 @@ func mediaType(ct []byte) string {
 // fail writes the answer to a request that failed, other than an invoke
 // (finish ends those): classified and logged by the front door.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
-	st, msg := s.door.Fail(err, "http", string(ctx.Path()))
+	st, msg := s.door.Fail(err, "http", string(ctx.Path()), ctx.Request.Header.PeekBytes(hdrAuthorization))
 	writeError(ctx, st.HTTP, st.Name, msg)
 }
 

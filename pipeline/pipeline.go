@@ -37,6 +37,7 @@ type Engine interface {
 	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (engine.Pin, error)
 	Land(name string) call.Landing
 	Refused(name string)
+	Names() []string
 	Health() (bool, []api.DeviceHealth)
 	// Timeout is a request's deadline from its start when it brings none:
 	// a pipeline's one deadline covers all its steps.
@@ -129,6 +130,9 @@ func (r *Runner) Land(name string) call.Landing { return r.e.Land(name) }
 // Refused is the engine's: a request the transport refused before Invoke,
 // counted in name's requests and client errors.
 func (r *Runner) Refused(name string) { r.e.Refused(name) }
+
+// Names is the engine's: every function's name, for a did-you-mean.
+func (r *Runner) Names() []string { return r.e.Names() }
 
 // Health is the engine's.
 func (r *Runner) Health() (bool, []api.DeviceHealth) { return r.e.Health() }
