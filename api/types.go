@@ -37,12 +37,19 @@ type FunctionInfo struct {
 	Idle     int           `json:"instances_idle"`
 	Queue    int           `json:"queue_depth"`
 	Memory   int64         `json:"device_memory_bytes"`
-	MeanUs   int64         `json:"mean_latency_us"`
-	Requests int64         `json:"requests"`
-	Errors   int64         `json:"errors"`
-	Cold     int64         `json:"cold_starts"`
-	Warm     int64         `json:"warm_starts"`
-	Hot      int64         `json:"hot_starts"`
+	// MeanUs is the mean time of the successful requests (0: none).
+	MeanUs int64 `json:"mean_latency_us"`
+	// Requests is the function's invokes on this node, but for those its
+	// full queue refused before their bodies were read: the successful,
+	// ClientErrors (answered 4xx: the request's fault, such as 422
+	// invalid_input, 413 or 415; a full queue's 429; a client that left)
+	// and Errors (5xx: the function's or the server's failure).
+	Requests     int64 `json:"requests"`
+	ClientErrors int64 `json:"client_errors"`
+	Errors       int64 `json:"errors"`
+	Cold         int64 `json:"cold_starts"`
+	Warm         int64 `json:"warm_starts"`
+	Hot          int64 `json:"hot_starts"`
 	// Share and Priority are the current version's (manifest share and
 	// priority, with their defaults).
 	Share    float64 `json:"share"`

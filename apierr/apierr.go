@@ -7,7 +7,9 @@ package apierr
 
 import (
 	"errors"
+	"fmt"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
 	"google.golang.org/grpc/codes"
 )
@@ -92,6 +94,22 @@ var byKind = [...]Status{
 	// Rejected: the function refused its input (plover_reject): a client
 	// that sends the same bytes again gets the same answer.
 	errdefs.KindRejected: {422, "invalid_input", codes.InvalidArgument},
+}
+
+// DidYouMean is ` (did you mean "saxpy"?)` for a name no function has when
+// one of names that sees passes is within a typo of it (abi.Suggest), else
+// "": the one wording of the suggestion, on every route and transport.
+func DidYouMean(name string, names []string, sees func(string) bool) string {
+	seen := names[:0:0]
+	for _, n := range names {
+		if n != name && sees(n) {
+			seen = append(seen, n)
+		}
+	}
+	if s := abi.Suggest(name, seen); s != "" {
+		return fmt.Sprintf(" (did you mean %q?)", s)
+	}
+	return ""
 }
 
 // Of is kind k's status (Internal for a kind it does not know).

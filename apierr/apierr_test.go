@@ -3,6 +3,7 @@ package apierr
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/errdefs"
@@ -63,6 +64,31 @@ func TestClassify(t *testing.T) {
 		st, k, msg, known := Classify(tc.err)
 		if st.HTTP != tc.http || k != tc.kind || msg != tc.msg || known != tc.known {
 			t.Errorf("%s: %d %v %q %v, want %d %v %q %v", tc.name, st.HTTP, k, msg, known, tc.http, tc.kind, tc.msg, tc.known)
+		}
+	}
+}
+
+// The one wording of a did-you-mean: a name within a typo of the one asked
+// for, among those the caller may see, never the name itself.
+func TestDidYouMean(t *testing.T) {
+	names := []string{"saxpy", "cnn", "b-cnn", "a-vec"}
+	all := func(string) bool { return true }
+	onlyA := func(n string) bool { return strings.HasPrefix(n, "a-") }
+	for _, tc := range []struct {
+		name string
+		sees func(string) bool
+		want string
+	}{
+		{"saxpi", all, ` (did you mean "saxpy"?)`},
+		{"Saxpy", all, ` (did you mean "saxpy"?)`},
+		{"cnn", all, ` (did you mean "b-cnn"?)`}, // not itself
+		{"zzzzzz", all, ""},
+		{"a-cnn", all, ` (did you mean "b-cnn"?)`},
+		{"a-cnn", onlyA, ""}, // another tenant's name is not offered
+		{"a-vex", onlyA, ` (did you mean "a-vec"?)`},
+	} {
+		if got := DidYouMean(tc.name, names, tc.sees); got != tc.want {
+			t.Errorf("DidYouMean(%q) = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

@@ -224,12 +224,28 @@ func (p *Principal) Allow(need Scope, function string) error {
 		return &Denied{Msg: fmt.Sprintf(`token %q may %s only functions matching %s: store-wide operations need the "admin" scope or functions "*"`,
 			p.Name, need.String(), p.globs())}
 	}
-	for _, g := range p.Functions {
-		if ok, _ := path.Match(g, function); ok {
-			return nil
-		}
+	if p.Covers(function) {
+		return nil
 	}
 	return &Denied{Msg: fmt.Sprintf("token %q may %s only functions matching %s: not %q", p.Name, need.String(), p.globs(), function)}
+}
+
+// Covers reports whether p's globs match function (an admin token's and
+// "*" match every one): the names p may use, and so learn of (a
+// did-you-mean names no other tenant's function).
+func (p *Principal) Covers(function string) bool {
+	if p == nil {
+		return false
+	}
+	if p.Scopes&Admin != 0 || p.allFunctions() {
+		return true
+	}
+	for _, g := range p.Functions {
+		if ok, _ := path.Match(g, function); ok {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Principal) allFunctions() bool {

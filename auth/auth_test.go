@@ -458,3 +458,25 @@ func TestCheckNameParseFunctions(t *testing.T) {
 		t.Errorf("ParseFunctions = %q, %v", g, err)
 	}
 }
+
+// Covers is what a did-you-mean may name to a token: the functions its
+// globs match, every one for admin or "*", none without a token.
+func TestCovers(t *testing.T) {
+	for _, tc := range []struct {
+		p    *auth.Principal
+		fn   string
+		want bool
+	}{
+		{&auth.Principal{Scopes: auth.Invoke, Functions: []string{"a-*", "cnn"}}, "a-vec", true},
+		{&auth.Principal{Scopes: auth.Invoke, Functions: []string{"a-*", "cnn"}}, "cnn", true},
+		{&auth.Principal{Scopes: auth.Invoke, Functions: []string{"a-*", "cnn"}}, "b-cnn", false},
+		{&auth.Principal{Scopes: auth.Read, Functions: []string{"*"}}, "b-cnn", true},
+		{&auth.Principal{Scopes: auth.Read}, "b-cnn", true}, // no list: all
+		{&auth.Principal{Scopes: auth.Admin, Functions: []string{"a-*"}}, "b-cnn", true},
+		{nil, "b-cnn", false},
+	} {
+		if got := tc.p.Covers(tc.fn); got != tc.want {
+			t.Errorf("%+v covers %q: %v, want %v", tc.p, tc.fn, got, tc.want)
+		}
+	}
+}

@@ -146,7 +146,8 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 // returns the report and the last run's output. In a worker, a chain that
 // writes past its buffers or never returns ends as it would on a server
 // (the worker crashes, or is killed at the deadline) instead of corrupting
-// or hanging this process. What the bundle prints goes to stderr.
+// or hanging this process. What the bundle prints goes to stderr, escaped
+// as plover logs shows it (visibleLines).
 func runLocal(dir string, input []byte, repeat int, timeout time.Duration, checked bool, stderr io.Writer) (*runReport, []byte, error) {
 	m, err := checkDir(dir)
 	if err != nil {
@@ -171,7 +172,7 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 	defer spawner.Close()
 	log := slog.New(slog.DiscardHandler)
 	dev := worker.NewDevice(worker.Options{Exe: workerExe(log), Base: device.NewHost(0), Landlock: true,
-		StageDir: stages, Spawner: spawner, Log: log, Output: stderr, Checked: checked})
+		StageDir: stages, Spawner: spawner, Log: log, Output: escapingWriter{stderr}, Checked: checked})
 	defer dev.Close()
 	t0 := time.Now()
 	// ^C or SIGTERM stops the workers, so that the run returns and the

@@ -86,7 +86,9 @@ func Main(args []string, env *Env) int {
 	case errors.As(err, &ue):
 		return 2
 	default:
-		fmt.Fprintf(env.Stderr, "plover %s: %v\n", cmd.Name(), err)
+		// An error may quote what others wrote (a server's message, a
+		// bundle's): escaped as a function's output is.
+		fmt.Fprintf(env.Stderr, "plover %s: %s\n", cmd.Name(), visibleLines(err.Error()))
 		return 1
 	}
 }

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/plover-run/plover/abi"
 )
 
 // DefaultServer is where commands find a server without --server (or
@@ -106,9 +104,6 @@ func (c *client) doRequest(ctx context.Context, method, path, contentType string
 			if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
 				msg += " (no token was sent: set $PLOVER_TOKEN or --token)"
 			}
-			if resp.StatusCode == http.StatusNotFound && e.Error.Code == "not_found" {
-				msg += c.suggestFunction(path)
-			}
 			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: msg}
 		}
 		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b))}
@@ -131,29 +126,6 @@ func (c *client) functionNames() ([]string, error) {
 		names[i] = f.Name
 	}
 	return names, nil
-}
-
-// suggestFunction is ` (did you mean "saxpy"?)` for a request to a
-// function path (/v1/functions/NAME...) whose name is within a typo of a
-// function the server has, else "". The listing gets two seconds; any
-// failure suggests nothing.
-func (c *client) suggestFunction(path string) string {
-	rest, ok := strings.CutPrefix(path, "/v1/functions/")
-	if !ok {
-		return ""
-	}
-	name, _, _ := strings.Cut(rest, "/")
-	name, _, _ = strings.Cut(name, "?")
-	q := *c
-	q.http = &http.Client{Timeout: 2 * time.Second, Transport: c.http.Transport}
-	names, err := q.functionNames()
-	if err != nil {
-		return ""
-	}
-	if s := abi.Suggest(name, names); s != "" && s != name {
-		return fmt.Sprintf(" (did you mean %q?)", s)
-	}
-	return ""
 }
 
 func (c *client) getJSON(path string, v any) error {

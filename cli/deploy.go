@@ -303,11 +303,13 @@ func lsCmd() *command {
 }
 
 // writeLs prints plover ls's table: the short one fits 100 columns for
-// names up to 24 characters; wide has every column.
+// names up to 24 characters; wide has every column. 4XX/5XX are the
+// failed requests, client errors apart from the function's or the
+// server's, as /metrics counts them by code.
 func writeLs(w io.Writer, fns []api.FunctionInfo, wide bool, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if !wide {
-		fmt.Fprintln(tw, "NAME\tVERSION\tON\tBUSY/IDLE\tQUEUE\tREQUESTS\tERRORS\tMEAN\tDEPLOYED")
+		fmt.Fprintln(tw, "NAME\tVERSION\tON\tBUSY/IDLE\tQUEUE\tREQUESTS\t4XX/5XX\tMEAN\tAGE")
 		for _, f := range fns {
 			on := f.Target
 			if f.Kind == abi.KindPipeline {
@@ -315,19 +317,28 @@ func writeLs(w io.Writer, fns []api.FunctionInfo, wide bool, now time.Time) erro
 			} else if on == "" {
 				on = "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%s\t%s\n", f.Name, shortID(f.Version), on, f.Busy, f.Idle, f.Queue,
-				f.Requests, f.Errors, roundDuration(time.Duration(f.MeanUs)*time.Microsecond), age(now, f.Created))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), on, f.Busy, f.Idle, f.Queue,
+				f.Requests, f.ClientErrors, f.Errors, mean(f), age(now, f.Created))
 		}
 		return tw.Flush()
 	}
-	fmt.Fprintln(tw, "NAME\tVERSION\tRUNS ON\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\tERRORS\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
+	fmt.Fprintln(tw, "NAME\tVERSION\tRUNS ON\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\t4XX/5XX\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
 	for _, f := range fns {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), runsOn(f), f.Loaded,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d/%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), runsOn(f), f.Loaded,
 			strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, roundDuration(time.Duration(f.DeviceSeconds*1e9)), 100*f.DeviceFraction,
-			f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.Errors, roundDuration(time.Duration(f.MeanUs)*time.Microsecond),
+			f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.ClientErrors, f.Errors, mean(f),
 			f.Cold, f.Warm, f.Hot, workers(f.Workers), f.Created.Local().Format(time.DateTime))
 	}
 	return tw.Flush()
+}
+
+// mean is f's mean latency, or "-" when no request succeeded (a mean of
+// none, not 0).
+func mean(f api.FunctionInfo) string {
+	if f.Requests-f.ClientErrors-f.Errors <= 0 {
+		return "-"
+	}
+	return roundDuration(time.Duration(f.MeanUs) * time.Microsecond)
 }
 
 // roundDuration keeps three significant digits of d (1.23ms, 45.7s), whole
@@ -348,7 +359,8 @@ func roundDuration(d time.Duration) string {
 	return d.Round(unit).String()
 }
 
-// age says how long ago t was, in the largest whole unit: 40s, 12m, 5h, 3d.
+// age says how long ago t was, in the largest whole unit: 40s, 12m, 5h, 3d
+// (kubectl's AGE: the short table has no room for "ago").
 func age(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"
@@ -356,13 +368,13 @@ func age(now, t time.Time) string {
 	d := now.Sub(t)
 	switch {
 	case d < time.Minute:
-		return fmt.Sprintf("%ds ago", max(0, int(d/time.Second)))
+		return fmt.Sprintf("%ds", max(0, int(d/time.Second)))
 	case d < time.Hour:
-		return fmt.Sprintf("%dm ago", int(d/time.Minute))
+		return fmt.Sprintf("%dm", int(d/time.Minute))
 	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh ago", int(d/time.Hour))
+		return fmt.Sprintf("%dh", int(d/time.Hour))
 	}
-	return fmt.Sprintf("%dd ago", int(d/(24*time.Hour)))
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
 }
 
 // runsOn is where plover ls says a function runs: its device kind, or for

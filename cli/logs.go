@@ -8,9 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
-	"unicode"
 
 	"github.com/plover-run/plover/api"
 )
@@ -62,7 +60,8 @@ func logsCmd() *command {
 }
 
 // printLogs copies the server's NDJSON lines to w as they arrive: as they
-// are with asJSON, else one line each (logLine).
+// are with asJSON (but for the characters visibleJSON escapes), else one
+// line each (logLine).
 func printLogs(r io.Reader, w io.Writer, asJSON bool) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -71,7 +70,7 @@ func printLogs(r io.Reader, w io.Writer, asJSON bool) error {
 			continue // a followed stream's keep-alive
 		}
 		if asJSON {
-			if _, err := fmt.Fprintf(w, "%s\n", sc.Bytes()); err != nil {
+			if _, err := fmt.Fprintf(w, "%s\n", visibleJSON(sc.Bytes())); err != nil {
 				return err
 			}
 			continue
@@ -103,26 +102,3 @@ func logLine(l api.LogLine) string {
 	}
 	return s + "\n"
 }
-
-// visible is a function's line made safe for a terminal: a function is a
-// tenant's code, and its control characters (an escape sequence, a \r that
-// overwrites the line before) are shown escaped, not obeyed. Tabs pass.
-func visible(line string) string {
-	if !strings.ContainsFunc(line, isControl) {
-		return line
-	}
-	var b strings.Builder
-	for _, r := range line {
-		switch {
-		case !isControl(r):
-			b.WriteRune(r)
-		case r < 0x100:
-			fmt.Fprintf(&b, "\\x%02x", r)
-		default:
-			fmt.Fprintf(&b, "\\u%04x", r)
-		}
-	}
-	return b.String()
-}
-
-func isControl(r rune) bool { return r != '\t' && unicode.IsControl(r) }

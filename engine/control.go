@@ -174,7 +174,7 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 		}
 	}
 	if _, err := e.tab.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
-		return errorf(errdefs.KindNotFound, err, "function %q not found", name)
+		return notFound(name, err, "")
 	} else if err != nil {
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
@@ -207,7 +207,7 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	rv, err := e.tab.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
-		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, err, "function %q not found", name)
+		return api.FunctionInfo{}, notFound(name, err, "")
 	case errors.Is(err, registry.ErrNoVersion) && len(version) < 8:
 		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, err, "function %s has no version %q: give a version id or a unique prefix of at least 8 characters (plover versions %s)", name, version, name)
 	case errors.Is(err, registry.ErrNoVersion):

@@ -61,6 +61,7 @@ type Engine struct {
 	evictions evictionCounts
 	logs      *funclog.Store // what functions print (outputKeeper devices)
 	keepsLogs bool           // some device keeps its functions' output
+	names     nameList       // the store's function names (Names)
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker

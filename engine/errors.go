@@ -6,6 +6,7 @@ package engine
 import (
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
@@ -14,6 +15,14 @@ import (
 // The engine's errors are errdefs', made here with these two.
 func errorf(k errdefs.Kind, err error, format string, a ...any) *errdefs.Error {
 	return errdefs.New(k, err, format, a...)
+}
+
+// notFound is the 404 of a name no function has; err is what said so (nil:
+// the name cannot be a function's). The name is kept for a did-you-mean
+// (errdefs.NoFunction), copied: it may be a request's bytes.
+func notFound(name string, err error, why string) *errdefs.Error {
+	name = strings.Clone(name)
+	return errorf(errdefs.KindNotFound, &errdefs.NoFunction{Name: name, Err: err}, "function %q not found%s", name, why)
 }
 
 func unavailable(err error, format string, a ...any) *errdefs.Error {

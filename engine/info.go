@@ -13,12 +13,12 @@ import (
 func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionInfo {
 	e := c.e
 	fi := api.FunctionInfo{Name: f.name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versions}
-	fi.Requests, fi.Errors = f.stats.requests.Load(), f.stats.errors.Load()
+	fi.Requests, fi.ClientErrors, fi.Errors = f.stats.requests.Load(), f.stats.clientErrors.Load(), f.stats.errors.Load()
 	fi.Cold, fi.Warm, fi.Hot = f.stats.cold.Load(), f.stats.warm.Load(), f.stats.hot.Load()
 	e.tab.mu.Lock()
 	v := f.cur
 	e.tab.mu.Unlock()
-	if ok := fi.Requests - fi.Errors; ok > 0 {
+	if ok := fi.Requests - fi.ClientErrors - fi.Errors; ok > 0 {
 		fi.MeanUs = f.stats.latencyNs.Load() / ok / 1000
 	}
 	fi.Share, fi.Priority = rv.Share, rv.Priority
@@ -67,7 +67,7 @@ func (t *table) side(f *function) []*version {
 func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
-		return api.FunctionInfo{}, errorf(errdefs.KindNotFound, nil, "function %q not found", name)
+		return api.FunctionInfo{}, notFound(name, nil, "")
 	}
 	rec, err := e.tab.record(ctx, name)
 	if err != nil {

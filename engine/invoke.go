@@ -113,7 +113,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	f.stats.requests.Add(1)
 	defer func() {
 		if err != nil {
-			f.stats.errors.Add(1)
+			f.stats.failed(err)
 		}
 	}()
 	if b := v.backoffUntil.Load(); b != 0 && t0.UnixNano() < b {

@@ -18,7 +18,7 @@ import (
 // process writes to the server's streams.
 func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow bool) ([]api.LogLine, *funclog.Follower, error) {
 	if !abi.ValidName(name) {
-		return nil, nil, errorf(errdefs.KindNotFound, nil, "function %q not found", name)
+		return nil, nil, notFound(name, nil, "")
 	}
 	if _, err := c.e.tab.record(ctx, name); err != nil {
 		return nil, nil, err

@@ -112,16 +112,31 @@ func (p Pin) Steps() []abi.Step { return p.v.rec.Steps }
 
 // Account counts a request the pinned version served other than through
 // Invoke (a pipeline's, whose steps ran as requests of their own), in the
-// function's requests, errors, starts and mean latency.
+// function's requests, client errors or errors, starts and mean latency.
 func (p Pin) Account(start call.Start, total time.Duration, err error) {
 	st := &p.f.stats
 	st.requests.Add(1)
 	if err != nil {
-		st.errors.Add(1)
+		st.failed(err)
 		return
 	}
 	st.count(start)
 	st.latencyNs.Add(int64(total))
+}
+
+// Refused counts a request for name that its transport refused itself
+// before running it (a body it could not read or parse, over the
+// function's max_input_bytes, of a type it does not take), which Invoke
+// never saw, in the function's requests and client errors. A name no
+// function has on this node counts nothing; it reads no store.
+func (e *Engine) Refused(name string) {
+	e.tab.mu.Lock()
+	f := e.tab.funcs[name]
+	e.tab.mu.Unlock()
+	if f != nil {
+		f.stats.requests.Add(1)
+		f.stats.clientErrors.Add(1)
+	}
 }
 
 // Timeout is a request's deadline from its start when it brings none.

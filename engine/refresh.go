@@ -26,6 +26,7 @@ func (e *Engine) Refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	e.names.listed(tags) // Names serves it: no listing of its own while polled
 	var firstErr error
 	for _, name := range names {
 		if tag, ok := tags[name]; ok && tag != "" && tag == e.tab.appliedTag(name) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
@@ -82,9 +83,24 @@ func newTable(reg registry.Registry, logs *funclog.Store, timeout time.Duration)
 		funcs: map[string]*function{}, tags: map[string]string{}, flights: map[string]*flight{}}
 }
 
+// stats are a function's requests on this node (plover ls): a failed one
+// is a client error or an error by its class's HTTP status (apierr), 4xx
+// or 5xx, as /metrics counts it under its code.
 type stats struct {
-	requests, errors, cold, warm, hot atomic.Int64
-	latencyNs                         atomic.Int64 // sum over successful requests
+	requests, clientErrors, errors atomic.Int64
+	cold, warm, hot                atomic.Int64
+	latencyNs                      atomic.Int64 // sum over successful requests
+}
+
+// failed counts a failed request: a client error when its class is a 4xx
+// (the request's own fault, a function at capacity, a client that left),
+// else an error (the function's or the server's).
+func (s *stats) failed(err error) {
+	if apierr.Of(errdefs.KindOf(err)).HTTP < 500 {
+		s.clientErrors.Add(1)
+	} else {
+		s.errors.Add(1)
+	}
 }
 
 // count records how a request that ran found its instance.
@@ -160,7 +176,7 @@ const maxFlights = 256
 // that prewarming waits no longer than a request would).
 func (t *table) lookup(ctx context.Context, name string, deadline time.Time) (*function, error) {
 	if !abi.ValidName(name) {
-		return nil, errorf(errdefs.KindNotFound, nil, "function %q not found (names match [a-z0-9][a-z0-9-]{0,62})", name)
+		return nil, notFound(name, nil, " (names match [a-z0-9][a-z0-9-]{0,62})")
 	}
 	ctx, cancel := t.bound(ctx, deadline)
 	defer cancel()
@@ -405,7 +421,7 @@ func (t *table) record(ctx context.Context, name string) (*api.Record, error) {
 	defer cancel()
 	rec, err := t.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
-		return nil, errorf(errdefs.KindNotFound, err, "function %q not found", name)
+		return nil, notFound(name, err, "")
 	}
 	if err != nil && ctx.Err() != nil {
 		return nil, readCut(ctx, name)

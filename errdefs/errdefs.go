@@ -68,6 +68,23 @@ func Unavailable(err error, format string, a ...any) *Error {
 	return &Error{Kind: KindUnavailable, Msg: msg, Err: err}
 }
 
+// NoFunction is the cause of an error about a name no function has (a 404,
+// a pipeline step that names it): the name, so that the front door can
+// suggest one within a typo of it that the caller may see.
+type NoFunction struct {
+	Name string
+	Err  error // what said so (the store's ErrNoFunction), or nil
+}
+
+func (e *NoFunction) Error() string {
+	if e.Err != nil {
+		return e.Err.Error()
+	}
+	return "no function is named " + e.Name
+}
+
+func (e *NoFunction) Unwrap() error { return e.Err }
+
 // KindOf returns the kind of err (KindInternal for foreign errors).
 func KindOf(err error) Kind {
 	var e *Error

@@ -11,6 +11,7 @@ package frontdoor
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -40,6 +41,12 @@ type Runner interface {
 	// that will run it reads it (a worker's slot), or nil; the transport
 	// puts it in the request and releases it once the response is written.
 	Land(name string) call.Landing
+	// Refused counts, in name's requests and client errors, one that its
+	// transport refused itself before Invoke (End calls it).
+	Refused(name string)
+	// Names is every function's name, for a did-you-mean on an error's
+	// path: it may list the store (engine.Engine.Names bounds how often).
+	Names() []string
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
@@ -98,18 +105,27 @@ type Outcome struct {
 	Start   time.Time // when the transport began the request
 	Req     *call.Request
 	Err     error // nil: it succeeded
+	// Authorization is the request's Authorization header (gRPC: its
+	// authorization metadata), read only when Err names no function (the
+	// names a did-you-mean may offer); borrowed for the call.
+	Authorization []byte
 }
 
 // End classifies an ended invoke once, logs a failure whose cause the
 // client is not told (a foreign error) or that is the server's (5xx),
-// counts it by function and status, and records its trace. The transport
+// counts it by function and status (and, refused by the transport before
+// it ran, in the function's client errors: Runner.Refused), and records
+// its trace. The transport
 // encodes st and msg (nothing to write on success).
 func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 	st, kind := apierr.Status{HTTP: 200, Name: "ok"}, errdefs.KindInternal
 	if o.Err != nil {
 		var known bool
-		st, kind, msg, known = apierr.Classify(o.Err)
+		st, kind, msg, known = d.classify(o.Err, o.Authorization)
 		d.logFailure(o.Err, o.Transport, o.Route, st, known)
+		if d.Runner != nil && refusedByTransport(o.Err) {
+			d.Runner.Refused(o.Function)
+		}
 	}
 	if d.metrics != nil {
 		d.metrics.Record(o.Function, st.HTTP, kind, o.Req)
@@ -125,12 +141,37 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 	return st, msg
 }
 
+// refusedByTransport reports whether err is a transport's own 4xx (an
+// apierr.Error: a body it could not read or parse, over the function's
+// limit, of a type it does not take). Transports make those before they
+// call Invoke, so the engine did not count the request; a transport's 5xx
+// (an output it cannot encode) comes after a run the engine counted. On
+// the error path only: the errors.As target escapes.
+func refusedByTransport(err error) bool {
+	var e *apierr.Error
+	return errors.As(err, &e) && e.Status.HTTP < 500
+}
+
 // Fail classifies a failure of a request that is not an invoke (metadata,
 // readiness, the control plane) and logs it as End does; it is not counted.
-func (d *Door) Fail(err error, transport, route string) (apierr.Status, string) {
-	st, _, msg, known := apierr.Classify(err)
+// authorization is the request's (Outcome.Authorization).
+func (d *Door) Fail(err error, transport, route string, authorization []byte) (apierr.Status, string) {
+	st, _, msg, known := d.classify(err, authorization)
 	d.logFailure(err, transport, route, st, known)
 	return st, msg
+}
+
+// classify is apierr.Classify, the one mapping of both transports, and for
+// an error about a name no function has (errdefs.NoFunction: a 404, a
+// pipeline's step), a did-you-mean in the message: a function within a
+// typo of the name, among those the caller's token may see (gate.Sees).
+func (d *Door) classify(err error, authorization []byte) (apierr.Status, errdefs.Kind, string, bool) {
+	st, kind, msg, known := apierr.Classify(err)
+	var nf *errdefs.NoFunction
+	if known && d.Runner != nil && errors.As(err, &nf) {
+		msg += apierr.DidYouMean(nf.Name, d.Runner.Names(), d.gate.Sees(authorization))
+	}
+	return st, kind, msg, known
 }
 
 func (d *Door) logFailure(err error, transport, route string, st apierr.Status, known bool) {

@@ -16,8 +16,18 @@ import (
 	"github.com/plover-run/plover/reqmetrics"
 )
 
+// refusals is a Runner that records only what Refused is told.
+type refusals struct {
+	Runner
+	names []string
+}
+
+func (r *refusals) Refused(name string) { r.names = append(r.names, name) }
+
 // End is the one place an invoke's outcome is classified, logged and
-// counted, whichever transport saw it.
+// counted, whichever transport saw it; a transport's own 4xx, which the
+// engine never saw, is counted in the function's client errors there
+// (Runner.Refused), and nothing else is.
 func TestEnd(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -26,19 +36,24 @@ func TestEnd(t *testing.T) {
 		msg, log  string // what the client reads; what the log holds ("": nothing)
 		label     string
 		transport string
+		refused   bool
 	}{
-		{"ok", nil, 200, "", "", "echo", "http"},
-		{"unknown function", &errdefs.Error{Kind: errdefs.KindNotFound, Msg: "function nope not found"}, 404, "function nope not found", "", "_unknown", "grpc"},
-		{"kernel failure", &errdefs.Error{Kind: errdefs.KindKernel, Msg: "vecadd: bad input"}, 500, "vecadd: bad input", "level=WARN msg=\"request failed\" transport=http", "echo", "http"},
-		{"transport refusal", &apierr.Error{Status: apierr.UnsupportedMedia, Msg: "Content-Type text/plain"}, 415, "Content-Type text/plain", "", "echo", "http"},
-		{"foreign error", errors.New("disk on fire"), 500, "internal error", "level=ERROR msg=\"request failed\" transport=grpc", "echo", "grpc"},
+		{"ok", nil, 200, "", "", "echo", "http", false},
+		{"unknown function", &errdefs.Error{Kind: errdefs.KindNotFound, Msg: "function nope not found"}, 404, "function nope not found", "", "_unknown", "grpc", false},
+		{"kernel failure", &errdefs.Error{Kind: errdefs.KindKernel, Msg: "vecadd: bad input"}, 500, "vecadd: bad input", "level=WARN msg=\"request failed\" transport=http", "echo", "http", false},
+		{"refused by the function", &errdefs.Error{Kind: errdefs.KindRejected, Msg: "echo refused its input"}, 422, "echo refused its input", "", "echo", "grpc", false},
+		{"transport refusal", &apierr.Error{Status: apierr.UnsupportedMedia, Msg: "Content-Type text/plain"}, 415, "Content-Type text/plain", "", "echo", "http", true},
+		{"bad tensors", &apierr.Error{Status: apierr.BadRequest, Msg: "input \"x\" is missing"}, 400, "input \"x\" is missing", "", "echo", "grpc", true},
+		{"output it cannot encode", &apierr.Error{Status: apierr.BadOutput, Msg: "NaN"}, 500, "NaN", "level=WARN msg=\"request failed\" transport=http", "echo", "http", false},
+		{"foreign error", errors.New("disk on fire"), 500, "internal error", "level=ERROR msg=\"request failed\" transport=grpc", "echo", "grpc", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs bytes.Buffer
 			reg := prometheus.NewRegistry()
 			m := reqmetrics.New(reg)
 			m.Record("echo", 200, errdefs.KindInternal, &call.Request{}) // a function the metrics know
-			d := New(Config{Metrics: m, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+			run := &refusals{}
+			d := New(Config{Runner: run, Metrics: m, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 			fn := "echo"
 			if tc.label == "_unknown" {
 				fn = "nope"
@@ -56,6 +71,9 @@ func TestEnd(t *testing.T) {
 			}
 			if got := requests(t, reg, tc.label, strconv.Itoa(tc.status)); got != want {
 				t.Fatalf("plover_requests_total{function=%q,code=%d} = %v, want %v", tc.label, tc.status, got, want)
+			}
+			if refused := len(run.names) == 1 && run.names[0] == fn; refused != tc.refused || len(run.names) > 1 {
+				t.Fatalf("Refused told %q, want it told %v", run.names, tc.refused)
 			}
 		})
 	}

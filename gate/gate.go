@@ -85,6 +85,16 @@ func (t Ticket) Done() {
 	}
 }
 
+// Pass hands t's place on to what outlives the handler that was admitted
+// (a followed log stream, written after the handler returns): the ticket
+// returned ends it, and t is left zero, so the handler's own Done gives
+// nothing back.
+func (t *Ticket) Pass() Ticket {
+	held := *t
+	*t = Ticket{}
+	return held
+}
+
 // Admit checks the value of an Authorization header (or gRPC's
 // authorization metadata) for scope on function fn (empty for routes of no
 // function), and takes one request of the token's limits. fn is only
@@ -171,6 +181,20 @@ func (g *Gate) principal(authorization []byte) (*auth.Principal, *Refusal) {
 func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
 	g.failures.WithLabelValues(reason).Inc()
 	return &Refusal{Status: s, Reason: reason, Msg: msg}
+}
+
+// Sees is which function names the caller authorization carries may learn
+// from a did-you-mean: those its token's globs match (auth's Covers: all
+// for an admin token or functions "*", and all without tokens); none for a
+// token this gate does not know. A token limited to its tenant's functions
+// must not learn another tenant's names by mistyping one. Not counted as
+// a refusal: the request was refused (or answered) already.
+func (g *Gate) Sees(authorization []byte) func(function string) bool {
+	if g.tokens == nil {
+		return func(string) bool { return true }
+	}
+	tok, _ := auth.BearerToken(authorization)
+	return g.tokens.Lookup(tok).Covers
 }
 
 // InvokeCheck is ctx carrying the check a pipeline's deploy or rollback

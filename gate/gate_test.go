@@ -51,6 +51,27 @@ func TestTokenLimitsAdmit(t *testing.T) {
 	Ticket{b}.Done()
 }
 
+// A ticket passed on holds its place until the ticket it was passed to is
+// done; the handler's own Done, run on the emptied ticket, gives nothing
+// back (before Pass, the handler's Done freed the place of a stream still
+// being written).
+func TestTicketPass(t *testing.T) {
+	g := New(nil, prometheus.NewRegistry())
+	c := &auth.Principal{Name: "c", Limits: auth.Limits{Concurrency: 1}}
+	st, _, _ := g.admit(c, at(time.Unix(1000, 0)), limitConcurrency)
+	tk := Ticket{st}
+	held := tk.Pass()
+	tk.Done()
+	tk.Done()
+	if _, over, _ := g.admit(c, at(time.Unix(1000, 0)), limitConcurrency); over != "concurrency" {
+		t.Fatalf("with the passed ticket held: over %q, want concurrency", over)
+	}
+	held.Done()
+	if _, over, _ := g.admit(c, at(time.Unix(1000, 0)), limitConcurrency); over != "" {
+		t.Fatalf("after the passed ticket was done: over %q", over)
+	}
+}
+
 // at is a clock stopped at t.
 func at(t time.Time) func() time.Time { return func() time.Time { return t } }
 

@@ -214,10 +214,7 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return h(ctx, req)
 	}
 	scope, fn := required(req)
-	var authz []byte
-	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
-		authz = []byte(v[0])
-	}
+	authz := authorization(ctx)
 	if r := g.AdmitHeld(authz, scope, fn); r != nil {
 		if r.Status.HTTP != 429 {
 			s.logRefusal(ctx, info.FullMethod, r)
@@ -225,6 +222,15 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, status.Error(r.Status.GRPC, r.Msg)
 	}
 	return h(ctx, req)
+}
+
+// authorization is the call's authorization metadata ("Bearer TOKEN"), as
+// HTTP's Authorization header; nil without one.
+func authorization(ctx context.Context) []byte {
+	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
+		return []byte(v[0])
+	}
+	return nil
 }
 
 // logRefusal logs an authentication failure, once a second per client at
@@ -270,7 +276,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 	// stream a little before it, which must read as the deadline's 504.
 	pin, _, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), deadlineOf(ctx))
 	if err != nil {
-		return nil, s.statusOf(err, "ModelReady")
+		return nil, s.statusOf(ctx, err, "ModelReady")
 	}
 	pin.Release()
 	ok, _ := s.door.Health()
@@ -281,7 +287,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
 	pin, ts, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), deadlineOf(ctx)) // as ModelReady
 	if err != nil {
-		return nil, s.statusOf(err, "ModelMetadata")
+		return nil, s.statusOf(ctx, err, "ModelMetadata")
 	}
 	cur := pin.Version()
 	pin.Release()
@@ -325,6 +331,9 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 	}
 	resp, err := s.infer(ctx, req, o.Req)
 	o.Err = err
+	if err != nil {
+		o.Authorization = authorization(ctx)
+	}
 	st, msg := s.door.End(&o)
 	if err != nil {
 		return nil, grpcStatus(st, msg)
@@ -400,8 +409,8 @@ func badRequest(format string, a ...any) error {
 
 // statusOf is err as a gRPC status, classified and logged by the front
 // door.
-func (s *Server) statusOf(err error, method string) error {
-	st, msg := s.door.Fail(err, "grpc", method)
+func (s *Server) statusOf(ctx context.Context, err error, method string) error {
+	st, msg := s.door.Fail(err, "grpc", method, authorization(ctx))
 	return grpcStatus(st, msg)
 }
 

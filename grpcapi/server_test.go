@@ -525,3 +525,28 @@ func TestBatching(t *testing.T) {
 		}
 	}
 }
+
+// A model name no function has is told the one within a typo of it, over
+// gRPC as over HTTP (the front door's one classification): NotFound with
+// the did-you-mean in the status's message.
+func TestDidYouMeanOverGRPC(t *testing.T) {
+	f := serve(t, nil)
+	c, ctx := f.client, ctxT(t)
+	for _, tc := range []struct {
+		method string
+		call   func() error
+		want   string
+	}{
+		{"ModelInfer", func() error {
+			_, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "ecoh"})
+			return err
+		}, `(did you mean "echo"?)`},
+		{"ModelMetadata", func() error { _, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "typd"}); return err }, `(did you mean "typed"?)`},
+		{"ModelReady", func() error { _, err := c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "slwo"}); return err }, `(did you mean "slow"?)`},
+	} {
+		st := status.Convert(tc.call())
+		if st.Code() != codes.NotFound || !strings.HasSuffix(st.Message(), tc.want) {
+			t.Errorf("%s: %v %q, want NotFound ending %q", tc.method, st.Code(), st.Message(), tc.want)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/gate"
 )
 
 func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
@@ -39,7 +40,9 @@ func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	}
 }
 
-func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
+// functionSub routes /v1/functions/{name}/{sub}; tk is the request's place
+// in its token's concurrency, which a followed log stream takes on.
+func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string, tk *gate.Ticket) {
 	switch sub {
 	case "versions":
 		if !s.method(ctx, fasthttp.MethodGet) {
@@ -53,7 +56,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string) {
 		writeJSON(ctx, fasthttp.StatusOK, rec)
 	case "logs":
 		if s.method(ctx, fasthttp.MethodGet) {
-			s.logs(ctx, name)
+			s.logs(ctx, name, tk)
 		}
 	case "rollback":
 		if !s.method(ctx, fasthttp.MethodPost) {

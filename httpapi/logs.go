@@ -11,6 +11,7 @@ import (
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/gate"
 )
 
 // LogReader serves what functions print (engine.Control): GET
@@ -37,8 +38,10 @@ var (
 // kept output as NDJSON, one api.LogLine a line, from ?since= (a duration
 // back from now, or an RFC 3339 time) on; with ?follow=true the response
 // stays open and carries each new line as it comes, until the client goes,
-// the function is deleted or the server shuts down.
-func (s *Server) logs(ctx *fasthttp.RequestCtx, name string) {
+// the function is deleted or the server shuts down. The stream holds the
+// request's place in its token's concurrency (tk) until it ends: the
+// handler returns before the stream is written.
+func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 	lr, ok := s.adm.(LogReader)
 	if !ok {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "this server keeps no function output")
@@ -81,7 +84,11 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string) {
 	// function learns that it follows.
 	ctx.Response.ImmediateHeaderFlush = true
 	conn := ctx.Conn()
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { s.follow(w, conn, lines, f) })
+	held := tk.Pass()
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer held.Done()
+		s.follow(w, conn, lines, f)
+	})
 }
 
 // follow writes lines, then f's lines as they come, flushing after each

@@ -264,12 +264,15 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
 		return
 	}
+	var tk gate.Ticket
 	if !s.gate.Open() {
-		tk, ok := s.authorize(ctx)
-		if !ok {
+		var ok bool
+		if tk, ok = s.authorize(ctx); !ok {
 			return
 		}
-		defer tk.Done()
+		// Read when the handler returns: a followed log stream takes the
+		// place on (Ticket.Pass) and gives it back when it ends.
+		defer func() { tk.Done() }()
 	}
 	path := ctx.Path()
 	switch {
@@ -302,7 +305,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		if name, sub, ok := bytes.Cut(rest, []byte{'/'}); ok {
-			s.functionSub(ctx, string(name), string(sub))
+			s.functionSub(ctx, string(name), string(sub), &tk)
 			return
 		}
 		s.function(ctx, string(rest))
@@ -502,6 +505,9 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *exchange, err 
 	if s.door.Traced() {
 		o.Carrier = headerCarrier{&ctx.Request.Header}
 	}
+	if err != nil {
+		o.Authorization = ctx.Request.Header.PeekBytes(hdrAuthorization)
+	}
 	if st, msg := s.door.End(&o); err != nil {
 		writeError(ctx, st.HTTP, st.Name, msg)
 	}
@@ -583,7 +589,7 @@ func mediaType(ct []byte) string {
 // fail writes the answer to a request that failed, other than an invoke
 // (finish ends those): classified and logged by the front door.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
-	st, msg := s.door.Fail(err, "http", string(ctx.Path()))
+	st, msg := s.door.Fail(err, "http", string(ctx.Path()), ctx.Request.Header.PeekBytes(hdrAuthorization))
 	writeError(ctx, st.HTTP, st.Name, msg)
 }
 

@@ -183,8 +183,23 @@ func TestErrorStatuses(t *testing.T) {
 	if resp.StatusCode != 200 || !bytes.HasPrefix(body, []byte("still ok")) {
 		t.Fatalf("after the errors: %d %q", resp.StatusCode, body)
 	}
-	if fi, err := e.Control().Function(t.Context(), "echo"); err != nil || fi.Errors == 0 {
-		t.Fatalf("errors not counted: %+v %v", fi, err)
+	// Counted apart: echo's 4xx answers (malformed requests the transport
+	// refused before they ran, 413, 415, the engine's 422s) are client
+	// errors; failing's kernel failure is an error (5xx), and with no
+	// request succeeded it has no mean.
+	for _, want := range []struct {
+		name                           string
+		requests, clientErrors, errors int64
+		mean                           bool
+	}{
+		{"echo", 14, 13, 0, true},
+		{"failing", 1, 0, 1, false},
+	} {
+		fi, err := e.Control().Function(t.Context(), want.name)
+		if err != nil || fi.Requests != want.requests || fi.ClientErrors != want.clientErrors || fi.Errors != want.errors || (fi.MeanUs > 0) != want.mean {
+			t.Errorf("%s: %d requests, %d client errors, %d errors, mean %d µs (%v); want %d, %d, %d, a mean %v",
+				want.name, fi.Requests, fi.ClientErrors, fi.Errors, fi.MeanUs, err, want.requests, want.clientErrors, want.errors, want.mean)
+		}
 	}
 }
 

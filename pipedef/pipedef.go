@@ -14,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // MaxDepth bounds how deeply pipelines nest (a pipeline naming a pipeline
@@ -34,9 +35,14 @@ type Records func(ctx context.Context, name string) (*api.Record, error)
 type StepError struct {
 	Field  string // steps[1], steps[2].parallel[0]
 	Reason string
+	// Err is the cause, when one is worth keeping: errdefs.NoFunction for
+	// a step naming no function (the front door's did-you-mean).
+	Err error
 }
 
 func (e *StepError) Error() string { return e.Field + ": " + e.Reason }
+
+func (e *StepError) Unwrap() error { return e.Err }
 
 // ForbiddenError is a step whose function the deployer may not invoke.
 type ForbiddenError struct{ StepError }
@@ -62,7 +68,7 @@ func Check(ctx context.Context, name string, steps []abi.Step, get Records, isNo
 		return err
 	}
 	if c.functions > MaxFunctions {
-		return &StepError{"steps", fmt.Sprintf("the pipeline runs %d functions per request, nested pipelines and parallel steps included; at most %d", c.functions, MaxFunctions)}
+		return &StepError{"steps", fmt.Sprintf("the pipeline runs %d functions per request, nested pipelines and parallel steps included; at most %d", c.functions, MaxFunctions), nil}
 	}
 	return nil
 }
@@ -112,14 +118,14 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 		via = " (through " + strings.Join(path[1:], " -> ") + ")"
 	}
 	if slices.Contains(path, s.Function) {
-		return &StepError{field, fmt.Sprintf("%s -> %s is a cycle: a pipeline may not run itself", strings.Join(path, " -> "), s.Function)}
+		return &StepError{field, fmt.Sprintf("%s -> %s is a cycle: a pipeline may not run itself", strings.Join(path, " -> "), s.Function), nil}
 	}
 	if len(path) >= MaxDepth {
-		return &StepError{field, fmt.Sprintf("pipelines nest deeper than %d (%s -> %s)", MaxDepth, strings.Join(path, " -> "), s.Function)}
+		return &StepError{field, fmt.Sprintf("pipelines nest deeper than %d (%s -> %s)", MaxDepth, strings.Join(path, " -> "), s.Function), nil}
 	}
 	if c.allow != nil {
 		if err := c.allow(s.Function); err != nil {
-			return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err)}}
+			return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err), nil}}
 		}
 	}
 	if c.functions > MaxFunctions {
@@ -127,14 +133,15 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 	}
 	rec, err := c.record(s.Function)
 	if err != nil && c.notFound(err) {
-		return &StepError{field, fmt.Sprintf("function %q%s is not deployed: deploy it before the pipeline that runs it", s.Function, via)}
+		return &StepError{field, fmt.Sprintf("function %q%s is not deployed: deploy it before the pipeline that runs it", s.Function, via),
+			&errdefs.NoFunction{Name: s.Function, Err: err}}
 	}
 	if err != nil {
 		return err
 	}
 	v, err := Pick(rec, s.Version)
 	if err != nil {
-		return &StepError{field, err.Error() + via}
+		return &StepError{field, err.Error() + via, nil}
 	}
 	if v.Kind == abi.KindPipeline {
 		return c.steps(top, v.Steps, append(slices.Clip(path), s.Function), field+" -> "+s.Function+".steps")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
@@ -35,6 +36,8 @@ type Engine interface {
 	Pin(ctx context.Context, name string, deadline time.Time) (engine.Pin, error)
 	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (engine.Pin, error)
 	Land(name string) call.Landing
+	Refused(name string)
+	Names() []string
 	Health() (bool, []api.DeviceHealth)
 	// Timeout is a request's deadline from its start when it brings none:
 	// a pipeline's one deadline covers all its steps.
@@ -123,6 +126,13 @@ func admitFirst(st stage) (int64, error) {
 // function's device reads it, or nil (a pipeline: its first step's input
 // is its own request's).
 func (r *Runner) Land(name string) call.Landing { return r.e.Land(name) }
+
+// Refused is the engine's: a request the transport refused before Invoke,
+// counted in name's requests and client errors.
+func (r *Runner) Refused(name string) { r.e.Refused(name) }
+
+// Names is the engine's: every function's name, for a did-you-mean.
+func (r *Runner) Names() []string { return r.e.Names() }
 
 // Health is the engine's.
 func (r *Runner) Health() (bool, []api.DeviceHealth) { return r.e.Health() }
@@ -510,8 +520,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"pipeline", "step", "function"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "plover_pipeline_step_errors_total",
-			Help: "Pipeline steps that failed, by pipeline, step index and function.",
-		}, []string{"pipeline", "step", "function"}),
+			Help: "Pipeline steps that failed, by pipeline, step index, function and the HTTP status of the failure's class (4xx: the input's fault; 5xx: the function's or the server's).",
+		}, []string{"pipeline", "step", "function", "code"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.seconds, m.errors)
@@ -531,7 +541,7 @@ var stepNames = func() []string {
 func (m *metrics) observe(pipeline string, index int, function string, d time.Duration, err error) {
 	step := stepNames[index]
 	if err != nil {
-		m.errors.WithLabelValues(pipeline, step, function).Inc()
+		m.errors.WithLabelValues(pipeline, step, function, strconv.Itoa(apierr.Of(errdefs.KindOf(err)).HTTP)).Inc()
 		return
 	}
 	m.seconds.WithLabelValues(pipeline, step, function).Observe(d.Seconds())

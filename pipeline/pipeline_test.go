@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
@@ -103,5 +106,49 @@ func TestStepsTimingOverrideTensors(t *testing.T) {
 	var v api.Version = p.Version()
 	if !v.IsPipeline() {
 		t.Fatalf("version %+v", v)
+	}
+}
+
+// A step that refuses its input fails its pipeline's request as the
+// client's (422, a client error of the pipeline's in plover ls, and the
+// step's error counted under code 422); a step whose kernel fails is the
+// server's (500). Neither pipeline has a mean: none of its requests
+// succeeded.
+func TestStepErrorsByClass(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	picky := testkit.Manifest("picky")
+	picky.Chain = []abi.Launch{{Kernel: "refuse", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, picky, nil))
+	failing := testkit.Manifest("failing")
+	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "picky", "echo"))
+	testkit.Deploy(t, e, pipelineDir(t, "q", "echo", "failing"))
+	reg := prometheus.NewRegistry()
+	r := pipeline.New(e, reg)
+	if err := r.Invoke(context.Background(), "p", &call.Request{}); errdefs.KindOf(err) != errdefs.KindRejected {
+		t.Fatalf("p: %v, want the step's refusal", err)
+	}
+	if err := r.Invoke(context.Background(), "q", &call.Request{Input: []byte("x")}); errdefs.KindOf(err) != errdefs.KindKernel {
+		t.Fatalf("q: %v, want the step's kernel failure", err)
+	}
+	want := `# HELP plover_pipeline_step_errors_total Pipeline steps that failed, by pipeline, step index, function and the HTTP status of the failure's class (4xx: the input's fault; 5xx: the function's or the server's).
+# TYPE plover_pipeline_step_errors_total counter
+plover_pipeline_step_errors_total{code="422",function="picky",pipeline="p",step="0"} 1
+plover_pipeline_step_errors_total{code="500",function="failing",pipeline="q",step="1"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "plover_pipeline_step_errors_total"); err != nil {
+		t.Error(err)
+	}
+	for _, tc := range []struct {
+		name                 string
+		clientErrors, errors int64
+	}{{"p", 1, 0}, {"q", 0, 1}, {"picky", 1, 0}, {"failing", 0, 1}} {
+		fi, err := e.Control().Function(context.Background(), tc.name)
+		if err != nil || fi.Requests != 1 || fi.ClientErrors != tc.clientErrors || fi.Errors != tc.errors || fi.MeanUs != 0 {
+			t.Errorf("%s: %d requests, %d client errors, %d errors, mean %d µs (%v); want 1, %d, %d, 0",
+				tc.name, fi.Requests, fi.ClientErrors, fi.Errors, fi.MeanUs, err, tc.clientErrors, tc.errors)
+		}
 	}
 }

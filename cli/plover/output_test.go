@@ -211,6 +211,13 @@ func TestFunctionOutput(t *testing.T) {
 		}
 	}
 	t.Logf("plover run:\n%s", out)
+	// What the bundle prints reaches the terminal escaped, as plover logs
+	// shows it: a bidi override and an escape sequence do not act.
+	os.WriteFile(in, []byte("hi\u202e\x1b[2J"), 0o644)
+	out, err = ploverOut(t, bin, nil, "run", dir, "--in", in, "--out", os.DevNull)
+	if want := `stdout | say: hi\u202e\x1b[2J` + "\n"; err != nil || !strings.Contains(out, want) || strings.ContainsAny(out, "\u202e\x1b") {
+		t.Fatalf("plover run of a line with controls: %v, want %q in:\n%q", err, want, out)
+	}
 }
 
 // TestDeadWorkerNoticedAtOnce: a request whose chain never returns gets

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -258,4 +259,78 @@ func TestTokenLimitsServed(t *testing.T) {
 			t.Fatalf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// A followed log stream counts against its token's concurrency until it
+// ends, although its handler returns before the stream is written: with
+// one follow open, a concurrency=1 token's next call is refused 429, and
+// once the client leaves the stream the place is free again. (Before, the
+// place was given back as the handler returned: a token of concurrency 1
+// could hold all of a function's 32 follows and still call.)
+func TestFollowHoldsTokensPlace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts servers")
+	}
+	bin := buildPlover(t)
+	authFile := filepath.Join(t.TempDir(), "tokens")
+	tok := map[string]string{}
+	var lines []string
+	for _, l := range []struct {
+		name   string
+		scopes auth.Scope
+		limits auth.Limits
+	}{
+		{"root", auth.Admin, auth.Limits{}},
+		{"narrow", auth.Invoke | auth.Read, auth.Limits{Concurrency: 1}},
+	} {
+		k, err := auth.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok[l.name] = k
+		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(k), nil, l.limits))
+	}
+	if err := os.WriteFile(authFile, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startIsoServer(t, bin, t.TempDir(), nil, "--auth-file", authFile)
+	run(t, bin, []string{"PLOVER_SERVER=" + s.url, "PLOVER_TOKEN=" + tok["root"]}, "deploy", testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	client := &http.Client{Timeout: 10 * time.Second} // bounds a follow wrongly admitted
+	do := func(method, path string) (*http.Response, string) {
+		req, _ := http.NewRequest(method, s.url+path, bytes.NewReader([]byte{1}))
+		req.Header.Set("Authorization", "Bearer "+tok["narrow"])
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	if r, body := do("POST", "/v1/functions/echo/invoke"); r.StatusCode != 200 {
+		t.Fatalf("a call with nothing in flight: %d %s", r.StatusCode, body)
+	}
+
+	req, _ := http.NewRequest("GET", s.url+"/v1/functions/echo/logs?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer "+tok["narrow"])
+	follow, err := http.DefaultClient.Do(req) // returns with the headers: the stream is open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer follow.Body.Close()
+	if follow.StatusCode != 200 {
+		t.Fatalf("follow: %d", follow.StatusCode)
+	}
+	r, body := do("POST", "/v1/functions/echo/invoke")
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") == "" || !strings.Contains(body, "concurrency") {
+		t.Fatalf("a call with a follow open: %d, Retry-After %q, %s; want 429 naming the concurrency", r.StatusCode, r.Header.Get("Retry-After"), body)
+	}
+	if r, body := do("GET", "/v1/functions/echo/logs?follow=true"); r.StatusCode != 429 {
+		t.Fatalf("a second follow: %d %s, want 429", r.StatusCode, body)
+	}
+	follow.Body.Close() // the client leaves: the server sees the connection end
+	waitFor(t, 10*time.Second, "the follow's place back", func() bool {
+		r, _ := do("POST", "/v1/functions/echo/invoke")
+		return r.StatusCode == 200
+	})
 }

@@ -1,0 +1,121 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A request naming no function is told the one within a typo of it, in the
+// server's own message, on /v1 (invoke and the control routes), /v2, and a
+// pipeline's deploy naming a step that is not there (422); and only a name
+// the caller's token may see: a token limited to a-* that mistypes a-cnn
+// is not told of b-cnn, another tenant's.
+func TestDidYouMeanServed(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	for _, n := range []string{"saxpy", "a-vec", "b-cnn"} {
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest(n), nil))
+	}
+	var lines []string
+	toks := map[string]string{}
+	for _, l := range []struct {
+		name   string
+		scopes auth.Scope
+		globs  []string
+	}{
+		{"ops", auth.Admin, nil},
+		{"tenant-a", auth.Invoke | auth.Deploy, []string{"a-*"}},
+	} {
+		tok, err := auth.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks[l.name] = tok
+		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(tok), l.globs, auth.Limits{}))
+	}
+	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testkit.Serve(t, e, httpapi.Options{Tokens: tab})
+	pipelineBundle := func(name, step string) []byte {
+		dir := t.TempDir()
+		b, _ := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": []string{step}})
+		if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		bb, _, _, err := bundle.PackBytes(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bb
+	}
+	const mean = ` (did you mean "%s"?)`
+	for _, tc := range []struct {
+		name, token, method, path string
+		body                      []byte
+		status                    int
+		suggest                   string // "": none
+	}{
+		{"invoke", "ops", "POST", "/v1/functions/saxpi/invoke", []byte("x"), 404, "saxpy"},
+		{"describe", "ops", "GET", "/v1/functions/saxpi", nil, 404, "saxpy"},
+		{"versions", "ops", "GET", "/v1/functions/saxpi/versions", nil, 404, "saxpy"},
+		{"logs", "ops", "GET", "/v1/functions/saxpi/logs", nil, 404, "saxpy"},
+		{"delete", "ops", "DELETE", "/v1/functions/saxpi", nil, 404, "saxpy"},
+		{"name that cannot be", "ops", "POST", "/v1/functions/Saxpy/invoke", []byte("x"), 404, "saxpy"},
+		{"v2 infer", "ops", "POST", "/v2/models/saxpi/infer", []byte(`{"inputs":[]}`), 404, "saxpy"},
+		{"v2 metadata", "ops", "GET", "/v2/models/saxpi", nil, 404, "saxpy"},
+		{"nothing near", "ops", "POST", "/v1/functions/zzzzzz/invoke", []byte("x"), 404, ""},
+		{"pipeline step", "ops", "PUT", "/v1/functions/pipe", pipelineBundle("pipe", "saxpi"), 422, "saxpy"},
+		{"tenant's own", "tenant-a", "POST", "/v1/functions/a-vex/invoke", []byte("x"), 404, "a-vec"},
+		{"another tenant's", "tenant-a", "POST", "/v1/functions/a-cnn/invoke", []byte("x"), 404, ""},
+		{"admin sees all", "ops", "POST", "/v1/functions/a-cnn/invoke", []byte("x"), 404, "b-cnn"},
+		{"tenant's step", "tenant-a", "PUT", "/v1/functions/a-pipe", pipelineBundle("a-pipe", "a-vex"), 422, "a-vec"},
+		{"another tenant's step", "tenant-a", "PUT", "/v1/functions/a-pipe", pipelineBundle("a-pipe", "a-cnn"), 422, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, url+tc.path, bytes.NewReader(tc.body))
+			req.Header.Set("Authorization", "Bearer "+toks[tc.token])
+			switch {
+			case tc.method == "PUT":
+				req.Header.Set("Content-Type", bundle.MediaType)
+			case strings.HasPrefix(tc.path, "/v2/"):
+				req.Header.Set("Content-Type", "application/json")
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var v1 struct{ Error struct{ Message string } }
+			var v2 struct{ Error string }
+			var raw bytes.Buffer
+			raw.ReadFrom(resp.Body)
+			msg := ""
+			if json.Unmarshal(raw.Bytes(), &v1) == nil && v1.Error.Message != "" {
+				msg = v1.Error.Message
+			} else if json.Unmarshal(raw.Bytes(), &v2) == nil {
+				msg = v2.Error
+			}
+			want := ""
+			if tc.suggest != "" {
+				want = strings.Replace(mean, "%s", tc.suggest, 1)
+			}
+			if resp.StatusCode != tc.status || (want != "" && !strings.HasSuffix(msg, want)) || (want == "" && strings.Contains(msg, "did you mean")) ||
+				strings.Count(msg, "did you mean") > 1 {
+				t.Fatalf("%d %q; want %d ending %q", resp.StatusCode, msg, tc.status, want)
+			}
+		})
+	}
+}
