@@ -146,15 +146,7 @@ func waitDaemonGone(t *testing.T, name, after string) {
 
 // groupOf is the process group and session of pid (/proc/PID/stat).
 func groupOf(pid int) (pgid, sid int, ok bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
+	f := statFields(fmt.Sprintf("/proc/%d/stat", pid))
 	if len(f) < 4 {
 		return 0, 0, false
 	}

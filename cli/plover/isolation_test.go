@@ -997,20 +997,26 @@ func cstr(b []byte) string {
 // procStat returns the state and parent pid of /proc/PID/stat (or
 // /proc/PID/task/TID/stat).
 func procStat(path string) (state byte, ppid int, ok bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, 0, false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
+	f := statFields(path)
 	if len(f) < 2 {
 		return 0, 0, false
 	}
 	ppid, _ = strconv.Atoi(f[1])
 	return f[0][0], ppid, true
+}
+
+// statFields are the fields of a /proc stat file after the process's name
+// (which may hold anything): the state (field 3) first.
+func statFields(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 func descendantOf(pid, ancestor int) bool {

@@ -440,16 +440,7 @@ func forEachProcess(fn func(pid int)) {
 // statOf is the parent pid and start time (clock ticks after boot) of
 // /proc/PID/stat.
 func statOf(pid int) (ppid int, start uint64, ok bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, false
-	}
-	// The name, in parentheses, may hold anything: count from the last ')'.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
+	f := statFields(pid)
 	// f[0] is field 3 (state), so field N is f[N-3].
 	if len(f) < 20 {
 		return 0, 0, false
@@ -457,6 +448,20 @@ func statOf(pid int) (ppid int, start uint64, ok bool) {
 	ppid, err1 := strconv.Atoi(f[1])
 	start, err2 := strconv.ParseUint(f[19], 10, 64)
 	return ppid, start, err1 == nil && err2 == nil
+}
+
+// statFields are the fields of /proc/PID/stat after the name, which may
+// hold anything (so they are counted from its last ')'): the state first.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 // noNewPrivs reports whether /proc/PID/status says no_new_privs is set.
