@@ -57,12 +57,8 @@ type Spawner struct {
 	// so that a later server can find what this one left (EndLeftovers).
 	tag string
 
-	// mu is held while a process is started and while strays are looked
-	// for, so that a child being started is never taken for one.
-	mu      sync.Mutex
-	mode    Containment
-	started map[int]struct{} // the children Start made (inits too), until released
-	strays  chan chan struct{}
+	mu   sync.Mutex
+	mode Containment
 	// On the Spawner's thread alone: its own PID namespace, to return to
 	// after starting a worker in another; broken once that failed.
 	ownNS  *os.File

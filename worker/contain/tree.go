@@ -57,6 +57,15 @@ const maxStrayRounds = 100
 // for a namespace's init to end.
 const strayLook = 100 * time.Millisecond
 
+// ours is every child that a Spawner of this process started (inits
+// too), until released: never a stray, whichever Spawner looks. Its lock
+// is held across a start and a look for strays, so that a child being
+// started is never taken for one.
+var ours = struct {
+	sync.Mutex
+	pids map[int]struct{}
+}{pids: map[int]struct{}{}}
+
 // Containment reports what Contain chose.
 func (s *Spawner) Containment() Containment {
 	s.mu.Lock()
@@ -83,6 +92,9 @@ func (s *Spawner) Contain(namespaces bool) (Containment, error) {
 		if err := s.onThread(func() { why = s.probeNamespace() }); err != nil {
 			return s.Containment(), err
 		}
+		if errors.Is(why, unix.EPERM) {
+			why = fmt.Errorf("%w (a PID namespace needs CAP_SYS_ADMIN)", why)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -93,9 +105,7 @@ func (s *Spawner) Contain(namespaces bool) (Containment, error) {
 	} else {
 		s.mode = Subreaper
 	}
-	s.started = map[int]struct{}{}
-	s.strays = make(chan chan struct{})
-	go s.endStrays()
+	strayLooks.start.Do(func() { go endStrays() })
 	return s.mode, why
 }
 
@@ -211,25 +221,22 @@ func (s *Spawner) start(cmd *exec.Cmd) (*Tree, error) {
 	if s.broken != nil {
 		return nil, s.broken
 	}
-	// Held across the start: a look for strays must never see this child
-	// before it is known as one of ours.
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	mode := s.Containment()
+	ours.Lock()
+	defer ours.Unlock()
 	t := &Tree{s: s}
-	if s.mode == PIDNamespace {
+	if mode == PIDNamespace {
 		init, err := s.startInNamespace(cmd)
 		if err != nil {
 			return nil, err
 		}
 		t.init = init
-		s.started[init.Process.Pid] = struct{}{}
+		ours.pids[init.Process.Pid] = struct{}{}
 	} else if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	t.pid = cmd.Process.Pid
-	if s.started != nil {
-		s.started[t.pid] = struct{}{}
-	}
+	ours.pids[t.pid] = struct{}{}
 	return t, nil
 }
 
@@ -312,7 +319,7 @@ func (t *Tree) Release() {
 	t.released = true
 	t.mu.Unlock()
 	s := t.s
-	s.forget(t.pid)
+	forget(t.pid)
 	switch {
 	case t.init != nil:
 		t.init.Process.Kill()
@@ -324,45 +331,42 @@ func (t *Tree) Release() {
 			select {
 			case <-ended:
 				look.Stop()
-				s.forget(t.init.Process.Pid)
+				forget(t.init.Process.Pid)
 				return
 			case <-look.C:
-				s.lookForStrays()
+				lookForStrays()
 			}
 		}
 	case s.Containment() == Subreaper:
-		s.lookForStrays()
+		lookForStrays()
 	}
 }
 
-// forget drops a reaped child from those Start made.
-func (s *Spawner) forget(pid int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.started, pid)
+// forget drops a reaped child from ours.
+func forget(pid int) {
+	ours.Lock()
+	defer ours.Unlock()
+	delete(ours.pids, pid)
 }
+
+// strayLooks asks endStrays, the one goroutine of the process that ends
+// strays (so that no two reap the same pid), for a look.
+var strayLooks = struct {
+	start sync.Once
+	ask   chan chan struct{}
+}{ask: make(chan chan struct{})}
 
 // lookForStrays has endStrays end the strays, and returns once it did.
-func (s *Spawner) lookForStrays() {
+func lookForStrays() {
 	done := make(chan struct{})
-	select {
-	case s.strays <- done:
-		<-done
-	case <-s.quit:
-	}
+	strayLooks.ask <- done
+	<-done
 }
 
-// endStrays ends strays whenever asked: one goroutine, so that no two
-// reap the same pid.
-func (s *Spawner) endStrays() {
-	for {
-		select {
-		case done := <-s.strays:
-			s.killStrays()
-			close(done)
-		case <-s.quit:
-			return
-		}
+func endStrays() {
+	for done := range strayLooks.ask {
+		killStrays()
+		close(done)
 	}
 }
 
@@ -371,21 +375,21 @@ func (s *Spawner) endStrays() {
 // descendant is, as Enter set it before any bundle code ran), unless this
 // process is under it too and so cannot tell: a process that library code
 // in the server started is not touched.
-func (s *Spawner) killStrays() {
+func killStrays() {
 	self := os.Getpid()
 	tellable := !noNewPrivs(self)
 	for range maxStrayRounds {
 		var strays []int
-		s.mu.Lock()
+		ours.Lock()
 		for _, c := range childrenOf(self) {
-			if _, ours := s.started[c]; ours || (tellable && !noNewPrivs(c)) {
+			if _, known := ours.pids[c]; known || (tellable && !noNewPrivs(c)) {
 				continue
 			}
 			// A child not yet reaped: the pid cannot be another's.
 			unix.Kill(c, unix.SIGKILL)
 			strays = append(strays, c)
 		}
-		s.mu.Unlock()
+		ours.Unlock()
 		if len(strays) == 0 {
 			return
 		}
