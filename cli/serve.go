@@ -58,7 +58,7 @@ type serveFlags struct {
 	checked                                          bool
 	standby, standbyMax                              int
 	workerMaxMemMB, maxPinnedMB                      int64
-	mps, hostDevice                                  bool
+	mps, hostDevice, pidNamespaces                   bool
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
 	idleTTL, timeout                                 time.Duration
 	memLimitMB, cacheMB                              int64
@@ -96,6 +96,7 @@ func serveCmd() *command {
 			fs.Int64Var(&f.maxPinnedMB, "max-pinned-memory", 2048, "host memory in MiB a GPU's request slots may keep pinned (page-locked whole for their worker's life, whatever a request touches); past it no more pool slots are made and a body is read into ordinary memory, then copied into its instance's own slot (0: no bound)")
 			fs.BoolVar(&f.hostDevice, "host-device", true, "with GPUs, also open the host device, so host-target bundles (a pipeline's CPU steps) run beside cuda ones; each bundle runs on the device its manifest's target names")
 			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
+			fs.BoolVar(&f.pidNamespaces, "pid-namespaces", true, "give each worker a PID namespace of its own (--isolation process; needs CAP_SYS_ADMIN, and not with MPS), so that whatever a function starts, a daemon that left its process group included, ends with its worker; false, or where it cannot be had: workers and the server are child subreapers, and the server ends what a worker leaves (the log says which)")
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
 			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
 			s3Flags(fs, &f.s3)
@@ -212,6 +213,12 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	if err := os.MkdirAll(spool, 0o700); err != nil {
 		return fmt.Errorf("--data: %w", err)
+	}
+	// Before the devices open: a leftover worker may hold a GPU's memory.
+	if n, err := contain.EndLeftovers(serverRecord(f.data)); err != nil {
+		log.Warn("cannot end what an earlier server of this data directory left running", "error", err)
+	} else if n > 0 {
+		log.Warn("ended processes an earlier server of this data directory left running (workers, or what they started)", "processes", n)
 	}
 	devs, err := openDevices(f.device, f.memLimitMB<<20, log)
 	if err != nil {
@@ -451,6 +458,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		log.Warn("--mps applies to CUDA devices only; ignored")
 	}
 	spawner := contain.NewSpawner()
+	containTrees(spawner, f, mps, log)
 	var cpu *worker.CPUGroups
 	if f.cpuWeights {
 		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
@@ -473,6 +481,32 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	}
 	log.Info("functions run in worker processes", "worker_user", user, "worker_binary", exe)
 	return out, cpu, nil
+}
+
+// serverRecord is where a server records itself for the next one of its
+// data directory (contain.EndLeftovers).
+func serverRecord(data string) string { return filepath.Join(data, "server.pid") }
+
+// containTrees chooses how everything a worker starts is made to end with
+// it (contain.Spawner.Contain), says so in the log, and records the server
+// for the next one of its data directory.
+func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.Logger) {
+	namespaces := f.pidNamespaces && !mps
+	c, why := spawner.Contain(namespaces)
+	const fallback = "workers and the server are child subreapers, and the server ends what a worker leaves; should the server be killed, the next one of this data directory ends what its workers started, unless that ran another program"
+	switch {
+	case c == contain.PIDNamespace:
+		log.Info("worker process trees: a PID namespace per worker; whatever a function starts ends with its worker")
+	case c == contain.ProcessGroup:
+		log.Warn("worker process trees: process groups only; a process that leaves its worker's group (setsid) outlives the worker", "why", why)
+	case mps && f.pidNamespaces:
+		log.Info("worker process trees: no PID namespaces under MPS (its server knows clients by pid; untried inside namespaces): "+fallback, "mechanism", c.String(), "error", why)
+	default:
+		log.Info("worker process trees: no PID namespaces: "+fallback, "mechanism", c.String(), "why", why)
+	}
+	if err := spawner.Record(serverRecord(f.data)); err != nil {
+		log.Warn("cannot record this server for the next one of its data directory: processes a killed server leaves will not be found", "error", err)
+	}
 }
 
 // workerExe is the binary workers run: plover-worker beside this one when

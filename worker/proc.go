@@ -30,6 +30,7 @@ import (
 type proc struct {
 	d        *Device
 	pid      int
+	tree     *contain.Tree // ends what it starts (Kill with it, Release once reaped)
 	ctl      *net.UnixConn
 	ctlTok   chan struct{} // one control call at a time
 	buf      []byte
@@ -113,6 +114,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	defer stageF.Close()
 	args := []string{"worker", "--device", d.Target(), "--ordinal", strconv.Itoa(d.opts.Ordinal),
 		"--memory-limit", strconv.FormatInt(d.opts.MemLimit, 10), "--parent", strconv.Itoa(os.Getpid())}
+	args = append(args, d.opts.Spawner.WorkerArgs()...)
 	if d.opts.Drop != nil {
 		args = append(args, "--user", d.opts.Drop.String())
 	}
@@ -147,7 +149,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		d.opts.Log.Warn("cannot mark descriptors close-on-exec; a worker may inherit some", "error", err)
 	}
-	err = d.opts.Spawner.Start(cmd)
+	tree, err := d.opts.Spawner.Start(cmd)
 	closeAll(pw[:]...)
 	if err != nil {
 		closeAll(pr[:]...)
@@ -155,7 +157,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 		os.RemoveAll(stageDir)
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
-	p := &proc{d: d, pid: cmd.Process.Pid, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
+	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir}
 	d.mu.Lock()
 	closed := d.closed
@@ -326,6 +328,9 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	}
 	p.mu.Unlock()
 	err := cmd.Wait()
+	// What it started ends with it: a daemon that left its group and
+	// session included (contain.Containment).
+	p.tree.Release()
 	// Its last lines (a crash's message) are passed on before it is
 	// reported gone; not for long: a child it forked may hold the pipes.
 	select {
@@ -439,6 +444,7 @@ func (p *proc) kill(why string) {
 	p.killed.CompareAndSwap(nil, &why)
 	p.cgroup.Dying()
 	contain.KillGroup(p.pid)
+	p.tree.Kill()
 }
 
 // lost is the error of a channel that broke: the process died (or is made

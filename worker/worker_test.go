@@ -383,15 +383,26 @@ func BenchmarkRoundTrip(b *testing.B) {
 // device open, libraries preloaded, Landlock applied): what a cold start
 // pays when no standby worker is left. "lean" is cmd/plover-worker, what a
 // server runs; "full" is a binary that links everything else too (this
-// test binary, as the plover binary would).
+// test binary, as the plover binary would); "lean-pidns" is lean in a PID
+// namespace of its own, as a server with CAP_SYS_ADMIN starts it (its
+// end, the namespace's, is in the loop too).
 func BenchmarkSpawn(b *testing.B) {
 	lean := filepath.Join(b.TempDir(), "plover-worker")
 	if out, err := exec.Command("go", "build", "-o", lean, "../cmd/plover-worker").CombinedOutput(); err != nil {
 		b.Fatalf("go build: %v\n%s", err, out)
 	}
-	for _, exe := range []struct{ name, path string }{{"lean", lean}, {"full", os.Args[0]}} {
+	ns := contain.NewSpawner()
+	defer ns.Close()
+	inNS, _ := ns.Contain(true)
+	for _, exe := range []struct {
+		name, path string
+		sp         *contain.Spawner
+	}{{"lean", lean, spawner}, {"full", os.Args[0], spawner}, {"lean-pidns", lean, ns}} {
 		b.Run(exe.name, func(b *testing.B) {
-			d := NewDevice(Options{Exe: exe.path, Base: device.NewHost(0), Landlock: true, StageDir: b.TempDir(), Spawner: spawner})
+			if exe.sp == ns && inNS != contain.PIDNamespace {
+				b.Skip("no PID namespaces here")
+			}
+			d := NewDevice(Options{Exe: exe.path, Base: device.NewHost(0), Landlock: true, StageDir: b.TempDir(), Spawner: exe.sp})
 			defer d.Close()
 			for b.Loop() {
 				p, err := d.spawn(context.Background(), 1)

@@ -997,20 +997,26 @@ func cstr(b []byte) string {
 // procStat returns the state and parent pid of /proc/PID/stat (or
 // /proc/PID/task/TID/stat).
 func procStat(path string) (state byte, ppid int, ok bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, 0, false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
+	f := statFields(path)
 	if len(f) < 2 {
 		return 0, 0, false
 	}
 	ppid, _ = strconv.Atoi(f[1])
 	return f[0][0], ppid, true
+}
+
+// statFields are the fields of a /proc stat file after the process's name
+// (which may hold anything): the state (field 3) first.
+func statFields(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 func descendantOf(pid, ancestor int) bool {
@@ -1101,24 +1107,7 @@ func caseMemoryLimit(t *testing.T, h *isoHarness) {
 func caseAccounting(t *testing.T, h *isoHarness) {
 	h.mustDeploy(t, hostileManifest("acct", launch("whoami", 1, 1)), h.hostile)
 	pid := h.pidOf(t, "acct")
-	resp, err := h.client.Get(h.srv.url + "/v1/functions/acct")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fi struct {
-		Workers []struct {
-			Device   string `json:"device"`
-			PID      int    `json:"pid"`
-			Resident int64  `json:"resident_bytes"`
-			PSS      int64  `json:"pss_bytes"`
-			Threads  int    `json:"threads"`
-		} `json:"workers"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&fi)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	fi := h.functionView(t, "acct")
 	if len(fi.Workers) != 1 || fi.Workers[0].PID != pid || fi.Workers[0].Resident < 1<<20 || fi.Workers[0].Threads < 2 || fi.Workers[0].Device == "" {
 		t.Fatalf("workers %+v, want one on a named device with pid %d, at least 1 MiB resident and 2 threads", fi.Workers, pid)
 	}
@@ -1131,7 +1120,7 @@ func caseAccounting(t *testing.T, h *isoHarness) {
 	if err == nil && filepath.Base(exe) != "plover-worker" {
 		t.Errorf("the worker runs %s, want plover-worker (built beside plover)", exe)
 	}
-	resp, err = h.client.Get(h.srv.url + "/metrics")
+	resp, err := h.client.Get(h.srv.url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1164,16 +1153,71 @@ func caseCtorHang(t *testing.T, h *isoHarness) {
 }
 
 // pidOf invokes name, whose chain writes the pid of the process it runs in
-// (whoami, threads), and returns that pid.
+// as that process's /proc says (whoami, threads; in the PID namespace of
+// its worker, its pid there), and returns the pid on this machine of the
+// function's worker that ran it: the one whose NSpid ends with that pid.
 func (h *isoHarness) pidOf(t *testing.T, name string) int {
 	t.Helper()
 	r := h.invoke(t, name, []byte("?"), crashTimeout)
 	if r.code != 200 {
 		t.Fatalf("%s: %d %.300s", name, r.code, r.body)
 	}
-	pid, err := strconv.Atoi(cstr(r.body))
+	inner, err := strconv.Atoi(cstr(r.body))
 	if err != nil {
 		t.Fatalf("%s wrote %q, not a pid", name, cstr(r.body))
 	}
-	return pid
+	fi := h.functionView(t, name)
+	for _, w := range fi.Workers {
+		if ns := nsPIDs(w.PID); len(ns) > 0 && ns[len(ns)-1] == inner {
+			return w.PID
+		}
+	}
+	t.Fatalf("%s ran in pid %d, which is none of its workers %+v", name, inner, fi.Workers)
+	return 0
+}
+
+// funcView is the part of GET /v1/functions/NAME the tests read.
+type funcView struct {
+	Workers []struct {
+		Device   string `json:"device"`
+		PID      int    `json:"pid"`
+		Resident int64  `json:"resident_bytes"`
+		PSS      int64  `json:"pss_bytes"`
+		Threads  int    `json:"threads"`
+	} `json:"workers"`
+}
+
+func (h *isoHarness) functionView(t *testing.T, name string) funcView {
+	t.Helper()
+	resp, err := h.client.Get(h.srv.url + "/v1/functions/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var fi funcView
+	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
+		t.Fatal(err)
+	}
+	return fi
+}
+
+// nsPIDs is the NSpid line of /proc/PID/status: the process's pid in this
+// machine's namespace first, then in each nested one (nil: gone).
+func nsPIDs(pid int) []int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var ids []int
+			for _, f := range strings.Fields(rest) {
+				if v, err := strconv.Atoi(f); err == nil {
+					ids = append(ids, v)
+				}
+			}
+			return ids
+		}
+	}
+	return []int{pid} // a kernel without NSpid (before 4.1): no namespaces
 }

@@ -19,8 +19,10 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -359,6 +361,39 @@ PLOVER_ENTRY(threads) {
   snprintf(msg, sizeof msg, "%ld", outer_pid());
   put(s, msg);
   if (started != 4) plover_fail(s, "threads: pthread_create failed");
+}
+
+// daemonize: the classic daemon's double fork. The child calls setsid() (a
+// session and process group of its own: killing the worker's group misses
+// it) and forks again; the grandchild, orphaned at once, takes the input as
+// its name (PR_SET_NAME, 15 bytes at most: a test finds it by
+// /proc/PID/comm), closes every descriptor but stdio, prints
+// "daemon <pid as the server sees it>" on stdout (the function's log) and
+// sleeps for ever. Writes "daemonized" once the child exited.
+PLOVER_ENTRY(daemonize) {
+  (void)grid; (void)block;
+  char name[16] = {0};
+  size_t n = s->input.len < sizeof name - 1 ? s->input.len : sizeof name - 1;
+  memcpy(name, s->input.dat, n);
+  pid_t c = fork();
+  if (c < 0) { plover_fail(s, "daemonize: fork failed"); return; }
+  if (c == 0) {
+    if (setsid() < 0) _exit(1);
+    pid_t g = fork();
+    if (g != 0) _exit(g < 0 ? 1 : 0);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+    for (int fd = 3; fd < 1024; fd++) close(fd);
+    printf("daemon %ld\n", outer_pid());
+    fflush(stdout);
+    for (;;) pause();
+  }
+  int st = 0;
+  while (waitpid(c, &st, 0) < 0 && errno == EINTR) {}
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    plover_fail(s, "daemonize: setsid or the second fork failed");
+    return;
+  }
+  put(s, "daemonized");
 }
 
 // ---- reading what it should not --------------------------------------------

@@ -4,7 +4,7 @@ import "path/filepath"
 
 // HostileSource is the source of the hostile kernels for the isolation tests:
 // echo (well-behaved), segv, abort_now, exit_zero, sigterm_self,
-// overflow_out, spin, sleep_long, close_fds, fork_accept, threads, env,
+// overflow_out, spin, sleep_long, close_fds, fork_accept, threads, daemonize, env,
 // read_file and memscan. Build it with BuildLib.
 func HostileSource() string { return filepath.Join(Root(), "internal", "testkit", "hostile.cu") }
 

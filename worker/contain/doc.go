@@ -4,7 +4,11 @@
 //
 // The server side keeps its own memory and environment out of reach
 // (MakeNonDumpable), starts workers so that they die with it (Spawner)
-// and can kill a worker together with anything it forked (KillGroup).
+// and can kill a worker together with anything it forked (KillGroup);
+// with Contain, whatever a worker starts ends with the worker even when
+// it left the worker's process group (a PID namespace per worker, else
+// child subreapers: Containment), and a server ends what an earlier one
+// of its data directory left running (EndLeftovers).
 //
 // The worker side, first thing after it starts and before any tenant
 // code runs, gives up privileges (Enter) and, once it knows which

@@ -100,6 +100,12 @@ type Policy struct {
 	// worker has been reparented and would otherwise live on unwatched.
 	// Zero skips the check.
 	ParentPID int
+
+	// Subreaper makes the worker a child subreaper: whatever its
+	// descendants orphan (a daemon's double fork) is reparented to it
+	// rather than to the machine's init, and so stays in its tree for the
+	// server to end (Containment Subreaper).
+	Subreaper bool
 }
 
 // ErrParentGone reports that the worker's parent is no longer the server
@@ -191,6 +197,11 @@ func Enter(p Policy) error {
 
 	if err := verifyThreads(p.Drop, switched, droppedBounding); err != nil {
 		return fmt.Errorf("contain: enter: %w", err)
+	}
+	if p.Subreaper {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("contain: enter: prctl(PR_SET_CHILD_SUBREAPER): %w", err)
+		}
 	}
 
 	// Only now, with the signal armed, does a parent check mean

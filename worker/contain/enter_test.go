@@ -300,7 +300,7 @@ func childPdeathMiddle() {
 	gc := selfCommand("pdeath-grandchild", fmt.Sprintf("CT_PARENT=%d", os.Getpid()))
 	report := os.NewFile(3, "report")
 	gc.ExtraFiles = []*os.File{report}
-	if err := sp.Start(gc); err != nil {
+	if _, err := sp.Start(gc); err != nil {
 		die("start grandchild: %v", err)
 	}
 	report.Close()

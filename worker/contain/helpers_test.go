@@ -79,6 +79,14 @@ func runChild(mode string) {
 		childDumpableTarget()
 	case "read-environ":
 		childReadEnviron()
+	case "tree":
+		childTree()
+	case "tree-worker":
+		childTreeWorker()
+	case "tree-middle":
+		childTreeMiddle()
+	case "tree-daemon":
+		childTreeDaemon()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childEnv, mode)
 		os.Exit(2)

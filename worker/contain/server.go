@@ -1,8 +1,11 @@
 package contain
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"sync"
@@ -39,29 +42,42 @@ var ErrSpawnerClosed = errors.New("contain: spawner is closed")
 // an arbitrary goroutine with Pdeathsig set could be SIGKILLed at a
 // random moment while the server is alive and well. Funnelling every
 // start through a goroutine that stays locked to its thread makes the
-// parent-death signal mean what we want: the server is gone.
+// parent-death signal mean what we want: the server is gone. The same
+// thread is the one that may enter a worker's PID namespace to start it
+// there (Contain): no other thread of the server ever does.
 //
 // A Spawner is safe for concurrent use; starts are serialised, which is
 // cheap next to the fork/exec itself.
 type Spawner struct {
-	reqs      chan spawnReq
+	reqs      chan func()
 	quit      chan struct{}
 	exited    chan struct{}
 	closeOnce sync.Once
-}
+	// tag names this Spawner's processes in their argv (--server-tag),
+	// so that a later server can find what this one left (EndLeftovers).
+	tag string
 
-type spawnReq struct {
-	cmd *exec.Cmd
-	res chan error
+	mu   sync.Mutex
+	mode Containment
+	// On the Spawner's thread alone: its own PID namespace, to return to
+	// after starting a worker in another; broken once that failed.
+	ownNS  *os.File
+	broken error
 }
 
 // NewSpawner starts the Spawner's thread. Call it once per server and
-// keep the result for the server's lifetime.
+// keep the result for the server's lifetime. Its processes are contained
+// as process groups until Contain says otherwise.
 func NewSpawner() *Spawner {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("contain: no randomness for a server tag: %v", err))
+	}
 	s := &Spawner{
-		reqs:   make(chan spawnReq),
+		reqs:   make(chan func()),
 		quit:   make(chan struct{}),
 		exited: make(chan struct{}),
+		tag:    hex.EncodeToString(b[:]),
 	}
 	started := make(chan struct{})
 	go s.loop(started)
@@ -73,17 +89,48 @@ func (s *Spawner) loop(started chan<- struct{}) {
 	// Never unlocked on purpose: when this goroutine returns, the
 	// runtime ends the thread instead of reusing it, and the kernel
 	// sends SIGKILL to every worker still running that was started here.
+	// Locked, it also never clones a thread itself (the runtime asks its
+	// template thread to), which it could not do inside another PID
+	// namespace.
 	runtime.LockOSThread()
 	defer close(s.exited)
 	close(started)
 	for {
 		select {
-		case r := <-s.reqs:
-			r.res <- r.cmd.Start()
+		case fn := <-s.reqs:
+			fn()
 		case <-s.quit:
 			return
 		}
 	}
+}
+
+// onThread runs fn on the Spawner's thread.
+func (s *Spawner) onThread(fn func()) error {
+	done := make(chan struct{})
+	select {
+	case s.reqs <- func() { fn(); close(done) }:
+		<-done
+		return nil
+	case <-s.quit:
+		return ErrSpawnerClosed
+	}
+}
+
+// WorkerArgs are the flags a worker it starts is given: the tag, and
+// what its Containment asks of the worker (--pid-namespace: mount its
+// namespace's /proc; --subreaper: keep what it starts under it).
+func (s *Spawner) WorkerArgs() []string {
+	args := []string{"--server-tag", s.tag}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.mode {
+	case Subreaper:
+		args = append(args, "--subreaper")
+	case PIDNamespace:
+		args = append(args, "--pid-namespace")
+	}
+	return args
 }
 
 // Start starts cmd from the Spawner's thread. It puts the worker in a
@@ -95,10 +142,13 @@ func (s *Spawner) loop(started chan<- struct{}) {
 // Setsid the new session already is a new process group, so Setpgid is
 // left off (setpgid would fail with EPERM on a session leader).
 //
-// As with exec.Cmd.Start, the caller must Wait for the process.
-func (s *Spawner) Start(cmd *exec.Cmd) error {
+// What it returns ends everything the process starts, whatever the
+// Spawner's Containment: the caller kills it with the process and
+// releases it once it reaped the process. As with exec.Cmd.Start, the
+// caller must Wait for the process.
+func (s *Spawner) Start(cmd *exec.Cmd) (*Tree, error) {
 	if cmd == nil {
-		return errors.New("contain: Spawner.Start: nil command")
+		return nil, errors.New("contain: Spawner.Start: nil command")
 	}
 	var attr syscall.SysProcAttr
 	if cmd.SysProcAttr != nil {
@@ -109,13 +159,12 @@ func (s *Spawner) Start(cmd *exec.Cmd) error {
 	attr.Pdeathsig = syscall.SIGKILL
 	cmd.SysProcAttr = &attr
 
-	res := make(chan error, 1)
-	select {
-	case s.reqs <- spawnReq{cmd: cmd, res: res}:
-		return <-res
-	case <-s.quit:
-		return ErrSpawnerClosed
+	var t *Tree
+	var err error
+	if qerr := s.onThread(func() { t, err = s.start(cmd) }); qerr != nil {
+		return nil, qerr
 	}
+	return t, err
 }
 
 // Close stops the Spawner and ends its thread. Workers it started that

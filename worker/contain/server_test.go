@@ -150,7 +150,7 @@ func TestSpawnerStart(t *testing.T) {
 			cmd.SysProcAttr = tc.attr
 			var out, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &stderr
-			if err := sp.Start(cmd); err != nil {
+			if _, err := sp.Start(cmd); err != nil {
 				t.Errorf("%s: Start: %v", tc.name, err)
 				return
 			}
@@ -188,7 +188,7 @@ func TestSpawnerClosed(t *testing.T) {
 	sp := NewSpawner()
 	sp.Close()
 	sp.Close()
-	if err := sp.Start(exec.Command("/bin/true")); !errors.Is(err, ErrSpawnerClosed) {
+	if _, err := sp.Start(exec.Command("/bin/true")); !errors.Is(err, ErrSpawnerClosed) {
 		t.Fatalf("Start after Close: %v, want ErrSpawnerClosed", err)
 	}
 }
@@ -205,7 +205,7 @@ type spawnerCloseReport struct {
 func childSpawnerClose() {
 	sp := NewSpawner()
 	gc := selfCommand("sleeper")
-	if err := sp.Start(gc); err != nil {
+	if _, err := sp.Start(gc); err != nil {
 		die("start: %v", err)
 	}
 	sp.Close()
@@ -262,7 +262,7 @@ func TestKillGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sp.Start(cmd); err != nil {
+	if _, err := sp.Start(cmd); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()

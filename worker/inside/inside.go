@@ -39,6 +39,8 @@ type Config struct {
 	ParentPID int               // the server: the worker dies with it
 	Landlock  bool              // restrict the filesystem to the stage and system libraries
 	Checked   bool              // host device: checked mode (device.Host.EnableChecks)
+	Subreaper bool              // keep what the bundle starts under the worker (contain.Subreaper)
+	PIDNS     bool              // started in a PID namespace of its own (contain.PIDNamespace)
 }
 
 // checker is a device with a checked mode (the host).
@@ -51,7 +53,14 @@ type checker interface{ EnableChecks(reportFaults bool) error }
 func Serve(cfg Config) error {
 	// What the bundle prints reaches the server line by line (stdio.go).
 	lineBuffered()
-	if err := contain.Enter(contain.Policy{Drop: cfg.Drop, ParentPID: cfg.ParentPID}); err != nil {
+	parent := cfg.ParentPID
+	if cfg.PIDNS {
+		// The server is outside the worker's namespace, where getppid()
+		// is 0; the namespace's init dies with the server and takes the
+		// worker along, which is what the check is for.
+		parent = 0
+	}
+	if err := contain.Enter(contain.Policy{Drop: cfg.Drop, ParentPID: parent, Subreaper: cfg.Subreaper}); err != nil {
 		return fmt.Errorf("worker: contain: %w", err)
 	}
 	// Worker-side errors go to the server over the channel; the device's
@@ -459,6 +468,11 @@ func BindFlags(fs *flag.FlagSet, cfg *Config) (resolve func() error) {
 	fs.StringVar(&user, "user", "", "run as UID:GID")
 	fs.BoolVar(&cfg.Landlock, "landlock", false, "restrict the filesystem to the stage and system libraries")
 	fs.BoolVar(&cfg.Checked, "checked", false, "host device: catch accesses past in, tmp and out (checked mode)")
+	fs.BoolVar(&cfg.PIDNS, "pid-namespace", false, "started in a PID namespace of its own (its /proc is mounted before Go starts: package contain)")
+	fs.BoolVar(&cfg.Subreaper, "subreaper", false, "keep what the bundle starts under this process (a child subreaper), for the server to end")
+	// Only read in /proc/PID/cmdline: a later server ends what this one
+	// left by it (contain.EndLeftovers).
+	fs.String("server-tag", "", "names the server that started this worker")
 	return func() error {
 		if user == "" {
 			return nil
