@@ -373,7 +373,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	if inst != nil {
 		p, dev = inst.dev, inst.dev.name
 		if err == nil && r.OutLen != int64(len(out)) {
-			err = &device.KernelError{Msg: "an entry changed out.len in a batched run; each request's output is its batch.item_output_bytes slice of out, so leave out.len as it is"}
+			err = &device.KernelError{Msg: abi.OutLenChanged}
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
 		v.put(inst, broken, ended) // the run's end, as runOn read it
