@@ -72,7 +72,7 @@ func TestClassify(t *testing.T) {
 		want skipClass
 	}{
 		{"*** SKIPPING TestFunctionAffinity: nginx not found (bash scripts/install-nginx.sh installs Debian's; PLOVER_REQUIRE_NGINX=1 makes this a failure) ***", missingTool},
-		{"grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (about a minute, once)", missingTool},
+		{"grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (minutes, once)", missingTool},
 		{"chart_test.go:70: helm not found: make install-helm", missingTool},
 		{"*** SKIPPING S3 TESTS: cannot install MinIO RELEASE.2024: exit status 1 ***", missingTool},
 		{"nvcc not on PATH: the CUDA build is not checked (make install-nvcc installs Debian's CUDA 11.8)", missingTool},

@@ -12,6 +12,8 @@ package contain
 // server's spawn), never in the server or the CLI.
 
 /*
+// The Makefile turns deprecation warnings off for go-nvml; ours stay on.
+#cgo CFLAGS: -Wdeprecated-declarations
 #include <string.h>
 #include <sys/prctl.h>
 
