@@ -25,6 +25,10 @@ type Batch struct {
 	ItemOutputBytes int64 `json:"item_output_bytes"`
 }
 
+// OutLenChanged is why a batched run fails when an entry changed out.len:
+// the server (and plover run) answer each request its own slice of out.
+const OutLenChanged = "an entry changed out.len in a batched run; each request's output is its batch.item_output_bytes slice of out, so leave out.len as it is"
+
 // MaxBatchItems bounds Batch.MaxItems: 1 << MaxBatchItemsLog2.
 const (
 	MaxBatchItemsLog2 = 12

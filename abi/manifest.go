@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -128,6 +129,19 @@ type Launch struct {
 	Kernel string `json:"kernel"`
 	Grid   int    `json:"grid"`
 	Block  int    `json:"block"`
+}
+
+// RunsOn refuses a target none of a node's targets is: the server's answer
+// to such a deploy, which plover deploy gives before it builds anything.
+func RunsOn(target string, targets []string) error {
+	if slices.Contains(targets, target) {
+		return nil
+	}
+	q := make([]string, len(targets))
+	for i, t := range targets {
+		q[i] = strconv.Quote(t)
+	}
+	return &FieldError{"target", fmt.Sprintf("the bundle is built for %q; this node's devices run %s", target, strings.Join(q, " and "))}
 }
 
 // FieldError says which manifest field is wrong and why.

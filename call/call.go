@@ -38,6 +38,23 @@ type Timing struct {
 	// the device (for the request whose cold start loaded the program; 0
 	// for a batching function's runs); the rest of Load is the instance.
 	Prep, Program time.Duration
+	// Resolve is the time before the request queued that was not Prep:
+	// finding the function's current version (a store read on a node
+	// that had not seen it) and checking the request against it.
+	// Dispatch is the time after the queue that no other part holds:
+	// handing the run to the device and its result back beside what the
+	// device measured (a worker process's message and reply, waking it;
+	// a batch's gathering and its hand-off to each request), and a run
+	// that found its worker dead and was tried again. A function
+	// request's parts add up to its Total: Resolve + Queue + Load + Sched
+	// + CopyIn + Kernels + CopyOut + Dispatch.
+	Resolve, Dispatch time.Duration
+}
+
+// End sets Total and, from it, Dispatch: what no other part holds.
+func (t *Timing) End(total time.Duration) {
+	t.Total = total
+	t.Dispatch = max(0, total-t.Resolve-t.Queue-t.Load-t.Sched-t.CopyIn-t.Kernels-t.CopyOut)
 }
 
 // Override replaces parts of the manifest for one request, within its limits.

@@ -119,7 +119,7 @@ func TestRunCatchesOverruns(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := initDir(t, "loop")
 			kernelFixture(t, dir, "loop", strings.Replace(kernel, "EXTRA", fmt.Sprint(tt.extra), 1), "// MARK")
-			setOutBytes(t, dir, 4*tt.floats) // a full out: the overrun is past out_bytes
+			setManifestField(t, dir, "out_bytes", 4*tt.floats) // a full out: the overrun is past out_bytes
 			if _, stderr, err := runCommand(buildCmd(), dir); err != nil {
 				t.Fatalf("build: %v\n%s", err, stderr)
 			}
@@ -140,8 +140,8 @@ func TestRunCatchesOverruns(t *testing.T) {
 	}
 }
 
-// setOutBytes sets plover.json's out_bytes in dir.
-func setOutBytes(t *testing.T, dir string, n int) {
+// setManifestField sets one top-level field of dir's plover.json.
+func setManifestField(t *testing.T, dir, field string, v any) {
 	t.Helper()
 	path := filepath.Join(dir, "plover.json")
 	b, err := os.ReadFile(path)
@@ -152,7 +152,7 @@ func setOutBytes(t *testing.T, dir string, n int) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	m["out_bytes"] = n
+	m[field] = v
 	if b, err = json.MarshalIndent(m, "", "  "); err != nil {
 		t.Fatal(err)
 	}

@@ -96,10 +96,13 @@ const loadTimeout = 30 * time.Second
 
 // runReport is what plover run measured, and its --json output.
 type runReport struct {
-	Bundle      string    `json:"bundle"`
-	Function    string    `json:"function"`
-	Chain       []string  `json:"chain"`
-	InputBytes  int       `json:"input_bytes"`
+	Bundle     string   `json:"bundle"`
+	Function   string   `json:"function"`
+	Chain      []string `json:"chain"`
+	InputBytes int      `json:"input_bytes"`
+	// Items is, for a batching bundle, how many requests the input held
+	// and ran as one batch; its output is theirs, item_output_bytes each.
+	Items       int       `json:"batch_items,omitempty"`
 	OutputBytes int64     `json:"output_bytes"`
 	Output      []byte    `json:"output,omitempty"` // base64 in JSON
 	Runs        int       `json:"runs"`
@@ -156,10 +159,14 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 	if m.Target != abi.TargetHost {
 		return nil, nil, fmt.Errorf("%s is a %s bundle; plover run runs host bundles, on this machine's CPU: build one with plover build --target host (and run this one on a plover serve with a GPU)", dir, m.Target)
 	}
+	items, err := batchItems(m, len(input), dir)
+	if err != nil {
+		return nil, nil, err
+	}
 	if int64(len(input)) > m.MaxInputBytes {
 		return nil, nil, fmt.Errorf("the input is %d bytes, over max_input_bytes %d in %s", len(input), m.MaxInputBytes, filepath.Join(dir, abi.ManifestFile))
 	}
-	rep := &runReport{Bundle: dir, Function: m.Name, InputBytes: len(input), Runs: repeat, Checked: checked}
+	rep := &runReport{Bundle: dir, Function: m.Name, InputBytes: len(input), Items: int(items), Runs: repeat, Checked: checked}
 	for _, l := range m.Chain {
 		rep.Chain = append(rep.Chain, l.Kernel)
 	}
@@ -213,8 +220,12 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 		}
 		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}
-	r := &device.Run{Input: input, Output: make([]byte, m.OutBytes), Chain: steps,
-		TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut()}
+	outLen := m.OutBytes
+	if items > 0 {
+		outLen = int64(items) * m.Batch.ItemOutputBytes // each request's slice of out, as a server answers them
+	}
+	r := &device.Run{Input: input, Output: make([]byte, outLen), Chain: steps,
+		TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), Items: items}
 	var copyIn, kernels, copyOut, total []time.Duration
 	for k := 0; k < repeat; k++ {
 		start := time.Now()
@@ -223,6 +234,9 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 		el := time.Since(start)
 		if err != nil && sig.Err() != nil {
 			return nil, nil, errors.New("interrupted")
+		}
+		if err == nil && items > 0 && r.OutLen != outLen {
+			err = &device.KernelError{Msg: abi.OutLenChanged} // as a server fails the batch
 		}
 		if err != nil {
 			what := ""
@@ -268,6 +282,23 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 	return rep, output, nil
 }
 
+// batchItems is how many requests the input holds for a batching bundle
+// (0 for one that does not batch). A server takes one a request, of
+// exactly batch.item_input_bytes, and answers each its item_output_bytes;
+// plover run takes one, or up to max_items back to back, run as one batch
+// (s->items of them), and writes their outputs back to back.
+func batchItems(m *abi.Manifest, n int, dir string) (uint32, error) {
+	b := m.Batch
+	if b == nil {
+		return 0, nil
+	}
+	if n == 0 || int64(n)%b.ItemInputBytes != 0 || int64(n)/b.ItemInputBytes > int64(b.MaxItems) {
+		return 0, fmt.Errorf("the input is %d bytes; %s batches requests of exactly %d bytes (batch.item_input_bytes in %s): give one item, as a request to a server, or up to max_items %d of them back to back to run as one batch",
+			n, m.Name, b.ItemInputBytes, filepath.Join(dir, abi.ManifestFile), b.MaxItems)
+	}
+	return uint32(int64(n) / b.ItemInputBytes), nil
+}
+
 // print writes the report's timing breakdown for a person.
 func (rep *runReport) print(w io.Writer) {
 	for _, warn := range rep.Warnings {
@@ -281,8 +312,15 @@ func (rep *runReport) print(w io.Writer) {
 	if !rep.Checked {
 		mode = ""
 	}
-	fmt.Fprintf(w, "%s (%s): chain [%s], %s in, %s out, %s on the host device%s\n", rep.Function, rep.Bundle,
-		strings.Join(rep.Chain, " "), humanBytes(int64(rep.InputBytes)), humanBytes(rep.OutputBytes), runs, mode)
+	batch := ""
+	switch {
+	case rep.Items == 1:
+		batch = " (1 item of a batch)"
+	case rep.Items > 1:
+		batch = fmt.Sprintf(" (%d items, one batch)", rep.Items)
+	}
+	fmt.Fprintf(w, "%s (%s): chain [%s], %s in%s, %s out, %s on the host device%s\n", rep.Function, rep.Bundle,
+		strings.Join(rep.Chain, " "), humanBytes(int64(rep.InputBytes)), batch, humanBytes(rep.OutputBytes), runs, mode)
 	t := rep.Timing
 	phases := []struct {
 		name string

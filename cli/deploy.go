@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -66,6 +67,11 @@ func deployCmd() *command {
 			fs.BoolVar(&asJSON, "json", false, `print {"name","version","sha256","bytes","created"} instead`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if !ep.direct() {
+				if err := serverRuns(ep.client(), args[0]); err != nil {
+					return err
+				}
+			}
 			dir, err := resolveBundle(args[0], "", env) // a source dir: its build/<target>
 			if err != nil {
 				return err
@@ -129,6 +135,42 @@ func deployCmd() *command {
 			return nil
 		},
 	}
+}
+
+// serverRuns asks the server which targets its devices run (GET /healthz,
+// open without a token) before anything is built or uploaded: a bundle for
+// another target is refused there, after a rebuild (nvcc, seconds) and an
+// upload for nothing. A server that cannot say (unreachable, unhealthy,
+// older) is left to answer the deploy itself, as it checks again anyway.
+func serverRuns(c *client, dir string) error {
+	m, err := bundle.ReadManifest(dir)
+	if err != nil || m.IsPipeline() {
+		return nil // reported with the rest of the bundle's checks
+	}
+	q := *c
+	q.http = &http.Client{Timeout: 5 * time.Second, Transport: c.http.Transport}
+	var h struct {
+		Devices []api.DeviceHealth `json:"devices"`
+	}
+	if err := q.getJSON("/healthz", &h); err != nil {
+		return nil
+	}
+	var targets []string
+	for _, d := range h.Devices {
+		if d.Target == "" {
+			return nil // a server that does not say
+		}
+		if !slices.Contains(targets, d.Target) {
+			targets = append(targets, d.Target)
+		}
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	if err := abi.RunsOn(m.Target, targets); err != nil {
+		return fmt.Errorf("%s: the server at %s would refuse it (422 invalid: %w); its /healthz lists its devices, so nothing was built or uploaded", dir, c.base, err)
+	}
+	return nil
 }
 
 func humanBytes(n int64) string {

@@ -1,6 +1,8 @@
 package device
 
 /*
+// The Makefile turns deprecation warnings off for go-nvml; ours stay on.
+#cgo CFLAGS: -Wdeprecated-declarations
 #cgo CFLAGS: -O2 -I${SRCDIR}/../abi
 #include "host_run.h"
 */

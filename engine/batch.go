@@ -97,8 +97,9 @@ func newBatcher(e *Engine, v *version) *batcher {
 		pad: device.PadsBatches(v.manifest.Target)}
 }
 
-// invoke runs req as one item of a batch and waits for its result.
-func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline time.Time) error {
+// invoke runs req as one item of a batch and waits for its result; enq is
+// the clock reading its queue time counts from.
+func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline, enq time.Time) error {
 	v := b.v
 	if req.Override != nil {
 		return errorf(errdefs.KindBadRequest, nil, "function %s batches requests (plover.json \"batch\"): per-request chain, out_bytes and tmp_bytes overrides do not apply to it", v.fn.name)
@@ -106,7 +107,7 @@ func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline time.T
 	if int64(len(req.Input)) != b.itemIn {
 		return errorf(errdefs.KindBadRequest, nil, "input is %d bytes; function %s batches requests of exactly %d bytes (batch.item_input_bytes)", len(req.Input), v.fn.name, b.itemIn)
 	}
-	it := &batchItem{req: req, deadline: deadline, enq: time.Now(), done: make(chan struct{})}
+	it := &batchItem{req: req, deadline: deadline, enq: enq, done: make(chan struct{})}
 	b.mu.Lock()
 	if b.fullLocked() {
 		b.mu.Unlock()
@@ -333,7 +334,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			start = max(start, fresh)
 			load = time.Since(t0)
 			if fresh == call.Cold {
-				e.coldStarted(f, v, inst.dev, load)
+				e.coldStarted(f, v, inst, load)
 			}
 		}
 		r = &inst.run
@@ -373,7 +374,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	if inst != nil {
 		p, dev = inst.dev, inst.dev.name
 		if err == nil && r.OutLen != int64(len(out)) {
-			err = &device.KernelError{Msg: "an entry changed out.len in a batched run; each request's output is its batch.item_output_bytes slice of out, so leave out.len as it is"}
+			err = &device.KernelError{Msg: abi.OutLenChanged}
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
 		v.put(inst, broken, ended) // the run's end, as runOn read it

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -120,8 +119,8 @@ func checkDeploy(dir string, m *abi.Manifest, name string, targets []string) err
 	if m.IsPipeline() {
 		return nil // no library: its steps are checked against the store (checkPipeline)
 	}
-	if !slices.Contains(targets, m.Target) {
-		return errorf(errdefs.KindInvalid, nil, "target: the bundle is built for %q; this node's devices run %s", m.Target, strings.Join(quoted(targets), " and "))
+	if err := abi.RunsOn(m.Target, targets); err != nil {
+		return errorf(errdefs.KindInvalid, nil, "%s", err.Error())
 	}
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		err = inBundle(err, m.Library)

@@ -70,7 +70,9 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	// The bundle's plover_instance_init runs here: a worker that hangs in
 	// it is stopped at the request's deadline (ctx carries it).
 	dl, _ := ctx.Deadline()
+	t0 := time.Now()
 	inst, err := p.prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: dl})
+	made := time.Since(t0)
 	if err != nil {
 		if l, ok := device.AsLoss(err); ok {
 			return nil, start, v.workerDied(p, l)
@@ -89,7 +91,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	v.mu.Lock()
 	v.live++
 	v.mu.Unlock()
-	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes()}, start, nil
+	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes(), made: made}, start, nil
 }
 
 func (e *Engine) pickDevice(v *version) (device.Device, error) {
@@ -172,24 +174,33 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	return p, call.Cold, nil
 }
 
-// coldStarted logs a cold start once, from the request it served. load_ms
-// is that request's whole load time, the load span of its Server-Timing;
-// fetch_ms (bundle from cache or store, verified, unpacked) and program_ms
-// (library, constants and hooks on the device, in a worker or not) are its
-// parts, and the rest is the instance (buffers, instance hooks) and waits.
-// total_ms, fetch plus program, is kept for the benchmark suite.
+// coldStarted logs a cold start once, from the request it served (on in,
+// the instance made for it). load_ms is that request's whole load time,
+// the load of its Server-Timing (for a batching function, its run's: the
+// requests fetched the bundle before they queued for it), in parts:
+// fetch_ms (bundle from cache or store, verified, unpacked), program_ms
+// (library, constants and hooks on the device, in a worker or not),
+// instance_ms (its buffers and plover_instance_init) and wait_ms, the
+// rest: waits for the version's and the program's locks, for device
+// memory, the choice of a device. There is no total here: the request has
+// not run yet; its total is its Server-Timing's.
 //
 // It returns the program part for the request's timing (zero for a
 // program another request loaded).
-func (e *Engine) coldStarted(f *function, v *version, p *placement, load time.Duration) (program time.Duration) {
+func (e *Engine) coldStarted(f *function, v *version, in *instance, load time.Duration) (program time.Duration) {
+	p := in.dev
 	c := p.cold.Swap(nil)
 	if c == nil {
 		return 0 // a program another request loaded (or a pre-warm)
 	}
+	fetch := c.fetchMs
+	if v.batch != nil {
+		fetch = 0 // before the run's load, in a request's
+	}
 	round := func(x float64) float64 { return math.Round(x*1000) / 1000 }
 	e.cfg.Log.Info("cold start", "function", f.name, "version", v.rec.ID, "sha256", v.rec.SHA256[:12], "device", p.dev.Name(),
 		"fetched", c.fetched, "load_ms", round(ms(load)), "fetch_ms", round(c.fetchMs), "program_ms", round(c.programMs),
-		"total_ms", round(c.fetchMs+c.programMs))
+		"instance_ms", round(ms(in.made)), "wait_ms", round(max(0, ms(load)-fetch-c.programMs-ms(in.made))))
 	return time.Duration(c.programMs * 1e6)
 }
 

@@ -149,8 +149,10 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		return errorf(errdefs.KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, m.MaxInputBytes)
 	}
 	if v.batch != nil {
-		err := v.batch.invoke(ctx, req, deadline)
-		req.Timing.Total = time.Since(t0)
+		tq := time.Now()
+		req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
+		err := v.batch.invoke(ctx, req, deadline, tq)
+		req.Timing.End(time.Since(t0))
 		if req.BatchSize > 0 { // it ran, well or not: count its start as the unbatched path does
 			f.stats.count(req.Start)
 		}
@@ -171,6 +173,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		key = 0
 	}
 	tq := time.Now()
+	req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
 	if err := v.acquire(ctx, deadline, req.Gone); err != nil {
 		return err
 	}
@@ -197,7 +200,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		tr = time.Now()
 		req.Timing.Load += tr.Sub(ta)
 		if fresh == call.Cold {
-			req.Timing.Program = e.coldStarted(f, v, in.dev, req.Timing.Load)
+			req.Timing.Program = e.coldStarted(f, v, in, req.Timing.Load)
 		}
 	}
 	req.Device = in.dev.name
@@ -268,6 +271,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 			req.Start = fresh
 		}
 		tr = time.Now()
+		req.Timing.Load += tr.Sub(now) // a fresh worker's load; the run that found the dead one is Dispatch's
 	}
 	r.Input, r.Output, r.Slot = nil, nil, nil
 	if err == nil {
@@ -277,7 +281,7 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
 	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || programLost(err))
 	v.put(in, broken, tEnd)
-	req.Timing.Total = tEnd.Sub(t0)
+	req.Timing.End(tEnd.Sub(t0))
 	f.stats.count(req.Start)
 	if err != nil {
 		return v.runFailed(in.dev, err)

@@ -111,6 +111,7 @@ type instance struct {
 	inst     device.Instance
 	dev      *placement
 	bytes    int64
+	made     time.Duration // how long NewInstance took (buffers, plover_instance_init)
 	lastUsed time.Time
 	run      device.Run // reused for every request on this instance
 }

@@ -340,7 +340,7 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 	}
 	// What HTTP says in Server-Timing, X-Plover-Start and X-Plover-Version.
 	r := o.Req
-	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, 160), r)),
+	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, 200), r)),
 		"x-plover-start", r.Start.String(), "x-plover-version", r.Version))
 	return resp, nil
 }

@@ -166,7 +166,7 @@ func New(run frontdoor.Runner, adm Admin, opts Options) *Server {
 	s := &Server{door: opts.Door, gate: opts.Door.Gate(), adm: adm, opts: opts}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
-		c := &exchange{timing: make([]byte, 0, 160)}
+		c := &exchange{timing: make([]byte, 0, 200)}
 		c.req.Gone = c.gone // bound once: no allocation per request
 		return c
 	}

@@ -162,7 +162,7 @@ type v2Call struct {
 	num  [20]byte
 }
 
-var v2Calls = sync.Pool{New: func() any { return &v2Call{exchange: exchange{timing: make([]byte, 0, 160)}} }}
+var v2Calls = sync.Pool{New: func() any { return &v2Call{exchange: exchange{timing: make([]byte, 0, 200)}} }}
 
 // keptTensors bounds the tensor and shape slices a pooled v2Call keeps, as
 // keptBody bounds its buffers.

@@ -1,6 +1,8 @@
 package loader
 
 /*
+// The Makefile turns deprecation warnings off for go-nvml; ours stay on.
+#cgo CFLAGS: -Wdeprecated-declarations
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
 #include <stdlib.h>

@@ -359,6 +359,8 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 		t.CopyOut += s.Timing.CopyOut
 		t.BatchWait += s.Timing.BatchWait
 		t.Sched += s.Timing.Sched
+		t.Resolve += s.Timing.Resolve
+		t.Dispatch += s.Timing.Dispatch
 		req.Start = max(req.Start, s.Start)
 	}
 	t.Total = time.Since(t0)

@@ -8,8 +8,10 @@ import (
 )
 
 // AppendServerTiming appends r's timing as a Server-Timing header value
-// (milliseconds, as the header's dur expects): the phases, a batching
-// function's batch wait and size, and a pipeline's steps. HTTP sends it as
+// (milliseconds, as the header's dur expects): the phases, which for a
+// function add up to total (resolve and dispatch hold what the others do
+// not), a batching function's batch wait and size, and a pipeline's
+// steps. HTTP sends it as
 // Server-Timing, gRPC as server-timing header metadata. It allocates
 // nothing when b has room.
 func AppendServerTiming(b []byte, r *call.Request) []byte {
@@ -20,6 +22,8 @@ func AppendServerTiming(b []byte, r *call.Request) []byte {
 	b = appendDur(b, "copyin", t.CopyIn, false)
 	b = appendDur(b, "kernels", t.Kernels, false)
 	b = appendDur(b, "copyout", t.CopyOut, false)
+	b = appendDur(b, "resolve", t.Resolve, false)
+	b = appendDur(b, "dispatch", t.Dispatch, false)
 	b = appendDur(b, "total", t.Total, false)
 	if n := r.BatchSize; n > 0 {
 		// A batching function: the part of queue spent held for company,

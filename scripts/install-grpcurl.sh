@@ -3,7 +3,8 @@
 # against (cli/plover/grpc_test.go: a client no one here wrote), built with
 # `go install` from the Go module proxy into a cache directory:
 # $PLOVER_GRPCURL_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/plover, as
-# grpcurl-<version>/grpcurl. About a minute once; later runs find it and
+# grpcurl-<version>/grpcurl. 2 to 10.5 minutes once on 2 cores (idle to
+# loaded); later runs find it and
 # exit at once. Prints the binary's path. Idempotent.
 set -euo pipefail
 
@@ -22,7 +23,7 @@ command -v go >/dev/null || { echo "install-grpcurl: Go is required" >&2; exit 1
 mkdir -p "$dir"
 tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-echo "install-grpcurl: building grpcurl $GRPCURL_VERSION with go install (about a minute, once)" >&2
+echo "install-grpcurl: building grpcurl $GRPCURL_VERSION with go install (minutes, once)" >&2
 # The version goes in as grpcurl's own Makefile sets it, so that the check
 # above finds it.
 GOFLAGS= CGO_ENABLED=0 GOBIN="$tmp" go install -trimpath \

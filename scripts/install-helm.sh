@@ -2,7 +2,8 @@
 # Installs a pinned Helm 3 for the chart test (deploy/helm/charttest), built
 # from source with `go install` (no download site, only the Go module proxy),
 # into a cache directory: $PLOVER_HELM_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/plover,
-# as helm-<version>/helm. The first build takes a few minutes; later runs find
+# as helm-<version>/helm. The first build takes 2.5 to 11 minutes on 2 cores
+# (idle to loaded); later runs find
 # it and exit at once. Prints the binary's path. Idempotent.
 #
 # The chart test finds the binary there by itself (or through $HELM or PATH).
@@ -35,7 +36,7 @@ ldflags="-s -w -X $pkg/internal/version.version=$HELM_VERSION"
 ldflags+=" -X $pkg/pkg/chartutil.k8sVersionMajor=$K8S_MAJOR -X $pkg/pkg/chartutil.k8sVersionMinor=$K8S_MINOR"
 ldflags+=" -X $pkg/pkg/lint/rules.k8sVersionMajor=$K8S_MAJOR -X $pkg/pkg/lint/rules.k8sVersionMinor=$K8S_MINOR"
 
-echo "install-helm: building helm $HELM_VERSION with go install (a few minutes, once)" >&2
+echo "install-helm: building helm $HELM_VERSION with go install (minutes, once)" >&2
 # GOFLAGS=-mod=mod would be ignored by go install pkg@version; unset it so a
 # caller's -mod=vendor cannot break the build. Build into a temporary GOBIN and
 # rename, so an interrupted build never leaves a half-written helm behind.

@@ -208,14 +208,20 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call) {
 }
 
 // parts lays a function request's phases out from b, in the order the
-// engine spends them: the version's fetch (a cold request), queue, the
-// load of a program and instance, sched, then the run.
+// engine spends them: resolve, the version's fetch (a cold request),
+// queue, the load of a program and instance, sched, the run, then
+// dispatch (the rest of the call to the device, which Server-Timing
+// counts apart): together they cover the request's total.
 func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 	at := b
 	span := func(ctx context.Context, name string, from time.Time, d time.Duration) context.Context {
 		ctx, s := t.t.Start(ctx, name, trace.WithTimestamp(from))
 		s.End(trace.WithTimestamp(from.Add(d)))
 		return ctx
+	}
+	if tm.Resolve > 0 {
+		span(ctx, "resolve", at, tm.Resolve)
+		at = at.Add(tm.Resolve)
 	}
 	if tm.Prep > 0 {
 		// The version's bundle, fetched (or waited for) before the
@@ -250,5 +256,9 @@ func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 		span(rctx, "copy in", at, tm.CopyIn)
 		span(rctx, "kernels", at.Add(tm.CopyIn), tm.Kernels)
 		span(rctx, "copy out", at.Add(tm.CopyIn+tm.Kernels), tm.CopyOut)
+		at = at.Add(run)
+	}
+	if tm.Dispatch > 0 {
+		span(ctx, "dispatch", at, tm.Dispatch)
 	}
 }

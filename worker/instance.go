@@ -189,9 +189,15 @@ func (i *instance) Run(r *device.Run) error {
 	if s, ok := r.Slot.(*poolSlot); ok && s.g == i.g && s.maxIn == i.maxIn && s.out >= int64(len(r.Output)) {
 		mem, id, ps = s.mem, s.id, s
 	}
-	var copiedIn int64 // the payload copied here, beside the worker's own
+	// The payload copied here, beside the worker's own, and how long it
+	// took: part of the run's copy-in (into a slot not touched since it
+	// was mapped, a cold request's, it is page faults as much as bytes).
+	var copiedIn int64
+	var copyIn time.Duration
 	if len(r.Input) > 0 && &r.Input[0] != &mem[0] {
+		t0 := time.Now()
 		copiedIn = int64(copy(mem, r.Input))
+		copyIn = time.Since(t0)
 	}
 	// Polled for only while no other run is in flight on the device: a
 	// loaded device needs its CPUs for the runs. The worker is told, so
@@ -247,6 +253,7 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	outLen, text := wire.DecodeReply(rep, r)
 	r.Timing.Copied += copiedIn
+	r.Timing.CopyIn += copyIn
 	switch rep[0] {
 	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
@@ -256,7 +263,9 @@ func (i *instance) Run(r *device.Run) error {
 		}
 		out := mem[i.maxIn : i.maxIn+int64(outLen)]
 		if outLen > 0 && &r.Output[0] != &out[0] {
+			t0 := time.Now()
 			r.Timing.Copied += int64(copy(r.Output, out))
+			r.Timing.CopyOut += time.Since(t0)
 		}
 		r.OutLen = int64(outLen)
 		return nil

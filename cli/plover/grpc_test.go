@@ -51,7 +51,7 @@ func grpcurl(t *testing.T) string {
 	if p, err := exec.LookPath("grpcurl"); err == nil {
 		return p
 	}
-	msg := "grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (about a minute, once)"
+	msg := "grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (minutes, once)"
 	if os.Getenv("PLOVER_REQUIRE_GRPCURL") == "1" {
 		t.Fatal(msg)
 	}

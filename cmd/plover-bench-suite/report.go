@@ -74,7 +74,7 @@ func renderSection(o *options, r *results) string {
 	p("  `NewInstance` + `Instance.Run`, no HTTP and no runtime; *first call* from a fresh copy of the bundle\n")
 	p("  (%d trials), *repeat* = `Run` again on that instance.\n", o.trials)
 	p("- The server times `load` as one span; the suite splits it with the server's own `cold start` log line\n")
-	p("  (`fetch_ms`: cache or store to an unpacked directory; `total_ms`: that plus dlopen and symbol resolution).\n")
+	p("  (`fetch_ms`: cache or store to an unpacked directory; `program_ms`: dlopen and symbol resolution).\n")
 	p("  What remains of `load` is constants onto the device plus the first instance's buffers; the direct column\n")
 	p("  shows those two separately.\n")
 	p("- Starting the server process is not part of any request (Plover keeps a server running; PyPlover's cold\n")

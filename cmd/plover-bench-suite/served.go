@@ -29,13 +29,13 @@ func (s *served) st(i int) float64 { return s.Timing[i] }
 // run is copy in + kernels + copy out: the chain as the device ran it.
 func (s *served) run() float64 { return s.st(bench.CopyIn) + s.st(bench.Kernels) + s.st(bench.CopyOut) }
 
-// loadKernel is dlopen + symbol resolution as the server measured it:
-// its whole load minus getting the bundle from the cache or store.
+// loadKernel is dlopen + symbol resolution as the server measured it: the
+// cold start log's program_ms.
 func (s *served) loadKernel() float64 {
 	if s.Log == nil {
 		return math.NaN()
 	}
-	return s.Log.TotalMs - s.Log.FetchMs
+	return s.Log.ProgramMs
 }
 
 // constsInstance is the rest of Server-Timing's load: constants onto the
@@ -44,7 +44,7 @@ func (s *served) constsInstance() float64 {
 	if s.Log == nil {
 		return math.NaN()
 	}
-	return s.st(bench.Load) - s.Log.TotalMs
+	return s.st(bench.Load) - s.Log.FetchMs - s.Log.ProgramMs
 }
 
 func (s *served) fetch() float64 {

@@ -32,12 +32,12 @@ type server struct {
 
 // coldStart is the engine's "cold start" log line: how long the bundle
 // took to come from the node cache or the store (fetch, verify, unpack),
-// and the whole load (that plus dlopen and symbol resolution).
+// and the program's load (dlopen, symbol resolution, constants, hooks).
 type coldStart struct {
-	Function string  `json:"function"`
-	Fetched  bool    `json:"fetched"`
-	FetchMs  float64 `json:"fetch_ms"`
-	TotalMs  float64 `json:"total_ms"`
+	Function  string  `json:"function"`
+	Fetched   bool    `json:"fetched"`
+	FetchMs   float64 `json:"fetch_ms"`
+	ProgramMs float64 `json:"program_ms"`
 }
 
 const serverStartTimeout = 30 * time.Second

@@ -40,14 +40,72 @@ type report struct {
 	out     io.Writer
 	running map[string]time.Time // "pkg Test" -> started
 	said    map[string]time.Time // last announced
-	output  map[string][]string  // a test's output lines, for its skip reason
+	output  map[string]*kept     // a test's output, for its failure or skip reason
 	skips   []skip
 	failed  []string
 	pkgs    int
 }
 
 func newReport(out io.Writer) *report {
-	return &report{out: out, running: map[string]time.Time{}, said: map[string]time.Time{}, output: map[string][]string{}}
+	return &report{out: out, running: map[string]time.Time{}, said: map[string]time.Time{}, output: map[string]*kept{}}
+}
+
+// A test's output is kept whole up to headLines+tailLines lines. Past that
+// the first headLines and the last tailLines stay, and between them only
+// the lines that begin one of the test's messages (t.Error, t.Fatal, t.Log:
+// "    file_test.go:12: "), up to midMessages of them: a test that prints a
+// long log (a server's, on failure) must not push the assertion that
+// failed it out of sight. What is left out is said where it was.
+const (
+	headLines   = 50
+	tailLines   = 150
+	midMessages = 200
+)
+
+var messageRE = regexp.MustCompile(`^ +[\w./-]+\.go:\d+: `)
+
+type kept struct {
+	lines []string // the head, then what was kept of the middle
+	tail  []string // the last tailLines lines
+	msgs  int      // message lines kept in the middle
+	gap   int      // lines left out since the last line kept in the middle
+}
+
+func (k *kept) add(line string) {
+	if len(k.lines) < headLines && len(k.tail) == 0 {
+		k.lines = append(k.lines, line)
+		return
+	}
+	k.tail = append(k.tail, line)
+	if len(k.tail) <= tailLines {
+		return
+	}
+	out := k.tail[0]
+	k.tail = k.tail[1:]
+	if k.msgs < midMessages && messageRE.MatchString(out) {
+		k.flush()
+		k.lines = append(k.lines, out)
+		k.msgs++
+		return
+	}
+	k.gap++
+}
+
+// flush notes the lines left out since the last one kept.
+func (k *kept) flush() {
+	if k.gap > 0 {
+		k.lines = append(k.lines, fmt.Sprintf("        ... (testreport: %d lines left out here)\n", k.gap))
+		k.gap = 0
+	}
+}
+
+// all is what was kept, in order, with the gaps said.
+func (k *kept) all() []string {
+	if k == nil {
+		return nil
+	}
+	k.flush()
+	return append(k.lines[:len(k.lines):len(k.lines)], k.tail...)
 }
 
 func main() {
@@ -115,7 +173,7 @@ func (r *report) handle(e event) {
 			}
 			sort.Strings(open)
 			for _, k := range open {
-				fmt.Fprintf(r.out, "--- did not end: %s\n%s", k, strings.Join(r.output[k], ""))
+				fmt.Fprintf(r.out, "--- did not end: %s\n%s", k, strings.Join(r.output[k].all(), ""))
 				delete(r.output, k)
 				delete(r.running, k)
 				delete(r.said, k)
@@ -133,18 +191,20 @@ func (r *report) handle(e event) {
 	case e.Action == "run":
 		r.running[key] = time.Now()
 	case e.Action == "output":
-		r.output[key] = append(r.output[key], e.Output)
-		if len(r.output[key]) > 200 {
-			r.output[key] = r.output[key][len(r.output[key])-200:]
+		k := r.output[key]
+		if k == nil {
+			k = &kept{}
+			r.output[key] = k
 		}
+		k.add(e.Output)
 	case e.Action == "pass" || e.Action == "fail" || e.Action == "skip":
 		if e.Action == "fail" {
 			// A failing test's output is what its reader needs.
-			fmt.Fprintf(r.out, "--- FAIL: %s (%s)\n%s", e.Test, e.Package, strings.Join(r.output[key], ""))
+			fmt.Fprintf(r.out, "--- FAIL: %s (%s)\n%s", e.Test, e.Package, strings.Join(r.output[key].all(), ""))
 			r.failed = append(r.failed, e.Package+" "+e.Test)
 		}
 		if e.Action == "skip" {
-			r.skips = append(r.skips, skip{e.Package, e.Test, skipReason(r.output[key])})
+			r.skips = append(r.skips, skip{e.Package, e.Test, skipReason(r.output[key].all())})
 		}
 		delete(r.running, key)
 		delete(r.said, key)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -70,7 +72,7 @@ func TestClassify(t *testing.T) {
 		want skipClass
 	}{
 		{"*** SKIPPING TestFunctionAffinity: nginx not found (bash scripts/install-nginx.sh installs Debian's; PLOVER_REQUIRE_NGINX=1 makes this a failure) ***", missingTool},
-		{"grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (about a minute, once)", missingTool},
+		{"grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (minutes, once)", missingTool},
 		{"chart_test.go:70: helm not found: make install-helm", missingTool},
 		{"*** SKIPPING S3 TESTS: cannot install MinIO RELEASE.2024: exit status 1 ***", missingTool},
 		{"nvcc not on PATH: the CUDA build is not checked (make install-nvcc installs Debian's CUDA 11.8)", missingTool},
@@ -90,5 +92,63 @@ func TestClassify(t *testing.T) {
 		if got := classify(tt.why); got != tt.want {
 			t.Errorf("classify(%q) = %q, want %q", tt.why, classTitles[got], classTitles[tt.want])
 		}
+	}
+}
+
+// A failing test that prints a long log after its assertion (a server's
+// log, dumped on failure) is shown with the assertion, the log's start and
+// end, and how many lines were left out between: issue 42, item 4, where
+// the last 200 lines alone were ~190 of a server's 504s and no assertion.
+func TestLongOutputKeepsTheAssertion(t *testing.T) {
+	const logLines = 1000
+	ev := func(out string) string {
+		return `{"Action":"output","Package":"p/c","Test":"TestLoad","Output":` + strconv.Quote(out) + `}`
+	}
+	lines := []string{`{"Action":"run","Package":"p/c","Test":"TestLoad"}`, ev("=== RUN   TestLoad\n"),
+		ev("    serving_test.go:160: after the load: want a 200, got 504 504 504\n"), ev("    e2e_test.go:89: server log:\n")}
+	for i := range logLines {
+		lines = append(lines, ev(fmt.Sprintf("        time=t level=WARN msg=\"request failed\" status=504 n=%d\n", i)))
+	}
+	lines = append(lines, ev("--- FAIL: TestLoad (9.00s)\n"), `{"Action":"fail","Package":"p/c","Test":"TestLoad"}`,
+		`{"Action":"fail","Package":"p/c","Elapsed":9}`)
+	var out bytes.Buffer
+	r := newReport(&out)
+	if !r.read(strings.NewReader(strings.Join(lines, "\n") + "\n")) {
+		t.Fatal("a well-formed stream read as broken")
+	}
+	got := out.String()
+	// The head keeps the run line, both messages and the log's first 47
+	// lines; the tail its last 149 and the FAIL line; the rest is counted.
+	left := logLines - (headLines - 3) - (tailLines - 1)
+	for _, want := range []string{
+		"--- FAIL: TestLoad (p/c)\n=== RUN   TestLoad\n    serving_test.go:160: after the load: want a 200, got 504 504 504\n    e2e_test.go:89: server log:\n",
+		"status=504 n=0\n", fmt.Sprintf("status=504 n=%d\n        ... (testreport: %d lines left out here)\n        time=t", headLines-4, left),
+		fmt.Sprintf("status=504 n=%d\n--- FAIL: TestLoad (9.00s)\n", logLines-1),
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "status=504"); n != logLines-left {
+		t.Errorf("%d log lines shown, want %d (%d left out)", n, logLines-left, left)
+	}
+}
+
+// Between a long output's head and tail, the lines that begin a message
+// of the test are kept (up to midMessages) and the rest counted.
+func TestKeptMessagesBetweenHeadAndTail(t *testing.T) {
+	k := &kept{}
+	for i := range headLines + 10 + tailLines {
+		if i == headLines+4 {
+			k.add("    x_test.go:7: a message in the middle\n")
+			continue
+		}
+		k.add(fmt.Sprintf("        log %d\n", i))
+	}
+	got := strings.Join(k.all(), "")
+	want := fmt.Sprintf("        log %d\n        ... (testreport: 4 lines left out here)\n    x_test.go:7: a message in the middle\n        ... (testreport: 5 lines left out here)\n        log %d\n",
+		headLines-1, headLines+10)
+	if !strings.Contains(got, want) {
+		t.Errorf("kept output lacks %q:\n%s", want, got)
 	}
 }

@@ -26,6 +26,8 @@ package contain
 // does only that, for Spawner.Contain to try.
 
 /*
+// The Makefile turns deprecation warnings off for go-nvml; ours stay on.
+#cgo CFLAGS: -Wdeprecated-declarations
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>

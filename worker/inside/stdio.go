@@ -1,6 +1,8 @@
 package inside
 
 /*
+// The Makefile turns deprecation warnings off for go-nvml; ours stay on.
+#cgo CFLAGS: -Wdeprecated-declarations
 #include <stdio.h>
 
 // C's stdout on a pipe is fully buffered: a bundle's printf would reach the

@@ -17,7 +17,7 @@ BUNDLE_MEDIA_TYPE = "application/vnd.plover.bundle+zstd"
 OCTET_STREAM = "application/octet-stream"
 
 # Server-Timing names, in the order the server writes them.
-TIMING_NAMES = ("queue", "sched", "load", "copyin", "kernels", "copyout", "total")
+TIMING_NAMES = ("queue", "sched", "load", "copyin", "kernels", "copyout", "resolve", "dispatch", "total")
 
 
 class PloverError(Exception):
@@ -129,7 +129,8 @@ class Client:
     $PLOVER_CACERT).
 
     After each invoke, last_timing ({"queue", "sched", "load", "copyin", "kernels",
-    "copyout", "total"}: milliseconds, from Server-Timing), last_start
+    "copyout", "resolve", "dispatch", "total"}: milliseconds, from
+    Server-Timing; the others add up to total), last_start
     ("cold", "warm" or "hot") and last_version (the version that ran)
     describe it. A Client holds no connection, so one may be shared by
     threads, except that last_* then describe whichever call ended last.

@@ -71,7 +71,7 @@ func helmBin(t *testing.T) string {
 			}
 		}
 	}
-	msg := "helm not found ($HELM, PATH, or the cache of scripts/install-helm.sh): run `bash scripts/install-helm.sh` from the repository root (a few minutes, once)"
+	msg := "helm not found ($HELM, PATH, or the cache of scripts/install-helm.sh): run `bash scripts/install-helm.sh` from the repository root (minutes, once)"
 	if os.Getenv("PLOVER_REQUIRE_HELM") == "1" {
 		t.Fatal(msg)
 	}

@@ -5,6 +5,8 @@
 package cthread
 
 /*
+// The Makefile turns deprecation warnings off for go-nvml; ours stay on.
+#cgo CFLAGS: -Wdeprecated-declarations
 #include <errno.h>
 #include <stdlib.h>
 #include <fcntl.h>
