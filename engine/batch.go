@@ -293,12 +293,20 @@ func (b *batcher) run(items []*batchItem) {
 	if len(live) > 0 {
 		b.sizes.observe(len(live))
 		b.runItems(live, bb)
+	} else {
+		b.ended()
 	}
 	b.bufs.Put(bb)
+	b.v.release() // and dispatches what queued meanwhile
+}
+
+// ended counts a run as ended: from then on a lone request does not wait
+// for company (holdFor). Before its items are answered, so that one
+// answered and at once followed by the next finds no run in flight.
+func (b *batcher) ended() {
 	b.mu.Lock()
 	b.running--
 	b.mu.Unlock()
-	b.v.release() // and dispatches what queued meanwhile
 }
 
 // runItems runs one chain over items, whose inputs are in bb.in already,
@@ -384,6 +392,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	} else if v.crashCount.Load() > 0 {
 		v.succeeded()
 	}
+	b.ended()
 	for i, it := range items {
 		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
 			continue // its request gave up

@@ -861,6 +861,16 @@ func startIsoCmd(t *testing.T, cmd *exec.Cmd, data string) *isoServer {
 	return s
 }
 
+// waitLog waits, bounded, until the server's log holds text.
+func (s *isoServer) waitLog(t *testing.T, text string) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !strings.Contains(s.log.String(), text); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the server never logged %q:\n%s", text, s.log)
+		}
+	}
+}
+
 // stop sends SIGINT and waits for the exit (killing after 15 s).
 func (s *isoServer) stop(t *testing.T) {
 	s.stopOnce.Do(func() {
