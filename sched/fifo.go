@@ -19,6 +19,9 @@ func (FIFO) Started(*Flow, time.Time) float64 { return 0 }
 // Ended implements Policy.
 func (FIFO) Ended(*Flow, time.Duration, float64, time.Time) {}
 
+// Charged implements Policy.
+func (FIFO) Charged(*Flow, time.Duration, time.Time) {}
+
 // Pick implements Policy: the flow whose oldest run is oldest.
 func (FIFO) Pick(waiting []*Flow, _ time.Time) int {
 	best := 0

@@ -200,3 +200,56 @@ func TestSplitChargesNeverPassTheDevicesTime(t *testing.T) {
 		t.Fatalf("charged %v in all while runs were in flight for %v: want at most that, and most of it", sum, inUse)
 	}
 }
+
+// A flow charged beside its runs (the server's CPU on its bytes) gets
+// fewer turns: two equal flows, one also charged as much again as its
+// runs, split the device 2:1 in turns, and neither's device time (its
+// bill) counts the charge.
+func TestChargeBesideRunsCostsTurns(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	runs := serial(t, clk, 300, func(f *Flow) time.Duration {
+		if f == b {
+			b.Charge(time.Millisecond)
+		}
+		return time.Millisecond
+	}, a, b)
+	if r := float64(runs[a]) / float64(runs[b]); r < 1.8 || r > 2.2 {
+		t.Fatalf("runs a %d, b %d: want about 2:1", runs[a], runs[b])
+	}
+	if a.DeviceTime() != time.Duration(runs[a])*time.Millisecond || b.DeviceTime() != time.Duration(runs[b])*time.Millisecond {
+		t.Fatalf("device time a %v (%d runs), b %v (%d runs): a charge beside runs is not device time", a.DeviceTime(), runs[a], b.DeviceTime(), runs[b])
+	}
+}
+
+// A hold frees a slot its run holds too long while others wait: the slot
+// goes to the next run at the hold, whatever the run's deadline.
+func TestHoldFreesTheSlot(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	if _, _, err := a.AdmitHold(t.Context(), time.Time{}, 2*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		tk, _, err := b.Admit(t.Context(), time.Time{}, nil)
+		tk.Done()
+		got <- err
+	}()
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(time.Millisecond)
+	select {
+	case <-got:
+		t.Fatal("admitted before the hold ended")
+	default:
+	}
+	clk.Advance(time.Millisecond)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if d := a.DeviceTime(); d != 2*time.Millisecond {
+		t.Fatalf("the run held 2 ms and was charged %v", d)
+	}
+}

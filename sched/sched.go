@@ -82,6 +82,10 @@ type Policy interface {
 	// Ended says a run of f ended after holding the device for ran;
 	// charged is what Started returned for that run.
 	Ended(f *Flow, ran time.Duration, charged float64, now time.Time)
+	// Charged says f used d of what the policy shares beside its runs
+	// (Flow.Charge: the server's CPU on its bytes): a fair policy counts
+	// it as it counts a run's time.
+	Charged(f *Flow, d time.Duration, now time.Time)
 	// Pick returns the index in waiting (never empty; each has a run
 	// queued and may start one) of the flow whose oldest run goes next.
 	Pick(waiting []*Flow, now time.Time) int

@@ -155,8 +155,74 @@ func (f *Flow) Waiting() int {
 	return len(f.queue)
 }
 
+// Running is how many of the flow's runs hold a slot.
+func (f *Flow) Running() int {
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	return f.inFlight
+}
+
 // DeviceTime is the device time the flow's ended runs held.
 func (f *Flow) DeviceTime() time.Duration { return time.Duration(f.deviceNs.Load()) }
+
+// Alone reports whether f is the only flow with runs queued or running
+// or a light function's recent request about (Touch): nobody it would take
+// anything from.
+func (f *Flow) Alone() bool {
+	s := f.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.waiting {
+		if g != f {
+			return false
+		}
+	}
+	for _, r := range s.running {
+		if r.f != f {
+			return false
+		}
+	}
+	now := s.clock.Now()
+	for _, g := range s.idle {
+		if g != f && now.Sub(g.lastIdle) < s.cfg.Recent {
+			return false
+		}
+	}
+	return true
+}
+
+// Touch says the flow's function is about, though it needs no slot now
+// (a request whose bytes are all read): while it has nothing queued or
+// running it counts, for Recent from now, as a function that went idle,
+// so that a light one keeps Config.Reserve's slots free of floods (for
+// its requests' other work on the same CPUs: the server's I/O shares).
+func (f *Flow) Touch() {
+	s := f.s
+	s.mu.Lock()
+	if !f.active && len(f.queue) == 0 && f.inFlight == 0 {
+		f.lastIdle = s.clock.Now()
+		if !f.listed {
+			f.listed = true
+			s.idle = append(s.idle, f)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// Charge counts d against the flow beside its runs: what it cost of
+// another resource the node shares by the same shares (the server's CPU on
+// its bytes), so that a function that costs more there gets fewer turns
+// here. Its device time (billing, the recent fraction) is unchanged.
+func (f *Flow) Charge(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	s := f.s
+	s.mu.Lock()
+	now := s.clock.Now()
+	s.pol.Charged(f, d, now)
+	s.mu.Unlock()
+}
 
 // Recent is the flow's recent device time and every flow's, decayed over
 // Config.Decay (seconds): the flow's fraction of the device, for a caller
@@ -190,6 +256,7 @@ type run struct {
 type waiter struct {
 	arrived  time.Time
 	deadline time.Time
+	hold     time.Duration // AdmitHold's
 	ready    chan struct{} // admitted: t is set
 	t        Ticket
 }
@@ -208,17 +275,30 @@ func (f *Flow) Admit(ctx context.Context, deadline time.Time, gone func() bool) 
 // AdmitAt is Admit for a caller that has just read the Scheduler's clock
 // (the wall clock): now. A hot path reads the clock once per phase.
 func (f *Flow) AdmitAt(ctx context.Context, now, deadline time.Time, gone func() bool) (Ticket, time.Duration, error) {
+	return f.admit(ctx, now, deadline, 0, gone)
+}
+
+// AdmitHold is Admit for a short turn that must not block others whatever
+// happens to it (the server's I/O pieces: package ioshare): once admitted
+// it holds its slot at most hold, as if its deadline were then: past it,
+// while runs wait, the slot goes to the next, and the run is charged what
+// it held.
+func (f *Flow) AdmitHold(ctx context.Context, deadline time.Time, hold time.Duration, gone func() bool) (Ticket, time.Duration, error) {
+	return f.admit(ctx, f.s.clock.Now(), deadline, hold, gone)
+}
+
+func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Duration, gone func() bool) (Ticket, time.Duration, error) {
 	s := f.s
 	s.mu.Lock()
 	if f.inFlight+len(f.queue) >= 1 {
 		f.lastBusy = now // this run makes two or more
 	}
 	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
-		t := s.start(f, deadline, now)
+		t := s.start(f, deadline, hold, now)
 		s.mu.Unlock()
 		return t, 0, nil
 	}
-	w := &waiter{arrived: now, deadline: deadline, ready: make(chan struct{}, 1)}
+	w := &waiter{arrived: now, deadline: deadline, hold: hold, ready: make(chan struct{}, 1)}
 	if !f.active {
 		f.active = true
 		s.pol.Woke(f, now)
@@ -364,7 +444,7 @@ func (s *Scheduler) share(now time.Time) {
 }
 
 // start admits a run of f. Called with s.mu held.
-func (s *Scheduler) start(f *Flow, deadline, now time.Time) Ticket {
+func (s *Scheduler) start(f *Flow, deadline time.Time, hold time.Duration, now time.Time) Ticket {
 	if !f.active {
 		f.active = true
 		s.pol.Woke(f, now)
@@ -376,6 +456,9 @@ func (s *Scheduler) start(f *Flow, deadline, now time.Time) Ticket {
 		r = &run{s: s}
 	}
 	s.share(now)
+	if hold > 0 && (deadline.IsZero() || now.Add(hold).Before(deadline)) {
+		deadline = now.Add(hold)
+	}
 	r.f, r.start, r.deadline, r.shared = f, now, deadline, s.shared
 	s.running = append(s.running, r)
 	f.inFlight++
@@ -491,7 +574,7 @@ func (s *Scheduler) dispatch(now time.Time) {
 		if len(f.queue) == 0 {
 			s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
 		}
-		w.t = s.start(f, w.deadline, now)
+		w.t = s.start(f, w.deadline, w.hold, now)
 		w.ready <- struct{}{}
 	}
 }

@@ -83,6 +83,20 @@ func (w *WFQ) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) 
 	}
 }
 
+// Charged implements Policy: time used beside runs moves the flow's
+// virtual time as a run's would, from the clock when the flow is behind it
+// (an idle flow's tag is raised to the clock when it wakes: a charge below
+// the clock would be lost), and at most maxAhead of device time past the
+// clock, so that a long stretch of charges while idle is not a debt that
+// keeps the flow off the device for as long.
+func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
+	st := w.state(f)
+	st.tag = math.Min(math.Max(st.tag, w.vnow)+float64(d)/f.Weight(), w.vnow+float64(maxAhead)/f.Weight())
+}
+
+// maxAhead bounds what charges beside runs put a flow ahead of the clock.
+const maxAhead = time.Second
+
 // Pick implements Policy.
 func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
 	best, starved := -1, -1
