@@ -73,11 +73,13 @@ type ServerSummary struct {
 	CopyOut   Summary `json:"copyout"`
 	Total     Summary `json:"total"`
 	Sched     Summary `json:"sched"`
+	Resolve   Summary `json:"resolve"`
+	Dispatch  Summary `json:"dispatch"`
 }
 
-// Metric returns the summary of Server-Timing metric i (Queue..Sched).
+// Metric returns the summary of Server-Timing metric i (Queue..Dispatch).
 func (s *ServerSummary) Metric(i int) *Summary {
-	return [...]*Summary{&s.Queue, &s.Load, &s.CopyIn, &s.Kernels, &s.CopyOut, &s.Total, &s.Sched}[i]
+	return [...]*Summary{&s.Queue, &s.Load, &s.CopyIn, &s.Kernels, &s.CopyOut, &s.Total, &s.Sched, &s.Resolve, &s.Dispatch}[i]
 }
 
 // Starts counts X-Plover-Start values of 2xx responses.

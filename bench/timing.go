@@ -13,13 +13,18 @@ const (
 	Kernels
 	CopyOut
 	Total
-	Sched // optional: servers before the device scheduler do not send it
+	Sched    // optional: servers before the device scheduler do not send it
+	Resolve  // optional: finding the version and checking the request (newer servers)
+	Dispatch // optional: the hand-over to the device and back, beside its phases (newer servers)
 	NumMetrics
 )
 
+// optional are the metrics older servers do not send.
+const optional = 1<<Sched | 1<<Resolve | 1<<Dispatch
+
 // MetricNames are the Server-Timing names of the metrics, indexed by
-// Queue..Sched.
-var MetricNames = [NumMetrics]string{"queue", "load", "copyin", "kernels", "copyout", "total", "sched"}
+// Queue..Dispatch.
+var MetricNames = [NumMetrics]string{"queue", "load", "copyin", "kernels", "copyout", "total", "sched", "resolve", "dispatch"}
 
 var metricNameBytes = func() (b [NumMetrics][]byte) {
 	for i, n := range MetricNames {
@@ -32,12 +37,12 @@ var metricNameBytes = func() (b [NumMetrics][]byte) {
 type ServerTiming struct {
 	Dur [NumMetrics]time.Duration
 	// Has has bit i set when metric i was present with a valid dur.
-	Has uint8
+	Has uint16
 }
 
-// Complete reports whether every Plover metric but the optional Sched was
+// Complete reports whether every Plover metric but the optional ones was
 // present.
-func (t *ServerTiming) Complete() bool { return t.Has|1<<Sched == 1<<NumMetrics-1 }
+func (t *ServerTiming) Complete() bool { return t.Has|optional == 1<<NumMetrics-1 }
 
 // ParseServerTiming reads a Server-Timing header value such as
 // "queue;dur=0.002, load;dur=0, copyin;dur=0.61, ..." into t without
