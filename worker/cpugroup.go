@@ -183,15 +183,17 @@ func processExists(pid int) bool {
 // Weight is a function's CPU weight relative to a default function's 1:
 // its share, times 8 for the latency class and over 8 for batch, so that
 // a latency function's worker wins the CPU as its runs win the device.
-func Weight(m *abi.Manifest) float64 {
-	w := m.Weight()
-	switch m.Priority {
+func Weight(m *abi.Manifest) float64 { return WeightOf(m.Weight(), m.Priority) }
+
+// WeightOf is Weight for a share (> 0) and a priority ("" is default).
+func WeightOf(share float64, priority string) float64 {
+	switch priority {
 	case "latency":
-		w *= 8
+		return share * 8
 	case "batch":
-		w /= 8
+		return share / 8
 	}
-	return w
+	return share
 }
 
 // The controllers' units: a default function's weight (1 in Weight's
@@ -288,7 +290,7 @@ func (c *Group) setWeight(w float64, function string) {
 		return
 	}
 	if c.g.nice {
-		if err := renice(c.pid, niceLevel(w)); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := renice(c.pid, NiceLevel(w)); err != nil && !errors.Is(err, syscall.ESRCH) {
 			c.g.fail(err, "cannot set a worker's nice level", "function", function)
 		}
 		return
@@ -313,7 +315,10 @@ func (c *Group) Remove() {
 // weight, within 0..19.
 const niceBase = 10
 
-func niceLevel(w float64) int {
+// NiceLevel is the nice level of a CPU weight (Weight): a worker's where
+// cgroups cannot be written, and the server's thread's while it moves a
+// piece of the function's bytes (package ioshare).
+func NiceLevel(w float64) int {
 	if w <= 0 {
 		return 19
 	}

@@ -1,0 +1,300 @@
+// Package ioshare moves the server's own I/O on functions' bytes by their
+// shares: a request's body is read, and its answer written, a piece at a
+// time, each piece in its function's turn, ordered by the same policy that
+// orders device runs (share, priority class; package sched), so that the
+// tenant with the largest bodies cannot take the server's CPU from the
+// others. A flow whose body is not read waits in its own socket: TCP flow
+// control stops its sender there, at no cost to the server.
+//
+// The mechanism is sched's: a Scheduler whose slots are pieces in flight
+// (Config.Slots, one kept for light functions: the CPUs their requests
+// need besides the pieces), whose runs are pieces, charged the CPU time
+// the server's thread spent on them, each holding its slot at most
+// Config.Hold (a piece that blocks past it, a TLS record or a chunk still
+// arriving, gives its slot up, so no client holds another's turn). Every
+// request touches its function's flow (Flow.Touch), so that a light one
+// counts as about though its bytes need no turn. While it moves a piece
+// the server's thread runs at the function's CPU weight (Config.Nice), not
+// the server's: the kernel then weighs the server's work on a tenant's
+// bytes as it weighs that tenant's worker. What a function's pieces cost
+// is its I/O time (Flow.Seconds), also charged to its runs' share on every
+// device (Config.Charge), so that a function that costs the server more
+// gets fewer turns there too. Moving a piece in turn is conn.go's.
+package ioshare
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plover-run/plover/sched"
+)
+
+// Config configures the server's I/O shares.
+type Config struct {
+	// Off moves bytes as they come, unscheduled (for comparison, and
+	// plover serve --sched off); pieces are still counted and charged.
+	Off bool
+	// Slots is how many pieces move at once (default: the CPUs), one of
+	// them kept for light functions where there are two or more.
+	Slots int
+	// Nice, when set, is the nice level the server's thread takes while
+	// it moves a piece of a function of that share and priority class;
+	// where the server cannot lower its threads' levels back (no
+	// CAP_SYS_NICE, RLIMIT_NICE) it is not used.
+	Nice func(share float64, class sched.Class) int
+	// Piece is the most bytes one turn moves (default 256 KiB): what a
+	// latency-class piece waits for at most, a slot's worth.
+	Piece int
+	// Hold bounds a turn (default 2 ms): a piece that blocks past it
+	// gives its slot up, charged what it held.
+	Hold time.Duration
+	// Policy orders waiting pieces ("": sched.DefaultPolicy).
+	Policy string
+	// Charge, when set, is told each piece's CPU time with its flow's
+	// name: the engine charges the function's device flows with it.
+	Charge func(name string, cpu time.Duration)
+}
+
+// Shares is a node's I/O shares: a flow per function.
+type Shares struct {
+	cfg Config
+	s   *sched.Scheduler
+
+	mu    sync.Mutex
+	flows map[string]*Flow
+	base  int // the server's threads' nice level (Config.Nice)
+
+	// niceOK is set while pieces may move niced (Config.Nice, and every
+	// level taken back so far); niced counts the threads niced now, kept
+	// below the Go scheduler's Ps (niced.go).
+	niceOK atomic.Bool
+	niced  atomic.Int32
+}
+
+// New returns the shares cfg describes.
+func New(cfg Config) *Shares {
+	if cfg.Slots <= 0 {
+		cfg.Slots = runtime.NumCPU()
+	}
+	if cfg.Piece <= 0 {
+		cfg.Piece = 256 << 10
+	}
+	if cfg.Hold <= 0 {
+		cfg.Hold = 2 * time.Millisecond
+	}
+	sh := &Shares{cfg: cfg, flows: map[string]*Flow{},
+		s: sched.New(sched.Config{MaxRuns: cfg.Slots, Reserve: 1, PolicyName: cfg.Policy})}
+	if cfg.Nice != nil {
+		var ok bool
+		sh.base, ok = baseNice()
+		sh.niceOK.Store(ok)
+	}
+	return sh
+}
+
+// CanWeigh reports whether this process may move pieces at their
+// functions' CPU weights (Config.Nice): raise a thread's nice level and
+// take it back.
+func CanWeigh() bool {
+	_, ok := baseNice()
+	return ok
+}
+
+// Weighed reports whether pieces move at their functions' CPU weights
+// (Config.Nice, where the server may).
+func (s *Shares) Weighed() bool { return s.niceOK.Load() }
+
+// Piece is the most bytes a turn moves.
+func (s *Shares) Piece() int { return s.cfg.Piece }
+
+// Flow returns the flow of the function called name, creating it: name
+// must be the caller's own (it is kept), not a request's bytes.
+func (s *Shares) Flow(name string) *Flow {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.flows[name]
+	if f == nil {
+		f = &Flow{sh: s, name: name, f: s.s.Flow(name)}
+		s.flows[name] = f
+	}
+	return f
+}
+
+// Lookup returns name's flow, or nil: no piece of it moved yet.
+func (s *Shares) Lookup(name string) *Flow {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.flows[name]
+}
+
+// Forget drops name's flow (a deleted function); its turns in flight end
+// as they would.
+func (s *Shares) Forget(name string) {
+	s.mu.Lock()
+	delete(s.flows, name)
+	s.mu.Unlock()
+	s.s.Forget(name)
+}
+
+// Flow is one function's share of the server's I/O.
+type Flow struct {
+	sh   *Shares
+	name string
+	f    *sched.Flow
+	cpu  atomic.Int64 // ns the server's threads spent on its pieces
+
+	moving, waiting atomic.Int32 // its pieces in turn, and waiting for one
+	nice            atomic.Int32 // the level its pieces move at (Config.Nice)
+	set             atomic.Pointer[weightClass]
+	touched         atomic.Int64 // unix ns of its last Touch
+}
+
+type weightClass struct {
+	w float64
+	c sched.Class
+}
+
+// Set gives the flow its function's weight (share) and class; the same
+// again costs a load (it comes with every request).
+func (f *Flow) Set(weight float64, class sched.Class) {
+	if wc := f.set.Load(); wc != nil && wc.w == weight && wc.c == class {
+		return
+	}
+	f.set.Store(&weightClass{weight, class})
+	f.f.Set(weight, class)
+	if n := f.sh.cfg.Nice; n != nil {
+		f.nice.Store(int32(max(n(weight, class), f.sh.base)))
+	}
+}
+
+// Touch says the flow's function has a request now, though none of its
+// bytes need a turn (a small body, read with the headers): a light
+// function keeps the slots kept for light functions free of floods while
+// it is about (sched.Flow.Touch).
+func (f *Flow) Touch() {
+	if f == nil || f.sh.cfg.Off {
+		return
+	}
+	// Once in touchEvery is as good as every time: it marks the flow
+	// about for sched's Recent (100 ms).
+	now := time.Now().UnixNano()
+	if last := f.touched.Load(); now-last < int64(touchEvery) || !f.touched.CompareAndSwap(last, now) {
+		return
+	}
+	f.f.Touch()
+}
+
+// touchEvery is how often a flow's requests touch its scheduler.
+const touchEvery = 10 * time.Millisecond
+
+// alonePieces is how many pieces' bytes a turn moves while its flow has
+// the server's I/O to itself: as few system calls as reading and writing
+// unscheduled (a 4 MB body in 256 KiB pieces cost 0.6x an echo floor's
+// 4-client throughput against 0.8x in 1 MiB windows, BENCHMARKS.md).
+const alonePieces = 4
+
+// Seconds is the server's CPU time on the flow's bytes so far.
+func (f *Flow) Seconds() float64 { return time.Duration(f.cpu.Load()).Seconds() }
+
+// Pieces is how many of the flow's pieces move now (hold a turn) and how
+// many wait for one.
+func (f *Flow) Pieces() (moving, waiting int) { return int(f.moving.Load()), int(f.waiting.Load()) }
+
+// Turn is a flow's turn to move one piece; Done ends it.
+type Turn struct {
+	f       *Flow
+	t       sched.Ticket
+	start   time.Time
+	metered bool // Meter's: no piece
+	niced   bool // its thread took the flow's nice level (and is locked)
+	alone   bool // its flow had the server's I/O to itself when it began
+	blocks  bool // its piece may block (Turn's mayBlock)
+}
+
+// Piece is the most bytes the turn moves: Config.Piece, or, while its flow
+// has the server's I/O to itself, alonePieces of them (work conserving:
+// alone, a flow reads and writes as fast as unscheduled). Its flow's
+// pieces move at the server's CPU weight then too: its weight is to share
+// the CPU with others' work, and there is none.
+func (t Turn) Piece() int {
+	if t.f == nil {
+		return 0
+	}
+	if t.alone {
+		return alonePieces * t.f.sh.cfg.Piece
+	}
+	return t.f.sh.cfg.Piece
+}
+
+// Turn waits for the flow's turn to move a piece: at once while a slot is
+// free and no piece waits; otherwise when the policy picks it. It fails
+// when ctx ends, deadline passes (sched.ErrDeadline) or gone says the
+// client left (sched.ErrGone). mayBlock says the piece may wait for its
+// peer inside the turn (TLS, a chunked body: no socket readiness to wait on
+// first): its cost is then counted at most Config.Hold, and its thread is
+// never niced (a thread locked while its piece waits would be one held per
+// slow client). A nil flow's turn counts nothing: transports need not
+// check.
+func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, mayBlock bool) (Turn, error) {
+	if f == nil {
+		return Turn{}, nil
+	}
+	var t sched.Ticket
+	if !f.sh.cfg.Off {
+		f.waiting.Add(1)
+		var err error
+		t, _, err = f.f.AdmitHold(ctx, deadline, f.sh.cfg.Hold, gone)
+		f.waiting.Add(-1)
+		if err != nil {
+			return Turn{}, err
+		}
+	}
+	f.moving.Add(1)
+	tn := Turn{f: f, t: t, blocks: mayBlock, alone: f.sh.cfg.Off || f.f.Alone()}
+	if !tn.alone && !mayBlock {
+		tn.niced = f.sh.nice(int(f.nice.Load()))
+	}
+	tn.start = time.Now()
+	return tn, nil
+}
+
+// Done ends the turn: its slot goes to the next piece, and the flow is
+// charged the piece's time: the server's CPU on it, a non-blocking system
+// call's (or at most Config.Hold of one that may block).
+func (t Turn) Done() {
+	if t.f == nil {
+		return
+	}
+	cpu := time.Since(t.start)
+	if t.blocks {
+		cpu = min(cpu, t.f.sh.cfg.Hold)
+	}
+	if t.niced {
+		t.f.sh.unnice()
+	}
+	if !t.metered {
+		t.f.moving.Add(-1)
+		t.t.DoneUsed(time.Now(), max(cpu, 1)) // 0 would charge the slot time
+	}
+	t.f.charge(cpu)
+}
+
+// Meter starts measuring work on the flow's bytes that needs no turn
+// (decoding a body already read, encoding an answer): its Done charges the
+// time as a turn's, with no slot to give back.
+func (f *Flow) Meter() Turn {
+	if f == nil {
+		return Turn{}
+	}
+	return Turn{f: f, start: time.Now(), metered: true}
+}
+
+func (f *Flow) charge(cpu time.Duration) {
+	f.cpu.Add(int64(cpu))
+	if c := f.sh.cfg.Charge; c != nil {
+		c(f.name, cpu)
+	}
+}

@@ -1,0 +1,229 @@
+package ioshare
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/sched"
+)
+
+// tcpPair is a connected loopback TCP pair.
+func tcpPair(t *testing.T) (server, client *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-acc
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return s.(*net.TCPConn), c.(*net.TCPConn)
+}
+
+// WaitReadable returns once bytes arrive, and takes none of them; past
+// the connection's read deadline it returns that deadline's error.
+func TestWaitReadable(t *testing.T) {
+	s, c := tcpPair(t)
+	done := make(chan error, 1)
+	go func() { done <- WaitReadable(s) }()
+	select {
+	case err := <-done:
+		t.Fatalf("returned before any byte was sent: %v", err)
+	case <-time.After(20 * time.Millisecond): // a wait that ended early is the failure; this only gives it room
+	}
+	c.Write([]byte("x"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if n, err := s.Read(b); err != nil || string(b[:n]) != "x" {
+		t.Fatalf("read after the wait: %q, %v; want the byte the wait left", b[:n], err)
+	}
+	s.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	if err := WaitReadable(s); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("nothing to read past the deadline: %v", err)
+	}
+}
+
+// WriteSome writes what the socket takes and says 0 once it is full,
+// without waiting; WaitWritable returns once the peer read some.
+func TestWriteSomeAndWaitWritable(t *testing.T) {
+	s, c := tcpPair(t)
+	s.SetWriteBuffer(16 << 10)
+	c.SetReadBuffer(16 << 10)
+	p := make([]byte, 64<<10)
+	var sent int
+	for i := 0; ; i++ {
+		n, err := WriteSome(s, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		sent += n
+		if i > 10000 {
+			t.Fatal("the socket never filled")
+		}
+	}
+	if sent == 0 {
+		t.Fatal("nothing written to an empty socket")
+	}
+	done := make(chan error, 1)
+	go func() { done <- WaitWritable(s) }()
+	buf := make([]byte, 1<<20)
+	read := 0
+	for read < sent {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return // room again, as the peer read
+		default:
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read += n
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// work is a fixed amount of CPU: what a piece costs in these tests.
+func work() {
+	b := make([]byte, 64<<10)
+	for range 20 {
+		sum := sha256.Sum256(b)
+		b[0] = sum[0]
+	}
+}
+
+// Backlogged flows get turns in proportion to their shares, each charged
+// the CPU its turns took, and every charge reaches Config.Charge by name.
+func TestTurnsFollowShares(t *testing.T) {
+	var mu sync.Mutex
+	charged := map[string]time.Duration{}
+	sh := New(Config{Slots: 1, Charge: func(name string, cpu time.Duration) {
+		mu.Lock()
+		charged[name] += cpu
+		mu.Unlock()
+	}})
+	a, b := sh.Flow("a"), sh.Flow("b")
+	a.Set(3, sched.Default)
+	b.Set(1, sched.Default)
+	var turns [2]int
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var total sync.WaitGroup
+	total.Add(400)
+	for i, f := range []*Flow{a, a, b, b} { // two clients each: always one waiting
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				tn, err := f.Turn(ctx, time.Time{}, nil, false)
+				if err != nil {
+					return
+				}
+				work()
+				mu.Lock()
+				turns[i/2]++
+				n := turns[0] + turns[1]
+				mu.Unlock()
+				tn.Done()
+				if n <= 400 {
+					total.Done()
+				}
+			}
+		}()
+	}
+	total.Wait()
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	part := float64(turns[0]) / float64(turns[0]+turns[1])
+	if part < 0.68 || part > 0.82 {
+		t.Fatalf("a (share 3) had %d of %d turns (%.2f), want about 0.75", turns[0], turns[0]+turns[1], part)
+	}
+	if a.Seconds() <= 0 || b.Seconds() <= 0 || charged["a"].Seconds() != a.Seconds() || charged["b"].Seconds() != b.Seconds() {
+		t.Fatalf("CPU a %.4fs, b %.4fs; charged %v", a.Seconds(), b.Seconds(), charged)
+	}
+}
+
+// Off: turns are not waited for (a held turn blocks none), and are still
+// charged.
+func TestOffMovesAsTheyCome(t *testing.T) {
+	sh := New(Config{Off: true, Slots: 1})
+	f := sh.Flow("f")
+	held, err := f.Turn(context.Background(), time.Time{}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tn, err := f.Turn(ctx, time.Time{}, nil, false)
+	if err != nil {
+		t.Fatalf("a second turn beside a held one: %v", err)
+	}
+	work()
+	tn.Done()
+	held.Done()
+	if f.Seconds() <= 0 {
+		t.Fatal("a turn's CPU was not counted")
+	}
+}
+
+// A piece that holds its turn past Hold (blocked) gives its slot up to a
+// waiting one.
+func TestHeldTurnGivesWay(t *testing.T) {
+	sh := New(Config{Slots: 1, Hold: 5 * time.Millisecond})
+	a, b := sh.Flow("a"), sh.Flow("b")
+	held, err := a.Turn(context.Background(), time.Time{}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tn, err := b.Turn(ctx, time.Time{}, nil, false)
+	if err != nil {
+		t.Fatalf("a turn behind one held past Hold: %v", err)
+	}
+	tn.Done()
+}
+
+// A nil flow's turns and meters do nothing, so that transports need not
+// check for one.
+func TestNilFlow(t *testing.T) {
+	var f *Flow
+	tn, err := f.Turn(context.Background(), time.Time{}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.Done()
+	f.Meter().Done()
+}
