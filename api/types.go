@@ -61,6 +61,12 @@ type FunctionInfo struct {
 	// DeviceFraction is the function's part of the device time all
 	// functions used on this node recently (decayed over 10 s).
 	DeviceFraction float64 `json:"device_fraction"`
+	// IOSeconds is the server's time on the function's bytes on this node
+	// (reading its bodies, decoding, writing its answers: non-blocking
+	// system calls once a socket is ready, so CPU time but for
+	// preemption), since the node first served it: counted beside device
+	// time in its share.
+	IOSeconds float64 `json:"io_seconds"`
 	// Workers are the processes the current version runs in (with
 	// --isolation process): one per device it is loaded on.
 	Workers []WorkerInfo `json:"workers,omitempty"`

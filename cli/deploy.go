@@ -364,10 +364,11 @@ func writeLs(w io.Writer, fns []api.FunctionInfo, wide bool, now time.Time) erro
 		}
 		return tw.Flush()
 	}
-	fmt.Fprintln(tw, "NAME\tVERSION\tRUNS ON\tLOADED\tSHARE\tDEVICE (TIME NOW)\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\t4XX/5XX\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
+	fmt.Fprintln(tw, "NAME\tVERSION\tRUNS ON\tLOADED\tSHARE\tDEVICE (TIME NOW)\tIO\tBUSY/IDLE\tQUEUE\tMEMORY\tREQUESTS\t4XX/5XX\tMEAN\tCOLD/WARM/HOT\tWORKER (PID PSS/RSS THREADS)\tDEPLOYED")
 	for _, f := range fns {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s %s\t%s %.0f%%\t%d/%d\t%d\t%s\t%d\t%d/%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), runsOn(f), f.Loaded,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s %s\t%s %.0f%%\t%s\t%d/%d\t%d\t%s\t%d\t%d/%d\t%s\t%d/%d/%d\t%s\t%s\n", f.Name, shortID(f.Version), runsOn(f), f.Loaded,
 			strconv.FormatFloat(f.Share, 'g', -1, 64), f.Priority, roundDuration(time.Duration(f.DeviceSeconds*1e9)), 100*f.DeviceFraction,
+			roundDuration(time.Duration(f.IOSeconds*1e9)),
 			f.Busy, f.Idle, f.Queue, humanBytes(f.Memory), f.Requests, f.ClientErrors, f.Errors, mean(f),
 			f.Cold, f.Warm, f.Hot, workers(f.Workers), f.Created.Local().Format(time.DateTime))
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/grpcapi"
 	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/registry"
@@ -54,7 +55,7 @@ func defaultDataDir() string {
 
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
-	isolation, workerUser                            string
+	isolation, workerUser, ioShares                  string
 	checked                                          bool
 	standby, standbyMax                              int
 	workerMaxMemMB, maxPinnedMB                      int64
@@ -71,7 +72,7 @@ type serveFlags struct {
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
 	sched, schedPolicy, evictPolicy                  string
-	deviceRuns                                       int
+	deviceRuns, ioSlots                              int
 	cpuWeights                                       bool
 	cgroupRoot                                       string
 }
@@ -126,6 +127,8 @@ func serveCmd() *command {
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (with --cpu-weights)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
+			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where worker CPU weights are nice levels, the server's threads weighed as the workers'; off where the server has a cgroup of its own, whose weight its pieces would keep)")
+			fs.IntVar(&f.ioSlots, "io-slots", 0, "pieces of functions' bytes the server reads or writes at once (256 KiB each), the rest waiting in their clients' sockets for their functions' turns, one kept for light functions (0: the CPUs; --sched off moves bytes as they come)")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 		},
@@ -151,7 +154,7 @@ func newLogger(format, level string, env *Env) (*slog.Logger, error) {
 }
 
 func serve(f *serveFlags, env *Env) error {
-	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, Policy: f.schedPolicy}
+	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, Policy: f.schedPolicy, IO: ioshare.Config{Slots: f.ioSlots}}
 	if _, err := sched.NewPolicy(f.schedPolicy, 0); err != nil {
 		return usagef(env, "serve", "--sched-policy: %v", err)
 	}
@@ -170,6 +173,14 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	if f.deviceRuns < 0 {
 		return usagef(env, "serve", "--device-runs %d: want 0 (the device default) or more", f.deviceRuns)
+	}
+	if f.ioSlots < 0 {
+		return usagef(env, "serve", "--io-slots %d: want 0 (the CPUs) or more", f.ioSlots)
+	}
+	switch f.ioShares {
+	case "auto", "on", "off":
+	default:
+		return usagef(env, "serve", "--io-shares %q: want auto, on or off", f.ioShares)
 	}
 	if f.data == "" {
 		f.data = defaultDataDir()
@@ -229,6 +240,7 @@ func serve(f *serveFlags, env *Env) error {
 	if devs, cpu, err = isolate(f, devs, log); err != nil {
 		return err
 	}
+	ioShares(f, cpu, &sc.IO, log)
 	eng, err := engine.New(engine.Config{
 		Store: store, Cache: cache, Devices: devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
@@ -506,6 +518,34 @@ func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.L
 	}
 	if err := spawner.Record(serverRecord(f.data)); err != nil {
 		log.Warn("cannot record this server for the next one of its data directory: processes a killed server leaves will not be found", "error", err)
+	}
+}
+
+// ioShares configures the server's I/O shares from --io-shares and the CPU
+// weights in force. A piece moves at its function's CPU weight where the
+// server's threads are weighed by nice level, as the workers' are; where
+// the server has a cgroup of its own, a thread's level does not lower the
+// group against the workers', and pieces scheduled there made a light
+// function's p99 beside a 4 MB flood worse, not better (the server's CPU
+// on the pieces at the server's weight: BENCHMARKS.md), so auto leaves
+// them off; as where the server may not take a thread's level back.
+func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *slog.Logger) {
+	mech := cpu.Mechanism()
+	weighed := mech == "nice" && ioshare.CanWeigh()
+	on := f.ioShares == "on" || (f.ioShares == "auto" && weighed)
+	cfg.Off = !on
+	if on && weighed {
+		cfg.Nice = func(share float64, class sched.Class) int {
+			return worker.NiceLevel(worker.WeightOf(share, class.String()))
+		}
+	}
+	if f.sched == "off" {
+		return // --sched off: nothing shared, said elsewhere
+	}
+	if on {
+		log.Info("the server's I/O by share: request bodies and answers move a piece at a time in their functions' turns", "cpu_weights", mech)
+	} else {
+		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where CPU weights are nice levels)", "cpu_weights", mech)
 	}
 }
 

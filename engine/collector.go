@@ -25,6 +25,10 @@ var (
 		"Device memory held by the function: constants plus instance buffers.", []string{"function"}, nil)
 	descDeviceSeconds = prometheus.NewDesc("plover_device_seconds_total",
 		"Device time the function's runs held (from the scheduler's admission to the run's end), on every device of the node.", []string{"function"}, nil)
+	descIOSeconds = prometheus.NewDesc("plover_io_seconds_total",
+		"The server's time on the function's bytes (reading request bodies, decoding, writing answers: non-blocking system calls once a socket is ready, so CPU time but for preemption), charged to its share beside device time.", []string{"function"}, nil)
+	descIOPieces = prometheus.NewDesc("plover_io_pieces",
+		"The function's pieces of bytes the server moves now (moving: in their turn) or that wait for their turn (waiting); a body that waits for its client holds none.", []string{"function", "state"}, nil)
 	descEvictions = prometheus.NewDesc("plover_evictions_total",
 		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
 	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
@@ -49,7 +53,7 @@ var (
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
+	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descIOSeconds, descIOPieces, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -68,6 +72,12 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		if e.scheds != nil { // --sched off accounts no device time
 			secs, _ := e.deviceTime(f.name)
 			ch <- prometheus.MustNewConstMetric(descDeviceSeconds, prometheus.CounterValue, secs, f.name)
+		}
+		ch <- prometheus.MustNewConstMetric(descIOSeconds, prometheus.CounterValue, e.ioSeconds(f.name), f.name)
+		if fl := e.io.Lookup(f.name); fl != nil {
+			moving, waiting := fl.Pieces()
+			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(moving), f.name, "moving")
+			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(waiting), f.name, "waiting")
 		}
 		busy, idle, mem := v.usage()
 		queued := v.queued()

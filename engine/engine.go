@@ -11,6 +11,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/sched"
@@ -59,9 +60,10 @@ type Engine struct {
 	mem       ledger                             // device memory: reservations and evictions
 	scheds    map[device.Device]*sched.Scheduler // nil map: runs go unscheduled
 	evictions evictionCounts
-	logs      *funclog.Store // what functions print (outputKeeper devices)
-	keepsLogs bool           // some device keeps its functions' output
-	names     nameList       // the store's function names (Names)
+	logs      *funclog.Store  // what functions print (outputKeeper devices)
+	keepsLogs bool            // some device keeps its functions' output
+	names     nameList        // the store's function names (Names)
+	io        *ioshare.Shares // the server's I/O on functions' bytes (io.go)
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker
@@ -90,6 +92,10 @@ type SchedConfig struct {
 	// Policy names the registered policy that orders queued runs
 	// (sched.RegisterPolicy; "": sched.DefaultPolicy, wfq).
 	Policy string
+	// IO configures the server's I/O shares (package ioshare): its
+	// pieces are ordered by the same shares and policy as runs, and
+	// move as they come when Off is set here.
+	IO ioshare.Config
 }
 
 // reserve is the slots kept for light functions (sched.Config.Reserve).
@@ -158,6 +164,7 @@ func New(cfg Config) (*Engine, error) {
 		for _, s := range e.scheds { // set below, before any function is known
 			s.Forget(name)
 		}
+		e.io.Forget(name)
 	}
 	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
@@ -171,6 +178,7 @@ func New(cfg Config) (*Engine, error) {
 				Capacity: device.SharedTime(d.Target())})
 		}
 	}
+	e.io = newIO(e, cfg.Sched)
 	return e, nil
 }
 

@@ -33,6 +33,7 @@ func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionIn
 		fi.Kind = abi.KindFunction
 	}
 	fi.DeviceSeconds, fi.DeviceFraction = e.deviceTime(f.name)
+	fi.IOSeconds = e.ioSeconds(f.name)
 	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
 		fi.Loaded, fi.Manifest = true, v.manifest
 		fi.Busy, fi.Idle, fi.Memory = v.usage()

@@ -33,12 +33,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) err
 // for nothing; the caller releases what it gets once the response is
 // written.
 func (e *Engine) Land(name string) call.Landing {
-	e.tab.mu.Lock()
-	var v *version
-	if f := e.tab.funcs[name]; f != nil {
-		v = f.cur
-	}
-	e.tab.mu.Unlock()
+	_, v := e.tab.peek(name)
 	if v == nil || !v.loaded.Load() || v.batch != nil || v.rec.Kind != "" {
 		return nil
 	}

@@ -363,6 +363,17 @@ func (t *table) forget(name string, at uint64) (uint64, bool) {
 	return now, true
 }
 
+// peek is name's function and current version as this node has them,
+// reading no store (nil: none).
+func (t *table) peek(name string) (*function, *version) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f := t.funcs[name]; f != nil {
+		return f, f.cur
+	}
+	return nil, nil
+}
+
 func (t *table) newVersion(f *function, rv api.Version) *version {
 	return &version{fn: f, rec: rv, lg: t.log, loadState: loadState{placeTok: make(chan struct{}, 1)}}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 	"github.com/plover-run/plover/tracing"
@@ -41,6 +42,10 @@ type Runner interface {
 	// that will run it reads it (a worker's slot), or nil; the transport
 	// puts it in the request and releases it once the response is written.
 	Land(name string) call.Landing
+	// IO is name's share of the server's own I/O, for reading its body
+	// and writing its answer a piece at a time in its turns, or nil for a
+	// name the node has no record of (ask after Admit or Invoke met it).
+	IO(name string) *ioshare.Flow
 	// Refused counts, in name's requests and client errors, one that its
 	// transport refused itself before Invoke (End calls it).
 	Refused(name string)

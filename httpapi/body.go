@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/oip"
 	"github.com/valyala/fasthttp"
@@ -131,9 +133,10 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name, version string, enc 
 // next request unless it grew past keptBody). Bodies are streamed (fasthttp's
 // StreamRequestBody) and the budget is taken as bytes arrive, a read window
 // at a time: a client holds what it has sent plus one window, never what its
-// Content-Length announces. The caller releases the returned reservation
-// once done with the bytes.
-func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byte) ([]byte, int64, error) {
+// Content-Length announces. Past what fasthttp read with the headers, each
+// read is a piece in the request's turns (pieces.go). The caller releases
+// the returned reservation once done with the bytes.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byte, t turns) ([]byte, int64, error) {
 	cl := ctx.Request.Header.ContentLength()
 	if cl > limit.n {
 		ctx.SetConnectionClose() // the body stays unread
@@ -151,13 +154,17 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 	if keep != nil {
 		buf = (*keep)[:0]
 	}
-	r := bodyReader{s: s, r: stream}
+	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preRead)}
 	b, err := r.readAll(buf, limit.n, cl)
 	if err != nil {
 		s.releaseBody(r.held)
 		ctx.SetConnectionClose() // the rest of the body is unread
 		if rq, ok := err.(*apierr.Error); ok {
 			return nil, 0, rq
+		}
+		var turnErr *errdefs.Error
+		if errors.As(err, &turnErr) {
+			return nil, 0, turnErr
 		}
 		if errors.Is(err, errTooLarge) {
 			return nil, 0, limit.over("of more than " + strconv.Itoa(limit.n) + " bytes")
@@ -218,12 +225,55 @@ const (
 )
 
 // bodyReader reads a body into a growing buffer, holding budget for the
-// bytes it has read (held).
+// bytes it has read (held), in its request's turns past what fasthttp
+// read with the headers.
 type bodyReader struct {
 	s      *Server
 	r      io.Reader
 	held   int64
 	waited time.Duration // for the budget so far, over all its windows
+
+	t       turns
+	conn    net.Conn
+	chunked bool // no Content-Length: fasthttp's buffer may hold body bytes at any read
+	pre     int  // the body's bytes fasthttp read with the headers (preRead at most)
+	read    int  // bytes read so far
+	drained bool // fasthttp's read buffer is known empty
+}
+
+// readPiece reads into p. fasthttp read the body's first bytes with the
+// headers, and its read buffer (readBuffer bytes) may hold a few more:
+// those are read as they come, and with them the buffer is drained. Past
+// them, with turns, each read is a piece: its socket waited for until it
+// has bytes, holding no turn, then read in turn, so that a client that
+// trickles holds no turn, and one that sends fast waits for its share.
+func (b *bodyReader) readPiece(p []byte) (int, error) {
+	if b.t.fl == nil || b.read < b.pre {
+		return b.count(b.r.Read(p))
+	}
+	if !b.drained && !b.chunked {
+		// At most a buffer's worth: what the buffer holds, or, empty,
+		// a read straight from the socket that leaves it empty.
+		b.drained = true
+		return b.count(b.r.Read(p[:min(len(p), readBuffer)]))
+	}
+	if !b.chunked { // a chunked body may wait in fasthttp's buffer: no socket to wait on
+		if err := ioshare.WaitReadable(b.conn); err != nil {
+			return 0, err
+		}
+	}
+	tn, err := b.t.turn(b.chunked || !ioshare.Waitable(b.conn))
+	if err != nil {
+		return 0, err
+	}
+	n, err := b.r.Read(p[:min(len(p), tn.Piece())])
+	tn.Done()
+	return b.count(n, err)
+}
+
+func (b *bodyReader) count(n int, err error) (int, error) {
+	b.read += n
+	return n, err
 }
 
 // readAll appends the body to dst, growing it (doubling) as bytes arrive,
@@ -248,8 +298,16 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		if announced >= 0 {
 			room = announced - len(dst)
 		}
-		if len(dst) == cap(dst) {
-			dst = slices.Grow(dst, min(max(cap(dst), 4096), room))
+		// A read of less than fasthttp's read buffer, and less than the
+		// rest of a body of known length, would let its buffer read ahead
+		// and keep body bytes that no socket wait would then see
+		// (readPiece): grow first. A chunked body waits on no socket, and
+		// grows only when full (it may be read into a slot of its limit).
+		switch {
+		case announced >= 0 && cap(dst)-len(dst) < min(readBuffer, room):
+			dst = slices.Grow(dst, min(max(cap(dst), readBuffer), room))
+		case len(dst) == cap(dst):
+			dst = slices.Grow(dst, min(max(cap(dst), readBuffer), room))
 		}
 		end := min(cap(dst), len(dst)+win, len(dst)+room)
 		window := int64(end - len(dst))
@@ -259,7 +317,7 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 			}
 			b.held += window
 		}
-		n, err := b.r.Read(dst[len(dst):end])
+		n, err := b.readPiece(dst[len(dst):end])
 		dst = dst[:len(dst)+n]
 		if int64(n) == window && win < maxReadWindow && len(dst) >= maxReadWindow/4 {
 			win *= 2 // a large body whose bytes were waiting: read more at once

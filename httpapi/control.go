@@ -65,7 +65,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string, tk *gat
 		var body struct {
 			Version string `json:"version"`
 		}
-		b, held, err := s.readBody(ctx, bodyLimit{n: 64 << 10, why: "for this route"}, nil)
+		b, held, err := s.readBody(ctx, bodyLimit{n: 64 << 10, why: "for this route"}, nil, turns{})
 		if err != nil {
 			s.fail(ctx, err)
 			return

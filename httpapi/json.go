@@ -140,12 +140,15 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) 
 	if err != nil {
 		return err
 	}
-	body, held, err := s.readBody(ctx, limit, nil)
+	tn := s.turnsOf(name, c.req.Deadline, c.req.Gone)
+	body, held, err := s.readBody(ctx, limit, nil, tn)
 	if err != nil {
 		return err
 	}
 	defer s.releaseBody(held)
+	m := tn.fl.Meter() // decoding is the server's CPU on the function's bytes too
 	input, o, timeout, err := parseInvoke(body, name)
+	m.Done()
 	if err != nil {
 		return err
 	}
@@ -159,6 +162,8 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) 
 		return err
 	}
 	t := &c.req.Timing
+	m = tn.fl.Meter() // and encoding
+	defer m.Done()
 	out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.req.Output))+256)
 	out = append(out, `{"output":"`...)
 	out = base64.StdEncoding.AppendEncode(out, c.req.Output)
@@ -210,5 +215,6 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) 
 	ctx.SetContentType("application/json")
 	ctx.SetBody(out)
 	s.writeMeta(ctx, c)
+	s.pieceAnswer(ctx, tn)
 	return nil
 }

@@ -375,7 +375,8 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) e
 		landed = land.Input()[:0]
 		dst = &landed
 	}
-	body, held, err := s.readBody(ctx, limit, dst)
+	tn := s.turnsOf(name, c.req.Deadline, c.req.Gone)
+	body, held, err := s.readBody(ctx, limit, dst, tn)
 	if err != nil {
 		if land != nil {
 			land.Release()
@@ -410,9 +411,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) e
 		// (an error written later must not land in the slot).
 		ctx.Response.SwapBody(buf)
 		if err == nil && len(out) > 0 {
-			sb := slotBodies.Get().(*slotBody)
-			sb.land, sb.b = land, out
-			ctx.Response.SetBodyStream(sb, len(out))
+			s.answer(ctx, out, land, tn)
 		} else {
 			land.Release()
 		}
@@ -420,6 +419,9 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) e
 		ctx.Response.SwapBody(out)
 		if land != nil {
 			land.Release()
+		}
+		if err == nil {
+			s.pieceAnswer(ctx, tn)
 		}
 	}
 	c.req.Input, c.req.Output, c.req.Landing = nil, nil, nil
@@ -442,43 +444,6 @@ func aliases(a, b []byte) bool {
 // sameStart reports whether a and b start at the same byte.
 func sameStart(a, b []byte) bool {
 	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
-}
-
-// slotBody is a response written from the slot its output is in, released
-// once fasthttp has written it (or dropped the response).
-type slotBody struct {
-	land call.Landing
-	b    []byte
-}
-
-var slotBodies = sync.Pool{New: func() any { return new(slotBody) }}
-
-// Read serves a writer that does not take WriteTo (none of fasthttp's).
-func (sb *slotBody) Read(p []byte) (int, error) {
-	if len(sb.b) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, sb.b)
-	sb.b = sb.b[n:]
-	return n, nil
-}
-
-// WriteTo writes the output to the connection's buffered writer in one
-// call: past its buffer, bufio writes straight from the slot to the socket.
-func (sb *slotBody) WriteTo(w io.Writer) (int64, error) {
-	n, err := w.Write(sb.b)
-	sb.b = sb.b[n:]
-	return int64(n), err
-}
-
-// Close releases the slot: the response is out (or will never be).
-func (sb *slotBody) Close() error {
-	if sb.land != nil {
-		sb.land.Release()
-	}
-	sb.land, sb.b = nil, nil
-	slotBodies.Put(sb)
-	return nil
 }
 
 // preRead is what fasthttp reads of a streamed body before any handler

@@ -232,11 +232,13 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	if err != nil {
 		return err
 	}
-	body, held, err := s.readBody(ctx, limit, &vc.in)
+	tn := s.turnsOf(name, r.Deadline, r.Gone)
+	body, held, err := s.readBody(ctx, limit, &vc.in, tn)
 	if err != nil {
 		return err
 	}
 	defer s.releaseBody(held)
+
 	// The binary extension: a JSON header of the given length, then the
 	// tensors' bytes in input order.
 	header, bin := body, []byte(nil)
@@ -248,10 +250,14 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 		header, bin = body[:n], body[n:]
 	}
 	h := &vc.hdr
-	if !h.parse(header) {
-		if err := h.decode(header); err != nil {
-			return badField("request body", "invalid JSON: "+err.Error())
-		}
+	m := tn.fl.Meter() // decoding is the server's CPU on the function's bytes
+	ok := h.parse(header)
+	if !ok {
+		err = h.decode(header)
+	}
+	m.Done()
+	if err != nil {
+		return badField("request body", "invalid JSON: "+err.Error())
 	}
 	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, r.Deadline)
 	if err != nil {
@@ -261,7 +267,9 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err != nil {
 		return err
 	}
+	m = tn.fl.Meter() // laying the tensors out too
 	r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
+	m.Done()
 	if err != nil {
 		return &apierr.Error{Status: apierr.BadRequest, Msg: err.Error()}
 	}
@@ -274,6 +282,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	// The function ran; what it produced may still not make a response
 	// (too few bytes for its outputs, values JSON cannot carry): a 500
 	// that says why, counted as one.
+	m = tn.fl.Meter() // and encoding the answer
 	vc.cuts, vc.dims, err = oip.CutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
 	if err == nil {
 		vc.ans = oip.Picked(vc.ans[:0], vc.cuts, vc.pick)
@@ -282,6 +291,10 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 		} else {
 			err = writeInferJSON(ctx, h, name, r.Version, vc.ans)
 		}
+	}
+	m.Done()
+	if err == nil {
+		s.pieceAnswer(ctx, tn)
 	}
 	if err != nil {
 		return &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}

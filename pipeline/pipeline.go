@@ -26,6 +26,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/pipedef"
 )
 
@@ -36,6 +37,7 @@ type Engine interface {
 	Pin(ctx context.Context, name string, deadline time.Time) (engine.Pin, error)
 	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (engine.Pin, error)
 	Land(name string) call.Landing
+	IO(name string) *ioshare.Flow
 	Refused(name string)
 	Names() []string
 	Health() (bool, []api.DeviceHealth)
@@ -126,6 +128,11 @@ func admitFirst(st stage) (int64, error) {
 // function's device reads it, or nil (a pipeline: its first step's input
 // is its own request's).
 func (r *Runner) Land(name string) call.Landing { return r.e.Land(name) }
+
+// IO is the engine's: name's share of the server's I/O (a pipeline's own,
+// for its request's body and answer), or nil for a name it has no record
+// of.
+func (r *Runner) IO(name string) *ioshare.Flow { return r.e.IO(name) }
 
 // Refused is the engine's: a request the transport refused before Invoke,
 // counted in name's requests and client errors.

@@ -9,16 +9,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/internal/testkit"
 )
 
 // body is n bytes that say which client and request they belong to in
@@ -35,18 +30,7 @@ func body(client, req, n int) []byte {
 // copiedBytes is plover_payload_copied_bytes_total for fn.
 func copiedBytes(t *testing.T, url, fn string) int64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`plover_payload_copied_bytes_total\{function="` + fn + `"\} (\S+)`).FindSubmatch(b)
-	if m == nil {
-		return 0
-	}
-	f, _ := strconv.ParseFloat(string(m[1]), 64)
-	return int64(f)
+	return int64(max(0, metric(t, url, `plover_payload_copied_bytes_total{function="`+fn+`"}`)))
 }
 
 // The data path through worker processes: a body lands in a slot of the
@@ -61,50 +45,16 @@ func TestDataPath(t *testing.T) {
 	srv := startServer(t, bin, "--isolation", "process", "--max-instances", "4", "--timeout", "20s")
 	env := []string{"PLOVER_SERVER=" + srv.url}
 	const size = 1 << 20
-	m := testkit.Manifest("big")
-	m.MaxInputBytes, m.OutBytes = 16<<20, 16<<20
-	m.ZeroOut = new(bool) // echo_exact writes every byte it returns; the rest is not sent
-	m.Chain = []abi.Launch{{Kernel: "echo_exact", Grid: 1, Block: 256}}
-	run(t, bin, env, "deploy", testkit.BundleDir(t, m, nil))
+	echoBig(t, bin, env)
 	url := srv.url + "/v1/functions/big/invoke"
-	post := func(client, req, n int) error {
-		in := body(client, req, n)
-		resp, err := http.Post(url, "application/octet-stream", bytes.NewReader(in))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 || !bytes.Equal(out, in) {
-			return fmt.Errorf("client %d request %d: %d, %d bytes back of %d sent, equal %v", client, req, resp.StatusCode, len(out), len(in), bytes.Equal(out, in))
-		}
-		return nil
-	}
+	post := postEcho(srv.url)
 	if err := post(0, 0, size); err != nil { // loaded: the worker exists and lends
 		t.Fatal(err)
 	}
 	base := copiedBytes(t, srv.url, "big")
 
 	t.Run("concurrent clients", func(t *testing.T) {
-		var wg sync.WaitGroup
-		errs := make(chan error, 8)
-		for c := 1; c <= 8; c++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range 12 {
-					if err := post(c, i, size+c*4096+i*8); err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Error(err)
-		}
+		concurrently(t, 8, 12, func(c, i int) int { return size + c*4096 + i*8 }, post)
 		// What fasthttp read before the handler ran (8 KiB of each body)
 		// is all the payload the server copied.
 		if got := copiedBytes(t, srv.url, "big") - base; got != 8*12*8<<10 {

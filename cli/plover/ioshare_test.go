@@ -1,0 +1,314 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// metric is the value of a /metrics series (name with its labels as
+// written, e.g. `plover_io_pieces{function="big",state="moving"}`), or -1
+// when the server does not report it.
+func metric(t *testing.T, url, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(b)
+	if m == nil {
+		return -1
+	}
+	f, _ := strconv.ParseFloat(string(m[1]), 64)
+	return f
+}
+
+// waitMetric waits, bounded, until series satisfies ok in three reads in a
+// row (a state, not an instant between two pieces).
+func waitMetric(t *testing.T, url, series, want string, ok func(float64) bool) {
+	t.Helper()
+	var v float64
+	row := 0
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if v = metric(t, url, series); !ok(v) {
+			row = 0
+		} else if row++; row == 3 {
+			return
+		}
+	}
+	t.Fatalf("%s is %v, want %s", series, v, want)
+}
+
+// echoBig deploys big: echo_exact, 16 MiB in and out, a body's bytes back.
+func echoBig(t *testing.T, bin string, env []string) {
+	t.Helper()
+	m := testkit.Manifest("big")
+	m.MaxInputBytes, m.OutBytes = 16<<20, 16<<20
+	m.ZeroOut = new(bool)
+	m.Chain = []abi.Launch{{Kernel: "echo_exact", Grid: 1, Block: 256}}
+	run(t, bin, env, "deploy", testkit.BundleDir(t, m, nil))
+}
+
+// postEcho posts to big, as client's request req, n bytes that say whose
+// they are (body), and wants them back whole.
+func postEcho(url string) func(client, req, n int) error {
+	return func(client, req, n int) error {
+		in := body(client, req, n)
+		resp, err := http.Post(url+"/v1/functions/big/invoke", "application/octet-stream", bytes.NewReader(in))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || !bytes.Equal(out, in) {
+			return fmt.Errorf("client %d request %d: %d, %d bytes back of %d sent, equal %v", client, req, resp.StatusCode, len(out), len(in), bytes.Equal(out, in))
+		}
+		return nil
+	}
+}
+
+// concurrently runs clients 1..clients at once, each posting each requests
+// of size(client, request) bytes in turn, and reports every failure.
+func concurrently(t *testing.T, clients, each int, size func(c, i int) int, post func(client, req, n int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for c := 1; c <= clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if err := post(c, i, size(c, i)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// rawPost starts a POST of n body bytes on its own connection and sends
+// the first sent of them; the caller sends the rest (or not).
+func rawPost(t *testing.T, url, fn string, n int) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "POST /v1/functions/%s/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", fn, n)
+	return c
+}
+
+// A request's bytes move a piece at a time in its function's turns
+// (--io-slots 1: one piece in the whole server at once), and a client that
+// stops sending holds no turn: the server waits for its socket, not in its
+// turn, while every other request moves and is answered with its own
+// bytes. A body cut midway gives its turn back at once.
+func TestIOTurns(t *testing.T) {
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--isolation", "process", "--io-shares", "on", "--io-slots", "1", "--timeout", "20s")
+	env := []string{"PLOVER_SERVER=" + srv.url}
+	echoBig(t, bin, env)
+	post := postEcho(srv.url)
+	if err := post(0, 0, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	moving := `plover_io_pieces{function="big",state="moving"}`
+	if s := metric(t, srv.url, `plover_io_seconds_total{function="big"}`); s <= 0 {
+		t.Fatalf("a 1 MiB body and answer moved in pieces cost %v s of the server's CPU: want it counted", s)
+	}
+
+	t.Run("a stalled body holds no turn", func(t *testing.T) {
+		const size = 4 << 20
+		in := body(50, 0, size)
+		spent := metric(t, srv.url, `plover_io_seconds_total{function="big"}`)
+		c := rawPost(t, srv.url, "big", size)
+		if _, err := c.Write(in[:1<<20]); err != nil {
+			t.Fatal(err)
+		}
+		// Its first MiB is read, in turns; then the server waits for the
+		// rest holding none: no piece of big is moving.
+		waitMetric(t, srv.url, `plover_io_seconds_total{function="big"}`, "more than before the body", func(v float64) bool { return v > spent })
+		waitMetric(t, srv.url, moving, "0 while a body waits for its client", func(v float64) bool { return v == 0 })
+		concurrently(t, 4, 3, func(c, i int) int { return 1<<20 + c*8 }, post)
+		if _, err := c.Write(in[1<<20:]); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || !bytes.Equal(out, in) {
+			t.Fatalf("the stalled body, sent at last: %d, %d bytes, equal %v", resp.StatusCode, len(out), bytes.Equal(out, in))
+		}
+	})
+
+	t.Run("a body cut midway gives its turn back", func(t *testing.T) {
+		const size = 4 << 20
+		c := rawPost(t, srv.url, "big", size)
+		c.Write(body(60, 0, size)[:2<<20])
+		c.Close()
+		waitMetric(t, srv.url, moving, "0 once the cut body is dropped", func(v float64) bool { return v == 0 })
+		waitMetric(t, srv.url, `plover_io_pieces{function="big",state="waiting"}`, "0", func(v float64) bool { return v == 0 })
+		if err := post(61, 0, size); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// No foreign bytes while bytes move in turns: clients of random body sizes
+// (from a few bytes to 3 MiB), some of which stop mid-upload or read only
+// part of their answer, and a worker killed in the middle: every 200 is
+// exactly its own request's bytes.
+func TestIOTurnsKeepEveryAnswerItsOwn(t *testing.T) {
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--isolation", "process", "--io-shares", "on", "--io-slots", "1", "--timeout", "20s", "--max-instances", "4")
+	env := []string{"PLOVER_SERVER=" + srv.url}
+	echoBig(t, bin, env)
+	url := srv.url + "/v1/functions/big/invoke"
+	const clients, each = 8, 12
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var bad []string
+	oks := 0
+	kill := make(chan struct{})
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(c), 7))
+			for i := range each {
+				if c == 0 && i == each/2 {
+					close(kill)
+				}
+				n := 1 + rng.IntN(3<<20)
+				in := body(100+c, i, n)
+				switch rng.IntN(6) {
+				case 0: // stops mid-upload
+					conn := rawPost(t, srv.url, "big", n)
+					conn.Write(in[:n/2])
+					conn.Close()
+					continue
+				case 1: // reads only part of its answer
+					resp, err := http.Post(url, "application/octet-stream", bytes.NewReader(in))
+					if err == nil {
+						io.CopyN(io.Discard, resp.Body, int64(n/3))
+						resp.Body.Close()
+					}
+					continue
+				}
+				resp, err := http.Post(url, "application/octet-stream", bytes.NewReader(in))
+				if err != nil {
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("client %d request %d: %v", c, i, err))
+					mu.Unlock()
+					continue
+				}
+				out, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				switch {
+				case resp.StatusCode == 200 && !bytes.Equal(out, in):
+					bad = append(bad, fmt.Sprintf("client %d request %d: 200 with %d bytes, not its own %d", c, i, len(out), n))
+				case resp.StatusCode == 200:
+					oks++
+				case resp.StatusCode != 500 && resp.StatusCode != 503: // the killed worker's requests
+					bad = append(bad, fmt.Sprintf("client %d request %d: %d %s", c, i, resp.StatusCode, out))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	<-kill
+	if pid := workerPID(t, srv.url, "big"); pid > 0 {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	wg.Wait()
+	for _, b := range bad {
+		t.Error(b)
+	}
+	if oks < clients*each/3 {
+		t.Errorf("only %d requests of %d answered 200", oks, clients*each)
+	}
+}
+
+// workerPID is the pid of fn's worker, from GET /v1/functions/{fn}.
+func workerPID(t *testing.T, url, fn string) int {
+	t.Helper()
+	resp, err := http.Get(url + "/v1/functions/" + fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`"pid":\s*(\d+)`).FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(string(m[1]))
+	return pid
+}
+
+// Under TLS a socket's readiness says nothing of a record: pieces move in
+// turn as they come, and the answer is still the request's own bytes.
+func TestIOTurnsOverTLS(t *testing.T) {
+	bin := buildPlover(t)
+	dir := t.TempDir()
+	ca, cert, key, _ := writeCerts(t, dir)
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--tls-cert", cert, "--tls-key", key, "--io-shares", "on", "--io-slots", "1")
+	env := []string{"PLOVER_SERVER=" + srv.url, "PLOVER_CACERT=" + ca}
+	echoBig(t, bin, env)
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	var wg sync.WaitGroup
+	for c := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in := body(300+c, 0, 3<<20+c)
+			resp, err := client.Post(srv.url+"/v1/functions/big/invoke", "application/octet-stream", bytes.NewReader(in))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			out, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || !bytes.Equal(out, in) {
+				t.Errorf("client %d over TLS: %d, %d bytes of %d, equal %v", c, resp.StatusCode, len(out), len(in), bytes.Equal(out, in))
+			}
+		}()
+	}
+	wg.Wait()
+}

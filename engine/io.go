@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/sched"
+)
+
+// The server's own I/O on functions' bytes, shared as their device time is
+// (package ioshare): a function's flow there has its current version's
+// share and priority, and what its pieces cost the server's CPU is charged
+// to its runs on every device too, so that a function that costs the
+// server more gets fewer turns there.
+
+// newIO makes the node's I/O shares: scheduled unless the device
+// schedulers are off (plover serve --sched off moves bytes as they come).
+func newIO(e *Engine, sc SchedConfig) *ioshare.Shares {
+	cfg := sc.IO
+	cfg.Off = cfg.Off || sc.Off
+	if cfg.Policy == "" {
+		cfg.Policy = sc.Policy
+	}
+	cfg.Charge = e.chargeIO
+	return ioshare.New(cfg)
+}
+
+// IO is name's share of the server's I/O, or nil for a name this node has
+// no record of (its request fails before a body is read). It reads no
+// store: a transport asks once Admit or Invoke met the name.
+func (e *Engine) IO(name string) *ioshare.Flow {
+	f, v := e.tab.peek(name)
+	if v == nil {
+		return nil
+	}
+	fl := e.io.Flow(f.name)                      // the function's own name: the flows' key
+	class, _ := sched.ParseClass(v.rec.Priority) // checked at deploy
+	weight := v.rec.Share
+	if weight <= 0 {
+		weight = 1
+	}
+	fl.Set(weight, class)
+	return fl
+}
+
+// chargeIO charges name's runs on every device with cpu, the server's CPU
+// time on its bytes (sched.Flow.Charge).
+func (e *Engine) chargeIO(name string, cpu time.Duration) {
+	for _, s := range e.scheds {
+		if fl := s.Lookup(name); fl != nil {
+			fl.Charge(cpu)
+		}
+	}
+}
+
+// ioSeconds is the server's CPU time on name's bytes so far.
+func (e *Engine) ioSeconds(name string) float64 {
+	if fl := e.io.Lookup(name); fl != nil {
+		return fl.Seconds()
+	}
+	return 0
+}

@@ -1,0 +1,169 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/sched"
+)
+
+// A request's bytes move in its function's turns (package ioshare): its
+// body past what fasthttp read with the headers, and an answer of more than
+// bigAnswer bytes, a piece at a time, each piece waited for holding no
+// turn (its socket readable, or with room) and then moved at once in the
+// turn. Small bodies and answers move as they come: they cost less than a
+// turn's bookkeeping would save.
+
+// bigAnswer is the smallest answer written a piece at a time.
+const bigAnswer = 64 << 10
+
+// turns is what moving a request's bytes in turn needs: its function's
+// flow (nil: they move as they come), and the request's deadline and
+// client check while it waits.
+type turns struct {
+	fl       *ioshare.Flow
+	deadline time.Time
+	gone     func() bool
+	readOut  bool // deadline is the read timeout's: waiting past it is a 408
+}
+
+// turnsOf is the turns of a request to name: a name the node has no
+// record of has none (its request fails before its body matters). A body
+// must arrive within the read timeout, its turns' waits included.
+func (s *Server) turnsOf(name string, deadline time.Time, gone func() bool) turns {
+	t := turns{fl: s.door.IO(name), deadline: deadline, gone: gone}
+	if rt := time.Now().Add(s.readTimeout()); deadline.IsZero() || rt.Before(deadline) {
+		t.deadline, t.readOut = rt, true
+	}
+	t.fl.Touch() // a light function's small request is about too
+	return t
+}
+
+// turn waits for the request's turn to move a piece; mayBlock: see
+// ioshare.Flow.Turn.
+func (t turns) turn(mayBlock bool) (ioshare.Turn, error) {
+	tn, err := t.fl.Turn(context.Background(), t.deadline, t.gone, mayBlock)
+	switch {
+	case errors.Is(err, sched.ErrDeadline) && t.readOut:
+		return tn, &apierr.Error{Status: apierr.RequestTimeout,
+			Msg: "the request body did not arrive within the server's read timeout, its waits for its turns (its function's share of the server's I/O) included"}
+	case errors.Is(err, sched.ErrDeadline):
+		return tn, errdefs.New(errdefs.KindTimeout, err, "the request's deadline passed while its bytes waited for their turn (its function's share of the server's I/O)")
+	case errors.Is(err, sched.ErrGone):
+		return tn, errdefs.New(errdefs.KindGone, err, "the client went away while the request's bytes waited for their turn")
+	}
+	return tn, err
+}
+
+// answerBody is a response of more than bigAnswer bytes (or one in a
+// slot: land), written once fasthttp writes the response: a piece at a
+// time in its function's turns when it has a flow, from the slot its
+// output is in when it has one (released once written or dropped).
+type answerBody struct {
+	land call.Landing
+	b    []byte
+	t    turns
+	conn net.Conn
+}
+
+var answerBodies = sync.Pool{New: func() any { return new(answerBody) }}
+
+// answer makes ctx's response b, released with land once written. Its
+// turns wait until the write timeout, not the request's deadline: the
+// answer is made, and is owed to the client.
+func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, t turns) {
+	ab := answerBodies.Get().(*answerBody)
+	ab.land, ab.b, ab.conn = land, b, ctx.Conn()
+	if t.fl != nil {
+		ab.t = turns{fl: t.fl, deadline: time.Now().Add(s.srv.WriteTimeout)}
+	}
+	ctx.Response.SetBodyStream(ab, len(b))
+}
+
+// pieceAnswer turns a response fasthttp holds in memory, when it is large
+// and its request has turns, into one written in them.
+func (s *Server) pieceAnswer(ctx *fasthttp.RequestCtx, t turns) {
+	// IsBodyStream first: Body() would read a stream to its end.
+	if t.fl == nil || ctx.Response.IsBodyStream() || len(ctx.Response.Body()) < bigAnswer {
+		return
+	}
+	s.answer(ctx, ctx.Response.SwapBody(nil), nil, t)
+}
+
+// Read serves a writer that does not take WriteTo (none of fasthttp's).
+func (ab *answerBody) Read(p []byte) (int, error) {
+	if len(ab.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, ab.b)
+	ab.b = ab.b[n:]
+	return n, nil
+}
+
+// WriteTo writes the answer to the connection's buffered writer w. Without
+// turns (or a small answer, or a writer that is not the connection's) in
+// one call: past w's buffer, bufio writes straight from the bytes to the
+// socket. With them, a piece at a time: where the socket can be waited on,
+// each piece once it has room and in one non-blocking write in turn; under
+// TLS through w, in turn.
+func (ab *answerBody) WriteTo(w io.Writer) (int64, error) {
+	bw, ok := w.(*bufio.Writer) // fasthttp's, over the connection
+	if ab.t.fl == nil || len(ab.b) < bigAnswer || !ok {
+		n, err := w.Write(ab.b)
+		ab.b = ab.b[n:]
+		return int64(n), err
+	}
+	raw := ioshare.Waitable(ab.conn)
+	if raw {
+		if err := bw.Flush(); err != nil { // the headers, ahead of the pieces
+			return 0, err
+		}
+	}
+	var total int64
+	for len(ab.b) > 0 {
+		if raw {
+			if err := ioshare.WaitWritable(ab.conn); err != nil {
+				return total, err
+			}
+		}
+		tn, err := ab.t.turn(!raw)
+		if err != nil {
+			return total, err
+		}
+		piece := ab.b[:min(len(ab.b), tn.Piece())]
+		var n int
+		if raw {
+			n, err = ioshare.WriteSome(ab.conn, piece)
+		} else if n, err = bw.Write(piece); err == nil {
+			err = bw.Flush()
+		}
+		tn.Done()
+		ab.b = ab.b[n:]
+		total += int64(n)
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// Close releases the slot, if any: the response is out (or will never be).
+func (ab *answerBody) Close() error {
+	if ab.land != nil {
+		ab.land.Release()
+	}
+	*ab = answerBody{}
+	answerBodies.Put(ab)
+	return nil
+}
