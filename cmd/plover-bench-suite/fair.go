@@ -40,6 +40,16 @@ type fairMode struct {
 	LatAlone    fairLoad            `json:"latency_alone"`
 	LatBeside   fairLoad            `json:"latency_beside_batch"`
 	BatchBeside fairLoad            `json:"batch_flood"`
+	FloodAlone  fairLoad            `json:"vecadd_flood_alone"` // 8 clients of 4 MB, nobody else
+	IO          fairIO              `json:"io_split"`
+}
+
+// fairIO is vecadd-a (share 3, 4 MB bodies) against vecadd-b (share 1,
+// 1 MB bodies), each flooded by the benchmark's clients: the part of the
+// server's I/O time (io_seconds) and of the bytes moved each got.
+type fairIO struct {
+	IOA, BytesA float64  // fractions: a's of both
+	Throughput  [2]int64 // served/s a, b
 }
 
 // fairShares is spin-a (share 3) against spin-b (share 1), each flooded by
@@ -56,7 +66,24 @@ type fairRun struct {
 	Clients int         `json:"flood_clients"`
 	Time    float64     `json:"seconds_per_load"`
 	Modes   []*fairMode `json:"modes"`
+	// Rounds are the victim alone and beside the 4 MB flood, mode by
+	// mode in each round (fairIOModes), the modes interleaved so that a
+	// noisy stretch of the machine falls on all of them.
+	Rounds [][]fairVictim `json:"io_rounds"`
 }
+
+// fairVictim is one round of one mode: the victim alone and beside the
+// vecadd flood, and the flood's throughput meanwhile.
+type fairVictim struct {
+	Mode   string   `json:"mode"`
+	Alone  fairLoad `json:"alone"`
+	Beside fairLoad `json:"beside"`
+	Flood  float64  `json:"flood_served_per_s"`
+}
+
+// fairIOModes are the modes the rounds compare: the server's I/O scheduled
+// and not, with cgroups and with nice levels.
+var fairIOModes = []string{"fair", "fair-io", "fair-nice", "fair-nice-noio"}
 
 // fairBundle is a sample deployed under another name, with a manifest
 // change (a share, a priority).
@@ -92,6 +119,8 @@ func runFair(ctx context.Context, o *options, res *results) error {
 		{"spin-b", dir("spin"), map[string]any{"share": 1}},
 		{"cnn-latency", dir("cnn"), map[string]any{"priority": "latency"}},
 		{"spin-batch", dir("spin"), map[string]any{"priority": "batch"}},
+		{"vecadd-a", dir("vecadd"), map[string]any{"share": 3}},
+		{"vecadd-b", dir("vecadd"), map[string]any{"share": 1}},
 	}
 	for _, b := range bundles {
 		src := b.from
@@ -105,7 +134,7 @@ func runFair(ctx context.Context, o *options, res *results) error {
 		}
 	}
 	fr := &fairRun{Clients: o.fairClients, Time: o.fairTime.Seconds()}
-	for _, mode := range []string{"fair", "fair-nice", "off", "none"} {
+	for _, mode := range fairModes {
 		logf("mode %s", mode)
 		m, err := fairOneMode(ctx, o, data, mode, cnn.Input, vec.Input, spinIn)
 		if err != nil {
@@ -113,8 +142,87 @@ func runFair(ctx context.Context, o *options, res *results) error {
 		}
 		fr.Modes = append(fr.Modes, m)
 	}
+	for r := range o.fairRounds {
+		logf("round %d of the victim beside the 4 MB flood: %s", r+1, strings.Join(fairIOModes, ", "))
+		var round []fairVictim
+		for _, mode := range fairIOModes {
+			v, err := fairVictimRound(ctx, o, data, mode, cnn.Input, vec.Input)
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", r+1, mode, err)
+			}
+			round = append(round, v)
+		}
+		fr.Rounds = append(fr.Rounds, round)
+	}
 	res.LoadAfterRuns = loadAvg()
 	return writeFair(o, res, fr)
+}
+
+// fairVictimRound is one mode's round: a server of its own, the victim
+// alone, then beside the vecadd flood.
+func fairVictimRound(ctx context.Context, o *options, data, mode string, cnnIn, vecIn []byte) (fairVictim, error) {
+	srv, err := startServer(o.plover, data, o.device, o.isolation, fairFlags(data, mode)...)
+	if err != nil {
+		return fairVictim{}, err
+	}
+	defer srv.stop()
+	for name, in := range map[string][]byte{"cnn": cnnIn, "vecadd": vecIn} {
+		if _, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond); err != nil {
+			return fairVictim{}, err
+		}
+	}
+	v := fairVictim{Mode: mode}
+	if v.Alone, err = closed(ctx, srv.url, "cnn", cnnIn, 1, o.fairTime); err != nil {
+		return v, err
+	}
+	var flood fairLoad
+	if v.Beside, flood, err = beside(ctx, srv.url, "cnn", cnnIn, "vecadd", vecIn, o.fairClients, o.fairTime); err != nil {
+		return v, err
+	}
+	v.Flood = flood.Throughput
+	return v, nil
+}
+
+// writeFairRounds writes the interleaved rounds: each mode's victim beside
+// the 4 MB flood, round by round, and the medians.
+func writeFairRounds(p func(string, ...any), fr *fairRun) {
+	if len(fr.Rounds) == 0 {
+		return
+	}
+	p("\nThe victim beside the 4 MB flood, the server's I/O scheduled or not: %d rounds, each a server per mode, the modes in turn in every round (so that a noisy stretch of this shared machine falls on all of them). Each cell: alone p99 → beside p50 / p99 ms; the medians over the rounds last (target: beside ≤ 1.5× alone at p50, ≤ 3× at p99).\n\n", len(fr.Rounds))
+	p("| round |")
+	for _, m := range fairIOModes {
+		p(" %s |", m)
+	}
+	p("\n|---|%s\n", strings.Repeat("---|", len(fairIOModes)))
+	for i, round := range fr.Rounds {
+		p("| %d |", i+1)
+		for _, v := range round {
+			p(" %s → %s / %s |", fmtMs(v.Alone.P99), fmtMs(v.Beside.P50), fmtMs(v.Beside.P99))
+		}
+		p("\n")
+	}
+	p("| median |")
+	for k := range fairIOModes {
+		var a50, a99, b50, b99, fl []float64
+		for _, round := range fr.Rounds {
+			v := round[k]
+			a50, a99, b50, b99, fl = append(a50, v.Alone.P50), append(a99, v.Alone.P99), append(b50, v.Beside.P50), append(b99, v.Beside.P99), append(fl, v.Flood)
+		}
+		p(" %s → %s / %s (%s / %s of alone; flood %.0f/s) |", fmtMs(median(a99)), fmtMs(median(b50)), fmtMs(median(b99)),
+			ratio(median(b50), median(a50)), ratio(median(b99), median(a99)), median(fl))
+	}
+	p("\n")
+}
+
+// fairModeNamed is the mode called name in fr, or nil.
+func fairModeNamed(fr *fairRun, name string) *fairMode {
+	for _, m := range fr.Modes {
+		if m.Mode == name {
+			return m
+		}
+	}
+	return nil
 }
 
 // renamedBundle copies b.from to a directory of its own with the manifest's
@@ -147,20 +255,49 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 	return dst, os.WriteFile(mp, out, 0o644)
 }
 
-func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecIn, spinIn []byte) (*fairMode, error) {
-	flags := []string{"--sched", mode}
-	switch mode {
-	case "none": // the server before the scheduler and the CPU weights
-		flags = []string{"--sched", "off", "--cpu-weights=false"}
-	case "fair-nice": // where cgroups cannot be written (a pod): nice levels
+// fairModes are the servers the benchmark compares, each its own process:
+// fair (the default: cgroups here, where --io-shares auto leaves the
+// server's I/O unscheduled), fair-io (the same with it scheduled:
+// --io-shares on), fair-nice (where cgroups cannot be written: nice levels,
+// and the server's I/O scheduled by default), fair-nice-noio (the same
+// with it unscheduled), off (--sched off) and none (the server before the
+// scheduler and the CPU weights).
+var fairModes = []string{"fair", "fair-io", "fair-nice", "fair-nice-noio", "off", "none"}
+
+// fairFlags are the plover serve flags of a mode.
+func fairFlags(data, mode string) []string {
+	var flags []string
+	base, noio := strings.CutSuffix(mode, "-noio")
+	base, io := strings.CutSuffix(base, "-io")
+	switch base {
+	case "none":
+		return []string{"--sched", "off", "--cpu-weights=false"}
+	case "off":
+		return []string{"--sched", "off"}
+	case "fair-nice":
 		flags = []string{"--sched", "fair", "--cgroup-root", filepath.Join(data, "no-cgroups")}
+	default:
+		flags = []string{"--sched", "fair"}
 	}
+	switch {
+	case noio:
+		flags = append(flags, "--io-shares", "off")
+	case io:
+		flags = append(flags, "--io-shares", "on")
+	}
+	return flags
+}
+
+func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecIn, spinIn []byte) (*fairMode, error) {
+	flags := fairFlags(data, mode)
 	srv, err := startServer(o.plover, data, o.device, o.isolation, flags...)
 	if err != nil {
 		return nil, err
 	}
 	defer srv.stop()
-	inputs := map[string][]byte{"cnn": cnnIn, "vecadd": vecIn, "spin": spinIn, "spin-a": spinIn, "spin-b": spinIn, "cnn-latency": cnnIn, "spin-batch": spinIn}
+	vecB := vecIn[:len(vecIn)/4/4*4] // a quarter of the floats: 1 MB bodies and answers
+	inputs := map[string][]byte{"cnn": cnnIn, "vecadd": vecIn, "spin": spinIn, "spin-a": spinIn, "spin-b": spinIn, "cnn-latency": cnnIn, "spin-batch": spinIn,
+		"vecadd-a": vecIn, "vecadd-b": vecB}
 	for name, in := range inputs { // loaded, instances made, before anything is timed
 		if _, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond); err != nil {
 			return nil, err
@@ -212,7 +349,38 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 	if m.LatBeside, m.BatchBeside, err = beside(ctx, srv.url, "cnn-latency", cnnIn, "spin-batch", spinIn, o.fairClients, o.fairTime); err != nil {
 		return nil, err
 	}
+	logf("  vecadd alone, %d clients; vecadd-a (share 3, 4 MB) and vecadd-b (share 1, 1 MB), %d clients each", o.fairClients, o.fairClients)
+	if m.FloodAlone, err = closed(ctx, srv.url, "vecadd", vecIn, o.fairClients, o.fairTime); err != nil {
+		return nil, err
+	}
+	if m.IO, err = ioSplit(ctx, srv.url, vecIn, vecB, o.fairClients, o.fairTime); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// ioSplit floods vecadd-a and vecadd-b together and reads the server's
+// I/O time each was charged meanwhile.
+func ioSplit(ctx context.Context, url string, inA, inB []byte, clients int, d time.Duration) (fairIO, error) {
+	before := [2]float64{ioSeconds(url, "vecadd-a"), ioSeconds(url, "vecadd-b")}
+	var wg sync.WaitGroup
+	var la, lb fairLoad
+	var ea, eb error
+	wg.Add(2)
+	go func() { defer wg.Done(); la, ea = closed(ctx, url, "vecadd-a", inA, clients, d) }()
+	go func() { defer wg.Done(); lb, eb = closed(ctx, url, "vecadd-b", inB, clients, d) }()
+	wg.Wait()
+	if ea != nil || eb != nil {
+		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
+	}
+	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}}
+	if ia, ib := ioSeconds(url, "vecadd-a")-before[0], ioSeconds(url, "vecadd-b")-before[1]; ia+ib > 0 {
+		r.IOA = ia / (ia + ib)
+	}
+	if ba, bb := la.Throughput*float64(len(inA)), lb.Throughput*float64(len(inB)); ba+bb > 0 {
+		r.BytesA = ba / (ba + bb)
+	}
+	return r, nil
 }
 
 // closed runs a closed loop and summarises it.
@@ -255,12 +423,18 @@ func beside(ctx context.Context, url, victim string, vin []byte, nb string, nin 
 }
 
 // deviceSeconds is a function's device time on the server so far.
-func deviceSeconds(url, fn string) float64 {
+func deviceSeconds(url, fn string) float64 { return functionInfo(url, fn).DeviceSeconds }
+
+// ioSeconds is the server's CPU time on a function's bytes so far.
+func ioSeconds(url, fn string) float64 { return functionInfo(url, fn).IOSeconds }
+
+// functionInfo is GET /v1/functions/{fn}, or its zero value.
+func functionInfo(url, fn string) api.FunctionInfo {
 	var fi api.FunctionInfo
 	if getJSON(http.DefaultClient, url+"/v1/functions/"+fn, &fi) != nil {
-		return 0
+		return api.FunctionInfo{}
 	}
-	return fi.DeviceSeconds
+	return fi
 }
 
 func writeFair(o *options, res *results, fr *fairRun) error {
@@ -269,7 +443,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here); `fair-nice` is the same where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels; `off` keeps the CPU weights but runs chains as they come (`--sched off`); `none` is the server before this work (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here, where `--io-shares auto` leaves the server's I/O unscheduled); `fair-io` is the same with the server's I/O by share (`--io-shares on`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
@@ -293,11 +467,25 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 		p("| %s | %s | %s | %s (%s / %s ms) | %.0f | %s ms |\n", m.Mode, strings.Join(parts, "; "), strings.Join(served, "; "),
 			ratio(m.LatBeside.P99, m.LatAlone.P99), fmtMs(m.LatBeside.P99), fmtMs(m.LatAlone.P99), m.Alone4.Throughput, fmtMs(m.Alone.P50))
 	}
-	if len(fr.Modes) >= 3 {
-		f, off := fr.Modes[0], fr.Modes[2]
+	off := fairModeNamed(fr, "off")
+	if f := fairModeNamed(fr, "fair"); f != nil && off != nil {
 		p("\nA function alone, fair over off (work conservation: the scheduler costs nothing uncontended): 4-client throughput **%s**, 1-client p50 **%s**.",
 			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
 		p(" (Without the scheduler no device time is accounted: only the work split shows.)\n")
 	}
+	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers) against vecadd-b (share 1, 1 MB), %d clients each: a's part of the server's CPU time on their bytes (`io_seconds`; target 0.75 ± 0.05) and of the bytes moved.\n\n", fr.Clients, fr.Clients)
+	p("| mode | vecadd alone: served/s (÷ off) | vecadd-a / vecadd-b: I/O time to a | bytes to a | served/s a, b |\n|---|---|---|---|---|\n")
+	for _, m := range fr.Modes {
+		io := "-"
+		if m.IO.IOA > 0 {
+			io = fmt.Sprintf("%.3f", m.IO.IOA)
+		}
+		alone := fmt.Sprintf("%.0f", m.FloodAlone.Throughput)
+		if off != nil {
+			alone += " (" + ratio(m.FloodAlone.Throughput, off.FloodAlone.Throughput) + ")"
+		}
+		p("| %s | %s | %s | %.3f | %d, %d |\n", m.Mode, alone, io, m.IO.BytesA, m.IO.Throughput[0], m.IO.Throughput[1])
+	}
+	writeFairRounds(p, fr)
 	return writeSection(o, "fair-"+o.device, b.String(), fr)
 }

@@ -55,7 +55,7 @@ type options struct {
 	datapathBefore                        string
 	tracing                               bool
 	tracingBefore                         string
-	fairClients                           int
+	fairClients, fairRounds               int
 	fairTime                              time.Duration
 	batchClients                          int
 	batchTime                             time.Duration
@@ -96,6 +96,7 @@ func main() {
 	flag.StringVar(&o.burstBefore, "burst-before", "", "with --burst: other plover binaries (space-separated; an earlier build) measured the same way in the same run, for ratios")
 	flag.IntVar(&o.fairClients, "fair-clients", 8, "closed-loop clients of each flood for --fair")
 	flag.DurationVar(&o.fairTime, "fair-time", 5*time.Second, "duration of each --fair measurement")
+	flag.IntVar(&o.fairRounds, "fair-rounds", 4, "--fair: rounds of the victim alone and beside the 4 MB flood, the server's I/O scheduled and not, the modes interleaved (0: none)")
 	flag.IntVar(&o.batchClients, "batch-clients", 32, "closed-loop clients for --batch")
 	flag.DurationVar(&o.batchTime, "batch-time", 6*time.Second, "duration of each --batch closed-loop run")
 	flag.StringVar(&o.batchFractions, "batch-sweep", "0.25,0.5,0.75,1,1.25,1.5,2", "--batch offered loads, as fractions of the unbatched closed-loop throughput")
