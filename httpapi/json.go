@@ -140,7 +140,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) 
 	if err != nil {
 		return err
 	}
-	tn := s.turnsOf(name, c.req.Deadline, c.req.Gone)
+	tn := s.turnsOf(ctx, name, c.req.Deadline, c.req.Gone)
 	body, held, err := s.readBody(ctx, limit, nil, tn)
 	if err != nil {
 		return err

@@ -40,13 +40,15 @@ type turns struct {
 
 // turnsOf is the turns of a request to name: a name the node has no
 // record of has none (its request fails before its body matters). A body
-// must arrive within the read timeout, its turns' waits included.
-func (s *Server) turnsOf(name string, deadline time.Time, gone func() bool) turns {
+// must arrive within the read timeout from the handler's call, its turns'
+// waits included.
+func (s *Server) turnsOf(ctx *fasthttp.RequestCtx, name string, deadline time.Time, gone func() bool) turns {
 	t := turns{fl: s.door.IO(name), deadline: deadline, gone: gone}
-	if rt := time.Now().Add(s.readTimeout()); deadline.IsZero() || rt.Before(deadline) {
+	now := ctx.Time() // read once for the request: a clock read is a small request's tenth
+	if rt := now.Add(s.readTimeout()); deadline.IsZero() || rt.Before(deadline) {
 		t.deadline, t.readOut = rt, true
 	}
-	t.fl.Touch() // a light function's small request is about too
+	t.fl.Touch(now) // a light function's small request is about too
 	return t
 }
 

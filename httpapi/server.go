@@ -375,7 +375,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) e
 		landed = land.Input()[:0]
 		dst = &landed
 	}
-	tn := s.turnsOf(name, c.req.Deadline, c.req.Gone)
+	tn := s.turnsOf(ctx, name, c.req.Deadline, c.req.Gone)
 	body, held, err := s.readBody(ctx, limit, dst, tn)
 	if err != nil {
 		if land != nil {

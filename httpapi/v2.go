@@ -232,7 +232,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	if err != nil {
 		return err
 	}
-	tn := s.turnsOf(name, r.Deadline, r.Gone)
+	tn := s.turnsOf(ctx, name, r.Deadline, r.Gone)
 	body, held, err := s.readBody(ctx, limit, &vc.in, tn)
 	if err != nil {
 		return err
@@ -250,28 +250,33 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 		header, bin = body[:n], body[n:]
 	}
 	h := &vc.hdr
-	m := tn.fl.Meter() // decoding is the server's CPU on the function's bytes
+	// Decoding the header and laying the tensors out are the server's CPU
+	// on the function's bytes: metered as one (a clock read costs as much
+	// as a small request's parts), ended on every way out.
+	m := tn.fl.Meter()
 	ok := h.parse(header)
 	if !ok {
 		err = h.decode(header)
 	}
-	m.Done()
 	if err != nil {
+		m.Done()
 		return badField("request body", "invalid JSON: "+err.Error())
 	}
 	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, r.Deadline)
 	if err != nil {
+		m.Done()
 		return err
 	}
 	defer pin.Release()
-	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err != nil {
-		return err
+	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err == nil {
+		r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
+		if err != nil {
+			err = &apierr.Error{Status: apierr.BadRequest, Msg: err.Error()}
+		}
 	}
-	m = tn.fl.Meter() // laying the tensors out too
-	r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 	m.Done()
 	if err != nil {
-		return &apierr.Error{Status: apierr.BadRequest, Msg: err.Error()}
+		return err
 	}
 	r.Output = vc.out[:0]
 	err = pin.Invoke(context.Background(), r)

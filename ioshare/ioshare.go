@@ -145,6 +145,7 @@ type Flow struct {
 	name string
 	f    *sched.Flow
 	cpu  atomic.Int64 // ns the server's threads spent on its pieces
+	owed atomic.Int64 // ns of it not yet passed to Config.Charge
 
 	moving, waiting atomic.Int32 // its pieces in turn, and waiting for one
 	nice            atomic.Int32 // the level its pieces move at (Config.Nice)
@@ -173,15 +174,15 @@ func (f *Flow) Set(weight float64, class sched.Class) {
 // Touch says the flow's function has a request now, though none of its
 // bytes need a turn (a small body, read with the headers): a light
 // function keeps the slots kept for light functions free of floods while
-// it is about (sched.Flow.Touch).
-func (f *Flow) Touch() {
+// it is about (sched.Flow.Touch). now is the request's time, already read.
+func (f *Flow) Touch(now time.Time) {
 	if f == nil || f.sh.cfg.Off {
 		return
 	}
 	// Once in touchEvery is as good as every time: it marks the flow
 	// about for sched's Recent (100 ms).
-	now := time.Now().UnixNano()
-	if last := f.touched.Load(); now-last < int64(touchEvery) || !f.touched.CompareAndSwap(last, now) {
+	at := now.UnixNano()
+	if last := f.touched.Load(); at-last < int64(touchEvery) || !f.touched.CompareAndSwap(last, at) {
 		return
 	}
 	f.f.Touch()
@@ -207,11 +208,11 @@ func (f *Flow) Pieces() (moving, waiting int) { return int(f.moving.Load()), int
 type Turn struct {
 	f       *Flow
 	t       sched.Ticket
-	start   time.Time
-	metered bool // Meter's: no piece
-	niced   bool // its thread took the flow's nice level (and is locked)
-	alone   bool // its flow had the server's I/O to itself when it began
-	blocks  bool // its piece may block (Turn's mayBlock)
+	start   time.Duration // mono()
+	metered bool          // Meter's: no piece
+	niced   bool          // its thread took the flow's nice level (and is locked)
+	alone   bool          // its flow had the server's I/O to itself when it began
+	blocks  bool          // its piece may block (Turn's mayBlock)
 }
 
 // Piece is the most bytes the turn moves: Config.Piece, or, while its flow
@@ -257,7 +258,7 @@ func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, m
 	if !tn.alone && !mayBlock {
 		tn.niced = f.sh.nice(int(f.nice.Load()))
 	}
-	tn.start = time.Now()
+	tn.start = mono()
 	return tn, nil
 }
 
@@ -268,7 +269,7 @@ func (t Turn) Done() {
 	if t.f == nil {
 		return
 	}
-	cpu := time.Since(t.start)
+	cpu := mono() - t.start
 	if t.blocks {
 		cpu = min(cpu, t.f.sh.cfg.Hold)
 	}
@@ -289,12 +290,30 @@ func (f *Flow) Meter() Turn {
 	if f == nil {
 		return Turn{}
 	}
-	return Turn{f: f, start: time.Now(), metered: true}
+	return Turn{f: f, start: mono(), metered: true}
 }
+
+// chargeEvery is how much of a flow's I/O time is passed to Config.Charge
+// at once: a small request's decoding costs a microsecond or two, and
+// charging the device flows takes their schedulers' locks; a share does
+// not move by less.
+const chargeEvery = 100 * time.Microsecond
+
+// epoch makes mono: time.Since reads the monotonic clock alone, at about
+// half a time.Now (which reads the wall clock too), and a small request
+// reads it several times.
+var epoch = time.Now()
+
+// mono is the monotonic time since epoch.
+func mono() time.Duration { return time.Since(epoch) }
 
 func (f *Flow) charge(cpu time.Duration) {
 	f.cpu.Add(int64(cpu))
-	if c := f.sh.cfg.Charge; c != nil {
-		c(f.name, cpu)
+	c := f.sh.cfg.Charge
+	if c == nil || f.owed.Add(int64(cpu)) < int64(chargeEvery) {
+		return
+	}
+	if owed := f.owed.Swap(0); owed > 0 {
+		c(f.name, time.Duration(owed))
 	}
 }
