@@ -3,11 +3,10 @@ package device
 import (
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
+
+	"github.com/plover-run/plover/named"
 )
 
 // Kind is a kind of device Plover runs bundles on, as it registers itself
@@ -53,36 +52,22 @@ type Kind struct {
 	StandbyFloor, StandbyCeiling int
 }
 
-var kinds = struct {
-	sync.RWMutex
-	m map[string]Kind
-}{m: map[string]Kind{}}
+var kinds = named.New[Kind]("device kind")
 
-// Register adds a device kind; a second kind of the same target is a
-// programming error.
+// Register adds a device kind; a kind with no target or no Open, or a
+// second kind of the same target, is a programming error (it panics).
 func Register(k Kind) {
-	kinds.Lock()
-	defer kinds.Unlock()
-	if _, dup := kinds.m[k.Target]; dup || k.Target == "" || k.Open == nil || k.OpenOne == nil {
-		panic("device: Register of kind " + strconv.Quote(k.Target) + ": empty, incomplete or registered twice")
+	if k.Open == nil || k.OpenOne == nil {
+		panic("device: Register of kind " + strconv.Quote(k.Target) + ": incomplete (Open and OpenOne are required)")
 	}
-	kinds.m[k.Target] = k
+	kinds.Register(k.Target, k)
 }
 
 // KindOf is the registered kind of target, if any.
-func KindOf(target string) (Kind, bool) {
-	kinds.RLock()
-	defer kinds.RUnlock()
-	k, ok := kinds.m[target]
-	return k, ok
-}
+func KindOf(target string) (Kind, bool) { return kinds.Get(target) }
 
 // Kinds are the registered kinds' targets, sorted.
-func Kinds() []string {
-	kinds.RLock()
-	defer kinds.RUnlock()
-	return slices.Sorted(maps.Keys(kinds.m))
-}
+func Kinds() []string { return kinds.Names() }
 
 // traits is target's kind, or a kind with no traits for a target no kind
 // registered (a test's fake device).
