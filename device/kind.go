@@ -6,14 +6,17 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/named"
 )
 
 // Kind is a kind of device Plover runs bundles on, as it registers itself
 // (host.go, gpu.go; database/sql's drivers are the model): its target, how
 // its devices open, and the traits the rest of Plover asks about instead
-// of switching on target names. Adding a kind is a file here that
-// registers one, and its target in package abi.
+// of switching on target names. Adding a kind is a file here whose init
+// registers its target (abi.RegisterTarget: the compiler line plover build
+// runs, the manifest's build check) unless package abi has it, then the
+// kind.
 type Kind struct {
 	// Target is the manifest "target" (abi.Target*) its devices run, and
 	// Name the kind as people write it ("CUDA").
@@ -54,11 +57,13 @@ type Kind struct {
 
 var kinds = named.New[Kind]("device kind")
 
-// Register adds a device kind; a kind with no target or no Open, or a
-// second kind of the same target, is a programming error (it panics).
+// Register adds a device kind. A kind with no Open, one whose target
+// package abi does not know (abi.RegisterTarget: a kind's file registers
+// a new target before its kind), or a second kind of the same target, is
+// a programming error (it panics).
 func Register(k Kind) {
-	if k.Open == nil || k.OpenOne == nil {
-		panic("device: Register of kind " + strconv.Quote(k.Target) + ": incomplete (Open and OpenOne are required)")
+	if _, ok := abi.TargetOf(k.Target); !ok || k.Open == nil || k.OpenOne == nil {
+		panic("device: Register of kind " + strconv.Quote(k.Target) + ": incomplete, or its target is not registered in package abi")
 	}
 	kinds.Register(k.Target, k)
 }
