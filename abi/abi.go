@@ -1,6 +1,8 @@
 // Package abi holds Plover's bundle contract: the C headers users compile
-// against (plover.h, plover_kernel.h) and the Go types of the manifest that
-// names a bundle's library, constants, buffer sizes and kernel chain.
+// against (plover.h, plover_kernel.h), the Go types of the manifest that
+// names a bundle's library, constants, buffer sizes and kernel chain, and
+// the targets a bundle is built for (target.go), each registered with its
+// compiler line and build check.
 package abi
 
 import (
@@ -56,7 +58,8 @@ func Accept(v ABIVersion) error {
 	return fmt.Errorf("built for ABI %s; this runtime speaks ABI %d.%d (and loads ABI 1.0 bundles)", v, Major, Minor)
 }
 
-// Targets a bundle can be built for.
+// The targets this package registers (target_host.go, target_cuda.go);
+// a new device kind's file may register another (RegisterTarget).
 const (
 	TargetHost = "host"
 	TargetCUDA = "cuda"

@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -137,11 +136,7 @@ func RunsOn(target string, targets []string) error {
 	if slices.Contains(targets, target) {
 		return nil
 	}
-	q := make([]string, len(targets))
-	for i, t := range targets {
-		q[i] = strconv.Quote(t)
-	}
-	return &FieldError{"target", fmt.Sprintf("the bundle is built for %q; this node's devices run %s", target, strings.Join(q, " and "))}
+	return &FieldError{"target", fmt.Sprintf("the bundle is built for %q; this node's devices run %s", target, strings.Join(quoted(targets), " and "))}
 }
 
 // FieldError says which manifest field is wrong and why.
@@ -384,8 +379,8 @@ func (m *Manifest) Validate() error {
 		return &FieldError{"name", fmt.Sprintf("%q must match [a-z0-9][a-z0-9-]{0,62}", m.Name)}
 	case m.ABI != 1 && m.ABI != Major:
 		return &FieldError{"abi", fmt.Sprintf("is %d, this runtime speaks ABI %d (and loads ABI 1 bundles): the major version the library was built for", m.ABI, Major)}
-	case m.Target != TargetHost && m.Target != TargetCUDA:
-		return &FieldError{"target", fmt.Sprintf("%q must be %q or %q", m.Target, TargetHost, TargetCUDA)}
+	case !isTarget(m.Target):
+		return &FieldError{"target", fmt.Sprintf("%q must be %s", m.Target, orList(quoted(Targets())))}
 	case !fileClass.match(m.Library) || !strings.HasSuffix(m.Library, ".so"):
 		return &FieldError{"library", fmt.Sprintf("%q must be a plain file name ending in .so", m.Library)}
 	case m.Constants != "" && !fileClass.match(m.Constants):
@@ -436,7 +431,6 @@ func (m *Manifest) Validate() error {
 
 var (
 	relPathRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*$`)
-	archRE    = regexp.MustCompile(`^[0-9]{2,3}[a-z]?$`)
 )
 
 func (b *Build) validate() error {
@@ -456,12 +450,7 @@ func (b *Build) validate() error {
 			return &FieldError{fmt.Sprintf("build.include[%d]", i), fmt.Sprintf("%q must be a relative path inside the function directory", s)}
 		}
 	}
-	for i, a := range b.CUDAArch {
-		if !archRE.MatchString(a) {
-			return &FieldError{fmt.Sprintf("build.cuda_arch[%d]", i), fmt.Sprintf("%q must be an SM version such as \"80\" or \"90\"", a)}
-		}
-	}
-	return nil
+	return checkBuildTargets(b)
 }
 
 // ValidateChain checks a chain's shape (not whether its symbols exist).

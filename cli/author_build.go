@@ -9,8 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/plover-run/plover/fileutil"
@@ -19,221 +17,20 @@ import (
 	"github.com/plover-run/plover/bundle"
 )
 
-// The compilers' fixed flags; plover init's Makefile and docs/author-loop.md
-// spell the same lines. --exclude-libs keeps a statically linked C++ runtime
-// (some toolchains link it so) from being exported by the bundle. -Wall
-// -Wextra, as the repository's own Makefile builds its samples: a warning
-// is often the bug (an unsigned loop counter tested >= 0 never ends).
-var (
-	hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a", "-Wall", "-Wextra"}
-	cudaFlags = []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-Wall,-Wextra", "-O3"}
-)
-
-// Build section defaults (see abi.Build).
-var (
-	defaultInclude  = []string{"include"}
-	defaultCUDAArch = []string{"80", "90"}
-)
-
-// minCUDA is the first CUDA release whose nvcc compiles for an SM version.
-// SM versions not listed are left to nvcc.
-var minCUDA = map[string]version{
-	"70": {9, 0}, "75": {10, 0},
-	"80": {11, 0}, "86": {11, 1}, "87": {11, 4}, "89": {11, 8}, "90": {11, 8}, "90a": {12, 0},
-	"100": {12, 8}, "100a": {12, 8}, "101": {12, 8}, "101a": {12, 8}, "120": {12, 8}, "120a": {12, 8},
-}
-
-// version is a major.minor release number; the zero value is unknown.
-type version struct{ Major, Minor int }
-
-func (v version) String() string { return fmt.Sprintf("%d.%d", v.Major, v.Minor) }
-func (v version) less(w version) bool {
-	return v.Major < w.Major || v.Major == w.Major && v.Minor < w.Minor
-}
-func (v version) known() bool { return v.Major > 0 }
-
-// maxHostGCC is the newest g++ major an nvcc release accepts as its host
-// compiler, 0 when Plover does not know (then nvcc itself decides).
-func maxHostGCC(cuda version) int {
-	if cuda.Major == 11 {
-		return 11
-	}
-	return 0
-}
-
-// nvccInfo is what a CUDA build needs to know about the toolchain.
-type nvccInfo struct {
-	Path    string  // nvcc to run
-	Version version // CUDA release; zero when nvcc --version did not say
-	// HostGCC is the major version of the g++ nvcc uses by default (the
-	// first on PATH), 0 when there is none or it did not say.
-	HostGCC int
-	// Fallback is a g++ nvcc accepts (for CUDA 11.x: g++-11, else g++-10 or
-	// g++-9) when HostGCC is too new, or "" when there is none.
-	Fallback string
-}
-
-var releaseRE = regexp.MustCompile(`release (\d+)\.(\d+)`)
-
-// parseNVCCVersion reads the CUDA release from `nvcc --version`.
-func parseNVCCVersion(out string) version {
-	m := releaseRE.FindStringSubmatch(out)
-	if m == nil {
-		return version{}
-	}
-	maj, _ := strconv.Atoi(m[1])
-	min, _ := strconv.Atoi(m[2])
-	return version{maj, min}
-}
-
-// gccMajor reads the major version from `g++ -dumpfullversion -dumpversion`.
-func gccMajor(out string) int {
-	out = strings.TrimSpace(out)
-	if i := strings.IndexByte(out, '.'); i >= 0 {
-		out = out[:i]
-	}
-	n, _ := strconv.Atoi(out)
-	return n
-}
-
-// hostCompiler is the C++ compiler for host builds: $CXX, else g++.
-func hostCompiler() (string, error) {
-	cxx := os.Getenv("CXX")
-	if cxx == "" {
-		cxx = "g++"
-	}
-	path, err := exec.LookPath(cxx)
-	if err != nil {
-		return "", fmt.Errorf("%s not found: the host build needs a C++ compiler: install g++ (Debian/Ubuntu: apt-get install g++; Fedora: dnf install gcc-c++), or set $CXX to one", cxx)
-	}
-	if cxx == "g++" {
-		return cxx, nil // shown by name in the printed command line
-	}
-	return path, nil
-}
-
-// findNVCC locates nvcc ($NVCC, else nvcc on PATH) and probes its release
-// and the host compiler it would use.
-func findNVCC() (*nvccInfo, error) {
-	nvcc := os.Getenv("NVCC")
-	if nvcc == "" {
-		nvcc = "nvcc"
-	}
-	path, err := exec.LookPath(nvcc)
-	if err != nil {
-		hint := ""
-		if _, err := os.Stat("/usr/local/cuda/bin/nvcc"); err == nil {
-			hint = " (/usr/local/cuda/bin/nvcc exists: add /usr/local/cuda/bin to PATH)"
-		}
-		return nil, fmt.Errorf("%s not found%s: the cuda build needs the CUDA toolkit's nvcc: install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads), "+
-			"or on Debian 12 run `make install-nvcc` in the Plover repository (Debian's nvidia-cuda-toolkit, CUDA 11.8); or set $NVCC", nvcc, hint)
-	}
-	info := &nvccInfo{Path: nvcc}
-	if nvcc != "nvcc" {
-		info.Path = path
-	}
-	if out, err := exec.Command(path, "--version").Output(); err == nil {
-		info.Version = parseNVCCVersion(string(out))
-	}
-	if out, err := exec.Command("g++", "-dumpfullversion", "-dumpversion").Output(); err == nil {
-		info.HostGCC = gccMajor(string(out))
-	}
-	if max := maxHostGCC(info.Version); max > 0 {
-		for v := max; v >= max-2 && info.Fallback == ""; v-- {
-			if _, err := exec.LookPath(fmt.Sprintf("g++-%d", v)); err == nil {
-				info.Fallback = fmt.Sprintf("g++-%d", v)
-			}
-		}
-	}
-	return info, nil
-}
-
-// hostCommand is the host build's command line, run in the function
-// directory: sources and include directories are relative to it.
-func hostCommand(cxx string, b *abi.Build, out string) []string {
-	argv := append([]string{cxx}, hostFlags...)
-	argv = append(argv, includes(b)...)
-	argv = append(argv, b.CXXFlags...)
-	argv = append(argv, "-o", out)
-	return append(argv, b.Sources...)
-}
-
-// cudaCommand is the CUDA build's command line, or why nvcc cannot build
-// what the build section asks for.
-func cudaCommand(nv *nvccInfo, b *abi.Build, out string) ([]string, error) {
-	archs := b.CUDAArch
-	if len(archs) == 0 {
-		archs = defaultCUDAArch
-	}
-	if nv.Version.known() {
-		for _, a := range archs {
-			if min, ok := minCUDA[a]; ok && nv.Version.less(min) {
-				return nil, fmt.Errorf("build.cuda_arch %q: sm_%s needs CUDA %s or newer, and %s is CUDA %s: install a newer CUDA toolkit, or drop %q from build.cuda_arch in plover.json",
-					a, a, min, nv.Path, nv.Version, a)
-			}
-		}
-	}
-	argv := append([]string{nv.Path}, cudaFlags...)
-	argv = append(argv, includes(b)...)
-	if max := maxHostGCC(nv.Version); max > 0 && !hasCCBin(b.NVCCFlags) && (nv.HostGCC == 0 || nv.HostGCC > max) {
-		if nv.Fallback == "" {
-			have := "there is no g++ on PATH"
-			if nv.HostGCC > 0 {
-				have = fmt.Sprintf("the default g++ is version %d", nv.HostGCC)
-			}
-			return nil, fmt.Errorf("nvcc %s (CUDA %s) accepts g++ up to version %d as its host compiler, %s, and there is no g++-%d: install g++-%d (Debian/Ubuntu: apt-get install g++-%d), or name a host compiler in plover.json: \"nvccflags\": [\"-ccbin\", \"/path/to/g++\"]",
-				nv.Path, nv.Version, max, have, max, max, max)
-		}
-		argv = append(argv, "-ccbin", nv.Fallback)
-	}
-	for i, a := range archs {
-		code := "sm_" + a
-		if i == len(archs)-1 {
-			code = "[sm_" + a + ",compute_" + a + "]" // PTX too: newer GPUs JIT it
-		}
-		argv = append(argv, "-gencode", "arch=compute_"+a+",code="+code)
-	}
-	argv = append(argv, b.NVCCFlags...)
-	argv = append(argv, "-o", out)
-	return append(argv, b.Sources...), nil
-}
-
-func includes(b *abi.Build) []string {
-	inc := includeDirs(b)
-	flags := make([]string, len(inc))
-	for i, d := range inc {
-		flags[i] = "-I" + d
-	}
-	return flags
-}
-
 // includeDirs is the build's include directories: build.include, or
 // include/ when it names none.
-func includeDirs(b *abi.Build) []string {
-	if len(b.Include) == 0 {
-		return defaultInclude
-	}
-	return b.Include
-}
+func includeDirs(b *abi.Build) []string { return b.IncludeDirs() }
 
-func hasCCBin(flags []string) bool {
-	for _, f := range flags {
-		if f == "-ccbin" || f == "--compiler-bindir" || strings.HasPrefix(f, "-ccbin=") || strings.HasPrefix(f, "--compiler-bindir=") {
-			return true
-		}
-	}
-	return false
-}
-
-// buildTargets turns --target into the targets to build.
+// buildTargets turns --target into the targets to build: one, plover.json's
+// (""), or every registered target ("all").
 func buildTargets(flagValue, manifestTarget string) ([]string, bool) {
-	switch flagValue {
-	case "":
+	switch _, ok := abi.TargetOf(flagValue); {
+	case flagValue == "":
 		return []string{manifestTarget}, true
-	case abi.TargetHost, abi.TargetCUDA:
+	case ok:
 		return []string{flagValue}, true
-	case "all":
-		return []string{abi.TargetHost, abi.TargetCUDA}, true
+	case flagValue == "all":
+		return abi.Targets(), true
 	}
 	return nil, false
 }
@@ -241,15 +38,20 @@ func buildTargets(flagValue, manifestTarget string) ([]string, bool) {
 func buildCmd() *command {
 	var target, out string
 	var asJSON bool
+	known := abi.Targets()
+	dirs := make([]string, len(known))
+	for i, t := range known {
+		dirs[i] = BuildDir + "/" + t
+	}
 	return &command{
 		nargs: 1,
-		name:  "build", summary: "compile a function source directory into bundle directories (build/host, build/cuda)",
-		usage: "DIR [--target host|cuda|all] [--out OUT]",
+		name:  "build", summary: "compile a function source directory into bundle directories (" + strings.Join(dirs, ", ") + ")",
+		usage: "DIR [--target " + strings.Join(known, "|") + "|all] [--out OUT]",
 		example: "  plover build saxpy                 # saxpy/build/host (plover.json's target)\n" +
 			"  plover build saxpy --target all    # and saxpy/build/cuda, with nvcc\n" +
 			"Compilers: $CXX (default g++) for host, $NVCC (default nvcc) for cuda.",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&target, "target", "", "host, cuda or all (default: plover.json's target)")
+			fs.StringVar(&target, "target", "", strings.Join(known, ", ")+" or all (default: plover.json's target)")
 			fs.StringVar(&out, "out", "", "put the bundles in OUT/<target> (default DIR/"+BuildDir+")")
 			fs.BoolVar(&asJSON, "json", false, `print {"bundles": [{"target","dir","library","library_bytes","constants","constants_bytes"}]} to stdout (compiler lines stay on stderr)`)
 		},
@@ -265,7 +67,7 @@ func buildCmd() *command {
 			}
 			targets, ok := buildTargets(target, m.Target)
 			if !ok {
-				return usagef(env, "build", "--target %q: want host, cuda or all", target)
+				return usagef(env, "build", "--target %q: want %s or all", target, strings.Join(known, ", "))
 			}
 			if out == "" {
 				out = filepath.Join(dir, BuildDir)
@@ -327,22 +129,13 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBund
 	if err != nil {
 		return nil, err
 	}
-	var argv []string
-	switch target {
-	case abi.TargetHost:
-		cxx, err := hostCompiler()
-		if err != nil {
-			return nil, err
-		}
-		argv = hostCommand(cxx, m.Build, lib)
-	case abi.TargetCUDA:
-		nv, err := findNVCC()
-		if err != nil {
-			return nil, err
-		}
-		if argv, err = cudaCommand(nv, m.Build, lib); err != nil {
-			return nil, err
-		}
+	t, ok := abi.TargetOf(target)
+	if !ok {
+		return nil, fmt.Errorf("target %q: want %s", target, strings.Join(abi.Targets(), ", "))
+	}
+	argv, err := t.Command(m.Build, lib)
+	if err != nil {
+		return nil, err
 	}
 	fmt.Fprintln(env.Stderr, shellLine(argv))
 	cmd := exec.Command(argv[0], argv[1:]...)

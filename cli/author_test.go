@@ -75,97 +75,20 @@ func TestBuildTargetFlag(t *testing.T) {
 	}
 }
 
-func TestHostCommand(t *testing.T) {
-	tests := []struct {
-		name string
-		b    abi.Build
-		want string
-	}{
-		{"defaults", abi.Build{Sources: []string{"k.cu"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinclude -o build/host/k.so k.cu"},
-		{"includes, flags, two sources", abi.Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := strings.Join(hostCommand("g++", &tt.b, "build/host/k.so"), " "); got != tt.want {
-				t.Fatalf("got  %s\nwant %s", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestCUDACommand(t *testing.T) {
-	const fixed = "nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinclude"
-	const gencode = "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]"
-	const tail = "-o out/k.so k.cu"
-	src := []string{"k.cu"}
-	cuda118 := nvccInfo{Path: "nvcc", Version: version{11, 8}, HostGCC: 11}
-	withGCC := func(nv nvccInfo, gcc int, fallback string) *nvccInfo {
-		nv.HostGCC, nv.Fallback = gcc, fallback
-		return &nv
-	}
-	tests := []struct {
-		name string
-		nv   *nvccInfo
-		b    abi.Build
-		want string // the command line, or with err: a part of the error
-		err  bool
-	}{
-		{"defaults, CUDA 11.8, g++ 11", &cuda118, abi.Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
-		{"CUDA 12.4, g++ 13: no -ccbin", &nvccInfo{Path: "nvcc", Version: version{12, 4}, HostGCC: 13}, abi.Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
-		{"unknown release: no checks", &nvccInfo{Path: "/opt/nvcc", HostGCC: 14}, abi.Build{Sources: src},
-			"/opt/nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinclude " + gencode + " " + tail, false},
-		{"g++ 12 with g++-11 present", withGCC(cuda118, 12, "g++-11"), abi.Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
-		{"no g++ on PATH, g++-11 present", withGCC(cuda118, 0, "g++-11"), abi.Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
-		{"g++ 12 and no g++-11", withGCC(cuda118, 12, ""), abi.Build{Sources: src}, "accepts g++ up to version 11 as its host compiler, the default g++ is version 12, and there is no g++-11", true},
-		{"the author's -ccbin wins", withGCC(cuda118, 12, ""), abi.Build{Sources: src, NVCCFlags: []string{"-ccbin", "/usr/bin/g++-10"}},
-			fixed + " " + gencode + " -ccbin /usr/bin/g++-10 " + tail, false},
-		{"one arch gets PTX", &cuda118, abi.Build{Sources: src, CUDAArch: []string{"86"}},
-			fixed + " -gencode arch=compute_86,code=[sm_86,compute_86] " + tail, false},
-		{"three archs, includes, flags", &cuda118, abi.Build{Sources: []string{"a.cu", "b.cu"}, Include: []string{"inc"}, CUDAArch: []string{"75", "80", "90"}, NVCCFlags: []string{"-lineinfo"}},
-			"nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinc -gencode arch=compute_75,code=sm_75 " + gencode + " -lineinfo -o out/k.so a.cu b.cu", false},
-		{"sm_90 on CUDA 11.7", &nvccInfo{Path: "nvcc", Version: version{11, 7}, HostGCC: 11}, abi.Build{Sources: src}, `sm_90 needs CUDA 11.8 or newer, and nvcc is CUDA 11.7`, true},
-		{"sm_80 on CUDA 10.2", &nvccInfo{Path: "nvcc", Version: version{10, 2}, HostGCC: 8}, abi.Build{Sources: src}, `sm_80 needs CUDA 11.0 or newer`, true},
-		{"sm_100 on CUDA 12.4", &nvccInfo{Path: "nvcc", Version: version{12, 4}}, abi.Build{Sources: src, CUDAArch: []string{"90", "100"}}, `sm_100 needs CUDA 12.8 or newer`, true},
-		{"an arch Plover does not know goes to nvcc", &nvccInfo{Path: "nvcc", Version: version{12, 4}}, abi.Build{Sources: src, CUDAArch: []string{"110"}},
-			fixed + " -gencode arch=compute_110,code=[sm_110,compute_110] " + tail, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			argv, err := cudaCommand(tt.nv, &tt.b, "out/k.so")
-			switch {
-			case tt.err && (err == nil || !strings.Contains(err.Error(), tt.want)):
-				t.Fatalf("err %v, argv %v; want an error with %q", err, argv, tt.want)
-			case !tt.err && err != nil:
-				t.Fatal(err)
-			case !tt.err && strings.Join(argv, " ") != tt.want:
-				t.Fatalf("got  %s\nwant %s", strings.Join(argv, " "), tt.want)
-			}
-		})
-	}
-}
-
-func TestToolVersions(t *testing.T) {
-	out := "nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2022 NVIDIA Corporation\nBuilt on Wed_Sep_21_10:33:58_PDT_2022\n" +
-		"Cuda compilation tools, release 11.8, V11.8.89\nBuild cuda_11.8.r11.8/compiler.31833905_0\n"
-	if v := parseNVCCVersion(out); v != (version{11, 8}) {
-		t.Errorf("nvcc 11.8 read as %v", v)
-	}
-	if v := parseNVCCVersion("Cuda compilation tools, release 12.10, V12.10.3"); v != (version{12, 10}) || !(version{12, 9}).less(v) {
-		t.Errorf("nvcc 12.10 read as %v", v)
-	}
-	if v := parseNVCCVersion("garbage"); v.known() {
-		t.Errorf("garbage read as %v", v)
-	}
-	for in, want := range map[string]int{"12.2.0\n": 12, "11\n": 11, "9.4.0": 9, "": 0, "clang": 0} {
-		if got := gccMajor(in); got != want {
-			t.Errorf("gccMajor(%q) = %d, want %d", in, got, want)
-		}
-	}
+func TestShellLine(t *testing.T) {
 	if q := shellLine([]string{"nvcc", "-gencode", "arch=compute_90,code=[sm_90,compute_90]", "a b.cu", "it's"}); q != `nvcc -gencode 'arch=compute_90,code=[sm_90,compute_90]' 'a b.cu' 'it'\''s'` {
 		t.Errorf("shellLine: %s", q)
 	}
+}
+
+// targetFlags are the registered target's fixed compiler flags.
+func targetFlags(t *testing.T, name string) []string {
+	t.Helper()
+	tg, ok := abi.TargetOf(name)
+	if !ok {
+		t.Fatalf("no target %q", name)
+	}
+	return tg.Flags
 }
 
 // initDir runs plover init name in a fresh directory and returns the
@@ -255,7 +178,7 @@ func TestInit(t *testing.T) {
 	// The Makefile builds as plover build does, warnings on (issue 37,
 	// item 7).
 	mk, _ := os.ReadFile(filepath.Join(dir, "Makefile"))
-	for _, s := range []string{strings.Join(hostFlags, " ") + " -Iinclude", strings.Join(cudaFlags, " ") + " -Iinclude",
+	for _, s := range []string{strings.Join(targetFlags(t, abi.TargetHost), " ") + " -Iinclude", strings.Join(targetFlags(t, abi.TargetCUDA), " ") + " -Iinclude",
 		"-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]", "g++-11", "PTX"} {
 		if !bytes.Contains(mk, []byte(s)) {
 			t.Errorf("the Makefile lacks %q", s)

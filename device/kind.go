@@ -3,18 +3,20 @@ package device
 import (
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/named"
 )
 
 // Kind is a kind of device Plover runs bundles on, as it registers itself
 // (host.go, gpu.go; database/sql's drivers are the model): its target, how
 // its devices open, and the traits the rest of Plover asks about instead
-// of switching on target names. Adding a kind is a file here that
-// registers one, and its target in package abi.
+// of switching on target names. Adding a kind is a file here whose init
+// registers its target (abi.RegisterTarget: the compiler line plover build
+// runs, the manifest's build check) unless package abi has it, then the
+// kind.
 type Kind struct {
 	// Target is the manifest "target" (abi.Target*) its devices run, and
 	// Name the kind as people write it ("CUDA").
@@ -53,36 +55,24 @@ type Kind struct {
 	StandbyFloor, StandbyCeiling int
 }
 
-var kinds = struct {
-	sync.RWMutex
-	m map[string]Kind
-}{m: map[string]Kind{}}
+var kinds = named.New[Kind]("device kind")
 
-// Register adds a device kind; a second kind of the same target is a
-// programming error.
+// Register adds a device kind. A kind with no Open, one whose target
+// package abi does not know (abi.RegisterTarget: a kind's file registers
+// a new target before its kind), or a second kind of the same target, is
+// a programming error (it panics).
 func Register(k Kind) {
-	kinds.Lock()
-	defer kinds.Unlock()
-	if _, dup := kinds.m[k.Target]; dup || k.Target == "" || k.Open == nil || k.OpenOne == nil {
-		panic("device: Register of kind " + strconv.Quote(k.Target) + ": empty, incomplete or registered twice")
+	if _, ok := abi.TargetOf(k.Target); !ok || k.Open == nil || k.OpenOne == nil {
+		panic("device: Register of kind " + strconv.Quote(k.Target) + ": incomplete, or its target is not registered in package abi")
 	}
-	kinds.m[k.Target] = k
+	kinds.Register(k.Target, k)
 }
 
 // KindOf is the registered kind of target, if any.
-func KindOf(target string) (Kind, bool) {
-	kinds.RLock()
-	defer kinds.RUnlock()
-	k, ok := kinds.m[target]
-	return k, ok
-}
+func KindOf(target string) (Kind, bool) { return kinds.Get(target) }
 
 // Kinds are the registered kinds' targets, sorted.
-func Kinds() []string {
-	kinds.RLock()
-	defer kinds.RUnlock()
-	return slices.Sorted(maps.Keys(kinds.m))
-}
+func Kinds() []string { return kinds.Names() }
 
 // traits is target's kind, or a kind with no traits for a target no kind
 // registered (a test's fake device).

@@ -1,9 +1,7 @@
 package device
 
 import (
-	"fmt"
 	"log/slog"
-	"strings"
 
 	"github.com/plover-run/plover/abi"
 )
@@ -43,9 +41,9 @@ func OpenOne(kind string, ordinal int, limit int64, driver string, log *slog.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	k, ok := KindOf(kind)
-	if !ok {
-		return nil, fmt.Errorf("device kind %q: want %s", kind, strings.Join(Kinds(), " or "))
+	k, err := kinds.Lookup(kind)
+	if err != nil {
+		return nil, err
 	}
 	return k.OpenOne(ordinal, limit, driver, log)
 }

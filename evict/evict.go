@@ -6,12 +6,9 @@
 package evict
 
 import (
-	"fmt"
-	"maps"
-	"slices"
-	"strings"
-	"sync"
 	"time"
+
+	"github.com/plover-run/plover/named"
 )
 
 // Idle is something idle on a device that the engine could free to make
@@ -92,39 +89,19 @@ func pick(idle []Idle, first func(c, b Idle) bool) int {
 // Default is the policy used when none is named.
 const Default = "lru"
 
-var evictors = struct {
-	sync.RWMutex
-	m map[string]Evictor
-}{m: map[string]Evictor{}}
+var evictors = named.New[Evictor]("eviction policy")
 
-// Register adds an eviction policy; a second of the same name is a
-// programming error.
-func Register(name string, e Evictor) {
-	evictors.Lock()
-	defer evictors.Unlock()
-	if _, dup := evictors.m[name]; dup || name == "" || e == nil {
-		panic(fmt.Sprintf("evict: Register(%q): empty or registered twice", name))
-	}
-	evictors.m[name] = e
-}
+// Register adds an eviction policy; an empty name, a nil policy or a
+// second of the same name is a programming error (it panics).
+func Register(name string, e Evictor) { evictors.Register(name, e) }
 
 // Names are the registered policies, sorted.
-func Names() []string {
-	evictors.RLock()
-	defer evictors.RUnlock()
-	return slices.Sorted(maps.Keys(evictors.m))
-}
+func Names() []string { return evictors.Names() }
 
 // Lookup is the policy registered as name ("": Default).
 func Lookup(name string) (Evictor, error) {
 	if name == "" {
 		name = Default
 	}
-	evictors.RLock()
-	e := evictors.m[name]
-	evictors.RUnlock()
-	if e == nil {
-		return nil, fmt.Errorf("eviction policy %q: want one of %s", name, strings.Join(Names(), ", "))
-	}
-	return e, nil
+	return evictors.Lookup(name)
 }

@@ -163,10 +163,11 @@ func (l *Library) Symbol(name string) (unsafe.Pointer, error) {
 	return p, nil
 }
 
-// Close unloads a host-target library. CUDA-target libraries are never
-// unloaded: their static cudart registered fatbins with the driver and
-// unregistering them at dlclose is a documented source of crashes; the
-// handle is simply dropped.
+// Close unloads a library whose target says its libraries unload
+// (abi.Target.Unloads: the host's). Others are never unloaded (CUDA's
+// static cudart registered fatbins with the driver, and unregistering them
+// at dlclose is a documented source of crashes): the handle is simply
+// dropped.
 func (l *Library) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -176,7 +177,7 @@ func (l *Library) Close() error {
 	h := l.handle
 	l.handle = nil
 	l.syms = nil
-	if l.Target != abi.TargetHost {
+	if t, ok := abi.TargetOf(l.Target); !ok || !t.Unloads {
 		return nil
 	}
 	lockDL()
