@@ -325,7 +325,7 @@ func staleSources(dir string, m *abi.Manifest, built string) string {
 	}
 	// The headers too: every file under build.include (a kernel's own
 	// header, edited, is a change of the function).
-	for _, inc := range includeDirs(m.Build) {
+	for _, inc := range m.Build.IncludeDirs() {
 		stale := ""
 		filepath.WalkDir(filepath.Join(dir, inc), func(p string, de fs.DirEntry, err error) error {
 			if err != nil || de.IsDir() || stale != "" {

@@ -17,10 +17,6 @@ import (
 	"github.com/plover-run/plover/bundle"
 )
 
-// includeDirs is the build's include directories: build.include, or
-// include/ when it names none.
-func includeDirs(b *abi.Build) []string { return b.IncludeDirs() }
-
 // buildTargets turns --target into the targets to build: one, plover.json's
 // (""), or every registered target ("all").
 func buildTargets(flagValue, manifestTarget string) ([]string, bool) {
