@@ -30,7 +30,7 @@ type instance struct {
 	overrun chan bool
 	// reply is how long its runs' replies took to come (wire/poll.go).
 	reply wire.WaitEstimate
-	// seq numbers the runs; a reply must echo its run's (wire/wire.go).
+	// seq numbers the runs; a reply must echo its run's (wire/run.go).
 	seq uint32
 }
 
@@ -54,7 +54,7 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 		defer held.unhold()
 	}
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
-	if err == nil && n >= wire.ReplyHeader && i.rep[0] != wire.StFault && i.inTurn(i.rep[:n]) {
+	if err == nil && i.finished(i.rep[:n]) {
 		done <- true
 		return
 	}
@@ -120,8 +120,12 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 	}
 }
 
-// inTurn reports whether a reply echoes the last run's sequence number.
-func (i *instance) inTurn(rep []byte) bool { return wire.LE.Uint32(rep[wire.ReplySeqAt:]) == i.seq }
+// finished reports whether rep is the last run's reply, and its device
+// did not fault.
+func (i *instance) finished(rep []byte) bool {
+	st, seq, err := wire.ReplyHead(rep)
+	return err == nil && st != wire.StFault && seq == i.seq
+}
 
 func deadlineC(dl time.Time) <-chan time.Time {
 	if dl.IsZero() {
@@ -166,7 +170,7 @@ func (i *instance) Run(r *device.Run) error {
 		return errors.New("worker instance: closed")
 	case int64(len(r.Input)) > i.maxIn || int64(len(r.Output)) > i.out || r.TmpLen < 0 || r.TmpLen > i.tmp:
 		return fmt.Errorf("run of %d/%d/%d bytes on an instance of %d/%d/%d", len(r.Input), r.TmpLen, len(r.Output), i.maxIn, i.tmp, i.out)
-	case len(r.Chain) == 0 || len(r.Chain) > (wire.RunMsgMax-wire.RunHeader)/wire.StepBytes:
+	case len(r.Chain) == 0 || len(r.Chain) > wire.MaxSteps:
 		return fmt.Errorf("chain has %d steps", len(r.Chain))
 	}
 	if i.overrun != nil {
@@ -243,18 +247,16 @@ func (i *instance) Run(r *device.Run) error {
 	if err != nil {
 		return i.g.p.failed(err, "running the chain")
 	}
-	if n < wire.ReplyHeader {
+	st, outLen, text, err := wire.DecodeReply(i.rep[:n], r, i.seq)
+	if err != nil {
+		if turn := (*wire.TurnError)(nil); errors.As(err, &turn) {
+			i.g.p.kill(fmt.Sprintf("it answered out of turn (%v)", turn))
+		}
 		return i.g.p.lost("running the chain")
 	}
-	rep := i.rep[:n]
-	if !i.inTurn(rep) {
-		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", wire.LE.Uint32(rep[wire.ReplySeqAt:]), i.seq))
-		return i.g.p.lost("running the chain")
-	}
-	outLen, text := wire.DecodeReply(rep, r)
 	r.Timing.Copied += copiedIn
 	r.Timing.CopyIn += copyIn
-	switch rep[0] {
+	switch st {
 	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
 		if outLen > uint64(len(r.Output)) {
@@ -273,7 +275,7 @@ func (i *instance) Run(r *device.Run) error {
 		ke := &device.KernelError{Msg: text}
 		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
 	}
-	return wire.ErrorOf(rep[0], text)
+	return wire.ErrorOf(st, text)
 }
 
 // faultError is a chain that faulted the worker's device context for good:

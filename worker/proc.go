@@ -182,15 +182,15 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	}
 	n, err := ctl.Read(p.buf)
 	ctl.SetReadDeadline(time.Time{})
-	if err == nil && n >= 6 && p.buf[0] == wire.OpReady && (n != wire.ReadyLen || p.buf[6] != wire.Protocol) {
-		p.kill("it speaks another protocol")
-		theirs := "an older one"
-		if n == wire.ReadyLen {
-			theirs = fmt.Sprint(p.buf[6])
-		}
-		return nil, fmt.Errorf("start worker: %s speaks worker protocol %s, this server %d: install plover and plover-worker from one build", d.opts.Exe, theirs, wire.Protocol)
+	var ready wire.Ready
+	if err == nil {
+		ready, err = wire.DecodeReady(p.buf[:n])
 	}
-	if err != nil || n != wire.ReadyLen || p.buf[0] != wire.OpReady {
+	if other := (*wire.VersionError)(nil); errors.As(err, &other) {
+		p.kill("it speaks another protocol")
+		return nil, fmt.Errorf("start worker: %s speaks worker protocol %s, this server %d: install plover and plover-worker from one build", d.opts.Exe, other.Theirs(), wire.Protocol)
+	}
+	if err != nil {
 		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			p.kill("it did not start in time")
 			return nil, fmt.Errorf("start worker: %w", device.ErrDeadline)
@@ -202,7 +202,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 		return nil, err
 	}
 	d.startFailures.Store(0)
-	if d.opts.Landlock && p.buf[5] == 0 && d.landlockLogged.CompareAndSwap(false, true) {
+	if d.opts.Landlock && !ready.Landlocked && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
 	}
 	return p, nil
@@ -475,8 +475,9 @@ func (p *proc) failed(err error, during string) error {
 }
 
 // call sends one control message (with descriptors) and returns the reply,
-// within ctx's deadline; past it the worker is killed.
-func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) ([]byte, error) {
+// within ctx's deadline; past it the worker is killed. The reply is read
+// with wire.DecodeControlReply: it is never empty.
+func (p *proc) call(ctx context.Context, c wire.Control, fds []int, during string) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok { // a pre-warm, say: still bounded
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, maxControlWait)
@@ -523,7 +524,7 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if _, _, err := p.ctl.WriteMsgUnix(msg, oob, nil); err != nil {
+	if _, _, err := p.ctl.WriteMsgUnix(wire.AppendControl(nil, c), oob, nil); err != nil {
 		return nil, p.failed(err, during)
 	}
 	n, err := p.ctl.Read(p.buf)
