@@ -316,14 +316,18 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		p.kill("its bundle could not be staged")
 		return nil, err
 	}
-	rep, err := p.call(ctx, append([]byte{wire.OpLoad}, mj...), nil, "loading the bundle")
+	raw, err := p.call(ctx, wire.Control{Op: wire.OpLoad, Manifest: mj}, nil, "loading the bundle")
+	var rep wire.Reply
+	if err == nil {
+		rep, err = wire.DecodeControlReply(wire.OpLoad, raw)
+	}
 	if err != nil {
 		p.kill("its load failed")
 		return nil, err
 	}
-	if rep[0] != wire.StOK {
+	if rep.St != wire.StOK {
 		p.kill("its bundle was refused")
-		return nil, wire.ErrorOf(rep[0], string(rep[1:]))
+		return nil, wire.ErrorOf(rep.St, rep.Text)
 	}
 	d.used.Add(consts)
 	p.reported.Store(true)

@@ -30,7 +30,7 @@ type instance struct {
 	overrun chan bool
 	// reply is how long its runs' replies took to come (wire/poll.go).
 	reply wire.WaitEstimate
-	// seq numbers the runs; a reply must echo its run's (wire/wire.go).
+	// seq numbers the runs; a reply must echo its run's (wire/run.go).
 	seq uint32
 }
 
@@ -54,7 +54,7 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 		defer held.unhold()
 	}
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
-	if err == nil && n >= wire.ReplyHeader && i.rep[0] != wire.StFault && i.inTurn(i.rep[:n]) {
+	if err == nil && i.finished(i.rep[:n]) {
 		done <- true
 		return
 	}
@@ -120,8 +120,12 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 	}
 }
 
-// inTurn reports whether a reply echoes the last run's sequence number.
-func (i *instance) inTurn(rep []byte) bool { return wire.LE.Uint32(rep[wire.ReplySeqAt:]) == i.seq }
+// finished reports whether rep is the last run's reply, and its device
+// did not fault.
+func (i *instance) finished(rep []byte) bool {
+	st, seq, err := wire.ReplyHead(rep)
+	return err == nil && st != wire.StFault && seq == i.seq
+}
 
 func deadlineC(dl time.Time) <-chan time.Time {
 	if dl.IsZero() {
@@ -161,62 +165,21 @@ func (i *instance) Close() {
 // r.Deadline the worker is killed (a running kernel cannot be stopped
 // otherwise).
 func (i *instance) Run(r *device.Run) error {
-	switch {
-	case i.slot == nil:
-		return errors.New("worker instance: closed")
-	case int64(len(r.Input)) > i.maxIn || int64(len(r.Output)) > i.out || r.TmpLen < 0 || r.TmpLen > i.tmp:
-		return fmt.Errorf("run of %d/%d/%d bytes on an instance of %d/%d/%d", len(r.Input), r.TmpLen, len(r.Output), i.maxIn, i.tmp, i.out)
-	case len(r.Chain) == 0 || len(r.Chain) > (wire.RunMsgMax-wire.RunHeader)/wire.StepBytes:
-		return fmt.Errorf("chain has %d steps", len(r.Chain))
+	if err := i.check(r); err != nil {
+		return err
 	}
-	if i.overrun != nil {
-		// The last run passed its deadline and may still be finishing.
-		select {
-		case ok := <-i.overrun:
-			i.overrun = nil
-			if !ok {
-				return i.g.p.idleExit()
-			}
-		case <-deadlineC(r.Deadline):
-			return errRunDeadline
-		}
+	if err := i.settle(r.Deadline); err != nil {
+		return err
 	}
-	if !i.g.p.alive() {
-		return i.g.p.idleExit()
-	}
-	mem, id := i.slot, uint32(0)
-	var ps *poolSlot
-	if s, ok := r.Slot.(*poolSlot); ok && s.g == i.g && s.maxIn == i.maxIn && s.out >= int64(len(r.Output)) {
-		mem, id, ps = s.mem, s.id, s
-	}
-	// The payload copied here, beside the worker's own, and how long it
-	// took: part of the run's copy-in (into a slot not touched since it
-	// was mapped, a cold request's, it is page faults as much as bytes).
-	var copiedIn int64
-	var copyIn time.Duration
-	if len(r.Input) > 0 && &r.Input[0] != &mem[0] {
-		t0 := time.Now()
-		copiedIn = int64(copy(mem, r.Input))
-		copyIn = time.Since(t0)
-	}
+	mem, id, ps := i.slotFor(r)
+	copiedIn, copyIn := copyInput(mem, r.Input)
 	// Polled for only while no other run is in flight on the device: a
 	// loaded device needs its CPUs for the runs. The worker is told, so
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
 	i.g.p.runs.Add(1)
-	i.seq++
-	msg := wire.EncodeRun(i.msg, r, alone, id, i.seq)
-	// One message is ever in flight, so the send never waits; if it would,
-	// the worker stuffed its own channel.
-	if err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil); err != nil {
-		i.g.d.running.Add(-1)
-		i.g.p.runs.Add(-1) // it never reached the worker
-		if err == unix.EAGAIN {
-			i.g.p.kill("it filled its instance channel")
-			return i.g.p.failed(err, "running the chain")
-		}
-		// The worker's end is gone: the request never reached it.
-		return i.g.p.idleExit()
+	if err := i.send(r, alone, id); err != nil {
+		return err
 	}
 	var spin time.Duration
 	if alone {
@@ -225,36 +188,124 @@ func (i *instance) Run(r *device.Run) error {
 	sent := time.Now()
 	n, err := i.recv(r.Deadline, spin)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		// The chain still runs: it counts in flight until finish ends.
-		i.overrun = make(chan bool, 1)
-		if ps != nil {
-			ps.hold()
-		}
-		go i.finish(i.overrun, ps)
+		i.overran(ps)
 		return errRunDeadline
 	}
 	i.g.d.running.Add(-1)
 	// After any wait for the worker's end below: a run that saw it die
 	// counts until it is reaped.
 	defer i.g.p.runs.Add(-1)
-	if err == nil {
-		i.reply.Observe(time.Since(sent))
-	}
 	if err != nil {
 		return i.g.p.failed(err, "running the chain")
 	}
-	if n < wire.ReplyHeader {
+	i.reply.Observe(time.Since(sent))
+	return i.answer(r, i.rep[:n], mem, copiedIn, copyIn)
+}
+
+// check refuses a run that does not fit the instance, or finds it closed.
+func (i *instance) check(r *device.Run) error {
+	switch {
+	case i.slot == nil:
+		return errors.New("worker instance: closed")
+	case int64(len(r.Input)) > i.maxIn || int64(len(r.Output)) > i.out || r.TmpLen < 0 || r.TmpLen > i.tmp:
+		return fmt.Errorf("run of %d/%d/%d bytes on an instance of %d/%d/%d", len(r.Input), r.TmpLen, len(r.Output), i.maxIn, i.tmp, i.out)
+	case len(r.Chain) == 0 || len(r.Chain) > wire.MaxSteps:
+		return fmt.Errorf("chain has %d steps", len(r.Chain))
+	}
+	return nil
+}
+
+// settle waits, until dl, for the last run if it passed its deadline and
+// may still be finishing (finish), and finds the worker alive.
+func (i *instance) settle(dl time.Time) error {
+	if i.overrun != nil {
+		select {
+		case ok := <-i.overrun:
+			i.overrun = nil
+			if !ok {
+				return i.g.p.idleExit()
+			}
+		case <-deadlineC(dl):
+			return errRunDeadline
+		}
+	}
+	if !i.g.p.alive() {
+		return i.g.p.idleExit()
+	}
+	return nil
+}
+
+// slotFor is the memory r runs in, the id the run message names it by,
+// and its pool slot: r's own when it was read into one of this worker's
+// that fits, else the instance's (0, no pool slot).
+func (i *instance) slotFor(r *device.Run) ([]byte, uint32, *poolSlot) {
+	if s, ok := r.Slot.(*poolSlot); ok && s.g == i.g && s.maxIn == i.maxIn && s.out >= int64(len(r.Output)) {
+		return s.mem, s.id, s
+	}
+	return i.slot, 0, nil
+}
+
+// copyInput copies a payload not already in mem there: the bytes copied
+// beside the worker's own, and how long it took, are part of the run's
+// copy-in (into a slot not touched since it was mapped, a cold request's,
+// it is page faults as much as bytes).
+func copyInput(mem, in []byte) (int64, time.Duration) {
+	if len(in) == 0 || &in[0] == &mem[0] {
+		return 0, 0
+	}
+	t0 := time.Now()
+	n := int64(copy(mem, in))
+	return n, time.Since(t0)
+}
+
+// send numbers r's run and sends its message, naming slot id. A run that
+// did not reach the worker leaves the device's and the worker's counts of
+// runs in flight again.
+func (i *instance) send(r *device.Run, alone bool, id uint32) error {
+	i.seq++
+	msg := wire.EncodeRun(i.msg, r, alone, id, i.seq)
+	// One message is ever in flight, so the send never waits; if it would,
+	// the worker stuffed its own channel.
+	err := unix.Sendto(i.fd, msg, unix.MSG_DONTWAIT, nil)
+	if err == nil {
+		return nil
+	}
+	i.g.d.running.Add(-1)
+	i.g.p.runs.Add(-1) // it never reached the worker
+	if err == unix.EAGAIN {
+		i.g.p.kill("it filled its instance channel")
+		return i.g.p.failed(err, "running the chain")
+	}
+	// The worker's end is gone: the request never reached it.
+	return i.g.p.idleExit()
+}
+
+// overran leaves a run that passed its deadline to finish: the chain
+// still runs, and counts in flight, its pool slot held, until finish ends.
+func (i *instance) overran(ps *poolSlot) {
+	i.overrun = make(chan bool, 1)
+	if ps != nil {
+		ps.hold()
+	}
+	go i.finish(i.overrun, ps)
+}
+
+// answer reads the worker's reply rep to r, run in mem, into r: its
+// timing, with the copy-in done here (copiedIn bytes in copyIn), and its
+// output, copied out of mem unless it is there already; or the run's
+// error. A reply out of turn, or one that claims more output than r has
+// room for, ends the worker.
+func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn time.Duration) error {
+	st, outLen, text, err := wire.DecodeReply(rep, r, i.seq)
+	if err != nil {
+		if turn := (*wire.TurnError)(nil); errors.As(err, &turn) {
+			i.g.p.kill(fmt.Sprintf("it answered out of turn (%v)", turn))
+		}
 		return i.g.p.lost("running the chain")
 	}
-	rep := i.rep[:n]
-	if !i.inTurn(rep) {
-		i.g.p.kill(fmt.Sprintf("it answered out of turn (a reply numbered %d to run %d)", wire.LE.Uint32(rep[wire.ReplySeqAt:]), i.seq))
-		return i.g.p.lost("running the chain")
-	}
-	outLen, text := wire.DecodeReply(rep, r)
 	r.Timing.Copied += copiedIn
 	r.Timing.CopyIn += copyIn
-	switch rep[0] {
+	switch st {
 	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
 		if outLen > uint64(len(r.Output)) {
@@ -273,7 +324,7 @@ func (i *instance) Run(r *device.Run) error {
 		ke := &device.KernelError{Msg: text}
 		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
 	}
-	return wire.ErrorOf(rep[0], text)
+	return wire.ErrorOf(st, text)
 }
 
 // faultError is a chain that faulted the worker's device context for good:

@@ -75,11 +75,11 @@ func (p *proc) mapSlot(size int64) {
 	p.slots.mu.Unlock()
 }
 
-// pinSlot accounts the pin p's worker reported at rep[at:] for a slot of
-// size bytes it mapped (what names it for the log), and returns the bytes
-// pinned (0: not pinned). reserved: reservePin counted them already.
-func (p *proc) pinSlot(g *program, rep []byte, at int, size int64, what string, reserved bool) int64 {
-	state, why, _ := wire.PinOf(rep, at)
+// pinSlot accounts the pin p's worker reported for a slot of size bytes
+// it mapped (what names it for the log), and returns the bytes pinned (0:
+// not pinned). reserved: reservePin counted them already.
+func (p *proc) pinSlot(g *program, pin wire.Pin, size int64, what string, reserved bool) int64 {
+	state, why := pin.State, pin.Why
 	s := &p.slots
 	s.mu.Lock()
 	defer s.mu.Unlock()

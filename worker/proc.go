@@ -85,33 +85,69 @@ type proc struct {
 // standby: its start does not slow the cold starts in flight); env is
 // added to its (otherwise empty) environment.
 func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, error) {
+	ctl, theirs, err := controlChannel()
+	if err != nil {
+		return nil, err
+	}
+	defer theirs.Close()
+	stageDir, stageF, err := d.newStage()
+	if err != nil {
+		ctl.Close()
+		return nil, err
+	}
+	defer stageF.Close()
+	p, err := d.start(d.workerCommand(theirs, stageF, env), ctl, stageDir)
+	if err != nil {
+		return nil, err
+	}
+	p.placeCgroup(d.opts.CPU, w)
+	if err := p.awaitReady(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// controlChannel is a worker's control channel: the server's end, and the
+// worker's (its wire.CtlFD), which the server closes once the worker has
+// it.
+func controlChannel() (*net.UnixConn, *os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("start worker: socketpair: %w", err)
+		return nil, nil, fmt.Errorf("start worker: socketpair: %w", err)
 	}
 	theirs := os.NewFile(uintptr(fds[1]), "worker-control")
 	ours := os.NewFile(uintptr(fds[0]), "worker-control")
-	defer theirs.Close()
 	fc, err := net.FileConn(ours)
 	ours.Close()
 	if err != nil {
-		return nil, fmt.Errorf("start worker: %w", err)
+		theirs.Close()
+		return nil, nil, fmt.Errorf("start worker: %w", err)
 	}
-	ctl := fc.(*net.UnixConn)
-	stageDir, err := os.MkdirTemp(d.opts.StageDir, "worker-*")
+	return fc.(*net.UnixConn), theirs, nil
+}
+
+// newStage makes a worker's stage, the directory the server puts its
+// bundle's files in, and opens it for the worker (its wire.StageFD).
+func (d *Device) newStage() (string, *os.File, error) {
+	dir, err := os.MkdirTemp(d.opts.StageDir, "worker-*")
 	if err == nil {
-		err = os.Chmod(stageDir, 0o755) // readable by --worker-user
+		err = os.Chmod(dir, 0o755) // readable by --worker-user
 	}
-	var stageF *os.File
+	var f *os.File
 	if err == nil {
-		stageF, err = os.Open(stageDir)
+		f, err = os.Open(dir)
 	}
 	if err != nil {
-		ctl.Close()
-		os.RemoveAll(stageDir)
-		return nil, fmt.Errorf("start worker: stage: %w", err)
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("start worker: stage: %w", err)
 	}
-	defer stageF.Close()
+	return dir, f, nil
+}
+
+// workerCommand is the worker's command line (inside.BindFlags reads it),
+// its environment and its descriptors: the control channel's end and the
+// stage.
+func (d *Device) workerCommand(ctl, stage *os.File, env []string) *exec.Cmd {
 	args := []string{"worker", "--device", d.Target(), "--ordinal", strconv.Itoa(d.opts.Ordinal),
 		"--memory-limit", strconv.FormatInt(d.opts.MemLimit, 10), "--parent", strconv.Itoa(os.Getpid())}
 	args = append(args, d.opts.Spawner.WorkerArgs()...)
@@ -130,20 +166,24 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	cmd := exec.Command(d.opts.Exe, args...)
 	// Nothing of the server's environment: no credentials, no settings.
 	cmd.Env = append(append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, deviceSelection()...), d.opts.env...), env...)
-	cmd.ExtraFiles = []*os.File{theirs, stageF} // fds 3 and 4: ctlFD, stageFD
-	// Pipes of our own rather than io.Writers: Wait must not wait for a
-	// forked grandchild that keeps stdout or stderr open.
-	var pr, pw [2]*os.File
-	for i := range pr {
-		if pr[i], pw[i], err = os.Pipe(); err != nil {
-			closeAll(pr[:i]...)
-			closeAll(pw[:i]...)
-			ctl.Close()
-			os.RemoveAll(stageDir)
-			return nil, fmt.Errorf("start worker: %w", err)
-		}
+	cmd.ExtraFiles = []*os.File{ctl, stage} // fds 3 and 4: wire.CtlFD, wire.StageFD
+	return cmd
+}
+
+// start starts cmd, the worker on the server's end ctl of its control
+// channel, with its output read and its exit waited for (wait). It fails
+// for a device that is closed; failing, it closes ctl and removes the
+// stage.
+func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc, error) {
+	fail := func(err error) (*proc, error) {
+		ctl.Close()
+		os.RemoveAll(stageDir)
+		return nil, fmt.Errorf("start worker: %w", err)
 	}
-	cmd.Stdout, cmd.Stderr = pw[0], pw[1]
+	pr, pw, err := outputPipes(cmd)
+	if err != nil {
+		return fail(err)
+	}
 	// Go opens its descriptors close-on-exec, C code (a driver) may not:
 	// mark them all, so a worker inherits nothing but its ExtraFiles.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
@@ -153,9 +193,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	closeAll(pw[:]...)
 	if err != nil {
 		closeAll(pr[:]...)
-		ctl.Close()
-		os.RemoveAll(stageDir)
-		return nil, fmt.Errorf("start worker: %w", err)
+		return fail(err)
 	}
 	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir}
@@ -173,39 +211,61 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 		p.kill("the server is stopping")
 		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
 	}
-	p.placeCgroup(d.opts.CPU, w)
-	// Ready: the worker contained itself and opened its device.
-	if dl, ok := ctx.Deadline(); ok {
-		ctl.SetReadDeadline(dl)
-	} else {
-		ctl.SetReadDeadline(time.Now().Add(30 * time.Second))
-	}
-	n, err := ctl.Read(p.buf)
-	ctl.SetReadDeadline(time.Time{})
-	if err == nil && n >= 6 && p.buf[0] == wire.OpReady && (n != wire.ReadyLen || p.buf[6] != wire.Protocol) {
-		p.kill("it speaks another protocol")
-		theirs := "an older one"
-		if n == wire.ReadyLen {
-			theirs = fmt.Sprint(p.buf[6])
+	return p, nil
+}
+
+// outputPipes makes cmd's stdout and stderr pipes of our own rather than
+// io.Writers: Wait must not wait for a forked grandchild that keeps stdout
+// or stderr open. pw, cmd's ends, are closed once it started.
+func outputPipes(cmd *exec.Cmd) (pr, pw [2]*os.File, err error) {
+	for i := range pr {
+		if pr[i], pw[i], err = os.Pipe(); err != nil {
+			closeAll(pr[:i]...)
+			closeAll(pw[:i]...)
+			return pr, pw, err
 		}
-		return nil, fmt.Errorf("start worker: %s speaks worker protocol %s, this server %d: install plover and plover-worker from one build", d.opts.Exe, theirs, wire.Protocol)
 	}
-	if err != nil || n != wire.ReadyLen || p.buf[0] != wire.OpReady {
-		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+	cmd.Stdout, cmd.Stderr = pw[0], pw[1]
+	return pr, pw, nil
+}
+
+// awaitReady waits for the worker's ready message, within ctx's deadline
+// (30 s without one): it contained itself and opened its device. A worker
+// of another protocol is refused; one that ended first is a start failure
+// (startFailure), which the device counts.
+func (p *proc) awaitReady(ctx context.Context) error {
+	d := p.d
+	if dl, ok := ctx.Deadline(); ok {
+		p.ctl.SetReadDeadline(dl)
+	} else {
+		p.ctl.SetReadDeadline(time.Now().Add(30 * time.Second))
+	}
+	n, err := p.ctl.Read(p.buf)
+	p.ctl.SetReadDeadline(time.Time{})
+	var ready wire.Ready
+	if err == nil {
+		ready, err = wire.DecodeReady(p.buf[:n])
+	}
+	if other := (*wire.VersionError)(nil); errors.As(err, &other) {
+		p.kill("it speaks another protocol")
+		return fmt.Errorf("start worker: %s speaks worker protocol %s, this server %d: install plover and plover-worker from one build", d.opts.Exe, other.Theirs(), wire.Protocol)
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
 			p.kill("it did not start in time")
-			return nil, fmt.Errorf("start worker: %w", device.ErrDeadline)
+			return fmt.Errorf("start worker: %w", device.ErrDeadline)
 		}
 		err := p.startFailure()
 		d.lastStartErr.Store(err.Error())
 		d.lastStartFail.Store(time.Now().UnixNano())
 		d.startFailures.Add(1)
-		return nil, err
+		return err
 	}
 	d.startFailures.Store(0)
-	if d.opts.Landlock && p.buf[5] == 0 && d.landlockLogged.CompareAndSwap(false, true) {
+	if d.opts.Landlock && !ready.Landlocked && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
 	}
-	return p, nil
+	return nil
 }
 
 // startFailure is the error of a worker that ended before it was ready,
@@ -475,8 +535,9 @@ func (p *proc) failed(err error, during string) error {
 }
 
 // call sends one control message (with descriptors) and returns the reply,
-// within ctx's deadline; past it the worker is killed.
-func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) ([]byte, error) {
+// within ctx's deadline; past it the worker is killed. The reply is read
+// with wire.DecodeControlReply: it is never empty.
+func (p *proc) call(ctx context.Context, c wire.Control, fds []int, during string) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok { // a pre-warm, say: still bounded
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, maxControlWait)
@@ -523,7 +584,7 @@ func (p *proc) call(ctx context.Context, msg []byte, fds []int, during string) (
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if _, _, err := p.ctl.WriteMsgUnix(msg, oob, nil); err != nil {
+	if _, _, err := p.ctl.WriteMsgUnix(wire.AppendControl(nil, c), oob, nil); err != nil {
 		return nil, p.failed(err, during)
 	}
 	n, err := p.ctl.Read(p.buf)

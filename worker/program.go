@@ -69,17 +69,18 @@ func (g *program) Entry(kernel string) (int32, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rep, err := g.p.call(ctx, append([]byte{wire.OpEntry}, kernel...), nil, "resolving an entry point")
+	raw, err := g.p.call(ctx, wire.Control{Op: wire.OpEntry, Kernel: kernel}, nil, "resolving an entry point")
 	if err != nil {
 		return 0, err
 	}
-	if len(rep) < 5 {
+	rep, err := wire.DecodeControlReply(wire.OpEntry, raw)
+	if err != nil {
 		return 0, fmt.Errorf("worker %d: malformed entry reply", g.p.pid)
 	}
-	if rep[0] != wire.StOK {
-		return 0, wire.ErrorOf(rep[0], string(rep[5:]))
+	if rep.St != wire.StOK {
+		return 0, wire.ErrorOf(rep.St, rep.Text)
 	}
-	i = int32(wire.LE.Uint32(rep[1:]))
+	i = rep.Index
 	g.mu.Lock()
 	g.entries[kernel] = i
 	g.mu.Unlock()
@@ -100,10 +101,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 		unix.Munmap(slot)
 		return nil, fmt.Errorf("instance channel: %w", err)
 	}
-	msg := []byte{wire.OpNewInstance}
-	msg = wire.LE.AppendUint64(msg, uint64(cfg.MaxInput))
-	msg = wire.LE.AppendUint64(msg, uint64(cfg.Tmp))
-	msg = wire.LE.AppendUint64(msg, uint64(cfg.Out))
+	msg := wire.Control{Op: wire.OpNewInstance, MaxIn: cfg.MaxInput, Tmp: cfg.Tmp, Out: cfg.Out}
 	// The bundle's plover_instance_init runs in there: bounded by the
 	// request's deadline plus a grace (a creation merely slowed by load
 	// must not cost the worker, which serves other instances), then the
@@ -115,17 +113,21 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
 	g.p.mapSlot(int64(len(slot)))
-	rep, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
+	raw, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
 	if err != nil && ctx.Err() != nil && !errors.Is(err, device.ErrDeadline) {
 		err = fmt.Errorf("%w: %v", device.ErrDeadline, err)
 	}
 	unix.Close(fds[1])
+	var rep wire.Reply
+	if err == nil {
+		rep, err = wire.DecodeControlReply(wire.OpNewInstance, raw)
+	}
 	switch {
 	case err != nil:
-	case rep[0] == wire.StFault: // plover_instance_init faulted the device: the worker goes
-		err = &faultError{ke: &device.KernelError{Msg: string(rep[1:])}, exit: g.p.lost("creating an instance")}
-	case rep[0] != wire.StOK:
-		err = wire.ErrorOf(rep[0], string(rep[1:]))
+	case rep.St == wire.StFault: // plover_instance_init faulted the device: the worker goes
+		err = &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.p.lost("creating an instance")}
+	case rep.St != wire.StOK:
+		err = wire.ErrorOf(rep.St, rep.Text)
 	}
 	if err != nil {
 		g.p.dropSlot(int64(len(slot)), 0)
@@ -135,7 +137,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	}
 	bytes := cfg.MaxInput + cfg.Tmp + cfg.Out
 	g.d.used.Add(bytes)
-	pinned := g.p.pinSlot(g, rep, 1, int64(len(slot)), "an instance's own", false)
+	pinned := g.p.pinSlot(g, rep.Pin, int64(len(slot)), "an instance's own", false)
 	return &instance{g: g, fd: fds[0], slot: slot, pinned: pinned, maxIn: cfg.MaxInput, tmp: cfg.Tmp, out: cfg.Out,
 		msg: make([]byte, wire.RunMsgMax), rep: make([]byte, wire.ReplyMax)}, nil
 }

@@ -152,11 +152,14 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 	defer unix.Close(memfd)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	msg := wire.LE.AppendUint64([]byte{wire.OpSlot}, uint64(maxIn+out))
 	g.p.mapSlot(maxIn + out)
-	rep, err := g.p.call(ctx, msg, []int{memfd}, "adding a slot")
-	if err == nil && (len(rep) < 5 || rep[0] != wire.StOK) {
-		err = fmt.Errorf("worker %d refused a slot: %q", g.p.pid, rep)
+	raw, err := g.p.call(ctx, wire.Control{Op: wire.OpSlot, Size: maxIn + out}, []int{memfd}, "adding a slot")
+	var rep wire.Reply
+	if err == nil {
+		var bad error
+		if rep, bad = wire.DecodeControlReply(wire.OpSlot, raw); bad != nil || rep.St != wire.StOK {
+			err = fmt.Errorf("worker %d refused a slot: %q", g.p.pid, raw)
+		}
 	}
 	if err != nil {
 		g.p.dropSlot(maxIn+out, 0)
@@ -164,8 +167,8 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 		return nil, err
 	}
 	// Kept as long as the worker: its pin is given back when it is gone.
-	g.p.pinSlot(g, rep, 5, maxIn+out, "a pool slot", true)
-	return &poolSlot{g: g, id: wire.LE.Uint32(rep[1:]), mem: mem, maxIn: maxIn, out: out}, nil
+	g.p.pinSlot(g, rep.Pin, maxIn+out, "a pool slot", true)
+	return &poolSlot{g: g, id: rep.ID, mem: mem, maxIn: maxIn, out: out}, nil
 }
 
 // closeSlots unmaps the free slots of a program whose worker is gone;

@@ -91,7 +91,7 @@ func Serve(cfg Config) error {
 	// Restricted now, while it waits as a standby: the bundle will be
 	// linked into the stage, which the rules already name, so a cold start
 	// does not pay for Landlock (about 10 ms, measured).
-	landlocked := byte(0)
+	landlocked := false
 	if cfg.Landlock {
 		rules := contain.DefaultRules()
 		rules.RODirs = append(rules.RODirs, stageDir)
@@ -99,12 +99,10 @@ func Serve(cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("worker: landlock: %w", err)
 		}
-		if applied {
-			landlocked = 1
-		}
+		landlocked = applied
 	}
 	w := &server{cfg: cfg, dev: dev, buf: make([]byte, wire.CtlMax), oob: make([]byte, unix.CmsgSpace(4*4))}
-	msg := append(wire.LE.AppendUint32([]byte{wire.OpReady}, uint32(os.Getpid())), landlocked, wire.Protocol)
+	msg := wire.AppendReady(nil, wire.Ready{PID: uint32(os.Getpid()), Landlocked: landlocked})
 	if err := unix.Sendmsg(wire.CtlFD, msg, nil, nil, 0); err != nil {
 		return fmt.Errorf("worker: ready: %w", err)
 	}
@@ -120,11 +118,12 @@ func Serve(cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
-		reply := w.handle(w.buf[:n], fds)
-		if err := unix.Sendmsg(wire.CtlFD, reply, nil, nil, 0); err != nil {
+		op, rep := w.handle(w.buf[:n], fds)
+		w.out = wire.AppendControlReply(w.out[:0], op, rep)
+		if err := unix.Sendmsg(wire.CtlFD, w.out, nil, nil, 0); err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
-		if reply[0] == wire.StFault {
+		if rep.St == wire.StFault {
 			// The device context is poisoned (a bundle hook faulted it):
 			// nothing more can run here, as after a faulting chain.
 			os.Exit(wire.ExitFault)
@@ -137,6 +136,7 @@ type server struct {
 	dev      device.Device
 	prog     device.Program
 	buf, oob []byte
+	out      []byte // the reply being sent
 }
 
 func rights(oob []byte) ([]int, error) {
@@ -158,50 +158,56 @@ func rights(oob []byte) ([]int, error) {
 	return fds, nil
 }
 
-func reply(st byte, body []byte, msg string) []byte {
-	return append(append([]byte{st}, body...), msg...)
+// failed is the reply of a call the worker could not make, saying why.
+func failed(text string) wire.Reply { return wire.Reply{St: wire.StFailed, Text: text} }
+
+// statusReply is the reply of a call that ended in err (nil: done).
+func statusReply(err error) wire.Reply {
+	st, msg := wire.StatusOf(err)
+	return wire.Reply{St: st, Text: msg}
 }
 
-func (w *server) handle(b []byte, fds []int) []byte {
+// handle makes the call one control message asks for and returns the
+// reply, with the operation it answers (0 for a message it could not
+// read): the reply's shape is the operation's.
+func (w *server) handle(b []byte, fds []int) (byte, wire.Reply) {
 	closeAll := func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}
-	if len(b) == 0 {
-		closeAll()
-		return reply(wire.StFailed, nil, "empty control message")
-	}
-	switch b[0] {
+	c, err := wire.DecodeControl(b)
+	switch c.Op {
 	case wire.OpLoad:
 		closeAll()
 		if w.prog != nil {
-			return reply(wire.StFailed, nil, "load: once per worker")
+			return c.Op, failed("load: once per worker")
 		}
-		return w.load(b[1:])
+		return c.Op, w.load(c.Manifest)
 	case wire.OpEntry:
 		closeAll()
 		if w.prog == nil {
-			return reply(wire.StFailed, make([]byte, 4), "entry: nothing loaded")
+			return c.Op, failed("entry: nothing loaded")
 		}
-		i, err := w.prog.Entry(string(b[1:]))
-		st, msg := wire.StatusOf(err)
-		return reply(st, wire.LE.AppendUint32(nil, uint32(i)), msg)
+		i, err := w.prog.Entry(c.Kernel)
+		rep := statusReply(err)
+		rep.Index = i
+		return c.Op, rep
 	case wire.OpSlot:
-		if len(fds) != 1 || len(b) != 9 {
+		if len(fds) != 1 || err != nil {
 			closeAll()
-			return reply(wire.StFailed, make([]byte, 4), "slot: want a size and a memfd")
+			return c.Op, failed("slot: want a size and a memfd")
 		}
-		return w.addSlot(int64(wire.LE.Uint64(b[1:])), fds[0])
+		return c.Op, w.addSlot(c.Size, fds[0])
 	case wire.OpNewInstance:
-		if len(fds) != 2 || len(b) != 25 || w.prog == nil {
+		if len(fds) != 2 || err != nil || w.prog == nil {
 			closeAll()
-			return reply(wire.StFailed, nil, "new instance: want sizes, a memfd and a socket after a load")
+			return c.Op, failed("new instance: want sizes, a memfd and a socket after a load")
 		}
-		return w.newInstance(int64(wire.LE.Uint64(b[1:])), int64(wire.LE.Uint64(b[9:])), int64(wire.LE.Uint64(b[17:])), fds[0], fds[1])
+		return c.Op, w.newInstance(c.MaxIn, c.Tmp, c.Out, fds[0], fds[1])
 	}
 	closeAll()
-	return reply(wire.StFailed, nil, fmt.Sprintf("unknown control operation %q", b[0]))
+	return c.Op, failed(err.Error()) // empty, or an unknown operation
 }
 
 // stageDir names the stage through the worker's descriptor, so the worker
@@ -210,26 +216,24 @@ var stageDir = "/proc/self/fd/" + strconv.Itoa(wire.StageFD)
 
 // load loads the bundle the server linked into the stage: the library's
 // constructors run here, inside the restrictions.
-func (w *server) load(b []byte) []byte {
+func (w *server) load(b []byte) wire.Reply {
 	var m abi.Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return reply(wire.StFailed, nil, "load: manifest: "+err.Error())
+		return failed("load: manifest: " + err.Error())
 	}
 	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: stageDir, Manifest: &m})
 	if err != nil {
-		st, msg := wire.StatusOf(err)
-		return reply(st, nil, msg)
+		return statusReply(err)
 	}
 	w.prog = prog
-	return reply(wire.StOK, nil, "")
+	return wire.Reply{St: wire.StOK}
 }
 
-func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
-	fail := func(err error) []byte {
+func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) wire.Reply {
+	fail := func(err error) wire.Reply {
 		unix.Close(memfd)
 		unix.Close(sock)
-		st, msg := wire.StatusOf(err)
-		return reply(st, nil, msg)
+		return statusReply(err)
 	}
 	if maxIn < 0 || tmp < 0 || out < 0 || maxIn+out <= 0 {
 		return fail(fmt.Errorf("new instance: sizes %d/%d/%d", maxIn, tmp, out))
@@ -243,20 +247,19 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) []byte {
 	if err != nil {
 		unix.Munmap(slot)
 		unix.Close(sock)
-		st, msg := wire.StatusOf(err)
-		return reply(st, nil, msg)
+		return statusReply(err)
 	}
 	own := poolMem{mem: slot}
-	state, why := wire.PinNone, ""
+	var pin wire.Pin // PinNone
 	if _, ok := w.dev.(device.HostRegistrar); ok {
 		// The device pinned the slot when it made the instance, or
 		// staged the instance's copies in buffers of its own: a run on
 		// the slot is then not in place.
-		state, why = pinState(instancePin(inst))
+		pin = pinOf(instancePin(inst))
 	}
-	own.inPlace = state != wire.PinRefused
+	own.inPlace = pin.State != wire.PinRefused
 	go serveInstance(sock, own, inst, maxIn, out)
-	return reply(wire.StOK, wire.AppendPin(nil, state, why), "")
+	return wire.Reply{St: wire.StOK, Pin: pin}
 }
 
 // instancePin is whether inst's device pinned its slot.
@@ -272,12 +275,13 @@ func instancePin(inst device.Instance) error {
 	return err
 }
 
-// pinState is a pin's wire state: done, or refused saying why.
-func pinState(err error) (byte, string) {
+// pinOf is a device's pin (err: RegisterHost's or instancePin's) as the
+// worker tells it: done, or refused saying why.
+func pinOf(err error) wire.Pin {
 	if err != nil {
-		return wire.PinRefused, err.Error()
+		return wire.Pin{State: wire.PinRefused, Why: err.Error()}
 	}
-	return wire.PinDone, ""
+	return wire.Pin{State: wire.PinDone}
 }
 
 // poolMem is a slot as the worker holds it: its mapping, and whether runs
@@ -318,28 +322,28 @@ func slotOf(id uint32, own poolMem) (poolMem, bool) {
 // device once (CUDA pins it: every run on it then copies straight between
 // it and the GPU). The memfd is sealed at its size by the server, so the
 // mapping cannot lose its pages under either side.
-func (w *server) addSlot(size int64, memfd int) []byte {
+func (w *server) addSlot(size int64, memfd int) wire.Reply {
 	defer unix.Close(memfd) // the mapping keeps the memory
 	var st unix.Stat_t
 	if err := unix.Fstat(memfd, &st); err != nil || size <= 0 || st.Size < size {
-		return reply(wire.StFailed, make([]byte, 4), fmt.Sprintf("slot: a memfd of %d bytes for a slot of %d", st.Size, size))
+		return failed(fmt.Sprintf("slot: a memfd of %d bytes for a slot of %d", st.Size, size))
 	}
 	mem, err := unix.Mmap(memfd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return reply(wire.StFailed, make([]byte, 4), "slot: map: "+err.Error())
+		return failed("slot: map: " + err.Error())
 	}
-	state, why := wire.PinNone, ""
+	var pin wire.Pin // PinNone
 	if r, ok := w.dev.(device.HostRegistrar); ok {
 		// Refused (a driver that cannot pin it, a locked-memory limit):
 		// runs on it still work, staged through the instance's buffers;
 		// the server counts and logs the refusal.
-		state, why = pinState(r.RegisterHost(mem))
+		pin = pinOf(r.RegisterHost(mem))
 	}
 	slots.mu.Lock()
-	slots.s = append(slots.s, poolMem{mem: mem, inPlace: state != wire.PinRefused})
+	slots.s = append(slots.s, poolMem{mem: mem, inPlace: pin.State != wire.PinRefused})
 	id := uint32(len(slots.s))
 	slots.mu.Unlock()
-	return reply(wire.StOK, wire.AppendPin(wire.LE.AppendUint32(nil, id), state, why), "")
+	return wire.Reply{St: wire.StOK, ID: id, Pin: pin}
 }
 
 // serveInstance answers run messages on one instance's channel until the

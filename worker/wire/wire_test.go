@@ -64,9 +64,9 @@ func TestRunOutOfBounds(t *testing.T) {
 		msg  []byte
 	}{
 		{"short", good[:RunHeader-1]},
-		{"input past max_input", func() []byte { b := append([]byte(nil), good...); LE.PutUint32(b[0:], maxIn+1); return b }()},
-		{"output past out_bytes", func() []byte { b := append([]byte(nil), good...); LE.PutUint32(b[4:], out+1); return b }()},
-		{"more steps than the table", func() []byte { b := append([]byte(nil), good...); LE.PutUint16(b[25:], 9); return b }()},
+		{"input past max_input", func() []byte { b := append([]byte(nil), good...); le.PutUint32(b[runIn:], maxIn+1); return b }()},
+		{"output past out_bytes", func() []byte { b := append([]byte(nil), good...); le.PutUint32(b[runOut:], out+1); return b }()},
+		{"more steps than the table", func() []byte { b := append([]byte(nil), good...); le.PutUint16(b[runSteps:], 9); return b }()},
 		{"length not the steps'", append(append([]byte(nil), good...), 0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,16 +126,37 @@ func TestProtocolIsVersioned(t *testing.T) {
 	}
 }
 
-// A reply carries the run's timing, its output length, the bytes the
-// worker copied and its text.
+// A reply carries the run's status, timing, its output length, the bytes
+// the worker copied and its text; it is read only as its own run's.
 func TestReplyRoundTrip(t *testing.T) {
-	r := device.Run{OutLen: 12345, Timing: device.Timing{CopyIn: 1, Kernels: 2, CopyOut: 3, Copied: 4096, Busy: 5}}
-	b := EncodeReply(make([]byte, 0, ReplyMax), StKernel, &r, 9, "bad input")
-	var got device.Run
-	n, text := DecodeReply(b, &got)
-	if b[0] != StKernel || n != 12345 || text != "bad input" || got.Timing != r.Timing || LE.Uint32(b[ReplySeqAt:]) != 9 {
-		t.Fatalf("decoded %d %q %+v", n, text, got.Timing)
+	for _, tc := range []struct {
+		name string
+		st   byte
+		run  device.Run
+		text string
+	}{
+		{"done", StOK, device.Run{OutLen: 12345, Timing: device.Timing{CopyIn: 1, Kernels: 2, CopyOut: 3, Copied: 4096, Busy: 5}}, ""},
+		{"a kernel's failure", StKernel, device.Run{Timing: device.Timing{Kernels: 1 << 40}}, "bad input"},
+		{"a fault", StFault, device.Run{}, "illegal address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := EncodeReply(make([]byte, 0, ReplyMax), tc.st, &tc.run, 9, tc.text)
+			if st, seq, err := ReplyHead(b); err != nil || st != tc.st || seq != 9 {
+				t.Fatalf("head: status %d seq %d (%v), want %d 9", st, seq, err, tc.st)
+			}
+			var got device.Run
+			st, n, text, err := DecodeReply(b, &got, 9)
+			if err != nil || st != tc.st || n != uint64(tc.run.OutLen) || text != tc.text || got.Timing != tc.run.Timing {
+				t.Fatalf("decoded %d %d %q %+v (%v)", st, n, text, got.Timing, err)
+			}
+			var other device.Run
+			var turn *TurnError
+			if _, _, _, err := DecodeReply(b, &other, 10); !errors.As(err, &turn) || turn.Got != 9 || turn.Want != 10 || other.Timing != (device.Timing{}) {
+				t.Fatalf("read as run 10's: %v, timing %+v", err, other.Timing)
+			}
+		})
 	}
+	r := device.Run{}
 	if long := EncodeReply(make([]byte, 0, ReplyMax), StKernel, &r, 9, strings.Repeat("x", 2*ReplyMax)); len(long) != ReplyMax {
 		t.Fatalf("a long message made a reply of %d bytes, want it cut to %d", len(long), ReplyMax)
 	}

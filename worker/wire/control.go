@@ -1,0 +1,242 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The control messages, server → worker on the control channel, one call
+// at a time, each answered in order by a Reply: [op] then the
+// operation's fields.
+//
+//	OpLoad         [manifest JSON]                     fds: [bundle dir]
+//	OpEntry        [kernel name]
+//	OpNewInstance  [i64 max_in][i64 tmp][i64 out]      fds: [memfd, instance socket]
+//	OpSlot         [i64 size]                          fds: [memfd]: a pool slot, registered with the device
+const (
+	ctlOp      = 0         // u8: the operation
+	ctlBody    = ctlOp + 1 // OpLoad's manifest, OpEntry's kernel name
+	instMaxIn  = ctlBody   // i64
+	instTmp    = instMaxIn + 8
+	instOut    = instTmp + 8
+	instLen    = instOut + 8 // OpNewInstance's length
+	slotSize   = ctlBody     // i64
+	slotMsgLen = slotSize + 8
+)
+
+// Control is a control message's operation and its fields.
+type Control struct {
+	Op              byte
+	Manifest        []byte // OpLoad: the manifest, JSON (decoded, it aliases the message)
+	Kernel          string // OpEntry
+	MaxIn, Tmp, Out int64  // OpNewInstance: the instance's sizes
+	Size            int64  // OpSlot: the slot's bytes
+}
+
+// AppendControl appends c's message to b.
+func AppendControl(b []byte, c Control) []byte {
+	b = append(b, c.Op)
+	switch c.Op {
+	case OpLoad:
+		b = append(b, c.Manifest...)
+	case OpEntry:
+		b = append(b, c.Kernel...)
+	case OpNewInstance:
+		b = le.AppendUint64(b, uint64(c.MaxIn))
+		b = le.AppendUint64(b, uint64(c.Tmp))
+		b = le.AppendUint64(b, uint64(c.Out))
+	case OpSlot:
+		b = le.AppendUint64(b, uint64(c.Size))
+	}
+	return b
+}
+
+// ErrShape is a control message of a known operation whose fields do not
+// fit it: DecodeControl returns it with the message's Op set.
+var ErrShape = errors.New("control message of the wrong length")
+
+// DecodeControl reads a control message. An empty message and an unknown
+// operation are errors whose text the worker answers with (Op 0); an
+// operation's fields of the wrong length are ErrShape, with Op set, so
+// that the worker says what that operation wants.
+func DecodeControl(b []byte) (Control, error) {
+	if len(b) == 0 {
+		return Control{}, errors.New("empty control message")
+	}
+	c := Control{Op: b[ctlOp]}
+	switch c.Op {
+	case OpLoad:
+		c.Manifest = b[ctlBody:]
+	case OpEntry:
+		c.Kernel = string(b[ctlBody:])
+	case OpNewInstance:
+		if len(b) != instLen {
+			return c, ErrShape
+		}
+		c.MaxIn, c.Tmp, c.Out = int64(le.Uint64(b[instMaxIn:])), int64(le.Uint64(b[instTmp:])), int64(le.Uint64(b[instOut:]))
+	case OpSlot:
+		if len(b) != slotMsgLen {
+			return c, ErrShape
+		}
+		c.Size = int64(le.Uint64(b[slotSize:]))
+	default:
+		return Control{}, fmt.Errorf("unknown control operation %q", c.Op)
+	}
+	return c, nil
+}
+
+// Pin is a slot's pin (PinNone, PinDone, PinRefused) and, refused, the
+// device's reason.
+type Pin struct {
+	State byte
+	Why   string
+}
+
+// The replies to control messages, worker → server: [status] then the
+// operation's fields.
+//
+//	OpLoad         [st][text]
+//	OpEntry        [st][i32 index][text]
+//	OpNewInstance  [StOK][pin][why], or [st][text]
+//	OpSlot         [StOK][u32 id][pin][why], or [st][u32 0][text]
+//	anything else  [st][text] (a message the worker could not read)
+const (
+	repStatus  = 0             // u8
+	repText    = repStatus + 1 // OpLoad's, OpNewInstance's failure's text; OpNewInstance's pin
+	entryIndex = repText       // i32
+	entryText  = entryIndex + 4
+	slotID     = repText    // u32
+	slotRest   = slotID + 4 // the pin, or a failure's text
+	pinState   = 0          // u8, from where the pin starts
+	pinWhy     = pinState + 1
+)
+
+// Reply is a control call's reply: its status and the fields of the
+// operation it answers.
+type Reply struct {
+	St    byte
+	Text  string // what went wrong (none with StOK's pin)
+	Index int32  // OpEntry: the kernel's index
+	ID    uint32 // OpSlot: the slot's id, which run messages name
+	Pin   Pin    // OpNewInstance and OpSlot, with StOK
+}
+
+// AppendControlReply appends the reply r to an op message to b.
+func AppendControlReply(b []byte, op byte, r Reply) []byte {
+	b = append(b, r.St)
+	switch {
+	case op == OpEntry:
+		b = le.AppendUint32(b, uint32(r.Index))
+	case op == OpSlot:
+		b = le.AppendUint32(b, r.ID)
+	}
+	if r.St == StOK && (op == OpNewInstance || op == OpSlot) {
+		return append(append(b, r.Pin.State), r.Pin.Why...)
+	}
+	return append(b, r.Text...)
+}
+
+// DecodeControlReply reads the reply to an op message. An empty reply, or
+// one too short for op's fields, is an error. A reply with no pin where
+// one belongs, or a pin of no known state, reads as PinNone.
+func DecodeControlReply(op byte, b []byte) (Reply, error) {
+	if len(b) == 0 {
+		return Reply{}, errors.New("empty control reply")
+	}
+	r := Reply{St: b[repStatus]}
+	switch op {
+	case OpEntry:
+		if len(b) < entryText {
+			return Reply{}, fmt.Errorf("entry reply of %d bytes", len(b))
+		}
+		r.Index, r.Text = int32(le.Uint32(b[entryIndex:])), string(b[entryText:])
+	case OpSlot:
+		if len(b) < slotRest {
+			return Reply{}, fmt.Errorf("slot reply of %d bytes", len(b))
+		}
+		r.ID = le.Uint32(b[slotID:])
+		if r.St == StOK {
+			r.Pin = pinOf(b[slotRest:])
+		} else {
+			r.Text = string(b[slotRest:])
+		}
+	case OpNewInstance:
+		if r.St == StOK {
+			r.Pin = pinOf(b[repText:])
+		} else {
+			r.Text = string(b[repText:])
+		}
+	default:
+		r.Text = string(b[repText:])
+	}
+	return r, nil
+}
+
+// pinOf reads a pin from its first byte.
+func pinOf(b []byte) Pin {
+	if len(b) <= pinState || b[pinState] > PinRefused {
+		return Pin{}
+	}
+	return Pin{State: b[pinState], Why: string(b[pinWhy:])}
+}
+
+// The ready message, worker → server once its device is open, the first
+// on the control channel: [OpReady][u32 pid][landlocked][Protocol].
+const (
+	readyOp         = 0
+	readyPID        = readyOp + 1 // u32: the worker's pid, in its own namespace
+	readyLandlocked = readyPID + 4
+	readyProtocol   = readyLandlocked + 1
+	ReadyLen        = readyProtocol + 1
+)
+
+// Ready is what a worker's ready message says.
+type Ready struct {
+	PID        uint32
+	Landlocked bool // Landlock restricts it (not every kernel has Landlock)
+}
+
+// AppendReady appends r's ready message, of this Protocol, to b.
+func AppendReady(b []byte, r Ready) []byte {
+	b = le.AppendUint32(append(b, OpReady), r.PID)
+	landlocked := byte(0)
+	if r.Landlocked {
+		landlocked = 1
+	}
+	return append(b, landlocked, Protocol)
+}
+
+// ErrNotReady is a first message that is not a ready message at all.
+var ErrNotReady = errors.New("not a ready message")
+
+// VersionError is a ready message of another protocol: a worker binary of
+// another build.
+type VersionError struct {
+	Version int // -1: a message of another length (an older protocol's)
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("worker protocol %s, not %d", e.Theirs(), Protocol)
+}
+
+// Theirs names the worker's protocol: its number, or "an older one".
+func (e *VersionError) Theirs() string {
+	if e.Version < 0 {
+		return "an older one"
+	}
+	return fmt.Sprint(e.Version)
+}
+
+// DecodeReady reads a worker's ready message: ErrNotReady for something
+// else, a *VersionError for one of another protocol.
+func DecodeReady(b []byte) (Ready, error) {
+	switch {
+	case len(b) < readyProtocol || b[readyOp] != OpReady:
+		return Ready{}, ErrNotReady
+	case len(b) != ReadyLen:
+		return Ready{}, &VersionError{Version: -1}
+	case b[readyProtocol] != Protocol:
+		return Ready{}, &VersionError{Version: int(b[readyProtocol])}
+	}
+	return Ready{PID: le.Uint32(b[readyPID:]), Landlocked: b[readyLandlocked] != 0}, nil
+}

@@ -1,0 +1,185 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/plover-run/plover/device"
+)
+
+// Every control message decodes to what was encoded.
+func TestControlRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    Control
+	}{
+		{"load", Control{Op: OpLoad, Manifest: []byte(`{"name":"echo"}`)}},
+		{"entry", Control{Op: OpEntry, Kernel: "add_one"}},
+		{"entry, no name", Control{Op: OpEntry}},
+		{"new instance", Control{Op: OpNewInstance, MaxIn: 1 << 33, Tmp: 0, Out: 7}},
+		{"slot", Control{Op: OpSlot, Size: 1 << 20}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DecodeControl(AppendControl(nil, tc.c))
+			if err != nil || got.Op != tc.c.Op || !bytes.Equal(got.Manifest, tc.c.Manifest) || got.Kernel != tc.c.Kernel ||
+				got.MaxIn != tc.c.MaxIn || got.Tmp != tc.c.Tmp || got.Out != tc.c.Out || got.Size != tc.c.Size {
+				t.Fatalf("decoded %+v (%v), sent %+v", got, err, tc.c)
+			}
+		})
+	}
+}
+
+// A control message the worker cannot read is an error it can answer
+// with: which operation's fields are wrong, or what it got instead.
+func TestControlRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+		op   byte
+		text string // "": ErrShape
+	}{
+		{"empty", nil, 0, "empty control message"},
+		{"unknown", []byte("Z"), 0, `unknown control operation 'Z'`},
+		{"the ready message", AppendReady(nil, Ready{}), 0, `unknown control operation 'R'`},
+		{"a short slot", []byte{OpSlot, 1, 2}, OpSlot, ""},
+		{"a long new instance", append(AppendControl(nil, Control{Op: OpNewInstance}), 0), OpNewInstance, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := DecodeControl(tc.msg)
+			switch {
+			case c.Op != tc.op:
+				t.Fatalf("op %q, want %q", c.Op, tc.op)
+			case tc.text == "" && !errors.Is(err, ErrShape):
+				t.Fatalf("%v, want ErrShape", err)
+			case tc.text != "" && (err == nil || err.Error() != tc.text):
+				t.Fatalf("%v, want %q", err, tc.text)
+			}
+		})
+	}
+}
+
+// Every reply to a control message decodes to what was encoded, for the
+// operation it answers.
+func TestControlReplyRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		op   byte
+		r    Reply
+	}{
+		{"loaded", OpLoad, Reply{St: StOK}},
+		{"bundle refused", OpLoad, Reply{St: StInvalid, Text: "k.so\x00no PLOVER_ENTRY"}},
+		{"an entry", OpEntry, Reply{St: StOK, Index: 3}},
+		{"no entry", OpEntry, Reply{St: StFailed, Index: -1, Text: "no such kernel"}},
+		{"an instance on the host", OpNewInstance, Reply{St: StOK}},
+		{"an instance pinned", OpNewInstance, Reply{St: StOK, Pin: Pin{State: PinDone}}},
+		{"an instance not pinned", OpNewInstance, Reply{St: StOK, Pin: Pin{State: PinRefused, Why: "RLIMIT_MEMLOCK"}}},
+		{"an instance faulted", OpNewInstance, Reply{St: StFault, Text: "illegal address"}},
+		{"a slot", OpSlot, Reply{St: StOK, ID: 7, Pin: Pin{State: PinRefused, Why: "no"}}},
+		{"no slot", OpSlot, Reply{St: StFailed, Text: "slot: map: ENOMEM"}},
+		{"an unreadable message", 0, Reply{St: StFailed, Text: "empty control message"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DecodeControlReply(tc.op, AppendControlReply(nil, tc.op, tc.r))
+			if err != nil || got != tc.r {
+				t.Fatalf("decoded %+v (%v), sent %+v", got, err, tc.r)
+			}
+		})
+	}
+}
+
+// A worker's ready message says its pid and whether Landlock restricts
+// it; one of another protocol says which.
+func TestReady(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		msg     []byte
+		want    Ready
+		version int // -2: accepted; -3: not a ready message
+	}{
+		{"landlocked", AppendReady(nil, Ready{PID: 1234, Landlocked: true}), Ready{PID: 1234, Landlocked: true}, -2},
+		{"not", AppendReady(nil, Ready{PID: 1}), Ready{PID: 1}, -2},
+		{"a newer protocol", []byte{OpReady, 1, 0, 0, 0, 0, Protocol + 1}, Ready{}, int(Protocol) + 1},
+		{"an older one", []byte{OpReady, 1, 0, 0, 0, 0}, Ready{}, -1},
+		{"a longer one", append(AppendReady(nil, Ready{}), 0), Ready{}, -1},
+		{"too short", []byte{OpReady, 1, 0}, Ready{}, -3},
+		{"another message", []byte{OpLoad, 1, 0, 0, 0, 0, Protocol}, Ready{}, -3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DecodeReady(tc.msg)
+			var ve *VersionError
+			switch {
+			case tc.version == -2 && (err != nil || got != tc.want):
+				t.Fatalf("%+v (%v), want %+v", got, err, tc.want)
+			case tc.version == -3 && !errors.Is(err, ErrNotReady):
+				t.Fatalf("%v, want ErrNotReady", err)
+			case tc.version >= -1 && (!errors.As(err, &ve) || ve.Version != tc.version):
+				t.Fatalf("%v, want protocol %d", err, tc.version)
+			}
+		})
+	}
+}
+
+// The protocol's bytes, written out: a change to any of them is a change
+// of the protocol, which bumps Protocol (and this test).
+func TestBytesOfProtocol7(t *testing.T) {
+	run := device.Run{Input: make([]byte, 2), Output: make([]byte, 3), TmpLen: 4, ZeroOut: true, ChainKey: 5, Items: 6,
+		Chain: []device.Step{{Entry: 7, Grid: 8, Block: 9}}}
+	for _, tc := range []struct {
+		name      string
+		got, want []byte
+	}{
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 7}},
+		{"load", AppendControl(nil, Control{Op: OpLoad, Manifest: []byte("{}")}), []byte("L{}")},
+		{"entry", AppendControl(nil, Control{Op: OpEntry, Kernel: "k"}), []byte("Ek")},
+		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, MaxIn: 1, Tmp: 2, Out: 3}),
+			[]byte{'I', 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0}},
+		{"slot", AppendControl(nil, Control{Op: OpSlot, Size: 258}), []byte{'S', 2, 1, 0, 0, 0, 0, 0, 0}},
+		{"load reply", AppendControlReply(nil, OpLoad, Reply{St: StFailed, Text: "x"}), []byte{5, 'x'}},
+		{"entry reply", AppendControlReply(nil, OpEntry, Reply{St: StOK, Index: 2}), []byte{0, 2, 0, 0, 0}},
+		{"entry refused", AppendControlReply(nil, OpEntry, Reply{St: StFailed, Text: "x"}), []byte{5, 0, 0, 0, 0, 'x'}},
+		{"instance reply", AppendControlReply(nil, OpNewInstance, Reply{St: StOK, Pin: Pin{State: PinRefused, Why: "w"}}), []byte{0, 2, 'w'}},
+		{"instance refused", AppendControlReply(nil, OpNewInstance, Reply{St: StOOM, Text: "x"}), []byte{4, 'x'}},
+		{"slot reply", AppendControlReply(nil, OpSlot, Reply{St: StOK, ID: 3, Pin: Pin{State: PinDone}}), []byte{0, 3, 0, 0, 0, 1}},
+		{"slot refused", AppendControlReply(nil, OpSlot, Reply{St: StFailed, Text: "x"}), []byte{5, 0, 0, 0, 0, 'x'}},
+		{"run", EncodeRun(make([]byte, 0, RunMsgMax), &run, true, 10, 11), []byte{
+			2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, FlagZeroOut | FlagAlone, 5, 0, 0, 0, 0, 0, 0, 0, 1, 0,
+			6, 0, 0, 0, 10, 0, 0, 0, 11, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0, 9, 0, 0, 0}},
+		{"run reply", EncodeReply(make([]byte, 0, ReplyMax), StKernel, &device.Run{OutLen: 2, Timing: device.Timing{CopyIn: 1, Kernels: 3, CopyOut: 4, Copied: 5, Busy: 6}}, 7, "x"), []byte{
+			2, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,
+			5, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 'x'}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !bytes.Equal(tc.got, tc.want) {
+				t.Fatalf("% x, want % x", tc.got, tc.want)
+			}
+		})
+	}
+	if Protocol != 7 {
+		t.Fatalf("protocol %d: write its bytes out here", Protocol)
+	}
+}
+
+// What a worker sends the server is read by decoders that take hostile
+// bytes (bundle code can write to its channels): they answer an error,
+// never a panic, and what they accept is read within the message.
+func FuzzWorkerMessages(f *testing.F) {
+	f.Add(AppendReady(nil, Ready{PID: 1, Landlocked: true}))
+	f.Add(AppendControlReply(nil, OpSlot, Reply{St: StOK, ID: 3, Pin: Pin{State: PinRefused, Why: "w"}}))
+	f.Add(AppendControlReply(nil, OpEntry, Reply{St: StFailed, Text: "x"}))
+	f.Add(EncodeReply(make([]byte, 0, ReplyMax), StOK, &device.Run{OutLen: 1}, 1, ""))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		DecodeReady(b)
+		for _, op := range []byte{OpLoad, OpEntry, OpNewInstance, OpSlot, 0} {
+			if r, err := DecodeControlReply(op, b); err == nil && len(r.Text)+len(r.Pin.Why) >= len(b) {
+				t.Fatalf("op %q: a reply of %d bytes read as %+v", op, len(b), r)
+			}
+		}
+		ReplyHead(b)
+		var r device.Run
+		if _, _, text, err := DecodeReply(b, &r, 1); err == nil && len(text) > len(b)-ReplyHeader {
+			t.Fatalf("a reply of %d bytes with a message of %d", len(b), len(text))
+		}
+	})
+}
