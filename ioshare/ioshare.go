@@ -69,7 +69,7 @@ type Shares struct {
 
 	// niceOK is set while pieces may move niced (Config.Nice, and every
 	// level taken back so far); niced counts the threads niced now, kept
-	// below the Go scheduler's Ps (niced.go).
+	// below the Go scheduler's Ps (nice.go).
 	niceOK atomic.Bool
 	niced  atomic.Int32
 }
@@ -147,10 +147,11 @@ type Flow struct {
 	cpu  atomic.Int64 // ns the server's threads spent on its pieces
 	owed atomic.Int64 // ns of it not yet passed to Config.Charge
 
-	moving, waiting atomic.Int32 // its pieces in turn, and waiting for one
-	nice            atomic.Int32 // the level its pieces move at (Config.Nice)
-	set             atomic.Pointer[weightClass]
-	touched         atomic.Int64 // unix ns of its last Touch
+	moving, waiting atomic.Int32                // its pieces in turn, and waiting for one
+	nice            atomic.Int32                // the level its pieces move at (Config.Nice)
+	set             atomic.Pointer[weightClass] // what Set applied last
+	setMu           sync.Mutex                  // Set's changes, one at a time
+	touched         atomic.Int64                // unix ns of its last Touch
 }
 
 type weightClass struct {
@@ -159,16 +160,24 @@ type weightClass struct {
 }
 
 // Set gives the flow its function's weight (share) and class; the same
-// again costs a load (it comes with every request).
+// again costs a load (it comes with every request). Requests that read two
+// versions of a redeployed function may race here: applied under setMu and
+// cached last, the cache always says what was applied, so the newer
+// version's next request applies it if the older one's came last.
 func (f *Flow) Set(weight float64, class sched.Class) {
 	if wc := f.set.Load(); wc != nil && wc.w == weight && wc.c == class {
 		return
 	}
-	f.set.Store(&weightClass{weight, class})
+	f.setMu.Lock()
+	defer f.setMu.Unlock()
+	if wc := f.set.Load(); wc != nil && wc.w == weight && wc.c == class {
+		return
+	}
 	f.f.Set(weight, class)
 	if n := f.sh.cfg.Nice; n != nil {
 		f.nice.Store(int32(max(n(weight, class), f.sh.base)))
 	}
+	f.set.Store(&weightClass{weight, class})
 }
 
 // Touch says the flow's function has a request now, though none of its

@@ -253,3 +253,68 @@ func TestHoldFreesTheSlot(t *testing.T) {
 		t.Fatalf("the run held 2 ms and was charged %v", d)
 	}
 }
+
+// A charge beside runs moves a flow's virtual time on from where it
+// stands: from the clock for an idle flow behind it, from its own tag for
+// one with runs waiting (it may lag the clock behind a higher class), never
+// back, and at most maxAhead past the clock.
+func TestChargedMovesTheTagOn(t *testing.T) {
+	ms := float64(time.Millisecond)
+	for _, c := range []struct {
+		name      string
+		active    bool
+		weight    float64
+		tag, vnow float64
+		charge    time.Duration
+		want      float64
+	}{
+		{"idle, behind the clock: from the clock", false, 1, 0, 10 * ms, time.Millisecond, 11 * ms},
+		{"active, behind the clock: from its tag", true, 3, 0, 500 * ms, 300 * time.Microsecond, 0.1 * ms},
+		{"ahead, under the cap: on by the charge", true, 1, 100 * ms, 0, time.Millisecond, 101 * ms},
+		{"far ahead (a long run): not moved back", false, 1, 5000 * ms, 0, 100 * time.Microsecond, 5000 * ms},
+		{"a long stretch of charges: capped", false, 2, 0, 10 * ms, 5 * time.Second, 10*ms + 500*ms},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := NewWFQ(time.Second)
+			s := New(Config{MaxRuns: 1, Policy: w})
+			f := s.Flow("f")
+			f.Set(c.weight, Default)
+			w.state(f).tag, w.vnow, f.active = c.tag, c.vnow, c.active
+			w.Charged(f, c.charge, time.Time{})
+			if got := w.state(f).tag; math.Abs(got-c.want) > 1 {
+				t.Fatalf("tag %v after charging %v (weight %v, tag %v, clock %v): want %v",
+					time.Duration(got), c.charge, c.weight, time.Duration(c.tag), time.Duration(c.vnow), time.Duration(c.want))
+			}
+		})
+	}
+}
+
+// A held turn (AdmitHold) that kept its slot long with nobody waiting is
+// charged what it reports, not a floor of the slot's time: a piece that
+// blocked on a slow peer costs its flow at most its hold.
+func TestHeldTurnChargedWhatItUsed(t *testing.T) {
+	clk := newFakeClock()
+	w := NewWFQ(time.Second)
+	s := New(Config{MaxRuns: 2, Clock: clk, Policy: w})
+	a := s.Flow("a")
+	tk, _, err := a.AdmitHold(t.Context(), time.Time{}, 2*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Second)
+	tk.DoneUsed(clk.Now(), 2*time.Millisecond)
+	if d := a.DeviceTime(); d != 2*time.Millisecond {
+		t.Fatalf("a turn that reported 2 ms after holding its slot 10 s was charged %v", d)
+	}
+	// A run admitted without a hold keeps the floor: a worker that
+	// reports little but held its slot long is charged its part of it.
+	tk, _, err = a.Admit(t.Context(), time.Time{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Second)
+	tk.DoneUsed(clk.Now(), 2*time.Millisecond)
+	if d := a.DeviceTime() - 2*time.Millisecond; d != 5*time.Second {
+		t.Fatalf("a run that reported 2 ms after holding one of 2 slots 10 s was charged %v, want 5s", d)
+	}
+}

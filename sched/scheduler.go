@@ -155,13 +155,6 @@ func (f *Flow) Waiting() int {
 	return len(f.queue)
 }
 
-// Running is how many of the flow's runs hold a slot.
-func (f *Flow) Running() int {
-	f.s.mu.Lock()
-	defer f.s.mu.Unlock()
-	return f.inFlight
-}
-
 // DeviceTime is the device time the flow's ended runs held.
 func (f *Flow) DeviceTime() time.Duration { return time.Duration(f.deviceNs.Load()) }
 
@@ -250,6 +243,7 @@ type run struct {
 	deadline time.Time // zero: none
 	charged  float64   // what the policy charged when it started
 	shared   float64   // Scheduler.shared at its start
+	held     bool      // AdmitHold's: what it reports used is all it is charged
 	gen      uint64
 }
 
@@ -407,7 +401,14 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 	if r.gen == t.gen {
 		part := s.part(r, now)
 		charge := part
-		if used > 0 {
+		switch {
+		case used > 0 && r.held:
+			// A held turn kept its slot past its hold only while
+			// nobody waited for it, and what it reports is what it
+			// cost (ioshare: at most its hold while it blocked on its
+			// peer): no floor of the slot's time.
+			charge = min(used, part)
+		case used > 0:
 			charge = max(min(used, part), now.Sub(r.start)/time.Duration(s.cfg.MaxRuns))
 		}
 		s.end(r, charge, now)
@@ -459,7 +460,7 @@ func (s *Scheduler) start(f *Flow, deadline time.Time, hold time.Duration, now t
 	if hold > 0 && (deadline.IsZero() || now.Add(hold).Before(deadline)) {
 		deadline = now.Add(hold)
 	}
-	r.f, r.start, r.deadline, r.shared = f, now, deadline, s.shared
+	r.f, r.start, r.deadline, r.shared, r.held = f, now, deadline, s.shared, hold > 0
 	s.running = append(s.running, r)
 	f.inFlight++
 	r.charged = s.pol.Started(f, now)

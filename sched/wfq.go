@@ -84,14 +84,22 @@ func (w *WFQ) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) 
 }
 
 // Charged implements Policy: time used beside runs moves the flow's
-// virtual time as a run's would, from the clock when the flow is behind it
-// (an idle flow's tag is raised to the clock when it wakes: a charge below
-// the clock would be lost), and at most maxAhead of device time past the
-// clock, so that a long stretch of charges while idle is not a debt that
-// keeps the flow off the device for as long.
+// virtual time on as a run's would. An idle flow is charged from the clock
+// when it is behind it (its tag is raised to the clock when it wakes: a
+// charge below the clock would be lost); a flow with runs waiting or
+// running from its own tag, which may lag the clock (a lower class's while
+// a higher one runs) and must keep its place against its class's others.
+// A charge never moves a tag back, and moves it at most maxAhead of device
+// time past the clock, so that a long stretch of charges while idle is not
+// a debt that keeps the flow off the device for as long.
 func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 	st := w.state(f)
-	st.tag = math.Min(math.Max(st.tag, w.vnow)+float64(d)/f.Weight(), w.vnow+float64(maxAhead)/f.Weight())
+	from := st.tag
+	if !f.active {
+		from = math.Max(from, w.vnow)
+	}
+	wt := f.Weight()
+	st.tag = math.Max(st.tag, math.Min(from+float64(d)/wt, w.vnow+float64(maxAhead)/wt))
 }
 
 // maxAhead bounds what charges beside runs put a flow ahead of the clock.
