@@ -205,6 +205,6 @@ func (e *Engine) Close() {
 	e.tab.mu.Unlock()
 	e.tab.stop() // the shared reads in progress
 	for _, v := range olds {
-		v.retire()
+		v.pool.retire()
 	}
 }

@@ -26,7 +26,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 		}
 		e.tab.mu.Unlock()
 		if v != nil {
-			if v.ref() {
+			if v.pool.ref() {
 				return Pin{e, f, v}, nil
 			}
 			continue // retired between the lock and ref: look again
@@ -104,7 +104,16 @@ func (p Pin) Full() error {
 	if !p.v.loaded.Load() || !p.v.full() {
 		return nil
 	}
-	return p.v.busy()
+	return p.v.pool.busy()
+}
+
+// full reports a version whose next request would be refused now for its
+// full queue (a batching one: its batch queue); busy is that refusal.
+func (v *version) full() bool {
+	if v.batch != nil {
+		return v.batch.full()
+	}
+	return v.pool.full(v.policy.queue)
 }
 
 // Steps is the pinned version's pipeline steps; nil for a function.

@@ -135,7 +135,7 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 			}
 			continue
 		}
-		if v != nil && v.ref() {
+		if v != nil && v.pool.ref() {
 			return f, v, nil
 		}
 		// Retired between the lock and ref: the next round sees its successor.
@@ -315,7 +315,7 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	t.epoch++
 	t.mu.Unlock()
 	if old != nil {
-		old.retire()
+		old.pool.retire()
 	}
 	return f, true
 }
@@ -358,7 +358,7 @@ func (t *table) forget(name string, at uint64) (uint64, bool) {
 	now := t.epoch
 	t.mu.Unlock()
 	for _, v := range olds {
-		v.retire()
+		v.pool.retire()
 	}
 	return now, true
 }
@@ -375,7 +375,9 @@ func (t *table) peek(name string) (*function, *version) {
 }
 
 func (t *table) newVersion(f *function, rv api.Version) *version {
-	return &version{fn: f, rec: rv, lg: t.log, loadState: loadState{placeTok: make(chan struct{}, 1)}}
+	v := &version{fn: f, rec: rv, lg: t.log, loadState: loadState{placeTok: make(chan struct{}, 1)}}
+	v.pool.v, v.pool.owner = v, v
+	return v
 }
 
 type funcVersion struct {

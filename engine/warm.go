@@ -52,14 +52,12 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		v.constSize = fi.Size()
 	}
 	v.dir, v.manifest, v.steps, v.unpin = dir, m, manifestSteps(m), func() { e.cfg.Cache.Release(v.rec.SHA256) }
-	v.slots = make(chan struct{}, v.policy.max)
+	var freed slotWaiter
 	if m.Batch != nil {
 		v.batch = newBatcher(e, v)
-		v.freed = v.batch
+		freed = v.batch
 	}
-	v.mu.Lock()
-	v.lastUsed = time.Now()
-	v.mu.Unlock()
+	v.pool.open(e, v.policy.max, freed, time.Now())
 	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
 	v.loaded.Store(true)
 	return nil
@@ -71,25 +69,21 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 		return err
 	}
 	for {
-		v.mu.Lock()
-		n, retired := v.live, v.retired
-		v.mu.Unlock()
+		n, retired := v.pool.instances()
 		if n >= v.policy.min || retired {
 			return nil
 		}
 		// Hold a slot like a request, so warming never takes the function
 		// past max_instances; if requests hold them all, they are creating
 		// the instances anyway.
-		select {
-		case v.slots <- struct{}{}:
-		default:
+		if !v.pool.trySlot() {
 			return nil
 		}
 		in, _, err := e.newInstance(ctx, v)
 		if err == nil {
-			v.put(in, false, time.Now())
+			v.pool.put(in, false, time.Now())
 		}
-		v.release()
+		v.pool.release()
 		if err != nil {
 			return err
 		}
@@ -128,10 +122,10 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 	e.tab.mu.Lock()
 	v := f.cur
 	e.tab.mu.Unlock()
-	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.ref() {
+	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.pool.ref() {
 		return
 	}
-	defer v.unref()
+	defer v.pool.unref()
 	// A pre-warm runs the bundle's constructors: one that hangs must not
 	// hold a deploy (or a server's start) for longer than a request may
 	// take.
