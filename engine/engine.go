@@ -187,24 +187,4 @@ func (e *Engine) Targets() []string { return e.targets }
 
 // Close retires every version; in-flight requests finish first. Later
 // lookups and deploys are refused.
-func (e *Engine) Close() {
-	e.tab.mu.Lock()
-	e.tab.closed = true
-	var olds []*version
-	for _, f := range e.tab.funcs {
-		if f.cur != nil {
-			olds = append(olds, f.cur)
-			f.cur = nil
-		}
-		for _, v := range f.pinned {
-			olds = append(olds, v)
-		}
-		f.pinned = nil
-	}
-	e.tab.funcs = map[string]*function{}
-	e.tab.mu.Unlock()
-	e.tab.stop() // the shared reads in progress
-	for _, v := range olds {
-		v.pool.retire()
-	}
-}
+func (e *Engine) Close() { e.tab.close() }

@@ -18,13 +18,7 @@ import (
 // must be released. Its store reads end at deadline, as Pin's.
 func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time.Time) (Pin, error) {
 	for attempt := 0; ; attempt++ {
-		e.tab.mu.Lock()
-		f := e.tab.funcs[name]
-		var v *version
-		if f != nil {
-			v = f.match(ref)
-		}
-		e.tab.mu.Unlock()
+		f, v := e.tab.match(name, ref)
 		if v != nil {
 			if v.pool.ref() {
 				return Pin{e, f, v}, nil
@@ -53,31 +47,8 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 		if err != nil {
 			return Pin{}, errorf(errdefs.KindNotFound, err, "%s", err.Error())
 		}
-		e.tab.mu.Lock()
-		if !e.tab.closed && e.tab.funcs[name] == f && f.match(rv.ID) == nil {
-			if f.pinned == nil {
-				f.pinned = map[string]*version{}
-			}
-			pv := e.tab.newVersion(f, rv)
-			pv.side.Store(true)
-			f.pinned[rv.ID] = pv
-		}
-		e.tab.mu.Unlock()
+		e.tab.pin(f, rv)
 	}
-}
-
-// match is f's version that ref names, current first, or nil; under
-// Engine.mu.
-func (f *function) match(ref string) *version {
-	if f.cur != nil && f.cur.rec.Matches(ref) {
-		return f.cur
-	}
-	for _, v := range f.pinned {
-		if v.rec.Matches(ref) {
-			return v
-		}
-	}
-	return nil
 }
 
 // Name is the function's name as the engine keeps it: a copy of its own,
@@ -139,10 +110,7 @@ func (p Pin) Account(start call.Start, total time.Duration, err error) {
 // never saw, in the function's requests and client errors. A name no
 // function has on this node counts nothing; it reads no store.
 func (e *Engine) Refused(name string) {
-	e.tab.mu.Lock()
-	f := e.tab.funcs[name]
-	e.tab.mu.Unlock()
-	if f != nil {
+	if f := e.tab.function(name); f != nil {
 		f.stats.requests.Add(1)
 		f.stats.clientErrors.Add(1)
 	}

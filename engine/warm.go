@@ -119,9 +119,7 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 // Functions without a minimum (by their record, or the server default) are
 // left unloaded, and nothing is fetched for them.
 func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
-	e.tab.mu.Lock()
-	v := f.cur
-	e.tab.mu.Unlock()
+	v := e.tab.currentOf(f)
 	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.pool.ref() {
 		return
 	}
