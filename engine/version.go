@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,8 +17,8 @@ import (
 )
 
 // version is one deployed bundle of a function on this node: its load
-// (written once) and its run pool (pool.go: its program on each device it
-// runs on, its instances, the requests on it and its crashes).
+// (load.go: written once) and its run pool (pool.go: its program on each
+// device it runs on, its instances, the requests on it and its crashes).
 type version struct {
 	fn  *function
 	rec api.Version
@@ -31,28 +30,6 @@ type version struct {
 
 	loadState
 	pool pool
-}
-
-// loadState is the version's bundle as load prepared it: written once,
-// under loadMu, before loaded is set, and read-only after; but for
-// refused (set by a device's refusal) and prepMs and fetched, which the
-// first program load takes (under placeTok).
-type loadState struct {
-	loadMu   sync.Mutex
-	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
-	loaded   atomic.Bool
-	loadErr  error                         // a permanent refusal (invalid bundle), not an outage
-	refused  atomic.Pointer[errdefs.Error] // a device refused the library: as permanent
-
-	dir       string
-	manifest  *abi.Manifest
-	steps     []device.Step // the manifest chain: entries 0..k-1 of every program
-	policy    policy
-	constSize int64
-	batch     *batcher // non-nil for a batching function (manifest "batch")
-	unpin     func()   // ends the version's use of its cached bundle
-	prepMs    float64  // fetch + verify + unpack, until the first program load logs it (placeTok)
-	fetched   bool
 }
 
 // placement is v's program on one device.
@@ -82,25 +59,6 @@ type instance struct {
 	made     time.Duration // how long NewInstance took (buffers, plover_instance_init)
 	lastUsed time.Time
 	run      device.Run // reused for every request on this instance
-}
-
-// teardown closes every program: constants freed, library unloaded or
-// worker stopped. Every instance is closed
-// by now: refs is 0, so none is busy, and retire closed the idle ones.
-func (v *version) teardown() {
-	v.loadMu.Lock()
-	defer v.loadMu.Unlock()
-	for _, p := range v.pool.unplace() {
-		if err := p.prog.Close(); err != nil {
-			v.lg.Info("unload failed", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
-		}
-	}
-	if v.unpin != nil {
-		v.unpin()
-	}
-	if v.loaded.Load() {
-		v.lg.Info("unloaded", "function", v.fn.name, "version", v.rec.ID)
-	}
 }
 
 // override checks a per-request chain and sizes against v's manifest. The

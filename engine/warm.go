@@ -2,66 +2,9 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"syscall"
 	"time"
-
-	"github.com/plover-run/plover/bundle"
-	"github.com/plover-run/plover/errdefs"
 )
-
-func (e *Engine) load(ctx context.Context, v *version) error {
-	v.loadMu.Lock()
-	defer v.loadMu.Unlock()
-	if v.loaded.Load() {
-		return nil
-	}
-	if v.loadErr != nil {
-		return v.loadErr
-	}
-	t0 := time.Now()
-	dir, m, fetched, err := e.cfg.Cache.Get(ctx, e.cfg.Store, v.rec.SHA256)
-	if err != nil {
-		var fe *bundle.FetchError
-		var be *bundle.Error
-		switch {
-		case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT):
-			// Writing the bundle into the cache failed: the store is fine,
-			// and the disk to free is this node's.
-			return errorf(errdefs.KindNoSpace, err, "function %s: cold start: this node's disk is full: no room for bundle %s in its bundle cache %s (%v)", v.fn.name, v.rec.SHA256[:12], e.cfg.Cache.Dir(), err)
-		case errors.As(err, &fe):
-			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
-		case errors.As(err, &be): // the bundle itself is refused: that will not change
-			v.loadErr = errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
-			return v.loadErr
-		default: // local trouble (disk full, a race with eviction): try again later
-			e.cfg.Log.Error("cannot prepare bundle", "function", v.fn.name, "sha256", v.rec.SHA256[:12], "error", err)
-			return errorf(errdefs.KindUnavailable, err, "function %s: cannot prepare its bundle on this node; see the server log", v.fn.name)
-		}
-	}
-	v.policy = e.policyFor(m)
-	if m.Constants != "" {
-		fi, err := os.Stat(filepath.Join(dir, m.Constants))
-		if err != nil {
-			e.cfg.Cache.Release(v.rec.SHA256)
-			return errorf(errdefs.KindInternal, err, "function %s: constants", v.fn.name)
-		}
-		v.constSize = fi.Size()
-	}
-	v.dir, v.manifest, v.steps, v.unpin = dir, m, manifestSteps(m), func() { e.cfg.Cache.Release(v.rec.SHA256) }
-	var freed slotWaiter
-	if m.Batch != nil {
-		v.batch = newBatcher(e, v)
-		freed = v.batch
-	}
-	v.pool.open(e, v.policy.max, freed, time.Now())
-	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
-	v.loaded.Store(true)
-	return nil
-}
 
 // warm loads v and creates instances up to its min_instances.
 func (e *Engine) warm(ctx context.Context, v *version) error {
