@@ -18,7 +18,7 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) err
 		return err
 	}
 	defer v.pool.unref()
-	return e.invoke(ctx, f, v, req, t0)
+	return e.invoke(ctx, f, v, req, t0, e.tab.deadline(req.Deadline, t0))
 }
 
 // Land lends memory to read a request's body into for name's current
@@ -74,28 +74,26 @@ func (p Pin) Version() api.Version { return p.v.rec }
 
 // Invoke runs one request on the pinned version.
 func (p Pin) Invoke(ctx context.Context, req *call.Request) error {
-	return p.e.invoke(ctx, p.f, p.v, req, time.Now())
+	t0 := time.Now()
+	return p.e.invoke(ctx, p.f, p.v, req, t0, p.e.tab.deadline(req.Deadline, t0))
 }
 
 // InvokeSince is Invoke for a request that reached the server at t0
 // (before its version was resolved): its default deadline and its total
 // time count from then, as Engine.Invoke's do.
 func (p Pin) InvokeSince(ctx context.Context, req *call.Request, t0 time.Time) error {
-	return p.e.invoke(ctx, p.f, p.v, req, t0)
+	return p.e.invoke(ctx, p.f, p.v, req, t0, p.e.tab.deadline(req.Deadline, t0))
 }
 
 // Release ends the pin.
 func (p Pin) Release() { p.v.pool.unref() }
 
-// invoke runs req on v, a version of f the caller holds a reference on;
-// t0 is when the request reached the engine: it resolves what runs (the
+// invoke runs req on v, a version of f the caller holds a reference on,
+// until deadline (never zero: the entry points applied the default); t0
+// is when the request reached the engine. It resolves what runs (the
 // version loaded if cold, its input checked), and its batcher or its run
 // pool runs it.
-func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.Request, t0 time.Time) (err error) {
-	deadline := req.Deadline
-	if deadline.IsZero() {
-		deadline = t0.Add(e.cfg.Timeout)
-	}
+func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.Request, t0, deadline time.Time) (err error) {
 	f.stats.requests.Add(1)
 	defer func() {
 		if err != nil {

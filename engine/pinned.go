@@ -28,9 +28,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 		if attempt == 4 {
 			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
 		}
-		if deadline.IsZero() { // one bound for all its reads
-			deadline = time.Now().Add(e.cfg.Timeout)
-		}
+		deadline = e.tab.deadline(deadline, time.Now()) // one bound for all its reads
 		if f == nil {
 			if _, err := e.tab.lookup(ctx, name, deadline); err != nil {
 				return Pin{}, err
@@ -118,3 +116,9 @@ func (e *Engine) Refused(name string) {
 
 // Timeout is a request's deadline from its start when it brings none.
 func (e *Engine) Timeout() time.Duration { return e.cfg.Timeout }
+
+// Deadline is a request's deadline: d, its own, or when it brings none
+// (zero) the engine's request timeout from start, when it reached the
+// server: the rule the engine applies to a request that comes without one,
+// for a front door that normalises its requests before they reach it.
+func (e *Engine) Deadline(d, start time.Time) time.Time { return e.tab.deadline(d, start) }

@@ -143,17 +143,28 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 	}
 }
 
+// deadline is a request's deadline: d, its own, or when it brings none
+// (zero) the engine's request timeout from t0, when it reached the engine.
+// The one place that rule is written: the engine's entry points apply it
+// before a request runs (Engine.Invoke, Pin.Invoke and InvokeSince, and
+// Engine.Deadline for a front door), and PinVersion and bound when a store
+// read needs it, so that what runs a request always has a deadline.
+func (t *table) deadline(d, t0 time.Time) time.Time {
+	if d.IsZero() && t.timeout > 0 {
+		return t0.Add(t.timeout)
+	}
+	return d
+}
+
 // bound is ctx ending at deadline (zero: ctx's own, else the engine's
 // request timeout from now), for a request's store reads: made only when
-// the store is read, so that the hot path makes no context.
+// the store is read, so that the hot path makes no context (nor reads the
+// clock for a default it does not need).
 func (t *table) bound(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); deadline.IsZero() && (ok || t.timeout <= 0) {
 		return ctx, func() {}
 	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(t.timeout)
-	}
-	return context.WithDeadline(ctx, deadline)
+	return context.WithDeadline(ctx, t.deadline(deadline, time.Now()))
 }
 
 // maxFlights bounds the shared reads in progress on a node (distinct
