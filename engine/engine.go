@@ -50,8 +50,10 @@ type Config struct {
 }
 
 // Engine is the thing that owns functions, their versions and instances, and
-// runs requests. The HTTP front end talks to it through an interface so it
-// can later live in a worker process.
+// runs requests. Its users declare what they need of it where they use it
+// (pipeline.Engine for the request path, httpapi.Admin for its Control);
+// it lives in the server, and the functions' code it runs lives in worker
+// processes (a worker device) or, without isolation, in the server too.
 type Engine struct {
 	cfg     Config
 	targets []string // the devices' targets, each once, in the devices' order
