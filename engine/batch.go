@@ -111,7 +111,7 @@ func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline, enq t
 	b.mu.Lock()
 	if b.fullLocked() {
 		b.mu.Unlock()
-		return v.busy()
+		return v.pool.busy()
 	}
 	b.pending = append(b.pending, it)
 	b.mu.Unlock()
@@ -209,7 +209,7 @@ func (b *batcher) dispatch() {
 		if hold := b.holdFor(now); hold > 0 {
 			// Only a free slot holds: with none free, a finishing run
 			// dispatches anyway.
-			if len(b.v.slots) < cap(b.v.slots) {
+			if b.v.pool.slotFree() {
 				if b.holdSince.IsZero() {
 					b.holdSince = now
 				}
@@ -222,17 +222,15 @@ func (b *batcher) dispatch() {
 			b.mu.Unlock()
 			return
 		}
-		select {
-		case b.v.slots <- struct{}{}:
-		default:
+		if !b.v.pool.trySlot() {
 			b.mu.Unlock()
 			return
 		}
 		// The run holds the version like a request does: its requests may
 		// all give up while it runs, and a redeploy must not unload the
 		// library under it.
-		if !b.v.ref() {
-			<-b.v.slots
+		if !b.v.pool.ref() {
+			b.v.pool.dropSlot()
 			b.mu.Unlock()
 			return
 		}
@@ -273,7 +271,7 @@ func maxTime(a, c time.Time) time.Time {
 // run executes one batch on an instance (holding a slot), hands each item
 // its result, and dispatches what queued meanwhile.
 func (b *batcher) run(items []*batchItem) {
-	defer b.v.unref()
+	defer b.v.pool.unref()
 	bb, _ := b.bufs.Get().(*batchBufs)
 	if bb == nil {
 		m := b.v.manifest
@@ -297,7 +295,7 @@ func (b *batcher) run(items []*batchItem) {
 		b.ended()
 	}
 	b.bufs.Put(bb)
-	b.v.release() // and dispatches what queued meanwhile
+	b.v.pool.release() // and dispatches what queued meanwhile
 }
 
 // ended counts a run as ended: from then on a lone request does not wait
@@ -313,7 +311,7 @@ func (b *batcher) ended() {
 // and delivers each its slice of out, or the run's error to all of them.
 func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	e, v, f := b.e, b.v, b.v.fn
-	m := v.manifest
+	m, pool := v.manifest, &b.v.pool
 	n := len(items)
 	k := n
 	if b.pad {
@@ -334,7 +332,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	var start call.Start
 	var load, sched time.Duration
 	t0 := time.Now()
-	inst, fresh, err := e.take(context.Background(), v, deadline, nil)
+	inst, fresh, err := pool.take(context.Background(), deadline, nil)
 	var r *device.Run
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
@@ -352,7 +350,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		}
 		r.Items = uint32(k)
 		var wait time.Duration
-		wait, ended, err = e.runOn(context.Background(), f, inst, r, time.Now(), deadline, nil)
+		wait, ended, err = pool.runOn(context.Background(), inst, r, time.Now(), deadline, nil)
 		sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !beforeRun(err) {
@@ -361,20 +359,8 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		// The worker died while the instance was idle: the run reached no
 		// bundle code, so it goes once more on a fresh worker, as an
 		// unbatched request would.
-		v.put(inst, true, time.Now())
-		v.workerDied(inst.dev, lossOf(err))
-		inst = nil
-		t0 = time.Now()
-		if bo := v.backoffUntil.Load(); bo != 0 && t0.UnixNano() < bo {
-			err = v.backoffError(bo)
-			break
-		}
-		if !t0.Before(deadline) {
+		if inst, fresh, t0, err = pool.replace(context.Background(), inst, err, deadline, nil); inst == nil && err == nil {
 			err = errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
-			break
-		}
-		if inst, fresh, err = e.take(context.Background(), v, deadline, nil); err != nil {
-			inst = nil
 		}
 	}
 	var p *placement
@@ -385,12 +371,12 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			err = &device.KernelError{Msg: abi.OutLenChanged}
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
-		v.put(inst, broken, ended) // the run's end, as runOn read it
+		pool.put(inst, broken, ended) // the run's end, as runOn read it
 	}
 	if err != nil {
 		err = v.runFailed(p, err)
-	} else if v.crashCount.Load() > 0 {
-		v.succeeded()
+	} else {
+		pool.succeeded()
 	}
 	b.ended()
 	for i, it := range items {

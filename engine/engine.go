@@ -50,8 +50,10 @@ type Config struct {
 }
 
 // Engine is the thing that owns functions, their versions and instances, and
-// runs requests. The HTTP front end talks to it through an interface so it
-// can later live in a worker process.
+// runs requests. Its users declare what they need of it where they use it
+// (pipeline.Engine for the request path, httpapi.Admin for its Control);
+// it lives in the server, and the functions' code it runs lives in worker
+// processes (a worker device) or, without isolation, in the server too.
 type Engine struct {
 	cfg     Config
 	targets []string // the devices' targets, each once, in the devices' order
@@ -187,24 +189,4 @@ func (e *Engine) Targets() []string { return e.targets }
 
 // Close retires every version; in-flight requests finish first. Later
 // lookups and deploys are refused.
-func (e *Engine) Close() {
-	e.tab.mu.Lock()
-	e.tab.closed = true
-	var olds []*version
-	for _, f := range e.tab.funcs {
-		if f.cur != nil {
-			olds = append(olds, f.cur)
-			f.cur = nil
-		}
-		for _, v := range f.pinned {
-			olds = append(olds, v)
-		}
-		f.pinned = nil
-	}
-	e.tab.funcs = map[string]*function{}
-	e.tab.mu.Unlock()
-	e.tab.stop() // the shared reads in progress
-	for _, v := range olds {
-		v.retire()
-	}
-}
+func (e *Engine) Close() { e.tab.close() }

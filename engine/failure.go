@@ -73,8 +73,8 @@ func (v *version) runFailed(p *placement, err error) error {
 // died loading) and counts the death once, whatever number of requests
 // saw it. It returns the error for the request that saw it.
 func (v *version) workerDied(p *placement, l device.Loss) error {
-	if p == nil || v.abandon(p) {
-		backoff := v.crashed(time.Now())
+	if p == nil || v.pool.abandon(p) {
+		backoff := v.pool.crashed(time.Now())
 		attrs := append([]any{"function", v.fn.name, "version", v.rec.ID}, l.LogAttrs()...)
 		v.lg.Error("worker died", append(attrs, "backoff", backoff)...)
 	}
@@ -107,15 +107,8 @@ func (v *version) watchExit(p *placement, w exitWatcher) {
 // back-off like a worker crash: each retry reloads the bundle (in a fresh
 // worker), so one that fails every time must not be retried by every request.
 func (v *version) hookFailed(err error) {
-	backoff := v.crashed(time.Now())
+	backoff := v.pool.crashed(time.Now())
 	v.lg.Error("bundle hook failed", "function", v.fn.name, "version", v.rec.ID, "error", err.Error(), "backoff", backoff)
-}
-
-// backoffError is the 503 of a version backing off after crashes.
-func (v *version) backoffError(until int64) error {
-	at := time.Unix(0, until).UTC().Format(time.RFC3339)
-	return errorf(errdefs.KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
-		v.fn.name, crashLimit, crashWindow, at)
 }
 
 // notAdmitted is the client's error for a run the device's scheduler did

@@ -15,9 +15,7 @@ func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionIn
 	fi := api.FunctionInfo{Name: f.name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versions}
 	fi.Requests, fi.ClientErrors, fi.Errors = f.stats.requests.Load(), f.stats.clientErrors.Load(), f.stats.errors.Load()
 	fi.Cold, fi.Warm, fi.Hot = f.stats.cold.Load(), f.stats.warm.Load(), f.stats.hot.Load()
-	e.tab.mu.Lock()
-	v := f.cur
-	e.tab.mu.Unlock()
+	v := e.tab.currentOf(f)
 	if ok := fi.Requests - fi.ClientErrors - fi.Errors; ok > 0 {
 		fi.MeanUs = f.stats.latencyNs.Load() / ok / 1000
 	}
@@ -51,19 +49,6 @@ func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionIn
 	return fi
 }
 
-// side is f's loaded versions that pipelines pinned and are not current.
-func (t *table) side(f *function) []*version {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []*version
-	for _, v := range f.pinned {
-		if v.loaded.Load() {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // Function describes one function from its record and this node's state.
 func (c *Control) Function(ctx context.Context, name string) (api.FunctionInfo, error) {
 	e := c.e
@@ -83,9 +68,7 @@ func (c *Control) recordInfo(rec *api.Record) (api.FunctionInfo, error) {
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "function %s: corrupt record", rec.Name)
 	}
-	e.tab.mu.Lock()
-	f := e.tab.funcs[rec.Name]
-	e.tab.mu.Unlock()
+	f := e.tab.function(rec.Name)
 	if f == nil {
 		f = &function{name: rec.Name}
 	}

@@ -14,37 +14,6 @@ import (
 	"github.com/plover-run/plover/sched"
 )
 
-// take returns an idle instance of v (Hot), or creates one: Warm on a
-// program already loaded, Cold when the program had to be loaded. An idle
-// instance on prefer (the device the request's body landed on; nil: any)
-// goes first, the most recently used of them.
-func (e *Engine) take(ctx context.Context, v *version, deadline time.Time, prefer device.Device) (*instance, call.Start, error) {
-	v.mu.Lock()
-	if n := len(v.idle); n > 0 {
-		k := n - 1
-		if prefer != nil {
-			for j := n - 1; j >= 0; j-- {
-				if v.idle[j].dev.dev == prefer {
-					k = j
-					break
-				}
-			}
-		}
-		in := v.idle[k]
-		v.idle = append(v.idle[:k], v.idle[k+1:]...)
-		v.mu.Unlock()
-		if err := in.dev.dev.Health(); err != nil {
-			v.put(in, true, time.Now())
-			return nil, call.Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
-		}
-		return in, call.Hot, nil
-	}
-	v.mu.Unlock()
-	lctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	return e.newInstance(lctx, v)
-}
-
 // newInstance creates an instance of v on the healthy device with the most
 // free memory, loading v's program there first if needed and evicting idle
 // functions when the device's memory budget requires it.
@@ -55,7 +24,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	}
 	m := v.manifest
 	need := m.MaxInputBytes + m.TmpBytes + m.OutBytes
-	if v.placement(best) == nil {
+	if v.pool.placement(best) == nil {
 		need += v.constSize
 	}
 	unreserve, err := e.mem.reserve(best, need, v)
@@ -78,7 +47,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 			return nil, start, v.workerDied(p, l)
 		}
 		if errors.Is(err, device.ErrDeadline) { // its worker was stopped
-			v.abandon(p)
+			v.pool.abandon(p)
 			return nil, start, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while an instance was created", v.fn.name)
 		}
 		var ke *device.KernelError
@@ -88,9 +57,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		}
 		return nil, start, unavailable(err, "function %s: cannot create an instance on %s", v.fn.name, p.dev.Name())
 	}
-	v.mu.Lock()
-	v.live++
-	v.mu.Unlock()
+	v.pool.added()
 	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes(), made: made}, start, nil
 }
 
@@ -131,7 +98,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		return nil, call.Cold, errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
 	}
 	defer func() { <-v.placeTok }()
-	if p := v.placement(dev); p != nil {
+	if p := v.pool.placement(dev); p != nil {
 		return p, call.Warm, nil
 	}
 	if rf := v.refused.Load(); rf != nil {
@@ -164,9 +131,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	// The request this load serves logs it (coldStarted), with its own
 	// load time: the number its Server-Timing shows.
 	p.cold.Store(&coldLoad{fetched: v.fetched, fetchMs: v.prepMs, programMs: ms(time.Since(t0))})
-	v.mu.Lock()
-	v.placements = append(v.placements, p)
-	v.mu.Unlock()
+	v.pool.placed(p)
 	if w, ok := prog.(exitWatcher); ok {
 		go v.watchExit(p, w)
 	}
@@ -217,25 +182,4 @@ func (e *Engine) flow(v *version, dev device.Device) *sched.Flow {
 	class, _ := sched.ParseClass(v.manifest.Priority) // the manifest was validated
 	fl.Set(v.manifest.Weight(), class)
 	return fl
-}
-
-// runOn runs r on in once the device's scheduler admits it: the one path
-// by which a chain reaches a device. start is the caller's clock reading
-// just before; it returns how long the run waited for admission and the
-// clock at the run's end (a hot request reads the clock once per phase).
-// A run not admitted fails with an *Error.
-func (e *Engine) runOn(ctx context.Context, f *function, in *instance, r *device.Run, start, deadline time.Time, gone func() bool) (time.Duration, time.Time, error) {
-	fl := in.dev.flow
-	if fl == nil {
-		err := in.inst.Run(r)
-		return 0, time.Now(), err
-	}
-	tk, wait, err := fl.AdmitAt(ctx, start, deadline, gone)
-	if err != nil {
-		return wait, time.Now(), notAdmitted(f, in.dev.dev, err)
-	}
-	err = in.inst.Run(r)
-	end := time.Now()
-	tk.DoneUsed(end, r.Timing.Busy)
-	return wait, end, err
 }

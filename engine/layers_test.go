@@ -19,8 +19,8 @@ import (
 // The engine's files form layers: a file calls functions of files below
 // it and never of a file that calls it back, directly or around a loop, so
 // the request path reads top to bottom (README, "The engine's files"). A
-// lower file that must reach up declares an interface (version's
-// slotWaiter).
+// lower file that must reach up declares an interface (the run pool's
+// slotWaiter and unloader).
 func TestEngineFilesCallDownOnly(t *testing.T) {
 	fset := token.NewFileSet()
 	names, err := filepath.Glob("*.go")

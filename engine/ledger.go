@@ -2,8 +2,8 @@ package engine
 
 import (
 	"log/slog"
-	"slices"
 	"sync"
+	"time"
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
@@ -123,14 +123,14 @@ func (l *ledger) free(ev eviction, need, avail int64) {
 	for _, ei := range ev.instances {
 		unfree(ei.in.bytes)
 		ei.in.inst.Close()
-		ei.v.unref()
+		ei.v.pool.unref()
 		l.evictions.instances.Add(1)
 	}
 	for _, fv := range ev.versions {
 		// The bytes counted when it was taken: its placement may be gone
 		// by now (its worker died), and they must leave freeing anyway.
 		unfree(fv.bytes)
-		fv.v.retire()
+		fv.v.pool.retire()
 		l.evictions.functions.Add(1)
 		l.log.Info("evicted idle function", "function", fv.f.name, "device", ev.dev.Name(), "needed_bytes", need, "free_bytes", avail)
 	}
@@ -145,22 +145,7 @@ func (l *ledger) reclaimable(dev device.Device, forV *version) int64 {
 		if !v.loaded.Load() {
 			continue
 		}
-		v.mu.Lock()
-		spare := v.live - v.minInstances()
-		for _, in := range v.idle {
-			if spare > 0 && in.dev.dev == dev {
-				n += in.bytes
-				spare--
-			}
-		}
-		if v != forV && v.minInstances() == 0 && v.refs == 0 && len(v.idle) == v.live {
-			for _, p := range v.placements {
-				if p.dev == dev {
-					n += p.prog.ConstantsBytes()
-				}
-			}
-		}
-		v.mu.Unlock()
+		n += v.pool.reclaimable(dev, v.minInstances(), v != forV)
 	}
 	return n
 }
@@ -195,20 +180,11 @@ func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, idle []e
 		if !v.loaded.Load() { // policy is written by load
 			continue
 		}
-		p := v.placement(dev)
-		v.mu.Lock()
-		if v.live > v.minInstances() { // min_instances hold even under memory pressure
-			for _, in := range v.idle {
-				if in.dev.dev == dev {
-					idle = append(idle, evict.Idle{Function: fv.f.name, Instance: true, Bytes: in.bytes, LastUsed: in.lastUsed})
-					from = append(from, idleRef{fv, in})
-				}
-			}
-		}
-		whole := v != forV && v.live == 0 && v.refs == ev.refsOn(v) && p != nil
-		last := v.lastUsed
-		v.mu.Unlock()
-		if whole {
+		p := v.pool.placement(dev)
+		var empty bool
+		var last time.Time
+		idle, from, empty, last = v.pool.idleOn(dev, v.minInstances(), ev.refsOn(v), fv, idle, from)
+		if v != forV && empty && p != nil {
 			if b := p.prog.ConstantsBytes(); b > 0 {
 				idle = append(idle, evict.Idle{Function: fv.f.name, Bytes: b, LastUsed: last})
 				from = append(from, idleRef{fv: fv})
@@ -225,7 +201,7 @@ func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, idle []e
 func (l *ledger) take1(ev *eviction, r idleRef) bool {
 	v := r.fv.v
 	if r.in == nil {
-		p := v.placement(ev.dev)
+		p := v.pool.placement(ev.dev)
 		if p == nil || !l.tab.detach(r.fv.f, v) {
 			return false
 		}
@@ -234,15 +210,9 @@ func (l *ledger) take1(ev *eviction, r idleRef) bool {
 		ev.bytes += b
 		return true
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	i := slices.Index(v.idle, r.in)
-	if i < 0 || v.live <= v.minInstances() || v.dead {
+	if !v.pool.evict(r.in, v.minInstances()) {
 		return false
 	}
-	v.idle = slices.Delete(v.idle, i, i+1)
-	v.live--
-	v.refs++
 	ev.instances = append(ev.instances, evictedInstance{r.in, v})
 	ev.bytes += r.in.bytes
 	return true

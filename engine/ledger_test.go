@@ -30,7 +30,8 @@ func TestEvictedBytesLeaveFreeingBeforeClose(t *testing.T) {
 	e := &Engine{mem: newLedger()}
 	e.mem.log, e.mem.evictions = slog.New(slog.DiscardHandler), &e.evictions
 	dev := device.NewHost(100)
-	v := &version{fn: &function{name: "f"}, poolState: poolState{refs: 2}}
+	v := &version{fn: &function{name: "f"}}
+	v.pool.v, v.pool.refs = v, 2
 	a, b := &closeProbe{e: e, dev: dev}, &closeProbe{e: e, dev: dev}
 	e.mem.freeing[dev] = 100
 	e.mem.free(eviction{dev: dev, bytes: 100, instances: []evictedInstance{
@@ -42,7 +43,7 @@ func TestEvictedBytesLeaveFreeingBeforeClose(t *testing.T) {
 	if got := e.mem.freeing[dev]; got != 0 {
 		t.Errorf("freeing after the eviction: %d, want 0", got)
 	}
-	if v.refs != 0 {
-		t.Errorf("version refs after the eviction: %d, want 0 (each evicted instance's reference released)", v.refs)
+	if v.pool.refs != 0 {
+		t.Errorf("version refs after the eviction: %d, want 0 (each evicted instance's reference released)", v.pool.refs)
 	}
 }

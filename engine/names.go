@@ -66,11 +66,7 @@ func (e *Engine) Names() []string {
 	l.mu.Lock()
 	out := slices.Clone(l.names)
 	l.mu.Unlock()
-	e.tab.mu.Lock()
-	for n := range e.tab.funcs {
-		out = append(out, n)
-	}
-	e.tab.mu.Unlock()
+	out = append(out, e.tab.names()...)
 	slices.Sort(out)
 	return slices.Compact(out)
 }

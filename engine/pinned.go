@@ -18,15 +18,9 @@ import (
 // must be released. Its store reads end at deadline, as Pin's.
 func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time.Time) (Pin, error) {
 	for attempt := 0; ; attempt++ {
-		e.tab.mu.Lock()
-		f := e.tab.funcs[name]
-		var v *version
-		if f != nil {
-			v = f.match(ref)
-		}
-		e.tab.mu.Unlock()
+		f, v := e.tab.match(name, ref)
 		if v != nil {
-			if v.ref() {
+			if v.pool.ref() {
 				return Pin{e, f, v}, nil
 			}
 			continue // retired between the lock and ref: look again
@@ -34,9 +28,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 		if attempt == 4 {
 			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
 		}
-		if deadline.IsZero() { // one bound for all its reads
-			deadline = time.Now().Add(e.cfg.Timeout)
-		}
+		deadline = e.tab.deadline(deadline, time.Now()) // one bound for all its reads
 		if f == nil {
 			if _, err := e.tab.lookup(ctx, name, deadline); err != nil {
 				return Pin{}, err
@@ -53,31 +45,8 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 		if err != nil {
 			return Pin{}, errorf(errdefs.KindNotFound, err, "%s", err.Error())
 		}
-		e.tab.mu.Lock()
-		if !e.tab.closed && e.tab.funcs[name] == f && f.match(rv.ID) == nil {
-			if f.pinned == nil {
-				f.pinned = map[string]*version{}
-			}
-			pv := e.tab.newVersion(f, rv)
-			pv.side.Store(true)
-			f.pinned[rv.ID] = pv
-		}
-		e.tab.mu.Unlock()
+		e.tab.pin(f, rv)
 	}
-}
-
-// match is f's version that ref names, current first, or nil; under
-// Engine.mu.
-func (f *function) match(ref string) *version {
-	if f.cur != nil && f.cur.rec.Matches(ref) {
-		return f.cur
-	}
-	for _, v := range f.pinned {
-		if v.rec.Matches(ref) {
-			return v
-		}
-	}
-	return nil
 }
 
 // Name is the function's name as the engine keeps it: a copy of its own,
@@ -104,7 +73,16 @@ func (p Pin) Full() error {
 	if !p.v.loaded.Load() || !p.v.full() {
 		return nil
 	}
-	return p.v.busy()
+	return p.v.pool.busy()
+}
+
+// full reports a version whose next request would be refused now for its
+// full queue (a batching one: its batch queue); busy is that refusal.
+func (v *version) full() bool {
+	if v.batch != nil {
+		return v.batch.full()
+	}
+	return v.pool.full(v.policy.queue)
 }
 
 // Steps is the pinned version's pipeline steps; nil for a function.
@@ -130,10 +108,7 @@ func (p Pin) Account(start call.Start, total time.Duration, err error) {
 // never saw, in the function's requests and client errors. A name no
 // function has on this node counts nothing; it reads no store.
 func (e *Engine) Refused(name string) {
-	e.tab.mu.Lock()
-	f := e.tab.funcs[name]
-	e.tab.mu.Unlock()
-	if f != nil {
+	if f := e.tab.function(name); f != nil {
 		f.stats.requests.Add(1)
 		f.stats.clientErrors.Add(1)
 	}
@@ -141,3 +116,9 @@ func (e *Engine) Refused(name string) {
 
 // Timeout is a request's deadline from its start when it brings none.
 func (e *Engine) Timeout() time.Duration { return e.cfg.Timeout }
+
+// Deadline is a request's deadline: d, its own, or when it brings none
+// (zero) the engine's request timeout from start, when it reached the
+// server: the rule the engine applies to a request that comes without one,
+// for a front door that normalises its requests before they reach it.
+func (e *Engine) Deadline(d, start time.Time) time.Time { return e.tab.deadline(d, start) }

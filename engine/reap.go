@@ -32,21 +32,9 @@ func (e *Engine) Reap(now time.Time) {
 		if ttl <= 0 {
 			continue
 		}
-		var closing []*instance
-		v.mu.Lock()
-		// idle is a stack: the least recently used instances are at the bottom.
-		for len(v.idle) > 0 && v.live > v.minInstances() && now.Sub(v.idle[0].lastUsed) >= ttl {
-			closing = append(closing, v.idle[0])
-			v.idle = v.idle[1:]
-			v.live--
-		}
-		zero := v.live == 0 && v.refs == 0 && v.minInstances() == 0 && now.Sub(v.lastUsed) >= ttl
-		v.mu.Unlock()
-		for _, in := range closing {
-			in.inst.Close()
-		}
-		if len(closing) > 0 {
-			e.cfg.Log.Info("released idle instances", "function", fv.f.name, "count", len(closing), "idle_ttl", ttl)
+		closed, zero := v.pool.reap(now, ttl, v.minInstances())
+		if closed > 0 {
+			e.cfg.Log.Info("released idle instances", "function", fv.f.name, "count", closed, "idle_ttl", ttl)
 		}
 		if zero && e.unload(fv.f, v) {
 			e.cfg.Log.Info("scaled to zero", "function", fv.f.name, "version", v.rec.ID, "idle_ttl", ttl)
@@ -61,6 +49,6 @@ func (e *Engine) unload(f *function, v *version) bool {
 	if !e.tab.detach(f, v) {
 		return false
 	}
-	v.retire()
+	v.pool.retire()
 	return true
 }

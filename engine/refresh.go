@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/plover-run/plover/api"
@@ -16,12 +15,7 @@ import (
 // changed since this node last applied them. A store outage changes
 // nothing: loaded functions keep serving.
 func (e *Engine) Refresh(ctx context.Context) error {
-	e.tab.mu.Lock()
-	names := make([]string, 0, len(e.tab.funcs))
-	for n := range e.tab.funcs {
-		names = append(names, n)
-	}
-	e.tab.mu.Unlock()
+	names := e.tab.names()
 	tags, err := e.tab.reg.Tags(ctx)
 	if err != nil {
 		return err
@@ -32,9 +26,7 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		if tag, ok := tags[name]; ok && tag != "" && tag == e.tab.appliedTag(name) {
 			continue // unchanged since applied
 		}
-		e.tab.mu.Lock()
-		at := e.tab.epoch
-		e.tab.mu.Unlock()
+		at := e.tab.at()
 		rec, tag, err := e.tab.reg.GetTagged(ctx, name)
 		if errors.Is(err, registry.ErrNoFunction) {
 			e.tab.forget(name, at)
@@ -58,9 +50,7 @@ func (e *Engine) Refresh(ctx context.Context) error {
 					e.warmIfWanted(ctx, f)
 				}
 				if f != nil { // applied, not overtaken by a change here
-					e.tab.mu.Lock()
-					e.tab.tags[name] = tag
-					e.tab.mu.Unlock()
+					e.tab.applied(name, tag)
 				}
 				continue
 			}
@@ -70,27 +60,6 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		}
 	}
 	return firstErr
-}
-
-// recreated reports whether rec no longer lists the version this node runs
-// for name: records keep every version until the function is deleted, so
-// the record was deleted and made anew.
-func (t *table) recreated(name string, rec *api.Record) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	f := t.funcs[name]
-	if f == nil || f.cur == nil {
-		return false
-	}
-	id := f.cur.rec.ID
-	return !slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.ID == id })
-}
-
-// appliedTag is the tag of the record Refresh last applied for name.
-func (t *table) appliedTag(name string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.tags[name]
 }
 
 // Watch calls Refresh every interval until ctx ends.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,7 +26,7 @@ type function struct {
 	name   string
 	out    *funclog.Sink       // where its programs' output goes
 	cur    *version            // guarded by table.mu
-	pinned map[string]*version // by id; guarded by Engine.mu
+	pinned map[string]*version // by id; guarded by table.mu
 	stats  stats
 }
 
@@ -135,24 +136,35 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 			}
 			continue
 		}
-		if v != nil && v.ref() {
+		if v != nil && v.pool.ref() {
 			return f, v, nil
 		}
 		// Retired between the lock and ref: the next round sees its successor.
 	}
 }
 
+// deadline is a request's deadline: d, its own, or when it brings none
+// (zero) the engine's request timeout from t0, when it reached the engine.
+// The one place that rule is written: the engine's entry points apply it
+// before a request runs (Engine.Invoke, Pin.Invoke and InvokeSince, and
+// Engine.Deadline for a front door), and PinVersion and bound when a store
+// read needs it, so that what runs a request always has a deadline.
+func (t *table) deadline(d, t0 time.Time) time.Time {
+	if d.IsZero() && t.timeout > 0 {
+		return t0.Add(t.timeout)
+	}
+	return d
+}
+
 // bound is ctx ending at deadline (zero: ctx's own, else the engine's
 // request timeout from now), for a request's store reads: made only when
-// the store is read, so that the hot path makes no context.
+// the store is read, so that the hot path makes no context (nor reads the
+// clock for a default it does not need).
 func (t *table) bound(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); deadline.IsZero() && (ok || t.timeout <= 0) {
 		return ctx, func() {}
 	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(t.timeout)
-	}
-	return context.WithDeadline(ctx, deadline)
+	return context.WithDeadline(ctx, t.deadline(deadline, time.Now()))
 }
 
 // maxFlights bounds the shared reads in progress on a node (distinct
@@ -315,7 +327,7 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	t.epoch++
 	t.mu.Unlock()
 	if old != nil {
-		old.retire()
+		old.pool.retire()
 	}
 	return f, true
 }
@@ -358,7 +370,7 @@ func (t *table) forget(name string, at uint64) (uint64, bool) {
 	now := t.epoch
 	t.mu.Unlock()
 	for _, v := range olds {
-		v.retire()
+		v.pool.retire()
 	}
 	return now, true
 }
@@ -375,7 +387,9 @@ func (t *table) peek(name string) (*function, *version) {
 }
 
 func (t *table) newVersion(f *function, rv api.Version) *version {
-	return &version{fn: f, rec: rv, lg: t.log, loadState: loadState{placeTok: make(chan struct{}, 1)}}
+	v := &version{fn: f, rec: rv, lg: t.log, loadState: loadState{placeTok: make(chan struct{}, 1)}}
+	v.pool.v, v.pool.owner = v, v
+	return v
 }
 
 type funcVersion struct {
@@ -452,4 +466,146 @@ func readCut(ctx context.Context, name string) error {
 		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while its record was read from the store", name)
 	}
 	return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while its record was read from the store (the server is shutting down, or the client went away)", name)
+}
+
+// close drops every function and retires their versions (in-flight
+// requests finish first); later lookups and deploys are refused, and the
+// shared reads in progress end.
+func (t *table) close() {
+	t.mu.Lock()
+	t.closed = true
+	var olds []*version
+	for _, f := range t.funcs {
+		if f.cur != nil {
+			olds = append(olds, f.cur)
+			f.cur = nil
+		}
+		for _, v := range f.pinned {
+			olds = append(olds, v)
+		}
+		f.pinned = nil
+	}
+	t.funcs = map[string]*function{}
+	t.mu.Unlock()
+	t.stop()
+	for _, v := range olds {
+		v.pool.retire()
+	}
+}
+
+// function is name's function as this node has it, reading no store (nil:
+// none).
+func (t *table) function(name string) *function {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.funcs[name]
+}
+
+// currentOf is f's current version (nil: none, f was dropped).
+func (t *table) currentOf(f *function) *version {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return f.cur
+}
+
+// names is the names of the functions this node has.
+func (t *table) names() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.funcs))
+	for n := range t.funcs {
+		out = append(out, n)
+	}
+	return out
+}
+
+// match is name's function and its version that ref names, current first
+// (see function.match); a nil version when this node has none such.
+func (t *table) match(name, ref string) (*function, *version) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.funcs[name]
+	if f == nil {
+		return nil, nil
+	}
+	return f, f.match(ref)
+}
+
+// pin adds rv as a version of f that pipelines pinned, beside its current
+// one, unless the table closed, f was dropped or rv is there already.
+func (t *table) pin(f *function, rv api.Version) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.funcs[f.name] != f || f.match(rv.ID) != nil {
+		return
+	}
+	if f.pinned == nil {
+		f.pinned = map[string]*version{}
+	}
+	pv := t.newVersion(f, rv)
+	pv.side.Store(true)
+	f.pinned[rv.ID] = pv
+}
+
+// match is f's version that ref names, current first, or nil; under
+// table.mu.
+func (f *function) match(ref string) *version {
+	if f.cur != nil && f.cur.rec.Matches(ref) {
+		return f.cur
+	}
+	for _, v := range f.pinned {
+		if v.rec.Matches(ref) {
+			return v
+		}
+	}
+	return nil
+}
+
+// side is f's loaded versions that pipelines pinned and are not current.
+func (t *table) side(f *function) []*version {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*version
+	for _, v := range f.pinned {
+		if v.loaded.Load() {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// at is the table's epoch now: a change made from a store read started
+// after it applies only if the epoch is still at (switchTo, forget).
+func (t *table) at() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.epoch
+}
+
+// applied records tag as the tag of name's record Refresh last applied.
+func (t *table) applied(name, tag string) {
+	t.mu.Lock()
+	t.tags[name] = tag
+	t.mu.Unlock()
+}
+
+// appliedTag is the tag of the record Refresh last applied for name.
+func (t *table) appliedTag(name string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tags[name]
+}
+
+// recreated reports whether rec no longer lists the version this node runs
+// for name: records keep every version until the function is deleted, so
+// the record was deleted and made anew.
+func (t *table) recreated(name string, rec *api.Record) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.funcs[name]
+	if f == nil || f.cur == nil {
+		return false
+	}
+	id := f.cur.rec.ID
+	return !slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.ID == id })
 }

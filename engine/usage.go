@@ -10,11 +10,8 @@ type processReporter interface{ Process() device.ProcessStats }
 
 // processes reports the processes v's programs live in (none in process).
 func (v *version) processes() []api.WorkerInfo {
-	v.mu.Lock()
-	ps := append([]*placement(nil), v.placements...)
-	v.mu.Unlock()
 	var out []api.WorkerInfo
-	for _, p := range ps {
+	for _, p := range v.pool.programs() {
 		if r, ok := p.prog.(processReporter); ok {
 			ps := r.Process()
 			out = append(out, api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, PSSBytes: ps.PSSBytes, Threads: ps.Threads})
@@ -34,29 +31,24 @@ func (v *version) batcher() *batcher {
 // queued is the requests waiting: for an instance, for a batch, or for
 // the device (its scheduler).
 func (v *version) queued() int {
-	n := int(v.waiting.Load())
+	n := v.pool.queued()
 	if b := v.batcher(); b != nil {
 		n += b.pendingCount()
 	}
-	v.mu.Lock()
-	for _, p := range v.placements {
+	for _, p := range v.pool.programs() {
 		if p.flow != nil {
 			n += p.flow.Waiting()
 		}
 	}
-	v.mu.Unlock()
 	return n
 }
 
 // usage reports busy and idle instances and the device memory v holds.
 func (v *version) usage() (busy, idle int, mem int64) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	idle = len(v.idle)
-	busy = v.live - idle
+	busy, idle, programs := v.pool.usage()
 	if v.loaded.Load() { // manifest and constSize are written by load
 		m := v.manifest
-		mem = int64(v.live)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(len(v.placements))*v.constSize
+		mem = int64(busy+idle)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(programs)*v.constSize
 	}
 	return busy, idle, mem
 }

@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
+)
+
+// loadState is the version's bundle as load prepared it, and teardown
+// unloads (loadMu is taken in this file alone): written once, under
+// loadMu, before loaded is set, and read-only after; but for refused (set
+// by a device's refusal) and prepMs and fetched, which the first program
+// load takes (under placeTok).
+type loadState struct {
+	loadMu   sync.Mutex
+	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
+	loaded   atomic.Bool
+	loadErr  error                         // a permanent refusal (invalid bundle), not an outage
+	refused  atomic.Pointer[errdefs.Error] // a device refused the library: as permanent
+
+	dir       string
+	manifest  *abi.Manifest
+	steps     []device.Step // the manifest chain: entries 0..k-1 of every program
+	policy    policy
+	constSize int64
+	batch     *batcher // non-nil for a batching function (manifest "batch")
+	unpin     func()   // ends the version's use of its cached bundle
+	prepMs    float64  // fetch + verify + unpack, until the first program load logs it (placeTok)
+	fetched   bool
+}
+
+// load prepares v's bundle on this node (fetched, verified, unpacked;
+// its policy and run pool set) once, however many requests ask at a time.
+func (e *Engine) load(ctx context.Context, v *version) error {
+	v.loadMu.Lock()
+	defer v.loadMu.Unlock()
+	if v.loaded.Load() {
+		return nil
+	}
+	if v.loadErr != nil {
+		return v.loadErr
+	}
+	t0 := time.Now()
+	dir, m, fetched, err := e.cfg.Cache.Get(ctx, e.cfg.Store, v.rec.SHA256)
+	if err != nil {
+		var fe *bundle.FetchError
+		var be *bundle.Error
+		switch {
+		case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT):
+			// Writing the bundle into the cache failed: the store is fine,
+			// and the disk to free is this node's.
+			return errorf(errdefs.KindNoSpace, err, "function %s: cold start: this node's disk is full: no room for bundle %s in its bundle cache %s (%v)", v.fn.name, v.rec.SHA256[:12], e.cfg.Cache.Dir(), err)
+		case errors.As(err, &fe):
+			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
+		case errors.As(err, &be): // the bundle itself is refused: that will not change
+			v.loadErr = errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
+			return v.loadErr
+		default: // local trouble (disk full, a race with eviction): try again later
+			e.cfg.Log.Error("cannot prepare bundle", "function", v.fn.name, "sha256", v.rec.SHA256[:12], "error", err)
+			return errorf(errdefs.KindUnavailable, err, "function %s: cannot prepare its bundle on this node; see the server log", v.fn.name)
+		}
+	}
+	v.policy = e.policyFor(m)
+	if m.Constants != "" {
+		fi, err := os.Stat(filepath.Join(dir, m.Constants))
+		if err != nil {
+			e.cfg.Cache.Release(v.rec.SHA256)
+			return errorf(errdefs.KindInternal, err, "function %s: constants", v.fn.name)
+		}
+		v.constSize = fi.Size()
+	}
+	v.dir, v.manifest, v.steps, v.unpin = dir, m, manifestSteps(m), func() { e.cfg.Cache.Release(v.rec.SHA256) }
+	var freed slotWaiter
+	if m.Batch != nil {
+		v.batch = newBatcher(e, v)
+		freed = v.batch
+	}
+	v.pool.open(e, v.policy.max, freed, time.Now())
+	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
+	v.loaded.Store(true)
+	return nil
+}
+
+// teardown closes every program: constants freed, library unloaded or
+// worker stopped. Every instance is closed by now: refs is 0, so none is
+// busy, and retire closed the idle ones. It takes loadMu so that it never
+// runs beside a load.
+func (v *version) teardown() {
+	v.loadMu.Lock()
+	defer v.loadMu.Unlock()
+	for _, p := range v.pool.unplace() {
+		if err := p.prog.Close(); err != nil {
+			v.lg.Info("unload failed", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
+		}
+	}
+	if v.unpin != nil {
+		v.unpin()
+	}
+	if v.loaded.Load() {
+		v.lg.Info("unloaded", "function", v.fn.name, "version", v.rec.ID)
+	}
+}

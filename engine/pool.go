@@ -1,0 +1,485 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/evict"
+)
+
+// pool is a version's run pool: the slots that admit its runs and the
+// queue before them, its instances (idle or busy) and the programs they
+// run on, the references of the requests that use it, and its record of
+// worker crashes. Its lock is taken in this file alone; the rest of the
+// engine asks it.
+type pool struct {
+	v *version // whose name, manifest and policy (load writes them) it reads
+	e *Engine  // makes its instances (device, memory, program); set by open
+	// owner unloads the version once its last reference goes: its
+	// teardown (load.go), reached through an interface so that the pool
+	// stays below the files that load and run (TestEngineFilesCallDownOnly).
+	owner unloader
+
+	// The admission: written by open, before the version is loaded.
+	slots chan struct{} // one token per running request (batch: per run): caps instances
+	// freed is told when a slot frees (the batcher, whose queued requests
+	// wait for a free slot rather than on the channel); nil: no one.
+	freed   slotWaiter
+	waiting atomic.Int32 // requests queued for a slot
+
+	// backoffUntil (Unix ns, 0: none) fails requests fast after repeated
+	// worker crashes; crashCount is len(crashes), so that the hot path
+	// checks both without the lock.
+	backoffUntil atomic.Int64
+	crashCount   atomic.Int32
+
+	mu         sync.Mutex
+	idle       []*instance
+	live       int // instances that exist (idle or busy)
+	refs       int // requests between resolve and the end of Invoke
+	retired    bool
+	dead       bool
+	placements []*placement
+	lastUsed   time.Time   // last request end (or load)
+	crashes    []time.Time // oldest first; reset by a success
+}
+
+// slotWaiter has requests waiting for a free slot of their own accord.
+type slotWaiter interface{ dispatch() }
+
+// unloader unloads a version's programs and bundle.
+type unloader interface{ teardown() }
+
+// open readies the pool of a version being loaded: runs is its
+// max_instances, freed who waits for slots of its own accord (nil: no
+// one), now the load's end (the version's last use so far).
+func (p *pool) open(e *Engine, runs int, freed slotWaiter, now time.Time) {
+	p.e, p.slots, p.freed = e, make(chan struct{}, runs), freed
+	p.mu.Lock()
+	p.lastUsed = now
+	p.mu.Unlock()
+}
+
+// acquire waits for a slot, in FIFO order, until the deadline. The fast
+// path takes no timer and allocates nothing; a full queue fails at once.
+func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool) error {
+	select {
+	case p.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	name := p.v.fn.name
+	if n := p.waiting.Add(1); int(n) > p.v.policy.queue {
+		p.waiting.Add(-1)
+		return p.busy()
+	}
+	defer p.waiting.Add(-1)
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran", name)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	var poll <-chan time.Time
+	if gone != nil {
+		tk := time.NewTicker(goneInterval)
+		defer tk.Stop()
+		poll = tk.C
+	}
+	for {
+		select {
+		case p.slots <- struct{}{}:
+			return nil
+		case <-ctx.Done():
+			return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", name, cap(p.slots))
+		case <-t.C:
+			return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", name, cap(p.slots))
+		case <-poll:
+			if gone() {
+				return errorf(errdefs.KindGone, nil, "function %s: the client went away while the request waited", name)
+			}
+		}
+	}
+}
+
+// goneInterval is how often a queued request checks for its client.
+const goneInterval = 20 * time.Millisecond
+
+// trySlot takes a slot if one is free now, waiting for nothing.
+func (p *pool) trySlot() bool {
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// dropSlot gives back a slot without telling freed: for its own use, from
+// under its lock.
+func (p *pool) dropSlot() { <-p.slots }
+
+// release gives back a slot. A batching function's queued requests wait
+// for a free slot rather than on the channel, so they are told.
+func (p *pool) release() {
+	<-p.slots
+	if p.freed != nil {
+		p.freed.dispatch()
+	}
+}
+
+// slotFree reports a slot free now.
+func (p *pool) slotFree() bool { return len(p.slots) < cap(p.slots) }
+
+// busy is the 429 of a version whose queue is full (a batching one: its
+// batch queue).
+func (p *pool) busy() *errdefs.Error {
+	v := p.v
+	if v.batch != nil {
+		return errorf(errdefs.KindBusy, nil, "function %s is busy: its batch queue holds max_queue %d plus a batch", v.fn.name, v.policy.queue)
+	}
+	return errorf(errdefs.KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(p.slots), v.policy.queue)
+}
+
+// full reports every slot taken and queue requests waiting for one.
+func (p *pool) full(queue int) bool {
+	return len(p.slots) == cap(p.slots) && int(p.waiting.Load()) >= queue
+}
+
+// capacity is how many runs the pool admits at once (max_instances).
+func (p *pool) capacity() int { return cap(p.slots) }
+
+// queued is the requests waiting for a slot.
+func (p *pool) queued() int { return int(p.waiting.Load()) }
+
+// ref takes a reference for a request (or a run, or an eviction): false
+// once the version is gone.
+func (p *pool) ref() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead {
+		return false
+	}
+	p.refs++
+	return true
+}
+
+// unref drops a reference; the last one of a retired version tears it
+// down.
+func (p *pool) unref() {
+	p.mu.Lock()
+	p.refs--
+	done := p.retired && p.refs == 0 && !p.dead
+	if done {
+		p.dead = true
+	}
+	p.mu.Unlock()
+	if done {
+		p.owner.teardown()
+	}
+}
+
+// retire stops the pool from taking new requests and closes its idle
+// instances; the version is torn down when the last in-flight request
+// ends.
+func (p *pool) retire() {
+	p.mu.Lock()
+	p.retired = true
+	idle := p.idle
+	p.idle = nil
+	p.live -= len(idle)
+	done := p.refs == 0 && !p.dead
+	if done {
+		p.dead = true
+	}
+	p.mu.Unlock()
+	for _, in := range idle {
+		in.inst.Close()
+	}
+	if done {
+		p.owner.teardown()
+	}
+}
+
+// takeIdle takes an idle instance out of the pool, nil when none is: one
+// on prefer (nil: any) first, the most recently used of them.
+func (p *pool) takeIdle(prefer device.Device) *instance {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.idle)
+	if n == 0 {
+		return nil
+	}
+	k := n - 1
+	if prefer != nil {
+		for j := n - 1; j >= 0; j-- {
+			if p.idle[j].dev.dev == prefer {
+				k = j
+				break
+			}
+		}
+	}
+	in := p.idle[k]
+	p.idle = append(p.idle[:k], p.idle[k+1:]...)
+	return in
+}
+
+// added counts an instance newly made (busy: its maker uses it or puts it).
+func (p *pool) added() {
+	p.mu.Lock()
+	p.live++
+	p.mu.Unlock()
+}
+
+// put returns an instance to the idle pool, or closes it when it is broken or
+// its version retired; now is when it was last used (the caller's reading,
+// so the hot path reads the clock once at the end of a request).
+func (p *pool) put(in *instance, broken bool, now time.Time) {
+	p.mu.Lock()
+	p.lastUsed = now
+	if !broken && !p.retired && !in.dev.dead.Load() {
+		in.lastUsed = now
+		p.idle = append(p.idle, in)
+		p.mu.Unlock()
+		return
+	}
+	p.live--
+	p.mu.Unlock()
+	in.inst.Close()
+}
+
+// instances is how many instances exist, and whether the pool retired.
+func (p *pool) instances() (live int, retired bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.live, p.retired
+}
+
+// usage is the instances busy and idle, and the programs loaded.
+func (p *pool) usage() (busy, idle, programs int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.live - len(p.idle), len(p.idle), len(p.placements)
+}
+
+// lender is the program whose slots a request's body would land in: the
+// program of the instance take would give now, else the first loaded;
+// nil when none is loaded.
+func (p *pool) lender() device.Program {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.idle); n > 0 {
+		return p.idle[n-1].dev.prog
+	}
+	if len(p.placements) > 0 {
+		return p.placements[0].prog
+	}
+	return nil
+}
+
+// placement is the program on dev, or nil.
+func (p *pool) placement(dev device.Device) *placement {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pl := range p.placements {
+		if pl.dev == dev {
+			return pl
+		}
+	}
+	return nil
+}
+
+// placed adds a program just loaded.
+func (p *pool) placed(pl *placement) {
+	p.mu.Lock()
+	p.placements = append(p.placements, pl)
+	p.mu.Unlock()
+}
+
+// programs is a copy of the programs loaded, for reading without the lock.
+func (p *pool) programs() []*placement {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.placements)
+}
+
+// unplace takes every program away, for the caller to close: the
+// version's teardown.
+func (p *pool) unplace() []*placement {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps := p.placements
+	p.placements = nil
+	return ps
+}
+
+// abandon forgets pl after its process died: its idle instances are
+// closed, busy ones are closed as they come back (put sees pl.dead), and
+// the next instance loads a fresh program. It reports whether this call
+// did it, so that one death is counted once however many requests saw it.
+func (p *pool) abandon(pl *placement) bool {
+	if !pl.dead.CompareAndSwap(false, true) {
+		return false
+	}
+	p.mu.Lock()
+	for i, q := range p.placements {
+		if q == pl {
+			p.placements = append(p.placements[:i:i], p.placements[i+1:]...)
+			break
+		}
+	}
+	var closing []*instance
+	kept := p.idle[:0]
+	for _, in := range p.idle {
+		if in.dev == pl {
+			closing = append(closing, in)
+		} else {
+			kept = append(kept, in)
+		}
+	}
+	p.idle = kept
+	p.live -= len(closing)
+	p.mu.Unlock()
+	for _, in := range closing {
+		in.inst.Close()
+	}
+	if err := pl.prog.Close(); err != nil {
+		p.v.lg.Info("closing a dead program", "function", p.v.fn.name, "version", p.v.rec.ID, "device", pl.dev.Name(), "error", err)
+	}
+	return true
+}
+
+// reap closes the instances idle for ttl or longer (the least recently
+// used first), keeping keep, and reports how many it closed and whether
+// the pool has been empty and unused for ttl (the version may go).
+func (p *pool) reap(now time.Time, ttl time.Duration, keep int) (closed int, zero bool) {
+	var closing []*instance
+	p.mu.Lock()
+	// idle is a stack: the least recently used instances are at the bottom.
+	for len(p.idle) > 0 && p.live > keep && now.Sub(p.idle[0].lastUsed) >= ttl {
+		closing = append(closing, p.idle[0])
+		p.idle = p.idle[1:]
+		p.live--
+	}
+	zero = p.live == 0 && p.refs == 0 && keep == 0 && now.Sub(p.lastUsed) >= ttl
+	p.mu.Unlock()
+	for _, in := range closing {
+		in.inst.Close()
+	}
+	return len(closing), zero
+}
+
+// reclaimable is what evicting the idle instances on dev above keep would
+// free, and with whole also the programs there when the pool would be left
+// with no instance and no request.
+func (p *pool) reclaimable(dev device.Device, keep int, whole bool) int64 {
+	var n int64
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	spare := p.live - keep
+	for _, in := range p.idle {
+		if spare > 0 && in.dev.dev == dev {
+			n += in.bytes
+			spare--
+		}
+	}
+	if whole && keep == 0 && p.refs == 0 && len(p.idle) == p.live {
+		for _, pl := range p.placements {
+			if pl.dev == dev {
+				n += pl.prog.ConstantsBytes()
+			}
+		}
+	}
+	return n
+}
+
+// idleOn appends to idle (and from, each with fv) the idle instances on
+// dev above keep, and reports whether the pool holds no instance and no
+// reference but held (an eviction's), and when it was last used.
+func (p *pool) idleOn(dev device.Device, keep, held int, fv funcVersion, idle []evict.Idle, from []idleRef) ([]evict.Idle, []idleRef, bool, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.live > keep { // min_instances hold even under memory pressure
+		for _, in := range p.idle {
+			if in.dev.dev == dev {
+				idle = append(idle, evict.Idle{Function: fv.f.name, Instance: true, Bytes: in.bytes, LastUsed: in.lastUsed})
+				from = append(from, idleRef{fv, in})
+			}
+		}
+	}
+	return idle, from, p.live == 0 && p.refs == held, p.lastUsed
+}
+
+// evict takes in out of the pool for an eviction, with a reference on the
+// version that the eviction drops once in is closed, if it is still idle
+// and above keep (requests may have taken it since it was seen).
+func (p *pool) evict(in *instance, keep int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := slices.Index(p.idle, in)
+	if i < 0 || p.live <= keep || p.dead {
+		return false
+	}
+	p.idle = slices.Delete(p.idle, i, i+1)
+	p.live--
+	p.refs++
+	return true
+}
+
+// Crash back-off: this many worker crashes within crashWindow, with no
+// success in between, fail the version's requests fast for backoffFor.
+const (
+	crashLimit  = 5
+	crashWindow = time.Minute
+	backoffFor  = time.Minute
+)
+
+// crashed records a worker crash and reports whether the pool now backs
+// off.
+func (p *pool) crashed(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.crashes = append(p.crashes, now)
+	for len(p.crashes) > 0 && now.Sub(p.crashes[0]) > crashWindow {
+		p.crashes = p.crashes[1:]
+	}
+	p.crashCount.Store(int32(len(p.crashes)))
+	if len(p.crashes) < crashLimit {
+		return false
+	}
+	p.crashes = nil
+	p.crashCount.Store(0)
+	p.backoffUntil.Store(now.Add(backoffFor).UnixNano())
+	return true
+}
+
+// succeeded ends a run of crashes; the common case takes no lock.
+func (p *pool) succeeded() {
+	if p.crashCount.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.crashes = p.crashes[:0]
+	p.crashCount.Store(0)
+	p.mu.Unlock()
+}
+
+// backingOff is the 503 of a pool backing off at now, or nil.
+func (p *pool) backingOff(now time.Time) error {
+	if b := p.backoffUntil.Load(); b != 0 && now.UnixNano() < b {
+		return p.backoffError(b)
+	}
+	return nil
+}
+
+// backoffError is the 503 of a version backing off after crashes.
+func (p *pool) backoffError(until int64) error {
+	at := time.Unix(0, until).UTC().Format(time.RFC3339)
+	return errorf(errdefs.KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
+		p.v.fn.name, crashLimit, crashWindow, at)
+}

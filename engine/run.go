@@ -1,0 +1,244 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+	"unsafe"
+
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/errdefs"
+)
+
+// take returns an idle instance (Hot), or creates one: Warm on a program
+// already loaded, Cold when the program had to be loaded. An idle
+// instance on prefer (the device the request's body landed on; nil: any)
+// goes first, the most recently used of them.
+func (p *pool) take(ctx context.Context, deadline time.Time, prefer device.Device) (*instance, call.Start, error) {
+	if in := p.takeIdle(prefer); in != nil {
+		if err := in.dev.dev.Health(); err != nil {
+			p.put(in, true, time.Now())
+			return nil, call.Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
+		}
+		return in, call.Hot, nil
+	}
+	lctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return p.e.newInstance(lctx, p.v)
+}
+
+// job is what one request runs: the chain, its sizes and its graph key.
+type job struct {
+	steps          []device.Step
+	outLen, tmpLen int64
+	key            uint64
+}
+
+// run runs req on an instance once a slot admits it, t0 being when the
+// request reached the engine. ran reports that it reached an instance's
+// run (well or not), so that its start counts.
+func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Time) (ran bool, err error) {
+	v, m := p.v, p.v.manifest
+	j := job{steps: v.steps, outLen: m.OutBytes, tmpLen: m.TmpBytes, key: 1}
+	if !m.Graphs() {
+		j.key = 0 // "graph": false: the entries run on every request
+	}
+	if req.Override != nil {
+		if j.outLen, j.tmpLen, err = v.override(req.Override); err != nil {
+			return false, err
+		}
+		j.key = 0
+	}
+	tq := time.Now()
+	req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
+	if err := p.acquire(ctx, deadline, req.Gone); err != nil {
+		return false, err
+	}
+	defer p.release()
+	ta := time.Now()
+	req.Timing.Queue = ta.Sub(tq)
+	var landed device.Slot // where the body was read, if a device lent it
+	if req.Landing != nil {
+		landed, _ = req.Landing.(device.Slot)
+	}
+	var prefer device.Device
+	if landed != nil {
+		prefer = landed.Device()
+	}
+	in, fresh, err := p.take(ctx, deadline, prefer)
+	if err != nil {
+		return false, v.runFailed(nil, err)
+	}
+	tr := p.started(req, in, fresh, ta)
+	req.Device = in.dev.name
+	if !tr.Before(deadline) {
+		p.put(in, false, tr)
+		return false, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", v.fn.name, req.Timing.Queue, req.Timing.Load)
+	}
+	landed = output(req, in, landed, j.outLen)
+	in, r, tEnd, err := p.runRetrying(ctx, req, in, landed, prefer, j, tr, deadline)
+	if r == nil {
+		return false, err
+	}
+	if err == nil {
+		req.Output = req.Output[:r.OutLen]
+	}
+	req.Copied += r.Timing.Copied
+	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
+	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || programLost(err))
+	p.put(in, broken, tEnd)
+	req.Timing.End(tEnd.Sub(t0))
+	if err != nil {
+		return true, v.runFailed(in.dev, err)
+	}
+	p.succeeded()
+	return true, nil
+}
+
+// started counts how req found in (fresh) in its start and load time,
+// from ta, the clock at its admission, and returns the clock when it may
+// run: a hot request reads the clock once between queue and run.
+func (p *pool) started(req *call.Request, in *instance, fresh call.Start, ta time.Time) time.Time {
+	if fresh == call.Hot {
+		return ta
+	}
+	if req.Start < fresh {
+		req.Start = fresh
+	}
+	tr := time.Now()
+	req.Timing.Load += tr.Sub(ta)
+	if fresh == call.Cold {
+		req.Timing.Program = p.e.coldStarted(p.v.fn, p.v, in, req.Timing.Load)
+	}
+	return tr
+}
+
+// output points req.Output at outLen bytes where in's run writes them:
+// landed's output when the body landed on in's device (returned: the run
+// reads the body there), else ordinary memory, copied (nil returned).
+func output(req *call.Request, in *instance, landed device.Slot, outLen int64) device.Slot {
+	if landed != nil && in.dev.dev == landed.Device() && int64(len(landed.Output())) >= outLen {
+		// The body is where this instance's device reads it: the output
+		// lands there too, and the response is written from it.
+		req.Output = landed.Output()[:outLen]
+		return landed
+	}
+	if int64(cap(req.Output)) < outLen || req.Landing != nil && overlaps(req.Output, req.Landing.Output()) {
+		req.Output = make([]byte, outLen)
+	}
+	req.Output = req.Output[:outLen]
+	return nil
+}
+
+// overlaps reports whether a and b share memory (an output buffer the
+// caller passed that is a landing's own output: it must not be written as
+// ordinary memory by another device's run).
+func overlaps(a, b []byte) bool {
+	if cap(a) == 0 || cap(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a0 < b0+uintptr(cap(b)) && b0 < a0+uintptr(cap(a))
+}
+
+// runRetrying runs j for req on in, from tr (the clock before it), and once
+// more on a fresh instance if in's worker had died while it was idle (the
+// run reached no bundle code). It returns the instance that ran last with
+// its run and the clock at the run's end, for the caller to put back; a
+// nil run: it ran nowhere, and err is the request's (the instance is put
+// back already).
+func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance, landed device.Slot, prefer device.Device, j job, tr, deadline time.Time) (*instance, *device.Run, time.Time, error) {
+	v, m := p.v, p.v.manifest
+	for retried := false; ; retried = true {
+		var err error
+		if req.Override != nil && req.Override.Chain != nil {
+			if j.steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
+				// A worker that was dead before the lookup, or that the
+				// server stopped (an earlier chain past its deadline, its
+				// memory limit, a message out of turn), fails here before
+				// anything ran: retried once below like a run refused for
+				// it. One the lookup itself crashed (a bundle's IFUNC
+				// resolver runs in it) is not.
+				if retried || !(beforeRun(err) || stoppedByServer(err)) {
+					p.put(in, programLost(err), time.Now())
+					return nil, nil, time.Time{}, v.runFailed(in.dev, err)
+				}
+			}
+		}
+		r := &in.run
+		if err == nil {
+			r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, j.steps, j.tmpLen, m.ZeroTmp, m.ZeroesOut(), j.key, deadline
+			r.Slot = nil
+			if landed != nil && in.dev.dev == landed.Device() {
+				r.Slot = landed
+			}
+			var wait time.Duration
+			var tEnd time.Time
+			wait, tEnd, err = p.runOn(ctx, in, r, tr, deadline, req.Gone)
+			req.Timing.Sched += wait
+			if err == nil || retried || !beforeRun(err) {
+				r.Input, r.Output, r.Slot = nil, nil, nil
+				return in, r, tEnd, err
+			}
+		}
+		r.Input, r.Output, r.Slot = nil, nil, nil
+		next, fresh, now, err := p.replace(ctx, in, err, deadline, prefer)
+		if err != nil {
+			return nil, nil, time.Time{}, err
+		}
+		if next == nil {
+			return nil, nil, time.Time{}, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", v.fn.name)
+		}
+		in = next
+		if req.Start < fresh {
+			req.Start = fresh
+		}
+		tr = time.Now()
+		req.Timing.Load += tr.Sub(now) // a fresh worker's load; the run that found the dead one is Dispatch's
+	}
+}
+
+// replace puts back in, whose worker had died while it was idle (err says
+// how: the run reached no bundle code), counts the death, and takes
+// another instance for the run to go once more, reading the clock (now)
+// before it takes. With the version now backing off, or a failed take,
+// it returns the request's error; with deadline passed, no instance and
+// no error (the caller says whose deadline it was).
+func (p *pool) replace(ctx context.Context, in *instance, err error, deadline time.Time, prefer device.Device) (*instance, call.Start, time.Time, error) {
+	p.put(in, true, time.Now())
+	p.v.workerDied(in.dev, lossOf(err))
+	now := time.Now()
+	if err := p.backingOff(now); err != nil {
+		return nil, call.Hot, now, err
+	}
+	if !now.Before(deadline) {
+		return nil, call.Hot, now, nil
+	}
+	next, fresh, err := p.take(ctx, deadline, prefer)
+	if err != nil {
+		return nil, fresh, now, p.v.runFailed(nil, err)
+	}
+	return next, fresh, now, nil
+}
+
+// runOn runs r on in once the device's scheduler admits it: the one path
+// by which a chain reaches a device. start is the caller's clock reading
+// just before; it returns how long the run waited for admission and the
+// clock at the run's end (a hot request reads the clock once per phase).
+// A run not admitted fails with an *Error.
+func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, deadline time.Time, gone func() bool) (time.Duration, time.Time, error) {
+	fl := in.dev.flow
+	if fl == nil {
+		err := in.inst.Run(r)
+		return 0, time.Now(), err
+	}
+	tk, wait, err := fl.AdmitAt(ctx, start, deadline, gone)
+	if err != nil {
+		return wait, time.Now(), notAdmitted(p.v.fn, in.dev.dev, err)
+	}
+	err = in.inst.Run(r)
+	end := time.Now()
+	tk.DoneUsed(end, r.Timing.Busy)
+	return wait, end, err
+}
