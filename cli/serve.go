@@ -279,13 +279,14 @@ func serve(f *serveFlags, env *Env) error {
 			}
 		}()
 	}
-	door := frontdoor.New(frontdoor.Config{Runner: runner, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg), Tracer: tr, Log: log})
+	door := frontdoor.New(frontdoor.Config{Runner: runner, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg), Tracer: tr, Log: log,
+		Timeout: f.timeout})
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		Door: door, ReadTimeout: f.readTimeout}
+		ReadTimeout: f.readTimeout}
 	if f.isolation == "process" {
 		opts.CPUWeights = cpu.Mechanism // nil: "off"
 	}
-	srv := httpapi.New(runner, eng.Control(), opts)
+	srv := httpapi.New(door, eng.Control(), opts)
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
 		return err
@@ -297,7 +298,7 @@ func serve(f *serveFlags, env *Env) error {
 		if err != nil {
 			return err
 		}
-		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Door: door, TLS: tlsConf,
+		gs = grpcapi.New(door, grpcapi.Options{Log: log, Version: Version, TLS: tlsConf,
 			MaxMessageBytes: f.maxBodyMB << 20, Ready: srv.Ready, ReadTimeout: f.readTimeout}).GRPC()
 		gscheme := "grpc"
 		if tlsConf != nil {

@@ -12,9 +12,6 @@ import (
 	"github.com/plover-run/plover/gate"
 )
 
-// Tokens finds the principal of a bearer token (auth.Store).
-type Tokens = gate.Tokens
-
 // need is what a route requires: a scope and, for invoke and deploy, the
 // function it acts on. open routes (the probes) require nothing.
 type need struct {

@@ -140,7 +140,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) 
 	if err != nil {
 		return err
 	}
-	tn := s.turnsOf(ctx, name, c.req.Deadline, c.req.Gone)
+	tn := s.turnsOf(name, &c.req)
 	body, held, err := s.readBody(ctx, limit, nil, tn)
 	if err != nil {
 		return err
@@ -152,7 +152,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) 
 	if err != nil {
 		return err
 	}
-	if d := time.Now().Add(timeout); timeout > 0 && (c.req.Deadline.IsZero() || d.Before(c.req.Deadline)) {
+	if d := time.Now().Add(timeout); timeout > 0 && d.Before(c.req.Deadline) {
 		c.req.Deadline = d
 	}
 	c.req.Input, c.req.Override = input, o

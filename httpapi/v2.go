@@ -125,7 +125,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		s.fail(ctx, err)
 		return
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, dl)
+	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, s.door.Deadline(started(ctx), dl))
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -225,14 +225,14 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
 func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version string) error {
 	r := &vc.req
 	// Before the body: a bad timeout header costs no upload.
-	if err := deadline(ctx, r); err != nil {
+	if err := s.begin(ctx, r); err != nil {
 		return err
 	}
 	limit, err := s.inputLimit(ctx, name, version, v2JSON, r.Deadline)
 	if err != nil {
 		return err
 	}
-	tn := s.turnsOf(ctx, name, r.Deadline, r.Gone)
+	tn := s.turnsOf(name, r)
 	body, held, err := s.readBody(ctx, limit, &vc.in, tn)
 	if err != nil {
 		return err
