@@ -4,7 +4,7 @@
 // parallel on the same input; each step runs through the engine's own
 // request path (admission, the device scheduler, batching, deadlines) as
 // any request does, and its output becomes the next step's input without
-// leaving the server. Package graph, below this one, checks definitions
+// leaving the server. Package pipedef, below this one, checks definitions
 // at deploy.
 package pipeline
 
