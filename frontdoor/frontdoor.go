@@ -129,9 +129,9 @@ func (d *Door) Traced() bool { return d.tracer != nil }
 
 // Outcome is one ended invoke as its transport saw it.
 type Outcome struct {
-	Transport string // "http", "grpc"
-	Route     string // the span's name and the log's "route"
-	Function  string // may borrow the request's bytes: End copies what it keeps
+	Transport string    // "http", "grpc"
+	Route     string    // the span's name and the log's "route"
+	Function  call.Name // what the request names: End keeps only copies
 	// Carrier holds the request's trace context; read only when Traced.
 	Carrier propagation.TextMapCarrier
 	Req     *call.Request // begun at the door (Begin): its start is the trace's
@@ -155,7 +155,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 		st, kind, msg, known = d.classify(o.Err, o.Authorization)
 		d.logFailure(o.Err, o.Transport, o.Route, st, known)
 		if d.Runner != nil && refusedByTransport(o.Err) {
-			d.Runner.Refused(o.Function)
+			d.Runner.Refused(o.Function.Borrow())
 		}
 	}
 	if d.metrics != nil {
@@ -167,7 +167,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 			code = int(st.GRPC)
 		}
 		d.tracer.Record(o.Carrier, &tracing.Call{Transport: o.Transport, Route: o.Route, Function: o.Function,
-			Start: o.Req.Began, End: time.Now(), Status: st.HTTP, GRPCCode: code, Err: o.Err, Req: o.Req})
+			End: time.Now(), Status: st.HTTP, GRPCCode: code, Err: o.Err, Req: o.Req})
 	}
 	return st, msg
 }

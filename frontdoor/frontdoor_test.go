@@ -52,14 +52,14 @@ func TestEnd(t *testing.T) {
 			var logs bytes.Buffer
 			reg := prometheus.NewRegistry()
 			m := reqmetrics.New(reg)
-			m.Record("echo", 200, errdefs.KindInternal, &call.Request{}) // a function the metrics know
+			m.Record(call.NameOf("echo"), 200, errdefs.KindInternal, &call.Request{}) // a function the metrics know
 			run := &refusals{}
 			d := New(Config{Runner: run, Metrics: m, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 			fn := "echo"
 			if tc.label == "_unknown" {
 				fn = "nope"
 			}
-			st, msg := d.End(&Outcome{Transport: tc.transport, Route: "r", Function: fn, Req: &call.Request{}, Err: tc.err})
+			st, msg := d.End(&Outcome{Transport: tc.transport, Route: "r", Function: call.NameOf(fn), Req: &call.Request{}, Err: tc.err})
 			if st.HTTP != tc.status || msg != tc.msg {
 				t.Fatalf("%d %q, want %d %q", st.HTTP, msg, tc.status, tc.msg)
 			}

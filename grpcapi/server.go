@@ -325,7 +325,7 @@ func deadlineOf(ctx context.Context) time.Time {
 // the way the inputs came (raw for raw, typed for typed where the
 // datatype has typed contents), each output named in outputs, or all.
 func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb.ModelInferResponse, error) {
-	o := frontdoor.Outcome{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer", Function: req.GetModelName(), Req: &call.Request{}}
+	o := frontdoor.Outcome{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer", Function: call.NameOf(req.GetModelName()), Req: &call.Request{}}
 	// The client's deadline is the request's (queue time plus the run);
 	// none, the server's.
 	s.door.Begin(o.Req, time.Now(), deadlineOf(ctx))

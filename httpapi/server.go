@@ -316,9 +316,9 @@ func (s *Server) method(ctx *fasthttp.RequestCtx, want string) bool {
 // invoke is the hot path: no allocation for an octet-stream request on an
 // idle instance (see BenchmarkServedInvoke).
 func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
-	// The engine and the metrics copy the name before keeping it, so the
-	// request's bytes can back it for the duration of the call.
-	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
+	// The request's bytes back the name for the call: what keeps it keeps
+	// a copy (call.Name.Keep).
+	name := call.BorrowName(nameBytes)
 	c := s.calls.Get().(*exchange)
 	defer s.calls.Put(c)
 	c.conn = ctx.Conn()
@@ -347,19 +347,20 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 // left the output: no copy of the payload in the server. The slot is
 // released once the response is written (slotBody.Close), so it never
 // serves another request while this one's answer is still being sent.
-func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) error {
+func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange) error {
 	limit, err := s.inputLimit(ctx, name, "", rawBody, c.req.Deadline)
 	if err != nil {
 		return err
 	}
-	land := s.door.Land(name)
+	fn := name.Borrow()
+	land := s.door.Land(fn)
 	dst, copied := &c.in, int64(0)
 	var landed []byte
 	if land != nil {
 		landed = land.Input()[:0]
 		dst = &landed
 	}
-	tn := s.turnsOf(name, &c.req)
+	tn := s.turnsOf(fn, &c.req)
 	body, held, err := s.readBody(ctx, limit, dst, tn)
 	if err != nil {
 		if land != nil {
@@ -385,7 +386,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) e
 	// Not ctx: fasthttp closes its Done at the start of a graceful
 	// shutdown, and queued requests are meant to drain then. The
 	// request's own deadline bounds it.
-	err = s.door.Invoke(context.Background(), name, &c.req)
+	err = s.door.Invoke(context.Background(), fn, &c.req)
 	out := c.req.Output
 	c.req.Copied += copied
 	switch {
@@ -446,7 +447,7 @@ func tooLarge(msg string) error {
 
 // finish ends every invoke once, through the front door (classified,
 // logged, counted, traced), and writes its error, if any.
-func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *exchange, err error) {
+func (s *Server) finish(ctx *fasthttp.RequestCtx, name call.Name, c *exchange, err error) {
 	o := frontdoor.Outcome{Transport: "http", Route: routeInvoke, Function: name, Req: &c.req, Err: err}
 	if isV2(ctx.Path()) {
 		o.Route = routeInfer
