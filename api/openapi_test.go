@@ -108,7 +108,7 @@ func TestServerMatchesSpec(t *testing.T) {
 	}
 	plain := testkit.Serve(t, e, httpapi.Options{Version: "test"})
 	tab, reader, invoker := tokens(t)
-	authed := testkit.Serve(t, e, httpapi.Options{Version: "test", Tokens: tab})
+	authed := testkit.ServeTokens(t, e, tab, httpapi.Options{Version: "test"})
 
 	doc.Servers = openapi3.Servers{{URL: plain}, {URL: authed}}
 	router, err := gorillamux.NewRouter(doc)

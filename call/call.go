@@ -69,10 +69,15 @@ type Override struct {
 type Request struct {
 	Input    []byte
 	Override *Override
-	// Deadline bounds queue time plus execution; zero means the engine's
-	// Timeout from now. A request that would start after it fails with
-	// KindTimeout without running.
+	// Deadline bounds queue time plus execution: the client's, or the
+	// server's default timeout from Began, set once at the front door
+	// (frontdoor.Door.Begin); zero, from a caller that passed no door: the
+	// engine's timeout from when it begins the request. A request that
+	// would start after it fails with KindTimeout without running.
 	Deadline time.Time
+	// Began is when the transport began the request, set with Deadline at
+	// the door: its trace's start.
+	Began time.Time
 	// Gone, if set, reports whether the client has gone away. It is polled
 	// while the request waits for an instance, so an abandoned request
 	// gives up its queue slot instead of holding it until its deadline.

@@ -212,74 +212,122 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 	defer inst.Close()
 	rep.Timing.Load, rep.Timing.Instance = us(t1.Sub(t0)), us(time.Since(t1))
 
-	steps := make([]device.Step, len(m.Chain))
-	for i, l := range m.Chain {
-		e, err := prog.Entry(l.Kernel)
-		if err != nil {
-			return nil, nil, fmt.Errorf("chain[%d] kernel %q: %w", i, l.Kernel, err)
-		}
-		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+	steps, err := chainSteps(prog, m)
+	if err != nil {
+		return nil, nil, err
 	}
 	outLen := m.OutBytes
 	if items > 0 {
 		outLen = int64(items) * m.Batch.ItemOutputBytes // each request's slice of out, as a server answers them
 	}
-	r := &device.Run{Input: input, Output: make([]byte, outLen), Chain: steps,
-		TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), Items: items}
-	var copyIn, kernels, copyOut, total []time.Duration
-	for k := 0; k < repeat; k++ {
-		start := time.Now()
-		r.Deadline = start.Add(timeout)
-		err := inst.Run(r)
-		el := time.Since(start)
-		if err != nil && sig.Err() != nil {
-			return nil, nil, errors.New("interrupted")
-		}
-		if err == nil && items > 0 && r.OutLen != outLen {
-			err = &device.KernelError{Msg: abi.OutLenChanged} // as a server fails the batch
-		}
-		if err != nil {
-			what := ""
-			if repeat > 1 {
-				what = fmt.Sprintf(" (run %d of %d)", k+1, repeat)
-			}
-			var ke *device.KernelError
-			if errors.As(err, &ke) {
-				return nil, nil, fmt.Errorf("%s: the chain [%s] failed%s: %s", dir, strings.Join(rep.Chain, " "), what, ke.Msg)
-			}
-			if errors.Is(err, device.ErrDeadline) {
-				return nil, nil, fmt.Errorf("%s: the chain [%s] was still running at the --timeout of %v%s: it was stopped (a kernel that never returns, or one slower than the timeout: raise --timeout)", dir, strings.Join(rep.Chain, " "), timeout, what)
-			}
-			return nil, nil, fmt.Errorf("%s: running the chain [%s]%s: %w", dir, strings.Join(rep.Chain, " "), what, err)
-		}
-		copyIn, kernels, copyOut = append(copyIn, r.Timing.CopyIn), append(kernels, r.Timing.Kernels), append(copyOut, r.Timing.CopyOut)
-		total = append(total, el)
+	lr := &localRun{dir: dir, timeout: timeout, sig: sig, inst: inst, rep: rep,
+		r: &device.Run{Input: input, Output: make([]byte, outLen), Chain: steps,
+			TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), Items: items}}
+	if err := lr.repeat(repeat, items > 0); err != nil {
+		return nil, nil, err
 	}
+	r := lr.r
 	if r.OutLen < 0 || r.OutLen > int64(len(r.Output)) {
 		return nil, nil, fmt.Errorf("%s: the device reported %d output bytes of %d", dir, r.OutLen, len(r.Output))
 	}
 	rep.OutputBytes = r.OutLen
-	rep.Timing.CopyIn, rep.Timing.Kernels = summarize(copyIn), summarize(kernels)
-	rep.Timing.CopyOut, rep.Timing.Total = summarize(copyOut), summarize(total)
 	output := slices.Clone(r.Output[:r.OutLen])
-	// tmp kept between runs (zero_tmp false) is right for a cache and wrong
-	// for an accumulator (atomicAdd into tmp): the first run is correct and
-	// every later one, on a server, is not. One more run of the same input
-	// tells them apart: its output must not change.
 	if m.TmpBytes > 0 && !m.ZeroTmp {
-		r.Deadline = time.Now().Add(timeout)
-		advice := fmt.Sprintf("the chain [%s] reads what an earlier run left in tmp, and %s has \"zero_tmp\": false. A kernel that accumulates into tmp (atomicAdd, +=) needs \"zero_tmp\": true, or a server answers its second request wrongly",
-			strings.Join(rep.Chain, " "), filepath.Join(dir, abi.ManifestFile))
-		switch err := inst.Run(r); {
-		case err != nil && sig.Err() != nil:
-			return nil, nil, errors.New("interrupted")
-		case err != nil: // what tmp kept broke the run: the same bug, worse
-			rep.Warnings = append(rep.Warnings, fmt.Sprintf("the same input, run again on the same instance, failed (%v): %s", err, advice))
-		case !bytes.Equal(r.Output[:r.OutLen], output):
-			rep.Warnings = append(rep.Warnings, "the same input, run again on the same instance, gave another output: "+advice)
+		if err := lr.checkTmpKept(output); err != nil {
+			return nil, nil, err
 		}
 	}
 	return rep, output, nil
+}
+
+// chainSteps is m's chain as the program's entries.
+func chainSteps(prog device.Program, m *abi.Manifest) ([]device.Step, error) {
+	steps := make([]device.Step, len(m.Chain))
+	for i, l := range m.Chain {
+		e, err := prog.Entry(l.Kernel)
+		if err != nil {
+			return nil, fmt.Errorf("chain[%d] kernel %q: %w", i, l.Kernel, err)
+		}
+		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
+	}
+	return steps, nil
+}
+
+// localRun is plover run's chain on its one instance: the run it repeats
+// and the report its timings go to.
+type localRun struct {
+	dir     string
+	timeout time.Duration
+	sig     context.Context // done on ^C or SIGTERM
+	inst    device.Instance
+	r       *device.Run
+	rep     *runReport
+}
+
+// repeat runs the chain n times, each under the timeout, and sums up
+// their timings in the report; batched: the output must stay its full
+// length, as a server fails a batch whose s->out.len changed.
+func (lr *localRun) repeat(n int, batched bool) error {
+	r, outLen := lr.r, int64(len(lr.r.Output))
+	var copyIn, kernels, copyOut, total []time.Duration
+	for k := 0; k < n; k++ {
+		start := time.Now()
+		r.Deadline = start.Add(lr.timeout)
+		err := lr.inst.Run(r)
+		el := time.Since(start)
+		if err != nil && lr.sig.Err() != nil {
+			return errors.New("interrupted")
+		}
+		if err == nil && batched && r.OutLen != outLen {
+			err = &device.KernelError{Msg: abi.OutLenChanged} // as a server fails the batch
+		}
+		if err != nil {
+			return lr.failed(err, k, n)
+		}
+		copyIn, kernels, copyOut = append(copyIn, r.Timing.CopyIn), append(kernels, r.Timing.Kernels), append(copyOut, r.Timing.CopyOut)
+		total = append(total, el)
+	}
+	t := &lr.rep.Timing
+	t.CopyIn, t.Kernels = summarize(copyIn), summarize(kernels)
+	t.CopyOut, t.Total = summarize(copyOut), summarize(total)
+	return nil
+}
+
+// failed is the error of run k of n that failed with err.
+func (lr *localRun) failed(err error, k, n int) error {
+	what, chain := "", strings.Join(lr.rep.Chain, " ")
+	if n > 1 {
+		what = fmt.Sprintf(" (run %d of %d)", k+1, n)
+	}
+	var ke *device.KernelError
+	if errors.As(err, &ke) {
+		return fmt.Errorf("%s: the chain [%s] failed%s: %s", lr.dir, chain, what, ke.Msg)
+	}
+	if errors.Is(err, device.ErrDeadline) {
+		return fmt.Errorf("%s: the chain [%s] was still running at the --timeout of %v%s: it was stopped (a kernel that never returns, or one slower than the timeout: raise --timeout)", lr.dir, chain, lr.timeout, what)
+	}
+	return fmt.Errorf("%s: running the chain [%s]%s: %w", lr.dir, chain, what, err)
+}
+
+// checkTmpKept warns of a chain whose output depends on the run before.
+// tmp kept between runs (zero_tmp false) is right for a cache and wrong
+// for an accumulator (atomicAdd into tmp): the first run is correct and
+// every later one, on a server, is not. One more run of the same input
+// tells them apart: its output must not change from output.
+func (lr *localRun) checkTmpKept(output []byte) error {
+	r := lr.r
+	r.Deadline = time.Now().Add(lr.timeout)
+	advice := fmt.Sprintf("the chain [%s] reads what an earlier run left in tmp, and %s has \"zero_tmp\": false. A kernel that accumulates into tmp (atomicAdd, +=) needs \"zero_tmp\": true, or a server answers its second request wrongly",
+		strings.Join(lr.rep.Chain, " "), filepath.Join(lr.dir, abi.ManifestFile))
+	switch err := lr.inst.Run(r); {
+	case err != nil && lr.sig.Err() != nil:
+		return errors.New("interrupted")
+	case err != nil: // what tmp kept broke the run: the same bug, worse
+		lr.rep.Warnings = append(lr.rep.Warnings, fmt.Sprintf("the same input, run again on the same instance, failed (%v): %s", err, advice))
+	case !bytes.Equal(r.Output[:r.OutLen], output):
+		lr.rep.Warnings = append(lr.rep.Warnings, "the same input, run again on the same instance, gave another output: "+advice)
+	}
+	return nil
 }
 
 // batchItems is how many requests the input holds for a batching bundle

@@ -154,33 +154,9 @@ func newLogger(format, level string, env *Env) (*slog.Logger, error) {
 }
 
 func serve(f *serveFlags, env *Env) error {
-	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, Policy: f.schedPolicy, IO: ioshare.Config{Slots: f.ioSlots}}
-	if _, err := sched.NewPolicy(f.schedPolicy, 0); err != nil {
-		return usagef(env, "serve", "--sched-policy: %v", err)
-	}
-	evictor, err := evict.Lookup(f.evictPolicy)
+	sc, evictor, err := schedFlags(f, env)
 	if err != nil {
-		return usagef(env, "serve", "--evict: %v", err)
-	}
-	switch f.sched {
-	case "fair":
-	case "fair-no-reserve":
-		sc.NoReserve = true
-	case "off":
-		sc.Off = true
-	default:
-		return usagef(env, "serve", "--sched %q: want fair, fair-no-reserve or off", f.sched)
-	}
-	if f.deviceRuns < 0 {
-		return usagef(env, "serve", "--device-runs %d: want 0 (the device default) or more", f.deviceRuns)
-	}
-	if f.ioSlots < 0 {
-		return usagef(env, "serve", "--io-slots %d: want 0 (the CPUs) or more", f.ioSlots)
-	}
-	switch f.ioShares {
-	case "auto", "on", "off":
-	default:
-		return usagef(env, "serve", "--io-shares %q: want auto, on or off", f.ioShares)
+		return err
 	}
 	if f.data == "" {
 		f.data = defaultDataDir()
@@ -195,14 +171,128 @@ func serve(f *serveFlags, env *Env) error {
 	// sent while the server starts does not kill it.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
+	n, err := openNode(ctx, f, sc, evictor, log)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(n.eng.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	front, err := newFrontDoor(f, log, reg)
+	if err != nil {
+		return err
+	}
+	go front.reloadOnHUP(ctx, hup)
+	// Traces, when OpenTelemetry's environment asks for them.
+	tr, err := tracing.FromEnv(ctx, Version, log)
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	if tr != nil {
+		log.Info("tracing requests (OpenTelemetry)", "exporter", tr.Where)
+		defer flushSpans(tr, log)
+	}
+	t, err := startTransports(ctx, f, n, front, newDoor(f, n, front, reg, tr, log), reg, log)
+	if err != nil {
+		return err
+	}
+	n.background(ctx, f, log)
+	select {
+	case err := <-t.errc:
+		return fmt.Errorf("server stopped: %w", err)
+	case <-ctx.Done():
+	}
+	return n.drain(f, t, log)
+}
+
+// schedFlags checks the flags that shape the devices' schedulers and
+// eviction, and assembles them.
+func schedFlags(f *serveFlags, env *Env) (engine.SchedConfig, evict.Evictor, error) {
+	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, Policy: f.schedPolicy, IO: ioshare.Config{Slots: f.ioSlots}}
+	if _, err := sched.NewPolicy(f.schedPolicy, 0); err != nil {
+		return sc, nil, usagef(env, "serve", "--sched-policy: %v", err)
+	}
+	evictor, err := evict.Lookup(f.evictPolicy)
+	if err != nil {
+		return sc, nil, usagef(env, "serve", "--evict: %v", err)
+	}
+	switch f.sched {
+	case "fair":
+	case "fair-no-reserve":
+		sc.NoReserve = true
+	case "off":
+		sc.Off = true
+	default:
+		return sc, nil, usagef(env, "serve", "--sched %q: want fair, fair-no-reserve or off", f.sched)
+	}
+	if f.deviceRuns < 0 {
+		return sc, nil, usagef(env, "serve", "--device-runs %d: want 0 (the device default) or more", f.deviceRuns)
+	}
+	if f.ioSlots < 0 {
+		return sc, nil, usagef(env, "serve", "--io-slots %d: want 0 (the CPUs) or more", f.ioSlots)
+	}
+	switch f.ioShares {
+	case "auto", "on", "off":
+	default:
+		return sc, nil, usagef(env, "serve", "--io-shares %q: want auto, on or off", f.ioShares)
+	}
+	return sc, evictor, nil
+}
+
+// node is what plover serve runs requests on: its store, devices (with
+// their CPU groups) and the engine over them.
+type node struct {
+	store objectstore.Store
+	devs  []device.Device
+	cpu   *worker.CPUGroups
+	eng   *engine.Engine
+}
+
+// openNode opens the store, the bundle cache and spool, and the devices,
+// and starts the engine over them.
+func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor evict.Evictor, log *slog.Logger) (*node, error) {
+	n := &node{}
+	cache, spool, err := n.openStorage(ctx, f, log)
+	if err != nil {
+		return nil, err
+	}
+	// Before the devices open: a leftover worker may hold a GPU's memory.
+	if k, err := contain.EndLeftovers(serverRecord(f.data)); err != nil {
+		log.Warn("cannot end what an earlier server of this data directory left running", "error", err)
+	} else if k > 0 {
+		log.Warn("ended processes an earlier server of this data directory left running (workers, or what they started)", "processes", k)
+	}
+	devs, err := openDevices(f.device, f.memLimitMB<<20, log)
+	if err != nil {
+		return nil, err
+	}
+	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
+	if n.devs, n.cpu, err = isolate(f, devs, log); err != nil {
+		return nil, err
+	}
+	ioShares(f, n.cpu, &sc.IO, log)
+	n.eng, err = engine.New(engine.Config{
+		Store: n.store, Cache: cache, Devices: n.devs,
+		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
+		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// openStorage opens the store (n.store), the node's bundle cache and the
+// spool deploys upload to.
+func (n *node) openStorage(ctx context.Context, f *serveFlags, log *slog.Logger) (*bundle.Cache, string, error) {
 	storeURL := f.store
 	if storeURL == "" {
 		storeURL = "file://" + filepath.Join(f.data, "store")
 	}
 	store, err := openStore(ctx, storeURL, f.s3)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
+	n.store = store
 	if fs, ok := store.(*objectstore.FS); ok {
 		// Half-written objects of a process that died mid-write.
 		if left, err := fs.CleanTemp(registry.BundleGrace); err != nil {
@@ -213,154 +303,146 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	cache, err := bundle.NewCache(filepath.Join(f.data, "cache"), 0, f.cacheMB<<20)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	// Uploaded bundles are written here as they arrive (not to /tmp, which
 	// may be a small tmpfs in memory).
 	// A crash may have left uploads there: nothing in it outlives a deploy.
 	spool := filepath.Join(f.data, "spool")
 	if err := os.RemoveAll(spool); err != nil {
-		return fmt.Errorf("--data: %w", err)
+		return nil, "", fmt.Errorf("--data: %w", err)
 	}
 	if err := os.MkdirAll(spool, 0o700); err != nil {
-		return fmt.Errorf("--data: %w", err)
+		return nil, "", fmt.Errorf("--data: %w", err)
 	}
-	// Before the devices open: a leftover worker may hold a GPU's memory.
-	if n, err := contain.EndLeftovers(serverRecord(f.data)); err != nil {
-		log.Warn("cannot end what an earlier server of this data directory left running", "error", err)
-	} else if n > 0 {
-		log.Warn("ended processes an earlier server of this data directory left running (workers, or what they started)", "processes", n)
+	return cache, spool, nil
+}
+
+// flushSpans exports the spans a stopping server still holds.
+func flushSpans(tr *tracing.Tracer, log *slog.Logger) {
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tr.Shutdown(sctx); err != nil {
+		log.Warn("the last spans were not exported", "error", err)
 	}
-	devs, err := openDevices(f.device, f.memLimitMB<<20, log)
-	if err != nil {
-		return err
-	}
-	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
-	var cpu *worker.CPUGroups
-	if devs, cpu, err = isolate(f, devs, log); err != nil {
-		return err
-	}
-	ioShares(f, cpu, &sc.IO, log)
-	eng, err := engine.New(engine.Config{
-		Store: store, Cache: cache, Devices: devs,
-		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
-		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
-	})
-	if err != nil {
-		return err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(eng.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	front, err := newFrontDoor(f, log, reg)
-	if err != nil {
-		return err
-	}
-	go front.reloadOnHUP(ctx, hup)
-	// One gate, one set of request metrics and one request path for both
-	// transports: a token's limits and a function's counts hold however
-	// its clients connect.
+}
+
+// newDoor is the one front door of both transports: one gate, one set of
+// request metrics, one request path and one request timeout, so a token's
+// limits and a function's counts hold however its clients connect.
+func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry, tr *tracing.Tracer, log *slog.Logger) *frontdoor.Door {
 	var tokens gate.Tokens
 	if front.tokens != nil {
 		tokens = front.tokens
 	}
-	runner := pipeline.New(eng, reg)
-	// Traces, when OpenTelemetry's environment asks for them.
-	tr, err := tracing.FromEnv(ctx, Version, log)
-	if err != nil {
-		return fmt.Errorf("tracing: %w", err)
-	}
-	if tr != nil {
-		log.Info("tracing requests (OpenTelemetry)", "exporter", tr.Where)
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := tr.Shutdown(sctx); err != nil {
-				log.Warn("the last spans were not exported", "error", err)
-			}
-		}()
-	}
-	door := frontdoor.New(frontdoor.Config{Runner: runner, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg), Tracer: tr, Log: log})
+	return frontdoor.New(frontdoor.Config{Runner: pipeline.New(n.eng, reg), Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg),
+		Tracer: tr, Log: log, Timeout: f.timeout})
+}
+
+// transports are the servers plover serve answers on: HTTP, and gRPC
+// when --grpc-listen is set; errc receives the error a server stops with.
+type transports struct {
+	srv  *httpapi.Server
+	gs   *grpc.Server // nil: no --grpc-listen
+	errc chan error
+}
+
+// startTransports serves door over HTTP, gRPC (--grpc-listen) and the
+// unauthenticated metrics address (--metrics-listen).
+func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDoor, door *frontdoor.Door, reg *prometheus.Registry, log *slog.Logger) (*transports, error) {
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		Door: door, ReadTimeout: f.readTimeout}
+		ReadTimeout: f.readTimeout}
 	if f.isolation == "process" {
-		opts.CPUWeights = cpu.Mechanism // nil: "off"
+		opts.CPUWeights = n.cpu.Mechanism // nil: "off"
 	}
-	srv := httpapi.New(runner, eng.Control(), opts)
+	t := &transports{srv: httpapi.New(door, n.eng.Control(), opts), errc: make(chan error, 2)}
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	errc := make(chan error, 2)
-	var gs *grpc.Server
 	if f.grpcListen != "" {
-		gln, tlsConf, err := front.listenGRPC(ctx)
-		if err != nil {
-			return err
+		if err := t.startGRPC(ctx, f, front, door, log); err != nil {
+			return nil, err
 		}
-		gs = grpcapi.New(runner, grpcapi.Options{Log: log, Version: Version, Door: door, TLS: tlsConf,
-			MaxMessageBytes: f.maxBodyMB << 20, Ready: srv.Ready, ReadTimeout: f.readTimeout}).GRPC()
-		gscheme := "grpc"
-		if tlsConf != nil {
-			gscheme = "grpcs"
-		}
-		log.Info("serving the Open Inference Protocol over gRPC", "addr", gscheme+"://"+gln.Addr().String())
-		go func() {
-			if err := gs.Serve(gln); err != nil {
-				errc <- fmt.Errorf("--grpc-listen: %w", err)
-			}
-		}()
 	}
 	if f.metricsListen != "" {
 		mln, err := front.listenMetrics()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		log.Info("metrics without authentication", "addr", "http://"+mln.Addr().String()+"/metrics")
 		go func() {
-			if err := srv.ServeMetrics(mln); err != nil {
+			if err := t.srv.ServeMetrics(mln); err != nil {
 				log.Error("the --metrics-listen server stopped", "error", err)
 			}
 		}()
 	}
 	names := ""
-	for i, d := range devs {
+	for i, d := range n.devs {
 		if i > 0 {
 			names += ", "
 		}
 		names += d.Name()
 	}
-	log.Info("plover serving", "addr", scheme+"://"+ln.Addr().String(), "auth", front.authSummary(), "device", names, "store", store.String(), "data", f.data, "version", Version)
-	go func() { errc <- srv.Serve(ln) }()
+	log.Info("plover serving", "addr", scheme+"://"+ln.Addr().String(), "auth", front.authSummary(), "device", names, "store", n.store.String(), "data", f.data, "version", Version)
+	go func() { t.errc <- t.srv.Serve(ln) }()
+	return t, nil
+}
+
+// startGRPC serves the Open Inference Protocol over gRPC on --grpc-listen.
+func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontDoor, door *frontdoor.Door, log *slog.Logger) error {
+	gln, tlsConf, err := front.listenGRPC(ctx)
+	if err != nil {
+		return err
+	}
+	t.gs = grpcapi.New(door, grpcapi.Options{Log: log, Version: Version, TLS: tlsConf,
+		MaxMessageBytes: f.maxBodyMB << 20, Ready: t.srv.Ready, ReadTimeout: f.readTimeout}).GRPC()
+	gscheme := "grpc"
+	if tlsConf != nil {
+		gscheme = "grpcs"
+	}
+	log.Info("serving the Open Inference Protocol over gRPC", "addr", gscheme+"://"+gln.Addr().String())
+	go func() {
+		if err := t.gs.Serve(gln); err != nil {
+			t.errc <- fmt.Errorf("--grpc-listen: %w", err)
+		}
+	}()
+	return nil
+}
+
+// background starts the node's own work until ctx ends: watching the store
+// (--poll), reaping idle instances, pre-warming.
+func (n *node) background(ctx context.Context, f *serveFlags, log *slog.Logger) {
 	if f.poll > 0 {
-		go eng.Watch(ctx, f.poll)
+		go n.eng.Watch(ctx, f.poll)
 	}
 	reapEvery := time.Second // manifests may set their own idle_ttl
 	if f.idleTTL > 0 {
 		reapEvery = min(f.idleTTL/4, reapEvery)
 	}
-	go eng.ReapEvery(ctx, reapEvery)
+	go n.eng.ReapEvery(ctx, reapEvery)
 	go func() {
-		if err := eng.Prewarm(ctx); err != nil {
+		if err := n.eng.Prewarm(ctx); err != nil {
 			log.Warn("some functions could not be pre-warmed", "error", err)
 		}
 	}()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("server stopped: %w", err)
-	case <-ctx.Done():
-	}
-	srv.SetReady(false) // /readyz and ServerReady fail first; in-flight and queued requests drain
+}
+
+// drain stops the transports within --grace, and then the node, unless
+// requests still run on its devices.
+func (n *node) drain(f *serveFlags, t *transports, log *slog.Logger) error {
+	t.srv.SetReady(false) // /readyz and ServerReady fail first; in-flight and queued requests drain
 	log.Info("shutting down", "grace", f.grace)
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
 	defer cancel()
 	// Both transports drain side by side, within the one grace period.
 	grpcDrained := make(chan bool, 1)
-	if gs != nil {
-		go func() { grpcDrained <- stopGRPC(sctx, gs) }()
+	if t.gs != nil {
+		go func() { grpcDrained <- stopGRPC(sctx, t.gs) }()
 	} else {
 		grpcDrained <- true
 	}
-	err = srv.Shutdown(sctx)
+	err := t.srv.Shutdown(sctx)
 	if !<-grpcDrained && err == nil {
 		err = context.DeadlineExceeded
 	}
@@ -370,11 +452,11 @@ func serve(f *serveFlags, env *Env) error {
 		log.Warn("grace period over with requests still running; exiting", "grace", f.grace)
 		return nil
 	}
-	eng.Close()
-	for _, d := range devs {
+	n.eng.Close()
+	for _, d := range n.devs {
 		d.Close()
 	}
-	cpu.Close()
+	n.cpu.Close()
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

@@ -36,7 +36,7 @@ type Runner interface {
 	// Admit is asked before a body is read: the most input bytes name
 	// takes (0: unknown) and its current version, or the error a request
 	// would get now (404, 429 for a full queue). It holds nothing.
-	// Its store read ends at deadline (zero: the engine's timeout).
+	// Its store read ends at deadline (the request's: Door.Deadline).
 	Admit(ctx context.Context, name string, deadline time.Time) (pipeline.Admission, error)
 	// Land lends memory to read a request's body into, where the device
 	// that will run it reads it (a worker's slot), or nil; the transport
@@ -55,7 +55,7 @@ type Runner interface {
 	// Pin resolves name's current version once, without loading it, and
 	// holds it until its Release: a route that reads the version (the Open
 	// Inference Protocol lays inputs out by its tensors) runs that version.
-	// Its store read ends at deadline (zero: the engine's timeout).
+	// Its store read ends at deadline (the request's: Door.Deadline).
 	Pin(ctx context.Context, name string, deadline time.Time) (pipeline.Pin, error)
 	Health() (bool, []api.DeviceHealth)
 }
@@ -68,7 +68,13 @@ type Config struct {
 	Metrics *reqmetrics.Metrics
 	Tracer  *tracing.Tracer
 	Log     *slog.Logger
+	// Timeout is a request's deadline from its start when its client asks
+	// for none (plover serve --timeout); 0: DefaultTimeout.
+	Timeout time.Duration
 }
+
+// DefaultTimeout is a Config's Timeout when it sets none, as the engine's.
+const DefaultTimeout = 30 * time.Second
 
 // Door is one server's front door, shared by its transports, so a token's
 // limits, the request counts and the traces are one however clients
@@ -79,6 +85,7 @@ type Door struct {
 	metrics *reqmetrics.Metrics
 	tracer  *tracing.Tracer
 	log     *slog.Logger
+	timeout time.Duration
 }
 
 // New returns the Door cfg describes.
@@ -89,7 +96,27 @@ func New(cfg Config) *Door {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Door{Runner: cfg.Runner, gate: cfg.Gate, metrics: cfg.Metrics, tracer: cfg.Tracer, log: cfg.Log}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	return &Door{Runner: cfg.Runner, gate: cfg.Gate, metrics: cfg.Metrics, tracer: cfg.Tracer, log: cfg.Log, timeout: cfg.Timeout}
+}
+
+// Begin normalises an invoke's request once, as the transport begins it:
+// its start, and its deadline (Deadline). Every layer after the door reads
+// the one deadline, so none keeps a default of its own.
+func (d *Door) Begin(r *call.Request, start, asked time.Time) {
+	r.Began, r.Deadline = start, d.Deadline(start, asked)
+}
+
+// Deadline is a request's deadline: asked, the client's, or the server's
+// timeout from start when the client asked for none (zero). A request
+// that is not an invoke (a model's metadata) bounds its store read by it.
+func (d *Door) Deadline(start, asked time.Time) time.Time {
+	if asked.IsZero() {
+		return start.Add(d.timeout)
+	}
+	return asked
 }
 
 // Gate is the door's gate, for a transport to admit callers with what its
@@ -102,14 +129,13 @@ func (d *Door) Traced() bool { return d.tracer != nil }
 
 // Outcome is one ended invoke as its transport saw it.
 type Outcome struct {
-	Transport string // "http", "grpc"
-	Route     string // the span's name and the log's "route"
-	Function  string // may borrow the request's bytes: End copies what it keeps
+	Transport string    // "http", "grpc"
+	Route     string    // the span's name and the log's "route"
+	Function  call.Name // what the request names: End keeps only copies
 	// Carrier holds the request's trace context; read only when Traced.
 	Carrier propagation.TextMapCarrier
-	Start   time.Time // when the transport began the request
-	Req     *call.Request
-	Err     error // nil: it succeeded
+	Req     *call.Request // begun at the door (Begin): its start is the trace's
+	Err     error         // nil: it succeeded
 	// Authorization is the request's Authorization header (gRPC: its
 	// authorization metadata), read only when Err names no function (the
 	// names a did-you-mean may offer); borrowed for the call.
@@ -129,7 +155,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 		st, kind, msg, known = d.classify(o.Err, o.Authorization)
 		d.logFailure(o.Err, o.Transport, o.Route, st, known)
 		if d.Runner != nil && refusedByTransport(o.Err) {
-			d.Runner.Refused(o.Function)
+			d.Runner.Refused(o.Function.Borrow())
 		}
 	}
 	if d.metrics != nil {
@@ -141,7 +167,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 			code = int(st.GRPC)
 		}
 		d.tracer.Record(o.Carrier, &tracing.Call{Transport: o.Transport, Route: o.Route, Function: o.Function,
-			Start: o.Start, End: time.Now(), Status: st.HTTP, GRPCCode: code, Err: o.Err, Req: o.Req})
+			End: time.Now(), Status: st.HTTP, GRPCCode: code, Err: o.Err, Req: o.Req})
 	}
 	return st, msg
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -51,14 +52,14 @@ func TestEnd(t *testing.T) {
 			var logs bytes.Buffer
 			reg := prometheus.NewRegistry()
 			m := reqmetrics.New(reg)
-			m.Record("echo", 200, errdefs.KindInternal, &call.Request{}) // a function the metrics know
+			m.Record(call.NameOf("echo"), 200, errdefs.KindInternal, &call.Request{}) // a function the metrics know
 			run := &refusals{}
 			d := New(Config{Runner: run, Metrics: m, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 			fn := "echo"
 			if tc.label == "_unknown" {
 				fn = "nope"
 			}
-			st, msg := d.End(&Outcome{Transport: tc.transport, Route: "r", Function: fn, Req: &call.Request{}, Err: tc.err})
+			st, msg := d.End(&Outcome{Transport: tc.transport, Route: "r", Function: call.NameOf(fn), Req: &call.Request{}, Err: tc.err})
 			if st.HTTP != tc.status || msg != tc.msg {
 				t.Fatalf("%d %q, want %d %q", st.HTTP, msg, tc.status, tc.msg)
 			}
@@ -100,4 +101,34 @@ func requests(t *testing.T, reg *prometheus.Registry, fn, code string) float64 {
 		}
 	}
 	return 0
+}
+
+// Begin sets a request's start and its one deadline: the client's when it
+// asked for one, else the door's timeout from the start (the default's when
+// the door sets none), whatever the request held before.
+func TestBegin(t *testing.T) {
+	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	asked := start.Add(250 * time.Millisecond)
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		asked   time.Time
+		want    time.Time
+	}{
+		{"the client's", 5 * time.Second, asked, asked},
+		{"the server's", 5 * time.Second, time.Time{}, start.Add(5 * time.Second)},
+		{"the default", 0, time.Time{}, start.Add(DefaultTimeout)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := New(Config{Timeout: tc.timeout})
+			r := call.Request{Deadline: start.Add(time.Hour), Began: start.Add(-time.Hour)} // a pooled request's last values
+			d.Begin(&r, start, tc.asked)
+			if !r.Deadline.Equal(tc.want) || !r.Began.Equal(start) {
+				t.Errorf("deadline %v, began %v; want %v, %v", r.Deadline, r.Began, tc.want, start)
+			}
+			if got := d.Deadline(start, tc.asked); !got.Equal(tc.want) {
+				t.Errorf("Deadline = %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/pipeline"
 )
 
 // A function's refusal of its input (plover_reject) is InvalidArgument
@@ -25,7 +24,7 @@ func TestRefusedInputIsInvalidArgument(t *testing.T) {
 	m := testkit.Manifest("picky")
 	m.Chain = []abi.Launch{{Kernel: "refuse", Grid: 1, Block: 1}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	gs := grpcapi.New(pipeline.New(e, nil), grpcapi.Options{}).GRPC()
+	gs := grpcapi.New(testkit.Door(e, nil, nil), grpcapi.Options{}).GRPC()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -42,10 +42,6 @@ import (
 type Options struct {
 	Log     *slog.Logger
 	Version string
-	// Door is the front door shared with the HTTP server: its gate, request
-	// metrics and tracer, so a token's limits and the counts hold across
-	// both. Nil: a door of its own, with no authentication, not counted.
-	Door *frontdoor.Door
 	// Ready, if set, is what ServerReady adds to the devices' health (a
 	// server shutting down answers false first).
 	Ready func() bool
@@ -69,8 +65,10 @@ type Server struct {
 	authLog gate.LogThrottle
 }
 
-// New returns a Server over the request path run (opts.Door's, when set).
-func New(run frontdoor.Runner, opts Options) *Server {
+// New returns a Server over door, the front door it shares with the HTTP
+// server: its gate, request metrics, tracer, request path and request
+// timeout, so a token's limits and the counts hold across both.
+func New(door *frontdoor.Door, opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -80,10 +78,7 @@ func New(run frontdoor.Runner, opts Options) *Server {
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
 	}
-	if opts.Door == nil {
-		opts.Door = frontdoor.New(frontdoor.Config{Runner: run, Log: opts.Log})
-	}
-	return &Server{door: opts.Door, opts: opts}
+	return &Server{door: door, opts: opts}
 }
 
 // GRPC returns a grpc.Server with s registered, its limits and credentials
@@ -274,7 +269,7 @@ func (s *Server) ServerMetadata(context.Context, *pb.ServerMetadataRequest) (*pb
 func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb.ModelReadyResponse, error) {
 	// Not cut by the call's end: a client past its deadline resets the
 	// stream a little before it, which must read as the deadline's 504.
-	pin, _, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), deadlineOf(ctx))
+	pin, _, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx))
 	if err != nil {
 		return nil, s.statusOf(ctx, err, "ModelReady")
 	}
@@ -285,7 +280,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 
 // ModelMetadata is a model's current version and tensors.
 func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
-	pin, ts, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), deadlineOf(ctx)) // as ModelReady
+	pin, ts, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx)) // as ModelReady
 	if err != nil {
 		return nil, s.statusOf(ctx, err, "ModelMetadata")
 	}
@@ -305,12 +300,18 @@ func tensorMeta(ts []abi.Tensor) []*pb.ModelMetadataResponse_TensorMetadata {
 
 // pin resolves name's current version for the request (oip.Pin, as the
 // HTTP route does).
-// A store read it needs ends at deadline (the call's; zero: --timeout).
+// A store read it needs ends at deadline (the call's: Door.Deadline).
 func (s *Server) pin(ctx context.Context, name, version string, deadline time.Time) (pipeline.Pin, *abi.Tensors, error) {
 	if name == "" {
 		return pipeline.Pin{}, nil, badRequest("model name: empty")
 	}
 	return oip.Pin(ctx, s.door, name, version, deadline)
+}
+
+// deadline is a call's deadline at the door: the client's, or the
+// server's timeout from now.
+func (s *Server) deadline(ctx context.Context) time.Time {
+	return s.door.Deadline(time.Now(), deadlineOf(ctx))
 }
 
 // deadlineOf is ctx's deadline, or zero.
@@ -324,10 +325,13 @@ func deadlineOf(ctx context.Context) time.Time {
 // the way the inputs came (raw for raw, typed for typed where the
 // datatype has typed contents), each output named in outputs, or all.
 func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb.ModelInferResponse, error) {
-	o := frontdoor.Outcome{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer", Function: req.GetModelName(), Req: &call.Request{}}
+	o := frontdoor.Outcome{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer", Function: call.NameOf(req.GetModelName()), Req: &call.Request{}}
+	// The client's deadline is the request's (queue time plus the run);
+	// none, the server's.
+	s.door.Begin(o.Req, time.Now(), deadlineOf(ctx))
 	if s.door.Traced() {
 		md, _ := metadata.FromIncomingContext(ctx)
-		o.Start, o.Carrier = time.Now(), mdCarrier(md)
+		o.Carrier = mdCarrier(md)
 	}
 	resp, err := s.infer(ctx, req, o.Req)
 	o.Err = err
@@ -346,10 +350,6 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 }
 
 func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.Request) (*pb.ModelInferResponse, error) {
-	if d, ok := ctx.Deadline(); ok {
-		// The client's deadline is the request's: queue time plus the run.
-		r.Deadline = d
-	}
 	// The engine learns of a client that cancels by polling Gone (499, as
 	// for HTTP), and of its deadline through r.Deadline (504,
 	// DeadlineExceeded): the RPC's context, which ends at that deadline

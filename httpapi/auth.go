@@ -9,17 +9,15 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/gate"
 )
-
-// Tokens finds the principal of a bearer token (auth.Store).
-type Tokens = gate.Tokens
 
 // need is what a route requires: a scope and, for invoke and deploy, the
 // function it acts on. open routes (the probes) require nothing.
 type need struct {
 	scope auth.Scope
-	fn    string // aliases the request's path: used while the request lives
+	fn    call.Name // the path's bytes, borrowed
 	open  bool
 }
 
@@ -50,19 +48,19 @@ func required(method, path []byte) need {
 	case bytes.HasPrefix(path, pathFunctions) && len(path) > len(pathFunctions)+1 && path[len(pathFunctions)] == '/':
 		rest := path[len(pathFunctions)+1:]
 		if name, ok := bytes.CutSuffix(rest, suffixInvoke); ok && bytes.IndexByte(name, '/') < 0 {
-			return need{scope: auth.Invoke, fn: b2s(name)}
+			return need{scope: auth.Invoke, fn: call.BorrowName(name)}
 		}
 		if name, sub, ok := bytes.Cut(rest, []byte{'/'}); ok {
 			if string(sub) == "rollback" {
-				return need{scope: auth.Deploy, fn: b2s(name)}
+				return need{scope: auth.Deploy, fn: call.BorrowName(name)}
 			}
 			if string(sub) == "logs" { // its output is the tenant's data
-				return need{scope: auth.Read, fn: b2s(name)}
+				return need{scope: auth.Read, fn: call.BorrowName(name)}
 			}
 			return need{scope: auth.Read}
 		}
 		if string(method) == fasthttp.MethodPut || string(method) == fasthttp.MethodDelete {
-			return need{scope: auth.Deploy, fn: b2s(rest)}
+			return need{scope: auth.Deploy, fn: call.BorrowName(rest)}
 		}
 	}
 	return need{scope: auth.Read}
@@ -78,7 +76,7 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx) (gate.Ticket, bool) {
 		return gate.Ticket{}, true
 	}
 	// The name is only matched against globs, not kept: no copy.
-	tk, r := s.gate.Admit(ctx.Request.Header.PeekBytes(hdrAuthorization), n.scope, n.fn)
+	tk, r := s.gate.Admit(ctx.Request.Header.PeekBytes(hdrAuthorization), n.scope, n.fn.Borrow())
 	if r != nil {
 		s.refuse(ctx, r)
 		return tk, false

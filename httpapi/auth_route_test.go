@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/call"
 )
 
 // The scope a request needs follows the route its path takes: a model
@@ -15,17 +16,17 @@ func TestRequiredScope(t *testing.T) {
 	}{
 		{"GET", "/healthz", need{open: true}},
 		{"GET", "/v2/health/ready", need{open: true}},
-		{"POST", "/v2/models/cnn/infer", need{scope: auth.Invoke, fn: "cnn"}},
-		{"POST", "/v2/models/cnn/versions/3f1c9a2e/infer", need{scope: auth.Invoke, fn: "cnn"}},
+		{"POST", "/v2/models/cnn/infer", need{scope: auth.Invoke, fn: call.NameOf("cnn")}},
+		{"POST", "/v2/models/cnn/versions/3f1c9a2e/infer", need{scope: auth.Invoke, fn: call.NameOf("cnn")}},
 		{"GET", "/v2/models/cnn", need{scope: auth.Read}},
 		{"GET", "/v2/models/infer", need{scope: auth.Read}},            // a model named infer
 		{"GET", "/v2/models/x/versions/infer", need{scope: auth.Read}}, // version "infer" of x
-		{"POST", "/v2/models/infer/infer", need{scope: auth.Invoke, fn: "infer"}},
-		{"POST", "/v1/functions/cnn/invoke", need{scope: auth.Invoke, fn: "cnn"}},
-		{"PUT", "/v1/functions/cnn", need{scope: auth.Deploy, fn: "cnn"}},
-		{"POST", "/v1/functions/cnn/rollback", need{scope: auth.Deploy, fn: "cnn"}},
+		{"POST", "/v2/models/infer/infer", need{scope: auth.Invoke, fn: call.NameOf("infer")}},
+		{"POST", "/v1/functions/cnn/invoke", need{scope: auth.Invoke, fn: call.NameOf("cnn")}},
+		{"PUT", "/v1/functions/cnn", need{scope: auth.Deploy, fn: call.NameOf("cnn")}},
+		{"POST", "/v1/functions/cnn/rollback", need{scope: auth.Deploy, fn: call.NameOf("cnn")}},
 		{"GET", "/v1/functions/cnn", need{scope: auth.Read}},
-		{"GET", "/v1/functions/cnn/logs", need{scope: auth.Read, fn: "cnn"}}, // its output: the token's functions only
+		{"GET", "/v1/functions/cnn/logs", need{scope: auth.Read, fn: call.NameOf("cnn")}}, // its output: the token's functions only
 		{"POST", "/v1/gc", need{scope: auth.Deploy}},
 	} {
 		if got := required([]byte(tc.method), []byte(tc.path)); got != tc.want {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -17,11 +18,14 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/reqmetrics"
 	"github.com/plover-run/plover/samples/cnn/digits"
 	"github.com/plover-run/plover/samples/cnn/model"
 	"github.com/plover-run/plover/tracing"
@@ -81,7 +85,7 @@ func BenchmarkHotInvoke(b *testing.B) {
 		}
 	})
 
-	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
+	srv := httpapi.New(testkit.Door(e, nil, nil), e.Control(), httpapi.Options{})
 	b.Run("handler", func(b *testing.B) { benchHandle(b, srv, invokeCtx(srv, in)) })
 
 	// Tracing on: every request unsampled (what it costs a request that is
@@ -93,7 +97,9 @@ func BenchmarkHotInvoke(b *testing.B) {
 	}{{"handler-traced-unsampled", sdktrace.NeverSample()}, {"handler-traced-sampled", sdktrace.AlwaysSample()}} {
 		tr := tracing.New(discard{}, sdktrace.WithSampler(tc.sampler))
 		defer tr.Shutdown(context.Background())
-		ts := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{Tracer: tr})
+		door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, nil), Metrics: reqmetrics.New(prometheus.NewRegistry()), Tracer: tr,
+			Timeout: e.Timeout()})
+		ts := httpapi.New(door, e.Control(), httpapi.Options{})
 		b.Run(tc.name, func(b *testing.B) { benchHandle(b, ts, invokeCtx(ts, in)) })
 	}
 
@@ -120,14 +126,15 @@ func BenchmarkHotInvoke(b *testing.B) {
 
 	tab, tok := benchTokens(b)
 	for _, lb := range []struct {
-		name  string
-		opts  httpapi.Options
-		token string
+		name   string
+		tokens gate.Tokens
+		opts   httpapi.Options
+		token  string
 	}{
-		{"loopback", httpapi.Options{}, ""},
-		{"loopback-auth", httpapi.Options{Tokens: tab, BodyBudget: netguard.NewBudget(1 << 30)}, tok},
+		{"loopback", nil, httpapi.Options{}, ""},
+		{"loopback-auth", tab, httpapi.Options{BodyBudget: netguard.NewBudget(1 << 30)}, tok},
 	} {
-		url := testkit.Serve(b, e, lb.opts)
+		url := testkit.ServeTokens(b, e, lb.tokens, lb.opts)
 		b.Run(lb.name, func(b *testing.B) {
 			c := &fasthttp.HostClient{Addr: url[len("http://"):]}
 			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -185,14 +192,15 @@ func TestHotInvokeAllocatesNothing(t *testing.T) {
 	testkit.Deploy(t, e, testkit.BundleDir(t, benchManifest(), nil))
 	tab, tok := benchTokens(t)
 	for _, tt := range []struct {
-		name string
-		opts httpapi.Options
+		name   string
+		tokens gate.Tokens
+		opts   httpapi.Options
 	}{
-		{"open", httpapi.Options{}},
-		{"tokens and a body budget", httpapi.Options{Tokens: tab, BodyBudget: netguard.NewBudget(1 << 20)}},
+		{"open", nil, httpapi.Options{}},
+		{"tokens and a body budget", tab, httpapi.Options{BodyBudget: netguard.NewBudget(1 << 20)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := httpapi.New(pipeline.New(e, nil), e.Control(), tt.opts)
+			srv := httpapi.New(testkit.Door(e, tt.tokens, nil), e.Control(), tt.opts)
 			ctx := invokeCtx(srv, make([]byte, benchInput))
 			ctx.Request.Header.Set("Authorization", "Bearer "+tok)
 			srv.Handle(ctx) // warm the pools past their first use
@@ -241,7 +249,7 @@ func TestV2BinaryInferAllocatesNothing(t *testing.T) {
 	}
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, benchManifest(), nil))
-	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
+	srv := httpapi.New(testkit.Door(e, nil, nil), e.Control(), httpapi.Options{})
 	ctx := v2Ctx(srv, make([]byte, benchInput))
 	srv.Handle(ctx)
 	allocs := testing.AllocsPerRun(200, func() {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/netguard"
@@ -41,8 +42,8 @@ const keptBody = 1 << 20
 // author does.
 type bodyLimit struct {
 	n   int
-	why string // what sets it; "" for a function's, named by fn, in and enc
-	fn  string // borrowed: for the message only
+	why string    // what sets it; "" for a function's, named by fn, in and enc
+	fn  call.Name // for the message only
 	in  int64
 	enc encoding
 }
@@ -54,7 +55,7 @@ func (s *Server) serverLimit() bodyLimit {
 func (l bodyLimit) over(size string) error {
 	why := l.why
 	if why == "" {
-		why = "for function " + l.fn + " (its max_input_bytes, " + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")"
+		why = "for function " + l.fn.Borrow() + " (its max_input_bytes, " + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")"
 	}
 	return tooLarge("request body " + size + " is over the limit of " + strconv.Itoa(l.n) + " bytes " + why)
 }
@@ -91,16 +92,16 @@ const (
 // a full queue a 429 before the body too. A body fasthttp has read already
 // (preRead) costs nothing more to read: the engine bounds it, and the hot
 // path asks nothing here.
-func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name, version string, enc encoding, deadline time.Time) (bodyLimit, error) {
+func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version string, enc encoding, deadline time.Time) (bodyLimit, error) {
 	cl := ctx.Request.Header.ContentLength()
 	if cl == -2 || (cl >= 0 && cl <= preRead) { // -2: no body headers, so no body
 		return s.serverLimit(), nil
 	}
-	a, err := s.door.Admit(context.Background(), name, deadline)
+	a, err := s.door.Admit(context.Background(), name.Borrow(), deadline)
 	if err != nil {
 		return bodyLimit{}, err
 	}
-	if err := oip.CheckVersion(name, version, a.Version); err != nil {
+	if err := oip.CheckVersion(name.Borrow(), version, a.Version); err != nil {
 		return bodyLimit{}, err
 	}
 	maxIn := a.MaxInput

@@ -56,7 +56,7 @@ func TestUnreadBodiesCloseTheConnection(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	tab, _ := benchTokens(t)
-	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{Tokens: tab, MaxBodyBytes: 1 << 20}), "http://")
+	addr := strings.TrimPrefix(testkit.ServeTokens(t, e, tab, httpapi.Options{MaxBodyBytes: 1 << 20}), "http://")
 	smuggled := "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 	body := strings.Repeat("x", 8192) + smuggled // past fasthttp's 8 KiB pre-read
 	tests := []struct {

@@ -135,28 +135,29 @@ func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {
 }
 
 // invokeJSON runs a JSON request and, on success, writes its response.
-func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name string, c *exchange) error {
+func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchange) error {
 	limit, err := s.inputLimit(ctx, name, "", base64JSON, c.req.Deadline)
 	if err != nil {
 		return err
 	}
-	tn := s.turnsOf(ctx, name, c.req.Deadline, c.req.Gone)
+	fn := name.Borrow()
+	tn := s.turnsOf(fn, &c.req)
 	body, held, err := s.readBody(ctx, limit, nil, tn)
 	if err != nil {
 		return err
 	}
 	defer s.releaseBody(held)
 	m := tn.fl.Meter() // decoding is the server's CPU on the function's bytes too
-	input, o, timeout, err := parseInvoke(body, name)
+	input, o, timeout, err := parseInvoke(body, fn)
 	m.Done()
 	if err != nil {
 		return err
 	}
-	if d := time.Now().Add(timeout); timeout > 0 && (c.req.Deadline.IsZero() || d.Before(c.req.Deadline)) {
+	if d := time.Now().Add(timeout); timeout > 0 && d.Before(c.req.Deadline) {
 		c.req.Deadline = d
 	}
 	c.req.Input, c.req.Override = input, o
-	err = s.door.Invoke(context.Background(), name, &c.req) // see invoke
+	err = s.door.Invoke(context.Background(), fn, &c.req) // see invoke
 	c.req.Input, c.req.Override = nil, nil
 	if err != nil {
 		return err

@@ -18,9 +18,12 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/reqmetrics"
 )
 
 // labelServer is an engine with echo and the pipelines named, a server
@@ -47,7 +50,9 @@ func labelServer(t *testing.T, pipes ...string) (*engine.Engine, *httpapi.Server
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(e.Collector())
-	srv := httpapi.New(pipeline.New(e, reg), e.Control(), httpapi.Options{Registry: reg, Tokens: tab})
+	door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, reg), Gate: gate.New(tab, reg), Metrics: reqmetrics.New(reg),
+		Timeout: e.Timeout()})
+	srv := httpapi.New(door, e.Control(), httpapi.Options{Registry: reg})
 	return e, srv, reg, tok
 }
 

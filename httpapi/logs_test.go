@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -62,7 +63,7 @@ func closedWithin(t *testing.T, f *funclog.Follower, d time.Duration, why string
 // drains.
 func TestLogsRoute(t *testing.T) {
 	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 4)}
-	srv := httpapi.New(nil, adm, httpapi.Options{})
+	srv := httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{})
 	url := testkit.ServeWith(t, srv) + "/v1/functions/f/logs"
 	adm.store.Sink("f").Add(logLine("one"))
 	adm.store.Sink("f").Add(logLine("two"))
@@ -143,7 +144,7 @@ func TestLogsFollowQuiet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			defer httpapi.SetFollowTimes(tc.write, tc.keepAlive)()
 			adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 1)}
-			url := testkit.ServeWith(t, httpapi.New(nil, adm, httpapi.Options{})) + "/v1/functions/f/logs?follow=true"
+			url := testkit.ServeWith(t, httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{})) + "/v1/functions/f/logs?follow=true"
 			c := &http.Client{Timeout: 20 * time.Second}
 			resp, err := c.Get(url)
 			if err != nil {
@@ -174,7 +175,7 @@ func TestLogsFollowQuiet(t *testing.T) {
 // rather than waiting for its context to run out.
 func TestLogsFollowEndsAtShutdown(t *testing.T) {
 	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 1)}
-	srv := httpapi.New(nil, adm, httpapi.Options{})
+	srv := httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{})
 	url := testkit.ServeWith(t, srv) + "/v1/functions/f/logs?follow=true"
 	resp, err := (&http.Client{Timeout: 20 * time.Second}).Get(url)
 	if err != nil {

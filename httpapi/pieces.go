@@ -38,17 +38,16 @@ type turns struct {
 	readOut  bool // deadline is the read timeout's: waiting past it is a 408
 }
 
-// turnsOf is the turns of a request to name: a name the node has no
-// record of has none (its request fails before its body matters). A body
-// must arrive within the read timeout from the handler's call, its turns'
-// waits included.
-func (s *Server) turnsOf(ctx *fasthttp.RequestCtx, name string, deadline time.Time, gone func() bool) turns {
-	t := turns{fl: s.door.IO(name), deadline: deadline, gone: gone}
-	now := ctx.Time() // read once for the request: a clock read is a small request's tenth
-	if rt := now.Add(s.readTimeout()); deadline.IsZero() || rt.Before(deadline) {
+// turnsOf is the turns of r, a request to name begun at the door: a name
+// the node has no record of has none (its request fails before its body
+// matters). A body must arrive within the read timeout from the request's
+// start, its turns' waits included.
+func (s *Server) turnsOf(name string, r *call.Request) turns {
+	t := turns{fl: s.door.IO(name), deadline: r.Deadline, gone: r.Gone}
+	if rt := r.Began.Add(s.readTimeout()); rt.Before(r.Deadline) {
 		t.deadline, t.readOut = rt, true
 	}
-	t.fl.Touch(now) // a light function's small request is about too
+	t.fl.Touch(r.Began) // a light function's small request is about too
 	return t
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/pipeline"
@@ -53,7 +54,7 @@ func TestV2InferPinsItsVersion(t *testing.T) {
 	newDir := testkit.BundleDir(t, neu, nil)
 	var v2 api.FunctionInfo
 	r := &redeployer{Engine: e, next: func() { v2 = testkit.Deploy(t, e, newDir) }}
-	url := testkit.ServeWith(t, httpapi.New(pipeline.New(r, nil), e.Control(), httpapi.Options{}))
+	url := testkit.ServeWith(t, httpapi.New(frontdoor.New(frontdoor.Config{Runner: pipeline.New(r, nil)}), e.Control(), httpapi.Options{}))
 
 	code, _, b := v2Do(t, "POST", url+"/v2/models/m/infer", nil,
 		[]byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[2],"data":[1.5,-2]}]}`))

@@ -18,7 +18,6 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/pipeline"
 )
 
 func TestBackpressureDeadlinesMetrics(t *testing.T) {
@@ -28,7 +27,7 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(e.Collector())
-	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{Registry: reg})
+	srv := httpapi.New(testkit.Door(e, nil, reg), e.Control(), httpapi.Options{Registry: reg})
 	base := testkit.ServeWith(t, srv)
 	url := base + "/v1/functions/slow/invoke"
 

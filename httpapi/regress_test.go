@@ -20,7 +20,6 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/objectstore"
-	"github.com/plover-run/plover/pipeline"
 )
 
 // The function name in the URL is borrowed from fasthttp's request buffer,
@@ -34,7 +33,7 @@ func TestNameIsNotKeptFromTheRequestBuffer(t *testing.T) {
 	node := testkit.Engine(t, engine.Config{Store: store}) // resolves "echo" on its first request
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(node.Collector())
-	srv := httpapi.New(pipeline.New(node, nil), node.Control(), httpapi.Options{Registry: reg})
+	srv := httpapi.New(testkit.Door(node, nil, reg), node.Control(), httpapi.Options{Registry: reg})
 
 	var ctx fasthttp.RequestCtx // reused, as on a keep-alive connection
 	ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil)
@@ -76,7 +75,7 @@ func TestShutdownDrainsQueuedRequests(t *testing.T) {
 	m := testkit.Slow("slow", 400)
 	m.MaxInstances = 1
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
+	srv := httpapi.New(testkit.Door(e, nil, nil), e.Control(), httpapi.Options{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +131,7 @@ func TestEarlyAnswerReachesSendingClient(t *testing.T) {
 	m := testkit.Manifest("small")
 	m.MaxInputBytes = 1024
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	srv := httpapi.New(pipeline.New(e, nil), e.Control(), httpapi.Options{})
+	srv := httpapi.New(testkit.Door(e, nil, nil), e.Control(), httpapi.Options{})
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

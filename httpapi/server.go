@@ -31,7 +31,6 @@ import (
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/reqmetrics"
-	"github.com/plover-run/plover/tracing"
 )
 
 // Admin changes and describes what is deployed: the control plane
@@ -53,33 +52,19 @@ type Options struct {
 	MaxBodyBytes int
 	Log          *slog.Logger
 	Version      string
-	// Registry receives the request metrics and is served at /metrics;
-	// the caller registers other collectors (the engine's) on it. Nil: a
+	// Registry is served at /metrics: the caller registers the door's
+	// request metrics and other collectors (the engine's) on it. Nil: a
 	// private registry.
 	Registry *prometheus.Registry
-	// Tokens, when set, authenticates every request but the probes
-	// (/healthz, /readyz) with a bearer token that must have the route's
-	// scope (and, for invoke and deploy, match the function): 401 without a
-	// known token, 403 without the scope. Nil: no authentication.
-	Tokens Tokens
 	// BodyBudget, when set, bounds the request bytes held in memory at
 	// once; a request that finds no room within 5 s gets 503.
 	BodyBudget BodyBudget
-	// Door, when set, is the front door shared with the server's other
-	// transports (gRPC): one gate, one set of request metrics, one tracer
-	// however clients connect; Tokens, Tracer and the request metrics'
-	// registration are then its. Nil: the Server makes its own, from
-	// Tokens and Tracer, counting on Registry.
-	Door *frontdoor.Door
 	// CPUWeights, when set, says how worker processes' CPU weights are
 	// applied ("cgroup v2", "cgroup v1", "nice", "off"), for /healthz.
 	CPUWeights func() string
 	// ReadTimeout bounds the time a client takes to send a request, its
 	// headers and body (408 past it); 0: 60 s.
 	ReadTimeout time.Duration
-	// Tracer, when set (and Door is not), records every invoke as spans
-	// (OpenTelemetry); nil costs the hot path one comparison.
-	Tracer *tracing.Tracer
 }
 
 // Server serves the Plover HTTP API.
@@ -145,8 +130,11 @@ func connGone(conn net.Conn) bool {
 	return closed
 }
 
-// New returns a Server over the request path run and the control plane adm.
-func New(run frontdoor.Runner, adm Admin, opts Options) *Server {
+// New returns a Server over door, the front door it shares with the
+// server's other transports (gRPC): one gate (tokens, scopes, limits), one
+// set of request metrics, one tracer, one request path and one request
+// timeout however clients connect; adm is the control plane.
+func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 256 << 20
 	}
@@ -159,11 +147,7 @@ func New(run frontdoor.Runner, adm Admin, opts Options) *Server {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	if opts.Door == nil {
-		opts.Door = frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(opts.Tokens, opts.Registry),
-			Metrics: reqmetrics.New(opts.Registry), Tracer: opts.Tracer, Log: opts.Log})
-	}
-	s := &Server{door: opts.Door, gate: opts.Door.Gate(), adm: adm, opts: opts}
+	s := &Server{door: door, gate: door.Gate(), adm: adm, opts: opts}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
 		c := &exchange{timing: make([]byte, 0, 200)}
@@ -332,16 +316,16 @@ func (s *Server) method(ctx *fasthttp.RequestCtx, want string) bool {
 // invoke is the hot path: no allocation for an octet-stream request on an
 // idle instance (see BenchmarkServedInvoke).
 func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
-	// The engine and the metrics copy the name before keeping it, so the
-	// request's bytes can back it for the duration of the call.
-	name := unsafe.String(unsafe.SliceData(nameBytes), len(nameBytes))
+	// The request's bytes back the name for the call: what keeps it keeps
+	// a copy (call.Name.Keep).
+	name := call.BorrowName(nameBytes)
 	c := s.calls.Get().(*exchange)
 	defer s.calls.Put(c)
 	c.conn = ctx.Conn()
 	defer func() { c.conn = nil }()
 	c.req.Override = nil
 	c.req.Timing = call.Timing{}
-	err := deadline(ctx, &c.req)
+	err := s.begin(ctx, &c.req)
 	if err == nil {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {
 		case "application/octet-stream", "":
@@ -363,19 +347,20 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 // left the output: no copy of the payload in the server. The slot is
 // released once the response is written (slotBody.Close), so it never
 // serves another request while this one's answer is still being sent.
-func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) error {
+func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange) error {
 	limit, err := s.inputLimit(ctx, name, "", rawBody, c.req.Deadline)
 	if err != nil {
 		return err
 	}
-	land := s.door.Land(name)
+	fn := name.Borrow()
+	land := s.door.Land(fn)
 	dst, copied := &c.in, int64(0)
 	var landed []byte
 	if land != nil {
 		landed = land.Input()[:0]
 		dst = &landed
 	}
-	tn := s.turnsOf(ctx, name, c.req.Deadline, c.req.Gone)
+	tn := s.turnsOf(fn, &c.req)
 	body, held, err := s.readBody(ctx, limit, dst, tn)
 	if err != nil {
 		if land != nil {
@@ -401,7 +386,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name string, c *exchange) e
 	// Not ctx: fasthttp closes its Done at the start of a graceful
 	// shutdown, and queued requests are meant to drain then. The
 	// request's own deadline bounds it.
-	err = s.door.Invoke(context.Background(), name, &c.req)
+	err = s.door.Invoke(context.Background(), fn, &c.req)
 	out := c.req.Output
 	c.req.Copied += copied
 	switch {
@@ -462,8 +447,8 @@ func tooLarge(msg string) error {
 
 // finish ends every invoke once, through the front door (classified,
 // logged, counted, traced), and writes its error, if any.
-func (s *Server) finish(ctx *fasthttp.RequestCtx, name string, c *exchange, err error) {
-	o := frontdoor.Outcome{Transport: "http", Route: routeInvoke, Function: name, Start: ctx.Time(), Req: &c.req, Err: err}
+func (s *Server) finish(ctx *fasthttp.RequestCtx, name call.Name, c *exchange, err error) {
+	o := frontdoor.Outcome{Transport: "http", Route: routeInvoke, Function: name, Req: &c.req, Err: err}
 	if isV2(ctx.Path()) {
 		o.Route = routeInfer
 	}
@@ -512,11 +497,23 @@ func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *exchange) {
 
 var hdrTimeout = []byte("X-Plover-Timeout-Ms")
 
-// deadline sets the request's deadline from X-Plover-Timeout-Ms; none
-// leaves the server's default.
-func deadline(ctx *fasthttp.RequestCtx, r *call.Request) (err error) {
-	r.Deadline, err = headerDeadline(ctx)
+// begin begins an invoke's request at the door, from when fasthttp began it
+// and the deadline X-Plover-Timeout-Ms asks for (none, or one that cannot
+// be read: the server's). Every invoke is begun, a bad header's too: its
+// trace starts where the others' do.
+func (s *Server) begin(ctx *fasthttp.RequestCtx, r *call.Request) error {
+	dl, err := headerDeadline(ctx)
+	s.door.Begin(r, started(ctx), dl)
 	return err
+}
+
+// started is when fasthttp began ctx's request, or now for a ctx its
+// server did not serve (Handle called in process), which has none.
+func started(ctx *fasthttp.RequestCtx) time.Time {
+	if t := ctx.Time(); !t.IsZero() {
+		return t
+	}
+	return time.Now()
 }
 
 // headerDeadline is the deadline X-Plover-Timeout-Ms asks for, or zero.

@@ -48,7 +48,7 @@ func TestDidYouMeanServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := testkit.Serve(t, e, httpapi.Options{Tokens: tab})
+	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
 	pipelineBundle := func(name, step string) []byte {
 		dir := t.TempDir()
 		b, _ := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": []string{step}})

@@ -69,17 +69,16 @@ func (s *Server) v2(ctx *fasthttp.RequestCtx) {
 
 var pathV2Models = []byte("/v2/models/")
 
-// parseV2Model splits NAME[/versions/V][/ready|/infer]. The name and
-// version borrow the path's bytes (as invoke's name does): the engine and
-// the metrics copy a name before keeping it.
-func parseV2Model(rest []byte) (name, version, action string, ok bool) {
+// parseV2Model splits NAME[/versions/V][/ready|/infer]: the name and
+// version are the path's bytes, borrowed.
+func parseV2Model(rest []byte) (name, version call.Name, action string, ok bool) {
 	// Four segments at most (NAME/versions/V/ACTION): a fixed array keeps
 	// the split off the heap.
 	var segs [4][]byte
 	n := 0
 	for {
 		if n == len(segs) {
-			return "", "", "", false
+			return call.Name{}, call.Name{}, "", false
 		}
 		seg, after, more := bytes.Cut(rest, []byte{'/'})
 		segs[n] = seg
@@ -90,9 +89,9 @@ func parseV2Model(rest []byte) (name, version, action string, ok bool) {
 		rest = after
 	}
 	parts := segs[1:n]
-	name = b2s(segs[0])
+	name = call.BorrowName(segs[0])
 	if len(parts) >= 2 && string(parts[0]) == "versions" {
-		version, parts = b2s(parts[1]), parts[2:]
+		version, parts = call.BorrowName(parts[1]), parts[2:]
 	}
 	switch {
 	case len(parts) == 0:
@@ -101,14 +100,14 @@ func parseV2Model(rest []byte) (name, version, action string, ok bool) {
 	case len(parts) == 1 && string(parts[0]) == "infer":
 		action = "infer"
 	default:
-		return "", "", "", false
+		return call.Name{}, call.Name{}, "", false
 	}
-	return name, version, action, name != ""
+	return name, version, action, len(segs[0]) > 0
 }
 
 func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
-func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string) {
+func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version call.Name, action string) {
 	want := fasthttp.MethodGet
 	if action == "infer" {
 		want = fasthttp.MethodPost
@@ -117,15 +116,16 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		return
 	}
 	if action == "infer" {
-		s.v2Infer(ctx, name, version)
+		s.v2Infer(ctx, name, version.Borrow())
 		return
 	}
+	fn := name.Borrow()
 	dl, err := headerDeadline(ctx)
 	if err != nil {
 		s.fail(ctx, err)
 		return
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, dl)
+	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version.Borrow(), s.door.Deadline(started(ctx), dl))
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -134,7 +134,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 	pin.Release()
 	switch action {
 	case "":
-		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": name, "versions": []string{cur.ID}, "platform": "plover",
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": fn, "versions": []string{cur.ID}, "platform": "plover",
 			"inputs": ts.Inputs, "outputs": ts.Outputs})
 	case "ready":
 		ok, _ := s.door.Health()
@@ -142,7 +142,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version, action string)
 		if !ok {
 			code = fasthttp.StatusServiceUnavailable
 		}
-		writeJSON(ctx, code, map[string]any{"name": name, "ready": ok})
+		writeJSON(ctx, code, map[string]any{"name": fn, "ready": ok})
 	}
 }
 
@@ -207,7 +207,7 @@ var hdrInferHeaderLen = []byte("Inference-Header-Content-Length")
 // replaced, as a pin would from the start; so, as on /v1, an unknown model
 // is a 404 after its body is read. Every outcome, refusals included, is
 // written and counted by finish, as on /v1.
-func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
+func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name call.Name, version string) {
 	vc := v2Calls.Get().(*v2Call)
 	defer func() {
 		vc.trim()
@@ -222,17 +222,18 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name, version string) {
 }
 
 // v2Run is v2Infer's work: the response written, or the error to write.
-func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version string) error {
+func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, version string) error {
 	r := &vc.req
 	// Before the body: a bad timeout header costs no upload.
-	if err := deadline(ctx, r); err != nil {
+	if err := s.begin(ctx, r); err != nil {
 		return err
 	}
 	limit, err := s.inputLimit(ctx, name, version, v2JSON, r.Deadline)
 	if err != nil {
 		return err
 	}
-	tn := s.turnsOf(ctx, name, r.Deadline, r.Gone)
+	fn := name.Borrow()
+	tn := s.turnsOf(fn, r)
 	body, held, err := s.readBody(ctx, limit, &vc.in, tn)
 	if err != nil {
 		return err
@@ -262,7 +263,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 		m.Done()
 		return badField("request body", "invalid JSON: "+err.Error())
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, name, version, r.Deadline)
+	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version, r.Deadline)
 	if err != nil {
 		m.Done()
 		return err
@@ -292,9 +293,9 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name, version strin
 	if err == nil {
 		vc.ans = oip.Picked(vc.ans[:0], vc.cuts, vc.pick)
 		if h.allBinary(vc.ans) {
-			writeBinary(ctx, vc, name)
+			writeBinary(ctx, vc, fn)
 		} else {
-			err = writeInferJSON(ctx, h, name, r.Version, vc.ans)
+			err = writeInferJSON(ctx, h, fn, r.Version, vc.ans)
 		}
 	}
 	m.Done()

@@ -383,7 +383,7 @@ func TestParseV2Model(t *testing.T) {
 		if !ok && !tt.ok {
 			continue // the rest is not used
 		}
-		if got, want := []any{name, version, action, ok}, []any{tt.name, tt.version, tt.action, tt.ok}; !reflect.DeepEqual(got, want) {
+		if got, want := []any{name.Borrow(), version.Borrow(), action, ok}, []any{tt.name, tt.version, tt.action, tt.ok}; !reflect.DeepEqual(got, want) {
 			t.Errorf("parseV2Model(%q) = %v, want %v", tt.path, got, want)
 		}
 	}

@@ -213,7 +213,7 @@ func TestV2ErrorShape(t *testing.T) {
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	tab, tok := benchTokens(t) // invoke, on "bench" only
 	open := testkit.Serve(t, e, httpapi.Options{})
-	authed := testkit.Serve(t, e, httpapi.Options{Tokens: tab})
+	authed := testkit.ServeTokens(t, e, tab, httpapi.Options{})
 	bearer := map[string]string{"Authorization": "Bearer " + tok}
 	infer := `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`
 

@@ -48,8 +48,50 @@ func nonFinite(data []any) (k int, v float64, ok bool) {
 // inputs) the result is bin itself, and the engine reads the inputs where
 // they arrived (as invoke's body). Otherwise they are laid out in buf.
 func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]byte, []byte, error) {
-	// Linear search below a few inputs, as requests have; a map above, so
-	// that a header of many inputs costs no quadratic time.
+	byName, err := inputsByName(got)
+	if err != nil {
+		return nil, buf, err
+	}
+	off := binOffsets(got, bin)
+	l := layout{bin: bin, buf: buf, inPlace: true}
+	var used uint32 // by index, without byName
+	for _, d := range decl {
+		i := takeInput(got, byName, &used, d.Name)
+		if i < 0 {
+			return nil, l.buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
+		}
+		if err := l.add(&got[i], d); err != nil {
+			return nil, l.buf, err
+		}
+	}
+	for n := range byName {
+		return nil, l.buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
+	}
+	for k := range got {
+		if byName == nil && used&(1<<k) == 0 {
+			return nil, l.buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, oip.Names(decl))
+		}
+	}
+	if l.short != nil {
+		return nil, l.buf, fmt.Errorf("input %q: binary_data_size %d: the body's binary data ends before it (%d bytes, the binary inputs in the order the request lists them)", l.short.name, l.short.binSize, len(bin))
+	}
+	if off != int64(len(bin)) {
+		return nil, l.buf, fmt.Errorf("%d bytes of binary data after the last input", int64(len(bin))-off)
+	}
+	if l.inPlace {
+		if l.laid == 0 {
+			return []byte{}, l.buf, nil
+		}
+		return bin[:l.laid], l.buf, nil
+	}
+	return l.buf, l.buf, nil
+}
+
+// inputsByName refuses a request that names an input twice, and for one
+// of many inputs returns them by name (nil: few, found by a linear search,
+// as requests have; a map above, so that a header of many inputs costs no
+// quadratic time).
+func inputsByName(got []inferTensor) (map[string]int, error) {
 	var byName map[string]int
 	if len(got) > 16 {
 		byName = make(map[string]int, len(got))
@@ -65,13 +107,18 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 			}
 		}
 		if dup {
-			return nil, buf, fmt.Errorf("input %q is given twice", got[i].name)
+			return nil, fmt.Errorf("input %q is given twice", got[i].name)
 		}
 	}
-	// Offsets in request order. A size that cannot be right (no integer,
-	// negative) takes no room: its input fails its own check below. The
-	// running offset stops past the end of bin, so that sums cannot
-	// overflow; an input placed there fails the bounds check.
+	return byName, nil
+}
+
+// binOffsets sets each input's offset in bin, in request order, and
+// returns where the last ends. A size that cannot be right (no integer,
+// negative) takes no room: its input fails its own check. The running
+// offset stops past the end of bin, so that sums cannot overflow; an input
+// placed there fails the bounds check.
+func binOffsets(got []inferTensor, bin []byte) int64 {
 	end := int64(len(bin)) + 1
 	off := int64(0)
 	for i := range got {
@@ -81,91 +128,89 @@ func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]
 			off = min(off+min(t.binSize, end), end)
 		}
 	}
-	var used uint32                 // by index, without byName
-	inPlace, laid := true, int64(0) // bin is the layout so far: its first laid bytes
-	var short *inferTensor          // the first binary input past the end of bin
-	for _, d := range decl {
-		i := -1
-		if byName != nil {
-			if k, ok := byName[d.Name]; ok {
-				i = k
-				delete(byName, d.Name)
-			}
-		} else {
-			for k := range got {
-				if used&(1<<k) == 0 && got[k].name == d.Name {
-					i = k
-					used |= 1 << k
-					break
-				}
-			}
+	return off
+}
+
+// takeInput is the index in got of the input named name, taken from
+// byName (or, without it, marked in used), or -1.
+func takeInput(got []inferTensor, byName map[string]int, used *uint32, name string) int {
+	if byName != nil {
+		k, ok := byName[name]
+		if !ok {
+			return -1
 		}
-		if i < 0 {
-			return nil, buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
-		}
-		t := &got[i]
-		size, err := oip.CheckInput(t.datatype, t.shape, d)
-		if err != nil {
-			return nil, buf, err
-		}
-		if t.hasBinSize {
-			if t.binSizeBad || t.binSize != size {
-				var n any = t.binSize
-				if t.binSizeText != "" {
-					n = t.binSizeText
-				}
-				return nil, buf, fmt.Errorf("input %q: binary_data_size %v: want %d bytes (shape %v of %s), with that many left in the body", d.Name, n, size, t.shape, d.Datatype)
-			}
-			if size > int64(len(bin))-t.binOff {
-				// Reported once every input's own size is checked: an
-				// input listed before it may be the one that is wrong.
-				if short == nil {
-					short = t
-				}
-				continue
-			}
-			if inPlace && (t.binOff == laid || size == 0) {
-				laid += size
-				continue
-			}
-			if inPlace {
-				buf = append(buf, bin[:laid]...)
-				inPlace = false
-			}
-			buf = append(buf, bin[t.binOff:t.binOff+size]...)
-			continue
-		}
-		if inPlace {
-			buf = append(buf, bin[:laid]...)
-			inPlace = false
-		}
-		b, err := encodeElements(d.Datatype, t.data, size/abi.DatatypeSize[d.Datatype])
-		if err != nil {
-			return nil, buf, fmt.Errorf("input %q: %v", d.Name, err)
-		}
-		buf = append(buf, b...)
-	}
-	for n := range byName {
-		return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
+		delete(byName, name)
+		return k
 	}
 	for k := range got {
-		if byName == nil && used&(1<<k) == 0 {
-			return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, oip.Names(decl))
+		if *used&(1<<k) == 0 && got[k].name == name {
+			*used |= 1 << k
+			return k
 		}
 	}
-	if short != nil {
-		return nil, buf, fmt.Errorf("input %q: binary_data_size %d: the body's binary data ends before it (%d bytes, the binary inputs in the order the request lists them)", short.name, short.binSize, len(bin))
+	return -1
+}
+
+// layout is the inputs laid out so far in declared order: while inPlace,
+// bin's first laid bytes; after, buf.
+type layout struct {
+	bin, buf []byte
+	inPlace  bool
+	laid     int64
+	short    *inferTensor // the first binary input past the end of bin
+}
+
+// add lays out input t, declared as d, after those before it.
+func (l *layout) add(t *inferTensor, d abi.Tensor) error {
+	size, err := oip.CheckInput(t.datatype, t.shape, d)
+	if err != nil {
+		return err
 	}
-	if off != int64(len(bin)) {
-		return nil, buf, fmt.Errorf("%d bytes of binary data after the last input", int64(len(bin))-off)
+	if t.hasBinSize {
+		return l.addBinary(t, d, size)
 	}
-	if inPlace {
-		if laid == 0 {
-			return []byte{}, buf, nil
+	l.leave()
+	b, err := encodeElements(d.Datatype, t.data, size/abi.DatatypeSize[d.Datatype])
+	if err != nil {
+		return fmt.Errorf("input %q: %v", d.Name, err)
+	}
+	l.buf = append(l.buf, b...)
+	return nil
+}
+
+// addBinary lays out binary input t of size bytes: in place while each
+// starts where the one declared before it ends.
+func (l *layout) addBinary(t *inferTensor, d abi.Tensor, size int64) error {
+	if t.binSizeBad || t.binSize != size {
+		var n any = t.binSize
+		if t.binSizeText != "" {
+			n = t.binSizeText
 		}
-		return bin[:laid], buf, nil
+		return fmt.Errorf("input %q: binary_data_size %v: want %d bytes (shape %v of %s), with that many left in the body", d.Name, n, size, t.shape, d.Datatype)
 	}
-	return buf, buf, nil
+	if size > int64(len(l.bin))-t.binOff {
+		// Reported once every input's own size is checked: an input
+		// listed before it may be the one that is wrong.
+		if l.short == nil {
+			l.short = t
+		}
+		return nil
+	}
+	if l.inPlace && (t.binOff == l.laid || size == 0) {
+		l.laid += size
+		return nil
+	}
+	l.leave()
+	l.buf = append(l.buf, l.bin[t.binOff:t.binOff+size]...)
+	return nil
+}
+
+// leave ends the layout in place: what was laid in bin is copied to buf.
+func (l *layout) leave() {
+	if l.inPlace {
+		l.buf = append(l.buf, l.bin[:l.laid]...)
+		l.inPlace = false
+	}
 }
 
 // encodeElements turns JSON data (flat or nested arrays) into n elements of

@@ -4,7 +4,7 @@
 // parallel on the same input; each step runs through the engine's own
 // request path (admission, the device scheduler, batching, deadlines) as
 // any request does, and its output becomes the next step's input without
-// leaving the server. Package graph, below this one, checks definitions
+// leaving the server. Package pipedef, below this one, checks definitions
 // at deploy.
 package pipeline
 
@@ -32,8 +32,8 @@ import (
 
 // Engine is what pipelines need of the engine (engine.Engine).
 type Engine interface {
-	// Pin and PinVersion read the store within deadline (zero: the
-	// engine's request timeout) when the name is new to the node.
+	// Pin and PinVersion read the store within deadline (the request's;
+	// zero: the engine's request timeout) when the name is new to the node.
 	Pin(ctx context.Context, name string, deadline time.Time) (engine.Pin, error)
 	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (engine.Pin, error)
 	Land(name string) call.Landing
@@ -41,9 +41,6 @@ type Engine interface {
 	Refused(name string)
 	Names() []string
 	Health() (bool, []api.DeviceHealth)
-	// Timeout is a request's deadline from its start when it brings none:
-	// a pipeline's one deadline covers all its steps.
-	Timeout() time.Duration
 }
 
 // Runner runs functions and pipelines; it is safe for concurrent use.
@@ -62,13 +59,11 @@ func New(e Engine, reg prometheus.Registerer) *Runner {
 }
 
 // Invoke runs name on req: a function's chain, or a pipeline's steps.
+// req's deadline (the front door's: frontdoor.Door.Begin) bounds the
+// name's store reads too.
 func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now() // before the name is resolved, which may read the store
-	deadline := req.Deadline
-	if deadline.IsZero() { // the one the run will have: its reads share it
-		deadline = t0.Add(r.e.Timeout())
-	}
-	p, err := r.Pin(ctx, name, deadline)
+	p, err := r.Pin(ctx, name, req.Deadline)
 	if err != nil {
 		return err
 	}
@@ -172,8 +167,8 @@ type stage struct {
 
 // Pin resolves name, and if it is a pipeline every function of its steps
 // (their current versions, or those the steps pin). Every successful Pin
-// must be released. Store reads end at deadline (the request's; zero: the
-// engine's request timeout).
+// must be released. Store reads end at deadline (the request's, which the
+// front door sets; zero: each read's own, the engine's request timeout).
 func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin, error) {
 	top, err := r.e.Pin(ctx, name, deadline)
 	if err != nil {
@@ -183,10 +178,7 @@ func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin,
 	if steps == nil {
 		return Pin{r: r, top: top}, nil
 	}
-	if deadline.IsZero() { // one bound for the steps' reads
-		deadline = time.Now().Add(r.e.Timeout())
-	}
-	pl := &plan{name: top.Name()} // name may be the request's borrowed bytes
+	pl := &plan{name: top.Name()}
 	for i, s := range steps {
 		st, err := r.expand(ctx, deadline, pl, i, "", s, []string{name})
 		if err != nil {
@@ -335,9 +327,10 @@ func lastOutputs(stages []stage) ([]abi.Tensor, bool) {
 // Invoke runs the pinned function or pipeline on req. For a pipeline,
 // req.Timing sums its steps' parts (Total is the whole request), req.Start
 // is the coldest step's start, req.Version the pipeline's version and
-// req.Steps each step's own; one deadline (req's, or the engine's timeout
-// from now) covers every step, and a request whose client left (req.Gone)
-// stops before its next step.
+// req.Steps each step's own; one deadline (req's, which the front door
+// sets; zero: none of the pipeline's own, each step the engine's timeout)
+// covers every step, and a request whose client left (req.Gone) stops
+// before its next step.
 func (p Pin) Invoke(ctx context.Context, req *call.Request) error {
 	return p.invoke(ctx, req, time.Now())
 }
@@ -351,9 +344,6 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 		return &errdefs.Error{Kind: errdefs.KindBadRequest, Msg: fmt.Sprintf("%s is a pipeline: its steps run their own manifests' chains, so a request may not override chain, out_bytes or tmp_bytes", p.plan.name)}
 	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
-	if x.deadline.IsZero() {
-		x.deadline = t0.Add(p.r.e.Timeout())
-	}
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
 	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps)
 	req.Output = out
@@ -380,7 +370,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 type run struct {
 	r        *Runner
 	pl       *plan
-	deadline time.Time
+	deadline time.Time // zero: none of the walk's own (each step's engine timeout)
 	gone     func() bool
 	t0       time.Time
 	// ran is set once a step has run: a client is asked whether it left
@@ -436,7 +426,7 @@ func (x *run) before(st *stage) error {
 	if x.gone != nil && x.ran.Load() && x.gone() {
 		return &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)}
 	}
-	if now := time.Now(); !now.Before(x.deadline) {
+	if now := time.Now(); !x.deadline.IsZero() && !now.Before(x.deadline) {
 		return &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed before step %d (%s), %v after it started", x.pl.name, st.index, st.label, now.Sub(x.t0).Round(time.Microsecond))}
 	}
 	return nil

@@ -6,7 +6,6 @@ package reqmetrics
 
 import (
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -76,32 +75,35 @@ func (m *Metrics) known(name string) bool {
 	return m.byFn[name] != nil
 }
 
-func (m *Metrics) function(name string) *fnMetrics {
+// function is name's series; a name not met before is kept (a copy),
+// unless it shares one of the labels that are no function's own.
+func (m *Metrics) function(name call.Name) *fnMetrics {
+	fn := name.Borrow() // for the lookups
 	m.mu.RLock()
-	fm := m.byFn[name]
+	fm := m.byFn[fn]
 	m.mu.RUnlock()
 	if fm != nil {
 		return fm
 	}
-	if name != unknown && !abi.ValidName(name) {
+	if fn != unknown && !abi.ValidName(fn) {
 		// No function has such a name, and a label that is not UTF-8
 		// fails every scrape: whatever a client sent shares one series.
-		return m.function(unknown)
+		return m.function(call.NameOf(unknown))
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if fm = m.byFn[name]; fm != nil {
+	if fm = m.byFn[fn]; fm != nil {
 		return fm
 	}
-	if len(m.byFn) >= m.limit && name != unknown {
+	if len(m.byFn) >= m.limit && fn != unknown {
 		// Names past the limit share one series and one entry: a name
 		// is not kept once its series is no longer its own.
 		if fm = m.byFn[other]; fm != nil {
 			return fm
 		}
-		name = other
+		name = call.NameOf(other)
 	}
-	label := strings.Clone(name) // name may be the request's borrowed bytes
+	label := name.Keep()
 	fm = &fnMetrics{codes: map[int]prometheus.Counter{}, name: label, copied: m.copied.WithLabelValues(label)}
 	for i, p := range phaseNames {
 		fm.phases[i] = m.duration.WithLabelValues(label, p)
@@ -132,12 +134,12 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // and those answered 503 (the store unreachable: the name may be anything)
 // for names the metrics have not met yet: a name takes one of the limited
 // labels only once a function of that name has answered.
-func (m *Metrics) Record(name string, code int, kind errdefs.Kind, r *call.Request) {
+func (m *Metrics) Record(name call.Name, code int, kind errdefs.Kind, r *call.Request) {
 	t := &r.Timing
 	if code == 404 && kind == errdefs.KindNotFound {
-		name = unknown
-	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable) && !m.known(name) {
-		name = unknown
+		name = call.NameOf(unknown)
+	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable) && !m.known(name.Borrow()) {
+		name = call.NameOf(unknown)
 	}
 	fm := m.function(name)
 	m.count(fm, code)

@@ -3,7 +3,6 @@ package reqmetrics
 import (
 	"strconv"
 	"testing"
-	"unsafe"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
@@ -33,7 +32,7 @@ func TestLabels(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		m := New(reg)
 		buf := []byte(tc.name)
-		m.Record(unsafe.String(&buf[0], len(buf)), tc.code, tc.kind, &call.Request{}) // borrowed, as the HTTP path's
+		m.Record(call.BorrowName(buf), tc.code, tc.kind, &call.Request{}) // borrowed, as the HTTP path's
 		for i := range buf {
 			buf[i] = 0xff // the request's buffer, reused
 		}
@@ -54,7 +53,7 @@ func TestOtherKeepsNoNames(t *testing.T) {
 	m.limit = 3
 	var r call.Request
 	for i := range 50 {
-		m.Record("fn-"+strconv.Itoa(i), 500, errdefs.KindKernel, &r)
+		m.Record(call.NameOf("fn-"+strconv.Itoa(i)), 500, errdefs.KindKernel, &r)
 	}
 	if n := len(m.byFn); n != 4 {
 		t.Errorf("%d names kept for a limit of 3, want 3 and _other", n)

@@ -134,11 +134,10 @@ func (t *Tracer) Shutdown(ctx context.Context) error {
 
 // Call is one finished request as a transport saw it.
 type Call struct {
-	Transport string // "http" or "grpc"
-	Route     string // the span's name: "POST /v1/functions/{name}/invoke", "inference.GRPCInferenceService/ModelInfer"
-	Function  string
-	Start     time.Time // the transport's start of the request
-	End       time.Time // when its answer was ready
+	Transport string    // "http" or "grpc"
+	Route     string    // the span's name: "POST /v1/functions/{name}/invoke", "inference.GRPCInferenceService/ModelInfer"
+	Function  call.Name // as the client sent it: Record keeps a copy
+	End       time.Time // when its answer was ready; its start is Req.Began
 	Status    int       // the HTTP status of its class (apierr), 200 for success
 	GRPCCode  int       // gRPC: the status code; -1 for HTTP
 	Err       error     // its failure, if any (its message goes in the span)
@@ -154,26 +153,28 @@ type Call struct {
 // pipeline has a span per step with those parts below each.
 func (t *Tracer) Record(h propagation.TextMapCarrier, c *Call) {
 	ctx := t.prop.Extract(context.Background(), h)
-	ctx, span := t.t.Start(ctx, c.Route, trace.WithTimestamp(c.Start), trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := t.t.Start(ctx, c.Route, trace.WithTimestamp(c.Req.Began), trace.WithSpanKind(trace.SpanKindServer))
 	if !span.IsRecording() {
 		return // not sampled: nothing more to make
 	}
 	// The rest off the request's path: its answer is not held for its
-	// spans. The request (pooled by the transport) is copied first.
-	// The function's name may borrow the transport's request bytes, and
-	// is whatever the client sent: a string attribute that is not UTF-8
-	// fails the exporter's encoding of the whole batch it is in.
+	// spans. The request (pooled by the transport) is copied first, and
+	// the function's name, whatever the client sent: a string attribute
+	// that is not UTF-8 fails the exporter's encoding of the whole batch
+	// it is in.
 	cc, r := *c, *c.Req
-	cc.Function = strings.Clone(strings.ToValidUTF8(c.Function, "\uFFFD"))
+	fn := strings.ToValidUTF8(c.Function.Keep(), "\uFFFD")
+	cc.Function = call.Name{}
 	r.Input, r.Output, r.Gone, r.Steps = nil, nil, nil, slices.Clone(r.Steps)
 	cc.Req = &r
-	go t.spans(ctx, span, &cc)
+	go t.spans(ctx, span, &cc, fn)
 }
 
-// spans completes a sampled request's span and makes its parts.
-func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call) {
+// spans completes a sampled request's span, of function fn, and makes its
+// parts.
+func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call, fn string) {
 	r := c.Req
-	span.SetAttributes(attribute.String("plover.function", c.Function), attribute.String("plover.transport", c.Transport))
+	span.SetAttributes(attribute.String("plover.function", fn), attribute.String("plover.transport", c.Transport))
 	if r.Version != "" {
 		span.SetAttributes(attribute.String("plover.version", r.Version), attribute.String("plover.start", r.Start.String()))
 	}

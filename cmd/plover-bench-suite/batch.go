@@ -84,11 +84,32 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 			return err
 		}
 	}
+	if err := br.closed(ctx, o, srv.url, loads); err != nil {
+		return err
+	}
+	if err := br.open(ctx, o, srv.url, loads); err != nil {
+		return err
+	}
+	if err := srv.stop(); err != nil {
+		logf("stopping the server: %v", err)
+	}
+	if err := br.direct(o, &batched); err != nil {
+		return err
+	}
+	res.LoadAfterRuns = loadAvg()
+	return writeBatch(o, res, br)
+}
+
+// closed measures loads (unbatched, then batched) in a closed loop of
+// o.batchClients clients, alternating, two rounds; the unbatched
+// function's median throughput is the capacity the open loops scale.
+func (br *batchRun) closed(ctx context.Context, o *options, url string, loads []*workload) error {
+	plain, batched := loads[0], loads[1]
 	for round := 0; round < 2; round++ {
 		for _, w := range loads {
 			logf("%s: closed loop, %d clients, %v (round %d)", w.Name, o.batchClients, o.batchTime, round+1)
-			before := batchSizes(srv.url, batched.Name)
-			r, err := bench.Run(ctx, bench.Config{Server: srv.url, Function: w.Name, Input: w.Input, Concurrency: o.batchClients,
+			before := batchSizes(url, batched.Name)
+			r, err := bench.Run(ctx, bench.Config{Server: url, Function: w.Name, Input: w.Input, Concurrency: o.batchClients,
 				Duration: o.batchTime, Requests: 100_000_000, Timeout: time.Minute})
 			if err != nil {
 				return err
@@ -97,8 +118,8 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 			for _, e := range r.Errors {
 				rd.Errors += e.Count
 			}
-			if w == &batched {
-				rd.MeanBatch = batchSizes(srv.url, batched.Name).since(before)
+			if w == batched {
+				rd.MeanBatch = batchSizes(url, batched.Name).since(before)
 			}
 			br.Closed = append(br.Closed, rd)
 		}
@@ -110,6 +131,13 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 		}
 	}
 	br.Capacity = median(caps)
+	return nil
+}
+
+// open measures loads' latency against offered load: the same rates,
+// fractions of the capacity, for both.
+func (br *batchRun) open(ctx context.Context, o *options, url string, loads []*workload) error {
+	plain, batched := loads[0], loads[1]
 	fractions, err := parseFractions(o.batchFractions)
 	if err != nil {
 		return err
@@ -118,8 +146,8 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 		rate := roundRate(f * br.Capacity)
 		for _, w := range loads {
 			logf("%s: open loop at %g req/s for %v", w.Name, rate, o.sweepTime)
-			before := batchSizes(srv.url, batched.Name)
-			p, err := openLoop(ctx, srv.url, w, rate, o.sweepTime)
+			before := batchSizes(url, batched.Name)
+			p, err := openLoop(ctx, url, w, rate, o.sweepTime)
 			if err != nil {
 				return err
 			}
@@ -127,14 +155,16 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 				br.Plain = append(br.Plain, p)
 			} else {
 				br.Batched = append(br.Batched, p)
-				br.Sizes = append(br.Sizes, batchSizes(srv.url, batched.Name).since(before))
+				br.Sizes = append(br.Sizes, batchSizes(url, batched.Name).since(before))
 			}
 		}
 	}
-	if err := srv.stop(); err != nil {
-		logf("stopping the server: %v", err)
-	}
-	// The same batched chain in process, for the HTTP path's share of it.
+	return nil
+}
+
+// direct runs the same batched chain in process, for the HTTP path's
+// share of it.
+func (br *batchRun) direct(o *options, batched *workload) error {
 	devs, err := device.Open(o.device, 0, nil)
 	if err != nil {
 		return fmt.Errorf("direct calls: %w", err)
@@ -153,8 +183,7 @@ func runBatch(ctx context.Context, o *options, res *results) error {
 		runMs := median(mapSlice(d.Repeats, func(r directRepeat) float64 { return r.RunMs }))
 		br.Direct = append(br.Direct, directBatch{Items: k, RunMs: runMs, ItemsPer: float64(k) / runMs * 1000})
 	}
-	res.LoadAfterRuns = loadAvg()
-	return writeBatch(o, res, br)
+	return nil
 }
 
 // sizeCount is plover_batch_size's sum and count at one moment.

@@ -83,10 +83,42 @@ func burstOne(ctx context.Context, o *options, plover, src string, in []byte) (*
 		return nil, err
 	}
 	defer removeAll(data)
-	name := func(i int) string { return fmt.Sprintf("cnn-%04d", i) }
+	packs, err := burstPacks(data, src)
+	if err != nil {
+		return nil, err
+	}
+	br := &burstRun{Plover: plover}
+	c := &http.Client{Timeout: time.Minute}
+	if err := br.fillCache(o, c, data, packs, in); err != nil {
+		return nil, err
+	}
+
+	srv, err := startServer(plover, data, o.device, o.isolation)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop()
+	time.Sleep(time.Second) // the standby pool at rest, as on a node between bursts
+	if err := br.coldStarts(c, srv.url, in); err != nil {
+		return nil, err
+	}
+	if err := br.many(c, srv.url, packs); err != nil {
+		return nil, err
+	}
+	return br, nil
+}
+
+// burstName is the burst's function i.
+func burstName(i int) string { return fmt.Sprintf("cnn-%04d", i) }
+
+// burstUsed is how many of the functions the cold starts run.
+const burstUsed = burstSeq + burstWide*burstRounds
+
+// burstPacks are the burst's burstMany bundles: src renamed, packed.
+func burstPacks(data, src string) ([][]byte, error) {
 	packs := make([][]byte, burstMany)
 	for i := range packs {
-		dir, err := renamedBundle(data, fairBundle{name(i), src, map[string]any{}})
+		dir, err := renamedBundle(data, fairBundle{burstName(i), src, map[string]any{}})
 		if err != nil {
 			return nil, err
 		}
@@ -95,40 +127,39 @@ func burstOne(ctx context.Context, o *options, plover, src string, in []byte) (*
 		}
 		os.RemoveAll(dir)
 	}
-	used := burstSeq + burstWide*burstRounds
-	br := &burstRun{Plover: plover}
+	return packs, nil
+}
 
-	logf("deploying %d functions and loading each once (to fill the node cache)", used)
-	srv, err := startServer(plover, data, o.device, o.isolation)
+// fillCache deploys the functions the cold starts run and loads each once,
+// on a server of its own, to fill the node cache.
+func (br *burstRun) fillCache(o *options, c *http.Client, data string, packs [][]byte, in []byte) error {
+	logf("deploying %d functions and loading each once (to fill the node cache)", burstUsed)
+	srv, err := startServer(br.Plover, data, o.device, o.isolation)
 	if err != nil {
-		return nil, err
-	}
-	c := &http.Client{Timeout: time.Minute}
-	for i := 0; i < used; i++ {
-		d, err := deploy(c, srv.url, name(i), packs[i])
-		if err != nil {
-			srv.stop()
-			return nil, err
-		}
-		br.Deploys = append(br.Deploys, d)
-		if _, _, err := invoke(c, srv.url, name(i), in); err != nil {
-			srv.stop()
-			return nil, err
-		}
-	}
-	srv.stop()
-
-	srv, err = startServer(plover, data, o.device, o.isolation)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	defer srv.stop()
-	time.Sleep(time.Second) // the standby pool at rest, as on a node between bursts
+	for i := 0; i < burstUsed; i++ {
+		d, err := deploy(c, srv.url, burstName(i), packs[i])
+		if err != nil {
+			return err
+		}
+		br.Deploys = append(br.Deploys, d)
+		if _, _, err := invoke(c, srv.url, burstName(i), in); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// coldStarts are burstSeq cold starts in turn from one client, then
+// burstRounds rounds of burstWide at once.
+func (br *burstRun) coldStarts(c *http.Client, url string, in []byte) error {
 	logf("cold starts of %d functions in turn, one client", burstSeq)
 	for i := 0; i < burstSeq; i++ {
-		d, h, err := invoke(c, srv.url, name(i), in)
+		d, h, err := invoke(c, url, burstName(i), in)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		br.Sequence = append(br.Sequence, d)
 		var st bench.ServerTiming
@@ -145,33 +176,39 @@ func burstOne(ctx context.Context, o *options, plover, src string, in []byte) (*
 	for r := 0; r < burstRounds; r++ {
 		time.Sleep(time.Second) // between bursts
 		logf("%d cold starts at once, round %d", burstWide, r+1)
-		lat, errs := wide(srv.url, in, func(k int) string { return name(burstSeq + r*burstWide + k) })
+		lat, errs := wide(url, in, func(k int) string { return burstName(burstSeq + r*burstWide + k) })
 		br.Wide = append(br.Wide, lat)
 		logf("  latencies ms, sorted: %s", sortedMs(lat))
 		br.WideErrors += errs
 	}
+	return nil
+}
+
+// many deploys the rest of the burstMany functions and times the listing
+// and the metrics with them all, and counts the workers and their memory.
+func (br *burstRun) many(c *http.Client, url string, packs [][]byte) error {
 	logf("deploying up to %d functions", burstMany)
-	for i := used; i < burstMany; i++ {
-		d, err := deploy(c, srv.url, name(i), packs[i])
+	for i := burstUsed; i < burstMany; i++ {
+		d, err := deploy(c, url, burstName(i), packs[i])
 		if err != nil {
-			return nil, err
+			return err
 		}
 		br.Deploys = append(br.Deploys, d)
 	}
 	for range 20 {
-		d, n, err := get(c, srv.url+"/v1/functions")
+		d, n, err := get(c, url+"/v1/functions")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		br.List, br.ListBytes = append(br.List, d), n
-		if d, n, err = get(c, srv.url+"/metrics"); err != nil {
-			return nil, err
+		if d, n, err = get(c, url+"/metrics"); err != nil {
+			return err
 		}
 		br.Metrics, br.MetricsBytes = append(br.Metrics, d), n
 	}
 	var list struct{ Functions []api.FunctionInfo }
-	if err := getJSON(c, srv.url+"/v1/functions", &list); err != nil {
-		return nil, err
+	if err := getJSON(c, url+"/v1/functions", &list); err != nil {
+		return err
 	}
 	for _, fi := range list.Functions {
 		for _, w := range fi.Workers {
@@ -181,7 +218,7 @@ func burstOne(ctx context.Context, o *options, plover, src string, in []byte) (*
 			}
 		}
 	}
-	return br, nil
+	return nil
 }
 
 // invoke sends one request and returns its latency (ms) and headers.

@@ -132,6 +132,22 @@ func runDatapath(ctx context.Context, o *options, res *results) error {
 		t.before, t.counts = copiedTotal(t.url)
 	}
 	logf("datapath: vecadd 4 MB in and out against an echo floor spinning %s, %d rounds", burn, dpRounds)
+	if err := dpMeasure(ctx, targets, w); err != nil {
+		return err
+	}
+	for _, t := range targets[:len(bins)] {
+		t.Copied = -1
+		if c, ok := copiedTotal(t.url); ok && t.counts && t.served > 0 {
+			t.Copied = (c - t.before) / float64(t.served)
+		}
+	}
+	res.LoadAfterRuns = loadAvg()
+	return writeSection(o, "datapath-"+o.device, renderDatapath(o, res, targets, kernels), targets)
+}
+
+// dpMeasure runs dpRounds rounds, each target in turn: dpRequests
+// requests from one client, then dpBlockTime of dpClients clients.
+func dpMeasure(ctx context.Context, targets []*dpTarget, w *workload) error {
 	for round := 0; round < dpRounds && ctx.Err() == nil; round++ {
 		for _, t := range targets {
 			var lat []float64
@@ -153,13 +169,12 @@ func runDatapath(ctx context.Context, o *options, res *results) error {
 			t.served += r.OK
 		}
 	}
-	for _, t := range targets[:len(bins)] {
-		t.Copied = -1
-		if c, ok := copiedTotal(t.url); ok && t.counts && t.served > 0 {
-			t.Copied = (c - t.before) / float64(t.served)
-		}
-	}
-	res.LoadAfterRuns = loadAvg()
+	return nil
+}
+
+// renderDatapath is the data path's section: each target against the
+// echo floor (the last), and the issue's targets met or missed.
+func renderDatapath(o *options, res *results, targets []*dpTarget, kernels float64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The data path: vecadd 4 MB against an echo floor (%s device)\n\n", o.device)
 	fmt.Fprintf(&b, "Command: `%s`. vecadd (`samples/vecadd`), 4,000,000 bytes in and out, --isolation %s, against an echo floor: a fasthttp server in its own process that reads the same body, spins for vecadd's kernel time (the server's own `kernels` p50, %s) and answers the bytes it read. %d rounds, each server in turn: %d requests from one client (p50, p99), then %s of %d clients (throughput).\n\n",
@@ -179,7 +194,7 @@ func runDatapath(ctx context.Context, o *options, res *results) error {
 	fmt.Fprintf(&b, "\n- Targets (issue \"The data path\"): p50 ≤ 1.3× the floor: %s (%s); 4-client throughput ≥ 0.8× the floor: %s (%s); payload copied 0 per request on the default path: %s per request, all of it the first 8 KiB of each body, which fasthttp reads with the headers before any handler runs and copies once into the slot.\n\n",
 		ratio(median(p.Client), median(fl.Client)), metOrMissed(median(p.Client) <= 1.3*median(fl.Client)),
 		ratio(median(p.Thru), median(fl.Thru)), metOrMissed(median(p.Thru) >= 0.8*median(fl.Thru)), fmt.Sprintf("%.0f B", p.Copied))
-	return writeSection(o, "datapath-"+o.device, b.String(), targets)
+	return b.String()
 }
 
 func metOrMissed(ok bool) string {

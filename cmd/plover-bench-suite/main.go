@@ -129,6 +129,45 @@ type results struct {
 
 func run(o *options) error {
 	t0 := time.Now()
+	fractions, err := prepare(o)
+	if err != nil {
+		return err
+	}
+
+	// A ^C must still stop the servers this process started.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	res := &results{Machine: readMachine(), Device: o.device, Isolation: o.isolation, Started: t0.UTC(), Command: strings.Join(os.Args, " "), LoadBefore: loadAvg()}
+	res.Machine.Plover = ploverVersion(o.plover)
+	if mode := otherMode(o); mode != nil {
+		return mode(ctx, o, res)
+	}
+	logf("plover-bench-suite: %s, device %s, %s", res.Machine.CPU, o.device, res.Machine.Plover)
+
+	loads, err := workloads(o, res)
+	if err != nil {
+		return err
+	}
+	if err := measureAllServed(ctx, o, res, loads, fractions); err != nil {
+		return err
+	}
+	if err := measureAllDirect(ctx, o, res); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	res.LoadAfterRuns = loadAvg()
+	res.GoBench, res.GoBenchNo = runGoBench(ctx, o)
+	res.WallS = time.Since(t0).Seconds()
+	return writeResults(o, res)
+}
+
+// prepare fills in the options' defaults and checks them, and returns the
+// sweep's fractions.
+func prepare(o *options) ([]float64, error) {
 	if o.suffix == "" {
 		o.suffix = o.device
 	}
@@ -142,53 +181,51 @@ func run(o *options) error {
 		o.jsonOut = filepath.Join("build", "bench", "results-"+o.device+".json")
 	}
 	if o.trials < 1 || o.hot <= 0 || o.hotRequests < 1 {
-		return errors.New("--trials, --hot and --hot-requests must be positive")
+		return nil, errors.New("--trials, --hot and --hot-requests must be positive")
 	}
 	fractions, err := parseFractions(o.fractions)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	plover, err := filepath.Abs(o.plover)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := os.Stat(plover); err != nil {
-		return fmt.Errorf("--plover: %w (make build)", err)
+		return nil, fmt.Errorf("--plover: %w (make build)", err)
 	}
 	o.plover = plover
+	return fractions, nil
+}
 
-	// A ^C must still stop the servers this process started.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	res := &results{Machine: readMachine(), Device: o.device, Isolation: o.isolation, Started: t0.UTC(), Command: strings.Join(os.Args, " "), LoadBefore: loadAvg()}
-	res.Machine.Plover = ploverVersion(o.plover)
-	if o.fair {
-		return runFair(ctx, o, res)
-	}
-	if o.burst {
-		return runBurst(ctx, o, res)
-	}
-	if o.pipeline {
-		return runPipeline(ctx, o, res)
-	}
-	if o.transports {
-		return runTransports(ctx, o, res)
-	}
-	if o.datapath {
-		return runDatapath(ctx, o, res)
-	}
-	if o.tracing {
-		return runTracing(ctx, o, res)
-	}
-	if o.batch {
+// otherMode is the suite a flag asks for instead of the served and direct
+// latencies (--fair, --burst, ...), or nil.
+func otherMode(o *options) func(context.Context, *options, *results) error {
+	switch {
+	case o.fair:
+		return runFair
+	case o.burst:
+		return runBurst
+	case o.pipeline:
+		return runPipeline
+	case o.transports:
+		return runTransports
+	case o.datapath:
+		return runDatapath
+	case o.tracing:
+		return runTracing
+	case o.batch:
 		if o.batchChart == "" {
 			o.batchChart = "docs/cnn-batch-" + o.device + ".svg"
 		}
-		return runBatch(ctx, o, res)
+		return runBatch
 	}
-	logf("plover-bench-suite: %s, device %s, %s", res.Machine.CPU, o.device, res.Machine.Plover)
+	return nil
+}
 
+// workloads are the --functions to measure, each also in res (a bundle
+// that is not built: skipped, and said why).
+func workloads(o *options, res *results) ([]*workload, error) {
 	var loads []*workload
 	for _, name := range strings.Split(o.functions, ",") {
 		var w *workload
@@ -199,7 +236,7 @@ func run(o *options) error {
 		case "cnn":
 			w, err = cnnWorkload(o.repo, o.samples, o.suffix)
 		default:
-			return fmt.Errorf("--functions: unknown function %q (vecadd, cnn)", name)
+			return nil, fmt.Errorf("--functions: unknown function %q (vecadd, cnn)", name)
 		}
 		fr := &functionResult{Name: w.Name, Title: w.Title, Bundle: w.Dir, InputNote: w.InputNote, InputBytes: len(w.Input), w: w}
 		res.Functions = append(res.Functions, fr)
@@ -216,9 +253,14 @@ func run(o *options) error {
 		loads = append(loads, w)
 	}
 	if len(loads) == 0 {
-		return errors.New("no function to measure")
+		return nil, errors.New("no function to measure")
 	}
+	return loads, nil
+}
 
+// measureAllServed measures every function through a server, and sweeps
+// the offered load on one of them.
+func measureAllServed(ctx context.Context, o *options, res *results, loads []*workload, fractions []float64) error {
 	// The sweep runs on the CNN when there is one: small requests, so the
 	// curve shows the server, not memcpy bandwidth.
 	sweepOn := loads[0]
@@ -245,7 +287,12 @@ func run(o *options) error {
 			res.Sweep = sw
 		}
 	}
+	return nil
+}
 
+// measureAllDirect measures every function called on the device directly,
+// without a server, and checks its output.
+func measureAllDirect(ctx context.Context, o *options, res *results) error {
 	devs, err := device.Open(o.device, 0, nil)
 	if err != nil {
 		return fmt.Errorf("direct calls: %w", err)
@@ -269,14 +316,7 @@ func run(o *options) error {
 	for _, d := range devs {
 		d.Close()
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-
-	res.LoadAfterRuns = loadAvg()
-	res.GoBench, res.GoBenchNo = runGoBench(ctx, o)
-	res.WallS = time.Since(t0).Seconds()
-	return writeResults(o, res)
+	return nil
 }
 
 func parseFractions(s string) ([]float64, error) {

@@ -117,23 +117,45 @@ func renderFunction(b *strings.Builder, f *functionResult) {
 		p("**Note:** %d cold trials were repeated and %d still found the bundle in the node cache (the server's\n", f.ColdRetries, n)
 		p("bundle was already there): their fetch row is a cache hit.\n\n")
 	}
-	d := f.Direct
-	first := func(get func(*directTrial) float64) float64 {
-		return median(mapSlice(d.Trials, func(t directTrial) float64 { return get(&t) }))
-	}
-	rep := func(get func(*directRepeat) float64) float64 {
-		return median(mapSlice(d.Repeats, func(t directRepeat) float64 { return get(&t) }))
-	}
-	cold := func(get func(*served) float64) float64 { return median(mapSlice(f.Cold, get)) }
-	warm := func(get func(*served) float64) float64 { return median(mapSlice(f.Warm, get)) }
-	hot := func(get func(*served) float64, q float64) float64 { return quantile(mapSlice(f.Hot, get), q) }
-	st := func(i int) func(*served) float64 { return func(s *served) float64 { return s.st(i) } }
+	m := medians{f}
+	renderCompared(b, f, m)
+	renderWhere(b, f, m)
+}
 
-	dFirstRun := func(t *directTrial) float64 { return t.CopyInMs + t.KernelsMs + t.CopyOutMs }
-	dFirstTotal := func(t *directTrial) float64 { return t.OpenMs + t.ConstMs + t.InstanceMs + t.RunMs }
-	dRepRun := func(t *directRepeat) float64 { return t.CopyInMs + t.KernelsMs + t.CopyOutMs }
+// medians are a function's results, each part's median (or a quantile of
+// its hot requests).
+type medians struct{ f *functionResult }
 
-	// The comparison with PyPlover, row for row.
+// first is the direct calls' first-call median of get.
+func (m medians) first(get func(*directTrial) float64) float64 {
+	return median(mapSlice(m.f.Direct.Trials, func(t directTrial) float64 { return get(&t) }))
+}
+
+// rep is the direct calls' repeats' median of get.
+func (m medians) rep(get func(*directRepeat) float64) float64 {
+	return median(mapSlice(m.f.Direct.Repeats, func(t directRepeat) float64 { return get(&t) }))
+}
+
+func (m medians) cold(get func(*served) float64) float64 { return median(mapSlice(m.f.Cold, get)) }
+func (m medians) warm(get func(*served) float64) float64 { return median(mapSlice(m.f.Warm, get)) }
+func (m medians) hot(get func(*served) float64, q float64) float64 {
+	return quantile(mapSlice(m.f.Hot, get), q)
+}
+
+// servedStep is a served request's Server-Timing part i.
+func servedStep(i int) func(*served) float64 { return func(s *served) float64 { return s.st(i) } }
+
+func clientMs(s *served) float64 { return s.ClientMs }
+
+// A direct call's run (copy in, kernels, copy out) and total, first and
+// repeated.
+func dFirstRun(t *directTrial) float64   { return t.CopyInMs + t.KernelsMs + t.CopyOutMs }
+func dFirstTotal(t *directTrial) float64 { return t.OpenMs + t.ConstMs + t.InstanceMs + t.RunMs }
+func dRepRun(t *directRepeat) float64    { return t.CopyInMs + t.KernelsMs + t.CopyOutMs }
+
+// renderCompared is the comparison with PyPlover, row for row.
+func renderCompared(b *strings.Builder, f *functionResult, m medians) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	ref := f.w.ref
 	pyCol := func(col string, row int) string {
 		for i, c := range ref.Columns {
@@ -150,38 +172,42 @@ func renderFunction(b *strings.Builder, f *functionResult) {
 		dfirst, drep    float64
 	}{
 		{"load kernel (dlopen + symbols)", (*served).loadKernel, (*served).loadKernel, zero,
-			first(func(t *directTrial) float64 { return t.OpenMs }), 0},
+			m.first(func(t *directTrial) float64 { return t.OpenMs }), 0},
 		{"load constants ¹", (*served).constsInstance, (*served).constsInstance, zero,
-			first(func(t *directTrial) float64 { return t.ConstMs + t.InstanceMs }), 0},
+			m.first(func(t *directTrial) float64 { return t.ConstMs + t.InstanceMs }), 0},
 		{"run (copy in + kernels + copy out)", (*served).run, (*served).run, (*served).run,
-			first(dFirstRun), rep(dRepRun)},
+			m.first(dFirstRun), m.rep(dRepRun)},
 		{"platform overhead ²", (*served).platform, (*served).platform, (*served).platform,
-			first(func(t *directTrial) float64 { return t.RunMs - dFirstRun(t) }),
-			rep(func(t *directRepeat) float64 { return t.RunMs - dRepRun(t) })},
+			m.first(func(t *directTrial) float64 { return t.RunMs - dFirstRun(t) }),
+			m.rep(func(t *directRepeat) float64 { return t.RunMs - dRepRun(t) })},
 		{"**total**", func(s *served) float64 { return s.ClientMs }, func(s *served) float64 { return s.ClientMs },
-			func(s *served) float64 { return s.ClientMs }, first(dFirstTotal), rep(func(t *directRepeat) float64 { return t.RunMs })},
+			func(s *served) float64 { return s.ClientMs }, m.first(dFirstTotal), m.rep(func(t *directRepeat) float64 { return t.RunMs })},
 	}
 	p("Compared with PyPlover (ms):\n\n")
 	p("| | Plover cold | Plover warm | Plover hot | direct, first call | direct, repeat | PyPlover cold | PyPlover warm | PyPlover hot |\n")
 	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i, row := range rows {
 		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", row.name,
-			fmtMs(cold(row.cold)), fmtMs(warm(row.warm)), fmtMs(hot(row.hot, 0.5)), fmtMs(row.dfirst), fmtMs(row.drep),
+			fmtMs(m.cold(row.cold)), fmtMs(m.warm(row.warm)), fmtMs(m.hot(row.hot, 0.5)), fmtMs(row.dfirst), fmtMs(row.drep),
 			pyCol("cold", i), pyCol("warm", i), pyCol("hot", i))
 	}
-	client := func(s *served) float64 { return s.ClientMs }
 	p("| served ÷ direct (total) | %s | %s | %s | | | | | |\n\n",
-		ratio(cold(client), first(dFirstTotal)), ratio(warm(client), first(dFirstTotal)), ratio(hot(client, 0.5), rep(func(t *directRepeat) float64 { return t.RunMs })))
+		ratio(m.cold(clientMs), m.first(dFirstTotal)), ratio(m.warm(clientMs), m.first(dFirstTotal)), ratio(m.hot(clientMs, 0.5), m.rep(func(t *directRepeat) float64 { return t.RunMs })))
 	p("¹ The constants onto the device *and* the first instance's buffers: the server times them as one span\n")
 	p("(what Server-Timing `load` holds beyond fetch and dlopen). Direct, apart: `LoadConstants` %s,\n",
-		fmtMs(first(func(t *directTrial) float64 { return t.ConstMs })))
-	p("`NewInstance` %s. PyPlover's row is the constants alone.\n", fmtMs(first(func(t *directTrial) float64 { return t.InstanceMs })))
+		fmtMs(m.first(func(t *directTrial) float64 { return t.ConstMs })))
+	p("`NewInstance` %s. PyPlover's row is the constants alone.\n", fmtMs(m.first(func(t *directTrial) float64 { return t.InstanceMs })))
 	p("² Everything else in the client's latency: store lookup, fetch + sha256 + unpack (cold), engine, HTTP,\n")
 	p("loopback, client. Direct: the device call's own overhead (`Run`'s wall time less its copy and kernel\n")
 	p("times). PyPlover's cold figure includes starting a container.\n")
 	p("%s.\n\n", ref.Note)
 
-	// Where the time goes.
+}
+
+// renderWhere is where the time goes: each part of the requests, served
+// and direct.
+func renderWhere(b *strings.Builder, f *functionResult, m medians) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("Where the time goes (ms; hot: %d requests, %s):\n\n", len(f.Hot), hotStarts(f))
 	p("| | cold | warm | hot p50 | hot p90 | hot p99 | direct, first call | direct, repeat |\n")
 	p("|---|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -196,33 +222,33 @@ func renderFunction(b *strings.Builder, f *functionResult) {
 		{name: "server process start (not in any request)", get: procStart, hotNA: true, dfirst: "—", drep: "—"},
 		{name: "fetch + verify + unpack (server log)", get: (*served).fetch, hotNA: true, dfirst: "—", drep: "—"},
 		{name: "load kernel: dlopen + symbols (server log)", get: (*served).loadKernel, hotNA: true,
-			dfirst: fmtMs(first(func(t *directTrial) float64 { return t.OpenMs })), drep: "—"},
+			dfirst: fmtMs(m.first(func(t *directTrial) float64 { return t.OpenMs })), drep: "—"},
 		{name: "constants + first instance", get: (*served).constsInstance, hotNA: true,
-			dfirst: fmtMs(first(func(t *directTrial) float64 { return t.ConstMs + t.InstanceMs })) + " (" +
-				fmtMs(first(func(t *directTrial) float64 { return t.ConstMs })) + " + " +
-				fmtMs(first(func(t *directTrial) float64 { return t.InstanceMs })) + ")", drep: "—"},
-		{name: "queue", get: st(bench.Queue), dfirst: "—", drep: "—"},
-		{name: "copy in", get: st(bench.CopyIn), dfirst: fmtMs(first(func(t *directTrial) float64 { return t.CopyInMs })),
-			drep: fmtMs(rep(func(t *directRepeat) float64 { return t.CopyInMs }))},
-		{name: "kernels", get: st(bench.Kernels), dfirst: fmtMs(first(func(t *directTrial) float64 { return t.KernelsMs })),
-			drep: fmtMs(rep(func(t *directRepeat) float64 { return t.KernelsMs }))},
-		{name: "copy out", get: st(bench.CopyOut), dfirst: fmtMs(first(func(t *directTrial) float64 { return t.CopyOutMs })),
-			drep: fmtMs(rep(func(t *directRepeat) float64 { return t.CopyOutMs }))},
+			dfirst: fmtMs(m.first(func(t *directTrial) float64 { return t.ConstMs + t.InstanceMs })) + " (" +
+				fmtMs(m.first(func(t *directTrial) float64 { return t.ConstMs })) + " + " +
+				fmtMs(m.first(func(t *directTrial) float64 { return t.InstanceMs })) + ")", drep: "—"},
+		{name: "queue", get: servedStep(bench.Queue), dfirst: "—", drep: "—"},
+		{name: "copy in", get: servedStep(bench.CopyIn), dfirst: fmtMs(m.first(func(t *directTrial) float64 { return t.CopyInMs })),
+			drep: fmtMs(m.rep(func(t *directRepeat) float64 { return t.CopyInMs }))},
+		{name: "kernels", get: servedStep(bench.Kernels), dfirst: fmtMs(m.first(func(t *directTrial) float64 { return t.KernelsMs })),
+			drep: fmtMs(m.rep(func(t *directRepeat) float64 { return t.KernelsMs }))},
+		{name: "copy out", get: servedStep(bench.CopyOut), dfirst: fmtMs(m.first(func(t *directTrial) float64 { return t.CopyOutMs })),
+			drep: fmtMs(m.rep(func(t *directRepeat) float64 { return t.CopyOutMs }))},
 		{name: "engine: Server-Timing total − load − queue − run ³", get: (*served).engine,
-			dfirst: fmtMs(first(func(t *directTrial) float64 { return t.RunMs - dFirstRun(t) })),
-			drep:   fmtMs(rep(func(t *directRepeat) float64 { return t.RunMs - dRepRun(t) }))},
+			dfirst: fmtMs(m.first(func(t *directTrial) float64 { return t.RunMs - dFirstRun(t) })),
+			drep:   fmtMs(m.rep(func(t *directRepeat) float64 { return t.RunMs - dRepRun(t) }))},
 		{name: "HTTP + loopback + client: client − Server-Timing total", get: (*served).http, dfirst: "—", drep: "—"},
-		{name: "**total (client)**", get: client, dfirst: fmtMs(first(dFirstTotal)), drep: fmtMs(rep(func(t *directRepeat) float64 { return t.RunMs }))},
+		{name: "**total (client)**", get: clientMs, dfirst: fmtMs(m.first(dFirstTotal)), drep: fmtMs(m.rep(func(t *directRepeat) float64 { return t.RunMs }))},
 	}
 	for _, row := range dr {
-		h50, h90, h99 := fmtMs(hot(row.get, 0.5)), fmtMs(hot(row.get, 0.9)), fmtMs(hot(row.get, 0.99))
+		h50, h90, h99 := fmtMs(m.hot(row.get, 0.5)), fmtMs(m.hot(row.get, 0.9)), fmtMs(m.hot(row.get, 0.99))
 		if row.hotNA {
 			h50, h90, h99 = "—", "—", "—"
 			if row.name == dr[0].name {
 				h50 = fmtMs(f.StartupHotMs)
 			}
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.name, fmtMs(cold(row.get)), fmtMs(warm(row.get)), h50, h90, h99, row.dfirst, row.drep)
+		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.name, fmtMs(m.cold(row.get)), fmtMs(m.warm(row.get)), h50, h90, h99, row.dfirst, row.drep)
 	}
 	p("| X-Plover-Start | %s | %s | | | | | |\n\n", startsOf(f.Cold), startsOf(f.Warm))
 	p("³ For the direct columns: `Run`'s wall time less its copy and kernel times (the cgo call, the error check).\n")

@@ -9,14 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/reqmetrics"
 )
 
 // Engine returns an engine over a fresh filesystem store and cache with one
@@ -53,7 +58,29 @@ func Engine(t testing.TB, cfg engine.Config) *engine.Engine {
 // ends and returns its base URL.
 func Serve(t testing.TB, e *engine.Engine, opts httpapi.Options) string {
 	t.Helper()
-	return ServeWith(t, httpapi.New(pipeline.New(e, nil), e.Control(), opts))
+	return ServeTokens(t, e, nil, opts)
+}
+
+// ServeTokens is Serve with tokens authenticating every request but the
+// probes (nil: none); the door's request metrics are on opts.Registry (nil:
+// a registry of the server's own), where /metrics serves them.
+func ServeTokens(t testing.TB, e *engine.Engine, tokens gate.Tokens, opts httpapi.Options) string {
+	t.Helper()
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	return ServeWith(t, httpapi.New(Door(e, tokens, opts.Registry), e.Control(), opts))
+}
+
+// Door is a front door over e as plover serve builds one: e's functions
+// and pipelines, its request timeout, tokens (nil: no authentication) and
+// the request metrics on reg (nil: a registry of the door's own).
+func Door(e *engine.Engine, tokens gate.Tokens, reg *prometheus.Registry) *frontdoor.Door {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	return frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, nil), Gate: gate.New(tokens, reg),
+		Metrics: reqmetrics.New(reg), Timeout: e.Timeout()})
 }
 
 // ServeWith serves an already built server on a free loopback port,
