@@ -292,3 +292,29 @@ func TestJSONBoundTakesWideNumbers(t *testing.T) {
 		t.Fatalf("%d bytes of JSON for %d bytes of FP16: %d %.200s", b.Len(), 2*n, resp.StatusCode, body)
 	}
 }
+
+// A multipart body is not parsed before a handler runs (fasthttp would,
+// for a streamed body, whatever its Content-Length: past the body limit,
+// the budget, authentication and the I/O turns, parts beyond 16 MB to temp
+// files): a 64 MiB multipart upload is refused from its headers, before
+// its client sends it.
+func TestMultipartIsNotReadAhead(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{MaxBodyBytes: 1 << 20}), "http://")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"f\"\r\n\r\n%s", 64<<20, strings.Repeat("m", 16<<10)) // past the 8 KiB read with the headers
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a 64 MiB multipart upload while its body was not sent: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 && resp.StatusCode != 415 {
+		t.Fatalf("%d: %.200s; want 413 or 415 from the headers", resp.StatusCode, body)
+	}
+}

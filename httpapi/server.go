@@ -166,8 +166,12 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		// Bodies are read as they arrive, by the handlers: a client that
 		// announces a large Content-Length and sends nothing holds nothing.
 		StreamRequestBody: true,
-		Logger:            fasthttpLogger{opts.Log},
-		CloseOnShutdown:   true,
+		// fasthttp would parse a streamed multipart body whole before
+		// any handler, whatever its length: past the body limit, the
+		// budget, authentication and the I/O turns.
+		DisablePreParseMultipartForm: true,
+		Logger:                       fasthttpLogger{opts.Log},
+		CloseOnShutdown:              true,
 	}
 	return s
 }
@@ -345,7 +349,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 // request path lends (Land: where the function's worker reads it) when it
 // has one, and the response is then written from the slot where the run
 // left the output: no copy of the payload in the server. The slot is
-// released once the response is written (slotBody.Close), so it never
+// released once the response is written (answerBody.Close), so it never
 // serves another request while this one's answer is still being sent.
 func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange) error {
 	limit, err := s.inputLimit(ctx, name, "", rawBody, c.req.Deadline)

@@ -252,23 +252,23 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	}
 	h := &vc.hdr
 	// Decoding the header and laying the tensors out are the server's CPU
-	// on the function's bytes: metered as one (a clock read costs as much
-	// as a small request's parts), ended on every way out.
+	// on the function's bytes, metered; finding the version between them
+	// is not (it may wait for a store read).
 	m := tn.fl.Meter()
 	ok := h.parse(header)
 	if !ok {
 		err = h.decode(header)
 	}
+	m.Done()
 	if err != nil {
-		m.Done()
 		return badField("request body", "invalid JSON: "+err.Error())
 	}
 	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version, r.Deadline)
 	if err != nil {
-		m.Done()
 		return err
 	}
 	defer pin.Release()
+	m = tn.fl.Meter()
 	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err == nil {
 		r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 		if err != nil {

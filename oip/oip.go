@@ -172,7 +172,7 @@ type Pinner interface {
 // against the version the request names, if any: Plover serves the current
 // one. On success the caller releases the pin; the tensors are the
 // version's, or abi.RawTensors when it declares none. Its store read ends
-// at deadline (the request's; zero: the engine's timeout).
+// at deadline (the request's, set by the door).
 func Pin(ctx context.Context, inv Pinner, name, version string, deadline time.Time) (pipeline.Pin, *abi.Tensors, error) {
 	pin, err := inv.Pin(ctx, name, deadline)
 	if err != nil {
