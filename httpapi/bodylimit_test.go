@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
+	"github.com/plover-run/plover/api"
 	"io"
 	"net"
 	"net/http"
@@ -316,5 +318,64 @@ func TestMultipartIsNotReadAhead(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 413 && resp.StatusCode != 415 {
 		t.Fatalf("%d: %.200s; want 413 or 415 from the headers", resp.StatusCode, body)
+	}
+}
+
+// A JSON invoke's timeout_ms is the client's deadline when no header asked
+// for one, in place of the server's timeout (longer or shorter), and only
+// lowers a header's: each request queues behind a 600 ms run of the
+// function's one instance, under a 300 ms server timeout.
+func TestJSONTimeoutMs(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Timeout: 300 * time.Millisecond})
+	m := testkit.Slow("slow", 600)
+	m.MaxInstances = 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	url := testkit.Serve(t, e, httpapi.Options{})
+	invoke := func(header string, ms int) (int, string) {
+		body := `{"input":"` + base64.StdEncoding.EncodeToString(make([]byte, 8)) + `"`
+		if ms > 0 {
+			body += `,"timeout_ms":` + strconv.Itoa(ms)
+		}
+		req, err := http.NewRequest("POST", url+"/v1/functions/slow/invoke", strings.NewReader(body+"}"))
+		if err != nil {
+			t.Error(err)
+			return 0, ""
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if header != "" {
+			req.Header.Set("X-Plover-Timeout-Ms", header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		name   string
+		header string
+		ms     int
+		want   int
+	}{
+		{"the server's timeout", "", 0, 504},
+		{"timeout_ms past the server's", "", 5000, 200},
+		{"timeout_ms lowers a header's", "5000", 100, 504},
+		{"a header past the server's", "5000", 0, 200},
+		{"timeout_ms does not raise a header's", "100", 5000, 504},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			blocked := make(chan int, 1)
+			go func() { code, _ := invoke("5000", 0); blocked <- code }()
+			testkit.WaitFor(t, e, "slow", "its instance busy", func(fi api.FunctionInfo) bool { return fi.Busy == 1 })
+			if code, body := invoke(c.header, c.ms); code != c.want {
+				t.Errorf("header %q, timeout_ms %d, queued behind a 600 ms run: %d %.200s; want %d", c.header, c.ms, code, body, c.want)
+			}
+			if code := <-blocked; code != 200 {
+				t.Fatalf("the run ahead: %d", code)
+			}
+		})
 	}
 }

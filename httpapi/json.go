@@ -153,7 +153,10 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchang
 	if err != nil {
 		return err
 	}
-	if d := time.Now().Add(timeout); timeout > 0 && d.Before(c.req.Deadline) {
+	// timeout_ms is the client's deadline when its header asked for none
+	// (in place of the server's default, longer or shorter), and lowers
+	// the header's otherwise; counted, as every deadline, from the start.
+	if d := c.req.Began.Add(timeout); timeout > 0 && (len(ctx.Request.Header.PeekBytes(hdrTimeout)) == 0 || d.Before(c.req.Deadline)) {
 		c.req.Deadline = d
 	}
 	c.req.Input, c.req.Override = input, o
