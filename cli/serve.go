@@ -336,7 +336,7 @@ func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry,
 		tokens = front.tokens
 	}
 	return frontdoor.New(frontdoor.Config{Runner: pipeline.New(n.eng, reg), Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg),
-		Tracer: tr, Log: log, Timeout: f.timeout})
+		Tracer: tr, Log: log})
 }
 
 // transports are the servers plover serve answers on: HTTP, and gRPC

@@ -114,11 +114,9 @@ func (e *Engine) Refused(name string) {
 	}
 }
 
-// Timeout is a request's deadline from its start when it brings none.
-func (e *Engine) Timeout() time.Duration { return e.cfg.Timeout }
-
 // Deadline is a request's deadline: d, its own, or when it brings none
 // (zero) the engine's request timeout from start, when it reached the
 // server: the rule the engine applies to a request that comes without one,
-// for a front door that normalises its requests before they reach it.
+// which the front door (frontdoor.Door.Begin, through the pipeline
+// runner) applies as a transport begins a request.
 func (e *Engine) Deadline(d, start time.Time) time.Time { return e.tab.deadline(d, start) }

@@ -46,6 +46,10 @@ type Runner interface {
 	// and writing its answer a piece at a time in its turns, or nil for a
 	// name the node has no record of (ask after Admit or Invoke met it).
 	IO(name string) *ioshare.Flow
+	// Deadline is a request's deadline: d, the client's, or the node's
+	// request timeout (plover serve --timeout) from start when d is zero:
+	// the one place that default is kept (the engine's).
+	Deadline(d, start time.Time) time.Time
 	// Refused counts, in name's requests and client errors, one that its
 	// transport refused itself before Invoke (End calls it).
 	Refused(name string)
@@ -68,13 +72,7 @@ type Config struct {
 	Metrics *reqmetrics.Metrics
 	Tracer  *tracing.Tracer
 	Log     *slog.Logger
-	// Timeout is a request's deadline from its start when its client asks
-	// for none (plover serve --timeout); 0: DefaultTimeout.
-	Timeout time.Duration
 }
-
-// DefaultTimeout is a Config's Timeout when it sets none, as the engine's.
-const DefaultTimeout = 30 * time.Second
 
 // Door is one server's front door, shared by its transports, so a token's
 // limits, the request counts and the traces are one however clients
@@ -85,7 +83,6 @@ type Door struct {
 	metrics *reqmetrics.Metrics
 	tracer  *tracing.Tracer
 	log     *slog.Logger
-	timeout time.Duration
 }
 
 // New returns the Door cfg describes.
@@ -96,10 +93,7 @@ func New(cfg Config) *Door {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	return &Door{Runner: cfg.Runner, gate: cfg.Gate, metrics: cfg.Metrics, tracer: cfg.Tracer, log: cfg.Log, timeout: cfg.Timeout}
+	return &Door{Runner: cfg.Runner, gate: cfg.Gate, metrics: cfg.Metrics, tracer: cfg.Tracer, log: cfg.Log}
 }
 
 // Begin normalises an invoke's request once, as the transport begins it:
@@ -109,14 +103,15 @@ func (d *Door) Begin(r *call.Request, start, asked time.Time) {
 	r.Began, r.Deadline = start, d.Deadline(start, asked)
 }
 
-// Deadline is a request's deadline: asked, the client's, or the server's
+// Deadline is a request's deadline: asked, the client's, or the runner's
 // timeout from start when the client asked for none (zero). A request
 // that is not an invoke (a model's metadata) bounds its store read by it.
+// A door without a runner (a control-plane server in a test) has none.
 func (d *Door) Deadline(start, asked time.Time) time.Time {
-	if asked.IsZero() {
-		return start.Add(d.timeout)
+	if d.Runner == nil {
+		return asked
 	}
-	return asked
+	return d.Runner.Deadline(asked, start)
 }
 
 // Gate is the door's gate, for a transport to admit callers with what its

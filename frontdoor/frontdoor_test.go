@@ -103,24 +103,35 @@ func requests(t *testing.T, reg *prometheus.Registry, fn, code string) float64 {
 	return 0
 }
 
+// timeouts is a Runner whose default deadline is timeout from the start.
+type timeouts struct {
+	Runner
+	timeout time.Duration
+}
+
+func (r timeouts) Deadline(d, start time.Time) time.Time {
+	if d.IsZero() {
+		return start.Add(r.timeout)
+	}
+	return d
+}
+
 // Begin sets a request's start and its one deadline: the client's when it
-// asked for one, else the door's timeout from the start (the default's when
-// the door sets none), whatever the request held before.
+// asked for one, else the runner's timeout from the start, whatever the
+// request held before.
 func TestBegin(t *testing.T) {
 	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	asked := start.Add(250 * time.Millisecond)
 	for _, tc := range []struct {
-		name    string
-		timeout time.Duration
-		asked   time.Time
-		want    time.Time
+		name  string
+		asked time.Time
+		want  time.Time
 	}{
-		{"the client's", 5 * time.Second, asked, asked},
-		{"the server's", 5 * time.Second, time.Time{}, start.Add(5 * time.Second)},
-		{"the default", 0, time.Time{}, start.Add(DefaultTimeout)},
+		{"the client's", asked, asked},
+		{"the server's", time.Time{}, start.Add(5 * time.Second)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := New(Config{Timeout: tc.timeout})
+			d := New(Config{Runner: timeouts{timeout: 5 * time.Second}})
 			r := call.Request{Deadline: start.Add(time.Hour), Began: start.Add(-time.Hour)} // a pooled request's last values
 			d.Begin(&r, start, tc.asked)
 			if !r.Deadline.Equal(tc.want) || !r.Began.Equal(start) {

@@ -57,7 +57,7 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 	reg := prometheus.NewRegistry()
 	run := pipeline.New(e, reg)
 	opts.Version = "test"
-	door := frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg), Timeout: e.Timeout()})
+	door := frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg)})
 	srv := grpcapi.New(door, opts)
 	gs := srv.GRPC()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

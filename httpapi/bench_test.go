@@ -97,8 +97,7 @@ func BenchmarkHotInvoke(b *testing.B) {
 	}{{"handler-traced-unsampled", sdktrace.NeverSample()}, {"handler-traced-sampled", sdktrace.AlwaysSample()}} {
 		tr := tracing.New(discard{}, sdktrace.WithSampler(tc.sampler))
 		defer tr.Shutdown(context.Background())
-		door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, nil), Metrics: reqmetrics.New(prometheus.NewRegistry()), Tracer: tr,
-			Timeout: e.Timeout()})
+		door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, nil), Metrics: reqmetrics.New(prometheus.NewRegistry()), Tracer: tr})
 		ts := httpapi.New(door, e.Control(), httpapi.Options{})
 		b.Run(tc.name, func(b *testing.B) { benchHandle(b, ts, invokeCtx(ts, in)) })
 	}

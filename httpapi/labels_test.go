@@ -50,8 +50,7 @@ func labelServer(t *testing.T, pipes ...string) (*engine.Engine, *httpapi.Server
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(e.Collector())
-	door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, reg), Gate: gate.New(tab, reg), Metrics: reqmetrics.New(reg),
-		Timeout: e.Timeout()})
+	door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, reg), Gate: gate.New(tab, reg), Metrics: reqmetrics.New(reg)})
 	srv := httpapi.New(door, e.Control(), httpapi.Options{Registry: reg})
 	return e, srv, reg, tok
 }

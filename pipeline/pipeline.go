@@ -38,6 +38,9 @@ type Engine interface {
 	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (engine.Pin, error)
 	Land(name string) call.Landing
 	IO(name string) *ioshare.Flow
+	// Deadline is d, or the engine's request timeout from start when d
+	// is zero.
+	Deadline(d, start time.Time) time.Time
 	Refused(name string)
 	Names() []string
 	Health() (bool, []api.DeviceHealth)
@@ -63,6 +66,11 @@ func New(e Engine, reg prometheus.Registerer) *Runner {
 // name's store reads too.
 func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now() // before the name is resolved, which may read the store
+	if req.Deadline.IsZero() {
+		// A caller that did not come through the door (a library
+		// user): one deadline still covers every step.
+		req.Deadline = r.e.Deadline(time.Time{}, t0)
+	}
 	p, err := r.Pin(ctx, name, req.Deadline)
 	if err != nil {
 		return err
@@ -71,6 +79,10 @@ func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) err
 	p.Release()
 	return err
 }
+
+// Deadline is the engine's: d, or its request timeout from start when d
+// is zero (frontdoor.Runner).
+func (r *Runner) Deadline(d, start time.Time) time.Time { return r.e.Deadline(d, start) }
 
 // Admit is asked before a request's body is read: the most input bytes
 // name takes now (0: unknown), or the error the request would get now

@@ -152,3 +152,21 @@ plover_pipeline_step_errors_total{code="500",function="failing",pipeline="q",ste
 		}
 	}
 }
+
+// A request that did not come through the door (no deadline) still has
+// one deadline for all its steps, the engine's timeout from its start: the
+// third of three 200 ms steps starts past a 300 ms timeout and is not run.
+func TestOneDefaultDeadlineForAllSteps(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Timeout: 300 * time.Millisecond})
+	for _, n := range []string{"s1", "s2", "s3"} {
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow(n, 200), nil))
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "p", "s1", "s2", "s3"))
+	err := pipeline.New(e, nil).Invoke(context.Background(), "p", &call.Request{Input: []byte("x")})
+	if errdefs.KindOf(err) != errdefs.KindTimeout {
+		t.Fatalf("three 200 ms steps under a 300 ms timeout: err = %v, want a timeout", err)
+	}
+	if fi, _ := e.Control().Function(context.Background(), "s3"); fi.Requests != 0 {
+		t.Fatalf("the third step ran %d requests past the pipeline's deadline", fi.Requests)
+	}
+}

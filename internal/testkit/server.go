@@ -80,7 +80,7 @@ func Door(e *engine.Engine, tokens gate.Tokens, reg *prometheus.Registry) *front
 		reg = prometheus.NewRegistry()
 	}
 	return frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, nil), Gate: gate.New(tokens, reg),
-		Metrics: reqmetrics.New(reg), Timeout: e.Timeout()})
+		Metrics: reqmetrics.New(reg)})
 }
 
 // ServeWith serves an already built server on a free loopback port,
