@@ -151,9 +151,6 @@ func (p *pool) full(queue int) bool {
 	return len(p.slots) == cap(p.slots) && int(p.waiting.Load()) >= queue
 }
 
-// capacity is how many runs the pool admits at once (max_instances).
-func (p *pool) capacity() int { return cap(p.slots) }
-
 // queued is the requests waiting for a slot.
 func (p *pool) queued() int { return int(p.waiting.Load()) }
 

@@ -133,7 +133,9 @@ func connGone(conn net.Conn) bool {
 // New returns a Server over door, the front door it shares with the
 // server's other transports (gRPC): one gate (tokens, scopes, limits), one
 // set of request metrics, one tracer, one request path and one request
-// timeout however clients connect; adm is the control plane.
+// timeout however clients connect; adm is the control plane. /metrics
+// serves opts.Registry: the registry the door's metrics were made on, for
+// its request series to be there.
 func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 256 << 20
