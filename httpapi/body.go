@@ -240,6 +240,7 @@ type bodyReader struct {
 	pre     int  // the body's bytes fasthttp read with the headers (preRead at most)
 	read    int  // bytes read so far
 	drained bool // fasthttp's read buffer is known empty
+	bounded bool // the connection's read deadline is the request's
 }
 
 // readPiece reads into p. fasthttp read the body's first bytes with the
@@ -259,7 +260,17 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 		return b.count(b.r.Read(p[:min(len(p), readBuffer)]))
 	}
 	if !b.chunked { // a chunked body may wait in fasthttp's buffer: no socket to wait on
+		if !b.bounded && !b.t.readOut {
+			// The request's deadline comes before the read timeout
+			// fasthttp set: a body still arriving then is late for it.
+			// fasthttp sets the connection's next deadline itself.
+			b.bounded = true
+			b.conn.SetReadDeadline(b.t.deadline)
+		}
 		if err := ioshare.WaitReadable(b.conn); err != nil {
+			if timedOut(err) && !b.t.readOut {
+				return 0, errdefs.New(errdefs.KindTimeout, err, "the request's deadline passed while its body was still arriving")
+			}
 			return 0, err
 		}
 	}

@@ -379,3 +379,31 @@ func TestJSONTimeoutMs(t *testing.T) {
 		})
 	}
 }
+
+// A body still arriving when its request's deadline passes is answered
+// then (504), not at the read timeout: a client that sent 16 KiB of a
+// 1 MiB body and stopped, with a 300 ms deadline against a minute's read
+// timeout.
+func TestBodyLateForItsDeadline(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("echo")
+	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{ReadTimeout: time.Minute}), "http://")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 300\r\nContent-Length: %d\r\n\r\n%s", 1<<20, strings.Repeat("t", 16<<10))
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer after %v: %v", time.Since(start), err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if took := time.Since(start); resp.StatusCode != 504 || took > 10*time.Second {
+		t.Fatalf("%d after %v: %.200s; want 504 at the 300 ms deadline", resp.StatusCode, took.Round(time.Millisecond), body)
+	}
+}
