@@ -153,6 +153,22 @@ type Version struct {
 	// run it and deploys check what names it without fetching its bundle.
 	Kind  string     `json:"kind,omitempty"`
 	Steps []abi.Step `json:"steps,omitempty"`
+	// Label is the model repository's name for the version: its version
+	// folder ("2"), which /v2/models/NAME/versions/2 names. Empty for a
+	// plover deploy.
+	Label string `json:"label,omitempty"`
+}
+
+// RepositoryModel is an entry of the model repository's index (POST
+// /v2/repository/index, Triton's shape): a model's version folder and its
+// state, READY, UNAVAILABLE or LOADING, with the reason when not READY.
+// Version is empty for a folder with no version to show (settling,
+// unreadable, unloaded).
+type RepositoryModel struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+	State   string `json:"state"`
+	Reason  string `json:"reason,omitempty"`
 }
 
 // IsPipeline reports whether the version is a pipeline's.

@@ -35,6 +35,17 @@ func (e *Engine) Control() *Control { return &Control{e} }
 // A bundle equal to the current version changes nothing (the info says
 // Unchanged) unless force is set.
 func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error) {
+	return c.deploy(ctx, name, body, force, "")
+}
+
+// DeployLabeled is Deploy recording label with the version it makes (a
+// model repository's version folder: registry.PublishLabeled); the same
+// checks, store and cache path.
+func (c *Control) DeployLabeled(ctx context.Context, name, label string, body io.Reader) (api.FunctionInfo, error) {
+	return c.deploy(ctx, name, body, false, label)
+}
+
+func (c *Control) deploy(ctx context.Context, name string, body io.Reader, force bool, label string) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
@@ -80,7 +91,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
-	rv, created, err := e.tab.reg.Publish(ctx, m, tmp, sha, n, force)
+	rv, created, err := e.tab.reg.PublishLabeled(ctx, m, tmp, sha, n, force, label)
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
 	}

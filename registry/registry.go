@@ -224,6 +224,14 @@ func (g Registry) List(ctx context.Context) ([]*api.Record, error) {
 // sha256) creates no version: the current one is returned with created
 // false (its object is still stored again if missing or damaged).
 func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool) (v api.Version, created bool, err error) {
+	return g.PublishLabeled(ctx, m, bundleBytes, sha, size, force, "")
+}
+
+// PublishLabeled is Publish recording label with the new version (a model
+// repository's version folder, "2"): a bundle equal to the current
+// version's is unchanged only under the same label, so that two version
+// folders of equal bytes still make two versions a request can name.
+func (g Registry) PublishLabeled(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool, label string) (v api.Version, created bool, err error) {
 	name := m.Name
 
 	// Bundles are content-addressed, so an object already there is reused;
@@ -254,12 +262,12 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 		}
 		// After the object step, so that an unchanged deploy still
 		// repairs a missing or damaged bundle object.
-		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha {
+		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label {
 			unchanged = &cv
 			return nil, nil
 		}
 		unchanged = nil
-		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target}
+		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label}
 		if m.IsPipeline() {
 			v.Kind, v.Steps = m.Kind, m.Steps
 		}
