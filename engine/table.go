@@ -548,7 +548,9 @@ func (t *table) pin(f *function, rv api.Version) {
 }
 
 // match is f's version that ref names, current first, or nil; under
-// table.mu.
+// table.mu. An id or prefix comes first; else a label (a model
+// repository's version folder) names the current version if it has it, or
+// the latest pinned one with it (a folder deployed again makes a newer).
 func (f *function) match(ref string) *version {
 	if f.cur != nil && f.cur.rec.Matches(ref) {
 		return f.cur
@@ -558,7 +560,16 @@ func (f *function) match(ref string) *version {
 			return v
 		}
 	}
-	return nil
+	if f.cur != nil && f.cur.rec.Names(ref) {
+		return f.cur
+	}
+	var found *version
+	for _, v := range f.pinned {
+		if v.rec.Names(ref) && (found == nil || v.rec.Created.After(found.rec.Created)) {
+			found = v
+		}
+	}
+	return found
 }
 
 // side is f's loaded versions that pipelines pinned and are not current.

@@ -229,7 +229,7 @@ func TestErrors(t *testing.T) {
 	}{
 		{"unknown model", &pb.ModelInferRequest{ModelName: "nope"}, codes.NotFound, "nope"},
 		{"no model name", &pb.ModelInferRequest{}, codes.InvalidArgument, "model name"},
-		{"another version", &pb.ModelInferRequest{ModelName: "typed", ModelVersion: "00000000"}, codes.NotFound, "not its current version"},
+		{"an unknown version", &pb.ModelInferRequest{ModelName: "typed", ModelVersion: "00000000"}, codes.NotFound, "has no version"},
 		{"missing input", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{x}, RawInputContents: [][]byte{fp32(1, 2, 3, 4)}},
 			codes.InvalidArgument, `input "y" is missing`},
 		{"extra input", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{

@@ -19,7 +19,8 @@ import (
 // The Open Inference Protocol (KServe v2) over HTTP/REST: health, server and
 // model metadata, and inference with JSON tensor data or the binary tensor
 // data extension. A function is a model; its versions are Plover's version
-// ids (or their 8+ character prefixes), and only the current one serves.
+// ids (or their 8+ character prefixes) or, from a model repository, its
+// version folders' labels; any available version serves (oip.Pin).
 
 var pathV2 = []byte("/v2")
 

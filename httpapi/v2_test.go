@@ -174,7 +174,7 @@ func TestOpenInferenceProtocol(t *testing.T) {
 		want             string
 	}{
 		{"unknown model", "/v2/models/nope/infer", `{"inputs":[]}`, 404, "not found"},
-		{"not the current version", "/v2/models/typed/versions/00000000/infer", `{"inputs":[]}`, 404, "is not its current version"},
+		{"an unknown version", "/v2/models/typed/versions/00000000/infer", `{"inputs":[]}`, 404, "has no version"},
 		{"missing input", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3,4]}]}`, 400, `input "y" is missing`},
 		{"unknown input", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]},{"name":"extra","datatype":"UINT8","shape":[1],"data":[1]}]}`, 400, `input "extra" is not one of the model's inputs`},
 		{"wrong datatype", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[1]}]}`, 400, "datatype FP32, the model takes UINT8"},
@@ -470,7 +470,7 @@ func TestV2RefusalsCounted(t *testing.T) {
 		msg        string
 	}{
 		{"bad timeout", "/v2/models/echo/infer", map[string]string{"X-Plover-Timeout-Ms": "soon"}, 400, "X-Plover-Timeout-Ms"},
-		{"unknown version", "/v2/models/echo/versions/0123456789/infer", nil, 404, "is not its current version"},
+		{"unknown version", "/v2/models/echo/versions/0123456789/infer", nil, 404, "has no version"},
 	} {
 		code, _, b := v2Do(t, "POST", url+tt.path, tt.hdr, body)
 		if code != tt.code || !strings.Contains(string(b), tt.msg) || !strings.HasPrefix(string(b), `{"error":`) {

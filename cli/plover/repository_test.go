@@ -3,6 +3,8 @@ package main_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -180,6 +182,30 @@ func TestModelRepository(t *testing.T) {
 	if cur, _ := rec.Find(rec.Current); cur.Label != "3" {
 		t.Errorf("current version %s has label %q, want 3", rec.Current, cur.Label)
 	}
+	// /v2 runs the version a path names by its folder (or id), current
+	// or not; metadata and ready answer for it.
+	v1, _ := rec.Find("1")
+	hdr := fmt.Sprintf(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[%d],"parameters":{"binary_data_size":%d}}],"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}}]}`, len(in), len(in))
+	for _, ref := range []string{"1", v1.ID} {
+		req, _ := http.NewRequest(http.MethodPost, srv.url+"/v2/models/vecadd/versions/"+ref+"/infer", bytes.NewReader(append([]byte(hdr), in...)))
+		req.Header.Set("Authorization", "Bearer "+root)
+		req.Header.Set("Inference-Header-Content-Length", fmt.Sprint(len(hdr)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Plover-Version") != v1.ID || !bytes.HasSuffix(body, want) {
+			t.Errorf("v2 infer of version %s: %d, ran %q (want %s)", ref, resp.StatusCode, resp.Header.Get("X-Plover-Version"), v1.ID)
+		}
+	}
+	for ref, code := range map[string]int{"1": 200, "1/ready": 200, "3": 200, "9": 404, "9/ready": 404} {
+		if r := secDo(t, http.DefaultClient, http.MethodGet, srv.url+"/v2/models/vecadd/versions/"+ref, read, "", nil); r.code != code {
+			t.Errorf("GET versions/%s: %d %s, want %d", ref, r.code, r.body, code)
+		}
+	}
+
 	deadline := time.Now().Add(10 * time.Second)
 	for invokeAs(t, srv.url, root, "softmax", make([]byte, 1024)).code != 404 {
 		if time.Now().After(deadline) {
