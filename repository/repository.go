@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -196,6 +197,8 @@ func (r *Repository) Scan(ctx context.Context) bool {
 	for _, m := range gone {
 		r.remove(ctx, m)
 	}
+	// By name: a repository deploys in the same order at every start.
+	slices.SortFunc(todo, func(a, b *model) int { return strings.Compare(a.name, b.name) })
 	r.deployAll(ctx, todo)
 	r.mu.Lock()
 	r.scans++
