@@ -562,7 +562,7 @@ func TestModelVersionRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := f.e.Control().DeployLabeled(context.Background(), "echo", "7", bytes.NewReader(b))
+	cur, err := f.e.Control().DeployLabeled(context.Background(), "echo", "7", false, bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -495,20 +495,23 @@ func TestV2RefusalsCounted(t *testing.T) {
 // available version; metadata and ready answer for it.
 func TestV2RunsNamedVersion(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
-	deploy := func(label string, out int64) string {
+	deploy := func(label string, out int64, aside bool) string {
 		m := testkit.Manifest("echo")
 		m.OutBytes = out // tells the versions' answers apart
 		b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, m, nil))
 		if err != nil {
 			t.Fatal(err)
 		}
-		fi, err := e.Control().DeployLabeled(context.Background(), "echo", label, bytes.NewReader(b))
+		fi, err := e.Control().DeployLabeled(context.Background(), "echo", label, aside, bytes.NewReader(b))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return fi.Version
 	}
-	v1, v2 := deploy("1", 128), deploy("2", 256)
+	// 2 first, then 1 beside it (a lower version folder added later): 2
+	// stays current.
+	v2 := deploy("2", 256, false)
+	v1 := deploy("1", 128, true)
 	url := testkit.Serve(t, e, httpapi.Options{})
 	body := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[7,8,9]}]}`)
 	for _, c := range []struct {

@@ -43,11 +43,12 @@ const (
 )
 
 // Node is what a repository needs of the node it serves on
-// (engine.Control): deploys with a label (the version folder), a
+// (engine.Control): deploys with a label (the version folder), current
+// or aside (beside the current one), a
 // function's record, making one of its versions current, and removing it
 // (requests in flight finish).
 type Node interface {
-	DeployLabeled(ctx context.Context, name, label string, body io.Reader) (api.FunctionInfo, error)
+	DeployLabeled(ctx context.Context, name, label string, aside bool, body io.Reader) (api.FunctionInfo, error)
 	Versions(ctx context.Context, name string) (*api.Record, error)
 	Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error)
 	Delete(ctx context.Context, name string, force bool) error
@@ -403,9 +404,9 @@ func (r *Repository) where(dir string) string {
 }
 
 // deploy brings the node in line with m's versions: each one the node's
-// record lacks (by label and sha256) is deployed, lowest first, so that
-// the highest ends current; a broken one is UNAVAILABLE with its reason
-// and the others still deploy.
+// record lacks (by label and sha256) is deployed, the highest as current
+// and the others beside it; a broken one is UNAVAILABLE with its reason
+// and the others still deploy (the highest that did is made current).
 func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err error) {
 	r.mu.Lock()
 	print := m.seen
@@ -422,7 +423,9 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	current, label := "", ""
 	for i := range vers {
 		v := &vers[i]
-		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec)
+		// Only the highest becomes current: a lower folder added later
+		// goes beside it.
+		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1)
 		if err != nil {
 			v.state, v.reason = Unavailable, err.Error()
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
@@ -445,7 +448,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 
 // deployVersion deploys one version folder unless rec has it already
 // (the same label and bytes: a restart), and returns its version id.
-func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record) (string, error) {
+func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool) (string, error) {
 	where := r.where(dir)
 	man, err := bundle.ReadManifest(dir)
 	if err != nil {
@@ -469,7 +472,7 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 			}
 		}
 	}
-	fi, err := r.node.DeployLabeled(ctx, m.name, label, bytes.NewReader(b))
+	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", where, err)
 	}

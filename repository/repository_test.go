@@ -20,16 +20,17 @@ import (
 // memory, a deploy refused when its manifest names another function (the
 // engine's check), and counts of what was asked.
 type fakeNode struct {
-	mu      sync.Mutex
-	recs    map[string]*api.Record
-	deploys int
-	deletes []string
-	n       int
+	mu        sync.Mutex
+	recs      map[string]*api.Record
+	deploys   int
+	rollbacks int // each a moment when another version was current
+	deletes   []string
+	n         int
 }
 
 func newFakeNode() *fakeNode { return &fakeNode{recs: map[string]*api.Record{}} }
 
-func (f *fakeNode) DeployLabeled(ctx context.Context, name, label string, body io.Reader) (api.FunctionInfo, error) {
+func (f *fakeNode) DeployLabeled(ctx context.Context, name, label string, aside bool, body io.Reader) (api.FunctionInfo, error) {
 	dir, err := os.MkdirTemp("", "fake-deploy-")
 	if err != nil {
 		return api.FunctionInfo{}, err
@@ -54,7 +55,9 @@ func (f *fakeNode) DeployLabeled(ctx context.Context, name, label string, body i
 	}
 	v := api.Version{ID: fmt.Sprintf("id-%d", f.n), SHA256: bundle.Digest(b), Label: label}
 	rec.Versions = append(rec.Versions, v)
-	rec.Current = v.ID
+	if !aside || rec.Current == "" {
+		rec.Current = v.ID
+	}
 	return api.FunctionInfo{Name: name, Version: v.ID}, nil
 }
 
@@ -74,6 +77,7 @@ func (f *fakeNode) Rollback(ctx context.Context, name, version string) (api.Func
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.recs[name].Current = version
+	f.rollbacks++
 	return api.FunctionInfo{Name: name, Version: version}, nil
 }
 
@@ -258,6 +262,15 @@ func TestPolling(t *testing.T) {
 		t.Fatalf("a version folder just copied was not left to settle: current %q; %s", node.current("vecadd"), index(r))
 	}
 	waitFor(t, r, 3, "version 2 current", func() bool { return node.current("vecadd") == "2" })
+
+	// A lower version folder added later goes beside the current one,
+	// which stays current throughout (no switch back).
+	rollbacks := node.rollbacks
+	writeBundle(t, filepath.Join(models, "vecadd", "0"), "vecadd", true)
+	waitFor(t, r, 4, "version 0 deployed", func() bool { return strings.Contains(index(r), "vecadd/0 READY") })
+	if cur := node.current("vecadd"); cur != "2" || node.rollbacks != rollbacks {
+		t.Fatalf("after a lower version folder, version %q is current (%d switches back)", cur, node.rollbacks-rollbacks)
+	}
 
 	// A folder being copied while polls run: a file added at every scan
 	// never loads; once still, it does.
