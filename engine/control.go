@@ -101,6 +101,9 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
+	if created && o.Label != "" {
+		e.tab.unlabel(name, o.Label, rv.ID)
+	}
 	if !created {
 		// Its own read, not one in flight (lookup): that one may have
 		// begun before this deploy's record was read, and a deploy must

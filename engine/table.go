@@ -420,6 +420,27 @@ func (t *table) versions(pinned bool) []funcVersion {
 	return out
 }
 
+// unlabel retires f's versions pinned beside the current one that carry
+// label but are not id: a model repository's version folder deployed
+// again names its new version from now on (match), not a loaded old one.
+// In-flight requests on them finish.
+func (t *table) unlabel(name, label, id string) {
+	t.mu.Lock()
+	var olds []*version
+	if f := t.funcs[name]; f != nil {
+		for k, v := range f.pinned {
+			if v.rec.Label == label && v.rec.ID != id {
+				olds = append(olds, v)
+				delete(f.pinned, k)
+			}
+		}
+	}
+	t.mu.Unlock()
+	for _, v := range olds {
+		v.pool.retire()
+	}
+}
+
 // detach replaces v, if still current, by an unloaded copy of the same
 // version, or drops v if it is a pinned one (the next pin loads it again);
 // the caller retires v.

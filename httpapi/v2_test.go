@@ -533,9 +533,18 @@ func TestV2RunsNamedVersion(t *testing.T) {
 			t.Errorf("%s: %d ran %q (want %d, %q) %.200s", c.path, code, h.Get("X-Plover-Version"), c.code, c.ran, b)
 		}
 	}
+	// Version folder 1 deployed again (changed): its label names the new
+	// deploy, not the old one this node has loaded beside the current.
+	v1b := deploy("1", 64, true)
+	code, h, b := v2Do(t, "POST", url+"/v2/models/echo/versions/1/infer", nil, body)
+	var out v2Out
+	json.Unmarshal(b, &out)
+	if code != 200 || h.Get("X-Plover-Version") != v1b || len(out.Outputs[0].Data) != 64 {
+		t.Errorf("label 1 after its redeploy: %d ran %q (want %s) %.200s", code, h.Get("X-Plover-Version"), v1b, b)
+	}
 	for path, code := range map[string]int{"/v2/models/echo/versions/1": 200, "/v2/models/echo/versions/1/ready": 200, "/v2/models/echo/versions/3": 404} {
 		got, _, b := v2Do(t, "GET", url+path, nil, nil)
-		if got != code || (code == 200 && path == "/v2/models/echo/versions/1" && !strings.Contains(string(b), v1)) {
+		if got != code || (code == 200 && path == "/v2/models/echo/versions/1" && !strings.Contains(string(b), v1b)) {
 			t.Errorf("GET %s: %d %s, want %d", path, got, b, code)
 		}
 	}
