@@ -248,3 +248,37 @@ func mustRead(t *testing.T, sample string) []byte {
 	}
 	return b
 }
+
+// TestModelRepositoryPipeline: a pipeline in a repository is deployed
+// after the functions its steps name, one of them pinned to a version
+// folder by its number, and runs that version while another is current.
+func TestModelRepositoryPipeline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a server")
+	}
+	bin := buildPlover(t)
+	models := filepath.Join(t.TempDir(), "models")
+	copyBundle(t, sampleDir(t, "digits-normalize-host"), filepath.Join(models, "digits-normalize"), "")
+	copyBundle(t, sampleDir(t, "digits-top1-host"), filepath.Join(models, "digits-top1"), "")
+	copyBundle(t, sampleDir(t, "cnn-host"), filepath.Join(models, "cnn", "1"), "")
+	copyBundle(t, sampleDir(t, "cnn-host"), filepath.Join(models, "cnn", "2"), "")
+	// "a-digits" sorts first: only the functions-first order deploys it.
+	os.MkdirAll(filepath.Join(models, "a-digits"), 0o755)
+	os.WriteFile(filepath.Join(models, "a-digits", "plover.json"),
+		[]byte(`{"name": "a-digits", "kind": "pipeline", "steps": ["digits-normalize", {"function": "cnn", "version": "1"}, "digits-top1"]}`), 0o644)
+	srv := startServer(t, bin, "--repository", models)
+	waitIndex(t, srv.url, "", 20*time.Second, "a-digits/1 READY", "cnn/1 READY", "cnn/2 READY")
+	var rec api.Record
+	if r := secDo(t, http.DefaultClient, http.MethodGet, srv.url+"/v1/functions/cnn/versions", "", "", nil); r.code != 200 || json.Unmarshal([]byte(r.body), &rec) != nil {
+		t.Fatalf("cnn's versions: %d %s", r.code, r.body)
+	}
+	v1, _ := rec.Find("1")
+	r := invokeAs(t, srv.url, "", "a-digits", make([]byte, 784))
+	// Its step's timing names the version that ran: folder 1's.
+	if r.code != 200 || !strings.Contains(r.hdr.Get("Server-Timing"), v1.ID[:8]) {
+		t.Fatalf("the pipeline: %d %s (Server-Timing %q)", r.code, r.body, r.hdr.Get("Server-Timing"))
+	}
+	if cur, _ := rec.Find(rec.Current); cur.Label != "2" || v1.ID == rec.Current {
+		t.Fatalf("cnn's current version is %+v", cur)
+	}
+}
