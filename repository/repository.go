@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -616,7 +615,3 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	r.cfg.Log.Info("model repository: unloaded", "model", name)
 	return nil
 }
-
-// ErrNotRepository is returned for a load or unload on a server without
-// a repository.
-var ErrNotRepository = errors.New("this server serves no model repository (plover serve --repository)")
