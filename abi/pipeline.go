@@ -25,7 +25,7 @@ const (
 // request, or the version Version pins), or Parallel: functions given the
 // same input, whose outputs are concatenated in the listed order as the
 // next step's input. In plover.json a step is a function's name, an object
-// {"function": name, "version": id-or-prefix}, or {"parallel": [step, ...]}.
+// {"function": name, "version": id-or-prefix-or-label}, or {"parallel": [step, ...]}.
 type Step struct {
 	Function string `json:"function,omitempty"`
 	Version  string `json:"version,omitempty"`
@@ -150,13 +150,18 @@ func (s Step) validate(field, pipeline string, top bool) error {
 	case s.Function == pipeline:
 		return &FieldError{field, fmt.Sprintf("the pipeline %s names itself: a cycle", pipeline)}
 	case s.Version != "" && !validVersionRef(s.Version):
-		return &FieldError{field + ".version", fmt.Sprintf("%q must be a version id or a prefix of 8 or more of its characters (plover versions %s)", s.Version, s.Function)}
+		return &FieldError{field + ".version", fmt.Sprintf("%q must be a version id, a prefix of 8 or more of its characters (plover versions %s), or a model repository's version folder (a number)", s.Version, s.Function)}
 	}
 	return nil
 }
 
-// validVersionRef: a version id (a UUID) or a prefix of one, 8+ characters.
+// validVersionRef: a version id (a UUID) or a prefix of one, 8+
+// characters; or a model repository's label, its version folder's number
+// (plover serve --repository: 1 to 18 digits, no leading zero).
 func validVersionRef(s string) bool {
+	if len(s) >= 1 && len(s) <= 18 && (s == "0" || s[0] != '0') && strings.Trim(s, "0123456789") == "" {
+		return true
+	}
 	if len(s) < 8 || len(s) > 36 {
 		return false
 	}

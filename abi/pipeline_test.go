@@ -32,6 +32,11 @@ func TestParsePipeline(t *testing.T) {
 		t.Errorf("marshalled %s", b1)
 	}
 
+	// A model repository's version folder pins a step by its number.
+	if m, err := ParseManifest(strings.NewReader(`{"name": "p", "kind": "pipeline", "steps": [{"function": "cnn", "version": "2"}]}`)); err != nil || m.Steps[0].Version != "2" {
+		t.Errorf("a step pinned to version folder 2: %v", err)
+	}
+
 	for _, tc := range []struct{ name, manifest, field, reason string }{
 		{"no steps", `{"name": "p", "kind": "pipeline", "steps": []}`, "steps", "at least one"},
 		{"steps absent", `{"name": "p", "kind": "pipeline"}`, "steps", "at least one"},
@@ -40,6 +45,7 @@ func TestParsePipeline(t *testing.T) {
 		{"self", `{"name": "p", "kind": "pipeline", "steps": ["a", "p"]}`, "steps[1]", "cycle"},
 		{"bad name", `{"name": "p", "kind": "pipeline", "steps": ["A"]}`, "steps[0]", "must match"},
 		{"short version", `{"name": "p", "kind": "pipeline", "steps": [{"function": "a", "version": "3f1c"}]}`, "steps[0].version", "8 or more"},
+		{"label with a leading zero", `{"name": "p", "kind": "pipeline", "steps": [{"function": "a", "version": "01"}]}`, "steps[0].version", "version folder"},
 		{"nested parallel", `{"name": "p", "kind": "pipeline", "steps": [{"parallel": ["a", {"parallel": ["b", "c"]}]}]}`, "steps[0].parallel[1]", "do not nest"},
 		{"lone parallel", `{"name": "p", "kind": "pipeline", "steps": [{"parallel": ["a"]}]}`, "steps[0].parallel", "2..16"},
 		{"mixed", `{"name": "p", "kind": "pipeline", "steps": [{"function": "a", "parallel": ["b", "c"]}]}`, "steps[0]", "inside"},

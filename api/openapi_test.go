@@ -19,10 +19,12 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -110,7 +112,8 @@ func TestServerMatchesSpec(t *testing.T) {
 	tab, reader, invoker := tokens(t)
 	authed := testkit.ServeTokens(t, e, tab, httpapi.Options{Version: "test"})
 
-	doc.Servers = openapi3.Servers{{URL: plain}, {URL: authed}}
+	repo := testkit.Serve(t, e, httpapi.Options{Version: "test", Repository: fakeRepository{}})
+	doc.Servers = openapi3.Servers{{URL: plain}, {URL: authed}, {URL: repo}}
 	router, err := gorillamux.NewRouter(doc)
 	if err != nil {
 		t.Fatalf("router: %v", err)
@@ -120,6 +123,7 @@ func TestServerMatchesSpec(t *testing.T) {
 	ver8 := echo.Version[:8]
 	P := func(p string) func() string { return str(plain + p) }
 	A := func(p string) func() string { return str(authed + p) }
+	R := func(p string) func() string { return str(repo + p) }
 	versionOf := func(dst *string) func(*testing.T, http.Header, []byte) {
 		return func(t *testing.T, _ http.Header, b []byte) {
 			var fi struct{ Version string }
@@ -235,6 +239,13 @@ func TestServerMatchesSpec(t *testing.T) {
 		{name: "no function subroute", method: "GET", url: P("/v1/functions/echo/nothing"), status: 404, noRoute: true},
 
 		// Open Inference Protocol.
+		{name: "v2 repository index", method: "POST", url: R("/v2/repository/index"), status: 200},
+		{name: "v2 repository index ready", method: "POST", url: R("/v2/repository/index"), ctype: "application/json", body: raw(`{"ready": true}`), status: 200},
+		{name: "v2 repository load", method: "POST", url: R("/v2/repository/models/echo/load"), status: 200},
+		{name: "v2 repository load broken", method: "POST", url: R("/v2/repository/models/broken/load"), status: 400},
+		{name: "v2 repository unload", method: "POST", url: R("/v2/repository/models/echo/unload"), status: 200},
+		{name: "v2 repository unknown", method: "POST", url: R("/v2/repository/models/nope/unload"), status: 404},
+		{name: "v2 no repository", method: "POST", url: P("/v2/repository/index"), status: 404},
 		{name: "v2 server", method: "GET", url: P("/v2"), status: 200},
 		{name: "v2 live", method: "GET", url: P("/v2/health/live"), status: 200},
 		{name: "v2 ready", method: "GET", url: P("/v2/health/ready"), status: 200},
@@ -427,3 +438,33 @@ func checkJSON(fail func(string, ...any), schema *openapi3.Schema, b []byte, cod
 type keepsOutput struct{ device.Device }
 
 func (keepsOutput) KeepsOutput() bool { return true }
+
+// fakeRepository answers the repository routes as a served model
+// repository would (repository.Repository): echo loads, broken does not,
+// nothing else is there.
+type fakeRepository struct{}
+
+func (fakeRepository) Index(ready bool) []api.RepositoryModel {
+	out := []api.RepositoryModel{{Name: "echo", Version: "1", State: "READY"}}
+	if !ready {
+		out = append(out, api.RepositoryModel{Name: "broken", Version: "1", State: "UNAVAILABLE", Reason: `models/broken: plover.json names "other"`})
+	}
+	return out
+}
+
+func (fakeRepository) Load(ctx context.Context, name string) error {
+	switch name {
+	case "echo":
+		return nil
+	case "broken":
+		return errdefs.New(errdefs.KindBadRequest, nil, `load broken: models/broken: plover.json names "other"`)
+	}
+	return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository", name)
+}
+
+func (r fakeRepository) Unload(ctx context.Context, name string) error {
+	if name == "echo" {
+		return nil
+	}
+	return r.Load(ctx, name)
+}

@@ -153,6 +153,22 @@ type Version struct {
 	// run it and deploys check what names it without fetching its bundle.
 	Kind  string     `json:"kind,omitempty"`
 	Steps []abi.Step `json:"steps,omitempty"`
+	// Label is the model repository's name for the version: its version
+	// folder ("2"), which /v2/models/NAME/versions/2 names. Empty for a
+	// plover deploy.
+	Label string `json:"label,omitempty"`
+}
+
+// RepositoryModel is an entry of the model repository's index (POST
+// /v2/repository/index, Triton's shape): a model's version folder and its
+// state, READY, UNAVAILABLE or LOADING, with the reason when not READY.
+// Version is empty for a folder with no version to show (settling,
+// unreadable, unloaded).
+type RepositoryModel struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+	State   string `json:"state"`
+	Reason  string `json:"reason,omitempty"`
 }
 
 // IsPipeline reports whether the version is a pipeline's.
@@ -172,10 +188,31 @@ func (v Version) Matches(ref string) bool {
 	return ref == v.ID || (len(ref) >= 8 && strings.HasPrefix(v.ID, ref))
 }
 
-// Find returns the version ref names (Version.Matches) and how many
-// versions it matches: 1, or 0 for none, or more for a prefix too short to
-// tell them apart (the first is returned).
+// Names reports whether ref names v by its id (Matches) or by its label
+// (a model repository's version folder).
+func (v Version) Names(ref string) bool {
+	return v.Matches(ref) || (v.Label != "" && ref == v.Label)
+}
+
+// Find returns the version ref names and how many versions it matches: 1,
+// or 0 for none, or more for a prefix too short to tell them apart (the
+// first is returned). An id or prefix (Version.Matches) comes first; else
+// a label names the latest version with it (a version folder changed and
+// deployed again).
 func (r *Record) Find(ref string) (Version, int) {
+	if v, n := r.findID(ref); n > 0 {
+		return v, n
+	}
+	for i := len(r.Versions) - 1; i >= 0; i-- {
+		if v := r.Versions[i]; v.Label != "" && v.Label == ref {
+			return v, 1
+		}
+	}
+	return Version{}, 0
+}
+
+// findID is Find by id or prefix alone.
+func (r *Record) findID(ref string) (Version, int) {
 	var found Version
 	n := 0
 	for _, v := range r.Versions {

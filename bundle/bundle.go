@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -72,10 +73,22 @@ func ReadManifest(dir string) (*abi.Manifest, error) {
 // Pack writes the bundle for dir to w: plover.json first, then the library,
 // then the constants, with fixed metadata so equal inputs give equal bytes
 // (and so the same sha256).
-func Pack(dir string, w io.Writer) (*abi.Manifest, error) {
+func Pack(dir string, w io.Writer) (*abi.Manifest, error) { return PackNamed(dir, "", w) }
+
+// PackNamed is Pack with the manifest's name set to name (unless "" or
+// already its name): a model repository served under a name its manifest
+// does not carry (plover serve --repository-name, KServe's model name). The
+// manifest's other fields are kept as written.
+func PackNamed(dir, name string, w io.Writer) (*abi.Manifest, error) {
 	m, err := ReadManifest(dir)
 	if err != nil {
 		return nil, err
+	}
+	var renamed []byte
+	if name != "" && name != m.Name {
+		if renamed, m, err = rename(dir, name); err != nil {
+			return nil, err
+		}
 	}
 	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
 	if err != nil {
@@ -90,7 +103,13 @@ func Pack(dir string, w io.Writer) (*abi.Manifest, error) {
 		names = append(names, m.Constants)
 	}
 	for _, name := range names {
-		if err := addFile(tw, dir, name); err != nil {
+		var err error
+		if name == abi.ManifestFile && renamed != nil {
+			err = addBytes(tw, name, renamed)
+		} else {
+			err = addFile(tw, dir, name)
+		}
+		if err != nil {
 			zw.Close()
 			return nil, err
 		}
@@ -103,6 +122,47 @@ func Pack(dir string, w io.Writer) (*abi.Manifest, error) {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
 	return m, nil
+}
+
+// rename is dir's manifest with its name set to name: the bytes to pack and
+// the manifest they parse to.
+func rename(dir, name string) ([]byte, *abi.Manifest, error) {
+	path := filepath.Join(dir, abi.ManifestFile)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("manifest: %w", err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	fields["name"], _ = json.Marshal(name)
+	b, err := json.MarshalIndent(fields, "", "  ")
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	m, err := abi.ParseManifest(bytes.NewReader(b))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s named %q: %w", path, name, err)
+	}
+	return b, m, nil
+}
+
+// fixedHeader is a packed file's header: the same metadata whatever the
+// file's own, so that equal contents pack to equal bytes.
+func fixedHeader(name string, size int64) *tar.Header {
+	return &tar.Header{Name: name, Mode: 0o644, Size: size, ModTime: time.Unix(0, 0), Typeflag: tar.TypeReg, Format: tar.FormatPAX}
+}
+
+// addBytes adds b as the file name, with Pack's fixed metadata.
+func addBytes(tw *tar.Writer, name string, b []byte) error {
+	if err := tw.WriteHeader(fixedHeader(name, int64(len(b)))); err != nil {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	if _, err := tw.Write(b); err != nil {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	return nil
 }
 
 func addFile(tw *tar.Writer, dir, name string) error {
@@ -118,8 +178,7 @@ func addFile(tw *tar.Writer, dir, name string) error {
 	if !fi.Mode().IsRegular() {
 		return fmt.Errorf("pack: %s is not a regular file", f.Name())
 	}
-	hdr := &tar.Header{Name: name, Mode: 0o644, Size: fi.Size(), ModTime: time.Unix(0, 0), Typeflag: tar.TypeReg, Format: tar.FormatPAX}
-	if err := tw.WriteHeader(hdr); err != nil {
+	if err := tw.WriteHeader(fixedHeader(name, fi.Size())); err != nil {
 		return fmt.Errorf("pack %s: %w", name, err)
 	}
 	if _, err := io.Copy(tw, f); err != nil {
@@ -129,9 +188,12 @@ func addFile(tw *tar.Writer, dir, name string) error {
 }
 
 // PackBytes packs dir in memory and returns the bundle and its sha256.
-func PackBytes(dir string) ([]byte, string, *abi.Manifest, error) {
+func PackBytes(dir string) ([]byte, string, *abi.Manifest, error) { return PackBytesNamed(dir, "") }
+
+// PackBytesNamed is PackBytes under name (PackNamed).
+func PackBytesNamed(dir, name string) ([]byte, string, *abi.Manifest, error) {
 	var buf bytes.Buffer
-	m, err := Pack(dir, &buf)
+	m, err := PackNamed(dir, name, &buf)
 	if err != nil {
 		return nil, "", nil, err
 	}

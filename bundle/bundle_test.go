@@ -220,3 +220,36 @@ func TestUnpackKeepsTheManifestAsSent(t *testing.T) {
 		t.Fatalf("what a cache hit reads: %v", err)
 	}
 }
+
+// PackNamed packs a bundle under another name (a model repository served
+// as --repository-name): the manifest's name changes, its other fields and
+// the files stay, the same inputs give the same bytes, and its own name
+// packs as Pack does.
+func TestPackNamed(t *testing.T) {
+	dir := bundleDir(t)
+	plain, sha, m, err := PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if same, sha2, _, _ := PackBytesNamed(dir, m.Name); sha2 != sha || !bytes.Equal(same, plain) {
+		t.Fatal("PackNamed under the manifest's own name differs from Pack")
+	}
+	b1, sha1, m1, err := PackBytesNamed(dir, "renamed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, sha2, _, _ := PackBytesNamed(dir, "renamed"); sha2 != sha1 || sha1 == sha {
+		t.Fatalf("renamed packs: %s, %s (plain %s)", sha1, sha2, sha)
+	}
+	out := t.TempDir()
+	got, err := Unpack(bytes.NewReader(b1), out, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m1.Name != "renamed" || got.Name != "renamed" || got.Library != m.Library || got.Constants != m.Constants || got.OutBytes != m.OutBytes {
+		t.Fatalf("unpacked manifest %+v, packed from %+v", got, m)
+	}
+	if w, _ := os.ReadFile(filepath.Join(out, "w.bin")); !bytes.Equal(w, []byte{9, 9}) {
+		t.Fatalf("constants %v", w)
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/registry"
+	"github.com/plover-run/plover/repository"
 	"github.com/plover-run/plover/reqmetrics"
 	"github.com/plover-run/plover/sched"
 	"github.com/plover-run/plover/tracing"
@@ -75,6 +76,8 @@ type serveFlags struct {
 	deviceRuns, ioSlots                              int
 	cpuWeights                                       bool
 	cgroupRoot                                       string
+	repository, repositoryName                       string
+	repositoryPoll, repositorySettle                 time.Duration
 }
 
 func serveCmd() *command {
@@ -129,6 +132,10 @@ func serveCmd() *command {
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where worker CPU weights are nice levels, the server's threads weighed as the workers'; off where the server has a cgroup of its own, whose weight its pieces would keep)")
 			fs.IntVar(&f.ioSlots, "io-slots", 0, "pieces of functions' bytes the server reads or writes at once (256 KiB each), the rest waiting in their clients' sockets for their functions' turns, one kept for light functions (0: the CPUs; --sched off moves bytes as they come)")
+			fs.StringVar(&f.repository, "repository", "", "serve the model repository DIR (Triton's --model-repository, KServe's /mnt/models): DIR/NAME/ is a bundle directory or holds version folders DIR/NAME/1/, DIR/NAME/2/ (the highest current), or DIR is one bundle; each is deployed as plover deploy would, and /v2/repository/index, load and unload serve it")
+			fs.StringVar(&f.repositoryName, "repository-name", "", "when --repository is one bundle directory, the function's name (KServe's model name); default: its manifest's")
+			fs.DurationVar(&f.repositoryPoll, "repository-poll", 0, "scan --repository again this often: a new version folder becomes current, a changed bundle is redeployed, a removed folder's function is removed (0: once at start)")
+			fs.DurationVar(&f.repositorySettle, "repository-settle", 2*time.Second, "a --repository folder loads once none of its files changed for this long (and, with --repository-poll, two scans saw it the same): a folder being copied is never loaded half-copied")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 		},
@@ -245,6 +252,7 @@ type node struct {
 	devs  []device.Device
 	cpu   *worker.CPUGroups
 	eng   *engine.Engine
+	repo  *repository.Repository // nil: no --repository
 }
 
 // openNode opens the store, the bundle cache and spool, and the devices,
@@ -277,6 +285,15 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	})
 	if err != nil {
 		return nil, err
+	}
+	if f.repository != "" {
+		n.repo, err = repository.New(repository.Config{Dir: f.repository, Name: f.repositoryName, Poll: f.repositoryPoll,
+			Settle: f.repositorySettle, Log: log}, n.eng.Control())
+		if err != nil {
+			return nil, err
+		}
+	} else if f.repositoryName != "" {
+		return nil, errors.New("--repository-name: names the function of a --repository that is one bundle directory; give --repository too")
 	}
 	return n, nil
 }
@@ -355,6 +372,9 @@ func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDo
 	if f.isolation == "process" {
 		opts.CPUWeights = n.cpu.Mechanism // nil: "off"
 	}
+	if n.repo != nil { // not a nil *Repository in the interface
+		opts.Repository = n.repo
+	}
 	t := &transports{srv: httpapi.New(door, n.eng.Control(), opts), errc: make(chan error, 2)}
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
@@ -415,6 +435,11 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 func (n *node) background(ctx context.Context, f *serveFlags, log *slog.Logger) {
 	if f.poll > 0 {
 		go n.eng.Watch(ctx, f.poll)
+	}
+	if n.repo != nil {
+		// In the background: the server answers while a large repository
+		// deploys, each model as it is ready (the index shows LOADING).
+		go n.repo.Run(ctx)
 	}
 	reapEvery := time.Second // manifests may set their own idle_ttl
 	if f.idleTTL > 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -63,14 +64,25 @@ func versionsCmd() *command {
 				return printJSON(env.Stdout, rec)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "\tVERSION\tSHA256\tBUNDLE\tDEPLOYED")
+			// A LABEL column only for a model repository's functions (their
+			// version folders): plover deploy's read as they always have.
+			labels := slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.Label != "" })
+			head := "\tVERSION\tSHA256\tBUNDLE\tDEPLOYED"
+			if labels {
+				head += "\tLABEL"
+			}
+			fmt.Fprintln(tw, head)
 			for i := len(rec.Versions) - 1; i >= 0; i-- {
 				v := rec.Versions[i]
 				mark := ""
 				if v.ID == rec.Current {
 					mark = "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", mark, v.ID, v.SHA256[:12], humanBytes(v.Size), v.Created.Local().Format(time.DateTime))
+				line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", mark, v.ID, v.SHA256[:12], humanBytes(v.Size), v.Created.Local().Format(time.DateTime))
+				if labels {
+					line += "\t" + v.Label
+				}
+				fmt.Fprintln(tw, line)
 			}
 			return tw.Flush()
 		},

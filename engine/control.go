@@ -35,6 +35,19 @@ func (e *Engine) Control() *Control { return &Control{e} }
 // A bundle equal to the current version changes nothing (the info says
 // Unchanged) unless force is set.
 func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error) {
+	return c.deploy(ctx, name, body, registry.PublishOptions{Force: force})
+}
+
+// DeployLabeled is Deploy recording label with the version it makes (a
+// model repository's version folder: registry.PublishOptions); the same
+// checks, store and cache path. With aside, the version is added beside
+// the current one, which stays current (unless there is none): a lower
+// version folder deployed after a higher one.
+func (c *Control) DeployLabeled(ctx context.Context, name, label string, aside bool, body io.Reader) (api.FunctionInfo, error) {
+	return c.deploy(ctx, name, body, registry.PublishOptions{Label: label, Aside: aside})
+}
+
+func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o registry.PublishOptions) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
@@ -80,7 +93,7 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
-	rv, created, err := e.tab.reg.Publish(ctx, m, tmp, sha, n, force)
+	rv, created, current, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
 	}
@@ -88,6 +101,9 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
+	if created && o.Label != "" {
+		e.tab.unlabel(name, o.Label, rv.ID)
+	}
 	if !created {
 		// Its own read, not one in flight (lookup): that one may have
 		// begun before this deploy's record was read, and a deploy must
@@ -99,6 +115,12 @@ func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force
 		fi := c.info(f, rv, c.versionCount(ctx, name))
 		fi.Unchanged = true
 		return fi, nil
+	}
+	if !current {
+		// Beside the current version: nothing on this node changes until
+		// a request names it (PinVersion reads the record then).
+		e.cfg.Log.Info("deployed beside the current version", "function", name, "version", rv.ID, "label", o.Label, "sha256", sha[:12], "bytes", n)
+		return api.FunctionInfo{Name: name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: c.versionCount(ctx, name)}, nil
 	}
 	f, _ := e.tab.switchTo(name, rv, 0)
 	if f == nil {

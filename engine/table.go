@@ -420,6 +420,27 @@ func (t *table) versions(pinned bool) []funcVersion {
 	return out
 }
 
+// unlabel retires f's versions pinned beside the current one that carry
+// label but are not id: a model repository's version folder deployed
+// again names its new version from now on (match), not a loaded old one.
+// In-flight requests on them finish.
+func (t *table) unlabel(name, label, id string) {
+	t.mu.Lock()
+	var olds []*version
+	if f := t.funcs[name]; f != nil {
+		for k, v := range f.pinned {
+			if v.rec.Label == label && v.rec.ID != id {
+				olds = append(olds, v)
+				delete(f.pinned, k)
+			}
+		}
+	}
+	t.mu.Unlock()
+	for _, v := range olds {
+		v.pool.retire()
+	}
+}
+
 // detach replaces v, if still current, by an unloaded copy of the same
 // version, or drops v if it is a pinned one (the next pin loads it again);
 // the caller retires v.
@@ -548,7 +569,9 @@ func (t *table) pin(f *function, rv api.Version) {
 }
 
 // match is f's version that ref names, current first, or nil; under
-// table.mu.
+// table.mu. An id or prefix comes first; else a label (a model
+// repository's version folder) names the current version if it has it, or
+// the latest pinned one with it (a folder deployed again makes a newer).
 func (f *function) match(ref string) *version {
 	if f.cur != nil && f.cur.rec.Matches(ref) {
 		return f.cur
@@ -558,7 +581,16 @@ func (f *function) match(ref string) *version {
 			return v
 		}
 	}
-	return nil
+	if f.cur != nil && f.cur.rec.Names(ref) {
+		return f.cur
+	}
+	var found *version
+	for _, v := range f.pinned {
+		if v.rec.Names(ref) && (found == nil || v.rec.Created.After(found.rec.Created)) {
+			found = v
+		}
+	}
+	return found
 }
 
 // side is f's loaded versions that pipelines pinned and are not current.

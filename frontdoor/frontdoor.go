@@ -61,6 +61,9 @@ type Runner interface {
 	// Inference Protocol lays inputs out by its tensors) runs that version.
 	// Its store read ends at deadline (the request's: Door.Deadline).
 	Pin(ctx context.Context, name string, deadline time.Time) (pipeline.Pin, error)
+	// PinVersion is Pin for the version ref names (an id, a prefix of 8 or
+	// more characters, or a model repository's label), current or not.
+	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (pipeline.Pin, error)
 	Health() (bool, []api.DeviceHealth)
 }
 

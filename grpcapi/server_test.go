@@ -21,6 +21,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
@@ -229,7 +230,7 @@ func TestErrors(t *testing.T) {
 	}{
 		{"unknown model", &pb.ModelInferRequest{ModelName: "nope"}, codes.NotFound, "nope"},
 		{"no model name", &pb.ModelInferRequest{}, codes.InvalidArgument, "model name"},
-		{"another version", &pb.ModelInferRequest{ModelName: "typed", ModelVersion: "00000000"}, codes.NotFound, "not its current version"},
+		{"an unknown version", &pb.ModelInferRequest{ModelName: "typed", ModelVersion: "00000000"}, codes.NotFound, "has no version"},
 		{"missing input", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{x}, RawInputContents: [][]byte{fp32(1, 2, 3, 4)}},
 			codes.InvalidArgument, `input "y" is missing`},
 		{"extra input", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{
@@ -547,6 +548,43 @@ func TestDidYouMeanOverGRPC(t *testing.T) {
 		st := status.Convert(tc.call())
 		if st.Code() != codes.NotFound || !strings.HasSuffix(st.Message(), tc.want) {
 			t.Errorf("%s: %v %q, want NotFound ending %q", tc.method, st.Code(), st.Message(), tc.want)
+		}
+	}
+}
+
+// model_version runs that version, current or not (its label, as a model
+// repository deploys it, or its id), as over HTTP.
+func TestModelVersionRuns(t *testing.T) {
+	f := serve(t, nil)
+	m := testkit.Manifest("echo")
+	m.OutBytes = 128 // another bundle than the fixture's echo, made current
+	b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, m, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := f.e.Control().DeployLabeled(context.Background(), "echo", "7", false, bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := f.e.Control().Versions(context.Background(), "echo")
+	if err != nil || len(rec.Versions) != 2 {
+		t.Fatalf("echo's record: %v %v", rec, err)
+	}
+	old := rec.Versions[0].ID
+	for _, c := range []struct {
+		version, ran string
+		out          int
+	}{{"", cur.Version, 128}, {"7", cur.Version, 128}, {old, old, int(f.raw.OutBytes)}, {old[:8], old, int(f.raw.OutBytes)}} {
+		var hdr metadata.MD
+		r, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: "echo", ModelVersion: c.version,
+			Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{3}}},
+			RawInputContents: [][]byte{{7, 8, 9}}}, grpc.Header(&hdr))
+		if err != nil {
+			t.Errorf("model_version %q: %v", c.version, err)
+			continue
+		}
+		if ran := hdr.Get("x-plover-version"); len(ran) != 1 || ran[0] != c.ran || len(r.RawOutputContents[0]) != c.out {
+			t.Errorf("model_version %q ran %v with %d bytes out (want %s, %d)", c.version, ran, len(r.RawOutputContents[0]), c.ran, c.out)
 		}
 	}
 }

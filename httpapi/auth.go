@@ -36,6 +36,13 @@ func required(method, path []byte) need {
 		return need{open: true}
 	case bytes.HasPrefix(path, []byte("/v2/health/")), bytes.Equal(path, pathV2), bytes.Equal(path, []byte("/v2/")):
 		return need{open: true} // probes and server metadata, as /healthz
+	case bytes.HasPrefix(path, pathRepository):
+		// Load and unload change what the node serves: admin, as the
+		// extension's control of a whole server; the index is a listing.
+		if _, _, ok := repositoryAction(path); ok {
+			return need{scope: auth.Admin}
+		}
+		return need{scope: auth.Read}
 	case bytes.HasPrefix(path, []byte("/v2/models/")):
 		// The route's own parser: "/infer" at the end of a path is not
 		// always the infer action (a model named infer).

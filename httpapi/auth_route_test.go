@@ -28,6 +28,10 @@ func TestRequiredScope(t *testing.T) {
 		{"GET", "/v1/functions/cnn", need{scope: auth.Read}},
 		{"GET", "/v1/functions/cnn/logs", need{scope: auth.Read, fn: call.NameOf("cnn")}}, // its output: the token's functions only
 		{"POST", "/v1/gc", need{scope: auth.Deploy}},
+		{"POST", "/v2/repository/index", need{scope: auth.Read}},
+		{"POST", "/v2/repository/models/cnn/load", need{scope: auth.Admin}},
+		{"POST", "/v2/repository/models/cnn/unload", need{scope: auth.Admin}},
+		{"POST", "/v2/repository/models/cnn/other", need{scope: auth.Read}}, // no such route: its 404
 	} {
 		if got := required([]byte(tc.method), []byte(tc.path)); got != tc.want {
 			t.Errorf("%s %s: %+v, want %+v", tc.method, tc.path, got, tc.want)

@@ -83,7 +83,7 @@ const (
 )
 
 // inputLimit is what may be read of a request to name (in version, if not
-// ""; only the current one runs) carried as enc: the function's own
+// "", current or not) carried as enc: the function's own
 // max_input_bytes, or what carries that many bytes in enc, under
 // --max-body. It is asked before the body is read (Invoker.Admit), so that
 // a body the function could never take is a 413 at once, from its
@@ -101,10 +101,17 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 	if err != nil {
 		return bodyLimit{}, err
 	}
-	if err := oip.CheckVersion(name.Borrow(), version, a.Version); err != nil {
-		return bodyLimit{}, err
-	}
 	maxIn := a.MaxInput
+	if version != "" && !a.Version.Names(version) {
+		// Another version than the current one: its own bound, and an
+		// unknown one's 404 before the body (oip.Pin pins it again after).
+		p, err := oip.PinVersion(context.Background(), s.door, name.Borrow(), version, deadline)
+		if err != nil {
+			return bodyLimit{}, err
+		}
+		maxIn = p.Version().MaxInputBytes // 0 for a pipeline's: the server's bound
+		p.Release()
+	}
 	lim := s.serverLimit()
 	if maxIn <= 0 {
 		return lim, nil

@@ -55,8 +55,8 @@ func TestFunctionBoundsItsBody(t *testing.T) {
 			"over the limit of 3236 bytes for function small", 0},
 		{"v2 naming its version", "POST /v2/models/small/versions/" + fi.Version + "/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
 			"over the limit of 165888 bytes for function small", 0},
-		{"v2 naming another version", "POST /v2/models/small/versions/0123456789abcdef/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
-			"is not its current version", 404},
+		{"v2 naming an unknown version", "POST /v2/models/small/versions/0123456789abcdef/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+			"has no version", 404},
 		{"v1 chunked", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
 			fmt.Sprintf("%x\r\n%s\r\n", 16<<10, strings.Repeat("z", 16<<10)), "request body of more than 3136 bytes is over the limit of 3136 bytes for function small", 0},
 	} {

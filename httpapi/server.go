@@ -65,6 +65,10 @@ type Options struct {
 	// ReadTimeout bounds the time a client takes to send a request, its
 	// headers and body (408 past it); 0: 60 s.
 	ReadTimeout time.Duration
+	// Repository, when set, is the model repository the node serves
+	// (plover serve --repository), behind /v2/repository/...; nil: those
+	// routes answer 404.
+	Repository Repository
 }
 
 // Server serves the Plover HTTP API.

@@ -19,7 +19,8 @@ import (
 // The Open Inference Protocol (KServe v2) over HTTP/REST: health, server and
 // model metadata, and inference with JSON tensor data or the binary tensor
 // data extension. A function is a model; its versions are Plover's version
-// ids (or their 8+ character prefixes), and only the current one serves.
+// ids (or their 8+ character prefixes) or, from a model repository, its
+// version folders' labels; any available version serves (oip.Pin).
 
 var pathV2 = []byte("/v2")
 
@@ -39,8 +40,11 @@ func (s *Server) v2(ctx *fasthttp.RequestCtx) {
 	switch {
 	case string(path) == "/v2" || string(path) == "/v2/":
 		if s.method(ctx, fasthttp.MethodGet) {
-			writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": "plover", "version": s.opts.Version,
-				"extensions": []string{"binary_tensor_data"}})
+			ext := []string{"binary_tensor_data"}
+			if s.opts.Repository != nil {
+				ext = append(ext, "model_repository")
+			}
+			writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": "plover", "version": s.opts.Version, "extensions": ext})
 		}
 	case string(path) == "/v2/health/live":
 		if s.method(ctx, fasthttp.MethodGet) {
@@ -55,6 +59,8 @@ func (s *Server) v2(ctx *fasthttp.RequestCtx) {
 			}
 			writeJSON(ctx, code, map[string]bool{"ready": code == fasthttp.StatusOK})
 		}
+	case bytes.HasPrefix(path, pathRepository):
+		s.repository(ctx)
 	case bytes.HasPrefix(path, pathV2Models):
 		name, version, action, ok := parseV2Model(path[len(pathV2Models):])
 		if !ok {

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -174,7 +176,7 @@ func TestOpenInferenceProtocol(t *testing.T) {
 		want             string
 	}{
 		{"unknown model", "/v2/models/nope/infer", `{"inputs":[]}`, 404, "not found"},
-		{"not the current version", "/v2/models/typed/versions/00000000/infer", `{"inputs":[]}`, 404, "is not its current version"},
+		{"an unknown version", "/v2/models/typed/versions/00000000/infer", `{"inputs":[]}`, 404, "has no version"},
 		{"missing input", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3,4]}]}`, 400, `input "y" is missing`},
 		{"unknown input", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]},{"name":"extra","datatype":"UINT8","shape":[1],"data":[1]}]}`, 400, `input "extra" is not one of the model's inputs`},
 		{"wrong datatype", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[1]}]}`, 400, "datatype FP32, the model takes UINT8"},
@@ -470,7 +472,7 @@ func TestV2RefusalsCounted(t *testing.T) {
 		msg        string
 	}{
 		{"bad timeout", "/v2/models/echo/infer", map[string]string{"X-Plover-Timeout-Ms": "soon"}, 400, "X-Plover-Timeout-Ms"},
-		{"unknown version", "/v2/models/echo/versions/0123456789/infer", nil, 404, "is not its current version"},
+		{"unknown version", "/v2/models/echo/versions/0123456789/infer", nil, 404, "has no version"},
 	} {
 		code, _, b := v2Do(t, "POST", url+tt.path, tt.hdr, body)
 		if code != tt.code || !strings.Contains(string(b), tt.msg) || !strings.HasPrefix(string(b), `{"error":`) {
@@ -484,6 +486,66 @@ func TestV2RefusalsCounted(t *testing.T) {
 	for _, want := range []string{`plover_requests_total{code="400",function="_unknown"} 1`, `plover_requests_total{code="404",function="_unknown"} 1`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// /v2 runs the version a path names, current or not, by id, prefix or
+// label (a model repository's version folder), as Triton runs any
+// available version; metadata and ready answer for it.
+func TestV2RunsNamedVersion(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	deploy := func(label string, out int64, aside bool) string {
+		m := testkit.Manifest("echo")
+		m.OutBytes = out // tells the versions' answers apart
+		b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, m, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, err := e.Control().DeployLabeled(context.Background(), "echo", label, aside, bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Version
+	}
+	// 2 first, then 1 beside it (a lower version folder added later): 2
+	// stays current.
+	v2 := deploy("2", 256, false)
+	v1 := deploy("1", 128, true)
+	url := testkit.Serve(t, e, httpapi.Options{})
+	body := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[7,8,9]}]}`)
+	for _, c := range []struct {
+		path, ran string
+		out       int
+		code      int
+	}{
+		{"/v2/models/echo/infer", v2, 256, 200},
+		{"/v2/models/echo/versions/1/infer", v1, 128, 200},
+		{"/v2/models/echo/versions/" + v1 + "/infer", v1, 128, 200},
+		{"/v2/models/echo/versions/" + v1[:8] + "/infer", v1, 128, 200},
+		{"/v2/models/echo/versions/2/infer", v2, 256, 200},
+		{"/v2/models/echo/versions/3/infer", "", 0, 404},
+	} {
+		code, h, b := v2Do(t, "POST", url+c.path, nil, body)
+		var out v2Out
+		json.Unmarshal(b, &out)
+		if code != c.code || h.Get("X-Plover-Version") != c.ran || (code == 200 && len(out.Outputs[0].Data) != c.out) {
+			t.Errorf("%s: %d ran %q (want %d, %q) %.200s", c.path, code, h.Get("X-Plover-Version"), c.code, c.ran, b)
+		}
+	}
+	// Version folder 1 deployed again (changed): its label names the new
+	// deploy, not the old one this node has loaded beside the current.
+	v1b := deploy("1", 64, true)
+	code, h, b := v2Do(t, "POST", url+"/v2/models/echo/versions/1/infer", nil, body)
+	var out v2Out
+	json.Unmarshal(b, &out)
+	if code != 200 || h.Get("X-Plover-Version") != v1b || len(out.Outputs[0].Data) != 64 {
+		t.Errorf("label 1 after its redeploy: %d ran %q (want %s) %.200s", code, h.Get("X-Plover-Version"), v1b, b)
+	}
+	for path, code := range map[string]int{"/v2/models/echo/versions/1": 200, "/v2/models/echo/versions/1/ready": 200, "/v2/models/echo/versions/3": 404} {
+		got, _, b := v2Do(t, "GET", url+path, nil, nil)
+		if got != code || (code == 200 && path == "/v2/models/echo/versions/1" && !strings.Contains(string(b), v1b)) {
+			t.Errorf("GET %s: %d %s, want %d", path, got, b, code)
 		}
 	}
 }

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/pipeline"
 )
 
@@ -165,36 +165,44 @@ func Split(b []byte, decl []abi.Tensor, res []Cut, dims []int64, what string) ([
 // Pinner is what Pin needs of a transport's invoker.
 type Pinner interface {
 	Pin(ctx context.Context, name string, deadline time.Time) (pipeline.Pin, error)
+	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (pipeline.Pin, error)
 }
 
-// Pin resolves name's current version once for a request (the version
-// whose tensors lay the inputs out is the version that runs) and checks it
-// against the version the request names, if any: Plover serves the current
-// one. On success the caller releases the pin; the tensors are the
-// version's, or abi.RawTensors when it declares none. Its store read ends
-// at deadline (the request's, set by the door).
+// Pin resolves the version of name a request runs, once (the version whose
+// tensors lay the inputs out is the version that runs): the current one,
+// or the one version names (an id, an 8+ character prefix, or a model
+// repository's label: its version folder), current or not, as Triton runs
+// any available version. On success the caller releases the pin; the
+// tensors are the version's, or abi.RawTensors when it declares none. Its
+// store read ends at deadline (the request's, set by the door).
 func Pin(ctx context.Context, inv Pinner, name, version string, deadline time.Time) (pipeline.Pin, *abi.Tensors, error) {
 	pin, err := inv.Pin(ctx, name, deadline)
 	if err != nil {
 		return pin, nil, err
 	}
-	cur := pin.Version()
-	if err := CheckVersion(name, version, cur); err != nil {
+	if version != "" && !pin.Version().Names(version) {
+		// Not the current version: the engine keeps it beside the
+		// current one while requests use it (engine.PinVersion).
 		pin.Release()
-		return pin, nil, err
+		if pin, err = PinVersion(ctx, inv, name, version, deadline); err != nil {
+			return pin, nil, err
+		}
 	}
-	ts := cur.Tensors
+	ts := pin.Version().Tensors
 	if ts == nil {
 		ts = &abi.RawTensors
 	}
 	return pin, ts, nil
 }
 
-// CheckVersion is the 404 of a request that names a version (not "")
-// other than cur, the current one: Plover serves the current version.
-func CheckVersion(name, version string, cur api.Version) error {
-	if version == "" || cur.Matches(version) {
-		return nil
+// PinVersion pins the version of name that version names, for a model
+// whose current version was found: a version it lacks is a 404 counted
+// under its name, as a request its transport refused (not as an unknown
+// function's).
+func PinVersion(ctx context.Context, inv Pinner, name, version string, deadline time.Time) (pipeline.Pin, error) {
+	pin, err := inv.PinVersion(ctx, name, version, deadline)
+	if errdefs.KindOf(err) == errdefs.KindNotFound {
+		return pin, &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s has no version %q: name a version folder's number, or a version id or its first 8+ characters (plover versions %s)", name, version, name)}
 	}
-	return &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s version %q is not its current version %s: Plover serves the current version (plover rollback to change it; a prefix needs 8+ characters)", name, version, cur.ID)}
+	return pin, err
 }

@@ -186,6 +186,23 @@ func (r *Runner) Pin(ctx context.Context, name string, deadline time.Time) (Pin,
 	if err != nil {
 		return Pin{}, err
 	}
+	return r.plan(ctx, name, top, deadline)
+}
+
+// PinVersion is Pin for the version of name that ref names (an id, an 8+
+// character prefix, or a model repository's label), current or not: the
+// Open Inference Protocol's /v2/models/NAME/versions/V runs V.
+func (r *Runner) PinVersion(ctx context.Context, name, ref string, deadline time.Time) (Pin, error) {
+	top, err := r.e.PinVersion(ctx, name, ref, deadline)
+	if err != nil {
+		return Pin{}, err
+	}
+	return r.plan(ctx, name, top, deadline)
+}
+
+// plan holds top and, for a pipeline's version, every function its steps
+// run.
+func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline time.Time) (Pin, error) {
 	steps := top.Steps()
 	if steps == nil {
 		return Pin{r: r, top: top}, nil

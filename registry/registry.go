@@ -224,7 +224,29 @@ func (g Registry) List(ctx context.Context) ([]*api.Record, error) {
 // sha256) creates no version: the current one is returned with created
 // false (its object is still stored again if missing or damaged).
 func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool) (v api.Version, created bool, err error) {
-	name := m.Name
+	v, created, _, err = g.PublishWith(ctx, m, bundleBytes, sha, size, PublishOptions{Force: force})
+	return v, created, err
+}
+
+// PublishOptions are how a version is published (Registry.PublishWith).
+type PublishOptions struct {
+	// Force makes a version of bytes equal to the current version's.
+	Force bool
+	// Label is recorded with the version (a model repository's version
+	// folder, "2"): a bundle equal to the current version's is unchanged
+	// only under the same label, so that two version folders of equal
+	// bytes still make two versions a request can name.
+	Label string
+	// Aside adds the version without making it current, unless the
+	// function has no version yet (a model repository's lower version
+	// folder, deployed after a higher one).
+	Aside bool
+}
+
+// PublishWith is Publish with options; current reports whether the version
+// it returns is the function's current one.
+func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, o PublishOptions) (v api.Version, created, current bool, err error) {
+	name, force, label := m.Name, o.Force, o.Label
 
 	// Bundles are content-addressed, so an object already there is reused;
 	// one of the wrong size is damaged and is uploaded again. (Damage that
@@ -233,19 +255,19 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 	info, err := g.Store.Stat(ctx, key)
 	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && info.Size != size) {
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
-			return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+			return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
-		return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+		return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
 	} else if err := g.Store.Touch(ctx, key); errors.Is(err, objectstore.ErrNotFound) {
 		// Deleted since the Stat: store it again.
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
-			return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+			return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
 		// Reused: its grace starts again, so that a delete or gc that read
 		// the records before this deploy's record lands keeps it.
-		return api.Version{}, false, fmt.Errorf("publish %s: %w", name, err)
+		return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
 	}
 	var unchanged *api.Version
 	_, err = g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
@@ -254,12 +276,12 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 		}
 		// After the object step, so that an unchanged deploy still
 		// repairs a missing or damaged bundle object.
-		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha {
+		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label {
 			unchanged = &cv
 			return nil, nil
 		}
 		unchanged = nil
-		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target}
+		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label}
 		if m.IsPipeline() {
 			v.Kind, v.Steps = m.Kind, m.Steps
 		}
@@ -267,22 +289,25 @@ func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.R
 			v.Priority = m.Priority
 		}
 		r.Versions = append(r.Versions, v)
-		r.Current = v.ID
+		current = !o.Aside || r.Current == ""
+		if current {
+			r.Current = v.ID
+		}
 		return r, nil
 	})
 	if err != nil {
-		return api.Version{}, false, err
+		return api.Version{}, false, false, err
 	}
 	if unchanged != nil {
-		return *unchanged, false, nil
+		return *unchanged, false, true, nil
 	}
 	// A delete of another function may have listed the records before this
 	// one landed and removed the bundle as unused (its grace protects a
 	// bundle touched or written just now; this covers a shorter grace).
 	if err := g.ensureBundle(ctx, key, bundleBytes, size); err != nil {
-		return api.Version{}, false, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
+		return api.Version{}, false, false, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
 	}
-	return v, true, nil
+	return v, true, current, nil
 }
 
 // ensureBundle stores the bundle again if it is gone, when its bytes can be

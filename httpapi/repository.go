@@ -1,0 +1,99 @@
+package httpapi
+
+// The Open Inference Protocol's model repository extension (Triton's):
+// POST /v2/repository/index, /v2/repository/models/{name}/load and
+// /unload, over the Repository plover serve --repository serves. Index
+// needs read, load and unload admin (see required).
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/api"
+)
+
+// Repository is a model repository served on this node
+// (repository.Repository).
+type Repository interface {
+	// Index lists its models' versions and their states (only READY ones
+	// when ready is set).
+	Index(ready bool) []api.RepositoryModel
+	// Load deploys a model's folder as it is now; Unload stops serving it
+	// until a load (requests in flight finish).
+	Load(ctx context.Context, name string) error
+	Unload(ctx context.Context, name string) error
+}
+
+var (
+	pathRepository       = []byte("/v2/repository/")
+	pathRepositoryModels = []byte("/v2/repository/models/")
+)
+
+// repositoryAction splits /v2/repository/models/{name}/{load|unload}:
+// the name (the path's bytes, borrowed) and the action, or ok false.
+func repositoryAction(path []byte) (name []byte, action string, ok bool) {
+	rest, found := bytes.CutPrefix(path, pathRepositoryModels)
+	if !found {
+		return nil, "", false
+	}
+	name, act, found := bytes.Cut(rest, []byte{'/'})
+	if !found || len(name) == 0 || (string(act) != "load" && string(act) != "unload") {
+		return nil, "", false
+	}
+	return name, string(act), true
+}
+
+// repository routes /v2/repository/...: every route is a POST, as the
+// extension has it.
+func (s *Server) repository(ctx *fasthttp.RequestCtx) {
+	if s.opts.Repository == nil {
+		v2Error(ctx, fasthttp.StatusNotFound, "this server serves no model repository (plover serve --repository DIR)")
+		return
+	}
+	path := ctx.Path()
+	name, action, ok := repositoryAction(path)
+	if string(path) != "/v2/repository/index" && !ok {
+		v2Error(ctx, fasthttp.StatusNotFound, "no route for "+string(path))
+		return
+	}
+	if !s.method(ctx, fasthttp.MethodPost) {
+		return
+	}
+	// Index takes {"ready": bool}; load and unload take Triton's
+	// {"parameters": {...}}, none of which Plover uses.
+	var body struct {
+		Ready          bool            `json:"ready"`
+		RepositoryName string          `json:"repository_name"`
+		Parameters     json.RawMessage `json:"parameters"`
+	}
+	b, held, err := s.readBody(ctx, bodyLimit{n: 64 << 10, why: "for this route"}, nil, turns{})
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	s.releaseBody(held) // parsed below: the bytes are done with
+	if len(bytes.TrimSpace(b)) > 0 {
+		if err := json.Unmarshal(b, &body); err != nil {
+			v2Error(ctx, fasthttp.StatusBadRequest, `body must be empty or a JSON object ({"ready": true} for the index): `+err.Error())
+			return
+		}
+	}
+	repo := s.opts.Repository
+	switch action {
+	case "":
+		writeJSON(ctx, fasthttp.StatusOK, repo.Index(body.Ready))
+		return
+	case "load":
+		err = repo.Load(ctx, string(name)) // string: a copy, as the repository keeps names
+	case "unload":
+		err = repo.Unload(ctx, string(name))
+	}
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK) // the extension's success: 200, no body
+}

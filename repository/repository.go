@@ -1,0 +1,617 @@
+// Package repository serves a model repository directory (plover serve
+// --repository DIR), as Triton's --model-repository and KServe's
+// /mnt/models lay models out: DIR/NAME/ is a bundle directory (one version)
+// or holds numbered version folders DIR/NAME/1/, DIR/NAME/2/, each a bundle,
+// the highest current; or DIR is one bundle itself. It scans DIR, waits for
+// folders being copied to settle, deploys what changed through the node's
+// control plane (the checks, store and cache path of every deploy),
+// removes what went, and keeps each model's state (READY, UNAVAILABLE,
+// LOADING, with a reason) for the repository API's index, load and unload.
+// The engine does not know it: it talks to the node through Node.
+package repository
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/errdefs"
+)
+
+// The states of the repository API's index (Triton's names).
+const (
+	Ready       = "READY"
+	Unavailable = "UNAVAILABLE"
+	Loading     = "LOADING"
+)
+
+// Node is what a repository needs of the node it serves on
+// (engine.Control): deploys with a label (the version folder), current
+// or aside (beside the current one), a
+// function's record, making one of its versions current, and removing it
+// (requests in flight finish).
+type Node interface {
+	DeployLabeled(ctx context.Context, name, label string, aside bool, body io.Reader) (api.FunctionInfo, error)
+	Versions(ctx context.Context, name string) (*api.Record, error)
+	Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error)
+	Delete(ctx context.Context, name string, force bool) error
+}
+
+// Config configures a Repository.
+type Config struct {
+	Dir string
+	// Name, when DIR is one bundle directory, is the function it serves
+	// as (KServe's model name); "": the manifest's.
+	Name string
+	// Poll is how often DIR is scanned again; 0: once at start (and again
+	// only while a folder settles).
+	Poll time.Duration
+	// Settle is how long a folder's files must be still before it loads
+	// (0: 2 s). While polling, a folder also loads only once two scans see
+	// it the same (see settled).
+	Settle time.Duration
+	// Deploys is how many bundles deploy at once (0: 4).
+	Deploys int
+	Log     *slog.Logger
+}
+
+// Repository is a model repository served on a node.
+type Repository struct {
+	cfg  Config
+	node Node
+	top  string // DIR's base name, which messages begin with
+	// turn is held by the one scan or load or unload changing deployments
+	// at a time (a load racing a poll would deploy twice); mu guards
+	// models and is never held across I/O, so the index answers while a
+	// scan deploys.
+	turn   chan struct{}
+	mu     sync.Mutex
+	models map[string]*model
+	scans  int // scans finished: the first one counts a folder's first look
+}
+
+// model is one folder's state.
+type model struct {
+	name, dir string
+	renamed   bool      // DIR is one bundle served under Config.Name
+	seen      string    // the folder's fingerprint at the last scan
+	seenAt    time.Time // when it was first seen so
+	done      string    // the fingerprint last deployed (or failed): unchanged, nothing to do
+	state     string    // of the folder as a whole when versions is empty
+	reason    string
+	versions  []version // by label, ascending
+	deployed  bool      // the node has it from us: removing the folder deletes it
+	unloaded  bool      // by the API, until a load or the folder changes
+}
+
+// version is one version folder's state.
+type version struct {
+	label, dir    string
+	state, reason string
+	id            string // the node's version id once deployed
+}
+
+// New returns a repository over cfg.Dir deploying to node; Run serves it.
+func New(cfg Config, node Node) (*Repository, error) {
+	if cfg.Settle <= 0 {
+		cfg.Settle = 2 * time.Second
+	}
+	if cfg.Deploys <= 0 {
+		cfg.Deploys = 4
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	fi, err := os.Stat(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("--repository: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("--repository %s: not a directory", cfg.Dir)
+	}
+	if cfg.Name != "" && !abi.ValidName(cfg.Name) {
+		return nil, fmt.Errorf("--repository-name %q: a function name must match [a-z0-9][a-z0-9-]{0,62}", cfg.Name)
+	}
+	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
+		turn: make(chan struct{}, 1), models: map[string]*model{}}
+	return r, nil
+}
+
+// Run scans the repository until ctx ends: at once, then every Poll (with
+// no Poll, again only while a folder settles).
+func (r *Repository) Run(ctx context.Context) {
+	for {
+		settling := r.Scan(ctx)
+		wait := r.cfg.Poll
+		if wait <= 0 {
+			if !settling {
+				return
+			}
+			wait = r.cfg.Settle
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Scan looks at the repository once and brings the node in line: folders
+// that settled and changed are deployed (functions first, then pipelines,
+// whose steps must be there), removed folders' functions deleted. It
+// reports whether a folder is still settling.
+func (r *Repository) Scan(ctx context.Context) bool {
+	if !r.take(ctx) {
+		return false
+	}
+	defer r.give()
+	found, err := r.list()
+	if err != nil {
+		// DIR itself unreadable (a volume remounting): nothing is removed
+		// for it, and the next scan tries again.
+		r.cfg.Log.Warn("cannot scan the model repository", "dir", r.cfg.Dir, "error", err)
+		return true
+	}
+	now := time.Now()
+	var todo []*model
+	settling := false
+	r.mu.Lock()
+	var gone []*model
+	for name, m := range r.models {
+		if _, ok := found[name]; !ok {
+			gone = append(gone, m)
+			delete(r.models, name)
+		}
+	}
+	for name, f := range found {
+		m := r.models[name]
+		if m == nil {
+			m = &model{name: name, dir: f.dir, renamed: f.renamed, state: Loading, reason: "found: waiting for its first deploy"}
+			r.models[name] = m
+		}
+		switch r.settledLocked(m, f, now) {
+		case stillChanging:
+			settling = true
+		case changed:
+			todo = append(todo, m)
+		}
+	}
+	r.mu.Unlock()
+	for _, m := range gone {
+		r.remove(ctx, m)
+	}
+	// By name: a repository deploys in the same order at every start.
+	slices.SortFunc(todo, func(a, b *model) int { return strings.Compare(a.name, b.name) })
+	r.deployAll(ctx, todo)
+	r.mu.Lock()
+	r.scans++
+	r.mu.Unlock()
+	return settling
+}
+
+// folder is a model folder as a scan found it.
+type folder struct {
+	dir     string
+	renamed bool
+	print   string    // names, sizes and modification times of its files
+	newest  time.Time // the latest modification time in it
+	err     error     // could not be read
+}
+
+// list finds the repository's model folders: DIR itself when it is one
+// bundle, else its subdirectories (not hidden ones).
+func (r *Repository) list() (map[string]folder, error) {
+	out := map[string]folder{}
+	if _, err := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile)); err == nil {
+		name := r.cfg.Name
+		if name == "" {
+			// The manifest's name; while it does not parse (being
+			// copied), the directory's, under which its reason shows.
+			name = r.top
+			if m, err := bundle.ReadManifest(r.cfg.Dir); err == nil {
+				name = m.Name
+			}
+		}
+		out[name] = look(r.cfg.Dir, r.cfg.Name != "")
+		return out, nil
+	}
+	ents, err := os.ReadDir(r.cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || e.Name()[0] == '.' {
+			continue // files beside models (a README), and hidden scratch space
+		}
+		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
+	}
+	return out, nil
+}
+
+// look fingerprints a folder: every file's and directory's name, size and
+// modification time, and the newest of those times.
+func look(dir string, renamed bool) folder {
+	f := folder{dir: dir, renamed: renamed}
+	h := sha256.New()
+	var b [16]byte
+	f.err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		io.WriteString(h, rel)
+		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
+		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
+		h.Write(b[:])
+		if fi.ModTime().After(f.newest) {
+			f.newest = fi.ModTime()
+		}
+		return nil
+	})
+	f.print = fmt.Sprintf("%x", h.Sum(nil))
+	return f
+}
+
+type settleResult int
+
+const (
+	unchanged     settleResult = iota // as last deployed, or unloaded and untouched
+	stillChanging                     // LOADING until it is still
+	changed                           // settled and different: deploy it
+)
+
+// settledLocked decides what a scan does with m as found: a folder is
+// deployed once it is still, that is when none of its files changed within
+// Settle and, while polling, when two scans a poll apart saw the same
+// files (names, sizes, times: a copy that keeps its source's times, cp -a,
+// still changes names and sizes). Its first scan at start needs only the
+// first rule, so that a repository at rest serves at once.
+func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResult {
+	first := m.seen == ""
+	same := f.print == m.seen
+	if !same {
+		m.seen, m.seenAt = f.print, now
+	}
+	if f.print == m.done {
+		return unchanged
+	}
+	m.unloaded = false // changed since the unload (Unload sets done): it is over
+	still := now.Sub(f.newest) >= r.cfg.Settle
+	if f.err == nil && still && (same || (first && r.scans == 0)) {
+		return changed
+	}
+	// Its deployed versions still serve, and show, beside the folder's
+	// LOADING entry.
+	m.state, m.reason = Loading, "files changed within the last "+r.cfg.Settle.String()+": waiting for the copy to settle"
+	if f.err != nil {
+		m.reason = fmt.Sprintf("cannot read it yet: %v", f.err)
+	}
+	return stillChanging
+}
+
+// take waits for the turn to change deployments; false if ctx ended first.
+func (r *Repository) take(ctx context.Context) bool {
+	select {
+	case r.turn <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (r *Repository) give() { <-r.turn }
+
+// deployAll deploys the models, Deploys at a time, those whose current
+// version is a function first and then pipelines (a pipeline's deploy
+// checks that its steps are there).
+func (r *Repository) deployAll(ctx context.Context, todo []*model) {
+	type job struct {
+		m    *model
+		vers []version
+		err  error
+	}
+	jobs := make([]job, len(todo))
+	var pipes, funcs []int
+	for i, m := range todo {
+		vers, pipe, err := r.versionsOf(m)
+		jobs[i] = job{m, vers, err}
+		if pipe {
+			pipes = append(pipes, i)
+		} else {
+			funcs = append(funcs, i)
+		}
+	}
+	for _, group := range [][]int{funcs, pipes} {
+		sem := make(chan struct{}, r.cfg.Deploys)
+		var wg sync.WaitGroup
+		for _, i := range group {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func(j *job) {
+				defer func() { <-sem; wg.Done() }()
+				r.deploy(ctx, j.m, j.vers, j.err)
+			}(&jobs[i])
+		}
+		wg.Wait()
+	}
+}
+
+// versionsOf lists m's version folders (its folder alone when it is a
+// bundle, as version 1) and whether its highest is a pipeline.
+func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
+	if _, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile)); err == nil {
+		return []version{{label: "1", dir: m.dir}}, isPipeline(m.dir), nil
+	}
+	ents, err := os.ReadDir(m.dir)
+	if err != nil {
+		return nil, false, fmt.Errorf("%s: %w", r.where(m.dir), err)
+	}
+	var vs []version
+	for _, e := range ents {
+		if n, err := strconv.ParseUint(e.Name(), 10, 63); err == nil && e.IsDir() && strconv.FormatUint(n, 10) == e.Name() {
+			vs = append(vs, version{label: e.Name(), dir: filepath.Join(m.dir, e.Name())})
+		}
+	}
+	if len(vs) == 0 {
+		return nil, false, fmt.Errorf("%s: no %s and no version folders (1/, 2/, ...)", r.where(m.dir), abi.ManifestFile)
+	}
+	slices.SortFunc(vs, func(a, b version) int { return byNumber(a.label, b.label) })
+	return vs, isPipeline(vs[len(vs)-1].dir), nil
+}
+
+func isPipeline(dir string) bool {
+	m, err := bundle.ReadManifest(dir)
+	return err == nil && m.IsPipeline()
+}
+
+// byNumber orders version labels as numbers ("" first).
+func byNumber(a, b string) int {
+	x, _ := strconv.ParseUint(a, 10, 63)
+	y, _ := strconv.ParseUint(b, 10, 63)
+	return cmp.Compare(x, y)
+}
+
+// where names a folder of the repository in messages, from DIR's own
+// name: "models/cnn/2".
+func (r *Repository) where(dir string) string {
+	rel, err := filepath.Rel(r.cfg.Dir, dir)
+	if err != nil || rel == "." {
+		return r.top
+	}
+	return r.top + "/" + filepath.ToSlash(rel)
+}
+
+// deploy brings the node in line with m's versions: each one the node's
+// record lacks (by label and sha256) is deployed, the highest as current
+// and the others beside it; a broken one is UNAVAILABLE with its reason
+// and the others still deploy (the highest that did is made current).
+func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err error) {
+	r.mu.Lock()
+	print := m.seen
+	r.mu.Unlock()
+	if err != nil {
+		r.settle(m, print, nil, Unavailable, err.Error())
+		return
+	}
+	rec, err := r.node.Versions(ctx, m.name)
+	if err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+		r.settle(m, "", nil, Unavailable, err.Error()) // "": the store, not the folder: try again
+		return
+	}
+	current, label := "", ""
+	for i := range vers {
+		v := &vers[i]
+		// Only the highest becomes current: a lower folder added later
+		// goes beside it.
+		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1)
+		if err != nil {
+			v.state, v.reason = Unavailable, err.Error()
+			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
+			continue
+		}
+		v.state, current, label = Ready, v.id, v.label
+	}
+	if current != "" {
+		rec, err = r.node.Versions(ctx, m.name)
+		if err == nil && rec.Current != current {
+			_, err = r.node.Rollback(ctx, m.name, current)
+		}
+		if err != nil {
+			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err))
+			return
+		}
+	}
+	r.settle(m, print, vers, "", "")
+}
+
+// deployVersion deploys one version folder unless rec has it already
+// (the same label and bytes: a restart), and returns its version id.
+func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool) (string, error) {
+	where := r.where(dir)
+	man, err := bundle.ReadManifest(dir)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", where, err)
+	}
+	if !m.renamed && man.Name != m.name {
+		return "", fmt.Errorf("%s: %s names %q", where, abi.ManifestFile, man.Name)
+	}
+	name := ""
+	if m.renamed {
+		name = m.name
+	}
+	b, sha, _, err := bundle.PackBytesNamed(dir, name)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", where, err)
+	}
+	if rec != nil {
+		for _, v := range rec.Versions {
+			if v.Label == label && v.SHA256 == sha {
+				return v.ID, nil
+			}
+		}
+	}
+	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", where, err)
+	}
+	r.cfg.Log.Info("model repository: deployed", "model", m.name, "version", label, "id", fi.Version)
+	return fi.Version, nil
+}
+
+// settle records a deploy's outcome: done is the fingerprint it answers
+// ("" to try again at the next scan).
+func (r *Repository) settle(m *model, done string, vers []version, state, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.done, m.versions, m.state, m.reason = done, vers, state, reason
+	for _, v := range vers {
+		if v.state == Ready {
+			m.deployed = true
+		}
+	}
+	if state == Unavailable && reason != "" {
+		r.cfg.Log.Warn("model repository: a model is unavailable", "model", m.name, "reason", reason)
+	}
+}
+
+// remove deletes a removed folder's function; requests in flight finish.
+func (r *Repository) remove(ctx context.Context, m *model) {
+	if !m.deployed || m.unloaded {
+		return
+	}
+	if err := r.node.Delete(ctx, m.name, true); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
+		return
+	}
+	r.cfg.Log.Info("model repository: removed", "model", m.name)
+}
+
+// Index is the repository's models, by name: one entry per version
+// folder (its label as the version), and one without a version for the
+// whole folder while it settles, or when it has no versions to show
+// (unreadable, unloaded); with ready, only READY ones.
+func (r *Repository) Index(ready bool) []api.RepositoryModel {
+	r.mu.Lock()
+	out := make([]api.RepositoryModel, 0, len(r.models))
+	for _, m := range r.models {
+		if len(m.versions) == 0 || m.unloaded || m.state == Loading {
+			if !ready {
+				out = append(out, api.RepositoryModel{Name: m.name, State: m.state, Reason: m.reason})
+			}
+			if len(m.versions) == 0 || m.unloaded {
+				continue
+			}
+		}
+		for _, v := range m.versions {
+			if !ready || v.state == Ready {
+				out = append(out, api.RepositoryModel{Name: m.name, Version: v.label, State: v.state, Reason: v.reason})
+			}
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b api.RepositoryModel) int {
+		if a.Name != b.Name {
+			if a.Name < b.Name {
+				return -1
+			}
+			return 1
+		}
+		return byNumber(a.Version, b.Version)
+	})
+	return out
+}
+
+// Load deploys name's folder now, as it is (an unload ends): its versions
+// the node lacks are deployed and the highest made current. An unknown
+// name is 404; a folder that does not deploy is 400 with the reason.
+func (r *Repository) Load(ctx context.Context, name string) error {
+	if !r.take(ctx) {
+		return errdefs.Unavailable(ctx.Err(), "load %s: the server is shutting down", name)
+	}
+	defer r.give()
+	found, err := r.list()
+	if err != nil {
+		return errdefs.Unavailable(err, "load %s: cannot read the model repository: %v", name, err)
+	}
+	f, ok := found[name]
+	if !ok {
+		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
+	}
+	r.mu.Lock()
+	m := r.models[name]
+	if m == nil {
+		m = &model{name: name, dir: f.dir, renamed: f.renamed}
+		r.models[name] = m
+	}
+	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
+	r.mu.Unlock()
+	vers, _, err := r.versionsOf(m)
+	r.deploy(ctx, m, vers, err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if reason := m.failure(); reason != "" {
+		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, reason)
+	}
+	return nil
+}
+
+// failure is why m is not ready ("" when its current version is); under
+// r.mu.
+func (m *model) failure() string {
+	if m.state == Unavailable || len(m.versions) == 0 {
+		return m.reason
+	}
+	if last := m.versions[len(m.versions)-1]; last.state != Ready {
+		return last.reason
+	}
+	return ""
+}
+
+// Unload stops serving name until a load (or, while polling, until its
+// folder changes): its function is deleted from the node (requests in
+// flight finish) and the repository remembers it is unloaded. A function
+// a pipeline runs is refused (409), as plover rm refuses it.
+func (r *Repository) Unload(ctx context.Context, name string) error {
+	if !r.take(ctx) {
+		return errdefs.Unavailable(ctx.Err(), "unload %s: the server is shutting down", name)
+	}
+	defer r.give()
+	r.mu.Lock()
+	m := r.models[name]
+	r.mu.Unlock()
+	if m == nil {
+		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
+	}
+	if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+		return fmt.Errorf("unload %s: %w", name, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.unloaded, m.deployed, m.state, m.reason = true, false, Unavailable, "unloaded"
+	if m.done == "" {
+		m.done = m.seen // a load, or a change of the folder, brings it back
+	}
+	r.cfg.Log.Info("model repository: unloaded", "model", name)
+	return nil
+}
