@@ -1,13 +1,17 @@
 package charttest
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
 )
 
 // syncOn: required values with a repository filled by a sync container.
@@ -229,19 +233,28 @@ func checkRepository(t *testing.T, ps corev1.PodSpec, w repoWant) {
 	if !reflect.DeepEqual(s.Env, []corev1.EnvVar{{Name: "HOME", Value: "/tmp"}}) {
 		t.Errorf("sync env %+v, want the user's HOME=/tmp", s.Env)
 	}
-	var wrote bool
+	// Its root filesystem is read-only (the chart's securityContext): a
+	// writable /tmp of its own, not plover's.
+	var wrote, tmp bool
 	for _, m := range s.VolumeMounts {
 		if m.Name == mount.Name {
 			wrote = m.MountPath == w.path && !m.ReadOnly
 		}
 		if m.MountPath == "/tmp" {
-			if tv := vols[m.Name]; tv.EmptyDir == nil || m.ReadOnly || m.Name == mount.Name {
-				t.Errorf("sync /tmp is %+v on %+v, want a writable emptyDir of its own", m, tv.VolumeSource)
+			tv := vols[m.Name]
+			tmp = tv.EmptyDir != nil && !m.ReadOnly && m.Name != mount.Name
+			for _, pm := range c.VolumeMounts {
+				if pm.Name == m.Name {
+					tmp = false
+				}
 			}
 		}
 	}
 	if !wrote {
 		t.Errorf("sync container mounts %+v: want volume %s writable at %s", s.VolumeMounts, mount.Name, w.path)
+	}
+	if !tmp {
+		t.Errorf("sync container mounts %+v: want a writable emptyDir of its own at /tmp", s.VolumeMounts)
 	}
 	for _, pc := range ps.Containers {
 		if pc.Name == s.Name {
@@ -332,4 +345,67 @@ func TestRepositoryRefusals(t *testing.T) {
 			t.Errorf("no native sidecar on 1.29:\n%s", out)
 		}
 	})
+}
+
+// TestRepositoryREADMEExamples: the README's repository examples (its yaml
+// blocks that set repository:) render, lint, and give what they say.
+func TestRepositoryREADMEExamples(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var examples []string
+	for i, block := range strings.Split(string(src), "```yaml\n")[1:] {
+		body, _, ok := strings.Cut(block, "\n```")
+		if !ok {
+			t.Fatalf("yaml block %d is not closed", i)
+		}
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "" {
+				continue
+			}
+			if line == "repository:" {
+				examples = append(examples, body)
+			}
+			break
+		}
+	}
+	if len(examples) != 3 {
+		t.Fatalf("%d repository examples in README.md, want 3 (a PVC, an init sync, a sidecar sync)", len(examples))
+	}
+	modes := map[string]bool{}
+	for i, ex := range examples {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			var r map[string]any
+			if err := yaml.UnmarshalStrict([]byte(ex), &r); err != nil {
+				t.Fatalf("example %d: %v\n%s", i, err, ex)
+			}
+			v := required()
+			v["repository"] = r["repository"]
+			d := template(t, "plover", v).deployments["plover"]
+			if d == nil {
+				t.Fatal("no Deployment plover")
+			}
+			ps := d.Spec.Template.Spec
+			if got, _ := flagValue(ps.Containers[0].Args, "repository"); got != "/models" {
+				t.Errorf("--repository %q, want /models", got)
+			}
+			for _, ic := range ps.InitContainers {
+				mode := "init"
+				if ic.RestartPolicy != nil {
+					mode = "sidecar"
+				}
+				modes[mode] = true
+				if ic.Image == "" || len(ic.Args) == 0 {
+					t.Errorf("sync container %+v without image or args", ic)
+				}
+			}
+			if len(ps.InitContainers) == 0 {
+				modes["volume"] = true
+			}
+		})
+	}
+	if !modes["init"] || !modes["sidecar"] || !modes["volume"] {
+		t.Errorf("README examples cover %v, want a volume, an init container and a sidecar", modes)
+	}
 }
