@@ -181,6 +181,13 @@ type serviceMonitor struct {
 // decodes every document.
 func template(t *testing.T, release string, v values) *objects {
 	t.Helper()
+	return decodeAll(t, render(t, release, v))
+}
+
+// render lints the chart with v and returns what helm template renders with
+// it, as text.
+func render(t *testing.T, release string, v values) string {
+	t.Helper()
 	f := writeValues(t, v)
 	if out, errOut, err := runHelm(t, "lint", chartDir, "--strict", "--namespace", namespace, "-f", f); err != nil {
 		t.Fatalf("helm lint: %v\n%s%s", err, out, errOut)
@@ -189,7 +196,7 @@ func template(t *testing.T, release string, v values) *objects {
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, errOut)
 	}
-	return decodeAll(t, out)
+	return out
 }
 
 // templateFails renders with v and returns helm's error output; rendering must fail.

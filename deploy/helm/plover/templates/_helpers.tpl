@@ -131,6 +131,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail (printf "grpc.port %d is metrics.port too: the gRPC listener needs a port of its own" $p) }}
 {{- end }}
 {{- end }}
+{{- include "plover.validateRepository" . }}
 {{- with .Values.tracing.otlpEndpoint }}
 {{- if not (regexMatch "^https?://[^/]" .) }}
 {{- fail (printf "tracing.otlpEndpoint %q: want the collector's URL with its scheme, e.g. http://otel-collector.observability:4318" .) }}
@@ -147,6 +148,51 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if and $.Values.tracing.headersSecret.name (not $.Values.tracing.headersSecret.key) }}
 {{- fail "tracing.headersSecret.name needs tracing.headersSecret.key (the Secret's key holding OTEL_EXPORTER_OTLP_HEADERS)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The model repository (repository.*): one source, a usable path and period. */}}
+{{- define "plover.validateRepository" -}}
+{{- $r := .Values.repository }}
+{{- if $r.enabled }}
+{{- $sources := list }}
+{{- if $r.existingClaim }}{{ $sources = append $sources "existingClaim" }}{{ end }}
+{{- if $r.volume }}{{ $sources = append $sources "volume" }}{{ end }}
+{{- if $r.sync.enabled }}{{ $sources = append $sources "sync.enabled" }}{{ end }}
+{{- if not $sources }}
+{{- fail "repository.enabled needs a source: repository.existingClaim (a PersistentVolumeClaim, mounted read-only), repository.volume (any volume source, as-is) or repository.sync.enabled (an emptyDir that repository.sync.image fills, e.g. from S3)" }}
+{{- end }}
+{{- if gt (len $sources) 1 }}
+{{- fail (printf "repository: set one source, not %s (repository.existingClaim, repository.volume or repository.sync.enabled)" (join " and " $sources)) }}
+{{- end }}
+{{- $path := toString $r.mountPath }}
+{{- if not (regexMatch "^/[^:]*[^/:]$" $path) }}
+{{- fail (printf "repository.mountPath %q: want an absolute path without a trailing slash, e.g. /models" $path) }}
+{{- end }}
+{{- range list "/tmp" "/var/lib/plover" "/etc/plover" }}
+{{- if or (eq $path .) (hasPrefix (printf "%s/" .) $path) (hasPrefix (printf "%s/" $path) .) }}
+{{- fail (printf "repository.mountPath %q overlaps %s, which the chart mounts: choose another, e.g. /models" $path .) }}
+{{- end }}
+{{- end }}
+{{- with $r.pollPeriod }}
+{{- if not (regexMatch "^([0-9]+(\\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$" (toString .)) }}
+{{- fail (printf "repository.pollPeriod %q: want a Go duration such as 30s or 5m (a string)" (toString .)) }}
+{{- end }}
+{{- end }}
+{{- if $r.sync.enabled }}
+{{- if not $r.sync.image }}
+{{- fail "repository.sync.enabled needs repository.sync.image (and usually command/args): the chart ships no sync image" }}
+{{- end }}
+{{- if not (has $r.sync.mode (list "init" "sidecar")) }}
+{{- fail (printf "repository.sync.mode %q: want init (copy once before plover starts) or sidecar (keep copying beside it)" $r.sync.mode) }}
+{{- end }}
+{{- if and (eq $r.sync.mode "sidecar") (not (semverCompare ">=1.29.0-0" .Capabilities.KubeVersion.Version)) }}
+{{- fail (printf "repository.sync.mode sidecar needs Kubernetes >= 1.29 (native sidecar containers); this cluster is %s: use mode init" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- if and $r.sync.startupProbe (ne $r.sync.mode "sidecar") }}
+{{- fail "repository.sync.startupProbe applies to mode sidecar only (an init container runs to completion before plover starts)" }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -202,6 +248,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if .Values.grpc.enabled }}
 {{- $a = append $a (printf "--grpc-listen=0.0.0.0:%d" (int .Values.grpc.port)) }}
+{{- end }}
+{{- if .Values.repository.enabled }}
+{{- $a = append $a (printf "--repository=%s" .Values.repository.mountPath) }}
+{{- with .Values.repository.pollPeriod }}
+{{- $a = append $a (printf "--repository-poll=%s" (toString .)) }}
+{{- end }}
 {{- end }}
 {{- $a = append $a (printf "--grace=%ds" (int .Values.server.graceSeconds)) }}
 {{- $a = append $a (printf "--cache-limit=%d" (int .Values.server.cacheLimitMiB)) }}
