@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -276,7 +277,7 @@ spec:
 		{"yes is a boolean", "protocolVersion: v2", "protocolVersion: yes", "spec.predictor.model.protocolVersion: want string, got a boolean (true)"},
 		{"a number", "protocolVersion: v2", "protocolVersion: 2", "spec.predictor.model.protocolVersion: want string, got an integer (2)"},
 		{"missing", "        name: plover\n", "        {}\n", "spec.predictor.model.modelFormat.name: required field missing"},
-		{"kind", "kind: InferenceService", "kind: InferenceServices", ""},
+		{"kind", "kind: InferenceService", "kind: InferenceServices", `kind: "InferenceServices", want "InferenceService"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			text := strings.Replace(good, c.from, c.to, 1)
@@ -287,13 +288,7 @@ spec:
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.want == "" { // no subset for this kind: the lookup fails
-				if s := subs["serving.kserve.io/v1beta1 "+d[0]["kind"].(string)]; s != nil {
-					t.Fatalf("a subset for kind %v", d[0]["kind"])
-				}
-				return
-			}
-			errs := Validate(subsetFor(t, subs, d[0]), d[0])
+			errs := Validate(subs["serving.kserve.io/v1beta1 InferenceService"], d[0])
 			for _, e := range errs {
 				if strings.Contains(e, c.want) {
 					return
@@ -402,5 +397,78 @@ func TestSubsetLoadRefusesUnknownKeywords(t *testing.T) {
 	}
 	if _, err := LoadSubset(p); err == nil || !strings.Contains(err.Error(), "oneOf") {
 		t.Fatalf("LoadSubset with oneOf: %v, want an error naming it", err)
+	}
+}
+
+// TestCutSubset: the cutter keeps the checked keywords on used paths, lists
+// unused properties by name, swaps in ObjectMeta, and refuses a keyword the
+// validator cannot check on a used path (but not on an unused one).
+func TestCutSubset(t *testing.T) {
+	crd := `apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+spec:
+  group: example.com
+  names: {kind: Thing}
+  versions:
+    - name: v1
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            apiVersion: {type: string}
+            kind: {type: string}
+            metadata: {type: object}
+            spec:
+              type: object
+              description: dropped
+              required: [size]
+              properties:
+                size: {type: integer, format: int32, default: 1, minimum: 0}
+                mode: {type: string, enum: [a, b]}
+                unused: {type: string, x-kubernetes-validations: [{rule: "self != ''"}]}
+                LEAK
+`
+	docs := []map[string]any{{"apiVersion": "example.com/v1", "kind": "Thing", "spec": map[string]any{"size": json.Number("3"), "mode": "a"}}}
+	write := func(text string) string {
+		p := filepath.Join(t.TempDir(), "crd.yaml")
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	sub, err := CutSubset(write(strings.Replace(crd, "LEAK", "", 1)), "v1", Source{Commit: "c"}, docs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := sub.Schema.Properties["spec"]
+	if sub.Kind != "Thing" || sub.APIVersion() != "example.com/v1" || spec == nil {
+		t.Fatalf("subset %+v", sub)
+	}
+	if size := spec.Properties["size"]; size == nil || size.Format != "int32" || size.Minimum == nil || *size.Minimum != 0 {
+		t.Errorf("spec.size: %+v, want int32 with minimum 0", size)
+	}
+	if mode := spec.Properties["mode"]; mode == nil || len(mode.Enum) != 2 {
+		t.Errorf("spec.mode: %+v, want the enum", mode)
+	}
+	if !slices.Equal(spec.Trimmed, []string{"unused"}) || spec.Properties["unused"] != nil {
+		t.Errorf("spec: trimmed %q, want [unused] and no schema for it", spec.Trimmed)
+	}
+	if !slices.Equal(spec.Required, []string{"size"}) {
+		t.Errorf("spec.required %q", spec.Required)
+	}
+	if m := sub.Schema.Properties["metadata"]; m == nil || m.Properties["annotations"] == nil {
+		t.Errorf("metadata %+v: want the ObjectMeta subset", m)
+	}
+	if errs := Validate(sub, docs[0]); len(errs) > 0 {
+		t.Errorf("the doc it was cut for: %q", errs)
+	}
+	// A keyword the validator does not know, on a used path.
+	bad := strings.Replace(crd, "LEAK", "", 1)
+	bad = strings.Replace(bad, "mode: {type: string, enum: [a, b]}", "mode: {type: string, oneOf: [{enum: [a]}]}", 1)
+	if _, err := CutSubset(write(bad), "v1", Source{Commit: "c"}, docs); err == nil || !strings.Contains(err.Error(), `spec.mode: keyword "oneOf"`) {
+		t.Errorf("oneOf on a used path: %v, want an error naming it", err)
+	}
+	if _, err := CutSubset(write(strings.Replace(crd, "LEAK", "", 1)), "v2", Source{}, docs); err == nil {
+		t.Errorf("a version the CRD lacks: no error")
 	}
 }

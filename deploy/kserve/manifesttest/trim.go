@@ -91,7 +91,7 @@ func CutSubset(crdPath, version string, src Source, docs []map[string]any) (*Sub
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v", crdPath, err)
 	}
-	if s.Properties["metadata"] == nil {
+	if props, _ := full["properties"].(map[string]any); props["metadata"] == nil || s.Properties == nil {
 		return nil, fmt.Errorf("%s: the schema has no metadata", crdPath)
 	}
 	s.Properties["metadata"] = ObjectMeta()
