@@ -127,6 +127,7 @@ vet:
 	$(GO) vet ./...
 	$(GO) mod tidy -diff || (echo "go.mod/go.sum are not tidy: run go mod tidy" && false)
 	cd deploy/helm/charttest && $(GO) mod tidy -diff || (echo "deploy/helm/charttest: run go mod tidy there" && false)
+	cd deploy/kserve/manifesttest && $(GO) vet ./... && ($(GO) mod tidy -diff || (echo "deploy/kserve/manifesttest: run go mod tidy there" && false))
 
 # The first run builds a pinned MinIO for the S3 tests (5 min or more, once), up
 # front and saying so. bin/testreport prints each package as it ends, every
@@ -137,6 +138,7 @@ test: vet fuzz-short race-short bin/plover bin/plover-worker bin/testreport samp
 	-@$(GO) run ./internal/minio/cmd/install-minio >/dev/null
 	bash -o pipefail -c '$(GO) test -count=1 -timeout 30m -json ./... | bin/testreport'
 	bash -o pipefail -c 'cd deploy/helm/charttest && $(GO) test -count=1 -json ./... | ../../../bin/testreport'
+	bash -o pipefail -c 'cd deploy/kserve/manifesttest && $(GO) test -count=1 -json ./... | ../../../bin/testreport'
 
 # The tests of shared state under concurrent requests, with the race
 # detector: the gate's buckets, request metrics, labels kept from borrowed

@@ -237,12 +237,31 @@ func (r *Repository) list() (map[string]folder, error) {
 		return nil, err
 	}
 	for _, e := range ents {
-		if !e.IsDir() || e.Name()[0] == '.' {
+		if e.Name()[0] == '.' || !isDir(r.cfg.Dir, e) {
 			continue // files beside models (a README), and hidden scratch space
 		}
 		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
 	}
 	return out, nil
+}
+
+// isDir reports whether e, in parent, is a directory or a link to one (a
+// folder swapped by its link, a Kubernetes volume's entries).
+func isDir(parent string, e fs.DirEntry) bool {
+	if e.Type()&fs.ModeSymlink == 0 {
+		return e.IsDir()
+	}
+	fi, err := os.Stat(filepath.Join(parent, e.Name()))
+	return err == nil && fi.IsDir()
+}
+
+// resolved is dir with its links followed (dir when they cannot be): a
+// walk does not enter a link it starts at.
+func resolved(dir string) string {
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		return r
+	}
+	return dir
 }
 
 // look fingerprints a folder: every file's and directory's name, size and
@@ -251,7 +270,11 @@ func look(dir string, renamed bool) folder {
 	f := folder{dir: dir, renamed: renamed}
 	h := sha256.New()
 	var b [16]byte
-	f.err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	// A folder may be a link swapped to a new copy at once (cnn ->
+	// cnn-v7): what it points at is part of what it is.
+	root := resolved(dir)
+	io.WriteString(h, root)
+	f.err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -259,8 +282,12 @@ func look(dir string, renamed bool) folder {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(dir, p)
+		rel, _ := filepath.Rel(root, p)
 		io.WriteString(h, rel)
+		if d.Type()&fs.ModeSymlink != 0 { // a linked version folder: where it points
+			target, _ := os.Readlink(p)
+			io.WriteString(h, target)
+		}
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
 		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
 		h.Write(b[:])
@@ -361,7 +388,7 @@ func (r *Repository) deployAll(ctx context.Context, todo []*model) {
 // bundle, as version 1) and whether its highest is a pipeline.
 func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	if _, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile)); err == nil {
-		return []version{{label: "1", dir: m.dir}}, isPipeline(m.dir), nil
+		return []version{{label: "1", dir: resolved(m.dir)}}, isPipeline(m.dir), nil
 	}
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
@@ -369,8 +396,8 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	}
 	var vs []version
 	for _, e := range ents {
-		if n, err := strconv.ParseUint(e.Name(), 10, 63); err == nil && e.IsDir() && strconv.FormatUint(n, 10) == e.Name() {
-			vs = append(vs, version{label: e.Name(), dir: filepath.Join(m.dir, e.Name())})
+		if n, err := strconv.ParseUint(e.Name(), 10, 63); err == nil && isDir(m.dir, e) && strconv.FormatUint(n, 10) == e.Name() {
+			vs = append(vs, version{label: e.Name(), dir: resolved(filepath.Join(m.dir, e.Name()))})
 		}
 	}
 	if len(vs) == 0 {

@@ -360,3 +360,47 @@ func BenchmarkIndex1000(b *testing.B) {
 		}
 	}
 }
+
+// A model folder may be a link, swapped at once to a new copy of the
+// function (cnn -> cnn-b): the swap is a change, deployed at the next
+// scans; a version folder may be a link too.
+func TestLinkedFolders(t *testing.T) {
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	os.MkdirAll(models, 0o755)
+	a, b := filepath.Join(d, "releases", "a"), filepath.Join(d, "releases", "b")
+	writeBundle(t, a, "vecadd", false)
+	writeBundle(t, filepath.Join(d, "releases", "v1"), "softmax", false)
+	if err := os.Symlink(a, filepath.Join(models, "vecadd")); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(models, "softmax"), 0o755)
+	if err := os.Symlink(filepath.Join(d, "releases", "v1"), filepath.Join(models, "softmax", "1")); err != nil {
+		t.Fatal(err)
+	}
+	age(t, d)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Poll: time.Hour, Settle: 100 * time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A link made now is a change now (its own time): it settles first.
+	waitFor(t, r, 4, "linked folders served", func() bool { return node.current("vecadd") == "1" && node.current("softmax") == "1" })
+	first, _ := node.Versions(context.Background(), "vecadd")
+	deployed := len(first.Versions)
+
+	writeBundle(t, b, "vecadd", false)
+	os.WriteFile(filepath.Join(b, "b.bin"), []byte{9, 9, 9, 9}, 0o644) // another bundle than a's
+	age(t, b)
+	tmp := filepath.Join(models, ".vecadd-next")
+	if err := os.Symlink(b, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(models, "vecadd")); err != nil { // the swap, at once
+		t.Fatal(err)
+	}
+	waitFor(t, r, 4, "the swapped folder deployed", func() bool {
+		rec, err := node.Versions(context.Background(), "vecadd")
+		return err == nil && len(rec.Versions) > deployed
+	})
+}
