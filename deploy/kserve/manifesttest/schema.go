@@ -253,75 +253,97 @@ func validate(path string, s *Schema, v any, errs *[]string) {
 	}
 	switch x := v.(type) {
 	case string:
-		n := int64(utf8.RuneCountInString(x))
-		if s.MinLength != nil && n < *s.MinLength {
-			bad("shorter than %d characters", *s.MinLength)
-		}
-		if s.MaxLength != nil && n > *s.MaxLength {
-			bad("longer than %d characters", *s.MaxLength)
-		}
-		if s.Pattern != "" {
-			re, err := regexp.Compile(s.Pattern)
-			if err != nil {
-				bad("the schema's pattern %q does not compile: %v", s.Pattern, err)
-			} else if !re.MatchString(x) {
-				bad("%q does not match %s", x, s.Pattern)
-			}
-		}
+		checkString(s, x, bad)
 	case json.Number:
-		f, _ := x.Float64()
-		if s.Minimum != nil && f < *s.Minimum {
-			bad("%s is below the minimum %v", x, *s.Minimum)
-		}
-		if s.Maximum != nil && f > *s.Maximum {
-			bad("%s is above the maximum %v", x, *s.Maximum)
-		}
-		if s.Format == "int32" && (f < math.MinInt32 || f > math.MaxInt32) {
-			bad("%s does not fit int32", x)
-		}
-		if s.Format == "int64" && isInteger(x) {
-			if _, err := strconv.ParseInt(string(x), 10, 64); err != nil {
-				bad("%s does not fit int64", x)
-			}
-		}
+		checkNumber(s, x, bad)
 	case []any:
-		n := int64(len(x))
-		if s.MinItems != nil && n < *s.MinItems {
-			bad("fewer than %d items", *s.MinItems)
-		}
-		if s.MaxItems != nil && n > *s.MaxItems {
-			bad("more than %d items", *s.MaxItems)
-		}
-		if s.Items != nil {
-			for i, e := range x {
-				validate(fmt.Sprintf("%s[%d]", path, i), s.Items, e, errs)
-			}
-		}
-		uniqueItems(path, s, x, errs)
+		checkArray(path, s, x, errs, bad)
 	case map[string]any:
-		for _, r := range s.Required {
-			if _, ok := x[r]; !ok {
-				*errs = append(*errs, join(path, r)+": required field missing")
-			}
+		checkObject(path, s, x, errs)
+	}
+}
+
+// checkString checks a string's length and pattern.
+func checkString(s *Schema, x string, bad func(string, ...any)) {
+	n := int64(utf8.RuneCountInString(x))
+	if s.MinLength != nil && n < *s.MinLength {
+		bad("shorter than %d characters", *s.MinLength)
+	}
+	if s.MaxLength != nil && n > *s.MaxLength {
+		bad("longer than %d characters", *s.MaxLength)
+	}
+	if s.Pattern != "" {
+		re, err := regexp.Compile(s.Pattern)
+		if err != nil {
+			bad("the schema's pattern %q does not compile: %v", s.Pattern, err)
+		} else if !re.MatchString(x) {
+			bad("%q does not match %s", x, s.Pattern)
 		}
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
+	}
+}
+
+// checkNumber checks a number's bounds and format.
+func checkNumber(s *Schema, x json.Number, bad func(string, ...any)) {
+	f, _ := x.Float64()
+	if s.Minimum != nil && f < *s.Minimum {
+		bad("%s is below the minimum %v", x, *s.Minimum)
+	}
+	if s.Maximum != nil && f > *s.Maximum {
+		bad("%s is above the maximum %v", x, *s.Maximum)
+	}
+	if s.Format == "int32" && (f < math.MinInt32 || f > math.MaxInt32) {
+		bad("%s does not fit int32", x)
+	}
+	if s.Format == "int64" && isInteger(x) {
+		if _, err := strconv.ParseInt(string(x), 10, 64); err != nil {
+			bad("%s does not fit int64", x)
 		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			p := join(path, k)
-			switch {
-			case s.Properties[k] != nil:
-				validate(p, s.Properties[k], x[k], errs)
-			case slices.Contains(s.Trimmed, k):
-				*errs = append(*errs, p+": the CRD has this field but the trimmed schema subset leaves it out: cut the subset again (testdata/README.md)")
-			case s.AdditionalProperties != nil && s.AdditionalProperties.Schema != nil:
-				validate(p, s.AdditionalProperties.Schema, x[k], errs)
-			case s.AdditionalProperties != nil && s.AdditionalProperties.Allowed, s.PreserveUnknown:
-			default:
-				*errs = append(*errs, p+": unknown field"+suggest(k, s))
-			}
+	}
+}
+
+// checkArray checks a list's length, its items and their uniqueness.
+func checkArray(path string, s *Schema, x []any, errs *[]string, bad func(string, ...any)) {
+	n := int64(len(x))
+	if s.MinItems != nil && n < *s.MinItems {
+		bad("fewer than %d items", *s.MinItems)
+	}
+	if s.MaxItems != nil && n > *s.MaxItems {
+		bad("more than %d items", *s.MaxItems)
+	}
+	if s.Items != nil {
+		for i, e := range x {
+			validate(fmt.Sprintf("%s[%d]", path, i), s.Items, e, errs)
+		}
+	}
+	uniqueItems(path, s, x, errs)
+}
+
+// checkObject checks an object's required fields and each field against
+// its property's schema: a field the schema does not name is an error
+// unless the schema allows others.
+func checkObject(path string, s *Schema, x map[string]any, errs *[]string) {
+	for _, r := range s.Required {
+		if _, ok := x[r]; !ok {
+			*errs = append(*errs, join(path, r)+": required field missing")
+		}
+	}
+	keys := make([]string, 0, len(x))
+	for k := range x {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		p := join(path, k)
+		switch {
+		case s.Properties[k] != nil:
+			validate(p, s.Properties[k], x[k], errs)
+		case slices.Contains(s.Trimmed, k):
+			*errs = append(*errs, p+": the CRD has this field but the trimmed schema subset leaves it out: cut the subset again (testdata/README.md)")
+		case s.AdditionalProperties != nil && s.AdditionalProperties.Schema != nil:
+			validate(p, s.AdditionalProperties.Schema, x[k], errs)
+		case s.AdditionalProperties != nil && s.AdditionalProperties.Allowed, s.PreserveUnknown:
+		default:
+			*errs = append(*errs, p+": unknown field"+suggest(k, s))
 		}
 	}
 }

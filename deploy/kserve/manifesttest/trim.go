@@ -109,6 +109,46 @@ func slicesDelete(names []string, name string) []string {
 	return out
 }
 
+// cutProperties cuts an object's properties to those the values use,
+// naming the others (trimmed).
+func cutProperties(path string, v any, values []any) (map[string]*Schema, []string, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, nil, fmt.Errorf("%s: properties is not a mapping", root(path))
+	}
+	props := map[string]*Schema{}
+	var trimmed []string
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		var used []any
+		for _, val := range values {
+			if obj, ok := val.(map[string]any); ok {
+				if fv, ok := obj[n]; ok {
+					used = append(used, fv)
+				}
+			}
+		}
+		if len(used) == 0 {
+			trimmed = append(trimmed, n)
+			continue
+		}
+		child, ok := m[n].(map[string]any)
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: not a schema", join(path, n))
+		}
+		s, err := cut(join(path, n), child, used)
+		if err != nil {
+			return nil, nil, err
+		}
+		props[n] = s
+	}
+	return props, trimmed, nil
+}
+
 func cut(path string, node map[string]any, values []any) (*Schema, error) {
 	out := map[string]any{}
 	var props map[string]*Schema
@@ -127,38 +167,9 @@ func cut(path string, node map[string]any, values []any) (*Schema, error) {
 		case copied[k]:
 			out[k] = v
 		case k == "properties":
-			m, ok := v.(map[string]any)
-			if !ok {
-				return nil, fmt.Errorf("%s: properties is not a mapping", root(path))
-			}
-			props = map[string]*Schema{}
-			names := make([]string, 0, len(m))
-			for n := range m {
-				names = append(names, n)
-			}
-			sort.Strings(names)
-			for _, n := range names {
-				var used []any
-				for _, val := range values {
-					if obj, ok := val.(map[string]any); ok {
-						if fv, ok := obj[n]; ok {
-							used = append(used, fv)
-						}
-					}
-				}
-				if len(used) == 0 {
-					trimmed = append(trimmed, n)
-					continue
-				}
-				child, ok := m[n].(map[string]any)
-				if !ok {
-					return nil, fmt.Errorf("%s: not a schema", join(path, n))
-				}
-				s, err := cut(join(path, n), child, used)
-				if err != nil {
-					return nil, err
-				}
-				props[n] = s
+			var err error
+			if props, trimmed, err = cutProperties(path, v, values); err != nil {
+				return nil, err
 			}
 		case k == "items":
 			child, ok := v.(map[string]any)
