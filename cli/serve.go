@@ -202,7 +202,7 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	n.background(ctx, f, log)
+	n.background(ctx, f, t, log)
 	select {
 	case err := <-t.errc:
 		return fmt.Errorf("server stopped: %w", err)
@@ -253,6 +253,10 @@ type node struct {
 	cpu   *worker.CPUGroups
 	eng   *engine.Engine
 	repo  *repository.Repository // nil: no --repository
+
+	// repoDone is closed once the repository's scans ended (at the
+	// shutdown), so that the engine closes under no deploy.
+	repoDone chan struct{}
 }
 
 // openNode opens the store, the bundle cache and spool, and the devices,
@@ -286,14 +290,16 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	if err != nil {
 		return nil, err
 	}
+	if err := repositoryFlags(f); err != nil {
+		return nil, err
+	}
 	if f.repository != "" {
 		n.repo, err = repository.New(repository.Config{Dir: f.repository, Name: f.repositoryName, Poll: f.repositoryPoll,
 			Settle: f.repositorySettle, Log: log}, n.eng.Control())
 		if err != nil {
 			return nil, err
 		}
-	} else if f.repositoryName != "" {
-		return nil, errors.New("--repository-name: names the function of a --repository that is one bundle directory; give --repository too")
+		n.repoDone = make(chan struct{})
 	}
 	return n, nil
 }
@@ -376,6 +382,9 @@ func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDo
 		opts.Repository = n.repo
 	}
 	t := &transports{srv: httpapi.New(door, n.eng.Control(), opts), errc: make(chan error, 2)}
+	if n.repo != nil {
+		t.srv.SetStarting(true) // until the repository is deployed (serveRepository)
+	}
 	ln, scheme, err := front.listen(ctx)
 	if err != nil {
 		return nil, err
@@ -430,16 +439,32 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 	return nil
 }
 
+// repositoryFlags refuses --repository-* settings that would be ignored or
+// mean nothing.
+func repositoryFlags(f *serveFlags) error {
+	switch {
+	case f.repositoryPoll < 0:
+		return fmt.Errorf("--repository-poll %v: a period of 0 (scan once) or more", f.repositoryPoll)
+	case f.repositorySettle <= 0:
+		return fmt.Errorf("--repository-settle %v: a folder must be still for some time before it loads", f.repositorySettle)
+	case f.repository != "":
+		return nil
+	case f.repositoryName != "":
+		return errors.New("--repository-name: names the function of a --repository that is one bundle directory; give --repository too")
+	case f.repositoryPoll != 0:
+		return errors.New("--repository-poll: rescans a --repository; give --repository too")
+	}
+	return nil
+}
+
 // background starts the node's own work until ctx ends: watching the store
-// (--poll), reaping idle instances, pre-warming.
-func (n *node) background(ctx context.Context, f *serveFlags, log *slog.Logger) {
+// (--poll), reaping idle instances, pre-warming, and the model repository.
+func (n *node) background(ctx context.Context, f *serveFlags, t *transports, log *slog.Logger) {
 	if f.poll > 0 {
 		go n.eng.Watch(ctx, f.poll)
 	}
 	if n.repo != nil {
-		// In the background: the server answers while a large repository
-		// deploys, each model as it is ready (the index shows LOADING).
-		go n.repo.Run(ctx)
+		go n.serveRepository(ctx, f, t, log)
 	}
 	reapEvery := time.Second // manifests may set their own idle_ttl
 	if f.idleTTL > 0 {
@@ -451,6 +476,25 @@ func (n *node) background(ctx context.Context, f *serveFlags, log *slog.Logger) 
 			log.Warn("some functions could not be pre-warmed", "error", err)
 		}
 	}()
+}
+
+// serveRepository deploys the model repository in the background: the
+// server answers from the start (the index shows LOADING), but /readyz and
+// ServerReady say ready only once the folders found at start are deployed
+// (or failed: the index says why), so that a load balancer or KServe sends
+// no request for a model still being deployed; then it keeps scanning.
+func (n *node) serveRepository(ctx context.Context, f *serveFlags, t *transports, log *slog.Logger) {
+	defer close(n.repoDone)
+	for n.repo.Scan(ctx) { // a folder still settling (a copy in progress)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(f.repositorySettle):
+		}
+	}
+	t.srv.SetStarting(false) // a drain's SetReady(false) still wins
+	log.Info("model repository deployed: ready", "dir", f.repository)
+	n.repo.Run(ctx)
 }
 
 // drain stops the transports within --grace, and then the node, unless
@@ -476,6 +520,12 @@ func (n *node) drain(f *serveFlags, t *transports, log *slog.Logger) error {
 		// process exit rather than free memory under them.
 		log.Warn("grace period over with requests still running; exiting", "grace", f.grace)
 		return nil
+	}
+	if n.repoDone != nil {
+		select { // a deploy in flight ends with the scan's context
+		case <-n.repoDone:
+		case <-sctx.Done():
+		}
 	}
 	n.eng.Close()
 	for _, d := range n.devs {

@@ -79,7 +79,8 @@ type Server struct {
 	opts     Options
 	calls    sync.Pool // *exchange
 	srv      *fasthttp.Server
-	notReady atomic.Bool
+	notReady atomic.Bool // going down (SetReady(false), Shutdown)
+	starting atomic.Bool // not up yet (SetStarting)
 	scrape   fasthttp.RequestHandler
 
 	authLog    gate.LogThrottle
@@ -90,9 +91,14 @@ type Server struct {
 // before it stops accepting, so load balancers drain it first.
 func (s *Server) SetReady(ready bool) { s.notReady.Store(!ready) }
 
-// Ready is what /readyz answers: false once the server is going down (gRPC's
-// ServerReady answers the same).
-func (s *Server) Ready() bool { return !s.notReady.Load() }
+// SetStarting says whether the server's node is still starting (a model
+// repository being deployed): not ready, as SetReady(false) says, but not
+// going down: followed log streams go on, and SetReady(false) wins.
+func (s *Server) SetStarting(starting bool) { s.starting.Store(starting) }
+
+// Ready is what /readyz answers: false while the node starts and once the
+// server is going down (gRPC's ServerReady answers the same).
+func (s *Server) Ready() bool { return !s.notReady.Load() && !s.starting.Load() }
 
 // exchange is the per-request scratch state, pooled so a hot invoke allocates
 // nothing.
@@ -280,7 +286,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		}
 	case string(path) == "/readyz":
 		if s.method(ctx, fasthttp.MethodGet) {
-			if s.notReady.Load() {
+			if !s.Ready() {
 				writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]bool{"ready": false})
 			} else {
 				writeJSON(ctx, fasthttp.StatusOK, map[string]bool{"ready": true})

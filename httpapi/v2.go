@@ -54,7 +54,7 @@ func (s *Server) v2(ctx *fasthttp.RequestCtx) {
 		if s.method(ctx, fasthttp.MethodGet) {
 			ok, _ := s.door.Health()
 			code := fasthttp.StatusOK
-			if !ok || s.notReady.Load() {
+			if !ok || !s.Ready() {
 				code = fasthttp.StatusServiceUnavailable
 			}
 			writeJSON(ctx, code, map[string]bool{"ready": code == fasthttp.StatusOK})

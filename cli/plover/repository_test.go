@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -280,5 +281,50 @@ func TestModelRepositoryPipeline(t *testing.T) {
 	}
 	if cur, _ := rec.Find(rec.Current); cur.Label != "2" || v1.ID == rec.Current {
 		t.Fatalf("cnn's current version is %+v", cur)
+	}
+}
+
+// TestModelRepositoryReadiness: a server over a repository says ready
+// (/readyz) only once the folders it found at start are deployed, so that
+// a balancer or KServe sends nothing for a model still being copied or
+// deployed; it answers meanwhile. A flag that would be ignored is refused.
+func TestModelRepositoryReadiness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a server")
+	}
+	bin := buildPlover(t)
+	models := filepath.Join(t.TempDir(), "models")
+	copyBundle(t, sampleDir(t, "vecadd-host"), filepath.Join(models, "vecadd", "1"), "")
+	now := time.Now()
+	filepath.Walk(models, func(p string, _ os.FileInfo, err error) error { // a copy just made: it settles first
+		if err == nil {
+			os.Chtimes(p, now, now)
+		}
+		return err
+	})
+	srv := startServer(t, bin, "--repository", models, "--repository-settle", "1s")
+	if r := secDo(t, http.DefaultClient, "GET", srv.url+"/readyz", "", "", nil); r.code != 503 {
+		t.Fatalf("readyz while the repository's only folder settles: %d %s", r.code, r.body)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for secDo(t, http.DefaultClient, "GET", srv.url+"/readyz", "", "", nil).code != 200 {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready 30 s after start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, _ := repoIndex(t, srv.url, ""); !strings.Contains(got, "vecadd/1 READY") {
+		t.Fatalf("ready before the repository was deployed: index %q", got)
+	}
+
+	for _, args := range [][]string{
+		{"--repository-poll", "5s"},
+		{"--repository", models, "--repository-poll", "-1s"},
+		{"--repository", models, "--repository-settle", "0s"},
+	} {
+		out, err := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--device", "host"}, args...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), args[len(args)-2]) {
+			t.Errorf("plover serve %v: %v, %s; want a refusal naming %s", args, err, out, args[len(args)-2])
+		}
 	}
 }
