@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -97,6 +98,7 @@ type model struct {
 	reason    string
 	versions  []version // by label, ascending
 	deployed  bool      // the node has it from us: removing the folder deletes it
+	retry     bool      // its last deploy failed for a reason that may pass: the next scan tries again
 	unloaded  bool      // by the API, until a load or the folder changes
 }
 
@@ -133,17 +135,32 @@ func New(cfg Config, node Node) (*Repository, error) {
 	return r, nil
 }
 
+// maxRetry bounds the wait between scans, without Poll, while a model's
+// deploy is tried again.
+const maxRetry = time.Minute
+
 // Run scans the repository until ctx ends: at once, then every Poll (with
-// no Poll, again only while a folder settles).
+// no Poll, again only while a folder settles, every Settle, or while a
+// deploy that failed for a reason that may pass is tried again, waiting
+// twice as long each time up to a minute).
 func (r *Repository) Run(ctx context.Context) {
+	backoff := r.cfg.Settle
 	for {
-		settling := r.Scan(ctx)
+		settling, retrying := r.scan(ctx)
 		wait := r.cfg.Poll
 		if wait <= 0 {
-			if !settling {
+			switch {
+			case settling:
+				wait = r.cfg.Settle
+			case retrying:
+				wait = backoff
+				backoff = min(2*backoff, max(maxRetry, r.cfg.Settle))
+			default:
 				return
 			}
-			wait = r.cfg.Settle
+		}
+		if !retrying {
+			backoff = r.cfg.Settle
 		}
 		select {
 		case <-ctx.Done():
@@ -156,10 +173,18 @@ func (r *Repository) Run(ctx context.Context) {
 // Scan looks at the repository once and brings the node in line: folders
 // that settled and changed are deployed (functions first, then pipelines,
 // whose steps must be there), removed folders' functions deleted. It
-// reports whether a folder is still settling.
+// reports whether a folder is still settling or a model's deploy is to be
+// tried again.
 func (r *Repository) Scan(ctx context.Context) bool {
+	settling, retrying := r.scan(ctx)
+	return settling || retrying
+}
+
+// scan is Scan; it reports whether a folder is still settling and whether
+// a model is to be tried again.
+func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	if !r.take(ctx) {
-		return false
+		return false, false
 	}
 	defer r.give()
 	found, err := r.list()
@@ -167,11 +192,10 @@ func (r *Repository) Scan(ctx context.Context) bool {
 		// DIR itself unreadable (a volume remounting): nothing is removed
 		// for it, and the next scan tries again.
 		r.cfg.Log.Warn("cannot scan the model repository", "dir", r.cfg.Dir, "error", err)
-		return true
+		return false, true
 	}
 	now := time.Now()
 	var todo []*model
-	settling := false
 	r.mu.Lock()
 	var gone []*model
 	for name, m := range r.models {
@@ -202,8 +226,11 @@ func (r *Repository) Scan(ctx context.Context) bool {
 	r.deployAll(ctx, todo)
 	r.mu.Lock()
 	r.scans++
+	for _, m := range r.models {
+		retrying = retrying || m.retry
+	}
 	r.mu.Unlock()
-	return settling
+	return settling, retrying
 }
 
 // folder is a model folder as a scan found it.
@@ -447,12 +474,17 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		return
 	}
 	current, label := "", ""
+	retry := false
 	for i := range vers {
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
 		// goes beside it.
 		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1)
 		if err != nil {
+			// The store down, a conflict, a pipeline's step not there
+			// yet: the next scan tries again. A bundle the node refuses
+			// waits for its folder to change.
+			retry = retry || passing(err)
 			v.state, v.reason = Unavailable, err.Error()
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
 			continue
@@ -469,7 +501,32 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			return
 		}
 	}
+	if retry {
+		print = ""
+	}
 	r.settle(m, print, vers, "", "")
+}
+
+// passing reports whether a version's deploy failed for a reason that may
+// pass without its folder changing: anything but a bundle the node refuses
+// as it is (invalid, malformed, too large, a step the deployer may not
+// run), or a pipeline whose step is not deployed yet.
+func passing(err error) bool {
+	var nf *errdefs.NoFunction
+	if errors.As(err, &nf) {
+		return true
+	}
+	switch errdefs.KindOf(err) {
+	case errdefs.KindInvalid, errdefs.KindBadRequest, errdefs.KindTooLarge, errdefs.KindForbidden:
+		return false
+	}
+	return true
+}
+
+// refused is a version folder the repository refuses as it is (its
+// manifest, its files): it waits for the folder to change.
+func refused(where string, err error) error {
+	return errdefs.New(errdefs.KindInvalid, err, "%s: %v", where, err)
 }
 
 // deployVersion deploys one version folder unless rec has it already
@@ -478,10 +535,10 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	where := r.where(dir)
 	man, err := bundle.ReadManifest(dir)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
+		return "", refused(where, err)
 	}
 	if !m.renamed && man.Name != m.name {
-		return "", fmt.Errorf("%s: %s names %q", where, abi.ManifestFile, man.Name)
+		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
 	}
 	name := ""
 	if m.renamed {
@@ -489,7 +546,7 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	}
 	b, sha, _, err := bundle.PackBytesNamed(dir, name)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
+		return "", refused(where, err)
 	}
 	if rec != nil {
 		for _, v := range rec.Versions {
@@ -512,6 +569,7 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m.done, m.versions, m.state, m.reason = done, vers, state, reason
+	m.retry = done == ""
 	for _, v := range vers {
 		if v.state == Ready {
 			m.deployed = true

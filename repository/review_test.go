@@ -1,0 +1,96 @@
+package repository
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
+)
+
+// flakyNode fails its first fails deploys with err.
+type flakyNode struct {
+	*fakeNode
+	fmu      sync.Mutex
+	fails    int
+	err      error
+	attempts int
+}
+
+func (f *flakyNode) DeployLabeled(ctx context.Context, name, label string, aside bool, body io.Reader) (api.FunctionInfo, error) {
+	f.fmu.Lock()
+	f.attempts++
+	if f.fails > 0 {
+		f.fails--
+		f.fmu.Unlock()
+		return api.FunctionInfo{}, f.err
+	}
+	f.fmu.Unlock()
+	return f.fakeNode.DeployLabeled(ctx, name, label, aside, body)
+}
+
+func (f *flakyNode) deployed(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.recs[name] != nil
+}
+
+// A deploy that failed for a reason that may pass (the store, a conflict,
+// a pipeline's step not deployed yet) is tried again at the next scan; one
+// the node refuses as invalid waits for its folder to change.
+func TestRetryDeploy(t *testing.T) {
+	for _, c := range []struct {
+		what  string
+		err   error
+		retry bool
+	}{
+		{"store", errdefs.New(errdefs.KindUnavailable, nil, "cannot write to the store"), true},
+		{"conflict", errdefs.New(errdefs.KindConflict, nil, "the record kept changing"), true},
+		{"internal", errdefs.New(errdefs.KindInternal, nil, "temp file"), true},
+		{"missing step", errdefs.New(errdefs.KindInvalid, &errdefs.NoFunction{Name: "pre"}, "pipeline: step not deployed"), true},
+		{"invalid", errdefs.New(errdefs.KindInvalid, nil, "bad chain"), false},
+		{"too large", errdefs.New(errdefs.KindTooLarge, nil, "too large"), false},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "models")
+			writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+			age(t, root)
+			node := &flakyNode{fakeNode: newFakeNode(), fails: 1, err: c.err}
+			r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: 10 * time.Millisecond}, node)
+			for i := 0; i < 3; i++ {
+				r.Scan(context.Background())
+			}
+			if got := node.deployed("cnn"); got != c.retry {
+				t.Errorf("deployed after a %s failure and two scans: %v, want %v (%s)", c.what, got, c.retry, index(r))
+			}
+			if !c.retry && node.attempts != 1 {
+				t.Errorf("a refused bundle was tried %d times, want once until its folder changes", node.attempts)
+			}
+		})
+	}
+}
+
+// Without polling, Run scans again while a deploy is to be tried again.
+func TestRetryWithoutPoll(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := &flakyNode{fakeNode: newFakeNode(), fails: 2, err: errdefs.New(errdefs.KindUnavailable, nil, "store down")}
+	r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond}, node)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("Run did not return")
+	}
+	if !node.deployed("cnn") {
+		t.Errorf("Run returned without deploying after the store came back: %s", index(r))
+	}
+}
