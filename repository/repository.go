@@ -548,12 +548,11 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	if err != nil {
 		return "", refused(where, err)
 	}
-	if rec != nil {
-		for _, v := range rec.Versions {
-			if v.Label == label && v.SHA256 == sha {
-				return v.ID, nil
-			}
-		}
+	// The latest version with the label (what the label names, as
+	// Record.Find has it) must be these bytes: a folder changed and then
+	// changed back is deployed again.
+	if v, ok := latestLabeled(rec, label); ok && v.SHA256 == sha {
+		return v.ID, nil
 	}
 	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
 	if err != nil {
@@ -561,6 +560,19 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	}
 	r.cfg.Log.Info("model repository: deployed", "model", m.name, "version", label, "id", fi.Version)
 	return fi.Version, nil
+}
+
+// latestLabeled is rec's latest version labeled label.
+func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
+	if rec == nil {
+		return api.Version{}, false
+	}
+	for i := len(rec.Versions) - 1; i >= 0; i-- {
+		if rec.Versions[i].Label == label {
+			return rec.Versions[i], true
+		}
+	}
+	return api.Version{}, false
 }
 
 // settle records a deploy's outcome: done is the fingerprint it answers

@@ -3,12 +3,14 @@ package repository
 import (
 	"context"
 	"io"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -92,5 +94,62 @@ func TestRetryWithoutPoll(t *testing.T) {
 	}
 	if !node.deployed("cnn") {
 		t.Errorf("Run returned without deploying after the store came back: %s", index(r))
+	}
+}
+
+// labelSHA is the sha256 of the latest version of name labeled label.
+func labelSHA(f *fakeNode, name, label string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rec := f.recs[name]
+	if rec == nil {
+		return ""
+	}
+	v, n := rec.Find(label)
+	if n == 0 {
+		return ""
+	}
+	return v.SHA256
+}
+
+// A lower version folder changed and then changed back: its label names
+// the folder's bytes again.
+func TestRevertedVersion(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	writeBundle(t, filepath.Join(root, "cnn", "2"), "cnn", false)
+	age(t, root)
+	node := newFakeNode()
+	r, err := New(Config{Dir: root, Settle: 10 * time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(ctx)
+	v1 := filepath.Join(root, "cnn", "1")
+	_, shaA, _, _ := bundle.PackBytes(v1)
+	if got := labelSHA(node, "cnn", "1"); got != shaA {
+		t.Fatalf("start: label 1 = %s want %s", got, shaA)
+	}
+	lib := filepath.Join(v1, "vecadd.so")
+	orig, _ := os.ReadFile(lib)
+	os.WriteFile(lib, []byte("changed lib"), 0o644)
+	age(t, filepath.Join(root, "cnn"))
+	r.Scan(ctx)
+	r.Scan(ctx)
+	_, shaB, _, _ := bundle.PackBytes(v1)
+	if got := labelSHA(node, "cnn", "1"); got != shaB {
+		t.Fatalf("changed: label 1 = %s want %s", got, shaB)
+	}
+	os.WriteFile(lib, orig, 0o644)
+	old := time.Now().Add(-30 * time.Second)
+	os.Chtimes(lib, old, old)
+	r.Scan(ctx)
+	r.Scan(ctx)
+	if got := labelSHA(node, "cnn", "1"); got != shaA {
+		t.Errorf("reverted: label 1 names %.12s (the changed bytes), the folder holds %.12s", got, shaA)
+	}
+	if c := node.current("cnn"); c != "2" {
+		t.Errorf("current is version %q, want 2", c)
 	}
 }
