@@ -85,6 +85,10 @@ type Repository struct {
 	mu     sync.Mutex
 	models map[string]*model
 	scans  int // scans finished: the first one counts a folder's first look
+	// single is the function DIR serves as while it is one bundle (""
+	// while it holds model folders): the name stays while its manifest is
+	// rewritten, absent or renamed, until DIR settles so.
+	single string
 }
 
 // model is one folder's state.
@@ -243,21 +247,45 @@ type folder struct {
 }
 
 // list finds the repository's model folders: DIR itself when it is one
-// bundle, else its subdirectories (not hidden ones).
+// bundle, else its subdirectories (not hidden ones). Called with the turn.
 func (r *Repository) list() (map[string]folder, error) {
 	out := map[string]folder{}
-	if _, err := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile)); err == nil {
-		name := r.cfg.Name
-		if name == "" {
-			// The manifest's name; while it does not parse (being
-			// copied), the directory's, under which its reason shows.
-			name = r.top
-			if m, err := bundle.ReadManifest(r.cfg.Dir); err == nil {
-				name = m.Name
+	_, absent := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile))
+	if absent == nil || r.single != "" {
+		f := look(r.cfg.Dir, r.cfg.Name != "")
+		// --repository-name, else the manifest's name; while it does
+		// not parse (being copied), the name served so far, or at first
+		// the directory's, under which its reason shows.
+		name, why := r.cfg.Name, ""
+		if absent != nil {
+			why = abi.ManifestFile + " is absent"
+		} else if man, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
+			why = err.Error()
+			if name == "" {
+				name = cmp.Or(r.single, r.top)
 			}
+		} else if name == "" {
+			name = man.Name
 		}
-		out[name] = look(r.cfg.Dir, r.cfg.Name != "")
-		return out, nil
+		if r.single != "" && (name != r.single || why != "") && !r.still(f) {
+			// A manifest rewritten in place, absent a moment or naming
+			// another function: the function keeps its name, LOADING,
+			// until DIR settles so (a rename, then, deletes it).
+			if why == "" {
+				why = fmt.Sprintf("%s now names %q", abi.ManifestFile, name)
+			}
+			if f.err == nil {
+				f.err = fmt.Errorf("%s: waiting for it to settle", why)
+			}
+			out[r.single] = f
+			return out, nil
+		}
+		if absent == nil {
+			r.single = name
+			out[name] = f
+			return out, nil
+		}
+		r.single = "" // the manifest went for good: DIR holds model folders
 	}
 	ents, err := os.ReadDir(r.cfg.Dir)
 	if err != nil {
@@ -270,6 +298,15 @@ func (r *Repository) list() (map[string]folder, error) {
 		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
 	}
 	return out, nil
+}
+
+// still reports whether DIR, as one bundle, is as the last scan saw it
+// and none of its files changed within Settle.
+func (r *Repository) still(f folder) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.models[r.single]
+	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.newest) >= r.cfg.Settle
 }
 
 // isDir reports whether e, in parent, is a directory or a link to one (a

@@ -2,9 +2,11 @@ package repository
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,4 +154,71 @@ func TestRevertedVersion(t *testing.T) {
 	if c := node.current("cnn"); c != "2" {
 		t.Errorf("current is version %q, want 2", c)
 	}
+}
+
+// DIR is one bundle whose manifest is rewritten in place (half-written a
+// moment) or absent a moment: the function keeps its name, LOADING with
+// the reason, and is not deleted; a rename deletes the old name only once
+// DIR settles so.
+func TestSingleBundleManifestGlitch(t *testing.T) {
+	for _, c := range []struct {
+		what   string
+		glitch func(t *testing.T, man string, orig []byte)
+	}{
+		{"half-written", func(t *testing.T, man string, orig []byte) { os.WriteFile(man, orig[:10], 0o644) }},
+		{"absent", func(t *testing.T, man string, orig []byte) { os.Remove(man) }},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			ctx := context.Background()
+			root := filepath.Join(t.TempDir(), "models")
+			writeBundle(t, root, "saxpy", false)
+			writeBundle(t, filepath.Join(root, "extra"), "extra", false) // a folder beside it: a model once DIR holds models
+			age(t, root)
+			node := newFakeNode()
+			r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+			r.Scan(ctx)
+			if node.current("saxpy") == "" {
+				t.Fatalf("not deployed: %s", index(r))
+			}
+			man := filepath.Join(root, "plover.json")
+			orig, _ := os.ReadFile(man)
+			c.glitch(t, man, orig)
+			age(t, root)
+			r.Scan(ctx)
+			if len(node.deletes) > 0 {
+				t.Errorf("a %s manifest deleted %v", c.what, node.deletes)
+			}
+			if got := index(r); !strings.Contains(got, "saxpy/ LOADING") || strings.Contains(got, "extra") {
+				t.Errorf("index while the manifest is %s: %s, want saxpy LOADING alone", c.what, got)
+			}
+			os.WriteFile(man, orig, 0o644)
+			age(t, root)
+			r.Scan(ctx)
+			r.Scan(ctx)
+			if len(node.deletes) > 0 || node.current("saxpy") == "" {
+				t.Errorf("after the manifest came back: deletes %v, index %s", node.deletes, index(r))
+			}
+			if got := index(r); got != "saxpy/1 READY; " {
+				t.Errorf("index after the manifest came back: %s", got)
+			}
+		})
+	}
+	t.Run("rename", func(t *testing.T) {
+		ctx := context.Background()
+		root := filepath.Join(t.TempDir(), "models")
+		writeBundle(t, root, "saxpy", false)
+		node := newFakeNode()
+		r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+		r.Scan(ctx)
+		writeBundle(t, root, "saxpy2", false)
+		r.Scan(ctx)
+		if len(node.deletes) > 0 {
+			t.Errorf("a rename deleted %v at its first scan", node.deletes)
+		}
+		r.Scan(ctx) // settled: the old name goes
+		r.Scan(ctx) // the new one, seen twice, deploys
+		if fmt.Sprint(node.deletes) != "[saxpy]" || node.current("saxpy2") == "" {
+			t.Errorf("after the rename settled: deletes %v, index %s", node.deletes, index(r))
+		}
+	})
 }
