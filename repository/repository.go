@@ -742,7 +742,9 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.unloaded, m.deployed, m.state, m.reason = true, false, Unavailable, "unloaded"
+	// Its versions are deleted with it: none shows READY until a load or
+	// a change of the folder deploys them again.
+	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
 	if m.done == "" {
 		m.done = m.seen // a load, or a change of the folder, brings it back
 	}

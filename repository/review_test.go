@@ -222,3 +222,27 @@ func TestSingleBundleManifestGlitch(t *testing.T) {
 		}
 	})
 }
+
+// Unloaded, then its folder changes: the index shows no deleted version
+// READY while the change settles.
+func TestUnloadThenChange(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := newFakeNode()
+	r, _ := New(Config{Dir: root, Settle: time.Second}, node)
+	r.Scan(ctx)
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", true) // being copied again
+	os.WriteFile(filepath.Join(root, "cnn", "1", "vecadd.so"), []byte("new"), 0o644)
+	r.Scan(ctx)
+	if got := r.Index(true); len(got) > 0 {
+		t.Errorf("index(ready) lists %v while the function is deleted", got)
+	}
+	if got := index(r); !strings.HasPrefix(got, "cnn/ LOADING") || strings.Contains(got, "cnn/1") {
+		t.Errorf("index: %s, want cnn LOADING alone", got)
+	}
+}
