@@ -103,6 +103,7 @@ type model struct {
 	versions  []version // by label, ascending
 	deployed  bool      // the node has it from us: removing the folder deletes it
 	retry     bool      // its last deploy failed for a reason that may pass: the next scan tries again
+	removing  bool      // its folder went and deleting its function failed: the next scan tries again
 	unloaded  bool      // by the API, until a load or the folder changes
 }
 
@@ -204,8 +205,11 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	var gone []*model
 	for name, m := range r.models {
 		if _, ok := found[name]; !ok {
-			gone = append(gone, m)
-			delete(r.models, name)
+			if m.deployed && !m.unloaded {
+				gone = append(gone, m) // kept, removing, until its function is deleted
+			} else {
+				delete(r.models, name)
+			}
 		}
 	}
 	for name, f := range found {
@@ -213,6 +217,9 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		if m == nil {
 			m = &model{name: name, dir: f.dir, renamed: f.renamed, state: Loading, reason: "found: waiting for its first deploy"}
 			r.models[name] = m
+		}
+		if m.removing { // back before its function was deleted: deployed again
+			m.removing, m.done = false, ""
 		}
 		switch r.settledLocked(m, f, now) {
 		case stillChanging:
@@ -222,8 +229,19 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		}
 	}
 	r.mu.Unlock()
+	slices.SortFunc(gone, func(a, b *model) int { return strings.Compare(a.name, b.name) })
 	for _, m := range gone {
-		r.remove(ctx, m)
+		err := r.remove(ctx, m)
+		r.mu.Lock()
+		if err == nil {
+			delete(r.models, m.name)
+		} else {
+			// Shown UNAVAILABLE with the reason, and tried again at the
+			// next scan.
+			m.removing, m.done, m.versions, m.retry = true, "", nil, false
+			m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err)
+		}
+		r.mu.Unlock()
 	}
 	// By name: a repository deploys in the same order at every start.
 	slices.SortFunc(todo, func(a, b *model) int { return strings.Compare(a.name, b.name) })
@@ -231,7 +249,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	r.mu.Lock()
 	r.scans++
 	for _, m := range r.models {
-		retrying = retrying || m.retry
+		retrying = retrying || m.retry || m.removing
 	}
 	r.mu.Unlock()
 	return settling, retrying
@@ -630,15 +648,13 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 }
 
 // remove deletes a removed folder's function; requests in flight finish.
-func (r *Repository) remove(ctx context.Context, m *model) {
-	if !m.deployed || m.unloaded {
-		return
-	}
+func (r *Repository) remove(ctx context.Context, m *model) error {
 	if err := r.node.Delete(ctx, m.name, true); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
-		return
+		return err
 	}
 	r.cfg.Log.Info("model repository: removed", "model", m.name)
+	return nil
 }
 
 // Index is the repository's models, by name: one entry per version

@@ -246,3 +246,50 @@ func TestUnloadThenChange(t *testing.T) {
 		t.Errorf("index: %s, want cnn LOADING alone", got)
 	}
 }
+
+// failingDelete fails its first fails deletes with err.
+type failingDelete struct {
+	*fakeNode
+	fails int
+	err   error
+	force []bool
+}
+
+func (f *failingDelete) Delete(ctx context.Context, name string, force bool) error {
+	f.force = append(f.force, force)
+	if f.fails > 0 {
+		f.fails--
+		return f.err
+	}
+	return f.fakeNode.Delete(ctx, name, force)
+}
+
+// A removed folder whose function's delete failed stays, UNAVAILABLE with
+// the reason, and the delete is tried again at the next scan.
+func TestRemoveRetried(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	writeBundle(t, filepath.Join(root, "rnn", "1"), "rnn", false)
+	age(t, root)
+	node := &failingDelete{fakeNode: newFakeNode(), fails: 1, err: errdefs.New(errdefs.KindUnavailable, nil, "store down")}
+	r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+	r.Scan(ctx)
+	os.RemoveAll(filepath.Join(root, "cnn"))
+	if !r.Scan(ctx) {
+		t.Error("Scan does not report the delete to try again")
+	}
+	if got := index(r); !strings.HasPrefix(got, "cnn/ UNAVAILABLE (its folder was removed, but deleting its function failed") {
+		t.Errorf("index after the failed delete: %s", got)
+	}
+	if node.current("cnn") == "" {
+		t.Fatal("the fake deleted it")
+	}
+	r.Scan(ctx)
+	if node.current("cnn") != "" {
+		t.Errorf("the delete was not tried again: %s", index(r))
+	}
+	if got := index(r); got != "rnn/1 READY; " {
+		t.Errorf("index after the delete: %s", got)
+	}
+}
