@@ -534,7 +534,16 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
 		// goes beside it.
-		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1)
+		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1, print)
+		if errors.Is(err, errChanged) {
+			// Packed while being copied: nothing more deploys from this
+			// look; the next scans see it settle.
+			r.mu.Lock()
+			old := m.versions
+			r.mu.Unlock()
+			r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was packed: waiting for the copy to settle", r.where(m.dir)))
+			return
+		}
 		if err != nil {
 			// The store down, a conflict, a pipeline's step not there
 			// yet: the next scan tries again. A bundle the node refuses
@@ -584,9 +593,15 @@ func refused(where string, err error) error {
 	return errdefs.New(errdefs.KindInvalid, err, "%s: %v", where, err)
 }
 
+// errChanged is a model folder that changed between the scan that decided
+// to deploy it and the packing of a version.
+var errChanged = errors.New("the folder changed while it was packed")
+
 // deployVersion deploys one version folder unless rec has it already
-// (the same label and bytes: a restart), and returns its version id.
-func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool) (string, error) {
+// (the same label and bytes: a restart), and returns its version id. The
+// model's folder must still be as print, the look that decided the
+// deploy, once the version is packed (errChanged).
+func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool, print string) (string, error) {
 	where := r.where(dir)
 	man, err := bundle.ReadManifest(dir)
 	if err != nil {
@@ -600,6 +615,9 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 		name = m.name
 	}
 	b, sha, _, err := bundle.PackBytesNamed(dir, name)
+	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
+		return "", errChanged
+	}
 	if err != nil {
 		return "", refused(where, err)
 	}
@@ -720,6 +738,9 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	r.deploy(ctx, m, vers, err)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if m.state == Loading {
+		return errdefs.Unavailable(nil, "load %s: %s", name, m.reason)
+	}
 	if reason := m.failure(); reason != "" {
 		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, reason)
 	}

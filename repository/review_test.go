@@ -293,3 +293,46 @@ func TestRemoveRetried(t *testing.T) {
 		t.Errorf("index after the delete: %s", got)
 	}
 }
+
+// copyingNode adds a file to dir at its first Versions, after the scan
+// decided to deploy and before the version is packed: a copy still
+// going on.
+type copyingNode struct {
+	*fakeNode
+	dir  string
+	done bool
+}
+
+func (c *copyingNode) Versions(ctx context.Context, name string) (*api.Record, error) {
+	if !c.done {
+		c.done = true
+		os.WriteFile(filepath.Join(c.dir, "late.txt"), []byte("more"), 0o644)
+	}
+	return c.fakeNode.Versions(ctx, name)
+}
+
+// A folder that changes after the scan that decided to deploy it is not
+// deployed from that look: it stays LOADING until it settles again.
+func TestChangedWhilePacked(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := &copyingNode{fakeNode: newFakeNode(), dir: filepath.Join(root, "cnn", "1")}
+	r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+	if !r.Scan(ctx) {
+		t.Error("Scan does not report the model to look at again")
+	}
+	if node.deploys != 0 {
+		t.Errorf("deployed %d versions packed while the folder changed", node.deploys)
+	}
+	if got := index(r); !strings.HasPrefix(got, "cnn/ LOADING (models/cnn: files changed while it was packed") {
+		t.Errorf("index: %s", got)
+	}
+	time.Sleep(20 * time.Millisecond)
+	r.Scan(ctx)
+	r.Scan(ctx)
+	if node.current("cnn") != "1" {
+		t.Errorf("not deployed once settled: %s", index(r))
+	}
+}
