@@ -366,9 +366,14 @@ func look(dir string, renamed bool) folder {
 		}
 		rel, _ := filepath.Rel(root, p)
 		io.WriteString(h, rel)
-		if d.Type()&fs.ModeSymlink != 0 { // a linked version folder: where it points
+		if d.Type()&fs.ModeSymlink != 0 {
+			// A linked version folder or file: where it points, and
+			// what it points at (a linked file rewritten is a change).
 			target, _ := os.Readlink(p)
 			io.WriteString(h, target)
+			if st, err := os.Stat(p); err == nil {
+				fi = st
+			}
 		}
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
 		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
@@ -603,23 +608,21 @@ var errChanged = errors.New("the folder changed while it was packed")
 // deploy, once the version is packed (errChanged).
 func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool, print string) (string, error) {
 	where := r.where(dir)
-	man, err := bundle.ReadManifest(dir)
-	if err != nil {
-		return "", refused(where, err)
-	}
-	if !m.renamed && man.Name != m.name {
-		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
-	}
 	name := ""
 	if m.renamed {
 		name = m.name
 	}
-	b, sha, _, err := bundle.PackBytesNamed(dir, name)
+	// Only files within the version folder: a file linked out of it
+	// (to the server's own secrets) is refused, and the folder with it.
+	b, sha, man, err := bundle.PackBytesWithin(dir, name)
 	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
 		return "", errChanged
 	}
 	if err != nil {
 		return "", refused(where, err)
+	}
+	if !m.renamed && man.Name != m.name {
+		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
 	}
 	// The latest version with the label (what the label names, as
 	// Record.Find has it) must be these bytes: a folder changed and then

@@ -336,3 +336,66 @@ func TestChangedWhilePacked(t *testing.T) {
 		t.Errorf("not deployed once settled: %s", index(r))
 	}
 }
+
+// A version folder's file linked out of it (to a file only the server
+// may read) is refused, the version UNAVAILABLE with the reason naming
+// it; a file linked within it deploys, and a change of what it points at
+// is a change of the folder.
+func TestLinkedFiles(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "tokens")
+	os.WriteFile(secret, []byte("SERVER-SECRET-TOKEN"), 0o600)
+	for _, c := range []struct {
+		what, target string
+		ok           bool
+	}{
+		{"out", secret, false},
+		{"to a sibling version", "../2/b.bin", false},
+		{"within", "data/b.bin", true},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			ctx := context.Background()
+			root := filepath.Join(t.TempDir(), "models")
+			dir := filepath.Join(root, "cnn", "1")
+			writeBundle(t, dir, "cnn", false)
+			writeBundle(t, filepath.Join(root, "cnn", "2"), "cnn", false)
+			os.MkdirAll(filepath.Join(dir, "data"), 0o755)
+			os.WriteFile(filepath.Join(dir, "data", "b.bin"), []byte("weights"), 0o644)
+			link := filepath.Join(dir, "b.bin")
+			os.Remove(link)
+			if err := os.Symlink(c.target, link); err != nil {
+				t.Fatal(err)
+			}
+			age(t, root)
+			time.Sleep(20 * time.Millisecond) // the link's own time past Settle
+			node := newFakeNode()
+			r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+			r.Scan(ctx)
+			got := index(r)
+			if c.ok {
+				if got != "cnn/1 READY; cnn/2 READY; " {
+					t.Fatalf("index: %s", got)
+				}
+				before := look(filepath.Join(root, "cnn"), false).print
+				os.WriteFile(filepath.Join(dir, "data", "b.bin"), []byte("other weights"), 0o644)
+				if look(filepath.Join(root, "cnn"), false).print == before {
+					t.Error("rewriting a linked file's target does not change the folder's fingerprint")
+				}
+				return
+			}
+			want := link + " is a link that resolves outside"
+			if !strings.HasPrefix(got, "cnn/1 UNAVAILABLE (models/cnn/1: ") || !strings.Contains(got, want) || !strings.Contains(got, "cnn/2 READY") {
+				t.Errorf("index: %s, want %s...", got, want)
+			}
+			node.mu.Lock()
+			defer node.mu.Unlock()
+			if node.recs["cnn"] == nil {
+				t.Fatal("version 2 not deployed")
+			}
+			for _, v := range node.recs["cnn"].Versions {
+				if v.Label == "1" {
+					t.Errorf("deployed version 1 with a file linked out of it")
+				}
+			}
+		})
+	}
+}
