@@ -100,18 +100,20 @@ type model struct {
 	done      string    // the fingerprint last deployed (or failed): unchanged, nothing to do
 	state     string    // of the folder as a whole when versions is empty
 	reason    string
-	versions  []version // by label, ascending
-	deployed  bool      // the node has it from us: removing the folder deletes it
-	retry     bool      // its last deploy failed for a reason that may pass: the next scan tries again
-	removing  bool      // its folder went and deleting its function failed: the next scan tries again
-	unloaded  bool      // by the API, until a load or the folder changes
+	kind      errdefs.Kind // the class of the failure reason says, for a load
+	versions  []version    // by label, ascending
+	deployed  bool         // the node has it from us: removing the folder deletes it
+	retry     bool         // its last deploy failed for a reason that may pass: the next scan tries again
+	removing  bool         // its folder went and deleting its function failed: the next scan tries again
+	unloaded  bool         // by the API, until a load or the folder changes
 }
 
 // version is one version folder's state.
 type version struct {
 	label, dir    string
 	state, reason string
-	id            string // the node's version id once deployed
+	kind          errdefs.Kind // the class of the failure reason says, for a load
+	id            string       // the node's version id once deployed
 }
 
 // New returns a repository over cfg.Dir deploying to node; Run serves it.
@@ -525,12 +527,12 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	print := m.seen
 	r.mu.Unlock()
 	if err != nil {
-		r.settle(m, print, nil, Unavailable, err.Error())
+		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindBadRequest)
 		return
 	}
 	rec, err := r.node.Versions(ctx, m.name)
 	if err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-		r.settle(m, "", nil, Unavailable, err.Error()) // "": the store, not the folder: try again
+		r.settle(m, "", nil, Unavailable, err.Error(), errdefs.KindOf(err)) // "": the store, not the folder: try again
 		return
 	}
 	current, label := "", ""
@@ -546,7 +548,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			r.mu.Lock()
 			old := m.versions
 			r.mu.Unlock()
-			r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was packed: waiting for the copy to settle", r.where(m.dir)))
+			r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was packed: waiting for the copy to settle", r.where(m.dir)), errdefs.KindUnavailable)
 			return
 		}
 		if err != nil {
@@ -554,7 +556,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
 			retry = retry || passing(err)
-			v.state, v.reason = Unavailable, err.Error()
+			v.state, v.reason, v.kind = Unavailable, err.Error(), errdefs.KindOf(err)
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
 			continue
 		}
@@ -566,14 +568,14 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			_, err = r.node.Rollback(ctx, m.name, current)
 		}
 		if err != nil {
-			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err))
+			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err), errdefs.KindOf(err))
 			return
 		}
 	}
 	if retry {
 		print = ""
 	}
-	r.settle(m, print, vers, "", "")
+	r.settle(m, print, vers, "", "", 0)
 }
 
 // passing reports whether a version's deploy failed for a reason that may
@@ -653,10 +655,10 @@ func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
 
 // settle records a deploy's outcome: done is the fingerprint it answers
 // ("" to try again at the next scan).
-func (r *Repository) settle(m *model, done string, vers []version, state, reason string) {
+func (r *Repository) settle(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.done, m.versions, m.state, m.reason = done, vers, state, reason
+	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, reason, kind
 	m.retry = done == ""
 	for _, v := range vers {
 		if v.state == Ready {
@@ -744,22 +746,28 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	if m.state == Loading {
 		return errdefs.Unavailable(nil, "load %s: %s", name, m.reason)
 	}
-	if reason := m.failure(); reason != "" {
-		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, reason)
+	if reason, kind := m.failure(); reason != "" {
+		// The failure's class: a bundle the node or the repository
+		// refuses is 400 (as Triton answers), the store down 503, a
+		// conflict 409, ...
+		if kind == errdefs.KindInvalid {
+			kind = errdefs.KindBadRequest
+		}
+		return errdefs.New(kind, nil, "load %s: %s", name, reason)
 	}
 	return nil
 }
 
-// failure is why m is not ready ("" when its current version is); under
-// r.mu.
-func (m *model) failure() string {
+// failure is why m is not ready ("" when its current version is) and its
+// class; under r.mu.
+func (m *model) failure() (string, errdefs.Kind) {
 	if m.state == Unavailable || len(m.versions) == 0 {
-		return m.reason
+		return m.reason, m.kind
 	}
 	if last := m.versions[len(m.versions)-1]; last.state != Ready {
-		return last.reason
+		return last.reason, last.kind
 	}
-	return ""
+	return "", 0
 }
 
 // Unload stops serving name until a load (or, while polling, until its

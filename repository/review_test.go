@@ -399,3 +399,30 @@ func TestLinkedFiles(t *testing.T) {
 		})
 	}
 }
+
+// A load that fails keeps the failure's class: the store down is 503, a
+// conflict 409, a bundle refused 400.
+func TestLoadFailureKind(t *testing.T) {
+	for _, c := range []struct {
+		what string
+		err  error
+		want errdefs.Kind
+	}{
+		{"store", errdefs.New(errdefs.KindUnavailable, nil, "cannot write to the store"), errdefs.KindUnavailable},
+		{"conflict", errdefs.New(errdefs.KindConflict, nil, "the record kept changing"), errdefs.KindConflict},
+		{"too large", errdefs.New(errdefs.KindTooLarge, nil, "bundle is larger"), errdefs.KindTooLarge},
+		{"invalid", errdefs.New(errdefs.KindInvalid, nil, "bad chain"), errdefs.KindBadRequest},
+		{"no space", errdefs.New(errdefs.KindNoSpace, nil, "out of disk space"), errdefs.KindNoSpace},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "models")
+			writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+			node := &flakyNode{fakeNode: newFakeNode(), fails: 100, err: c.err}
+			r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond}, node)
+			err := r.Load(context.Background(), "cnn")
+			if errdefs.KindOf(err) != c.want || !strings.Contains(fmt.Sprint(err), c.err.Error()) {
+				t.Errorf("load: %v (kind %d), want kind %d with the reason", err, errdefs.KindOf(err), c.want)
+			}
+		})
+	}
+}
