@@ -232,18 +232,27 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	}
 	r.mu.Unlock()
 	slices.SortFunc(gone, func(a, b *model) int { return strings.Compare(a.name, b.name) })
-	for _, m := range gone {
-		err := r.remove(ctx, m)
-		r.mu.Lock()
-		if err == nil {
-			delete(r.models, m.name)
-		} else {
-			// Shown UNAVAILABLE with the reason, and tried again at the
-			// next scan.
-			m.removing, m.done, m.versions, m.retry = true, "", nil, false
-			m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err)
+	// Again while one goes: a pipeline removed with its step goes first.
+	for len(gone) > 0 {
+		var left []*model
+		for _, m := range gone {
+			err := r.remove(ctx, m)
+			r.mu.Lock()
+			if err == nil {
+				delete(r.models, m.name)
+			} else {
+				// Shown UNAVAILABLE with the reason, and tried again at
+				// the next scan.
+				left = append(left, m)
+				m.removing, m.done, m.versions, m.retry = true, "", nil, false
+				m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err)
+			}
+			r.mu.Unlock()
 		}
-		r.mu.Unlock()
+		if len(left) == len(gone) {
+			break
+		}
+		gone = left
 	}
 	// By name: a repository deploys in the same order at every start.
 	slices.SortFunc(todo, func(a, b *model) int { return strings.Compare(a.name, b.name) })
@@ -671,8 +680,10 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 }
 
 // remove deletes a removed folder's function; requests in flight finish.
+// A function a pipeline runs is not deleted (409, as plover rm without
+// --force): it stays, UNAVAILABLE with the reason, until the pipeline goes.
 func (r *Repository) remove(ctx context.Context, m *model) error {
-	if err := r.node.Delete(ctx, m.name, true); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+	if err := r.node.Delete(ctx, m.name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
 		return err
 	}

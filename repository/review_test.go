@@ -426,3 +426,59 @@ func TestLoadFailureKind(t *testing.T) {
 		})
 	}
 }
+
+// pipeNode refuses, as the engine does without force, to delete "step"
+// while "zpipe" (a pipeline running it) is there.
+type pipeNode struct{ *fakeNode }
+
+func (p pipeNode) Delete(ctx context.Context, name string, force bool) error {
+	p.mu.Lock()
+	used := p.recs["zpipe"] != nil
+	p.mu.Unlock()
+	if name == "step" && used && !force {
+		return errdefs.New(errdefs.KindConflict, nil, "function step is a step of pipeline zpipe")
+	}
+	return p.fakeNode.Delete(ctx, name, force)
+}
+
+// A removed folder whose function a pipeline runs is not deleted with
+// force: it stays, UNAVAILABLE with the reason, until the pipeline goes
+// (in the same scan too, though it sorts after the step).
+func TestRemoveStepOfPipeline(t *testing.T) {
+	for _, c := range []struct {
+		what   string
+		remove []string
+		after  string // the index after the scan
+	}{
+		{"step alone", []string{"step"}, "step/ UNAVAILABLE (its folder was removed, but deleting its function failed (tried again at the next scan): function step is a step of pipeline zpipe); zpipe/1 READY; "},
+		{"step and pipeline", []string{"step", "zpipe"}, ""},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			ctx := context.Background()
+			root := filepath.Join(t.TempDir(), "models")
+			writeBundle(t, filepath.Join(root, "step", "1"), "step", false)
+			writeBundle(t, filepath.Join(root, "zpipe", "1"), "zpipe", false)
+			age(t, root)
+			node := pipeNode{newFakeNode()}
+			r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+			r.Scan(ctx)
+			for _, n := range c.remove {
+				os.RemoveAll(filepath.Join(root, n))
+			}
+			r.Scan(ctx)
+			if got := index(r); got != c.after {
+				t.Errorf("index: %q, want %q", got, c.after)
+			}
+			if len(c.remove) == 1 {
+				if node.current("step") == "" {
+					t.Error("the step a pipeline runs was deleted")
+				}
+				os.RemoveAll(filepath.Join(root, "zpipe"))
+				r.Scan(ctx)
+				if got := index(r); got != "" || node.current("step") != "" {
+					t.Errorf("after the pipeline went: index %q, step deployed %v", got, node.current("step") != "")
+				}
+			}
+		})
+	}
+}
