@@ -61,7 +61,7 @@ type Config struct {
 	// as (KServe's model name); "": the manifest's.
 	Name string
 	// Poll is how often DIR is scanned again; 0: once at start (and again
-	// only while a folder settles).
+	// only while a folder settles or a deploy or delete is tried again).
 	Poll time.Duration
 	// Settle is how long a folder's files must be still before it loads
 	// (0: 2 s). While polling, a folder also loads only once two scans see
