@@ -51,23 +51,48 @@ func Digest(b []byte) string {
 }
 
 // ReadManifest reads and validates dir/plover.json.
-func ReadManifest(dir string) (*abi.Manifest, error) {
-	f, err := os.Open(filepath.Join(dir, abi.ManifestFile))
+func ReadManifest(dir string) (*abi.Manifest, error) { return readManifest(files{dir: dir}) }
+
+func readManifest(d files) (*abi.Manifest, error) {
+	f, err := d.open(abi.ManifestFile)
 	if err != nil {
 		return nil, fmt.Errorf("manifest: %w", err)
 	}
 	defer f.Close()
+	path := filepath.Join(d.dir, abi.ManifestFile)
 	m, err := abi.ParseManifest(f)
 	if err != nil {
 		// Name the file once: a FieldError about the whole file says
 		// "plover.json: ..." itself.
 		var fe *abi.FieldError
 		if errors.As(err, &fe) && fe.Field == abi.ManifestFile {
-			return nil, fmt.Errorf("%s: %s", f.Name(), fe.Reason)
+			return nil, fmt.Errorf("%s: %s", path, fe.Reason)
 		}
-		return nil, fmt.Errorf("%s: %w", f.Name(), err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return m, nil
+}
+
+// files opens a bundle directory's files: following links anywhere, or,
+// with root, only to files within the directory.
+type files struct {
+	dir  string
+	root *os.Root
+}
+
+func (d files) open(name string) (*os.File, error) {
+	path := filepath.Join(d.dir, name)
+	if d.root == nil {
+		return os.Open(path)
+	}
+	f, err := d.root.Open(name)
+	if err != nil {
+		if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&os.ModeSymlink != 0 {
+			return nil, refuse("%s is a link that resolves outside its directory (or does not resolve): only files within the bundle's directory are packed", path)
+		}
+		return nil, err
+	}
+	return f, nil
 }
 
 // Pack writes the bundle for dir to w: plover.json first, then the library,
@@ -80,13 +105,29 @@ func Pack(dir string, w io.Writer) (*abi.Manifest, error) { return PackNamed(dir
 // does not carry (plover serve --repository-name, KServe's model name). The
 // manifest's other fields are kept as written.
 func PackNamed(dir, name string, w io.Writer) (*abi.Manifest, error) {
-	m, err := ReadManifest(dir)
+	return pack(files{dir: dir}, name, w)
+}
+
+// PackWithin is PackNamed reading only files within dir: a file that is a
+// link resolving outside dir is refused (a model repository's version
+// folder, written by others than the server).
+func PackWithin(dir, name string, w io.Writer) (*abi.Manifest, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	defer root.Close()
+	return pack(files{dir: dir, root: root}, name, w)
+}
+
+func pack(d files, name string, w io.Writer) (*abi.Manifest, error) {
+	m, err := readManifest(d)
 	if err != nil {
 		return nil, err
 	}
 	var renamed []byte
 	if name != "" && name != m.Name {
-		if renamed, m, err = rename(dir, name); err != nil {
+		if renamed, m, err = rename(d, name); err != nil {
 			return nil, err
 		}
 	}
@@ -107,7 +148,7 @@ func PackNamed(dir, name string, w io.Writer) (*abi.Manifest, error) {
 		if name == abi.ManifestFile && renamed != nil {
 			err = addBytes(tw, name, renamed)
 		} else {
-			err = addFile(tw, dir, name)
+			err = addFile(tw, d, name)
 		}
 		if err != nil {
 			zw.Close()
@@ -126,9 +167,14 @@ func PackNamed(dir, name string, w io.Writer) (*abi.Manifest, error) {
 
 // rename is dir's manifest with its name set to name: the bytes to pack and
 // the manifest they parse to.
-func rename(dir, name string) ([]byte, *abi.Manifest, error) {
-	path := filepath.Join(dir, abi.ManifestFile)
-	raw, err := os.ReadFile(path)
+func rename(d files, name string) ([]byte, *abi.Manifest, error) {
+	path := filepath.Join(d.dir, abi.ManifestFile)
+	f, err := d.open(abi.ManifestFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("manifest: %w", err)
+	}
+	raw, err := io.ReadAll(f)
+	f.Close()
 	if err != nil {
 		return nil, nil, fmt.Errorf("manifest: %w", err)
 	}
@@ -165,8 +211,8 @@ func addBytes(tw *tar.Writer, name string, b []byte) error {
 	return nil
 }
 
-func addFile(tw *tar.Writer, dir, name string) error {
-	f, err := os.Open(filepath.Join(dir, name))
+func addFile(tw *tar.Writer, d files, name string) error {
+	f, err := d.open(name)
 	if err != nil {
 		return fmt.Errorf("pack: %w", err)
 	}
@@ -176,7 +222,7 @@ func addFile(tw *tar.Writer, dir, name string) error {
 		return fmt.Errorf("pack: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("pack: %s is not a regular file", f.Name())
+		return fmt.Errorf("pack: %s is not a regular file", filepath.Join(d.dir, name))
 	}
 	if err := tw.WriteHeader(fixedHeader(name, fi.Size())); err != nil {
 		return fmt.Errorf("pack %s: %w", name, err)
@@ -192,8 +238,18 @@ func PackBytes(dir string) ([]byte, string, *abi.Manifest, error) { return PackB
 
 // PackBytesNamed is PackBytes under name (PackNamed).
 func PackBytesNamed(dir, name string) ([]byte, string, *abi.Manifest, error) {
+	return packBytes(dir, name, PackNamed)
+}
+
+// PackBytesWithin is PackBytesNamed reading only files within dir
+// (PackWithin).
+func PackBytesWithin(dir, name string) ([]byte, string, *abi.Manifest, error) {
+	return packBytes(dir, name, PackWithin)
+}
+
+func packBytes(dir, name string, packer func(string, string, io.Writer) (*abi.Manifest, error)) ([]byte, string, *abi.Manifest, error) {
 	var buf bytes.Buffer
-	m, err := PackNamed(dir, name, &buf)
+	m, err := packer(dir, name, &buf)
 	if err != nil {
 		return nil, "", nil, err
 	}

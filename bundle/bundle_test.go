@@ -253,3 +253,49 @@ func TestPackNamed(t *testing.T) {
 		t.Fatalf("constants %v", w)
 	}
 }
+
+// PackWithin packs files linked within the directory and refuses, naming
+// it, a file (the manifest too) linked out of it; Pack follows both.
+func TestPackWithinLinks(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "tokens")
+	os.WriteFile(secret, []byte("SERVER-SECRET"), 0o600)
+	for _, c := range []struct {
+		what, file, target string // target "": the secret
+		ok                 bool
+	}{
+		{"constants linked within", "w.bin", "data/w.bin", true},
+		{"constants linked out", "w.bin", "", false},
+		{"library linked out", "lib.so", "", false},
+		{"manifest linked out", abi.ManifestFile, "", false},
+		{"constants linked out through ..", "w.bin", "../outside/w.bin", false},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			dir := bundleDir(t)
+			os.MkdirAll(filepath.Join(dir, "data"), 0o755)
+			os.WriteFile(filepath.Join(dir, "data", "w.bin"), []byte{9, 9}, 0o644)
+			target := c.target
+			if target == "" {
+				target = secret
+			}
+			if c.target == "../outside/w.bin" {
+				os.MkdirAll(filepath.Join(dir, "..", "outside"), 0o755)
+				os.WriteFile(filepath.Join(dir, "..", "outside", "w.bin"), []byte{9, 9}, 0o644)
+			}
+			p := filepath.Join(dir, c.file)
+			os.Remove(p)
+			if err := os.Symlink(target, p); err != nil {
+				t.Fatal(err)
+			}
+			_, _, _, err := PackBytesWithin(dir, "")
+			if c.ok != (err == nil) {
+				t.Fatalf("PackBytesWithin: %v, want ok %v", err, c.ok)
+			}
+			if err != nil && !strings.Contains(err.Error(), p+" is a link that resolves outside") {
+				t.Errorf("the refusal does not name the file: %v", err)
+			}
+			if _, _, _, err := PackBytes(dir); err != nil && c.file == "w.bin" {
+				t.Errorf("PackBytes (following links) refused it: %v", err)
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -60,7 +61,7 @@ type Config struct {
 	// as (KServe's model name); "": the manifest's.
 	Name string
 	// Poll is how often DIR is scanned again; 0: once at start (and again
-	// only while a folder settles).
+	// only while a folder settles or a deploy or delete is tried again).
 	Poll time.Duration
 	// Settle is how long a folder's files must be still before it loads
 	// (0: 2 s). While polling, a folder also loads only once two scans see
@@ -84,6 +85,10 @@ type Repository struct {
 	mu     sync.Mutex
 	models map[string]*model
 	scans  int // scans finished: the first one counts a folder's first look
+	// single is the function DIR serves as while it is one bundle (""
+	// while it holds model folders): the name stays while its manifest is
+	// rewritten, absent or renamed, until DIR settles so.
+	single string
 }
 
 // model is one folder's state.
@@ -95,16 +100,20 @@ type model struct {
 	done      string    // the fingerprint last deployed (or failed): unchanged, nothing to do
 	state     string    // of the folder as a whole when versions is empty
 	reason    string
-	versions  []version // by label, ascending
-	deployed  bool      // the node has it from us: removing the folder deletes it
-	unloaded  bool      // by the API, until a load or the folder changes
+	kind      errdefs.Kind // the class of the failure reason says, for a load
+	versions  []version    // by label, ascending
+	deployed  bool         // the node has it from us: removing the folder deletes it
+	retry     bool         // its last deploy failed for a reason that may pass: the next scan tries again
+	removing  bool         // its folder went and deleting its function failed: the next scan tries again
+	unloaded  bool         // by the API, until a load or the folder changes
 }
 
 // version is one version folder's state.
 type version struct {
 	label, dir    string
 	state, reason string
-	id            string // the node's version id once deployed
+	kind          errdefs.Kind // the class of the failure reason says, for a load
+	id            string       // the node's version id once deployed
 }
 
 // New returns a repository over cfg.Dir deploying to node; Run serves it.
@@ -133,17 +142,32 @@ func New(cfg Config, node Node) (*Repository, error) {
 	return r, nil
 }
 
+// maxRetry bounds the wait between scans, without Poll, while a model's
+// deploy is tried again.
+const maxRetry = time.Minute
+
 // Run scans the repository until ctx ends: at once, then every Poll (with
-// no Poll, again only while a folder settles).
+// no Poll, again only while a folder settles, every Settle, or while a
+// deploy that failed for a reason that may pass is tried again, waiting
+// twice as long each time up to a minute).
 func (r *Repository) Run(ctx context.Context) {
+	backoff := r.cfg.Settle
 	for {
-		settling := r.Scan(ctx)
+		settling, retrying := r.scan(ctx)
 		wait := r.cfg.Poll
 		if wait <= 0 {
-			if !settling {
+			switch {
+			case settling:
+				wait = r.cfg.Settle
+			case retrying:
+				wait = backoff
+				backoff = min(2*backoff, max(maxRetry, r.cfg.Settle))
+			default:
 				return
 			}
-			wait = r.cfg.Settle
+		}
+		if !retrying {
+			backoff = r.cfg.Settle
 		}
 		select {
 		case <-ctx.Done():
@@ -156,10 +180,18 @@ func (r *Repository) Run(ctx context.Context) {
 // Scan looks at the repository once and brings the node in line: folders
 // that settled and changed are deployed (functions first, then pipelines,
 // whose steps must be there), removed folders' functions deleted. It
-// reports whether a folder is still settling.
+// reports whether a folder is still settling or a model's deploy is to be
+// tried again.
 func (r *Repository) Scan(ctx context.Context) bool {
+	settling, retrying := r.scan(ctx)
+	return settling || retrying
+}
+
+// scan is Scan; it reports whether a folder is still settling and whether
+// a model is to be tried again.
+func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	if !r.take(ctx) {
-		return false
+		return false, false
 	}
 	defer r.give()
 	found, err := r.list()
@@ -167,17 +199,19 @@ func (r *Repository) Scan(ctx context.Context) bool {
 		// DIR itself unreadable (a volume remounting): nothing is removed
 		// for it, and the next scan tries again.
 		r.cfg.Log.Warn("cannot scan the model repository", "dir", r.cfg.Dir, "error", err)
-		return true
+		return false, true
 	}
 	now := time.Now()
 	var todo []*model
-	settling := false
 	r.mu.Lock()
 	var gone []*model
 	for name, m := range r.models {
 		if _, ok := found[name]; !ok {
-			gone = append(gone, m)
-			delete(r.models, name)
+			if m.deployed && !m.unloaded {
+				gone = append(gone, m) // kept, removing, until its function is deleted
+			} else {
+				delete(r.models, name)
+			}
 		}
 	}
 	for name, f := range found {
@@ -185,6 +219,9 @@ func (r *Repository) Scan(ctx context.Context) bool {
 		if m == nil {
 			m = &model{name: name, dir: f.dir, renamed: f.renamed, state: Loading, reason: "found: waiting for its first deploy"}
 			r.models[name] = m
+		}
+		if m.removing { // back before its function was deleted: deployed again
+			m.removing, m.done = false, ""
 		}
 		switch r.settledLocked(m, f, now) {
 		case stillChanging:
@@ -194,16 +231,39 @@ func (r *Repository) Scan(ctx context.Context) bool {
 		}
 	}
 	r.mu.Unlock()
-	for _, m := range gone {
-		r.remove(ctx, m)
+	slices.SortFunc(gone, func(a, b *model) int { return strings.Compare(a.name, b.name) })
+	// Again while one goes: a pipeline removed with its step goes first.
+	for len(gone) > 0 {
+		var left []*model
+		for _, m := range gone {
+			err := r.remove(ctx, m)
+			r.mu.Lock()
+			if err == nil {
+				delete(r.models, m.name)
+			} else {
+				// Shown UNAVAILABLE with the reason, and tried again at
+				// the next scan.
+				left = append(left, m)
+				m.removing, m.done, m.versions, m.retry = true, "", nil, false
+				m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err)
+			}
+			r.mu.Unlock()
+		}
+		if len(left) == len(gone) {
+			break
+		}
+		gone = left
 	}
 	// By name: a repository deploys in the same order at every start.
 	slices.SortFunc(todo, func(a, b *model) int { return strings.Compare(a.name, b.name) })
 	r.deployAll(ctx, todo)
 	r.mu.Lock()
 	r.scans++
+	for _, m := range r.models {
+		retrying = retrying || m.retry || m.removing
+	}
 	r.mu.Unlock()
-	return settling
+	return settling, retrying
 }
 
 // folder is a model folder as a scan found it.
@@ -216,21 +276,45 @@ type folder struct {
 }
 
 // list finds the repository's model folders: DIR itself when it is one
-// bundle, else its subdirectories (not hidden ones).
+// bundle, else its subdirectories (not hidden ones). Called with the turn.
 func (r *Repository) list() (map[string]folder, error) {
 	out := map[string]folder{}
-	if _, err := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile)); err == nil {
-		name := r.cfg.Name
-		if name == "" {
-			// The manifest's name; while it does not parse (being
-			// copied), the directory's, under which its reason shows.
-			name = r.top
-			if m, err := bundle.ReadManifest(r.cfg.Dir); err == nil {
-				name = m.Name
+	_, absent := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile))
+	if absent == nil || r.single != "" {
+		f := look(r.cfg.Dir, r.cfg.Name != "")
+		// --repository-name, else the manifest's name; while it does
+		// not parse (being copied), the name served so far, or at first
+		// the directory's, under which its reason shows.
+		name, why := r.cfg.Name, ""
+		if absent != nil {
+			why = abi.ManifestFile + " is absent"
+		} else if man, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
+			why = err.Error()
+			if name == "" {
+				name = cmp.Or(r.single, r.top)
 			}
+		} else if name == "" {
+			name = man.Name
 		}
-		out[name] = look(r.cfg.Dir, r.cfg.Name != "")
-		return out, nil
+		if r.single != "" && (name != r.single || why != "") && !r.still(f) {
+			// A manifest rewritten in place, absent a moment or naming
+			// another function: the function keeps its name, LOADING,
+			// until DIR settles so (a rename, then, deletes it).
+			if why == "" {
+				why = fmt.Sprintf("%s now names %q", abi.ManifestFile, name)
+			}
+			if f.err == nil {
+				f.err = fmt.Errorf("%s: waiting for it to settle", why)
+			}
+			out[r.single] = f
+			return out, nil
+		}
+		if absent == nil {
+			r.single = name
+			out[name] = f
+			return out, nil
+		}
+		r.single = "" // the manifest went for good: DIR holds model folders
 	}
 	ents, err := os.ReadDir(r.cfg.Dir)
 	if err != nil {
@@ -243,6 +327,15 @@ func (r *Repository) list() (map[string]folder, error) {
 		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
 	}
 	return out, nil
+}
+
+// still reports whether DIR, as one bundle, is as the last scan saw it
+// and none of its files changed within Settle.
+func (r *Repository) still(f folder) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.models[r.single]
+	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.newest) >= r.cfg.Settle
 }
 
 // isDir reports whether e, in parent, is a directory or a link to one (a
@@ -284,9 +377,14 @@ func look(dir string, renamed bool) folder {
 		}
 		rel, _ := filepath.Rel(root, p)
 		io.WriteString(h, rel)
-		if d.Type()&fs.ModeSymlink != 0 { // a linked version folder: where it points
+		if d.Type()&fs.ModeSymlink != 0 {
+			// A linked version folder or file: where it points, and
+			// what it points at (a linked file rewritten is a change).
 			target, _ := os.Readlink(p)
 			io.WriteString(h, target)
+			if st, err := os.Stat(p); err == nil {
+				fi = st
+			}
 		}
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
 		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
@@ -438,22 +536,36 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	print := m.seen
 	r.mu.Unlock()
 	if err != nil {
-		r.settle(m, print, nil, Unavailable, err.Error())
+		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindBadRequest)
 		return
 	}
 	rec, err := r.node.Versions(ctx, m.name)
 	if err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-		r.settle(m, "", nil, Unavailable, err.Error()) // "": the store, not the folder: try again
+		r.settle(m, "", nil, Unavailable, err.Error(), errdefs.KindOf(err)) // "": the store, not the folder: try again
 		return
 	}
 	current, label := "", ""
+	retry := false
 	for i := range vers {
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
 		// goes beside it.
-		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1)
+		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1, print)
+		if errors.Is(err, errChanged) {
+			// Packed while being copied: nothing more deploys from this
+			// look; the next scans see it settle.
+			r.mu.Lock()
+			old := m.versions
+			r.mu.Unlock()
+			r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was packed: waiting for the copy to settle", r.where(m.dir)), errdefs.KindUnavailable)
+			return
+		}
 		if err != nil {
-			v.state, v.reason = Unavailable, err.Error()
+			// The store down, a conflict, a pipeline's step not there
+			// yet: the next scan tries again. A bundle the node refuses
+			// waits for its folder to change.
+			retry = retry || passing(err)
+			v.state, v.reason, v.kind = Unavailable, err.Error(), errdefs.KindOf(err)
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
 			continue
 		}
@@ -465,38 +577,69 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			_, err = r.node.Rollback(ctx, m.name, current)
 		}
 		if err != nil {
-			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err))
+			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err), errdefs.KindOf(err))
 			return
 		}
 	}
-	r.settle(m, print, vers, "", "")
+	if retry {
+		print = ""
+	}
+	r.settle(m, print, vers, "", "", 0)
 }
 
+// passing reports whether a version's deploy failed for a reason that may
+// pass without its folder changing: anything but a bundle the node refuses
+// as it is (invalid, malformed, too large, a step the deployer may not
+// run), or a pipeline whose step is not deployed yet.
+func passing(err error) bool {
+	var nf *errdefs.NoFunction
+	if errors.As(err, &nf) {
+		return true
+	}
+	switch errdefs.KindOf(err) {
+	case errdefs.KindInvalid, errdefs.KindBadRequest, errdefs.KindTooLarge, errdefs.KindForbidden:
+		return false
+	}
+	return true
+}
+
+// refused is a version folder the repository refuses as it is (its
+// manifest, its files): it waits for the folder to change.
+func refused(where string, err error) error {
+	return errdefs.New(errdefs.KindInvalid, err, "%s: %v", where, err)
+}
+
+// errChanged is a model folder that changed between the scan that decided
+// to deploy it and the packing of a version.
+var errChanged = errors.New("the folder changed while it was packed")
+
 // deployVersion deploys one version folder unless rec has it already
-// (the same label and bytes: a restart), and returns its version id.
-func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool) (string, error) {
+// (the same label and bytes: a restart), and returns its version id. The
+// model's folder must still be as print, the look that decided the
+// deploy, once the version is packed (errChanged).
+func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool, print string) (string, error) {
 	where := r.where(dir)
-	man, err := bundle.ReadManifest(dir)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
-	}
-	if !m.renamed && man.Name != m.name {
-		return "", fmt.Errorf("%s: %s names %q", where, abi.ManifestFile, man.Name)
-	}
 	name := ""
 	if m.renamed {
 		name = m.name
 	}
-	b, sha, _, err := bundle.PackBytesNamed(dir, name)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
+	// Only files within the version folder: a file linked out of it
+	// (to the server's own secrets) is refused, and the folder with it.
+	b, sha, man, err := bundle.PackBytesWithin(dir, name)
+	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
+		return "", errChanged
 	}
-	if rec != nil {
-		for _, v := range rec.Versions {
-			if v.Label == label && v.SHA256 == sha {
-				return v.ID, nil
-			}
-		}
+	if err != nil {
+		return "", refused(where, err)
+	}
+	if !m.renamed && man.Name != m.name {
+		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
+	}
+	// The latest version with the label (what the label names, as
+	// Record.Find has it) must be these bytes: a folder changed and then
+	// changed back is deployed again.
+	if v, ok := latestLabeled(rec, label); ok && v.SHA256 == sha {
+		return v.ID, nil
 	}
 	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
 	if err != nil {
@@ -506,12 +649,26 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	return fi.Version, nil
 }
 
+// latestLabeled is rec's latest version labeled label.
+func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
+	if rec == nil {
+		return api.Version{}, false
+	}
+	for i := len(rec.Versions) - 1; i >= 0; i-- {
+		if rec.Versions[i].Label == label {
+			return rec.Versions[i], true
+		}
+	}
+	return api.Version{}, false
+}
+
 // settle records a deploy's outcome: done is the fingerprint it answers
 // ("" to try again at the next scan).
-func (r *Repository) settle(m *model, done string, vers []version, state, reason string) {
+func (r *Repository) settle(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.done, m.versions, m.state, m.reason = done, vers, state, reason
+	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, reason, kind
+	m.retry = done == ""
 	for _, v := range vers {
 		if v.state == Ready {
 			m.deployed = true
@@ -523,15 +680,15 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 }
 
 // remove deletes a removed folder's function; requests in flight finish.
-func (r *Repository) remove(ctx context.Context, m *model) {
-	if !m.deployed || m.unloaded {
-		return
-	}
-	if err := r.node.Delete(ctx, m.name, true); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+// A function a pipeline runs is not deleted (409, as plover rm without
+// --force): it stays, UNAVAILABLE with the reason, until the pipeline goes.
+func (r *Repository) remove(ctx context.Context, m *model) error {
+	if err := r.node.Delete(ctx, m.name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
-		return
+		return err
 	}
 	r.cfg.Log.Info("model repository: removed", "model", m.name)
+	return nil
 }
 
 // Index is the repository's models, by name: one entry per version
@@ -597,22 +754,31 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	r.deploy(ctx, m, vers, err)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if reason := m.failure(); reason != "" {
-		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, reason)
+	if m.state == Loading {
+		return errdefs.Unavailable(nil, "load %s: %s", name, m.reason)
+	}
+	if reason, kind := m.failure(); reason != "" {
+		// The failure's class: a bundle the node or the repository
+		// refuses is 400 (as Triton answers), the store down 503, a
+		// conflict 409, ...
+		if kind == errdefs.KindInvalid {
+			kind = errdefs.KindBadRequest
+		}
+		return errdefs.New(kind, nil, "load %s: %s", name, reason)
 	}
 	return nil
 }
 
-// failure is why m is not ready ("" when its current version is); under
-// r.mu.
-func (m *model) failure() string {
+// failure is why m is not ready ("" when its current version is) and its
+// class; under r.mu.
+func (m *model) failure() (string, errdefs.Kind) {
 	if m.state == Unavailable || len(m.versions) == 0 {
-		return m.reason
+		return m.reason, m.kind
 	}
 	if last := m.versions[len(m.versions)-1]; last.state != Ready {
-		return last.reason
+		return last.reason, last.kind
 	}
-	return ""
+	return "", 0
 }
 
 // Unload stops serving name until a load (or, while polling, until its
@@ -635,7 +801,9 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.unloaded, m.deployed, m.state, m.reason = true, false, Unavailable, "unloaded"
+	// Its versions are deleted with it: none shows READY until a load or
+	// a change of the folder deploys them again.
+	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
 	if m.done == "" {
 		m.done = m.seen // a load, or a change of the folder, brings it back
 	}
