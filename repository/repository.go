@@ -14,12 +14,9 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -265,146 +262,6 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	r.mu.Unlock()
 	return settling, retrying
 }
-
-// folder is a model folder as a scan found it.
-type folder struct {
-	dir     string
-	renamed bool
-	print   string    // names, sizes and modification times of its files
-	newest  time.Time // the latest modification time in it
-	err     error     // could not be read
-}
-
-// list finds the repository's model folders: DIR itself when it is one
-// bundle, else its subdirectories (not hidden ones). Called with the turn.
-func (r *Repository) list() (map[string]folder, error) {
-	out := map[string]folder{}
-	_, absent := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile))
-	if absent == nil || r.single != "" {
-		f := look(r.cfg.Dir, r.cfg.Name != "")
-		// --repository-name, else the manifest's name; while it does
-		// not parse (being copied), the name served so far, or at first
-		// the directory's, under which its reason shows.
-		name, why := r.cfg.Name, ""
-		if absent != nil {
-			why = abi.ManifestFile + " is absent"
-		} else if man, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
-			why = err.Error()
-			if name == "" {
-				name = cmp.Or(r.single, r.top)
-			}
-		} else if name == "" {
-			name = man.Name
-		}
-		if r.single != "" && (name != r.single || why != "") && !r.still(f) {
-			// A manifest rewritten in place, absent a moment or naming
-			// another function: the function keeps its name, LOADING,
-			// until DIR settles so (a rename, then, deletes it).
-			if why == "" {
-				why = fmt.Sprintf("%s now names %q", abi.ManifestFile, name)
-			}
-			if f.err == nil {
-				f.err = fmt.Errorf("%s: waiting for it to settle", why)
-			}
-			out[r.single] = f
-			return out, nil
-		}
-		if absent == nil {
-			r.single = name
-			out[name] = f
-			return out, nil
-		}
-		r.single = "" // the manifest went for good: DIR holds model folders
-	}
-	ents, err := os.ReadDir(r.cfg.Dir)
-	if err != nil {
-		return nil, err
-	}
-	for _, e := range ents {
-		if e.Name()[0] == '.' || !isDir(r.cfg.Dir, e) {
-			continue // files beside models (a README), and hidden scratch space
-		}
-		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
-	}
-	return out, nil
-}
-
-// still reports whether DIR, as one bundle, is as the last scan saw it
-// and none of its files changed within Settle.
-func (r *Repository) still(f folder) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := r.models[r.single]
-	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.newest) >= r.cfg.Settle
-}
-
-// isDir reports whether e, in parent, is a directory or a link to one (a
-// folder swapped by its link, a Kubernetes volume's entries).
-func isDir(parent string, e fs.DirEntry) bool {
-	if e.Type()&fs.ModeSymlink == 0 {
-		return e.IsDir()
-	}
-	fi, err := os.Stat(filepath.Join(parent, e.Name()))
-	return err == nil && fi.IsDir()
-}
-
-// resolved is dir with its links followed (dir when they cannot be): a
-// walk does not enter a link it starts at.
-func resolved(dir string) string {
-	if r, err := filepath.EvalSymlinks(dir); err == nil {
-		return r
-	}
-	return dir
-}
-
-// look fingerprints a folder: every file's and directory's name, size and
-// modification time, and the newest of those times.
-func look(dir string, renamed bool) folder {
-	f := folder{dir: dir, renamed: renamed}
-	h := sha256.New()
-	var b [16]byte
-	// A folder may be a link swapped to a new copy at once (cnn ->
-	// cnn-v7): what it points at is part of what it is.
-	root := resolved(dir)
-	io.WriteString(h, root)
-	f.err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		io.WriteString(h, rel)
-		if d.Type()&fs.ModeSymlink != 0 {
-			// A linked version folder or file: where it points, and
-			// what it points at (a linked file rewritten is a change).
-			target, _ := os.Readlink(p)
-			io.WriteString(h, target)
-			if st, err := os.Stat(p); err == nil {
-				fi = st
-			}
-		}
-		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
-		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
-		h.Write(b[:])
-		if fi.ModTime().After(f.newest) {
-			f.newest = fi.ModTime()
-		}
-		return nil
-	})
-	f.print = fmt.Sprintf("%x", h.Sum(nil))
-	return f
-}
-
-type settleResult int
-
-const (
-	unchanged     settleResult = iota // as last deployed, or unloaded and untouched
-	stillChanging                     // LOADING until it is still
-	changed                           // settled and different: deploy it
-)
 
 // settledLocked decides what a scan does with m as found: a folder is
 // deployed once it is still, that is when none of its files changed within
