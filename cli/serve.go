@@ -478,23 +478,23 @@ func (n *node) background(ctx context.Context, f *serveFlags, t *transports, log
 	}()
 }
 
-// serveRepository deploys the model repository in the background: the
-// server answers from the start (the index shows LOADING), but /readyz and
+// serveRepository deploys the model repository until ctx ends: the server
+// answers from the start (the index shows LOADING), but /readyz and
 // ServerReady say ready only once the folders found at start are deployed
-// (or failed: the index says why), so that a load balancer or KServe sends
-// no request for a model still being deployed; then it keeps scanning.
+// (or failed: the index says why; a failure that may pass is tried again
+// later), so that a load balancer or KServe sends no request for a model
+// still being deployed.
 func (n *node) serveRepository(ctx context.Context, f *serveFlags, t *transports, log *slog.Logger) {
-	defer close(n.repoDone)
-	for n.repo.Scan(ctx) { // a folder still settling (a copy in progress)
+	go func() {
 		select {
+		case <-n.repo.Started():
+			t.srv.SetStarting(false) // a drain's SetReady(false) still wins
+			log.Info("model repository deployed: ready", "dir", f.repository)
 		case <-ctx.Done():
-			return
-		case <-time.After(f.repositorySettle):
 		}
-	}
-	t.srv.SetStarting(false) // a drain's SetReady(false) still wins
-	log.Info("model repository deployed: ready", "dir", f.repository)
+	}()
 	n.repo.Run(ctx)
+	close(n.repoDone)
 }
 
 // drain stops the transports within --grace, and then the node, unless

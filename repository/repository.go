@@ -86,7 +86,16 @@ type Repository struct {
 	// while it holds model folders): the name stays while its manifest is
 	// rewritten, absent or renamed, until DIR settles so.
 	single string
+	// started is closed once Run's scans found nothing settling: the
+	// folders found at start are deployed, or failed (Started).
+	started   chan struct{}
+	startOnce sync.Once
 }
+
+// Started is closed once Run's first scans have deployed the folders found
+// at start, or failed them (the index says why; failures that may pass are
+// tried again later): a server is ready then.
+func (r *Repository) Started() <-chan struct{} { return r.started }
 
 // model is one folder's state.
 type model struct {
@@ -135,7 +144,7 @@ func New(cfg Config, node Node) (*Repository, error) {
 		return nil, fmt.Errorf("--repository-name %q: a function name must match [a-z0-9][a-z0-9-]{0,62}", cfg.Name)
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
-		turn: make(chan struct{}, 1), models: map[string]*model{}}
+		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{})}
 	return r, nil
 }
 
@@ -151,6 +160,9 @@ func (r *Repository) Run(ctx context.Context) {
 	backoff := r.cfg.Settle
 	for {
 		settling, retrying := r.scan(ctx)
+		if !settling && ctx.Err() == nil {
+			r.startOnce.Do(func() { close(r.started) })
+		}
 		wait := r.cfg.Poll
 		if wait <= 0 {
 			switch {

@@ -404,3 +404,28 @@ func TestLinkedFolders(t *testing.T) {
 		return err == nil && len(rec.Versions) > deployed
 	})
 }
+
+// Started closes once Run's scans found nothing settling: not while the
+// one folder found at start is still being copied.
+func TestStartedAfterSettling(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "vecadd", "1"), "vecadd", true) // just copied
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Settle: 300 * time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	select {
+	case <-r.Started():
+		if node.current("vecadd") != "1" {
+			t.Fatalf("started with the folder found at start not deployed: %s", index(r))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("not started 20 s on: %s", index(r))
+	}
+	<-done // nothing left to scan for without a poll
+}
