@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"testing"
@@ -513,5 +514,31 @@ func TestNoCreditFromAnotherFunctionsSoloTime(t *testing.T) {
 	runs := serial(t, clk, 400, func(*Flow) time.Duration { return time.Millisecond }, a, a, b, b)
 	if runs[a] < 150 || runs[b] < 150 {
 		t.Fatalf("a %d, b %d of 400 runs: want about half each", runs[a], runs[b])
+	}
+}
+
+// Without a reserve the list of recently idle flows is still pruned: it
+// would otherwise keep every flow ever seen, which Alone walks.
+func TestIdleFlowsPrunedWithoutReserve(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	for i := range 500 {
+		s.Flow(fmt.Sprintf("f%d", i)).Touch()
+	}
+	clk.Advance(time.Hour) // past Recent for all of them
+	a := s.Flow("a")
+	tk, _, err := a.Admit(t.Context(), time.Time{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Done()
+	s.mu.Lock()
+	n := len(s.idle)
+	s.mu.Unlock()
+	if n > 1 {
+		t.Fatalf("%d flows listed as recently idle an hour after they were: want at most a's", n)
+	}
+	if !a.Alone() {
+		t.Fatal("a is not alone among flows idle for an hour")
 	}
 }

@@ -520,9 +520,8 @@ func (s *Scheduler) limitOf(f *Flow, now time.Time, flood int) int {
 // floodLimit is the limit of a function that is not light and recent:
 // all runs, or all but the reserve while a light function is about.
 func (s *Scheduler) floodLimit(now time.Time) int {
-	if s.cfg.Reserve == 0 {
-		return s.cfg.MaxRuns
-	}
+	// Pruned without a reserve too: Alone reads the list, which would
+	// otherwise hold every flow ever seen (deleted functions' included).
 	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
 		// One running stays listed however long its run: the reserve is
 		// held until Recent after that run ends (maybeIdle).
@@ -532,6 +531,9 @@ func (s *Scheduler) floodLimit(now time.Time) int {
 		}
 		return false
 	})
+	if s.cfg.Reserve == 0 {
+		return s.cfg.MaxRuns
+	}
 	about, lightRuns := false, 0
 	for _, g := range s.idle {
 		if s.light(g, now) {
