@@ -264,6 +264,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
 		return
 	}
+	if s.serveConsole(ctx) {
+		return
+	}
 	var tk gate.Ticket
 	if !s.gate.Open() {
 		var ok bool
