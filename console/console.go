@@ -50,7 +50,7 @@ func Serve(ctx *fasthttp.RequestCtx) {
 	h.Set("Cache-Control", "no-cache")
 	if !ctx.IsGet() && !ctx.IsHead() {
 		h.Set("Allow", "GET, HEAD")
-		ctx.Error("method not allowed: the console is read with GET", fasthttp.StatusMethodNotAllowed)
+		refuse(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed: the console is read with GET")
 		return
 	}
 	p := string(ctx.Path())
@@ -65,7 +65,7 @@ func Serve(ctx *fasthttp.RequestCtx) {
 	name = path.Clean(name)
 	b, err := fs.ReadFile(static, name)
 	if err != nil || strings.HasPrefix(name, "..") {
-		ctx.Error("not found: the console has no file "+p, fasthttp.StatusNotFound)
+		refuse(ctx, fasthttp.StatusNotFound, "not found: the console has no file "+p)
 		return
 	}
 	ct, ok := types[path.Ext(name)]
@@ -75,6 +75,17 @@ func Serve(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType(ct)
 	ctx.SetBody(b)
 }
+
+// refuse answers code with msg as text, keeping the headers set before
+// (ctx.Error would drop the policy with them).
+func refuse(ctx *fasthttp.RequestCtx, code int, msg string) {
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString(msg)
+}
+
+// Files are the console's files, for tests that read them.
+func Files() fs.FS { return static }
 
 // Is reports whether path is the console's.
 func Is(p []byte) bool {

@@ -179,6 +179,34 @@ func TestConsole(t *testing.T) {
 	}
 	shoot("console-overview.png")
 
+	// Live: an invoke made elsewhere shows without a reload.
+	if r := secDo(t, c, "POST", fn+"vecadd/invoke", toks["root"], "application/octet-stream", input); r.code != 200 {
+		t.Fatalf("invoke vecadd: %d %.200s", r.code, r.body)
+	}
+	do("the overview refreshing itself",
+		poll(`document.querySelector('tr[data-function="vecadd"] td.requests').textContent === "2"`))
+
+	// Pipelines: the digits sample's steps, each with its runs and time.
+	samples := filepath.Join(testkit.Root(), "build", "samples")
+	for _, d := range []string{"digits-normalize-host", "cnn-host", "digits-top1-host", "digits-pipeline"} {
+		m, err := bundle.ReadManifest(filepath.Join(samples, d))
+		if err != nil {
+			t.Skipf("no %s sample (run make samples): %v", d, err)
+		}
+		deploy(filepath.Join(samples, d), m.Name, "", 201)
+	}
+	if r := secDo(t, c, "POST", fn+"digits/invoke", toks["root"], "application/octet-stream", make([]byte, 784)); r.code != 200 {
+		t.Fatalf("invoke digits: %d %.200s", r.code, r.body)
+	}
+	do("the pipelines page",
+		chromedp.Navigate(srv.url+"/ui/#/pipelines"),
+		chromedp.WaitVisible(chromedp.CSS(`section[data-pipeline="digits"] tr[data-step="2"]`)),
+		poll(`document.querySelector('section[data-pipeline="digits"] tr[data-step="2"] td.runs').textContent === "1"`))
+	if steps := text(`section[data-pipeline="digits"] tbody`); !strings.Contains(steps, "digits-normalize") || !strings.Contains(steps, "cnn") ||
+		!strings.Contains(steps, "digits-top1") || strings.Contains(text(`section[data-pipeline="digits"] tr[data-step="0"] td.p50`), "–") {
+		t.Errorf("the digits pipeline's steps: %q", steps)
+	}
+
 	// A function's page from a link with the token in the fragment: the
 	// token leaves the address bar. Invoking with an uploaded file gives the
 	// function's bytes and the Server-Timing parts.
@@ -232,14 +260,27 @@ func TestConsole(t *testing.T) {
 	}
 	shoot("console-function.png")
 
+	// A server without tokens: no sign-in, the figures at once.
+	open := startServer(t, bin)
+	do("a console without auth",
+		chromedp.Navigate(open.url+"/ui/"),
+		poll(`document.getElementById("health").textContent.includes("status: ok")`))
+	if eval(`!document.getElementById("signin").hidden`) {
+		t.Error("a server without auth shows the sign-in form")
+	}
+
 	mu.Lock()
 	defer mu.Unlock()
 	if len(urls) == 0 {
 		t.Fatal("no requests seen: the network listener is not working")
 	}
 	for _, u := range urls {
-		if !strings.HasPrefix(u, srv.url+"/") && !strings.HasPrefix(u, "blob:"+srv.url+"/") && !strings.HasPrefix(u, "data:") {
-			t.Errorf("the console fetched %s, not from the server %s", u, srv.url)
+		ours := false
+		for _, s := range []string{srv.url, open.url} {
+			ours = ours || strings.HasPrefix(u, s+"/") || strings.HasPrefix(u, "blob:"+s+"/")
+		}
+		if !ours && !strings.HasPrefix(u, "data:") {
+			t.Errorf("the console fetched %s, not from the servers %s and %s", u, srv.url, open.url)
 		}
 	}
 }

@@ -1,6 +1,6 @@
 // The Plover console: one module, no build step, no other origin. Every
 // string from the server (names, output lines, error messages) reaches the
-// page through text nodes (el below), never through innerHTML: a function
+// page through text nodes (el below), never parsed as markup: a function
 // that prints HTML shows as text.
 
 const main = document.getElementById("main");
@@ -94,18 +94,19 @@ function parseMetrics(text) {
   return out;
 }
 
-// quantiles reads p50 and p99 (seconds) of each function's total request
-// time from the server's histogram, interpolating inside a bucket as
-// Prometheus's histogram_quantile does.
-function quantiles(samples) {
-  const byFn = {};
+// histQuantiles reads p50 and p99 (seconds) of a histogram's series,
+// grouped by key(labels) (null: left out), interpolating inside a bucket
+// as Prometheus's histogram_quantile does.
+function histQuantiles(samples, metric, key) {
+  const groups = {};
   for (const s of samples) {
-    if (s.name !== "plover_request_duration_seconds_bucket") continue;
-    if (s.labels.phase && s.labels.phase !== "total") continue;
-    (byFn[s.labels.function] ||= []).push([s.labels.le === "+Inf" ? Infinity : parseFloat(s.labels.le), s.value]);
+    if (s.name !== metric + "_bucket") continue;
+    const k = key(s.labels);
+    if (k === null) continue;
+    (groups[k] ||= []).push([s.labels.le === "+Inf" ? Infinity : parseFloat(s.labels.le), s.value]);
   }
   const res = {};
-  for (const [fn, b] of Object.entries(byFn)) {
+  for (const [k, b] of Object.entries(groups)) {
     b.sort((x, y) => x[0] - y[0]);
     const total = b[b.length - 1][1];
     const q = (p) => {
@@ -121,10 +122,14 @@ function quantiles(samples) {
       }
       return prevLe;
     };
-    res[fn] = { p50: q(0.5), p99: q(0.99) };
+    res[k] = { p50: q(0.5), p99: q(0.99), count: total };
   }
   return res;
 }
+
+// quantiles: each function's total request time.
+const quantiles = (samples) => histQuantiles(samples, "plover_request_duration_seconds",
+  (l) => (l.phase && l.phase !== "total" ? null : l.function));
 
 const ms = (s) => s === null || s === undefined ? "–" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms";
 const bytes = (n) => n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n >= 1024 ? (n / 1024).toFixed(1) + " KiB" : n + " B";
@@ -159,9 +164,9 @@ function overview() {
     el("section", {}, el("h2", {}, "Functions"),
       el("table", {}, el("thead", {}, el("tr", {}, ...["function", "version", "target", "warm", "requests", "client errors", "server errors", "p50", "p99", "device share", "memory"].map((h) => el("th", {}, h)))), fnBody)),
     el("section", {}, el("h2", {}, "Node"), health),
-    el("section", {}, el("h2", {}, "Scheduler flows"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "metric"), el("th", {}, "labels"), el("th", {}, "value"))), flows)));
+    el("section", {}, el("h2", {}, "Scheduler flows"), el("table", {}, el("thead", {}, el("tr", {}, ...["function", "priority", "share", "queued", "device seconds", "device share"].map((h) => el("th", {}, h)))), flows)));
   every(2000, async () => {
-    const { fns, samples, q } = await figures();
+    const { fns, q } = await figures();
     fnBody.replaceChildren(...fns.map((f) => {
       const l = q[f.name] || {};
       return el("tr", { "data-function": f.name },
@@ -177,8 +182,11 @@ function overview() {
     health.replaceChildren(el("p", { class: h.status === "ok" ? "ok" : "error" }, "status: " + h.status),
       el("table", {}, el("tbody", {}, ...(h.devices || []).map((d) =>
         el("tr", {}, ...Object.entries(d).map(([k, v]) => el("td", {}, k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))))))));
-    flows.replaceChildren(...samples.filter((s) => s.name.startsWith("plover_sched_")).slice(0, 200).map((s) =>
-      el("tr", {}, el("td", {}, s.name), el("td", {}, Object.entries(s.labels).map(([k, v]) => k + "=" + v).join(" ")), el("td", { class: "num" }, String(s.value)))));
+    // A flow is a function's claim on the device's scheduler: its
+    // priority and share (README, Sharing a device), what waits, what it used.
+    flows.replaceChildren(...fns.filter((f) => f.kind !== "pipeline").map((f) =>
+      el("tr", { "data-flow": f.name }, el("td", {}, f.name), el("td", {}, f.priority || ""), el("td", { class: "num" }, f.share ?? ""),
+        el("td", { class: "num" }, f.queue_depth || 0), el("td", { class: "num" }, (f.device_seconds || 0).toFixed(3)), el("td", { class: "num" }, pct(f.device_fraction)))));
   });
 }
 
@@ -297,18 +305,24 @@ function pipelines() {
   const body = el("div", { id: "pipelines" });
   main.replaceChildren(el("h2", {}, "Pipelines"), body);
   every(2000, async () => {
-    const { fns, q } = await figures();
+    const { fns, samples, q } = await figures();
     const by = Object.fromEntries(fns.map((f) => [f.name, f]));
+    // Per step, as the pipeline runner counts it (plover_pipeline_step_*).
+    const stepQ = histQuantiles(samples, "plover_pipeline_step_seconds", (l) => l.pipeline + "\u0000" + l.step);
+    const stepErr = {};
+    for (const s of samples) if (s.name === "plover_pipeline_step_errors_total") stepErr[s.labels.pipeline + "\u0000" + s.labels.step] = (stepErr[s.labels.pipeline + "\u0000" + s.labels.step] || 0) + s.value;
     const ps = fns.filter((f) => f.kind === "pipeline");
     if (!ps.length) { body.replaceChildren(el("p", {}, "No pipelines deployed.")); return; }
     body.replaceChildren(...ps.map((p) => el("section", { "data-pipeline": p.name }, el("h3", {}, p.name + " (" + (p.requests || 0) + " requests, p50 " + ms((q[p.name] || {}).p50) + ")"),
-      el("table", {}, el("thead", {}, el("tr", {}, ...["step", "function", "version", "requests", "errors", "p50", "p99"].map((h) => el("th", {}, h)))),
+      el("table", {}, el("thead", {}, el("tr", {}, ...["step", "function", "version", "runs", "errors", "p50", "p99"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...(p.steps || []).map((s, i) => {
-          const fn = s.function || s.name || "";
-          const f = by[fn] || {}, l = q[fn] || {};
-          return el("tr", {}, el("td", {}, String(i + 1)), el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(fn) }, fn)),
-            el("td", {}, short(s.version || f.version)), el("td", { class: "num" }, f.requests || 0), el("td", { class: "num" }, (f.client_errors || 0) + (f.errors || 0)),
-            el("td", { class: "num" }, ms(l.p50)), el("td", { class: "num" }, ms(l.p99)));
+          // A step is a function's name, {function, version} or {parallel: [...]}.
+          const name = (x) => (typeof x === "string" ? x : x.function || "");
+          const fn = typeof s === "string" ? s : s.function || (s.parallel || []).map(name).join(" ∥ ");
+          const f = by[fn] || {}, l = stepQ[p.name + "\u0000" + i] || {};
+          return el("tr", { "data-step": String(i) }, el("td", {}, String(i + 1)), el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(fn) }, fn)),
+            el("td", {}, short(s.version || f.version)), el("td", { class: "num runs" }, l.count || 0), el("td", { class: "num" }, stepErr[p.name + "\u0000" + i] || 0),
+            el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num" }, ms(l.p99)));
         }))))));
   });
 }
