@@ -166,9 +166,17 @@ func TestConsole(t *testing.T) {
 		}
 	}
 
+	// A wrong token: the form again, saying why.
+	wrong := "not-a-token-this-server-knows"
+	do("sign in with a wrong token",
+		chromedp.Navigate(srv.url+"/ui/"),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.SendKeys(chromedp.CSS("#token"), wrong),
+		chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
+		poll(`!document.getElementById("signin").hidden && document.getElementById("signin-error").textContent.includes("401")`))
+
 	// Sign in; the overview lists both functions with vecadd's figures.
 	do("sign in and overview",
-		chromedp.Navigate(srv.url+"/ui/"),
 		chromedp.WaitVisible(chromedp.CSS("#signin")),
 		chromedp.SendKeys(chromedp.CSS("#token"), toks["root"]),
 		chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
@@ -259,6 +267,14 @@ func TestConsole(t *testing.T) {
 		t.Errorf("a function's HTML output became elements:\n%s", text("#logs"))
 	}
 	shoot("console-function.png")
+
+	// The page sends tokens only in Authorization headers, which the
+	// server never logs.
+	for _, tok := range []string{toks["root"], wrong} {
+		if strings.Contains(srv.log.String(), tok) {
+			t.Errorf("the server's log has a token the console sent:\n%s", srv.log)
+		}
+	}
 
 	// A server without tokens: no sign-in, the figures at once.
 	open := startServer(t, bin)

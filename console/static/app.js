@@ -71,6 +71,7 @@ function setupSignIn() {
     ev.preventDefault();
     sessionStorage.setItem(KEY, document.getElementById("token").value);
     document.getElementById("token").value = "";
+    document.getElementById("signin-error").textContent = "";
     form.hidden = true;
     route();
   });
@@ -208,8 +209,14 @@ function functionPage(name) {
     el("section", {}, el("h3", {}, "Latency (p50 blue, p99 orange, from the server's histogram)"), chart),
     el("section", {}, el("h3", {}, "Output"), logs));
 
+  let shown = "";
   const showVersions = async () => {
     const rec = await (await api("/v1/functions/" + enc + "/versions")).json();
+    // Redrawn only when the record changed, so that a button is not
+    // replaced under the pointer every 2 s.
+    const key = JSON.stringify(rec);
+    if (key === shown) return;
+    shown = key;
     versions.replaceChildren(...(rec.versions || []).slice().reverse().map((v) => {
       const cur = v.id === rec.current;
       const b = cur ? el("span", { class: "ok" }, "current") : el("button", { class: "rollback", "data-version": v.id, onclick: async () => {
