@@ -237,6 +237,12 @@ func TestConsole(t *testing.T) {
 	if got := text("#invoke-sha256"); got != hex.EncodeToString(sum[:]) {
 		t.Errorf("invoke from the page: output sha256 %s, want %x", got, sum)
 	}
+	// The download link holds the output (a blob: URL of the bytes hashed
+	// above; the page's own CSP keeps a test from fetching it back); the
+	// chart draws the server's p50 and p99 once it has two samples.
+	do("download link and latency chart",
+		poll(`document.getElementById("invoke-download").href.startsWith("blob:`+srv.url+`/") && document.getElementById("invoke-download").download === "vecadd.out"`),
+		poll(`document.querySelectorAll("#chart polyline").length === 2 && document.querySelector("#chart polyline.p99").getAttribute("points").split(" ").length >= 2`))
 	if timing := text("#server-timing"); !strings.Contains(timing, "kernels") || !strings.Contains(timing, "total") {
 		t.Errorf("Server-Timing shown: %q", timing)
 	}
