@@ -64,7 +64,7 @@ func TestConsole(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	authFile := filepath.Join(t.TempDir(), "tokens")
-	toks := writeAuthFile(t, authFile, [][3]string{{"root", "admin", "*"}})
+	toks := writeAuthFile(t, authFile, [][3]string{{"root", "admin", "*"}, {"dash", "read", "*"}})
 	srv := startIsoServer(t, bin, t.TempDir(), nil, "--auth-file", authFile)
 	c := &http.Client{Timeout: 30 * time.Second}
 	fn := srv.url + "/v1/functions/"
@@ -259,6 +259,19 @@ func TestConsole(t *testing.T) {
 		t.Errorf("after rollback from the page: current %s, want %s", after.Current, other)
 	}
 
+	// A read token sees the button but the server refuses the rollback:
+	// the page shows the server's reason and the version stays.
+	back := before.Current
+	do("rollback with a read token",
+		chromedp.Navigate(srv.url+"/ui/#/functions/vecadd?token="+toks["dash"]),
+		chromedp.WaitVisible(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
+		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
+		poll(`document.getElementById("rollback-error").textContent.includes("403 forbidden")`))
+	if after := versions(); after.Current != other {
+		t.Errorf("a read token's rollback from the page: current %s, want %s still", after.Current, other)
+	}
+	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]))
+
 	// A function printing HTML: its output shows as text, as it comes.
 	htmlIn := filepath.Join(t.TempDir(), "html.txt")
 	os.WriteFile(htmlIn, []byte(`<b id="injected">bold</b><img src="x" onerror="document.title='pwned'">`), 0o644)
@@ -276,7 +289,7 @@ func TestConsole(t *testing.T) {
 
 	// The page sends tokens only in Authorization headers, which the
 	// server never logs.
-	for _, tok := range []string{toks["root"], wrong} {
+	for _, tok := range []string{toks["root"], toks["dash"], wrong} {
 		if strings.Contains(srv.log.String(), tok) {
 			t.Errorf("the server's log has a token the console sent:\n%s", srv.log)
 		}

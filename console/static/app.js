@@ -197,6 +197,8 @@ function functionPage(name) {
   const enc = encodeURIComponent(name);
   const summary = el("div", { id: "summary" });
   const versions = el("tbody", { id: "versions" });
+  // Kept apart from the status line, which each refresh clears.
+  const rollbackError = el("p", { class: "error", id: "rollback-error" });
   const logs = el("pre", { class: "logs", id: "logs" });
   const chart = svg("svg", { class: "chart", id: "chart", width: "600", height: "160" });
   const file = el("input", { type: "file", id: "invoke-file" });
@@ -204,7 +206,7 @@ function functionPage(name) {
   const form = el("form", { id: "invoke" }, file, el("button", { type: "submit" }, "Invoke"));
   form.addEventListener("submit", (ev) => { ev.preventDefault(); invoke(name, file.files[0], result); });
   main.replaceChildren(el("h2", {}, name), summary,
-    el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "size"), el("th", {}, ""))), versions)),
+    el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError),
     el("section", {}, el("h3", {}, "Invoke"), form, result),
     el("section", {}, el("h3", {}, "Latency (p50 blue, p99 orange, from the server's histogram)"), chart),
     el("section", {}, el("h3", {}, "Output"), logs));
@@ -223,7 +225,8 @@ function functionPage(name) {
         try {
           await api("/v1/functions/" + enc + "/rollback", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ version: v.id }) });
           await showVersions();
-        } catch (e) { if (!(e instanceof Unauthenticated)) statusLine.textContent = e.message; }
+          rollbackError.textContent = "";
+        } catch (e) { if (!(e instanceof Unauthenticated)) rollbackError.textContent = e.message; }
       } }, "Roll back to this");
       return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
     }));
