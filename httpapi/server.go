@@ -69,6 +69,9 @@ type Options struct {
 	// (plover serve --repository), behind /v2/repository/...; nil: those
 	// routes answer 404.
 	Repository Repository
+	// NoConsole turns the web console at /ui/ off (plover serve
+	// --console=false); the zero value serves it.
+	NoConsole bool
 }
 
 // Server serves the Plover HTTP API.

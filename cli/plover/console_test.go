@@ -304,6 +304,14 @@ func TestConsole(t *testing.T) {
 		t.Error("a server without auth shows the sign-in form")
 	}
 
+	// --console=false: /ui/ is no route.
+	off := startServer(t, bin, "--console=false")
+	if resp, err := http.Get(off.url + "/ui/"); err != nil || resp.StatusCode != 404 {
+		t.Errorf("GET /ui/ with --console=false: %v %v, want 404", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
 	mu.Lock()
 	defer mu.Unlock()
 	if len(urls) == 0 {
