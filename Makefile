@@ -20,7 +20,7 @@ export CGO_CFLAGS
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet fuzz fuzz-short race-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet fuzz fuzz-short race-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl install-chromium proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -97,6 +97,9 @@ proto:
 # Debian's nginx for the function-affinity test and scripts/nginx-example.sh.
 install-nginx:
 	bash scripts/install-nginx.sh
+
+install-chromium:
+	bash scripts/install-chromium.sh
 
 # Everything scripts/gpu-check.sh needs on a GPU machine with no Go and no
 # network: carry $(GPU_CARRY) there, then run `bash scripts/gpu-check.sh`,

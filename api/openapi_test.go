@@ -34,6 +34,10 @@ func init() {
 	openapi3filter.RegisterBodyDecoder(bundle.MediaType, openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("application/zstd", openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("application/x-ndjson", openapi3filter.FileBodyDecoder)
+	// The console's static files (GET /ui/...) are bytes to the spec.
+	openapi3filter.RegisterBodyDecoder("text/html", openapi3filter.FileBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("text/javascript", openapi3filter.FileBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("text/css", openapi3filter.FileBodyDecoder)
 }
 
 // loadSpec loads and validates api/openapi.yaml.
@@ -282,6 +286,9 @@ func TestServerMatchesSpec(t *testing.T) {
 		// Authentication.
 		{name: "auth: probe open", method: "GET", url: A("/healthz"), status: 200},
 		{name: "auth: readyz open", method: "GET", url: A("/readyz"), status: 200},
+		{name: "auth: console open", method: "GET", url: A("/ui/"), status: 200},
+		{name: "auth: console file open", method: "GET", url: A("/ui/app.js"), status: 200},
+		{name: "auth: console no file", method: "GET", url: A("/ui/nothing.js"), status: 404},
 		{name: "auth: v2 open", method: "GET", url: A("/v2/health/ready"), status: 200},
 		{name: "auth: no token", method: "GET", url: A("/v1/functions"), status: 401},
 		{name: "auth: unknown token", method: "GET", url: A("/metrics"), header: bearer("not-a-token"), status: 401},

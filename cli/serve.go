@@ -70,6 +70,7 @@ type serveFlags struct {
 	authFile, tlsCert, tlsKey, metricsListen         string
 	grpcListen                                       string
 	insecureNoAuth                                   bool
+	console                                          bool
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
 	sched, schedPolicy, evictPolicy                  string
@@ -116,6 +117,7 @@ func serveCmd() *command {
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
 			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC call's message after its headers (the call is cancelled)")
 			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
+			fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ (its files need no token; its API calls carry the user's)")
 			fs.BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "listen on a non-loopback address without --auth-file: anyone who reaches the port can deploy native code")
 			fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for HTTPS, with --tls-key; re-read on SIGHUP")
 			fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
@@ -374,7 +376,7 @@ type transports struct {
 // unauthenticated metrics address (--metrics-listen).
 func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDoor, door *frontdoor.Door, reg *prometheus.Registry, log *slog.Logger) (*transports, error) {
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		ReadTimeout: f.readTimeout}
+		ReadTimeout: f.readTimeout, NoConsole: !f.console}
 	if f.isolation == "process" {
 		opts.CPUWeights = n.cpu.Mechanism // nil: "off"
 	}

@@ -69,6 +69,9 @@ type Options struct {
 	// (plover serve --repository), behind /v2/repository/...; nil: those
 	// routes answer 404.
 	Repository Repository
+	// NoConsole turns the web console at /ui/ off (plover serve
+	// --console=false); the zero value serves it.
+	NoConsole bool
 }
 
 // Server serves the Plover HTTP API.
@@ -262,6 +265,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	if smuggling(ctx) {
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
+		return
+	}
+	if s.serveConsole(ctx) {
 		return
 	}
 	var tk gate.Ticket

@@ -223,7 +223,7 @@ const (
 )
 
 var classTitles = [numClasses]string{
-	missingTool: "for a missing tool (install it and rerun: make install-helm install-nginx, bash scripts/install-grpcurl.sh, make install-nvcc):",
+	missingTool: "for a missing tool (install it and rerun: make install-helm install-nginx install-chromium, bash scripts/install-grpcurl.sh, make install-nvcc):",
 	thisMachine: "because this machine cannot run them (a kernel feature, root, a GPU):",
 	byDesign:    "by design (-short, -race, or a mode the test does not apply to):",
 }

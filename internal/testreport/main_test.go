@@ -41,7 +41,7 @@ func TestReport(t *testing.T) {
 		"ok   p/a\t1.5s\n",
 		"--- FAIL: TestBad (p/b)\n    b_test.go:3: boom\n",
 		"--- did not end: p/b TestHung\npanic: test timed out after 30m0s\nFAIL p/b\t0.2s\n",
-		"4 tests skipped:\n  for a missing tool (install it and rerun: make install-helm install-nginx, bash scripts/install-grpcurl.sh, make install-nvcc):\n" +
+		"4 tests skipped:\n  for a missing tool (install it and rerun: make install-helm install-nginx install-chromium, bash scripts/install-grpcurl.sh, make install-nvcc):\n" +
 			"    p/a TestSkip: x_test.go:9: SKIPPING: helm not found\n" +
 			"  by design (-short, -race, or a mode the test does not apply to):\n    p/a TestMode: 3 subtests, the first: (no reason given)\n",
 		"FAILED: p/b TestBad, p/b\n",
@@ -73,6 +73,7 @@ func TestClassify(t *testing.T) {
 	}{
 		{"*** SKIPPING TestFunctionAffinity: nginx not found (bash scripts/install-nginx.sh installs Debian's; PLOVER_REQUIRE_NGINX=1 makes this a failure) ***", missingTool},
 		{"grpcurl not found ($GRPCURL, the cache of scripts/install-grpcurl.sh, PATH): run `bash scripts/install-grpcurl.sh` (minutes, once)", missingTool},
+		{"*** SKIPPING TestConsole: chromium not found (bash scripts/install-chromium.sh installs Debian's; PLOVER_REQUIRE_CHROMIUM=1 makes this a failure) ***", missingTool},
 		{"chart_test.go:70: helm not found: make install-helm", missingTool},
 		{"*** SKIPPING S3 TESTS: cannot install MinIO RELEASE.2024: exit status 1 ***", missingTool},
 		{"nvcc not on PATH: the CUDA build is not checked (make install-nvcc installs Debian's CUDA 11.8)", missingTool},

@@ -1,0 +1,329 @@
+package main_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// chromiumPath is the headless browser the console's tests drive, or ""
+// when none is installed.
+func chromiumPath() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// TestConsole: the console at /ui/ in a real headless Chromium against a
+// real `plover serve` with tokens: the sign-in form; the overview lists the
+// deployed functions with their figures; a function's page invokes with an
+// uploaded file and gets the right bytes, shows Server-Timing, and shows
+// the function's output as it comes, HTML included as text; rollback from
+// the page changes the current version; a token in the address fragment
+// leaves the address bar; the page fetches nothing but the server's own
+// URLs. PLOVER_CONSOLE_SCREENSHOTS=DIR also writes the README's pictures
+// (PNG; quality 100 is what makes chromedp write PNG, not JPEG).
+func TestConsole(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries, starts a server and a browser")
+	}
+	chrome := chromiumPath()
+	if chrome == "" && os.Getenv("PLOVER_REQUIRE_CHROMIUM") == "1" {
+		t.Fatal("chromium not found, and PLOVER_REQUIRE_CHROMIUM=1 (bash scripts/install-chromium.sh installs Debian's)")
+	}
+	if chrome == "" {
+		t.Skip("\n\n*** SKIPPING TestConsole: chromium not found (bash scripts/install-chromium.sh installs Debian's; PLOVER_REQUIRE_CHROMIUM=1 makes this a failure) ***\n\n")
+	}
+	vecadd := filepath.Join(testkit.Root(), "build", "samples", "vecadd-host")
+	input, err := os.ReadFile(filepath.Join(testkit.Root(), "build", "samples", "vecadd-input.bin"))
+	if err != nil {
+		t.Skipf("no vecadd sample (run make samples): %v", err)
+	}
+	want, err := os.ReadFile(filepath.Join(testkit.Root(), "build", "samples", "vecadd-expected.bin"))
+	if err != nil {
+		t.Skipf("no vecadd sample (run make samples): %v", err)
+	}
+	bin := buildPlover(t)
+	authFile := filepath.Join(t.TempDir(), "tokens")
+	toks := writeAuthFile(t, authFile, [][3]string{{"root", "admin", "*"}, {"dash", "read", "*"}})
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--auth-file", authFile)
+	c := &http.Client{Timeout: 30 * time.Second}
+	fn := srv.url + "/v1/functions/"
+	deploy := func(dir, name, query string, code int) {
+		t.Helper()
+		if r := secDo(t, c, "PUT", fn+name+query, toks["root"], bundle.MediaType, packDir(t, dir)); r.code != code {
+			t.Fatalf("deploy %s: %d %s", name, r.code, r.body)
+		}
+	}
+	deploy(vecadd, "vecadd", "", 201)
+	deploy(vecadd, "vecadd", "?force=true", 201) // a second version to roll back from
+	talker, _ := outputBundle(t, "talker", "say", 1, 1)
+	deploy(talker, "talker", "", 201)
+	if r := secDo(t, c, "POST", fn+"vecadd/invoke", toks["root"], "application/octet-stream", input); r.code != 200 {
+		t.Fatalf("invoke vecadd: %d %.200s", r.code, r.body)
+	}
+	versions := func() api.Record {
+		t.Helper()
+		var rec api.Record
+		if r := secDo(t, c, "GET", fn+"vecadd/versions", toks["root"], "", nil); r.code != 200 || json.Unmarshal([]byte(r.body), &rec) != nil || len(rec.Versions) != 2 {
+			t.Fatalf("versions: %d %s", r.code, r.body)
+		}
+		return rec
+	}
+	before := versions()
+
+	// Files served without a token carry the policy.
+	resp, err := http.Get(srv.url + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "default-src 'self'") ||
+		!strings.Contains(resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'") || resp.Header.Get("X-Frame-Options") != "DENY" {
+		t.Fatalf("GET /ui/ without a token: %d, headers %v", resp.StatusCode, resp.Header)
+	}
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.WindowSize(1280, 900), chromedp.Flag("disable-dev-shm-usage", true))
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancel()
+	browser, cancel := chromedp.NewContext(actx)
+	defer cancel()
+
+	// Every URL the page asks for; Listen starts the browser, on a context
+	// without a deadline (a deadline there would end the browser).
+	var mu sync.Mutex
+	var urls []string
+	if err := chromedp.Listen(browser, func(ev any) {
+		if e, ok := ev.(*network.EventRequestWillBeSent); ok {
+			mu.Lock()
+			urls = append(urls, e.Request.URL)
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatalf("start chromium %s: %v", chrome, err)
+	}
+	// do runs steps with a bound, failing the test with what it was doing.
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(browser, 30*time.Second)
+		defer cancel()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			page, _ := chromedp.Run(browser, chromedp.Evaluate[string](`location.href + "\n" + document.body.outerHTML`))
+			t.Fatalf("%s: %v\npage: %s", what, err, page)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(browser, 10*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return v
+	}
+	eval := func(expr string) bool {
+		t.Helper()
+		v, err := chromedp.Run(browser, chromedp.Evaluate[bool](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	poll := func(expr string) chromedp.Action[chromedp.Void] { return chromedp.Poll[chromedp.Void](expr) }
+	shoot := func(name string) {
+		t.Helper()
+		dir := os.Getenv("PLOVER_CONSOLE_SCREENSHOTS")
+		if dir == "" {
+			return
+		}
+		png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name), png, 0o644)
+		}
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+	}
+
+	// A wrong token: the form again, saying why.
+	wrong := "not-a-token-this-server-knows"
+	do("sign in with a wrong token",
+		chromedp.Navigate(srv.url+"/ui/"),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.SendKeys(chromedp.CSS("#token"), wrong),
+		chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
+		poll(`!document.getElementById("signin").hidden && document.getElementById("signin-error").textContent.includes("401")`))
+
+	// Sign in; the overview lists both functions with vecadd's figures.
+	do("sign in and overview",
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.SendKeys(chromedp.CSS("#token"), toks["root"]),
+		chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-function="talker"]`)),
+		poll(`document.querySelector('tr[data-function="vecadd"] td.p50').textContent !== "–"`))
+	if requests, p50 := text(`tr[data-function="vecadd"] td.requests`), text(`tr[data-function="vecadd"] td.p50`); requests != "1" || !strings.HasSuffix(p50, " ms") {
+		t.Errorf("overview's vecadd: requests %q p50 %q, want 1 and a time", requests, p50)
+	}
+	shoot("console-overview.png")
+
+	// Live: an invoke made elsewhere shows without a reload.
+	if r := secDo(t, c, "POST", fn+"vecadd/invoke", toks["root"], "application/octet-stream", input); r.code != 200 {
+		t.Fatalf("invoke vecadd: %d %.200s", r.code, r.body)
+	}
+	do("the overview refreshing itself",
+		poll(`document.querySelector('tr[data-function="vecadd"] td.requests').textContent === "2"`))
+
+	// Pipelines: the digits sample's steps, each with its runs and time.
+	samples := filepath.Join(testkit.Root(), "build", "samples")
+	for _, d := range []string{"digits-normalize-host", "cnn-host", "digits-top1-host", "digits-pipeline"} {
+		m, err := bundle.ReadManifest(filepath.Join(samples, d))
+		if err != nil {
+			t.Skipf("no %s sample (run make samples): %v", d, err)
+		}
+		deploy(filepath.Join(samples, d), m.Name, "", 201)
+	}
+	if r := secDo(t, c, "POST", fn+"digits/invoke", toks["root"], "application/octet-stream", make([]byte, 784)); r.code != 200 {
+		t.Fatalf("invoke digits: %d %.200s", r.code, r.body)
+	}
+	do("the pipelines page",
+		chromedp.Navigate(srv.url+"/ui/#/pipelines"),
+		chromedp.WaitVisible(chromedp.CSS(`section[data-pipeline="digits"] tr[data-step="2"]`)),
+		poll(`document.querySelector('section[data-pipeline="digits"] tr[data-step="2"] td.runs').textContent === "1"`))
+	if steps := text(`section[data-pipeline="digits"] tbody`); !strings.Contains(steps, "digits-normalize") || !strings.Contains(steps, "cnn") ||
+		!strings.Contains(steps, "digits-top1") || strings.Contains(text(`section[data-pipeline="digits"] tr[data-step="0"] td.p50`), "–") {
+		t.Errorf("the digits pipeline's steps: %q", steps)
+	}
+
+	// A function's page from a link with the token in the fragment: the
+	// token leaves the address bar. Invoking with an uploaded file gives the
+	// function's bytes and the Server-Timing parts.
+	inFile := filepath.Join(t.TempDir(), "vecadd-input.bin")
+	os.WriteFile(inFile, input, 0o644)
+	sum := sha256.Sum256(want)
+	do("invoke from the page",
+		chromedp.Navigate(srv.url+"/ui/#/functions/vecadd?token="+toks["root"]),
+		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)),
+		chromedp.SetUploadFiles(chromedp.CSS("#invoke-file"), []string{inFile}),
+		chromedp.Click(chromedp.CSS(`#invoke button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#invoke-sha256")))
+	href, err := chromedp.Run(browser, chromedp.Location())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(href, toks["root"]) || !strings.HasSuffix(href, "#/functions/vecadd") {
+		t.Errorf("address after a token link: %q (the token must leave it)", href)
+	}
+	if got := text("#invoke-sha256"); got != hex.EncodeToString(sum[:]) {
+		t.Errorf("invoke from the page: output sha256 %s, want %x", got, sum)
+	}
+	// The download link holds the output (a blob: URL of the bytes hashed
+	// above; the page's own CSP keeps a test from fetching it back); the
+	// chart draws the server's p50 and p99 once it has two samples.
+	do("download link and latency chart",
+		poll(`document.getElementById("invoke-download").href.startsWith("blob:`+srv.url+`/") && document.getElementById("invoke-download").download === "vecadd.out"`),
+		poll(`document.querySelectorAll("#chart polyline").length === 2 && document.querySelector("#chart polyline.p99").getAttribute("points").split(" ").length >= 2`))
+	if timing := text("#server-timing"); !strings.Contains(timing, "kernels") || !strings.Contains(timing, "total") {
+		t.Errorf("Server-Timing shown: %q", timing)
+	}
+
+	// Rollback from the page makes the other version current.
+	other := before.Versions[0].ID
+	if other == before.Current {
+		other = before.Versions[1].ID
+	}
+	do("rollback from the page",
+		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+other+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr.current[data-version="`+other+`"]`)))
+	if after := versions(); after.Current != other {
+		t.Errorf("after rollback from the page: current %s, want %s", after.Current, other)
+	}
+
+	// A read token sees the button but the server refuses the rollback:
+	// the page shows the server's reason and the version stays.
+	back := before.Current
+	do("rollback with a read token",
+		chromedp.Navigate(srv.url+"/ui/#/functions/vecadd?token="+toks["dash"]),
+		chromedp.WaitVisible(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
+		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
+		poll(`document.getElementById("rollback-error").textContent.includes("403 forbidden")`))
+	if after := versions(); after.Current != other {
+		t.Errorf("a read token's rollback from the page: current %s, want %s still", after.Current, other)
+	}
+	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]))
+
+	// A function printing HTML: its output shows as text, as it comes.
+	htmlIn := filepath.Join(t.TempDir(), "html.txt")
+	os.WriteFile(htmlIn, []byte(`<b id="injected">bold</b><img src="x" onerror="document.title='pwned'">`), 0o644)
+	do("output of a function printing HTML",
+		chromedp.Navigate(srv.url+"/ui/#/functions/talker"),
+		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)),
+		chromedp.SetUploadFiles(chromedp.CSS("#invoke-file"), []string{htmlIn}),
+		chromedp.Click(chromedp.CSS(`#invoke button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#invoke-sha256")),
+		poll(`document.getElementById("logs").textContent.includes('say: <b id="injected">')`))
+	if eval(`document.getElementById("injected") !== null || document.querySelector("#logs img") !== null || document.title === "pwned"`) {
+		t.Errorf("a function's HTML output became elements:\n%s", text("#logs"))
+	}
+	shoot("console-function.png")
+
+	// The page sends tokens only in Authorization headers, which the
+	// server never logs.
+	for _, tok := range []string{toks["root"], toks["dash"], wrong} {
+		if strings.Contains(srv.log.String(), tok) {
+			t.Errorf("the server's log has a token the console sent:\n%s", srv.log)
+		}
+	}
+
+	// A server without tokens: no sign-in, the figures at once.
+	open := startServer(t, bin)
+	do("a console without auth",
+		chromedp.Navigate(open.url+"/ui/"),
+		poll(`document.getElementById("health").textContent.includes("status: ok")`))
+	if eval(`!document.getElementById("signin").hidden`) {
+		t.Error("a server without auth shows the sign-in form")
+	}
+
+	// --console=false: /ui/ is no route.
+	off := startServer(t, bin, "--console=false")
+	if resp, err := http.Get(off.url + "/ui/"); err != nil || resp.StatusCode != 404 {
+		t.Errorf("GET /ui/ with --console=false: %v %v, want 404", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(urls) == 0 {
+		t.Fatal("no requests seen: the network listener is not working")
+	}
+	for _, u := range urls {
+		ours := false
+		for _, s := range []string{srv.url, open.url} {
+			ours = ours || strings.HasPrefix(u, s+"/") || strings.HasPrefix(u, "blob:"+s+"/")
+		}
+		if !ours && !strings.HasPrefix(u, "data:") {
+			t.Errorf("the console fetched %s, not from the servers %s and %s", u, srv.url, open.url)
+		}
+	}
+}

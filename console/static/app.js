@@ -1,0 +1,356 @@
+// The Plover console: one module, no build step, no other origin. Every
+// string from the server (names, output lines, error messages) reaches the
+// page through text nodes (el below), never parsed as markup: a function
+// that prints HTML shows as text.
+
+const main = document.getElementById("main");
+const statusLine = document.getElementById("status");
+const KEY = "plover-token";
+let stop = []; // what the current view must end when the route changes
+
+// el makes an element; string children become text nodes.
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    e.append(typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c);
+  }
+  return e;
+}
+
+// takeToken moves a token given in the address fragment (#token=T, or
+// #/functions/NAME?token=T) to sessionStorage and out of the address bar,
+// so that it is neither bookmarked nor left in the history.
+function takeToken() {
+  const h = location.hash.slice(1);
+  let route = h, query = "";
+  const q = h.indexOf("?");
+  if (q >= 0) { route = h.slice(0, q); query = h.slice(q + 1); }
+  else if (h.startsWith("token=")) { route = "/"; query = h; }
+  const params = new URLSearchParams(query);
+  const t = params.get("token");
+  if (t === null) return;
+  sessionStorage.setItem(KEY, t);
+  params.delete("token");
+  const rest = params.toString();
+  history.replaceState(null, "", location.pathname + "#" + (route || "/") + (rest ? "?" + rest : ""));
+}
+
+class Unauthenticated extends Error {}
+
+// api calls the server with the user's token; an error's message is the
+// server's {"error":{"message"}} when it sent one.
+async function api(path, opts = {}) {
+  const headers = new Headers(opts.headers || {});
+  const t = sessionStorage.getItem(KEY);
+  if (t) headers.set("Authorization", "Bearer " + t);
+  const r = await fetch(path, { ...opts, headers });
+  if (r.status === 401) { showSignIn("the server wants a token (401)"); throw new Unauthenticated(path); }
+  if (!r.ok) {
+    let msg = r.status + " " + r.statusText;
+    try { const j = await r.clone().json(); if (j.error) msg = r.status + " " + j.error.code + ": " + j.error.message; } catch (_) {}
+    throw new Error(path + ": " + msg);
+  }
+  return r;
+}
+
+function showSignIn(why) {
+  document.getElementById("signin").hidden = false;
+  document.getElementById("signin-error").textContent = why || "";
+  main.replaceChildren();
+}
+
+function setupSignIn() {
+  const form = document.getElementById("signin");
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(KEY, document.getElementById("token").value);
+    document.getElementById("token").value = "";
+    document.getElementById("signin-error").textContent = "";
+    form.hidden = true;
+    route();
+  });
+  const out = document.getElementById("signout");
+  out.hidden = !sessionStorage.getItem(KEY);
+  out.addEventListener("click", () => { sessionStorage.removeItem(KEY); out.hidden = true; showSignIn(""); });
+}
+
+// ---- figures from /metrics (Prometheus text) ----
+
+function parseMetrics(text) {
+  const out = [];
+  for (const line of text.split("\n")) {
+    if (!line || line[0] === "#") continue;
+    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)/);
+    if (!m) continue;
+    const labels = {};
+    for (const l of (m[3] || "").matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2].replace(/\\(.)/g, (_, c) => c === "n" ? "\n" : c);
+    out.push({ name: m[1], labels, value: parseFloat(m[4]) });
+  }
+  return out;
+}
+
+// histQuantiles reads p50 and p99 (seconds) of a histogram's series,
+// grouped by key(labels) (null: left out), interpolating inside a bucket
+// as Prometheus's histogram_quantile does.
+function histQuantiles(samples, metric, key) {
+  const groups = {};
+  for (const s of samples) {
+    if (s.name !== metric + "_bucket") continue;
+    const k = key(s.labels);
+    if (k === null) continue;
+    (groups[k] ||= []).push([s.labels.le === "+Inf" ? Infinity : parseFloat(s.labels.le), s.value]);
+  }
+  const res = {};
+  for (const [k, b] of Object.entries(groups)) {
+    b.sort((x, y) => x[0] - y[0]);
+    const total = b[b.length - 1][1];
+    const q = (p) => {
+      if (!total) return null;
+      const rank = p * total;
+      let prevLe = 0, prevC = 0;
+      for (const [le, c] of b) {
+        if (c >= rank) {
+          if (le === Infinity) return prevLe;
+          return prevLe + (le - prevLe) * (c === prevC ? 0 : (rank - prevC) / (c - prevC));
+        }
+        prevLe = le; prevC = c;
+      }
+      return prevLe;
+    };
+    res[k] = { p50: q(0.5), p99: q(0.99), count: total };
+  }
+  return res;
+}
+
+// quantiles: each function's total request time.
+const quantiles = (samples) => histQuantiles(samples, "plover_request_duration_seconds",
+  (l) => (l.phase && l.phase !== "total" ? null : l.function));
+
+const ms = (s) => s === null || s === undefined ? "–" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms";
+const bytes = (n) => n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n >= 1024 ? (n / 1024).toFixed(1) + " KiB" : n + " B";
+const pct = (f) => (100 * (f || 0)).toFixed(1) + "%";
+const short = (v) => (v || "").slice(0, 12);
+
+async function figures() {
+  const [fr, mr] = await Promise.all([api("/v1/functions"), api("/metrics")]);
+  const fns = (await fr.json()).functions;
+  const samples = parseMetrics(await mr.text());
+  return { fns: fns || [], samples, q: quantiles(samples) };
+}
+
+function every(ms, f) {
+  let live = true, timer = null;
+  const tick = async () => {
+    try { await f(); statusLine.textContent = ""; }
+    catch (e) { if (!(e instanceof Unauthenticated)) statusLine.textContent = e.message; else live = false; }
+    if (live) timer = setTimeout(tick, ms);
+  };
+  tick();
+  stop.push(() => { live = false; clearTimeout(timer); });
+}
+
+// ---- overview ----
+
+function overview() {
+  const fnBody = el("tbody", { id: "functions" });
+  const health = el("div", { id: "health" });
+  const flows = el("tbody", { id: "flows" });
+  main.replaceChildren(
+    el("section", {}, el("h2", {}, "Functions"),
+      el("table", {}, el("thead", {}, el("tr", {}, ...["function", "version", "target", "warm", "requests", "client errors", "server errors", "p50", "p99", "device share", "memory"].map((h) => el("th", {}, h)))), fnBody)),
+    el("section", {}, el("h2", {}, "Node"), health),
+    el("section", {}, el("h2", {}, "Scheduler flows"), el("table", {}, el("thead", {}, el("tr", {}, ...["function", "priority", "share", "queued", "device seconds", "device share"].map((h) => el("th", {}, h)))), flows)));
+  every(2000, async () => {
+    const { fns, q } = await figures();
+    fnBody.replaceChildren(...fns.map((f) => {
+      const l = q[f.name] || {};
+      return el("tr", { "data-function": f.name },
+        el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(f.name) }, f.name)),
+        el("td", {}, short(f.version)), el("td", {}, f.target || f.kind || ""),
+        el("td", { class: "num" }, (f.instances_busy || 0) + (f.instances_idle || 0)),
+        el("td", { class: "num requests" }, f.requests || 0),
+        el("td", { class: "num" }, f.client_errors || 0), el("td", { class: "num" }, f.errors || 0),
+        el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num p99" }, ms(l.p99)),
+        el("td", { class: "num" }, pct(f.device_fraction)), el("td", { class: "num" }, bytes(f.device_memory_bytes || 0)));
+    }));
+    const h = await (await api("/healthz")).json();
+    health.replaceChildren(el("p", { class: h.status === "ok" ? "ok" : "error" }, "status: " + h.status),
+      el("table", {}, el("tbody", {}, ...(h.devices || []).map((d) =>
+        el("tr", {}, ...Object.entries(d).map(([k, v]) => el("td", {}, k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))))))));
+    // A flow is a function's claim on the device's scheduler: its
+    // priority and share (README, Sharing a device), what waits, what it used.
+    flows.replaceChildren(...fns.filter((f) => f.kind !== "pipeline").map((f) =>
+      el("tr", { "data-flow": f.name }, el("td", {}, f.name), el("td", {}, f.priority || ""), el("td", { class: "num" }, f.share ?? ""),
+        el("td", { class: "num" }, f.queue_depth || 0), el("td", { class: "num" }, (f.device_seconds || 0).toFixed(3)), el("td", { class: "num" }, pct(f.device_fraction)))));
+  });
+}
+
+// ---- a function ----
+
+function functionPage(name) {
+  const enc = encodeURIComponent(name);
+  const summary = el("div", { id: "summary" });
+  const versions = el("tbody", { id: "versions" });
+  // Kept apart from the status line, which each refresh clears.
+  const rollbackError = el("p", { class: "error", id: "rollback-error" });
+  const logs = el("pre", { class: "logs", id: "logs" });
+  const chart = svg("svg", { class: "chart", id: "chart", width: "600", height: "160" });
+  const file = el("input", { type: "file", id: "invoke-file" });
+  const result = el("div", { id: "invoke-result" });
+  const form = el("form", { id: "invoke" }, file, el("button", { type: "submit" }, "Invoke"));
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); invoke(name, file.files[0], result); });
+  main.replaceChildren(el("h2", {}, name), summary,
+    el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError),
+    el("section", {}, el("h3", {}, "Invoke"), form, result),
+    el("section", {}, el("h3", {}, "Latency (p50 blue, p99 orange, from the server's histogram)"), chart),
+    el("section", {}, el("h3", {}, "Output"), logs));
+
+  let shown = "";
+  const showVersions = async () => {
+    const rec = await (await api("/v1/functions/" + enc + "/versions")).json();
+    // Redrawn only when the record changed, so that a button is not
+    // replaced under the pointer every 2 s.
+    const key = JSON.stringify(rec);
+    if (key === shown) return;
+    shown = key;
+    versions.replaceChildren(...(rec.versions || []).slice().reverse().map((v) => {
+      const cur = v.id === rec.current;
+      const b = cur ? el("span", { class: "ok" }, "current") : el("button", { class: "rollback", "data-version": v.id, onclick: async () => {
+        try {
+          await api("/v1/functions/" + enc + "/rollback", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ version: v.id }) });
+          await showVersions();
+          rollbackError.textContent = "";
+        } catch (e) { if (!(e instanceof Unauthenticated)) rollbackError.textContent = e.message; }
+      } }, "Roll back to this");
+      return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
+    }));
+  };
+  const points = [];
+  every(2000, async () => {
+    const f = await (await api("/v1/functions/" + enc)).json();
+    const m = f.manifest || {};
+    summary.replaceChildren(el("table", {}, el("tbody", {},
+      ...[["version", short(f.version)], ["kind", f.kind || ""], ["target", f.target || m.target || ""], ["entry / chain", (m.chain || []).map((c) => c.kernel).join(" → ")],
+        ["max instances", m.max_instances ?? ""], ["requests", f.requests || 0], ["errors (client / server)", (f.client_errors || 0) + " / " + (f.errors || 0)],
+        ["instances busy / idle", (f.instances_busy || 0) + " / " + (f.instances_idle || 0)], ["device memory", bytes(f.device_memory_bytes || 0)]]
+        .map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))));
+    await showVersions();
+    const q = quantiles(parseMetrics(await (await api("/metrics")).text()))[name];
+    if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points); }
+  });
+  followLogs(enc, logs);
+}
+
+function svg(tag, attrs) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+
+function drawChart(chart, points) {
+  const W = 600, H = 160, max = Math.max(1e-6, ...points.map((p) => p.p99 || 0));
+  const line = (key, cls) => svg("polyline", { class: cls, points: points.map((p, i) => `${(i * W) / 119},${H - 12 - ((p[key] || 0) / max) * (H - 24)}`).join(" ") });
+  const label = svg("text", { x: "4", y: "10" });
+  label.textContent = "max " + ms(max);
+  chart.replaceChildren(line("p50", "p50"), line("p99", "p99"), label);
+}
+
+// followLogs streams the function's output (NDJSON) into pre as text.
+async function followLogs(enc, pre) {
+  const ac = new AbortController();
+  stop.push(() => ac.abort());
+  try {
+    const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=1h", { signal: ac.signal });
+    const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value;
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, i); buf = buf.slice(i + 1);
+        if (!line) continue;
+        let text = line;
+        try { const j = JSON.parse(line); text = `${j.time} ${j.stream} ${j.pid}: ${j.line}`; } catch (_) {}
+        pre.append(document.createTextNode(text + "\n"));
+        pre.scrollTop = pre.scrollHeight;
+      }
+    }
+  } catch (e) {
+    if (e.name !== "AbortError" && !(e instanceof Unauthenticated)) pre.append(document.createTextNode("[output stream ended: " + e.message + "]\n"));
+  }
+}
+
+async function invoke(name, f, result) {
+  result.replaceChildren(el("p", {}, "running…"));
+  try {
+    const body = f ? await f.arrayBuffer() : new ArrayBuffer(0);
+    const r = await api("/v1/functions/" + encodeURIComponent(name) + "/invoke", { method: "POST", headers: { "Content-Type": "application/octet-stream" }, body });
+    const out = await r.arrayBuffer();
+    const sum = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", out)), (b) => b.toString(16).padStart(2, "0")).join("");
+    const parts = (r.headers.get("Server-Timing") || "").split(",").map((p) => p.trim()).filter(Boolean).map((p) => {
+      const [n, ...kv] = p.split(";");
+      return el("tr", {}, el("td", {}, n), el("td", { class: "num" }, kv.map((x) => x.replace(/^dur=/, "") + (x.startsWith("dur=") ? " ms" : "")).join(" ")));
+    });
+    const url = URL.createObjectURL(new Blob([out], { type: "application/octet-stream" }));
+    result.replaceChildren(
+      el("p", { class: "ok" }, "200 · " + (r.headers.get("X-Plover-Start") || "") + " · version " + short(r.headers.get("X-Plover-Version") || "") + " · " + out.byteLength + " bytes · sha256 ",
+        el("code", { id: "invoke-sha256" }, sum), " ", el("a", { href: url, download: name + ".out", id: "invoke-download" }, "download output")),
+      el("table", { id: "server-timing" }, el("tbody", {}, ...parts)));
+  } catch (e) {
+    result.replaceChildren(el("p", { class: "error", id: "invoke-error" }, e.message));
+  }
+}
+
+// ---- pipelines ----
+
+function pipelines() {
+  const body = el("div", { id: "pipelines" });
+  main.replaceChildren(el("h2", {}, "Pipelines"), body);
+  every(2000, async () => {
+    const { fns, samples, q } = await figures();
+    const by = Object.fromEntries(fns.map((f) => [f.name, f]));
+    // Per step, as the pipeline runner counts it (plover_pipeline_step_*).
+    const stepQ = histQuantiles(samples, "plover_pipeline_step_seconds", (l) => l.pipeline + "\u0000" + l.step);
+    const stepErr = {};
+    for (const s of samples) if (s.name === "plover_pipeline_step_errors_total") stepErr[s.labels.pipeline + "\u0000" + s.labels.step] = (stepErr[s.labels.pipeline + "\u0000" + s.labels.step] || 0) + s.value;
+    const ps = fns.filter((f) => f.kind === "pipeline");
+    if (!ps.length) { body.replaceChildren(el("p", {}, "No pipelines deployed.")); return; }
+    body.replaceChildren(...ps.map((p) => el("section", { "data-pipeline": p.name }, el("h3", {}, p.name + " (" + (p.requests || 0) + " requests, p50 " + ms((q[p.name] || {}).p50) + ")"),
+      el("table", {}, el("thead", {}, el("tr", {}, ...["step", "function", "version", "runs", "errors", "p50", "p99"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...(p.steps || []).map((s, i) => {
+          // A step is a function's name, {function, version} or {parallel: [...]}.
+          const name = (x) => (typeof x === "string" ? x : x.function || "");
+          const fn = typeof s === "string" ? s : s.function || (s.parallel || []).map(name).join(" ∥ ");
+          const f = by[fn] || {}, l = stepQ[p.name + "\u0000" + i] || {};
+          return el("tr", { "data-step": String(i) }, el("td", {}, String(i + 1)), el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(fn) }, fn)),
+            el("td", {}, short(s.version || f.version)), el("td", { class: "num runs" }, l.count || 0), el("td", { class: "num" }, stepErr[p.name + "\u0000" + i] || 0),
+            el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num" }, ms(l.p99)));
+        }))))));
+  });
+}
+
+// ---- routing ----
+
+async function route() {
+  for (const s of stop) s();
+  stop = [];
+  takeToken();
+  document.getElementById("signout").hidden = !sessionStorage.getItem(KEY);
+  const h = location.hash.slice(1).split("?")[0] || "/";
+  if (h.startsWith("/functions/")) functionPage(decodeURIComponent(h.slice("/functions/".length)));
+  else if (h === "/pipelines") pipelines();
+  else overview();
+}
+
+takeToken();
+setupSignIn();
+window.addEventListener("hashchange", route);
+route();
