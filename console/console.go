@@ -55,7 +55,12 @@ func Serve(ctx *fasthttp.RequestCtx) {
 	}
 	p := string(ctx.Path())
 	if p == strings.TrimSuffix(Prefix, "/") {
-		ctx.Redirect(Prefix, fasthttp.StatusMovedPermanently)
+		// A path, not fasthttp's absolute URL (built from the request's
+		// Host and the connection's scheme: a forged host reflected, https
+		// behind a proxy made http), and not permanent: --console=false
+		// must not be cached away.
+		ctx.Response.Header.Set("Location", Prefix)
+		ctx.SetStatusCode(fasthttp.StatusFound)
 		return
 	}
 	name := strings.TrimPrefix(p, Prefix)

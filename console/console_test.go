@@ -33,7 +33,7 @@ func TestServe(t *testing.T) {
 		{"GET", "/ui/index.html", 200, "text/html; charset=utf-8"},
 		{"GET", "/ui/app.js", 200, "text/javascript; charset=utf-8"},
 		{"HEAD", "/ui/style.css", 200, "text/css; charset=utf-8"},
-		{"GET", "/ui", 301, ""},
+		{"GET", "/ui", 302, ""},
 		{"GET", "/ui/nothing.js", 404, ""},
 		{"GET", "/ui/../console.go", 404, ""},
 		{"GET", "/ui/%2e%2e/console.go", 404, ""},
@@ -45,6 +45,12 @@ func TestServe(t *testing.T) {
 		}
 		if got := string(r.Header.Peek("Content-Security-Policy")); got != console.Policy {
 			t.Errorf("%s %s: Content-Security-Policy %q", c.method, c.path, got)
+		}
+		if c.code == 302 && string(r.Header.Peek("Location")) != console.Prefix {
+			t.Errorf("%s %s: Location %q, want the path %s (not an absolute URL from the request's Host)", c.method, c.path, r.Header.Peek("Location"), console.Prefix)
+		}
+		if string(r.Header.Peek("Referrer-Policy")) != "no-referrer" {
+			t.Errorf("%s %s: Referrer-Policy %q", c.method, c.path, r.Header.Peek("Referrer-Policy"))
 		}
 		if string(r.Header.Peek("X-Frame-Options")) != "DENY" || string(r.Header.Peek("X-Content-Type-Options")) != "nosniff" {
 			t.Errorf("%s %s: framing or sniffing allowed: %s", c.method, c.path, r.Header.String())

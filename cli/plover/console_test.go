@@ -78,6 +78,13 @@ func TestConsole(t *testing.T) {
 	deploy(vecadd, "vecadd", "?force=true", 201) // a second version to roll back from
 	talker, _ := outputBundle(t, "talker", "say", 1, 1)
 	deploy(talker, "talker", "", 201)
+	// "constructor", a valid function name and one a plain JavaScript
+	// object already has (Object's): its figures must not break the page.
+	ctor, _ := outputBundle(t, "constructor", "say", 1, 1)
+	deploy(ctor, "constructor", "", 201)
+	if r := secDo(t, c, "POST", fn+"constructor/invoke", toks["root"], "application/octet-stream", []byte("hi")); r.code != 200 {
+		t.Fatalf("invoke constructor: %d %.200s", r.code, r.body)
+	}
 	if r := secDo(t, c, "POST", fn+"vecadd/invoke", toks["root"], "application/octet-stream", input); r.code != 200 {
 		t.Fatalf("invoke vecadd: %d %.200s", r.code, r.body)
 	}
@@ -181,7 +188,8 @@ func TestConsole(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS("#token"), toks["root"]),
 		chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-function="talker"]`)),
-		poll(`document.querySelector('tr[data-function="vecadd"] td.p50').textContent !== "–"`))
+		poll(`document.querySelector('tr[data-function="vecadd"] td.p50').textContent !== "–"`),
+		poll(`document.querySelector('tr[data-function="constructor"] td.p50').textContent !== "–"`))
 	if requests, p50 := text(`tr[data-function="vecadd"] td.requests`), text(`tr[data-function="vecadd"] td.p50`); requests != "1" || !strings.HasSuffix(p50, " ms") {
 		t.Errorf("overview's vecadd: requests %q p50 %q, want 1 and a time", requests, p50)
 	}
@@ -271,6 +279,12 @@ func TestConsole(t *testing.T) {
 		t.Errorf("a read token's rollback from the page: current %s, want %s still", after.Current, other)
 	}
 	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]))
+
+	// A link someone was sent, naming no function: nothing is called with
+	// the user's token on a path it builds.
+	do("a fragment that is not a function name",
+		chromedp.Navigate(srv.url+"/ui/#/functions/..%2F..%2Fhealthz"),
+		poll(`document.getElementById("main").textContent.includes("not a function name")`))
 
 	// A function printing HTML: its output shows as text, as it comes.
 	htmlIn := filepath.Join(t.TempDir(), "html.txt")

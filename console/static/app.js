@@ -99,14 +99,16 @@ function parseMetrics(text) {
 // grouped by key(labels) (null: left out), interpolating inside a bucket
 // as Prometheus's histogram_quantile does.
 function histQuantiles(samples, metric, key) {
-  const groups = {};
+  // Keyed by tenants' function names: no prototype (a function named
+  // "constructor" would find Object's).
+  const groups = Object.create(null);
   for (const s of samples) {
     if (s.name !== metric + "_bucket") continue;
     const k = key(s.labels);
     if (k === null) continue;
     (groups[k] ||= []).push([s.labels.le === "+Inf" ? Infinity : parseFloat(s.labels.le), s.value]);
   }
-  const res = {};
+  const res = Object.create(null);
   for (const [k, b] of Object.entries(groups)) {
     b.sort((x, y) => x[0] - y[0]);
     const total = b[b.length - 1][1];
@@ -316,10 +318,10 @@ function pipelines() {
   main.replaceChildren(el("h2", {}, "Pipelines"), body);
   every(2000, async () => {
     const { fns, samples, q } = await figures();
-    const by = Object.fromEntries(fns.map((f) => [f.name, f]));
+    const by = new Map(fns.map((f) => [f.name, f]));
     // Per step, as the pipeline runner counts it (plover_pipeline_step_*).
     const stepQ = histQuantiles(samples, "plover_pipeline_step_seconds", (l) => l.pipeline + "\u0000" + l.step);
-    const stepErr = {};
+    const stepErr = Object.create(null);
     for (const s of samples) if (s.name === "plover_pipeline_step_errors_total") stepErr[s.labels.pipeline + "\u0000" + s.labels.step] = (stepErr[s.labels.pipeline + "\u0000" + s.labels.step] || 0) + s.value;
     const ps = fns.filter((f) => f.kind === "pipeline");
     if (!ps.length) { body.replaceChildren(el("p", {}, "No pipelines deployed.")); return; }
@@ -329,7 +331,7 @@ function pipelines() {
           // A step is a function's name, {function, version} or {parallel: [...]}.
           const name = (x) => (typeof x === "string" ? x : x.function || "");
           const fn = typeof s === "string" ? s : s.function || (s.parallel || []).map(name).join(" ∥ ");
-          const f = by[fn] || {}, l = stepQ[p.name + "\u0000" + i] || {};
+          const f = by.get(fn) || {}, l = stepQ[p.name + "\u0000" + i] || {};
           return el("tr", { "data-step": String(i) }, el("td", {}, String(i + 1)), el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(fn) }, fn)),
             el("td", {}, short(s.version || f.version)), el("td", { class: "num runs" }, l.count || 0), el("td", { class: "num" }, stepErr[p.name + "\u0000" + i] || 0),
             el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num" }, ms(l.p99)));
@@ -345,7 +347,14 @@ async function route() {
   takeToken();
   document.getElementById("signout").hidden = !sessionStorage.getItem(KEY);
   const h = location.hash.slice(1).split("?")[0] || "/";
-  if (h.startsWith("/functions/")) functionPage(decodeURIComponent(h.slice("/functions/".length)));
+  if (h.startsWith("/functions/")) {
+    // The fragment is anyone's link: only a function name goes into the
+    // API paths the page calls with the user's token.
+    let name = "";
+    try { name = decodeURIComponent(h.slice("/functions/".length)); } catch (_) {}
+    if (/^[a-z0-9][a-z0-9-]{0,62}$/.test(name)) functionPage(name);
+    else main.replaceChildren(el("p", { class: "error" }, "not a function name: " + h.slice("/functions/".length)));
+  }
   else if (h === "/pipelines") pipelines();
   else overview();
 }
