@@ -35,13 +35,22 @@ function takeToken() {
   const params = new URLSearchParams(query);
   const t = params.get("token");
   if (t === null) return;
-  sessionStorage.setItem(KEY, t);
+  // A link is anyone's: it does not silently sign a signed-in user in as
+  // someone else (whose functions the user would then upload to).
+  const held = sessionStorage.getItem(KEY);
+  if (!held || held === t || window.confirm("This link signs in with another token than yours. Use it?")) {
+    sessionStorage.setItem(KEY, t);
+  }
   params.delete("token");
   const rest = params.toString();
   history.replaceState(null, "", location.pathname + "#" + (route || "/") + (rest ? "?" + rest : ""));
 }
 
 class Unauthenticated extends Error {}
+
+// lastOutput is the blob: URL of the last invoke's output, revoked when the
+// next one comes.
+let lastOutput = null;
 
 // api calls the server with the user's token; an error's message is the
 // server's {"error":{"message"}} when it sent one.
@@ -77,7 +86,13 @@ function setupSignIn() {
   });
   const out = document.getElementById("signout");
   out.hidden = !sessionStorage.getItem(KEY);
-  out.addEventListener("click", () => { sessionStorage.removeItem(KEY); out.hidden = true; showSignIn(""); });
+  out.addEventListener("click", () => {
+    for (const s of stop) s(); // the live views end with the token they ran under
+    stop = [];
+    sessionStorage.removeItem(KEY);
+    out.hidden = true;
+    showSignIn("");
+  });
 }
 
 // ---- figures from /metrics (Prometheus text) ----
@@ -301,7 +316,8 @@ async function invoke(name, f, result) {
       const [n, ...kv] = p.split(";");
       return el("tr", {}, el("td", {}, n), el("td", { class: "num" }, kv.map((x) => x.replace(/^dur=/, "") + (x.startsWith("dur=") ? " ms" : "")).join(" ")));
     });
-    const url = URL.createObjectURL(new Blob([out], { type: "application/octet-stream" }));
+    if (lastOutput) URL.revokeObjectURL(lastOutput); // one output held at a time
+    const url = lastOutput = URL.createObjectURL(new Blob([out], { type: "application/octet-stream" }));
     result.replaceChildren(
       el("p", { class: "ok" }, "200 · " + (r.headers.get("X-Plover-Start") || "") + " · version " + short(r.headers.get("X-Plover-Version") || "") + " · " + out.byteLength + " bytes · sha256 ",
         el("code", { id: "invoke-sha256" }, sum), " ", el("a", { href: url, download: name + ".out", id: "invoke-download" }, "download output")),
