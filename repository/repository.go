@@ -211,7 +211,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, true
 	}
 	now := time.Now()
-	var todo []*model
+	var due []*model
 	r.mu.Lock()
 	var gone []*model
 	for name, m := range r.models {
@@ -236,7 +236,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		case stillChanging:
 			settling = true
 		case changed:
-			todo = append(todo, m)
+			due = append(due, m)
 		}
 	}
 	r.mu.Unlock()
@@ -264,8 +264,8 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		gone = left
 	}
 	// By name: a repository deploys in the same order at every start.
-	slices.SortFunc(todo, func(a, b *model) int { return strings.Compare(a.name, b.name) })
-	r.deployAll(ctx, todo)
+	slices.SortFunc(due, func(a, b *model) int { return strings.Compare(a.name, b.name) })
+	r.deployAll(ctx, due)
 	r.mu.Lock()
 	r.scans++
 	for _, m := range r.models {
@@ -319,15 +319,15 @@ func (r *Repository) give() { <-r.turn }
 // deployAll deploys the models, Deploys at a time, those whose current
 // version is a function first and then pipelines (a pipeline's deploy
 // checks that its steps are there).
-func (r *Repository) deployAll(ctx context.Context, todo []*model) {
+func (r *Repository) deployAll(ctx context.Context, due []*model) {
 	type job struct {
 		m    *model
 		vers []version
 		err  error
 	}
-	jobs := make([]job, len(todo))
+	jobs := make([]job, len(due))
 	var pipes, funcs []int
-	for i, m := range todo {
+	for i, m := range due {
 		vers, pipe, err := r.versionsOf(m)
 		jobs[i] = job{m, vers, err}
 		if pipe {
