@@ -33,6 +33,7 @@ import (
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/internal/forkthread"
 	"github.com/plover-run/plover/internal/minio"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -513,7 +514,7 @@ http {
 			"-g", fmt.Sprintf("daemon off; master_process off; pid %s; error_log stderr notice;", filepath.Join(dir, "nginx.pid")))
 		n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 		n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := n.cmd.Start(); err != nil {
+		if err := forkthread.Start(n.cmd); err != nil {
 			t.Fatalf("start nginx: %v", err)
 		}
 		go func() { n.cmd.Wait(); close(n.exited) }()

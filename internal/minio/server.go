@@ -18,6 +18,8 @@ import (
 
 	miniogo "github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/plover-run/plover/internal/forkthread"
 )
 
 // ReadyTimeout bounds how long a start waits for the server to answer.
@@ -132,7 +134,9 @@ func (s *Server) start(ctx context.Context) error {
 	)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	// From a thread that never ends: the death signal follows the thread
+	// that forked MinIO, not this process.
+	if err := forkthread.Start(cmd); err != nil {
 		s.mu.Unlock()
 		return fmt.Errorf("minio: start %s: %w", s.bin, err)
 	}

@@ -346,7 +346,7 @@ func TestEnterRearmsParentDeathSignal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := middle.Start(); err != nil {
+	if err := startChild(middle); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/internal/forkthread"
 )
 
 // Enter and RestrictFS cannot be undone, so the tests run them in a
@@ -44,6 +46,13 @@ func init() {
 		runtime.LockOSThread()
 	}
 }
+
+// startChild starts a child from a thread that never ends: a child that
+// runs Enter arms SIGKILL as its parent-death signal, which the kernel
+// sends when the forking thread ends, as a closed Spawner's does (see
+// forkthread). The server starts its workers from its Spawner's thread for
+// the same reason.
+func startChild(cmd *exec.Cmd) error { return forkthread.Start(cmd) }
 
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(childEnv); mode != "" {
@@ -134,14 +143,17 @@ func runJSONChild(t *testing.T, out any, mode string, env ...string) {
 func runJSONChildAs(t *testing.T, out any, as, mode string, env ...string) {
 	t.Helper()
 	cmd := childCommandAs(t, as, mode, env...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("child %s: %v\nstdout:\n%s\nstderr:\n%s", mode, err, stdout, stderr.String())
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := startChild(cmd)
+	if err == nil {
+		err = cmd.Wait()
 	}
-	if err := json.Unmarshal(stdout, out); err != nil {
-		t.Fatalf("child %s: decoding report: %v\nstdout:\n%s\nstderr:\n%s", mode, err, stdout, stderr.String())
+	if err != nil {
+		t.Fatalf("child %s: %v\nstdout:\n%s\nstderr:\n%s", mode, err, stdout.String(), stderr.String())
+	}
+	if err := json.Unmarshal([]byte(stdout.String()), out); err != nil {
+		t.Fatalf("child %s: decoding report: %v\nstdout:\n%s\nstderr:\n%s", mode, err, stdout.String(), stderr.String())
 	}
 }
 

@@ -82,7 +82,7 @@ func TestMakeNonDumpable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := target.Start(); err != nil {
+			if err := startChild(target); err != nil {
 				t.Fatal(err)
 			}
 			defer func() {

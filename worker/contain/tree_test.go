@@ -167,7 +167,7 @@ func TestTreeEndsDaemons(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := cmd.Start(); err != nil {
+				if err := startChild(cmd); err != nil {
 					t.Fatal(err)
 				}
 				w.Close()
@@ -264,7 +264,7 @@ func TestEndLeftovers(t *testing.T) {
 	for i, p := range procs {
 		cmd := childCommandAs(t, p.as, "sleeper")
 		cmd.Args = append(cmd.Args, p.args...)
-		if err := cmd.Start(); err != nil {
+		if err := startChild(cmd); err != nil {
 			t.Fatal(err)
 		}
 		cmds[i] = cmd
