@@ -157,6 +157,12 @@ type Version struct {
 	// folder ("2"), which /v2/models/NAME/versions/2 names. Empty for a
 	// plover deploy.
 	Label string `json:"label,omitempty"`
+	// Tenant is whose function the version is: the name of the token
+	// that deployed it (never the token itself); empty without an auth
+	// file, or for a model repository's version: the one tenant then.
+	// With --worker-scope tenant a tenant's functions share worker
+	// processes, and never a process with another tenant's.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // RepositoryModel is an entry of the model repository's index (POST

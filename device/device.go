@@ -51,6 +51,11 @@ type ProgramSpec struct {
 	// and stderr); nil: kept nowhere. One function's, in one life of its
 	// name: a function deleted meanwhile drops what its workers still say.
 	Output Output
+	// Tenant is whose program it is: a device that runs programs apart
+	// (worker processes) may run programs of one tenant together in one
+	// process, never programs of two. Programs of the empty tenant are
+	// one tenant. It is a name, not a secret (the deploying token's name).
+	Tenant string
 }
 
 // Output takes a program's printed lines; Add never blocks.
@@ -287,6 +292,12 @@ type Loss interface {
 	// ByServer: the server ended it (a run past its deadline, a memory
 	// limit, a message out of turn), not a fault of the program's own.
 	ByServer() bool
+	// Collateral: the program shared its process with others (a tenant's
+	// worker) and was lost with it by another's fault or ending; its own
+	// call, if one was in flight, did nothing wrong and, the functions
+	// being pure, may run once more on the fresh program. It does not
+	// count against the program as a crash.
+	Collateral() bool
 	// LogAttrs describes the loss for a log line, as key-value pairs.
 	LogAttrs() []any
 }

@@ -20,6 +20,9 @@ type ProcessExit struct {
 	// Killed: the server stopped the process (a chain past its deadline, a
 	// memory limit, a message out of turn), not a crash of its own.
 	Killed bool
+	// Shared: the process was a tenant's, shared with other programs, and
+	// ended by another program's fault or ending, not this one's.
+	Shared bool
 }
 
 var _ device.Loss = (*ProcessExit)(nil)
@@ -30,6 +33,7 @@ func (e *ProcessExit) Error() string {
 
 func (e *ProcessExit) RanNowhere() bool { return e.BeforeRun }
 func (e *ProcessExit) ByServer() bool   { return e.Killed }
+func (e *ProcessExit) Collateral() bool { return e.Shared }
 
 // LogAttrs names the process, how it ended and what it was doing.
 func (e *ProcessExit) LogAttrs() []any {
