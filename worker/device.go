@@ -42,6 +42,12 @@ type Options struct {
 	// are linked into; on the file system of the bundle cache, so links
 	// work (otherwise the files are copied). Required.
 	StageDir string
+	// TenantScope runs each tenant's programs (ProgramSpec.Tenant) in
+	// that tenant's worker on the device, a load into it being no process
+	// start; never two tenants' in one process (plover serve
+	// --worker-scope tenant). Unset, every program has a worker of its
+	// own. Ignored with MPS, which needs a process per program.
+	TenantScope bool
 	// MPS starts a worker per program with its limits in the environment
 	// (gpu_share, the memory budget), not from the standby pool.
 	MPS bool
