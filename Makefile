@@ -20,7 +20,7 @@ export CGO_CFLAGS
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
              $(wildcard device/*.c device/*.h abi/*.h)
 
-.PHONY: all build samples cuda demo test vet fuzz fuzz-short race-short bench bench-isolation bench-batch bench-fair bench-burst bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl install-chromium proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
+.PHONY: all build samples cuda demo test vet fuzz fuzz-short race-short bench bench-isolation bench-batch bench-fair bench-burst bench-tenants bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl install-chromium proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 
 all: build samples
 
@@ -223,6 +223,12 @@ bench-tracing: bin/plover bin/plover-worker bin/plover-bench-suite samples
 
 bench-burst: bin/plover bin/plover-worker bin/plover-bench-suite samples
 	bin/plover-bench-suite --plover bin/plover --device host --burst
+
+# Tenant workers (issue 46): 120 functions of 2 tenants with --worker-scope
+# function and tenant in turn, then 1,000 functions of 10 tenants; rewrites
+# BENCHMARKS.md's bench:tenants-host section (about 5 min; PSS needs root).
+bench-tenants: bin/plover bin/plover-worker bin/plover-bench-suite samples
+	bin/plover-bench-suite --plover bin/plover --device host --tenants
 
 # The cost of isolation: the CNN through --isolation none and process, same run,
 # then the many-functions figures of bench-burst (about 2 min).

@@ -176,7 +176,7 @@ func (br *burstRun) coldStarts(c *http.Client, url string, in []byte) error {
 	for r := 0; r < burstRounds; r++ {
 		time.Sleep(time.Second) // between bursts
 		logf("%d cold starts at once, round %d", burstWide, r+1)
-		lat, errs := wide(url, in, func(k int) string { return burstName(burstSeq + r*burstWide + k) })
+		lat, errs := wide(url, in, func(k int) string { return burstName(burstSeq + r*burstWide + k) }, nil)
 		br.Wide = append(br.Wide, lat)
 		logf("  latencies ms, sorted: %s", sortedMs(lat))
 		br.WideErrors += errs
@@ -238,11 +238,15 @@ func invoke(c *http.Client, url, fn string, in []byte) (float64, http.Header, er
 }
 
 // wide invokes n distinct functions at once, each from a connection made
-// beforehand, and returns each one's latency (ms) and the failures.
-func wide(url string, in []byte, name func(int) string) ([]float64, int) {
+// beforehand (by client(k) when not nil: a tenant's token), and returns
+// each one's latency (ms) and the failures.
+func wide(url string, in []byte, name func(int) string, client func(int) *http.Client) ([]float64, int) {
 	clients := make([]*http.Client, burstWide)
 	for k := range clients {
 		clients[k] = &http.Client{Timeout: time.Minute}
+		if client != nil {
+			clients[k].Transport = client(k).Transport
+		}
 		get(clients[k], url+"/healthz") // the connection, kept alive
 	}
 	lat := make([]float64, burstWide)

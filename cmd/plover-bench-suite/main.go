@@ -47,7 +47,7 @@ type options struct {
 	dryRun                                bool
 	batch                                 bool
 	fair                                  bool
-	burst                                 bool
+	burst, tenants                        bool
 	burstBefore                           string
 	pipeline                              bool
 	pipelineBefore                        string
@@ -86,6 +86,7 @@ func main() {
 	flag.BoolVar(&o.batch, "batch", false, "only compare the CNN with and without batching (samples/cnn-batch-<suffix>); writes the bench:batch-<device> section and --batch-chart")
 	flag.BoolVar(&o.fair, "fair", false, "only measure device sharing: the CNN at one client alone and beside floods, shares 3:1, priorities, with --sched fair and off; writes the bench:fair-<device> section")
 	flag.BoolVar(&o.burst, "burst", false, "only measure many functions: cold starts of distinct functions in turn and at once, deploys, the listing and /metrics with 1,000 deployed, idle workers' memory; writes the bench:burst-<device> section")
+	flag.BoolVar(&o.tenants, "tenants", false, "only measure tenant workers (issue 46): 120 functions of 2 tenants with --worker-scope function and tenant in turn (first requests in turn and 16 at once, the workers' PSS and processes, one function hot), then 1,000 functions of 10 tenants; writes the bench:tenants-<device> section")
 	flag.BoolVar(&o.pipeline, "pipeline", false, "only measure pipelines: the digits sample as one pipeline request against its three functions invoked in turn; writes the bench:pipeline-<device> section")
 	flag.BoolVar(&o.tracing, "tracing", false, "only measure tracing's cost: the CNN hot on servers with tracing off, on unsampled and on sampled, side by side; writes the bench:tracing-<device> section")
 	flag.StringVar(&o.tracingBefore, "tracing-before", "", "with --tracing: an earlier plover binary (without tracing); the CNN alone is measured on it and on --plover (tracing off) side by side")
@@ -206,6 +207,8 @@ func otherMode(o *options) func(context.Context, *options, *results) error {
 		return runFair
 	case o.burst:
 		return runBurst
+	case o.tenants:
+		return runTenants
 	case o.pipeline:
 		return runPipeline
 	case o.transports:
