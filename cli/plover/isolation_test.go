@@ -926,8 +926,12 @@ type loadLoop struct {
 }
 
 func startLoad(url, name string, maxDur time.Duration, maxN int) *loadLoop {
+	return startLoadAs(&http.Client{Timeout: 15 * time.Second}, url, name, maxDur, maxN)
+}
+
+// startLoadAs is startLoad through client (a tenant's token).
+func startLoadAs(client *http.Client, url, name string, maxDur time.Duration, maxN int) *loadLoop {
 	l := &loadLoop{stop: make(chan struct{}), done: make(chan struct{})}
-	client := &http.Client{Timeout: 15 * time.Second}
 	go func() {
 		defer close(l.done)
 		end := time.Now().Add(maxDur)
