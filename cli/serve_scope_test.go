@@ -3,8 +3,12 @@ package cli
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
 )
 
 // --worker-scope takes function or tenant, and tenant only where there are
@@ -44,5 +48,43 @@ func TestWorkerScopeDefault(t *testing.T) {
 	}
 	if err := checkWorkerScope(&serveFlags{workerScope: "tenant", isolation: "process"}); err != nil {
 		t.Fatalf("tenant with worker processes: %v", err)
+	}
+}
+
+// plover versions shows a TENANT column where a token deployed a version,
+// and none where none did (the table reads as before).
+func TestVersionsTenantColumn(t *testing.T) {
+	sha := strings.Repeat("ab", 32)
+	created := time.Date(2026, 11, 29, 6, 0, 0, 0, time.UTC) // whole minutes in any zone
+	tests := []struct {
+		name    string
+		tenants []string // oldest first
+		head    string
+		ends    []string // how each row ends, newest first
+	}{
+		{"no auth file", []string{"", ""}, "VERSION SHA256 BUNDLE DEPLOYED", nil},
+		{"tokens", []string{"", "acme"}, "VERSION SHA256 BUNDLE DEPLOYED TENANT", []string{"acme", ":00"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &api.Record{Name: "fn", Current: "v2"}
+			for i, tn := range tt.tenants {
+				rec.Versions = append(rec.Versions, api.Version{ID: fmt.Sprintf("v%d", i+1), SHA256: sha, Size: 10, Tenant: tn, Created: created})
+			}
+			var out bytes.Buffer
+			if err := writeVersions(&out, rec); err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
+			if len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != tt.head ||
+				!strings.HasPrefix(lines[1], "*  v2") || !strings.HasPrefix(strings.TrimSpace(lines[2]), "v1") {
+				t.Fatalf("table:\n%s", out.String())
+			}
+			for i, end := range tt.ends {
+				if !strings.HasSuffix(strings.TrimSpace(lines[i+1]), end) {
+					t.Fatalf("row %d does not end with %q:\n%s", i+1, end, out.String())
+				}
+			}
+		})
 	}
 }
