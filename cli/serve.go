@@ -56,7 +56,7 @@ func defaultDataDir() string {
 
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
-	isolation, workerUser, ioShares                  string
+	isolation, workerUser, ioShares, workerScope     string
 	checked                                          bool
 	standby, standbyMax                              int
 	workerMaxMemMB, maxPinnedMB                      int64
@@ -95,6 +95,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.BoolVar(&f.checked, "checked", false, "host device: checked mode, as plover run has by default: an access past the end of a request's in, tmp or out fails the request naming the entry and the buffer (guard pages; a copy in and out per request)")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
+			fs.StringVar(&f.workerScope, "worker-scope", "function", "which functions share a worker process (--isolation process): function (each function version a worker of its own) | tenant (a tenant's functions, those one token deployed, share one worker per device, a load into it being no process start; never two tenants in one; not with MPS)")
 			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none")
 			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0)")
 			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb, the server's request slots it maps not counted; past it the worker is killed (0: no limit)")
@@ -166,6 +167,9 @@ func serve(f *serveFlags, env *Env) error {
 	sc, evictor, err := schedFlags(f, env)
 	if err != nil {
 		return err
+	}
+	if err := checkWorkerScope(f); err != nil {
+		return usagef(env, "serve", "%v", err)
 	}
 	if f.data == "" {
 		f.data = defaultDataDir()
@@ -604,14 +608,9 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		}
 		drop = &id
 	}
-	// Workers' stages (where their bundles are linked) live beside the
-	// bundle cache, so links work; leftovers of an earlier run go first.
-	stages := filepath.Join(f.data, "workers")
-	if err := os.RemoveAll(stages); err != nil {
-		return nil, nil, fmt.Errorf("--isolation process: %w", err)
-	}
-	if err := os.Mkdir(stages, 0o700); err != nil { // not MkdirAll: never through a planted symlink
-		return nil, nil, fmt.Errorf("--isolation process: %w", err)
+	stages, err := stageDir(f.data)
+	if err != nil {
+		return nil, nil, err
 	}
 	mps := false
 	if len(devs) > 0 && device.TakesMPS(devs[0].Target()) {
@@ -621,6 +620,9 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 			// until the running server's clients (this process's own
 			// context, as root) are gone, that is for ever.
 			return nil, nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
+		}
+		if mps && f.workerScope == "tenant" {
+			return nil, nil, errors.New("--worker-scope tenant: MPS gives each function's worker limits of its own (gpu_share, memory budget), so it needs a process per function; use --worker-scope function, or run without MPS (no --mps, its control daemon stopped)")
 		}
 		if mps {
 			log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
@@ -644,14 +646,46 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		standby, standbyMax := standbySizes(d.Target(), f.standby, f.standbyMax)
 		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
 			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && device.TakesMPS(d.Target()), MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu,
-			Checked: f.checked, PinLimit: f.maxPinnedMB << 20})
+			Checked: f.checked, PinLimit: f.maxPinnedMB << 20, TenantScope: f.workerScope == "tenant"})
 	}
 	user := "the server's"
 	if drop != nil {
 		user = f.workerUser + " (" + drop.String() + ")"
 	}
-	log.Info("functions run in worker processes", "worker_user", user, "worker_binary", exe)
+	log.Info("functions run in worker processes", "worker_user", user, "worker_binary", exe, "worker_scope", f.workerScope)
 	return out, cpu, nil
+}
+
+// checkWorkerScope checks --worker-scope before anything starts: tenant
+// workers are worker processes, which --isolation none has none of. (MPS,
+// which needs a process per function, is refused by isolate, where it is
+// known to be on.)
+func checkWorkerScope(f *serveFlags) error {
+	switch f.workerScope {
+	case "function":
+		return nil
+	case "tenant":
+	default:
+		return fmt.Errorf("--worker-scope %q: want function or tenant", f.workerScope)
+	}
+	if f.isolation == "none" {
+		return errors.New("--worker-scope tenant: --isolation none runs every function inside the server, with no worker processes to share; use --isolation process")
+	}
+	return nil
+}
+
+// stageDir makes the directory of the workers' stages (where their
+// bundles are linked), beside the bundle cache in data so that links
+// work; leftovers of an earlier run go first.
+func stageDir(data string) (string, error) {
+	stages := filepath.Join(data, "workers")
+	if err := os.RemoveAll(stages); err != nil {
+		return "", fmt.Errorf("--isolation process: %w", err)
+	}
+	if err := os.Mkdir(stages, 0o700); err != nil { // not MkdirAll: never through a planted symlink
+		return "", fmt.Errorf("--isolation process: %w", err)
+	}
+	return stages, nil
 }
 
 // serverRecord is where a server records itself for the next one of its

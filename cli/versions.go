@@ -63,30 +63,44 @@ func versionsCmd() *command {
 			if asJSON {
 				return printJSON(env.Stdout, rec)
 			}
-			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			// A LABEL column only for a model repository's functions (their
-			// version folders): plover deploy's read as they always have.
-			labels := slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.Label != "" })
-			head := "\tVERSION\tSHA256\tBUNDLE\tDEPLOYED"
-			if labels {
-				head += "\tLABEL"
-			}
-			fmt.Fprintln(tw, head)
-			for i := len(rec.Versions) - 1; i >= 0; i-- {
-				v := rec.Versions[i]
-				mark := ""
-				if v.ID == rec.Current {
-					mark = "*"
-				}
-				line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", mark, v.ID, v.SHA256[:12], humanBytes(v.Size), v.Created.Local().Format(time.DateTime))
-				if labels {
-					line += "\t" + v.Label
-				}
-				fmt.Fprintln(tw, line)
-			}
-			return tw.Flush()
+			return writeVersions(env.Stdout, rec)
 		},
 	}
+}
+
+// writeVersions is plover versions' table, newest first. A LABEL column
+// only for a model repository's functions (their version folders), a
+// TENANT column only where a token deployed a version (its name: whose
+// worker runs it under --worker-scope tenant): plover deploy's without an
+// auth file read as they always have.
+func writeVersions(w io.Writer, rec *api.Record) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	labels := slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.Label != "" })
+	tenants := slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.Tenant != "" })
+	head := "\tVERSION\tSHA256\tBUNDLE\tDEPLOYED"
+	if labels {
+		head += "\tLABEL"
+	}
+	if tenants {
+		head += "\tTENANT"
+	}
+	fmt.Fprintln(tw, head)
+	for i := len(rec.Versions) - 1; i >= 0; i-- {
+		v := rec.Versions[i]
+		mark := ""
+		if v.ID == rec.Current {
+			mark = "*"
+		}
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", mark, v.ID, v.SHA256[:12], humanBytes(v.Size), v.Created.Local().Format(time.DateTime))
+		if labels {
+			line += "\t" + v.Label
+		}
+		if tenants {
+			line += "\t" + v.Tenant
+		}
+		fmt.Fprintln(tw, line)
+	}
+	return tw.Flush()
 }
 
 func rollbackCmd() *command {

@@ -332,7 +332,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	var start call.Start
 	var load, sched time.Duration
 	t0 := time.Now()
-	inst, fresh, err := pool.take(context.Background(), deadline, nil)
+	inst, fresh, err := pool.takeRetrying(context.Background(), deadline, nil)
 	var r *device.Run
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
@@ -353,12 +353,13 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		wait, ended, err = pool.runOn(context.Background(), inst, r, time.Now(), deadline, nil)
 		sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
-		if err == nil || retried || !beforeRun(err) {
+		if err == nil || retried || !mayRunAgain(err) {
 			break
 		}
-		// The worker died while the instance was idle: the run reached no
-		// bundle code, so it goes once more on a fresh worker, as an
-		// unbatched request would.
+		// The worker died while the instance was idle (the run reached no
+		// bundle code), or with its tenant's shared worker by another
+		// function's fault: the run goes once more on a fresh worker, as
+		// an unbatched request would.
 		if inst, fresh, t0, err = pool.replace(context.Background(), inst, err, deadline, nil); inst == nil && err == nil {
 			err = errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
 		}

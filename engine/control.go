@@ -35,7 +35,15 @@ func (e *Engine) Control() *Control { return &Control{e} }
 // A bundle equal to the current version changes nothing (the info says
 // Unchanged) unless force is set.
 func (c *Control) Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error) {
-	return c.deploy(ctx, name, body, registry.PublishOptions{Force: force})
+	return c.DeployAs(ctx, name, "", body, force)
+}
+
+// DeployAs is Deploy by tenant, recorded with the version it makes
+// (api.Version.Tenant): the deploying token's name, "" without an auth
+// file. With tenant workers (plover serve --worker-scope tenant) the
+// version's programs share the tenant's worker processes.
+func (c *Control) DeployAs(ctx context.Context, name, tenant string, body io.Reader, force bool) (api.FunctionInfo, error) {
+	return c.deploy(ctx, name, body, registry.PublishOptions{Force: force, Tenant: tenant})
 }
 
 // DeployLabeled is Deploy recording label with the version it makes (a

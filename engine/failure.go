@@ -9,12 +9,22 @@ import (
 	"github.com/plover-run/plover/sched"
 )
 
-// beforeRun reports a run whose program was lost before the run reached
-// it (its worker gone). A function of its own so the errors.As target
-// escapes only on the error path: the hot path allocates nothing.
-func beforeRun(err error) bool {
+// mayRunAgain reports a run that may go once more on a fresh program: its
+// program was lost before the run reached it, or lost with a tenant's
+// shared worker by another program's fault (Collateral: the function did
+// nothing wrong and, being pure, may run again). A function of its own so
+// the errors.As target escapes only on the error path: the hot path
+// allocates nothing.
+func mayRunAgain(err error) bool {
 	l, ok := device.AsLoss(err)
-	return ok && l.RanNowhere()
+	return ok && (l.RanNowhere() || l.Collateral())
+}
+
+// collateral reports a loss of a tenant's shared worker by another
+// program's fault.
+func collateral(err error) bool {
+	l, ok := device.AsLoss(err)
+	return ok && l.Collateral()
 }
 
 // stoppedByServer reports a loss the server caused.
@@ -71,12 +81,19 @@ func (v *version) runFailed(p *placement, err error) error {
 
 // workerDied abandons the program of a worker that died (p is nil when it
 // died loading) and counts the death once, whatever number of requests
-// saw it. It returns the error for the request that saw it.
+// saw it. It returns the error for the request that saw it. A collateral
+// loss (its tenant's shared worker ended by another program) is logged but
+// not counted: back-off is for a function that crashes its own workers,
+// and must not fail the siblings of one that does.
 func (v *version) workerDied(p *placement, l device.Loss) error {
 	if p == nil || v.pool.abandon(p) {
-		backoff := v.pool.crashed(time.Now())
 		attrs := append([]any{"function", v.fn.name, "version", v.rec.ID}, l.LogAttrs()...)
-		v.lg.Error("worker died", append(attrs, "backoff", backoff)...)
+		if l.Collateral() {
+			v.lg.Warn("lost with its tenant's worker", append(attrs, "tenant", v.rec.Tenant)...)
+		} else {
+			backoff := v.pool.crashed(time.Now())
+			v.lg.Error("worker died", append(attrs, "backoff", backoff)...)
+		}
 	}
 	return errorf(errdefs.KindWorkerCrashed, l, "function %s: %s", v.fn.name, l.Error())
 }

@@ -107,7 +107,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	t0 := time.Now()
 	m := v.manifest
 	budget := v.constSize + int64(v.policy.max)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes)
-	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget, Output: v.fn.output()})
+	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget, Output: v.fn.output(), Tenant: v.rec.Tenant})
 	if err != nil {
 		var le *loader.Error
 		var ke *device.KernelError

@@ -28,6 +28,19 @@ func (p *pool) take(ctx context.Context, deadline time.Time, prefer device.Devic
 	return p.e.newInstance(lctx, p.v)
 }
 
+// takeRetrying is take, once more when the program was lost, as it loaded
+// or made the instance, with its tenant's shared worker by another
+// function's fault (Collateral): the load did nothing wrong, and the next
+// goes into a fresh worker. The loss is logged, not counted as a crash.
+func (p *pool) takeRetrying(ctx context.Context, deadline time.Time, prefer device.Device) (*instance, call.Start, error) {
+	in, fresh, err := p.take(ctx, deadline, prefer)
+	if err == nil || !collateral(err) {
+		return in, fresh, err
+	}
+	p.v.runFailed(nil, err) // a loss from the load not yet logged is, here
+	return p.take(ctx, deadline, prefer)
+}
+
 // job is what one request runs: the chain, its sizes and its graph key.
 type job struct {
 	steps          []device.Step
@@ -66,7 +79,7 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	if landed != nil {
 		prefer = landed.Device()
 	}
-	in, fresh, err := p.take(ctx, deadline, prefer)
+	in, fresh, err := p.takeRetrying(ctx, deadline, prefer)
 	if err != nil {
 		return false, v.runFailed(nil, err)
 	}
@@ -144,7 +157,8 @@ func overlaps(a, b []byte) bool {
 
 // runRetrying runs j for req on in, from tr (the clock before it), and once
 // more on a fresh instance if in's worker had died while it was idle (the
-// run reached no bundle code). It returns the instance that ran last with
+// run reached no bundle code) or was lost with its tenant's shared worker
+// by another function's fault (Collateral). It returns the instance that ran last with
 // its run and the clock at the run's end, for the caller to put back; a
 // nil run: it ran nowhere, and err is the request's (the instance is put
 // back already).
@@ -158,9 +172,10 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 				// server stopped (an earlier chain past its deadline, its
 				// memory limit, a message out of turn), fails here before
 				// anything ran: retried once below like a run refused for
-				// it. One the lookup itself crashed (a bundle's IFUNC
-				// resolver runs in it) is not.
-				if retried || !(beforeRun(err) || stoppedByServer(err)) {
+				// it. So is one lost with its tenant's shared worker
+				// (Collateral). One the lookup itself crashed (a bundle's
+				// IFUNC resolver runs in it) is not.
+				if retried || !(mayRunAgain(err) || stoppedByServer(err)) {
 					p.put(in, programLost(err), time.Now())
 					return nil, nil, time.Time{}, v.runFailed(in.dev, err)
 				}
@@ -177,7 +192,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 			var tEnd time.Time
 			wait, tEnd, err = p.runOn(ctx, in, r, tr, deadline, req.Gone)
 			req.Timing.Sched += wait
-			if err == nil || retried || !beforeRun(err) {
+			if err == nil || retried || !mayRunAgain(err) {
 				r.Input, r.Output, r.Slot = nil, nil, nil
 				return in, r, tEnd, err
 			}
@@ -200,7 +215,8 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 }
 
 // replace puts back in, whose worker had died while it was idle (err says
-// how: the run reached no bundle code), counts the death, and takes
+// how: the run reached no bundle code) or was lost with its tenant's
+// worker, counts the death (workerDied: not a collateral one), and takes
 // another instance for the run to go once more, reading the clock (now)
 // before it takes. With the version now backing off, or a failed take,
 // it returns the request's error; with deadline passed, no instance and

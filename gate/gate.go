@@ -197,6 +197,21 @@ func (g *Gate) Sees(authorization []byte) func(function string) bool {
 	return g.tokens.Lookup(tok).Covers
 }
 
+// Tenant is whose a deploy by the caller authorization carries makes the
+// version: its token's name (never the token), "" without tokens (every
+// function one tenant). A token gone since Admit (the auth file reloaded)
+// is refused, not taken for the empty tenant.
+func (g *Gate) Tenant(authorization []byte) (string, *Refusal) {
+	if g.tokens == nil {
+		return "", nil
+	}
+	p, r := g.principal(authorization)
+	if r != nil {
+		return "", r
+	}
+	return p.Name, nil
+}
+
 // InvokeCheck is ctx carrying the check a pipeline's deploy or rollback
 // makes of each function it names (pipedef.WithInvokeCheck): the caller's
 // token must have invoke on it, or a pipeline would run what its deployer

@@ -121,6 +121,13 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 			"Content-Type "+strconv.Quote(ct)+": a bundle is sent as "+bundle.MediaType+" (plover deploy DIR does this)")
 		return
 	}
+	// The version is the deploying token's (its name, the tenant whose
+	// worker runs it under --worker-scope tenant).
+	tenant, r := s.gate.Tenant(ctx.Request.Header.PeekBytes(hdrAuthorization))
+	if r != nil {
+		s.refuse(ctx, r)
+		return
+	}
 	// The bundle streams to a file as it arrives (Deploy spools it), so it
 	// takes no room in the body budget.
 	var body io.Reader
@@ -139,7 +146,7 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 	} else {
 		body = bytes.NewReader(ctx.Request.Body())
 	}
-	fi, err := s.adm.Deploy(s.invokeCheck(ctx), name, body, ctx.QueryArgs().GetBool("force"))
+	fi, err := s.adm.DeployAs(s.invokeCheck(ctx), name, tenant, body, ctx.QueryArgs().GetBool("force"))
 	if err != nil {
 		s.fail(ctx, err)
 		return

@@ -36,7 +36,9 @@ import (
 // Admin changes and describes what is deployed: the control plane
 // (engine.Control).
 type Admin interface {
-	Deploy(ctx context.Context, name string, body io.Reader, force bool) (api.FunctionInfo, error)
+	// DeployAs deploys name's bundle by tenant, the caller's token name
+	// ("" without tokens), recorded with the version.
+	DeployAs(ctx context.Context, name, tenant string, body io.Reader, force bool) (api.FunctionInfo, error)
 	Function(ctx context.Context, name string) (api.FunctionInfo, error)
 	Functions(ctx context.Context) ([]api.FunctionInfo, error)
 	Delete(ctx context.Context, name string, force bool) error

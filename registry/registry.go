@@ -241,12 +241,18 @@ type PublishOptions struct {
 	// function has no version yet (a model repository's lower version
 	// folder, deployed after a higher one).
 	Aside bool
+	// Tenant is recorded with the version (api.Version.Tenant: the
+	// deploying token's name, never the token). A bundle equal to the
+	// current version's is unchanged only for the same tenant: another
+	// token's deploy makes a version of its own, so that the function
+	// runs as the tenant who deployed it last.
+	Tenant string
 }
 
 // PublishWith is Publish with options; current reports whether the version
 // it returns is the function's current one.
 func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, o PublishOptions) (v api.Version, created, current bool, err error) {
-	name, force, label := m.Name, o.Force, o.Label
+	name, force, label, tenant := m.Name, o.Force, o.Label, o.Tenant
 
 	// Bundles are content-addressed, so an object already there is reused;
 	// one of the wrong size is damaged and is uploaded again. (Damage that
@@ -276,12 +282,12 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 		}
 		// After the object step, so that an unchanged deploy still
 		// repairs a missing or damaged bundle object.
-		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label {
+		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label && cv.Tenant == tenant {
 			unchanged = &cv
 			return nil, nil
 		}
 		unchanged = nil
-		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label}
+		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
 		if m.IsPipeline() {
 			v.Kind, v.Steps = m.Kind, m.Steps
 		}

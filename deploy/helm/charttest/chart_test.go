@@ -913,11 +913,32 @@ func TestRefusals(t *testing.T) {
 		{"sampler ratio above 1", tracingOn().set("tracing.samplerArg", "1.5"), "want a ratio from 0 to 1"},
 		{"sampler ratio not a number", tracingOn().set("tracing.sampler", "traceidratio").set("tracing.samplerArg", "ten percent"), "want a ratio from 0 to 1"},
 		{"headers Secret without a key", tracingOn().set("tracing.headersSecret.name", "otel").set("tracing.headersSecret.key", ""), "needs tracing.headersSecret.key"},
+		{"unknown worker scope", required().set("server.workerScope", "process"), `server.workerScope "process": want function or tenant`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if out := templateFails(t, c.v); !strings.Contains(out, c.want) {
 				t.Errorf("helm template failed without %q:\n%s", c.want, out)
+			}
+		})
+	}
+}
+
+// TestWorkerScope: server.workerScope tenant passes --worker-scope=tenant;
+// the default passes nothing (plover's own default), so an image older
+// than the flag still starts.
+func TestWorkerScope(t *testing.T) {
+	for _, c := range []struct {
+		scope, want string // want "": no flag
+	}{
+		{"function", ""},
+		{"tenant", "tenant"},
+	} {
+		t.Run(c.scope, func(t *testing.T) {
+			d := template(t, "plover", required().set("server.workerScope", c.scope)).deployments["plover"]
+			got, ok := flagValue(d.Spec.Template.Spec.Containers[0].Args, "worker-scope")
+			if got != c.want || ok != (c.want != "") {
+				t.Errorf("--worker-scope %q (present %v), want %q", got, ok, c.want)
 			}
 		})
 	}

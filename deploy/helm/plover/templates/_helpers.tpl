@@ -116,6 +116,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if lt (int (include "plover.terminationGracePeriodSeconds" .)) (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds)) }}
 {{- fail (printf "terminationGracePeriodSeconds %v is less than preStopSleepSeconds + server.graceSeconds (%d): pods would be killed mid-drain" .Values.terminationGracePeriodSeconds (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds))) }}
 {{- end }}
+{{- if not (has (toString .Values.server.workerScope) (list "function" "tenant")) }}
+{{- fail (printf "server.workerScope %q: want function or tenant" (toString .Values.server.workerScope)) }}
+{{- end }}
 {{- if not (has .Values.data.type (list "emptyDir" "ephemeral")) }}
 {{- fail (printf "data.type %q: want emptyDir or ephemeral" .Values.data.type) }}
 {{- end }}
@@ -260,6 +263,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $a = append $a (printf "--max-body=%d" (int .Values.server.maxBodyMiB)) }}
 {{- $a = append $a (printf "--log-format=%s" .Values.server.logFormat) }}
 {{- $a = append $a (printf "--log-level=%s" .Values.server.logLevel) }}
+{{- if ne (toString .Values.server.workerScope) "function" }}{{/* the default: an older image need not know the flag */}}
+{{- $a = append $a (printf "--worker-scope=%s" .Values.server.workerScope) }}
+{{- end }}
 {{- range (.Values.server.extraArgs | default list) }}
 {{- $a = append $a (toString .) }}
 {{- end }}

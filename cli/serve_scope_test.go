@@ -1,0 +1,90 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+)
+
+// --worker-scope takes function or tenant, and tenant only where there are
+// worker processes to share: refused, naming the flag, before the server
+// opens anything. (MPS, on only with a CUDA device, is refused where the
+// devices are known: isolate.)
+func TestServeWorkerScopeRefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown", []string{"--worker-scope", "process"}, `--worker-scope "process": want function or tenant`},
+		{"empty", []string{"--worker-scope", ""}, `--worker-scope "": want function or tenant`},
+		{"unknown without workers", []string{"--worker-scope", "tenants", "--isolation", "none"}, `--worker-scope "tenants"`},
+		{"tenant without workers", []string{"--worker-scope", "tenant", "--isolation", "none"}, "--worker-scope tenant: --isolation none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			args := append([]string{"serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0"}, tt.args...)
+			code := Main(args, &Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb})
+			if code != 2 || !strings.Contains(errb.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit 2 and %q", code, errb.String(), tt.want)
+			}
+		})
+	}
+}
+
+// The default keeps each function a worker of its own; tenant passes
+// where there are worker processes.
+func TestWorkerScopeDefault(t *testing.T) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	serveCmd().flags(fs)
+	if got := fs.Lookup("worker-scope"); got == nil || got.DefValue != "function" {
+		t.Fatalf("--worker-scope %+v, want the default function", got)
+	}
+	if err := checkWorkerScope(&serveFlags{workerScope: "tenant", isolation: "process"}); err != nil {
+		t.Fatalf("tenant with worker processes: %v", err)
+	}
+}
+
+// plover versions shows a TENANT column where a token deployed a version,
+// and none where none did (the table reads as before).
+func TestVersionsTenantColumn(t *testing.T) {
+	sha := strings.Repeat("ab", 32)
+	created := time.Date(2026, 11, 29, 6, 0, 0, 0, time.UTC) // whole minutes in any zone
+	tests := []struct {
+		name    string
+		tenants []string // oldest first
+		head    string
+		ends    []string // how each row ends, newest first
+	}{
+		{"no auth file", []string{"", ""}, "VERSION SHA256 BUNDLE DEPLOYED", nil},
+		{"tokens", []string{"", "acme"}, "VERSION SHA256 BUNDLE DEPLOYED TENANT", []string{"acme", ":00"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &api.Record{Name: "fn", Current: "v2"}
+			for i, tn := range tt.tenants {
+				rec.Versions = append(rec.Versions, api.Version{ID: fmt.Sprintf("v%d", i+1), SHA256: sha, Size: 10, Tenant: tn, Created: created})
+			}
+			var out bytes.Buffer
+			if err := writeVersions(&out, rec); err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
+			if len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != tt.head ||
+				!strings.HasPrefix(lines[1], "*  v2") || !strings.HasPrefix(strings.TrimSpace(lines[2]), "v1") {
+				t.Fatalf("table:\n%s", out.String())
+			}
+			for i, end := range tt.ends {
+				if !strings.HasSuffix(strings.TrimSpace(lines[i+1]), end) {
+					t.Fatalf("row %d does not end with %q:\n%s", i+1, end, out.String())
+				}
+			}
+		})
+	}
+}

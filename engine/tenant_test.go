@@ -1,0 +1,204 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// workerLoss is a worker's device.Loss as the worker layer reports it: a
+// crash of the program's own, or (collateral) its tenant's shared process
+// ended by another program.
+type workerLoss struct{ collateral bool }
+
+func (l workerLoss) Error() string {
+	return fmt.Sprintf("worker process 1 died (collateral %v)", l.collateral)
+}
+func (l workerLoss) RanNowhere() bool { return false }
+func (l workerLoss) ByServer() bool   { return false }
+func (l workerLoss) Collateral() bool { return l.collateral }
+func (l workerLoss) LogAttrs() []any  { return []any{"pid", 1} }
+
+// lossDevice is the host device whose loads, entry lookups or runs fail
+// with loss while its counts say so (-1: every one), as a worker process
+// would that dies under them. It records the tenants its loads name.
+type lossDevice struct {
+	device.Device
+	loss workerLoss
+
+	mu                     sync.Mutex
+	failLoads, failEntries int
+	failRuns               int
+	loads, entries, runs   int
+	tenants                []string
+}
+
+// fails counts one operation and reports whether it fails (n: how many
+// more of its kind fail).
+func (d *lossDevice) fails(n, count *int) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	*count++
+	if *n == 0 {
+		return false
+	}
+	if *n > 0 {
+		*n--
+	}
+	return true
+}
+
+type lossProgram struct {
+	device.Program
+	d *lossDevice
+}
+
+type lossInstance struct {
+	device.Instance
+	d *lossDevice
+}
+
+func (d *lossDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
+	d.mu.Lock()
+	d.tenants = append(d.tenants, spec.Tenant)
+	d.mu.Unlock()
+	if d.fails(&d.failLoads, &d.loads) {
+		return nil, d.loss
+	}
+	p, err := d.Device.Load(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &lossProgram{Program: p, d: d}, nil
+}
+
+func (p *lossProgram) Entry(kernel string) (int32, error) {
+	if p.d.fails(&p.d.failEntries, &p.d.entries) {
+		return 0, p.d.loss
+	}
+	return p.Program.Entry(kernel)
+}
+
+func (p *lossProgram) NewInstance(cfg device.InstanceConfig) (device.Instance, error) {
+	i, err := p.Program.NewInstance(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &lossInstance{Instance: i, d: p.d}, nil
+}
+
+func (i *lossInstance) Run(r *device.Run) error {
+	if i.d.fails(&i.d.failRuns, &i.d.runs) {
+		return i.d.loss
+	}
+	return i.Instance.Run(r)
+}
+
+// lossEngine is an engine over d with echo deployed by tenant acme, and the
+// engine's log.
+func lossEngine(t *testing.T, d *lossDevice) (*engine.Engine, *testkit.LogBuffer) {
+	t.Helper()
+	var logs testkit.LogBuffer
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Control().DeployAs(context.Background(), "echo", "acme", bytes.NewReader(b), false); err != nil {
+		t.Fatal(err)
+	}
+	return e, &logs
+}
+
+// A request whose program was lost with its tenant's shared worker by
+// another function (a collateral loss) goes once more on a fresh program,
+// whether the loss came in its run, in its override chain's lookup or in
+// the load its request made; once only. A crash of its own is not retried
+// (the control). The version's tenant reaches every load.
+func TestCollateralLossRunsOnceMore(t *testing.T) {
+	tests := []struct {
+		name                string
+		collateral          bool
+		loads, entries, run int // operations that fail
+		override            bool
+		wantErr             bool
+		wantLoads, wantRuns int
+		wantLog             string
+	}{
+		{"run", true, 0, 0, 1, false, false, 2, 2, "lost with its tenant's worker"},
+		{"run twice", true, 0, 0, 2, false, true, 2, 2, "lost with its tenant's worker"},
+		{"lookup", true, 0, 1, 0, true, false, 2, 1, "lost with its tenant's worker"},
+		{"load", true, 1, 0, 0, false, false, 2, 1, "lost with its tenant's worker"},
+		{"own crash", false, 0, 0, 1, false, true, 1, 1, "worker died"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &lossDevice{Device: device.NewHost(0), loss: workerLoss{tt.collateral}, failLoads: tt.loads, failEntries: tt.entries, failRuns: tt.run}
+			e, logs := lossEngine(t, d)
+			req := &call.Request{Input: []byte("x")}
+			if tt.override {
+				req.Override = &call.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}, OutBytes: 1, TmpBytes: -1}
+			}
+			err := e.Invoke(context.Background(), "echo", req)
+			switch {
+			case tt.wantErr && errdefs.KindOf(err) != errdefs.KindWorkerCrashed:
+				t.Fatalf("got %v, want the worker's crash", err)
+			case !tt.wantErr && (err != nil || req.Output[0] != 'x'):
+				t.Fatalf("got %v, output %q; want x", err, req.Output[:min(1, len(req.Output))])
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.loads != tt.wantLoads || d.runs != tt.wantRuns {
+				t.Fatalf("%d loads and %d runs, want %d and %d", d.loads, d.runs, tt.wantLoads, tt.wantRuns)
+			}
+			for _, tn := range d.tenants {
+				if tn != "acme" {
+					t.Fatalf("loads named tenants %q, want acme", d.tenants)
+				}
+			}
+			if !strings.Contains(logs.String(), tt.wantLog) {
+				t.Fatalf("log lacks %q:\n%s", tt.wantLog, logs)
+			}
+		})
+	}
+}
+
+// Collateral losses are not the function's crashes: however many, it does
+// not back off (its siblings' crashes must not fail it). Its own crashes
+// back it off as before (the control).
+func TestCollateralLossesDoNotBackOff(t *testing.T) {
+	for _, collateral := range []bool{true, false} {
+		t.Run(fmt.Sprintf("collateral=%v", collateral), func(t *testing.T) {
+			d := &lossDevice{Device: device.NewHost(0), loss: workerLoss{collateral}, failRuns: -1}
+			e, logs := lossEngine(t, d)
+			losses := func() int {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				return d.runs
+			}
+			for losses() < 5 {
+				if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("x")}); errdefs.KindOf(err) != errdefs.KindWorkerCrashed {
+					t.Fatalf("after %d losses: %v, want the worker's crash", losses(), err)
+				}
+			}
+			before := losses()
+			err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("x")})
+			backedOff := errdefs.KindOf(err) == errdefs.KindUnavailable && strings.Contains(err.Error(), "backing off")
+			if backedOff == collateral || backedOff != (losses() == before) {
+				t.Fatalf("after %d losses: %v (%d runs more); want backing off: %v\n%s", before, err, losses()-before, !collateral, logs)
+			}
+		})
+	}
+}
