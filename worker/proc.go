@@ -61,8 +61,9 @@ type proc struct {
 	runs atomic.Int32
 	// slots is the server's slots it maps, and those it pinned (pin.go).
 	slots slotMem
-	// tenant is set on a worker given to a tenant (Options.TenantScope):
-	// its programs, their ids and its blame at its death (tenant.go).
+	// tenant is set on every worker of a device in tenant scope, from its
+	// start: its tenant once given one, its programs and their ids
+	// (tenant.go).
 	tenant *tenancy
 	// killedBy is the program whose run or call the server killed the
 	// process for (past its deadline, a message it should not have sent).
@@ -211,6 +212,9 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 	}
 	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir}
+	if d.tenantScope() {
+		p.tenant = &tenancy{progs: map[uint32]*program{}}
+	}
 	d.mu.Lock()
 	closed := d.closed
 	d.procs[p] = struct{}{}
@@ -367,8 +371,7 @@ func (p *proc) output(l api.LogLine) {
 		d.outMu.Unlock()
 		return
 	}
-	if p.tenant != nil {
-		p.tenantOutput(l)
+	if p.tenant != nil && (p.tenantOutput(l) || p.reported.Load()) {
 		return
 	}
 	if o := p.out.Load(); o != nil {
@@ -597,6 +600,9 @@ func (p *proc) call(ctx context.Context, g *program, c wire.Control, fds []int, 
 		p.tenant.last.Store(g)
 	}
 	defer func() {
+		if p.tenant != nil && g != nil {
+			g.callEnded.Store(time.Now().UnixNano())
+		}
 		p.mu.Lock()
 		p.ctlBusy, p.callingProg = false, nil
 		gone := p.ctlGone

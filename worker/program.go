@@ -29,14 +29,17 @@ type program struct {
 	// In a tenant's worker (tenant.go): its output, its part of the
 	// process's memory limit (0: none) and CPU weight, its staged
 	// library's device and inode, its subdirectory of the stage, its runs
-	// in flight, and whether the process's death was its fault.
-	out      device.Output
-	memLimit int64
-	weight   float64
-	lib      [2]uint64
-	sub      string
-	runs     atomic.Int32
-	blamed   atomic.Bool
+	// in flight and when its last run and its last call ended (Unix ns), and
+	// whether the process's death was its fault.
+	out       device.Output
+	memLimit  int64
+	weight    float64
+	lib       [2]uint64
+	sub       string
+	runs      atomic.Int32
+	runEnded  atomic.Int64
+	callEnded atomic.Int64
+	blamed    atomic.Bool
 
 	mu      sync.Mutex
 	entries map[string]int32

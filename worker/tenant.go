@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
@@ -26,8 +27,12 @@ import (
 // crash and the others as collateral (ProcessExit.Shared): see blame.
 
 // tenancy is what a tenant's worker holds: its tenant's programs by id.
+// Every worker of a device in tenant scope has one from its start (its
+// output readers look at it), given to a tenant by placeTenant.
 type tenancy struct {
-	name string
+	// name is the tenant's once given (under the device's mu).
+	name  string
+	given bool
 	// last is the program whose run or call started last: the output of
 	// a moment when none is active is its (tenantOutput).
 	last atomic.Pointer[program]
@@ -89,7 +94,7 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 		t.starting = nil
 		close(w)
 		if err == nil {
-			p.tenant = &tenancy{name: spec.Tenant, progs: map[uint32]*program{}}
+			p.tenant.name, p.tenant.given = spec.Tenant, true
 			t.p, t.refs = p, 1
 		}
 		d.mu.Unlock()
@@ -100,7 +105,7 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 // admit refuses a program of another tenant than p's: a process never
 // serves two tenants.
 func (p *proc) admit(tenant string) error {
-	if p.tenant == nil || p.tenant.name != tenant {
+	if p.tenant == nil || !p.tenant.given || p.tenant.name != tenant {
 		return fmt.Errorf("worker %d: a program of tenant %q in a worker of another tenant: refused", p.pid, tenant)
 	}
 	return nil
@@ -179,14 +184,20 @@ func (p *proc) stageTenant(spec device.ProgramSpec, g *program) (string, error) 
 		return "", err
 	}
 	lib := filepath.Join(dir, spec.Manifest.Library)
+	var id [2]uint64
 	if fi, err := os.Stat(lib); err == nil {
 		st := fi.Sys().(*syscall.Stat_t)
-		g.lib = [2]uint64{st.Dev, st.Ino}
+		id = [2]uint64{st.Dev, st.Ino}
 	}
+	// Set and compared in one hold of mu: of two loads of one file at
+	// once, the second sees the first's.
 	p.mu.Lock()
 	shared := false
 	for _, o := range p.tenant.progs {
-		shared = shared || (o != g && o.lib == g.lib)
+		shared = shared || (o != g && o.lib == id)
+	}
+	if !shared {
+		g.lib = id
 	}
 	p.mu.Unlock()
 	if shared {
@@ -194,7 +205,6 @@ func (p *proc) stageTenant(spec device.ProgramSpec, g *program) (string, error) 
 		if err := fileutil.Copy(filepath.Join(spec.Dir, spec.Manifest.Library), lib); err != nil {
 			return "", fmt.Errorf("stage %s: %w", spec.Manifest.Library, err)
 		}
-		g.lib = [2]uint64{}
 	}
 	return sub, nil
 }
@@ -269,28 +279,40 @@ func (g *program) idleExit() error { return g.shares(g.p.idleExit()) }
 // siblingMark starts a line of a tenant's worker that was passed to a
 // program which may not have printed it: several programs were active
 // (each gets the line, so marked), or none was and it went to the one
-// active last.
+// active last (tenantOutput).
 const siblingMark = "[maybe another function's] "
 
+// outputGrace is how long after a run of a program ends a line read from
+// its tenant's worker still counts as possibly its: the server reads the
+// worker's pipes in the background, and a run's last lines, written
+// before its reply, are often read after it.
+const outputGrace = 50 * time.Millisecond
+
 // tenantOutput passes a line of a tenant's worker to the program whose run
-// or control call is in flight, unmarked when it is the only one; with
-// several in flight, to each with siblingMark. With none in flight (a
-// line of a thread the bundle made, or one read after its run returned),
-// to the program whose run or call started last, the likeliest to have
-// printed it: not to every program, which would spread one function's
-// chatter over all of its tenant's; marked if others are loaded.
-func (p *proc) tenantOutput(l api.LogLine) {
+// or control call is in flight, or whose run ended within outputGrace,
+// unmarked when it is the only one; with several, to each with
+// siblingMark. With none, to the program whose run or call started last,
+// the likeliest to have printed it (a load's constructors, read after the
+// load returned; a thread the bundle made), marked if others are loaded
+// and that run or call is not as recent: not to every program, which would
+// spread one function's chatter over all of its tenant's. The pipes do not
+// say who wrote: a sibling's thread that prints while one program alone
+// runs is attributed to that one. False when p has no program to give it
+// to (a standby's line).
+func (p *proc) tenantOutput(l api.LogLine) bool {
+	recent := l.Time.Add(-outputGrace).UnixNano()
 	p.mu.Lock()
 	var to []*program
 	for _, g := range p.tenant.progs {
-		if g.runs.Load() > 0 || p.callingProg == g {
+		if g.runs.Load() > 0 || p.callingProg == g || g.runEnded.Load() > recent {
 			to = append(to, g)
 		}
 	}
 	marked := len(to) > 1
 	if len(to) == 0 {
 		if g := p.tenant.last.Load(); g != nil && p.tenant.progs[g.id] == g {
-			to, marked = append(to, g), len(p.tenant.progs) > 1
+			to = append(to, g)
+			marked = len(p.tenant.progs) > 1 && g.callEnded.Load() <= recent
 		}
 	}
 	p.mu.Unlock()
@@ -302,4 +324,5 @@ func (p *proc) tenantOutput(l api.LogLine) {
 			o.Add(l)
 		}
 	}
+	return len(to) > 0
 }
