@@ -19,6 +19,7 @@ import (
 	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/internal/fakecuda"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // tenantDevice is a host worker device in tenant scope, no standby: each
@@ -443,4 +444,35 @@ func BenchmarkRoundTripTenant(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// A tenant's worker refuses a load under an id in use, and an unload or
+// an entry of an id it does not hold; the program it holds is unharmed.
+func TestTenantWorkerRefusesUnknownIDs(t *testing.T) {
+	d := tenantDevice(t)
+	m := testkit.Manifest("held")
+	p := loadFor(t, d, "t", "", m, nil)
+	g := p.(*program)
+	mj := []byte(`{"name":"x","abi":2,"target":"host","library":"kernels.so","max_input_bytes":1,"out_bytes":1,"chain":[{"kernel":"echo","grid":1,"block":1}]}`)
+	for _, tc := range []struct {
+		name string
+		c    wire.Control
+		want string
+	}{
+		{"a load under an id in use", wire.Control{Op: wire.OpLoad, Prog: g.id, Sub: g.sub, Manifest: mj}, "is loaded already"},
+		{"an unload of an unknown id", wire.Control{Op: wire.OpUnload, Prog: 99}, "no program 99"},
+		{"an entry of an unknown id", wire.Control{Op: wire.OpEntry, Prog: 99, Kernel: "echo"}, "no program 99"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, err := g.p.call(context.Background(), nil, tc.c, nil, "testing")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := wire.DecodeControlReply(tc.c.Op, raw)
+			if err != nil || rep.St == wire.StOK || !strings.Contains(rep.Text, tc.want) {
+				t.Fatalf("reply %+v (%v), want a refusal saying %q", rep, err, tc.want)
+			}
+		})
+	}
+	echoes(t, p, m)
 }
