@@ -55,8 +55,8 @@ type Config struct {
 type checker interface{ EnableChecks(reportFaults bool) error }
 
 // Serve is a worker process's life: contain itself, open its device, say it
-// is ready, then serve one program until the server closes the control
-// channel (exit 0). Any broken channel ends the process: the server reads
+// is ready, then serve its program (a tenant's worker: programs) until the
+// server closes the control channel (exit 0). Any broken channel ends the process: the server reads
 // it as a crash and starts another.
 func Serve(cfg Config) error {
 	// What the bundle prints reaches the server line by line (stdio.go).
