@@ -317,6 +317,10 @@ type ProcessStats struct {
 	RSSBytes int64 `json:"resident_bytes"`
 	PSSBytes int64 `json:"pss_bytes"` // proportional set size (shared pages divided among their users)
 	Threads  int   `json:"threads"`
+	// Programs is how many programs share the process (a tenant's
+	// worker: its figures are the whole process's, reported alike for
+	// each of them); 1 for a process of its own, 0: not known.
+	Programs int `json:"programs,omitempty"`
 }
 
 func checkRun(r *Run, maxIn, tmp, out int64, maxSteps int) error {

@@ -121,11 +121,19 @@ func procFields(path string, keys []string, out []int64) bool {
 }
 
 // Process reports the worker's pid and its last sampled resident memory,
-// threads and PSS (see statsEvery), and asks for the next sample.
+// threads and PSS (see statsEvery), and asks for the next sample. A
+// tenant's worker's are the process's, the same for each of its programs:
+// Programs says how many share them.
 func (g *program) Process() device.ProcessStats {
 	st := device.ProcessStats{PID: g.p.pid}
 	if !g.p.alive() {
 		return st
+	}
+	st.Programs = 1
+	if t := g.p.tenant; t != nil {
+		g.p.mu.Lock()
+		st.Programs = len(t.progs)
+		g.p.mu.Unlock()
 	}
 	g.p.asked.Store(true)
 	s := g.p.sample.Load()

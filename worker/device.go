@@ -80,7 +80,8 @@ type Options struct {
 	env []string
 }
 
-// Device runs each program in a worker process of its own. It implements
+// Device runs each program in a worker process of its own, or with
+// Options.TenantScope each tenant's programs in a worker of the tenant's. It implements
 // device.Device; memory is accounted from the sizes it hands out, since the
 // server itself allocates nothing on the device.
 type Device struct {
@@ -95,9 +96,10 @@ type Device struct {
 	stop    chan struct{}
 	once    sync.Once
 
-	mu     sync.Mutex
-	procs  map[*proc]struct{}
-	closed bool
+	mu      sync.Mutex
+	procs   map[*proc]struct{}
+	tenants map[string]*tenantSlot // TenantScope: each tenant's worker (tenant.go)
+	closed  bool
 
 	outMu sync.Mutex // Options.Output's lines, one at a time
 
@@ -127,7 +129,7 @@ func NewDevice(opts Options) *Device {
 	}
 	d := &Device{opts: opts, standby: make(chan *proc, opts.MaxStandby), refill: make(chan struct{}, 1),
 		started: make(chan standbyStart, standbyParallel), demand: &standbyDemand{min: opts.Standby, max: opts.MaxStandby},
-		stop: make(chan struct{}), procs: map[*proc]struct{}{}}
+		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}}
 	if opts.MaxStandby > 0 && !opts.MPS {
 		go d.keepStandby()
 		d.refill <- struct{}{}
@@ -298,6 +300,9 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w before the bundle was loaded", device.ErrDeadline)
 	}
+	if d.tenantScope() {
+		return d.loadShared(ctx, spec, mj, consts)
+	}
 	var p *proc
 	if d.opts.MPS {
 		p, err = d.spawn(ctx, Weight(spec.Manifest), mpsEnv(spec.Manifest.GPUShare, spec.MemoryBudget, d.opts.Ordinal)...)
@@ -312,21 +317,14 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	if spec.Output != nil {
 		p.out.Store(&output{spec.Output})
 	}
-	limit := d.opts.MaxHostMemory
-	if mb := spec.Manifest.MaxHostMemoryMB; mb > 0 {
-		limit = mb << 20
-	}
-	p.memLimit.Store(limit)
+	p.memLimit.Store(d.hostLimit(spec))
 	p.weigh(spec.Manifest)
 	if err := stage(spec, p.stage); err != nil {
 		p.kill("its bundle could not be staged")
 		return nil, err
 	}
-	raw, err := p.call(ctx, wire.Control{Op: wire.OpLoad, Manifest: mj}, nil, "loading the bundle")
-	var rep wire.Reply
-	if err == nil {
-		rep, err = wire.DecodeControlReply(wire.OpLoad, raw)
-	}
+	g := &program{d: d, p: p, id: 1, name: spec.Manifest.Name, consts: consts, entries: map[string]int32{}}
+	rep, err := g.load(ctx, mj)
 	if err != nil {
 		p.kill("its load failed")
 		return nil, err
@@ -337,7 +335,62 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	}
 	d.used.Add(consts)
 	p.reported.Store(true)
-	return &program{d: d, p: p, name: spec.Manifest.Name, consts: consts, entries: map[string]int32{}}, nil
+	return g, nil
+}
+
+// hostLimit is the resident memory a program's worker may hold (0: none).
+func (d *Device) hostLimit(spec device.ProgramSpec) int64 {
+	if mb := spec.Manifest.MaxHostMemoryMB; mb > 0 {
+		return mb << 20
+	}
+	return d.opts.MaxHostMemory
+}
+
+// load has g's worker load its bundle, staged in g.sub of its stage.
+func (g *program) load(ctx context.Context, mj []byte) (wire.Reply, error) {
+	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpLoad, Prog: g.id, Sub: g.sub, Manifest: mj}, nil, "loading the bundle")
+	var rep wire.Reply
+	if err == nil {
+		rep, err = wire.DecodeControlReply(wire.OpLoad, raw)
+	}
+	return rep, err
+}
+
+// loadShared loads spec's program into its tenant's worker (tenant.go),
+// taking one for the tenant if it has none. A program that fails to load
+// leaves the others there alone; a process whose load failed by its death
+// takes them along (their losses collateral).
+func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64) (device.Program, error) {
+	p, err := d.placeTenant(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	g := &program{d: d, p: p, name: spec.Manifest.Name, consts: consts, entries: map[string]int32{},
+		out: spec.Output, memLimit: d.hostLimit(spec), weight: Weight(spec.Manifest)}
+	p.addProgram(g)
+	fail := func(err error) (device.Program, error) {
+		p.removeProgram(g)
+		if d.releaseTenant(p) {
+			p.kill("its only program's load failed")
+		}
+		if g.sub != "" {
+			os.RemoveAll(filepath.Join(p.stage, g.sub))
+		}
+		return nil, err
+	}
+	if g.sub, err = p.stageTenant(spec, g); err != nil {
+		return fail(err)
+	}
+	rep, err := g.load(ctx, mj)
+	if err == nil && rep.St != wire.StOK {
+		err = wire.ErrorOf(rep.St, rep.Text)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	d.used.Add(consts)
+	p.reported.Store(true)
+	return g, nil
 }
 
 // stage links the bundle's library and constants into a worker's stage

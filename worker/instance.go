@@ -46,7 +46,7 @@ const overrunGrace = 200 * time.Millisecond
 // finish waits out an overrun chain: its reply is discarded. The run
 // leaves the device's count of runs in flight only now.
 func (i *instance) finish(done chan<- bool, held *poolSlot) {
-	defer i.g.p.runs.Add(-1) // last: after the worker is gone, if it goes
+	defer i.g.runEnd() // last: after the worker is gone, if it goes
 	defer i.g.d.running.Add(-1)
 	if held != nil {
 		// The chain may still read and write its slot until it ends or
@@ -60,7 +60,7 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 	}
 	// Late, faulted, or not a reply at all: the worker goes.
 	why := "a chain ran past its request's deadline by more than " + overrunGrace.String()
-	i.g.p.kill(why)
+	i.g.p.killFor(i.g, why)
 	i.g.p.end(why) // reaped while this run counts: its death was a run's
 	done <- false
 }
@@ -177,7 +177,7 @@ func (i *instance) Run(r *device.Run) error {
 	// loaded device needs its CPUs for the runs. The worker is told, so
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
-	i.g.p.runs.Add(1)
+	i.g.runStart()
 	if err := i.send(r, alone, id); err != nil {
 		return err
 	}
@@ -194,9 +194,9 @@ func (i *instance) Run(r *device.Run) error {
 	i.g.d.running.Add(-1)
 	// After any wait for the worker's end below: a run that saw it die
 	// counts until it is reaped.
-	defer i.g.p.runs.Add(-1)
+	defer i.g.runEnd()
 	if err != nil {
-		return i.g.p.failed(err, "running the chain")
+		return i.g.failed(err, "running the chain")
 	}
 	i.reply.Observe(time.Since(sent))
 	return i.answer(r, i.rep[:n], mem, copiedIn, copyIn)
@@ -223,14 +223,14 @@ func (i *instance) settle(dl time.Time) error {
 		case ok := <-i.overrun:
 			i.overrun = nil
 			if !ok {
-				return i.g.p.idleExit()
+				return i.g.idleExit()
 			}
 		case <-deadlineC(dl):
 			return errRunDeadline
 		}
 	}
 	if !i.g.p.alive() {
-		return i.g.p.idleExit()
+		return i.g.idleExit()
 	}
 	return nil
 }
@@ -271,13 +271,13 @@ func (i *instance) send(r *device.Run, alone bool, id uint32) error {
 		return nil
 	}
 	i.g.d.running.Add(-1)
-	i.g.p.runs.Add(-1) // it never reached the worker
+	i.g.runEnd() // it never reached the worker
 	if err == unix.EAGAIN {
-		i.g.p.kill("it filled its instance channel")
-		return i.g.p.failed(err, "running the chain")
+		i.g.p.killFor(i.g, "it filled its instance channel")
+		return i.g.failed(err, "running the chain")
 	}
 	// The worker's end is gone: the request never reached it.
-	return i.g.p.idleExit()
+	return i.g.idleExit()
 }
 
 // overran leaves a run that passed its deadline to finish: the chain
@@ -299,9 +299,9 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 	st, outLen, text, err := wire.DecodeReply(rep, r, i.seq)
 	if err != nil {
 		if turn := (*wire.TurnError)(nil); errors.As(err, &turn) {
-			i.g.p.kill(fmt.Sprintf("it answered out of turn (%v)", turn))
+			i.g.p.killFor(i.g, fmt.Sprintf("it answered out of turn (%v)", turn))
 		}
-		return i.g.p.lost("running the chain")
+		return i.g.lost("running the chain")
 	}
 	r.Timing.Copied += copiedIn
 	r.Timing.CopyIn += copyIn
@@ -309,8 +309,8 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
 		if outLen > uint64(len(r.Output)) {
-			i.g.p.kill(fmt.Sprintf("it reported %d output bytes of %d", outLen, len(r.Output)))
-			return i.g.p.lost("running the chain")
+			i.g.p.killFor(i.g, fmt.Sprintf("it reported %d output bytes of %d", outLen, len(r.Output)))
+			return i.g.lost("running the chain")
 		}
 		out := mem[i.maxIn : i.maxIn+int64(outLen)]
 		if outLen > 0 && &r.Output[0] != &out[0] {
@@ -322,9 +322,27 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 		return nil
 	case wire.StFault:
 		ke := &device.KernelError{Msg: text}
-		return &faultError{ke: ke, exit: i.g.p.lost("running the chain")}
+		return &faultError{ke: ke, exit: i.g.lost("running the chain")}
 	}
 	return wire.ErrorOf(st, text)
+}
+
+// runStart and runEnd count a run in flight on g's worker, and in a
+// tenant's worker on g (for blame and tenantOutput).
+func (g *program) runStart() {
+	g.p.runs.Add(1)
+	if t := g.p.tenant; t != nil {
+		g.runs.Add(1)
+		t.last.Store(g)
+	}
+}
+
+func (g *program) runEnd() {
+	if g.p.tenant != nil {
+		g.runEnded.Store(time.Now().UnixNano())
+		g.runs.Add(-1)
+	}
+	g.p.runs.Add(-1)
 }
 
 // faultError is a chain that faulted the worker's device context for good:

@@ -61,6 +61,16 @@ type proc struct {
 	runs atomic.Int32
 	// slots is the server's slots it maps, and those it pinned (pin.go).
 	slots slotMem
+	// tenant is set on every worker of a device in tenant scope, from its
+	// start: its tenant once given one, its programs and their ids
+	// (tenant.go).
+	tenant *tenancy
+	// killedBy is the program whose run or call the server killed the
+	// process for (past its deadline, a message it should not have sent).
+	killedBy atomic.Pointer[program]
+	// fatal is the program a tenant's worker named as it died of a fatal
+	// signal (wire.FatalMark), 0: none.
+	fatal atomic.Uint32
 
 	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.
@@ -74,8 +84,10 @@ type proc struct {
 	// cgroup is its CPU group (CPUGroups.Place), removed once it is reaped.
 	cgroup *Group
 	stage  string // removed when the process is gone
-	// calling is what the control call on the channel does (ctlBusy).
-	calling string
+	// calling is what the control call on the channel does (ctlBusy),
+	// and for which program (nil: none).
+	calling     string
+	callingProg *program
 	// during is what it was doing when it ended ("running the chain",
 	// a control call's, "idle"): set before done is closed.
 	during string
@@ -163,6 +175,9 @@ func (d *Device) workerCommand(ctl, stage *os.File, env []string) *exec.Cmd {
 	if d.opts.Checked {
 		args = append(args, "--checked")
 	}
+	if d.tenantScope() {
+		args = append(args, "--tenant")
+	}
 	cmd := exec.Command(d.opts.Exe, args...)
 	// Nothing of the server's environment: no credentials, no settings.
 	cmd.Env = append(append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, deviceSelection()...), d.opts.env...), env...)
@@ -197,6 +212,9 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 	}
 	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir}
+	if d.tenantScope() {
+		p.tenant = &tenancy{progs: map[uint32]*program{}}
+	}
 	d.mu.Lock()
 	closed := d.closed
 	d.procs[p] = struct{}{}
@@ -324,6 +342,10 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		if stream == "stderr" && strings.HasPrefix(text, device.FaultMark) {
 			p.fault.Store(&text) // the last: the handler's, written as the process dies
 		}
+		if _, id, ok := wire.ParseFatal(text); ok && stream == "stderr" && p.tenant != nil {
+			p.fatal.Store(id) // the server's machinery, not the function's output
+			continue
+		}
 		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		if err != nil {
 			return
@@ -347,6 +369,9 @@ func (p *proc) output(l api.LogLine) {
 		d.outMu.Lock()
 		fmt.Fprintf(w, "%s | %s%s\n", l.Stream, l.Line, more)
 		d.outMu.Unlock()
+		return
+	}
+	if p.tenant != nil && (p.tenantOutput(l) || p.reported.Load()) {
 		return
 	}
 	if o := p.out.Load(); o != nil {
@@ -412,6 +437,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
 	}
+	p.blame(faultDeath(cmd.ProcessState))
 	p.mu.Lock()
 	p.ctlGone = true
 	busy := p.ctlBusy
@@ -525,19 +551,29 @@ func (p *proc) end(why string) {
 	}
 }
 
-// failed turns a channel error into the run's error.
-func (p *proc) failed(err error, during string) error {
+// failed turns a channel error of g's run or call into its error: past
+// its deadline the server kills the process, for g (nil: none).
+func (p *proc) failed(g *program, err error, during string) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		p.kill("the request's deadline passed while " + during)
+		p.killFor(g, "the request's deadline passed while "+during)
 		return fmt.Errorf("%w while %s", device.ErrDeadline, during)
 	}
 	return p.lost(during)
 }
 
+// killFor is kill for g's run or call (nil: none): in a tenant's worker
+// the others it ends are collateral (tenant.go).
+func (p *proc) killFor(g *program, why string) {
+	if g != nil {
+		p.killedBy.CompareAndSwap(nil, g)
+	}
+	p.kill(why)
+}
+
 // call sends one control message (with descriptors) and returns the reply,
 // within ctx's deadline; past it the worker is killed. The reply is read
 // with wire.DecodeControlReply: it is never empty.
-func (p *proc) call(ctx context.Context, c wire.Control, fds []int, during string) ([]byte, error) {
+func (p *proc) call(ctx context.Context, g *program, c wire.Control, fds []int, during string) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok { // a pre-warm, say: still bounded
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, maxControlWait)
@@ -555,14 +591,20 @@ func (p *proc) call(ctx context.Context, c wire.Control, fds []int, during strin
 	defer func() { <-p.ctlTok }()
 	p.mu.Lock()
 	gone := p.ctlGone
-	p.ctlBusy, p.calling = !gone, during
+	p.ctlBusy, p.calling, p.callingProg = !gone, during, g
 	p.mu.Unlock()
 	if gone {
-		return nil, p.lost(during)
+		return nil, g.lost(during)
+	}
+	if p.tenant != nil && g != nil {
+		p.tenant.last.Store(g)
 	}
 	defer func() {
+		if p.tenant != nil && g != nil {
+			g.callEnded.Store(time.Now().UnixNano())
+		}
 		p.mu.Lock()
-		p.ctlBusy = false
+		p.ctlBusy, p.callingProg = false, nil
 		gone := p.ctlGone
 		p.mu.Unlock()
 		if gone {
@@ -574,7 +616,7 @@ func (p *proc) call(ctx context.Context, c wire.Control, fds []int, during strin
 	// the last one), which this call would read as its own reply.
 	if p.pending() {
 		p.kill("it wrote to its control channel out of turn")
-		return nil, p.lost(during)
+		return nil, g.lost(during)
 	}
 	dl, _ := ctx.Deadline()
 	p.ctl.SetDeadline(dl)
@@ -585,14 +627,14 @@ func (p *proc) call(ctx context.Context, c wire.Control, fds []int, during strin
 		oob = unix.UnixRights(fds...)
 	}
 	if _, _, err := p.ctl.WriteMsgUnix(wire.AppendControl(nil, c), oob, nil); err != nil {
-		return nil, p.failed(err, during)
+		return nil, g.failed(err, during)
 	}
 	n, err := p.ctl.Read(p.buf)
 	if err != nil {
-		return nil, p.failed(err, during)
+		return nil, g.failed(err, during)
 	}
 	if n == 0 {
-		return nil, p.lost(during)
+		return nil, g.lost(during)
 	}
 	return append([]byte(nil), p.buf[:n]...), nil
 }
@@ -630,6 +672,16 @@ const instanceGrace = 2 * time.Second
 
 // maxControlWait bounds a control call whose context has no deadline.
 const maxControlWait = time.Minute
+
+// faultDeath reports a process killed by a signal (a fatal signal's
+// line, wire.FatalMark, is believed only then).
+func faultDeath(ps *os.ProcessState) bool {
+	if ps == nil {
+		return false
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
+}
 
 // faultSignal reports a process killed by SIGSEGV or SIGBUS, the signals
 // checked mode's handler reports before it lets them kill the process.

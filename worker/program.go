@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +21,25 @@ import (
 type program struct {
 	d      *Device
 	p      *proc
+	id     uint32 // the worker's for it (wire.OpLoad): 1 in a function's worker
 	name   string // the function's, for the log
 	consts int64
 	closed atomic.Bool
+
+	// In a tenant's worker (tenant.go): its output, its part of the
+	// process's memory limit (0: none) and CPU weight, its staged
+	// library's device and inode, its subdirectory of the stage, its runs
+	// in flight and when its last run and its last call ended (Unix ns), and
+	// whether the process's death was its fault.
+	out       device.Output
+	memLimit  int64
+	weight    float64
+	lib       [2]uint64
+	sub       string
+	runs      atomic.Int32
+	runEnded  atomic.Int64
+	callEnded atomic.Int64
+	blamed    atomic.Bool
 
 	mu      sync.Mutex
 	entries map[string]int32
@@ -55,7 +73,9 @@ func (g *program) death() *ProcessExit {
 	if g.closed.Load() || g.d.stopping() {
 		return nil
 	}
-	return g.p.exit(g.p.during)
+	e := g.p.exit(g.p.during)
+	e.Shared = g.collateral()
+	return e
 }
 
 func (g *program) ConstantsBytes() int64 { return g.consts }
@@ -69,7 +89,7 @@ func (g *program) Entry(kernel string) (int32, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	raw, err := g.p.call(ctx, wire.Control{Op: wire.OpEntry, Kernel: kernel}, nil, "resolving an entry point")
+	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpEntry, Prog: g.id, Kernel: kernel}, nil, "resolving an entry point")
 	if err != nil {
 		return 0, err
 	}
@@ -101,7 +121,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 		unix.Munmap(slot)
 		return nil, fmt.Errorf("instance channel: %w", err)
 	}
-	msg := wire.Control{Op: wire.OpNewInstance, MaxIn: cfg.MaxInput, Tmp: cfg.Tmp, Out: cfg.Out}
+	msg := wire.Control{Op: wire.OpNewInstance, Prog: g.id, MaxIn: cfg.MaxInput, Tmp: cfg.Tmp, Out: cfg.Out}
 	// The bundle's plover_instance_init runs in there: bounded by the
 	// request's deadline plus a grace (a creation merely slowed by load
 	// must not cost the worker, which serves other instances), then the
@@ -113,7 +133,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
 	g.p.mapSlot(int64(len(slot)))
-	raw, err := g.p.call(ctx, msg, []int{memfd, fds[1]}, "creating an instance")
+	raw, err := g.p.call(ctx, g, msg, []int{memfd, fds[1]}, "creating an instance")
 	if err != nil && ctx.Err() != nil && !errors.Is(err, device.ErrDeadline) {
 		err = fmt.Errorf("%w: %v", device.ErrDeadline, err)
 	}
@@ -125,7 +145,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	switch {
 	case err != nil:
 	case rep.St == wire.StFault: // plover_instance_init faulted the device: the worker goes
-		err = &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.p.lost("creating an instance")}
+		err = &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.lost("creating an instance")}
 	case rep.St != wire.StOK:
 		err = wire.ErrorOf(rep.St, rep.Text)
 	}
@@ -167,9 +187,14 @@ func newSlot(size int64) (int, []byte, error) {
 	return memfd, slot, nil
 }
 
-// Close stops the worker: whatever the bundle started goes with it.
+// Close stops the worker: whatever the bundle started goes with it. In a
+// tenant's worker it unloads the program alone (closeShared).
 func (g *program) Close() error {
 	if !g.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if g.p.tenant != nil {
+		g.closeShared()
 		return nil
 	}
 	// What it still prints is no longer the function's: a deleted
@@ -179,4 +204,35 @@ func (g *program) Close() error {
 	g.closeSlots()
 	g.d.used.Add(-g.consts)
 	return nil
+}
+
+// closeShared unloads g from its tenant's worker: its slots and its
+// ledger are freed here, the worker closes it once its instances are gone
+// (the caller closed them first), and the process ends only when its last
+// program is gone, by a kill as a function's worker's: whatever the
+// bundles started goes with it.
+func (g *program) closeShared() {
+	g.closeSlots()
+	g.d.used.Add(-g.consts)
+	g.p.removeProgram(g)
+	if g.d.releaseTenant(g.p) {
+		g.p.kill("its last program was unloaded")
+		return
+	}
+	if g.p.alive() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpUnload, Prog: g.id}, nil, "unloading a program")
+		var rep wire.Reply
+		if err == nil {
+			rep, err = wire.DecodeControlReply(wire.OpUnload, raw)
+		}
+		if err == nil && rep.St != wire.StOK {
+			err = wire.ErrorOf(rep.St, rep.Text)
+		}
+		if err != nil {
+			g.d.opts.Log.Warn("a tenant's worker did not unload a program", "function", g.name, "pid", g.p.pid, "error", err)
+		}
+	}
+	os.RemoveAll(filepath.Join(g.p.stage, g.sub))
 }

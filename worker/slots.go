@@ -153,7 +153,7 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	g.p.mapSlot(maxIn + out)
-	raw, err := g.p.call(ctx, wire.Control{Op: wire.OpSlot, Size: maxIn + out}, []int{memfd}, "adding a slot")
+	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpSlot, Size: maxIn + out}, []int{memfd}, "adding a slot")
 	var rep wire.Reply
 	if err == nil {
 		var bad error

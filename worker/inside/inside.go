@@ -1,7 +1,8 @@
 // Package inside is a worker process's side of the worker protocol
 // (package worker/wire): `plover worker` and plover-worker contain
-// themselves, open their one device, and serve one program's loads,
-// instances and runs to the server that started them (package worker).
+// themselves, open their one device, and serve one program's (a tenant's
+// worker: several programs') loads, instances and runs to the server that
+// started them (package worker).
 package inside
 
 import (
@@ -14,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -41,14 +43,20 @@ type Config struct {
 	Checked   bool              // host device: checked mode (device.Host.EnableChecks)
 	Subreaper bool              // keep what the bundle starts under the worker (contain.Subreaper)
 	PIDNS     bool              // started in a PID namespace of its own (contain.PIDNamespace)
+	// Tenant: a tenant's worker (worker.Options.TenantScope), which may
+	// hold several programs: a fatal signal names the program whose run
+	// or call took it (fatal_linux.go), which costs each run two cgo calls
+	// and a goroutine locked to its thread. Unset, the worker holds one
+	// program and runs exactly as before.
+	Tenant bool
 }
 
 // checker is a device with a checked mode (the host).
 type checker interface{ EnableChecks(reportFaults bool) error }
 
 // Serve is a worker process's life: contain itself, open its device, say it
-// is ready, then serve one program until the server closes the control
-// channel (exit 0). Any broken channel ends the process: the server reads
+// is ready, then serve its program (a tenant's worker: programs) until the
+// server closes the control channel (exit 0). Any broken channel ends the process: the server reads
 // it as a crash and starts another.
 func Serve(cfg Config) error {
 	// What the bundle prints reaches the server line by line (stdio.go).
@@ -72,6 +80,15 @@ func Serve(cfg Config) error {
 	}
 	if err := defaultFatalSignals(); err != nil {
 		return fmt.Errorf("worker: signals: %w", err)
+	}
+	if cfg.Tenant {
+		// After defaultFatalSignals, whose SIG_DFL the handler restores
+		// before it re-raises; the control loop's thread carries the
+		// program of each call (a constructor that crashes, say).
+		if err := installFatalHandler(); err != nil {
+			return fmt.Errorf("worker: signals: %w", err)
+		}
+		runtime.LockOSThread()
 	}
 	log := slog.New(slog.DiscardHandler)
 	dev, err := device.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, log)
@@ -101,7 +118,7 @@ func Serve(cfg Config) error {
 		}
 		landlocked = applied
 	}
-	w := &server{cfg: cfg, dev: dev, buf: make([]byte, wire.CtlMax), oob: make([]byte, unix.CmsgSpace(4*4))}
+	w := &server{cfg: cfg, dev: dev, buf: make([]byte, wire.CtlMax), oob: make([]byte, unix.CmsgSpace(4*4)), progs: map[uint32]*loaded{}}
 	msg := wire.AppendReady(nil, wire.Ready{PID: uint32(os.Getpid()), Landlocked: landlocked})
 	if err := unix.Sendmsg(wire.CtlFD, msg, nil, nil, 0); err != nil {
 		return fmt.Errorf("worker: ready: %w", err)
@@ -118,7 +135,9 @@ func Serve(cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
+		w.marking(w.buf[:n])
 		op, rep := w.handle(w.buf[:n], fds)
+		w.marking(nil)
 		w.out = wire.AppendControlReply(w.out[:0], op, rep)
 		if err := unix.Sendmsg(wire.CtlFD, w.out, nil, nil, 0); err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
@@ -134,9 +153,57 @@ func Serve(cfg Config) error {
 type server struct {
 	cfg      Config
 	dev      device.Device
-	prog     device.Program
 	buf, oob []byte
 	out      []byte // the reply being sent
+
+	// progs is the programs loaded, by the server's ids: one in a
+	// function's worker, a tenant's several. Read by instances'
+	// goroutines as they end (loaded.release).
+	mu    sync.Mutex
+	progs map[uint32]*loaded
+}
+
+// loaded is a program in the worker. It is closed once it is unloaded and
+// its last instance is gone, whichever comes last: the server closes a
+// program's instances' channels before it unloads it, but an instance
+// still reading its channel's end (or one the server closes later) must
+// not find its program closed under it.
+type loaded struct {
+	prog device.Program
+	refs int // 1 while loaded, plus its live instances
+}
+
+// program is the loaded program id names, or nil.
+func (w *server) program(id uint32) *loaded {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.progs[id]
+}
+
+// release drops one of l's references, and closes it with the last.
+func (w *server) release(l *loaded) {
+	w.mu.Lock()
+	l.refs--
+	last := l.refs == 0
+	w.mu.Unlock()
+	if last {
+		l.prog.Close()
+	}
+}
+
+// marking tells the fatal-signal handler which program the control call
+// of message b is about (nil: none), in a tenant's worker.
+func (w *server) marking(b []byte) {
+	if !w.cfg.Tenant {
+		return
+	}
+	id := uint32(0)
+	if len(b) > 0 {
+		if c, err := wire.DecodeControl(b); err == nil {
+			id = c.Prog
+		}
+	}
+	setProgram(id)
 }
 
 func rights(oob []byte) ([]int, error) {
@@ -177,19 +244,26 @@ func (w *server) handle(b []byte, fds []int) (byte, wire.Reply) {
 		}
 	}
 	c, err := wire.DecodeControl(b)
+	var l *loaded
+	if err == nil && c.Op != wire.OpLoad {
+		l = w.program(c.Prog)
+	}
 	switch c.Op {
 	case wire.OpLoad:
 		closeAll()
-		if w.prog != nil {
-			return c.Op, failed("load: once per worker")
+		if err != nil {
+			return c.Op, failed("load: want a program id, a stage subdirectory and a manifest")
 		}
-		return c.Op, w.load(c.Manifest)
+		return c.Op, w.load(c)
+	case wire.OpUnload:
+		closeAll()
+		return c.Op, w.unload(c.Prog, err)
 	case wire.OpEntry:
 		closeAll()
-		if w.prog == nil {
-			return c.Op, failed("entry: nothing loaded")
+		if l == nil {
+			return c.Op, failed(fmt.Sprintf("entry: no program %d", c.Prog))
 		}
-		i, err := w.prog.Entry(c.Kernel)
+		i, err := l.prog.Entry(c.Kernel)
 		rep := statusReply(err)
 		rep.Index = i
 		return c.Op, rep
@@ -200,36 +274,70 @@ func (w *server) handle(b []byte, fds []int) (byte, wire.Reply) {
 		}
 		return c.Op, w.addSlot(c.Size, fds[0])
 	case wire.OpNewInstance:
-		if len(fds) != 2 || err != nil || w.prog == nil {
+		if len(fds) != 2 || err != nil || l == nil {
 			closeAll()
-			return c.Op, failed("new instance: want sizes, a memfd and a socket after a load")
+			return c.Op, failed("new instance: want a loaded program's id, sizes, a memfd and a socket")
 		}
-		return c.Op, w.newInstance(c.MaxIn, c.Tmp, c.Out, fds[0], fds[1])
+		return c.Op, w.newInstance(c.Prog, l, c.MaxIn, c.Tmp, c.Out, fds[0], fds[1])
 	}
 	closeAll()
 	return c.Op, failed(err.Error()) // empty, or an unknown operation
+}
+
+// unload closes program id once its instances are gone (loaded); an id
+// not loaded is refused.
+func (w *server) unload(id uint32, err error) wire.Reply {
+	if err != nil {
+		return failed("unload: want a program id")
+	}
+	w.mu.Lock()
+	l := w.progs[id]
+	delete(w.progs, id)
+	w.mu.Unlock()
+	if l == nil {
+		return failed(fmt.Sprintf("unload: no program %d", id))
+	}
+	w.release(l)
+	return wire.Reply{St: wire.StOK}
 }
 
 // stageDir names the stage through the worker's descriptor, so the worker
 // needs no right to the path it has on the server's side.
 var stageDir = "/proc/self/fd/" + strconv.Itoa(wire.StageFD)
 
-// load loads the bundle the server linked into the stage: the library's
-// constructors run here, inside the restrictions.
-func (w *server) load(b []byte) wire.Reply {
+// load loads the bundle the server linked into the stage (c.Sub of it):
+// the library's constructors run here, inside the restrictions. An id in
+// use, or a second program in a function's worker, is refused.
+func (w *server) load(c wire.Control) wire.Reply {
+	w.mu.Lock()
+	_, taken := w.progs[c.Prog]
+	n := len(w.progs)
+	w.mu.Unlock()
+	switch {
+	case taken:
+		return failed(fmt.Sprintf("load: program %d is loaded already", c.Prog))
+	case n > 0 && !w.cfg.Tenant:
+		return failed("load: once per worker")
+	}
 	var m abi.Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
+	if err := json.Unmarshal(c.Manifest, &m); err != nil {
 		return failed("load: manifest: " + err.Error())
 	}
-	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: stageDir, Manifest: &m})
+	dir := stageDir
+	if c.Sub != "" {
+		dir = stageDir + "/" + c.Sub
+	}
+	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: &m})
 	if err != nil {
 		return statusReply(err)
 	}
-	w.prog = prog
+	w.mu.Lock()
+	w.progs[c.Prog] = &loaded{prog: prog, refs: 1}
+	w.mu.Unlock()
 	return wire.Reply{St: wire.StOK}
 }
 
-func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) wire.Reply {
+func (w *server) newInstance(id uint32, l *loaded, maxIn, tmp, out int64, memfd, sock int) wire.Reply {
 	fail := func(err error) wire.Reply {
 		unix.Close(memfd)
 		unix.Close(sock)
@@ -243,7 +351,7 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) wire.Reply 
 		return fail(fmt.Errorf("new instance: map the slot: %w", err))
 	}
 	unix.Close(memfd) // the mapping keeps the memory
-	inst, err := w.prog.NewInstance(device.InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: slot})
+	inst, err := l.prog.NewInstance(device.InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: slot})
 	if err != nil {
 		unix.Munmap(slot)
 		unix.Close(sock)
@@ -258,7 +366,17 @@ func (w *server) newInstance(maxIn, tmp, out int64, memfd, sock int) wire.Reply 
 		pin = pinOf(instancePin(inst))
 	}
 	own.inPlace = pin.State != wire.PinRefused
-	go serveInstance(sock, own, inst, maxIn, out)
+	w.mu.Lock()
+	l.refs++ // the control loop alone unloads: l is still loaded
+	w.mu.Unlock()
+	mark := uint32(0)
+	if w.cfg.Tenant {
+		mark = id
+	}
+	go func() {
+		serveInstance(sock, own, inst, maxIn, out, mark)
+		w.release(l)
+	}()
 	return wire.Reply{St: wire.StOK, Pin: pin}
 }
 
@@ -350,8 +468,15 @@ func (w *server) addSlot(size int64, memfd int) wire.Reply {
 // server closes it. A channel that breaks otherwise (the bundle closed it,
 // say) ends the worker. Not locked to an OS thread: a run is one cgo call
 // that makes its device context current itself, and a locked thread cost
-// two scheduler hand-offs per request (measured with perf).
-func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64) {
+// two scheduler hand-offs per request (measured with perf). Except in a
+// tenant's worker (mark, the program's id, not 0): there each run tells the
+// fatal-signal handler its program through a thread-local variable, which
+// only a goroutine that stays on its thread can set for its cgo calls.
+func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64, mark uint32) {
+	if mark != 0 {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	msg := make([]byte, wire.RunMsgMax+1)
 	rep := make([]byte, wire.ReplyMax)
 	steps := make([]device.Step, abi.MaxChainLength)
@@ -397,7 +522,13 @@ func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64
 			// The slot is this run's alone until the reply: the device
 			// works on it where it is, if it can.
 			r.InPlace = mem.inPlace
+			if mark != 0 {
+				setProgram(mark)
+			}
 			st, text = wire.StatusOf(inst.Run(&r))
+			if mark != 0 {
+				setProgram(0)
+			}
 		}
 		running.Add(-1)
 		rep = wire.EncodeReply(rep, st, &r, wire.RunSeq(msg[:n]), text)
@@ -472,6 +603,7 @@ func BindFlags(fs *flag.FlagSet, cfg *Config) (resolve func() error) {
 	fs.StringVar(&user, "user", "", "run as UID:GID")
 	fs.BoolVar(&cfg.Landlock, "landlock", false, "restrict the filesystem to the stage and system libraries")
 	fs.BoolVar(&cfg.Checked, "checked", false, "host device: catch accesses past in, tmp and out (checked mode)")
+	fs.BoolVar(&cfg.Tenant, "tenant", false, "a tenant's worker: holds several programs, and a fatal signal names the program it took")
 	fs.BoolVar(&cfg.PIDNS, "pid-namespace", false, "started in a PID namespace of its own (its /proc is mounted before Go starts: package contain)")
 	fs.BoolVar(&cfg.Subreaper, "subreaper", false, "keep what the bundle starts under this process (a child subreaper), for the server to end")
 	// Only read in /proc/PID/cmdline: a later server ends what this one

@@ -3,41 +3,62 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // The control messages, server → worker on the control channel, one call
 // at a time, each answered in order by a Reply: [op] then the
-// operation's fields.
+// operation's fields. A worker holds programs by the ids the server gives
+// them in OpLoad (a function-scope worker one, a tenant's several:
+// Options.TenantScope), and the calls on a program name it; one format
+// for both scopes.
 //
-//	OpLoad         [manifest JSON]                     fds: [bundle dir]
-//	OpEntry        [kernel name]
-//	OpNewInstance  [i64 max_in][i64 tmp][i64 out]      fds: [memfd, instance socket]
-//	OpSlot         [i64 size]                          fds: [memfd]: a pool slot, registered with the device
+//	OpLoad         [u32 id][u8 n][stage subdirectory, n bytes][manifest JSON]
+//	OpEntry        [u32 id][kernel name]
+//	OpNewInstance  [u32 id][i64 max_in][i64 tmp][i64 out]  fds: [memfd, instance socket]
+//	OpSlot         [i64 size]                              fds: [memfd]: a pool slot, registered with the device
+//	OpUnload       [u32 id]: closes the program (its instances' channels closed first)
+//
+// OpLoad's subdirectory is where in the worker's stage the server put the
+// program's files ("": the stage itself): one name, no slashes.
 const (
 	ctlOp      = 0         // u8: the operation
-	ctlBody    = ctlOp + 1 // OpLoad's manifest, OpEntry's kernel name
-	instMaxIn  = ctlBody   // i64
+	ctlProg    = ctlOp + 1 // u32: OpLoad's, OpEntry's, OpNewInstance's, OpUnload's program id
+	ctlBody    = ctlProg + 4
+	loadSubLen = ctlBody        // u8
+	loadSub    = loadSubLen + 1 // then the manifest
+	instMaxIn  = ctlBody        // i64
 	instTmp    = instMaxIn + 8
 	instOut    = instTmp + 8
 	instLen    = instOut + 8 // OpNewInstance's length
-	slotSize   = ctlBody     // i64
+	unloadLen  = ctlBody
+	slotSize   = ctlOp + 1 // i64
 	slotMsgLen = slotSize + 8
 )
 
 // Control is a control message's operation and its fields.
 type Control struct {
 	Op              byte
+	Prog            uint32 // OpLoad, OpEntry, OpNewInstance, OpUnload: the program's id
+	Sub             string // OpLoad: the program's subdirectory of the stage
 	Manifest        []byte // OpLoad: the manifest, JSON (decoded, it aliases the message)
 	Kernel          string // OpEntry
 	MaxIn, Tmp, Out int64  // OpNewInstance: the instance's sizes
 	Size            int64  // OpSlot: the slot's bytes
 }
 
-// AppendControl appends c's message to b.
+// AppendControl appends c's message to b. A Sub over 255 bytes is cut
+// there (the server's names are short).
 func AppendControl(b []byte, c Control) []byte {
 	b = append(b, c.Op)
 	switch c.Op {
+	case OpLoad, OpEntry, OpNewInstance, OpUnload:
+		b = le.AppendUint32(b, c.Prog)
+	}
+	switch c.Op {
 	case OpLoad:
+		sub := c.Sub[:min(len(c.Sub), 255)]
+		b = append(append(b, byte(len(sub))), sub...)
 		b = append(b, c.Manifest...)
 	case OpEntry:
 		b = append(b, c.Kernel...)
@@ -57,16 +78,31 @@ var ErrShape = errors.New("control message of the wrong length")
 
 // DecodeControl reads a control message. An empty message and an unknown
 // operation are errors whose text the worker answers with (Op 0); an
-// operation's fields of the wrong length are ErrShape, with Op set, so
-// that the worker says what that operation wants.
+// operation's fields of the wrong length (or a subdirectory that is not
+// one plain name) are ErrShape, with Op set, so that the worker says what
+// that operation wants.
 func DecodeControl(b []byte) (Control, error) {
 	if len(b) == 0 {
 		return Control{}, errors.New("empty control message")
 	}
 	c := Control{Op: b[ctlOp]}
 	switch c.Op {
+	case OpLoad, OpEntry, OpNewInstance, OpUnload:
+		if len(b) < ctlBody {
+			return c, ErrShape
+		}
+		c.Prog = le.Uint32(b[ctlProg:])
+	}
+	switch c.Op {
 	case OpLoad:
-		c.Manifest = b[ctlBody:]
+		if len(b) < loadSub || len(b) < loadSub+int(b[loadSubLen]) {
+			return c, ErrShape
+		}
+		c.Sub = string(b[loadSub : loadSub+int(b[loadSubLen])])
+		if c.Sub == "." || c.Sub == ".." || strings.ContainsAny(c.Sub, "/\x00") {
+			return c, ErrShape
+		}
+		c.Manifest = b[loadSub+int(b[loadSubLen]):]
 	case OpEntry:
 		c.Kernel = string(b[ctlBody:])
 	case OpNewInstance:
@@ -74,6 +110,10 @@ func DecodeControl(b []byte) (Control, error) {
 			return c, ErrShape
 		}
 		c.MaxIn, c.Tmp, c.Out = int64(le.Uint64(b[instMaxIn:])), int64(le.Uint64(b[instTmp:])), int64(le.Uint64(b[instOut:]))
+	case OpUnload:
+		if len(b) != unloadLen {
+			return c, ErrShape
+		}
 	case OpSlot:
 		if len(b) != slotMsgLen {
 			return c, ErrShape
@@ -96,6 +136,7 @@ type Pin struct {
 // operation's fields.
 //
 //	OpLoad         [st][text]
+//	OpUnload       [st][text]
 //	OpEntry        [st][i32 index][text]
 //	OpNewInstance  [StOK][pin][why], or [st][text]
 //	OpSlot         [StOK][u32 id][pin][why], or [st][u32 0][text]

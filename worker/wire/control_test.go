@@ -14,15 +14,18 @@ func TestControlRoundTrip(t *testing.T) {
 		name string
 		c    Control
 	}{
-		{"load", Control{Op: OpLoad, Manifest: []byte(`{"name":"echo"}`)}},
-		{"entry", Control{Op: OpEntry, Kernel: "add_one"}},
+		{"load", Control{Op: OpLoad, Prog: 1, Manifest: []byte(`{"name":"echo"}`)}},
+		{"load into a subdirectory", Control{Op: OpLoad, Prog: 1 << 31, Sub: "p2", Manifest: []byte(`{"name":"echo"}`)}},
+		{"load, no manifest", Control{Op: OpLoad, Prog: 3, Sub: "p3"}},
+		{"entry", Control{Op: OpEntry, Prog: 2, Kernel: "add_one"}},
 		{"entry, no name", Control{Op: OpEntry}},
-		{"new instance", Control{Op: OpNewInstance, MaxIn: 1 << 33, Tmp: 0, Out: 7}},
+		{"new instance", Control{Op: OpNewInstance, Prog: 9, MaxIn: 1 << 33, Tmp: 0, Out: 7}},
+		{"unload", Control{Op: OpUnload, Prog: 4}},
 		{"slot", Control{Op: OpSlot, Size: 1 << 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := DecodeControl(AppendControl(nil, tc.c))
-			if err != nil || got.Op != tc.c.Op || !bytes.Equal(got.Manifest, tc.c.Manifest) || got.Kernel != tc.c.Kernel ||
+			if err != nil || got.Op != tc.c.Op || got.Prog != tc.c.Prog || got.Sub != tc.c.Sub || !bytes.Equal(got.Manifest, tc.c.Manifest) || got.Kernel != tc.c.Kernel ||
 				got.MaxIn != tc.c.MaxIn || got.Tmp != tc.c.Tmp || got.Out != tc.c.Out || got.Size != tc.c.Size {
 				t.Fatalf("decoded %+v (%v), sent %+v", got, err, tc.c)
 			}
@@ -44,6 +47,15 @@ func TestControlRefused(t *testing.T) {
 		{"the ready message", AppendReady(nil, Ready{}), 0, `unknown control operation 'R'`},
 		{"a short slot", []byte{OpSlot, 1, 2}, OpSlot, ""},
 		{"a long new instance", append(AppendControl(nil, Control{Op: OpNewInstance}), 0), OpNewInstance, ""},
+		{"an old new instance, no program", []byte{OpNewInstance, 1, 2}, OpNewInstance, ""},
+		{"a load with no program", []byte{OpLoad, 1}, OpLoad, ""},
+		{"a load with no subdirectory length", []byte{OpLoad, 1, 0, 0, 0}, OpLoad, ""},
+		{"a load whose subdirectory is cut", []byte{OpLoad, 1, 0, 0, 0, 5, 'a'}, OpLoad, ""},
+		{"a load into a path", AppendControl(nil, Control{Op: OpLoad, Sub: "../x"}), OpLoad, ""},
+		{"a load into the parent", AppendControl(nil, Control{Op: OpLoad, Sub: ".."}), OpLoad, ""},
+		{"an entry with no program", []byte{OpEntry, 1}, OpEntry, ""},
+		{"a long unload", append(AppendControl(nil, Control{Op: OpUnload}), 0), OpUnload, ""},
+		{"a short unload", []byte{OpUnload, 1}, OpUnload, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := DecodeControl(tc.msg)
@@ -68,6 +80,8 @@ func TestControlReplyRoundTrip(t *testing.T) {
 		r    Reply
 	}{
 		{"loaded", OpLoad, Reply{St: StOK}},
+		{"unloaded", OpUnload, Reply{St: StOK}},
+		{"unload refused", OpUnload, Reply{St: StFailed, Text: "unload: no program 3"}},
 		{"bundle refused", OpLoad, Reply{St: StInvalid, Text: "k.so\x00no PLOVER_ENTRY"}},
 		{"an entry", OpEntry, Reply{St: StOK, Index: 3}},
 		{"no entry", OpEntry, Reply{St: StFailed, Index: -1, Text: "no such kernel"}},
@@ -122,18 +136,19 @@ func TestReady(t *testing.T) {
 
 // The protocol's bytes, written out: a change to any of them is a change
 // of the protocol, which bumps Protocol (and this test).
-func TestBytesOfProtocol7(t *testing.T) {
+func TestBytesOfProtocol8(t *testing.T) {
 	run := device.Run{Input: make([]byte, 2), Output: make([]byte, 3), TmpLen: 4, ZeroOut: true, ChainKey: 5, Items: 6,
 		Chain: []device.Step{{Entry: 7, Grid: 8, Block: 9}}}
 	for _, tc := range []struct {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 7}},
-		{"load", AppendControl(nil, Control{Op: OpLoad, Manifest: []byte("{}")}), []byte("L{}")},
-		{"entry", AppendControl(nil, Control{Op: OpEntry, Kernel: "k"}), []byte("Ek")},
-		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, MaxIn: 1, Tmp: 2, Out: 3}),
-			[]byte{'I', 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 8}},
+		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Sub: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
+		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
+		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
+			[]byte{'I', 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0}},
+		{"unload", AppendControl(nil, Control{Op: OpUnload, Prog: 5}), []byte{'U', 5, 0, 0, 0}},
 		{"slot", AppendControl(nil, Control{Op: OpSlot, Size: 258}), []byte{'S', 2, 1, 0, 0, 0, 0, 0, 0}},
 		{"load reply", AppendControlReply(nil, OpLoad, Reply{St: StFailed, Text: "x"}), []byte{5, 'x'}},
 		{"entry reply", AppendControlReply(nil, OpEntry, Reply{St: StOK, Index: 2}), []byte{0, 2, 0, 0, 0}},
@@ -155,8 +170,34 @@ func TestBytesOfProtocol7(t *testing.T) {
 			}
 		})
 	}
-	if Protocol != 7 {
+	if Protocol != 8 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
+	}
+}
+
+// A tenant's worker's fatal-signal line names the signal and the program;
+// anything else is no such line.
+func TestParseFatal(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		sig  int
+		prog uint32
+		ok   bool
+	}{
+		{FatalMark + "11 in program 3", 11, 3, true},
+		{FatalMark + "6 in program 4294967295", 6, 1<<32 - 1, true},
+		{FatalMark + "6 in program 4294967296", 0, 0, false},
+		{FatalMark + "x in program 3", 0, 0, false},
+		{FatalMark + "11", 0, 0, false},
+		{"say: " + FatalMark + "11 in program 3", 0, 0, false},
+		{"", 0, 0, false},
+	} {
+		t.Run(tc.line, func(t *testing.T) {
+			sig, prog, ok := ParseFatal(tc.line)
+			if sig != tc.sig || prog != tc.prog || ok != tc.ok {
+				t.Fatalf("%d, %d, %v; want %d, %d, %v", sig, prog, ok, tc.sig, tc.prog, tc.ok)
+			}
+		})
 	}
 }
 
@@ -171,7 +212,7 @@ func FuzzWorkerMessages(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		DecodeReady(b)
-		for _, op := range []byte{OpLoad, OpEntry, OpNewInstance, OpSlot, 0} {
+		for _, op := range []byte{OpLoad, OpEntry, OpNewInstance, OpSlot, OpUnload, 0} {
 			if r, err := DecodeControlReply(op, b); err == nil && len(r.Text)+len(r.Pin.Why) >= len(b) {
 				t.Fatalf("op %q: a reply of %d bytes read as %+v", op, len(b), r)
 			}

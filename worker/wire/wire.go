@@ -8,7 +8,8 @@
 // every message arrives whole:
 //
 //   - the control channel (the worker's fd 3): load, entry, new instance,
-//     one call at a time, answered in order;
+//     unload, one call at a time, answered in order, each naming the
+//     program it is about (a tenant's worker holds several);
 //   - one channel per instance, with a shared memory slot (a memfd mapped by
 //     both) holding the request's input at [0, max_input) and its output at
 //     [max_input, max_input+out). A request is one small message each way;
@@ -37,6 +38,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
@@ -62,7 +65,30 @@ const (
 	OpEntry       byte = 'E'
 	OpNewInstance byte = 'I'
 	OpSlot        byte = 'S'
+	OpUnload      byte = 'U'
 )
+
+// FatalMark starts the line a tenant's worker writes on stderr when a
+// fatal signal (SIGSEGV, SIGABRT, ...) takes it during a program's run:
+// "FatalMark<signal> in program <id>", written by its signal handler
+// (package inside) as the process dies, so that the server can tell the
+// program whose fault the death was from those that shared its process.
+const FatalMark = "plover worker: fatal signal "
+
+// ParseFatal reads a FatalMark line: the signal and the program's id.
+func ParseFatal(line string) (sig int, prog uint32, ok bool) {
+	rest, found := strings.CutPrefix(line, FatalMark)
+	if !found {
+		return 0, 0, false
+	}
+	s, id, found := strings.Cut(rest, " in program ")
+	n, err1 := strconv.Atoi(s)
+	p, err2 := strconv.ParseUint(id, 10, 32)
+	if !found || err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return n, uint32(p), true
+}
 
 // A slot's pin: whether the worker's device pinned the memory in place
 // (CUDA: cuMemHostRegister), told in the replies to OpSlot and
@@ -77,7 +103,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 7
+const Protocol byte = 8
 
 // Reply status: the first byte of every reply.
 const (

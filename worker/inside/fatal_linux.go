@@ -1,0 +1,83 @@
+package inside
+
+/*
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+// The program whose run (or control call) this thread is making, 0 for
+// none: set by Go around each one in a tenant's worker. Initial-exec: the
+// handler reads it without a call into the dynamic linker, which is not
+// async-signal-safe (this code is linked into the executable anyway).
+static __thread uint32_t plover_prog __attribute__((tls_model("initial-exec")));
+
+static void plover_set_prog(uint32_t id) { plover_prog = id; }
+
+// plover_put_u appends v in decimal to b at *n.
+static void plover_put_u(char *b, size_t *n, unsigned long v) {
+	char d[24];
+	size_t k = 0;
+	do { d[k++] = (char)('0' + v % 10); v /= 10; } while (v != 0);
+	while (k > 0) b[(*n)++] = d[--k];
+}
+
+// plover_fatal names the program the signal took (wire.FatalMark), when
+// the thread was running one, in one write(2), and dies by the signal:
+// SA_RESETHAND put back the default action and SA_NODEFER leaves the
+// signal unblocked, so the raise ends the process here (a fault's
+// instruction would fault again anyway). Async-signal-safe calls only.
+static void plover_fatal(int sig) {
+	uint32_t id = plover_prog;
+	if (id != 0) {
+		static const char mark[] = "plover worker: fatal signal ";
+		static const char mid[] = " in program ";
+		char b[96];
+		size_t n = 0;
+		memcpy(b, mark, sizeof mark - 1); n += sizeof mark - 1;
+		plover_put_u(b, &n, (unsigned long)sig);
+		memcpy(b + n, mid, sizeof mid - 1); n += sizeof mid - 1;
+		plover_put_u(b, &n, (unsigned long)id);
+		b[n++] = '\n';
+		ssize_t r = write(2, b, n);
+		(void)r;
+	}
+	raise(sig);
+}
+
+static int plover_install_fatal(void) {
+	static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = plover_fatal;
+	// On the alternate stack Go gives each of its threads: a stack
+	// overflow's SIGSEGV still finds room to run.
+	sa.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+		if (sigaction(sigs[i], &sa, NULL) != 0) return -1;
+	return 0;
+}
+*/
+import "C"
+
+import "errors"
+
+// installFatalHandler replaces the default action of the fatal signals
+// (defaultFatalSignals) with a handler that names the program whose run
+// the signal took (setProgram) on stderr before it lets the signal kill
+// the process as the default action would: the server reads the line
+// (wire.FatalMark) to tell the program at fault from those that only
+// shared its process. A signal on a thread of no run (one the bundle
+// made) writes nothing: the server falls back on the runs in flight.
+// Checked mode's handler, set after it, takes SIGSEGV and SIGBUS over.
+func installFatalHandler() error {
+	if C.plover_install_fatal() != 0 {
+		return errors.New("cannot install the fatal-signal handler")
+	}
+	return nil
+}
+
+// setProgram tells the handler the program this thread runs (0: none).
+// One cgo call: a tenant's worker pays two per run.
+func setProgram(id uint32) { C.plover_set_prog(C.uint32_t(id)) }

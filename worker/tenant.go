@@ -1,0 +1,328 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/fileutil"
+)
+
+// Tenant scope (Options.TenantScope): the programs of one tenant run in
+// one worker process per device, a load into it being no process start;
+// programs of two tenants never share one. Each program is staged in a
+// subdirectory of the worker's stage of its own, and named by an id on the
+// control channel (wire.OpLoad); a process ends with its last program.
+//
+// When such a process dies, the program at fault loses it as its own
+// crash and the others as collateral (ProcessExit.Shared): see blame.
+
+// tenancy is what a tenant's worker holds: its tenant's programs by id.
+// Every worker of a device in tenant scope has one from its start (its
+// output readers look at it), given to a tenant by placeTenant.
+type tenancy struct {
+	// name is the tenant's once given (under the device's mu).
+	name  string
+	given bool
+	// last is the program whose run or call started last: the output of
+	// a moment when none is active is its (tenantOutput).
+	last atomic.Pointer[program]
+
+	// Under the proc's mu.
+	progs  map[uint32]*program
+	nextID uint32
+}
+
+// tenantSlot is a tenant's worker on the device: the live one, or the
+// start of one in flight (the tenant's other loads wait for it, so that
+// concurrent loads do not start two processes). refs counts the programs
+// placed in p, loads in flight included: at 0 the process ends.
+type tenantSlot struct {
+	p        *proc
+	starting chan struct{}
+	refs     int
+}
+
+func (d *Device) tenantScope() bool { return d.opts.TenantScope && !d.opts.MPS }
+
+// placeTenant returns the tenant's worker for a program about to be loaded
+// into it (counted in its refs; releaseTenant undoes that): the live one,
+// or a standby dedicated to the tenant now. No lock is held while a
+// process is taken or a control call made: a load waiting for its tenant's
+// worker to start waits on the start alone.
+func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*proc, error) {
+	for {
+		d.mu.Lock()
+		t := d.tenants[spec.Tenant]
+		if t == nil {
+			t = &tenantSlot{}
+			d.tenants[spec.Tenant] = t
+		}
+		if t.p != nil && t.p.alive() {
+			if err := t.p.admit(spec.Tenant); err != nil {
+				d.mu.Unlock()
+				return nil, err
+			}
+			t.refs++
+			p := t.p
+			d.mu.Unlock()
+			return p, nil
+		}
+		if w := t.starting; w != nil {
+			d.mu.Unlock()
+			select {
+			case <-w:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w while waiting for the tenant's worker to start", device.ErrDeadline)
+			}
+		}
+		w := make(chan struct{})
+		t.p, t.starting, t.refs = nil, w, 0
+		d.mu.Unlock()
+		p, err := d.take(ctx, spec.Manifest)
+		d.mu.Lock()
+		t.starting = nil
+		close(w)
+		if err == nil {
+			p.tenant.name, p.tenant.given = spec.Tenant, true
+			t.p, t.refs = p, 1
+		}
+		d.mu.Unlock()
+		return p, err
+	}
+}
+
+// admit refuses a program of another tenant than p's: a process never
+// serves two tenants.
+func (p *proc) admit(tenant string) error {
+	if p.tenant == nil || !p.tenant.given || p.tenant.name != tenant {
+		return fmt.Errorf("worker %d: a program of tenant %q in a worker of another tenant: refused", p.pid, tenant)
+	}
+	return nil
+}
+
+// releaseTenant drops one of p's refs, and says whether it was the last:
+// the process then ends (the caller kills it), and the tenant's next load
+// takes a new one.
+func (d *Device) releaseTenant(p *proc) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := d.tenants[p.tenant.name]
+	if t == nil || t.p != p {
+		return true // a worker that died and was replaced: nothing else in it
+	}
+	t.refs--
+	if t.refs > 0 {
+		return false
+	}
+	delete(d.tenants, p.tenant.name)
+	return true
+}
+
+// addProgram gives g an id in p and counts it in p's limits and weight.
+func (p *proc) addProgram(g *program) {
+	p.mu.Lock()
+	p.tenant.nextID++
+	g.id = p.tenant.nextID
+	p.tenant.progs[g.id] = g
+	p.mu.Unlock()
+	p.retune()
+}
+
+// removeProgram takes g out of p's programs, limits and weight.
+func (p *proc) removeProgram(g *program) {
+	p.mu.Lock()
+	delete(p.tenant.progs, g.id)
+	p.mu.Unlock()
+	p.retune()
+}
+
+// retune sets a tenant's worker's memory limit to the sum of its programs'
+// (none if one has none) and its CPU weight to the sum of their weights.
+func (p *proc) retune() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var limit int64
+	var w float64
+	var names []string
+	for _, g := range p.tenant.progs {
+		if g.memLimit == 0 || limit < 0 {
+			limit = -1
+		} else {
+			limit += g.memLimit
+		}
+		w += g.weight
+		names = append(names, g.name)
+	}
+	p.memLimit.Store(max(limit, 0))
+	if len(names) > 0 {
+		p.cgroup.setWeight(w, strings.Join(names, ","))
+	}
+}
+
+// stageTenant links g's bundle into a subdirectory of p's stage of its
+// own. A library that is the very file (a hard link) of another program's
+// in p is copied instead: dlopen would find the loaded one by its device
+// and inode and hand both programs one handle.
+func (p *proc) stageTenant(spec device.ProgramSpec, g *program) (string, error) {
+	sub := "p" + strconv.FormatUint(uint64(g.id), 10)
+	dir := filepath.Join(p.stage, sub)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", fmt.Errorf("stage: %w", err)
+	}
+	if err := stage(spec, dir); err != nil {
+		return "", err
+	}
+	lib := filepath.Join(dir, spec.Manifest.Library)
+	var id [2]uint64
+	if fi, err := os.Stat(lib); err == nil {
+		st := fi.Sys().(*syscall.Stat_t)
+		id = [2]uint64{st.Dev, st.Ino}
+	}
+	// Set and compared in one hold of mu: of two loads of one file at
+	// once, the second sees the first's.
+	p.mu.Lock()
+	shared := false
+	for _, o := range p.tenant.progs {
+		shared = shared || (o != g && o.lib == id)
+	}
+	if !shared {
+		g.lib = id
+	}
+	p.mu.Unlock()
+	if shared {
+		os.Remove(lib)
+		if err := fileutil.Copy(filepath.Join(spec.Dir, spec.Manifest.Library), lib); err != nil {
+			return "", fmt.Errorf("stage %s: %w", spec.Manifest.Library, err)
+		}
+	}
+	return sub, nil
+}
+
+// blame decides, as a tenant's worker is reaped, which of its programs
+// lost it by their own fault; the others lost it as collateral (Shared).
+// In order: the program the server killed it for (a run past its deadline
+// and grace, a call that hung); the one its fatal-signal handler named
+// (only for a death by a signal: a bundle can print anything); those with
+// a run in flight; the one whose control call was; failing all, every
+// one. Before done is closed, while the runs and the call that saw the
+// death still count.
+func (p *proc) blame(bySignal bool) {
+	if p.tenant == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	progs := p.tenant.progs
+	var culprits []*program
+	if g := p.killedBy.Load(); g != nil {
+		culprits = append(culprits, g)
+	} else if id := p.fatal.Load(); id != 0 && bySignal && progs[id] != nil {
+		culprits = append(culprits, progs[id])
+	} else {
+		for _, g := range progs {
+			if g.runs.Load() > 0 {
+				culprits = append(culprits, g)
+			}
+		}
+		if len(culprits) == 0 && p.callingProg != nil {
+			culprits = append(culprits, p.callingProg)
+		}
+		if len(culprits) == 0 {
+			for _, g := range progs {
+				culprits = append(culprits, g)
+			}
+		}
+	}
+	for _, g := range culprits {
+		g.blamed.Store(true)
+	}
+}
+
+// collateral: g lost its (tenant's) worker by another program's fault.
+// Known once the process is reaped.
+func (g *program) collateral() bool { return g.p.tenant != nil && !g.blamed.Load() }
+
+// shares marks err, a loss of g's worker, as collateral where it was.
+func (g *program) shares(err error) error {
+	if pe := (*ProcessExit)(nil); g != nil && errors.As(err, &pe) {
+		pe.Shared = g.collateral()
+	}
+	return err
+}
+
+// lost, failed and idleExit are the proc's, for g's run or call (g may be
+// nil: a call for no program), with its share of the blame.
+func (g *program) lost(during string) error {
+	if g == nil {
+		return nil
+	}
+	return g.shares(g.p.lost(during))
+}
+
+func (g *program) failed(err error, during string) error {
+	return g.shares(g.p.failed(g, err, during))
+}
+
+func (g *program) idleExit() error { return g.shares(g.p.idleExit()) }
+
+// siblingMark starts a line of a tenant's worker that was passed to a
+// program which may not have printed it: several programs were active
+// (each gets the line, so marked), or none was and it went to the one
+// active last (tenantOutput).
+const siblingMark = "[maybe another function's] "
+
+// outputGrace is how long after a run of a program ends a line read from
+// its tenant's worker still counts as possibly its: the server reads the
+// worker's pipes in the background, and a run's last lines, written
+// before its reply, are often read after it.
+const outputGrace = 50 * time.Millisecond
+
+// tenantOutput passes a line of a tenant's worker to the program whose run
+// or control call is in flight, or whose run ended within outputGrace,
+// unmarked when it is the only one; with several, to each with
+// siblingMark. With none, to the program whose run or call started last,
+// the likeliest to have printed it (a load's constructors, read after the
+// load returned; a thread the bundle made), marked if others are loaded
+// and that run or call is not as recent: not to every program, which would
+// spread one function's chatter over all of its tenant's. The pipes do not
+// say who wrote: a sibling's thread that prints while one program alone
+// runs is attributed to that one. False when p has no program to give it
+// to (a standby's line).
+func (p *proc) tenantOutput(l api.LogLine) bool {
+	recent := l.Time.Add(-outputGrace).UnixNano()
+	p.mu.Lock()
+	var to []*program
+	for _, g := range p.tenant.progs {
+		if g.runs.Load() > 0 || p.callingProg == g || g.runEnded.Load() > recent {
+			to = append(to, g)
+		}
+	}
+	marked := len(to) > 1
+	if len(to) == 0 {
+		if g := p.tenant.last.Load(); g != nil && p.tenant.progs[g.id] == g {
+			to = append(to, g)
+			marked = len(p.tenant.progs) > 1 && g.callEnded.Load() <= recent
+		}
+	}
+	p.mu.Unlock()
+	if marked {
+		l.Line = siblingMark + l.Line
+	}
+	for _, g := range to {
+		if o := g.out; o != nil {
+			o.Add(l)
+		}
+	}
+	return len(to) > 0
+}
