@@ -88,6 +88,10 @@ type WorkerInfo struct {
 	// a server of their own uid cannot read their memory maps.
 	PSSBytes int64 `json:"pss_bytes,omitempty"`
 	Threads  int   `json:"threads"`
+	// Programs is how many functions' programs the process holds, when
+	// more than one (a tenant's worker, --worker-scope tenant): its memory
+	// and threads are then all of theirs together, not this function's.
+	Programs int `json:"programs,omitempty"`
 }
 
 // LogLine is one line a function's worker process wrote to its stdout or

@@ -14,7 +14,11 @@ func (v *version) processes() []api.WorkerInfo {
 	for _, p := range v.pool.programs() {
 		if r, ok := p.prog.(processReporter); ok {
 			ps := r.Process()
-			out = append(out, api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, PSSBytes: ps.PSSBytes, Threads: ps.Threads})
+			w := api.WorkerInfo{Device: p.dev.Name(), PID: ps.PID, RSSBytes: ps.RSSBytes, PSSBytes: ps.PSSBytes, Threads: ps.Threads}
+			if ps.Programs > 1 { // said only of a shared process
+				w.Programs = ps.Programs
+			}
+			out = append(out, w)
 		}
 	}
 	return out

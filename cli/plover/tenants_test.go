@@ -75,8 +75,8 @@ func TestTenantWorkers(t *testing.T) {
 		}
 	}
 
+	pids := tenantPIDs(t, clients["ops"], srv.url)
 	t.Run("one process per tenant", func(t *testing.T) {
-		pids := tenantPIDs(t, clients["ops"], srv.url)
 		if pids["a-good"] == 0 || pids["a-good"] != pids["a-sib"] {
 			t.Errorf("a's functions in workers %d and %d, want one", pids["a-good"], pids["a-sib"])
 		}
@@ -113,6 +113,12 @@ func TestTenantWorkers(t *testing.T) {
 		}
 		if na < 100 || nb < 50 {
 			t.Errorf("load made only %d and %d requests", na, nb)
+		}
+		// The crashes took a's shared worker (the sibling now runs in a
+		// replacement) and left b's alone.
+		after := tenantPIDs(t, clients["ops"], srv.url)
+		if after["a-good"] == pids["a-good"] || after["b-good"] != pids["b-good"] {
+			t.Errorf("workers before the crashes %v, after %v: want a-good's replaced, b-good's the same", pids, after)
 		}
 		srv.mustBeHealthy(t, "after the crashes")
 	})
