@@ -6,7 +6,8 @@
 # part (worker taken or started, library, constants): a worker from the
 # standby pool costs well under a millisecond there, one started for the
 # request a worker's start more.
-# Usage: scripts/cold-sequence.sh [N] (default 200; after make build samples)
+# Usage: scripts/cold-sequence.sh [N] (default 200; after make build samples);
+# SERVE_FLAGS adds serve flags (SERVE_FLAGS="--worker-scope tenant").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-200}
@@ -19,7 +20,7 @@ trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
 cnn_digit "$work/digit.bin"
 
 start() { # start LOG: a server on the shared data directory; sets spid, addr
-  "$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 >"$1" 2>&1 &
+  "$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 ${SERVE_FLAGS:-} >"$1" 2>&1 &
   spid=$!
   local url
   url=$(server_url "$1")
@@ -59,6 +60,8 @@ invoke_all "$addr" >"$work/client"
 stop
 sort -n "$work/client" | awk '{ a[NR] = $1 } END { printf "client ms: p50 %s  p90 %s  p99 %s  max %s\n", a[int(NR * 0.5)], a[int(NR * 0.9)], a[int(NR * 0.99)], a[NR] }'
 { grep 'msg="cold start"' "$work/measure.log" || true; } |
-  sed -n 's/.*load_ms=\([0-9.]*\) fetch_ms=[0-9.]* program_ms=\([0-9.]*\).*/\1 \2/p' |
+  sed -n 's/.*load_ms=\([0-9.]*\) fetch_ms=[0-9.]* program_ms=\([0-9.]*\) instance_ms=\([0-9.]*\) wait_ms=\([0-9.]*\).*/\1 \2 \3 \4/p' | tee "$work/parts" |
   awk '{ n++; if ($2 < 2) { fast++; f += $2 } else { slow++; s += $2 } }
        END { printf "program part: %d of %d under 2 ms (mean %.2f ms: a standby worker), %d over (mean %.2f ms: a worker started for the request)\n", fast, n, fast ? f / fast : 0, slow, slow ? s / slow : 0 }'
+sort -n -k2 "$work/parts" | awk '{ p[NR] = $2 } END { printf "program_ms p50 %s p90 %s max %s\n", p[int(NR * 0.5)], p[int(NR * 0.9)], p[NR] }'
+sort -n -k3 "$work/parts" | awk '{ p[NR] = $3 } END { printf "instance_ms p50 %s p90 %s max %s\n", p[int(NR * 0.5)], p[int(NR * 0.9)], p[NR] }'
