@@ -292,6 +292,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 		Store: n.store, Cache: cache, Devices: n.devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
 		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
+		NamedTenants: f.authFile != "",
 	})
 	if err != nil {
 		return nil, err

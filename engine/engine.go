@@ -46,7 +46,12 @@ type Config struct {
 	Evictor evict.Evictor
 	// Sched configures the scheduler each device's runs go through.
 	Sched SchedConfig
-	Log   *slog.Logger
+	// NamedTenants: an auth file names the tenants (the deploying
+	// tokens), so a version recorded without one is not lumped with
+	// others into one tenant (tenantOf). Unset, every function is one
+	// tenant's.
+	NamedTenants bool
+	Log          *slog.Logger
 }
 
 // Engine is the thing that owns functions, their versions and instances, and

@@ -89,7 +89,7 @@ func (v *version) workerDied(p *placement, l device.Loss) error {
 	if p == nil || v.pool.abandon(p) {
 		attrs := append([]any{"function", v.fn.name, "version", v.rec.ID}, l.LogAttrs()...)
 		if l.Collateral() {
-			v.lg.Warn("lost with its tenant's worker", append(attrs, "tenant", v.rec.Tenant)...)
+			v.lg.Warn("lost with its tenant's worker", append(attrs, "tenant", v.pool.e.tenantOf(v))...)
 		} else {
 			backoff := v.pool.crashed(time.Now())
 			v.lg.Error("worker died", append(attrs, "backoff", backoff)...)

@@ -107,7 +107,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	t0 := time.Now()
 	m := v.manifest
 	budget := v.constSize + int64(v.policy.max)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes)
-	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget, Output: v.fn.output(), Tenant: v.rec.Tenant})
+	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget, Output: v.fn.output(), Tenant: e.tenantOf(v)})
 	if err != nil {
 		var le *loader.Error
 		var ke *device.KernelError
@@ -167,6 +167,23 @@ func (e *Engine) coldStarted(f *function, v *version, in *instance, load time.Du
 		"fetched", c.fetched, "load_ms", round(ms(load)), "fetch_ms", round(c.fetchMs), "program_ms", round(c.programMs),
 		"instance_ms", round(ms(in.made)), "wait_ms", round(max(0, ms(load)-fetch-c.programMs-ms(in.made))))
 	return time.Duration(c.programMs * 1e6)
+}
+
+// tenantOf is whose program v's is, for a device that keeps tenants
+// apart: the deploying token's name it was recorded with. Without one,
+// and an auth file naming tenants, nothing says who deployed it (a
+// version recorded before tenants were, or published straight to the
+// store): it is its function's alone, never lumped with another token's;
+// a model repository's versions are the operator's, one tenant. The
+// names made here cannot be a token's (parentheses and spaces).
+func (e *Engine) tenantOf(v *version) string {
+	switch {
+	case v.rec.Tenant != "" || !e.cfg.NamedTenants:
+		return v.rec.Tenant
+	case v.rec.Label != "":
+		return "(model repository)"
+	}
+	return "(function " + v.fn.name + ")"
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -131,7 +131,7 @@ func (p *pool) started(req *call.Request, in *instance, fresh call.Start, ta tim
 // landed's output when the body landed on in's device (returned: the run
 // reads the body there), else ordinary memory, copied (nil returned).
 func output(req *call.Request, in *instance, landed device.Slot, outLen int64) device.Slot {
-	if landed != nil && in.dev.dev == landed.Device() && int64(len(landed.Output())) >= outLen {
+	if landsOn(landed, in) && int64(len(landed.Output())) >= outLen {
 		// The body is where this instance's device reads it: the output
 		// lands there too, and the response is written from it.
 		req.Output = landed.Output()[:outLen]
@@ -142,6 +142,23 @@ func output(req *call.Request, in *instance, landed device.Slot, outLen int64) d
 	}
 	req.Output = req.Output[:outLen]
 	return nil
+}
+
+// ownedSlot is a slot one program lent (a worker's: its process maps the
+// memory).
+type ownedSlot interface{ Owner() device.Program }
+
+// landsOn reports whether in's run works on landed in place: a slot of
+// in's device, and of in's own program when a program lent it. Another
+// program's slot may be mapped by another process (a tenant's worker,
+// after a redeploy by another token between the body and the run): the
+// output must not be written where that process can read it.
+func landsOn(landed device.Slot, in *instance) bool {
+	if landed == nil || in.dev.dev != landed.Device() {
+		return false
+	}
+	o, ok := landed.(ownedSlot)
+	return !ok || o.Owner() == in.dev.prog
 }
 
 // overlaps reports whether a and b share memory (an output buffer the
@@ -185,7 +202,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 		if err == nil {
 			r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = req.Input, req.Output, j.steps, j.tmpLen, m.ZeroTmp, m.ZeroesOut(), j.key, deadline
 			r.Slot = nil
-			if landed != nil && in.dev.dev == landed.Device() {
+			if landsOn(landed, in) {
 				r.Slot = landed
 			}
 			var wait time.Duration

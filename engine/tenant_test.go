@@ -202,3 +202,51 @@ func TestCollateralLossesDoNotBackOff(t *testing.T) {
 		})
 	}
 }
+
+// The tenant a load names: the deploying token's; without one, with an
+// auth file naming tenants, the function's own (never lumped with other
+// tokens' unrecorded versions into one worker), and the one unnamed tenant
+// without an auth file.
+func TestLoadsNameTheTenant(t *testing.T) {
+	tests := []struct {
+		name   string
+		named  bool
+		deploy string // the deploying token's name
+		label  string // a model repository's version folder
+		want   string
+	}{
+		{"a token's", true, "acme", "", "acme"},
+		{"unrecorded, tokens", true, "", "", "(function echo)"},
+		{"model repository, tokens", true, "", "1", "(model repository)"},
+		{"no auth file", false, "", "", ""},
+		{"model repository, no auth file", false, "", "1", ""},
+		{"a token's, no auth file", false, "acme", "", "acme"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &lossDevice{Device: device.NewHost(0)}
+			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}, NamedTenants: tc.named})
+			b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.label != "" {
+				_, err = e.Control().DeployLabeled(context.Background(), "echo", tc.label, false, bytes.NewReader(b))
+			} else {
+				_, err = e.Control().DeployAs(context.Background(), "echo", tc.deploy, bytes.NewReader(b), false)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := &call.Request{Input: []byte("hi")}
+			if err := e.Invoke(context.Background(), "echo", req); err != nil {
+				t.Fatal(err)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if len(d.tenants) != 1 || d.tenants[0] != tc.want {
+				t.Errorf("loads named tenants %q, want [%q]", d.tenants, tc.want)
+			}
+		})
+	}
+}

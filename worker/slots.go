@@ -74,6 +74,9 @@ func (s *poolSlot) Input() []byte         { return s.mem[:s.maxIn:s.maxIn] }
 func (s *poolSlot) Output() []byte        { return s.mem[s.maxIn : s.maxIn+s.out : s.maxIn+s.out] }
 func (s *poolSlot) Device() device.Device { return s.g.d }
 
+// Owner is the program that lent it: its worker maps the memory.
+func (s *poolSlot) Owner() device.Program { return s.g }
+
 // Release gives the slot back to its program's pool, or unmaps it once
 // the worker is gone; while a chain that overran its request still runs on
 // it, once that chain ends. Releasing twice is a server bug: refused.

@@ -1,0 +1,92 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"unsafe"
+
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// lendDevice is the host device whose programs lend slots of ordinary
+// memory, owned by the program that lent them or (stranger) by another,
+// as a worker's slot is after a redeploy by another tenant.
+type lendDevice struct {
+	device.Device
+	stranger bool
+}
+
+type lendProgram struct {
+	device.Program
+	d *lendDevice
+}
+
+type lentSlot struct {
+	mem   []byte
+	maxIn int64
+	dev   device.Device
+	owner device.Program
+}
+
+func (s *lentSlot) Input() []byte         { return s.mem[:s.maxIn] }
+func (s *lentSlot) Output() []byte        { return s.mem[s.maxIn:] }
+func (s *lentSlot) Device() device.Device { return s.dev }
+func (s *lentSlot) Release()              {}
+func (s *lentSlot) Owner() device.Program { return s.owner }
+
+func (d *lendDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
+	p, err := d.Device.Load(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &lendProgram{p, d}, nil
+}
+
+func (p *lendProgram) Lend(maxIn, out int64) (device.Slot, bool) {
+	owner := device.Program(p)
+	if p.d.stranger {
+		owner = &lendProgram{}
+	}
+	return &lentSlot{mem: make([]byte, maxIn+out), maxIn: maxIn, dev: p.d, owner: owner}, true
+}
+
+// A body read into a slot its instance's own program lent is run on in
+// place (the output lands in the slot); one another program lent is not:
+// its memory may be another process's (a tenant's worker), and the
+// output goes to memory of the server's.
+func TestOutputLandsOnlyInItsProgramsSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		stranger bool
+		inPlace  bool
+	}{{"own program's slot", false, true}, {"another program's slot", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &lendDevice{Device: device.NewHost(0), stranger: tc.stranger}
+			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+			if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
+				t.Fatal(err)
+			}
+			s, ok := e.Land("echo").(*lentSlot)
+			if !ok {
+				t.Fatal("no slot lent")
+			}
+			n := copy(s.Input(), "hello")
+			req := &call.Request{Input: s.Input()[:n], Landing: s}
+			if err := e.Invoke(context.Background(), "echo", req); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.HasPrefix(req.Output, []byte("hello")) {
+				t.Fatalf("output %q", req.Output)
+			}
+			in := unsafe.SliceData(req.Output) == unsafe.SliceData(s.Output())
+			if in != tc.inPlace {
+				t.Errorf("output in the slot: %v, want %v", in, tc.inPlace)
+			}
+		})
+	}
+}
