@@ -1,0 +1,263 @@
+package cli
+
+// The worker side of plover serve: isolation, containment, the workers'
+// binary and their standby pool.
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/sched"
+	"github.com/plover-run/plover/worker"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// isolate wraps each device so that functions run in worker processes
+// (--isolation process), and makes the server unreadable to them.
+func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, *worker.CPUGroups, error) {
+	type checker interface{ EnableChecks(bool) error }
+	if f.checked {
+		for _, d := range devs {
+			if _, ok := d.(checker); !ok {
+				log.Warn("--checked applies to the host device only: functions on this device run unchecked", "device", d.Name())
+			}
+		}
+	}
+	switch f.isolation {
+	case "none":
+		log.Warn("--isolation none: every function runs inside the server process; use it for one trusted tenant only")
+		if f.checked { // overruns past the padding fault the server itself, unreported
+			for _, d := range devs {
+				if c, ok := d.(checker); ok {
+					c.EnableChecks(false)
+				}
+			}
+		}
+		return devs, nil, nil
+	case "process":
+	default:
+		return nil, nil, fmt.Errorf("--isolation %q: want process or none", f.isolation)
+	}
+	if f.standbyMax < 0 {
+		return nil, nil, fmt.Errorf("--standby-max %d: want 0 or more", f.standbyMax)
+	}
+	if f.standby < -1 {
+		return nil, nil, fmt.Errorf("--standby-workers %d: want 0 or more (-1: the device's default)", f.standby)
+	}
+	// Workers run with another uid when we are root; when we are not, they
+	// share ours, and only a non-dumpable server keeps them out of its
+	// /proc files (environment, memory).
+	if err := contain.MakeNonDumpable(); err != nil {
+		return nil, nil, fmt.Errorf("--isolation process: %w", err)
+	}
+	var drop *contain.Identity
+	if os.Geteuid() == 0 {
+		id, err := contain.LookupUser(f.workerUser)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--worker-user: %w", err)
+		}
+		drop = &id
+	}
+	stages, err := stageDir(f.data)
+	if err != nil {
+		return nil, nil, err
+	}
+	mps := false
+	if len(devs) > 0 && device.TakesMPS(devs[0].Target()) {
+		mps = f.mps || worker.MPSRunning()
+		if mps && drop != nil {
+			// MPS serves one uid at a time: a client of another uid waits
+			// until the running server's clients (this process's own
+			// context, as root) are gone, that is for ever.
+			return nil, nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
+		}
+		if mps && f.workerScope == "tenant" {
+			return nil, nil, errors.New("--worker-scope tenant: MPS gives each function's worker limits of its own (gpu_share, memory budget), so it needs a process per function; use --worker-scope function, or run without MPS (no --mps, its control daemon stopped)")
+		}
+		if mps {
+			log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
+		}
+	} else if f.mps {
+		log.Warn("--mps applies to CUDA devices only; ignored")
+	}
+	spawner := contain.NewSpawner()
+	containTrees(spawner, f, mps, log)
+	var cpu *worker.CPUGroups
+	if f.cpuWeights {
+		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
+	}
+	exe := workerExe(log)
+	out := make([]device.Device, len(devs))
+	for i, d := range devs {
+		ordinal := 0
+		if o, ok := d.(interface{ Ordinal() int }); ok {
+			ordinal = o.Ordinal()
+		}
+		standby, standbyMax := standbySizes(d.Target(), f.standby, f.standbyMax)
+		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
+			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && device.TakesMPS(d.Target()), MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu,
+			Checked: f.checked, PinLimit: f.maxPinnedMB << 20, TenantScope: f.workerScope == "tenant"})
+	}
+	user := "the server's"
+	if drop != nil {
+		user = f.workerUser + " (" + drop.String() + ")"
+	}
+	log.Info("functions run in worker processes", "worker_user", user, "worker_binary", exe, "worker_scope", f.workerScope)
+	return out, cpu, nil
+}
+
+// checkWorkerScope checks --worker-scope before anything starts: tenant
+// workers are worker processes, which --isolation none has none of. (MPS,
+// which needs a process per function, is refused by isolate, where it is
+// known to be on.)
+func checkWorkerScope(f *serveFlags) error {
+	switch f.workerScope {
+	case "function":
+		return nil
+	case "tenant":
+	default:
+		return fmt.Errorf("--worker-scope %q: want function or tenant", f.workerScope)
+	}
+	if f.isolation == "none" {
+		return errors.New("--worker-scope tenant: --isolation none runs every function inside the server, with no worker processes to share; use --isolation process")
+	}
+	return nil
+}
+
+// stageDir makes the directory of the workers' stages (where their
+// bundles are linked), beside the bundle cache in data so that links
+// work; leftovers of an earlier run go first.
+func stageDir(data string) (string, error) {
+	stages := filepath.Join(data, "workers")
+	if err := os.RemoveAll(stages); err != nil {
+		return "", fmt.Errorf("--isolation process: %w", err)
+	}
+	if err := os.Mkdir(stages, 0o700); err != nil { // not MkdirAll: never through a planted symlink
+		return "", fmt.Errorf("--isolation process: %w", err)
+	}
+	return stages, nil
+}
+
+// serverRecord is where a server records itself for the next one of its
+// data directory (contain.EndLeftovers).
+func serverRecord(data string) string { return filepath.Join(data, "server.pid") }
+
+// containTrees chooses how everything a worker starts is made to end with
+// it (contain.Spawner.Contain), says so in the log, and records the server
+// for the next one of its data directory.
+func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.Logger) {
+	namespaces := f.pidNamespaces && !mps
+	c, why := spawner.Contain(namespaces)
+	const fallback = "workers and the server are child subreapers, and the server ends what a worker leaves; should the server be killed, the next one of this data directory ends what its workers started, unless that ran another program"
+	switch {
+	case c == contain.PIDNamespace:
+		log.Info("worker process trees: a PID namespace per worker; whatever a function starts ends with its worker")
+	case c == contain.ProcessGroup:
+		log.Warn("worker process trees: process groups only; a process that leaves its worker's group (setsid) outlives the worker", "why", why)
+	case mps && f.pidNamespaces:
+		log.Info("worker process trees: no PID namespaces under MPS (its server knows clients by pid; untried inside namespaces): "+fallback, "mechanism", c.String(), "error", why)
+	default:
+		log.Info("worker process trees: no PID namespaces: "+fallback, "mechanism", c.String(), "why", why)
+	}
+	if err := spawner.Record(serverRecord(f.data)); err != nil {
+		log.Warn("cannot record this server for the next one of its data directory: processes a killed server leaves will not be found", "error", err)
+	}
+}
+
+// ioShares configures the server's I/O shares from --io-shares and the CPU
+// weights in force. A piece moves at its function's CPU weight where the
+// server's threads are weighed by nice level, as the workers' are; where
+// the server has a cgroup of its own, a thread's level does not lower the
+// group against the workers', and pieces scheduled there made a light
+// function's p99 beside a 4 MB flood worse, not better (the server's CPU
+// on the pieces at the server's weight: BENCHMARKS.md), so auto leaves
+// them off; as where the server may not take a thread's level back.
+func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *slog.Logger) {
+	mech := cpu.Mechanism()
+	weighed := mech == "nice" && ioshare.CanWeigh()
+	on := f.ioShares == "on" || (f.ioShares == "auto" && weighed)
+	cfg.Off = !on
+	if on && weighed {
+		cfg.Nice = func(share float64, class sched.Class) int {
+			return worker.NiceLevel(worker.WeightOf(share, class.String()))
+		}
+	}
+	if f.sched == "off" {
+		return // --sched off: nothing shared, said elsewhere
+	}
+	if on {
+		log.Info("the server's I/O by share: request bodies and answers move a piece at a time in their functions' turns", "cpu_weights", mech)
+	} else {
+		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where CPU weights are nice levels)", "cpu_weights", mech)
+	}
+}
+
+// workerExe is the binary workers run: plover-worker beside this one when
+// it is there (the worker without the server, the store clients and the
+// CLI: it starts in about a third of the time, BENCHMARKS.md), else this
+// binary itself as `plover worker`. Both answer with the worker protocol
+// they speak, and a server refuses a worker of another.
+//
+// The server trusts it as it trusts itself, so it must be owned as the
+// plover binary is and writable by no one else; otherwise it is not used.
+func workerExe(log *slog.Logger) string {
+	self, err := os.Executable()
+	if err != nil {
+		return "/proc/self/exe"
+	}
+	return workerExeBeside(self, log)
+}
+
+// workerExeBeside is workerExe for the plover binary at self.
+func workerExeBeside(self string, log *slog.Logger) string {
+	lean := filepath.Join(filepath.Dir(self), "plover-worker")
+	fi, err := os.Stat(lean)
+	if err != nil {
+		log.Info("no plover-worker beside the plover binary: workers run plover worker, which starts a few milliseconds slower (make build installs both)", "looked_for", lean)
+		return "/proc/self/exe"
+	}
+	sfi, serr := os.Stat(self)
+	owner := func(fi os.FileInfo) int64 {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			return int64(st.Uid)
+		}
+		return -1
+	}
+	switch {
+	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
+		log.Warn("plover-worker beside the plover binary is not an executable file: not used", "path", lean)
+	case fi.Mode()&0o022 != 0:
+		log.Warn("plover-worker beside the plover binary is writable by others than its owner: not used", "path", lean, "mode", fi.Mode().String())
+	case serr != nil || owner(fi) != owner(sfi):
+		log.Warn("plover-worker beside the plover binary has another owner than plover: not used", "path", lean)
+	default:
+		return lean
+	}
+	return "/proc/self/exe"
+}
+
+// standbySizes is a device's standby pool, floor and ceiling, from the
+// flags (-1 and 0: the target's defaults). On the host device an idle
+// worker is about 2 MiB of memory, and 16 distinct functions waking at once
+// on 2 CPUs answered within 26 ms with 16 workers waiting against 120 ms
+// with one (BENCHMARKS.md); on a GPU each holds a CUDA context. A floor of
+// 0 turns the pool off unless a ceiling is given.
+func standbySizes(target string, floor, ceiling int) (int, int) {
+	defFloor, defCeiling := device.Standby(target)
+	if floor < 0 {
+		floor = defFloor
+	}
+	if ceiling == 0 {
+		if floor == 0 {
+			return 0, 0
+		}
+		ceiling = defCeiling
+	}
+	return floor, max(floor, ceiling)
+}
