@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,6 +122,34 @@ func TestTenantWorkers(t *testing.T) {
 			t.Errorf("workers before the crashes %v, after %v: want a-good's replaced, b-good's the same", pids, after)
 		}
 		srv.mustBeHealthy(t, "after the crashes")
+	})
+
+	t.Run("a's hostile functions leave b alone", func(t *testing.T) {
+		lb := startLoadAs(clients["b"], srv.url, "b-good", 60*time.Second, 20000)
+		defer lb.stopAndWait()
+		bpid := tenantPIDs(t, clients["ops"], srv.url)["b-good"]
+		ha.mustDeploy(t, hostileManifest("a-signal", launch("signal_pid", 1, 1)), hostile)
+		if r := ha.invoke(t, "a-signal", []byte(strconv.Itoa(bpid)), crashTimeout); r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
+			t.Errorf("SIGKILL from a's function to b's worker %d: %d %q, want the kernel to refuse", bpid, r.code, cstr(r.body))
+		}
+		// What these do to a's own worker is a's business; b must not
+		// notice.
+		for _, k := range []string{"ring_twice", "close_fds", "exit_zero", "overflow_out"} {
+			name := "a-" + strings.ReplaceAll(k, "_", "-")
+			ha.mustDeploy(t, hostileManifest(name, launch(k, 1, 1)), hostile)
+			lb.waitCount(t, lb.n.Load()+10, 10*time.Second)
+			r := ha.invokeNoFatal(name, []byte("x"), crashTimeout)
+			t.Logf("%s: %d", name, r.code)
+		}
+		lb.waitCount(t, lb.n.Load()+20, 10*time.Second)
+		n, fails := lb.stopAndWait()
+		if len(fails) > 0 {
+			t.Errorf("b's function failed %d of %d requests beside a's hostile ones; first: %s", len(fails), n, strings.Join(fails[:min(3, len(fails))], "; "))
+		}
+		if after := tenantPIDs(t, clients["ops"], srv.url)["b-good"]; after != bpid {
+			t.Errorf("b's worker changed from %d to %d", bpid, after)
+		}
+		srv.mustBeHealthy(t, "after a's hostile functions")
 	})
 
 	t.Run("tenants apart in memory", func(t *testing.T) {
