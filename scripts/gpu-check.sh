@@ -782,6 +782,20 @@ sec_fair() {
   bench_suite fair 120 --fair --fair-time "${FAIR_TIME:-3s}"
 }
 
+# Tenant workers (issue 46): the CNN as 40 functions of 2 tenants under
+# --worker-scope function and tenant (one round: every function-scope
+# worker makes a CUDA context), then 1,000 functions of 10 tenants resident
+# in 10 workers, their GPU memory by nvidia-smi; the first requests in turn
+# into a warm tenant worker (goal <= 2 ms).
+sec_tenants() {
+  if [ ! -d build/samples/cnn-cuda ]; then
+    say "SKIP: needs build/samples/cnn-cuda"
+    return 0
+  fi
+  bench_suite tenants 150 --tenants --tenant-functions "${TENANT_FUNCTIONS:-40}" --tenant-rounds 1 --tenant-many "${TENANT_MANY:-1000}"
+  grep -E 'functions of 10 tenants|GPU memory' "$tmp/tenants.md" || true
+}
+
 sec_isolation() {
   if [ ! -d build/samples/cnn-cuda ] || ! have python3; then
     say "SKIP: needs build/samples/cnn-cuda and python3"
@@ -842,6 +856,7 @@ run batch 40 "batching on CUDA: the CNN with and without it (plover-bench-suite 
 run datapath 40 "data path: vecadd 4 MB against an echo floor (plover-bench-suite --datapath)"
 run fair 40 "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
 run isolation 30 "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
+run tenants 60 "tenant workers: 40 functions of 2 tenants, function vs tenant scope; 1,000 functions of 10 tenants (plover-bench-suite --tenants)"
 
 section "summary"
 say "ran $(elapsed) s of a ${budget} s budget"

@@ -48,6 +48,7 @@ type options struct {
 	batch                                 bool
 	fair                                  bool
 	burst, tenants                        bool
+	tenantSizes                           tenantSizes
 	burstBefore                           string
 	pipeline                              bool
 	pipelineBefore                        string
@@ -87,6 +88,9 @@ func main() {
 	flag.BoolVar(&o.fair, "fair", false, "only measure device sharing: the CNN at one client alone and beside floods, shares 3:1, priorities, with --sched fair and off; writes the bench:fair-<device> section")
 	flag.BoolVar(&o.burst, "burst", false, "only measure many functions: cold starts of distinct functions in turn and at once, deploys, the listing and /metrics with 1,000 deployed, idle workers' memory; writes the bench:burst-<device> section")
 	flag.BoolVar(&o.tenants, "tenants", false, "only measure tenant workers (issue 46): 120 functions of 2 tenants with --worker-scope function and tenant in turn (first requests in turn and 16 at once, the workers' PSS and processes, one function hot), then 1,000 functions of 10 tenants; writes the bench:tenants-<device> section")
+	flag.IntVar(&o.tenantSizes.fns, "tenant-functions", 120, "--tenants: functions of the two tenants whose first requests are measured in turn")
+	flag.IntVar(&o.tenantSizes.rounds, "tenant-rounds", 3, "--tenants: rounds of the two scopes in turn")
+	flag.IntVar(&o.tenantSizes.many, "tenant-many", 1000, "--tenants: functions of ten tenants under tenant scope (0: none)")
 	flag.BoolVar(&o.pipeline, "pipeline", false, "only measure pipelines: the digits sample as one pipeline request against its three functions invoked in turn; writes the bench:pipeline-<device> section")
 	flag.BoolVar(&o.tracing, "tracing", false, "only measure tracing's cost: the CNN hot on servers with tracing off, on unsampled and on sampled, side by side; writes the bench:tracing-<device> section")
 	flag.StringVar(&o.tracingBefore, "tracing-before", "", "with --tracing: an earlier plover binary (without tracing); the CNN alone is measured on it and on --plover (tracing off) side by side")

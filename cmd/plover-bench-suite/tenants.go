@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -27,7 +28,7 @@ import (
 // every round, each a fresh server over one data directory whose bundles
 // are cached and not loaded:
 //
-//  1. tenantFns functions of tenantPair tenants (function i is tenant
+//  1. --tenant-functions functions of tenantPair tenants (function i is tenant
 //     i mod tenantPair's, deployed with its token), each invoked once, in
 //     turn, from one client: the first requests;
 //  2. tenantWide more at once, each from a connection of its own;
@@ -36,18 +37,20 @@ import (
 //     and any process serving two tenants (must be none);
 //  4. one function hot, tenantHot requests in turn.
 //
-// Then tenantMany functions of tenantMany/100 tenants under tenant scope
+// Then --tenant-many functions of tenantTen tenants under tenant scope
 // alone: all invoked once in turn (cold), then all warm: memory per
 // function, processes, and the listing's time.
 const (
-	tenantFns    = 120
-	tenantPair   = 2
-	tenantWide   = 16
-	tenantRounds = 3
-	tenantHot    = 2000
-	tenantMany   = 1000
-	tenantTen    = 10
+	tenantPair = 2
+	tenantWide = 16
+	tenantHot  = 2000
+	tenantTen  = 10
 )
+
+// tenantSizes are the benchmark's sizes (--tenant-functions,
+// --tenant-rounds, --tenant-many): smaller on a GPU, where every worker of
+// function scope creates a CUDA context.
+type tenantSizes struct{ fns, rounds, many int }
 
 var tenantScopes = []string{"function", "tenant"}
 
@@ -66,6 +69,13 @@ type tenantRun struct {
 	NotCold   int            `json:"not_cold"`
 	ListMs    []float64      `json:"list_ms,omitempty"`
 	Functions int            `json:"functions"`
+	// DeviceMiB is the GPU memory the workers hold, by nvidia-smi (the
+	// contexts, modules and allocations): set on a CUDA device only.
+	DeviceMiB float64 `json:"device_mib,omitempty"`
+	DeviceMem string  `json:"device_memory_source,omitempty"`
+	// PSSMissing counts workers whose PSS could not be read (not root).
+	PSSMissing int `json:"pss_missing,omitempty"`
+	pids       []int
 }
 
 // tenancy is the auth file of a benchmark's tenants and a client per
@@ -133,17 +143,18 @@ func runTenants(_ context.Context, o *options, res *results) error {
 	if err != nil {
 		return err
 	}
-	used := tenantFns + tenantWide
+	z := o.tenantSizes
+	used := z.fns + tenantWide
 	if err := tenantFill(o, data, src, pair, used, in); err != nil {
 		return err
 	}
 	var runs []*tenantRun
-	for r := range tenantRounds {
+	for r := range z.rounds {
 		for _, scope := range tenantScopes {
 			logf("round %d, --worker-scope %s", r+1, scope)
 			tr, err := tenantServe(o, data, pair, scope, in, func(tr *tenantRun, url string) error {
-				tr.coldInTurn(pair, url, 0, tenantFns, in)
-				tr.wideAt(pair, url, in)
+				tr.coldInTurn(pair, url, 0, z.fns, in)
+				tr.wideAt(pair, url, z.fns, in)
 				if err := tr.workers(pair, url, used); err != nil {
 					return err
 				}
@@ -157,9 +168,11 @@ func runTenants(_ context.Context, o *options, res *results) error {
 			runs = append(runs, tr)
 		}
 	}
-	many, err := tenantsMany(o, src, in)
-	if err != nil {
-		return err
+	var many *tenantRun
+	if z.many > 0 {
+		if many, err = tenantsMany(o, src, z.many, in); err != nil {
+			return err
+		}
 	}
 	res.LoadAfterRuns = loadAvg()
 	return writeTenants(o, res, runs, many)
@@ -232,10 +245,9 @@ func (tr *tenantRun) coldInTurn(t *tenancy, url string, from, to int, in []byte)
 	tr.Functions += to - from
 }
 
-// wideAt invokes the tenantWide functions after the first tenantFns at
-// once.
-func (tr *tenantRun) wideAt(t *tenancy, url string, in []byte) {
-	lat, errs := wide(url, in, func(k int) string { return burstName(tenantFns + k) }, func(k int) *http.Client { return t.of(tenantFns + k) })
+// wideAt invokes the tenantWide functions after the first from at once.
+func (tr *tenantRun) wideAt(t *tenancy, url string, from int, in []byte) {
+	lat, errs := wide(url, in, func(k int) string { return burstName(from + k) }, func(k int) *http.Client { return t.of(from + k) })
 	logf("  %d at once, latencies ms, sorted: %s", tenantWide, sortedMs(lat))
 	tr.Wide, tr.Errors = lat, tr.Errors+errs
 	tr.Functions += tenantWide
@@ -266,6 +278,7 @@ func (tr *tenantRun) workers(t *tenancy, url string, n int) error {
 		}
 	}
 	for pid, tens := range serves {
+		tr.pids = append(tr.pids, pid)
 		if len(tens) > 1 {
 			tr.Mixed++
 		}
@@ -273,8 +286,10 @@ func (tr *tenantRun) workers(t *tenancy, url string, n int) error {
 			tr.Procs[ten]++
 		}
 		kb, err := pssKiB(pid)
-		if err != nil {
-			return fmt.Errorf("worker %d: %w (PSS needs root)", pid, err)
+		if err != nil { // not root, or the worker ended meanwhile
+			logf("  worker %d: PSS: %v", pid, err)
+			tr.PSSMissing++
+			continue
 		}
 		tr.PSSMiB += float64(kb) / 1024
 	}
@@ -309,9 +324,9 @@ func (tr *tenantRun) hot(t *tenancy, url string, in []byte) {
 	}
 }
 
-// tenantsMany is tenantMany functions of tenantTen tenants under tenant
-// scope: cold in turn, then the warm workers' memory and the listing.
-func tenantsMany(o *options, src string, in []byte) (*tenantRun, error) {
+// tenantsMany is n functions of tenantTen tenants under tenant scope: cold
+// in turn, then the warm workers' memory and the listing.
+func tenantsMany(o *options, src string, n int, in []byte) (*tenantRun, error) {
 	data, err := os.MkdirTemp("", "plover-tenants-many-")
 	if err != nil {
 		return nil, err
@@ -321,15 +336,16 @@ func tenantsMany(o *options, src string, in []byte) (*tenantRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := tenantFill(o, data, src, ten, tenantMany, in); err != nil {
+	if err := tenantFill(o, data, src, ten, n, in); err != nil {
 		return nil, err
 	}
-	logf("%d functions of %d tenants, --worker-scope tenant", tenantMany, tenantTen)
+	logf("%d functions of %d tenants, --worker-scope tenant", n, tenantTen)
 	return tenantServe(o, data, ten, "tenant", in, func(tr *tenantRun, url string) error {
-		tr.coldInTurn(ten, url, 0, tenantMany, in)
-		if err := tr.workers(ten, url, tenantMany); err != nil {
+		tr.coldInTurn(ten, url, 0, n, in)
+		if err := tr.workers(ten, url, n); err != nil {
 			return err
 		}
+		tr.DeviceMiB, tr.DeviceMem = gpuMemory(tr.pids)
 		for range 20 {
 			d, _, err := get(ten.admin, url+"/v1/functions")
 			if err != nil {
@@ -341,12 +357,38 @@ func tenantsMany(o *options, src string, in []byte) (*tenantRun, error) {
 	})
 }
 
+// gpuMemory is the GPU memory pids hold by nvidia-smi (MiB), and what it
+// was read with; zero and why not where there is no nvidia-smi.
+func gpuMemory(pids []int) (float64, string) {
+	out, err := exec.Command("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
+	if err != nil {
+		return 0, "no nvidia-smi: " + err.Error()
+	}
+	want := map[int]bool{}
+	for _, p := range pids {
+		want[p] = true
+	}
+	var mib float64
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) != 2 {
+			continue
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(f[0]))
+		if v, err := strconv.ParseFloat(strings.TrimSpace(f[1]), 64); err == nil && want[pid] {
+			mib += v
+		}
+	}
+	return mib, "nvidia-smi --query-compute-apps"
+}
+
 func writeTenants(o *options, res *results, runs []*tenantRun, many *tenantRun) error {
+	z := o.tenantSizes
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("## Many functions, one worker: tenant workers (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s --auth-file` with `--worker-scope function` and `tenant`, the two in turn in each of %d rounds, each a fresh server; load average before %s, after %s.\n\n",
-		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, tenantRounds, res.LoadBefore, res.LoadAfterRuns)
+		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, z.rounds, res.LoadBefore, res.LoadAfterRuns)
 	p("Every function is the CNN (`samples/cnn`) under a name of its own, deployed by one of %d tenants' tokens in turn, its bundle in the node cache and not loaded. Per cell: the median over the rounds of each round's figure; ratios are tenant ÷ function.\n\n", tenantPair)
 	by := func(scope string, fig func(*tenantRun) float64) float64 {
 		var v []float64
@@ -365,11 +407,11 @@ func writeTenants(o *options, res *results, runs []*tenantRun, many *tenantRun) 
 	msU := fmtMs
 	mib := func(v float64) string { return fmt.Sprintf("%.1f MiB", v) }
 	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
-	row(fmt.Sprintf("first requests of %d functions in turn, p50 ms", tenantFns), "≤ 0.5×", func(r *tenantRun) float64 { return quantile(r.Sequence, 0.5) }, msU)
+	row(fmt.Sprintf("first requests of %d functions in turn, p50 ms", z.fns), "≤ 0.5×", func(r *tenantRun) float64 { return quantile(r.Sequence, 0.5) }, msU)
 	row("the same, p99 ms", "tenant ≤ 6 ms", func(r *tenantRun) float64 { return quantile(r.Sequence, 0.99) }, msU)
 	row("the same, the server's `load` span p50 ms", "", func(r *tenantRun) float64 { return quantile(r.SeqLoad, 0.5) }, msU)
 	row(fmt.Sprintf("%d first requests at once, the slowest ms", tenantWide), "tenant ≤ 10 ms", func(r *tenantRun) float64 { return quantile(r.Wide, 1) }, msU)
-	row(fmt.Sprintf("the workers' PSS for those %d functions", tenantFns+tenantWide), "≤ 0.25×", func(r *tenantRun) float64 { return r.PSSMiB }, mib)
+	row(fmt.Sprintf("the workers' PSS for those %d functions", z.fns+tenantWide), "≤ 0.25×", func(r *tenantRun) float64 { return r.PSSMiB }, mib)
 	row("worker processes per tenant, the most", "tenant ≤ 2", func(r *tenantRun) float64 { return float64(maxOf(r.Procs)) }, count)
 	row("processes serving two tenants", "0", func(r *tenantRun) float64 { return float64(r.Mixed) }, count)
 	row(fmt.Sprintf("one function hot, %d requests in turn, p50 ms", tenantHot), "within 5%", func(r *tenantRun) float64 { return quantile(r.Hot, 0.5) }, msU)
@@ -378,10 +420,21 @@ func writeTenants(o *options, res *results, runs []*tenantRun, many *tenantRun) 
 	for _, r := range runs {
 		errs, notCold = errs+r.Errors, notCold+r.NotCold
 	}
-	p("\nFailed requests over all rounds: %d; first requests that were not cold: %d.\n\n", errs, notCold)
-	p("**%d functions of %d tenants**, `--worker-scope tenant`, each invoked once in turn (cold, bundle cached): p50 %s ms, p99 %s ms; then all warm: %d worker processes (the most for one tenant %d, %d serving two tenants), PSS %.1f MiB in all, %.1f KiB per function; `GET /v1/functions` with them all p50 %s ms, p99 %s ms; %d failed requests.\n",
-		tenantMany, tenantTen, fmtMs(quantile(many.Sequence, 0.5)), fmtMs(quantile(many.Sequence, 0.99)), sum(many.Procs), maxOf(many.Procs), many.Mixed,
-		many.PSSMiB, many.PSSMiB*1024/float64(tenantMany), fmtMs(quantile(many.ListMs, 0.5)), fmtMs(quantile(many.ListMs, 0.99)), many.Errors)
+	missing := 0
+	for _, r := range append(slices.Clone(runs), many) {
+		if r != nil {
+			missing += r.PSSMissing
+		}
+	}
+	p("\nFailed requests over all rounds: %d; first requests that were not cold: %d; workers whose PSS could not be read (left out of the sums): %d.\n\n", errs, notCold, missing)
+	if many != nil {
+		p("**%d functions of %d tenants**, `--worker-scope tenant`, each invoked once in turn (cold, bundle cached): p50 %s ms, p99 %s ms; then all warm: %d worker processes (the most for one tenant %d, %d serving two tenants), PSS %.1f MiB in all, %.1f KiB per function; `GET /v1/functions` with them all p50 %s ms, p99 %s ms; %d failed requests.\n",
+			z.many, tenantTen, fmtMs(quantile(many.Sequence, 0.5)), fmtMs(quantile(many.Sequence, 0.99)), sum(many.Procs), maxOf(many.Procs), many.Mixed,
+			many.PSSMiB, many.PSSMiB*1024/float64(z.many), fmtMs(quantile(many.ListMs, 0.5)), fmtMs(quantile(many.ListMs, 0.99)), many.Errors)
+		if many.DeviceMiB > 0 {
+			p("\nGPU memory of those workers (%s): %.0f MiB, %.2f MiB per function.\n", many.DeviceMem, many.DeviceMiB, many.DeviceMiB/float64(z.many))
+		}
+	}
 	return writeSection(o, "tenants-"+o.device, b.String(), map[string]any{"rounds": runs, "many": many})
 }
 
