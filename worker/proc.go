@@ -521,13 +521,24 @@ func (p *proc) alive() bool {
 
 // kill stops the worker and everything it started; the first reason given
 // is the one reported.
-func (p *proc) kill(why string) {
+func (p *proc) kill(why string) { p.killFor(nil, why) }
+
+// killFor is kill for g's run or call (nil: none): in a tenant's worker
+// the others it ends are collateral (tenant.go). g is blamed only when
+// this kill is the process's end: under mu, with the process not exited
+// and not killed already. A process that died of its own fault (a
+// sibling's crash) before a run of g passed its deadline must not have g
+// blamed for it, nor a kill already under way (a memory limit) be
+// credited to g.
+func (p *proc) killFor(g *program, why string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.exited {
 		return
 	}
-	p.killed.CompareAndSwap(nil, &why)
+	if p.killed.CompareAndSwap(nil, &why) && g != nil {
+		p.killedBy.Store(g)
+	}
 	p.cgroup.Dying()
 	contain.KillGroup(p.pid)
 	p.tree.Kill()
@@ -559,15 +570,6 @@ func (p *proc) failed(g *program, err error, during string) error {
 		return fmt.Errorf("%w while %s", device.ErrDeadline, during)
 	}
 	return p.lost(during)
-}
-
-// killFor is kill for g's run or call (nil: none): in a tenant's worker
-// the others it ends are collateral (tenant.go).
-func (p *proc) killFor(g *program, why string) {
-	if g != nil {
-		p.killedBy.CompareAndSwap(nil, g)
-	}
-	p.kill(why)
 }
 
 // call sends one control message (with descriptors) and returns the reply,

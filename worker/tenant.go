@@ -37,9 +37,10 @@ type tenancy struct {
 	// a moment when none is active is its (tenantOutput).
 	last atomic.Pointer[program]
 
-	// Under the proc's mu.
+	// Under the proc's mu. tuned: retune set the memory limit once.
 	progs  map[uint32]*program
 	nextID uint32
+	tuned  bool
 }
 
 // tenantSlot is a tenant's worker on the device: the live one, or the
@@ -67,7 +68,9 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 			t = &tenantSlot{}
 			d.tenants[spec.Tenant] = t
 		}
-		if t.p != nil && t.p.alive() {
+		// A worker the server killed but has not reaped yet is as good as
+		// dead: a program placed in it would be lost with it.
+		if t.p != nil && t.p.alive() && t.p.killed.Load() == nil {
 			if err := t.p.admit(spec.Tenant); err != nil {
 				d.mu.Unlock()
 				return nil, err
@@ -149,6 +152,11 @@ func (p *proc) removeProgram(g *program) {
 
 // retune sets a tenant's worker's memory limit to the sum of its programs'
 // (none if one has none) and its CPU weight to the sum of their weights.
+// The limit is only ever raised while the process lives (it resets with
+// the process): an unloaded program's heap stays resident (free rarely
+// gives memory back, a leak never), so lowering it to the remaining
+// programs' sum would have the watch loop kill the worker, and every
+// sibling with it, for memory none of them holds.
 func (p *proc) retune() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -164,7 +172,13 @@ func (p *proc) retune() {
 		w += g.weight
 		names = append(names, g.name)
 	}
-	p.memLimit.Store(max(limit, 0))
+	switch cur := p.memLimit.Load(); {
+	case !p.tenant.tuned || limit < 0:
+		p.memLimit.Store(max(limit, 0))
+	case cur > 0 && limit > cur: // 0 (none) is the highest
+		p.memLimit.Store(limit)
+	}
+	p.tenant.tuned = true
 	if len(names) > 0 {
 		p.cgroup.setWeight(w, strings.Join(names, ","))
 	}

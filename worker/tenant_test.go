@@ -309,7 +309,8 @@ func TestTenantOutputAttribution(t *testing.T) {
 }
 
 // A tenant's worker's memory limit is the sum of its programs', none if
-// one has none.
+// one has none; an unload never lowers it (the unloaded program's heap
+// stays resident: the watch loop would kill the siblings for it).
 func TestTenantMemoryLimitIsTheSum(t *testing.T) {
 	d := tenantDevice(t)
 	limited := func(name string, mb int64) device.Program {
@@ -328,8 +329,33 @@ func TestTenantMemoryLimitIsTheSum(t *testing.T) {
 		t.Fatalf("limit %d MiB with an unlimited program, want none", got>>20)
 	}
 	c.Close()
+	if got := p.memLimit.Load(); got != 0 {
+		t.Fatalf("limit %d MiB after the unlimited one left, want none still", got>>20)
+	}
+}
+
+// An unload leaves a tenant's worker's limit where it was; a load raises it.
+func TestTenantMemoryLimitNotLoweredOnUnload(t *testing.T) {
+	d := tenantDevice(t)
+	limited := func(name string, mb int64) device.Program {
+		m := testkit.Manifest(name)
+		m.MaxHostMemoryMB = mb
+		return loadFor(t, d, "t", "", m, nil)
+	}
+	a := limited("a", 100)
+	p := a.(*program).p
+	b := limited("b", 50)
+	b.Close()
 	if got := p.memLimit.Load(); got != 150<<20 {
-		t.Fatalf("limit %d MiB after the unlimited one left, want 150", got>>20)
+		t.Fatalf("limit %d MiB after b's unload, want 150 still", got>>20)
+	}
+	limited("c", 20) // 120 MiB of programs now: no raise, no lowering
+	if got := p.memLimit.Load(); got != 150<<20 {
+		t.Fatalf("limit %d MiB after c's load, want 150", got>>20)
+	}
+	limited("e", 100)
+	if got := p.memLimit.Load(); got != 220<<20 {
+		t.Fatalf("limit %d MiB after e's load, want 220", got>>20)
 	}
 }
 
