@@ -1,8 +1,13 @@
 package worker
 
 import (
+	"context"
+	"errors"
+	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -40,4 +45,42 @@ func TestTenantKilledWorkerTakesNoProgram(t *testing.T) {
 		t.Fatalf("b placed in the killed worker %d", a.p.pid)
 	}
 	echoes(t, b, testkit.Manifest("b"))
+}
+
+// A request whose deadline passes while its program loads into its
+// tenant's worker gives up at once (ErrDeadline) and kills nothing: the
+// sibling runs on in the same process, and the late program is unloaded
+// once its load ends.
+func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
+	d := tenantDevice(t)
+	ms := testkit.Manifest("sibling")
+	sib := loadFor(t, d, "t", "", ms, nil).(*program)
+	dir := t.TempDir()
+	m := testkit.Manifest("slow")
+	m.Library = "slowload.so"
+	testkit.BuildLib(t, filepath.Join("testdata", "slowload.cc"), dir, m.Library, "-DSLOW_MS=700")
+	testkit.WriteManifest(t, dir, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	p, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+	if err == nil {
+		p.Close()
+		t.Fatal("a load past its request's deadline succeeded")
+	}
+	if !errors.Is(err, device.ErrDeadline) || time.Since(t0) > 600*time.Millisecond {
+		t.Fatalf("load: %v after %v, want ErrDeadline at the request's deadline", err, time.Since(t0))
+	}
+	waitFor(t, "the late program unloaded", func() bool {
+		sib.p.mu.Lock()
+		defer sib.p.mu.Unlock()
+		return len(sib.p.tenant.progs) == 1
+	})
+	if !sib.Alive() || sib.p.killed.Load() != nil {
+		t.Fatalf("the sibling's worker was killed: %v", sib.Death())
+	}
+	echoes(t, sib, ms)
+	if got := d.used.Load(); got != 0 {
+		t.Errorf("ledger %d bytes after the late program's unload, want 0", got)
+	}
 }
