@@ -98,7 +98,8 @@ type Device struct {
 
 	mu      sync.Mutex
 	procs   map[*proc]struct{}
-	tenants map[string]*tenantSlot // TenantScope: each tenant's worker (tenant.go)
+	tenants map[string]*tenantSlot  // TenantScope: each tenant's worker (tenant.go)
+	churn   map[string]*tenantChurn // TenantScope: tenants' recent worker deaths (churn.go)
 	closed  bool
 
 	outMu sync.Mutex // Options.Output's lines, one at a time
@@ -129,7 +130,7 @@ func NewDevice(opts Options) *Device {
 	}
 	d := &Device{opts: opts, standby: make(chan *proc, opts.MaxStandby), refill: make(chan struct{}, 1),
 		started: make(chan standbyStart, standbyParallel), demand: &standbyDemand{min: opts.Standby, max: opts.MaxStandby},
-		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}}
+		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}, churn: map[string]*tenantChurn{}}
 	if opts.MaxStandby > 0 && !opts.MPS {
 		go d.keepStandby()
 		d.refill <- struct{}{}

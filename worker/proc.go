@@ -437,7 +437,8 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
 	}
-	p.blame(faultDeath(cmd.ProcessState))
+	p.blame(deathSignal(cmd.ProcessState))
+	p.d.tenantDied(p)
 	p.mu.Lock()
 	p.ctlGone = true
 	busy := p.ctlBusy
@@ -675,14 +676,16 @@ const instanceGrace = 2 * time.Second
 // maxControlWait bounds a control call whose context has no deadline.
 const maxControlWait = time.Minute
 
-// faultDeath reports a process killed by a signal (a fatal signal's
-// line, wire.FatalMark, is believed only then).
-func faultDeath(ps *os.ProcessState) bool {
+// deathSignal is the signal that killed a process, 0 for none (an exit):
+// a fatal signal's line, wire.FatalMark, is believed only for a signal.
+func deathSignal(ps *os.ProcessState) syscall.Signal {
 	if ps == nil {
-		return false
+		return 0
 	}
-	ws, ok := ps.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled()
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return ws.Signal()
+	}
+	return 0
 }
 
 // faultSignal reports a process killed by SIGSEGV or SIGBUS, the signals

@@ -89,6 +89,10 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 				return nil, fmt.Errorf("%w while waiting for the tenant's worker to start", device.ErrDeadline)
 			}
 		}
+		if err := d.churnHeld(spec.Tenant); err != nil {
+			d.mu.Unlock()
+			return nil, err
+		}
 		w := make(chan struct{})
 		t.p, t.starting, t.refs = nil, w, 0
 		d.mu.Unlock()
@@ -224,14 +228,26 @@ func (p *proc) stageTenant(spec device.ProgramSpec, g *program) (string, error) 
 }
 
 // blame decides, as a tenant's worker is reaped, which of its programs
-// lost it by their own fault; the others lost it as collateral (Shared).
-// In order: the program the server killed it for (a run past its deadline
-// and grace, a call that hung); the one its fatal-signal handler named
-// (only for a death by a signal: a bundle can print anything); those with
-// a run in flight; the one whose control call was; failing all, every
-// one. Before done is closed, while the runs and the call that saw the
-// death still count.
-func (p *proc) blame(bySignal bool) {
+// lost it by their own fault; the others lost it as collateral (Shared:
+// the engine retries their request and counts no crash). sig is the
+// signal that ended it (0: an exit). The rule:
+//
+//   - a fatal signal (not the server's SIGKILL) whose handler named a
+//     program the process holds (wire.FatalMark): that program. A bundle
+//     can print the mark itself, naming a sibling, but only of its own
+//     tenant, and it then dies as the culprit's crash would;
+//   - the server's kill for one program's run or call (killedBy: a run
+//     past its deadline and grace, a call that hung): that program;
+//   - anything else (a signal with no mark: a thread of a bundle's own;
+//     an exit; a memory-limit kill; a broken channel): every program,
+//     none Shared. Who did it is not known, and guessing from the runs
+//     in flight would make a bundle that crashes outside its runs a
+//     retried, never backed-off bystander while its sibling takes the
+//     blame. The tenant's back-off (tenantChurn) bounds the rest.
+//
+// Before done is closed, while the runs and the call that saw the death
+// still count.
+func (p *proc) blame(sig syscall.Signal) {
 	if p.tenant == nil {
 		return
 	}
@@ -239,23 +255,13 @@ func (p *proc) blame(bySignal bool) {
 	defer p.mu.Unlock()
 	progs := p.tenant.progs
 	var culprits []*program
-	if g := p.killedBy.Load(); g != nil {
-		culprits = append(culprits, g)
-	} else if id := p.fatal.Load(); id != 0 && bySignal && progs[id] != nil {
+	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && progs[id] != nil {
 		culprits = append(culprits, progs[id])
+	} else if g := p.killedBy.Load(); g != nil {
+		culprits = append(culprits, g)
 	} else {
 		for _, g := range progs {
-			if g.runs.Load() > 0 {
-				culprits = append(culprits, g)
-			}
-		}
-		if len(culprits) == 0 && p.callingProg != nil {
-			culprits = append(culprits, p.callingProg)
-		}
-		if len(culprits) == 0 {
-			for _, g := range progs {
-				culprits = append(culprits, g)
-			}
+			culprits = append(culprits, g)
 		}
 	}
 	for _, g := range culprits {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -83,4 +85,67 @@ func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
 	if got := d.used.Load(); got != 0 {
 		t.Errorf("ledger %d bytes after the late program's unload, want 0", got)
 	}
+}
+
+// A tenant's worker that a bundle ends from a thread of its own, outside
+// its runs (exit(), or a signal with no fatal-signal mark), is every
+// program's loss, none collateral: the one at fault is not known, and the
+// sibling whose run happened to be in flight is not it.
+func TestTenantUnmarkedDeathBlamesEveryProgram(t *testing.T) {
+	for _, kernel := range []string{"exit_later", "segv_later"} {
+		t.Run(kernel, func(t *testing.T) {
+			d := tenantDevice(t)
+			dir := t.TempDir()
+			mh := testkit.Manifest("late")
+			mh.Library = "latecrash.so"
+			mh.Chain = []abi.Launch{{Kernel: kernel, Grid: 200, Block: 1}}
+			testkit.BuildLib(t, filepath.Join("testdata", "latecrash.cc"), dir, mh.Library, "-pthread")
+			testkit.WriteManifest(t, dir, mh)
+			h, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { h.Close() })
+			ms := testkit.Slow("slow", 1)
+			slow := loadFor(t, d, "t", "", ms, nil)
+			slowDone := startSlow(t, slow, ms, 5000)
+			if err := runOnce(t, h, mh, nil, 10*time.Second); err != nil {
+				t.Fatalf("the entry that starts the thread: %v", err)
+			}
+			if lost, shared := collateral(<-slowDone); !lost || shared {
+				t.Errorf("the sibling's run in flight: lost %v, collateral %v; want its own loss", lost, shared)
+			}
+			if dh, ds := h.(*program).Death(), slow.(*program).Death(); dh == nil || dh.Collateral() || ds == nil || ds.Collateral() {
+				t.Errorf("deaths: %v and %v, want neither collateral", dh, ds)
+			}
+		})
+	}
+}
+
+// A tenant whose worker keeps dying gets no new worker for a while: its
+// loads fail at once; another tenant's are untouched.
+func TestTenantChurnHold(t *testing.T) {
+	d := tenantDevice(t)
+	dir := t.TempDir()
+	mh := testkit.Manifest("hostile")
+	mh.Library = "hostile.so"
+	mh.Chain = []abi.Launch{{Kernel: "segv", Grid: 1, Block: 1}}
+	testkit.BuildLib(t, testkit.HostileSource(), dir, mh.Library)
+	testkit.WriteManifest(t, dir, mh)
+	for i := range churnLimit {
+		h, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+		if err != nil {
+			t.Fatalf("load %d: %v", i, err)
+		}
+		if err := runOnce(t, h, mh, nil, 10*time.Second); err == nil {
+			t.Fatal("segv ran")
+		}
+		<-h.(*program).Exited()
+		h.Close()
+	}
+	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+	if err == nil || !strings.Contains(err.Error(), "no new worker") {
+		t.Fatalf("load after %d deaths: %v, want the tenant held", churnLimit, err)
+	}
+	echoes(t, loadFor(t, d, "u", "", testkit.Manifest("other"), nil), testkit.Manifest("other"))
 }
