@@ -599,9 +599,6 @@ func (p *proc) call(ctx context.Context, g *program, c wire.Control, fds []int, 
 	if gone {
 		return nil, g.lost(during)
 	}
-	if p.tenant != nil && g != nil {
-		p.tenant.last.Store(g)
-	}
 	defer func() {
 		if p.tenant != nil && g != nil {
 			g.callEnded.Store(time.Now().UnixNano())

@@ -29,8 +29,8 @@ type program struct {
 	// In a tenant's worker (tenant.go): its output, its part of the
 	// process's memory limit (0: none) and CPU weight, its staged
 	// library's device and inode, its subdirectory of the stage, its runs
-	// in flight and when its last run and its last call ended (Unix ns), and
-	// whether the process's death was its fault.
+	// in flight and when its last run and its last call ended (Unix ns: its
+	// output's attribution), and whether the process's death was its fault.
 	out       device.Output
 	memLimit  int64
 	weight    float64

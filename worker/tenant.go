@@ -33,9 +33,9 @@ type tenancy struct {
 	// name is the tenant's once given (under the device's mu).
 	name  string
 	given bool
-	// last is the program whose run or call started last: the output of
-	// a moment when none is active is its (tenantOutput).
-	last atomic.Pointer[program]
+	// unattributed counts the lines that were no one program's
+	// (tenantOutput).
+	unattributed atomic.Int32
 
 	// Under the proc's mu. tuned: retune set the memory limit once.
 	progs  map[uint32]*program
@@ -296,53 +296,51 @@ func (g *program) failed(err error, during string) error {
 
 func (g *program) idleExit() error { return g.shares(g.p.idleExit()) }
 
-// siblingMark starts a line of a tenant's worker that was passed to a
-// program which may not have printed it: several programs were active
-// (each gets the line, so marked), or none was and it went to the one
-// active last (tenantOutput).
-const siblingMark = "[maybe another function's] "
-
-// outputGrace is how long after a run of a program ends a line read from
-// its tenant's worker still counts as possibly its: the server reads the
-// worker's pipes in the background, and a run's last lines, written
-// before its reply, are often read after it.
+// outputGrace is how long after a run or call of a program ends a line
+// read from its tenant's worker still counts as possibly its: the server
+// reads the worker's pipes in the background, and a run's last lines,
+// written before its reply, are often read after it.
 const outputGrace = 50 * time.Millisecond
 
-// tenantOutput passes a line of a tenant's worker to the program whose run
-// or control call is in flight, or whose run ended within outputGrace,
-// unmarked when it is the only one; with several, to each with
-// siblingMark. With none, to the program whose run or call started last,
-// the likeliest to have printed it (a load's constructors, read after the
-// load returned; a thread the bundle made), marked if others are loaded
-// and that run or call is not as recent: not to every program, which would
-// spread one function's chatter over all of its tenant's. The pipes do not
-// say who wrote: a sibling's thread that prints while one program alone
-// runs is attributed to that one. False when p has no program to give it
-// to (a standby's line).
+// tenantOutput passes a line of a tenant's worker to the program it is
+// attributable to: the only one whose run or control call is in flight,
+// or ended within outputGrace. A line printed while several are active,
+// or while none is (a thread of a bundle's own), goes to no function's
+// output: the readers of one function's lines may not be allowed to read
+// another's (a token for one function of the tenant, a redeploy under
+// another tenant), and a guess would show them a sibling's. The server's
+// log gets it instead, the first unattributedLines of each worker, with
+// its pid and tenant. The pipes do not say who wrote: a sibling's thread
+// that prints while one program alone is active is attributed to that
+// one, within its tenant. False when p has no program to give it to (a
+// standby's line).
 func (p *proc) tenantOutput(l api.LogLine) bool {
 	recent := l.Time.Add(-outputGrace).UnixNano()
 	p.mu.Lock()
-	var to []*program
+	var to *program
+	active := 0
 	for _, g := range p.tenant.progs {
-		if g.runs.Load() > 0 || p.callingProg == g || g.runEnded.Load() > recent {
-			to = append(to, g)
+		if g.runs.Load() > 0 || p.callingProg == g || g.runEnded.Load() > recent || g.callEnded.Load() > recent {
+			to = g
+			active++
 		}
 	}
-	marked := len(to) > 1
-	if len(to) == 0 {
-		if g := p.tenant.last.Load(); g != nil && p.tenant.progs[g.id] == g {
-			to = append(to, g)
-			marked = len(p.tenant.progs) > 1 && g.callEnded.Load() <= recent
-		}
-	}
+	held, tenant := len(p.tenant.progs), p.tenant.name
 	p.mu.Unlock()
-	if marked {
-		l.Line = siblingMark + l.Line
-	}
-	for _, g := range to {
-		if o := g.out; o != nil {
+	switch {
+	case held == 0:
+		return false
+	case active == 1:
+		if o := to.out; o != nil {
 			o.Add(l)
 		}
+	case p.tenant.unattributed.Add(1) <= unattributedLines:
+		p.d.opts.Log.Info("a tenant's worker wrote a line that cannot be attributed to one function: kept out of every function's log",
+			"pid", p.pid, "tenant", tenant, "programs_active", active, "stream", l.Stream, "line", l.Line)
 	}
-	return len(to) > 0
+	return true
 }
+
+// unattributedLines is how many lines of a tenant's worker that are no
+// one function's reach the server log (as startLines for a standby's).
+const unattributedLines = startLines
