@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -148,4 +150,105 @@ func TestTenantChurnHold(t *testing.T) {
 		t.Fatalf("load after %d deaths: %v, want the tenant held", churnLimit, err)
 	}
 	echoes(t, loadFor(t, d, "u", "", testkit.Manifest("other"), nil), testkit.Manifest("other"))
+}
+
+// slotMaps counts the server's slots mapped in process pid (memfds named
+// plover-slot).
+func slotMaps(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "memfd:plover-slot")
+}
+
+// cycleSlots loads m from dir into tenant t's worker beside keep, lends
+// it two pool slots, gives them back and unloads it, rounds times: the
+// worker's slot counters, the device's pinned bytes and the worker's
+// mappings come back to their level each time.
+func cycleSlots(t *testing.T, d *Device, dir string, m *abi.Manifest, keep *program) {
+	t.Helper()
+	p := keep.p
+	p.slots.mu.Lock()
+	mapped0, pinned0 := p.slots.mapped, p.slots.pinned
+	p.slots.mu.Unlock()
+	pin0, maps0 := d.pin.bytes.Load(), slotMaps(t, p.pid)
+	for round := range 3 {
+		g, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.(*program).p != p {
+			t.Fatal("the program was not loaded into the kept program's worker")
+		}
+		var lent []device.Slot
+		for range 2 {
+			s, ok := g.(device.Lender).Lend(m.MaxInputBytes, m.OutBytes)
+			if !ok {
+				t.Fatalf("round %d: no slot lent", round)
+			}
+			lent = append(lent, s)
+		}
+		p.slots.mu.Lock()
+		pinnedLent := p.slots.pinned
+		p.slots.mu.Unlock()
+		if device.PinsHost(d.Target()) && pinnedLent == pinned0 {
+			t.Fatalf("round %d: a device that pins did not pin the slots", round)
+		}
+		if n := slotMaps(t, p.pid); n != maps0+2 {
+			t.Fatalf("round %d: the worker maps %d slots, want %d", round, n, maps0+2)
+		}
+		for _, s := range lent {
+			s.Release()
+		}
+		g.Close()
+		p.slots.mu.Lock()
+		mapped, pinned := p.slots.mapped, p.slots.pinned
+		p.slots.mu.Unlock()
+		if mapped != mapped0 || pinned != pinned0 || d.pin.bytes.Load() != pin0 {
+			t.Fatalf("round %d: %d bytes mapped, %d pinned (device %d) after the unload, want %d, %d (%d)",
+				round, mapped, pinned, d.pin.bytes.Load(), mapped0, pinned0, pin0)
+		}
+		waitFor(t, "the worker to unmap the unloaded program's slots", func() bool { return slotMaps(t, p.pid) == maps0 })
+	}
+	if !keep.Alive() {
+		t.Fatalf("the kept program's worker died: %v", keep.Death())
+	}
+}
+
+// A tenant's worker lets go of an unloaded program's pool slots: redeploys
+// into a long-lived worker do not pile up its mappings and counters.
+func TestTenantUnloadReleasesPoolSlots(t *testing.T) {
+	d := tenantDevice(t)
+	keep := loadFor(t, d, "t", "", testkit.Manifest("keep"), nil).(*program)
+	m := testkit.Manifest("x")
+	cycleSlots(t, d, testkit.BundleDir(t, m, nil), m, keep)
+	echoes(t, keep, testkit.Manifest("keep"))
+}
+
+// On a device that pins its slots (the fake CUDA driver), the unloaded
+// program's pins are undone too: the device's pinned bytes come back.
+func TestCUDATenantUnloadUnpinsPoolSlots(t *testing.T) {
+	good, dir := fakeCUDA(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: good.opts.Driver, Landlock: true,
+		StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
+	t.Cleanup(func() { d.Close() })
+	m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
+	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
+	load := func(name string) *program {
+		mm := *m
+		mm.Name = name
+		p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: &mm, Tenant: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p.(*program)
+	}
+	keep := load("keep")
+	cycleSlots(t, d, dir, m, keep)
+	if got := d.Pinning().Bytes; got != 0 {
+		t.Errorf("%d bytes pinned after the unloads, want 0", got)
+	}
 }
