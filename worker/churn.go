@@ -11,9 +11,14 @@ import (
 // worker on a device within churnWindow, no new worker is started for it
 // there for churnHold, and its loads fail at once (an error the engine
 // answers with 503). A live worker of the tenant is not affected: loading
-// into it starts no process.
+// into it starts no process. The limit is twice the engine's per-function
+// crash limit (5 a minute, then that function alone backs off): one
+// function that crashes must not hold its siblings too; two at once, a
+// function whose crashes the engine does not count (blamed on every
+// program, a success between its crashes), or one that makes the others
+// crash, do.
 const (
-	churnLimit  = 5
+	churnLimit  = 10
 	churnWindow = 30 * time.Second
 	churnHold   = 10 * time.Second
 )
