@@ -204,6 +204,13 @@ type HostRegistrar interface {
 	RegisterHost(b []byte) error
 }
 
+// HostUnregistrar is a HostRegistrar that can undo a registration
+// (CUDA: cuMemHostUnregister), for memory the process is done with: a
+// tenant's worker's pool slots of a program it unloaded.
+type HostUnregistrar interface {
+	UnregisterHost(b []byte) error
+}
+
 // Pinning is host memory a device pinned for the slots requests' bytes
 // land in (a CUDA device's workers: page-locked and resident for each
 // slot's life, whatever a request touches).

@@ -51,6 +51,7 @@ type GPU struct {
 }
 
 var _ Device = (*GPU)(nil)
+var _ HostUnregistrar = (*GPU)(nil)
 
 // OpenCUDA opens every CUDA device visible to this process (as
 // CUDA_VISIBLE_DEVICES filters them). limit is each device's memory budget
@@ -274,8 +275,8 @@ func (g *GPU) Close() error {
 
 // RegisterHost pins b where it is, for every context (a worker's slot, once
 // per slot): runs in place copy straight between it and the GPU. b must
-// stay mapped while the process runs; it is never unregistered, as a
-// worker's slots live as long as it does.
+// stay mapped until it is unregistered (UnregisterHost: a tenant's worker
+// unloading a program) or the process ends.
 func (g *GPU) RegisterHost(b []byte) error {
 	if err := g.usable(); err != nil {
 		return err
@@ -287,8 +288,8 @@ func (g *GPU) RegisterHost(b []byte) error {
 }
 
 // UnregisterHost undoes RegisterHost for b, which must then not be run on
-// in place: for a process that registered memory it is done with (a
-// benchmark's buffers), not for a worker's slots.
+// in place: for memory a process is done with (a benchmark's buffers, the
+// pool slots of a program a tenant's worker unloaded).
 func (g *GPU) UnregisterHost(b []byte) error {
 	if err := g.usable(); err != nil {
 		return err

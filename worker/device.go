@@ -98,7 +98,8 @@ type Device struct {
 
 	mu      sync.Mutex
 	procs   map[*proc]struct{}
-	tenants map[string]*tenantSlot // TenantScope: each tenant's worker (tenant.go)
+	tenants map[string]*tenantSlot  // TenantScope: each tenant's worker (tenant.go)
+	churn   map[string]*tenantChurn // TenantScope: tenants' recent worker deaths (churn.go)
 	closed  bool
 
 	outMu sync.Mutex // Options.Output's lines, one at a time
@@ -129,7 +130,7 @@ func NewDevice(opts Options) *Device {
 	}
 	d := &Device{opts: opts, standby: make(chan *proc, opts.MaxStandby), refill: make(chan struct{}, 1),
 		started: make(chan standbyStart, standbyParallel), demand: &standbyDemand{min: opts.Standby, max: opts.MaxStandby},
-		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}}
+		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}, churn: map[string]*tenantChurn{}}
 	if opts.MaxStandby > 0 && !opts.MPS {
 		go d.keepStandby()
 		d.refill <- struct{}{}
@@ -381,17 +382,52 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 	if g.sub, err = p.stageTenant(spec, g); err != nil {
 		return fail(err)
 	}
-	rep, err := g.load(ctx, mj)
-	if err == nil && rep.St != wire.StOK {
-		err = wire.ErrorOf(rep.St, rep.Text)
+	// The load runs under a bound of its own, not the request's deadline:
+	// past that, the call would kill the worker, and with it every
+	// sibling, for a request that merely had a short deadline. The
+	// request gives up at its deadline; the load goes on, then the
+	// program is unloaded, as no one holds it. Only loadBound's expiry
+	// (a load that hangs) kills the worker, for g.
+	type loaded struct {
+		rep wire.Reply
+		err error
 	}
-	if err != nil {
-		return fail(err)
+	res := make(chan loaded, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(context.Background(), loadBound)
+		defer cancel()
+		rep, err := g.load(lctx, mj)
+		if err == nil && rep.St != wire.StOK {
+			err = wire.ErrorOf(rep.St, rep.Text)
+		}
+		res <- loaded{rep, err}
+	}()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			return fail(r.err)
+		}
+	case <-ctx.Done():
+		go func() {
+			if r := <-res; r.err != nil {
+				fail(r.err)
+				return
+			}
+			d.used.Add(consts)
+			p.reported.Store(true)
+			g.Close()
+		}()
+		return nil, fmt.Errorf("%w while the bundle was loading (it is unloaded once its load ends)", device.ErrDeadline)
 	}
 	d.used.Add(consts)
 	p.reported.Store(true)
 	return g, nil
 }
+
+// loadBound bounds a load into a tenant's worker (loadShared), which a
+// request's deadline does not: past it, the load is taken to hang and the
+// worker is killed for its program.
+const loadBound = 30 * time.Second
 
 // stage links the bundle's library and constants into a worker's stage
 // (copies them if the stage is on another file system).

@@ -328,12 +328,11 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 }
 
 // runStart and runEnd count a run in flight on g's worker, and in a
-// tenant's worker on g (for blame and tenantOutput).
+// tenant's worker on g (for tenantOutput).
 func (g *program) runStart() {
 	g.p.runs.Add(1)
-	if t := g.p.tenant; t != nil {
+	if g.p.tenant != nil {
 		g.runs.Add(1)
-		t.last.Store(g)
 	}
 }
 

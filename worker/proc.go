@@ -437,7 +437,8 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
 	}
-	p.blame(faultDeath(cmd.ProcessState))
+	p.blame(deathSignal(cmd.ProcessState))
+	p.d.tenantDied(p)
 	p.mu.Lock()
 	p.ctlGone = true
 	busy := p.ctlBusy
@@ -521,13 +522,24 @@ func (p *proc) alive() bool {
 
 // kill stops the worker and everything it started; the first reason given
 // is the one reported.
-func (p *proc) kill(why string) {
+func (p *proc) kill(why string) { p.killFor(nil, why) }
+
+// killFor is kill for g's run or call (nil: none): in a tenant's worker
+// the others it ends are collateral (tenant.go). g is blamed only when
+// this kill is the process's end: under mu, with the process not exited
+// and not killed already. A process that died of its own fault (a
+// sibling's crash) before a run of g passed its deadline must not have g
+// blamed for it, nor a kill already under way (a memory limit) be
+// credited to g.
+func (p *proc) killFor(g *program, why string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.exited {
 		return
 	}
-	p.killed.CompareAndSwap(nil, &why)
+	if p.killed.CompareAndSwap(nil, &why) && g != nil {
+		p.killedBy.Store(g)
+	}
 	p.cgroup.Dying()
 	contain.KillGroup(p.pid)
 	p.tree.Kill()
@@ -561,15 +573,6 @@ func (p *proc) failed(g *program, err error, during string) error {
 	return p.lost(during)
 }
 
-// killFor is kill for g's run or call (nil: none): in a tenant's worker
-// the others it ends are collateral (tenant.go).
-func (p *proc) killFor(g *program, why string) {
-	if g != nil {
-		p.killedBy.CompareAndSwap(nil, g)
-	}
-	p.kill(why)
-}
-
 // call sends one control message (with descriptors) and returns the reply,
 // within ctx's deadline; past it the worker is killed. The reply is read
 // with wire.DecodeControlReply: it is never empty.
@@ -595,9 +598,6 @@ func (p *proc) call(ctx context.Context, g *program, c wire.Control, fds []int, 
 	p.mu.Unlock()
 	if gone {
 		return nil, g.lost(during)
-	}
-	if p.tenant != nil && g != nil {
-		p.tenant.last.Store(g)
 	}
 	defer func() {
 		if p.tenant != nil && g != nil {
@@ -673,14 +673,16 @@ const instanceGrace = 2 * time.Second
 // maxControlWait bounds a control call whose context has no deadline.
 const maxControlWait = time.Minute
 
-// faultDeath reports a process killed by a signal (a fatal signal's
-// line, wire.FatalMark, is believed only then).
-func faultDeath(ps *os.ProcessState) bool {
+// deathSignal is the signal that killed a process, 0 for none (an exit):
+// a fatal signal's line, wire.FatalMark, is believed only for a signal.
+func deathSignal(ps *os.ProcessState) syscall.Signal {
 	if ps == nil {
-		return false
+		return 0
 	}
-	ws, ok := ps.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled()
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return ws.Signal()
+	}
+	return 0
 }
 
 // faultSignal reports a process killed by SIGSEGV or SIGBUS, the signals

@@ -29,8 +29,8 @@ type program struct {
 	// In a tenant's worker (tenant.go): its output, its part of the
 	// process's memory limit (0: none) and CPU weight, its staged
 	// library's device and inode, its subdirectory of the stage, its runs
-	// in flight and when its last run and its last call ended (Unix ns), and
-	// whether the process's death was its fault.
+	// in flight and when its last run and its last call ended (Unix ns: its
+	// output's attribution), and whether the process's death was its fault.
 	out       device.Output
 	memLimit  int64
 	weight    float64
@@ -207,10 +207,10 @@ func (g *program) Close() error {
 }
 
 // closeShared unloads g from its tenant's worker: its slots and its
-// ledger are freed here, the worker closes it once its instances are gone
-// (the caller closed them first), and the process ends only when its last
-// program is gone, by a kill as a function's worker's: whatever the
-// bundles started goes with it.
+// ledger are freed here, the worker closes it and lets go of its pool
+// slots once its instances are gone (the caller closed them first), and
+// the process ends only when its last program is gone, by a kill as a
+// function's worker's: whatever the bundles started goes with it.
 func (g *program) closeShared() {
 	g.closeSlots()
 	g.d.used.Add(-g.consts)
@@ -232,6 +232,8 @@ func (g *program) closeShared() {
 		}
 		if err != nil {
 			g.d.opts.Log.Warn("a tenant's worker did not unload a program", "function", g.name, "pid", g.p.pid, "error", err)
+		} else {
+			g.dropSlots()
 		}
 	}
 	os.RemoveAll(filepath.Join(g.p.stage, g.sub))

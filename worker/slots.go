@@ -34,16 +34,22 @@ type slotPool struct {
 	count int // lent and free
 	size  [2]int64
 	dead  bool // the worker is gone: nothing goes back to free
+	// all is every slot the worker took (OpSlot), for its unload to let
+	// go of; dropped: it did (dropSlots), and a slot made since is
+	// dropped as it is made.
+	all     []*poolSlot
+	dropped bool
 }
 
 // poolSlot is one pool slot, seen from the server.
 type poolSlot struct {
-	g     *program
-	id    uint32 // the worker's id for it
-	mem   []byte // the server's mapping: input at 0, output at maxIn
-	maxIn int64
-	out   int64
-	lent  atomic.Bool
+	g      *program
+	id     uint32 // the worker's id for it
+	mem    []byte // the server's mapping: input at 0, output at maxIn
+	maxIn  int64
+	out    int64
+	pinned int64 // bytes its worker pinned (0: none)
+	lent   atomic.Bool
 
 	// holds counts chains still running on it past their request (an
 	// overrun: the request was answered at its deadline); released says
@@ -142,6 +148,15 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 		pool.mu.Unlock()
 		return nil, false
 	}
+	pool.mu.Lock()
+	dropped := pool.dropped
+	if !dropped {
+		pool.all = append(pool.all, s)
+	}
+	pool.mu.Unlock()
+	if dropped { // made before the unload, counted after it (dropSlots)
+		g.p.dropSlot(maxIn+out, s.pinned)
+	}
 	s.lent.Store(true)
 	return s, true
 }
@@ -156,7 +171,7 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	g.p.mapSlot(maxIn + out)
-	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpSlot, Size: maxIn + out}, []int{memfd}, "adding a slot")
+	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: maxIn + out}, []int{memfd}, "adding a slot")
 	var rep wire.Reply
 	if err == nil {
 		var bad error
@@ -169,9 +184,9 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 		unix.Munmap(mem)
 		return nil, err
 	}
-	// Kept as long as the worker: its pin is given back when it is gone.
-	g.p.pinSlot(g, rep.Pin, maxIn+out, "a pool slot", true)
-	return &poolSlot{g: g, id: rep.ID, mem: mem, maxIn: maxIn, out: out}, nil
+	// Kept as long as the program (dropSlots), or the worker.
+	pinned := g.p.pinSlot(g, rep.Pin, maxIn+out, "a pool slot", true)
+	return &poolSlot{g: g, id: rep.ID, mem: mem, maxIn: maxIn, out: out, pinned: pinned}, nil
 }
 
 // closeSlots unmaps the free slots of a program whose worker is gone;
@@ -186,5 +201,19 @@ func (g *program) closeSlots() {
 	pool.mu.Unlock()
 	for _, s := range free {
 		unix.Munmap(s.mem)
+	}
+}
+
+// dropSlots undoes the accounting of g's pool slots in its worker (bytes
+// mapped and pinned there), once the worker unloaded g: it unmaps and
+// unpins them as g's last instance goes (wire.OpUnload).
+func (g *program) dropSlots() {
+	pool := &g.slots
+	pool.mu.Lock()
+	all := pool.all
+	pool.all, pool.dropped = nil, true
+	pool.mu.Unlock()
+	for _, s := range all {
+		g.p.dropSlot(s.maxIn+s.out, s.pinned)
 	}
 }

@@ -33,13 +33,14 @@ type tenancy struct {
 	// name is the tenant's once given (under the device's mu).
 	name  string
 	given bool
-	// last is the program whose run or call started last: the output of
-	// a moment when none is active is its (tenantOutput).
-	last atomic.Pointer[program]
+	// unattributed counts the lines that were no one program's
+	// (tenantOutput).
+	unattributed atomic.Int32
 
-	// Under the proc's mu.
+	// Under the proc's mu. tuned: retune set the memory limit once.
 	progs  map[uint32]*program
 	nextID uint32
+	tuned  bool
 }
 
 // tenantSlot is a tenant's worker on the device: the live one, or the
@@ -67,7 +68,9 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 			t = &tenantSlot{}
 			d.tenants[spec.Tenant] = t
 		}
-		if t.p != nil && t.p.alive() {
+		// A worker the server killed but has not reaped yet is as good as
+		// dead: a program placed in it would be lost with it.
+		if t.p != nil && t.p.alive() && t.p.killed.Load() == nil {
 			if err := t.p.admit(spec.Tenant); err != nil {
 				d.mu.Unlock()
 				return nil, err
@@ -85,6 +88,10 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 			case <-ctx.Done():
 				return nil, fmt.Errorf("%w while waiting for the tenant's worker to start", device.ErrDeadline)
 			}
+		}
+		if err := d.churnHeld(spec.Tenant); err != nil {
+			d.mu.Unlock()
+			return nil, err
 		}
 		w := make(chan struct{})
 		t.p, t.starting, t.refs = nil, w, 0
@@ -149,6 +156,11 @@ func (p *proc) removeProgram(g *program) {
 
 // retune sets a tenant's worker's memory limit to the sum of its programs'
 // (none if one has none) and its CPU weight to the sum of their weights.
+// The limit is only ever raised while the process lives (it resets with
+// the process): an unloaded program's heap stays resident (free rarely
+// gives memory back, a leak never), so lowering it to the remaining
+// programs' sum would have the watch loop kill the worker, and every
+// sibling with it, for memory none of them holds.
 func (p *proc) retune() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -164,7 +176,13 @@ func (p *proc) retune() {
 		w += g.weight
 		names = append(names, g.name)
 	}
-	p.memLimit.Store(max(limit, 0))
+	switch cur := p.memLimit.Load(); {
+	case !p.tenant.tuned || limit < 0:
+		p.memLimit.Store(max(limit, 0))
+	case cur > 0 && limit > cur: // 0 (none) is the highest
+		p.memLimit.Store(limit)
+	}
+	p.tenant.tuned = true
 	if len(names) > 0 {
 		p.cgroup.setWeight(w, strings.Join(names, ","))
 	}
@@ -210,14 +228,26 @@ func (p *proc) stageTenant(spec device.ProgramSpec, g *program) (string, error) 
 }
 
 // blame decides, as a tenant's worker is reaped, which of its programs
-// lost it by their own fault; the others lost it as collateral (Shared).
-// In order: the program the server killed it for (a run past its deadline
-// and grace, a call that hung); the one its fatal-signal handler named
-// (only for a death by a signal: a bundle can print anything); those with
-// a run in flight; the one whose control call was; failing all, every
-// one. Before done is closed, while the runs and the call that saw the
-// death still count.
-func (p *proc) blame(bySignal bool) {
+// lost it by their own fault; the others lost it as collateral (Shared:
+// the engine retries their request and counts no crash). sig is the
+// signal that ended it (0: an exit). The rule:
+//
+//   - a fatal signal (not the server's SIGKILL) whose handler named a
+//     program the process holds (wire.FatalMark): that program. A bundle
+//     can print the mark itself, naming a sibling, but only of its own
+//     tenant, and it then dies as the culprit's crash would;
+//   - the server's kill for one program's run or call (killedBy: a run
+//     past its deadline and grace, a call that hung): that program;
+//   - anything else (a signal with no mark: a thread of a bundle's own;
+//     an exit; a memory-limit kill; a broken channel): every program,
+//     none Shared. Who did it is not known, and guessing from the runs
+//     in flight would make a bundle that crashes outside its runs a
+//     retried, never backed-off bystander while its sibling takes the
+//     blame. The tenant's back-off (tenantChurn) bounds the rest.
+//
+// Before done is closed, while the runs and the call that saw the death
+// still count.
+func (p *proc) blame(sig syscall.Signal) {
 	if p.tenant == nil {
 		return
 	}
@@ -225,23 +255,13 @@ func (p *proc) blame(bySignal bool) {
 	defer p.mu.Unlock()
 	progs := p.tenant.progs
 	var culprits []*program
-	if g := p.killedBy.Load(); g != nil {
-		culprits = append(culprits, g)
-	} else if id := p.fatal.Load(); id != 0 && bySignal && progs[id] != nil {
+	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && progs[id] != nil {
 		culprits = append(culprits, progs[id])
+	} else if g := p.killedBy.Load(); g != nil {
+		culprits = append(culprits, g)
 	} else {
 		for _, g := range progs {
-			if g.runs.Load() > 0 {
-				culprits = append(culprits, g)
-			}
-		}
-		if len(culprits) == 0 && p.callingProg != nil {
-			culprits = append(culprits, p.callingProg)
-		}
-		if len(culprits) == 0 {
-			for _, g := range progs {
-				culprits = append(culprits, g)
-			}
+			culprits = append(culprits, g)
 		}
 	}
 	for _, g := range culprits {
@@ -276,53 +296,51 @@ func (g *program) failed(err error, during string) error {
 
 func (g *program) idleExit() error { return g.shares(g.p.idleExit()) }
 
-// siblingMark starts a line of a tenant's worker that was passed to a
-// program which may not have printed it: several programs were active
-// (each gets the line, so marked), or none was and it went to the one
-// active last (tenantOutput).
-const siblingMark = "[maybe another function's] "
-
-// outputGrace is how long after a run of a program ends a line read from
-// its tenant's worker still counts as possibly its: the server reads the
-// worker's pipes in the background, and a run's last lines, written
-// before its reply, are often read after it.
+// outputGrace is how long after a run or call of a program ends a line
+// read from its tenant's worker still counts as possibly its: the server
+// reads the worker's pipes in the background, and a run's last lines,
+// written before its reply, are often read after it.
 const outputGrace = 50 * time.Millisecond
 
-// tenantOutput passes a line of a tenant's worker to the program whose run
-// or control call is in flight, or whose run ended within outputGrace,
-// unmarked when it is the only one; with several, to each with
-// siblingMark. With none, to the program whose run or call started last,
-// the likeliest to have printed it (a load's constructors, read after the
-// load returned; a thread the bundle made), marked if others are loaded
-// and that run or call is not as recent: not to every program, which would
-// spread one function's chatter over all of its tenant's. The pipes do not
-// say who wrote: a sibling's thread that prints while one program alone
-// runs is attributed to that one. False when p has no program to give it
-// to (a standby's line).
+// tenantOutput passes a line of a tenant's worker to the program it is
+// attributable to: the only one whose run or control call is in flight,
+// or ended within outputGrace. A line printed while several are active,
+// or while none is (a thread of a bundle's own), goes to no function's
+// output: the readers of one function's lines may not be allowed to read
+// another's (a token for one function of the tenant, a redeploy under
+// another tenant), and a guess would show them a sibling's. The server's
+// log gets it instead, the first unattributedLines of each worker, with
+// its pid and tenant. The pipes do not say who wrote: a sibling's thread
+// that prints while one program alone is active is attributed to that
+// one, within its tenant. False when p has no program to give it to (a
+// standby's line).
 func (p *proc) tenantOutput(l api.LogLine) bool {
 	recent := l.Time.Add(-outputGrace).UnixNano()
 	p.mu.Lock()
-	var to []*program
+	var to *program
+	active := 0
 	for _, g := range p.tenant.progs {
-		if g.runs.Load() > 0 || p.callingProg == g || g.runEnded.Load() > recent {
-			to = append(to, g)
+		if g.runs.Load() > 0 || p.callingProg == g || g.runEnded.Load() > recent || g.callEnded.Load() > recent {
+			to = g
+			active++
 		}
 	}
-	marked := len(to) > 1
-	if len(to) == 0 {
-		if g := p.tenant.last.Load(); g != nil && p.tenant.progs[g.id] == g {
-			to = append(to, g)
-			marked = len(p.tenant.progs) > 1 && g.callEnded.Load() <= recent
-		}
-	}
+	held, tenant := len(p.tenant.progs), p.tenant.name
 	p.mu.Unlock()
-	if marked {
-		l.Line = siblingMark + l.Line
-	}
-	for _, g := range to {
-		if o := g.out; o != nil {
+	switch {
+	case held == 0:
+		return false
+	case active == 1:
+		if o := to.out; o != nil {
 			o.Add(l)
 		}
+	case p.tenant.unattributed.Add(1) <= unattributedLines:
+		p.d.opts.Log.Info("a tenant's worker wrote a line that cannot be attributed to one function: kept out of every function's log",
+			"pid", p.pid, "tenant", tenant, "programs_active", active, "stream", l.Stream, "line", l.Line)
 	}
-	return len(to) > 0
+	return true
 }
+
+// unattributedLines is how many lines of a tenant's worker that are no
+// one function's reach the server log (as startLines for a standby's).
+const unattributedLines = startLines

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -279,14 +281,23 @@ func tenantOutputDevice(t *testing.T) (*Device, *funclog.Store) {
 	return tenantDevice(t), funclog.New(nil)
 }
 
-// A tenant's worker's lines go to the program whose run is in flight;
-// with two in flight, to both, marked as maybe a sibling's.
+// A tenant's worker's lines go to the program whose run is in flight
+// alone; with two in flight, or none, to neither function's log but to
+// the server's, saying the worker's pid and tenant.
 func TestTenantOutputAttribution(t *testing.T) {
-	d, s := tenantOutputDevice(t)
+	var logged testkit.LogBuffer
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true,
+		Log: slog.New(slog.NewTextHandler(&logged, nil))})
+	t.Cleanup(func() { d.Close() })
+	s := funclog.New(nil)
 	mt := testkit.OutputManifest("talker", "say", 1, 1)
 	talker := loadFor(t, d, "t", testkit.OutputSource(), mt, s.Sink("talker"))
 	ms := testkit.Slow("slow", 1)
 	slow := loadFor(t, d, "t", "", ms, s.Sink("slow"))
+	// Until outputGrace after slow's load, a line may be its constructors'.
+	waitFor(t, "slow's load's grace to pass", func() bool {
+		return time.Since(time.Unix(0, slow.(*program).callEnded.Load())) > outputGrace
+	})
 	if err := runOnce(t, talker, mt, []byte("alone"), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -295,21 +306,30 @@ func TestTenantOutputAttribution(t *testing.T) {
 	if err := runOnce(t, talker, mt, []byte("together"), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"talker", "slow"} {
-		waitLines(t, s, name, func(ls []api.LogLine) bool { return hasLine(ls, "stdout", siblingMark+"say: together") })
-	}
+	waitFor(t, "the shared moment's line in the server log", func() bool { return strings.Contains(logged.String(), "say: together") })
 	if err := <-slowDone; err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range s.Lines("slow", time.Time{}) {
-		if strings.Contains(l.Line, "alone") {
-			t.Errorf("a line of talker's run alone reached slow: %+v", l)
+	// A line read with no program active (a thread of a bundle's own):
+	// dated past every run's grace.
+	p := talker.(*program).p
+	p.output(api.LogLine{Time: time.Now().Add(time.Second), Stream: "stdout", PID: p.pid, Line: "nobody's"})
+	for _, name := range []string{"talker", "slow"} {
+		for _, l := range s.Lines(name, time.Time{}) {
+			if strings.Contains(l.Line, "together") || strings.Contains(l.Line, "nobody's") || (name == "slow" && strings.Contains(l.Line, "alone")) {
+				t.Errorf("a line that is not only %s's reached its log: %+v", name, l)
+			}
 		}
+	}
+	log := logged.String()
+	if !strings.Contains(log, "nobody's") || !strings.Contains(log, "tenant=t") || !strings.Contains(log, fmt.Sprintf("pid=%d", p.pid)) {
+		t.Errorf("server log lacks the unattributed lines with pid and tenant:\n%s", log)
 	}
 }
 
 // A tenant's worker's memory limit is the sum of its programs', none if
-// one has none.
+// one has none; an unload never lowers it (the unloaded program's heap
+// stays resident: the watch loop would kill the siblings for it).
 func TestTenantMemoryLimitIsTheSum(t *testing.T) {
 	d := tenantDevice(t)
 	limited := func(name string, mb int64) device.Program {
@@ -328,8 +348,33 @@ func TestTenantMemoryLimitIsTheSum(t *testing.T) {
 		t.Fatalf("limit %d MiB with an unlimited program, want none", got>>20)
 	}
 	c.Close()
+	if got := p.memLimit.Load(); got != 0 {
+		t.Fatalf("limit %d MiB after the unlimited one left, want none still", got>>20)
+	}
+}
+
+// An unload leaves a tenant's worker's limit where it was; a load raises it.
+func TestTenantMemoryLimitNotLoweredOnUnload(t *testing.T) {
+	d := tenantDevice(t)
+	limited := func(name string, mb int64) device.Program {
+		m := testkit.Manifest(name)
+		m.MaxHostMemoryMB = mb
+		return loadFor(t, d, "t", "", m, nil)
+	}
+	a := limited("a", 100)
+	p := a.(*program).p
+	b := limited("b", 50)
+	b.Close()
 	if got := p.memLimit.Load(); got != 150<<20 {
-		t.Fatalf("limit %d MiB after the unlimited one left, want 150", got>>20)
+		t.Fatalf("limit %d MiB after b's unload, want 150 still", got>>20)
+	}
+	limited("c", 20) // 120 MiB of programs now: no raise, no lowering
+	if got := p.memLimit.Load(); got != 150<<20 {
+		t.Fatalf("limit %d MiB after c's load, want 150", got>>20)
+	}
+	limited("e", 100)
+	if got := p.memLimit.Load(); got != 220<<20 {
+		t.Fatalf("limit %d MiB after e's load, want 220", got>>20)
 	}
 }
 

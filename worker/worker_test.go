@@ -420,7 +420,7 @@ func BenchmarkSpawn(b *testing.B) {
 // protocol in its ready message, with what to do.
 func TestSpawnRefusesAnotherProtocol(t *testing.T) {
 	for _, tc := range []struct{ name, ready, want string }{
-		{"newer", `R\x01\x00\x00\x00\x00\x09`, fmt.Sprintf("speaks worker protocol 9, this server %d", wire.Protocol)},
+		{"newer", `R\x01\x00\x00\x00\x00\x0a`, fmt.Sprintf("speaks worker protocol 10, this server %d", wire.Protocol)},
 		{"older", `R\x01\x00\x00\x00\x00`, "speaks worker protocol an older one"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

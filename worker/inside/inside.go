@@ -170,6 +170,7 @@ type server struct {
 // not find its program closed under it.
 type loaded struct {
 	prog device.Program
+	id   uint32
 	refs int // 1 while loaded, plus its live instances
 }
 
@@ -180,13 +181,15 @@ func (w *server) program(id uint32) *loaded {
 	return w.progs[id]
 }
 
-// release drops one of l's references, and closes it with the last.
+// release drops one of l's references, and closes it with the last,
+// and its pool slots: no instance of it is left to run on them.
 func (w *server) release(l *loaded) {
 	w.mu.Lock()
 	l.refs--
 	last := l.refs == 0
 	w.mu.Unlock()
 	if last {
+		w.dropSlots(l.id)
 		l.prog.Close()
 	}
 }
@@ -268,11 +271,11 @@ func (w *server) handle(b []byte, fds []int) (byte, wire.Reply) {
 		rep.Index = i
 		return c.Op, rep
 	case wire.OpSlot:
-		if len(fds) != 1 || err != nil {
+		if len(fds) != 1 || err != nil || l == nil {
 			closeAll()
-			return c.Op, failed("slot: want a size and a memfd")
+			return c.Op, failed("slot: want a loaded program's id, a size and a memfd")
 		}
-		return c.Op, w.addSlot(c.Size, fds[0])
+		return c.Op, w.addSlot(c.Prog, c.Size, fds[0])
 	case wire.OpNewInstance:
 		if len(fds) != 2 || err != nil || l == nil {
 			closeAll()
@@ -332,7 +335,7 @@ func (w *server) load(c wire.Control) wire.Reply {
 		return statusReply(err)
 	}
 	w.mu.Lock()
-	w.progs[c.Prog] = &loaded{prog: prog, refs: 1}
+	w.progs[c.Prog] = &loaded{prog: prog, id: c.Prog, refs: 1}
 	w.mu.Unlock()
 	return wire.Reply{St: wire.StOK}
 }
@@ -411,12 +414,15 @@ func pinOf(err error) wire.Pin {
 type poolMem struct {
 	mem     []byte
 	inPlace bool
+	prog    uint32 // a pool slot's program
+	pinned  bool   // registered with the device (RegisterHost)
 }
 
 // slots are the worker's pool slots, by id-1: shared memory the server
 // lends before a request's body is read, so that the body lands where this
 // worker's device reads it. Added by the control channel, read by every
-// instance's goroutine; never removed (they live as long as the worker).
+// instance's goroutine; a program's are dropped (their entries emptied, ids
+// never reused) once it is unloaded and its last instance gone.
 var slots struct {
 	mu sync.RWMutex
 	s  []poolMem
@@ -430,7 +436,7 @@ func slotOf(id uint32, own poolMem) (poolMem, bool) {
 	}
 	slots.mu.RLock()
 	defer slots.mu.RUnlock()
-	if int(id) > len(slots.s) {
+	if int(id) > len(slots.s) || slots.s[id-1].mem == nil {
 		return poolMem{}, false
 	}
 	return slots.s[id-1], true
@@ -440,7 +446,7 @@ func slotOf(id uint32, own poolMem) (poolMem, bool) {
 // device once (CUDA pins it: every run on it then copies straight between
 // it and the GPU). The memfd is sealed at its size by the server, so the
 // mapping cannot lose its pages under either side.
-func (w *server) addSlot(size int64, memfd int) wire.Reply {
+func (w *server) addSlot(prog uint32, size int64, memfd int) wire.Reply {
 	defer unix.Close(memfd) // the mapping keeps the memory
 	var st unix.Stat_t
 	if err := unix.Fstat(memfd, &st); err != nil || size <= 0 || st.Size < size {
@@ -458,10 +464,32 @@ func (w *server) addSlot(size int64, memfd int) wire.Reply {
 		pin = pinOf(r.RegisterHost(mem))
 	}
 	slots.mu.Lock()
-	slots.s = append(slots.s, poolMem{mem: mem, inPlace: pin.State != wire.PinRefused})
+	slots.s = append(slots.s, poolMem{mem: mem, inPlace: pin.State != wire.PinRefused, prog: prog, pinned: pin.State == wire.PinDone})
 	id := uint32(len(slots.s))
 	slots.mu.Unlock()
 	return wire.Reply{St: wire.StOK, ID: id, Pin: pin}
+}
+
+// dropSlots unregisters and unmaps program prog's pool slots. A device
+// that registered one but cannot undo it (no device.HostUnregistrar) keeps
+// it mapped: unmapping registered memory under the driver is not safe.
+func (w *server) dropSlots(prog uint32) {
+	slots.mu.Lock()
+	var drop []poolMem
+	for i, m := range slots.s {
+		if m.mem != nil && m.prog == prog {
+			drop = append(drop, m)
+			slots.s[i] = poolMem{}
+		}
+	}
+	slots.mu.Unlock()
+	u, canUnpin := w.dev.(device.HostUnregistrar)
+	for _, m := range drop {
+		if m.pinned && (!canUnpin || u.UnregisterHost(m.mem) != nil) {
+			continue
+		}
+		unix.Munmap(m.mem)
+	}
 }
 
 // serveInstance answers run messages on one instance's channel until the

@@ -16,8 +16,12 @@ import (
 //	OpLoad         [u32 id][u8 n][stage subdirectory, n bytes][manifest JSON]
 //	OpEntry        [u32 id][kernel name]
 //	OpNewInstance  [u32 id][i64 max_in][i64 tmp][i64 out]  fds: [memfd, instance socket]
-//	OpSlot         [i64 size]                              fds: [memfd]: a pool slot, registered with the device
+//	OpSlot         [u32 id][i64 size]                      fds: [memfd]: a pool slot of the program, registered with the device
 //	OpUnload       [u32 id]: closes the program (its instances' channels closed first)
+//
+// A program's pool slots are its own: unloaded, the worker unmaps them
+// (and unregisters them from its device) once its last instance is gone,
+// so that a tenant's worker that outlives its programs does not keep them.
 //
 // OpLoad's subdirectory is where in the worker's stage the server put the
 // program's files ("": the stage itself): one name, no slashes.
@@ -32,14 +36,14 @@ const (
 	instOut    = instTmp + 8
 	instLen    = instOut + 8 // OpNewInstance's length
 	unloadLen  = ctlBody
-	slotSize   = ctlOp + 1 // i64
+	slotSize   = ctlBody // i64
 	slotMsgLen = slotSize + 8
 )
 
 // Control is a control message's operation and its fields.
 type Control struct {
 	Op              byte
-	Prog            uint32 // OpLoad, OpEntry, OpNewInstance, OpUnload: the program's id
+	Prog            uint32 // OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot: the program's id
 	Sub             string // OpLoad: the program's subdirectory of the stage
 	Manifest        []byte // OpLoad: the manifest, JSON (decoded, it aliases the message)
 	Kernel          string // OpEntry
@@ -52,7 +56,7 @@ type Control struct {
 func AppendControl(b []byte, c Control) []byte {
 	b = append(b, c.Op)
 	switch c.Op {
-	case OpLoad, OpEntry, OpNewInstance, OpUnload:
+	case OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot:
 		b = le.AppendUint32(b, c.Prog)
 	}
 	switch c.Op {
@@ -87,7 +91,7 @@ func DecodeControl(b []byte) (Control, error) {
 	}
 	c := Control{Op: b[ctlOp]}
 	switch c.Op {
-	case OpLoad, OpEntry, OpNewInstance, OpUnload:
+	case OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot:
 		if len(b) < ctlBody {
 			return c, ErrShape
 		}

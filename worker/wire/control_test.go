@@ -21,7 +21,7 @@ func TestControlRoundTrip(t *testing.T) {
 		{"entry, no name", Control{Op: OpEntry}},
 		{"new instance", Control{Op: OpNewInstance, Prog: 9, MaxIn: 1 << 33, Tmp: 0, Out: 7}},
 		{"unload", Control{Op: OpUnload, Prog: 4}},
-		{"slot", Control{Op: OpSlot, Size: 1 << 20}},
+		{"slot", Control{Op: OpSlot, Prog: 3, Size: 1 << 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := DecodeControl(AppendControl(nil, tc.c))
@@ -46,6 +46,7 @@ func TestControlRefused(t *testing.T) {
 		{"unknown", []byte("Z"), 0, `unknown control operation 'Z'`},
 		{"the ready message", AppendReady(nil, Ready{}), 0, `unknown control operation 'R'`},
 		{"a short slot", []byte{OpSlot, 1, 2}, OpSlot, ""},
+		{"an old slot, no program", []byte{OpSlot, 2, 1, 0, 0, 0, 0, 0, 0}, OpSlot, ""},
 		{"a long new instance", append(AppendControl(nil, Control{Op: OpNewInstance}), 0), OpNewInstance, ""},
 		{"an old new instance, no program", []byte{OpNewInstance, 1, 2}, OpNewInstance, ""},
 		{"a load with no program", []byte{OpLoad, 1}, OpLoad, ""},
@@ -143,13 +144,13 @@ func TestBytesOfProtocol8(t *testing.T) {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 8}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 9}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Sub: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
 			[]byte{'I', 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0}},
 		{"unload", AppendControl(nil, Control{Op: OpUnload, Prog: 5}), []byte{'U', 5, 0, 0, 0}},
-		{"slot", AppendControl(nil, Control{Op: OpSlot, Size: 258}), []byte{'S', 2, 1, 0, 0, 0, 0, 0, 0}},
+		{"slot", AppendControl(nil, Control{Op: OpSlot, Prog: 6, Size: 258}), []byte{'S', 6, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0}},
 		{"load reply", AppendControlReply(nil, OpLoad, Reply{St: StFailed, Text: "x"}), []byte{5, 'x'}},
 		{"entry reply", AppendControlReply(nil, OpEntry, Reply{St: StOK, Index: 2}), []byte{0, 2, 0, 0, 0}},
 		{"entry refused", AppendControlReply(nil, OpEntry, Reply{St: StFailed, Text: "x"}), []byte{5, 0, 0, 0, 0, 'x'}},
@@ -170,7 +171,7 @@ func TestBytesOfProtocol8(t *testing.T) {
 			}
 		})
 	}
-	if Protocol != 8 {
+	if Protocol != 9 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }

@@ -1,0 +1,82 @@
+package worker
+
+import (
+	"fmt"
+	"time"
+)
+
+// A tenant's back-off. Whatever blame decides, a tenant whose workers keep
+// dying makes the server start process after process for it (a standby
+// taken, staged, the bundles loaded again): past churnLimit deaths of its
+// worker on a device within churnWindow, no new worker is started for it
+// there for churnHold, and its loads fail at once (an error the engine
+// answers with 503). A live worker of the tenant is not affected: loading
+// into it starts no process. The limit is twice the engine's per-function
+// crash limit (5 a minute, then that function alone backs off): one
+// function that crashes must not hold its siblings too; two at once, a
+// function whose crashes the engine does not count (blamed on every
+// program, a success between its crashes), or one that makes the others
+// crash, do.
+const (
+	churnLimit  = 10
+	churnWindow = 30 * time.Second
+	churnHold   = 10 * time.Second
+)
+
+// tenantChurn is a tenant's recent worker deaths on a device, oldest
+// first, and until when it is held.
+type tenantChurn struct {
+	deaths []time.Time
+	until  time.Time
+}
+
+// tenantDied counts the death of p, a tenant's worker, unless it ended by
+// design: with its last program (none left in it), or the server stopping.
+func (d *Device) tenantDied(p *proc) {
+	if p.tenant == nil || !p.tenant.given {
+		return
+	}
+	p.mu.Lock()
+	n := len(p.tenant.progs)
+	p.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	for name, c := range d.churn { // forget the tenants that calmed down
+		if len(c.deaths) > 0 && now.Sub(c.deaths[len(c.deaths)-1]) > churnWindow && now.After(c.until) {
+			delete(d.churn, name)
+		}
+	}
+	name := p.tenant.name
+	c := d.churn[name]
+	if c == nil {
+		c = &tenantChurn{}
+		d.churn[name] = c
+	}
+	for len(c.deaths) > 0 && now.Sub(c.deaths[0]) > churnWindow {
+		c.deaths = c.deaths[1:]
+	}
+	c.deaths = append(c.deaths, now)
+	if len(c.deaths) >= churnLimit {
+		c.until, c.deaths = now.Add(churnHold), nil
+		d.opts.Log.Warn("a tenant's workers keep dying: none is started for it for a while", "tenant", name,
+			"deaths", churnLimit, "within", churnWindow, "hold", churnHold, "last_pid", p.pid, "reason", p.reason)
+	}
+}
+
+// churnHeld is the error of a load for tenant while it is held (under
+// d.mu), nil if it is not.
+func (d *Device) churnHeld(tenant string) error {
+	c := d.churn[tenant]
+	if c == nil || !time.Now().Before(c.until) {
+		return nil
+	}
+	return fmt.Errorf("%s: tenant %q: its worker died %d times within %v: no new worker is started for it until %s",
+		d.Name(), tenant, churnLimit, churnWindow, c.until.UTC().Format(time.RFC3339))
+}

@@ -1,0 +1,254 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A kill after the process was killed already (or after it exited) blames
+// no program: the first kill (a memory limit, a sibling's crash) ended it.
+func TestKillForBlamesOnlyTheFirstKill(t *testing.T) {
+	d := tenantDevice(t)
+	m := testkit.Manifest("a")
+	a := loadFor(t, d, "t", "", m, nil).(*program)
+	p := a.p
+	p.kill("a test's first kill")
+	p.killFor(a, "a test's second kill")
+	if g := p.killedBy.Load(); g != nil {
+		t.Errorf("killedBy %s after a kill that came second", g.name)
+	}
+	<-p.done
+	p.killFor(a, "a test's kill after the exit")
+	if g := p.killedBy.Load(); g != nil {
+		t.Errorf("killedBy %s after a kill of an exited process", g.name)
+	}
+	if d := a.Death(); d == nil || d.Collateral() {
+		t.Errorf("death %v: want a's own (the first kill blamed no one, so every program)", d)
+	}
+}
+
+// A tenant's worker the server killed but has not reaped yet takes no new
+// program: the tenant gets a fresh worker.
+func TestTenantKilledWorkerTakesNoProgram(t *testing.T) {
+	d := tenantDevice(t)
+	a := loadFor(t, d, "t", "", testkit.Manifest("a"), nil).(*program)
+	why := "a test marked it killed"
+	a.p.killed.Store(&why) // as kill does before the process is reaped
+	b := loadFor(t, d, "t", "", testkit.Manifest("b"), nil).(*program)
+	if b.p == a.p {
+		t.Fatalf("b placed in the killed worker %d", a.p.pid)
+	}
+	echoes(t, b, testkit.Manifest("b"))
+}
+
+// A request whose deadline passes while its program loads into its
+// tenant's worker gives up at once (ErrDeadline) and kills nothing: the
+// sibling runs on in the same process, and the late program is unloaded
+// once its load ends.
+func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
+	d := tenantDevice(t)
+	ms := testkit.Manifest("sibling")
+	sib := loadFor(t, d, "t", "", ms, nil).(*program)
+	dir := t.TempDir()
+	m := testkit.Manifest("slow")
+	m.Library = "slowload.so"
+	testkit.BuildLib(t, filepath.Join("testdata", "slowload.cc"), dir, m.Library, "-DSLOW_MS=700")
+	testkit.WriteManifest(t, dir, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	p, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+	if err == nil {
+		p.Close()
+		t.Fatal("a load past its request's deadline succeeded")
+	}
+	if !errors.Is(err, device.ErrDeadline) || time.Since(t0) > 600*time.Millisecond {
+		t.Fatalf("load: %v after %v, want ErrDeadline at the request's deadline", err, time.Since(t0))
+	}
+	waitFor(t, "the late program unloaded", func() bool {
+		sib.p.mu.Lock()
+		defer sib.p.mu.Unlock()
+		return len(sib.p.tenant.progs) == 1
+	})
+	if !sib.Alive() || sib.p.killed.Load() != nil {
+		t.Fatalf("the sibling's worker was killed: %v", sib.Death())
+	}
+	echoes(t, sib, ms)
+	if got := d.used.Load(); got != 0 {
+		t.Errorf("ledger %d bytes after the late program's unload, want 0", got)
+	}
+}
+
+// A tenant's worker that a bundle ends from a thread of its own, outside
+// its runs (exit(), or a signal with no fatal-signal mark), is every
+// program's loss, none collateral: the one at fault is not known, and the
+// sibling whose run happened to be in flight is not it.
+func TestTenantUnmarkedDeathBlamesEveryProgram(t *testing.T) {
+	for _, kernel := range []string{"exit_later", "segv_later"} {
+		t.Run(kernel, func(t *testing.T) {
+			d := tenantDevice(t)
+			dir := t.TempDir()
+			mh := testkit.Manifest("late")
+			mh.Library = "latecrash.so"
+			mh.Chain = []abi.Launch{{Kernel: kernel, Grid: 200, Block: 1}}
+			testkit.BuildLib(t, filepath.Join("testdata", "latecrash.cc"), dir, mh.Library, "-pthread")
+			testkit.WriteManifest(t, dir, mh)
+			h, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { h.Close() })
+			ms := testkit.Slow("slow", 1)
+			slow := loadFor(t, d, "t", "", ms, nil)
+			slowDone := startSlow(t, slow, ms, 5000)
+			if err := runOnce(t, h, mh, nil, 10*time.Second); err != nil {
+				t.Fatalf("the entry that starts the thread: %v", err)
+			}
+			if lost, shared := collateral(<-slowDone); !lost || shared {
+				t.Errorf("the sibling's run in flight: lost %v, collateral %v; want its own loss", lost, shared)
+			}
+			if dh, ds := h.(*program).Death(), slow.(*program).Death(); dh == nil || dh.Collateral() || ds == nil || ds.Collateral() {
+				t.Errorf("deaths: %v and %v, want neither collateral", dh, ds)
+			}
+		})
+	}
+}
+
+// A tenant whose worker keeps dying gets no new worker for a while: its
+// loads fail at once; another tenant's are untouched.
+func TestTenantChurnHold(t *testing.T) {
+	d := tenantDevice(t)
+	dir := t.TempDir()
+	mh := testkit.Manifest("hostile")
+	mh.Library = "hostile.so"
+	mh.Chain = []abi.Launch{{Kernel: "segv", Grid: 1, Block: 1}}
+	testkit.BuildLib(t, testkit.HostileSource(), dir, mh.Library)
+	testkit.WriteManifest(t, dir, mh)
+	for i := range churnLimit {
+		h, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+		if err != nil {
+			t.Fatalf("load %d: %v", i, err)
+		}
+		if err := runOnce(t, h, mh, nil, 10*time.Second); err == nil {
+			t.Fatal("segv ran")
+		}
+		<-h.(*program).Exited()
+		h.Close()
+	}
+	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+	if err == nil || !strings.Contains(err.Error(), "no new worker") {
+		t.Fatalf("load after %d deaths: %v, want the tenant held", churnLimit, err)
+	}
+	echoes(t, loadFor(t, d, "u", "", testkit.Manifest("other"), nil), testkit.Manifest("other"))
+}
+
+// slotMaps counts the server's slots mapped in process pid (memfds named
+// plover-slot).
+func slotMaps(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "memfd:plover-slot")
+}
+
+// cycleSlots loads m from dir into tenant t's worker beside keep, lends
+// it two pool slots, gives them back and unloads it, rounds times: the
+// worker's slot counters, the device's pinned bytes and the worker's
+// mappings come back to their level each time.
+func cycleSlots(t *testing.T, d *Device, dir string, m *abi.Manifest, keep *program) {
+	t.Helper()
+	p := keep.p
+	p.slots.mu.Lock()
+	mapped0, pinned0 := p.slots.mapped, p.slots.pinned
+	p.slots.mu.Unlock()
+	pin0, maps0 := d.pin.bytes.Load(), slotMaps(t, p.pid)
+	for round := range 3 {
+		g, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.(*program).p != p {
+			t.Fatal("the program was not loaded into the kept program's worker")
+		}
+		var lent []device.Slot
+		for range 2 {
+			s, ok := g.(device.Lender).Lend(m.MaxInputBytes, m.OutBytes)
+			if !ok {
+				t.Fatalf("round %d: no slot lent", round)
+			}
+			lent = append(lent, s)
+		}
+		p.slots.mu.Lock()
+		pinnedLent := p.slots.pinned
+		p.slots.mu.Unlock()
+		if device.PinsHost(d.Target()) && pinnedLent == pinned0 {
+			t.Fatalf("round %d: a device that pins did not pin the slots", round)
+		}
+		if n := slotMaps(t, p.pid); n != maps0+2 {
+			t.Fatalf("round %d: the worker maps %d slots, want %d", round, n, maps0+2)
+		}
+		for _, s := range lent {
+			s.Release()
+		}
+		g.Close()
+		p.slots.mu.Lock()
+		mapped, pinned := p.slots.mapped, p.slots.pinned
+		p.slots.mu.Unlock()
+		if mapped != mapped0 || pinned != pinned0 || d.pin.bytes.Load() != pin0 {
+			t.Fatalf("round %d: %d bytes mapped, %d pinned (device %d) after the unload, want %d, %d (%d)",
+				round, mapped, pinned, d.pin.bytes.Load(), mapped0, pinned0, pin0)
+		}
+		waitFor(t, "the worker to unmap the unloaded program's slots", func() bool { return slotMaps(t, p.pid) == maps0 })
+	}
+	if !keep.Alive() {
+		t.Fatalf("the kept program's worker died: %v", keep.Death())
+	}
+}
+
+// A tenant's worker lets go of an unloaded program's pool slots: redeploys
+// into a long-lived worker do not pile up its mappings and counters.
+func TestTenantUnloadReleasesPoolSlots(t *testing.T) {
+	d := tenantDevice(t)
+	keep := loadFor(t, d, "t", "", testkit.Manifest("keep"), nil).(*program)
+	m := testkit.Manifest("x")
+	cycleSlots(t, d, testkit.BundleDir(t, m, nil), m, keep)
+	echoes(t, keep, testkit.Manifest("keep"))
+}
+
+// On a device that pins its slots (the fake CUDA driver), the unloaded
+// program's pins are undone too: the device's pinned bytes come back.
+func TestCUDATenantUnloadUnpinsPoolSlots(t *testing.T) {
+	good, dir := fakeCUDA(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: good.opts.Driver, Landlock: true,
+		StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
+	t.Cleanup(func() { d.Close() })
+	m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
+	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
+	load := func(name string) *program {
+		mm := *m
+		mm.Name = name
+		p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: &mm, Tenant: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p.(*program)
+	}
+	keep := load("keep")
+	cycleSlots(t, d, dir, m, keep)
+	if got := d.Pinning().Bytes; got != 0 {
+		t.Errorf("%d bytes pinned after the unloads, want 0", got)
+	}
+}
