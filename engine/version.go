@@ -122,3 +122,20 @@ func reason(err error) string {
 	}
 	return fmt.Sprint(err)
 }
+
+// tenantOf is whose program v's is, for a device that keeps tenants
+// apart: the deploying token's name it was recorded with. Without one,
+// and an auth file naming tenants, nothing says who deployed it (a
+// version recorded before tenants were, or published straight to the
+// store): it is its function's alone, never lumped with another token's;
+// a model repository's versions are the operator's, one tenant. The
+// names made here cannot be a token's (parentheses and spaces).
+func (e *Engine) tenantOf(v *version) string {
+	switch {
+	case v.rec.Tenant != "" || !e.cfg.NamedTenants:
+		return v.rec.Tenant
+	case v.rec.Label != "":
+		return "(model repository)"
+	}
+	return "(function " + v.fn.name + ")"
+}
