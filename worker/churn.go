@@ -11,12 +11,9 @@ import (
 // worker on a device within churnWindow, no new worker is started for it
 // there for churnHold, and its loads fail at once (an error the engine
 // answers with 503). A live worker of the tenant is not affected: loading
-// into it starts no process. The limit is twice the engine's per-function
-// crash limit (5 a minute, then that function alone backs off): one
-// function that crashes must not hold its siblings too; two at once, a
-// function whose crashes the engine does not count (blamed on every
-// program, a success between its crashes), or one that makes the others
-// crash, do.
+// into it starts no process. Only deaths with no one program named count
+// (tenantDied): those blamed on every program, which the engine cannot
+// pin on one function.
 const (
 	churnLimit  = 10
 	churnWindow = 30 * time.Second
@@ -31,15 +28,18 @@ type tenantChurn struct {
 }
 
 // tenantDied counts the death of p, a tenant's worker, unless it ended by
-// design: with its last program (none left in it), or the server stopping.
+// design (with its last program: none left in it; the server stopping) or
+// blame named the one program at fault: that one's crashes are the
+// engine's to count, and to back it off alone (a function crashing now
+// and then, its successes between, would otherwise hold its siblings).
 func (d *Device) tenantDied(p *proc) {
-	if p.tenant == nil || !p.tenant.given {
+	if p.tenant == nil {
 		return
 	}
 	p.mu.Lock()
-	n := len(p.tenant.progs)
+	n, given, named, name := len(p.tenant.progs), p.tenant.given, p.tenant.named, p.tenant.name
 	p.mu.Unlock()
-	if n == 0 {
+	if n == 0 || !given || named {
 		return
 	}
 	now := time.Now()
@@ -53,7 +53,6 @@ func (d *Device) tenantDied(p *proc) {
 			delete(d.churn, name)
 		}
 	}
-	name := p.tenant.name
 	c := d.churn[name]
 	if c == nil {
 		c = &tenantChurn{}

@@ -325,7 +325,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		return nil, err
 	}
 	g := &program{d: d, p: p, id: 1, name: spec.Manifest.Name, consts: consts, entries: map[string]int32{}}
-	rep, err := g.load(ctx, mj)
+	rep, err := g.load(ctx, 0, mj)
 	if err != nil {
 		p.kill("its load failed")
 		return nil, err
@@ -348,8 +348,8 @@ func (d *Device) hostLimit(spec device.ProgramSpec) int64 {
 }
 
 // load has g's worker load its bundle, staged in g.sub of its stage.
-func (g *program) load(ctx context.Context, mj []byte) (wire.Reply, error) {
-	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpLoad, Prog: g.id, Sub: g.sub, Manifest: mj}, nil, "loading the bundle")
+func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wire.Reply, error) {
+	raw, err := g.p.callTurn(ctx, bound, g, wire.Control{Op: wire.OpLoad, Prog: g.id, Sub: g.sub, Manifest: mj}, nil, "loading the bundle")
 	var rep wire.Reply
 	if err == nil {
 		rep, err = wire.DecodeControlReply(wire.OpLoad, raw)
@@ -394,9 +394,11 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 	}
 	res := make(chan loaded, 1)
 	go func() {
-		lctx, cancel := context.WithTimeout(context.Background(), loadBound)
+		// The wait for the channel (a sibling's load before it) is not
+		// the load's: loadBound starts at its turn.
+		wctx, cancel := context.WithTimeout(context.Background(), maxControlWait)
 		defer cancel()
-		rep, err := g.load(lctx, mj)
+		rep, err := g.load(wctx, loadBound, mj)
 		if err == nil && rep.St != wire.StOK {
 			err = wire.ErrorOf(rep.St, rep.Text)
 		}
@@ -410,6 +412,8 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 	case <-ctx.Done():
 		go func() {
 			if r := <-res; r.err != nil {
+				// No request waits for it; the next one loads again.
+				d.opts.Log.Warn("a load abandoned at its request's deadline failed", "function", g.name, "error", r.err.Error())
 				fail(r.err)
 				return
 			}

@@ -577,6 +577,16 @@ func (p *proc) failed(g *program, err error, during string) error {
 // within ctx's deadline; past it the worker is killed. The reply is read
 // with wire.DecodeControlReply: it is never empty.
 func (p *proc) call(ctx context.Context, g *program, c wire.Control, fds []int, during string) ([]byte, error) {
+	return p.callTurn(ctx, 0, g, c, fds, during)
+}
+
+// callTurn is call whose own bound, when not 0, starts once the channel is
+// its turn: the wait behind a sibling's calls (a tenant's worker) ends with
+// ctx, the call itself after bound. A call that would go out with less
+// than minCallTime of its deadline left is not sent: it could only time
+// out, and a call timing out kills the worker, a tenant's with every
+// sibling in it.
+func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c wire.Control, fds []int, during string) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok { // a pre-warm, say: still bounded
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, maxControlWait)
@@ -592,6 +602,13 @@ func (p *proc) call(ctx context.Context, g *program, c wire.Control, fds []int, 
 		}
 	}
 	defer func() { <-p.ctlTok }()
+	if bound > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), bound)
+		defer cancel()
+	} else if dl, _ := ctx.Deadline(); time.Until(dl) < minCallTime {
+		return nil, fmt.Errorf("%w before the worker's control channel was free (%s)", device.ErrDeadline, during)
+	}
 	p.mu.Lock()
 	gone := p.ctlGone
 	p.ctlBusy, p.calling, p.callingProg = !gone, during, g
@@ -672,6 +689,10 @@ const instanceGrace = 2 * time.Second
 
 // maxControlWait bounds a control call whose context has no deadline.
 const maxControlWait = time.Minute
+
+// minCallTime is the least time left to its deadline with which a control
+// call is sent (callTurn).
+const minCallTime = 5 * time.Millisecond
 
 // deathSignal is the signal that killed a process, 0 for none (an exit):
 // a fatal signal's line, wire.FatalMark, is believed only for a signal.

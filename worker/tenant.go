@@ -39,10 +39,15 @@ type tenancy struct {
 	// (tenantOutput).
 	unattributed atomic.Int32
 
-	// Under the proc's mu. tuned: retune set the memory limit once.
+	// Under the proc's mu. tuned: retune set the memory limit once; gone:
+	// the sum of the limits of the programs unloaded (-1: one had none).
 	progs  map[uint32]*program
 	nextID uint32
 	tuned  bool
+	gone   int64
+	// named: blame named the one program at fault (tenantDied does not
+	// count the death towards the tenant's back-off).
+	named bool
 
 	// weighMu orders the writes of the CPU weight of concurrent loads and
 	// unloads, each writing the sum it read under it; weighed is the last
@@ -109,7 +114,11 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 		t.starting = nil
 		close(w)
 		if err == nil {
+			// Under both locks: the device's readers (admit) hold d.mu,
+			// the process's (its output, its death) p.mu.
+			p.mu.Lock()
 			p.tenant.name, p.tenant.given = spec.Tenant, true
+			p.mu.Unlock()
 			t.p, t.refs = p, 1
 		}
 		d.mu.Unlock()
@@ -154,24 +163,33 @@ func (p *proc) addProgram(g *program) {
 	p.retune()
 }
 
-// removeProgram takes g out of p's programs, limits and weight.
+// removeProgram takes g out of p's programs and weight; its memory limit
+// stays counted (retune).
 func (p *proc) removeProgram(g *program) {
 	p.mu.Lock()
-	delete(p.tenant.progs, g.id)
+	if _, ok := p.tenant.progs[g.id]; ok {
+		delete(p.tenant.progs, g.id)
+		if g.memLimit == 0 || p.tenant.gone < 0 {
+			p.tenant.gone = -1
+		} else {
+			p.tenant.gone += g.memLimit
+		}
+	}
 	p.mu.Unlock()
 	p.retune()
 }
 
-// retune sets a tenant's worker's memory limit to the sum of its programs'
-// (none if one has none) and its CPU weight to the sum of their weights.
-// The limit is only ever raised while the process lives (it resets with
-// the process): an unloaded program's heap stays resident (free rarely
-// gives memory back, a leak never), so lowering it to the remaining
-// programs' sum would have the watch loop kill the worker, and every
-// sibling with it, for memory none of them holds.
+// retune sets a tenant's worker's memory limit to the sum of the limits of
+// every program it has held (none if one has none), and its CPU weight to
+// the sum of its programs' weights. An unloaded program's limit stays in
+// the sum while the process lives (it resets with the process): its heap
+// stays resident (free rarely gives memory back, a leak never), so
+// leaving it out, as the programs' sum alone would (after a redeploy, say),
+// would have the watch loop kill the worker, and every sibling with it,
+// for memory none of them holds.
 func (p *proc) retune() {
 	p.mu.Lock()
-	var limit int64
+	limit := p.tenant.gone
 	for _, g := range p.tenant.progs {
 		if g.memLimit == 0 || limit < 0 {
 			limit = -1
@@ -203,12 +221,15 @@ func (p *proc) reweigh() {
 		w += g.weight
 		names = append(names, g.name)
 	}
+	// Read under mu, and not once the process exited: its group goes, and
+	// with nice levels its pid may come to be another process's.
+	cg, exited := p.cgroup, p.exited
 	p.mu.Unlock()
-	if len(names) == 0 || w == p.tenant.weighed {
+	if exited || len(names) == 0 || w == p.tenant.weighed {
 		return
 	}
 	p.tenant.weighed = w
-	p.cgroup.setWeight(w, strings.Join(names, ","))
+	cg.setWeight(w, strings.Join(names, ","))
 }
 
 // stageTenant links g's bundle into a subdirectory of p's stage of its
@@ -220,6 +241,8 @@ func (p *proc) stageTenant(spec device.ProgramSpec, g *program) (string, error) 
 	dir := filepath.Join(p.stage, sub)
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", fmt.Errorf("stage: %w", err)
+	} else if err != nil && !stagedAhead(dir) {
+		return "", fmt.Errorf("stage: %s exists and is not a directory the server made", dir)
 	}
 	go p.stageAhead(g.id)
 	if err := stage(spec, dir); err != nil {
@@ -261,6 +284,22 @@ func stageSub(id uint32) string { return "p" + strconv.FormatUint(uint64(id), 10
 // directories go with its stage.
 const stageAheadDirs = 4
 
+// stagedAhead reports whether dir is one stageAhead made: a directory, not
+// a link, owned by the server, empty. A worker that can write its stage
+// (the same uid, no Landlock) must not have the server link a bundle
+// through something it planted.
+func stagedAhead(dir string) bool {
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+		return false
+	}
+	ents, err := os.ReadDir(dir)
+	return err == nil && len(ents) == 0
+}
+
 // stageAhead makes the stage directories of the programs after id (those
 // that exist already are left). After the stage's removal (its worker
 // reaped) a mkdir fails for want of the parent; one landing during the
@@ -282,7 +321,9 @@ func (p *proc) stageAhead(id uint32) {
 //     can print the mark itself, naming a sibling, but only of its own
 //     tenant, and it then dies as the culprit's crash would;
 //   - the server's kill for one program's run or call (killedBy: a run
-//     past its deadline and grace, a call that hung): that program;
+//     past its deadline and grace, a call that hung), when the process
+//     died by that kill (SIGKILL), not by a crash of its own first: that
+//     program;
 //   - anything else (a signal with no mark: a thread of a bundle's own;
 //     an exit; a memory-limit kill; a broken channel): every program,
 //     none Shared. Who did it is not known, and guessing from the runs
@@ -300,11 +341,13 @@ func (p *proc) blame(sig syscall.Signal) {
 	defer p.mu.Unlock()
 	progs := p.tenant.progs
 	var culprits []*program
+	named := true
 	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && progs[id] != nil {
 		culprits = append(culprits, progs[id])
-	} else if g := p.killedBy.Load(); g != nil {
+	} else if g := p.killedBy.Load(); g != nil && sig == syscall.SIGKILL {
 		culprits = append(culprits, g)
 	} else {
+		named = false
 		for _, g := range progs {
 			culprits = append(culprits, g)
 		}
@@ -312,6 +355,7 @@ func (p *proc) blame(sig syscall.Signal) {
 	for _, g := range culprits {
 		g.blamed.Store(true)
 	}
+	p.tenant.named = named
 }
 
 // collateral: g lost its (tenant's) worker by another program's fault.

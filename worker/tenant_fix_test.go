@@ -124,32 +124,45 @@ func TestTenantUnmarkedDeathBlamesEveryProgram(t *testing.T) {
 	}
 }
 
-// A tenant whose worker keeps dying gets no new worker for a while: its
-// loads fail at once; another tenant's are untouched.
+// A tenant whose worker keeps dying with no one program to blame (an
+// exit) gets no new worker for a while: its loads fail at once; another
+// tenant's are untouched. Deaths blamed on the one program whose run took
+// a signal are that function's for the engine to back off: they do not
+// hold the tenant.
 func TestTenantChurnHold(t *testing.T) {
-	d := tenantDevice(t)
-	dir := t.TempDir()
-	mh := testkit.Manifest("hostile")
-	mh.Library = "hostile.so"
-	mh.Chain = []abi.Launch{{Kernel: "segv", Grid: 1, Block: 1}}
-	testkit.BuildLib(t, testkit.HostileSource(), dir, mh.Library)
-	testkit.WriteManifest(t, dir, mh)
-	for i := range churnLimit {
-		h, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
-		if err != nil {
-			t.Fatalf("load %d: %v", i, err)
-		}
-		if err := runOnce(t, h, mh, nil, 10*time.Second); err == nil {
-			t.Fatal("segv ran")
-		}
-		<-h.(*program).Exited()
-		h.Close()
+	for _, tc := range []struct {
+		kernel string
+		held   bool
+	}{{"exit_zero", true}, {"segv", false}} {
+		t.Run(tc.kernel, func(t *testing.T) {
+			d := tenantDevice(t)
+			dir := t.TempDir()
+			mh := testkit.Manifest("hostile")
+			mh.Library = "hostile.so"
+			mh.Chain = []abi.Launch{{Kernel: tc.kernel, Grid: 1, Block: 1}}
+			testkit.BuildLib(t, testkit.HostileSource(), dir, mh.Library)
+			testkit.WriteManifest(t, dir, mh)
+			for i := range churnLimit {
+				h, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+				if err != nil {
+					t.Fatalf("load %d: %v", i, err)
+				}
+				if err := runOnce(t, h, mh, nil, 10*time.Second); err == nil {
+					t.Fatalf("%s ran", tc.kernel)
+				}
+				<-h.(*program).Exited()
+				h.Close()
+			}
+			h, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
+			if held := err != nil && strings.Contains(err.Error(), "no new worker"); held != tc.held {
+				t.Fatalf("load after %d deaths: %v; held %v, want %v", churnLimit, err, held, tc.held)
+			}
+			if h != nil {
+				h.Close()
+			}
+			echoes(t, loadFor(t, d, "u", "", testkit.Manifest("other"), nil), testkit.Manifest("other"))
+		})
 	}
-	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mh, Tenant: "t"})
-	if err == nil || !strings.Contains(err.Error(), "no new worker") {
-		t.Fatalf("load after %d deaths: %v, want the tenant held", churnLimit, err)
-	}
-	echoes(t, loadFor(t, d, "u", "", testkit.Manifest("other"), nil), testkit.Manifest("other"))
 }
 
 // slotMaps counts the server's slots mapped in process pid (memfds named

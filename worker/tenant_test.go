@@ -353,7 +353,10 @@ func TestTenantMemoryLimitIsTheSum(t *testing.T) {
 	}
 }
 
-// An unload leaves a tenant's worker's limit where it was; a load raises it.
+// An unload leaves a tenant's worker's limit where it was, and what comes
+// after counts on top: the unloaded program's heap may stay resident, as
+// after a redeploy, where the programs' sum alone would be the old limit
+// again.
 func TestTenantMemoryLimitNotLoweredOnUnload(t *testing.T) {
 	d := tenantDevice(t)
 	limited := func(name string, mb int64) device.Program {
@@ -361,20 +364,23 @@ func TestTenantMemoryLimitNotLoweredOnUnload(t *testing.T) {
 		m.MaxHostMemoryMB = mb
 		return loadFor(t, d, "t", "", m, nil)
 	}
+	tests := []struct {
+		do   func(p *program)
+		want int64 // MiB
+	}{
+		{func(*program) {}, 150},                    // a 100 + b 50
+		{func(b *program) { b.Close() }, 150},       // b gone: its 50 stay counted
+		{func(*program) { limited("b2", 50) }, 200}, // b redeployed: 100 + 50 gone + 50
+		{func(*program) { limited("c", 20) }, 220},  // and a load on top
+	}
 	a := limited("a", 100)
 	p := a.(*program).p
-	b := limited("b", 50)
-	b.Close()
-	if got := p.memLimit.Load(); got != 150<<20 {
-		t.Fatalf("limit %d MiB after b's unload, want 150 still", got>>20)
-	}
-	limited("c", 20) // 120 MiB of programs now: no raise, no lowering
-	if got := p.memLimit.Load(); got != 150<<20 {
-		t.Fatalf("limit %d MiB after c's load, want 150", got>>20)
-	}
-	limited("e", 100)
-	if got := p.memLimit.Load(); got != 220<<20 {
-		t.Fatalf("limit %d MiB after e's load, want 220", got>>20)
+	b := limited("b", 50).(*program)
+	for i, tc := range tests {
+		tc.do(b)
+		if got := p.memLimit.Load(); got != tc.want<<20 {
+			t.Fatalf("step %d: limit %d MiB, want %d", i, got>>20, tc.want)
+		}
 	}
 }
 
