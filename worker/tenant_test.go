@@ -527,3 +527,40 @@ func TestTenantWorkerRefusesUnknownIDs(t *testing.T) {
 	}
 	echoes(t, p, m)
 }
+
+// BenchmarkTenantFirstRun is a function's first request in its tenant's
+// running worker, as the engine makes it: load the program, make an
+// instance, run the chain once; then unload (outside the timing).
+func BenchmarkTenantFirstRun(b *testing.B) {
+	d := tenantDevice(b)
+	m := testkit.Manifest("keep")
+	loadFor(b, d, "t", "", m, nil) // the worker, kept running
+	dir := b.TempDir()
+	fm := testkit.Manifest("first")
+	testkit.BuildLib(b, testkit.KernelsSource(), dir, fm.Library)
+	testkit.WriteManifest(b, dir, fm)
+	out := make([]byte, fm.OutBytes)
+	var load, inst time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: fm, Tenant: "t"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		in, err := p.NewInstance(device.InstanceConfig{MaxInput: fm.MaxInputBytes, Tmp: fm.TmpBytes, Out: fm.OutBytes})
+		if err != nil {
+			b.Fatal(err)
+		}
+		load, inst = load+t1.Sub(t0), inst+time.Since(t1)
+		if err := in.Run(&device.Run{Input: []byte("x"), Output: out, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		in.Close()
+		p.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(load.Nanoseconds())/float64(b.N), "load-ns/op")
+	b.ReportMetric(float64(inst.Nanoseconds())/float64(b.N), "instance-ns/op")
+}
