@@ -242,6 +242,10 @@ func TestConsole(t *testing.T) {
 	if strings.Contains(href, toks["root"]) || !strings.HasSuffix(href, "#/functions/vecadd") {
 		t.Errorf("address after a token link: %q (the token must leave it)", href)
 	}
+	// A version names the token that deployed it (its tenant), never the token.
+	if by := text(`#versions tr.current td.tenant`); by != "root" {
+		t.Errorf("the current version's deployer: %q, want root", by)
+	}
 	if got := text("#invoke-sha256"); got != hex.EncodeToString(sum[:]) {
 		t.Errorf("invoke from the page: output sha256 %s, want %x", got, sum)
 	}

@@ -223,7 +223,7 @@ function functionPage(name) {
   const form = el("form", { id: "invoke" }, file, el("button", { type: "submit" }, "Invoke"));
   form.addEventListener("submit", (ev) => { ev.preventDefault(); invoke(name, file.files[0], result); });
   main.replaceChildren(el("h2", {}, name), summary,
-    el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError),
+    el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "by"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError),
     el("section", {}, el("h3", {}, "Invoke"), form, result),
     el("section", {}, el("h3", {}, "Latency (p50 blue, p99 orange, from the server's histogram)"), chart),
     el("section", {}, el("h3", {}, "Output"), logs));
@@ -245,7 +245,7 @@ function functionPage(name) {
           rollbackError.textContent = "";
         } catch (e) { if (!(e instanceof Unauthenticated)) rollbackError.textContent = e.message; }
       } }, "Roll back to this");
-      return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
+      return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "tenant" }, v.tenant || ""), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
     }));
   };
   const points = [];
