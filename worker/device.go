@@ -100,7 +100,10 @@ type Device struct {
 	procs   map[*proc]struct{}
 	tenants map[string]*tenantSlot  // TenantScope: each tenant's worker (tenant.go)
 	churn   map[string]*tenantChurn // TenantScope: tenants' recent worker deaths (churn.go)
-	closed  bool
+	late    map[string]*lateLoad    // TenantScope: loads whose request gave up (late.go)
+	// lateKeep is lateKeep but in tests.
+	lateKeep time.Duration
+	closed   bool
 
 	outMu sync.Mutex // Options.Output's lines, one at a time
 
@@ -130,7 +133,7 @@ func NewDevice(opts Options) *Device {
 	}
 	d := &Device{opts: opts, standby: make(chan *proc, opts.MaxStandby), refill: make(chan struct{}, 1),
 		started: make(chan standbyStart, standbyParallel), demand: &standbyDemand{min: opts.Standby, max: opts.MaxStandby},
-		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}, churn: map[string]*tenantChurn{}}
+		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}, churn: map[string]*tenantChurn{}, late: map[string]*lateLoad{}, lateKeep: lateKeep}
 	if opts.MaxStandby > 0 && !opts.MPS {
 		go d.keepStandby()
 		d.refill <- struct{}{}
@@ -362,6 +365,12 @@ func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wir
 // leaves the others there alone; a process whose load failed by its death
 // takes them along (their losses collateral).
 func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64) (device.Program, error) {
+	if g, ok, err := d.takeLate(ctx, spec); ok {
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	}
 	p, err := d.placeTenant(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -410,18 +419,21 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 			return fail(r.err)
 		}
 	case <-ctx.Done():
+		l := &lateLoad{key: lateKey(spec), done: make(chan struct{})}
+		d.putLate(l)
 		go func() {
 			if r := <-res; r.err != nil {
 				// No request waits for it; the next one loads again.
 				d.opts.Log.Warn("a load abandoned at its request's deadline failed", "function", g.name, "error", r.err.Error())
 				fail(r.err)
+				d.lateEnded(l, nil, r.err)
 				return
 			}
 			d.used.Add(consts)
 			p.reported.Store(true)
-			g.Close()
+			d.lateEnded(l, g, nil)
 		}()
-		return nil, fmt.Errorf("%w while the bundle was loading (it is unloaded once its load ends)", device.ErrDeadline)
+		return nil, fmt.Errorf("%w while the bundle was loading (the next request takes the load over)", device.ErrDeadline)
 	}
 	d.used.Add(consts)
 	p.reported.Store(true)

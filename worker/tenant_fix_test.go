@@ -57,6 +57,7 @@ func TestTenantKilledWorkerTakesNoProgram(t *testing.T) {
 // once its load ends.
 func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
 	d := tenantDevice(t)
+	d.lateKeep = 100 * time.Millisecond // then unloaded, no one taking it over
 	ms := testkit.Manifest("sibling")
 	sib := loadFor(t, d, "t", "", ms, nil).(*program)
 	dir := t.TempDir()
@@ -86,6 +87,55 @@ func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
 	echoes(t, sib, ms)
 	if got := d.used.Load(); got != 0 {
 		t.Errorf("ledger %d bytes after the late program's unload, want 0", got)
+	}
+}
+
+// A load whose request gave up at its deadline is taken over by the next
+// request's load of the same function, finished or not: the bundle is
+// loaded once, and the function warms although each load outlasts a
+// request's deadline. Another function's load does not take it.
+func TestTenantLateLoadIsTakenOver(t *testing.T) {
+	d := tenantDevice(t)
+	ms := testkit.Manifest("sibling")
+	sib := loadFor(t, d, "t", "", ms, nil).(*program)
+	dir := t.TempDir()
+	m := testkit.Manifest("slow")
+	m.Library = "slowload.so"
+	testkit.BuildLib(t, filepath.Join("testdata", "slowload.cc"), dir, m.Library, "-DSLOW_MS=700")
+	testkit.WriteManifest(t, dir, m)
+	spec := device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}
+	for i, d0 := range []time.Duration{100 * time.Millisecond, 100 * time.Millisecond} {
+		ctx, cancel := context.WithTimeout(context.Background(), d0)
+		_, err := d.Load(ctx, spec)
+		cancel()
+		if !errors.Is(err, device.ErrDeadline) {
+			t.Fatalf("load %d: %v, want ErrDeadline", i, err)
+		}
+	}
+	p, err := d.Load(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if got := p.(*program).id; got != 2 {
+		t.Errorf("the program has id %d, want 2: the sibling's 1, then one load of the slow bundle", got)
+	}
+	sib.p.mu.Lock()
+	n, next := len(sib.p.tenant.progs), sib.p.tenant.nextID
+	sib.p.mu.Unlock()
+	if n != 2 || next != 2 {
+		t.Errorf("the worker holds %d programs and made %d ids, want 2 and 2: the late load was loaded again", n, next)
+	}
+	echoes(t, p, m)
+	other := *m
+	other.Name = "other"
+	testkit.WriteManifest(t, dir, &other)
+	if q, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: &other, Tenant: "t"}); err != nil {
+		t.Fatal(err)
+	} else if q.(*program).id == 2 {
+		t.Error("another function took over the late load")
+	} else {
+		q.Close()
 	}
 }
 
