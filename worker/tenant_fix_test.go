@@ -51,13 +51,11 @@ func TestTenantKilledWorkerTakesNoProgram(t *testing.T) {
 	echoes(t, b, testkit.Manifest("b"))
 }
 
-// A request whose deadline passes while its program loads into its
-// tenant's worker gives up at once (ErrDeadline) and kills nothing: the
-// sibling runs on in the same process, and the late program is unloaded
-// once its load ends.
-func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
-	d := tenantDevice(t)
-	d.lateKeep = 100 * time.Millisecond // then unloaded, no one taking it over
+// slowBeside loads a sibling for tenant t on d and builds a bundle whose
+// load takes 700 ms, not loaded: the sibling's manifest and program, the
+// slow bundle's directory and manifest.
+func slowBeside(t *testing.T, d *Device) (*abi.Manifest, *program, string, *abi.Manifest) {
+	t.Helper()
 	ms := testkit.Manifest("sibling")
 	sib := loadFor(t, d, "t", "", ms, nil).(*program)
 	dir := t.TempDir()
@@ -65,6 +63,17 @@ func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
 	m.Library = "slowload.so"
 	testkit.BuildLib(t, filepath.Join("testdata", "slowload.cc"), dir, m.Library, "-DSLOW_MS=700")
 	testkit.WriteManifest(t, dir, m)
+	return ms, sib, dir, m
+}
+
+// A request whose deadline passes while its program loads into its
+// tenant's worker gives up at once (ErrDeadline) and kills nothing: the
+// sibling runs on in the same process, and the late program, which no
+// request takes over, is unloaded a while after its load ends.
+func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
+	d := tenantDevice(t)
+	d.lateKeep = 100 * time.Millisecond // then unloaded, no one taking it over
+	ms, sib, dir, m := slowBeside(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
@@ -96,13 +105,7 @@ func TestTenantLoadPastDeadlineKeepsTheWorker(t *testing.T) {
 // request's deadline. Another function's load does not take it.
 func TestTenantLateLoadIsTakenOver(t *testing.T) {
 	d := tenantDevice(t)
-	ms := testkit.Manifest("sibling")
-	sib := loadFor(t, d, "t", "", ms, nil).(*program)
-	dir := t.TempDir()
-	m := testkit.Manifest("slow")
-	m.Library = "slowload.so"
-	testkit.BuildLib(t, filepath.Join("testdata", "slowload.cc"), dir, m.Library, "-DSLOW_MS=700")
-	testkit.WriteManifest(t, dir, m)
+	_, sib, dir, m := slowBeside(t, d)
 	spec := device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}
 	for i, d0 := range []time.Duration{100 * time.Millisecond, 100 * time.Millisecond} {
 		ctx, cancel := context.WithTimeout(context.Background(), d0)
