@@ -45,6 +45,9 @@ type tenancy struct {
 	nextID uint32
 	tuned  bool
 	gone   int64
+	// departed: the ids of the programs unloaded, whose chains may still
+	// run in the worker (an overrun) and crash it.
+	departed map[uint32]bool
 	// named: blame named the one program at fault (tenantDied does not
 	// count the death towards the tenant's back-off).
 	named bool
@@ -169,6 +172,10 @@ func (p *proc) removeProgram(g *program) {
 	p.mu.Lock()
 	if _, ok := p.tenant.progs[g.id]; ok {
 		delete(p.tenant.progs, g.id)
+		if p.tenant.departed == nil {
+			p.tenant.departed = map[uint32]bool{}
+		}
+		p.tenant.departed[g.id] = true
 		if g.memLimit == 0 || p.tenant.gone < 0 {
 			p.tenant.gone = -1
 		} else {
@@ -317,9 +324,10 @@ func (p *proc) stageAhead(id uint32) {
 // signal that ended it (0: an exit). The rule:
 //
 //   - a fatal signal (not the server's SIGKILL) whose handler named a
-//     program the process holds (wire.FatalMark): that program. A bundle
-//     can print the mark itself, naming a sibling, but only of its own
-//     tenant, and it then dies as the culprit's crash would;
+//     program the process holds (wire.FatalMark): that program; or one
+//     it held, unloaded while a chain of its ran on: none of the rest.
+//     A bundle can print the mark itself, naming a sibling, but only of
+//     its own tenant, and it then dies as the culprit's crash would;
 //   - the server's kill for one program's run or call (killedBy: a run
 //     past its deadline and grace, a call that hung), when the process
 //     died by that kill (SIGKILL), not by a crash of its own first: that
@@ -342,8 +350,10 @@ func (p *proc) blame(sig syscall.Signal) {
 	progs := p.tenant.progs
 	var culprits []*program
 	named := true
-	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && progs[id] != nil {
-		culprits = append(culprits, progs[id])
+	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && (progs[id] != nil || p.tenant.departed[id]) {
+		if progs[id] != nil {
+			culprits = append(culprits, progs[id])
+		} // else an unloaded program's chain, still running: no one left is at fault
 	} else if g := p.killedBy.Load(); g != nil && sig == syscall.SIGKILL {
 		culprits = append(culprits, g)
 	} else {

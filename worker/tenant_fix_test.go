@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -316,5 +318,49 @@ func TestCUDATenantUnloadUnpinsPoolSlots(t *testing.T) {
 	cycleSlots(t, d, dir, m, keep)
 	if got := d.Pinning().Bytes; got != 0 {
 		t.Errorf("%d bytes pinned after the unloads, want 0", got)
+	}
+}
+
+// The blame rule, case by case, on a tenant's worker holding programs 1
+// and 2 that held 3 (unloaded): who is at fault, and whether one program
+// was named (the tenant's hold counts only deaths where none was).
+func TestBlameRule(t *testing.T) {
+	tests := []struct {
+		name     string
+		fatal    uint32
+		sig      syscall.Signal
+		killedBy uint32
+		blamed   []uint32
+		named    bool
+	}{
+		{"a marked fault", 1, syscall.SIGSEGV, 0, []uint32{1}, true},
+		{"a marked fault of an unloaded program's chain", 3, syscall.SIGSEGV, 0, nil, true},
+		{"a mark naming no program", 9, syscall.SIGSEGV, 0, []uint32{1, 2}, false},
+		{"the server's kill", 0, syscall.SIGKILL, 2, []uint32{2}, true},
+		{"a mark, then the server's kill", 1, syscall.SIGKILL, 2, []uint32{2}, true},
+		{"a crash before the server's kill", 0, syscall.SIGSEGV, 2, []uint32{1, 2}, false},
+		{"an exit", 0, 0, 0, []uint32{1, 2}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &proc{tenant: &tenancy{progs: map[uint32]*program{}, departed: map[uint32]bool{3: true}}}
+			for _, id := range []uint32{1, 2} {
+				p.tenant.progs[id] = &program{id: id, p: p}
+			}
+			p.fatal.Store(tc.fatal)
+			if tc.killedBy != 0 {
+				p.killedBy.Store(p.tenant.progs[tc.killedBy])
+			}
+			p.blame(tc.sig)
+			var blamed []uint32
+			for _, id := range []uint32{1, 2} {
+				if p.tenant.progs[id].blamed.Load() {
+					blamed = append(blamed, id)
+				}
+			}
+			if !slices.Equal(blamed, tc.blamed) || p.tenant.named != tc.named {
+				t.Errorf("blamed %v (named %v), want %v (named %v)", blamed, p.tenant.named, tc.blamed, tc.named)
+			}
+		})
 	}
 }
