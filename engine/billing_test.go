@@ -80,8 +80,12 @@ func TestGPUBillingSplitsOverlappingRuns(t *testing.T) {
 		billed += info(t, e, name).DeviceSeconds - before[name]
 	}
 	gpuTime := time.Duration(len(names)*2*perClient*2) * kernel
-	if billed > wall.Seconds() || billed < 0.8*gpuTime.Seconds() {
-		t.Fatalf("billed %.3fs in all for %v of kernels in %v of wall time: want at most the wall time and at least 0.8x the kernels'",
+	// One kernel's slack over the wall time: the spans billed are the
+	// driver's event times, read apart from this test's clock, and a
+	// loaded 2-CPU machine once billed 0.401 s in 0.397 s of wall. Runs
+	// billed whole would come to twice the kernels' time, far over it.
+	if billed > (wall+kernel).Seconds() || billed < 0.8*gpuTime.Seconds() {
+		t.Fatalf("billed %.3fs in all for %v of kernels in %v of wall time: want at most the wall time (and a kernel) and at least 0.8x the kernels'",
 			billed, gpuTime, wall)
 	}
 }

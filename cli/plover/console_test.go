@@ -286,7 +286,10 @@ func TestConsole(t *testing.T) {
 		t.Errorf("a read token's rollback from the page: current %s, want %s still", after.Current, other)
 	}
 	eval(`sessionStorage.clear(), true`)
-	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]))
+	// Waited for until the overview shows: the page keeps the link's token
+	// as it loads, and the next step's navigation must not come first.
+	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-function="vecadd"]`)))
 
 	// A link someone was sent, naming no function: nothing is called with
 	// the user's token on a path it builds.
