@@ -16,6 +16,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/samples/cnn/digits"
 	"github.com/plover-run/plover/samples/cnn/model"
 )
 
@@ -50,63 +51,18 @@ func TestCNNBatchedServed(t *testing.T) {
 	srv := startServer(t, bin, "--max-instances", "2")
 	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", cnnBatchBundle(t))
 
-	const n = 64
-	type answer struct {
-		digit int
-		code  int
-		body  []byte
-		batch int
-		err   error
-	}
-	answers := make(chan answer, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			d := &held[i]
-			resp, err := http.Post(srv.url+"/v1/functions/cnn-batch/invoke", "application/octet-stream", bytes.NewReader(d.Input()))
-			if err != nil {
-				answers <- answer{digit: i, err: err}
-				return
-			}
-			defer resp.Body.Close()
-			b, err := io.ReadAll(resp.Body)
-			a := answer{digit: i, code: resp.StatusCode, body: b, err: err}
-			if m := batchDescRE.FindStringSubmatch(resp.Header.Get("Server-Timing")); m != nil {
-				a.batch, _ = strconv.Atoi(m[1])
-			}
-			answers <- a
-		}()
-	}
-	close(start)
-	wg.Wait()
-	close(answers)
-	worst, biggest := 0.0, 0
-	for a := range answers {
-		if a.err != nil || a.code != 200 {
-			t.Fatalf("digit %d: %d %v %s", a.digit, a.code, a.err, a.body)
-		}
-		got, err := model.DecodeScores(a.body)
-		if err != nil {
-			t.Fatalf("digit %d: %v", a.digit, err)
-		}
-		want := params.Scores(held[a.digit].Image())
-		for c := range got {
-			worst = max(worst, math.Abs(float64(got[c]-want[c])))
-		}
-		if worst > 1e-5 {
-			t.Fatalf("digit %d: scores %v, reference %v (another digit's answer?)", a.digit, got, want)
-		}
-		if a.batch < 1 {
-			t.Fatalf("digit %d: no batch size in Server-Timing", a.digit)
-		}
-		biggest = max(biggest, a.batch)
+	// A burst of 64 at once queues behind the two instances, so runs
+	// gather several digits; on a loaded machine the requests can come in
+	// so spread out that each finds an instance free: up to 3 bursts, each
+	// answer checked in every one.
+	biggest, sent := 0, 0
+	for attempt := 1; attempt <= 3 && biggest < 2; attempt++ {
+		biggest = cnnBatchBurst(t, srv.url, params, held)
+		sent += cnnBurst
+		t.Logf("burst %d: the largest batch held %d digits", attempt, biggest)
 	}
 	if biggest < 2 {
-		t.Fatalf("64 concurrent requests on 2 instances all ran alone")
+		t.Fatalf("3 bursts of 64 concurrent requests on 2 instances all ran alone")
 	}
 	// The histogram agrees: fewer runs than requests.
 	resp, err := http.Get(srv.url + "/metrics")
@@ -119,11 +75,13 @@ func TestCNNBatchedServed(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no plover_batch_size in /metrics")
 	}
-	if runs, _ := strconv.Atoi(string(m[1])); runs >= n || runs < 1 {
-		t.Fatalf("%d runs for %d requests", runs, n)
+	if runs, _ := strconv.Atoi(string(m[1])); runs >= sent || runs < 1 {
+		t.Fatalf("%d runs for %d requests", runs, sent)
 	}
-	t.Logf("64 concurrent digits: largest batch %d, largest score difference from the reference %.2g", biggest, worst)
 }
+
+// cnnBurst is how many digits a burst sends at once.
+const cnnBurst = 64
 
 // A batched run that crashes its worker fails its requests with
 // worker_crashed; the server and the function go on with a new worker.
@@ -161,4 +119,68 @@ func TestBatchedCrashContained(t *testing.T) {
 			t.Fatalf("value %d: answer %d", tt.value, binary.LittleEndian.Uint32(body))
 		}
 	}
+}
+
+// cnnBatchBurst sends 64 distinct held-out digits at once to cnn-batch at
+// url, checks each answer against the reference, and returns the largest
+// batch a run held.
+func cnnBatchBurst(t *testing.T, url string, params *model.Params, held []digits.Digit) int {
+	t.Helper()
+	const n = cnnBurst
+	type answer struct {
+		digit int
+		code  int
+		body  []byte
+		batch int
+		err   error
+	}
+	answers := make(chan answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d := &held[i]
+			resp, err := http.Post(url+"/v1/functions/cnn-batch/invoke", "application/octet-stream", bytes.NewReader(d.Input()))
+			if err != nil {
+				answers <- answer{digit: i, err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			a := answer{digit: i, code: resp.StatusCode, body: b, err: err}
+			if m := batchDescRE.FindStringSubmatch(resp.Header.Get("Server-Timing")); m != nil {
+				a.batch, _ = strconv.Atoi(m[1])
+			}
+			answers <- a
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(answers)
+	worst, biggest := 0.0, 0
+	for a := range answers {
+		if a.err != nil || a.code != 200 {
+			t.Fatalf("digit %d: %d %v %s", a.digit, a.code, a.err, a.body)
+		}
+		got, err := model.DecodeScores(a.body)
+		if err != nil {
+			t.Fatalf("digit %d: %v", a.digit, err)
+		}
+		want := params.Scores(held[a.digit].Image())
+		for c := range got {
+			worst = max(worst, math.Abs(float64(got[c]-want[c])))
+		}
+		if worst > 1e-5 {
+			t.Fatalf("digit %d: scores %v, reference %v (another digit's answer?)", a.digit, got, want)
+		}
+		if a.batch < 1 {
+			t.Fatalf("digit %d: no batch size in Server-Timing", a.digit)
+		}
+		biggest = max(biggest, a.batch)
+	}
+	t.Logf("%d concurrent digits: largest batch %d, largest score difference from the reference %.2g", n, biggest, worst)
+	return biggest
 }
