@@ -327,16 +327,21 @@ func TestTenantOutputAttribution(t *testing.T) {
 	}
 }
 
+// loadLimited loads a function of tenant t on d whose manifest limits its
+// host memory to mb MiB (0: none).
+func loadLimited(t *testing.T, d *Device, name string, mb int64) device.Program {
+	t.Helper()
+	m := testkit.Manifest(name)
+	m.MaxHostMemoryMB = mb
+	return loadFor(t, d, "t", "", m, nil)
+}
+
 // A tenant's worker's memory limit is the sum of its programs', none if
 // one has none; an unload never lowers it (the unloaded program's heap
 // stays resident: the watch loop would kill the siblings for it).
 func TestTenantMemoryLimitIsTheSum(t *testing.T) {
 	d := tenantDevice(t)
-	limited := func(name string, mb int64) device.Program {
-		m := testkit.Manifest(name)
-		m.MaxHostMemoryMB = mb
-		return loadFor(t, d, "t", "", m, nil)
-	}
+	limited := func(name string, mb int64) device.Program { return loadLimited(t, d, name, mb) }
 	a := limited("a", 100)
 	p := a.(*program).p
 	limited("b", 50)
@@ -359,11 +364,7 @@ func TestTenantMemoryLimitIsTheSum(t *testing.T) {
 // again.
 func TestTenantMemoryLimitNotLoweredOnUnload(t *testing.T) {
 	d := tenantDevice(t)
-	limited := func(name string, mb int64) device.Program {
-		m := testkit.Manifest(name)
-		m.MaxHostMemoryMB = mb
-		return loadFor(t, d, "t", "", m, nil)
-	}
+	limited := func(name string, mb int64) device.Program { return loadLimited(t, d, name, mb) }
 	tests := []struct {
 		do   func(p *program)
 		want int64 // MiB
@@ -484,17 +485,7 @@ func TestCUDATenantProgramsShareAContext(t *testing.T) {
 func BenchmarkRoundTripTenant(b *testing.B) {
 	d := tenantDevice(b)
 	m := testkit.Manifest("echo")
-	p := loadFor(b, d, "t", "", m, nil)
-	in := newInst(b, p, m)
-	r := &device.Run{Input: make([]byte, 64), Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
-		Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}
-	b.ReportAllocs()
-	for b.Loop() {
-		r.Deadline = time.Now().Add(time.Second)
-		if err := in.Run(r); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchRoundTrip(b, loadFor(b, d, "t", "", m, nil), m)
 }
 
 // A tenant's worker refuses a load under an id in use, and an unload or

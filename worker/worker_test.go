@@ -5,13 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/plover-run/plover/internal/fakecuda"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/internal/fakecuda"
 
 	"golang.org/x/sys/unix"
 
@@ -366,7 +367,11 @@ func TestWorkerEnvironment(t *testing.T) {
 func BenchmarkRoundTrip(b *testing.B) {
 	d := newDevice(b, 0)
 	m := testkit.Manifest("echo")
-	p := load(b, d, m)
+	benchRoundTrip(b, load(b, d, m), m)
+}
+
+// benchRoundTrip times runs of a one-step chain on an instance of p.
+func benchRoundTrip(b *testing.B, p device.Program, m *abi.Manifest) {
 	in := newInst(b, p, m)
 	r := &device.Run{Input: make([]byte, 64), Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes,
 		Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}

@@ -3,13 +3,8 @@ package main_test
 import (
 	"bytes"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -37,23 +32,11 @@ func TestTenantWorkers(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	dir := t.TempDir()
-	var file strings.Builder
-	clients := map[string]*http.Client{}
-	for _, name := range []string{"a", "b", "ops"} {
-		tok := make([]byte, 32)
-		rand.Read(tok)
-		s := base64.RawURLEncoding.EncodeToString(tok)
-		sum := sha256.Sum256([]byte(s))
-		scopes := "deploy,invoke,read"
-		if name == "ops" {
-			scopes = "read"
-		}
-		fmt.Fprintf(&file, "%s %s %s\n", name, scopes, hex.EncodeToString(sum[:]))
-		clients[name] = &http.Client{Timeout: 20 * time.Second, Transport: bearerRT{s}}
-	}
 	authFile := filepath.Join(dir, "auth")
-	if err := os.WriteFile(authFile, []byte(file.String()), 0o600); err != nil {
-		t.Fatal(err)
+	toks := writeAuthFile(t, authFile, [][3]string{{"a", "deploy,invoke,read", "*"}, {"b", "deploy,invoke,read", "*"}, {"ops", "read", "*"}})
+	clients := map[string]*http.Client{}
+	for name, tok := range toks {
+		clients[name] = &http.Client{Timeout: 20 * time.Second, Transport: bearerRT{tok}}
 	}
 	srv := startIsoServer(t, bin, filepath.Join(dir, "data"), nil,
 		"--isolation", "process", "--worker-scope", "tenant", "--standby-workers", "2", "--auth-file", authFile)

@@ -157,19 +157,12 @@ func (br *burstRun) fillCache(o *options, c *http.Client, data string, packs [][
 func (br *burstRun) coldStarts(c *http.Client, url string, in []byte) error {
 	logf("cold starts of %d functions in turn, one client", burstSeq)
 	for i := 0; i < burstSeq; i++ {
-		d, h, err := invoke(c, url, burstName(i), in)
+		d, load, cold, err := coldInvoke(c, url, burstName(i), in)
 		if err != nil {
 			return err
 		}
-		br.Sequence = append(br.Sequence, d)
-		var st bench.ServerTiming
-		bench.ParseServerTiming([]byte(h.Get("Server-Timing")), &st)
-		load := math.NaN()
-		if st.Has&(1<<bench.Load) != 0 {
-			load = ms(st.Dur[bench.Load])
-		}
-		br.SeqLoad = append(br.SeqLoad, load)
-		if h.Get("X-Plover-Start") != "cold" {
+		br.Sequence, br.SeqLoad = append(br.Sequence, d), append(br.SeqLoad, load)
+		if !cold {
 			br.SeqNotCold++
 		}
 	}
@@ -219,6 +212,23 @@ func (br *burstRun) many(c *http.Client, url string, packs [][]byte) error {
 		}
 	}
 	return nil
+}
+
+// coldInvoke is invoke of a request meant to be a cold start: its latency
+// (ms), the server's load span (ms, NaN when it names none) and whether
+// the server says it was cold.
+func coldInvoke(c *http.Client, url, fn string, in []byte) (lat, load float64, cold bool, err error) {
+	lat, h, err := invoke(c, url, fn, in)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	var st bench.ServerTiming
+	bench.ParseServerTiming([]byte(h.Get("Server-Timing")), &st)
+	load = math.NaN()
+	if st.Has&(1<<bench.Load) != 0 {
+		load = ms(st.Dur[bench.Load])
+	}
+	return lat, load, h.Get("X-Plover-Start") == "cold", nil
 }
 
 // invoke sends one request and returns its latency (ms) and headers.

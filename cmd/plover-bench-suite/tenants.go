@@ -3,12 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"fmt"
-	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,7 +14,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/bench"
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/bundle"
 )
 
@@ -90,13 +85,11 @@ func newTenancy(dir string, n int) (*tenancy, error) {
 	t := &tenancy{file: filepath.Join(dir, "auth")}
 	var lines strings.Builder
 	token := func(name, scopes string) (*http.Client, error) {
-		b := make([]byte, 32)
-		if _, err := rand.Read(b); err != nil {
+		tok, err := auth.NewToken()
+		if err != nil {
 			return nil, err
 		}
-		tok := base64.RawURLEncoding.EncodeToString(b)
-		sum := sha256.Sum256([]byte(tok))
-		fmt.Fprintf(&lines, "%s %s %s\n", name, scopes, hex.EncodeToString(sum[:]))
+		fmt.Fprintf(&lines, "%s %s %s\n", name, scopes, auth.Hash(tok))
 		return &http.Client{Timeout: time.Minute, Transport: bearer{tok, http.DefaultTransport}}, nil
 	}
 	for i := range n {
@@ -224,21 +217,14 @@ func tenantServe(o *options, data string, t *tenancy, scope string, in []byte, m
 // coldInTurn invokes functions [from, to) once each, in turn.
 func (tr *tenantRun) coldInTurn(t *tenancy, url string, from, to int, in []byte) {
 	for i := from; i < to; i++ {
-		d, h, err := invoke(t.of(i), url, burstName(i), in)
+		d, load, cold, err := coldInvoke(t.of(i), url, burstName(i), in)
 		if err != nil {
 			logf("  %v", err)
 			tr.Errors++
 			continue
 		}
-		tr.Sequence = append(tr.Sequence, d)
-		var st bench.ServerTiming
-		bench.ParseServerTiming([]byte(h.Get("Server-Timing")), &st)
-		load := math.NaN()
-		if st.Has&(1<<bench.Load) != 0 {
-			load = ms(st.Dur[bench.Load])
-		}
-		tr.SeqLoad = append(tr.SeqLoad, load)
-		if h.Get("X-Plover-Start") != "cold" {
+		tr.Sequence, tr.SeqLoad = append(tr.Sequence, d), append(tr.SeqLoad, load)
+		if !cold {
 			tr.NotCold++
 		}
 	}
