@@ -18,7 +18,7 @@ import (
 	"github.com/plover-run/plover/objectstore"
 )
 
-func manifestJSON(t *testing.T, consts string) []byte {
+func manifestJSON(t testing.TB, consts string) []byte {
 	t.Helper()
 	m := abi.Manifest{Name: "fn", ABI: 1, Target: "host", Library: "lib.so", Constants: consts,
 		MaxInputBytes: 16, OutBytes: 16, Chain: []abi.Launch{{Kernel: "k", Grid: 1, Block: 1}}}

@@ -39,12 +39,19 @@ type Cache struct {
 	// WriteFault, when set, may fail the cache's writes of bundles (a
 	// fetched archive, an unpacked file) as a full disk would: a test seam.
 	WriteFault WriteFault
+
+	now func() time.Time // a test's clock (nil: time.Now)
+	// hashed counts the entries hashed at a Get (a test's window).
+	hashed int
 }
 
 type cacheEntry struct {
 	size     int64
 	lastUsed time.Time
 	inUse    int
+	// verified: the entry's files as this process last hashed them and
+	// found them right, settled (nil: hash them at the next Get).
+	verified stamps
 }
 
 // NewCache opens a bundle cache under dir, keeping at most maxBytes of
@@ -204,8 +211,19 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	if c.pin(sha, dir) {
 		// The disk may have changed under the cache (a bad sector, a
 		// restore, a hand): the library and constants are checked against
-		// what was unpacked before they are loaded.
-		err := checkSums(dir)
+		// what was unpacked before they are loaded, by their bytes the
+		// first time this process loads them, then by their stamps (a
+		// model's weights are not read again at every warm-up).
+		var err error
+		if !c.unchanged(sha, dir) {
+			var st stamps
+			c.mu.Lock()
+			c.hashed++
+			c.mu.Unlock()
+			if st, err = checkSums(dir); err == nil {
+				c.verify(sha, st)
+			}
+		}
 		if err == nil {
 			if m, err = ReadManifest(dir); err == nil {
 				return dir, m, false, nil
@@ -226,6 +244,41 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 		return "", nil, true, err
 	}
 	return dir, m, true, c.use(sha, dir)
+}
+
+// unchanged reports whether sha's files still have the stamps they had
+// when this process last found their bytes right.
+func (c *Cache) unchanged(sha, dir string) bool {
+	c.mu.Lock()
+	var st stamps
+	if e, ok := c.entries[sha]; ok {
+		st = e.verified
+	}
+	c.mu.Unlock()
+	if st.unchanged(dir) {
+		return true
+	}
+	c.verify(sha, nil) // hashed again from now on, whatever it finds
+	return false
+}
+
+// verify keeps st as sha's verified files when they are settled.
+func (c *Cache) verify(sha string, st stamps) {
+	if !st.settled(c.clock()) {
+		st = nil
+	}
+	c.mu.Lock()
+	if e, ok := c.entries[sha]; ok {
+		e.verified = st
+	}
+	c.mu.Unlock()
+}
+
+func (c *Cache) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
 }
 
 func (c *Cache) holders(sha string) int {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/objectstore"
@@ -215,4 +216,130 @@ func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
 		os.RemoveAll(dir)
 	}
 	return err
+}
+
+// TestCacheTrustsStampsOnlyOfSettledFiles: a cached bundle is hashed at
+// its first Get in a process and then, while its files keep the stamps
+// they had, not again; any change to a file (its bytes, even at the same
+// size and times; another file in its place) has it hashed again and the
+// damage found, and files changed within racyWindow of the hash are
+// hashed every time.
+func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name    string
+		settled bool
+		change  func(t *testing.T, dir string) // nil: none
+		damaged bool
+	}{
+		{"unchanged", true, nil, false},
+		{"unchanged but racy", false, nil, false},
+		{"same size, times put back", true, func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "w.bin")
+			fi, _ := os.Stat(p)
+			b, _ := os.ReadFile(p)
+			b[0] ^= 0xff
+			os.WriteFile(p, b, 0o644)
+			os.Chtimes(p, fi.ModTime(), fi.ModTime())
+		}, true},
+		{"another file in its place", true, func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "lib.so")
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p+".new", append(b[:len(b)-1:len(b)-1], 'X'), 0o644)
+			if err := os.Rename(p+".new", p); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"rewritten with the same bytes", true, func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "w.bin")
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, b, 0o644)
+		}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			store, _ := objectstore.NewFS(t.TempDir())
+			sha := putBundle(t, store, 7, 64<<10)
+			cache, err := NewCache(t.TempDir(), 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var repaired atomic.Int32
+			cache.OnRepair = func(string, error) { repaired.Add(1) }
+			now := time.Now()
+			if tt.settled {
+				now = now.Add(2 * racyWindow) // the files are old by then
+			}
+			cache.now = func() time.Time { return now }
+			get := func() string {
+				t.Helper()
+				dir, _, _, err := cache.Get(ctx, store, sha)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cache.Release(sha)
+				return dir
+			}
+			hashed := func() int { cache.mu.Lock(); defer cache.mu.Unlock(); return cache.hashed }
+			dir := get() // fetched: verified as it was unpacked
+			get()        // the first Get from the cache hashes
+			if hashed() != 1 {
+				t.Fatalf("hashed %d times at the first Get from the cache, want 1", hashed())
+			}
+			if tt.change != nil {
+				tt.change(t, dir)
+			}
+			get()
+			wantHashes, wantRepairs := 1, int32(0)
+			if tt.change != nil || !tt.settled {
+				wantHashes = 2
+			}
+			if tt.damaged {
+				wantRepairs = 1
+			}
+			if hashed() != wantHashes || repaired.Load() != wantRepairs {
+				t.Fatalf("after the change: hashed %d times, repaired %d, want %d and %d", hashed(), repaired.Load(), wantHashes, wantRepairs)
+			}
+		})
+	}
+}
+
+// BenchmarkCacheGetWarm: a cached bundle of 256 MiB of constants taken
+// again for a load (a function warmed up again after its instances were
+// evicted): "hashed" as at a process's first load of it, "stamped" after.
+func BenchmarkCacheGetWarm(b *testing.B) {
+	ctx := context.Background()
+	store, _ := objectstore.NewFS(b.TempDir())
+	dir := b.TempDir()
+	os.WriteFile(filepath.Join(dir, abi.ManifestFile), manifestJSON(b, "w.bin"), 0o644)
+	os.WriteFile(filepath.Join(dir, "lib.so"), []byte("\x7fELF"), 0o644)
+	os.WriteFile(filepath.Join(dir, "w.bin"), bytes.Repeat([]byte{9}, 256<<20), 0o644)
+	raw, sha, _, err := PackBytes(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	store.Put(ctx, ObjectKey(sha), bytes.NewReader(raw), int64(len(raw)))
+	for _, stamped := range []bool{false, true} {
+		name := map[bool]string{false: "hashed", true: "stamped"}[stamped]
+		b.Run(name, func(b *testing.B) {
+			cache, err := NewCache(b.TempDir(), 0, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cache.now = func() time.Time { return time.Now().Add(2 * racyWindow) }
+			get := func() {
+				if _, _, _, err := cache.Get(ctx, store, sha); err != nil {
+					b.Fatal(err)
+				}
+				cache.Release(sha)
+			}
+			get()
+			get()
+			for b.Loop() {
+				if !stamped {
+					cache.verify(sha, nil)
+				}
+				get()
+			}
+		})
+	}
 }

@@ -10,6 +10,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // sumsFile, in an unpacked bundle directory, lists the SHA-256 of each of
@@ -29,7 +33,7 @@ func writeSums(dir string) error {
 		if !de.Type().IsRegular() || de.Name() == sumsFile {
 			continue
 		}
-		sum, err := fileSum(filepath.Join(dir, de.Name()), true)
+		sum, _, err := fileSum(filepath.Join(dir, de.Name()), true)
 		if err != nil {
 			return err
 		}
@@ -55,56 +59,139 @@ func writeSums(dir string) error {
 
 // checkSums re-hashes every file writeSums listed; an error says which file
 // differs (or that the list is missing: a cache entry from before the lists,
-// which is simply fetched again).
-func checkSums(dir string) error {
+// which is simply fetched again). It returns what it found on disk: each
+// file's identity as it was before it was read (stamps.unchanged).
+func checkSums(dir string) (stamps, error) {
 	f, err := os.Open(filepath.Join(dir, sumsFile))
 	if err != nil {
-		return fmt.Errorf("no digest list: %w", err)
+		return nil, fmt.Errorf("no digest list: %w", err)
 	}
 	defer f.Close()
+	list, err := stampOf(f, sumsFile)
+	if err != nil {
+		return nil, err
+	}
+	st := stamps{list}
 	sc := bufio.NewScanner(f)
-	n := 0
 	for sc.Scan() {
 		want, name, ok := strings.Cut(sc.Text(), "  ")
 		if !ok || strings.ContainsRune(name, '/') {
-			return fmt.Errorf("digest list line %q is malformed", sc.Text())
+			return nil, fmt.Errorf("digest list line %q is malformed", sc.Text())
 		}
-		got, err := fileSum(filepath.Join(dir, name), false)
+		got, s, err := fileSum(filepath.Join(dir, name), false)
 		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		if got != want {
-			return fmt.Errorf("%s hashes to %s, unpacked as %s", name, got, want)
+			return nil, fmt.Errorf("%s hashes to %s, unpacked as %s", name, got, want)
 		}
-		n++
+		st = append(st, s)
 	}
 	if err := sc.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	if n == 0 {
-		return fmt.Errorf("empty digest list")
+	if len(st) == 1 {
+		return nil, fmt.Errorf("empty digest list")
 	}
-	return nil
+	return st, nil
 }
 
-// fileSum is a file's SHA-256; sync also makes the file durable.
-func fileSum(p string, sync bool) (string, error) {
+// fileSum is a file's SHA-256 and its stamp, taken before it was read;
+// sync also makes the file durable.
+func fileSum(p string, sync bool) (string, stamp, error) {
 	f, err := os.Open(p)
 	if err != nil {
-		return "", err
+		return "", stamp{}, err
 	}
 	defer f.Close()
+	s, err := stampOf(f, filepath.Base(p))
+	if err != nil {
+		return "", stamp{}, err
+	}
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
+	buf := sumBufs.Get().(*[]byte)
+	_, err = io.CopyBuffer(h, struct{ io.Reader }{f}, *buf) // the struct: not File.WriteTo, which brings a buffer of its own
+	sumBufs.Put(buf)
+	if err != nil {
+		return "", stamp{}, err
 	}
 	if sync {
 		if err := f.Sync(); err != nil {
-			return "", err
+			return "", stamp{}, err
 		}
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(h.Sum(nil)), s, nil
 }
+
+// sumBufs: a large bundle is hashed in 1 MiB reads, with no buffer made
+// per file.
+var sumBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
+// A stamp is what the file system says of a file without reading it: a
+// file whose stamp is as it was when its bytes were hashed still holds
+// those bytes, unless something rewrote it within the clock's tick of
+// the hash and kept its size (see stamps.settled).
+//
+// Any write moves ctime, which no user can set back; a file put in its
+// place (a restore, a hand with mv) is another inode. Bit rot under an
+// unchanged stamp is not seen, as it is not by a read served from the page
+// cache either: the hash at a process's first load of an entry is the
+// check for that.
+type stamp struct {
+	name         string
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64 // ns
+}
+
+func stampOf(f *os.File, name string) (stamp, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return stamp{}, err
+	}
+	return stampFrom(name, &st), nil
+}
+
+func stampFrom(name string, st *unix.Stat_t) stamp {
+	return stamp{name: name, dev: st.Dev, ino: st.Ino, size: st.Size,
+		mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
+}
+
+// stamps are a verified entry's files (the digest list first).
+type stamps []stamp
+
+// unchanged reports whether every file in dir still has its stamp.
+func (ss stamps) unchanged(dir string) bool {
+	if len(ss) == 0 {
+		return false
+	}
+	var st unix.Stat_t
+	for _, s := range ss {
+		if unix.Lstat(filepath.Join(dir, s.name), &st) != nil || stampFrom(s.name, &st) != s {
+			return false
+		}
+	}
+	return true
+}
+
+// settled reports whether every file was last changed at least racyWindow
+// before now. A file changed within the file system's clock tick of its
+// stamp could change again, keeping its size, with no stamp to show it
+// (timestamps come from a clock that ticks every few ms): such stamps are
+// not trusted, and the entry is hashed again next time, as git treats a
+// file as racy when it is as new as its index.
+func (ss stamps) settled(now time.Time) bool {
+	for _, s := range ss {
+		if now.UnixNano()-max(s.ctime, s.mtime) < int64(racyWindow) {
+			return false
+		}
+	}
+	return true
+}
+
+// racyWindow is far beyond any file system's timestamp granularity (ext4
+// and tmpfs: a jiffy; FAT: 2 s).
+const racyWindow = 3 * time.Second
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)

@@ -31,7 +31,7 @@ func TestSumsCatchDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 			tt.damage(dir)
-			err := checkSums(dir)
+			_, err := checkSums(dir)
 			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
 				t.Fatalf("checkSums = %v, want %q", err, tt.want)
 			}
@@ -53,7 +53,7 @@ func BenchmarkCheckSums(b *testing.B) {
 	}
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {
-		if err := checkSums(dir); err != nil {
+		if _, err := checkSums(dir); err != nil {
 			b.Fatal(err)
 		}
 	}
