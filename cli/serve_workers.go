@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 
 	"github.com/plover-run/plover/device"
@@ -172,21 +173,40 @@ func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.L
 
 // ioShares configures the server's I/O shares from --io-shares and the CPU
 // weights in force. A piece moves at its function's CPU weight where the
-// server's threads are weighed by nice level, as the workers' are; where
-// the server has a cgroup of its own, a thread's level does not lower the
-// group against the workers', and pieces scheduled there made a light
-// function's p99 beside a 4 MB flood worse, not better (the server's CPU
-// on the pieces at the server's weight: BENCHMARKS.md), so auto leaves
-// them off; as where the server may not take a thread's level back.
+// server's threads can be weighed as the workers are: by nice level where
+// the workers' weights are nice levels, by a CPU group per weight where
+// they are cgroup v1 groups (worker.ThreadGroups). Under cgroup v2 a
+// thread's nice level does not lower the server's group against the
+// workers', and pieces scheduled there at the server's weight made a
+// light function's p99 beside a 4 MB flood worse, not better
+// (BENCHMARKS.md), so auto leaves them off; as where the server may not
+// take a thread back.
 func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *slog.Logger) {
 	mech := cpu.Mechanism()
-	weighed := mech == "nice" && ioshare.CanWeigh()
+	var threads ioshare.Threads
+	if mech == "nice" && ioshare.CanWeigh() {
+		threads = ioshare.NiceLevels{}
+	} else if tg := cpu.Threads(); tg != nil {
+		if _, ok := tg.Base(); ok {
+			threads = tg
+		}
+	}
+	weighed := threads != nil
 	on := f.ioShares == "on" || (f.ioShares == "auto" && weighed)
 	cfg.Off = !on
 	if on && weighed {
+		cfg.Threads = threads
 		cfg.Nice = func(share float64, class sched.Class) int {
 			return worker.NiceLevel(worker.WeightOf(share, class.String()))
 		}
+		// A thread moving a piece at a function's weight waits for the
+		// CPU as that function's worker would, holding its P meanwhile:
+		// the server gets a P more for each such thread, so that its
+		// front door never waits on them (a light function's p50 beside
+		// a 4 MB flood: BENCHMARKS.md, "the targets of issue 45").
+		procs := runtime.GOMAXPROCS(0)
+		cfg.Weighed = max(1, procs-1)
+		runtime.GOMAXPROCS(procs + cfg.Weighed)
 	}
 	if f.sched == "off" {
 		return // --sched off: nothing shared, said elsewhere

@@ -40,11 +40,22 @@ type Config struct {
 	// Slots is how many pieces move at once (default: the CPUs), one of
 	// them kept for light functions where there are two or more.
 	Slots int
-	// Nice, when set, is the nice level the server's thread takes while
-	// it moves a piece of a function of that share and priority class;
-	// where the server cannot lower its threads' levels back (no
-	// CAP_SYS_NICE, RLIMIT_NICE) it is not used.
+	// Nice, when set, is the level (a nice level's scale: higher is
+	// lighter) the server's thread takes while it moves a piece of a
+	// function of that share and priority class; where the server cannot
+	// take its threads back (no CAP_SYS_NICE or RLIMIT_NICE for nice
+	// levels) it is not used.
 	Nice func(share float64, class sched.Class) int
+	// Threads moves the thread to a level and back (nil: nice levels,
+	// NiceLevels).
+	Threads Threads
+	// Weighed is how many threads may move pieces at a function's level
+	// at once (default: the Go scheduler's Ps less one, at least one). A
+	// thread the kernel leaves waiting at a light level holds its P:
+	// the others, a collection's stop included, must not all wait on
+	// such threads (the server gives itself a P more for each: package
+	// cli's ioShares).
+	Weighed int
 	// Piece is the most bytes one turn moves (default 256 KiB): what a
 	// latency-class piece waits for at most, a slot's worth.
 	Piece int
@@ -85,21 +96,39 @@ func New(cfg Config) *Shares {
 	if cfg.Hold <= 0 {
 		cfg.Hold = 2 * time.Millisecond
 	}
+	if cfg.Weighed <= 0 {
+		cfg.Weighed = max(1, runtime.GOMAXPROCS(0)-1)
+	}
 	sh := &Shares{cfg: cfg, flows: map[string]*Flow{},
 		s: sched.New(sched.Config{MaxRuns: cfg.Slots, Reserve: 1, PolicyName: cfg.Policy})}
+	if cfg.Threads == nil {
+		sh.cfg.Threads = NiceLevels{}
+	}
 	if cfg.Nice != nil {
 		var ok bool
-		sh.base, ok = baseNice()
+		sh.base, ok = sh.cfg.Threads.Base()
 		sh.niceOK.Store(ok)
 	}
 	return sh
 }
 
+// Threads puts the calling thread at a CPU weight while it moves a piece:
+// its nice level (NiceLevels), or a CPU group of that weight where the
+// server's threads are weighed by group (package worker's).
+type Threads interface {
+	// Base is the server's threads' level, and whether a thread moved
+	// to another can be taken back to it (tried once, at start).
+	Base() (level int, ok bool)
+	// Set moves the calling thread, locked to its goroutine, to level
+	// (Base's: back). The level is over Base's.
+	Set(level int) error
+}
+
 // CanWeigh reports whether this process may move pieces at their
-// functions' CPU weights (Config.Nice): raise a thread's nice level and
+// functions' CPU weights by nice level: raise a thread's nice level and
 // take it back.
 func CanWeigh() bool {
-	_, ok := baseNice()
+	_, ok := NiceLevels{}.Base()
 	return ok
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/sched"
+	"golang.org/x/sys/unix"
 )
 
 // tcpPair is a connected loopback TCP pair.
@@ -234,4 +236,84 @@ func TestNilFlow(t *testing.T) {
 	}
 	tn.Done()
 	f.Meter().Done()
+}
+
+// levels records where Threads put each thread (by thread id).
+type levels struct {
+	mu    sync.Mutex
+	at    map[int]int
+	moves int
+}
+
+func (l *levels) Base() (int, bool) { return 0, true }
+func (l *levels) Set(n int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.at[unix.Gettid()] = n
+	l.moves++
+	return nil
+}
+
+// TestPiecesMoveAtTheirFlowsLevel: a piece that shares the server's I/O
+// moves on a thread at its flow's level (Config.Threads), which is back at
+// the server's when the turn is done; a flow alone, or a piece that may
+// block, moves at the server's level; levels at or below the server's are
+// not taken.
+func TestPiecesMoveAtTheirFlowsLevel(t *testing.T) {
+	th := &levels{at: map[int]int{}}
+	sh := New(Config{Slots: 3, Hold: time.Minute, Threads: th,
+		Nice: func(share float64, _ sched.Class) int { return int(10 / share) }})
+	heavy, light, other := sh.Flow("heavy"), sh.Flow("light"), sh.Flow("other")
+	heavy.Set(1, sched.Default)  // level 10
+	light.Set(20, sched.Default) // level 0: the server's
+	other.Set(1, sched.Default)
+	// other's piece in flight: heavy and light are not alone.
+	busy, err := other.Turn(context.Background(), time.Time{}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name     string
+		f        *Flow
+		mayBlock bool
+		want     int // the piece's thread's level during the turn
+		moves    int // Set calls for it
+	}{
+		{"a heavy piece", heavy, false, 10, 2},
+		{"a piece at the server's level", light, false, 0, 0},
+		{"a piece that may block", heavy, true, 0, 0},
+	} {
+		th.mu.Lock()
+		th.moves = 0
+		th.mu.Unlock()
+		done := make(chan error)
+		go func() {
+			tn, err := tt.f.Turn(context.Background(), time.Time{}, nil, tt.mayBlock)
+			if err != nil {
+				done <- err
+				return
+			}
+			th.mu.Lock()
+			during := th.at[unix.Gettid()]
+			th.mu.Unlock()
+			tn.Done()
+			th.mu.Lock()
+			after := th.at[unix.Gettid()]
+			th.mu.Unlock()
+			if during != tt.want || after != 0 {
+				done <- fmt.Errorf("level %d during the turn and %d after, want %d and 0", during, after, tt.want)
+				return
+			}
+			done <- nil
+		}()
+		if err := <-done; err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+		th.mu.Lock()
+		if th.moves != tt.moves {
+			t.Errorf("%s: %d moves, want %d", tt.name, th.moves, tt.moves)
+		}
+		th.mu.Unlock()
+	}
+	busy.Done()
 }

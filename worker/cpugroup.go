@@ -38,8 +38,9 @@ type CPUGroups struct {
 	nice bool // no cgroups: nice levels per worker thread
 	log  *slog.Logger
 
-	mu     sync.Mutex
-	broken error // set once a write failed: logged once, then not tried again
+	mu      sync.Mutex
+	broken  error         // set once a write failed: logged once, then not tried again
+	threads *ThreadGroups // the server's threads' groups (Threads), once asked for
 }
 
 // Where cgroup hierarchies are mounted and where the kernel says which
@@ -364,6 +365,9 @@ func (g *CPUGroups) Close() {
 	if g == nil || g.nice {
 		return
 	}
+	g.mu.Lock()
+	g.threads.close()
+	g.mu.Unlock()
 	// The server goes back where it was: a group holding a process cannot
 	// be removed.
 	os.WriteFile(filepath.Join(g.home, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)

@@ -1,0 +1,87 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"log/slog"
+)
+
+// threadGroup is the calling thread's cpu group under cgroup v1.
+func threadGroup(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if parts := strings.SplitN(line, ":", 3); len(parts) == 3 && strings.Contains(","+parts[1]+",", ",cpu,") {
+			return parts[2]
+		}
+	}
+	t.Fatalf("no cpu group in %q", b)
+	return ""
+}
+
+// TestThreadGroupsMoveAThreadAndBack, on the machine's own cgroup v1 cpu
+// hierarchy: a thread the server moves for a piece is in the group of
+// that level, whose weight is the level's (share 1.25^(10-level)), and
+// back in the server's group after; the server's other threads never
+// left it; Close removes the groups. Where cgroups are not v1 and
+// writable (a container, cgroup v2), Threads is nil and the test is
+// skipped.
+func TestThreadGroupsMoveAThreadAndBack(t *testing.T) {
+	g := NewCPUGroups(slog.New(slog.DiscardHandler))
+	if g == nil || g.Mechanism() != "cgroup v1" {
+		g.Close()
+		t.Skip("no writable cgroup v1 cpu hierarchy here")
+	}
+	defer g.Close()
+	tg := g.Threads()
+	if tg == nil {
+		t.Fatal("no thread groups on cgroup v1")
+	}
+	if level, ok := tg.Base(); !ok || level != serverLevel {
+		t.Fatalf("Base = %d, %v", level, ok)
+	}
+	server := threadGroup(t)
+	if !strings.HasSuffix(server, "/server") {
+		t.Fatalf("the test's thread is in %q, want the server's group", server)
+	}
+	type seen struct{ during, after, shares string }
+	c := make(chan seen)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var s seen
+		if err := tg.Set(3); err != nil {
+			t.Error(err)
+		}
+		s.during = threadGroup(t)
+		b, _ := os.ReadFile(filepath.Join(g.dir, "io-3", "cpu.shares"))
+		s.shares = strings.TrimSpace(string(b))
+		if err := tg.Set(serverLevel); err != nil {
+			t.Error(err)
+		}
+		s.after = threadGroup(t)
+		c <- s
+	}()
+	s := <-c
+	if !strings.HasSuffix(s.during, "/io-3") || s.after != server {
+		t.Fatalf("the thread was in %q during its piece and in %q after, want .../io-3 and %q", s.during, s.after, server)
+	}
+	if want := g.value(1.25 * 1.25 * 1.25 * 1.25 * 1.25 * 1.25 * 1.25); s.shares != want {
+		t.Fatalf("io-3's cpu.shares %s, want %s", s.shares, want)
+	}
+	if got := threadGroup(t); got != server {
+		t.Fatalf("the test's own thread moved to %q", got)
+	}
+	dir := g.dir
+	g.Close()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the server's groups outlived Close: %v", err)
+	}
+}
