@@ -220,8 +220,9 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 			c.mu.Lock()
 			c.hashed++
 			c.mu.Unlock()
+			began := c.clock()
 			if st, err = checkSums(dir); err == nil {
-				c.verify(sha, st)
+				c.verify(sha, st, began)
 			}
 		}
 		if err == nil {
@@ -258,13 +259,15 @@ func (c *Cache) unchanged(sha, dir string) bool {
 	if st.unchanged(dir) {
 		return true
 	}
-	c.verify(sha, nil) // hashed again from now on, whatever it finds
+	c.verify(sha, nil, time.Time{}) // hashed again from now on, whatever it finds
 	return false
 }
 
-// verify keeps st as sha's verified files when they are settled.
-func (c *Cache) verify(sha string, st stamps) {
-	if !st.settled(c.clock()) {
+// verify keeps st as sha's verified files, hashed from began on, when they
+// had settled by then (a hash of a large bundle from a cold disk can take
+// longer than racyWindow).
+func (c *Cache) verify(sha string, st stamps, began time.Time) {
+	if !st.settled(began) {
 		st = nil
 	}
 	c.mu.Lock()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/objectstore"
+	"golang.org/x/sys/unix"
 )
 
 // putBundle stores a bundle whose constants are size bytes of fill.
@@ -286,6 +287,7 @@ func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 				t.Fatalf("hashed %d times at the first Get from the cache, want 1", hashed())
 			}
 			if tt.change != nil {
+				pastTick(t, filepath.Join(dir, "w.bin"))
 				tt.change(t, dir)
 			}
 			get()
@@ -336,10 +338,35 @@ func BenchmarkCacheGetWarm(b *testing.B) {
 			get()
 			for b.Loop() {
 				if !stamped {
-					cache.verify(sha, nil)
+					cache.verify(sha, nil, time.Time{})
 				}
 				get()
 			}
 		})
 	}
+}
+
+// pastTick waits until a file changed now gets another ctime than path
+// has: a change made after it shows in the stamps whatever the file
+// system's timestamp tick (a jiffy on kernels before 6.13).
+func pastTick(t *testing.T, path string) {
+	t.Helper()
+	ctime := func(p string) int64 {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ctim.Nano()
+	}
+	was := ctime(path)
+	probe := filepath.Join(t.TempDir(), "tick")
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if err := os.WriteFile(probe, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if ctime(probe) != was {
+			return
+		}
+	}
+	t.Fatal("the file system's clock did not move in 5 s")
 }

@@ -195,18 +195,13 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	on := f.ioShares == "on" || (f.ioShares == "auto" && weighed)
 	cfg.Off = !on
 	if on && weighed {
-		cfg.Threads = threads
+		cfg.Threads, cfg.Log = threads, log
 		cfg.Nice = func(share float64, class sched.Class) int {
 			return worker.NiceLevel(worker.WeightOf(share, class.String()))
 		}
-		// A thread moving a piece at a function's weight waits for the
-		// CPU as that function's worker would, holding its P meanwhile:
-		// the server gets a P more for each such thread, so that its
-		// front door never waits on them (a light function's p50 beside
-		// a 4 MB flood: BENCHMARKS.md, "the targets of issue 45").
-		procs := runtime.GOMAXPROCS(0)
-		cfg.Weighed = max(1, procs-1)
-		runtime.GOMAXPROCS(procs + cfg.Weighed)
+		if f.sched != "off" { // off: nothing shared (engine/io.go)
+			weighedPs(cfg, log)
+		}
 	}
 	if f.sched == "off" {
 		return // --sched off: nothing shared, said elsewhere
@@ -214,8 +209,28 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	if on {
 		log.Info("the server's I/O by share: request bodies and answers move a piece at a time in their functions' turns", "cpu_weights", mech)
 	} else {
-		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where CPU weights are nice levels)", "cpu_weights", mech)
+		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where the server's threads can be weighed: nice levels, cgroup v1)", "cpu_weights", mech)
 	}
+}
+
+// weighedPs gives the server a Go scheduler P more for each thread that
+// may move a piece at a function's weight (half the CPUs, at least one): such a
+// thread waits for the CPU as that function's worker would, holding its P
+// meanwhile, and the server's front door must not wait for those Ps (a
+// light function's p50 beside a 4 MB flood was 1.83x alone on a 2-CPU
+// machine's two Ps, 1.46x with a third: BENCHMARKS.md, "the targets of
+// issue 45"). Where GOMAXPROCS is the operator's (the variable) or below
+// the CPUs (a CPU quota, which more running threads would only exceed),
+// the Ps stay, and fewer threads move at a function's weight.
+func weighedPs(cfg *ioshare.Config, log *slog.Logger) {
+	procs, cpus := runtime.GOMAXPROCS(0), runtime.NumCPU()
+	if os.Getenv("GOMAXPROCS") != "" || procs < cpus {
+		cfg.Weighed = max(1, procs-1)
+		return
+	}
+	cfg.Weighed = max(1, procs/2)
+	runtime.GOMAXPROCS(procs + cfg.Weighed)
+	log.Info("Go scheduler Ps for the threads moving functions' bytes at their weights", "gomaxprocs", procs+cfg.Weighed, "cpus", cpus, "weighed_threads", cfg.Weighed)
 }
 
 // workerExe is the binary workers run: plover-worker beside this one when

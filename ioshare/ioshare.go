@@ -24,6 +24,7 @@ package ioshare
 
 import (
 	"context"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -51,10 +52,10 @@ type Config struct {
 	Threads Threads
 	// Weighed is how many threads may move pieces at a function's level
 	// at once (default: the Go scheduler's Ps less one, at least one). A
-	// thread the kernel leaves waiting at a light level holds its P:
-	// the others, a collection's stop included, must not all wait on
-	// such threads (the server gives itself a P more for each: package
-	// cli's ioShares).
+	// thread the kernel leaves waiting at a light level holds its P, so
+	// the server's other work must keep Ps of its own (the server gives
+	// itself a P more for each: package cli's weighedPs). A collection's
+	// stop still waits for such a thread to be run.
 	Weighed int
 	// Piece is the most bytes one turn moves (default 256 KiB): what a
 	// latency-class piece waits for at most, a slot's worth.
@@ -62,6 +63,9 @@ type Config struct {
 	// Hold bounds a turn (default 2 ms): a piece that blocks past it
 	// gives its slot up, charged what it held.
 	Hold time.Duration
+	// Log hears of a thread that could not be taken back to the
+	// server's level (nil: not told).
+	Log *slog.Logger
 	// Policy orders waiting pieces ("": sched.DefaultPolicy).
 	Policy string
 	// Charge, when set, is told each piece's CPU time with its flow's

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -288,6 +289,10 @@ func TestPiecesMoveAtTheirFlowsLevel(t *testing.T) {
 		th.mu.Unlock()
 		done := make(chan error)
 		go func() {
+			// Locked here too, so that the turn's unlock leaves the
+			// goroutine on the thread it moved, to be looked at after.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 			tn, err := tt.f.Turn(context.Background(), time.Time{}, nil, tt.mayBlock)
 			if err != nil {
 				done <- err

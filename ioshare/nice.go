@@ -62,13 +62,16 @@ func (s *Shares) nice(n int) bool {
 }
 
 // unnice takes the thread back to the server's level. Where that fails
-// (it did not at start) the goroutine keeps its thread, rather than have
-// others run niced on it (Go ends the thread with the goroutine), and no
-// piece moves niced again.
+// (it did not at start: a group removed under the server, say) the
+// goroutine keeps its thread, rather than have others run at the light
+// level on it (Go ends the thread with the goroutine), no piece moves at
+// a function's level again, and the failure is logged once.
 func (s *Shares) unnice() {
 	s.niced.Add(-1)
-	if s.cfg.Threads.Set(s.base) != nil {
-		s.niceOK.Store(false)
+	if err := s.cfg.Threads.Set(s.base); err != nil {
+		if s.niceOK.Swap(false) && s.cfg.Log != nil {
+			s.cfg.Log.Warn("the server's I/O no longer moves at its functions' CPU weights: a thread could not be taken back to the server's", "error", err)
+		}
 		return
 	}
 	runtime.UnlockOSThread()
