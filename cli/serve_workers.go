@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"syscall"
 
 	"github.com/plover-run/plover/device"
@@ -174,63 +173,43 @@ func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.L
 // ioShares configures the server's I/O shares from --io-shares and the CPU
 // weights in force. A piece moves at its function's CPU weight where the
 // server's threads can be weighed as the workers are: by nice level where
-// the workers' weights are nice levels, by a CPU group per weight where
-// they are cgroup v1 groups (worker.ThreadGroups). Under cgroup v2 a
-// thread's nice level does not lower the server's group against the
-// workers', and pieces scheduled there at the server's weight made a
-// light function's p99 beside a 4 MB flood worse, not better
-// (BENCHMARKS.md), so auto leaves them off; as where the server may not
-// take a thread back.
+// the workers' weights are nice levels, by a CPU group per level where
+// they are cgroup v1 groups (worker.ThreadGroups). auto turns it on with
+// nice levels only: under cgroup v1 the groups brought a light function's
+// p99 beside a 4 MB flood to 0.91-0.99x of unscheduled while holding the
+// flood to 0.7x of its rate (BENCHMARKS.md, "the targets of issue 45"),
+// and under cgroup v2 a piece could only keep the server's weight, where
+// scheduled pieces made that p99 worse, not better; nor where the server
+// may not take a thread back.
 func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *slog.Logger) {
 	mech := cpu.Mechanism()
 	var threads ioshare.Threads
-	if mech == "nice" && ioshare.CanWeigh() {
+	nice := mech == "nice" && ioshare.CanWeigh()
+	if nice {
 		threads = ioshare.NiceLevels{}
-	} else if tg := cpu.Threads(); tg != nil {
-		if _, ok := tg.Base(); ok {
-			threads = tg
+	} else if f.ioShares == "on" {
+		if tg := cpu.Threads(); tg != nil {
+			if _, ok := tg.Base(); ok {
+				threads = tg
+			}
 		}
 	}
-	weighed := threads != nil
-	on := f.ioShares == "on" || (f.ioShares == "auto" && weighed)
+	on := f.ioShares == "on" || (f.ioShares == "auto" && nice)
 	cfg.Off = !on
-	if on && weighed {
+	if on && threads != nil {
 		cfg.Threads, cfg.Log = threads, log
 		cfg.Nice = func(share float64, class sched.Class) int {
 			return worker.NiceLevel(worker.WeightOf(share, class.String()))
-		}
-		if f.sched != "off" { // off: nothing shared (engine/io.go)
-			weighedPs(cfg, log)
 		}
 	}
 	if f.sched == "off" {
 		return // --sched off: nothing shared, said elsewhere
 	}
 	if on {
-		log.Info("the server's I/O by share: request bodies and answers move a piece at a time in their functions' turns", "cpu_weights", mech)
+		log.Info("the server's I/O by share: request bodies and answers move a piece at a time in their functions' turns", "cpu_weights", mech, "at_functions_weights", threads != nil)
 	} else {
-		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where the server's threads can be weighed: nice levels, cgroup v1)", "cpu_weights", mech)
+		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where CPU weights are nice levels)", "cpu_weights", mech)
 	}
-}
-
-// weighedPs gives the server a Go scheduler P more for each thread that
-// may move a piece at a function's weight (half the CPUs, at least one): such a
-// thread waits for the CPU as that function's worker would, holding its P
-// meanwhile, and the server's front door must not wait for those Ps (a
-// light function's p50 beside a 4 MB flood was 1.83x alone on a 2-CPU
-// machine's two Ps, 1.46x with a third: BENCHMARKS.md, "the targets of
-// issue 45"). Where GOMAXPROCS is the operator's (the variable) or below
-// the CPUs (a CPU quota, which more running threads would only exceed),
-// the Ps stay, and fewer threads move at a function's weight.
-func weighedPs(cfg *ioshare.Config, log *slog.Logger) {
-	procs, cpus := runtime.GOMAXPROCS(0), runtime.NumCPU()
-	if os.Getenv("GOMAXPROCS") != "" || procs < cpus {
-		cfg.Weighed = max(1, procs-1)
-		return
-	}
-	cfg.Weighed = max(1, procs/2)
-	runtime.GOMAXPROCS(procs + cfg.Weighed)
-	log.Info("Go scheduler Ps for the threads moving functions' bytes at their weights", "gomaxprocs", procs+cfg.Weighed, "cpus", cpus, "weighed_threads", cfg.Weighed)
 }
 
 // workerExe is the binary workers run: plover-worker beside this one when

@@ -52,10 +52,9 @@ type Config struct {
 	Threads Threads
 	// Weighed is how many threads may move pieces at a function's level
 	// at once (default: the Go scheduler's Ps less one, at least one). A
-	// thread the kernel leaves waiting at a light level holds its P, so
-	// the server's other work must keep Ps of its own (the server gives
-	// itself a P more for each: package cli's weighedPs). A collection's
-	// stop still waits for such a thread to be run.
+	// thread the kernel leaves waiting at a light level holds its P: the
+	// others, a collection's stop included, must not all wait on such
+	// threads.
 	Weighed int
 	// Piece is the most bytes one turn moves (default 256 KiB): what a
 	// latency-class piece waits for at most, a slot's worth.
