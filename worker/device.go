@@ -101,9 +101,9 @@ type Device struct {
 	tenants map[string]*tenantSlot  // TenantScope: each tenant's worker (tenant.go)
 	churn   map[string]*tenantChurn // TenantScope: tenants' recent worker deaths (churn.go)
 	late    map[string]*lateLoad    // TenantScope: loads whose request gave up (late.go)
-	// lateKeep is lateKeep but in tests.
-	lateKeep time.Duration
-	closed   bool
+	// lateKeep and loadBound are the constants but in tests.
+	lateKeep, loadBound time.Duration
+	closed              bool
 
 	outMu sync.Mutex // Options.Output's lines, one at a time
 
@@ -133,7 +133,7 @@ func NewDevice(opts Options) *Device {
 	}
 	d := &Device{opts: opts, standby: make(chan *proc, opts.MaxStandby), refill: make(chan struct{}, 1),
 		started: make(chan standbyStart, standbyParallel), demand: &standbyDemand{min: opts.Standby, max: opts.MaxStandby},
-		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}, churn: map[string]*tenantChurn{}, late: map[string]*lateLoad{}, lateKeep: lateKeep}
+		stop: make(chan struct{}), procs: map[*proc]struct{}{}, tenants: map[string]*tenantSlot{}, churn: map[string]*tenantChurn{}, late: map[string]*lateLoad{}, lateKeep: lateKeep, loadBound: loadBound}
 	if opts.MaxStandby > 0 && !opts.MPS {
 		go d.keepStandby()
 		d.refill <- struct{}{}
@@ -407,7 +407,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		// the load's: loadBound starts at its turn.
 		wctx, cancel := context.WithTimeout(context.Background(), maxControlWait)
 		defer cancel()
-		rep, err := g.load(wctx, loadBound, mj)
+		rep, err := g.load(wctx, d.loadBound, mj)
 		if err == nil && rep.St != wire.StOK {
 			err = wire.ErrorOf(rep.St, rep.Text)
 		}
