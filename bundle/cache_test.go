@@ -221,28 +221,42 @@ func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
 
 // TestCacheTrustsStampsOnlyOfSettledFiles: a cached bundle is hashed at
 // its first Get in a process and then, while its files keep the stamps
-// they had, not again; any change to a file (its bytes, even at the same
-// size and times; another file in its place) has it hashed again and the
-// damage found, and files changed within racyWindow of the hash are
-// hashed every time.
+// they had, not again, though a worker's stage links and unlinks them
+// between loads; a write (even of the same bytes) or another file in its
+// place has it hashed again and any damage found; files written within
+// racyWindow of the hash are hashed every time. A write whose mtime is set
+// back by hand is not seen: the limit the stamps accept (sums.go).
 func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 	ctx := context.Background()
+	flip := func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "w.bin")
+		b, _ := os.ReadFile(p)
+		b[0] ^= 0xff
+		os.WriteFile(p, b, 0o644)
+	}
 	for _, tt := range []struct {
 		name    string
 		settled bool
 		change  func(t *testing.T, dir string) // nil: none
+		hashed  bool                           // hashed again after the change
 		damaged bool
 	}{
-		{"unchanged", true, nil, false},
-		{"unchanged but racy", false, nil, false},
-		{"same size, times put back", true, func(t *testing.T, dir string) {
+		{"unchanged", true, nil, false, false},
+		{"unchanged but racy", false, nil, true, false},
+		{"linked into a stage and unlinked", true, func(t *testing.T, dir string) {
+			stage := filepath.Join(t.TempDir(), "w.bin")
+			if err := os.Link(filepath.Join(dir, "w.bin"), stage); err != nil {
+				t.Skipf("no hard links here: %v", err)
+			}
+			os.Remove(stage)
+		}, false, false},
+		{"a byte flipped, same size", true, flip, true, true},
+		{"a byte flipped, mtime set back by hand", true, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, "w.bin")
 			fi, _ := os.Stat(p)
-			b, _ := os.ReadFile(p)
-			b[0] ^= 0xff
-			os.WriteFile(p, b, 0o644)
+			flip(t, dir)
 			os.Chtimes(p, fi.ModTime(), fi.ModTime())
-		}, true},
+		}, false, false},
 		{"another file in its place", true, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, "lib.so")
 			b, _ := os.ReadFile(p)
@@ -250,12 +264,12 @@ func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 			if err := os.Rename(p+".new", p); err != nil {
 				t.Fatal(err)
 			}
-		}, true},
+		}, true, true},
 		{"rewritten with the same bytes", true, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, "w.bin")
 			b, _ := os.ReadFile(p)
 			os.WriteFile(p, b, 0o644)
-		}, false},
+		}, true, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			store, _ := objectstore.NewFS(t.TempDir())
@@ -292,7 +306,7 @@ func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 			}
 			get()
 			wantHashes, wantRepairs := 1, int32(0)
-			if tt.change != nil || !tt.settled {
+			if tt.hashed {
 				wantHashes = 2
 			}
 			if tt.damaged {
@@ -346,25 +360,25 @@ func BenchmarkCacheGetWarm(b *testing.B) {
 	}
 }
 
-// pastTick waits until a file changed now gets another ctime than path
-// has: a change made after it shows in the stamps whatever the file
+// pastTick waits until a file written now gets another mtime than path
+// has: a write made after it shows in the stamps whatever the file
 // system's timestamp tick (a jiffy on kernels before 6.13).
 func pastTick(t *testing.T, path string) {
 	t.Helper()
-	ctime := func(p string) int64 {
+	mtime := func(p string) int64 {
 		var st unix.Stat_t
 		if err := unix.Stat(p, &st); err != nil {
 			t.Fatal(err)
 		}
-		return st.Ctim.Nano()
+		return st.Mtim.Nano()
 	}
-	was := ctime(path)
+	was := mtime(path)
 	probe := filepath.Join(t.TempDir(), "tick")
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
 		if err := os.WriteFile(probe, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if ctime(probe) != was {
+		if mtime(probe) != was {
 			return
 		}
 	}

@@ -130,18 +130,25 @@ var sumBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 // A stamp is what the file system says of a file without reading it: a
 // file whose stamp is as it was when its bytes were hashed still holds
 // those bytes, unless something rewrote it within the clock's tick of
-// the hash and kept its size (see stamps.settled).
+// the hash and kept its size (see stamps.settled), or wrote it and set
+// its mtime back.
 //
-// Any write moves ctime, which no user can set back; a file put in its
-// place (a restore, a hand with mv) is another inode. Bit rot under an
-// unchanged stamp is not seen, as it is not by a read served from the page
-// cache either: the hash at a process's first load of an entry is the
-// check for that.
+// Not ctime, though only ctime cannot be set back: every load links the
+// cache's library and constants into a worker's stage, and the link and
+// its removal move the cached file's ctime (its link count changes), so
+// a stamp with ctime would never hold from one load to the next. A write
+// moves mtime; setting it back is a deliberate act, which the digest
+// list, in the same directory, does not withstand either: the check is
+// against damage, not against whoever may write the cache. A file put in
+// its place (a restore, a hand with mv) is another inode. Bit rot under
+// an unchanged stamp is not seen, as it is not by a read served from the
+// page cache either: the hash at a process's first load of an entry is
+// the check for that.
 type stamp struct {
-	name         string
-	dev, ino     uint64
-	size         int64
-	mtime, ctime int64 // ns
+	name     string
+	dev, ino uint64
+	size     int64
+	mtime    int64 // ns
 }
 
 func stampOf(f *os.File, name string) (stamp, error) {
@@ -153,8 +160,7 @@ func stampOf(f *os.File, name string) (stamp, error) {
 }
 
 func stampFrom(name string, st *unix.Stat_t) stamp {
-	return stamp{name: name, dev: st.Dev, ino: st.Ino, size: st.Size,
-		mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
+	return stamp{name: name, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
 }
 
 // stamps are a verified entry's files (the digest list first).
@@ -174,7 +180,7 @@ func (ss stamps) unchanged(dir string) bool {
 	return true
 }
 
-// settled reports whether every file was last changed at least racyWindow
+// settled reports whether every file was last written at least racyWindow
 // before now. A file changed within the file system's clock tick of its
 // stamp could change again, keeping its size, with no stamp to show it
 // (timestamps come from a clock that ticks every few ms): such stamps are
@@ -182,7 +188,7 @@ func (ss stamps) unchanged(dir string) bool {
 // file as racy when it is as new as its index.
 func (ss stamps) settled(now time.Time) bool {
 	for _, s := range ss {
-		if now.UnixNano()-max(s.ctime, s.mtime) < int64(racyWindow) {
+		if now.UnixNano()-s.mtime < int64(racyWindow) {
 			return false
 		}
 	}

@@ -176,8 +176,9 @@ func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.L
 // the workers' weights are nice levels, by a CPU group per level where
 // they are cgroup v1 groups (worker.ThreadGroups). auto turns it on with
 // nice levels only: under cgroup v1 the groups brought a light function's
-// p99 beside a 4 MB flood to 0.91-0.99x of unscheduled while holding the
-// flood to 0.7x of its rate (BENCHMARKS.md, "the targets of issue 45"),
+// p99 beside a 4 MB flood to 0.68-0.99x of unscheduled, its p50 the same
+// or worse, while holding the flood to 0.7x of its rate (BENCHMARKS.md,
+// "the targets of issue 45"),
 // and under cgroup v2 a piece could only keep the server's weight, where
 // scheduled pieces made that p99 worse, not better; nor where the server
 // may not take a thread back.
@@ -187,7 +188,7 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	nice := mech == "nice" && ioshare.CanWeigh()
 	if nice {
 		threads = ioshare.NiceLevels{}
-	} else if f.ioShares == "on" {
+	} else if f.ioShares == "on" && f.sched != "off" {
 		if tg := cpu.Threads(); tg != nil {
 			if _, ok := tg.Base(); ok {
 				threads = tg
@@ -208,7 +209,7 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	if on {
 		log.Info("the server's I/O by share: request bodies and answers move a piece at a time in their functions' turns", "cpu_weights", mech, "at_functions_weights", threads != nil)
 	} else {
-		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where CPU weights are nice levels)", "cpu_weights", mech)
+		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where CPU weights are nice levels and the server may take a thread's level back)", "cpu_weights", mech)
 	}
 }
 

@@ -50,12 +50,6 @@ type Config struct {
 	// Threads moves the thread to a level and back (nil: nice levels,
 	// NiceLevels).
 	Threads Threads
-	// Weighed is how many threads may move pieces at a function's level
-	// at once (default: the Go scheduler's Ps less one, at least one). A
-	// thread the kernel leaves waiting at a light level holds its P: the
-	// others, a collection's stop included, must not all wait on such
-	// threads.
-	Weighed int
 	// Piece is the most bytes one turn moves (default 256 KiB): what a
 	// latency-class piece waits for at most, a slot's worth.
 	Piece int
@@ -98,9 +92,6 @@ func New(cfg Config) *Shares {
 	}
 	if cfg.Hold <= 0 {
 		cfg.Hold = 2 * time.Millisecond
-	}
-	if cfg.Weighed <= 0 {
-		cfg.Weighed = max(1, runtime.GOMAXPROCS(0)-1)
 	}
 	sh := &Shares{cfg: cfg, flows: map[string]*Flow{},
 		s: sched.New(sched.Config{MaxRuns: cfg.Slots, Reserve: 1, PolicyName: cfg.Policy})}

@@ -41,14 +41,16 @@ func (l NiceLevels) Base() (int, bool) {
 }
 
 // nice moves the calling goroutine's thread to level n for a piece
-// (Config.Threads), if pieces may move niced and fewer than
-// Config.Weighed threads are niced now. It reports whether it did; unnice
-// undoes it.
+// (Config.Threads), if pieces may move niced and fewer threads than the Go
+// scheduler has Ps less one are niced now (a niced thread the kernel
+// leaves waiting still holds its P: the others, a collection's stop
+// included, must not all wait on such threads). It reports whether it
+// did; unnice undoes it.
 func (s *Shares) nice(n int) bool {
 	if n <= s.base || !s.niceOK.Load() {
 		return false
 	}
-	if s.niced.Add(1) > int32(s.cfg.Weighed) {
+	if s.niced.Add(1) > int32(max(1, runtime.GOMAXPROCS(0)-1)) {
 		s.niced.Add(-1)
 		return false
 	}

@@ -368,12 +368,12 @@ func TestBlameRule(t *testing.T) {
 // A load that hangs past its bound (loadBound, shortened here) kills its
 // tenant's worker for that program alone: the load fails with a deadline
 // error though its request's deadline is far, the sibling's loss is
-// collateral (its requests in flight are retried, no crash counted
-// against it), and the tenant's next load gets a fresh worker.
+// collateral (the engine retries its requests in flight and counts no
+// crash against it), and the tenant's next load gets a fresh worker.
 func TestTenantHangingLoadIsBlamedAlone(t *testing.T) {
 	d := tenantDevice(t)
-	d.loadBound = 200 * time.Millisecond // the bundle's load takes 700 ms
 	ms, sib, dir, m := slowBeside(t, d)
+	d.loadBound = 200 * time.Millisecond // the bundle's load takes 700 ms
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if p, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}); err == nil {
@@ -390,6 +390,7 @@ func TestTenantHangingLoadIsBlamedAlone(t *testing.T) {
 	if ds := sib.Death(); ds == nil || !ds.Collateral() {
 		t.Fatalf("the sibling's death %v, want collateral: the hanging load is to blame", ds)
 	}
+	d.loadBound = loadBound
 	again := loadFor(t, d, "t", "", ms, nil).(*program)
 	if again.p == sib.p {
 		t.Fatalf("the sibling loaded again into the killed worker %d", sib.p.pid)
