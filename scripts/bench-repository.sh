@@ -12,10 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-200}
 plover=${PLOVER:-bin/plover}
-work=$(mktemp -d)
-spid=
-trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
 . scripts/lib/bench.sh
+scratch
 
 sample=build/samples/vecadd-host
 in=build/samples/vecadd-input.bin

@@ -12,11 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-200}
 plover=${PLOVER:-bin/plover}
-work=$(mktemp -d)
-spid=
-trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
 
 . scripts/lib/bench.sh
+scratch
 cnn_digit "$work/digit.bin"
 
 start() { # start LOG: a server on the shared data directory; sets spid, addr

@@ -12,11 +12,9 @@ cd "$(dirname "$0")/.."
 n=${1:-5}
 mib=${2:-64}
 plover=${PLOVER:-bin/plover}
-work=$(mktemp -d)
-spid=
-trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
 
 . scripts/lib/bench.sh
+scratch
 cnn_digit "$work/digit.bin"
 mkdir -p "$work/big"
 cp build/samples/cnn-host/* "$work/big/"

@@ -1,5 +1,6 @@
 # scripts/lib/bench.sh — sourced by the benchmark scripts (isolation-bench.sh,
-# cpu-per-request.sh, cold-sequence.sh); run them from the repository root.
+# cpu-per-request.sh, cold-sequence.sh, warm-sequence.sh, bench-repository.sh);
+# run them from the repository root.
 
 # cnn_digit OUT: the first held-out digit as the CNN's input, 784 float32
 # pixels k/255 (heldout.bin: "PLVDGT01", a uint32 count, then a label byte
@@ -31,4 +32,12 @@ server_url() {
   done
   cat "$1" >&2
   return 1
+}
+
+# scratch: a temporary directory in $work, removed at exit, where the
+# server started in $spid (if any) is stopped too.
+scratch() {
+  work=$(mktemp -d)
+  spid=
+  trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
 }
