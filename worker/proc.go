@@ -429,15 +429,18 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Unlock()
 	cg.Remove()
 	p.reason = exitReason(cmd.ProcessState, err)
-	// Only a death by a memory fault takes the handler's line: the bundle
-	// can print anything on stderr, a marked line included.
-	if f := p.fault.Load(); f != nil && faultSignal(cmd.ProcessState) {
+	sig := deathSignal(cmd.ProcessState)
+	// Only a death by a memory fault (SIGSEGV, SIGBUS: the signals checked
+	// mode's handler reports before it lets them kill the process) takes
+	// the handler's line: the bundle can print anything on stderr, a
+	// marked line included.
+	if f := p.fault.Load(); f != nil && (sig == syscall.SIGSEGV || sig == syscall.SIGBUS) {
 		p.reason += ": " + strings.TrimPrefix(*f, device.FaultMark)
 	}
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
 	}
-	p.blame(deathSignal(cmd.ProcessState))
+	p.blame(sig)
 	p.d.tenantDied(p)
 	p.mu.Lock()
 	p.ctlGone = true
@@ -617,7 +620,7 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 		return nil, g.lost(during)
 	}
 	defer func() {
-		if p.tenant != nil && g != nil {
+		if p.tenant != nil {
 			g.callEnded.Store(time.Now().UnixNano())
 		}
 		p.mu.Lock()
@@ -704,14 +707,4 @@ func deathSignal(ps *os.ProcessState) syscall.Signal {
 		return ws.Signal()
 	}
 	return 0
-}
-
-// faultSignal reports a process killed by SIGSEGV or SIGBUS, the signals
-// checked mode's handler reports before it lets them kill the process.
-func faultSignal(ps *os.ProcessState) bool {
-	if ps == nil {
-		return false
-	}
-	ws, ok := ps.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled() && (ws.Signal() == syscall.SIGSEGV || ws.Signal() == syscall.SIGBUS)
 }

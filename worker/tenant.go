@@ -41,13 +41,13 @@ type tenancy struct {
 
 	// Under the proc's mu. tuned: retune set the memory limit once; gone:
 	// the sum of the limits of the programs unloaded (-1: one had none).
+	// Ids are never reused: those up to nextID not in progs are of
+	// programs unloaded, whose chains may still run in the worker (an
+	// overrun) and crash it.
 	progs  map[uint32]*program
 	nextID uint32
 	tuned  bool
 	gone   int64
-	// departed: the ids of the programs unloaded, whose chains may still
-	// run in the worker (an overrun) and crash it.
-	departed map[uint32]bool
 	// named: blame named the one program at fault (tenantDied does not
 	// count the death towards the tenant's back-off).
 	named bool
@@ -172,10 +172,6 @@ func (p *proc) removeProgram(g *program) {
 	p.mu.Lock()
 	if _, ok := p.tenant.progs[g.id]; ok {
 		delete(p.tenant.progs, g.id)
-		if p.tenant.departed == nil {
-			p.tenant.departed = map[uint32]bool{}
-		}
-		p.tenant.departed[g.id] = true
 		if g.memLimit == 0 || p.tenant.gone < 0 {
 			p.tenant.gone = -1
 		} else {
@@ -350,7 +346,7 @@ func (p *proc) blame(sig syscall.Signal) {
 	progs := p.tenant.progs
 	var culprits []*program
 	named := true
-	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && (progs[id] != nil || p.tenant.departed[id]) {
+	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && id <= p.tenant.nextID {
 		if progs[id] != nil {
 			culprits = append(culprits, progs[id])
 		} // else an unloaded program's chain, still running: no one left is at fault
@@ -374,20 +370,15 @@ func (g *program) collateral() bool { return g.p.tenant != nil && !g.blamed.Load
 
 // shares marks err, a loss of g's worker, as collateral where it was.
 func (g *program) shares(err error) error {
-	if pe := (*ProcessExit)(nil); g != nil && errors.As(err, &pe) {
+	if pe := (*ProcessExit)(nil); errors.As(err, &pe) {
 		pe.Shared = g.collateral()
 	}
 	return err
 }
 
-// lost, failed and idleExit are the proc's, for g's run or call (g may be
-// nil: a call for no program), with its share of the blame.
-func (g *program) lost(during string) error {
-	if g == nil {
-		return nil
-	}
-	return g.shares(g.p.lost(during))
-}
+// lost, failed and idleExit are the proc's, for g's run or call, with its
+// share of the blame.
+func (g *program) lost(during string) error { return g.shares(g.p.lost(during)) }
 
 func (g *program) failed(err error, during string) error {
 	return g.shares(g.p.failed(g, err, during))

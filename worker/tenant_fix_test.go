@@ -343,7 +343,7 @@ func TestBlameRule(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &proc{tenant: &tenancy{progs: map[uint32]*program{}, departed: map[uint32]bool{3: true}}}
+			p := &proc{tenant: &tenancy{progs: map[uint32]*program{}, nextID: 3}} // 3 unloaded
 			for _, id := range []uint32{1, 2} {
 				p.tenant.progs[id] = &program{id: id, p: p}
 			}

@@ -506,7 +506,7 @@ func TestTenantWorkerRefusesUnknownIDs(t *testing.T) {
 		{"an entry of an unknown id", wire.Control{Op: wire.OpEntry, Prog: 99, Kernel: "echo"}, "no program 99"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			raw, err := g.p.call(context.Background(), nil, tc.c, nil, "testing")
+			raw, err := g.p.call(context.Background(), g, tc.c, nil, "testing")
 			if err != nil {
 				t.Fatal(err)
 			}

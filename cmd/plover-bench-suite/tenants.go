@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -425,7 +426,7 @@ func writeTenants(o *options, res *results, runs []*tenantRun, many *tenantRun) 
 }
 
 func maxOf(m map[string]int) int {
-	return slices.Max(append([]int{0}, mapValues(m)...))
+	return slices.Max(append([]int{0}, slices.Collect(maps.Values(m))...))
 }
 
 func sum(m map[string]int) int {
@@ -434,12 +435,4 @@ func sum(m map[string]int) int {
 		n += v
 	}
 	return n
-}
-
-func mapValues(m map[string]int) []int {
-	v := make([]int, 0, len(m))
-	for _, x := range m {
-		v = append(v, x)
-	}
-	return v
 }

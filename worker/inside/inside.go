@@ -135,9 +135,10 @@ func Serve(cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
 		}
-		w.marking(w.buf[:n])
-		op, rep := w.handle(w.buf[:n], fds)
-		w.marking(nil)
+		c, err := wire.DecodeControl(w.buf[:n])
+		w.marking(c.Prog, err)
+		op, rep := w.handle(c, err, fds)
+		w.marking(0, nil)
 		w.out = wire.AppendControlReply(w.out[:0], op, rep)
 		if err := unix.Sendmsg(wire.CtlFD, w.out, nil, nil, 0); err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
@@ -195,16 +196,14 @@ func (w *server) release(l *loaded) {
 }
 
 // marking tells the fatal-signal handler which program the control call
-// of message b is about (nil: none), in a tenant's worker.
-func (w *server) marking(b []byte) {
+// in hand is about (0, or a message that did not decode: none), in a
+// tenant's worker.
+func (w *server) marking(id uint32, decodeErr error) {
 	if !w.cfg.Tenant {
 		return
 	}
-	id := uint32(0)
-	if len(b) > 0 {
-		if c, err := wire.DecodeControl(b); err == nil {
-			id = c.Prog
-		}
+	if decodeErr != nil {
+		id = 0
 	}
 	setProgram(id)
 }
@@ -240,13 +239,12 @@ func statusReply(err error) wire.Reply {
 // handle makes the call one control message asks for and returns the
 // reply, with the operation it answers (0 for a message it could not
 // read): the reply's shape is the operation's.
-func (w *server) handle(b []byte, fds []int) (byte, wire.Reply) {
+func (w *server) handle(c wire.Control, err error, fds []int) (byte, wire.Reply) {
 	closeAll := func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}
-	c, err := wire.DecodeControl(b)
 	var l *loaded
 	if err == nil && c.Op != wire.OpLoad {
 		l = w.program(c.Prog)
@@ -281,7 +279,7 @@ func (w *server) handle(b []byte, fds []int) (byte, wire.Reply) {
 			closeAll()
 			return c.Op, failed("new instance: want a loaded program's id, sizes, a memfd and a socket")
 		}
-		return c.Op, w.newInstance(c.Prog, l, c.MaxIn, c.Tmp, c.Out, fds[0], fds[1])
+		return c.Op, w.newInstance(l, c.MaxIn, c.Tmp, c.Out, fds[0], fds[1])
 	}
 	closeAll()
 	return c.Op, failed(err.Error()) // empty, or an unknown operation
@@ -340,7 +338,7 @@ func (w *server) load(c wire.Control) wire.Reply {
 	return wire.Reply{St: wire.StOK}
 }
 
-func (w *server) newInstance(id uint32, l *loaded, maxIn, tmp, out int64, memfd, sock int) wire.Reply {
+func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) wire.Reply {
 	fail := func(err error) wire.Reply {
 		unix.Close(memfd)
 		unix.Close(sock)
@@ -374,7 +372,7 @@ func (w *server) newInstance(id uint32, l *loaded, maxIn, tmp, out int64, memfd,
 	w.mu.Unlock()
 	mark := uint32(0)
 	if w.cfg.Tenant {
-		mark = id
+		mark = l.id
 	}
 	go func() {
 		serveInstance(sock, own, inst, maxIn, out, mark)
@@ -497,13 +495,18 @@ func (w *server) dropSlots(prog uint32) {
 // say) ends the worker. Not locked to an OS thread: a run is one cgo call
 // that makes its device context current itself, and a locked thread cost
 // two scheduler hand-offs per request (measured with perf). Except in a
-// tenant's worker (mark, the program's id, not 0): there each run tells the
-// fatal-signal handler its program through a thread-local variable, which
-// only a goroutine that stays on its thread can set for its cgo calls.
+// tenant's worker (mark, the program's id, not 0): there the fatal-signal
+// handler learns whose run took a signal from a thread-local variable,
+// set once for the thread the instance keeps for its life (and cleared
+// before the thread goes back to others).
 func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64, mark uint32) {
 	if mark != 0 {
 		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+		setProgram(mark)
+		defer func() {
+			setProgram(0)
+			runtime.UnlockOSThread()
+		}()
 	}
 	msg := make([]byte, wire.RunMsgMax+1)
 	rep := make([]byte, wire.ReplyMax)
@@ -550,13 +553,7 @@ func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64
 			// The slot is this run's alone until the reply: the device
 			// works on it where it is, if it can.
 			r.InPlace = mem.inPlace
-			if mark != 0 {
-				setProgram(mark)
-			}
 			st, text = wire.StatusOf(inst.Run(&r))
-			if mark != 0 {
-				setProgram(0)
-			}
 		}
 		running.Add(-1)
 		rep = wire.EncodeReply(rep, st, &r, wire.RunSeq(msg[:n]), text)
