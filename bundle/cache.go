@@ -49,8 +49,9 @@ type cacheEntry struct {
 	size     int64
 	lastUsed time.Time
 	inUse    int
-	// verified: the entry's files as this process last hashed them and
-	// found them right, settled (nil: hash them at the next Get).
+	// verified: the entry's files as this process (or, read from
+	// stampsFile, one before it) last hashed them and found them right,
+	// settled (nil: read stampsFile, else hash them, at the next Get).
 	verified stamps
 }
 
@@ -212,8 +213,9 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 		// The disk may have changed under the cache (a bad sector, a
 		// restore, a hand): the library and constants are checked against
 		// what was unpacked before they are loaded, by their bytes the
-		// first time this process loads them, then by their stamps (a
-		// model's weights are not read again at every warm-up).
+		// first time, then by their stamps, kept in the entry too (a
+		// model's weights are not read again at every warm-up, nor at
+		// every restart).
 		var err error
 		if !c.unchanged(sha, dir) {
 			var st stamps
@@ -222,7 +224,7 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 			c.mu.Unlock()
 			began := c.clock()
 			if st, err = checkSums(dir); err == nil {
-				c.verify(sha, st, began)
+				c.verify(sha, dir, st, began)
 			}
 		}
 		if err == nil {
@@ -248,7 +250,8 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 }
 
 // unchanged reports whether sha's files still have the stamps they had
-// when this process last found their bytes right.
+// when this process, or one before it (stampsFile), last found their
+// bytes right.
 func (c *Cache) unchanged(sha, dir string) bool {
 	c.mu.Lock()
 	var st stamps
@@ -256,20 +259,34 @@ func (c *Cache) unchanged(sha, dir string) bool {
 		st = e.verified
 	}
 	c.mu.Unlock()
+	kept := st == nil
+	if kept {
+		st = readStamps(dir)
+	}
 	if st.unchanged(dir) {
+		if kept {
+			c.keep(sha, st)
+		}
 		return true
 	}
-	c.verify(sha, nil, time.Time{}) // hashed again from now on, whatever it finds
+	c.keep(sha, nil) // hashed again from now on, whatever it finds
 	return false
 }
 
 // verify keeps st as sha's verified files, hashed from began on, when they
 // had settled by then (a hash of a large bundle from a cold disk can take
-// longer than racyWindow).
-func (c *Cache) verify(sha string, st stamps, began time.Time) {
+// longer than racyWindow), in memory and in the entry's stampsFile.
+func (c *Cache) verify(sha, dir string, st stamps, began time.Time) {
 	if !st.settled(began) {
 		st = nil
 	}
+	if st != nil && st.write(dir) != nil {
+		os.Remove(filepath.Join(dir, stampsFile+".tmp")) // a full disk: the next process hashes
+	}
+	c.keep(sha, st)
+}
+
+func (c *Cache) keep(sha string, st stamps) {
 	c.mu.Lock()
 	if e, ok := c.entries[sha]; ok {
 		e.verified = st

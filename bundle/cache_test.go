@@ -227,7 +227,6 @@ func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
 // racyWindow of the hash are hashed every time. A write whose mtime is set
 // back by hand is not seen: the limit the stamps accept (sums.go).
 func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
-	ctx := context.Background()
 	flip := func(t *testing.T, dir string) {
 		p := filepath.Join(dir, "w.bin")
 		b, _ := os.ReadFile(p)
@@ -274,26 +273,8 @@ func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			store, _ := objectstore.NewFS(t.TempDir())
 			sha := putBundle(t, store, 7, 64<<10)
-			cache, err := NewCache(t.TempDir(), 0, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var repaired atomic.Int32
-			cache.OnRepair = func(string, error) { repaired.Add(1) }
-			now := time.Now()
-			if tt.settled {
-				now = now.Add(2 * racyWindow) // the files are old by then
-			}
-			cache.now = func() time.Time { return now }
-			get := func() string {
-				t.Helper()
-				dir, _, _, err := cache.Get(ctx, store, sha)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cache.Release(sha)
-				return dir
-			}
+			cache, repaired := stampedCache(t, t.TempDir(), tt.settled)
+			get := func() string { return getReleased(t, cache, store, sha) }
 			hashed := func() int { cache.mu.Lock(); defer cache.mu.Unlock(); return cache.hashed }
 			dir := get() // fetched: verified as it was unpacked
 			get()        // the first Get from the cache hashes
@@ -317,6 +298,100 @@ func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCacheStampsOutliveTheProcess: a restarted server (a new Cache over
+// the same directory) trusts the stamps a process before it kept, and
+// hashes an entry whose files changed since, whose stamps were never
+// kept (racy) or whose stamps file is missing or torn.
+func TestCacheStampsOutliveTheProcess(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		settled bool
+		change  func(t *testing.T, dir string) // between the two processes
+		hashed  bool                           // by the second process
+		damaged bool
+	}{
+		{"unchanged", true, nil, false, false},
+		{"racy at the first process's hash", false, nil, true, false},
+		{"a byte flipped while no server ran", true, func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "w.bin")
+			b, _ := os.ReadFile(p)
+			b[1] ^= 0xff
+			os.WriteFile(p, b, 0o644)
+		}, true, true},
+		{"stamps file removed", true, func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, stampsFile)) }, true, false},
+		{"stamps file torn", true, func(t *testing.T, dir string) {
+			p := filepath.Join(dir, stampsFile)
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, b[:len(b)/2], 0o644)
+		}, true, false},
+		{"stamps file of another entry's files", true, func(t *testing.T, dir string) {
+			p := filepath.Join(dir, stampsFile)
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, bytes.Replace(b, []byte("w.bin"), []byte("x.bin"), 1), 0o644)
+		}, true, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			store, _ := objectstore.NewFS(t.TempDir())
+			sha := putBundle(t, store, 7, 64<<10)
+			cdir := t.TempDir()
+			open := func() (*Cache, *atomic.Int32) { return stampedCache(t, cdir, tt.settled) }
+			get := func(cache *Cache) string { return getReleased(t, cache, store, sha) }
+			first, _ := open()
+			dir := get(first) // fetched
+			get(first)        // hashed, stamps kept if settled
+			if tt.change != nil {
+				pastTick(t, filepath.Join(dir, "w.bin"))
+				tt.change(t, dir)
+			}
+			second, repaired := open()
+			get(second)
+			second.mu.Lock()
+			hashed := second.hashed
+			second.mu.Unlock()
+			if (hashed == 1) != tt.hashed || (repaired.Load() == 1) != tt.damaged {
+				t.Fatalf("the restarted cache hashed %d times and repaired %d, want hashed %v, damaged %v", hashed, repaired.Load(), tt.hashed, tt.damaged)
+			}
+			get(second) // then trusts what it found (settled), or hashes again: racy, or fetched anew
+			second.mu.Lock()
+			again := second.hashed - hashed
+			second.mu.Unlock()
+			if want := map[bool]int{true: 0, false: 1}[tt.settled && !tt.damaged]; again != want {
+				t.Fatalf("the restarted cache's next Get hashed %d times, want %d", again, want)
+			}
+		})
+	}
+}
+
+// stampedCache is a cache over dir counting its repairs, whose clock is
+// racyWindow past the files' writes when settled (then they are old).
+func stampedCache(t *testing.T, dir string, settled bool) (*Cache, *atomic.Int32) {
+	t.Helper()
+	cache, err := NewCache(dir, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var repaired atomic.Int32
+	cache.OnRepair = func(string, error) { repaired.Add(1) }
+	now := time.Now()
+	if settled {
+		now = now.Add(2 * racyWindow)
+	}
+	cache.now = func() time.Time { return now }
+	return cache, &repaired
+}
+
+// getReleased takes sha from cache for a load and lets it go; it returns
+// the entry's directory.
+func getReleased(t *testing.T, cache *Cache, store objectstore.Store, sha string) string {
+	t.Helper()
+	dir, _, _, err := cache.Get(context.Background(), store, sha)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache.Release(sha)
+	return dir
 }
 
 // BenchmarkCacheGetWarm: a cached bundle of 256 MiB of constants taken
@@ -352,7 +427,8 @@ func BenchmarkCacheGetWarm(b *testing.B) {
 			get()
 			for b.Loop() {
 				if !stamped {
-					cache.verify(sha, nil, time.Time{})
+					cache.keep(sha, nil)
+					os.Remove(filepath.Join(cache.dir, sha, stampsFile))
 				}
 				get()
 			}

@@ -142,7 +142,7 @@ var sumBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 // against damage, not against whoever may write the cache. A file put in
 // its place (a restore, a hand with mv) is another inode. Bit rot under
 // an unchanged stamp is not seen, as it is not by a read served from the
-// page cache either: the hash at a process's first load of an entry is
+// page cache either: the hash at an entry's first load from the cache is
 // the check for that.
 type stamp struct {
 	name     string
@@ -193,6 +193,50 @@ func (ss stamps) settled(now time.Time) bool {
 		}
 	}
 	return true
+}
+
+// stampsFile, in a cache entry, keeps the stamps of its files as a
+// process last hashed them and found them right, once they had settled:
+// a restarted server trusts them as the process that wrote them did, so
+// a restart is not a re-read of every model's weights. Missing, torn or
+// not matching the files: the entry is hashed at its next load, as
+// before there was a file. Not synced: losing it costs a hash.
+const stampsFile = ".plover-stamps"
+
+// write keeps ss in dir's stampsFile (replaced whole, by a rename).
+func (ss stamps) write(dir string) error {
+	var b strings.Builder
+	for _, s := range ss {
+		fmt.Fprintf(&b, "%d %d %d %d %s\n", s.dev, s.ino, s.size, s.mtime, s.name)
+	}
+	tmp := filepath.Join(dir, stampsFile+".tmp")
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, stampsFile))
+}
+
+// readStamps reads the stamps dir's stampsFile keeps (nil if it has
+// none it can read: the entry is then hashed). The digest list comes
+// first, as in the stamps checkSums returns.
+func readStamps(dir string) stamps {
+	b, err := os.ReadFile(filepath.Join(dir, stampsFile))
+	if err != nil || len(b) > 64<<10 {
+		return nil
+	}
+	var ss stamps
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		var s stamp
+		if n, err := fmt.Sscanf(line, "%d %d %d %d %s", &s.dev, &s.ino, &s.size, &s.mtime, &s.name); err != nil || n != 5 ||
+			strings.ContainsRune(s.name, '/') || line != fmt.Sprintf("%d %d %d %d %s", s.dev, s.ino, s.size, s.mtime, s.name) {
+			return nil
+		}
+		ss = append(ss, s)
+	}
+	if len(ss) < 2 || ss[0].name != sumsFile {
+		return nil
+	}
+	return ss
 }
 
 // racyWindow is far beyond any file system's timestamp granularity (ext4

@@ -7,16 +7,19 @@ import (
 	"errors"
 	"io"
 	"os"
+	"syscall"
 )
 
-// Copy copies regular file src to dst, replacing dst.
+// Copy copies regular file src to a new file dst. A dst already there is
+// refused, never replaced nor written through: in a worker's stage, a
+// process of the worker's user could have planted a link there.
 func Copy(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := os.Create(dst)
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
@@ -34,10 +37,11 @@ func LinkOrCopy(src, dst string) error {
 	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	if os.Link(src, dst) == nil {
-		return nil
+	err := os.Link(src, dst)
+	if errors.Is(err, syscall.EXDEV) || errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EMLINK) {
+		return Copy(src, dst) // another file system, or one with no (more) hard links
 	}
-	return Copy(src, dst)
+	return err
 }
 
 // Writer passes writes on to W and keeps the first that failed in Err:

@@ -51,3 +51,18 @@ func TestCheckBundle(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkInspect: the static read of a bundle library at every load (in
+// a worker, before dlopen), here the CNN sample's when it is built, else
+// the test kernels'.
+func BenchmarkInspect(b *testing.B) {
+	lib := filepath.Join("..", "build", "samples", "cnn-host", "cnn.so")
+	if _, err := os.Stat(lib); err != nil {
+		lib = testkit.BuildLib(b, testkit.KernelsSource(), b.TempDir(), "kernels.so")
+	}
+	for b.Loop() {
+		if _, err := loader.Inspect(lib); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

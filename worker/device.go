@@ -323,7 +323,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	}
 	p.memLimit.Store(d.hostLimit(spec))
 	p.weigh(spec.Manifest)
-	if err := stage(spec, p.stage); err != nil {
+	if _, err := stage(spec, p.stage, ""); err != nil {
 		p.kill("its bundle could not be staged")
 		return nil, err
 	}
@@ -350,9 +350,9 @@ func (d *Device) hostLimit(spec device.ProgramSpec) int64 {
 	return d.opts.MaxHostMemory
 }
 
-// load has g's worker load its bundle, staged in g.sub of its stage.
+// load has g's worker load its bundle, staged under g.prefix in its stage.
 func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wire.Reply, error) {
-	raw, err := g.p.callTurn(ctx, bound, g, wire.Control{Op: wire.OpLoad, Prog: g.id, Sub: g.sub, Manifest: mj}, nil, "loading the bundle")
+	raw, err := g.p.callTurn(ctx, bound, g, wire.Control{Op: wire.OpLoad, Prog: g.id, Prefix: g.prefix, Manifest: mj}, nil, "loading the bundle")
 	var rep wire.Reply
 	if err == nil {
 		rep, err = wire.DecodeControlReply(wire.OpLoad, raw)
@@ -383,12 +383,10 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		if d.releaseTenant(p) {
 			p.kill("its only program's load failed")
 		}
-		if g.sub != "" {
-			os.RemoveAll(filepath.Join(p.stage, g.sub))
-		}
+		g.unstage()
 		return nil, err
 	}
-	if g.sub, err = p.stageTenant(spec, g); err != nil {
+	if err = p.stageTenant(spec, g); err != nil {
 		return fail(err)
 	}
 	// The load runs under a bound of its own, not the request's deadline:
@@ -446,15 +444,19 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 const loadBound = 30 * time.Second
 
 // stage links the bundle's library and constants into a worker's stage
-// (copies them if the stage is on another file system).
-func stage(spec device.ProgramSpec, dir string) error {
+// dir (copies them if the stage is on another file system), their names
+// led by prefix, and returns the paths it made, as far as it got.
+func stage(spec device.ProgramSpec, dir, prefix string) ([]string, error) {
+	var made []string
 	for _, name := range []string{spec.Manifest.Library, spec.Manifest.Constants} {
 		if name == "" {
 			continue
 		}
-		if err := fileutil.LinkOrCopy(filepath.Join(spec.Dir, name), filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("stage %s: %w", name, err)
+		to := filepath.Join(dir, prefix+name)
+		if err := fileutil.LinkOrCopy(filepath.Join(spec.Dir, name), to); err != nil {
+			return made, fmt.Errorf("stage %s: %w", name, err)
 		}
+		made = append(made, to)
 	}
-	return nil
+	return made, nil
 }

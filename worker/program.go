@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,14 +27,16 @@ type program struct {
 
 	// In a tenant's worker (tenant.go): its output, its part of the
 	// process's memory limit (0: none) and CPU weight, its staged
-	// library's device and inode, its subdirectory of the stage, its runs
+	// library's device and inode, the prefix of its files' names in the
+	// stage and the files staged, its runs
 	// in flight and when its last run and its last call ended (Unix ns: its
 	// output's attribution), and whether the process's death was its fault.
 	out       device.Output
 	memLimit  int64
 	weight    float64
 	lib       [2]uint64
-	sub       string
+	prefix    string
+	staged    []string
 	runs      atomic.Int32
 	runEnded  atomic.Int64
 	callEnded atomic.Int64
@@ -236,5 +237,12 @@ func (g *program) closeShared() {
 			g.dropSlots()
 		}
 	}
-	os.RemoveAll(filepath.Join(g.p.stage, g.sub))
+	g.unstage()
+}
+
+// unstage removes g's files from its tenant worker's stage.
+func (g *program) unstage() {
+	for _, f := range g.staged {
+		os.Remove(f)
+	}
 }

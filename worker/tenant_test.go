@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -145,6 +146,74 @@ func TestTenantWorkerIsShared(t *testing.T) {
 		t.Errorf("a worker ended with its last program reports a death: %v", b.(*program).Death())
 	}
 	echoes(t, c, mc)
+}
+
+// A tenant's worker's stage holds each loaded program's files side by
+// side, under the program's prefix, and no others: a failed load's and an
+// unloaded program's are gone. A failed load names the bundle's file as
+// its author wrote it, in either scope, not where the stage keeps it.
+func TestStageHoldsLoadedProgramsFiles(t *testing.T) {
+	for _, tenant := range []bool{false, true} {
+		t.Run(map[bool]string{false: "function scope", true: "tenant scope"}[tenant], func(t *testing.T) {
+			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: tenant})
+			t.Cleanup(func() { d.Close() })
+			m := testkit.Manifest("a")
+			m.Constants = "w.bin"
+			dir := testkit.BundleDir(t, m, []byte("constants"))
+			load := func(name, kernel string) (device.Program, error) {
+				m := testkit.Manifest(name)
+				m.Constants = "w.bin"
+				m.Chain[0].Kernel = kernel
+				testkit.WriteManifest(t, dir, m)
+				return d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t1"})
+			}
+			staged := func(p device.Program) []string {
+				ents, err := os.ReadDir(p.(*program).p.stage)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var names []string
+				for _, e := range ents {
+					names = append(names, e.Name())
+				}
+				return names
+			}
+			_, err := load("bad", "no_such_kernel")
+			if err == nil {
+				t.Fatal("a chain naming a kernel its library lacks loaded")
+			}
+			if msg := err.Error(); !strings.Contains(msg, "library kernels.so:") || strings.Contains(msg, "/proc/self/fd") || strings.Contains(msg, "p1.") {
+				t.Errorf("the failed load says %q; want it to name library kernels.so, not the stage's path", msg)
+			}
+			if !tenant {
+				return // a function's worker, its stage and its process went with the failed load
+			}
+			a, err := load("a", "echo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			b, err := load("b", "echo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = load("bad2", "no_such_kernel")
+			if err == nil {
+				t.Fatal("a chain naming a kernel its library lacks loaded")
+			}
+			ga, gb := a.(*program), b.(*program)
+			want := []string{ga.prefix + "kernels.so", ga.prefix + "w.bin", gb.prefix + "kernels.so", gb.prefix + "w.bin"}
+			slices.Sort(want)
+			if got := staged(a); !slices.Equal(got, want) {
+				t.Errorf("the stage holds %q, want %q (a's and b's files, no failed load's)", got, want)
+			}
+			b.Close()
+			if got, want := staged(a), []string{ga.prefix + "kernels.so", ga.prefix + "w.bin"}; !slices.Equal(got, want) {
+				t.Errorf("after b's unload the stage holds %q, want a's files alone", got)
+			}
+			echoes(t, a, testkit.Manifest("a"))
+		})
+	}
 }
 
 // Concurrent first loads of one tenant start one process.
@@ -501,7 +570,7 @@ func TestTenantWorkerRefusesUnknownIDs(t *testing.T) {
 		c    wire.Control
 		want string
 	}{
-		{"a load under an id in use", wire.Control{Op: wire.OpLoad, Prog: g.id, Sub: g.sub, Manifest: mj}, "is loaded already"},
+		{"a load under an id in use", wire.Control{Op: wire.OpLoad, Prog: g.id, Prefix: g.prefix, Manifest: mj}, "is loaded already"},
 		{"an unload of an unknown id", wire.Control{Op: wire.OpUnload, Prog: 99}, "no program 99"},
 		{"an entry of an unknown id", wire.Control{Op: wire.OpEntry, Prog: 99, Kernel: "echo"}, "no program 99"},
 	} {

@@ -58,11 +58,11 @@ type burstRun struct {
 
 func runBurst(ctx context.Context, o *options, res *results) error {
 	src := filepath.Join(o.samples, "cnn-"+o.suffix)
-	in, err := os.ReadFile(filepath.Join(o.repo, "samples", "cnn", "testdata", "heldout.bin"))
-	if err != nil || len(in) < 3136 {
-		return fmt.Errorf("the CNN's held-out digits: %v", err)
+	d, _, err := firstDigit(o.repo)
+	if err != nil {
+		return err
 	}
-	in = in[:3136]
+	in := d.Input()
 	var runs []*burstRun
 	for _, bin := range append([]string{o.plover}, strings.Fields(o.burstBefore)...) {
 		logf("%s", bin)

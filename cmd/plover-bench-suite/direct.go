@@ -173,7 +173,9 @@ func copyDir(src, dst string) error {
 		if !de.Type().IsRegular() {
 			continue
 		}
-		if err := fileutil.Copy(filepath.Join(src, de.Name()), filepath.Join(dst, de.Name())); err != nil {
+		to := filepath.Join(dst, de.Name())
+		os.Remove(to) // a bundle made again under its name (fileutil.Copy makes new files only)
+		if err := fileutil.Copy(filepath.Join(src, de.Name()), to); err != nil {
 			return err
 		}
 	}

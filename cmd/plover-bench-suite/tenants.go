@@ -123,11 +123,11 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func runTenants(_ context.Context, o *options, res *results) error {
 	src := filepath.Join(o.samples, "cnn-"+o.suffix)
-	in, err := os.ReadFile(filepath.Join(o.repo, "samples", "cnn", "testdata", "heldout.bin"))
-	if err != nil || len(in) < 3136 {
-		return fmt.Errorf("the CNN's held-out digits: %v", err)
+	d, _, err := firstDigit(o.repo)
+	if err != nil {
+		return err
 	}
-	in = in[:3136]
+	in := d.Input()
 	data, err := os.MkdirTemp("", "plover-tenants-bench-")
 	if err != nil {
 		return err

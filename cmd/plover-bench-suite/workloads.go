@@ -70,22 +70,29 @@ func vecaddWorkload(samples, suffix string) (*workload, error) {
 	return w, nil
 }
 
-// cnnWorkload sends one MNIST digit as 784 float32s, the first of the
-// committed held-out set (or of the converted MNIST set).
-func cnnWorkload(repo, samples, suffix string) (*workload, error) {
-	w := &workload{Name: "cnn", Title: "CNN (MNIST), one 28×28 digit", Dir: filepath.Join(samples, "cnn-"+suffix), ref: pyCNN}
-	var d *digits.Digit
-	var src string
+// firstDigit is the first digit of the committed held-out set (or of the
+// converted MNIST set) and the file it came from. Every benchmark of the
+// CNN sends it as its model expects it (Digit.Input: 784 float32 pixels
+// k/255): the file's raw bytes read as floats are mostly denormals, on
+// which the host kernels run several times slower than on a digit.
+func firstDigit(repo string) (*digits.Digit, string, error) {
 	var err error
 	for _, p := range []string{filepath.Join(repo, "samples", "cnn", "testdata", "heldout.bin"), filepath.Join(repo, "build", "mnist", "digits.bin")} {
 		var ds []digits.Digit
 		if ds, err = digits.ReadFile(p); err == nil && len(ds) > 0 {
-			d, src = &ds[0], p
-			break
+			return &ds[0], p, nil
 		}
 	}
-	if d == nil {
-		return w, fmt.Errorf("no digit to send: %v", err)
+	return nil, "", fmt.Errorf("no digit to send: %v", err)
+}
+
+// cnnWorkload sends one MNIST digit as 784 float32s, the first of the
+// committed held-out set (or of the converted MNIST set).
+func cnnWorkload(repo, samples, suffix string) (*workload, error) {
+	w := &workload{Name: "cnn", Title: "CNN (MNIST), one 28×28 digit", Dir: filepath.Join(samples, "cnn-"+suffix), ref: pyCNN}
+	d, src, err := firstDigit(repo)
+	if err != nil {
+		return w, err
 	}
 	label := int(d.Label)
 	w.Input = d.Input()

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -306,9 +307,11 @@ func (w *server) unload(id uint32, err error) wire.Reply {
 // needs no right to the path it has on the server's side.
 var stageDir = "/proc/self/fd/" + strconv.Itoa(wire.StageFD)
 
-// load loads the bundle the server linked into the stage (c.Sub of it):
-// the library's constructors run here, inside the restrictions. An id in
-// use, or a second program in a function's worker, is refused.
+// load loads the bundle the server linked into the stage, its files' names
+// led by c.Prefix (a tenant's worker holds many bundles' files side by
+// side: no directory each, whose inode costs the server a mkdir at every
+// load): the library's constructors run here, inside the restrictions. An
+// id in use, or a second program in a function's worker, is refused.
 func (w *server) load(c wire.Control) wire.Reply {
 	w.mu.Lock()
 	_, taken := w.progs[c.Prog]
@@ -324,13 +327,20 @@ func (w *server) load(c wire.Control) wire.Reply {
 	if err := json.Unmarshal(c.Manifest, &m); err != nil {
 		return failed("load: manifest: " + err.Error())
 	}
-	dir := stageDir
-	if c.Sub != "" {
-		dir = stageDir + "/" + c.Sub
+	// What a failed load says names the bundle's files as its author
+	// wrote them, not where the stage keeps them.
+	names := []string{stageDir + "/" + c.Prefix, ""}
+	for _, f := range []*string{&m.Library, &m.Constants} {
+		if *f != "" && c.Prefix != "" {
+			names = append(names, c.Prefix+*f, *f)
+			*f = c.Prefix + *f
+		}
 	}
-	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: &m})
+	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: stageDir, Manifest: &m})
 	if err != nil {
-		return statusReply(err)
+		rep := statusReply(err)
+		rep.Text = strings.NewReplacer(names...).Replace(rep.Text)
+		return rep
 	}
 	w.mu.Lock()
 	w.progs[c.Prog] = &loaded{prog: prog, id: c.Prog, refs: 1}

@@ -26,32 +26,32 @@ import (
 // OpLoad's subdirectory is where in the worker's stage the server put the
 // program's files ("": the stage itself): one name, no slashes.
 const (
-	ctlOp      = 0         // u8: the operation
-	ctlProg    = ctlOp + 1 // u32: OpLoad's, OpEntry's, OpNewInstance's, OpUnload's program id
-	ctlBody    = ctlProg + 4
-	loadSubLen = ctlBody        // u8
-	loadSub    = loadSubLen + 1 // then the manifest
-	instMaxIn  = ctlBody        // i64
-	instTmp    = instMaxIn + 8
-	instOut    = instTmp + 8
-	instLen    = instOut + 8 // OpNewInstance's length
-	unloadLen  = ctlBody
-	slotSize   = ctlBody // i64
-	slotMsgLen = slotSize + 8
+	ctlOp         = 0         // u8: the operation
+	ctlProg       = ctlOp + 1 // u32: OpLoad's, OpEntry's, OpNewInstance's, OpUnload's program id
+	ctlBody       = ctlProg + 4
+	loadPrefixLen = ctlBody           // u8
+	loadPrefix    = loadPrefixLen + 1 // then the manifest
+	instMaxIn     = ctlBody           // i64
+	instTmp       = instMaxIn + 8
+	instOut       = instTmp + 8
+	instLen       = instOut + 8 // OpNewInstance's length
+	unloadLen     = ctlBody
+	slotSize      = ctlBody // i64
+	slotMsgLen    = slotSize + 8
 )
 
 // Control is a control message's operation and its fields.
 type Control struct {
 	Op              byte
 	Prog            uint32 // OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot: the program's id
-	Sub             string // OpLoad: the program's subdirectory of the stage
+	Prefix          string // OpLoad: put before the names of the program's files in the stage ("": none)
 	Manifest        []byte // OpLoad: the manifest, JSON (decoded, it aliases the message)
 	Kernel          string // OpEntry
 	MaxIn, Tmp, Out int64  // OpNewInstance: the instance's sizes
 	Size            int64  // OpSlot: the slot's bytes
 }
 
-// AppendControl appends c's message to b. A Sub over 255 bytes is cut
+// AppendControl appends c's message to b. A Prefix over 255 bytes is cut
 // there (the server's names are short).
 func AppendControl(b []byte, c Control) []byte {
 	b = append(b, c.Op)
@@ -61,8 +61,8 @@ func AppendControl(b []byte, c Control) []byte {
 	}
 	switch c.Op {
 	case OpLoad:
-		sub := c.Sub[:min(len(c.Sub), 255)]
-		b = append(append(b, byte(len(sub))), sub...)
+		pre := c.Prefix[:min(len(c.Prefix), 255)]
+		b = append(append(b, byte(len(pre))), pre...)
 		b = append(b, c.Manifest...)
 	case OpEntry:
 		b = append(b, c.Kernel...)
@@ -99,14 +99,14 @@ func DecodeControl(b []byte) (Control, error) {
 	}
 	switch c.Op {
 	case OpLoad:
-		if len(b) < loadSub || len(b) < loadSub+int(b[loadSubLen]) {
+		if len(b) < loadPrefix || len(b) < loadPrefix+int(b[loadPrefixLen]) {
 			return c, ErrShape
 		}
-		c.Sub = string(b[loadSub : loadSub+int(b[loadSubLen])])
-		if c.Sub == "." || c.Sub == ".." || strings.ContainsAny(c.Sub, "/\x00") {
+		c.Prefix = string(b[loadPrefix : loadPrefix+int(b[loadPrefixLen])])
+		if strings.ContainsAny(c.Prefix, "/\x00") {
 			return c, ErrShape
 		}
-		c.Manifest = b[loadSub+int(b[loadSubLen]):]
+		c.Manifest = b[loadPrefix+int(b[loadPrefixLen]):]
 	case OpEntry:
 		c.Kernel = string(b[ctlBody:])
 	case OpNewInstance:

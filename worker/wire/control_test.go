@@ -15,8 +15,8 @@ func TestControlRoundTrip(t *testing.T) {
 		c    Control
 	}{
 		{"load", Control{Op: OpLoad, Prog: 1, Manifest: []byte(`{"name":"echo"}`)}},
-		{"load into a subdirectory", Control{Op: OpLoad, Prog: 1 << 31, Sub: "p2", Manifest: []byte(`{"name":"echo"}`)}},
-		{"load, no manifest", Control{Op: OpLoad, Prog: 3, Sub: "p3"}},
+		{"load with a prefix", Control{Op: OpLoad, Prog: 1 << 31, Prefix: "p2.", Manifest: []byte(`{"name":"echo"}`)}},
+		{"load, no manifest", Control{Op: OpLoad, Prog: 3, Prefix: "p3."}},
 		{"entry", Control{Op: OpEntry, Prog: 2, Kernel: "add_one"}},
 		{"entry, no name", Control{Op: OpEntry}},
 		{"new instance", Control{Op: OpNewInstance, Prog: 9, MaxIn: 1 << 33, Tmp: 0, Out: 7}},
@@ -25,7 +25,7 @@ func TestControlRoundTrip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := DecodeControl(AppendControl(nil, tc.c))
-			if err != nil || got.Op != tc.c.Op || got.Prog != tc.c.Prog || got.Sub != tc.c.Sub || !bytes.Equal(got.Manifest, tc.c.Manifest) || got.Kernel != tc.c.Kernel ||
+			if err != nil || got.Op != tc.c.Op || got.Prog != tc.c.Prog || got.Prefix != tc.c.Prefix || !bytes.Equal(got.Manifest, tc.c.Manifest) || got.Kernel != tc.c.Kernel ||
 				got.MaxIn != tc.c.MaxIn || got.Tmp != tc.c.Tmp || got.Out != tc.c.Out || got.Size != tc.c.Size {
 				t.Fatalf("decoded %+v (%v), sent %+v", got, err, tc.c)
 			}
@@ -52,8 +52,8 @@ func TestControlRefused(t *testing.T) {
 		{"a load with no program", []byte{OpLoad, 1}, OpLoad, ""},
 		{"a load with no subdirectory length", []byte{OpLoad, 1, 0, 0, 0}, OpLoad, ""},
 		{"a load whose subdirectory is cut", []byte{OpLoad, 1, 0, 0, 0, 5, 'a'}, OpLoad, ""},
-		{"a load into a path", AppendControl(nil, Control{Op: OpLoad, Sub: "../x"}), OpLoad, ""},
-		{"a load into the parent", AppendControl(nil, Control{Op: OpLoad, Sub: ".."}), OpLoad, ""},
+		{"a load's prefix with a path", AppendControl(nil, Control{Op: OpLoad, Prefix: "../x"}), OpLoad, ""},
+		{"a load's prefix with a NUL", AppendControl(nil, Control{Op: OpLoad, Prefix: "p\x00"}), OpLoad, ""},
 		{"an entry with no program", []byte{OpEntry, 1}, OpEntry, ""},
 		{"a long unload", append(AppendControl(nil, Control{Op: OpUnload}), 0), OpUnload, ""},
 		{"a short unload", []byte{OpUnload, 1}, OpUnload, ""},
@@ -145,7 +145,7 @@ func TestBytesOfProtocol8(t *testing.T) {
 		got, want []byte
 	}{
 		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 9}},
-		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Sub: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
+		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
 			[]byte{'I', 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0}},
