@@ -332,7 +332,7 @@ func writeBurst(o *options, res *results, runs []*burstRun) error {
 	p("## Many functions: cold starts in bursts (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s` with its defaults, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("Every function is the CNN (`samples/cnn`) under a name of its own, with its bundle in the node cache and not loaded (a first server loaded each once and stopped; a second measures). A cold start here is the worker, the library, the constants and an instance, then the request.")
+	p("Every function is the CNN (`samples/cnn`) under a name of its own, with its bundle in the node cache and not loaded (a first server loaded each once and stopped; a second measures); every request sends the first held-out digit (784 float32; until 2026-11-29 the file's raw bytes, mostly denormal floats, several times slower to run). A cold start here is the worker, the library, the constants and an instance, then the request.")
 	if len(runs) > 1 {
 		p(" Each row is measured with `%s`, then with the binaries of `--burst-before` (an earlier build, its workers started as `plover worker` by the same binary), one after the other in this run; ratios are this build over the first of them.", runs[0].Plover)
 	}

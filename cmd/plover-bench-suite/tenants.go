@@ -39,7 +39,7 @@ import (
 const (
 	tenantPair = 2
 	tenantWide = 16
-	tenantHot  = 2000
+	tenantHot  = 6000
 	tenantTen  = 10
 )
 
@@ -376,7 +376,7 @@ func writeTenants(o *options, res *results, runs []*tenantRun, many *tenantRun) 
 	p("## Many functions, one worker: tenant workers (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s --auth-file` with `--worker-scope function` and `tenant`, the two in turn in each of %d rounds, each a fresh server; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, z.rounds, res.LoadBefore, res.LoadAfterRuns)
-	p("Every function is the CNN (`samples/cnn`) under a name of its own, deployed by one of %d tenants' tokens in turn, its bundle in the node cache and not loaded. Per cell: the median over the rounds of each round's figure; ratios are tenant ÷ function.\n\n", tenantPair)
+	p("Every function is the CNN (`samples/cnn`) under a name of its own, deployed by one of %d tenants' tokens in turn, its bundle in the node cache and not loaded; every request sends the first held-out digit (784 float32; until 2026-11-29 this benchmark sent the file's raw bytes, mostly denormal floats, on which each run took several times longer). Per cell: the median over the rounds of each round's figure; ratios are tenant ÷ function.\n\n", tenantPair)
 	by := func(scope string, fig func(*tenantRun) float64) float64 {
 		var v []float64
 		for _, r := range runs {
