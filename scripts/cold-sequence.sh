@@ -54,8 +54,11 @@ stop
 
 start "$work/measure.log"
 sleep 1 # the standby pool at rest (it starts its floor of workers within this)
+c0=$(cpu_ticks "$spid")
 invoke_all "$addr" >"$work/client"
+c1=$(cpu_ticks "$spid")
 stop
+echo "$c0 $c1" | awk -v n="$n" -v hz="$(getconf CLK_TCK)" '{ printf "CPU per request ms (/proc, %d Hz ticks): server %.3f, its workers %.3f\n", hz, ($3 - $1) * 1000 / hz / n, ($4 - $2) * 1000 / hz / n }'
 sort -n "$work/client" | awk '{ a[NR] = $1 } END { printf "client ms: p50 %s  p90 %s  p99 %s  max %s\n", a[int(NR * 0.5)], a[int(NR * 0.9)], a[int(NR * 0.99)], a[NR] }'
 { grep 'msg="cold start"' "$work/measure.log" || true; } |
   sed -n 's/.*load_ms=\([0-9.]*\) fetch_ms=[0-9.]* program_ms=\([0-9.]*\) instance_ms=\([0-9.]*\) wait_ms=\([0-9.]*\).*/\1 \2 \3 \4/p' | tee "$work/parts" |

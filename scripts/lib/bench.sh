@@ -41,3 +41,13 @@ scratch() {
   spid=
   trap '[ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$work"' EXIT
 }
+
+# cpu_ticks PID: the CPU ticks (user + system) of PID and, summed, of its
+# children alive now: "SERVER WORKERS".
+cpu_ticks() {
+  local w=0 c
+  for c in $(pgrep -P "$1"); do
+    w=$((w + $(awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$(awk '{ print $14 + $15 }' "/proc/$1/stat") $w"
+}
