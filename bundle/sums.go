@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -226,9 +227,17 @@ func readStamps(dir string) stamps {
 	}
 	var ss stamps
 	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-		var s stamp
-		if n, err := fmt.Sscanf(line, "%d %d %d %d %s", &s.dev, &s.ino, &s.size, &s.mtime, &s.name); err != nil || n != 5 ||
-			strings.ContainsRune(s.name, '/') || line != fmt.Sprintf("%d %d %d %d %s", s.dev, s.ino, s.size, s.mtime, s.name) {
+		f := strings.SplitN(line, " ", 5)
+		if len(f) != 5 || f[4] == "" || strings.ContainsRune(f[4], '/') {
+			return nil
+		}
+		s := stamp{name: f[4]}
+		var err [4]error
+		s.dev, err[0] = strconv.ParseUint(f[0], 10, 64)
+		s.ino, err[1] = strconv.ParseUint(f[1], 10, 64)
+		s.size, err[2] = strconv.ParseInt(f[2], 10, 64)
+		s.mtime, err[3] = strconv.ParseInt(f[3], 10, 64)
+		if err != [4]error{} {
 			return nil
 		}
 		ss = append(ss, s)

@@ -3,6 +3,7 @@ package bundle
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -55,6 +56,35 @@ func BenchmarkCheckSums(b *testing.B) {
 	for b.Loop() {
 		if _, err := checkSums(dir); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// readStamps gives back what write kept, and nothing from a file that is
+// not wholly such a list (the entry is then hashed).
+func TestReadStamps(t *testing.T) {
+	kept := stamps{{name: sumsFile, dev: 2049, ino: 7, size: 120, mtime: 1764000000123456789}, {name: "lib so.so", dev: 2049, ino: 8, size: 48304, mtime: 1}}
+	dir := t.TempDir()
+	if err := kept.write(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := readStamps(dir); !slices.Equal(got, kept) {
+		t.Fatalf("read %+v, want %+v", got, kept)
+	}
+	for _, tt := range []struct{ name, text string }{
+		{"empty", ""},
+		{"the digest list alone", "1 2 3 4 " + sumsFile + "\n"},
+		{"no digest list first", "1 2 3 4 lib.so\n1 2 3 4 " + sumsFile + "\n"},
+		{"a field missing", "1 2 3 " + sumsFile + "\n1 2 3 4 lib.so\n"},
+		{"a negative inode", "1 -2 3 4 " + sumsFile + "\n1 2 3 4 lib.so\n"},
+		{"not a number", "1 2 x 4 " + sumsFile + "\n1 2 3 4 lib.so\n"},
+		{"a path", "1 2 3 4 " + sumsFile + "\n1 2 3 4 ../lib.so\n"},
+		{"no name", "1 2 3 4 " + sumsFile + "\n1 2 3 4 \n"},
+		{"a blank line", "1 2 3 4 " + sumsFile + "\n\n1 2 3 4 lib.so\n"},
+	} {
+		os.WriteFile(filepath.Join(dir, stampsFile), []byte(tt.text), 0o644)
+		if got := readStamps(dir); got != nil {
+			t.Errorf("%s: read %+v, want nothing", tt.name, got)
 		}
 	}
 }
