@@ -261,7 +261,9 @@ func (c *Cache) unchanged(sha, dir string) bool {
 	c.mu.Unlock()
 	kept := st == nil
 	if kept {
-		st = readStamps(dir)
+		if st = readStamps(dir); !st.coverSums(dir) {
+			st = nil
+		}
 	}
 	if st.unchanged(dir) {
 		if kept {

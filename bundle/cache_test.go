@@ -326,6 +326,20 @@ func TestCacheStampsOutliveTheProcess(t *testing.T) {
 			b, _ := os.ReadFile(p)
 			os.WriteFile(p, b[:len(b)/2], 0o644)
 		}, true, false},
+		{"stamps file cut at a line's end, a file it no longer names damaged", true, func(t *testing.T, dir string) {
+			p := filepath.Join(dir, stampsFile)
+			b, _ := os.ReadFile(p)
+			lines := strings.SplitAfter(string(b), "\n")
+			os.WriteFile(p, []byte(strings.Join(lines[:2], "")), 0o644) // the list and its first file
+			for _, l := range lines[2:] {
+				if f := strings.Fields(l); len(f) == 5 {
+					q := filepath.Join(dir, f[4])
+					c, _ := os.ReadFile(q)
+					c[0] ^= 0xff
+					os.WriteFile(q, c, 0o644)
+				}
+			}
+		}, true, true},
 		{"stamps file of another entry's files", true, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, stampsFile)
 			b, _ := os.ReadFile(p)

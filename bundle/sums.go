@@ -248,6 +248,29 @@ func readStamps(dir string) stamps {
 	return ss
 }
 
+// coverSums reports whether ss stamp exactly the digest list of dir and
+// the files it lists: a stamps file that lost lines (torn at a line's
+// end), or kept from other files, must not leave a file unchecked.
+func (ss stamps) coverSums(dir string) bool {
+	if len(ss) == 0 {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, sumsFile))
+	if err != nil {
+		return false
+	}
+	listed := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(listed) != len(ss)-1 {
+		return false
+	}
+	for i, line := range listed {
+		if _, name, ok := strings.Cut(line, "  "); !ok || name != ss[i+1].name {
+			return false
+		}
+	}
+	return true
+}
+
 // racyWindow is far beyond any file system's timestamp granularity (ext4
 // and tmpfs: a jiffy; FAT: 2 s).
 const racyWindow = 3 * time.Second

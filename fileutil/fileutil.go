@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"syscall"
 )
 
 // Copy copies regular file src to a new file dst. A dst already there is
@@ -23,11 +22,14 @@ func Copy(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
 	}
-	return out.Close()
+	if err != nil {
+		os.Remove(dst) // ours (O_EXCL made it): no part of a copy stays
+	}
+	return err
 }
 
 // LinkOrCopy makes dst the file src: a hard link where both are on one
@@ -38,10 +40,10 @@ func LinkOrCopy(src, dst string) error {
 		return err
 	}
 	err := os.Link(src, dst)
-	if errors.Is(err, syscall.EXDEV) || errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EMLINK) {
-		return Copy(src, dst) // another file system, or one with no (more) hard links
+	if err == nil || errors.Is(err, os.ErrExist) {
+		return err // something put there meanwhile: not ours to replace
 	}
-	return err
+	return Copy(src, dst) // another file system, or one without (more) hard links
 }
 
 // Writer passes writes on to W and keeps the first that failed in Err:

@@ -45,6 +45,50 @@ func TestLinkOrCopy(t *testing.T) {
 	}
 }
 
+// Copy makes a new file or nothing: a dst already there (a file, a link
+// planted to another file) is refused and left as it was, and a copy that
+// fails midway leaves no part of itself.
+func TestCopyMakesNewFilesOnly(t *testing.T) {
+	dir := t.TempDir()
+	src, target := filepath.Join(dir, "src"), filepath.Join(dir, "target")
+	os.WriteFile(src, []byte("new"), 0o644)
+	os.WriteFile(target, []byte("theirs"), 0o644)
+	for _, tt := range []struct {
+		name  string
+		plant func(dst string) // nil: none
+		from  string
+		made  bool
+	}{
+		{"a new file", nil, src, true},
+		{"a file there", func(dst string) { os.WriteFile(dst, []byte("old"), 0o644) }, src, false},
+		{"a link planted there", func(dst string) { os.Symlink(target, dst) }, src, false},
+		{"a source that fails to read", nil, dir, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dst := filepath.Join(t.TempDir(), "dst")
+			if tt.plant != nil {
+				tt.plant(dst)
+			}
+			before, _ := os.ReadFile(dst)
+			err := Copy(tt.from, dst)
+			after, rerr := os.ReadFile(dst)
+			switch {
+			case tt.made && (err != nil || string(after) != "new"):
+				t.Fatalf("Copy: %v, dst %q; want a copy", err, after)
+			case !tt.made && err == nil:
+				t.Fatalf("Copy made %q, want a refusal", after)
+			case !tt.made && tt.plant == nil && !errors.Is(rerr, os.ErrNotExist):
+				t.Errorf("a failed copy left dst (%q)", after)
+			case !tt.made && tt.plant != nil && string(after) != string(before):
+				t.Errorf("dst was %q, is %q: written through", before, after)
+			}
+			if b, _ := os.ReadFile(target); string(b) != "theirs" {
+				t.Errorf("the link's target now holds %q", b)
+			}
+		})
+	}
+}
+
 // Writer keeps the first failure of its own writes, and only those: an
 // io.Copy that fails reading leaves Err nil.
 func TestWriterKeepsItsFailure(t *testing.T) {

@@ -5,7 +5,9 @@
 # from the server's "cold start" log lines, the load time and its program
 # part (worker taken or started, library, constants): a worker from the
 # standby pool costs well under a millisecond there, one started for the
-# request a worker's start more.
+# request a worker's start more. Also the CPU the server spent per
+# request, and about what its workers did (/proc: the workers alive at
+# the start and at the end; those that came or went between count in part).
 # Usage: scripts/cold-sequence.sh [N] (default 200; after make build samples);
 # SERVE_FLAGS adds serve flags (SERVE_FLAGS="--worker-scope tenant").
 set -euo pipefail
@@ -58,7 +60,7 @@ c0=$(cpu_ticks "$spid")
 invoke_all "$addr" >"$work/client"
 c1=$(cpu_ticks "$spid")
 stop
-echo "$c0 $c1" | awk -v n="$n" -v hz="$(getconf CLK_TCK)" '{ printf "CPU per request ms (/proc, %d Hz ticks): server %.3f, its workers %.3f\n", hz, ($3 - $1) * 1000 / hz / n, ($4 - $2) * 1000 / hz / n }'
+echo "$c0 $c1" | awk -v n="$n" -v hz="$(getconf CLK_TCK)" '{ printf "CPU per request ms (/proc, %d Hz ticks): server %.3f, its workers about %.3f\n", hz, ($3 - $1) * 1000 / hz / n, ($4 - $2) * 1000 / hz / n }'
 sort -n "$work/client" | awk '{ a[NR] = $1 } END { printf "client ms: p50 %s  p90 %s  p99 %s  max %s\n", a[int(NR * 0.5)], a[int(NR * 0.9)], a[int(NR * 0.99)], a[NR] }'
 { grep 'msg="cold start"' "$work/measure.log" || true; } |
   sed -n 's/.*load_ms=\([0-9.]*\) fetch_ms=[0-9.]* program_ms=\([0-9.]*\) instance_ms=\([0-9.]*\) wait_ms=\([0-9.]*\).*/\1 \2 \3 \4/p' | tee "$work/parts" |

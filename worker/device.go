@@ -445,7 +445,8 @@ const loadBound = 30 * time.Second
 
 // stage links the bundle's library and constants into a worker's stage
 // dir (copies them if the stage is on another file system), their names
-// led by prefix, and returns the paths it made, as far as it got.
+// led by prefix, and returns the paths it made or tried to make (for the
+// caller to remove).
 func stage(spec device.ProgramSpec, dir, prefix string) ([]string, error) {
 	var made []string
 	for _, name := range []string{spec.Manifest.Library, spec.Manifest.Constants} {
@@ -453,10 +454,10 @@ func stage(spec device.ProgramSpec, dir, prefix string) ([]string, error) {
 			continue
 		}
 		to := filepath.Join(dir, prefix+name)
+		made = append(made, to) // cleared by its owner even if this fails midway
 		if err := fileutil.LinkOrCopy(filepath.Join(spec.Dir, name), to); err != nil {
 			return made, fmt.Errorf("stage %s: %w", name, err)
 		}
-		made = append(made, to)
 	}
 	return made, nil
 }

@@ -20,9 +20,10 @@ import (
 
 // Tenant scope (Options.TenantScope): the programs of one tenant run in
 // one worker process per device, a load into it being no process start;
-// programs of two tenants never share one. Each program is staged in a
-// subdirectory of the worker's stage of its own, and named by an id on the
-// control channel (wire.OpLoad); a process ends with its last program.
+// programs of two tenants never share one. Each program's files are
+// staged in the worker's stage under names led by its prefix (p<id>.),
+// it is named by its id on the control channel (wire.OpLoad), and a
+// process ends with its last program.
 //
 // When such a process dies, the program at fault loses it as its own
 // crash and the others as collateral (ProcessExit.Shared): see blame.

@@ -216,6 +216,25 @@ func TestStageHoldsLoadedProgramsFiles(t *testing.T) {
 	}
 }
 
+// stage names every path it made or tried to make, so that its caller's
+// cleanup leaves nothing: here the constants, a directory, are copied
+// (no link to a directory) and the copy fails reading it.
+func TestStageNamesWhatItTried(t *testing.T) {
+	src, st := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(src, "k.so"), []byte("x"), 0o644)
+	os.Mkdir(filepath.Join(src, "w.bin"), 0o755)
+	made, err := stage(device.ProgramSpec{Dir: src, Manifest: &abi.Manifest{Library: "k.so", Constants: "w.bin"}}, st, "p1.")
+	if err == nil {
+		t.Fatal("a directory staged as the constants")
+	}
+	for _, f := range made {
+		os.Remove(f)
+	}
+	if ents, _ := os.ReadDir(st); len(ents) != 0 {
+		t.Fatalf("after removing what stage named, the stage holds %s (%v)", ents[0].Name(), err)
+	}
+}
+
 // Concurrent first loads of one tenant start one process.
 func TestTenantConcurrentLoadsStartOneWorker(t *testing.T) {
 	d := tenantDevice(t)

@@ -254,7 +254,7 @@ func (w *server) handle(c wire.Control, err error, fds []int) (byte, wire.Reply)
 	case wire.OpLoad:
 		closeAll()
 		if err != nil {
-			return c.Op, failed("load: want a program id, a stage subdirectory and a manifest")
+			return c.Op, failed("load: want a program id, a file name prefix and a manifest")
 		}
 		return c.Op, w.load(c)
 	case wire.OpUnload:

@@ -13,7 +13,7 @@ import (
 // Options.TenantScope), and the calls on a program name it; one format
 // for both scopes.
 //
-//	OpLoad         [u32 id][u8 n][stage subdirectory, n bytes][manifest JSON]
+//	OpLoad         [u32 id][u8 n][file name prefix, n bytes][manifest JSON]
 //	OpEntry        [u32 id][kernel name]
 //	OpNewInstance  [u32 id][i64 max_in][i64 tmp][i64 out]  fds: [memfd, instance socket]
 //	OpSlot         [u32 id][i64 size]                      fds: [memfd]: a pool slot of the program, registered with the device
@@ -23,8 +23,9 @@ import (
 // (and unregisters them from its device) once its last instance is gone,
 // so that a tenant's worker that outlives its programs does not keep them.
 //
-// OpLoad's subdirectory is where in the worker's stage the server put the
-// program's files ("": the stage itself): one name, no slashes.
+// OpLoad's prefix leads the names under which the server put the
+// program's files in the worker's stage ("": their own names): no
+// slashes, so every program's files are in the stage itself.
 const (
 	ctlOp         = 0         // u8: the operation
 	ctlProg       = ctlOp + 1 // u32: OpLoad's, OpEntry's, OpNewInstance's, OpUnload's program id

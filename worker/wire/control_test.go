@@ -50,8 +50,8 @@ func TestControlRefused(t *testing.T) {
 		{"a long new instance", append(AppendControl(nil, Control{Op: OpNewInstance}), 0), OpNewInstance, ""},
 		{"an old new instance, no program", []byte{OpNewInstance, 1, 2}, OpNewInstance, ""},
 		{"a load with no program", []byte{OpLoad, 1}, OpLoad, ""},
-		{"a load with no subdirectory length", []byte{OpLoad, 1, 0, 0, 0}, OpLoad, ""},
-		{"a load whose subdirectory is cut", []byte{OpLoad, 1, 0, 0, 0, 5, 'a'}, OpLoad, ""},
+		{"a load with no prefix length", []byte{OpLoad, 1, 0, 0, 0}, OpLoad, ""},
+		{"a load whose prefix is cut", []byte{OpLoad, 1, 0, 0, 0, 5, 'a'}, OpLoad, ""},
 		{"a load's prefix with a path", AppendControl(nil, Control{Op: OpLoad, Prefix: "../x"}), OpLoad, ""},
 		{"a load's prefix with a NUL", AppendControl(nil, Control{Op: OpLoad, Prefix: "p\x00"}), OpLoad, ""},
 		{"an entry with no program", []byte{OpEntry, 1}, OpEntry, ""},
@@ -137,14 +137,14 @@ func TestReady(t *testing.T) {
 
 // The protocol's bytes, written out: a change to any of them is a change
 // of the protocol, which bumps Protocol (and this test).
-func TestBytesOfProtocol8(t *testing.T) {
+func TestBytesOfProtocol10(t *testing.T) {
 	run := device.Run{Input: make([]byte, 2), Output: make([]byte, 3), TmpLen: 4, ZeroOut: true, ChainKey: 5, Items: 6,
 		Chain: []device.Step{{Entry: 7, Grid: 8, Block: 9}}}
 	for _, tc := range []struct {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 9}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 10}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
@@ -171,7 +171,7 @@ func TestBytesOfProtocol8(t *testing.T) {
 			}
 		})
 	}
-	if Protocol != 9 {
+	if Protocol != 10 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }

@@ -103,7 +103,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 9
+const Protocol byte = 10
 
 // Reply status: the first byte of every reply.
 const (
