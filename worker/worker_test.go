@@ -425,7 +425,7 @@ func BenchmarkSpawn(b *testing.B) {
 // protocol in its ready message, with what to do.
 func TestSpawnRefusesAnotherProtocol(t *testing.T) {
 	for _, tc := range []struct{ name, ready, want string }{
-		{"newer", `R\x01\x00\x00\x00\x00\x0a`, fmt.Sprintf("speaks worker protocol 10, this server %d", wire.Protocol)},
+		{"newer", fmt.Sprintf(`R\x01\x00\x00\x00\x00\x%02x`, wire.Protocol+1), fmt.Sprintf("speaks worker protocol %d, this server %d", wire.Protocol+1, wire.Protocol)},
 		{"older", `R\x01\x00\x00\x00\x00`, "speaks worker protocol an older one"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
