@@ -75,8 +75,8 @@ func checkSums(dir string) (stamps, error) {
 	st := stamps{list}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		want, name, ok := strings.Cut(sc.Text(), "  ")
-		if !ok || strings.ContainsRune(name, '/') {
+		want, name, ok := sumsLine(sc.Text())
+		if !ok {
 			return nil, fmt.Errorf("digest list line %q is malformed", sc.Text())
 		}
 		got, s, err := fileSum(filepath.Join(dir, name), false)
@@ -95,6 +95,13 @@ func checkSums(dir string) (stamps, error) {
 		return nil, fmt.Errorf("empty digest list")
 	}
 	return st, nil
+}
+
+// sumsLine reads a digest list's line: a digest, two spaces, a file name
+// in the entry itself (writeSums's format).
+func sumsLine(line string) (sum, name string, ok bool) {
+	sum, name, ok = strings.Cut(line, "  ")
+	return sum, name, ok && !strings.ContainsRune(name, '/')
 }
 
 // fileSum is a file's SHA-256 and its stamp, taken before it was read;
@@ -264,7 +271,7 @@ func (ss stamps) coverSums(dir string) bool {
 		return false
 	}
 	for i, line := range listed {
-		if _, name, ok := strings.Cut(line, "  "); !ok || name != ss[i+1].name {
+		if _, name, ok := sumsLine(line); !ok || name != ss[i+1].name {
 			return false
 		}
 	}

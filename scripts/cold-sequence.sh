@@ -19,14 +19,6 @@ plover=${PLOVER:-bin/plover}
 scratch
 cnn_digit "$work/digit.bin"
 
-start() { # start LOG: a server on the shared data directory; sets spid, addr
-  "$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 ${SERVE_FLAGS:-} >"$1" 2>&1 &
-  spid=$!
-  local url
-  url=$(server_url "$1")
-  addr=${url#http://}
-}
-stop() { kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; }
 # invoke_all ADDR [TIMES]: each function once, one keep-alive connection
 invoke_all() {
   python3 - "$1" "$n" "$work/digit.bin" <<'PY'
@@ -42,24 +34,20 @@ for i in range(1, n + 1):
 PY
 }
 
-start "$work/deploy.log"
-export PLOVER_SERVER=http://$addr
-for i in $(seq 1 "$n"); do
-  d=$work/bundles/$(printf 'cnn-%04d' "$i")
-  mkdir -p "$d"
-  cp build/samples/cnn-host/* "$d/"
-  python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["name"]=sys.argv[2]; json.dump(m, open(sys.argv[1], "w"))' "$d/plover.json" "${d##*/}"
-  "$plover" deploy "$d" >/dev/null
-done
-invoke_all "$addr" >/dev/null # every bundle in the node cache
-stop
+# SERVE_FLAGS split into words on purpose: several flags in one variable.
+# shellcheck disable=SC2086
+serve "$work/deploy.log" ${SERVE_FLAGS:-}
+deploy_cnn_copies "$n"
+invoke_all "${url#http://}" >/dev/null # every bundle in the node cache
+unserve
 
-start "$work/measure.log"
+# shellcheck disable=SC2086
+serve "$work/measure.log" ${SERVE_FLAGS:-}
 sleep 1 # the standby pool at rest (it starts its floor of workers within this)
 c0=$(cpu_ticks "$spid")
-invoke_all "$addr" >"$work/client"
+invoke_all "${url#http://}" >"$work/client"
 c1=$(cpu_ticks "$spid")
-stop
+unserve
 echo "$c0 $c1" | awk -v n="$n" -v hz="$(getconf CLK_TCK)" '{ printf "CPU per request ms (/proc, %d Hz ticks): server %.3f, its workers about %.3f\n", hz, ($3 - $1) * 1000 / hz / n, ($4 - $2) * 1000 / hz / n }'
 sort -n "$work/client" | awk '{ a[NR] = $1 } END { printf "client ms: p50 %s  p90 %s  p99 %s  max %s\n", a[int(NR * 0.5)], a[int(NR * 0.9)], a[int(NR * 0.99)], a[NR] }'
 { grep 'msg="cold start"' "$work/measure.log" || true; } |

@@ -18,32 +18,19 @@ plover=${PLOVER:-bin/plover}
 scratch
 cnn_digit "$work/digit.bin"
 
-start() { # start [FLAGS]: a server on the shared data directory; sets spid, url
-  "$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 "$@" >"$work/log" 2>&1 &
-  spid=$!
-  url=$(server_url "$work/log")
-}
-stop() { kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; }
-
-start
-for i in $(seq 1 "$n"); do
-  d=$work/bundles/$(printf 'cnn-%04d' "$i")
-  mkdir -p "$d"
-  cp build/samples/cnn-host/* "$d/"
-  python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["name"]=sys.argv[2]; json.dump(m, open(sys.argv[1], "w"))' "$d/plover.json" "${d##*/}"
-  PLOVER_SERVER=$url "$plover" deploy "$d" >/dev/null
-done
-stop
+serve "$work/log"
+deploy_cnn_copies "$n"
+unserve
 for _ in $(seq 1 "$rounds"); do
   for scope in function tenant; do
     for loaded in 1 "$n"; do
-      start --worker-scope "$scope"
+      serve "$work/log" --worker-scope "$scope"
       for i in $(seq 1 "$loaded"); do
         curl -sf -o /dev/null -H "Content-Type: application/octet-stream" --data-binary @"$work/digit.bin" "$url/v1/functions/$(printf 'cnn-%04d' "$i")/invoke"
       done
       PLOVER_SERVER=$url "$plover" bench cnn-0001 --in "$work/digit.bin" --duration "${secs}s" --json >"$work/bench.json"
       python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); l=j["latency_ms"]; print("%-8s %3s loaded: p50 %.3f ms  p99 %.3f ms" % (sys.argv[2], sys.argv[3], l["p50"], l["p99"]))' "$work/bench.json" "$scope" "$loaded"
-      stop
+      unserve
     done
   done
 done

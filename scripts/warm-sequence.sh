@@ -26,9 +26,7 @@ json.dump(m, open(d + "/plover.json", "w"))
 w = open(d + "/weights.bin", "rb").read()
 open(d + "/weights.bin", "wb").write(w + bytes(mib << 20))
 PY
-"$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 >"$work/log" 2>&1 &
-spid=$!
-url=$(server_url "$work/log")
+serve "$work/log"
 PLOVER_SERVER=$url "$plover" deploy "$work/big" >/dev/null
 for i in $(seq 1 "$n"); do
   unloads=$(grep -c 'msg=unloaded' "$work/log" || true)

@@ -51,3 +51,30 @@ cpu_ticks() {
   done
   echo "$(awk '{ print $14 + $15 }' "/proc/$1/stat") $w"
 }
+
+# serve LOG [FLAGS...]: "$plover" serve on the host device over
+# $work/data (shared by every server the caller starts), no store
+# polling, logging to LOG; sets spid (scratch stops it at exit) and url.
+serve() {
+  local log=$1
+  shift
+  "$plover" serve --listen 127.0.0.1:0 --data "$work/data" --device host --poll 0 "$@" >"$log" 2>&1 &
+  spid=$!
+  url=$(server_url "$log")
+}
+
+# unserve: stops the server serve started.
+unserve() { kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; }
+
+# deploy_cnn_copies N: the CNN sample deployed N times to $url, as
+# cnn-0001 to cnn-N (each copy its own bundle directory under $work).
+deploy_cnn_copies() {
+  local i d
+  for i in $(seq 1 "$1"); do
+    d=$work/bundles/$(printf 'cnn-%04d' "$i")
+    mkdir -p "$d"
+    cp build/samples/cnn-host/* "$d/"
+    python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["name"]=sys.argv[2]; json.dump(m, open(sys.argv[1], "w"))' "$d/plover.json" "${d##*/}"
+    PLOVER_SERVER=$url "$plover" deploy "$d" >/dev/null
+  done
+}
