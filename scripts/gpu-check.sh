@@ -784,7 +784,8 @@ sec_fair() {
 
 # Tenant workers (issue 46): the CNN as 40 functions of 2 tenants under
 # --worker-scope function and tenant (one round: every function-scope
-# worker makes a CUDA context), then 1,000 functions of 10 tenants resident
+# worker makes a CUDA context) and the two tenants' CPU split beside 20 idle
+# functions (a fresh server each), then 1,000 functions of 10 tenants resident
 # in 10 workers, their GPU memory by nvidia-smi; the first requests in turn
 # into a warm tenant worker (goal <= 2 ms).
 sec_tenants() {

@@ -332,7 +332,8 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 func (g *program) runStart() {
 	g.p.runs.Add(1)
 	if g.p.tenant != nil {
-		g.runs.Add(1)
+		g.runs.Add(1) // before busyNow's load of busy: reweigh relies on it
+		g.busyNow()
 	}
 }
 

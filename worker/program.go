@@ -30,7 +30,9 @@ type program struct {
 	// library's device and inode, the prefix of its files' names in the
 	// stage and the files staged, its runs
 	// in flight and when its last run and its last call ended (Unix ns: its
-	// output's attribution), and whether the process's death was its fault.
+	// output's attribution), whether the process's death was its fault, and
+	// whether it counts in the process's CPU weight, since when
+	// (tenantweight.go).
 	out       device.Output
 	memLimit  int64
 	weight    float64
@@ -41,6 +43,8 @@ type program struct {
 	runEnded  atomic.Int64
 	callEnded atomic.Int64
 	blamed    atomic.Bool
+	busy      atomic.Bool
+	busyAt    atomic.Int64
 
 	mu      sync.Mutex
 	entries map[string]int32

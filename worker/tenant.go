@@ -7,8 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -52,11 +50,11 @@ type tenancy struct {
 	// count the death towards the tenant's back-off).
 	named bool
 
-	// weighMu orders the writes of the CPU weight of concurrent loads and
-	// unloads, each writing the sum it read under it; weighed is the last
-	// written (0: none yet).
-	weighMu sync.Mutex
+	// wake wakes the worker's weighLoop (tenantweight.go); weighed is the
+	// CPU weight it last wrote (0: none yet), its alone; writes counts them.
+	wake    chan struct{}
 	weighed float64
+	writes  atomic.Int64
 }
 
 // tenantSlot is a tenant's worker on the device: the live one, or the
@@ -164,6 +162,7 @@ func (p *proc) addProgram(g *program) {
 	p.tenant.progs[g.id] = g
 	p.mu.Unlock()
 	p.retune()
+	g.busyNow() // loaded for a request about to run
 }
 
 // removeProgram takes g out of p's programs and weight; its memory limit
@@ -180,11 +179,12 @@ func (p *proc) removeProgram(g *program) {
 	}
 	p.mu.Unlock()
 	p.retune()
+	p.tenant.poke()
 }
 
 // retune sets a tenant's worker's memory limit to the sum of the limits of
-// every program it has held (none if one has none), and its CPU weight to
-// the sum of its programs' weights. An unloaded program's limit stays in
+// every program it has held (none if one has none); its CPU weight is
+// weighLoop's. An unloaded program's limit stays in
 // the sum while the process lives (it resets with the process): its heap
 // stays resident (free rarely gives memory back, a leak never), so
 // leaving it out, as the programs' sum alone would (after a redeploy, say),
@@ -208,31 +208,6 @@ func (p *proc) retune() {
 	}
 	p.tenant.tuned = true
 	p.mu.Unlock()
-	p.reweigh()
-}
-
-// reweigh gives p's CPU group the sum of its programs' weights, when that
-// changed: a cgroup write is a file write (tens of µs), kept out of p's mu
-// and off loads that leave the sum as it was.
-func (p *proc) reweigh() {
-	p.tenant.weighMu.Lock()
-	defer p.tenant.weighMu.Unlock()
-	p.mu.Lock()
-	var w float64
-	var names []string
-	for _, g := range p.tenant.progs {
-		w += g.weight
-		names = append(names, g.name)
-	}
-	// Read under mu, and not once the process exited: its group goes, and
-	// with nice levels its pid may come to be another process's.
-	cg, exited := p.cgroup, p.exited
-	p.mu.Unlock()
-	if exited || len(names) == 0 || w == p.tenant.weighed {
-		return
-	}
-	p.tenant.weighed = w
-	cg.setWeight(w, strings.Join(names, ","))
 }
 
 // stageTenant links g's bundle into p's stage, its files' names led by

@@ -386,7 +386,12 @@ func ioSplit(ctx context.Context, url string, inA, inB []byte, clients int, d ti
 
 // closed runs a closed loop and summarises it.
 func closed(ctx context.Context, url, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
-	r, err := bench.Run(ctx, bench.Config{Server: url, Function: fn, Input: in, Concurrency: clients, Duration: d, Requests: 100_000_000, Timeout: time.Minute})
+	return closedAs(ctx, url, "", fn, in, clients, d)
+}
+
+// closedAs is closed with a bearer token ("": none).
+func closedAs(ctx context.Context, url, token, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
+	r, err := bench.Run(ctx, bench.Config{Server: url, Token: token, Function: fn, Input: in, Concurrency: clients, Duration: d, Requests: 100_000_000, Timeout: time.Minute})
 	if err != nil {
 		return fairLoad{}, fmt.Errorf("%s: %w", fn, err)
 	}

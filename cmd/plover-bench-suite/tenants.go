@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/plover-run/plover/api"
@@ -31,7 +33,12 @@ import (
 //  3. the workers serving them: their PSS summed over distinct processes
 //     (read from /proc, the server running as root), processes per tenant,
 //     and any process serving two tenants (must be none);
-//  4. one function hot, tenantHot requests in turn.
+//  4. one function hot, tenantHot requests in turn;
+//  5. on a fresh server of the same scope, the CPU split between tenants:
+//     the first tenant's function and the second's flooded together from
+//     splitClients clients each, equal shares, while the first tenant also
+//     holds up to tenantIdle functions loaded, idle for splitSettle
+//     (tenantSplit).
 //
 // Then --tenant-many functions of tenantTen tenants under tenant scope
 // alone: all invoked once in turn (cold), then all warm: memory per
@@ -41,6 +48,11 @@ const (
 	tenantWide = 16
 	tenantHot  = 6000
 	tenantTen  = 10
+
+	tenantIdle   = 20
+	splitClients = 2
+	splitTime    = 4 * time.Second
+	splitSettle  = 2500 * time.Millisecond
 )
 
 // tenantSizes are the benchmark's sizes (--tenant-functions,
@@ -71,7 +83,13 @@ type tenantRun struct {
 	DeviceMem string  `json:"device_memory_source,omitempty"`
 	// PSSMissing counts workers whose PSS could not be read (not root).
 	PSSMissing int `json:"pss_missing,omitempty"`
-	pids       []int
+	// Split is the first tenant's part of the requests served in step 5
+	// (equal shares: 0.5), Served each tenant's rate, Idle the functions
+	// the first held loaded beside its flooded one.
+	Split  float64    `json:"split_first_tenant"`
+	Served [2]float64 `json:"split_served_per_s"`
+	Idle   int        `json:"split_idle_functions"`
+	pids   []int
 }
 
 // tenancy is the auth file of a benchmark's tenants and a client per
@@ -79,15 +97,17 @@ type tenantRun struct {
 type tenancy struct {
 	file    string
 	clients []*http.Client
+	tokens  []string
 	admin   *http.Client
 }
 
 func newTenancy(dir string, n int) (*tenancy, error) {
 	t := &tenancy{file: filepath.Join(dir, "auth")}
 	var lines strings.Builder
+	var tok string
 	token := func(name, scopes string) (*http.Client, error) {
-		tok, err := auth.NewToken()
-		if err != nil {
+		var err error
+		if tok, err = auth.NewToken(); err != nil {
 			return nil, err
 		}
 		fmt.Fprintf(&lines, "%s %s %s\n", name, scopes, auth.Hash(tok))
@@ -98,7 +118,7 @@ func newTenancy(dir string, n int) (*tenancy, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.clients = append(t.clients, c)
+		t.clients, t.tokens = append(t.clients, c), append(t.tokens, tok)
 	}
 	var err error
 	if t.admin, err = token("bench", "admin,read"); err != nil {
@@ -158,6 +178,9 @@ func runTenants(_ context.Context, o *options, res *results) error {
 			if err != nil {
 				return err
 			}
+			if err := tr.tenantSplit(o, data, pair, used, in); err != nil {
+				return err
+			}
 			tr.Round = r + 1
 			runs = append(runs, tr)
 		}
@@ -213,6 +236,45 @@ func tenantServe(o *options, data string, t *tenancy, scope string, in []byte, m
 	time.Sleep(time.Second) // the standby pool at rest, as on a node between bursts
 	tr := &tenantRun{Scope: scope, Procs: map[string]int{}}
 	return tr, measure(tr, srv.url)
+}
+
+// tenantSplit measures step 5 on a fresh server of tr's scope: the first
+// tenant's functions are the even ones of the used, the second's the odd.
+// In function scope every function has a worker of its own, so the idle
+// ones weigh nothing there; in tenant scope they share the first tenant's
+// worker with its flooded function, and must not add to its CPU weight.
+func (tr *tenantRun) tenantSplit(o *options, data string, t *tenancy, used int, in []byte) error {
+	_, err := tenantServe(o, data, t, tr.Scope, in, func(_ *tenantRun, url string) error {
+		tr.Idle = min(tenantIdle, (used-2)/2)
+		for k := 1; k <= tr.Idle; k++ {
+			if _, _, err := invoke(t.of(2*k), url, burstName(2*k), in); err != nil {
+				return fmt.Errorf("loading the first tenant's idle functions: %w", err)
+			}
+		}
+		// Idle from here: a function loaded or run within the last 1-2 s
+		// counts as busy in its tenant's worker's CPU weight (README).
+		time.Sleep(splitSettle)
+		var loads [2]fairLoad
+		var errs [2]error
+		var wg sync.WaitGroup
+		for k := range 2 {
+			wg.Go(func() {
+				loads[k], errs[k] = closedAs(context.Background(), url, t.tokens[k], burstName(k), in, splitClients, splitTime)
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs[:]...); err != nil {
+			return fmt.Errorf("the tenants' split: %w", err)
+		}
+		tr.Served = [2]float64{loads[0].Throughput, loads[1].Throughput}
+		if all := tr.Served[0] + tr.Served[1]; all > 0 {
+			tr.Split = tr.Served[0] / all
+		}
+		tr.Errors += int(loads[0].Errors + loads[1].Errors)
+		logf("  the tenants' split, %d idle beside the first's: %.0f/s and %.0f/s (%.3f)", tr.Idle, tr.Served[0], tr.Served[1], tr.Split)
+		return nil
+	})
+	return err
 }
 
 // coldInTurn invokes functions [from, to) once each, in turn.
@@ -403,6 +465,12 @@ func writeTenants(o *options, res *results, runs []*tenantRun, many *tenantRun) 
 	row("processes serving two tenants", "0", func(r *tenantRun) float64 { return float64(r.Mixed) }, count)
 	row(fmt.Sprintf("one function hot, %d requests in turn, p50 ms", tenantHot), "within 5%", func(r *tenantRun) float64 { return quantile(r.Hot, 0.5) }, msU)
 	row("the same, p99 ms", "", func(r *tenantRun) float64 { return quantile(r.Hot, 0.99) }, msU)
+	idle := 0
+	for _, r := range runs {
+		idle = r.Idle
+	}
+	row(fmt.Sprintf("two tenants, equal shares, each flooding one function from %d clients for %s, the first holding %d more loaded and idle: the first's part of the requests served", splitClients, splitTime, idle),
+		"0.5 ± 0.05", func(r *tenantRun) float64 { return r.Split }, func(v float64) string { return fmt.Sprintf("%.3f", v) })
 	errs, notCold := 0, 0
 	for _, r := range runs {
 		errs, notCold = errs+r.Errors, notCold+r.NotCold

@@ -1,0 +1,133 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// fakeV1Group is a worker's group in a fake cgroup v1 hierarchy (plain
+// files) and a reader of its cpu.shares.
+func fakeV1Group(t *testing.T, pid int) (*Group, func() string) {
+	t.Helper()
+	old := cgroupRoot
+	cgroupRoot = t.TempDir()
+	t.Cleanup(func() { cgroupRoot = old })
+	os.MkdirAll(filepath.Join(cgroupRoot, "cpu"), 0o755)
+	os.WriteFile(filepath.Join(cgroupRoot, "cpu", "cpu.shares"), []byte("1024"), 0o644)
+	groups := NewCPUGroups(nil)
+	if groups == nil {
+		t.Fatal("no groups on a writable fake v1 hierarchy")
+	}
+	cg := groups.Place(pid, 0)
+	if cg == nil {
+		t.Fatal("the worker was not placed")
+	}
+	file := filepath.Join(groups.dir, strconv.Itoa(pid), "cpu.shares")
+	return cg, func() string { b, _ := os.ReadFile(file); return string(b) }
+}
+
+func tenantProc(cg *Group) *proc {
+	return &proc{pid: 4321, cgroup: cg, done: make(chan struct{}),
+		tenant: &tenancy{progs: map[uint32]*program{}, wake: make(chan struct{}, 1)}}
+}
+
+func weighedProgram(p *proc, name string, share float64) *program {
+	g := &program{p: p, name: name, weight: Weight(&abi.Manifest{Name: name, Share: share})}
+	p.addProgram(g)
+	return g
+}
+
+// A tenant's worker weighs what its busy programs weigh: loads and runs
+// make a program busy, a window without either lets it go, and an idle
+// worker weighs its heaviest program. Idle functions held warm never add
+// to a tenant's weight against another tenant's.
+func TestTenantWeightFollowsBusyPrograms(t *testing.T) {
+	one := Weight(&abi.Manifest{Name: "f"}) // a default function's
+	cg, shares := fakeV1Group(t, 4321)
+	p := tenantProc(cg)
+	want := func(step string, w float64) {
+		t.Helper()
+		if got, v := shares(), cg.g.value(w*one); got != v {
+			t.Fatalf("%s: cpu.shares %s, want %s (%g default functions)", step, got, v, w)
+		}
+	}
+	a := weighedProgram(p, "a", 0)
+	b := weighedProgram(p, "b", 0)
+	c := weighedProgram(p, "c", 2)
+	later := func(n time.Duration) time.Time { return time.Now().Add(n * weighWindow) }
+
+	if busy, _ := p.reweigh(time.Now()); !busy {
+		t.Fatal("just loaded, no program was busy")
+	}
+	want("three loaded for their requests", 4)
+	if busy, _ := p.reweigh(later(1)); busy {
+		t.Fatal("a window without runs, a program was still busy")
+	}
+	want("all idle: the heaviest", 2)
+
+	a.runStart()
+	p.reweigh(later(3))
+	want("a run of a in flight, however long", 1)
+	b.runStart()
+	b.runEnd()
+	p.reweigh(time.Now())
+	want("a running, b just ran", 2)
+	a.runEnd()
+	if busy, _ := p.reweigh(later(1)); busy {
+		t.Fatal("a window after the runs ended, a program was still busy")
+	}
+	want("idle again", 2)
+
+	p.removeProgram(c)
+	p.reweigh(time.Now())
+	want("the heaviest unloaded", 1)
+}
+
+// The worker's own loop keeps the weight without being called: a load
+// raises it at once, and it falls back once the window has passed.
+func TestTenantWeightLoop(t *testing.T) {
+	old := weighWindow
+	weighWindow = 200 * time.Millisecond // each state lasts as long: a slow poll still sees it
+	defer func() { weighWindow = old }()
+	one := Weight(&abi.Manifest{Name: "f"})
+	cg, shares := fakeV1Group(t, 4321)
+	p := tenantProc(cg)
+	go p.weighLoop()
+	defer close(p.done)
+	await := func(step string, w float64) {
+		t.Helper()
+		v := cg.g.value(w * one)
+		for end := time.Now().Add(10 * time.Second); shares() != v; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: cpu.shares %s, want %s", step, shares(), v)
+			}
+		}
+	}
+	weighedProgram(p, "a", 1)
+	weighedProgram(p, "b", 3)
+	await("two loaded", 4)
+	await("both idle: the heaviest", 3)
+	weighedProgram(p, "c", 2)
+	await("c loaded, the others idle: c alone", 2)
+	await("all idle again: the heaviest", 3)
+
+	// Loads in a row (a burst of first requests) share writes: the weight
+	// is written at most once each weighSpacing, not once a load.
+	before, began := p.tenant.writes.Load(), time.Now()
+	for k := range 20 {
+		weighedProgram(p, "burst-"+strconv.Itoa(k), 1)
+		for len(p.tenant.wake) > 0 { // each load's wake-up seen on its own
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	took := time.Since(began)
+	await("twenty more loaded", 20)
+	if n, most := p.tenant.writes.Load()-before, 2+int64(took/weighSpacing); n > most {
+		t.Errorf("twenty loads in a row over %v made %d writes of the weight, want at most %d", took, n, most)
+	}
+}
