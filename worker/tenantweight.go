@@ -13,9 +13,9 @@ import (
 // functions warm and few busy outweigh another tenant's busy function many
 // times over (under cgroup v1 a default function weighs 1,024 cpu.shares,
 // 20 of them 20,480), and the kernel would give its runs the CPU the
-// device scheduler's shares meant for the other's: two tenants flooding
-// one function each, one of them holding 20 more idle, were served
-// 0.64-0.76 against 0.24-0.36 of the requests, 0.47-0.53 each since.
+// device scheduler's shares meant for the other's: of two tenants at equal
+// shares flooding one function each, the one holding 20 more idle was
+// served 0.60-0.66 of the requests, 0.43-0.51 since (make bench-tenants).
 //
 // The weight is written by one goroutine per worker (weighLoop), off the
 // request's path: a run marks its program busy with an atomic load on the
