@@ -406,6 +406,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		wctx, cancel := context.WithTimeout(context.Background(), maxControlWait)
 		defer cancel()
 		rep, err := g.load(wctx, d.loadBound, mj)
+		g.touch() // busy from the load's end: it may have outlasted a window
 		if err == nil && rep.St != wire.StOK {
 			err = wire.ErrorOf(rep.St, rep.Text)
 		}

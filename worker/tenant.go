@@ -50,9 +50,12 @@ type tenancy struct {
 	// count the death towards the tenant's back-off).
 	named bool
 
-	// wake wakes the worker's weighLoop (tenantweight.go); weighed is the
-	// CPU weight it last wrote (0: none yet), its alone; writes counts them.
+	// wake wakes the worker's weighLoop (tenantweight.go), which lets a
+	// program go idle a window after it was last busy (weighWindow); weighed
+	// is the CPU weight it last wrote (0: none yet), its alone; writes
+	// counts them.
 	wake    chan struct{}
+	window  time.Duration
 	weighed float64
 	writes  atomic.Int64
 }

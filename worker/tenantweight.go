@@ -22,18 +22,24 @@ import (
 // hot path (a store and a wake-up only when it was idle), loads and unloads
 // wake the loop, and the loop writes the group (a file write, or a renice
 // of every thread) only when the sum changed.
-var weighWindow = time.Second
+const weighWindow = time.Second
 
-// weighSpacing spaces the loop's writes: loads in a row (a burst of first
-// requests, a tenant warming its functions) make one write, not one each.
+// weighSpacing spaces the writes a wake-up brings: loads in a row (a burst
+// of first requests, a tenant warming its functions) make one write each
+// 10 ms, not one each.
 const weighSpacing = 10 * time.Millisecond
 
-// busyNow marks g busy for its worker's weight (a run or a load of it
-// began) and wakes its worker's weighLoop when it was idle.
+// busyNow marks g busy for its worker's weight (a run of it began) and
+// wakes its worker's weighLoop when it was idle.
 func (g *program) busyNow() {
-	if g.busy.Load() {
-		return
+	if !g.busy.Load() {
+		g.touch()
 	}
+}
+
+// touch marks g busy from now (a load of it began or ended: a load may
+// outlast a window, queued behind a sibling's and then up to its bound).
+func (g *program) touch() {
 	g.busyAt.Store(time.Now().UnixNano())
 	if g.busy.CompareAndSwap(false, true) {
 		g.p.tenant.poke()
@@ -72,17 +78,21 @@ func (p *proc) weighLoop() {
 			wrote = time.Now()
 		}
 		if busy {
-			tick.Reset(weighWindow)
+			tick.Reset(p.tenant.window)
 		}
 	}
 }
 
 // reweigh gives p's CPU group the weight of its busy programs (idle ones
 // are let go here) when that changed, and says whether any is busy still
-// and whether it wrote. It runs on weighLoop alone; the write is made
-// outside p's mu.
+// and whether it wrote. It runs on weighLoop alone. The write is made under
+// p's mu, as kill's is, and never once the process exited (its group goes,
+// and with nice levels its pid may come to be another process's) or was
+// killed (Dying gave its group a default function's weight, so that it
+// ends soon whatever its functions' weights).
 func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	var sum, top float64
 	var names []string
 	for _, g := range p.tenant.progs {
@@ -90,12 +100,16 @@ func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 		if !g.busy.Load() {
 			continue
 		}
+		// runs before the times: a run's end stores runEnded, then
+		// lowers runs, so a count of 0 comes with its end's time.
+		runs := g.runs.Load()
 		last := max(g.busyAt.Load(), g.runEnded.Load())
-		if g.runs.Load() == 0 && now.Sub(time.Unix(0, last)) >= weighWindow {
+		if runs == 0 && now.Sub(time.Unix(0, last)) >= p.tenant.window {
 			g.busy.Store(false)
-			// A run that began meanwhile saw busy set and woke no one:
-			// keep it busy (its count went up before its load of busy).
-			if g.runs.Load() == 0 {
+			// A run that began meanwhile saw busy set and woke no one
+			// (its count went up before its load of busy), and one may
+			// have begun and ended since: either keeps g busy.
+			if g.runs.Load() == 0 && max(g.busyAt.Load(), g.runEnded.Load()) == last {
 				continue
 			}
 			g.busy.Store(true)
@@ -104,18 +118,14 @@ func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 		sum += g.weight
 		names = append(names, g.name)
 	}
-	// Read under mu, and not once the process exited: its group goes, and
-	// with nice levels its pid may come to be another process's.
-	cg, exited := p.cgroup, p.exited
-	p.mu.Unlock()
 	if !busy {
 		sum = top
 	}
-	if exited || sum == 0 || sum == p.tenant.weighed {
+	if p.exited || p.killed.Load() != nil || sum == 0 || sum == p.tenant.weighed {
 		return busy, false
 	}
 	p.tenant.weighed = sum
 	p.tenant.writes.Add(1)
-	cg.setWeight(sum, strings.Join(names, ","))
+	p.cgroup.setWeight(sum, strings.Join(names, ","))
 	return busy, true
 }

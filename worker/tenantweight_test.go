@@ -31,9 +31,16 @@ func fakeV1Group(t *testing.T, pid int) (*Group, func() string) {
 	return cg, func() string { b, _ := os.ReadFile(file); return string(b) }
 }
 
-func tenantProc(cg *Group) *proc {
+func tenantProc(cg *Group, window time.Duration) *proc {
 	return &proc{pid: 4321, cgroup: cg, done: make(chan struct{}),
-		tenant: &tenancy{progs: map[uint32]*program{}, wake: make(chan struct{}, 1)}}
+		tenant: &tenancy{progs: map[uint32]*program{}, wake: make(chan struct{}, 1), window: window}}
+}
+
+// weighing runs p's weighLoop until the test ends.
+func weighing(t *testing.T, p *proc) {
+	stopped := make(chan struct{})
+	go func() { p.weighLoop(); close(stopped) }()
+	t.Cleanup(func() { close(p.done); <-stopped })
 }
 
 func weighedProgram(p *proc, name string, share float64) *program {
@@ -49,7 +56,7 @@ func weighedProgram(p *proc, name string, share float64) *program {
 func TestTenantWeightFollowsBusyPrograms(t *testing.T) {
 	one := Weight(&abi.Manifest{Name: "f"}) // a default function's
 	cg, shares := fakeV1Group(t, 4321)
-	p := tenantProc(cg)
+	p := tenantProc(cg, weighWindow)
 	want := func(step string, w float64) {
 		t.Helper()
 		if got, v := shares(), cg.g.value(w*one); got != v {
@@ -59,7 +66,7 @@ func TestTenantWeightFollowsBusyPrograms(t *testing.T) {
 	a := weighedProgram(p, "a", 0)
 	b := weighedProgram(p, "b", 0)
 	c := weighedProgram(p, "c", 2)
-	later := func(n time.Duration) time.Time { return time.Now().Add(n * weighWindow) }
+	later := func(n time.Duration) time.Time { return time.Now().Add(n * p.tenant.window) }
 
 	if busy, _ := p.reweigh(time.Now()); !busy {
 		t.Fatal("just loaded, no program was busy")
@@ -86,19 +93,29 @@ func TestTenantWeightFollowsBusyPrograms(t *testing.T) {
 	p.removeProgram(c)
 	p.reweigh(time.Now())
 	want("the heaviest unloaded", 1)
+
+	d := weighedProgram(p, "d", 3)
+	p.reweigh(later(1))
+	want("d loaded and idle: the heaviest", 3)
+	why := "a test"
+	p.killed.Store(&why) // as killFor does (not called: it signals the pid)
+	cg.Dying()
+	a.runStart()
+	d.runStart()
+	p.reweigh(time.Now())
+	want("killed: the weight Dying gave it stays", 1)
+	a.runEnd()
+	d.runEnd()
 }
 
 // The worker's own loop keeps the weight without being called: a load
 // raises it at once, and it falls back once the window has passed.
 func TestTenantWeightLoop(t *testing.T) {
-	old := weighWindow
-	weighWindow = 200 * time.Millisecond // each state lasts as long: a slow poll still sees it
-	defer func() { weighWindow = old }()
 	one := Weight(&abi.Manifest{Name: "f"})
 	cg, shares := fakeV1Group(t, 4321)
-	p := tenantProc(cg)
-	go p.weighLoop()
-	defer close(p.done)
+	// Each state lasts a window at least: a slow poll still sees it.
+	p := tenantProc(cg, 200*time.Millisecond)
+	weighing(t, p)
 	await := func(step string, w float64) {
 		t.Helper()
 		v := cg.g.value(w * one)
@@ -116,8 +133,25 @@ func TestTenantWeightLoop(t *testing.T) {
 	await("c loaded, the others idle: c alone", 2)
 	await("all idle again: the heaviest", 3)
 
-	// Loads in a row (a burst of first requests) share writes: the weight
-	// is written at most once each weighSpacing, not once a load.
+}
+
+// Loads in a row (a burst of first requests) share writes: the weight is
+// written at most once each weighSpacing, not once a load.
+func TestTenantWeightWritesSpaced(t *testing.T) {
+	one := Weight(&abi.Manifest{Name: "f"})
+	cg, shares := fakeV1Group(t, 4321)
+	// A window past any burst's length, however slow the machine.
+	p := tenantProc(cg, time.Hour)
+	weighing(t, p)
+	await := func(step string, w float64) {
+		t.Helper()
+		v := cg.g.value(w * one)
+		for end := time.Now().Add(10 * time.Second); shares() != v; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: cpu.shares %s, want %s", step, shares(), v)
+			}
+		}
+	}
 	before, began := p.tenant.writes.Load(), time.Now()
 	for k := range 20 {
 		weighedProgram(p, "burst-"+strconv.Itoa(k), 1)
@@ -126,7 +160,7 @@ func TestTenantWeightLoop(t *testing.T) {
 		}
 	}
 	took := time.Since(began)
-	await("twenty more loaded", 20)
+	await("twenty loaded", 20)
 	if n, most := p.tenant.writes.Load()-before, 2+int64(took/weighSpacing); n > most {
 		t.Errorf("twenty loads in a row over %v made %d writes of the weight, want at most %d", took, n, most)
 	}

@@ -245,10 +245,16 @@ func tenantServe(o *options, data string, t *tenancy, scope string, in []byte, m
 // worker with its flooded function, and must not add to its CPU weight.
 func (tr *tenantRun) tenantSplit(o *options, data string, t *tenancy, used int, in []byte) error {
 	_, err := tenantServe(o, data, t, tr.Scope, in, func(_ *tenantRun, url string) error {
+		// The two flooded loaded first (each tenant's worker taken alike),
+		// then the first tenant's others.
 		tr.Idle = min(tenantIdle, (used-2)/2)
+		order := []int{0, 1}
 		for k := 1; k <= tr.Idle; k++ {
-			if _, _, err := invoke(t.of(2*k), url, burstName(2*k), in); err != nil {
-				return fmt.Errorf("loading the first tenant's idle functions: %w", err)
+			order = append(order, 2*k)
+		}
+		for _, i := range order {
+			if _, _, err := invoke(t.of(i), url, burstName(i), in); err != nil {
+				return fmt.Errorf("loading %s for the tenants' split: %w", burstName(i), err)
 			}
 		}
 		// Idle from here: a function loaded or run within the last 1-2 s
@@ -267,9 +273,10 @@ func (tr *tenantRun) tenantSplit(o *options, data string, t *tenancy, used int, 
 			return fmt.Errorf("the tenants' split: %w", err)
 		}
 		tr.Served = [2]float64{loads[0].Throughput, loads[1].Throughput}
-		if all := tr.Served[0] + tr.Served[1]; all > 0 {
-			tr.Split = tr.Served[0] / all
+		if tr.Served[0] == 0 || tr.Served[1] == 0 {
+			return fmt.Errorf("the tenants' split: served %.0f/s and %.0f/s", tr.Served[0], tr.Served[1])
 		}
+		tr.Split = tr.Served[0] / (tr.Served[0] + tr.Served[1])
 		tr.Errors += int(loads[0].Errors + loads[1].Errors)
 		logf("  the tenants' split, %d idle beside the first's: %.0f/s and %.0f/s (%.3f)", tr.Idle, tr.Served[0], tr.Served[1], tr.Split)
 		return nil
