@@ -250,14 +250,22 @@ func invoke(c *http.Client, url, fn string, in []byte) (float64, http.Header, er
 // wide invokes n distinct functions at once, each from a connection made
 // beforehand (by client(k) when not nil: a tenant's token), and returns
 // each one's latency (ms) and the failures.
-func wide(url string, in []byte, name func(int) string, client func(int) *http.Client) ([]float64, int) {
+func wide(url string, in []byte, name func(int) string, token func(int) string) ([]float64, int) {
 	clients := make([]*http.Client, burstWide)
 	for k := range clients {
-		clients[k] = &http.Client{Timeout: time.Minute}
-		if client != nil {
-			clients[k].Transport = client(k).Transport
+		// A transport each, its connection opened by the health check and
+		// kept: the burst is of first requests to functions from clients
+		// already connected. (Until 2026-11-29 the clients shared one
+		// transport, which keeps two connections idle: the burst dialled
+		// about 14 new ones.)
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		defer tr.CloseIdleConnections()
+		var rt http.RoundTripper = tr
+		if token != nil {
+			rt = bearer{token(k), tr}
 		}
-		get(clients[k], url+"/healthz") // the connection, kept alive
+		clients[k] = &http.Client{Timeout: time.Minute, Transport: rt}
+		get(clients[k], url+"/healthz")
 	}
 	lat := make([]float64, burstWide)
 	errs := make([]error, burstWide)

@@ -303,7 +303,7 @@ func (tr *tenantRun) coldInTurn(t *tenancy, url string, from, to int, in []byte)
 
 // wideAt invokes the tenantWide functions after the first from at once.
 func (tr *tenantRun) wideAt(t *tenancy, url string, from int, in []byte) {
-	lat, errs := wide(url, in, func(k int) string { return burstName(from + k) }, func(k int) *http.Client { return t.of(from + k) })
+	lat, errs := wide(url, in, func(k int) string { return burstName(from + k) }, func(k int) string { return t.tokens[(from+k)%len(t.tokens)] })
 	logf("  %d at once, latencies ms, sorted: %s", tenantWide, sortedMs(lat))
 	tr.Wide, tr.Errors = lat, tr.Errors+errs
 	tr.Functions += tenantWide
