@@ -774,6 +774,10 @@ sec_datapath() {
   bench_suite datapath 90 --datapath
 }
 
+# The victim beside floods (issues 23, 36, 45). Its table of the victim's
+# Server-Timing parts beside vecadd says whether the CNN's tail there is in
+# its copies (waiting behind the flood's on the copy engines: what cutting
+# copies into pieces, issue 45 item 5, would address) or elsewhere.
 sec_fair() {
   if [ ! -d build/samples/cnn-cuda ] || [ ! -d build/samples/spin-cuda ] || [ ! -d build/samples/vecadd-cuda ]; then
     say "SKIP: needs build/samples/{cnn,spin,vecadd}-cuda"

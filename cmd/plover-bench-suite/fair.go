@@ -27,6 +27,9 @@ type fairLoad struct {
 	Throughput float64
 	Errors     int64
 	SchedP50   float64 // the Server-Timing sched wait, ms
+	// Server is the Server-Timing breakdown (ms): where a victim's time
+	// went, the device's copies and kernels apart from the rest.
+	Server bench.ServerSummary
 }
 
 // fairMode is one scheduling mode's measurements.
@@ -395,7 +398,7 @@ func closedAs(ctx context.Context, url, token, fn string, in []byte, clients int
 	if err != nil {
 		return fairLoad{}, fmt.Errorf("%s: %w", fn, err)
 	}
-	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50}
+	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
 	for _, e := range r.Errors {
 		l.Errors += e.Count
 	}
@@ -457,6 +460,18 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 		p("| %s | %s / %s | %s / %s | %s / %s | %.0f, %.0f |\n", m.Mode, fmtMs(m.Alone.P50), fmtMs(m.Alone.P99),
 			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99),
 			m.Neighbours["spin"].Throughput, m.Neighbours["vecadd"].Throughput)
+	}
+	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and the client's latency less the server's total at p50 (the network, the HTTP stack and the client):\n\n")
+	p("| mode | | sched | copy in | kernels | copy out | server total | outside the server, p50 |\n|---|---|---|---|---|---|---|---|\n")
+	for _, m := range fr.Modes {
+		for _, c := range []struct {
+			what string
+			l    fairLoad
+		}{{"alone", m.Alone}, {"beside vecadd", m.Beside["vecadd"]}} {
+			t := &c.l.Server
+			part := func(x bench.Summary) string { return fmtMs(x.P50) + " / " + fmtMs(x.P99) }
+			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Total), fmtMs(c.l.P50-t.Total.P50))
+		}
 	}
 	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")
 	p("| mode | spin-a (share 3) against spin-b (share 1): work done / billed device time (targets 0.75 ± 0.05; billed within 0.05 of the work), at 4 and 12 clients each | served/s a, b | cnn-latency p99 beside a spin-batch flood / alone | cnn alone, 4 clients: served/s | cnn alone 1 client p50 |\n|---|---|---|---|---|---|\n")
