@@ -157,7 +157,8 @@ func (d *Device) releaseTenant(p *proc) bool {
 	return true
 }
 
-// addProgram gives g an id in p and counts it in p's limits and weight.
+// addProgram gives g an id in p, counts it in p's memory limit and marks
+// it busy for p's CPU weight (weighLoop's).
 func (p *proc) addProgram(g *program) {
 	p.mu.Lock()
 	p.tenant.nextID++

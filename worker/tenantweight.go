@@ -15,7 +15,7 @@ import (
 // 20 of them 20,480), and the kernel would give its runs the CPU the
 // device scheduler's shares meant for the other's: of two tenants at equal
 // shares flooding one function each, the one holding 20 more idle was
-// served 0.60-0.66 of the requests, 0.43-0.51 since (make bench-tenants).
+// served 0.60-0.66 of the requests, 0.43-0.52 since (make bench-tenants).
 //
 // The weight is written by one goroutine per worker (weighLoop), off the
 // request's path: a run marks its program busy with an atomic load on the

@@ -248,8 +248,8 @@ func invoke(c *http.Client, url, fn string, in []byte) (float64, http.Header, er
 }
 
 // wide invokes n distinct functions at once, each from a connection made
-// beforehand (by client(k) when not nil: a tenant's token), and returns
-// each one's latency (ms) and the failures.
+// beforehand (sending token(k) when token is not nil: a tenant's), and
+// returns each one's latency (ms) and the failures.
 func wide(url string, in []byte, name func(int) string, token func(int) string) ([]float64, int) {
 	clients := make([]*http.Client, burstWide)
 	for k := range clients {

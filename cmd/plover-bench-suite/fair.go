@@ -461,7 +461,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99),
 			m.Neighbours["spin"].Throughput, m.Neighbours["vecadd"].Throughput)
 	}
-	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and the client's latency less the server's total at p50 (the network, the HTTP stack and the client):\n\n")
+	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and the client's latency less the server's total at p50 (the network, the HTTP stack and the client). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
 	p("| mode | | sched | copy in | kernels | copy out | server total | outside the server, p50 |\n|---|---|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		for _, c := range []struct {
@@ -469,8 +469,17 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			l    fairLoad
 		}{{"alone", m.Alone}, {"beside vecadd", m.Beside["vecadd"]}} {
 			t := &c.l.Server
-			part := func(x bench.Summary) string { return fmtMs(x.P50) + " / " + fmtMs(x.P99) }
-			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Total), fmtMs(c.l.P50-t.Total.P50))
+			part := func(x bench.Summary) string {
+				if x.N == 0 {
+					return "n/a"
+				}
+				return fmtMs(x.P50) + " / " + fmtMs(x.P99)
+			}
+			outside := "n/a"
+			if t.Total.N > 0 {
+				outside = fmtMs(c.l.P50 - t.Total.P50)
+			}
+			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Total), outside)
 		}
 	}
 	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")

@@ -49,6 +49,7 @@ type options struct {
 	fair                                  bool
 	burst, tenants                        bool
 	tenantSizes                           tenantSizes
+	tenantSplit                           bool
 	burstBefore                           string
 	pipeline                              bool
 	pipelineBefore                        string
@@ -91,6 +92,7 @@ func main() {
 	flag.IntVar(&o.tenantSizes.fns, "tenant-functions", 120, "--tenants: functions of the two tenants whose first requests are measured in turn")
 	flag.IntVar(&o.tenantSizes.rounds, "tenant-rounds", 3, "--tenants: rounds of the two scopes in turn")
 	flag.IntVar(&o.tenantSizes.many, "tenant-many", 1000, "--tenants: functions of ten tenants under tenant scope (0: none)")
+	flag.BoolVar(&o.tenantSplit, "tenant-split", true, "--tenants: also the two tenants' split of the CPU beside idle functions, a fresh server per scope and round (what it tests needs the CPU contended: a host device)")
 	flag.BoolVar(&o.pipeline, "pipeline", false, "only measure pipelines: the digits sample as one pipeline request against its three functions invoked in turn; writes the bench:pipeline-<device> section")
 	flag.BoolVar(&o.tracing, "tracing", false, "only measure tracing's cost: the CNN hot on servers with tracing off, on unsampled and on sampled, side by side; writes the bench:tracing-<device> section")
 	flag.StringVar(&o.tracingBefore, "tracing-before", "", "with --tracing: an earlier plover binary (without tracing); the CNN alone is measured on it and on --plover (tracing off) side by side")

@@ -86,9 +86,9 @@ type tenantRun struct {
 	// Split is the first tenant's part of the requests served in step 5
 	// (equal shares: 0.5), Served each tenant's rate, Idle the functions
 	// the first held loaded beside its flooded one.
-	Split  float64    `json:"split_first_tenant"`
-	Served [2]float64 `json:"split_served_per_s"`
-	Idle   int        `json:"split_idle_functions"`
+	Split  float64    `json:"split_first_tenant,omitempty"`
+	Served [2]float64 `json:"split_served_per_s,omitzero"`
+	Idle   int        `json:"split_idle_functions,omitempty"`
 	pids   []int
 }
 
@@ -104,24 +104,23 @@ type tenancy struct {
 func newTenancy(dir string, n int) (*tenancy, error) {
 	t := &tenancy{file: filepath.Join(dir, "auth")}
 	var lines strings.Builder
-	var tok string
-	token := func(name, scopes string) (*http.Client, error) {
-		var err error
-		if tok, err = auth.NewToken(); err != nil {
-			return nil, err
+	token := func(name, scopes string) (*http.Client, string, error) {
+		tok, err := auth.NewToken()
+		if err != nil {
+			return nil, "", err
 		}
 		fmt.Fprintf(&lines, "%s %s %s\n", name, scopes, auth.Hash(tok))
-		return &http.Client{Timeout: time.Minute, Transport: bearer{tok, http.DefaultTransport}}, nil
+		return &http.Client{Timeout: time.Minute, Transport: bearer{tok, http.DefaultTransport}}, tok, nil
 	}
 	for i := range n {
-		c, err := token("tenant-"+strconv.Itoa(i), "deploy,invoke,read")
+		c, tok, err := token("tenant-"+strconv.Itoa(i), "deploy,invoke,read")
 		if err != nil {
 			return nil, err
 		}
 		t.clients, t.tokens = append(t.clients, c), append(t.tokens, tok)
 	}
 	var err error
-	if t.admin, err = token("bench", "admin,read"); err != nil {
+	if t.admin, _, err = token("bench", "admin,read"); err != nil {
 		return nil, err
 	}
 	return t, os.WriteFile(t.file, []byte(lines.String()), 0o600)
@@ -178,8 +177,10 @@ func runTenants(_ context.Context, o *options, res *results) error {
 			if err != nil {
 				return err
 			}
-			if err := tr.tenantSplit(o, data, pair, used, in); err != nil {
-				return err
+			if o.tenantSplit {
+				if err := tr.tenantSplit(o, data, pair, used, in); err != nil {
+					return err
+				}
 			}
 			tr.Round = r + 1
 			runs = append(runs, tr)
@@ -476,8 +477,13 @@ func writeTenants(o *options, res *results, runs []*tenantRun, many *tenantRun) 
 	for _, r := range runs {
 		idle = r.Idle
 	}
-	row(fmt.Sprintf("two tenants, equal shares, each flooding one function from %d clients for %s, the first holding %d more loaded and idle: the first's part of the requests served", splitClients, splitTime, idle),
-		"0.5 ± 0.05", func(r *tenantRun) float64 { return r.Split }, func(v float64) string { return fmt.Sprintf("%.3f", v) })
+	if o.tenantSplit {
+		split := func(scope string) string {
+			return fmt.Sprintf("%.3f", by(scope, func(r *tenantRun) float64 { return r.Split }))
+		}
+		p("| two tenants, equal shares, each flooding one function from %d clients for %s, the first holding %d more loaded and idle: the first's part of the requests served | %s | %s | n/a | 0.5 ± 0.05 |\n",
+			splitClients, splitTime, idle, split("function"), split("tenant"))
+	}
 	errs, notCold := 0, 0
 	for _, r := range runs {
 		errs, notCold = errs+r.Errors, notCold+r.NotCold
