@@ -1,13 +1,17 @@
 package worker
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // fakeV1Group is a worker's group in a fake cgroup v1 hierarchy (plain
@@ -164,4 +168,50 @@ func TestTenantWeightWritesSpaced(t *testing.T) {
 	if n, most := p.tenant.writes.Load()-before, 2+int64(took/weighSpacing); n > most {
 		t.Errorf("twenty loads in a row over %v made %d writes of the weight, want at most %d", took, n, most)
 	}
+}
+
+// On this machine's own cgroups, a real tenant's worker: its loads raise
+// its group's weight to its programs' sum, idle it falls back to its
+// heaviest program's, and a run makes that program's weight its own.
+// Skipped where cgroups cannot be written (not root, a container).
+func TestTenantWorkerWeighsItsBusyPrograms(t *testing.T) {
+	g := NewCPUGroups(slog.New(slog.DiscardHandler))
+	if mech := g.Mechanism(); mech != "cgroup v1" && mech != "cgroup v2" {
+		g.Close()
+		t.Skipf("CPU weights here are %q, not cgroups", mech)
+	}
+	t.Cleanup(g.Close) // after the device's Close (cleanups run last first)
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true, CPU: g})
+	t.Cleanup(func() { d.Close() })
+	withShare := func(name string, share float64) *abi.Manifest {
+		m := testkit.Manifest(name)
+		m.Share = share
+		return m
+	}
+	ma := withShare("a", 1)
+	a := loadFor(t, d, "t", "", ma, nil)
+	loadFor(t, d, "t", "", withShare("b", 3), nil)
+	p := a.(*program).p
+	p.mu.Lock()
+	file := filepath.Join(p.cgroup.dir, g.file)
+	p.mu.Unlock()
+	one := Weight(ma)
+	await := func(step string, w float64) {
+		t.Helper()
+		want := g.value(w * one)
+		got := ""
+		for end := time.Now().Add(15 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			b, _ := os.ReadFile(file)
+			if got = strings.TrimSpace(string(b)); got == want {
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s: %s is %s, want %s", step, file, got, want)
+			}
+		}
+	}
+	await("both just loaded", 4)
+	await("both idle: the heaviest", 3)
+	echoes(t, a, ma)
+	await("a ran: a alone busy", 1)
 }
