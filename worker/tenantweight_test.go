@@ -40,6 +40,22 @@ func tenantProc(cg *Group, window time.Duration) *proc {
 		tenant: &tenancy{progs: map[uint32]*program{}, wake: make(chan struct{}, 1), window: window}}
 }
 
+// awaitWeight waits, 15 s at most, until read gives groups' value of w
+// default functions' weight.
+func awaitWeight(t *testing.T, step string, groups *CPUGroups, read func() string, w float64) {
+	t.Helper()
+	want := groups.value(w * Weight(&abi.Manifest{Name: "f"}))
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(time.Millisecond) {
+		got := strings.TrimSpace(read())
+		if got == want {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s: weight %s, want %s (%g default functions)", step, got, want, w)
+		}
+	}
+}
+
 // weighing runs p's weighLoop until the test ends.
 func weighing(t *testing.T, p *proc) {
 	stopped := make(chan struct{})
@@ -115,20 +131,11 @@ func TestTenantWeightFollowsBusyPrograms(t *testing.T) {
 // The worker's own loop keeps the weight without being called: a load
 // raises it at once, and it falls back once the window has passed.
 func TestTenantWeightLoop(t *testing.T) {
-	one := Weight(&abi.Manifest{Name: "f"})
 	cg, shares := fakeV1Group(t, 4321)
 	// Each state lasts a window at least: a slow poll still sees it.
 	p := tenantProc(cg, 200*time.Millisecond)
 	weighing(t, p)
-	await := func(step string, w float64) {
-		t.Helper()
-		v := cg.g.value(w * one)
-		for end := time.Now().Add(10 * time.Second); shares() != v; time.Sleep(time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("%s: cpu.shares %s, want %s", step, shares(), v)
-			}
-		}
-	}
+	await := func(step string, w float64) { t.Helper(); awaitWeight(t, step, cg.g, shares, w) }
 	weighedProgram(p, "a", 1)
 	weighedProgram(p, "b", 3)
 	await("two loaded", 4)
@@ -136,26 +143,16 @@ func TestTenantWeightLoop(t *testing.T) {
 	weighedProgram(p, "c", 2)
 	await("c loaded, the others idle: c alone", 2)
 	await("all idle again: the heaviest", 3)
-
 }
 
 // Loads in a row (a burst of first requests) share writes: the weight is
 // written at most once each weighSpacing, not once a load.
 func TestTenantWeightWritesSpaced(t *testing.T) {
-	one := Weight(&abi.Manifest{Name: "f"})
 	cg, shares := fakeV1Group(t, 4321)
 	// A window past any burst's length, however slow the machine.
 	p := tenantProc(cg, time.Hour)
 	weighing(t, p)
-	await := func(step string, w float64) {
-		t.Helper()
-		v := cg.g.value(w * one)
-		for end := time.Now().Add(10 * time.Second); shares() != v; time.Sleep(time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("%s: cpu.shares %s, want %s", step, shares(), v)
-			}
-		}
-	}
+	await := func(step string, w float64) { t.Helper(); awaitWeight(t, step, cg.g, shares, w) }
 	before, began := p.tenant.writes.Load(), time.Now()
 	for k := range 20 {
 		weighedProgram(p, "burst-"+strconv.Itoa(k), 1)
@@ -195,21 +192,8 @@ func TestTenantWorkerWeighsItsBusyPrograms(t *testing.T) {
 	p.mu.Lock()
 	file := filepath.Join(p.cgroup.dir, g.file)
 	p.mu.Unlock()
-	one := Weight(ma)
-	await := func(step string, w float64) {
-		t.Helper()
-		want := g.value(w * one)
-		got := ""
-		for end := time.Now().Add(15 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			b, _ := os.ReadFile(file)
-			if got = strings.TrimSpace(string(b)); got == want {
-				return
-			}
-			if time.Now().After(end) {
-				t.Fatalf("%s: %s is %s, want %s", step, file, got, want)
-			}
-		}
-	}
+	read := func() string { b, _ := os.ReadFile(file); return string(b) }
+	await := func(step string, w float64) { t.Helper(); awaitWeight(t, step, g, read, w) }
 	await("both just loaded", 4)
 	await("both idle: the heaviest", 3)
 	echoes(t, a, ma)
