@@ -210,12 +210,12 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	// Pin a cached bundle before reading it, so that eviction (which skips
 	// bundles in use) cannot remove it under us.
 	if c.pin(sha, dir) {
-		// The disk may have changed under the cache (a bad sector, a
-		// restore, a hand): the library and constants are checked against
-		// what was unpacked before they are loaded, by their bytes the
-		// first time, then by their stamps, kept in the entry too (a
-		// model's weights are not read again at every warm-up, nor at
-		// every restart).
+		// The disk may have changed under the cache (a restore, a hand):
+		// the library and constants are checked against what was
+		// unpacked before they are loaded, by their stamps, kept in the
+		// entry since it was unpacked (a model's weights are not read
+		// again at every warm-up, nor at every restart), or by their
+		// bytes where there are none to trust.
 		var err error
 		if !c.unchanged(sha, dir) {
 			var st stamps
@@ -243,10 +243,15 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 			c.OnRepair(sha, err)
 		}
 	}
-	if m, err = c.fetch(ctx, store, sha, dir); err != nil {
+	m, st, err := c.fetch(ctx, store, sha, dir)
+	if err != nil {
 		return "", nil, true, err
 	}
-	return dir, m, true, c.use(sha, dir)
+	if err := c.use(sha, dir); err != nil {
+		return dir, m, true, err
+	}
+	c.keep(sha, st)
+	return dir, m, true, nil
 }
 
 // unchanged reports whether sha's files still have the stamps they had
@@ -353,15 +358,15 @@ func (c *Cache) lock(sha string) *sync.Mutex {
 	return l
 }
 
-func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string) (*abi.Manifest, error) {
+func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string) (*abi.Manifest, stamps, error) {
 	rc, err := store.Get(ctx, ObjectKey(sha))
 	if err != nil {
-		return nil, &FetchError{Err: err}
+		return nil, nil, &FetchError{Err: err}
 	}
 	defer rc.Close()
 	tmp, err := os.CreateTemp(c.dir, ".fetch-*")
 	if err != nil {
-		return nil, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -371,35 +376,37 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	if sink.Err != nil {
 		// This node's disk (full, most likely), not the store: the caller
 		// must not report a store that is fine as the cause.
-		return nil, fmt.Errorf("bundle cache: %w", sink.Err)
+		return nil, nil, fmt.Errorf("bundle cache: %w", sink.Err)
 	}
 	if err != nil {
-		return nil, &FetchError{Err: err}
+		return nil, nil, &FetchError{Err: err}
 	}
 	if n > c.maxUnpacked {
-		return nil, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.maxUnpacked)
+		return nil, nil, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.maxUnpacked)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != sha {
-		return nil, refuse("sha256 mismatch for %s: content hashes to %s", ObjectKey(sha), got)
+		return nil, nil, refuse("sha256 mismatch for %s: content hashes to %s", ObjectKey(sha), got)
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return nil, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	return c.unpackInto(tmp, dir)
 }
 
-// unpackInto unpacks r into a temporary sibling of dir, then renames it into
-// place.
-func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, error) {
+// unpackInto unpacks r into a temporary sibling of dir, stamped
+// (stampUnpacked), then renames it into place.
+func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, error) {
 	work, err := mkdirShared(c.dir, ".unpack-*")
 	if err != nil {
-		return nil, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
 	if err == nil {
 		err = writeSums(work)
 	}
+	var st stamps
 	if err == nil {
+		st = stampUnpacked(work) // a rename keeps each file's stamp
 		err = os.Rename(work, dir)
 	}
 	if err == nil {
@@ -407,9 +414,9 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, error) {
 	}
 	if err != nil {
 		os.RemoveAll(work)
-		return nil, err
+		return nil, nil, err
 	}
-	return m, nil
+	return m, st, nil
 }
 
 // Verify unpacks a bundle into a scratch directory under the cache and
@@ -423,6 +430,9 @@ func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
 	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
 	if err == nil {
 		err = writeSums(work) // Adopt may make it a cache entry
+	}
+	if err == nil {
+		stampUnpacked(work) // read back at its first Get, if adopted
 	}
 	if err != nil {
 		os.RemoveAll(work)

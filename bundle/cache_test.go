@@ -219,8 +219,8 @@ func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
 	return err
 }
 
-// TestCacheTrustsStampsOnlyOfSettledFiles: a cached bundle is hashed at
-// its first Get in a process and then, while its files keep the stamps
+// TestCacheTrustsStampsOnlyOfSettledFiles: a cached bundle without stamps
+// (unstamp) is hashed at its first Get in a process and then, while its files keep the stamps
 // they had, not again, though a worker's stage links and unlinks them
 // between loads; a write (even of the same bytes) or another file in its
 // place has it hashed again and any damage found; files written within
@@ -276,8 +276,9 @@ func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 			cache, repaired := stampedCache(t, t.TempDir(), tt.settled)
 			get := func() string { return getReleased(t, cache, store, sha) }
 			hashed := func() int { cache.mu.Lock(); defer cache.mu.Unlock(); return cache.hashed }
-			dir := get() // fetched: verified as it was unpacked
-			get()        // the first Get from the cache hashes
+			dir := get() // fetched: verified and stamped as it was unpacked
+			unstamp(cache, sha)
+			get() // the first Get from the cache hashes
 			if hashed() != 1 {
 				t.Fatalf("hashed %d times at the first Get from the cache, want 1", hashed())
 			}
@@ -301,7 +302,8 @@ func TestCacheTrustsStampsOnlyOfSettledFiles(t *testing.T) {
 }
 
 // TestCacheStampsOutliveTheProcess: a restarted server (a new Cache over
-// the same directory) trusts the stamps a process before it kept, and
+// the same directory) trusts the stamps a process before it kept at a
+// hash (the entry unstamped after its fetch), and
 // hashes an entry whose files changed since, whose stamps were never
 // kept (racy) or whose stamps file is missing or torn.
 func TestCacheStampsOutliveTheProcess(t *testing.T) {
@@ -353,8 +355,9 @@ func TestCacheStampsOutliveTheProcess(t *testing.T) {
 			open := func() (*Cache, *atomic.Int32) { return stampedCache(t, cdir, tt.settled) }
 			get := func(cache *Cache) string { return getReleased(t, cache, store, sha) }
 			first, _ := open()
-			dir := get(first) // fetched
-			get(first)        // hashed, stamps kept if settled
+			dir := get(first) // fetched, stamped
+			unstamp(first, sha)
+			get(first) // hashed, stamps kept if settled
 			if tt.change != nil {
 				pastTick(t, filepath.Join(dir, "w.bin"))
 				tt.change(t, dir)
@@ -367,15 +370,110 @@ func TestCacheStampsOutliveTheProcess(t *testing.T) {
 			if (hashed == 1) != tt.hashed || (repaired.Load() == 1) != tt.damaged {
 				t.Fatalf("the restarted cache hashed %d times and repaired %d, want hashed %v, damaged %v", hashed, repaired.Load(), tt.hashed, tt.damaged)
 			}
-			get(second) // then trusts what it found (settled), or hashes again: racy, or fetched anew
+			get(second) // then trusts what it found (settled) or fetched anew (stamped), or hashes again: racy
 			second.mu.Lock()
 			again := second.hashed - hashed
 			second.mu.Unlock()
-			if want := map[bool]int{true: 0, false: 1}[tt.settled && !tt.damaged]; again != want {
+			if want := map[bool]int{true: 1, false: 0}[!tt.settled && !tt.damaged]; again != want {
 				t.Fatalf("the restarted cache's next Get hashed %d times, want %d", again, want)
 			}
 		})
 	}
+}
+
+// TestCacheStampsWhatItUnpacks: a bundle this process fetched, or a
+// deploy's unpacked and adopted, is stamped as it is unpacked: no Get
+// hashes it, in this process nor after a restart, until a write changes
+// a file, even one made at once, within the file system's clock tick of
+// the unpack (its mtime was set back past racyWindow): that Get hashes
+// it, and the damage is repaired by a fetch, which stamps it again.
+func TestCacheStampsWhatItUnpacks(t *testing.T) {
+	flip := func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "w.bin")
+		b, _ := os.ReadFile(p)
+		b[3] ^= 0xff
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct {
+		name     string
+		deployed bool // Verify and Adopt, as a deploy does, instead of a fetch
+		restart  bool // the Get after the change from a new Cache over the same directory
+		change   func(t *testing.T, dir string)
+		hashed   int // by that Get
+	}{
+		{"fetched", false, false, nil, 0},
+		{"fetched, restarted", false, true, nil, 0},
+		{"fetched, a byte flipped at once", false, false, flip, 1},
+		{"fetched, a byte flipped at once, restarted", false, true, flip, 1},
+		{"deployed", true, false, nil, 0},
+		{"deployed, restarted", true, true, nil, 0},
+		{"deployed, a byte flipped at once", true, false, flip, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			store, _ := objectstore.NewFS(t.TempDir())
+			sha := putBundle(t, store, 5, 64<<10)
+			cdir := t.TempDir()
+			open := func() (*Cache, *atomic.Int32) {
+				cache, err := NewCache(cdir, 0, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var repaired atomic.Int32
+				cache.OnRepair = func(string, error) { repaired.Add(1) }
+				return cache, &repaired
+			}
+			cache, repaired := open()
+			if tt.deployed {
+				rc, err := store.Get(context.Background(), ObjectKey(sha))
+				if err != nil {
+					t.Fatal(err)
+				}
+				work, _, err := cache.Verify(rc)
+				rc.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				cache.Adopt(work, sha)
+			} else {
+				getReleased(t, cache, store, sha)
+			}
+			dir := filepath.Join(cdir, sha)
+			// Not racy though just written: a write from now on cannot
+			// leave a file's mtime as stamped, on any clock tick.
+			if st := readStamps(dir); !st.coverSums(dir) || !st.unchanged(dir) || !st.settled(time.Now()) {
+				t.Fatalf("the unpacked entry's stamps %v do not cover its files, or are racy", st)
+			}
+			if tt.change != nil {
+				tt.change(t, dir)
+			}
+			if tt.restart {
+				cache, repaired = open()
+			}
+			getReleased(t, cache, store, sha)
+			getReleased(t, cache, store, sha) // repaired or not, trusted from here
+			if cache.hashed != tt.hashed || repaired.Load() != int32(tt.hashed) {
+				t.Fatalf("hashed %d times and repaired %d, want %d and %d", cache.hashed, repaired.Load(), tt.hashed, tt.hashed)
+			}
+			if b, _ := os.ReadFile(filepath.Join(dir, "w.bin")); len(b) != 64<<10 || b[3] != 5 {
+				t.Fatal("the constants served are not the bundle's")
+			}
+		})
+	}
+}
+
+// unstamp leaves sha's entry as a build before stampUnpacked unpacked it:
+// no stamps, on disk or in memory, and its files' mtimes of the present.
+func unstamp(cache *Cache, sha string) {
+	dir := filepath.Join(cache.dir, sha)
+	os.Remove(filepath.Join(dir, stampsFile))
+	des, _ := os.ReadDir(dir)
+	now := time.Now()
+	for _, de := range des {
+		os.Chtimes(filepath.Join(dir, de.Name()), now, now)
+	}
+	cache.keep(sha, nil)
 }
 
 // stampedCache is a cache over dir counting its repairs, whose clock is

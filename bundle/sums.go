@@ -150,8 +150,8 @@ var sumBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 // against damage, not against whoever may write the cache. A file put in
 // its place (a restore, a hand with mv) is another inode. Bit rot under
 // an unchanged stamp is not seen, as it is not by a read served from the
-// page cache either: the hash at an entry's first load from the cache is
-// the check for that.
+// page cache either; an entry is hashed again only where its stamps are
+// missing or no longer hold.
 type stamp struct {
 	name     string
 	dev, ino uint64
@@ -276,6 +276,45 @@ func (ss stamps) coverSums(dir string) bool {
 		}
 	}
 	return true
+}
+
+// stampUnpacked keeps, in dir's stampsFile, the stamps of the digest list
+// writeSums just wrote and of the files it lists, which this process has
+// just unpacked and hashed: their first load from the cache, in this
+// process or after a restart, need not hash them again. Each file's mtime
+// is first set back past racyWindow, so that the stamps are not racy: a
+// later write sets mtime to the present, which cannot equal the time set
+// here, whatever the file system's clock tick. On an error the entry is
+// left without stamps, and hashed at its first load, as one from before
+// this file was kept.
+func stampUnpacked(dir string) stamps {
+	b, err := os.ReadFile(filepath.Join(dir, sumsFile))
+	if err != nil {
+		return nil
+	}
+	names := []string{sumsFile}
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		_, name, ok := sumsLine(line)
+		if !ok {
+			return nil
+		}
+		names = append(names, name)
+	}
+	past := time.Now().Add(-2 * racyWindow)
+	ss := make(stamps, 0, len(names))
+	for _, name := range names {
+		p := filepath.Join(dir, name)
+		var st unix.Stat_t
+		if os.Chtimes(p, past, past) != nil || unix.Lstat(p, &st) != nil {
+			return nil
+		}
+		ss = append(ss, stampFrom(name, &st))
+	}
+	if ss.write(dir) != nil {
+		os.Remove(filepath.Join(dir, stampsFile+".tmp"))
+		return nil
+	}
+	return ss
 }
 
 // racyWindow is far beyond any file system's timestamp granularity (ext4
