@@ -50,8 +50,9 @@ type cacheEntry struct {
 	lastUsed time.Time
 	inUse    int
 	// verified: the entry's files as this process (or, read from
-	// stampsFile, one before it) last hashed them and found them right,
-	// settled (nil: read stampsFile, else hash them, at the next Get).
+	// stampsFile, one before it) unpacked and hashed them, or last hashed
+	// them and found them right, settled (nil: read stampsFile, else hash
+	// them, at the next Get).
 	verified stamps
 }
 
@@ -401,21 +402,22 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, erro
 		return nil, nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
-	if err == nil {
-		err = writeSums(work)
-	}
 	var st stamps
 	if err == nil {
-		st = stampUnpacked(work) // a rename keeps each file's stamp
-		err = os.Rename(work, dir)
+		st, err = writeSums(work)
 	}
 	if err == nil {
-		err = syncDir(c.dir)
+		err = os.Rename(work, dir) // which keeps each file's stamp
 	}
 	if err != nil {
 		os.RemoveAll(work)
 		return nil, nil, err
 	}
+	// Best effort: the entry is complete in place, its files durable; were
+	// the rename lost to a crash, the bundle would only be fetched again.
+	// (Failed, the whole would leave a directory no entry records, where
+	// every later fetch's rename would fail.)
+	syncDir(c.dir)
 	return m, st, nil
 }
 
@@ -429,10 +431,7 @@ func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
 	}
 	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
 	if err == nil {
-		err = writeSums(work) // Adopt may make it a cache entry
-	}
-	if err == nil {
-		stampUnpacked(work) // read back at its first Get, if adopted
+		_, err = writeSums(work) // Adopt may make it a cache entry, stamps read at its first Get
 	}
 	if err != nil {
 		os.RemoveAll(work)
@@ -457,6 +456,7 @@ func (c *Cache) Adopt(work, sha string) {
 		return
 	}
 	syncDir(c.dir)
+	c.keep(sha, nil) // any kept were of files no longer there: read the new ones
 	if c.use(sha, dir) == nil {
 		c.Release(sha)
 	}

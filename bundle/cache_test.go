@@ -385,31 +385,46 @@ func TestCacheStampsOutliveTheProcess(t *testing.T) {
 // deploy's unpacked and adopted, is stamped as it is unpacked: no Get
 // hashes it, in this process nor after a restart, until a write changes
 // a file, even one made at once, within the file system's clock tick of
-// the unpack (its mtime was set back past racyWindow): that Get hashes
-// it, and the damage is repaired by a fetch, which stamps it again.
+// the unpack (its mtime was set unpackedAge back): that Get hashes it, and
+// damage is repaired by a fetch, which stamps it again. A fetch keeps its
+// stamps in memory too: its stamps file lost costs a restarted server a
+// hash, not this process.
 func TestCacheStampsWhatItUnpacks(t *testing.T) {
-	flip := func(t *testing.T, dir string) {
-		p := filepath.Join(dir, "w.bin")
-		b, _ := os.ReadFile(p)
-		b[3] ^= 0xff
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
+	type change func(t *testing.T, dir string, deploy func())
+	rewrite := func(name string, flip bool) change {
+		return func(t *testing.T, dir string, _ func()) {
+			p := filepath.Join(dir, name)
+			b, _ := os.ReadFile(p)
+			if flip {
+				b[3] ^= 0xff
+			}
+			if err := os.WriteFile(p, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	flip, lose := rewrite("w.bin", true), func(t *testing.T, dir string, _ func()) { os.Remove(filepath.Join(dir, stampsFile)) }
 	for _, tt := range []struct {
 		name     string
 		deployed bool // Verify and Adopt, as a deploy does, instead of a fetch
 		restart  bool // the Get after the change from a new Cache over the same directory
-		change   func(t *testing.T, dir string)
-		hashed   int // by that Get
+		change   change
+		hashed   int // by that Get and the next
+		repaired int32
 	}{
-		{"fetched", false, false, nil, 0},
-		{"fetched, restarted", false, true, nil, 0},
-		{"fetched, a byte flipped at once", false, false, flip, 1},
-		{"fetched, a byte flipped at once, restarted", false, true, flip, 1},
-		{"deployed", true, false, nil, 0},
-		{"deployed, restarted", true, true, nil, 0},
-		{"deployed, a byte flipped at once", true, false, flip, 1},
+		{"fetched", false, false, nil, 0, 0},
+		{"fetched, restarted", false, true, nil, 0, 0},
+		{"fetched, a byte flipped at once", false, false, flip, 1, 1},
+		{"fetched, a byte flipped at once, restarted", false, true, flip, 1, 1},
+		{"fetched, the digest list rewritten as it was (racy now: hashed at each Get)", false, false, rewrite(sumsFile, false), 2, 0},
+		{"fetched, its stamps file lost", false, false, lose, 0, 0},
+		{"fetched, its stamps file lost, restarted", false, true, lose, 1, 0},
+		{"deployed", true, false, nil, 0, 0},
+		{"deployed, restarted", true, true, nil, 0, 0},
+		{"deployed twice (the second adopts nothing)", true, false, func(_ *testing.T, _ string, deploy func()) { deploy() }, 0, 0},
+		{"fetched, its directory removed by hand, deployed", false, false, func(_ *testing.T, dir string, deploy func()) { os.RemoveAll(dir); deploy() }, 0, 0},
+		{"deployed, a byte flipped at once", true, false, flip, 1, 1},
+		{"deployed, a byte flipped at once, restarted", true, true, flip, 1, 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			store, _ := objectstore.NewFS(t.TempDir())
@@ -425,7 +440,7 @@ func TestCacheStampsWhatItUnpacks(t *testing.T) {
 				return cache, &repaired
 			}
 			cache, repaired := open()
-			if tt.deployed {
+			deploy := func() {
 				rc, err := store.Get(context.Background(), ObjectKey(sha))
 				if err != nil {
 					t.Fatal(err)
@@ -436,8 +451,14 @@ func TestCacheStampsWhatItUnpacks(t *testing.T) {
 					t.Fatal(err)
 				}
 				cache.Adopt(work, sha)
+			}
+			if tt.deployed {
+				deploy()
 			} else {
 				getReleased(t, cache, store, sha)
+				if cache.entries[sha].verified == nil {
+					t.Fatal("the fetch kept no stamps in memory")
+				}
 			}
 			dir := filepath.Join(cdir, sha)
 			// Not racy though just written: a write from now on cannot
@@ -446,15 +467,15 @@ func TestCacheStampsWhatItUnpacks(t *testing.T) {
 				t.Fatalf("the unpacked entry's stamps %v do not cover its files, or are racy", st)
 			}
 			if tt.change != nil {
-				tt.change(t, dir)
+				tt.change(t, dir, deploy)
 			}
 			if tt.restart {
 				cache, repaired = open()
 			}
 			getReleased(t, cache, store, sha)
 			getReleased(t, cache, store, sha) // repaired or not, trusted from here
-			if cache.hashed != tt.hashed || repaired.Load() != int32(tt.hashed) {
-				t.Fatalf("hashed %d times and repaired %d, want %d and %d", cache.hashed, repaired.Load(), tt.hashed, tt.hashed)
+			if cache.hashed != tt.hashed || repaired.Load() != tt.repaired {
+				t.Fatalf("hashed %d times and repaired %d, want %d and %d", cache.hashed, repaired.Load(), tt.hashed, tt.repaired)
 			}
 			if b, _ := os.ReadFile(filepath.Join(dir, "w.bin")); len(b) != 64<<10 || b[3] != 5 {
 				t.Fatal("the constants served are not the bundle's")

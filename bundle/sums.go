@@ -23,31 +23,57 @@ import (
 const sumsFile = ".plover-sha256"
 
 // writeSums records the digest of every regular file in dir and makes the
-// files, the list and the directory durable.
-func writeSums(dir string) error {
+// files, the list and the directory durable. It returns the stamps of the
+// list and the files, as hashed, and keeps them in dir's stampsFile: an
+// entry this process has just unpacked and hashed needs no hash at its
+// first load from the cache, in this process or after a restart. Each
+// file's mtime is set unpackedAge back before it is hashed, and its stamp
+// taken then, before the read, so that a write at any time after it (one
+// during the hash included) leaves another mtime, whatever the file
+// system's clock tick: the stamps are not racy. Where they cannot be set
+// or kept, the entry is left without them (nil), and hashed at its first
+// load as one from before they were kept.
+func writeSums(dir string) (stamps, error) {
 	des, err := os.ReadDir(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var lines []string
+	type listed struct {
+		line string
+		st   stamp
+	}
+	var files []listed
+	stamped, past := true, time.Now().Add(-unpackedAge)
 	for _, de := range des {
-		if !de.Type().IsRegular() || de.Name() == sumsFile {
+		if !de.Type().IsRegular() || de.Name() == sumsFile || de.Name() == stampsFile {
 			continue
 		}
-		sum, _, err := fileSum(filepath.Join(dir, de.Name()), true)
+		p := filepath.Join(dir, de.Name())
+		stamped = stamped && os.Chtimes(p, time.Time{}, past) == nil
+		sum, st, err := fileSum(p, true)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		lines = append(lines, sum+"  "+de.Name())
+		files = append(files, listed{sum + "  " + de.Name(), st})
 	}
-	sort.Strings(lines)
-	f, err := os.OpenFile(filepath.Join(dir, sumsFile), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	sort.Slice(files, func(i, j int) bool { return files[i].line < files[j].line })
+	lines := make([]string, len(files))
+	for i, f := range files {
+		lines[i] = f.line
+	}
+	p := filepath.Join(dir, sumsFile)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	_, err = io.WriteString(f, strings.Join(lines, "\n")+"\n")
 	if err == nil {
 		err = f.Sync()
+	}
+	var list stamp
+	if err == nil {
+		stamped = stamped && os.Chtimes(p, time.Time{}, past) == nil
+		list, err = stampOf(f, sumsFile)
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -55,8 +81,27 @@ func writeSums(dir string) error {
 	if err == nil {
 		err = syncDir(dir)
 	}
-	return err
+	if err != nil || !stamped {
+		return nil, err
+	}
+	ss := stamps{list}
+	for _, f := range files {
+		ss = append(ss, f.st)
+	}
+	if ss.write(dir) != nil {
+		os.Remove(filepath.Join(dir, stampsFile+".tmp"))
+		return nil, nil
+	}
+	return ss, nil
 }
+
+// unpackedAge is how far in the past writeSums sets the mtime of what it
+// hashes: settled at once, and a time no later write gives a file, however
+// coarse its file system's clock, unless the clock is stepped back by as
+// much. Not one fixed time: an entry's files keep an mtime of their own
+// unpack, so that a file of another entry copied in with its times (cp -p)
+// onto a reused inode number is not taken for the one it replaced.
+const unpackedAge = 30 * 24 * time.Hour
 
 // checkSums re-hashes every file writeSums listed; an error says which file
 // differs (or that the list is missing: a cache entry from before the lists,
@@ -138,8 +183,9 @@ var sumBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 // A stamp is what the file system says of a file without reading it: a
 // file whose stamp is as it was when its bytes were hashed still holds
 // those bytes, unless something rewrote it within the clock's tick of
-// the hash and kept its size (see stamps.settled), or wrote it and set
-// its mtime back.
+// the hash and kept its size (see stamps.settled; what writeSums stamps
+// has its mtime set in the past first), or wrote it and set its mtime
+// back.
 //
 // Not ctime, though only ctime cannot be set back: every load links the
 // cache's library and constants into a worker's stage, and the link and
@@ -204,7 +250,8 @@ func (ss stamps) settled(now time.Time) bool {
 }
 
 // stampsFile, in a cache entry, keeps the stamps of its files as a
-// process last hashed them and found them right, once they had settled:
+// process unpacked them (writeSums), or last hashed them and found them
+// right, once they had settled:
 // a restarted server trusts them as the process that wrote them did, so
 // a restart is not a re-read of every model's weights. Missing, torn or
 // not matching the files: the entry is hashed at its next load, as
@@ -276,45 +323,6 @@ func (ss stamps) coverSums(dir string) bool {
 		}
 	}
 	return true
-}
-
-// stampUnpacked keeps, in dir's stampsFile, the stamps of the digest list
-// writeSums just wrote and of the files it lists, which this process has
-// just unpacked and hashed: their first load from the cache, in this
-// process or after a restart, need not hash them again. Each file's mtime
-// is first set back past racyWindow, so that the stamps are not racy: a
-// later write sets mtime to the present, which cannot equal the time set
-// here, whatever the file system's clock tick. On an error the entry is
-// left without stamps, and hashed at its first load, as one from before
-// this file was kept.
-func stampUnpacked(dir string) stamps {
-	b, err := os.ReadFile(filepath.Join(dir, sumsFile))
-	if err != nil {
-		return nil
-	}
-	names := []string{sumsFile}
-	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-		_, name, ok := sumsLine(line)
-		if !ok {
-			return nil
-		}
-		names = append(names, name)
-	}
-	past := time.Now().Add(-2 * racyWindow)
-	ss := make(stamps, 0, len(names))
-	for _, name := range names {
-		p := filepath.Join(dir, name)
-		var st unix.Stat_t
-		if os.Chtimes(p, past, past) != nil || unix.Lstat(p, &st) != nil {
-			return nil
-		}
-		ss = append(ss, stampFrom(name, &st))
-	}
-	if ss.write(dir) != nil {
-		os.Remove(filepath.Join(dir, stampsFile+".tmp"))
-		return nil
-	}
-	return ss
 }
 
 // racyWindow is far beyond any file system's timestamp granularity (ext4

@@ -28,7 +28,7 @@ func TestSumsCatchDamage(t *testing.T) {
 			dir := t.TempDir()
 			os.WriteFile(filepath.Join(dir, "c.bin"), []byte("constants!"), 0o644)
 			os.WriteFile(filepath.Join(dir, "lib.so"), []byte("library bytes"), 0o644)
-			if err := writeSums(dir); err != nil {
+			if _, err := writeSums(dir); err != nil {
 				t.Fatal(err)
 			}
 			tt.damage(dir)
@@ -49,7 +49,7 @@ func BenchmarkCheckSums(b *testing.B) {
 		data[i] = byte(i)
 	}
 	os.WriteFile(filepath.Join(dir, "weights.bin"), data, 0o644)
-	if err := writeSums(dir); err != nil {
+	if _, err := writeSums(dir); err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(int64(len(data)))
