@@ -47,7 +47,16 @@ type Info struct {
 	// MaxItems is what PLOVER_BATCHED declared (ABI 2.1): the most requests
 	// the chain handles in one run; 0 for a bundle that does not batch.
 	MaxItems uint32
+	// Unique lists the library's GNU unique symbols (STB_GNU_UNIQUE: g++
+	// makes C++ inline functions' statics and templates' static members
+	// so, unless built with -fno-gnu-unique): the dynamic linker binds
+	// each name once per process whatever RTLD_LOCAL says, so two
+	// libraries defining one share its object (and neither unloads).
+	Unique []string
 }
+
+// stbGNUUnique is STB_GNU_UNIQUE, the GNU binding in STB_LOOS's place.
+const stbGNUUnique = elf.STB_LOOS
 
 // Declares reports whether an ABI 2 bundle declared name as an entry.
 func (info *Info) Declares(name string) bool {
@@ -100,6 +109,9 @@ func Inspect(path string) (*Info, error) {
 			continue
 		}
 		info.Exports[s.Name] = true
+		if elf.ST_BIND(s.Info) == stbGNUUnique {
+			info.Unique = append(info.Unique, s.Name)
+		}
 		if t := elf.ST_TYPE(s.Info); t == elf.STT_FUNC || t == elf.STT_GNU_IFUNC {
 			info.Funcs[s.Name] = true
 		}

@@ -150,3 +150,42 @@ func TestInspectReadsABIValues(t *testing.T) {
 		t.Error("plover_target (data) listed as a function")
 	}
 }
+
+// TestInspectFindsGNUUniqueSymbols: g++ makes a C++ inline function's
+// static a GNU unique symbol, unless told not to (-fno-gnu-unique); the
+// test kernels define none.
+func TestInspectFindsGNUUniqueSymbols(t *testing.T) {
+	const src = `#include "plover.h"
+PLOVER_BUNDLE("host");
+inline int &counter() { static int n; return n; }
+PLOVER_ENTRY(count) { (void)grid; (void)block; (void)s; counter()++; }
+`
+	dir := t.TempDir()
+	p := writeSrc(t, dir, "u.cu", src)
+	for _, tt := range []struct {
+		name   string
+		lib    string
+		flags  []string
+		unique bool
+	}{
+		{"an inline function's static", "u.so", nil, true},
+		{"the same, -fno-gnu-unique", "nu.so", []string{"-fno-gnu-unique"}, false},
+		{"the test kernels", "", nil, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var lib string
+			if tt.lib == "" {
+				lib = testkit.BuildLib(t, testkit.KernelsSource(), dir, "k.so")
+			} else {
+				lib = testkit.BuildLib(t, p, dir, tt.lib, tt.flags...)
+			}
+			info, err := loader.Inspect(lib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (len(info.Unique) > 0) != tt.unique {
+				t.Fatalf("Unique = %q, want some: %v", info.Unique, tt.unique)
+			}
+		})
+	}
+}

@@ -112,6 +112,8 @@ type Device struct {
 	startFailures  atomic.Int32 // workers in a row that exited before ready
 	lastStartErr   atomic.Value // string: the last one's reason
 	lastStartFail  atomic.Int64 // when (Unix ns)
+
+	unique uniqueMemo // TenantScope: which libraries need a worker alone (alone.go)
 }
 
 var _ device.Device = (*Device)(nil)
@@ -365,6 +367,7 @@ func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wir
 // leaves the others there alone; a process whose load failed by its death
 // takes them along (their losses collateral).
 func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64) (device.Program, error) {
+	spec = d.alone(spec)
 	if g, ok, err := d.takeLate(ctx, spec); ok {
 		if err != nil {
 			return nil, err
