@@ -322,3 +322,34 @@ func TestPiecesMoveAtTheirFlowsLevel(t *testing.T) {
 	}
 	busy.Done()
 }
+
+// TestOneProcessorMovesNothingNiced: with one Go P, no piece moves niced:
+// its thread, left waiting by the kernel at a flood's level, would hold
+// the only P and with it every other goroutine of the server.
+func TestOneProcessorMovesNothingNiced(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprint(procs, " P"), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			th := &levels{at: map[int]int{}}
+			sh := New(Config{Slots: 3, Hold: time.Minute, Threads: th,
+				Nice: func(float64, sched.Class) int { return 10 }})
+			a, b := sh.Flow("a"), sh.Flow("b")
+			a.Set(1, sched.Default)
+			b.Set(1, sched.Default)
+			busy, err := b.Turn(context.Background(), time.Time{}, nil, false) // a not alone
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Done()
+			tn, err := a.Turn(context.Background(), time.Time{}, nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			niced := tn.niced
+			tn.Done()
+			if niced != (procs > 1) {
+				t.Fatalf("with %d P a piece moved niced: %v, want %v", procs, niced, procs > 1)
+			}
+		})
+	}
+}

@@ -43,14 +43,15 @@ func (l NiceLevels) Base() (int, bool) {
 // nice moves the calling goroutine's thread to level n for a piece
 // (Config.Threads), if pieces may move niced and fewer threads than the Go
 // scheduler has Ps less one are niced now (a niced thread the kernel
-// leaves waiting still holds its P: the others, a collection's stop
-// included, must not all wait on such threads). It reports whether it
+// leaves waiting still holds its P: the others must not all wait on such
+// threads). With one P, none is: its thread waiting at a flood's level
+// would hold up every goroutine of the server. It reports whether it
 // did; unnice undoes it.
 func (s *Shares) nice(n int) bool {
 	if n <= s.base || !s.niceOK.Load() {
 		return false
 	}
-	if s.niced.Add(1) > int32(max(1, runtime.GOMAXPROCS(0)-1)) {
+	if s.niced.Add(1) > int32(runtime.GOMAXPROCS(0)-1) {
 		s.niced.Add(-1)
 		return false
 	}
