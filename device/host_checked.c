@@ -140,7 +140,11 @@ const char *plover_checked_hook(plover_inst_state_t *s, void *hook, const char *
   return overrun ? overrun : err;
 }
 
-/* ---- The fault handler: async-signal-safe, so no stdio. ---------------- */
+/* ---- The fault handler: async-signal-safe, so no stdio. ----------------
+ * Also called by a handler set after it, which took its signals over: a
+ * tenant's worker's fatal-signal handler (worker/inside) names the program
+ * the fault took, then calls this one for its report; that handler's own
+ * SA_RESETHAND put the default action back, and it re-raises the signal. */
 
 struct line {
   char b[400];

@@ -13,6 +13,11 @@ import (
 type ProcessExit struct {
 	PID    int
 	Reason string // "killed by signal SIGSEGV (segmentation fault)", "exited with status 0", ...
+	// Fault is checked mode's report of the access that killed the
+	// process (its entry, buffer and byte), told after Reason unless the
+	// loss is Shared: a sibling's clients learn nothing of another
+	// function's code.
+	Fault  string
 	During string // "running the chain", "loading the bundle", ...
 	// BeforeRun: the process was gone before this request reached it, so
 	// the request ran nowhere and may be retried on a fresh process.
@@ -28,7 +33,15 @@ type ProcessExit struct {
 var _ device.Loss = (*ProcessExit)(nil)
 
 func (e *ProcessExit) Error() string {
-	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.Reason, e.During)
+	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.reason(), e.During)
+}
+
+// reason is Reason, with Fault where the loss is this program's own.
+func (e *ProcessExit) reason() string {
+	if e.Fault == "" || e.Shared {
+		return e.Reason
+	}
+	return e.Reason + ": " + e.Fault
 }
 
 func (e *ProcessExit) RanNowhere() bool { return e.BeforeRun }
@@ -37,5 +50,5 @@ func (e *ProcessExit) Collateral() bool { return e.Shared }
 
 // LogAttrs names the process, how it ended and what it was doing.
 func (e *ProcessExit) LogAttrs() []any {
-	return []any{"pid", e.PID, "reason", e.Reason, "during", e.During}
+	return []any{"pid", e.PID, "reason", e.reason(), "during", e.During}
 }

@@ -55,6 +55,9 @@ type proc struct {
 	// fault is checked mode's report of the access that killed it, a line
 	// it wrote on stderr (device.FaultMark), told with its exit.
 	fault atomic.Pointer[string]
+	// faulted is fault's report, once the process died of the fault:
+	// told by the losses of the program at fault alone (ProcessExit.Fault).
+	faulted string
 	// runs is the chains in flight on it; a run that sees the process die
 	// counts until the process is reaped, so that wait can say what the
 	// worker was doing (during).
@@ -333,27 +336,50 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		}
 		text := string(bytes.TrimSuffix(b, nl))
 		cut := 0
+		end := text // where a fatal mark would be (wire.FatalMark)
 		for err == bufio.ErrBufferFull {
 			b, err = br.ReadSlice('\n')
-			cut += len(bytes.TrimSuffix(b, nl))
+			more := bytes.TrimSuffix(b, nl)
+			cut += len(more)
+			end = lineEnd(end, more)
 		}
 		if !said {
 			p.said <- text
 			close(p.said)
 			said = true
 		}
-		if stream == "stderr" && strings.HasPrefix(text, device.FaultMark) {
-			p.fault.Store(&text) // the last: the handler's, written as the process dies
+		if i := strings.Index(text, device.FaultMark); i >= 0 && stream == "stderr" {
+			f := text[i:]
+			p.fault.Store(&f) // the last: the handler's, written as the process dies
 		}
-		if _, id, ok := wire.ParseFatal(text); ok && stream == "stderr" && p.tenant != nil {
+		if _, id, before, ok := wire.ParseFatal(end); ok && stream == "stderr" && p.tenant != nil {
 			p.fatal.Store(id) // the server's machinery, not the function's output
-			continue
+			if cut == 0 {
+				text = before // a line the bundle began before it died
+			}
+			if text == "" {
+				continue
+			}
 		}
 		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		if err != nil {
 			return
 		}
 	}
+}
+
+// markRoom is more than a fatal mark's length: the mark, a signal's
+// number, " in program " and an id of up to 10 digits.
+const markRoom = len(wire.FatalMark) + 32
+
+// lineEnd is the last markRoom bytes of a line read so far, end, followed
+// by more: a line cut at api.LogLineMax still has its mark read.
+func lineEnd(end string, more []byte) string {
+	if len(more) >= markRoom {
+		return string(more[len(more)-markRoom:])
+	}
+	end += string(more)
+	return end[max(0, len(end)-markRoom):]
 }
 
 // output passes on one line the worker wrote: with Options.Output (plover
@@ -437,8 +463,8 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	// mode's handler reports before it lets them kill the process) takes
 	// the handler's line: the bundle can print anything on stderr, a
 	// marked line included.
-	if f := p.fault.Load(); f != nil && (sig == syscall.SIGSEGV || sig == syscall.SIGBUS) {
-		p.reason += ": " + strings.TrimPrefix(*f, device.FaultMark)
+	if f := p.fault.Load(); f != nil && (sig == syscall.SIGSEGV || sig == syscall.SIGBUS) && p.killed.Load() == nil {
+		p.faulted = strings.TrimPrefix(*f, device.FaultMark)
 	}
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"
@@ -514,7 +540,7 @@ func (p *proc) idleExit() error {
 // exit is its death as a run or call doing during saw it (the process has
 // ended: reason is set).
 func (p *proc) exit(during string) *ProcessExit {
-	return &ProcessExit{PID: p.pid, Reason: p.reason, During: during, Killed: p.killed.Load() != nil}
+	return &ProcessExit{PID: p.pid, Reason: p.reason, Fault: p.faulted, During: during, Killed: p.killed.Load() != nil}
 }
 
 func (p *proc) alive() bool {

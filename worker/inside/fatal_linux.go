@@ -22,12 +22,22 @@ static void plover_put_u(char *b, size_t *n, unsigned long v) {
 	while (k > 0) b[(*n)++] = d[--k];
 }
 
+// The fatal signals, and the action each had before plover_fatal took it
+// over: the default (defaultFatalSignals), or for SIGSEGV and SIGBUS
+// checked mode's fault reporter (device/host_checked.c), set before it.
+static const int plover_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
+#define PLOVER_NSIGS (sizeof plover_sigs / sizeof plover_sigs[0])
+static struct sigaction plover_prev[PLOVER_NSIGS];
+
 // plover_fatal names the program the signal took (wire.FatalMark), when
-// the thread was running one, in one write(2), and dies by the signal:
-// SA_RESETHAND put back the default action and SA_NODEFER leaves the
-// signal unblocked, so the raise ends the process here (a fault's
-// instruction would fault again anyway). Async-signal-safe calls only.
-static void plover_fatal(int sig) {
+// the thread was running one, in one write(2); then lets the handler it
+// replaced have its say (checked mode's line naming the entry and buffer
+// of a guard fault: after the mark, which ends a line, so that it starts
+// one of its own), and dies by the signal: SA_RESETHAND put back the
+// default action and SA_NODEFER leaves the signal unblocked, so the raise
+// ends the process here (a fault's instruction would fault again anyway).
+// Async-signal-safe calls only.
+static void plover_fatal(int sig, siginfo_t *si, void *ctx) {
 	uint32_t id = plover_prog;
 	if (id != 0) {
 		static const char mark[] = "plover worker: fatal signal ";
@@ -42,35 +52,46 @@ static void plover_fatal(int sig) {
 		ssize_t r = write(2, b, n);
 		(void)r;
 	}
+	for (size_t i = 0; i < PLOVER_NSIGS; i++) {
+		const struct sigaction *prev = &plover_prev[i];
+		if (plover_sigs[i] != sig) continue;
+		if (prev->sa_flags & SA_SIGINFO)
+			prev->sa_sigaction(sig, si, ctx);
+		else if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN)
+			prev->sa_handler(sig);
+	}
 	raise(sig);
 }
 
 static int plover_install_fatal(void) {
-	static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = plover_fatal;
+	sa.sa_sigaction = plover_fatal;
 	// On the alternate stack Go gives each of its threads: a stack
 	// overflow's SIGSEGV still finds room to run.
-	sa.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
+	sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
 	sigemptyset(&sa.sa_mask);
-	for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-		if (sigaction(sigs[i], &sa, NULL) != 0) return -1;
+	for (size_t i = 0; i < PLOVER_NSIGS; i++)
+		if (sigaction(plover_sigs[i], &sa, &plover_prev[i]) != 0) return -1;
 	return 0;
 }
 */
 import "C"
 
-import "errors"
+import (
+	"errors"
+	"runtime"
+)
 
-// installFatalHandler replaces the default action of the fatal signals
-// (defaultFatalSignals) with a handler that names the program whose run
-// the signal took (setProgram) on stderr before it lets the signal kill
-// the process as the default action would: the server reads the line
-// (wire.FatalMark) to tell the program at fault from those that only
-// shared its process. A signal on a thread of no run (one the bundle
-// made) writes nothing: the server falls back on the runs in flight.
-// Checked mode's handler, set after it, takes SIGSEGV and SIGBUS over.
+// installFatalHandler replaces the action of the fatal signals (the
+// default, defaultFatalSignals, or checked mode's for SIGSEGV and SIGBUS:
+// it must come after both) with a handler that names the program whose
+// run or call the signal took (setProgram, marked) on stderr, then calls
+// the handler it replaced, if any, and lets the signal kill the process
+// as the default action would: the server reads the line (wire.FatalMark)
+// to tell the program at fault from those that only shared its process.
+// A signal on a thread of no program's (one the bundle made) writes no
+// mark: the server falls back on the runs in flight.
 func installFatalHandler() error {
 	if C.plover_install_fatal() != 0 {
 		return errors.New("cannot install the fatal-signal handler")
@@ -79,5 +100,19 @@ func installFatalHandler() error {
 }
 
 // setProgram tells the handler the program this thread runs (0: none).
-// One cgo call: a tenant's worker pays two per run.
+// One cgo call: a tenant's worker pays two per control call and per
+// instance.
 func setProgram(id uint32) { C.plover_set_prog(C.uint32_t(id)) }
+
+// marked locks the calling goroutine to its thread and marks the thread
+// as program id's (setProgram), until unmark: a goroutine that calls into
+// a program's bundle code (its runs, its instances' hooks, its unload
+// hook) holds the mark around every call.
+func marked(id uint32) (unmark func()) {
+	runtime.LockOSThread()
+	setProgram(id)
+	return func() {
+		setProgram(0)
+		runtime.UnlockOSThread()
+	}
+}

@@ -83,12 +83,8 @@ func Serve(cfg Config) error {
 		return fmt.Errorf("worker: signals: %w", err)
 	}
 	if cfg.Tenant {
-		// After defaultFatalSignals, whose SIG_DFL the handler restores
-		// before it re-raises; the control loop's thread carries the
-		// program of each call (a constructor that crashes, say).
-		if err := installFatalHandler(); err != nil {
-			return fmt.Errorf("worker: signals: %w", err)
-		}
+		// The control loop's thread carries the program of each call (a
+		// constructor that crashes, say).
 		runtime.LockOSThread()
 	}
 	log := slog.New(slog.DiscardHandler)
@@ -100,6 +96,15 @@ func Serve(cfg Config) error {
 		// After defaultFatalSignals: its handler replaces the default one.
 		if err := c.EnableChecks(true); err != nil {
 			return fmt.Errorf("worker: %w", err)
+		}
+	}
+	if cfg.Tenant {
+		// After defaultFatalSignals, whose SIG_DFL the handler restores
+		// before it re-raises, and after checked mode's handler, which
+		// it calls once it has named the program: a fault in checked
+		// mode names its program too.
+		if err := installFatalHandler(); err != nil {
+			return fmt.Errorf("worker: signals: %w", err)
 		}
 	}
 	// What nearly every bundle links, mapped now rather than in a cold start
@@ -184,7 +189,10 @@ func (w *server) program(id uint32) *loaded {
 }
 
 // release drops one of l's references, and closes it with the last,
-// and its pool slots: no instance of it is left to run on them.
+// and its pool slots: no instance of it is left to run on them. In a
+// tenant's worker its callers' threads are marked as l's (the control
+// loop's for an unload, the instance's own): the unload hook, which runs
+// with the last, names l if it crashes.
 func (w *server) release(l *loaded) {
 	w.mu.Lock()
 	l.refs--
@@ -380,12 +388,15 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 	w.mu.Lock()
 	l.refs++ // the control loop alone unloads: l is still loaded
 	w.mu.Unlock()
-	mark := uint32(0)
-	if w.cfg.Tenant {
-		mark = l.id
-	}
 	go func() {
-		serveInstance(sock, own, inst, maxIn, out, mark)
+		if w.cfg.Tenant {
+			// The fatal-signal handler learns whose run, fini or
+			// unload hook took a signal from the thread, marked for
+			// the instance's life and its release: that may be the
+			// program's last reference.
+			defer marked(l.id)()
+		}
+		serveInstance(sock, own, inst, maxIn, out)
 		w.release(l)
 	}()
 	return wire.Reply{St: wire.StOK, Pin: pin}
@@ -505,19 +516,9 @@ func (w *server) dropSlots(prog uint32) {
 // say) ends the worker. Not locked to an OS thread: a run is one cgo call
 // that makes its device context current itself, and a locked thread cost
 // two scheduler hand-offs per request (measured with perf). Except in a
-// tenant's worker (mark, the program's id, not 0): there the fatal-signal
-// handler learns whose run took a signal from a thread-local variable,
-// set once for the thread the instance keeps for its life (and cleared
-// before the thread goes back to others).
-func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64, mark uint32) {
-	if mark != 0 {
-		runtime.LockOSThread()
-		setProgram(mark)
-		defer func() {
-			setProgram(0)
-			runtime.UnlockOSThread()
-		}()
-	}
+// tenant's worker, whose caller locks it to a thread marked as the
+// program's (marked) for the instance's life.
+func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64) {
 	msg := make([]byte, wire.RunMsgMax+1)
 	rep := make([]byte, wire.ReplyMax)
 	steps := make([]device.Step, abi.MaxChainLength)

@@ -176,27 +176,31 @@ func TestBytesOfProtocol10(t *testing.T) {
 	}
 }
 
-// A tenant's worker's fatal-signal line names the signal and the program;
-// anything else is no such line.
+// A tenant's worker's fatal-signal mark names the signal and the program,
+// at the end of a line: after words the process wrote and did not end
+// with a newline, they are told apart. Anything else is no mark.
 func TestParseFatal(t *testing.T) {
 	for _, tc := range []struct {
-		line string
-		sig  int
-		prog uint32
-		ok   bool
+		line   string
+		sig    int
+		prog   uint32
+		before string
+		ok     bool
 	}{
-		{FatalMark + "11 in program 3", 11, 3, true},
-		{FatalMark + "6 in program 4294967295", 6, 1<<32 - 1, true},
-		{FatalMark + "6 in program 4294967296", 0, 0, false},
-		{FatalMark + "x in program 3", 0, 0, false},
-		{FatalMark + "11", 0, 0, false},
-		{"say: " + FatalMark + "11 in program 3", 0, 0, false},
-		{"", 0, 0, false},
+		{FatalMark + "11 in program 3", 11, 3, "", true},
+		{FatalMark + "6 in program 4294967295", 6, 1<<32 - 1, "", true},
+		{"computing... " + FatalMark + "11 in program 3", 11, 3, "computing... ", true},
+		{FatalMark + "7 in program 2" + FatalMark + "11 in program 3", 11, 3, FatalMark + "7 in program 2", true},
+		{FatalMark + "6 in program 4294967296", 0, 0, "", false},
+		{FatalMark + "x in program 3", 0, 0, "", false},
+		{FatalMark + "11", 0, 0, "", false},
+		{FatalMark + "11 in program 3 and more", 0, 0, "", false},
+		{"", 0, 0, "", false},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
-			sig, prog, ok := ParseFatal(tc.line)
-			if sig != tc.sig || prog != tc.prog || ok != tc.ok {
-				t.Fatalf("%d, %d, %v; want %d, %d, %v", sig, prog, ok, tc.sig, tc.prog, tc.ok)
+			sig, prog, before, ok := ParseFatal(tc.line)
+			if sig != tc.sig || prog != tc.prog || before != tc.before || ok != tc.ok {
+				t.Fatalf("%d, %d, %q, %v; want %d, %d, %q, %v", sig, prog, before, ok, tc.sig, tc.prog, tc.before, tc.ok)
 			}
 		})
 	}

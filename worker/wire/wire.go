@@ -68,26 +68,31 @@ const (
 	OpUnload      byte = 'U'
 )
 
-// FatalMark starts the line a tenant's worker writes on stderr when a
-// fatal signal (SIGSEGV, SIGABRT, ...) takes it during a program's run:
-// "FatalMark<signal> in program <id>", written by its signal handler
+// FatalMark leads what a tenant's worker writes on stderr when a fatal
+// signal (SIGSEGV, SIGABRT, ...) takes it during a program's call or run:
+// "FatalMark<signal> in program <id>\n", written by its signal handler
 // (package inside) as the process dies, so that the server can tell the
 // program whose fault the death was from those that shared its process.
+// It ends a line, not always starts one: the handler writes it in one
+// write(2), after whatever the process wrote last, which may be a line
+// begun and not ended ("computing... ").
 const FatalMark = "plover worker: fatal signal "
 
-// ParseFatal reads a FatalMark line: the signal and the program's id.
-func ParseFatal(line string) (sig int, prog uint32, ok bool) {
-	rest, found := strings.CutPrefix(line, FatalMark)
-	if !found {
-		return 0, 0, false
+// ParseFatal reads the FatalMark that ends line: the signal, the
+// program's id, and what came before the mark on the line (the process's
+// own words, "" for none).
+func ParseFatal(line string) (sig int, prog uint32, before string, ok bool) {
+	i := strings.LastIndex(line, FatalMark)
+	if i < 0 {
+		return 0, 0, "", false
 	}
-	s, id, found := strings.Cut(rest, " in program ")
+	s, id, found := strings.Cut(line[i+len(FatalMark):], " in program ")
 	n, err1 := strconv.Atoi(s)
 	p, err2 := strconv.ParseUint(id, 10, 32)
 	if !found || err1 != nil || err2 != nil {
-		return 0, 0, false
+		return 0, 0, "", false
 	}
-	return n, uint32(p), true
+	return n, uint32(p), line[:i], true
 }
 
 // A slot's pin: whether the worker's device pinned the memory in place
