@@ -425,7 +425,8 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		d.putLate(l)
 		go func() {
 			if r := <-res; r.err != nil {
-				// No request waits for it; the next one loads again.
+				// No request waits for it: the next one is told, if the
+				// function is at fault (lateEnded), else loads again.
 				d.opts.Log.Warn("a load abandoned at its request's deadline failed", "function", g.name, "error", r.err.Error())
 				fail(r.err)
 				d.lateEnded(l, nil, r.err)

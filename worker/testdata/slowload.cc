@@ -1,5 +1,8 @@
 // A bundle whose constructor takes SLOW_MS milliseconds (a cold load
-// slower than a request's deadline), then echoes like kernels.cu.
+// slower than a request's deadline), then echoes like kernels.cu. Built
+// with -DCRASH its constructor then segfaults, with -DFAIL_LOAD its
+// plover_load then fails: a load that outlasts its request's deadline
+// and then fails.
 #include <string.h>
 #include <time.h>
 
@@ -11,11 +14,23 @@ PLOVER_BUNDLE("host");
 #define SLOW_MS 1000
 #endif
 
+#ifdef CRASH
+// Not visible to the compiler as null, so the store is a real write to 0.
+static int *volatile null_ptr = NULL;
+#endif
+
 __attribute__((constructor)) static void slow_load(void) {
   struct timespec ts = {SLOW_MS / 1000, (SLOW_MS % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0) {
   }
+#ifdef CRASH
+  *null_ptr = 1;
+#endif
 }
+
+#ifdef FAIL_LOAD
+PLOVER_EXPORT void plover_load(plover_state_t *s) { plover_fail(s, "the weights are corrupt"); }
+#endif
 
 PLOVER_ENTRY(echo) {
   (void)grid; (void)block;

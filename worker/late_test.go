@@ -1,0 +1,165 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// slowSpec builds testdata/slowload.cc with args as function name of
+// tenant t.
+func slowSpec(t *testing.T, name string, args ...string) device.ProgramSpec {
+	t.Helper()
+	dir := t.TempDir()
+	m := testkit.Manifest(name)
+	m.Library = "slowload.so"
+	testkit.BuildLib(t, filepath.Join("testdata", "slowload.cc"), dir, m.Library, args...)
+	testkit.WriteManifest(t, dir, m)
+	return device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}
+}
+
+// loadLate loads spec for a request that gives up after 100 ms, which its
+// load outlasts, and returns the late load it leaves listed.
+func loadLate(t *testing.T, d *Device, spec device.ProgramSpec) *lateLoad {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if p, err := d.Load(ctx, spec); !errors.Is(err, device.ErrDeadline) {
+		if p != nil {
+			p.Close()
+		}
+		t.Fatalf("load of %s: %v, want ErrDeadline (its load outlasts the request)", spec.Manifest.Name, err)
+	}
+	d.mu.Lock()
+	l := d.late[lateKey(spec)]
+	d.mu.Unlock()
+	if l == nil {
+		t.Fatalf("the load of %s given up at its deadline left no late load", spec.Manifest.Name)
+	}
+	return l
+}
+
+// awaitClosed waits up to 10 s for c, what naming it.
+func awaitClosed(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not within 10 s", what)
+	}
+}
+
+// A late load (its request gave up at its deadline, the load went on)
+// that fails is told to the function's next load, once, as the load's own
+// failure would have been: a crash as the worker's loss (not collateral),
+// a failed plover_load as its KernelError, a worker lost after the load
+// (every program blamed) as that loss. The engine counts each of them
+// (a crash, a hook failure) and backs the function off; told nothing,
+// each request saw only its deadline, and a function whose load crashed
+// its tenant's worker did so at every request, its siblings losing the
+// worker each time. The load after the one told starts afresh.
+func TestLateLoadFailureIsReported(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		// after, if set, runs once the late load has ended.
+		after       func(l *lateLoad)
+		siblingLost bool
+		want        func(error) bool
+	}{
+		{name: "constructor crash", args: []string{"-DCRASH"}, siblingLost: true, want: func(err error) bool {
+			var pe *ProcessExit
+			return errors.As(err, &pe) && !pe.Collateral() && strings.Contains(pe.Reason, "SIGSEGV")
+		}},
+		{name: "plover_load fails", args: []string{"-DFAIL_LOAD"}, want: func(err error) bool {
+			var ke *device.KernelError
+			return errors.As(err, &ke) && strings.Contains(ke.Msg, "the weights are corrupt")
+		}},
+		{name: "worker lost after the load", after: func(l *lateLoad) { l.g.p.kill("a test: as a memory limit would") }, siblingLost: true, want: func(err error) bool {
+			l, ok := device.AsLoss(err)
+			return ok && !l.Collateral() && l.ByServer()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tenantDevice(t)
+			ms := testkit.Manifest("sibling")
+			sib := loadFor(t, d, "t", "", ms, nil).(*program)
+			spec := slowSpec(t, "slow", append([]string{"-DSLOW_MS=300"}, tc.args...)...)
+			l := loadLate(t, d, spec)
+			awaitClosed(t, l.done, "the late load's end")
+			if tc.after != nil {
+				tc.after(l)
+			}
+			if tc.siblingLost {
+				awaitClosed(t, sib.Exited(), "the tenant's worker's end")
+			} else {
+				echoes(t, sib, ms)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			p, err := d.Load(ctx, spec)
+			if p != nil {
+				p.Close()
+			}
+			if !tc.want(err) || errors.Is(err, device.ErrDeadline) {
+				t.Fatalf("the next load: %v; want the late load's failure", err)
+			}
+			if next := loadLate(t, d, spec); next == l {
+				t.Fatal("the failure was told, and left to be told again")
+			}
+		})
+	}
+}
+
+// A late load put back by a request that waited on it and gave up, while
+// another load of the same key was listed meanwhile (two versions of one
+// bundle, one request for each), displaces nothing: one of the two is
+// dropped, unloaded as its load ends, the other unloaded once unclaimed.
+// Put back over the other, the other's program was never unloaded, and
+// with it its tenant's worker never ended.
+func TestLateLoadDisplacedIsUnloaded(t *testing.T) {
+	d := tenantDevice(t)
+	d.lateKeep = 100 * time.Millisecond
+	ms := testkit.Manifest("sibling")
+	sib := loadFor(t, d, "t", "", ms, nil).(*program)
+	spec := slowSpec(t, "slow", "-DSLOW_MS=1500")
+	first := loadLate(t, d, spec)
+	// A request that takes the first over and waits for it.
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() {
+		p, err := d.Load(ctx, spec)
+		if p != nil {
+			p.Close()
+		}
+		waited <- err
+	}()
+	waitFor(t, "the first late load taken over", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.late[lateKey(spec)] == nil
+	})
+	// Another request finds none, loads afresh and gives up too.
+	second := loadLate(t, d, spec)
+	cancel()
+	if err := <-waited; !errors.Is(err, device.ErrDeadline) {
+		t.Fatalf("the request waiting on the first: %v, want ErrDeadline (the first load still going on)", err)
+	}
+	awaitClosed(t, first.done, "the first late load's end")
+	awaitClosed(t, second.done, "the second late load's end")
+	waitFor(t, "both late programs unloaded", func() bool {
+		sib.p.mu.Lock()
+		defer sib.p.mu.Unlock()
+		return len(sib.p.tenant.progs) == 1
+	})
+	echoes(t, sib, ms)
+	if got := d.used.Load(); got != 0 {
+		t.Errorf("ledger %d bytes after the late programs' unload, want 0", got)
+	}
+}
