@@ -98,10 +98,12 @@ func (v *version) workerDied(p *placement, l device.Loss) error {
 	return errorf(errdefs.KindWorkerCrashed, l, "function %s: %s", v.fn.name, l.Error())
 }
 
-// exitWatcher is a program living in a process of its own whose end can
-// be waited for (a worker's).
+// exitWatcher is a program living in a process (a worker) whose end can
+// be waited for.
 type exitWatcher interface {
-	// Exited is closed once the process is gone.
+	// Exited is closed once the program is gone: its process, or the
+	// program unloaded from a process others keep (a tenant's worker), so
+	// that watchExit ends with it.
 	Exited() <-chan struct{}
 	// Death is how it ended, nil when the server ended it by design (the
 	// program closed, the server stopping).
@@ -112,7 +114,8 @@ type exitWatcher interface {
 // next request finds it: it is logged then and p abandoned at once (its
 // instances gone from the pool, so a listing shows no instance of a dead
 // worker, and the next request loads a fresh one). A request that saw the
-// death too reports it to its client; it is logged and counted once.
+// death too reports it to its client; it is logged and counted once. An
+// unload ends it too (Death is nil then), counting nothing.
 func (v *version) watchExit(p *placement, w exitWatcher) {
 	<-w.Exited()
 	if l := w.Death(); l != nil {

@@ -143,6 +143,7 @@ func (i *instance) Close() {
 	if i.overrun != nil { // still finishing: the reader owns the buffers
 		go func(c chan bool, fd int, slot []byte, pinned int64) {
 			<-c
+			i.g.instanceClosed()
 			unix.Close(fd)
 			unix.Munmap(slot)
 			i.g.p.dropSlot(int64(len(slot)), pinned)
@@ -151,6 +152,7 @@ func (i *instance) Close() {
 		i.g.d.used.Add(-i.DeviceBytes())
 		return
 	}
+	i.g.instanceClosed()
 	unix.Close(i.fd) // the worker frees the instance when it reads EOF
 	unix.Munmap(i.slot)
 	i.g.p.dropSlot(int64(len(i.slot)), i.pinned)

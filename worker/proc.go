@@ -487,6 +487,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	delete(p.d.procs, p)
 	p.d.mu.Unlock()
 	close(p.done)
+	p.programsGone()
 }
 
 // placeCgroup puts the worker in a CPU group of weight w (CPUGroups.Place)

@@ -29,22 +29,26 @@ type program struct {
 	// process's memory limit (0: none) and CPU weight, its staged
 	// library's device and inode, the prefix of its files' names in the
 	// stage and the files staged, its runs
-	// in flight and when its last run and its last call ended (Unix ns: its
-	// output's attribution), whether the process's death was its fault, and
-	// whether it counts in the process's CPU weight, since when
-	// (tenantweight.go).
-	out       device.Output
-	memLimit  int64
-	weight    float64
-	lib       [2]uint64
-	prefix    string
-	staged    []string
-	runs      atomic.Int32
-	runEnded  atomic.Int64
-	callEnded atomic.Int64
-	blamed    atomic.Bool
-	busy      atomic.Bool
-	busyAt    atomic.Int64
+	// in flight and when its last run, its last call and the last close of
+	// an instance of it ended (Unix ns: its output's attribution), whether
+	// the process's death was its fault, and whether it counts in the
+	// process's CPU weight, since when (tenantweight.go). gone is its
+	// Exited, closed once (leave).
+	out        device.Output
+	memLimit   int64
+	weight     float64
+	lib        [2]uint64
+	prefix     string
+	staged     []string
+	runs       atomic.Int32
+	runEnded   atomic.Int64
+	callEnded  atomic.Int64
+	instClosed atomic.Int64
+	blamed     atomic.Bool
+	busy       atomic.Bool
+	busyAt     atomic.Int64
+	gone       chan struct{}
+	leaveOnce  sync.Once
 
 	mu      sync.Mutex
 	entries map[string]int32
@@ -58,10 +62,18 @@ func (g *program) PID() int { return g.p.pid }
 // Alive is false once the worker process is gone.
 func (g *program) Alive() bool { return g.p.alive() }
 
-// Exited is closed once the worker process is gone (reaped), whenever that
-// happens: the engine watches it, so that a worker's death is noticed when
-// it happens rather than by the next request.
-func (g *program) Exited() <-chan struct{} { return g.p.done }
+// Exited is closed once the program is gone: its worker process reaped,
+// whenever that happens, or, in a tenant's worker, the program unloaded
+// from a process its siblings keep (Death is then nil). The engine watches
+// it, so that a worker's death is noticed when it happens rather than by
+// the next request, and its watcher of an unloaded program ends with the
+// program, not with the tenant's worker.
+func (g *program) Exited() <-chan struct{} {
+	if g.p.tenant != nil {
+		return g.gone
+	}
+	return g.p.done // a function's worker ends with its program
+}
 
 // Death is how the worker process ended, once Exited is closed: nil when
 // the server ended it by design (the program closed, the server stopping).
@@ -215,11 +227,14 @@ func (g *program) Close() error {
 // ledger are freed here, the worker closes it and lets go of its pool
 // slots once its instances are gone (the caller closed them first), and
 // the process ends only when its last program is gone, by a kill as a
-// function's worker's: whatever the bundles started goes with it.
+// function's worker's: whatever the bundles started goes with it. g is
+// out of the worker's programs (its weight, its blame) from the start;
+// what its plover_unload hook prints is still its own (dropProgram).
 func (g *program) closeShared() {
 	g.closeSlots()
 	g.d.used.Add(-g.consts)
-	g.p.removeProgram(g)
+	g.p.dropProgram(g, true)
+	defer g.p.unloaded(g)
 	if g.d.releaseTenant(g.p) {
 		g.p.kill("its last program was unloaded")
 		return

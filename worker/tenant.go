@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -46,8 +48,15 @@ type tenancy struct {
 	nextID uint32
 	tuned  bool
 	gone   int64
-	// named: blame named the one program at fault (tenantDied does not
-	// count the death towards the tenant's back-off).
+	// leaving is the programs taken out of progs whose last lines may
+	// still be read (tenantOutput): true while the server has yet to
+	// unload one (its plover_unload hook to run, its closed instances'
+	// plover_instance_fini running), false once that is done; forgotten
+	// outputGrace after their last call (forget).
+	leaving map[*program]bool
+	// named: blame named the one program at fault, one still held, whose
+	// crash the engine counts (tenantDied does not count the death
+	// towards the tenant's back-off).
 	named bool
 
 	// wake wakes the worker's weighLoop (tenantweight.go), which lets a
@@ -163,15 +172,21 @@ func (p *proc) addProgram(g *program) {
 	p.mu.Lock()
 	p.tenant.nextID++
 	g.id = p.tenant.nextID
+	g.gone = make(chan struct{})
 	p.tenant.progs[g.id] = g
 	p.mu.Unlock()
 	p.retune()
 	g.busyNow() // loaded for a request about to run
 }
 
-// removeProgram takes g out of p's programs and weight; its memory limit
-// stays counted (retune).
-func (p *proc) removeProgram(g *program) {
+// removeProgram takes g out of p's programs and weight (a program being
+// unloaded is not busy); its memory limit stays counted (retune), and its
+// last lines are still its own (leaving). g is gone (Exited).
+func (p *proc) removeProgram(g *program) { p.dropProgram(g, false) }
+
+// dropProgram is removeProgram; unloading says the server has yet to
+// unload g from the worker (closeShared, which calls unloaded once done).
+func (p *proc) dropProgram(g *program, unloading bool) {
 	p.mu.Lock()
 	if _, ok := p.tenant.progs[g.id]; ok {
 		delete(p.tenant.progs, g.id)
@@ -181,9 +196,52 @@ func (p *proc) removeProgram(g *program) {
 			p.tenant.gone += g.memLimit
 		}
 	}
+	if p.tenant.leaving == nil {
+		p.tenant.leaving = map[*program]bool{}
+	}
+	p.tenant.leaving[g] = unloading
 	p.mu.Unlock()
+	g.leave()
 	p.retune()
 	p.tenant.poke()
+}
+
+// unloaded says the server is done unloading g (dropProgram): its lines
+// are its own for outputGrace more.
+func (p *proc) unloaded(g *program) {
+	p.mu.Lock()
+	p.tenant.leaving[g] = false
+	p.forget(time.Now().Add(-outputGrace).UnixNano())
+	p.mu.Unlock()
+}
+
+// forget drops from leaving the programs unloaded that wrote nothing
+// since recent (under mu): each unload and each line prunes it, so that
+// it holds the few programs leaving now.
+func (p *proc) forget(recent int64) {
+	for g, unloading := range p.tenant.leaving {
+		if !unloading && !g.mayHaveSaid(recent) {
+			delete(p.tenant.leaving, g)
+		}
+	}
+}
+
+// leave closes g's Exited, once: g was unloaded, or its worker died
+// (programsGone).
+func (g *program) leave() { g.leaveOnce.Do(func() { close(g.gone) }) }
+
+// programsGone closes the Exited of every program p held as it died,
+// once its death can be told (done is closed): the others left it before.
+func (p *proc) programsGone() {
+	if p.tenant == nil {
+		return
+	}
+	p.mu.Lock()
+	held := slices.Collect(maps.Values(p.tenant.progs))
+	p.mu.Unlock()
+	for _, g := range held {
+		g.leave()
+	}
 }
 
 // retune sets a tenant's worker's memory limit to the sum of the limits of
@@ -264,13 +322,18 @@ func stagePrefix(id uint32) string { return "p" + strconv.FormatUint(uint64(id),
 //
 //   - a fatal signal (not the server's SIGKILL) whose handler named a
 //     program the process holds (wire.FatalMark): that program; or one
-//     it held, unloaded while a chain of its ran on: none of the rest.
-//     A bundle can print the mark itself, naming a sibling, but only of
-//     its own tenant, and it then dies as the culprit's crash would;
+//     it held, unloaded while a chain (or its unload hook) of its ran on:
+//     none of the rest. A bundle can print the mark itself, naming a
+//     sibling, but only of its own tenant, and it then dies as the
+//     culprit's crash would; or naming one unloaded, which no function's
+//     back-off counts: the death is then not named, and the tenant's
+//     back-off counts it (a bundle that crashed its worker so at every
+//     request would otherwise be held by nothing);
 //   - the server's kill for one program's run or call (killedBy: a run
 //     past its deadline and grace, a call that hung), when the process
 //     died by that kill (SIGKILL), not by a crash of its own first: that
-//     program;
+//     program (named only if still held: an unload's call that hung is
+//     no function's crash either);
 //   - anything else (a signal with no mark: a thread of a bundle's own;
 //     an exit; a memory-limit kill; a broken channel): every program,
 //     none Shared. Who did it is not known, and guessing from the runs
@@ -292,9 +355,12 @@ func (p *proc) blame(sig syscall.Signal) {
 	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && id <= p.tenant.nextID {
 		if progs[id] != nil {
 			culprits = append(culprits, progs[id])
-		} // else an unloaded program's chain, still running: no one left is at fault
+		} else { // an unloaded program's: no one left is at fault
+			named = false
+		}
 	} else if g := p.killedBy.Load(); g != nil && sig == syscall.SIGKILL {
 		culprits = append(culprits, g)
+		named = progs[g.id] == g
 	} else {
 		named = false
 		for _, g := range progs {
@@ -337,26 +403,36 @@ const outputGrace = 50 * time.Millisecond
 
 // tenantOutput passes a line of a tenant's worker to the program it is
 // attributable to: the only one whose run or control call is in flight,
-// or ended within outputGrace. A line printed while several are active,
-// or while none is (a thread of a bundle's own), goes to no function's
-// output: the readers of one function's lines may not be allowed to read
-// another's (a token for one function of the tenant, a redeploy under
-// another tenant), and a guess would show them a sibling's. The server's
-// log gets it instead, the first unattributedLines of each worker, with
-// its pid and tenant. The pipes do not say who wrote: a sibling's thread
-// that prints while one program alone is active is attributed to that
-// one, within its tenant. False when p has no program to give it to (a
-// standby's line).
+// or ended within outputGrace, or that closed an instance within it (the
+// worker runs plover_instance_fini then). A program being unloaded counts
+// until outputGrace after its unload (leaving): its plover_unload hook and
+// its instances' fini run then, and their lines are its own, never a
+// sibling's, though it left the programs held first. A line printed while
+// several are active, or while none is (a thread of a bundle's own), goes
+// to no function's output: the readers of one function's lines may not be
+// allowed to read another's (a token for one function of the tenant, a
+// redeploy under another tenant), and a guess would show them a
+// sibling's. The server's log gets it instead, the first
+// unattributedLines of each worker, with its pid and tenant. The pipes do
+// not say who wrote: a sibling's thread that prints while one program
+// alone is active is attributed to that one, within its tenant, as is a
+// fini or an unload hook that prints past outputGrace. False when p has
+// no program to give it to (a standby's line).
 func (p *proc) tenantOutput(l api.LogLine) bool {
 	recent := l.Time.Add(-outputGrace).UnixNano()
 	p.mu.Lock()
 	var to *program
 	active := 0
 	for _, g := range p.tenant.progs {
-		if g.runs.Load() > 0 || p.callingProg == g || g.runEnded.Load() > recent || g.callEnded.Load() > recent {
+		if g.mayHaveSaid(recent) {
 			to = g
 			active++
 		}
+	}
+	p.forget(recent)
+	for g := range p.tenant.leaving { // those left are active
+		to = g
+		active++
 	}
 	held, tenant := len(p.tenant.progs), p.tenant.name
 	p.mu.Unlock()
@@ -372,6 +448,23 @@ func (p *proc) tenantOutput(l api.LogLine) bool {
 			"pid", p.pid, "tenant", tenant, "programs_active", active, "stream", l.Stream, "line", l.Line)
 	}
 	return true
+}
+
+// mayHaveSaid: a line read outputGrace after recent may be g's: a run or
+// a control call of it in flight, or one of them, or the close of an
+// instance of it, ended since recent. Under g.p's mu.
+func (g *program) mayHaveSaid(recent int64) bool {
+	return g.runs.Load() > 0 || g.p.callingProg == g ||
+		max(g.runEnded.Load(), g.callEnded.Load(), g.instClosed.Load()) > recent
+}
+
+// instanceClosed notes that the server is closing an instance of g: the
+// worker runs its plover_instance_fini as it reads the close, and what
+// that prints is g's (tenantOutput).
+func (g *program) instanceClosed() {
+	if g.p.tenant != nil {
+		g.instClosed.Store(time.Now().UnixNano())
+	}
 }
 
 // unattributedLines is how many lines of a tenant's worker that are no

@@ -183,14 +183,14 @@ func TestTenantUnmarkedDeathBlamesEveryProgram(t *testing.T) {
 // exit) gets no new worker for a while: its loads fail at once; another
 // tenant's are untouched. Deaths blamed on the one program whose run took
 // a signal are that function's for the engine to back off: they do not
-// hold the tenant.
+// hold the tenant. The hold is logged with the device's lock let go.
 func TestTenantChurnHold(t *testing.T) {
 	for _, tc := range []struct {
 		kernel string
 		held   bool
 	}{{"exit_zero", true}, {"segv", false}} {
 		t.Run(tc.kernel, func(t *testing.T) {
-			d := tenantDevice(t)
+			d, probe := probedTenantDevice(t, "keep dying")
 			dir := t.TempDir()
 			mh := testkit.Manifest("hostile")
 			mh.Library = "hostile.so"
@@ -214,6 +214,9 @@ func TestTenantChurnHold(t *testing.T) {
 			}
 			if h != nil {
 				h.Close()
+			}
+			if logged := probe.records(); tc.held && !slices.Equal(logged, []bool{true}) {
+				t.Errorf("the hold's log lines, each with the device's lock free: %v, want [true]", logged)
 			}
 			echoes(t, loadFor(t, d, "u", "", testkit.Manifest("other"), nil), testkit.Manifest("other"))
 		})
@@ -334,9 +337,10 @@ func TestBlameRule(t *testing.T) {
 		named    bool
 	}{
 		{"a marked fault", 1, syscall.SIGSEGV, 0, []uint32{1}, true},
-		{"a marked fault of an unloaded program's chain", 3, syscall.SIGSEGV, 0, nil, true},
+		{"a marked fault of an unloaded program", 3, syscall.SIGSEGV, 0, nil, false},
 		{"a mark naming no program", 9, syscall.SIGSEGV, 0, []uint32{1, 2}, false},
 		{"the server's kill", 0, syscall.SIGKILL, 2, []uint32{2}, true},
+		{"the server's kill for an unloaded program's call", 0, syscall.SIGKILL, 3, nil, false},
 		{"a mark, then the server's kill", 1, syscall.SIGKILL, 2, []uint32{2}, true},
 		{"a crash before the server's kill", 0, syscall.SIGSEGV, 2, []uint32{1, 2}, false},
 		{"an exit", 0, 0, 0, []uint32{1, 2}, false},
@@ -349,7 +353,11 @@ func TestBlameRule(t *testing.T) {
 			}
 			p.fatal.Store(tc.fatal)
 			if tc.killedBy != 0 {
-				p.killedBy.Store(p.tenant.progs[tc.killedBy])
+				g := p.tenant.progs[tc.killedBy]
+				if g == nil { // unloaded
+					g = &program{id: tc.killedBy, p: p}
+				}
+				p.killedBy.Store(g)
 			}
 			p.blame(tc.sig)
 			var blamed []uint32

@@ -1,0 +1,66 @@
+// A bundle for the tests of programs leaving a tenant's worker
+// (tenant_leave_test.go). Its plover_instance_fini and plover_unload print
+// a line naming it ("fini: WHO", "unload: WHO"; -DWHO=\"name\"). With
+// -DCRASH_UNLOAD its plover_unload writes to address 0 instead: on the
+// worker's control thread, which the fatal-signal handler marks with the
+// program being unloaded. forge writes its input on stderr as one line (a
+// fatal-signal mark the test composes, naming a program of its choice),
+// then starts a thread of its own that writes to address 0 grid
+// milliseconds later (that thread runs no program: the handler adds no
+// mark of its own).
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "plover.h"
+
+PLOVER_BUNDLE("host");
+
+#ifndef WHO
+#define WHO "leaving"
+#endif
+
+static int *volatile null_ptr = NULL;
+
+PLOVER_ENTRY(echo) {
+  (void)grid; (void)block;
+  size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
+  memcpy(s->out.dat, s->input.dat, n);
+  s->out.len = n;
+}
+
+static long later_ms;
+
+static void *crash_later(void *) {
+  struct timespec ts = {later_ms / 1000, (later_ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+  *null_ptr = 1;
+  return NULL;
+}
+
+PLOVER_ENTRY(forge) {
+  (void)block;
+  fprintf(stderr, "%.*s\n", (int)s->input.len, (const char *)s->input.dat);
+  later_ms = grid;
+  pthread_t th;
+  pthread_create(&th, NULL, crash_later, NULL);
+  pthread_detach(th);
+  s->out.len = 0;
+}
+
+PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) {
+  (void)s;
+  printf("fini: %s\n", WHO);
+  fflush(stdout);
+}
+
+PLOVER_EXPORT void plover_unload(plover_state_t *s) {
+  (void)s;
+#ifdef CRASH_UNLOAD
+  *null_ptr = 1;
+#endif
+  printf("unload: %s\n", WHO);
+  fflush(stdout);
+}
