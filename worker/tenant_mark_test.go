@@ -121,7 +121,8 @@ func crashManifest(lib, kernel string, grid int) *abi.Manifest {
 // unload reached the worker before the instance's end) or the control
 // loop (the instance ended first). The program is gone, so no one left is
 // at fault: the sibling whose run was in flight loses the worker as
-// collateral (retried), and the tenant's back-off does not count it.
+// collateral (retried), and the death counts towards the tenant's
+// back-off, the one bound left on a program that cannot be backed off.
 func TestTenantUnloadHookCrashIsNamed(t *testing.T) {
 	for _, unloadFirst := range []bool{true, false} {
 		t.Run(map[bool]string{true: "unload first", false: "instance first"}[unloadFirst], func(t *testing.T) {
@@ -158,8 +159,11 @@ func TestTenantUnloadHookCrashIsNamed(t *testing.T) {
 			if lost, shared := collateral(<-slowDone); !lost || !shared {
 				t.Errorf("the sibling's run in flight: lost %v, collateral %v; want a collateral loss (%s)", lost, shared, c.p.reason)
 			}
-			if n := churnDeaths(d, "t"); n != 0 {
-				t.Errorf("a crash named by the unloaded program counted towards the tenant's back-off: %d deaths", n)
+			// Named, but by a program no longer loaded, which nothing can
+			// back off alone: the death counts towards the tenant's
+			// back-off (as a forged mark naming such a program does).
+			if n := churnDeaths(d, "t"); n != 1 {
+				t.Errorf("a crash named by the unloaded program counted %d deaths towards the tenant's back-off, want 1", n)
 			}
 		})
 	}
