@@ -378,7 +378,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 	if err != nil {
 		return nil, err
 	}
-	g := &program{d: d, p: p, name: spec.Manifest.Name, consts: consts, entries: map[string]int32{},
+	g := &program{d: d, p: p, name: spec.Manifest.Name, dir: spec.Dir, consts: consts, entries: map[string]int32{},
 		out: spec.Output, memLimit: d.hostLimit(spec), weight: Weight(spec.Manifest)}
 	p.addProgram(g)
 	fail := func(err error) (device.Program, error) {

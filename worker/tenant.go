@@ -40,14 +40,18 @@ type tenancy struct {
 	unattributed atomic.Int32
 
 	// Under the proc's mu. tuned: retune set the memory limit once; gone:
-	// the sum of the limits of the programs unloaded (-1: one had none).
+	// the limit of each bundle unloaded, by function and bundle directory (a
+	// version unloaded and loaded again, as scale to zero does, counts
+	// once, not at every cycle; a redeploy's new bundle counts apart);
+	// unlimited: one had none.
 	// Ids are never reused: those up to nextID not in progs are of
 	// programs unloaded, whose chains may still run in the worker (an
 	// overrun) and crash it.
-	progs  map[uint32]*program
-	nextID uint32
-	tuned  bool
-	gone   int64
+	progs     map[uint32]*program
+	nextID    uint32
+	tuned     bool
+	gone      map[bundleKey]int64
+	unlimited bool
 	// leaving is the programs taken out of progs whose last lines may
 	// still be read (tenantOutput): true while the server has yet to
 	// unload one (its plover_unload hook to run, its closed instances'
@@ -190,10 +194,14 @@ func (p *proc) dropProgram(g *program, unloading bool) {
 	p.mu.Lock()
 	if _, ok := p.tenant.progs[g.id]; ok {
 		delete(p.tenant.progs, g.id)
-		if g.memLimit == 0 || p.tenant.gone < 0 {
-			p.tenant.gone = -1
+		if g.memLimit == 0 {
+			p.tenant.unlimited = true
 		} else {
-			p.tenant.gone += g.memLimit
+			if p.tenant.gone == nil {
+				p.tenant.gone = map[bundleKey]int64{}
+			}
+			k := g.bundleKey()
+			p.tenant.gone[k] = max(p.tenant.gone[k], g.memLimit)
 		}
 	}
 	if p.tenant.leaving == nil {
@@ -244,9 +252,15 @@ func (p *proc) programsGone() {
 	}
 }
 
+// bundleKey is a program's bundle in a tenant's worker: its function and
+// its bundle's directory (the cache's, named by the bundle's sha256).
+type bundleKey struct{ name, dir string }
+
+func (g *program) bundleKey() bundleKey { return bundleKey{g.name, g.dir} }
+
 // retune sets a tenant's worker's memory limit to the sum of the limits of
-// every program it has held (none if one has none); its CPU weight is
-// weighLoop's. An unloaded program's limit stays in
+// every bundle it has held, each once (none if one has none); its CPU
+// weight is weighLoop's. An unloaded bundle's limit stays in
 // the sum while the process lives (it resets with the process): its heap
 // stays resident (free rarely gives memory back, a leak never), so
 // leaving it out, as the programs' sum alone would (after a redeploy, say),
@@ -254,13 +268,22 @@ func (p *proc) programsGone() {
 // for memory none of them holds.
 func (p *proc) retune() {
 	p.mu.Lock()
-	limit := p.tenant.gone
+	limit, unlimited := int64(0), p.tenant.unlimited
+	live := make(map[bundleKey]bool, len(p.tenant.progs))
 	for _, g := range p.tenant.progs {
-		if g.memLimit == 0 || limit < 0 {
-			limit = -1
-		} else {
-			limit += g.memLimit
+		unlimited = unlimited || g.memLimit == 0
+		limit += g.memLimit
+		live[g.bundleKey()] = true
+	}
+	// An unloaded bundle's heap may stay in the process: counted until the
+	// bundle is loaded again, whose program's limit then covers it.
+	for k, l := range p.tenant.gone {
+		if !live[k] {
+			limit += l
 		}
+	}
+	if unlimited {
+		limit = -1
 	}
 	switch cur := p.memLimit.Load(); {
 	case !p.tenant.tuned || limit < 0:

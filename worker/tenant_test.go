@@ -473,6 +473,41 @@ func TestTenantMemoryLimitNotLoweredOnUnload(t *testing.T) {
 	}
 }
 
+// A bundle unloaded and loaded again (scale to zero and back), however
+// often, counts once in its tenant's worker's limit; a redeploy's new
+// bundle of the function counts apart, the old one's heap may stay.
+func TestTenantMemoryLimitCountsABundleOnce(t *testing.T) {
+	d := tenantDevice(t)
+	loadLimited(t, d, "a", 100)
+	m := testkit.Manifest("f")
+	m.MaxHostMemoryMB = 50
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.KernelsSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	load := func(dir string) *program {
+		g, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g.(*program)
+	}
+	for cycle := range 5 {
+		g := load(dir)
+		if got := g.p.memLimit.Load(); got != 150<<20 {
+			t.Fatalf("cycle %d: limit %d MiB with f loaded again, want 150", cycle, got>>20)
+		}
+		g.Close()
+	}
+	redeployed := t.TempDir()
+	testkit.BuildLib(t, testkit.KernelsSource(), redeployed, m.Library)
+	testkit.WriteManifest(t, redeployed, m)
+	g := load(redeployed)
+	defer g.Close()
+	if got := g.p.memLimit.Load(); got != 200<<20 {
+		t.Fatalf("limit %d MiB with f's new bundle, want 200 (a 100, f's old 50 and new 50)", got>>20)
+	}
+}
+
 // TestCUDATenantProgramsShareAContext: on the fake driver, a tenant's
 // programs load into one worker and its one primary context (retained
 // once, by the worker's device); a program's constants are device memory
