@@ -78,11 +78,12 @@
  * Failures of fini and unload are ignored. On CUDA the runtime waits for the
  * hook's stream before it goes on. Hook time is part of the load time.
  * In a worker process (the default isolation) fini runs when the runtime
- * closes the instance. Unloading a version ends a worker of its own, which
- * frees everything, with no plover_unload; in a tenant's shared worker
- * (serve --worker-scope tenant) and in-process (--isolation none, plover
- * run) plover_unload runs. A killed worker (a crash, a deadline overrun, a
- * faulted GPU) runs no hook.
+ * closes the instance. Unloading a version whose worker holds nothing else
+ * ends that process, which frees everything, with no plover_unload; it runs
+ * where the process goes on: in a tenant's shared worker (serve
+ * --worker-scope tenant) beside another program, and in-process
+ * (--isolation none, plover run). A killed worker (a crash, a deadline
+ * overrun, a faulted GPU) runs no hook.
  *
  * BATCHING (2.1). A bundle that defines PLOVER_BATCHED(n) in one source
  * file says its chain handles up to n requests in one run; its manifest's

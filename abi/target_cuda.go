@@ -24,7 +24,7 @@ func init() {
 
 // cudaFlags are nvcc's fixed flags, -Wall -Wextra passed to its host
 // compiler as hostFlags has them.
-var cudaFlags = []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC,-fno-gnu-unique", "-Xcompiler", "-Wall,-Wextra", "-O3"}
+var cudaFlags = []string{"-x", "cu", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-Wall,-Wextra", "-O3"}
 
 // defaultCUDAArch is build.cuda_arch when it names none.
 var defaultCUDAArch = []string{"80", "90"}

@@ -22,11 +22,8 @@ func init() {
 // linked C++ runtime (some toolchains link it so) from being exported by
 // the bundle. -Wall -Wextra, as the repository's own Makefile builds its
 // samples: a warning is often the bug (an unsigned loop counter tested >=
-// 0 never ends). -fno-gnu-unique: a C++ inline function's static (a
-// header library's singleton) stays the bundle's own instead of becoming
-// one object per process, so that the bundle can share its tenant's
-// worker with others (README, "Tenant workers").
-var hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-fno-gnu-unique", "-Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a", "-Wall", "-Wextra"}
+// 0 never ends).
+var hostFlags = []string{"-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a", "-Wall", "-Wextra"}
 
 // hostCompiler is the C++ compiler for host builds: $CXX, else g++.
 func hostCompiler() (string, error) {

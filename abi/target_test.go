@@ -101,9 +101,9 @@ func TestHostCommand(t *testing.T) {
 		want string
 	}{
 		{"defaults", Build{Sources: []string{"k.cu"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -fno-gnu-unique -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinclude -o build/host/k.so k.cu"},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinclude -o build/host/k.so k.cu"},
 		{"includes, flags, two sources", Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -fno-gnu-unique -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
+			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -115,7 +115,7 @@ func TestHostCommand(t *testing.T) {
 }
 
 func TestCUDACommand(t *testing.T) {
-	const fixed = "nvcc -x cu -shared -Xcompiler -fPIC,-fno-gnu-unique -Xcompiler -Wall,-Wextra -O3 -Iinclude"
+	const fixed = "nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinclude"
 	const gencode = "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]"
 	const tail = "-o out/k.so k.cu"
 	src := []string{"k.cu"}
@@ -134,7 +134,7 @@ func TestCUDACommand(t *testing.T) {
 		{"defaults, CUDA 11.8, g++ 11", &cuda118, Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
 		{"CUDA 12.4, g++ 13: no -ccbin", &nvccInfo{Path: "nvcc", Version: release{12, 4}, HostGCC: 13}, Build{Sources: src}, fixed + " " + gencode + " " + tail, false},
 		{"unknown release: no checks", &nvccInfo{Path: "/opt/nvcc", HostGCC: 14}, Build{Sources: src},
-			"/opt/nvcc -x cu -shared -Xcompiler -fPIC,-fno-gnu-unique -Xcompiler -Wall,-Wextra -O3 -Iinclude " + gencode + " " + tail, false},
+			"/opt/nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinclude " + gencode + " " + tail, false},
 		{"g++ 12 with g++-11 present", withGCC(cuda118, 12, "g++-11"), Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
 		{"no g++ on PATH, g++-11 present", withGCC(cuda118, 0, "g++-11"), Build{Sources: src}, fixed + " -ccbin g++-11 " + gencode + " " + tail, false},
 		{"g++ 12 and no g++-11", withGCC(cuda118, 12, ""), Build{Sources: src}, "accepts g++ up to version 11 as its host compiler, the default g++ is version 12, and there is no g++-11", true},
@@ -143,7 +143,7 @@ func TestCUDACommand(t *testing.T) {
 		{"one arch gets PTX", &cuda118, Build{Sources: src, CUDAArch: []string{"86"}},
 			fixed + " -gencode arch=compute_86,code=[sm_86,compute_86] " + tail, false},
 		{"three archs, includes, flags", &cuda118, Build{Sources: []string{"a.cu", "b.cu"}, Include: []string{"inc"}, CUDAArch: []string{"75", "80", "90"}, NVCCFlags: []string{"-lineinfo"}},
-			"nvcc -x cu -shared -Xcompiler -fPIC,-fno-gnu-unique -Xcompiler -Wall,-Wextra -O3 -Iinc -gencode arch=compute_75,code=sm_75 " + gencode + " -lineinfo -o out/k.so a.cu b.cu", false},
+			"nvcc -x cu -shared -Xcompiler -fPIC -Xcompiler -Wall,-Wextra -O3 -Iinc -gencode arch=compute_75,code=sm_75 " + gencode + " -lineinfo -o out/k.so a.cu b.cu", false},
 		{"sm_90 on CUDA 11.7", &nvccInfo{Path: "nvcc", Version: release{11, 7}, HostGCC: 11}, Build{Sources: src}, `sm_90 needs CUDA 11.8 or newer, and nvcc is CUDA 11.7`, true},
 		{"sm_80 on CUDA 10.2", &nvccInfo{Path: "nvcc", Version: release{10, 2}, HostGCC: 8}, Build{Sources: src}, `sm_80 needs CUDA 11.0 or newer`, true},
 		{"sm_100 on CUDA 12.4", &nvccInfo{Path: "nvcc", Version: release{12, 4}}, Build{Sources: src, CUDAArch: []string{"90", "100"}}, `sm_100 needs CUDA 12.8 or newer`, true},

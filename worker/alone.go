@@ -2,71 +2,101 @@ package worker
 
 import (
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
 )
 
-// A library that defines GNU unique symbols (loader.Info.Unique: g++'s
-// C++ inline functions' statics, templates' static members) cannot share
-// a process with another program: the dynamic linker binds each such name
-// once per process, RTLD_LOCAL or not, so two bundles of a tenant defining
-// one (two functions built from one header library, or two versions of
-// one function during a redeploy) would run on one object, the second
-// with the first's state. In tenant scope such a program runs in a worker
-// of its own: a tenant key its function's and bundle's alone.
+// In tenant scope some bundles run in a worker of their own, never beside
+// another program, not even another of the same bytes (ownWorkers.place):
+//
+//   - a library that defines GNU unique symbols (loader.Info.Unique: g++'s
+//     C++ inline functions' statics, templates' static members): the
+//     dynamic linker binds each such name once per process, RTLD_LOCAL or
+//     not, so two programs defining one (two functions built from one
+//     header library, or two versions of one function, even of the same
+//     bytes) would run on one object, the second with the first's state;
+//   - a bundle whose load into its tenant's worker ran past loadBound: the
+//     kill for it ended every sibling there, and would again at each of
+//     its loads, each a minute apart at most, too few for any back-off.
+//     Alone, its load is bound by its request's deadline and ends only
+//     its own worker.
 
-// uniqueMemo keeps, by library path (under a cache entry named by its
-// bundle's sha256: its bytes never change), whether the library defines
-// GNU unique symbols, so that a cold start reads its ELF once a process.
-type uniqueMemo struct {
-	mu sync.Mutex
-	m  map[string][]string
+// ownWorkers keeps, by library path (under a cache entry named by its
+// bundle's sha256: its bytes never change), why the bundle needs a worker
+// of its own ("": it does not), so that a cold start reads its ELF once a
+// process.
+type ownWorkers struct {
+	mu  sync.Mutex
+	m   map[string]string
+	seq atomic.Uint64 // the workers of their own placed so far
 }
 
-// uniqueMemoMax bounds the memo: past it, it starts again.
-const uniqueMemoMax = 4096
-
-// alone returns spec with a tenant of its own where its library defines
-// GNU unique symbols, spec unchanged otherwise, or where the library
-// cannot be read (the worker's own check then says why).
-func (d *Device) alone(spec device.ProgramSpec) device.ProgramSpec {
-	lib := filepath.Join(spec.Dir, spec.Manifest.Library)
-	unique, first := d.unique.of(lib)
-	if len(unique) == 0 {
-		return spec
+// place returns spec, its tenant made its function's and bundle's alone
+// where it needs a worker of its own (its late loads are then taken over
+// by its next load, as any's), and the spec to place it by: the same, or
+// with a tenant no other load has, so that it gets a fresh worker each
+// time (parentheses, spaces and #: no token's name can be these).
+func (o *ownWorkers) place(d *Device, spec device.ProgramSpec) (device.ProgramSpec, device.ProgramSpec) {
+	if !d.needsOwn(spec) {
+		return spec, spec
 	}
-	if first {
-		shown := unique[:min(len(unique), 3)]
-		d.opts.Log.Info("the function's bundle defines GNU unique symbols, which one process shares between all its libraries: it runs in a worker of its own, not its tenant's (build it with -fno-gnu-unique to share one)",
-			"function", spec.Manifest.Name, "tenant", spec.Tenant, "symbols", strings.Join(shown, " "), "count", len(unique))
-	}
-	// Parentheses and spaces: no token's name can be this, nor another
-	// function's or bundle's key.
 	spec.Tenant += " (alone: " + spec.Manifest.Name + " " + filepath.Base(spec.Dir) + ")"
-	return spec
+	place := spec
+	place.Tenant += " #" + strconv.FormatUint(o.seq.Add(1), 10)
+	return spec, place
 }
 
-// of returns lib's GNU unique symbols, and whether this was the first
-// time they were looked up.
-func (u *uniqueMemo) of(lib string) ([]string, bool) {
-	u.mu.Lock()
-	unique, ok := u.m[lib]
-	u.mu.Unlock()
+// ownWorkersMax bounds the memo: past it, it starts again.
+const ownWorkersMax = 4096
+
+// needsOwn reports whether spec's program runs in a worker of its own in
+// tenant scope. A library that cannot be read shares (the worker's own
+// check then says why it cannot load).
+func (d *Device) needsOwn(spec device.ProgramSpec) bool {
+	lib := filepath.Join(spec.Dir, spec.Manifest.Library)
+	d.own.mu.Lock()
+	why, ok := d.own.m[lib]
+	d.own.mu.Unlock()
 	if ok {
-		return unique, false
+		return why != ""
 	}
 	info, err := loader.Inspect(lib) // no lock held: it reads the file
 	if err != nil {
-		return nil, false
+		return false
 	}
-	u.mu.Lock()
-	if u.m == nil || len(u.m) >= uniqueMemoMax {
-		u.m = map[string][]string{}
+	if len(info.Unique) > 0 {
+		shown := info.Unique[:min(len(info.Unique), 3)]
+		why = "its library defines GNU unique symbols (" + strings.Join(shown, " ") + "), which one process shares between all its libraries"
 	}
-	u.m[lib] = info.Unique
-	u.mu.Unlock()
-	return info.Unique, true
+	return d.setOwn(spec, lib, why)
+}
+
+// hungAtLoad has spec's bundle load in a worker of its own from now on:
+// its load into its tenant's worker ran past loadBound.
+func (d *Device) hungAtLoad(spec device.ProgramSpec) {
+	d.setOwn(spec, filepath.Join(spec.Dir, spec.Manifest.Library), "its load into its tenant's worker ran past its bound, and the kill for it ended the worker's other functions")
+}
+
+// setOwn records why (or "") for lib, logging a reason the first time it
+// is given; it reports whether the bundle needs a worker of its own.
+func (d *Device) setOwn(spec device.ProgramSpec, lib, why string) bool {
+	d.own.mu.Lock()
+	if d.own.m == nil || len(d.own.m) >= ownWorkersMax {
+		d.own.m = map[string]string{}
+	}
+	was := d.own.m[lib]
+	if was == "" {
+		d.own.m[lib] = why
+	}
+	d.own.mu.Unlock()
+	if was == "" && why != "" {
+		d.opts.Log.Info("the function's bundle runs in a worker of its own, not its tenant's: "+why,
+			"function", spec.Manifest.Name, "tenant", spec.Tenant, "bundle", filepath.Base(spec.Dir))
+	}
+	return why != "" || was != ""
 }

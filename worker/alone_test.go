@@ -1,10 +1,12 @@
 package worker
 
 import (
+	"context"
 	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,11 +25,11 @@ func uniqueSource(t *testing.T, value int) string {
 #include <string.h>
 #include "plover.h"
 PLOVER_BUNDLE("host");
-struct Model { int32_t value = ` + strconv.Itoa(value) + `; };
+struct Model { int32_t value = ` + strconv.Itoa(value) + `, runs = 0; };
 inline Model &model() { static Model m; return m; }
 PLOVER_ENTRY(echo) {
   (void)grid; (void)block;
-  int32_t v = model().value;
+  int32_t v = model().value * 100 + ++model().runs;
   memcpy(s->out.dat, &v, sizeof v);
   s->out.len = sizeof v;
 }
@@ -40,8 +42,9 @@ PLOVER_ENTRY(echo) {
 
 // TestTenantWorkerKeepsGNUUniqueBundlesApart: in tenant scope, a bundle
 // defining GNU unique symbols runs in a worker of its own, so that two of
-// one tenant's (two functions, or two versions of one under one name)
-// each answer from their own object; bundles without them still share
+// one tenant's (two functions, two versions of one under one name, or two
+// versions of the very same bytes) each answer from their own object
+// (value*100 + its own count of runs); bundles without them still share
 // the tenant's worker.
 func TestTenantWorkerKeepsGNUUniqueBundlesApart(t *testing.T) {
 	d := tenantDevice(t)
@@ -58,15 +61,27 @@ func TestTenantWorkerKeepsGNUUniqueBundlesApart(t *testing.T) {
 	plain := loadFor(t, d, "t", "", testkit.Manifest("plain"), nil)
 	other := loadFor(t, d, "t", "", testkit.Manifest("other"), nil)
 	progs := map[string]device.Program{}
-	for _, v := range []struct {
+	var same device.ProgramSpec
+	for i, v := range []struct {
 		name  string
 		value int
-	}{{"one", 1}, {"two", 2}, {"two", 3}} { // the last: a new version of "two"
-		p := loadFor(t, d, "t", uniqueSource(t, v.value), testkit.Manifest(v.name), nil)
-		if got := answer(p, v.name); got != int32(v.value) {
-			t.Errorf("%s built with %d answers %d: it runs on another bundle's object", v.name, v.value, got)
+	}{{"one", 1}, {"two", 2}, {"two", 3}, {"two", 3}} { // a new version of "two", then one of the same bytes
+		var p device.Program
+		if i < 3 {
+			p = loadFor(t, d, "t", uniqueSource(t, v.value), testkit.Manifest(v.name), nil)
+			same = device.ProgramSpec{Dir: t.TempDir(), Manifest: testkit.Manifest(v.name), Tenant: "t"}
+		} else {
+			prev := progs["two3"].(*program)
+			var err error
+			if p, err = d.Load(context.Background(), device.ProgramSpec{Dir: prev.dir, Manifest: same.Manifest, Tenant: "t"}); err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
 		}
-		progs[v.name+strconv.Itoa(v.value)] = p
+		if got := answer(p, v.name); got != int32(v.value*100+1) {
+			t.Errorf("%s built with %d answers %d to its first run: it runs on another program's object", v.name, v.value, got)
+		}
+		progs[v.name+strconv.Itoa(v.value)+strings.Repeat("'", i/3)] = p
 	}
 	pid := func(p device.Program) int { return p.(*program).PID() }
 	if pid(plain) != pid(other) {

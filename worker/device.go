@@ -113,7 +113,7 @@ type Device struct {
 	lastStartErr   atomic.Value // string: the last one's reason
 	lastStartFail  atomic.Int64 // when (Unix ns)
 
-	unique uniqueMemo // TenantScope: which libraries need a worker alone (alone.go)
+	own ownWorkers // TenantScope: which bundles run in a worker of their own (alone.go)
 }
 
 var _ device.Device = (*Device)(nil)
@@ -329,7 +329,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		p.kill("its bundle could not be staged")
 		return nil, err
 	}
-	g := &program{d: d, p: p, id: 1, name: spec.Manifest.Name, consts: consts, entries: map[string]int32{}}
+	g := &program{d: d, p: p, id: 1, name: spec.Manifest.Name, dir: spec.Dir, consts: consts, entries: map[string]int32{}}
 	rep, err := g.load(ctx, 0, mj)
 	if err != nil {
 		p.kill("its load failed")
@@ -367,14 +367,14 @@ func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wir
 // leaves the others there alone; a process whose load failed by its death
 // takes them along (their losses collateral).
 func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64) (device.Program, error) {
-	spec = d.alone(spec)
+	spec, place := d.own.place(d, spec)
 	if g, ok, err := d.takeLate(ctx, spec); ok {
 		if err != nil {
 			return nil, err
 		}
 		return g, nil
 	}
-	p, err := d.placeTenant(ctx, spec)
+	p, err := d.placeTenant(ctx, place)
 	if err != nil {
 		return nil, err
 	}
@@ -409,6 +409,9 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		wctx, cancel := context.WithTimeout(context.Background(), maxControlWait)
 		defer cancel()
 		rep, err := g.load(wctx, d.loadBound, mj)
+		if err != nil && p.killedBy.Load() == g {
+			d.hungAtLoad(spec) // killed for it: its load hung
+		}
 		g.touch() // busy from the load's end: it may have outlasted a window
 		if err == nil && rep.St != wire.StOK {
 			err = wire.ErrorOf(rep.St, rep.Text)

@@ -22,7 +22,7 @@ type program struct {
 	p      *proc
 	id     uint32 // the worker's for it (wire.OpLoad): 1 in a function's worker
 	name   string // the function's, for the log
-	dir    string // its bundle's (ProgramSpec.Dir): a tenant's worker's limit counts it once (retune)
+	dir    string // its bundle's (ProgramSpec.Dir)
 	consts int64
 	closed atomic.Bool
 

@@ -377,7 +377,8 @@ func TestBlameRule(t *testing.T) {
 // tenant's worker for that program alone: the load fails with a deadline
 // error though its request's deadline is far, the sibling's loss is
 // collateral (the engine retries its requests in flight and counts no
-// crash against it), and the tenant's next load gets a fresh worker.
+// crash against it), and the tenant's next load gets a fresh worker; the
+// bundle that hung loads in a worker of its own from then on.
 func TestTenantHangingLoadIsBlamedAlone(t *testing.T) {
 	d := tenantDevice(t)
 	ms, sib, dir, m := slowBeside(t, d)
@@ -402,6 +403,17 @@ func TestTenantHangingLoadIsBlamedAlone(t *testing.T) {
 	again := loadFor(t, d, "t", "", ms, nil).(*program)
 	if again.p == sib.p {
 		t.Fatalf("the sibling loaded again into the killed worker %d", sib.p.pid)
+	}
+	echoes(t, again, ms)
+	// From now on the bundle loads in a worker of its own, as in function
+	// scope: a hang there would end no sibling.
+	p, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+	if err != nil {
+		t.Fatalf("the hanging bundle's next load: %v", err)
+	}
+	defer p.Close()
+	if own := p.(*program).p; own == again.p || !strings.Contains(own.tenant.name, "(alone: ") {
+		t.Fatalf("the bundle whose load hung loaded into its tenant's worker %d again", again.p.pid)
 	}
 	echoes(t, again, ms)
 }
