@@ -639,7 +639,7 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), bound)
 		defer cancel()
-	} else if dl, _ := ctx.Deadline(); time.Until(dl) < minCallTime {
+	} else if dl, _ := ctx.Deadline(); time.Until(dl) < p.minCallTime() {
 		return nil, fmt.Errorf("%w before the worker's control channel was free (%s)", device.ErrDeadline, during)
 	}
 	p.mu.Lock()
@@ -724,8 +724,23 @@ const instanceGrace = 2 * time.Second
 const maxControlWait = time.Minute
 
 // minCallTime is the least time left to its deadline with which a control
-// call is sent (callTurn).
-const minCallTime = 5 * time.Millisecond
+// call is sent (callTurn); minTenantCallTime in a tenant's worker, where a
+// call's timeout ends every sibling: one that waited behind a sibling's
+// load (30 s at most) until little of its time was left (an instance's
+// creation has its request's deadline and a 2 s grace) fails its request
+// instead, where a bundle's plover_instance_init merely slower than what
+// was left would have cost them all their worker.
+const (
+	minCallTime       = 5 * time.Millisecond
+	minTenantCallTime = 250 * time.Millisecond
+)
+
+func (p *proc) minCallTime() time.Duration {
+	if p.tenant != nil {
+		return minTenantCallTime
+	}
+	return minCallTime
+}
 
 // deathSignal is the signal that killed a process, 0 for none (an exit):
 // a fatal signal's line, wire.FatalMark, is believed only for a signal.

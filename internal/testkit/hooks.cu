@@ -3,7 +3,7 @@
 // each instance counts its requests in memory plover_instance_init made.
 // -DFAIL_LOAD and -DFAIL_INIT make those hooks fail; -DCRASH_LOAD makes
 // plover_load segfault and -DHANG_INIT makes plover_instance_init hang (a
-// hostile bundle's hooks).
+// hostile bundle's hooks); -DSLOW_INIT_MS=n makes it take n ms.
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +41,9 @@ PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
   hooks_calls[1]++;
 #ifdef HANG_INIT
   for (;;) pause();
+#endif
+#ifdef SLOW_INIT_MS
+  usleep(SLOW_INIT_MS * 1000);
 #endif
 #ifdef FAIL_INIT
   plover_fail(s, "no handle for this instance");

@@ -1,0 +1,69 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// An instance's creation that waited behind a sibling's load in its
+// tenant's worker until less than minTenantCallTime of its time was left
+// is not sent: its request fails with a deadline, and the worker and the
+// sibling live on, where a plover_instance_init slower than what was left
+// (300 ms here, against about 100) would have timed out and ended them.
+func TestTenantCallLeftLittleTimeIsNotSent(t *testing.T) {
+	d := tenantDevice(t)
+	ms, sib, dir, m := slowBeside(t, d) // the slow bundle's load takes 700 ms
+	mh := testkit.Manifest("hooks")
+	mh.Library, mh.Chain = "hooks.so", []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}}
+	hooks := loadBuilt(t, d, mh, "-DSLOW_INIT_MS=300")
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if p, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}); err == nil {
+			p.Close()
+		}
+	})
+	defer wg.Wait()
+	waitFor(t, "the slow load on the control channel", func() bool {
+		sib.p.mu.Lock()
+		defer sib.p.mu.Unlock()
+		return sib.p.ctlBusy && sib.p.calling == "loading the bundle"
+	})
+	// Its time (the deadline and instanceGrace) ends about 100 ms after
+	// the load gives the channel up.
+	deadline := time.Now().Add(800*time.Millisecond - instanceGrace)
+	in, err := hooks.NewInstance(device.InstanceConfig{MaxInput: mh.MaxInputBytes, Tmp: mh.TmpBytes, Out: mh.OutBytes, Deadline: deadline})
+	if err == nil {
+		in.Close()
+		t.Fatal("an instance was made past its deadline")
+	}
+	if !errors.Is(err, device.ErrDeadline) {
+		t.Fatalf("instance creation: %v, want a deadline error", err)
+	}
+	if !sib.Alive() {
+		t.Fatalf("the tenant's worker ended (%v): the call was sent with too little time and timed out", sib.Death())
+	}
+	echoes(t, sib, ms)
+}
+
+// loadBuilt loads the hooks bundle built with args for tenant t.
+func loadBuilt(t *testing.T, d *Device, m *abi.Manifest, args ...string) device.Program {
+	t.Helper()
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HooksSource(), dir, m.Library, args...)
+	testkit.WriteManifest(t, dir, m)
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+	if err != nil {
+		t.Fatalf("load %s: %v", m.Name, err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
