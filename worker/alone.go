@@ -22,9 +22,9 @@ import (
 //     bytes) would run on one object, the second with the first's state;
 //   - a bundle whose load into its tenant's worker ran past loadBound: the
 //     kill for it ended every sibling there, and would again at each of
-//     its loads, each a minute apart at most, too few for any back-off.
-//     Alone, its load is bound by its request's deadline and ends only
-//     its own worker.
+//     its loads, a minute apart at most, too few for any back-off. Alone,
+//     a hang of its load ends only its own worker. Marked on this device
+//     while the server runs (and while the memo keeps it).
 
 // ownWorkers keeps, by library path (under a cache entry named by its
 // bundle's sha256: its bytes never change), why the bundle needs a worker
@@ -79,7 +79,7 @@ func (d *Device) needsOwn(spec device.ProgramSpec) bool {
 // hungAtLoad has spec's bundle load in a worker of its own from now on:
 // its load into its tenant's worker ran past loadBound.
 func (d *Device) hungAtLoad(spec device.ProgramSpec) {
-	d.setOwn(spec, filepath.Join(spec.Dir, spec.Manifest.Library), "its load into its tenant's worker ran past its bound, and the kill for it ended the worker's other functions")
+	d.setOwn(spec, filepath.Join(spec.Dir, spec.Manifest.Library), "its load into its tenant's worker ran past its bound, and the kill for it ended the worker with any other functions in it")
 }
 
 // setOwn records why (or "") for lib, logging a reason the first time it

@@ -95,3 +95,77 @@ func TestTenantWorkerKeepsGNUUniqueBundlesApart(t *testing.T) {
 		seen[pid(p)] = k
 	}
 }
+
+// TestTenantFailedStartsLeaveNoSlots: a worker start that fails (here: no
+// worker binary, no standby) leaves no tenant slot behind, so the keys of
+// workers of their own, each used once, do not pile up.
+func TestTenantFailedStartsLeaveNoSlots(t *testing.T) {
+	d := tenantDevice(t)
+	dir := t.TempDir()
+	m := testkit.Manifest("u")
+	testkit.BuildLib(t, uniqueSource(t, 1), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	d.opts.Exe = "/nonexistent/plover-worker"
+	for i := range 5 {
+		for len(d.standby) > 0 {
+			(<-d.standby).kill("a test: no standby to take")
+		}
+		if p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}); err == nil {
+			p.Close()
+			t.Fatalf("load %d: a worker started without its binary", i)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.tenants) != 0 {
+		t.Errorf("%d tenant slots left after 5 failed starts", len(d.tenants))
+	}
+}
+
+// TestTenantHungBundleLoadsAloneForWaitingRequests: a request that waited
+// on a late load which then hung past its bound (killing the tenant's
+// worker) loads the bundle in a worker of its own, not in the tenant's
+// next one: its place is decided after the wait.
+func TestTenantHungBundleLoadsAloneForWaitingRequests(t *testing.T) {
+	d := tenantDevice(t)
+	_, sib, dir, m := slowBeside(t, d) // its load takes 700 ms
+	d.loadBound = 200 * time.Millisecond
+	spec := device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}
+	first, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if p, err := d.Load(first, spec); err == nil {
+		p.Close()
+		t.Fatal("a load of 700 ms within 50 ms")
+	}
+	done := make(chan struct{})
+	go func() { // waits on the late load, which hangs past its bound
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if p, err := d.Load(ctx, spec); err == nil {
+			p.Close()
+		}
+	}()
+	awaitClosed(t, sib.Exited(), "the hang's kill of the tenant's worker")
+	for {
+		d.mu.Lock()
+		for p := range d.procs {
+			if p.tenant == nil {
+				continue
+			}
+			p.mu.Lock()
+			for _, g := range p.tenant.progs {
+				if g.name == m.Name && !strings.Contains(p.tenant.name, "(alone: ") {
+					t.Errorf("the bundle that hung loaded into worker %d of tenant %q", p.pid, p.tenant.name)
+				}
+			}
+			p.mu.Unlock()
+		}
+		d.mu.Unlock()
+		select {
+		case <-done:
+			return
+		case <-time.After(time.Millisecond): // its load holds a worker for 200 ms at least
+		}
+	}
+}

@@ -367,13 +367,17 @@ func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wir
 // leaves the others there alone; a process whose load failed by its death
 // takes them along (their losses collateral).
 func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64) (device.Program, error) {
-	spec, place := d.own.place(d, spec)
+	asked := spec
+	spec, _ = d.own.place(d, asked)
 	if g, ok, err := d.takeLate(ctx, spec); ok {
 		if err != nil {
 			return nil, err
 		}
 		return g, nil
 	}
+	// Again: a late load this one waited for may have hung meanwhile,
+	// and the bundle be one to load alone now.
+	spec, place := d.own.place(d, asked)
 	p, err := d.placeTenant(ctx, place)
 	if err != nil {
 		return nil, err

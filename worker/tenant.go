@@ -120,6 +120,7 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 			}
 		}
 		if err := d.churnHeld(spec.Tenant); err != nil {
+			d.dropEmptySlot(spec.Tenant, t)
 			d.mu.Unlock()
 			return nil, err
 		}
@@ -137,9 +138,21 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 			p.tenant.name, p.tenant.given = spec.Tenant, true
 			p.mu.Unlock()
 			t.p, t.refs = p, 1
+		} else {
+			d.dropEmptySlot(spec.Tenant, t)
 		}
 		d.mu.Unlock()
 		return p, err
+	}
+}
+
+// dropEmptySlot forgets t, tenant's slot, holding no worker and none
+// starting (a start that failed): a tenant's next load makes it anew, and
+// the keys of a worker of its own (alone.go), never used again, do not
+// pile up. Under d.mu.
+func (d *Device) dropEmptySlot(tenant string, t *tenantSlot) {
+	if t.p == nil && t.starting == nil && t.refs == 0 && d.tenants[tenant] == t {
+		delete(d.tenants, tenant)
 	}
 }
 
