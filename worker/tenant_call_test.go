@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,34 +11,26 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// An instance's creation that waited behind a sibling's load in its
+// An instance's creation that waited behind a sibling's call in its
 // tenant's worker until less than minTenantCallTime of its time was left
 // is not sent: its request fails with a deadline, and the worker and the
 // sibling live on, where a plover_instance_init slower than what was left
 // (300 ms here, against about 100) would have timed out and ended them.
+// The sibling's call is the test holding the channel's token for 300 ms.
 func TestTenantCallLeftLittleTimeIsNotSent(t *testing.T) {
 	d := tenantDevice(t)
-	ms, sib, dir, m := slowBeside(t, d) // the slow bundle's load takes 700 ms
+	ms := testkit.Manifest("sibling")
+	sib := loadFor(t, d, "t", "", ms, nil).(*program)
 	mh := testkit.Manifest("hooks")
 	mh.Library, mh.Chain = "hooks.so", []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}}
 	hooks := loadBuilt(t, d, mh, "-DSLOW_INIT_MS=300")
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if p, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"}); err == nil {
-			p.Close()
-		}
-	})
-	defer wg.Wait()
-	waitFor(t, "the slow load on the control channel", func() bool {
-		sib.p.mu.Lock()
-		defer sib.p.mu.Unlock()
-		return sib.p.ctlBusy && sib.p.calling == "loading the bundle"
-	})
-	// Its time (the deadline and instanceGrace) ends about 100 ms after
-	// the load gives the channel up.
-	deadline := time.Now().Add(800*time.Millisecond - instanceGrace)
+	sib.p.ctlTok <- struct{}{} // as a sibling's load would hold the channel
+	release := time.AfterFunc(300*time.Millisecond, func() { <-sib.p.ctlTok })
+	defer release.Stop()
+	// Its time (the deadline and instanceGrace) ends 400 ms from now:
+	// about 100 ms left when the channel is free, or none (a slow
+	// machine), which fails it as well.
+	deadline := time.Now().Add(400*time.Millisecond - instanceGrace)
 	in, err := hooks.NewInstance(device.InstanceConfig{MaxInput: mh.MaxInputBytes, Tmp: mh.TmpBytes, Out: mh.OutBytes, Deadline: deadline})
 	if err == nil {
 		in.Close()
@@ -48,10 +39,10 @@ func TestTenantCallLeftLittleTimeIsNotSent(t *testing.T) {
 	if !errors.Is(err, device.ErrDeadline) {
 		t.Fatalf("instance creation: %v, want a deadline error", err)
 	}
+	echoes(t, sib, ms)
 	if !sib.Alive() {
 		t.Fatalf("the tenant's worker ended (%v): the call was sent with too little time and timed out", sib.Death())
 	}
-	echoes(t, sib, ms)
 }
 
 // loadBuilt loads the hooks bundle built with args for tenant t.
