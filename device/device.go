@@ -285,6 +285,12 @@ var ErrUnhealthy = errors.New("device unhealthy")
 // the next run on the instance then reports a Loss that RanNowhere).
 var ErrDeadline = errors.New("the request's deadline passed")
 
+// ErrNotStarted is ErrDeadline of a call that never reached the program:
+// its time ran out while it waited its turn (behind another program's
+// call in a worker shared by a tenant's programs), so the program is as
+// it was, and stays usable.
+var ErrNotStarted = fmt.Errorf("%w before the call could start", ErrDeadline)
+
 // Loss is the error of a program that is gone, with everything it held
 // (its instances, its memory): for a program in a worker process, the
 // process's death (worker.ProcessExit). The caller drops the program and

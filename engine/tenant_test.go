@@ -43,6 +43,9 @@ type lossDevice struct {
 	failRuns               int
 	loads, entries, runs   int
 	tenants                []string
+	// failInstances instances' creations fail with instErr.
+	failInstances, instances int
+	instErr                  error
 }
 
 // fails counts one operation and reports whether it fails (n: how many
@@ -92,6 +95,9 @@ func (p *lossProgram) Entry(kernel string) (int32, error) {
 }
 
 func (p *lossProgram) NewInstance(cfg device.InstanceConfig) (device.Instance, error) {
+	if p.d.fails(&p.d.failInstances, &p.d.instances) {
+		return nil, p.d.instErr
+	}
 	i, err := p.Program.NewInstance(cfg)
 	if err != nil {
 		return nil, err
@@ -246,6 +252,40 @@ func TestLoadsNameTheTenant(t *testing.T) {
 			defer d.mu.Unlock()
 			if len(d.tenants) != 1 || d.tenants[0] != tc.want {
 				t.Errorf("loads named tenants %q, want [%q]", d.tenants, tc.want)
+			}
+		})
+	}
+}
+
+// An instance's creation given up at its deadline: where its worker was
+// stopped for it (ErrDeadline), the program is dropped and the next
+// request loads afresh; where the call never started (ErrNotStarted: its
+// time ran out behind a sibling's call in a tenant's worker), the program
+// is intact, and the next request makes its instance on it, no load.
+func TestInstanceDeadlineDropsOnlyAStoppedProgram(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		err       error
+		wantLoads int
+	}{
+		{"worker stopped", fmt.Errorf("%w while creating an instance", device.ErrDeadline), 2},
+		{"never started", fmt.Errorf("%w, waiting for the worker's control channel", device.ErrNotStarted), 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &lossDevice{Device: device.NewHost(0), failInstances: 1, instErr: tt.err}
+			e, _ := lossEngine(t, d)
+			req := &call.Request{Input: []byte("x")}
+			if err := e.Invoke(context.Background(), "echo", req); errdefs.KindOf(err) != errdefs.KindTimeout {
+				t.Fatalf("first invoke: %v, want a timeout", err)
+			}
+			req = &call.Request{Input: []byte("x")}
+			if err := e.Invoke(context.Background(), "echo", req); err != nil {
+				t.Fatalf("second invoke: %v", err)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.loads != tt.wantLoads {
+				t.Errorf("%d loads, want %d", d.loads, tt.wantLoads)
 			}
 		})
 	}

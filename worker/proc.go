@@ -631,7 +631,7 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 		select {
 		case p.ctlTok <- struct{}{}:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w while waiting for the worker's control channel (%s)", device.ErrDeadline, during)
+			return nil, fmt.Errorf("%w, waiting for the worker's control channel (%s)", device.ErrNotStarted, during)
 		}
 	}
 	defer func() { <-p.ctlTok }()
@@ -640,7 +640,7 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), bound)
 		defer cancel()
 	} else if dl, _ := ctx.Deadline(); time.Until(dl) < p.minCallTime() {
-		return nil, fmt.Errorf("%w before the worker's control channel was free (%s)", device.ErrDeadline, during)
+		return nil, fmt.Errorf("%w: too little of its time was left once the worker's control channel was free (%s)", device.ErrNotStarted, during)
 	}
 	p.mu.Lock()
 	gone := p.ctlGone
