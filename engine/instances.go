@@ -46,10 +46,11 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		if l, ok := device.AsLoss(err); ok {
 			return nil, start, v.workerDied(p, l)
 		}
-		if errors.Is(err, device.ErrDeadline) {
-			if !errors.Is(err, device.ErrNotStarted) { // its worker was stopped
-				v.pool.abandon(p)
-			}
+		if errors.Is(err, device.ErrNotStarted) { // the program is intact
+			return nil, start, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed before its instance could be made (its worker was busy with another function's call)", v.fn.name)
+		}
+		if errors.Is(err, device.ErrDeadline) { // its worker was stopped
+			v.pool.abandon(p)
 			return nil, start, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while an instance was created", v.fn.name)
 		}
 		var ke *device.KernelError

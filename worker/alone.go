@@ -12,7 +12,7 @@ import (
 )
 
 // In tenant scope some bundles run in a worker of their own, never beside
-// another program, not even another of the same bytes (ownWorkers.place):
+// another program, not even another of the same bytes (ownKey, placeKey):
 //
 //   - a library that defines GNU unique symbols (loader.Info.Unique: g++'s
 //     C++ inline functions' statics, templates' static members): the
@@ -36,19 +36,24 @@ type ownWorkers struct {
 	seq atomic.Uint64 // the workers of their own placed so far
 }
 
-// place returns spec, its tenant made its function's and bundle's alone
-// where it needs a worker of its own (its late loads are then taken over
-// by its next load, as any's), and the spec to place it by: the same, or
-// with a tenant no other load has, so that it gets a fresh worker each
-// time (parentheses, spaces and #: no token's name can be these).
-func (o *ownWorkers) place(d *Device, spec device.ProgramSpec) (device.ProgramSpec, device.ProgramSpec) {
+// ownKey returns spec, its tenant made its function's and bundle's alone
+// where it needs a worker of its own (alone: its late loads are then
+// taken over by its next load, as any's, under that key; it is placed by
+// a key of one load's, placeKey).
+func (d *Device) ownKey(spec device.ProgramSpec) (_ device.ProgramSpec, alone bool) {
 	if !d.needsOwn(spec) {
-		return spec, spec
+		return spec, false
 	}
 	spec.Tenant += " (alone: " + spec.Manifest.Name + " " + filepath.Base(spec.Dir) + ")"
-	place := spec
-	place.Tenant += " #" + strconv.FormatUint(o.seq.Add(1), 10)
-	return spec, place
+	return spec, true
+}
+
+// placeKey is the spec to place a program needing a worker of its own by:
+// a tenant no other load has, so that it gets a fresh worker each time
+// (parentheses, spaces and #: no token's name can be these).
+func (o *ownWorkers) placeKey(spec device.ProgramSpec) device.ProgramSpec {
+	spec.Tenant += " #" + strconv.FormatUint(o.seq.Add(1), 10)
+	return spec
 }
 
 // ownWorkersMax bounds the memo: past it, it starts again.

@@ -368,7 +368,7 @@ func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wir
 // takes them along (their losses collateral).
 func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64) (device.Program, error) {
 	asked := spec
-	spec, _ = d.own.place(d, asked)
+	spec, _ = d.ownKey(asked)
 	if g, ok, err := d.takeLate(ctx, spec); ok {
 		if err != nil {
 			return nil, err
@@ -377,7 +377,11 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 	}
 	// Again: a late load this one waited for may have hung meanwhile,
 	// and the bundle be one to load alone now.
-	spec, place := d.own.place(d, asked)
+	spec, alone := d.ownKey(asked)
+	place := spec
+	if alone {
+		place = d.own.placeKey(spec)
+	}
 	p, err := d.placeTenant(ctx, place)
 	if err != nil {
 		return nil, err
