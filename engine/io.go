@@ -43,14 +43,19 @@ func (e *Engine) IO(name string) *ioshare.Flow {
 	return fl
 }
 
-// chargeIO charges name's runs on every device with cpu, the server's CPU
-// time on its bytes (sched.Flow.Charge).
-func (e *Engine) chargeIO(name string, cpu time.Duration) {
+// chargeIO charges name's runs on every device it has run on with cpu,
+// the server's CPU time on its bytes (sched.Flow.Charge), and reports
+// whether there was one: a device flow is made by a first run, which comes
+// after its first body (ioshare keeps the charge owed until then).
+func (e *Engine) chargeIO(name string, cpu time.Duration) bool {
+	charged := false
 	for _, s := range e.scheds {
 		if fl := s.Lookup(name); fl != nil {
 			fl.Charge(cpu)
+			charged = true
 		}
 	}
+	return charged
 }
 
 // ioSeconds is the server's CPU time on name's bytes so far.

@@ -286,7 +286,7 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 		return 0, err
 	}
 	n, err := b.r.Read(p[:min(len(p), tn.Piece())])
-	tn.Done()
+	tn.DoneMoved(n)
 	return b.count(n, err)
 }
 

@@ -149,7 +149,7 @@ func (ab *answerBody) WriteTo(w io.Writer) (int64, error) {
 		} else if n, err = bw.Write(piece); err == nil {
 			err = bw.Flush()
 		}
-		tn.Done()
+		tn.DoneMoved(n)
 		ab.b = ab.b[n:]
 		total += int64(n)
 		if err != nil {

@@ -94,7 +94,23 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 	}
 }
 
+// A client that leaves while its request is queued frees the queue slot at
+// once, and the request never runs, whichever route it came by (/v1 raw or
+// JSON, /v2 JSON or binary).
 func TestClientDisconnectFreesQueueSlot(t *testing.T) {
+	for _, tc := range []struct{ name, request string }{
+		{"v1 raw", "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 0\r\n\r\n"},
+		{"v1 json", "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"input\":\"\"}"},
+		{"v2 json", "POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 72\r\n\r\n" +
+			`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`},
+		{"v2 binary", "POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: 97\r\nContent-Length: 98\r\n\r\n" +
+			`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"parameters":{"binary_data_size":1}}]}` + "\x01"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { clientLeavesQueue(t, tc.request) })
+	}
+}
+
+func clientLeavesQueue(t *testing.T, request string) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("slow")
 	m.MaxInstances, m.MaxQueue = 1, 1
@@ -125,7 +141,11 @@ func TestClientDisconnectFreesQueueSlot(t *testing.T) {
 		return 0
 	}
 	waitQueue(0) // the first request is running
-	queued := send()
+	queued, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(queued, request)
 	waitQueue(1)
 	queued.Close() // the client gives up
 	freed := waitQueue(0)

@@ -153,9 +153,9 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version call.Name, acti
 }
 
 // v2Call is an inference's scratch state, pooled so that a binary-extension
-// request allocates next to nothing. The embedded call gives writeMeta its
-// timing buffer; its Gone stays nil, as v2 requests have never polled for a
-// departed client.
+// request allocates next to nothing. The embedded exchange gives writeMeta
+// its timing buffer and the engine its check for a departed client (Gone,
+// bound once, as on /v1).
 type v2Call struct {
 	exchange
 	out  []byte // the engine's output
@@ -168,14 +168,19 @@ type v2Call struct {
 	num  [20]byte
 }
 
-var v2Calls = sync.Pool{New: func() any { return &v2Call{exchange: exchange{timing: make([]byte, 0, 200)}} }}
+var v2Calls = sync.Pool{New: func() any {
+	vc := &v2Call{exchange: exchange{timing: make([]byte, 0, 200)}}
+	vc.req.Gone = vc.gone
+	return vc
+}}
 
 // keptTensors bounds the tensor and shape slices a pooled v2Call keeps, as
 // keptBody bounds its buffers.
 const keptTensors = 64
 
 func (vc *v2Call) trim() {
-	vc.req = call.Request{}
+	vc.req = call.Request{Gone: vc.req.Gone}
+	vc.conn = nil
 	if cap(vc.out) > keptBody {
 		vc.out = nil
 	}
@@ -220,6 +225,7 @@ func (s *Server) v2Infer(ctx *fasthttp.RequestCtx, name call.Name, version strin
 		v2Calls.Put(vc)
 	}()
 	vc.req.Timing = call.Timing{}
+	vc.conn = ctx.Conn()
 	err := s.v2Run(ctx, vc, name, version)
 	s.finish(ctx, name, &vc.exchange, err)
 	if err == nil {

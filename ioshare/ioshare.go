@@ -62,8 +62,10 @@ type Config struct {
 	// Policy orders waiting pieces ("": sched.DefaultPolicy).
 	Policy string
 	// Charge, when set, is told each piece's CPU time with its flow's
-	// name: the engine charges the function's device flows with it.
-	Charge func(name string, cpu time.Duration)
+	// name: the engine charges the function's device flows with it. It
+	// reports whether any took it: a function's first body is read before
+	// it has a device flow, and what it cost stays owed until one does.
+	Charge func(name string, cpu time.Duration) bool
 }
 
 // Shares is a node's I/O shares: a flow per function.
@@ -80,6 +82,11 @@ type Shares struct {
 	// below the Go scheduler's Ps (nice.go).
 	niceOK atomic.Bool
 	niced  atomic.Int32
+
+	// rate is what a byte of a non-blocking piece costs the server's
+	// thread, in ps (0: not learnt yet): the bound of what a piece that
+	// may block is charged (blockingCost).
+	rate atomic.Int64
 }
 
 // New returns the shares cfg describes.
@@ -267,10 +274,10 @@ func (t Turn) Piece() int {
 // when ctx ends, deadline passes (sched.ErrDeadline) or gone says the
 // client left (sched.ErrGone). mayBlock says the piece may wait for its
 // peer inside the turn (TLS, a chunked body: no socket readiness to wait on
-// first): its cost is then counted at most Config.Hold, and its thread is
-// never niced (a thread locked while its piece waits would be one held per
-// slow client). A nil flow's turn counts nothing: transports need not
-// check.
+// first): its cost is then counted by its bytes (DoneMoved), at most
+// Config.Hold, and its thread is never niced (a thread locked while its
+// piece waits would be one held per slow client). A nil flow's turn counts
+// nothing: transports need not check.
 func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, mayBlock bool) (Turn, error) {
 	if f == nil {
 		return Turn{}, nil
@@ -296,23 +303,72 @@ func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, m
 
 // Done ends the turn: its slot goes to the next piece, and the flow is
 // charged the piece's time: the server's CPU on it, a non-blocking system
-// call's (or at most Config.Hold of one that may block).
-func (t Turn) Done() {
+// call's (or at most Config.Hold of one that may block). DoneMoved is
+// better where the piece's bytes are known.
+func (t Turn) Done() { t.DoneMoved(-1) }
+
+// DoneMoved is Done for a piece that moved n bytes. A piece that may block
+// is charged no more than n bytes cost the server, at the rate its
+// non-blocking pieces cost (blockingRate): its wall time is mostly its
+// peer's, and a client trickling a chunked or TLS body a few bytes at a
+// time must not charge its function 2 ms a piece. A non-blocking piece of
+// at least rateSample bytes teaches the rate.
+func (t Turn) DoneMoved(n int) {
 	if t.f == nil {
 		return
 	}
+	sh := t.f.sh
 	cpu := mono() - t.start
-	if t.blocks {
-		cpu = min(cpu, t.f.sh.cfg.Hold)
+	switch {
+	case t.blocks && n >= 0:
+		cpu = min(cpu, sh.cfg.Hold, sh.blockingCost(n))
+	case t.blocks:
+		cpu = min(cpu, sh.cfg.Hold)
+	case !t.metered && n >= rateSample:
+		sh.learnRate(cpu, n)
 	}
 	if t.niced {
-		t.f.sh.unnice()
+		sh.unnice()
 	}
 	if !t.metered {
 		t.f.moving.Add(-1)
 		t.t.DoneUsed(time.Now(), max(cpu, 1)) // 0 would charge the slot time
 	}
 	t.f.charge(cpu)
+}
+
+// A piece that may block is charged its bytes at blockingFactor times the
+// rate non-blocking pieces cost the server's thread (a system call and a
+// copy, per byte, learnt as they move): TLS decrypts its records beside the
+// copy (about as much again, AES-GCM at 5.6 GB/s on the 2-core machine of
+// BENCHMARKS.md), a chunked body is parsed. defaultRate is that rate before
+// any piece taught it (and under TLS, where no piece is non-blocking): a
+// copy at 2 GB/s.
+const (
+	blockingFactor = 2
+	defaultRate    = 500 // ps a byte
+	rateSample     = 16 << 10
+)
+
+// blockingCost is what n bytes moved by a piece that may block cost.
+func (s *Shares) blockingCost(n int) time.Duration {
+	r := s.rate.Load()
+	if r == 0 {
+		r = defaultRate
+	}
+	return time.Duration(int64(n) * r * blockingFactor / 1000)
+}
+
+// learnRate moves the per-byte rate an eighth of the way to what a
+// non-blocking piece of n bytes cost. Pieces race here: one's sample may
+// be lost, which a rate does not notice.
+func (s *Shares) learnRate(cpu time.Duration, n int) {
+	sample := int64(cpu) * 1000 / int64(n)
+	r := s.rate.Load()
+	if r == 0 {
+		r = sample
+	}
+	s.rate.Store(r + (sample-r)/8)
 }
 
 // Meter starts measuring work on the flow's bytes that needs no turn
@@ -345,7 +401,7 @@ func (f *Flow) charge(cpu time.Duration) {
 	if c == nil || f.owed.Add(int64(cpu)) < int64(chargeEvery) {
 		return
 	}
-	if owed := f.owed.Swap(0); owed > 0 {
-		c(f.name, time.Duration(owed))
+	if owed := f.owed.Swap(0); owed > 0 && !c(f.name, time.Duration(owed)) {
+		f.owed.Add(owed)
 	}
 }

@@ -132,10 +132,11 @@ func TestTurnsFollowShares(t *testing.T) {
 	charged := map[string]time.Duration{}
 	// A turn here (work) may take longer than the default Hold on a loaded
 	// machine, which would let the next turn start beside it.
-	sh := New(Config{Slots: 1, Hold: time.Minute, Charge: func(name string, cpu time.Duration) {
+	sh := New(Config{Slots: 1, Hold: time.Minute, Charge: func(name string, cpu time.Duration) bool {
 		mu.Lock()
 		charged[name] += cpu
 		mu.Unlock()
+		return true
 	}})
 	a, b := sh.Flow("a"), sh.Flow("b")
 	a.Set(3, sched.Default)
@@ -182,6 +183,99 @@ func TestTurnsFollowShares(t *testing.T) {
 		if owed := spent - charged[f.name]; spent <= 0 || owed < 0 || owed >= chargeEvery {
 			t.Fatalf("flow %s: CPU %v, charged %v (owed %v; at most %v may be owed)", f.name, spent, charged[f.name], owed, chargeEvery)
 		}
+	}
+}
+
+// What a flow's pieces cost before anything takes the charge (a function's
+// first body, read before its first run makes its device flow) stays owed,
+// and reaches Config.Charge whole once something does: none of it is lost.
+func TestChargeKeptUntilTaken(t *testing.T) {
+	var taken, offered time.Duration
+	ready := false // a device flow exists
+	sh := New(Config{Off: true, Charge: func(_ string, cpu time.Duration) bool {
+		offered += cpu
+		if ready {
+			taken += cpu
+		}
+		return ready
+	}})
+	f := sh.Flow("f")
+	piece := func() {
+		m := f.Meter()
+		for start := mono(); mono()-start < chargeEvery; {
+		}
+		m.Done()
+	}
+	for range 3 {
+		piece()
+	}
+	if offered == 0 || taken != 0 {
+		t.Fatalf("before a device flow: offered %v, taken %v; want offered and none taken", offered, taken)
+	}
+	ready = true
+	piece()
+	spent := time.Duration(f.cpu.Load())
+	if owed := spent - taken; owed < 0 || owed >= chargeEvery {
+		t.Fatalf("spent %v, taken %v once a device flow took charges: want all but less than %v", spent, taken, chargeEvery)
+	}
+}
+
+// A piece that may block (TLS, a chunked body) is charged what its bytes
+// cost, not the time it waited for its peer: a client trickling a few
+// bytes a piece charges its function next to nothing; a piece whose bytes
+// are not known is charged its wall time up to Config.Hold, and one that
+// moved many bytes fast is charged its wall time.
+func TestBlockingPiecesChargeTheirBytes(t *testing.T) {
+	const hold = 2 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		wait     time.Duration // the piece's wall time, at least
+		n        int           // bytes moved (-1: Done)
+		min, max time.Duration // what it may be charged
+	}{
+		{"a trickle", 5 * time.Millisecond, 10, 1, time.Microsecond},
+		{"nothing moved", 5 * time.Millisecond, 0, 0, time.Microsecond},
+		{"bytes unknown", 5 * time.Millisecond, -1, hold, hold},
+		{"many bytes, fast", 0, 64 << 20, 1, hold},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sh := New(Config{Off: true, Hold: hold})
+			f := sh.Flow("f")
+			tn, err := f.Turn(context.Background(), time.Time{}, nil, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := mono()
+			time.Sleep(tc.wait)
+			if tc.n >= 0 {
+				tn.DoneMoved(tc.n)
+			} else {
+				tn.Done()
+			}
+			wall := mono() - start
+			got := time.Duration(f.cpu.Load())
+			if got < tc.min || got > tc.max || (tc.n >= 0 && got > wall) {
+				t.Fatalf("charged %v for %d bytes in %v; want %v to %v, and no more than the wall time", got, tc.n, wall, tc.min, tc.max)
+			}
+		})
+	}
+}
+
+// Non-blocking pieces teach the rate blocking ones are charged at.
+func TestBlockingRateIsLearnt(t *testing.T) {
+	sh := New(Config{Off: true})
+	if got, want := sh.blockingCost(1<<20), time.Duration(1<<20*defaultRate*blockingFactor/1000); got != want {
+		t.Fatalf("before any piece: 1 MiB costs %v, want the default's %v", got, want)
+	}
+	sh.learnRate(4*time.Millisecond, 1<<20) // 3.8 ns a byte
+	if got := sh.blockingCost(1 << 20); got < 7*time.Millisecond || got > 9*time.Millisecond {
+		t.Fatalf("after a piece at 4 ms a MiB: a blocking MiB costs %v, want 8 ms", got)
+	}
+	for range 100 {
+		sh.learnRate(time.Millisecond, 1<<20)
+	}
+	if got := sh.blockingCost(1 << 20); got < 1900*time.Microsecond || got > 2100*time.Microsecond {
+		t.Fatalf("after many pieces at 1 ms a MiB: a blocking MiB costs %v, want 2 ms", got)
 	}
 }
 

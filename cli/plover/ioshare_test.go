@@ -124,6 +124,21 @@ func rawPost(t *testing.T, url, fn string, n int) net.Conn {
 	return c
 }
 
+// wantEcho reads the answer to a request sent on c by hand, and wants it a
+// 200 of in's bytes.
+func wantEcho(t *testing.T, c net.Conn, in []byte, what string) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !bytes.Equal(out, in) {
+		t.Fatalf("%s: %d, %d bytes of %d, equal %v", what, resp.StatusCode, len(out), len(in), bytes.Equal(out, in))
+	}
+}
+
 // A request's bytes move a piece at a time in its function's turns
 // (--io-slots 1: one piece in the whole server at once), and a client that
 // stops sending holds no turn: the server waits for its socket, not in its
@@ -159,14 +174,37 @@ func TestIOTurns(t *testing.T) {
 		if _, err := c.Write(in[1<<20:]); err != nil {
 			t.Fatal(err)
 		}
-		c.SetReadDeadline(time.Now().Add(20 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		wantEcho(t, c, in, "the stalled body, sent at last")
+	})
+
+	t.Run("a trickled chunked body is charged its bytes, not its waits", func(t *testing.T) {
+		// Each chunk is read by a piece that may block (no socket
+		// readiness tells a chunk's end), waiting about 10 ms for the
+		// next: charged its wall time up to the 2 ms hold, 30 chunks
+		// would cost the function 60 ms of I/O time.
+		const chunks, size = 30, 100
+		spent := metric(t, srv.url, `plover_io_seconds_total{function="big"}`)
+		c, err := net.Dial("tcp", strings.TrimPrefix(srv.url, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 || !bytes.Equal(out, in) {
-			t.Fatalf("the stalled body, sent at last: %d, %d bytes, equal %v", resp.StatusCode, len(out), bytes.Equal(out, in))
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		in := body(70, 0, chunks*size)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for i := range chunks {
+			<-tick.C
+			if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", size, in[i*size:(i+1)*size]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fmt.Fprintf(c, "0\r\n\r\n")
+		wantEcho(t, c, in, "the trickled body")
+		d := metric(t, srv.url, `plover_io_seconds_total{function="big"}`) - spent
+		t.Logf("charged %.3f ms", d*1000)
+		if d <= 0 || d > 0.015 {
+			t.Fatalf("a %d-byte body trickled in %d chunks cost the function %.1f ms of I/O time: want a little, well under the %d ms of 2 ms a chunk", chunks*size, chunks, d*1000, 2*chunks)
 		}
 	})
 
