@@ -332,10 +332,10 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	var start call.Start
 	var load, sched time.Duration
 	t0 := time.Now()
-	inst, fresh, err := pool.takeRetrying(context.Background(), deadline, nil)
+	inst, fresh, retried, err := pool.takeRetrying(context.Background(), deadline, nil)
 	var r *device.Run
 	var ended time.Time // the last run's end
-	for retried := false; err == nil; retried = true {
+	for ; err == nil; retried = true {
 		if fresh != call.Hot {
 			start = max(start, fresh)
 			load = time.Since(t0)

@@ -131,7 +131,7 @@ func lossEngine(t *testing.T, d *lossDevice) (*engine.Engine, *testkit.LogBuffer
 // A request whose program was lost with its tenant's shared worker by
 // another function (a collateral loss) goes once more on a fresh program,
 // whether the loss came in its run, in its override chain's lookup or in
-// the load its request made; once only. A crash of its own is not retried
+// the load its request made; once only, however many of them lose it. A crash of its own is not retried
 // (the control). The version's tenant reaches every load.
 func TestCollateralLossRunsOnceMore(t *testing.T) {
 	tests := []struct {
@@ -147,6 +147,7 @@ func TestCollateralLossRunsOnceMore(t *testing.T) {
 		{"run twice", true, 0, 0, 2, false, true, 2, 2, "lost with its tenant's worker"},
 		{"lookup", true, 0, 1, 0, true, false, 2, 1, "lost with its tenant's worker"},
 		{"load", true, 1, 0, 0, false, false, 2, 1, "lost with its tenant's worker"},
+		{"load then run", true, 1, 0, 1, false, true, 2, 1, "lost with its tenant's worker"},
 		{"own crash", false, 0, 0, 1, false, true, 1, 1, "worker died"},
 	}
 	for _, tt := range tests {

@@ -72,8 +72,10 @@ type proc struct {
 	// process for (past its deadline, a message it should not have sent).
 	killedBy atomic.Pointer[program]
 	// fatal is the program a tenant's worker named as it died of a fatal
-	// signal (wire.FatalMark), 0: none.
+	// signal (wire.FatalMark), 0: none; read from marks, the server's end
+	// of its wire.FatalFD, once it died.
 	fatal atomic.Uint32
+	marks *os.File
 
 	// exited is set, under mu, once the process has exited and its pid
 	// may be reused: no signal may be sent to it after that.
@@ -207,14 +209,23 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		d.opts.Log.Warn("cannot mark descriptors close-on-exec; a worker may inherit some", "error", err)
 	}
+	var marks, markW *os.File
+	if d.tenantScope() {
+		if marks, markW, err = os.Pipe(); err != nil {
+			closeAll(pr[:]...)
+			closeAll(pw[:]...)
+			return fail(err)
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, markW) // wire.FatalFD
+	}
 	tree, err := d.opts.Spawner.Start(cmd)
-	closeAll(pw[:]...)
+	closeAll(append(pw[:], markW)...)
 	if err != nil {
-		closeAll(pr[:]...)
+		closeAll(append(pr[:], marks)...)
 		return fail(err)
 	}
 	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
-		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir}
+		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir, marks: marks}
 	if d.tenantScope() {
 		p.tenant = &tenancy{progs: map[uint32]*program{}, wake: make(chan struct{}, 1), window: weighWindow}
 		if d.opts.CPU != nil {
@@ -336,12 +347,9 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		}
 		text := string(bytes.TrimSuffix(b, nl))
 		cut := 0
-		end := text // where a fatal mark would be (wire.FatalMark)
 		for err == bufio.ErrBufferFull {
 			b, err = br.ReadSlice('\n')
-			more := bytes.TrimSuffix(b, nl)
-			cut += len(more)
-			end = lineEnd(end, more)
+			cut += len(bytes.TrimSuffix(b, nl))
 		}
 		if !said {
 			p.said <- text
@@ -352,15 +360,6 @@ func (p *proc) readOutput(r *os.File, stream string) {
 			f := text[i:]
 			p.fault.Store(&f) // the last: the handler's, written as the process dies
 		}
-		if _, id, before, ok := wire.ParseFatal(end); ok && stream == "stderr" && p.tenant != nil {
-			p.fatal.Store(id) // the server's machinery, not the function's output
-			if cut == 0 {
-				text = before // a line the bundle began before it died
-			}
-			if text == "" {
-				continue
-			}
-		}
 		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		if err != nil {
 			return
@@ -368,19 +367,49 @@ func (p *proc) readOutput(r *os.File, stream string) {
 	}
 }
 
-// markRoom is more than a fatal mark's length: the mark, a signal's
-// number, " in program " and an id of up to 10 digits.
-const markRoom = len(wire.FatalMark) + 32
-
-// lineEnd is the last markRoom bytes of a line read so far, end, followed
-// by more: a line cut at api.LogLineMax still has its mark read.
-func lineEnd(end string, more []byte) string {
-	if len(more) >= markRoom {
-		return string(more[len(more)-markRoom:])
+// readMark reads the fatal mark a tenant's worker wrote as it died
+// (wire.FatalFD) into fatal. Written by the dying process itself, a mark
+// is in the pipe once the process is dead: what the pipe holds now is
+// read, without waiting for its end, which a child the bundle forked
+// could hold back. At most markKeep bytes of it are kept, the last.
+func (p *proc) readMark() {
+	if p.marks == nil {
+		return
 	}
-	end += string(more)
-	return end[max(0, len(end)-markRoom):]
+	defer p.marks.Close()
+	rc, err := p.marks.SyscallConn()
+	if err != nil {
+		return
+	}
+	var kept []byte
+	buf := make([]byte, markKeep)
+	rc.Read(func(fd uintptr) bool {
+		for total := 0; total < markRead; {
+			n, err := unix.Read(int(fd), buf)
+			if err == unix.EINTR {
+				continue
+			}
+			if n <= 0 {
+				break // empty (EAGAIN), or its end
+			}
+			total += n
+			kept = append(kept, buf[:n]...)
+			kept = kept[max(0, len(kept)-markKeep):]
+		}
+		return true
+	})
+	if _, id, ok := wire.ParseFatal(kept); ok {
+		p.fatal.Store(id)
+	}
 }
+
+// markKeep is how many of the mark pipe's last bytes readMark keeps, many
+// marks' worth; markRead bounds what it reads (the pipe holds 64 KiB
+// unless the bundle grew it).
+const (
+	markKeep = 4 << 10
+	markRead = 1 << 20
+)
 
 // output passes on one line the worker wrote: with Options.Output (plover
 // run: the author's terminal) there, marked with its stream; once the
@@ -445,6 +474,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	// What it started ends with it: a daemon that left its group and
 	// session included (contain.Containment).
 	p.tree.Release()
+	p.readMark()
 	// Its last lines (a crash's message) are passed on before it is
 	// reported gone; not for long: a child it forked may hold the pipes.
 	select {

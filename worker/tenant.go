@@ -359,9 +359,10 @@ func stagePrefix(id uint32) string { return "p" + strconv.FormatUint(uint64(id),
 //   - a fatal signal (not the server's SIGKILL) whose handler named a
 //     program the process holds (wire.FatalMark): that program; or one
 //     it held, unloaded while a chain (or its unload hook) of its ran on:
-//     none of the rest. A bundle can print the mark itself, naming a
-//     sibling, but only of its own tenant, and it then dies as the
-//     culprit's crash would; or naming one unloaded, which no function's
+//     none of the rest. A bundle can write the mark on its pipe itself
+//     (its clients cannot: their bytes reach stdout and stderr at most),
+//     naming a sibling, but only of its own tenant, and it then dies as
+//     the culprit's crash would; or naming one unloaded, which no function's
 //     back-off counts: the death is then not named, and the tenant's
 //     back-off counts it (a bundle that crashed its worker so at every
 //     request would otherwise be held by nothing);

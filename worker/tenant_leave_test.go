@@ -199,6 +199,7 @@ func TestTenantDeathNamingAnUnloadedProgram(t *testing.T) {
 			h, mh := loadLeaving(t, d, "forger", "forge", nil)
 			hole.Close()
 			mark := fmt.Sprintf("%s%d in program %d", wire.FatalMark, 11, hole.id)
+			mh.Chain[0].Block = wire.FatalFD // the bundle itself writes on the mark's pipe
 			if err := runOnce(t, h, mh, []byte(mark), 10*time.Second); err != nil {
 				t.Fatalf("forge: %v", err)
 			}
@@ -235,6 +236,44 @@ func TestTenantDeathNamingAnUnloadedProgram(t *testing.T) {
 			d.mu.Unlock()
 			if n != tc.counted {
 				t.Errorf("the tenant's back-off counts %d deaths, want %d", n, tc.counted)
+			}
+		})
+	}
+}
+
+// A mark is believed only from the mark's own pipe. A bundle that echoes
+// its client's bytes to stderr cannot let a client name a sibling: the
+// client's mark is plain output, and the crash that follows on a thread of
+// the bundle's own is unmarked, every program's (none retried). Written on
+// the pipe by the bundle itself (a tenant naming its own sibling), it
+// names the sibling, which alone loses the worker by its own fault.
+func TestTenantClientTextIsNoMark(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		fd                   int
+		forgerShared, shared bool // collateral: the forger's death, the sibling's
+	}{
+		{"echoed on stderr", 2, false, false},
+		{"written on the mark's pipe", wire.FatalFD, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tenantDevice(t)
+			ms := testkit.Slow("slow", 1)
+			slow := loadFor(t, d, "t", "", ms, nil).(*program)
+			h, mh := loadLeaving(t, d, "forger", "forge", nil)
+			slowDone := startSlow(t, slow, ms, 5000)
+			mh.Chain[0].Block = tc.fd
+			mark := fmt.Sprintf("%s%d in program %d", wire.FatalMark, 11, slow.id)
+			if err := runOnce(t, h, mh, []byte(mark), 10*time.Second); err != nil {
+				t.Fatalf("forge: %v", err)
+			}
+			serr := <-slowDone
+			<-h.Exited()
+			if lost, shared := collateral(serr); !lost || shared != tc.shared {
+				t.Errorf("the sibling's run in flight: %v (lost %v, collateral %v); want a loss, collateral %v", serr, lost, shared, tc.shared)
+			}
+			if dh := h.Death(); dh == nil || dh.Collateral() != tc.forgerShared {
+				t.Errorf("the forger's death: %v; want collateral %v", dh, tc.forgerShared)
 			}
 		})
 	}

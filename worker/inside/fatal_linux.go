@@ -14,6 +14,9 @@ static __thread uint32_t plover_prog __attribute__((tls_model("initial-exec")));
 
 static void plover_set_prog(uint32_t id) { plover_prog = id; }
 
+// The pipe the mark goes to (wire.FatalFD), -1 until installed.
+static int plover_fatal_fd = -1;
+
 // plover_put_u appends v in decimal to b at *n.
 static void plover_put_u(char *b, size_t *n, unsigned long v) {
 	char d[24];
@@ -30,7 +33,8 @@ static const int plover_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGT
 static struct sigaction plover_prev[PLOVER_NSIGS];
 
 // plover_fatal names the program the signal took (wire.FatalMark), when
-// the thread was running one, in one write(2); then lets the handler it
+// the thread was running one, in one write(2) to its pipe (non-blocking: a
+// pipe a bundle filled takes no mark, and never holds the death up); then lets the handler it
 // replaced have its say (checked mode's line naming the entry and buffer
 // of a guard fault: after the mark, which ends a line, so that it starts
 // one of its own), and dies by the signal: SA_RESETHAND put back the
@@ -39,7 +43,7 @@ static struct sigaction plover_prev[PLOVER_NSIGS];
 // Async-signal-safe calls only.
 static void plover_fatal(int sig, siginfo_t *si, void *ctx) {
 	uint32_t id = plover_prog;
-	if (id != 0) {
+	if (id != 0 && plover_fatal_fd >= 0) {
 		static const char mark[] = "plover worker: fatal signal ";
 		static const char mid[] = " in program ";
 		char b[96];
@@ -49,7 +53,7 @@ static void plover_fatal(int sig, siginfo_t *si, void *ctx) {
 		memcpy(b + n, mid, sizeof mid - 1); n += sizeof mid - 1;
 		plover_put_u(b, &n, (unsigned long)id);
 		b[n++] = '\n';
-		ssize_t r = write(2, b, n);
+		ssize_t r = write(plover_fatal_fd, b, n);
 		(void)r;
 	}
 	for (size_t i = 0; i < PLOVER_NSIGS; i++) {
@@ -63,7 +67,8 @@ static void plover_fatal(int sig, siginfo_t *si, void *ctx) {
 	raise(sig);
 }
 
-static int plover_install_fatal(void) {
+static int plover_install_fatal(int fd) {
+	plover_fatal_fd = fd;
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_sigaction = plover_fatal;
@@ -79,22 +84,37 @@ static int plover_install_fatal(void) {
 import "C"
 
 import (
-	"errors"
+	"fmt"
 	"runtime"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // installFatalHandler replaces the action of the fatal signals (the
 // default, defaultFatalSignals, or checked mode's for SIGSEGV and SIGBUS:
 // it must come after both) with a handler that names the program whose
-// run or call the signal took (setProgram, marked) on stderr, then calls
-// the handler it replaced, if any, and lets the signal kill the process
-// as the default action would: the server reads the line (wire.FatalMark)
-// to tell the program at fault from those that only shared its process.
-// A signal on a thread of no program's (one the bundle made) writes no
-// mark: the server falls back on the runs in flight.
+// run or call the signal took (setProgram, marked) on the mark's pipe
+// (wire.FatalFD), then calls the handler it replaced, if any, and lets the
+// signal kill the process as the default action would: the server reads
+// the mark to tell the program at fault from those that only shared its
+// process. A signal on a thread of no program's (one the bundle made)
+// writes no mark: the server then blames every program. What a client
+// makes a bundle print goes to stdout and stderr, never to the pipe.
 func installFatalHandler() error {
-	if C.plover_install_fatal() != 0 {
-		return errors.New("cannot install the fatal-signal handler")
+	fd := wire.FatalFD
+	// Non-blocking, so that the handler's write cannot block on a pipe
+	// the bundle filled; closed on exec, so that a program the bundle
+	// runs does not inherit it.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return fmt.Errorf("the fatal mark's pipe (fd %d): %w", fd, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+		return fmt.Errorf("the fatal mark's pipe (fd %d): %w", fd, err)
+	}
+	if C.plover_install_fatal(C.int(fd)) != 0 {
+		return fmt.Errorf("cannot install the fatal-signal handler")
 	}
 	return nil
 }

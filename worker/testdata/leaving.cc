@@ -3,8 +3,10 @@
 // a line naming it ("fini: WHO", "unload: WHO"; -DWHO=\"name\"). With
 // -DCRASH_UNLOAD its plover_unload writes to address 0 instead: on the
 // worker's control thread, which the fatal-signal handler marks with the
-// program being unloaded. forge writes its input on stderr as one line (a
-// fatal-signal mark the test composes, naming a program of its choice),
+// program being unloaded. forge writes its input as one line on
+// descriptor block (a fatal-signal mark the test composes, naming a
+// program of its choice: on 2, stderr, as a bundle echoing its client's
+// bytes would; on 5, the mark's own pipe, as only the bundle itself can),
 // then starts a thread of its own that writes to address 0 grid
 // milliseconds later (that thread runs no program: the handler adds no
 // mark of its own).
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "plover.h"
 
@@ -41,8 +44,12 @@ static void *crash_later(void *) {
 }
 
 PLOVER_ENTRY(forge) {
-  (void)block;
-  fprintf(stderr, "%.*s\n", (int)s->input.len, (const char *)s->input.dat);
+  char line[256];
+  size_t n = s->input.len < sizeof line - 1 ? s->input.len : sizeof line - 1;
+  memcpy(line, s->input.dat, n);
+  line[n++] = '\n';
+  ssize_t r = write(block, line, n);
+  (void)r;
   later_ms = grid;
   pthread_t th;
   pthread_create(&th, NULL, crash_later, NULL);

@@ -137,14 +137,14 @@ func TestReady(t *testing.T) {
 
 // The protocol's bytes, written out: a change to any of them is a change
 // of the protocol, which bumps Protocol (and this test).
-func TestBytesOfProtocol10(t *testing.T) {
+func TestBytesOfProtocol11(t *testing.T) {
 	run := device.Run{Input: make([]byte, 2), Output: make([]byte, 3), TmpLen: 4, ZeroOut: true, ChainKey: 5, Items: 6,
 		Chain: []device.Step{{Entry: 7, Grid: 8, Block: 9}}}
 	for _, tc := range []struct {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 10}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 11}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
@@ -171,36 +171,40 @@ func TestBytesOfProtocol10(t *testing.T) {
 			}
 		})
 	}
-	if Protocol != 10 {
+	if Protocol != 11 { // 11: the fatal mark on a pipe of its own (FatalFD)
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }
 
-// A tenant's worker's fatal-signal mark names the signal and the program,
-// at the end of a line: after words the process wrote and did not end
-// with a newline, they are told apart. Anything else is no mark.
+// A tenant's worker's fatal-signal marks name the signal and the program,
+// each a line of its own on the pipe; the last whole one counts. Anything
+// else is no mark: a line cut short, or a mark inside another line.
 func TestParseFatal(t *testing.T) {
 	for _, tc := range []struct {
-		line   string
-		sig    int
-		prog   uint32
-		before string
-		ok     bool
+		name string
+		b    string
+		sig  int
+		prog uint32
+		ok   bool
 	}{
-		{FatalMark + "11 in program 3", 11, 3, "", true},
-		{FatalMark + "6 in program 4294967295", 6, 1<<32 - 1, "", true},
-		{"computing... " + FatalMark + "11 in program 3", 11, 3, "computing... ", true},
-		{FatalMark + "7 in program 2" + FatalMark + "11 in program 3", 11, 3, FatalMark + "7 in program 2", true},
-		{FatalMark + "6 in program 4294967296", 0, 0, "", false},
-		{FatalMark + "x in program 3", 0, 0, "", false},
-		{FatalMark + "11", 0, 0, "", false},
-		{FatalMark + "11 in program 3 and more", 0, 0, "", false},
-		{"", 0, 0, "", false},
+		{"one", FatalMark + "11 in program 3\n", 11, 3, true},
+		{"the largest id", FatalMark + "6 in program 4294967295\n", 6, 1<<32 - 1, true},
+		{"the last of two", FatalMark + "7 in program 2\n" + FatalMark + "11 in program 3\n", 11, 3, true},
+		{"the last whole one", FatalMark + "7 in program 2\n" + FatalMark + "11 in progr", 7, 2, true},
+		{"after other bytes", "noise\n" + FatalMark + "11 in program 3\n", 11, 3, true},
+		{"before other bytes", FatalMark + "11 in program 3\nnoise\n", 11, 3, true},
+		{"inside a line", "computing... " + FatalMark + "11 in program 3\n", 0, 0, false},
+		{"no line end", FatalMark + "11 in program 3", 0, 0, false},
+		{"an id too large", FatalMark + "6 in program 4294967296\n", 0, 0, false},
+		{"no signal", FatalMark + "x in program 3\n", 0, 0, false},
+		{"no program", FatalMark + "11\n", 0, 0, false},
+		{"more after", FatalMark + "11 in program 3 and more\n", 0, 0, false},
+		{"nothing", "", 0, 0, false},
 	} {
-		t.Run(tc.line, func(t *testing.T) {
-			sig, prog, before, ok := ParseFatal(tc.line)
-			if sig != tc.sig || prog != tc.prog || before != tc.before || ok != tc.ok {
-				t.Fatalf("%d, %d, %q, %v; want %d, %d, %q, %v", sig, prog, before, ok, tc.sig, tc.prog, tc.before, tc.ok)
+		t.Run(tc.name, func(t *testing.T) {
+			sig, prog, ok := ParseFatal([]byte(tc.b))
+			if sig != tc.sig || prog != tc.prog || ok != tc.ok {
+				t.Fatalf("%d, %d, %v; want %d, %d, %v", sig, prog, ok, tc.sig, tc.prog, tc.ok)
 			}
 		})
 	}

@@ -23,6 +23,9 @@
 // it; a CUDA device copies straight between it, registered once, and the
 // GPU).
 //
+// Beside the channels, a tenant's worker has a pipe of its own (FatalFD)
+// for the one line its fatal-signal handler writes as it dies.
+//
 // Descriptors (the bundle directory, memfds, instance sockets) go to the
 // worker with SCM_RIGHTS. Integers are little-endian.
 //
@@ -35,6 +38,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -45,11 +49,13 @@ import (
 	"github.com/plover-run/plover/loader"
 )
 
-// A worker's descriptors (exec.Cmd.ExtraFiles): the control channel, and
-// its stage, the directory the server puts its bundle's files in.
+// A worker's descriptors (exec.Cmd.ExtraFiles): the control channel, its
+// stage, the directory the server puts its bundle's files in, and, in a
+// tenant's worker, the pipe its fatal-signal handler writes FatalMark on.
 const (
 	CtlFD   = 3
 	StageFD = 4
+	FatalFD = 5
 )
 
 // Exit statuses a worker ends with on its own.
@@ -68,31 +74,39 @@ const (
 	OpUnload      byte = 'U'
 )
 
-// FatalMark leads what a tenant's worker writes on stderr when a fatal
-// signal (SIGSEGV, SIGABRT, ...) takes it during a program's call or run:
-// "FatalMark<signal> in program <id>\n", written by its signal handler
-// (package inside) as the process dies, so that the server can tell the
-// program whose fault the death was from those that shared its process.
-// It ends a line, not always starts one: the handler writes it in one
-// write(2), after whatever the process wrote last, which may be a line
-// begun and not ended ("computing... ").
+// FatalMark leads what a tenant's worker writes on its FatalFD when a
+// fatal signal (SIGSEGV, SIGABRT, ...) takes it during a program's call or
+// run: "FatalMark<signal> in program <id>\n", in one write(2) by its
+// signal handler (package inside) as the process dies, so that the server
+// can tell the program whose fault the death was from those that shared
+// its process. A pipe of its own, not stderr: a bundle that echoes its
+// clients' bytes to its output cannot let a client name a sibling, and
+// the mark is in the pipe before the process is dead (the server reads it
+// then, holding no timer).
 const FatalMark = "plover worker: fatal signal "
 
-// ParseFatal reads the FatalMark that ends line: the signal, the
-// program's id, and what came before the mark on the line (the process's
-// own words, "" for none).
-func ParseFatal(line string) (sig int, prog uint32, before string, ok bool) {
-	i := strings.LastIndex(line, FatalMark)
-	if i < 0 {
-		return 0, 0, "", false
+// ParseFatal reads the last whole FatalMark line in b, what a worker's
+// FatalFD held when it died: the signal and the program's id.
+func ParseFatal(b []byte) (sig int, prog uint32, ok bool) {
+	for len(b) > 0 {
+		end := bytes.LastIndexByte(b, '\n')
+		if end < 0 {
+			return 0, 0, false
+		}
+		line := b[bytes.LastIndexByte(b[:end], '\n')+1 : end]
+		b = b[:end]
+		rest, isMark := bytes.CutPrefix(line, []byte(FatalMark))
+		if !isMark {
+			continue
+		}
+		s, id, found := strings.Cut(string(rest), " in program ")
+		n, err1 := strconv.Atoi(s)
+		p, err2 := strconv.ParseUint(id, 10, 32)
+		if found && err1 == nil && err2 == nil {
+			return n, uint32(p), true
+		}
 	}
-	s, id, found := strings.Cut(line[i+len(FatalMark):], " in program ")
-	n, err1 := strconv.Atoi(s)
-	p, err2 := strconv.ParseUint(id, 10, 32)
-	if !found || err1 != nil || err2 != nil {
-		return 0, 0, "", false
-	}
-	return n, uint32(p), line[:i], true
+	return 0, 0, false
 }
 
 // A slot's pin: whether the worker's device pinned the memory in place
@@ -108,7 +122,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 10
+const Protocol byte = 11
 
 // Reply status: the first byte of every reply.
 const (
