@@ -38,7 +38,6 @@ type program struct {
 	out        device.Output
 	memLimit   int64
 	weight     float64
-	lib        [2]uint64
 	prefix     string
 	staged     []string
 	runs       atomic.Int32

@@ -58,6 +58,9 @@ type tenancy struct {
 	// plover_instance_fini running), false once that is done; forgotten
 	// outputGrace after their last call (forget).
 	leaving map[*program]bool
+	// libs is the device and inode of every library file dlopened in the
+	// process (stageTenant).
+	libs map[[2]uint64]struct{}
 	// named: blame named the one program at fault, one still held, whose
 	// crash the engine counts (tenantDied does not count the death
 	// towards the tenant's back-off).
@@ -311,9 +314,12 @@ func (p *proc) retune() {
 // stageTenant links g's bundle into p's stage, its files' names led by
 // g's prefix: no directory each, whose inode a mkdir at every load would
 // cost (0.1-0.3 ms of ext4 here, more after many deletes). A library that
-// is the very file (a hard link) of another program's in p is copied
-// instead: dlopen would find the loaded one by its device and inode and
-// hand both programs one handle.
+// is the very file (a hard link) of one p loaded before, for a program
+// held or one unloaded, is copied instead: dlopen would find the loaded
+// one by its device and inode and hand both programs one handle, or a
+// reload the mapping its last load left (a CUDA library is never closed;
+// a host one linked -z nodelete, or pinned by a GNU unique symbol, stays
+// too), its statics as that load left them.
 func (p *proc) stageTenant(spec device.ProgramSpec, g *program) error {
 	g.prefix = stagePrefix(g.id)
 	var err error
@@ -329,13 +335,8 @@ func (p *proc) stageTenant(spec device.ProgramSpec, g *program) error {
 	// Set and compared in one hold of mu: of two loads of one file at
 	// once, the second sees the first's.
 	p.mu.Lock()
-	shared := false
-	for _, o := range p.tenant.progs {
-		shared = shared || (o != g && o.lib == id)
-	}
-	if !shared {
-		g.lib = id
-	}
+	_, shared := p.tenant.libs[id]
+	p.tenant.libs[id] = struct{}{}
 	p.mu.Unlock()
 	if shared {
 		os.Remove(lib)

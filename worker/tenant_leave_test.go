@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"os"
@@ -276,6 +277,47 @@ func TestTenantClientTextIsNoMark(t *testing.T) {
 				t.Errorf("the forger's death: %v; want collateral %v", dh, tc.forgerShared)
 			}
 		})
+	}
+}
+
+// A library the worker keeps mapped after its program's unload (CUDA's,
+// never closed; here a host one linked -z nodelete) is loaded afresh when
+// the same bundle is loaded again into that worker, its statics as a first
+// load finds them: dlopen would hand back the mapped one, matched by its
+// file's device and inode, were the staged file a link to the same file.
+func TestTenantReloadGetsAFreshLibrary(t *testing.T) {
+	d := tenantDevice(t)
+	keep := loadFor(t, d, "t", "", testkit.Manifest("keep"), nil) // holds the worker
+	dir := t.TempDir()
+	m := testkit.Manifest("again")
+	m.Library = "leaving.so"
+	m.OutBytes = 8
+	m.Chain = []abi.Launch{{Kernel: "runs", Grid: 1, Block: 1}}
+	testkit.BuildLib(t, filepath.Join("testdata", "leaving.cc"), dir, m.Library, "-pthread", "-Wl,-z,nodelete")
+	testkit.WriteManifest(t, dir, m)
+	for load := range 3 {
+		p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+		if err != nil {
+			t.Fatalf("load %d: %v", load, err)
+		}
+		if pidOf(p) != pidOf(keep) {
+			t.Fatalf("load %d went to worker %d, not the tenant's %d", load, pidOf(p), pidOf(keep))
+		}
+		in, err := p.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Out: m.OutBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for want := uint64(1); want <= 2; want++ {
+			out := make([]byte, 8)
+			if err := in.Run(&device.Run{Output: out, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}, Deadline: time.Now().Add(10 * time.Second)}); err != nil {
+				t.Fatal(err)
+			}
+			if got := binary.LittleEndian.Uint64(out); got != want {
+				t.Fatalf("load %d, run %d: the library's static says %d runs: the load got a library an earlier load had used", load, want, got)
+			}
+		}
+		in.Close()
+		p.Close()
 	}
 }
 

@@ -9,7 +9,8 @@
 // bytes would; on 5, the mark's own pipe, as only the bundle itself can),
 // then starts a thread of its own that writes to address 0 grid
 // milliseconds later (that thread runs no program: the handler adds no
-// mark of its own).
+// mark of its own). runs writes how many runs this copy of the library
+// has made, kept in a static (8 bytes, little-endian on the test's hosts).
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +32,15 @@ PLOVER_ENTRY(echo) {
   size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
   memcpy(s->out.dat, s->input.dat, n);
   s->out.len = n;
+}
+
+static unsigned long long runs_made;
+
+PLOVER_ENTRY(runs) {
+  (void)grid; (void)block;
+  runs_made++;
+  memcpy(s->out.dat, &runs_made, sizeof runs_made);
+  s->out.len = sizeof runs_made;
 }
 
 static long later_ms;
