@@ -33,7 +33,8 @@
 #
 # Sections (names for SKIP and ONLY): tests memcheck eager bench servers
 # vecadd cnn cnnbatch softmax pipeline grpc latency faults batch datapath
-# fair isolation. The sample sections start the servers themselves.
+# fair isolation tenants reload. The sample sections start the servers
+# themselves.
 #
 # Assumptions about the CLI and HTTP API (adjust here if they drift):
 #   plover serve --listen HOST:PORT --data DIR --device cuda|host
@@ -50,7 +51,7 @@
 #
 # Environment: OUT (copy the report and logs there), BUDGET and RESERVE
 # (seconds, above), SKIP and ONLY (section names), HOT_RUNS (default 30),
-# BENCHTIME (go test -test.benchtime, default 1s), PORT (first of three
+# BENCHTIME (go test -test.benchtime, default 1s), PORT (first of four
 # ports), NO_CURL=1 (use the fallbacks even where curl exists),
 # ISO_SECONDS/ISO_ROUNDS (isolation bench, default 3 and 2), FAIR_TIME
 # (fairness bench, default 3s), BATCH_TIME/BATCH_SWEEP (batching bench,
@@ -801,6 +802,24 @@ sec_tenants() {
   grep -E 'functions of 10 tenants|GPU memory' "$tmp/tenants.md" || true
 }
 
+# A function unloaded by its idle TTL and loaded again into its tenant's
+# worker beside a sibling: CUDA libraries are never closed, so the reload
+# is staged as a fresh copy of its library; its kernels must register and
+# run in the worker's one context (scripts/tenant-reload.sh).
+sec_reload() {
+  if [ ! -d build/samples/vecadd-cuda ] || [ ! -f build/samples/vecadd-expected.bin ] || ! have curl; then
+    say "SKIP: needs build/samples/vecadd-cuda, vecadd-expected.bin and curl"
+    return 0
+  fi
+  if bounded 60 bash scripts/tenant-reload.sh cuda build/samples/vecadd-cuda "$vin" build/samples/vecadd-expected.bin \
+    "$((port + 3))" "$tmp/reload" >"$tmp/reload.txt" 2>&1; then
+    pass "$(sed -n 's/^PASS: //p' "$tmp/reload.txt")"
+  else
+    fail "reload in a tenant's worker (exit $?): $(grep -m 3 -v '^PASS' "$tmp/reload.txt" | tr '\n' ' ')"
+  fi
+  save "$tmp/reload/server.log" server-cuda-reload.log
+}
+
 sec_isolation() {
   if [ ! -d build/samples/cnn-cuda ] || ! have python3; then
     say "SKIP: needs build/samples/cnn-cuda and python3"
@@ -861,6 +880,7 @@ run batch 40 "batching on CUDA: the CNN with and without it (plover-bench-suite 
 run datapath 40 "data path: vecadd 4 MB against an echo floor (plover-bench-suite --datapath)"
 run fair 40 "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
 run isolation 30 "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
+run reload 15 "a function unloaded and loaded again into its tenant's worker (scripts/tenant-reload.sh cuda)"
 run tenants 60 "tenant workers: 40 functions of 2 tenants, function vs tenant scope; 1,000 functions of 10 tenants (plover-bench-suite --tenants)"
 
 section "summary"
