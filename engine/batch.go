@@ -332,10 +332,10 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	var start call.Start
 	var load, sched time.Duration
 	t0 := time.Now()
-	inst, fresh, retried, err := pool.takeRetrying(context.Background(), deadline, nil)
+	inst, fresh, spent, err := pool.takeRetrying(context.Background(), deadline, nil)
 	var r *device.Run
 	var ended time.Time // the last run's end
-	for ; err == nil; retried = true {
+	for retried := false; err == nil; retried = true {
 		if fresh != call.Hot {
 			start = max(start, fresh)
 			load = time.Since(t0)
@@ -353,7 +353,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		wait, ended, err = pool.runOn(context.Background(), inst, r, time.Now(), deadline, nil)
 		sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
-		if err == nil || retried || !mayRunAgain(err) {
+		if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {
 			break
 		}
 		// The worker died while the instance was idle (the run reached no

@@ -32,10 +32,11 @@ func (p *pool) take(ctx context.Context, deadline time.Time, prefer device.Devic
 // or made the instance, with its tenant's shared worker by another
 // function's fault (Collateral): the load did nothing wrong, and the next
 // goes into a fresh worker. The loss is logged, not counted as a crash.
-// retried says it took the request's one retry: its run is not retried
-// again (runRetrying), so that a sibling that keeps crashing the worker
-// costs a request one more load at most.
-func (p *pool) takeRetrying(ctx context.Context, deadline time.Time, prefer device.Device) (in *instance, fresh call.Start, retried bool, err error) {
+// spent says it took the request's one retry for a collateral loss: a
+// collateral loss of its run is not retried again (runRetrying), so that a
+// sibling that keeps crashing the worker costs a request one more load at
+// most.
+func (p *pool) takeRetrying(ctx context.Context, deadline time.Time, prefer device.Device) (in *instance, fresh call.Start, spent bool, err error) {
 	in, fresh, err = p.take(ctx, deadline, prefer)
 	if err == nil || !collateral(err) {
 		return in, fresh, false, err
@@ -83,7 +84,7 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	if landed != nil {
 		prefer = landed.Device()
 	}
-	in, fresh, retried, err := p.takeRetrying(ctx, deadline, prefer)
+	in, fresh, spent, err := p.takeRetrying(ctx, deadline, prefer)
 	if err != nil {
 		return false, v.runFailed(nil, err)
 	}
@@ -94,7 +95,7 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 		return false, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", v.fn.name, req.Timing.Queue, req.Timing.Load)
 	}
 	landed = output(req, in, landed, j.outLen)
-	in, r, tEnd, err := p.runRetrying(ctx, req, in, landed, prefer, j, tr, deadline, retried)
+	in, r, tEnd, err := p.runRetrying(ctx, req, in, landed, prefer, j, tr, deadline, spent)
 	if r == nil {
 		return false, err
 	}
@@ -179,14 +180,15 @@ func overlaps(a, b []byte) bool {
 // runRetrying runs j for req on in, from tr (the clock before it), and once
 // more on a fresh instance if in's worker had died while it was idle (the
 // run reached no bundle code) or was lost with its tenant's shared worker
-// by another function's fault (Collateral), unless the request had its one
-// retry already (retried: its load's). It returns the instance that ran last with
+// by another function's fault (Collateral), unless that is a collateral
+// loss and the request had its one retry for one already (spent: its
+// load's). It returns the instance that ran last with
 // its run and the clock at the run's end, for the caller to put back; a
 // nil run: it ran nowhere, and err is the request's (the instance is put
 // back already).
-func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance, landed device.Slot, prefer device.Device, j job, tr, deadline time.Time, retried bool) (*instance, *device.Run, time.Time, error) {
+func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance, landed device.Slot, prefer device.Device, j job, tr, deadline time.Time, spent bool) (*instance, *device.Run, time.Time, error) {
 	v, m := p.v, p.v.manifest
-	for ; ; retried = true {
+	for retried := false; ; retried = true {
 		var err error
 		if req.Override != nil && req.Override.Chain != nil {
 			if j.steps, err = v.resolveChain(in.dev, req.Override.Chain); err != nil {
@@ -197,7 +199,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 				// it. So is one lost with its tenant's shared worker
 				// (Collateral). One the lookup itself crashed (a bundle's
 				// IFUNC resolver runs in it) is not.
-				if retried || !(mayRunAgain(err) || stoppedByServer(err)) {
+				if retried || !(mayRunAgain(err) || stoppedByServer(err)) || spent && collateral(err) {
 					p.put(in, programLost(err), time.Now())
 					return nil, nil, time.Time{}, v.runFailed(in.dev, err)
 				}
@@ -214,7 +216,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 			var tEnd time.Time
 			wait, tEnd, err = p.runOn(ctx, in, r, tr, deadline, req.Gone)
 			req.Timing.Sched += wait
-			if err == nil || retried || !mayRunAgain(err) {
+			if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {
 				r.Input, r.Output, r.Slot = nil, nil, nil
 				return in, r, tEnd, err
 			}

@@ -21,12 +21,12 @@ import (
 // workerLoss is a worker's device.Loss as the worker layer reports it: a
 // crash of the program's own, or (collateral) its tenant's shared process
 // ended by another program.
-type workerLoss struct{ collateral bool }
+type workerLoss struct{ collateral, nowhere bool }
 
 func (l workerLoss) Error() string {
-	return fmt.Sprintf("worker process 1 died (collateral %v)", l.collateral)
+	return fmt.Sprintf("worker process 1 died (collateral %v, while idle %v)", l.collateral, l.nowhere)
 }
-func (l workerLoss) RanNowhere() bool { return false }
+func (l workerLoss) RanNowhere() bool { return l.nowhere }
 func (l workerLoss) ByServer() bool   { return false }
 func (l workerLoss) Collateral() bool { return l.collateral }
 func (l workerLoss) LogAttrs() []any  { return []any{"pid", 1} }
@@ -36,7 +36,8 @@ func (l workerLoss) LogAttrs() []any  { return []any{"pid", 1} }
 // would that dies under them. It records the tenants its loads name.
 type lossDevice struct {
 	device.Device
-	loss workerLoss
+	loss    workerLoss
+	runLoss *workerLoss // the runs' loss, when not loss
 
 	mu                     sync.Mutex
 	failLoads, failEntries int
@@ -107,6 +108,9 @@ func (p *lossProgram) NewInstance(cfg device.InstanceConfig) (device.Instance, e
 
 func (i *lossInstance) Run(r *device.Run) error {
 	if i.d.fails(&i.d.failRuns, &i.d.runs) {
+		if l := i.d.runLoss; l != nil {
+			return *l
+		}
 		return i.d.loss
 	}
 	return i.Instance.Run(r)
@@ -131,28 +135,35 @@ func lossEngine(t *testing.T, d *lossDevice) (*engine.Engine, *testkit.LogBuffer
 // A request whose program was lost with its tenant's shared worker by
 // another function (a collateral loss) goes once more on a fresh program,
 // whether the loss came in its run, in its override chain's lookup or in
-// the load its request made; once only, however many of them lose it. A crash of its own is not retried
+// the load its request made; once only, however many of them lose it. A
+// run that finds its fresh worker had died while idle (it ran nowhere) goes
+// once more too, its load's retry spent or not. A crash of its own is not retried
 // (the control). The version's tenant reaches every load.
 func TestCollateralLossRunsOnceMore(t *testing.T) {
 	tests := []struct {
 		name                string
 		collateral          bool
-		loads, entries, run int // operations that fail
+		loads, entries, run int  // operations that fail
+		runIdle             bool // runs fail as a worker dead while idle would
 		override            bool
 		wantErr             bool
 		wantLoads, wantRuns int
 		wantLog             string
 	}{
-		{"run", true, 0, 0, 1, false, false, 2, 2, "lost with its tenant's worker"},
-		{"run twice", true, 0, 0, 2, false, true, 2, 2, "lost with its tenant's worker"},
-		{"lookup", true, 0, 1, 0, true, false, 2, 1, "lost with its tenant's worker"},
-		{"load", true, 1, 0, 0, false, false, 2, 1, "lost with its tenant's worker"},
-		{"load then run", true, 1, 0, 1, false, true, 2, 1, "lost with its tenant's worker"},
-		{"own crash", false, 0, 0, 1, false, true, 1, 1, "worker died"},
+		{"run", true, 0, 0, 1, false, false, false, 2, 2, "lost with its tenant's worker"},
+		{"run twice", true, 0, 0, 2, false, false, true, 2, 2, "lost with its tenant's worker"},
+		{"lookup", true, 0, 1, 0, false, true, false, 2, 1, "lost with its tenant's worker"},
+		{"load", true, 1, 0, 0, false, false, false, 2, 1, "lost with its tenant's worker"},
+		{"load then run", true, 1, 0, 1, false, false, true, 2, 1, "lost with its tenant's worker"},
+		{"load then an idle death", true, 1, 0, 1, true, false, false, 3, 2, "lost with its tenant's worker"},
+		{"own crash", false, 0, 0, 1, false, false, true, 1, 1, "worker died"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := &lossDevice{Device: device.NewHost(0), loss: workerLoss{tt.collateral}, failLoads: tt.loads, failEntries: tt.entries, failRuns: tt.run}
+			d := &lossDevice{Device: device.NewHost(0), loss: workerLoss{collateral: tt.collateral}, failLoads: tt.loads, failEntries: tt.entries, failRuns: tt.run}
+			if tt.runIdle {
+				d.runLoss = &workerLoss{nowhere: true}
+			}
 			e, logs := lossEngine(t, d)
 			req := &call.Request{Input: []byte("x")}
 			if tt.override {
@@ -188,7 +199,7 @@ func TestCollateralLossRunsOnceMore(t *testing.T) {
 func TestCollateralLossesDoNotBackOff(t *testing.T) {
 	for _, collateral := range []bool{true, false} {
 		t.Run(fmt.Sprintf("collateral=%v", collateral), func(t *testing.T) {
-			d := &lossDevice{Device: device.NewHost(0), loss: workerLoss{collateral}, failRuns: -1}
+			d := &lossDevice{Device: device.NewHost(0), loss: workerLoss{collateral: collateral}, failRuns: -1}
 			e, logs := lossEngine(t, d)
 			losses := func() int {
 				d.mu.Lock()

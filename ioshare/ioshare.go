@@ -308,22 +308,28 @@ func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, m
 func (t Turn) Done() { t.DoneMoved(-1) }
 
 // DoneMoved is Done for a piece that moved n bytes. A piece that may block
-// is charged no more than n bytes cost the server, at the rate its
-// non-blocking pieces cost (blockingRate): its wall time is mostly its
+// holds its slot its wall time (at most Config.Hold), and is charged that
+// in the turns' order: the slot was not another flow's. Its function is
+// charged no more than n bytes cost the server, at the rate its
+// non-blocking pieces cost (blockingCost): its wall time is mostly its
 // peer's, and a client trickling a chunked or TLS body a few bytes at a
-// time must not charge its function 2 ms a piece. A non-blocking piece of
-// at least rateSample bytes teaches the rate.
+// time must not charge its function's I/O time and device share 2 ms a
+// piece. A non-blocking piece of at least rateSample bytes teaches the
+// rate.
 func (t Turn) DoneMoved(n int) {
 	if t.f == nil {
 		return
 	}
 	sh := t.f.sh
-	cpu := mono() - t.start
+	held := mono() - t.start
+	cpu := held
 	switch {
-	case t.blocks && n >= 0:
-		cpu = min(cpu, sh.cfg.Hold, sh.blockingCost(n))
 	case t.blocks:
-		cpu = min(cpu, sh.cfg.Hold)
+		held = min(held, sh.cfg.Hold)
+		cpu = held
+		if n >= 0 {
+			cpu = min(cpu, sh.blockingCost(n))
+		}
 	case !t.metered && n >= rateSample:
 		sh.learnRate(cpu, n)
 	}
@@ -332,7 +338,7 @@ func (t Turn) DoneMoved(n int) {
 	}
 	if !t.metered {
 		t.f.moving.Add(-1)
-		t.t.DoneUsed(time.Now(), max(cpu, 1)) // 0 would charge the slot time
+		t.t.DoneUsed(time.Now(), max(held, 1)) // 0 would charge the slot time
 	}
 	t.f.charge(cpu)
 }

@@ -261,6 +261,59 @@ func TestBlockingPiecesChargeTheirBytes(t *testing.T) {
 	}
 }
 
+// A piece that may block holds its slot while it waits for its client, and
+// the turns' order counts that, though its function is charged only its
+// bytes: clients trickling chunked bodies (a few bytes a piece, each
+// waiting about 1 ms inside its turn) do not crowd out, at equal shares, a
+// flow whose pieces take 1 ms of CPU each (one slot). Charged 1 ns a
+// piece, the trickling flow took 442 turns to the other's 5.
+func TestTricklingPiecesPayTheirSlotTime(t *testing.T) {
+	sh := New(Config{Slots: 1, Hold: 2 * time.Millisecond})
+	a, b := sh.Flow("a"), sh.Flow("b")
+	var mu sync.Mutex
+	var turns [2]int
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg, enough sync.WaitGroup
+	const total = 300
+	enough.Add(total)
+	for i, f := range []*Flow{a, a, a, b, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				tn, err := f.Turn(ctx, time.Time{}, nil, f == a)
+				if err != nil {
+					return
+				}
+				if f == a {
+					time.Sleep(time.Millisecond) // the client's next chunk
+					tn.DoneMoved(10)
+				} else {
+					for start := mono(); mono()-start < time.Millisecond; {
+					}
+					tn.Done()
+				}
+				mu.Lock()
+				turns[min(i/3, 1)]++
+				n := turns[0] + turns[1]
+				mu.Unlock()
+				if n <= total {
+					enough.Done()
+				}
+			}
+		}()
+	}
+	enough.Wait()
+	cancel()
+	wg.Wait()
+	if turns[1]*3 < turns[0] {
+		t.Fatalf("the CPU flow had %d turns against the trickling flow's %d: a waiting piece's slot time is not counted", turns[1], turns[0])
+	}
+	if spent := time.Duration(a.cpu.Load()); spent > time.Millisecond {
+		t.Fatalf("the trickling flow was charged %v for %d pieces of 10 bytes: want its bytes, not its waits", spent, turns[0])
+	}
+}
+
 // Non-blocking pieces teach the rate blocking ones are charged at.
 func TestBlockingRateIsLearnt(t *testing.T) {
 	sh := New(Config{Off: true})

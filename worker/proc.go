@@ -384,6 +384,12 @@ func (p *proc) readMark() {
 	var kept []byte
 	buf := make([]byte, markKeep)
 	rc.Read(func(fd uintptr) bool {
+		// os.Pipe's end is non-blocking already, for the poller; said
+		// again, as a read that blocked on a pipe a forked child holds
+		// would keep the death from ever being reported.
+		if unix.SetNonblock(int(fd), true) != nil {
+			return true
+		}
 		for total := 0; total < markRead; {
 			n, err := unix.Read(int(fd), buf)
 			if err == unix.EINTR {

@@ -34,10 +34,11 @@ static struct sigaction plover_prev[PLOVER_NSIGS];
 
 // plover_fatal names the program the signal took (wire.FatalMark), when
 // the thread was running one, in one write(2) to its pipe (non-blocking: a
-// pipe a bundle filled takes no mark, and never holds the death up); then lets the handler it
-// replaced have its say (checked mode's line naming the entry and buffer
-// of a guard fault: after the mark, which ends a line, so that it starts
-// one of its own), and dies by the signal: SA_RESETHAND put back the
+// pipe a bundle filled takes no mark, and never holds the death up); then
+// lets the handler it replaced have its say (checked mode's line on
+// stderr naming the entry and buffer of a guard fault, which the server
+// finds anywhere in a line: after words the bundle left unended too), and
+// dies by the signal: SA_RESETHAND put back the
 // default action and SA_NODEFER leaves the signal unblocked, so the raise
 // ends the process here (a fault's instruction would fault again anyway).
 // Async-signal-safe calls only.
@@ -107,7 +108,9 @@ func installFatalHandler() error {
 	// Non-blocking, so that the handler's write cannot block on a pipe
 	// the bundle filled; closed on exec, so that a program the bundle
 	// runs does not inherit it.
-	if err := unix.SetNonblock(fd, true); err != nil {
+	if err := unix.SetNonblock(fd, true); err == unix.EBADF {
+		return fmt.Errorf("the server gave this tenant's worker no fatal mark pipe (fd %d): install plover and plover-worker from one build", fd)
+	} else if err != nil {
 		return fmt.Errorf("the fatal mark's pipe (fd %d): %w", fd, err)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
