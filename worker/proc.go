@@ -52,8 +52,9 @@ type proc struct {
 	// nowhere.
 	out      atomic.Pointer[output]
 	startOut atomic.Int32 // lines written before it had a function
-	// fault is checked mode's report of the access that killed it, a line
-	// it wrote on stderr (device.FaultMark), told with its exit.
+	// fault is checked mode's report of the access that killed it, the
+	// last line it wrote on stderr (device.FaultMark) in checked mode,
+	// told with its exit.
 	fault atomic.Pointer[string]
 	// faulted is fault's report, once the process died of the fault:
 	// told by the losses of the program at fault alone (ProcessExit.Fault).
@@ -356,9 +357,16 @@ func (p *proc) readOutput(r *os.File, stream string) {
 			close(p.said)
 			said = true
 		}
-		if i := strings.Index(text, device.FaultMark); i >= 0 && stream == "stderr" {
-			f := text[i:]
-			p.fault.Store(&f) // the last: the handler's, written as the process dies
+		if stream == "stderr" && p.d.opts.Checked {
+			// The handler's is the last line, written as the process
+			// dies: a report with a line after it is the bundle's own
+			// words (a client's bytes echoed, say), not the handler's.
+			var f *string
+			if i := strings.Index(text, device.FaultMark); i >= 0 {
+				f = new(string)
+				*f = text[i:]
+			}
+			p.fault.Store(f)
 		}
 		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		if err != nil {
@@ -498,7 +506,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	// Only a death by a memory fault (SIGSEGV, SIGBUS: the signals checked
 	// mode's handler reports before it lets them kill the process) takes
 	// the handler's line: the bundle can print anything on stderr, a
-	// marked line included.
+	// marked line included (readOutput keeps only a last line's).
 	if f := p.fault.Load(); f != nil && (sig == syscall.SIGSEGV || sig == syscall.SIGBUS) && p.killed.Load() == nil {
 		p.faulted = strings.TrimPrefix(*f, device.FaultMark)
 	}

@@ -280,6 +280,42 @@ func TestTenantClientTextIsNoMark(t *testing.T) {
 	}
 }
 
+// Checked mode's report of a guard fault is believed only from a worker in
+// checked mode, and only as the last line its stderr held before it died: a
+// bundle that echoes its client's bytes cannot have a crash told with a
+// report the client wrote, unless the client's is the last line before a
+// crash that wrote none of its own (the control; here the crash comes on a
+// thread of the bundle's own, a SIGSEGV as a guard fault's would be).
+func TestForgedFaultReportIsNotTold(t *testing.T) {
+	report := device.FaultMark + "entry forge wrote past the end of out, at byte 1 (forged)"
+	for _, tc := range []struct {
+		name    string
+		checked bool
+		echoed  string // what the bundle writes on stderr
+		told    bool
+	}{
+		{"not in checked mode", false, report, false},
+		{"in checked mode, a line after it", true, report + "\nworking on", false},
+		{"in checked mode, the last line", true, report, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(),
+				Spawner: spawner, TenantScope: true, Checked: tc.checked})
+			t.Cleanup(func() { d.Close() })
+			h, mh := loadLeaving(t, d, "forger", "forge", nil)
+			mh.Chain[0].Block = 2 // stderr
+			if err := runOnce(t, h, mh, []byte(tc.echoed), 10*time.Second); err != nil {
+				t.Fatalf("forge: %v", err)
+			}
+			<-h.Exited()
+			dh := h.Death()
+			if dh == nil || strings.Contains(dh.Error(), "(forged)") != tc.told {
+				t.Fatalf("the death: %v; want the client's report told %v", dh, tc.told)
+			}
+		})
+	}
+}
+
 // A library the worker keeps mapped after its program's unload (CUDA's,
 // never closed; here a host one linked -z nodelete) is loaded afresh when
 // the same bundle is loaded again into that worker, its statics as a first
