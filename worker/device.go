@@ -325,7 +325,11 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	}
 	p.memLimit.Store(d.hostLimit(spec))
 	p.weigh(spec.Manifest)
-	if _, err := stage(spec, p.stage, ""); err != nil {
+	ran, err := p.inStage(func() error { _, err := stage(spec, p.stage, ""); return err })
+	if !ran {
+		return nil, p.lost("staging the bundle")
+	}
+	if err != nil {
 		p.kill("its bundle could not be staged")
 		return nil, err
 	}
@@ -397,7 +401,11 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		g.unstage()
 		return nil, err
 	}
-	if err = p.stageTenant(spec, g); err != nil {
+	ran, err := p.inStage(func() error { return p.stageTenant(spec, g) })
+	if !ran {
+		return fail(g.lost("staging the bundle"))
+	}
+	if err != nil {
 		return fail(err)
 	}
 	// The load runs under a bound of its own, not the request's deadline:

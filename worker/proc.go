@@ -89,7 +89,12 @@ type proc struct {
 	ctlBusy, ctlGone bool
 	// cgroup is its CPU group (CPUGroups.Place), removed once it is reaped.
 	cgroup *Group
-	stage  string // removed when the process is gone
+	stage  string // removed when the process is gone, once stagers are done
+	// stagers counts the loads putting files in stage (inStage).
+	stagers sync.WaitGroup
+	// gone is exited, read without mu (placeTenant, under the device's):
+	// a process that exited takes no new program, reaped or not.
+	gone atomic.Bool
 	// calling is what the control call on the channel does (ctlBusy),
 	// and for which program (nil: none).
 	calling     string
@@ -474,6 +479,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Lock()
 	contain.KillGroup(p.pid)
 	p.exited = true
+	p.gone.Store(true)
 	// What it was doing: a run or a call that saw it die still counts
 	// (they wait for done before they end).
 	p.during = "idle"
@@ -495,6 +501,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	case <-p.heard:
 	case <-time.After(100 * time.Millisecond):
 	}
+	p.stagers.Wait() // exited is set: no new one begins (inStage)
 	os.RemoveAll(p.stage)
 	p.mu.Lock()
 	cg := p.cgroup
@@ -586,6 +593,24 @@ func (p *proc) idleExit() error {
 // ended: reason is set).
 func (p *proc) exit(during string) *ProcessExit {
 	return &ProcessExit{PID: p.pid, Reason: p.reason, Fault: p.faulted, During: during, Killed: p.killed.Load() != nil}
+}
+
+// inStage runs put, which puts a load's files in p's stage, unless the
+// process has exited, whose stage wait removes: ran is false then, and the
+// load is lost with the process. wait removes the stage only once every
+// put under way has returned, so that none links into a directory being
+// removed (a file linked after the removal read it would leave the
+// directory behind for good).
+func (p *proc) inStage(put func() error) (ran bool, err error) {
+	p.mu.Lock()
+	if p.exited {
+		p.mu.Unlock()
+		return false, nil
+	}
+	p.stagers.Add(1) // before wait's Wait: exited is set under mu, then Wait
+	p.mu.Unlock()
+	defer p.stagers.Done()
+	return true, put()
 }
 
 func (p *proc) alive() bool {

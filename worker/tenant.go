@@ -101,9 +101,10 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 			t = &tenantSlot{}
 			d.tenants[spec.Tenant] = t
 		}
-		// A worker the server killed but has not reaped yet is as good as
-		// dead: a program placed in it would be lost with it.
-		if t.p != nil && t.p.alive() && t.p.killed.Load() == nil {
+		// A worker the server killed, or one that exited, but that has
+		// not been reaped yet is as good as dead: a program placed in it
+		// would be lost with it.
+		if t.p != nil && t.p.alive() && t.p.killed.Load() == nil && !t.p.gone.Load() {
 			if err := t.p.admit(spec.Tenant); err != nil {
 				d.mu.Unlock()
 				return nil, err
