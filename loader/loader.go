@@ -8,6 +8,14 @@ package loader
 #include <stdlib.h>
 
 static void *plover_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+// 1 when the file at path is mapped in this process (dlopen matches a
+// loaded object by name, then by the file's device and inode).
+static int plover_resident(const char *path) {
+	void *h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+	if (h == NULL) return 0;
+	dlclose(h);
+	return 1;
+}
 static const char *plover_dlerror(void) { return dlerror(); }
 */
 import "C"
@@ -49,6 +57,19 @@ func Open(path, target string, kernels []string) (*Library, error) {
 		return nil, err
 	}
 	return open(path, info, target, kernels)
+}
+
+// Resident reports whether the library file at path is mapped in this
+// process now: a library never closed (CUDA's), one closed that stays
+// (linked -z nodelete, holding a GNU unique symbol or a thread_local's
+// destructor), or one open. dlopen would hand that mapping back, its
+// statics as they are, instead of loading the file afresh.
+func Resident(path string) bool {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	lockDL()
+	defer unlockDL()
+	return C.plover_resident(cpath) == 1
 }
 
 // open dlopens a library that passed the static checks of info.

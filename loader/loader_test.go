@@ -189,3 +189,43 @@ PLOVER_ENTRY(count) { (void)grid; (void)block; (void)s; counter()++; }
 		})
 	}
 }
+
+// Resident tells whether dlopen would hand back a mapping the process
+// holds: the library open, a hard link to it (matched by device and
+// inode), but not a copy, a file never opened, or, on the host, the
+// library once closed.
+func TestResident(t *testing.T) {
+	dir := t.TempDir()
+	lib := testkit.BuildLib(t, testkit.KernelsSource(), dir, "res.so")
+	link, cp := filepath.Join(dir, "link.so"), filepath.Join(dir, "copy.so")
+	if err := os.Link(lib, link); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(lib)
+	if err == nil {
+		err = os.WriteFile(cp, b, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string, want map[string]bool) {
+		t.Helper()
+		for _, p := range []string{lib, link, cp, filepath.Join(dir, "none.so")} {
+			if got := loader.Resident(p); got != want[p] {
+				t.Errorf("%s: Resident(%s) = %v, want %v", when, filepath.Base(p), got, want[p])
+			}
+		}
+	}
+	check("before any open", nil)
+	l, err := loader.Open(lib, abi.TargetHost, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("open", map[string]bool{lib: true, link: true})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The link's name was added to the library's names when Resident
+	// matched it: it goes with the library.
+	check("closed", nil)
+}

@@ -425,6 +425,9 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		wctx, cancel := context.WithTimeout(context.Background(), maxControlWait)
 		defer cancel()
 		rep, err := g.load(wctx, d.loadBound, mj)
+		if err == nil && rep.St == wire.StMapped {
+			rep, err = g.loadCopy(wctx, spec, mj)
+		}
 		if err != nil && p.killedBy.Load() == g {
 			d.hungAtLoad(spec) // killed for it: its load hung
 		}
@@ -460,6 +463,21 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 	d.used.Add(consts)
 	p.reported.Store(true)
 	return g, nil
+}
+
+// loadCopy loads g again with its library staged as a copy, the worker
+// having answered that the linked file is mapped there already
+// (wire.StMapped). Rare: a reload after an unload that left the library
+// mapped, or a second load of one file.
+func (g *program) loadCopy(ctx context.Context, spec device.ProgramSpec, mj []byte) (wire.Reply, error) {
+	ran, err := g.p.inStage(func() error { return g.p.stageCopy(spec, g) })
+	if !ran {
+		return wire.Reply{}, g.lost("staging the bundle")
+	}
+	if err != nil {
+		return wire.Reply{}, err
+	}
+	return g.load(ctx, g.d.loadBound, mj)
 }
 
 // loadBound bounds a load into a tenant's worker (loadShared), which a

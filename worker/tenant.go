@@ -58,9 +58,6 @@ type tenancy struct {
 	// plover_instance_fini running), false once that is done; forgotten
 	// outputGrace after their last call (forget).
 	leaving map[*program]bool
-	// libs is the device and inode of every library file dlopened in the
-	// process (stageTenant).
-	libs map[[2]uint64]struct{}
 	// named: blame named the one program at fault, one still held, whose
 	// crash the engine counts (tenantDied does not count the death
 	// towards the tenant's back-off).
@@ -314,36 +311,32 @@ func (p *proc) retune() {
 
 // stageTenant links g's bundle into p's stage, its files' names led by
 // g's prefix: no directory each, whose inode a mkdir at every load would
-// cost (0.1-0.3 ms of ext4 here, more after many deletes). A library that
-// is the very file (a hard link) of one p loaded before, for a program
-// held or one unloaded, is copied instead: dlopen would find the loaded
-// one by its device and inode and hand both programs one handle, or a
-// reload the mapping its last load left (a CUDA library is never closed;
-// a host one linked -z nodelete, or pinned by a GNU unique symbol, stays
-// too), its statics as that load left them.
+// cost (0.1-0.3 ms of ext4 here, more after many deletes).
 func (p *proc) stageTenant(spec device.ProgramSpec, g *program) error {
 	g.prefix = stagePrefix(g.id)
+	var err error
+	g.staged, err = stage(spec, p.stage, g.prefix)
+	return err
+}
+
+// stageCopy stages g's bundle again, under a prefix of its own copy's,
+// its library a copy: the worker answered its load that the linked file is
+// mapped there already (wire.StMapped: a CUDA library is never closed; a
+// host one may stay), and dlopen would hand that mapping back, its statics
+// as its last load left them, or another program's. A new name too: the
+// worker's check gave the old one to that mapping (dlopen adds a name it
+// matched by the file's device and inode to the object's names).
+func (p *proc) stageCopy(spec device.ProgramSpec, g *program) error {
+	g.unstage()
+	g.prefix = stagePrefix(g.id) + "copy."
 	var err error
 	if g.staged, err = stage(spec, p.stage, g.prefix); err != nil {
 		return err
 	}
 	lib := filepath.Join(p.stage, g.prefix+spec.Manifest.Library)
-	var id [2]uint64
-	if fi, err := os.Stat(lib); err == nil {
-		st := fi.Sys().(*syscall.Stat_t)
-		id = [2]uint64{st.Dev, st.Ino}
-	}
-	// Set and compared in one hold of mu: of two loads of one file at
-	// once, the second sees the first's.
-	p.mu.Lock()
-	_, shared := p.tenant.libs[id]
-	p.tenant.libs[id] = struct{}{}
-	p.mu.Unlock()
-	if shared {
-		os.Remove(lib)
-		if err := fileutil.Copy(filepath.Join(spec.Dir, spec.Manifest.Library), lib); err != nil {
-			return fmt.Errorf("stage %s: %w", spec.Manifest.Library, err)
-		}
+	os.Remove(lib)
+	if err := fileutil.Copy(filepath.Join(spec.Dir, spec.Manifest.Library), lib); err != nil {
+		return fmt.Errorf("stage %s: %w", spec.Manifest.Library, err)
 	}
 	return nil
 }

@@ -344,6 +344,9 @@ func (w *server) load(c wire.Control) wire.Reply {
 			*f = c.Prefix + *f
 		}
 	}
+	if w.cfg.Tenant && m.Library != "" && loader.Resident(stageDir+"/"+m.Library) {
+		return wire.Reply{St: wire.StMapped, Text: "load: the library's file is mapped in this worker already: stage a copy"}
+	}
 	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: stageDir, Manifest: &m})
 	if err != nil {
 		rep := statusReply(err)

@@ -134,6 +134,11 @@ const (
 	StFailed    byte = 5 // anything else: [message]
 	StBadRunMsg byte = 6 // a malformed run message (a server bug): [message]
 	StRejected  byte = 7 // the chain refused its input (plover_reject): [message]
+	// StMapped answers OpLoad in a tenant's worker whose process maps the
+	// library's file already (loader.Resident): staged as a link to a
+	// file loaded before, the load would get that mapping back. The
+	// server stages a copy and loads again. [message]
+	StMapped byte = 8
 )
 
 // CtlMax bounds a control message: a manifest, with room to spare.
