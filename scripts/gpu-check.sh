@@ -804,8 +804,9 @@ sec_tenants() {
 
 # A function unloaded by its idle TTL and loaded again into its tenant's
 # worker beside a sibling: CUDA libraries are never closed, so the reload
-# is staged as a fresh copy of its library; its kernels must register and
-# run in the worker's one context (scripts/tenant-reload.sh).
+# is staged as a copy of its library (the worker answers that it maps the
+# file); its kernels must register and run in the worker's one context
+# (scripts/tenant-reload.sh).
 sec_reload() {
   if [ ! -d build/samples/vecadd-cuda ] || [ ! -f build/samples/vecadd-expected.bin ] || ! have curl; then
     say "SKIP: needs build/samples/vecadd-cuda, vecadd-expected.bin and curl"

@@ -4,10 +4,11 @@
 # A function unloaded by its idle TTL and loaded again into its tenant's
 # worker, which a sibling's requests keep: the reload must run right. A
 # worker never closes a CUDA library, and dlopen matches a file it holds by
-# its device and inode, so the reload is staged as a fresh copy of the
-# library (worker/tenant.go, stageTenant): this checks on a real driver that
-# the copy's kernels register and run in the worker's one context, beside
-# the sibling's. Runs bin/plover from the repository root; the server is on
+# its device and inode, so the worker answers the reload that it maps the
+# file already and the server stages a copy of the library under a new
+# name (wire.StMapped; worker/tenant.go, stageCopy): this checks on a real
+# driver that the copy's kernels register and run in the worker's one
+# context, beside the sibling's. Runs bin/plover from the repository root; the server is on
 # 127.0.0.1:PORT, its data and logs under WORKDIR. Prints PASS or FAIL lines;
 # exits 1 on a failure. Ends by itself: every wait is bounded.
 set -u
