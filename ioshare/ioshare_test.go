@@ -241,11 +241,11 @@ func TestBlockingPiecesChargeTheirBytes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sh := New(Config{Off: true, Hold: hold})
 			f := sh.Flow("f")
+			start := mono() // before the turn's own start: the charge is within
 			tn, err := f.Turn(context.Background(), time.Time{}, nil, true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			start := mono()
 			time.Sleep(tc.wait)
 			if tc.n >= 0 {
 				tn.DoneMoved(tc.n)
