@@ -208,18 +208,23 @@ func (p *pool) retire() {
 func (p *pool) takeIdle(prefer device.Device) *instance {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := len(p.idle)
-	if n == 0 {
-		return nil
-	}
-	k := n - 1
-	if prefer != nil {
-		for j := n - 1; j >= 0; j-- {
-			if p.idle[j].dev.dev == prefer {
-				k = j
-				break
-			}
+	// Not one of a program whose process died: abandon marks it dead
+	// before it takes its idle instances out.
+	k := -1
+	for j := len(p.idle) - 1; j >= 0; j-- {
+		if p.idle[j].dev.dead.Load() {
+			continue
 		}
+		if k < 0 {
+			k = j // the most recently used
+		}
+		if prefer == nil || p.idle[j].dev.dev == prefer {
+			k = j
+			break
+		}
+	}
+	if k < 0 {
+		return nil
 	}
 	in := p.idle[k]
 	p.idle = append(p.idle[:k], p.idle[k+1:]...)
@@ -284,7 +289,7 @@ func (p *pool) placement(dev device.Device) *placement {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, pl := range p.placements {
-		if pl.dev == dev {
+		if pl.dev == dev && !pl.dead.Load() { // one dead is on its way out (abandon)
 			return pl
 		}
 	}
@@ -363,7 +368,10 @@ func (p *pool) reap(now time.Time, ttl time.Duration, keep int) (closed int, zer
 		p.idle = p.idle[1:]
 		p.live--
 	}
-	zero = p.live == 0 && p.refs == 0 && keep == 0 && now.Sub(p.lastUsed) >= ttl
+	// A version backing off keeps its pool: its requests fail before they
+	// use it (lastUsed stays), and unloading it would make a fresh pool
+	// with no back-off, the crash count started over.
+	zero = p.live == 0 && p.refs == 0 && keep == 0 && now.Sub(p.lastUsed) >= ttl && now.UnixNano() >= p.backoffUntil.Load()
 	p.mu.Unlock()
 	for _, in := range closing {
 		in.inst.Close()

@@ -58,6 +58,14 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 		done <- true
 		return
 	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		// The worker closed its end within the grace (EOF, or a reset):
+		// it is dying of its own (a crash, this chain's or a sibling's),
+		// to be told as it died, not as the server's kill for an overrun.
+		i.g.p.end("it closed its channel while a chain overran")
+		done <- false
+		return
+	}
 	// Late, faulted, or not a reply at all: the worker goes.
 	why := "a chain ran past its request's deadline by more than " + overrunGrace.String()
 	i.g.p.killFor(i.g, why)
