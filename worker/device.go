@@ -325,12 +325,9 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	}
 	p.memLimit.Store(d.hostLimit(spec))
 	p.weigh(spec.Manifest)
-	ran, err := p.inStage(func() error { _, err := stage(spec, p.stage, ""); return err })
-	if !ran {
-		return nil, p.lost("staging the bundle")
-	}
-	if err != nil {
-		p.kill("its bundle could not be staged")
+	if err := p.inStage(func() error { _, err := stage(spec, p.stage, ""); return err }); err != nil {
+		p.kill("its bundle could not be staged") // gone already, if the loss is its death
+
 		return nil, err
 	}
 	g := &program{d: d, p: p, id: 1, name: spec.Manifest.Name, dir: spec.Dir, consts: consts, entries: map[string]int32{}}
@@ -401,12 +398,8 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		g.unstage()
 		return nil, err
 	}
-	ran, err := p.inStage(func() error { return p.stageTenant(spec, g) })
-	if !ran {
-		return fail(g.lost("staging the bundle"))
-	}
-	if err != nil {
-		return fail(err)
+	if err := p.inStage(func() error { return p.stageTenant(spec, g) }); err != nil {
+		return fail(g.shares(err))
 	}
 	// The load runs under a bound of its own, not the request's deadline:
 	// past that, the call would kill the worker, and with it every
@@ -470,12 +463,8 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 // (wire.StMapped). Rare: a reload after an unload that left the library
 // mapped, or a second load of one file.
 func (g *program) loadCopy(ctx context.Context, spec device.ProgramSpec, mj []byte) (wire.Reply, error) {
-	ran, err := g.p.inStage(func() error { return g.p.stageCopy(spec, g) })
-	if !ran {
-		return wire.Reply{}, g.lost("staging the bundle")
-	}
-	if err != nil {
-		return wire.Reply{}, err
+	if err := g.p.inStage(func() error { return g.p.stageCopy(spec, g) }); err != nil {
+		return wire.Reply{}, g.shares(err)
 	}
 	return g.load(ctx, g.d.loadBound, mj)
 }
