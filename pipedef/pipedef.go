@@ -120,9 +120,6 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 	if slices.Contains(path, s.Function) {
 		return &StepError{field, fmt.Sprintf("%s -> %s is a cycle: a pipeline may not run itself", strings.Join(path, " -> "), s.Function), nil}
 	}
-	if len(path) >= MaxDepth {
-		return &StepError{field, fmt.Sprintf("pipelines nest deeper than %d (%s -> %s)", MaxDepth, strings.Join(path, " -> "), s.Function), nil}
-	}
 	if c.allow != nil {
 		if err := c.allow(s.Function); err != nil {
 			return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err), nil}}
@@ -144,6 +141,11 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 		return &StepError{field, err.Error() + via, nil}
 	}
 	if v.Kind == abi.KindPipeline {
+		// Depth counts pipelines (top is 1), as the runner does: a
+		// function step of the deepest one adds no level.
+		if len(path) >= MaxDepth {
+			return &StepError{field, fmt.Sprintf("pipelines nest deeper than %d (%s -> %s)", MaxDepth, strings.Join(path, " -> "), s.Function), nil}
+		}
 		return c.steps(top, v.Steps, append(slices.Clip(path), s.Function), field+" -> "+s.Function+".steps")
 	}
 	c.functions++

@@ -110,17 +110,27 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// Depth counts pipelines, top included, as the runner does: 8 levels
+// deploy, 9 do not.
 func TestCheckDepth(t *testing.T) {
-	recs := store{"f": fn("f")}
-	prev := "f"
-	for i := 0; i < MaxDepth+1; i++ {
-		name := fmt.Sprintf("p%d", i)
-		recs[name] = pipe(name, s(prev))
-		prev = name
-	}
-	err := Check(context.Background(), "top", []abi.Step{s(prev)}, recs.get, func(err error) bool { return errors.Is(err, errMissing) })
-	if err == nil || !strings.Contains(err.Error(), "nest deeper than") {
-		t.Fatalf("err = %v", err)
+	for _, tc := range []struct {
+		levels int
+		ok     bool
+	}{{MaxDepth - 1, true}, {MaxDepth, true}, {MaxDepth + 1, false}} {
+		recs := store{"f": fn("f")}
+		prev := "f"
+		for i := 0; i < tc.levels-1; i++ { // top is one level
+			name := fmt.Sprintf("p%d", i)
+			recs[name] = pipe(name, s(prev))
+			prev = name
+		}
+		err := Check(context.Background(), "top", []abi.Step{s(prev)}, recs.get, func(err error) bool { return errors.Is(err, errMissing) })
+		if tc.ok && err != nil {
+			t.Errorf("%d levels: %v", tc.levels, err)
+		}
+		if !tc.ok && (err == nil || !strings.Contains(err.Error(), "nest deeper than")) {
+			t.Errorf("%d levels: err = %v, want nest deeper than", tc.levels, err)
+		}
 	}
 }
 

@@ -165,7 +165,12 @@ type Pin struct {
 type plan struct {
 	name   string
 	stages []stage
-	pins   []engine.Pin // every function pinned, released with the plan
+	pins   []engine.Pin // every function and nested pipeline pinned, once each; released with the plan
+	// pinned is pins by function and version reference: a function named
+	// by several steps runs one version in a request, whatever deploys
+	// land while the plan is made.
+	pinned    map[string]engine.Pin
+	functions int // function steps, nested pipelines and parallel steps multiplied out
 }
 
 // stage is a function, or parallel branches given the same input whose
@@ -175,6 +180,13 @@ type stage struct {
 	label string // the step's name: "cnn", "inner/cnn" inside pipeline inner
 	pin   engine.Pin
 	par   [][]stage
+	// cut, for the parallel stage whose outputs are the pipeline's
+	// declared outputs, is the bytes each branch's declared outputs take
+	// (-1: the rest, a last branch whose last output varies): a branch's
+	// output is cut to them, so that each tensor is read from its own
+	// branch's bytes and not from a sibling's padding. nil: outputs are
+	// concatenated whole.
+	cut []int64
 }
 
 // Pin resolves name, and if it is a pipeline every function of its steps
@@ -217,6 +229,9 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 		}
 		pl.stages = append(pl.stages, st...)
 	}
+	if outs, ok := lastOutputs(pl.stages); ok {
+		markCuts(pl.stages, outs)
+	}
 	return Pin{r, top, pl}, nil
 }
 
@@ -234,19 +249,15 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 		}
 		return []stage{st}, nil
 	}
-	var pin engine.Pin
-	var err error
-	if s.Version != "" {
-		pin, err = r.e.PinVersion(ctx, s.Function, s.Version, deadline)
-	} else {
-		pin, err = r.e.Pin(ctx, s.Function, deadline)
-	}
+	pin, err := r.pinOnce(ctx, deadline, pl, s)
 	if err != nil {
 		return nil, stepError(pl.name, index, prefix+s.String(), err)
 	}
-	pl.pins = append(pl.pins, pin)
 	sub := pin.Steps()
-	if sub == nil && len(pl.pins) > pipedef.MaxFunctions {
+	if sub == nil {
+		pl.functions++
+	}
+	if sub == nil && pl.functions > pipedef.MaxFunctions {
 		// Deploys refuse more; records changed since (or by another
 		// node) could still make one request run thousands.
 		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInvalid,
@@ -270,6 +281,31 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 		out = append(out, st...)
 	}
 	return out, nil
+}
+
+// pinOnce pins the function (or nested pipeline) step s names, once per
+// plan: a name and version reference met again is the pin made first.
+func (r *Runner) pinOnce(ctx context.Context, deadline time.Time, pl *plan, s abi.Step) (engine.Pin, error) {
+	key := s.Function + "@" + s.Version
+	if pin, ok := pl.pinned[key]; ok {
+		return pin, nil
+	}
+	var pin engine.Pin
+	var err error
+	if s.Version != "" {
+		pin, err = r.e.PinVersion(ctx, s.Function, s.Version, deadline)
+	} else {
+		pin, err = r.e.Pin(ctx, s.Function, deadline)
+	}
+	if err != nil {
+		return pin, err
+	}
+	pl.pins = append(pl.pins, pin)
+	if pl.pinned == nil {
+		pl.pinned = map[string]engine.Pin{}
+	}
+	pl.pinned[key] = pin
+	return pin, nil
 }
 
 func joinPath(path []string) string {
@@ -318,6 +354,55 @@ func (p Pin) Version() api.Version {
 	return v
 }
 
+// lastOutputs is the outputs stages end with, as the pipeline declares
+// them: false when they are raw bytes (a function that declares none,
+// names that clash, or a variable output that is not the last, which
+// could not be cut from the concatenation).
+func lastOutputs(stages []stage) ([]abi.Tensor, bool) {
+	outs, ok := declaredOutputs(stages)
+	if !ok || len(outs) == 0 {
+		return nil, false
+	}
+	for _, t := range outs[:len(outs)-1] {
+		if tensorBytes(t) < 0 {
+			return nil, false
+		}
+	}
+	return outs, true
+}
+
+// tensorBytes is the bytes t takes, or -1 for a variable shape.
+func tensorBytes(t abi.Tensor) int64 {
+	if slices.Contains(t.Shape, -1) {
+		return -1
+	}
+	return abi.Elements(t.Shape) * abi.DatatypeSize[t.Datatype]
+}
+
+// markCuts sets the cuts of the parallel stages whose concatenated
+// outputs are outs (the last stage of stages, and within each of its
+// branches the last stage again), as lastOutputs found them.
+func markCuts(stages []stage, outs []abi.Tensor) {
+	st := &stages[len(stages)-1]
+	if st.par == nil {
+		return
+	}
+	st.cut = make([]int64, len(st.par))
+	for j, br := range st.par {
+		mine, _ := declaredOutputs(br)
+		n := int64(0)
+		for _, t := range mine {
+			if b := tensorBytes(t); b < 0 || n < 0 {
+				n = -1
+			} else {
+				n += b
+			}
+		}
+		st.cut[j] = n
+		markCuts(br, mine)
+	}
+}
+
 func firstTensors(stages []stage) *abi.Tensors {
 	st := stages[0]
 	if st.par != nil {
@@ -326,7 +411,9 @@ func firstTensors(stages []stage) *abi.Tensors {
 	return st.pin.Version().Tensors
 }
 
-func lastOutputs(stages []stage) ([]abi.Tensor, bool) {
+// declaredOutputs is the outputs stages' last stage declares, each branch
+// of a parallel one in order; false for raw bytes or clashing names.
+func declaredOutputs(stages []stage) ([]abi.Tensor, bool) {
 	st := stages[len(stages)-1]
 	if st.par == nil {
 		ts := st.pin.Version().Tensors
@@ -338,7 +425,7 @@ func lastOutputs(stages []stage) ([]abi.Tensor, bool) {
 	var out []abi.Tensor
 	seen := map[string]bool{}
 	for _, br := range st.par {
-		outs, ok := lastOutputs(br)
+		outs, ok := declaredOutputs(br)
 		if !ok {
 			return nil, false
 		}
@@ -374,7 +461,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
-	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps)
+	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps, true)
 	req.Output = out
 	t := call.Timing{}
 	for _, s := range req.Steps {
@@ -406,12 +493,19 @@ type run struct {
 	// only between steps, so a request whose first step fails or succeeds
 	// is answered as a function's would be.
 	ran atomic.Bool
+	// failed is set by the first step that fails: the request is lost,
+	// so parallel branches still running take no further step.
+	failed atomic.Bool
 }
+
+// errSibling is a branch stopped because another branch failed: never
+// the request's answer while that failure is there to give.
+var errSibling = errors.New("pipeline: a parallel branch failed")
 
 // seq runs stages in order on in, the last writing into out (reusing its
 // capacity); intermediate outputs go to pooled buffers, each read by the
-// next stage in place.
-func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]call.StepTiming) ([]byte, error) {
+// next stage in place. client says in is the request's own input.
+func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]call.StepTiming, client bool) ([]byte, error) {
 	var bufs [2]*[]byte
 	defer func() {
 		for _, b := range bufs {
@@ -434,7 +528,7 @@ func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]
 			}
 			dst = (*bufs[i%2])[:0]
 		}
-		res, err := x.stage(ctx, st, cur, dst, steps)
+		res, err := x.stage(ctx, st, cur, dst, steps, client && i == 0)
 		if last {
 			out = res
 		} else {
@@ -452,6 +546,9 @@ func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]
 // deadline that passed (the engine would refuse the step anyway, but not
 // say how far the pipeline got).
 func (x *run) before(st *stage) error {
+	if x.failed.Load() {
+		return errSibling
+	}
 	if x.gone != nil && x.ran.Load() && x.gone() {
 		return &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)}
 	}
@@ -461,8 +558,9 @@ func (x *run) before(st *stage) error {
 	return nil
 }
 
-// stage runs one stage on in, writing into dst.
-func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming) ([]byte, error) {
+// stage runs one stage on in, writing into dst; client says in is the
+// request's own input.
+func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming, client bool) ([]byte, error) {
 	if st.par == nil {
 		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
 		begin := time.Since(x.t0)
@@ -472,6 +570,13 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 			BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
 		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
 		if err != nil {
+			if ctx.Err() != nil && x.failed.Load() {
+				return sub.Output, errSibling // cancelled for a sibling's failure
+			}
+			x.failed.Store(true)
+			if !client {
+				err = unfit(err)
+			}
 			return sub.Output, stepError(x.pl.name, st.index, st.label, err)
 		}
 		return sub.Output, nil
@@ -483,35 +588,95 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	outs := make([]*[]byte, n)
 	errs := make([]error, n)
 	timings := make([][]call.StepTiming, n)
+	// A branch that fails cancels its siblings' waits for their steps.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	branch := func(j int) {
+		if *outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j], client); errs[j] != nil {
+			cancel()
+		}
+	}
 	var wg sync.WaitGroup
 	for j := 1; j < n; j++ {
 		outs[j] = x.r.getBuf()
 		wg.Add(1)
 		go func(j int) {
 			defer wg.Done()
-			*outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j])
+			branch(j)
 		}(j)
 	}
 	outs[0] = x.r.getBuf()
-	*outs[0], errs[0] = x.seq(ctx, st.par[0], in, (*outs[0])[:0], &timings[0])
+	branch(0)
 	wg.Wait()
-	var err error
+	err := firstFailure(errs)
 	for j := 0; j < n; j++ {
 		*steps = append(*steps, timings[j]...)
-		if err == nil && errs[j] != nil {
-			err = errs[j]
-		}
 		if err == nil {
-			dst = append(dst, *outs[j]...)
+			dst, err = x.appendCut(dst, *outs[j], st, j)
 		}
 		x.r.putBuf(outs[j])
 	}
 	return dst, err
 }
 
+// firstFailure is the first branch's error in the listed order that is
+// its own failure, not its stop for a sibling's.
+func firstFailure(errs []error) error {
+	var stopped error
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case errors.Is(err, errSibling):
+			stopped = err
+		default:
+			return err
+		}
+	}
+	return stopped
+}
+
+// appendCut appends branch j's output to dst, cut to what its declared
+// outputs take where the stage's outputs are the pipeline's (stage.cut).
+func (x *run) appendCut(dst, out []byte, st *stage, j int) ([]byte, error) {
+	if st.cut == nil || st.cut[j] < 0 {
+		return append(dst, out...), nil
+	}
+	n := st.cut[j]
+	if int64(len(out)) < n {
+		x.failed.Store(true)
+		return dst, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
+			x.pl.name, st.index, st.label, j, len(out), n)}
+	}
+	return append(dst, out[:n]...), nil
+}
+
+// unfit is err as the answer to a request whose step refused an input the
+// step before it made: the pipeline's steps do not fit each other, which no
+// other request of the client's would mend, so the client is not told it
+// sent a bad request (4xx) but that the pipeline failed (500 bad_output).
+func unfit(err error) error {
+	switch errdefs.KindOf(err) {
+	case errdefs.KindTooLarge, errdefs.KindInvalid, errdefs.KindBadRequest:
+		return &apierr.Error{Status: apierr.BadOutput, Msg: "its input is the output of the step before it, which it refused: " + errMsg(err)}
+	}
+	return err
+}
+
+func errMsg(err error) string {
+	var ee *errdefs.Error
+	if errors.As(err, &ee) {
+		return ee.Msg
+	}
+	return err.Error()
+}
+
 // stepError names the step a failure came from, keeping its kind (so its
 // status): "pipeline digits: step 1 (cnn): ...".
 func stepError(pipeline string, index int, label string, err error) error {
+	var ae *apierr.Error
+	if errors.As(err, &ae) {
+		return &apierr.Error{Status: ae.Status, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ae.Msg)}
+	}
 	var ee *errdefs.Error
 	if errors.As(err, &ee) {
 		return &errdefs.Error{Kind: ee.Kind, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ee.Msg), Err: err}
