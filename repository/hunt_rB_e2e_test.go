@@ -1,0 +1,119 @@
+package repository_test
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/fileutil"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/repository"
+)
+
+// copyFiles links or copies the named files of src into dir.
+func copyFiles(t *testing.T, src, dir string, files ...string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if err := fileutil.LinkOrCopy(filepath.Join(src, f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// ageAll sets the times of everything under dir a minute back: at rest.
+func ageAll(dir string) {
+	old := time.Now().Add(-time.Minute)
+	filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error { os.Chtimes(p, old, old); return err })
+}
+
+// A version folder removed while polling (cnn/2/ deleted, cnn/1/ kept):
+// the repository makes 1 current and drops 2 from its index, but version 2
+// stays in the function's record, so /v2/models/cnn/versions/2/ready says
+// ready and /versions/2/infer still runs the bundle whose folder is gone
+// (Triton unloads a removed version; the index says it is not there).
+func TestHuntRemovedVersionFolderStillServes(t *testing.T) {
+	src := testkit.BundleDir(t, testkit.Manifest("cnn"), nil)
+	models := filepath.Join(t.TempDir(), "models")
+	copyFiles(t, src, filepath.Join(models, "cnn", "1"), "plover.json", "kernels.so")
+	copyFiles(t, src, filepath.Join(models, "cnn", "2"), "kernels.so")
+	// Version 2 differs from 1 in its bytes (a larger input limit).
+	m := testkit.Manifest("cnn")
+	m.MaxInputBytes = 1 << 15
+	testkit.WriteManifest(t, filepath.Join(models, "cnn", "2"), m)
+	ageAll(models)
+
+	e := testkit.Engine(t, engine.Config{})
+	r, err := repository.New(repository.Config{Dir: models, Poll: time.Hour, Settle: 50 * time.Millisecond}, e.Control())
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testkit.Serve(t, e, httpapi.Options{Repository: r})
+	ctx := context.Background()
+	r.Scan(ctx)
+	if resp, body := testkit.Post(t, "GET", url+"/v2/models/cnn/versions/2/ready", "", nil); resp.StatusCode != 200 {
+		t.Fatalf("version 2 not ready at start: %d %s", resp.StatusCode, body)
+	}
+
+	if err := os.RemoveAll(filepath.Join(models, "cnn", "2")); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		r.Scan(ctx)
+		time.Sleep(60 * time.Millisecond)
+	}
+	_, idx := testkit.Post(t, "POST", url+"/v2/repository/index", "application/json", nil)
+	t.Logf("index after removing cnn/2: %s", idx)
+	if resp, body := testkit.Post(t, "GET", url+"/v2/models/cnn/versions/2/ready", "", nil); resp.StatusCode == 200 {
+		t.Errorf("cnn/2/ removed, yet /v2/models/cnn/versions/2/ready answers %d %s", resp.StatusCode, body)
+	}
+	in := `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2,3]}]}`
+	if resp, body := testkit.Post(t, "POST", url+"/v2/models/cnn/versions/2/infer", "application/json", []byte(in)); resp.StatusCode == 200 {
+		t.Errorf("cnn/2/ removed, yet /v2/models/cnn/versions/2/infer runs it: %d %.120s", resp.StatusCode, body)
+	}
+}
+
+// A version folder over the node's bundle limit (--max-body, 256 MiB by
+// default: model weights of a few GiB are common) is packed whole into
+// memory before the node refuses it: the repository reads and compresses
+// every byte into a bytes.Buffer (4 deploys at once), so a large model
+// costs its size in the server's heap, and one larger than the pod's
+// memory limit (8 GiB in deploy/kserve) gets the server OOM-killed rather
+// than the model UNAVAILABLE with 413. Here: a 1 MiB limit and 32 MiB of
+// incompressible constants.
+func TestHuntOversizedBundlePackedWhole(t *testing.T) {
+	m := testkit.Manifest("big")
+	m.Constants = "w.bin"
+	weights := make([]byte, 32<<20)
+	rand.Read(weights)
+	src := testkit.BundleDir(t, m, weights)
+	models := filepath.Join(t.TempDir(), "models")
+	copyFiles(t, src, filepath.Join(models, "big"), "plover.json", "kernels.so", "w.bin")
+	ageAll(models)
+	e := testkit.Engine(t, engine.Config{MaxBundleBytes: 1 << 20})
+	r, err := repository.New(repository.Config{Dir: models, Settle: 50 * time.Millisecond}, e.Control())
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	r.Scan(context.Background())
+	runtime.ReadMemStats(&after)
+	idx := r.Index(false)
+	t.Logf("index: %+v", idx)
+	if len(idx) == 0 || idx[0].State != repository.Unavailable {
+		t.Fatalf("a bundle over the limit is not UNAVAILABLE: %+v", idx)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8<<20 {
+		t.Errorf("refusing a bundle over a 1 MiB limit allocated %d MiB (the whole 32 MiB folder packed in memory first)", alloc>>20)
+	}
+}

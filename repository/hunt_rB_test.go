@@ -1,0 +1,257 @@
+package repository
+
+// Bug hunt rB: tests that demonstrate defects of the model repository.
+// Each fails on the code as it was when written (see the commit message).
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/bundle"
+)
+
+// runRepo runs r until cancel; done closes when Run returns.
+func runRepo(r *Repository) (cancel func(), done <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan struct{})
+	go func() { r.Run(ctx); close(ch) }()
+	return cancel, ch
+}
+
+// started reports whether r's Started closed within d.
+func started(r *Repository, d time.Duration) bool {
+	select {
+	case <-r.Started():
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// A plover.json that is a FIFO (a named pipe left by a tool, or made on
+// purpose by whoever writes the repository) must not stall the repository:
+// the scan opens it to see whether the model is a pipeline, the open blocks
+// until a writer comes, and the scan holds the turn meanwhile. Every other
+// model's deploy waits behind it, Started never closes (the server never
+// says ready) and a load of another model hangs until its caller gives up.
+func TestHuntFIFOManifestStallsRepository(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "good"), "good", false)
+	fifo := filepath.Join(models, "bad", "plover.json")
+	if err := os.MkdirAll(filepath.Dir(fifo), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	age(t, models)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel, done := runRepo(r)
+	t.Cleanup(func() {
+		// Release whatever open of the FIFO blocks (O_RDWR never blocks
+		// and counts as a writer), until Run returns.
+		cancel()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+				if f, err := os.OpenFile(fifo, os.O_RDWR, 0); err == nil {
+					f.Close()
+				}
+			}
+		}
+	})
+	if !started(r, 5*time.Second) {
+		t.Errorf("not started 5 s on (a FIFO plover.json blocks the scan); good deployed: %v; index: %s",
+			node.current("good") != "", index(r))
+	}
+	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer lcancel()
+	if err := r.Load(lctx, "good"); err != nil {
+		t.Errorf("load of another model while a FIFO manifest is in the repository: %v", err)
+	}
+}
+
+// A directory the server cannot read in the repository (lost+found at the
+// root of an ext4 PersistentVolume, root's and 0700, as the Helm chart's
+// repository.existingClaim mounts it; the server runs as uid 10001) is
+// taken for a model folder whose copy never settles: LOADING forever, so
+// the first scan never ends settling, Started never closes and the server
+// never says ready; without --repository-poll, Run rescans it every settle
+// time for ever.
+func TestHuntUnreadableFolderNeverReady(t *testing.T) {
+	base, err := os.MkdirTemp("", "hunt-rb-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(filepath.Join(base, "models", "lost+found"), 0o755); os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil { // traversable by the server's uid
+		t.Fatal(err)
+	}
+	models := filepath.Join(base, "models")
+	writeBundle(t, filepath.Join(models, "good"), "good", false)
+	lf := filepath.Join(models, "lost+found")
+	if err := os.MkdirAll(lf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(lf, "#1234"), []byte("x"), 0o600)
+	age(t, models)
+	if err := os.Chmod(lf, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		// As the container's user (root reads anything): the effective
+		// uid only, so that root comes back for the cleanup.
+		if err := syscall.Seteuid(10001); err != nil {
+			t.Skipf("cannot take uid 10001: %v", err)
+		}
+		defer syscall.Seteuid(0)
+	}
+	if _, err := os.ReadDir(lf); err == nil {
+		t.Skip("lost+found is readable here: nothing to show")
+	}
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel, done := runRepo(r)
+	defer func() { cancel(); <-done }()
+	if !started(r, 3*time.Second) {
+		t.Errorf("not started 3 s on with an unreadable lost+found (good current %q); index: %s", node.current("good"), index(r))
+	}
+	select {
+	case <-done: // no poll: nothing left to scan for
+	case <-time.After(3 * time.Second):
+		t.Errorf("Run (no --repository-poll) still rescanning 3 s on; index: %s", index(r))
+	}
+}
+
+// DIR was one bundle (KServe's /mnt/models, function "cnn") and now holds
+// model folders, one of them cnn/1/: the model keeps the directory of the
+// single bundle (DIR itself, m.dir is never updated), so cnn/1/ is never
+// deployed and cnn is UNAVAILABLE with "no plover.json and no version
+// folders" of DIR.
+func TestHuntSingleBundleBecomesFolders(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "mnt")
+	writeBundle(t, root, "cnn", false)
+	node := newFakeNode()
+	r, err := New(Config{Dir: root, Poll: time.Hour, Settle: 50 * time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(context.Background())
+	if node.current("cnn") != "1" {
+		t.Fatalf("start: %s", index(r))
+	}
+	for _, f := range []string{"plover.json", "vecadd.so", "b.bin"} {
+		os.Remove(filepath.Join(root, f))
+	}
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	os.WriteFile(filepath.Join(root, "cnn", "1", "b.bin"), []byte("other constants"), 0o644)
+	age(t, root)
+	rec, _ := node.Versions(context.Background(), "cnn")
+	before := len(rec.Versions)
+	for range 8 {
+		r.Scan(context.Background())
+		time.Sleep(r.cfg.Settle)
+	}
+	if rec, _ := node.Versions(context.Background(), "cnn"); rec == nil || len(rec.Versions) == before || !strings.Contains(index(r), "cnn/1 READY") {
+		t.Errorf("cnn/1/ not deployed after DIR turned from one bundle into model folders; index: %s", index(r))
+	}
+}
+
+// An unload holds "through polls until a load, or until its folder
+// changes" (README). A folder that changed before the unload, still
+// settling when the unload came, is deployed again at the next scans
+// although nothing changed after the unload: Unload keeps done at the
+// last deployed fingerprint instead of the folder as last seen.
+func TestHuntUnloadUndoneBySettlingCopy(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := newFakeNode()
+	r, _ := New(Config{Dir: root, Poll: time.Hour, Settle: 100 * time.Millisecond}, node)
+	r.Scan(ctx)
+	if node.current("cnn") != "1" {
+		t.Fatalf("start: %s", index(r))
+	}
+	writeBundle(t, filepath.Join(root, "cnn", "2"), "cnn", true) // a new version being copied
+	r.Scan(ctx)                                                  // LOADING: settling
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 { // nothing changes after the unload
+		time.Sleep(r.cfg.Settle)
+		r.Scan(ctx)
+	}
+	if cur := node.current("cnn"); cur != "" {
+		t.Errorf("unloaded, folder unchanged since, yet version %q is deployed and current; index: %s", cur, index(r))
+	}
+}
+
+// A file whose modification time is in the future (an archive unpacked
+// with its times kept, as KServe's storage initializer unpacks a
+// .tar.gz, made on a machine whose clock ran ahead) keeps its folder
+// LOADING until the clock reaches that time: settling compares now with
+// the newest time, and now - future is negative. The first scan never
+// ends settling, so the server is not ready, for as long as the skew.
+func TestHuntFutureMtimeNeverSettles(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	future := time.Now().Add(time.Hour)
+	os.Chtimes(filepath.Join(models, "cnn", "1", "b.bin"), future, future)
+	node := newFakeNode()
+	r, _ := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
+	cancel, done := runRepo(r)
+	defer func() { cancel(); <-done }()
+	if !started(r, 3*time.Second) {
+		t.Errorf("a folder untouched for 3 s (one file dated an hour ahead) is still not deployed; index: %s", index(r))
+	}
+}
+
+// Unload of a model the repository never deployed (its folder is broken:
+// its manifest names another function) deletes the function of that name
+// that was deployed otherwise (plover deploy), although "functions
+// deployed otherwise are left alone" (README) and the scan's removal is
+// guarded by m.deployed for exactly that reason.
+func TestHuntUnloadDeletesForeignFunction(t *testing.T) {
+	ctx := context.Background()
+	d := t.TempDir()
+	other := filepath.Join(d, "elsewhere", "cnn")
+	writeBundle(t, other, "cnn", false)
+	node := newFakeNode()
+	b, _, _, err := bundle.PackBytes(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.DeployLabeled(ctx, "cnn", "", false, bytes.NewReader(b)); err != nil { // plover deploy
+		t.Fatal(err)
+	}
+	models := filepath.Join(d, "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "other", false) // refused: names "other"
+	age(t, models)
+	r, _ := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
+	r.Scan(ctx)
+	if got := index(r); !strings.Contains(got, "cnn/1 UNAVAILABLE") {
+		t.Fatalf("index: %s", got)
+	}
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Logf("unload: %v", err)
+	}
+	if _, err := node.Versions(ctx, "cnn"); err != nil {
+		t.Errorf("unload of a model the repository never deployed deleted the function deployed otherwise: %v", err)
+	}
+}
