@@ -1,7 +1,8 @@
 package repository
 
-// Bug hunt rB: tests that demonstrate defects of the model repository.
-// Each fails on the code as it was when written (see the commit message).
+// What a repository written by others than the server may hold (special
+// files, unreadable folders, clocks ahead, layouts that change kind) and
+// what load and unload must keep to.
 
 import (
 	"bytes"
@@ -35,12 +36,12 @@ func started(r *Repository, d time.Duration) bool {
 }
 
 // A plover.json that is a FIFO (a named pipe left by a tool, or made on
-// purpose by whoever writes the repository) must not stall the repository:
-// the scan opens it to see whether the model is a pipeline, the open blocks
-// until a writer comes, and the scan holds the turn meanwhile. Every other
-// model's deploy waits behind it, Started never closes (the server never
-// says ready) and a load of another model hangs until its caller gives up.
-func TestHuntFIFOManifestStallsRepository(t *testing.T) {
+// purpose by whoever writes the repository) does not stall the repository:
+// opened, it would block until a writer came while the scan holds the
+// turn, every other model's deploy waiting behind it, Started never
+// closing and a load of another model hanging. It is refused unopened:
+// the others deploy, the server says ready, a load answers.
+func TestFIFOManifestDoesNotStallTheRepository(t *testing.T) {
 	models := filepath.Join(t.TempDir(), "models")
 	writeBundle(t, filepath.Join(models, "good"), "good", false)
 	fifo := filepath.Join(models, "bad", "plover.json")
@@ -86,12 +87,11 @@ func TestHuntFIFOManifestStallsRepository(t *testing.T) {
 // A directory the server cannot read in the repository (lost+found at the
 // root of an ext4 PersistentVolume, root's and 0700, as the Helm chart's
 // repository.existingClaim mounts it; the server runs as uid 10001) is
-// taken for a model folder whose copy never settles: LOADING forever, so
-// the first scan never ends settling, Started never closes and the server
-// never says ready; without --repository-poll, Run rescans it every settle
-// time for ever.
-func TestHuntUnreadableFolderNeverReady(t *testing.T) {
-	base, err := os.MkdirTemp("", "hunt-rb-")
+// not a copy still settling: were it LOADING, Started would never close
+// (the server never ready) and, without --repository-poll, Run would
+// rescan it for ever. The server starts and Run ends.
+func TestUnreadableFolderIsUnavailable(t *testing.T) {
+	base, err := os.MkdirTemp("", "repository-unreadable-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,11 +139,9 @@ func TestHuntUnreadableFolderNeverReady(t *testing.T) {
 }
 
 // DIR was one bundle (KServe's /mnt/models, function "cnn") and now holds
-// model folders, one of them cnn/1/: the model keeps the directory of the
-// single bundle (DIR itself, m.dir is never updated), so cnn/1/ is never
-// deployed and cnn is UNAVAILABLE with "no plover.json and no version
-// folders" of DIR.
-func TestHuntSingleBundleBecomesFolders(t *testing.T) {
+// model folders, one of them cnn/1/: the model cnn follows to its new
+// folder (not DIR, the single bundle's), and cnn/1/ deploys.
+func TestSingleBundleTurnedIntoModelFolders(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "mnt")
 	writeBundle(t, root, "cnn", false)
 	node := newFakeNode()
@@ -173,11 +171,10 @@ func TestHuntSingleBundleBecomesFolders(t *testing.T) {
 }
 
 // An unload holds "through polls until a load, or until its folder
-// changes" (README). A folder that changed before the unload, still
-// settling when the unload came, is deployed again at the next scans
-// although nothing changed after the unload: Unload keeps done at the
-// last deployed fingerprint instead of the folder as last seen.
-func TestHuntUnloadUndoneBySettlingCopy(t *testing.T) {
+// changes" (README): a folder that changed before the unload, still
+// settling when the unload came, is not deployed once it settles, since
+// nothing changed after the unload.
+func TestUnloadHoldsOverACopySettlingBeforeIt(t *testing.T) {
 	ctx := context.Background()
 	root := filepath.Join(t.TempDir(), "models")
 	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
@@ -204,11 +201,11 @@ func TestHuntUnloadUndoneBySettlingCopy(t *testing.T) {
 
 // A file whose modification time is in the future (an archive unpacked
 // with its times kept, as KServe's storage initializer unpacks a
-// .tar.gz, made on a machine whose clock ran ahead) keeps its folder
-// LOADING until the clock reaches that time: settling compares now with
-// the newest time, and now - future is negative. The first scan never
-// ends settling, so the server is not ready, for as long as the skew.
-func TestHuntFutureMtimeNeverSettles(t *testing.T) {
+// .tar.gz, made on a machine whose clock ran ahead) does not keep its
+// folder LOADING, and the server unready, until the clock reaches that
+// time: the folder settles once it has looked the same for the settle
+// time.
+func TestFutureModTimeSettles(t *testing.T) {
 	models := filepath.Join(t.TempDir(), "models")
 	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
 	future := time.Now().Add(time.Hour)
@@ -223,11 +220,10 @@ func TestHuntFutureMtimeNeverSettles(t *testing.T) {
 }
 
 // Unload of a model the repository never deployed (its folder is broken:
-// its manifest names another function) deletes the function of that name
-// that was deployed otherwise (plover deploy), although "functions
-// deployed otherwise are left alone" (README) and the scan's removal is
-// guarded by m.deployed for exactly that reason.
-func TestHuntUnloadDeletesForeignFunction(t *testing.T) {
+// its manifest names another function) leaves the function of that name
+// deployed otherwise (plover deploy) alone: "functions deployed otherwise
+// are left alone" (README), as the scan's removal does.
+func TestUnloadLeavesAFunctionDeployedOtherwise(t *testing.T) {
 	ctx := context.Background()
 	d := t.TempDir()
 	other := filepath.Join(d, "elsewhere", "cnn")

@@ -36,11 +36,10 @@ func ageAll(dir string) {
 }
 
 // A version folder removed while polling (cnn/2/ deleted, cnn/1/ kept):
-// the repository makes 1 current and drops 2 from its index, but version 2
-// stays in the function's record, so /v2/models/cnn/versions/2/ready says
-// ready and /versions/2/infer still runs the bundle whose folder is gone
-// (Triton unloads a removed version; the index says it is not there).
-func TestHuntRemovedVersionFolderStillServes(t *testing.T) {
+// the repository makes 1 current and drops 2 from its index, and
+// /v2/models/cnn/versions/2/ready and /versions/2/infer no longer answer
+// for the bundle whose folder is gone (Triton unloads a removed version).
+func TestRemovedVersionFolderIsNotServed(t *testing.T) {
 	src := testkit.BundleDir(t, testkit.Manifest("cnn"), nil)
 	models := filepath.Join(t.TempDir(), "models")
 	copyFiles(t, src, filepath.Join(models, "cnn", "1"), "plover.json", "kernels.so")
@@ -82,14 +81,12 @@ func TestHuntRemovedVersionFolderStillServes(t *testing.T) {
 }
 
 // A version folder over the node's bundle limit (--max-body, 256 MiB by
-// default: model weights of a few GiB are common) is packed whole into
-// memory before the node refuses it: the repository reads and compresses
-// every byte into a bytes.Buffer (4 deploys at once), so a large model
-// costs its size in the server's heap, and one larger than the pod's
-// memory limit (8 GiB in deploy/kserve) gets the server OOM-killed rather
-// than the model UNAVAILABLE with 413. Here: a 1 MiB limit and 32 MiB of
-// incompressible constants.
-func TestHuntOversizedBundlePackedWhole(t *testing.T) {
+// default: model weights of a few GiB are common) is refused once its
+// packing passes the limit, not packed whole into memory first (4 deploys
+// at once, a model larger than the pod's memory limit would get the
+// server OOM-killed): UNAVAILABLE, and the heap stays small. Here: a
+// 1 MiB limit and 32 MiB of incompressible constants.
+func TestOversizedBundleRefusedWithinTheLimit(t *testing.T) {
 	m := testkit.Manifest("big")
 	m.Constants = "w.bin"
 	weights := make([]byte, 32<<20)

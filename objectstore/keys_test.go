@@ -6,13 +6,13 @@ import (
 	"testing"
 )
 
-// The Store contract, as the S3 backend keeps it, broken by the file
-// store where a key crosses an object or names a prefix of others:
-// Get/Stat of "a/b" while "a" is an object is ErrNotFound (FS: a raw
+// The Store contract where a key crosses an object or names a prefix of
+// others, as S3 keeps it and the file store must too (its keys are paths):
+// Get/Stat of "a/b" while "a" is an object is ErrNotFound (not a raw
 // ENOTDIR, which callers map to 503 "store unavailable"), deleting a key
-// that is no object is not an error (FS: "directory not empty"), and
-// touching one is ErrNotFound (FS: nil, a directory's time changed).
-func TestHuntKeyNamesPrefixOrCrossesObject(t *testing.T) {
+// that is no object is not an error (not "directory not empty"), and
+// touching one is ErrNotFound (not a directory's time changed).
+func TestKeyUnderAnObjectOrAPrefixIsNoObject(t *testing.T) {
 	ctx := context.Background()
 	for _, be := range backends() {
 		t.Run(be.name, func(t *testing.T) {
