@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/bundle"
 )
 
 // folder is a model folder as a scan found it.
@@ -41,7 +40,7 @@ func (r *Repository) list() (map[string]folder, error) {
 		name, why := r.cfg.Name, ""
 		if absent != nil {
 			why = abi.ManifestFile + " is absent"
-		} else if man, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
+		} else if man, err := readManifest(r.cfg.Dir); err != nil {
 			why = err.Error()
 			if name == "" {
 				name = cmp.Or(r.single, r.top)

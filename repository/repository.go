@@ -28,7 +28,6 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -326,29 +325,42 @@ func (r *Repository) deployAll(ctx context.Context, due []*model) {
 		err  error
 	}
 	jobs := make([]job, len(due))
+	pipe := make([]bool, len(due))
+	// Reading the folders is part of each model's work, Deploys at a
+	// time: one slow folder (a volume stalling) holds up no other's look.
+	r.parallel(len(due), func(i int) {
+		vers, p, err := r.versionsOf(due[i])
+		jobs[i], pipe[i] = job{due[i], vers, err}, p
+	})
 	var pipes, funcs []int
-	for i, m := range due {
-		vers, pipe, err := r.versionsOf(m)
-		jobs[i] = job{m, vers, err}
-		if pipe {
+	for i := range due {
+		if pipe[i] {
 			pipes = append(pipes, i)
 		} else {
 			funcs = append(funcs, i)
 		}
 	}
 	for _, group := range [][]int{funcs, pipes} {
-		sem := make(chan struct{}, r.cfg.Deploys)
-		var wg sync.WaitGroup
-		for _, i := range group {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func(j *job) {
-				defer func() { <-sem; wg.Done() }()
-				r.deploy(ctx, j.m, j.vers, j.err)
-			}(&jobs[i])
-		}
-		wg.Wait()
+		r.parallel(len(group), func(k int) {
+			j := &jobs[group[k]]
+			r.deploy(ctx, j.m, j.vers, j.err)
+		})
 	}
+}
+
+// parallel runs f(0) to f(n-1), Deploys at a time, and waits for them.
+func (r *Repository) parallel(n int, f func(int)) {
+	sem := make(chan struct{}, r.cfg.Deploys)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
 
 // versionsOf lists m's version folders (its folder alone when it is a
@@ -372,11 +384,6 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	}
 	slices.SortFunc(vs, func(a, b version) int { return byNumber(a.label, b.label) })
 	return vs, isPipeline(vs[len(vs)-1].dir), nil
-}
-
-func isPipeline(dir string) bool {
-	m, err := bundle.ReadManifest(dir)
-	return err == nil && m.IsPipeline()
 }
 
 // byNumber orders version labels as numbers ("" first).
@@ -494,7 +501,7 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	}
 	// Only files within the version folder: a file linked out of it
 	// (to the server's own secrets) is refused, and the folder with it.
-	b, sha, man, err := bundle.PackBytesWithin(dir, name)
+	b, sha, man, err := r.pack(dir, name)
 	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
 		return "", errChanged
 	}
