@@ -8,11 +8,13 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
@@ -25,6 +27,10 @@ type folder struct {
 	print   string    // names, sizes and modification times of its files
 	newest  time.Time // the latest modification time in it
 	err     error     // could not be read
+	// unreadable: err is not a file going while it was read (a copy or a
+	// removal in progress) but stays until the folder changes (a folder
+	// the server may not read, a volume's I/O error).
+	unreadable bool
 }
 
 // list finds the repository's model folders: DIR itself when it is one
@@ -73,8 +79,12 @@ func (r *Repository) list() (map[string]folder, error) {
 		return nil, err
 	}
 	for _, e := range ents {
-		if e.Name()[0] == '.' || !isDir(r.cfg.Dir, e) {
-			continue // files beside models (a README), and hidden scratch space
+		if e.Name()[0] == '.' || e.Name() == "lost+found" || !isDir(r.cfg.Dir, e) {
+			// Files beside models (a README), hidden scratch space, and
+			// the file system's own folder at a volume's root (ext4's,
+			// root's and unreadable to the server; never a function's
+			// name).
+			continue
 		}
 		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
 	}
@@ -147,6 +157,7 @@ func look(dir string, renamed bool) folder {
 		return nil
 	})
 	f.print = fmt.Sprintf("%x", h.Sum(nil))
+	f.unreadable = f.err != nil && !errors.Is(f.err, fs.ErrNotExist) && !errors.Is(f.err, syscall.ENOTDIR)
 	return f
 }
 

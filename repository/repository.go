@@ -291,7 +291,13 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 	}
 	m.unloaded = false // changed since the unload (Unload sets done): it is over
 	still := now.Sub(f.newest) >= r.cfg.Settle
-	if f.err == nil && still && (same || (first && r.scans == 0)) {
+	if (f.err == nil || f.unreadable) && still && (same || (first && r.scans == 0)) {
+		if f.unreadable {
+			// Not a copy in progress: nothing to wait for (a server
+			// waiting would never say ready) until the folder changes.
+			r.unreadableLocked(m, f)
+			return unchanged
+		}
 		return changed
 	}
 	// Its deployed versions still serve, and show, beside the folder's
@@ -301,6 +307,13 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 		m.reason = fmt.Sprintf("cannot read it yet: %v", f.err)
 	}
 	return stillChanging
+}
+
+// unreadableLocked makes m UNAVAILABLE for a folder that cannot be read
+// as it is (f.unreadable), until it changes; its function, if deployed,
+// serves on meanwhile.
+func (r *Repository) unreadableLocked(m *model, f folder) {
+	r.settleLocked(m, f.print, nil, Unavailable, fmt.Sprintf("%s: cannot read it (tried again when it changes): %v", r.where(f.dir), f.err), errdefs.KindInvalid)
 }
 
 // take waits for the turn to change deployments; false if ctx ended first.
@@ -371,6 +384,8 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	}
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
+		// Read a moment ago by the look that decided the deploy: this is
+		// no refusal (deploy tries again).
 		return nil, false, fmt.Errorf("%s: %w", r.where(m.dir), err)
 	}
 	var vs []version
@@ -380,7 +395,7 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 		}
 	}
 	if len(vs) == 0 {
-		return nil, false, fmt.Errorf("%s: no %s and no version folders (1/, 2/, ...)", r.where(m.dir), abi.ManifestFile)
+		return nil, false, refused(r.where(m.dir), fmt.Errorf("no %s and no version folders (1/, 2/, ...)", abi.ManifestFile))
 	}
 	slices.SortFunc(vs, func(a, b version) int { return byNumber(a.label, b.label) })
 	return vs, isPipeline(vs[len(vs)-1].dir), nil
@@ -411,8 +426,18 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	r.mu.Lock()
 	print := m.seen
 	r.mu.Unlock()
+	if errdefs.KindOf(err) == errdefs.KindInvalid {
+		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindInvalid)
+		return
+	}
 	if err != nil {
-		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindBadRequest)
+		// A folder read a moment ago that cannot be now (it went, a
+		// volume's hiccup): what served serves on, and the next scan
+		// looks again.
+		r.mu.Lock()
+		old := m.versions
+		r.mu.Unlock()
+		r.settle(m, "", old, Loading, fmt.Sprintf("cannot read it now (tried again at the next scan): %v", err), errdefs.KindUnavailable)
 		return
 	}
 	rec, err := r.node.Versions(ctx, m.name)
@@ -543,6 +568,11 @@ func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
 func (r *Repository) settle(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.settleLocked(m, done, vers, state, reason, kind)
+}
+
+// settleLocked is settle under r.mu.
+func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, reason, kind
 	m.retry = done == ""
 	for _, v := range vers {
@@ -625,6 +655,11 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 		r.models[name] = m
 	}
 	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
+	if f.unreadable {
+		r.unreadableLocked(m, f)
+		defer r.mu.Unlock()
+		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, m.reason)
+	}
 	r.mu.Unlock()
 	vers, _, err := r.versionsOf(m)
 	r.deploy(ctx, m, vers, err)

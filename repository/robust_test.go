@@ -7,6 +7,7 @@ package repository
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // runRepo runs r until cancel; done closes when Run returns.
@@ -92,26 +94,36 @@ func TestFIFOManifestDoesNotStallTheRepository(t *testing.T) {
 // repository.existingClaim mounts it; the server runs as uid 10001) is
 // not a copy still settling: were it LOADING, Started would never close
 // (the server never ready) and, without --repository-poll, Run would
-// rescan it for ever. The server starts and Run ends.
+// rescan it for ever. lost+found is left alone; another unreadable
+// folder is UNAVAILABLE with the reason. The server starts and Run ends.
 func TestUnreadableFolderIsUnavailable(t *testing.T) {
 	base, err := os.MkdirTemp("", "repository-unreadable-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.Chmod(filepath.Join(base, "models", "lost+found"), 0o755); os.RemoveAll(base) })
+	models := filepath.Join(base, "models")
+	locked := []string{filepath.Join(models, "lost+found"), filepath.Join(models, "locked")}
+	t.Cleanup(func() {
+		for _, d := range locked {
+			os.Chmod(d, 0o755)
+		}
+		os.RemoveAll(base)
+	})
 	if err := os.Chmod(base, 0o755); err != nil { // traversable by the server's uid
 		t.Fatal(err)
 	}
-	models := filepath.Join(base, "models")
 	writeBundle(t, filepath.Join(models, "good"), "good", false)
-	lf := filepath.Join(models, "lost+found")
-	if err := os.MkdirAll(lf, 0o755); err != nil {
-		t.Fatal(err)
+	for _, d := range locked {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, "#1234"), []byte("x"), 0o600)
 	}
-	os.WriteFile(filepath.Join(lf, "#1234"), []byte("x"), 0o600)
 	age(t, models)
-	if err := os.Chmod(lf, 0o700); err != nil {
-		t.Fatal(err)
+	for _, d := range locked {
+		if err := os.Chmod(d, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if os.Geteuid() == 0 {
 		// As the container's user (root reads anything): the effective
@@ -121,8 +133,8 @@ func TestUnreadableFolderIsUnavailable(t *testing.T) {
 		}
 		defer syscall.Seteuid(0)
 	}
-	if _, err := os.ReadDir(lf); err == nil {
-		t.Skip("lost+found is readable here: nothing to show")
+	if _, err := os.ReadDir(locked[1]); err == nil {
+		t.Skip("a folder of mode 0 is readable here: nothing to show")
 	}
 	node := newFakeNode()
 	r, err := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
@@ -132,12 +144,22 @@ func TestUnreadableFolderIsUnavailable(t *testing.T) {
 	cancel, done := runRepo(r)
 	defer func() { cancel(); <-done }()
 	if !started(r, 3*time.Second) {
-		t.Errorf("not started 3 s on with an unreadable lost+found (good current %q); index: %s", node.current("good"), index(r))
+		t.Errorf("not started 3 s on with unreadable folders (good current %q); index: %s", node.current("good"), index(r))
 	}
 	select {
 	case <-done: // no poll: nothing left to scan for
 	case <-time.After(3 * time.Second):
 		t.Errorf("Run (no --repository-poll) still rescanning 3 s on; index: %s", index(r))
+	}
+	got := index(r)
+	if !strings.Contains(got, "good/1 READY") || !strings.Contains(got, "locked/ UNAVAILABLE (models/locked: cannot read it") ||
+		!strings.Contains(got, "permission denied") || strings.Contains(got, "lost+found") {
+		t.Errorf("want good READY, locked UNAVAILABLE for permission, lost+found left out; index: %s", got)
+	}
+	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer lcancel()
+	if err := r.Load(lctx, "locked"); errdefs.KindOf(err) != errdefs.KindBadRequest || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("load of the unreadable folder: %v, want 400 naming the permission", err)
 	}
 }
 
@@ -252,5 +274,33 @@ func TestUnloadLeavesAFunctionDeployedOtherwise(t *testing.T) {
 	}
 	if _, err := node.Versions(ctx, "cnn"); err != nil {
 		t.Errorf("unload of a model the repository never deployed deleted the function deployed otherwise: %v", err)
+	}
+}
+
+// A model folder that the scan's look read but that cannot be read a
+// moment later, when its versions are listed (it went, a volume's
+// hiccup), is no refusal: what it served still shows and serves, and the
+// next scan tries again.
+func TestReadErrorKeepsWhatServes(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := newFakeNode()
+	r, _ := New(Config{Dir: root, Poll: time.Hour, Settle: 50 * time.Millisecond}, node)
+	r.Scan(ctx)
+	if got := index(r); got != "cnn/1 READY; " {
+		t.Fatalf("start: %s", got)
+	}
+	r.mu.Lock()
+	m := r.models["cnn"]
+	r.mu.Unlock()
+	r.deploy(ctx, m, nil, fmt.Errorf("models/cnn: %w", syscall.EIO)) // versionsOf's ReadDir failed
+	if got := index(r); !strings.Contains(got, "cnn/ LOADING (cannot read it now") || !strings.Contains(got, "cnn/1 READY") {
+		t.Errorf("after a read error: %s, want cnn/1 still READY beside a LOADING entry", got)
+	}
+	r.Scan(ctx)
+	if got := index(r); got != "cnn/1 READY; " {
+		t.Errorf("after the next scan: %s", got)
 	}
 }
