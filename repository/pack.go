@@ -4,6 +4,8 @@ package repository
 // the repository opens is checked to be a regular file first.
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // regular refuses dir/name (named by name alone: callers say where) unless it is a regular file (or a link to
@@ -60,9 +63,11 @@ func isPipeline(dir string) bool {
 	return err == nil && m.IsPipeline()
 }
 
-// pack packs the version folder dir (as name, unless "") reading only
-// files within it (bundle.PackBytesWithin), once the files it would open
-// are found to be regular files.
+// pack packs the version folder dir (as name, unless "") in memory,
+// reading only files within it (bundle.PackWithin), once the files it
+// would open are found to be regular files; it stops, KindTooLarge, as
+// soon as the bundle passes MaxBundleBytes (a model of some GiB is not
+// packed whole to be refused then).
 func (r *Repository) pack(dir, name string) ([]byte, string, *abi.Manifest, error) {
 	m, err := readManifest(dir)
 	if err != nil {
@@ -76,5 +81,27 @@ func (r *Repository) pack(dir, name string) ([]byte, string, *abi.Manifest, erro
 			return nil, "", nil, err
 		}
 	}
-	return bundle.PackBytesWithin(dir, name)
+	buf := &capped{max: r.cfg.MaxBundleBytes}
+	if m, err = bundle.PackWithin(dir, name, buf); errors.Is(err, errTooLarge) {
+		return nil, "", nil, errdefs.New(errdefs.KindTooLarge, nil, "bundle is larger than %d bytes", buf.max)
+	} else if err != nil {
+		return nil, "", nil, err
+	}
+	b := buf.b.Bytes()
+	return b, bundle.Digest(b), m, nil
+}
+
+var errTooLarge = errors.New("bundle over the limit")
+
+// capped is a buffer that refuses to grow past max bytes (0: no bound).
+type capped struct {
+	b   bytes.Buffer
+	max int64
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if c.max > 0 && int64(c.b.Len())+int64(len(p)) > c.max {
+		return 0, errTooLarge
+	}
+	return c.b.Write(p)
 }

@@ -65,7 +65,12 @@ type Config struct {
 	Settle time.Duration
 	// Deploys is how many bundles deploy at once (0: 4).
 	Deploys int
-	Log     *slog.Logger
+	// MaxBundleBytes is the node's bound on a bundle (engine.Config's,
+	// plover serve --max-body): packing a version folder stops past it,
+	// the version UNAVAILABLE (413 on load). 0: none of the repository's
+	// own (the node still refuses a larger bundle, once packed whole).
+	MaxBundleBytes int64
+	Log            *slog.Logger
 }
 
 // Repository is a model repository served on a node.
@@ -529,6 +534,9 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	b, sha, man, err := r.pack(dir, name)
 	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
 		return "", errChanged
+	}
+	if errdefs.KindOf(err) == errdefs.KindTooLarge {
+		return "", fmt.Errorf("%s: %w", where, err)
 	}
 	if err != nil {
 		return "", refused(where, err)

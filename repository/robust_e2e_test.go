@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -84,19 +86,22 @@ func TestRemovedVersionFolderIsNotServed(t *testing.T) {
 // default: model weights of a few GiB are common) is refused once its
 // packing passes the limit, not packed whole into memory first (4 deploys
 // at once, a model larger than the pod's memory limit would get the
-// server OOM-killed): UNAVAILABLE, and the heap stays small. Here: a
-// 1 MiB limit and 32 MiB of incompressible constants.
+// server OOM-killed): UNAVAILABLE, 413 on load, and what the refusal
+// allocates is far below the folder's size. Here: a 1 MiB limit and
+// 64 MiB of incompressible constants; the compressor's window (16 MiB)
+// is allocated whatever the size.
 func TestOversizedBundleRefusedWithinTheLimit(t *testing.T) {
 	m := testkit.Manifest("big")
 	m.Constants = "w.bin"
-	weights := make([]byte, 32<<20)
+	weights := make([]byte, 64<<20)
 	rand.Read(weights)
 	src := testkit.BundleDir(t, m, weights)
 	models := filepath.Join(t.TempDir(), "models")
 	copyFiles(t, src, filepath.Join(models, "big"), "plover.json", "kernels.so", "w.bin")
 	ageAll(models)
 	e := testkit.Engine(t, engine.Config{MaxBundleBytes: 1 << 20})
-	r, err := repository.New(repository.Config{Dir: models, Settle: 50 * time.Millisecond}, e.Control())
+	// As plover serve passes the node's limit (--max-body) to both.
+	r, err := repository.New(repository.Config{Dir: models, Settle: 50 * time.Millisecond, MaxBundleBytes: 1 << 20}, e.Control())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,10 +112,13 @@ func TestOversizedBundleRefusedWithinTheLimit(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	idx := r.Index(false)
 	t.Logf("index: %+v", idx)
-	if len(idx) == 0 || idx[0].State != repository.Unavailable {
-		t.Fatalf("a bundle over the limit is not UNAVAILABLE: %+v", idx)
+	if len(idx) == 0 || idx[0].State != repository.Unavailable || !strings.Contains(idx[0].Reason, "larger than 1048576 bytes") {
+		t.Fatalf("a bundle over the limit is not UNAVAILABLE for its size: %+v", idx)
 	}
-	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8<<20 {
-		t.Errorf("refusing a bundle over a 1 MiB limit allocated %d MiB (the whole 32 MiB folder packed in memory first)", alloc>>20)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 32<<20 {
+		t.Errorf("refusing a 64 MiB folder over a 1 MiB limit allocated %d MiB (packed in memory first)", alloc>>20)
+	}
+	if err := r.Load(context.Background(), "big"); errdefs.KindOf(err) != errdefs.KindTooLarge {
+		t.Errorf("load of the folder over the limit: %v, want 413", err)
 	}
 }
