@@ -97,7 +97,19 @@ func (r *Repository) still(f folder) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.models[r.single]
-	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.newest) >= r.cfg.Settle
+	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.stillSince(m.seenAt)) >= r.cfg.Settle
+}
+
+// stillSince is when f's files last changed: its newest modification
+// time, or, for one later than seenAt, when the scans first saw f as it
+// is (a time ahead of the clock, an archive unpacked with the times of a
+// machine whose clock ran ahead, says nothing of when the copy ended, and
+// would keep the folder LOADING until the clock got there).
+func (f folder) stillSince(seenAt time.Time) time.Time {
+	if f.newest.After(seenAt) {
+		return seenAt
+	}
+	return f.newest
 }
 
 // isDir reports whether e, in parent, is a directory or a link to one (a

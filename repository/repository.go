@@ -295,7 +295,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 		return unchanged
 	}
 	m.unloaded = false // changed since the unload (Unload sets done): it is over
-	still := now.Sub(f.newest) >= r.cfg.Settle
+	still := now.Sub(f.stillSince(m.seenAt)) >= r.cfg.Settle
 	if (f.err == nil || f.unreadable) && still && (same || (first && r.scans == 0)) {
 		if f.unreadable {
 			// Not a copy in progress: nothing to wait for (a server

@@ -239,7 +239,7 @@ func TestFutureModTimeSettles(t *testing.T) {
 	r, _ := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
 	cancel, done := runRepo(r)
 	defer func() { cancel(); <-done }()
-	if !started(r, 3*time.Second) {
+	if !started(r, 3*time.Second) || node.current("cnn") != "1" {
 		t.Errorf("a folder untouched for 3 s (one file dated an hour ahead) is still not deployed; index: %s", index(r))
 	}
 }
