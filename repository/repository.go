@@ -711,21 +711,27 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	defer r.give()
 	r.mu.Lock()
 	m := r.models[name]
+	deployed := m != nil && m.deployed
 	r.mu.Unlock()
 	if m == nil {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
 	}
-	if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-		return fmt.Errorf("unload %s: %w", name, err)
+	// A function of that name the repository never deployed (its folder
+	// refused, a plover deploy) is left alone, as the scan's removal
+	// leaves it.
+	if deployed {
+		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+			return fmt.Errorf("unload %s: %w", name, err)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// Its versions are deleted with it: none shows READY until a load or
-	// a change of the folder deploys them again.
+	// a change of the folder deploys them again. The folder as last seen
+	// is what is unloaded, a copy still settling included: only a change
+	// after the unload (or a load) brings it back.
 	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
-	if m.done == "" {
-		m.done = m.seen // a load, or a change of the folder, brings it back
-	}
+	m.done = m.seen
 	r.cfg.Log.Info("model repository: unloaded", "model", name)
 	return nil
 }
