@@ -228,11 +228,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		}
 	}
 	for name, f := range found {
-		m := r.models[name]
-		if m == nil {
-			m = &model{name: name, dir: f.dir, renamed: f.renamed, state: Loading, reason: "found: waiting for its first deploy"}
-			r.models[name] = m
-		}
+		m := r.modelLocked(name, f)
 		if m.removing { // back before its function was deleted: deployed again
 			m.removing, m.done = false, ""
 		}
@@ -277,6 +273,19 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	}
 	r.mu.Unlock()
 	return settling, retrying
+}
+
+// modelLocked is the model name as found in f, made if new. A model
+// follows its folder: DIR as one bundle served it, and now DIR/NAME/ does
+// (or the other way round).
+func (r *Repository) modelLocked(name string, f folder) *model {
+	m := r.models[name]
+	if m == nil {
+		m = &model{name: name, state: Loading, reason: "found: waiting for its first deploy"}
+		r.models[name] = m
+	}
+	m.dir, m.renamed = f.dir, f.renamed
+	return m
 }
 
 // settledLocked decides what a scan does with m as found: a folder is
@@ -657,11 +666,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
 	}
 	r.mu.Lock()
-	m := r.models[name]
-	if m == nil {
-		m = &model{name: name, dir: f.dir, renamed: f.renamed}
-		r.models[name] = m
-	}
+	m := r.modelLocked(name, f)
 	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
 	if f.unreadable {
 		r.unreadableLocked(m, f)
