@@ -27,6 +27,26 @@ func runRepo(r *Repository) (cancel func(), done <-chan struct{}) {
 	return cancel, ch
 }
 
+// servingCNN is a repository of cfg (its Dir made) with one model,
+// cnn/1/, at rest and deployed by a first scan.
+func servingCNN(t *testing.T, cfg Config) (root string, node *fakeNode, r *Repository) {
+	t.Helper()
+	root = filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node = newFakeNode()
+	cfg.Dir = root
+	r, err := New(cfg, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(context.Background())
+	if got := index(r); got != "cnn/1 READY; " {
+		t.Fatalf("start: %s", got)
+	}
+	return root, node, r
+}
+
 // started reports whether r's Started closed within d.
 func started(r *Repository, d time.Duration) bool {
 	select {
@@ -201,15 +221,7 @@ func TestSingleBundleTurnedIntoModelFolders(t *testing.T) {
 // nothing changed after the unload.
 func TestUnloadHoldsOverACopySettlingBeforeIt(t *testing.T) {
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "models")
-	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
-	age(t, root)
-	node := newFakeNode()
-	r, _ := New(Config{Dir: root, Poll: time.Hour, Settle: 100 * time.Millisecond}, node)
-	r.Scan(ctx)
-	if node.current("cnn") != "1" {
-		t.Fatalf("start: %s", index(r))
-	}
+	root, node, r := servingCNN(t, Config{Poll: time.Hour, Settle: 100 * time.Millisecond})
 	writeBundle(t, filepath.Join(root, "cnn", "2"), "cnn", true) // a new version being copied
 	r.Scan(ctx)                                                  // LOADING: settling
 	if err := r.Unload(ctx, "cnn"); err != nil {
@@ -283,15 +295,7 @@ func TestUnloadLeavesAFunctionDeployedOtherwise(t *testing.T) {
 // next scan tries again.
 func TestReadErrorKeepsWhatServes(t *testing.T) {
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "models")
-	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
-	age(t, root)
-	node := newFakeNode()
-	r, _ := New(Config{Dir: root, Poll: time.Hour, Settle: 50 * time.Millisecond}, node)
-	r.Scan(ctx)
-	if got := index(r); got != "cnn/1 READY; " {
-		t.Fatalf("start: %s", got)
-	}
+	_, _, r := servingCNN(t, Config{Poll: time.Hour, Settle: 50 * time.Millisecond})
 	r.mu.Lock()
 	m := r.models["cnn"]
 	r.mu.Unlock()
