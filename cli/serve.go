@@ -288,10 +288,11 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 		return nil, err
 	}
 	ioShares(f, n.cpu, &sc.IO, log)
+	maxBundle := int64(f.maxBodyMB) << 20
 	n.eng, err = engine.New(engine.Config{
 		Store: n.store, Cache: cache, Devices: n.devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
-		Timeout: f.timeout, MaxBundleBytes: int64(f.maxBodyMB) << 20, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
+		Timeout: f.timeout, MaxBundleBytes: maxBundle, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
 		NamedTenants: f.authFile != "",
 	})
 	if err != nil {
@@ -302,7 +303,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	}
 	if f.repository != "" {
 		n.repo, err = repository.New(repository.Config{Dir: f.repository, Name: f.repositoryName, Poll: f.repositoryPoll,
-			Settle: f.repositorySettle, Log: log}, n.eng.Control())
+			Settle: f.repositorySettle, MaxBundleBytes: maxBundle, Log: log}, n.eng.Control())
 		if err != nil {
 			return nil, err
 		}

@@ -180,9 +180,14 @@ func (s *FS) Touch(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
+	// A key that names a directory (a prefix of other keys) or crosses
+	// an object is no object, as in S3: nothing to touch.
+	if fi, err := os.Stat(p); noDir(err) || (err == nil && !fi.Mode().IsRegular()) {
+		return fmt.Errorf("touch %s: %w", key, ErrNotFound)
+	}
 	now := time.Now()
 	if err := os.Chtimes(p, now, now); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
+		if noDir(err) {
 			return fmt.Errorf("touch %s: %w", key, ErrNotFound)
 		}
 		return fmt.Errorf("touch %s: %w", key, err)
@@ -218,7 +223,7 @@ func (s *FS) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		return nil, err
 	}
 	f, err := os.Open(p)
-	if errors.Is(err, fs.ErrNotExist) {
+	if noDir(err) { // absent, or "a/b" while "a" is an object: none, as in S3
 		return nil, fmt.Errorf("get %s: %w", key, ErrNotFound)
 	}
 	if err != nil {
@@ -242,7 +247,7 @@ func (s *FS) Stat(ctx context.Context, key string) (Info, error) {
 		return Info{}, err
 	}
 	fi, err := os.Stat(p)
-	if errors.Is(err, fs.ErrNotExist) || (err == nil && !fi.Mode().IsRegular()) {
+	if noDir(err) || (err == nil && !fi.Mode().IsRegular()) {
 		return Info{}, fmt.Errorf("stat %s: %w", key, ErrNotFound)
 	}
 	if err != nil {
@@ -351,8 +356,13 @@ func (s *FS) Delete(ctx context.Context, key string) error {
 		}
 		defer unlock()
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("delete %s: %w", key, err)
+	// unlink, not os.Remove: a directory is never removed (a Put may be
+	// about to write in it).
+	if err := unix.Unlink(p); err != nil && !noDir(err) {
+		if fi, lerr := os.Lstat(p); lerr == nil && fi.IsDir() {
+			return nil // a prefix of other keys names no object, as in S3
+		}
+		return fmt.Errorf("delete %s: %w", key, &fs.PathError{Op: "unlink", Path: p, Err: err})
 	}
 	return nil
 }

@@ -8,15 +8,16 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/bundle"
 )
 
 // folder is a model folder as a scan found it.
@@ -26,6 +27,10 @@ type folder struct {
 	print   string    // names, sizes and modification times of its files
 	newest  time.Time // the latest modification time in it
 	err     error     // could not be read
+	// unreadable: err is not a file going while it was read (a copy or a
+	// removal in progress) but stays until the folder changes (a folder
+	// the server may not read, a volume's I/O error).
+	unreadable bool
 }
 
 // list finds the repository's model folders: DIR itself when it is one
@@ -41,7 +46,7 @@ func (r *Repository) list() (map[string]folder, error) {
 		name, why := r.cfg.Name, ""
 		if absent != nil {
 			why = abi.ManifestFile + " is absent"
-		} else if man, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
+		} else if man, err := readManifest(r.cfg.Dir); err != nil {
 			why = err.Error()
 			if name == "" {
 				name = cmp.Or(r.single, r.top)
@@ -74,8 +79,12 @@ func (r *Repository) list() (map[string]folder, error) {
 		return nil, err
 	}
 	for _, e := range ents {
-		if e.Name()[0] == '.' || !isDir(r.cfg.Dir, e) {
-			continue // files beside models (a README), and hidden scratch space
+		if e.Name()[0] == '.' || e.Name() == "lost+found" || !isDir(r.cfg.Dir, e) {
+			// Files beside models (a README), hidden scratch space, and
+			// the file system's own folder at a volume's root (ext4's,
+			// root's and unreadable to the server; never a function's
+			// name).
+			continue
 		}
 		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
 	}
@@ -88,7 +97,19 @@ func (r *Repository) still(f folder) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.models[r.single]
-	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.newest) >= r.cfg.Settle
+	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.stillSince(m.seenAt)) >= r.cfg.Settle
+}
+
+// stillSince is when f's files last changed: its newest modification
+// time, or, for one later than seenAt, when the scans first saw f as it
+// is (a time ahead of the clock, an archive unpacked with the times of a
+// machine whose clock ran ahead, says nothing of when the copy ended, and
+// would keep the folder LOADING until the clock got there).
+func (f folder) stillSince(seenAt time.Time) time.Time {
+	if f.newest.After(seenAt) {
+		return seenAt
+	}
+	return f.newest
 }
 
 // isDir reports whether e, in parent, is a directory or a link to one (a
@@ -148,6 +169,7 @@ func look(dir string, renamed bool) folder {
 		return nil
 	})
 	f.print = fmt.Sprintf("%x", h.Sum(nil))
+	f.unreadable = f.err != nil && !errors.Is(f.err, fs.ErrNotExist) && !errors.Is(f.err, syscall.ENOTDIR)
 	return f
 }
 

@@ -28,7 +28,6 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -66,7 +65,12 @@ type Config struct {
 	Settle time.Duration
 	// Deploys is how many bundles deploy at once (0: 4).
 	Deploys int
-	Log     *slog.Logger
+	// MaxBundleBytes is the node's bound on a bundle (engine.Config's,
+	// plover serve --max-body): packing a version folder stops past it,
+	// the version UNAVAILABLE (413 on load). 0: none of the repository's
+	// own (the node still refuses a larger bundle, once packed whole).
+	MaxBundleBytes int64
+	Log            *slog.Logger
 }
 
 // Repository is a model repository served on a node.
@@ -224,11 +228,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		}
 	}
 	for name, f := range found {
-		m := r.models[name]
-		if m == nil {
-			m = &model{name: name, dir: f.dir, renamed: f.renamed, state: Loading, reason: "found: waiting for its first deploy"}
-			r.models[name] = m
-		}
+		m := r.modelLocked(name, f)
 		if m.removing { // back before its function was deleted: deployed again
 			m.removing, m.done = false, ""
 		}
@@ -275,6 +275,19 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	return settling, retrying
 }
 
+// modelLocked is the model name as found in f, made if new. A model
+// follows its folder: DIR as one bundle served it, and now DIR/NAME/ does
+// (or the other way round).
+func (r *Repository) modelLocked(name string, f folder) *model {
+	m := r.models[name]
+	if m == nil {
+		m = &model{name: name, state: Loading, reason: "found: waiting for its first deploy"}
+		r.models[name] = m
+	}
+	m.dir, m.renamed = f.dir, f.renamed
+	return m
+}
+
 // settledLocked decides what a scan does with m as found: a folder is
 // deployed once it is still, that is when none of its files changed within
 // Settle and, while polling, when two scans a poll apart saw the same
@@ -291,8 +304,14 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 		return unchanged
 	}
 	m.unloaded = false // changed since the unload (Unload sets done): it is over
-	still := now.Sub(f.newest) >= r.cfg.Settle
-	if f.err == nil && still && (same || (first && r.scans == 0)) {
+	still := now.Sub(f.stillSince(m.seenAt)) >= r.cfg.Settle
+	if (f.err == nil || f.unreadable) && still && (same || (first && r.scans == 0)) {
+		if f.unreadable {
+			// Not a copy in progress: nothing to wait for (a server
+			// waiting would never say ready) until the folder changes.
+			r.unreadableLocked(m, f)
+			return unchanged
+		}
 		return changed
 	}
 	// Its deployed versions still serve, and show, beside the folder's
@@ -302,6 +321,13 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 		m.reason = fmt.Sprintf("cannot read it yet: %v", f.err)
 	}
 	return stillChanging
+}
+
+// unreadableLocked makes m UNAVAILABLE for a folder that cannot be read
+// as it is (f.unreadable), until it changes; its function, if deployed,
+// serves on meanwhile.
+func (r *Repository) unreadableLocked(m *model, f folder) {
+	r.settleLocked(m, f.print, nil, Unavailable, fmt.Sprintf("%s: cannot read it (tried again when it changes): %v", r.where(f.dir), f.err), errdefs.KindInvalid)
 }
 
 // take waits for the turn to change deployments; false if ctx ended first.
@@ -326,29 +352,42 @@ func (r *Repository) deployAll(ctx context.Context, due []*model) {
 		err  error
 	}
 	jobs := make([]job, len(due))
+	pipe := make([]bool, len(due))
+	// Reading the folders is part of each model's work, Deploys at a
+	// time: one slow folder (a volume stalling) holds up no other's look.
+	r.parallel(len(due), func(i int) {
+		vers, p, err := r.versionsOf(due[i])
+		jobs[i], pipe[i] = job{due[i], vers, err}, p
+	})
 	var pipes, funcs []int
-	for i, m := range due {
-		vers, pipe, err := r.versionsOf(m)
-		jobs[i] = job{m, vers, err}
-		if pipe {
+	for i := range due {
+		if pipe[i] {
 			pipes = append(pipes, i)
 		} else {
 			funcs = append(funcs, i)
 		}
 	}
 	for _, group := range [][]int{funcs, pipes} {
-		sem := make(chan struct{}, r.cfg.Deploys)
-		var wg sync.WaitGroup
-		for _, i := range group {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func(j *job) {
-				defer func() { <-sem; wg.Done() }()
-				r.deploy(ctx, j.m, j.vers, j.err)
-			}(&jobs[i])
-		}
-		wg.Wait()
+		r.parallel(len(group), func(k int) {
+			j := &jobs[group[k]]
+			r.deploy(ctx, j.m, j.vers, j.err)
+		})
 	}
+}
+
+// parallel runs f(0) to f(n-1), Deploys at a time, and waits for them.
+func (r *Repository) parallel(n int, f func(int)) {
+	sem := make(chan struct{}, r.cfg.Deploys)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
 
 // versionsOf lists m's version folders (its folder alone when it is a
@@ -359,6 +398,8 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	}
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
+		// Read a moment ago by the look that decided the deploy: this is
+		// no refusal (deploy tries again).
 		return nil, false, fmt.Errorf("%s: %w", r.where(m.dir), err)
 	}
 	var vs []version
@@ -368,15 +409,10 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 		}
 	}
 	if len(vs) == 0 {
-		return nil, false, fmt.Errorf("%s: no %s and no version folders (1/, 2/, ...)", r.where(m.dir), abi.ManifestFile)
+		return nil, false, refused(r.where(m.dir), fmt.Errorf("no %s and no version folders (1/, 2/, ...)", abi.ManifestFile))
 	}
 	slices.SortFunc(vs, func(a, b version) int { return byNumber(a.label, b.label) })
 	return vs, isPipeline(vs[len(vs)-1].dir), nil
-}
-
-func isPipeline(dir string) bool {
-	m, err := bundle.ReadManifest(dir)
-	return err == nil && m.IsPipeline()
 }
 
 // byNumber orders version labels as numbers ("" first).
@@ -404,8 +440,18 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	r.mu.Lock()
 	print := m.seen
 	r.mu.Unlock()
+	if errdefs.KindOf(err) == errdefs.KindInvalid {
+		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindInvalid)
+		return
+	}
 	if err != nil {
-		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindBadRequest)
+		// A folder read a moment ago that cannot be now (it went, a
+		// volume's hiccup): what served serves on, and the next scan
+		// looks again.
+		r.mu.Lock()
+		old := m.versions
+		r.mu.Unlock()
+		r.settle(m, "", old, Loading, fmt.Sprintf("cannot read it now (tried again at the next scan): %v", err), errdefs.KindUnavailable)
 		return
 	}
 	rec, err := r.node.Versions(ctx, m.name)
@@ -494,9 +540,12 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 	}
 	// Only files within the version folder: a file linked out of it
 	// (to the server's own secrets) is refused, and the folder with it.
-	b, sha, man, err := bundle.PackBytesWithin(dir, name)
+	b, sha, man, err := r.pack(dir, name)
 	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
 		return "", errChanged
+	}
+	if errdefs.KindOf(err) == errdefs.KindTooLarge {
+		return "", fmt.Errorf("%s: %w", where, err)
 	}
 	if err != nil {
 		return "", refused(where, err)
@@ -536,6 +585,11 @@ func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
 func (r *Repository) settle(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.settleLocked(m, done, vers, state, reason, kind)
+}
+
+// settleLocked is settle under r.mu.
+func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, reason, kind
 	m.retry = done == ""
 	for _, v := range vers {
@@ -612,12 +666,13 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
 	}
 	r.mu.Lock()
-	m := r.models[name]
-	if m == nil {
-		m = &model{name: name, dir: f.dir, renamed: f.renamed}
-		r.models[name] = m
-	}
+	m := r.modelLocked(name, f)
 	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
+	if f.unreadable {
+		r.unreadableLocked(m, f)
+		defer r.mu.Unlock()
+		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, m.reason)
+	}
 	r.mu.Unlock()
 	vers, _, err := r.versionsOf(m)
 	r.deploy(ctx, m, vers, err)
@@ -661,21 +716,27 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	defer r.give()
 	r.mu.Lock()
 	m := r.models[name]
+	deployed := m != nil && m.deployed
 	r.mu.Unlock()
 	if m == nil {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
 	}
-	if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-		return fmt.Errorf("unload %s: %w", name, err)
+	// A function of that name the repository never deployed (its folder
+	// refused, a plover deploy) is left alone, as the scan's removal
+	// leaves it.
+	if deployed {
+		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+			return fmt.Errorf("unload %s: %w", name, err)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// Its versions are deleted with it: none shows READY until a load or
-	// a change of the folder deploys them again.
+	// a change of the folder deploys them again. The folder as last seen
+	// is what is unloaded, a copy still settling included: only a change
+	// after the unload (or a load) brings it back.
 	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
-	if m.done == "" {
-		m.done = m.seen // a load, or a change of the folder, brings it back
-	}
+	m.done = m.seen
 	r.cfg.Log.Info("model repository: unloaded", "model", name)
 	return nil
 }

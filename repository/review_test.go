@@ -227,12 +227,7 @@ func TestSingleBundleManifestGlitch(t *testing.T) {
 // READY while the change settles.
 func TestUnloadThenChange(t *testing.T) {
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "models")
-	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
-	age(t, root)
-	node := newFakeNode()
-	r, _ := New(Config{Dir: root, Settle: time.Second}, node)
-	r.Scan(ctx)
+	root, _, r := servingCNN(t, Config{Settle: time.Second})
 	if err := r.Unload(ctx, "cnn"); err != nil {
 		t.Fatal(err)
 	}
