@@ -255,6 +255,29 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	return c.info(f, rv, c.versionCount(ctx, name)), nil
 }
 
+// Unlabel takes label off name's versions but the current one
+// (registry.Registry.Unlabel), and unloads this node's pinned versions
+// that carried it: a model repository's version folder that went stops
+// answering by its number. Other nodes keep a loaded one until its
+// idle_ttl unloads it.
+func (c *Control) Unlabel(ctx context.Context, name, label string) error {
+	e := c.e
+	current, n, err := e.tab.reg.Unlabel(ctx, name, label)
+	switch {
+	case errors.Is(err, registry.ErrNoFunction):
+		return notFound(name, err, "")
+	case errors.Is(err, registry.ErrConflict):
+		return errorf(errdefs.KindConflict, err, "unlabel %s: %s", name, err.Error())
+	case err != nil:
+		return unavailable(err, "unlabel %s: cannot update the store", name)
+	}
+	if n > 0 {
+		e.tab.unlabel(name, label, current)
+		e.cfg.Log.Info("version label retired", "function", name, "label", label, "versions", n)
+	}
+	return nil
+}
+
 // checkRollback checks a pipeline version's steps before it becomes
 // current again: the functions it named may have gone since. Anything
 // else (no such function or version) is SetCurrent's to report.

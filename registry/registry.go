@@ -398,6 +398,34 @@ func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.V
 // ErrNoVersion is returned (wrapped) for a version a record does not list.
 var ErrNoVersion = errors.New("no such version")
 
+// Unlabel takes label (a model repository's version folder) off every
+// version of name that carries it but the current one: a version whose
+// folder went no longer answers by its label. The versions stay in the
+// record (rollback by id still reaches them); n is how many lost it, and
+// current the record's current version.
+func (g Registry) Unlabel(ctx context.Context, name, label string) (current string, n int, err error) {
+	if label == "" {
+		return "", 0, nil
+	}
+	_, err = g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
+		if r == nil {
+			return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
+		}
+		n, current = 0, r.Current
+		for i := range r.Versions {
+			if v := &r.Versions[i]; v.Label == label && v.ID != r.Current {
+				v.Label = ""
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, nil
+		}
+		return r, nil
+	})
+	return current, n, err
+}
+
 // GC deletes every bundle object that no record's version list names. A
 // bundle being published concurrently may be deleted before its record
 // lands; grace keeps objects younger than it.

@@ -48,6 +48,9 @@ type Node interface {
 	Versions(ctx context.Context, name string) (*api.Record, error)
 	Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error)
 	Delete(ctx context.Context, name string, force bool) error
+	// Unlabel takes a version folder's label off the function's versions
+	// but the current one: the folder went.
+	Unlabel(ctx context.Context, name, label string) error
 }
 
 // Config configures a Repository.
@@ -495,11 +498,36 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err), errdefs.KindOf(err))
 			return
 		}
+		rec.Current = current // as the rollback just set it
+		if err := r.retire(ctx, m.name, rec, vers); err != nil {
+			retry = true // the store again: the next scan tries again
+			r.cfg.Log.Warn("model repository: a removed version folder still answers", "model", m.name, "error", err)
+		}
 	}
 	if retry {
 		print = ""
 	}
 	r.settle(m, print, vers, "", "", 0)
+}
+
+// retire takes off rec's versions the labels of version folders that
+// went (none of vers): /v2/models/NAME/versions/N stops answering for a
+// folder N removed. rec was read after the current version was set.
+func (r *Repository) retire(ctx context.Context, name string, rec *api.Record, vers []version) error {
+	if rec == nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, v := range rec.Versions {
+		if v.Label == "" || v.ID == rec.Current || seen[v.Label] || slices.ContainsFunc(vers, func(f version) bool { return f.label == v.Label }) {
+			continue
+		}
+		seen[v.Label] = true
+		if err := r.node.Unlabel(ctx, name, v.Label); err != nil {
+			return fmt.Errorf("version %s: %w", v.Label, err)
+		}
+	}
+	return nil
 }
 
 // passing reports whether a version's deploy failed for a reason that may

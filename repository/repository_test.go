@@ -92,6 +92,21 @@ func (f *fakeNode) Delete(ctx context.Context, name string, force bool) error {
 	return nil
 }
 
+func (f *fakeNode) Unlabel(ctx context.Context, name, label string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rec := f.recs[name]
+	if rec == nil {
+		return errdefs.New(errdefs.KindNotFound, nil, "function %q not found", name)
+	}
+	for i := range rec.Versions {
+		if v := &rec.Versions[i]; v.Label == label && v.ID != rec.Current {
+			v.Label = ""
+		}
+	}
+	return nil
+}
+
 // current is the label of name's current version ("" if none).
 func (f *fakeNode) current(name string) string {
 	f.mu.Lock()
