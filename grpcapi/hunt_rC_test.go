@@ -1,0 +1,79 @@
+package grpcapi_test
+
+// Bug hunt (branch rC): each test here demonstrates a defect and fails on
+// the code it was written against.
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/grpcapi"
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// The response-over-limit error tells the operator to raise
+// "plover serve --max-body-mb", a flag that does not exist: the flag that
+// sets the gRPC message limit is --max-body (cli/serve.go).
+func TestHuntOverLimitMessageNamesRealFlag(t *testing.T) {
+	f := serveOpts(t, nil, grpcapi.Options{MaxMessageBytes: 200}) // echo's output is 256 bytes
+	_, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: "echo",
+		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}}, RawInputContents: [][]byte{{7}}})
+	st, _ := status.FromError(err)
+	if st.Code() != codes.Internal {
+		t.Fatalf("%v %q, want Internal", st.Code(), st.Message())
+	}
+	if strings.Contains(st.Message(), "--max-body-mb") || !strings.Contains(st.Message(), "--max-body") {
+		t.Errorf("message %q names --max-body-mb; plover serve's flag is --max-body", st.Message())
+	}
+}
+
+// A request message over the limit (--max-body, as an HTTP body over it,
+// which HTTP answers 413 too_large) is refused by gRPC-Go itself before any
+// handler runs: ResourceExhausted, the class README's table gives to busy
+// and rate_limited (retry later), where apierr maps too_large to
+// InvalidArgument; its message names neither the field nor the flag.
+func TestHuntOverLimitRequestIsTooLargeNotExhausted(t *testing.T) {
+	f := serveOpts(t, nil, grpcapi.Options{MaxMessageBytes: 200})
+	big := make([]byte, 1000)
+	_, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: "echo",
+		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(big))}}}, RawInputContents: [][]byte{big}})
+	st, _ := status.FromError(err)
+	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "--max-body") {
+		t.Errorf("a 1000-byte request over a 200-byte limit: %v %q; want InvalidArgument (too_large, as HTTP's 413) naming the limit and --max-body",
+			st.Code(), st.Message())
+	}
+}
+
+// A token's concurrency bounds its requests on the server over HTTP until
+// each handler returns (a client that hangs up mid-run keeps its place
+// while the server still runs it). Over gRPC the place is given back the
+// moment the client cancels (the tap's context.AfterFunc on the stream),
+// while the server goes on running the call: a token limited to 1 has a
+// second call admitted while its first still holds an instance.
+func TestHuntCancelledCallGivesBackConcurrencyWhileStillRunning(t *testing.T) {
+	f := serve(t, table{"one": {Name: "one", Scopes: auth.Invoke, Functions: []string{"*"}, Limits: auth.Limits{Concurrency: 1}}})
+	infer := func(model string) *pb.ModelInferRequest {
+		return &pb.ModelInferRequest{ModelName: model, Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
+			RawInputContents: [][]byte{{1}}}
+	}
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer one"))
+	done := make(chan error, 1)
+	go func() { _, err := f.client.ModelInfer(ctx, infer("slow")); done <- err }() // slow runs 2 s
+	testkit.WaitFor(t, f.e, "slow", "its run to start", testkit.Busy(1, 0))
+	cancel()
+	if err := <-done; status.Code(err) != codes.Canceled {
+		t.Fatalf("the cancelled call: %v", err)
+	}
+	_, err := f.client.ModelInfer(metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer one"), infer("echo"))
+	fi, _ := f.e.Control().Function(context.Background(), "slow")
+	if err == nil && fi.Busy == 1 {
+		t.Errorf("token with concurrency 1: a second call was admitted while its cancelled first call still runs on the server (slow busy %d)", fi.Busy)
+	}
+}
