@@ -235,3 +235,29 @@ func TestHuntOneRequestRunsTwoVersionsOfAStep(t *testing.T) {
 		t.Errorf("one request ran f at versions %s (request %d, %d deploys meanwhile)", split, requests, n)
 	}
 }
+
+// README and pipedef.MaxDepth allow pipelines "up to 8 levels deep" (a
+// pipeline naming a pipeline is depth 2), and the runner runs 8 levels
+// (it refuses a 9th), but a deploy refuses 8: pipedef's step checks the
+// depth on every step, function steps of the 8th pipeline included, so it
+// is off by one against the runner and the documentation.
+func TestHuntEightLevelsRefusedAtDeploy(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	prev := "f"
+	for i := 8; i >= 2; i-- { // p8 names f, p7 names p8, ... p2 names p3
+		name := "p" + string(rune('0'+i))
+		testkit.Deploy(t, e, pipelineDir(t, name, prev))
+		prev = name
+	}
+	b, _, _, err := bundle.PackBytes(pipelineDir(t, "top", "p2")) // top, p2 .. p8: 8 levels
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Control().Deploy(context.Background(), "top", bytes.NewReader(b), false); err != nil {
+		t.Fatalf("a pipeline 8 levels deep (top -> p2 -> ... -> p8 -> f) is refused: %v", err)
+	}
+	if err := pipeline.New(e, nil).Invoke(context.Background(), "top", &call.Request{Input: []byte{1}}); err != nil {
+		t.Fatalf("8 levels: %v", err)
+	}
+}
