@@ -21,22 +21,6 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// The response-over-limit error tells the operator to raise
-// "plover serve --max-body-mb", a flag that does not exist: the flag that
-// sets the gRPC message limit is --max-body (cli/serve.go).
-func TestHuntOverLimitMessageNamesRealFlag(t *testing.T) {
-	f := serveOpts(t, nil, grpcapi.Options{MaxMessageBytes: 200}) // echo's output is 256 bytes
-	_, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: "echo",
-		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}}, RawInputContents: [][]byte{{7}}})
-	st, _ := status.FromError(err)
-	if st.Code() != codes.Internal {
-		t.Fatalf("%v %q, want Internal", st.Code(), st.Message())
-	}
-	if strings.Contains(st.Message(), "--max-body-mb") || !strings.Contains(st.Message(), "--max-body") {
-		t.Errorf("message %q names --max-body-mb; plover serve's flag is --max-body", st.Message())
-	}
-}
-
 // A request message over the limit (--max-body, as an HTTP body over it,
 // which HTTP answers 413 too_large) is refused by gRPC-Go itself before any
 // handler runs: ResourceExhausted, the class README's table gives to busy

@@ -46,7 +46,7 @@ type Options struct {
 	// server shutting down answers false first).
 	Ready func() bool
 	// MaxMessageBytes bounds a request and a response message (the
-	// server's --max-body-mb). Default 256 MiB.
+	// server's --max-body). Default 256 MiB.
 	MaxMessageBytes int
 	// ReadTimeout bounds the time from a call's headers to its message
 	// (HTTP's read timeout); past it the call is cancelled. 0: 60 s.
@@ -393,7 +393,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if err == nil && !typed && 2*len(r.Output) > s.opts.MaxMessageBytes {
 		if n := proto.Size(resp); n > s.opts.MaxMessageBytes {
 			return nil, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf(
-				"model %s: its response of %d bytes is over the gRPC message limit of %d bytes (plover serve --max-body-mb)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
+				"model %s: its response of %d bytes is over the gRPC message limit of %d bytes (plover serve --max-body)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
 		}
 	}
 	return resp, err
