@@ -4,18 +4,14 @@ package grpcapi_test
 // the code it was written against.
 
 import (
-	"context"
 	"runtime"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
@@ -35,44 +31,6 @@ func TestHuntOverLimitRequestIsTooLargeNotExhausted(t *testing.T) {
 	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "--max-body") {
 		t.Errorf("a 1000-byte request over a 200-byte limit: %v %q; want InvalidArgument (too_large, as HTTP's 413) naming the limit and --max-body",
 			st.Code(), st.Message())
-	}
-}
-
-// A token's concurrency bounds its requests on the server over HTTP until
-// each handler returns (a client that hangs up mid-run keeps its place
-// while the server still runs it). Over gRPC the place is given back the
-// moment the client cancels (the tap's context.AfterFunc on the stream),
-// while the server goes on running the call: a token limited to 1 has a
-// second call admitted while its first still holds an instance.
-func TestHuntCancelledCallGivesBackConcurrencyWhileStillRunning(t *testing.T) {
-	f := serve(t, table{"one": {Name: "one", Scopes: auth.Invoke, Functions: []string{"*"}, Limits: auth.Limits{Concurrency: 1}}})
-	infer := func(model string) *pb.ModelInferRequest {
-		return &pb.ModelInferRequest{ModelName: model, Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
-			RawInputContents: [][]byte{{1}}}
-	}
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer one"))
-	done := make(chan error, 1)
-	go func() { _, err := f.client.ModelInfer(ctx, infer("slow")); done <- err }() // slow runs 2 s
-	testkit.WaitFor(t, f.e, "slow", "its run to start", testkit.Busy(1, 0))
-	cancel()
-	if err := <-done; status.Code(err) != codes.Canceled {
-		t.Fatalf("the cancelled call: %v", err)
-	}
-	// The server learns of the cancel a moment after the client returns:
-	// call again until the first call's run ends (slow idle again).
-	for {
-		_, err := f.client.ModelInfer(metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer one"), infer("echo"))
-		fi, _ := f.e.Control().Function(context.Background(), "slow")
-		if fi.Busy == 0 {
-			return // the first call's run ended before any call was admitted
-		}
-		if err == nil {
-			t.Fatalf("token with concurrency 1: a second call was admitted while its cancelled first call still runs on the server (slow busy %d)", fi.Busy)
-		}
-		if status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("second call: %v", err)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -1,15 +1,22 @@
 package grpcapi_test
 
 import (
+	"context"
+	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // A raw response over the server's message limit is refused by the server,
@@ -28,5 +35,188 @@ func TestResponseOverMessageLimit(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(counter(t, f.reg, "echo", "500")); got != 1 {
 		t.Errorf("requests counted as 500: %v, want 1", got)
+	}
+}
+
+// oneByte is a one-byte raw call to model.
+func oneByte(model string) *pb.ModelInferRequest {
+	return &pb.ModelInferRequest{ModelName: model, Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
+		RawInputContents: [][]byte{{1}}}
+}
+
+// withToken is ctx carrying tok in the authorization metadata.
+func withToken(ctx context.Context, tok string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+}
+
+// A token's place in its concurrency is held until the server's handler
+// returns, as over HTTP (a client that hangs up mid-run keeps its place
+// while the server runs its request): a client that cancels a call must
+// not free its place while the server still runs it (it did, as soon as
+// the stream's context ended, and a token limited to 1 had a second call
+// admitted beside its first).
+func TestCancelledCallKeepsItsPlaceWhileItRuns(t *testing.T) {
+	f := serve(t, table{"one": {Name: "one", Scopes: auth.Invoke, Functions: []string{"*"}, Limits: auth.Limits{Concurrency: 1}}})
+	ctx, cancel := context.WithCancel(withToken(context.Background(), "one"))
+	done := make(chan error, 1)
+	go func() { _, err := f.client.ModelInfer(ctx, oneByte("slow")); done <- err }() // slow runs 2 s
+	testkit.WaitFor(t, f.e, "slow", "its run to start", testkit.Busy(1, 0))
+	cancel()
+	if err := <-done; status.Code(err) != codes.Canceled {
+		t.Fatalf("the cancelled call: %v", err)
+	}
+	// The server learns of the cancel a moment after the client returns:
+	// call again until the first call's run ends (slow idle again).
+	again := withToken(ctxT(t), "one")
+	for {
+		_, err := f.client.ModelInfer(again, oneByte("echo"))
+		fi, _ := f.e.Control().Function(context.Background(), "slow")
+		if fi.Busy == 0 {
+			return // the first call's run ended before any call was admitted
+		}
+		if err == nil {
+			t.Fatalf("token with concurrency 1: a second call was admitted while its cancelled first call still runs on the server (slow busy %d)", fi.Busy)
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("second call: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// rawCodec sends a []byte as the message itself: a malformed message, which
+// the server fails to decode before any handler runs.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)   { return v.([]byte), nil }
+func (rawCodec) Unmarshal(_ []byte, _ any) error { return nil }
+func (rawCodec) Name() string                    { return "proto" }
+
+// Every way a call can end gives its place in the token's concurrency back
+// once, and only once: after each of calls cancelled before their message,
+// ended by the read timeout, malformed, over the message limit, refused by
+// their handler (five times each), and cancelled while running and while
+// queued (twice), the token has all its places, and no more.
+func TestEndedCallsGiveTheirPlacesBack(t *testing.T) {
+	const places = 3
+	f := serveOpts(t, table{"three": {Name: "three", Scopes: auth.Invoke, Functions: []string{"*"}, Limits: auth.Limits{Concurrency: places}}},
+		grpcapi.Options{ReadTimeout: 300 * time.Millisecond, MaxMessageBytes: 4096})
+	ctx := withToken(ctxT(t), "three")
+	// hold starts calls that send their headers (the tap takes their
+	// places) and not yet their messages; ServerLive after them on the
+	// one connection returns once the server has read their headers.
+	hold := func(ctx context.Context) []grpc.ClientStream {
+		var cs []grpc.ClientStream
+		for range places {
+			s, err := f.conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, pb.GRPCInferenceService_ModelInfer_FullMethodName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, s)
+		}
+		if _, err := f.client.ServerLive(ctx, &pb.ServerLiveRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	// allBack waits until the token's full set of places is admitted at
+	// once, and no call beside them; the server sees a call's end a moment
+	// after its client does (until then a held call may be refused, and
+	// the call beside them take a place freed since).
+	allBack := func(after string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			held := hold(ctx)
+			_, err := f.client.ModelInfer(ctx, oneByte("echo"))
+			extra := err == nil
+			if st, _ := status.FromError(err); !extra && (st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "concurrency")) {
+				t.Fatalf("after %s: a call beside %d held ones: %v, want ResourceExhausted (concurrency)", after, places, err)
+			}
+			admitted := 0
+			for _, cs := range held {
+				err := cs.SendMsg(oneByte("echo"))
+				if err == nil {
+					cs.CloseSend()
+				}
+				if err == nil || err == io.EOF { // EOF: ended by the server, which RecvMsg says why
+					err = cs.RecvMsg(&pb.ModelInferResponse{})
+				}
+				if err == nil {
+					admitted++
+				} else if status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("after %s: a held call: %v", after, err)
+				}
+			}
+			if admitted == places && extra {
+				t.Fatalf("after %s: a call beside %d held ones was admitted: a place was given back twice", after, places)
+			}
+			if admitted == places {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after %s: %d of %d concurrent calls admitted 10 s on: places leaked", after, admitted, places)
+			}
+		}
+	}
+	want := func(what string, err error, codes ...codes.Code) {
+		t.Helper()
+		for _, c := range codes {
+			if status.Code(err) == c {
+				return
+			}
+		}
+		t.Fatalf("%s: %v, want %v", what, err, codes)
+	}
+	big := oneByte("echo")
+	big.Inputs[0].Shape[0], big.RawInputContents[0] = 1<<20, make([]byte, 1<<20)
+	for _, tc := range []struct {
+		name string
+		reps int
+		end  func()
+	}{
+		{"calls cancelled before their messages", 5, func() {
+			c, cancel := context.WithCancel(ctx)
+			held := hold(c)
+			cancel()
+			for _, cs := range held {
+				want("cancelled before its message", cs.RecvMsg(&pb.ModelInferResponse{}), codes.Canceled)
+			}
+		}},
+		{"calls ended by the read timeout", 5, func() {
+			for _, cs := range hold(ctx) {
+				want("ended by the read timeout", cs.RecvMsg(&pb.ModelInferResponse{}), codes.Canceled, codes.DeadlineExceeded)
+			}
+		}},
+		{"a malformed message", 5, func() {
+			err := f.conn.Invoke(ctx, pb.GRPCInferenceService_ModelInfer_FullMethodName, []byte{0xff}, new([]byte), grpc.ForceCodec(rawCodec{}))
+			want("malformed", err, codes.Internal)
+		}},
+		{"a message over gRPC-Go's receive limit", 5, func() {
+			_, err := f.client.ModelInfer(ctx, big)
+			want("over the receive limit", err, codes.ResourceExhausted)
+		}},
+		{"a call its handler refused", 5, func() {
+			_, err := f.client.ModelInfer(ctx, oneByte("nosuch"))
+			want("refused by its handler", err, codes.NotFound)
+		}},
+		// slow runs on for its 2 s after its calls are cancelled: twice only.
+		{"calls cancelled while one runs and one queues", 2, func() {
+			c, cancel := context.WithCancel(ctx)
+			done := make(chan error, 2)
+			go func() { _, err := f.client.ModelInfer(c, oneByte("slow")); done <- err }()
+			testkit.WaitFor(t, f.e, "slow", "a call running", testkit.Busy(1, 0))
+			go func() { _, err := f.client.ModelInfer(c, oneByte("slow")); done <- err }()
+			testkit.WaitFor(t, f.e, "slow", "a call queued", testkit.Busy(1, 1))
+			cancel()
+			want("cancelled while it runs or queues", <-done, codes.Canceled)
+			want("cancelled while it runs or queues", <-done, codes.Canceled)
+			testkit.WaitFor(t, f.e, "slow", "its calls ended", testkit.Busy(0, 0))
+		}},
+	} {
+		for range tc.reps {
+			tc.end()
+			allBack(tc.name)
+		}
 	}
 }

@@ -142,7 +142,8 @@ type pending struct {
 	timer  *time.Timer
 	ticket gate.Ticket
 	// stop keeps release from running when the stream's context ends;
-	// true if it did (release is then the caller's to run).
+	// true if it did stop it (release is then the caller's to run),
+	// false if the context had ended and release has run or is running.
 	stop func() bool
 }
 
@@ -195,14 +196,20 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 // calling one at a time must find it free for its next call.
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if c, ok := ctx.Value(pendingKey{}).(*pending); ok {
-		if !c.timer.Stop() && errors.Is(context.Cause(ctx), errNoMessage) {
+		late := !c.timer.Stop() // the read timeout passed as the message came
+		// From here the place is the handler's until it returns, as an
+		// HTTP request's is: a client that cancels must not free it while
+		// the server still runs its call.
+		if c.stop() {
+			defer c.release()
+		} else if !late {
+			// The stream ended first (the client cancelled), and its end
+			// gave the place back: no handler runs without one.
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if late {
 			return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within the server's read timeout of %v", s.opts.ReadTimeout)
 		}
-		defer func() {
-			if c.stop() {
-				c.release()
-			}
-		}()
 	}
 	g := s.door.Gate()
 	if g.Open() || openMethods[info.FullMethod] {
