@@ -3,6 +3,7 @@ package grpcapi_test
 import (
 	"context"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
@@ -218,5 +220,87 @@ func TestEndedCallsGiveTheirPlacesBack(t *testing.T) {
 			tc.end()
 			allBack(tc.name)
 		}
+	}
+}
+
+// Inputs past the model's max_input_bytes are refused (InvalidArgument,
+// too_large: 413 in the metrics, as over HTTP) naming the input that
+// passes it and the limit, before any is laid out; at the limit they run.
+func TestInputsOverMaxInputBytes(t *testing.T) {
+	f := serve(t, nil)
+	// typed takes 64 KiB: x FP32 [2,2] (16 bytes), then y INT16 [-1].
+	const fit = (1<<16 - 16) / 2 // y's elements at the limit
+	x := fp32(1, 2, 3, 4)
+	typedReq := func(n int) *pb.ModelInferRequest {
+		return &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+			{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}, Contents: &pb.InferTensorContents{Fp32Contents: []float32{1, 2, 3, 4}}},
+			{Name: "y", Datatype: "INT16", Shape: []int64{int64(n)}, Contents: &pb.InferTensorContents{IntContents: make([]int32, n)}}}}
+	}
+	rawReq := func(n int) *pb.ModelInferRequest {
+		return &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+			{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}}, {Name: "y", Datatype: "INT16", Shape: []int64{int64(n)}}},
+			RawInputContents: [][]byte{x, make([]byte, 2*n)}}
+	}
+	one := oneByte("echo") // echo takes 64 KiB too
+	one.Inputs[0].Shape[0], one.RawInputContents[0] = 1<<16+1, make([]byte, 1<<16+1)
+	for _, tc := range []struct {
+		name string
+		req  *pb.ModelInferRequest
+		msg  string // "": runs
+	}{
+		{"typed at the limit", typedReq(fit), ""},
+		{"typed, the second input past it", typedReq(fit + 1), `input "y" (shape [32761] of INT16) brings the inputs to 65538 bytes; model typed takes at most 65536 (max_input_bytes)`},
+		{"raw at the limit", rawReq(fit), ""},
+		{"raw, the second input past it", rawReq(fit + 1), `input "y" (shape [32761] of INT16) brings the inputs to 65538 bytes; model typed takes at most 65536 (max_input_bytes)`},
+		{"a single raw input past it", one, `input "INPUT0" (shape [65537] of UINT8) brings the inputs to 65537 bytes; model echo takes at most 65536`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.client.ModelInfer(ctxT(t), tc.req)
+			if tc.msg == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.msg) {
+				t.Fatalf("%v, want InvalidArgument with %q", err, tc.msg)
+			}
+		})
+	}
+	if got := testutil.ToFloat64(counter(t, f.reg, "typed", "413")); got != 2 {
+		t.Errorf("typed's requests counted as 413: %v, want 2", got)
+	}
+}
+
+// A typed input past max_input_bytes is refused before it is laid out:
+// a 4 MiB message of int64_contents zeroes (one byte each on the wire)
+// made the server build a 32 MiB input, through append's doublings, for a
+// function that takes at most 1 KiB, and refuse it only then. The measure
+// is the allocations (client and server run in this process) beyond what
+// protobuf's decoding of the message itself costs (a []int64: 32 MiB).
+func TestTypedInputOverMaxInputIsNotLaidOut(t *testing.T) {
+	f := serve(t, nil)
+	m := testkit.Manifest("small")
+	m.MaxInputBytes = 1 << 10
+	m.Tensors = &abi.Tensors{Inputs: []abi.Tensor{{Name: "x", Datatype: "INT64", Shape: []int64{-1}}}, Outputs: abi.RawTensors.Outputs}
+	testkit.Deploy(t, f.e, testkit.BundleDir(t, m, nil))
+	const n = 4 << 20
+	req := &pb.ModelInferRequest{ModelName: "small", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+		{Name: "x", Datatype: "INT64", Shape: []int64{n}, Contents: &pb.InferTensorContents{Int64Contents: make([]int64, n)}}}}
+	call := func() error { _, err := f.client.ModelInfer(ctxT(t), req); return err }
+	if err := call(); status.Code(err) != codes.InvalidArgument { // warm: connection, pools
+		t.Fatalf("%v, want InvalidArgument (too large)", err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := call()
+	runtime.ReadMemStats(&after)
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "at most 1024") {
+		t.Fatalf("%v, want InvalidArgument naming max_input_bytes", err)
+	}
+	decoded := uint64(n * 8) // the []int64 protobuf decodes the message into
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > decoded+decoded/2+8<<20 {
+		t.Errorf("refusing a %d-element INT64 input to a function taking 1 KiB allocated %d MiB (client and server); protobuf's own decoding is %d MiB: the input was laid out before its size was checked",
+			n, alloc>>20, decoded>>20)
 	}
 }

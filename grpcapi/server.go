@@ -375,7 +375,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return nil, err
 	}
 	defer pin.Release()
-	typed, err := layInputs(req, ts.Inputs, r)
+	typed, err := layInputs(req, ts.Inputs, pin.Version().MaxInputBytes, r)
 	if err != nil {
 		return nil, err
 	}
