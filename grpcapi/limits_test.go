@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
@@ -37,6 +38,47 @@ func TestResponseOverMessageLimit(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(counter(t, f.reg, "echo", "500")); got != 1 {
 		t.Errorf("requests counted as 500: %v, want 1", got)
+	}
+}
+
+// A request message over --max-body is refused as HTTP refuses a body over
+// it (413 too_large): InvalidArgument naming the size, the limit and the
+// flag, counted as echo's refused request. It was gRPC-Go's own
+// ResourceExhausted (the class of a busy server: retry), naming neither;
+// that remains for a message more than 64 KiB over, which gRPC-Go refuses
+// from its length before reading it.
+func TestRequestOverMessageLimit(t *testing.T) {
+	const limit = 4096
+	f := serveOpts(t, nil, grpcapi.Options{MaxMessageBytes: limit})
+	sized := func(size int) *pb.ModelInferRequest { // a raw echo request of size bytes
+		for n := size; ; n-- {
+			req := oneByte("echo")
+			req.Inputs[0].Shape[0], req.RawInputContents[0] = int64(n), make([]byte, n)
+			if proto.Size(req) == size {
+				return req
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		size int
+		code codes.Code
+		msg  string
+	}{
+		{"at the limit", limit, codes.OK, ""},
+		{"a byte over", limit + 1, codes.InvalidArgument, "model echo: request message of 4097 bytes is over the server's limit of 4096 bytes (plover serve --max-body)"},
+		{"64 KiB over", limit + 64<<10, codes.InvalidArgument, "request message of 69632 bytes is over the server's limit of 4096 bytes (plover serve --max-body)"},
+		{"past what is read", limit + 64<<10 + 1, codes.ResourceExhausted, "grpc: received message larger than max"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.client.ModelInfer(ctxT(t), sized(tc.size))
+			if st, _ := status.FromError(err); st.Code() != tc.code || !strings.Contains(st.Message(), tc.msg) {
+				t.Fatalf("%v, want %v with %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+	if got := testutil.ToFloat64(counter(t, f.reg, "echo", "413")); got != 2 {
+		t.Errorf("echo's requests counted as 413: %v, want 2", got)
 	}
 }
 
