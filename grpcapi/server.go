@@ -46,7 +46,8 @@ type Options struct {
 	// server shutting down answers false first).
 	Ready func() bool
 	// MaxMessageBytes bounds a request and a response message (the
-	// server's --max-body-mb). Default 256 MiB.
+	// server's --max-body; a request up to envelope over it is read, to
+	// be refused with a message that says so). Default 256 MiB.
 	MaxMessageBytes int
 	// ReadTimeout bounds the time from a call's headers to its message
 	// (HTTP's read timeout); past it the call is cancelled. 0: 60 s.
@@ -85,7 +86,12 @@ func New(door *frontdoor.Door, opts Options) *Server {
 // set; serve it with Serve on a listener (behind the connection cap).
 func (s *Server) GRPC() *grpc.Server {
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(s.opts.MaxMessageBytes),
+		// gRPC-Go refuses a message over its receive limit itself, from
+		// its length, before any handler: ResourceExhausted, the class of
+		// a busy server, naming no flag. Up to envelope over the limit
+		// the message is read, and ModelInfer refuses it as HTTP refuses
+		// a body over --max-body (too_large).
+		grpc.MaxRecvMsgSize(s.opts.MaxMessageBytes + envelope),
 		grpc.MaxSendMsgSize(s.opts.MaxMessageBytes),
 		// Streams per connection: with the connection cap, what bounds
 		// the requests (and their messages in memory) one client holds.
@@ -117,6 +123,12 @@ func (s *Server) GRPC() *grpc.Server {
 	return g
 }
 
+// envelope is how far past the message limit a request is still read, to
+// be refused by ModelInfer with a message that names the limit and its
+// flag: room for the names, shapes and parameters around inputs that
+// come near the limit themselves.
+const envelope = 64 << 10
+
 // required is the scope a method outside openMethods needs and the
 // function it acts on, as the HTTP routes: model metadata and readiness
 // need read; inference needs invoke on the model.
@@ -142,7 +154,8 @@ type pending struct {
 	timer  *time.Timer
 	ticket gate.Ticket
 	// stop keeps release from running when the stream's context ends;
-	// true if it did (release is then the caller's to run).
+	// true if it did stop it (release is then the caller's to run),
+	// false if the context had ended and release has run or is running.
 	stop func() bool
 }
 
@@ -195,14 +208,20 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 // calling one at a time must find it free for its next call.
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if c, ok := ctx.Value(pendingKey{}).(*pending); ok {
-		if !c.timer.Stop() && errors.Is(context.Cause(ctx), errNoMessage) {
+		late := !c.timer.Stop() // the read timeout passed as the message came
+		// From here the place is the handler's until it returns, as an
+		// HTTP request's is: a client that cancels must not free it while
+		// the server still runs its call.
+		if c.stop() {
+			defer c.release()
+		} else if !late {
+			// The stream ended first (the client cancelled), and its end
+			// gave the place back: no handler runs without one.
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if late {
 			return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within the server's read timeout of %v", s.opts.ReadTimeout)
 		}
-		defer func() {
-			if c.stop() {
-				c.release()
-			}
-		}()
 	}
 	g := s.door.Gate()
 	if g.Open() || openMethods[info.FullMethod] {
@@ -350,6 +369,13 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 }
 
 func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.Request) (*pb.ModelInferResponse, error) {
+	// A message read past the limit (up to envelope): too_large, counted
+	// as the function's refused request, as HTTP's 413 for a body over
+	// --max-body.
+	if n := proto.Size(req); n > s.opts.MaxMessageBytes {
+		return nil, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
+			"model %s: request message of %d bytes is over the server's limit of %d bytes (plover serve --max-body)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
+	}
 	// The engine learns of a client that cancels by polling Gone (499, as
 	// for HTTP), and of its deadline through r.Deadline (504,
 	// DeadlineExceeded): the RPC's context, which ends at that deadline
@@ -368,7 +394,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return nil, err
 	}
 	defer pin.Release()
-	typed, err := layInputs(req, ts.Inputs, r)
+	typed, err := layInputs(req, ts.Inputs, pin.Version().MaxInputBytes, r)
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +419,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if err == nil && !typed && 2*len(r.Output) > s.opts.MaxMessageBytes {
 		if n := proto.Size(resp); n > s.opts.MaxMessageBytes {
 			return nil, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf(
-				"model %s: its response of %d bytes is over the gRPC message limit of %d bytes (plover serve --max-body-mb)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
+				"model %s: its response of %d bytes is over the gRPC message limit of %d bytes (plover serve --max-body)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
 		}
 	}
 	return resp, err

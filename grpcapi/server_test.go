@@ -281,24 +281,6 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestResponseOverMessageLimit: a raw response over the server's message
-// limit is refused by the server, naming the model, the sizes and the flag
-// (not by gRPC's own check, which names neither), and counted as the 500 it
-// is, not as the success the run was.
-func TestResponseOverMessageLimit(t *testing.T) {
-	f := serveOpts(t, nil, grpcapi.Options{MaxMessageBytes: 200}) // echo's output is 256 bytes
-	_, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: "echo",
-		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}}, RawInputContents: [][]byte{{7}}})
-	st, _ := status.FromError(err)
-	if st.Code() != codes.Internal || !strings.Contains(st.Message(), "model echo") || !strings.Contains(st.Message(), "over the gRPC message limit of 200 bytes") ||
-		!strings.Contains(st.Message(), "--max-body-mb") {
-		t.Fatalf("%v %q, want Internal naming the model, the limit and --max-body-mb", st.Code(), st.Message())
-	}
-	if got := testutil.ToFloat64(counter(t, f.reg, "echo", "500")); got != 1 {
-		t.Errorf("requests counted as 500: %v, want 1", got)
-	}
-}
-
 type table map[string]*auth.Principal
 
 func (t table) Lookup(tok []byte) *auth.Principal { return t[string(tok)] }

@@ -16,8 +16,11 @@ import (
 // r.Input, checking names, datatypes and shapes. The inputs come all raw
 // (raw_input_contents, one entry per input in the request's order) or all
 // typed (each input's contents); typed reports which. A single raw input
-// is used where it arrived, with no copy.
-func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, r *call.Request) (typed bool, err error) {
+// is used where it arrived, with no copy. maxInput is the model's
+// max_input_bytes (0: not known here; the engine checks it after): inputs
+// past it are refused before any is laid out, as typed contents widen (an
+// INT64 zero is one byte in the message and eight laid out).
+func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, r *call.Request) (typed bool, err error) {
 	got := req.GetInputs()
 	raw := req.GetRawInputContents()
 	if len(raw) > 0 && len(raw) != len(got) {
@@ -34,62 +37,91 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, r *call.Request) (t
 			return false, badRequest("input %q has contents beside raw_input_contents: send every input one way", t.GetName())
 		}
 	}
-	var buf []byte
-	for _, d := range decl {
+	// Every input found and checked, and their sum, before any is laid out.
+	order := make([]int, len(decl)) // decl[k] is got[order[k]]
+	var total int64
+	for k, d := range decl {
 		i, ok := idx[d.Name]
 		if !ok {
 			return false, badRequest("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
 		}
 		delete(idx, d.Name)
+		order[k] = i
 		t := got[i]
 		size, err := oip.CheckInput(t.GetDatatype(), t.GetShape(), d)
 		if err != nil {
 			return false, badRequest("%v", err)
 		}
 		if !typed {
-			b := raw[i]
-			if int64(len(b)) != size {
-				return false, badRequest("input %q: raw_input_contents[%d] has %d bytes, shape %v of %s needs %d", d.Name, i, len(b), t.GetShape(), d.Datatype, size)
+			if int64(len(raw[i])) != size {
+				return false, badRequest("input %q: raw_input_contents[%d] has %d bytes, shape %v of %s needs %d", d.Name, i, len(raw[i]), t.GetShape(), d.Datatype, size)
 			}
-			if len(decl) == 1 && len(got) == 1 {
-				r.Input = b // the one input, where it arrived
-				return false, nil
-			}
-			buf = append(buf, b...)
-			continue
-		}
-		n := size / abi.DatatypeSize[d.Datatype] // the shape's elements
-		if buf, err = appendTyped(buf, d.Datatype, t.GetContents(), n); err != nil {
+		} else if err := countTyped(d.Datatype, t.GetContents(), size/abi.DatatypeSize[d.Datatype]); err != nil {
 			return false, badRequest("input %q: %v", d.Name, err)
+		}
+		// Each size is at most what the message holds (counted above), times
+		// eight: the sum cannot overflow.
+		if total += size; maxInput > 0 && total > maxInput {
+			return false, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
+				"input %q (shape %v of %s) brings the inputs to %d bytes; model %s takes at most %d (max_input_bytes)", d.Name, t.GetShape(), d.Datatype, total, req.GetModelName(), maxInput)}
 		}
 	}
 	for n := range idx {
 		return false, badRequest("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
 	}
-	if buf == nil {
-		buf = []byte{}
+	if !typed && len(decl) == 1 && len(got) == 1 {
+		r.Input = raw[order[0]] // the one input, where it arrived
+		return false, nil
+	}
+	buf := make([]byte, 0, total)
+	for k, d := range decl {
+		if !typed {
+			buf = append(buf, raw[order[k]]...)
+			continue
+		}
+		if buf, err = appendTyped(buf, d.Datatype, got[order[k]].GetContents()); err != nil {
+			return false, badRequest("input %q: %v", d.Name, err)
+		}
 	}
 	r.Input = buf
 	return typed, nil
 }
 
-// appendTyped appends n elements of datatype dt from c, little-endian,
-// checking that each fits the datatype (an INT8 sent as int_contents
-// 300 is refused, not wrapped).
-func appendTyped(b []byte, dt string, c *pb.InferTensorContents, n int64) ([]byte, error) {
-	count := func(have int) error {
-		if int64(have) != n {
-			return fmt.Errorf("contents hold %d elements, the shape holds %d", have, n)
-		}
-		return nil
-	}
+// countTyped checks that c holds n elements in the typed field for
+// datatype dt.
+func countTyped(dt string, c *pb.InferTensorContents, n int64) error {
+	var have int
 	switch dt {
 	case "BOOL":
-		v := c.GetBoolContents()
-		if err := count(len(v)); err != nil {
-			return b, err
-		}
-		for _, x := range v {
+		have = len(c.GetBoolContents())
+	case "INT8", "INT16", "INT32":
+		have = len(c.GetIntContents())
+	case "INT64":
+		have = len(c.GetInt64Contents())
+	case "UINT8", "UINT16", "UINT32":
+		have = len(c.GetUintContents())
+	case "UINT64":
+		have = len(c.GetUint64Contents())
+	case "FP32":
+		have = len(c.GetFp32Contents())
+	case "FP64":
+		have = len(c.GetFp64Contents())
+	default: // FP16: the protocol has no typed field for it
+		return fmt.Errorf("%s has no typed contents in the protocol: send it in raw_input_contents", dt)
+	}
+	if int64(have) != n {
+		return fmt.Errorf("contents hold %d elements, the shape holds %d", have, n)
+	}
+	return nil
+}
+
+// appendTyped appends the elements of datatype dt in c (countTyped has
+// checked their number), little-endian, checking that each fits the
+// datatype (an INT8 sent as int_contents 300 is refused, not wrapped).
+func appendTyped(b []byte, dt string, c *pb.InferTensorContents) ([]byte, error) {
+	switch dt {
+	case "BOOL":
+		for _, x := range c.GetBoolContents() {
 			if x {
 				b = append(b, 1)
 			} else {
@@ -97,64 +129,38 @@ func appendTyped(b []byte, dt string, c *pb.InferTensorContents, n int64) ([]byt
 			}
 		}
 	case "INT8", "INT16", "INT32":
-		v := c.GetIntContents()
-		if err := count(len(v)); err != nil {
-			return b, err
-		}
 		bits := abi.DatatypeSize[dt] * 8
 		lo, hi := int64(-1)<<(bits-1), int64(1)<<(bits-1)-1
-		for k, x := range v {
+		for k, x := range c.GetIntContents() {
 			if int64(x) < lo || int64(x) > hi {
 				return b, fmt.Errorf("int_contents[%d] = %d is not an %s", k, x, dt)
 			}
 			b = appendInt(b, uint64(x), bits/8)
 		}
 	case "INT64":
-		v := c.GetInt64Contents()
-		if err := count(len(v)); err != nil {
-			return b, err
-		}
-		for _, x := range v {
+		for _, x := range c.GetInt64Contents() {
 			b = binary.LittleEndian.AppendUint64(b, uint64(x))
 		}
 	case "UINT8", "UINT16", "UINT32":
-		v := c.GetUintContents()
-		if err := count(len(v)); err != nil {
-			return b, err
-		}
 		bits := abi.DatatypeSize[dt] * 8
-		for k, x := range v {
+		for k, x := range c.GetUintContents() {
 			if bits < 32 && uint64(x) >= 1<<bits {
 				return b, fmt.Errorf("uint_contents[%d] = %d is not a %s", k, x, dt)
 			}
 			b = appendInt(b, uint64(x), bits/8)
 		}
 	case "UINT64":
-		v := c.GetUint64Contents()
-		if err := count(len(v)); err != nil {
-			return b, err
-		}
-		for _, x := range v {
+		for _, x := range c.GetUint64Contents() {
 			b = binary.LittleEndian.AppendUint64(b, x)
 		}
 	case "FP32":
-		v := c.GetFp32Contents()
-		if err := count(len(v)); err != nil {
-			return b, err
-		}
-		for _, x := range v {
+		for _, x := range c.GetFp32Contents() {
 			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
 		}
 	case "FP64":
-		v := c.GetFp64Contents()
-		if err := count(len(v)); err != nil {
-			return b, err
-		}
-		for _, x := range v {
+		for _, x := range c.GetFp64Contents() {
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
 		}
-	default: // FP16: the protocol has no typed field for it
-		return b, fmt.Errorf("%s has no typed contents in the protocol: send it in raw_input_contents", dt)
 	}
 	return b, nil
 }

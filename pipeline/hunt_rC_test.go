@@ -1,0 +1,263 @@
+package pipeline_test
+
+// Bug hunt (branch rC): each test here demonstrates a defect and fails on
+// the code it was written against.
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/oip"
+	"github.com/plover-run/plover/pipeline"
+)
+
+// A parallel step whose branch fails fails the request, but its sibling
+// branches are not stopped: a sibling that is a nested pipeline goes on to
+// run its later steps for a request that has already failed (the walk
+// checks only the client's departure and the deadline between steps, never
+// a sibling's failure). tail must never see the request.
+func TestHuntParallelFailureDoesNotStopSiblings(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
+	failing := testkit.Manifest("failing")
+	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 400), nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("tail"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "inner", "slow", "tail"))
+	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"failing", "inner"}}))
+	r := pipeline.New(e, nil)
+	t0 := time.Now()
+	err := r.Invoke(context.Background(), "p", &call.Request{Input: []byte("x")})
+	took := time.Since(t0)
+	if errdefs.KindOf(err) != errdefs.KindKernel || !strings.Contains(err.Error(), "failing") {
+		t.Fatalf("err = %v, want the failing branch's kernel failure", err)
+	}
+	fi, _ := e.Control().Function(context.Background(), "tail")
+	if fi.Requests != 0 {
+		t.Errorf("after its sibling failed (the request already lost), the other branch still ran its next step: tail served %d requests; the failure was answered after %v", fi.Requests, took)
+	}
+}
+
+// An intermediate output over the next step's max_input_bytes is the
+// pipeline's definition at fault (its steps do not fit each other), not the
+// client's: the client sent 1 byte, yet the request is answered 413 "input
+// is 256 bytes", a client error no smaller request can avoid, and counted
+// in the pipeline's client errors. Deploy does not refuse the mismatch
+// either (pipedef checks existence and cycles only).
+func TestHuntIntermediateOverNextStepLimitIsBlamedOnClient(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("wide"), nil)) // out_bytes 256
+	narrow := testkit.Manifest("narrow")
+	narrow.MaxInputBytes = 16
+	testkit.Deploy(t, e, testkit.BundleDir(t, narrow, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "wide", "narrow"))
+	err := pipeline.New(e, nil).Invoke(context.Background(), "p", &call.Request{Input: []byte{1}})
+	if err == nil {
+		t.Fatal("a 256-byte intermediate into a step taking 16 succeeded")
+	}
+	if st := apierr.Of(errdefs.KindOf(err)); st.HTTP < 500 {
+		t.Errorf("a 1-byte request whose step 0 output (256 bytes) exceeds step 1's max_input_bytes (16) is answered %d %s, a client error: %v",
+			st.HTTP, st.Name, err)
+	}
+}
+
+// Deploy accepts a pipeline running exactly pipedef.MaxFunctions (256)
+// functions through a nested pipeline (16 x inner, inner 16 x f), but every
+// request to it is refused: the runner counts its pins, nested pipelines'
+// own pins included, against the same limit of functions.
+func TestHuntNestedFunctionLimitDeployAcceptsRunRefuses(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	steps := make([]any, 16)
+	for i := range steps {
+		steps[i] = "f"
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "inner", steps...))
+	for i := range steps {
+		steps[i] = "inner"
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "outer", steps...)) // 256 functions: accepted
+	req := &call.Request{Input: []byte{1}}
+	if err := pipeline.New(e, nil).Invoke(context.Background(), "outer", req); err != nil {
+		t.Fatalf("deploy accepted outer (256 functions, the limit), but its request fails: %v", err)
+	}
+	if len(req.Steps) != 256 {
+		t.Fatalf("%d steps ran, want 256", len(req.Steps))
+	}
+}
+
+// A parallel last step's outputs are described (Pin.Version().Tensors,
+// what /v2 metadata and gRPC ModelMetadata say, and what both transports
+// cut the output by) as each branch's declared outputs in order, but the
+// output is each branch's whole run output (out_bytes) concatenated: when
+// a branch's out_bytes is more than its declared tensors' bytes, the next
+// branch's tensor is cut from the first's padding. Here "b" (second
+// branch, an echo of [1 2 3 4]) reads as zeroes.
+func TestHuntParallelLastOutputsMisCut(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	a := testkit.Manifest("fa") // out_bytes 256, declares only a UINT8[4]
+	a.Tensors = &abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: []abi.Tensor{{Name: "a", Datatype: "UINT8", Shape: []int64{4}}}}
+	b := testkit.Manifest("fb")
+	b.OutBytes = 4
+	b.Tensors = &abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: []abi.Tensor{{Name: "b", Datatype: "UINT8", Shape: []int64{4}}}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, a, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, b, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"fa", "fb"}}))
+	r := pipeline.New(e, nil)
+	p, err := r.Pin(context.Background(), "p", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	outs := p.Version().Tensors.Outputs
+	if len(outs) != 2 || outs[0].Name != "a" || outs[1].Name != "b" {
+		t.Fatalf("outputs %+v, want a then b", outs)
+	}
+	in := []byte{1, 2, 3, 4}
+	req := &call.Request{Input: in}
+	if err := p.Invoke(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	cuts, _, err := oip.CutOutputs(req.Output, outs, nil, nil) // as /v2 infer and gRPC ModelInfer cut it
+	if err != nil {
+		t.Fatalf("cutting the output by the pipeline's declared outputs: %v", err)
+	}
+	if !bytes.Equal(cuts[0].Bytes, in) || !bytes.Equal(cuts[1].Bytes, in) {
+		t.Errorf("a = %v, b = %v; want both %v (each branch echoes the input)", cuts[0].Bytes, cuts[1].Bytes, in)
+	}
+}
+
+// A parallel last step whose first branch declares a variable last output
+// gives the pipeline outputs where a variable tensor is not last, which no
+// function may declare (abi: only the last output may vary): every /v2 or
+// gRPC inference of the pipeline fails with 500 bad_output though its
+// metadata advertises those outputs.
+func TestHuntParallelLastVariableOutputNotLast(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Typed("typed"), nil)) // outputs z FP32[2,2], rest INT16[-1]
+	b := testkit.Manifest("fb")
+	b.OutBytes = 4
+	b.Tensors = &abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: []abi.Tensor{{Name: "b", Datatype: "UINT8", Shape: []int64{4}}}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, b, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"typed", "fb"}}))
+	p, err := pipeline.New(e, nil).Pin(context.Background(), "p", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	req := &call.Request{Input: make([]byte, 24)} // x FP32[2,2] and y INT16[4]
+	if err := p.Invoke(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := oip.CutOutputs(req.Output, p.Version().Tensors.Outputs, nil, nil); err != nil {
+		t.Errorf("the pipeline's advertised outputs %+v cannot be cut from its own output: %v", p.Version().Tensors.Outputs, err)
+	}
+}
+
+// One request of a pipeline that names the same function in several steps
+// may run different versions of it: the plan pins each step on its own
+// (expand calls Engine.Pin per step), so a deploy that lands while a
+// request's plan is being made splits the request across two versions.
+// Deploys alternate two bundles of f while requests of p (f 16 times in
+// each of 16 nested steps) run; every request must run one version of f.
+func TestHuntOneRequestRunsTwoVersionsOfAStep(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	v1, v2 := testkit.Manifest("f"), testkit.Manifest("f")
+	v2.OutBytes = 128 // another bundle, another version
+	var bundles [2][]byte
+	for i, m := range []*abi.Manifest{v1, v2} {
+		b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, m, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bundles[i] = b
+	}
+	if _, err := e.Control().Deploy(context.Background(), "f", bytes.NewReader(bundles[0]), false); err != nil {
+		t.Fatal(err)
+	}
+	steps := make([]any, 16)
+	for i := range steps {
+		steps[i] = "f"
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "inner", steps...))
+	for i := range steps[:15] {
+		steps[i] = "inner" // 15 x 16 = 240 functions: under the runner's count of pins
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "p", steps[:15]...))
+	stop := make(chan struct{})
+	deployed := make(chan int)
+	go func() {
+		n := 0
+		defer func() { deployed <- n }()
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := e.Control().Deploy(context.Background(), "f", bytes.NewReader(bundles[i%2]), false); err != nil {
+				t.Errorf("deploy %d: %v", i, err)
+				return
+			}
+			n++
+		}
+	}()
+	r := pipeline.New(e, nil)
+	end := time.Now().Add(8 * time.Second)
+	var split string
+	requests := 0
+	for time.Now().Before(end) && split == "" && requests < 2000 {
+		req := &call.Request{Input: []byte{1}}
+		if err := r.Invoke(context.Background(), "p", req); err != nil {
+			t.Fatal(err)
+		}
+		requests++
+		for _, s := range req.Steps {
+			if s.Version != req.Steps[0].Version {
+				split = req.Steps[0].Version + " and " + s.Version
+				break
+			}
+		}
+	}
+	close(stop)
+	n := <-deployed
+	if split != "" {
+		t.Errorf("one request ran f at versions %s (request %d, %d deploys meanwhile)", split, requests, n)
+	}
+}
+
+// README and pipedef.MaxDepth allow pipelines "up to 8 levels deep" (a
+// pipeline naming a pipeline is depth 2), and the runner runs 8 levels
+// (it refuses a 9th), but a deploy refuses 8: pipedef's step checks the
+// depth on every step, function steps of the 8th pipeline included, so it
+// is off by one against the runner and the documentation.
+func TestHuntEightLevelsRefusedAtDeploy(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	prev := "f"
+	for i := 8; i >= 2; i-- { // p8 names f, p7 names p8, ... p2 names p3
+		name := "p" + string(rune('0'+i))
+		testkit.Deploy(t, e, pipelineDir(t, name, prev))
+		prev = name
+	}
+	b, _, _, err := bundle.PackBytes(pipelineDir(t, "top", "p2")) // top, p2 .. p8: 8 levels
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Control().Deploy(context.Background(), "top", bytes.NewReader(b), false); err != nil {
+		t.Fatalf("a pipeline 8 levels deep (top -> p2 -> ... -> p8 -> f) is refused: %v", err)
+	}
+	if err := pipeline.New(e, nil).Invoke(context.Background(), "top", &call.Request{Input: []byte{1}}); err != nil {
+		t.Fatalf("8 levels: %v", err)
+	}
+}
