@@ -109,7 +109,7 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 		if err != nil {
 			return bodyLimit{}, err
 		}
-		maxIn = p.Version().MaxInputBytes // 0 for a pipeline's: the server's bound
+		maxIn = p.Version().MaxInputBytes // a pipeline's: its first step's
 		p.Release()
 	}
 	lim := s.serverLimit()

@@ -102,7 +102,7 @@ func (r *Runner) Admit(ctx context.Context, name string, deadline time.Time) (Ad
 	if p.plan == nil {
 		a.MaxInput, err = p.top.MaxInput(), p.top.Full()
 	} else {
-		a.MaxInput, err = admitFirst(p.plan.stages[0])
+		a.MaxInput, err = firstMaxInput(p.plan.stages[0]), firstFull(p.plan.stages[0])
 	}
 	return a, err
 }
@@ -114,21 +114,33 @@ type Admission struct {
 	Version  api.Version
 }
 
-func admitFirst(st stage) (int64, error) {
+// firstMaxInput is the most input bytes a first stage takes: each branch
+// of a parallel one gets the whole input, so the least of theirs (0:
+// unknown).
+func firstMaxInput(st stage) int64 {
 	if st.par == nil {
-		return st.pin.MaxInput(), st.pin.Full()
+		return st.pin.MaxInput()
 	}
 	var least int64
 	for _, br := range st.par {
-		n, err := admitFirst(br[0])
-		if err != nil {
-			return 0, err
-		}
-		if n > 0 && (least == 0 || n < least) {
+		if n := firstMaxInput(br[0]); n > 0 && (least == 0 || n < least) {
 			least = n
 		}
 	}
-	return least, nil
+	return least
+}
+
+// firstFull is the refusal a first stage's queue would give now, if any.
+func firstFull(st stage) error {
+	if st.par == nil {
+		return st.pin.Full()
+	}
+	for _, br := range st.par {
+		if err := firstFull(br[0]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Land is the engine's: memory to read a request's body into where the
@@ -334,8 +346,9 @@ func (p Pin) Release() {
 // Pipeline reports whether the pin is a pipeline's.
 func (p Pin) Pipeline() bool { return p.plan != nil }
 
-// Version is the pinned version's record. A pipeline's tensors are its
-// first step's inputs and its last step's outputs (a parallel last step:
+// Version is the pinned version's record. A pipeline's input bound is its
+// first step's (Admit's), its tensors are its first step's inputs and its
+// last step's outputs (a parallel last step:
 // each function's outputs in order); a side whose functions declare none,
 // or whose names clash, is the raw bytes.
 func (p Pin) Version() api.Version {
@@ -351,6 +364,9 @@ func (p Pin) Version() api.Version {
 		ts.Outputs = outs
 	}
 	v.Tensors = &ts
+	// Its input is its first step's: bound it as Admit does, so that a
+	// transport refuses an input no step would take before laying it out.
+	v.MaxInputBytes = firstMaxInput(p.plan.stages[0])
 	return v
 }
 

@@ -290,3 +290,31 @@ func TestEightLevelsDeployAndRun(t *testing.T) {
 		t.Fatalf("8 levels: %v", err)
 	}
 }
+
+// A pipeline's input bound is its first step's (the least of a parallel
+// first step's branches): what the transports check before laying out a
+// request's tensors, as for a function.
+func TestPipelineMaxInputIsItsFirstSteps(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	for _, c := range []struct {
+		name string
+		max  int64
+	}{{"wide", 1 << 10}, {"narrow", 16}} {
+		m := testkit.Manifest(c.name)
+		m.MaxInputBytes = c.max
+		testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "seq", "wide", "narrow"))
+	testkit.Deploy(t, e, pipelineDir(t, "par", map[string]any{"parallel": []string{"wide", "narrow"}}, "wide"))
+	r := pipeline.New(e, nil)
+	for name, want := range map[string]int64{"seq": 1 << 10, "par": 16} {
+		p, err := r.Pin(context.Background(), name, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Version().MaxInputBytes; got != want {
+			t.Errorf("%s: MaxInputBytes %d, want %d", name, got, want)
+		}
+		p.Release()
+	}
+}
