@@ -18,6 +18,7 @@ package auth
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -391,6 +392,9 @@ func Parse(r io.Reader, source string) (*Table, error) {
 			if e.p.Functions, err = ParseFunctions(fields[3]); err != nil {
 				return nil, fail("FUNCTIONS: %v", err)
 			}
+			if e.p.Scopes&Admin != 0 && !e.p.allFunctions() {
+				return nil, fail("FUNCTIONS: an admin token acts on every function, so %q would not limit it: give * (or no FUNCTIONS), or the scopes it needs instead of admin", fields[3])
+			}
 		}
 		if len(fields) == 5 {
 			if e.p.Limits, err = ParseLimits(fields[4]); err != nil {
@@ -472,20 +476,32 @@ func Load(path string) (*Store, error) {
 }
 
 func readFile(path string) (*Table, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return Parse(f, path)
+	t, _, err := readWhole(path)
+	return t, err
 }
 
-// Reload re-reads the file. If it cannot be read or parsed, the store keeps
-// the table it had and Reload returns the error.
+// readWhole parses the file at path and says whether it ends its last line
+// (an empty file does).
+func readWhole(path string) (*Table, bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, false, err
+	}
+	t, err := Parse(bytes.NewReader(b), path)
+	return t, len(b) == 0 || b[len(b)-1] == '\n', err
+}
+
+// Reload re-reads the file. If it cannot be read or parsed, or its last
+// line has no newline (a writer still at work: a line cut after its hash
+// would give its token every function and no limits), the store keeps the
+// table it had and Reload returns the error.
 func (s *Store) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, err := readFile(s.path)
+	t, whole, err := readWhole(s.path)
+	if err == nil && !whole {
+		err = fmt.Errorf("%s: its last line has no newline (is it still being written? write the file under another name and rename it into place): the tokens loaded before are kept", s.path)
+	}
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/pipedef"
 )
 
@@ -305,16 +307,19 @@ func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st 
 }
 
 // LogThrottle lets a refusal's log line through at most once a second per
-// client address, so that a client hammering with bad tokens cannot flood
-// the log and cannot hide other clients' refusals either. Both transports
-// use one.
+// client (netguard.ClientKey: an IPv4 address or an IPv6 /64, as the
+// connection caps count one), so that a client hammering with bad tokens
+// cannot flood the log and cannot hide other clients' refusals either.
+// Both transports use one.
 type LogThrottle struct {
 	mu   sync.Mutex
 	last map[string]time.Time
 }
 
-// Allow reports whether a line about client may be logged now.
-func (p *LogThrottle) Allow(client string) bool {
+// Allow reports whether a line about the client at addr may be logged
+// now.
+func (p *LogThrottle) Allow(addr net.Addr) bool {
+	client := netguard.ClientKey(addr)
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()

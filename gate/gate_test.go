@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,15 +194,23 @@ func TestAdmit(t *testing.T) {
 	}
 }
 
-// LogThrottle: one line a second per client, and one client's refusals do
-// not hold back another's.
+// LogThrottle: one line a second per client, counted as the connection
+// caps count one (an IPv6 host by its /64, whatever its port), and one
+// client's refusals do not hold back another's.
 func TestLogThrottle(t *testing.T) {
 	var l LogThrottle
 	for _, tc := range []struct {
 		client string
 		want   bool
-	}{{"10.0.0.1", true}, {"10.0.0.1", false}, {"10.0.0.2", true}, {"10.0.0.1", false}, {"10.0.0.2", false}} {
-		if got := l.Allow(tc.client); got != tc.want {
+	}{
+		{"10.0.0.1:1", true}, {"10.0.0.1:2", false}, {"10.0.0.2:1", true}, {"10.0.0.1:3", false}, {"10.0.0.2:1", false},
+		{"[2001:db8:1:2::1]:1", true}, {"[2001:db8:1:2::ffff]:2", false}, {"[2001:db8:1:3::1]:1", true},
+	} {
+		addr, err := net.ResolveTCPAddr("tcp", tc.client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := l.Allow(addr); got != tc.want {
 			t.Errorf("Allow(%s) = %v, want %v", tc.client, got, tc.want)
 		}
 	}

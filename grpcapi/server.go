@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -33,6 +34,7 @@ import (
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
@@ -64,6 +66,7 @@ type Server struct {
 	opts Options
 
 	authLog gate.LogThrottle
+	anon    anonCalls
 }
 
 // New returns a Server over door, the front door it shares with the HTTP
@@ -99,6 +102,10 @@ func (s *Server) GRPC() *grpc.Server {
 		// HTTP bodies these are not counted in --max-body-memory; the tap
 		// keeps them to callers with a known token.
 		grpc.MaxConcurrentStreams(32),
+		// A call's headers are read whole before the tap sees them:
+		// bounded as HTTP bounds a request's (431 past 4 KiB), with room
+		// for trace context and a token.
+		grpc.MaxHeaderListSize(maxHeaderList),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 120 * time.Second}),
 		grpc.InTapHandle(s.tap),
@@ -139,8 +146,14 @@ func required(req any) (scope auth.Scope, fn string) {
 	return auth.Read, ""
 }
 
+// maxHeaderList bounds a call's header list (gRPC-Go's default: 16 MiB).
+const maxHeaderList = 16 << 10
+
 // openMethods need no token, as /v2 and /v2/health/* over HTTP: health
-// and server metadata.
+// and server metadata. Their messages are empty, but gRPC-Go reads one of
+// up to the message limit before any handler, so on a server with tokens
+// a client calling them holds at most anonPerClient at once, each ended
+// if its message has not come within anonReadTimeout (anonCalls).
 var openMethods = map[string]bool{
 	pb.GRPCInferenceService_ServerLive_FullMethodName:     true,
 	pb.GRPCInferenceService_ServerReady_FullMethodName:    true,
@@ -153,6 +166,8 @@ var openMethods = map[string]bool{
 type pending struct {
 	timer  *time.Timer
 	ticket gate.Ticket
+	anon   *anonCalls // an open method's call on a server with tokens: its client's place to give back
+	client string
 	// stop keeps release from running when the stream's context ends;
 	// true if it did stop it (release is then the caller's to run),
 	// false if the context had ended and release has run or is running.
@@ -162,6 +177,45 @@ type pending struct {
 func (c *pending) release() {
 	c.timer.Stop()
 	c.ticket.Done()
+	if c.anon != nil {
+		c.anon.done(c.client)
+	}
+}
+
+// Bounds on the open methods' calls of one client (netguard.ClientKey)
+// on a server with tokens: what a client without one can make the server
+// read and hold is anonPerClient messages of up to the message limit,
+// for anonReadTimeout at most before they come.
+const (
+	anonPerClient   = 4
+	anonReadTimeout = time.Second
+)
+
+// anonCalls counts the open methods' calls in flight per client.
+type anonCalls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (a *anonCalls) take(client string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n[client] >= anonPerClient {
+		return false
+	}
+	if a.n == nil {
+		a.n = map[string]int{}
+	}
+	a.n[client]++
+	return true
+}
+
+func (a *anonCalls) done(client string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n[client]--; a.n[client] <= 0 {
+		delete(a.n, client)
+	}
 }
 
 type pendingKey struct{}
@@ -180,7 +234,18 @@ var errNoMessage = errors.New("no request message within the read timeout")
 // stream ends however it ends.
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	c := &pending{}
-	if g := s.door.Gate(); !g.Open() && !openMethods[info.FullMethodName] {
+	wait := s.opts.ReadTimeout
+	if g := s.door.Gate(); !g.Open() && openMethods[info.FullMethodName] {
+		var addr net.Addr
+		if p, ok := peer.FromContext(ctx); ok {
+			addr = p.Addr
+		}
+		c.client = netguard.ClientKey(addr)
+		if !s.anon.take(c.client) {
+			return ctx, status.Errorf(codes.ResourceExhausted, "%s: at most %d calls of the methods open without a token at once from one client", info.FullMethodName, anonPerClient)
+		}
+		c.anon, wait = &s.anon, min(wait, anonReadTimeout)
+	} else if !g.Open() {
 		var authz []byte
 		if v := info.Header.Get("authorization"); len(v) > 0 {
 			authz = []byte(v[0])
@@ -195,7 +260,7 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 		c.ticket = tk
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	c.timer = time.AfterFunc(s.opts.ReadTimeout, func() { cancel(errNoMessage) })
+	c.timer = time.AfterFunc(wait, func() { cancel(errNoMessage) })
 	c.stop = context.AfterFunc(ctx, c.release)
 	return context.WithValue(ctx, pendingKey{}, c), nil
 }
@@ -250,13 +315,15 @@ func authorization(ctx context.Context) []byte {
 // logRefusal logs an authentication failure, once a second per client at
 // most (gate.LogThrottle).
 func (s *Server) logRefusal(ctx context.Context, method string, r *gate.Refusal) {
+	var addr net.Addr
 	client := "?"
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr
 		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
 			client = host
 		}
 	}
-	if !s.authLog.Allow(client) {
+	if !s.authLog.Allow(addr) {
 		return
 	}
 	s.opts.Log.Warn("request refused", "reason", r.Reason, "client", client, "method", method, "transport", "grpc")

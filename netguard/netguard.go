@@ -228,7 +228,7 @@ func (l *Listener) admitClient(c net.Conn) (string, bool) {
 	if l.PerClient <= 0 {
 		return "", true
 	}
-	ip := clientKey(c.RemoteAddr())
+	ip := ClientKey(c.RemoteAddr())
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byIP == nil {
@@ -253,10 +253,11 @@ func (l *Listener) releaseClient(ip string) {
 	l.mu.Unlock()
 }
 
-// clientKey is a connection's client: its IPv4 address, or the /64 of its
-// IPv6 address (one host holds a whole /64, so one address per connection
-// would not bound it); the address as a string for anything else.
-func clientKey(a net.Addr) string {
+// ClientKey is a connection's client, as every per-client bound counts
+// it: its IPv4 address, or the /64 of its IPv6 address (one host holds a
+// whole /64, so one address per connection would not bound it); the
+// address as a string for anything else.
+func ClientKey(a net.Addr) string {
 	if ta, ok := a.(*net.TCPAddr); ok {
 		if v4 := ta.IP.To4(); v4 != nil {
 			return v4.String()

@@ -1078,8 +1078,8 @@ func TestClientKey(t *testing.T) {
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:bbbb::9"), Port: 7}, "2001:db8:1:2::/64"},
 		{&net.UnixAddr{Name: "", Net: "unix"}, "?"},
 	} {
-		if got := clientKey(tt.addr); got != tt.want {
-			t.Errorf("clientKey(%v) = %q, want %q", tt.addr, got, tt.want)
+		if got := ClientKey(tt.addr); got != tt.want {
+			t.Errorf("ClientKey(%v) = %q, want %q", tt.addr, got, tt.want)
 		}
 	}
 }

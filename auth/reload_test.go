@@ -1,0 +1,70 @@
+package auth_test
+
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/auth"
+)
+
+// A SIGHUP that lands while the auth file is being written reads a last
+// line cut short, and a line cut after SHA256 is a valid line whose
+// FUNCTIONS default to "*" (and whose LIMITS are gone): Reload keeps the
+// old table for a file whose last line has no newline (a writer still at
+// work), as it does for one that does not parse.
+func TestReloadKeepsTheTableForAFileCutMidLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	const tok = "hunt-rD-token"
+	full := "ci invoke " + auth.Hash(tok) + " cnn rate=5,concurrency=1\n"
+	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := auth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cut := range []string{
+		strings.TrimSuffix(full, " cnn rate=5,concurrency=1\n"), // after SHA256
+		strings.TrimSuffix(full, " rate=5,concurrency=1\n"),     // after FUNCTIONS
+		strings.TrimSuffix(full, ",concurrency=1\n"),            // inside LIMITS
+	} {
+		if err := os.WriteFile(path, []byte(cut), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		reloadErr := s.Reload()
+		if reloadErr == nil || !strings.Contains(reloadErr.Error(), "no newline") {
+			t.Errorf("file cut to %q: Reload %v, want it refused for its last line's missing newline", cut, reloadErr)
+		}
+		p := s.Lookup([]byte(tok))
+		if p == nil {
+			t.Fatalf("file cut to %q: the token is gone", cut)
+		}
+		if err := p.Allow(auth.Invoke, "other-tenants-fn"); err == nil || p.Limits.Concurrency != 1 {
+			t.Errorf("file cut mid-write to %q: Reload %v; the token now invokes %v (functions %q), limits %+v; "+
+				"want the old table kept (functions [cnn], concurrency 1)", cut, reloadErr, err == nil, p.Functions, p.Limits)
+		}
+	}
+}
+
+// FUNCTIONS on an admin line would not limit it (admin acts on every
+// function): "ops admin SHA cnn" is refused, not read as an admin of cnn
+// alone (plover token new checks its line with Parse too).
+func TestAdminLineRefusesFunctions(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		ok   bool
+	}{
+		{"ops admin " + auth.Hash("t") + " cnn\n", false},
+		{"ops admin " + auth.Hash("t") + " *\n", true},
+		{"ops admin " + auth.Hash("t") + "\n", true},
+		{"ops deploy,invoke " + auth.Hash("t") + " cnn\n", true},
+	} {
+		_, err := auth.Parse(strings.NewReader(tc.line), "tokens")
+		if tc.ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "admin token acts on every function")) {
+			t.Errorf("%q: %v, want ok %v", tc.line, err, tc.ok)
+		}
+	}
+}
