@@ -62,7 +62,7 @@ type serveFlags struct {
 	workerMaxMemMB, maxPinnedMB                      int64
 	mps, hostDevice, pidNamespaces                   bool
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
-	idleTTL, timeout                                 time.Duration
+	idleTTL, timeout, maxTimeout                     time.Duration
 	memLimitMB, cacheMB                              int64
 	poll                                             time.Duration
 	grace, readTimeout                               time.Duration
@@ -110,7 +110,8 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxInstances, "max-instances", 8, "instances per function when its manifest sets no max_instances (more than --device-runs, so a function keeps runs queued for the device scheduler)")
 			fs.IntVar(&f.maxQueue, "max-queue", 64, "requests waiting per function when its manifest sets no max_queue; more get 429")
 			fs.DurationVar(&f.idleTTL, "idle-ttl", 5*time.Minute, "release an instance idle this long; unload a function with none left (manifest idle_ttl overrides; negative: never)")
-			fs.DurationVar(&f.timeout, "timeout", defaultTimeout, "request deadline (queue + run); a client may lower it with X-Plover-Timeout-Ms")
+			fs.DurationVar(&f.timeout, "timeout", defaultTimeout, "request deadline (queue + run) when the client asks for none (X-Plover-Timeout-Ms, timeout_ms, a gRPC deadline)")
+			fs.DurationVar(&f.maxTimeout, "max-timeout", 10*time.Minute, "the longest deadline a client may ask for: a longer one is cut to it (at least --timeout)")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
@@ -292,7 +293,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	n.eng, err = engine.New(engine.Config{
 		Store: n.store, Cache: cache, Devices: n.devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
-		Timeout: f.timeout, MaxBundleBytes: maxBundle, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
+		Timeout: f.timeout, MaxTimeout: f.maxTimeout, MaxBundleBytes: maxBundle, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
 		NamedTenants: f.authFile != "",
 	})
 	if err != nil {

@@ -33,6 +33,11 @@ type Config struct {
 	// Timeout is a request's deadline (queue time plus execution) unless
 	// the request brings an earlier one; default 30s.
 	Timeout time.Duration
+	// MaxTimeout is the longest deadline a request may ask for (a longer
+	// one is cut to it), so that a client cannot hold a device slot with
+	// a hung chain past what the operator allows; 0: 10 minutes, and never
+	// less than Timeout.
+	MaxTimeout time.Duration
 	// MaxBundleBytes bounds an uploaded bundle.
 	MaxBundleBytes int64
 	// SpoolDir holds uploaded bundles while they are checked (default: the
@@ -165,7 +170,10 @@ func New(cfg Config) (*Engine, error) {
 			e.keepsLogs = true
 		}
 	}
-	e.tab = newTable(registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, e.logs, cfg.Timeout)
+	if cfg.MaxTimeout <= 0 {
+		cfg.MaxTimeout = 10 * time.Minute
+	}
+	e.tab = newTable(registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, e.logs, cfg.Timeout, max(cfg.Timeout, cfg.MaxTimeout))
 	e.tab.log = cfg.Log
 	e.tab.forgetFlow = func(name string) {
 		for _, s := range e.scheds { // set below, before any function is known

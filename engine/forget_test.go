@@ -16,7 +16,7 @@ import (
 // moved on forgets nothing.
 func TestForgetEndsTheOutputsLife(t *testing.T) {
 	logs := funclog.New(nil)
-	tab := newTable(registry.Registry{}, logs, 0)
+	tab := newTable(registry.Registry{}, logs, 0, 0)
 	for _, n := range []string{"f", "g"} {
 		tab.funcs[n] = &function{name: n, out: logs.Sink(n)}
 	}

@@ -67,7 +67,7 @@ func TestLookupsShareOneRead(t *testing.T) {
 			}
 			store := &heldStore{Store: fs, release: make(chan struct{})}
 			logs := funclog.New(nil)
-			tab := newTable(registry.Registry{Store: store}, logs, 0)
+			tab := newTable(registry.Registry{Store: store}, logs, 0, 0)
 
 			first, cancelFirst := context.WithCancel(ctx)
 			defer cancelFirst()
@@ -140,7 +140,7 @@ func TestLookupJoinerDeadline(t *testing.T) {
 	}
 	store := &heldStore{Store: fs, release: make(chan struct{})}
 	defer close(store.release)
-	tab := newTable(registry.Registry{Store: store}, nil, 0)
+	tab := newTable(registry.Registry{Store: store}, nil, 0, 0)
 	go tab.lookup(context.Background(), "fn", time.Time{})
 	waitFor(t, "the first read", func() bool { return store.reads.Load() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -174,7 +174,7 @@ func TestLookupWithoutDeadlineEndsAtTheTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		store := &heldStore{Store: fs, release: make(chan struct{})}
-		tab := newTable(registry.Registry{Store: store}, nil, 50*time.Millisecond)
+		tab := newTable(registry.Registry{Store: store}, nil, 50*time.Millisecond, 0)
 		if joins {
 			long, cancel := context.WithTimeout(context.Background(), time.Minute)
 			go tab.lookup(long, "fn", time.Time{})

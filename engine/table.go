@@ -70,6 +70,8 @@ type table struct {
 	// timeout bounds a request's store read when it has no deadline of
 	// its own (the engine's request timeout).
 	timeout time.Duration
+	// maxTimeout bounds a deadline a request asks for.
+	maxTimeout time.Duration
 	// life ends at Close, and with it the shared reads in progress.
 	life context.Context
 	stop context.CancelFunc
@@ -78,9 +80,9 @@ type table struct {
 // newTable is a table of no functions over reg, its programs' output kept
 // in logs, a request's store reads bounded by timeout when it has no
 // deadline of its own.
-func newTable(reg registry.Registry, logs *funclog.Store, timeout time.Duration) *table {
+func newTable(reg registry.Registry, logs *funclog.Store, timeout, maxTimeout time.Duration) *table {
 	life, stop := context.WithCancel(context.Background())
-	return &table{reg: reg, logs: logs, timeout: timeout, life: life, stop: stop, epoch: 1,
+	return &table{reg: reg, logs: logs, timeout: timeout, maxTimeout: maxTimeout, life: life, stop: stop, epoch: 1,
 		funcs: map[string]*function{}, tags: map[string]string{}, flights: map[string]*flight{}}
 }
 
@@ -143,15 +145,19 @@ func (t *table) resolve(ctx context.Context, name string, deadline time.Time) (*
 	}
 }
 
-// deadline is a request's deadline: d, its own, or when it brings none
-// (zero) the engine's request timeout from t0, when it reached the engine.
-// The one place that rule is written: the engine's entry points apply it
+// deadline is a request's deadline: d, its own (at most the engine's
+// longest from t0), or when it brings none (zero) the engine's request
+// timeout from t0, when it reached the engine. The one place that rule is
+// written: the engine's entry points apply it
 // before a request runs (Engine.Invoke, Pin.Invoke and InvokeSince, and
 // Engine.Deadline for a front door), and PinVersion and bound when a store
 // read needs it, so that what runs a request always has a deadline.
 func (t *table) deadline(d, t0 time.Time) time.Time {
 	if d.IsZero() && t.timeout > 0 {
 		return t0.Add(t.timeout)
+	}
+	if t.maxTimeout > 0 && d.Sub(t0) > t.maxTimeout {
+		return t0.Add(t.maxTimeout)
 	}
 	return d
 }
