@@ -1,0 +1,206 @@
+package httpapi_test
+
+// Review rA (bug hunt, read-only): tests that show defects in the routes
+// that serve function output and feed the console. Each fails on the code
+// it was written against; see the report for the fix each suggests.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A followed log stream is authorized once, when it starts; it then runs
+// until the client goes. Removing the token from the auth file (the
+// README's rotation: "delete the old line, HUP"), or narrowing its globs
+// away from the function, must end the streams it holds: otherwise a
+// leaked or revoked read token keeps receiving a tenant's output for as
+// long as its holder keeps the connection open.
+func TestReviewRAFollowOutlivesTokenRevocation(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after string // the dash token's auth line after the reload ("" gone)
+		code  int    // what a fresh request with it gets then
+	}{
+		{"token removed", "", http.StatusUnauthorized},
+		{"globs narrowed to another function", "g", http.StatusForbidden},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer httpapi.SetFollowTimes(30*time.Second, time.Hour)() // no keep-alive noise
+			dash, err := auth.NewToken()
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(t.TempDir(), "tokens")
+			write := func(fns string) {
+				t.Helper()
+				line := ""
+				if fns != "" {
+					line = auth.Line("dash", auth.Read, auth.Hash(dash), []string{fns}, auth.Limits{}) + "\n"
+				}
+				// One other token, so that the file is never empty.
+				other := auth.Line("other", auth.Read, auth.Hash("x-other-token-x"), nil, auth.Limits{}) + "\n"
+				if err := os.WriteFile(file, []byte(other+line), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write("f")
+			store, err := auth.Load(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 4)}
+			door := frontdoor.New(frontdoor.Config{Gate: gate.New(store, nil)})
+			url := testkit.ServeWith(t, httpapi.New(door, adm, httpapi.Options{})) + "/v1/functions/f/logs"
+			adm.store.Sink("f").Add(logLine("before revocation"))
+
+			req, _ := http.NewRequest("GET", url+"?follow=true", nil)
+			req.Header.Set("Authorization", "Bearer "+dash)
+			resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("follow with the dash token: %v %v", resp, err)
+			}
+			defer resp.Body.Close()
+			<-adm.followers
+			lines := make(chan string, 16)
+			go func() {
+				defer close(lines)
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					var l api.LogLine
+					if json.Unmarshal(sc.Bytes(), &l) == nil {
+						lines <- l.Line
+					}
+				}
+			}()
+			if got := <-lines; got != "before revocation" {
+				t.Fatalf("backlog: %q", got)
+			}
+
+			// Revoke, and see that the server's gate has taken it.
+			write(tc.after)
+			if err := store.Reload(); err != nil {
+				t.Fatal(err)
+			}
+			if r, _ := authGet(t, url, dash); r.StatusCode != tc.code {
+				t.Fatalf("a fresh request after the reload: %d, want %d", r.StatusCode, tc.code)
+			}
+
+			adm.store.Sink("f").Add(logLine("printed after revocation"))
+			select {
+			case got, open := <-lines:
+				if open {
+					t.Fatalf("the revoked token's stream still carries the function's output: got %q after the reload", got)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the revoked token's stream is still open 5 s after the reload")
+			}
+		})
+	}
+}
+
+func authGet(t *testing.T, url, token string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	bufio.NewReader(resp.Body).WriteTo(&b)
+	return resp, []byte(b.String())
+}
+
+// A server without --auth-file listens on loopback by default and lets
+// "anyone who reaches the port" do anything (README, Security). A web
+// page the operator visits reaches it too, through the browser: by DNS
+// rebinding (the request then names the attacker's host in Host) it can
+// read everything, the console's data included. A server that checks no
+// tokens must at least refuse a Host that is not its own (a loopback name
+// or address), as other loopback dev servers do.
+func TestReviewRAOpenServerServesAnyHost(t *testing.T) {
+	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 1)}
+	url := testkit.ServeWith(t, httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{})) + "/v1/functions/f/logs"
+	adm.store.Sink("f").Add(logLine("tenant secret printed by f"))
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Host = "rebind.attacker.example:8080"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	bufio.NewReader(resp.Body).WriteTo(&b)
+	if resp.StatusCode == 200 {
+		t.Fatalf("an open server answered a request for Host %q: %d %s", req.Host, resp.StatusCode, strings.TrimSpace(b.String()))
+	}
+}
+
+// csrfAdmin records the state-changing calls a request reached.
+type csrfAdmin struct {
+	httpapi.Admin
+	rollbacks, gcs *atomic.Int32
+}
+
+func (a csrfAdmin) Rollback(context.Context, string, string) (api.FunctionInfo, error) {
+	a.rollbacks.Add(1)
+	return api.FunctionInfo{Name: "f"}, nil
+}
+
+func (a csrfAdmin) GC(context.Context, time.Duration) ([]string, error) {
+	a.gcs.Add(1)
+	return nil, nil
+}
+
+// The console's rollback button posts JSON; the route reads its body as
+// JSON whatever its Content-Type, and checks neither Origin nor
+// Sec-Fetch-Site. On an open server (no tokens: nothing else stands in
+// the way) a page on any site can make it with a "simple" cross-origin
+// request that needs no CORS preflight: fetch(url, {method: "POST", mode:
+// "no-cors", body: '{"version":"..."}'}) sends text/plain. POST /v1/gc
+// likewise. The invoke route, by contrast, refuses text/plain (415).
+func TestReviewRACrossSiteSimplePostChangesState(t *testing.T) {
+	adm := csrfAdmin{rollbacks: new(atomic.Int32), gcs: new(atomic.Int32)}
+	base := testkit.ServeWith(t, httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{}))
+	for _, tc := range []struct {
+		name, path, body string
+		calls            *atomic.Int32
+	}{
+		{"rollback", "/v1/functions/f/rollback", `{"version":"0123456789abcdef"}`, adm.rollbacks},
+		{"gc", "/v1/gc?grace=0s", "", adm.gcs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", base+tc.path, strings.NewReader(tc.body))
+			// What a browser sends for a cross-site no-cors fetch or form.
+			req.Header.Set("Content-Type", "text/plain;charset=UTF-8")
+			req.Header.Set("Origin", "https://attacker.example")
+			req.Header.Set("Sec-Fetch-Site", "cross-site")
+			req.Header.Set("Sec-Fetch-Mode", "no-cors")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if n := tc.calls.Load(); n != 0 || resp.StatusCode == 200 {
+				t.Fatalf("a cross-site text/plain POST %s: %d, and it reached the control plane %d time(s)", tc.path, resp.StatusCode, n)
+			}
+		})
+	}
+}
