@@ -259,6 +259,41 @@ func misdirected(ctx *fasthttp.RequestCtx, listen string) bool {
 	return true
 }
 
+var (
+	hdrSecFetchSite = []byte("Sec-Fetch-Site")
+	hdrOrigin       = []byte("Origin")
+)
+
+// crossSite names the header that shows a request which may change
+// something (any method but GET and HEAD) to come from another site's page,
+// or is "". A browser sends a "simple" request (a form's, or fetch's
+// no-cors: POST with text/plain, no header of its own) to any site without
+// asking it first; on a server without tokens, nothing else would stand
+// between such a page and a rollback or gc. A browser names the page's
+// origin in Origin and, lately, says cross-site in Sec-Fetch-Site; other
+// clients send neither.
+func crossSite(ctx *fasthttp.RequestCtx) string {
+	if ctx.IsGet() || ctx.IsHead() {
+		return ""
+	}
+	h := &ctx.Request.Header
+	if string(h.PeekBytes(hdrSecFetchSite)) == "cross-site" {
+		return "Sec-Fetch-Site: cross-site"
+	}
+	if o := h.PeekBytes(hdrOrigin); len(o) > 0 && !sameOrigin(o, ctx.Host()) {
+		return "Origin " + strconv.Quote(string(o)) + " is not this server's"
+	}
+	return ""
+}
+
+// sameOrigin reports whether origin (an Origin header: scheme://host[:port])
+// names host (the request's Host). The scheme is not compared: behind a
+// proxy that ends TLS the server sees http for the page's https.
+func sameOrigin(origin, host []byte) bool {
+	_, authority, ok := bytes.Cut(origin, []byte("://"))
+	return ok && len(host) > 0 && bytes.EqualFold(authority, host)
+}
+
 // loopbackHost reports whether host, a Host header (a name or address and
 // perhaps a port), names the loopback: localhost or a loopback address.
 func loopbackHost(host []byte) bool {
@@ -332,6 +367,11 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if l := s.loopback.Load(); l != nil && misdirected(ctx, *l) {
+		return
+	}
+	if h := crossSite(ctx); h != "" {
+		s.refuse(ctx, &gate.Refusal{Status: apierr.Forbidden, Reason: "cross_site",
+			Msg: string(ctx.Method()) + " from another site's page (" + h + "): the server takes requests that change anything only from its own pages (the console) and from clients that send no Origin"})
 		return
 	}
 	if s.serveConsole(ctx) {
