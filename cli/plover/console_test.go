@@ -303,6 +303,15 @@ func TestConsole(t *testing.T) {
 	if strings.Contains(href, toks["root"]) || !strings.HasSuffix(href, "#/functions/vecadd") {
 		t.Errorf("address after a token link: %q (the token must leave it)", href)
 	}
+	// A link with the token the page holds already changes nothing, and
+	// asks nothing; the header names the token by its first characters.
+	tag := func(name string) string { return toks[name][:6] + "…" }
+	if d := b.dialogs(); len(d) != 0 {
+		t.Errorf("a link with the token held asked %q", d)
+	}
+	if who := text("#whoami"); who != "token "+tag("root") {
+		t.Errorf("the header says %q, want token %s", who, tag("root"))
+	}
 	// A version names the token that deployed it (its tenant), never the token.
 	if by := text(`#versions tr.current td.tenant`); by != "root" {
 		t.Errorf("the current version's deployer: %q, want root", by)
@@ -333,11 +342,9 @@ func TestConsole(t *testing.T) {
 	}
 
 	// A read token sees the button but the server refuses the rollback:
-	// the page shows the server's reason and the version stays.
+	// the page shows the server's reason and the version stays. Its link
+	// asks before it replaces the token held (the browser says yes).
 	back := before.Current
-	// Signed out first: a link with another token than the one held asks
-	// before it replaces it.
-	eval(`sessionStorage.clear(), true`)
 	do("rollback with a read token",
 		chromedp.Navigate(srv.url+"/ui/#/functions/vecadd?token="+toks["dash"]),
 		chromedp.WaitVisible(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
@@ -346,11 +353,22 @@ func TestConsole(t *testing.T) {
 	if after := versions(); after.Current != other {
 		t.Errorf("a read token's rollback from the page: current %s, want %s still", after.Current, other)
 	}
+	if d := b.dialogs(); len(d) != 1 || !strings.Contains(d[0], tag("dash")+" instead of yours ("+tag("root")+")") {
+		t.Errorf("a link with another token asked %q, want one question naming both", d)
+	}
+	if who := text("#whoami"); who != "token "+tag("dash") {
+		t.Errorf("the header says %q, want token %s", who, tag("dash"))
+	}
+	// Signed out (a new tab holds no token), a link still asks: it is
+	// anyone's, and would act as its sender's token.
 	eval(`sessionStorage.clear(), true`)
 	// Waited for until the overview shows: the page keeps the link's token
 	// as it loads, and the next step's navigation must not come first.
 	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-function="vecadd"]`)))
+	if d := b.dialogs(); len(d) != 2 || !strings.Contains(d[1], "signs you in with token "+tag("root")) {
+		t.Errorf("a link opened without a token asked %q, want a second question naming it", d)
+	}
 
 	// A link someone was sent, naming no function: nothing is called with
 	// the user's token on a path it builds.

@@ -35,15 +35,30 @@ function takeToken() {
   const params = new URLSearchParams(query);
   const t = params.get("token");
   if (t === null) return;
-  // A link is anyone's: it does not silently sign a signed-in user in as
-  // someone else (whose functions the user would then upload to).
+  // A link is anyone's: it signs no one in silently, whether as a first
+  // token (a link that opens a new tab would act as its sender's) or as
+  // someone else than the user (whose functions the user would then
+  // upload to). The same token again changes nothing.
   const held = sessionStorage.getItem(KEY);
-  if (!held || held === t || window.confirm("This link signs in with another token than yours. Use it?")) {
+  const ask = held ? `This link signs in with token ${tokenTag(t)} instead of yours (${tokenTag(held)}).`
+    : `This link signs you in with token ${tokenTag(t)}: what you do on this page, you do as that token.`;
+  if (held === t || window.confirm(ask + " Use it?")) {
     sessionStorage.setItem(KEY, t);
   }
   params.delete("token");
   const rest = params.toString();
   history.replaceState(null, "", location.pathname + "#" + (route || "/") + (rest ? "?" + rest : ""));
+}
+
+// tokenTag names a token by its first characters: enough for its holder
+// to tell which one the page holds, too few to stand for it.
+const tokenTag = (t) => t.slice(0, 6) + "…";
+
+// showSignedIn says which token the page acts as, and offers to sign out.
+function showSignedIn() {
+  const t = sessionStorage.getItem(KEY);
+  document.getElementById("signout").hidden = !t;
+  document.getElementById("whoami").textContent = t ? "token " + tokenTag(t) : "";
 }
 
 class Unauthenticated extends Error {}
@@ -84,13 +99,11 @@ function setupSignIn() {
     form.hidden = true;
     route();
   });
-  const out = document.getElementById("signout");
-  out.hidden = !sessionStorage.getItem(KEY);
-  out.addEventListener("click", () => {
+  document.getElementById("signout").addEventListener("click", () => {
     for (const s of stop) s(); // the live views end with the token they ran under
     stop = [];
     sessionStorage.removeItem(KEY);
-    out.hidden = true;
+    showSignedIn();
     showSignIn("");
   });
 }
@@ -428,7 +441,7 @@ async function route() {
   for (const s of stop) s();
   stop = [];
   takeToken();
-  document.getElementById("signout").hidden = !sessionStorage.getItem(KEY);
+  showSignedIn();
   const h = location.hash.slice(1).split("?")[0] || "/";
   if (h.startsWith("/functions/")) {
     // The fragment is anyone's link: only a function name goes into the
@@ -442,7 +455,6 @@ async function route() {
   else overview();
 }
 
-takeToken();
 setupSignIn();
 window.addEventListener("hashchange", route);
 route();
