@@ -3,8 +3,6 @@ package httpapi_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -117,21 +115,17 @@ func TestCrossSiteRequestsChangeNothing(t *testing.T) {
 	}
 }
 
-// send makes one request and returns its status and body.
+// send makes one request with a Content-Type (none if "") and returns its
+// status and body.
 func send(t *testing.T, method, url, ctype, body string, headers map[string]string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	if ctype != "" {
-		req.Header.Set("Content-Type", ctype)
-	}
+	hdr := map[string]string{}
 	for k, v := range headers {
-		req.Header.Set(k, v)
+		hdr[k] = v
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	if ctype != "" {
+		hdr["Content-Type"] = ctype
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, strings.TrimSpace(string(b))
+	code, _, b := v2Do(t, method, url, hdr, []byte(body))
+	return code, strings.TrimSpace(string(b))
 }

@@ -2,7 +2,6 @@ package httpapi_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -22,18 +21,12 @@ import (
 // any), and returns the status and body.
 func hostGet(t *testing.T, url, host, token string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	req.Host = host
+	hdr := map[string]string{"Host": host}
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		hdr["Authorization"] = "Bearer " + token
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, strings.TrimSpace(string(b))
+	code, _, b := v2Do(t, "GET", url, hdr, nil)
+	return code, strings.TrimSpace(string(b))
 }
 
 // serveOn serves srv on ln until the test ends.

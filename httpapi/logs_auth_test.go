@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -91,8 +90,8 @@ func TestFollowEndsWhenItsTokenIsRevoked(t *testing.T) {
 			if err := store.Reload(); err != nil {
 				t.Fatal(err)
 			}
-			if r, _ := authGet(t, url, dash); r.StatusCode != tc.code {
-				t.Fatalf("a fresh request after the reload: %d, want %d", r.StatusCode, tc.code)
+			if code, _, _ := v2Do(t, "GET", url, map[string]string{"Authorization": "Bearer " + dash}, nil); code != tc.code {
+				t.Fatalf("a fresh request after the reload: %d, want %d", code, tc.code)
 			}
 
 			adm.store.Sink("f").Add(logLine("printed after revocation"))
@@ -106,18 +105,4 @@ func TestFollowEndsWhenItsTokenIsRevoked(t *testing.T) {
 			}
 		})
 	}
-}
-
-func authGet(t *testing.T, url, token string) (*http.Response, []byte) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	bufio.NewReader(resp.Body).WriteTo(&b)
-	return resp, []byte(b.String())
 }

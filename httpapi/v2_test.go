@@ -22,10 +22,15 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
+// v2Do sends one request with the headers hdr ("Host" names the request's
+// host) and returns its status, headers and body.
 func v2Do(t *testing.T, method, url string, hdr map[string]string, body []byte) (int, http.Header, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, bytes.NewReader(body))
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
