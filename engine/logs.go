@@ -34,5 +34,13 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	if err != nil {
 		return nil, nil, errorf(errdefs.KindBusy, err, "function %s: %v: follow with fewer clients, or read without ?follow", name, err)
 	}
+	// Read again, now that the follower is there: a delete since the read
+	// above has forgotten the name's output before the follower was made
+	// (a follower no Forget will close), or removes the record after it
+	// (its Forget closes it). A delete removes the record first.
+	if _, err := c.e.tab.record(ctx, name); err != nil {
+		f.Close()
+		return nil, nil, err
+	}
 	return lines, f, nil
 }

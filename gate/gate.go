@@ -121,6 +121,16 @@ func (g *Gate) AdmitHeld(authorization []byte, scope auth.Scope, fn string) *Ref
 	return r
 }
 
+// Check is Admit without the limits: whether the caller authorization
+// carries may still do scope on fn. For what outlives its admission: a
+// followed log stream asks again as it runs, so that a token removed from
+// the auth file, or narrowed away from the function, by a reload ends it.
+// It takes nothing of the token's rate or concurrency; a refusal is counted.
+func (g *Gate) Check(authorization []byte, scope auth.Scope, fn string) *Refusal {
+	_, r := g.check(authorization, scope, fn, 0)
+	return r
+}
+
 // The limits a check takes.
 const (
 	limitRate = 1 << iota

@@ -215,3 +215,44 @@ func TestLogThrottle(t *testing.T) {
 		}
 	}
 }
+
+// Check asks again what Admit asked, for a request already admitted (a
+// followed log stream): the token, its scope and its functions, as the
+// auth file holds them now; it takes nothing of the token's rate or
+// concurrency, however often it is asked.
+func TestCheckTakesNoLimits(t *testing.T) {
+	const tok = "a-token-for-check"
+	line := auth.Line("dash", auth.Read, auth.Hash(tok), []string{"f"}, auth.Limits{Rate: 1, Burst: 1, Concurrency: 1})
+	table, err := auth.Parse(strings.NewReader(line+"\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(table, prometheus.NewRegistry())
+	bearer := []byte("Bearer " + tok)
+	tk, r := g.Admit(bearer, auth.Read, "f") // the burst and the one place
+	if r != nil {
+		t.Fatal(r)
+	}
+	defer tk.Done()
+	for i := range 5 {
+		if r := g.Check(bearer, auth.Read, "f"); r != nil {
+			t.Fatalf("check %d of an admitted token with its limits spent: %v", i, r)
+		}
+	}
+	for _, c := range []struct {
+		name          string
+		authorization []byte
+		scope         auth.Scope
+		fn            string
+		reason        string
+	}{
+		{"another function", bearer, auth.Read, "g", "forbidden"},
+		{"a scope it lacks", bearer, auth.Deploy, "f", "forbidden"},
+		{"an unknown token", []byte("Bearer not-this-one"), auth.Read, "f", "unknown_token"},
+		{"no token", nil, auth.Read, "f", "missing_token"},
+	} {
+		if r := g.Check(c.authorization, c.scope, c.fn); r == nil || r.Reason != c.reason {
+			t.Errorf("%s: %v, want %s", c.name, r, c.reason)
+		}
+	}
+}

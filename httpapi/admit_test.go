@@ -57,7 +57,7 @@ func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
 		c.SetDeadline(time.Now().Add(5 * time.Second)) // the server's own read timeout is 60 s
 		// 32 KiB: within fn's max_input_bytes (64 KiB), or that would be
 		// the answer.
-		head := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 32768\r\n\r\n"
+		head := "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 32768\r\n\r\n"
 		if _, err := c.Write(append([]byte(head), make([]byte, 8<<10)...)); err != nil {
 			t.Fatal(err)
 		}

@@ -45,19 +45,19 @@ func TestFunctionBoundsItsBody(t *testing.T) {
 		want       string
 		code       int // 0: 413
 	}{
-		{"v1 raw", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+		{"v1 raw", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
 			"request body of 104857600 bytes is over the limit of 3136 bytes for function small (its max_input_bytes, 3136)", 0},
-		{"v1 json", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+		{"v1 json", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
 			"over the limit of 71808 bytes for function small (its max_input_bytes, 3136, as base64 in JSON)", 0},
-		{"v2", "POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+		{"v2", "POST /v2/models/small/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
 			"over the limit of 165888 bytes for function small (its max_input_bytes, 3136, as JSON numbers)", 0},
-		{"v2 binary extension", "POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: 100\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+		{"v2 binary extension", "POST /v2/models/small/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: 100\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
 			"over the limit of 3236 bytes for function small", 0},
-		{"v2 naming its version", "POST /v2/models/small/versions/" + fi.Version + "/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+		{"v2 naming its version", "POST /v2/models/small/versions/" + fi.Version + "/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
 			"over the limit of 165888 bytes for function small", 0},
-		{"v2 naming an unknown version", "POST /v2/models/small/versions/0123456789abcdef/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
+		{"v2 naming an unknown version", "POST /v2/models/small/versions/0123456789abcdef/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(huge) + "\r\n\r\n", preRead,
 			"has no version", 404},
-		{"v1 chunked", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+		{"v1 chunked", "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
 			fmt.Sprintf("%x\r\n%s\r\n", 16<<10, strings.Repeat("z", 16<<10)), "request body of more than 3136 bytes is over the limit of 3136 bytes for function small", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,7 +88,7 @@ func TestFunctionBoundsItsBody(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		fmt.Fprintf(c, "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
+		fmt.Fprintf(c, "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
 		wg.Add(1)
 		go func() { // what a hog sends, slowly, while the server lets it
 			defer wg.Done()
@@ -99,7 +99,7 @@ func TestFunctionBoundsItsBody(t *testing.T) {
 			}
 		}()
 	}
-	rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 102400\r\n\r\n"+strings.Repeat("y", 100<<10), 4*time.Second)
+	rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 102400\r\n\r\n"+strings.Repeat("y", 100<<10), 4*time.Second)
 	if len(rs) == 0 || rs[0].StatusCode != 200 {
 		t.Fatalf("a 100 KiB body for echo beside 8 clients sending 1 MiB bodies to small: %v (budget in use %d of %d)", statusOf(rs), budget.InUse(), budget.Max())
 	}
@@ -128,7 +128,7 @@ func TestStalledBodyHoldsItsFunctionsBound(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		fmt.Fprintf(c, "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", sent, strings.Repeat("h", sent))
+		fmt.Fprintf(c, "POST /v1/functions/small/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", sent, strings.Repeat("h", sent))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for budget.InUse() < hogs*sent { // the server has read what they sent
@@ -140,7 +140,7 @@ func TestStalledBodyHoldsItsFunctionsBound(t *testing.T) {
 	if in := budget.InUse(); in > hogs*(3136+1) {
 		t.Errorf("%d stalled bodies to a 3136-byte function hold %d bytes of the budget, over %d", hogs, in, hogs*(3136+1))
 	}
-	rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(echoBody)+"\r\n\r\n"+strings.Repeat("y", echoBody), 4*time.Second)
+	rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(echoBody)+"\r\n\r\n"+strings.Repeat("y", echoBody), 4*time.Second)
 	if len(rs) == 0 || rs[0].StatusCode != 200 {
 		t.Fatalf("a 100 KiB body for echo beside %d stalled bodies for small: %v (budget in use %d of %d)", hogs, statusOf(rs), budget.InUse(), budget.Max())
 	}
@@ -187,7 +187,7 @@ func TestBudgetWaitIsPerRequest(t *testing.T) {
 	start := time.Now()
 	// Sent while the answer is read: the server answers before it has
 	// read the body.
-	go io.WriteString(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(n)+"\r\n\r\n"+strings.Repeat("b", n))
+	go io.WriteString(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(n)+"\r\n\r\n"+strings.Repeat("b", n))
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -206,7 +206,7 @@ func TestBudgetWaitIsPerRequest(t *testing.T) {
 func TestBudgetWaitCountsOnlyWaiting(t *testing.T) {
 	c := dialSlowBudget(t, 10*time.Millisecond)
 	const part = 100 << 10
-	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", 2*part, strings.Repeat("p", part))
+	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", 2*part, strings.Repeat("p", part))
 	time.Sleep(6 * time.Second) // the client's pause, longer than the 5 s of waiting allowed
 	io.WriteString(c, strings.Repeat("q", part))
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -253,11 +253,11 @@ func TestSlowAndOversizedRequests(t *testing.T) {
 		code      int
 		want      string
 	}{
-		{"slow body", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 60000\r\n\r\n" + strings.Repeat("s", 9000),
+		{"slow body", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 60000\r\n\r\n" + strings.Repeat("s", 9000),
 			408, "the request body did not arrive within the server's read timeout of 300ms"},
-		{"slow chunked body", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
+		{"slow chunked body", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
 			408, "read timeout"},
-		{"long request line", "GET /v1/functions/" + strings.Repeat("a", 5000) + " HTTP/1.1\r\nHost: x\r\n\r\n",
+		{"long request line", "GET /v1/functions/" + strings.Repeat("a", 5000) + " HTTP/1.1\r\nHost: localhost\r\n\r\n",
 			431, "the request line and headers are over the server's limit of 4096 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -309,7 +309,7 @@ func TestMultipartIsNotReadAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"f\"\r\n\r\n%s", 64<<20, strings.Repeat("m", 16<<10)) // past the 8 KiB read with the headers
+	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"f\"\r\n\r\n%s", 64<<20, strings.Repeat("m", 16<<10)) // past the 8 KiB read with the headers
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -396,7 +396,7 @@ func TestBodyLateForItsDeadline(t *testing.T) {
 	}
 	defer c.Close()
 	start := time.Now()
-	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 300\r\nContent-Length: %d\r\n\r\n%s", 1<<20, strings.Repeat("t", 16<<10))
+	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 300\r\nContent-Length: %d\r\n\r\n%s", 1<<20, strings.Repeat("t", 16<<10))
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {

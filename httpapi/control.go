@@ -62,6 +62,13 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string, tk *gat
 		if !s.method(ctx, fasthttp.MethodPost) {
 			return
 		}
+		// JSON only, as invoke's JSON: a browser sends text/plain from any
+		// site's page without asking the server first.
+		if ct := mediaType(ctx.Request.Header.ContentType()); ct != "application/json" {
+			writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+				"Content-Type "+strconv.Quote(ct)+`: send application/json ({"version":"<version id or its first 8+ characters>"})`)
+			return
+		}
 		var body struct {
 			Version string `json:"version"`
 		}

@@ -57,18 +57,18 @@ func TestUnreadBodiesCloseTheConnection(t *testing.T) {
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	tab, _ := benchTokens(t)
 	addr := strings.TrimPrefix(testkit.ServeTokens(t, e, tab, httpapi.Options{MaxBodyBytes: 1 << 20}), "http://")
-	smuggled := "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+	smuggled := "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
 	body := strings.Repeat("x", 8192) + smuggled // past fasthttp's 8 KiB pre-read
 	tests := []struct {
 		name   string
 		raw    string
 		status int
 	}{
-		{"refused with an unread body", fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 401},
-		{"refused with an unread chunked body", fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body), 401},
-		{"wrong method with a body", fmt.Sprintf("PATCH /v1/functions/echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 401},
-		{"Content-Length and chunked", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, 400},
-		{"Content-Length and identity", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello" + smuggled, 400},
+		{"refused with an unread body", fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 401},
+		{"refused with an unread chunked body", fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body), 401},
+		{"wrong method with a body", fmt.Sprintf("PATCH /v1/functions/echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 401},
+		{"Content-Length and chunked", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, 400},
+		{"Content-Length and identity", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello" + smuggled, 400},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,15 +97,15 @@ func TestBodyBudget(t *testing.T) {
 	addr := strings.TrimPrefix(url, "http://")
 	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(s), s) }
 	for _, tt := range []struct{ name, raw string }{
-		{"invoke", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 3\r\n\r\nabc"},
-		{"invoke chunked", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk("abc")},
-		{"invoke json", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{\"input\":\"YQ\"}"},
-		{"invoke bad json", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1\r\n\r\n{"},
-		{"invoke unknown", "POST /v1/functions/nope/invoke HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"},
-		{"rollback", "POST /v1/functions/echo/rollback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 21\r\n\r\n{\"version\":\"0000000\"}"},
-		{"rollback chunked", "POST /v1/functions/echo/rollback HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(`{"version":"0000000"}`)},
-		{"deploy garbage", "PUT /v1/functions/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 4\r\n\r\njunk"},
-		{"body cut short", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nabc"},
+		{"invoke", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 3\r\n\r\nabc"},
+		{"invoke chunked", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk("abc")},
+		{"invoke json", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{\"input\":\"YQ\"}"},
+		{"invoke bad json", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1\r\n\r\n{"},
+		{"invoke unknown", "POST /v1/functions/nope/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\n\r\nx"},
+		{"rollback", "POST /v1/functions/echo/rollback HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 21\r\n\r\n{\"version\":\"0000000\"}"},
+		{"rollback chunked", "POST /v1/functions/echo/rollback HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(`{"version":"0000000"}`)},
+		{"deploy garbage", "PUT /v1/functions/echo HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 4\r\n\r\njunk"},
+		{"body cut short", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nabc"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			raw := tt.raw
@@ -144,7 +144,7 @@ func TestBodyBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer hog.Close()
-		fmt.Fprintf(hog, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
+		fmt.Fprintf(hog, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
 		hog.Write(make([]byte, 150<<10))
 		end := time.Now().Add(5 * time.Second)
 		for budget.InUse() < 150<<10 {
@@ -154,7 +154,7 @@ func TestBodyBudget(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		start := time.Now()
-		rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 70000\r\n\r\n"+strings.Repeat("y", 70000), 10*time.Second)
+		rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 70000\r\n\r\n"+strings.Repeat("y", 70000), 10*time.Second)
 		if len(rs) == 0 || rs[0].StatusCode != 503 {
 			t.Fatalf("with the budget full: %d responses, first %v", len(rs), statusOf(rs))
 		}
@@ -167,7 +167,7 @@ func TestBodyBudget(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		if rs := rawExchange(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"); len(rs) != 1 || rs[0].StatusCode != 200 {
+		if rs := rawExchange(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"); len(rs) != 1 || rs[0].StatusCode != 200 {
 			t.Fatalf("after the hog left: %v", rs)
 		}
 	})

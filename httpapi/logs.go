@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/gate"
 )
@@ -38,7 +40,8 @@ var (
 // kept output as NDJSON, one api.LogLine a line, from ?since= (a duration
 // back from now, or an RFC 3339 time) on; with ?follow=true the response
 // stays open and carries each new line as it comes, until the client goes,
-// the function is deleted or the server shuts down. The stream holds the
+// the function is deleted, the server shuts down or the request's token no
+// longer reads the function (an auth-file reload). The stream holds the
 // request's place in its token's concurrency (tk) until it ends: the
 // handler returns before the stream is written.
 func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
@@ -85,17 +88,45 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 	ctx.Response.ImmediateHeaderFlush = true
 	conn := ctx.Conn()
 	held := tk.Pass()
+	allowed := s.stillAllowed(ctx, name)
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer held.Done()
-		s.follow(w, conn, lines, f)
+		s.follow(w, conn, lines, f, allowed)
 	})
+}
+
+// stillAllowed is the check a followed stream of name's output makes as it
+// runs (follow): its token must still have read on name, or a token
+// removed from the auth file or narrowed away from the function by a
+// reload would go on receiving the function's output for as long as its
+// holder keeps the connection open. Without tokens there is nothing to
+// check (nil).
+func (s *Server) stillAllowed(ctx *fasthttp.RequestCtx, name string) func() bool {
+	if s.gate.Open() {
+		return nil
+	}
+	// A copy: the stream outlives the request, whose buffers fasthttp
+	// reuses once the handler returns.
+	authorization := bytes.Clone(ctx.Request.Header.PeekBytes(hdrAuthorization))
+	return func() bool {
+		r := s.gate.Check(authorization, auth.Read, name)
+		if r != nil {
+			s.opts.Log.Info("followed log stream ended: its token no longer reads the function", "function", name, "reason", r.Reason)
+		}
+		return r == nil
+	}
 }
 
 // follow writes lines, then f's lines as they come, flushing after each
 // burst, until the client goes (a write fails, or its end of conn is
-// closed), f ends (the function was deleted) or the server is draining.
-func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *funclog.Follower) {
+// closed), f ends (the function was deleted), the server is draining or,
+// checked on each poll and before each burst, allowed (nil: always) says
+// the request's token may no longer read the function. The stream then
+// just ends: its lines are the function's, and a note among them would be
+// read as the function's own.
+func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *funclog.Follower, allowed func() bool) {
 	defer f.Close()
+	still := func() bool { return allowed == nil || allowed() }
 	enc := json.NewEncoder(w)
 	// Every write runs under a fresh deadline, set before a burst is
 	// encoded: the encoder writes through w's buffer by itself once it
@@ -114,6 +145,9 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 	for {
 		select {
 		case l, ok := <-f.C:
+			if ok && !still() {
+				return
+			}
 			start()
 			for ok {
 				if enc.Encode(&l) != nil {
@@ -128,7 +162,7 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 				return
 			}
 		case <-tick.C:
-			if s.notReady.Load() || connGone(conn) {
+			if s.notReady.Load() || connGone(conn) || !still() {
 				return
 			}
 			if time.Since(last) >= followKeepAlive {

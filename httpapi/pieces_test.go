@@ -57,7 +57,7 @@ func postOnce(t *testing.T, url, ct string, body, want []byte) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	req := fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", ct, len(body))
+	req := fmt.Sprintf("POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", ct, len(body))
 	if _, err := c.Write(append([]byte(req), body...)); err != nil {
 		t.Fatal(err)
 	}

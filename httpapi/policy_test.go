@@ -99,11 +99,11 @@ func TestBackpressureDeadlinesMetrics(t *testing.T) {
 // JSON, /v2 JSON or binary).
 func TestClientDisconnectFreesQueueSlot(t *testing.T) {
 	for _, tc := range []struct{ name, request string }{
-		{"v1 raw", "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 0\r\n\r\n"},
-		{"v1 json", "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"input\":\"\"}"},
-		{"v2 json", "POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 72\r\n\r\n" +
+		{"v1 raw", "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 0\r\n\r\n"},
+		{"v1 json", "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"input\":\"\"}"},
+		{"v2 json", "POST /v2/models/slow/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 72\r\n\r\n" +
 			`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`},
-		{"v2 binary", "POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: 97\r\nContent-Length: 98\r\n\r\n" +
+		{"v2 binary", "POST /v2/models/slow/infer HTTP/1.1\r\nHost: localhost\r\nInference-Header-Content-Length: 97\r\nContent-Length: 98\r\n\r\n" +
 			`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"parameters":{"binary_data_size":1}}]}` + "\x01"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { clientLeavesQueue(t, tc.request) })
@@ -123,7 +123,7 @@ func clientLeavesQueue(t *testing.T, request string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(c, "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 0\r\n\r\n")
+		fmt.Fprintf(c, "POST /v1/functions/slow/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 0\r\n\r\n")
 		return c
 	}
 	running := send() // holds the only instance for 1.5 s

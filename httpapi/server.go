@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,10 @@ type Server struct {
 
 	authLog    gate.LogThrottle
 	metricsSrv atomic.Pointer[fasthttp.Server]
+	// loopback is the loopback address Serve listens on when the server
+	// checks no tokens ("" otherwise): then only a request naming a
+	// loopback host is answered (misdirected).
+	loopback atomic.Pointer[string]
 }
 
 // SetReady sets what /readyz answers; a server going down sets it false
@@ -196,8 +201,12 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 // ServeMetrics serves only GET /metrics, without authentication, on ln (plover
 // serve --metrics-listen): for a scraper on a private network.
 func (s *Server) ServeMetrics(ln net.Listener) error {
+	listen := loopbackListener(ln)
 	srv := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
+			if misdirected(ctx, listen) {
+				return
+			}
 			if string(ctx.Path()) != "/metrics" {
 				writeError(ctx, fasthttp.StatusNotFound, "not_found", "this address serves only GET /metrics")
 				return
@@ -215,7 +224,95 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 }
 
 // Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+func (s *Server) Serve(ln net.Listener) error {
+	if a := loopbackListener(ln); a != "" && s.gate.Open() {
+		s.loopback.Store(&a)
+	}
+	return s.srv.Serve(ln)
+}
+
+// loopbackListener is ln's address when it is a loopback one, else "".
+func loopbackListener(ln net.Listener) string {
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsLoopback() {
+		return a.String()
+	}
+	return ""
+}
+
+// misdirected refuses, with 421, a request to a server listening on
+// loopback (listen; "" checks nothing) whose Host is not a loopback name
+// or address, and reports whether it did. Such a server checks no tokens:
+// anyone who reaches the port may do anything, and a web page the
+// operator visits reaches it through the browser by DNS rebinding (its
+// own name made to resolve to 127.0.0.1), its requests then naming the
+// page's host. A client on this machine names localhost or the address.
+// An empty Host (HTTP/1.0) is no browser's.
+func misdirected(ctx *fasthttp.RequestCtx, listen string) bool {
+	host := ctx.Host()
+	if listen == "" || len(host) == 0 || loopbackHost(host) {
+		return false
+	}
+	ctx.SetConnectionClose()
+	writeError(ctx, fasthttp.StatusMisdirectedRequest, "misdirected_request", "Host "+strconv.Quote(string(host))+
+		" is not this server's loopback name; a server without tokens answers only localhost, 127.0.0.1, [::1] or its listen address "+
+		listen+" (with any port): give it --auth-file to serve other names")
+	return true
+}
+
+var (
+	hdrSecFetchSite = []byte("Sec-Fetch-Site")
+	hdrOrigin       = []byte("Origin")
+)
+
+// crossSite names the header that shows a request which may change
+// something (any method but GET and HEAD) to come from another site's page,
+// or is "". A browser sends a "simple" request (a form's, or fetch's
+// no-cors: POST with text/plain, no header of its own) to any site without
+// asking it first; on a server without tokens, nothing else would stand
+// between such a page and a rollback or gc. A browser names the page's
+// origin in Origin and, lately, says cross-site in Sec-Fetch-Site; other
+// clients send neither.
+func crossSite(ctx *fasthttp.RequestCtx) string {
+	if ctx.IsGet() || ctx.IsHead() {
+		return ""
+	}
+	h := &ctx.Request.Header
+	if string(h.PeekBytes(hdrSecFetchSite)) == "cross-site" {
+		return "Sec-Fetch-Site: cross-site"
+	}
+	if o := h.PeekBytes(hdrOrigin); len(o) > 0 && !sameOrigin(o, ctx.Host()) {
+		return "Origin " + strconv.Quote(string(o)) + " is not this server's"
+	}
+	return ""
+}
+
+// sameOrigin reports whether origin (an Origin header: scheme://host[:port])
+// names host (the request's Host). The scheme is not compared: behind a
+// proxy that ends TLS the server sees http for the page's https.
+func sameOrigin(origin, host []byte) bool {
+	_, authority, ok := bytes.Cut(origin, []byte("://"))
+	return ok && len(host) > 0 && bytes.EqualFold(authority, host)
+}
+
+// loopbackHost reports whether host, a Host header (a name or address and
+// perhaps a port), names the loopback: localhost or a loopback address.
+func loopbackHost(host []byte) bool {
+	if host[0] == '[' { // [::1]:8080
+		end := bytes.IndexByte(host, ']')
+		if end < 0 {
+			return false
+		}
+		host = host[1:end]
+	} else if i := bytes.LastIndexByte(host, ':'); i >= 0 {
+		host = host[:i]
+	}
+	host = bytes.TrimSuffix(host, []byte{'.'}) // localhost. is localhost
+	if bytes.EqualFold(host, []byte("localhost")) {
+		return true
+	}
+	a, err := netip.ParseAddr(unsafe.String(unsafe.SliceData(host), len(host))) // not kept
+	return err == nil && a.IsLoopback()
+}
 
 // Shutdown stops accepting and waits for open requests to finish.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -267,6 +364,14 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	if smuggling(ctx) {
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
+		return
+	}
+	if l := s.loopback.Load(); l != nil && misdirected(ctx, *l) {
+		return
+	}
+	if h := crossSite(ctx); h != "" {
+		s.refuse(ctx, &gate.Refusal{Status: apierr.Forbidden, Reason: "cross_site",
+			Msg: string(ctx.Method()) + " from another site's page (" + h + "): the server takes requests that change anything only from its own pages (the console) and from clients that send no Origin"})
 		return
 	}
 	if s.serveConsole(ctx) {

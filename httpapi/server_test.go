@@ -167,7 +167,7 @@ func TestErrorStatuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(conn, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 2<<20)
+	fmt.Fprintf(conn, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 2<<20)
 	conn.Write(make([]byte, 16<<10))
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {

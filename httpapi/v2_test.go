@@ -22,10 +22,15 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
+// v2Do sends one request with the headers hdr ("Host" names the request's
+// host) and returns its status, headers and body.
 func v2Do(t *testing.T, method, url string, hdr map[string]string, body []byte) (int, http.Header, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, bytes.NewReader(body))
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -239,7 +244,7 @@ func TestV2ErrorShape(t *testing.T) {
 		{name: "server metadata by DELETE", url: open, method: "DELETE", path: "/v2", code: 405, header: "Allow", value: "GET"},
 		{name: "health by POST, behind tokens", url: authed, method: "POST", path: "/v2/health/live", code: 405, header: "Allow", value: "GET"},
 		{name: "both Content-Length and Transfer-Encoding", url: open, code: 400, want: "Transfer-Encoding",
-			raw: "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"},
+			raw: "POST /v2/models/echo/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"},
 		{name: "/v1 keeps Plover's", url: authed, method: "GET", path: "/v1/functions", code: 401,
 			header: "WWW-Authenticate", value: `Bearer realm="plover"`, plover: true},
 	} {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/plover-run/plover/api"
@@ -33,6 +34,99 @@ func chromiumPath() string {
 	return ""
 }
 
+// consoleBrowser is a headless Chromium for the console's tests. It
+// accepts every dialog a page opens (a token link's confirm), keeping
+// their messages.
+type consoleBrowser struct {
+	t   *testing.T
+	ctx context.Context // without a deadline: one there would end the browser
+
+	mu    sync.Mutex
+	asked []string
+}
+
+// startBrowser starts one for the test, which it skips without Chromium
+// (fails with PLOVER_REQUIRE_CHROMIUM=1); it ends with the test.
+func startBrowser(t *testing.T) *consoleBrowser {
+	t.Helper()
+	chrome := chromiumPath()
+	if chrome == "" && os.Getenv("PLOVER_REQUIRE_CHROMIUM") == "1" {
+		t.Fatal("chromium not found, and PLOVER_REQUIRE_CHROMIUM=1 (bash scripts/install-chromium.sh installs Debian's)")
+	}
+	if chrome == "" {
+		t.Skipf("\n\n*** SKIPPING %s: chromium not found (bash scripts/install-chromium.sh installs Debian's; PLOVER_REQUIRE_CHROMIUM=1 makes this a failure) ***\n\n", t.Name())
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.WindowSize(1280, 900), chromedp.Flag("disable-dev-shm-usage", true))
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	b := &consoleBrowser{t: t, ctx: ctx}
+	if _, err := chromedp.Run(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start chromium %s: %v", chrome, err)
+	}
+	// Answered from another goroutine: the page waits for the answer, and
+	// so does whatever step opened the dialog.
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range dialogs {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.asked = append(b.asked, ev.Message)
+			b.mu.Unlock()
+			chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	return b
+}
+
+// dialogs is the messages of the dialogs opened so far.
+func (b *consoleBrowser) dialogs() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.asked...)
+}
+
+// do runs steps within d, failing the test with what it was doing and the
+// page.
+func (b *consoleBrowser) do(d time.Duration, what string, steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, d)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		page, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`location.href + "\n" + document.body.outerHTML`))
+		b.t.Fatalf("%s: %v\npage: %.4000s", what, err, page)
+	}
+}
+
+// text is the text of the element sel selects.
+func (b *consoleBrowser) text(sel string) string {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
+	if err != nil {
+		b.t.Fatalf("text of %s: %v", sel, err)
+	}
+	return v
+}
+
+// evaluate is what expr evaluates to in b's page.
+func evaluate[T any](b *consoleBrowser, expr string) T {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		b.t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// poll waits for expr to be true in the page.
+func poll(expr string) chromedp.Action[chromedp.Void] { return chromedp.Poll[chromedp.Void](expr) }
+
 // TestConsole: the console at /ui/ in a real headless Chromium against a
 // real `plover serve` with tokens: the sign-in form; the overview lists the
 // deployed functions with their figures; a function's page invokes with an
@@ -46,13 +140,7 @@ func TestConsole(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries, starts a server and a browser")
 	}
-	chrome := chromiumPath()
-	if chrome == "" && os.Getenv("PLOVER_REQUIRE_CHROMIUM") == "1" {
-		t.Fatal("chromium not found, and PLOVER_REQUIRE_CHROMIUM=1 (bash scripts/install-chromium.sh installs Debian's)")
-	}
-	if chrome == "" {
-		t.Skip("\n\n*** SKIPPING TestConsole: chromium not found (bash scripts/install-chromium.sh installs Debian's; PLOVER_REQUIRE_CHROMIUM=1 makes this a failure) ***\n\n")
-	}
+	b := startBrowser(t)
 	vecadd := filepath.Join(testkit.Root(), "build", "samples", "vecadd-host")
 	input, err := os.ReadFile(filepath.Join(testkit.Root(), "build", "samples", "vecadd-input.bin"))
 	if err != nil {
@@ -109,55 +197,28 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("GET /ui/ without a token: %d, headers %v", resp.StatusCode, resp.Header)
 	}
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
-		chromedp.WindowSize(1280, 900), chromedp.Flag("disable-dev-shm-usage", true))
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	browser, cancel := chromedp.NewContext(actx)
-	defer cancel()
-
-	// Every URL the page asks for; Listen starts the browser, on a context
-	// without a deadline (a deadline there would end the browser).
+	// Every URL the page asks for.
 	var mu sync.Mutex
 	var urls []string
-	if err := chromedp.Listen(browser, func(ev any) {
+	if err := chromedp.Listen(b.ctx, func(ev any) {
 		if e, ok := ev.(*network.EventRequestWillBeSent); ok {
 			mu.Lock()
 			urls = append(urls, e.Request.URL)
 			mu.Unlock()
 		}
 	}); err != nil {
-		t.Fatalf("start chromium %s: %v", chrome, err)
+		t.Fatalf("listen to chromium's requests: %v", err)
 	}
-	// do runs steps with a bound, failing the test with what it was doing.
+	browser := b.ctx
 	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(browser, 30*time.Second)
-		defer cancel()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			page, _ := chromedp.Run(browser, chromedp.Evaluate[string](`location.href + "\n" + document.body.outerHTML`))
-			t.Fatalf("%s: %v\npage: %s", what, err, page)
-		}
+		b.do(30*time.Second, what, steps...)
 	}
-	text := func(sel string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(browser, 10*time.Second)
-		defer cancel()
-		v, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
-		if err != nil {
-			t.Fatalf("text of %s: %v", sel, err)
-		}
-		return v
-	}
+	text := b.text
 	eval := func(expr string) bool {
 		t.Helper()
-		v, err := chromedp.Run(browser, chromedp.Evaluate[bool](expr))
-		if err != nil {
-			t.Fatalf("evaluate %s: %v", expr, err)
-		}
-		return v
+		return evaluate[bool](b, expr)
 	}
-	poll := func(expr string) chromedp.Action[chromedp.Void] { return chromedp.Poll[chromedp.Void](expr) }
 	shoot := func(name string) {
 		t.Helper()
 		dir := os.Getenv("PLOVER_CONSOLE_SCREENSHOTS")
@@ -242,6 +303,15 @@ func TestConsole(t *testing.T) {
 	if strings.Contains(href, toks["root"]) || !strings.HasSuffix(href, "#/functions/vecadd") {
 		t.Errorf("address after a token link: %q (the token must leave it)", href)
 	}
+	// A link with the token the page holds already changes nothing, and
+	// asks nothing; the header names the token by its first characters.
+	tag := func(name string) string { return toks[name][:6] + "…" }
+	if d := b.dialogs(); len(d) != 0 {
+		t.Errorf("a link with the token held asked %q", d)
+	}
+	if who := text("#whoami"); who != "token "+tag("root") {
+		t.Errorf("the header says %q, want token %s", who, tag("root"))
+	}
 	// A version names the token that deployed it (its tenant), never the token.
 	if by := text(`#versions tr.current td.tenant`); by != "root" {
 		t.Errorf("the current version's deployer: %q, want root", by)
@@ -272,11 +342,9 @@ func TestConsole(t *testing.T) {
 	}
 
 	// A read token sees the button but the server refuses the rollback:
-	// the page shows the server's reason and the version stays.
+	// the page shows the server's reason and the version stays. Its link
+	// asks before it replaces the token held (the browser says yes).
 	back := before.Current
-	// Signed out first: a link with another token than the one held asks
-	// before it replaces it (a dialog, not driven here).
-	eval(`sessionStorage.clear(), true`)
 	do("rollback with a read token",
 		chromedp.Navigate(srv.url+"/ui/#/functions/vecadd?token="+toks["dash"]),
 		chromedp.WaitVisible(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
@@ -285,11 +353,22 @@ func TestConsole(t *testing.T) {
 	if after := versions(); after.Current != other {
 		t.Errorf("a read token's rollback from the page: current %s, want %s still", after.Current, other)
 	}
+	if d := b.dialogs(); len(d) != 1 || !strings.Contains(d[0], tag("dash")+" instead of yours ("+tag("root")+")") {
+		t.Errorf("a link with another token asked %q, want one question naming both", d)
+	}
+	if who := text("#whoami"); who != "token "+tag("dash") {
+		t.Errorf("the header says %q, want token %s", who, tag("dash"))
+	}
+	// Signed out (a new tab holds no token), a link still asks: it is
+	// anyone's, and would act as its sender's token.
 	eval(`sessionStorage.clear(), true`)
 	// Waited for until the overview shows: the page keeps the link's token
 	// as it loads, and the next step's navigation must not come first.
 	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-function="vecadd"]`)))
+	if d := b.dialogs(); len(d) != 2 || !strings.Contains(d[1], "signs you in with token "+tag("root")) {
+		t.Errorf("a link opened without a token asked %q, want a second question naming it", d)
+	}
 
 	// A link someone was sent, naming no function: nothing is called with
 	// the user's token on a path it builds.

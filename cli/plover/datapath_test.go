@@ -75,7 +75,7 @@ func TestDataPath(t *testing.T) {
 		if err := c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(c, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", large)
+		fmt.Fprintf(c, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", large)
 		if _, err := c.Write(in); err != nil {
 			t.Fatal(err)
 		}

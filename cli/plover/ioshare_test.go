@@ -120,7 +120,7 @@ func rawPost(t *testing.T, url, fn string, n int) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	fmt.Fprintf(c, "POST /v1/functions/%s/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", fn, n)
+	fmt.Fprintf(c, "POST /v1/functions/%s/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", fn, n)
 	return c
 }
 
@@ -189,7 +189,7 @@ func TestIOTurns(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		fmt.Fprintf(c, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		fmt.Fprintf(c, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 		in := body(70, 0, chunks*size)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()

@@ -436,7 +436,7 @@ func TestHostileClients(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fmt.Fprintf(cn, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\nabc", 200<<20)
+			fmt.Fprintf(cn, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\nabc", 200<<20)
 			conns = append(conns, cn)
 		}
 		waitFor(t, 10*time.Second, "the server to hold the 200 connections", func() bool {
@@ -467,7 +467,7 @@ func TestHostileClients(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer cn.Close()
-		fmt.Fprint(cn, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		fmt.Fprint(cn, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
 		cn.SetReadDeadline(time.Now().Add(5 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(cn), nil)
 		if err != nil {

@@ -35,15 +35,30 @@ function takeToken() {
   const params = new URLSearchParams(query);
   const t = params.get("token");
   if (t === null) return;
-  // A link is anyone's: it does not silently sign a signed-in user in as
-  // someone else (whose functions the user would then upload to).
+  // A link is anyone's: it signs no one in silently, whether as a first
+  // token (a link that opens a new tab would act as its sender's) or as
+  // someone else than the user (whose functions the user would then
+  // upload to). The same token again changes nothing.
   const held = sessionStorage.getItem(KEY);
-  if (!held || held === t || window.confirm("This link signs in with another token than yours. Use it?")) {
+  const ask = held ? `This link signs in with token ${tokenTag(t)} instead of yours (${tokenTag(held)}).`
+    : `This link signs you in with token ${tokenTag(t)}: what you do on this page, you do as that token.`;
+  if (held === t || window.confirm(ask + " Use it?")) {
     sessionStorage.setItem(KEY, t);
   }
   params.delete("token");
   const rest = params.toString();
   history.replaceState(null, "", location.pathname + "#" + (route || "/") + (rest ? "?" + rest : ""));
+}
+
+// tokenTag names a token by its first characters: enough for its holder
+// to tell which one the page holds, too few to stand for it.
+const tokenTag = (t) => t.slice(0, 6) + "…";
+
+// showSignedIn says which token the page acts as, and offers to sign out.
+function showSignedIn() {
+  const t = sessionStorage.getItem(KEY);
+  document.getElementById("signout").hidden = !t;
+  document.getElementById("whoami").textContent = t ? "token " + tokenTag(t) : "";
 }
 
 class Unauthenticated extends Error {}
@@ -84,13 +99,11 @@ function setupSignIn() {
     form.hidden = true;
     route();
   });
-  const out = document.getElementById("signout");
-  out.hidden = !sessionStorage.getItem(KEY);
-  out.addEventListener("click", () => {
+  document.getElementById("signout").addEventListener("click", () => {
     for (const s of stop) s(); // the live views end with the token they ran under
     stop = [];
     sessionStorage.removeItem(KEY);
-    out.hidden = true;
+    showSignedIn();
     showSignIn("");
   });
 }
@@ -278,30 +291,97 @@ function drawChart(chart, points) {
   chart.replaceChildren(line("p50", "p50"), line("p99", "p99"), label);
 }
 
+// The output pane keeps a function's last lines: twice what the server
+// keeps of it (funclog.RingLines), so that a function printing for hours
+// does not fill the tab's memory.
+const PANE_LINES = 2000;
+
+// visible escapes what a tenant's line could use to reorder or hide what
+// the operator reads, by plover logs' rule (cli/visible.go): controls but
+// tab, Unicode format characters (bidi embeddings, overrides, isolates and
+// marks, zero-width characters) and the line and paragraph separators.
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
+function visible(s) {
+  return s.replace(HIDDEN, (c) => {
+    if (c === "\t") return c;
+    const r = c.codePointAt(0), hex = (w) => r.toString(16).padStart(w, "0");
+    return r < 0x100 ? "\\x" + hex(2) : r > 0xffff ? "\\U" + hex(8) : "\\u" + hex(4);
+  });
+}
+
+const pad = (n, w = 2) => String(n).padStart(w, "0");
+
+// logText is one line of output as plover logs shows it (cli/logs.go):
+// local time, stream[pid] | the line; a note before it of the lines this
+// page missed, and after it of the bytes the server cut.
+function logText(j) {
+  const t = new Date(j.time);
+  const when = isNaN(t) ? String(j.time) : `${t.getFullYear()}-${pad(t.getMonth() + 1)}-${pad(t.getDate())} ${pad(t.getHours())}:${pad(t.getMinutes())}:${pad(t.getSeconds())}.${pad(t.getMilliseconds(), 3)}`;
+  const out = [];
+  if (j.dropped > 0) out.push(`... ${j.dropped} lines not shown: this page read more slowly than the function printed`);
+  out.push(`${when} ${j.stream}[${j.pid}] | ${visible(String(j.line ?? ""))}` + (j.truncated > 0 ? ` [${j.truncated} more bytes cut]` : ""));
+  return out;
+}
+
+// pane appends lines to pre, one text node each, dropping the oldest past
+// PANE_LINES, and scrolls to the end once for all of them.
+function pane(pre) {
+  return (lines) => {
+    if (!lines.length) return;
+    const frag = document.createDocumentFragment();
+    for (const l of lines.slice(-PANE_LINES)) frag.append(document.createTextNode(l + "\n"));
+    pre.append(frag);
+    for (let n = pre.childNodes.length - PANE_LINES; n > 0; n--) pre.firstChild.remove();
+    pre.scrollTop = pre.scrollHeight;
+  };
+}
+
 // followLogs streams the function's output (NDJSON) into pre as text.
+// The stream ends when the function is deleted, the server goes down or
+// the token no longer reads it: the page says so and follows again after
+// a pause (1 s, doubling to 30 s while it fails), from the last line's
+// time on, so that a function deployed again under the name is followed.
 async function followLogs(enc, pre) {
   const ac = new AbortController();
-  stop.push(() => ac.abort());
-  try {
-    const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=1h", { signal: ac.signal });
-    const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += value;
-      let i;
-      while ((i = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, i); buf = buf.slice(i + 1);
-        if (!line) continue;
-        let text = line;
-        try { const j = JSON.parse(line); text = `${j.time} ${j.stream} ${j.pid}: ${j.line}`; } catch (_) {}
-        pre.append(document.createTextNode(text + "\n"));
-        pre.scrollTop = pre.scrollHeight;
+  let live = true, wake = null;
+  stop.push(() => { live = false; ac.abort(); if (wake) wake(); });
+  const show = pane(pre);
+  // The last line's time, and how many lines at that time were shown: a
+  // stream that starts again from that time sends them again.
+  let since = "1h", last = null, atLast = 0, pause = 1000, note = "";
+  const end = (why) => { if (why !== note) show([why]); note = why; }; // once while it keeps failing
+  while (live) {
+    try {
+      const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=" + encodeURIComponent(since), { signal: ac.signal });
+      note = ""; pause = 1000;
+      const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = "", skip = atLast;
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += value;
+        const lines = [];
+        let i;
+        while ((i = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, i); buf = buf.slice(i + 1);
+          if (!line) continue; // the stream's keep-alive
+          let j;
+          try { j = JSON.parse(line); } catch (_) { lines.push(visible(line)); continue; }
+          if (j.time === last && skip > 0) { skip--; continue; }
+          skip = 0;
+          if (j.time === last) atLast++; else { last = j.time; atLast = 1; }
+          lines.push(...logText(j));
+        }
+        show(lines);
       }
+      end("[output stream ended]");
+    } catch (e) {
+      if (e.name === "AbortError" || e instanceof Unauthenticated) return;
+      end("[output stream ended: " + e.message + "]");
     }
-  } catch (e) {
-    if (e.name !== "AbortError" && !(e instanceof Unauthenticated)) pre.append(document.createTextNode("[output stream ended: " + e.message + "]\n"));
+    if (last) since = last;
+    await new Promise((res) => { wake = res; setTimeout(res, pause); });
+    pause = Math.min(2 * pause, 30000);
   }
 }
 
@@ -361,7 +441,7 @@ async function route() {
   for (const s of stop) s();
   stop = [];
   takeToken();
-  document.getElementById("signout").hidden = !sessionStorage.getItem(KEY);
+  showSignedIn();
   const h = location.hash.slice(1).split("?")[0] || "/";
   if (h.startsWith("/functions/")) {
     // The fragment is anyone's link: only a function name goes into the
@@ -375,7 +455,6 @@ async function route() {
   else overview();
 }
 
-takeToken();
 setupSignIn();
 window.addEventListener("hashchange", route);
 route();
