@@ -193,7 +193,10 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		// budget, authentication and the I/O turns.
 		DisablePreParseMultipartForm: true,
 		Logger:                       fasthttpLogger{opts.Log},
-		CloseOnShutdown:              true,
+		// fasthttp's parse errors would quote the request's raw bytes,
+		// a bearer token among them, into the 400 and the log.
+		SecureErrorLogMessage: true,
+		CloseOnShutdown:       true,
 	}
 	return s
 }
@@ -217,7 +220,7 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 		},
 		Name: "plover/" + s.opts.Version, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
 		IdleTimeout: time.Minute, Logger: fasthttpLogger{s.opts.Log}, MaxRequestBodySize: 1 << 10,
-		CloseOnShutdown: true,
+		CloseOnShutdown: true, SecureErrorLogMessage: true,
 	}
 	s.metricsSrv.Store(srv)
 	return srv.Serve(ln)
