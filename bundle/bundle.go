@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -272,7 +273,11 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 		return nil, fmt.Errorf("unpack: %w", err)
 	}
 	defer zr.Close()
-	tr := tar.NewReader(zr)
+	// Entries are bounded by their sizes below; the stream as a whole by
+	// them and an allowance for tar's own metadata, which Next reads
+	// (PAX records, GNU long names) without returning it: else a few KB
+	// of repeated metadata decompress for hours within any limit.
+	tr := tar.NewReader(&bounded{r: zr, left: satAdd(maxUnpacked, tarSlack)})
 	var m *abi.Manifest
 	want := map[string]bool{}
 	var total int64
@@ -280,6 +285,9 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
+		}
+		if errors.Is(err, errStream) {
+			return nil, refuse("unpacks to more than %d bytes, with its tar metadata", maxUnpacked)
 		}
 		if err != nil {
 			return nil, refuse("corrupt archive: %v", err)
@@ -335,6 +343,40 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 		return nil, refuse("missing %q named by the manifest", name)
 	}
 	return m, nil
+}
+
+// tarSlack is what an archive may hold beyond its files' bytes: headers,
+// PAX records, padding and the end blocks of a few entries, with room for
+// archivers that pad to their record size.
+const tarSlack = 1 << 20
+
+// errStream is a bundle's decompressed stream past its bound.
+var errStream = errors.New("the decompressed archive is over its bound")
+
+// bounded reads at most left bytes of r, then fails with errStream.
+type bounded struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *bounded) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, errStream
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+// satAdd is a+b, at most math.MaxInt64 (both non-negative).
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 func copyFile(path string, r io.Reader, size int64, fault WriteFault) error {

@@ -97,6 +97,9 @@ func Inspect(path string) (*Info, error) {
 	if ef.Type != elf.ET_DYN {
 		return nil, &Error{Path: path, Reason: fmt.Sprintf("ELF type is %v, want a shared object (ET_DYN)", ef.Type)}
 	}
+	if err := boundSymbols(ef); err != nil {
+		return nil, &Error{Path: path, Reason: err.Error()}
+	}
 	syms, err := ef.DynamicSymbols()
 	if err != nil {
 		return nil, &Error{Path: path, Reason: "no dynamic symbol table", Err: err}
@@ -299,6 +302,35 @@ func (info *Info) CheckManifest(path string, m *abi.Manifest) error {
 		return &Error{Path: path, Reason: "plover.json has a \"batch\" section but the library does not declare PLOVER_BATCHED(max_items): a chain that is not written for s->items must not be batched"}
 	case uint32(b.MaxItems) > info.MaxItems:
 		return &Error{Path: path, Reason: fmt.Sprintf("batch.max_items %d is over the %d the library declares with PLOVER_BATCHED", b.MaxItems, info.MaxItems)}
+	}
+	return nil
+}
+
+// Bounds on the dynamic symbol table read at deploy, in the server:
+// debug/elf reads .dynsym and its strings whole and makes a 72-byte
+// symbol of each 24-byte entry, so a library whose table is large (zeros
+// compress to nothing in a bundle) would cost the server gigabytes. A
+// library of a million exported symbols still fits.
+const (
+	maxDynsym = 32 << 20
+	maxDynstr = 64 << 20
+)
+
+// boundSymbols refuses a dynamic symbol table past the bounds before
+// anything of it is read.
+func boundSymbols(ef *elf.File) error {
+	for _, sec := range ef.Sections {
+		if sec.Type != elf.SHT_DYNSYM {
+			continue
+		}
+		if sec.Size > maxDynsym {
+			return fmt.Errorf("its dynamic symbol table (.dynsym) is %d bytes, over the %d this server reads (export fewer symbols: -fvisibility=hidden)", sec.Size, maxDynsym)
+		}
+		if int(sec.Link) < len(ef.Sections) {
+			if str := ef.Sections[sec.Link]; str.Size > maxDynstr {
+				return fmt.Errorf("the string table of its dynamic symbols (%s) is %d bytes, over the %d this server reads", str.Name, str.Size, maxDynstr)
+			}
+		}
 	}
 	return nil
 }
