@@ -1,0 +1,86 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/sched"
+)
+
+// Bug hunt rF: the engine's use of the device schedulers (each test fails
+// on the code it was written against; see the commit message).
+
+// A function's device flow has its current version's share and priority.
+// A version a pipeline step pins that is not current sets the flow to its
+// own when its program loads (Engine.flow, called at every placement), so
+// from then on the current version's runs are scheduled with the pinned
+// one's share and class, on that device, until the current one loads again.
+func TestHuntRFPinnedVersionTakesTheFlowsClass(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	ctx := context.Background()
+	m := testkit.Manifest("fn")
+	m.Share, m.Priority = 1, "batch"
+	v1 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	m.Share, m.Priority = 5, "latency"
+	m.Chain = append(m.Chain, m.Chain[0]) // another bundle: a second version
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, ok := e.HuntRFFlow("fn"); !ok || w != 5 || c != sched.Latency {
+		t.Fatalf("after the current version ran: flow %v %v %v, want share 5, latency", w, c, ok)
+	}
+	p, err := e.PinVersion(ctx, "fn", v1.Version, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Invoke(ctx, &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	p.Release()
+	// The current version's requests now run in the flow the pinned one set.
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, _ := e.HuntRFFlow("fn"); w != 5 || c != sched.Latency {
+		t.Errorf("fn's current version (share 5, latency) is scheduled at share %v, class %v: the pinned v1's", w, c)
+	}
+}
+
+// What the server's CPU spends on a function's bytes is charged to its
+// flow on every device (README, "The server's own I/O"). A pipeline's
+// bytes are counted under the pipeline's name, which has no device flow
+// (its steps run as their functions): Config.Charge never finds one, so the
+// cost stays owed for ever and no device share pays for it, however large
+// the bodies sent through the pipeline.
+func TestHuntRFPipelineIOChargedToNoDevice(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("step"), nil))
+	dir := t.TempDir()
+	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"step"}})
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, e, dir)
+	if err := pipeline.New(e, nil).Invoke(context.Background(), "p", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if e.IO("p") == nil {
+		t.Fatal("the pipeline has no I/O flow: its bytes are not counted at all")
+	}
+	if !e.HuntRFChargeIO("step", time.Millisecond) {
+		t.Fatal("the step has no device flow after it ran")
+	}
+	if !e.HuntRFChargeIO("p", time.Millisecond) {
+		t.Errorf("the pipeline's I/O time (io_seconds under p) is charged to no device flow, after its step ran: owed for ever")
+	}
+}
