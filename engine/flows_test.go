@@ -16,15 +16,15 @@ import (
 	"github.com/plover-run/plover/sched"
 )
 
-// Bug hunt rF: the engine's use of the device schedulers (each test fails
-// on the code it was written against; see the commit message).
+// The engine's use of the device schedulers: whose share and priority a
+// function's flow has, and who pays for a pipeline's bytes.
 
 // A function's device flow has its current version's share and priority.
 // A version a pipeline step pins that is not current sets the flow to its
 // own when its program loads (Engine.flow, called at every placement), so
 // from then on the current version's runs are scheduled with the pinned
 // one's share and class, on that device, until the current one loads again.
-func TestHuntRFPinnedVersionTakesTheFlowsClass(t *testing.T) {
+func TestPinnedVersionLeavesTheFlowsShare(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	ctx := context.Background()
 	m := testkit.Manifest("fn")
@@ -36,7 +36,7 @@ func TestHuntRFPinnedVersionTakesTheFlowsClass(t *testing.T) {
 	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	if w, c, ok := e.HuntRFFlow("fn"); !ok || w != 5 || c != sched.Latency {
+	if w, c, ok := e.DeviceFlowShare("fn"); !ok || w != 5 || c != sched.Latency {
 		t.Fatalf("after the current version ran: flow %v %v %v, want share 5, latency", w, c, ok)
 	}
 	p, err := e.PinVersion(ctx, "fn", v1.Version, time.Time{})
@@ -51,7 +51,7 @@ func TestHuntRFPinnedVersionTakesTheFlowsClass(t *testing.T) {
 	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	if w, c, _ := e.HuntRFFlow("fn"); w != 5 || c != sched.Latency {
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 5 || c != sched.Latency {
 		t.Errorf("fn's current version (share 5, latency) is scheduled at share %v, class %v: the pinned v1's", w, c)
 	}
 }
@@ -62,7 +62,7 @@ func TestHuntRFPinnedVersionTakesTheFlowsClass(t *testing.T) {
 // (its steps run as their functions): Config.Charge never finds one, so the
 // cost stays owed for ever and no device share pays for it, however large
 // the bodies sent through the pipeline.
-func TestHuntRFPipelineIOChargedToNoDevice(t *testing.T) {
+func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("step"), nil))
 	dir := t.TempDir()
@@ -77,10 +77,10 @@ func TestHuntRFPipelineIOChargedToNoDevice(t *testing.T) {
 	if e.IO("p") == nil {
 		t.Fatal("the pipeline has no I/O flow: its bytes are not counted at all")
 	}
-	if !e.HuntRFChargeIO("step", time.Millisecond) {
+	if !e.ChargeIO("step", time.Millisecond) {
 		t.Fatal("the step has no device flow after it ran")
 	}
-	if !e.HuntRFChargeIO("p", time.Millisecond) {
+	if !e.ChargeIO("p", time.Millisecond) {
 		t.Errorf("the pipeline's I/O time (io_seconds under p) is charged to no device flow, after its step ran: owed for ever")
 	}
 }

@@ -9,17 +9,17 @@ import (
 	"time"
 )
 
-// Bug hunt rF: tests that show defects of the Scheduler and WFQ (each fails
-// on the code it was written against; see the commit message).
+// The Scheduler's books under random sequences of events, and the edges
+// of its contract: deadlines, cancellation, MaxWait, long uptimes.
 
-// huntFlows is every flow a test made, forgotten ones included.
-type huntFlows struct {
+// bookedFlows is every flow a test made, forgotten ones included.
+type bookedFlows struct {
 	s     *Scheduler
 	all   []*Flow
 	names []string
 }
 
-func (h *huntFlows) flow(name string) *Flow {
+func (h *bookedFlows) flow(name string) *Flow {
 	f := h.s.Flow(name)
 	for _, g := range h.all {
 		if g == f {
@@ -33,7 +33,7 @@ func (h *huntFlows) flow(name string) *Flow {
 // check verifies the Scheduler's books: at most MaxRuns running, every
 // running run counted once by its flow, every waiting flow listed once
 // with a run queued, and device time never negative.
-func (h *huntFlows) check(t *testing.T, step int) {
+func (h *bookedFlows) check(t *testing.T, step int) {
 	t.Helper()
 	s := h.s
 	s.mu.Lock()
@@ -68,7 +68,7 @@ func (h *huntFlows) check(t *testing.T, step int) {
 	}
 }
 
-func (h *huntFlows) queuedAll() int {
+func (h *bookedFlows) queuedAll() int {
 	n := 0
 	for _, f := range h.all {
 		n += f.Waiting()
@@ -80,18 +80,18 @@ func (h *huntFlows) queuedAll() int {
 // deadlines, expiries, touches, forgets and class changes on a fake clock
 // (fixed seed) never leak or double-free a slot: the books always agree,
 // and once everything ended every slot is free again.
-func TestHuntRFRandomSequencesKeepSlots(t *testing.T) {
+func TestRandomSequencesKeepSlots(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { huntRandomSequence(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomSequence(t, seed) })
 	}
 }
 
-func huntRandomSequence(t *testing.T, seed uint64) {
+func randomSequence(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	clk := newFakeClock()
 	const maxRuns = 3
 	s := New(Config{MaxRuns: maxRuns, Reserve: 1, Clock: clk, Capacity: 1, Recent: 20 * time.Millisecond})
-	h := &huntFlows{s: s, names: []string{"a", "b", "c", "d", "e"}}
+	h := &bookedFlows{s: s, names: []string{"a", "b", "c", "d", "e"}}
 	type pend struct {
 		c      <-chan result
 		cancel context.CancelFunc
@@ -212,7 +212,7 @@ func huntRandomSequence(t *testing.T, seed uint64) {
 // admitted when a slot is free: it takes a slot it will give up at once
 // (at its deadline, while others wait: a run on the device that holds
 // none), and a cancelled request's chain runs for nobody.
-func TestHuntRFAdmitAfterDeadlineOrCancel(t *testing.T) {
+func TestAdmitRefusesPassedDeadlineOrCancel(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 2, Clock: clk})
 	a := s.Flow("a")
@@ -234,7 +234,7 @@ func TestHuntRFAdmitAfterDeadlineOrCancel(t *testing.T) {
 // frees, after its deadline, and since it is past its deadline it gives the
 // slot up at the next expiry while its chain goes on: two runs on a
 // one-slot device, the late one billed nothing.
-func TestHuntRFQueuedRunAdmittedAfterItsDeadline(t *testing.T) {
+func TestQueuedRunPastItsDeadlineNotAdmitted(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk})
 	a, b, c := s.Flow("a"), s.Flow("b"), s.Flow("c")
@@ -271,7 +271,7 @@ func TestHuntRFQueuedRunAdmittedAfterItsDeadline(t *testing.T) {
 // the oldest starved run is of the class the policy would pick anyway,
 // Pick keeps its choice within that class, so a younger run of that class
 // goes before an older starved run of a lower class.
-func TestHuntRFStarvedBatchPassedByYoungerLatency(t *testing.T) {
+func TestStarvedBatchGoesBeforeYoungerLatency(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: 200 * time.Millisecond})
 	l1, l2, b, x := s.Flow("l1"), s.Flow("l2"), s.Flow("b"), s.Flow("x")
@@ -319,7 +319,7 @@ func TestHuntRFStarvedBatchPassedByYoungerLatency(t *testing.T) {
 // makes it 3e18, whose float64 step is 512ns) a share-1000 flow's short
 // runs (est/weight under half a step) no longer move its tag, so it wins
 // every pick and starves its peers of the same share.
-func TestHuntRFVirtualTimeStopsAfterLongUptime(t *testing.T) {
+func TestVirtualTimeKeepsPrecisionAfterLongUptime(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk})
 	old, a, b := s.Flow("old"), s.Flow("a"), s.Flow("b")
