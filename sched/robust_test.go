@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
@@ -230,10 +231,10 @@ func TestAdmitRefusesPassedDeadlineOrCancel(t *testing.T) {
 }
 
 // A queued run whose deadline passed before a slot freed (its timer not
-// yet run: a loaded machine's timers run late) is admitted when the slot
-// frees, after its deadline, and since it is past its deadline it gives the
-// slot up at the next expiry while its chain goes on: two runs on a
-// one-slot device, the late one billed nothing.
+// yet run: a loaded machine's timers run late) is refused with ErrDeadline
+// when the slot frees, as its timer would have refused it. Admitted, it
+// would give the slot up at the next expiry while its chain went on: two
+// runs on a one-slot device, the late one billed nothing.
 func TestQueuedRunPastItsDeadlineNotAdmitted(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk})
@@ -248,21 +249,20 @@ func TestQueuedRunPastItsDeadlineNotAdmitted(t *testing.T) {
 	hold.Done()
 	r := got(t, cb, "b")
 	if r.err == nil {
-		defer r.t.Done()
-		t.Errorf("b was admitted 10ms after its deadline passed")
+		r.t.Done()
+		t.Fatalf("b was admitted 10ms after its deadline passed")
 	}
-	if r.err != nil {
-		return
+	if !errors.Is(r.err, ErrDeadline) {
+		t.Fatalf("b refused with %v, want ErrDeadline (what its own timer gives)", r.err)
 	}
-	// c queues behind b's run, which is past its deadline: c gets b's slot
-	// at once, with b's chain still running.
-	cc := admitAsync(c, context.Background(), time.Time{}, nil)
-	waitFor(t, "c queued", func() bool { return c.queued() == 1 })
-	clk.Advance(0)
-	rc := got(t, cc, "c")
-	defer rc.t.Done()
-	if s.running_() == 1 {
-		t.Errorf("c admitted beside b's run on a one-slot device: the device counts %d run, b was billed %v", s.running_(), b.DeviceTime())
+	// The slot b was refused is free: c starts at once, the device's only run.
+	tc, wait, err := c.Admit(context.Background(), time.Time{}, nil)
+	if err != nil || wait != 0 {
+		t.Fatalf("c waited %v (%v) on a free device after b was refused", wait, err)
+	}
+	defer tc.Done()
+	if n := s.running_(); n != 1 || b.queued() != 0 {
+		t.Fatalf("%d runs on the device, %d of b's queued: want c's alone", n, b.queued())
 	}
 }
 

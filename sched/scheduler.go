@@ -251,8 +251,9 @@ type waiter struct {
 	arrived  time.Time
 	deadline time.Time
 	hold     time.Duration // AdmitHold's
-	ready    chan struct{} // admitted: t is set
+	ready    chan struct{} // answered: t is set, or err
 	t        Ticket
+	err      error // refused by dispatch (ErrDeadline)
 }
 
 // Admit waits until a run of f may start on the device: at once when a
@@ -325,7 +326,7 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		var why error
 		select {
 		case <-w.ready:
-			return w.t, s.clock.Now().Sub(w.arrived), nil
+			return w.t, s.clock.Now().Sub(w.arrived), w.err
 		case <-ctx.Done():
 			why = ctx.Err()
 		case <-timeout:
@@ -340,7 +341,8 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		if s.leave(f, w) {
 			return Ticket{}, s.clock.Now().Sub(w.arrived), why
 		}
-		// Admitted as it gave up: the run was started; hand it back.
+		// Answered as it gave up: a run started is handed back (a
+		// refusal's Ticket is the zero one).
 		<-w.ready
 		w.t.Done()
 		return Ticket{}, s.clock.Now().Sub(w.arrived), why
@@ -576,6 +578,17 @@ func (s *Scheduler) dispatch(now time.Time) {
 		f.queue = slices.Delete(f.queue, 0, 1)
 		if len(f.queue) == 0 {
 			s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
+		}
+		if !w.deadline.IsZero() && !now.Before(w.deadline) {
+			// Its deadline passed before its timer ran (timers run late
+			// on a loaded machine): started, it would give its slot up at
+			// the next expiry while its chain ran on beside the next run.
+			// It is refused as its timer would refuse it; the slot stays
+			// free for the next pick.
+			w.err = ErrDeadline
+			w.ready <- struct{}{}
+			s.maybeIdle(f, now)
+			continue
 		}
 		w.t = s.start(f, w.deadline, w.hold, now)
 		w.ready <- struct{}{}
