@@ -208,25 +208,28 @@ func randomSequence(t *testing.T, seed uint64) {
 	}
 }
 
-// Admit's contract: it fails when ctx ends or the deadline passes. A run
-// whose deadline has already passed, or whose context is already done, is
-// admitted when a slot is free: it takes a slot it will give up at once
-// (at its deadline, while others wait: a run on the device that holds
-// none), and a cancelled request's chain runs for nobody.
+// Admit's contract: it fails when ctx ends or the deadline passes, free
+// slot or not. Admitted, a run whose deadline has already passed would
+// take a slot it gives up at the next expiry (while others wait: a run on
+// the device that holds none), and a cancelled request's chain would run
+// for nobody.
 func TestAdmitRefusesPassedDeadlineOrCancel(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 2, Clock: clk})
 	a := s.Flow("a")
 	past := clk.Now().Add(-time.Millisecond)
-	if tk, _, err := a.Admit(context.Background(), past, nil); err == nil {
+	if tk, _, err := a.Admit(context.Background(), past, nil); !errors.Is(err, ErrDeadline) {
 		tk.Done()
-		t.Errorf("a run whose deadline passed 1ms ago was admitted (no error)")
+		t.Errorf("a run whose deadline passed 1ms ago: %v, want ErrDeadline", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if tk, _, err := a.Admit(ctx, time.Time{}, nil); err == nil {
+	if tk, _, err := a.Admit(ctx, time.Time{}, nil); !errors.Is(err, context.Canceled) {
 		tk.Done()
-		t.Errorf("a run whose context was cancelled was admitted (no error)")
+		t.Errorf("a run whose context was cancelled: %v, want context.Canceled", err)
+	}
+	if n := s.running_(); n != 0 {
+		t.Errorf("%d runs on the device after two refusals", n)
 	}
 }
 

@@ -260,9 +260,12 @@ type waiter struct {
 // slot is free and no run waits, otherwise when the policy picks it. It
 // fails when ctx ends (its error), when deadline passes (ErrDeadline) or
 // when gone reports the client gone (ErrGone); deadline and gone may be
-// zero and nil. A run still running at its deadline gives its slot up
-// then, so a run that never ends does not hold the device. It returns how
-// long the run waited.
+// zero and nil. A ctx already ended or a deadline already passed fails at
+// once, free slot or not; gone is asked only while the run waits (every
+// goneEvery: it may cost a system call), never on the way to a free slot.
+// A run still running at its deadline gives its slot up then, so a run
+// that never ends does not hold the device. It returns how long the run
+// waited.
 func (f *Flow) Admit(ctx context.Context, deadline time.Time, gone func() bool) (Ticket, time.Duration, error) {
 	return f.AdmitAt(ctx, f.s.clock.Now(), deadline, gone)
 }
@@ -283,6 +286,15 @@ func (f *Flow) AdmitHold(ctx context.Context, deadline time.Time, hold time.Dura
 }
 
 func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Duration, gone func() bool) (Ticket, time.Duration, error) {
+	// Before the free slot's path too: a run admitted past its deadline
+	// gives its slot up at the next expiry while its chain runs on, and a
+	// cancelled request's chain would run for nobody.
+	if err := ctx.Err(); err != nil {
+		return Ticket{}, 0, err
+	}
+	if !deadline.IsZero() && !now.Before(deadline) {
+		return Ticket{}, 0, ErrDeadline
+	}
 	s := f.s
 	s.mu.Lock()
 	if f.inFlight+len(f.queue) >= 1 {
