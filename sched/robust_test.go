@@ -270,10 +270,10 @@ func TestQueuedRunPastItsDeadlineNotAdmitted(t *testing.T) {
 }
 
 // The default policy's promise (README, Config.MaxWait): a run that has
-// waited longer than MaxWait goes before every class, oldest first. When
-// the oldest starved run is of the class the policy would pick anyway,
-// Pick keeps its choice within that class, so a younger run of that class
-// goes before an older starved run of a lower class.
+// waited longer than MaxWait behind a higher class goes before it, oldest
+// first. It held only when the oldest starved run was of another class
+// than the one served: here the oldest starved is a latency run, and the
+// younger latency l2 went before the starved batch run.
 func TestStarvedBatchGoesBeforeYoungerLatency(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: 200 * time.Millisecond})
@@ -345,5 +345,42 @@ func TestVirtualTimeKeepsPrecisionAfterLongUptime(t *testing.T) {
 	}, a, b)
 	if runs[b] < 50 {
 		t.Errorf("after a year's uptime b (share 1000, 400us runs) had %d of 500 runs against a's %d (same share, 100us runs): want about 100", runs[b], runs[a])
+	}
+}
+
+// MaxWait is for priorities, not for fair order within a class: a flood's
+// backlog is all past MaxWait, and served oldest first it would go before
+// another function's new run of its class. Here f (ahead in virtual time:
+// it used the device before) has runs queued 300ms, past MaxWait; g's run,
+// new and of the same class, goes first.
+func TestStarvedRunsKeepFairOrderWithinTheirClass(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: 200 * time.Millisecond})
+	f, g, x := s.Flow("f"), s.Flow("g"), s.Flow("x")
+	for i := 0; i < 5; i++ {
+		tk, _, _ := f.Admit(context.Background(), time.Time{}, nil)
+		clk.Advance(10 * time.Millisecond)
+		tk.Done()
+	}
+	hold, _, _ := x.Admit(context.Background(), time.Time{}, nil)
+	var cf []<-chan result
+	for i := 0; i < 3; i++ {
+		cf = append(cf, admitAsync(f, context.Background(), time.Time{}, nil))
+		waitFor(t, "f queued", func() bool { return f.queued() == i+1 })
+	}
+	clk.Advance(300 * time.Millisecond)
+	cg := admitAsync(g, context.Background(), time.Time{}, nil)
+	waitFor(t, "g queued", func() bool { return g.queued() == 1 })
+	hold.Done()
+	select {
+	case r := <-cg:
+		r.t.Done()
+	case <-cf[0]:
+		t.Fatal("f's run (waited 300ms, behind in fair order) went before g's new run of the same class")
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing admitted")
+	}
+	for _, c := range cf {
+		got(t, c, "f").t.Done()
 	}
 }

@@ -21,8 +21,8 @@ func init() {
 // difference when it ends. The clock is the tag of the last run started;
 // a flow that wakes from idle starts at it, not behind it: time a flow
 // did not use goes to the busy ones (work conservation) and is not banked. A run that has waited
-// longer than maxWait goes before every class, oldest first: priorities
-// order runs but starve none.
+// longer than maxWait behind a higher class goes before it, oldest first:
+// priorities order runs but starve none.
 type WFQ struct {
 	maxWait time.Duration
 	vnow    float64 // virtual time: the largest tag a run started at
@@ -105,13 +105,15 @@ func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 // maxAhead bounds what charges beside runs put a flow ahead of the clock.
 const maxAhead = time.Second
 
-// Pick implements Policy.
+// Pick implements Policy. A run past maxWait goes first when it is of a
+// lower class than the one Pick would serve, the oldest such run first:
+// maxWait bounds how long priorities hold a run back. Within the class
+// served, fair order stands however long its runs waited: a backlogged
+// flood's runs are all past maxWait, and served oldest first they would
+// go before every other function's new run of their class.
 func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
-	best, starved := -1, -1
+	best := -1
 	for i, f := range waiting {
-		if now.Sub(f.Oldest()) > w.maxWait && (starved < 0 || f.Oldest().Before(waiting[starved].Oldest())) {
-			starved = i
-		}
 		if best < 0 {
 			best = i
 			continue
@@ -128,8 +130,14 @@ func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
 			best = i
 		}
 	}
-	if starved >= 0 && waiting[starved].Class() != waiting[best].Class() {
-		best = starved
+	starved, class := -1, waiting[best].Class()
+	for i, f := range waiting {
+		if f.Class() != class && now.Sub(f.Oldest()) > w.maxWait && (starved < 0 || f.Oldest().Before(waiting[starved].Oldest())) {
+			starved = i
+		}
+	}
+	if starved >= 0 {
+		return starved
 	}
 	return best
 }
