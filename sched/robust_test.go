@@ -320,8 +320,9 @@ func TestStarvedBatchGoesBeforeYoungerLatency(t *testing.T) {
 // Virtual time is a float64 of nanoseconds over the weight: after a long
 // stretch at a small share (a year of a share-0.01 flow's device time
 // makes it 3e18, whose float64 step is 512ns) a share-1000 flow's short
-// runs (est/weight under half a step) no longer move its tag, so it wins
-// every pick and starves its peers of the same share.
+// runs (est/weight under half a step) would no longer move its tag, and it
+// would win every pick, starving its peers of the same share, but for the
+// clock being moved back (vQuantum).
 func TestVirtualTimeKeepsPrecisionAfterLongUptime(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk})
@@ -382,5 +383,26 @@ func TestStarvedRunsKeepFairOrderWithinTheirClass(t *testing.T) {
 	}
 	for _, c := range cf {
 		got(t, c, "f").t.Done()
+	}
+}
+
+// Moving the clock back keeps every tag's place exactly: the clock lands
+// under vQuantum, and tags near it keep their differences to the bit.
+func TestVirtualTimeMovedBackKeepsDifferences(t *testing.T) {
+	s := New(Config{MaxRuns: 1, Clock: newFakeClock()})
+	w := s.pol.(*WFQ)
+	a, b := s.Flow("a"), s.Flow("b")
+	w.vnow = 3 * vQuantum
+	w.state(a).tag = 3*vQuantum + 0.25
+	w.state(b).tag = 3*vQuantum + 1.75
+	w.Started(a, time.Time{}) // the clock moves to a's tag: past 2*vQuantum
+	if w.vnow != 0.25 || w.base != 3 {
+		t.Fatalf("clock %v (base %d quanta), want 0.25 (3)", w.vnow, w.base)
+	}
+	if got := w.state(b).tag - w.vnow; got != 1.5 {
+		t.Fatalf("b's tag is %v past the clock, want 1.5 as before", got)
+	}
+	if got := w.state(a).tag - w.vnow; got != initialEst {
+		t.Fatalf("a's tag is %v past the clock after its run started, want its estimate %v", got, initialEst)
 	}
 }

@@ -26,22 +26,43 @@ func init() {
 type WFQ struct {
 	maxWait time.Duration
 	vnow    float64 // virtual time: the largest tag a run started at
+	// base counts the vQuantum taken off the clock and every tag so far
+	// (Started): tags are brought to it as they are read (state).
+	base int64
 }
+
+// vQuantum is what the clock and the tags are moved back by at a time,
+// once the clock reaches twice it. Virtual time is device ns over the
+// weight, a float64: a year of a share-0.01 function's runs makes it 3e18,
+// where a float64 steps by 512 ns and a share-1000 function's 100 us runs
+// (100 ns each) would no longer move its tag, winning every pick. Kept
+// under 2^41 it steps by under a thousandth of a ns. A power of two, so
+// that every subtraction near the clock is exact: order and differences
+// stay as they were.
+const vQuantum = 1 << 40
 
 // NewWFQ returns the default policy; maxWait bounds how long a run of a
 // lower class waits behind higher classes.
 func NewWFQ(maxWait time.Duration) *WFQ { return &WFQ{maxWait: maxWait} }
 
 type wfqFlow struct {
-	tag float64 // virtual time: device ns charged / weight
-	est float64 // the flow's recent mean run, ns
+	tag  float64 // virtual time: device ns charged / weight
+	est  float64 // the flow's recent mean run, ns
+	base int64   // WFQ.base the tag is measured from
 }
 
+// state is f's, its tag brought to the clock's base: a flow's tag is
+// moved back only when it is next read, so that moving the clock back
+// need not visit every flow.
 func (w *WFQ) state(f *Flow) *wfqFlow {
 	st, _ := f.PolicyData.(*wfqFlow)
 	if st == nil {
-		st = &wfqFlow{}
+		st = &wfqFlow{base: w.base}
 		f.PolicyData = st
+	}
+	if st.base != w.base {
+		st.tag -= float64(w.base-st.base) * vQuantum
+		st.base = w.base
 	}
 	return st
 }
@@ -61,6 +82,12 @@ func (w *WFQ) Woke(f *Flow, now time.Time) {
 func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	st := w.state(f)
 	w.vnow = math.Max(w.vnow, st.tag)
+	if w.vnow >= 2*vQuantum {
+		k := math.Floor(w.vnow / vQuantum)
+		w.vnow -= k * vQuantum
+		w.base += int64(k)
+		st = w.state(f)
+	}
 	est := st.est
 	if est == 0 {
 		est = initialEst
