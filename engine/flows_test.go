@@ -20,10 +20,12 @@ import (
 // function's flow has, and who pays for a pipeline's bytes.
 
 // A function's device flow has its current version's share and priority.
-// A version a pipeline step pins that is not current sets the flow to its
-// own when its program loads (Engine.flow, called at every placement), so
-// from then on the current version's runs are scheduled with the pinned
-// one's share and class, on that device, until the current one loads again.
+// A version a pipeline step pins that is not current set the flow to its
+// own when its program loaded (Engine.flow, called at every placement), so
+// from then on the current version's runs were scheduled with the pinned
+// one's share and class, on that device, until the current one loaded
+// again. A rollback to the pinned version, loaded already (no placement),
+// and a redeploy that changes the share take effect at once.
 func TestPinnedVersionLeavesTheFlowsShare(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	ctx := context.Background()
@@ -52,7 +54,24 @@ func TestPinnedVersionLeavesTheFlowsShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	if w, c, _ := e.DeviceFlowShare("fn"); w != 5 || c != sched.Latency {
-		t.Errorf("fn's current version (share 5, latency) is scheduled at share %v, class %v: the pinned v1's", w, c)
+		t.Fatalf("fn's current version (share 5, latency) is scheduled at share %v, class %v: the pinned v1's", w, c)
+	}
+	if _, err := e.Control().Rollback(ctx, "fn", v1.Version); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 1 || c != sched.Batch {
+		t.Errorf("after a rollback to v1 (share 1, batch, loaded as a pinned version): flow share %v, class %v", w, c)
+	}
+	m.Share, m.Priority = 3, "default"
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 3 || c != sched.Default {
+		t.Errorf("after a redeploy at share 3, default: flow share %v, class %v", w, c)
+	}
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 3 || c != sched.Default {
+		t.Errorf("after the redeployed version ran: flow share %v, class %v", w, c)
 	}
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/sched"
 )
@@ -33,14 +34,20 @@ func (e *Engine) IO(name string) *ioshare.Flow {
 	if v == nil {
 		return nil
 	}
-	fl := e.io.Flow(f.name)                      // the function's own name: the flows' key
-	class, _ := sched.ParseClass(v.rec.Priority) // checked at deploy
-	weight := v.rec.Share
+	fl := e.io.Flow(f.name) // the function's own name: the flows' key
+	fl.Set(shareOf(v.rec))
+	return fl
+}
+
+// shareOf is the weight and class a version's record gives its function's
+// flows, device and I/O: its manifest's share and priority.
+func shareOf(rv api.Version) (float64, sched.Class) {
+	class, _ := sched.ParseClass(rv.Priority) // checked at deploy
+	weight := rv.Share
 	if weight <= 0 {
 		weight = 1
 	}
-	fl.Set(weight, class)
-	return fl
+	return weight, class
 }
 
 // chargeIO charges name's runs on every device it has run on with cpu,
