@@ -78,28 +78,39 @@ func TestPinnedVersionLeavesTheFlowsShare(t *testing.T) {
 // What the server's CPU spends on a function's bytes is charged to its
 // flow on every device (README, "The server's own I/O"). A pipeline's
 // bytes are counted under the pipeline's name, which has no device flow
-// (its steps run as their functions): Config.Charge never finds one, so the
-// cost stays owed for ever and no device share pays for it, however large
-// the bodies sent through the pipeline.
+// (its steps run as their functions): they were owed for ever, and no
+// device share paid for them however large the bodies sent through it.
+// Its first step's function pays, through a nested pipeline too.
 func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("step"), nil))
-	dir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"step"}})
-	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
+	pipelineDir := func(name string, steps ...string) string {
+		dir := t.TempDir()
+		b, _ := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": steps})
+		if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
 	}
-	testkit.Deploy(t, e, dir)
-	if err := pipeline.New(e, nil).Invoke(context.Background(), "p", &call.Request{Input: []byte("x")}); err != nil {
-		t.Fatal(err)
+	testkit.Deploy(t, e, pipelineDir("p", "step"))
+	testkit.Deploy(t, e, pipelineDir("outer", "p", "step"))
+	if e.ChargeIO("p", time.Millisecond) {
+		t.Fatal("charged before the step ran: it has no device flow yet")
 	}
-	if e.IO("p") == nil {
-		t.Fatal("the pipeline has no I/O flow: its bytes are not counted at all")
+	for _, name := range []string{"p", "outer"} {
+		if err := pipeline.New(e, nil).Invoke(context.Background(), name, &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		if e.IO(name) == nil {
+			t.Fatalf("pipeline %s has no I/O flow: its bytes are not counted at all", name)
+		}
 	}
 	if !e.ChargeIO("step", time.Millisecond) {
 		t.Fatal("the step has no device flow after it ran")
 	}
-	if !e.ChargeIO("p", time.Millisecond) {
-		t.Errorf("the pipeline's I/O time (io_seconds under p) is charged to no device flow, after its step ran: owed for ever")
+	for _, name := range []string{"p", "outer"} {
+		if !e.ChargeIO(name, time.Millisecond) {
+			t.Errorf("pipeline %s's I/O time (io_seconds under its name) is charged to no device flow, after its first step ran", name)
+		}
 	}
 }
