@@ -155,7 +155,8 @@ func (f *Flow) Waiting() int {
 	return len(f.queue)
 }
 
-// DeviceTime is the device time the flow's ended runs held.
+// DeviceTime is the device time the flow's ended runs were charged
+// (Ticket.DoneUsed), not the time they held their slots.
 func (f *Flow) DeviceTime() time.Duration { return time.Duration(f.deviceNs.Load()) }
 
 // Alone reports whether f is the only flow with runs queued or running
