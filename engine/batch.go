@@ -343,6 +343,14 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 				e.coldStarted(f, v, inst, load)
 			}
 		}
+		now := time.Now()
+		if !now.Before(deadline) {
+			// As run.go's: a load or a take that outlasted every request's
+			// deadline runs nothing (the scheduler refuses it too, but with
+			// the schedulers off nothing else would stop it).
+			ended, err = now, errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (load %v)", f.name, load)
+			break
+		}
 		r = &inst.run
 		r.Input, r.Output, r.Chain, r.TmpLen, r.ZeroTmp, r.ZeroOut, r.ChainKey, r.Deadline = in, out, v.steps, m.TmpBytes, m.ZeroTmp, m.ZeroesOut(), 0, deadline
 		if m.Graphs() {
@@ -350,7 +358,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		}
 		r.Items = uint32(k)
 		var wait time.Duration
-		wait, ended, err = pool.runOn(context.Background(), inst, r, time.Now(), deadline, nil)
+		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, nil)
 		sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {

@@ -24,7 +24,7 @@ var (
 	descFuncMem = prometheus.NewDesc("plover_function_device_memory_bytes",
 		"Device memory held by the function: constants plus instance buffers.", []string{"function"}, nil)
 	descDeviceSeconds = prometheus.NewDesc("plover_device_seconds_total",
-		"Device time the function's runs held (from the scheduler's admission to the run's end), on every device of the node.", []string{"function"}, nil)
+		"Device time the function's runs were charged, on every device of the node: each run's use as its device measured it, at most its part of the device while it held its slot (the device's time split evenly among the runs in flight; that part itself where the device measures nothing) and at least its slot time divided by the device's slots. Not the time runs held slots.", []string{"function"}, nil)
 	descIOSeconds = prometheus.NewDesc("plover_io_seconds_total",
 		"The server's time on the function's bytes (reading request bodies, decoding, writing answers: non-blocking system calls once a socket is ready, so CPU time but for preemption), charged to its share beside device time.", []string{"function"}, nil)
 	descIOPieces = prometheus.NewDesc("plover_io_pieces",

@@ -181,6 +181,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 		e.io.Forget(name)
 	}
+	e.tab.weighFlows = e.weighFlows
 	e.mem.tab, e.mem.evictor, e.mem.log, e.mem.evictions = e.tab, cfg.Evictor, cfg.Log, &e.evictions
 	if !cfg.Sched.Off {
 		e.scheds = map[device.Device]*sched.Scheduler{}

@@ -1,4 +1,26 @@
 package engine
 
+import (
+	"time"
+
+	"github.com/plover-run/plover/sched"
+)
+
 // For the engine_test package's tests.
 var WaitFor = waitFor
+
+// DeviceFlowShare is the weight and class name's device flow has on the
+// first scheduler that has one (ok false: none).
+func (e *Engine) DeviceFlowShare(name string) (weight float64, class sched.Class, ok bool) {
+	for _, s := range e.scheds {
+		if fl := s.Lookup(name); fl != nil {
+			s.Flow(name) // takes the scheduler's lock: the reads below follow every Set
+			return fl.Weight(), fl.Class(), true
+		}
+	}
+	return 0, 0, false
+}
+
+// ChargeIO is chargeIO: charges name's device flows with the server's CPU
+// time on its bytes, reporting whether any took it.
+func (e *Engine) ChargeIO(name string, cpu time.Duration) bool { return e.chargeIO(name, cpu) }

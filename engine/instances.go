@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
@@ -174,15 +175,27 @@ func (e *Engine) coldStarted(f *function, v *version, in *instance, load time.Du
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// flow is v's function's queue in dev's scheduler, weighted and classed
-// by v's manifest (nil when runs go unscheduled).
+// flow is v's function's queue in dev's scheduler (nil when runs go
+// unscheduled), weighted and classed by the function's current version,
+// not by v: every version of a function runs in its one flow, and a
+// version a pipeline pinned loads beside the current one.
 func (e *Engine) flow(v *version, dev device.Device) *sched.Flow {
 	s := e.scheds[dev]
 	if s == nil {
 		return nil
 	}
 	fl := s.Flow(v.fn.name)
-	class, _ := sched.ParseClass(v.manifest.Priority) // the manifest was validated
-	fl.Set(v.manifest.Weight(), class)
+	e.tab.weigh(v.fn, v)
 	return fl
+}
+
+// weighFlows sets name's device flows, those made, to rv's share and
+// priority (table.weighFlows).
+func (e *Engine) weighFlows(name string, rv api.Version) {
+	weight, class := shareOf(rv)
+	for _, s := range e.scheds {
+		if fl := s.Lookup(name); fl != nil {
+			fl.Set(weight, class)
+		}
+	}
 }

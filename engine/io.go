@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/sched"
 )
@@ -33,21 +34,39 @@ func (e *Engine) IO(name string) *ioshare.Flow {
 	if v == nil {
 		return nil
 	}
-	fl := e.io.Flow(f.name)                      // the function's own name: the flows' key
-	class, _ := sched.ParseClass(v.rec.Priority) // checked at deploy
-	weight := v.rec.Share
+	fl := e.io.Flow(f.name) // the function's own name: the flows' key
+	fl.Set(shareOf(v.rec))
+	return fl
+}
+
+// shareOf is the weight and class a version's record gives its function's
+// flows, device and I/O: its manifest's share and priority.
+func shareOf(rv api.Version) (float64, sched.Class) {
+	class, _ := sched.ParseClass(rv.Priority) // checked at deploy
+	weight := rv.Share
 	if weight <= 0 {
 		weight = 1
 	}
-	fl.Set(weight, class)
-	return fl
+	return weight, class
 }
 
 // chargeIO charges name's runs on every device it has run on with cpu,
 // the server's CPU time on its bytes (sched.Flow.Charge), and reports
 // whether there was one: a device flow is made by a first run, which comes
-// after its first body (ioshare keeps the charge owed until then).
+// after its first body (ioshare keeps the charge owed until then). A
+// pipeline runs nothing of its own: its first step's function, which reads
+// its body, pays for its bytes.
 func (e *Engine) chargeIO(name string, cpu time.Duration) bool {
+	if e.chargeFlows(name, cpu) {
+		return true
+	}
+	if first := e.firstStep(name); first != "" {
+		return e.chargeFlows(first, cpu)
+	}
+	return false
+}
+
+func (e *Engine) chargeFlows(name string, cpu time.Duration) bool {
 	charged := false
 	for _, s := range e.scheds {
 		if fl := s.Lookup(name); fl != nil {
@@ -57,6 +76,30 @@ func (e *Engine) chargeIO(name string, cpu time.Duration) bool {
 	}
 	return charged
 }
+
+// firstStep is the function a pipeline's requests run first, through
+// nested pipelines and the first branch of a parallel step, as this node
+// has it ("": name is no pipeline here). It reads no store: a step not
+// known here yet has no device flow either.
+func (e *Engine) firstStep(name string) string {
+	first := ""
+	for range maxNesting {
+		_, v := e.tab.peek(name)
+		if v == nil || !v.rec.IsPipeline() || len(v.rec.Steps) == 0 {
+			return first
+		}
+		st := v.rec.Steps[0]
+		for st.Function == "" && len(st.Parallel) > 0 {
+			st = st.Parallel[0]
+		}
+		name, first = st.Function, st.Function
+	}
+	return "" // deeper than any deploy allows: a record changed under us
+}
+
+// maxNesting bounds firstStep's walk: deploys allow pipelines 8 levels
+// deep.
+const maxNesting = 16
 
 // ioSeconds is the server's CPU time on name's bytes so far.
 func (e *Engine) ioSeconds(name string) float64 {

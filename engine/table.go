@@ -48,6 +48,10 @@ type table struct {
 	// forgetFlow drops a deleted function's share of the devices
 	// (called under mu, so a redeploy's load gets a new flow).
 	forgetFlow func(name string)
+	// weighFlows sets a function's device flows (those made) to a
+	// version's share and priority: its current version's, at every switch
+	// and placement, under mu, so that they land in the switches' order.
+	weighFlows func(name string, rv api.Version)
 	// logs keeps functions' output: each function (each life of its
 	// name, from its lookup or deploy here to its delete) has its sink,
 	// given to its programs; a delete (here or on another node) drops the
@@ -330,12 +334,31 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	} else {
 		f.cur = t.newVersion(f, rv)
 	}
+	if t.weighFlows != nil {
+		// The new version may be loaded already (a pinned one), and a
+		// placement of the old one's made nothing: no load to wait for.
+		t.weighFlows(f.name, f.cur.rec)
+	}
 	t.epoch++
 	t.mu.Unlock()
 	if old != nil {
 		old.pool.retire()
 	}
 	return f, true
+}
+
+// weigh sets f's device flows to its current version's share and priority
+// (v's, where f has none: it was dropped), whichever of its versions asks:
+// a version pipelines pinned must not set the function's share to its own.
+func (t *table) weigh(f *function, v *version) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f.cur != nil {
+		v = f.cur
+	}
+	if t.weighFlows != nil {
+		t.weighFlows(f.name, v.rec)
+	}
 }
 
 // forget drops a function from this node (with at != 0, only if the epoch

@@ -64,7 +64,8 @@ type Config struct {
 	// Charge, when set, is told each piece's CPU time with its flow's
 	// name: the engine charges the function's device flows with it. It
 	// reports whether any took it: a function's first body is read before
-	// it has a device flow, and what it cost stays owed until one does.
+	// it has a device flow, and what it cost stays owed until one does
+	// (at most maxKept of it, offered again with each chargeEvery more).
 	Charge func(name string, cpu time.Duration) bool
 }
 
@@ -176,6 +177,7 @@ type Flow struct {
 	f    *sched.Flow
 	cpu  atomic.Int64 // ns the server's threads spent on its pieces
 	owed atomic.Int64 // ns of it not yet passed to Config.Charge
+	kept atomic.Int64 // ns Config.Charge did not take: offered with the next owed
 
 	moving, waiting atomic.Int32                // its pieces in turn, and waiting for one
 	nice            atomic.Int32                // the level its pieces move at (Config.Nice)
@@ -401,13 +403,23 @@ var epoch = time.Now()
 // mono is the monotonic time since epoch.
 func mono() time.Duration { return time.Since(epoch) }
 
+// maxKept bounds what a flow keeps owed that nothing took: the device
+// policy moves a flow at most a second of device time ahead of the others
+// for charges beside its runs (sched.WFQ.Charged), so more would be cut
+// there anyway, and a name that never gets a device flow (a function
+// whose requests all fail before a run) owes no more for ever.
+const maxKept = time.Second
+
 func (f *Flow) charge(cpu time.Duration) {
 	f.cpu.Add(int64(cpu))
 	c := f.sh.cfg.Charge
 	if c == nil || f.owed.Add(int64(cpu)) < int64(chargeEvery) {
 		return
 	}
-	if owed := f.owed.Swap(0); owed > 0 && !c(f.name, time.Duration(owed)) {
-		f.owed.Add(owed)
+	// What was not taken waits apart, out of owed: it is offered again
+	// once chargeEvery more is owed, not with every piece (each offer
+	// takes every device scheduler's lock).
+	if owed := f.owed.Swap(0) + f.kept.Swap(0); owed > 0 && !c(f.name, time.Duration(owed)) {
+		f.kept.Add(min(owed, int64(maxKept)))
 	}
 }

@@ -220,6 +220,34 @@ func TestChargeKeptUntilTaken(t *testing.T) {
 	}
 }
 
+// A charge nothing takes (a name that never gets a device flow) is
+// offered again once per chargeEvery more owed, not with every piece (each
+// offer takes every device scheduler's lock), and what is kept owed stays
+// under maxKept however long it goes on.
+func TestChargeNeverTakenIsBounded(t *testing.T) {
+	calls, most := 0, time.Duration(0)
+	sh := New(Config{Off: true, Charge: func(_ string, cpu time.Duration) bool {
+		calls++
+		most = max(most, cpu)
+		return false
+	}})
+	f := sh.Flow("f")
+	const pieces = 1000
+	piece := chargeEvery / 10
+	for range pieces {
+		f.charge(piece)
+	}
+	if want := pieces / 10; calls > want+1 {
+		t.Errorf("%d pieces of %v each: Charge was asked %d times, want about %d (once per %v owed)", pieces, piece, calls, want, chargeEvery)
+	}
+	for range 20 {
+		f.charge(time.Second / 2)
+	}
+	if most > maxKept+time.Second/2 {
+		t.Errorf("an untaken charge grew to %v offered at once, want at most %v kept and the piece's own", most, maxKept)
+	}
+}
+
 // A piece that may block (TLS, a chunked body) is charged what its bytes
 // cost, not the time it waited for its peer: a client trickling a few
 // bytes a piece charges its function next to nothing; a piece whose bytes

@@ -155,7 +155,8 @@ func (f *Flow) Waiting() int {
 	return len(f.queue)
 }
 
-// DeviceTime is the device time the flow's ended runs held.
+// DeviceTime is the device time the flow's ended runs were charged
+// (Ticket.DoneUsed), not the time they held their slots.
 func (f *Flow) DeviceTime() time.Duration { return time.Duration(f.deviceNs.Load()) }
 
 // Alone reports whether f is the only flow with runs queued or running
@@ -251,17 +252,21 @@ type waiter struct {
 	arrived  time.Time
 	deadline time.Time
 	hold     time.Duration // AdmitHold's
-	ready    chan struct{} // admitted: t is set
+	ready    chan struct{} // answered: t is set, or err
 	t        Ticket
+	err      error // refused by dispatch (ErrDeadline)
 }
 
 // Admit waits until a run of f may start on the device: at once when a
 // slot is free and no run waits, otherwise when the policy picks it. It
 // fails when ctx ends (its error), when deadline passes (ErrDeadline) or
 // when gone reports the client gone (ErrGone); deadline and gone may be
-// zero and nil. A run still running at its deadline gives its slot up
-// then, so a run that never ends does not hold the device. It returns how
-// long the run waited.
+// zero and nil. A ctx already ended or a deadline already passed fails at
+// once, free slot or not; gone is asked only while the run waits (every
+// goneEvery: it may cost a system call), never on the way to a free slot.
+// A run still running at its deadline gives its slot up then, so a run
+// that never ends does not hold the device. It returns how long the run
+// waited.
 func (f *Flow) Admit(ctx context.Context, deadline time.Time, gone func() bool) (Ticket, time.Duration, error) {
 	return f.AdmitAt(ctx, f.s.clock.Now(), deadline, gone)
 }
@@ -282,6 +287,15 @@ func (f *Flow) AdmitHold(ctx context.Context, deadline time.Time, hold time.Dura
 }
 
 func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Duration, gone func() bool) (Ticket, time.Duration, error) {
+	// Before the free slot's path too: a run admitted past its deadline
+	// gives its slot up at the next expiry while its chain runs on, and a
+	// cancelled request's chain would run for nobody.
+	if err := ctx.Err(); err != nil {
+		return Ticket{}, 0, err
+	}
+	if !deadline.IsZero() && !now.Before(deadline) {
+		return Ticket{}, 0, ErrDeadline
+	}
 	s := f.s
 	s.mu.Lock()
 	if f.inFlight+len(f.queue) >= 1 {
@@ -325,7 +339,7 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		var why error
 		select {
 		case <-w.ready:
-			return w.t, s.clock.Now().Sub(w.arrived), nil
+			return w.t, s.clock.Now().Sub(w.arrived), w.err
 		case <-ctx.Done():
 			why = ctx.Err()
 		case <-timeout:
@@ -340,7 +354,8 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		if s.leave(f, w) {
 			return Ticket{}, s.clock.Now().Sub(w.arrived), why
 		}
-		// Admitted as it gave up: the run was started; hand it back.
+		// Answered as it gave up: a run started is handed back (a
+		// refusal's Ticket is the zero one).
 		<-w.ready
 		w.t.Done()
 		return Ticket{}, s.clock.Now().Sub(w.arrived), why
@@ -576,6 +591,17 @@ func (s *Scheduler) dispatch(now time.Time) {
 		f.queue = slices.Delete(f.queue, 0, 1)
 		if len(f.queue) == 0 {
 			s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
+		}
+		if !w.deadline.IsZero() && !now.Before(w.deadline) {
+			// Its deadline passed before its timer ran (timers run late
+			// on a loaded machine): started, it would give its slot up at
+			// the next expiry while its chain ran on beside the next run.
+			// It is refused as its timer would refuse it; the slot stays
+			// free for the next pick.
+			w.err = ErrDeadline
+			w.ready <- struct{}{}
+			s.maybeIdle(f, now)
+			continue
 		}
 		w.t = s.start(f, w.deadline, w.hold, now)
 		w.ready <- struct{}{}

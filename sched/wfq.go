@@ -21,27 +21,48 @@ func init() {
 // difference when it ends. The clock is the tag of the last run started;
 // a flow that wakes from idle starts at it, not behind it: time a flow
 // did not use goes to the busy ones (work conservation) and is not banked. A run that has waited
-// longer than maxWait goes before every class, oldest first: priorities
-// order runs but starve none.
+// longer than maxWait behind a higher class goes before it, oldest first:
+// priorities order runs but starve none.
 type WFQ struct {
 	maxWait time.Duration
 	vnow    float64 // virtual time: the largest tag a run started at
+	// base counts the vQuantum taken off the clock and every tag so far
+	// (Started): tags are brought to it as they are read (state).
+	base int64
 }
+
+// vQuantum is what the clock and the tags are moved back by at a time,
+// once the clock reaches twice it. Virtual time is device ns over the
+// weight, a float64: a year of a share-0.01 function's runs makes it 3e18,
+// where a float64 steps by 512 ns and a share-1000 function's 100 us runs
+// (100 ns each) would no longer move its tag, winning every pick. Kept
+// under 2^41 it steps by under a thousandth of a ns. A power of two, so
+// that every subtraction near the clock is exact: order and differences
+// stay as they were.
+const vQuantum = 1 << 40
 
 // NewWFQ returns the default policy; maxWait bounds how long a run of a
 // lower class waits behind higher classes.
 func NewWFQ(maxWait time.Duration) *WFQ { return &WFQ{maxWait: maxWait} }
 
 type wfqFlow struct {
-	tag float64 // virtual time: device ns charged / weight
-	est float64 // the flow's recent mean run, ns
+	tag  float64 // virtual time: device ns charged / weight
+	est  float64 // the flow's recent mean run, ns
+	base int64   // WFQ.base the tag is measured from
 }
 
+// state is f's, its tag brought to the clock's base: a flow's tag is
+// moved back only when it is next read, so that moving the clock back
+// need not visit every flow.
 func (w *WFQ) state(f *Flow) *wfqFlow {
 	st, _ := f.PolicyData.(*wfqFlow)
 	if st == nil {
-		st = &wfqFlow{}
+		st = &wfqFlow{base: w.base}
 		f.PolicyData = st
+	}
+	if st.base != w.base {
+		st.tag -= float64(w.base-st.base) * vQuantum
+		st.base = w.base
 	}
 	return st
 }
@@ -61,6 +82,12 @@ func (w *WFQ) Woke(f *Flow, now time.Time) {
 func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	st := w.state(f)
 	w.vnow = math.Max(w.vnow, st.tag)
+	if w.vnow >= 2*vQuantum {
+		k := math.Floor(w.vnow / vQuantum)
+		w.vnow -= k * vQuantum
+		w.base += int64(k)
+		st = w.state(f)
+	}
 	est := st.est
 	if est == 0 {
 		est = initialEst
@@ -105,13 +132,15 @@ func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 // maxAhead bounds what charges beside runs put a flow ahead of the clock.
 const maxAhead = time.Second
 
-// Pick implements Policy.
+// Pick implements Policy. A run past maxWait goes first when it is of a
+// lower class than the one Pick would serve, the oldest such run first:
+// maxWait bounds how long priorities hold a run back. Within the class
+// served, fair order stands however long its runs waited: a backlogged
+// flood's runs are all past maxWait, and served oldest first they would
+// go before every other function's new run of their class.
 func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
-	best, starved := -1, -1
+	best := -1
 	for i, f := range waiting {
-		if now.Sub(f.Oldest()) > w.maxWait && (starved < 0 || f.Oldest().Before(waiting[starved].Oldest())) {
-			starved = i
-		}
 		if best < 0 {
 			best = i
 			continue
@@ -128,8 +157,14 @@ func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
 			best = i
 		}
 	}
-	if starved >= 0 && waiting[starved].Class() != waiting[best].Class() {
-		best = starved
+	starved, class := -1, waiting[best].Class()
+	for i, f := range waiting {
+		if f.Class() != class && now.Sub(f.Oldest()) > w.maxWait && (starved < 0 || f.Oldest().Before(waiting[starved].Oldest())) {
+			starved = i
+		}
+	}
+	if starved >= 0 {
+		return starved
 	}
 	return best
 }

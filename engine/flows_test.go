@@ -1,0 +1,116 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/sched"
+)
+
+// The engine's use of the device schedulers: whose share and priority a
+// function's flow has, and who pays for a pipeline's bytes.
+
+// A function's device flow has its current version's share and priority.
+// A version a pipeline step pins that is not current set the flow to its
+// own when its program loaded (Engine.flow, called at every placement), so
+// from then on the current version's runs were scheduled with the pinned
+// one's share and class, on that device, until the current one loaded
+// again. A rollback to the pinned version, loaded already (no placement),
+// and a redeploy that changes the share take effect at once.
+func TestPinnedVersionLeavesTheFlowsShare(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	ctx := context.Background()
+	m := testkit.Manifest("fn")
+	m.Share, m.Priority = 1, "batch"
+	v1 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	m.Share, m.Priority = 5, "latency"
+	m.Chain = append(m.Chain, m.Chain[0]) // another bundle: a second version
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, ok := e.DeviceFlowShare("fn"); !ok || w != 5 || c != sched.Latency {
+		t.Fatalf("after the current version ran: flow %v %v %v, want share 5, latency", w, c, ok)
+	}
+	p, err := e.PinVersion(ctx, "fn", v1.Version, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Invoke(ctx, &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	p.Release()
+	// The current version's requests now run in the flow the pinned one set.
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 5 || c != sched.Latency {
+		t.Fatalf("fn's current version (share 5, latency) is scheduled at share %v, class %v: the pinned v1's", w, c)
+	}
+	if _, err := e.Control().Rollback(ctx, "fn", v1.Version); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 1 || c != sched.Batch {
+		t.Errorf("after a rollback to v1 (share 1, batch, loaded as a pinned version): flow share %v, class %v", w, c)
+	}
+	m.Share, m.Priority = 3, "default"
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 3 || c != sched.Default {
+		t.Errorf("after a redeploy at share 3, default: flow share %v, class %v", w, c)
+	}
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if w, c, _ := e.DeviceFlowShare("fn"); w != 3 || c != sched.Default {
+		t.Errorf("after the redeployed version ran: flow share %v, class %v", w, c)
+	}
+}
+
+// What the server's CPU spends on a function's bytes is charged to its
+// flow on every device (README, "The server's own I/O"). A pipeline's
+// bytes are counted under the pipeline's name, which has no device flow
+// (its steps run as their functions): they were owed for ever, and no
+// device share paid for them however large the bodies sent through it.
+// Its first step's function pays, through a nested pipeline too.
+func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("step"), nil))
+	pipelineDir := func(name string, steps ...string) string {
+		dir := t.TempDir()
+		b, _ := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": steps})
+		if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	testkit.Deploy(t, e, pipelineDir("p", "step"))
+	testkit.Deploy(t, e, pipelineDir("outer", "p", "step"))
+	if e.ChargeIO("p", time.Millisecond) {
+		t.Fatal("charged before the step ran: it has no device flow yet")
+	}
+	for _, name := range []string{"p", "outer"} {
+		if err := pipeline.New(e, nil).Invoke(context.Background(), name, &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		if e.IO(name) == nil {
+			t.Fatalf("pipeline %s has no I/O flow: its bytes are not counted at all", name)
+		}
+	}
+	if !e.ChargeIO("step", time.Millisecond) {
+		t.Fatal("the step has no device flow after it ran")
+	}
+	for _, name := range []string{"p", "outer"} {
+		if !e.ChargeIO(name, time.Millisecond) {
+			t.Errorf("pipeline %s's I/O time (io_seconds under its name) is charged to no device flow, after its first step ran", name)
+		}
+	}
+}
