@@ -1,6 +1,5 @@
 package auth_test
 
-
 import (
 	"os"
 	"path/filepath"

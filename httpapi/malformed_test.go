@@ -1,6 +1,5 @@
 package httpapi_test
 
-
 import (
 	"bufio"
 	"io"
