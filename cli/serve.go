@@ -60,6 +60,7 @@ type serveFlags struct {
 	checked                                          bool
 	standby, standbyMax                              int
 	workerMaxMemMB, maxPinnedMB                      int64
+	workerMaxPids                                    int
 	mps, hostDevice, pidNamespaces                   bool
 	minInstances, maxInstances, maxQueue, maxBodyMB  int
 	idleTTL, timeout, maxTimeout                     time.Duration
@@ -99,6 +100,7 @@ func serveCmd() *command {
 			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none")
 			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0)")
 			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb, the server's request slots it maps not counted; past it the worker is killed (0: no limit)")
+			fs.IntVar(&f.workerMaxPids, "worker-max-pids", defaultWorkerMaxPids, "processes and threads a worker and all it starts may have at once (--isolation process); past it their fork and thread creation fail, and the server and other functions are untouched: a pids cgroup per worker where cgroups can be written, else RLIMIT_NPROC, which bounds all workers of one uid together (0: no bound)")
 			fs.Int64Var(&f.maxPinnedMB, "max-pinned-memory", 2048, "host memory in MiB a GPU's request slots may keep pinned (page-locked whole for their worker's life, whatever a request touches); past it no more pool slots are made and a body is read into ordinary memory, then copied into its instance's own slot (0: no bound)")
 			fs.BoolVar(&f.hostDevice, "host-device", true, "with GPUs, also open the host device, so host-target bundles (a pipeline's CPU steps) run beside cuda ones; each bundle runs on the device its manifest's target names")
 			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
@@ -132,7 +134,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.evictPolicy, "evict", evict.Default, "what goes first when a device is short of memory, one of the registered policies: "+strings.Join(evict.Names(), ", ")+" (idle instances before programs; lru: least recently used first; largest: the most memory first)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
-			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (with --cpu-weights)")
+			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights and --worker-max-pids)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where worker CPU weights are nice levels, the server's threads weighed as the workers'; off where the workers' weights are cgroups: on moves a piece's thread into a group at its function's weight under cgroup v1, and keeps the server's weight under v2)")
 			fs.IntVar(&f.ioSlots, "io-slots", 0, "pieces of functions' bytes the server reads or writes at once (256 KiB each), the rest waiting in their clients' sockets for their functions' turns, one kept for light functions (0: the CPUs; --sched off moves bytes as they come)")
@@ -171,6 +173,9 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	if err := checkWorkerScope(f); err != nil {
 		return usagef(env, "serve", "%v", err)
+	}
+	if n := f.workerMaxPids; n < 0 || n > 0 && n < minWorkerMaxPids {
+		return usagef(env, "serve", "--worker-max-pids %d: want 0 (no bound) or at least %d: a worker's own threads need a few", n, minWorkerMaxPids)
 	}
 	if f.data == "" {
 		f.data = defaultDataDir()
@@ -258,6 +263,7 @@ type node struct {
 	store objectstore.Store
 	devs  []device.Device
 	cpu   *worker.CPUGroups
+	pids  *worker.PidGroups
 	eng   *engine.Engine
 	repo  *repository.Repository // nil: no --repository
 
@@ -285,7 +291,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 		return nil, err
 	}
 	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
-	if n.devs, n.cpu, err = isolate(f, devs, log); err != nil {
+	if n.devs, n.cpu, n.pids, err = isolate(f, devs, log); err != nil {
 		return nil, err
 	}
 	ioShares(f, n.cpu, &sc.IO, log)
@@ -541,6 +547,7 @@ func (n *node) drain(f *serveFlags, t *transports, log *slog.Logger) error {
 		d.Close()
 	}
 	n.cpu.Close()
+	n.pids.Close()
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

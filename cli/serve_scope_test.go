@@ -12,10 +12,11 @@ import (
 )
 
 // --worker-scope takes function or tenant, and tenant only where there are
-// worker processes to share: refused, naming the flag, before the server
-// opens anything. (MPS, on only with a CUDA device, is refused where the
-// devices are known: isolate.)
-func TestServeWorkerScopeRefusals(t *testing.T) {
+// worker processes to share; --worker-max-pids 0 or a bound a worker's own
+// threads fit in: refused, naming the flag, before the server opens
+// anything. (MPS, on only with a CUDA device, is refused where the devices
+// are known: isolate.)
+func TestServeWorkerFlagRefusals(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
@@ -25,6 +26,8 @@ func TestServeWorkerScopeRefusals(t *testing.T) {
 		{"empty", []string{"--worker-scope", ""}, `--worker-scope "": want function or tenant`},
 		{"unknown without workers", []string{"--worker-scope", "tenants", "--isolation", "none"}, `--worker-scope "tenants"`},
 		{"tenant without workers", []string{"--worker-scope", "tenant", "--isolation", "none"}, "--worker-scope tenant: --isolation none"},
+		{"negative pids bound", []string{"--worker-max-pids", "-1"}, "--worker-max-pids -1: want 0 (no bound) or at least 32"},
+		{"pids bound below a worker's own", []string{"--worker-max-pids", "8"}, "--worker-max-pids 8: want 0 (no bound) or at least 32"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

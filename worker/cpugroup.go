@@ -94,10 +94,10 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 			return nil
 		}
 		g = &CPUGroups{file: "cpu.weight", v2: true, log: log}
-		g.home = filepath.Join(cgroupRoot, ownGroup(true))
+		g.home = filepath.Join(cgroupRoot, ownGroup(""))
 	} else if _, err := os.Stat(filepath.Join(cgroupRoot, "cpu", "cpu.shares")); err == nil {
 		g = &CPUGroups{file: "cpu.shares", log: log}
-		g.home = filepath.Join(cgroupRoot, "cpu", ownGroup(false))
+		g.home = filepath.Join(cgroupRoot, "cpu", ownGroup("cpu"))
 	} else {
 		log.Warn("worker CPU weights: no cgroup cpu controller found", "root", cgroupRoot)
 		return nil
@@ -134,9 +134,10 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 	return g
 }
 
-// ownGroup is the server's cgroup path (v1: the cpu controller's) as
-// /proc/self/cgroup says; "/" when it says nothing usable.
-func ownGroup(v2 bool) string {
+// ownGroup is the server's cgroup path in the v1 hierarchy of controller
+// ("": the v2 hierarchy's) as /proc/self/cgroup says; "/" when it says
+// nothing usable.
+func ownGroup(controller string) string {
 	b, err := os.ReadFile(procSelfCgroup)
 	if err != nil {
 		return "/"
@@ -146,10 +147,10 @@ func ownGroup(v2 bool) string {
 		if len(parts) != 3 {
 			continue
 		}
-		if v2 && parts[0] == "0" && parts[1] == "" {
+		if controller == "" && parts[0] == "0" && parts[1] == "" {
 			return parts[2]
 		}
-		if !v2 && slices.Contains(strings.Split(parts[1], ","), "cpu") {
+		if controller != "" && slices.Contains(strings.Split(parts[1], ","), controller) {
 			return parts[2]
 		}
 	}
@@ -165,15 +166,20 @@ func sweep(parent string) {
 		if n, err := strconv.Atoi(pid); !ok || err != nil || !de.IsDir() || processExists(n) {
 			continue
 		}
-		dir := filepath.Join(parent, de.Name())
-		kids, _ := os.ReadDir(dir)
-		for _, k := range kids {
-			if k.IsDir() {
-				os.Remove(filepath.Join(dir, k.Name()))
-			}
-		}
-		os.Remove(dir)
+		removeGroups(filepath.Join(parent, de.Name()))
 	}
+}
+
+// removeGroups removes group dir and the groups in it, those that hold no
+// process (a group that holds one, or holds one that does, stays).
+func removeGroups(dir string) {
+	kids, _ := os.ReadDir(dir)
+	for _, k := range kids {
+		if k.IsDir() {
+			os.Remove(filepath.Join(dir, k.Name()))
+		}
+	}
+	os.Remove(dir)
 }
 
 func processExists(pid int) bool {
@@ -371,11 +377,5 @@ func (g *CPUGroups) Close() {
 	// The server goes back where it was: a group holding a process cannot
 	// be removed.
 	os.WriteFile(filepath.Join(g.home, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
-	des, _ := os.ReadDir(g.dir)
-	for _, de := range des {
-		if de.IsDir() {
-			os.Remove(filepath.Join(g.dir, de.Name()))
-		}
-	}
-	os.Remove(g.dir)
+	removeGroups(g.dir)
 }

@@ -71,6 +71,9 @@ type Options struct {
 	// CPU, when set, puts each worker that takes a function in a cgroup
 	// weighted by the function's share and priority (NewCPUGroups).
 	CPU *CPUGroups
+	// Pids, when set, bounds the tasks of each worker and what it starts
+	// (NewPidGroups).
+	Pids *PidGroups
 
 	// sampling replaces the periods of workers' figures (a zero field:
 	// its constant, statsEvery...): tests shorten them.

@@ -84,8 +84,10 @@ type proc struct {
 	// reads a reply the worker sent just before it exited (a fault's)
 	// instead of a channel closed under it.
 	ctlBusy, ctlGone bool
-	// cgroup is its CPU group (CPUGroups.Place), removed once it is reaped.
+	// cgroup is its CPU group (CPUGroups.Place), and pids its pids group
+	// (PidGroups.Place), removed once it is reaped.
 	cgroup *Group
+	pids   *PidGroup
 	stage  string // removed when the process is gone, once stagers are done
 	// stagers counts the loads putting files in stage (inStage).
 	stagers sync.WaitGroup
@@ -120,7 +122,7 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 	if err != nil {
 		return nil, err
 	}
-	p.placeCgroup(d.opts.CPU, w)
+	p.placeCgroups(w)
 	if err := p.awaitReady(ctx); err != nil {
 		return nil, err
 	}
@@ -350,10 +352,11 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.stagers.Wait() // exited is set: no new one begins (inStage)
 	os.RemoveAll(p.stage)
 	p.mu.Lock()
-	cg := p.cgroup
-	p.cgroup = nil
+	cg, pg := p.cgroup, p.pids
+	p.cgroup, p.pids = nil, nil
 	p.mu.Unlock()
 	cg.Remove()
+	pg.Remove()
 	p.reason = exitReason(cmd.ProcessState, err)
 	sig := deathSignal(cmd.ProcessState)
 	// Only a death by a memory fault (SIGSEGV, SIGBUS: the signals checked
@@ -387,18 +390,20 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.programsGone()
 }
 
-// placeCgroup puts the worker in a CPU group of weight w (CPUGroups.Place)
-// and keeps the group's removal for its exit. It writes the pid under mu
-// and only while the process has not exited, as kill signals it: a reaped
-// pid may belong to another process.
-func (p *proc) placeCgroup(g *CPUGroups, w float64) {
-	if g == nil {
+// placeCgroups puts the worker in a CPU group of weight w (CPUGroups.Place)
+// and bounds its tasks (PidGroups.Place), before it runs bundle code, and
+// keeps the groups' removal for its exit. It writes the pid under mu and
+// only while the process has not exited, as kill signals it: a reaped pid
+// may belong to another process.
+func (p *proc) placeCgroups(w float64) {
+	if p.d.opts.CPU == nil && p.d.opts.Pids == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.exited {
-		p.cgroup = g.Place(p.pid, w)
+		p.cgroup = p.d.opts.CPU.Place(p.pid, w)
+		p.pids = p.d.opts.Pids.Place(p.pid, p.cgroup)
 	}
 }
 

@@ -1,0 +1,266 @@
+package worker
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// PidGroups bounds the tasks (processes and threads together) that each
+// worker and everything it starts may have at once. Without a bound, one
+// bundle that forks or spins threads until the kernel refuses takes every
+// task the node has: every other tenant's next worker fails to start and
+// the server itself can no longer make a thread, which kills it. With one,
+// the bundle's own fork fails (EAGAIN), and only its worker notices.
+//
+// Where cgroups can be written each worker gets a pids group whose
+// pids.max is the bound, made as it starts (before it runs bundle code)
+// and removed once it is gone: under cgroup v1 a group of its own in the
+// pids hierarchy, inside the group the server runs in (plover-<server
+// pid>/<worker pid>); under v2 its CPU group (CPUGroups), which then holds
+// both controllers, as a process is in one group of a v2 hierarchy.
+// Where they cannot, each worker gets RLIMIT_NPROC instead, which the
+// kernel counts per uid: it then bounds all workers of one uid together
+// (the server and other users are kept safe, tenants not from each other),
+// at the bound more than the tasks the uid had when the server started
+// (with workers of the server's own uid, a desktop user's thousand
+// threads must not leave workers none). Mechanism says which is in force.
+type PidGroups struct {
+	max  int
+	log  *slog.Logger
+	dir  string     // v1: the workers' groups' parent; "" otherwise
+	cpu  *CPUGroups // v2: the workers' CPU groups, which hold the bound
+	uid  int        // the workers' uid (RLIMIT_NPROC)
+	rlim uint64     // RLIMIT_NPROC: the uid's tasks at the fallback, plus max
+
+	mu       sync.Mutex
+	broken   error // the groups failed (logged once): RLIMIT_NPROC from then on
+	rlimSaid bool  // a failed RLIMIT_NPROC was logged
+}
+
+// NewPidGroups finds where cgroup pids controllers can be written under
+// root (the cgroup mount) for a bound of max tasks per worker, and logs
+// which mechanism is in force; uid is the workers' (RLIMIT_NPROC counts
+// it), cpu the workers' CPU groups (under v2 the bound goes in them; nil:
+// none). A max of 0 or less is no bound (nil).
+func NewPidGroups(root string, max, uid int, cpu *CPUGroups, log *slog.Logger) *PidGroups {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if max <= 0 {
+		log.Warn("worker tasks unbounded (--worker-max-pids 0): a bundle that forks or makes threads until the kernel refuses takes every task of the node, the server's included")
+		return nil
+	}
+	g := &PidGroups{max: max, log: log, uid: uid}
+	if err := g.cgroups(root, cpu); err != nil {
+		g.fallBack(err)
+		return g
+	}
+	log.Info("worker tasks bounded by a pids cgroup per worker", "max", max, "mechanism", g.Mechanism())
+	return g
+}
+
+// cgroups readies the pids groups under root, or says why it cannot.
+func (g *PidGroups) cgroups(root string, cpu *CPUGroups) error {
+	if ctl, err := os.ReadFile(filepath.Join(root, "cgroup.controllers")); err == nil {
+		if !slices.Contains(strings.Fields(string(ctl)), "pids") {
+			return fmt.Errorf("the cgroup v2 hierarchy at %s has no pids controller", root)
+		}
+		if cpu.Mechanism() != "cgroup v2" {
+			return errors.New("under cgroup v2 the bound is set in each worker's CPU group, and workers have none (--cpu-weights=false, or its cgroups cannot be written: see its line)")
+		}
+		// As for cpu: the server's group passes the controller to ours,
+		// ours to the workers'.
+		for _, d := range []string{cpu.home, cpu.dir} {
+			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+pids"), 0o644); err != nil {
+				return fmt.Errorf("enable the pids controller in %s: %w", d, err)
+			}
+		}
+		g.cpu = cpu
+		return nil
+	}
+	// The server stays in its own group (v1 lets a group hold processes
+	// beside groups): a bound set on it holds the workers' too.
+	home := filepath.Join(root, "pids", ownGroup("pids"))
+	if _, err := os.Stat(filepath.Join(home, "cgroup.procs")); err != nil {
+		return fmt.Errorf("no cgroup v1 pids hierarchy: %w", err)
+	}
+	sweep(home)
+	dir := filepath.Join(home, fmt.Sprintf("plover-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("make a pids cgroup: %w", err)
+	}
+	g.dir = dir
+	return nil
+}
+
+// fallBack turns the groups off for RLIMIT_NPROC, saying why once.
+func (g *PidGroups) fallBack(why error) {
+	base := tasksOf(g.uid) // read before the lock: a walk of /proc
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.broken != nil {
+		return
+	}
+	g.broken = why
+	g.rlim = uint64(base + g.max)
+	msg := "worker tasks bounded by RLIMIT_NPROC, which counts per uid: all workers of the uid together may have the bound more than the uid had now (the server and other users are safe; tenants are not from each other)"
+	if g.uid == 0 {
+		msg = "worker tasks unbounded: no pids cgroup, and RLIMIT_NPROC does not apply to root, the workers' uid"
+	}
+	g.log.Warn(msg, "max", g.max, "uid", g.uid, "uid_tasks", base, "rlimit_nproc", g.rlim, "why", why)
+}
+
+// Mechanism says how workers' tasks are bounded: "cgroup v1", "cgroup v2",
+// "rlimit", or "off".
+func (g *PidGroups) Mechanism() string {
+	switch {
+	case g == nil || g.off() != nil && g.uid == 0:
+		return "off"
+	case g.off() != nil:
+		return "rlimit"
+	case g.cpu != nil:
+		return "cgroup v2"
+	}
+	return "cgroup v1"
+}
+
+func (g *PidGroups) off() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.broken
+}
+
+// Place bounds the tasks of process pid, a worker that has not run bundle
+// code yet, whose CPU group is cg (nil: none), and returns its group to
+// remove once it is reaped (nil: nothing to remove). As for CPUGroups.Place
+// the caller holds what keeps pid from being reaped meanwhile. A group
+// that cannot be made turns the groups off for RLIMIT_NPROC (logged once),
+// from this worker on.
+func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
+	if g == nil {
+		return nil
+	}
+	if g.off() == nil {
+		c, err := g.place(pid, cg)
+		if err == nil || errors.Is(err, syscall.ESRCH) {
+			return c
+		}
+		g.fallBack(fmt.Errorf("worker %d: %w", pid, err))
+	}
+	g.limit(pid)
+	return nil
+}
+
+// place puts pid in a pids group: its CPU group under v2, a group of its
+// own under v1.
+func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
+	max := []byte(strconv.Itoa(g.max))
+	if g.cpu != nil {
+		switch {
+		case cg != nil && cg.dir != "":
+			return nil, os.WriteFile(filepath.Join(cg.dir, "pids.max"), max, 0o644)
+		case g.cpu.off():
+			return nil, errors.New("it has no CPU group to hold the bound: the CPU groups are off (see their line)")
+		}
+		return nil, syscall.ESRCH // the CPU groups found it gone
+	}
+	dir := filepath.Join(g.dir, strconv.Itoa(pid))
+	err := os.Mkdir(dir, 0o755)
+	if err == nil || errors.Is(err, os.ErrExist) {
+		err = os.WriteFile(filepath.Join(dir, "pids.max"), max, 0o644)
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
+	}
+	if err != nil {
+		os.Remove(dir)
+		return nil, err
+	}
+	return &PidGroup{dir: dir}, nil
+}
+
+// limit sets RLIMIT_NPROC of pid (soft and hard: bundle code, without
+// CAP_SYS_RESOURCE, cannot raise it), logging a failure once.
+func (g *PidGroups) limit(pid int) {
+	if g.uid == 0 {
+		return
+	}
+	lim := unix.Rlimit{Cur: g.rlim, Max: g.rlim}
+	err := unix.Prlimit(pid, unix.RLIMIT_NPROC, &lim, nil)
+	if err == nil || errors.Is(err, unix.ESRCH) {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.rlimSaid {
+		g.rlimSaid = true
+		g.log.Warn("worker tasks unbounded: cannot set a worker's RLIMIT_NPROC", "pid", pid, "error", err)
+	}
+}
+
+// Close removes the server's pids groups (every worker is gone by then).
+func (g *PidGroups) Close() {
+	if g == nil || g.dir == "" {
+		return
+	}
+	removeGroups(g.dir)
+}
+
+// PidGroup is one worker's pids group of its own (cgroup v1).
+type PidGroup struct{ dir string }
+
+// Remove removes the group once its process has exited. One still holding
+// a process (a child not yet reaped) is left for Close or the next
+// server's sweep.
+func (c *PidGroup) Remove() {
+	if c != nil {
+		os.Remove(c.dir)
+	}
+}
+
+// tasksOf counts the tasks (threads) of the processes whose real uid is
+// uid, as far as this process's /proc shows them: what RLIMIT_NPROC
+// counts, at least.
+func tasksOf(uid int) int {
+	n := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		f, err := os.Open(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		var real, threads int
+		ok := false
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			k, v, _ := strings.Cut(sc.Text(), ":")
+			fields := strings.Fields(v)
+			switch {
+			case k == "Uid" && len(fields) > 0:
+				real, _ = strconv.Atoi(fields[0])
+				ok = true
+			case k == "Threads" && len(fields) > 0:
+				threads, _ = strconv.Atoi(fields[0])
+			}
+		}
+		f.Close()
+		if ok && real == uid {
+			n += threads
+		}
+	}
+	return n
+}
