@@ -48,3 +48,58 @@ func TestRV2BatchFloodStarvesLatency(t *testing.T) {
 	}
 	t.Fatalf("the latency run (queued first) waited %v behind 100 batch runs of a flood (MaxWait 100ms)", clk.Now().Sub(start)+151*time.Millisecond)
 }
+
+// The lazy move of tags moves a backlogged lower class's lagging tags too:
+// a and b (batch, share 1000) stay queued while a share-0.01 latency flow
+// runs a year. Their tags lag the clock by ~3e18; moved back with it they
+// land at about -3e18, where a float64 steps by 512 ns, so a's 100 ns
+// charges no longer move its tag (before the change they stayed near 0,
+// exact). The precision bug the change fixes, now for a class kept busy.
+func TestRV2LaggingBacklogLosesPrecisionWhenMoved(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: time.Hour * 24 * 1000})
+	old, a, b := s.Flow("old"), s.Flow("a"), s.Flow("b")
+	old.Set(0.01, Latency)
+	a.Set(1000, Batch)
+	b.Set(1000, Batch)
+	tk, _, _ := old.Admit(context.Background(), time.Time{}, nil)
+	ca := admitAsync(a, context.Background(), time.Time{}, nil)
+	waitFor(t, "a queued", func() bool { return a.queued() == 1 })
+	cb := admitAsync(b, context.Background(), time.Time{}, nil)
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(365 * 24 * time.Hour)
+	co := admitAsync(old, context.Background(), time.Time{}, nil) // queued: latency goes first
+	waitFor(t, "old queued", func() bool { return old.queued() == 1 })
+	tk.Done()
+	r := got(t, co, "old")
+	clk.Advance(time.Millisecond)
+	r.t.Done() // the clock moved to old's tag (~3e18) and back by k*2^40
+	chans := map[*Flow]<-chan result{a: ca, b: cb}
+	runs := map[*Flow]int{}
+	for i := 0; i < 500; i++ {
+		var f *Flow
+		var res result
+		select {
+		case res = <-chans[a]:
+			f = a
+		case res = <-chans[b]:
+			f = b
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing admitted")
+		}
+		chans[f] = admitAsync(f, context.Background(), time.Time{}, nil) // stays backlogged
+		waitFor(t, "requeued", func() bool { return f.queued() == 1 })
+		runs[f]++
+		if f == a {
+			clk.Advance(100 * time.Microsecond)
+		} else {
+			clk.Advance(400 * time.Microsecond)
+		}
+		res.t.Done()
+	}
+	w := s.pol.(*WFQ)
+	t.Logf("a %d runs, b %d runs; a's tag %g, b's %g, clock %g", runs[a], runs[b], w.state(a).tag, w.state(b).tag, w.vnow)
+	if runs[b] < 50 {
+		t.Errorf("b (share 1000, 400us runs) had %d of 500 runs against a's %d (same share, 100us runs): want about 100", runs[b], runs[a])
+	}
+}
