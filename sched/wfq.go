@@ -163,7 +163,7 @@ func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
 			starved = i
 		}
 	}
-	if starved >= 0 {
+	if starved >= 0 && waiting[starved].Oldest().Before(waiting[best].Oldest()) {
 		return starved
 	}
 	return best
