@@ -120,13 +120,26 @@ func (s *Server) stillAllowed(ctx *fasthttp.RequestCtx, name string) func() bool
 // follow writes lines, then f's lines as they come, flushing after each
 // burst, until the client goes (a write fails, or its end of conn is
 // closed), f ends (the function was deleted), the server is draining or,
-// checked on each poll and before each burst, allowed (nil: always) says
-// the request's token may no longer read the function. The stream then
+// asked before a burst or on a poll at most once a poll, allowed (nil:
+// always) says the request's token may no longer read the function. The stream then
 // just ends: its lines are the function's, and a note among them would be
 // read as the function's own.
 func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *funclog.Follower, allowed func() bool) {
 	defer f.Close()
-	still := func() bool { return allowed == nil || allowed() }
+	// Asked at most once a poll: a function printing line by line makes
+	// every line a burst, and each ask hashes the token and takes the
+	// gate's locks.
+	var asked time.Time
+	still := func() bool {
+		if allowed == nil {
+			return true
+		}
+		if now := time.Now(); now.Sub(asked) >= followPoll {
+			asked = now
+			return allowed()
+		}
+		return true
+	}
 	enc := json.NewEncoder(w)
 	// Every write runs under a fresh deadline, set before a burst is
 	// encoded: the encoder writes through w's buffer by itself once it

@@ -280,8 +280,14 @@ func crossSite(ctx *fasthttp.RequestCtx) string {
 		return ""
 	}
 	h := &ctx.Request.Header
-	if string(h.PeekBytes(hdrSecFetchSite)) == "cross-site" {
-		return "Sec-Fetch-Site: cross-site"
+	// A browser that sends Sec-Fetch-Site says itself whether the page is
+	// this origin's: behind a proxy the Host the server sees (localhost,
+	// say) need not be the page's, so Origin is compared only without it.
+	switch site := string(h.PeekBytes(hdrSecFetchSite)); site {
+	case "cross-site", "same-site":
+		return "Sec-Fetch-Site: " + site
+	case "same-origin", "none":
+		return ""
 	}
 	if o := h.PeekBytes(hdrOrigin); len(o) > 0 && !sameOrigin(o, ctx.Host()) {
 		return "Origin " + strconv.Quote(string(o)) + " is not this server's"

@@ -63,6 +63,10 @@ func (w *WFQ) state(f *Flow) *wfqFlow {
 	if st.base != w.base {
 		st.tag -= float64(w.base-st.base) * vQuantum
 		st.base = w.base
+		// A tag that lagged the clock by more than a quantum (a flow
+		// backlogged below a busier class) would land where float64
+		// steps by hundreds of ns: all such flows tie, oldest first.
+		st.tag = math.Max(st.tag, -vQuantum)
 	}
 	return st
 }

@@ -41,7 +41,7 @@ type PidGroups struct {
 	dir  string     // v1: the workers' groups' parent; "" otherwise
 	cpu  *CPUGroups // v2: the workers' CPU groups, which hold the bound
 	uid  int        // the workers' uid (RLIMIT_NPROC)
-	rlim uint64     // RLIMIT_NPROC: the uid's tasks at the fallback, plus max
+	rlim uint64     // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
 
 	mu       sync.Mutex
 	broken   error // the groups failed (logged once): RLIMIT_NPROC from then on
@@ -191,12 +191,17 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 }
 
 // limit sets RLIMIT_NPROC of pid (soft and hard: bundle code, without
-// CAP_SYS_RESOURCE, cannot raise it), logging a failure once.
+// CAP_SYS_RESOURCE, cannot raise it) to the uid's tasks and the bound,
+// logging a failure once.
 func (g *PidGroups) limit(pid int) {
 	if g.uid == 0 {
 		return
 	}
-	lim := unix.Rlimit{Cur: g.rlim, Max: g.rlim}
+	// The uid's tasks now, not at the fallback: the server's own threads
+	// (a server running as the workers' uid) and the workers' grow, and a
+	// budget read once would shrink for the workers started later.
+	n := uint64(tasksOf(g.uid) + g.max)
+	lim := unix.Rlimit{Cur: n, Max: n}
 	err := unix.Prlimit(pid, unix.RLIMIT_NPROC, &lim, nil)
 	if err == nil || errors.Is(err, unix.ESRCH) {
 		return

@@ -12,8 +12,9 @@ import (
 // README's advice behind a reverse proxy on the same machine: "have the
 // proxy send Host: localhost". The console, opened at the proxy's name,
 // then sends its own origin, which is not Host: every POST, PUT and
-// DELETE it makes is 403, though the browser says same-origin.
-func TestRV2ConsoleBehindProxyWithHostLocalhost(t *testing.T) {
+// DELETE it made was 403, though the browser says same-origin. A browser's
+// Sec-Fetch-Site now decides where it is sent.
+func TestConsoleBehindAProxySendingHostLocalhost(t *testing.T) {
 	adm := csrfAdmin{rollbacks: new(atomic.Int32), gcs: new(atomic.Int32), deletes: new(atomic.Int32)}
 	base := testkit.ServeWith(t, httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{}))
 	code, body := send(t, "POST", base+"/v1/functions/f/rollback", "application/json", `{"version":"0123456789abcdef"}`,

@@ -7,9 +7,11 @@ import (
 )
 
 // A batch flood whose backlog is deeper than MaxWait: every batch head is
-// past MaxWait, so Pick serves batch at every pick, and the latency run
-// (queued first, the oldest run of all) never goes.
-func TestRV2BatchFloodStarvesLatency(t *testing.T) {
+// past MaxWait, and a starved lower class went first at every pick, so
+// the latency run (queued first, the oldest run of all) never went. A
+// starved run now goes first only if it waited longer than the served
+// class's pick.
+func TestBatchFloodDoesNotStarveOlderLatency(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: 100 * time.Millisecond})
 	l, b, x := s.Flow("l"), s.Flow("b"), s.Flow("x")
@@ -52,10 +54,10 @@ func TestRV2BatchFloodStarvesLatency(t *testing.T) {
 // The lazy move of tags moves a backlogged lower class's lagging tags too:
 // a and b (batch, share 1000) stay queued while a share-0.01 latency flow
 // runs a year. Their tags lag the clock by ~3e18; moved back with it they
-// land at about -3e18, where a float64 steps by 512 ns, so a's 100 ns
-// charges no longer move its tag (before the change they stayed near 0,
-// exact). The precision bug the change fixes, now for a class kept busy.
-func TestRV2LaggingBacklogLosesPrecisionWhenMoved(t *testing.T) {
+// landed at about -3e18, where a float64 steps by 512 ns, so a's 100 ns
+// charges no longer moved its tag. A moved tag is now kept within a
+// quantum of the clock.
+func TestLaggingBacklogKeepsPrecisionWhenMoved(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: time.Hour * 24 * 1000})
 	old, a, b := s.Flow("old"), s.Flow("a"), s.Flow("b")
