@@ -1,0 +1,54 @@
+package pipeline_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// Review scratch: a sibling stopped for another branch's failure is
+// counted as a 5xx failure of its own healthy function (its wait's
+// cancellation is KindUnavailable), and in the pipeline's step errors.
+func TestRVSiblingStopCountedAsFunctionError(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
+	failing := testkit.Manifest("failing")
+	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
+	slow := testkit.Slow("slow", 400)
+	slow.MaxInstances = 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"slow", "failing"}}))
+	// Occupy slow's one instance so the pipeline's branch waits for it.
+	busy := make(chan error)
+	go func() { busy <- e.Invoke(context.Background(), "slow", &call.Request{Input: []byte("x")}) }()
+	time.Sleep(100 * time.Millisecond)
+	reg := prometheus.NewRegistry()
+	err := pipeline.New(e, reg).Invoke(context.Background(), "p", &call.Request{Input: []byte("x")})
+	if errdefs.KindOf(err) != errdefs.KindKernel {
+		t.Fatalf("err = %v", err)
+	}
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := e.Control().Function(context.Background(), "slow")
+	n, _ := testutil.GatherAndCount(reg, "plover_pipeline_step_errors_total")
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			t.Logf("%s %v %v", mf.GetName(), m.GetLabel(), m.GetCounter().GetValue())
+		}
+	}
+	t.Logf("slow: requests %d, errors %d, client errors %d; step error series %d", fi.Requests, fi.Errors, fi.ClientErrors, n)
+	if fi.Errors != 0 {
+		t.Errorf("slow (healthy, only stopped for its sibling's failure) counts %d server errors", fi.Errors)
+	}
+}
