@@ -35,6 +35,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Scope is a set of permissions.
@@ -476,32 +477,42 @@ func Load(path string) (*Store, error) {
 }
 
 func readFile(path string) (*Table, error) {
-	t, _, err := readWhole(path)
-	return t, err
-}
-
-// readWhole parses the file at path and says whether it ends its last line
-// (an empty file does).
-func readWhole(path string) (*Table, bool, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	t, err := Parse(bytes.NewReader(b), path)
-	return t, len(b) == 0 || b[len(b)-1] == '\n', err
+	defer f.Close()
+	return Parse(f, path)
 }
 
-// Reload re-reads the file. If it cannot be read or parsed, or its last
-// line has no newline (a writer still at work: a line cut after its hash
-// would give its token every function and no limits), the store keeps the
-// table it had and Reload returns the error.
+// unfinished is how long Reload waits to see a file whose last line has
+// no newline again, unchanged, before it takes it (a variable for tests).
+var unfinished = 250 * time.Millisecond
+
+// Reload re-reads the file. If it cannot be read or parsed, the store
+// keeps the table it had and Reload returns the error. A file whose last
+// line has no newline may be a writer still at work (a line cut after its
+// hash would give its token every function and no limits), or an editor
+// that ends files without one: it is read again a moment later, and taken
+// only if it is the same then.
 func (s *Store) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, whole, err := readWhole(s.path)
-	if err == nil && !whole {
-		err = fmt.Errorf("%s: its last line has no newline (is it still being written? write the file under another name and rename it into place): the tokens loaded before are kept", s.path)
+	b, err := os.ReadFile(s.path)
+	if err != nil {
+		return err
 	}
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		time.Sleep(unfinished)
+		again, err := os.ReadFile(s.path)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(b, again) {
+			return fmt.Errorf("%s: it was being written (its last line had no newline, and it changed %v later): the tokens loaded before are kept; write the file under another name and rename it into place", s.path, unfinished)
+		}
+	}
+	t, err := Parse(bytes.NewReader(b), s.path)
 	if err != nil {
 		return err
 	}

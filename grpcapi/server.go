@@ -168,6 +168,7 @@ type pending struct {
 	ticket gate.Ticket
 	anon   *anonCalls // an open method's call on a server with tokens: its client's place to give back
 	client string
+	wait   time.Duration // how long its message may take
 	// stop keeps release from running when the stream's context ends;
 	// true if it did stop it (release is then the caller's to run),
 	// false if the context had ended and release has run or is running.
@@ -260,6 +261,7 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 		c.ticket = tk
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
+	c.wait = wait
 	c.timer = time.AfterFunc(wait, func() { cancel(errNoMessage) })
 	c.stop = context.AfterFunc(ctx, c.release)
 	return context.WithValue(ctx, pendingKey{}, c), nil
@@ -285,7 +287,7 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 		if late {
-			return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within the server's read timeout of %v", s.opts.ReadTimeout)
+			return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within %v of its headers (the server's read timeout; 1 s for the methods open without a token)", c.wait)
 		}
 	}
 	g := s.door.Gate()

@@ -312,8 +312,9 @@ func (info *Info) CheckManifest(path string, m *abi.Manifest) error {
 // compress to nothing in a bundle) would cost the server gigabytes. A
 // library of a million exported symbols still fits.
 const (
-	maxDynsym = 32 << 20
-	maxDynstr = 64 << 20
+	maxDynsym   = 32 << 20
+	maxDynstr   = 64 << 20
+	maxVersions = maxDynsym / 24 * 2 // .gnu.version for a full .dynsym
 )
 
 // boundSymbols refuses a dynamic symbol table past the bounds before
@@ -329,6 +330,17 @@ func boundSymbols(ef *elf.File) error {
 		if int(sec.Link) < len(ef.Sections) {
 			if str := ef.Sections[sec.Link]; str.Size > maxDynstr {
 				return fmt.Errorf("the string table of its dynamic symbols (%s) is %d bytes, over the %d this server reads", str.Name, str.Size, maxDynstr)
+			}
+		}
+	}
+	// DynamicSymbols reads the symbol versions whole too: 2 bytes a symbol
+	// in .gnu.version, and version definitions and needs that a real
+	// library keeps to kilobytes.
+	for _, sec := range ef.Sections {
+		switch sec.Type {
+		case elf.SHT_GNU_VERSYM, elf.SHT_GNU_VERDEF, elf.SHT_GNU_VERNEED:
+			if sec.Size > maxVersions {
+				return fmt.Errorf("its symbol version section %s is %d bytes, over the %d this server reads", sec.Name, sec.Size, maxVersions)
 			}
 		}
 	}

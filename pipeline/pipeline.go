@@ -581,18 +581,15 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
 		begin := time.Since(x.t0)
 		err := st.pin.Invoke(ctx, &sub)
+		if err != nil && !client {
+			err = unfit(err)
+		}
 		x.ran.Store(true)
 		*steps = append(*steps, call.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
 			BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
 		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
 		if err != nil {
-			if ctx.Err() != nil && x.failed.Load() {
-				return sub.Output, errSibling // cancelled for a sibling's failure
-			}
 			x.failed.Store(true)
-			if !client {
-				err = unfit(err)
-			}
 			return sub.Output, stepError(x.pl.name, st.index, st.label, err)
 		}
 		return sub.Output, nil
@@ -604,13 +601,12 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	outs := make([]*[]byte, n)
 	errs := make([]error, n)
 	timings := make([][]call.StepTiming, n)
-	// A branch that fails cancels its siblings' waits for their steps.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// A branch that fails stops its siblings before their next steps (run
+	// .failed); a step they already started or wait for runs: cancelling
+	// it would count a healthy function's failure and could lose a cold
+	// load in flight.
 	branch := func(j int) {
-		if *outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j], client); errs[j] != nil {
-			cancel()
-		}
+		*outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j], client)
 	}
 	var wg sync.WaitGroup
 	for j := 1; j < n; j++ {
@@ -671,8 +667,10 @@ func (x *run) appendCut(dst, out []byte, st *stage, j int) ([]byte, error) {
 // other request of the client's would mend, so the client is not told it
 // sent a bad request (4xx) but that the pipeline failed (500 bad_output).
 func unfit(err error) error {
+	// Not KindInvalid: a step's library the device refuses is that, and
+	// says so itself.
 	switch errdefs.KindOf(err) {
-	case errdefs.KindTooLarge, errdefs.KindInvalid, errdefs.KindBadRequest:
+	case errdefs.KindTooLarge, errdefs.KindBadRequest:
 		return &apierr.Error{Status: apierr.BadOutput, Msg: "its input is the output of the step before it, which it refused: " + errMsg(err)}
 	}
 	return err
