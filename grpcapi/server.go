@@ -236,7 +236,19 @@ var errNoMessage = errors.New("no request message within the read timeout")
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	c := &pending{}
 	wait := s.opts.ReadTimeout
-	if g := s.door.Gate(); !g.Open() && openMethods[info.FullMethodName] {
+	g := s.door.Gate()
+	var authz []byte
+	if v := info.Header.Get("authorization"); len(v) > 0 && !g.Open() {
+		authz = []byte(v[0])
+	}
+	switch {
+	case g.Open():
+	case openMethods[info.FullMethodName]:
+		// A caller with a known token is no stranger: its calls are
+		// bounded as its token's other calls are, by the connection caps.
+		if authz != nil && g.Check(authz, 0, "") == nil {
+			break
+		}
 		var addr net.Addr
 		if p, ok := peer.FromContext(ctx); ok {
 			addr = p.Addr
@@ -246,11 +258,7 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 			return ctx, status.Errorf(codes.ResourceExhausted, "%s: at most %d calls of the methods open without a token at once from one client", info.FullMethodName, anonPerClient)
 		}
 		c.anon, wait = &s.anon, min(wait, anonReadTimeout)
-	} else if !g.Open() {
-		var authz []byte
-		if v := info.Header.Get("authorization"); len(v) > 0 {
-			authz = []byte(v[0])
-		}
+	default:
 		tk, r := g.Hold(authz)
 		if r != nil {
 			if r.Status.HTTP != 429 {
