@@ -290,8 +290,18 @@ func (p *proc) awaitReady(ctx context.Context) error {
 	if d.opts.Landlock && !ready.Landlocked && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
 	}
+	if d.opts.Landlock && ready.Landlocked && landlockABI() < landlockScopesSignals && d.landlockLogged.CompareAndSwap(false, true) {
+		d.opts.Log.Warn("this kernel's Landlock does not scope signals (that needs its ABI 6, Linux 6.12): workers, which share one uid (--worker-user), can signal one another, another tenant's included", "landlock_abi", landlockABI())
+	}
 	return nil
 }
+
+// landlockABI is the kernel's Landlock ABI (a variable for tests), and
+// landlockScopesSignals the first that keeps a worker from signalling
+// processes outside its domain.
+var landlockABI = contain.LandlockABI
+
+const landlockScopesSignals = 6
 
 // startFailure is the error of a worker that ended before it was ready,
 // with what it said about why (a device it could not open, say): an
