@@ -510,6 +510,17 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	r.settle(m, print, vers, "", "", 0)
 }
 
+// labelled reports whether name's current version carries a version
+// folder's label, which only the repository gives.
+func (r *Repository) labelled(ctx context.Context, name string) bool {
+	rec, err := r.node.Versions(ctx, name)
+	if err != nil {
+		return false
+	}
+	v, err := rec.CurrentVersion()
+	return err == nil && v.Label != ""
+}
+
 // retire takes off rec's versions the labels of version folders that
 // went (none of vers): /v2/models/NAME/versions/N stops answering for a
 // folder N removed. rec was read after the current version was set.
@@ -751,7 +762,12 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	}
 	// A function of that name the repository never deployed (its folder
 	// refused, a plover deploy) is left alone, as the scan's removal
-	// leaves it.
+	// leaves it. Its record says what this server's memory may not: a
+	// current version with a version folder's label is the repository's
+	// (an earlier run's, whose first deploy since has failed).
+	if !deployed {
+		deployed = r.labelled(ctx, name)
+	}
 	if deployed {
 		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 			return fmt.Errorf("unload %s: %w", name, err)

@@ -256,36 +256,47 @@ func TestFutureModTimeSettles(t *testing.T) {
 	}
 }
 
-// Unload of a model the repository never deployed (its folder is broken:
-// its manifest names another function) leaves the function of that name
-// deployed otherwise (plover deploy) alone: "functions deployed otherwise
-// are left alone" (README), as the scan's removal does.
-func TestUnloadLeavesAFunctionDeployedOtherwise(t *testing.T) {
-	ctx := context.Background()
-	d := t.TempDir()
-	other := filepath.Join(d, "elsewhere", "cnn")
-	writeBundle(t, other, "cnn", false)
-	node := newFakeNode()
-	b, _, _, err := bundle.PackBytes(other)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.DeployLabeled(ctx, "cnn", "", false, bytes.NewReader(b)); err != nil { // plover deploy
-		t.Fatal(err)
-	}
-	models := filepath.Join(d, "models")
-	writeBundle(t, filepath.Join(models, "cnn", "1"), "other", false) // refused: names "other"
-	age(t, models)
-	r, _ := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
-	r.Scan(ctx)
-	if got := index(r); !strings.Contains(got, "cnn/1 UNAVAILABLE") {
-		t.Fatalf("index: %s", got)
-	}
-	if err := r.Unload(ctx, "cnn"); err != nil {
-		t.Logf("unload: %v", err)
-	}
-	if _, err := node.Versions(ctx, "cnn"); err != nil {
-		t.Errorf("unload of a model the repository never deployed deleted the function deployed otherwise: %v", err)
+// Unload of a model whose folder is broken (its manifest names another
+// function), so that this server has deployed nothing of it: a function
+// of that name deployed otherwise (plover deploy: its current version has
+// no version folder's label) is left alone, "functions deployed otherwise
+// are left alone" (README), as the scan's removal does; one the repository
+// deployed before (a server's earlier run: its current version carries a
+// folder's label) is unloaded, as README's unload says (it was left
+// serving, the repository's memory of it lost with the restart).
+func TestUnloadDeletesOnlyWhatTheRepositoryDeployed(t *testing.T) {
+	for _, c := range []struct {
+		name, label string
+		deleted     bool
+	}{{"deployed otherwise", "", false}, {"deployed by an earlier run", "1", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := t.TempDir()
+			other := filepath.Join(d, "elsewhere", "cnn")
+			writeBundle(t, other, "cnn", false)
+			node := newFakeNode()
+			b, _, _, err := bundle.PackBytes(other)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := node.DeployLabeled(ctx, "cnn", c.label, false, bytes.NewReader(b)); err != nil {
+				t.Fatal(err)
+			}
+			models := filepath.Join(d, "models")
+			writeBundle(t, filepath.Join(models, "cnn", "1"), "other", false) // refused: names "other"
+			age(t, models)
+			r, _ := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
+			r.Scan(ctx)
+			if got := index(r); !strings.Contains(got, "cnn/1 UNAVAILABLE") {
+				t.Fatalf("index: %s", got)
+			}
+			if err := r.Unload(ctx, "cnn"); err != nil {
+				t.Fatalf("unload: %v", err)
+			}
+			if _, err := node.Versions(ctx, "cnn"); (err != nil) != c.deleted {
+				t.Errorf("after the unload the function's record: %v; want it deleted %v", err, c.deleted)
+			}
+		})
 	}
 }
 
