@@ -12,10 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -81,19 +83,49 @@ type files struct {
 	root *os.Root
 }
 
+// open opens name for reading, refusing anything but a regular file (or
+// a link to one). It opens without blocking and asks the open file what
+// it is: a FIFO's open would wait for a writer, and a device may read
+// without end, in a directory others write (a model repository).
 func (d files) open(name string) (*os.File, error) {
 	path := filepath.Join(d.dir, name)
+	const flags = os.O_RDONLY | syscall.O_NONBLOCK
+	var f *os.File
+	var err error
 	if d.root == nil {
-		return os.Open(path)
-	}
-	f, err := d.root.Open(name)
-	if err != nil {
+		f, err = os.OpenFile(path, flags, 0)
+	} else if f, err = d.root.OpenFile(name, flags, 0); err != nil {
 		if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&os.ModeSymlink != 0 {
 			return nil, refuse("%s is a link that resolves outside its directory (or does not resolve): only files within the bundle's directory are packed", path)
 		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = refuse("%s is %s, not a regular file", path, fileKind(fi.Mode()))
+	}
+	if err != nil {
+		f.Close()
 		return nil, err
 	}
 	return f, nil
+}
+
+// fileKind names a mode's file type for a message.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "a special file (" + m.Type().String() + ")"
 }
 
 // Pack writes the bundle for dir to w: plover.json first, then the library,
@@ -221,9 +253,6 @@ func addFile(tw *tar.Writer, d files, name string) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("pack: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("pack: %s is not a regular file", filepath.Join(d.dir, name))
 	}
 	if err := tw.WriteHeader(fixedHeader(name, fi.Size())); err != nil {
 		return fmt.Errorf("pack %s: %w", name, err)

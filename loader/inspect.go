@@ -321,24 +321,19 @@ const (
 // anything of it is read.
 func boundSymbols(ef *elf.File) error {
 	for _, sec := range ef.Sections {
-		if sec.Type != elf.SHT_DYNSYM {
-			continue
-		}
-		if sec.Size > maxDynsym {
-			return fmt.Errorf("its dynamic symbol table (.dynsym) is %d bytes, over the %d this server reads (export fewer symbols: -fvisibility=hidden)", sec.Size, maxDynsym)
-		}
-		if int(sec.Link) < len(ef.Sections) {
-			if str := ef.Sections[sec.Link]; str.Size > maxDynstr {
-				return fmt.Errorf("the string table of its dynamic symbols (%s) is %d bytes, over the %d this server reads", str.Name, str.Size, maxDynstr)
-			}
-		}
-	}
-	// DynamicSymbols reads the symbol versions whole too: 2 bytes a symbol
-	// in .gnu.version, and version definitions and needs that a real
-	// library keeps to kilobytes.
-	for _, sec := range ef.Sections {
 		switch sec.Type {
+		case elf.SHT_DYNSYM:
+			if sec.Size > maxDynsym {
+				return fmt.Errorf("its dynamic symbol table (.dynsym) is %d bytes, over the %d this server reads (export fewer symbols: -fvisibility=hidden)", sec.Size, maxDynsym)
+			}
+			if int(sec.Link) < len(ef.Sections) {
+				if str := ef.Sections[sec.Link]; str.Size > maxDynstr {
+					return fmt.Errorf("the string table of its dynamic symbols (%s) is %d bytes, over the %d this server reads", str.Name, str.Size, maxDynstr)
+				}
+			}
 		case elf.SHT_GNU_VERSYM, elf.SHT_GNU_VERDEF, elf.SHT_GNU_VERNEED:
+			// Read whole with the symbols too: 2 bytes a symbol in
+			// .gnu.version; definitions and needs of a few kilobytes.
 			if sec.Size > maxVersions {
 				return fmt.Errorf("its symbol version section %s is %d bytes, over the %d this server reads", sec.Name, sec.Size, maxVersions)
 			}

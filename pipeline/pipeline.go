@@ -181,7 +181,7 @@ type plan struct {
 	// pinned is pins by function and version reference: a function named
 	// by several steps runs one version in a request, whatever deploys
 	// land while the plan is made.
-	pinned    map[string]engine.Pin
+	pinned    map[pinKey]engine.Pin
 	functions int // function steps, nested pipelines and parallel steps multiplied out
 }
 
@@ -298,7 +298,7 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 // pinOnce pins the function (or nested pipeline) step s names, once per
 // plan: a name and version reference met again is the pin made first.
 func (r *Runner) pinOnce(ctx context.Context, deadline time.Time, pl *plan, s abi.Step) (engine.Pin, error) {
-	key := s.Function + "@" + s.Version
+	key := pinKey{s.Function, s.Version} // no string built a step
 	if pin, ok := pl.pinned[key]; ok {
 		return pin, nil
 	}
@@ -314,11 +314,14 @@ func (r *Runner) pinOnce(ctx context.Context, deadline time.Time, pl *plan, s ab
 	}
 	pl.pins = append(pl.pins, pin)
 	if pl.pinned == nil {
-		pl.pinned = map[string]engine.Pin{}
+		pl.pinned = map[pinKey]engine.Pin{}
 	}
 	pl.pinned[key] = pin
 	return pin, nil
 }
+
+// pinKey is a step's function and version reference.
+type pinKey struct{ function, version string }
 
 func joinPath(path []string) string {
 	s := path[0]

@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/plover-run/plover/bundle"
 	"io"
 	"io/fs"
 	"os"
@@ -46,7 +47,7 @@ func (r *Repository) list() (map[string]folder, error) {
 		name, why := r.cfg.Name, ""
 		if absent != nil {
 			why = abi.ManifestFile + " is absent"
-		} else if man, err := readManifest(r.cfg.Dir); err != nil {
+		} else if man, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
 			why = err.Error()
 			if name == "" {
 				name = cmp.Or(r.single, r.top)
