@@ -234,7 +234,7 @@ func TestEndedCallsGiveTheirPlacesBack(t *testing.T) {
 		}},
 		{"a malformed message", 5, func() {
 			err := f.conn.Invoke(ctx, pb.GRPCInferenceService_ModelInfer_FullMethodName, []byte{0xff}, new([]byte), grpc.ForceCodec(rawCodec{}))
-			want("malformed", err, codes.Internal)
+			want("malformed", err, codes.InvalidArgument)
 		}},
 		{"a message over gRPC-Go's receive limit", 5, func() {
 			_, err := f.client.ModelInfer(ctx, big)

@@ -67,6 +67,7 @@ type Server struct {
 
 	authLog gate.LogThrottle
 	anon    anonCalls
+	refused refusals // the codec's (wire.go)
 }
 
 // New returns a Server over door, the front door it shares with the HTTP
@@ -89,6 +90,7 @@ func New(door *frontdoor.Door, opts Options) *Server {
 // set; serve it with Serve on a listener (behind the connection cap).
 func (s *Server) GRPC() *grpc.Server {
 	opts := []grpc.ServerOption{
+		grpc.ForceServerCodecV2(newCodec(s)),
 		// gRPC-Go refuses a message over its receive limit itself, from
 		// its length, before any handler: ResourceExhausted, the class of
 		// a busy server, naming no flag. Up to envelope over the limit
@@ -282,6 +284,7 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 // back as the handler returns, before its status is written: a client
 // calling one at a time must find it free for its next call.
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	ctx = s.takeRefusal(ctx, req) // first: every decoded request comes here
 	if c, ok := ctx.Value(pendingKey{}).(*pending); ok {
 		late := !c.timer.Stop() // the read timeout passed as the message came
 		// From here the place is the handler's until it returns, as an
@@ -446,6 +449,9 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 }
 
 func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.Request) (*pb.ModelInferResponse, error) {
+	if err := refusal(ctx); err != nil {
+		return nil, err
+	}
 	// A message read past the limit (up to envelope): too_large, counted
 	// as the function's refused request, as HTTP's 413 for a body over
 	// --max-body.

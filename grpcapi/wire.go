@@ -1,0 +1,253 @@
+package grpcapi
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/encoding"
+	protocodec "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/plover-run/plover/apierr"
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+)
+
+// A ModelInferRequest decodes to far more memory than its message holds
+// where it is made of many small parts: an empty input is two bytes on the
+// wire and about 150 in memory (a 4 MiB message of them took 308 MiB), an
+// INT64 zero one byte and eight. gRPC decodes a message whole before any
+// handler runs, so the server's codec reads an inference request's wire
+// bytes first and decodes it only when what it would become is bounded:
+// at most maxObjects tensors, parameters and bytes elements, and its
+// shapes and typed contents at most the message limit once widened (a
+// tensor that large could not be sent raw either). A request over either
+// is decoded no further than its names, for the refusal to name them; the
+// refusal waits in the server for the call's interceptor, since gRPC
+// answers a codec's own error as the server's fault (Internal).
+const maxObjects = 1 << 14
+
+// codec is the proto codec with that check before a ModelInferRequest.
+type codec struct {
+	s    *Server
+	base encoding.CodecV2
+}
+
+func newCodec(s *Server) codec {
+	return codec{s: s, base: encoding.GetCodecV2(protocodec.Name)}
+}
+
+func (c codec) Name() string { return protocodec.Name }
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	req, ok := v.(*pb.ModelInferRequest)
+	if !ok {
+		return c.base.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	b := buf.ReadOnlyData()
+	if err := checkInferWire(b, int64(c.s.opts.MaxMessageBytes)); err != nil {
+		c.s.refused.Store(req, err)
+		decodeHead(b, req)
+		return nil
+	}
+	return proto.Unmarshal(b, req)
+}
+
+// refusals holds what the codec refused, by the request it left half
+// decoded, until the call's interceptor takes it (takeRefusal).
+type refusals struct{ sync.Map }
+
+type refusedKey struct{}
+
+// takeRefusal moves req's refusal, if the codec left one, into the
+// call's context for the handler to answer with.
+func (s *Server) takeRefusal(ctx context.Context, req any) context.Context {
+	r, ok := req.(*pb.ModelInferRequest)
+	if !ok {
+		return ctx
+	}
+	if err, ok := s.refused.LoadAndDelete(r); ok {
+		return context.WithValue(ctx, refusedKey{}, err)
+	}
+	return ctx
+}
+
+// refusal is the codec's refusal of the call's request, or nil.
+func refusal(ctx context.Context) error {
+	err, _ := ctx.Value(refusedKey{}).(error)
+	return err
+}
+
+// decodeHead decodes the request's model name, version and id alone.
+func decodeHead(b []byte, req *pb.ModelInferRequest) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return
+		}
+		b = b[n:]
+		if typ == protowire.BytesType && num >= 1 && num <= 3 {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return
+			}
+			if utf8.Valid(v) {
+				s := string(v) // copied: the buffer goes back to its pool
+				switch num {
+				case 1:
+					req.ModelName = s
+				case 2:
+					req.ModelVersion = s
+				case 3:
+					req.Id = s
+				}
+			}
+			b = b[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return
+		}
+		b = b[m:]
+	}
+}
+
+// wireCount is what a message's parts would decode to.
+type wireCount struct {
+	objects int   // tensors, parameters, bytes elements: an allocation each
+	widened int64 // shapes' and typed contents' bytes in memory
+}
+
+// checkInferWire is the codec's check of a ModelInferRequest's wire bytes:
+// nil where it decodes within the bounds above.
+func checkInferWire(b []byte, limit int64) error {
+	var c wireCount
+	err := fields(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
+		switch num {
+		case 4, 6, 7: // parameters, outputs (their parameters too), raw_input_contents
+			c.objects++
+			if num == 6 && typ == protowire.BytesType {
+				return fields(v, func(num protowire.Number, _ protowire.Type, _ []byte) error {
+					if num == 2 {
+						c.objects++
+					}
+					return nil
+				})
+			}
+		case 5: // an input
+			c.objects++
+			if typ == protowire.BytesType {
+				return c.input(v)
+			}
+		}
+		return nil
+	})
+	switch {
+	case err != nil: // the decoder would stop there too, past what came before
+		return badRequest("model %s: the request message is not a valid ModelInferRequest: %v", headName(b), err)
+	case c.objects > maxObjects:
+		return badRequest("model %s: the request message holds more than %d tensors, parameters and bytes_contents elements (%d)", headName(b), maxObjects, c.objects)
+	case c.widened > limit:
+		return &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
+			"model %s: the request's shapes and typed contents come to %d bytes in memory, over the server's limit of %d bytes (plover serve --max-body): send the inputs as raw_input_contents", headName(b), c.widened, limit)}
+	}
+	return nil
+}
+
+// input counts an InferInputTensor's parts.
+func (c *wireCount) input(b []byte) error {
+	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
+		switch num {
+		case 3: // shape: int64 varints
+			c.widened += 8 * elements(typ, v, 0)
+		case 4: // a parameter
+			c.objects++
+		case 5: // contents
+			if typ == protowire.BytesType {
+				return c.contents(v)
+			}
+		}
+		return nil
+	})
+}
+
+// contentWidth is an element's size in memory for each field of
+// InferTensorContents (bool, int32, int64, uint32, uint64, float,
+// double), and its fixed size on the wire where it has one.
+var contentWidth = [8]struct{ mem, wire int }{1: {1, 0}, 2: {4, 0}, 3: {8, 0}, 4: {4, 0}, 5: {8, 0}, 6: {4, 4}, 7: {8, 8}}
+
+// contents counts an InferTensorContents' elements.
+func (c *wireCount) contents(b []byte) error {
+	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
+		switch {
+		case num == 8: // a bytes element: a slice header and its bytes
+			c.objects++
+			c.widened += 24 + int64(len(v))
+		case num >= 1 && num < 8:
+			w := contentWidth[num]
+			c.widened += int64(w.mem) * elements(typ, v, w.wire)
+		}
+		return nil
+	})
+}
+
+// elements is how many elements one occurrence of a repeated scalar field
+// holds: one unpacked, or those its packed bytes hold (fixed of wire bytes
+// each; 0: varints).
+func elements(typ protowire.Type, v []byte, fixed int) int64 {
+	if typ != protowire.BytesType {
+		return 1
+	}
+	if fixed > 0 {
+		return int64(len(v) / fixed)
+	}
+	n := int64(0)
+	for _, x := range v {
+		if x < 0x80 { // a varint's last byte
+			n++
+		}
+	}
+	return n
+}
+
+// fields calls f for each field of a message's wire bytes with its value's
+// bytes (a length-delimited field's contents); a malformed message is an
+// error.
+func fields(b []byte, f func(protowire.Number, protowire.Type, []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		v := b[:m]
+		if typ == protowire.BytesType {
+			v, _ = protowire.ConsumeBytes(v)
+		}
+		if err := f(num, typ, v); err != nil {
+			return err
+		}
+		b = b[m:]
+	}
+	return nil
+}
+
+// headName is the request's model name for a refusal, quoted when it is
+// not a plain one.
+func headName(b []byte) string {
+	var r pb.ModelInferRequest
+	decodeHead(b, &r)
+	return fmt.Sprintf("%q", r.GetModelName())
+}
