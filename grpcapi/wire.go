@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"unicode/utf8"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/plover-run/plover/apierr"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/oip"
 )
 
 // A ModelInferRequest decodes to far more memory than its message holds
@@ -22,14 +24,12 @@ import (
 // INT64 zero one byte and eight. gRPC decodes a message whole before any
 // handler runs, so the server's codec reads an inference request's wire
 // bytes first and decodes it only when what it would become is bounded:
-// at most maxObjects tensors, parameters and bytes elements, and its
+// at most oip.MaxParts tensors, parameters and bytes elements, and its
 // shapes and typed contents at most the message limit once widened (a
 // tensor that large could not be sent raw either). A request over either
 // is decoded no further than its names, for the refusal to name them; the
 // refusal waits in the server for the call's interceptor, since gRPC
 // answers a codec's own error as the server's fault (Internal).
-const maxObjects = 1 << 14
-
 // codec is the proto codec with that check before a ModelInferRequest.
 type codec struct {
 	s    *Server
@@ -133,31 +133,46 @@ func checkInferWire(b []byte, limit int64) error {
 	err := fields(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
 		switch num {
 		case 4, 6, 7: // parameters, outputs (their parameters too), raw_input_contents
-			c.objects++
 			if num == 6 && typ == protowire.BytesType {
-				return fields(v, func(num protowire.Number, _ protowire.Type, _ []byte) error {
+				if err := fields(v, func(num protowire.Number, _ protowire.Type, _ []byte) error {
 					if num == 2 {
-						c.objects++
+						return c.part()
 					}
 					return nil
-				})
+				}); err != nil {
+					return err
+				}
 			}
+			return c.part()
 		case 5: // an input
-			c.objects++
 			if typ == protowire.BytesType {
-				return c.input(v)
+				if err := c.input(v); err != nil {
+					return err
+				}
 			}
+			return c.part()
 		}
 		return nil
 	})
 	switch {
+	case err == errParts:
+		return badRequest("model %s: the request message holds more than %d tensors, parameters and bytes_contents elements", headName(b), oip.MaxParts)
 	case err != nil: // the decoder would stop there too, past what came before
 		return badRequest("model %s: the request message is not a valid ModelInferRequest: %v", headName(b), err)
-	case c.objects > maxObjects:
-		return badRequest("model %s: the request message holds more than %d tensors, parameters and bytes_contents elements (%d)", headName(b), maxObjects, c.objects)
 	case c.widened > limit:
 		return &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
 			"model %s: the request's shapes and typed contents come to %d bytes in memory, over the server's limit of %d bytes (plover serve --max-body): send the inputs as raw_input_contents", headName(b), c.widened, limit)}
+	}
+	return nil
+}
+
+// errParts stops the count past oip.MaxParts.
+var errParts = errors.New("too many parts")
+
+// part counts an allocation.
+func (c *wireCount) part() error {
+	if c.objects++; c.objects > oip.MaxParts {
+		return errParts
 	}
 	return nil
 }
@@ -169,7 +184,7 @@ func (c *wireCount) input(b []byte) error {
 		case 3: // shape: int64 varints
 			c.widened += 8 * elements(typ, v, 0)
 		case 4: // a parameter
-			c.objects++
+			return c.part()
 		case 5: // contents
 			if typ == protowire.BytesType {
 				return c.contents(v)
@@ -189,8 +204,8 @@ func (c *wireCount) contents(b []byte) error {
 	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
 		switch {
 		case num == 8: // a bytes element: a slice header and its bytes
-			c.objects++
 			c.widened += 24 + int64(len(v))
+			return c.part()
 		case num >= 1 && num < 8:
 			w := contentWidth[num]
 			c.widened += int64(w.mem) * elements(typ, v, w.wire)

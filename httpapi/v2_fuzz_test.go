@@ -48,6 +48,9 @@ func readInfer(h *inferHeader, body []byte, hdrLen int, decl []abi.Tensor, buf [
 		header, bin = body[:hdrLen], body[hdrLen:]
 	}
 	if !h.parse(header) {
+		if h.over {
+			return nil, badField("request body", errHeaderParts.Error())
+		}
 		if err := h.decode(header); err != nil {
 			return nil, badField("request body", "invalid JSON: "+err.Error())
 		}

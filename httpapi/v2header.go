@@ -37,6 +37,11 @@ type inferHeader struct {
 	inputs       []inferTensor
 	outputs      []inferTensor
 	binaryOutput bool // parameters.binary_data_output
+	// over: the header holds more than oip.MaxParts values besides its
+	// tensors' data (parse stopped there, or decode's count found them);
+	// parts: how many parse read.
+	over  bool
+	parts int
 }
 
 type inferTensor struct {
@@ -84,13 +89,19 @@ func (h *inferHeader) wantsBinary(name string) bool {
 // decode reads header with encoding/json, for what parse leaves to it: its
 // errors are the ones clients have always seen.
 func (h *inferHeader) decode(header []byte) error {
+	// Counted first: encoding/json decodes what it is given, and a value
+	// of a few bytes takes a hundred in memory.
+	n, ok := headerParts(header, oip.MaxParts)
+	if h.over = ok && n > oip.MaxParts; h.over {
+		return errHeaderParts
+	}
 	var req v2Request
 	dec := json.NewDecoder(bytes.NewReader(header))
 	dec.UseNumber()
 	if err := dec.Decode(&req); err != nil {
 		return err
 	}
-	*h = inferHeader{id: req.ID, binaryOutput: paramBool(req.Parameters, "binary_data_output")}
+	*h = inferHeader{id: req.ID, binaryOutput: paramBool(req.Parameters, "binary_data_output"), parts: n}
 	for _, t := range req.Inputs {
 		it := inferTensor{name: t.Name, datatype: t.Datatype, shape: t.Shape, data: t.Data}
 		if n, ok := t.Parameters["binary_data_size"]; ok {
@@ -131,9 +142,12 @@ func (h *inferHeader) parse(header []byte) bool {
 	p := hdrParser{b: header}
 	h.id, h.binaryOutput = "", false
 	h.inputs, h.outputs = h.inputs[:0], h.outputs[:0]
-	return p.object(headerKeys, true, func(k int) bool {
+	ok := p.object(headerKeys, true, func(k int) bool {
 		switch k {
 		case 0:
+			if !p.count() {
+				return false
+			}
 			id, ok := p.str()
 			h.id = b2s(id)
 			return ok
@@ -145,15 +159,33 @@ func (h *inferHeader) parse(header []byte) bool {
 		return p.object(binaryOutputKey, false, func(int) bool {
 			v, ok := p.bool()
 			h.binaryOutput = v
-			return ok
+			return ok && p.count()
 		})
 	}) && p.end()
+	h.over, h.parts = p.over, p.n
+	return ok
 }
 
-// hdrParser reads JSON from b at i.
+// hdrParser reads JSON from b at i, counting the values it reads but
+// those it skips quietly (n; over once past oip.MaxParts, where it stops).
 type hdrParser struct {
-	b []byte
-	i int
+	b     []byte
+	i     int
+	n     int
+	quiet bool
+	over  bool
+}
+
+// count counts a value: false once past oip.MaxParts.
+func (p *hdrParser) count() bool {
+	if p.quiet {
+		return true
+	}
+	if p.n++; p.n > oip.MaxParts {
+		p.over = true
+		return false
+	}
+	return true
 }
 
 // maxDepth bounds skip's recursion; deeper values are decode's.
@@ -250,7 +282,7 @@ func (p *hdrParser) bool() (v, ok bool) {
 
 // tensors reads an array of tensors into *dst, reusing its capacity.
 func (p *hdrParser) tensors(dst *[]inferTensor, input bool) bool {
-	if !p.eat('[') {
+	if !p.eat('[') || !p.count() {
 		return false
 	}
 	if p.eat(']') {
@@ -283,17 +315,19 @@ func (p *hdrParser) tensor(t *inferTensor, input bool) bool {
 		case 0:
 			b, ok := p.str()
 			t.name = b2s(b)
-			return ok
+			return ok && p.count()
 		case 1:
 			b, ok := p.str()
 			t.datatype = b2s(b)
-			return ok
+			return ok && p.count()
 		case 2:
 			return p.shape(t)
-		case 3:
+		case 3: // kept as sent, not counted: its numbers become the input
 			p.ws()
 			start := p.i
+			p.quiet = true
 			ok := p.skip(0)
+			p.quiet = false
 			t.data = p.b[start:p.i]
 			return ok
 		}
@@ -301,19 +335,19 @@ func (p *hdrParser) tensor(t *inferTensor, input bool) bool {
 			return p.object(binarySizeKey, false, func(int) bool {
 				n, ok := p.int()
 				t.hasBinSize, t.binSize = true, n
-				return ok
+				return ok && p.count()
 			})
 		}
 		return p.object(binaryDataKey, false, func(int) bool {
 			v, ok := p.bool()
 			t.binary = v
-			return ok
+			return ok && p.count()
 		})
 	})
 }
 
 func (p *hdrParser) shape(t *inferTensor) bool {
-	if !p.eat('[') {
+	if !p.eat('[') || !p.count() {
 		return false
 	}
 	if p.eat(']') {
@@ -321,7 +355,7 @@ func (p *hdrParser) shape(t *inferTensor) bool {
 	}
 	for {
 		d, ok := p.int()
-		if !ok {
+		if !ok || !p.count() {
 			return false
 		}
 		t.shape = append(t.shape, d)
@@ -338,7 +372,7 @@ func (p *hdrParser) shape(t *inferTensor) bool {
 // object, since encoding/json would take it for that field (parameters are
 // a map there, so for them fold is false).
 func (p *hdrParser) object(names []string, fold bool, field func(k int) bool) bool {
-	if !p.eat('{') {
+	if !p.eat('{') || !p.count() {
 		return false
 	}
 	if p.eat('}') {
@@ -384,10 +418,10 @@ func foldsTo(key []byte, names ...string) bool {
 	return false
 }
 
-// skip consumes one valid JSON value of any kind.
+// skip consumes one valid JSON value of any kind, counting its values.
 func (p *hdrParser) skip(depth int) bool {
 	p.ws()
-	if p.i >= len(p.b) || depth > maxDepth {
+	if p.i >= len(p.b) || depth > maxDepth || !p.count() {
 		return false
 	}
 	switch p.b[p.i] {

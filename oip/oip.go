@@ -19,6 +19,14 @@ import (
 	"github.com/plover-run/plover/pipeline"
 )
 
+// MaxParts bounds the parts of an inference request besides its tensors'
+// contents (over HTTP: the JSON header's values but its tensors' data; over
+// gRPC: its tensors, parameters and bytes elements). Decoded, a part takes
+// 100-150 bytes of memory for as few as 2 bytes sent; without a bound a
+// request within --max-body decoded to gigabytes (a 60 MB JSON header of
+// empty inputs raised the server to 11 GB). Real requests hold tens.
+const MaxParts = 1 << 14
+
 // Bytes is the byte size of a shape (of dimensions not negative) of
 // elements of es bytes; false when it does not fit an int64, which a shape
 // sent in a request may ask for.

@@ -1,0 +1,135 @@
+package httpapi
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/plover-run/plover/oip"
+)
+
+// errHeaderParts refuses an inference header whose parts would take far
+// more memory than its bytes (oip.MaxParts).
+var errHeaderParts = fmt.Errorf("the inference header holds more than %d values besides its tensors' data (tensors, their names, shapes and parameters)", oip.MaxParts)
+
+// The roles a JSON value plays in headerParts' walk.
+const (
+	roleOther   = iota
+	roleTop     // the header's object
+	roleTensors // the value of its "inputs" or "outputs"
+	roleTensor  // an element of that array
+	roleData    // a tensor's "data", and all within it: not counted
+)
+
+// partFrame is a container headerParts is inside.
+type partFrame struct {
+	obj  bool
+	role int
+}
+
+// headerParts counts the values of an inference header as parse counts
+// them, every value but its tensors' data, for decode to refuse a header
+// of too many before encoding/json allocates them: n stops just past
+// limit. ok is false where the header is not one JSON value (decode then
+// says why, from a syntax check before it allocates anything). Keys match
+// as encoding/json matches them, case folded; an escaped key matches none,
+// so the data under it is counted: more, never fewer. No recursion: a
+// header may nest as deep as encoding/json allows.
+func headerParts(b []byte, limit int) (n int, ok bool) {
+	p := hdrParser{b: b}
+	var stack []partFrame
+	role := roleTop // the role of the value read next
+	for {
+		p.ws()
+		if p.i >= len(p.b) {
+			return n, false
+		}
+		if role != roleData {
+			if n++; n > limit {
+				return n, true
+			}
+		}
+		c := p.b[p.i]
+		switch c {
+		case '{', '[':
+			f := partFrame{obj: c == '{', role: role}
+			p.i++
+			if !p.eat(closer(f)) {
+				stack = append(stack, f)
+				if role, ok = p.member(f); !ok {
+					return n, false
+				}
+				continue
+			}
+		case '"':
+			ok = p.skipString()
+		case 't':
+			ok = p.literal("true")
+		case 'f':
+			ok = p.literal("false")
+		case 'n':
+			ok = p.literal("null")
+		default:
+			ok = p.number()
+		}
+		if c != '{' && c != '[' && !ok {
+			return n, false
+		}
+		// The value ended: the next member or element, or the ends of
+		// the containers it closes.
+		for {
+			if len(stack) == 0 {
+				return n, true // what follows is not decode's
+			}
+			f := stack[len(stack)-1]
+			if p.eat(',') {
+				if role, ok = p.member(f); !ok {
+					return n, false
+				}
+				break
+			}
+			if !p.eat(closer(f)) {
+				return n, false
+			}
+			stack = stack[:len(stack)-1]
+		}
+	}
+}
+
+func closer(f partFrame) byte {
+	if f.obj {
+		return '}'
+	}
+	return ']'
+}
+
+// member reads up to the next value inside f (an object's key and colon)
+// and says the role that value plays.
+func (p *hdrParser) member(f partFrame) (int, bool) {
+	if !f.obj {
+		switch f.role {
+		case roleData:
+			return roleData, true
+		case roleTensors:
+			return roleTensor, true
+		}
+		return roleOther, true
+	}
+	p.ws()
+	start := p.i
+	if !p.skipString() {
+		return 0, false
+	}
+	key := p.b[start+1 : p.i-1] // between the quotes
+	if !p.eat(':') {
+		return 0, false
+	}
+	switch {
+	case f.role == roleData:
+		return roleData, true
+	case f.role == roleTop && (bytes.EqualFold(key, []byte("inputs")) || bytes.EqualFold(key, []byte("outputs"))):
+		return roleTensors, true
+	case f.role == roleTensor && bytes.EqualFold(key, []byte("data")):
+		return roleData, true
+	}
+	return roleOther, true
+}
