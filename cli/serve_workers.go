@@ -21,7 +21,7 @@ import (
 // isolate wraps each device so that functions run in worker processes
 // (--isolation process), and makes the server unreadable to them.
 func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, *worker.CPUGroups, *worker.PidGroups, error) {
-	type checker interface{ EnableChecks(bool) error }
+	type checker interface{ EnableChecks(reportFD int) error }
 	if f.checked {
 		for _, d := range devs {
 			if _, ok := d.(checker); !ok {
@@ -35,7 +35,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		if f.checked { // overruns past the padding fault the server itself, unreported
 			for _, d := range devs {
 				if c, ok := d.(checker); ok {
-					c.EnableChecks(false)
+					c.EnableChecks(-1) // no fault handler: the server's own
 				}
 			}
 		}

@@ -45,7 +45,11 @@ func loadOverrunProgram(t testing.TB, reportFaults bool) device.Program {
 	t.Helper()
 	so := testkit.BuildLib(t, testkit.OverrunSource(), t.TempDir(), "overrun.so", "-std=c++17", "-Wall", "-Wextra")
 	h := device.NewHost(0)
-	if err := h.EnableChecks(reportFaults); err != nil {
+	reportFD := -1 // no handler
+	if reportFaults {
+		reportFD = 2 // stderr alone
+	}
+	if err := h.EnableChecks(reportFD); err != nil {
 		t.Fatal(err)
 	}
 	m := &abi.Manifest{Name: "overrun", ABI: abi.Major, Target: abi.TargetHost, Library: filepath.Base(so),
@@ -232,7 +236,7 @@ func BenchmarkChecked(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				h := device.NewHost(0)
 				if checked {
-					h.EnableChecks(false)
+					h.EnableChecks(-1)
 				}
 				m := &abi.Manifest{Name: "echo", ABI: abi.Major, Target: abi.TargetHost, Library: filepath.Base(so),
 					MaxInputBytes: int64(size), OutBytes: int64(size), Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}}

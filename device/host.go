@@ -34,19 +34,21 @@ type Host struct {
 	checked atomic.Bool // instances made from now on are checked
 }
 
-// FaultMark starts the line a checked worker writes on stderr when an
-// access past a buffer kills it (host_run.h's PLOVER_FAULT_MARK).
+// FaultMark starts the line a checked worker writes when an access past a
+// buffer kills it (host_run.h's PLOVER_FAULT_MARK): on stderr, and on its
+// report pipe, whence alone the server takes it.
 const FaultMark = "plover: checked mode: "
 
 // EnableChecks makes the instances this device creates from now on
 // checked: an access past the end of in, tmp or out is caught (see
 // host_checked.c); the runs copy in and out instead of working in place.
-// reportFaults also installs the handler that names the entry and buffer
-// of a fault on a guard page before the fault kills the process: for a
-// worker process only, as it replaces the process's SIGSEGV and SIGBUS
-// handlers (Go's among them).
-func (h *Host) EnableChecks(reportFaults bool) error {
-	if reportFaults && C.plover_checked_install() != 0 {
+// With reportFD not negative it also installs the handler that names the
+// entry and buffer of a fault on a guard page before the fault kills the
+// process, in a line on stderr and, unless reportFD is stderr, on
+// reportFD (a worker's report pipe): for a worker process only, as it
+// replaces the process's SIGSEGV and SIGBUS handlers (Go's among them).
+func (h *Host) EnableChecks(reportFD int) error {
+	if reportFD >= 0 && C.plover_checked_install(C.int(reportFD)) != 0 {
 		return fmt.Errorf("checked mode: cannot install the fault handler")
 	}
 	h.checked.Store(true)

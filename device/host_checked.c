@@ -144,7 +144,13 @@ const char *plover_checked_hook(plover_inst_state_t *s, void *hook, const char *
  * Also called by a handler set after it, which took its signals over: a
  * tenant's worker's fatal-signal handler (worker/inside) names the program
  * the fault took, then calls this one for its report; that handler's own
- * SA_RESETHAND put the default action back, and it re-raises the signal. */
+ * SA_RESETHAND put the default action back, and it re-raises the signal.
+ *
+ * The report goes to stderr, the function's output, and to report_fd (a
+ * worker's: wire.FatalFD), the one place the server takes it from: what
+ * reaches stderr may be a bundle's echo of its client's bytes, or another
+ * program's line in a tenant's worker. */
+static int report_fd = -1;
 
 struct line {
   char b[400];
@@ -205,12 +211,14 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
     put(&l, cur_len);
     put(&l, ")\n");
     ssize_t w = write(2, l.b, l.n);
+    if (report_fd >= 0 && report_fd != 2) w = write(report_fd, l.b, l.n);
     (void)w;
     return; /* the handler is reset: the access faults again and kills */
   }
 }
 
-int plover_checked_install(void) {
+int plover_checked_install(int fd) {
+  report_fd = fd;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_fault;

@@ -98,11 +98,12 @@ const char *plover_checked_hook(plover_inst_state_t *s, void *hook,
                                 const char *name, void *last_error);
 /* Installs the SIGSEGV/SIGBUS handler that, for a fault on a checked run's
  * guard page, writes one line to stderr naming the entry and the buffer
- * (PLOVER_FAULT_MARK first), then lets the fault kill the process. Worker
+ * (PLOVER_FAULT_MARK first), and the same line to report_fd unless it is
+ * stderr or negative, then lets the fault kill the process. Worker
  * processes only: it replaces any handler the process had. A handler set
  * after it may call it (with its siginfo and context) for the report, and
  * must then see to the signal's end itself. */
-int plover_checked_install(void);
+int plover_checked_install(int report_fd);
 #define PLOVER_FAULT_MARK "plover: checked mode: "
 const char *plover_host_run(plover_inst_state_t *s, const void *in,
                             size_t in_len, void *out, size_t out_len,

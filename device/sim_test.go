@@ -532,7 +532,7 @@ func TestSimKernels(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			h := device.NewHost(0)
 			if v.checked {
-				h.EnableChecks(false)
+				h.EnableChecks(-1)
 			}
 			e := loadSimOn(t, buildSim(t, t.TempDir(), v.flags), h)
 			inst := e.instance(t)

@@ -303,14 +303,17 @@ func (i *instance) overran(ps *poolSlot) {
 // answer reads the worker's reply rep to r, run in mem, into r: its
 // timing, with the copy-in done here (copiedIn bytes in copyIn), and its
 // output, copied out of mem unless it is there already; or the run's
-// error. A reply out of turn, or one that claims more output than r has
-// room for, ends the worker.
+// error. A reply out of turn, one too short to be a reply, or one that
+// claims more output than r has room for, ends the worker, for g: the
+// worker is well and would not end by itself.
 func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn time.Duration) error {
 	st, outLen, text, err := wire.DecodeReply(rep, r, i.seq)
 	if err != nil {
+		why := fmt.Sprintf("it sent a malformed reply (%v)", err)
 		if turn := (*wire.TurnError)(nil); errors.As(err, &turn) {
-			i.g.p.killFor(i.g, fmt.Sprintf("it answered out of turn (%v)", turn))
+			why = fmt.Sprintf("it answered out of turn (%v)", turn)
 		}
+		i.g.p.killFor(i.g, why)
 		return i.g.lost("running the chain")
 	}
 	r.Timing.Copied += copiedIn

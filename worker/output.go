@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -67,17 +66,6 @@ func (p *proc) readOutput(r *os.File, stream string) {
 			close(p.said)
 			said = true
 		}
-		if stream == "stderr" && p.d.opts.Checked {
-			// The handler's is the last line, written as the process
-			// dies: a report with a line after it is the bundle's own
-			// words (a client's bytes echoed, say), not the handler's.
-			var f *string
-			if i := strings.Index(text, device.FaultMark); i >= 0 {
-				f = new(string)
-				*f = text[i:]
-			}
-			p.fault.Store(f)
-		}
 		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		if err != nil {
 			return
@@ -86,8 +74,9 @@ func (p *proc) readOutput(r *os.File, stream string) {
 }
 
 // readMark reads the fatal mark a tenant's worker wrote as it died
-// (wire.FatalFD) into fatal. Written by the dying process itself, a mark
-// is in the pipe once the process is dead: what the pipe holds now is
+// (wire.FatalFD) into fatal, and checked mode's report of the fault that
+// killed a checked worker into fault. Written by the dying process itself,
+// they are in the pipe once the process is dead: what the pipe holds now is
 // read, without waiting for its end, which a child the bundle forked
 // could hold back. At most markKeep bytes of it are kept, the last.
 func (p *proc) readMark() {
@@ -125,6 +114,7 @@ func (p *proc) readMark() {
 	if _, id, ok := wire.ParseFatal(kept); ok {
 		p.fatal.Store(id)
 	}
+	p.fault, _ = wire.ParseFault(kept)
 }
 
 // markKeep is how many of the mark pipe's last bytes readMark keeps, many

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,9 +49,11 @@ type proc struct {
 	out      atomic.Pointer[output]
 	startOut atomic.Int32 // lines written before it had a function
 	// fault is checked mode's report of the access that killed it, the
-	// last line it wrote on stderr (device.FaultMark) in checked mode,
-	// told with its exit.
-	fault atomic.Pointer[string]
+	// last its fault handler wrote on its report pipe (marks, read by
+	// readMark once it died), told with its exit: never a line of its
+	// stderr, where a bundle can echo its clients' bytes and, in a
+	// tenant's worker, a sibling's lines go.
+	fault string
 	// faulted is fault's report, once the process died of the fault:
 	// told by the losses of the program at fault alone (ProcessExit.Fault).
 	faulted string
@@ -215,7 +216,7 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 		d.opts.Log.Warn("cannot mark descriptors close-on-exec; a worker may inherit some", "error", err)
 	}
 	var marks, markW *os.File
-	if d.tenantScope() {
+	if d.tenantScope() || d.opts.Checked { // the fatal mark's, checked mode's report's
 		if marks, markW, err = os.Pipe(); err != nil {
 			closeAll(pr[:]...)
 			closeAll(pw[:]...)
@@ -371,10 +372,9 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	sig := deathSignal(cmd.ProcessState)
 	// Only a death by a memory fault (SIGSEGV, SIGBUS: the signals checked
 	// mode's handler reports before it lets them kill the process) takes
-	// the handler's line: the bundle can print anything on stderr, a
-	// marked line included (readOutput keeps only a last line's).
-	if f := p.fault.Load(); f != nil && (sig == syscall.SIGSEGV || sig == syscall.SIGBUS) && p.killed.Load() == nil {
-		p.faulted = strings.TrimPrefix(*f, device.FaultMark)
+	// the handler's report.
+	if p.fault != "" && (sig == syscall.SIGSEGV || sig == syscall.SIGBUS) && p.killed.Load() == nil {
+		p.faulted = p.fault
 	}
 	if why := p.killed.Load(); why != nil {
 		p.reason = "was stopped by the server (" + *why + ")"

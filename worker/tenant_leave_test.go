@@ -281,38 +281,79 @@ func TestTenantClientTextIsNoMark(t *testing.T) {
 }
 
 // Checked mode's report of a guard fault is believed only from a worker in
-// checked mode, and only as the last line its stderr held before it died: a
-// bundle that echoes its client's bytes cannot have a crash told with a
-// report the client wrote, unless the client's is the last line before a
-// crash that wrote none of its own (the control; here the crash comes on a
-// thread of the bundle's own, a SIGSEGV as a guard fault's would be).
+// checked mode, and only from its fault handler's own pipe (wire.FatalFD),
+// never from its stderr: a bundle that echoes its client's bytes cannot
+// have a crash told with a report the client wrote, not even as the last
+// line before a crash that wrote none of its own (here on a thread of the
+// bundle's own, a SIGSEGV as a guard fault's would be). The bundle itself
+// can write on the pipe (the control: told), as it can the fatal mark.
 func TestForgedFaultReportIsNotTold(t *testing.T) {
 	report := device.FaultMark + "entry forge wrote past the end of out, at byte 1 (forged)"
-	for _, tc := range []struct {
-		name    string
-		checked bool
-		echoed  string // what the bundle writes on stderr
-		told    bool
-	}{
-		{"not in checked mode", false, report, false},
-		{"in checked mode, a line after it", true, report + "\nworking on", false},
-		{"in checked mode, the last line", true, report, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(),
-				Spawner: spawner, TenantScope: true, Checked: tc.checked})
-			t.Cleanup(func() { d.Close() })
-			h, mh := loadLeaving(t, d, "forger", "forge", nil)
-			mh.Chain[0].Block = 2 // stderr
-			if err := runOnce(t, h, mh, []byte(tc.echoed), 10*time.Second); err != nil {
-				t.Fatalf("forge: %v", err)
-			}
-			<-h.Exited()
-			dh := h.Death()
-			if dh == nil || strings.Contains(dh.Error(), "(forged)") != tc.told {
-				t.Fatalf("the death: %v; want the client's report told %v", dh, tc.told)
-			}
-		})
+	for _, scope := range []bool{false, true} {
+		for _, tc := range []struct {
+			name    string
+			checked bool
+			fd      int    // where the bundle writes
+			echoed  string // what it writes there
+			told    bool
+		}{
+			{"not in checked mode", false, 2, report, false},
+			{"in checked mode, a line after it", true, 2, report + "\nworking on", false},
+			{"in checked mode, the last line", true, 2, report, false},
+			{"in checked mode, on the handler's pipe", true, wire.FatalFD, report, true},
+		} {
+			t.Run(fmt.Sprintf("tenant scope %v/%s", scope, tc.name), func(t *testing.T) {
+				d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(),
+					Spawner: spawner, TenantScope: scope, Checked: tc.checked})
+				t.Cleanup(func() { d.Close() })
+				h, mh := loadLeaving(t, d, "forger", "forge", nil)
+				mh.Chain[0].Block = tc.fd
+				if err := runOnce(t, h, mh, []byte(tc.echoed), 10*time.Second); err != nil {
+					t.Fatalf("forge: %v", err)
+				}
+				<-h.Exited()
+				dh := h.Death()
+				if dh == nil || strings.Contains(dh.Error(), "(forged)") != tc.told {
+					t.Fatalf("the death: %v; want the report told %v", dh, tc.told)
+				}
+			})
+		}
+	}
+}
+
+// In a tenant's worker in checked mode, a line one program wrote on
+// stderr (here its client's bytes, shaped as checked mode's report) is
+// never told as the report of another program's crash: that program's
+// clients would read the sibling's output, which is not theirs to read
+// (tenantOutput keeps it from them in the logs).
+func TestSiblingLineIsNoFaultReport(t *testing.T) {
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(),
+		Spawner: spawner, TenantScope: true, Checked: true})
+	t.Cleanup(func() { d.Close() })
+	s := funclog.New(nil)
+	talker, mt := loadLeaving(t, d, "talker", "forge", s.Sink("talker"))
+	mt.Chain[0].Grid, mt.Chain[0].Block = -1, 2 // the line alone, on stderr
+	mc := crashManifest("hostile.so", "segv", 1)
+	crasher := loadFor(t, d, "t", testkit.HostileSource(), mc, nil)
+	if pidOf(talker) != pidOf(crasher) {
+		t.Fatal("the tenant's programs are not in one worker")
+	}
+	line := device.FaultMark + "entry secret wrote past the end of out, at byte 7 (the talker's client's bytes)"
+	quiet(t, crasher.(*program)) // the talker's line is then its own
+	if err := runOnce(t, talker, mt, []byte(line), 10*time.Second); err != nil {
+		t.Fatalf("talker: %v", err)
+	}
+	waitLines(t, s, "talker", func(l []api.LogLine) bool { return hasLine(l, "stderr", line) })
+	err := runOnce(t, crasher, mc, nil, 10*time.Second)
+	if lost, shared := collateral(err); !lost || shared {
+		t.Fatalf("the crashing run: %v (lost %v, collateral %v); want its own loss", err, lost, shared)
+	}
+	if strings.Contains(err.Error(), "talker's client") {
+		t.Errorf("the crasher's error tells its sibling's line as checked mode's report: %v", err)
+	}
+	<-crasher.(*program).Exited()
+	if dc := crasher.(*program).Death(); dc == nil || strings.Contains(dc.Error(), "talker's client") {
+		t.Errorf("the crasher's death: %v; want one without its sibling's line", dc)
 	}
 }
 

@@ -263,6 +263,51 @@ func TestControlMessageOutOfTurn(t *testing.T) {
 	}
 }
 
+// A run reply too short to be one (bundle code wrote it on the instance's
+// channel) ends the worker at once, for the run's program, as a reply out
+// of turn does: the run fails within a moment saying why, not after the
+// 2 s a channel that broke is given to show the worker's death (which
+// does not come: the worker is well), reported as a broken channel; in a
+// tenant's worker the program whose channel carried it is the one at
+// fault, its sibling's loss collateral, not every program's crash.
+func TestShortRunReplyEndsWorkerForItsProgram(t *testing.T) {
+	for _, scope := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tenant scope %v", scope), func(t *testing.T) {
+			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(),
+				Spawner: spawner, TenantScope: scope})
+			t.Cleanup(func() { d.Close() })
+			m := crashManifest("hostile.so", "ring_short", 1)
+			p := loadFor(t, d, "t", testkit.HostileSource(), m, nil).(*program)
+			var sibling *program
+			if scope {
+				sibling = loadFor(t, d, "t", "", testkit.Manifest("sibling"), nil).(*program)
+				if pidOf(sibling) != pidOf(p) {
+					t.Fatal("the tenant's programs are not in one worker")
+				}
+			}
+			t0 := time.Now()
+			err := runOnce(t, p, m, []byte("x"), 10*time.Second)
+			took := time.Since(t0)
+			var pe *ProcessExit
+			if !errors.As(err, &pe) || !pe.Killed || !strings.Contains(pe.Reason, "malformed reply") {
+				t.Errorf("the run: %v; want a ProcessExit saying the server stopped the worker for a malformed reply", err)
+			}
+			if took > time.Second {
+				t.Errorf("the run failed after %v: the server waited for a death, not ending the worker at once", took)
+			}
+			if sibling != nil {
+				<-sibling.Exited()
+				if ds := sibling.Death(); ds == nil || !ds.Collateral() {
+					t.Errorf("the sibling's death: %v; want a collateral loss", ds)
+				}
+				if dp := p.Death(); dp == nil || dp.Collateral() {
+					t.Errorf("the writer's death: %v; want its own loss", dp)
+				}
+			}
+		})
+	}
+}
+
 // TestZeroOutThroughWorker: the run message carries zero_out, so a short
 // request after a long one on a worker's instance sees zeros, not the long
 // one's bytes (the chain writes only as many bytes as its input has).

@@ -181,22 +181,26 @@ PLOVER_ENTRY(close_fds) {
 // it has: the worker's channels to the server. A server that took it for
 // the run's reply would answer this request early and the next one with
 // this one's output.
-// ring sends a forged message on every SOCK_SEQPACKET descriptor in
-// [from, to): a success status, then index (read as a kernel lookup's
-// answer, or the low half of a run's copy-in time), then zeros.
-static int ring(int from, int to, uint32_t index) {
+// ring sends a forged message of size bytes (64 at most) on every
+// SOCK_SEQPACKET descriptor in [from, to): a success status, then index
+// (read as a kernel lookup's answer, or the low half of a run's copy-in
+// time), then zeros.
+static int ring_n(int from, int to, uint32_t index, size_t size) {
   char forged[64] = {0};
   memcpy(forged + 1, &index, sizeof index);
+  if (size > sizeof forged) size = sizeof forged;
   int rung = 0;
   for (int fd = from; fd < to; fd++) {
     int type = 0;
     socklen_t len = sizeof type;
     if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_SEQPACKET &&
-        send(fd, forged, sizeof forged, MSG_DONTWAIT) == (ssize_t)sizeof forged)
+        send(fd, forged, size, MSG_DONTWAIT) == (ssize_t)size)
       rung++;
   }
   return rung;
 }
+
+static int ring(int from, int to, uint32_t index) { return ring_n(from, to, index, 64); }
 
 static void echo_or(plover_state_t *s, int rung) {
   size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
@@ -216,6 +220,15 @@ PLOVER_ENTRY(ring_twice) {
 PLOVER_ENTRY(ring_control) {
   (void)grid; (void)block;
   echo_or(s, ring(3, 4, 0x7fffffff));
+}
+
+// ring_short: the same as ring_twice on every channel but the control
+// channel (fd 3), with a message of 5 bytes, too short to be a run's
+// reply: the server must end the worker for its run at once, as for a
+// reply out of turn, not wait for a death that does not come.
+PLOVER_ENTRY(ring_short) {
+  (void)grid; (void)block;
+  echo_or(s, ring_n(4, 1024, 0, 5));
 }
 
 static const char fake_http[] =

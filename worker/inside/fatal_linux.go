@@ -93,30 +93,37 @@ import (
 	"github.com/plover-run/plover/worker/wire"
 )
 
+// reportPipe readies the pipe the server gave a tenant's worker, or one in
+// checked mode (wire.FatalFD), for the fatal mark and checked mode's
+// report, which signal handlers write: non-blocking, so that a handler's
+// write cannot block on a pipe the bundle filled; closed on exec, so that
+// a program the bundle runs does not inherit it.
+func reportPipe() error {
+	fd := wire.FatalFD
+	if err := unix.SetNonblock(fd, true); err == unix.EBADF {
+		return fmt.Errorf("the server gave this worker no report pipe (fd %d): install plover and plover-worker from one build", fd)
+	} else if err != nil {
+		return fmt.Errorf("the report pipe (fd %d): %w", fd, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+		return fmt.Errorf("the report pipe (fd %d): %w", fd, err)
+	}
+	return nil
+}
+
 // installFatalHandler replaces the action of the fatal signals (the
 // default, defaultFatalSignals, or checked mode's for SIGSEGV and SIGBUS:
 // it must come after both) with a handler that names the program whose
-// run or call the signal took (setProgram, marked) on the mark's pipe
-// (wire.FatalFD), then calls the handler it replaced, if any, and lets the
+// run or call the signal took (setProgram, marked) on the report pipe
+// (wire.FatalFD, readied by reportPipe), then calls the handler it
+// replaced, if any, and lets the
 // signal kill the process as the default action would: the server reads
 // the mark to tell the program at fault from those that only shared its
 // process. A signal on a thread of no program's (one the bundle made)
 // writes no mark: the server then blames every program. What a client
 // makes a bundle print goes to stdout and stderr, never to the pipe.
 func installFatalHandler() error {
-	fd := wire.FatalFD
-	// Non-blocking, so that the handler's write cannot block on a pipe
-	// the bundle filled; closed on exec, so that a program the bundle
-	// runs does not inherit it.
-	if err := unix.SetNonblock(fd, true); err == unix.EBADF {
-		return fmt.Errorf("the server gave this tenant's worker no fatal mark pipe (fd %d): install plover and plover-worker from one build", fd)
-	} else if err != nil {
-		return fmt.Errorf("the fatal mark's pipe (fd %d): %w", fd, err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
-		return fmt.Errorf("the fatal mark's pipe (fd %d): %w", fd, err)
-	}
-	if C.plover_install_fatal(C.int(fd)) != 0 {
+	if C.plover_install_fatal(C.int(wire.FatalFD)) != 0 {
 		return fmt.Errorf("cannot install the fatal-signal handler")
 	}
 	return nil

@@ -53,7 +53,7 @@ type Config struct {
 }
 
 // checker is a device with a checked mode (the host).
-type checker interface{ EnableChecks(reportFaults bool) error }
+type checker interface{ EnableChecks(reportFD int) error }
 
 // Serve is a worker process's life: contain itself, open its device, say it
 // is ready, then serve its program (a tenant's worker: programs) until the
@@ -92,9 +92,15 @@ func Serve(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("worker: open device: %w", err)
 	}
+	if cfg.Tenant || cfg.Checked {
+		// The fatal mark's and checked mode's report's pipe.
+		if err := reportPipe(); err != nil {
+			return fmt.Errorf("worker: signals: %w", err)
+		}
+	}
 	if c, ok := dev.(checker); ok && cfg.Checked {
 		// After defaultFatalSignals: its handler replaces the default one.
-		if err := c.EnableChecks(true); err != nil {
+		if err := c.EnableChecks(wire.FatalFD); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
 	}

@@ -137,14 +137,14 @@ func TestReady(t *testing.T) {
 
 // The protocol's bytes, written out: a change to any of them is a change
 // of the protocol, which bumps Protocol (and this test).
-func TestBytesOfProtocol11(t *testing.T) {
+func TestBytesOfProtocol12(t *testing.T) {
 	run := device.Run{Input: make([]byte, 2), Output: make([]byte, 3), TmpLen: 4, ZeroOut: true, ChainKey: 5, Items: 6,
 		Chain: []device.Step{{Entry: 7, Grid: 8, Block: 9}}}
 	for _, tc := range []struct {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 11}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 12}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
@@ -171,7 +171,9 @@ func TestBytesOfProtocol11(t *testing.T) {
 			}
 		})
 	}
-	if Protocol != 11 { // 11: the fatal mark on a pipe of its own (FatalFD)
+	// 11: the fatal mark on a pipe of its own (FatalFD); 12: checked
+	// mode's report there too, a checked worker given the pipe.
+	if Protocol != 12 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }
@@ -205,6 +207,29 @@ func TestParseFatal(t *testing.T) {
 			sig, prog, ok := ParseFatal([]byte(tc.b))
 			if sig != tc.sig || prog != tc.prog || ok != tc.ok {
 				t.Fatalf("%d, %d, %v; want %d, %d, %v", sig, prog, ok, tc.sig, tc.prog, tc.ok)
+			}
+		})
+	}
+}
+
+// Checked mode's report is the last whole line its mark leads on the
+// worker's pipe, the mark cut off, whatever else the pipe holds (a fatal
+// mark before it, in a tenant's worker).
+func TestParseFault(t *testing.T) {
+	for _, tc := range []struct {
+		name, b, report string
+		ok              bool
+	}{
+		{"after the fatal mark", FatalMark + "11 in program 3\n" + device.FaultMark + "entry e wrote past the end of out\n", "entry e wrote past the end of out", true},
+		{"the last of two", device.FaultMark + "one\n" + device.FaultMark + "two\n", "two", true},
+		{"the last whole one", device.FaultMark + "one\n" + device.FaultMark + "tw", "one", true},
+		{"inside a line", "computing... " + device.FaultMark + "one\n", "", false},
+		{"the fatal mark alone", FatalMark + "11 in program 3\n", "", false},
+		{"nothing", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if report, ok := ParseFault([]byte(tc.b)); report != tc.report || ok != tc.ok {
+				t.Fatalf("%q, %v; want %q, %v", report, ok, tc.report, tc.ok)
 			}
 		})
 	}

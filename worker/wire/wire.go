@@ -23,8 +23,9 @@
 // it; a CUDA device copies straight between it, registered once, and the
 // GPU).
 //
-// Beside the channels, a tenant's worker has a pipe of its own (FatalFD)
-// for the one line its fatal-signal handler writes as it dies.
+// Beside the channels, a tenant's worker, and one in checked mode, has a
+// pipe of its own (FatalFD) for the lines its signal handlers write as it
+// dies: the fatal mark, checked mode's report.
 //
 // Descriptors (the bundle directory, memfds, instance sockets) go to the
 // worker with SCM_RIGHTS. Integers are little-endian.
@@ -42,6 +43,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
 	"strconv"
 	"strings"
 
@@ -51,7 +53,8 @@ import (
 
 // A worker's descriptors (exec.Cmd.ExtraFiles): the control channel, its
 // stage, the directory the server puts its bundle's files in, and, in a
-// tenant's worker, the pipe its fatal-signal handler writes FatalMark on.
+// tenant's worker or a checked one, the pipe its signal handlers write
+// FatalMark and checked mode's report on.
 const (
 	CtlFD   = 3
 	StageFD = 4
@@ -82,19 +85,15 @@ const (
 // its process. A pipe of its own, not stderr: a bundle that echoes its
 // clients' bytes to its output cannot let a client name a sibling, and
 // the mark is in the pipe before the process is dead (the server reads it
-// then, holding no timer).
+// then, holding no timer). A worker in checked mode has the pipe too,
+// where its fault handler writes its report (device.FaultMark), after the
+// mark in a tenant's worker (ParseFault).
 const FatalMark = "plover worker: fatal signal "
 
 // ParseFatal reads the last whole FatalMark line in b, what a worker's
 // FatalFD held when it died: the signal and the program's id.
 func ParseFatal(b []byte) (sig int, prog uint32, ok bool) {
-	for len(b) > 0 {
-		end := bytes.LastIndexByte(b, '\n')
-		if end < 0 {
-			return 0, 0, false
-		}
-		line := b[bytes.LastIndexByte(b[:end], '\n')+1 : end]
-		b = b[:end]
+	for line := range linesBack(b) {
 		rest, isMark := bytes.CutPrefix(line, []byte(FatalMark))
 		if !isMark {
 			continue
@@ -107,6 +106,36 @@ func ParseFatal(b []byte) (sig int, prog uint32, ok bool) {
 		}
 	}
 	return 0, 0, false
+}
+
+// ParseFault reads the last whole device.FaultMark line in b, what a
+// checked worker's FatalFD held when it died: checked mode's report of
+// the guard fault that killed it, the mark cut off. Only its fault
+// handler writes there, never what the bundle prints for its clients.
+func ParseFault(b []byte) (report string, ok bool) {
+	for line := range linesBack(b) {
+		if rest, isReport := bytes.CutPrefix(line, []byte(device.FaultMark)); isReport {
+			return string(rest), true
+		}
+	}
+	return "", false
+}
+
+// linesBack yields b's whole lines (those a newline ends), the last first.
+func linesBack(b []byte) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		for {
+			end := bytes.LastIndexByte(b, '\n')
+			if end < 0 {
+				return
+			}
+			line := b[bytes.LastIndexByte(b[:end], '\n')+1 : end]
+			b = b[:end]
+			if !yield(line) {
+				return
+			}
+		}
+	}
 }
 
 // A slot's pin: whether the worker's device pinned the memory in place
@@ -122,7 +151,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 11
+const Protocol byte = 12
 
 // Reply status: the first byte of every reply.
 const (
