@@ -319,11 +319,10 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	}
 	// The run may take as long as its most patient request allows; a
 	// request with a shorter deadline leaves the run at its own.
-	var deadline time.Time
-	for _, it := range items {
-		if d := it.deadline; d.After(deadline) {
-			deadline = d
-		}
+	deadline, ok := liveDeadline(items)
+	if !ok { // every request gave up since the run took them
+		b.ended()
+		return
 	}
 	in := bb.in[:int64(k)*b.itemIn]
 	clear(in[int64(n)*b.itemIn:])
@@ -344,6 +343,17 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			}
 		}
 		now := time.Now()
+		// Requests that gave up (cancelled, client gone, deadline) while
+		// the instance was taken or made left the run: it runs for those
+		// left, until the latest of their deadlines, and for none runs
+		// nothing (an unbatched request's cancelled context stops its run
+		// at the scheduler; this run's context is no request's).
+		live, anyLeft := liveDeadline(items)
+		if !anyLeft {
+			ended, err = now, errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
+			break
+		}
+		deadline = live
 		if !now.Before(deadline) {
 			// As run.go's: a load or a take that outlasted every request's
 			// deadline runs nothing (the scheduler refuses it too, but with
@@ -404,6 +414,20 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		}
 		close(it.done)
 	}
+}
+
+// liveDeadline is the latest deadline of the items still in their run
+// (taken, not abandoned); ok is false when none is.
+func liveDeadline(items []*batchItem) (deadline time.Time, ok bool) {
+	for _, it := range items {
+		if it.state.Load() == itemTaken {
+			ok = true
+			if it.deadline.After(deadline) {
+				deadline = it.deadline
+			}
+		}
+	}
+	return deadline, ok
 }
 
 // full reports a queue that refuses the next request.

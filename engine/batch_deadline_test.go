@@ -1,10 +1,15 @@
 package engine_test
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -29,5 +34,44 @@ func TestBatchPastItsDeadlineRunsNothing(t *testing.T) {
 	}
 	if el := time.Since(t0); el > 1200*time.Millisecond {
 		t.Fatalf("the next request was answered %v after the first began: it waited behind the first's 1.5 s chain, run past every deadline", el)
+	}
+}
+
+// A batch whose every request gave up (here cancelled) while its instance
+// was being made runs nothing once it has one: it held the only instance
+// for its 1.5 s chain, for nobody, and the next request waited behind it.
+func TestBatchWhoseRequestsAllGaveUpRunsNothing(t *testing.T) {
+	m := testkit.BatchManifest("gaveup", 4, "")
+	m.MaxInstances = 1
+	mark := filepath.Join(t.TempDir(), "init")
+	dir := batchBundle(t, m, "-DSLOW_INIT_MS=500", `-DINIT_MARK="`+mark+`"`)
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		first <- e.Invoke(ctx, "gaveup", &call.Request{Input: item(1, 1500), Deadline: time.Now().Add(10 * time.Second)})
+	}()
+	// Its run is making the instance (plover_instance_init has begun).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(mark); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no instance was ever made for the first request")
+		}
+	}
+	cancel()
+	t0 := time.Now()
+	if err := <-first; errdefs.KindOf(err) != errdefs.KindUnavailable {
+		t.Fatalf("the cancelled request: %v", err)
+	}
+	r := <-invokeAsync(e, "gaveup", item(2, 0), time.Now().Add(5*time.Second))
+	if r.err != nil || r.value != 3 {
+		t.Fatalf("the next request: %+v", r)
+	}
+	if el := time.Since(t0); el > 1200*time.Millisecond {
+		t.Fatalf("the next request was answered %v after the first was cancelled: it waited behind the first's 1.5 s chain, run for nobody", el)
 	}
 }

@@ -43,9 +43,18 @@ PLOVER_ENTRY(bitem) {
 }
 
 #ifdef SLOW_INIT_MS
-/* -DSLOW_INIT_MS=n: every instance takes n ms to create. */
+#ifdef INIT_MARK
+#include <stdio.h>
+#endif
+/* -DSLOW_INIT_MS=n: every instance takes n ms to create; with
+ * -DINIT_MARK='"path"' it first creates that file, so that a test sees an
+ * instance being made. */
 PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
   (void)s;
+#ifdef INIT_MARK
+  FILE *f = fopen(INIT_MARK, "w");
+  if (f) fclose(f);
+#endif
   struct timespec ts = {SLOW_INIT_MS / 1000, (SLOW_INIT_MS % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0) {
   }
