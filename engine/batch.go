@@ -384,10 +384,14 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	}
 	var p *placement
 	dev := ""
+	var tm device.Timing // the run's, read before its instance goes back
 	if inst != nil {
 		p, dev = inst.dev, inst.dev.name
 		if err == nil && r.OutLen != int64(len(out)) {
 			err = &device.KernelError{Msg: abi.OutLenChanged}
+		}
+		if r != nil {
+			tm = r.Timing
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
 		pool.put(inst, broken, ended) // the run's end, as runOn read it
@@ -410,7 +414,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			}
 			rq.Output = rq.Output[:b.itemOut]
 			copy(rq.Output, out[int64(i)*b.itemOut:])
-			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
+			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = tm.CopyIn, tm.Kernels, tm.CopyOut
 		}
 		close(it.done)
 	}
