@@ -308,38 +308,86 @@ func (b *batcher) ended() {
 }
 
 // runItems runs one chain over items, whose inputs are in bb.in already,
-// and delivers each its slice of out, or the run's error to all of them.
+// and delivers each its slice of out, or the run's error to all of them;
+// but for an input refused (plover_reject), whose run is then retried
+// item by item, so that the refusal goes to its own request alone.
 func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
-	e, v, f := b.e, b.v, b.v.fn
-	m, pool := v.manifest, &b.v.pool
 	n := len(items)
 	k := n
 	if b.pad {
 		k = min(1<<bits.Len(uint(n-1)), b.maxItems)
 	}
+	in := bb.in[:int64(k)*b.itemIn]
+	clear(in[int64(n)*b.itemIn:])
+	out := bb.out[:int64(k)*b.itemOut]
+	all := b.runChain(items, in, out, k)
+	var alone []batchRun
+	if n > 1 && errdefs.KindOf(all.err) == errdefs.KindRejected {
+		// The ABI has no refusal per item: one request's bad input
+		// refuses the run, and its batch-mates sent nothing wrong. Each
+		// runs alone, its input and output where they are in the run's.
+		alone = make([]batchRun, n)
+		for i := range items {
+			o := int64(i) * b.itemOut
+			alone[i] = b.runChain(items[i:i+1], in[int64(i)*b.itemIn:int64(i+1)*b.itemIn], out[o:o+b.itemOut], 1)
+		}
+	}
+	b.ended()
+	for i, it := range items {
+		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
+			continue // its request gave up
+		}
+		res, size := all, n
+		if alone != nil {
+			res, size = alone[i], 1
+			res.start, res.load, res.sched = max(res.start, all.start), res.load+all.load, res.sched+all.sched
+		}
+		it.err, it.start, it.load, it.sched, it.size, it.device = res.err, res.start, res.load, res.sched, size, res.dev
+		if res.err == nil {
+			rq := it.req
+			if int64(cap(rq.Output)) < b.itemOut {
+				rq.Output = make([]byte, b.itemOut)
+			}
+			rq.Output = rq.Output[:b.itemOut]
+			copy(rq.Output, out[int64(i)*b.itemOut:])
+			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = res.tm.CopyIn, res.tm.Kernels, res.tm.CopyOut
+		}
+		close(it.done)
+	}
+}
+
+// batchRun is what one chain over some of a batch's items gave them.
+type batchRun struct {
+	err         error
+	start       call.Start
+	load, sched time.Duration
+	dev         string
+	tm          device.Timing // the run's, read before its instance went back
+}
+
+// runChain runs the chain once over items (k of them in the chain's eyes:
+// padding), their inputs in in and their outputs to go to out, on an
+// instance it takes and puts back.
+func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batchRun) {
+	e, v, f := b.e, b.v, b.v.fn
+	m, pool := v.manifest, &b.v.pool
 	// The run may take as long as its most patient request allows; a
 	// request with a shorter deadline leaves the run at its own.
 	deadline, ok := liveDeadline(items)
 	if !ok { // every request gave up since the run took them
-		b.ended()
-		return
+		res.err = errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
+		return res
 	}
-	in := bb.in[:int64(k)*b.itemIn]
-	clear(in[int64(n)*b.itemIn:])
-	out := bb.out[:int64(k)*b.itemOut]
-
-	var start call.Start
-	var load, sched time.Duration
 	t0 := time.Now()
 	inst, fresh, spent, err := pool.takeRetrying(context.Background(), deadline, nil)
 	var r *device.Run
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
 		if fresh != call.Hot {
-			start = max(start, fresh)
-			load = time.Since(t0)
+			res.start = max(res.start, fresh)
+			res.load = time.Since(t0)
 			if fresh == call.Cold {
-				e.coldStarted(f, v, inst, load)
+				e.coldStarted(f, v, inst, res.load)
 			}
 		}
 		now := time.Now()
@@ -358,7 +406,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			// As run.go's: a load or a take that outlasted every request's
 			// deadline runs nothing (the scheduler refuses it too, but with
 			// the schedulers off nothing else would stop it).
-			ended, err = now, errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (load %v)", f.name, load)
+			ended, err = now, errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (load %v)", f.name, res.load)
 			break
 		}
 		r = &inst.run
@@ -369,7 +417,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		r.Items = uint32(k)
 		var wait time.Duration
 		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, nil)
-		sched += wait
+		res.sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {
 			break
@@ -383,41 +431,23 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		}
 	}
 	var p *placement
-	dev := ""
-	var tm device.Timing // the run's, read before its instance goes back
 	if inst != nil {
-		p, dev = inst.dev, inst.dev.name
+		p, res.dev = inst.dev, inst.dev.name
 		if err == nil && r.OutLen != int64(len(out)) {
 			err = &device.KernelError{Msg: abi.OutLenChanged}
 		}
 		if r != nil {
-			tm = r.Timing
+			res.tm = r.Timing
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
 		pool.put(inst, broken, ended) // the run's end, as runOn read it
 	}
 	if err != nil {
-		err = v.runFailed(p, err)
+		res.err = v.runFailed(p, err)
 	} else {
 		pool.succeeded()
 	}
-	b.ended()
-	for i, it := range items {
-		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
-			continue // its request gave up
-		}
-		it.err, it.start, it.load, it.sched, it.size, it.device = err, start, load, sched, n, dev
-		if err == nil {
-			rq := it.req
-			if int64(cap(rq.Output)) < b.itemOut {
-				rq.Output = make([]byte, b.itemOut)
-			}
-			rq.Output = rq.Output[:b.itemOut]
-			copy(rq.Output, out[int64(i)*b.itemOut:])
-			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = tm.CopyIn, tm.Kernels, tm.CopyOut
-		}
-		close(it.done)
-	}
+	return res
 }
 
 // liveDeadline is the latest deadline of the items still in their run

@@ -400,3 +400,35 @@ func TestBatchAfterWarm(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// One request's input refused (plover_reject) is that request's fault
+// alone: it gets the 422, and the requests that shared its run get their
+// own answers, not the refusal of an input they did not send.
+func TestBatchRefusedInputFailsOnlyItsRequest(t *testing.T) {
+	m := testkit.BatchManifest("r", 4, "")
+	m.MaxInstances = 1
+	e := batchEngine(t, m)
+	busy := invokeAsync(e, "r", item(1, 200), time.Time{})
+	waitBusy(t, e, "r", 1)
+	values := []uint32{5, 0xBAD, 6}
+	var chs []chan batchResult
+	for _, v := range values {
+		chs = append(chs, invokeAsync(e, "r", item(v, 0), time.Time{}))
+	}
+	waitQueued(t, e, "r", len(values))
+	if r := <-busy; r.err != nil {
+		t.Fatal(r.err)
+	}
+	for i, ch := range chs {
+		r := <-ch
+		if values[i] == 0xBAD {
+			if errdefs.KindOf(r.err) != errdefs.KindRejected || !strings.Contains(r.err.Error(), "an item's input is refused") {
+				t.Errorf("the refused request: %v, want its refusal", r.err)
+			}
+			continue
+		}
+		if r.err != nil || r.value != values[i]+1 {
+			t.Errorf("request %d (value %d), in a run with a refused input: value %d, err %v", i, values[i], r.value, r.err)
+		}
+	}
+}

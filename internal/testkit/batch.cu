@@ -3,7 +3,8 @@
  * is 8 bytes: a uint32 value and a uint32 sleep in milliseconds; its output
  * is 8 bytes: value + 1 and the run's item count. The run sleeps for the
  * largest sleep among its items (to hold an instance busy), and fails with
- * plover_fail when any value is 0xDEAD, so a test can fail a whole batch.
+ * plover_fail when any value is 0xDEAD, so a test can fail a whole batch,
+ * and refuses its input with plover_reject when any value is 0xBAD.
  */
 #include <string.h>
 #include <time.h>
@@ -27,6 +28,10 @@ PLOVER_ENTRY(bitem) {
   for (uint32_t i = 0; i < n; i++) {
     if (in[2 * i] == 0xDEAD) {
       plover_fail(s, "batch: an item asked to fail");
+      return;
+    }
+    if (in[2 * i] == 0xBAD) {
+      plover_reject(s, "batch: an item's input is refused");
       return;
     }
     if (in[2 * i + 1] > ms) ms = in[2 * i + 1];
