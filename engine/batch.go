@@ -21,8 +21,9 @@ import (
 // as a slot (an instance) is free and requests are queued, taking up to
 // max_items of them in arrival order. With max_delay set, a free slot may
 // hold a partial batch for company, but only while other runs of the
-// function are in flight (so a lone request never waits) and never longer
-// than max_delay after the oldest request in it arrived.
+// function are in flight (so a lone request never waits), never longer
+// than max_delay after the oldest request in it arrived, and not at all
+// when a request in it has a deadline before then.
 //
 // Runs execute on their own goroutines; a request's goroutine only waits
 // for its item, so its deadline, cancellation and client checks act on it
@@ -253,12 +254,19 @@ func (b *batcher) dispatch() {
 }
 
 // holdFor is how much longer a free slot should hold the pending partial
-// batch for company; 0: run it now. Called with b.mu held.
+// batch for company; 0: run it now. A request whose deadline comes before
+// the hold would end is not held: it runs now. Called with b.mu held.
 func (b *batcher) holdFor(now time.Time) time.Duration {
 	if b.delay <= 0 || b.running == 0 || len(b.pending) >= b.maxItems {
 		return 0
 	}
-	return max(0, b.pending[0].enq.Add(b.delay).Sub(now))
+	end := b.pending[0].enq.Add(b.delay)
+	for _, it := range b.pending { // fewer than max_items
+		if it.deadline.Before(end) {
+			return 0
+		}
+	}
+	return max(0, end.Sub(now))
 }
 
 func maxTime(a, c time.Time) time.Time {

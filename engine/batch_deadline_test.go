@@ -75,3 +75,22 @@ func TestBatchWhoseRequestsAllGaveUpRunsNothing(t *testing.T) {
 		t.Fatalf("the next request was answered %v after the first was cancelled: it waited behind the first's 1.5 s chain, run for nobody", el)
 	}
 }
+
+// A free instance holds a partial batch for company (max_delay) only while
+// that costs no request in it its deadline: a request whose deadline comes
+// before the hold would end runs at once. It was held until its 504 with
+// an instance free.
+func TestBatchHoldEndsBeforeARequestsDeadline(t *testing.T) {
+	m := testkit.BatchManifest("hold", 16, "500ms")
+	m.MaxInstances = 2
+	e := batchEngine(t, m)
+	busy := invokeAsync(e, "hold", item(1, 1500), time.Time{}) // a run in flight: a free instance holds
+	waitBusy(t, e, "hold", 1)
+	r := <-invokeAsync(e, "hold", item(2, 0), time.Now().Add(150*time.Millisecond))
+	if r.err != nil || r.value != 3 {
+		t.Fatalf("a request with a 150 ms deadline, an instance free, max_delay 500ms: value %d, err %v", r.value, r.err)
+	}
+	if r := <-busy; r.err != nil {
+		t.Fatal(r.err)
+	}
+}
