@@ -575,7 +575,7 @@ func simSite(mark string) string {
 
 // simEntries are sim.cu's entries.
 var simEntries = []string{"sim_reduce", "sim_early_exit", "sim_votes", "sim_matmul", "sim_atomics", "sim_dynshared",
-	"sim_dyn_too_big", "sim_grid3d", "sim_grid3d_sync", "sim_bad_launch", "sim_diverge", "sim_cond_barrier", "sim_deep",
+	"sim_dyn_too_big", "sim_dyn_overrun", "sim_grid3d", "sim_grid3d_sync", "sim_bad_launch", "sim_diverge", "sim_cond_barrier", "sim_deep",
 	"sim_vec_nosync", "sim_vec_sync", "sim_vec_sync8", "sim_vec_serial"}
 
 // TestSimCUDABuild compiles sim.cu with nvcc and the Makefile's NVCCFLAGS:
@@ -840,5 +840,31 @@ func BenchmarkSim(b *testing.B) {
 			b.ReportMetric(float64(kernels.Nanoseconds())/float64(b.N), "kernel-ns/op")
 			b.ReportMetric(float64(kernels.Nanoseconds())/float64(b.N)/n, "kernel-ns/thread")
 		})
+	}
+}
+
+// TestSimDynamicSharedGuard: a kernel that writes past the dynamic shared
+// memory its launch asked for faults at the access, on an inaccessible
+// page after it (sigcode=2), as an illegal access fails on a GPU. It went
+// unnoticed: the memory was a heap buffer as large as the thread's
+// largest launch so far.
+func TestSimDynamicSharedGuard(t *testing.T) {
+	if so := os.Getenv("PLOVER_SIM_DYN_OVERRUN_SO"); so != "" {
+		// The child: 4 KiB written of a 64-byte launch, after a 16 KiB one.
+		e := loadSim(t, so)
+		out, err := e.run(e.instance(t), "sim_dyn_overrun", 1, 1, nil, 4)
+		t.Fatalf("sim_dyn_overrun returned (%v, %x) instead of faulting", err, out)
+	}
+	if testing.Short() {
+		t.Skip("runs a child process")
+	}
+	so := buildSim(t, t.TempDir(), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSimDynamicSharedGuard$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "PLOVER_SIM_DYN_OVERRUN_SO="+so)
+	child, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(child), "SIGSEGV") || !strings.Contains(string(child), "sigcode=2") {
+		t.Fatalf("the child writing past its dynamic shared memory: %v, want SIGSEGV on a guard page (sigcode=2):\n%s", err, child)
 	}
 }
