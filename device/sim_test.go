@@ -773,20 +773,24 @@ func TestSimStackGuard(t *testing.T) {
 		t.Errorf("1 MiB stacks: %v", err)
 	}
 
+	// Without a guard the fiber runs on into whatever lies below its stack
+	// (SEGV_MAPERR, sigcode=1, where nothing is mapped).
+	faultsOnAGuard(t, "TestSimStackGuard", "PLOVER_SIM_OVERFLOW_SO", "the overflowing child")
+}
+
+// faultsOnAGuard runs test again in a child process with env naming a
+// fresh sim.so, and fails unless the child (what) dies of SIGSEGV on a
+// guard page: sigcode=2, SEGV_ACCERR, a mapped page without access.
+func faultsOnAGuard(t *testing.T, test, env, what string) {
+	t.Helper()
 	so := buildSim(t, t.TempDir(), nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSimStackGuard$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "PLOVER_SIM_OVERFLOW_SO="+so)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+so)
 	child, err := cmd.CombinedOutput()
-	if err == nil {
-		t.Fatalf("the overflowing child exited 0:\n%s", child)
-	}
-	// sigcode=2 is SEGV_ACCERR: a mapped page without access, the guard.
-	// Without one the fiber runs on into whatever lies below its stack
-	// (SEGV_MAPERR, sigcode=1, where nothing is mapped).
-	if !strings.Contains(string(child), "SIGSEGV") || !strings.Contains(string(child), "sigcode=2") {
-		t.Fatalf("the overflowing child failed (%v) without SIGSEGV on a guard page (sigcode=2):\n%s", err, child)
+	if err == nil || !strings.Contains(string(child), "SIGSEGV") || !strings.Contains(string(child), "sigcode=2") {
+		t.Fatalf("%s: %v, want SIGSEGV on a guard page (sigcode=2):\n%s", what, err, child)
 	}
 }
 
@@ -858,13 +862,5 @@ func TestSimDynamicSharedGuard(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a child process")
 	}
-	so := buildSim(t, t.TempDir(), nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSimDynamicSharedGuard$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "PLOVER_SIM_DYN_OVERRUN_SO="+so)
-	child, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(child), "SIGSEGV") || !strings.Contains(string(child), "sigcode=2") {
-		t.Fatalf("the child writing past its dynamic shared memory: %v, want SIGSEGV on a guard page (sigcode=2):\n%s", err, child)
-	}
+	faultsOnAGuard(t, "TestSimDynamicSharedGuard", "PLOVER_SIM_DYN_OVERRUN_SO", "the child writing past its dynamic shared memory")
 }
