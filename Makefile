@@ -146,10 +146,12 @@ test: vet fuzz-short race-short bin/plover bin/plover-worker bin/testreport samp
 # The tests of shared state under concurrent requests, with the race
 # detector: the gate's buckets, request metrics, labels kept from borrowed
 # request bytes under keep-alive traffic, gRPC calls holding their token's
-# place. The whole suite under -race takes too long for every run.
+# place, batched runs following one another on an instance. The whole
+# suite under -race takes too long for every run.
 race-short:
 	$(GO) test -race -count=1 ./gate ./reqmetrics
 	$(GO) test -race -count=1 -run 'Labels|Stalled|BoundsItsBody|CallWithoutItsMessage|SequentialCalls' ./httpapi ./grpcapi
+	$(GO) test -race -count=1 -run 'TestBatchRunsReadTheirOwnTiming' ./engine
 
 # Fuzzing: each target's seeds, then new inputs for a while, one go test per
 # target (it fuzzes one at a time). An input that fails is written under the

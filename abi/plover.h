@@ -97,8 +97,10 @@
  * lengths, and leave out.len as it is. On CUDA, k may be rounded up to a
  * power of two (the extra inputs are zero, their outputs dropped) so that
  * few graph recordings cover every batch size. A run that fails fails every
- * request in it with the same error. A bundle without PLOVER_BATCHED is
- * never batched.
+ * request in it with the same error, but for a refusal (plover_reject): the
+ * runtime then runs each of its requests alone (s->items = 1), so that only
+ * the one whose input is refused gets the refusal. A bundle without
+ * PLOVER_BATCHED is never batched.
  *
  * ERRORS. An entry reports failure with plover_fail(s, "message"); the
  * chain still runs to its end, then the request fails (HTTP 500) with the

@@ -29,6 +29,9 @@
  *   - __shared__ memory is per OS thread, so every running block has its
  *     own and two instances may run at once on two threads. As on a GPU,
  *     its contents at block start are undefined (here: the last block's).
+ *     A launch's dynamic shared memory ends, rounded up to 16 bytes, at an
+ *     inaccessible page: an access past the shared_bytes it asked for
+ *     faults (SIGSEGV) at the access, an illegal access on a GPU.
  *   - atomicAdd/Sub/Exch/Min/Max/Inc/Dec/CAS/And/Or/Xor have CUDA's
  *     overloads (int, unsigned, unsigned long long; float and double add)
  *     and return the old value. They are plain read-modify-writes, exact
@@ -194,7 +197,7 @@ struct Pool {
   Fiber *fibers;   /* one per thread of the largest block run here */
   unsigned cap;    /* records in fibers */
   unsigned mapped; /* fibers[1..mapped) have stacks */
-  void *dyn;
+  char *dyn;       /* dynamic shared memory: dyncap bytes, then a guard page */
   size_t dyncap;
   bool busy;
   Pool *next;
@@ -248,7 +251,7 @@ inline __attribute__((destructor)) void unload_() {
     if (p->busy) continue; /* exit() while a kernel runs: leave it */
     for (unsigned i = 1; i < p->mapped; i++) munmap(p->fibers[i].map, page_bytes() + stack_bytes());
     free(p->fibers);
-    free(p->dyn);
+    if (p->dyn != nullptr) munmap(p->dyn, p->dyncap + page_bytes());
     free(p);
   }
   pools_ = nullptr;
@@ -568,15 +571,22 @@ inline __attribute__((noinline)) bool begin(State &s, dim3 g, dim3 b, size_t sha
       p->fibers = f;
       p->cap = n;
     }
-    if (shared > p->dyncap) {
-      void *d = nullptr;
-      if (posix_memalign(&d, 64, shared) != 0) goto oom;
-      free(p->dyn);
-      p->dyn = d;
-      p->dyncap = shared;
+    if (shared > p->dyncap) { /* pages, then an inaccessible one */
+      size_t pg = page_bytes(), cap = (shared + pg - 1) / pg * pg;
+      void *m = mmap(nullptr, cap + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) goto oom;
+      if (mprotect((char *)m + cap, pg, PROT_NONE) != 0) {
+        munmap(m, cap + pg);
+        goto oom;
+      }
+      if (p->dyn != nullptr) munmap(p->dyn, p->dyncap + pg);
+      p->dyn = (char *)m;
+      p->dyncap = cap;
     }
     p->busy = true;
-    s.dyn = p->dyn;
+    /* This launch's memory ends at the guard, to CUDA's 16-byte alignment:
+     * an access past it faults there. */
+    s.dyn = p->dyn != nullptr ? p->dyn + p->dyncap - (shared + 15) / 16 * 16 : nullptr;
     s.body = body;
     s.arg = arg;
     s.nthreads = n;

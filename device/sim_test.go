@@ -575,7 +575,7 @@ func simSite(mark string) string {
 
 // simEntries are sim.cu's entries.
 var simEntries = []string{"sim_reduce", "sim_early_exit", "sim_votes", "sim_matmul", "sim_atomics", "sim_dynshared",
-	"sim_dyn_too_big", "sim_grid3d", "sim_grid3d_sync", "sim_bad_launch", "sim_diverge", "sim_cond_barrier", "sim_deep",
+	"sim_dyn_too_big", "sim_dyn_overrun", "sim_grid3d", "sim_grid3d_sync", "sim_bad_launch", "sim_diverge", "sim_cond_barrier", "sim_deep",
 	"sim_vec_nosync", "sim_vec_sync", "sim_vec_sync8", "sim_vec_serial"}
 
 // TestSimCUDABuild compiles sim.cu with nvcc and the Makefile's NVCCFLAGS:
@@ -773,20 +773,24 @@ func TestSimStackGuard(t *testing.T) {
 		t.Errorf("1 MiB stacks: %v", err)
 	}
 
+	// Without a guard the fiber runs on into whatever lies below its stack
+	// (SEGV_MAPERR, sigcode=1, where nothing is mapped).
+	faultsOnAGuard(t, "TestSimStackGuard", "PLOVER_SIM_OVERFLOW_SO", "the overflowing child")
+}
+
+// faultsOnAGuard runs test again in a child process with env naming a
+// fresh sim.so, and fails unless the child (what) dies of SIGSEGV on a
+// guard page: sigcode=2, SEGV_ACCERR, a mapped page without access.
+func faultsOnAGuard(t *testing.T, test, env, what string) {
+	t.Helper()
 	so := buildSim(t, t.TempDir(), nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSimStackGuard$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "PLOVER_SIM_OVERFLOW_SO="+so)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+so)
 	child, err := cmd.CombinedOutput()
-	if err == nil {
-		t.Fatalf("the overflowing child exited 0:\n%s", child)
-	}
-	// sigcode=2 is SEGV_ACCERR: a mapped page without access, the guard.
-	// Without one the fiber runs on into whatever lies below its stack
-	// (SEGV_MAPERR, sigcode=1, where nothing is mapped).
-	if !strings.Contains(string(child), "SIGSEGV") || !strings.Contains(string(child), "sigcode=2") {
-		t.Fatalf("the overflowing child failed (%v) without SIGSEGV on a guard page (sigcode=2):\n%s", err, child)
+	if err == nil || !strings.Contains(string(child), "SIGSEGV") || !strings.Contains(string(child), "sigcode=2") {
+		t.Fatalf("%s: %v, want SIGSEGV on a guard page (sigcode=2):\n%s", what, err, child)
 	}
 }
 
@@ -841,4 +845,22 @@ func BenchmarkSim(b *testing.B) {
 			b.ReportMetric(float64(kernels.Nanoseconds())/float64(b.N)/n, "kernel-ns/thread")
 		})
 	}
+}
+
+// TestSimDynamicSharedGuard: a kernel that writes past the dynamic shared
+// memory its launch asked for faults at the access, on an inaccessible
+// page after it (sigcode=2), as an illegal access fails on a GPU. It went
+// unnoticed: the memory was a heap buffer as large as the thread's
+// largest launch so far.
+func TestSimDynamicSharedGuard(t *testing.T) {
+	if so := os.Getenv("PLOVER_SIM_DYN_OVERRUN_SO"); so != "" {
+		// The child: 4 KiB written of a 64-byte launch, after a 16 KiB one.
+		e := loadSim(t, so)
+		out, err := e.run(e.instance(t), "sim_dyn_overrun", 1, 1, nil, 4)
+		t.Fatalf("sim_dyn_overrun returned (%v, %x) instead of faulting", err, out)
+	}
+	if testing.Short() {
+		t.Skip("runs a child process")
+	}
+	faultsOnAGuard(t, "TestSimDynamicSharedGuard", "PLOVER_SIM_DYN_OVERRUN_SO", "the child writing past its dynamic shared memory")
 }

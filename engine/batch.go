@@ -21,8 +21,9 @@ import (
 // as a slot (an instance) is free and requests are queued, taking up to
 // max_items of them in arrival order. With max_delay set, a free slot may
 // hold a partial batch for company, but only while other runs of the
-// function are in flight (so a lone request never waits) and never longer
-// than max_delay after the oldest request in it arrived.
+// function are in flight (so a lone request never waits), never longer
+// than max_delay after the oldest request in it arrived, and not at all
+// when a request in it has a deadline before then.
 //
 // Runs execute on their own goroutines; a request's goroutine only waits
 // for its item, so its deadline, cancellation and client checks act on it
@@ -253,12 +254,19 @@ func (b *batcher) dispatch() {
 }
 
 // holdFor is how much longer a free slot should hold the pending partial
-// batch for company; 0: run it now. Called with b.mu held.
+// batch for company; 0: run it now. A request whose deadline comes before
+// the hold would end is not held: it runs now. Called with b.mu held.
 func (b *batcher) holdFor(now time.Time) time.Duration {
 	if b.delay <= 0 || b.running == 0 || len(b.pending) >= b.maxItems {
 		return 0
 	}
-	return max(0, b.pending[0].enq.Add(b.delay).Sub(now))
+	end := b.pending[0].enq.Add(b.delay)
+	for _, it := range b.pending { // fewer than max_items
+		if it.deadline.Before(end) {
+			return 0
+		}
+	}
+	return max(0, end.Sub(now))
 }
 
 func maxTime(a, c time.Time) time.Time {
@@ -308,47 +316,105 @@ func (b *batcher) ended() {
 }
 
 // runItems runs one chain over items, whose inputs are in bb.in already,
-// and delivers each its slice of out, or the run's error to all of them.
+// and delivers each its slice of out, or the run's error to all of them;
+// but for an input refused (plover_reject), whose run is then retried
+// item by item, so that the refusal goes to its own request alone.
 func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
-	e, v, f := b.e, b.v, b.v.fn
-	m, pool := v.manifest, &b.v.pool
 	n := len(items)
 	k := n
 	if b.pad {
 		k = min(1<<bits.Len(uint(n-1)), b.maxItems)
 	}
-	// The run may take as long as its most patient request allows; a
-	// request with a shorter deadline leaves the run at its own.
-	var deadline time.Time
-	for _, it := range items {
-		if d := it.deadline; d.After(deadline) {
-			deadline = d
-		}
-	}
 	in := bb.in[:int64(k)*b.itemIn]
 	clear(in[int64(n)*b.itemIn:])
 	out := bb.out[:int64(k)*b.itemOut]
+	all := b.runChain(items, in, out, k)
+	var alone []batchRun
+	if n > 1 && errdefs.KindOf(all.err) == errdefs.KindRejected {
+		// The ABI has no refusal per item: one request's bad input
+		// refuses the run, and its batch-mates sent nothing wrong. Each
+		// runs alone, its input and output where they are in the run's.
+		alone = make([]batchRun, n)
+		for i := range items {
+			o := int64(i) * b.itemOut
+			alone[i] = b.runChain(items[i:i+1], in[int64(i)*b.itemIn:int64(i+1)*b.itemIn], out[o:o+b.itemOut], 1)
+		}
+	}
+	b.ended()
+	for i, it := range items {
+		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
+			continue // its request gave up
+		}
+		res, size := all, n
+		if alone != nil {
+			res, size = alone[i], 1
+			res.start, res.load, res.sched = max(res.start, all.start), res.load+all.load, res.sched+all.sched
+		}
+		it.err, it.start, it.load, it.sched, it.size, it.device = res.err, res.start, res.load, res.sched, size, res.dev
+		if res.err == nil {
+			rq := it.req
+			if int64(cap(rq.Output)) < b.itemOut {
+				rq.Output = make([]byte, b.itemOut)
+			}
+			rq.Output = rq.Output[:b.itemOut]
+			copy(rq.Output, out[int64(i)*b.itemOut:])
+			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = res.tm.CopyIn, res.tm.Kernels, res.tm.CopyOut
+		}
+		close(it.done)
+	}
+}
 
-	var start call.Start
-	var load, sched time.Duration
+// batchRun is what one chain over some of a batch's items gave them.
+type batchRun struct {
+	err         error
+	start       call.Start
+	load, sched time.Duration
+	dev         string
+	tm          device.Timing // the run's, read before its instance went back
+}
+
+// runChain runs the chain once over items (k of them in the chain's eyes:
+// padding), their inputs in in and their outputs to go to out, on an
+// instance it takes and puts back.
+func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batchRun) {
+	e, v, f := b.e, b.v, b.v.fn
+	m, pool := v.manifest, &b.v.pool
+	// The run may take as long as its most patient request allows; a
+	// request with a shorter deadline leaves the run at its own.
+	deadline, ok := liveDeadline(items)
+	if !ok { // every request gave up since the run took them
+		res.err = errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
+		return res
+	}
 	t0 := time.Now()
 	inst, fresh, spent, err := pool.takeRetrying(context.Background(), deadline, nil)
 	var r *device.Run
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
 		if fresh != call.Hot {
-			start = max(start, fresh)
-			load = time.Since(t0)
+			res.start = max(res.start, fresh)
+			res.load = time.Since(t0)
 			if fresh == call.Cold {
-				e.coldStarted(f, v, inst, load)
+				e.coldStarted(f, v, inst, res.load)
 			}
 		}
 		now := time.Now()
+		// Requests that gave up (cancelled, client gone, deadline) while
+		// the instance was taken or made left the run: it runs for those
+		// left, until the latest of their deadlines, and for none runs
+		// nothing (an unbatched request's cancelled context stops its run
+		// at the scheduler; this run's context is no request's).
+		live, anyLeft := liveDeadline(items)
+		if !anyLeft {
+			ended, err = now, errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
+			break
+		}
+		deadline = live
 		if !now.Before(deadline) {
 			// As run.go's: a load or a take that outlasted every request's
 			// deadline runs nothing (the scheduler refuses it too, but with
 			// the schedulers off nothing else would stop it).
-			ended, err = now, errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (load %v)", f.name, load)
+			ended, err = now, errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (load %v)", f.name, res.load)
 			break
 		}
 		r = &inst.run
@@ -359,7 +425,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		r.Items = uint32(k)
 		var wait time.Duration
 		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, nil)
-		sched += wait
+		res.sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {
 			break
@@ -373,37 +439,37 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		}
 	}
 	var p *placement
-	dev := ""
 	if inst != nil {
-		p, dev = inst.dev, inst.dev.name
+		p, res.dev = inst.dev, inst.dev.name
 		if err == nil && r.OutLen != int64(len(out)) {
 			err = &device.KernelError{Msg: abi.OutLenChanged}
+		}
+		if r != nil {
+			res.tm = r.Timing
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
 		pool.put(inst, broken, ended) // the run's end, as runOn read it
 	}
 	if err != nil {
-		err = v.runFailed(p, err)
+		res.err = v.runFailed(p, err)
 	} else {
 		pool.succeeded()
 	}
-	b.ended()
-	for i, it := range items {
-		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
-			continue // its request gave up
-		}
-		it.err, it.start, it.load, it.sched, it.size, it.device = err, start, load, sched, n, dev
-		if err == nil {
-			rq := it.req
-			if int64(cap(rq.Output)) < b.itemOut {
-				rq.Output = make([]byte, b.itemOut)
+	return res
+}
+
+// liveDeadline is the latest deadline of the items still in their run
+// (taken, not abandoned); ok is false when none is.
+func liveDeadline(items []*batchItem) (deadline time.Time, ok bool) {
+	for _, it := range items {
+		if it.state.Load() == itemTaken {
+			ok = true
+			if it.deadline.After(deadline) {
+				deadline = it.deadline
 			}
-			rq.Output = rq.Output[:b.itemOut]
-			copy(rq.Output, out[int64(i)*b.itemOut:])
-			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
 		}
-		close(it.done)
 	}
+	return deadline, ok
 }
 
 // full reports a queue that refuses the next request.

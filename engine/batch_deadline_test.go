@@ -1,10 +1,15 @@
 package engine_test
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -23,11 +28,71 @@ func TestBatchPastItsDeadlineRunsNothing(t *testing.T) {
 	if first.err == nil {
 		t.Fatalf("a request with a 150 ms deadline was answered after a 400 ms instance init: %+v", first)
 	}
-	r := <-invokeAsync(e, "late", item(2, 0), time.Now().Add(5*time.Second))
+	nextNotBehind(t, e, "late", t0, "the first began", "run past every deadline")
+}
+
+// nextNotBehind sends name the next request and fails unless it is
+// answered within 1.2 s of t0 (when what happened): not behind the first
+// request's 1.5 s chain, run for no one (how).
+func nextNotBehind(t *testing.T, e *engine.Engine, name string, t0 time.Time, what, how string) {
+	t.Helper()
+	r := <-invokeAsync(e, name, item(2, 0), time.Now().Add(5*time.Second))
 	if r.err != nil || r.value != 3 {
 		t.Fatalf("the next request: %+v", r)
 	}
 	if el := time.Since(t0); el > 1200*time.Millisecond {
-		t.Fatalf("the next request was answered %v after the first began: it waited behind the first's 1.5 s chain, run past every deadline", el)
+		t.Fatalf("the next request was answered %v after %s: it waited behind the first's 1.5 s chain, %s", el, what, how)
+	}
+}
+
+// A batch whose every request gave up (here cancelled) while its instance
+// was being made runs nothing once it has one: it held the only instance
+// for its 1.5 s chain, for nobody, and the next request waited behind it.
+func TestBatchWhoseRequestsAllGaveUpRunsNothing(t *testing.T) {
+	m := testkit.BatchManifest("gaveup", 4, "")
+	m.MaxInstances = 1
+	mark := filepath.Join(t.TempDir(), "init")
+	dir := batchBundle(t, m, "-DSLOW_INIT_MS=500", `-DINIT_MARK="`+mark+`"`)
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		first <- e.Invoke(ctx, "gaveup", &call.Request{Input: item(1, 1500), Deadline: time.Now().Add(10 * time.Second)})
+	}()
+	// Its run is making the instance (plover_instance_init has begun).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(mark); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no instance was ever made for the first request")
+		}
+	}
+	cancel()
+	t0 := time.Now()
+	if err := <-first; errdefs.KindOf(err) != errdefs.KindUnavailable {
+		t.Fatalf("the cancelled request: %v", err)
+	}
+	nextNotBehind(t, e, "gaveup", t0, "the first was cancelled", "run for nobody")
+}
+
+// A free instance holds a partial batch for company (max_delay) only while
+// that costs no request in it its deadline: a request whose deadline comes
+// before the hold would end runs at once. It was held until its 504 with
+// an instance free.
+func TestBatchHoldEndsBeforeARequestsDeadline(t *testing.T) {
+	m := testkit.BatchManifest("hold", 16, "500ms")
+	m.MaxInstances = 2
+	e := batchEngine(t, m)
+	busy := invokeAsync(e, "hold", item(1, 1500), time.Time{}) // a run in flight: a free instance holds
+	waitBusy(t, e, "hold", 1)
+	r := <-invokeAsync(e, "hold", item(2, 0), time.Now().Add(150*time.Millisecond))
+	if r.err != nil || r.value != 3 {
+		t.Fatalf("a request with a 150 ms deadline, an instance free, max_delay 500ms: value %d, err %v", r.value, r.err)
+	}
+	if r := <-busy; r.err != nil {
+		t.Fatal(r.err)
 	}
 }

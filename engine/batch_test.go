@@ -207,11 +207,7 @@ func TestBatchLimitsAndFailures(t *testing.T) {
 	})
 
 	t.Run("failing run fails every request", func(t *testing.T) {
-		busy := invokeAsync(e, "l", item(1, 200), time.Time{})
-		waitBusy(t, e, "l", 1)
-		chs := []chan batchResult{invokeAsync(e, "l", item(5, 0), time.Time{}), invokeAsync(e, "l", item(0xDEAD, 0), time.Time{}), invokeAsync(e, "l", item(6, 0), time.Time{})}
-		waitQueued(t, e, "l", 3)
-		<-busy
+		chs := behindABusyRun(t, e, "l", 5, 0xDEAD, 6)
 		for i, ch := range chs {
 			r := <-ch
 			if errdefs.KindOf(r.err) != errdefs.KindKernel || !strings.Contains(r.err.Error(), "an item asked to fail") {
@@ -240,6 +236,24 @@ func TestBatchLimitsAndFailures(t *testing.T) {
 			}
 		})
 	}
+}
+
+// behindABusyRun queues requests of values behind a 200 ms run of name's
+// one instance, so that they run as one batch once it ends, and returns
+// where their results will be.
+func behindABusyRun(t *testing.T, e *engine.Engine, name string, values ...uint32) []chan batchResult {
+	t.Helper()
+	busy := invokeAsync(e, name, item(1, 200), time.Time{})
+	waitBusy(t, e, name, 1)
+	var chs []chan batchResult
+	for _, v := range values {
+		chs = append(chs, invokeAsync(e, name, item(v, 0), time.Time{}))
+	}
+	waitQueued(t, e, name, len(values))
+	if r := <-busy; r.err != nil {
+		t.Fatal(r.err)
+	}
+	return chs
 }
 
 // A batched run whose entry lowers out.len fails: responses are fixed slices.
@@ -397,6 +411,69 @@ func TestBatchAfterWarm(t *testing.T) {
 		t.Fatalf("a request during a 700 ms warm-up took %v: it waited for its deadline, not the instance", el)
 	}
 	if err := <-deployed; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// One request's input refused (plover_reject) is that request's fault
+// alone: it gets the 422, and the requests that shared its run get their
+// own answers, not the refusal of an input they did not send.
+func TestBatchRefusedInputFailsOnlyItsRequest(t *testing.T) {
+	m := testkit.BatchManifest("r", 4, "")
+	m.MaxInstances = 1
+	e := batchEngine(t, m)
+	values := []uint32{5, 0xBAD, 6}
+	chs := behindABusyRun(t, e, "r", values...)
+	for i, ch := range chs {
+		r := <-ch
+		if values[i] == 0xBAD {
+			if errdefs.KindOf(r.err) != errdefs.KindRejected || !strings.Contains(r.err.Error(), "an item's input is refused") {
+				t.Errorf("the refused request: %v, want its refusal", r.err)
+			}
+			continue
+		}
+		if r.err != nil || r.value != values[i]+1 {
+			t.Errorf("request %d (value %d), in a run with a refused input: value %d, err %v", i, values[i], r.value, r.err)
+		}
+	}
+}
+
+// Runs of a batching function that follow one another on its instances
+// each report their own copy and kernel times: a run read them from its
+// instance after putting it back, when the next run may already be using
+// it (a data race, which go test -race reports here).
+func TestBatchRunsReadTheirOwnTimingBeforeTheNextTakesTheInstance(t *testing.T) {
+	m := testkit.BatchManifest("tm", 4, "")
+	m.MaxInstances = 2
+	e := batchEngine(t, m)
+	const clients, perClient = 8, 150
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	stop := time.Now().Add(20 * time.Second)
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perClient {
+				if time.Now().After(stop) {
+					return
+				}
+				v := uint32(c*1000 + i)
+				req := &call.Request{Input: item(v, 0)}
+				if err := e.Invoke(context.Background(), "tm", req); err != nil {
+					errs <- err
+					return
+				}
+				if got := binary.LittleEndian.Uint32(req.Output); got != v+1 {
+					errs <- fmt.Errorf("request %d got %d", v, got)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
 		t.Fatal(err)
 	}
 }

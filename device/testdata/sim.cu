@@ -274,6 +274,22 @@ PLOVER_ENTRY(sim_dyn_too_big) {
   PLOVER_LAUNCH_SHARED(dyn_reverse, 1, block, 64 * 1024, s, (const int *)s->input.dat, (int *)s->out.dat, (size_t)0);
 }
 
+/* Writes n bytes of dynamic shared memory, however much the launch asked
+ * for: past its end when n is more. */
+__global__ void dyn_fill(size_t n) {
+  PLOVER_DYNAMIC_SHARED(unsigned char, sh);
+  if (threadIdx.x == 0)
+    for (size_t i = 0; i < n; i++) sh[i] = (unsigned char)i;
+}
+
+/* A launch with 16 KiB of dynamic shared memory, then one with 64 bytes
+ * that writes 4 KiB of it: an overrun (on a GPU an illegal access). */
+PLOVER_ENTRY(sim_dyn_overrun) {
+  (void)grid;
+  PLOVER_LAUNCH_SHARED(dyn_fill, 1, block, 16 * 1024, s, (size_t)16 * 1024);
+  PLOVER_LAUNCH_SHARED(dyn_fill, 1, block, 64, s, (size_t)4096);
+}
+
 /* ---- 3D launches. ------------------------------------------------------ */
 
 /* Each thread writes a record of 9 words at its linear index in the grid:

@@ -3,7 +3,8 @@
  * is 8 bytes: a uint32 value and a uint32 sleep in milliseconds; its output
  * is 8 bytes: value + 1 and the run's item count. The run sleeps for the
  * largest sleep among its items (to hold an instance busy), and fails with
- * plover_fail when any value is 0xDEAD, so a test can fail a whole batch.
+ * plover_fail when any value is 0xDEAD, so a test can fail a whole batch,
+ * and refuses its input with plover_reject when any value is 0xBAD.
  */
 #include <string.h>
 #include <time.h>
@@ -29,6 +30,10 @@ PLOVER_ENTRY(bitem) {
       plover_fail(s, "batch: an item asked to fail");
       return;
     }
+    if (in[2 * i] == 0xBAD) {
+      plover_reject(s, "batch: an item's input is refused");
+      return;
+    }
     if (in[2 * i + 1] > ms) ms = in[2 * i + 1];
   }
   if (ms) {
@@ -43,9 +48,18 @@ PLOVER_ENTRY(bitem) {
 }
 
 #ifdef SLOW_INIT_MS
-/* -DSLOW_INIT_MS=n: every instance takes n ms to create. */
+#ifdef INIT_MARK
+#include <stdio.h>
+#endif
+/* -DSLOW_INIT_MS=n: every instance takes n ms to create; with
+ * -DINIT_MARK='"path"' it first creates that file, so that a test sees an
+ * instance being made. */
 PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
   (void)s;
+#ifdef INIT_MARK
+  FILE *f = fopen(INIT_MARK, "w");
+  if (f) fclose(f);
+#endif
   struct timespec ts = {SLOW_INIT_MS / 1000, (SLOW_INIT_MS % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0) {
   }
