@@ -52,6 +52,7 @@ func benchCmd() *command {
 	var f benchFlags
 	return &command{
 		nargs: 1,
+		named: true,
 		name:  "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
 		complete: f.ep.completeFunctions,
 		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--chart FILE.svg] [--json]",

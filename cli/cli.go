@@ -28,7 +28,10 @@ type command struct {
 	summary string
 	usage   string // arguments after the name
 	nargs   int    // positional arguments the command takes
-	hidden  bool   // not listed: internal to plover (the worker)
+	// named: the first argument is a function's name, which goes into
+	// request paths: refused (exit 2) unless a function can have it.
+	named   bool
+	hidden  bool // not listed: internal to plover (the worker)
 	example string
 	run     func(fs *flag.FlagSet, args []string, env *Env) error
 	flags   func(fs *flag.FlagSet)
@@ -232,6 +235,9 @@ func (c *command) cobra(env *Env) *cobra.Command {
 					fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
 					return &usageError{err.Error()}
 				}
+			}
+			if c.named && !abi.ValidName(args[0]) {
+				return usagef(env, c.name, "NAME %q: not a function name (names match [a-z0-9][a-z0-9-]{0,62})", args[0])
 			}
 			return c.run(fs, args, env)
 		},

@@ -192,6 +192,7 @@ func invokeCmd() *command {
 	var timeout time.Duration
 	return &command{
 		nargs: 1,
+		named: true,
 		name:  "invoke", summary: "run a function on input bytes and write its output bytes",
 		complete: ep.completeFunctions,
 		usage:    "NAME [--in FILE|-] [--out FILE|-] [--timeout DURATION] [--json] [--timing]",
@@ -448,6 +449,7 @@ func rmCmd() *command {
 	var asJSON, force bool
 	return &command{
 		nargs: 1,
+		named: true,
 		name:  "rm", summary: "delete a function or pipeline (its in-flight requests finish first)",
 		complete: ep.completeFunctions,
 		usage:    "NAME [--force]",

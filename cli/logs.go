@@ -19,6 +19,7 @@ func logsCmd() *command {
 	var since time.Duration
 	return &command{
 		nargs: 1,
+		named: true,
 		name:  "logs", summary: "show what a function printed (its workers' stdout and stderr, kept by the server)",
 		complete: ep.completeFunctions,
 		usage:    "NAME [--follow] [--since 10m] [--json]",

@@ -36,6 +36,7 @@ func versionsCmd() *command {
 	var asJSON bool
 	return &command{
 		nargs: 1,
+		named: true,
 		name:  "versions", summary: "list a function's versions (* marks the current one)",
 		complete: ep.completeFunctions,
 		usage:    "NAME [--server URL | --store URL]",
@@ -108,6 +109,7 @@ func rollbackCmd() *command {
 	var asJSON bool
 	return &command{
 		nargs: 2,
+		named: true,
 		name:  "rollback", summary: "make an earlier version of a function current again",
 		complete: ep.completeFunctions,
 		usage:    "NAME VERSION [--server URL | --store URL]",

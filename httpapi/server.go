@@ -461,8 +461,12 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	defer s.calls.Put(c)
 	c.conn = ctx.Conn()
 	defer func() { c.conn = nil }()
-	c.req.Override = nil
-	c.req.Timing = call.Timing{}
+	// Nothing of the exchange's last request: one refused before the
+	// engine sets them (a name no function has, a bad header) is counted
+	// and traced from these fields, and a stale version, start, device,
+	// copy count or pipeline steps went into its span and metrics. The
+	// buffers keep their capacity.
+	c.req = call.Request{Gone: c.req.Gone, Output: c.req.Output[:0], Steps: c.req.Steps[:0]}
 	err := s.begin(ctx, &c.req)
 	if err == nil {
 		switch ct := mediaType(ctx.Request.Header.ContentType()); ct {

@@ -428,7 +428,8 @@ func (g Registry) Unlabel(ctx context.Context, name, label string) (current stri
 
 // GC deletes every bundle object that no record's version list names. A
 // bundle being published concurrently may be deleted before its record
-// lands; grace keeps objects younger than it.
+// lands; grace keeps objects younger than it, by their age read just
+// before each delete (a deploy touches a bundle it reuses).
 func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error) {
 	recs, err := g.List(ctx)
 	if err != nil {
@@ -455,6 +456,15 @@ func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error)
 	}
 	for _, o := range objs {
 		if used[o.Key] || time.Since(o.ModTime) < grace {
+			continue
+		}
+		// Its age again, as it is now: a deploy may have reused it
+		// (touched it, then written a record naming it) since the
+		// listing, while the bundles before it were deleted.
+		if in, err := g.Store.Stat(ctx, o.Key); err != nil || time.Since(in.ModTime) < grace {
+			if err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+				return removed, fmt.Errorf("gc: %w", err)
+			}
 			continue
 		}
 		if err := g.Store.Delete(ctx, o.Key); err != nil {

@@ -132,13 +132,17 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // probing names cannot grow the series without bound; so do requests
 // refused before the engine saw them (400, 415, the gate's 401, 403, 429)
 // and those answered 503 (the store unreachable: the name may be anything)
-// for names the metrics have not met yet: a name takes one of the limited
-// labels only once a function of that name has answered.
+// for names the metrics have not met yet, and those that timed out or whose
+// client left before a version was resolved (r.Version empty: the record
+// was still being read, so the name is the client's guess): a name takes
+// one of the limited labels only once a function of that name has
+// answered.
 func (m *Metrics) Record(name call.Name, code int, kind errdefs.Kind, r *call.Request) {
 	t := &r.Timing
+	unresolved := (kind == errdefs.KindTimeout || kind == errdefs.KindGone) && r.Version == ""
 	if code == 404 && kind == errdefs.KindNotFound {
 		name = call.NameOf(unknown)
-	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable) && !m.known(name.Borrow()) {
+	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable || unresolved) && !m.known(name.Borrow()) {
 		name = call.NameOf(unknown)
 	}
 	fm := m.function(name)

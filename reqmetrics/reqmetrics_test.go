@@ -19,20 +19,24 @@ func TestLabels(t *testing.T) {
 		code      int
 		kind      errdefs.Kind
 		wantLabel string
+		version   string // the version the engine resolved, if it did
 	}{
-		{"cnn", 200, errdefs.KindInternal, "cnn"},
-		{"cnn", 429, errdefs.KindBusy, "cnn"},
-		{"\xff\xfe\xfd", 429, errdefs.KindBusy, "_unknown"},
-		{"\xff\xfe\xfd", 401, errdefs.KindInternal, "_unknown"},
-		{"Upper", 500, errdefs.KindInternal, "_unknown"},
-		{"nope", 404, errdefs.KindNotFound, "_unknown"},
-		{"fresh", 400, errdefs.KindBadRequest, "_unknown"},
-		{"made-up", 503, errdefs.KindUnavailable, "_unknown"}, // a store outage: any name is a 503
+		{"cnn", 200, errdefs.KindInternal, "cnn", ""},
+		{"cnn", 429, errdefs.KindBusy, "cnn", ""},
+		{"\xff\xfe\xfd", 429, errdefs.KindBusy, "_unknown", ""},
+		{"\xff\xfe\xfd", 401, errdefs.KindInternal, "_unknown", ""},
+		{"Upper", 500, errdefs.KindInternal, "_unknown", ""},
+		{"nope", 404, errdefs.KindNotFound, "_unknown", ""},
+		{"fresh", 400, errdefs.KindBadRequest, "_unknown", ""},
+		{"made-up", 503, errdefs.KindUnavailable, "_unknown", ""}, // a store outage: any name is a 503
+		{"guessed", 504, errdefs.KindTimeout, "_unknown", ""},     // timed out while its record was read
+		{"left", 499, errdefs.KindGone, "_unknown", ""},
+		{"slow", 504, errdefs.KindTimeout, "slow", "v1"}, // a function's own: it queued past its deadline
 	} {
 		reg := prometheus.NewRegistry()
 		m := New(reg)
 		buf := []byte(tc.name)
-		m.Record(call.BorrowName(buf), tc.code, tc.kind, &call.Request{}) // borrowed, as the HTTP path's
+		m.Record(call.BorrowName(buf), tc.code, tc.kind, &call.Request{Version: tc.version}) // borrowed, as the HTTP path's
 		for i := range buf {
 			buf[i] = 0xff // the request's buffer, reused
 		}

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -252,6 +253,29 @@ func TestTracing(t *testing.T) {
 		}
 		if runs != 2 {
 			t.Errorf("%d run spans for two steps", runs)
+		}
+	})
+
+	// A request refused before it reached a version (a name no function
+	// has) carries nothing of the request the transport served before it
+	// on the same pooled exchange: no version, start or device, and no
+	// step spans of another caller's pipeline.
+	t.Run("refused request carries nothing of the last", func(t *testing.T) {
+		for i := range 8 {
+			pipeInvoke(t, srv.url, "ab", []byte("x")).ok(t, "ab")
+			id := fmt.Sprintf("7777777777777777777777777777777%x", i)
+			if r := pipeInvoke(t, srv.url, "no-such-fn", []byte("x"), "traceparent", tp(id, "01")); r.code != 404 {
+				t.Fatalf("invoke of no-such-fn: %d %s, want 404", r.code, r.body)
+			}
+			req := rcv.waitSpans(t, id, "POST /v1/functions/{name}/invoke")["POST /v1/functions/{name}/invoke"]
+			if v, st, d := attr(req, "plover.version"), attr(req, "plover.start"), attr(req, "plover.device"); v != "" || st != "" || d != "" {
+				t.Errorf("round %d: the 404's span has plover.version %q, plover.start %q, plover.device %q: the last request's", i, v, st, d)
+			}
+			for _, s := range rcv.trace(id) {
+				if s.GetName() != "POST /v1/functions/{name}/invoke" {
+					t.Errorf("round %d: the 404's trace has a span %q (function %q)", i, s.GetName(), attr(s, "plover.function"))
+				}
+			}
 		}
 	})
 
