@@ -171,9 +171,11 @@ type Timing struct {
 	// the device itself: 0 when it worked in place.
 	Copied int64
 	// Busy is the device time the run used, what its function is charged
-	// and billed for it: on the host device the CPU time of the thread that
-	// ran the chain, not the time it waited for a CPU; on CUDA the copies'
-	// and the chain's time on the GPU. 0: the device does not know.
+	// and billed for it: on the host device CPU time, not the time it
+	// waited for a CPU (in a worker its share of the process's, helper
+	// threads included, Host.ChargeProcessCPU; elsewhere the CPU time of
+	// the thread that ran the chain); on CUDA the copies' and the chain's
+	// time on the GPU. 0: the device does not know.
 	Busy time.Duration
 }
 

@@ -55,6 +55,15 @@ func (h *Host) EnableChecks(reportFD int) error {
 	return nil
 }
 
+// ChargeProcessCPU makes every later run's device time (Timing.Busy) its
+// share of the process's CPU time, split equally among the runs in flight
+// in it, rather than the CPU time of the thread that ran the chain: for a
+// worker process, where the threads a chain starts are its function's work
+// (on one thread's clock, a chain computing on eight would be charged an
+// eighth of its time, and get eight times its share). Process-wide, for
+// the process's life.
+func (h *Host) ChargeProcessCPU() { C.plover_host_process_clock() }
+
 // NewHost returns a host device whose memory budget is limit bytes, or the
 // machine's RAM when limit is 0.
 func NewHost(limit int64) *Host {

@@ -1,5 +1,6 @@
 #include "host_run.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +20,43 @@ static int64_t cpu_ns(void) {
   struct timespec ts;
   if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* In a worker process a run's device time is its share of the process's CPU
+ * time (process_clock): a chain may compute on threads of its own (OpenMP, a
+ * pool), whose time the calling thread's clock never sees, so a function
+ * could be charged next to nothing for the whole machine. Runs in flight in
+ * the process at once split each stretch of its CPU time equally (per_run:
+ * the time each run in flight was charged since the start; a run is charged
+ * its value at its end less its value at its start). The process's time
+ * outside any run (a bundle's idle thread) is charged to no run; its CPU
+ * weight bounds it. Elsewhere (the server's in-process runs, plover run) the
+ * process's other work is not the run's: the calling thread's clock. */
+static int process_clock;
+static pthread_mutex_t ledger_mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t ledger_last; /* the process's CPU time at the last event */
+static double per_run;
+static int in_flight;
+
+void plover_host_process_clock(void) { process_clock = 1; }
+
+static int64_t process_cpu_ns(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* A run starts (+1) or ends (-1): what passed since the last event goes to
+ * the runs in flight during it; returns per_run. */
+static double ledger_event(int change) {
+  int64_t now = process_cpu_ns();
+  pthread_mutex_lock(&ledger_mu);
+  if (in_flight > 0 && now > ledger_last) per_run += (double)(now - ledger_last) / in_flight;
+  if (now > ledger_last) ledger_last = now;
+  in_flight += change;
+  double v = per_run;
+  pthread_mutex_unlock(&ledger_mu);
+  return v;
 }
 
 /* 256-byte alignment matches cudaMalloc, so kernels that rely on it behave
@@ -84,7 +122,8 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
                             size_t tmp_len, uint32_t items, int zero,
                             const plover_step_t *steps, int n, void *last_error,
                             plover_timing_t *t) {
-  int64_t t0 = now_ns(), c0 = cpu_ns();
+  int64_t t0 = now_ns(), c0 = process_clock ? 0 : cpu_ns();
+  double v0 = process_clock ? ledger_event(1) : 0;
   /* Checked, the chain runs on the instance's guarded buffers: copies. */
   int in_place = (zero & PLOVER_IN_PLACE) && !s->checked;
   plover_state_begin(s, in_len, tmp_len, out_len, items);
@@ -124,6 +163,9 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
   t->kernels_ns = t2 - t1;
   t->copy_out_ns = t3 - t2;
   t->out_used = used;
-  t->busy_ns = c0 ? cpu_ns() - c0 : 0;
+  if (process_clock)
+    t->busy_ns = (int64_t)(ledger_event(-1) - v0);
+  else
+    t->busy_ns = c0 ? cpu_ns() - c0 : 0;
   return err;
 }

@@ -23,13 +23,18 @@ typedef struct {
    * buffers or staging: 0 for a run in place. */
   uint64_t copied;
   /* The device time the run used, what it is charged and billed: on the
-   * host device the CPU time of the thread that ran it (not the time it
-   * waited for a CPU); on CUDA the copies' and the chain's time on the GPU
+   * host device CPU time, not the time it waited for a CPU (in a worker its
+   * share of the process's, plover_host_process_clock; elsewhere the
+   * calling thread's); on CUDA the copies' and the chain's time on the GPU
    * (its events). 0: unknown. */
   int64_t busy_ns;
 } plover_timing_t;
 
 typedef const char *(*plover_last_error_fn)(void);
+
+/* From now on, host runs in this process are charged their share of its
+ * CPU time, helper threads included (a worker process's setting). */
+void plover_host_process_clock(void);
 
 /* Flags of a run (the zero argument of both runners): what it zeroes before
  * the chain, and whether in and out are memory the device works on in place

@@ -55,6 +55,10 @@ type Config struct {
 // checker is a device with a checked mode (the host).
 type checker interface{ EnableChecks(reportFD int) error }
 
+// processCharger is a device whose runs can be charged the process's CPU
+// time (the host): in a worker, the threads a chain starts are its work.
+type processCharger interface{ ChargeProcessCPU() }
+
 // Serve is a worker process's life: contain itself, open its device, say it
 // is ready, then serve its program (a tenant's worker: programs) until the
 // server closes the control channel (exit 0). Any broken channel ends the process: the server reads
@@ -91,6 +95,9 @@ func Serve(cfg Config) error {
 	dev, err := device.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, log)
 	if err != nil {
 		return fmt.Errorf("worker: open device: %w", err)
+	}
+	if c, ok := dev.(processCharger); ok {
+		c.ChargeProcessCPU()
 	}
 	if cfg.Tenant || cfg.Checked {
 		// The fatal mark's and checked mode's report's pipe.
