@@ -99,7 +99,9 @@
  * few graph recordings cover every batch size. A run that fails fails every
  * request in it with the same error, but for a refusal (plover_reject): the
  * runtime then runs each of its requests alone (s->items = 1), so that only
- * the one whose input is refused gets the refusal. A bundle without
+ * the one whose input is refused gets the refusal: its batch-mates' inputs
+ * then pass through the chain twice (keep no state across runs that this
+ * would change). A bundle without
  * PLOVER_BATCHED is never batched.
  *
  * ERRORS. An entry reports failure with plover_fail(s, "message"); the

@@ -44,7 +44,16 @@ type batcher struct {
 	running   int         // runs in flight
 	holdSince time.Time   // when a free slot began holding for company; zero: not holding
 	timer     *time.Timer // ends a hold
-	bufs      sync.Pool   // *batchBufs
+	// soonest is the earliest deadline of the pending items, kept as they
+	// come and found again (a walk) after any leaves (stale), so that a
+	// hold looks at it once and not at every item on every arrival.
+	soonest time.Time
+	stale   bool
+	// runTook is how long a batch's run takes, smoothed over the last
+	// runs: what a request held for company must still have before its
+	// deadline once the hold ends.
+	runTook time.Duration
+	bufs    sync.Pool // *batchBufs
 
 	sizes batchSizes
 }
@@ -115,6 +124,9 @@ func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline, enq t
 		return v.pool.busy()
 	}
 	b.pending = append(b.pending, it)
+	if len(b.pending) == 1 || it.deadline.Before(b.soonest) {
+		b.soonest = it.deadline
+	}
 	b.mu.Unlock()
 	b.dispatch()
 
@@ -166,6 +178,7 @@ func (b *batcher) abandon(it *batchItem) error {
 				b.mu.Lock()
 				if i := slices.Index(b.pending, it); i >= 0 {
 					b.pending = slices.Delete(b.pending, i, i+1)
+					b.stale = true
 				}
 				b.mu.Unlock()
 				return nil
@@ -239,6 +252,7 @@ func (b *batcher) dispatch() {
 		items := make([]*batchItem, n)
 		copy(items, b.pending)
 		b.pending = slices.Delete(b.pending, 0, n)
+		b.stale = true
 		held := b.holdSince
 		b.holdSince = time.Time{}
 		b.running++
@@ -255,16 +269,24 @@ func (b *batcher) dispatch() {
 
 // holdFor is how much longer a free slot should hold the pending partial
 // batch for company; 0: run it now. A request whose deadline comes before
-// the hold would end is not held: it runs now. Called with b.mu held.
+// the hold would end and a run after it (runTook) is not held: it runs
+// now. Called with b.mu held.
 func (b *batcher) holdFor(now time.Time) time.Duration {
 	if b.delay <= 0 || b.running == 0 || len(b.pending) >= b.maxItems {
 		return 0
 	}
-	end := b.pending[0].enq.Add(b.delay)
-	for _, it := range b.pending { // fewer than max_items
-		if it.deadline.Before(end) {
-			return 0
+	if b.stale {
+		b.soonest = b.pending[0].deadline
+		for _, it := range b.pending[1:] { // fewer than max_items
+			if it.deadline.Before(b.soonest) {
+				b.soonest = it.deadline
+			}
 		}
+		b.stale = false
+	}
+	end := b.pending[0].enq.Add(b.delay)
+	if b.soonest.Before(end.Add(b.runTook)) {
+		return 0
 	}
 	return max(0, end.Sub(now))
 }
@@ -300,18 +322,22 @@ func (b *batcher) run(items []*batchItem) {
 		b.sizes.observe(len(live))
 		b.runItems(live, bb)
 	} else {
-		b.ended()
+		b.ended(0)
 	}
 	b.bufs.Put(bb)
 	b.v.pool.release() // and dispatches what queued meanwhile
 }
 
-// ended counts a run as ended: from then on a lone request does not wait
-// for company (holdFor). Before its items are answered, so that one
-// answered and at once followed by the next finds no run in flight.
-func (b *batcher) ended() {
+// ended counts a run as ended, having taken took (0: it ran nothing):
+// from then on a lone request does not wait for company (holdFor). Before
+// its items are answered, so that one answered and at once followed by the
+// next finds no run in flight.
+func (b *batcher) ended(took time.Duration) {
 	b.mu.Lock()
 	b.running--
+	if took > 0 {
+		b.runTook += (took - b.runTook) / 4
+	}
 	b.mu.Unlock()
 }
 
@@ -320,6 +346,7 @@ func (b *batcher) ended() {
 // but for an input refused (plover_reject), whose run is then retried
 // item by item, so that the refusal goes to its own request alone.
 func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
+	start := time.Now()
 	n := len(items)
 	k := n
 	if b.pad {
@@ -340,7 +367,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			alone[i] = b.runChain(items[i:i+1], in[int64(i)*b.itemIn:int64(i+1)*b.itemIn], out[o:o+b.itemOut], 1)
 		}
 	}
-	b.ended()
+	b.ended(time.Since(start))
 	for i, it := range items {
 		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
 			continue // its request gave up

@@ -96,3 +96,27 @@ func TestBatchHoldEndsBeforeARequestsDeadline(t *testing.T) {
 		t.Fatal(r.err)
 	}
 }
+
+// A request held for company must still have time to run once the hold
+// ends: with runs taking about 300 ms, one whose deadline is 100 ms past
+// the hold's end runs at once and not after the hold (it then missed its
+// deadline by 200 ms, held while an instance stood free).
+func TestBatchHoldLeavesARequestTimeToRun(t *testing.T) {
+	m := testkit.BatchManifest("hold", 16, "500ms")
+	m.MaxInstances = 2
+	e := batchEngine(t, m)
+	for i := range 3 { // runs of 300 ms: what the batcher expects a run to take
+		if r := <-invokeAsync(e, "hold", item(uint32(i), 300), time.Time{}); r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	busy := invokeAsync(e, "hold", item(1, 1500), time.Time{}) // a run in flight: a free instance holds
+	waitBusy(t, e, "hold", 1)
+	r := <-invokeAsync(e, "hold", item(2, 300), time.Now().Add(600*time.Millisecond))
+	if r.err != nil || r.value != 3 {
+		t.Fatalf("a 300 ms request with a 600 ms deadline, an instance free, max_delay 500ms: value %d, err %v", r.value, r.err)
+	}
+	if r := <-busy; r.err != nil {
+		t.Fatal(r.err)
+	}
+}

@@ -39,6 +39,7 @@ type fixture struct {
 	reg    *prometheus.Registry
 	typed  api.FunctionInfo
 	raw    *abi.Manifest
+	srv    *grpcapi.Server
 }
 
 // serve deploys echo (raw bytes), typed (declared tensors) and slow on a
@@ -72,7 +73,7 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, typed: fi, raw: raw}
+	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, typed: fi, raw: raw, srv: srv}
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
+	"weak"
 
 	"google.golang.org/grpc/encoding"
 	protocodec "google.golang.org/grpc/encoding/proto"
@@ -52,17 +55,58 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	b := buf.ReadOnlyData()
-	if err := checkInferWire(b, int64(c.s.opts.MaxMessageBytes)); err != nil {
-		c.s.refused.Store(req, err)
-		decodeHead(b, req)
-		return nil
+	err := checkInferWire(b, int64(c.s.opts.MaxMessageBytes))
+	if err == nil {
+		if err = proto.Unmarshal(b, req); err == nil {
+			return nil
+		}
+		// What the walk does not look into (a parameter's entry, a
+		// string's UTF-8) is still the client's fault.
+		err = badRequest("model %s: the request message is not a valid ModelInferRequest: %v", headName(b), err)
+		proto.Reset(req)
 	}
-	return proto.Unmarshal(b, req)
+	decodeHead(b, req)
+	c.s.refused.put(req, err)
+	return nil
 }
 
 // refusals holds what the codec refused, by the request it left half
-// decoded, until the call's interceptor takes it (takeRefusal).
-type refusals struct{ sync.Map }
+// decoded, until the call's interceptor takes it (takeRefusal). A call
+// may end between the two (a second message, a reset, the read timeout),
+// its interceptor never run: the request is held weakly, and its entry
+// goes when the request does.
+type refusals struct {
+	n atomic.Int64 // entries: a call looks only while there are some
+	m sync.Map     // weak.Pointer[pb.ModelInferRequest] -> error
+}
+
+func (r *refusals) put(req *pb.ModelInferRequest, err error) {
+	k := weak.Make(req)
+	// gRPC decodes a unary call's second message into its first's
+	// request (to refuse the call): one entry, one cleanup.
+	if _, again := r.m.Swap(k, err); !again {
+		r.n.Add(1)
+		runtime.AddCleanup(req, r.drop, k)
+	}
+}
+
+// take removes req's refusal and returns it, or nil.
+func (r *refusals) take(req *pb.ModelInferRequest) error {
+	if r.n.Load() == 0 {
+		return nil
+	}
+	if err, ok := r.m.LoadAndDelete(weak.Make(req)); ok {
+		r.n.Add(-1)
+		return err.(error)
+	}
+	return nil
+}
+
+func (r *refusals) drop(k weak.Pointer[pb.ModelInferRequest]) {
+	if _, ok := r.m.LoadAndDelete(k); ok {
+		r.n.Add(-1)
+	}
+}
 
 type refusedKey struct{}
 
@@ -73,7 +117,7 @@ func (s *Server) takeRefusal(ctx context.Context, req any) context.Context {
 	if !ok {
 		return ctx
 	}
-	if err, ok := s.refused.LoadAndDelete(r); ok {
+	if err := s.refused.take(r); err != nil {
 		return context.WithValue(ctx, refusedKey{}, err)
 	}
 	return ctx
@@ -85,7 +129,8 @@ func refusal(ctx context.Context) error {
 	return err
 }
 
-// decodeHead decodes the request's model name, version and id alone.
+// decodeHead decodes the request's model name, version and id alone, each
+// of at most maxHead bytes (a longer one names no function: left empty).
 func decodeHead(b []byte, req *pb.ModelInferRequest) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -98,7 +143,7 @@ func decodeHead(b []byte, req *pb.ModelInferRequest) {
 			if m < 0 {
 				return
 			}
-			if utf8.Valid(v) {
+			if len(v) <= maxHead && utf8.Valid(v) {
 				s := string(v) // copied: the buffer goes back to its pool
 				switch num {
 				case 1:
@@ -119,6 +164,8 @@ func decodeHead(b []byte, req *pb.ModelInferRequest) {
 		b = b[m:]
 	}
 }
+
+const maxHead = 256
 
 // wireCount is what a message's parts would decode to.
 type wireCount struct {
@@ -259,10 +306,14 @@ func fields(b []byte, f func(protowire.Number, protowire.Type, []byte) error) er
 	return nil
 }
 
-// headName is the request's model name for a refusal, quoted when it is
-// not a plain one.
+// headName is the request's model name for a refusal, quoted, its first
+// 64 bytes at most.
 func headName(b []byte) string {
 	var r pb.ModelInferRequest
 	decodeHead(b, &r)
-	return fmt.Sprintf("%q", r.GetModelName())
+	name := r.GetModelName()
+	if len(name) > 64 {
+		return fmt.Sprintf("%q...", name[:64])
+	}
+	return fmt.Sprintf("%q", name)
 }

@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
@@ -77,6 +78,59 @@ func TestInflatingRequestsAreRefusedBeforeTheyAreDecoded(t *testing.T) {
 			}
 			if got := testutil.ToFloat64(counter(t, f.reg, "typed", tc.counted)) - before; got != 1 {
 				t.Errorf("typed's requests counted as %s: %v more, want 1", tc.counted, got)
+			}
+		})
+	}
+}
+
+// A refused request whose call ends before its handler runs (a second
+// message on a unary call) leaves nothing behind once it is collected: the
+// server kept each such refusal for good (20 calls with 1 MiB names held
+// 40 MiB after GC, when the name was kept whole).
+func TestRefusedCallsEndedEarlyLeaveNothing(t *testing.T) {
+	f := serveOpts(t, nil, grpcapi.Options{MaxMessageBytes: 4 << 20})
+	msg := append(protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "typed"), 0xff) // malformed after the name
+	for range 20 {
+		cs, err := f.conn.NewStream(ctxT(t), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, pb.GRPCInferenceService_ModelInfer_FullMethodName, grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs.SendMsg(msg)
+		cs.SendMsg(msg) // a unary call's second message: the call ends before its interceptor
+		cs.CloseSend()
+		if err := cs.RecvMsg(new([]byte)); status.Code(err) == codes.OK {
+			t.Fatal("a unary call with two messages succeeded")
+		}
+	}
+	if n := grpcapi.RefusalsHeld(f.srv); n == 0 {
+		t.Fatal("no refusal held before a GC: the calls did not end before their interceptor, and the test shows nothing")
+	}
+	for deadline := time.Now().Add(10 * time.Second); grpcapi.RefusalsHeld(f.srv) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d refusals of ended calls still held after 10 s of GCs", grpcapi.RefusalsHeld(f.srv))
+		}
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond) // cleanups run after a GC, on a goroutine of their own
+	}
+}
+
+// A message the wire walk passes but protobuf refuses (a malformed
+// parameter entry, a name that is not UTF-8) is the client's fault too:
+// InvalidArgument, not gRPC-Go's Internal.
+func TestMalformedRequestsAreInvalidArguments(t *testing.T) {
+	f := serveOpts(t, nil, grpcapi.Options{})
+	head := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "typed")
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"a malformed parameter entry", protowire.AppendBytes(protowire.AppendTag(append([]byte(nil), head...), 4, protowire.BytesType), []byte{0xff})},
+		{"a model name not UTF-8", protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte{0xff, 0xfe})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := f.conn.Invoke(ctxT(t), pb.GRPCInferenceService_ModelInfer_FullMethodName, tc.msg, new([]byte), grpc.ForceCodec(rawCodec{}))
+			if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "the request message is not a valid ModelInferRequest") {
+				t.Fatalf("%v, want InvalidArgument: not a valid ModelInferRequest", err)
 			}
 		})
 	}

@@ -46,3 +46,21 @@ func TestInflatingInferenceHeaderIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// The same for /v1's JSON body: a chain of empty launches within the
+// body's bound (twice max_input_bytes) decoded to ten times it.
+func TestInflatingInvokeBodyIsRefused(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	url := testkit.Serve(t, e, httpapi.Options{})
+	body := `{"input":"","chain":[` + strings.Repeat("{},", 120<<10/3) + `{}]}`
+	resp, err := http.Post(url+"/v1/functions/echo/invoke", "application/json", bytes.NewReader([]byte(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(msg), "body: holds more than 16384 JSON values") {
+		t.Fatalf("%d %s, want 400 naming the bound", resp.StatusCode, msg)
+	}
+}

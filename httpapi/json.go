@@ -14,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/oip"
 )
 
 // invokeBody is the JSON request. Two shapes share it: Plover's
@@ -50,6 +51,12 @@ func parseInvoke(body []byte, name string) ([]byte, *call.Override, time.Duratio
 }
 
 func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeBody, error) {
+	// encoding/json decodes what it is given, and a launch of a chain is
+	// 32 bytes in memory for 3 sent ("{},"): a body within its bound
+	// (twice max_input_bytes) could take ten times it.
+	if tooManyValues(body) {
+		return nil, nil, nil, badField("body", fmt.Sprintf("holds more than %d JSON values (a chain has at most %d launches)", oip.MaxParts, abi.MaxChainLength))
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	var b invokeBody

@@ -267,15 +267,10 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	// on the function's bytes, metered; finding the version between them
 	// is not (it may wait for a store read).
 	m := tn.fl.Meter()
-	if !h.parse(header) && !h.over {
-		err = h.decode(header)
-	}
+	err = h.read(header)
 	m.Done()
-	if h.over {
-		return badField("request body", errHeaderParts.Error())
-	}
 	if err != nil {
-		return badField("request body", "invalid JSON: "+err.Error())
+		return err
 	}
 	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version, r.Deadline)
 	if err != nil {

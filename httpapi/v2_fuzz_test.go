@@ -47,13 +47,8 @@ func readInfer(h *inferHeader, body []byte, hdrLen int, decl []abi.Tensor, buf [
 	if hdrLen >= 0 {
 		header, bin = body[:hdrLen], body[hdrLen:]
 	}
-	if !h.parse(header) {
-		if h.over {
-			return nil, badField("request body", errHeaderParts.Error())
-		}
-		if err := h.decode(header); err != nil {
-			return nil, badField("request body", "invalid JSON: "+err.Error())
-		}
+	if err := h.read(header); err != nil {
+		return nil, err
 	}
 	in, _, err := layInputs(h.inputs, decl, bin, buf)
 	return in, err

@@ -133,3 +133,16 @@ func (p *hdrParser) member(f partFrame) (int, bool) {
 	}
 	return roleOther, true
 }
+
+// tooManyValues reports whether a JSON document holds more than
+// oip.MaxParts values, its strings counting one each: bounded first from
+// counts the CPU makes at memory speed (a value past a container's first
+// follows a comma, so there are at most one more than its commas, braces
+// and brackets), walked only where that bound is passed.
+func tooManyValues(b []byte) bool {
+	if bytes.Count(b, []byte{','})+bytes.Count(b, []byte{'{'})+bytes.Count(b, []byte{'['}) < oip.MaxParts {
+		return false
+	}
+	n, ok := headerParts(b, oip.MaxParts)
+	return ok && n > oip.MaxParts
+}

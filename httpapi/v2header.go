@@ -86,6 +86,26 @@ func (h *inferHeader) wantsBinary(name string) bool {
 	return false
 }
 
+// read reads header, by parse or, for what parse leaves, decode: a 400
+// naming the request body where neither takes it or it holds too many
+// parts (errHeaderParts).
+func (h *inferHeader) read(header []byte) error {
+	if h.parse(header) {
+		return nil
+	}
+	var err error
+	if !h.over {
+		err = h.decode(header)
+	}
+	switch {
+	case h.over:
+		return badField("request body", errHeaderParts.Error())
+	case err != nil:
+		return badField("request body", "invalid JSON: "+err.Error())
+	}
+	return nil
+}
+
 // decode reads header with encoding/json, for what parse leaves to it: its
 // errors are the ones clients have always seen.
 func (h *inferHeader) decode(header []byte) error {
