@@ -1,0 +1,111 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
+)
+
+type holdKey struct{}
+
+// holdStore holds a record write made with a marked context once it has
+// landed in the store, until released: a control call whose store change
+// is done and whose change of this node is still to come.
+type holdStore struct {
+	objectstore.Store
+	landed, release chan struct{}
+}
+
+func (s holdStore) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifMatch string) error {
+	err := s.Store.PutIf(ctx, key, r, size, ifMatch)
+	if err == nil && ctx.Value(holdKey{}) != nil && strings.HasPrefix(key, "functions/") {
+		s.landed <- struct{}{}
+		<-s.release
+	}
+	return err
+}
+
+// A deploy whose record landed in the store before another control call's
+// change (a delete, a rollback, another deploy) but which changes this
+// node after it leaves the node as the store is: the later change's, not
+// the deploy's. Otherwise a deleted function keeps serving here, or the
+// node runs a version the store no longer calls current, until a refresh
+// (never with --poll 0).
+func TestControlCallsLandInTheStoresOrder(t *testing.T) {
+	pack := func(t *testing.T, m *abi.Manifest) []byte {
+		t.Helper()
+		b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, m, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		// later makes the change that lands in the store after the held
+		// deploy's, and returns the version the node must then run ("":
+		// none, the function is gone).
+		later func(t *testing.T, e *engine.Engine, v1 api.FunctionInfo) string
+	}{
+		{"delete", func(t *testing.T, e *engine.Engine, _ api.FunctionInfo) string {
+			if err := e.Control().Delete(context.Background(), "fn", false); err != nil {
+				t.Fatal(err)
+			}
+			return ""
+		}},
+		{"rollback", func(t *testing.T, e *engine.Engine, v1 api.FunctionInfo) string {
+			if _, err := e.Control().Rollback(context.Background(), "fn", v1.Version); err != nil {
+				t.Fatal(err)
+			}
+			return v1.Version
+		}},
+		{"deploy", func(t *testing.T, e *engine.Engine, _ api.FunctionInfo) string {
+			m := testkit.Manifest("fn")
+			m.OutBytes = 96
+			fi, err := e.Control().Deploy(context.Background(), "fn", bytes.NewReader(pack(t, m)), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fi.Version
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := holdStore{Store: fsStore(t), landed: make(chan struct{}), release: make(chan struct{})}
+			e := testkit.Engine(t, engine.Config{Store: store})
+			m := testkit.Manifest("fn")
+			v1 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+			m.OutBytes = 128 // another bundle: a second version
+			held := make(chan error, 1)
+			go func() {
+				_, err := e.Control().Deploy(context.WithValue(context.Background(), holdKey{}, 1), "fn", bytes.NewReader(pack(t, m)), false)
+				held <- err
+			}()
+			<-store.landed // the held deploy's record is in the store
+			want := tc.later(t, e, v1)
+			close(store.release)
+			if err := <-held; err != nil {
+				t.Fatalf("the held deploy: %v", err)
+			}
+			req := &call.Request{Input: []byte("x")}
+			err := e.Invoke(context.Background(), "fn", req)
+			t.Logf("after the held deploy ended: version %q, error %v; want version %q", req.Version, err, want)
+			switch {
+			case want == "" && errdefs.KindOf(err) != errdefs.KindNotFound:
+				t.Errorf("the function deleted after the held deploy landed still runs here (%v, version %s)", err, req.Version)
+			case want != "" && (err != nil || req.Version != want):
+				t.Errorf("node runs %s (%v), want %s: the store's current version", req.Version, err, want)
+			}
+		})
+	}
+}
