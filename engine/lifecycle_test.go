@@ -6,13 +6,16 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -107,5 +110,76 @@ func TestControlCallsLandInTheStoresOrder(t *testing.T) {
 				t.Errorf("node runs %s (%v), want %s: the store's current version", req.Version, err, want)
 			}
 		})
+	}
+}
+
+// racingEvictor picks function v's program whenever it is offered, and the
+// first time lets race run (a request for v arriving just then) before it
+// answers; else what LRU picks.
+type racingEvictor struct {
+	race func()
+}
+
+func (r *racingEvictor) Pick(idle []evict.Idle) int {
+	for i, c := range idle {
+		if c.Function == "v" && !c.Instance {
+			if race := r.race; race != nil {
+				r.race = nil
+				race()
+			}
+			return i
+		}
+	}
+	return evict.LRU{}.Pick(idle)
+}
+
+// A function offered for eviction as a whole (loaded, no instance, no
+// request) that a request takes before the eviction does stays: the
+// eviction takes something else. Evicting it anyway counted its constants
+// as freed while the request kept them loaded (and ran on a version no
+// longer the function's), so the device took more than its memory.
+func TestEvictionSparesAFunctionARequestTook(t *testing.T) {
+	mv := testkit.Manifest("v")
+	mv.Constants = "w.bin"
+	per := mv.MaxInputBytes + mv.TmpBytes + mv.OutBytes
+	consts := int64(4 * per)
+	host := device.NewHost(consts + per + per/2) // v's constants, one instance and a half
+	ev := &racingEvictor{}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{host}, Evictor: ev})
+	testkit.Deploy(t, e, testkit.BundleDir(t, mv, make([]byte, consts)))
+	for _, n := range []string{"a", "b"} {
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest(n), nil))
+	}
+	within := func(when string) {
+		t.Helper()
+		if mi := host.MemInfo(); mi.Used > mi.Total {
+			t.Errorf("%s: %d bytes in use on a device of %d", when, mi.Used, mi.Total)
+		}
+	}
+	invoke(t, e, "v", []byte{1})
+	invoke(t, e, "a", []byte{1}) // takes v's idle instance: v is loaded with none
+	within("after a")
+	pinned := make(chan engine.Pin, 1)
+	ev.race = func() {
+		go func() {
+			p, err := e.Pin(context.Background(), "v", time.Time{})
+			if err != nil {
+				t.Error(err)
+			}
+			pinned <- p
+		}()
+		// Pin has returned: it holds v before the eviction takes it.
+		pinned <- <-pinned
+	}
+	invoke(t, e, "b", []byte{1}) // needs a's instance or v's constants
+	within("after b")
+	p := <-pinned
+	defer p.Release()
+	if err := p.Invoke(context.Background(), &call.Request{Input: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	within("after the request that took v")
+	if fi := info(t, e, "v"); !fi.Loaded || fi.Idle != 1 {
+		t.Errorf("v after its request: loaded %v, %d idle instances; want it loaded, its instance kept", fi.Loaded, fi.Idle)
 	}
 }

@@ -521,20 +521,22 @@ func (t *table) unlabel(name, label, id string) {
 }
 
 // detach replaces v, if still current, by an unloaded copy of the same
-// version, or drops v if it is a pinned one (the next pin loads it again);
-// the caller retires v.
-func (t *table) detach(f *function, v *version) bool {
+// version, or drops v if it is a pinned one (the next pin loads it again),
+// if may (nil: always) agrees, asked under the table's lock: a request
+// finds v or its successor, never neither. The caller retires v.
+func (t *table) detach(f *function, v *version, may func() bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if f.cur == v {
+	cur := f.cur == v
+	if !cur && f.pinned[v.rec.ID] != v || may != nil && !may() {
+		return false
+	}
+	if cur {
 		f.cur = t.newVersion(f, v.rec)
-		return true
-	}
-	if f.pinned[v.rec.ID] == v {
+	} else {
 		delete(f.pinned, v.rec.ID)
-		return true
 	}
-	return false
+	return true
 }
 
 // record reads name's record from the store: 404 for a function that has
