@@ -183,3 +183,46 @@ func TestEvictionSparesAFunctionARequestTook(t *testing.T) {
 		t.Errorf("v after its request: loaded %v, %d idle instances; want it loaded, its instance kept", fi.Loaded, fi.Idle)
 	}
 }
+
+// holdLoads holds the next program load, once it is under way, until
+// released: a request's cold start in flight.
+type holdLoads struct {
+	device.Device
+	loading, release chan struct{}
+}
+
+func (d *holdLoads) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
+	if d.loading != nil {
+		d.loading <- struct{}{}
+		d.loading = nil
+		<-d.release
+	}
+	return d.Device.Load(ctx, spec)
+}
+
+// A request of a deleted function that loads its program after the delete
+// (its cold start in flight) runs, but leaves no device flow under the
+// name: the next function of that name does not start with the deleted
+// one's device time (plover ls) and standing with the scheduler.
+func TestDeletedFunctionsLateLoadLeavesNoFlow(t *testing.T) {
+	d := &holdLoads{Device: device.NewHost(0), loading: make(chan struct{}), release: make(chan struct{})}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("fn", 50), nil))
+	ran := make(chan error, 1)
+	go func() { ran <- e.Invoke(context.Background(), "fn", &call.Request{Input: []byte{1}}) }()
+	<-d.loading
+	if err := e.Control().Delete(context.Background(), "fn", false); err != nil {
+		t.Fatal(err)
+	}
+	close(d.release)
+	if err := <-ran; err != nil {
+		t.Fatalf("the request in flight at the delete: %v", err)
+	}
+	if _, _, ok := e.DeviceFlowShare("fn"); ok {
+		t.Error("a device flow for fn after its delete")
+	}
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("fn"), nil))
+	if fi := info(t, e, "fn"); fi.DeviceSeconds != 0 {
+		t.Errorf("fn deployed anew has %.3f device seconds before its first request: the deleted one's", fi.DeviceSeconds)
+	}
+}

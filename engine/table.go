@@ -399,18 +399,24 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	return f, true
 }
 
-// weigh sets f's device flows to its current version's share and priority
-// (v's, where f has none: it was dropped), whichever of its versions asks:
-// a version pipelines pinned must not set the function's share to its own.
-func (t *table) weigh(f *function, v *version) {
+// kept runs mk under the table's lock if f is still its name's function
+// (not dropped: deleted here or found deleted), then sets f's device flows
+// to its current version's share and priority, whichever of its versions
+// asks (a version pipelines pinned must not set the function's share to
+// its own), and reports whether it did. What mk makes for the name is
+// then dropped with f (forget drops it under the lock), never left to the
+// name's next function by a request of this one still loading.
+func (t *table) kept(f *function, mk func()) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if f.cur != nil {
-		v = f.cur
+	if t.funcs[f.name] != f || f.cur == nil {
+		return false
 	}
+	mk()
 	if t.weighFlows != nil {
-		t.weighFlows(f.name, v.rec)
+		t.weighFlows(f.name, f.cur.rec)
 	}
+	return true
 }
 
 // forget drops a function from this node (with at != 0, only if the epoch
