@@ -101,6 +101,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
+	at := e.tab.at() // before the store changes: see land
 	rv, created, current, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
@@ -130,13 +131,23 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		e.cfg.Log.Info("deployed beside the current version", "function", name, "version", rv.ID, "label", o.Label, "sha256", sha[:12], "bytes", n)
 		return api.FunctionInfo{Name: name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: c.versionCount(ctx, name)}, nil
 	}
-	f, _ := e.tab.switchTo(name, rv, 0)
-	if f == nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, nil, "deployed %s version %s, but this server is shutting down", name, rv.ID)
+	f, err := e.tab.land(ctx, name, &rv, at)
+	if err != nil {
+		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "deployed %s version %s, but this node did not take it on: %v", name, rv.ID, err)
 	}
-	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
-	return c.info(f, rv, c.versionCount(ctx, name)), nil
+	return c.landed(ctx, f, name, rv), nil
+}
+
+// landed is the answer of a deploy or rollback that made rv current and
+// left this node running f, pre-warmed as its policy asks; f is nil when
+// a delete that came after it dropped the function meanwhile.
+func (c *Control) landed(ctx context.Context, f *function, name string, rv api.Version) api.FunctionInfo {
+	if f == nil {
+		f = &function{name: name}
+	}
+	c.e.warmIfWanted(ctx, f)
+	return c.info(f, rv, c.versionCount(ctx, name))
 }
 
 // checkDeploy checks an unpacked bundle against the name it is deployed
@@ -202,12 +213,13 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), strings.Join(users, ", "), plural(len(users), "it", "them"))
 		}
 	}
+	at := e.tab.at() // before the store changes: see land
 	if _, err := e.tab.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
 		return notFound(name, err, "")
 	} else if err != nil {
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
-	e.tab.forget(name, 0)
+	e.tab.land(ctx, name, nil, at) // a delete lands even while shutting down
 	e.cfg.Log.Info("deleted", "function", name)
 	return nil
 }
@@ -233,6 +245,7 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	if err := c.checkRollback(ctx, name, version); err != nil {
 		return api.FunctionInfo{}, err
 	}
+	at := e.tab.at() // before the store changes: see land
 	rv, err := e.tab.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
@@ -246,13 +259,12 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	case err != nil:
 		return api.FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}
-	f, _ := e.tab.switchTo(name, rv, 0)
-	if f == nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, nil, "rolled %s back to %s, but this server is shutting down", name, rv.ID)
+	f, err := e.tab.land(ctx, name, &rv, at)
+	if err != nil {
+		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "rolled %s back to %s, but this node did not follow: %v", name, rv.ID, err)
 	}
-	e.warmIfWanted(ctx, f)
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
-	return c.info(f, rv, c.versionCount(ctx, name)), nil
+	return c.landed(ctx, f, name, rv), nil
 }
 
 // Unlabel takes label off name's versions but the current one

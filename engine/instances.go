@@ -178,14 +178,19 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // flow is v's function's queue in dev's scheduler (nil when runs go
 // unscheduled), weighted and classed by the function's current version,
 // not by v: every version of a function runs in its one flow, and a
-// version a pipeline pinned loads beside the current one.
+// version a pipeline pinned loads beside the current one. A function
+// dropped since its request resolved it (deleted) gets a flow of its own,
+// the name's for no one after it.
 func (e *Engine) flow(v *version, dev device.Device) *sched.Flow {
 	s := e.scheds[dev]
 	if s == nil {
 		return nil
 	}
-	fl := s.Flow(v.fn.name)
-	e.tab.weigh(v.fn, v)
+	var fl *sched.Flow
+	if !e.tab.kept(v.fn, func() { fl = s.Flow(v.fn.name) }) {
+		fl = s.Detached()
+		fl.Set(shareOf(v.rec))
+	}
 	return fl
 }
 

@@ -202,7 +202,8 @@ func (l *ledger) take1(ev *eviction, r idleRef) bool {
 	v := r.fv.v
 	if r.in == nil {
 		p := v.pool.placement(ev.dev)
-		if p == nil || !l.tab.detach(r.fv.f, v) {
+		held := ev.refsOn(v)
+		if p == nil || !l.tab.detach(r.fv.f, v, func() bool { return v.pool.evictEmpty(held) }) {
 			return false
 		}
 		b := p.prog.ConstantsBytes()

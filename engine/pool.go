@@ -38,12 +38,16 @@ type pool struct {
 	backoffUntil atomic.Int64
 	crashCount   atomic.Int32
 
-	mu         sync.Mutex
-	idle       []*instance
-	live       int // instances that exist (idle or busy)
-	refs       int // requests between resolve and the end of Invoke
-	retired    bool
-	dead       bool
+	mu      sync.Mutex
+	idle    []*instance
+	live    int // instances that exist (idle or busy)
+	refs    int // requests between resolve and the end of Invoke
+	retired bool
+	dead    bool
+	// evicted: an eviction took the whole version (evictEmpty); no
+	// request may take it any more, though it is torn down only once
+	// the eviction retires it.
+	evicted    bool
 	placements []*placement
 	lastUsed   time.Time   // last request end (or load)
 	crashes    []time.Time // oldest first; reset by a success
@@ -159,10 +163,25 @@ func (p *pool) queued() int { return int(p.waiting.Load()) }
 func (p *pool) ref() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dead {
+	if p.dead || p.evicted {
 		return false
 	}
 	p.refs++
+	return true
+}
+
+// evictEmpty marks the pool taken by an eviction of its whole version if
+// it still holds no instance and no reference but the eviction's own
+// (held): a request that took the version since the eviction was offered
+// it keeps it, and none takes it after (ref), so the memory the eviction
+// counts as freed is freed once it retires the version.
+func (p *pool) evictEmpty(held int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.live != 0 || p.refs != held || p.dead {
+		return false
+	}
+	p.evicted = true
 	return true
 }
 

@@ -46,7 +46,7 @@ func (e *Engine) Reap(now time.Time) {
 // version and retires v: its programs go once in-flight requests end. The
 // next request is a cold start.
 func (e *Engine) unload(f *function, v *version) bool {
-	if !e.tab.detach(f, v) {
+	if !e.tab.detach(f, v, nil) {
 		return false
 	}
 	v.pool.retire()

@@ -63,9 +63,11 @@ type table struct {
 	// tags holds the version tag of each record Refresh last applied, so
 	// that a poll reads only the records that changed.
 	tags map[string]string
-	// epoch counts changes of funcs (a version switch, a removal), so that
-	// a store read made without the lock is applied only if nothing changed
-	// meanwhile: a slow Refresh must not undo a deploy that just returned.
+	// epoch counts changes of funcs (a version switch, a removal) and the
+	// store reads applied that found nothing to change, so that a store
+	// read (or write) made without the lock is applied only if nothing was
+	// applied meanwhile: a slow Refresh must not undo a deploy that just
+	// returned, nor a deploy a delete that came after it (land).
 	epoch  uint64
 	closed bool
 	// flights holds the store reads in progress of names not yet known
@@ -275,6 +277,14 @@ type flight struct {
 
 // read is lookup's store read, made by one of the lookups of a name.
 func (t *table) read(ctx context.Context, name string) (*function, error) {
+	return t.follow(ctx, name, false)
+}
+
+// follow reads name's record and makes this node run its current version,
+// unless a change here overtook the read (then it reads again). With gone,
+// a record the store no longer has drops the function here (nil, no
+// error): a control call's view; a lookup's is a 404.
+func (t *table) follow(ctx context.Context, name string, gone bool) (*function, error) {
 	for attempt := 0; ; attempt++ {
 		t.mu.Lock()
 		at, closed := t.epoch, t.closed
@@ -282,7 +292,16 @@ func (t *table) read(ctx context.Context, name string) (*function, error) {
 		if closed {
 			return nil, errorf(errdefs.KindUnavailable, nil, "the server is shutting down")
 		}
+		if attempt == 3 {
+			at = 0 // changes keep coming: take what is read
+		}
 		rec, err := t.record(ctx, name)
+		if gone && errdefs.KindOf(err) == errdefs.KindNotFound {
+			if _, ok := t.forget(name, at); ok {
+				return nil, nil
+			}
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -290,13 +309,44 @@ func (t *table) read(ctx context.Context, name string) (*function, error) {
 		if err != nil {
 			return nil, errorf(errdefs.KindInternal, err, "function %s: corrupt record", name)
 		}
-		if attempt == 3 {
-			at = 0 // changes keep coming: take what was read
-		}
 		if f, _ := t.switchTo(name, cv, at); f != nil {
 			return f, nil
 		}
 	}
+}
+
+// land makes this node follow a control call's change of name's record:
+// rv made current (nil: the record deleted). at is the epoch read before
+// the call wrote the store: when nothing changed here since, no change
+// written after this one has been applied, and this one is; else another
+// call's change may have landed in the store before or after this one, and
+// the node follows the record as the store has it now (if the store does
+// not answer, this change: the latest known). So concurrent deploys,
+// rollbacks and deletes leave the node as the last of them left the
+// store, whatever order they come back in. It returns the function (nil:
+// deleted); an error only when the server is shutting down.
+func (t *table) land(ctx context.Context, name string, rv *api.Version, at uint64) (*function, error) {
+	if rv == nil {
+		if _, ok := t.forget(name, at); ok {
+			return nil, nil
+		}
+	} else if f, _ := t.switchTo(name, *rv, at); f != nil {
+		return f, nil
+	}
+	// The store is changed already: follow it even if the caller has gone.
+	f, err := t.follow(context.WithoutCancel(ctx), name, true)
+	if err == nil {
+		return f, nil
+	}
+	// The store did not answer: this call's change is the latest known.
+	if rv == nil {
+		t.forget(name, 0)
+		return nil, nil
+	}
+	if f, _ := t.switchTo(name, *rv, 0); f != nil {
+		return f, nil
+	}
+	return nil, err // shutting down
 }
 
 // switchTo makes rv the current version of name, adding the function if
@@ -310,13 +360,15 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 		t.mu.Unlock()
 		return nil, false
 	}
-	if at == 0 {
-		// A change made here: the record's tag Refresh applied is stale
-		// (the record may later return to those very bytes and tag).
-		delete(t.tags, name)
-	}
+	// The record's tag Refresh applied is stale now (a change made here;
+	// Refresh records the tag again after its own): the record may later
+	// return to those very bytes and tag.
+	delete(t.tags, name)
 	f := t.funcs[name]
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
+		// Nothing to switch, but a read of the store made before this
+		// one's must not apply after it (land): the epoch moves on.
+		t.epoch++
 		t.mu.Unlock()
 		return f, false
 	}
@@ -347,18 +399,24 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	return f, true
 }
 
-// weigh sets f's device flows to its current version's share and priority
-// (v's, where f has none: it was dropped), whichever of its versions asks:
-// a version pipelines pinned must not set the function's share to its own.
-func (t *table) weigh(f *function, v *version) {
+// kept runs mk under the table's lock if f is still its name's function
+// (not dropped: deleted here or found deleted), then sets f's device flows
+// to its current version's share and priority, whichever of its versions
+// asks (a version pipelines pinned must not set the function's share to
+// its own), and reports whether it did. What mk makes for the name is
+// then dropped with f (forget drops it under the lock), never left to the
+// name's next function by a request of this one still loading.
+func (t *table) kept(f *function, mk func()) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if f.cur != nil {
-		v = f.cur
+	if t.funcs[f.name] != f || f.cur == nil {
+		return false
 	}
+	mk()
 	if t.weighFlows != nil {
-		t.weighFlows(f.name, v.rec)
+		t.weighFlows(f.name, f.cur.rec)
 	}
+	return true
 }
 
 // forget drops a function from this node (with at != 0, only if the epoch
@@ -370,9 +428,7 @@ func (t *table) forget(name string, at uint64) (uint64, bool) {
 		t.mu.Unlock()
 		return 0, false
 	}
-	if at == 0 {
-		delete(t.tags, name)
-	}
+	delete(t.tags, name)
 	f := t.funcs[name]
 	delete(t.funcs, name)
 	var olds []*version
@@ -471,20 +527,22 @@ func (t *table) unlabel(name, label, id string) {
 }
 
 // detach replaces v, if still current, by an unloaded copy of the same
-// version, or drops v if it is a pinned one (the next pin loads it again);
-// the caller retires v.
-func (t *table) detach(f *function, v *version) bool {
+// version, or drops v if it is a pinned one (the next pin loads it again),
+// if may (nil: always) agrees, asked under the table's lock: a request
+// finds v or its successor, never neither. The caller retires v.
+func (t *table) detach(f *function, v *version, may func() bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if f.cur == v {
+	cur := f.cur == v
+	if !cur && f.pinned[v.rec.ID] != v || may != nil && !may() {
+		return false
+	}
+	if cur {
 		f.cur = t.newVersion(f, v.rec)
-		return true
-	}
-	if f.pinned[v.rec.ID] == v {
+	} else {
 		delete(f.pinned, v.rec.ID)
-		return true
 	}
-	return false
+	return true
 }
 
 // record reads name's record from the store: 404 for a function that has

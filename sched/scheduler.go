@@ -102,11 +102,16 @@ func (s *Scheduler) Flow(name string) *Flow {
 	defer s.mu.Unlock()
 	f := s.flows[name]
 	if f == nil {
-		f = &Flow{s: s, weight: 1, class: Default}
+		f = s.Detached()
 		s.flows[name] = f
 	}
 	return f
 }
+
+// Detached returns a new flow of weight 1 and class Default that is no
+// name's (Lookup never finds it): for the last runs of a function
+// forgotten meanwhile, whose name's next flow must start afresh.
+func (s *Scheduler) Detached() *Flow { return &Flow{s: s, weight: 1, class: Default} }
 
 // Lookup returns name's flow, or nil.
 func (s *Scheduler) Lookup(name string) *Flow {
