@@ -24,3 +24,6 @@ func (e *Engine) DeviceFlowShare(name string) (weight float64, class sched.Class
 // ChargeIO is chargeIO: charges name's device flows with the server's CPU
 // time on its bytes, reporting whether any took it.
 func (e *Engine) ChargeIO(name string, cpu time.Duration) bool { return e.chargeIO(name, cpu) }
+
+// HasIOFlow reports whether the server's I/O shares have a flow for name.
+func (e *Engine) HasIOFlow(name string) bool { return e.io.Lookup(name) != nil }

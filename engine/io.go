@@ -34,7 +34,13 @@ func (e *Engine) IO(name string) *ioshare.Flow {
 	if v == nil {
 		return nil
 	}
-	fl := e.io.Flow(f.name) // the function's own name: the flows' key
+	fl := e.io.Lookup(f.name)
+	// A flow is made only while the function holds its name: one made
+	// after a delete's Forget would pass its I/O time, and the share
+	// charged with it, to the name's next function.
+	if fl == nil && !e.tab.kept(f, func() { fl = e.io.Flow(f.name) }) { // the function's own name: the flows' key
+		return nil
+	}
 	fl.Set(shareOf(v.rec))
 	return fl
 }

@@ -226,3 +226,37 @@ func TestDeletedFunctionsLateLoadLeavesNoFlow(t *testing.T) {
 		t.Errorf("fn deployed anew has %.3f device seconds before its first request: the deleted one's", fi.DeviceSeconds)
 	}
 }
+
+// A transport asking for a function's I/O flow as the function is deleted
+// must not leave a flow for the name's next function (its I/O time, and
+// the share charged with it): the flow is made only while the function
+// still holds its name. Raced many times over; on the old code the flow
+// was made after the delete's Forget in some of them.
+func TestDeletedFunctionLeavesNoIOFlow(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	for round := range 200 {
+		testkit.Deploy(t, e, dir)
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					e.IO("fn")
+				}
+			}
+		}()
+		if err := e.Control().Delete(context.Background(), "fn", false); err != nil {
+			t.Fatal(err)
+		}
+		close(stop)
+		<-done
+		if e.HasIOFlow("fn") {
+			t.Fatalf("round %d: an I/O flow for fn after its delete", round)
+		}
+	}
+}
