@@ -388,13 +388,21 @@ func markRead(ctx *fasthttp.RequestCtx) { ctx.SetUserValue(bodyReadKey{}, true) 
 // request on the connection. The close lingers (netguard.Linger), so that
 // a client still sending the body reads the answer rather than a reset.
 func closeIfUnread(ctx *fasthttp.RequestCtx) {
-	if ctx.Request.Header.ContentLength() == 0 || ctx.RequestBodyStream() == nil {
-		return
-	}
 	if read, _ := ctx.UserValue(bodyReadKey{}).(bool); !read {
-		ctx.SetConnectionClose()
-		netguard.Linger(ctx.Conn())
+		leaveBody(ctx)
 	}
+}
+
+// leaveBody leaves ctx's request body, if it has one, unread: its
+// connection is closed after the response (closeIfUnread), and reports
+// whether there was one.
+func leaveBody(ctx *fasthttp.RequestCtx) bool {
+	if ctx.Request.Header.ContentLength() == 0 || ctx.RequestBodyStream() == nil {
+		return false
+	}
+	ctx.SetConnectionClose()
+	netguard.Linger(ctx.Conn())
+	return true
 }
 
 // smuggling reports a request that carries Content-Length and

@@ -179,3 +179,47 @@ func statusOf(rs []*http.Response) int {
 	}
 	return rs[0].StatusCode
 }
+
+// A scrape takes no body: GET /metrics that carries one is answered without
+// reading it, and its connection closed, as any request whose body is left
+// unread. fasthttpadaptor (behind /metrics) reads a request's whole body
+// into memory first: outside --max-body-memory and, chunked, past
+// --max-body too, and a client that held the rest of its body back held
+// its answer back until the read timeout.
+func TestMetricsScrapeReadsNoBody(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	budget := netguard.NewBudget(1 << 20)
+	url := testkit.Serve(t, e, httpapi.Options{BodyBudget: budget, MaxBodyBytes: 1 << 20, ReadTimeout: 30 * time.Second})
+	addr := strings.TrimPrefix(url, "http://")
+	const sent = 8 << 20 // past --max-body: a chunked body has no length to refuse
+	for _, tc := range []struct {
+		name, head string
+		body       int
+	}{
+		{"chunked", fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n", 64<<20), sent},
+		{"Content-Length", fmt.Sprintf("Content-Length: %d\r\n\r\n", 1<<20), 512 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// The body's first bytes, and the rest held back: the
+			// server has nothing to wait for before it answers.
+			go func() {
+				io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n"+tc.head)
+				c.Write(make([]byte, tc.body))
+			}()
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer to a scrape with a %d-byte body still open after 5 s: %v", tc.body, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != 200 || !resp.Close {
+				t.Fatalf("%d close=%v, want 200 and the connection closed (its body unread)", resp.StatusCode, resp.Close)
+			}
+		})
+	}
+}
