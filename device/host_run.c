@@ -29,8 +29,10 @@ static int64_t cpu_ns(void) {
  * the process at once split each stretch of its CPU time equally (per_run:
  * the time each run in flight was charged since the start; a run is charged
  * its value at its end less its value at its start). The process's time
- * outside any run (a bundle's idle thread) is charged to no run; its CPU
- * weight bounds it. Elsewhere (the server's in-process runs, plover run) the
+ * while no run is in flight is charged to no run; its CPU weight bounds it.
+ * The process clock sums the process's threads: 0.7 us a read with 10,
+ * 2.2 us with 100, 14 us with 1000 (kernel 6.18), a bundle's own cost,
+ * bounded by --worker-max-pids. Elsewhere (the server's in-process runs, plover run) the
  * process's other work is not the run's: the calling thread's clock. */
 static int process_clock;
 static pthread_mutex_t ledger_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -39,7 +39,8 @@ type Kind struct {
 	// (Timing.Busy) is a span in which other runs' work can fall, and how
 	// many runs the device serves at full speed at once: runs in flight
 	// together split its time for charging (sched.Config.Capacity). 0: the
-	// measure is the run's own (the host's per-thread CPU time).
+	// measure is the run's own (the host's CPU time: in a worker, its share
+	// of the worker's), which may pass its wall time on several threads.
 	SharedTime float64
 	// PinsHost: its devices pin (page-lock) the host memory requests are
 	// copied between, whole (HostRegistrar), so a node bounds it.

@@ -335,7 +335,10 @@ func (b *batcher) run(items []*batchItem) {
 func (b *batcher) ended(took time.Duration) {
 	b.mu.Lock()
 	b.running--
-	if took > 0 {
+	switch {
+	case took > 0 && b.runTook == 0: // the first run: all there is to go by
+		b.runTook = took
+	case took > 0:
 		b.runTook += (took - b.runTook) / 4
 	}
 	b.mu.Unlock()

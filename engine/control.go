@@ -102,7 +102,8 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
 	at := e.tab.at() // before the store changes: see land
-	rv, created, current, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
+	pub, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
+	rv, created, current := pub.Version, pub.Created, pub.Current
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
 	}
@@ -131,7 +132,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		e.cfg.Log.Info("deployed beside the current version", "function", name, "version", rv.ID, "label", o.Label, "sha256", sha[:12], "bytes", n)
 		return api.FunctionInfo{Name: name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: c.versionCount(ctx, name)}, nil
 	}
-	f, err := e.tab.land(ctx, name, &rv, at)
+	f, err := e.tab.land(ctx, name, &rv, pub.Fresh, at)
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "deployed %s version %s, but this node did not take it on: %v", name, rv.ID, err)
 	}
@@ -219,7 +220,7 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 	} else if err != nil {
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
-	e.tab.land(ctx, name, nil, at) // a delete lands even while shutting down
+	e.tab.land(ctx, name, nil, false, at) // a delete lands even while shutting down
 	e.cfg.Log.Info("deleted", "function", name)
 	return nil
 }
@@ -259,7 +260,7 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	case err != nil:
 		return api.FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}
-	f, err := e.tab.land(ctx, name, &rv, at)
+	f, err := e.tab.land(ctx, name, &rv, false, at)
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "rolled %s back to %s, but this node did not follow: %v", name, rv.ID, err)
 	}

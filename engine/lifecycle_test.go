@@ -260,3 +260,51 @@ func TestDeletedFunctionLeavesNoIOFlow(t *testing.T) {
 		}
 	}
 }
+
+// holdDeletes holds a record's delete made with a marked context once it
+// is done in the store, until released.
+type holdDeletes struct {
+	objectstore.Store
+	landed, release chan struct{}
+}
+
+func (s holdDeletes) Delete(ctx context.Context, key string) error {
+	err := s.Store.Delete(ctx, key)
+	if err == nil && ctx.Value(holdKey{}) != nil && strings.HasPrefix(key, "functions/") {
+		s.landed <- struct{}{}
+		<-s.release
+	}
+	return err
+}
+
+// A function deployed after a delete is a new function, whichever of the
+// two calls comes back first: when the deploy reaches this node before
+// the delete does, it must not take over the deleted function's history
+// (its requests, logs, flows), as it did (5 requests carried over), nor
+// may the delete then drop it.
+func TestDeployAfterADeleteThatLandsLaterStartsAfresh(t *testing.T) {
+	store := holdDeletes{Store: fsStore(t), landed: make(chan struct{}), release: make(chan struct{})}
+	e := testkit.Engine(t, engine.Config{Store: store})
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	testkit.Deploy(t, e, dir)
+	for range 5 {
+		if err := e.Invoke(context.Background(), "fn", &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.Control().Delete(context.WithValue(context.Background(), holdKey{}, 1), "fn", false) }()
+	<-store.landed // the record is gone from the store; this node still runs fn
+	v2 := testkit.Deploy(t, e, dir)
+	close(store.release)
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	fi := info(t, e, "fn")
+	if fi.Version != v2.Version || fi.Requests != 0 {
+		t.Fatalf("after the redeploy and the delete: version %s, %d requests; want %s and none: the deleted function's", fi.Version, fi.Requests, v2.Version)
+	}
+	if err := e.Invoke(context.Background(), "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatalf("the function deployed anew: %v", err)
+	}
+}

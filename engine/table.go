@@ -309,6 +309,15 @@ func (t *table) follow(ctx context.Context, name string, gone bool) (*function, 
 		if err != nil {
 			return nil, errorf(errdefs.KindInternal, err, "function %s: corrupt record", name)
 		}
+		if t.recreated(name, rec) {
+			// Deleted and made anew: a new function, not a new version
+			// of the one this node runs.
+			now, ok := t.forget(name, at)
+			if !ok {
+				continue
+			}
+			at = now
+		}
 		if f, _ := t.switchTo(name, cv, at); f != nil {
 			return f, nil
 		}
@@ -323,15 +332,25 @@ func (t *table) follow(ctx context.Context, name string, gone bool) (*function, 
 // the node follows the record as the store has it now (if the store does
 // not answer, this change: the latest known). So concurrent deploys,
 // rollbacks and deletes leave the node as the last of them left the
-// store, whatever order they come back in. It returns the function (nil:
+// store, whatever order they come back in. fresh says the call made the
+// record (a deploy after a delete): a function of the name this node still
+// runs is an earlier one, dropped first, so that the new one starts with
+// nothing of it (counts, logs, flows). It returns the function (nil:
 // deleted); an error only when the server is shutting down.
-func (t *table) land(ctx context.Context, name string, rv *api.Version, at uint64) (*function, error) {
+func (t *table) land(ctx context.Context, name string, rv *api.Version, fresh bool, at uint64) (*function, error) {
 	if rv == nil {
 		if _, ok := t.forget(name, at); ok {
 			return nil, nil
 		}
-	} else if f, _ := t.switchTo(name, *rv, at); f != nil {
-		return f, nil
+	} else {
+		if fresh && t.runsOther(name, rv.ID) {
+			if now, ok := t.forget(name, at); ok {
+				at = now
+			}
+		}
+		if f, _ := t.switchTo(name, *rv, at); f != nil {
+			return f, nil
+		}
 	}
 	// The store is changed already: follow it even if the caller has gone.
 	f, err := t.follow(context.WithoutCancel(ctx), name, true)
@@ -346,7 +365,7 @@ func (t *table) land(ctx context.Context, name string, rv *api.Version, at uint6
 	if f, _ := t.switchTo(name, *rv, 0); f != nil {
 		return f, nil
 	}
-	return nil, err // shutting down
+	return nil, errorf(errdefs.KindUnavailable, nil, "the server is shutting down") // switchTo's only refusal at epoch 0
 }
 
 // switchTo makes rv the current version of name, adding the function if
@@ -713,6 +732,14 @@ func (t *table) appliedTag(name string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.tags[name]
+}
+
+// runsOther reports whether this node runs a version of name other than id.
+func (t *table) runsOther(name, id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.funcs[name]
+	return f != nil && f.cur != nil && f.cur.rec.ID != id
 }
 
 // recreated reports whether rec no longer lists the version this node runs

@@ -224,8 +224,8 @@ func (g Registry) List(ctx context.Context) ([]*api.Record, error) {
 // sha256) creates no version: the current one is returned with created
 // false (its object is still stored again if missing or damaged).
 func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool) (v api.Version, created bool, err error) {
-	v, created, _, err = g.PublishWith(ctx, m, bundleBytes, sha, size, PublishOptions{Force: force})
-	return v, created, err
+	p, err := g.PublishWith(ctx, m, bundleBytes, sha, size, PublishOptions{Force: force})
+	return p.Version, p.Created, err
 }
 
 // PublishOptions are how a version is published (Registry.PublishWith).
@@ -249,9 +249,19 @@ type PublishOptions struct {
 	Tenant string
 }
 
-// PublishWith is Publish with options; current reports whether the version
-// it returns is the function's current one.
-func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, o PublishOptions) (v api.Version, created, current bool, err error) {
+// Published is what PublishWith did.
+type Published struct {
+	Version api.Version
+	// Created: a version was made (false: the bundle equals the current
+	// version's, returned as Version). Current: Version is the
+	// function's current one. Fresh: the record was made by this publish
+	// (the function had none: deleted, or never deployed), so a node
+	// running an earlier function of the name runs a function no more.
+	Created, Current, Fresh bool
+}
+
+// PublishWith is Publish with options.
+func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, o PublishOptions) (Published, error) {
 	name, force, label, tenant := m.Name, o.Force, o.Label, o.Tenant
 
 	// Bundles are content-addressed, so an object already there is reused;
@@ -261,22 +271,24 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	info, err := g.Store.Stat(ctx, key)
 	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && info.Size != size) {
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
-			return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
+			return Published{}, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
-		return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
+		return Published{}, fmt.Errorf("publish %s: %w", name, err)
 	} else if err := g.Store.Touch(ctx, key); errors.Is(err, objectstore.ErrNotFound) {
 		// Deleted since the Stat: store it again.
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
-			return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
+			return Published{}, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
 		// Reused: its grace starts again, so that a delete or gc that read
 		// the records before this deploy's record lands keeps it.
-		return api.Version{}, false, false, fmt.Errorf("publish %s: %w", name, err)
+		return Published{}, fmt.Errorf("publish %s: %w", name, err)
 	}
 	var unchanged *api.Version
+	var p Published
 	_, err = g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
+		p.Fresh = r == nil
 		if r == nil {
 			r = &api.Record{Name: name}
 		}
@@ -287,7 +299,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 			return nil, nil
 		}
 		unchanged = nil
-		v = api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
+		v := api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
 		if m.IsPipeline() {
 			v.Kind, v.Steps = m.Kind, m.Steps
 		}
@@ -295,25 +307,26 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 			v.Priority = m.Priority
 		}
 		r.Versions = append(r.Versions, v)
-		current = !o.Aside || r.Current == ""
-		if current {
+		p.Version, p.Current = v, !o.Aside || r.Current == ""
+		if p.Current {
 			r.Current = v.ID
 		}
 		return r, nil
 	})
 	if err != nil {
-		return api.Version{}, false, false, err
+		return Published{}, err
 	}
 	if unchanged != nil {
-		return *unchanged, false, true, nil
+		return Published{Version: *unchanged, Current: true}, nil
 	}
 	// A delete of another function may have listed the records before this
 	// one landed and removed the bundle as unused (its grace protects a
 	// bundle touched or written just now; this covers a shorter grace).
 	if err := g.ensureBundle(ctx, key, bundleBytes, size); err != nil {
-		return api.Version{}, false, false, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
+		return Published{}, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
 	}
-	return v, true, current, nil
+	p.Created = true
+	return p, nil
 }
 
 // ensureBundle stores the bundle again if it is gone, when its bytes can be

@@ -39,7 +39,10 @@ func TestPoliciesByName(t *testing.T) {
 
 // A run is charged the device time it used, when its device says: not the
 // time it held its slot (which includes waiting for the device when runs
-// outnumber it), but at least its slot time over the device's slots.
+// outnumber it), but at least its slot time over the device's slots, and
+// more than its slot time where its measure is its own (CPU time on
+// several threads; it was cut to its slot time, so a chain on 4 threads
+// got 4 times its share), up to every slot's.
 func TestChargeIsTheDeviceTimeUsed(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -49,7 +52,8 @@ func TestChargeIsTheDeviceTimeUsed(t *testing.T) {
 		{"unknown: the slot time", 8 * time.Millisecond, 0, 8 * time.Millisecond},
 		{"used less than held (waited for a CPU)", 8 * time.Millisecond, 3 * time.Millisecond, 3 * time.Millisecond},
 		{"a sleeping run: the slot's share", 8 * time.Millisecond, time.Microsecond, 2 * time.Millisecond},
-		{"more than held (another clock): held", 8 * time.Millisecond, 9 * time.Millisecond, 8 * time.Millisecond},
+		{"more than held (a chain on several threads): what it used", 8 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond},
+		{"more than every slot's time (no measure): every slot's time", 8 * time.Millisecond, time.Hour, 32 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newFakeClock()

@@ -406,7 +406,10 @@ func (t Ticket) DoneAt(now time.Time) { t.DoneUsed(now, 0) }
 // work can fall in (Config.Capacity: a GPU's events), it is charged at
 // most its part of the device while it held its slot, the device split
 // evenly among the runs in flight at each moment, so that what all runs
-// are charged never exceeds the time the device was in use. It is charged
+// are charged never exceeds the time the device was in use; where it is
+// the run's own (the host's CPU time, which a chain on several threads
+// makes more than its wall time), at most its slot time times the slots
+// (a measure past that is not one). It is charged
 // at least its slot time divided by the device's slots: a run that holds a
 // slot while using little of the device (a sleeping kernel) still costs
 // the share of the device a slot is, so that runs of that kind cannot take
@@ -429,7 +432,14 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 			// peer): no floor of the slot's time.
 			charge = min(used, part)
 		case used > 0:
-			charge = max(min(used, part), now.Sub(r.start)/time.Duration(s.cfg.MaxRuns))
+			// Where the measure is the run's own (the host's CPU time:
+			// a chain on several threads uses more than its wall time),
+			// it is bounded only by every slot's time.
+			most := part
+			if s.cfg.Capacity == 0 {
+				most = part * time.Duration(s.cfg.MaxRuns)
+			}
+			charge = max(min(used, most), now.Sub(r.start)/time.Duration(s.cfg.MaxRuns))
 		}
 		s.end(r, charge, now)
 		s.dispatch(now)
