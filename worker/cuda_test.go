@@ -221,6 +221,40 @@ func TestCUDAInstanceInitFaultEndsItsWorker(t *testing.T) {
 	}
 }
 
+// An MPS client the server terminated (CUDA_ERROR_MPS_CLIENT_TERMINATED:
+// "to continue using CUDA, the process must be terminated and relaunched")
+// ends its worker as an illegal address does: the request fails naming it,
+// and the next one runs on a fresh worker instead of meeting the same error.
+func TestCUDAMPSClientTerminatedEndsItsWorker(t *testing.T) {
+	d, dir := pinCUDA(t, 0, nil, "FAKECUDA_FAULT=810") // what pl_fault's kernel leaves
+	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	fault, err := p.Entry("pl_fault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	err = inst.Run(&device.Run{Output: make([]byte, 64), TmpLen: 64, Chain: []device.Step{{Entry: fault, Grid: 1, Block: 1}}})
+	var ke *device.KernelError
+	var pe *ProcessExit
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_MPS_CLIENT_TERMINATED") || !errors.As(err, &pe) {
+		t.Errorf("a terminated MPS client: %v, want a KernelError naming CUDA_ERROR_MPS_CLIENT_TERMINATED that ended the worker", err)
+	}
+	if p.(*program).Alive() {
+		err := inst.Run(&device.Run{Input: []byte("next"), Output: make([]byte, 64), TmpLen: 64,
+			Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}}})
+		t.Errorf("the worker is still alive; its next request: %v", err)
+	}
+}
+
 // pinCUDA is a fake CUDA device whose workers' driver gets env, and a
 // bundle of the fake kernels: pl_copy's output is its input.
 func pinCUDA(t *testing.T, limit int64, log *slog.Logger, env ...string) (*Device, string) {
