@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -746,6 +747,45 @@ func TestFakeFault(t *testing.T) {
 	e := fakeEnv(t)
 	e.ordinal = 1 // device 0 stays healthy for the other tests
 	testFault(t, e)
+}
+
+// TestFakeProcessFatalCodesPoisonTheDevice: every code the driver API
+// documents as leaving the process unable to use CUDA ("any further CUDA
+// work will return the same error. To continue using CUDA, the process must
+// be terminated and relaunched") poisons the device as
+// CUDA_ERROR_ILLEGAL_ADDRESS does: the run that met it wraps ErrUnhealthy
+// (a worker then ends and is replaced), and later runs fail fast instead of
+// each failing again as a kernel error.
+func TestFakeProcessFatalCodesPoisonTheDevice(t *testing.T) {
+	for _, c := range []struct {
+		code int
+		name string
+	}{{226, "CUDA_ERROR_CONTAINED"}, {721, "CUDA_ERROR_TENSOR_MEMORY_LEAK"},
+		{810, "CUDA_ERROR_MPS_CLIENT_TERMINATED"}, {911, "CUDA_ERROR_EXTERNAL_DEVICE"}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("FAKECUDA_FAULT", strconv.Itoa(c.code)) // what pl_fault's kernel leaves
+			e := fakeEnv(t)
+			e.ordinal = 1 // device 0 stays healthy for the other tests
+			g := e.fresh(t, 0, nil)
+			inst := newInst(t, g, e, InstanceConfig{MaxInput: 8, Tmp: 8, Out: 8})
+			err := inst.Run(&Run{Output: make([]byte, 8), Chain: []Step{e.step(t, "pl_fault", 1, 1)}, TmpLen: 8})
+			var ke *KernelError
+			if !errors.As(err, &ke) || !strings.Contains(ke.Msg, c.name) {
+				t.Fatalf("faulting run: %v, want a KernelError naming %s", err, c.name)
+			}
+			if !errors.Is(err, ErrUnhealthy) {
+				t.Errorf("faulting run: %v does not wrap ErrUnhealthy", err)
+			}
+			if h := g.Health(); !errors.Is(h, ErrUnhealthy) {
+				t.Errorf("health after %s: %v", c.name, h)
+			}
+			chain := []Step{e.step(t, "pl_load", 1, 32), e.step(t, "pl_store", 1, 32)}
+			err = inst.Run(&Run{Output: make([]byte, 8), Chain: chain, TmpLen: 8})
+			if !errors.Is(err, ErrUnhealthy) || errors.As(err, &ke) {
+				t.Errorf("next run: %v, want ErrUnhealthy without touching the GPU", err)
+			}
+		})
+	}
 }
 
 func TestFakeNoLeaks(t *testing.T) {

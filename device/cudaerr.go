@@ -46,7 +46,13 @@ func stickyCode(code int) bool {
 		717, // CUDA_ERROR_INVALID_ADDRESS_SPACE
 		718, // CUDA_ERROR_INVALID_PC
 		719, // CUDA_ERROR_LAUNCH_FAILED
-		// Not kernel faults, but the context is as unusable after them:
+		721, // CUDA_ERROR_TENSOR_MEMORY_LEAK
+		// Not kernel faults, but the context is as unusable after them (the
+		// first three documented so: "the process must be terminated and
+		// relaunched"):
+		226, // CUDA_ERROR_CONTAINED: peer memory over NVLink, a hardware error
+		810, // CUDA_ERROR_MPS_CLIENT_TERMINATED: the MPS server ended this client
+		911, // CUDA_ERROR_EXTERNAL_DEVICE
 		214, // CUDA_ERROR_ECC_UNCORRECTABLE
 		220, // CUDA_ERROR_NVLINK_UNCORRECTABLE
 		709, // CUDA_ERROR_CONTEXT_IS_DESTROYED

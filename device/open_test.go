@@ -153,12 +153,12 @@ func TestListGPUs(t *testing.T) {
 }
 
 func TestStickyCodes(t *testing.T) {
-	for _, c := range []int{700, 702, 710, 714, 715, 716, 717, 718, 719} {
+	for _, c := range []int{700, 702, 710, 714, 715, 716, 717, 718, 719, 721, 226, 810, 911} {
 		if !stickyCode(c) {
 			t.Errorf("%d is not sticky", c)
 		}
 	}
-	for _, c := range []int{0, 1, 2, 9, 98, 200, 209, 701, 720, 900, 901} {
+	for _, c := range []int{0, 1, 2, 9, 98, 200, 209, 701, 720, 805, 807, 900, 901, 910} {
 		if stickyCode(c) {
 			t.Errorf("%d is sticky", c)
 		}

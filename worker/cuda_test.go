@@ -221,6 +221,127 @@ func TestCUDAInstanceInitFaultEndsItsWorker(t *testing.T) {
 	}
 }
 
+// A device fault inside plover_instance_fini (ignored, as documented) still
+// poisons the worker's context: the worker ends then, as after a faulting
+// chain, rather than staying with a context that fails its sibling
+// instances' next requests (and holds its memory until one comes). The
+// sibling's next request finds the worker gone before it ran, which the
+// engine runs again on a fresh worker.
+func TestCUDAInstanceFiniFaultEndsItsWorker(t *testing.T) {
+	d, dir := fakeCUDA(t)
+	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	doomed, err := p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 14, Out: 64}) // 14: the fake bundle's fini faults
+	if err != nil {
+		t.Fatal(err)
+	}
+	hookFaultEndsWorker(t, p, "plover_instance_fini", doomed.Close)
+}
+
+// hookFaultEndsWorker runs a chain (pl_load, pl_store) on an instance of
+// sibling, then close, which runs a hook that faults the device in
+// sibling's worker: the worker must end, and the instance's next request
+// find it gone before it ran (the engine runs it again elsewhere).
+func hookFaultEndsWorker(t *testing.T, sibling device.Program, hook string, close func()) {
+	t.Helper()
+	inst, err := sibling.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	run := func() error {
+		return inst.Run(&device.Run{Input: []byte("sibling"), Output: make([]byte, 64), TmpLen: 64,
+			Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}}})
+	}
+	if err := run(); err != nil {
+		t.Fatal(err)
+	}
+	close()
+	select {
+	case <-sibling.(*program).p.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("the worker whose context %s faulted is still alive 10 s later", hook)
+	}
+	err = run()
+	if l, ok := device.AsLoss(err); !ok || !(l.RanNowhere() || l.Collateral()) {
+		t.Errorf("the sibling's next request: %v, want it lost with the worker before it ran, not run on its poisoned context", err)
+	}
+}
+
+// In a tenant's worker, a device fault inside one program's plover_unload
+// ends the worker then: its siblings' next requests find it gone before
+// they ran (lost with it, run again on a fresh worker), rather than failing
+// on the poisoned context as their own faults.
+func TestCUDAUnloadFaultEndsTenantWorker(t *testing.T) {
+	fakeDir, err := fakecuda.Shared()
+	if err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
+	}
+	_, dir := fakeCUDA(t)
+	if err := os.WriteFile(filepath.Join(dir, "c13.bin"), make([]byte, 13), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
+		Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
+	defer d.Close()
+	chain := []abi.Launch{{Kernel: "pl_load", Grid: 1, Block: 64}, {Kernel: "pl_store", Grid: 1, Block: 64}}
+	ma := fakeManifest(chain...)
+	ma.Name, ma.Constants = "unloadfault", "c13.bin" // 13 bytes: the fake bundle's plover_unload faults
+	mb := fakeManifest(chain...)
+	mb.Name = "sibling"
+	a, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: ma, Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: mb, Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if pa, pb := a.(*program).PID(), b.(*program).PID(); pa != pb {
+		t.Fatalf("the tenant's programs run in workers %d and %d, want one", pa, pb)
+	}
+	hookFaultEndsWorker(t, b, "plover_unload", func() { a.Close() })
+}
+
+// An MPS client the server terminated (CUDA_ERROR_MPS_CLIENT_TERMINATED:
+// "to continue using CUDA, the process must be terminated and relaunched")
+// ends its worker as an illegal address does: the request fails naming it,
+// and the next one runs on a fresh worker instead of meeting the same error.
+func TestCUDAMPSClientTerminatedEndsItsWorker(t *testing.T) {
+	d, dir := pinCUDA(t, 0, nil, "FAKECUDA_FAULT=810") // what pl_fault's kernel leaves
+	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	fault, err := p.Entry("pl_fault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	err = inst.Run(&device.Run{Output: make([]byte, 64), TmpLen: 64, Chain: []device.Step{{Entry: fault, Grid: 1, Block: 1}}})
+	var ke *device.KernelError
+	var pe *ProcessExit
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_MPS_CLIENT_TERMINATED") || !errors.As(err, &pe) {
+		t.Errorf("a terminated MPS client: %v, want a KernelError naming CUDA_ERROR_MPS_CLIENT_TERMINATED that ended the worker", err)
+	}
+	if p.(*program).Alive() {
+		err := inst.Run(&device.Run{Input: []byte("next"), Output: make([]byte, 64), TmpLen: 64,
+			Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}}})
+		t.Errorf("the worker is still alive; its next request: %v", err)
+	}
+}
+
 // pinCUDA is a fake CUDA device whose workers' driver gets env, and a
 // bundle of the fake kernels: pl_copy's output is its input.
 func pinCUDA(t *testing.T, limit int64, log *slog.Logger, env ...string) (*Device, string) {

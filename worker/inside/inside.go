@@ -321,7 +321,20 @@ func (w *server) unload(id uint32, err error) wire.Reply {
 		return failed(fmt.Sprintf("unload: no program %d", id))
 	}
 	w.release(l)
+	if err := w.faulted(); err != nil {
+		return statusReply(err) // StFault: the worker ends once it replied
+	}
 	return wire.Reply{St: wire.StOK}
+}
+
+// faulted is the device's fault once a hook whose failure no one is told
+// of (an instance's plover_instance_fini, a program's plover_unload)
+// poisoned its context, else nil.
+func (w *server) faulted() error {
+	if err := w.dev.Health(); errors.Is(err, device.ErrUnhealthy) {
+		return err
+	}
+	return nil
 }
 
 // stageDir names the stage through the worker's descriptor, so the worker
@@ -414,6 +427,11 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 		}
 		serveInstance(sock, own, inst, maxIn, out)
 		w.release(l)
+		if w.faulted() != nil {
+			// Nothing more can run here, as after a faulting chain; kept,
+			// the worker would fail its siblings' next requests as theirs.
+			os.Exit(wire.ExitFault)
+		}
 	}()
 	return wire.Reply{St: wire.StOK, Pin: pin}
 }

@@ -158,10 +158,14 @@ PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
 
 PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) {
   if (s->instance == &pl_instance_tag) __atomic_add_fetch(&pl_hook_calls[2], 1, __ATOMIC_RELAXED);
+  /* And inside plover_instance_fini: an instance with 14 bytes of tmp. */
+  if (s->tmp.len == 14) launch(s, 1, 1, k_fault, (args_t){0});
 }
 
 PLOVER_EXPORT void plover_unload(plover_state_t *s) {
   if (s->program == &pl_program_tag) __atomic_add_fetch(&pl_hook_calls[3], 1, __ATOMIC_RELAXED);
+  /* And inside plover_unload: a program with 13 bytes of constants. */
+  if (s->constant.len == 13) launch(s, 1, 1, k_fault, (args_t){0});
 }
 
 PLOVER_ENTRY(pl_hooks) {

@@ -15,6 +15,9 @@
  * Environment: FAKECUDA_INIT_ERROR=<code> makes cuInit fail,
  * FAKECUDA_DEVICES=<n> (default 2, at most 4) sets the device count.
  * FAKECUDA_REGISTER_ERROR=<code> makes cuMemHostRegister refuse.
+ * FAKECUDA_FAULT=<code> is the sticky error a faulting kernel (fakecu_fault)
+ * leaves instead of the one it asks for: the other codes NVIDIA documents as
+ * ending the process's use of CUDA (an MPS client terminated, say).
  * FAKECUDA_KERNEL_US=<n> makes the GPU busy: every kernel holds it for n
  * microseconds, one kernel at a time in the process, and across processes
  * that name the same file in FAKECUDA_GPU_LOCK (flock): a GPU whose kernels
@@ -158,6 +161,10 @@ static const struct {
     {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {226, "CUDA_ERROR_CONTAINED", "error contained by the GPU"},
+    {721, "CUDA_ERROR_TENSOR_MEMORY_LEAK", "tensor memory not completely deallocated"},
+    {810, "CUDA_ERROR_MPS_CLIENT_TERMINATED", "the MPS client has been terminated by the server"},
+    {911, "CUDA_ERROR_EXTERNAL_DEVICE", "an async error occurred in a device outside of CUDA"},
     {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
     {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
 };
@@ -535,5 +542,7 @@ EXPORT int fakecu_stream_sync(void *stream) {
 
 /* Called by a kernel body: what an out-of-bounds store does to a context. */
 EXPORT void fakecu_fault(int code) {
+  const char *e = getenv("FAKECUDA_FAULT");
+  if (e && atoi(e)) code = atoi(e);
   if (cur != NULL) cur->sticky = code;
 }
