@@ -293,7 +293,9 @@ func TestDeployAfterADeleteThatLandsLaterStartsAfresh(t *testing.T) {
 		}
 	}
 	deleted := make(chan error, 1)
-	go func() { deleted <- e.Control().Delete(context.WithValue(context.Background(), holdKey{}, 1), "fn", false) }()
+	go func() {
+		deleted <- e.Control().Delete(context.WithValue(context.Background(), holdKey{}, 1), "fn", false)
+	}()
 	<-store.landed // the record is gone from the store; this node still runs fn
 	v2 := testkit.Deploy(t, e, dir)
 	close(store.release)
