@@ -500,7 +500,11 @@ func (r *run) record(err error, rep *reply, lat time.Duration, s *Sample) {
 	if ParseServerTiming(rep.timing, st) {
 		r.timed.Add(1)
 		for i := range st.Dur {
-			r.server[i].Record(st.Dur[i])
+			// An optional metric this response did not carry (an older
+			// server) is not a zero: its summary counts the ones that did.
+			if st.Has&(1<<i) != 0 {
+				r.server[i].Record(st.Dur[i])
+			}
 		}
 	}
 	if r.cfg.Observe != nil {

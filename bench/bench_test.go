@@ -3,8 +3,11 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -315,5 +318,70 @@ func TestObserve(t *testing.T) {
 	}
 	if n != 20 || cold != 1 || bodyLen != 32 || res.OK != 20 {
 		t.Fatalf("observed %d (cold %d, body %d)", n, cold, bodyLen)
+	}
+}
+
+// A server older than the scheduler sends no sched, resolve or dispatch
+// (and one behind a proxy may send them on some responses only): a metric
+// a response did not carry is not recorded as a zero, nor as the value an
+// earlier response on the same connection carried, so the breakdown's n
+// says how many responses reported it and an absent one reads n/a.
+func TestServerTimingAbsentMetricsNotRecorded(t *testing.T) {
+	const full = "queue;dur=0.001, sched;dur=0.5, load;dur=0, copyin;dur=0.01, kernels;dur=0.02, copyout;dur=0.03, resolve;dur=0.004, dispatch;dur=0.006, total;dur=0.6"
+	const old = "queue;dur=0.001, load;dur=0, copyin;dur=0.01, kernels;dur=0.02, copyout;dur=0.03, total;dur=0.07"
+	var hits atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		h := old
+		if hits.Add(1)%2 == 1 { // the 1st, 3rd, ...: a newer server's header
+			h = full
+		}
+		ctx.Response.Header.Set("X-Plover-Start", "hot")
+		ctx.Response.Header.Set("Server-Timing", h)
+	}}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	var mu sync.Mutex
+	var stale []string
+	res, err := Run(context.Background(), Config{Server: "http://" + ln.Addr().String(), Function: "echo", Requests: 10,
+		Observe: func(s *Sample) {
+			if s.Timing.Has&(1<<Sched) == 0 && (s.Timing.Dur[Sched] != 0 || s.Timing.Dur[Dispatch] != 0) {
+				mu.Lock()
+				stale = append(stale, fmt.Sprintf("sched %v dispatch %v", s.Timing.Dur[Sched], s.Timing.Dur[Dispatch]))
+				mu.Unlock()
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Timing.Responses != 10 || res.Timing.Total.N != 10 {
+		t.Fatalf("%d responses timed, total n %d; want 10 and 10", res.Timing.Responses, res.Timing.Total.N)
+	}
+	for _, m := range []int{Sched, Resolve, Dispatch} {
+		if s := res.Timing.Metric(m); s.N != 5 || s.P50 == 0 {
+			t.Errorf("%s: n %d p50 %v: want the 5 responses that carried it (none of them 0)", MetricNames[m], s.N, s.P50)
+		}
+	}
+	if len(stale) > 0 {
+		t.Errorf("Observe saw an earlier response's values for metrics this one did not carry: %v", stale)
+	}
+
+	// A server that sends none of them: n 0, and the report says so
+	// rather than print a zero wait.
+	f := startFake(t, 0, 8)
+	res, err = Run(context.Background(), Config{Server: f.url, Function: "echo", Requests: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Timing.Sched.N != 0 || res.Timing.Total.N != 5 {
+		t.Fatalf("sched n %d, total n %d: want 0 and 5", res.Timing.Sched.N, res.Timing.Total.N)
+	}
+	var b strings.Builder
+	res.WriteText(&b)
+	if !regexp.MustCompile(`(?m)^  sched +- +- +- +-$`).MatchString(b.String()) {
+		t.Errorf("the report's sched row is not n/a:\n%s", b.String())
 	}
 }

@@ -63,7 +63,9 @@ type Summary struct {
 }
 
 // ServerSummary is the Server-Timing breakdown; Responses is how many 2xx
-// responses carried a complete header.
+// responses carried a complete header. An optional metric (sched, resolve,
+// dispatch) sums up only the responses that carried it: N 0 when the
+// server sends none (older servers).
 type ServerSummary struct {
 	Responses int64   `json:"responses"`
 	Queue     Summary `json:"queue"`
@@ -243,6 +245,10 @@ func (res *Result) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s   (%d responses)\n", "server (Server-Timing)", "mean", "p50", "p99", "max", res.Timing.Responses)
 		for i, name := range MetricNames {
 			s := res.Timing.Metric(i)
+			if s.N == 0 { // a metric this server does not send: not a zero
+				fmt.Fprintf(&b, "  %-22s%9s%9s%9s%9s\n", name, "-", "-", "-", "-")
+				continue
+			}
 			fmt.Fprintf(&b, "  %-22s%9s%9s%9s%9s\n", name, FormatDuration(s.Mean), FormatDuration(s.P50), FormatDuration(s.P99), FormatDuration(s.Max))
 		}
 	}

@@ -47,9 +47,11 @@ func (t *ServerTiming) Complete() bool { return t.Has|optional == 1<<NumMetrics-
 // ParseServerTiming reads a Server-Timing header value such as
 // "queue;dur=0.002, load;dur=0, copyin;dur=0.61, ..." into t without
 // allocating. Names it does not know and parameters other than dur are
-// skipped; it reports whether every Plover metric was found.
+// skipped; a metric h does not carry is 0 in t.Dur (not what t held
+// before: one Sample serves a connection's every response). It reports
+// whether every Plover metric was found.
 func ParseServerTiming(h []byte, t *ServerTiming) bool {
-	t.Has = 0
+	*t = ServerTiming{}
 	for len(h) > 0 {
 		var entry []byte
 		if i := bytes.IndexByte(h, ','); i >= 0 {
