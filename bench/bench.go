@@ -423,8 +423,13 @@ func (r *run) worker(ctx context.Context) {
 	}
 }
 
-// offset is when open-loop request k is due, relative to the start.
-func (r *run) offset(k int64) time.Duration { return time.Duration(float64(k) * r.interval) }
+// offset is when open-loop request k is due, relative to the start, to
+// the nearest nanosecond: truncated, k/rate a hair below the duration
+// (k·555,555.5̅ ns at 1800/s) fell inside it, one request more than rate
+// × duration.
+func (r *run) offset(k int64) time.Duration {
+	return time.Duration(math.Round(float64(k) * r.interval))
+}
 
 // dueWithin is the number of open-loop requests due before window ends.
 func (r *run) dueWithin(window time.Duration) int64 {

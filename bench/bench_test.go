@@ -385,3 +385,28 @@ func TestServerTimingAbsentMetricsNotRecorded(t *testing.T) {
 		t.Errorf("the report's sched row is not n/a:\n%s", b.String())
 	}
 }
+
+// An open loop offers rate × duration requests: at 1800/s the interval is
+// 555,555.5̅ ns, and request k = rate × duration is due exactly at the
+// end, not a nanosecond before it by rounding, so it is neither sent nor
+// counted as due.
+func TestOpenLoopOffersRateTimesDuration(t *testing.T) {
+	f := startFake(t, 0, 8)
+	for _, tt := range []struct {
+		rate float64
+		d    time.Duration
+		want int64
+	}{
+		{1800, 100 * time.Millisecond, 180},
+		{700, 100 * time.Millisecond, 70},
+		{300, 200 * time.Millisecond, 60},
+	} {
+		res, err := Run(context.Background(), Config{Server: f.url, Function: "echo", Rate: tt.rate, Duration: tt.d, Concurrency: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := res.Open; o.Scheduled != tt.want || o.Sent+o.Unsent != tt.want {
+			t.Errorf("%g/s for %v: scheduled %d, sent %d + unsent %d; want %d due", tt.rate, tt.d, o.Scheduled, o.Sent, o.Unsent, tt.want)
+		}
+	}
+}
