@@ -20,7 +20,10 @@ func markers(key string) (begin, end string) {
 
 // replaceSection puts body between key's markers in doc. Without markers,
 // the host section goes before the "## GPU" heading (so the hand-written
-// GPU rows stay last) and other sections at the end.
+// GPU rows stay last) and other sections at the end. A begin marker whose
+// end marker is gone becomes the section, and what followed it stays (the
+// old section's text too: where it ended is not known); the block must not
+// go elsewhere, or the next run cuts from the orphan to the new end.
 func replaceSection(doc, key, body string) string {
 	begin, end := markers(key)
 	block := begin + "\n" + strings.TrimSpace(body) + "\n" + end
@@ -28,6 +31,8 @@ func replaceSection(doc, key, body string) string {
 		if j := strings.Index(doc[i:], end); j >= 0 {
 			return doc[:i] + block + doc[i+j+len(end):]
 		}
+		logf("warning: %s has no %s after it: the new section replaces the begin marker, and the old section's text after it is left for you to remove", begin, end)
+		return doc[:i] + block + doc[i+len(begin):]
 	}
 	if key == "host" {
 		if i := strings.Index(doc, "\n## GPU"); i >= 0 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/xml"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -38,6 +39,30 @@ func TestReplaceSection(t *testing.T) {
 	}
 	if got := replaceSection("", "host", "x"); got != "<!-- bench:host:begin -->\nx\n<!-- bench:host:end -->\n" {
 		t.Fatalf("empty doc: %q", got)
+	}
+}
+
+// A section whose end marker was lost (an edit outside the markers that
+// took it along) must not cost the text after it: the suite's next runs
+// replace their own section and nothing else, where the old code, on its
+// second run, cut everything from the orphaned begin marker to the new
+// section's end.
+func TestReplaceSectionWithoutEndMarkerKeepsText(t *testing.T) {
+	doc := "# Benchmarks\n\n<!-- bench:host:begin -->\nold figures\n\n## Notes\n\nkeep me\n\n## GPU\n\ngpu rows\n"
+	d := doc
+	for run := 1; run <= 3; run++ {
+		d = replaceSection(d, "host", fmt.Sprintf("run %d", run))
+		for _, keep := range []string{"keep me", "gpu rows", "## Notes", "old figures", fmt.Sprintf("run %d", run)} {
+			if !strings.Contains(d, keep) {
+				t.Fatalf("run %d lost %q:\n%s", run, keep, d)
+			}
+		}
+		if n, m := strings.Count(d, "<!-- bench:host:begin -->"), strings.Count(d, "<!-- bench:host:end -->"); n != 1 || m != 1 {
+			t.Fatalf("run %d: %d begin and %d end markers, want one each:\n%s", run, n, m, d)
+		}
+		if run > 1 && strings.Contains(d, fmt.Sprintf("run %d", run-1)) {
+			t.Fatalf("run %d kept run %d's section:\n%s", run, run-1, d)
+		}
 	}
 }
 
