@@ -141,7 +141,8 @@ type run struct {
 	slept     atomic.Int64 // open-loop requests whose worker waited for them
 	wakeLag   atomic.Int64 // sum over those of how late the timer woke
 	maxWake   atomic.Int64
-	noServer  atomic.Int64 // transport errors while ok == 0
+	noServer  atomic.Int64 // transport errors while answered == 0
+	answered  atomic.Int64 // requests that got a response, any status
 
 	status    [600]atomic.Int64 // by HTTP status; 0: no response
 	other     atomic.Int64      // statuses outside 100..599
@@ -243,7 +244,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		r.stop("interrupted")
 	}
 	res := r.result()
-	if r.ok.Load() == 0 && r.status[0].Load() > 0 {
+	// Only a server that never answered is "no response": one that
+	// answered with errors is there, and its errors are in res.
+	if r.answered.Load() == 0 && r.status[0].Load() > 0 {
 		return res, fmt.Errorf("no response from %s: %w", cfg.Server, r.firstErr)
 	}
 	return res, nil
@@ -269,7 +272,7 @@ func (r *run) stop(why string) {
 	}
 }
 
-// noServerLimit is how many transport errors with no success yet end a run:
+// noServerLimit is how many transport errors with no response yet end a run:
 // a server that is not there should fail the run in milliseconds, not
 // after --requests connection attempts.
 const noServerLimit = 20
@@ -461,11 +464,12 @@ func (r *run) record(err error, rep *reply, lat time.Duration, s *Sample) {
 			r.firstErr = err
 		}
 		r.errMu.Unlock()
-		if r.ok.Load() == 0 && r.noServer.Add(1) >= noServerLimit {
+		if r.answered.Load() == 0 && r.noServer.Add(1) >= noServerLimit {
 			r.stop("errors")
 		}
 		return
 	}
+	r.answered.Add(1)
 	code := rep.code
 	if code >= 100 && code < len(r.status) {
 		r.status[code].Add(1)

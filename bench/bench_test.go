@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
@@ -408,5 +410,39 @@ func TestOpenLoopOffersRateTimesDuration(t *testing.T) {
 		if o := res.Open; o.Scheduled != tt.want || o.Sent+o.Unsent != tt.want {
 			t.Errorf("%g/s for %v: scheduled %d, sent %d + unsent %d; want %d due", tt.rate, tt.d, o.Scheduled, o.Sent, o.Unsent, tt.want)
 		}
+	}
+}
+
+// A server that answers, if only with errors, is there: transport errors
+// among its HTTP errors (an overloaded server that also drops
+// connections) do not stop the run as "the server did not answer" nor
+// fail it as "no response", which sends the user to start a server.
+func TestHTTPErrorsWithTransportErrorsAreNotNoServer(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1)%2 == 0 {
+			panic(http.ErrAbortHandler) // the connection closed, no response
+		}
+		http.Error(w, `{"error":{"code":"unavailable","message":"queue full"}}`, http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	res, err := Run(context.Background(), Config{Server: srv.URL, Function: "echo", Requests: 100})
+	if err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if res.Stopped != "requests" || res.Requests != 100 {
+		t.Fatalf("stopped by %q after %d requests, want the request limit, 100: %+v", res.Stopped, res.Requests, res.Errors)
+	}
+	var n503, none int64
+	for _, e := range res.Errors {
+		switch e.Status {
+		case 503:
+			n503 = e.Count
+		case 0:
+			none = e.Count
+		}
+	}
+	if n503 != 50 || none != 50 {
+		t.Fatalf("errors %+v: want 50 × 503 and 50 without a response", res.Errors)
 	}
 }
