@@ -214,6 +214,37 @@ func (g *PidGroups) limit(pid int) {
 	}
 }
 
+// Raise bounds the tasks of worker pid, whose groups Place gave (c, and
+// cg under v2), at n times the bound, up from was times: a tenant's worker
+// holding n programs (each of their live instances keeps a thread of the
+// worker) may have what n workers of one program each would, where one
+// program's bound would have it die of its siblings' threads (the Go
+// runtime aborts when it cannot make one), taking every function in it.
+// The caller holds what keeps pid from being reaped meanwhile (a pid must
+// not be written once it may have been reused).
+func (g *PidGroups) Raise(pid int, c *PidGroup, cg *Group, was, n int) {
+	if g == nil || n <= was {
+		return
+	}
+	max := []byte(strconv.Itoa(g.max * n))
+	switch {
+	case c != nil:
+		os.WriteFile(filepath.Join(c.dir, "pids.max"), max, 0o644)
+	case g.cpu != nil && cg != nil && cg.dir != "":
+		os.WriteFile(filepath.Join(cg.dir, "pids.max"), max, 0o644)
+	case g.off() != nil && g.uid != 0:
+		// RLIMIT_NPROC counts the uid's tasks: the worker's limit (the
+		// uid's tasks at its start and the bound) grows by the bound for
+		// each program more.
+		var lim unix.Rlimit
+		if unix.Prlimit(pid, unix.RLIMIT_NPROC, nil, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
+			lim.Cur += uint64(g.max * (n - was))
+			lim.Max = lim.Cur
+			unix.Prlimit(pid, unix.RLIMIT_NPROC, &lim, nil)
+		}
+	}
+}
+
 // Close removes the server's pids groups (every worker is gone by then).
 func (g *PidGroups) Close() {
 	if g == nil || g.dir == "" {

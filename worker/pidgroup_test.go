@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -241,4 +242,61 @@ func boundOver(limits string, max uint64) bool {
 	}
 	n, err := strconv.ParseUint(f[0], 10, 64)
 	return err == nil && n >= max
+}
+
+// A tenant's worker holds the tasks of every function in it (each live
+// instance keeps a thread of the worker): its bound is the per-worker
+// bound once for each program it holds, as each would have in a worker of
+// its own, so that a tenant's functions together are not cut to one
+// function's tasks, and a tenant's worker does not die (taking every
+// function in it) of instances that separate workers would hold. Against
+// the node's real pids hierarchy, where it can be written.
+func TestTenantWorkerPidsBoundCountsItsPrograms(t *testing.T) {
+	const bound, programs, instances = 40, 4, 12
+	g := NewPidGroups(cgroupRoot, bound, 0, nil, nil)
+	if m := g.Mechanism(); m != "cgroup v1" {
+		t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+	}
+	t.Cleanup(g.Close)
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true, Pids: g})
+	t.Cleanup(func() { d.Close() })
+	type held struct {
+		p  device.Program
+		in device.Instance
+		m  *abi.Manifest
+	}
+	var all []held
+	t.Cleanup(func() {
+		for _, h := range all {
+			h.in.Close()
+		}
+	})
+	run := func(h held) error {
+		e, err := h.p.Entry("echo")
+		if err != nil {
+			return err
+		}
+		out := make([]byte, h.m.OutBytes)
+		return h.in.Run(&device.Run{Input: []byte("x"), Output: out, Chain: []device.Step{{Entry: e, Grid: 1, Block: 1}}})
+	}
+	for i := range programs {
+		m := testkit.Manifest(fmt.Sprintf("f%d", i))
+		p := loadFor(t, d, "t", "", m, nil)
+		for j := range instances {
+			in, err := p.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+			if err != nil {
+				t.Fatalf("%s: instance %d: %v", m.Name, j, err)
+			}
+			all = append(all, held{p, in, m})
+		}
+	}
+	pid := pidOf(all[0].p)
+	for _, h := range all {
+		if err := run(h); err != nil || pidOf(h.p) != pid || !h.p.(*program).Alive() {
+			t.Fatalf("%s: run: %v; its worker %d (alive %v), the tenant's first %d", h.m.Name, err, pidOf(h.p), h.p.(*program).Alive(), pid)
+		}
+	}
+	if st, _ := all[0].p.(*program).p.measure(nil, false); st.threads <= bound {
+		t.Errorf("the tenant's worker has %d threads for %d instances: the test needs more than one program's bound (%d)", st.threads, len(all), bound)
+	}
 }

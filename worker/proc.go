@@ -233,7 +233,7 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir, marks: marks}
 	if d.tenantScope() {
-		p.tenant = &tenancy{progs: map[uint32]*program{}, wake: make(chan struct{}, 1), window: weighWindow}
+		p.tenant = &tenancy{progs: map[uint32]*program{}, tasksFor: 1, wake: make(chan struct{}, 1), window: weighWindow}
 		if d.opts.CPU != nil {
 			go p.weighLoop()
 		}

@@ -52,6 +52,10 @@ type tenancy struct {
 	tuned     bool
 	gone      map[bundleKey]int64
 	unlimited bool
+	// tasksFor (under the proc's mu) is how many programs its task bound
+	// is for (PidGroups.Raise): the most it held at once, never lowered,
+	// as an unloaded program's threads may stay.
+	tasksFor int
 	// leaving is the programs taken out of progs whose last lines may
 	// still be read (tenantOutput): true while the server has yet to
 	// unload one (its plover_unload hook to run, its closed instances'
@@ -184,14 +188,18 @@ func (d *Device) releaseTenant(p *proc) bool {
 	return true
 }
 
-// addProgram gives g an id in p, counts it in p's memory limit and marks
-// it busy for p's CPU weight (weighLoop's).
+// addProgram gives g an id in p, counts it in p's task bound and memory
+// limit and marks it busy for p's CPU weight (weighLoop's).
 func (p *proc) addProgram(g *program) {
 	p.mu.Lock()
 	p.tenant.nextID++
 	g.id = p.tenant.nextID
 	g.gone = make(chan struct{})
 	p.tenant.progs[g.id] = g
+	if n := len(p.tenant.progs); n > p.tenant.tasksFor && !p.exited {
+		p.d.opts.Pids.Raise(p.pid, p.pids, p.cgroup, p.tenant.tasksFor, n)
+		p.tenant.tasksFor = n
+	}
 	p.mu.Unlock()
 	p.retune()
 	g.busyNow() // loaded for a request about to run

@@ -36,7 +36,7 @@ func fakeV1Group(t *testing.T, pid int) (*Group, func() string) {
 }
 
 func tenantProc(cg *Group, window time.Duration) *proc {
-	return &proc{pid: 4321, cgroup: cg, done: make(chan struct{}),
+	return &proc{d: &Device{}, pid: 4321, cgroup: cg, done: make(chan struct{}),
 		tenant: &tenancy{progs: map[uint32]*program{}, wake: make(chan struct{}, 1), window: window}}
 }
 
