@@ -380,9 +380,11 @@ func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry,
 // transports are the servers plover serve answers on: HTTP, and gRPC
 // when --grpc-listen is set; errc receives the error a server stops with.
 type transports struct {
-	srv  *httpapi.Server
-	gs   *grpc.Server // nil: no --grpc-listen
-	errc chan error
+	srv *httpapi.Server
+	gs  *grpc.Server // nil: no --grpc-listen
+	// shakes are gs's connections in their handshake, for the drain.
+	shakes grpcapi.Handshakes
+	errc   chan error
 }
 
 // startTransports serves door over HTTP, gRPC (--grpc-listen) and the
@@ -447,7 +449,7 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 	}
 	log.Info("serving the Open Inference Protocol over gRPC", "addr", gscheme+"://"+gln.Addr().String())
 	go func() {
-		if err := t.gs.Serve(gln); err != nil {
+		if err := t.gs.Serve(t.shakes.Listener(gln)); err != nil {
 			t.errc <- fmt.Errorf("--grpc-listen: %w", err)
 		}
 	}()
@@ -522,7 +524,7 @@ func (n *node) drain(f *serveFlags, t *transports, log *slog.Logger) error {
 	// Both transports drain side by side, within the one grace period.
 	grpcDrained := make(chan bool, 1)
 	if t.gs != nil {
-		go func() { grpcDrained <- stopGRPC(sctx, t.gs) }()
+		go func() { grpcDrained <- stopGRPC(sctx, t.gs, &t.shakes) }()
 	} else {
 		grpcDrained <- true
 	}
@@ -572,9 +574,12 @@ func openStore(ctx context.Context, url string, o objectstore.S3Options) (object
 	return s, nil
 }
 
-// stopGRPC lets the gRPC server's calls finish until ctx ends, then cuts
-// the rest; it reports whether they all finished.
-func stopGRPC(ctx context.Context, gs *grpc.Server) bool {
+// stopGRPC ends the connections still in their handshake (gRPC-Go's stops
+// wait for them, up to two minutes), lets the gRPC server's calls finish
+// until ctx ends, then cuts the rest; it reports whether they all
+// finished.
+func stopGRPC(ctx context.Context, gs *grpc.Server, shakes *grpcapi.Handshakes) bool {
+	shakes.End()
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	select {

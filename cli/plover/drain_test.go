@@ -146,6 +146,61 @@ func TestSIGTERMGraceEndsSlowClients(t *testing.T) {
 	}
 }
 
+// TestSIGTERMEndsUnfinishedGRPCHandshakes: a connection to --grpc-listen
+// that never finishes its handshake (silent, or part of the HTTP/2
+// preface) is ended as the server drains: gRPC-Go's Stop and GracefulStop
+// wait for every handshake in progress (up to its connection timeout,
+// two minutes) before they even tell the other clients to go away, which
+// held the exit past any --grace.
+func TestSIGTERMEndsUnfinishedGRPCHandshakes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	grpcListen := freeAddr(t)
+	const grace = 6 * time.Second
+	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", grpcListen)
+	for _, hello := range []string{"", "PRI * HTTP/2.0\r\n"} {
+		c, err := net.Dial("tcp", grpcListen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte(hello)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both connections are accepted (the server's count says so) before
+	// the signal.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if metric(t, srv.url, "plover_connections_open") >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server never counted the two gRPC connections open")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
+		}
+	case <-time.After(3 * grace):
+		t.Fatalf("server still running %v after SIGTERM (grace %v)", 3*grace, grace)
+	}
+	took := time.Since(start)
+	t.Logf("the server exited %v after SIGTERM", took.Round(time.Millisecond))
+	if log := srv.log.String(); took > grace/2 || !strings.Contains(log, `msg=stopped`) {
+		t.Fatalf("exited %v after SIGTERM (grace %v), stopped cleanly: %v; want well within the grace and cleaned up",
+			took.Round(time.Millisecond), grace, strings.Contains(log, `msg=stopped`))
+	}
+}
+
 // freeAddr is a loopback address with a port free a moment ago.
 func freeAddr(t *testing.T) string {
 	t.Helper()
