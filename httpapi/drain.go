@@ -217,3 +217,11 @@ func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server) error {
 		}
 	}
 }
+
+// callCtx is the context of the calls a request makes to the control
+// plane: the request's values, and no end. fasthttp's request context
+// ends every request's at once as Shutdown begins, so that a deploy,
+// rollback or delete the drain was to finish failed with "context
+// canceled"; and once Shutdown is over its Done turns nil after it was
+// closed, which a context derived from it panics on.
+func callCtx(ctx *fasthttp.RequestCtx) context.Context { return context.WithoutCancel(ctx) }

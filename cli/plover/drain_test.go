@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -198,6 +200,50 @@ func TestSIGTERMEndsUnfinishedGRPCHandshakes(t *testing.T) {
 	if log := srv.log.String(); took > grace/2 || !strings.Contains(log, `msg=stopped`) {
 		t.Fatalf("exited %v after SIGTERM (grace %v), stopped cleanly: %v; want well within the grace and cleaned up",
 			took.Round(time.Millisecond), grace, strings.Contains(log, `msg=stopped`))
+	}
+}
+
+// TestSIGTERMFinishesInFlightDeploy: a deploy whose bundle is still
+// arriving when the drain begins is finished, as an invoke is: the
+// control plane's calls took fasthttp's request context, which the
+// shutdown cancels at once.
+func TestSIGTERMFinishesInFlightDeploy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--grace", "10s")
+	b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("late"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", strings.TrimPrefix(srv.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	head := fmt.Sprintf("PUT /v1/functions/late HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/vnd.plover.bundle+zstd\r\nContent-Length: %d\r\n\r\n", len(b))
+	half := len(b) / 2
+	if _, err := c.Write(append([]byte(head), b[:half]...)); err != nil {
+		t.Fatal(err)
+	}
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(srv.log.String(), "shutting down"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no shutdown log line")
+		}
+	}
+	// The rest comes after the drain began (fasthttp cancelled its
+	// request contexts then); a little later still, so that a deploy
+	// cancelled by it has had time to fail.
+	time.Sleep(200 * time.Millisecond)
+	if _, err := c.Write(b[half:]); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answer, _ := io.ReadAll(c)
+	if !bytes.HasPrefix(answer, []byte("HTTP/1.1 201 ")) {
+		t.Fatalf("a deploy in flight as the server drained was answered %q; want 201", answer)
 	}
 }
 
