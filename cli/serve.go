@@ -200,7 +200,12 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	go front.reloadOnHUP(ctx, hup)
+	// Reloads go on through the drain, to serve's return: a SIGHUP then
+	// (a certificate's renewal, a log rotation) must not end the process
+	// under its in-flight requests, as the signal's default would.
+	life, endLife := context.WithCancel(context.Background())
+	defer endLife()
+	go front.reloadOnHUP(life, hup)
 	// Traces, when OpenTelemetry's environment asks for them.
 	tr, err := tracing.FromEnv(ctx, Version, log)
 	if err != nil {

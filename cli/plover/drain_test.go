@@ -247,6 +247,59 @@ func TestSIGTERMFinishesInFlightDeploy(t *testing.T) {
 	}
 }
 
+// TestSIGHUPDuringDrainIsNoExit: a SIGHUP (a certificate or token
+// reload, a log rotation) that comes while the server drains after
+// SIGTERM leaves the drain to finish: the in-flight request is answered
+// and the server exits 0, rather than dying of the signal.
+func TestSIGHUPDuringDrainIsNoExit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--grace", "10s")
+	m := testkit.Slow("slow", 1500)
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
+	invokeHTTP(srv.url, "slow", []byte("warm"))
+
+	type result struct {
+		code int
+		out  []byte
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		code, out, err := invokeHTTP(srv.url, "slow", []byte("drain me"))
+		res <- result{code, out, err}
+	}()
+	for deadline := time.Now().Add(5 * time.Second); metric(t, srv.url, `plover_instances{function="slow",state="busy"}`) < 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never started")
+		}
+	}
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(srv.log.String(), "shutting down"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no shutdown log line")
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the drain is under way
+	srv.cmd.Process.Signal(syscall.SIGHUP)
+	r := <-res
+	if r.err != nil || r.code != 200 || !bytes.HasPrefix(r.out, []byte("drain me")) {
+		t.Errorf("in-flight request during shutdown and SIGHUP: %d %v %q", r.code, r.err, r.out)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM and SIGHUP: %v (want status 0)", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("server did not exit after SIGTERM")
+	}
+}
+
 // freeAddr is a loopback address with a port free a moment ago.
 func freeAddr(t *testing.T) string {
 	t.Helper()
