@@ -31,56 +31,16 @@ func TestSIGTERMClosesConnectionsWithoutRequests(t *testing.T) {
 	metrics := freeAddr(t)
 	const grace = 8 * time.Second
 	srv := startServer(t, bin, "--grace", grace.String(), "--metrics-listen", metrics)
-	m := testkit.Slow("slow", 800)
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 800), nil))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
+	dial(t, strings.TrimPrefix(srv.url, "http://"))
+	dial(t, metrics)
 
-	for _, addr := range []string{strings.TrimPrefix(srv.url, "http://"), metrics} {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-	}
-	type result struct {
-		code int
-		out  []byte
-		err  error
-	}
-	res := make(chan result, 1)
-	go func() {
-		code, out, err := invokeHTTP(srv.url, "slow", []byte("drain me"))
-		res <- result{code, out, err}
-	}()
-	time.Sleep(200 * time.Millisecond)
+	res := invokeInFlight(t, srv, "slow", []byte("drain me"))
 	start := time.Now()
 	srv.cmd.Process.Signal(syscall.SIGTERM)
-	r := <-res
-	if r.err != nil || r.code != 200 || !bytes.HasPrefix(r.out, []byte("drain me")) {
-		t.Fatalf("in-flight request during shutdown: %d %v %q", r.code, r.err, r.out)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
-		}
-	case <-time.After(grace + 5*time.Second):
-		t.Fatal("server did not exit after SIGTERM")
-	}
-	took := time.Since(start)
-	log := srv.log.String()
-	t.Logf("the in-flight request was answered, and the server exited %v after SIGTERM", took.Round(time.Millisecond))
-	if took > grace/2 || !strings.Contains(log, `msg=stopped`) {
-		t.Fatalf("exited %v after SIGTERM (grace %v; the request took 800 ms), stopped cleanly: %v; want well within the grace and cleaned up",
-			took.Round(time.Millisecond), grace, strings.Contains(log, `msg=stopped`))
-	}
-	if g := regexp.MustCompile(`cgroup=(\S+)`).FindStringSubmatch(log); g != nil {
-		if _, err := os.Stat(g[1]); err == nil {
-			t.Fatalf("the server's cgroup %s is still there after it stopped", g[1])
-		}
-	}
+	(<-res).echoed(t, []byte("drain me"), "during shutdown")
+	stoppedWithin(t, srv, exited(t, srv, start, grace+5*time.Second), grace/2)
 }
 
 // TestSIGTERMGraceEndsSlowClients: a client sending its headers a byte
@@ -100,52 +60,17 @@ func TestSIGTERMGraceEndsSlowClients(t *testing.T) {
 	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
 	addr := strings.TrimPrefix(srv.url, "http://")
 
-	slow, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
-	if _, err := slow.Write([]byte("GET /v1/functions HTTP/1.1\r\nHo")); err != nil {
-		t.Fatal(err)
-	}
-	deaf, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer deaf.Close()
+	send(t, dial(t, addr), []byte("GET /v1/functions HTTP/1.1\r\nHo"))
+	deaf := dial(t, addr)
 	deaf.(*net.TCPConn).SetReadBuffer(4 << 10)
 	in := make([]byte, 64<<20)
-	if _, err := fmt.Fprintf(deaf, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n", len(in)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := deaf.Write(in); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(500 * time.Millisecond) // the answer fills the socket buffers
+	send(t, deaf, append(fmt.Appendf(nil, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n", len(in)), in...))
+	// Its run is over (the instance idle again): its answer is being
+	// written to a client that does not read it.
+	waitFor(t, 10*time.Second, "the run to end", func() bool { return metric(t, srv.url, `plover_instances{function="big",state="idle"}`) >= 1 })
 	start := time.Now()
 	srv.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
-		}
-	case <-time.After(3 * grace):
-		t.Fatalf("server still running %v after SIGTERM (grace %v)", 3*grace, grace)
-	}
-	took := time.Since(start)
-	t.Logf("the server exited %v after SIGTERM", took.Round(time.Millisecond))
-	log := srv.log.String()
-	if took > grace+2*time.Second || !strings.Contains(log, `msg=stopped`) {
-		t.Fatalf("exited %v after SIGTERM (grace %v), stopped cleanly: %v; want by the grace's end and cleaned up",
-			took.Round(time.Millisecond), grace, strings.Contains(log, `msg=stopped`))
-	}
-	if g := regexp.MustCompile(`cgroup=(\S+)`).FindStringSubmatch(log); g != nil {
-		if _, err := os.Stat(g[1]); err == nil {
-			t.Fatalf("the server's cgroup %s is still there after it stopped", g[1])
-		}
-	}
+	stoppedWithin(t, srv, exited(t, srv, start, 3*grace), grace+2*time.Second)
 }
 
 // TestSIGTERMEndsUnfinishedGRPCHandshakes: a connection to --grpc-listen
@@ -162,45 +87,12 @@ func TestSIGTERMEndsUnfinishedGRPCHandshakes(t *testing.T) {
 	grpcListen := freeAddr(t)
 	const grace = 6 * time.Second
 	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", grpcListen)
-	for _, hello := range []string{"", "PRI * HTTP/2.0\r\n"} {
-		c, err := net.Dial("tcp", grpcListen)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if _, err := c.Write([]byte(hello)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Both connections are accepted (the server's count says so) before
-	// the signal.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if metric(t, srv.url, "plover_connections_open") >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the server never counted the two gRPC connections open")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	dial(t, grpcListen)
+	send(t, dial(t, grpcListen), []byte("PRI * HTTP/2.0\r\n"))
+	waitFor(t, 10*time.Second, "the server to count both connections", func() bool { return metric(t, srv.url, "plover_connections_open") >= 2 })
 	start := time.Now()
 	srv.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
-		}
-	case <-time.After(3 * grace):
-		t.Fatalf("server still running %v after SIGTERM (grace %v)", 3*grace, grace)
-	}
-	took := time.Since(start)
-	t.Logf("the server exited %v after SIGTERM", took.Round(time.Millisecond))
-	if log := srv.log.String(); took > grace/2 || !strings.Contains(log, `msg=stopped`) {
-		t.Fatalf("exited %v after SIGTERM (grace %v), stopped cleanly: %v; want well within the grace and cleaned up",
-			took.Round(time.Millisecond), grace, strings.Contains(log, `msg=stopped`))
-	}
+	stoppedWithin(t, srv, exited(t, srv, start, 3*grace), grace/2)
 }
 
 // TestSIGTERMFinishesInFlightDeploy: a deploy whose bundle is still
@@ -217,29 +109,16 @@ func TestSIGTERMFinishesInFlightDeploy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.Dial("tcp", strings.TrimPrefix(srv.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	head := fmt.Sprintf("PUT /v1/functions/late HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/vnd.plover.bundle+zstd\r\nContent-Length: %d\r\n\r\n", len(b))
+	c := dial(t, strings.TrimPrefix(srv.url, "http://"))
 	half := len(b) / 2
-	if _, err := c.Write(append([]byte(head), b[:half]...)); err != nil {
-		t.Fatal(err)
-	}
+	send(t, c, append(fmt.Appendf(nil, "PUT /v1/functions/late HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/vnd.plover.bundle+zstd\r\nContent-Length: %d\r\n\r\n", len(b)), b[:half]...))
 	srv.cmd.Process.Signal(syscall.SIGTERM)
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(srv.log.String(), "shutting down"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no shutdown log line")
-		}
-	}
+	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
 	// The rest comes after the drain began (fasthttp cancelled its
 	// request contexts then); a little later still, so that a deploy
 	// cancelled by it has had time to fail.
 	time.Sleep(200 * time.Millisecond)
-	if _, err := c.Write(b[half:]); err != nil {
-		t.Fatal(err)
-	}
+	send(t, c, b[half:])
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	answer, _ := io.ReadAll(c)
 	if !bytes.HasPrefix(answer, []byte("HTTP/1.1 201 ")) {
@@ -257,47 +136,17 @@ func TestSIGHUPDuringDrainIsNoExit(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	srv := startServer(t, bin, "--grace", "10s")
-	m := testkit.Slow("slow", 1500)
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 1500), nil))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
 
-	type result struct {
-		code int
-		out  []byte
-		err  error
-	}
-	res := make(chan result, 1)
-	go func() {
-		code, out, err := invokeHTTP(srv.url, "slow", []byte("drain me"))
-		res <- result{code, out, err}
-	}()
-	for deadline := time.Now().Add(5 * time.Second); metric(t, srv.url, `plover_instances{function="slow",state="busy"}`) < 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never started")
-		}
-	}
+	res := invokeInFlight(t, srv, "slow", []byte("drain me"))
+	start := time.Now()
 	srv.cmd.Process.Signal(syscall.SIGTERM)
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(srv.log.String(), "shutting down"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no shutdown log line")
-		}
-	}
+	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
 	time.Sleep(100 * time.Millisecond) // the drain is under way
 	srv.cmd.Process.Signal(syscall.SIGHUP)
-	r := <-res
-	if r.err != nil || r.code != 200 || !bytes.HasPrefix(r.out, []byte("drain me")) {
-		t.Errorf("in-flight request during shutdown and SIGHUP: %d %v %q", r.code, r.err, r.out)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM and SIGHUP: %v (want status 0)", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("server did not exit after SIGTERM")
-	}
+	(<-res).echoed(t, []byte("drain me"), "during shutdown and SIGHUP")
+	exited(t, srv, start, 15*time.Second)
 }
 
 // freeAddr is a loopback address with a port free a moment ago.
@@ -309,4 +158,89 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// invoked is the outcome of an invoke.
+type invoked struct {
+	code int
+	out  []byte
+	err  error
+}
+
+// invokeInFlight invokes name with in and returns once its run has begun
+// on the device (an instance of it busy); the outcome comes on the
+// channel.
+func invokeInFlight(t *testing.T, srv *server, name string, in []byte) <-chan invoked {
+	t.Helper()
+	res := make(chan invoked, 1)
+	go func() {
+		code, out, err := invokeHTTP(srv.url, name, in)
+		res <- invoked{code, out, err}
+	}()
+	waitFor(t, 10*time.Second, "the request to run", func() bool {
+		return metric(t, srv.url, `plover_instances{function="`+name+`",state="busy"}`) >= 1
+	})
+	return res
+}
+
+// echoed fails the test unless r is a 200 whose answer begins with in.
+func (r invoked) echoed(t *testing.T, in []byte, when string) {
+	t.Helper()
+	if r.err != nil || r.code != 200 || !bytes.HasPrefix(r.out, in) {
+		t.Errorf("in-flight request %s: %d %v %q", when, r.code, r.err, r.out)
+	}
+}
+
+// exited waits up to bound for srv to exit, fails the test unless it
+// exits 0, and returns how long after since it did.
+func exited(t *testing.T, srv *server, since time.Time, bound time.Duration) time.Duration {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
+		}
+	case <-time.After(bound):
+		t.Fatalf("server still running %v after SIGTERM", bound)
+	}
+	took := time.Since(since)
+	t.Logf("the server exited %v after SIGTERM", took.Round(time.Millisecond))
+	return took
+}
+
+// stoppedWithin fails the test unless srv exited within bound of SIGTERM
+// (took) having cleaned up: the engine and devices closed (its log's last
+// word) and its workers' cgroup, where it made one, removed.
+func stoppedWithin(t *testing.T, srv *server, took, bound time.Duration) {
+	t.Helper()
+	log := srv.log.String()
+	if stopped := strings.Contains(log, `msg=stopped`); took > bound || !stopped {
+		t.Fatalf("exited %v after SIGTERM, stopped cleanly: %v; want within %v and cleaned up", took.Round(time.Millisecond), stopped, bound)
+	}
+	if g := regexp.MustCompile(`cgroup=(\S+)`).FindStringSubmatch(log); g != nil {
+		if _, err := os.Stat(g[1]); err == nil {
+			t.Fatalf("the server's cgroup %s is still there after it stopped", g[1])
+		}
+	}
+}
+
+// dial connects to addr, closed as the test ends.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// send writes b to c.
+func send(t *testing.T, c net.Conn, b []byte) {
+	t.Helper()
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
 }
