@@ -119,7 +119,7 @@ func serveCmd() *command {
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
-			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC call's message after its headers (the call is cancelled)")
+			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC connection's handshake (closed past it) and a call's message after its headers (the call is cancelled)")
 			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
 			fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ (its files need no token; its API calls carry the user's)")
 			fs.BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "listen on a non-loopback address without --auth-file: anyone who reaches the port can deploy native code")

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -253,5 +254,30 @@ func TestGRPCTLS(t *testing.T) {
 	_, err = pb.NewGRPCInferenceServiceClient(conn).ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "nope"})
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("ModelMetadata of an unknown model over TLS: %v", err)
+	}
+}
+
+// TestGRPCHandshakeWithinReadTimeout: a connection to --grpc-listen that
+// never finishes its handshake is closed after --read-timeout, as an HTTP
+// connection that sends no request is: it holds a place under
+// --max-conns, which both listeners share, and gRPC-Go's own bound is two
+// minutes.
+func TestGRPCHandshakeWithinReadTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	grpcListen := freeAddr(t)
+	const readTimeout = time.Second
+	startServer(t, bin, "--read-timeout", readTimeout.String(), "--grpc-listen", grpcListen)
+	for _, hello := range []string{"", "PRI * HTTP/2.0\r\n"} {
+		c := dial(t, grpcListen)
+		send(t, c, []byte(hello))
+		start := time.Now()
+		c.SetReadDeadline(start.Add(10 * readTimeout))
+		_, err := io.Copy(io.Discard, c) // the server's settings, then its close
+		if took := time.Since(start); err != nil || took > 5*readTimeout {
+			t.Fatalf("a gRPC connection that sent %q was still open %v later (%v); want it closed after --read-timeout %v", hello, took.Round(time.Millisecond), err, readTimeout)
+		}
 	}
 }
