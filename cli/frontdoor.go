@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,7 +209,8 @@ func (d *frontDoor) remind(ctx context.Context, flag, addr string) {
 // (SIGHUP, taken over from its default, exit, as the server starts) until
 // ctx ends.
 func (d *frontDoor) reloadOnHUP(ctx context.Context, hup chan os.Signal) {
-	defer signal.Stop(hup)
+	// hup stays registered after ctx ends: with it stopped, a SIGHUP
+	// would take its default again and end the process.
 	for {
 		select {
 		case <-ctx.Done():

@@ -119,7 +119,7 @@ func serveCmd() *command {
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
-			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC call's message after its headers (the call is cancelled)")
+			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC connection's handshake (closed past it) and a call's message after its headers (the call is cancelled)")
 			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
 			fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ (its files need no token; its API calls carry the user's)")
 			fs.BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "listen on a non-loopback address without --auth-file: anyone who reaches the port can deploy native code")
@@ -200,7 +200,12 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	go front.reloadOnHUP(ctx, hup)
+	// Reloads go on through the drain, to serve's return: a SIGHUP then
+	// (a certificate's renewal, a log rotation) must not end the process
+	// under its in-flight requests, as the signal's default would.
+	life, endLife := context.WithCancel(context.Background())
+	defer endLife()
+	go front.reloadOnHUP(life, hup)
 	// Traces, when OpenTelemetry's environment asks for them.
 	tr, err := tracing.FromEnv(ctx, Version, log)
 	if err != nil {
@@ -380,9 +385,11 @@ func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry,
 // transports are the servers plover serve answers on: HTTP, and gRPC
 // when --grpc-listen is set; errc receives the error a server stops with.
 type transports struct {
-	srv  *httpapi.Server
-	gs   *grpc.Server // nil: no --grpc-listen
-	errc chan error
+	srv *httpapi.Server
+	gs  *grpc.Server // nil: no --grpc-listen
+	// shakes are gs's connections in their handshake, for the drain.
+	shakes grpcapi.Handshakes
+	errc   chan error
 }
 
 // startTransports serves door over HTTP, gRPC (--grpc-listen) and the
@@ -447,7 +454,7 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 	}
 	log.Info("serving the Open Inference Protocol over gRPC", "addr", gscheme+"://"+gln.Addr().String())
 	go func() {
-		if err := t.gs.Serve(gln); err != nil {
+		if err := t.gs.Serve(t.shakes.Listener(gln)); err != nil {
 			t.errc <- fmt.Errorf("--grpc-listen: %w", err)
 		}
 	}()
@@ -522,7 +529,7 @@ func (n *node) drain(f *serveFlags, t *transports, log *slog.Logger) error {
 	// Both transports drain side by side, within the one grace period.
 	grpcDrained := make(chan bool, 1)
 	if t.gs != nil {
-		go func() { grpcDrained <- stopGRPC(sctx, t.gs) }()
+		go func() { grpcDrained <- stopGRPC(sctx, t.gs, &t.shakes) }()
 	} else {
 		grpcDrained <- true
 	}
@@ -572,9 +579,12 @@ func openStore(ctx context.Context, url string, o objectstore.S3Options) (object
 	return s, nil
 }
 
-// stopGRPC lets the gRPC server's calls finish until ctx ends, then cuts
-// the rest; it reports whether they all finished.
-func stopGRPC(ctx context.Context, gs *grpc.Server) bool {
+// stopGRPC ends the connections still in their handshake (gRPC-Go's stops
+// wait for them, up to two minutes), lets the gRPC server's calls finish
+// until ctx ends, then cuts the rest; it reports whether they all
+// finished.
+func stopGRPC(ctx context.Context, gs *grpc.Server, shakes *grpcapi.Handshakes) bool {
+	shakes.End()
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	select {

@@ -52,7 +52,8 @@ type Options struct {
 	// be refused with a message that says so). Default 256 MiB.
 	MaxMessageBytes int
 	// ReadTimeout bounds the time from a call's headers to its message
-	// (HTTP's read timeout); past it the call is cancelled. 0: 60 s.
+	// (HTTP's read timeout); past it the call is cancelled. It bounds a
+	// connection's handshake too. 0: 60 s.
 	ReadTimeout time.Duration
 	// TLS, when set, serves TLS (its certificate may be reloaded through
 	// GetCertificate); h2 is added to its NextProtos.
@@ -108,6 +109,11 @@ func (s *Server) GRPC() *grpc.Server {
 		// bounded as HTTP bounds a request's (431 past 4 KiB), with room
 		// for trace context and a token.
 		grpc.MaxHeaderListSize(maxHeaderList),
+		// A connection's handshake (TLS, the HTTP/2 preface and
+		// settings) is bounded as HTTP bounds a request's arrival:
+		// gRPC-Go's own bound is two minutes, for a place under the
+		// connection cap that HTTP shares.
+		grpc.ConnectionTimeout(s.opts.ReadTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 120 * time.Second}),
 		grpc.InTapHandle(s.tap),

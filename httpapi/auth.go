@@ -94,7 +94,7 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx) (gate.Ticket, bool) {
 // invokeCheck is ctx carrying the check a pipeline's deploy or rollback
 // makes of each function it names (gate.InvokeCheck).
 func (s *Server) invokeCheck(ctx *fasthttp.RequestCtx) context.Context {
-	return s.gate.InvokeCheck(ctx, ctx.Request.Header.PeekBytes(hdrAuthorization))
+	return s.gate.InvokeCheck(callCtx(ctx), ctx.Request.Header.PeekBytes(hdrAuthorization))
 }
 
 // refuse writes a gate's refusal: 401 with WWW-Authenticate, 403, or 429

@@ -20,7 +20,7 @@ import (
 func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	switch string(ctx.Method()) {
 	case fasthttp.MethodGet:
-		fi, err := s.adm.Function(ctx, name)
+		fi, err := s.adm.Function(callCtx(ctx), name)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -29,7 +29,7 @@ func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	case fasthttp.MethodPut:
 		s.deploy(ctx, name)
 	case fasthttp.MethodDelete:
-		if err := s.adm.Delete(ctx, name, ctx.QueryArgs().GetBool("force")); err != nil {
+		if err := s.adm.Delete(callCtx(ctx), name, ctx.QueryArgs().GetBool("force")); err != nil {
 			s.fail(ctx, err)
 			return
 		}
@@ -48,7 +48,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string, tk *gat
 		if !s.method(ctx, fasthttp.MethodGet) {
 			return
 		}
-		rec, err := s.adm.Versions(ctx, name)
+		rec, err := s.adm.Versions(callCtx(ctx), name)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -103,7 +103,7 @@ func (s *Server) gc(ctx *fasthttp.RequestCtx) {
 		}
 		grace = d
 	}
-	removed, err := s.adm.GC(ctx, grace)
+	removed, err := s.adm.GC(callCtx(ctx), grace)
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -185,7 +185,7 @@ func (m *eofMarker) Read(p []byte) (int, error) {
 }
 
 func (s *Server) list(ctx *fasthttp.RequestCtx) {
-	fs, err := s.adm.Functions(ctx)
+	fs, err := s.adm.Functions(callCtx(ctx))
 	if err != nil {
 		s.fail(ctx, err)
 		return

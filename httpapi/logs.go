@@ -69,7 +69,7 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "follow: want true or false, not "+v)
 		return
 	}
-	lines, f, err := lr.Logs(ctx, name, since, follow)
+	lines, f, err := lr.Logs(callCtx(ctx), name, since, follow)
 	if err != nil {
 		s.fail(ctx, err)
 		return

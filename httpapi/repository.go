@@ -87,9 +87,9 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, fasthttp.StatusOK, repo.Index(body.Ready))
 		return
 	case "load":
-		err = repo.Load(ctx, string(name)) // string: a copy, as the repository keeps names
+		err = repo.Load(callCtx(ctx), string(name)) // string: a copy, as the repository keeps names
 	case "unload":
-		err = repo.Unload(ctx, string(name))
+		err = repo.Unload(callCtx(ctx), string(name))
 	}
 	if err != nil {
 		s.fail(ctx, err)

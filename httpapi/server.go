@@ -6,7 +6,6 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -91,6 +90,9 @@ type Server struct {
 
 	authLog    gate.LogThrottle
 	metricsSrv atomic.Pointer[fasthttp.Server]
+	// conns and metricsConns follow the two servers' connections for
+	// Shutdown.
+	conns, metricsConns connSet
 	// loopback is the loopback address Serve listens on when the server
 	// checks no tokens ("" otherwise): then only a request naming a
 	// loopback host is answered (misdirected).
@@ -128,8 +130,12 @@ func (c *exchange) gone() bool { return connGone(c.conn) }
 // connGone reports whether the client at the other end of conn closed it
 // (exchange.gone; a followed log stream).
 func connGone(conn net.Conn) bool {
-	if tc, ok := conn.(*tls.Conn); ok {
-		conn = tc.NetConn() // the socket under TLS: EOF there is the client gone
+	for { // the socket under TLS (and Serve's wrapper): EOF there is the client gone
+		u, ok := conn.(interface{ NetConn() net.Conn })
+		if !ok {
+			break
+		}
+		conn = u.NetConn()
 	}
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -176,8 +182,10 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		c.req.Gone = c.gone // bound once: no allocation per request
 		return c
 	}
+	s.conns.readTimeout = opts.ReadTimeout
 	s.srv = &fasthttp.Server{
-		Handler:            s.Handle,
+		Handler:            s.conns.handle(s.Handle),
+		ConnState:          s.conns.state,
 		Name:               "plover/" + opts.Version,
 		MaxRequestBodySize: opts.MaxBodyBytes,
 		ReadBufferSize:     readBuffer,
@@ -205,8 +213,11 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 // serve --metrics-listen): for a scraper on a private network.
 func (s *Server) ServeMetrics(ln net.Listener) error {
 	listen := loopbackListener(ln)
+	const readTimeout = 10 * time.Second
+	s.metricsConns.readTimeout = readTimeout
 	srv := &fasthttp.Server{
-		Handler: func(ctx *fasthttp.RequestCtx) {
+		ConnState: s.metricsConns.state,
+		Handler: s.metricsConns.handle(func(ctx *fasthttp.RequestCtx) {
 			if misdirected(ctx, listen) {
 				return
 			}
@@ -217,13 +228,13 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 			if s.method(ctx, fasthttp.MethodGet) {
 				s.scrape(ctx)
 			}
-		},
-		Name: "plover/" + s.opts.Version, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		}),
+		Name: "plover/" + s.opts.Version, ReadTimeout: readTimeout, WriteTimeout: 10 * time.Second,
 		IdleTimeout: time.Minute, Logger: fasthttpLogger{s.opts.Log}, MaxRequestBodySize: 1 << 10,
 		CloseOnShutdown: true, SecureErrorLogMessage: true,
 	}
 	s.metricsSrv.Store(srv)
-	return srv.Serve(ln)
+	return srv.Serve(s.metricsConns.listener(ln))
 }
 
 // Serve accepts connections on ln until Shutdown.
@@ -231,7 +242,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if a := loopbackListener(ln); a != "" && s.gate.Open() {
 		s.loopback.Store(&a)
 	}
-	return s.srv.Serve(ln)
+	return s.srv.Serve(s.conns.listener(ln))
 }
 
 // loopbackListener is ln's address when it is a loopback one, else "".
@@ -323,15 +334,27 @@ func loopbackHost(host []byte) bool {
 	return err == nil && a.IsLoopback()
 }
 
-// Shutdown stops accepting and waits for open requests to finish.
+// Shutdown stops accepting, on the API and the metrics address together,
+// ends the connections that hold no request (a request not yet whole is
+// answered 503) and waits for the requests in handlers to finish. When ctx
+// ends first it closes every connection left, and returns ctx's error
+// only if requests are still in handlers: a client that does not read
+// its answer, or sends its headers a byte at a time, holds no request.
 func (s *Server) Shutdown(ctx context.Context) error {
 	// Not ready from here on, which also ends followed log streams (they
 	// would hold the shutdown until ctx ends otherwise).
 	s.notReady.Store(true)
+	var metrics sync.WaitGroup
 	if m := s.metricsSrv.Load(); m != nil {
-		m.ShutdownWithContext(ctx)
+		metrics.Add(1)
+		go func() {
+			defer metrics.Done()
+			s.metricsConns.shutdown(ctx, m)
+		}()
 	}
-	return s.srv.ShutdownWithContext(ctx)
+	err := s.conns.shutdown(ctx, s.srv)
+	metrics.Wait()
+	return err
 }
 
 type fasthttpLogger struct{ l *slog.Logger }
@@ -348,6 +371,10 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.As(err, &small):
 		st := apierr.HeaderTooLarge
 		writeError(ctx, st.HTTP, st.Name, "the request line and headers are over the server's limit of "+strconv.Itoa(s.srv.ReadBufferSize)+" bytes")
+	case timedOut(err) && s.notReady.Load():
+		// Shutdown cut a request that had not come whole.
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, apierr.Unavailable.Name, "the server is shutting down; retry on another")
 	case timedOut(err):
 		st := apierr.RequestTimeout
 		writeError(ctx, st.HTTP, st.Name, "the request did not arrive within the server's read timeout of "+s.readTimeout().String())

@@ -90,7 +90,7 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 			t.Logf("server log:\n%s", s.log)
 		}
 	})
-	addrRE := regexp.MustCompile(`addr=(http://127\.0\.0\.1:\d+)`)
+	addrRE := regexp.MustCompile(`msg="plover serving" addr=(http://127\.0\.0\.1:\d+)`)
 	found := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)

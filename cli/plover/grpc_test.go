@@ -8,6 +8,8 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -254,4 +257,73 @@ func TestGRPCTLS(t *testing.T) {
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("ModelMetadata of an unknown model over TLS: %v", err)
 	}
+}
+
+// TestGRPCHandshakeWithinReadTimeout: a connection to --grpc-listen that
+// never finishes its handshake is closed after --read-timeout, as an HTTP
+// connection that sends no request is: it holds a place under
+// --max-conns, which both listeners share, and gRPC-Go's own bound is two
+// minutes.
+func TestGRPCHandshakeWithinReadTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	grpcListen := freeAddr(t)
+	const readTimeout = time.Second
+	startServer(t, bin, "--read-timeout", readTimeout.String(), "--grpc-listen", grpcListen)
+	for _, hello := range []string{"", "PRI * HTTP/2.0\r\n"} {
+		c := dial(t, grpcListen)
+		send(t, c, []byte(hello))
+		start := time.Now()
+		c.SetReadDeadline(start.Add(10 * readTimeout))
+		_, err := io.Copy(io.Discard, c) // the server's settings, then its close
+		if took := time.Since(start); err != nil || took > 5*readTimeout {
+			t.Fatalf("a gRPC connection that sent %q was still open %v later (%v); want it closed after --read-timeout %v", hello, took.Round(time.Millisecond), err, readTimeout)
+		}
+	}
+}
+
+// TestSIGTERMDrainsInFlightGRPCCall: a gRPC call running as the server
+// drains is answered, beside a connection that never finished its
+// handshake (which the drain ends), and the server exits within its bound
+// having cleaned up.
+func TestSIGTERMDrainsInFlightGRPCCall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	grpcListen := freeAddr(t)
+	const grace = 8 * time.Second
+	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", grpcListen)
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 800), nil))
+	invokeHTTP(srv.url, "slow", []byte("warm"))
+	dial(t, grpcListen)
+
+	conn, err := grpc.NewClient(grpcListen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	in := []byte("drain me")
+	answer := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		r, err := pb.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "slow",
+			Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(in))}}}, RawInputContents: [][]byte{in}})
+		if err == nil && (len(r.RawOutputContents) != 1 || !bytes.HasPrefix(r.RawOutputContents[0], in)) {
+			err = fmt.Errorf("answered %v", r)
+		}
+		answer <- err
+	}()
+	waitFor(t, 10*time.Second, "the call to run", func() bool {
+		return metric(t, srv.url, `plover_instances{function="slow",state="busy"}`) >= 1
+	})
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-answer; err != nil {
+		t.Errorf("gRPC call in flight during shutdown: %v", err)
+	}
+	stoppedWithin(t, srv, exited(t, srv, start, 3*grace), grace/2)
 }

@@ -27,34 +27,11 @@ func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
 	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
 	invokeHTTP(srv.url, "slow", []byte("warm")) // load it, so the drained request is only the sleep
 
-	type result struct {
-		code int
-		out  []byte
-		err  error
-	}
-	res := make(chan result, 1)
-	go func() {
-		code, out, err := invokeHTTP(srv.url, "slow", []byte("drain me"))
-		res <- result{code, out, err}
-	}()
-	time.Sleep(200 * time.Millisecond)
+	res := invokeInFlight(t, srv, "slow", []byte("drain me"))
 	start := time.Now()
 	srv.cmd.Process.Signal(syscall.SIGTERM)
-	r := <-res
-	if r.err != nil || r.code != 200 || !bytes.HasPrefix(r.out, []byte("drain me")) {
-		t.Fatalf("in-flight request during shutdown: %d %v %q", r.code, r.err, r.out)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("server did not exit after SIGTERM")
-	}
-	t.Logf("request finished and server exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+	(<-res).echoed(t, []byte("drain me"), "during shutdown")
+	exited(t, srv, start, 15*time.Second)
 	if !strings.Contains(srv.log.String(), "shutting down") {
 		t.Fatal("no shutdown log line")
 	}

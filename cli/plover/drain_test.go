@@ -1,0 +1,246 @@
+package main_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// TestSIGTERMClosesConnectionsWithoutRequests: connections that hold no
+// request (opened and silent, as a browser's preconnect or a load
+// balancer's pool, on the API and on --metrics-listen) are closed as the
+// server drains: the in-flight request is answered, the server exits as
+// soon as it is, and it cleans up after itself (engine, devices, its
+// workers' cgroups) rather than leaving them to the end of --grace as if
+// requests still ran.
+func TestSIGTERMClosesConnectionsWithoutRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	metrics := freeAddr(t)
+	const grace = 8 * time.Second
+	srv := startServer(t, bin, "--grace", grace.String(), "--metrics-listen", metrics)
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 800), nil))
+	invokeHTTP(srv.url, "slow", []byte("warm"))
+	dial(t, strings.TrimPrefix(srv.url, "http://"))
+	dial(t, metrics)
+
+	res := invokeInFlight(t, srv, "slow", []byte("drain me"))
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	(<-res).echoed(t, []byte("drain me"), "during shutdown")
+	stoppedWithin(t, srv, exited(t, srv, start, grace+5*time.Second), grace/2)
+}
+
+// TestSIGTERMGraceEndsSlowClients: a client sending its headers a byte
+// at a time, and one that does not read its answer, hold connections the
+// drain leaves to the end of --grace (their requests had begun); then
+// they are closed, and the server, with no request running, exits within
+// its bound and cleans up after itself.
+func TestSIGTERMGraceEndsSlowClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	const grace = 4 * time.Second
+	srv := startServer(t, bin, "--grace", grace.String())
+	m := testkit.Manifest("big")
+	m.MaxInputBytes, m.OutBytes = 64<<20, 64<<20
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
+	addr := strings.TrimPrefix(srv.url, "http://")
+
+	send(t, dial(t, addr), []byte("GET /v1/functions HTTP/1.1\r\nHo"))
+	deaf := dial(t, addr)
+	deaf.(*net.TCPConn).SetReadBuffer(4 << 10)
+	in := make([]byte, 64<<20)
+	send(t, deaf, append(fmt.Appendf(nil, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n", len(in)), in...))
+	// Its run is over (the instance idle again): its answer is being
+	// written to a client that does not read it.
+	waitFor(t, 10*time.Second, "the run to end", func() bool { return metric(t, srv.url, `plover_instances{function="big",state="idle"}`) >= 1 })
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	stoppedWithin(t, srv, exited(t, srv, start, 3*grace), grace+2*time.Second)
+}
+
+// TestSIGTERMEndsUnfinishedGRPCHandshakes: a connection to --grpc-listen
+// that never finishes its handshake (silent, or part of the HTTP/2
+// preface) is ended as the server drains: gRPC-Go's Stop and GracefulStop
+// wait for every handshake in progress (up to its connection timeout,
+// two minutes) before they even tell the other clients to go away, which
+// held the exit past any --grace.
+func TestSIGTERMEndsUnfinishedGRPCHandshakes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	grpcListen := freeAddr(t)
+	const grace = 6 * time.Second
+	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", grpcListen)
+	dial(t, grpcListen)
+	send(t, dial(t, grpcListen), []byte("PRI * HTTP/2.0\r\n"))
+	waitFor(t, 10*time.Second, "the server to count both connections", func() bool { return metric(t, srv.url, "plover_connections_open") >= 2 })
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	stoppedWithin(t, srv, exited(t, srv, start, 3*grace), grace/2)
+}
+
+// TestSIGTERMFinishesInFlightDeploy: a deploy whose bundle is still
+// arriving when the drain begins is finished, as an invoke is: the
+// control plane's calls took fasthttp's request context, which the
+// shutdown cancels at once.
+func TestSIGTERMFinishesInFlightDeploy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--grace", "10s")
+	b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("late"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, strings.TrimPrefix(srv.url, "http://"))
+	half := len(b) / 2
+	send(t, c, append(fmt.Appendf(nil, "PUT /v1/functions/late HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/vnd.plover.bundle+zstd\r\nContent-Length: %d\r\n\r\n", len(b)), b[:half]...))
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
+	// The rest comes after the drain began (fasthttp cancelled its
+	// request contexts then); a little later still, so that a deploy
+	// cancelled by it has had time to fail.
+	time.Sleep(200 * time.Millisecond)
+	send(t, c, b[half:])
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answer, _ := io.ReadAll(c)
+	if !bytes.HasPrefix(answer, []byte("HTTP/1.1 201 ")) {
+		t.Fatalf("a deploy in flight as the server drained was answered %q; want 201", answer)
+	}
+}
+
+// TestSIGHUPDuringDrainIsNoExit: a SIGHUP (a certificate or token
+// reload, a log rotation) that comes while the server drains after
+// SIGTERM leaves the drain to finish: the in-flight request is answered
+// and the server exits 0, rather than dying of the signal.
+func TestSIGHUPDuringDrainIsNoExit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--grace", "10s")
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 1500), nil))
+	invokeHTTP(srv.url, "slow", []byte("warm"))
+
+	res := invokeInFlight(t, srv, "slow", []byte("drain me"))
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
+	time.Sleep(100 * time.Millisecond) // the drain is under way
+	srv.cmd.Process.Signal(syscall.SIGHUP)
+	(<-res).echoed(t, []byte("drain me"), "during shutdown and SIGHUP")
+	exited(t, srv, start, 15*time.Second)
+}
+
+// freeAddr is a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// invoked is the outcome of an invoke.
+type invoked struct {
+	code int
+	out  []byte
+	err  error
+}
+
+// invokeInFlight invokes name with in and returns once its run has begun
+// on the device (an instance of it busy); the outcome comes on the
+// channel.
+func invokeInFlight(t *testing.T, srv *server, name string, in []byte) <-chan invoked {
+	t.Helper()
+	res := make(chan invoked, 1)
+	go func() {
+		code, out, err := invokeHTTP(srv.url, name, in)
+		res <- invoked{code, out, err}
+	}()
+	waitFor(t, 10*time.Second, "the request to run", func() bool {
+		return metric(t, srv.url, `plover_instances{function="`+name+`",state="busy"}`) >= 1
+	})
+	return res
+}
+
+// echoed fails the test unless r is a 200 whose answer begins with in.
+func (r invoked) echoed(t *testing.T, in []byte, when string) {
+	t.Helper()
+	if r.err != nil || r.code != 200 || !bytes.HasPrefix(r.out, in) {
+		t.Errorf("in-flight request %s: %d %v %q", when, r.code, r.err, r.out)
+	}
+}
+
+// exited waits up to bound for srv to exit, fails the test unless it
+// exits 0, and returns how long after since it did.
+func exited(t *testing.T, srv *server, since time.Time, bound time.Duration) time.Duration {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v (want status 0)", err)
+		}
+	case <-time.After(bound):
+		t.Fatalf("server still running %v after SIGTERM", bound)
+	}
+	took := time.Since(since)
+	t.Logf("the server exited %v after SIGTERM", took.Round(time.Millisecond))
+	return took
+}
+
+// stoppedWithin fails the test unless srv exited within bound of SIGTERM
+// (took) having cleaned up: the engine and devices closed (its log's last
+// word) and its workers' cgroup, where it made one, removed.
+func stoppedWithin(t *testing.T, srv *server, took, bound time.Duration) {
+	t.Helper()
+	log := srv.log.String()
+	if stopped := strings.Contains(log, `msg=stopped`); took > bound || !stopped {
+		t.Fatalf("exited %v after SIGTERM, stopped cleanly: %v; want within %v and cleaned up", took.Round(time.Millisecond), stopped, bound)
+	}
+	if g := regexp.MustCompile(`cgroup=(\S+)`).FindStringSubmatch(log); g != nil {
+		if _, err := os.Stat(g[1]); err == nil {
+			t.Fatalf("the server's cgroup %s is still there after it stopped", g[1])
+		}
+	}
+}
+
+// dial connects to addr, closed as the test ends.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// send writes b to c.
+func send(t *testing.T, c net.Conn, b []byte) {
+	t.Helper()
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+}

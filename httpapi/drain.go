@@ -1,0 +1,227 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// connSet follows a fasthttp server's connections for its drain.
+// fasthttp's Shutdown waits for every connection that is not idle after a
+// request, and it counts one as busy from its accept on: a connection
+// opened and left silent (a browser's preconnect, a balancer's pool, a
+// client that never finishes its TLS handshake) held a shutdown until the
+// read timeout, past any grace, as if a request still ran. The drain ends
+// the connections that wait for a request, no byte of one come, and tells
+// a grace that ran out with requests in handlers from one that ran out on
+// connections alone.
+type connSet struct {
+	conns sync.Map // *drainConn -> struct{}
+	// handlers counts the requests in a handler now.
+	handlers atomic.Int64
+	// mu orders a drain's cut with a handler starting on a cut
+	// connection: the handler's read deadline must be the last set.
+	mu sync.Mutex
+	// readTimeout is the deadline a request's reads have from its start.
+	readTimeout time.Duration
+}
+
+// A connection's state: waiting for a request (no byte of one read, none
+// in a handler, no answer being written), reading one, busy with one (in
+// its handler or writing its answer), or cut by the drain (its reads end
+// at once; a request not yet whole is answered 503).
+const (
+	connWaiting int32 = iota
+	connReading
+	connBusy
+	connCut
+)
+
+// closeWait is how long a drain whose grace ran out waits, once it closed
+// the connections left, for the handlers blocked on them to return.
+const closeWait = time.Second
+
+// longAgo is a read deadline already past.
+var longAgo = time.Unix(1, 0)
+
+// listener wraps ln so that cs follows its connections.
+func (cs *connSet) listener(ln net.Listener) net.Listener { return drainListener{ln, cs} }
+
+type drainListener struct {
+	net.Listener
+	cs *connSet
+}
+
+// Accept wraps the connection in a type that keeps what the server looks
+// for in it: the TLS connection's methods under TLS (fasthttp's IsTLS;
+// NetConn for the socket under it), else the socket (syscall.Conn).
+func (l drainListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	d := &drainConn{Conn: c}
+	l.cs.conns.Store(d, struct{}{})
+	if tc, ok := c.(*tls.Conn); ok {
+		return drainTLS{d, tc}, nil
+	}
+	if _, ok := c.(syscall.Conn); ok {
+		return drainSys{d}, nil
+	}
+	return d, nil
+}
+
+// drainConn is a connection of a connSet.
+type drainConn struct {
+	net.Conn
+	state atomic.Int32
+}
+
+// Read marks the connection reading a request once a byte of it comes.
+func (c *drainConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.state.CompareAndSwap(connWaiting, connReading)
+	}
+	return n, err
+}
+
+// NetConn returns the connection as accepted (netguard.Linger, connGone).
+func (c *drainConn) NetConn() net.Conn { return c.Conn }
+
+// ReadFrom forwards to the inner connection's io.ReaderFrom (sendfile).
+func (c *drainConn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}
+
+func (c *drainConn) drain() *drainConn { return c }
+
+type drainSys struct{ *drainConn }
+
+func (c drainSys) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+type drainTLS struct {
+	*drainConn
+	tc *tls.Conn
+}
+
+func (c drainTLS) Handshake() error                     { return c.tc.Handshake() }
+func (c drainTLS) ConnectionState() tls.ConnectionState { return c.tc.ConnectionState() }
+
+// drainOf is c's drainConn, or nil for a connection Serve did not accept
+// (an in-process benchmark's).
+func drainOf(c net.Conn) *drainConn {
+	if d, ok := c.(interface{ drain() *drainConn }); ok {
+		return d.drain()
+	}
+	return nil
+}
+
+// state is the server's ConnState hook.
+func (cs *connSet) state(c net.Conn, st fasthttp.ConnState) {
+	d := drainOf(c)
+	if d == nil {
+		return
+	}
+	switch st {
+	case fasthttp.StateIdle: // the answer is written
+		d.state.CompareAndSwap(connBusy, connWaiting)
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		cs.conns.Delete(d)
+	}
+}
+
+// handle wraps h to mark its connection busy while it runs and until its
+// answer is written.
+func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		cs.handlers.Add(1)
+		defer cs.handlers.Add(-1)
+		if d := drainOf(ctx.Conn()); d != nil && !d.state.CompareAndSwap(connReading, connBusy) &&
+			!d.state.CompareAndSwap(connWaiting, connBusy) && d.state.Load() == connCut {
+			// The whole request came as the drain cut its connection
+			// (pipelined behind the last): it is served, its reads
+			// given back their time.
+			cs.mu.Lock()
+			d.state.Store(connBusy)
+			ctx.Conn().SetReadDeadline(time.Now().Add(cs.readTimeout))
+			cs.mu.Unlock()
+		}
+		h(ctx)
+	}
+}
+
+// cutWaiting ends the reads of the connections that wait for a request.
+// Run again until the server is down: fasthttp sets a new connection's
+// read deadline as it starts to read, over a cut made just before.
+func (cs *connSet) cutWaiting() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.conns.Range(func(k, _ any) bool {
+		if d := k.(*drainConn); d.state.CompareAndSwap(connWaiting, connCut) || d.state.Load() == connCut {
+			d.SetReadDeadline(longAgo)
+		}
+		return true
+	})
+}
+
+// closeAll closes every connection left: a client that does not read its
+// answer, or sends its request a byte at a time, holds its connection
+// past the grace.
+func (cs *connSet) closeAll() {
+	cs.conns.Range(func(k, _ any) bool {
+		k.(*drainConn).Close()
+		return true
+	})
+}
+
+// shutdown stops srv within ctx: it stops accepting, cuts the
+// connections that wait for a request, lets the requests come and in
+// handlers finish and, when ctx ends first, closes what is left. It
+// returns ctx's error only when requests were still in handlers.
+func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server) error {
+	done := make(chan error, 1)
+	go func() { done <- srv.ShutdownWithContext(ctx) }()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cs.cutWaiting()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			cs.closeAll()
+			// A handler blocked on its connection (an answer its
+			// client does not read) returns once it is closed.
+			for end := time.Now().Add(closeWait); cs.handlers.Load() > 0; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(end) {
+					return err
+				}
+			}
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// callCtx is the context of the calls a request makes to the control
+// plane: the request's values, and no end. fasthttp's request context
+// ends every request's at once as Shutdown begins, so that a deploy,
+// rollback or delete the drain was to finish failed with "context
+// canceled"; and once Shutdown is over its Done turns nil after it was
+// closed, which a context derived from it panics on.
+func callCtx(ctx *fasthttp.RequestCtx) context.Context { return context.WithoutCancel(ctx) }
