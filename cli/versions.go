@@ -133,7 +133,7 @@ func rollbackCmd() *command {
 						}
 					}
 				}
-				v, err := reg.SetCurrent(context.Background(), args[0], args[1])
+				v, _, err := reg.SetCurrent(context.Background(), args[0], args[1])
 				if err != nil {
 					return err
 				}

@@ -370,7 +370,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			alone[i] = b.runChain(items[i:i+1], in[int64(i)*b.itemIn:int64(i+1)*b.itemIn], out[o:o+b.itemOut], 1)
 		}
 	}
-	b.ended(time.Since(start))
+	b.ended(time.Since(start) - all.load) // a cold start's load is no run's length
 	for i, it := range items {
 		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
 			continue // its request gave up

@@ -132,7 +132,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		e.cfg.Log.Info("deployed beside the current version", "function", name, "version", rv.ID, "label", o.Label, "sha256", sha[:12], "bytes", n)
 		return api.FunctionInfo{Name: name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: c.versionCount(ctx, name)}, nil
 	}
-	f, err := e.tab.land(ctx, name, &rv, pub.Fresh, at)
+	f, err := e.tab.land(ctx, name, &rv, pub.Record, at)
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "deployed %s version %s, but this node did not take it on: %v", name, rv.ID, err)
 	}
@@ -220,7 +220,7 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 	} else if err != nil {
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
-	e.tab.land(ctx, name, nil, false, at) // a delete lands even while shutting down
+	e.tab.land(ctx, name, nil, nil, at) // a delete lands even while shutting down
 	e.cfg.Log.Info("deleted", "function", name)
 	return nil
 }
@@ -247,7 +247,7 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 		return api.FunctionInfo{}, err
 	}
 	at := e.tab.at() // before the store changes: see land
-	rv, err := e.tab.reg.SetCurrent(ctx, name, version)
+	rv, rec, err := e.tab.reg.SetCurrent(ctx, name, version)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
 		return api.FunctionInfo{}, notFound(name, err, "")
@@ -260,7 +260,7 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 	case err != nil:
 		return api.FunctionInfo{}, unavailable(err, "rollback %s: cannot update the store", name)
 	}
-	f, err := e.tab.land(ctx, name, &rv, false, at)
+	f, err := e.tab.land(ctx, name, &rv, rec, at)
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "rolled %s back to %s, but this node did not follow: %v", name, rv.ID, err)
 	}

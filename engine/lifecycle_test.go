@@ -296,7 +296,11 @@ func TestDeployAfterADeleteThatLandsLaterStartsAfresh(t *testing.T) {
 	go func() {
 		deleted <- e.Control().Delete(context.WithValue(context.Background(), holdKey{}, 1), "fn", false)
 	}()
-	<-store.landed // the record is gone from the store; this node still runs fn
+	select {
+	case <-store.landed: // the record is gone from the store; this node still runs fn
+	case err := <-deleted:
+		t.Fatalf("the delete ended (%v) without deleting the record through the store", err)
+	}
 	v2 := testkit.Deploy(t, e, dir)
 	close(store.release)
 	if err := <-deleted; err != nil {
@@ -308,5 +312,51 @@ func TestDeployAfterADeleteThatLandsLaterStartsAfresh(t *testing.T) {
 	}
 	if err := e.Invoke(context.Background(), "fn", &call.Request{Input: []byte("x")}); err != nil {
 		t.Fatalf("the function deployed anew: %v", err)
+	}
+}
+
+// The same when the record is made anew on another node: a node still
+// running the deleted function that then takes a deploy (or a rollback)
+// of the new record's must start the name afresh, though its own call did
+// not make the record (the new function carried the old one's 5 requests,
+// for good: a later refresh found its version listed).
+func TestDeployOntoARecordMadeAnewElsewhereStartsAfresh(t *testing.T) {
+	store := fsStore(t)
+	a := testkit.Engine(t, engine.Config{Store: store})
+	b := testkit.Engine(t, engine.Config{Store: store})
+	m := testkit.Manifest("fn")
+	testkit.Deploy(t, b, testkit.BundleDir(t, m, nil))
+	for range 5 {
+		if err := b.Invoke(context.Background(), "fn", &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Control().Delete(context.Background(), "fn", false); err != nil {
+		t.Fatal(err)
+	}
+	first := testkit.Deploy(t, a, testkit.BundleDir(t, m, nil)) // the record made anew, on a
+	m.OutBytes = 128
+	v := testkit.Deploy(t, b, testkit.BundleDir(t, m, nil)) // onto it, on b: b still runs the deleted fn
+	if fi := info(t, b, "fn"); fi.Version != v.Version || fi.Requests != 0 {
+		t.Fatalf("b after a's delete and redeploy and its own deploy: version %s, %d requests; want %s and none: the deleted function's", fi.Version, fi.Requests, v.Version)
+	}
+	// A rollback onto a record made anew elsewhere, the same.
+	for range 3 {
+		if err := b.Invoke(context.Background(), "fn", &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Control().Delete(context.Background(), "fn", false); err != nil {
+		t.Fatal(err)
+	}
+	m.OutBytes = 64
+	first = testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	m.OutBytes = 96
+	testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	if _, err := b.Control().Rollback(context.Background(), "fn", first.Version); err != nil {
+		t.Fatal(err)
+	}
+	if fi := info(t, b, "fn"); fi.Version != first.Version || fi.Requests != 0 {
+		t.Fatalf("b after a rollback onto a record made anew: version %s, %d requests; want %s and none", fi.Version, fi.Requests, first.Version)
 	}
 }

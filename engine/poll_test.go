@@ -138,14 +138,14 @@ func TestPollSeesARecordReturningToItsOldBytes(t *testing.T) {
 	m.OutBytes = 128
 	v2 := testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	reg := registry.Registry{Store: store}
-	if _, err := reg.SetCurrent(ctx, "fn", v1.Version); err != nil { // another node
+	if _, _, err := reg.SetCurrent(ctx, "fn", v1.Version); err != nil { // another node
 		t.Fatal(err)
 	}
 	e.Refresh(ctx)                                                         // applies the record (current v1) and its tag
 	if _, err := e.Control().Rollback(ctx, "fn", v2.Version); err != nil { // this node
 		t.Fatal(err)
 	}
-	if _, err := reg.SetCurrent(ctx, "fn", v1.Version); err != nil { // another node: the old bytes again
+	if _, _, err := reg.SetCurrent(ctx, "fn", v1.Version); err != nil { // another node: the old bytes again
 		t.Fatal(err)
 	}
 	e.Refresh(ctx)

@@ -32,20 +32,13 @@ func (e *Engine) Refresh(ctx context.Context) error {
 			e.tab.forget(name, at)
 			continue
 		}
-		if err == nil && e.tab.recreated(name, rec) {
-			// Deleted and deployed again elsewhere between two polls: a
-			// new function under the name (its output, its counts), not
-			// a new version of the one this node had.
-			now, ok := e.tab.forget(name, at)
-			if !ok {
-				continue // a change here meanwhile: the next poll looks again
-			}
-			at = now
-		}
 		if err == nil {
+			// A record deleted and made anew elsewhere between two polls
+			// is a new function under the name (its output, its counts),
+			// not a new version of the one this node had: switchTo sees it.
 			var cv api.Version
 			if cv, err = rec.CurrentVersion(); err == nil {
-				f, changed := e.tab.switchTo(name, cv, at)
+				f, changed := e.tab.switchTo(name, cv, rec, at)
 				if changed {
 					e.warmIfWanted(ctx, f)
 				}

@@ -292,7 +292,7 @@ func (t *table) follow(ctx context.Context, name string, gone bool) (*function, 
 		if closed {
 			return nil, errorf(errdefs.KindUnavailable, nil, "the server is shutting down")
 		}
-		if attempt == 3 {
+		if attempt >= 3 {
 			at = 0 // changes keep coming: take what is read
 		}
 		rec, err := t.record(ctx, name)
@@ -309,16 +309,7 @@ func (t *table) follow(ctx context.Context, name string, gone bool) (*function, 
 		if err != nil {
 			return nil, errorf(errdefs.KindInternal, err, "function %s: corrupt record", name)
 		}
-		if t.recreated(name, rec) {
-			// Deleted and made anew: a new function, not a new version
-			// of the one this node runs.
-			now, ok := t.forget(name, at)
-			if !ok {
-				continue
-			}
-			at = now
-		}
-		if f, _ := t.switchTo(name, cv, at); f != nil {
+		if f, _ := t.switchTo(name, cv, rec, at); f != nil {
 			return f, nil
 		}
 	}
@@ -332,25 +323,18 @@ func (t *table) follow(ctx context.Context, name string, gone bool) (*function, 
 // the node follows the record as the store has it now (if the store does
 // not answer, this change: the latest known). So concurrent deploys,
 // rollbacks and deletes leave the node as the last of them left the
-// store, whatever order they come back in. fresh says the call made the
-// record (a deploy after a delete): a function of the name this node still
-// runs is an earlier one, dropped first, so that the new one starts with
-// nothing of it (counts, logs, flows). It returns the function (nil:
-// deleted); an error only when the server is shutting down.
-func (t *table) land(ctx context.Context, name string, rv *api.Version, fresh bool, at uint64) (*function, error) {
+// store, whatever order they come back in. rec is the record as the call
+// wrote it (rv's), whose versions tell an earlier function of the name
+// (deleted since, the record made anew) from this one (switchTo). It
+// returns the function (nil: deleted); an error only when the server is
+// shutting down.
+func (t *table) land(ctx context.Context, name string, rv *api.Version, rec *api.Record, at uint64) (*function, error) {
 	if rv == nil {
 		if _, ok := t.forget(name, at); ok {
 			return nil, nil
 		}
-	} else {
-		if fresh && t.runsOther(name, rv.ID) {
-			if now, ok := t.forget(name, at); ok {
-				at = now
-			}
-		}
-		if f, _ := t.switchTo(name, *rv, at); f != nil {
-			return f, nil
-		}
+	} else if f, _ := t.switchTo(name, *rv, rec, at); f != nil {
+		return f, nil
 	}
 	// The store is changed already: follow it even if the caller has gone.
 	f, err := t.follow(context.WithoutCancel(ctx), name, true)
@@ -362,7 +346,7 @@ func (t *table) land(ctx context.Context, name string, rv *api.Version, fresh bo
 		t.forget(name, 0)
 		return nil, nil
 	}
-	if f, _ := t.switchTo(name, *rv, 0); f != nil {
+	if f, _ := t.switchTo(name, *rv, rec, 0); f != nil {
 		return f, nil
 	}
 	return nil, errorf(errdefs.KindUnavailable, nil, "the server is shutting down") // switchTo's only refusal at epoch 0
@@ -370,10 +354,14 @@ func (t *table) land(ctx context.Context, name string, rv *api.Version, fresh bo
 
 // switchTo makes rv the current version of name, adding the function if
 // needed, and retires the previous version once its in-flight requests
-// finish. With at != 0 it does nothing unless the epoch is still at. It
-// returns the function (nil if it did nothing) and whether the version
-// changed.
-func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, bool) {
+// finish. rec, when given, is the record rv comes from: a function here
+// whose current version it does not list is an earlier one (records keep
+// every version until the function is deleted: the record was deleted and
+// made anew), dropped in the same step (forget's), so that the new one
+// starts with nothing of it (its counts, logs, flows). With at != 0 it does
+// nothing unless the epoch is still at. It returns the function (nil if it
+// did nothing) and whether the version changed.
+func (t *table) switchTo(name string, rv api.Version, rec *api.Record, at uint64) (*function, bool) {
 	t.mu.Lock()
 	if t.closed || (at != 0 && t.epoch != at) {
 		t.mu.Unlock()
@@ -384,6 +372,10 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	// return to those very bytes and tag.
 	delete(t.tags, name)
 	f := t.funcs[name]
+	var dropped []*version
+	if rec != nil && f != nil && f.cur != nil && !lists(rec, f.cur.rec.ID) {
+		dropped, f = t.dropLocked(name), nil
+	}
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
 		// Nothing to switch, but a read of the store made before this
 		// one's must not apply after it (land): the epoch moves on.
@@ -414,6 +406,9 @@ func (t *table) switchTo(name string, rv api.Version, at uint64) (*function, boo
 	t.mu.Unlock()
 	if old != nil {
 		old.pool.retire()
+	}
+	for _, v := range dropped {
+		v.pool.retire()
 	}
 	return f, true
 }
@@ -447,6 +442,20 @@ func (t *table) forget(name string, at uint64) (uint64, bool) {
 		t.mu.Unlock()
 		return 0, false
 	}
+	olds := t.dropLocked(name)
+	t.epoch++
+	now := t.epoch
+	t.mu.Unlock()
+	for _, v := range olds {
+		v.pool.retire()
+	}
+	return now, true
+}
+
+// dropLocked drops name's function from the table, its flows and its log
+// sink, and returns its versions, to be retired once t.mu is let go.
+// Called with t.mu held.
+func (t *table) dropLocked(name string) []*version {
 	delete(t.tags, name)
 	f := t.funcs[name]
 	delete(t.funcs, name)
@@ -470,13 +479,7 @@ func (t *table) forget(name string, at uint64) (uint64, bool) {
 	// the name's next life, never in the one that ends here (whose lines,
 	// from workers still finishing requests, are dropped from now on).
 	t.logs.Forget(name)
-	t.epoch++
-	now := t.epoch
-	t.mu.Unlock()
-	for _, v := range olds {
-		v.pool.retire()
-	}
-	return now, true
+	return olds
 }
 
 // peek is name's function and current version as this node has them,
@@ -734,24 +737,7 @@ func (t *table) appliedTag(name string) string {
 	return t.tags[name]
 }
 
-// runsOther reports whether this node runs a version of name other than id.
-func (t *table) runsOther(name, id string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	f := t.funcs[name]
-	return f != nil && f.cur != nil && f.cur.rec.ID != id
-}
-
-// recreated reports whether rec no longer lists the version this node runs
-// for name: records keep every version until the function is deleted, so
-// the record was deleted and made anew.
-func (t *table) recreated(name string, rec *api.Record) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	f := t.funcs[name]
-	if f == nil || f.cur == nil {
-		return false
-	}
-	id := f.cur.rec.ID
-	return !slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.ID == id })
+// lists reports whether rec lists the version id.
+func lists(rec *api.Record, id string) bool {
+	return slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.ID == id })
 }

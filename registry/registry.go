@@ -254,10 +254,12 @@ type Published struct {
 	Version api.Version
 	// Created: a version was made (false: the bundle equals the current
 	// version's, returned as Version). Current: Version is the
-	// function's current one. Fresh: the record was made by this publish
-	// (the function had none: deleted, or never deployed), so a node
-	// running an earlier function of the name runs a function no more.
-	Created, Current, Fresh bool
+	// function's current one.
+	Created, Current bool
+	// Record is the record as the publish left it: a node running a
+	// version it does not list runs an earlier function of the name,
+	// deleted since.
+	Record *api.Record
 }
 
 // PublishWith is Publish with options.
@@ -287,8 +289,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	}
 	var unchanged *api.Version
 	var p Published
-	_, err = g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
-		p.Fresh = r == nil
+	rec, err := g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
 		if r == nil {
 			r = &api.Record{Name: name}
 		}
@@ -317,8 +318,9 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 		return Published{}, err
 	}
 	if unchanged != nil {
-		return Published{Version: *unchanged, Current: true}, nil
+		return Published{Version: *unchanged, Current: true, Record: rec}, nil
 	}
+	p.Record = rec
 	// A delete of another function may have listed the records before this
 	// one landed and removed the bundle as unused (its grace protects a
 	// bundle touched or written just now; this covers a shorter grace).
@@ -389,10 +391,11 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	return removed, nil
 }
 
-// SetCurrent makes an existing version current (a rollback or roll-forward).
-func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.Version, error) {
+// SetCurrent makes an existing version current (a rollback or roll-forward)
+// and returns it with the record as written.
+func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.Version, *api.Record, error) {
 	var found api.Version
-	_, err := g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
+	rec, err := g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
 		if r == nil {
 			return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 		}
@@ -405,7 +408,7 @@ func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.V
 		}
 		return nil, fmt.Errorf("function %s: %w %q (see plover versions %s)", name, ErrNoVersion, versionID, name)
 	})
-	return found, err
+	return found, rec, err
 }
 
 // ErrNoVersion is returned (wrapped) for a version a record does not list.

@@ -46,6 +46,8 @@ type PidGroups struct {
 	mu       sync.Mutex
 	broken   error // the groups failed (logged once): RLIMIT_NPROC from then on
 	rlimSaid bool  // a failed RLIMIT_NPROC was logged
+	// raiseSaid: a failed raise of one was logged.
+	raiseSaid bool
 }
 
 // NewPidGroups finds where cgroup pids controllers can be written under
@@ -206,11 +208,16 @@ func (g *PidGroups) limit(pid int) {
 	if err == nil || errors.Is(err, unix.ESRCH) {
 		return
 	}
+	g.warnOnce(&g.rlimSaid, "worker tasks unbounded: cannot set a worker's RLIMIT_NPROC", "pid", pid, "error", err)
+}
+
+// warnOnce logs msg the first time *said is found false.
+func (g *PidGroups) warnOnce(said *bool, msg string, args ...any) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.rlimSaid {
-		g.rlimSaid = true
-		g.log.Warn("worker tasks unbounded: cannot set a worker's RLIMIT_NPROC", "pid", pid, "error", err)
+	if !*said {
+		*said = true
+		g.log.Warn(msg, args...)
 	}
 }
 
@@ -227,22 +234,37 @@ func (g *PidGroups) Raise(pid int, c *PidGroup, cg *Group, was, n int) {
 		return
 	}
 	max := []byte(strconv.Itoa(g.max * n))
-	switch {
-	case c != nil:
-		os.WriteFile(filepath.Join(c.dir, "pids.max"), max, 0o644)
-	case g.cpu != nil && cg != nil && cg.dir != "":
-		os.WriteFile(filepath.Join(cg.dir, "pids.max"), max, 0o644)
-	case g.off() != nil && g.uid != 0:
-		// RLIMIT_NPROC counts the uid's tasks: the worker's limit (the
-		// uid's tasks at its start and the bound) grows by the bound for
-		// each program more.
-		var lim unix.Rlimit
-		if unix.Prlimit(pid, unix.RLIMIT_NPROC, nil, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
-			lim.Cur += uint64(g.max * (n - was))
-			lim.Max = lim.Cur
-			unix.Prlimit(pid, unix.RLIMIT_NPROC, &lim, nil)
-		}
+	// Where the worker was bounded: its v1 group, its v2 CPU group, or
+	// (where neither took the bound at its start) its RLIMIT_NPROC; each
+	// tried in turn, as Place did.
+	if c != nil && os.WriteFile(filepath.Join(c.dir, "pids.max"), max, 0o644) == nil {
+		return
 	}
+	if g.cpu != nil && cg != nil && cg.dir != "" && os.WriteFile(filepath.Join(cg.dir, "pids.max"), max, 0o644) == nil {
+		return
+	}
+	if g.uid == 0 {
+		return // no RLIMIT_NPROC bound either (root's is not enforced)
+	}
+	// RLIMIT_NPROC counts the uid's tasks: the worker's limit (the uid's
+	// tasks at its start and the bound) grows by the bound for each
+	// program more. Raising a hard limit needs CAP_SYS_RESOURCE, which a
+	// server without writable cgroups (a container) seldom has: then the
+	// worker keeps one program's bound, and the server says so once.
+	var lim unix.Rlimit
+	err := unix.Prlimit(pid, unix.RLIMIT_NPROC, nil, &lim)
+	if err == nil && lim.Cur == unix.RLIM_INFINITY {
+		return
+	}
+	if err == nil {
+		lim.Cur += uint64(g.max * (n - was))
+		lim.Max = lim.Cur
+		err = unix.Prlimit(pid, unix.RLIMIT_NPROC, &lim, nil)
+	}
+	if err == nil || errors.Is(err, unix.ESRCH) {
+		return
+	}
+	g.warnOnce(&g.raiseSaid, "a tenant's worker keeps one function's task bound (--worker-max-pids) whatever it holds: cannot raise its RLIMIT_NPROC (needs CAP_SYS_RESOURCE, or writable cgroups)", "pid", pid, "error", err)
 }
 
 // Close removes the server's pids groups (every worker is gone by then).
