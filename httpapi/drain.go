@@ -88,7 +88,7 @@ type drainConn struct {
 // Read marks the connection reading a request once a byte of it comes.
 func (c *drainConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	if n > 0 {
+	if n > 0 && c.state.Load() == connWaiting { // a load: most reads find it reading or busy
 		c.state.CompareAndSwap(connWaiting, connReading)
 	}
 	return n, err
@@ -97,8 +97,8 @@ func (c *drainConn) Read(b []byte) (int, error) {
 // NetConn returns the connection as accepted (netguard.Linger, connGone).
 func (c *drainConn) NetConn() net.Conn { return c.Conn }
 
-// ReadFrom forwards to the inner connection's io.ReaderFrom (sendfile).
-func (c *drainConn) ReadFrom(r io.Reader) (int64, error) {
+// ReadFrom forwards to the socket's io.ReaderFrom (sendfile); TLS has none.
+func (c drainSys) ReadFrom(r io.Reader) (int64, error) {
 	if rf, ok := c.Conn.(io.ReaderFrom); ok {
 		return rf.ReadFrom(r)
 	}
@@ -180,10 +180,18 @@ func (cs *connSet) cutWaiting() {
 
 // closeAll closes every connection left: a client that does not read its
 // answer, or sends its request a byte at a time, holds its connection
-// past the grace.
+// past the grace. A TLS connection's socket is closed under it: closing
+// the TLS connection sends a close_notify first, under a 5 s write
+// deadline, which a client not reading its answer makes the drain wait
+// for, connection after connection.
 func (cs *connSet) closeAll() {
 	cs.conns.Range(func(k, _ any) bool {
-		k.(*drainConn).Close()
+		d := k.(*drainConn)
+		if tc, ok := d.Conn.(*tls.Conn); ok {
+			tc.NetConn().Close()
+		} else {
+			d.Close()
+		}
 		return true
 	})
 }

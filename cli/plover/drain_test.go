@@ -115,9 +115,7 @@ func TestSIGTERMFinishesInFlightDeploy(t *testing.T) {
 	srv.cmd.Process.Signal(syscall.SIGTERM)
 	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
 	// The rest comes after the drain began (fasthttp cancelled its
-	// request contexts then); a little later still, so that a deploy
-	// cancelled by it has had time to fail.
-	time.Sleep(200 * time.Millisecond)
+	// request contexts then).
 	send(t, c, b[half:])
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	answer, _ := io.ReadAll(c)
@@ -143,7 +141,14 @@ func TestSIGHUPDuringDrainIsNoExit(t *testing.T) {
 	start := time.Now()
 	srv.cmd.Process.Signal(syscall.SIGTERM)
 	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
-	time.Sleep(100 * time.Millisecond) // the drain is under way
+	addr := strings.TrimPrefix(srv.url, "http://")
+	waitFor(t, 10*time.Second, "the API's listener to close (the drain under way)", func() bool {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
 	srv.cmd.Process.Signal(syscall.SIGHUP)
 	(<-res).echoed(t, []byte("drain me"), "during shutdown and SIGHUP")
 	exited(t, srv, start, 15*time.Second)

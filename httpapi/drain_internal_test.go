@@ -1,0 +1,105 @@
+package httpapi
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/ioshare"
+)
+
+// The drain's wrapper keeps what the server finds in a connection: the
+// socket for the I/O shares on plain TCP (they wait on its readiness and
+// write to it), and none under TLS, where a raw write would put plaintext
+// on the wire (the shares' own *tls.Conn check no longer sees the TLS
+// connection under the wrapper); and its close under TLS does not wait for
+// a client that reads nothing.
+func TestDrainWrapperKeepsTheSocketOnlyWithoutTLS(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(1), NotAfter: time.Now().Add(time.Hour)},
+		&x509.Certificate{SerialNumber: big.NewInt(1)}, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	for _, tc := range []struct {
+		name     string
+		tls      bool
+		waitable bool
+	}{{"plain", false, true}, {"TLS", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cs connSet
+			ln := raw
+			if tc.tls {
+				ln = tls.NewListener(raw, cfg)
+			}
+			dl := cs.listener(ln)
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				c, err := dl.Accept()
+				if err != nil {
+					accepted <- nil
+					return
+				}
+				if tc, ok := c.(interface{ Handshake() error }); ok {
+					tc.Handshake()
+				}
+				accepted <- c
+			}()
+			var client net.Conn
+			if tc.tls {
+				client, err = tls.Dial("tcp", raw.Addr().String(), &tls.Config{InsecureSkipVerify: true})
+			} else {
+				client, err = net.Dial("tcp", raw.Addr().String())
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			c := <-accepted
+			if c == nil {
+				t.Fatal("accept failed")
+			}
+			if got := ioshare.Waitable(c); got != tc.waitable {
+				t.Fatalf("ioshare.Waitable on the server's %s connection: %v, want %v", tc.name, got, tc.waitable)
+			}
+			// Fill the socket's buffers, as a client that does not read
+			// its answer does, with no write in progress (a piece of an
+			// answer written, the next waiting for its turn): under TLS
+			// on the socket below it, so that the TLS connection itself
+			// has no failed write to remember.
+			sock := c
+			if d, ok := c.(drainTLS); ok {
+				sock = d.tc.NetConn()
+			}
+			for stuck := 0; stuck < 3; { // until the buffers take nothing more, their growth done
+				sock.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+				if n, _ := sock.Write(make([]byte, 64<<10)); n == 0 {
+					stuck++
+				} else {
+					stuck = 0
+				}
+			}
+			sock.SetWriteDeadline(time.Time{})
+			start := time.Now()
+			cs.closeAll()
+			if d := time.Since(start); d > time.Second {
+				t.Fatalf("closing a %s connection whose client reads nothing took %v", tc.name, d)
+			}
+		})
+	}
+}
