@@ -66,6 +66,32 @@ type processCharger interface{ ChargeProcessCPU() }
 func Serve(cfg Config) error {
 	// What the bundle prints reaches the server line by line (stdio.go).
 	lineBuffered()
+	if err := containSelf(cfg); err != nil {
+		return err
+	}
+	dev, err := openDevice(cfg)
+	if err != nil {
+		return err
+	}
+	// What nearly every bundle links, mapped now rather than in a cold start
+	// (about 2 ms of a fresh process's first dlopen of a C++ bundle).
+	loader.Preload("libstdc++.so.6", "libgcc_s.so.1", "libm.so.6")
+	rehearse()
+	landlocked, err := restrictFS(cfg)
+	if err != nil {
+		return err
+	}
+	w := &server{cfg: cfg, dev: dev, buf: make([]byte, wire.CtlMax), oob: make([]byte, unix.CmsgSpace(4*4)), progs: map[uint32]*loaded{}}
+	msg := wire.AppendReady(nil, wire.Ready{PID: uint32(os.Getpid()), Landlocked: landlocked})
+	if err := unix.Sendmsg(wire.CtlFD, msg, nil, nil, 0); err != nil {
+		return fmt.Errorf("worker: ready: %w", err)
+	}
+	return w.serve()
+}
+
+// containSelf enters the worker's containment: its identity, death with
+// the server, not dumpable, default fatal signals.
+func containSelf(cfg Config) error {
 	parent := cfg.ParentPID
 	if cfg.PIDNS {
 		// The server is outside the worker's namespace, where getppid()
@@ -76,8 +102,6 @@ func Serve(cfg Config) error {
 	if err := contain.Enter(contain.Policy{Drop: cfg.Drop, ParentPID: parent, Subreaper: cfg.Subreaper}); err != nil {
 		return fmt.Errorf("worker: contain: %w", err)
 	}
-	// Worker-side errors go to the server over the channel; the device's
-	// own log lines are of no use to anyone here.
 	// Not dumpable: another worker under the same uid cannot read this
 	// one's /proc files (memory, environment).
 	if err := contain.MakeNonDumpable(); err != nil {
@@ -91,10 +115,18 @@ func Serve(cfg Config) error {
 		// constructor that crashes, say).
 		runtime.LockOSThread()
 	}
-	log := slog.New(slog.DiscardHandler)
-	dev, err := device.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, log)
+	return nil
+}
+
+// openDevice opens the worker's device and sets what its runs are charged
+// and how its faults are reported: checked mode's handler, and a tenant's
+// handler that names the program a fatal signal came in.
+func openDevice(cfg Config) (device.Device, error) {
+	// Worker-side errors go to the server over the channel; the device's
+	// own log lines are of no use to anyone here.
+	dev, err := device.OpenOne(cfg.Device, cfg.Ordinal, cfg.MemLimit, cfg.Driver, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return fmt.Errorf("worker: open device: %w", err)
+		return nil, fmt.Errorf("worker: open device: %w", err)
 	}
 	if c, ok := dev.(processCharger); ok {
 		c.ChargeProcessCPU()
@@ -102,13 +134,13 @@ func Serve(cfg Config) error {
 	if cfg.Tenant || cfg.Checked {
 		// The fatal mark's and checked mode's report's pipe.
 		if err := reportPipe(); err != nil {
-			return fmt.Errorf("worker: signals: %w", err)
+			return nil, fmt.Errorf("worker: signals: %w", err)
 		}
 	}
 	if c, ok := dev.(checker); ok && cfg.Checked {
 		// After defaultFatalSignals: its handler replaces the default one.
 		if err := c.EnableChecks(wire.FatalFD); err != nil {
-			return fmt.Errorf("worker: %w", err)
+			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
 	if cfg.Tenant {
@@ -117,31 +149,31 @@ func Serve(cfg Config) error {
 		// it calls once it has named the program: a fault in checked
 		// mode names its program too.
 		if err := installFatalHandler(); err != nil {
-			return fmt.Errorf("worker: signals: %w", err)
+			return nil, fmt.Errorf("worker: signals: %w", err)
 		}
 	}
-	// What nearly every bundle links, mapped now rather than in a cold start
-	// (about 2 ms of a fresh process's first dlopen of a C++ bundle).
-	loader.Preload("libstdc++.so.6", "libgcc_s.so.1", "libm.so.6")
-	rehearse()
-	// Restricted now, while it waits as a standby: the bundle will be
-	// linked into the stage, which the rules already name, so a cold start
-	// does not pay for Landlock (about 10 ms, measured).
-	landlocked := false
-	if cfg.Landlock {
-		rules := contain.DefaultRules()
-		rules.RODirs = append(rules.RODirs, stageDir)
-		applied, err := contain.RestrictFS(rules)
-		if err != nil {
-			return fmt.Errorf("worker: landlock: %w", err)
-		}
-		landlocked = applied
+	return dev, nil
+}
+
+// restrictFS applies Landlock now, while the worker waits as a standby:
+// the bundle will be linked into the stage, which the rules already name,
+// so a cold start does not pay for it (about 10 ms, measured). It reports
+// whether the kernel applied it.
+func restrictFS(cfg Config) (bool, error) {
+	if !cfg.Landlock {
+		return false, nil
 	}
-	w := &server{cfg: cfg, dev: dev, buf: make([]byte, wire.CtlMax), oob: make([]byte, unix.CmsgSpace(4*4)), progs: map[uint32]*loaded{}}
-	msg := wire.AppendReady(nil, wire.Ready{PID: uint32(os.Getpid()), Landlocked: landlocked})
-	if err := unix.Sendmsg(wire.CtlFD, msg, nil, nil, 0); err != nil {
-		return fmt.Errorf("worker: ready: %w", err)
+	rules := contain.DefaultRules()
+	rules.RODirs = append(rules.RODirs, stageDir)
+	applied, err := contain.RestrictFS(rules)
+	if err != nil {
+		return false, fmt.Errorf("worker: landlock: %w", err)
 	}
+	return applied, nil
+}
+
+// serve answers the server's control messages until it closes the channel.
+func (w *server) serve() error {
 	for {
 		n, oobn, _, _, err := unix.Recvmsg(wire.CtlFD, w.buf, w.oob, unix.MSG_CMSG_CLOEXEC)
 		if err != nil {
