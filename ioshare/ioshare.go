@@ -9,7 +9,8 @@
 // The mechanism is sched's: a Scheduler whose slots are pieces in flight
 // (Config.Slots, one kept for light functions: the CPUs their requests
 // need besides the pieces), whose runs are pieces, charged the CPU time
-// the server's thread spent on them, each holding its slot at most
+// the server's thread spent on them (its thread's clock: not the waits of
+// a thread preempted in its turn), each holding its slot at most
 // Config.Hold (a piece that blocks past it, a TLS record or a chunk still
 // arriving, gives its slot up, so no client holds another's turn). Every
 // request touches its function's flow (Flow.Touch), so that a light one
@@ -252,6 +253,7 @@ type Turn struct {
 	start   time.Duration // mono()
 	metered bool          // Meter's: no piece
 	niced   bool          // its thread took the flow's nice level (and is locked)
+	cpu0    time.Duration // its thread's CPU time at its start (threadCPU; -1: not read)
 	alone   bool          // its flow had the server's I/O to itself when it began
 	blocks  bool          // its piece may block (Turn's mayBlock)
 }
@@ -295,18 +297,25 @@ func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, m
 		}
 	}
 	f.moving.Add(1)
-	tn := Turn{f: f, t: t, blocks: mayBlock, alone: f.sh.cfg.Off || f.f.Alone()}
-	if !tn.alone && !mayBlock {
-		tn.niced = f.sh.nice(int(f.nice.Load()))
+	tn := Turn{f: f, t: t, blocks: mayBlock, alone: f.sh.cfg.Off || f.f.Alone(), cpu0: -1}
+	if !mayBlock {
+		// Its thread is its own until Done, so that the thread's CPU
+		// time is the piece's.
+		runtime.LockOSThread()
+		if !tn.alone {
+			tn.niced = f.sh.nice(int(f.nice.Load()))
+		}
+		tn.cpu0 = threadCPU()
 	}
 	tn.start = mono()
 	return tn, nil
 }
 
 // Done ends the turn: its slot goes to the next piece, and the flow is
-// charged the piece's time: the server's CPU on it, a non-blocking system
-// call's (or at most Config.Hold of one that may block). DoneMoved is
-// better where the piece's bytes are known.
+// charged the piece's time: the server's CPU on it, its thread's CPU time
+// for a non-blocking system call (the wait of a thread preempted while it
+// held the turn is not the function's), or at most Config.Hold of a piece
+// that may block. DoneMoved is better where the piece's bytes are known.
 func (t Turn) Done() { t.DoneMoved(-1) }
 
 // DoneMoved is Done for a piece that moved n bytes. A piece that may block
@@ -332,11 +341,24 @@ func (t Turn) DoneMoved(n int) {
 		if n >= 0 {
 			cpu = min(cpu, sh.blockingCost(n))
 		}
-	case !t.metered && n >= rateSample:
-		sh.learnRate(cpu, n)
+	case t.metered:
+	default:
+		if c := threadCPU(); c >= 0 && t.cpu0 >= 0 {
+			cpu = min(c-t.cpu0, held)
+		}
+		// The turns' order is charged the CPU too: a light flow's
+		// piece preempted by heavier work has not had the server's
+		// CPU for its wait (its slot is another matter: Config.Slots).
+		held = cpu
+		if n >= rateSample {
+			sh.learnRate(cpu, n)
+		}
 	}
 	if t.niced {
 		sh.unnice()
+	}
+	if !t.metered && !t.blocks {
+		runtime.UnlockOSThread()
 	}
 	if !t.metered {
 		t.f.moving.Add(-1)

@@ -528,3 +528,41 @@ func TestOneProcessorMovesNothingNiced(t *testing.T) {
 		})
 	}
 }
+
+// A non-blocking piece is charged its thread's CPU time, not its wall
+// time: a piece whose thread does not run for part of its turn (preempted
+// at a light nice level behind heavier work; here, asleep) costs its
+// function only what the thread did. Charged its wall time, the sleeping
+// piece cost 20 ms.
+func TestPiecesChargeTheirThreadsCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		sleep time.Duration // inside the turn, on no CPU
+		spin  time.Duration // inside the turn, of the thread's own CPU
+	}{
+		{"asleep", 20 * time.Millisecond, 0},
+		{"working", 0, 20 * time.Millisecond},
+		{"both", 20 * time.Millisecond, 10 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sh := New(Config{Slots: 2})
+			f := sh.Flow("f")
+			start := mono()
+			tn, err := f.Turn(context.Background(), time.Time{}, nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(tc.sleep)
+			for c0 := threadCPU(); threadCPU()-c0 < tc.spin; {
+			}
+			tn.DoneMoved(64 << 10)
+			wall := mono() - start
+			got := time.Duration(f.cpu.Load())
+			// The clock's reads and the turn's bookkeeping cost the
+			// thread a little more than the spin.
+			if got < tc.spin || got > tc.spin+5*time.Millisecond || got > wall {
+				t.Fatalf("charged %v for a piece of %v asleep and %v of CPU (%v wall)", got, tc.sleep, tc.spin, wall)
+			}
+		})
+	}
+}
