@@ -48,8 +48,12 @@ type fairMode struct {
 }
 
 // fairIO is vecadd-a (share 3, 4 MB bodies) against vecadd-b (share 1,
-// 1 MB bodies), each flooded by the benchmark's clients: the part of the
-// server's I/O time (io_seconds) and of the bytes moved each got.
+// 1 MB bodies), a flooded by the benchmark's clients and b by ioSplitClients
+// times as many, so that both ask for about the same bytes: the part of
+// the server's I/O time (io_seconds) and of the bytes moved each got.
+// With equal clients b asked for a quarter of a's bytes, and the split
+// followed what each asked for (0.80 to a in every mode, scheduled or
+// not): a share decides only between flows that both want more.
 type fairIO struct {
 	IOA, BytesA float64  // fractions: a's of both
 	Throughput  [2]int64 // served/s a, b
@@ -353,26 +357,30 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 	if m.LatBeside, m.BatchBeside, err = beside(ctx, srv.url, "cnn-latency", cnnIn, "spin-batch", spinIn, o.fairClients, o.fairTime); err != nil {
 		return nil, err
 	}
-	logf("  vecadd alone, %d clients; vecadd-a (share 3, 4 MB) and vecadd-b (share 1, 1 MB), %d clients each", o.fairClients, o.fairClients)
+	logf("  vecadd alone, %d clients; vecadd-a (share 3, 4 MB, %d clients) and vecadd-b (share 1, 1 MB, %d clients)", o.fairClients, o.fairClients, ioSplitClients*o.fairClients)
 	if m.FloodAlone, err = closed(ctx, srv.url, "vecadd", vecIn, o.fairClients, o.fairTime); err != nil {
 		return nil, err
 	}
-	if m.IO, err = ioSplit(ctx, srv.url, vecIn, vecB, o.fairClients, o.fairTime); err != nil {
+	if m.IO, err = ioSplit(ctx, srv.url, vecIn, vecB, o.fairClients, ioSplitClients*o.fairClients, o.fairTime); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// ioSplit floods vecadd-a and vecadd-b together and reads the server's
-// I/O time each was charged meanwhile.
-func ioSplit(ctx context.Context, url string, inA, inB []byte, clients int, d time.Duration) (fairIO, error) {
+// ioSplitClients is how many times a's clients b's flood has: a's bodies
+// are 4 times b's.
+const ioSplitClients = 4
+
+// ioSplit floods vecadd-a and vecadd-b together, ca and cb clients, and
+// reads the server's I/O time each was charged meanwhile.
+func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d time.Duration) (fairIO, error) {
 	before := [2]float64{ioSeconds(url, "vecadd-a"), ioSeconds(url, "vecadd-b")}
 	var wg sync.WaitGroup
 	var la, lb fairLoad
 	var ea, eb error
 	wg.Add(2)
-	go func() { defer wg.Done(); la, ea = closed(ctx, url, "vecadd-a", inA, clients, d) }()
-	go func() { defer wg.Done(); lb, eb = closed(ctx, url, "vecadd-b", inB, clients, d) }()
+	go func() { defer wg.Done(); la, ea = closed(ctx, url, "vecadd-a", inA, ca, d) }()
+	go func() { defer wg.Done(); lb, eb = closed(ctx, url, "vecadd-b", inB, cb, d) }()
 	wg.Wait()
 	if ea != nil || eb != nil {
 		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
@@ -503,7 +511,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
 		p(" (Without the scheduler no device time is accounted: only the work split shows.)\n")
 	}
-	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers) against vecadd-b (share 1, 1 MB), %d clients each: a's part of the server's CPU time on their bytes (`io_seconds`; target 0.75 ± 0.05) and of the bytes moved.\n\n", fr.Clients, fr.Clients)
+	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved.\n\n", fr.Clients, fr.Clients, ioSplitClients*fr.Clients)
 	p("| mode | vecadd alone: served/s (÷ off) | vecadd-a / vecadd-b: I/O time to a | bytes to a | served/s a, b |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		io := "-"
