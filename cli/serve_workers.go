@@ -185,28 +185,28 @@ func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.L
 // weights in force. A piece moves at its function's CPU weight where the
 // server's threads can be weighed as the workers are: by nice level where
 // the workers' weights are nice levels, by a CPU group per level where
-// they are cgroup v1 groups (worker.ThreadGroups). auto turns it on with
-// nice levels only: under cgroup v1 the groups brought a light function's
-// p99 beside a 4 MB flood to 0.68-0.99x of unscheduled, its p50 the same
-// or worse, while holding the flood to 0.7x of its rate (BENCHMARKS.md,
-// "the targets of issue 45"),
-// and under cgroup v2 a piece could only keep the server's weight, where
+// they are cgroup v1 groups (worker.ThreadGroups). auto turns it on
+// wherever they can: beside a 4 MB flood a light function's p99 was
+// 0.18-0.35x of unscheduled under cgroup v1 on one machine and 0.68-0.99x
+// on another, and 0.15x with nice levels, its p50 about the same, for the
+// flood's rate beside it (0.5-0.7x: it gets the CPUs but one while a light
+// function is about; BENCHMARKS.md, "the targets of issue 45"). Not under
+// cgroup v2, where a piece could only keep the server's weight and
 // scheduled pieces made that p99 worse, not better; nor where the server
 // may not take a thread back.
 func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *slog.Logger) {
 	mech := cpu.Mechanism()
 	var threads ioshare.Threads
-	nice := mech == "nice" && ioshare.CanWeigh()
-	if nice {
+	if mech == "nice" && ioshare.CanWeigh() {
 		threads = ioshare.NiceLevels{}
-	} else if f.ioShares == "on" && f.sched != "off" {
+	} else if f.ioShares != "off" && f.sched != "off" {
 		if tg := cpu.Threads(); tg != nil {
 			if _, ok := tg.Base(); ok {
 				threads = tg
 			}
 		}
 	}
-	on := f.ioShares == "on" || (f.ioShares == "auto" && nice)
+	on := f.ioShares == "on" || (f.ioShares == "auto" && threads != nil)
 	cfg.Off = !on
 	if on && threads != nil {
 		cfg.Threads, cfg.Log = threads, log
@@ -220,7 +220,7 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	if on {
 		log.Info("the server's I/O by share: request bodies and answers move a piece at a time in their functions' turns", "cpu_weights", mech, "at_functions_weights", threads != nil)
 	} else {
-		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where CPU weights are nice levels and the server may take a thread's level back)", "cpu_weights", mech)
+		log.Info("the server's I/O moves as it comes (--io-shares; auto turns it on where the server can weigh its threads as the workers: nice levels it may take back, or cgroup v1 groups)", "cpu_weights", mech)
 	}
 }
 

@@ -90,7 +90,7 @@ type fairVictim struct {
 
 // fairIOModes are the modes the rounds compare: the server's I/O scheduled
 // and not, with cgroups and with nice levels.
-var fairIOModes = []string{"fair", "fair-io", "fair-nice", "fair-nice-noio"}
+var fairIOModes = []string{"fair", "fair-noio", "fair-nice", "fair-nice-noio"}
 
 // fairBundle is a sample deployed under another name, with a manifest
 // change (a share, a priority).
@@ -263,20 +263,18 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 }
 
 // fairModes are the servers the benchmark compares, each its own process:
-// fair (the default: cgroups here, where --io-shares auto leaves the
-// server's I/O unscheduled), fair-io (the same with it scheduled:
-// --io-shares on, each piece's thread in a CPU group at its function's
-// weight under cgroup v1), fair-nice (where cgroups cannot be written: nice levels,
-// and the server's I/O scheduled by default), fair-nice-noio (the same
-// with it unscheduled), off (--sched off) and none (the server before the
-// scheduler and the CPU weights).
-var fairModes = []string{"fair", "fair-io", "fair-nice", "fair-nice-noio", "off", "none"}
+// fair (the default: cgroups here, the server's I/O by share where its
+// threads can be moved into CPU groups, cgroup v1), fair-noio (the same
+// with it unscheduled: --io-shares off), fair-nice (where cgroups cannot be
+// written: nice levels, and the server's I/O scheduled by default),
+// fair-nice-noio (the same with it unscheduled), off (--sched off) and
+// none (the server before the scheduler and the CPU weights).
+var fairModes = []string{"fair", "fair-noio", "fair-nice", "fair-nice-noio", "off", "none"}
 
 // fairFlags are the plover serve flags of a mode.
 func fairFlags(data, mode string) []string {
 	var flags []string
 	base, noio := strings.CutSuffix(mode, "-noio")
-	base, io := strings.CutSuffix(base, "-io")
 	switch base {
 	case "none":
 		return []string{"--sched", "off", "--cpu-weights=false"}
@@ -287,11 +285,8 @@ func fairFlags(data, mode string) []string {
 	default:
 		flags = []string{"--sched", "fair"}
 	}
-	switch {
-	case noio:
+	if noio {
 		flags = append(flags, "--io-shares", "off")
-	case io:
-		flags = append(flags, "--io-shares", "on")
 	}
 	return flags
 }
@@ -460,7 +455,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here, where `--io-shares auto` leaves the server's I/O unscheduled); `fair-io` is the same with the server's I/O by share (`--io-shares on`: under cgroup v1 the thread moving a piece moves into a CPU group at its function's weight, under v2 it keeps the server's); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
