@@ -297,17 +297,17 @@ func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, m
 		}
 	}
 	f.moving.Add(1)
-	tn := Turn{f: f, t: t, blocks: mayBlock, alone: f.sh.cfg.Off || f.f.Alone(), cpu0: -1}
+	tn := Turn{f: f, t: t, blocks: mayBlock, alone: f.sh.cfg.Off || f.f.Alone(), cpu0: -1, start: mono()}
 	if !mayBlock {
 		// Its thread is its own until Done, so that the thread's CPU
-		// time is the piece's.
+		// time is the piece's, moving it to the flow's weight and back
+		// included (a cgroup v1 move takes 4-35 us).
 		runtime.LockOSThread()
+		tn.cpu0 = threadCPU()
 		if !tn.alone {
 			tn.niced = f.sh.nice(int(f.nice.Load()))
 		}
-		tn.cpu0 = threadCPU()
 	}
-	tn.start = mono()
 	return tn, nil
 }
 
@@ -325,13 +325,25 @@ func (t Turn) Done() { t.DoneMoved(-1) }
 // non-blocking pieces cost (blockingCost): its wall time is mostly its
 // peer's, and a client trickling a chunked or TLS body a few bytes at a
 // time must not charge its function's I/O time and device share 2 ms a
-// piece. A non-blocking piece of at least rateSample bytes teaches the
-// rate.
+// piece. A non-blocking piece of at least rateSample bytes, moved at the
+// server's own weight, teaches the rate (one moved to its flow's weight
+// and back also paid for the moves).
+//
+// A non-blocking piece is charged its thread's CPU time, in the turns'
+// order too: a flow whose pieces are preempted (at a light weight, behind
+// heavier work) has not had the server's CPU while it waited. But one that
+// held its slot past Config.Hold while another flow waited was charged the
+// slot's time when the slot went to the next (sched's expiry): in the
+// turns' order a piece pays for a slot it held that long; its function's
+// I/O time is still its CPU.
 func (t Turn) DoneMoved(n int) {
 	if t.f == nil {
 		return
 	}
 	sh := t.f.sh
+	if t.niced {
+		sh.unnice() // first: the move back is the piece's CPU too
+	}
 	held := mono() - t.start
 	cpu := held
 	switch {
@@ -346,16 +358,10 @@ func (t Turn) DoneMoved(n int) {
 		if c := threadCPU(); c >= 0 && t.cpu0 >= 0 {
 			cpu = min(c-t.cpu0, held)
 		}
-		// The turns' order is charged the CPU too: a light flow's
-		// piece preempted by heavier work has not had the server's
-		// CPU for its wait (its slot is another matter: Config.Slots).
 		held = cpu
-		if n >= rateSample {
+		if n >= rateSample && !t.niced {
 			sh.learnRate(cpu, n)
 		}
-	}
-	if t.niced {
-		sh.unnice()
 	}
 	if !t.metered && !t.blocks {
 		runtime.UnlockOSThread()

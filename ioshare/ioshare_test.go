@@ -172,8 +172,8 @@ func TestTurnsFollowShares(t *testing.T) {
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
-	// The policy shares the time turns take, not their number: on a
-	// loaded machine a preempted turn costs more, and its flow gets fewer.
+	// The policy shares the CPU turns take, not their number: a turn
+	// that did more work costs more, and its flow gets fewer.
 	part := a.Seconds() / (a.Seconds() + b.Seconds())
 	if part < 0.68 || part > 0.82 {
 		t.Fatalf("a (share 3) had %.2f of the turns' time (%d of %d turns), want about 0.75", part, turns[0], turns[0]+turns[1])
@@ -564,5 +564,47 @@ func TestPiecesChargeTheirThreadsCPU(t *testing.T) {
 				t.Fatalf("charged %v for a piece of %v asleep and %v of CPU (%v wall)", got, tc.sleep, tc.spin, wall)
 			}
 		})
+	}
+}
+
+// spinLevels is a Threads whose moves cost the thread cost of CPU each, as
+// a cgroup v1 move costs the server's thread 4-35 us.
+type spinLevels struct{ cost time.Duration }
+
+func (spinLevels) Base() (int, bool) { return 0, true }
+func (l spinLevels) Set(int) error {
+	for c0 := threadCPU(); threadCPU()-c0 < l.cost; {
+	}
+	return nil
+}
+
+// Moving a piece's thread to its flow's weight and back is the piece's
+// CPU, charged to its function: read around the moves, a function's pieces
+// cost it none of them (two moves of 2 ms here: 4 ms to the piece).
+func TestMovingThePiecesThreadIsItsCost(t *testing.T) {
+	const cost = 2 * time.Millisecond
+	sh := New(Config{Slots: 3, Hold: time.Minute, Threads: spinLevels{cost},
+		Nice: func(float64, sched.Class) int { return 10 }})
+	f, other := sh.Flow("f"), sh.Flow("other")
+	f.Set(1, sched.Default)
+	busy, err := other.Turn(context.Background(), time.Time{}, nil, false) // f is not alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Done()
+	done := make(chan error)
+	go func() {
+		tn, err := f.Turn(context.Background(), time.Time{}, nil, false)
+		if err == nil && !tn.niced {
+			err = errors.New("the piece did not move to its flow's weight")
+		}
+		tn.DoneMoved(64 << 10)
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(f.cpu.Load()); got < 2*cost || got > 2*cost+5*time.Millisecond {
+		t.Fatalf("charged %v for a piece whose thread's two moves cost %v each", got, cost)
 	}
 }
