@@ -187,10 +187,10 @@ func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.L
 // the workers' weights are nice levels, by a CPU group per level where
 // they are cgroup v1 groups (worker.ThreadGroups). auto turns it on
 // wherever they can: beside a 4 MB flood a light function's p99 was
-// 0.18-0.35x of unscheduled under cgroup v1 on one machine and 0.68-0.99x
-// on another, and 0.15x with nice levels, its p50 about the same, for the
-// flood's rate beside it (0.5-0.7x: it gets the CPUs but one while a light
-// function is about; BENCHMARKS.md, "the targets of issue 45"). Not under
+// 0.16-0.18x of unscheduled under cgroup v1 on one machine and 0.68-0.99x
+// on another, and 0.13-0.15x with nice levels, its p50 the same or lower,
+// for the flood's rate beside it (0.5-0.7x: it gets the CPUs but one while
+// a light function is about; BENCHMARKS.md, "the targets of issue 45"). Not under
 // cgroup v2, where a piece could only keep the server's weight and
 // scheduled pieces made that p99 worse, not better; nor where the server
 // may not take a thread back.
