@@ -197,9 +197,11 @@ func containTrees(spawner *contain.Spawner, f *serveFlags, mps bool, log *slog.L
 func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *slog.Logger) {
 	mech := cpu.Mechanism()
 	var threads ioshare.Threads
-	if mech == "nice" && ioshare.CanWeigh() {
+	switch {
+	case f.ioShares == "off" || f.sched == "off":
+	case mech == "nice" && ioshare.CanWeigh():
 		threads = ioshare.NiceLevels{}
-	} else if f.ioShares != "off" && f.sched != "off" {
+	default:
 		if tg := cpu.Threads(); tg != nil {
 			if _, ok := tg.Base(); ok {
 				threads = tg

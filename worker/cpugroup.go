@@ -94,10 +94,10 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 			return nil
 		}
 		g = &CPUGroups{file: "cpu.weight", v2: true, log: log}
-		g.home = filepath.Join(cgroupRoot, ownGroup(""))
+		g.home = filepath.Join(cgroupRoot, OwnGroup(""))
 	} else if _, err := os.Stat(filepath.Join(cgroupRoot, "cpu", "cpu.shares")); err == nil {
 		g = &CPUGroups{file: "cpu.shares", log: log}
-		g.home = filepath.Join(cgroupRoot, "cpu", ownGroup("cpu"))
+		g.home = filepath.Join(cgroupRoot, "cpu", OwnGroup("cpu"))
 	} else {
 		log.Warn("worker CPU weights: no cgroup cpu controller found", "root", cgroupRoot)
 		return nil
@@ -134,10 +134,10 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 	return g
 }
 
-// ownGroup is the server's cgroup path in the v1 hierarchy of controller
-// ("": the v2 hierarchy's) as /proc/self/cgroup says; "/" when it says
-// nothing usable.
-func ownGroup(controller string) string {
+// OwnGroup is this process's cgroup path in the v1 hierarchy of
+// controller ("": the v2 hierarchy's) as /proc/self/cgroup says; "/" when
+// it says nothing usable. The server's groups are made in it.
+func OwnGroup(controller string) string {
 	b, err := os.ReadFile(procSelfCgroup)
 	if err != nil {
 		return "/"

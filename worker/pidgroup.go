@@ -93,7 +93,7 @@ func (g *PidGroups) cgroups(root string, cpu *CPUGroups) error {
 	}
 	// The server stays in its own group (v1 lets a group hold processes
 	// beside groups): a bound set on it holds the workers' too.
-	home := filepath.Join(root, "pids", ownGroup("pids"))
+	home := filepath.Join(root, "pids", OwnGroup("pids"))
 	if _, err := os.Stat(filepath.Join(home, "cgroup.procs")); err != nil {
 		return fmt.Errorf("no cgroup v1 pids hierarchy: %w", err)
 	}
