@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"time"
 
@@ -267,6 +268,20 @@ func chainError(msg string) *KernelError {
 		return &KernelError{Msg: m, Rejected: true}
 	}
 	return &KernelError{Msg: msg}
+}
+
+// onThread keeps the calling goroutine on its OS thread until the
+// function it returns is called: a call into a bundle and the reading of
+// the message it left. That message (plover_fail's literal aside:
+// plover_reject's copy, the last error's pointer) is in the calling
+// thread's storage (plover.h's __thread), and a goroutine whose thread
+// gave its processor up during a long call may come back on another while
+// a second goroutine's call into the bundle on the first overwrites the
+// message it has yet to read: one request's refusal reported for another.
+// (loader's lockDL does the same for dlerror's.)
+func onThread() func() {
+	runtime.LockOSThread()
+	return runtime.UnlockOSThread
 }
 
 // hookError is a hook's failure: a refusal there is a failure too.

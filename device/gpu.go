@@ -429,6 +429,7 @@ func (g *GPU) programHook(e *Entries, k hookKind, c Constants, program unsafe.Po
 	}
 	var code C.CUresult
 	var op *C.char
+	defer onThread()()
 	msg := C.plcu_program_hook(g.drv.c, g.ctx, fn, e.lastErrorFn(), cptr, clen, &program, &code, &op)
 	return program, g.hookResult(name, msg, code, op)
 }

@@ -90,6 +90,7 @@ func (i *gpuInstance) hook(k hookKind) error {
 	}
 	var code C.CUresult
 	var op *C.char
+	defer onThread()()
 	msg := C.plcu_inst_hook(i.c, fn, i.cfg.Entries.lastErrorFn(), &code, &op)
 	return i.g.hookResult(name, msg, code, op)
 }
@@ -159,6 +160,7 @@ func (i *gpuInstance) Run(r *Run) error {
 	if len(r.Output) > 0 {
 		out = unsafe.Pointer(&r.Output[0])
 	}
+	defer onThread()()
 	C.plcu_run(i.c, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)), C.size_t(r.TmpLen),
 		C.uint32_t(r.Items), zeroFlags(r), C.int(len(r.Chain)), mode, C.int(slot), i.cfg.Entries.lastErrorFn())
 	res := &i.c.res

@@ -263,6 +263,7 @@ func (i *hostInstance) hook(k hookKind) error {
 	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
+	defer onThread()()
 	msg := C.plover_checked_hook(i.state, fn, cname, i.cfg.Entries.lastErrorFn())
 	switch {
 	case msg == nil:
@@ -305,6 +306,7 @@ func (i *hostInstance) Run(r *Run) error {
 	if len(r.Output) > 0 {
 		out = unsafe.Pointer(&r.Output[0])
 	}
+	defer onThread()()
 	msg := C.plover_host_run(i.state, in, C.size_t(len(r.Input)), out, C.size_t(len(r.Output)),
 		C.size_t(r.TmpLen), C.uint32_t(r.Items), zeroFlags(r), &i.steps[0], C.int(len(r.Chain)), i.cfg.Entries.lastErrorFn(), i.timing)
 	r.Timing = Timing{
@@ -339,6 +341,7 @@ func (e *Entries) hook(k hookKind, st *C.plover_state_t) error {
 	if fn == nil {
 		return nil
 	}
+	defer onThread()()
 	if msg := C.plover_call_hook(fn, st, e.lastError); msg != nil {
 		return hookError(name, C.GoString(msg))
 	}
