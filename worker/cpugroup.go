@@ -334,25 +334,44 @@ func NiceLevel(w float64) int {
 
 // renice sets every thread of process pid to nice level n: a nice level
 // is a thread's on Linux, and threads a thread creates inherit its level.
+// The threads change while it works: one made after the list was read by
+// a thread not yet set takes the old level, for good. So it reads the
+// list again until a pass finds every thread at n (at most reniceRounds
+// passes: a process whose threads outrun it keeps what is left).
 func renice(pid, n int) error {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return syscall.ESRCH
-		}
-		return err
-	}
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
+	for range reniceRounds {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
-			continue
-		}
-		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
+			if errors.Is(err, os.ErrNotExist) {
+				return syscall.ESRCH
+			}
 			return err
+		}
+		set := false
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			// The system call's value is 20 - nice.
+			raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid)
+			if err == syscall.ESRCH || err == nil && 20-raw == n {
+				continue
+			}
+			if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
+				return err
+			}
+			set = true
+		}
+		if !set {
+			return nil
 		}
 	}
 	return nil
 }
+
+// reniceRounds bounds renice's passes over a process's threads.
+const reniceRounds = 10
 
 // writeGroup makes group dir with weight value v and moves pid into it.
 func (g *CPUGroups) writeGroup(dir string, pid int, v string) error {

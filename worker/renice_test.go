@@ -1,0 +1,76 @@
+package worker
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// threadNice is thread tid of process pid's nice level, and false once
+// the thread is gone.
+func threadNice(pid int, tid string) (int, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, tid))
+	if err != nil {
+		return 0, false
+	}
+	// nice is the 17th field after the command's closing parenthesis.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	n, err := strconv.Atoi(f[16])
+	return n, err == nil
+}
+
+// A worker's nice level (CPU weights by nice level) is every thread's, and
+// a thread takes its level from the thread that made it: renice must leave
+// no thread at the old level, those made while it went through the list
+// included. A thread that made one after the list was read and before its
+// own turn came passed the old level on, and renice read the list once: on
+// a process whose threads keep making threads (a bundle's pool, the Go
+// runtime), some were left at the old level for good.
+func TestReniceLeavesNoThreadBehind(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "spawners")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", bin, filepath.Join("testdata", "spawners.c")).CombinedOutput(); err != nil {
+		t.Skipf("cannot build the test program: %v\n%s", err, out)
+	}
+	for try := 0; try < 3; try++ {
+		cmd := exec.Command(bin)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pid := cmd.Process.Pid
+		var r [1]byte
+		if n, err := out.Read(r[:]); n != 1 || err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the test program did not start: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // its threads come and go
+		level := 15 + try
+		err = renice(pid, level)
+		var behind []string
+		if tasks, rerr := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); rerr == nil {
+			for _, task := range tasks {
+				if n, ok := threadNice(pid, task.Name()); ok && n != level {
+					behind = append(behind, fmt.Sprintf("%s at %d", task.Name(), n))
+				}
+			}
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		if err != nil {
+			t.Fatalf("renice: %v", err)
+		}
+		if len(behind) > 0 {
+			t.Fatalf("renice to %d left %d threads at another level (%s ...)", level, len(behind), strings.Join(behind[:min(4, len(behind))], ", "))
+		}
+	}
+}
