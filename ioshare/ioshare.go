@@ -166,6 +166,9 @@ func (s *Shares) Lookup(name string) *Flow {
 // as they would.
 func (s *Shares) Forget(name string) {
 	s.mu.Lock()
+	if f := s.flows[name]; f != nil {
+		f.gone.Store(true)
+	}
 	delete(s.flows, name)
 	s.mu.Unlock()
 	s.s.Forget(name)
@@ -185,6 +188,10 @@ type Flow struct {
 	set             atomic.Pointer[weightClass] // what Set applied last
 	setMu           sync.Mutex                  // Set's changes, one at a time
 	touched         atomic.Int64                // unix ns of its last Touch
+	// gone is set once its function is deleted (Forget): its pieces still
+	// in flight pass nothing to Config.Charge, which charges by name, and
+	// the name's next function is another.
+	gone atomic.Bool
 }
 
 type weightClass struct {
@@ -441,7 +448,7 @@ const maxKept = time.Second
 func (f *Flow) charge(cpu time.Duration) {
 	f.cpu.Add(int64(cpu))
 	c := f.sh.cfg.Charge
-	if c == nil || f.owed.Add(int64(cpu)) < int64(chargeEvery) {
+	if c == nil || f.gone.Load() || f.owed.Add(int64(cpu)) < int64(chargeEvery) {
 		return
 	}
 	// What was not taken waits apart, out of owed: it is offered again

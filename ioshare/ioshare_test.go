@@ -608,3 +608,36 @@ func TestMovingThePiecesThreadIsItsCost(t *testing.T) {
 		t.Fatalf("charged %v for a piece whose thread's two moves cost %v each", got, cost)
 	}
 }
+
+// A function deleted while its request's piece moves (Forget), and made
+// anew under its name before the piece is done, is another function: the
+// piece's CPU is the deleted one's, and must not reach Config.Charge under
+// the name, which charges the new function's device flows with it.
+func TestForgottenFlowChargesNoOne(t *testing.T) {
+	var mu sync.Mutex
+	charged := map[string]time.Duration{}
+	sh := New(Config{Slots: 2, Charge: func(name string, cpu time.Duration) bool {
+		mu.Lock()
+		charged[name] += cpu
+		mu.Unlock()
+		return true
+	}})
+	old := sh.Flow("fn")
+	tn, err := old.Turn(context.Background(), time.Time{}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.Forget("fn")   // deleted mid-request
+	_ = sh.Flow("fn") // and deployed anew: its first request
+	for c0 := threadCPU(); threadCPU()-c0 < 2*chargeEvery; {
+	}
+	tn.DoneMoved(64 << 10)
+	mu.Lock()
+	defer mu.Unlock()
+	if got := charged["fn"]; got != 0 {
+		t.Fatalf("the deleted function's piece charged %v to the name's new function", got)
+	}
+	if sh.Lookup("fn").Seconds() != 0 {
+		t.Fatal("the new function's I/O time counts the deleted one's piece")
+	}
+}

@@ -85,3 +85,51 @@ func TestThreadGroupsMoveAThreadAndBack(t *testing.T) {
 		t.Fatalf("the server's groups outlived Close: %v", err)
 	}
 }
+
+// TestThreadGroupsStayHomeOnceWeightsAreOff: once the workers' CPU weights
+// are turned off after a failed write (CPUGroups.fail), workers placed
+// from then on stay in the server's group, at its weight, above every
+// function's: a piece's thread moved into an io group then would move a
+// function's bytes at a small fraction of what the workers beside it get
+// (io-10's 1024 against the server group's 262144), so that the server's
+// I/O starves behind them. Set must then leave a thread in the server's
+// group (an error: ioshare moves the piece at the server's weight), and
+// still take one back there.
+func TestThreadGroupsStayHomeOnceWeightsAreOff(t *testing.T) {
+	g := NewCPUGroups(slog.New(slog.DiscardHandler))
+	if g == nil || g.Mechanism() != "cgroup v1" {
+		g.Close()
+		t.Skip("no writable cgroup v1 cpu hierarchy here")
+	}
+	defer g.Close()
+	tg := g.Threads()
+	if _, ok := tg.Base(); !ok {
+		t.Fatal("Base says threads cannot move")
+	}
+	server := threadGroup(t)
+	g.fail(os.ErrPermission, "a worker's weight could not be written (test)")
+	if m := g.Mechanism(); m != "off" {
+		t.Fatalf("Mechanism %q after a failure, want off", m)
+	}
+	type seen struct {
+		during, after string
+		setErr        error
+	}
+	c := make(chan seen)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var s seen
+		s.setErr = tg.Set(10)
+		s.during = threadGroup(t)
+		if err := tg.Set(0); err != nil {
+			t.Error(err)
+		}
+		s.after = threadGroup(t)
+		c <- s
+	}()
+	s := <-c
+	if s.during != server || s.setErr == nil || s.after != server {
+		t.Fatalf("with the weights off, Set(10) said %v and left the thread in %q (after: %q); want an error and %q", s.setErr, s.during, s.after, server)
+	}
+}
