@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/plover-run/plover/internal/forkthread"
 )
 
 // Release is the pinned MinIO release; ModuleVersion is the Go module version
@@ -117,7 +119,14 @@ func Install(ctx context.Context, progress io.Writer) (string, error) {
 	} else {
 		cmd.Stdout, cmd.Stderr = &out, &out
 	}
-	if err := cmd.Run(); err != nil {
+	// Started from forkthread's thread, as the server is: its death
+	// signal follows the thread that forked it, which a test's closed
+	// Spawner may end mid-build.
+	err = forkthread.Start(cmd)
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (gave up after %v)", ctx.Err(), InstallTimeout)
 		}
