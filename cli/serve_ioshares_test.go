@@ -209,8 +209,11 @@ func TestIOSharesByCPUWeights(t *testing.T) {
 			default:
 				t.Errorf("Threads %T, want %q", th, tt.threads)
 			}
-			if set := cfg.Threads != nil; (cfg.Nice != nil) != set || (cfg.Log != nil) != set {
-				t.Errorf("Nice set %v and Log set %v, want both %v (Threads %T)", cfg.Nice != nil, cfg.Log != nil, set, cfg.Threads)
+			if set := cfg.Threads != nil; (cfg.Nice != nil) != set || (cfg.Log != nil) != set || (cfg.Weighing != nil) != set {
+				t.Errorf("Nice set %v, Log set %v and Weighing set %v, want all %v (Threads %T)", cfg.Nice != nil, cfg.Log != nil, cfg.Weighing != nil, set, cfg.Threads)
+			}
+			if cfg.Weighing != nil && cfg.Weighing() != cpu.On() {
+				t.Errorf("Weighing says %v where the workers' weights are on: %v", cfg.Weighing(), cpu.On())
 			}
 			if cfg.Log != nil && cfg.Log != log {
 				t.Error("Log is not the server's")

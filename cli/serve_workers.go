@@ -211,7 +211,7 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	on := f.ioShares == "on" || (f.ioShares == "auto" && threads != nil)
 	cfg.Off = !on
 	if on && threads != nil {
-		cfg.Threads, cfg.Log = threads, log
+		cfg.Threads, cfg.Log, cfg.Weighing = threads, log, cpu.On
 		cfg.Nice = func(share float64, class sched.Class) int {
 			return worker.NiceLevel(worker.WeightOf(share, class.String()))
 		}

@@ -57,6 +57,11 @@ type Config struct {
 	// Hold bounds a turn (default 2 ms): a piece that blocks past it
 	// gives its slot up, charged what it held.
 	Hold time.Duration
+	// Weighing, when set, reports whether the workers are still weighed:
+	// while it says no (their weights turned off after a failure: they
+	// run at the server's weight), no piece moves at a function's, where
+	// it would wait behind them.
+	Weighing func() bool
 	// Log hears of a thread that could not be taken back to the
 	// server's level (nil: not told).
 	Log *slog.Logger

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -639,5 +640,39 @@ func TestForgottenFlowChargesNoOne(t *testing.T) {
 	}
 	if sh.Lookup("fn").Seconds() != 0 {
 		t.Fatal("the new function's I/O time counts the deleted one's piece")
+	}
+}
+
+// While Config.Weighing says the workers are no longer weighed (their
+// weights turned off after a failure: they run at the server's), a piece
+// moves at the server's level, not its flow's, where it would wait behind
+// them; once it says yes again, at its flow's.
+func TestNoPieceMovesLightWhileWorkersAreNotWeighed(t *testing.T) {
+	var weighed atomic.Bool
+	th := &levels{at: map[int]int{}}
+	sh := New(Config{Slots: 3, Hold: time.Minute, Threads: th, Weighing: weighed.Load,
+		Nice: func(float64, sched.Class) int { return 10 }})
+	f, other := sh.Flow("f"), sh.Flow("other")
+	f.Set(1, sched.Default)
+	busy, err := other.Turn(context.Background(), time.Time{}, nil, false) // f is not alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Done()
+	for _, on := range []bool{false, true} {
+		weighed.Store(on)
+		moved := make(chan bool)
+		go func() {
+			tn, err := f.Turn(context.Background(), time.Time{}, nil, false)
+			if err != nil {
+				t.Error(err)
+			}
+			niced := tn.niced
+			tn.Done()
+			moved <- niced
+		}()
+		if got := <-moved; got != on {
+			t.Errorf("workers weighed %v: the piece moved at its flow's level %v, want %v", on, got, on)
+		}
 	}
 }

@@ -48,7 +48,7 @@ func (l NiceLevels) Base() (int, bool) {
 // would hold up every goroutine of the server. It reports whether it
 // did; unnice undoes it.
 func (s *Shares) nice(n int) bool {
-	if n <= s.base || !s.niceOK.Load() {
+	if n <= s.base || !s.niceOK.Load() || (s.cfg.Weighing != nil && !s.cfg.Weighing()) {
 		return false
 	}
 	if s.niced.Add(1) > int32(runtime.GOMAXPROCS(0)-1) {

@@ -255,6 +255,10 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 	return &Group{g: g, dir: dir}
 }
 
+// On reports whether the workers' CPU weights are in force: not turned off
+// (nil), nor off since a write failed.
+func (g *CPUGroups) On() bool { return g != nil && !g.off() }
+
 func (g *CPUGroups) off() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
