@@ -579,20 +579,29 @@ func (l spinLevels) Set(int) error {
 	return nil
 }
 
+// besideAnother is flow f (share 1, level 10) of shares cfg makes (three
+// slots, no hold), while another flow's piece moves: f is not alone, and
+// its pieces move at its level. The other piece ends with the test.
+func besideAnother(t *testing.T, cfg Config) *Flow {
+	cfg.Slots, cfg.Hold = 3, time.Minute
+	cfg.Nice = func(float64, sched.Class) int { return 10 }
+	sh := New(cfg)
+	f, other := sh.Flow("f"), sh.Flow("other")
+	f.Set(1, sched.Default)
+	busy, err := other.Turn(context.Background(), time.Time{}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(busy.Done) // on the test's goroutine, which took the turn (and its thread)
+	return f
+}
+
 // Moving a piece's thread to its flow's weight and back is the piece's
 // CPU, charged to its function: read around the moves, a function's pieces
 // cost it none of them (two moves of 2 ms here: 4 ms to the piece).
 func TestMovingThePiecesThreadIsItsCost(t *testing.T) {
 	const cost = 2 * time.Millisecond
-	sh := New(Config{Slots: 3, Hold: time.Minute, Threads: spinLevels{cost},
-		Nice: func(float64, sched.Class) int { return 10 }})
-	f, other := sh.Flow("f"), sh.Flow("other")
-	f.Set(1, sched.Default)
-	busy, err := other.Turn(context.Background(), time.Time{}, nil, false) // f is not alone
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Done()
+	f := besideAnother(t, Config{Threads: spinLevels{cost}})
 	done := make(chan error)
 	go func() {
 		tn, err := f.Turn(context.Background(), time.Time{}, nil, false)
@@ -650,15 +659,7 @@ func TestForgottenFlowChargesNoOne(t *testing.T) {
 func TestNoPieceMovesLightWhileWorkersAreNotWeighed(t *testing.T) {
 	var weighed atomic.Bool
 	th := &levels{at: map[int]int{}}
-	sh := New(Config{Slots: 3, Hold: time.Minute, Threads: th, Weighing: weighed.Load,
-		Nice: func(float64, sched.Class) int { return 10 }})
-	f, other := sh.Flow("f"), sh.Flow("other")
-	f.Set(1, sched.Default)
-	busy, err := other.Turn(context.Background(), time.Time{}, nil, false) // f is not alone
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Done()
+	f := besideAnother(t, Config{Threads: th, Weighing: weighed.Load})
 	for _, on := range []bool{false, true} {
 		weighed.Store(on)
 		moved := make(chan bool)
