@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/sched"
 )
 
@@ -24,6 +25,14 @@ func (e *Engine) DeviceFlowShare(name string) (weight float64, class sched.Class
 // ChargeIO is chargeIO: charges name's device flows with the server's CPU
 // time on its bytes, reporting whether any took it.
 func (e *Engine) ChargeIO(name string, cpu time.Duration) bool { return e.chargeIO(name, cpu) }
+
+// IOLater is IO for name's function as this node has it now, asked for
+// later: a request that found the function before a delete and a
+// redeploy, and reads its body after them.
+func (e *Engine) IOLater(name string) func() *ioshare.Flow {
+	f, v := e.tab.peek(name)
+	return func() *ioshare.Flow { return e.ioOf(f, v) }
+}
 
 // HasIOFlow reports whether the server's I/O shares have a flow for name.
 func (e *Engine) HasIOFlow(name string) bool { return e.io.Lookup(name) != nil }

@@ -114,3 +114,29 @@ func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
 		}
 	}
 }
+
+// A request that found its function before a delete and a redeploy of the
+// name, and asks for its I/O flow after them (its body still to read),
+// gets its own function's flow, not the new one's: by name it took the new
+// function's flow, gave it the deleted version's share and charged its
+// pieces to it.
+func TestLateRequestKeepsItsOwnFunctionsIOFlow(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("fn")
+	m.Share = 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	old := e.IO("fn")
+	late := e.IOLater("fn") // the request finds fn here
+	if err := e.Control().Delete(context.Background(), "fn", false); err != nil {
+		t.Fatal(err)
+	}
+	m.Share = 5
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	next := e.IO("fn") // the new function's first request
+	if next == nil || next == old {
+		t.Fatalf("the redeployed function's flow %p, the deleted one's %p: want a new one", next, old)
+	}
+	if got := late(); got == next {
+		t.Fatal("a request of the deleted function got the redeployed function's I/O flow")
+	}
+}

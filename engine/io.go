@@ -30,15 +30,22 @@ func newIO(e *Engine, sc SchedConfig) *ioshare.Shares {
 // no record of (its request fails before a body is read). It reads no
 // store: a transport asks once Admit or Invoke met the name.
 func (e *Engine) IO(name string) *ioshare.Flow {
-	f, v := e.tab.peek(name)
+	return e.ioOf(e.tab.peek(name))
+}
+
+// ioOf is IO for function f at version v, as a request found them. The
+// flow is f's own, kept on it: by name, a request of a function deleted
+// and deployed again since it found it would take the new function's
+// flow, give it the deleted version's share and charge its pieces to it.
+// A flow is made only while f holds its name: one made after a delete's
+// Forget would pass its I/O time, and the share charged with it, to the
+// name's next function.
+func (e *Engine) ioOf(f *function, v *version) *ioshare.Flow {
 	if v == nil {
 		return nil
 	}
-	fl := e.io.Lookup(f.name)
-	// A flow is made only while the function holds its name: one made
-	// after a delete's Forget would pass its I/O time, and the share
-	// charged with it, to the name's next function.
-	if fl == nil && !e.tab.kept(f, func() { fl = e.io.Flow(f.name) }) { // the function's own name: the flows' key
+	fl := f.io.Load()
+	if fl == nil && !e.tab.kept(f, func() { fl = e.io.Flow(f.name); f.io.Store(fl) }) { // the function's own name: the flows' key
 		return nil
 	}
 	fl.Set(shareOf(v.rec))

@@ -17,6 +17,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -28,6 +29,7 @@ type function struct {
 	cur    *version            // guarded by table.mu
 	pinned map[string]*version // by id; guarded by table.mu
 	stats  stats
+	io     atomic.Pointer[ioshare.Flow] // its share of the server's I/O, once made (Engine.ioOf)
 }
 
 // output is where f's programs print: its sink, or nil when nothing keeps
