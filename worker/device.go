@@ -439,7 +439,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 			return fail(r.err)
 		}
 	case <-ctx.Done():
-		l := &lateLoad{key: lateKey(spec), done: make(chan struct{})}
+		l := &lateLoad{key: lateKey(spec), out: spec.Output, done: make(chan struct{})}
 		d.putLate(l)
 		go func() {
 			if r := <-res; r.err != nil {

@@ -13,7 +13,7 @@ import (
 // A late load is a load into a tenant's worker whose request gave up at
 // its deadline (loadShared): the load goes on under its own bound. The
 // next load of the same function's bundle for the same tenant on the
-// device takes it over, finished or not, instead of starting another: a
+// device, in the same life of its name (the same ProgramSpec.Output), takes it over, finished or not, instead of starting another: a
 // function whose load outlasts its callers' deadlines (large constants, a
 // slow constructor) would otherwise be loaded and thrown away by every
 // request and never warm, each load waiting behind the last on the
@@ -35,6 +35,7 @@ import (
 // dropped), the load's own end.
 type lateLoad struct {
 	key  string
+	out  device.Output // its ProgramSpec.Output: its function's, in one life of the name
 	done chan struct{} // closed under Device.mu once the load ended, g or err set
 	g    *program      // the program loaded, nil if none
 	err  error         // the failure to tell the next load, nil if none (lateLoss)
@@ -147,7 +148,24 @@ func (d *Device) takeLate(ctx context.Context, spec device.ProgramSpec) (g *prog
 	d.mu.Lock()
 	l := d.late[key]
 	delete(d.late, key)
+	var stale *program
+	if l != nil && l.out != spec.Output {
+		// Another life of the name (the function deleted and deployed
+		// again with the same bytes): its program prints to the deleted
+		// function's output, its failure is not this one's. Unloaded
+		// here, or as its load ends; this one loads afresh.
+		select {
+		case <-l.done:
+			stale = l.g
+		default:
+			l.dropped = true
+		}
+		l = nil
+	}
 	d.mu.Unlock()
+	if stale != nil {
+		stale.Close()
+	}
 	if l == nil {
 		return nil, false, nil
 	}

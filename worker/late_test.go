@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -162,4 +163,48 @@ func TestLateLoadDisplacedIsUnloaded(t *testing.T) {
 	if got := d.used.Load(); got != 0 {
 		t.Errorf("ledger %d bytes after the late programs' unload, want 0", got)
 	}
+}
+
+// A late load is its function's, in the life of its name it was loaded
+// in: a function deleted and deployed again with the same bundle, for the
+// same tenant, within lateKeep does not take over the deleted one's late
+// load, whose program prints to the deleted function's output (dropped:
+// its life is over), nor is it told the deleted one's failure as its own
+// (counted as its crash, backed off). It loads afresh.
+func TestLateLoadOfADeletedFunctionIsNotTakenOver(t *testing.T) {
+	t.Run("its program", func(t *testing.T) {
+		d := tenantDevice(t)
+		logs := funclog.New(nil)
+		spec := slowSpec(t, "slow", "-DSLOW_MS=300")
+		spec.Output = logs.Sink("slow")
+		l := loadLate(t, d, spec)
+		awaitClosed(t, l.done, "the late load's end")
+		logs.Forget("slow") // deleted, and deployed again
+		spec.Output = logs.Sink("slow")
+		p, err := d.Load(context.Background(), spec)
+		if err != nil {
+			t.Fatalf("the new function's load: %v", err)
+		}
+		defer p.Close()
+		if g := p.(*program); g == l.g || g.out != spec.Output {
+			t.Fatalf("the new function's load took over the deleted one's late load (its output the deleted function's: %v)", g.out != spec.Output)
+		}
+	})
+	t.Run("its failure", func(t *testing.T) {
+		d := tenantDevice(t)
+		logs := funclog.New(nil)
+		spec := slowSpec(t, "slow", "-DSLOW_MS=300", "-DFAIL_LOAD")
+		spec.Output = logs.Sink("slow")
+		l := loadLate(t, d, spec)
+		awaitClosed(t, l.done, "the late load's end")
+		logs.Forget("slow")
+		spec.Output = logs.Sink("slow")
+		p, err := d.Load(context.Background(), spec)
+		if p != nil {
+			p.Close()
+		}
+		if err == nil || strings.Contains(err.Error(), "an earlier request's load") {
+			t.Fatalf("the new function's load: %v; want its own load's failure, not the deleted function's", err)
+		}
+	})
 }
