@@ -22,17 +22,19 @@ import (
 // the deadline set at its start, and the stream was cut mid-chunk after
 // followWrite (30 s), again and again: the console said [output stream
 // ended] and followed again, twice a minute. A client that stops reading
-// is still cut after a write bound.
+// is still cut after a write bound, and a drain or a revoked token ends
+// a burst that does not end by itself.
 func TestLogsFollowOutlivesALongBurst(t *testing.T) {
 	defer httpapi.SetFollowTimes(time.Second, time.Hour)()
 	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 1)}
-	url := testkit.ServeWith(t, httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{})) + "/v1/functions/f/logs?follow=true"
+	srv := httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{})
+	url := testkit.ServeWith(t, srv) + "/v1/functions/f/logs?follow=true"
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	f := <-adm.followers
+	<-adm.followers
 	var done atomic.Bool
 	defer done.Store(true)
 	go func() { // a function printing without a pause
@@ -56,6 +58,22 @@ func TestLogsFollowOutlivesALongBurst(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // ~3 MB/s: slower than the function prints
 	}
+	// A drain ends it, though the burst goes on.
+	srv.SetReady(false)
+	for drained := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := resp.Body.Read(buf); err != nil {
+			break
+		}
+		if time.Since(drained) > 5*time.Second {
+			t.Fatal("the stream still goes on 5 s after the server stopped being ready")
+		}
+	}
 	// And the bound still holds: a client that stops reading is cut.
-	closedWithin(t, f, 10*time.Second, "a client that stopped reading")
+	srv.SetReady(true)
+	resp2, err := (&http.Client{Timeout: 30 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp2.Body.Close()
+	closedWithin(t, <-adm.followers, 10*time.Second, "a client that stopped reading")
 }

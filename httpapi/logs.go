@@ -172,6 +172,12 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 				if time.Since(last) >= followWrite/4 {
 					start()
 				}
+				// Nor does the stream outlive a drain or its token's
+				// right, asked on the tick only between bursts.
+				if s.notReady.Load() || !still() {
+					w.Flush()
+					return
+				}
 				if enc.Encode(&l) != nil {
 					return
 				}
