@@ -142,8 +142,9 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 	}
 	enc := json.NewEncoder(w)
 	// Every write runs under a fresh deadline, set before a burst is
-	// encoded: the encoder writes through w's buffer by itself once it
-	// fills, and a deadline left from the last burst may have passed.
+	// encoded and renewed as a long one goes on: the encoder writes
+	// through w's buffer by itself once it fills, and a deadline left
+	// from the last burst, or the start of this one, may have passed.
 	var last time.Time
 	start := func() { last = time.Now(); conn.SetWriteDeadline(last.Add(followWrite)) }
 	start()
@@ -163,6 +164,20 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 			}
 			start()
 			for ok {
+				// A function printing without a pause keeps f.C from
+				// emptying: one burst then lasts as long as it prints,
+				// and under the deadline of its start a client reading
+				// all along was cut after followWrite. The bound is each
+				// write's: renewed as the burst goes on.
+				if time.Since(last) >= followWrite/4 {
+					start()
+				}
+				// Nor does the stream outlive a drain or its token's
+				// right, asked on the tick only between bursts.
+				if s.notReady.Load() || !still() {
+					w.Flush()
+					return
+				}
 				if enc.Encode(&l) != nil {
 					return
 				}

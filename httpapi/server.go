@@ -413,6 +413,13 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	if s.serveConsole(ctx) {
 		return
 	}
+	if ctx.IsGet() || ctx.IsHead() {
+		// What a read answers is its token's (the console fetches it with
+		// the user's): not for the browser's disk cache, where it would
+		// outlive the sign-out. Set on return: writeJSON resets the
+		// response. (POST answers are not stored without being told to.)
+		defer ctx.Response.Header.Set("Cache-Control", "no-store")
+	}
 	var tk gate.Ticket
 	if !s.gate.Open() {
 		var ok bool
