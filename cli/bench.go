@@ -81,18 +81,30 @@ func benchCmd() *command {
 }
 
 func runBench(name string, f *benchFlags, env *Env) error {
-	if (f.in != "") == (f.size > 0) {
-		return errors.New("give the input with --in FILE or --size BYTES (one of them)")
+	// Command-line mistakes are usage errors (exit 2), found before any
+	// input is read or request sent.
+	switch {
+	case f.size < 0 || f.size > maxGeneratedInput:
+		return usagef(env, "bench", "--size %d: want 1..%d bytes", f.size, maxGeneratedInput)
+	case (f.in != "") == (f.size > 0):
+		return usagef(env, "bench", "give the input with --in FILE or --size BYTES (one of them)")
+	case f.duration <= 0:
+		return usagef(env, "bench", "--duration %v: want a positive duration: a run is always bounded", f.duration)
+	case f.requests <= 0:
+		return usagef(env, "bench", "--requests %d: want 1 or more: a run is always bounded", f.requests)
+	case f.concurrency < 0 || f.concurrency > 10000:
+		return usagef(env, "bench", "--concurrency %d: want 1..10000 (or 0: 1, or 64 with --rate)", f.concurrency)
+	case f.timeout < 0:
+		return usagef(env, "bench", "--timeout %v: want a positive duration", f.timeout)
 	}
-	if f.size < 0 || f.size > maxGeneratedInput {
-		return fmt.Errorf("--size %d: want 1..%d bytes", f.size, maxGeneratedInput)
+	// An unwritable --chart fails now, not after the whole run.
+	chart, err := openChart(f.chart)
+	if err != nil {
+		return err
 	}
-	if f.duration <= 0 || f.requests <= 0 {
-		return errors.New("--duration and --requests must both be positive: a run is always bounded")
-	}
+	defer chart.discard()
 	var input []byte
 	if f.in != "" {
-		var err error
 		if input, err = readInput(f.in, env); err != nil {
 			return err
 		}
@@ -127,11 +139,11 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("%w (start one with 'plover serve', or set --server / PLOVER_SERVER)", err)
 	}
-	if f.chart != "" {
+	if chart != nil {
 		svg := bench.HistogramSVG(res)
 		if svg == "" {
 			fmt.Fprintf(env.Stderr, "--chart: not written: no request succeeded, so there is no latency to draw\n")
-		} else if err := os.WriteFile(f.chart, []byte(svg), 0o644); err != nil {
+		} else if err := chart.write(svg); err != nil {
 			return fmt.Errorf("--chart: %w", err)
 		} else {
 			fmt.Fprintf(env.Stderr, "latency chart: %s\n", f.chart)
@@ -163,4 +175,48 @@ func benchProgress(cfg *bench.Config, env *Env) (finish func()) {
 		bar.Set(int(min(frac, 1) * steps))
 	}
 	return func() { bar.Finish() }
+}
+
+// chartFile is --chart's file, opened before the run so that a path that
+// cannot be written fails at once. A file it created is removed again
+// unless a chart is written into it.
+type chartFile struct {
+	f       *os.File
+	created bool
+	written bool
+}
+
+func openChart(path string) (*chartFile, error) {
+	if path == "" {
+		return nil, nil
+	}
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("--chart: %w", err)
+	}
+	return &chartFile{f: f, created: os.IsNotExist(statErr)}, nil
+}
+
+func (c *chartFile) write(svg string) error {
+	if err := c.f.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := c.f.WriteString(svg); err != nil {
+		return err
+	}
+	c.written = true
+	return c.f.Close()
+}
+
+// discard closes the file, and removes it if the run created it and wrote
+// no chart.
+func (c *chartFile) discard() {
+	if c == nil || c.written {
+		return
+	}
+	c.f.Close()
+	if c.created {
+		os.Remove(c.f.Name())
+	}
 }
