@@ -112,7 +112,7 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		input = make([]byte, f.size)
 		rand.Read(input)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interruptible(env)
 	defer stop()
 	tc, err := tlsConfig(f.ep.cacert)
 	if err != nil {
@@ -218,5 +218,30 @@ func (c *chartFile) discard() {
 	c.f.Close()
 	if c.created {
 		os.Remove(c.f.Name())
+	}
+}
+
+// interruptible is a context that the first Ctrl-C ends: the run stops,
+// though the requests in flight have up to --timeout to finish, and the
+// report follows. The command says so, and lets go of the signal: a second
+// Ctrl-C ends plover at once instead of waiting on a server that hangs.
+func interruptible(env *Env) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-sig:
+			signal.Stop(sig)
+			fmt.Fprintln(env.Stderr, "\ninterrupted: waiting for the requests in flight (at most --timeout), then the report; ^C again to quit now")
+			cancel()
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sig)
+		close(done)
+		cancel()
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // A bench command line that cannot run is a usage error (exit 2, as the
@@ -72,5 +74,54 @@ func TestBenchChartUnwritableFailsFirst(t *testing.T) {
 	}
 	if _, err := os.Stat(none); !os.IsNotExist(err) {
 		t.Fatalf("a chart file left behind with nothing to draw: %v", err)
+	}
+}
+
+// Ctrl-C during a run whose requests hang: the first stops the run (the
+// requests in flight still have up to --timeout), and says so; a second
+// one ends plover at once instead of being swallowed.
+func TestBenchSecondInterruptQuits(t *testing.T) {
+	if url := os.Getenv("PLOVER_TEST_BENCH_CHILD"); url != "" {
+		os.Exit(Main([]string{"bench", "hang", "--server", url, "--size", "8", "--duration", "30s", "--timeout", "30s"},
+			&Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}))
+	}
+	hit := make(chan struct{}, 100)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hit <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchSecondInterruptQuits$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "PLOVER_TEST_BENCH_CHILD="+srv.URL)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case <-hit:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("no request came")
+	}
+	cmd.Process.Signal(os.Interrupt)
+	time.Sleep(500 * time.Millisecond)
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("a second ^C did not end plover bench within 5s; stderr %q", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "interrupted") {
+		t.Errorf("stderr does not say the first ^C was taken: %q", stderr.String())
 	}
 }
