@@ -3,9 +3,11 @@ package cli
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"time"
@@ -55,7 +57,20 @@ func logsCmd() *command {
 				return err
 			}
 			defer resp.Body.Close()
-			return printLogs(resp.Body, env.Stdout, asJSON)
+			if err := printLogs(resp.Body, env.Stdout, asJSON); err != nil {
+				var ne net.Error
+				if errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) {
+					return fmt.Errorf("the log stream from %s broke off (%v): the server went away or the connection was cut", c.base, err)
+				}
+				return err
+			}
+			if follow {
+				// The server ends a followed stream only when the function
+				// was deleted, it is shutting down, or the token no longer
+				// reads the function: not what --follow's user waits for.
+				fmt.Fprintf(env.Stderr, "plover logs: the server ended the stream (the function was deleted, the server is shutting down, or the token no longer reads %s)\n", args[0])
+			}
+			return nil
 		},
 	}
 }
