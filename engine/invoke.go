@@ -88,6 +88,19 @@ func (p Pin) InvokeSince(ctx context.Context, req *call.Request, t0 time.Time) e
 // Release ends the pin.
 func (p Pin) Release() { p.v.pool.unref() }
 
+// Unready is the error a request to the pinned version would fail with
+// now before it ran, for what only a redeploy or time mends: its bundle
+// or library refused, or its crashes' back-off; nil when a request may
+// run (a version not loaded yet is loaded by its first request). It waits
+// for nothing: a model's readiness (the Open Inference Protocol's
+// ModelReady, /v2/models/NAME/ready) asks it.
+func (p Pin) Unready(now time.Time) error {
+	if rf := p.v.refused.Load(); rf != nil {
+		return rf
+	}
+	return p.v.pool.backingOff(now)
+}
+
 // invoke runs req on v, a version of f the caller holds a reference on,
 // until deadline (never zero: the entry points applied the default); t0
 // is when the request reached the engine. It resolves what runs (the

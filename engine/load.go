@@ -26,7 +26,7 @@ type loadState struct {
 	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
 	loaded   atomic.Bool
 	loadErr  error                         // a permanent refusal (invalid bundle), not an outage
-	refused  atomic.Pointer[errdefs.Error] // a device refused the library: as permanent
+	refused  atomic.Pointer[errdefs.Error] // a device refused the library, or load refused the bundle (loadErr): as permanent
 
 	dir       string
 	manifest  *abi.Manifest
@@ -63,7 +63,9 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		case errors.As(err, &fe):
 			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &be): // the bundle itself is refused: that will not change
-			v.loadErr = errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
+			rf := errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
+			v.loadErr = rf
+			v.refused.Store(rf) // for Pin.Unready, which takes no lock
 			return v.loadErr
 		default: // local trouble (disk full, a race with eviction): try again later
 			e.cfg.Log.Error("cannot prepare bundle", "function", v.fn.name, "sha256", v.rec.SHA256[:12], "error", err)

@@ -370,7 +370,9 @@ func (s *Server) ServerMetadata(context.Context, *pb.ServerMetadataRequest) (*pb
 }
 
 // ModelReady is a model's /ready: it exists (in the version asked, if
-// any) and the devices are healthy.
+// any), a request to it may run now (pipeline.Pin.Unready: not a function
+// whose load failed for good, nor one backing off), and the devices are
+// healthy.
 func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb.ModelReadyResponse, error) {
 	// Not cut by the call's end: a client past its deadline resets the
 	// stream a little before it, which must read as the deadline's 504.
@@ -378,9 +380,10 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 	if err != nil {
 		return nil, s.statusOf(ctx, err, "ModelReady")
 	}
+	unready := pin.Unready(time.Now())
 	pin.Release()
 	ok, _ := s.door.Health()
-	return &pb.ModelReadyResponse{Ready: ok}, nil
+	return &pb.ModelReadyResponse{Ready: ok && unready == nil}, nil
 }
 
 // ModelMetadata is a model's current version and tensors.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
@@ -137,13 +138,18 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version call.Name, acti
 		return
 	}
 	cur := pin.Version()
+	unready := action == "ready" && pin.Unready(time.Now()) != nil
 	pin.Release()
 	switch action {
 	case "":
 		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"name": fn, "versions": []string{cur.ID}, "platform": "plover",
 			"inputs": ts.Inputs, "outputs": ts.Outputs})
 	case "ready":
+		// Ready: the devices healthy, and a request to the model may run
+		// now (not a function whose load failed for good, nor one backing
+		// off: pipeline.Pin.Unready).
 		ok, _ := s.door.Health()
+		ok = ok && !unready
 		code := fasthttp.StatusOK
 		if !ok {
 			code = fasthttp.StatusServiceUnavailable

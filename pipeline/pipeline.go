@@ -346,6 +346,22 @@ func (p Pin) Release() {
 	p.top.Release()
 }
 
+// Unready is the error a request would fail with now before it ran, for
+// what only a redeploy or time mends (engine.Pin.Unready): the function's,
+// or for a pipeline the first of its functions' that has one; nil when a
+// request may run.
+func (p Pin) Unready(now time.Time) error {
+	if err := p.top.Unready(now); err != nil || p.plan == nil {
+		return err
+	}
+	for _, fp := range p.plan.pins {
+		if err := fp.Unready(now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Pipeline reports whether the pin is a pipeline's.
 func (p Pin) Pipeline() bool { return p.plan != nil }
 
