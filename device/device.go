@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -265,9 +266,31 @@ const rejectMark = "\x1e"
 // input when plover_reject made it, a failure otherwise.
 func chainError(msg string) *KernelError {
 	if m, ok := strings.CutPrefix(msg, rejectMark); ok {
-		return &KernelError{Msg: m, Rejected: true}
+		return &KernelError{Msg: wholeCharacters(m), Rejected: true}
 	}
 	return &KernelError{Msg: msg}
+}
+
+// rejectMax is how many bytes of its message plover_reject keeps (plover.h).
+const rejectMax = 255
+
+// wholeCharacters is a refusal's message without the UTF-8 character
+// plover_reject's cut at rejectMax bytes split, if it split one: the
+// message is the client's answer (JSON, a gRPC status), and half a
+// character there is an invalid string.
+func wholeCharacters(m string) string {
+	if len(m) < rejectMax {
+		return m
+	}
+	for i := 1; i <= utf8.UTFMax && i <= len(m); i++ {
+		if utf8.RuneStart(m[len(m)-i]) {
+			if !utf8.FullRuneInString(m[len(m)-i:]) {
+				return m[:len(m)-i]
+			}
+			break
+		}
+	}
+	return m
 }
 
 // onThread keeps the calling goroutine on its OS thread until the
@@ -291,7 +314,12 @@ func hookError(name, msg string) *KernelError {
 
 // unmarked is a bundle's message without plover_reject's mark, where a
 // refusal counts as a failure (a hook's, one beside a CUDA error).
-func unmarked(msg string) string { return strings.TrimPrefix(msg, rejectMark) }
+func unmarked(msg string) string {
+	if m, ok := strings.CutPrefix(msg, rejectMark); ok {
+		return wholeCharacters(m)
+	}
+	return msg
+}
 
 // ErrUnhealthy marks a device that can no longer run requests.
 var ErrUnhealthy = errors.New("device unhealthy")

@@ -65,7 +65,7 @@ static double ledger_event(int change) {
  * the same on both targets. Zero-sized buffers still get a valid pointer. */
 void *plover_host_alloc(size_t n) {
   void *p = NULL;
-  if (posix_memalign(&p, 256, n ? n : 1) != 0) return NULL;
+  if (posix_memalign(&p, PLOVER_HOST_ALIGN, n ? n : 1) != 0) return NULL;
   memset(p, 0, n ? n : 1);
   return p;
 }
@@ -132,16 +132,20 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
   if (s->checked) plover_checked_place(s);
   uint8_t *out_dat = s->st.out.dat; /* where the chain writes this request's out */
   t->copied = 0;
-  if (in_place) {
-    /* This request's input and out are where they already are (a worker's
-     * slot): the chain works on them; the next request's begin points the
-     * state back at whatever it is given. */
-    if (in) s->st.input.dat = (uint8_t *)in;
-    if (out) s->st.out.dat = out_dat = (uint8_t *)out;
-  } else if (in_len) {
+  /* This request's input and out are where they already are (a worker's
+   * slot): the chain works on them there, if they start 256-byte aligned
+   * as every buffer the chain sees does (plover.h); a slot's out starts
+   * max_input_bytes in, which may not be, and is then copied as out of
+   * place. The next request's begin points the state back at whatever it
+   * is given. */
+  if (in_place && in && (uintptr_t)in % PLOVER_HOST_ALIGN == 0)
+    s->st.input.dat = (uint8_t *)in;
+  else if (in_len) {
     memcpy(s->st.input.dat, in, in_len);
     t->copied += in_len;
   }
+  if (in_place && out && (uintptr_t)out % PLOVER_HOST_ALIGN == 0)
+    s->st.out.dat = out_dat = (uint8_t *)out;
   if ((zero & PLOVER_ZERO_TMP) && tmp_len) memset(s->st.tmp.dat, 0, tmp_len);
   if ((zero & PLOVER_ZERO_OUT) && out_len) memset(s->st.out.dat, 0, out_len);
   int64_t t1 = now_ns();
@@ -156,7 +160,7 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
   }
   size_t used = plover_state_out_used(s, out_len);
   int64_t t2 = now_ns();
-  if (!in_place && !err && used <= out_len && used) {
+  if (out_dat != (uint8_t *)out && !err && used <= out_len && used) {
     memcpy(out, out_dat, used);
     t->copied += used;
   }

@@ -43,6 +43,10 @@ void plover_host_process_clock(void);
 #define PLOVER_ZERO_OUT 2
 #define PLOVER_IN_PLACE 4
 
+/* Where every buffer a chain sees starts: cudaMalloc's alignment, which
+ * plover.h promises on both targets. */
+#define PLOVER_HOST_ALIGN 256
+
 /* The state entries see: st, reset from base before every request. ABI 1
  * bundles get the ABI 1 view, which is ABI 2's state from input to stream. */
 typedef struct {
