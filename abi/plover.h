@@ -1,5 +1,5 @@
 /*
- * plover.h — the Plover bundle ABI, version 2.1.
+ * plover.h — the Plover bundle ABI, version 2.2.
  *
  * A bundle is a shared library of entry points plus a manifest (plover.json)
  * naming the chain to run. For every request the runtime fills a
@@ -32,6 +32,9 @@
  *   s->instance  yours: what plover_instance_init left there (else NULL).
  *   s->items     (2.1) how many requests this run holds, when the function
  *                batches (see BATCHING); 0 when it does not.
+ *
+ * input, constant, tmp and out each start 256-byte aligned (cudaMalloc's
+ * alignment) on both targets.
  *
  * The runtime resets every field before each request, so an entry that
  * changes one (other than the dat bytes) affects only the current request.
@@ -88,7 +91,7 @@
  * BATCHING (2.1). A bundle that defines PLOVER_BATCHED(n) in one source
  * file says its chain handles up to n requests in one run; its manifest's
  * "batch" section (max_items <= n, item_input_bytes, item_output_bytes)
- * turns batching on. The runtime then gathers concurrent requests, each
+ * turns batching on; one without the other is refused at deploy. The runtime then gathers concurrent requests, each
  * exactly item_input_bytes, and runs them as one chain: s->items = k
  * (1..max_items), input = the k inputs back to back (len k *
  * item_input_bytes), out = k outputs back to back (len k *
@@ -110,7 +113,8 @@
  * same way. 2.2: an entry that finds its input malformed refuses it with
  * plover_reject(s, "message") and returns: the request fails as the
  * client's fault (HTTP 422 invalid_input, gRPC InvalidArgument) with the
- * message, up to 255 bytes of it, copied (it may be built on the stack).
+ * message, up to 255 bytes of it (less a UTF-8 character the cut splits),
+ * copied (it may be built on the stack).
  * The first failure or refusal of a request wins; a refusal in a hook is a
  * failure. Field names and the buf_t/state_t aliases match PyPlover, so its
  * kernels port by recompiling.
@@ -237,13 +241,16 @@ static inline const char *plover_take_device_error_(void) { return NULL; }
 #define PLOVER_BATCHED(n) \
   PLOVER_EXPORT const uint32_t plover_max_items = (n)
 
-/* Records a failure for this request (or hook); msg must be a string literal
- * or otherwise outlive the call. The first failure wins. */
+/* Records a failure for this request (or hook); msg is NOT copied: the
+ * runtime reads it after the whole chain (or the hook) has returned, so it
+ * must be a string literal or static storage, never the entry's stack. The
+ * first failure wins. */
 PLOVER_EXTERN_C void plover_set_error_(const char *msg);
 #define plover_fail(s, msg) ((void)(s), plover_set_error_(msg))
 
 /* 2.2: refuses this request's input as the client's fault (HTTP 422); msg
- * is copied, up to 255 bytes. The first failure or refusal wins. */
+ * is copied, up to 255 bytes (a UTF-8 character cut there is dropped). The
+ * first failure or refusal wins. */
 PLOVER_EXTERN_C void plover_set_reject_(const char *msg);
 #define plover_reject(s, msg) ((void)(s), plover_set_reject_(msg))
 
