@@ -91,15 +91,16 @@
  * BATCHING (2.1). A bundle that defines PLOVER_BATCHED(n) in one source
  * file says its chain handles up to n requests in one run; its manifest's
  * "batch" section (max_items <= n, item_input_bytes, item_output_bytes)
- * turns batching on; one without the other is refused at deploy. The runtime then gathers concurrent requests, each
- * exactly item_input_bytes, and runs them as one chain: s->items = k
- * (1..max_items), input = the k inputs back to back (len k *
- * item_input_bytes), out = k outputs back to back (len k *
- * item_output_bytes); request i gets out bytes [i * item_output_bytes,
- * (i + 1) * item_output_bytes). Launch for s->items, read sizes from the
- * lengths, and leave out.len as it is. On CUDA, k may be rounded up to a
- * power of two (the extra inputs are zero, their outputs dropped) so that
- * few graph recordings cover every batch size. A run that fails fails every
+ * turns batching on; one without the other is refused at deploy. The
+ * runtime then gathers concurrent requests, each exactly item_input_bytes,
+ * and runs them as one chain: s->items = k (1..max_items), input = the k
+ * inputs back to back (len k * item_input_bytes), out = k outputs back to
+ * back (len k * item_output_bytes); request i gets out bytes
+ * [i * item_output_bytes, (i + 1) * item_output_bytes). Launch for
+ * s->items, read sizes from the lengths, and leave out.len as it is. On
+ * CUDA, k may be rounded up to a power of two (the extra inputs are zero,
+ * their outputs dropped) so that few graph recordings cover every batch
+ * size. A run that fails fails every
  * request in it with the same error, but for a refusal (plover_reject): the
  * runtime then runs each of its requests alone (s->items = 1), so that only
  * the one whose input is refused gets the refusal: its batch-mates' inputs
