@@ -15,7 +15,6 @@ import (
 	"runtime"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -271,27 +270,11 @@ func chainError(msg string) *KernelError {
 	return &KernelError{Msg: msg}
 }
 
-// rejectMax is how many bytes of its message plover_reject keeps (plover.h).
-const rejectMax = 255
-
-// wholeCharacters is a refusal's message without the UTF-8 character
-// plover_reject's cut at rejectMax bytes split, if it split one: the
-// message is the client's answer (JSON, a gRPC status), and half a
-// character there is an invalid string.
-func wholeCharacters(m string) string {
-	if len(m) < rejectMax {
-		return m
-	}
-	for i := 1; i <= utf8.UTFMax && i <= len(m); i++ {
-		if utf8.RuneStart(m[len(m)-i]) {
-			if !utf8.FullRuneInString(m[len(m)-i:]) {
-				return m[:len(m)-i]
-			}
-			break
-		}
-	}
-	return m
-}
+// wholeCharacters is a refusal's message as valid UTF-8: plover_reject
+// cuts it at 255 bytes, which may split a character, and the message is
+// the client's answer (JSON, a gRPC status), where half a character is an
+// invalid string.
+func wholeCharacters(m string) string { return strings.ToValidUTF8(m, "") }
 
 // onThread keeps the calling goroutine on its OS thread until the
 // function it returns is called: a call into a bundle and the reading of
