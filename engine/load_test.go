@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -20,17 +18,9 @@ import (
 // (a dependency missing here) is refused with the loader's reason, naming
 // the library by its name in the bundle, not by its path in the node cache.
 func TestUnloadableLibraryIsNamedByBundleFile(t *testing.T) {
-	dir := t.TempDir()
-	dep := filepath.Join(dir, "dep.c")
-	os.WriteFile(dep, []byte("int plover_probe_dep(void) { return 1; }\n"), 0o644)
-	testkit.BuildLib(t, dep, dir, "libploverdep.so")
 	m := testkit.Manifest("fn")
-	bdir := t.TempDir()
-	testkit.BuildLib(t, testkit.KernelsSource(), bdir, m.Library, "-L"+dir, "-Wl,--no-as-needed", "-lploverdep")
-	testkit.WriteManifest(t, bdir, m)
-	os.Remove(filepath.Join(dir, "libploverdep.so"))
 	e := testkit.Engine(t, engine.Config{})
-	testkit.Deploy(t, e, bdir)
+	testkit.Deploy(t, e, testkit.UnloadableBundleDir(t, m))
 	err := e.Invoke(context.Background(), "fn", &call.Request{Input: []byte("x")})
 	var re *errdefs.Error
 	if !errors.As(err, &re) || re.Kind != errdefs.KindInvalid {

@@ -20,17 +20,8 @@ import (
 // model that failed to load; both answered 200 ready. A function beside
 // it stays ready.
 func TestModelReadyOfAFunctionThatFailedToLoad(t *testing.T) {
-	dir := t.TempDir()
-	dep := filepath.Join(dir, "dep.c")
-	os.WriteFile(dep, []byte("int plover_probe_dep(void) { return 1; }\n"), 0o644)
-	testkit.BuildLib(t, dep, dir, "libploverdep.so")
-	m := testkit.Manifest("broken")
-	bdir := t.TempDir()
-	testkit.BuildLib(t, testkit.KernelsSource(), bdir, m.Library, "-L"+dir, "-Wl,--no-as-needed", "-lploverdep")
-	testkit.WriteManifest(t, bdir, m)
-	os.Remove(filepath.Join(dir, "libploverdep.so"))
 	e := testkit.Engine(t, engine.Config{})
-	testkit.Deploy(t, e, bdir)
+	testkit.Deploy(t, e, testkit.UnloadableBundleDir(t, testkit.Manifest("broken")))
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	pdir := t.TempDir()
 	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "broken"}})

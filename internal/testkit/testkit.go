@@ -143,6 +143,27 @@ func BundleDir(t testing.TB, m *abi.Manifest, consts []byte) string {
 	return dir
 }
 
+// UnloadableBundleDir writes a bundle directory for m whose library passes
+// the static checks but cannot be loaded here: it needs a shared library
+// (libploverdep.so) removed once the bundle's was built, as a dependency
+// missing on a node is.
+func UnloadableBundleDir(t testing.TB, m *abi.Manifest) string {
+	t.Helper()
+	dep := t.TempDir()
+	src := filepath.Join(dep, "dep.c")
+	if err := os.WriteFile(src, []byte("int plover_probe_dep(void) { return 1; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	BuildLib(t, src, dep, "libploverdep.so")
+	dir := t.TempDir()
+	BuildLib(t, KernelsSource(), dir, m.Library, "-L"+dep, "-Wl,--no-as-needed", "-lploverdep")
+	WriteManifest(t, dir, m)
+	if err := os.Remove(filepath.Join(dep, "libploverdep.so")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // WriteManifest writes m as dir/plover.json.
 func WriteManifest(t testing.TB, dir string, m *abi.Manifest) {
 	t.Helper()
