@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -112,16 +111,11 @@ func (t *ThreadGroups) make() error {
 }
 
 // Set moves the calling thread, locked to its goroutine, into level's
-// group (0: the server's). Base must have said yes. Once the workers' CPU
-// weights are off (a failed write), it moves none out of the server's
-// group: workers placed from then on stay in it, at its weight, and a
-// piece moved into an io group would starve behind them.
+// group (0: the server's). Base must have said yes. (Whether to move one
+// at all is the caller's: ioshare asks Config.Weighing, CPUGroups.On.)
 func (t *ThreadGroups) Set(level int) error {
 	if level < 0 || level >= len(t.tasks) || t.tasks[level] == nil {
 		return fmt.Errorf("no CPU group for thread level %d", level)
-	}
-	if level > 0 && t.g.off() {
-		return errWeightsOff
 	}
 	f := t.tasks[level]
 	if _, err := f.WriteString("0"); err != nil {
@@ -129,10 +123,6 @@ func (t *ThreadGroups) Set(level int) error {
 	}
 	return nil
 }
-
-// errWeightsOff is Set's refusal to move a thread out of the server's
-// group once the workers' CPU weights are off.
-var errWeightsOff = errors.New("worker CPU weights are off: threads stay in the server's group")
 
 // close closes the groups' files (CPUGroups.Close removes the groups); a
 // Set after it fails, and its thread stays where it is.

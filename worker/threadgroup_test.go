@@ -1,13 +1,18 @@
 package worker
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"log/slog"
+
+	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/sched"
 )
 
 // threadGroup is the calling thread's cpu group under cgroup v1.
@@ -111,25 +116,30 @@ func TestThreadGroupsStayHomeOnceWeightsAreOff(t *testing.T) {
 	if m := g.Mechanism(); m != "off" {
 		t.Fatalf("Mechanism %q after a failure, want off", m)
 	}
-	type seen struct {
-		during, after string
-		setErr        error
+	// A function's piece beside another's, as the server moves them
+	// (ioshare asks Weighing, which the server sets to CPUGroups.On).
+	sh := ioshare.New(ioshare.Config{Slots: 3, Hold: time.Minute, Threads: tg, Weighing: g.On,
+		Nice: func(float64, sched.Class) int { return 10 }})
+	f, other := sh.Flow("f"), sh.Flow("other")
+	f.Set(1, sched.Default)
+	busy, err := other.Turn(context.Background(), time.Time{}, nil, false)
+	if err != nil {
+		t.Fatal(err)
 	}
-	c := make(chan seen)
+	defer busy.Done()
+	c := make(chan [2]string)
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		var s seen
-		s.setErr = tg.Set(10)
-		s.during = threadGroup(t)
-		if err := tg.Set(0); err != nil {
+		tn, err := f.Turn(context.Background(), time.Time{}, nil, false)
+		if err != nil {
 			t.Error(err)
 		}
-		s.after = threadGroup(t)
-		c <- s
+		during := threadGroup(t)
+		tn.Done()
+		c <- [2]string{during, threadGroup(t)}
 	}()
-	s := <-c
-	if s.during != server || s.setErr == nil || s.after != server {
-		t.Fatalf("with the weights off, Set(10) said %v and left the thread in %q (after: %q); want an error and %q", s.setErr, s.during, s.after, server)
+	if s := <-c; s[0] != server || s[1] != server {
+		t.Fatalf("with the weights off, a function's piece moved on a thread in %q (after: %q); want %q, the server's", s[0], s[1], server)
 	}
 }
