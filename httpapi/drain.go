@@ -166,12 +166,19 @@ func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 
 // cutWaiting ends the reads of the connections that wait for a request.
 // Run again until the server is down: fasthttp sets a new connection's
-// read deadline as it starts to read, over a cut made just before.
+// read deadline as it starts to read, over a cut made just before. A
+// connection whose request's first bytes had come before the cut, not
+// yet read by its goroutine (just accepted, or not yet scheduled), is
+// reading one: it is served, as it would have been a moment earlier.
 func (cs *connSet) cutWaiting() {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.conns.Range(func(k, _ any) bool {
-		if d := k.(*drainConn); d.state.CompareAndSwap(connWaiting, connCut) || d.state.Load() == connCut {
+		d := k.(*drainConn)
+		if d.state.Load() == connWaiting && peek(d.Conn) == peekBytes {
+			d.state.CompareAndSwap(connWaiting, connReading)
+		}
+		if d.state.CompareAndSwap(connWaiting, connCut) || d.state.Load() == connCut {
 			d.SetReadDeadline(longAgo)
 		}
 		return true

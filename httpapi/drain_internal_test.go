@@ -103,3 +103,70 @@ func TestDrainWrapperKeepsTheSocketOnlyWithoutTLS(t *testing.T) {
 		})
 	}
 }
+
+// The drain cuts a connection that waits for a request only when nothing
+// of one has come: a request whose first bytes reached the socket before
+// the cut, but which its goroutine had not read yet (just accepted, not
+// yet scheduled), is left to be read and served; a silent connection's
+// reads end at once.
+func TestDrainCutsOnlyConnectionsWithNothingSent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		name  string
+		sent  []byte
+		state int32
+	}{
+		{"silent", nil, connCut},
+		{"a request's first bytes", []byte("PUT /v1/functions/late HTTP/1.1\r\nHo"), connReading},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cs connSet
+			dl := cs.listener(ln)
+			client, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			c, err := dl.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if tc.sent != nil {
+				if _, err := client.Write(tc.sent); err != nil {
+					t.Fatal(err)
+				}
+				// On loopback the bytes are in the server's socket once
+				// a peek sees one (the write returned: they are sent).
+				for end := time.Now().Add(5 * time.Second); peek(c) != peekBytes; time.Sleep(time.Millisecond) {
+					if time.Now().After(end) {
+						t.Fatal("the client's bytes never reached the server's socket")
+					}
+				}
+			}
+			cs.cutWaiting()
+			d := drainOf(c)
+			if got := d.state.Load(); got != tc.state {
+				t.Fatalf("state after the cut: %d, want %d", got, tc.state)
+			}
+			if tc.state != connCut {
+				c.SetReadDeadline(time.Now().Add(2 * time.Second)) // a bound for the read below
+			}
+			buf := make([]byte, 64)
+			n, err := c.Read(buf)
+			if tc.state == connCut {
+				if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+					t.Fatalf("a cut connection's read: %d bytes, %v; want a timeout", n, err)
+				}
+				return
+			}
+			if string(buf[:n]) != string(tc.sent) {
+				t.Fatalf("read %q (%v), want %q", buf[:n], err, tc.sent)
+			}
+		})
+	}
+}

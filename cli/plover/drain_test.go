@@ -109,9 +109,16 @@ func TestSIGTERMFinishesInFlightDeploy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The count includes the connection metric itself keeps open.
+	open := metric(t, srv.url, "plover_connections_open")
 	c := dial(t, strings.TrimPrefix(srv.url, "http://"))
 	half := len(b) / 2
 	send(t, c, append(fmt.Appendf(nil, "PUT /v1/functions/late HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/vnd.plover.bundle+zstd\r\nContent-Length: %d\r\n\r\n", len(b)), b[:half]...))
+	// Accepted: a connection still in the listen queue as the drain
+	// closes the listener is reset by the kernel, its request never begun.
+	waitFor(t, 10*time.Second, "the server to accept the deploy's connection", func() bool {
+		return metric(t, srv.url, "plover_connections_open") > open
+	})
 	srv.cmd.Process.Signal(syscall.SIGTERM)
 	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
 	// The rest comes after the drain began (fasthttp cancelled its
