@@ -77,6 +77,7 @@ type serveFlags struct {
 	sched, schedPolicy, evictPolicy                  string
 	deviceRuns, ioSlots                              int
 	cpuWeights                                       bool
+	lightBoost                                       float64
 	cgroupRoot                                       string
 	repository, repositoryName                       string
 	repositoryPoll, repositorySettle                 time.Duration
@@ -134,6 +135,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.evictPolicy, "evict", evict.Default, "what goes first when a device is short of memory, one of the registered policies: "+strings.Join(evict.Names(), ", ")+" (idle instances before programs; lru: least recently used first; largest: the most memory first)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
+			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights and --worker-max-pids)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where the server's threads can be weighed as the workers': by nice level where the workers' weights are nice levels, by moving a piece's thread into a CPU group at its function's weight under cgroup v1; off under cgroup v2, where on keeps the server's weight, or without CPU weights)")

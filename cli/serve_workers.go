@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -86,11 +87,15 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	} else if f.mps {
 		log.Warn("--mps applies to CUDA devices only; ignored")
 	}
+	if f.lightBoost < 1 || math.IsNaN(f.lightBoost) || math.IsInf(f.lightBoost, 0) {
+		return nil, nil, nil, fmt.Errorf("--light-boost %g: want 1 (off) or more", f.lightBoost)
+	}
 	spawner := contain.NewSpawner()
 	containTrees(spawner, f, mps, log)
 	var cpu *worker.CPUGroups
 	if f.cpuWeights {
 		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
+		cpu.StartBoost(f.lightBoost)
 	}
 	uid := os.Getuid()
 	if drop != nil {

@@ -41,6 +41,13 @@ type CPUGroups struct {
 	mu      sync.Mutex
 	broken  error         // set once a write failed: logged once, then not tried again
 	threads *ThreadGroups // the server's threads' groups (Threads), once asked for
+	live    map[*Group]struct{}
+
+	// The light workers' boost (StartBoost): its factor, and its loop's
+	// stop and end.
+	boost     float64
+	stopBoost chan struct{}
+	boostDone chan struct{}
 }
 
 // Where cgroup hierarchies are mounted and where the kernel says which
@@ -239,20 +246,27 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 	if g == nil || g.off() {
 		return nil
 	}
+	c := &Group{g: g, pid: pid}
+	c.base = w
 	if g.nice {
-		c := &Group{g: g, pid: pid}
 		c.setWeight(w, "")
-		return c
-	}
-	dir := filepath.Join(g.dir, strconv.Itoa(pid))
-	if err := g.writeGroup(dir, pid, g.value(w)); err != nil {
-		os.Remove(dir)
-		if !errors.Is(err, syscall.ESRCH) {
-			g.fail(err, "cannot place a worker in a cgroup", "pid", pid)
+	} else {
+		c.dir = filepath.Join(g.dir, strconv.Itoa(pid))
+		if err := g.writeGroup(c.dir, pid, g.value(w)); err != nil {
+			os.Remove(c.dir)
+			if !errors.Is(err, syscall.ESRCH) {
+				g.fail(err, "cannot place a worker in a cgroup", "pid", pid)
+			}
+			return nil
 		}
-		return nil
 	}
-	return &Group{g: g, dir: dir}
+	g.mu.Lock()
+	if g.live == nil {
+		g.live = map[*Group]struct{}{}
+	}
+	g.live[c] = struct{}{}
+	g.mu.Unlock()
+	return c
 }
 
 // On reports whether the workers' CPU weights are in force: not turned off
@@ -278,8 +292,9 @@ func (g *CPUGroups) fail(err error, msg string, args ...any) {
 // Group is one worker's cgroup, or its process with nice levels.
 type Group struct {
 	g   *CPUGroups
-	dir string
-	pid int // nice levels
+	dir string // cgroups
+	pid int
+	boostState
 }
 
 // Weigh sets the group's weight for m's function (Weight). It is written
@@ -296,26 +311,62 @@ func (c *Group) Weigh(m *abi.Manifest) {
 // with it.
 func (c *Group) Dying() { c.setWeight(1, "") }
 
+// setWeight sets the weight of the function(s) the worker runs (its
+// boost, if it has one, on top).
 func (c *Group) setWeight(w float64, function string) {
 	if c == nil {
 		return
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.base, c.function = w, function
+	c.writeWeight()
+}
+
+// writeWeight writes c's weight, under c.mu.
+func (c *Group) writeWeight() {
+	w := c.base
+	if c.boosted {
+		w *= c.g.boost
+	}
 	if c.g.nice {
-		if err := renice(c.pid, NiceLevel(w)); err != nil && !errors.Is(err, syscall.ESRCH) {
-			c.g.fail(err, "cannot set a worker's nice level", "function", function)
+		// The processes the worker started get its level too: they would
+		// keep the level they were forked at (a boosted one, say) for good.
+		for i, pid := range procTree(c.pid) {
+			if err := renice(pid, NiceLevel(w)); err != nil && !errors.Is(err, syscall.ESRCH) && i == 0 {
+				c.g.fail(err, "cannot set a worker's nice level", "function", c.function)
+			}
 		}
 		return
 	}
 	err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(w)), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
-		c.g.fail(err, "cannot set a worker's CPU weight", "function", function)
+		c.g.fail(err, "cannot set a worker's CPU weight", "function", c.function)
 	}
+}
+
+// Exited says the group's process exited (not yet reaped): nothing is
+// written for it from now on.
+func (c *Group) Exited() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.g.mu.Lock()
+	delete(c.g.live, c)
+	c.g.mu.Unlock()
 }
 
 // Remove removes the group once its process has exited. An empty group
 // goes; one still holding a process that forked away is left for Close's
 // sweep.
 func (c *Group) Remove() {
+	c.Exited()
 	if c != nil && c.dir != "" {
 		os.Remove(c.dir)
 	}
@@ -391,7 +442,15 @@ func (g *CPUGroups) writeGroup(dir string, pid int, v string) error {
 
 // Close removes the server's groups (every worker is gone by then).
 func (g *CPUGroups) Close() {
-	if g == nil || g.nice {
+	if g == nil {
+		return
+	}
+	if g.stopBoost != nil {
+		close(g.stopBoost)
+		<-g.boostDone
+		g.stopBoost = nil
+	}
+	if g.nice {
 		return
 	}
 	g.mu.Lock()

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
@@ -116,13 +115,10 @@ func TestCPUWeightsByNiceLevel(t *testing.T) {
 			t.Fatalf("worker %d's threads: %v (%d)", pid, err, len(tasks))
 		}
 		for _, task := range tasks {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			f, err := statFields(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The fields after the command's closing parenthesis: nice is
-			// the 19th field of the line, the 17th after it.
-			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 			if n, _ := strconv.Atoi(f[16]); n != tc.nice {
 				t.Fatalf("share %v %q: thread %s of worker %d at nice %d, want %d", tc.share, tc.priority, task.Name(), pid, n, tc.nice)
 			}

@@ -338,6 +338,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Lock()
 	contain.KillGroup(p.pid)
 	p.exited = true
+	p.cgroup.Exited()
 	p.gone.Store(true)
 	// What it was doing: a run or a call that saw it die still counts
 	// (they wait for done before they end).

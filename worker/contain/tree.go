@@ -454,18 +454,27 @@ func statOf(pid int) (ppid int, start uint64, ok bool) {
 	return ppid, start, err1 == nil && err2 == nil
 }
 
-// statFields are the fields of /proc/PID/stat after the name, which may
-// hold anything (so they are counted from its last ')'): the state first.
+// statFields are the fields of /proc/PID/stat after the name (StatFields),
+// or nil.
 func statFields(pid int) []string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, _ := StatFields(fmt.Sprintf("/proc/%d/stat", pid))
+	return f
+}
+
+// StatFields are the fields of a /proc stat file (a process's or a
+// thread's) from the third on, the state first: the command name, the
+// second, is in parentheses and may hold anything, so they are those after
+// its last ')'.
+func StatFields(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	i := strings.LastIndexByte(string(b), ')')
 	if i < 0 {
-		return nil
+		return nil, fmt.Errorf("%s: no command name", path)
 	}
-	return strings.Fields(string(b[i+1:]))
+	return strings.Fields(string(b[i+1:])), nil
 }
 
 // noNewPrivs reports whether /proc/PID/status says no_new_privs is set.

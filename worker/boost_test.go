@@ -1,0 +1,195 @@
+package worker
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+)
+
+func TestLightBoosts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cpus float64
+		uses []groupUse
+		want []bool
+	}{
+		// The CNN at one client (0.3 CPU) beside a 4 MB flood, equal
+		// weights, 2 CPUs: each's part is one CPU.
+		{"a light function beside a flood", 2, []groupUse{{1, 0.3, false}, {1, 1.4, false}}, []bool{true, false}},
+		// Shares decide between groups that all want more.
+		{"two floods at 3:1", 2, []groupUse{{3, 1.4, false}, {1, 0.55, false}}, []bool{false, false}},
+		{"an idle function beside two floods", 2, []groupUse{{1, 0, false}, {1, 1, false}, {1, 1, false}}, []bool{true, false, false}},
+		// Boosted, it keeps the boost up to three quarters of its part.
+		{"boosted, at 0.6 of its part", 2, []groupUse{{1, 0.6, true}, {1, 1.4, false}}, []bool{true, false}},
+		{"not boosted, at 0.6 of its part", 2, []groupUse{{1, 0.6, false}, {1, 1.4, false}}, []bool{false, false}},
+		{"boosted, turned heavy", 2, []groupUse{{1, 0.8, true}, {1, 1.2, false}}, []bool{false, false}},
+		// A standby (no weight) is never boosted, nor weighed in.
+		{"a standby", 2, []groupUse{{0, 0, false}, {1, 0.3, false}, {1, 1.5, false}}, []bool{false, true, false}},
+		{"alone and busy", 2, []groupUse{{1, 1.9, false}}, []bool{false}},
+		{"nothing busy", 2, []groupUse{{1, 0, false}, {2, 0, false}}, []bool{true, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := lightBoosts(tc.uses, tc.cpus)
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("boosts %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestCPUTimeCountsEveryThread(t *testing.T) {
+	before, err := cpuTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	for range 2 {
+		go func() {
+			for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); {
+			}
+			done <- struct{}{}
+		}()
+	}
+	<-done
+	<-done
+	after, err := cpuTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two threads spun 150 ms of wall time each; on a busy machine they
+	// got less of a CPU, never none.
+	if after-before < 50*time.Millisecond {
+		t.Fatalf("cpu time rose %v across two threads' spins of 150 ms", after-before)
+	}
+	if _, err := cpuTime(1 << 30); err == nil {
+		t.Fatal("a pid that cannot exist was read")
+	}
+}
+
+// Against a fake v1 hierarchy with real processes: a worker that sleeps
+// beside one that spins, at equal weights, runs boosted (8x its cpu.shares)
+// and the spinner does not; a boost never outlives its process.
+func TestLightWorkerIsBoosted(t *testing.T) {
+	root := t.TempDir()
+	old := cgroupRoot
+	cgroupRoot = root
+	defer func() { cgroupRoot = old }()
+	os.MkdirAll(filepath.Join(root, "cpu"), 0o755)
+	os.WriteFile(filepath.Join(root, "cpu", "cpu.shares"), []byte("1024"), 0o644)
+	g := NewCPUGroups(nil)
+	if g == nil {
+		t.Fatal("no groups on a writable v1 hierarchy")
+	}
+	g.boost = LightBoost // the loop is driven by hand below
+	defer g.Close()
+	spin := exec.Command("sh", "-c", "while :; do :; done")
+	sleep := exec.Command("sleep", "60")
+	for _, c := range []*exec.Cmd{spin, sleep} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Wait()
+		defer c.Process.Kill()
+	}
+	m := &abi.Manifest{Name: "f"}
+	spinner, sleeper := g.Place(spin.Process.Pid, 0), g.Place(sleep.Process.Pid, 0)
+	spinner.Weigh(m)
+	sleeper.Weigh(m)
+	shares := func(c *Group) string { return readString(filepath.Join(c.dir, "cpu.shares")) }
+	// One CPU: the spinner's part is half of it, and it uses more than a
+	// quarter on any machine that runs it at all.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		g.reboost([]*Group{spinner, sleeper}, time.Now(), 1)
+		if shares(spinner) == "1024" && shares(sleeper) == "8192" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("cpu.shares: spinner %s, sleeper %s; want 1024 and 8192", shares(spinner), shares(sleeper))
+		}
+	}
+	// Its own weight changes keep the boost on top.
+	sleeper.Weigh(&abi.Manifest{Name: "f", Share: 2})
+	if got := shares(sleeper); got != "16384" {
+		t.Fatalf("a boosted worker weighed at share 2: cpu.shares %s, want 16384", got)
+	}
+	sleeper.Exited()
+	os.WriteFile(filepath.Join(sleeper.dir, "cpu.shares"), []byte("untouched"), 0o644)
+	sleeper.Weigh(m)
+	g.reboost([]*Group{spinner, sleeper}, time.Now(), 1)
+	if got := shares(sleeper); got != "untouched" {
+		t.Fatalf("a group written after its process exited: cpu.shares %s", got)
+	}
+	g.mu.Lock()
+	_, live := g.live[sleeper]
+	g.mu.Unlock()
+	if live {
+		t.Fatal("an exited group is still read by the boost loop")
+	}
+}
+
+// niceOf is process pid's nice level (its main thread's).
+func niceOf(t *testing.T, pid int) int {
+	t.Helper()
+	f, err := statFields(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(f[16])
+	return n
+}
+
+// With nice levels a worker is its process and the processes under it: a
+// worker whose child spins is not light (its own threads idle), and the
+// child takes its worker's level, boosted or not, rather than keep the one
+// it was forked at.
+func TestLightBoostByNiceLevelCountsTheWorkersChildren(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("lowering a nice level takes CAP_SYS_NICE")
+	}
+	g := &CPUGroups{nice: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
+	parent := exec.Command("sh", "-c", "sh -c 'while :; do :; done' & wait")
+	sleep := exec.Command("sleep", "60")
+	for _, c := range []*exec.Cmd{parent, sleep} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Wait()
+		defer syscall.Kill(c.Process.Pid, syscall.SIGKILL)
+	}
+	var child int
+	for end := time.Now().Add(10 * time.Second); child == 0; time.Sleep(10 * time.Millisecond) {
+		if tree := procTree(parent.Process.Pid); len(tree) > 1 {
+			child = tree[1]
+		} else if time.Now().After(end) {
+			t.Fatal("the spinning child never showed in its parent's tree")
+		}
+	}
+	defer syscall.Kill(child, syscall.SIGKILL)
+	m := &abi.Manifest{Name: "f"}
+	spinner, sleeper := g.Place(parent.Process.Pid, 0), g.Place(sleep.Process.Pid, 0)
+	spinner.Weigh(m)
+	sleeper.Weigh(m)
+	if n := niceOf(t, child); n != 10 {
+		t.Fatalf("the worker's child at nice %d once its worker took a default function, want 10", n)
+	}
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		g.reboost([]*Group{spinner, sleeper}, time.Now(), 1)
+		if !spinner.boosted && sleeper.boosted && niceOf(t, child) == 10 && niceOf(t, sleep.Process.Pid) == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("boosted: spinner's worker %v (child at nice %d), sleeper %v (nice %d); want false (10), true (1)",
+				spinner.boosted, niceOf(t, child), sleeper.boosted, niceOf(t, sleep.Process.Pid))
+		}
+	}
+}
