@@ -79,7 +79,7 @@ const LightBoost = 8
 // StartBoost starts boosting light workers by factor (1 or less: none),
 // until Close. Call it once, before workers are placed.
 func (g *CPUGroups) StartBoost(factor float64) {
-	if g == nil || factor <= 1 {
+	if g == nil || factor <= 1 || g.nice && !g.lower { // a boost must be taken back
 		return
 	}
 	g.boost = factor

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -156,7 +157,7 @@ func TestLightBoostByNiceLevelCountsTheWorkersChildren(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("lowering a nice level takes CAP_SYS_NICE")
 	}
-	g := &CPUGroups{nice: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
+	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
 	parent := exec.Command("sh", "-c", "sh -c 'while :; do :; done' & wait")
 	sleep := exec.Command("sleep", "60")
 	for _, c := range []*exec.Cmd{parent, sleep} {
@@ -191,5 +192,76 @@ func TestLightBoostByNiceLevelCountsTheWorkersChildren(t *testing.T) {
 			t.Fatalf("boosted: spinner's worker %v (child at nice %d), sleeper %v (nice %d); want false (10), true (1)",
 				spinner.boosted, niceOf(t, child), sleeper.boosted, niceOf(t, sleep.Process.Pid))
 		}
+	}
+}
+
+// onThreadAs runs f on a thread of its own whose user is uid (and so,
+// from root, without capabilities: credentials are a thread's on Linux,
+// and a raw system call changes only the caller's); the thread ends with
+// it. It is how an unprivileged server is tried from a root test.
+func onThreadAs(t *testing.T, uid int, f func()) {
+	t.Helper()
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+			done <- e
+			return
+		}
+		f()
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An unprivileged server (a pod's) cannot take a nice level back down: its
+// workers' levels only rise. A standby stays at the server's level, so
+// that the function it takes gets its own level (from 19 it could not come
+// back to 10, and the failure turned every worker's weight off); a worker
+// whose weight grows keeps its level; nothing fails, and no boost starts.
+func TestNiceLevelsOnlyRiseWithoutPrivilege(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("tried from root, on a thread made unprivileged")
+	}
+	const nobody = 65534
+	sleep := exec.Command("sleep", "60")
+	sleep.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleep.Wait()
+	defer sleep.Process.Kill()
+	pid := sleep.Process.Pid
+	var g *CPUGroups
+	var levels []int
+	onThreadAs(t, nobody, func() {
+		g = &CPUGroups{nice: true, log: slog.New(slog.DiscardHandler)}
+		g.base, g.lower = tryNice() // serverNice's, on this thread
+		if g.lower {
+			return
+		}
+		g.StartBoost(LightBoost)
+		c := g.Place(pid, 0) // a standby
+		levels = append(levels, niceOf(t, pid))
+		c.Weigh(&abi.Manifest{Name: "f"})
+		levels = append(levels, niceOf(t, pid))
+		c.setWeight(3, "f,g") // a tenant's worker with a second function busy
+		levels = append(levels, niceOf(t, pid))
+		c.setWeight(1.0/8, "h") // a batch function alone
+		levels = append(levels, niceOf(t, pid))
+	})
+	if g.lower {
+		t.Fatal("an unprivileged thread could take its nice level back down")
+	}
+	if want := []int{0, 10, 10, 19}; fmt.Sprint(levels) != fmt.Sprint(want) {
+		t.Fatalf("the worker's levels as a standby, a default function, heavier, a batch one: %v, want %v", levels, want)
+	}
+	if g.Mechanism() != "nice" {
+		t.Fatalf("mechanism %q after the writes, want nice (nothing failed)", g.Mechanism())
+	}
+	if g.stopBoost != nil {
+		t.Fatal("a boost started where levels cannot be taken back")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,7 +37,14 @@ type CPUGroups struct {
 	file string // "cpu.shares" (v1) or "cpu.weight" (v2)
 	v2   bool
 	nice bool // no cgroups: nice levels per worker thread
-	log  *slog.Logger
+	// With nice levels: the server's own level, below which no worker
+	// goes, and whether a level may be taken back down once raised
+	// (CAP_SYS_NICE, or an RLIMIT_NICE that allows it). Without, a level
+	// only rises: a standby stays at the server's level, and a worker
+	// whose weight grows keeps the level it has.
+	base  int
+	lower bool
+	log   *slog.Logger
 
 	mu      sync.Mutex
 	broken  error         // set once a write failed: logged once, then not tried again
@@ -73,8 +81,45 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 	if g := newCgroups(log); g != nil {
 		return g
 	}
-	log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
-	return &CPUGroups{nice: true, log: log}
+	g := &CPUGroups{nice: true, log: log}
+	g.base, g.lower = serverNice()
+	if g.lower {
+		log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
+	} else {
+		log.Info("worker CPU weights by nice level, raised only: each worker's threads get the nice level of its function's share and priority, but a level cannot be taken back down here (no CAP_SYS_NICE or RLIMIT_NICE), so standby workers stay at the server's level, a worker whose weight grows keeps the level it has, and light workers get no boost (cgroups cannot be written here; see the line before)",
+			"server_nice", g.base)
+	}
+	return g
+}
+
+// serverNice is the nice level of this process's threads, and whether it
+// may take a level back down once raised (tryNice, on a thread of its own
+// that ends with its goroutine either way). A worker's RLIMIT_NICE is the
+// server's, so what holds for the server's thread holds for its workers.
+func serverNice() (level int, lower bool) {
+	type answer struct {
+		level int
+		lower bool
+	}
+	c := make(chan answer)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		level, lower := tryNice()
+		c <- answer{level, lower}
+	}()
+	a := <-c
+	return a.level, a.lower
+}
+
+// tryNice is the calling thread's nice level, and whether it could raise
+// it by one and take it back; the thread may be left at the raised level.
+func tryNice() (level int, lower bool) {
+	raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
+	if err != nil {
+		return 0, false
+	}
+	n := 20 - raw // the system call's value is 20 - nice
+	return n, n < 19 && syscall.Setpriority(syscall.PRIO_PROCESS, 0, n+1) == nil && syscall.Setpriority(syscall.PRIO_PROCESS, 0, n) == nil
 }
 
 // Mechanism says how worker CPU weights are applied: "cgroup v2", "cgroup
@@ -249,7 +294,10 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 	c := &Group{g: g, pid: pid}
 	c.base = w
 	if g.nice {
-		c.setWeight(w, "")
+		c.level = g.base      // inherited from the server
+		if w > 0 || g.lower { // a standby that could not come back down stays
+			c.setWeight(w, "")
+		}
 	} else {
 		c.dir = filepath.Join(g.dir, strconv.Itoa(pid))
 		if err := g.writeGroup(c.dir, pid, g.value(w)); err != nil {
@@ -291,9 +339,10 @@ func (g *CPUGroups) fail(err error, msg string, args ...any) {
 
 // Group is one worker's cgroup, or its process with nice levels.
 type Group struct {
-	g   *CPUGroups
-	dir string // cgroups
-	pid int
+	g     *CPUGroups
+	dir   string // cgroups
+	pid   int
+	level int // nice levels: the worker's, as last set (under mu)
 	boostState
 }
 
@@ -333,10 +382,18 @@ func (c *Group) writeWeight() {
 		w *= c.g.boost
 	}
 	if c.g.nice {
+		level := NiceLevel(w)
+		if !c.g.lower {
+			level = max(level, c.level) // it cannot come back down
+		}
 		// The processes the worker started get its level too: they would
 		// keep the level they were forked at (a boosted one, say) for good.
 		for i, pid := range procTree(c.pid) {
-			if err := renice(pid, NiceLevel(w)); err != nil && !errors.Is(err, syscall.ESRCH) && i == 0 {
+			err := renice(pid, level)
+			if i == 0 && err == nil {
+				c.level = level
+			}
+			if err != nil && !errors.Is(err, syscall.ESRCH) && i == 0 {
 				c.g.fail(err, "cannot set a worker's nice level", "function", c.function)
 			}
 		}
