@@ -4,6 +4,8 @@ import (
 	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/internal/nicelevel"
 )
 
 // NiceLevels weighs a thread by its nice level (a nice level is a
@@ -16,29 +18,9 @@ func (NiceLevels) Set(n int) error {
 }
 
 // Base is the nice level of this process's threads, and whether it may
-// take a thread's level back to it once it raised it (CAP_SYS_NICE, or an
-// RLIMIT_NICE that allows it): without, a thread that moved one piece
-// niced would stay so. Tried on a thread of its own, which ends with its
-// goroutine either way.
-func (l NiceLevels) Base() (int, bool) {
-	type answer struct {
-		level int
-		ok    bool
-	}
-	c := make(chan answer)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		raw, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
-		if err != nil {
-			c <- answer{}
-			return
-		}
-		level := 20 - raw // the system call's value is 20 - nice
-		c <- answer{level, level < 19 && l.Set(level+1) == nil && l.Set(level) == nil}
-	}()
-	a := <-c
-	return a.level, a.ok
-}
+// take a thread's level back to it once it raised it (nicelevel.Probe):
+// without, a thread that moved one piece niced would stay so.
+func (NiceLevels) Base() (int, bool) { return nicelevel.Probe() }
 
 // nice moves the calling goroutine's thread to level n for a piece
 // (Config.Threads), if pieces may move niced and fewer threads than the Go

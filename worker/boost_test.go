@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/nicelevel"
 )
 
 func TestLightBoosts(t *testing.T) {
@@ -238,7 +239,7 @@ func TestNiceLevelsOnlyRiseWithoutPrivilege(t *testing.T) {
 	var levels []int
 	onThreadAs(t, nobody, func() {
 		g = &CPUGroups{nice: true, log: slog.New(slog.DiscardHandler)}
-		g.base, g.lower = tryNice() // serverNice's, on this thread
+		g.base, g.lower = nicelevel.Try() // Probe's, on this thread
 		if g.lower {
 			return
 		}

@@ -7,7 +7,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/nicelevel"
 )
 
 // CPUGroups gives each worker process a CPU weight that follows its
@@ -82,7 +82,7 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 		return g
 	}
 	g := &CPUGroups{nice: true, log: log}
-	g.base, g.lower = serverNice()
+	g.base, g.lower = nicelevel.Probe()
 	if g.lower {
 		log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
 	} else {
@@ -90,36 +90,6 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 			"server_nice", g.base)
 	}
 	return g
-}
-
-// serverNice is the nice level of this process's threads, and whether it
-// may take a level back down once raised (tryNice, on a thread of its own
-// that ends with its goroutine either way). A worker's RLIMIT_NICE is the
-// server's, so what holds for the server's thread holds for its workers.
-func serverNice() (level int, lower bool) {
-	type answer struct {
-		level int
-		lower bool
-	}
-	c := make(chan answer)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		level, lower := tryNice()
-		c <- answer{level, lower}
-	}()
-	a := <-c
-	return a.level, a.lower
-}
-
-// tryNice is the calling thread's nice level, and whether it could raise
-// it by one and take it back; the thread may be left at the raised level.
-func tryNice() (level int, lower bool) {
-	raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
-	if err != nil {
-		return 0, false
-	}
-	n := 20 - raw // the system call's value is 20 - nice
-	return n, n < 19 && syscall.Setpriority(syscall.PRIO_PROCESS, 0, n+1) == nil && syscall.Setpriority(syscall.PRIO_PROCESS, 0, n) == nil
 }
 
 // Mechanism says how worker CPU weights are applied: "cgroup v2", "cgroup
