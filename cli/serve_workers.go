@@ -30,6 +30,9 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 			}
 		}
 	}
+	if f.lightBoost < 1 || math.IsNaN(f.lightBoost) || math.IsInf(f.lightBoost, 0) {
+		return nil, nil, nil, fmt.Errorf("--light-boost %g: want 1 (off) or more", f.lightBoost)
+	}
 	switch f.isolation {
 	case "none":
 		log.Warn("--isolation none: every function runs inside the server process; use it for one trusted tenant only")
@@ -86,9 +89,6 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		}
 	} else if f.mps {
 		log.Warn("--mps applies to CUDA devices only; ignored")
-	}
-	if f.lightBoost < 1 || math.IsNaN(f.lightBoost) || math.IsInf(f.lightBoost, 0) {
-		return nil, nil, nil, fmt.Errorf("--light-boost %g: want 1 (off) or more", f.lightBoost)
 	}
 	spawner := contain.NewSpawner()
 	containTrees(spawner, f, mps, log)

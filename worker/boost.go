@@ -34,40 +34,57 @@ import (
 // boostWindow is how often the groups' use is read and their boosts set.
 const boostWindow = 250 * time.Millisecond
 
-// groupUse is a group's weight and its CPU use in a window, in CPUs.
+// groupUse is a group's weight and its CPU use in a window, in CPUs, if
+// its use could be read (known).
 type groupUse struct {
 	weight, used float64
 	boosted      bool
+	known        bool
 }
 
 // lightBoosts says which groups run boosted in the next window: a group
 // using under half its part of cpus (three quarters, once boosted) is
-// light. A group with no weight (a standby) is never boosted. A group that
-// used almost nothing is no one's competitor: its part is reckoned as if
-// it were the only idle group among the busy.
+// light, its part its weight's among the groups that used any (a group
+// that used almost nothing is reckoned as if it were the only idle one
+// among the busy). A group with no weight (a standby) is never boosted;
+// one whose use is unknown keeps what it has. No group is newly boosted
+// in a window in which a boosted one used more than its part: the others
+// were held back by it, and read light; a flood boosted while it was idle
+// would otherwise hand its boost to the flood beside it, and back, window
+// after window. It loses its boost; the next window, read at the weights
+// themselves, decides.
 func lightBoosts(uses []groupUse, cpus float64) []bool {
 	const idle = 0.01 // CPUs: below this a group is idle
 	var busy float64
 	for _, u := range uses {
-		if u.used >= idle {
+		if u.known && u.used >= idle {
 			busy += u.weight
+		}
+	}
+	part := func(u groupUse) float64 {
+		among := busy
+		if !u.known || u.used < idle {
+			among += u.weight
+		}
+		return cpus * u.weight / among
+	}
+	held := false
+	for _, u := range uses {
+		if u.boosted && u.known && u.weight > 0 && u.used > part(u) {
+			held = true
 		}
 	}
 	out := make([]bool, len(uses))
 	for i, u := range uses {
-		if u.weight <= 0 {
-			continue
+		switch {
+		case u.weight <= 0:
+		case !u.known:
+			out[i] = u.boosted
+		case u.boosted:
+			out[i] = u.used < part(u)*3/4
+		default:
+			out[i] = !held && u.used < part(u)/2
 		}
-		among := busy
-		if u.used < idle {
-			among += u.weight
-		}
-		part := cpus * u.weight / among
-		limit := part / 2
-		if u.boosted {
-			limit = part * 3 / 4
-		}
-		out[i] = u.used < limit
 	}
 	return out
 }
@@ -93,7 +110,7 @@ func (g *CPUGroups) boostLoop() {
 	defer close(g.boostDone)
 	tick := time.NewTicker(boostWindow)
 	defer tick.Stop()
-	cpus := float64(runtime.NumCPU())
+	cpus := float64(runtime.GOMAXPROCS(0)) // a pod's CPU limit, where NumCPU is the node's
 	for {
 		select {
 		case <-g.stopBoost:
@@ -125,23 +142,31 @@ func (g *CPUGroups) reboost(groups []*Group, now time.Time, cpus float64) {
 	}
 }
 
-// use is c's weight and CPU use since the last call (for a process
-// already gone, or the first call, none).
+// use is c's weight and CPU use since the last call: unknown on the first
+// call, for a process gone, and when the count went down (a process of the
+// group ended, its time with it, unless its parent in the group reaped
+// it). The reads are made without c.mu: a large tree takes a while.
 func (c *Group) use(now time.Time) groupUse {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	u := groupUse{weight: c.base, boosted: c.boosted}
-	if c.closed {
-		u.weight = 0
+	closed, root := c.closed, c.root
+	c.mu.Unlock()
+	if closed {
+		return groupUse{}
+	}
+	if root == 0 {
+		root = c.pid
+	}
+	t, err := c.cpuTime(root)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil || c.closed {
 		return u
 	}
-	t, err := c.cpuTime()
-	if err == nil && !c.readAt.IsZero() && t >= c.cpu {
-		u.used = (t - c.cpu).Seconds() / now.Sub(c.readAt).Seconds()
+	if !c.readAt.IsZero() && t >= c.cpu && now.After(c.readAt) {
+		u.used, u.known = (t-c.cpu).Seconds()/now.Sub(c.readAt).Seconds(), true
 	}
-	if err == nil {
-		c.cpu, c.readAt = t, now
-	}
+	c.cpu, c.readAt = t, now
 	return u
 }
 
@@ -153,22 +178,31 @@ func (c *Group) setBoost(on bool) {
 		return
 	}
 	c.boosted = on
-	c.writeWeight()
+	c.write(true)
 }
 
 // cpuTime is the CPU time the group's processes used so far: the group's
-// own count under cgroup v2; the sum of its processes' under v1 (its cpu
-// controller keeps none here; cpuacct, which does, is often mounted apart);
-// with nice levels, of the worker's and every process under it (in its
-// PID namespace, every process it started, orphans included). A function
-// that spins in a child of its worker is counted: the boost goes by what
-// the whole group uses, as its weight applies to the whole group.
-func (c *Group) cpuTime() (time.Duration, error) {
+// own count under cgroup v2, and under v1 where cpuacct is mounted with
+// cpu; else the sum of its processes' (their own and their reaped
+// children's): under v1 those in the group, with nice levels those under
+// root (the worker, or its PID namespace's init, which reaps its
+// orphans). A function that spins in a child of its worker is counted:
+// the boost goes by what the whole group uses, as its weight applies to
+// the whole group.
+func (c *Group) cpuTime(root int) (time.Duration, error) {
 	switch {
 	case c.g.nice:
-		return sumCPU(procTree(c.pid))
+		var pids []int
+		for _, k := range procTree(root) {
+			pids = append(pids, k.pid)
+		}
+		return sumCPU(pids)
 	case c.g.v2:
 		return cgroupV2Usage(filepath.Join(c.dir, "cpu.stat"))
+	}
+	if b, err := os.ReadFile(filepath.Join(c.dir, "cpuacct.usage")); err == nil {
+		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return time.Duration(ns), err
 	}
 	b, err := os.ReadFile(filepath.Join(c.dir, "cgroup.procs"))
 	if err != nil {
@@ -217,20 +251,24 @@ func cgroupV2Usage(path string) (time.Duration, error) {
 
 // maxTree bounds procTree: a worker's tasks are bounded (--worker-max-pids)
 // where pids groups work; where they do not, a fork bomb must not make the
-// boost loop's reads unbounded.
-const maxTree = 4096
+// boost loop's reads, or a weight's write, unbounded.
+const maxTree = 1024
 
-// procTree is pid and the processes under it, from each thread's children
-// list (/proc/PID/task/TID/children), pid first.
-func procTree(pid int) []int {
-	tree := []int{pid}
+// kin is a process of a tree and its parent's pid when it was listed.
+type kin struct{ pid, parent int }
+
+// procTree is root and the processes under it, from each thread's children
+// list (/proc/PID/task/TID/children), root first.
+func procTree(root int) []kin {
+	tree := []kin{{root, 0}}
 	for i := 0; i < len(tree) && len(tree) < maxTree; i++ {
-		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", tree[i]))
+		pid := tree[i].pid
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		for _, t := range tasks {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", tree[i], t.Name()))
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
 			for _, f := range bytes.Fields(b) {
 				if kid, err := strconv.Atoi(string(f)); err == nil && len(tree) < maxTree {
-					tree = append(tree, kid)
+					tree = append(tree, kin{kid, pid})
 				}
 			}
 		}
@@ -238,20 +276,26 @@ func procTree(pid int) []int {
 	return tree
 }
 
+// stillChild reports whether k's process is still its parent's child: its
+// pid, listed a moment ago, may have been reaped and reused meanwhile.
+func stillChild(k kin) bool {
+	f, err := statFields(fmt.Sprintf("/proc/%d/stat", k.pid))
+	return err == nil && f[1] == strconv.Itoa(k.parent)
+}
+
 // clockTick is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on
 // every Linux architecture the server builds for).
 const clockTick = 10 * time.Millisecond
 
 // cpuTime is the CPU time process pid's threads used so far, user and
-// system, from /proc/PID/stat (what its children used is not counted until
-// they are reaped).
+// system, and its children's that it reaped, from /proc/PID/stat.
 func cpuTime(pid int) (time.Duration, error) {
 	f, err := statFields(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
 	var ticks int64
-	for _, s := range f[11:13] { // utime and stime, fields 14 and 15
+	for _, s := range f[11:15] { // utime, stime, cutime, cstime: fields 14 to 17
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
@@ -279,6 +323,7 @@ func statFields(path string) ([]string, error) {
 // written (with nice levels its pid may come to be another process's).
 type boostState struct {
 	mu       sync.Mutex
+	root     int // nice levels: where the worker's tree starts (Group.Tree)
 	base     float64
 	function string // for the log, should a write fail
 	boosted  bool

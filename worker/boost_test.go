@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +17,9 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/internal/nicelevel"
 )
+
+// u is a known use of a group: its weight, CPUs used and boost.
+func u(weight, used float64, boosted bool) groupUse { return groupUse{weight, used, boosted, true} }
 
 func TestLightBoosts(t *testing.T) {
 	for _, tc := range []struct {
@@ -25,24 +30,104 @@ func TestLightBoosts(t *testing.T) {
 	}{
 		// The CNN at one client (0.3 CPU) beside a 4 MB flood, equal
 		// weights, 2 CPUs: each's part is one CPU.
-		{"a light function beside a flood", 2, []groupUse{{1, 0.3, false}, {1, 1.4, false}}, []bool{true, false}},
+		{"a light function beside a flood", 2, []groupUse{u(1, 0.3, false), u(1, 1.4, false)}, []bool{true, false}},
 		// Shares decide between groups that all want more.
-		{"two floods at 3:1", 2, []groupUse{{3, 1.4, false}, {1, 0.55, false}}, []bool{false, false}},
-		{"an idle function beside two floods", 2, []groupUse{{1, 0, false}, {1, 1, false}, {1, 1, false}}, []bool{true, false, false}},
+		{"two floods at 3:1", 2, []groupUse{u(3, 1.4, false), u(1, 0.55, false)}, []bool{false, false}},
+		{"an idle function beside two floods", 2, []groupUse{u(1, 0, false), u(1, 1, false), u(1, 1, false)}, []bool{true, false, false}},
 		// Boosted, it keeps the boost up to three quarters of its part.
-		{"boosted, at 0.6 of its part", 2, []groupUse{{1, 0.6, true}, {1, 1.4, false}}, []bool{true, false}},
-		{"not boosted, at 0.6 of its part", 2, []groupUse{{1, 0.6, false}, {1, 1.4, false}}, []bool{false, false}},
-		{"boosted, turned heavy", 2, []groupUse{{1, 0.8, true}, {1, 1.2, false}}, []bool{false, false}},
+		{"boosted, at 0.6 of its part", 2, []groupUse{u(1, 0.6, true), u(1, 1.4, false)}, []bool{true, false}},
+		{"not boosted, at 0.6 of its part", 2, []groupUse{u(1, 0.6, false), u(1, 1.4, false)}, []bool{false, false}},
+		{"boosted, turned heavy", 2, []groupUse{u(1, 0.8, true), u(1, 1.2, false)}, []bool{false, false}},
+		// A flood boosted while idle took 8/9 of the CPUs from the other:
+		// that one reads light, and is not boosted for it.
+		{"held back by a boosted flood", 2, []groupUse{u(1, 1.78, true), u(1, 0.22, false)}, []bool{false, false}},
+		{"held back, and an idle one", 2, []groupUse{u(1, 1.78, true), u(1, 0.22, false), u(1, 0, false)}, []bool{false, false, false}},
 		// A standby (no weight) is never boosted, nor weighed in.
-		{"a standby", 2, []groupUse{{0, 0, false}, {1, 0.3, false}, {1, 1.5, false}}, []bool{false, true, false}},
-		{"alone and busy", 2, []groupUse{{1, 1.9, false}}, []bool{false}},
-		{"nothing busy", 2, []groupUse{{1, 0, false}, {2, 0, false}}, []bool{true, true}},
+		{"a standby", 2, []groupUse{u(0, 0, false), u(1, 0.3, false), u(1, 1.5, false)}, []bool{false, true, false}},
+		{"alone and busy", 2, []groupUse{u(1, 1.9, false)}, []bool{false}},
+		{"nothing busy", 2, []groupUse{u(1, 0, false), u(2, 0, false)}, []bool{true, true}},
+		// A use that could not be read keeps the boost as it is.
+		{"unknown", 2, []groupUse{{1, 0, true, false}, {1, 0, false, false}, u(1, 1.5, false)}, []bool{true, false, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := lightBoosts(tc.uses, tc.cpus)
-			for i := range got {
-				if got[i] != tc.want[i] {
-					t.Fatalf("boosts %v, want %v", got, tc.want)
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("boosts %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// share is how cpus go to groups that each want demand CPUs, in proportion
+// to the weights in force (boosted ones times LightBoost), a group's
+// leftover to the others: what CFS gives them.
+func share(cpus float64, demand, weight []float64, boosted []bool) []float64 {
+	got := make([]float64, len(demand))
+	left := cpus
+	open := map[int]bool{}
+	for i, d := range demand {
+		if d > 0 {
+			open[i] = true
+		}
+	}
+	for len(open) > 0 && left > 1e-9 {
+		var sum float64
+		for i := range open {
+			w := weight[i]
+			if boosted[i] {
+				w *= LightBoost
+			}
+			sum += w
+		}
+		spent := 0.0
+		for i := range open {
+			w := weight[i]
+			if boosted[i] {
+				w *= LightBoost
+			}
+			give := min(left*w/sum, demand[i]-got[i])
+			got[i] += give
+			spent += give
+			if demand[i]-got[i] < 1e-9 {
+				delete(open, i)
+			}
+		}
+		left -= spent
+		if spent < 1e-9 {
+			break
+		}
+	}
+	return got
+}
+
+// Window after window, with the CPUs split as the kernel would at the
+// weights the boosts give: two floods settle unboosted, each at its part,
+// wherever they started (one of them boosted while it was idle); a light
+// function beside them is boosted and stays so.
+func TestLightBoostsSettle(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		demand  []float64 // CPUs each would use (a flood: both CPUs, runs in flight on each)
+		weight  []float64
+		boosted []bool
+		want    []bool // from the third window on
+	}{
+		{"two floods, one boosted while idle", []float64{2, 2}, []float64{1, 1}, []bool{true, false}, []bool{false, false}},
+		{"three floods, two boosted", []float64{2, 2, 2}, []float64{1, 1, 1}, []bool{true, true, false}, []bool{false, false, false}},
+		{"floods at 3:1, the light one boosted", []float64{2, 2}, []float64{3, 1}, []bool{false, true}, []bool{false, false}},
+		{"a light function beside two floods", []float64{0.2, 2, 2}, []float64{1, 1, 1}, []bool{false, false, false}, []bool{true, false, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			boosted := slices.Clone(tc.boosted)
+			for w := range 12 {
+				used := share(2, tc.demand, tc.weight, boosted)
+				uses := make([]groupUse, len(used))
+				for i := range used {
+					uses[i] = u(tc.weight[i], used[i], boosted[i])
+				}
+				boosted = lightBoosts(uses, 2)
+				if w >= 2 && fmt.Sprint(boosted) != fmt.Sprint(tc.want) {
+					t.Fatalf("window %d: boosts %v (the CPUs used %v), want %v", w+1, boosted, used, tc.want)
 				}
 			}
 		})
@@ -80,8 +165,19 @@ func TestCPUTimeCountsEveryThread(t *testing.T) {
 
 // Against a fake v1 hierarchy with real processes: a worker that sleeps
 // beside one that spins, at equal weights, runs boosted (8x its cpu.shares)
-// and the spinner does not; a boost never outlives its process.
+// and the spinner does not, whether it spins itself or in short-lived
+// children it reaps (their time is its, once reaped); a boost never
+// outlives its process.
 func TestLightWorkerIsBoosted(t *testing.T) {
+	for _, tc := range []struct{ name, spin string }{
+		{"spins itself", "while :; do :; done"},
+		{"spins in children it reaps", "while :; do timeout 0.05 sh -c 'while :; do :; done'; done"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { lightWorkerIsBoosted(t, tc.spin) })
+	}
+}
+
+func lightWorkerIsBoosted(t *testing.T, script string) {
 	root := t.TempDir()
 	old := cgroupRoot
 	cgroupRoot = root
@@ -94,24 +190,26 @@ func TestLightWorkerIsBoosted(t *testing.T) {
 	}
 	g.boost = LightBoost // the loop is driven by hand below
 	defer g.Close()
-	spin := exec.Command("sh", "-c", "while :; do :; done")
+	spin := exec.Command("sh", "-c", script)
 	sleep := exec.Command("sleep", "60")
 	for _, c := range []*exec.Cmd{spin, sleep} {
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 		defer c.Wait()
-		defer c.Process.Kill()
+		defer syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
 	}
 	m := &abi.Manifest{Name: "f"}
 	spinner, sleeper := g.Place(spin.Process.Pid, 0), g.Place(sleep.Process.Pid, 0)
 	spinner.Weigh(m)
 	sleeper.Weigh(m)
 	shares := func(c *Group) string { return readString(filepath.Join(c.dir, "cpu.shares")) }
-	// One CPU: the spinner's part is half of it, and it uses more than a
-	// quarter on any machine that runs it at all.
+	// A fifth of a CPU to share: the spinner's part is all of it, the
+	// sleeper's half, and the spinner uses more than that part on a
+	// loaded machine too.
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		g.reboost([]*Group{spinner, sleeper}, time.Now(), 1)
+		g.reboost([]*Group{spinner, sleeper}, time.Now(), 0.2)
 		if shares(spinner) == "1024" && shares(sleeper) == "8192" {
 			break
 		}
@@ -127,7 +225,7 @@ func TestLightWorkerIsBoosted(t *testing.T) {
 	sleeper.Exited()
 	os.WriteFile(filepath.Join(sleeper.dir, "cpu.shares"), []byte("untouched"), 0o644)
 	sleeper.Weigh(m)
-	g.reboost([]*Group{spinner, sleeper}, time.Now(), 1)
+	g.reboost([]*Group{spinner, sleeper}, time.Now(), 0.2)
 	if got := shares(sleeper); got != "untouched" {
 		t.Fatalf("a group written after its process exited: cpu.shares %s", got)
 	}
@@ -171,7 +269,7 @@ func TestLightBoostByNiceLevelCountsTheWorkersChildren(t *testing.T) {
 	var child int
 	for end := time.Now().Add(10 * time.Second); child == 0; time.Sleep(10 * time.Millisecond) {
 		if tree := procTree(parent.Process.Pid); len(tree) > 1 {
-			child = tree[1]
+			child = tree[1].pid
 		} else if time.Now().After(end) {
 			t.Fatal("the spinning child never showed in its parent's tree")
 		}
@@ -264,5 +362,53 @@ func TestNiceLevelsOnlyRiseWithoutPrivilege(t *testing.T) {
 	}
 	if g.stopBoost != nil {
 		t.Fatal("a boost started where levels cannot be taken back")
+	}
+}
+
+// With nice levels and a PID namespace, what a worker leaves behind goes
+// to the namespace's init, not under the worker: the tree (Group.Tree)
+// starts there, so a spinner the worker orphaned counts against it and
+// takes its level.
+func TestLightBoostByNiceLevelCountsTheNamespacesOrphans(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("lowering a nice level takes CAP_SYS_NICE")
+	}
+	// init stands for the namespace's init: the worker (sleep) and the
+	// orphan (the spinning subshell) are both its children.
+	init := exec.Command("sh", "-c", "sleep 60 & (while :; do :; done) & wait")
+	init.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := init.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer init.Wait()
+	defer syscall.Kill(-init.Process.Pid, syscall.SIGKILL)
+	var worker, orphan int
+	for end := time.Now().Add(10 * time.Second); worker == 0 || orphan == 0; time.Sleep(10 * time.Millisecond) {
+		for _, k := range procTree(init.Process.Pid)[1:] {
+			if f, err := statFields(fmt.Sprintf("/proc/%d/stat", k.pid)); err == nil && f[0] == "S" {
+				if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", k.pid)); strings.TrimSpace(string(b)) == "sleep" {
+					worker = k.pid
+				}
+			} else if err == nil {
+				orphan = k.pid
+			}
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the worker (%d) and the orphan (%d) never showed under the init", worker, orphan)
+		}
+	}
+	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
+	c := g.Place(worker, 0)
+	c.Tree(init.Process.Pid)
+	c.Weigh(&abi.Manifest{Name: "f"})
+	if n := niceOf(t, orphan); n != 10 {
+		t.Fatalf("the orphan at nice %d once its worker took a default function, want 10", n)
+	}
+	for range 5 {
+		time.Sleep(100 * time.Millisecond)
+		g.reboost([]*Group{c}, time.Now(), 0.2)
+		if c.boosted {
+			t.Fatal("a worker whose orphan spins was boosted")
+		}
 	}
 }

@@ -328,7 +328,29 @@ func (c *Group) Weigh(m *abi.Manifest) {
 // a standby, at the smallest weight, would otherwise take seconds to exit
 // on a busy machine (measured: over 2 s), and its stage, group and pid
 // with it.
-func (c *Group) Dying() { c.setWeight(1, "") }
+func (c *Group) Dying() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.base = 1
+		c.write(false) // its tree is being killed: no walk through it
+	}
+}
+
+// Tree says where the worker's process tree starts, for nice levels: its
+// PID namespace's init, which its orphans go to, or the worker itself (the
+// default).
+func (c *Group) Tree(root int) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.root = root
+	c.mu.Unlock()
+}
 
 // setWeight sets the weight of the function(s) the worker runs (its
 // boost, if it has one, on top).
@@ -342,13 +364,16 @@ func (c *Group) setWeight(w float64, function string) {
 		return
 	}
 	c.base, c.function = w, function
-	c.writeWeight()
+	c.write(true)
 }
 
-// writeWeight writes c's weight, under c.mu.
-func (c *Group) writeWeight() {
+// write writes c's weight, under c.mu; with nice levels, on the processes
+// of its tree too when tree is set. A boost counts only while the weights
+// are on: once off, a worker goes back to its function's weight with its
+// next write.
+func (c *Group) write(tree bool) {
 	w := c.base
-	if c.boosted {
+	if c.boosted && c.g.On() {
 		w *= c.g.boost
 	}
 	if c.g.nice {
@@ -356,22 +381,36 @@ func (c *Group) writeWeight() {
 		if !c.g.lower {
 			level = max(level, c.level) // it cannot come back down
 		}
-		// The processes the worker started get its level too: they would
-		// keep the level they were forked at (a boosted one, say) for good.
-		for i, pid := range procTree(c.pid) {
-			err := renice(pid, level)
-			if i == 0 && err == nil {
-				c.level = level
-			}
-			if err != nil && !errors.Is(err, syscall.ESRCH) && i == 0 {
-				c.g.fail(err, "cannot set a worker's nice level", "function", c.function)
-			}
+		if err := renice(c.pid, level); err == nil {
+			c.level = level
+		} else if !errors.Is(err, syscall.ESRCH) {
+			c.g.fail(err, "cannot set a worker's nice level", "function", c.function)
+		}
+		if tree {
+			c.reniceTree(level)
 		}
 		return
 	}
 	err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(w)), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
 		c.g.fail(err, "cannot set a worker's CPU weight", "function", c.function)
+	}
+}
+
+// reniceTree gives the processes of the worker's tree (Tree) its level:
+// they would keep the level they were forked at (a boosted one, say) for
+// good. Each is checked to be its parent's child still just before (its
+// pid may have been reused); failures are theirs (a child that changed
+// its uid), not the weights'.
+func (c *Group) reniceTree(level int) {
+	root := c.root
+	if root == 0 {
+		root = c.pid
+	}
+	for _, k := range procTree(root) {
+		if k.pid != c.pid && (k.parent == 0 || stillChild(k)) {
+			renice(k.pid, level)
+		}
 	}
 }
 

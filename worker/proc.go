@@ -414,6 +414,7 @@ func (p *proc) placeCgroups(w float64) {
 	defer p.mu.Unlock()
 	if !p.exited {
 		p.cgroup = p.d.opts.CPU.Place(p.pid, w)
+		p.cgroup.Tree(p.tree.Root())
 		p.pids = p.d.opts.Pids.Place(p.pid, p.cgroup)
 	}
 }
@@ -504,9 +505,9 @@ func (p *proc) killFor(g *program, why string) {
 	if p.killed.CompareAndSwap(nil, &why) && g != nil {
 		p.killedBy.Store(g)
 	}
-	p.cgroup.Dying()
 	contain.KillGroup(p.pid)
 	p.tree.Kill()
+	p.cgroup.Dying()
 }
 
 // lost is the error of a channel that broke: the process died (or is made

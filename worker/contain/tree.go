@@ -288,6 +288,21 @@ type Tree struct {
 	released bool
 }
 
+// Root is the process everything the tree's process starts stays under
+// while it runs: its PID namespace's init (which its orphans go to), else
+// the process itself. Valid until Release.
+func (t *Tree) Root() int {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.init != nil && !t.released {
+		return t.init.Process.Pid
+	}
+	return t.pid
+}
+
 // Kill kills every process of the tree's PID namespace, the one Start
 // started included (PIDNamespace); with other Containments it does
 // nothing, and the caller's KillGroup is all there is until Release.
