@@ -30,6 +30,9 @@ type fairLoad struct {
 	// Server is the Server-Timing breakdown (ms): where a victim's time
 	// went, the device's copies and kernels apart from the rest.
 	Server bench.ServerSummary
+	// OutsideP50 and OutsideP99 are each request's latency less its
+	// server's total (ms): the network, the HTTP stacks and the client.
+	OutsideP50, OutsideP99 float64
 }
 
 // fairMode is one scheduling mode's measurements.
@@ -403,11 +406,21 @@ func closed(ctx context.Context, url, fn string, in []byte, clients int, d time.
 
 // closedAs is closed with a bearer token ("": none).
 func closedAs(ctx context.Context, url, token, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
-	r, err := bench.Run(ctx, bench.Config{Server: url, Token: token, Function: fn, Input: in, Concurrency: clients, Duration: d, Requests: 100_000_000, Timeout: time.Minute})
+	var mu sync.Mutex
+	var outside []float64
+	observe := func(s *bench.Sample) {
+		if s.Timing.Complete() {
+			mu.Lock()
+			outside = append(outside, float64(s.Latency-s.Timing.Dur[bench.Total])/1e6)
+			mu.Unlock()
+		}
+	}
+	r, err := bench.Run(ctx, bench.Config{Server: url, Token: token, Function: fn, Input: in, Concurrency: clients, Duration: d, Requests: 100_000_000, Timeout: time.Minute, Observe: observe})
 	if err != nil {
 		return fairLoad{}, fmt.Errorf("%s: %w", fn, err)
 	}
-	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
+	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing,
+		OutsideP50: quantile(outside, 0.5), OutsideP99: quantile(outside, 0.99)}
 	for _, e := range r.Errors {
 		l.Errors += e.Count
 	}
@@ -470,8 +483,8 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99),
 			m.Neighbours["spin"].Throughput, m.Neighbours["vecadd"].Throughput)
 	}
-	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and the client's latency less the server's total at p50 (the network, the HTTP stack and the client). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
-	p("| mode | | sched | copy in | kernels | copy out | server total | outside the server, p50 |\n|---|---|---|---|---|---|---|---|\n")
+	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client: the clients of the victim and the flood share one process, this program). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
+	p("| mode | | sched | copy in | kernels | copy out | server total | outside the server |\n|---|---|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		for _, c := range []struct {
 			what string
@@ -485,8 +498,8 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 				return fmtMs(x.P50) + " / " + fmtMs(x.P99)
 			}
 			outside := "n/a"
-			if t.Total.N > 0 {
-				outside = fmtMs(c.l.P50 - t.Total.P50)
+			if !math.IsNaN(c.l.OutsideP50) && t.Total.N > 0 {
+				outside = fmtMs(c.l.OutsideP50) + " / " + fmtMs(c.l.OutsideP99)
 			}
 			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Total), outside)
 		}
