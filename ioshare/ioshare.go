@@ -45,8 +45,8 @@ type Config struct {
 	// Nice, when set, is the level (a nice level's scale: higher is
 	// lighter) the server's thread takes while it moves a piece of a
 	// function of that share and priority class; where the server cannot
-	// take its threads back (no CAP_SYS_NICE or RLIMIT_NICE for nice
-	// levels) it is not used.
+	// take its threads back (no CAP_SYS_NICE for nice levels) it is not
+	// used.
 	Nice func(share float64, class sched.Class) int
 	// Threads moves the thread to a level and back (nil: nice levels,
 	// NiceLevels).

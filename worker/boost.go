@@ -46,8 +46,8 @@ type groupUse struct {
 // using under half its part of cpus (three quarters, once boosted) is
 // light, its part its weight's among the groups that used any (a group
 // that used almost nothing is reckoned as if it were the only idle one
-// among the busy). A group with no weight (a standby) is never boosted;
-// one whose use is unknown keeps what it has. No group is newly boosted
+// among the busy). A group with no weight (a standby), or whose use is
+// unknown, is not boosted. No group is newly boosted
 // in a window in which a boosted one used more than its part: the others
 // were held back by it, and read light; a flood boosted while it was idle
 // would otherwise hand its boost to the flood beside it, and back, window
@@ -79,7 +79,8 @@ func lightBoosts(uses []groupUse, cpus float64) []bool {
 		switch {
 		case u.weight <= 0:
 		case !u.known:
-			out[i] = u.boosted
+			// Not boosted: a group whose count keeps going down (children
+			// reaped where their time is lost) must not keep a boost by it.
 		case u.boosted:
 			out[i] = u.used < part(u)*3/4
 		default:
@@ -116,15 +117,20 @@ func (g *CPUGroups) boostLoop() {
 		case <-g.stopBoost:
 			return
 		case now := <-tick.C:
-			if g.off() {
-				continue
-			}
 			g.mu.Lock()
 			groups := make([]*Group, 0, len(g.live))
 			for c := range g.live {
 				groups = append(groups, c)
 			}
 			g.mu.Unlock()
+			if g.off() {
+				// The weights turned off after a failed write: boosts end
+				// (once; a write no longer counts one), and none begins.
+				for _, c := range groups {
+					c.setBoost(false)
+				}
+				continue
+			}
 			g.reboost(groups, now, cpus)
 		}
 	}
@@ -154,10 +160,11 @@ func (c *Group) use(now time.Time) groupUse {
 	if closed {
 		return groupUse{}
 	}
-	if root == 0 {
-		root = c.pid
+	var tree []kin
+	if c.g.nice {
+		tree = treeOf(c.pid, root)
 	}
-	t, err := c.cpuTime(root)
+	t, err := c.cpuTime(tree)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil || c.closed {
@@ -174,7 +181,7 @@ func (c *Group) use(now time.Time) groupUse {
 func (c *Group) setBoost(on bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || on == c.boosted || c.base <= 0 {
+	if c.closed || c.dying || on == c.boosted || c.base <= 0 {
 		return
 	}
 	c.boosted = on
@@ -184,16 +191,16 @@ func (c *Group) setBoost(on bool) {
 // cpuTime is the CPU time the group's processes used so far: the group's
 // own count under cgroup v2, and under v1 where cpuacct is mounted with
 // cpu; else the sum of its processes' (their own and their reaped
-// children's): under v1 those in the group, with nice levels those under
-// root (the worker, or its PID namespace's init, which reaps its
-// orphans). A function that spins in a child of its worker is counted:
-// the boost goes by what the whole group uses, as its weight applies to
-// the whole group.
-func (c *Group) cpuTime(root int) (time.Duration, error) {
+// children's): under v1 those in the group, with nice levels those of
+// tree (Group.tree: the worker's, and what it left to its PID namespace's
+// init). A function that spins in a child of its worker is counted (unless
+// the child is reaped where its time is lost: SIGCHLD ignored), as the
+// group's weight applies to the whole group.
+func (c *Group) cpuTime(tree []kin) (time.Duration, error) {
 	switch {
 	case c.g.nice:
 		var pids []int
-		for _, k := range procTree(root) {
+		for _, k := range tree {
 			pids = append(pids, k.pid)
 		}
 		return sumCPU(pids)
@@ -218,15 +225,17 @@ func (c *Group) cpuTime(root int) (time.Duration, error) {
 }
 
 // sumCPU is the CPU time processes pids used; one gone meanwhile counts
-// none, unless it is the first (the worker), whose error is returned.
+// none (the count may go down: that window's use is unknown).
 func sumCPU(pids []int) (time.Duration, error) {
 	var sum time.Duration
-	for i, pid := range pids {
-		t, err := cpuTime(pid)
-		if err != nil && i == 0 {
-			return 0, err
+	read := false
+	for _, pid := range pids {
+		if t, err := cpuTime(pid); err == nil {
+			sum, read = sum+t, true
 		}
-		sum += t
+	}
+	if !read {
+		return 0, fmt.Errorf("no CPU time readable of pids %v", pids)
 	}
 	return sum, nil
 }
@@ -327,6 +336,7 @@ type boostState struct {
 	base     float64
 	function string // for the log, should a write fail
 	boosted  bool
+	dying    bool // Dying was called: it is being killed, no boost
 	closed   bool
 	cpu      time.Duration
 	readAt   time.Time

@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -46,8 +45,8 @@ func TestLightBoosts(t *testing.T) {
 		{"a standby", 2, []groupUse{u(0, 0, false), u(1, 0.3, false), u(1, 1.5, false)}, []bool{false, true, false}},
 		{"alone and busy", 2, []groupUse{u(1, 1.9, false)}, []bool{false}},
 		{"nothing busy", 2, []groupUse{u(1, 0, false), u(2, 0, false)}, []bool{true, true}},
-		// A use that could not be read keeps the boost as it is.
-		{"unknown", 2, []groupUse{{1, 0, true, false}, {1, 0, false, false}, u(1, 1.5, false)}, []bool{true, false, false}},
+		// A use that could not be read (a count gone down) is no boost.
+		{"unknown", 2, []groupUse{{1, 0, true, false}, {1, 0, false, false}, u(1, 1.5, false)}, []bool{false, false, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := lightBoosts(tc.uses, tc.cpus)
@@ -363,42 +362,62 @@ func TestNiceLevelsOnlyRiseWithoutPrivilege(t *testing.T) {
 	if g.stopBoost != nil {
 		t.Fatal("a boost started where levels cannot be taken back")
 	}
+
+	// A worker whose thread raised its own level past its function's is
+	// left there: the level cannot be taken back, and trying failed the
+	// weights of every worker.
+	niced := exec.Command("nice", "-n", "19", "sleep", "60")
+	niced.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if err := niced.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer niced.Wait()
+	defer niced.Process.Kill()
+	for end := time.Now().Add(10 * time.Second); niceOf(t, niced.Process.Pid) != 19; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("nice -n 19 never took")
+		}
+	}
+	onThreadAs(t, nobody, func() {
+		c := g.Place(niced.Process.Pid, 0)
+		c.Weigh(&abi.Manifest{Name: "f"})
+	})
+	if n := niceOf(t, niced.Process.Pid); n != 19 || g.Mechanism() != "nice" {
+		t.Fatalf("a worker at nice 19 of its own, weighed at 10 unprivileged: nice %d, weights %q; want 19, nice", n, g.Mechanism())
+	}
 }
 
 // With nice levels and a PID namespace, what a worker leaves behind goes
-// to the namespace's init, not under the worker: the tree (Group.Tree)
-// starts there, so a spinner the worker orphaned counts against it and
-// takes its level.
+// to the namespace's init, not under the worker (which the server started
+// into the namespace: the server's child, the init's sibling): the tree
+// (Group.Tree) takes in the init's too, so a spinner the worker orphaned
+// counts against it and takes its level.
 func TestLightBoostByNiceLevelCountsTheNamespacesOrphans(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("lowering a nice level takes CAP_SYS_NICE")
 	}
-	// init stands for the namespace's init: the worker (sleep) and the
-	// orphan (the spinning subshell) are both its children.
-	init := exec.Command("sh", "-c", "sleep 60 & (while :; do :; done) & wait")
-	init.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := init.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer init.Wait()
-	defer syscall.Kill(-init.Process.Pid, syscall.SIGKILL)
-	var worker, orphan int
-	for end := time.Now().Add(10 * time.Second); worker == 0 || orphan == 0; time.Sleep(10 * time.Millisecond) {
-		for _, k := range procTree(init.Process.Pid)[1:] {
-			if f, err := statFields(fmt.Sprintf("/proc/%d/stat", k.pid)); err == nil && f[0] == "S" {
-				if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", k.pid)); strings.TrimSpace(string(b)) == "sleep" {
-					worker = k.pid
-				}
-			} else if err == nil {
-				orphan = k.pid
-			}
+	// init stands for the namespace's init, its child for the orphan; the
+	// worker (sleep) is the test's child, as the worker is the server's.
+	init := exec.Command("sh", "-c", "(while :; do :; done) & wait")
+	worker := exec.Command("sleep", "60")
+	for _, c := range []*exec.Cmd{init, worker} {
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(end) {
-			t.Fatalf("the worker (%d) and the orphan (%d) never showed under the init", worker, orphan)
+		defer c.Wait()
+		defer syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+	}
+	var orphan int
+	for end := time.Now().Add(10 * time.Second); orphan == 0; time.Sleep(10 * time.Millisecond) {
+		if tree := procTree(init.Process.Pid); len(tree) > 1 {
+			orphan = tree[1].pid
+		} else if time.Now().After(end) {
+			t.Fatal("the orphan never showed under the init")
 		}
 	}
 	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
-	c := g.Place(worker, 0)
+	c := g.Place(worker.Process.Pid, 0)
 	c.Tree(init.Process.Pid)
 	c.Weigh(&abi.Manifest{Name: "f"})
 	if n := niceOf(t, orphan); n != 10 {
@@ -410,5 +429,8 @@ func TestLightBoostByNiceLevelCountsTheNamespacesOrphans(t *testing.T) {
 		if c.boosted {
 			t.Fatal("a worker whose orphan spins was boosted")
 		}
+	}
+	if n := niceOf(t, worker.Process.Pid); n != 10 {
+		t.Fatalf("the worker at nice %d, want 10", n)
 	}
 }

@@ -39,9 +39,9 @@ type CPUGroups struct {
 	nice bool // no cgroups: nice levels per worker thread
 	// With nice levels: the server's own level, below which no worker
 	// goes, and whether a level may be taken back down once raised
-	// (CAP_SYS_NICE, or an RLIMIT_NICE that allows it). Without, a level
-	// only rises: a standby stays at the server's level, and a worker
-	// whose weight grows keeps the level it has.
+	// (CAP_SYS_NICE). Without, a level only rises: a standby stays at the
+	// server's level, and a worker whose weight grows keeps the level it
+	// has.
 	base  int
 	lower bool
 	log   *slog.Logger
@@ -86,7 +86,7 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 	if g.lower {
 		log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
 	} else {
-		log.Info("worker CPU weights by nice level, raised only: each worker's threads get the nice level of its function's share and priority, but a level cannot be taken back down here (no CAP_SYS_NICE or RLIMIT_NICE), so standby workers stay at the server's level, a worker whose weight grows keeps the level it has, and light workers get no boost (cgroups cannot be written here; see the line before)",
+		log.Info("worker CPU weights by nice level, raised only: each worker's threads get the nice level of its function's share and priority, but a level cannot be taken back down here (no CAP_SYS_NICE), so standby workers stay at the server's level, a worker whose weight grows keeps the level it has, and light workers get no boost (cgroups cannot be written here; see the line before)",
 			"server_nice", g.base)
 	}
 	return g
@@ -335,14 +335,14 @@ func (c *Group) Dying() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
-		c.base = 1
+		c.base, c.dying = 1, true
 		c.write(false) // its tree is being killed: no walk through it
 	}
 }
 
-// Tree says where the worker's process tree starts, for nice levels: its
-// PID namespace's init, which its orphans go to, or the worker itself (the
-// default).
+// Tree says where the processes the worker leaves behind go, for nice
+// levels: its PID namespace's init (contain.Tree.Root), or the worker
+// itself (the default).
 func (c *Group) Tree(root int) {
 	if c == nil {
 		return
@@ -377,11 +377,11 @@ func (c *Group) write(tree bool) {
 		w *= c.g.boost
 	}
 	if c.g.nice {
-		level := NiceLevel(w)
+		level := max(NiceLevel(w), c.g.base) // no worker above the server
 		if !c.g.lower {
 			level = max(level, c.level) // it cannot come back down
 		}
-		if err := renice(c.pid, level); err == nil {
+		if err := renice(c.pid, level, !c.g.lower); err == nil {
 			c.level = level
 		} else if !errors.Is(err, syscall.ESRCH) {
 			c.g.fail(err, "cannot set a worker's nice level", "function", c.function)
@@ -403,15 +403,26 @@ func (c *Group) write(tree bool) {
 // pid may have been reused); failures are theirs (a child that changed
 // its uid), not the weights'.
 func (c *Group) reniceTree(level int) {
-	root := c.root
-	if root == 0 {
-		root = c.pid
-	}
-	for _, k := range procTree(root) {
+	for _, k := range c.tree() {
 		if k.pid != c.pid && (k.parent == 0 || stillChild(k)) {
-			renice(k.pid, level)
+			renice(k.pid, level, !c.g.lower)
 		}
 	}
+}
+
+// tree is the worker's process tree, under c.mu: the worker and what it
+// started, and with a PID namespace (Tree) its init and what the worker
+// left behind (orphans go to the init; the worker, started into the
+// namespace by the server, is the server's child, not the init's).
+func (c *Group) tree() []kin { return treeOf(c.pid, c.root) }
+
+// treeOf is Group.tree for a worker pid and its Tree root.
+func treeOf(pid, root int) []kin {
+	t := procTree(pid)
+	if root != 0 && root != pid {
+		t = append(t, procTree(root)...)
+	}
+	return t
 }
 
 // Exited says the group's process exited (not yet reaped): nothing is
@@ -459,7 +470,11 @@ func NiceLevel(w float64) int {
 // a thread not yet set takes the old level, for good. So it reads the
 // list again until a pass finds every thread at n (at most reniceRounds
 // passes: a process whose threads outrun it keeps what is left).
-func renice(pid, n int) error {
+//
+// With raiseOnly (no CAP_SYS_NICE: a level cannot be taken back down) a
+// thread already at a higher level than n (one that raised its own) is
+// left there: lowering it would fail.
+func renice(pid, n int, raiseOnly bool) error {
 	for range reniceRounds {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
@@ -476,7 +491,7 @@ func renice(pid, n int) error {
 			}
 			// The system call's value is 20 - nice.
 			raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid)
-			if err == syscall.ESRCH || err == nil && 20-raw == n {
+			if err == syscall.ESRCH || err == nil && (20-raw == n || raiseOnly && 20-raw > n) {
 				continue
 			}
 			if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {

@@ -55,7 +55,7 @@ func TestReniceLeavesNoThreadBehind(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // its threads come and go
 		level := 15 + try
-		err = renice(pid, level)
+		err = renice(pid, level, false)
 		var behind []string
 		if tasks, rerr := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); rerr == nil {
 			for _, task := range tasks {

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -186,7 +189,7 @@ func fairVictimRound(ctx context.Context, o *options, data, mode string, cnnIn, 
 		return v, err
 	}
 	var flood fairLoad
-	if v.Beside, flood, err = beside(ctx, srv.url, "cnn", cnnIn, "vecadd", vecIn, o.fairClients, o.fairTime); err != nil {
+	if v.Beside, flood, err = beside(ctx, o.plover, srv.url, "cnn", cnnIn, "vecadd", vecIn, o.fairClients, o.fairTime); err != nil {
 		return v, err
 	}
 	v.Flood = flood.Throughput
@@ -324,7 +327,7 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 	}
 	for _, nb := range []string{"spin", "vecadd"} {
 		logf("  cnn beside %s (%d clients)", nb, o.fairClients)
-		v, n, err := beside(ctx, srv.url, "cnn", cnnIn, nb, inputs[nb], o.fairClients, o.fairTime)
+		v, n, err := beside(ctx, o.plover, srv.url, "cnn", cnnIn, nb, inputs[nb], o.fairClients, o.fairTime)
 		if err != nil {
 			return nil, err
 		}
@@ -358,7 +361,7 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 	if m.LatAlone, err = closed(ctx, srv.url, "cnn-latency", cnnIn, 1, o.fairTime); err != nil {
 		return nil, err
 	}
-	if m.LatBeside, m.BatchBeside, err = beside(ctx, srv.url, "cnn-latency", cnnIn, "spin-batch", spinIn, o.fairClients, o.fairTime); err != nil {
+	if m.LatBeside, m.BatchBeside, err = beside(ctx, o.plover, srv.url, "cnn-latency", cnnIn, "spin-batch", spinIn, o.fairClients, o.fairTime); err != nil {
 		return nil, err
 	}
 	logf("  vecadd alone, %d clients; vecadd-a (share 3, 4 MB, %d clients) and vecadd-b (share 1, 1 MB, %d clients)", o.fairClients, o.fairClients, ioSplitClients*o.fairClients)
@@ -419,25 +422,64 @@ func closedAs(ctx context.Context, url, token, fn string, in []byte, clients int
 	if err != nil {
 		return fairLoad{}, fmt.Errorf("%s: %w", fn, err)
 	}
-	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing,
-		OutsideP50: quantile(outside, 0.5), OutsideP99: quantile(outside, 0.99)}
+	l := loadOf(r)
+	l.OutsideP50, l.OutsideP99 = quantile(outside, 0.5), quantile(outside, 0.99)
+	return l, nil
+}
+
+// loadOf is a bench run's fairLoad.
+func loadOf(r *bench.Result) fairLoad {
+	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
 	for _, e := range r.Errors {
 		l.Errors += e.Count
 	}
-	return l, nil
+	return l
+}
+
+// flood floods fn from a process of its own (plover bench), as a tenant's
+// clients on other machines would: its clients in this program would share
+// the victim's client's Go runtime (its processors, its collector, busy
+// with 4 MB bodies), and the victim's latency would measure them too. It
+// runs for d unless ctx ends first, which interrupts it (it reports what
+// it did).
+func flood(ctx context.Context, plover, url, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
+	f, err := os.CreateTemp("", "plover-fair-flood-")
+	if err != nil {
+		return fairLoad{}, err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(in)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fairLoad{}, err
+	}
+	cmd := exec.CommandContext(ctx, plover, "bench", fn, "--server", url, "--in", f.Name(), "--concurrency", strconv.Itoa(clients),
+		"--duration", d.String(), "--requests", "100000000", "--timeout", "1m", "--json")
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var r bench.Result
+	if jerr := json.Unmarshal(out, &r); jerr != nil {
+		return fairLoad{}, fmt.Errorf("flood %s: %v (%v) %s", fn, jerr, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return loadOf(&r), nil
 }
 
 // beside runs the victim at one client while the neighbour is flooded;
 // the flood starts first and runs past the victim's end.
-func beside(ctx context.Context, url, victim string, vin []byte, nb string, nin []byte, clients int, d time.Duration) (fairLoad, fairLoad, error) {
+func beside(ctx context.Context, plover, url, victim string, vin []byte, nb string, nin []byte, clients int, d time.Duration) (fairLoad, fairLoad, error) {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var flood fairLoad
+	var fl fairLoad
 	var ferr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		flood, ferr = closed(fctx, url, nb, nin, clients, d+2*time.Second)
+		fl, ferr = flood(fctx, plover, url, nb, nin, clients, d+2*time.Second)
 	}()
 	select {
 	case <-time.After(time.Second): // the flood at its pace
@@ -447,10 +489,10 @@ func beside(ctx context.Context, url, victim string, vin []byte, nb string, nin 
 	v, err := closed(ctx, url, victim, vin, 1, d)
 	cancel()
 	<-done
-	if err != nil {
-		return v, flood, err
+	if err == nil {
+		err = ferr
 	}
-	return v, flood, nil
+	return v, fl, err
 }
 
 // deviceSeconds is a function's device time on the server so far.
@@ -474,7 +516,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients: `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
@@ -483,7 +525,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99),
 			m.Neighbours["spin"].Throughput, m.Neighbours["vecadd"].Throughput)
 	}
-	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client: the clients of the victim and the flood share one process, this program). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
+	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
 	p("| mode | | sched | copy in | kernels | copy out | server total | outside the server |\n|---|---|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		for _, c := range []struct {

@@ -11,10 +11,8 @@ import (
 )
 
 // Probe is the nice level of this process's threads and whether a level
-// may be taken back down once raised (CAP_SYS_NICE, or an RLIMIT_NICE
-// that allows it). It tries on a thread of its own, which ends with its
-// goroutine either way. A child's RLIMIT_NICE is its parent's, so what
-// holds for this process's threads holds for the workers it starts.
+// may be taken back down once raised. It tries on a thread of its own,
+// which ends with its goroutine either way.
 func Probe() (level int, lower bool) {
 	type answer struct {
 		level int
@@ -31,12 +29,28 @@ func Probe() (level int, lower bool) {
 }
 
 // Try is Probe on the calling thread, which it may leave one level up:
-// the caller locked it and lets it end.
+// the caller locked it and lets it end. Only CAP_SYS_NICE counts: an
+// RLIMIT_NICE that allows the thread its level back is the target's, not
+// the caller's, and a worker drops its own (contain.Enter), so it would
+// not let the server take a worker's level back down.
 func Try() (level int, lower bool) {
 	raw, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
 	if err != nil {
 		return 0, false
 	}
 	n := 20 - raw // the system call's value is 20 - nice
+	if !sysNice() {
+		return n, false
+	}
 	return n, n < 19 && unix.Setpriority(unix.PRIO_PROCESS, 0, n+1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
+}
+
+// sysNice reports whether the calling thread holds CAP_SYS_NICE.
+func sysNice() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[0].Effective&(1<<unix.CAP_SYS_NICE) != 0
 }

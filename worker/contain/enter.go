@@ -179,6 +179,13 @@ func Enter(p Policy) error {
 		return fmt.Errorf("contain: enter: %w", err)
 	}
 
+	// A worker may not take its own nice level below the one the server
+	// gives it (its CPU weight): an RLIMIT_NICE above 0 would let it. The
+	// server renices it by CAP_SYS_NICE, not by this limit.
+	if err := unix.Setrlimit(unix.RLIMIT_NICE, &unix.Rlimit{}); err != nil {
+		return fmt.Errorf("contain: enter: setrlimit(RLIMIT_NICE, 0): %w", err)
+	}
+
 	if err := allThreadsPrctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {
 		return fmt.Errorf("contain: enter: prctl(PR_SET_NO_NEW_PRIVS): %w", err)
 	}

@@ -114,6 +114,9 @@ func childEnterDrop() {
 	rep.PdeathPre = ask()
 
 	rep.Checks["setresuid-root"] = outcome(syscall.Setresuid(0, 0, 0))
+	var nice unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NICE, &nice)
+	rep.Checks["rlimit-nice"] = fmt.Sprintf("%d %d", nice.Cur, nice.Max)
 	rep.Checks["secret"] = tryRead(os.Getenv("CT_SECRET"))
 	rep.Checks["parent-environ"] = tryRead(fmt.Sprintf("/proc/%d/environ", os.Getppid()))
 	rep.Checks["other-before-landlock"] = tryOpenat(int(other.Fd()), "file")
@@ -220,6 +223,7 @@ func checkEnterDrop(t *testing.T, as, secret string, dirs []string) {
 	}
 	want := map[string]string{
 		"setresuid-root":        "EPERM",
+		"rlimit-nice":           "0 0", // it cannot take its own nice level below the server's
 		"secret":                "EACCES",
 		"parent-environ":        "EACCES",
 		"other-before-landlock": "ok",
