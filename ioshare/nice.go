@@ -5,7 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/plover-run/plover/internal/nicelevel"
+	"github.com/plover-run/plover/nicelevel"
 )
 
 // NiceLevels weighs a thread by its nice level (a nice level is a

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/internal/nicelevel"
+	"github.com/plover-run/plover/nicelevel"
 )
 
 // u is a known use of a group: its weight, CPUs used and boost.

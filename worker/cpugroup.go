@@ -14,7 +14,7 @@ import (
 	"syscall"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/internal/nicelevel"
+	"github.com/plover-run/plover/nicelevel"
 )
 
 // CPUGroups gives each worker process a CPU weight that follows its

@@ -31,7 +31,9 @@ func TestSharingServed(t *testing.T) {
 		t.Skip("builds binaries and starts servers")
 	}
 	bin := buildPlover(t)
-	s := startIsoServer(t, bin, t.TempDir(), nil, "--device-runs", "1")
+	// --light-boost 1: the weights checked below are the functions' own, not
+	// a light worker's boost (worker/boost_test.go).
+	s := startIsoServer(t, bin, t.TempDir(), nil, "--device-runs", "1", "--light-boost", "1")
 	slow := testkit.Slow("slow", 150)
 	slow.MaxInstances, slow.Priority = 4, "batch"
 	fast := testkit.Manifest("fast")
@@ -112,15 +114,7 @@ func TestSharingServed(t *testing.T) {
 		t.Logf("cgroups not writable here; weights not checked: %s", grepLine(s.log.String(), "worker CPU weights off"))
 		return
 	}
-	group := ""
-	for _, root := range []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup"} {
-		if d := filepath.Join(root, "plover-"+strconv.Itoa(s.pid)); dirExists(d) {
-			group = d
-		}
-	}
-	if group == "" {
-		t.Fatalf("the server logged CPU weights on, but there is no plover-%d group:\n%s", s.pid, grepLine(s.log.String(), "CPU weights"))
-	}
+	group := serverGroup(t, s)
 	want := map[string][2]string{"fast": {"16384", "1600"}, "slow": {"128", "13"}} // 1024 or 100 x share x8 (latency) or /8 (batch)
 	for fn, w := range want {
 		fi := info(fn)
@@ -146,6 +140,55 @@ func TestSharingServed(t *testing.T) {
 	if dirExists(group) {
 		t.Fatalf("%s outlived the server", group)
 	}
+}
+
+// serverGroup is the server's CPU group (plover-PID), which the server
+// logged it made.
+func serverGroup(t *testing.T, s *isoServer) string {
+	t.Helper()
+	for _, root := range []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup"} {
+		if d := filepath.Join(root, "plover-"+strconv.Itoa(s.pid)); dirExists(d) {
+			return d
+		}
+	}
+	t.Fatalf("the server logged CPU weights on, but there is no plover-%d group:\n%s", s.pid, grepLine(s.log.String(), "CPU weights"))
+	return ""
+}
+
+// A light function's boost on a real server: the worker of a function
+// that has been idle since its first request runs at 8 times its
+// function's weight within a few of the boost's 250 ms windows (where
+// cgroups can be written; TestSharingServed checks the weights without it).
+func TestLightWorkerBoostedServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts servers")
+	}
+	bin := buildPlover(t)
+	s := startIsoServer(t, bin, t.TempDir(), nil)
+	if strings.Contains(s.log.String(), "worker CPU weights off") || strings.Contains(s.log.String(), "by nice level") {
+		t.Skipf("no cgroups to read the weight from here: %s", grepLine(s.log.String(), "CPU weights"))
+	}
+	run(t, bin, []string{"PLOVER_SERVER=" + s.url}, "deploy", testkit.BundleDir(t, testkit.Manifest("idle"), nil))
+	resp, err := http.Post(s.url+"/v1/functions/idle/invoke", "application/octet-stream", bytes.NewReader([]byte{1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var fi api.FunctionInfo
+	getJSON(t, http.DefaultClient, s.url+"/v1/functions/idle", &fi)
+	if len(fi.Workers) != 1 {
+		t.Fatalf("idle's workers: %+v", fi.Workers)
+	}
+	dir := filepath.Join(serverGroup(t, s), strconv.Itoa(fi.Workers[0].PID))
+	var got string
+	waitFor(t, 10*time.Second, "the idle function's worker to be boosted", func() bool {
+		v, err := os.ReadFile(filepath.Join(dir, "cpu.shares"))
+		if err != nil {
+			v, _ = os.ReadFile(filepath.Join(dir, "cpu.weight"))
+		}
+		got = strings.TrimSpace(string(v))
+		return got == "8192" || got == "800" // 1024 or 100, x8
+	})
 }
 
 func dirExists(d string) bool {
