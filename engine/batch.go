@@ -416,6 +416,10 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		res.err = errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
 		return res
 	}
+	// The run's requests are its clients: once every one has left, a run
+	// still waiting for the device's scheduler leaves it, as an unbatched
+	// request whose client went away does, and runs nothing.
+	gone := func() bool { _, left := liveDeadline(items); return !left }
 	t0 := time.Now()
 	inst, fresh, spent, err := pool.takeRetrying(context.Background(), deadline, nil)
 	var r *device.Run
@@ -433,7 +437,8 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		// the instance was taken or made left the run: it runs for those
 		// left, until the latest of their deadlines, and for none runs
 		// nothing (an unbatched request's cancelled context stops its run
-		// at the scheduler; this run's context is no request's).
+		// at the scheduler; this run's context is no request's, and it
+		// leaves the scheduler's queue by gone).
 		live, anyLeft := liveDeadline(items)
 		if !anyLeft {
 			ended, err = now, errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
@@ -454,7 +459,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		}
 		r.Items = uint32(k)
 		var wait time.Duration
-		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, nil)
+		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, gone)
 		res.sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {

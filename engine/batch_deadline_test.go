@@ -120,3 +120,47 @@ func TestBatchHoldLeavesARequestTimeToRun(t *testing.T) {
 		t.Fatal(r.err)
 	}
 }
+
+// A batch whose every request gave up (here cancelled) while its run
+// waited for the device's scheduler runs nothing: it left the scheduler's
+// queue as an unbatched request does, rather than holding its place behind
+// another function's run and then running its chain, charged to the
+// function, for nobody.
+func TestBatchWhoseRequestsAllLeftWhileItWaitedForTheDeviceRunsNothing(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 1, NoReserve: true}})
+	slow := testkit.Slow("hog", 1500)
+	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
+	m := testkit.BatchManifest("left", 4, "")
+	m.MaxInstances = 1
+	mark := filepath.Join(t.TempDir(), "ran")
+	testkit.Deploy(t, e, batchBundle(t, m, `-DRUN_MARK="`+mark+`"`))
+	if r := <-invokeAsync(e, "left", item(1, 0), time.Time{}); r.err != nil || r.value != 2 {
+		t.Fatalf("first request: %+v", r)
+	}
+	if err := os.Remove(mark); err != nil {
+		t.Fatal(err)
+	}
+
+	hog := make(chan error, 1)
+	go func() { hog <- e.Invoke(context.Background(), "hog", &call.Request{Input: []byte{1}}) }()
+	testkit.WaitFor(t, e, "hog", "a run on the device", testkit.Busy(1, 0))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	left := make(chan error, 1)
+	go func() {
+		left <- e.Invoke(ctx, "left", &call.Request{Input: item(2, 0), Deadline: time.Now().Add(10 * time.Second)})
+	}()
+	// Its run holds the instance and waits for the device.
+	testkit.WaitFor(t, e, "left", "a run waiting for the device", testkit.Busy(1, 1))
+	cancel()
+	if err := <-left; errdefs.KindOf(err) != errdefs.KindUnavailable {
+		t.Fatalf("the cancelled request: %v", err)
+	}
+	if err := <-hog; err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, e, "left", "its instance back", testkit.Busy(0, 0))
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatal("the batch's chain ran after every request in it had left while it waited for the device")
+	}
+}
