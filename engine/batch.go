@@ -376,22 +376,39 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			continue // its request gave up
 		}
 		res, size := all, n
+		// Its input was copied into the run's (run), and it has its part
+		// of the run's host copies (the device's), as an unbatched
+		// request has its run's.
+		copied := b.itemIn + partOf(all.tm.Copied, i, n)
 		if alone != nil {
 			res, size = alone[i], 1
 			res.start, res.load, res.sched = max(res.start, all.start), res.load+all.load, res.sched+all.sched
+			copied += res.tm.Copied
 		}
 		it.err, it.start, it.load, it.sched, it.size, it.device = res.err, res.start, res.load, res.sched, size, res.dev
+		rq := it.req
 		if res.err == nil {
-			rq := it.req
 			if int64(cap(rq.Output)) < b.itemOut {
 				rq.Output = make([]byte, b.itemOut)
 			}
 			rq.Output = rq.Output[:b.itemOut]
 			copy(rq.Output, out[int64(i)*b.itemOut:])
+			copied += b.itemOut
 			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = res.tm.CopyIn, res.tm.Kernels, res.tm.CopyOut
 		}
+		rq.Copied += copied
 		close(it.done)
 	}
+}
+
+// partOf is item i's part of c bytes a run of n items copied: an even
+// split, the remainder to the first items, so that the parts add up to c.
+func partOf(c int64, i, n int) int64 {
+	p := c / int64(n)
+	if int64(i) < c%int64(n) {
+		p++
+	}
+	return p
 }
 
 // batchRun is what one chain over some of a batch's items gave them.

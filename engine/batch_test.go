@@ -477,3 +477,42 @@ func TestBatchRunsReadTheirOwnTimingBeforeTheNextTakesTheInstance(t *testing.T) 
 		t.Fatal(err)
 	}
 }
+
+// A batching function's requests are copied on the host (README, "The path
+// a byte takes"): each one's input into its run's, and its output out of
+// the run's, beside the device's own copies. Each request counts its part
+// (call.Request.Copied, plover_payload_copied_bytes_total), as an unbatched
+// request counts its run's; they counted nothing. Here the in-process host
+// device copies each run's input (8 bytes an item) into its buffers and the
+// output (8 an item) back: 16 bytes an item, and the batch's own 8 + 8.
+func TestBatchCountsItsCopies(t *testing.T) {
+	m := testkit.BatchManifest("cp", 4, "")
+	m.MaxInstances = 1
+	e := batchEngine(t, m)
+	const want = 8 + 8 + 16
+	for _, tt := range []struct {
+		name   string
+		values []uint32
+	}{
+		{"alone", []uint32{5}},
+		{"in a batch of three", []uint32{5, 6, 7}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var chs []chan batchResult
+			if len(tt.values) == 1 {
+				chs = append(chs, invokeAsync(e, "cp", item(tt.values[0], 0), time.Time{}))
+			} else {
+				chs = behindABusyRun(t, e, "cp", tt.values...)
+			}
+			for i, ch := range chs {
+				r := <-ch
+				if r.err != nil || r.value != tt.values[i]+1 || r.req.BatchSize != len(tt.values) {
+					t.Fatalf("request %d: %+v", i, r)
+				}
+				if r.req.Copied != want {
+					t.Errorf("request %d of a run of %d counted %d bytes copied, want %d", i, len(tt.values), r.req.Copied, want)
+				}
+			}
+		})
+	}
+}
