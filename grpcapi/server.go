@@ -486,7 +486,8 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return nil, err
 	}
 	defer pin.Release()
-	typed, err := layInputs(req, ts.Inputs, pin.Version().MaxInputBytes, r)
+	maxIn, step := pin.InputBound() // a pipeline's: its first step's
+	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
 	if err != nil {
 		return nil, err
 	}

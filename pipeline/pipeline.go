@@ -102,32 +102,51 @@ func (r *Runner) Admit(ctx context.Context, name string, deadline time.Time) (Ad
 	if p.plan == nil {
 		a.MaxInput, err = p.top.MaxInput(), p.top.Full()
 	} else {
-		a.MaxInput, err = firstMaxInput(p.plan.stages[0]), firstFull(p.plan.stages[0])
+		a.MaxInput, a.Step = p.InputBound()
+		err = firstFull(p.plan.stages[0])
 	}
 	return a, err
 }
 
 // Admission is what Admit found: the most input bytes the request may
-// bring (0: unknown) and the version that would run it.
+// bring (0: unknown), for a pipeline the step whose max_input_bytes that
+// is (Pin.InputBound), and the version that would run it.
 type Admission struct {
 	MaxInput int64
+	Step     string // "step 0 (cnn)"; "" for a function
 	Version  api.Version
 }
 
-// firstMaxInput is the most input bytes a first stage takes: each branch
-// of a parallel one gets the whole input, so the least of theirs (0:
-// unknown).
-func firstMaxInput(st stage) int64 {
+// InputBound is the most input bytes the pinned version takes (0:
+// unknown) and, for a pipeline, which has no max_input_bytes of its own,
+// the step whose bound it is ("step 0 (cnn)", a refusal's message names
+// it); "" for a function.
+func (p Pin) InputBound() (int64, string) {
+	if p.plan == nil {
+		return p.top.MaxInput(), ""
+	}
+	n, by := firstMaxInput(&p.plan.stages[0])
+	if by == nil {
+		return 0, ""
+	}
+	return n, fmt.Sprintf("step %d (%s)", by.index, by.label)
+}
+
+// firstMaxInput is the most input bytes a first stage takes, and the
+// function stage whose bound it is: each branch of a parallel one gets the
+// whole input, so the least of theirs (0 and nil: unknown).
+func firstMaxInput(st *stage) (int64, *stage) {
 	if st.par == nil {
-		return st.pin.MaxInput()
+		return st.pin.MaxInput(), st
 	}
 	var least int64
-	for _, br := range st.par {
-		if n := firstMaxInput(br[0]); n > 0 && (least == 0 || n < least) {
-			least = n
+	var by *stage
+	for j := range st.par {
+		if n, s := firstMaxInput(&st.par[j][0]); n > 0 && (least == 0 || n < least) {
+			least, by = n, s
 		}
 	}
-	return least
+	return least, by
 }
 
 // firstFull is the refusal a first stage's queue would give now, if any.
@@ -385,7 +404,7 @@ func (p Pin) Version() api.Version {
 	v.Tensors = &ts
 	// Its input is its first step's: bound it as Admit does, so that a
 	// transport refuses an input no step would take before laying it out.
-	v.MaxInputBytes = firstMaxInput(p.plan.stages[0])
+	v.MaxInputBytes, _ = firstMaxInput(&p.plan.stages[0])
 	return v
 }
 
