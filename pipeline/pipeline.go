@@ -103,7 +103,7 @@ func (r *Runner) Admit(ctx context.Context, name string, deadline time.Time) (Ad
 		a.MaxInput, err = p.top.MaxInput(), p.top.Full()
 	} else {
 		a.MaxInput, a.Step = p.InputBound()
-		err = firstFull(p.plan.stages[0])
+		err = firstFull(p.plan.name, p.plan.stages[0])
 	}
 	return a, err
 }
@@ -149,13 +149,17 @@ func firstMaxInput(st *stage) (int64, *stage) {
 	return least, by
 }
 
-// firstFull is the refusal a first stage's queue would give now, if any.
-func firstFull(st stage) error {
+// firstFull is the refusal a first stage's queue would give now, if any,
+// naming the step as Invoke's would.
+func firstFull(pipeline string, st stage) error {
 	if st.par == nil {
-		return st.pin.Full()
+		if err := st.pin.Full(); err != nil {
+			return stepError(pipeline, st.index, st.label, err)
+		}
+		return nil
 	}
 	for _, br := range st.par {
-		if err := firstFull(br[0]); err != nil {
+		if err := firstFull(pipeline, br[0]); err != nil {
 			return err
 		}
 	}
