@@ -1,6 +1,7 @@
 package grpcapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/plover-run/plover/abi"
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -30,5 +32,26 @@ func TestPipelineInputBoundNamesItsStep(t *testing.T) {
 	_, err := f.client.ModelInfer(ctxT(t), req)
 	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "model p takes at most 65536 (its step 0 (echo)'s max_input_bytes)") {
 		t.Fatalf("%v; want InvalidArgument naming step 0 (echo)'s max_input_bytes", err)
+	}
+}
+
+// A pipeline whose step's function was deleted (plover rm --force) exists,
+// but its requests fail before they run: ModelReady says not ready, not
+// NotFound, as /v2/models/NAME/ready answers 503 ready false.
+func TestModelReadyOfAPipelineWhoseStepWasDeleted(t *testing.T) {
+	f := serve(t, nil)
+	testkit.Deploy(t, f.e, testkit.BundleDir(t, testkit.Manifest("gone"), nil))
+	dir := t.TempDir()
+	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "gone"}})
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, f.e, dir)
+	if err := f.e.Control().Delete(context.Background(), "gone", true); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := f.client.ModelReady(ctxT(t), &pb.ModelReadyRequest{Name: "p"})
+	if err != nil || resp.GetReady() {
+		t.Fatalf("ModelReady(p) after its step's function was deleted: %v, %v; want not ready", resp, err)
 	}
 }

@@ -260,7 +260,7 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 		if err != nil {
 			pl.release()
 			top.Release()
-			return Pin{}, err
+			return Pin{}, &PlanError{Pipeline: pl.name, Err: err}
 		}
 		pl.stages = append(pl.stages, st...)
 	}
@@ -269,6 +269,21 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 	}
 	return Pin{r, top, pl}, nil
 }
+
+// PlanError is a pipeline that exists but whose steps could not be
+// resolved for a request: a step's function deleted (plover rm --force), a
+// pinned version gone, a cycle or a limit passed by records changed since
+// its deploy, a store read that failed. Its requests fail before they run,
+// so it is not ready; Err is the step's error (stepError), whose status
+// it keeps.
+type PlanError struct {
+	Pipeline string
+	Err      error
+}
+
+func (e *PlanError) Error() string { return e.Err.Error() }
+
+func (e *PlanError) Unwrap() error { return e.Err }
 
 // expand resolves step s (step index of the requested pipeline, reached
 // through the nested pipelines on path) into stages.
