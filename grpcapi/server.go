@@ -377,6 +377,12 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 	// Not cut by the call's end: a client past its deadline resets the
 	// stream a little before it, which must read as the deadline's 504.
 	pin, _, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx))
+	var pe *pipeline.PlanError
+	if errors.As(err, &pe) {
+		// A pipeline whose steps do not resolve (a step's function
+		// deleted): it exists, but its requests fail before they run.
+		return &pb.ModelReadyResponse{Ready: false}, nil
+	}
 	if err != nil {
 		return nil, s.statusOf(ctx, err, "ModelReady")
 	}
@@ -486,7 +492,8 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return nil, err
 	}
 	defer pin.Release()
-	typed, err := layInputs(req, ts.Inputs, pin.Version().MaxInputBytes, r)
+	maxIn, step := pin.InputBound() // a pipeline's: its first step's
+	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
 	if err != nil {
 		return nil, err
 	}

@@ -19,8 +19,9 @@ import (
 // is used where it arrived, with no copy. maxInput is the model's
 // max_input_bytes (0: not known here; the engine checks it after): inputs
 // past it are refused before any is laid out, as typed contents widen (an
-// INT64 zero is one byte in the message and eight laid out).
-func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, r *call.Request) (typed bool, err error) {
+// INT64 zero is one byte in the message and eight laid out); step, for a
+// pipeline, is the step whose max_input_bytes it is (pipeline.Pin.InputBound).
+func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, step string, r *call.Request) (typed bool, err error) {
 	got := req.GetInputs()
 	raw := req.GetRawInputContents()
 	if len(raw) > 0 && len(raw) != len(got) {
@@ -62,8 +63,12 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, r *
 		// Each size is at most what the message holds (counted above), times
 		// eight: the sum cannot overflow.
 		if total += size; maxInput > 0 && total > maxInput {
+			whose := "max_input_bytes"
+			if step != "" {
+				whose = "its " + step + "'s max_input_bytes"
+			}
 			return false, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
-				"input %q (shape %v of %s) brings the inputs to %d bytes; model %s takes at most %d (max_input_bytes)", d.Name, t.GetShape(), d.Datatype, total, req.GetModelName(), maxInput)}
+				"input %q (shape %v of %s) brings the inputs to %d bytes; model %s takes at most %d (%s)", d.Name, t.GetShape(), d.Datatype, total, req.GetModelName(), maxInput, whose)}
 		}
 	}
 	for n := range idx {

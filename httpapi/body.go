@@ -46,6 +46,9 @@ type bodyLimit struct {
 	fn  call.Name // for the message only
 	in  int64
 	enc encoding
+	// step is, for a pipeline, the step whose max_input_bytes in is
+	// (pipeline.Pin.InputBound): a pipeline sets none of its own.
+	step string
 }
 
 func (s *Server) serverLimit() bodyLimit {
@@ -54,7 +57,10 @@ func (s *Server) serverLimit() bodyLimit {
 
 func (l bodyLimit) over(size string) error {
 	why := l.why
-	if why == "" {
+	switch {
+	case why == "" && l.step != "":
+		why = "for pipeline " + l.fn.Borrow() + " (its " + l.step + "'s max_input_bytes, " + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")"
+	case why == "":
 		why = "for function " + l.fn.Borrow() + " (its max_input_bytes, " + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")"
 	}
 	return tooLarge("request body " + size + " is over the limit of " + strconv.Itoa(l.n) + " bytes " + why)
@@ -101,7 +107,7 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 	if err != nil {
 		return bodyLimit{}, err
 	}
-	maxIn := a.MaxInput
+	maxIn, step := a.MaxInput, a.Step
 	if version != "" && !a.Version.Names(version) {
 		// Another version than the current one: its own bound, and an
 		// unknown one's 404 before the body (oip.Pin pins it again after).
@@ -109,7 +115,7 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 		if err != nil {
 			return bodyLimit{}, err
 		}
-		maxIn = p.Version().MaxInputBytes // a pipeline's: its first step's
+		maxIn, step = p.InputBound() // a pipeline's: its first step's
 		p.Release()
 	}
 	lim := s.serverLimit()
@@ -131,7 +137,7 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 		}
 	}
 	if n < int64(lim.n) {
-		lim = bodyLimit{n: int(n), fn: name, in: maxIn, enc: enc}
+		lim = bodyLimit{n: int(n), fn: name, in: maxIn, enc: enc, step: step}
 	}
 	return lim, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/oip"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // The Open Inference Protocol (KServe v2) over HTTP/REST: health, server and
@@ -133,6 +135,13 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version call.Name, acti
 		return
 	}
 	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version.Borrow(), s.door.Deadline(started(ctx), dl))
+	var pe *pipeline.PlanError
+	if action == "ready" && errors.As(err, &pe) {
+		// A pipeline whose steps do not resolve (a step's function
+		// deleted): it exists, but its requests fail before they run.
+		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"name": fn, "ready": false})
+		return
+	}
 	if err != nil {
 		s.fail(ctx, err)
 		return

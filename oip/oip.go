@@ -7,6 +7,7 @@ package oip
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -209,7 +210,8 @@ func Pin(ctx context.Context, inv Pinner, name, version string, deadline time.Ti
 // function's).
 func PinVersion(ctx context.Context, inv Pinner, name, version string, deadline time.Time) (pipeline.Pin, error) {
 	pin, err := inv.PinVersion(ctx, name, version, deadline)
-	if errdefs.KindOf(err) == errdefs.KindNotFound {
+	var pe *pipeline.PlanError
+	if errdefs.KindOf(err) == errdefs.KindNotFound && !errors.As(err, &pe) { // not a step's 404
 		return pin, &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s has no version %q: name a version folder's number, or a version id or its first 8+ characters (plover versions %s)", name, version, name)}
 	}
 	return pin, err

@@ -102,41 +102,64 @@ func (r *Runner) Admit(ctx context.Context, name string, deadline time.Time) (Ad
 	if p.plan == nil {
 		a.MaxInput, err = p.top.MaxInput(), p.top.Full()
 	} else {
-		a.MaxInput, err = firstMaxInput(p.plan.stages[0]), firstFull(p.plan.stages[0])
+		a.MaxInput, a.Step = p.InputBound()
+		err = firstFull(p.plan.name, p.plan.stages[0])
 	}
 	return a, err
 }
 
 // Admission is what Admit found: the most input bytes the request may
-// bring (0: unknown) and the version that would run it.
+// bring (0: unknown), for a pipeline the step whose max_input_bytes that
+// is (Pin.InputBound), and the version that would run it.
 type Admission struct {
 	MaxInput int64
+	Step     string // "step 0 (cnn)"; "" for a function
 	Version  api.Version
 }
 
-// firstMaxInput is the most input bytes a first stage takes: each branch
-// of a parallel one gets the whole input, so the least of theirs (0:
-// unknown).
-func firstMaxInput(st stage) int64 {
-	if st.par == nil {
-		return st.pin.MaxInput()
+// InputBound is the most input bytes the pinned version takes (0:
+// unknown) and, for a pipeline, which has no max_input_bytes of its own,
+// the step whose bound it is ("step 0 (cnn)", a refusal's message names
+// it); "" for a function.
+func (p Pin) InputBound() (int64, string) {
+	if p.plan == nil {
+		return p.top.MaxInput(), ""
 	}
-	var least int64
-	for _, br := range st.par {
-		if n := firstMaxInput(br[0]); n > 0 && (least == 0 || n < least) {
-			least = n
-		}
+	n, by := firstMaxInput(&p.plan.stages[0])
+	if by == nil {
+		return 0, ""
 	}
-	return least
+	return n, fmt.Sprintf("step %d (%s)", by.index, by.label)
 }
 
-// firstFull is the refusal a first stage's queue would give now, if any.
-func firstFull(st stage) error {
+// firstMaxInput is the most input bytes a first stage takes, and the
+// function stage whose bound it is: each branch of a parallel one gets the
+// whole input, so the least of theirs (0 and nil: unknown).
+func firstMaxInput(st *stage) (int64, *stage) {
 	if st.par == nil {
-		return st.pin.Full()
+		return st.pin.MaxInput(), st
+	}
+	var least int64
+	var by *stage
+	for j := range st.par {
+		if n, s := firstMaxInput(&st.par[j][0]); n > 0 && (least == 0 || n < least) {
+			least, by = n, s
+		}
+	}
+	return least, by
+}
+
+// firstFull is the refusal a first stage's queue would give now, if any,
+// naming the step as Invoke's would.
+func firstFull(pipeline string, st stage) error {
+	if st.par == nil {
+		if err := st.pin.Full(); err != nil {
+			return stepError(pipeline, st.index, st.label, err)
+		}
+		return nil
 	}
 	for _, br := range st.par {
-		if err := firstFull(br[0]); err != nil {
+		if err := firstFull(pipeline, br[0]); err != nil {
 			return err
 		}
 	}
@@ -237,7 +260,7 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 		if err != nil {
 			pl.release()
 			top.Release()
-			return Pin{}, err
+			return Pin{}, &PlanError{Pipeline: pl.name, Err: err}
 		}
 		pl.stages = append(pl.stages, st...)
 	}
@@ -246,6 +269,21 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 	}
 	return Pin{r, top, pl}, nil
 }
+
+// PlanError is a pipeline that exists but whose steps could not be
+// resolved for a request: a step's function deleted (plover rm --force), a
+// pinned version gone, a cycle or a limit passed by records changed since
+// its deploy, a store read that failed. Its requests fail before they run,
+// so it is not ready; Err is the step's error (stepError), whose status
+// it keeps.
+type PlanError struct {
+	Pipeline string
+	Err      error
+}
+
+func (e *PlanError) Error() string { return e.Err.Error() }
+
+func (e *PlanError) Unwrap() error { return e.Err }
 
 // expand resolves step s (step index of the requested pipeline, reached
 // through the nested pipelines on path) into stages.
@@ -385,7 +423,7 @@ func (p Pin) Version() api.Version {
 	v.Tensors = &ts
 	// Its input is its first step's: bound it as Admit does, so that a
 	// transport refuses an input no step would take before laying it out.
-	v.MaxInputBytes = firstMaxInput(p.plan.stages[0])
+	v.MaxInputBytes, _ = firstMaxInput(&p.plan.stages[0])
 	return v
 }
 

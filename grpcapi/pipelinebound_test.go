@@ -1,0 +1,57 @@
+package grpcapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/plover-run/plover/abi"
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A pipeline's input bound is its first step's max_input_bytes (it may
+// set none of its own): an input past it names that step, not the
+// pipeline's max_input_bytes.
+func TestPipelineInputBoundNamesItsStep(t *testing.T) {
+	f := serve(t, nil)
+	dir := t.TempDir()
+	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "echo"}})
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, f.e, dir)
+	req := oneByte("p") // echo takes 64 KiB
+	req.Inputs[0].Shape[0], req.RawInputContents[0] = 1<<16+1, make([]byte, 1<<16+1)
+	_, err := f.client.ModelInfer(ctxT(t), req)
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "model p takes at most 65536 (its step 0 (echo)'s max_input_bytes)") {
+		t.Fatalf("%v; want InvalidArgument naming step 0 (echo)'s max_input_bytes", err)
+	}
+}
+
+// A pipeline whose step's function was deleted (plover rm --force) exists,
+// but its requests fail before they run: ModelReady says not ready, not
+// NotFound, as /v2/models/NAME/ready answers 503 ready false.
+func TestModelReadyOfAPipelineWhoseStepWasDeleted(t *testing.T) {
+	f := serve(t, nil)
+	testkit.Deploy(t, f.e, testkit.BundleDir(t, testkit.Manifest("gone"), nil))
+	dir := t.TempDir()
+	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "gone"}})
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, f.e, dir)
+	if err := f.e.Control().Delete(context.Background(), "gone", true); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := f.client.ModelReady(ctxT(t), &pb.ModelReadyRequest{Name: "p"})
+	if err != nil || resp.GetReady() {
+		t.Fatalf("ModelReady(p) after its step's function was deleted: %v, %v; want not ready", resp, err)
+	}
+}

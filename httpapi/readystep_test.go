@@ -1,0 +1,46 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A pipeline whose step's function was deleted (plover rm --force) still
+// exists, but every request to it fails before it runs (404 at that
+// step): its /v2 ready is 503 ready false, as for a step whose library
+// was refused, not a 404 that says the model itself is unknown.
+func TestModelReadyOfAPipelineWhoseStepWasDeleted(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("gone"), nil))
+	pdir := t.TempDir()
+	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "gone"}})
+	if err := os.WriteFile(filepath.Join(pdir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, e, pdir)
+	if err := e.Control().Delete(context.Background(), "gone", true); err != nil {
+		t.Fatal(err)
+	}
+	url := testkit.Serve(t, e, httpapi.Options{})
+	infer := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`)
+	if code, _, body := v2Do(t, "POST", url+"/v2/models/p/infer", nil, infer); code != 404 || !strings.Contains(string(body), "step 1 (gone)") {
+		t.Fatalf("infer of p: %d %s, want 404 naming step 1 (gone)", code, body)
+	}
+	code, _, body := v2Do(t, "GET", url+"/v2/models/p/ready", nil, nil)
+	if code != 503 || !strings.Contains(string(body), `"ready":false`) {
+		t.Fatalf("p/ready after its step's function was deleted: %d %s, want 503 ready false", code, body)
+	}
+	if code, _, body := v2Do(t, "GET", url+"/v2/models/nosuch/ready", nil, nil); code != 404 {
+		t.Fatalf("nosuch/ready: %d %s, want 404", code, body)
+	}
+}
