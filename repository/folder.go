@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -133,16 +134,30 @@ func resolved(dir string) string {
 }
 
 // look fingerprints a folder: every file's and directory's name, size and
-// modification time, and the newest of those times.
+// modification time, and the newest of those times. A linked version
+// folder (cnn/2 -> releases/v2) is looked into: a file rewritten in place
+// in it changes neither the link nor its directory.
 func look(dir string, renamed bool) folder {
 	f := folder{dir: dir, renamed: renamed}
 	h := sha256.New()
-	var b [16]byte
 	// A folder may be a link swapped to a new copy at once (cnn ->
 	// cnn-v7): what it points at is part of what it is.
 	root := resolved(dir)
 	io.WriteString(h, root)
-	f.err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	f.err = f.walk(h, root, "", true)
+	f.print = fmt.Sprintf("%x", h.Sum(nil))
+	f.unreadable = f.err != nil && !errors.Is(f.err, fs.ErrNotExist) && !errors.Is(f.err, syscall.ENOTDIR)
+	return f
+}
+
+// walk hashes root's tree into h, each name as prefix/rel; with follow, a
+// version folder (a number just under root) that is a link to a directory
+// is walked too. Other links are only stat'd: a link deeper in (data -> /)
+// is no version folder and walks nothing, and no loop of links walks
+// forever.
+func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
+	var b [16]byte
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -151,7 +166,7 @@ func look(dir string, renamed bool) folder {
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
-		io.WriteString(h, rel)
+		io.WriteString(h, filepath.Join(prefix, rel))
 		if d.Type()&fs.ModeSymlink != 0 {
 			// A linked version folder or file: where it points, and
 			// what it points at (a linked file rewritten is a change).
@@ -159,6 +174,11 @@ func look(dir string, renamed bool) folder {
 			io.WriteString(h, target)
 			if st, err := os.Stat(p); err == nil {
 				fi = st
+				if follow && st.IsDir() && isVersion(rel) {
+					if err := f.walk(h, resolved(p), filepath.Join(prefix, rel), false); err != nil {
+						return err
+					}
+				}
 			}
 		}
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
@@ -169,9 +189,13 @@ func look(dir string, renamed bool) folder {
 		}
 		return nil
 	})
-	f.print = fmt.Sprintf("%x", h.Sum(nil))
-	f.unreadable = f.err != nil && !errors.Is(f.err, fs.ErrNotExist) && !errors.Is(f.err, syscall.ENOTDIR)
-	return f
+}
+
+// isVersion reports whether name is a version folder's: a number, as
+// versionsOf lists them.
+func isVersion(name string) bool {
+	n, err := strconv.ParseUint(name, 10, 63)
+	return err == nil && strconv.FormatUint(n, 10) == name
 }
 
 type settleResult int

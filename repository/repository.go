@@ -407,7 +407,7 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	}
 	var vs []version
 	for _, e := range ents {
-		if n, err := strconv.ParseUint(e.Name(), 10, 63); err == nil && isDir(m.dir, e) && strconv.FormatUint(n, 10) == e.Name() {
+		if isVersion(e.Name()) && isDir(m.dir, e) {
 			vs = append(vs, version{label: e.Name(), dir: resolved(filepath.Join(m.dir, e.Name()))})
 		}
 	}
