@@ -459,7 +459,12 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	}
 	rec, err := r.node.Versions(ctx, m.name)
 	if err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-		r.settle(m, "", nil, Unavailable, err.Error(), errdefs.KindOf(err)) // "": the store, not the folder: try again
+		// The store, not the folder: the next scan tries again ("") and
+		// what served serves on, and shows so.
+		r.mu.Lock()
+		old := m.versions
+		r.mu.Unlock()
+		r.settle(m, "", old, Unavailable, fmt.Sprintf("%s: reading its record: %v", r.where(m.dir), err), errdefs.KindOf(err))
 		return
 	}
 	current, label := "", ""
@@ -655,13 +660,14 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 
 // Index is the repository's models, by name: one entry per version
 // folder (its label as the version), and one without a version for the
-// whole folder while it settles, or when it has no versions to show
-// (unreadable, unloaded); with ready, only READY ones.
+// whole folder while it settles, when it has no versions to show
+// (unreadable, unloaded), or when its last deploy failed beside the
+// versions that still serve (the store down); with ready, only READY ones.
 func (r *Repository) Index(ready bool) []api.RepositoryModel {
 	r.mu.Lock()
 	out := make([]api.RepositoryModel, 0, len(r.models))
 	for _, m := range r.models {
-		if len(m.versions) == 0 || m.unloaded || m.state == Loading {
+		if len(m.versions) == 0 || m.unloaded || m.state != "" {
 			if !ready {
 				out = append(out, api.RepositoryModel{Name: m.name, State: m.state, Reason: m.reason})
 			}

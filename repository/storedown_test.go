@@ -1,0 +1,65 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
+)
+
+// storeDownNode's records cannot be read while down.
+type storeDownNode struct {
+	*fakeNode
+	down atomic.Bool
+}
+
+func (s *storeDownNode) Versions(ctx context.Context, name string) (*api.Record, error) {
+	if s.down.Load() {
+		return nil, errdefs.New(errdefs.KindUnavailable, nil, "store: connection refused")
+	}
+	return s.fakeNode.Versions(ctx, name)
+}
+
+// A deploy that cannot read the function's record (the store down) keeps
+// what serves in the index (cnn/1 still READY, as it still answers), and
+// its reason, in the index and a load's error, names the folder and what
+// failed, not the store's words alone; the class stays (503).
+func TestStoreDownKeepsWhatServes(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := &storeDownNode{fakeNode: newFakeNode()}
+	r, err := New(Config{Dir: root, Poll: time.Hour, Settle: 20 * time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(ctx)
+	if got := index(r); got != "cnn/1 READY; " {
+		t.Fatalf("start: %s", got)
+	}
+	node.down.Store(true)
+	writeBundle(t, filepath.Join(root, "cnn", "2"), "cnn", false)
+	age(t, root)
+	waitFor(t, r, 5, "the deploy of cnn/2 tried", func() bool { return strings.Contains(index(r), "connection refused") })
+	want := "models/cnn: reading its record: store: connection refused"
+	if got := index(r); !strings.Contains(got, "cnn/1 READY") || !strings.Contains(got, want) {
+		t.Errorf("store down: %s\nwant cnn/1 still READY and the reason %q", got, want)
+	}
+	err = r.Load(ctx, "cnn")
+	if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(fmt.Sprint(err), "load cnn: "+want) {
+		t.Errorf("load while the store is down: %v (kind %d), want 503 with %q", err, errdefs.KindOf(err), "load cnn: "+want)
+	}
+	node.down.Store(false)
+	waitFor(t, r, 3, "cnn/2 current once the store is back", func() bool { return node.current("cnn") == "2" })
+	if _, err := os.Stat(filepath.Join(root, "cnn", "2")); err != nil {
+		t.Fatal(err)
+	}
+}
