@@ -60,6 +60,10 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 			// Writing the bundle into the cache failed: the store is fine,
 			// and the disk to free is this node's.
 			return errorf(errdefs.KindNoSpace, err, "function %s: cold start: this node's disk is full: no room for bundle %s in its bundle cache %s (%v)", v.fn.name, v.rec.SHA256[:12], e.cfg.Cache.Dir(), err)
+		case errors.As(err, &fe) && errors.Is(ctx.Err(), context.DeadlineExceeded):
+			// The request's deadline bounds the fetch: its 504, as for a
+			// record read cut by it (readCut), not the store's 503.
+			return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while bundle %s was fetched from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &fe):
 			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &be): // the bundle itself is refused: that will not change

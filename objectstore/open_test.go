@@ -320,3 +320,29 @@ func TestFSListHidesTempFiles(t *testing.T) {
 		t.Fatalf("list = %v", keys(l))
 	}
 }
+
+// A missing object on S3 is reported with the store it was looked for in
+// (bucket and prefix) and the object's full name: with many nodes and
+// buckets, "get bundles/x: object not found" does not say where to look.
+func TestS3NotFoundNamesTheStore(t *testing.T) {
+	srv := minio.Start(t)
+	srv.MustCreateBucket(t, "nf-bucket")
+	ctx := context.Background()
+	s, err := Open(ctx, "s3://nf-bucket/tenant/a", s3Options(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, gerr := s.Get(ctx, "bundles/missing.tar.zst")
+	_, _, terr := s.GetTagged(ctx, "bundles/missing.tar.zst")
+	_, serr := s.Stat(ctx, "bundles/missing.tar.zst")
+	uerr := s.Touch(ctx, "bundles/missing.tar.zst")
+	for op, err := range map[string]error{"get": gerr, "get tagged": terr, "stat": serr, "touch": uerr} {
+		if !errors.Is(err, ErrNotFound) {
+			t.Errorf("%s: %v, want ErrNotFound", op, err)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, "s3://nf-bucket/tenant/a") || !strings.Contains(msg, "tenant/a/bundles/missing.tar.zst") {
+			t.Errorf("%s: %q names neither the bucket nor the object", op, msg)
+		}
+	}
+}

@@ -256,11 +256,23 @@ func (s *S3) objectName(key string) (string, error) {
 }
 
 // wrap maps a minio-go error to ErrNotFound where the object is missing.
+// Either way the message names the store (bucket and prefix) and the
+// object's name in the bucket, so that an operator with several buckets
+// knows where to look.
 func (s *S3) wrap(op, key string, err error) error {
+	where := fmt.Sprintf("%s: object %q in bucket %q", s, s.fullName(key), s.bucket)
 	if code := minio.ToErrorResponse(err).Code; code == "NoSuchKey" {
-		return fmt.Errorf("%s %s: %w", op, key, ErrNotFound)
+		return fmt.Errorf("%s %s: %s: %w", op, key, where, ErrNotFound)
 	}
-	return fmt.Errorf("%s %s: %s: %w", op, key, s, err)
+	return fmt.Errorf("%s %s: %s: %w", op, key, where, err)
+}
+
+// fullName is key's object name in the bucket (under the prefix).
+func (s *S3) fullName(key string) string {
+	if s.prefix == "" {
+		return key
+	}
+	return s.prefix + "/" + key
 }
 
 func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
@@ -521,7 +533,7 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
 			return nil
 		}
-		return fmt.Errorf("delete %s: %s: %w", key, s, err)
+		return s.wrap("delete", key, err)
 	}
 	return nil
 }
