@@ -249,10 +249,7 @@ func (s *S3) objectName(key string) (string, error) {
 	if err := CheckKey(key); err != nil {
 		return "", err
 	}
-	if s.prefix == "" {
-		return key, nil
-	}
-	return s.prefix + "/" + key, nil
+	return s.fullName(key), nil
 }
 
 // wrap maps a minio-go error to ErrNotFound where the object is missing.
