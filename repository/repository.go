@@ -220,12 +220,15 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	now := time.Now()
 	var due []*model
 	r.mu.Lock()
-	var gone []*model
+	var gone, unsure []*model
 	for name, m := range r.models {
 		if _, ok := found[name]; !ok {
-			if m.deployed && !m.unloaded {
+			switch {
+			case m.deployed && !m.unloaded:
 				gone = append(gone, m) // kept, removing, until its function is deleted
-			} else {
+			case !m.unloaded:
+				unsure = append(unsure, m) // an earlier run's, maybe (its record, below)
+			default:
 				delete(r.models, name)
 			}
 		}
@@ -243,6 +246,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		}
 	}
 	r.mu.Unlock()
+	gone = append(gone, r.earlierRuns(ctx, unsure)...)
 	slices.SortFunc(gone, func(a, b *model) int { return strings.Compare(a.name, b.name) })
 	// Again while one goes: a pipeline removed with its step goes first.
 	for len(gone) > 0 {
@@ -518,12 +522,49 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 // labelled reports whether name's current version carries a version
 // folder's label, which only the repository gives.
 func (r *Repository) labelled(ctx context.Context, name string) bool {
+	ok, _ := r.labelledErr(ctx, name)
+	return ok
+}
+
+// labelledErr is labelled, and the error when name's record could not be
+// read (not found is no error: nothing to delete).
+func (r *Repository) labelledErr(ctx context.Context, name string) (bool, error) {
 	rec, err := r.node.Versions(ctx, name)
+	if errdefs.KindOf(err) == errdefs.KindNotFound {
+		return false, nil
+	}
 	if err != nil {
-		return false
+		return false, err
 	}
 	v, err := rec.CurrentVersion()
-	return err == nil && v.Label != ""
+	return err == nil && v.Label != "", nil
+}
+
+// earlierRuns sorts the models whose folders were removed before this run
+// deployed them (their first deploy failed: the store down, a broken
+// bundle) into those an earlier run deployed, returned to be deleted as
+// any removed folder's function is, and the others, forgotten. One whose
+// record cannot be read now stays, removing, for the next scan: dropped,
+// an earlier run's function would serve on for good with no folder.
+func (r *Repository) earlierRuns(ctx context.Context, ms []*model) []*model {
+	var gone []*model
+	for _, m := range ms {
+		ours, err := r.labelledErr(ctx, m.name)
+		r.mu.Lock()
+		switch {
+		case r.models[m.name] != m:
+		case err != nil:
+			m.removing, m.done, m.versions, m.retry = true, "", nil, false
+			m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but whether its function is the repository's could not be read (tried again at the next scan): %v", err)
+		case ours:
+			m.deployed = true
+			gone = append(gone, m)
+		default:
+			delete(r.models, m.name)
+		}
+		r.mu.Unlock()
+	}
+	return gone
 }
 
 // retire takes off rec's versions the labels of version folders that

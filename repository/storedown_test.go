@@ -63,3 +63,50 @@ func TestStoreDownKeepsWhatServes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A folder removed before this run deployed it (the store down at its
+// first deploy) still takes its function with it when an earlier run of
+// the repository deployed that function: dropped unseen, it served on for
+// good with no folder. Whether it is the repository's is read from its
+// record once the store answers; meanwhile the folder's entry says why it
+// waits.
+func TestRemovedBeforeItsFirstDeployOfThisRun(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := &storeDownNode{fakeNode: newFakeNode()}
+	cfg := Config{Dir: root, Poll: time.Hour, Settle: 20 * time.Millisecond}
+	earlier, err := New(cfg, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier.Scan(ctx)
+	if node.current("cnn") != "1" {
+		t.Fatalf("the earlier run did not deploy cnn: %s", index(earlier))
+	}
+	node.down.Store(true)
+	r, err := New(cfg, node) // the server restarted, the store down
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(ctx)
+	if got := index(r); !strings.Contains(got, "connection refused") {
+		t.Fatalf("first deploy with the store down: %s", got)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "cnn")); err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(ctx)
+	if got := index(r); !strings.Contains(got, "its folder was removed") {
+		t.Errorf("removed with the store down: %s; want its entry waiting, saying why", got)
+	}
+	node.down.Store(false)
+	r.Scan(ctx)
+	if node.current("cnn") != "" {
+		t.Fatalf("cnn still served (version %s) after its folder was removed: %s", node.current("cnn"), index(r))
+	}
+	if got := index(r); got != "" {
+		t.Errorf("index after the delete: %q, want empty", got)
+	}
+}
