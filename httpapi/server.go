@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -126,52 +125,6 @@ type exchange struct {
 // readable for fasthttp). The engine calls it only while the request is
 // queued.
 func (c *exchange) gone() bool { return connGone(c.conn) }
-
-// connGone reports whether the client at the other end of conn closed it
-// (exchange.gone; a followed log stream).
-func connGone(conn net.Conn) bool { return peek(conn) == peekClosed }
-
-// What a peek at a connection's socket finds.
-const (
-	peekNothing = iota // open, nothing to read yet (or no socket to look at)
-	peekBytes          // bytes the server has not read yet
-	peekClosed         // the client closed it, or the socket is closed
-)
-
-// peek looks at the socket under conn (under TLS and Serve's wrapper)
-// without consuming anything: a pipelined next request stays readable for
-// fasthttp.
-func peek(conn net.Conn) int {
-	for {
-		u, ok := conn.(interface{ NetConn() net.Conn })
-		if !ok {
-			break
-		}
-		conn = u.NetConn()
-	}
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return peekNothing
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return peekNothing
-	}
-	found := peekNothing
-	if err := rc.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
-		case n > 0:
-			found = peekBytes
-		case (n == 0 && err == nil) || err == syscall.ECONNRESET:
-			found = peekClosed
-		}
-	}); err != nil {
-		return peekClosed
-	}
-	return found
-}
 
 // New returns a Server over door, the front door it shares with the
 // server's other transports (gRPC): one gate (tokens, scopes, limits), one

@@ -519,54 +519,6 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	r.settle(m, print, vers, "", "", 0)
 }
 
-// labelled reports whether name's current version carries a version
-// folder's label, which only the repository gives.
-func (r *Repository) labelled(ctx context.Context, name string) bool {
-	ok, _ := r.labelledErr(ctx, name)
-	return ok
-}
-
-// labelledErr is labelled, and the error when name's record could not be
-// read (not found is no error: nothing to delete).
-func (r *Repository) labelledErr(ctx context.Context, name string) (bool, error) {
-	rec, err := r.node.Versions(ctx, name)
-	if errdefs.KindOf(err) == errdefs.KindNotFound {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	v, err := rec.CurrentVersion()
-	return err == nil && v.Label != "", nil
-}
-
-// earlierRuns sorts the models whose folders were removed before this run
-// deployed them (their first deploy failed: the store down, a broken
-// bundle) into those an earlier run deployed, returned to be deleted as
-// any removed folder's function is, and the others, forgotten. One whose
-// record cannot be read now stays, removing, for the next scan: dropped,
-// an earlier run's function would serve on for good with no folder.
-func (r *Repository) earlierRuns(ctx context.Context, ms []*model) []*model {
-	var gone []*model
-	for _, m := range ms {
-		ours, err := r.labelledErr(ctx, m.name)
-		r.mu.Lock()
-		switch {
-		case r.models[m.name] != m:
-		case err != nil:
-			m.removing, m.done, m.versions, m.retry = true, "", nil, false
-			m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but whether its function is the repository's could not be read (tried again at the next scan): %v", err)
-		case ours:
-			m.deployed = true
-			gone = append(gone, m)
-		default:
-			delete(r.models, m.name)
-		}
-		r.mu.Unlock()
-	}
-	return gone
-}
-
 // retire takes off rec's versions the labels of version folders that
 // went (none of vers): /v2/models/NAME/versions/N stops answering for a
 // folder N removed. rec was read after the current version was set.
@@ -685,18 +637,6 @@ func (r *Repository) settleLocked(m *model, done string, vers []version, state, 
 	if state == Unavailable && reason != "" {
 		r.cfg.Log.Warn("model repository: a model is unavailable", "model", m.name, "reason", reason)
 	}
-}
-
-// remove deletes a removed folder's function; requests in flight finish.
-// A function a pipeline runs is not deleted (409, as plover rm without
-// --force): it stays, UNAVAILABLE with the reason, until the pipeline goes.
-func (r *Repository) remove(ctx context.Context, m *model) error {
-	if err := r.node.Delete(ctx, m.name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
-		return err
-	}
-	r.cfg.Log.Info("model repository: removed", "model", m.name)
-	return nil
 }
 
 // Index is the repository's models, by name: one entry per version
