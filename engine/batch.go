@@ -54,12 +54,13 @@ type batcher struct {
 	// deadline once the hold ends.
 	runTook time.Duration
 	bufs    sync.Pool // *batchBufs
-
-	sizes batchSizes
 }
 
 // batchSizes counts runs by items, in power-of-two buckets (the
 // plover_batch_size histogram): counts[k] is runs of at most 2^k items.
+// A function's (function.batches), like its other counters: its versions'
+// runs add up, so a redeploy or rollback neither drops the counts (a
+// counter going back) nor brings an earlier version's back.
 type batchSizes struct {
 	counts [abi.MaxBatchItemsLog2 + 1]atomic.Uint64
 	sum    atomic.Uint64
@@ -319,7 +320,7 @@ func (b *batcher) run(items []*batchItem) {
 		}
 	}
 	if len(live) > 0 {
-		b.sizes.observe(len(live))
+		b.v.fn.batches.observe(len(live))
 		b.runItems(live, bb)
 	} else {
 		b.ended(0)

@@ -92,8 +92,8 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(queued), f.name)
 		ch <- prometheus.MustNewConstMetric(descFuncMem, prometheus.GaugeValue, float64(mem), f.name)
-		if b := v.batcher(); b != nil {
-			ch <- b.sizes.histogram(f.name)
+		if f.batches.sum.Load() > 0 || v.batcher() != nil { // batched once, or batches now
+			ch <- f.batches.histogram(f.name)
 		}
 		for _, w := range v.processes() {
 			ch <- prometheus.MustNewConstMetric(descWorkerRSS, prometheus.GaugeValue, float64(w.RSSBytes), f.name, w.Device)

@@ -29,7 +29,10 @@ type function struct {
 	cur    *version            // guarded by table.mu
 	pinned map[string]*version // by id; guarded by table.mu
 	stats  stats
-	io     atomic.Pointer[ioshare.Flow] // its share of the server's I/O, once made (Engine.ioOf)
+	// batches counts the runs of its versions that batch, all of them
+	// (plover_batch_size): not a version's, which a redeploy would drop.
+	batches batchSizes
+	io      atomic.Pointer[ioshare.Flow] // its share of the server's I/O, once made (Engine.ioOf)
 }
 
 // output is where f's programs print: its sink, or nil when nothing keeps
