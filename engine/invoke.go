@@ -149,8 +149,13 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		tq := time.Now()
 		req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
 		err = v.batch.invoke(ctx, req, deadline, tq)
-		req.Timing.End(time.Since(t0))
 		ran = req.BatchSize > 0 // it ran, well or not: its start counts as the unbatched path's does
+		if ran {
+			// Timed as the unbatched path times a request that ran: one
+			// refused (its queue full) or that left before a run took it
+			// was dispatched nowhere, and End would call its wait Dispatch.
+			req.Timing.End(time.Since(t0))
+		}
 	} else {
 		ran, err = v.pool.run(ctx, req, deadline, t0)
 	}
