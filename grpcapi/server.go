@@ -487,6 +487,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return errors.Is(rpc.Err(), context.Canceled) && (!hasDeadline || time.Until(d) > goneMargin)
 	}
 	ctx = context.WithoutCancel(ctx)
+	t0 := time.Now() // the model's total counts its lookup, as HTTP's does
 	pin, ts, err := s.pin(ctx, req.GetModelName(), req.GetModelVersion(), r.Deadline)
 	if err != nil {
 		return nil, err
@@ -502,7 +503,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if err != nil {
 		return nil, err
 	}
-	if err := pin.Invoke(ctx, r); err != nil {
+	if err := pin.InvokeSince(ctx, r, t0); err != nil {
 		return nil, err
 	}
 	resp, err := outputs(req, r, ts.Outputs, pick, typed)

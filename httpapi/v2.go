@@ -287,6 +287,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	if err != nil {
 		return err
 	}
+	t0 := time.Now() // the model's total counts its lookup, as /v1's does (Runner.Invoke)
 	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version, r.Deadline)
 	if err != nil {
 		return err
@@ -304,7 +305,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 		return err
 	}
 	r.Output = vc.out[:0]
-	err = pin.Invoke(context.Background(), r)
+	err = pin.InvokeSince(context.Background(), r, t0)
 	vc.out, r.Input = r.Output, nil
 	if err != nil {
 		return err

@@ -442,6 +442,14 @@ func (p Pin) Invoke(ctx context.Context, req *call.Request) error {
 	return p.invoke(ctx, req, time.Now())
 }
 
+// InvokeSince is Invoke for a request whose runner call began at t0, before
+// the pin (Runner.Pin, which may read the store: for a pipeline, every
+// step's record): its total time counts from then, as Runner.Invoke's
+// does, and for a function so does its resolve.
+func (p Pin) InvokeSince(ctx context.Context, req *call.Request, t0 time.Time) error {
+	return p.invoke(ctx, req, t0)
+}
+
 func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error {
 	req.Steps = req.Steps[:0]
 	if p.plan == nil {
