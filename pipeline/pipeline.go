@@ -570,7 +570,12 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 		x.ran.Store(true)
 		*steps = append(*steps, call.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
 			BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
-		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
+		if errdefs.KindOf(err) != errdefs.KindGone {
+			// A client that left while the step waited is the pipeline's
+			// request's end (its 499, counted under its name), as one that
+			// leaves between steps (before) is: no step failed.
+			x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
+		}
 		if err != nil {
 			x.failed.Store(true)
 			return sub.Output, stepError(x.pl.name, st.index, st.label, err)

@@ -1,0 +1,58 @@
+package pipeline_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
+)
+
+// A client that leaves while its request waits in a step's queue ends the
+// pipeline's request (499, the pipeline's client error), as one that
+// leaves between steps does; the step did not fail, so it is not counted
+// in plover_pipeline_step_errors_total, whose 4xx are the input's fault
+// (nor timed: it did not run).
+func TestGoneWhileQueuedAtAStepIsNoStepError(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	slow := testkit.Slow("slow", 300)
+	slow.MaxInstances = 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "echo", "slow"))
+	reg := prometheus.NewRegistry()
+	r := pipeline.New(e, reg)
+
+	// slow's one instance busy with another client's request: the
+	// pipeline's queues at step 1.
+	busy := make(chan error, 1)
+	go func() { busy <- r.Invoke(context.Background(), "slow", &call.Request{Input: []byte("b")}) }()
+	testkit.WaitFor(t, e, "slow", "its run to start", testkit.Busy(1, 0))
+	var left atomic.Bool
+	done := make(chan error, 1)
+	go func() {
+		done <- r.Invoke(context.Background(), "p", &call.Request{Input: []byte("x"), Gone: left.Load})
+	}()
+	testkit.WaitFor(t, e, "slow", "the pipeline's request queued", testkit.Busy(1, 1))
+	left.Store(true)
+	if err := <-done; errdefs.KindOf(err) != errdefs.KindGone {
+		t.Fatalf("the pipeline's request: %v, want the client gone", err)
+	}
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "plover_pipeline_step_errors_total"); err != nil || n != 0 {
+		t.Errorf("%d step error series (%v), want none: the client left, no step failed", n, err)
+	}
+	fi, err := e.Control().Function(context.Background(), "p")
+	if err != nil || fi.Requests != 1 || fi.ClientErrors != 1 || fi.Errors != 0 {
+		t.Errorf("p: %d requests, %d client errors, %d errors (%v); want 1, 1, 0", fi.Requests, fi.ClientErrors, fi.Errors, err)
+	}
+}
