@@ -54,4 +54,10 @@ func TestModelReadyOfAPipelineWhoseStepWasDeleted(t *testing.T) {
 	if err != nil || resp.GetReady() {
 		t.Fatalf("ModelReady(p) after its step's function was deleted: %v, %v; want not ready", resp, err)
 	}
+	// Its metadata cannot be told (its tensors are its steps'), but the
+	// model exists: Unavailable naming the step, not NotFound.
+	_, err = f.client.ModelMetadata(ctxT(t), &pb.ModelMetadataRequest{Name: "p"})
+	if st, _ := status.FromError(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "step 1 (gone)") || !strings.Contains(st.Message(), "model p") {
+		t.Fatalf("ModelMetadata(p) after its step's function was deleted: %v; want Unavailable naming model p and step 1 (gone)", err)
+	}
 }

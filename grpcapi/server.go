@@ -396,7 +396,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
 	pin, ts, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx)) // as ModelReady
 	if err != nil {
-		return nil, s.statusOf(ctx, err, "ModelMetadata")
+		return nil, s.statusOf(ctx, oip.MetadataError(req.GetName(), err), "ModelMetadata")
 	}
 	cur := pin.Version()
 	pin.Release()

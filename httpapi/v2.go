@@ -143,7 +143,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version call.Name, acti
 		return
 	}
 	if err != nil {
-		s.fail(ctx, err)
+		s.fail(ctx, oip.MetadataError(fn, err))
 		return
 	}
 	cur := pin.Version()

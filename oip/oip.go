@@ -204,6 +204,21 @@ func Pin(ctx context.Context, inv Pinner, name, version string, deadline time.Ti
 	return pin, ts, nil
 }
 
+// MetadataError is err as a model's metadata answers it. A pipeline whose
+// steps do not resolve (a step's function deleted, plover rm --force)
+// exists: its ready is not ready, its requests fail at that step, and its
+// tensors, which are its steps', cannot be told. Its step's 404 would say
+// the model itself is unknown, so it is a 503 naming the model and the
+// step; any other error is as it is.
+func MetadataError(name string, err error) error {
+	var pe *pipeline.PlanError
+	if errors.As(err, &pe) && errdefs.KindOf(err) == errdefs.KindNotFound {
+		// Wrapping the step's error: its did-you-mean (frontdoor) still comes.
+		return errdefs.New(errdefs.KindUnavailable, err, "model %s: its metadata cannot be told while a step does not resolve (%s): deploy the step's function again, or the pipeline without it", name, pe.Error())
+	}
+	return err
+}
+
 // PinVersion pins the version of name that version names, for a model
 // whose current version was found: a version it lacks is a 404 counted
 // under its name, as a request its transport refused (not as an unknown
