@@ -215,9 +215,14 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 		}
 	}
 	at := e.tab.at() // before the store changes: see land
-	if _, err := e.tab.reg.Delete(ctx, name); errors.Is(err, registry.ErrNoFunction) {
+	switch _, err := e.tab.reg.Delete(ctx, name); {
+	case errors.Is(err, registry.ErrBundlesKept):
+		// The record is gone, so the function is: the bundles left are
+		// gc's, not the caller's to retry (a retry answers 404).
+		e.cfg.Log.Warn("deleted, but its bundles were kept for gc", "function", name, "err", err)
+	case errors.Is(err, registry.ErrNoFunction):
 		return notFound(name, err, "")
-	} else if err != nil {
+	case err != nil:
 		return unavailable(err, "delete %s: cannot update the store", name)
 	}
 	e.tab.land(ctx, name, nil, nil, at) // a delete lands even while shutting down

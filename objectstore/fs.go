@@ -141,7 +141,7 @@ func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
-	unlock, err := lockKey(p)
+	unlock, err := lockKey(ctx, p)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
@@ -162,17 +162,41 @@ func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 
 // lockKey takes the exclusive lock of the object at p: flock on a lock file
 // beside it, which stays (it is never removed, so every process locks the
-// same inode).
-func lockKey(p string) (func(), error) {
+// same inode). It waits for another holder only until ctx ends: a wait
+// given up leaves a goroutine that lets the lock go as soon as it gets it.
+func lockKey(ctx context.Context, p string) (func(), error) {
 	lf, err := os.OpenFile(filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p)), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+	fd := int(lf.Fd())
+	unlock := func() { syscall.Flock(fd, syscall.LOCK_UN); lf.Close() }
+	err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
+	if err == nil {
+		return unlock, nil
+	}
+	if !errors.Is(err, syscall.EWOULDBLOCK) {
 		lf.Close()
 		return nil, fmt.Errorf("lock: %w", err)
 	}
-	return func() { syscall.Flock(int(lf.Fd()), syscall.LOCK_UN); lf.Close() }, nil
+	got := make(chan error, 1)
+	go func() { got <- syscall.Flock(fd, syscall.LOCK_EX) }()
+	select {
+	case err := <-got:
+		if err != nil {
+			lf.Close()
+			return nil, fmt.Errorf("lock: %w", err)
+		}
+		return unlock, nil
+	case <-ctx.Done():
+		go func() {
+			if <-got == nil {
+				syscall.Flock(fd, syscall.LOCK_UN)
+			}
+			lf.Close()
+		}()
+		return nil, fmt.Errorf("lock: another writer holds it: %w", ctx.Err())
+	}
 }
 
 func (s *FS) Touch(ctx context.Context, key string) error {
@@ -350,7 +374,7 @@ func (s *FS) Delete(ctx context.Context, key string) error {
 	// Under the key's lock when it has one (a record), so that a
 	// conditional write that checked the old object cannot rename it back.
 	if _, err := os.Stat(filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p))); err == nil {
-		unlock, err := lockKey(p)
+		unlock, err := lockKey(ctx, p)
 		if err != nil {
 			return fmt.Errorf("delete %s: %w", key, err)
 		}

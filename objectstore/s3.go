@@ -17,6 +17,8 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/minio/minio-go/v7/pkg/s3utils"
+
+	"github.com/plover-run/plover/errdefs"
 )
 
 // S3Options says how to reach an S3-compatible service. Empty fields take
@@ -252,16 +254,55 @@ func (s *S3) objectName(key string) (string, error) {
 	return s.fullName(key), nil
 }
 
-// wrap maps a minio-go error to ErrNotFound where the object is missing.
-// Either way the message names the store (bucket and prefix) and the
-// object's name in the bucket, so that an operator with several buckets
-// knows where to look.
+// wrap maps a minio-go error to ErrNotFound where the object is missing,
+// and to a 503 (errdefs.KindUnavailable) of ErrNoBucket or ErrAccessDenied
+// where the bucket is gone or the service refuses the credentials: the
+// server's configuration, never a missing object. Either way the message
+// names the store (bucket and prefix) and the object's name in the bucket,
+// so that an operator with several buckets knows where to look.
 func (s *S3) wrap(op, key string, err error) error {
-	where := fmt.Sprintf("%s: object %q in bucket %q", s, s.fullName(key), s.bucket)
-	if code := minio.ToErrorResponse(err).Code; code == "NoSuchKey" {
-		return fmt.Errorf("%s %s: %s: %w", op, key, where, ErrNotFound)
+	what := fmt.Sprintf("%s %s: %s: object %q in bucket %q", op, key, s, s.fullName(key), s.bucket)
+	if e := s.classify(what, err); e != nil {
+		return e
 	}
-	return fmt.Errorf("%s %s: %s: %w", op, key, where, err)
+	if code := minio.ToErrorResponse(err).Code; code == "NoSuchKey" {
+		return fmt.Errorf("%s: %w", what, ErrNotFound)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// wrapHead is wrap for a HEAD request (Stat, and the first request of Get
+// and GetTagged). A HEAD answer has no body, so AWS's 404 for an object of
+// a bucket that no longer exists carries no error code and minio-go reads
+// it as NoSuchKey: the bucket is asked after (a HEAD on it, whose bare 404
+// is NoSuchBucket) before the object is reported missing.
+func (s *S3) wrapHead(ctx context.Context, op, key string, err error) error {
+	if minio.ToErrorResponse(err).Code != "NoSuchKey" {
+		return s.wrap(op, key, err)
+	}
+	ok, berr := s.client.BucketExists(ctx, s.bucket)
+	switch {
+	case berr != nil:
+		return s.wrap(op, key, berr)
+	case !ok:
+		return s.wrap(op, key, minio.ErrorResponse{StatusCode: 404, Code: "NoSuchBucket", Message: "The specified bucket does not exist", BucketName: s.bucket})
+	}
+	return s.wrap(op, key, err)
+}
+
+// classify is the 503 of a bucket that does not exist or of access
+// denied, what being the operation and where; nil for any other error.
+func (s *S3) classify(what string, err error) error {
+	resp := minio.ToErrorResponse(err)
+	switch {
+	case resp.Code == "NoSuchBucket":
+		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrNoBucket, err),
+			"%s: bucket %q does not exist at %s (deleted or renamed since the server started?)", what, s.bucket, s.endpoint)
+	case resp.StatusCode == 403 || isAuthCode(resp.Code):
+		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrAccessDenied, err),
+			"%s: access to bucket %q denied at %s: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) and the bucket policy", what, s.bucket, s.endpoint)
+	}
+	return nil
 }
 
 // fullName is key's object name in the bucket (under the prefix).
@@ -388,7 +429,7 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	// reported here rather than at the caller's first Read.
 	if _, err := obj.Stat(); err != nil {
 		obj.Close()
-		return nil, s.wrap("get", key, err)
+		return nil, s.wrapHead(ctx, "get", key, err)
 	}
 	return obj, nil
 }
@@ -405,7 +446,7 @@ func (s *S3) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, er
 	oi, err := obj.Stat()
 	if err != nil {
 		obj.Close()
-		return nil, Info{}, s.wrap("get", key, err)
+		return nil, Info{}, s.wrapHead(ctx, "get", key, err)
 	}
 	return &tagReader{obj: obj, key: key}, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
@@ -455,6 +496,9 @@ func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 		if resp := minio.ToErrorResponse(err); resp.StatusCode == 412 || resp.Code == "PreconditionFailed" {
 			return fmt.Errorf("put %s: %w", key, ErrPrecondition)
 		}
+		if e := s.classify(fmt.Sprintf("put %s: %s: object %q in bucket %q", key, s, name, s.bucket), err); e != nil {
+			return e // a missing bucket is no lost race
+		}
 		if resp := minio.ToErrorResponse(err); ifMatch != "" && (resp.Code == "NoSuchKey" || resp.StatusCode == 404) {
 			return fmt.Errorf("put %s: it no longer exists: %w", key, ErrPrecondition)
 		}
@@ -486,7 +530,7 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	}
 	oi, err := s.client.StatObject(ctx, s.bucket, name, minio.StatObjectOptions{})
 	if err != nil {
-		return Info{}, s.wrap("stat", key, err)
+		return Info{}, s.wrapHead(ctx, "stat", key, err)
 	}
 	return Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
@@ -501,7 +545,11 @@ func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
 	var out []Info
 	for oi := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: full, Recursive: true}) {
 		if oi.Err != nil {
-			return nil, fmt.Errorf("list %q: %s: %w", prefix, s, oi.Err)
+			what := fmt.Sprintf("list %q: %s", prefix, s)
+			if e := s.classify(what, oi.Err); e != nil {
+				return nil, e
+			}
+			return nil, fmt.Errorf("%s: bucket %q: %w", what, s.bucket, oi.Err)
 		}
 		key := oi.Key
 		if s.prefix != "" {

@@ -14,6 +14,16 @@ import (
 // ErrNotFound is returned (wrapped) for a key that does not exist.
 var ErrNotFound = errors.New("object not found")
 
+// ErrNoBucket is returned (wrapped) when the store's bucket does not exist
+// (deleted or renamed since the store was opened): the store's trouble,
+// never a missing object.
+var ErrNoBucket = errors.New("no such bucket")
+
+// ErrAccessDenied is returned (wrapped) when the store refuses the
+// credentials or the request (S3's 403): a configuration error of the
+// server, never a missing object.
+var ErrAccessDenied = errors.New("access denied")
+
 // Store is a flat key/value object store. Keys are slash-separated paths of
 // [A-Za-z0-9._-] segments; no segment may be "." or "..".
 type Store interface {

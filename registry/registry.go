@@ -355,7 +355,9 @@ const BundleGrace = time.Minute
 
 // Delete removes a function's record, then the bundles only it referenced
 // that are older than BundleGrace (younger ones are left to gc). It
-// returns the keys of the bundles it deleted.
+// returns the keys of the bundles it deleted. An error after the record
+// went (the store failed listing the records, or checking or deleting a
+// bundle) wraps ErrBundlesKept: the function is deleted all the same.
 func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	r, err := g.Get(ctx, name)
 	if err != nil {
@@ -366,7 +368,7 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	}
 	others, err := g.List(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("function %s deleted, but its bundles were kept: %w", name, err)
+		return nil, fmt.Errorf("function %s deleted, but %w: %w", name, ErrBundlesKept, err)
 	}
 	used := map[string]bool{}
 	for _, o := range others {
@@ -380,11 +382,15 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 			continue
 		}
 		used[v.SHA256] = true // versions may share a bundle
-		if in, err := g.Store.Stat(ctx, bundle.ObjectKey(v.SHA256)); err != nil || time.Since(in.ModTime) < BundleGrace {
+		in, err := g.Store.Stat(ctx, bundle.ObjectKey(v.SHA256))
+		if errors.Is(err, objectstore.ErrNotFound) || err == nil && time.Since(in.ModTime) < BundleGrace {
 			continue // gone already, or just written or reused by a deploy
 		}
-		if err := g.Store.Delete(ctx, bundle.ObjectKey(v.SHA256)); err != nil {
-			return removed, fmt.Errorf("function %s deleted, but not its bundle %s: %w", name, v.SHA256, err)
+		if err == nil {
+			err = g.Store.Delete(ctx, bundle.ObjectKey(v.SHA256))
+		}
+		if err != nil {
+			return removed, fmt.Errorf("function %s deleted, but %w (bundle %s): %w", name, ErrBundlesKept, v.SHA256, err)
 		}
 		removed = append(removed, bundle.ObjectKey(v.SHA256))
 	}
@@ -410,6 +416,11 @@ func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.V
 	})
 	return found, rec, err
 }
+
+// ErrBundlesKept is returned (wrapped) by Delete when the record is deleted
+// (the function is gone) but a bundle only it named could not be checked
+// or removed: gc removes it later.
+var ErrBundlesKept = errors.New("its bundles were kept for gc")
 
 // ErrNoVersion is returned (wrapped) for a version a record does not list.
 var ErrNoVersion = errors.New("no such version")
