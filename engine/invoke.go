@@ -152,8 +152,10 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		ran = req.BatchSize > 0 // it ran, well or not: its start counts as the unbatched path's does
 		if ran {
 			// Timed as the unbatched path times a request that ran: one
-			// refused (its queue full) or that left before a run took it
-			// was dispatched nowhere, and End would call its wait Dispatch.
+			// refused (its queue full) or that left before its run wrote
+			// its answer (waiting for a batch, or with the run under way:
+			// the run skips it) has no run of its own to time, and End
+			// would call its wait Dispatch.
 			req.Timing.End(time.Since(t0))
 		}
 	} else {

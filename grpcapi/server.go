@@ -493,6 +493,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return nil, err
 	}
 	defer pin.Release()
+	lookup := time.Since(t0)        // laying the tensors out is metered I/O, not the lookup
 	maxIn, step := pin.InputBound() // a pipeline's: its first step's
 	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
 	if err != nil {
@@ -503,7 +504,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if err != nil {
 		return nil, err
 	}
-	if err := pin.InvokeSince(ctx, r, t0); err != nil {
+	if err := pin.InvokeSince(ctx, r, time.Now().Add(-lookup)); err != nil {
 		return nil, err
 	}
 	resp, err := outputs(req, r, ts.Outputs, pick, typed)

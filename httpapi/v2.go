@@ -293,6 +293,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 		return err
 	}
 	defer pin.Release()
+	lookup := time.Since(t0) // laying the tensors out is metered I/O, not the lookup
 	m = tn.fl.Meter()
 	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err == nil {
 		r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
@@ -305,7 +306,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 		return err
 	}
 	r.Output = vc.out[:0]
-	err = pin.InvokeSince(context.Background(), r, t0)
+	err = pin.InvokeSince(context.Background(), r, time.Now().Add(-lookup))
 	vc.out, r.Input = r.Output, nil
 	if err != nil {
 		return err
