@@ -1,9 +1,7 @@
 package grpcapi_test
 
 import (
-	"context"
 	"encoding/json"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,26 +28,6 @@ import (
 	"github.com/plover-run/plover/reqmetrics"
 )
 
-// slowRecords is a store whose function records take at least delay to
-// read, as a distant store's do on a node's first request for a name.
-type slowRecords struct {
-	objectstore.Store
-	delay time.Duration
-}
-
-func (s slowRecords) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
-	if strings.HasPrefix(key, "functions/") {
-		t := time.NewTimer(s.delay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return nil, objectstore.Info{}, ctx.Err()
-		}
-	}
-	return s.Store.GetTagged(ctx, key)
-}
-
 // ModelInfer's server-timing total counts from before the model was found
 // (its records read from the store; a pipeline's, every step's), as
 // HTTP's /v1 invoke does: not from after the pin.
@@ -71,7 +49,7 @@ func TestInferTotalCountsTheModelsLookup(t *testing.T) {
 	total := regexp.MustCompile(`(?:^|, )total;dur=([0-9.]+)`)
 	for _, model := range []string{"echo", "p"} {
 		t.Run(model, func(t *testing.T) {
-			e := testkit.Engine(t, engine.Config{Store: slowRecords{fs, delay}}) // has not seen the names
+			e := testkit.Engine(t, engine.Config{Store: testkit.SlowRecords{Store: fs, Delay: delay}}) // has not seen the names
 			reg := prometheus.NewRegistry()
 			door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, reg), Gate: gate.New(nil, reg), Metrics: reqmetrics.New(reg)})
 			gs := grpcapi.New(door, grpcapi.Options{}).GRPC()

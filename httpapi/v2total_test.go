@@ -1,9 +1,7 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,27 +16,6 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
-
-// slowRecords is a store whose function records take at least delay to
-// read: a store at some distance, as a node that has not seen a name
-// meets it on the name's first request.
-type slowRecords struct {
-	objectstore.Store
-	delay time.Duration
-}
-
-func (s slowRecords) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
-	if strings.HasPrefix(key, "functions/") {
-		t := time.NewTimer(s.delay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return nil, objectstore.Info{}, ctx.Err()
-		}
-	}
-	return s.Store.GetTagged(ctx, key)
-}
 
 var timingTotal = regexp.MustCompile(`(?:^|, )total;dur=([0-9.]+)`)
 
@@ -72,7 +49,7 @@ func TestV2TotalCountsTheModelsLookup(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// A node that has not seen the names: its first request reads
 			// their records, each taking delay.
-			e := testkit.Engine(t, engine.Config{Store: slowRecords{fs, delay}})
+			e := testkit.Engine(t, engine.Config{Store: testkit.SlowRecords{Store: fs, Delay: delay}})
 			url := testkit.Serve(t, e, httpapi.Options{})
 			body := infer
 			if strings.HasPrefix(tc.path, "/v1/") {
