@@ -78,3 +78,32 @@ func TestEvictionTakesInstancesThenTheirFunction(t *testing.T) {
 		t.Fatalf("a still loaded (%d idle instances) after b needed its memory", fi.Idle)
 	}
 }
+
+// A function that min_instances keeps is never unloaded to make room, not
+// even while it has no instance (one closed broken, a worker lost): the
+// ledger counts it as nothing to reclaim, and the eviction takes another
+// function, a more recently used one, instead.
+func TestEvictionKeepsAFunctionMinInstancesKeeps(t *testing.T) {
+	small := func(name string, min int) string {
+		m := testkit.Manifest(name)
+		m.MaxInputBytes, m.Constants, m.MinInstances = 1024, "w.bin", min
+		return testkit.BundleDir(t, m, make([]byte, 64<<10))
+	}
+	per := int64(1024 + 64 + 256)
+	host := device.NewHost(2*per + 128<<10 + 2048) // a's and c's programs and an instance each, and a little
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{host}})
+	testkit.Deploy(t, e, small("a", 1)) // pre-warmed: its program and one instance
+	if !e.BreakIdle("a") {
+		t.Fatal("a has no idle instance after its pre-warm")
+	}
+	testkit.Deploy(t, e, small("c", 0))
+	invoke(t, e, "c", []byte{1})
+	testkit.Deploy(t, e, small("b", 0))
+	invoke(t, e, "b", []byte{1}) // needs c's instance and one program's constants
+	if fi := info(t, e, "a"); !fi.Loaded {
+		t.Errorf("a, kept by min_instances 1, was unloaded to make room for b")
+	}
+	if fi := info(t, e, "c"); fi.Loaded {
+		t.Errorf("c is still loaded: b's room came from a's program")
+	}
+}

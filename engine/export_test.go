@@ -36,3 +36,19 @@ func (e *Engine) IOLater(name string) func() *ioshare.Flow {
 
 // HasIOFlow reports whether the server's I/O shares have a flow for name.
 func (e *Engine) HasIOFlow(name string) bool { return e.io.Lookup(name) != nil }
+
+// BreakIdle takes an idle instance of name's current version and puts it
+// back broken, as a request whose device turned unhealthy does: the
+// instance is closed, the program kept. False when none was idle.
+func (e *Engine) BreakIdle(name string) bool {
+	_, v := e.tab.peek(name)
+	if v == nil {
+		return false
+	}
+	in := v.pool.takeIdle(nil)
+	if in == nil {
+		return false
+	}
+	v.pool.put(in, true, time.Now())
+	return true
+}

@@ -171,7 +171,8 @@ type idleRef struct {
 // idleOn appends to idle (and from) what could be freed on dev for forV:
 // the idle instances there above each function's min_instances, and the
 // loaded functions other than forV with constants there (so unloading
-// them frees something), no instance and no request in flight. The
+// them frees something), no instance, no request in flight and no
+// min_instances. The
 // references ev holds on versions whose instances it took are not
 // requests: a function whose last instances ev took may go as a whole.
 func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, idle []evict.Idle, from []idleRef) ([]evict.Idle, []idleRef) {
@@ -183,8 +184,11 @@ func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, idle []e
 		p := v.pool.placement(dev)
 		var empty bool
 		var last time.Time
-		idle, from, empty, last = v.pool.idleOn(dev, v.minInstances(), ev.refsOn(v), fv, idle, from)
-		if v != forV && empty && p != nil {
+		keep := v.minInstances()
+		idle, from, empty, last = v.pool.idleOn(dev, keep, ev.refsOn(v), fv, idle, from)
+		// Not a function min_instances keeps, even with no instance left
+		// (one closed broken, its worker lost): reclaimable counts none.
+		if v != forV && empty && p != nil && keep == 0 {
 			if b := p.prog.ConstantsBytes(); b > 0 {
 				idle = append(idle, evict.Idle{Function: fv.f.name, Bytes: b, LastUsed: last})
 				from = append(from, idleRef{fv: fv})

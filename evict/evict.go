@@ -27,7 +27,8 @@ type Idle struct {
 // keeps the pools, frees what it picks and accounts for it (ledger.go), as
 // open-lambda keeps its evictors apart from the sandboxes they evict. Pick
 // is shown only what may go: never a busy instance, an instance that
-// min_instances keeps, or the whole function the room is for (its idle
+// min_instances keeps, a function that min_instances keeps (even with no
+// instance left), or the whole function the room is for (its idle
 // instances may be shown); it is called
 // under the ledger's lock, so it must be quick and must not call the
 // engine. (Idleness, the other reason to free, is each function's

@@ -135,9 +135,8 @@ func TestOutputOfADeletedFunctionIsDropped(t *testing.T) {
 		if err := <-ran; err != nil {
 			t.Fatal(err)
 		}
-		// The worker ends by itself (Close would stop its output being
-		// the function's, deleted or not), and its output is read to the
-		// end: the later line has been kept or dropped by now.
+		// The worker ends by itself, and its output is read to the end:
+		// the later line has been kept or dropped by now.
 		crash, err := p.Entry("say_then_crash")
 		if err != nil {
 			t.Fatal(err)
@@ -261,3 +260,50 @@ func TestOutputToWriter(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// heldOutput passes lines on to a store's sink, the first one only once
+// released: the server reading a worker's output behind what it printed.
+type heldOutput struct {
+	sink    *funclog.Sink
+	once    sync.Once
+	started chan struct{}
+	release chan struct{}
+}
+
+func (h *heldOutput) Add(l api.LogLine) {
+	h.once.Do(func() { close(h.started); <-h.release })
+	h.sink.Add(l)
+}
+
+// What a request printed is the function's even when its program is
+// unloaded (an idle unload, a version replaced by a redeploy) before the
+// server read it all: the lines still in the pipe when Close stops the
+// worker are kept under the function, not lost to the server log.
+func TestOutputPrintedBeforeCloseIsKept(t *testing.T) {
+	d := newDevice(t, 0)
+	s := funclog.New(nil)
+	h := &heldOutput{sink: s.Sink("talker"), started: make(chan struct{}), release: make(chan struct{})}
+	m := testkit.OutputManifest("talker", "say", 1, 4)
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.OutputSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Output: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := runOnce(t, p, m, []byte("bye"), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	<-h.started // the server reads the first line, and has not kept it yet
+	p.Close()
+	close(h.release)
+	<-p.(*program).p.heard
+	lines := s.Lines("talker", time.Time{})
+	for _, want := range []struct{ stream, text string }{{"stdout", "say: bye"}, {"stderr", "warn: bye"},
+		{"stdout", "kernel 7 thread 0 of 4"}, {"stdout", "kernel 7 thread 3 of 4"}} {
+		if !hasLine(lines, want.stream, want.text) {
+			t.Errorf("the %s line %q printed before the program closed is lost: %+v", want.stream, want.text, lines)
+		}
+	}
+}

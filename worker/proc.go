@@ -44,8 +44,8 @@ type proc struct {
 	heard           chan struct{} // closed once its stdout and stderr are read to the end
 	// out is where its output goes once Load gave it a function's program
 	// (ProgramSpec.Output); before, a standby's own start-up messages, the
-	// first few of which go to the server log; after its program closed,
-	// nowhere.
+	// first few of which go to the server log. It stays once its program
+	// closed: the lines read after the kill were printed before it.
 	out      atomic.Pointer[output]
 	startOut atomic.Int32 // lines written before it had a function
 	// fault is checked mode's report of the access that killed it, the

@@ -214,9 +214,11 @@ func (g *program) Close() error {
 		g.closeShared()
 		return nil
 	}
-	// What it still prints is no longer the function's: a deleted
-	// function's ring is not made anew by its dying worker's last lines.
-	g.p.out.Store(nil)
+	// What it printed before the kill and the server has yet to read (a
+	// request's last lines, still in the pipe) is still the function's:
+	// out stays, and the pipes end with the process and what it started
+	// (wait). A deleted function's sink drops them (funclog's life), so
+	// its ring is not made anew by its dying worker's last lines.
 	g.p.kill("its program was unloaded")
 	g.closeSlots()
 	g.d.used.Add(-g.consts)

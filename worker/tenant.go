@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -452,7 +453,10 @@ const outputGrace = 50 * time.Millisecond
 // to no function's output: the readers of one function's lines may not be
 // allowed to read another's (a token for one function of the tenant, a
 // redeploy under another tenant), and a guess would show them a
-// sibling's. The server's log gets it instead, the first
+// sibling's. Programs that share their output (versions of one
+// function, in one life of its name) are one function there: a line of
+// theirs is its own whichever of them wrote it. The server's log gets
+// the others instead, the first
 // unattributedLines of each worker, with its pid and tenant. The pipes do
 // not say who wrote: a sibling's thread that prints while one program
 // alone is active is attributed to that one, within its tenant, as is a
@@ -462,24 +466,30 @@ func (p *proc) tenantOutput(l api.LogLine) bool {
 	recent := l.Time.Add(-outputGrace).UnixNano()
 	p.mu.Lock()
 	var to *program
-	active := 0
+	active, one := 0, true
+	count := func(g *program) {
+		one = one && (to == nil || sameOutput(to.out, g.out))
+		to = g
+		active++
+	}
 	for _, g := range p.tenant.progs {
 		if g.mayHaveSaid(recent) {
-			to = g
-			active++
+			count(g)
 		}
 	}
 	p.forget(recent)
 	for g := range p.tenant.leaving { // those left are active
-		to = g
-		active++
+		count(g)
 	}
 	held, tenant := len(p.tenant.progs), p.tenant.name
 	p.mu.Unlock()
 	switch {
 	case held == 0:
 		return false
-	case active == 1:
+	case active == 1 || active > 1 && one:
+		// One program, or versions of one function (a redeploy's new one
+		// beside the old one's last requests, a version a pipeline
+		// pinned): their output is the function's, whichever wrote.
 		if o := to.out; o != nil {
 			o.Add(l)
 		}
@@ -488,6 +498,13 @@ func (p *proc) tenantOutput(l api.LogLine) bool {
 			"pid", p.pid, "tenant", tenant, "programs_active", active, "stream", l.Stream, "line", l.Line)
 	}
 	return true
+}
+
+// sameOutput reports a and b the one output, a function's, which each of
+// its versions is given: never nil, nor an output of a type that cannot
+// be compared.
+func sameOutput(a, b device.Output) bool {
+	return a != nil && reflect.TypeOf(a).Comparable() && a == b
 }
 
 // mayHaveSaid: a line read outputGrace after recent may be g's: a run or
