@@ -195,6 +195,18 @@ func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
 	return &Refusal{Status: s, Reason: reason, Msg: msg}
 }
 
+// Known reports whether authorization carries a token this gate knows
+// (always, without tokens). Not counted as a refusal: for a route open
+// without a token, which answers a caller with a stale or malformed one as
+// it answers one with none, so that nothing refused is counted as refused.
+func (g *Gate) Known(authorization []byte) bool {
+	if g.tokens == nil {
+		return true
+	}
+	tok, ok := auth.BearerToken(authorization)
+	return ok && g.tokens.Lookup(tok) != nil
+}
+
 // Sees is which function names the caller authorization carries may learn
 // from a did-you-mean: those its token's globs match (auth's Covers: all
 // for an admin token or functions "*", and all without tokens); none for a

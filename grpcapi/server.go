@@ -254,7 +254,9 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 	case openMethods[info.FullMethodName]:
 		// A caller with a known token is no stranger: its calls are
 		// bounded as its token's other calls are, by the connection caps.
-		if authz != nil && g.Check(authz, 0, "") == nil {
+		// One with a stale or malformed token is answered as one without
+		// (HTTP's open routes look at no token): not an auth failure.
+		if authz != nil && g.Known(authz) {
 			break
 		}
 		var addr net.Addr
