@@ -302,6 +302,17 @@ func ParseFunctions(csv string) ([]string, error) {
 	return globs, nil
 }
 
+// CheckGrant reports whether functions (ParseFunctions's globs) can limit
+// a token of scopes: an admin token acts on every function, so only "*"
+// (or none) goes with it.
+func CheckGrant(scopes Scope, functions []string) error {
+	p := Principal{Scopes: scopes, Functions: functions}
+	if scopes&Admin != 0 && !p.allFunctions() {
+		return fmt.Errorf("an admin token acts on every function, so %q would not limit it: give * (or no FUNCTIONS), or the scopes it needs instead of admin", strings.Join(functions, ","))
+	}
+	return nil
+}
+
 // checkHash reports whether sha is 64 lowercase hex characters.
 func checkHash(sha string) error {
 	if len(sha) != 2*sha256.Size {
@@ -393,8 +404,8 @@ func Parse(r io.Reader, source string) (*Table, error) {
 			if e.p.Functions, err = ParseFunctions(fields[3]); err != nil {
 				return nil, fail("FUNCTIONS: %v", err)
 			}
-			if e.p.Scopes&Admin != 0 && !e.p.allFunctions() {
-				return nil, fail("FUNCTIONS: an admin token acts on every function, so %q would not limit it: give * (or no FUNCTIONS), or the scopes it needs instead of admin", fields[3])
+			if err := CheckGrant(e.p.Scopes, e.p.Functions); err != nil {
+				return nil, fail("FUNCTIONS: %v", err)
 			}
 		}
 		if len(fields) == 5 {
