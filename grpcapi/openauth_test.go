@@ -5,7 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/plover-run/plover/auth"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
@@ -60,4 +62,27 @@ func gatherFailures(t *testing.T, f *fixture) string {
 		}
 	}
 	return b.String()
+}
+
+// An inference that names no model is the client's mistake, answered
+// InvalidArgument naming the field whatever the token's globs: a token
+// limited to its functions was told PermissionDenied, "store-wide
+// operations need the admin scope or functions *", as if it had asked
+// for a gc, and the call was counted as a forbidden auth failure.
+func TestInferNamingNoModelIsInvalidArgument(t *testing.T) {
+	f := serve(t, table{
+		"invoker": {Name: "invoker", Scopes: auth.Invoke, Functions: []string{"ech*"}},
+		"all":     {Name: "all", Scopes: auth.Invoke},
+	})
+	before := gatherFailures(t, f)
+	for _, tok := range []string{"invoker", "all"} {
+		ctx := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer "+tok)
+		_, err := f.client.ModelInfer(ctx, &pb.ModelInferRequest{})
+		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "model name") {
+			t.Errorf("token %s, no model name: %v %q, want InvalidArgument naming the model name", tok, st.Code(), st.Message())
+		}
+	}
+	if after := gatherFailures(t, f); after != before {
+		t.Errorf("inferences naming no model moved the auth failures: %s, then %s", before, after)
+	}
 }

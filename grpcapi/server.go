@@ -314,6 +314,14 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return h(ctx, req)
 	}
 	scope, fn := required(req)
+	if scope == auth.Invoke && fn == "" {
+		// An inference naming no model (or one the codec refused, its
+		// name too long to be any function's) runs nothing: its handler
+		// answers InvalidArgument naming the field. The token and its
+		// rate still apply; its globs, which would read the empty name
+		// as a store-wide operation (403), do not.
+		scope = 0
+	}
 	authz := authorization(ctx)
 	if r := g.AdmitHeld(authz, scope, fn); r != nil {
 		if r.Status.HTTP != 429 {
