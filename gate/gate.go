@@ -318,7 +318,10 @@ func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st 
 			st.bucket.SetBurstAt(now, lim.Burst)
 		}
 		if !st.bucket.AllowN(now, 1) { // a refusal takes nothing: what it lacks says when to retry
-			return nil, "rate", time.Duration((1 - st.bucket.TokensAt(now)) / lim.Rate * float64(time.Second))
+			// In float, bounded: a slow rate's wait (rate=1e-10: 317
+			// years) overflows a Duration, which came out negative.
+			wait := (1 - st.bucket.TokensAt(now)) / lim.Rate * float64(time.Second)
+			return nil, "rate", time.Duration(min(wait, float64(maxRetry)))
 		}
 	}
 	if lim.Concurrency == 0 {
@@ -327,6 +330,10 @@ func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st 
 	st.inflight++
 	return st, "", 0
 }
+
+// maxRetry bounds the wait a rate refusal tells (about 146 years): whole
+// seconds of it still fit a Duration.
+const maxRetry = time.Duration(1 << 62)
 
 // LogThrottle lets a refusal's log line through at most once a second per
 // client (netguard.ClientKey: an IPv4 address or an IPv6 /64, as the
