@@ -298,8 +298,46 @@ func ParseFunctions(csv string) ([]string, error) {
 		if _, err := path.Match(g, ""); err != nil {
 			return nil, fmt.Errorf("glob %q: %v", g, err)
 		}
+		if shellNegation(g) {
+			return nil, fmt.Errorf(`glob %q: "[!" is a class holding '!' to path.Match, not a negation (it would grant what it was to keep out): write "[^" to negate`, g)
+		}
 	}
 	return globs, nil
+}
+
+// shellNegation reports whether glob has a class opening with an
+// unescaped '!' ("[!a]"): a shell's negation, which path.Match reads as
+// a class of '!' and the rest, and no function name holds '!'.
+func shellNegation(glob string) bool {
+	for i := 0; i < len(glob); i++ {
+		switch glob[i] {
+		case '\\':
+			i++ // the escaped byte is a literal
+		case '[':
+			if i+1 < len(glob) && glob[i+1] == '!' {
+				return true
+			}
+			// Skip the class: its bytes are not openings ("[[!]" is a
+			// class of '[' and '!'); ParseFunctions checked its syntax.
+			for i++; i < len(glob) && glob[i] != ']'; i++ {
+				if glob[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return false
+}
+
+// CheckGrant reports whether functions (ParseFunctions's globs) can limit
+// a token of scopes: an admin token acts on every function, so only "*"
+// (or none) goes with it.
+func CheckGrant(scopes Scope, functions []string) error {
+	p := Principal{Scopes: scopes, Functions: functions}
+	if scopes&Admin != 0 && !p.allFunctions() {
+		return fmt.Errorf("an admin token acts on every function, so %q would not limit it: give * (or no FUNCTIONS), or the scopes it needs instead of admin", strings.Join(functions, ","))
+	}
+	return nil
 }
 
 // checkHash reports whether sha is 64 lowercase hex characters.
@@ -393,8 +431,8 @@ func Parse(r io.Reader, source string) (*Table, error) {
 			if e.p.Functions, err = ParseFunctions(fields[3]); err != nil {
 				return nil, fail("FUNCTIONS: %v", err)
 			}
-			if e.p.Scopes&Admin != 0 && !e.p.allFunctions() {
-				return nil, fail("FUNCTIONS: an admin token acts on every function, so %q would not limit it: give * (or no FUNCTIONS), or the scopes it needs instead of admin", fields[3])
+			if err := CheckGrant(e.p.Scopes, e.p.Functions); err != nil {
+				return nil, fail("FUNCTIONS: %v", err)
 			}
 		}
 		if len(fields) == 5 {

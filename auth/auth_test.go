@@ -480,3 +480,30 @@ func TestCovers(t *testing.T) {
 		}
 	}
 }
+
+// A glob written as a shell's negation, "[!a]*" (all but a's functions),
+// is a class of '!' and 'a' to path.Match: it granted exactly the
+// functions it was written to keep out. No function name holds '!', so
+// the glob is refused, naming path.Match's negation, "[^a]*".
+func TestShellNegationGlobRefused(t *testing.T) {
+	for _, g := range []string{"[!a]*", "team-[!b]*", "x,[!a-c]*"} {
+		if got, err := auth.ParseFunctions(g); err == nil || !strings.Contains(err.Error(), `"[^`) {
+			t.Errorf("ParseFunctions(%q) = %q, %v; want an error naming [^", g, got, err)
+		}
+	}
+	line := "ci invoke " + auth.Hash("t") + " [!a]*\n"
+	if _, err := auth.Parse(strings.NewReader(line), "tokens"); err == nil || !strings.Contains(err.Error(), "tokens:1: FUNCTIONS:") {
+		t.Errorf("an auth file granting [!a]*: %v, want tokens:1: FUNCTIONS: refused", err)
+	}
+	// Negation as path.Match has it, and '!' escaped or not first in a
+	// class, are globs like any other.
+	for _, g := range []string{"[^a]*", "[a!]*", `[\!a]*`, "a!"} {
+		if _, err := auth.ParseFunctions(g); err != nil {
+			t.Errorf("ParseFunctions(%q): %v", g, err)
+		}
+	}
+	p := &auth.Principal{Name: "ci", Scopes: auth.Invoke, Functions: []string{"[^a]*"}}
+	if p.Covers("alpha") || !p.Covers("beta") {
+		t.Errorf(`[^a]* covers alpha %v, beta %v; want only beta`, p.Covers("alpha"), p.Covers("beta"))
+	}
+}

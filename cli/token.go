@@ -41,6 +41,9 @@ func tokenCmd() *command {
 				return usagef(env, "token", "--scopes: %v", err)
 			}
 			globs, err := auth.ParseFunctions(functions)
+			if err == nil {
+				err = auth.CheckGrant(sc, globs)
+			}
 			if err != nil {
 				return usagef(env, "token", "--functions: %v", err)
 			}

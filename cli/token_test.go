@@ -93,6 +93,9 @@ func TestTokenErrors(t *testing.T) {
 		{[]string{"token", "new", "ci", "--scopes", "invoke", "--functions", "a b"}, `--functions: glob "a b" has whitespace`},
 		{[]string{"token", "new", "ci", "--scopes", "invoke", "--functions", ""}, `--functions: no functions`},
 		{[]string{"token", "new", "ci", "--bogus"}, "unknown flag: --bogus"},
+		// The operator's mistake, named as the server would name it: it
+		// was an "internal error: the auth-file line does not parse", exit 1.
+		{[]string{"token", "new", "ops", "--scopes", "admin,read", "--functions", "cnn"}, `--functions: an admin token acts on every function`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -195,6 +195,18 @@ func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
 	return &Refusal{Status: s, Reason: reason, Msg: msg}
 }
 
+// Known reports whether authorization carries a token this gate knows
+// (always, without tokens). Not counted as a refusal: for a route open
+// without a token, which answers a caller with a stale or malformed one as
+// it answers one with none, so that nothing refused is counted as refused.
+func (g *Gate) Known(authorization []byte) bool {
+	if g.tokens == nil {
+		return true
+	}
+	tok, ok := auth.BearerToken(authorization)
+	return ok && g.tokens.Lookup(tok) != nil
+}
+
 // Sees is which function names the caller authorization carries may learn
 // from a did-you-mean: those its token's globs match (auth's Covers: all
 // for an admin token or functions "*", and all without tokens); none for a
@@ -306,7 +318,10 @@ func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st 
 			st.bucket.SetBurstAt(now, lim.Burst)
 		}
 		if !st.bucket.AllowN(now, 1) { // a refusal takes nothing: what it lacks says when to retry
-			return nil, "rate", time.Duration((1 - st.bucket.TokensAt(now)) / lim.Rate * float64(time.Second))
+			// In float, bounded: a slow rate's wait (rate=1e-10: 317
+			// years) overflows a Duration, which came out negative.
+			wait := (1 - st.bucket.TokensAt(now)) / lim.Rate * float64(time.Second)
+			return nil, "rate", time.Duration(min(wait, float64(maxRetry)))
 		}
 	}
 	if lim.Concurrency == 0 {
@@ -315,6 +330,10 @@ func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st 
 	st.inflight++
 	return st, "", 0
 }
+
+// maxRetry bounds the wait a rate refusal tells (about 146 years): whole
+// seconds of it still fit a Duration.
+const maxRetry = time.Duration(1 << 62)
 
 // LogThrottle lets a refusal's log line through at most once a second per
 // client (netguard.ClientKey: an IPv4 address or an IPv6 /64, as the

@@ -256,3 +256,25 @@ func TestCheckTakesNoLimits(t *testing.T) {
 		}
 	}
 }
+
+// A token with a very slow rate (the auth file takes any rate above 0)
+// is told the wait it has, however long: rate=1e-10 overflowed the
+// duration, the wait came out negative, and the 429 said "retry in 1 s"
+// (Retry-After: 1) to a client that would be refused for centuries.
+func TestSlowRateRetry(t *testing.T) {
+	g := New(table{
+		"frozen": {Name: "frozen", Scopes: auth.Invoke, Limits: auth.Limits{Rate: 1e-10, Burst: 1}},
+	}, prometheus.NewRegistry())
+	if tk, r := g.Admit([]byte("Bearer frozen"), auth.Invoke, "x"); r != nil {
+		t.Fatalf("the burst refused: %v", r)
+	} else {
+		tk.Done()
+	}
+	_, r := g.Admit([]byte("Bearer frozen"), auth.Invoke, "x")
+	if r == nil || r.Reason != "rate" {
+		t.Fatalf("over the rate: %+v, want a rate refusal", r)
+	}
+	if year := 365 * 24 * time.Hour; r.Retry < year || strings.Contains(r.Msg, "retry in 1 s") {
+		t.Fatalf("over a rate of one request per 317 years: retry %v (%q), want a year or more", r.Retry, r.Msg)
+	}
+}

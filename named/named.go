@@ -79,9 +79,13 @@ func (e *UnknownError) Error() string {
 }
 
 // isNil says whether v is a nil func, pointer, map, interface, slice or
-// channel: a registration that would fail only when first used.
+// channel, or an interface holding one (a nil *T as an Evictor): a
+// registration that would fail only when first used.
 func isNil[T any](v T) bool {
 	rv := reflect.ValueOf(&v).Elem()
+	if rv.Kind() == reflect.Interface && !rv.IsNil() {
+		rv = rv.Elem()
+	}
 	switch rv.Kind() {
 	case reflect.Func, reflect.Pointer, reflect.Map, reflect.Interface, reflect.Slice, reflect.Chan:
 		return rv.IsNil()

@@ -14,6 +14,10 @@ type first struct{}
 
 func (first) Pick() int { return 0 }
 
+type ptrPicker struct{ n int }
+
+func (p *ptrPicker) Pick() int { return p.n }
+
 // Registrations a registry must refuse at init, each a panic: a nil value
 // would fail only when first looked up, a second name would shadow the
 // first.
@@ -31,6 +35,10 @@ func TestRegisterRefuses(t *testing.T) {
 		{"nil interface", func() { named.New[picker]("policy").Register("a", nil) }},
 		{"nil func", func() { named.New[func() int]("maker").Register("a", nil) }},
 		{"nil pointer", func() { named.New[*first]("thing").Register("a", nil) }},
+		// A nil pointer in an interface (var e *evictor; Register("x", e))
+		// was taken: it failed only when first used, at run time.
+		{"nil pointer in an interface", func() { named.New[picker]("policy").Register("a", (*ptrPicker)(nil)) }},
+		{"nil func in an interface", func() { named.New[any]("maker").Register("a", (func())(nil)) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer func() {
