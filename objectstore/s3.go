@@ -339,8 +339,10 @@ func (s *S3) what(op, key string) string {
 	return fmt.Sprintf("%s %s: %s: object %q in bucket %q", op, key, s, s.fullName(key), s.bucket)
 }
 
-// classify is the 503 of a bucket that does not exist or of access
-// denied, what being the operation and where; nil for any other error.
+// classify is the 503 of a bucket that does not exist, of access denied,
+// of an archived object or of a clock too far off (the last two are 403s
+// too, with their own codes; a HEAD's 403 has no code and reads as access
+// denied), what being the operation and where; nil for any other error.
 func (s *S3) classify(what string, err error) error {
 	resp := minio.ToErrorResponse(err)
 	switch {
@@ -350,6 +352,16 @@ func (s *S3) classify(what string, err error) error {
 		s.mu.Unlock()
 		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrNoBucket, err),
 			"%s: bucket %q does not exist at %s (deleted or renamed since the server started?)", what, s.bucket, s.endpoint)
+	case resp.Code == "InvalidObjectState":
+		// A 403, but no denial: the object's storage class (S3 Glacier,
+		// Deep Archive) cannot be read or copied until it is restored.
+		return errdefs.New(errdefs.KindUnavailable, err,
+			"%s: the object is archived (InvalidObjectState: a storage class such as S3 Glacier, often set by a lifecycle rule of bucket %q) at %s: restore it or copy it back to a readable storage class", what, s.bucket, s.endpoint)
+	case resp.Code == "RequestTimeTooSkewed":
+		// A 403, but no denial: the request's signed time is too far
+		// from the service's (more than 15 minutes on AWS).
+		return errdefs.New(errdefs.KindUnavailable, err,
+			"%s: bucket %q at %s refused the request's time: this host's clock is too far from the service's: sync the clock (NTP)", what, s.bucket, s.endpoint)
 	case resp.StatusCode == 403 || isAuthCode(resp.Code):
 		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrAccessDenied, err),
 			"%s: access to bucket %q denied at %s: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) and the bucket policy", what, s.bucket, s.endpoint)

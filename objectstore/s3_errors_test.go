@@ -402,3 +402,57 @@ func TestS3BucketCheckFails(t *testing.T) {
 	}
 }
 
+// A 403 is not always a refusal of the credentials: AWS answers an
+// archived object (InvalidObjectState: a copy, as Touch makes, or a read of
+// an object in S3 Glacier) and a request signed with a clock too far off
+// (RequestTimeTooSkewed) with 403 too. Each says what it is (still a 503:
+// the store's trouble), and only a real denial is ErrAccessDenied.
+func TestS3ForbiddenCodes(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		code   string
+		denied bool
+		words  []string
+	}{
+		{"AccessDenied", true, []string{"access denied", "check the credentials"}},
+		{"InvalidAccessKeyId", true, []string{"access denied", "check the credentials"}},
+		{"InvalidObjectState", false, []string{"archived", "restore"}},
+		{"RequestTimeTooSkewed", false, []string{"clock", "sync"}},
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			s, _ := openFake(t, func(r *http.Request) (int, string) { return http.StatusForbidden, tc.code })
+			// The requests with a body (a HEAD's 403 has no code to
+			// tell).
+			errs := map[string]error{
+				"touch":         s.Touch(ctx, "functions/f.json"),
+				"put":           s.Put(ctx, "functions/f.json", bytes.NewReader([]byte("x")), 1),
+				"put if absent": s.PutIf(ctx, "functions/f.json", bytes.NewReader([]byte("x")), 1, ""),
+				"delete":        s.Delete(ctx, "functions/f.json"),
+			}
+			_, errs["list"] = s.List(ctx, "functions/")
+			for op, err := range errs {
+				if err == nil {
+					t.Errorf("%s: no error", op)
+					continue
+				}
+				if errors.Is(err, ErrAccessDenied) != tc.denied {
+					t.Errorf("%s: %v: errors.Is(ErrAccessDenied) = %v, want %v", op, err, !tc.denied, tc.denied)
+				}
+				if errors.Is(err, ErrNotFound) || errors.Is(err, ErrPrecondition) {
+					t.Errorf("%s: %v reads as a missing object or a lost race", op, err)
+				}
+				if k := errdefs.KindOf(err); k != errdefs.KindUnavailable {
+					t.Errorf("%s: %v is of kind %d, want KindUnavailable (503)", op, err, k)
+				}
+				for _, w := range append([]string{"s3://bkt", `bucket "bkt"`}, tc.words...) {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%s: %q does not say %q", op, err, w)
+					}
+				}
+				if !tc.denied && strings.Contains(err.Error(), "check the credentials") {
+					t.Errorf("%s: %q blames the credentials", op, err)
+				}
+			}
+		})
+	}
+}
