@@ -357,7 +357,9 @@ const BundleGrace = time.Minute
 // that are older than BundleGrace (younger ones are left to gc). It
 // returns the keys of the bundles it deleted. An error after the record
 // went (the store failed listing the records, or checking or deleting a
-// bundle) wraps ErrBundlesKept: the function is deleted all the same.
+// bundle) wraps ErrBundlesKept: the function is deleted all the same. A
+// bundle that fails does not stop the others: each kept is named, the
+// failures joined (errors.Join).
 func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	r, err := g.Get(ctx, name)
 	if err != nil {
@@ -377,6 +379,7 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 		}
 	}
 	var removed []string
+	var kept []error // one per bundle kept: a failure goes on to the others
 	for _, v := range r.Versions {
 		if used[v.SHA256] {
 			continue
@@ -390,9 +393,13 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 			err = g.Store.Delete(ctx, bundle.ObjectKey(v.SHA256))
 		}
 		if err != nil {
-			return removed, fmt.Errorf("function %s deleted, but %w (bundle %s): %w", name, ErrBundlesKept, v.SHA256, err)
+			kept = append(kept, fmt.Errorf("bundle %s: %w", v.SHA256, err))
+			continue
 		}
 		removed = append(removed, bundle.ObjectKey(v.SHA256))
+	}
+	if len(kept) > 0 {
+		return removed, fmt.Errorf("function %s deleted, but %w: %w", name, ErrBundlesKept, errors.Join(kept...))
 	}
 	return removed, nil
 }
