@@ -142,3 +142,50 @@ func TestDeleteGoesOnPastAFailedBundle(t *testing.T) {
 		t.Errorf("the first bundle (its Stat failed) is gone: %v", err)
 	}
 }
+
+// statFailsLater fails every Stat of a bundle after the first with err:
+// the store went down after the deploy wrote its bundle.
+type statFailsLater struct {
+	objectstore.Store
+	err   error
+	stats int
+}
+
+func (s *statFailsLater) Stat(ctx context.Context, key string) (objectstore.Info, error) {
+	if strings.HasPrefix(key, "bundles/") {
+		if s.stats++; s.stats > 1 {
+			return objectstore.Info{}, s.err
+		}
+	}
+	return s.Store.Stat(ctx, key)
+}
+
+// Publish's last check of the bundle (after the record is written) that
+// fails for a reason other than not-found says the bundle could not be
+// checked and to deploy again, not that it is missing.
+func TestPublishBundleCheckFails(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := errors.New("store down: connection refused")
+	g := Registry{Store: &statFailsLater{Store: fs, err: down}}
+	body := []byte("the bundle")
+	sha := bundle.Digest(body)
+	_, _, err = g.Publish(ctx, &abi.Manifest{Name: "fn", Priority: "default"}, bytes.NewReader(body), sha, int64(len(body)), false)
+	if !errors.Is(err, down) {
+		t.Fatalf("publish: %v, want it to wrap %v", err, down)
+	}
+	for _, w := range []string{"fn", sha, "could not be checked", "deploy again"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("publish: %q does not say %q", err, w)
+		}
+	}
+	if strings.Contains(err.Error(), "missing") {
+		t.Errorf("publish: %q says the bundle is missing; it is there", err)
+	}
+	if _, err := fs.Stat(ctx, bundle.ObjectKey(sha)); err != nil {
+		t.Errorf("the bundle: %v", err)
+	}
+}

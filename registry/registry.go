@@ -325,26 +325,34 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	// one landed and removed the bundle as unused (its grace protects a
 	// bundle touched or written just now; this covers a shorter grace).
 	if err := g.ensureBundle(ctx, key, bundleBytes, size); err != nil {
-		return Published{}, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
+		return Published{}, fmt.Errorf("publish %s: the record is written but %w", name, err)
 	}
 	p.Created = true
 	return p, nil
 }
 
 // ensureBundle stores the bundle again if it is gone, when its bytes can be
-// read again.
+// read again. Its error completes "the record is written but ...".
 func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.Reader, size int64) error {
-	if _, err := g.Store.Stat(ctx, key); !errors.Is(err, objectstore.ErrNotFound) {
-		return err
+	_, err := g.Store.Stat(ctx, key)
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, objectstore.ErrNotFound):
+		// The store failed the check: the bundle may well be there.
+		return fmt.Errorf("whether its bundle %s is there could not be checked (deploy again): %w", key, err)
 	}
 	rs, ok := bundleBytes.(io.ReadSeeker)
 	if !ok {
-		return objectstore.ErrNotFound
+		return fmt.Errorf("its bundle %s is missing (deploy again): %w", key, err)
 	}
 	if _, err := rs.Seek(0, io.SeekStart); err != nil {
-		return err
+		return fmt.Errorf("its bundle %s is missing and could not be read again (deploy again): %w", key, err)
 	}
-	return g.Store.Put(ctx, key, rs, size)
+	if err := g.Store.Put(ctx, key, rs, size); err != nil {
+		return fmt.Errorf("its bundle %s is missing and could not be stored again (deploy again): %w", key, err)
+	}
+	return nil
 }
 
 // BundleGrace is how long a bundle written or reused by a deploy is kept
