@@ -280,9 +280,11 @@ func TestS3MissesCheckTheBucketOncePerTTL(t *testing.T) {
 	if got := f.count() - before; got != n+1 {
 		t.Errorf("%d misses cost %d requests, want %d (one bucket check)", n, got, n+1)
 	}
+	mu.Lock()
 	if bucketHeads != 1 {
 		t.Errorf("%d bucket checks for %d misses, want 1", bucketHeads, n)
 	}
+	mu.Unlock()
 	// Past the cache time the bucket is asked again.
 	clock = clock.Add(bucketTTL)
 	before = f.count()
@@ -395,6 +397,8 @@ func TestS3BucketCheckFails(t *testing.T) {
 					}
 				}
 			}
+			mu.Lock()
+			defer mu.Unlock()
 			if bucketHeads != 2 {
 				t.Errorf("%d bucket checks for 2 misses, want 2: a failed check was remembered", bucketHeads)
 			}
