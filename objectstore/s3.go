@@ -12,6 +12,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -52,9 +53,32 @@ const unknownSizePartSize = 16 << 20
 type S3 struct {
 	client   *minio.Client
 	bucket   string
-	prefix   string // "" or segments without a trailing slash
-	region   string // as configured; "" lets minio-go ask the service
-	endpoint string // scheme://host for messages
+	prefix   string           // "" or segments without a trailing slash
+	region   string           // as configured; "" lets minio-go ask the service
+	endpoint string           // scheme://host for messages
+	now      func() time.Time // nil: time.Now (a test's clock otherwise)
+
+	mu      sync.Mutex
+	bucket0 time.Time // when a request last found the bucket there; zero: not since it was found missing
+}
+
+// bucketTTL is how long a bucket found there (by any request that
+// succeeded, or by the last bucket check) is taken to be there still: a
+// HEAD's bare 404 within it is a missing object without asking the bucket.
+const bucketTTL = 30 * time.Second
+
+// sawBucket remembers that a request just found the bucket there.
+func (s *S3) sawBucket() {
+	s.mu.Lock()
+	s.bucket0 = s.clock()
+	s.mu.Unlock()
+}
+
+func (s *S3) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
 }
 
 // resolved fills the empty fields of o from the environment.
@@ -200,6 +224,7 @@ func (s *S3) check(ctx context.Context, probe *minio.Client) error {
 		return fmt.Errorf("%s: bucket %q does not exist at %s", s, s.bucket, s.endpoint)
 	}
 	if err == nil {
+		s.sawBucket()
 		return nil
 	}
 	return s.describeOpenError(ctx, err, time.Since(start))
@@ -261,7 +286,7 @@ func (s *S3) objectName(key string) (string, error) {
 // names the store (bucket and prefix) and the object's name in the bucket,
 // so that an operator with several buckets knows where to look.
 func (s *S3) wrap(op, key string, err error) error {
-	what := fmt.Sprintf("%s %s: %s: object %q in bucket %q", op, key, s, s.fullName(key), s.bucket)
+	what := s.what(op, key)
 	if e := s.classify(what, err); e != nil {
 		return e
 	}
@@ -275,29 +300,68 @@ func (s *S3) wrap(op, key string, err error) error {
 // and GetTagged). A HEAD answer has no body, so AWS's 404 for an object of
 // a bucket that no longer exists carries no error code and minio-go reads
 // it as NoSuchKey: the bucket is asked after (a HEAD on it, whose bare 404
-// is NoSuchBucket) before the object is reported missing.
+// is NoSuchBucket) before the object is reported missing, unless a
+// request found the bucket there within bucketTTL (every lookup of an
+// unknown function name would cost two requests otherwise). So a bucket
+// deleted while remembered reads as missing objects on HEADs for at most
+// bucketTTL, or until any request gets NoSuchBucket (classify forgets the
+// bucket then). A bucket check that fails for another reason (a 5xx, a
+// deadline) leaves the object's answer, not found, and is not remembered.
 func (s *S3) wrapHead(ctx context.Context, op, key string, err error) error {
-	if minio.ToErrorResponse(err).Code != "NoSuchKey" {
+	if minio.ToErrorResponse(err).Code != "NoSuchKey" || s.bucketFresh() {
 		return s.wrap(op, key, err)
 	}
 	ok, berr := s.client.BucketExists(ctx, s.bucket)
 	switch {
 	case berr != nil:
-		return s.wrap(op, key, berr)
+		what := s.what(op, key)
+		if e := s.classify(what, berr); e != nil {
+			return e
+		}
+		return fmt.Errorf("%s: %w (whether bucket %q is there could not be checked: %v)", what, ErrNotFound, s.bucket, berr)
 	case !ok:
 		return s.wrap(op, key, minio.ErrorResponse{StatusCode: 404, Code: "NoSuchBucket", Message: "The specified bucket does not exist", BucketName: s.bucket})
 	}
+	s.sawBucket()
 	return s.wrap(op, key, err)
 }
 
-// classify is the 503 of a bucket that does not exist or of access
-// denied, what being the operation and where; nil for any other error.
+// bucketFresh is whether a request found the bucket there within
+// bucketTTL.
+func (s *S3) bucketFresh() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.bucket0.IsZero() && s.clock().Sub(s.bucket0) < bucketTTL
+}
+
+// what names an operation on key: the store, the object and the bucket.
+func (s *S3) what(op, key string) string {
+	return fmt.Sprintf("%s %s: %s: object %q in bucket %q", op, key, s, s.fullName(key), s.bucket)
+}
+
+// classify is the 503 of a bucket that does not exist, of access denied,
+// of an archived object or of a clock too far off (the last two are 403s
+// too, with their own codes; a HEAD's 403 has no code and reads as access
+// denied), what being the operation and where; nil for any other error.
 func (s *S3) classify(what string, err error) error {
 	resp := minio.ToErrorResponse(err)
 	switch {
 	case resp.Code == "NoSuchBucket":
+		s.mu.Lock()
+		s.bucket0 = time.Time{} // the next HEAD's 404 asks the bucket again
+		s.mu.Unlock()
 		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrNoBucket, err),
 			"%s: bucket %q does not exist at %s (deleted or renamed since the server started?)", what, s.bucket, s.endpoint)
+	case resp.Code == "InvalidObjectState":
+		// A 403, but no denial: the object's storage class (S3 Glacier,
+		// Deep Archive) cannot be read or copied until it is restored.
+		return errdefs.New(errdefs.KindUnavailable, err,
+			"%s: the object is archived (InvalidObjectState: a storage class such as S3 Glacier, often set by a lifecycle rule of bucket %q) at %s: restore it or copy it back to a readable storage class", what, s.bucket, s.endpoint)
+	case resp.Code == "RequestTimeTooSkewed":
+		// A 403, but no denial: the request's signed time is too far
+		// from the service's (more than 15 minutes on AWS).
+		return errdefs.New(errdefs.KindUnavailable, err,
+			"%s: bucket %q at %s refused the request's time: this host's clock is too far from the service's: sync the clock (NTP)", what, s.bucket, s.endpoint)
 	case resp.StatusCode == 403 || isAuthCode(resp.Code):
 		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrAccessDenied, err),
 			"%s: access to bucket %q denied at %s: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) and the bucket policy", what, s.bucket, s.endpoint)
@@ -332,6 +396,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 		}
 		return s.wrap("put", key, err)
 	}
+	s.sawBucket()
 	return nil
 }
 
@@ -431,6 +496,7 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		obj.Close()
 		return nil, s.wrapHead(ctx, "get", key, err)
 	}
+	s.sawBucket()
 	return obj, nil
 }
 
@@ -448,6 +514,7 @@ func (s *S3) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, er
 		obj.Close()
 		return nil, Info{}, s.wrapHead(ctx, "get", key, err)
 	}
+	s.sawBucket()
 	return &tagReader{obj: obj, key: key}, Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
 
@@ -494,9 +561,10 @@ func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 	}
 	if _, err := s.client.PutObject(ctx, s.bucket, name, body, size, opts); err != nil {
 		if resp := minio.ToErrorResponse(err); resp.StatusCode == 412 || resp.Code == "PreconditionFailed" {
+			s.sawBucket() // the condition was evaluated on the bucket's object
 			return fmt.Errorf("put %s: %w", key, ErrPrecondition)
 		}
-		if e := s.classify(fmt.Sprintf("put %s: %s: object %q in bucket %q", key, s, name, s.bucket), err); e != nil {
+		if e := s.classify(s.what("put", key), err); e != nil {
 			return e // a missing bucket is no lost race
 		}
 		if resp := minio.ToErrorResponse(err); ifMatch != "" && (resp.Code == "NoSuchKey" || resp.StatusCode == 404) {
@@ -504,6 +572,7 @@ func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 		}
 		return s.wrap("put", key, err)
 	}
+	s.sawBucket()
 	return nil
 }
 
@@ -520,6 +589,7 @@ func (s *S3) Touch(ctx context.Context, key string) error {
 	if _, err := s.client.CopyObject(ctx, dst, minio.CopySrcOptions{Bucket: s.bucket, Object: name}); err != nil {
 		return s.wrap("touch", key, err)
 	}
+	s.sawBucket()
 	return nil
 }
 
@@ -532,6 +602,7 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	if err != nil {
 		return Info{}, s.wrapHead(ctx, "stat", key, err)
 	}
+	s.sawBucket()
 	return Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
 
@@ -565,6 +636,7 @@ func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list %q: %w", prefix, err)
 	}
+	s.sawBucket()
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
 }
@@ -580,5 +652,6 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 		}
 		return s.wrap("delete", key, err)
 	}
+	s.sawBucket()
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	miniogo "github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -89,12 +90,20 @@ func TestS3DeletedBucket(t *testing.T) {
 	if ok, err := c.BucketExists(ctx, "gone-bucket"); err != nil || ok {
 		t.Fatalf("bucket still there: %v, %v", ok, err)
 	}
+	ageBucket(s.(*S3)) // the put found the bucket; let that be long ago
 	for op, err := range storeOps(ctx, s, "functions/f.json") {
 		if op == "delete" && err == nil {
 			continue // deleting what is not there is no error
 		}
 		wantStoreError(t, op, err, ErrNoBucket, "s3://gone-bucket/p", `bucket "gone-bucket" does not exist`)
 	}
+}
+
+// ageBucket moves s's clock past bucketTTL: the last request that found
+// the bucket there is long past.
+func ageBucket(s *S3) {
+	later := time.Now().Add(bucketTTL)
+	s.now = func() time.Time { return later }
 }
 
 // fakeS3 answers as AWS S3 does: HEAD responses carry no body (so no
@@ -164,6 +173,9 @@ func TestS3Bare404(t *testing.T) {
 	ctx := context.Background()
 	t.Run("bucket gone", func(t *testing.T) {
 		s, _ := openFake(t, func(r *http.Request) (int, string) { return http.StatusNotFound, "NoSuchBucket" })
+		// Deleted longer than bucketTTL ago (within it, a HEAD's bare
+		// 404 reads as a missing object: TestS3DeletedBucketWhileRemembered).
+		ageBucket(s)
 		for op, err := range storeOps(ctx, s, "functions/f.json") {
 			if op == "delete" && err == nil {
 				continue
@@ -198,13 +210,15 @@ func TestS3AccessDenied(t *testing.T) {
 	for _, code := range []string{"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"} {
 		t.Run(code, func(t *testing.T) {
 			s, f := openFake(t, func(r *http.Request) (int, string) { return http.StatusForbidden, code })
-			for op, err := range storeOps(ctx, s, "functions/f.json") {
+			before := f.count() // the open check
+			ops := storeOps(ctx, s, "functions/f.json")
+			for op, err := range ops {
 				wantStoreError(t, op, err, ErrAccessDenied, "s3://bkt", `bucket "bkt"`, "access denied", "check the credentials")
 			}
-			// Each operation sends one request, or two (a bucket check
-			// after a not-found), none retried: 9 operations.
-			if n := f.count(); n > 2*9 {
-				t.Errorf("%d requests for 9 operations: 403s were retried", n)
+			// Each operation sends exactly one request: none is retried,
+			// and a 403 (no not-found) asks no bucket check.
+			if n := f.count() - before; n != len(ops) {
+				t.Errorf("%d requests for %d operations, want one each: 403s were retried or checked", n, len(ops))
 			}
 		})
 	}
@@ -228,4 +242,221 @@ func TestS3AccessDenied(t *testing.T) {
 			wantStoreError(t, op, err, ErrAccessDenied, "s3://denied", `bucket "denied"`, "access denied", "check the credentials")
 		}
 	})
+}
+
+// missingObject answers a HEAD on the bucket 200 and a HEAD on any object
+// a bare 404 (the object does not exist), counting bucket HEADs.
+func missingObject(bucketHeads *int, mu *sync.Mutex) func(r *http.Request) (int, string) {
+	return func(r *http.Request) (int, string) {
+		if isBucket(r) {
+			mu.Lock()
+			*bucketHeads++
+			mu.Unlock()
+			return http.StatusOK, ""
+		}
+		return http.StatusNotFound, "NoSuchKey"
+	}
+}
+
+// A missing object (every lookup of an unknown function name) costs one
+// request while the bucket was seen lately, not two: the bucket HEAD that
+// tells a deleted bucket from a missing object is sent once per
+// bucketTTL, not on every miss.
+func TestS3MissesCheckTheBucketOncePerTTL(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	bucketHeads := 0
+	s, f := openFake(t, missingObject(&bucketHeads, &mu))
+	clock := time.Now()
+	s.now = func() time.Time { return clock }
+	clock = clock.Add(time.Hour) // the open check is long past
+	const n = 10
+	before := f.count()
+	for i := 0; i < n; i++ {
+		if _, err := s.Stat(ctx, "functions/f.json"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("miss %d: %v, want ErrNotFound", i, err)
+		}
+	}
+	if got := f.count() - before; got != n+1 {
+		t.Errorf("%d misses cost %d requests, want %d (one bucket check)", n, got, n+1)
+	}
+	mu.Lock()
+	if bucketHeads != 1 {
+		t.Errorf("%d bucket checks for %d misses, want 1", bucketHeads, n)
+	}
+	mu.Unlock()
+	// Past the cache time the bucket is asked again.
+	clock = clock.Add(bucketTTL)
+	before = f.count()
+	if _, err := s.Stat(ctx, "functions/f.json"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("miss after the cache time: %v, want ErrNotFound", err)
+	}
+	if got := f.count() - before; got != 2 {
+		t.Errorf("a miss after the cache time cost %d requests, want 2 (object, bucket)", got)
+	}
+	// A request that succeeded confirms the bucket too.
+	clock = clock.Add(bucketTTL)
+	s2, f2 := openFake(t, func(r *http.Request) (int, string) {
+		if r.Method == http.MethodPut {
+			return http.StatusOK, ""
+		}
+		return http.StatusNotFound, "NoSuchKey"
+	})
+	s2.now = s.now
+	if err := s2.Put(ctx, "functions/g.json", bytes.NewReader([]byte("x")), 1); err != nil {
+		t.Fatal(err)
+	}
+	before = f2.count()
+	if _, err := s2.Stat(ctx, "functions/f.json"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("miss after a put: %v, want ErrNotFound", err)
+	}
+	if got := f2.count() - before; got != 1 {
+		t.Errorf("a miss after a successful put cost %d requests, want 1", got)
+	}
+}
+
+// A bucket deleted while the store remembers it: a HEAD's bare 404 reads
+// as a missing object for at most bucketTTL (documented), but any
+// request that gets NoSuchBucket forgets the bucket, and past bucketTTL
+// the bucket check finds it gone.
+func TestS3DeletedBucketWhileRemembered(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openFake(t, func(r *http.Request) (int, string) { return http.StatusNotFound, "NoSuchBucket" })
+	clock := time.Now()
+	s.now = func() time.Time { return clock }
+	s.sawBucket()
+	if _, err := s.Stat(ctx, "functions/f.json"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("stat within the cache time: %v, want ErrNotFound (the documented window)", err)
+	}
+	if _, err := s.List(ctx, "functions/"); !errors.Is(err, ErrNoBucket) {
+		t.Fatalf("list: %v, want ErrNoBucket", err)
+	}
+	_, err := s.Stat(ctx, "functions/f.json")
+	wantStoreError(t, "stat after a NoSuchBucket", err, ErrNoBucket, `bucket "bkt" does not exist`)
+
+	s.sawBucket()
+	clock = clock.Add(bucketTTL)
+	_, err = s.Stat(ctx, "functions/f.json")
+	wantStoreError(t, "stat past the cache time", err, ErrNoBucket, `bucket "bkt" does not exist`)
+}
+
+// An object HEAD's 404 followed by a bucket HEAD that fails: a 403 is
+// the store's trouble (503, access denied); a 5xx or a deadline leaves
+// the object's answer, not found, and is not remembered as the bucket
+// being there.
+func TestS3BucketCheckFails(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		hang   bool
+	}{{"403", http.StatusForbidden, false}, {"503", http.StatusServiceUnavailable, false}, {"deadline", 0, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			bucketHeads := 0
+			s, _ := openFake(t, func(r *http.Request) (int, string) {
+				if !isBucket(r) {
+					return http.StatusNotFound, "NoSuchKey"
+				}
+				mu.Lock()
+				bucketHeads++
+				mu.Unlock()
+				if tc.hang {
+					<-r.Context().Done()
+					return http.StatusServiceUnavailable, ""
+				}
+				return tc.status, ""
+			})
+			// One try: minio-go retries a 5xx for seconds.
+			c, err := miniogo.New(strings.TrimPrefix(s.endpoint, "http://"), &miniogo.Options{
+				Creds: credentials.NewStaticV4("a", "s", ""), BucketLookup: miniogo.BucketLookupPath,
+				Region: "us-east-1", MaxRetries: 1,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.client = c
+			clock := time.Now().Add(time.Hour) // the open check is long past
+			s.now = func() time.Time { return clock }
+			for i := 0; i < 2; i++ {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				if tc.hang {
+					ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+				}
+				_, err := s.Stat(ctx, "functions/f.json")
+				cancel()
+				if tc.status == http.StatusForbidden {
+					wantStoreError(t, "stat", err, ErrAccessDenied, "s3://bkt", `bucket "bkt"`, "access")
+				} else {
+					if !errors.Is(err, ErrNotFound) || errdefs.KindOf(err) == errdefs.KindUnavailable {
+						t.Fatalf("stat: %v (kind %d), want ErrNotFound", err, errdefs.KindOf(err))
+					}
+					for _, w := range []string{"s3://bkt", `bucket "bkt"`, `object "functions/f.json"`} {
+						if !strings.Contains(err.Error(), w) {
+							t.Errorf("stat: %q does not say %q", err, w)
+						}
+					}
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if bucketHeads != 2 {
+				t.Errorf("%d bucket checks for 2 misses, want 2: a failed check was remembered", bucketHeads)
+			}
+		})
+	}
+}
+
+// A 403 is not always a refusal of the credentials: AWS answers an
+// archived object (InvalidObjectState: a copy, as Touch makes, or a read of
+// an object in S3 Glacier) and a request signed with a clock too far off
+// (RequestTimeTooSkewed) with 403 too. Each says what it is (still a 503:
+// the store's trouble), and only a real denial is ErrAccessDenied.
+func TestS3ForbiddenCodes(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		code   string
+		denied bool
+		words  []string
+	}{
+		{"AccessDenied", true, []string{"access denied", "check the credentials"}},
+		{"InvalidAccessKeyId", true, []string{"access denied", "check the credentials"}},
+		{"InvalidObjectState", false, []string{"archived", "restore"}},
+		{"RequestTimeTooSkewed", false, []string{"clock", "sync"}},
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			s, _ := openFake(t, func(r *http.Request) (int, string) { return http.StatusForbidden, tc.code })
+			// The requests with a body (a HEAD's 403 has no code to
+			// tell).
+			errs := map[string]error{
+				"touch":         s.Touch(ctx, "functions/f.json"),
+				"put":           s.Put(ctx, "functions/f.json", bytes.NewReader([]byte("x")), 1),
+				"put if absent": s.PutIf(ctx, "functions/f.json", bytes.NewReader([]byte("x")), 1, ""),
+				"delete":        s.Delete(ctx, "functions/f.json"),
+			}
+			_, errs["list"] = s.List(ctx, "functions/")
+			for op, err := range errs {
+				if err == nil {
+					t.Errorf("%s: no error", op)
+					continue
+				}
+				if errors.Is(err, ErrAccessDenied) != tc.denied {
+					t.Errorf("%s: %v: errors.Is(ErrAccessDenied) = %v, want %v", op, err, !tc.denied, tc.denied)
+				}
+				if errors.Is(err, ErrNotFound) || errors.Is(err, ErrPrecondition) {
+					t.Errorf("%s: %v reads as a missing object or a lost race", op, err)
+				}
+				if k := errdefs.KindOf(err); k != errdefs.KindUnavailable {
+					t.Errorf("%s: %v is of kind %d, want KindUnavailable (503)", op, err, k)
+				}
+				for _, w := range append([]string{"s3://bkt", `bucket "bkt"`}, tc.words...) {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%s: %q does not say %q", op, err, w)
+					}
+				}
+				if !tc.denied && strings.Contains(err.Error(), "check the credentials") {
+					t.Errorf("%s: %q blames the credentials", op, err)
+				}
+			}
+		})
+	}
 }

@@ -88,3 +88,104 @@ func TestDeleteReportsAStatFailure(t *testing.T) {
 		})
 	}
 }
+
+// failingBundleStore fails the Stat of one bundle (failKey) with failErr,
+// and dates the other bundles past BundleGrace.
+type failingBundleStore struct {
+	agedStore
+	failKey string
+	failErr error
+}
+
+func (s *failingBundleStore) Stat(ctx context.Context, key string) (objectstore.Info, error) {
+	if key == s.failKey {
+		return objectstore.Info{}, s.failErr
+	}
+	return s.agedStore.Stat(ctx, key)
+}
+
+// A bundle whose Stat fails does not stop Delete: it goes on with the
+// function's other bundles and reports every one it kept, joined under
+// ErrBundlesKept.
+func TestDeleteGoesOnPastAFailedBundle(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &failingBundleStore{agedStore: agedStore{Store: fs}}
+	g := Registry{Store: st}
+	var shas []string
+	for _, body := range []string{"bundle one", "bundle two"} {
+		sha := bundle.Digest([]byte(body))
+		if _, _, err := g.Publish(ctx, &abi.Manifest{Name: "fn", Priority: "default"}, bytes.NewReader([]byte(body)), sha, int64(len(body)), false); err != nil {
+			t.Fatal(err)
+		}
+		shas = append(shas, sha)
+	}
+	down := errors.New("store down: connection refused")
+	st.failKey, st.failErr = bundle.ObjectKey(shas[0]), down // the first version's
+	removed, err := g.Delete(ctx, "fn")
+	if !errors.Is(err, ErrBundlesKept) || !errors.Is(err, down) || !strings.Contains(err.Error(), shas[0]) {
+		t.Fatalf("delete: %v, want ErrBundlesKept wrapping %v and naming %s", err, down, shas[0])
+	}
+	if strings.Contains(err.Error(), shas[1]) {
+		t.Errorf("delete: %q names the bundle it removed as kept", err)
+	}
+	if len(removed) != 1 || removed[0] != bundle.ObjectKey(shas[1]) {
+		t.Errorf("removed %q, want the second bundle %s", removed, bundle.ObjectKey(shas[1]))
+	}
+	if _, err := fs.Stat(ctx, bundle.ObjectKey(shas[1])); !errors.Is(err, objectstore.ErrNotFound) {
+		t.Errorf("the second bundle is still there: %v", err)
+	}
+	if _, err := fs.Stat(ctx, bundle.ObjectKey(shas[0])); err != nil {
+		t.Errorf("the first bundle (its Stat failed) is gone: %v", err)
+	}
+}
+
+// statFailsLater fails every Stat of a bundle after the first with err:
+// the store went down after the deploy wrote its bundle.
+type statFailsLater struct {
+	objectstore.Store
+	err   error
+	stats int
+}
+
+func (s *statFailsLater) Stat(ctx context.Context, key string) (objectstore.Info, error) {
+	if strings.HasPrefix(key, "bundles/") {
+		if s.stats++; s.stats > 1 {
+			return objectstore.Info{}, s.err
+		}
+	}
+	return s.Store.Stat(ctx, key)
+}
+
+// Publish's last check of the bundle (after the record is written) that
+// fails for a reason other than not-found says the bundle could not be
+// checked and to deploy again, not that it is missing.
+func TestPublishBundleCheckFails(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := errors.New("store down: connection refused")
+	g := Registry{Store: &statFailsLater{Store: fs, err: down}}
+	body := []byte("the bundle")
+	sha := bundle.Digest(body)
+	_, _, err = g.Publish(ctx, &abi.Manifest{Name: "fn", Priority: "default"}, bytes.NewReader(body), sha, int64(len(body)), false)
+	if !errors.Is(err, down) {
+		t.Fatalf("publish: %v, want it to wrap %v", err, down)
+	}
+	for _, w := range []string{"fn", sha, "could not be checked", "deploy again"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("publish: %q does not say %q", err, w)
+		}
+	}
+	if strings.Contains(err.Error(), "missing") {
+		t.Errorf("publish: %q says the bundle is missing; it is there", err)
+	}
+	if _, err := fs.Stat(ctx, bundle.ObjectKey(sha)); err != nil {
+		t.Errorf("the bundle: %v", err)
+	}
+}

@@ -325,26 +325,34 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	// one landed and removed the bundle as unused (its grace protects a
 	// bundle touched or written just now; this covers a shorter grace).
 	if err := g.ensureBundle(ctx, key, bundleBytes, size); err != nil {
-		return Published{}, fmt.Errorf("publish %s: the record is written but its bundle is missing: %w", name, err)
+		return Published{}, fmt.Errorf("publish %s: the record is written but %w", name, err)
 	}
 	p.Created = true
 	return p, nil
 }
 
 // ensureBundle stores the bundle again if it is gone, when its bytes can be
-// read again.
+// read again. Its error completes "the record is written but ...".
 func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.Reader, size int64) error {
-	if _, err := g.Store.Stat(ctx, key); !errors.Is(err, objectstore.ErrNotFound) {
-		return err
+	_, err := g.Store.Stat(ctx, key)
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, objectstore.ErrNotFound):
+		// The store failed the check: the bundle may well be there.
+		return fmt.Errorf("whether its bundle %s is there could not be checked (deploy again): %w", key, err)
 	}
 	rs, ok := bundleBytes.(io.ReadSeeker)
 	if !ok {
-		return objectstore.ErrNotFound
+		return fmt.Errorf("its bundle %s is missing (deploy again): %w", key, err)
 	}
 	if _, err := rs.Seek(0, io.SeekStart); err != nil {
-		return err
+		return fmt.Errorf("its bundle %s is missing and could not be read again (deploy again): %w", key, err)
 	}
-	return g.Store.Put(ctx, key, rs, size)
+	if err := g.Store.Put(ctx, key, rs, size); err != nil {
+		return fmt.Errorf("its bundle %s is missing and could not be stored again (deploy again): %w", key, err)
+	}
+	return nil
 }
 
 // BundleGrace is how long a bundle written or reused by a deploy is kept
@@ -357,7 +365,9 @@ const BundleGrace = time.Minute
 // that are older than BundleGrace (younger ones are left to gc). It
 // returns the keys of the bundles it deleted. An error after the record
 // went (the store failed listing the records, or checking or deleting a
-// bundle) wraps ErrBundlesKept: the function is deleted all the same.
+// bundle) wraps ErrBundlesKept: the function is deleted all the same. A
+// bundle that fails does not stop the others: each kept is named, the
+// failures joined (errors.Join).
 func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	r, err := g.Get(ctx, name)
 	if err != nil {
@@ -377,6 +387,7 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 		}
 	}
 	var removed []string
+	var kept []error // one per bundle kept: a failure goes on to the others
 	for _, v := range r.Versions {
 		if used[v.SHA256] {
 			continue
@@ -390,9 +401,13 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 			err = g.Store.Delete(ctx, bundle.ObjectKey(v.SHA256))
 		}
 		if err != nil {
-			return removed, fmt.Errorf("function %s deleted, but %w (bundle %s): %w", name, ErrBundlesKept, v.SHA256, err)
+			kept = append(kept, fmt.Errorf("bundle %s: %w", v.SHA256, err))
+			continue
 		}
 		removed = append(removed, bundle.ObjectKey(v.SHA256))
+	}
+	if len(kept) > 0 {
+		return removed, fmt.Errorf("function %s deleted, but %w: %w", name, ErrBundlesKept, errors.Join(kept...))
 	}
 	return removed, nil
 }
