@@ -21,26 +21,8 @@ import (
 func TestFSLockHonoursTheContext(t *testing.T) {
 	for _, op := range []string{"put if", "delete"} {
 		t.Run(op, func(t *testing.T) {
-			dir := t.TempDir()
-			s, err := NewFS(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
+			dir, s, lf := heldStore(t)
 			ctx := context.Background()
-			if err := s.PutIf(ctx, "functions/f.json", bytes.NewReader([]byte("{}")), 2, ""); err != nil {
-				t.Fatal(err)
-			}
-			// Hold the key's lock as another writer would (flock locks
-			// belong to the open file, so this process's own second open
-			// waits too).
-			lf, err := os.OpenFile(filepath.Join(dir, "functions", ".lock-f.json"), os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lf.Close()
-			if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
-				t.Fatal(err)
-			}
 			cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 			defer cancel()
 			done := make(chan error, 1)
@@ -136,23 +118,8 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // and an fd until the holder let go: with a holder that never does and
 // callers retrying, threads piled up to Go's 10,000-thread limit (fatal).
 func TestFSLockWaitGivenUpLeavesNothing(t *testing.T) {
-	dir := t.TempDir()
-	s, err := NewFS(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s, lf := heldStore(t)
 	ctx := context.Background()
-	if err := s.PutIf(ctx, "functions/f.json", bytes.NewReader([]byte("{}")), 2, ""); err != nil {
-		t.Fatal(err)
-	}
-	lf, err := os.OpenFile(filepath.Join(dir, "functions", ".lock-f.json"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lf.Close()
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
 	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN) // lets a leaked wait end
 
 	goroutines, fds, threads := runtime.NumGoroutine(), fdCount(t), threadCount(t)
@@ -198,4 +165,29 @@ func TestFSLockWaitGivenUpLeavesNothing(t *testing.T) {
 	if err := s.PutIf(cctx, "functions/f.json", bytes.NewReader([]byte("[]")), 2, in.ETag); err != nil {
 		t.Fatalf("a write after the holder let go: %v", err)
 	}
+}
+
+// heldStore is a file store holding functions/f.json whose key's lock is
+// held by another open file, as another writer would hold it (flock locks
+// belong to the open file, so this process's own second open waits too).
+// The holder is closed when the test ends.
+func heldStore(t *testing.T) (string, *FS, *os.File) {
+	t.Helper()
+	dir := t.TempDir()
+	s, err := NewFS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutIf(context.Background(), "functions/f.json", bytes.NewReader([]byte("{}")), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, "functions", ".lock-f.json"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lf.Close() })
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	return dir, s, lf
 }
