@@ -79,6 +79,7 @@ func (d *Device) keepStandby() {
 				r.p.kill("the standby pool is full")
 			}
 		}
+		d.dropDead()
 		now := time.Now()
 		target := d.demand.target(now)
 		// Ready workers past the target go; those starting are not counted
@@ -111,6 +112,27 @@ func (d *Device) keepStandby() {
 				p, err := d.spawn(context.Background(), 0)
 				d.started <- standbyStart{p, err} // buffered: never blocks
 			}()
+		}
+	}
+}
+
+// dropDead takes the standby workers that died while they waited (the
+// OOM killer, an operator's kill, a crash) out of the pool, so that the
+// pool counts only workers a take can use and starts others in their
+// place; before, a dead one held its place until a take skipped it, and
+// that take was a cold start. Only keepStandby puts workers in the pool,
+// so one taken out here always fits back.
+func (d *Device) dropDead() {
+	for range len(d.standby) {
+		select {
+		case p := <-d.standby:
+			if p.alive() {
+				d.standby <- p
+				continue
+			}
+			d.opts.Log.Warn("a standby worker died while it waited; another starts in its place", "device", d.Name(), "pid", p.pid)
+		default:
+			return
 		}
 	}
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,4 +105,46 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
+}
+
+// A standby worker that dies while it waits is replaced: the pool counts
+// only workers a take can use. Before, the dead one kept its place until
+// a take skipped it, and that take started a worker cold.
+func TestStandbyPoolReplacesADeadWorker(t *testing.T) {
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Standby: 1, MaxStandby: 1, Landlock: true,
+		StageDir: t.TempDir(), Spawner: spawner})
+	defer d.Close()
+	waitFor(t, "one standby worker", func() bool { return len(d.standby) == 1 })
+	// Killed outside the pool and put back dead; a refill may fill the
+	// pool meanwhile (its timer), and then the next one is tried.
+	var p *proc
+	for try := 0; p == nil; try++ {
+		if try == 3 {
+			t.Fatal("the pool refilled each time its worker was out: cannot put a dead one in")
+		}
+		q := <-d.standby
+		if err := syscall.Kill(q.pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the standby worker's end seen", func() bool { return !q.alive() })
+		select {
+		case d.standby <- q:
+			p = q
+		default:
+			waitFor(t, "the refilled worker", func() bool { return len(d.standby) == 1 })
+		}
+	}
+	waitFor(t, "a live standby worker in the dead one's place", func() bool {
+		select {
+		case q := <-d.standby:
+			select {
+			case d.standby <- q:
+			default:
+				q.kill("test: the pool refilled while this one was looked at")
+			}
+			return q != p && q.alive()
+		default:
+			return false
+		}
+	})
 }
