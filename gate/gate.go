@@ -338,26 +338,44 @@ const maxRetry = time.Duration(1 << 62)
 // LogThrottle lets a refusal's log line through at most once a second per
 // client (netguard.ClientKey: an IPv4 address or an IPv6 /64, as the
 // connection caps count one), so that a client hammering with bad tokens
-// cannot flood the log and cannot hide other clients' refusals either.
-// Both transports use one.
+// cannot flood the log and cannot hide other clients' refusals either;
+// and at most maxRefusalLines a second in all, so that many clients (an
+// IPv6 /48 holds 65,536 /64s) cannot flood it together. Every refusal is
+// still counted (plover_auth_failures_total). Both transports use one.
 type LogThrottle struct {
-	mu   sync.Mutex
-	last map[string]time.Time
+	mu     sync.Mutex
+	last   map[string]time.Time
+	second int64 // the Unix second lines counts
+	lines  int
+	now    func() time.Time // tests' clock; nil: time.Now
 }
+
+// maxRefusalLines bounds the refusals logged a second, all clients together.
+const maxRefusalLines = 20
 
 // Allow reports whether a line about the client at addr may be logged
 // now.
 func (p *LogThrottle) Allow(addr net.Addr) bool {
 	client := netguard.ClientKey(addr)
-	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := time.Now()
+	if p.now != nil {
+		now = p.now()
+	}
 	if p.last == nil || len(p.last) > 4096 {
 		p.last = map[string]time.Time{} // bounded: forget everyone at once
 	}
 	if t, ok := p.last[client]; ok && now.Sub(t) < time.Second {
 		return false
 	}
+	if sec := now.Unix(); sec != p.second {
+		p.second, p.lines = sec, 0
+	}
+	if p.lines >= maxRefusalLines {
+		return false
+	}
+	p.lines++
 	p.last[client] = now
 	return true
 }

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -213,6 +214,31 @@ func TestLogThrottle(t *testing.T) {
 		if got := l.Allow(addr); got != tc.want {
 			t.Errorf("Allow(%s) = %v, want %v", tc.client, got, tc.want)
 		}
+	}
+}
+
+// Many clients together log at most maxRefusalLines refusals a second:
+// each client's own limit alone let a range of addresses (an IPv6 /48's
+// 65,536 /64s) log a line per refusal.
+func TestLogThrottleBoundsAllClients(t *testing.T) {
+	clock := time.Unix(1_000_000, 0)
+	l := LogThrottle{now: func() time.Time { return clock }}
+	allowed := func() int {
+		n := 0
+		for i := range 200 {
+			addr := &net.TCPAddr{IP: net.ParseIP(fmt.Sprintf("2001:db8:0:%x::1", i)), Port: 1}
+			if l.Allow(addr) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := allowed(); n != maxRefusalLines {
+		t.Fatalf("200 clients' refusals in one second: %d logged, want %d", n, maxRefusalLines)
+	}
+	clock = clock.Add(time.Second)
+	if n := allowed(); n != maxRefusalLines {
+		t.Fatalf("the next second: %d logged, want %d", n, maxRefusalLines)
 	}
 }
 
