@@ -160,48 +160,6 @@ func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 	return s.write(ctx, key, p, r, size)
 }
 
-// lockKey takes the exclusive lock of the object at p: flock on a lock file
-// beside it, which stays (it is never removed, so every process locks the
-// same inode). It waits for another holder only until ctx ends, by trying
-// a non-blocking flock with a backoff (1 ms growing to 50 ms): a blocking
-// flock would hold an OS thread and the lock file's fd until the holder
-// let go, even after ctx ended, and with a holder that never does and
-// callers retrying those threads pile up to Go's limit (fatal).
-func (s *FS) lockKey(ctx context.Context, p string) (func(), error) {
-	name := filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p))
-	lf, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("store %s: lock: %w", s, err)
-	}
-	fd := int(lf.Fd())
-	var timer *time.Timer
-	for wait := time.Millisecond; ; wait = min(2*wait, lockPollMax) {
-		err := syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { syscall.Flock(fd, syscall.LOCK_UN); lf.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			lf.Close()
-			return nil, fmt.Errorf("store %s: lock file %s: %w", s, name, err)
-		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-			defer timer.Stop()
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			lf.Close()
-			return nil, fmt.Errorf("store %s: lock file %s: another writer holds it (another process writing the store, or a write stuck on the disk): %w", s, name, ctx.Err())
-		}
-	}
-}
-
-// lockPollMax is the longest pause between two tries of a held lock.
-const lockPollMax = 50 * time.Millisecond
-
 func (s *FS) Touch(ctx context.Context, key string) error {
 	p, err := s.path(key)
 	if err != nil {
