@@ -121,6 +121,15 @@ func (g *Gate) AdmitHeld(authorization []byte, scope auth.Scope, fn string) *Ref
 	return r
 }
 
+// AdmitHeldUnnamed is AdmitHeld for a call of scope that names no
+// function (its handler refuses it, naming the field): the token, its
+// scope and its rate, not its globs, which would read the empty name as a
+// store-wide operation (403).
+func (g *Gate) AdmitHeldUnnamed(authorization []byte, scope auth.Scope) *Refusal {
+	_, r := g.check(authorization, scope, "", limitRate|scopeOnly)
+	return r
+}
+
 // Check is Admit without the limits: whether the caller authorization
 // carries may still do scope on fn. For what outlives its admission: a
 // followed log stream asks again as it runs, so that a token removed from
@@ -131,10 +140,11 @@ func (g *Gate) Check(authorization []byte, scope auth.Scope, fn string) *Refusal
 	return r
 }
 
-// The limits a check takes.
+// The limits a check takes, and scopeOnly: the scope without the globs.
 const (
 	limitRate = 1 << iota
 	limitConcurrency
+	scopeOnly
 )
 
 // check is Admit, Hold and AdmitHeld: the token, then the scope on fn
@@ -148,7 +158,11 @@ func (g *Gate) check(authorization []byte, scope auth.Scope, fn string, limits i
 		return Ticket{}, r
 	}
 	if scope != 0 {
-		if err := p.Allow(scope, fn); err != nil {
+		allow := p.Allow
+		if limits&scopeOnly != 0 {
+			allow = func(scope auth.Scope, _ string) error { return p.AllowScope(scope) }
+		}
+		if err := allow(scope, fn); err != nil {
 			msg := err.Error()
 			var d *auth.Denied
 			if errors.As(err, &d) {
@@ -193,18 +207,6 @@ func (g *Gate) principal(authorization []byte) (*auth.Principal, *Refusal) {
 func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {
 	g.failures.WithLabelValues(reason).Inc()
 	return &Refusal{Status: s, Reason: reason, Msg: msg}
-}
-
-// Known reports whether authorization carries a token this gate knows
-// (always, without tokens). Not counted as a refusal: for a route open
-// without a token, which answers a caller with a stale or malformed one as
-// it answers one with none, so that nothing refused is counted as refused.
-func (g *Gate) Known(authorization []byte) bool {
-	if g.tokens == nil {
-		return true
-	}
-	tok, ok := auth.BearerToken(authorization)
-	return ok && g.tokens.Lookup(tok) != nil
 }
 
 // Sees is which function names the caller authorization carries may learn

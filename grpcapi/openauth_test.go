@@ -71,8 +71,10 @@ func gatherFailures(t *testing.T, f *fixture) string {
 // for a gc, and the call was counted as a forbidden auth failure.
 func TestInferNamingNoModelIsInvalidArgument(t *testing.T) {
 	f := serve(t, table{
-		"invoker": {Name: "invoker", Scopes: auth.Invoke, Functions: []string{"ech*"}},
-		"all":     {Name: "all", Scopes: auth.Invoke},
+		"invoker":  {Name: "invoker", Scopes: auth.Invoke, Functions: []string{"ech*"}},
+		"all":      {Name: "all", Scopes: auth.Invoke},
+		"reader":   {Name: "reader", Scopes: auth.Read},
+		"deployer": {Name: "deployer", Scopes: auth.Deploy, Functions: []string{"ech*"}},
 	})
 	before := gatherFailures(t, f)
 	for _, tok := range []string{"invoker", "all"} {
@@ -84,5 +86,14 @@ func TestInferNamingNoModelIsInvalidArgument(t *testing.T) {
 	}
 	if after := gatherFailures(t, f); after != before {
 		t.Errorf("inferences naming no model moved the auth failures: %s, then %s", before, after)
+	}
+	// Its scope still applies: a token that may not invoke is refused as
+	// it is naming a model (a review found the empty name skipped it).
+	for _, tok := range []string{"reader", "deployer"} {
+		ctx := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer "+tok)
+		_, err := f.client.ModelInfer(ctx, &pb.ModelInferRequest{})
+		if st, _ := status.FromError(err); st.Code() != codes.PermissionDenied || !strings.Contains(st.Message(), "invoke") {
+			t.Errorf("token %s, no model name: %v %q, want PermissionDenied naming the invoke scope", tok, st.Code(), st.Message())
+		}
 	}
 }

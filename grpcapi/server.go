@@ -252,13 +252,12 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 	switch {
 	case g.Open():
 	case openMethods[info.FullMethodName]:
-		// A caller with a known token is no stranger: its calls are
-		// bounded as its token's other calls are, by the connection caps.
-		// One with a stale or malformed token is answered as one without
-		// (HTTP's open routes look at no token): not an auth failure.
-		if authz != nil && g.Known(authz) {
-			break
-		}
+		// The open methods look at no token, as HTTP's open routes do: a
+		// stale or malformed one is no auth failure (a load balancer's
+		// probe configured with a revoked token counted one a probe), and
+		// nothing in the answer, the strangers' bound included, tells
+		// whether a token is known (a known one was exempt from it, which
+		// let a stolen token be tried without a trace).
 		var addr net.Addr
 		if p, ok := peer.FromContext(ctx); ok {
 			addr = p.Addr
@@ -314,16 +313,17 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return h(ctx, req)
 	}
 	scope, fn := required(req)
+	authz := authorization(ctx)
+	admit := g.AdmitHeld
 	if scope == auth.Invoke && fn == "" {
 		// An inference naming no model (or one the codec refused, its
 		// name too long to be any function's) runs nothing: its handler
-		// answers InvalidArgument naming the field. The token and its
-		// rate still apply; its globs, which would read the empty name
-		// as a store-wide operation (403), do not.
-		scope = 0
+		// answers InvalidArgument naming the field. The token, its
+		// invoke scope and its rate still apply; its globs, which would
+		// read the empty name as a store-wide operation (403), do not.
+		admit = func(authz []byte, scope auth.Scope, _ string) *gate.Refusal { return g.AdmitHeldUnnamed(authz, scope) }
 	}
-	authz := authorization(ctx)
-	if r := g.AdmitHeld(authz, scope, fn); r != nil {
+	if r := admit(authz, scope, fn); r != nil {
 		if r.Status.HTTP != 429 {
 			s.logRefusal(ctx, info.FullMethod, r)
 		}
