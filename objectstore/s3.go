@@ -318,7 +318,7 @@ func (s *S3) wrapHead(ctx context.Context, op, key string, err error) error {
 		if e := s.classify(what, berr); e != nil {
 			return e
 		}
-		return fmt.Errorf("%s: %w (whether bucket %q is there could not be checked: %v)", what, ErrNotFound, s.bucket, berr)
+		return fmt.Errorf("%s: %w (whether bucket %q is there could not be checked: %w)", what, ErrNotFound, s.bucket, berr)
 	case !ok:
 		return s.wrap(op, key, minio.ErrorResponse{StatusCode: 404, Code: "NoSuchBucket", Message: "The specified bucket does not exist", BucketName: s.bucket})
 	}

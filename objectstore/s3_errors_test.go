@@ -390,6 +390,9 @@ func TestS3BucketCheckFails(t *testing.T) {
 					if !errors.Is(err, ErrNotFound) || errdefs.KindOf(err) == errdefs.KindUnavailable {
 						t.Fatalf("stat: %v (kind %d), want ErrNotFound", err, errdefs.KindOf(err))
 					}
+					if tc.hang && !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("stat: %v: the check's deadline is not kept (errors.Is DeadlineExceeded)", err)
+					}
 					for _, w := range []string{"s3://bkt", `bucket "bkt"`, `object "functions/f.json"`} {
 						if !strings.Contains(err.Error(), w) {
 							t.Errorf("stat: %q does not say %q", err, w)

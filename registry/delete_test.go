@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -187,5 +188,50 @@ func TestPublishBundleCheckFails(t *testing.T) {
 	}
 	if _, err := fs.Stat(ctx, bundle.ObjectKey(sha)); err != nil {
 		t.Errorf("the bundle: %v", err)
+	}
+}
+
+// cancellingStore ends the delete's context at its first bundle Stat, as a
+// client that leaves or a deadline that passes mid-delete would, and counts
+// the bundle Stats.
+type cancellingStore struct {
+	*agedStore
+	cancel context.CancelFunc
+	stats  int
+}
+
+func (s *cancellingStore) Stat(ctx context.Context, key string) (objectstore.Info, error) {
+	if strings.HasPrefix(key, "bundles/") && s.cancel != nil { // set once published
+		s.stats++
+		s.cancel()
+		return objectstore.Info{}, fmt.Errorf("stat %s: %w", key, ctx.Err())
+	}
+	return s.agedStore.Stat(ctx, key)
+}
+
+// A delete whose context ends while it removes bundles stops there: the
+// bundle it was at and the rest are kept, said once, instead of a failed
+// call (each retried by S3) and a line per bundle.
+func TestDeleteStopsWhenItsContextEnds(t *testing.T) {
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &cancellingStore{agedStore: &agedStore{Store: fs}}
+	g := Registry{Store: st}
+	for _, body := range []string{"one", "two", "three"} {
+		if _, _, err := g.Publish(context.Background(), &abi.Manifest{Name: "fn", Priority: "default"}, bytes.NewReader([]byte(body)), bundle.Digest([]byte(body)), int64(len(body)), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st.cancel = cancel
+	removed, err := g.Delete(ctx, "fn")
+	if !errors.Is(err, ErrBundlesKept) || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "and any after it") {
+		t.Fatalf("delete: %v, want ErrBundlesKept saying the rest were kept, wrapping context.Canceled", err)
+	}
+	if st.stats != 1 || len(removed) != 0 {
+		t.Errorf("%d bundle Stats and %q removed after the context ended at the first, want 1 and none", st.stats, removed)
 	}
 }

@@ -394,6 +394,13 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 		}
 		used[v.SHA256] = true // versions may share a bundle
 		in, err := g.Store.Stat(ctx, bundle.ObjectKey(v.SHA256))
+		if cerr := ctx.Err(); cerr != nil {
+			// Whatever the Stat said (a not found whose bucket check was
+			// cut is no bundle gone), this one and the rest are kept: one
+			// line for them, not a failed call each (S3 retries each).
+			kept = append(kept, fmt.Errorf("bundle %s and any after it: %w", v.SHA256, cerr))
+			break
+		}
 		if errors.Is(err, objectstore.ErrNotFound) || err == nil && time.Since(in.ModTime) < BundleGrace {
 			continue // gone already, or just written or reused by a deploy
 		}

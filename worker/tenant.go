@@ -504,7 +504,9 @@ func (p *proc) tenantOutput(l api.LogLine) bool {
 // its versions is given: never nil, nor an output of a type that cannot
 // be compared.
 func sameOutput(a, b device.Output) bool {
-	return a != nil && reflect.TypeOf(a).Comparable() && a == b
+	// The value's own comparability: a comparable type (a struct with an
+	// interface field) may hold one that is not, and == would panic.
+	return a != nil && reflect.ValueOf(a).Comparable() && a == b
 }
 
 // mayHaveSaid: a line read outputGrace after recent may be g's: a run or

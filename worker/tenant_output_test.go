@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/internal/testkit"
@@ -45,5 +46,25 @@ func TestTenantOutputOfTwoVersionsIsTheFunctions(t *testing.T) {
 	})
 	if !hasLine(s.Lines("talker", time.Time{}), "stdout", "say: together") {
 		t.Errorf("a line printed while two versions of the function ran is not in its log: %+v\nserver log:\n%s", s.Lines("talker", time.Time{}), logged.String())
+	}
+}
+
+// anyOutput is an output of a comparable type that can hold a value that
+// is not (a slice in its interface field): == on two of them panics.
+type anyOutput struct{ v any }
+
+func (anyOutput) Add(api.LogLine) {}
+
+// sameOutput compares only outputs whose values compare: it read the
+// type's comparability, and two anyOutputs holding slices panicked in the
+// output reader's goroutine.
+func TestSameOutputNeverPanics(t *testing.T) {
+	a, b := anyOutput{[]int{1}}, anyOutput{[]int{1}}
+	if sameOutput(a, b) {
+		t.Error("two outputs holding slices read as one")
+	}
+	s := &struct{ anyOutput }{}
+	if !sameOutput(s, s) {
+		t.Error("one pointer output read as two")
 	}
 }
