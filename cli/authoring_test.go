@@ -113,7 +113,7 @@ func TestInvokeTimeout(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusGatewayTimeout)
 			w.Write([]byte(`{"error":{"code":"timeout","message":"the request's deadline passed while its chain was running"}}`))
-		}, 1, "300", "plover invoke: f did not finish within --timeout 300ms (or the server's own --timeout, if shorter): the server stopped waiting (504 timeout: the request's deadline passed while its chain was running); raise --timeout", 5 * time.Second},
+		}, 1, "300", "plover invoke: f did not finish within --timeout 300ms (or the server's --max-timeout, if shorter): the server stopped waiting (504 timeout: the request's deadline passed while its chain was running); raise --timeout", 5 * time.Second},
 		{"the server never answers", []string{"--timeout", "300ms"}, nil,
 			1, "300", "plover invoke: f: no answer within --timeout 300ms (and 200ms more for the server's own answer): gave up waiting", 3 * time.Second},
 		{"negative", []string{"--timeout", "-1s"}, nil, 2, "", "plover invoke: --timeout -1s: want a duration of 1ms or more", time.Second},

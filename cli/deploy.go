@@ -205,7 +205,7 @@ func invokeCmd() *command {
 			fs.StringVar(&out, "out", "-", "output file, - for stdout")
 			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
 			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
-			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's own --timeout, "+defaultTimeout.String()+" by default, still caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's deadline)")
+			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's --max-timeout, "+defaultMaxTimeout.String()+" by default, caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's --timeout, "+defaultTimeout.String()+" by default)")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if timeout < 0 || timeout > 0 && timeout < time.Millisecond {
@@ -296,7 +296,7 @@ func invokeTimeoutError(ctx context.Context, name string, timeout time.Duration,
 	case errors.As(err, &ae) && ae.Status == http.StatusGatewayTimeout:
 		limit := "the server's --timeout (" + defaultTimeout.String() + " unless plover serve was given another)"
 		if timeout > 0 {
-			limit = fmt.Sprintf("--timeout %v (or the server's own --timeout, if shorter)", timeout)
+			limit = fmt.Sprintf("--timeout %v (or the server's --max-timeout, if shorter)", timeout)
 		}
 		return fmt.Errorf("%s did not finish within %s: the server stopped waiting (504 %s: %s); raise --timeout if the function needs longer, or look for a kernel that does not end (plover run DIR --timeout shows it on your machine)",
 			name, limit, ae.Code, ae.Message)

@@ -41,6 +41,10 @@ import (
 // a request (queue and run), which clients are told of by name.
 const defaultTimeout = 30 * time.Second
 
+// defaultMaxTimeout is plover serve's --max-timeout: the longest deadline a
+// client may ask for.
+const defaultMaxTimeout = 10 * time.Minute
+
 // defaultDataDir is --data when neither the flag nor $PLOVER_DATA gives
 // one. It is resolved when serve starts, not as the flag's default, so that
 // help and the generated reference read the same on every machine.
@@ -114,7 +118,7 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxQueue, "max-queue", 64, "requests waiting per function when its manifest sets no max_queue; more get 429")
 			fs.DurationVar(&f.idleTTL, "idle-ttl", 5*time.Minute, "release an instance idle this long; unload a function with none left (manifest idle_ttl overrides; negative: never)")
 			fs.DurationVar(&f.timeout, "timeout", defaultTimeout, "request deadline (queue + run) when the client asks for none (X-Plover-Timeout-Ms, timeout_ms, a gRPC deadline)")
-			fs.DurationVar(&f.maxTimeout, "max-timeout", 10*time.Minute, "the longest deadline a client may ask for: a longer one is cut to it (at least --timeout)")
+			fs.DurationVar(&f.maxTimeout, "max-timeout", defaultMaxTimeout, "the longest deadline a client may ask for: a longer one is cut to it (at least --timeout)")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")

@@ -48,6 +48,10 @@ The request is POST {server}/v1/functions/{function}/invoke with 784
 little-endian float32s; the response is 10 float32 scores and the
 prediction is the highest.
 
+A server with --auth-file needs a token with the invoke scope: set
+PLOVER_TOKEN (or --token; the variable is better, flags show in ps), sent
+as Authorization: Bearer TOKEN.
+
 Example:
   cnn-classify --server http://127.0.0.1:8080 samples/cnn/testdata/digit7.png
   PLOVER_SERVER=http://gpu-box:8080 cnn-classify --fit --show my-digit.png
@@ -67,6 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		server = s
 	}
 	fs.StringVar(&server, "server", server, "Plover server URL (env PLOVER_SERVER)")
+	token := os.Getenv("PLOVER_TOKEN")
+	fs.StringVar(&token, "token", token, "bearer token for a server with --auth-file (env PLOVER_TOKEN; prefer the variable: flags show in ps)")
 	function := fs.String("function", "cnn", "name the CNN sample is deployed under")
 	fit := fs.Bool("fit", false, "normalise like MNIST: crop to the ink, scale it into 20×20, centre its mass in 28×28 (for drawings and photos)")
 	show := fs.Bool("show", false, "print the 28×28 input the network sees")
@@ -104,7 +110,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	start := time.Now()
-	scores, err := classify(ctx, http.DefaultClient, server, *function, in)
+	scores, err := classify(ctx, http.DefaultClient, server, token, *function, in)
 	if err != nil {
 		return fail(err)
 	}
@@ -274,8 +280,9 @@ func fitMNIST(g *gray) ([]float64, error) {
 	return out, nil
 }
 
-// classify POSTs the input and decodes the 10 scores.
-func classify(ctx context.Context, client *http.Client, server, function string, in [pixels]float32) ([classes]float32, error) {
+// classify POSTs the input, with token as a bearer token unless it is
+// empty, and decodes the 10 scores.
+func classify(ctx context.Context, client *http.Client, server, token, function string, in [pixels]float32) ([classes]float32, error) {
 	var scores [classes]float32
 	body := make([]byte, 0, 4*pixels)
 	for _, v := range in {
@@ -287,6 +294,9 @@ func classify(ctx context.Context, client *http.Client, server, function string,
 		return scores, err
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return scores, err
@@ -300,6 +310,9 @@ func classify(ctx context.Context, client *http.Client, server, function string,
 		msg := strings.TrimSpace(string(out))
 		if len(msg) > 500 {
 			msg = msg[:500] + "…"
+		}
+		if resp.StatusCode == http.StatusUnauthorized && token == "" {
+			msg += " (no token was sent: set $PLOVER_TOKEN or --token)"
 		}
 		return scores, fmt.Errorf("POST %s: %s: %s", u, resp.Status, msg)
 	}

@@ -287,7 +287,7 @@ func TestClassify(t *testing.T) {
 	defer srv.Close()
 	d := &heldout(t)[demoIndex]
 
-	scores, err := classify(context.Background(), srv.Client(), srv.URL+"/", "cnn", *d.Image())
+	scores, err := classify(context.Background(), srv.Client(), srv.URL+"/", "", "cnn", *d.Image())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,13 +295,13 @@ func TestClassify(t *testing.T) {
 		t.Errorf("scores %v, want the reference's %v", scores, p.Scores(d.Image()))
 	}
 
-	if _, err := classify(context.Background(), srv.Client(), srv.URL, "other", *d.Image()); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, err := classify(context.Background(), srv.Client(), srv.URL, "", "other", *d.Image()); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("unknown function: err %v, want the 404 reported", err)
 	}
 
 	short := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(make([]byte, 12)) }))
 	defer short.Close()
-	if _, err := classify(context.Background(), short.Client(), short.URL, "cnn", *d.Image()); err == nil || !strings.Contains(err.Error(), "12 bytes") {
+	if _, err := classify(context.Background(), short.Client(), short.URL, "", "cnn", *d.Image()); err == nil || !strings.Contains(err.Error(), "12 bytes") {
 		t.Errorf("short response: err %v", err)
 	}
 }
@@ -341,6 +341,44 @@ func TestRun(t *testing.T) {
 				if !strings.Contains(stdout.String(), w) {
 					t.Errorf("stdout lacks %q:\n%s", w, stdout.String())
 				}
+			}
+			if !strings.Contains(stderr.String(), c.wantErr) {
+				t.Errorf("stderr lacks %q:\n%s", c.wantErr, stderr.String())
+			}
+		})
+	}
+}
+
+// TestToken: the token comes from --token, else $PLOVER_TOKEN, and goes as
+// Authorization: Bearer; without one a 401 says how to send one.
+func TestToken(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if got := r.Header.Get("Authorization"); got != "Bearer sekrit" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="plover"`)
+			http.Error(w, `{"error":{"code":"unauthenticated","message":"got `+got+`"}}`, http.StatusUnauthorized)
+			return
+		}
+		w.Write(make([]byte, model.OutBytes))
+	}))
+	defer srv.Close()
+	for _, c := range []struct {
+		name, env string
+		args      []string
+		wantCode  int
+		wantErr   string
+	}{
+		{"env", "sekrit", nil, 0, ""},
+		{"flag", "", []string{"--token", "sekrit"}, 0, ""},
+		{"flag wins", "stale", []string{"--token", "sekrit"}, 0, ""},
+		{"wrong", "stale", nil, 1, "401"},
+		{"none", "", nil, 1, "no token was sent: set $PLOVER_TOKEN or --token"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("PLOVER_TOKEN", c.env)
+			var stdout, stderr bytes.Buffer
+			args := append(append([]string{"--server", srv.URL}, c.args...), demoMNIST)
+			if code := run(args, &stdout, &stderr); code != c.wantCode {
+				t.Errorf("exit %d, want %d; stderr: %s", code, c.wantCode, stderr.String())
 			}
 			if !strings.Contains(stderr.String(), c.wantErr) {
 				t.Errorf("stderr lacks %q:\n%s", c.wantErr, stderr.String())
