@@ -3,6 +3,7 @@ package engine_test
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
@@ -105,5 +106,30 @@ func TestEvictionKeepsAFunctionMinInstancesKeeps(t *testing.T) {
 	}
 	if fi := info(t, e, "c"); fi.Loaded {
 		t.Errorf("c is still loaded: b's room came from a's program")
+	}
+}
+
+// A function whose min_instances instance closed broken gets it back from
+// the reaper's next pass, made in the background: before, nothing made it
+// again until a request needed one, and the function held its program
+// with no instance (neither the reaper nor the evictor takes it).
+func TestReapTopsUpMinInstances(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("a")
+	m.MinInstances = 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	if !e.BreakIdle("a") {
+		t.Fatal("a has no idle instance after its pre-warm")
+	}
+	if fi := info(t, e, "a"); fi.Idle+fi.Busy != 0 {
+		t.Fatalf("a has %d instances after its only one closed broken", fi.Idle+fi.Busy)
+	}
+	e.Reap(time.Now())
+	deadline := time.Now().Add(10 * time.Second)
+	for info(t, e, "a").Idle != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a not back to its min_instances 1 after a reap")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -28,6 +28,7 @@ func (e *Engine) Reap(now time.Time) {
 		if !v.loaded.Load() {
 			continue
 		}
+		e.topUp(fv.f, v, now)
 		ttl := v.idleTTL()
 		if ttl <= 0 {
 			continue
@@ -52,3 +53,30 @@ func (e *Engine) unload(f *function, v *version) bool {
 	v.pool.retire()
 	return true
 }
+
+// topUp brings a current version that has fewer instances than its
+// min_instances back up to them, in the background: an instance that
+// closed broken (a worker lost, a run past its deadline) is otherwise not
+// made again until a request needs one, and the version, kept loaded by
+// its minimum, holds its programs while it has none (neither the reaper
+// nor the evictor takes them). Not while the version backs off after
+// crashes (its requests fail fast; making instances would run the crashing
+// code again), one top-up at a time and one every topUpEvery at most (a
+// device that refuses them is tried, and logged, that often).
+func (e *Engine) topUp(f *function, v *version, now time.Time) {
+	keep := v.minInstances()
+	if keep == 0 || now.UnixNano() < v.pool.backoffUntil.Load() || now.UnixNano()-v.toppedAt.Load() < int64(topUpEvery) || e.tab.currentOf(f) != v {
+		return
+	}
+	if n, retired := v.pool.instances(); n >= keep || retired || !v.topping.CompareAndSwap(false, true) {
+		return
+	}
+	v.toppedAt.Store(now.UnixNano())
+	go func() {
+		defer v.topping.Store(false)
+		e.warmIfWanted(context.Background(), f)
+	}()
+}
+
+// topUpEvery is the least time between two top-ups of a version.
+const topUpEvery = 10 * time.Second

@@ -27,6 +27,9 @@ type version struct {
 	// side: a version pipeline steps pinned that is not the function's
 	// current one (Engine.PinVersion); cleared if it becomes current.
 	side atomic.Bool
+	// topping: a top-up to min_instances is under way (reap.go).
+	topping  atomic.Bool
+	toppedAt atomic.Int64 // Unix ns of the last top-up's start
 
 	loadState
 	pool pool
