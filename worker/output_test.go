@@ -142,7 +142,7 @@ func TestOutputOfADeletedFunctionIsDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 		newInst(t, p, m).Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), Chain: []device.Step{{Entry: crash, Grid: 1, Block: 1}}})
-		<-p.(*program).p.heard
+		waitHeard(t, p)
 		kept := hasLine(s.Lines("talker", time.Time{}), "stdout", "later: SECRET of the old owner")
 		if kept == deleted {
 			t.Fatalf("deleted %v: the line kept %v: %+v", deleted, kept, s.Lines("talker", time.Time{}))
@@ -298,12 +298,23 @@ func TestOutputPrintedBeforeCloseIsKept(t *testing.T) {
 	<-h.started // the server reads the first line, and has not kept it yet
 	p.Close()
 	close(h.release)
-	<-p.(*program).p.heard
+	waitHeard(t, p)
 	lines := s.Lines("talker", time.Time{})
 	for _, want := range []struct{ stream, text string }{{"stdout", "say: bye"}, {"stderr", "warn: bye"},
 		{"stdout", "kernel 7 thread 0 of 4"}, {"stdout", "kernel 7 thread 3 of 4"}} {
 		if !hasLine(lines, want.stream, want.text) {
 			t.Errorf("the %s line %q printed before the program closed is lost: %+v", want.stream, want.text, lines)
 		}
+	}
+}
+
+// waitHeard waits until the program's worker output has been read to its
+// end, failing the test after 10 s rather than hanging it.
+func waitHeard(t *testing.T, p device.Program) {
+	t.Helper()
+	select {
+	case <-p.(*program).p.heard:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker's output not read to its end 10 s on")
 	}
 }
