@@ -19,7 +19,9 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -597,6 +599,41 @@ PLOVER_ENTRY(signal_pid) {
   long pid = strtol(buf, NULL, 10);
   if (pid <= 1) { put(s, "ERR bad pid"); return; }
   if (kill((pid_t)pid, SIGKILL) == 0) { put(s, "OK"); return; }
+  char msg[64];
+  snprintf(msg, sizeof msg, "ERR %s", strerrorname_np(errno));
+  put(s, msg);
+}
+
+// poke: the input is "<op> <pid>"; reaches another process without a
+// signal, by what the kernel allows a process of the same uid: op "cpu"
+// sets its RLIMIT_CPU to 1 s (the kernel then kills it by SIGXCPU, then
+// SIGKILL, as soon as it has used 1 s of CPU), "nice" its nice level to 19,
+// "cpus" its CPU affinity to CPU 0 alone. Writes "OK", or "ERR <errno
+// name>" when the kernel refuses.
+PLOVER_ENTRY(poke) {
+  (void)grid; (void)block;
+  char buf[64] = {0};
+  size_t n = s->input.len < sizeof buf - 1 ? s->input.len : sizeof buf - 1;
+  memcpy(buf, s->input.dat, n);
+  char op[16] = {0};
+  long pid = 0;
+  if (sscanf(buf, "%15s %ld", op, &pid) != 2 || pid <= 1) { put(s, "ERR bad input"); return; }
+  int rc = -1;
+  if (strcmp(op, "cpu") == 0) {
+    struct rlimit lim = {1, 2};
+    rc = prlimit((pid_t)pid, RLIMIT_CPU, &lim, NULL);
+  } else if (strcmp(op, "nice") == 0) {
+    rc = setpriority(PRIO_PROCESS, (id_t)pid, 19);
+  } else if (strcmp(op, "cpus") == 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    rc = sched_setaffinity((pid_t)pid, sizeof set, &set);
+  } else {
+    put(s, "ERR bad op");
+    return;
+  }
+  if (rc == 0) { put(s, "OK"); return; }
   char msg[64];
   snprintf(msg, sizeof msg, "ERR %s", strerrorname_np(errno));
   put(s, msg);

@@ -102,6 +102,11 @@ func containSelf(cfg Config) error {
 	if err := contain.Enter(contain.Policy{Drop: cfg.Drop, ParentPID: parent, Subreaper: cfg.Subreaper}); err != nil {
 		return fmt.Errorf("worker: contain: %w", err)
 	}
+	// No prlimit or setpriority on another process: a worker of the same
+	// uid (or the server's) is out of its reach.
+	if _, err := contain.RestrictReach(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	// Not dumpable: another worker under the same uid cannot read this
 	// one's /proc files (memory, environment).
 	if err := contain.MakeNonDumpable(); err != nil {

@@ -1,0 +1,69 @@
+package main_test
+
+// A worker must not reach another process without a signal either: the
+// kernel lets a process change the resource limits and nice level of any
+// process of its uid, and neither Landlock nor its signal scope sees those
+// calls. Without a PID namespace (a server without CAP_SYS_ADMIN: the usual
+// container) every worker sees every other, and workers share
+// --worker-user: one function could set another's RLIMIT_CPU to 1 s, and
+// the kernel then kills that worker by SIGXCPU.
+
+import (
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+func TestWorkerCannotReachOtherProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts servers")
+	}
+	bin := buildPlover(t)
+	lib := testkit.BuildLib(t, testkit.HostileSource(), t.TempDir(), "hostile.so", "-Wall", "-Wextra")
+	for _, mode := range []struct {
+		name string
+		args []string
+	}{
+		{"pid-namespaces", nil},
+		{"subreapers", []string{"--pid-namespaces=false"}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			args := append([]string{"--isolation", "process", "--standby-workers", "1"}, mode.args...)
+			h := &isoHarness{mode: "process", bin: bin, hostile: lib, args: args, client: &http.Client{Timeout: 20 * time.Second}}
+			h.srv = startIsoServer(t, bin, t.TempDir(), nil, args...)
+			h.mustDeploy(t, hostileManifest("victim", launch("whoami", 1, 1)), h.hostile)
+			h.mustDeploy(t, hostileManifest("poker", launch("poke", 1, 1)), h.hostile)
+			victim := strconv.Itoa(h.pidOf(t, "victim"))
+			limits := func(pid string) string {
+				b, err := os.ReadFile("/proc/" + pid + "/limits")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return string(b)
+			}
+			before := limits(victim)
+			for _, op := range []string{"cpu", "nice"} {
+				for _, target := range []struct{ what, pid string }{
+					{"the server", strconv.Itoa(h.srv.pid)},
+					{"another function's worker", victim},
+				} {
+					r := h.invoke(t, "poker", []byte(op+" "+target.pid), crashTimeout)
+					if r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
+						t.Errorf("%s on %s (pid %s): %d %q, want the kernel to refuse", op, target.what, target.pid, r.code, cstr(r.body))
+					}
+				}
+			}
+			if after := limits(victim); after != before {
+				t.Errorf("the other function's worker's limits changed:\n%s\nwere:\n%s", after, before)
+			}
+			if pid := strconv.Itoa(h.pidOf(t, "victim")); pid != victim {
+				t.Errorf("the other function's worker changed: %s, was %s", pid, victim)
+			}
+		})
+	}
+}
