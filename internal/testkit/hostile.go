@@ -5,7 +5,8 @@ import "path/filepath"
 // HostileSource is the source of the hostile kernels for the isolation tests:
 // echo (well-behaved), segv, abort_now, exit_zero, sigterm_self,
 // overflow_out, spin, sleep_long, close_fds, fork_accept, threads, daemonize, env,
-// read_file and memscan. Build it with BuildLib.
+// read_file, memscan, signal_pid, connect_tcp, poke, whoami and hog_memory.
+// Build it with BuildLib.
 func HostileSource() string { return filepath.Join(Root(), "internal", "testkit", "hostile.cu") }
 
 // HooksSource is the ABI 2 hooks test bundle (entry "report"); build it with
