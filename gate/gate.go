@@ -107,26 +107,28 @@ func (g *Gate) Admit(authorization []byte, scope auth.Scope, fn string) (Ticket,
 
 // Hold admits a call from its headers alone, before its message is read
 // (gRPC reads a whole message before any handler runs): the token must be
-// known, and the call takes a place in its concurrency from then until the
-// ticket is done, so that calls whose messages never come count against
-// the token. AdmitHeld checks the rest once the message has arrived.
+// known, the call is charged its rate, and it takes a place in the token's
+// concurrency from then until the ticket is done, so that calls whose
+// messages never come, or never decode (no handler, nor AdmitHeld, sees
+// them), count against the token. AdmitHeld checks the rest once the
+// message has arrived.
 func (g *Gate) Hold(authorization []byte) (Ticket, *Refusal) {
-	return g.check(authorization, 0, "", limitConcurrency)
+	return g.check(authorization, 0, "", limitConcurrency|limitRate)
 }
 
-// AdmitHeld is Admit for a call Hold admitted: scope, function and rate,
-// but not a second place in the token's concurrency.
+// AdmitHeld is Admit for a call Hold admitted: scope and function, its
+// rate and its place in the token's concurrency taken already.
 func (g *Gate) AdmitHeld(authorization []byte, scope auth.Scope, fn string) *Refusal {
-	_, r := g.check(authorization, scope, fn, limitRate)
+	_, r := g.check(authorization, scope, fn, 0)
 	return r
 }
 
 // AdmitHeldUnnamed is AdmitHeld for a call of scope that names no
-// function (its handler refuses it, naming the field): the token, its
-// scope and its rate, not its globs, which would read the empty name as a
-// store-wide operation (403).
+// function (its handler refuses it, naming the field): the token and its
+// scope, not its globs, which would read the empty name as a store-wide
+// operation (403).
 func (g *Gate) AdmitHeldUnnamed(authorization []byte, scope auth.Scope) *Refusal {
-	_, r := g.check(authorization, scope, "", limitRate|scopeOnly)
+	_, r := g.check(authorization, scope, "", scopeOnly)
 	return r
 }
 

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/plover-run/plover/auth"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
@@ -94,6 +95,24 @@ func TestInferNamingNoModelIsInvalidArgument(t *testing.T) {
 		_, err := f.client.ModelInfer(ctx, &pb.ModelInferRequest{})
 		if st, _ := status.FromError(err); st.Code() != codes.PermissionDenied || !strings.Contains(st.Message(), "invoke") {
 			t.Errorf("token %s, no model name: %v %q, want PermissionDenied naming the invoke scope", tok, st.Code(), st.Message())
+		}
+	}
+}
+
+// A call's rate is charged from its headers, as its concurrency is: a
+// message that does not decode never reaches the interceptor that charged
+// it, so a token over its rate could send malformed calls, each read and
+// decoded, without limit (a review found it).
+func TestMalformedCallsAreChargedTheirRate(t *testing.T) {
+	f := serve(t, table{"limited": {Name: "limited", Scopes: auth.Read, Limits: auth.Limits{Rate: 0.001, Burst: 1}}})
+	if _, err := f.client.ModelMetadata(withToken(ctxT(t), "limited"), &pb.ModelMetadataRequest{Name: "echo"}); status.Code(err) == codes.ResourceExhausted {
+		t.Fatalf("the token's first call: %v", err)
+	}
+	bad := &wrapperspb.BytesValue{Value: []byte{0xff, 0xfe}} // field 1, where a string is: not UTF-8
+	for i := range 3 {
+		err := f.conn.Invoke(withToken(ctxT(t), "limited"), pb.GRPCInferenceService_ModelMetadata_FullMethodName, bad, &pb.ModelMetadataResponse{})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("malformed call %d past the token's rate: %v, want ResourceExhausted", i, err)
 		}
 	}
 }

@@ -286,8 +286,9 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 
 // admit is the gate for every method, once its message has come: the
 // token in the authorization metadata ("Bearer TOKEN"), as HTTP's
-// Authorization header, for the method's scope and model, and the token's
-// rate (its concurrency was taken by the tap). It gives the call's place
+// Authorization header, for the method's scope and model (its rate and
+// its place in the token's concurrency were taken by the tap, from the
+// headers: a message that does not decode reaches no interceptor). It gives the call's place
 // back as the handler returns, before its status is written: a client
 // calling one at a time must find it free for its next call.
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
