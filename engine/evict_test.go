@@ -1,10 +1,13 @@
 package engine_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/evict"
@@ -131,5 +134,90 @@ func TestReapTopsUpMinInstances(t *testing.T) {
 			t.Fatal("a not back to its min_instances 1 after a reap")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A top-up does not make an instance beside one being made: a deploy's
+// pre-warm whose constructor takes a while, with the reaper passing
+// meanwhile, left two instances for a min_instances of 1 (the one being
+// made was not counted yet; a review found it).
+func TestTopUpBesideASlowPrewarmMakesNoSecond(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := &abi.Manifest{Name: "h", ABI: abi.Major, Target: abi.TargetHost, Library: "hooks.so",
+		MaxInputBytes: 1 << 10, OutBytes: 256, Chain: []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}},
+		MinInstances: 1, IdleTTL: "0s"}
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HooksSource(), dir, m.Library, "-DSLOW_INIT_MS=600")
+	testkit.WriteManifest(t, dir, m)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { // the reaper, passing often
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				e.Reap(time.Now())
+			}
+		}
+	}()
+	testkit.Deploy(t, e, dir) // returns once its pre-warm made the instance
+	close(stop)
+	<-done
+	deadline := time.Now().Add(10 * time.Second)
+	for e.ToppingUp("h") {
+		if time.Now().After(deadline) {
+			t.Fatal("a top-up still under way 10 s on")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if fi := info(t, e, "h"); fi.Idle+fi.Busy != 1 {
+		t.Errorf("min_instances 1, %d instances after a pre-warm beside the reaper", fi.Idle+fi.Busy)
+	}
+}
+
+// A top-up that fails (a constructor that always fails) is tried again
+// later and later, not every 10 s for ever, each run of the failing code
+// and its log line with it (a review found it).
+func TestFailingTopUpsBackOff(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := &abi.Manifest{Name: "h", ABI: abi.Major, Target: abi.TargetHost, Library: "hooks.so",
+		MaxInputBytes: 1 << 10, OutBytes: 256, Chain: []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}},
+		MinInstances: 1}
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HooksSource(), dir, m.Library, "-DFAIL_INIT")
+	testkit.WriteManifest(t, dir, m)
+	testkit.Deploy(t, e, dir) // its pre-warm fails; the deploy stands
+	if err := e.Invoke(context.Background(), "h", &call.Request{Input: []byte{1}}); err == nil {
+		t.Fatal("a request to a function whose init fails succeeded")
+	} // loaded now, with no instance
+	settled := func(fails int32) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for e.ToppingUp("h") || e.TopUpFails("h") != fails {
+			if time.Now().After(deadline) {
+				t.Fatalf("top-up failures %d, want %d, 10 s on", e.TopUpFails("h"), fails)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	t0 := time.Now()
+	for i, tc := range []struct {
+		after time.Duration // since t0
+		tried bool
+	}{
+		{0, true},                 // the first top-up fails
+		{15 * time.Second, false}, // 10 s on, but after a failure 20
+		{25 * time.Second, true},  // the second fails
+		{50 * time.Second, false}, // then 40
+		{70 * time.Second, true},
+	} {
+		before := e.TopUpFails("h")
+		e.Reap(t0.Add(tc.after))
+		if tc.tried {
+			settled(before + 1)
+		} else if e.ToppingUp("h") || e.TopUpFails("h") != before {
+			t.Fatalf("step %d, %v on: a top-up was tried %v after the last failed", i, tc.after, tc.after)
+		}
 	}
 }

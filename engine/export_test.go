@@ -52,3 +52,19 @@ func (e *Engine) BreakIdle(name string) bool {
 	v.pool.put(in, true, time.Now())
 	return true
 }
+
+// ToppingUp reports a top-up of name's current version to its
+// min_instances under way (Reap's).
+func (e *Engine) ToppingUp(name string) bool {
+	_, v := e.tab.peek(name)
+	return v != nil && v.topping.Load()
+}
+
+// TopUpFails is how many top-ups of name's current version failed in a row.
+func (e *Engine) TopUpFails(name string) int32 {
+	_, v := e.tab.peek(name)
+	if v == nil {
+		return -1
+	}
+	return v.topFails.Load()
+}

@@ -61,11 +61,16 @@ func (e *Engine) unload(f *function, v *version) bool {
 // its minimum, holds its programs while it has none (neither the reaper
 // nor the evictor takes them). Not while the version backs off after
 // crashes (its requests fail fast; making instances would run the crashing
-// code again), one top-up at a time and one every topUpEvery at most (a
-// device that refuses them is tried, and logged, that often).
+// code again), nor while any of its slots is taken (a request or a warm
+// may be making an instance, not counted until it is made: a top-up beside
+// a slow constructor made a second), one top-up at a time, and one every
+// topUpEvery at most, doubling after each that failed (an init that keeps
+// failing, a device that refuses the memory) up to topUpDoublings times.
 func (e *Engine) topUp(f *function, v *version, now time.Time) {
 	keep := v.minInstances()
-	if keep == 0 || now.UnixNano() < v.pool.backoffUntil.Load() || now.UnixNano()-v.toppedAt.Load() < int64(topUpEvery) || e.tab.currentOf(f) != v {
+	wait := topUpEvery << min(v.topFails.Load(), topUpDoublings)
+	if keep == 0 || now.UnixNano() < v.pool.backoffUntil.Load() || now.UnixNano()-v.toppedAt.Load() < int64(wait) ||
+		len(v.pool.slots) > 0 || e.tab.currentOf(f) != v {
 		return
 	}
 	if n, retired := v.pool.instances(); n >= keep || retired || !v.topping.CompareAndSwap(false, true) {
@@ -74,9 +79,17 @@ func (e *Engine) topUp(f *function, v *version, now time.Time) {
 	v.toppedAt.Store(now.UnixNano())
 	go func() {
 		defer v.topping.Store(false)
-		e.warmIfWanted(context.Background(), f)
+		if e.warmIfWanted(context.Background(), f) != nil {
+			v.topFails.Add(1)
+		} else {
+			v.topFails.Store(0)
+		}
 	}()
 }
 
-// topUpEvery is the least time between two top-ups of a version.
-const topUpEvery = 10 * time.Second
+// topUpEvery is the least time between two top-ups of a version; after
+// failed ones it doubles, topUpDoublings times at most (to about 10 min).
+const (
+	topUpEvery     = 10 * time.Second
+	topUpDoublings = 6
+)

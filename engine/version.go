@@ -30,6 +30,7 @@ type version struct {
 	// topping: a top-up to min_instances is under way (reap.go).
 	topping  atomic.Bool
 	toppedAt atomic.Int64 // Unix ns of the last top-up's start
+	topFails atomic.Int32 // top-ups failed in a row
 
 	loadState
 	pool pool

@@ -58,13 +58,14 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	return firstErr
 }
 
-// warmIfWanted brings f's current version up to its min_instances.
-// Functions without a minimum (by their record, or the server default) are
-// left unloaded, and nothing is fetched for them.
-func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
+// warmIfWanted brings f's current version up to its min_instances, and
+// says why it could not (logged here). Functions without a minimum (by
+// their record, or the server default) are left unloaded, and nothing is
+// fetched for them.
+func (e *Engine) warmIfWanted(ctx context.Context, f *function) error {
 	v := e.tab.currentOf(f)
 	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.pool.ref() {
-		return
+		return nil
 	}
 	defer v.pool.unref()
 	// A pre-warm runs the bundle's constructors: one that hangs must not
@@ -72,7 +73,9 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 	// take.
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	if err := e.warm(ctx, v); err != nil {
+	err := e.warm(ctx, v)
+	if err != nil {
 		e.cfg.Log.Warn("cannot pre-warm min_instances", "function", f.name, "version", v.rec.ID, "error", err)
 	}
+	return err
 }
