@@ -231,9 +231,19 @@ func (c *command) cobra(env *Env) *cobra.Command {
 			// The worker is started by the server with a clean
 			// environment and every flag given; it reads no variables.
 			if !c.hidden {
+				serverGiven := cmd.Flags().Changed("server")
 				if err := flagsFromEnv(cmd.Flags(), env); err != nil {
 					fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
 					return &usageError{err.Error()}
+				}
+				if f := cmd.Flags().Lookup("server"); f != nil {
+					if err := checkServerURL(f.Value.String()); err != nil {
+						from := "--server"
+						if !serverGiven {
+							from = "$PLOVER_SERVER"
+						}
+						return usagef(env, c.name, "%s %q: %v", from, f.Value.String(), err)
+					}
 				}
 			}
 			if c.named && !abi.ValidName(args[0]) {
