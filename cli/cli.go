@@ -174,6 +174,10 @@ func commandSuggestions(root *cobra.Command, name string) []string {
 	return prefixed
 }
 
+// durationHint follows a bad duration's error, from the command line or
+// the environment: the likely slip is its unit.
+const durationHint = " (a duration takes a unit: 500ms, 2s, 1m)"
+
 // flagSuggestion is " (did you mean --timing?)" for an unknown flag within
 // a typo of one of the command's flags, a hint for a duration without its
 // unit, else "".
@@ -182,7 +186,7 @@ func flagSuggestion(c *cobra.Command, err error) string {
 	if errors.As(err, &bad) {
 		// A bad value: for a duration, the likely slip is its unit.
 		if f := bad.GetFlag(); f != nil && f.Value.Type() == "duration" {
-			return " (a duration takes a unit: 500ms, 2s, 1m)"
+			return durationHint
 		}
 		return ""
 	}
@@ -302,7 +306,11 @@ func flagsFromEnv(fs *pflag.FlagSet, env *Env) error {
 			return
 		}
 		if e := fs.Set(f.Name, v); e != nil {
-			err = fmt.Errorf("$%s (for --%s): %v", k, f.Name, e)
+			hint := ""
+			if f.Value.Type() == "duration" {
+				hint = durationHint
+			}
+			err = fmt.Errorf("$%s (for --%s): %v%s", k, f.Name, e, hint)
 		}
 	})
 	return err

@@ -43,3 +43,12 @@ func TestServerURLMalformedIsUsage(t *testing.T) {
 		}
 	}
 }
+
+// A duration from the environment without its unit gets the hint the
+// command line's does.
+func TestEnvDurationWithoutUnit(t *testing.T) {
+	_, errs, code := runMain(t, envOf(map[string]string{"PLOVER_TIMEOUT": "5"}), "invoke", "f")
+	if code != 2 || !strings.Contains(errs, "$PLOVER_TIMEOUT (for --timeout)") || !strings.Contains(errs, "a duration takes a unit") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}
