@@ -127,13 +127,7 @@ func newRoot(env *Env) *cobra.Command {
 				cmd.Help()
 				return &usageError{"no command"}
 			}
-			if s := commandSuggestions(cmd, args[0]); len(s) > 0 {
-				fmt.Fprintf(env.Stderr, "plover: unknown command %q (did you mean \"%s\"?)\n", args[0], strings.Join(s, `" or "`))
-			} else {
-				fmt.Fprintf(env.Stderr, "plover: unknown command %q\n", args[0])
-			}
-			fmt.Fprintln(env.Stderr, "\nRun 'plover --help' for the commands.")
-			return &usageError{"unknown command " + args[0]}
+			return unknownCommand(env, cmd, args[0])
 		},
 	}
 	root.SetIn(env.Stdin)
@@ -149,7 +143,35 @@ func newRoot(env *Env) *cobra.Command {
 	for _, c := range commands() {
 		root.AddCommand(c.cobra(env))
 	}
+	// cobra's help finds the root for a name it does not know (the root
+	// takes any arguments), so plover help invok printed the root's help
+	// and exited 0: it says what plover invok says.
+	root.InitDefaultHelpCmd()
+	for _, h := range root.Commands() {
+		if h.Name() == "help" && h.Run != nil {
+			show := h.Run
+			h.RunE = func(c *cobra.Command, args []string) error {
+				if found, rest, err := root.Find(args); err == nil && found == root && len(rest) > 0 {
+					return unknownCommand(env, root, rest[0])
+				}
+				show(c, args)
+				return nil
+			}
+		}
+	}
 	return root
+}
+
+// unknownCommand says that name is no command, with the one meant if a typo
+// away; a usage error.
+func unknownCommand(env *Env, root *cobra.Command, name string) error {
+	if s := commandSuggestions(root, name); len(s) > 0 {
+		fmt.Fprintf(env.Stderr, "plover: unknown command %q (did you mean \"%s\"?)\n", name, strings.Join(s, `" or "`))
+	} else {
+		fmt.Fprintf(env.Stderr, "plover: unknown command %q\n", name)
+	}
+	fmt.Fprintln(env.Stderr, "\nRun 'plover --help' for the commands.")
+	return &usageError{"unknown command " + name}
 }
 
 // commandSuggestions are the commands a mistyped name may have meant: the

@@ -44,6 +44,19 @@ func TestServerURLMalformedIsUsage(t *testing.T) {
 	}
 }
 
+// plover help with a mistyped command says so, as plover with one does, and
+// exits 2; it printed the root's help and exited 0.
+func TestHelpUnknownCommand(t *testing.T) {
+	out, errs, code := runMain(t, envOf(nil), "help", "invok")
+	if code != 2 || !strings.Contains(errs, `unknown command "invok" (did you mean "invoke"?)`) || strings.Contains(out, "Available Commands") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	out, _, code = runMain(t, envOf(nil), "help", "invoke")
+	if code != 0 || !strings.Contains(out, "plover invoke NAME") {
+		t.Fatalf("help invoke: exit %d, stdout %q", code, out)
+	}
+}
+
 // A duration from the environment without its unit gets the hint the
 // command line's does.
 func TestEnvDurationWithoutUnit(t *testing.T) {
