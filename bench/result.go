@@ -314,6 +314,8 @@ func stopWhy(res *Result) string {
 		return fmt.Sprintf("--duration %v", time.Duration(res.DurationLimit*float64(time.Second)))
 	case "errors":
 		return "errors (the server did not answer)"
+	case "interrupted":
+		return "an interrupt (^C)"
 	}
 	return res.Stopped
 }

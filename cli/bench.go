@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -96,6 +97,8 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		return usagef(env, "bench", "--concurrency %d: want 1..10000 (or 0: 1, or 64 with --rate)", f.concurrency)
 	case f.timeout < 0:
 		return usagef(env, "bench", "--timeout %v: want a positive duration", f.timeout)
+	case f.grpc != "" && !grpcAddress(f.grpc):
+		return usagef(env, "bench", "--grpc %q: want grpc://HOST:PORT, or grpcs://HOST:PORT for TLS", f.grpc)
 	}
 	// An unwritable --chart fails now, not after the whole run.
 	chart, err := openChart(f.chart)
@@ -153,6 +156,13 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		return errors.New("no request succeeded")
 	}
 	return nil
+}
+
+// grpcAddress says whether s is an address --grpc takes: grpc:// or
+// grpcs:// and a host.
+func grpcAddress(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && u.Host != "" && (u.Scheme == "grpc" || u.Scheme == "grpcs")
 }
 
 // benchProgress draws a bar on a terminal: the fraction of the run done,

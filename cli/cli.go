@@ -127,13 +127,7 @@ func newRoot(env *Env) *cobra.Command {
 				cmd.Help()
 				return &usageError{"no command"}
 			}
-			if s := commandSuggestions(cmd, args[0]); len(s) > 0 {
-				fmt.Fprintf(env.Stderr, "plover: unknown command %q (did you mean \"%s\"?)\n", args[0], strings.Join(s, `" or "`))
-			} else {
-				fmt.Fprintf(env.Stderr, "plover: unknown command %q\n", args[0])
-			}
-			fmt.Fprintln(env.Stderr, "\nRun 'plover --help' for the commands.")
-			return &usageError{"unknown command " + args[0]}
+			return unknownCommand(env, cmd, args[0])
 		},
 	}
 	root.SetIn(env.Stdin)
@@ -149,7 +143,35 @@ func newRoot(env *Env) *cobra.Command {
 	for _, c := range commands() {
 		root.AddCommand(c.cobra(env))
 	}
+	// cobra's help finds the root for a name it does not know (the root
+	// takes any arguments), so plover help invok printed the root's help
+	// and exited 0: it says what plover invok says.
+	root.InitDefaultHelpCmd()
+	for _, h := range root.Commands() {
+		if h.Name() == "help" && h.Run != nil {
+			show := h.Run
+			h.RunE = func(c *cobra.Command, args []string) error {
+				if found, rest, err := root.Find(args); err == nil && found == root && len(rest) > 0 {
+					return unknownCommand(env, root, rest[0])
+				}
+				show(c, args)
+				return nil
+			}
+		}
+	}
 	return root
+}
+
+// unknownCommand says that name is no command, with the one meant if a typo
+// away; a usage error.
+func unknownCommand(env *Env, root *cobra.Command, name string) error {
+	if s := commandSuggestions(root, name); len(s) > 0 {
+		fmt.Fprintf(env.Stderr, "plover: unknown command %q (did you mean \"%s\"?)\n", name, strings.Join(s, `" or "`))
+	} else {
+		fmt.Fprintf(env.Stderr, "plover: unknown command %q\n", name)
+	}
+	fmt.Fprintln(env.Stderr, "\nRun 'plover --help' for the commands.")
+	return &usageError{"unknown command " + name}
 }
 
 // commandSuggestions are the commands a mistyped name may have meant: the
@@ -174,6 +196,10 @@ func commandSuggestions(root *cobra.Command, name string) []string {
 	return prefixed
 }
 
+// durationHint follows a bad duration's error, from the command line or
+// the environment: the likely slip is its unit.
+const durationHint = " (a duration takes a unit: 500ms, 2s, 1m)"
+
 // flagSuggestion is " (did you mean --timing?)" for an unknown flag within
 // a typo of one of the command's flags, a hint for a duration without its
 // unit, else "".
@@ -182,7 +208,7 @@ func flagSuggestion(c *cobra.Command, err error) string {
 	if errors.As(err, &bad) {
 		// A bad value: for a duration, the likely slip is its unit.
 		if f := bad.GetFlag(); f != nil && f.Value.Type() == "duration" {
-			return " (a duration takes a unit: 500ms, 2s, 1m)"
+			return durationHint
 		}
 		return ""
 	}
@@ -231,9 +257,19 @@ func (c *command) cobra(env *Env) *cobra.Command {
 			// The worker is started by the server with a clean
 			// environment and every flag given; it reads no variables.
 			if !c.hidden {
+				serverGiven := cmd.Flags().Changed("server")
 				if err := flagsFromEnv(cmd.Flags(), env); err != nil {
 					fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
 					return &usageError{err.Error()}
+				}
+				if f := cmd.Flags().Lookup("server"); f != nil {
+					if err := checkServerURL(f.Value.String()); err != nil {
+						from := "--server"
+						if !serverGiven {
+							from = "$PLOVER_SERVER"
+						}
+						return usagef(env, c.name, "%s %q: %v", from, f.Value.String(), err)
+					}
 				}
 			}
 			if c.named && !abi.ValidName(args[0]) {
@@ -292,7 +328,11 @@ func flagsFromEnv(fs *pflag.FlagSet, env *Env) error {
 			return
 		}
 		if e := fs.Set(f.Name, v); e != nil {
-			err = fmt.Errorf("$%s (for --%s): %v", k, f.Name, e)
+			hint := ""
+			if f.Value.Type() == "duration" {
+				hint = durationHint
+			}
+			err = fmt.Errorf("$%s (for --%s): %v%s", k, f.Name, e, hint)
 		}
 	})
 	return err

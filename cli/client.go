@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -25,6 +28,45 @@ func serverURL(flagVal string) string {
 		s = "http://" + s
 	}
 	return strings.TrimRight(s, "/")
+}
+
+// checkServerURL says what is wrong with a --server value that is no
+// server's URL (nil for one that is, and for "", the default): a scheme
+// other than http or https, no host, a port out of range, a query or
+// fragment, or a value that does not parse. Such a value is a command line
+// that cannot run, not a server that cannot be reached.
+func checkServerURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	raw := s
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return err
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("want http:// or https://, not %s://", u.Scheme)
+	case u.Host == "" || u.Hostname() == "":
+		return errors.New("no host (want http://HOST:PORT)")
+	case !strings.Contains(s, "://") && (u.Hostname() == "http" || u.Hostname() == "https"):
+		return fmt.Errorf("no host but %q: a ':' missing after the scheme?", u.Hostname())
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return errors.New("a query or fragment: give the server's base URL (http://HOST:PORT)")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %s: want 1..65535", p)
+		}
+	}
+	return nil
 }
 
 // client talks to a plover server's HTTP API.

@@ -314,7 +314,7 @@ func lsCmd() *command {
 		nargs: 0,
 		name:  "ls", summary: "list deployed functions",
 		usage: "[-o wide|json] [--json]",
-		example: "  plover ls            # one line a function, within 100 columns\n" +
+		example: "  plover ls            # one line a function, within 100 columns for names up to 24 characters\n" +
 			"  plover ls -o wide    # and share, priority, device time, memory, starts, worker processes\n" +
 			"  plover ls -o json    # the server's JSON (as --json)",
 		shorthands: map[string]string{"output": "o"},

@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+)
+
+// A --server (or $PLOVER_SERVER) that is not a server URL is a command line
+// that cannot run: exit 2, naming where the value came from and what is
+// wrong with it, not "cannot reach the plover server" (exit 1, as if the
+// server were down).
+func TestServerURLMalformedIsUsage(t *testing.T) {
+	tests := []struct {
+		name string
+		vars map[string]string
+		args []string
+		want string // in stderr
+	}{
+		{"scheme", nil, []string{"ls", "--server", "ftp://127.0.0.1:8080"}, `--server "ftp://127.0.0.1:8080": want http:// or https://`},
+		{"bracket", nil, []string{"ls", "--server", "http://[::1"}, `--server "http://[::1": `},
+		{"port", nil, []string{"ls", "--server", "http://127.0.0.1:99999"}, `--server "http://127.0.0.1:99999": port 99999`},
+		{"no host", nil, []string{"ls", "--server", "http://"}, `--server "http://": no host`},
+		{"query", nil, []string{"ls", "--server", "http://127.0.0.1:8080?x=1"}, `--server "http://127.0.0.1:8080?x=1": `},
+		{"colon", nil, []string{"ls", "--server", "http//127.0.0.1:8080"}, `--server "http//127.0.0.1:8080": no host but "http": a ':' missing after the scheme?`},
+		{"variable", map[string]string{"PLOVER_SERVER": "ftp://h:1"}, []string{"ls"}, `$PLOVER_SERVER "ftp://h:1": want http:// or https://`},
+		{"invoke", nil, []string{"invoke", "f", "--server", "tcp://h:1"}, `--server "tcp://h:1"`},
+		{"bench", nil, []string{"bench", "f", "--size", "4", "--server", "tcp://h:1"}, `--server "tcp://h:1"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, errs, code := runMain(t, envOf(tt.vars), tt.args...)
+			if code != 2 || !strings.Contains(errs, tt.want) || strings.Contains(errs, "cannot reach") {
+				t.Fatalf("exit %d, stderr %q; want exit 2 and %q", code, errs, tt.want)
+			}
+		})
+	}
+	// Those that are URLs still go on to the server: one without a scheme
+	// is http://, a path is kept (a server behind a proxy's prefix).
+	for _, s := range []string{"127.0.0.1:1", "http://127.0.0.1:1/prefix/", "https://[::1]:1"} {
+		_, errs, code := runMain(t, envOf(nil), "ls", "--server", s)
+		if code != 1 || !strings.Contains(errs, "cannot reach the plover server") {
+			t.Errorf("--server %s: exit %d, stderr %q; want exit 1, cannot reach", s, code, errs)
+		}
+	}
+}
+
+// plover help with a mistyped command says so, as plover with one does, and
+// exits 2; it printed the root's help and exited 0.
+func TestHelpUnknownCommand(t *testing.T) {
+	out, errs, code := runMain(t, envOf(nil), "help", "invok")
+	if code != 2 || !strings.Contains(errs, `unknown command "invok" (did you mean "invoke"?)`) || strings.Contains(out, "Available Commands") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	out, _, code = runMain(t, envOf(nil), "help", "invoke")
+	if code != 0 || !strings.Contains(out, "plover invoke NAME") {
+		t.Fatalf("help invoke: exit %d, stdout %q", code, out)
+	}
+}
+
+// A duration from the environment without its unit gets the hint the
+// command line's does.
+func TestEnvDurationWithoutUnit(t *testing.T) {
+	_, errs, code := runMain(t, envOf(map[string]string{"PLOVER_TIMEOUT": "5"}), "invoke", "f")
+	if code != 2 || !strings.Contains(errs, "$PLOVER_TIMEOUT (for --timeout)") || !strings.Contains(errs, "a duration takes a unit") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}
