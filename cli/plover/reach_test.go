@@ -58,6 +58,12 @@ func TestWorkerCannotReachOtherProcesses(t *testing.T) {
 					}
 				}
 			}
+			// Joining the other worker's process group, to renice the
+			// group as one's own (setpriority PRIO_PGRP 0 passes the filter),
+			// is refused: each worker has a session of its own.
+			if r := h.invoke(t, "poker", []byte("pgrp "+victim), crashTimeout); r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
+				t.Errorf("pgrp on another function's worker (pid %s): %d %q, want the kernel to refuse", victim, r.code, cstr(r.body))
+			}
 			if after := limits(victim); after != before {
 				t.Errorf("the other function's worker's limits changed:\n%s\nwere:\n%s", after, before)
 			}

@@ -609,7 +609,8 @@ PLOVER_ENTRY(signal_pid) {
 // sets its RLIMIT_CPU to 1 s (the kernel then kills it by SIGXCPU, then
 // SIGKILL, as soon as it has used 1 s of CPU), "nice" its nice level to 19,
 // "cpus" its CPU affinity to CPU 0 alone. Writes "OK", or "ERR <errno
-// name>" when the kernel refuses.
+// name>" when the kernel refuses. Op "pgrp" joins the process group whose
+// id is pid (a worker's is its pid) and sets that group's nice level to 19.
 PLOVER_ENTRY(poke) {
   (void)grid; (void)block;
   char buf[64] = {0};
@@ -624,6 +625,9 @@ PLOVER_ENTRY(poke) {
     rc = prlimit((pid_t)pid, RLIMIT_CPU, &lim, NULL);
   } else if (strcmp(op, "nice") == 0) {
     rc = setpriority(PRIO_PROCESS, (id_t)pid, 19);
+  } else if (strcmp(op, "pgrp") == 0) {
+    rc = setpgid(0, (pid_t)pid);
+    if (rc == 0) rc = setpriority(PRIO_PGRP, 0, 19);
   } else if (strcmp(op, "cpus") == 0) {
     cpu_set_t set;
     CPU_ZERO(&set);

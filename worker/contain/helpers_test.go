@@ -96,6 +96,8 @@ func runChild(mode string) {
 		childTreeMiddle()
 	case "tree-daemon":
 		childTreeDaemon()
+	case "reach":
+		childReach()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childEnv, mode)
 		os.Exit(2)

@@ -1,7 +1,6 @@
 package contain
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -27,24 +26,30 @@ import (
 //
 // It must run after no_new_privs is set (Enter), before tenant code. It
 // reports false, without error, where the kernel has no seccomp filters
-// or the architecture is not one it knows.
+// (asked first, so that a filter the kernel refuses is an error, not read
+// as none) or the architecture is not one it knows.
 func RestrictReach() (bool, error) {
 	arch, ok := auditArch[runtime.GOARCH]
 	if !ok {
 		return false, nil
 	}
+	action := uint32(unix.SECCOMP_RET_ERRNO)
+	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_GET_ACTION_AVAIL, 0, uintptr(unsafe.Pointer(&action))); e != 0 {
+		return false, nil // no seccomp filters in this kernel (or none that return an errno)
+	}
 	prog := reachFilter(arch, uint32(os.Getpid()), uint32(unix.Getpgrp()))
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-	_, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
+	r1, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	switch {
-	case e == 0:
-		return true, nil
-	case errors.Is(e, unix.ENOSYS) || errors.Is(e, unix.EINVAL):
-		return false, nil // no seccomp filters in this kernel
-	default:
+	case e != 0:
 		return false, fmt.Errorf("contain: seccomp filter: %w", e)
+	case r1 != 0:
+		// TSYNC's failure: the id of a thread that could not take the
+		// filter (another filter of its own, or no no_new_privs).
+		return false, fmt.Errorf("contain: seccomp filter: thread %d could not take it", r1)
 	}
+	return true, nil
 }
 
 var auditArch = map[string]uint32{

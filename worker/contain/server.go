@@ -134,13 +134,15 @@ func (s *Spawner) WorkerArgs() []string {
 }
 
 // Start starts cmd from the Spawner's thread. It puts the worker in a
-// process group of its own, so that KillGroup reaches whatever the
-// tenant code forks, and arms SIGKILL as its parent-death signal, so
-// that a server crash does not leave workers holding GPUs. Any other
+// session of its own, and so a process group of its own, so that
+// KillGroup reaches whatever the tenant code forks, and arms SIGKILL as
+// its parent-death signal, so that a server crash does not leave workers
+// holding GPUs. A session, not only a group: setpgid joins only a group
+// of the caller's session, so tenant code cannot join another worker's
+// group or the server's and then renice or signal it as its own
+// (setpriority PRIO_PGRP 0, which RestrictReach allows). Any other
 // SysProcAttr field the caller set is kept; the caller's SysProcAttr
-// value itself is not modified (it is copied). When the caller asked for
-// Setsid the new session already is a new process group, so Setpgid is
-// left off (setpgid would fail with EPERM on a session leader).
+// value itself is not modified (it is copied).
 //
 // What it returns ends everything the process starts, whatever the
 // Spawner's Containment: the caller kills it with the process and
@@ -154,8 +156,7 @@ func (s *Spawner) Start(cmd *exec.Cmd) (*Tree, error) {
 	if cmd.SysProcAttr != nil {
 		attr = *cmd.SysProcAttr
 	}
-	attr.Setpgid = !attr.Setsid
-	attr.Pgid = 0
+	attr.Setsid, attr.Setpgid, attr.Pgid = true, false, 0 // setpgid on a session leader fails
 	attr.Pdeathsig = syscall.SIGKILL
 	cmd.SysProcAttr = &attr
 
