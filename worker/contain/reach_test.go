@@ -39,7 +39,10 @@ func childReach() {
 	}{
 		{"prlimit-self-0", func() error { return unix.Prlimit(0, unix.RLIMIT_NOFILE, nil, &lim) }},
 		{"prlimit-self-pid", func() error { return unix.Prlimit(os.Getpid(), unix.RLIMIT_NOFILE, nil, &lim) }},
-		{"setrlimit", func() error { unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); return unix.Setrlimit(unix.RLIMIT_NOFILE, &lim) }},
+		{"setrlimit", func() error {
+			unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
+			return unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+		}},
 		{"prlimit-other", func() error { return unix.Prlimit(other, unix.RLIMIT_NOFILE, nil, &lim) }},
 		{"prlimit-other-high-bits", func() error {
 			_, _, e := unix.Syscall6(unix.SYS_PRLIMIT64, uintptr(1<<32|other), unix.RLIMIT_NOFILE, 0, uintptr(0), 0, 0)
