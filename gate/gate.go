@@ -342,24 +342,28 @@ const maxRetry = time.Duration(1 << 62)
 // LogThrottle lets a refusal's log line through at most once a second per
 // client (netguard.ClientKey: an IPv4 address or an IPv6 /64, as the
 // connection caps count one), so that a client hammering with bad tokens
-// cannot flood the log and cannot hide other clients' refusals either;
-// and at most maxRefusalLines a second in all, so that many clients (an
-// IPv6 /48 holds 65,536 /64s) cannot flood it together. Every refusal is
-// still counted (plover_auth_failures_total). Both transports use one.
+// cannot flood the log; and at most maxRefusalLines a second in all, so
+// that many clients (an IPv6 /48 holds 65,536 /64s) cannot flood it
+// together. Those can take every line of a second, other clients' too:
+// the next line logged says how many were held back by it (Allow's
+// unlogged), and every refusal is counted (plover_auth_failures_total).
+// Both transports use one.
 type LogThrottle struct {
-	mu     sync.Mutex
-	last   map[string]time.Time
-	second int64 // the Unix second lines counts
-	lines  int
-	now    func() time.Time // tests' clock; nil: time.Now
+	mu       sync.Mutex
+	last     map[string]time.Time
+	second   int64 // the Unix second lines counts
+	lines    int
+	unlogged int              // held back by the cap since the last line
+	now      func() time.Time // tests' clock; nil: time.Now
 }
 
 // maxRefusalLines bounds the refusals logged a second, all clients together.
 const maxRefusalLines = 20
 
 // Allow reports whether a line about the client at addr may be logged
-// now.
-func (p *LogThrottle) Allow(addr net.Addr) bool {
+// now and, when it may, how many refusals the overall cap held back since
+// the last line (for the line to say: not_logged).
+func (p *LogThrottle) Allow(addr net.Addr) (ok bool, unlogged int) {
 	client := netguard.ClientKey(addr)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -371,15 +375,17 @@ func (p *LogThrottle) Allow(addr net.Addr) bool {
 		p.last = map[string]time.Time{} // bounded: forget everyone at once
 	}
 	if t, ok := p.last[client]; ok && now.Sub(t) < time.Second {
-		return false
+		return false, 0
 	}
 	if sec := now.Unix(); sec != p.second {
 		p.second, p.lines = sec, 0
 	}
 	if p.lines >= maxRefusalLines {
-		return false
+		p.unlogged++
+		return false, 0
 	}
 	p.lines++
 	p.last[client] = now
-	return true
+	unlogged, p.unlogged = p.unlogged, 0
+	return true, unlogged
 }

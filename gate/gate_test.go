@@ -211,7 +211,7 @@ func TestLogThrottle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := l.Allow(addr); got != tc.want {
+		if got, _ := l.Allow(addr); got != tc.want {
 			t.Errorf("Allow(%s) = %v, want %v", tc.client, got, tc.want)
 		}
 	}
@@ -223,12 +223,14 @@ func TestLogThrottle(t *testing.T) {
 func TestLogThrottleBoundsAllClients(t *testing.T) {
 	clock := time.Unix(1_000_000, 0)
 	l := LogThrottle{now: func() time.Time { return clock }}
+	told := 0 // refusals the logged lines said were held back
 	allowed := func() int {
 		n := 0
 		for i := range 200 {
 			addr := &net.TCPAddr{IP: net.ParseIP(fmt.Sprintf("2001:db8:0:%x::1", i)), Port: 1}
-			if l.Allow(addr) {
+			if ok, unlogged := l.Allow(addr); ok {
 				n++
+				told += unlogged
 			}
 		}
 		return n
@@ -239,6 +241,10 @@ func TestLogThrottleBoundsAllClients(t *testing.T) {
 	clock = clock.Add(time.Second)
 	if n := allowed(); n != maxRefusalLines {
 		t.Fatalf("the next second: %d logged, want %d", n, maxRefusalLines)
+	}
+	// The first line of the second second said what the first held back.
+	if told != 200-maxRefusalLines {
+		t.Errorf("the lines said %d refusals were not logged, want %d", told, 200-maxRefusalLines)
 	}
 }
 

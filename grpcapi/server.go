@@ -353,10 +353,15 @@ func (s *Server) logRefusal(ctx context.Context, method string, r *gate.Refusal)
 			client = host
 		}
 	}
-	if !s.authLog.Allow(addr) {
+	ok, unlogged := s.authLog.Allow(addr)
+	if !ok {
 		return
 	}
-	s.opts.Log.Warn("request refused", "reason", r.Reason, "client", client, "method", method, "transport", "grpc")
+	attrs := []any{"reason", r.Reason, "client", client, "method", method, "transport", "grpc"}
+	if unlogged > 0 {
+		attrs = append(attrs, "not_logged", unlogged) // refusals the log's cap held back before this one
+	}
+	s.opts.Log.Warn("request refused", attrs...)
 }
 
 // ServerLive answers while the process serves.

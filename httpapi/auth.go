@@ -110,8 +110,12 @@ func (s *Server) refuse(ctx *fasthttp.RequestCtx, r *gate.Refusal) {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(max(1, int(r.Retry/time.Second))))
 		return // a client over its limits is counted, not logged
 	}
-	if s.authLog.Allow(ctx.RemoteAddr()) {
-		s.opts.Log.Warn("request refused", "reason", r.Reason, "client", ctx.RemoteIP().String(),
-			"method", string(ctx.Method()), "path", string(ctx.Path()), "status", code)
+	if ok, unlogged := s.authLog.Allow(ctx.RemoteAddr()); ok {
+		attrs := []any{"reason", r.Reason, "client", ctx.RemoteIP().String(),
+			"method", string(ctx.Method()), "path", string(ctx.Path()), "status", code}
+		if unlogged > 0 {
+			attrs = append(attrs, "not_logged", unlogged) // refusals the log's cap held back before this one
+		}
+		s.opts.Log.Warn("request refused", attrs...)
 	}
 }
