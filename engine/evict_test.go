@@ -164,13 +164,7 @@ func TestTopUpBesideASlowPrewarmMakesNoSecond(t *testing.T) {
 	testkit.Deploy(t, e, dir) // returns once its pre-warm made the instance
 	close(stop)
 	<-done
-	deadline := time.Now().Add(10 * time.Second)
-	for e.ToppingUp("h") {
-		if time.Now().After(deadline) {
-			t.Fatal("a top-up still under way 10 s on")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	topUpEnded(t, e, "h")
 	if fi := info(t, e, "h"); fi.Idle+fi.Busy != 1 {
 		t.Errorf("min_instances 1, %d instances after a pre-warm beside the reaper", fi.Idle+fi.Busy)
 	}
@@ -219,5 +213,50 @@ func TestFailingTopUpsBackOff(t *testing.T) {
 		} else if e.ToppingUp("h") || e.TopUpFails("h") != before {
 			t.Fatalf("step %d, %v on: a top-up was tried %v after the last failed", i, tc.after, tc.after)
 		}
+	}
+}
+
+// A top-up runs beside requests in flight: one holding the instance left,
+// while the other closed broken, no longer read as an instance being made
+// (a review found the first fix waited for every slot to be free, and a
+// busy function never got its second instance back).
+func TestTopUpBesideARequestInFlight(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("a")
+	m.MinInstances = 2
+	m.Chain = append(m.Chain, abi.Launch{Kernel: "sleep_ms", Grid: 300, Block: 1})
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	if !e.BreakIdle("a") {
+		t.Fatal("a has no idle instance after its pre-warm")
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Invoke(context.Background(), "a", &call.Request{Input: []byte{1}}) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for info(t, e, "a").Busy != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never took the instance")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	e.Reap(time.Now())
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	topUpEnded(t, e, "a")
+	if fi := info(t, e, "a"); fi.Idle+fi.Busy != 2 {
+		t.Errorf("min_instances 2, %d instances after a reap beside a request in flight", fi.Idle+fi.Busy)
+	}
+}
+
+// topUpEnded waits until no top-up of name is under way, failing the
+// test after 10 s.
+func topUpEnded(t *testing.T, e *engine.Engine, name string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.ToppingUp(name) {
+		if time.Now().After(deadline) {
+			t.Fatal("a top-up still under way 10 s on")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

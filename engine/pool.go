@@ -274,6 +274,14 @@ func (p *pool) put(in *instance, broken bool, now time.Time) {
 	in.inst.Close()
 }
 
+// building reports a slot held by a request or a warm that has no
+// instance yet (it may be making one, not counted in live until made).
+func (p *pool) building() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.slots) > p.live-len(p.idle)
+}
+
 // instances is how many instances exist, and whether the pool retired.
 func (p *pool) instances() (live int, retired bool) {
 	p.mu.Lock()

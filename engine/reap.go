@@ -61,16 +61,16 @@ func (e *Engine) unload(f *function, v *version) bool {
 // its minimum, holds its programs while it has none (neither the reaper
 // nor the evictor takes them). Not while the version backs off after
 // crashes (its requests fail fast; making instances would run the crashing
-// code again), nor while any of its slots is taken (a request or a warm
-// may be making an instance, not counted until it is made: a top-up beside
-// a slow constructor made a second), one top-up at a time, and one every
-// topUpEvery at most, doubling after each that failed (an init that keeps
-// failing, a device that refuses the memory) up to topUpDoublings times.
+// code again), nor while a request or a warm may be making an instance
+// (one not counted until it is made: a top-up beside a slow constructor
+// made a second), one top-up at a time, and one every topUpEvery at most,
+// doubling after each that failed (an init that keeps failing, a device
+// that refuses the memory) up to topUpDoublings times.
 func (e *Engine) topUp(f *function, v *version, now time.Time) {
 	keep := v.minInstances()
 	wait := topUpEvery << min(v.topFails.Load(), topUpDoublings)
 	if keep == 0 || now.UnixNano() < v.pool.backoffUntil.Load() || now.UnixNano()-v.toppedAt.Load() < int64(wait) ||
-		len(v.pool.slots) > 0 || e.tab.currentOf(f) != v {
+		v.pool.building() || e.tab.currentOf(f) != v {
 		return
 	}
 	if n, retired := v.pool.instances(); n >= keep || retired || !v.topping.CompareAndSwap(false, true) {
@@ -79,12 +79,32 @@ func (e *Engine) topUp(f *function, v *version, now time.Time) {
 	v.toppedAt.Store(now.UnixNano())
 	go func() {
 		defer v.topping.Store(false)
-		if e.warmIfWanted(context.Background(), f) != nil {
+		if e.topUpWarm(f, v) != nil {
 			v.topFails.Add(1)
 		} else {
 			v.topFails.Store(0)
 		}
 	}()
+}
+
+// topUpWarm warms v itself, while it is f's current version: a deploy
+// landing meanwhile pre-warms the new one, and a top-up of whatever is
+// current would make a second instance beside that pre-warm's.
+func (e *Engine) topUpWarm(f *function, v *version) error {
+	if !v.pool.ref() {
+		return nil
+	}
+	defer v.pool.unref()
+	if e.tab.currentOf(f) != v {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout) // as a pre-warm's
+	defer cancel()
+	err := e.warm(ctx, v)
+	if err != nil {
+		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
+	}
+	return err
 }
 
 // topUpEvery is the least time between two top-ups of a version; after

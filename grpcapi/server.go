@@ -234,7 +234,9 @@ var errNoMessage = errors.New("no request message within the read timeout")
 
 // tap runs on a call's headers, before its message is read. It refuses a
 // call without a known token (admit then checks its scope and model once
-// the message has come), takes its place in the token's concurrency, and
+// the message has come), charges its token's rate and takes its place in
+// the token's concurrency (a message that does not decode reaches no
+// interceptor: it is charged all the same), and
 // ends the call (its stream's context is cancelled, and the client reads
 // CANCELLED) if its message has not come within the read timeout: gRPC-Go
 // waits for a message without limit, so a client could hold streams, and
@@ -319,9 +321,10 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if scope == auth.Invoke && fn == "" {
 		// An inference naming no model (or one the codec refused, its
 		// name too long to be any function's) runs nothing: its handler
-		// answers InvalidArgument naming the field. The token, its
-		// invoke scope and its rate still apply; its globs, which would
-		// read the empty name as a store-wide operation (403), do not.
+		// answers InvalidArgument naming the field. The token and its
+		// invoke scope still apply (its rate was charged by the tap); its
+		// globs, which would read the empty name as a store-wide
+		// operation (403), do not.
 		admit = func(authz []byte, scope auth.Scope, _ string) *gate.Refusal { return g.AdmitHeldUnnamed(authz, scope) }
 	}
 	if r := admit(authz, scope, fn); r != nil {

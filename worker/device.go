@@ -112,6 +112,7 @@ type Device struct {
 
 	running        atomic.Int32 // runs in flight on its workers (wire/poll.go)
 	landlockLogged atomic.Bool
+	filterLogged   atomic.Bool  // "no seccomp filters", said once
 	startFailures  atomic.Int32 // workers in a row that exited before ready
 	lastStartErr   atomic.Value // string: the last one's reason
 	lastStartFail  atomic.Int64 // when (Unix ns)

@@ -291,6 +291,9 @@ func (p *proc) awaitReady(ctx context.Context) error {
 	if d.opts.Landlock && !ready.Landlocked && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
 	}
+	if !ready.Filtered && d.filterLogged.CompareAndSwap(false, true) {
+		d.opts.Log.Warn("this kernel has no seccomp filters: without PID namespaces a worker can change the resource limits and nice level of another process of its uid (another worker's, the server's when they share it)")
+	}
 	if d.opts.Landlock && ready.Landlocked && landlockABI() < landlockScopesSignals && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel's Landlock does not scope signals (that needs its ABI 6, Linux 6.12): workers, which share one uid (--worker-user), can signal one another, another tenant's included", "landlock_abi", landlockABI())
 	}

@@ -609,8 +609,10 @@ PLOVER_ENTRY(signal_pid) {
 // sets its RLIMIT_CPU to 1 s (the kernel then kills it by SIGXCPU, then
 // SIGKILL, as soon as it has used 1 s of CPU), "nice" its nice level to 19,
 // "cpus" its CPU affinity to CPU 0 alone. Writes "OK", or "ERR <errno
-// name>" when the kernel refuses. Op "pgrp" joins the process group whose
-// id is pid (a worker's is its pid) and sets that group's nice level to 19.
+// name>" when the kernel refuses. Op "pgrp", from a child (a worker leads
+// its session, and setpgid on a session leader fails whatever the target),
+// joins the process group whose id is pid (a worker's is its pid) and sets
+// that group's nice level to 19.
 PLOVER_ENTRY(poke) {
   (void)grid; (void)block;
   char buf[64] = {0};
@@ -626,8 +628,22 @@ PLOVER_ENTRY(poke) {
   } else if (strcmp(op, "nice") == 0) {
     rc = setpriority(PRIO_PROCESS, (id_t)pid, 19);
   } else if (strcmp(op, "pgrp") == 0) {
-    rc = setpgid(0, (pid_t)pid);
-    if (rc == 0) rc = setpriority(PRIO_PGRP, 0, 19);
+    int fds[2];
+    if (pipe(fds) != 0) { put(s, "ERR pipe"); return; }
+    pid_t c = fork();
+    if (c == 0) {
+      int e = 0;
+      if (setpgid(0, (pid_t)pid) != 0 || setpriority(PRIO_PGRP, 0, 19) != 0) e = errno;
+      if (write(fds[1], &e, sizeof e) != (ssize_t)sizeof e) _exit(1);
+      _exit(0);
+    }
+    close(fds[1]);
+    int e = -1;
+    if (c < 0 || read(fds[0], &e, sizeof e) != (ssize_t)sizeof e) e = c < 0 ? errno : EIO;
+    close(fds[0]);
+    if (c > 0) waitpid(c, NULL, 0);
+    errno = e;
+    rc = e == 0 ? 0 : -1;
   } else if (strcmp(op, "cpus") == 0) {
     cpu_set_t set;
     CPU_ZERO(&set);

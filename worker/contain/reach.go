@@ -27,15 +27,22 @@ import (
 // It must run after no_new_privs is set (Enter), before tenant code. It
 // reports false, without error, where the kernel has no seccomp filters
 // (asked first, so that a filter the kernel refuses is an error, not read
-// as none) or the architecture is not one it knows.
+// as none) or the architecture is not one it knows; the server logs the
+// former once (the ready message says).
 func RestrictReach() (bool, error) {
 	arch, ok := auditArch[runtime.GOARCH]
 	if !ok {
 		return false, nil
 	}
-	action := uint32(unix.SECCOMP_RET_ERRNO)
-	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_GET_ACTION_AVAIL, 0, uintptr(unsafe.Pointer(&action))); e != 0 {
-		return false, nil // no seccomp filters in this kernel (or none that return an errno)
+	// A filter at address 0: EFAULT where the kernel has filters (it read
+	// the arguments), EINVAL where it has seccomp without them (or no
+	// seccomp(2) op for them), ENOSYS where it has no seccomp at all.
+	switch _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, 0); e {
+	case unix.EFAULT:
+	case unix.EINVAL, unix.ENOSYS:
+		return false, nil
+	default:
+		return false, fmt.Errorf("contain: seccomp filters: asking the kernel: %w", e)
 	}
 	prog := reachFilter(arch, uint32(os.Getpid()), uint32(unix.Getpgrp()))
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
@@ -46,7 +53,7 @@ func RestrictReach() (bool, error) {
 		return false, fmt.Errorf("contain: seccomp filter: %w", e)
 	case r1 != 0:
 		// TSYNC's failure: the id of a thread that could not take the
-		// filter (another filter of its own, or no no_new_privs).
+		// filter (in seccomp's strict mode, or with a filter of its own).
 		return false, fmt.Errorf("contain: seccomp filter: thread %d could not take it", r1)
 	}
 	return true, nil

@@ -82,12 +82,16 @@ func Serve(cfg Config) error {
 		return err
 	}
 	w := &server{cfg: cfg, dev: dev, buf: make([]byte, wire.CtlMax), oob: make([]byte, unix.CmsgSpace(4*4)), progs: map[uint32]*loaded{}}
-	msg := wire.AppendReady(nil, wire.Ready{PID: uint32(os.Getpid()), Landlocked: landlocked})
+	msg := wire.AppendReady(nil, wire.Ready{PID: uint32(os.Getpid()), Landlocked: landlocked, Filtered: reachFiltered})
 	if err := unix.Sendmsg(wire.CtlFD, msg, nil, nil, 0); err != nil {
 		return fmt.Errorf("worker: ready: %w", err)
 	}
 	return w.serve()
 }
+
+// reachFiltered: containSelf installed the reach filter (the ready
+// message says so).
+var reachFiltered bool
 
 // containSelf enters the worker's containment: its identity, death with
 // the server, not dumpable, default fatal signals.
@@ -104,9 +108,11 @@ func containSelf(cfg Config) error {
 	}
 	// No prlimit or setpriority on another process: a worker of the same
 	// uid (or the server's) is out of its reach.
-	if _, err := contain.RestrictReach(); err != nil {
+	filtered, err := contain.RestrictReach()
+	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	reachFiltered = filtered
 	// Not dumpable: another worker under the same uid cannot read this
 	// one's /proc files (memory, environment).
 	if err := contain.MakeNonDumpable(); err != nil {

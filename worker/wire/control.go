@@ -227,29 +227,39 @@ func pinOf(b []byte) Pin {
 }
 
 // The ready message, worker → server once its device is open, the first
-// on the control channel: [OpReady][u32 pid][landlocked][Protocol].
+// on the control channel: [OpReady][u32 pid][flags][Protocol].
 const (
-	readyOp         = 0
-	readyPID        = readyOp + 1 // u32: the worker's pid, in its own namespace
-	readyLandlocked = readyPID + 4
-	readyProtocol   = readyLandlocked + 1
-	ReadyLen        = readyProtocol + 1
+	readyOp       = 0
+	readyPID      = readyOp + 1  // u32: the worker's pid, in its own namespace
+	readyFlags    = readyPID + 4 // readyLandlocked | readyFiltered
+	readyProtocol = readyFlags + 1
+	ReadyLen      = readyProtocol + 1
 )
 
 // Ready is what a worker's ready message says.
 type Ready struct {
 	PID        uint32
 	Landlocked bool // Landlock restricts it (not every kernel has Landlock)
+	Filtered   bool // the reach filter holds (contain.RestrictReach; not every kernel has seccomp filters)
 }
+
+// The ready message's flags byte.
+const (
+	readyLandlocked byte = 1 << iota
+	readyFiltered
+)
 
 // AppendReady appends r's ready message, of this Protocol, to b.
 func AppendReady(b []byte, r Ready) []byte {
 	b = le.AppendUint32(append(b, OpReady), r.PID)
-	landlocked := byte(0)
+	flags := byte(0)
 	if r.Landlocked {
-		landlocked = 1
+		flags |= readyLandlocked
 	}
-	return append(b, landlocked, Protocol)
+	if r.Filtered {
+		flags |= readyFiltered
+	}
+	return append(b, flags, Protocol)
 }
 
 // ErrNotReady is a first message that is not a ready message at all.
@@ -284,5 +294,6 @@ func DecodeReady(b []byte) (Ready, error) {
 	case b[readyProtocol] != Protocol:
 		return Ready{}, &VersionError{Version: int(b[readyProtocol])}
 	}
-	return Ready{PID: le.Uint32(b[readyPID:]), Landlocked: b[readyLandlocked] != 0}, nil
+	f := b[readyFlags]
+	return Ready{PID: le.Uint32(b[readyPID:]), Landlocked: f&readyLandlocked != 0, Filtered: f&readyFiltered != 0}, nil
 }

@@ -113,6 +113,8 @@ func TestReady(t *testing.T) {
 		version int // -2: accepted; -3: not a ready message
 	}{
 		{"landlocked", AppendReady(nil, Ready{PID: 1234, Landlocked: true}), Ready{PID: 1234, Landlocked: true}, -2},
+		{"filtered", AppendReady(nil, Ready{PID: 1234, Filtered: true}), Ready{PID: 1234, Filtered: true}, -2},
+		{"both", AppendReady(nil, Ready{PID: 1234, Landlocked: true, Filtered: true}), Ready{PID: 1234, Landlocked: true, Filtered: true}, -2},
 		{"not", AppendReady(nil, Ready{PID: 1}), Ready{PID: 1}, -2},
 		{"a newer protocol", []byte{OpReady, 1, 0, 0, 0, 0, Protocol + 1}, Ready{}, int(Protocol) + 1},
 		{"an older one", []byte{OpReady, 1, 0, 0, 0, 0}, Ready{}, -1},
