@@ -658,7 +658,7 @@ func unfit(err error) error {
 	// Not KindInvalid: a step's library the device refuses is that, and
 	// says so itself.
 	switch errdefs.KindOf(err) {
-	case errdefs.KindTooLarge, errdefs.KindBadRequest:
+	case errdefs.KindTooLarge, errdefs.KindBadRequest, errdefs.KindRejected: // the last: plover_reject
 		return &apierr.Error{Status: apierr.BadOutput, Msg: "its input is the output of the step before it, which it refused: " + errMsg(err)}
 	}
 	return err

@@ -75,6 +75,26 @@ func TestUnfitStepsAreThePipelinesFault(t *testing.T) {
 	}
 }
 
+// A later step whose function refuses its input (plover_reject, 422) refused
+// the step before it's output, not the client's input: 500 bad_output, as
+// README says of a step that refuses its input "as too large or invalid".
+// It was passed through as the client's 422 (a hunt found it).
+func TestLaterStepsRefusalIsThePipelinesFault(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	picky := testkit.Manifest("picky")
+	picky.Chain = []abi.Launch{{Kernel: "refuse", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, picky, nil))
+	exact := testkit.Manifest("exact") // answers what it got, no more: nothing for nothing
+	exact.Chain = []abi.Launch{{Kernel: "echo_exact", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, exact, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "exact", "picky"))
+	err := pipeline.New(e, nil).Invoke(context.Background(), "p", &call.Request{})
+	st, _, msg, _ := apierr.Classify(err)
+	if st != apierr.BadOutput || !strings.Contains(msg, "step 1 (picky)") {
+		t.Errorf("step 1 refusing step 0's output: %d %s %q (%v); want 500 bad_output naming the step", st.HTTP, st.Name, msg, err)
+	}
+}
+
 // Deploy accepts a pipeline running exactly pipedef.MaxFunctions (256)
 // functions through a nested pipeline (16 x inner, inner 16 x f), but every
 // request to it is refused: the runner counts its pins, nested pipelines'
