@@ -18,7 +18,7 @@ var (
 		"Requests by how they found an instance: cold (version loaded for it), warm (new instance), hot (idle instance).",
 		[]string{"function", "kind"}, nil)
 	descInstances = prometheus.NewDesc("plover_instances",
-		"Instances of the function's current version by state.", []string{"function", "state"}, nil)
+		"Instances of the function by state: its current version's, and those of versions pipelines pinned.", []string{"function", "state"}, nil)
 	descQueue = prometheus.NewDesc("plover_queue_depth",
 		"Requests waiting for an instance, a batch or their turn on the device.", []string{"function"}, nil)
 	descFuncMem = prometheus.NewDesc("plover_function_device_memory_bytes",
