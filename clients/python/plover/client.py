@@ -2,12 +2,14 @@
 
 import base64
 import json
+import math
 import os
 import re
 import shutil
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,14 +29,20 @@ class PloverError(Exception):
     the plover CLI failed without saying one); code: the error object's code
     ("not_found", "unauthenticated", "bad_request", ...; "http" for an
     answer without an error object, "unreachable" for no answer);
-    message: the error object's message.
+    message: the error object's message; headers: the answer's headers
+    (None without an answer); retry_after: the seconds its Retry-After
+    header asks the caller to wait before sending again (429 busy and
+    rate_limited carry one, at least 1), else None. The client does not
+    retry by itself.
     """
 
-    def __init__(self, status, code, message):
+    def __init__(self, status, code, message, headers=None):
         super().__init__(status, code, message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
+        self.retry_after = _retry_after(headers)
 
     def __str__(self):
         if self.status is None:
@@ -42,8 +50,31 @@ class PloverError(Exception):
         return "%d %s: %s" % (self.status, self.code, self.message)
 
 
-def parse_error(status, body):
-    """Return the PloverError for an answer with this status and body.
+def _retry_after(headers):
+    """Retry-After in seconds (delay-seconds; an HTTP date is read as
+    seconds from now), or None."""
+    if headers is None:
+        return None
+    v = headers.get("Retry-After")
+    if not v:
+        return None
+    v = v.strip()
+    try:
+        return max(0.0, float(int(v)))
+    except ValueError:
+        pass
+    try:
+        import email.utils
+        import time
+
+        return max(0.0, email.utils.parsedate_to_datetime(v).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def parse_error(status, body, headers=None):
+    """Return the PloverError for an answer with this status and body
+    (and headers, for Retry-After).
 
     The server's errors are {"error": {"code": ..., "message": ...}}; any
     other body becomes code "http" with the body's text as the message.
@@ -55,10 +86,10 @@ def parse_error(status, body):
         err = obj["error"]
         code, message = err["code"], err.get("message", "")
         if isinstance(code, str) and code:
-            return PloverError(status, code, message if isinstance(message, str) else str(message))
+            return PloverError(status, code, message if isinstance(message, str) else str(message), headers)
     except (ValueError, TypeError, KeyError, AttributeError):
         pass
-    return PloverError(status, "http", body.strip())
+    return PloverError(status, "http", body.strip(), headers)
 
 
 def parse_server_timing(header):
@@ -119,48 +150,114 @@ def _to_array(body, dtype, shape):
     return a
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Follow no redirect: the API never sends one, and urllib would turn a
+    POST into a bodiless GET and send the token to whatever host Location
+    names. A 3xx is raised as PloverError."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+def _check_url(url):
+    """The server's base URL, checked as the CLI checks --server: http or
+    https, a host, no query or fragment."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("http", "https"):
+        raise ValueError("server URL %r: want http:// or https://, not %s://" % (url, u.scheme))
+    if not u.hostname:
+        raise ValueError("server URL %r: no host (want http://HOST:PORT)" % url)
+    if u.query or u.fragment or url.endswith("?"):
+        raise ValueError("server URL %r: a query or fragment: give the server's base URL (http://HOST:PORT)" % url)
+    try:
+        u.port
+    except ValueError:
+        raise ValueError("server URL %r: bad port (want 1..65535)" % url) from None
+    return url
+
+
+# How long invoke waits past the deadline it sends (timeout_ms) for the
+# server's answer (a 504 saying why), as plover invoke --timeout does.
+INVOKE_GRACE = 2.0
+
+
+def _timeout_header(timeout_ms):
+    """X-Plover-Timeout-Ms for timeout_ms: whole milliseconds, rounded up
+    (as plover invoke --timeout rounds), at least 1; None for None."""
+    if timeout_ms is None:
+        return None
+    t = float(timeout_ms)
+    if not t > 0 or math.isinf(t):
+        raise ValueError("timeout_ms must be a positive, finite number of milliseconds, not %r" % (timeout_ms,))
+    return min(int(math.ceil(t)), 2**32 - 1)  # the server reads a uint32; --max-timeout caps it anyway
+
+
 class Client:
     """A client for one Plover server.
 
-    url: the server (default $PLOVER_SERVER, else http://127.0.0.1:8080);
-    token: the bearer token for a server with --auth-file (default
-    $PLOVER_TOKEN); timeout: seconds per HTTP request; cafile: PEM CA
-    certificates to trust for https, besides the system's (default
-    $PLOVER_CACERT).
+    url: the server (default $PLOVER_SERVER, else http://127.0.0.1:8080;
+    http or https, maybe with a base path; ValueError for a query, a
+    fragment or another scheme); token: the bearer token for a server with
+    --auth-file (default $PLOVER_TOKEN); timeout: seconds to wait for the
+    server, to connect and for each read of its answer (not a bound on the
+    whole request; an invoke with timeout_ms waits at least that deadline
+    plus 2 s); cafile: PEM CA certificates to trust for https, besides the
+    system's (default $PLOVER_CACERT).
 
     After each invoke, last_timing ({"queue", "sched", "load", "copyin", "kernels",
     "copyout", "resolve", "dispatch", "total"}: milliseconds, from
     Server-Timing; the others add up to total), last_start
     ("cold", "warm" or "hot") and last_version (the version that ran)
-    describe it. A Client holds no connection, so one may be shared by
-    threads, except that last_* then describe whichever call ended last.
+    describe it. A Client holds no connection (each request opens its own),
+    so one may be shared by threads; last_* are kept per thread, each
+    describing that thread's last invoke. Redirects are not followed.
     """
 
     def __init__(self, url=None, token=None, timeout=60, cafile=None):
         url = url or os.environ.get("PLOVER_SERVER") or DEFAULT_SERVER
         if "://" not in url:
             url = "http://" + url
-        self.url = url.rstrip("/")
+        self.url = _check_url(url.rstrip("/"))
         self.token = token if token is not None else (os.environ.get("PLOVER_TOKEN") or None)
         self.timeout = timeout
         self.cafile = cafile if cafile is not None else (os.environ.get("PLOVER_CACERT") or None)
         self._ssl = None
-        if self.url.startswith("https://"):
+        if self.url.lower().startswith("https://"):
             self._ssl = ssl.create_default_context()
             if self.cafile:
                 self._ssl.load_verify_locations(cafile=self.cafile)
-        self.last_timing = {}
-        self.last_start = None
-        self.last_version = None
+        handlers = [_NoRedirect()]
+        if self._ssl is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self._ssl))
+        self._opener = urllib.request.build_opener(*handlers)
+        self._local = threading.local()
+
+    # last_*: per thread, so that threads sharing a Client each read their own.
+    def _last(name, doc):
+        default = {} if name == "last_timing" else None
+
+        def get(self):
+            return getattr(self._local, name, default)
+
+        def set_(self, v):
+            setattr(self._local, name, v)
+
+        return property(get, set_, doc=doc)
+
+    last_timing = _last("last_timing", "This thread's last invoke's Server-Timing, in ms.")
+    last_start = _last("last_start", "This thread's last invoke's start kind: cold, warm or hot.")
+    last_version = _last("last_version", "The version this thread's last invoke ran.")
+    del _last
 
     def __repr__(self):
         return "plover.Client(%r%s)" % (self.url, ", token=..." if self.token else "")
 
     # -- transport ----------------------------------------------------------
 
-    def _request(self, method, path, body=None, content_type=None, headers=None):
+    def _request(self, method, path, body=None, content_type=None, headers=None, timeout=None):
         """Send a request; return (status, headers, body bytes) for a 2xx
-        answer and raise PloverError for any other."""
+        answer and raise PloverError for any other. timeout: seconds, in
+        place of self.timeout."""
         req = urllib.request.Request(self.url + path, data=body, method=method)
         if self.token:
             req.add_header("Authorization", "Bearer " + self.token)
@@ -169,14 +266,17 @@ class Client:
         for k, v in (headers or {}).items():
             req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
+            with self._opener.open(req, timeout=self.timeout if timeout is None else timeout) as resp:
                 return resp.status, resp.headers, resp.read()
         except urllib.error.HTTPError as e:
             try:
                 data = e.read()
             finally:
                 e.close()
-            err = parse_error(e.code, data)
+            err = parse_error(e.code, data, e.headers)
+            if 300 <= e.code < 400:
+                err.message = ("the server redirected to %s; redirects are not followed: give the Client that URL"
+                               % e.headers.get("Location")) + (": " + err.message if err.message else "")
             if e.code == 401 and not self.token:
                 err.message += " (no token was sent: pass token= or set $PLOVER_TOKEN)"
             raise err from None
@@ -196,6 +296,17 @@ class Client:
     def _fn(name):
         return "/v1/functions/" + urllib.parse.quote(name, safe="")
 
+    def _wait(self, ms):
+        """The socket timeout for an invoke with deadline ms (or None): the
+        client's timeout, but never less than the deadline plus
+        INVOKE_GRACE, so that the server's answer, a 504 included, is
+        waited for."""
+        if ms is None:
+            return None
+        if self.timeout is None:
+            return None
+        return max(self.timeout, ms / 1000.0 + INVOKE_GRACE)
+
     def _meta(self, headers):
         self.last_timing = parse_server_timing(headers.get("Server-Timing"))
         self.last_start = headers.get("X-Plover-Start")
@@ -209,7 +320,11 @@ class Client:
         data: bytes, bytearray or memoryview, or a NumPy array (sent as its
         raw bytes, C order, little-endian). Returns bytes, or with dtype a
         NumPy array of that dtype (reshaped to shape when given).
-        timeout_ms bounds the request on the server (X-Plover-Timeout-Ms).
+        timeout_ms is the request's deadline on the server
+        (X-Plover-Timeout-Ms: rounded up to whole milliseconds; the
+        server's --max-timeout caps it); the client then waits for the
+        answer up to INVOKE_GRACE (2 s) past it even when that is longer
+        than the client's timeout. ValueError for timeout_ms <= 0.
         """
         if _is_ndarray(data):
             body = _array_bytes(data)
@@ -219,10 +334,12 @@ class Client:
             raise TypeError("data must be bytes, bytearray, memoryview or a NumPy array, not %s"
                             % type(data).__name__)
         headers = {}
-        if timeout_ms is not None:
-            headers["X-Plover-Timeout-Ms"] = str(int(timeout_ms))
+        ms = _timeout_header(timeout_ms)
+        if ms is not None:
+            headers["X-Plover-Timeout-Ms"] = str(ms)
         self.last_timing, self.last_start, self.last_version = {}, None, None
-        _, hdrs, out = self._request("POST", self._fn(name) + "/invoke", body, OCTET_STREAM, headers)
+        _, hdrs, out = self._request("POST", self._fn(name) + "/invoke", body, OCTET_STREAM, headers,
+                                     self._wait(ms))
         self._meta(hdrs)
         if dtype is None:
             if shape is not None:
@@ -235,7 +352,8 @@ class Client:
         """Run function name with PyPlover's JSON request: the chain given
         as parallel lists func_names, grid_sizes and block_sizes (kernels
         the bundle exports), output_size and tmp_size in bytes. Returns the
-        output bytes."""
+        output bytes. timeout_ms: the deadline, sent as "timeout_ms", as
+        invoke sends it."""
         if not (len(func_names) == len(grid_sizes) == len(block_sizes)):
             raise ValueError("func_names, grid_sizes and block_sizes must have the same length")
         req = {
@@ -247,11 +365,12 @@ class Client:
             "output_size": int(output_size),
             "tmp_size": int(tmp_size),
         }
-        if timeout_ms is not None:
-            req["timeout_ms"] = int(timeout_ms)
+        ms = _timeout_header(timeout_ms)
+        if ms is not None:
+            req["timeout_ms"] = ms
         self.last_timing, self.last_start, self.last_version = {}, None, None
         _, hdrs, data = self._request("POST", self._fn(name) + "/invoke",
-                                      json.dumps(req).encode(), "application/json")
+                                      json.dumps(req).encode(), "application/json", timeout=self._wait(ms))
         self._meta(hdrs)
         resp = json.loads(data)
         return base64.b64decode(resp["output"])

@@ -50,6 +50,13 @@ class EndToEnd(unittest.TestCase):
         self.assertIn(self.c.last_start, ("warm", "hot"))  # loaded by the call before
         self.check_meta()
 
+    def test_fractional_timeout(self):
+        # Rounded up to 1 ms, not cut to "0", which the server refuses (400).
+        try:
+            self.c.invoke(FN, b"x", timeout_ms=0.5)
+        except PloverError as e:
+            self.assertEqual((e.status, e.code), (504, "timeout"), e)
+
     def check_meta(self):
         t = self.c.last_timing
         self.assertEqual(set(t), set(plover.client.TIMING_NAMES), t)

@@ -11,6 +11,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -103,6 +104,27 @@ class Stub(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") != "Bearer secret":
             return self._error(401, "unauthenticated", "this server needs a token")
         meta = [("Server-Timing", TIMING), ("X-Plover-Start", "cold"), ("X-Plover-Version", "v123")]
+        if self.path == "/v1/functions/slow/invoke":
+            # Answers after the deadline the request asked for (or 1.5 s).
+            ms = int(self.headers.get("X-Plover-Timeout-Ms") or 1500)
+            time.sleep(min(ms, 1500) / 1000)
+            if self.headers.get("Content-Type") == "application/json":
+                return self._answer(200, b'{"output": ""}', headers=meta)
+            return self._answer(200, body, "application/octet-stream", meta)
+        if self.path == "/v1/functions/version/invoke":
+            # The version that ran is the input: each caller can tell its own.
+            return self._answer(200, body, "application/octet-stream",
+                                [("X-Plover-Version", body.decode()), ("X-Plover-Start", "hot")])
+        if self.path == "/v1/functions/limited/invoke":
+            self._answer(429, json.dumps({"error": {"code": "rate_limited", "message": "retry in 5 s"}}).encode(),
+                         headers=[("Retry-After", "5")])
+            return
+        if self.path.startswith("/moved/"):
+            self.send_response(307)
+            self.send_header("Location", Stub.elsewhere + self.path[len("/moved"):])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path == "/v1/functions/echo/invoke" and self.command == "POST":
             if self.headers.get("Content-Type") == "application/json":
                 req = json.loads(body)
@@ -125,6 +147,28 @@ class Stub(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = _handle
 
 
+class Elsewhere(BaseHTTPRequestHandler):
+    """Another host, where a redirect points: records what reached it."""
+
+    protocol_version = "HTTP/1.1"
+    requests = []
+
+    def log_message(self, *args):
+        pass
+
+    def _handle(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        Elsewhere.requests.append((self.command, self.path, self.headers, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+
 class AgainstStub(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -132,11 +176,16 @@ class AgainstStub(unittest.TestCase):
         cls.thread = threading.Thread(target=cls.srv.serve_forever, daemon=True)
         cls.thread.start()
         cls.url = "http://127.0.0.1:%d" % cls.srv.server_address[1]
+        cls.other = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+        threading.Thread(target=cls.other.serve_forever, daemon=True).start()
+        Stub.elsewhere = "http://localhost:%d" % cls.other.server_address[1]  # another host name
 
     @classmethod
     def tearDownClass(cls):
         cls.srv.shutdown()
         cls.srv.server_close()
+        cls.other.shutdown()
+        cls.other.server_close()
 
     def setUp(self):
         Stub.requests.clear()
@@ -217,6 +266,72 @@ class AgainstStub(unittest.TestCase):
         self.assertEqual((method, path, body), ("PUT", "/v1/functions/echo?force=true", b"\x28\xb5\x2f\xfd"))
         self.assertEqual(hdrs["Content-Type"], "application/vnd.plover.bundle+zstd")
 
+    def test_timeout_ms_longer_than_timeout(self):
+        # A deadline past the client's own timeout: the client waits for the
+        # server's answer (up to the deadline and a grace), as plover invoke
+        # --timeout does, rather than give up first as "unreachable".
+        c = plover.Client(self.url, token="secret", timeout=0.5)
+        self.assertEqual(c.invoke("slow", b"late", timeout_ms=1500), b"late")
+        self.assertEqual(Stub.requests[-1][2]["X-Plover-Timeout-Ms"], "1500")
+        self.assertEqual(c.invoke_pyplover("slow", b"x", ["echo"], [1], [1], 1, timeout_ms=1500), b"")
+        with self.assertRaises(PloverError) as cm:  # without a deadline, its timeout holds
+            c.invoke("slow", b"x")
+        self.assertEqual(cm.exception.code, "unreachable")
+
+    def test_timeout_ms_rounding(self):
+        # Whole milliseconds, rounded up as plover invoke --timeout rounds: a
+        # fraction is never cut to a shorter deadline, or to 0 (which the
+        # server refuses with 400).
+        self.c.invoke("echo", b"x", timeout_ms=0.5)
+        self.assertEqual(Stub.requests[-1][2]["X-Plover-Timeout-Ms"], "1")
+        self.c.invoke("echo", b"x", timeout_ms=1.2)
+        self.assertEqual(Stub.requests[-1][2]["X-Plover-Timeout-Ms"], "2")
+        self.c.invoke_pyplover("echo", b"x", ["echo"], [1], [1], 1, timeout_ms=2.5)
+        self.assertEqual(json.loads(Stub.requests[-1][3])["timeout_ms"], 3)
+        n = len(Stub.requests)
+        for bad in (0, -5, float("nan"), float("inf")):
+            with self.assertRaises(ValueError):
+                self.c.invoke("echo", b"x", timeout_ms=bad)
+        self.assertEqual(len(Stub.requests), n)  # nothing sent
+
+    def test_retry_after(self):
+        with self.assertRaises(PloverError) as cm:
+            self.c.invoke("limited", b"x")
+        e = cm.exception
+        self.assertEqual((e.status, e.code, e.retry_after), (429, "rate_limited", 5.0))
+        self.assertEqual(e.headers["Retry-After"], "5")
+        with self.assertRaises(PloverError) as cm:
+            self.c.function("a/b")
+        self.assertIsNone(cm.exception.retry_after)
+
+    def test_no_redirect(self):
+        # A redirect to another host must not carry the token there (urllib
+        # would follow it with Authorization, and turn a POST into a
+        # bodiless GET on a 301, 302 or 303).
+        Elsewhere.requests.clear()
+        with self.assertRaises(PloverError) as cm:
+            self.c._request("GET", "/moved/v1/functions")
+        self.assertEqual([r[2].get("Authorization") for r in Elsewhere.requests], [])
+        self.assertEqual(cm.exception.status, 307)
+        self.assertIn(Stub.elsewhere, cm.exception.message)
+
+    def test_threads_own_last(self):
+        # Threads sharing a Client each read their own invoke's last_*.
+        barrier = threading.Barrier(2, timeout=10)
+        got = {}
+
+        def call(v):
+            self.c.invoke("version", v.encode())
+            barrier.wait()
+            got[v] = self.c.last_version
+
+        ts = [threading.Thread(target=call, args=(v,)) for v in ("va", "vb")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(got, {"va": "va", "vb": "vb"})
+
     def test_unreachable(self):
         c = plover.Client("http://127.0.0.1:1", timeout=5)
         with self.assertRaises(PloverError) as cm:
@@ -237,12 +352,21 @@ class Defaults(unittest.TestCase):
             del os.environ["PLOVER_SERVER"], os.environ["PLOVER_TOKEN"]
             c = plover.Client()
             self.assertEqual((c.url, c.token), ("http://127.0.0.1:8080", None))
+            self.assertEqual(plover.Client("https://h:8443/base/").url, "https://h:8443/base")
         finally:
             for k, v in old.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+    def test_bad_url(self):
+        # As the CLI's --server check: no other scheme (file:// would read
+        # local files), no query or fragment (paths would go after it).
+        for bad in ("file:///etc", "ftp://h", "http://h:8080/?a=1", "http://h#x", "http://", "http://h:99999"):
+            with self.assertRaises(ValueError, msg=bad):
+                plover.Client(bad)
 
 
 class DeployViaCLI(unittest.TestCase):
