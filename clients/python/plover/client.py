@@ -399,9 +399,11 @@ class Client:
         returns the function's info."""
         return self._json("POST", self._fn(name) + "/rollback", {"version": version})
 
-    def delete(self, name):
-        """Delete a function and its versions."""
-        return self._json("DELETE", self._fn(name))
+    def delete(self, name, *, force=False):
+        """Delete a function and its versions. A function that pipelines
+        name is refused (409 conflict) unless force is true: the pipelines
+        then fail their requests until it is deployed again."""
+        return self._json("DELETE", self._fn(name) + ("?force=true" if force else ""))
 
     def deploy_bundle(self, name, bundle, *, force=False):
         """PUT an already packed bundle (what Go's bundle.PackBytes makes, as

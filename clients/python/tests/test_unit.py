@@ -138,6 +138,10 @@ class Stub(BaseHTTPRequestHandler):
             return self._answer(200, json.dumps({"name": "echo", "version": json.loads(body)["version"]}).encode())
         if self.path.startswith("/v1/functions/echo") and self.command == "PUT":
             return self._answer(201, b'{"name":"echo","version":"v124"}')
+        if self.path.startswith("/v1/functions/used") and self.command == "DELETE":
+            if self.path.endswith("?force=true"):
+                return self._answer(200, b'{"deleted":"used"}')
+            return self._error(409, "conflict", "function used is named by pipeline p")
         if self.path == "/v1/functions/a%2Fb":
             return self._error(404, "not_found", "function a/b is not deployed")
         if self.path == "/gateway":
@@ -190,6 +194,13 @@ class AgainstStub(unittest.TestCase):
     def setUp(self):
         Stub.requests.clear()
         self.c = plover.Client(self.url, token="secret", timeout=10)
+
+    def test_delete_force(self):
+        with self.assertRaises(PloverError) as cm:
+            self.c.delete("used")
+        self.assertEqual((cm.exception.status, cm.exception.code), (409, "conflict"))
+        self.assertEqual(self.c.delete("used", force=True), {"deleted": "used"})
+        self.assertEqual(Stub.requests[-1][:2], ("DELETE", "/v1/functions/used?force=true"))
 
     def test_invoke_bytes(self):
         out = self.c.invoke("echo", b"\x01\x02\x03", timeout_ms=250)
