@@ -133,6 +133,18 @@ def _array_bytes(arr):
     return a.tobytes(order="C")
 
 
+def _input_bytes(data, what):
+    """An input's bytes: bytes-like as they are, a NumPy array as invoke
+    sends it (C order, little-endian). Anything else is a TypeError: bytes()
+    of an int is that many zero bytes, of a list its values as bytes."""
+    if _is_ndarray(data):
+        return _array_bytes(data)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError("%s must be bytes, bytearray, memoryview or a NumPy array, not %s"
+                    % (what, type(data).__name__))
+
+
 def _to_array(body, dtype, shape):
     import numpy as np
 
@@ -326,13 +338,7 @@ class Client:
         answer up to INVOKE_GRACE (2 s) past it even when that is longer
         than the client's timeout. ValueError for timeout_ms <= 0.
         """
-        if _is_ndarray(data):
-            body = _array_bytes(data)
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            body = bytes(data)
-        else:
-            raise TypeError("data must be bytes, bytearray, memoryview or a NumPy array, not %s"
-                            % type(data).__name__)
+        body = _input_bytes(data, "data")
         headers = {}
         ms = _timeout_header(timeout_ms)
         if ms is not None:
@@ -358,7 +364,7 @@ class Client:
             raise ValueError("func_names, grid_sizes and block_sizes must have the same length")
         req = {
             "name": name,
-            "inputs": base64.b64encode(bytes(inputs)).decode("ascii"),
+            "inputs": base64.b64encode(_input_bytes(inputs, "inputs")).decode("ascii"),
             "func_names": list(func_names),
             "grid_sizes": [int(g) for g in grid_sizes],
             "block_sizes": [int(b) for b in block_sizes],

@@ -195,6 +195,13 @@ class AgainstStub(unittest.TestCase):
         Stub.requests.clear()
         self.c = plover.Client(self.url, token="secret", timeout=10)
 
+    def test_pyplover_inputs_are_bytes(self):
+        # bytes(3) is three zero bytes: an int was sent as such.
+        with self.assertRaises(TypeError):
+            self.c.invoke_pyplover("echo", 3, ["k"], [1], [1], 3)
+        out = self.c.invoke_pyplover("echo", b"\x01\x02\x03", ["k"], [1], [1], 3)
+        self.assertEqual(out, b"\x01\x02\x03")
+
     def test_delete_force(self):
         with self.assertRaises(PloverError) as cm:
             self.c.delete("used")
