@@ -1,0 +1,97 @@
+package charttest
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// serveGo is the file whose flag definitions the chart's args must match.
+const serveGo = "../../../cli/serve.go"
+
+var flagDef = regexp.MustCompile(`\bfs\.(?:String|Bool|Int|Int64|Uint|Uint64|Float64|Duration|Text|Func|BoolFunc)?Var\(\s*(?:&[\w.]+\s*,\s*)?"([a-z0-9][a-z0-9-]*)"`)
+
+// serveFlags reads the names of plover serve's flags from cli/serve.go's
+// text (fs.StringVar(&f.listen, "listen", ...) and the like), as
+// deploy/kserve/manifesttest does, rather than building plover.
+func serveFlags(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(serveGo)
+	if err != nil {
+		t.Fatalf("%v (the test reads the flag definitions from the repository's cli/serve.go)", err)
+	}
+	flags := map[string]bool{}
+	for _, m := range flagDef.FindAllStringSubmatch(string(b), -1) {
+		flags[m[1]] = true
+	}
+	// The reading must find flags the chart passes; if it finds none, the
+	// pattern no longer matches how serve.go declares them.
+	for _, f := range []string{"listen", "data", "store", "auth-file", "metrics-listen", "grace", "log-format"} {
+		if !flags[f] {
+			t.Fatalf("cli/serve.go: flag --%s not found among %d read; has the way flags are declared changed?", f, len(flags))
+		}
+	}
+	return flags
+}
+
+// unknownArgs is every arg that is not --NAME or --NAME=VALUE with NAME a
+// flag in known. The chart writes every flag as --name=value (or a bare
+// boolean), never "--name value", so any other arg is an error too.
+func unknownArgs(args []string, known map[string]bool) []string {
+	var bad []string
+	for _, a := range args {
+		name, ok := strings.CutPrefix(a, "--")
+		if !ok {
+			bad = append(bad, a)
+			continue
+		}
+		name, _, _ = strings.Cut(name, "=")
+		if !known[name] {
+			bad = append(bad, a)
+		}
+	}
+	return bad
+}
+
+// TestArgsAreServeFlags: every flag the chart renders, with every value
+// that adds one turned on, is a flag plover serve defines. A flag renamed or
+// removed in cli/serve.go and not in the chart would crash-loop every pod
+// (plover serve refuses an unknown flag).
+func TestArgsAreServeFlags(t *testing.T) {
+	known := serveFlags(t)
+	sets := map[string]values{
+		"defaults": required(),
+		"everything": required().
+			set("device", "auto").
+			set("s3.insecure", true).
+			set("tls.enabled", true).
+			set("tls.secretName", "plover-tls").
+			set("grpc.enabled", true).
+			set("repository.enabled", true).
+			set("repository.existingClaim", "models").
+			set("server.workerScope", "tenant"),
+		"insecure, no metrics": values{}.
+			set("store.url", "file:///var/lib/plover/store").
+			set("auth.insecureNoAuth", true).
+			set("metrics.enabled", false).
+			set("gpu.enabled", false),
+	}
+	for name, v := range sets {
+		t.Run(name, func(t *testing.T) {
+			d := template(t, "plover", v).deployments["plover"]
+			if d == nil {
+				t.Fatal("no Deployment plover")
+			}
+			args := d.Spec.Template.Spec.Containers[0].Args
+			if bad := unknownArgs(args, known); len(bad) > 0 {
+				t.Errorf("args %q: not flags of plover serve (cli/serve.go): %q", args, bad)
+			}
+		})
+	}
+	// The check itself can fail.
+	if bad := unknownArgs([]string{"--listen=0.0.0.0:8080", "--metrics-port=9090", "--s3-insecure", "stray"}, known); !slices.Equal(bad, []string{"--metrics-port=9090", "stray"}) {
+		t.Errorf("unknownArgs on made-up flags: %q", bad)
+	}
+}
