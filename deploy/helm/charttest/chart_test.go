@@ -818,6 +818,7 @@ func TestFull(t *testing.T) {
 		"nginx.ingress.kubernetes.io/upstream-hash-by-subset-size": "2",
 		"nginx.ingress.kubernetes.io/backend-protocol":             "HTTPS",
 		"nginx.ingress.kubernetes.io/proxy-body-size":              "256m",
+		"nginx.ingress.kubernetes.io/proxy-read-timeout":           "610",
 	} {
 		if a[k] != want {
 			t.Errorf("Ingress annotation %s = %q, want %q", k, a[k], want)

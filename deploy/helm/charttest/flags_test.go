@@ -4,6 +4,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -93,5 +94,45 @@ func TestArgsAreServeFlags(t *testing.T) {
 	// The check itself can fail.
 	if bad := unknownArgs([]string{"--listen=0.0.0.0:8080", "--metrics-port=9090", "--s3-insecure", "stray"}, known); !slices.Equal(bad, []string{"--metrics-port=9090", "stray"}) {
 		t.Errorf("unknownArgs on made-up flags: %q", bad)
+	}
+}
+
+// TestIngressReadTimeoutAboveMaxTimeout: a client may ask for a deadline up
+// to plover serve's --max-timeout; ingress-nginx's own proxy-read-timeout
+// (60 s unless the Ingress says) would answer 504 first and cut every
+// deadline past a minute. The chart's default must be above the server's
+// default --max-timeout (cli/serve.go), and an annotation of the user's wins.
+func TestIngressReadTimeoutAboveMaxTimeout(t *testing.T) {
+	b, err := os.ReadFile(serveGo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`const defaultMaxTimeout = (\d+) \* time\.(Second|Minute)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("cli/serve.go: no const defaultMaxTimeout = N * time.Second|Minute")
+	}
+	maxTimeout, _ := strconv.Atoi(string(m[1]))
+	if string(m[2]) == "Minute" {
+		maxTimeout *= 60
+	}
+	const key = "nginx.ingress.kubernetes.io/proxy-read-timeout"
+	ing := template(t, "plover", required().set("ingress.enabled", true)).ingresses["plover"]
+	if ing == nil {
+		t.Fatal("no Ingress plover")
+	}
+	if got, err := strconv.Atoi(ing.Annotations[key]); err != nil || got <= maxTimeout {
+		t.Errorf("Ingress %s = %q, want more than plover serve's default --max-timeout (%d s)", key, ing.Annotations[key], maxTimeout)
+	}
+	// The user's annotation replaces the chart's (one key, not two).
+	v := required().set("ingress.enabled", true).set("ingress.annotations", map[string]any{key: "3600"})
+	if out := render(t, "plover", v); strings.Count(out, key) != 1 {
+		t.Errorf("with ingress.annotations[%s], the Ingress names it %d times, want once", key, strings.Count(out, key))
+	}
+	if ing := template(t, "plover", v).ingresses["plover"]; ing == nil || ing.Annotations[key] != "3600" {
+		t.Errorf("ingress.annotations[%s]=3600 not applied", key)
+	}
+	// 0: the controller's default, no annotation.
+	if ing := template(t, "plover", required().set("ingress.enabled", true).set("ingress.proxyReadTimeoutSeconds", 0)).ingresses["plover"]; ing == nil || ing.Annotations[key] != "" {
+		t.Errorf("ingress.proxyReadTimeoutSeconds=0 still sets %s", key)
 	}
 }
