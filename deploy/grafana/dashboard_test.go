@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
@@ -248,6 +249,13 @@ var notScraped = map[string]source{
 // (engine collector on the server's registry), invokes echo once so the
 // labelled series exist, and returns the metric families by TYPE.
 func scrape(t *testing.T) map[string]string {
+	families, _ := scrapeLabels(t)
+	return families
+}
+
+// scrapeLabels is scrape, with the label names each series name carries
+// (a histogram's _bucket, _sum and _count apart).
+func scrapeLabels(t *testing.T) (map[string]string, map[string]map[string]bool) {
 	t.Helper()
 	eng := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, eng, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
@@ -262,16 +270,35 @@ func scrape(t *testing.T) map[string]string {
 		t.Fatalf("GET /metrics: %d", resp.StatusCode)
 	}
 	families := map[string]string{}
+	labels := map[string]map[string]bool{}
 	for _, line := range strings.Split(string(body), "\n") {
 		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
 			families[f[2]] = f[3]
+			continue
+		}
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest, _ := strings.Cut(line, "{")
+		if !strings.Contains(line, "{") || strings.ContainsAny(name, " ") {
+			name, _, _ = strings.Cut(line, " ")
+			rest = ""
+		}
+		if labels[name] == nil {
+			labels[name] = map[string]bool{}
+		}
+		for _, m := range sampleLabelRE.FindAllStringSubmatch(rest, -1) {
+			labels[name][m[1]] = true
 		}
 	}
 	if families["plover_requests_total"] == "" {
 		t.Fatalf("/metrics has no plover_requests_total after an invoke:\n%s", body)
 	}
-	return families
+	return families, labels
 }
+
+// sampleLabelRE finds the label names of a sample line's {...}.
+var sampleLabelRE = regexp.MustCompile(`(?:^|,)([a-zA-Z_][a-zA-Z0-9_]*)="`)
 
 // describedNames is the metric names the engine's collector describes.
 func describedNames(t *testing.T) map[string]bool {
@@ -392,5 +419,114 @@ func TestMetricExtraction(t *testing.T) {
 				t.Errorf("%s: family of %s is %q, want %q", tc.expr, n, fam, tc.fam[i])
 			}
 		}
+	}
+}
+
+// describedLabels is the variable label names of each metric the engine's
+// collector describes.
+func describedLabels(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	eng := testkit.Engine(t, engine.Config{})
+	ch := make(chan *prometheus.Desc, 64)
+	go func() { eng.Collector().Describe(ch); close(ch) }()
+	re := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+	out := map[string]map[string]bool{}
+	for d := range ch {
+		m := re.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("cannot read the labels of %s", d)
+		}
+		out[m[1]] = map[string]bool{}
+		for _, l := range strings.Split(m[2], ",") {
+			if l != "" {
+				out[m[1]][l] = true
+			}
+		}
+	}
+	return out
+}
+
+var (
+	selectorRE    = regexp.MustCompile(`\{([^}]*)\}`)
+	matcherRE     = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"`)
+	groupingRE    = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+	labelValuesRE = regexp.MustCompile(`label_values\(\s*[a-zA-Z_:][a-zA-Z0-9_:]*\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)`)
+)
+
+// exprLabels is the label names an expression selects, groups or asks the
+// values of.
+func exprLabels(e string) []string {
+	var out []string
+	for _, sel := range selectorRE.FindAllStringSubmatch(e, -1) {
+		for _, m := range matcherRE.FindAllStringSubmatch(sel[1], -1) {
+			out = append(out, m[1])
+		}
+	}
+	for _, g := range groupingRE.FindAllStringSubmatch(e, -1) {
+		for _, l := range strings.Split(g[1], ",") {
+			if l = strings.TrimSpace(l); l != "" {
+				out = append(out, l)
+			}
+		}
+	}
+	for _, m := range labelValuesRE.FindAllStringSubmatch(e, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// missingLabels is "metric: label" for every label the expression uses
+// that a metric in it does not carry. Prometheus adds instance and job to
+// every series it scrapes; le is a _bucket series' own. Every metric of an
+// expression must carry every label it names (the dashboard's expressions
+// each use one metric, or one twice).
+func missingLabels(e string, labelsOf func(string) map[string]bool) []string {
+	var bad []string
+	for _, m := range metricRE.FindAllString(e, -1) {
+		have := labelsOf(m)
+		for _, l := range exprLabels(e) {
+			if l == "instance" || l == "job" || (l == "le" && strings.HasSuffix(m, "_bucket")) || have[l] {
+				continue
+			}
+			bad = append(bad, m+": "+l)
+		}
+	}
+	return bad
+}
+
+// TestDashboardLabelsExist: a metric that keeps its name but loses or
+// renames a label leaves a panel as empty as a renamed metric does
+// (function=~"$function" matches nothing, by (phase) makes one series).
+func TestDashboardLabelsExist(t *testing.T) {
+	_, scraped := scrapeLabels(t)
+	desc := describedLabels(t)
+	labelsOf := func(m string) map[string]bool {
+		switch {
+		case scraped[m] != nil:
+			return scraped[m]
+		case notScraped[m] == described:
+			return desc[m]
+		}
+		return nil // the front door's: no labels of their own
+	}
+	for where, e := range exprs(t, load(t)) {
+		if bad := missingLabels(e, labelsOf); len(bad) > 0 {
+			t.Errorf("%s: %q uses labels its metrics do not have: %q", where, e, bad)
+		}
+	}
+	// The check itself can fail, on each way an expression names a label.
+	for _, e := range []string{
+		`sum(rate(plover_requests_total{fn=~"$function"}[5m]))`,
+		`sum by (fn) (rate(plover_requests_total[5m]))`,
+		`label_values(plover_requests_total, fn)`,
+		`histogram_quantile(0.99, sum by (le) (rate(plover_queue_depth[5m])))`,
+		`sum by (function) (plover_worker_threads{state="busy"})`,
+	} {
+		if bad := missingLabels(e, labelsOf); len(bad) != 1 {
+			t.Errorf("%s: missing %q, want one label", e, bad)
+		}
+	}
+	if bad := missingLabels(`sum by (le, phase) (rate(plover_request_duration_seconds_bucket{function=~"$function",instance=~"$instance",code!~"x"}[5m]))`, labelsOf); !reflect.DeepEqual(bad, []string{"plover_request_duration_seconds_bucket: code"}) {
+		t.Errorf("missingLabels on a histogram with a made-up code label: %q", bad)
 	}
 }
