@@ -167,7 +167,9 @@ func initCmd() *command {
 		run: func(_ *flag.FlagSet, args []string, env *Env) error {
 			spec, err := newInitSpec(args[0])
 			if err != nil {
-				return err
+				// NAME is the command line's: one that is no function's
+				// name cannot run, as for plover invoke (exit 2).
+				return usagef(env, "init", "%v", err)
 			}
 			if dir == "" {
 				dir = args[0]

@@ -31,7 +31,7 @@ func TestAuthorArguments(t *testing.T) {
 	}{
 		{[]string{"init"}, false, 2, "plover init: takes 1 argument(s), got 0"},
 		{[]string{"init", "a", "b"}, false, 2, "plover init: takes 1 argument(s), got 2"},
-		{[]string{"init", "Bad_Name", "--dir", filepath.Join(dir, "x")}, false, 1, `function name "Bad_Name" must match`},
+		{[]string{"init", "Bad_Name", "--dir", filepath.Join(dir, "x")}, false, 2, `function name "Bad_Name" must match`},
 		{[]string{"init", "ok", "--dir", dir}, false, 1, "exists and is not empty"},
 		{[]string{"init", "--help"}, false, 0, "plover init NAME [--dir DIR]"},
 		{[]string{"build"}, false, 2, "plover build: takes 1 argument(s), got 0"},
