@@ -28,7 +28,8 @@ class PloverError(Exception):
     status: the HTTP status (None when the server could not be reached or
     the plover CLI failed without saying one); code: the error object's code
     ("not_found", "unauthenticated", "bad_request", ...; "http" for an
-    answer without an error object, "unreachable" for no answer);
+    answer without an error object, "unreachable" for no answer, "timeout"
+    for none within the client's timeout);
     message: the error object's message; headers: the answer's headers
     (None without an answer); retry_after: the seconds its Retry-After
     header asks the caller to wait before sending again (429 busy and
@@ -277,8 +278,9 @@ class Client:
             req.add_header("Content-Type", content_type)
         for k, v in (headers or {}).items():
             req.add_header(k, v)
+        wait = self.timeout if timeout is None else timeout
         try:
-            with self._opener.open(req, timeout=self.timeout if timeout is None else timeout) as resp:
+            with self._opener.open(req, timeout=wait) as resp:
                 return resp.status, resp.headers, resp.read()
         except urllib.error.HTTPError as e:
             try:
@@ -293,9 +295,15 @@ class Client:
                 err.message += " (no token was sent: pass token= or set $PLOVER_TOKEN)"
             raise err from None
         except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError):
+                raise PloverError(None, "timeout", "no connection to the plover server at %s within %g s (the client's timeout)"
+                                  % (self.url, wait)) from e
             raise PloverError(None, "unreachable", "cannot reach the plover server at %s: %s"
                               % (self.url, e.reason)) from e
-        except OSError as e:  # a reset or a timeout while reading the answer
+        except TimeoutError as e:  # connected, and no answer in time
+            raise PloverError(None, "timeout", "no answer from the plover server at %s within %g s (the client's timeout; "
+                              "an invoke's timeout_ms lets it wait longer)" % (self.url, wait)) from e
+        except OSError as e:  # a reset while reading the answer
             raise PloverError(None, "unreachable", "talking to the plover server at %s: %s"
                               % (self.url, e)) from e
 
