@@ -28,11 +28,18 @@ type ProcessExit struct {
 	// Shared: the process was a tenant's, shared with other programs, and
 	// ended by another program's fault or ending, not this one's.
 	Shared bool
+	// By is the function at fault where the loss is Shared and one was
+	// named (blame): in the server's log only, as a sibling's clients may
+	// not be allowed to know of another function.
+	By string
 }
 
 var _ device.Loss = (*ProcessExit)(nil)
 
 func (e *ProcessExit) Error() string {
+	if e.Shared {
+		return fmt.Sprintf("worker process %d, its tenant's, shared, %s while %s: lost by another function of the tenant, not by this one", e.PID, e.reason(), e.During)
+	}
 	return fmt.Sprintf("worker process %d %s while %s", e.PID, e.reason(), e.During)
 }
 
@@ -50,5 +57,9 @@ func (e *ProcessExit) Collateral() bool { return e.Shared }
 
 // LogAttrs names the process, how it ended and what it was doing.
 func (e *ProcessExit) LogAttrs() []any {
-	return []any{"pid", e.PID, "reason", e.reason(), "during", e.During}
+	attrs := []any{"pid", e.PID, "reason", e.reason(), "during", e.During}
+	if e.Shared && e.By != "" {
+		attrs = append(attrs, "lost_by", e.By)
+	}
+	return attrs
 }

@@ -91,7 +91,7 @@ func (g *program) death() *ProcessExit {
 		return nil
 	}
 	e := g.p.exit(g.p.during)
-	e.Shared = g.collateral()
+	g.share(e)
 	return e
 }
 

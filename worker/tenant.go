@@ -65,8 +65,10 @@ type tenancy struct {
 	leaving map[*program]bool
 	// named: blame named the one program at fault, one still held, whose
 	// crash the engine counts (tenantDied does not count the death
-	// towards the tenant's back-off).
+	// towards the tenant's back-off). by is the function at fault where
+	// one was found (held or not): the others' losses name it in the log.
 	named bool
+	by    string
 
 	// wake wakes the worker's weighLoop (tenantweight.go), which lets a
 	// program go idle a window after it was last busy (weighWindow); weighed
@@ -398,6 +400,11 @@ func (p *proc) blame(sig syscall.Signal) {
 			culprits = append(culprits, progs[id])
 		} else { // an unloaded program's: no one left is at fault
 			named = false
+			for g := range p.tenant.leaving {
+				if g.id == id {
+					p.tenant.by = g.name
+				}
+			}
 		}
 	} else if g := p.killedBy.Load(); g != nil && sig == syscall.SIGKILL {
 		culprits = append(culprits, g)
@@ -410,6 +417,7 @@ func (p *proc) blame(sig syscall.Signal) {
 	}
 	for _, g := range culprits {
 		g.blamed.Store(true)
+		p.tenant.by = g.name
 	}
 	p.tenant.named = named
 }
@@ -421,9 +429,19 @@ func (g *program) collateral() bool { return g.p.tenant != nil && !g.blamed.Load
 // shares marks err, a loss of g's worker, as collateral where it was.
 func (g *program) shares(err error) error {
 	if pe := (*ProcessExit)(nil); errors.As(err, &pe) {
-		pe.Shared = g.collateral()
+		g.share(pe)
 	}
 	return err
+}
+
+// share marks e, the loss of g's worker, as collateral where it was, with
+// the function at fault where blame found one.
+func (g *program) share(e *ProcessExit) {
+	if e.Shared = g.collateral(); e.Shared {
+		g.p.mu.Lock()
+		e.By = g.p.tenant.by
+		g.p.mu.Unlock()
+	}
 }
 
 // lost, failed and idleExit are the proc's, for g's run or call, with its
