@@ -45,11 +45,11 @@ var (
 		"Requests per chain run of a batching function (manifest \"batch\"); buckets are powers of two.", []string{"function"}, nil)
 	// No pid label: every new worker would start a new series.
 	descWorkerRSS = prometheus.NewDesc("plover_worker_resident_bytes",
-		"Resident memory of the worker process running the function on a device (a background sample: every second while read, else every 10 s).", []string{"function", "device"}, nil)
+		"Resident memory of the worker process running the function on a device (a background sample: every second while read, else every 10 s; a tenant's worker shared by several functions is counted under each: do not sum across them).", []string{"function", "device"}, nil)
 	descWorkerPSS = prometheus.NewDesc("plover_worker_pss_bytes",
-		"Proportional set size of the worker process running the function on a device: its resident memory with pages shared among workers divided among them (a background sample: every 10 s while read, else every minute).", []string{"function", "device"}, nil)
+		"Proportional set size of the worker process running the function on a device: its resident memory with pages shared among workers divided among them (a background sample: every 10 s while read, else every minute; a tenant's shared worker is counted under each of its functions).", []string{"function", "device"}, nil)
 	descWorkerThreads = prometheus.NewDesc("plover_worker_threads",
-		"Threads of the worker process running the function on a device (a background sample: every second while read, else every 10 s).", []string{"function", "device"}, nil)
+		"Threads of the worker process running the function on a device (a background sample: every second while read, else every 10 s; a tenant's shared worker is counted under each of its functions).", []string{"function", "device"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
