@@ -277,8 +277,18 @@ func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, de
 	if err != nil {
 		return wait, time.Now(), notAdmitted(p.v.fn, in.dev.dev, err)
 	}
+	// A run that panics (a bug in a device's Go code: net/http recovers
+	// a handler's panic and the server goes on) gives its slot back on
+	// the way up, not at its deadline, minutes on.
+	ended := false
+	defer func() {
+		if !ended {
+			tk.Done()
+		}
+	}()
 	err = in.inst.Run(r)
 	end := time.Now()
+	ended = true
 	tk.DoneUsed(end, r.Timing.Busy)
 	return wait, end, err
 }

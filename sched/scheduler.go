@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -128,9 +129,12 @@ func (s *Scheduler) Forget(name string) {
 	s.mu.Unlock()
 }
 
-// Set changes the flow's weight (> 0) and class.
+// Set changes the flow's weight (> 0) and class. A weight that is not a
+// positive finite number (deploys check shares; one that slipped through)
+// is 1: a NaN would make the policy's clock NaN (math.Max) and every tag
+// after it, and +Inf would charge the flow nothing.
 func (f *Flow) Set(weight float64, class Class) {
-	if weight <= 0 {
+	if !(weight > 0) || math.IsInf(weight, 1) {
 		weight = 1
 	}
 	f.s.mu.Lock()

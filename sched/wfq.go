@@ -96,17 +96,25 @@ func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	if est == 0 {
 		est = initialEst
 	}
-	st.tag += est / f.Weight()
-	return est
+	// What it returns is the virtual time charged, not the estimate:
+	// the run's end takes back what its start added, at the weight it
+	// was added at, though the weight changed meanwhile (Flow.Set).
+	charged := est / f.Weight()
+	st.tag += charged
+	return charged
 }
 
 // initialEst is a flow's estimated run before any of its runs ended (ns).
 const initialEst = float64(time.Millisecond)
 
-// Ended implements Policy: the charge is corrected to what the run took.
+// Ended implements Policy: the charge is corrected to what the run took,
+// over the flow's weight now. charged (Started's) is virtual time: taken
+// back whole, not (ran - charged) over the weight now, which after a
+// share went from 1000 to 0.01 during a run shorter than its estimate
+// moved the tag back by that estimate over 0.01.
 func (w *WFQ) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) {
 	st := w.state(f)
-	st.tag += (float64(ran) - charged) / f.Weight()
+	st.tag += float64(ran)/f.Weight() - charged
 	if st.est == 0 {
 		st.est = float64(ran)
 	} else {
