@@ -6,6 +6,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -29,7 +30,8 @@ class PloverError(Exception):
     the plover CLI failed without saying one); code: the error object's code
     ("not_found", "unauthenticated", "bad_request", ...; "http" for an
     answer without an error object, "unreachable" for no answer, "timeout"
-    for none within the client's timeout);
+    with status None for none within the client's wait: the server's own
+    deadline answers 504 "timeout");
     message: the error object's message; headers: the answer's headers
     (None without an answer); retry_after: the seconds its Retry-After
     header asks the caller to wait before sending again (429 busy and
@@ -132,6 +134,14 @@ def _array_bytes(arr):
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
         a = a.astype(a.dtype.newbyteorder("<"))
     return a.tobytes(order="C")
+
+
+def _timed_out(err, wait):
+    """Whether err is the socket's own timeout of a wait the client set
+    (socket.timeout is TimeoutError from Python 3.10 on, a plain OSError
+    before); not the kernel's (ETIMEDOUT, a connect never answered), nor
+    any with no wait set."""
+    return wait is not None and isinstance(err, (socket.timeout, TimeoutError)) and err.errno is None
 
 
 def _input_bytes(data, what):
@@ -295,15 +305,15 @@ class Client:
                 err.message += " (no token was sent: pass token= or set $PLOVER_TOKEN)"
             raise err from None
         except urllib.error.URLError as e:
-            if isinstance(e.reason, TimeoutError):
-                raise PloverError(None, "timeout", "no connection to the plover server at %s within %g s (the client's timeout)"
-                                  % (self.url, wait)) from e
+            if _timed_out(e.reason, wait):
+                raise PloverError(None, "timeout", "the request to the plover server at %s was not sent within %g s "
+                                  "(the client's wait)" % (self.url, wait)) from e
             raise PloverError(None, "unreachable", "cannot reach the plover server at %s: %s"
                               % (self.url, e.reason)) from e
-        except TimeoutError as e:  # connected, and no answer in time
-            raise PloverError(None, "timeout", "no answer from the plover server at %s within %g s (the client's timeout; "
-                              "an invoke's timeout_ms lets it wait longer)" % (self.url, wait)) from e
-        except OSError as e:  # a reset while reading the answer
+        except OSError as e:  # while reading the answer: a reset, or the wait ran out
+            if _timed_out(e, wait):
+                raise PloverError(None, "timeout", "no answer from the plover server at %s within %g s (the client's "
+                                  "wait: its timeout, or an invoke's timeout_ms and a grace)" % (self.url, wait)) from e
             raise PloverError(None, "unreachable", "talking to the plover server at %s: %s"
                               % (self.url, e)) from e
 
