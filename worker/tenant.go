@@ -398,6 +398,7 @@ func (p *proc) blame(sig syscall.Signal) {
 	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && id <= p.tenant.nextID {
 		if progs[id] != nil {
 			culprits = append(culprits, progs[id])
+			p.tenant.by = progs[id].name
 		} else { // an unloaded program's: no one left is at fault
 			named = false
 			for g := range p.tenant.leaving {
@@ -409,6 +410,7 @@ func (p *proc) blame(sig syscall.Signal) {
 	} else if g := p.killedBy.Load(); g != nil && sig == syscall.SIGKILL {
 		culprits = append(culprits, g)
 		named = progs[g.id] == g
+		p.tenant.by = g.name
 	} else {
 		named = false
 		for _, g := range progs {
@@ -416,8 +418,7 @@ func (p *proc) blame(sig syscall.Signal) {
 		}
 	}
 	for _, g := range culprits {
-		g.blamed.Store(true)
-		p.tenant.by = g.name
+		g.blamed.Store(true) // by stays unset where every held program is: no one at fault is known
 	}
 	p.tenant.named = named
 }
