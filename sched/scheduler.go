@@ -129,18 +129,27 @@ func (s *Scheduler) Forget(name string) {
 	s.mu.Unlock()
 }
 
-// Set changes the flow's weight (> 0) and class. A weight that is not a
-// positive finite number (deploys check shares; one that slipped through)
-// is 1: a NaN would make the policy's clock NaN (math.Max) and every tag
-// after it, and +Inf would charge the flow nothing.
+// Set changes the flow's weight and class. Weights are shares, 0.01..1000
+// (deploys check them); one that slipped through is kept in that range,
+// and one that is no positive number (NaN, 0, negative) or is infinite is
+// 1: a NaN would make the policy's clock NaN (math.Max) and every tag after
+// it, a subnormal one too (a run's charge over it is +Inf), and +Inf or
+// 1e300 would charge the flow nothing.
 func (f *Flow) Set(weight float64, class Class) {
 	if !(weight > 0) || math.IsInf(weight, 1) {
 		weight = 1
 	}
+	weight = min(max(weight, MinWeight), MaxWeight)
 	f.s.mu.Lock()
 	f.weight, f.class = weight, class
 	f.s.mu.Unlock()
 }
+
+// The weights a flow takes: a manifest's shares.
+const (
+	MinWeight = 0.01
+	MaxWeight = 1000
+)
 
 // Weight is the flow's weight. Call it only from a Policy (under the lock).
 func (f *Flow) Weight() float64 { return f.weight }

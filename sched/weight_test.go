@@ -12,7 +12,7 @@ import (
 // clock NaN at the flow's first start (math.Max), and every tag after it,
 // so that no pick compared; +Inf charged the flow nothing, for ever.
 func TestNonFiniteWeightIsTheDefault(t *testing.T) {
-	for _, wt := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, -2} {
+	for _, wt := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, -2, 1e-310, 1e-300, 1e300} {
 		clk := newFakeClock()
 		w := NewWFQ(time.Second)
 		s := New(Config{MaxRuns: 1, Policy: w, Clock: clk})
@@ -21,8 +21,8 @@ func TestNonFiniteWeightIsTheDefault(t *testing.T) {
 		s.mu.Lock()
 		got := f.Weight()
 		s.mu.Unlock()
-		if got != 1 {
-			t.Errorf("Set(%v): weight %v, want 1", wt, got)
+		if want := map[float64]float64{1e-310: MinWeight, 1e-300: MinWeight, 1e300: MaxWeight}[wt]; want == 0 && got != 1 || want != 0 && got != want {
+			t.Errorf("Set(%v): weight %v, want %v (0: 1)", wt, got, want)
 			continue
 		}
 		tk, _, err := f.Admit(context.Background(), time.Time{}, nil)
