@@ -277,9 +277,11 @@ func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, de
 	if err != nil {
 		return wait, time.Now(), notAdmitted(p.v.fn, in.dev.dev, err)
 	}
-	// A run that panics (a bug in a device's Go code: net/http recovers
-	// a handler's panic and the server goes on) gives its slot back on
-	// the way up, not at its deadline, minutes on.
+	// A run that panics (a bug in a device's Go code) gives its slot back
+	// on the way up, not at its deadline, minutes on, to whatever
+	// recovers above it. Neither transport recovers a handler's panic
+	// today (fasthttp and gRPC-Go let it end the process); its instance
+	// is not put back either.
 	ended := false
 	defer func() {
 		if !ended {
