@@ -1,14 +1,10 @@
 package cli
 
 import (
-	"encoding/json"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -25,11 +21,7 @@ func TestNameArgumentsCannotLeaveTheirPath(t *testing.T) {
 	if _, errs, code := runMain(t, nil, "deploy", testkit.BundleDir(t, testkit.Manifest("fn"), nil), "--server", url); code != 0 {
 		t.Fatalf("deploy fn: %d %s", code, errs)
 	}
-	pipe := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "uses-fn", "kind": "pipeline", "steps": []string{"fn"}})
-	if err := os.WriteFile(filepath.Join(pipe, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pipe := testkit.PipelineDir(t, "uses-fn", "fn")
 	if _, errs, code := runMain(t, nil, "deploy", pipe, "--server", url); code != 0 {
 		t.Fatalf("deploy uses-fn: %d %s", code, errs)
 	}

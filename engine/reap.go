@@ -79,32 +79,12 @@ func (e *Engine) topUp(f *function, v *version, now time.Time) {
 	v.toppedAt.Store(now.UnixNano())
 	go func() {
 		defer v.topping.Store(false)
-		if e.topUpWarm(f, v) != nil {
+		if e.warmCurrent(context.Background(), f, v) != nil { // v itself: a deploy meanwhile pre-warms its own
 			v.topFails.Add(1)
 		} else {
 			v.topFails.Store(0)
 		}
 	}()
-}
-
-// topUpWarm warms v itself, while it is f's current version: a deploy
-// landing meanwhile pre-warms the new one, and a top-up of whatever is
-// current would make a second instance beside that pre-warm's.
-func (e *Engine) topUpWarm(f *function, v *version) error {
-	if !v.pool.ref() {
-		return nil
-	}
-	defer v.pool.unref()
-	if e.tab.currentOf(f) != v {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout) // as a pre-warm's
-	defer cancel()
-	err := e.warm(ctx, v)
-	if err != nil {
-		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
-	}
-	return err
 }
 
 // topUpEvery is the least time between two top-ups of a version; after

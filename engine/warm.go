@@ -58,24 +58,35 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	return firstErr
 }
 
-// warmIfWanted brings f's current version up to its min_instances, and
-// says why it could not (logged here). Functions without a minimum (by
-// their record, or the server default) are left unloaded, and nothing is
-// fetched for them.
-func (e *Engine) warmIfWanted(ctx context.Context, f *function) error {
+// warmIfWanted brings f's current version up to its min_instances.
+// Functions without a minimum (by their record, or the server default) are
+// left unloaded, and nothing is fetched for them.
+func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 	v := e.tab.currentOf(f)
-	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) || !v.pool.ref() {
+	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) {
+		return
+	}
+	e.warmCurrent(ctx, f, v)
+}
+
+// warmCurrent brings v up to its min_instances while it is f's current
+// version (a deploy landing meanwhile pre-warms the new one), and says why
+// it could not (logged here). A pre-warm runs the bundle's constructors:
+// one that hangs must not hold a deploy (or a server's start, or the
+// reaper's top-up) for longer than a request may take.
+func (e *Engine) warmCurrent(ctx context.Context, f *function, v *version) error {
+	if !v.pool.ref() {
 		return nil
 	}
 	defer v.pool.unref()
-	// A pre-warm runs the bundle's constructors: one that hangs must not
-	// hold a deploy (or a server's start) for longer than a request may
-	// take.
+	if e.tab.currentOf(f) != v {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
 	err := e.warm(ctx, v)
 	if err != nil {
-		e.cfg.Log.Warn("cannot pre-warm min_instances", "function", f.name, "version", v.rec.ID, "error", err)
+		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
 	}
 	return err
 }

@@ -2,16 +2,12 @@ package grpcapi_test
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/plover-run/plover/abi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -21,11 +17,7 @@ import (
 // pipeline's max_input_bytes.
 func TestPipelineInputBoundNamesItsStep(t *testing.T) {
 	f := serve(t, nil)
-	dir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "echo"}})
-	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := testkit.PipelineDir(t, "p", "echo", "echo")
 	testkit.Deploy(t, f.e, dir)
 	req := oneByte("p") // echo takes 64 KiB
 	req.Inputs[0].Shape[0], req.RawInputContents[0] = 1<<16+1, make([]byte, 1<<16+1)
@@ -41,11 +33,7 @@ func TestPipelineInputBoundNamesItsStep(t *testing.T) {
 func TestModelReadyOfAPipelineWhoseStepWasDeleted(t *testing.T) {
 	f := serve(t, nil)
 	testkit.Deploy(t, f.e, testkit.BundleDir(t, testkit.Manifest("gone"), nil))
-	dir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "gone"}})
-	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := testkit.PipelineDir(t, "p", "echo", "gone")
 	testkit.Deploy(t, f.e, dir)
 	if err := f.e.Control().Delete(context.Background(), "gone", true); err != nil {
 		t.Fatal(err)

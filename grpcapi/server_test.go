@@ -56,6 +56,15 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 	typed := testkit.Typed("typed")
 	fi := testkit.Deploy(t, e, testkit.BundleDir(t, typed, nil))
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 2000), nil))
+	f := serveEngine(t, e, tokens, opts)
+	f.typed, f.raw = fi, raw
+	return f
+}
+
+// serveEngine serves e over gRPC on a loopback port, behind a front door
+// with tokens (nil: none).
+func serveEngine(t *testing.T, e *engine.Engine, tokens gate.Tokens, opts grpcapi.Options) *fixture {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	run := pipeline.New(e, reg)
 	opts.Version = "test"
@@ -73,7 +82,7 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, typed: fi, raw: raw, srv: srv}
+	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, srv: srv}
 }
 
 func ctxT(t *testing.T) context.Context {

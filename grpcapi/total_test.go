@@ -1,9 +1,6 @@
 package grpcapi_test
 
 import (
-	"encoding/json"
-	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -11,21 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
-	"github.com/plover-run/plover/frontdoor"
-	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
-	"github.com/plover-run/plover/pipeline"
-	"github.com/plover-run/plover/reqmetrics"
 )
 
 // ModelInfer's server-timing total counts from before the model was found
@@ -39,33 +29,16 @@ func TestInferTotalCountsTheModelsLookup(t *testing.T) {
 	}
 	deployer := testkit.Engine(t, engine.Config{Store: fs})
 	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
-	pdir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo"}})
-	if err := os.WriteFile(filepath.Join(pdir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pdir := testkit.PipelineDir(t, "p", "echo")
 	testkit.Deploy(t, deployer, pdir)
 
 	total := regexp.MustCompile(`(?:^|, )total;dur=([0-9.]+)`)
 	for _, model := range []string{"echo", "p"} {
 		t.Run(model, func(t *testing.T) {
 			e := testkit.Engine(t, engine.Config{Store: testkit.SlowRecords{Store: fs, Delay: delay}}) // has not seen the names
-			reg := prometheus.NewRegistry()
-			door := frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, reg), Gate: gate.New(nil, reg), Metrics: reqmetrics.New(reg)})
-			gs := grpcapi.New(door, grpcapi.Options{}).GRPC()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go gs.Serve(ln)
-			t.Cleanup(gs.Stop)
-			conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
+			f := serveEngine(t, e, nil, grpcapi.Options{})
 			var hdr metadata.MD
-			_, err = pb.NewGRPCInferenceServiceClient(conn).ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: model,
+			_, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: model,
 				Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}},
 				RawInputContents: [][]byte{{1}}}, grpc.Header(&hdr))
 			if err != nil {

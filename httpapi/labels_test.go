@@ -1,11 +1,8 @@
 package httpapi_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,7 +12,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fasthttp"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/frontdoor"
@@ -33,11 +29,7 @@ func labelServer(t *testing.T, pipes ...string) (*engine.Engine, *httpapi.Server
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	for _, p := range pipes {
-		dir := t.TempDir()
-		b, _ := json.Marshal(map[string]any{"name": p, "kind": "pipeline", "steps": []string{"echo", "echo"}})
-		if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		dir := testkit.PipelineDir(t, p, "echo", "echo")
 		testkit.Deploy(t, e, dir)
 	}
 	tok, err := auth.NewToken()

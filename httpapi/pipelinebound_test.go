@@ -1,15 +1,11 @@
 package httpapi_test
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -25,11 +21,7 @@ func TestPipelineBodyBoundNamesItsStep(t *testing.T) {
 	m := testkit.Manifest("small")
 	m.MaxInputBytes = 3136
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	dir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"small", "small"}})
-	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := testkit.PipelineDir(t, "p", "small", "small")
 	fi := testkit.Deploy(t, e, dir)
 	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{MaxBodyBytes: 256 << 20}), "http://")
 	for _, tc := range []struct {

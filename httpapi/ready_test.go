@@ -1,13 +1,9 @@
 package httpapi_test
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -23,11 +19,7 @@ func TestModelReadyOfAFunctionThatFailedToLoad(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.UnloadableBundleDir(t, testkit.Manifest("broken")))
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
-	pdir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "broken"}})
-	if err := os.WriteFile(filepath.Join(pdir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pdir := testkit.PipelineDir(t, "p", "echo", "broken")
 	testkit.Deploy(t, e, pdir)
 	url := testkit.Serve(t, e, httpapi.Options{})
 	infer := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`)

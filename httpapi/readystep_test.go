@@ -2,13 +2,9 @@ package httpapi_test
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -23,11 +19,7 @@ func TestModelReadyOfAPipelineWhoseStepWasDeleted(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("gone"), nil))
-	pdir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo", "gone"}})
-	if err := os.WriteFile(filepath.Join(pdir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pdir := testkit.PipelineDir(t, "p", "echo", "gone")
 	testkit.Deploy(t, e, pdir)
 	if err := e.Control().Delete(context.Background(), "gone", true); err != nil {
 		t.Fatal(err)

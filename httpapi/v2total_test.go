@@ -1,8 +1,6 @@
 package httpapi_test
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -10,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -33,11 +30,7 @@ func TestV2TotalCountsTheModelsLookup(t *testing.T) {
 	}
 	deployer := testkit.Engine(t, engine.Config{Store: fs})
 	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
-	pdir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": "p", "kind": "pipeline", "steps": []string{"echo"}})
-	if err := os.WriteFile(filepath.Join(pdir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pdir := testkit.PipelineDir(t, "p", "echo")
 	testkit.Deploy(t, deployer, pdir)
 
 	infer := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]}]}`)

@@ -2,9 +2,6 @@ package pipeline_test
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,12 +21,7 @@ import (
 
 func pipelineDir(t *testing.T, name string, steps ...any) string {
 	t.Helper()
-	dir := t.TempDir()
-	b, _ := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": steps})
-	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return testkit.PipelineDir(t, name, steps...)
 }
 
 // A client that leaves while a step runs stops the pipeline before its

@@ -29,15 +29,7 @@ func runErr(bin string, env []string, args ...string) (string, error) {
 // pipelineDir writes a pipeline's bundle directory: plover.json alone.
 func pipelineDir(t *testing.T, name string, steps ...any) string {
 	t.Helper()
-	dir := t.TempDir()
-	b, err := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": steps})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return testkit.PipelineDir(t, name, steps...)
 }
 
 // chainFn is a test-kernels function running chain (echo first: out is

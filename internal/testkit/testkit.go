@@ -125,6 +125,22 @@ func BatchManifest(name string, maxItems int, delay string) *abi.Manifest {
 	}
 }
 
+// PipelineDir writes a pipeline's directory: its manifest, name and steps
+// (a function's name, or a {"function", "version"} object, or a parallel
+// step's list of them), and nothing else.
+func PipelineDir(t testing.TB, name string, steps ...any) string {
+	t.Helper()
+	dir := t.TempDir()
+	b, err := json.Marshal(map[string]any{"name": name, "kind": "pipeline", "steps": steps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, abi.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // BundleDir writes a bundle directory: the manifest, the test kernels
 // library (built once per call) and, if consts is not nil, the constants.
 func BundleDir(t testing.TB, m *abi.Manifest, consts []byte) string {
