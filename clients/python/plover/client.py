@@ -11,7 +11,7 @@ import ssl
 import subprocess
 import sys
 import threading
-import urllib.error
+import http.client
 import urllib.parse
 import urllib.request
 
@@ -173,13 +173,21 @@ def _to_array(body, dtype, shape):
     return a
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Follow no redirect: the API never sends one, and urllib would turn a
-    POST into a bodiless GET and send the token to whatever host Location
-    names. A 3xx is raised as PloverError."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
+def _proxy_for(u):
+    """The proxy for server URL u (split), as urllib would choose it from
+    $http_proxy / $https_proxy and $no_proxy: (its split URL, or None;
+    the Proxy-Authorization header for its user and password, or None)."""
+    proxy = urllib.request.getproxies().get(u.scheme)
+    if not proxy or urllib.request.proxy_bypass(u.netloc):
+        return None, None
+    if "://" not in proxy:
+        proxy = "http://" + proxy
+    p = urllib.parse.urlsplit(proxy)
+    auth = None
+    if p.username is not None:
+        cred = "%s:%s" % (urllib.parse.unquote(p.username), urllib.parse.unquote(p.password or ""))
+        auth = {"Proxy-Authorization": "Basic " + base64.b64encode(cred.encode()).decode("ascii")}
+    return p, auth
 
 
 def _check_url(url):
@@ -231,9 +239,12 @@ class Client:
     "copyout", "resolve", "dispatch", "total"}: milliseconds, from
     Server-Timing; the others add up to total), last_start
     ("cold", "warm" or "hot") and last_version (the version that ran)
-    describe it. A Client holds no connection (each request opens its own),
-    so one may be shared by threads; last_* are kept per thread, each
-    describing that thread's last invoke. Redirects are not followed.
+    describe it. A Client keeps one connection per thread that uses it
+    (HTTP keep-alive: no new TCP or TLS handshake per request; close()
+    or a with block closes the calling thread's), so one may be shared by
+    threads; last_* are kept per thread, each describing that thread's
+    last invoke. Redirects are not followed. $http_proxy, $https_proxy
+    and $no_proxy are honoured as urllib honours them.
     """
 
     def __init__(self, url=None, token=None, timeout=60, cafile=None):
@@ -249,10 +260,11 @@ class Client:
             self._ssl = ssl.create_default_context()
             if self.cafile:
                 self._ssl.load_verify_locations(cafile=self.cafile)
-        handlers = [_NoRedirect()]
-        if self._ssl is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=self._ssl))
-        self._opener = urllib.request.build_opener(*handlers)
+        u = urllib.parse.urlsplit(self.url)
+        self._host = u.hostname
+        self._port = u.port or (443 if self._ssl is not None else 80)
+        self._path = u.path
+        self._proxy, self._proxy_auth = _proxy_for(u)
         self._local = threading.local()
 
     # last_*: per thread, so that threads sharing a Client each read their own.
@@ -277,45 +289,112 @@ class Client:
 
     # -- transport ----------------------------------------------------------
 
+    def _conn(self, wait):
+        """This thread's connection to the server (made on first use), its
+        socket timeout set to wait. http.client reconnects by itself when
+        the server closed it after an answer."""
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            proxy = self._proxy
+            if proxy is None:
+                host, port = self._host, self._port
+            else:
+                host, port = proxy.hostname, proxy.port or (443 if proxy.scheme == "https" else 80)
+            if self._ssl is not None:
+                c = http.client.HTTPSConnection(host, port, timeout=wait, context=self._ssl)
+                if proxy is not None:
+                    c.set_tunnel(self._host, self._port, headers=self._proxy_auth)
+            else:
+                c = http.client.HTTPConnection(host, port, timeout=wait)
+            self._local.conn = c
+        c.timeout = wait
+        if c.sock is not None:
+            c.sock.settimeout(wait)
+        return c
+
+    def close(self):
+        """Close the calling thread's connection to the server (other
+        threads' close with their threads, or at their next close())."""
+        c = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if c is not None:
+            c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _exchange(self, method, target, body, headers, wait):
+        """One request on this thread's connection: (response, body bytes).
+
+        A kept connection the server closed while idle (its keep-alive
+        timeout, a restart) fails before any answer arrives; the request is
+        then sent once more on a new connection, as Go's net/http and urllib3
+        do. The server had then almost always not read it (it closes only
+        idle connections); the exception, a server dying with the request,
+        would see it again: the API's requests are idempotent (an invoke runs
+        a pure chain; a deploy of the same bytes is unchanged; a DELETE of
+        what is gone is a 404)."""
+        for attempt in (0, 1):
+            c = self._conn(wait)
+            reused = c.sock is not None
+            try:
+                c.request(method, target, body=body, headers=headers)
+                resp = c.getresponse()
+                data = resp.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                    ConnectionAbortedError):
+                c.close()
+                if reused and attempt == 0:
+                    continue
+                raise
+            except BaseException as e:
+                e.plover_connected = c.sock is not None
+                c.close()  # a half-read answer leaves the connection unusable
+                raise
+            if resp.will_close:
+                c.close()
+            return resp, data
+
     def _request(self, method, path, body=None, content_type=None, headers=None, timeout=None):
         """Send a request; return (status, headers, body bytes) for a 2xx
         answer and raise PloverError for any other. timeout: seconds, in
         place of self.timeout."""
-        req = urllib.request.Request(self.url + path, data=body, method=method)
+        hdrs = {"Accept-Encoding": "identity"}
         if self.token:
-            req.add_header("Authorization", "Bearer " + self.token)
+            hdrs["Authorization"] = "Bearer " + self.token
         if content_type:
-            req.add_header("Content-Type", content_type)
-        for k, v in (headers or {}).items():
-            req.add_header(k, v)
+            hdrs["Content-Type"] = content_type
+        hdrs.update(headers or {})
+        target = self._path + path
+        if self._proxy is not None and self._ssl is None:
+            target = self.url + path  # a plain-HTTP proxy takes the absolute URL
+            hdrs.update(self._proxy_auth or {})
         wait = self.timeout if timeout is None else timeout
         try:
-            with self._opener.open(req, timeout=wait) as resp:
-                return resp.status, resp.headers, resp.read()
-        except urllib.error.HTTPError as e:
-            try:
-                data = e.read()
-            finally:
-                e.close()
-            err = parse_error(e.code, data, e.headers)
-            if 300 <= e.code < 400:
-                err.message = ("the server redirected to %s; redirects are not followed: give the Client that URL"
-                               % e.headers.get("Location")) + (": " + err.message if err.message else "")
-            if e.code == 401 and not self.token:
-                err.message += " (no token was sent: pass token= or set $PLOVER_TOKEN)"
-            raise err from None
-        except urllib.error.URLError as e:
-            if _timed_out(e.reason, wait):
+            resp, data = self._exchange(method, target, body, hdrs, wait)
+        except (socket.timeout, TimeoutError) as e:
+            if _timed_out(e, wait) and not getattr(e, "plover_connected", True):
                 raise PloverError(None, "timeout", "the request to the plover server at %s was not sent within %g s "
                                   "(the client's wait)" % (self.url, wait)) from e
-            raise PloverError(None, "unreachable", "cannot reach the plover server at %s: %s"
-                              % (self.url, e.reason)) from e
-        except OSError as e:  # while reading the answer: a reset, or the wait ran out
             if _timed_out(e, wait):
                 raise PloverError(None, "timeout", "no answer from the plover server at %s within %g s (the client's "
                                   "wait: its timeout, or an invoke's timeout_ms and a grace)" % (self.url, wait)) from e
+            raise PloverError(None, "unreachable", "cannot reach the plover server at %s: %s" % (self.url, e)) from e
+        except (OSError, http.client.HTTPException) as e:
             raise PloverError(None, "unreachable", "talking to the plover server at %s: %s"
-                              % (self.url, e)) from e
+                              % (self.url, e or type(e).__name__)) from e
+        if 200 <= resp.status < 300:
+            return resp.status, resp.headers, data
+        err = parse_error(resp.status, data, resp.headers)
+        if 300 <= resp.status < 400:
+            err.message = ("the server redirected to %s; redirects are not followed: give the Client that URL"
+                           % resp.headers.get("Location")) + (": " + err.message if err.message else "")
+        if resp.status == 401 and not self.token:
+            err.message += " (no token was sent: pass token= or set $PLOVER_TOKEN)"
+        raise err
 
     def _json(self, method, path, obj=None):
         body = None if obj is None else json.dumps(obj).encode()

@@ -7,6 +7,7 @@ requests the client sends, against a stub HTTP server in this process.
 import base64
 import json
 import os
+import socket
 import stat
 import sys
 import tempfile
@@ -81,6 +82,7 @@ class Stub(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     requests = []  # (method, path, headers, body)
+    peers = []  # the client's address of each request: its connection
 
     def log_message(self, *args):
         pass
@@ -101,6 +103,16 @@ class Stub(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
         Stub.requests.append((self.command, self.path, self.headers, body))
+        Stub.peers.append(self.client_address)
+        if self.path.startswith("http://plover.invalid:8080/"):
+            # Asked of a proxy: the absolute URL's answer.
+            return self._answer(200, b'{"functions":[]}')
+        if self.path == "/v1/functions/drop/invoke":
+            # Answers, then closes the connection without saying so, as a
+            # server does when a kept connection's idle timeout passes.
+            self._answer(200, body, "application/octet-stream")
+            self.close_connection = True
+            return
         if self.headers.get("Authorization") != "Bearer secret":
             return self._error(401, "unauthenticated", "this server needs a token")
         meta = [("Server-Timing", TIMING), ("X-Plover-Start", "cold"), ("X-Plover-Version", "v123")]
@@ -193,7 +205,76 @@ class AgainstStub(unittest.TestCase):
 
     def setUp(self):
         Stub.requests.clear()
+        Stub.peers.clear()
         self.c = plover.Client(self.url, token="secret", timeout=10)
+        self.addCleanup(self.c.close)
+
+    def test_keeps_its_connection(self):
+        # One connection for a thread's requests (no handshake each), an
+        # error answer included; close() ends it and the next opens another.
+        for _ in range(3):
+            self.c.invoke("echo", b"x")
+        with self.assertRaises(PloverError):
+            self.c.function("a/b")
+        self.c.functions()
+        self.assertEqual(len(set(Stub.peers)), 1, Stub.peers)
+        self.c.close()
+        self.c.functions()
+        self.assertEqual(len(set(Stub.peers)), 2, Stub.peers)
+
+    def test_server_closed_kept_connection(self):
+        # The server closed the kept connection after its answer: the next
+        # request goes once more on a new connection, and reaches it once.
+        self.assertEqual(self.c.invoke("drop", b"a"), b"a")
+        self.assertEqual(self.c.invoke("echo", b"b"), b"b")
+        self.assertEqual(self.c.invoke("drop", b"c"), b"c")
+        self.assertEqual(self.c.invoke("drop", b"d"), b"d")
+        self.assertEqual([r[3] for r in Stub.requests], [b"a", b"b", b"c", b"d"])
+        self.assertEqual(len(set(Stub.peers)), 3, Stub.peers)
+
+    def test_no_answer_is_not_sent_again(self):
+        # A new connection closed without an answer: unreachable, the request
+        # sent once (only a kept connection's request is sent again).
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        got = []
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                got.append(conn.recv(65536))
+                conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        self.addCleanup(srv.close)
+        with plover.Client("http://127.0.0.1:%d" % srv.getsockname()[1], timeout=5) as c:
+            with self.assertRaises(PloverError) as cm:
+                c.invoke("echo", b"once")
+        self.assertEqual((cm.exception.status, cm.exception.code), (None, "unreachable"), cm.exception)
+        self.assertEqual(len(got), 1, got)
+
+    def test_proxy_from_environment(self):
+        # $http_proxy as urllib reads it: the request goes to the proxy, by
+        # its absolute URL; $no_proxy sends it straight.
+        keys = ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY")
+        old = {k: os.environ.get(k) for k in keys}
+        self.addCleanup(lambda: [os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                                 for k, v in old.items()])
+        for k in keys:
+            os.environ.pop(k, None)
+        os.environ["http_proxy"] = self.url
+        with plover.Client("http://plover.invalid:8080", timeout=5) as c:
+            self.assertEqual(c.functions(), [])
+        self.assertEqual(Stub.requests[-1][1], "http://plover.invalid:8080/v1/functions")
+        os.environ["no_proxy"] = "plover.invalid"
+        with plover.Client("http://plover.invalid:8080", timeout=5) as c:
+            with self.assertRaises(PloverError) as cm:
+                c.functions()
+        self.assertEqual(cm.exception.code, "unreachable")
 
     def test_pyplover_inputs_are_bytes(self):
         # bytes(3) is three zero bytes: an int was sent as such.
@@ -269,6 +350,7 @@ class AgainstStub(unittest.TestCase):
 
     def test_no_token(self):
         c = plover.Client(self.url, token="", timeout=10)
+        self.addCleanup(c.close)
         with self.assertRaises(PloverError) as cm:
             c.functions()
         self.assertEqual((cm.exception.status, cm.exception.code), (401, "unauthenticated"))
@@ -289,6 +371,7 @@ class AgainstStub(unittest.TestCase):
         # server's answer (up to the deadline and a grace), as plover invoke
         # --timeout does, rather than give up first as "unreachable".
         c = plover.Client(self.url, token="secret", timeout=0.5)
+        self.addCleanup(c.close)
         self.assertEqual(c.invoke("slow", b"late", timeout_ms=1500), b"late")
         self.assertEqual(Stub.requests[-1][2]["X-Plover-Timeout-Ms"], "1500")
         self.assertEqual(c.invoke_pyplover("slow", b"x", ["echo"], [1], [1], 1, timeout_ms=1500), b"")
@@ -344,6 +427,7 @@ class AgainstStub(unittest.TestCase):
             self.c.invoke("version", v.encode())
             barrier.wait()
             got[v] = self.c.last_version
+            self.c.close()  # this thread's connection
 
         ts = [threading.Thread(target=call, args=(v,)) for v in ("va", "vb")]
         for t in ts:
