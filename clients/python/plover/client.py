@@ -173,6 +173,13 @@ def _to_array(body, dtype, shape):
     return a
 
 
+# Forks this process has made, as seen in the child: a connection made
+# before a fork belongs to the parent (Client._conn).
+_forks = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
 def _proxy_for(u):
     """The proxy for server URL u (split), as urllib would choose it from
     $http_proxy / $https_proxy and $no_proxy: (its split URL, or None;
@@ -294,6 +301,11 @@ class Client:
         socket timeout set to wait. http.client reconnects by itself when
         the server closed it after an answer."""
         c = getattr(self._local, "conn", None)
+        if c is not None and self._local.forks != _forks[0]:
+            # Made before a fork: the parent's socket too. Two processes
+            # on one connection would read each other's answers.
+            c.close()  # this process's descriptor only
+            c = None
         if c is None:
             proxy = self._proxy
             if proxy is None:
@@ -306,7 +318,7 @@ class Client:
                     c.set_tunnel(self._host, self._port, headers=self._proxy_auth)
             else:
                 c = http.client.HTTPConnection(host, port, timeout=wait)
-            self._local.conn = c
+            self._local.conn, self._local.forks = c, _forks[0]
         c.timeout = wait
         if c.sock is not None:
             c.sock.settimeout(wait)
@@ -362,7 +374,7 @@ class Client:
         """Send a request; return (status, headers, body bytes) for a 2xx
         answer and raise PloverError for any other. timeout: seconds, in
         place of self.timeout."""
-        hdrs = {"Accept-Encoding": "identity"}
+        hdrs = {}
         if self.token:
             hdrs["Authorization"] = "Bearer " + self.token
         if content_type:

@@ -222,6 +222,25 @@ class AgainstStub(unittest.TestCase):
         self.c.functions()
         self.assertEqual(len(set(Stub.peers)), 2, Stub.peers)
 
+    @unittest.skipUnless(hasattr(os, "fork"), "no fork here")
+    def test_fork_makes_its_own_connection(self):
+        # A child forked after a request must not use the parent's socket:
+        # the two would read each other's answers.
+        self.assertEqual(self.c.invoke("echo", b"parent"), b"parent")
+        pid = os.fork()
+        if pid == 0:
+            ok = False
+            try:
+                ok = self.c.invoke("echo", b"child") == b"child"
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual(self.c.invoke("echo", b"again"), b"again")
+        self.assertEqual([r[3] for r in Stub.requests], [b"parent", b"child", b"again"])
+        self.assertEqual(Stub.peers[0], Stub.peers[2])  # the parent kept its own
+        self.assertNotEqual(Stub.peers[0], Stub.peers[1])
+
     def test_server_closed_kept_connection(self):
         # The server closed the kept connection after its answer: the next
         # request goes once more on a new connection, and reaches it once.
