@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -57,5 +58,83 @@ func TestWeightChangedWhileRunningChargesTheRunOnce(t *testing.T) {
 				t.Fatalf("the run moved the tag %.4g, want its %v over the weight %v: %.4g", moved, c.ran, c.to, want)
 			}
 		})
+	}
+}
+
+// A redeploy that changes a function's share while its flow is ahead of
+// the clock (it used the device just now: its last run, or its I/O) keeps
+// that lead as device time, not as virtual time at the old weight: the
+// flow waits for the others to use what it used over its new share. Kept
+// as virtual time, a function raised from share 0.01 to 1000 after a 10 ms
+// run waited for a share-1 neighbour's flood to use a second (100 of its
+// 10 ms runs), its old share's wait; one lowered from 100 to 1 after a
+// 100 ms run went after one, not ten. Alike whether the function was idle
+// at the redeploy or had a run queued.
+func TestWeightChangedKeepsTheLeadAsDeviceTime(t *testing.T) {
+	const bRun = 10 * time.Millisecond
+	for _, c := range []struct {
+		name     string
+		from, to float64
+		aRan     time.Duration
+	}{
+		{"raised", 0.01, 1000, 10 * time.Millisecond},
+		{"lowered", 100, 1, 100 * time.Millisecond},
+		{"unchanged", 1, 1, 50 * time.Millisecond},
+	} {
+		for _, queued := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, queued %v", c.name, queued), func(t *testing.T) {
+				clk := newFakeClock()
+				s := New(Config{MaxRuns: 1, Clock: clk})
+				a, b := s.Flow("a"), s.Flow("b")
+				a.Set(c.from, Default)
+				tk, _, err := a.Admit(context.Background(), time.Time{}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				clk.Advance(c.aRan)
+				tk.Done() // a is ahead of the clock by its run over its share
+				cur, _, err := b.Admit(context.Background(), time.Time{}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ca <-chan result
+				queue := func() {
+					ca = admitAsync(a, context.Background(), time.Time{}, nil)
+					waitFor(t, "a queued", func() bool { return a.queued() == 1 })
+				}
+				if queued {
+					queue()
+				}
+				a.Set(c.to, Default) // the redeploy
+				if !queued {
+					queue()
+				}
+				runs := 0
+				for ; runs < 500; runs++ {
+					cb := admitAsync(b, context.Background(), time.Time{}, nil) // b floods
+					waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+					clk.Advance(bRun)
+					cur.Done()
+					select {
+					case r := <-ca:
+						r.t.Done()
+						got(t, cb, "b").t.Done()
+					case r := <-cb:
+						cur = r.t
+						continue
+					case <-time.After(5 * time.Second):
+						t.Fatal("nothing admitted")
+					}
+					break
+				}
+				// b's runs before a's: b's device time reaches what a
+				// used over its share now (b's share is 1), the run
+				// holding the device at least.
+				want := max(1, int(float64(c.aRan)/c.to/float64(bRun)))
+				if runs+1 < want-1 || runs+1 > want+1 {
+					t.Errorf("a (share %v -> %v after a %v run) went after %d of b's %v runs (share 1), want %d", c.from, c.to, c.aRan, runs+1, bRun, want)
+				}
+			})
+		}
 	}
 }

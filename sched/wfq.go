@@ -144,6 +144,26 @@ func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 // maxAhead bounds what charges beside runs put a flow ahead of the clock.
 const maxAhead = time.Second
 
+// Reweighed implements Policy. A tag ahead of the clock is device time
+// the flow used (its runs, its charges beside them) over its weight then:
+// the lead is kept as that device time over the weight now, so a share
+// raised from 0.01 to 1000 after a 10 ms run waits for the others to use
+// 10 us of it, not a second, and one lowered waits longer. Runs in flight
+// were charged ahead at the old weight and are converted alike, so that
+// their ends take back what is in the tag now. A tag at or behind the
+// clock is left: behind it is a flow's place among its own class's,
+// below a busier class's clock, which scaling would reorder.
+func (w *WFQ) Reweighed(f *Flow, old float64, now time.Time) float64 {
+	st := w.state(f)
+	lead := st.tag - w.vnow
+	if !(lead > 0) {
+		return 1
+	}
+	k := old / f.Weight()
+	st.tag = w.vnow + lead*k
+	return k
+}
+
 // Pick implements Policy. A run past maxWait goes first when it is of a
 // lower class than the one Pick would serve, the oldest such run first:
 // maxWait bounds how long priorities hold a run back. Within the class
