@@ -94,7 +94,7 @@ func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
 	}
 	testkit.Deploy(t, e, pipelineDir("p", "step"))
 	testkit.Deploy(t, e, pipelineDir("outer", "p", "step"))
-	if e.ChargeIO("p", time.Millisecond) {
+	if e.ChargeIO(e.IO("p"), time.Millisecond) {
 		t.Fatal("charged before the step ran: it has no device flow yet")
 	}
 	for _, name := range []string{"p", "outer"} {
@@ -105,11 +105,11 @@ func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
 			t.Fatalf("pipeline %s has no I/O flow: its bytes are not counted at all", name)
 		}
 	}
-	if !e.ChargeIO("step", time.Millisecond) {
+	if !e.ChargeIO(e.IO("step"), time.Millisecond) {
 		t.Fatal("the step has no device flow after it ran")
 	}
 	for _, name := range []string{"p", "outer"} {
-		if !e.ChargeIO(name, time.Millisecond) {
+		if !e.ChargeIO(e.IO(name), time.Millisecond) {
 			t.Errorf("pipeline %s's I/O time (io_seconds under its name) is charged to no device flow, after its first step ran", name)
 		}
 	}
@@ -138,5 +138,40 @@ func TestLateRequestKeepsItsOwnFunctionsIOFlow(t *testing.T) {
 	}
 	if got := late(); got == next {
 		t.Fatal("a request of the deleted function got the redeployed function's I/O flow")
+	}
+}
+
+// A piece's CPU time reaches the engine's charge after its function was
+// deleted and deployed anew under its name, the new one run already: the
+// piece passed ioshare's check of its flow (Forget) just before the delete
+// landed, or the charge was on its way through the device schedulers as
+// it did. It is the deleted function's, and charges no one: by name it
+// charged the new function's device flow, giving it turns' worth of
+// another function's bytes.
+func TestDeletedFunctionsIOChargesNotTheNext(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	ctx := context.Background()
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	testkit.Deploy(t, e, dir)
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	old := e.IO("fn")
+	if !e.ChargeIO(old, time.Millisecond) {
+		t.Fatal("fn's charge taken by no device flow after it ran")
+	}
+	if err := e.Control().Delete(ctx, "fn", false); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, e, dir)
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	next := e.IO("fn")
+	if e.ChargeIO(old, time.Millisecond) {
+		t.Error("the deleted function's I/O time was charged to the name's next function's device flow")
+	}
+	if !e.ChargeIO(next, time.Millisecond) {
+		t.Error("the redeployed function's own charge was taken by no device flow")
 	}
 }

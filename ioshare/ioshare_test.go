@@ -126,16 +126,16 @@ func work() {
 }
 
 // Backlogged flows get turns' time in proportion to their shares, each charged
-// the CPU its turns took, and the charges reach Config.Charge by name (all
+// the CPU its turns took, and the charges reach Config.Charge (all
 // but the last chargeEvery of them).
 func TestTurnsFollowShares(t *testing.T) {
 	var mu sync.Mutex
 	charged := map[string]time.Duration{}
 	// A turn here (work) may take longer than the default Hold on a loaded
 	// machine, which would let the next turn start beside it.
-	sh := New(Config{Slots: 1, Hold: time.Minute, Charge: func(name string, cpu time.Duration) bool {
+	sh := New(Config{Slots: 1, Hold: time.Minute, Charge: func(f *Flow, cpu time.Duration) bool {
 		mu.Lock()
-		charged[name] += cpu
+		charged[f.name] += cpu
 		mu.Unlock()
 		return true
 	}})
@@ -193,7 +193,7 @@ func TestTurnsFollowShares(t *testing.T) {
 func TestChargeKeptUntilTaken(t *testing.T) {
 	var taken, offered time.Duration
 	ready := false // a device flow exists
-	sh := New(Config{Off: true, Charge: func(_ string, cpu time.Duration) bool {
+	sh := New(Config{Off: true, Charge: func(_ *Flow, cpu time.Duration) bool {
 		offered += cpu
 		if ready {
 			taken += cpu
@@ -227,7 +227,7 @@ func TestChargeKeptUntilTaken(t *testing.T) {
 // under maxKept however long it goes on.
 func TestChargeNeverTakenIsBounded(t *testing.T) {
 	calls, most := 0, time.Duration(0)
-	sh := New(Config{Off: true, Charge: func(_ string, cpu time.Duration) bool {
+	sh := New(Config{Off: true, Charge: func(_ *Flow, cpu time.Duration) bool {
 		calls++
 		most = max(most, cpu)
 		return false
@@ -626,9 +626,9 @@ func TestMovingThePiecesThreadIsItsCost(t *testing.T) {
 func TestForgottenFlowChargesNoOne(t *testing.T) {
 	var mu sync.Mutex
 	charged := map[string]time.Duration{}
-	sh := New(Config{Slots: 2, Charge: func(name string, cpu time.Duration) bool {
+	sh := New(Config{Slots: 2, Charge: func(f *Flow, cpu time.Duration) bool {
 		mu.Lock()
-		charged[name] += cpu
+		charged[f.name] += cpu
 		mu.Unlock()
 		return true
 	}})
