@@ -172,14 +172,16 @@ func (s *Shares) Lookup(name string) *Flow {
 }
 
 // Forget drops name's flow (a deleted function); its turns in flight end
-// as they would.
+// as they would. The scheduler's flow goes under s.mu too: a Flow of the
+// name between the two would take the deleted function's scheduler flow
+// for the next one.
 func (s *Shares) Forget(name string) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if f := s.flows[name]; f != nil {
 		f.gone.Store(true)
 	}
 	delete(s.flows, name)
-	s.mu.Unlock()
 	s.s.Forget(name)
 }
 

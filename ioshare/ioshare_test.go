@@ -677,3 +677,38 @@ func TestNoPieceMovesLightWhileWorkersAreNotWeighed(t *testing.T) {
 		}
 	}
 }
+
+// A name forgotten (a delete) while it is made anew (the name's next
+// function's first request) ends with one flow: the I/O flow the name has
+// is the one its scheduler has. Forget let go of the flows' lock before
+// it dropped the name's scheduler flow, and a Flow between the two took
+// the deleted function's scheduler flow (its place in the turns' order,
+// its pieces in flight) for the new function, a flow its scheduler no
+// longer knew. Run with -race: charges go on beside.
+func TestForgetBesideFlowKeepsOneFlowPerName(t *testing.T) {
+	var charges atomic.Int64
+	sh := New(Config{Slots: 2, Charge: func(*Flow, time.Duration) bool { charges.Add(1); return true }})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	run := func(f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				f()
+			}
+		}()
+	}
+	run(func() { sh.Forget("fn") })
+	run(func() { sh.Flow("fn").charge(chargeEvery) })
+	defer func() { cancel(); wg.Wait() }()
+	for i := 0; i < 200000; i++ {
+		sh.mu.Lock()
+		f := sh.flows["fn"]
+		bad := f != nil && sh.s.Lookup("fn") != f.f
+		sh.mu.Unlock()
+		if bad {
+			t.Fatalf("after %d looks: the name's I/O flow has a scheduler flow its scheduler does not know by the name", i)
+		}
+	}
+}
