@@ -138,3 +138,58 @@ func TestWeightChangedKeepsTheLeadAsDeviceTime(t *testing.T) {
 		}
 	}
 }
+
+// A function redeployed into another priority class while it has runs
+// queued takes its place in the new class as a flow that wakes there, at
+// the clock: its tag had lagged it below a busier class (batch behind a
+// latency flood, which moves the clock), a place among its old class's
+// flows that means nothing among the new one's. Kept, a batch flood moved
+// to latency beside a latency flood of the same share took 100 of the
+// next 100 runs: the second of device time it lagged by, owed to it by
+// nobody.
+func TestClassChangedStartsAtTheClock(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: time.Hour})
+	h, l, b := s.Flow("h"), s.Flow("l"), s.Flow("b")
+	l.Set(1, Latency)
+	b.Set(1, Batch)
+	cur, _, err := h.Admit(context.Background(), time.Time{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chans := map[*Flow]<-chan result{}
+	queue := func(f *Flow) {
+		chans[f] = admitAsync(f, context.Background(), time.Time{}, nil)
+		waitFor(t, "requeued", func() bool { return f.queued() == 1 })
+	}
+	queue(l)
+	queue(b)
+	runs := map[*Flow]int{}
+	for i := 0; i < 200; i++ {
+		if i == 100 {
+			if runs[b] != 0 {
+				t.Fatalf("b (batch) ran %d times beside a latency flood with a MaxWait of an hour", runs[b])
+			}
+			b.Set(1, Latency) // the redeploy
+			runs = map[*Flow]int{}
+		}
+		clk.Advance(10 * time.Millisecond)
+		cur.Done()
+		var f *Flow
+		var r result
+		select {
+		case r = <-chans[l]:
+			f = l
+		case r = <-chans[b]:
+			f = b
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing admitted")
+		}
+		cur = r.t
+		runs[f]++
+		queue(f)
+	}
+	if runs[b] < 40 || runs[b] > 60 {
+		t.Errorf("b, moved from batch to latency beside a latency flood of its share, had %d of the next 100 runs, want about 50", runs[b])
+	}
+}

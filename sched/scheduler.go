@@ -142,10 +142,10 @@ func (f *Flow) Set(weight float64, class Class) {
 	weight = min(max(weight, MinWeight), MaxWeight)
 	s := f.s
 	s.mu.Lock()
-	old := f.weight
+	old, oldClass := f.weight, f.class
 	f.weight, f.class = weight, class
-	if weight != old {
-		if k := s.pol.Reweighed(f, old, s.clock.Now()); k != 1 {
+	if weight != old || class != oldClass {
+		if k := s.pol.Reweighed(f, old, oldClass, s.clock.Now()); k != 1 {
 			for _, r := range s.running {
 				if r.f == f {
 					r.charged *= k

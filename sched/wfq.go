@@ -152,15 +152,21 @@ const maxAhead = time.Second
 // were charged ahead at the old weight and are converted alike, so that
 // their ends take back what is in the tag now. A tag at or behind the
 // clock is left: behind it is a flow's place among its own class's,
-// below a busier class's clock, which scaling would reorder.
-func (w *WFQ) Reweighed(f *Flow, old float64, now time.Time) float64 {
+// below a busier class's clock, which scaling would reorder. A flow moved
+// to another class is brought up to the clock, as one that wakes there:
+// its place behind it was among its old class's flows (a batch flow
+// lagging below a latency flood), and taken into the new class it would
+// take every run until it caught up, owed by nobody there.
+func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, now time.Time) float64 {
 	st := w.state(f)
-	lead := st.tag - w.vnow
-	if !(lead > 0) {
-		return 1
+	k := 1.0
+	if lead := st.tag - w.vnow; lead > 0 {
+		k = old / f.Weight()
+		st.tag = w.vnow + lead*k
 	}
-	k := old / f.Weight()
-	st.tag = w.vnow + lead*k
+	if f.Class() != oldClass {
+		st.tag = math.Max(st.tag, w.vnow)
+	}
 	return k
 }
 
