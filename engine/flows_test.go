@@ -12,6 +12,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/sched"
 )
@@ -173,5 +174,57 @@ func TestDeletedFunctionsIOChargesNotTheNext(t *testing.T) {
 	}
 	if !e.ChargeIO(next, time.Millisecond) {
 		t.Error("the redeployed function's own charge was taken by no device flow")
+	}
+}
+
+// Charges of the server's I/O land while the function is deleted and
+// deployed again and again, its requests running between: run with -race,
+// no charge races a delete, none blocks one (the charge takes the table's
+// lock, which a delete holds as it forgets the flows), and each life's
+// flow is charged only while it is the name's.
+func TestIOChargesBesideDeletesAndRedeploys(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	ctx := context.Background()
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	testkit.Deploy(t, e, dir)
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			if fl := e.IO("fn"); fl != nil && e.ChargeIO(fl, time.Microsecond) {
+				n++
+			}
+		}
+	}()
+	var olds []*ioshare.Flow
+	for range 20 {
+		if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		olds = append(olds, e.IO("fn"))
+		if err := e.Control().Delete(ctx, "fn", false); err != nil {
+			t.Fatal(err)
+		}
+		testkit.Deploy(t, e, dir)
+	}
+	close(stop)
+	t.Logf("%d charges taken", <-done)
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	for i, old := range olds {
+		if e.ChargeIO(old, time.Microsecond) {
+			t.Errorf("life %d's flow was charged after its function was deleted", i)
+		}
+	}
+	if !e.ChargeIO(e.IO("fn"), time.Microsecond) {
+		t.Error("the last life's own charge was taken by no device flow")
 	}
 }
