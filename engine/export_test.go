@@ -22,9 +22,10 @@ func (e *Engine) DeviceFlowShare(name string) (weight float64, class sched.Class
 	return 0, 0, false
 }
 
-// ChargeIO is chargeIO: charges name's device flows with the server's CPU
-// time on its bytes, reporting whether any took it.
-func (e *Engine) ChargeIO(name string, cpu time.Duration) bool { return e.chargeIO(name, cpu) }
+// ChargeIO is what the server's I/O shares call with a piece's CPU time
+// (ioshare.Config.Charge): charges fl's function's device flows with it,
+// reporting whether any took it.
+func (e *Engine) ChargeIO(fl *ioshare.Flow, cpu time.Duration) bool { return e.chargeIO(fl, cpu) }
 
 // IOLater is IO for name's function as this node has it now, asked for
 // later: a request that found the function before a delete and a

@@ -12,6 +12,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/sched"
 )
@@ -94,7 +95,7 @@ func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
 	}
 	testkit.Deploy(t, e, pipelineDir("p", "step"))
 	testkit.Deploy(t, e, pipelineDir("outer", "p", "step"))
-	if e.ChargeIO("p", time.Millisecond) {
+	if e.ChargeIO(e.IO("p"), time.Millisecond) {
 		t.Fatal("charged before the step ran: it has no device flow yet")
 	}
 	for _, name := range []string{"p", "outer"} {
@@ -105,11 +106,11 @@ func TestPipelineIOChargedToItsFirstStep(t *testing.T) {
 			t.Fatalf("pipeline %s has no I/O flow: its bytes are not counted at all", name)
 		}
 	}
-	if !e.ChargeIO("step", time.Millisecond) {
+	if !e.ChargeIO(e.IO("step"), time.Millisecond) {
 		t.Fatal("the step has no device flow after it ran")
 	}
 	for _, name := range []string{"p", "outer"} {
-		if !e.ChargeIO(name, time.Millisecond) {
+		if !e.ChargeIO(e.IO(name), time.Millisecond) {
 			t.Errorf("pipeline %s's I/O time (io_seconds under its name) is charged to no device flow, after its first step ran", name)
 		}
 	}
@@ -138,5 +139,92 @@ func TestLateRequestKeepsItsOwnFunctionsIOFlow(t *testing.T) {
 	}
 	if got := late(); got == next {
 		t.Fatal("a request of the deleted function got the redeployed function's I/O flow")
+	}
+}
+
+// A piece's CPU time reaches the engine's charge after its function was
+// deleted and deployed anew under its name, the new one run already: the
+// piece passed ioshare's check of its flow (Forget) just before the delete
+// landed, or the charge was on its way through the device schedulers as
+// it did. It is the deleted function's, and charges no one: by name it
+// charged the new function's device flow, giving it turns' worth of
+// another function's bytes.
+func TestDeletedFunctionsIOChargesNotTheNext(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	ctx := context.Background()
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	testkit.Deploy(t, e, dir)
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	old := e.IO("fn")
+	if !e.ChargeIO(old, time.Millisecond) {
+		t.Fatal("fn's charge taken by no device flow after it ran")
+	}
+	if err := e.Control().Delete(ctx, "fn", false); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, e, dir)
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	next := e.IO("fn")
+	if e.ChargeIO(old, time.Millisecond) {
+		t.Error("the deleted function's I/O time was charged to the name's next function's device flow")
+	}
+	if !e.ChargeIO(next, time.Millisecond) {
+		t.Error("the redeployed function's own charge was taken by no device flow")
+	}
+}
+
+// Charges of the server's I/O land while the function is deleted and
+// deployed again and again, its requests running between: run with -race,
+// no charge races a delete, none blocks one (the charge takes the table's
+// lock, which a delete holds as it forgets the flows), and each life's
+// flow is charged only while it is the name's.
+func TestIOChargesBesideDeletesAndRedeploys(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	ctx := context.Background()
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	testkit.Deploy(t, e, dir)
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			if fl := e.IO("fn"); fl != nil && e.ChargeIO(fl, time.Microsecond) {
+				n++
+			}
+		}
+	}()
+	var olds []*ioshare.Flow
+	for range 20 {
+		if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		olds = append(olds, e.IO("fn"))
+		if err := e.Control().Delete(ctx, "fn", false); err != nil {
+			t.Fatal(err)
+		}
+		testkit.Deploy(t, e, dir)
+	}
+	close(stop)
+	t.Logf("%d charges taken", <-done)
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	for i, old := range olds {
+		if e.ChargeIO(old, time.Microsecond) {
+			t.Errorf("life %d's flow was charged after its function was deleted", i)
+		}
+	}
+	if !e.ChargeIO(e.IO("fn"), time.Microsecond) {
+		t.Error("the last life's own charge was taken by no device flow")
 	}
 }

@@ -63,20 +63,24 @@ func shareOf(rv api.Version) (float64, sched.Class) {
 	return weight, class
 }
 
-// chargeIO charges name's runs on every device it has run on with cpu,
-// the server's CPU time on its bytes (sched.Flow.Charge), and reports
-// whether there was one: a device flow is made by a first run, which comes
-// after its first body (ioshare keeps the charge owed until then). A
-// pipeline runs nothing of its own: its first step's function, which reads
-// its body, pays for its bytes.
-func (e *Engine) chargeIO(name string, cpu time.Duration) bool {
-	if e.chargeFlows(name, cpu) {
-		return true
-	}
-	if first := e.firstStep(name); first != "" {
-		return e.chargeFlows(first, cpu)
-	}
-	return false
+// chargeIO charges the runs of fl's function on every device it has run
+// on with cpu, the server's CPU time on its bytes (sched.Flow.Charge), and
+// reports whether there was one: a device flow is made by a first run,
+// which comes after its first body (ioshare keeps the charge owed until
+// then). A pipeline runs nothing of its own: its first step's function,
+// which reads its body, pays for its bytes. Only while fl is still its
+// function's, checked and charged under the table's lock, which a delete
+// forgets the name's flows under: a charge on its way as the function is
+// deleted and deployed anew must not reach the new function's flows.
+func (e *Engine) chargeIO(fl *ioshare.Flow, cpu time.Duration) bool {
+	charged := false
+	e.tab.ioOwned(fl, func(look func(string) *version) {
+		charged = e.chargeFlows(fl.Name(), cpu)
+		if first := firstStep(fl.Name(), look); !charged && first != "" {
+			charged = e.chargeFlows(first, cpu)
+		}
+	})
+	return charged
 }
 
 func (e *Engine) chargeFlows(name string, cpu time.Duration) bool {
@@ -92,12 +96,13 @@ func (e *Engine) chargeFlows(name string, cpu time.Duration) bool {
 
 // firstStep is the function a pipeline's requests run first, through
 // nested pipelines and the first branch of a parallel step, as this node
-// has it ("": name is no pipeline here). It reads no store: a step not
-// known here yet has no device flow either.
-func (e *Engine) firstStep(name string) string {
+// has it (look: a function's current version, nil for none; "": name is no
+// pipeline here). It reads no store: a step not known here yet has no
+// device flow either.
+func firstStep(name string, look func(string) *version) string {
 	first := ""
 	for range maxNesting {
-		_, v := e.tab.peek(name)
+		v := look(name)
 		if v == nil || !v.rec.IsPipeline() || len(v.rec.Steps) == 0 {
 			return first
 		}

@@ -438,6 +438,26 @@ func (t *table) kept(f *function, mk func()) bool {
 	return true
 }
 
+// ioOwned runs charge under t.mu if fl is still the I/O flow of its name's
+// function (Engine.ioOf makes it under t.mu too), with look reading a
+// name's current version under the same lock, and reports whether it ran.
+// A delete forgets the name's flows under t.mu, so what charge finds by
+// name is fl's function's, never the name's next function's.
+func (t *table) ioOwned(fl *ioshare.Flow, charge func(look func(string) *version)) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f := t.funcs[fl.Name()]; f == nil || f.io.Load() != fl {
+		return false
+	}
+	charge(func(name string) *version {
+		if g := t.funcs[name]; g != nil {
+			return g.cur
+		}
+		return nil
+	})
+	return true
+}
+
 // forget drops a function from this node (with at != 0, only if the epoch
 // is still at); its version retires once its in-flight requests finish. It
 // reports whether it did, and the epoch it left.

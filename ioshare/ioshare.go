@@ -67,12 +67,16 @@ type Config struct {
 	Log *slog.Logger
 	// Policy orders waiting pieces ("": sched.DefaultPolicy).
 	Policy string
-	// Charge, when set, is told each piece's CPU time with its flow's
-	// name: the engine charges the function's device flows with it. It
+	// Charge, when set, is told each piece's CPU time with its flow: the
+	// engine charges the function's device flows with it. The flow, not
+	// its name: a charge may be on its way as its function is deleted
+	// and made anew under the name (Forget and Flow), and the name's next
+	// function must not pay; the callee checks that f is still its
+	// name's, atomically with its charge. It
 	// reports whether any took it: a function's first body is read before
 	// it has a device flow, and what it cost stays owed until one does
 	// (at most maxKept of it, offered again with each chargeEvery more).
-	Charge func(name string, cpu time.Duration) bool
+	Charge func(f *Flow, cpu time.Duration) bool
 }
 
 // Shares is a node's I/O shares: a flow per function.
@@ -168,14 +172,16 @@ func (s *Shares) Lookup(name string) *Flow {
 }
 
 // Forget drops name's flow (a deleted function); its turns in flight end
-// as they would.
+// as they would. The scheduler's flow goes under s.mu too: a Flow of the
+// name between the two would take the deleted function's scheduler flow
+// for the next one.
 func (s *Shares) Forget(name string) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if f := s.flows[name]; f != nil {
 		f.gone.Store(true)
 	}
 	delete(s.flows, name)
-	s.mu.Unlock()
 	s.s.Forget(name)
 }
 
@@ -198,6 +204,10 @@ type Flow struct {
 	// the name's next function is another.
 	gone atomic.Bool
 }
+
+// Name is the name of the function the flow is (or was, once Forget
+// dropped it) the share of.
+func (f *Flow) Name() string { return f.name }
 
 type weightClass struct {
 	w float64
@@ -459,7 +469,7 @@ func (f *Flow) charge(cpu time.Duration) {
 	// What was not taken waits apart, out of owed: it is offered again
 	// once chargeEvery more is owed, not with every piece (each offer
 	// takes every device scheduler's lock).
-	if owed := f.owed.Swap(0) + f.kept.Swap(0); owed > 0 && !c(f.name, time.Duration(owed)) {
+	if owed := f.owed.Swap(0) + f.kept.Swap(0); owed > 0 && !c(f, time.Duration(owed)) {
 		f.kept.Add(min(owed, int64(maxKept)))
 	}
 }

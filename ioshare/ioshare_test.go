@@ -126,16 +126,16 @@ func work() {
 }
 
 // Backlogged flows get turns' time in proportion to their shares, each charged
-// the CPU its turns took, and the charges reach Config.Charge by name (all
+// the CPU its turns took, and the charges reach Config.Charge (all
 // but the last chargeEvery of them).
 func TestTurnsFollowShares(t *testing.T) {
 	var mu sync.Mutex
 	charged := map[string]time.Duration{}
 	// A turn here (work) may take longer than the default Hold on a loaded
 	// machine, which would let the next turn start beside it.
-	sh := New(Config{Slots: 1, Hold: time.Minute, Charge: func(name string, cpu time.Duration) bool {
+	sh := New(Config{Slots: 1, Hold: time.Minute, Charge: func(f *Flow, cpu time.Duration) bool {
 		mu.Lock()
-		charged[name] += cpu
+		charged[f.name] += cpu
 		mu.Unlock()
 		return true
 	}})
@@ -193,7 +193,7 @@ func TestTurnsFollowShares(t *testing.T) {
 func TestChargeKeptUntilTaken(t *testing.T) {
 	var taken, offered time.Duration
 	ready := false // a device flow exists
-	sh := New(Config{Off: true, Charge: func(_ string, cpu time.Duration) bool {
+	sh := New(Config{Off: true, Charge: func(_ *Flow, cpu time.Duration) bool {
 		offered += cpu
 		if ready {
 			taken += cpu
@@ -227,7 +227,7 @@ func TestChargeKeptUntilTaken(t *testing.T) {
 // under maxKept however long it goes on.
 func TestChargeNeverTakenIsBounded(t *testing.T) {
 	calls, most := 0, time.Duration(0)
-	sh := New(Config{Off: true, Charge: func(_ string, cpu time.Duration) bool {
+	sh := New(Config{Off: true, Charge: func(_ *Flow, cpu time.Duration) bool {
 		calls++
 		most = max(most, cpu)
 		return false
@@ -626,9 +626,9 @@ func TestMovingThePiecesThreadIsItsCost(t *testing.T) {
 func TestForgottenFlowChargesNoOne(t *testing.T) {
 	var mu sync.Mutex
 	charged := map[string]time.Duration{}
-	sh := New(Config{Slots: 2, Charge: func(name string, cpu time.Duration) bool {
+	sh := New(Config{Slots: 2, Charge: func(f *Flow, cpu time.Duration) bool {
 		mu.Lock()
-		charged[name] += cpu
+		charged[f.name] += cpu
 		mu.Unlock()
 		return true
 	}})
@@ -674,6 +674,41 @@ func TestNoPieceMovesLightWhileWorkersAreNotWeighed(t *testing.T) {
 		}()
 		if got := <-moved; got != on {
 			t.Errorf("workers weighed %v: the piece moved at its flow's level %v, want %v", on, got, on)
+		}
+	}
+}
+
+// A name forgotten (a delete) while it is made anew (the name's next
+// function's first request) ends with one flow: the I/O flow the name has
+// is the one its scheduler has. Forget let go of the flows' lock before
+// it dropped the name's scheduler flow, and a Flow between the two took
+// the deleted function's scheduler flow (its place in the turns' order,
+// its pieces in flight) for the new function, a flow its scheduler no
+// longer knew. Run with -race: charges go on beside.
+func TestForgetBesideFlowKeepsOneFlowPerName(t *testing.T) {
+	var charges atomic.Int64
+	sh := New(Config{Slots: 2, Charge: func(*Flow, time.Duration) bool { charges.Add(1); return true }})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	run := func(f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				f()
+			}
+		}()
+	}
+	run(func() { sh.Forget("fn") })
+	run(func() { sh.Flow("fn").charge(chargeEvery) })
+	defer func() { cancel(); wg.Wait() }()
+	for i := 0; i < 200000; i++ {
+		sh.mu.Lock()
+		f := sh.flows["fn"]
+		bad := f != nil && sh.s.Lookup("fn") != f.f
+		sh.mu.Unlock()
+		if bad {
+			t.Fatalf("after %d looks: the name's I/O flow has a scheduler flow its scheduler does not know by the name", i)
 		}
 	}
 }

@@ -79,18 +79,7 @@ func TestLaggingBacklogKeepsPrecisionWhenMoved(t *testing.T) {
 	chans := map[*Flow]<-chan result{a: ca, b: cb}
 	runs := map[*Flow]int{}
 	for i := 0; i < 500; i++ {
-		var f *Flow
-		var res result
-		select {
-		case res = <-chans[a]:
-			f = a
-		case res = <-chans[b]:
-			f = b
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing admitted")
-		}
-		chans[f] = admitAsync(f, context.Background(), time.Time{}, nil) // stays backlogged
-		waitFor(t, "requeued", func() bool { return f.queued() == 1 })
+		f, res := nextOf(t, chans, a, b)
 		runs[f]++
 		if f == a {
 			clk.Advance(100 * time.Microsecond)

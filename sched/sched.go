@@ -86,6 +86,13 @@ type Policy interface {
 	// (Flow.Charge: the server's CPU on its bytes): a fair policy counts
 	// it as it counts a run's time.
 	Charged(f *Flow, d time.Duration, now time.Time)
+	// Reweighed says f's weight or class went from old and oldClass to
+	// f.Weight() and f.Class() (Flow.Set, a redeploy): what f used before
+	// counts at its weight now, as if it had had it all along, and in
+	// another class it starts as a flow that wakes there. What it returns
+	// multiplies what Started returned for f's runs in flight, which come
+	// back with their ends.
+	Reweighed(f *Flow, old float64, oldClass Class, now time.Time) float64
 	// Pick returns the index in waiting (never empty; each has a run
 	// queued and may start one) of the flow whose oldest run goes next.
 	Pick(waiting []*Flow, now time.Time) int

@@ -109,6 +109,26 @@ func got(t *testing.T, c <-chan result, what string) result {
 	return result{}
 }
 
+// nextOf waits for the queued run of a or b (chans holds each one's) that
+// is admitted next, and queues that flow's next run before it returns it:
+// both stay backlogged.
+func nextOf(t *testing.T, chans map[*Flow]<-chan result, a, b *Flow) (*Flow, result) {
+	t.Helper()
+	var f *Flow
+	var r result
+	select {
+	case r = <-chans[a]:
+		f = a
+	case r = <-chans[b]:
+		f = b
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing admitted")
+	}
+	chans[f] = admitAsync(f, context.Background(), time.Time{}, nil)
+	waitFor(t, "requeued", func() bool { return f.queued() == 1 })
+	return f, r
+}
+
 func pending(c <-chan result) bool {
 	select {
 	case r := <-c:

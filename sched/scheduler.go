@@ -140,9 +140,20 @@ func (f *Flow) Set(weight float64, class Class) {
 		weight = 1
 	}
 	weight = min(max(weight, MinWeight), MaxWeight)
-	f.s.mu.Lock()
+	s := f.s
+	s.mu.Lock()
+	old, oldClass := f.weight, f.class
 	f.weight, f.class = weight, class
-	f.s.mu.Unlock()
+	if weight != old || class != oldClass {
+		if k := s.pol.Reweighed(f, old, oldClass, s.clock.Now()); k != 1 {
+			for _, r := range s.running {
+				if r.f == f {
+					r.charged *= k
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
 }
 
 // The weights a flow takes: a manifest's shares.

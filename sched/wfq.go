@@ -144,6 +144,32 @@ func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 // maxAhead bounds what charges beside runs put a flow ahead of the clock.
 const maxAhead = time.Second
 
+// Reweighed implements Policy. A tag ahead of the clock is device time
+// the flow used (its runs, its charges beside them) over its weight then:
+// the lead is kept as that device time over the weight now, so a share
+// raised from 0.01 to 1000 after a 10 ms run waits for the others to use
+// 10 us of it, not a second, and one lowered waits longer. Runs in flight
+// were charged ahead at the old weight and are converted alike, so that
+// their ends take back what is in the tag now. A tag at or behind the
+// clock is left: behind it is a flow's place among its own class's,
+// below a busier class's clock, which scaling would reorder. A flow moved
+// to another class is brought up to the clock, as one that wakes there:
+// its place behind it was among its old class's flows (a batch flow
+// lagging below a latency flood), and taken into the new class it would
+// take every run until it caught up, owed by nobody there.
+func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, now time.Time) float64 {
+	st := w.state(f)
+	k := 1.0
+	if lead := st.tag - w.vnow; lead > 0 {
+		k = old / f.Weight()
+		st.tag = w.vnow + lead*k
+	}
+	if f.Class() != oldClass {
+		st.tag = math.Max(st.tag, w.vnow)
+	}
+	return k
+}
+
 // Pick implements Policy. A run past maxWait goes first when it is of a
 // lower class than the one Pick would serve, the oldest such run first:
 // maxWait bounds how long priorities hold a run back. Within the class
