@@ -156,6 +156,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	s.srv = &fasthttp.Server{
 		Handler:            s.conns.handle(s.Handle),
 		ConnState:          s.conns.state,
+		HeaderReceived:     s.conns.headerReceived, // Expect: 100-continue (continue.go)
 		Name:               "plover/" + opts.Version,
 		MaxRequestBodySize: opts.MaxBodyBytes,
 		ReadBufferSize:     readBuffer,
