@@ -51,6 +51,11 @@ type expectSet struct {
 func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	v := h.PeekBytes(hdrExpect)
 	if len(v) == 0 || !bytes.EqualFold(v, expect100) {
+		if cs.expect.n.Load() > 0 {
+			// Should fasthttp ever skip a handler, its request's entry
+			// must not give this one a Content-Length it did not send.
+			cs.expect.take(h)
+		}
 		return fasthttp.RequestConfig{}
 	}
 	h.DelBytes(hdrExpect)
@@ -77,23 +82,44 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 // length from the header as it goes.
 func (cs *connSet) expecting(ctx *fasthttp.RequestCtx) bool {
 	h := &ctx.Request.Header
-	cs.expect.mu.Lock()
-	cl, ok := cs.expect.m[h]
-	delete(cs.expect.m, h)
-	cs.expect.n.Store(int32(len(cs.expect.m)))
-	cs.expect.mu.Unlock()
+	cl, ok := cs.expect.take(h)
 	if !ok {
 		return false
 	}
 	if cl > 0 {
 		h.SetContentLength(cl)
 	}
+	ctx.SetUserValue(expectedKey{}, true)
 	if d := drainOf(ctx.Conn()); d != nil {
 		d.owe100.Store(true)
 		return true
 	}
 	ctx.Conn().Write(responseContinue) // not a connection Serve accepted: at once, as fasthttp would
 	return false
+}
+
+// expectedKey is the user-value key of a request that expected
+// 100-continue; zero-size, as bodyReadKey.
+type expectedKey struct{}
+
+// preReadOf is the most fasthttp read of ctx's body with the headers:
+// preRead, or nothing for a request that expected 100-continue. What it
+// read is in memory already; the rest of the body is still the client's.
+func preReadOf(ctx *fasthttp.RequestCtx) int {
+	if expected, _ := ctx.UserValue(expectedKey{}).(bool); expected {
+		return 0
+	}
+	return preRead
+}
+
+// take removes h's entry, and returns its Content-Length.
+func (e *expectSet) take(h *fasthttp.RequestHeader) (int, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cl, ok := e.m[h]
+	delete(e.m, h)
+	e.n.Store(int32(len(e.m)))
+	return cl, ok
 }
 
 // answered takes back a 100 Continue the handler did not call for by

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -141,6 +143,7 @@ func TestExpectContinueRefusesBeforeTheBody(t *testing.T) {
 		{"token over its rate", "/v1/functions/echo/invoke", tokens["slow"], 1 << 20, 429, "", "Retry-After"},
 		{"token over its concurrency", "/v1/functions/echo/invoke", tokens["single"], 1 << 20, 429, "", "Retry-After"},
 		{"unknown function", "/v1/functions/nope/invoke", tokens["full"], 1 << 20, 404, "nope", ""},
+		{"unknown function, small body", "/v1/functions/nope/invoke", tokens["full"], 100, 404, "nope", ""},
 		{"over --max-body", "/v1/functions/echo/invoke", tokens["full"], 1 << 20, 413, "--max-body", ""},
 		{"over max_input_bytes", "/v1/functions/other/invoke", tokens["full"], 1 << 20, 413, "max_input_bytes", ""},
 	} {
@@ -238,6 +241,76 @@ func TestExpectContinueAdmitted(t *testing.T) {
 			}
 			if resp.StatusCode != 200 || !strings.HasPrefix(got, want) {
 				t.Fatalf("%d, %.200q, want 200 echoing the body", resp.StatusCode, got)
+			}
+		})
+	}
+}
+
+// readCount is a body that counts what of it the client read to send.
+type readCount struct {
+	r    io.Reader
+	read int
+}
+
+func (c *readCount) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read += n
+	return n, err
+}
+
+// Go's own client, asking before it sends a bundle (Expect: 100-continue
+// and an ExpectContinueTimeout), reads none of the bundle to send when the
+// deploy is refused, and deploys once admitted.
+func TestExpectContinueDeploy(t *testing.T) {
+	tokens := map[string]string{}
+	var lines []string
+	for name, scopes := range map[string]auth.Scope{"reader": auth.Read, "deployer": auth.Deploy | auth.Read} {
+		tok, err := auth.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[name] = tok
+		lines = append(lines, auth.Line(name, scopes, auth.Hash(tok), nil, auth.Limits{}))
+	}
+	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Engine(t, engine.Config{})
+	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
+	b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	for _, tc := range []struct {
+		token string
+		code  int
+	}{
+		{"no token", 401},
+		{"reader", 403},
+		{"deployer", 201},
+	} {
+		t.Run(tc.token, func(t *testing.T) {
+			body := &readCount{r: bytes.NewReader(b)}
+			req, _ := http.NewRequest(http.MethodPut, url+"/v1/functions/echo", body)
+			req.ContentLength = int64(len(b))
+			req.Header.Set("Content-Type", bundle.MediaType)
+			req.Header.Set("Expect", "100-continue")
+			if tok, ok := tokens[tc.token]; ok {
+				req.Header.Set("Authorization", "Bearer "+tok)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.code {
+				t.Fatalf("%d %s, want %d", resp.StatusCode, got, tc.code)
+			}
+			if sent := body.read; (tc.code == 201) != (sent == len(b)) || (tc.code != 201 && sent != 0) {
+				t.Fatalf("%d after the client read %d of the bundle's %d bytes to send", tc.code, sent, len(b))
 			}
 		})
 	}

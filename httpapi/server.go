@@ -538,7 +538,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	case land != nil && ctx.RequestBodyStream() != nil:
 		// Streamed into the slot, but for the first bytes, which fasthttp
 		// read with the headers and its stream copied from its buffer.
-		copied = int64(min(len(body), preRead))
+		copied = int64(min(len(body), preReadOf(ctx)))
 	}
 	c.req.Input, c.req.Landing = body, land
 	buf := ctx.Response.SwapBody(nil)[:0]
