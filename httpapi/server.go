@@ -156,7 +156,6 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	s.srv = &fasthttp.Server{
 		Handler:            s.conns.handle(s.Handle),
 		ConnState:          s.conns.state,
-		HeaderReceived:     s.conns.headerReceived, // Expect: 100-continue (continue.go)
 		Name:               "plover/" + opts.Version,
 		MaxRequestBodySize: opts.MaxBodyBytes,
 		ReadBufferSize:     readBuffer,
@@ -164,6 +163,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        120 * time.Second,
 		ErrorHandler:       s.parseError,
+		HeaderReceived:     s.conns.headerReceived, // Expect: 100-continue (continue.go)
 		// Bodies are read as they arrive, by the handlers: a client that
 		// announces a large Content-Length and sends nothing holds nothing.
 		StreamRequestBody: true,
