@@ -15,7 +15,8 @@ import (
 // handler then refused (no token, an unknown function, a body over a
 // limit, a token over its limits) had been told to upload its body first;
 // its ContinueHandler can only turn a request away with 417 and no
-// handler. So the server takes the expectation from fasthttp and keeps it
+// handler (and in v1.62.0 the connection stays open with every later
+// request on it answered an empty 200, no handler run). So the server takes the expectation from fasthttp and keeps it
 // itself, as net/http does: the handler runs on the headers alone, and
 // the 100 Continue goes out when it first reads the body. Whatever the
 // handler refuses before that is the client's answer in place of 100
