@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -314,4 +315,57 @@ func TestExpectContinueDeploy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Clients at once, each alternating requests that expect 100-continue
+// with requests that do not on one connection, and bodies of their own
+// lengths: each gets its own body back, whatever the others announced.
+func TestExpectContinueConcurrent(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("echo")
+	m.OutBytes = 32 << 10
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{}), "http://")
+	var wg sync.WaitGroup
+	for client := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			for i := range 6 {
+				payload := strings.Repeat(string(rune('a'+client)), 9000+client*1000+i*7)
+				expect := ""
+				if i%2 == 0 {
+					expect = "Expect: 100-continue\r\n"
+				}
+				fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n%s\r\n", len(payload), expect)
+				c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if expect != "" {
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil || resp.StatusCode != 100 {
+						t.Errorf("client %d request %d: %v %v, want 100 Continue", client, i, resp, err)
+						return
+					}
+				}
+				io.WriteString(c, payload)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Errorf("client %d request %d: %v", client, i, err)
+					return
+				}
+				got, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != 200 || !strings.HasPrefix(string(got), payload) || resp.Close {
+					t.Errorf("client %d request %d: %d (close %v), %.100q", client, i, resp.StatusCode, resp.Close, got)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
