@@ -145,6 +145,8 @@ func TestExpectContinueRefusesBeforeTheBody(t *testing.T) {
 		{"token over its concurrency", "/v1/functions/echo/invoke", tokens["single"], 1 << 20, 429, "", "Retry-After"},
 		{"unknown function", "/v1/functions/nope/invoke", tokens["full"], 1 << 20, 404, "nope", ""},
 		{"unknown function, small body", "/v1/functions/nope/invoke", tokens["full"], 100, 404, "nope", ""},
+		{"v2 unknown model", "/v2/models/nope/infer", tokens["full"], 1 << 20, 404, "nope", ""},
+		{"v2 over max_input_bytes", "/v2/models/other/infer", tokens["full"] + "Inference-Header-Content-Length: 100\r\n", 1 << 20, 413, "max_input_bytes", ""},
 		{"over --max-body", "/v1/functions/echo/invoke", tokens["full"], 1 << 20, 413, "--max-body", ""},
 		{"over max_input_bytes", "/v1/functions/other/invoke", tokens["full"], 1 << 20, 413, "max_input_bytes", ""},
 	} {
