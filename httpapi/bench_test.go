@@ -129,9 +129,11 @@ func BenchmarkHotInvoke(b *testing.B) {
 		tokens gate.Tokens
 		opts   httpapi.Options
 		token  string
+		expect bool // Expect: 100-continue, the body sent without waiting
 	}{
-		{"loopback", nil, httpapi.Options{}, ""},
-		{"loopback-auth", tab, httpapi.Options{BodyBudget: netguard.NewBudget(1 << 30)}, tok},
+		{"loopback", nil, httpapi.Options{}, "", false},
+		{"loopback-auth", tab, httpapi.Options{BodyBudget: netguard.NewBudget(1 << 30)}, tok, false},
+		{"loopback-auth-expect", tab, httpapi.Options{BodyBudget: netguard.NewBudget(1 << 30)}, tok, true},
 	} {
 		url := testkit.ServeTokens(b, e, lb.tokens, lb.opts)
 		b.Run(lb.name, func(b *testing.B) {
@@ -142,6 +144,9 @@ func BenchmarkHotInvoke(b *testing.B) {
 			req.Header.SetContentType("application/octet-stream")
 			if lb.token != "" {
 				req.Header.Set("Authorization", "Bearer "+lb.token)
+			}
+			if lb.expect {
+				req.Header.Set("Expect", "100-continue")
 			}
 			req.SetBody(in)
 			b.ReportAllocs()

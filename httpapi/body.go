@@ -96,11 +96,11 @@ const (
 // Content-Length or as a chunked body passes the bound, without waiting for
 // or holding the body budget; an unknown function or version is a 404 and
 // a full queue a 429 before the body too. A body fasthttp has read already
-// (preRead) costs nothing more to read: the engine bounds it, and the hot
+// (preReadOf) costs nothing more to read: the engine bounds it, and the hot
 // path asks nothing here.
 func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version string, enc encoding, deadline time.Time) (bodyLimit, error) {
 	cl := ctx.Request.Header.ContentLength()
-	if cl == -2 || (cl >= 0 && cl <= preRead) { // -2: no body headers, so no body
+	if cl == -2 || (cl >= 0 && cl <= preReadOf(ctx)) { // -2: no body headers, so no body
 		return s.serverLimit(), nil
 	}
 	a, err := s.door.Admit(context.Background(), name.Borrow(), deadline)
@@ -168,7 +168,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 	if keep != nil {
 		buf = (*keep)[:0]
 	}
-	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preRead)}
+	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preReadOf(ctx))}
 	b, err := r.readAll(buf, limit.n, cl)
 	if err != nil {
 		s.releaseBody(r.held)
@@ -250,7 +250,7 @@ type bodyReader struct {
 	t       turns
 	conn    net.Conn
 	chunked bool // no Content-Length: fasthttp's buffer may hold body bytes at any read
-	pre     int  // the body's bytes fasthttp read with the headers (preRead at most)
+	pre     int  // the body's bytes fasthttp read with the headers (preReadOf at most)
 	read    int  // bytes read so far
 	drained bool // fasthttp's read buffer is known empty
 	bounded bool // the connection's read deadline is the request's

@@ -32,6 +32,8 @@ type connSet struct {
 	mu sync.Mutex
 	// readTimeout is the deadline a request's reads have from its start.
 	readTimeout time.Duration
+	// expect holds the requests that expect 100-continue (continue.go).
+	expect expectSet
 }
 
 // A connection's state: waiting for a request (no byte of one read, none
@@ -82,11 +84,17 @@ func (l drainListener) Accept() (net.Conn, error) {
 // drainConn is a connection of a connSet.
 type drainConn struct {
 	net.Conn
-	state atomic.Int32
+	state  atomic.Int32
+	owe100 atomic.Bool // a 100 Continue, said before the next read (continue.go)
 }
 
 // Read marks the connection reading a request once a byte of it comes.
 func (c *drainConn) Read(b []byte) (int, error) {
+	if c.owe100.Load() {
+		if err := c.sayContinue(); err != nil {
+			return 0, err
+		}
+	}
 	n, err := c.Conn.Read(b)
 	if n > 0 && c.state.Load() == connWaiting { // a load: most reads find it reading or busy
 		c.state.CompareAndSwap(connWaiting, connReading)
@@ -159,6 +167,9 @@ func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 			d.state.Store(connBusy)
 			ctx.Conn().SetReadDeadline(time.Now().Add(cs.readTimeout))
 			cs.mu.Unlock()
+		}
+		if cs.expect.n.Load() > 0 && cs.expecting(ctx) {
+			defer answered(ctx)
 		}
 		h(ctx)
 	}

@@ -163,6 +163,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        120 * time.Second,
 		ErrorHandler:       s.parseError,
+		HeaderReceived:     s.conns.headerReceived, // Expect: 100-continue (continue.go)
 		// Bodies are read as they arrive, by the handlers: a client that
 		// announces a large Content-Length and sends nothing holds nothing.
 		StreamRequestBody: true,
@@ -537,7 +538,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	case land != nil && ctx.RequestBodyStream() != nil:
 		// Streamed into the slot, but for the first bytes, which fasthttp
 		// read with the headers and its stream copied from its buffer.
-		copied = int64(min(len(body), preRead))
+		copied = int64(min(len(body), preReadOf(ctx)))
 	}
 	c.req.Input, c.req.Landing = body, land
 	buf := ctx.Response.SwapBody(nil)[:0]

@@ -62,6 +62,42 @@ func TestDataPath(t *testing.T) {
 		}
 	})
 
+	t.Run("Expect: 100-continue", func(t *testing.T) {
+		// Asked for after 100 Continue, the body is read from the socket
+		// into the slot: fasthttp read none of it with the headers, and
+		// nothing is copied.
+		before := copiedBytes(t, srv.url, "big")
+		in := body(98, 0, size)
+		c, err := net.Dial("tcp", strings.TrimPrefix(srv.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		for i := range 2 { // the connection stays open for the next
+			fmt.Fprintf(c, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", size)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != 100 {
+				t.Fatalf("request %d before its body: %v %v, want 100 Continue", i, resp, err)
+			}
+			if _, err := c.Write(in); err != nil {
+				t.Fatal(err)
+			}
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := io.ReadAll(resp.Body)
+			if err != nil || resp.StatusCode != 200 || !bytes.Equal(out, in) {
+				t.Fatalf("request %d: %d, %d bytes, %v; equal %v", i, resp.StatusCode, len(out), err, bytes.Equal(out, in))
+			}
+		}
+		if got := copiedBytes(t, srv.url, "big") - before; got != 0 {
+			t.Errorf("%d payload bytes copied for two 1 MiB bodies sent after 100 Continue, want 0", got)
+		}
+	})
+
 	t.Run("a response still being written keeps its slot", func(t *testing.T) {
 		const large = 16 << 20
 		in := body(99, 0, large)

@@ -1,0 +1,142 @@
+package httpapi
+
+import (
+	"bytes"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Expect: 100-continue. A client that sends it holds its body back until
+// the server says 100 Continue, or answers. fasthttp says 100 Continue as
+// soon as the headers are read, before any handler, so a request the
+// handler then refused (no token, an unknown function, a body over a
+// limit, a token over its limits) had been told to upload its body first;
+// its ContinueHandler can only turn a request away with 417 and no
+// handler (and in v1.62.0 the connection stays open with every later
+// request on it answered an empty 200, no handler run). So the server takes the expectation from fasthttp and keeps it
+// itself, as net/http does: the handler runs on the headers alone, and
+// the 100 Continue goes out when it first reads the body. Whatever the
+// handler refuses before that is the client's answer in place of 100
+// Continue, from the handler's own checks; the body, never read, closes
+// the connection (closeIfUnread).
+
+var (
+	hdrExpect        = []byte("Expect")
+	expect100        = []byte("100-continue")
+	responseContinue = []byte("HTTP/1.1 100 Continue\r\n\r\n")
+)
+
+// continueWrite bounds the write of a 100 Continue: the connection's write
+// deadline is the last answer's, maybe past.
+const continueWrite = 10 * time.Second
+
+// expectSet holds the requests that expect 100-continue from fasthttp's
+// HeaderReceived, which sees only the headers, to their handler, which
+// sees the connection: the same goroutine, one after the other.
+type expectSet struct {
+	n  atomic.Int32 // entries in m: the handler of any other request looks at nothing
+	mu sync.Mutex
+	m  map[*fasthttp.RequestHeader]int // the Content-Length announced
+}
+
+// headerReceived is the server's HeaderReceived. A request that expects
+// 100-continue loses its Expect, so that fasthttp neither says 100
+// Continue nor reads any of its body before the handler (its
+// Content-Length is 0 until the handler starts: fasthttp reads the first
+// 8 KiB of a body announced before any handler). An HTTP/1.0 request's
+// expectation is ignored (RFC 9110 section 10.1.1), as is that of one
+// with no body.
+func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	v := h.PeekBytes(hdrExpect)
+	if len(v) == 0 || !bytes.EqualFold(v, expect100) {
+		if cs.expect.n.Load() > 0 {
+			// Should fasthttp ever skip a handler, its request's entry
+			// must not give this one a Content-Length it did not send.
+			cs.expect.take(h)
+		}
+		return fasthttp.RequestConfig{}
+	}
+	h.DelBytes(hdrExpect)
+	cl := h.ContentLength()
+	if cl == 0 || cl == -2 || !h.IsHTTP11() { // -2: no body headers
+		return fasthttp.RequestConfig{}
+	}
+	if cl > 0 {
+		h.SetContentLength(0)
+	}
+	cs.expect.mu.Lock()
+	if cs.expect.m == nil {
+		cs.expect.m = make(map[*fasthttp.RequestHeader]int)
+	}
+	cs.expect.m[h] = cl
+	cs.expect.n.Store(int32(len(cs.expect.m)))
+	cs.expect.mu.Unlock()
+	return fasthttp.RequestConfig{}
+}
+
+// expecting restores the Content-Length of ctx's request if it expects
+// 100-continue, and has its connection say 100 Continue before its first
+// read, and reports whether it did. fasthttp's body stream reads the
+// length from the header as it goes.
+func (cs *connSet) expecting(ctx *fasthttp.RequestCtx) bool {
+	h := &ctx.Request.Header
+	cl, ok := cs.expect.take(h)
+	if !ok {
+		return false
+	}
+	if cl > 0 {
+		h.SetContentLength(cl)
+	}
+	ctx.SetUserValue(expectedKey{}, true)
+	if d := drainOf(ctx.Conn()); d != nil {
+		d.owe100.Store(true)
+		return true
+	}
+	ctx.Conn().Write(responseContinue) // not a connection Serve accepted: at once, as fasthttp would
+	return false
+}
+
+// expectedKey is the user-value key of a request that expected
+// 100-continue; zero-size, as bodyReadKey.
+type expectedKey struct{}
+
+// preReadOf is the most fasthttp read of ctx's body with the headers:
+// preRead, or nothing for a request that expected 100-continue. What it
+// read is in memory already; the rest of the body is still the client's.
+func preReadOf(ctx *fasthttp.RequestCtx) int {
+	if expected, _ := ctx.UserValue(expectedKey{}).(bool); expected {
+		return 0
+	}
+	return preRead
+}
+
+// take removes h's entry, and returns its Content-Length.
+func (e *expectSet) take(h *fasthttp.RequestHeader) (int, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cl, ok := e.m[h]
+	delete(e.m, h)
+	e.n.Store(int32(len(e.m)))
+	return cl, ok
+}
+
+// answered takes back a 100 Continue the handler did not call for by
+// reading the body: its answer is the final one.
+func answered(ctx *fasthttp.RequestCtx) { drainOf(ctx.Conn()).owe100.Store(false) }
+
+// sayContinue writes the 100 Continue c owes, if it owes one, before it
+// reads: the handler wants the body. An answer to a pipelined request
+// before this one that fasthttp still buffers goes out after it; a client
+// takes a 1xx it did not wait for as interim and reads on (RFC 9110
+// section 15.2), and sends the body after its own wait.
+func (c *drainConn) sayContinue() error {
+	if !c.owe100.CompareAndSwap(true, false) {
+		return nil
+	}
+	c.Conn.SetWriteDeadline(time.Now().Add(continueWrite)) // fasthttp sets its own before the answer
+	_, err := c.Conn.Write(responseContinue)
+	return err
+}
