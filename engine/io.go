@@ -71,27 +71,33 @@ func shareOf(rv api.Version) (float64, sched.Class) {
 // which reads its body, pays for its bytes. Only while fl is still its
 // function's, checked and charged under the table's lock, which a delete
 // forgets the name's flows under: a charge on its way as the function is
-// deleted and deployed anew must not reach the new function's flows.
+// deleted and deployed anew must not reach the new function's flows. The
+// flows are charged after the lock (a request's lookup waits on it): one
+// its function's delete forgot meanwhile is charged to nobody's harm.
 func (e *Engine) chargeIO(fl *ioshare.Flow, cpu time.Duration) bool {
-	charged := false
+	var flows []*sched.Flow
 	e.tab.ioOwned(fl, func(look func(string) *version) {
-		charged = e.chargeFlows(fl.Name(), cpu)
-		if first := firstStep(fl.Name(), look); !charged && first != "" {
-			charged = e.chargeFlows(first, cpu)
+		flows = e.deviceFlows(fl.Name(), flows)
+		if len(flows) == 0 {
+			if first := firstStep(fl.Name(), look); first != "" {
+				flows = e.deviceFlows(first, flows)
+			}
 		}
 	})
-	return charged
+	for _, f := range flows {
+		f.Charge(cpu)
+	}
+	return len(flows) > 0
 }
 
-func (e *Engine) chargeFlows(name string, cpu time.Duration) bool {
-	charged := false
+// deviceFlows appends name's flows on the devices' schedulers to out.
+func (e *Engine) deviceFlows(name string, out []*sched.Flow) []*sched.Flow {
 	for _, s := range e.scheds {
 		if fl := s.Lookup(name); fl != nil {
-			fl.Charge(cpu)
-			charged = true
+			out = append(out, fl)
 		}
 	}
-	return charged
+	return out
 }
 
 // firstStep is the function a pipeline's requests run first, through

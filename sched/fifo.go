@@ -23,7 +23,7 @@ func (FIFO) Ended(*Flow, time.Duration, float64, time.Time) {}
 func (FIFO) Charged(*Flow, time.Duration, time.Time) {}
 
 // Reweighed implements Policy.
-func (FIFO) Reweighed(*Flow, float64, Class, time.Time) float64 { return 1 }
+func (FIFO) Reweighed(*Flow, float64, Class, float64, time.Time) float64 { return 1 }
 
 // Pick implements Policy: the flow whose oldest run is oldest.
 func (FIFO) Pick(waiting []*Flow, _ time.Time) int {

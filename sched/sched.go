@@ -89,10 +89,10 @@ type Policy interface {
 	// Reweighed says f's weight or class went from old and oldClass to
 	// f.Weight() and f.Class() (Flow.Set, a redeploy): what f used before
 	// counts at its weight now, as if it had had it all along, and in
-	// another class it starts as a flow that wakes there. What it returns
-	// multiplies what Started returned for f's runs in flight, which come
-	// back with their ends.
-	Reweighed(f *Flow, old float64, oldClass Class, now time.Time) float64
+	// another class it starts as a flow that wakes there. inflight is
+	// the sum of what Started returned for f's runs in flight; what it
+	// returns multiplies each of them, as they come back with their ends.
+	Reweighed(f *Flow, old float64, oldClass Class, inflight float64, now time.Time) float64
 	// Pick returns the index in waiting (never empty; each has a run
 	// queued and may start one) of the flow whose oldest run goes next.
 	Pick(waiting []*Flow, now time.Time) int

@@ -145,7 +145,13 @@ func (f *Flow) Set(weight float64, class Class) {
 	old, oldClass := f.weight, f.class
 	f.weight, f.class = weight, class
 	if weight != old || class != oldClass {
-		if k := s.pol.Reweighed(f, old, oldClass, s.clock.Now()); k != 1 {
+		inflight := 0.0
+		for _, r := range s.running {
+			if r.f == f {
+				inflight += r.charged
+			}
+		}
+		if k := s.pol.Reweighed(f, old, oldClass, inflight, s.clock.Now()); k != 1 {
 			for _, r := range s.running {
 				if r.f == f {
 					r.charged *= k

@@ -144,29 +144,34 @@ func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 // maxAhead bounds what charges beside runs put a flow ahead of the clock.
 const maxAhead = time.Second
 
-// Reweighed implements Policy. A tag ahead of the clock is device time
-// the flow used (its runs, its charges beside them) over its weight then:
-// the lead is kept as that device time over the weight now, so a share
-// raised from 0.01 to 1000 after a 10 ms run waits for the others to use
-// 10 us of it, not a second, and one lowered waits longer. Runs in flight
-// were charged ahead at the old weight and are converted alike, so that
-// their ends take back what is in the tag now. A tag at or behind the
-// clock is left: behind it is a flow's place among its own class's,
-// below a busier class's clock, which scaling would reorder. A flow moved
-// to another class is brought up to the clock, as one that wakes there:
-// its place behind it was among its old class's flows (a batch flow
-// lagging below a latency flood), and taken into the new class it would
-// take every run until it caught up, owed by nobody there.
-func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, now time.Time) float64 {
+// Reweighed implements Policy. A tag is the flow's place before its runs
+// in flight started, plus what they were charged ahead (inflight), each
+// part converted on its own. The place, where ahead of the clock, is
+// device time the flow used (its runs, its charges beside them) over its
+// weight then: the lead is kept as that device time over the weight now,
+// so a share raised from 0.01 to 1000 after a 10 ms run waits for the
+// others to use 10 us of it, not a second, and one lowered waits longer.
+// A place at or behind the clock is left: behind it is a flow's place
+// among its own class's, below a busier class's clock, which scaling
+// would reorder. A flow moved to another class has its place brought up
+// to the clock, as one that wakes there: behind it was among its old
+// class's flows (a batch flow lagging below a latency flood), and taken
+// into the new class it would take every run until it caught up, owed by
+// nobody there. The runs in flight are always converted (their charges
+// ahead are device time over the old weight), so that each run's end
+// takes back exactly what the tag holds of it, wherever the clock stands
+// (another flow's start may have moved it into their charges).
+func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, inflight float64, now time.Time) float64 {
 	st := w.state(f)
-	k := 1.0
-	if lead := st.tag - w.vnow; lead > 0 {
-		k = old / f.Weight()
-		st.tag = w.vnow + lead*k
+	k := old / f.Weight()
+	base := st.tag - inflight
+	if lead := base - w.vnow; lead > 0 {
+		base = w.vnow + lead*k
 	}
 	if f.Class() != oldClass {
-		st.tag = math.Max(st.tag, w.vnow)
+		base = math.Max(base, w.vnow)
 	}
+	st.tag = base + inflight*k
 	return k
 }
 
