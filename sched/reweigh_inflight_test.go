@@ -27,31 +27,18 @@ func TestReweighWithTheClockInsideARunsCharge(t *testing.T) {
 			s := New(Config{MaxRuns: 2, Policy: w, Clock: clk})
 			f, g := s.Flow("f"), s.Flow("g")
 			f.Set(c.from, Default)
-			ad := func(x *Flow) Ticket {
-				tk, _, err := x.Admit(context.Background(), time.Time{}, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tk
-			}
 			// f learns an estimate of 1s.
-			tk := ad(f)
-			clk.Advance(time.Second)
-			tk.Done()
+			ranFor(t, clk, f, time.Second)
 			// g learns an estimate (1ms) and sits at the clock.
-			tg := ad(g)
-			clk.Advance(time.Millisecond)
-			tg.Done()
-			tf := ad(f) // f's run in flight
+			ranFor(t, clk, g, time.Millisecond)
+			tf := admitted(t, f) // f's run in flight
 			fAt := clk.Now()
 			s.mu.Lock()
 			fStart := w.state(f).tag - float64(time.Second)/c.from
 			s.mu.Unlock()
 			// g runs beside it twice: its second start moves the clock.
-			tg = ad(g)
-			clk.Advance(c.gRan)
-			tg.Done()
-			tg = ad(g)
+			ranFor(t, clk, g, c.gRan)
+			tg := admitted(t, g)
 			s.mu.Lock()
 			t.Logf("f tag %.6g, clock %.6g, lead %.6g, f's run charged %.6g", w.state(f).tag, w.vnow, w.state(f).tag-w.vnow, float64(time.Second)/c.from)
 			s.mu.Unlock()
@@ -82,24 +69,13 @@ func TestReweighMidRunKeepsTheShares(t *testing.T) {
 	s := New(Config{MaxRuns: 2, Clock: clk, MaxWait: time.Hour})
 	f, g := s.Flow("f"), s.Flow("g")
 	f.Set(1000, Default)
-	ad := func(x *Flow) Ticket {
-		tk, _, err := x.Admit(context.Background(), time.Time{}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tk
-	}
-	tk := ad(f)
-	clk.Advance(time.Second)
-	tk.Done()
-	tg := ad(g)
-	clk.Advance(time.Millisecond)
-	tg.Done()
-	tf := ad(f)
-	tg = ad(g)
+	ranFor(t, clk, f, time.Second)
+	ranFor(t, clk, g, time.Millisecond)
+	tf := admitted(t, f)
+	tg := admitted(t, g)
 	clk.Advance(500 * time.Microsecond)
 	tg.Done()
-	tg = ad(g)
+	tg = admitted(t, g)
 	f.Set(0.01, Default) // the redeploy, f's run in flight
 	chans := map[*Flow]<-chan result{}
 	for _, x := range []*Flow{f, g} {
@@ -133,25 +109,14 @@ func TestClassLiftWithARunInFlight(t *testing.T) {
 	f.Set(0.01, Batch)
 	g.Set(1, Latency)
 	h.Set(0.01, Default)
-	ad := func(x *Flow) Ticket {
-		tk, _, err := x.Admit(context.Background(), time.Time{}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tk
-	}
-	tk := ad(h) // h used a second: its tag is far ahead
-	clk.Advance(time.Second)
-	tk.Done()
-	tk = ad(f) // f learns a 100ms estimate
-	clk.Advance(100 * time.Millisecond)
-	tk.Done()
-	tf := ad(f) // f's run in flight, charged 10ms/0.01
-	th := ad(h) // h's start moves the clock far past f's tag
+	ranFor(t, clk, h, time.Second)          // h used a second: its tag is far ahead
+	ranFor(t, clk, f, 100*time.Millisecond) // f learns a 100ms estimate
+	tf := admitted(t, f)                    // f's run in flight, charged 10ms/0.01
+	th := admitted(t, h)                    // h's start moves the clock far past f's tag
 	clk.Advance(time.Millisecond)
 	th.Done()
-	f.Set(1, Latency)      // the redeploy
-	cur := []Ticket{ad(g)} // g's flood takes the other slot
+	f.Set(1, Latency)               // the redeploy
+	cur := []Ticket{admitted(t, g)} // g's flood takes the other slot
 	chans := map[*Flow]<-chan result{}
 	for _, x := range []*Flow{f, g} {
 		chans[x] = admitAsync(x, context.Background(), time.Time{}, nil)
@@ -174,4 +139,22 @@ func TestClassLiftWithARunInFlight(t *testing.T) {
 	if runs[f] > 65 {
 		t.Errorf("f, moved to latency share 1 beside g's latency share-1 flood, took %d of 100, want about 50", runs[f])
 	}
+}
+
+// admitted is a run of x admitted now.
+func admitted(t *testing.T, x *Flow) Ticket {
+	t.Helper()
+	tk, _, err := x.Admit(context.Background(), time.Time{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// ranFor admits a run of x that holds the device for d.
+func ranFor(t *testing.T, clk *fakeClock, x *Flow, d time.Duration) {
+	t.Helper()
+	tk := admitted(t, x)
+	clk.Advance(d)
+	tk.Done()
 }
