@@ -123,10 +123,12 @@ type model struct {
 
 // version is one version folder's state.
 type version struct {
-	label, dir    string
-	state, reason string
-	kind          errdefs.Kind // the class of the failure reason says, for a load
-	id            string       // the node's version id once deployed
+	// dir is read (links followed); where names it in messages as the
+	// repository lays it out ("models/cnn/2"), not by where links lead.
+	label, dir, where string
+	state, reason     string
+	kind              errdefs.Kind // the class of the failure reason says, for a load
+	id                string       // the node's version id once deployed
 }
 
 // New returns a repository over cfg.Dir deploying to node; Run serves it.
@@ -401,7 +403,7 @@ func (r *Repository) parallel(n int, f func(int)) {
 // bundle, as version 1) and whether its highest is a pipeline.
 func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	if _, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile)); err == nil {
-		return []version{{label: "1", dir: resolved(m.dir)}}, isPipeline(m.dir), nil
+		return []version{{label: "1", dir: resolved(m.dir), where: r.where(m.dir)}}, isPipeline(m.dir), nil
 	}
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
@@ -412,7 +414,8 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	var vs []version
 	for _, e := range ents {
 		if isVersion(e.Name()) && isDir(m.dir, e) {
-			vs = append(vs, version{label: e.Name(), dir: resolved(filepath.Join(m.dir, e.Name()))})
+			dir := filepath.Join(m.dir, e.Name())
+			vs = append(vs, version{label: e.Name(), dir: resolved(dir), where: r.where(dir)})
 		}
 	}
 	if len(vs) == 0 {
@@ -477,7 +480,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
 		// goes beside it.
-		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1, print)
+		v.id, err = r.deployVersion(ctx, m, v, rec, i < len(vers)-1, print)
 		if errors.Is(err, errChanged) {
 			// Packed while being copied: nothing more deploys from this
 			// look; the next scans see it settle.
@@ -569,15 +572,15 @@ var errChanged = errors.New("the folder changed while it was packed")
 // (the same label and bytes: a restart), and returns its version id. The
 // model's folder must still be as print, the look that decided the
 // deploy, once the version is packed (errChanged).
-func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool, print string) (string, error) {
-	where := r.where(dir)
+func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, rec *api.Record, aside bool, print string) (string, error) {
+	label, where := v.label, v.where
 	name := ""
 	if m.renamed {
 		name = m.name
 	}
 	// Only files within the version folder: a file linked out of it
 	// (to the server's own secrets) is refused, and the folder with it.
-	b, sha, man, err := r.pack(dir, name)
+	b, sha, man, err := r.pack(v.dir, name)
 	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
 		return "", errChanged
 	}
