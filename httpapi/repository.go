@@ -9,6 +9,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -77,7 +80,7 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 	s.releaseBody(held) // parsed below: the bytes are done with
 	if len(bytes.TrimSpace(b)) > 0 {
 		if err := json.Unmarshal(b, &body); err != nil {
-			v2Error(ctx, fasthttp.StatusBadRequest, `body must be empty or a JSON object ({"ready": true} for the index): `+err.Error())
+			v2Error(ctx, fasthttp.StatusBadRequest, `body must be empty or a JSON object ({"ready": true} for the index): `+bodyReason(err))
 			return
 		}
 	}
@@ -96,4 +99,32 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK) // the extension's success: 200, no body
+}
+
+// bodyReason says what is wrong with a repository route's body in the
+// client's terms (the field, what it is, what it should be), not in
+// encoding/json's, which names this package's Go types.
+func bodyReason(err error) string {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) {
+		return "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")
+	}
+	is := "is " + article(te.Value)
+	if te.Field == "" {
+		return "it " + is + ", want a JSON object"
+	}
+	want := "a string"
+	if te.Type.Kind() == reflect.Bool {
+		want = "true or false"
+	}
+	return `"` + te.Field + `" ` + is + ", want " + want
+}
+
+// article is a JSON value's kind as encoding/json names it ("array",
+// "number", ...) with its article.
+func article(kind string) string {
+	if kind == "array" || kind == "object" {
+		return "an " + kind
+	}
+	return "a " + kind
 }
