@@ -10,7 +10,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -66,11 +69,11 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	// Index takes {"ready": bool}; load and unload take Triton's
-	// {"parameters": {...}}, none of which Plover uses.
+	// {"parameters": {...}}, of which Plover uses none.
 	var body struct {
-		Ready          bool            `json:"ready"`
-		RepositoryName string          `json:"repository_name"`
-		Parameters     json.RawMessage `json:"parameters"`
+		Ready          bool                       `json:"ready"`
+		RepositoryName string                     `json:"repository_name"`
+		Parameters     map[string]json.RawMessage `json:"parameters"`
 	}
 	b, held, err := s.readBody(ctx, bodyLimit{n: 64 << 10, why: "for this route"}, nil, turns{})
 	if err != nil {
@@ -90,6 +93,11 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, fasthttp.StatusOK, repo.Index(body.Ready))
 		return
 	case "load":
+		if p := override(body.Parameters); p != "" {
+			v2Error(ctx, fasthttp.StatusBadRequest, "load "+string(name)+": parameter "+strconv.Quote(p)+
+				": a load deploys the model's folder as it is, and takes no configuration or files with the request (write them into the folder)")
+			return
+		}
 		err = repo.Load(callCtx(ctx), string(name)) // string: a copy, as the repository keeps names
 	case "unload":
 		err = repo.Unload(callCtx(ctx), string(name))
@@ -114,8 +122,11 @@ func bodyReason(err error) string {
 		return "it " + is + ", want a JSON object"
 	}
 	want := "a string"
-	if te.Type.Kind() == reflect.Bool {
+	switch te.Type.Kind() {
+	case reflect.Bool:
 		want = "true or false"
+	case reflect.Map:
+		want = "a JSON object"
 	}
 	return `"` + te.Field + `" ` + is + ", want " + want
 }
@@ -127,4 +138,19 @@ func article(kind string) string {
 		return "an " + kind
 	}
 	return "a " + kind
+}
+
+// override is the first of a load's parameters that would change what
+// loads (Triton's "config", a model configuration, and "file:PATH", a
+// file's new content), or "": Plover has neither, and a load that
+// answered 200 without them would tell the client its model was loaded
+// as it asked.
+func override(params map[string]json.RawMessage) string {
+	keys := slices.Sorted(maps.Keys(params))
+	for _, k := range keys {
+		if k == "config" || strings.HasPrefix(k, "file:") {
+			return k
+		}
+	}
+	return ""
 }
