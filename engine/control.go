@@ -296,6 +296,18 @@ func (c *Control) Unlabel(ctx context.Context, name, label string) error {
 	return nil
 }
 
+// Unready is what a pin of name's version (its id) would answer
+// (Pin.Unready: its library refused, its crashes' back-off) on this node,
+// from what the node holds: nil for a version it has not loaded or tried.
+// It reads and loads nothing: a model repository's index asks it of every
+// version it lists.
+func (c *Control) Unready(name, version string) error {
+	if _, v := c.e.tab.match(name, version); v != nil {
+		return v.unready(time.Now())
+	}
+	return nil
+}
+
 // checkRollback checks a pipeline version's steps before it becomes
 // current again: the functions it named may have gone since. Anything
 // else (no such function or version) is SetCurrent's to report.
