@@ -125,7 +125,7 @@ func (r *Repository) unready(name string, v version) (string, errdefs.Kind) {
 	if kind == errdefs.KindInvalid {
 		kind = errdefs.KindBadRequest
 	}
-	return fmt.Sprintf("%s: deployed, but this node cannot run it: %v", v.where, err), kind
+	return brief(fmt.Sprintf("%s: deployed, but this node cannot run it: %v", v.where, err)), kind
 }
 
 // failure is why m is not ready ("" when its current version is) and its

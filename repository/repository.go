@@ -25,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -267,7 +268,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 				// the next scan.
 				left = append(left, m)
 				m.removing, m.done, m.versions, m.retry = true, "", nil, false
-				m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err)
+				m.state, m.reason = Unavailable, brief(fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err))
 			}
 			r.mu.Unlock()
 		}
@@ -331,7 +332,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 	// LOADING entry.
 	m.state, m.reason = Loading, "files changed within the last "+r.cfg.Settle.String()+": waiting for the copy to settle"
 	if f.err != nil {
-		m.reason = fmt.Sprintf("cannot read it yet: %v", f.err)
+		m.reason = brief(fmt.Sprintf("cannot read it yet: %v", f.err))
 	}
 	return stillChanging
 }
@@ -499,7 +500,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
 			retry = retry || passing(err)
-			v.state, v.reason, v.kind = Unavailable, err.Error(), errdefs.KindOf(err)
+			v.state, v.reason, v.kind = Unavailable, brief(err.Error()), errdefs.KindOf(err)
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
 			continue
 		}
@@ -634,7 +635,7 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 
 // settleLocked is settle under r.mu.
 func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
-	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, reason, kind
+	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
 	m.retry = done == ""
 	for _, v := range vers {
 		if v.state == Ready {
@@ -644,4 +645,22 @@ func (r *Repository) settleLocked(m *model, done string, vers []version, state, 
 	if state == Unavailable && reason != "" {
 		r.cfg.Log.Warn("model repository: a model is unavailable", "model", m.name, "reason", reason)
 	}
+}
+
+// maxReason bounds a reason: a manifest's values are quoted in it, and a
+// plover.json may be 1 MiB, which every index answer and log line would
+// carry.
+const maxReason = 1024
+
+// brief is reason cut to maxReason bytes (at a character's start), saying
+// how much was cut; its beginning names the folder, the file and the field.
+func brief(reason string) string {
+	if len(reason) <= maxReason {
+		return reason
+	}
+	n := maxReason
+	for n > 0 && !utf8.RuneStart(reason[n]) {
+		n--
+	}
+	return reason[:n] + " [" + strconv.Itoa(len(reason)-n) + " more bytes cut]"
 }
