@@ -593,7 +593,9 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 		return "", fmt.Errorf("%s: %w", where, err)
 	}
 	if err != nil {
-		return "", refused(where, err)
+		// Its files named from the folder (where names it): the server's
+		// own paths are not the index's readers' to see.
+		return "", refused(where, errors.New(strings.ReplaceAll(err.Error(), v.dir+string(filepath.Separator), "")))
 	}
 	if !m.renamed && man.Name != m.name {
 		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)

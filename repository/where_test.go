@@ -53,3 +53,40 @@ func TestReasonsNameTheRepositorysFolders(t *testing.T) {
 		}
 	}
 }
+
+// A reason names a version folder's files from the folder ("models/broken:
+// plover.json: invalid JSON ..."), not by the server's absolute path,
+// which the index showed to every read token ("models/broken:
+// /srv/plover/models/broken/plover.json: ...").
+func TestReasonsKeepTheServersPathsOut(t *testing.T) {
+	root := t.TempDir()
+	models := filepath.Join(root, "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	if err := os.Remove(filepath.Join(models, "cnn", "1", "b.bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "secret"), filepath.Join(models, "cnn", "1", "b.bin")); err != nil {
+		t.Fatal(err)
+	}
+	writeBundle(t, filepath.Join(models, "broken"), "broken", false)
+	if err := os.WriteFile(filepath.Join(models, "broken", "plover.json"), []byte(`{"name": "broken"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	age(t, models)
+	time.Sleep(20 * time.Millisecond) // the link's own time past Settle
+	r, err := New(Config{Dir: models, Settle: 10 * time.Millisecond}, newFakeNode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(context.Background())
+	want := map[string]string{"broken/1": "models/broken: plover.json: ", "cnn/1": "models/cnn/1: pack: bundle: b.bin is a link that resolves outside"}
+	idx := r.Index(false)
+	if len(idx) != len(want) {
+		t.Fatalf("index: %s", index(r))
+	}
+	for _, e := range idx {
+		if p := want[e.Name+"/"+e.Version]; !strings.HasPrefix(e.Reason, p) || strings.Contains(e.Reason, root) {
+			t.Errorf("%s/%s: reason %q, want it to begin %q and not name %s", e.Name, e.Version, e.Reason, p, root)
+		}
+	}
+}
