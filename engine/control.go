@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -292,6 +293,44 @@ func (c *Control) Unlabel(ctx context.Context, name, label string) error {
 	if n > 0 {
 		e.tab.unlabel(name, label, current)
 		e.cfg.Log.Info("version label retired", "function", name, "label", label, "versions", n)
+	}
+	return nil
+}
+
+// Unready is what a pin of name's version (its id) would answer on this
+// node (pipeline.Pin.Unready: its library refused, its crashes' back-off,
+// or, for a pipeline, one of its steps'), from what the node holds: nil
+// for a version it has not loaded or tried. It reads and loads nothing: a
+// model repository's index asks it of every version it lists.
+func (c *Control) Unready(name, version string) error {
+	return c.unready(name, version, time.Now(), 1)
+}
+
+// unready is Unready for a step depth pipelines deep (a step with no
+// version runs its function's current one).
+func (c *Control) unready(name, ref string, now time.Time, depth int) error {
+	f, v := c.e.tab.match(name, ref)
+	if ref == "" && f != nil {
+		c.e.tab.mu.Lock()
+		v = f.cur
+		c.e.tab.mu.Unlock()
+	}
+	if v == nil {
+		return nil
+	}
+	if err := v.unready(now); err != nil || v.rec.Kind != abi.KindPipeline || depth > pipedef.MaxDepth {
+		return err
+	}
+	steps := slices.Clone(v.rec.Steps) // a queue: the record's stays as it is
+	for len(steps) > 0 {
+		s := steps[0]
+		steps = append(steps[1:], s.Parallel...)
+		if s.Function == "" {
+			continue
+		}
+		if err := c.unready(s.Function, s.Version, now, depth+1); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -94,11 +94,14 @@ func (p Pin) Release() { p.v.pool.unref() }
 // run (a version not loaded yet is loaded by its first request). It waits
 // for nothing: a model's readiness (the Open Inference Protocol's
 // ModelReady, /v2/models/NAME/ready) asks it.
-func (p Pin) Unready(now time.Time) error {
-	if rf := p.v.refused.Load(); rf != nil {
+func (p Pin) Unready(now time.Time) error { return p.v.unready(now) }
+
+// unready is Pin.Unready for v.
+func (v *version) unready(now time.Time) error {
+	if rf := v.refused.Load(); rf != nil {
 		return rf
 	}
-	return p.v.pool.backingOff(now)
+	return v.pool.backingOff(now)
 }
 
 // invoke runs req on v, a version of f the caller holds a reference on,

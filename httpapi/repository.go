@@ -9,6 +9,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"maps"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -63,11 +69,11 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	// Index takes {"ready": bool}; load and unload take Triton's
-	// {"parameters": {...}}, none of which Plover uses.
+	// {"parameters": {...}}, of which Plover uses none.
 	var body struct {
-		Ready          bool            `json:"ready"`
-		RepositoryName string          `json:"repository_name"`
-		Parameters     json.RawMessage `json:"parameters"`
+		Ready          bool                       `json:"ready"`
+		RepositoryName string                     `json:"repository_name"`
+		Parameters     map[string]json.RawMessage `json:"parameters"`
 	}
 	b, held, err := s.readBody(ctx, bodyLimit{n: 64 << 10, why: "for this route"}, nil, turns{})
 	if err != nil {
@@ -77,7 +83,7 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 	s.releaseBody(held) // parsed below: the bytes are done with
 	if len(bytes.TrimSpace(b)) > 0 {
 		if err := json.Unmarshal(b, &body); err != nil {
-			v2Error(ctx, fasthttp.StatusBadRequest, `body must be empty or a JSON object ({"ready": true} for the index): `+err.Error())
+			v2Error(ctx, fasthttp.StatusBadRequest, `body must be empty or a JSON object ({"ready": true} for the index): `+bodyReason(err))
 			return
 		}
 	}
@@ -87,6 +93,11 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, fasthttp.StatusOK, repo.Index(body.Ready))
 		return
 	case "load":
+		if p := override(body.Parameters); p != "" {
+			v2Error(ctx, fasthttp.StatusBadRequest, "load "+string(name)+": parameter "+strconv.Quote(p)+
+				": a load deploys the model's folder as it is, and takes no configuration or files with the request (write them into the folder)")
+			return
+		}
 		err = repo.Load(callCtx(ctx), string(name)) // string: a copy, as the repository keeps names
 	case "unload":
 		err = repo.Unload(callCtx(ctx), string(name))
@@ -96,4 +107,50 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK) // the extension's success: 200, no body
+}
+
+// bodyReason says what is wrong with a repository route's body in the
+// client's terms (the field, what it is, what it should be), not in
+// encoding/json's, which names this package's Go types.
+func bodyReason(err error) string {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) {
+		return "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")
+	}
+	is := "is " + article(te.Value)
+	if te.Field == "" {
+		return "it " + is + ", want a JSON object"
+	}
+	want := "a string"
+	switch te.Type.Kind() {
+	case reflect.Bool:
+		want = "true or false"
+	case reflect.Map:
+		want = "a JSON object"
+	}
+	return `"` + te.Field + `" ` + is + ", want " + want
+}
+
+// article is a JSON value's kind as encoding/json names it ("array",
+// "number", ...) with its article.
+func article(kind string) string {
+	if kind == "array" || kind == "object" {
+		return "an " + kind
+	}
+	return "a " + kind
+}
+
+// override is the first of a load's parameters that would change what
+// loads (Triton's "config", a model configuration, and "file:PATH", a
+// file's new content), or "": Plover has neither, and a load that
+// answered 200 without them would tell the client its model was loaded
+// as it asked.
+func override(params map[string]json.RawMessage) string {
+	keys := slices.Sorted(maps.Keys(params))
+	for _, k := range keys {
+		if k == "config" || strings.HasPrefix(k, "file:") {
+			return k
+		}
+	}
+	return ""
 }

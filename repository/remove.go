@@ -58,7 +58,7 @@ func (r *Repository) earlierRuns(ctx context.Context, ms []*model) []*model {
 		case r.models[m.name] != m:
 		case err != nil:
 			m.removing, m.done, m.versions, m.retry = true, "", nil, false
-			m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but whether its function is the repository's could not be read (tried again at the next scan): %v", err)
+			m.state, m.reason = Unavailable, brief(fmt.Sprintf("its folder was removed, but whether its function is the repository's could not be read (tried again at the next scan): %v", err))
 		case ours:
 			m.deployed = true
 			gone = append(gone, m)

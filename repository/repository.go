@@ -25,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -51,6 +52,10 @@ type Node interface {
 	// Unlabel takes a version folder's label off the function's versions
 	// but the current one: the folder went.
 	Unlabel(ctx context.Context, name, label string) error
+	// Unready is why the node cannot run name's version (its id) now, as
+	// a model's ready answers (its library refused at its first load,
+	// its crashes' back-off), or nil; it reads and loads nothing.
+	Unready(name, version string) error
 }
 
 // Config configures a Repository.
@@ -123,10 +128,12 @@ type model struct {
 
 // version is one version folder's state.
 type version struct {
-	label, dir    string
-	state, reason string
-	kind          errdefs.Kind // the class of the failure reason says, for a load
-	id            string       // the node's version id once deployed
+	// dir is read (links followed); where names it in messages as the
+	// repository lays it out ("models/cnn/2"), not by where links lead.
+	label, dir, where string
+	state, reason     string
+	kind              errdefs.Kind // the class of the failure reason says, for a load
+	id                string       // the node's version id once deployed
 }
 
 // New returns a repository over cfg.Dir deploying to node; Run serves it.
@@ -261,7 +268,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 				// the next scan.
 				left = append(left, m)
 				m.removing, m.done, m.versions, m.retry = true, "", nil, false
-				m.state, m.reason = Unavailable, fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err)
+				m.state, m.reason = Unavailable, brief(fmt.Sprintf("its folder was removed, but deleting its function failed (tried again at the next scan): %v", err))
 			}
 			r.mu.Unlock()
 		}
@@ -325,7 +332,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 	// LOADING entry.
 	m.state, m.reason = Loading, "files changed within the last "+r.cfg.Settle.String()+": waiting for the copy to settle"
 	if f.err != nil {
-		m.reason = fmt.Sprintf("cannot read it yet: %v", f.err)
+		m.reason = brief(fmt.Sprintf("cannot read it yet: %v", f.err))
 	}
 	return stillChanging
 }
@@ -401,7 +408,7 @@ func (r *Repository) parallel(n int, f func(int)) {
 // bundle, as version 1) and whether its highest is a pipeline.
 func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	if _, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile)); err == nil {
-		return []version{{label: "1", dir: resolved(m.dir)}}, isPipeline(m.dir), nil
+		return []version{{label: "1", dir: resolved(m.dir), where: r.where(m.dir)}}, isPipeline(m.dir), nil
 	}
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
@@ -412,7 +419,8 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	var vs []version
 	for _, e := range ents {
 		if isVersion(e.Name()) && isDir(m.dir, e) {
-			vs = append(vs, version{label: e.Name(), dir: resolved(filepath.Join(m.dir, e.Name()))})
+			dir := filepath.Join(m.dir, e.Name())
+			vs = append(vs, version{label: e.Name(), dir: resolved(dir), where: r.where(dir)})
 		}
 	}
 	if len(vs) == 0 {
@@ -477,7 +485,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
 		// goes beside it.
-		v.id, err = r.deployVersion(ctx, m, v.label, v.dir, rec, i < len(vers)-1, print)
+		v.id, err = r.deployVersion(ctx, m, v, rec, i < len(vers)-1, print)
 		if errors.Is(err, errChanged) {
 			// Packed while being copied: nothing more deploys from this
 			// look; the next scans see it settle.
@@ -492,7 +500,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
 			retry = retry || passing(err)
-			v.state, v.reason, v.kind = Unavailable, err.Error(), errdefs.KindOf(err)
+			v.state, v.reason, v.kind = Unavailable, brief(err.Error()), errdefs.KindOf(err)
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
 			continue
 		}
@@ -569,15 +577,15 @@ var errChanged = errors.New("the folder changed while it was packed")
 // (the same label and bytes: a restart), and returns its version id. The
 // model's folder must still be as print, the look that decided the
 // deploy, once the version is packed (errChanged).
-func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir string, rec *api.Record, aside bool, print string) (string, error) {
-	where := r.where(dir)
+func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, rec *api.Record, aside bool, print string) (string, error) {
+	label, where := v.label, v.where
 	name := ""
 	if m.renamed {
 		name = m.name
 	}
 	// Only files within the version folder: a file linked out of it
 	// (to the server's own secrets) is refused, and the folder with it.
-	b, sha, man, err := r.pack(dir, name)
+	b, sha, man, err := r.pack(v.dir, name)
 	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
 		return "", errChanged
 	}
@@ -585,7 +593,9 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, label, dir str
 		return "", fmt.Errorf("%s: %w", where, err)
 	}
 	if err != nil {
-		return "", refused(where, err)
+		// Its files named from the folder (where names it): the server's
+		// own paths are not the index's readers' to see.
+		return "", refused(where, errors.New(strings.ReplaceAll(err.Error(), v.dir+string(filepath.Separator), "")))
 	}
 	if !m.renamed && man.Name != m.name {
 		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
@@ -627,7 +637,7 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 
 // settleLocked is settle under r.mu.
 func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
-	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, reason, kind
+	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
 	m.retry = done == ""
 	for _, v := range vers {
 		if v.state == Ready {
@@ -639,135 +649,20 @@ func (r *Repository) settleLocked(m *model, done string, vers []version, state, 
 	}
 }
 
-// Index is the repository's models, by name: one entry per version
-// folder (its label as the version), and one without a version for the
-// whole folder while it settles, when it has no versions to show
-// (unreadable, unloaded), or when its last deploy failed beside the
-// versions that still serve (the store down); with ready, only READY ones.
-func (r *Repository) Index(ready bool) []api.RepositoryModel {
-	r.mu.Lock()
-	out := make([]api.RepositoryModel, 0, len(r.models))
-	for _, m := range r.models {
-		if len(m.versions) == 0 || m.unloaded || m.state != "" {
-			if !ready {
-				out = append(out, api.RepositoryModel{Name: m.name, State: m.state, Reason: m.reason})
-			}
-			if len(m.versions) == 0 || m.unloaded {
-				continue
-			}
-		}
-		for _, v := range m.versions {
-			if !ready || v.state == Ready {
-				out = append(out, api.RepositoryModel{Name: m.name, Version: v.label, State: v.state, Reason: v.reason})
-			}
-		}
-	}
-	r.mu.Unlock()
-	slices.SortFunc(out, func(a, b api.RepositoryModel) int {
-		if a.Name != b.Name {
-			if a.Name < b.Name {
-				return -1
-			}
-			return 1
-		}
-		return byNumber(a.Version, b.Version)
-	})
-	return out
-}
+// maxReason bounds a reason: a manifest's values are quoted in it, and a
+// plover.json may be 1 MiB, which every index answer and log line would
+// carry.
+const maxReason = 1024
 
-// Load deploys name's folder now, as it is (an unload ends): its versions
-// the node lacks are deployed and the highest made current. An unknown
-// name is 404; a folder that does not deploy is 400 with the reason.
-func (r *Repository) Load(ctx context.Context, name string) error {
-	if !r.take(ctx) {
-		return errdefs.Unavailable(ctx.Err(), "load %s: the server is shutting down", name)
+// brief is reason cut to maxReason bytes (at a character's start), saying
+// how much was cut; its beginning names the folder, the file and the field.
+func brief(reason string) string {
+	if len(reason) <= maxReason {
+		return reason
 	}
-	defer r.give()
-	found, err := r.list()
-	if err != nil {
-		return errdefs.Unavailable(err, "load %s: cannot read the model repository: %v", name, err)
+	n := maxReason
+	for n > 0 && !utf8.RuneStart(reason[n]) {
+		n--
 	}
-	f, ok := found[name]
-	if !ok {
-		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
-	}
-	r.mu.Lock()
-	m := r.modelLocked(name, f)
-	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
-	if f.unreadable {
-		r.unreadableLocked(m, f)
-		defer r.mu.Unlock()
-		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, m.reason)
-	}
-	r.mu.Unlock()
-	vers, _, err := r.versionsOf(m)
-	r.deploy(ctx, m, vers, err)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if m.state == Loading {
-		return errdefs.Unavailable(nil, "load %s: %s", name, m.reason)
-	}
-	if reason, kind := m.failure(); reason != "" {
-		// The failure's class: a bundle the node or the repository
-		// refuses is 400 (as Triton answers), the store down 503, a
-		// conflict 409, ...
-		if kind == errdefs.KindInvalid {
-			kind = errdefs.KindBadRequest
-		}
-		return errdefs.New(kind, nil, "load %s: %s", name, reason)
-	}
-	return nil
-}
-
-// failure is why m is not ready ("" when its current version is) and its
-// class; under r.mu.
-func (m *model) failure() (string, errdefs.Kind) {
-	if m.state == Unavailable || len(m.versions) == 0 {
-		return m.reason, m.kind
-	}
-	if last := m.versions[len(m.versions)-1]; last.state != Ready {
-		return last.reason, last.kind
-	}
-	return "", 0
-}
-
-// Unload stops serving name until a load (or, while polling, until its
-// folder changes): its function is deleted from the node (requests in
-// flight finish) and the repository remembers it is unloaded. A function
-// a pipeline runs is refused (409), as plover rm refuses it.
-func (r *Repository) Unload(ctx context.Context, name string) error {
-	if !r.take(ctx) {
-		return errdefs.Unavailable(ctx.Err(), "unload %s: the server is shutting down", name)
-	}
-	defer r.give()
-	r.mu.Lock()
-	m := r.models[name]
-	deployed := m != nil && m.deployed
-	r.mu.Unlock()
-	if m == nil {
-		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
-	}
-	// A function of that name the repository never deployed (its folder
-	// refused, a plover deploy) is left alone, as the scan's removal
-	// leaves it. Its record says what this server's memory may not: a
-	// current version with a version folder's label is the repository's
-	// (an earlier run's, whose first deploy since has failed).
-	if !deployed {
-		deployed = r.labelled(ctx, name)
-	}
-	if deployed {
-		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-			return fmt.Errorf("unload %s: %w", name, err)
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	// Its versions are deleted with it: none shows READY until a load or
-	// a change of the folder deploys them again. The folder as last seen
-	// is what is unloaded, a copy still settling included: only a change
-	// after the unload (or a load) brings it back.
-	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
-	m.done = m.seen
-	r.cfg.Log.Info("model repository: unloaded", "model", name)
-	return nil
+	return reason[:n] + " [" + strconv.Itoa(len(reason)-n) + " more bytes cut]"
 }

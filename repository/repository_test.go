@@ -107,6 +107,9 @@ func (f *fakeNode) Unlabel(ctx context.Context, name, label string) error {
 	return nil
 }
 
+// Unready: the fake node runs every version it has.
+func (f *fakeNode) Unready(name, version string) error { return nil }
+
 // current is the label of name's current version ("" if none).
 func (f *fakeNode) current(name string) string {
 	f.mu.Lock()
@@ -364,7 +367,7 @@ func TestUnloadLoad(t *testing.T) {
 
 // BenchmarkIndex1000 is the index of a repository of 1,000 models.
 func BenchmarkIndex1000(b *testing.B) {
-	r := &Repository{models: map[string]*model{}}
+	r := &Repository{models: map[string]*model{}, node: newFakeNode()}
 	for i := range 1000 {
 		r.models[fmt.Sprintf("model-%04d", i)] = &model{name: fmt.Sprintf("model-%04d", i), versions: []version{{label: "1", state: Ready}}}
 	}

@@ -377,7 +377,7 @@ func TestLinkedFiles(t *testing.T) {
 				}
 				return
 			}
-			want := link + " is a link that resolves outside"
+			want := "models/cnn/1: pack: bundle: b.bin is a link that resolves outside"
 			if !strings.HasPrefix(got, "cnn/1 UNAVAILABLE (models/cnn/1: ") || !strings.Contains(got, want) || !strings.Contains(got, "cnn/2 READY") {
 				t.Errorf("index: %s, want %s...", got, want)
 			}

@@ -104,7 +104,7 @@ func TestFIFOManifestDoesNotStallTheRepository(t *testing.T) {
 	if err := r.Load(lctx, "good"); err != nil {
 		t.Errorf("load of another model while a FIFO manifest is in the repository: %v", err)
 	}
-	if got := index(r); !strings.Contains(got, "bad/1 UNAVAILABLE (models/bad: ") || !strings.Contains(got, "bad/plover.json is a named pipe (FIFO), not a regular file)") {
+	if got := index(r); !strings.Contains(got, "bad/1 UNAVAILABLE (models/bad: ") || !strings.Contains(got, "models/bad: manifest: bundle: plover.json is a named pipe (FIFO), not a regular file)") {
 		t.Errorf("the FIFO's model is not UNAVAILABLE with a reason naming the file; index: %s", got)
 	}
 }

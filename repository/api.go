@@ -1,0 +1,182 @@
+package repository
+
+// The repository API's side (the Open Inference Protocol's model
+// repository extension): the index, load and unload.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
+)
+
+// Index is the repository's models, by name: one entry per version
+// folder (its label as the version), and one without a version for the
+// whole folder while it settles, when it has no versions to show
+// (unreadable, unloaded), or when its last deploy failed beside the
+// versions that still serve (the store down); with ready, only READY ones.
+func (r *Repository) Index(ready bool) []api.RepositoryModel {
+	r.mu.Lock()
+	out := make([]api.RepositoryModel, 0, len(r.models))
+	type at struct {
+		i int // in out
+		v version
+	}
+	var deployed []at // the READY versions
+	for _, m := range r.models {
+		if len(m.versions) == 0 || m.unloaded || m.state != "" {
+			out = append(out, api.RepositoryModel{Name: m.name, State: m.state, Reason: m.reason})
+			if len(m.versions) == 0 || m.unloaded {
+				continue
+			}
+		}
+		for _, v := range m.versions {
+			if v.state == Ready {
+				deployed = append(deployed, at{len(out), v})
+			}
+			out = append(out, api.RepositoryModel{Name: m.name, Version: v.label, State: v.state, Reason: v.reason})
+		}
+	}
+	r.mu.Unlock()
+	// Deployed is not READY when the node cannot run it: READY said so
+	// of a version whose library the node refused, while its ready said
+	// 503 and its requests failed.
+	for _, d := range deployed {
+		e := &out[d.i]
+		if reason, _ := r.unready(e.Name, d.v); reason != "" {
+			e.State, e.Reason = Unavailable, reason
+		}
+	}
+	if ready {
+		out = slices.DeleteFunc(out, func(e api.RepositoryModel) bool { return e.State != Ready })
+	}
+	slices.SortFunc(out, func(a, b api.RepositoryModel) int {
+		if a.Name != b.Name {
+			if a.Name < b.Name {
+				return -1
+			}
+			return 1
+		}
+		return byNumber(a.Version, b.Version)
+	})
+	return out
+}
+
+// Load deploys name's folder now, as it is (an unload ends): its versions
+// the node lacks are deployed and the highest made current. An unknown
+// name is 404; a folder that does not deploy is 400 with the reason.
+func (r *Repository) Load(ctx context.Context, name string) error {
+	if !r.take(ctx) {
+		return errdefs.Unavailable(ctx.Err(), "load %s: the server is shutting down", name)
+	}
+	defer r.give()
+	found, err := r.list()
+	if err != nil {
+		return errdefs.Unavailable(err, "load %s: cannot read the model repository: %v", name, err)
+	}
+	f, ok := found[name]
+	if !ok {
+		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
+	}
+	r.mu.Lock()
+	m := r.modelLocked(name, f)
+	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
+	if f.unreadable {
+		r.unreadableLocked(m, f)
+		defer r.mu.Unlock()
+		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, m.reason)
+	}
+	r.mu.Unlock()
+	vers, _, err := r.versionsOf(m)
+	r.deploy(ctx, m, vers, err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m.state == Loading {
+		return errdefs.Unavailable(nil, "load %s: %s", name, m.reason)
+	}
+	if reason, kind := m.failure(); reason != "" {
+		// The failure's class: a bundle the node or the repository
+		// refuses is 400 (as Triton answers), the store down 503, a
+		// conflict 409, ...
+		if kind == errdefs.KindInvalid {
+			kind = errdefs.KindBadRequest
+		}
+		return errdefs.New(kind, nil, "load %s: %s", name, reason)
+	}
+	if n := len(m.versions); n > 0 {
+		if reason, kind := r.unready(name, m.versions[n-1]); reason != "" {
+			return errdefs.New(kind, nil, "load %s: %s", name, reason)
+		}
+	}
+	return nil
+}
+
+// unready is why the node cannot run v, a deployed version of name, and
+// its class (a library refused is the bundle's: 400), or "".
+func (r *Repository) unready(name string, v version) (string, errdefs.Kind) {
+	err := r.node.Unready(name, v.id)
+	if err == nil {
+		return "", 0
+	}
+	kind := errdefs.KindOf(err)
+	if kind == errdefs.KindInvalid {
+		kind = errdefs.KindBadRequest
+	}
+	return brief(fmt.Sprintf("%s: deployed, but this node cannot run it: %v", v.where, err)), kind
+}
+
+// failure is why m is not ready ("" when its current version is) and its
+// class; under r.mu.
+func (m *model) failure() (string, errdefs.Kind) {
+	if m.state == Unavailable || len(m.versions) == 0 {
+		return m.reason, m.kind
+	}
+	if last := m.versions[len(m.versions)-1]; last.state != Ready {
+		return last.reason, last.kind
+	}
+	return "", 0
+}
+
+// Unload stops serving name until a load (or, while polling, until its
+// folder changes): its function is deleted from the node (requests in
+// flight finish) and the repository remembers it is unloaded. A function
+// a pipeline runs is refused (409), as plover rm refuses it.
+func (r *Repository) Unload(ctx context.Context, name string) error {
+	if !r.take(ctx) {
+		return errdefs.Unavailable(ctx.Err(), "unload %s: the server is shutting down", name)
+	}
+	defer r.give()
+	r.mu.Lock()
+	m := r.models[name]
+	deployed := m != nil && m.deployed
+	r.mu.Unlock()
+	if m == nil {
+		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
+	}
+	// A function of that name the repository never deployed (its folder
+	// refused, a plover deploy) is left alone, as the scan's removal
+	// leaves it. Its record says what this server's memory may not: a
+	// current version with a version folder's label is the repository's
+	// (an earlier run's, whose first deploy since has failed).
+	if !deployed {
+		deployed = r.labelled(ctx, name)
+	}
+	if deployed {
+		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+			return fmt.Errorf("unload %s: %w", name, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Its versions are deleted with it: none shows READY until a load or
+	// a change of the folder deploys them again. The folder as last seen
+	// is what is unloaded, a copy still settling included: only a change
+	// after the unload (or a load) brings it back.
+	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
+	m.done = m.seen
+	r.cfg.Log.Info("model repository: unloaded", "model", name)
+	return nil
+}
