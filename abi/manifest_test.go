@@ -156,6 +156,34 @@ func TestManifestTypeErrors(t *testing.T) {
 	}
 }
 
+// encoding/json takes a key given twice (the last wins) and a field's name
+// in another case; either lets plover.json say one thing to whoever reads
+// it (a reviewer, jq .zero_out) and another to the server, so both are
+// refused as an unknown field is, naming where.
+func TestManifestKeysSpeltOnce(t *testing.T) {
+	valid := `"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}]`
+	for _, tt := range []struct{ json, want string }{
+		{`{` + valid + `,"zero_out":true,"zero_out":false}`, `zero_out: given twice (both on line 1): a field may appear once`},
+		{"{\n" + valid + ",\n\"zero_out\": true,\n\"ZERO_OUT\": false}", `ZERO_OUT: no such field (did you mean "zero_out"? field names are case-sensitive)`},
+		{`{` + valid + `,"Zero_Tmp":true,"tmp_bytes":4}`, `Zero_Tmp: no such field (did you mean "zero_tmp"?`},
+		{"{\n\"out_bytes\": 1,\n" + valid + "}", `out_bytes: given twice (lines 2 and 3)`},
+		{`{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1,"grid":2}]}`, `chain[0].grid: given twice`},
+		{`{` + valid + `,"batch":{"max_items":2,"Max_Items":4,"item_input_bytes":8,"item_output_bytes":8}}`, `batch.Max_Items: no such field (did you mean "max_items"?`},
+		{`{"name":"p","kind":"pipeline","steps":["a",{"function":"b","Function":"c"}]}`, `steps[1].Function: no such field (did you mean "function"?`},
+		{`{"name":"p","kind":"pipeline","steps":["a",{"parallel":["b",{"function":"c","function":"d"}]}]}`, `steps[1].parallel[1].function: given twice`},
+	} {
+		_, err := ParseManifest(strings.NewReader(tt.json))
+		if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("%s:\n got %v\nwant %q", tt.json, err, tt.want)
+		}
+	}
+	// The same key in sibling objects is no repeat.
+	ok := `{` + valid[:strings.Index(valid, `"chain"`)] + `"chain":[{"kernel":"k","grid":1,"block":1},{"kernel":"k","grid":1,"block":1}]}`
+	if _, err := ParseManifest(strings.NewReader(ok)); err != nil {
+		t.Errorf("two launches with the same keys: %v", err)
+	}
+}
+
 func TestSuggest(t *testing.T) {
 	fields := []string{"zero_tmp", "zero_out", "tmp_bytes", "out_bytes", "max_queue"}
 	for _, tt := range []struct{ name, want string }{
