@@ -24,7 +24,10 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		return nil, call.Warm, err
 	}
 	m := v.manifest
-	need := m.MaxInputBytes + m.TmpBytes + m.OutBytes
+	if fe := fitsDevice(m, v.constSize, best, best.MemInfo().Total); fe != nil {
+		return nil, call.Warm, errorf(errdefs.KindInvalid, fe, "function %s: %s", v.fn.name, fe.Error())
+	}
+	need := instanceBytes(m)
 	if v.pool.placement(best) == nil {
 		need += v.constSize
 	}
@@ -110,7 +113,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	}
 	t0 := time.Now()
 	m := v.manifest
-	budget := v.constSize + int64(v.policy.max)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes)
+	budget := v.constSize + int64(v.policy.max)*instanceBytes(m)
 	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget, Output: v.fn.output(), Tenant: e.tenantOf(v)})
 	if err != nil {
 		var le *loader.Error
