@@ -184,6 +184,34 @@ func TestManifestKeysSpeltOnce(t *testing.T) {
 	}
 }
 
+// A declared tensor's fixed bytes must fit the largest buffer: sizes whose
+// product overflowed an int64 made /v2 cut an output of a negative length,
+// a panic that took the whole server down.
+func TestTensorShapesFitABuffer(t *testing.T) {
+	manifest := func(in, out string) string {
+		return `{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":64,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}],` +
+			`"tensors":{"inputs":[` + in + `],"outputs":[` + out + `]}}`
+	}
+	x := `{"name":"x","datatype":"UINT8","shape":[-1]}`
+	y := `{"name":"y","datatype":"FP32","shape":[4]}`
+	for _, tt := range []struct{ json, want string }{
+		{manifest(x, `{"name":"y","datatype":"FP32","shape":[2305843009213693953]}`), "tensors.outputs[0].shape: [2305843009213693953] of FP32 takes more than 1073741824 bytes, the most a buffer holds"},
+		{manifest(x, `{"name":"y","datatype":"FP32","shape":[4611686018427387904,4]}`), "tensors.outputs[0].shape: "}, // 2^64 elements: 0 when wrapped
+		{manifest(x, `{"name":"y","datatype":"FP32","shape":[-1,4611686018427387904]}`), "tensors.outputs[0].shape: "},
+		{manifest(x, `{"name":"y","datatype":"FP64","shape":[134217729]}`), "tensors.outputs[0].shape: [134217729] of FP64 takes more than 1073741824 bytes"},
+		{manifest(x, `{"name":"y","datatype":"UINT8","shape":[1073741824]},{"name":"z","datatype":"UINT8","shape":[1]}`), "tensors.outputs[1].shape: [1] of UINT8 takes more than 1073741824 bytes, the most a buffer holds with the tensors declared before it"},
+		{manifest(`{"name":"x","datatype":"INT64","shape":[9223372036854775807]}`, y), "tensors.inputs[0].shape: "},
+		{manifest(`{"name":"x","datatype":"INT16","shape":[65536,8193,-1]}`, y), "tensors.inputs[0].shape: [65536 8193 -1] of INT16 takes more than 1073741824 bytes"},
+		{manifest(x, y), ""},
+		{manifest(`{"name":"x","datatype":"UINT8","shape":[1073741824]}`, `{"name":"y","datatype":"FP32","shape":[2,-1]}`), ""},
+	} {
+		_, err := ParseManifest(strings.NewReader(tt.json))
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.want)) {
+			t.Errorf("%s:\n got %v\nwant %q", tt.json, err, tt.want)
+		}
+	}
+}
+
 func TestSuggest(t *testing.T) {
 	fields := []string{"zero_tmp", "zero_out", "tmp_bytes", "out_bytes", "max_queue"}
 	for _, tt := range []struct{ name, want string }{
