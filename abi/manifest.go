@@ -349,6 +349,10 @@ func ParseManifest(r io.Reader) (*Manifest, error) {
 	if len(data) > 1<<20 {
 		return nil, &FieldError{Field: ManifestFile, Reason: "larger than 1 MiB"}
 	}
+	if off := tooDeep(data); off >= 0 {
+		line, col := lineColumn(data, off)
+		return nil, &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("nests deeper than %d levels at line %d, column %d (parallel steps do not nest)", maxDepth, line, col)}
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var m Manifest

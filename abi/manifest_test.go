@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const valid = `{"name":"vecadd","abi":1,"target":"host","library":"vecadd.so","constants":"b.bin",
@@ -208,6 +209,33 @@ func TestTensorShapesFitABuffer(t *testing.T) {
 		_, err := ParseManifest(strings.NewReader(tt.json))
 		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.want)) {
 			t.Errorf("%s:\n got %v\nwant %q", tt.json, err, tt.want)
+		}
+	}
+}
+
+// Nesting is bounded before the document is decoded: each level of
+// nested steps decoded itself again (Step.UnmarshalJSON, a decoder whose
+// depth limit starts afresh), so a manifest under 1 MiB of nested
+// parallel steps around padding cost its deploy seconds to minutes of
+// CPU before validation refused it (parallel steps do not nest).
+func TestManifestNestingBounded(t *testing.T) {
+	nested := func(depth int, pad string) string {
+		return `{"name":"p","kind":"pipeline","steps":[` + strings.Repeat(`{"parallel":["a",`, depth) + `"b"` + pad + strings.Repeat(`]}`, depth) + `]}`
+	}
+	t0 := time.Now()
+	_, err := ParseManifest(strings.NewReader(nested(1000, strings.Repeat(" ", 900<<10))))
+	if took := time.Since(t0); err == nil || !strings.HasPrefix(err.Error(), "plover.json: nests deeper than 16 levels at line 1, column ") || took > time.Second {
+		t.Errorf("1000 nested parallel steps: %v after %v, want refused at once for its nesting", err, took)
+	}
+	// One level of nesting keeps its message; strings, escaped quotes
+	// and all, are not levels.
+	for _, tt := range []struct{ json, want string }{
+		{nested(2, ""), `steps[0].parallel[1]: parallel steps do not nest`},
+		{`{"name":"f","build":{"sources":["a"],"cxxflags":["-D\"X={{{{{{{{{{{{{{{{{{[[[[[[[[[[[[[["]},"abi":0}`, "abi: is 0"},
+		{strings.Repeat("[", 17) + strings.Repeat("]", 17), "plover.json: nests deeper than 16 levels at line 1, column 17"},
+	} {
+		if _, err := ParseManifest(strings.NewReader(tt.json)); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("%.80s: %v, want %q", tt.json, err, tt.want)
 		}
 	}
 }
