@@ -55,6 +55,14 @@ func TestFunctionLargerThanItsDevice(t *testing.T) {
 			t.Errorf("%s: deploy answered %v (kind %v), want 422 starting %q and naming the device's 1048576 bytes", tt.name, err, errdefs.KindOf(err), tt.field)
 		}
 	}
+	// On the host its constants live in its worker: more than its own
+	// max_host_memory_mb would have the worker killed at every load.
+	limited := *m
+	limited.Constants, limited.MaxHostMemoryMB = "w.bin", 1
+	err := deploy(testkit.Engine(t, engine.Config{}), testkit.BundleDir(t, &limited, make([]byte, 2<<20)))
+	if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.HasPrefix(err.Error(), "max_host_memory_mb: 1 MiB is less than the worker must hold") {
+		t.Errorf("constants over max_host_memory_mb: deploy answered %v (kind %v), want 422 naming max_host_memory_mb", err, errdefs.KindOf(err))
+	}
 	// One that just fits is deployed and runs.
 	e := small(nil)
 	if err := deploy(e, withConsts(total-per)); err != nil {
