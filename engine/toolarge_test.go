@@ -85,3 +85,28 @@ func TestFunctionLargerThanItsDevice(t *testing.T) {
 		t.Errorf("invoke on a node whose device is too small: %v (kind %v), want 422 naming the device's 1048576 bytes", err, errdefs.KindOf(err))
 	}
 }
+
+// On a node with devices of several sizes a function goes to one whose
+// whole memory can hold it, though a smaller one has more free: the
+// larger one's idle functions are evicted for it, and it is not refused
+// as too large for the device that happened to have the most free.
+func TestFunctionGoesToADeviceLargeEnough(t *testing.T) {
+	const mib = 1 << 20
+	small, large := device.NewHost(mib), device.NewHost(3*mib)
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{small, large}})
+	withConsts := func(name string, n int64) string {
+		m := testkit.Manifest(name)
+		m.Constants = "w.bin"
+		return testkit.BundleDir(t, m, make([]byte, n))
+	}
+	testkit.Deploy(t, e, withConsts("filler", 2*mib)) // fits the large device only
+	invoke(t, e, "filler", []byte{1})
+	if free := large.MemInfo().Free; free >= small.MemInfo().Free {
+		t.Fatalf("the large device has %d bytes free, the small %d: the case tests nothing", free, small.MemInfo().Free)
+	}
+	testkit.Deploy(t, e, withConsts("big", 2*mib))
+	invoke(t, e, "big", []byte{1}) // on the large device, filler evicted
+	if fi := info(t, e, "filler"); fi.Loaded {
+		t.Errorf("filler still loaded: big did not take its room on the large device")
+	}
+}
