@@ -18,7 +18,8 @@ import (
 type jsonFrame struct {
 	array   bool
 	index   int          // array: the current element, from 0
-	key     string       // object: the current key
+	key     string       // object: the current key, as the field is spelt
+	raw     string       // object: the current key as the document spells it
 	typ     reflect.Type // what the object or array decodes into; nil: unknown
 	wantKey bool         // object: the next token is a key or '}'
 }
@@ -81,6 +82,7 @@ func walkJSON(data []byte, root reflect.Type, visit func(frames []jsonFrame, tok
 		}
 		if top != nil && !top.array && top.wantKey {
 			key, _ := tok.(string)
+			top.raw = key
 			if name, _ := structField(top.typ, key); name != "" {
 				key = name // as the field is spelt: "NAME" decodes into name
 			}
@@ -213,6 +215,84 @@ func unknownJSONField(data []byte, root reflect.Type) (parent, key string, field
 		return true
 	})
 	return parent, key, fields, ok
+}
+
+// maxDepth is how deep a manifest's objects and arrays may nest: a
+// pipeline's parallel step's function is 5 levels down, a tensor's shape
+// too, and parallel steps do not nest.
+const maxDepth = 16
+
+// tooDeep is the offset of the first '{' or '[' of data that opens a level
+// past maxDepth, or -1. Decoding cannot be left to find it: Step decodes
+// itself, so each level of nested steps is scanned again by its own
+// decoder, whose depth limit starts afresh, and 4000 levels around 900 KiB
+// cost a deploy a minute of CPU.
+func tooDeep(data []byte) int64 {
+	depth, inString := 0, false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case inString && c == '\\':
+			i++ // the escaped byte is no quote
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			if depth++; depth > maxDepth {
+				return int64(i)
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return -1
+}
+
+// keySpelling finds the first key of data, in document order, that
+// encoding/json would take but a reader of the file would not: a key given
+// twice in one object (the last one wins), or a field's name in another
+// case ("ZERO_OUT" sets zero_out). Either lets a manifest say one thing to
+// a person or a tool reading it (jq .zero_out) and another to the server.
+func keySpelling(data []byte, root reflect.Type) *FieldError {
+	var found *FieldError
+	var seen []map[string]int // per open object, by depth: its keys and their lines
+	walkJSON(data, root, func(frames []jsonFrame, tok json.Token, isKey bool, end int64) bool {
+		if !isKey {
+			if d, ok := tok.(json.Delim); ok && d == '{' {
+				for len(seen) <= len(frames) {
+					seen = append(seen, nil)
+				}
+				seen[len(frames)] = map[string]int{} // the frame this '{' opens
+			}
+			return false
+		}
+		depth := len(frames) - 1
+		top := frames[depth]
+		path := jsonPathOf(frames)
+		if top.raw != top.key {
+			if parent := jsonPathOf(frames[:depth]); parent != "" {
+				path = parent + "." + pathKey(top.raw)
+			} else {
+				path = pathKey(top.raw)
+			}
+			found = &FieldError{Field: path, Reason: fmt.Sprintf("no such field (did you mean %q? field names are case-sensitive)", top.key)}
+			return true
+		}
+		line, _ := lineColumn(data, end)
+		if depth < len(seen) && seen[depth] != nil {
+			if first, twice := seen[depth][top.raw]; twice {
+				at := fmt.Sprintf("lines %d and %d", first, line)
+				if first == line {
+					at = fmt.Sprintf("both on line %d", line)
+				}
+				found = &FieldError{Field: path, Reason: fmt.Sprintf("given twice (%s): a field may appear once", at)}
+				return true
+			}
+			seen[depth][top.raw] = line
+		}
+		return false
+	})
+	return found
 }
 
 // lineColumn is the 1-based line and column (in bytes) of data[pos]; pos

@@ -339,7 +339,8 @@ func jsonWant(t reflect.Type) string {
 }
 
 // ParseManifest decodes and validates a manifest. Unknown fields are errors:
-// a misspelt "zero_tmp" must not silently become false.
+// a misspelt "zero_tmp" must not silently become false; so are a field given
+// twice and one spelt in another case, which encoding/json would take.
 func ParseManifest(r io.Reader) (*Manifest, error) {
 	data, err := io.ReadAll(io.LimitReader(r, 1<<20+1))
 	if err != nil {
@@ -347,6 +348,10 @@ func ParseManifest(r io.Reader) (*Manifest, error) {
 	}
 	if len(data) > 1<<20 {
 		return nil, &FieldError{Field: ManifestFile, Reason: "larger than 1 MiB"}
+	}
+	if off := tooDeep(data); off >= 0 {
+		line, col := lineColumn(data, off)
+		return nil, &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("nests deeper than %d levels at line %d, column %d (parallel steps do not nest)", maxDepth, line, col)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -356,6 +361,9 @@ func ParseManifest(r io.Reader) (*Manifest, error) {
 	}
 	if dec.More() {
 		return nil, &FieldError{Field: ManifestFile, Reason: "trailing data after the JSON object"}
+	}
+	if fe := keySpelling(data, manifestType); fe != nil {
+		return nil, fe
 	}
 	if err := m.Validate(); err != nil {
 		return nil, err

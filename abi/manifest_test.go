@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const valid = `{"name":"vecadd","abi":1,"target":"host","library":"vecadd.so","constants":"b.bin",
@@ -152,6 +153,89 @@ func TestManifestTypeErrors(t *testing.T) {
 		_, err := ParseManifest(strings.NewReader(tt.json))
 		if err == nil || !strings.HasPrefix(err.Error(), tt.want) || strings.Contains(err.Error(), "Go struct") {
 			t.Errorf("%s: %v, want %q", tt.json, err, tt.want)
+		}
+	}
+}
+
+// encoding/json takes a key given twice (the last wins) and a field's name
+// in another case; either lets plover.json say one thing to whoever reads
+// it (a reviewer, jq .zero_out) and another to the server, so both are
+// refused as an unknown field is, naming where.
+func TestManifestKeysSpeltOnce(t *testing.T) {
+	valid := `"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}]`
+	for _, tt := range []struct{ json, want string }{
+		{`{` + valid + `,"zero_out":true,"zero_out":false}`, `zero_out: given twice (both on line 1): a field may appear once`},
+		{"{\n" + valid + ",\n\"zero_out\": true,\n\"ZERO_OUT\": false}", `ZERO_OUT: no such field (did you mean "zero_out"? field names are case-sensitive)`},
+		{`{` + valid + `,"Zero_Tmp":true,"tmp_bytes":4}`, `Zero_Tmp: no such field (did you mean "zero_tmp"?`},
+		{"{\n\"out_bytes\": 1,\n" + valid + "}", `out_bytes: given twice (lines 2 and 3)`},
+		{`{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1,"grid":2}]}`, `chain[0].grid: given twice`},
+		{`{` + valid + `,"batch":{"max_items":2,"Max_Items":4,"item_input_bytes":8,"item_output_bytes":8}}`, `batch.Max_Items: no such field (did you mean "max_items"?`},
+		{`{"name":"p","kind":"pipeline","steps":["a",{"function":"b","Function":"c"}]}`, `steps[1].Function: no such field (did you mean "function"?`},
+		{`{"name":"p","kind":"pipeline","steps":["a",{"parallel":["b",{"function":"c","function":"d"}]}]}`, `steps[1].parallel[1].function: given twice`},
+	} {
+		_, err := ParseManifest(strings.NewReader(tt.json))
+		if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("%s:\n got %v\nwant %q", tt.json, err, tt.want)
+		}
+	}
+	// The same key in sibling objects is no repeat.
+	ok := `{` + valid[:strings.Index(valid, `"chain"`)] + `"chain":[{"kernel":"k","grid":1,"block":1},{"kernel":"k","grid":1,"block":1}]}`
+	if _, err := ParseManifest(strings.NewReader(ok)); err != nil {
+		t.Errorf("two launches with the same keys: %v", err)
+	}
+}
+
+// A declared tensor's fixed bytes must fit the largest buffer: sizes whose
+// product overflowed an int64 made /v2 cut an output of a negative length,
+// a panic that took the whole server down.
+func TestTensorShapesFitABuffer(t *testing.T) {
+	manifest := func(in, out string) string {
+		return `{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":64,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}],` +
+			`"tensors":{"inputs":[` + in + `],"outputs":[` + out + `]}}`
+	}
+	x := `{"name":"x","datatype":"UINT8","shape":[-1]}`
+	y := `{"name":"y","datatype":"FP32","shape":[4]}`
+	for _, tt := range []struct{ json, want string }{
+		{manifest(x, `{"name":"y","datatype":"FP32","shape":[2305843009213693953]}`), "tensors.outputs[0].shape: [2305843009213693953] of FP32 takes more than 1073741824 bytes, the most a buffer holds"},
+		{manifest(x, `{"name":"y","datatype":"FP32","shape":[4611686018427387904,4]}`), "tensors.outputs[0].shape: "}, // 2^64 elements: 0 when wrapped
+		{manifest(x, `{"name":"y","datatype":"FP32","shape":[-1,4611686018427387904]}`), "tensors.outputs[0].shape: "},
+		{manifest(x, `{"name":"y","datatype":"FP64","shape":[134217729]}`), "tensors.outputs[0].shape: [134217729] of FP64 takes more than 1073741824 bytes"},
+		{manifest(x, `{"name":"y","datatype":"UINT8","shape":[1073741824]},{"name":"z","datatype":"UINT8","shape":[1]}`), "tensors.outputs[1].shape: [1] of UINT8 takes more than 1073741824 bytes, the most a buffer holds with the tensors declared before it"},
+		{manifest(`{"name":"x","datatype":"INT64","shape":[9223372036854775807]}`, y), "tensors.inputs[0].shape: "},
+		{manifest(`{"name":"x","datatype":"INT16","shape":[65536,8193,-1]}`, y), "tensors.inputs[0].shape: [65536 8193 -1] of INT16 takes more than 1073741824 bytes"},
+		{manifest(x, y), ""},
+		{manifest(`{"name":"x","datatype":"UINT8","shape":[1073741824]}`, `{"name":"y","datatype":"FP32","shape":[2,-1]}`), ""},
+	} {
+		_, err := ParseManifest(strings.NewReader(tt.json))
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.want)) {
+			t.Errorf("%s:\n got %v\nwant %q", tt.json, err, tt.want)
+		}
+	}
+}
+
+// Nesting is bounded before the document is decoded: each level of
+// nested steps decoded itself again (Step.UnmarshalJSON, a decoder whose
+// depth limit starts afresh), so a manifest under 1 MiB of nested
+// parallel steps around padding cost its deploy seconds to minutes of
+// CPU before validation refused it (parallel steps do not nest).
+func TestManifestNestingBounded(t *testing.T) {
+	nested := func(depth int, pad string) string {
+		return `{"name":"p","kind":"pipeline","steps":[` + strings.Repeat(`{"parallel":["a",`, depth) + `"b"` + pad + strings.Repeat(`]}`, depth) + `]}`
+	}
+	t0 := time.Now()
+	_, err := ParseManifest(strings.NewReader(nested(1000, strings.Repeat(" ", 900<<10))))
+	if took := time.Since(t0); err == nil || !strings.HasPrefix(err.Error(), "plover.json: nests deeper than 16 levels at line 1, column ") || took > time.Second {
+		t.Errorf("1000 nested parallel steps: %v after %v, want refused at once for its nesting", err, took)
+	}
+	// One level of nesting keeps its message; strings, escaped quotes
+	// and all, are not levels.
+	for _, tt := range []struct{ json, want string }{
+		{nested(2, ""), `steps[0].parallel[1]: parallel steps do not nest`},
+		{`{"name":"f","build":{"sources":["a"],"cxxflags":["-D\"X={{{{{{{{{{{{{{{{{{[[[[[[[[[[[[[["]},"abi":0}`, "abi: is 0"},
+		{strings.Repeat("[", 17) + strings.Repeat("]", 17), "plover.json: nests deeper than 16 levels at line 1, column 17"},
+	} {
+		if _, err := ParseManifest(strings.NewReader(tt.json)); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("%.80s: %v, want %q", tt.json, err, tt.want)
 		}
 	}
 }

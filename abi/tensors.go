@@ -49,6 +49,7 @@ func (t *Tensors) validate() error {
 		}
 		seen := map[string]bool{}
 		variable := 0
+		left := int64(MaxBufferBytes) // what the tensors' fixed bytes may still take
 		for i, x := range side.ts {
 			f := fmt.Sprintf("%s[%d]", side.field, i)
 			switch {
@@ -73,6 +74,17 @@ func (t *Tensors) validate() error {
 			if vars > 1 {
 				return &FieldError{f + ".shape", "at most one dimension may be -1"}
 			}
+			// Bounded by the largest buffer, so that no product of a
+			// shape's sizes overflows where requests are laid out and
+			// responses cut (a wrapped negative length panicked the
+			// server's /v2 handler). Not by this function's buffer: an
+			// output declared past out_bytes is a response /v2 refuses
+			// (bad_output), as one an entry cut short.
+			fixed := fixedBytes(x, left)
+			if fixed < 0 {
+				return &FieldError{f + ".shape", fmt.Sprintf("%v of %s takes more than %d bytes, the most a buffer holds%s", x.Shape, x.Datatype, MaxBufferBytes, tensorsBefore(i))}
+			}
+			left -= fixed
 			variable += vars
 		}
 		// Only the last output may vary: outputs are cut from out in order.
@@ -87,6 +99,35 @@ func (t *Tensors) validate() error {
 		}
 	}
 	return nil
+}
+
+// fixedBytes is the bytes of t's fixed dimensions (one element of a
+// variable one), or -1 when they are more than room; computed so that
+// nothing overflows whatever the shape holds.
+func fixedBytes(t Tensor, room int64) int64 {
+	n := DatatypeSize[t.Datatype]
+	for _, d := range t.Shape {
+		if d == -1 {
+			continue
+		}
+		if d > room/n {
+			return -1
+		}
+		n *= d
+	}
+	if n > room {
+		return -1
+	}
+	return n
+}
+
+// tensorsBefore says, for a tensor at index i, that the room was what the
+// tensors declared before it left.
+func tensorsBefore(i int) string {
+	if i == 0 {
+		return ""
+	}
+	return " with the tensors declared before it"
 }
 
 // Elements is the number of elements a shape holds.

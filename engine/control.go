@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/loader"
@@ -94,6 +96,9 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if err := checkDeploy(dir, m, name, e.targets); err != nil {
 		return api.FunctionInfo{}, err
 	}
+	if err := e.checkRoom(dir, m); err != nil {
+		return api.FunctionInfo{}, err
+	}
 	if m.IsPipeline() {
 		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
@@ -168,6 +173,37 @@ func checkDeploy(dir string, m *abi.Manifest, name string, targets []string) err
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		err = inBundle(err, m.Library)
 		return errorf(errdefs.KindInvalid, err, "%s", err.Error())
+	}
+	return nil
+}
+
+// checkRoom refuses a function that no device of its target on this node
+// has the memory for, its constants and one instance together: its every
+// invoke here would fail.
+func (e *Engine) checkRoom(dir string, m *abi.Manifest) error {
+	if m.IsPipeline() {
+		return nil
+	}
+	var constSize int64
+	if m.Constants != "" {
+		fi, err := os.Stat(filepath.Join(dir, m.Constants))
+		if err != nil {
+			return errorf(errdefs.KindInternal, err, "deploy %s: constants", m.Name)
+		}
+		constSize = fi.Size()
+	}
+	var largest device.Device
+	var total int64
+	for _, d := range e.cfg.Devices {
+		if t := d.MemInfo().Total; d.Target() == m.Target && (largest == nil || t > total) {
+			largest, total = d, t
+		}
+	}
+	if largest == nil {
+		return nil // no such device: checkDeploy refused it
+	}
+	if fe := fitsDevice(m, constSize, largest, total); fe != nil {
+		return errorf(errdefs.KindInvalid, fe, "%s", fe.Error())
 	}
 	return nil
 }

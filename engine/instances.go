@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
@@ -16,7 +17,7 @@ import (
 )
 
 // newInstance creates an instance of v on the healthy device with the most
-// free memory, loading v's program there first if needed and evicting idle
+// free memory of those whose whole memory could hold it, loading v's program there first if needed and evicting idle
 // functions when the device's memory budget requires it.
 func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.Start, error) {
 	best, err := e.pickDevice(v)
@@ -24,7 +25,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		return nil, call.Warm, err
 	}
 	m := v.manifest
-	need := m.MaxInputBytes + m.TmpBytes + m.OutBytes
+	need := instanceBytes(m)
 	if v.pool.placement(best) == nil {
 		need += v.constSize
 	}
@@ -70,6 +71,7 @@ func (e *Engine) pickDevice(v *version) (device.Device, error) {
 	var best device.Device
 	var bestFree int64
 	var lastErr error
+	var tooSmall *abi.FieldError // the last device that could never hold v
 	for _, d := range e.cfg.Devices {
 		if d.Target() != target {
 			continue
@@ -78,9 +80,17 @@ func (e *Engine) pickDevice(v *version) (device.Device, error) {
 			lastErr = err
 			continue
 		}
-		if free := d.MemInfo().Free; best == nil || free > bestFree {
-			best, bestFree = d, free
+		mi := d.MemInfo()
+		if fe := fitsDevice(v.manifest, v.constSize, d, mi.Total); fe != nil {
+			tooSmall = fe
+			continue
 		}
+		if best == nil || mi.Free > bestFree {
+			best, bestFree = d, mi.Free
+		}
+	}
+	if best == nil && tooSmall != nil {
+		return nil, errorf(errdefs.KindInvalid, tooSmall, "function %s: %s", v.fn.name, tooSmall.Error())
 	}
 	if best == nil && lastErr == nil {
 		// A store shared by nodes of several kinds: this one cannot run it.
@@ -110,7 +120,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	}
 	t0 := time.Now()
 	m := v.manifest
-	budget := v.constSize + int64(v.policy.max)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes)
+	budget := v.constSize + int64(v.policy.max)*instanceBytes(m)
 	prog, err := dev.Load(ctx, device.ProgramSpec{Dir: v.dir, Manifest: m, MemoryBudget: budget, Output: v.fn.output(), Tenant: e.tenantOf(v)})
 	if err != nil {
 		var le *loader.Error

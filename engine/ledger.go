@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/evict"
@@ -54,6 +56,25 @@ type evictedVersion struct {
 type evictedInstance struct {
 	in *instance
 	v  *version
+}
+
+// instanceBytes is what one instance of m holds on its device.
+func instanceBytes(m *abi.Manifest) int64 { return m.MaxInputBytes + m.TmpBytes + m.OutBytes }
+
+// fitsDevice refuses a function whose constants (constSize bytes) and one
+// instance need more than total, the whole memory of dev: no eviction can
+// make that room, so it is the manifest's fault (422, naming the field)
+// and no outage for a client to retry (503).
+func fitsDevice(m *abi.Manifest, constSize int64, dev device.Device, total int64) *abi.FieldError {
+	per := instanceBytes(m)
+	if constSize+per <= total {
+		return nil
+	}
+	of := fmt.Sprintf("more than the %d bytes of memory of %s (its memory, or --memory-limit)", total, dev.Name())
+	if constSize > 0 {
+		return &abi.FieldError{Field: "constants", Reason: fmt.Sprintf("%s is %d bytes; with one instance's buffers (max_input_bytes + tmp_bytes + out_bytes: %d bytes) the function needs %d bytes, %s", m.Constants, constSize, per, constSize+per, of)}
+	}
+	return &abi.FieldError{Field: "max_input_bytes + tmp_bytes + out_bytes", Reason: fmt.Sprintf("one instance's buffers are %d bytes, %s", per, of)}
 }
 
 // reserve makes need bytes available on dev for forV, evicting what the

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -388,6 +390,31 @@ func TestV2BinaryInputOrder(t *testing.T) {
 // (JSON has no numbers for those values), counted as a 500; asked for in
 // binary it is a response. The function echoes the input's bytes: output y
 // is its first 8 (two FP32), w the next 8 (one FP64).
+// A shape whose byte size overflows is refused at deploy, naming the
+// field: deployed, /v2 cut its output at a negative length, and the
+// handler's panic ended the server for every tenant.
+func TestV2TensorShapeOverflowRefused(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	lib, err := os.ReadFile(testkit.BuildLib(t, testkit.KernelsSource(), t.TempDir(), "kernels.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2^61+1 FP32s: 2^63+4 bytes, negative in an int64. Packed by hand:
+	// plover deploy would refuse it.
+	b := testkit.RawBundle(t, [2]string{"plover.json", `{"name":"huge","abi":2,"target":"host","library":"kernels.so","max_input_bytes":16,"out_bytes":16,` +
+		`"chain":[{"kernel":"echo","grid":1,"block":16}],"tensors":{"inputs":[{"name":"x","datatype":"UINT8","shape":[16]}],` +
+		`"outputs":[{"name":"y","datatype":"FP32","shape":[2305843009213693953]}]}}`}, [2]string{"kernels.so", string(lib)})
+	_, err = e.Control().Deploy(context.Background(), "huge", bytes.NewReader(b), false)
+	if err == nil {
+		url := testkit.Serve(t, e, httpapi.Options{})
+		code, _, body := v2Do(t, "POST", url+"/v2/models/huge/infer", nil, []byte(`{"inputs":[{"name":"x","datatype":"UINT8","shape":[16],"data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}]}`))
+		t.Fatalf("deployed; /v2 answered %d %s", code, body)
+	}
+	if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.Contains(err.Error(), "tensors.outputs[0].shape: [2305843009213693953] of FP32 takes more than 1073741824 bytes") {
+		t.Fatalf("deploy: %v (kind %v), want 422 naming tensors.outputs[0].shape", err, errdefs.KindOf(err))
+	}
+}
+
 func TestV2NonFiniteOutputs(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("floats")

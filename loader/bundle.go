@@ -33,16 +33,41 @@ func CheckBundle(dir string, m *abi.Manifest, target string) (*Info, error) {
 	if err := info.CheckManifest(path, m); err != nil {
 		return nil, err
 	}
+	var constSize int64
 	if m.Constants != "" {
-		if _, err := os.Stat(filepath.Join(dir, m.Constants)); err != nil {
+		fi, err := os.Stat(filepath.Join(dir, m.Constants))
+		if err != nil {
 			var pe *fs.PathError
 			if errors.As(err, &pe) {
 				err = pe.Err // the file's name, not where this node keeps it
 			}
 			return nil, fmt.Errorf("constants: %s: %w", m.Constants, err)
 		}
+		constSize = fi.Size()
+	}
+	if err := fitsHostMemory(m, constSize); err != nil {
+		return nil, err
 	}
 	return info, nil
+}
+
+// fitsHostMemory refuses a host function whose worker could never stay
+// within its own max_host_memory_mb: on the host device its constants and
+// an instance's tmp are the worker's resident memory, so such a worker
+// was killed at its first memory sample, at every load.
+func fitsHostMemory(m *abi.Manifest, constSize int64) error {
+	limit := m.MaxHostMemoryMB << 20
+	if m.Target != abi.TargetHost || limit == 0 || constSize+m.TmpBytes <= limit {
+		return nil
+	}
+	return &abi.FieldError{Field: "max_host_memory_mb", Reason: fmt.Sprintf("%d MiB is less than the worker must hold on the host: constants %s of %d bytes and one instance's tmp_bytes %d", m.MaxHostMemoryMB, orNone(m.Constants), constSize, m.TmpBytes)}
+}
+
+func orNone(name string) string {
+	if name == "" {
+		return "(none)"
+	}
+	return name
 }
 
 // OpenBundle checks the bundle in dir (CheckBundle), then dlopens its

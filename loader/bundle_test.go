@@ -19,6 +19,9 @@ func TestCheckBundle(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "w.bin"), []byte{1, 2, 3, 4}, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "big.bin"), make([]byte, 1<<20+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name   string
 		change func(m *abi.Manifest)
@@ -36,6 +39,13 @@ func TestCheckBundle(t *testing.T) {
 			m.Batch = &abi.Batch{MaxItems: 2, ItemInputBytes: 4, ItemOutputBytes: 4}
 		}, abi.TargetHost, "does not declare PLOVER_BATCHED"},
 		{"missing library", func(m *abi.Manifest) { m.Library = "gone.so" }, abi.TargetHost, "gone.so"},
+		// On the host the constants and tmp live in the worker, which its
+		// own limit would kill at its first memory sample.
+		{"constants over max_host_memory_mb", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "big.bin", 1 }, abi.TargetHost,
+			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants big.bin of 1048577 bytes and one instance's tmp_bytes 64"},
+		{"tmp over max_host_memory_mb", func(m *abi.Manifest) { m.TmpBytes, m.MaxHostMemoryMB = 2<<20, 1 }, abi.TargetHost,
+			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants (none) of 0 bytes and one instance's tmp_bytes 2097152"},
+		{"constants within max_host_memory_mb", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "w.bin", 1 }, abi.TargetHost, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

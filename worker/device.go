@@ -294,7 +294,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		return nil, fmt.Errorf("%s: %w: closed", d.Name(), device.ErrUnhealthy)
 	default:
 	}
-	mj, err := json.Marshal(spec.Manifest)
+	mj, err := json.Marshal(workerManifest(spec.Manifest))
 	if err != nil {
 		return nil, err
 	}
@@ -347,6 +347,19 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	d.used.Add(consts)
 	p.reported.Store(true)
 	return g, nil
+}
+
+// workerManifest is m as its worker's device reads it (library, constants,
+// chain, buffers, batch): the fields only the server reads, those of
+// unbounded length among them (build flags, tensors, durations), left out.
+// The load goes as one SOCK_SEQPACKET message, which cannot be larger
+// than the socket's send buffer (net.core.wmem_default, 208 KiB), and a
+// manifest may be 1 MiB: past the buffer every load failed, the worker
+// said to have closed its channel.
+func workerManifest(m *abi.Manifest) *abi.Manifest {
+	w := *m
+	w.Build, w.Tensors, w.Steps, w.IdleTTL = nil, nil, nil, ""
+	return &w
 }
 
 // hostLimit is the resident memory a program's worker may hold (0: none).

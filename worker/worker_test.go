@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/worker/contain"
@@ -157,6 +158,42 @@ func TestCrashAndDeadline(t *testing.T) {
 	}
 	if p.(*program).Alive() {
 		t.Error("the program is still alive after its worker was killed")
+	}
+}
+
+// A manifest may be up to 1 MiB (abi.ParseManifest); its load message
+// is one SOCK_SEQPACKET message, which cannot be larger than the socket's
+// send buffer (net.core.wmem_default, 208 KiB). Past that every load
+// failed, the worker said to have closed its channel: a manifest with
+// 220 KiB of build flags, or of tensors, could never run. Loaded in both
+// scopes and run, as a function and as a tenant's.
+func TestLargeManifestLoads(t *testing.T) {
+	for _, tenant := range []bool{false, true} {
+		d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), TenantScope: tenant, Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
+		t.Cleanup(func() { d.Close() })
+		m := testkit.Manifest("large")
+		m.Build = &abi.Build{Sources: []string{"k.cu"}, CXXFlags: []string{"-DLONG=" + strings.Repeat("x", 300<<10)}}
+		m.Tensors = &abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: abi.RawTensors.Outputs}
+		for i := range 2000 {
+			m.Build.CXXFlags = append(m.Build.CXXFlags, fmt.Sprintf("-DX%d=<%d>", i, i)) // '<' marshals as \u003c
+		}
+		dir := testkit.BundleDir(t, m, nil)
+		if fi, err := os.Stat(filepath.Join(dir, abi.ManifestFile)); err != nil || fi.Size() >= 1<<20 || fi.Size() < 300<<10 {
+			t.Fatalf("manifest of %v bytes (%v), want one of 300 KiB..1 MiB", fi.Size(), err)
+		}
+		if _, err := bundle.ReadManifest(dir); err != nil {
+			t.Fatalf("the manifest is not one a deploy takes: %v", err)
+		}
+		p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "t"})
+		if err != nil {
+			t.Fatalf("tenant scope %v: load of a %d-entry build manifest: %v", tenant, len(m.Build.CXXFlags), err)
+		}
+		in := newInst(t, p, m)
+		out := make([]byte, m.OutBytes)
+		if err := in.Run(&device.Run{Input: []byte("hi"), Output: out, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}, Deadline: time.Now().Add(5 * time.Second)}); err != nil || string(out[:2]) != "hi" {
+			t.Fatalf("run: %v, %q", err, out[:2])
+		}
+		p.Close()
 	}
 }
 
