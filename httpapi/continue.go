@@ -59,6 +59,13 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 		}
 		return fasthttp.RequestConfig{}
 	}
+	if d, ok := cs.byHeader.Load(h); ok && d.(*drainConn).reads.Load() == d.(*drainConn).ended.Load() {
+		// Pipelined behind an answer fasthttp may still buffer (it read
+		// these headers from its buffer, and flushes only before a read):
+		// its own 100 Continue goes into that buffer after the answer,
+		// where one written by the handler would overtake it.
+		return fasthttp.RequestConfig{}
+	}
 	h.DelBytes(hdrExpect)
 	cl := h.ContentLength()
 	if cl == 0 || cl == -2 || !h.IsHTTP11() { // -2: no body headers
@@ -92,6 +99,12 @@ func (cs *connSet) expecting(ctx *fasthttp.RequestCtx) bool {
 	}
 	ctx.SetUserValue(expectedKey{}, true)
 	if d := drainOf(ctx.Conn()); d != nil {
+		if d.reads.Load() == d.ended.Load() {
+			// Pipelined, and headerReceived did not know the connection
+			// (a new context): a 100 now could overtake the last answer.
+			// None is said; the client sends its body after its own wait.
+			return false
+		}
 		d.owe100.Store(true)
 		return true
 	}
@@ -128,10 +141,8 @@ func (e *expectSet) take(h *fasthttp.RequestHeader) (int, bool) {
 func answered(ctx *fasthttp.RequestCtx) { drainOf(ctx.Conn()).owe100.Store(false) }
 
 // sayContinue writes the 100 Continue c owes, if it owes one, before it
-// reads: the handler wants the body. An answer to a pipelined request
-// before this one that fasthttp still buffers goes out after it; a client
-// takes a 1xx it did not wait for as interim and reads on (RFC 9110
-// section 15.2), and sends the body after its own wait.
+// reads: the handler wants the body. None is owed by a request pipelined
+// behind an answer fasthttp may still buffer (expecting).
 func (c *drainConn) sayContinue() error {
 	if !c.owe100.CompareAndSwap(true, false) {
 		return nil

@@ -3,6 +3,8 @@ package httpapi_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/selfsigned"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -370,4 +373,74 @@ func TestExpectContinueConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// A request that expects 100-continue pipelined behind another, its
+// headers in the same write as the first request: fasthttp reads them from
+// its buffer and flushes the first answer only before its next read, so a
+// 100 Continue the handler wrote went out ahead of that answer (which a
+// client takes as the first request's interim), and the answer stayed in
+// the buffer while the handler waited for a body the client held back.
+// Such a request is left to fasthttp, whose 100 goes out after the answer.
+func TestExpectContinuePipelined(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{}), "http://")
+	const post = "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\n"
+	c := dialExpect(t, addr)
+	if _, err := io.WriteString(c.c, post+"Content-Length: 5\r\n\r\nhello"+post+"Content-Length: 20000\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if resp, got := c.read(); resp.StatusCode != 200 || !strings.HasPrefix(got, "hello") {
+		t.Fatalf("first on the wire: %d %.80q, want the first request's 200", resp.StatusCode, got)
+	}
+	if resp, got := c.read(); resp.StatusCode != 100 {
+		t.Fatalf("second on the wire: %d %.80q, want the second request's 100 Continue", resp.StatusCode, got)
+	}
+	body := strings.Repeat("p", 20000)
+	if _, err := io.WriteString(c.c, body); err != nil {
+		t.Fatal(err)
+	}
+	if resp, got := c.read(); resp.StatusCode != 200 || !strings.HasPrefix(got, body[:256]) {
+		t.Fatalf("second: %d %.80q, want 200 echoing its body", resp.StatusCode, got)
+	}
+}
+
+// Over TLS the 100 Continue is written through the TLS connection (the
+// drain's wrapper is above it): a raw write would corrupt the stream.
+func TestExpectContinueOverTLS(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	srv := httpapi.New(testkit.Door(e, nil, nil), e.Control(), httpapi.Options{})
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(tls.NewListener(raw, selfsigned.Config(t)))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	tc, err := tls.Dial("tcp", raw.Addr().String(), &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tc.Close() })
+	c := &expectConn{t: t, c: tc, br: bufio.NewReader(tc)}
+	body := strings.Repeat("s", 20000)
+	for i := 0; i < 3; i++ {
+		if resp, got := c.ask("/v1/functions/echo/invoke", "", len(body)); resp.StatusCode != 100 {
+			t.Fatalf("request %d: %d %s, want 100 Continue", i, resp.StatusCode, got)
+		}
+		if _, err := io.WriteString(tc, body); err != nil {
+			t.Fatal(err)
+		}
+		if resp, got := c.read(); resp.StatusCode != 200 || !strings.HasPrefix(got, body[:256]) {
+			t.Fatalf("request %d: %d %.80q, want 200 echoing its body", i, resp.StatusCode, got)
+		}
+	}
+	if resp, _ := c.ask("/v1/functions/nosuch/invoke", "", len(body)); resp.StatusCode != 404 || !c.closed() {
+		t.Fatalf("unknown function over TLS: %d, want 404 before the body and the connection closed", resp.StatusCode)
+	}
 }

@@ -34,6 +34,9 @@ type connSet struct {
 	readTimeout time.Duration
 	// expect holds the requests that expect 100-continue (continue.go).
 	expect expectSet
+	// byHeader maps a connection's request header to the connection, for
+	// HeaderReceived, which sees only the header (continue.go).
+	byHeader sync.Map
 }
 
 // A connection's state: waiting for a request (no byte of one read, none
@@ -86,6 +89,13 @@ type drainConn struct {
 	net.Conn
 	state  atomic.Int32
 	owe100 atomic.Bool // a 100 Continue, said before the next read (continue.go)
+	// reads counts Reads; ended is reads when the last handler returned:
+	// equal, the request came from fasthttp's buffer, pipelined, with the
+	// last answer perhaps still unflushed (continue.go).
+	reads, ended atomic.Uint64
+	// hdr is the request header fasthttp reads this connection's requests
+	// into (one context serves a connection), its key in connSet.byHeader.
+	hdr atomic.Pointer[fasthttp.RequestHeader]
 }
 
 // Read marks the connection reading a request once a byte of it comes.
@@ -95,6 +105,7 @@ func (c *drainConn) Read(b []byte) (int, error) {
 			return 0, err
 		}
 	}
+	c.reads.Add(1)
 	n, err := c.Conn.Read(b)
 	if n > 0 && c.state.Load() == connWaiting { // a load: most reads find it reading or busy
 		c.state.CompareAndSwap(connWaiting, connReading)
@@ -149,6 +160,11 @@ func (cs *connSet) state(c net.Conn, st fasthttp.ConnState) {
 		d.state.CompareAndSwap(connBusy, connWaiting)
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		cs.conns.Delete(d)
+		if h := d.hdr.Load(); h != nil {
+			// Only if still d's: fasthttp may have given the header's
+			// context to a new connection already.
+			cs.byHeader.CompareAndDelete(h, d)
+		}
 	}
 }
 
@@ -170,6 +186,13 @@ func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 		}
 		if cs.expect.n.Load() > 0 && cs.expecting(ctx) {
 			defer answered(ctx)
+		}
+		if d := drainOf(ctx.Conn()); d != nil {
+			if h := &ctx.Request.Header; d.hdr.Load() != h {
+				d.hdr.Store(h)
+				cs.byHeader.Store(h, d)
+			}
+			defer func() { d.ended.Store(d.reads.Load()) }()
 		}
 		h(ctx)
 	}

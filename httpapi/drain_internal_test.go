@@ -1,16 +1,12 @@
 package httpapi
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"math/big"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/internal/selfsigned"
 	"github.com/plover-run/plover/ioshare"
 )
 
@@ -26,16 +22,7 @@ func TestDrainWrapperKeepsTheSocketOnlyWithoutTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer raw.Close()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(1), NotAfter: time.Now().Add(time.Hour)},
-		&x509.Certificate{SerialNumber: big.NewInt(1)}, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	cfg := selfsigned.Config(t)
 	for _, tc := range []struct {
 		name     string
 		tls      bool
