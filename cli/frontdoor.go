@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -53,8 +54,11 @@ func newFrontDoor(f *serveFlags, log *slog.Logger, reg prometheus.Registerer) (*
 			return nil, err
 		}
 	}
-	if f.maxBodyMemMB < 0 {
-		return nil, fmt.Errorf("--max-body-memory %d: want 0 (no limit) or more", f.maxBodyMemMB)
+	// In bytes it must fit an int64: past that the shift wrapped (2^44+1
+	// MiB made a budget of 1 MiB, 2^43 a negative one: no limit).
+	const topMiB = math.MaxInt64 >> 20
+	if f.maxBodyMemMB < 0 || f.maxBodyMemMB > topMiB {
+		return nil, fmt.Errorf("--max-body-memory %d: want 0 (no limit) to %d MiB", f.maxBodyMemMB, topMiB)
 	}
 	d.budget = netguard.NewBudget(f.maxBodyMemMB << 20)
 	nofile, err := netguard.RaiseNoFileLimit()

@@ -104,13 +104,19 @@ func (p Pin) Account(start call.Start, total time.Duration, err error) {
 
 // Refused counts a request for name that its transport refused itself
 // before running it (a body it could not read or parse, over the
-// function's max_input_bytes, of a type it does not take), which Invoke
-// never saw, in the function's requests and client errors. A name no
-// function has on this node counts nothing; it reads no store.
-func (e *Engine) Refused(name string) {
+// function's max_input_bytes, of a type it does not take, a full queue,
+// a body still arriving at the deadline), which Invoke never saw, in the
+// function's requests and, by status's class, its client errors (4xx) or
+// errors. A name no function has on this node counts nothing; it reads no
+// store.
+func (e *Engine) Refused(name string, status int) {
 	if f := e.tab.function(name); f != nil {
 		f.stats.requests.Add(1)
-		f.stats.clientErrors.Add(1)
+		if status < 500 {
+			f.stats.clientErrors.Add(1)
+		} else {
+			f.stats.errors.Add(1)
+		}
 	}
 }
 

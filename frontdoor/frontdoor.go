@@ -50,9 +50,10 @@ type Runner interface {
 	// request timeout (plover serve --timeout) from start when d is zero:
 	// the one place that default is kept (the engine's).
 	Deadline(d, start time.Time) time.Time
-	// Refused counts, in name's requests and client errors, one that its
-	// transport refused itself before Invoke (End calls it).
-	Refused(name string)
+	// Refused counts, in name's requests and, by status's class, its
+	// client errors or errors, one that its transport refused itself
+	// before Invoke (End calls it).
+	Refused(name string, status int)
 	// Names is every function's name, for a did-you-mean on an error's
 	// path: it may list the store (engine.Engine.Names bounds how often).
 	Names() []string
@@ -153,7 +154,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 		st, kind, msg, known = d.classify(o.Err, o.Authorization)
 		d.logFailure(o.Err, o.Transport, o.Route, st, known)
 		if d.Runner != nil && refusedByTransport(o.Err) {
-			d.Runner.Refused(o.Function.Borrow())
+			d.Runner.Refused(o.Function.Borrow(), st.HTTP)
 		}
 	}
 	if d.metrics != nil {
@@ -170,15 +171,44 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 	return st, msg
 }
 
-// refusedByTransport reports whether err is a transport's own 4xx (an
-// apierr.Error: a body it could not read or parse, over the function's
-// limit, of a type it does not take). Transports make those before they
-// call Invoke, so the engine did not count the request; a transport's 5xx
-// (an output it cannot encode) comes after a run the engine counted. On
-// the error path only: the errors.As target escapes.
+// refusedByTransport reports whether err ended a request before Invoke,
+// so that the engine did not count it: one marked by Refusal (Admit's,
+// a body the transport could not read in time or room), or a transport's
+// own 4xx (an apierr.Error: a body it could not parse, over the
+// function's limit, of a type it does not take), which transports make
+// before they call Invoke; a transport's 5xx (an output it cannot encode)
+// comes after a run the engine counted. On the error path only: the
+// errors.As targets escape.
 func refusedByTransport(err error) bool {
+	var r *refusal
+	if errors.As(err, &r) {
+		return true
+	}
 	var e *apierr.Error
 	return errors.As(err, &e) && e.Status.HTTP < 500
+}
+
+// Refusal marks err (nil: nil) as the end of a request before it reached
+// the engine, whatever its status: End then counts it in the function's
+// requests (Runner.Refused), as the metrics count it, which Invoke never
+// did. Its status and message are err's.
+func Refusal(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &refusal{err}
+}
+
+type refusal struct{ error }
+
+func (r *refusal) Unwrap() error { return r.error }
+
+// Admit is the runner's, its refusal (a full queue's 429, a 404, a
+// record the store did not give in time) marked as one (Refusal): the
+// request ends there, before the engine.
+func (d *Door) Admit(ctx context.Context, name string, deadline time.Time) (pipeline.Admission, error) {
+	a, err := d.Runner.Admit(ctx, name, deadline)
+	return a, Refusal(err)
 }
 
 // Fail classifies a failure of a request that is not an invoke (metadata,

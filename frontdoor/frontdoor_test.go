@@ -20,15 +20,20 @@ import (
 // refusals is a Runner that records only what Refused is told.
 type refusals struct {
 	Runner
-	names []string
+	names    []string
+	statuses []int
 }
 
-func (r *refusals) Refused(name string) { r.names = append(r.names, name) }
+func (r *refusals) Refused(name string, status int) {
+	r.names, r.statuses = append(r.names, name), append(r.statuses, status)
+}
 
 // End is the one place an invoke's outcome is classified, logged and
-// counted, whichever transport saw it; a transport's own 4xx, which the
-// engine never saw, is counted in the function's client errors there
-// (Runner.Refused), and nothing else is.
+// counted, whichever transport saw it; a transport's own 4xx, and any
+// error marked as a refusal before the engine (Refusal: a full queue
+// found before the body, a body without room or past its deadline), which
+// the engine never saw, are counted in the function's requests there
+// (Runner.Refused, with the status), and nothing else is.
 func TestEnd(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -47,6 +52,9 @@ func TestEnd(t *testing.T) {
 		{"bad tensors", &apierr.Error{Status: apierr.BadRequest, Msg: "input \"x\" is missing"}, 400, "input \"x\" is missing", "", "echo", "grpc", true},
 		{"output it cannot encode", &apierr.Error{Status: apierr.BadOutput, Msg: "NaN"}, 500, "NaN", "level=WARN msg=\"request failed\" transport=http", "echo", "http", false},
 		{"foreign error", errors.New("disk on fire"), 500, "internal error", "level=ERROR msg=\"request failed\" transport=grpc", "echo", "grpc", false},
+		{"full queue before the body", Refusal(&errdefs.Error{Kind: errdefs.KindBusy, Msg: "echo is busy"}), 429, "echo is busy", "", "echo", "http", true},
+		{"no room for the body", Refusal(&apierr.Error{Status: apierr.Unavailable, Msg: "--max-body-memory"}), 503, "--max-body-memory", "level=WARN msg=\"request failed\" transport=http", "echo", "http", true},
+		{"body past its deadline", Refusal(&errdefs.Error{Kind: errdefs.KindTimeout, Msg: "still arriving"}), 504, "still arriving", "level=WARN msg=\"request failed\" transport=http", "echo", "http", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs bytes.Buffer
@@ -73,8 +81,8 @@ func TestEnd(t *testing.T) {
 			if got := requests(t, reg, tc.label, strconv.Itoa(tc.status)); got != want {
 				t.Fatalf("plover_requests_total{function=%q,code=%d} = %v, want %v", tc.label, tc.status, got, want)
 			}
-			if refused := len(run.names) == 1 && run.names[0] == fn; refused != tc.refused || len(run.names) > 1 {
-				t.Fatalf("Refused told %q, want it told %v", run.names, tc.refused)
+			if refused := len(run.names) == 1 && run.names[0] == fn && run.statuses[0] == tc.status; refused != tc.refused || len(run.names) > 1 {
+				t.Fatalf("Refused told %q %v, want it told %v", run.names, run.statuses, tc.refused)
 			}
 		})
 	}

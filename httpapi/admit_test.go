@@ -19,7 +19,8 @@ import (
 // A function whose queue is full refuses a request before reading its
 // body: a client that announces 32 KiB and sends only the first 8 KiB (what
 // fasthttp reads before any handler runs) gets 429 with Retry-After at
-// once, on /v1 and on /v2.
+// once, on /v1 and on /v2; both are counted in fn's client errors (plover
+// ls), as /metrics counts them, though the engine never saw them.
 func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Slow("fn", 1000)
@@ -70,5 +71,8 @@ func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
 		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("%s: %d, Retry-After %q; want 429", path, resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
+	}
+	if fi, err := e.Control().Function(t.Context(), "fn"); err != nil || fi.ClientErrors != 2 || fi.Errors != 0 {
+		t.Fatalf("fn: %d client errors, %d errors (%v); want the two 429s as client errors", fi.ClientErrors, fi.Errors, err)
 	}
 }

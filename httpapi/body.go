@@ -14,6 +14,7 @@ import (
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/oip"
@@ -113,7 +114,7 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 		// unknown one's 404 before the body (oip.Pin pins it again after).
 		p, err := oip.PinVersion(context.Background(), s.door, name.Borrow(), version, deadline)
 		if err != nil {
-			return bodyLimit{}, err
+			return bodyLimit{}, frontdoor.Refusal(err)
 		}
 		maxIn, step = p.InputBound() // a pipeline's: its first step's
 		p.Release()
@@ -173,27 +174,35 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 	if err != nil {
 		s.releaseBody(r.held)
 		ctx.SetConnectionClose() // the rest of the body is unread
-		if rq, ok := err.(*apierr.Error); ok {
-			return nil, 0, rq
-		}
-		var turnErr *errdefs.Error
-		if errors.As(err, &turnErr) {
-			return nil, 0, turnErr
-		}
-		if errors.Is(err, errTooLarge) {
-			return nil, 0, limit.over("of more than " + strconv.Itoa(limit.n) + " bytes")
-		}
-		if timedOut(err) {
-			return nil, 0, &apierr.Error{Status: apierr.RequestTimeout,
-				Msg: "the request body did not arrive within the server's read timeout of " + s.readTimeout().String()}
-		}
-		return nil, 0, &apierr.Error{Status: apierr.BadRequest, Msg: "reading the request body: " + err.Error()}
+		// Before Invoke, whatever its status (a 503 for no room, a 504 at
+		// the deadline): the engine never saw the request.
+		return nil, 0, frontdoor.Refusal(s.bodyError(err, limit))
 	}
 	markRead(ctx)
 	if keep != nil && cap(b) <= keptBody {
 		*keep = b[:0]
 	}
 	return b, r.held, nil
+}
+
+// bodyError is what a client is told of err, which ended the reading of
+// a body under limit.
+func (s *Server) bodyError(err error, limit bodyLimit) error {
+	if rq, ok := err.(*apierr.Error); ok {
+		return rq
+	}
+	var turnErr *errdefs.Error
+	if errors.As(err, &turnErr) {
+		return turnErr
+	}
+	if errors.Is(err, errTooLarge) {
+		return limit.over("of more than " + strconv.Itoa(limit.n) + " bytes")
+	}
+	if timedOut(err) {
+		return &apierr.Error{Status: apierr.RequestTimeout,
+			Msg: "the request body did not arrive within the server's read timeout of " + s.readTimeout().String()}
+	}
+	return &apierr.Error{Status: apierr.BadRequest, Msg: "reading the request body: " + err.Error()}
 }
 
 // acquire waits for room for n more body bytes: up to budgetWait in all

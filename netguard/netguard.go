@@ -485,10 +485,6 @@ func NewBudget(maxBytes int64) *Budget {
 	return &Budget{max: max(maxBytes, 0)}
 }
 
-// Acquire takes n bytes of the budget (n clamped to Max), waiting until they
-// fit or ctx ends. It returns nil once the bytes are held, and ctx's error,
-// holding nothing, if ctx ends first. When the bytes fit at once, Acquire
-// succeeds even if ctx has already ended. n <= 0 takes nothing.
 // TryAcquire takes n bytes if they fit now (clamped as in Acquire) and
 // reports whether it did; it never waits and never allocates, for callers
 // that only build a deadline when they must wait.
@@ -510,6 +506,10 @@ func (b *Budget) TryAcquire(n int64) bool {
 	return false
 }
 
+// Acquire takes n bytes of the budget (n clamped to Max), waiting until they
+// fit or ctx ends. It returns nil once the bytes are held, and ctx's error,
+// holding nothing, if ctx ends first. When the bytes fit at once, Acquire
+// succeeds even if ctx has already ended. n <= 0 takes nothing.
 func (b *Budget) Acquire(ctx context.Context, n int64) error {
 	if b == nil || n <= 0 {
 		return nil

@@ -41,7 +41,7 @@ type Engine interface {
 	// Deadline is d, or the engine's request timeout from start when d
 	// is zero.
 	Deadline(d, start time.Time) time.Time
-	Refused(name string)
+	Refused(name string, status int)
 	Names() []string
 	Health() (bool, []api.DeviceHealth)
 }
@@ -95,8 +95,8 @@ func (r *Runner) Land(name string) call.Landing { return r.e.Land(name) }
 func (r *Runner) IO(name string) *ioshare.Flow { return r.e.IO(name) }
 
 // Refused is the engine's: a request the transport refused before Invoke,
-// counted in name's requests and client errors.
-func (r *Runner) Refused(name string) { r.e.Refused(name) }
+// counted in name's requests and, by status, client errors or errors.
+func (r *Runner) Refused(name string, status int) { r.e.Refused(name, status) }
 
 // Names is the engine's: every function's name, for a did-you-mean.
 func (r *Runner) Names() []string { return r.e.Names() }

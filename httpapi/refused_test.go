@@ -1,0 +1,44 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// TestBodyPastItsDeadlineIsCounted: a request whose body is still
+// arriving at its deadline gets 504 before the engine sees it, and is
+// counted in its function's requests and errors (plover ls), as /metrics
+// counts it under its code; it was in /metrics only.
+func TestBodyPastItsDeadlineIsCounted(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	base := testkit.Serve(t, e, httpapi.Options{})
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 200\r\nContent-Length: 60000\r\n\r\n")
+	c.Write(make([]byte, 20000)) // and the rest never comes
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 504 {
+		t.Fatalf("a body still arriving at its deadline: %d %s; want 504", resp.StatusCode, body)
+	}
+	fi, err := e.Control().Function(t.Context(), "echo")
+	if err != nil || fi.Requests != 1 || fi.ClientErrors != 0 || fi.Errors != 1 {
+		t.Fatalf("echo: %d requests, %d client errors, %d errors (%v); want 1, 0, 1", fi.Requests, fi.ClientErrors, fi.Errors, err)
+	}
+}
