@@ -171,7 +171,7 @@ func checkDeploy(dir string, m *abi.Manifest, name string, targets []string) err
 		return errorf(errdefs.KindInvalid, nil, "%s", err.Error())
 	}
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
-		err = inBundle(err, m.Library)
+		err = inBundle(err, dir, m.Library)
 		return errorf(errdefs.KindInvalid, err, "%s", err.Error())
 	}
 	return nil
@@ -339,12 +339,21 @@ func (c *Control) Unlabel(ctx context.Context, name, label string) error {
 // for a version it has not loaded or tried. It reads and loads nothing: a
 // model repository's index asks it of every version it lists.
 func (c *Control) Unready(name, version string) error {
-	return c.unready(name, version, time.Now(), 1)
+	return c.unready(name, version, time.Now(), 1, map[[2]string]int{})
 }
 
 // unready is Unready for a step depth pipelines deep (a step with no
-// version runs its function's current one).
-func (c *Control) unready(name, ref string, now time.Time, depth int) error {
+// version runs its function's current one). seen holds the steps looked
+// at, by name and version, with the shallowest depth each was expanded
+// at: each is looked at once, as a request pins each once, since
+// pipelines redeployed under others can make the tree of steps grow as
+// 32 to the power of its depth while its distinct steps stay a few.
+func (c *Control) unready(name, ref string, now time.Time, depth int, seen map[[2]string]int) error {
+	key := [2]string{name, ref}
+	if d, ok := seen[key]; ok && d <= depth {
+		return nil
+	}
+	seen[key] = depth
 	f, v := c.e.tab.match(name, ref)
 	if ref == "" && f != nil {
 		c.e.tab.mu.Lock()
@@ -364,7 +373,7 @@ func (c *Control) unready(name, ref string, now time.Time, depth int) error {
 		if s.Function == "" {
 			continue
 		}
-		if err := c.unready(s.Function, s.Version, now, depth+1); err != nil {
+		if err := c.unready(s.Function, s.Version, now, depth+1, seen); err != nil {
 			return err
 		}
 	}

@@ -5,6 +5,7 @@ package engine
 
 import (
 	"errors"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -31,11 +32,13 @@ func unavailable(err error, format string, a ...any) *errdefs.Error {
 
 // inBundle names the library in a loader refusal by its file name in the
 // bundle: the client should read "kernels.so", not where this node keeps
-// its cache.
-func inBundle(err error, library string) error {
+// its cache (dir, the unpacked bundle), in the path or in the reason
+// (dlerror names the file: "<dir>/kernels.so: undefined symbol: ...").
+func inBundle(err error, dir, library string) error {
 	var le *loader.Error
 	if errors.As(err, &le) {
 		le.Path = library
+		le.Reason = strings.ReplaceAll(le.Reason, filepath.Clean(dir)+string(filepath.Separator), "")
 	}
 	return err
 }

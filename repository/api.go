@@ -93,11 +93,12 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	vers, _, err := r.versionsOf(m)
 	r.deploy(ctx, m, vers, err)
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if m.state == Loading {
+		defer r.mu.Unlock()
 		return errdefs.Unavailable(nil, "load %s: %s", name, m.reason)
 	}
 	if reason, kind := m.failure(); reason != "" {
+		r.mu.Unlock()
 		// The failure's class: a bundle the node or the repository
 		// refuses is 400 (as Triton answers), the store down 503, a
 		// conflict 409, ...
@@ -106,8 +107,16 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 		}
 		return errdefs.New(kind, nil, "load %s: %s", name, reason)
 	}
+	var current *version
 	if n := len(m.versions); n > 0 {
-		if reason, kind := r.unready(name, m.versions[n-1]); reason != "" {
+		v := m.versions[n-1]
+		current = &v
+	}
+	r.mu.Unlock()
+	// Asked of the engine without r.mu: it walks the steps of a pipeline,
+	// and the index waits on r.mu.
+	if current != nil {
+		if reason, kind := r.unready(name, *current); reason != "" {
 			return errdefs.New(kind, nil, "load %s: %s", name, reason)
 		}
 	}

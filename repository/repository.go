@@ -661,7 +661,9 @@ func brief(reason string) string {
 		return reason
 	}
 	n := maxReason
-	for n > 0 && !utf8.RuneStart(reason[n]) {
+	// Back to the start of the rune cut, at most a rune's length: past
+	// that the bytes are no UTF-8, and a run of them would cut it all.
+	for i := 0; i < utf8.UTFMax-1 && !utf8.RuneStart(reason[n]); i++ {
 		n--
 	}
 	return reason[:n] + " [" + strconv.Itoa(len(reason)-n) + " more bytes cut]"
