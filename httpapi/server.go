@@ -154,7 +154,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	}
 	s.conns.readTimeout = opts.ReadTimeout
 	s.srv = &fasthttp.Server{
-		Handler:            s.conns.handle(s.Handle),
+		Handler:            s.recovered(s.conns.handle(s.Handle)),
 		ConnState:          s.conns.state,
 		Name:               "plover/" + opts.Version,
 		MaxRequestBodySize: opts.MaxBodyBytes,
@@ -187,7 +187,7 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 	s.metricsConns.readTimeout = readTimeout
 	srv := &fasthttp.Server{
 		ConnState: s.metricsConns.state,
-		Handler: s.metricsConns.handle(func(ctx *fasthttp.RequestCtx) {
+		Handler: s.recovered(s.metricsConns.handle(func(ctx *fasthttp.RequestCtx) {
 			if misdirected(ctx, listen) {
 				return
 			}
@@ -198,7 +198,7 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 			if s.method(ctx, fasthttp.MethodGet) {
 				s.scrape(ctx)
 			}
-		}),
+		})),
 		Name: "plover/" + s.opts.Version, ReadTimeout: readTimeout, WriteTimeout: 10 * time.Second,
 		IdleTimeout: time.Minute, Logger: fasthttpLogger{s.opts.Log}, MaxRequestBodySize: 1 << 10,
 		CloseOnShutdown: true, SecureErrorLogMessage: true,
