@@ -5,6 +5,11 @@ import (
 	"runtime/debug"
 )
 
+// PanicMessage is what a client whose request panicked is told, over
+// either transport: not the panic's value nor its stack, which are the
+// log's.
+const PanicMessage = "internal error: the server failed while handling this request (a bug; it is logged, and counted in plover_panics_total)"
+
 // Panicked records a panic recovered while a transport served a request
 // (v: recover's value), which the transport answers itself (500, gRPC's
 // Internal, or a closed connection when its answer had begun): counted in

@@ -7,6 +7,7 @@ import (
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/frontdoor"
 )
 
 // recovered wraps h, a server's outermost handler, so that a panic in
@@ -36,12 +37,8 @@ func (s *Server) panicked(ctx *fasthttp.RequestCtx, v any) {
 	s.door.Panicked("http", string(ctx.Method())+" "+string(path), functionOf(path), v)
 	ctx.SetConnectionClose()
 	st := apierr.Of(errdefs.KindInternal)
-	writeError(ctx, st.HTTP, st.Name, panicMessage)
+	writeError(ctx, st.HTTP, st.Name, frontdoor.PanicMessage)
 }
-
-// panicMessage is what a client whose request panicked is told: not the
-// panic's value nor its stack, which are the log's.
-const panicMessage = "internal error: the server failed while handling this request (a bug; it is logged, and counted in plover_panics_total)"
 
 var pathFunctionsSlash = []byte("/v1/functions/")
 
