@@ -1,40 +1,24 @@
 package grpcapi_test
 
 import (
-	"context"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 )
-
-// panicRunner is a request path with a bug: asking the devices' health
-// or pinning a model panics.
-type panicRunner struct{ frontdoor.Runner }
-
-func (panicRunner) Deadline(d, _ time.Time) time.Time  { return d }
-func (panicRunner) Health() (bool, []api.DeviceHealth) { panic("a bug in Health") }
-func (panicRunner) Pin(context.Context, string, time.Time) (pipeline.Pin, error) {
-	panic("a bug in Pin")
-}
 
 // A call whose handling panics (a bug), unary or streaming, is answered
 // Internal with a message that tells nothing of the panic; the panic is
@@ -44,7 +28,7 @@ func (panicRunner) Pin(context.Context, string, time.Time) (pipeline.Pin, error)
 func TestPanicIsAnsweredInternal(t *testing.T) {
 	var log testkit.LogBuffer
 	reg := prometheus.NewRegistry()
-	door := frontdoor.New(frontdoor.Config{Runner: panicRunner{}, Metrics: reqmetrics.New(reg),
+	door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Metrics: reqmetrics.New(reg),
 		Log: slog.New(slog.NewTextHandler(&log, nil))})
 	gs := grpcapi.New(door, grpcapi.Options{}).GRPC()
 	// A streaming method, which the service has none of, made to panic.
@@ -52,17 +36,7 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 		Streams: []grpc.StreamDesc{{StreamName: "Stream", ServerStreams: true, Handler: func(any, grpc.ServerStream) error {
 			panic("a bug in a stream")
 		}}}}, struct{}{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(ln)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dial(t, gs)
 	c, ctx := pb.NewGRPCInferenceServiceClient(conn), ctxT(t)
 
 	for i, tc := range []struct {
@@ -95,12 +69,12 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			if r, err := c.ServerLive(ctx, &pb.ServerLiveRequest{}); err != nil || !r.Live {
 				t.Fatalf("the next call, ServerLive: %v %v", r, err)
 			}
-			lines := panicLines(log.String())
+			lines := testkit.PanicLines(log.String())
 			if len(lines) != i+1 {
 				t.Fatalf("%d panics, %d lines logged:\n%s", i+1, len(lines), log.String())
 			}
 			line := lines[i]
-			for _, want := range []string{"transport=grpc", "route=/" + tc.method + " ", "panic=\"" + tc.panicked + "\"", "stack=", "_test.go:"} {
+			for _, want := range []string{"transport=grpc", "route=/" + tc.method + " ", "panic=\"" + tc.panicked + "\"", "stack=", `\npanic({`} {
 				if !strings.Contains(line, want) {
 					t.Errorf("the log line lacks %s: %s", want, line)
 				}
@@ -127,17 +101,6 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 	}
 }
 
-// panicLines is the log's lines about recovered panics.
-func panicLines(log string) []string {
-	var lines []string
-	for _, l := range strings.Split(log, "\n") {
-		if strings.Contains(l, `msg="request panicked"`) {
-			lines = append(lines, l)
-		}
-	}
-	return lines
-}
-
 // panicTokens is a token table with a bug: looking a token up panics.
 type panicTokens struct{}
 
@@ -149,29 +112,19 @@ func (panicTokens) Lookup([]byte) *auth.Principal { panic("a bug in Lookup") }
 // the next call.
 func TestTapPanicIsAnsweredInternal(t *testing.T) {
 	var log testkit.LogBuffer
-	door := frontdoor.New(frontdoor.Config{Runner: panicRunner{}, Gate: gate.New(panicTokens{}, nil),
+	door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Gate: gate.New(panicTokens{}, nil),
 		Log: slog.New(slog.NewTextHandler(&log, nil))})
 	gs := grpcapi.New(door, grpcapi.Options{}).GRPC()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(ln)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dial(t, gs)
 	c, ctx := pb.NewGRPCInferenceServiceClient(conn), ctxT(t)
-	_, err = c.ModelMetadata(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer some-token"), &pb.ModelMetadataRequest{Name: "m"})
+	_, err := c.ModelMetadata(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer some-token"), &pb.ModelMetadataRequest{Name: "m"})
 	if st, _ := status.FromError(err); st.Code() != codes.Internal || st.Message() != frontdoor.PanicMessage {
 		t.Fatalf("ModelMetadata, its token's lookup panicking: %v, want Internal: %s", err, frontdoor.PanicMessage)
 	}
 	if r, err := c.ServerLive(ctx, &pb.ServerLiveRequest{}); err != nil || !r.Live {
 		t.Fatalf("the next call, ServerLive (no token): %v %v", r, err)
 	}
-	lines := panicLines(log.String())
+	lines := testkit.PanicLines(log.String())
 	if len(lines) != 1 || !strings.Contains(lines[0], `panic="a bug in Lookup"`) || !strings.Contains(lines[0], "route=/inference.GRPCInferenceService/ModelMetadata ") {
 		t.Fatalf("want one line about the tap's panic:\n%s", log.String())
 	}

@@ -13,11 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 )
 
@@ -33,22 +31,6 @@ func (panicAdmin) Function(context.Context, string) (api.FunctionInfo, error) {
 	panic("a bug in Function")
 }
 
-// panicRunner is a request path with a bug: lending an invoke's body a
-// slot, or pinning a model, panics.
-type panicRunner struct{ frontdoor.Runner }
-
-func (panicRunner) Deadline(d, _ time.Time) time.Time { return d }
-
-func (panicRunner) Admit(context.Context, string, time.Time) (pipeline.Admission, error) {
-	return pipeline.Admission{}, nil
-}
-
-func (panicRunner) Land(string) call.Landing { panic("a bug in Land") }
-
-func (panicRunner) Pin(context.Context, string, time.Time) (pipeline.Pin, error) {
-	panic("a bug in Pin")
-}
-
 // A request whose handling panics (a bug) is answered 500 internal in its
 // route's error shape, on the API's address and the metrics one, and its
 // connection closed; the panic is logged once, with its route, function
@@ -58,7 +40,7 @@ func (panicRunner) Pin(context.Context, string, time.Time) (pipeline.Pin, error)
 func TestPanicIsAnswered500(t *testing.T) {
 	var log testkit.LogBuffer
 	reg := prometheus.NewRegistry()
-	door := frontdoor.New(frontdoor.Config{Runner: panicRunner{}, Metrics: reqmetrics.New(reg),
+	door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Metrics: reqmetrics.New(reg),
 		Log: slog.New(slog.NewTextHandler(&log, nil))})
 	srv := httpapi.New(door, panicAdmin{}, httpapi.Options{Registry: reg})
 	httpapi.PanicOnScrape(srv, "a bug in the scrape")
@@ -114,13 +96,13 @@ func TestPanicIsAnswered500(t *testing.T) {
 			if resp, body := do("GET", tc.next, "", false); resp.StatusCode != 200 {
 				t.Fatalf("the next request, GET %s: %d %s", tc.next, resp.StatusCode, body)
 			}
-			lines := panicLines(log.String())
+			lines := testkit.PanicLines(log.String())
 			if len(lines) != i+1 {
 				t.Fatalf("%d panics, %d lines logged:\n%s", i+1, len(lines), log.String())
 			}
 			line := lines[i]
 			route := "route=\"" + tc.method + " " + strings.TrimPrefix(strings.TrimPrefix(tc.url, api), metrics) + "\""
-			for _, want := range []string{"transport=http", route, "panic=\"" + tc.panicked + "\"", "stack=", "_test.go:"} {
+			for _, want := range []string{"transport=http", route, "panic=\"" + tc.panicked + "\"", "stack=", `\npanic({`} {
 				if !strings.Contains(line, want) {
 					t.Errorf("the log line lacks %s: %s", want, line)
 				}
@@ -134,17 +116,6 @@ func TestPanicIsAnswered500(t *testing.T) {
 		!strings.Contains(body, "plover_panics_total{transport=\"grpc\"} 0\n") {
 		t.Errorf("plover_panics_total after 6 panics over HTTP:\n%s", grep(body, "plover_panics_total"))
 	}
-}
-
-// panicLines is the log's lines about recovered panics.
-func panicLines(log string) []string {
-	var lines []string
-	for _, l := range strings.Split(log, "\n") {
-		if strings.Contains(l, `msg="request panicked"`) {
-			lines = append(lines, l)
-		}
-	}
-	return lines
 }
 
 // grep is the lines of s that hold sub.
