@@ -84,20 +84,8 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			}
 		})
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() == "plover_panics_total" {
-			for _, m := range mf.GetMetric() {
-				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
-			}
-		}
-	}
-	if got["grpc"] != 3 || got["http"] != 0 {
-		t.Errorf("plover_panics_total after 3 panics over gRPC: %v", got)
+	if got := [2]float64{testkit.Panics(t, reg, "grpc"), testkit.Panics(t, reg, "http")}; got != [2]float64{3, 0} {
+		t.Errorf("plover_panics_total after 3 panics over gRPC: grpc, http %v, want 3, 0", got)
 	}
 }
 

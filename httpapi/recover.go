@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"net"
 
 	"github.com/valyala/fasthttp"
 
@@ -38,6 +39,18 @@ func (s *Server) panicked(ctx *fasthttp.RequestCtx, v any) {
 	ctx.SetConnectionClose()
 	st := apierr.Of(errdefs.KindInternal)
 	writeError(ctx, st.HTTP, st.Name, frontdoor.PanicMessage)
+}
+
+// streamRecovered, deferred in what writes an answer after its handler
+// returned (a followed log stream's writer, which fasthttp runs in a
+// goroutine of its own, where a panic ended the process), recovers a
+// panic there: the answer has begun, so its connection is closed, for the
+// client to find it cut rather than ended.
+func (s *Server) streamRecovered(route, function string, conn net.Conn) {
+	if v := recover(); v != nil {
+		s.door.Panicked("http", route, function, v)
+		conn.Close()
+	}
 }
 
 var pathFunctionsSlash = []byte("/v1/functions/")

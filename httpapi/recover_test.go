@@ -1,19 +1,25 @@
 package httpapi_test
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/reqmetrics"
@@ -127,4 +133,73 @@ func grep(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// lookupOnce is a token table whose lookups after the first panic: a
+// request is let in, and its followed log stream's recheck meets the bug.
+type lookupOnce struct {
+	gate.Tokens
+	n *atomic.Int32
+}
+
+func (l lookupOnce) Lookup(tok []byte) *auth.Principal {
+	if l.n.Add(1) > 1 {
+		panic("a bug in Lookup")
+	}
+	return l.Tokens.Lookup(tok)
+}
+
+// A followed log stream is written after its handler returned, in a
+// goroutine of fasthttp's, where a panic ended the process. Its answer has
+// begun (200, lines): the panic closes the connection, so that the client
+// finds the stream cut, not ended as a deleted function's is; it is logged
+// and counted as the others, and the server goes on.
+func TestPanicInAFollowedStreamCutsIt(t *testing.T) {
+	defer httpapi.SetFollowTimes(30*time.Second, time.Hour)() // no keep-alive noise
+	tok, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := auth.Parse(strings.NewReader(auth.Line("dash", auth.Read, auth.Hash(tok), []string{"f"}, auth.Limits{})+"\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log testkit.LogBuffer
+	reg := prometheus.NewRegistry()
+	door := frontdoor.New(frontdoor.Config{Gate: gate.New(lookupOnce{tab, new(atomic.Int32)}, nil), Metrics: reqmetrics.New(reg),
+		Log: slog.New(slog.NewTextHandler(&log, nil))})
+	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 4)}
+	url := testkit.ServeWith(t, httpapi.New(door, adm, httpapi.Options{Registry: reg}))
+	adm.store.Sink("f").Add(logLine("before the bug"))
+
+	req, _ := http.NewRequest("GET", url+"/v1/functions/f/logs?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	client := &http.Client{Timeout: 30 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("follow: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	<-adm.followers
+	body := bufio.NewReader(resp.Body)
+	if l, err := body.ReadString('\n'); err != nil || !strings.Contains(l, "before the bug") {
+		t.Fatalf("the stream's first line: %q %v", l, err)
+	}
+	adm.store.Sink("f").Add(logLine("after")) // the stream asks the gate again before it writes it
+	if rest, err := io.ReadAll(body); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("after the panic the stream read %q, %v: want it cut (unexpected EOF), not ended", rest, err)
+	}
+	if resp, err := client.Get(url + "/readyz"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the next request, GET /readyz: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	lines := testkit.PanicLines(log.String())
+	if len(lines) != 1 || !strings.Contains(lines[0], `route="GET /v1/functions/f/logs"`) || !strings.Contains(lines[0], `panic="a bug in Lookup"`) ||
+		!strings.HasSuffix(lines[0], " function=f") {
+		t.Fatalf("want one line about the stream's panic:\n%s", log.String())
+	}
+	if n := testkit.Panics(t, reg, "http"); n != 1 {
+		t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)
+	}
 }

@@ -3,7 +3,10 @@ package testkit
 import (
 	"context"
 	"strings"
+	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
@@ -39,4 +42,27 @@ func PanicLines(log string) []string {
 		}
 	}
 	return lines
+}
+
+// Panics is plover_panics_total{transport} as reg holds it now.
+func Panics(t testing.TB, reg *prometheus.Registry, transport string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "plover_panics_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "transport" && l.GetValue() == transport {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no plover_panics_total{transport=%q}", transport)
+	return 0
 }
