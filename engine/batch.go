@@ -3,10 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/bits"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -202,10 +200,11 @@ func (b *batcher) abandon(it *batchItem) error {
 }
 
 // finish copies a finished item's result into its request. A run that
-// panicked panics again here, in the request's own goroutine, for its
-// transport to recover (runPanic).
+// panicked (runChain) panics again here, in the request's own goroutine,
+// as an unbatched request's run panics in its own, for its transport to
+// recover (errdefs.Panic).
 func (b *batcher) finish(it *batchItem) error {
-	if p, ok := it.err.(*runPanic); ok {
+	if p, ok := it.err.(*errdefs.Panic); ok {
 		panic(p)
 	}
 	r := it.req
@@ -409,22 +408,6 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	}
 }
 
-// runPanic is a batched run's panic (a bug in a device's Go code). The run
-// is the batcher's own goroutine, where nothing recovers it: the process
-// ended, every tenant's requests with it. runChain recovers it (runOn has
-// closed the instance), and each of the run's requests panics with it
-// again (finish), as an unbatched request's run panics in its own
-// goroutine: its transport answers it 500 (gRPC: Internal), logs and
-// counts it. Its text carries the run's stack, which the requests' do not.
-type runPanic struct {
-	value any
-	stack []byte
-}
-
-func (p *runPanic) Error() string {
-	return fmt.Sprintf("%v (in a batched run: %s)", p.value, p.stack)
-}
-
 // partOf is item i's part of c bytes a run of n items copied: an even
 // split, the remainder to the first items, so that the parts add up to c.
 func partOf(c int64, i, n int) int64 {
@@ -448,9 +431,13 @@ type batchRun struct {
 // padding), their inputs in in and their outputs to go to out, on an
 // instance it takes and puts back.
 func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batchRun) {
+	// The run is the batcher's own goroutine, where nothing recovers a
+	// panic (a bug in a device's Go code): the process ended, every
+	// tenant's requests with it. runOn has closed the instance; the
+	// run's requests each get the panic to raise again (finish).
 	defer func() {
-		if p := recover(); p != nil {
-			res.err = &runPanic{value: p, stack: debug.Stack()}
+		if p := errdefs.Recovered(recover()); p != nil {
+			res.err = p
 		}
 	}()
 	e, v, f := b.e, b.v, b.v.fn

@@ -1,11 +1,9 @@
 package engine_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
@@ -14,55 +12,6 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 )
-
-// bugDevice is the host device with a bug in its Go code: a run whose
-// input starts with panicInput panics. It counts the instances made and
-// closed.
-type bugDevice struct {
-	device.Device
-	made, closed atomic.Int32
-}
-
-type bugProgram struct {
-	device.Program
-	d *bugDevice
-}
-
-type bugInstance struct {
-	device.Instance
-	d *bugDevice
-}
-
-var panicInput = item(0xdead, 0)
-
-func (d *bugDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
-	p, err := d.Device.Load(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	return &bugProgram{Program: p, d: d}, nil
-}
-
-func (p *bugProgram) NewInstance(cfg device.InstanceConfig) (device.Instance, error) {
-	i, err := p.Program.NewInstance(cfg)
-	if err != nil {
-		return nil, err
-	}
-	p.d.made.Add(1)
-	return &bugInstance{Instance: i, d: p.d}, nil
-}
-
-func (i *bugInstance) Run(r *device.Run) error {
-	if bytes.HasPrefix(r.Input, panicInput) {
-		panic("a device bug")
-	}
-	return i.Instance.Run(r)
-}
-
-func (i *bugInstance) Close() {
-	i.d.closed.Add(1)
-	i.Instance.Close()
-}
 
 // A run that panics goes up to the request's caller (the transport, which
 // recovers it: a 500), batched or not, with its instance closed and not
@@ -80,7 +29,7 @@ func TestRunThatPanicsClosesItsInstance(t *testing.T) {
 		{"batched", testkit.BatchManifest("b", 4, ""), func(t *testing.T, m *abi.Manifest) string { return batchBundle(t, m) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dev := &bugDevice{Device: device.NewHost(0)}
+			dev := &testkit.PanicDevice{Device: device.NewHost(0)}
 			e := testkit.Engine(t, engine.Config{Devices: []device.Device{dev}})
 			testkit.Deploy(t, e, tc.dir(t, tc.m))
 			invoke := func(in []byte) (panicked any, err error) {
@@ -90,11 +39,11 @@ func TestRunThatPanicsClosesItsInstance(t *testing.T) {
 			if p, err := invoke(item(1, 0)); err != nil || p != nil {
 				t.Fatalf("the first request: %v, panic %v", err, p)
 			}
-			p, _ := invoke(panicInput)
+			p, _ := invoke(testkit.PanicInput)
 			if p == nil || !strings.Contains(fmt.Sprint(p), "a device bug") {
 				t.Fatalf("the request whose run panicked: panic %v, want the device's", p)
 			}
-			if made, closed := dev.made.Load(), dev.closed.Load(); made != 1 || closed != 1 {
+			if made, closed := dev.Made.Load(), dev.Closed.Load(); made != 1 || closed != 1 {
 				t.Fatalf("after the panic: %d instances made, %d closed, want the one closed", made, closed)
 			}
 			fi, err := e.Control().Function(context.Background(), tc.m.Name)
@@ -104,7 +53,7 @@ func TestRunThatPanicsClosesItsInstance(t *testing.T) {
 			if p, err := invoke(item(2, 0)); err != nil || p != nil {
 				t.Fatalf("the next request: %v, panic %v", err, p)
 			}
-			if made := dev.made.Load(); made != 2 {
+			if made := dev.Made.Load(); made != 2 {
 				t.Errorf("the next request ran on one of %d instances made, want a fresh one (2)", made)
 			}
 		})
