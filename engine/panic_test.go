@@ -3,6 +3,8 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
 )
 
 // A run that panics goes up to the request's caller (the transport, which
@@ -57,5 +60,43 @@ func TestRunThatPanicsClosesItsInstance(t *testing.T) {
 				t.Errorf("the next request ran on one of %d instances made, want a fresh one (2)", made)
 			}
 		})
+	}
+}
+
+// panicRecords is a store with a bug: reading the record of a function
+// named "bug" panics.
+type panicRecords struct{ objectstore.Store }
+
+func (s panicRecords) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	if strings.Contains(key, "/bug") {
+		panic("a bug in the store")
+	}
+	return s.Store.GetTagged(ctx, key)
+}
+
+// A name's record is read on a goroutine of its own, which the lookups of
+// the name share: a panic there (a bug in a store's Go code, or a load's)
+// ended the process. It reaches the lookups' requests, for their
+// transport to recover, and the name is read afresh by the next one.
+func TestPanicInARecordReadReachesTheRequest(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deployer := testkit.Engine(t, engine.Config{Store: fs})
+	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("bug"), nil))
+	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	e := testkit.Engine(t, engine.Config{Store: panicRecords{fs}}) // has not read either
+	invoke := func(name string) (panicked any, err error) {
+		defer func() { panicked = recover() }()
+		return nil, e.Invoke(context.Background(), name, &call.Request{Input: []byte("x")})
+	}
+	for i := range 2 { // the second reads again: the first left no flight behind
+		if p, _ := invoke("bug"); p == nil || !strings.Contains(fmt.Sprint(p), "a bug in the store") {
+			t.Fatalf("request %d for bug: panic %v, want the store's", i+1, p)
+		}
+	}
+	if p, err := invoke("echo"); p != nil || err != nil {
+		t.Fatalf("a request for echo: panic %v, err %v", p, err)
 	}
 }
