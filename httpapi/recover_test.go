@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"io"
 	"log/slog"
@@ -14,14 +15,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/reqmetrics"
 )
 
@@ -201,5 +205,58 @@ func TestPanicInAFollowedStreamCutsIt(t *testing.T) {
 	}
 	if n := testkit.Panics(t, reg, "http"); n != 1 {
 		t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)
+	}
+}
+
+// slotRunner answers an invoke by writing "answer" into the request's
+// output buffer where it has room, as the engine reuses the buffer a
+// request brings; an input of "panic" has its output pointed at slot (the
+// engine points it at a device slot, a worker's mapped memory) and panics,
+// as a device's run with a bug does there.
+type slotRunner struct {
+	testkit.PanicRunner
+	slot []byte
+}
+
+func (slotRunner) IO(string) *ioshare.Flow { return nil }
+
+func (r slotRunner) Invoke(_ context.Context, _ string, req *call.Request) error {
+	if string(req.Input) == "panic" {
+		req.Output = r.slot[:0]
+		panic("a bug in Invoke")
+	}
+	req.Output = append(req.Output[:0], "answer"...)
+	return nil
+}
+
+// An invoke whose handling panicked leaves its exchange (the pooled
+// per-request state) to the collector: its output buffer may be a device
+// slot's memory, left there by the run, which the next request on the
+// exchange took as its own and wrote its answer into (a slot the panicked
+// request never released, to be unmapped with its worker: a fault then,
+// not a panic).
+func TestPanickedInvokeLeavesNoBufferBehind(t *testing.T) {
+	slot := []byte("slot's bytes, the device's")
+	srv := httpapi.New(frontdoor.New(frontdoor.Config{Runner: slotRunner{slot: slot}}), nil, httpapi.Options{})
+	invoke := func(input string) (panicked any, body string) {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetRequestURI("/v1/functions/f/invoke")
+		ctx.Request.Header.SetContentType("application/json")
+		ctx.Request.SetBodyString(`{"input":"` + base64.StdEncoding.EncodeToString([]byte(input)) + `"}`)
+		defer func() { panicked = recover() }()
+		srv.Handle(&ctx) // in process: no recovery around it
+		return nil, string(ctx.Response.Body())
+	}
+	for i := range 20 {
+		if p, _ := invoke("panic"); p == nil {
+			t.Fatal("the invoke did not panic")
+		}
+		if p, body := invoke("fine"); p != nil || !strings.Contains(body, base64.StdEncoding.EncodeToString([]byte("answer"))) {
+			t.Fatalf("the next invoke: panic %v, %s", p, body)
+		}
+		if string(slot) != "slot's bytes, the device's" {
+			t.Fatalf("round %d: the next invoke wrote its answer into the panicked one's slot: %q", i, slot)
+		}
 	}
 }

@@ -475,9 +475,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	// a copy (call.Name.Keep).
 	name := call.BorrowName(nameBytes)
 	c := s.calls.Get().(*exchange)
-	defer s.calls.Put(c)
 	c.conn = ctx.Conn()
-	defer func() { c.conn = nil }()
 	// Nothing of the exchange's last request: one refused before the
 	// engine sets them (a name no function has, a bad header) is counted
 	// and traced from these fields, and a stale version, start, device,
@@ -497,6 +495,10 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		}
 	}
 	s.finish(ctx, name, c, err)
+	// Not deferred: an exchange whose request panicked is left to the
+	// collector, its output perhaps a device slot's memory (recover.go).
+	c.conn = nil
+	s.calls.Put(c)
 }
 
 // invokeRaw runs a request whose body is its input, and on success writes
