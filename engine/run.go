@@ -270,7 +270,8 @@ func (p *pool) replace(ctx context.Context, in *instance, err error, deadline ti
 //
 // A run that panics (a bug in a device's Go code) goes on up, to the
 // transport that recovers it (a 500, gRPC's Internal: httpapi's and
-// grpcapi's recover.go), but first gives back what it held: its slot on
+// grpcapi's recover.go; a batched run's through its requests,
+// errdefs.Panic), but first gives back what it held: its slot on
 // the device's scheduler, not held to its deadline, minutes on; and its
 // instance, closed (its memory freed, its worker told to drop it), not
 // put back idle, since what the run left in it is unknown. The caller
