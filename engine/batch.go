@@ -199,8 +199,14 @@ func (b *batcher) abandon(it *batchItem) error {
 	}
 }
 
-// finish copies a finished item's result into its request.
+// finish copies a finished item's result into its request. A run that
+// panicked (runChain) panics again here, in the request's own goroutine,
+// as an unbatched request's run panics in its own, for its transport to
+// recover (errdefs.Panic).
 func (b *batcher) finish(it *batchItem) error {
+	if p, ok := it.err.(*errdefs.Panic); ok {
+		panic(p)
+	}
 	r := it.req
 	if r.Start < it.start {
 		r.Start = it.start
@@ -425,6 +431,15 @@ type batchRun struct {
 // padding), their inputs in in and their outputs to go to out, on an
 // instance it takes and puts back.
 func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batchRun) {
+	// The run is the batcher's own goroutine, where nothing recovers a
+	// panic (a bug in a device's Go code): the process ended, every
+	// tenant's requests with it. runOn has closed the instance; the
+	// run's requests each get the panic to raise again (finish).
+	defer func() {
+		if p := errdefs.Recovered(recover()); p != nil {
+			res.err = p
+		}
+	}()
 	e, v, f := b.e, b.v, b.v.fn
 	m, pool := v.manifest, &b.v.pool
 	// The run may take as long as its most patient request allows; a

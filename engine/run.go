@@ -267,22 +267,33 @@ func (p *pool) replace(ctx context.Context, in *instance, err error, deadline ti
 // just before; it returns how long the run waited for admission and the
 // clock at the run's end (a hot request reads the clock once per phase).
 // A run not admitted fails with an *Error.
+//
+// A run that panics (a bug in a device's Go code) goes on up, to the
+// transport that recovers it (a 500, gRPC's Internal: httpapi's and
+// grpcapi's recover.go; a batched run's through its requests,
+// errdefs.Panic), but first gives back what it held: its slot on
+// the device's scheduler, not held to its deadline, minutes on; and its
+// instance, closed (its memory freed, its worker told to drop it), not
+// put back idle, since what the run left in it is unknown. The caller
+// then has no instance to put back.
 func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, deadline time.Time, gone func() bool) (time.Duration, time.Time, error) {
+	ended := false
+	defer func() {
+		if !ended {
+			p.put(in, true, time.Now())
+		}
+	}()
 	fl := in.dev.flow
 	if fl == nil {
 		err := in.inst.Run(r)
+		ended = true
 		return 0, time.Now(), err
 	}
 	tk, wait, err := fl.AdmitAt(ctx, start, deadline, gone)
 	if err != nil {
+		ended = true
 		return wait, time.Now(), notAdmitted(p.v.fn, in.dev.dev, err)
 	}
-	// A run that panics (a bug in a device's Go code) gives its slot back
-	// on the way up, not at its deadline, minutes on, to whatever
-	// recovers above it. Neither transport recovers a handler's panic
-	// today (fasthttp and gRPC-Go let it end the process); its instance
-	// is not put back either.
-	ended := false
 	defer func() {
 		if !ended {
 			tk.Done()

@@ -240,6 +240,9 @@ func (t *table) lookup(ctx context.Context, name string, deadline time.Time) (*f
 		if d, ok := ctx.Deadline(); ok && fl.cut && ctx.Err() == nil && d.After(fl.deadline) {
 			continue // the read ran out of time before this request would have: read again
 		}
+		if p, ok := fl.err.(*errdefs.Panic); ok {
+			panic(p) // the read's (fly), raised in the request's goroutine
+		}
 		return fl.f, fl.err
 	}
 }
@@ -261,7 +264,18 @@ func (t *table) fly(name string, fl *flight) {
 	if !fl.deadline.IsZero() {
 		rctx, cancel = context.WithDeadline(rctx, fl.deadline)
 	}
-	fl.f, fl.err = t.read(rctx, name)
+	func() {
+		// The read is no request's goroutine: a panic in it (a bug in a
+		// store's, a load's or a device's Go code) ended the process, and
+		// left the flight for every lookup of the name to wait on. Its
+		// lookups raise it again in their own (lookup).
+		defer func() {
+			if p := errdefs.Recovered(recover()); p != nil {
+				fl.f, fl.err = nil, p
+			}
+		}()
+		fl.f, fl.err = t.read(rctx, name)
+	}()
 	fl.cut = fl.err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded)
 	cancel()
 	t.mu.Lock()

@@ -87,6 +87,8 @@ type Door struct {
 	metrics *reqmetrics.Metrics
 	tracer  *tracing.Tracer
 	log     *slog.Logger
+	// panicLog caps the lines about recovered panics (Panicked).
+	panicLog gate.LogThrottle
 }
 
 // New returns the Door cfg describes.

@@ -377,6 +377,29 @@ func (p *LogThrottle) Allow(addr net.Addr) (ok bool, unlogged int) {
 	if t, ok := p.last[client]; ok && now.Sub(t) < time.Second {
 		return false, 0
 	}
+	if ok, unlogged = p.line(now); ok {
+		p.last[client] = now
+	}
+	return ok, unlogged
+}
+
+// AllowLine is Allow under the overall cap alone, no client's own: for a
+// line each of which tells of a bug (a recovered panic), which one client
+// must not be able to keep to one a second while the next line's
+// not_logged still says how many went unlogged.
+func (p *LogThrottle) AllowLine() (ok bool, unlogged int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if p.now != nil {
+		now = p.now()
+	}
+	return p.line(now)
+}
+
+// line takes one of the second's lines, if one is left. Called with p.mu
+// held.
+func (p *LogThrottle) line(now time.Time) (ok bool, unlogged int) {
 	if sec := now.Unix(); sec != p.second {
 		p.second, p.lines = sec, 0
 	}
@@ -385,7 +408,6 @@ func (p *LogThrottle) Allow(addr net.Addr) (ok bool, unlogged int) {
 		return false, 0
 	}
 	p.lines++
-	p.last[client] = now
 	unlogged, p.unlogged = p.unlogged, 0
 	return true, unlogged
 }

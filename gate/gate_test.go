@@ -248,6 +248,27 @@ func TestLogThrottleBoundsAllClients(t *testing.T) {
 	}
 }
 
+// AllowLine, for lines each of which tells of a bug (a recovered panic),
+// keeps only the overall cap: many lines of one second pass up to it,
+// the rest are held back and counted for the next line to say.
+func TestLogThrottleAllowLine(t *testing.T) {
+	clock := time.Unix(1_000_000, 0)
+	l := LogThrottle{now: func() time.Time { return clock }}
+	n := 0
+	for range 30 {
+		if ok, _ := l.AllowLine(); ok {
+			n++
+		}
+	}
+	if n != maxRefusalLines {
+		t.Fatalf("30 lines in one second: %d allowed, want %d", n, maxRefusalLines)
+	}
+	clock = clock.Add(time.Second)
+	if ok, unlogged := l.AllowLine(); !ok || unlogged != 30-maxRefusalLines {
+		t.Fatalf("the next second's first line: allowed %v, not_logged %d, want true, %d", ok, unlogged, 30-maxRefusalLines)
+	}
+}
+
 // Check asks again what Admit asked, for a request already admitted (a
 // followed log stream): the token, its scope and its functions, as the
 // auth file holds them now; it takes nothing of the token's rate or

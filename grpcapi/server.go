@@ -91,7 +91,7 @@ func New(door *frontdoor.Door, opts Options) *Server {
 // set; serve it with Serve on a listener (behind the connection cap).
 func (s *Server) GRPC() *grpc.Server {
 	opts := []grpc.ServerOption{
-		grpc.ForceServerCodecV2(newCodec(s)),
+		grpc.ForceServerCodecV2(recoveringCodec{newCodec(s), s.door}),
 		// gRPC-Go refuses a message over its receive limit itself, from
 		// its length, before any handler: ResourceExhausted, the class of
 		// a busy server, naming no flag. Up to envelope over the limit
@@ -116,8 +116,9 @@ func (s *Server) GRPC() *grpc.Server {
 		grpc.ConnectionTimeout(s.opts.ReadTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 120 * time.Second}),
-		grpc.InTapHandle(s.tap),
-		grpc.UnaryInterceptor(s.admit),
+		grpc.InTapHandle(s.recoverTap),
+		grpc.ChainUnaryInterceptor(s.recoverUnary, s.admit),
+		grpc.StreamInterceptor(s.recoverStream),
 		// Fixed flow-control windows turn off grpc-go's bandwidth-delay
 		// probing, a ping per burst of data that a request/response
 		// protocol on a fast network pays for in latency; 4 MiB per

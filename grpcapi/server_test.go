@@ -70,7 +70,14 @@ func serveEngine(t *testing.T, e *engine.Engine, tokens gate.Tokens, opts grpcap
 	opts.Version = "test"
 	door := frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg)})
 	srv := grpcapi.New(door, opts)
-	gs := srv.GRPC()
+	conn := dial(t, srv.GRPC())
+	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, srv: srv}
+}
+
+// dial serves gs on a loopback port and returns a client connection to
+// it; both end with the test.
+func dial(t *testing.T, gs *grpc.Server) *grpc.ClientConn {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +89,7 @@ func serveEngine(t *testing.T, e *engine.Engine, tokens gate.Tokens, opts grpcap
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, srv: srv}
+	return conn
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -89,8 +89,10 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 	conn := ctx.Conn()
 	held := tk.Pass()
 	allowed := s.stillAllowed(ctx, name)
+	route := "GET " + string(ctx.Path()) // the stream outlives ctx
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer held.Done()
+		defer s.streamRecovered(route, name, conn)
 		s.follow(w, conn, lines, f, allowed)
 	})
 }

@@ -154,7 +154,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	}
 	s.conns.readTimeout = opts.ReadTimeout
 	s.srv = &fasthttp.Server{
-		Handler:            s.conns.handle(s.Handle),
+		Handler:            s.recovered(s.conns.handle(s.Handle)),
 		ConnState:          s.conns.state,
 		Name:               "plover/" + opts.Version,
 		MaxRequestBodySize: opts.MaxBodyBytes,
@@ -188,7 +188,7 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 	s.metricsConns.readTimeout = readTimeout
 	srv := &fasthttp.Server{
 		ConnState: s.metricsConns.state,
-		Handler: s.metricsConns.handle(func(ctx *fasthttp.RequestCtx) {
+		Handler: s.recovered(s.metricsConns.handle(func(ctx *fasthttp.RequestCtx) {
 			if misdirected(ctx, listen) {
 				return
 			}
@@ -199,7 +199,7 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 			if s.method(ctx, fasthttp.MethodGet) {
 				s.scrape(ctx)
 			}
-		}),
+		})),
 		Name: "plover/" + s.opts.Version, ReadTimeout: readTimeout, WriteTimeout: 10 * time.Second,
 		IdleTimeout: time.Minute, Logger: fasthttpLogger{s.opts.Log}, MaxRequestBodySize: 1 << 10,
 		CloseOnShutdown: true, SecureErrorLogMessage: true,
@@ -476,9 +476,7 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 	// a copy (call.Name.Keep).
 	name := call.BorrowName(nameBytes)
 	c := s.calls.Get().(*exchange)
-	defer s.calls.Put(c)
 	c.conn = ctx.Conn()
-	defer func() { c.conn = nil }()
 	// Nothing of the exchange's last request: one refused before the
 	// engine sets them (a name no function has, a bad header) is counted
 	// and traced from these fields, and a stale version, start, device,
@@ -498,6 +496,10 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		}
 	}
 	s.finish(ctx, name, c, err)
+	// Not deferred: an exchange whose request panicked is left to the
+	// collector, its output perhaps a device slot's memory (recover.go).
+	c.conn = nil
+	s.calls.Put(c)
 }
 
 // invokeRaw runs a request whose body is its input, and on success writes

@@ -596,18 +596,28 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	branch := func(j int) {
 		*outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j], client)
 	}
+	// A branch's goroutine is no request's own: a panic there (a bug, its
+	// run's) would end the process. It is raised again here, in the
+	// request's, for its transport to recover (errdefs.Panic).
+	panics := make([]*errdefs.Panic, n)
 	var wg sync.WaitGroup
 	for j := 1; j < n; j++ {
 		outs[j] = x.r.getBuf()
 		wg.Add(1)
 		go func(j int) {
 			defer wg.Done()
+			defer func() { panics[j] = errdefs.Recovered(recover()) }()
 			branch(j)
 		}(j)
 	}
 	outs[0] = x.r.getBuf()
 	branch(0)
 	wg.Wait()
+	for _, p := range panics {
+		if p != nil {
+			panic(p)
+		}
+	}
 	err := firstFailure(errs)
 	for j := 0; j < n; j++ {
 		*steps = append(*steps, timings[j]...)

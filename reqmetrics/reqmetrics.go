@@ -23,6 +23,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	copied   *prometheus.CounterVec
+	panics   *prometheus.CounterVec
 
 	mu    sync.RWMutex
 	byFn  map[string]*fnMetrics
@@ -62,12 +63,22 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "plover_payload_copied_bytes_total",
 			Help: "Request and response payload bytes copied on the host, beside reading the body from the socket, writing the response to it and the transfer to and from the device: 0 on the default path (a body that lands in its worker's slot); a small body fasthttp read before the handler ran, or a request whose body did not land where its run read it, shows here.",
 		}, []string{"function"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "plover_panics_total",
+			Help: "Requests whose handling panicked (a bug in the server), recovered by their transport: answered 500 (gRPC: Internal), or their connection closed when the answer had begun, and logged.",
+		}, []string{"transport"}),
 		byFn:  map[string]*fnMetrics{},
 		limit: 1000,
 	}
-	reg.MustRegister(m.requests, m.duration, m.copied)
+	for _, t := range [...]string{"http", "grpc"} {
+		m.panics.WithLabelValues(t) // at 0 from the start, for a rate or an alert to read
+	}
+	reg.MustRegister(m.requests, m.duration, m.copied, m.panics)
 	return m
 }
+
+// Panicked counts a request of transport whose handling panicked.
+func (m *Metrics) Panicked(transport string) { m.panics.WithLabelValues(transport).Inc() }
 
 func (m *Metrics) known(name string) bool {
 	m.mu.RLock()

@@ -1,0 +1,68 @@
+package httpapi
+
+import (
+	"bytes"
+	"net"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/frontdoor"
+)
+
+// recovered wraps h, a server's outermost handler, so that a panic in
+// handling a request ends that request, not the process: fasthttp
+// recovers none, and one bug met by one request ended the server for
+// every tenant. The panic is logged and counted (frontdoor.Panicked) and
+// the request answered 500 internal, in the route's error shape. Nothing
+// of an answer is on the wire before the handler returns (a body stream it
+// set is dropped with the response, writeJSON's Reset closing it), so the
+// 500 can always be sent; the connection is closed after it, since what
+// the handler read of a streamed body and left of the request's state are
+// unknown.
+func (s *Server) recovered(h fasthttp.RequestHandler) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		defer func() {
+			if v := recover(); v != nil {
+				s.panicked(ctx, v)
+			}
+		}()
+		h(ctx)
+	}
+}
+
+// panicked records a request's recovered panic v and answers it.
+func (s *Server) panicked(ctx *fasthttp.RequestCtx, v any) {
+	path := ctx.Path()
+	s.door.Panicked("http", string(ctx.Method())+" "+string(path), functionOf(path), v)
+	ctx.SetConnectionClose()
+	st := apierr.Of(errdefs.KindInternal)
+	writeError(ctx, st.HTTP, st.Name, frontdoor.PanicMessage)
+}
+
+// streamRecovered, deferred in what writes an answer after its handler
+// returned (a followed log stream's writer, which fasthttp runs in a
+// goroutine of its own, where a panic ended the process), recovers a
+// panic there: the answer has begun, so its connection is closed, for the
+// client to find it cut rather than ended.
+func (s *Server) streamRecovered(route, function string, conn net.Conn) {
+	if v := recover(); v != nil {
+		s.door.Panicked("http", route, function, v)
+		conn.Close()
+	}
+}
+
+var pathFunctionsSlash = []byte("/v1/functions/")
+
+// functionOf is the function (or model) a request's path names, a copy
+// (the log keeps it past the request's buffers), or "".
+func functionOf(path []byte) string {
+	for _, prefix := range [...][]byte{pathFunctionsSlash, pathV2Models} {
+		if rest, ok := bytes.CutPrefix(path, prefix); ok {
+			name, _, _ := bytes.Cut(rest, []byte{'/'})
+			return string(name)
+		}
+	}
+	return ""
+}
