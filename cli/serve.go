@@ -190,8 +190,7 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, force := stopSignals()
 	// SIGHUP reloads tokens and certificate; caught from the start, so one
 	// sent while the server starts does not kill it.
 	hup := make(chan os.Signal, 1)
@@ -231,7 +230,25 @@ func serve(f *serveFlags, env *Env) error {
 		return fmt.Errorf("server stopped: %w", err)
 	case <-ctx.Done():
 	}
-	return n.drain(f, t, log)
+	return n.drain(force, f, t, log)
+}
+
+// stopSignals is ended by the first SIGINT or SIGTERM (the drain begins)
+// and force by the second (an operator's second Ctrl-C: the drain ends at
+// once, as at the end of --grace). One channel takes both, so that no
+// second signal falls between two registrations.
+func stopSignals() (stop, force context.Context) {
+	stop, stopped := context.WithCancel(context.Background())
+	force, forced := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		stopped()
+		<-sigs
+		forced()
+	}()
+	return stop, force
 }
 
 // schedFlags checks the flags that shape the devices' schedulers and
@@ -527,10 +544,10 @@ func (n *node) serveRepository(ctx context.Context, f *serveFlags, t *transports
 
 // drain stops the transports within --grace, and then the node, unless
 // requests still run on its devices.
-func (n *node) drain(f *serveFlags, t *transports, log *slog.Logger) error {
+func (n *node) drain(force context.Context, f *serveFlags, t *transports, log *slog.Logger) error {
 	t.srv.SetReady(false) // /readyz and ServerReady fail first; in-flight and queued requests drain
-	log.Info("shutting down", "grace", f.grace)
-	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
+	log.Info("shutting down (a second SIGINT or SIGTERM ends the drain at once)", "grace", f.grace)
+	sctx, cancel := context.WithTimeout(force, f.grace)
 	defer cancel()
 	// Both transports drain side by side, within the one grace period.
 	grpcDrained := make(chan bool, 1)
@@ -543,7 +560,13 @@ func (n *node) drain(f *serveFlags, t *transports, log *slog.Logger) error {
 	if !<-grpcDrained && err == nil {
 		err = context.DeadlineExceeded
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
+	switch {
+	case force.Err() != nil:
+		// As below, the drain cut short by the operator: an error, so
+		// that the exit status says requests may have been cut.
+		log.Warn("a second signal: exiting now, requests still running are cut")
+		return errors.New("stopped by a second signal before the drain finished")
+	case errors.Is(err, context.DeadlineExceeded):
 		// Requests are still running on the devices: leave them to the
 		// process exit rather than free memory under them.
 		log.Warn("grace period over with requests still running; exiting", "grace", f.grace)

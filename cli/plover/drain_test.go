@@ -256,3 +256,33 @@ func send(t *testing.T, c net.Conn, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestSecondSignalEndsTheDrain: a second SIGTERM (or Ctrl-C) while the
+// server drains ends the drain at once, as the end of --grace does, with
+// a failing exit status, where the server caught and dropped it and only
+// SIGKILL could stop it before a long request ended.
+func TestSecondSignalEndsTheDrain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--grace", "2m")
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 60000), nil))
+	res := invokeInFlight(t, srv, "slow", []byte("cut me"))
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(srv.log.String(), "a second signal") {
+			t.Fatalf("exit after a second SIGTERM: %v, want a failing status and the log saying why\n%s", err, srv.log.String())
+		}
+	case <-time.After(30 * time.Second): // the run takes a minute, the grace two
+		t.Fatal("server still running 30 s after a second SIGTERM")
+	}
+	if r := <-res; r.err == nil && r.code == 200 {
+		t.Fatalf("the minute-long request was answered 200 though the drain was cut")
+	}
+}
