@@ -54,11 +54,8 @@ func newFrontDoor(f *serveFlags, log *slog.Logger, reg prometheus.Registerer) (*
 			return nil, err
 		}
 	}
-	// In bytes it must fit an int64: past that the shift wrapped (2^44+1
-	// MiB made a budget of 1 MiB, 2^43 a negative one: no limit).
-	const topMiB = math.MaxInt64 >> 20
-	if f.maxBodyMemMB < 0 || f.maxBodyMemMB > topMiB {
-		return nil, fmt.Errorf("--max-body-memory %d: want 0 (no limit) to %d MiB", f.maxBodyMemMB, topMiB)
+	if err := mibFlag("max-body-memory", f.maxBodyMemMB, 0); err != nil {
+		return nil, err
 	}
 	d.budget = netguard.NewBudget(f.maxBodyMemMB << 20)
 	nofile, err := netguard.RaiseNoFileLimit()
@@ -236,4 +233,21 @@ func (d *frontDoor) reloadOnHUP(ctx context.Context, hup chan os.Signal) {
 			}
 		}
 	}
+}
+
+// topMiB is the most MiB a size flag takes: in bytes it must fit an int64,
+// past which the shift wrapped (--max-body-memory 2^44+1 made a budget of
+// 1 MiB, 2^43 a negative one: no limit).
+const topMiB = math.MaxInt64 >> 20
+
+// mibFlag checks the value of --name, a size in MiB, against least..topMiB
+// (least 0: 0 means no limit).
+func mibFlag(name string, v, least int64) error {
+	if v >= least && v <= topMiB {
+		return nil
+	}
+	if least == 0 {
+		return fmt.Errorf("--%s %d: want 0 (no limit) to %d MiB", name, v, topMiB)
+	}
+	return fmt.Errorf("--%s %d: want %d to %d MiB", name, v, least, topMiB)
 }

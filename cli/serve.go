@@ -180,6 +180,15 @@ func serve(f *serveFlags, env *Env) error {
 	if err := checkWorkerScope(f); err != nil {
 		return usagef(env, "serve", "%v", err)
 	}
+	for _, c := range []struct {
+		name     string
+		v, least int64
+	}{{"max-body", int64(f.maxBodyMB), 1}, {"memory-limit", f.memLimitMB, 0}, {"cache-limit", f.cacheMB, 0}, {"max-body-memory", f.maxBodyMemMB, 0},
+		{"worker-max-memory", f.workerMaxMemMB, 0}, {"max-pinned-memory", f.maxPinnedMB, 0}} {
+		if err := mibFlag(c.name, c.v, c.least); err != nil {
+			return usagef(env, "serve", "%v", err)
+		}
+	}
 	if n := f.workerMaxPids; n < 0 || n > 0 && n < minWorkerMaxPids {
 		return usagef(env, "serve", "--worker-max-pids %d: want 0 (no bound) or at least %d: a worker's own threads need a few", n, minWorkerMaxPids)
 	}

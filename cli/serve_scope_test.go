@@ -15,7 +15,7 @@ import (
 // worker processes to share; --worker-max-pids 0 or a bound a worker's own
 // threads fit in: refused, naming the flag, before the server opens
 // anything. (MPS, on only with a CUDA device, is refused where the devices
-// are known: isolate.)
+// are known: isolate.) Sizes in MiB out of range, likewise.
 func TestServeWorkerFlagRefusals(t *testing.T) {
 	tests := []struct {
 		name string
@@ -28,6 +28,14 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"tenant without workers", []string{"--worker-scope", "tenant", "--isolation", "none"}, "--worker-scope tenant: --isolation none"},
 		{"negative pids bound", []string{"--worker-max-pids", "-1"}, "--worker-max-pids -1: want 0 (no bound) or at least 32"},
 		{"pids bound below a worker's own", []string{"--worker-max-pids", "8"}, "--worker-max-pids 8: want 0 (no bound) or at least 32"},
+		// Sizes in MiB: --max-body -1 was taken as fasthttp's default, and
+		// a size past 2^43 MiB wrapped in bytes (a negative one: no limit).
+		{"no body at all", []string{"--max-body", "0"}, "--max-body 0: want 1 to 8796093022207 MiB"},
+		{"negative body", []string{"--max-body", "-1"}, "--max-body -1: want 1 to"},
+		{"negative device memory", []string{"--memory-limit", "-5"}, "--memory-limit -5: want 0 (no limit) to"},
+		{"cache past an int64", []string{"--cache-limit", "8796093022208"}, "--cache-limit 8796093022208: want 0 (no limit) to 8796093022207 MiB"},
+		{"worker memory past an int64", []string{"--worker-max-memory", "9999999999999999"}, "--worker-max-memory 9999999999999999"},
+		{"negative pinned memory", []string{"--max-pinned-memory", "-1"}, "--max-pinned-memory -1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
