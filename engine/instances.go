@@ -89,7 +89,7 @@ func (e *Engine) pickDevice(v *version) (device.Device, error) {
 			best, bestFree = d, mi.Free
 		}
 	}
-	if best == nil && tooSmall != nil {
+	if best == nil && tooSmall != nil && lastErr == nil { // a faulted device might have held it: 503 below
 		return nil, errorf(errdefs.KindInvalid, tooSmall, "function %s: %s", v.fn.name, tooSmall.Error())
 	}
 	if best == nil && lastErr == nil {

@@ -205,12 +205,18 @@ type refusal struct{ error }
 
 func (r *refusal) Unwrap() error { return r.error }
 
-// Admit is the runner's, its refusal (a full queue's 429, a 404, a
-// record the store did not give in time) marked as one (Refusal): the
-// request ends there, before the engine.
+// Admit is the runner's, its full queue's 429 marked as a refusal
+// (Refusal): the request ends there, before the engine, which counts the
+// same 429 when Invoke meets it (a body too small to be admitted first).
+// Its other errors (a pipeline's step deleted, the store) are not marked:
+// Invoke's pin counts none of them, and a request's counts must not
+// depend on its body's size.
 func (d *Door) Admit(ctx context.Context, name string, deadline time.Time) (pipeline.Admission, error) {
 	a, err := d.Runner.Admit(ctx, name, deadline)
-	return a, Refusal(err)
+	if errdefs.KindOf(err) == errdefs.KindBusy {
+		return a, Refusal(err)
+	}
+	return a, err
 }
 
 // Fail classifies a failure of a request that is not an invoke (metadata,

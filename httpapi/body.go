@@ -113,8 +113,8 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 		// Another version than the current one: its own bound, and an
 		// unknown one's 404 before the body (oip.Pin pins it again after).
 		p, err := oip.PinVersion(context.Background(), s.door, name.Borrow(), version, deadline)
-		if err != nil {
-			return bodyLimit{}, frontdoor.Refusal(err)
+		if err != nil { // counted as the pin after the body would count it: not at all
+			return bodyLimit{}, err
 		}
 		maxIn, step = p.InputBound() // a pipeline's: its first step's
 		p.Release()

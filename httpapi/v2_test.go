@@ -385,11 +385,6 @@ func TestV2BinaryInputOrder(t *testing.T) {
 	}
 }
 
-// An output with NaN or an infinity, asked for as JSON data, is the
-// protocol's error object with a 500 naming it and the binary extension
-// (JSON has no numbers for those values), counted as a 500; asked for in
-// binary it is a response. The function echoes the input's bytes: output y
-// is its first 8 (two FP32), w the next 8 (one FP64).
 // A shape whose byte size overflows is refused at deploy, naming the
 // field: deployed, /v2 cut its output at a negative length, and the
 // handler's panic ended the server for every tenant.
@@ -415,6 +410,11 @@ func TestV2TensorShapeOverflowRefused(t *testing.T) {
 	}
 }
 
+// An output with NaN or an infinity, asked for as JSON data, is the
+// protocol's error object with a 500 naming it and the binary extension
+// (JSON has no numbers for those values), counted as a 500; asked for in
+// binary it is a response. The function echoes the input's bytes: output y
+// is its first 8 (two FP32), w the next 8 (one FP64).
 func TestV2NonFiniteOutputs(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("floats")
