@@ -335,3 +335,28 @@ func TestManifestKeysCheckedInLinearTime(t *testing.T) {
 		t.Errorf("checking %d bytes with %d keys took %v", b.Len(), 3*30000+8, took)
 	}
 }
+
+// Rules that came after servers had stored bundles hold for manifests
+// being admitted only: a stored one that broke them still loads.
+func TestStoredManifestsKeepOlderRules(t *testing.T) {
+	fn := `"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}]`
+	long := "0." + strings.Repeat("0", 40) + "1s"
+	for _, tt := range []struct{ json, want string }{
+		{`{` + fn + `,"Zero_Out":false}`, `Zero_Out: no such field (did you mean "zero_out"?`},
+		{`{` + fn + `,"zero_out":true,"zero_out":false}`, `zero_out: given twice`},
+		{`{` + fn + `,"idle_ttl":"` + long + `"}`, `idle_ttl: is 44 bytes long, at most 32`},
+		{`{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}],` +
+			`"batch":{"max_items":2,"max_delay":"` + long + `","item_input_bytes":8,"item_output_bytes":8}}`, `batch.max_delay: is 44 bytes long, at most 32`},
+	} {
+		if _, err := ParseManifest(strings.NewReader(tt.json)); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("admitted %s:\n got %v\nwant %q", tt.json, err, tt.want)
+		}
+		if _, err := ParseStoredManifest(strings.NewReader(tt.json)); err != nil {
+			t.Errorf("stored %s: %v", tt.json, err)
+		}
+	}
+	m, err := ParseStoredManifest(strings.NewReader(`{` + fn + `,"Zero_Out":false}`))
+	if err != nil || m.ZeroesOut() {
+		t.Errorf("stored Zero_Out false: %v, zeroes out %v; want it read as before", err, m != nil && m.ZeroesOut())
+	}
+}
