@@ -350,8 +350,9 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 }
 
 // workerManifest is m as its worker's device reads it (library, constants,
-// chain, buffers, batch): the fields only the server reads, those of
-// unbounded length among them (build flags, tensors, durations), left out.
+// chain, buffers, batch's sizes): the fields only the server reads, those
+// of unbounded length among them (build flags, tensors, durations: a
+// stored manifest's may be of any length), left out.
 // The load goes as one SOCK_SEQPACKET message, which cannot be larger
 // than the socket's send buffer (net.core.wmem_default, 208 KiB), and a
 // manifest may be 1 MiB: past the buffer every load failed, the worker
@@ -359,6 +360,11 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 func workerManifest(m *abi.Manifest) *abi.Manifest {
 	w := *m
 	w.Build, w.Tensors, w.Steps, w.IdleTTL = nil, nil, nil, ""
+	if m.Batch != nil {
+		b := *m.Batch // m's own is the server's batcher's
+		b.MaxDelay = ""
+		w.Batch = &b
+	}
 	return &w
 }
 
