@@ -104,8 +104,9 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	return nil
 }
 
-// isManifestRefusal reports whether err is a stored bundle's manifest
-// refused (abi.ParseStoredManifest).
+// isManifestRefusal reports whether err refuses a field of a version's
+// manifest: the stored bundle's (abi.ParseStoredManifest) or a device's
+// load (device.HostMemoryBound).
 func isManifestRefusal(err error) bool {
 	_, ok := abi.AsFieldError(err)
 	return ok

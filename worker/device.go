@@ -16,6 +16,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/worker/contain"
 	"github.com/plover-run/plover/worker/wire"
 )
@@ -307,6 +308,12 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		}
 		consts = fi.Size()
 	}
+	// A version deployed where nothing enforced the limit (a node
+	// running bundles in the server) would have its worker killed at its
+	// first memory sample, at every load.
+	if err := d.FitsHostMemory(spec.Manifest, consts); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w before the bundle was loaded", device.ErrDeadline)
 	}
@@ -366,6 +373,12 @@ func workerManifest(m *abi.Manifest) *abi.Manifest {
 		w.Batch = &b
 	}
 	return &w
+}
+
+// FitsHostMemory is loader.FitsHostMemory (device.HostMemoryBound): a
+// worker past its max_host_memory_mb is killed.
+func (d *Device) FitsHostMemory(m *abi.Manifest, constSize int64) error {
+	return loader.FitsHostMemory(m, constSize)
 }
 
 // hostLimit is the resident memory a program's worker may hold (0: none).
