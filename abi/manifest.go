@@ -338,10 +338,26 @@ func jsonWant(t reflect.Type) string {
 	return "an object"
 }
 
-// ParseManifest decodes and validates a manifest. Unknown fields are errors:
-// a misspelt "zero_tmp" must not silently become false; so are a field given
-// twice and one spelt in another case, which encoding/json would take.
-func ParseManifest(r io.Reader) (*Manifest, error) {
+// ParseManifest decodes and validates a manifest being admitted (a deploy,
+// plover deploy and pack, a model repository's folder). Unknown fields are
+// errors: a misspelt "zero_tmp" must not silently become false; so are a
+// field given twice and one spelt in another case, which encoding/json
+// would take, and a duration longer than MaxDurationLen.
+func ParseManifest(r io.Reader) (*Manifest, error) { return parseManifest(r, true) }
+
+// ParseStoredManifest decodes and validates the manifest of a bundle
+// already taken (one a node fetches from the store or finds in its
+// cache): as ParseManifest, without the rules that came after servers had
+// stored bundles (those of ParseManifest's keys and durations), so that a
+// version deployed before them still loads after an upgrade.
+func ParseStoredManifest(r io.Reader) (*Manifest, error) { return parseManifest(r, false) }
+
+// MaxDurationLen bounds a manifest's durations (idle_ttl,
+// batch.max_delay) in bytes: time.ParseDuration takes any number of
+// fraction digits, and a 300 KB max_delay of 0.000...1s was valid.
+const MaxDurationLen = 32
+
+func parseManifest(r io.Reader, admit bool) (*Manifest, error) {
 	data, err := io.ReadAll(io.LimitReader(r, 1<<20+1))
 	if err != nil {
 		return nil, fmt.Errorf("read manifest: %w", err)
@@ -362,13 +378,32 @@ func ParseManifest(r io.Reader) (*Manifest, error) {
 	if dec.More() {
 		return nil, &FieldError{Field: ManifestFile, Reason: "trailing data after the JSON object"}
 	}
-	if fe := keySpelling(data, manifestType); fe != nil {
-		return nil, fe
+	if admit {
+		if fe := keySpelling(data, manifestType); fe != nil {
+			return nil, fe
+		}
+		if fe := m.durationLengths(); fe != nil {
+			return nil, fe
+		}
 	}
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
 	return &m, nil
+}
+
+// durationLengths refuses a duration longer than MaxDurationLen.
+func (m *Manifest) durationLengths() *FieldError {
+	ds := [][2]string{{"idle_ttl", m.IdleTTL}}
+	if m.Batch != nil {
+		ds = append(ds, [2]string{"batch.max_delay", m.Batch.MaxDelay})
+	}
+	for _, d := range ds {
+		if len(d[1]) > MaxDurationLen {
+			return &FieldError{d[0], fmt.Sprintf("is %d bytes long, at most %d: a Go duration such as \"200us\"", len(d[1]), MaxDurationLen)}
+		}
+	}
+	return nil
 }
 
 // Validate checks every field and returns the first problem as *FieldError.

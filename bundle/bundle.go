@@ -53,17 +53,24 @@ func Digest(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ReadManifest reads and validates dir/plover.json.
-func ReadManifest(dir string) (*abi.Manifest, error) { return readManifest(files{dir: dir}) }
+// ReadManifest reads and validates dir/plover.json, a manifest being
+// admitted (abi.ParseManifest).
+func ReadManifest(dir string) (*abi.Manifest, error) {
+	return readManifest(files{dir: dir}, abi.ParseManifest)
+}
 
-func readManifest(d files) (*abi.Manifest, error) {
+// parser is abi.ParseManifest, for a manifest being admitted, or
+// abi.ParseStoredManifest, for one a server took before.
+type parser func(io.Reader) (*abi.Manifest, error)
+
+func readManifest(d files, parse parser) (*abi.Manifest, error) {
 	f, err := d.open(abi.ManifestFile)
 	if err != nil {
 		return nil, fmt.Errorf("manifest: %w", err)
 	}
 	defer f.Close()
 	path := filepath.Join(d.dir, abi.ManifestFile)
-	m, err := abi.ParseManifest(f)
+	m, err := parse(f)
 	if err != nil {
 		// Name the file once: a FieldError about the whole file says
 		// "plover.json: ..." itself.
@@ -154,7 +161,7 @@ func PackWithin(dir, name string, w io.Writer) (*abi.Manifest, error) {
 }
 
 func pack(d files, name string, w io.Writer) (*abi.Manifest, error) {
-	m, err := readManifest(d)
+	m, err := readManifest(d, abi.ParseManifest)
 	if err != nil {
 		return nil, err
 	}
@@ -290,13 +297,15 @@ func packBytes(dir, name string, packer func(string, string, io.Writer) (*abi.Ma
 // accepts only regular files with plain names: plover.json first, then the
 // library and the constants the manifest names, each once. Links,
 // directories, absolute or ".." paths and any other name are refused, and so
-// is a bundle over maxUnpacked bytes.
+// is a bundle over maxUnpacked bytes. Its manifest is one being admitted
+// (abi.ParseManifest).
 func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
-	return unpack(r, dst, maxUnpacked, nil)
+	return unpack(r, dst, maxUnpacked, nil, abi.ParseManifest)
 }
 
-// unpack is Unpack with each file write first put to fault (nil: none).
-func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.Manifest, error) {
+// unpack is Unpack with each file write first put to fault (nil: none)
+// and the manifest read by parse.
+func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse parser) (*abi.Manifest, error) {
 	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("unpack: %w", err)
@@ -345,7 +354,7 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault) (*abi.
 			if rerr != nil {
 				return nil, fmt.Errorf("unpack %s: %w", abi.ManifestFile, rerr)
 			}
-			if m, err = abi.ParseManifest(bytes.NewReader(raw)); err != nil {
+			if m, err = parse(bytes.NewReader(raw)); err != nil {
 				return nil, fmt.Errorf("bundle %s: %w", abi.ManifestFile, err)
 			}
 			if m.Library != "" {

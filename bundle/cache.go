@@ -229,7 +229,9 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 			}
 		}
 		if err == nil {
-			if m, err = ReadManifest(dir); err == nil {
+			// Read as stored: a version taken before a rule for new
+			// manifests came still loads (abi.ParseStoredManifest).
+			if m, err = readManifest(files{dir: dir}, abi.ParseStoredManifest); err == nil {
 				return dir, m, false, nil
 			}
 		}
@@ -401,7 +403,7 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, erro
 	if err != nil {
 		return nil, nil, fmt.Errorf("bundle cache: %w", err)
 	}
-	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
+	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseStoredManifest)
 	var st stamps
 	if err == nil {
 		st, err = writeSums(work)
@@ -429,7 +431,7 @@ func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("bundle cache: %w", err)
 	}
-	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault)
+	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseManifest)
 	if err == nil {
 		_, err = writeSums(work) // Adopt may make it a cache entry, stamps read at its first Get
 	}

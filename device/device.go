@@ -214,6 +214,15 @@ type HostUnregistrar interface {
 	UnregisterHost(b []byte) error
 }
 
+// HostMemoryBound is a device whose programs run in processes whose
+// resident memory it bounds (worker processes: --isolation process; a
+// bundle run in the server is not bounded). FitsHostMemory refuses a
+// function that could never stay within the bound: its constants of
+// constSize bytes and one instance, where they live in that process.
+type HostMemoryBound interface {
+	FitsHostMemory(m *abi.Manifest, constSize int64) error
+}
+
 // Pinning is host memory a device pinned for the slots requests' bytes
 // land in (a CUDA device's workers: page-locked and resident for each
 // slot's life, whatever a request touches).

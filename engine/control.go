@@ -205,6 +205,11 @@ func (e *Engine) checkRoom(dir string, m *abi.Manifest) error {
 	if fe := fitsDevice(m, constSize, largest, total); fe != nil {
 		return errorf(errdefs.KindInvalid, fe, "%s", fe.Error())
 	}
+	if hb, ok := largest.(device.HostMemoryBound); ok {
+		if err := hb.FitsHostMemory(m, constSize); err != nil {
+			return errorf(errdefs.KindInvalid, err, "%s", err.Error())
+		}
+	}
 	return nil
 }
 

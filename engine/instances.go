@@ -126,7 +126,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		var le *loader.Error
 		var ke *device.KernelError
 		switch {
-		case errors.As(err, &le): // the library is refused: that will not change
+		case errors.As(err, &le) || isManifestRefusal(err): // the library or the manifest is refused: that will not change
 			err = inBundle(err, v.dir, v.manifest.Library)
 			rf := errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, err.Error())
 			v.refused.Store(rf)

@@ -66,8 +66,15 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 			return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while bundle %s was fetched from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &fe):
 			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
-		case errors.As(err, &be): // the bundle itself is refused: that will not change
-			rf := errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, be.Error())
+		case errors.As(err, &be) || isManifestRefusal(err):
+			// The bundle itself is refused, its manifest included: that
+			// will not change, and it is not fetched again at every
+			// request (a 503 a client retries forever).
+			why := err.Error()
+			if be != nil {
+				why = be.Error()
+			}
+			rf := errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, why)
 			v.loadErr = rf
 			v.refused.Store(rf) // for Pin.Unready, which takes no lock
 			return v.loadErr
@@ -95,6 +102,14 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
 	v.loaded.Store(true)
 	return nil
+}
+
+// isManifestRefusal reports whether err refuses a field of a version's
+// manifest: the stored bundle's (abi.ParseStoredManifest) or a device's
+// load (device.HostMemoryBound).
+func isManifestRefusal(err error) bool {
+	_, ok := abi.AsFieldError(err)
+	return ok
 }
 
 // teardown closes every program: constants freed, library unloaded or

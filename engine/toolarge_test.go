@@ -3,6 +3,7 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/worker"
 )
 
 // A function whose constants and one instance's buffers are more than its
@@ -56,12 +58,34 @@ func TestFunctionLargerThanItsDevice(t *testing.T) {
 		}
 	}
 	// On the host its constants live in its worker: more than its own
-	// max_host_memory_mb would have the worker killed at every load.
+	// max_host_memory_mb would have the worker killed at every load. In
+	// the server (--isolation none) nothing enforces the field: it runs.
 	limited := *m
 	limited.Constants, limited.MaxHostMemoryMB = "w.bin", 1
-	err := deploy(testkit.Engine(t, engine.Config{}), testkit.BundleDir(t, &limited, make([]byte, 2<<20)))
+	limitedDir := testkit.BundleDir(t, &limited, make([]byte, 2<<20))
+	wd := worker.NewDevice(worker.Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner})
+	t.Cleanup(func() { wd.Close() })
+	err := deploy(testkit.Engine(t, engine.Config{Devices: []device.Device{wd}}), limitedDir)
 	if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.HasPrefix(err.Error(), "max_host_memory_mb: 1 MiB is less than the worker must hold") {
-		t.Errorf("constants over max_host_memory_mb: deploy answered %v (kind %v), want 422 naming max_host_memory_mb", err, errdefs.KindOf(err))
+		t.Errorf("constants over max_host_memory_mb in a worker: deploy answered %v (kind %v), want 422 naming max_host_memory_mb", err, errdefs.KindOf(err))
+	}
+	shared, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inServer := testkit.Engine(t, engine.Config{Store: shared})
+	if err := deploy(inServer, limitedDir); err != nil {
+		t.Fatalf("constants over max_host_memory_mb in the server: %v", err)
+	}
+	invoke(t, inServer, "big", []byte{1})
+	// Run on a node of workers, it is refused there (not loaded into a
+	// worker its limit kills at every load).
+	inWorkers := testkit.Engine(t, engine.Config{Store: shared, Devices: []device.Device{wd}})
+	for range 2 {
+		err = inWorkers.Invoke(context.Background(), "big", &call.Request{Input: []byte{1}})
+		if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.Contains(err.Error(), "max_host_memory_mb: 1 MiB is less than the worker must hold") {
+			t.Errorf("invoke in a worker of a version deployed in the server: %v (kind %v), want 422 naming max_host_memory_mb", err, errdefs.KindOf(err))
+		}
 	}
 	// One that just fits is deployed and runs.
 	e := small(nil)

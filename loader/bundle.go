@@ -17,7 +17,8 @@ import (
 // the library, and the constants file exists. plover deploy runs it before
 // uploading, the server before storing a bundle, and every program load
 // before dlopen (OpenBundle), so the three cannot drift apart. Errors name
-// the library by its path under dir.
+// the library by its path under dir. Not max_host_memory_mb: only a worker
+// is held to it (FitsHostMemory).
 func CheckBundle(dir string, m *abi.Manifest, target string) (*Info, error) {
 	path := filepath.Join(dir, m.Library)
 	info, err := Inspect(path)
@@ -33,29 +34,25 @@ func CheckBundle(dir string, m *abi.Manifest, target string) (*Info, error) {
 	if err := info.CheckManifest(path, m); err != nil {
 		return nil, err
 	}
-	var constSize int64
 	if m.Constants != "" {
-		fi, err := os.Stat(filepath.Join(dir, m.Constants))
-		if err != nil {
+		if _, err := os.Stat(filepath.Join(dir, m.Constants)); err != nil {
 			var pe *fs.PathError
 			if errors.As(err, &pe) {
 				err = pe.Err // the file's name, not where this node keeps it
 			}
 			return nil, fmt.Errorf("constants: %s: %w", m.Constants, err)
 		}
-		constSize = fi.Size()
-	}
-	if err := fitsHostMemory(m, constSize); err != nil {
-		return nil, err
 	}
 	return info, nil
 }
 
-// fitsHostMemory refuses a host function whose worker could never stay
+// FitsHostMemory refuses a host function whose worker could never stay
 // within its own max_host_memory_mb: on the host device its constants and
 // an instance's tmp are the worker's resident memory, so such a worker
-// was killed at its first memory sample, at every load.
-func fitsHostMemory(m *abi.Manifest, constSize int64) error {
+// was killed at its first memory sample, at every load. A worker device
+// applies it (device.HostMemoryBound); in the server nothing enforces the
+// field, and such a function runs.
+func FitsHostMemory(m *abi.Manifest, constSize int64) error {
 	limit := m.MaxHostMemoryMB << 20
 	if m.Target != abi.TargetHost || limit == 0 || constSize+m.TmpBytes <= limit {
 		return nil

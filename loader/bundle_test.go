@@ -39,13 +39,9 @@ func TestCheckBundle(t *testing.T) {
 			m.Batch = &abi.Batch{MaxItems: 2, ItemInputBytes: 4, ItemOutputBytes: 4}
 		}, abi.TargetHost, "does not declare PLOVER_BATCHED"},
 		{"missing library", func(m *abi.Manifest) { m.Library = "gone.so" }, abi.TargetHost, "gone.so"},
-		// On the host the constants and tmp live in the worker, which its
-		// own limit would kill at its first memory sample.
-		{"constants over max_host_memory_mb", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "big.bin", 1 }, abi.TargetHost,
-			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants big.bin of 1048577 bytes and one instance's tmp_bytes 64"},
-		{"tmp over max_host_memory_mb", func(m *abi.Manifest) { m.TmpBytes, m.MaxHostMemoryMB = 2<<20, 1 }, abi.TargetHost,
-			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants (none) of 0 bytes and one instance's tmp_bytes 2097152"},
-		{"constants within max_host_memory_mb", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "w.bin", 1 }, abi.TargetHost, ""},
+		// Only a worker is held to max_host_memory_mb (FitsHostMemory):
+		// CheckBundle runs in the server too, where nothing enforces it.
+		{"constants over max_host_memory_mb", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "big.bin", 1 }, abi.TargetHost, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +55,32 @@ func TestCheckBundle(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// On the host the constants and tmp live in the worker, which its own
+// max_host_memory_mb would kill at its first memory sample.
+func TestFitsHostMemory(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		change    func(m *abi.Manifest)
+		constSize int64
+		want      string // "" accepts
+	}{
+		{"constants over it", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "big.bin", 1 }, 1<<20 + 1,
+			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants big.bin of 1048577 bytes and one instance's tmp_bytes 64"},
+		{"tmp over it", func(m *abi.Manifest) { m.TmpBytes, m.MaxHostMemoryMB = 2<<20, 1 }, 0,
+			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants (none) of 0 bytes and one instance's tmp_bytes 2097152"},
+		{"constants within it", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "w.bin", 1 }, 4, ""},
+		{"no limit", func(m *abi.Manifest) { m.Constants = "big.bin" }, 1 << 30, ""},
+		{"on a GPU", func(m *abi.Manifest) { m.Target, m.Constants, m.MaxHostMemoryMB = abi.TargetCUDA, "big.bin", 1 }, 1<<20 + 1, ""},
+	} {
+		m := testkit.Manifest("fn")
+		tt.change(m)
+		err := loader.FitsHostMemory(m, tt.constSize)
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || err.Error() != tt.want) {
+			t.Errorf("%s: got %v, want %q", tt.name, err, tt.want)
+		}
 	}
 }
 

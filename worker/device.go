@@ -16,6 +16,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/worker/contain"
 	"github.com/plover-run/plover/worker/wire"
 )
@@ -307,6 +308,12 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		}
 		consts = fi.Size()
 	}
+	// A version deployed where nothing enforced the limit (a node
+	// running bundles in the server) would have its worker killed at its
+	// first memory sample, at every load.
+	if err := d.FitsHostMemory(spec.Manifest, consts); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w before the bundle was loaded", device.ErrDeadline)
 	}
@@ -350,8 +357,9 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 }
 
 // workerManifest is m as its worker's device reads it (library, constants,
-// chain, buffers, batch): the fields only the server reads, those of
-// unbounded length among them (build flags, tensors, durations), left out.
+// chain, buffers, batch's sizes): the fields only the server reads, those
+// of unbounded length among them (build flags, tensors, durations: a
+// stored manifest's may be of any length), left out.
 // The load goes as one SOCK_SEQPACKET message, which cannot be larger
 // than the socket's send buffer (net.core.wmem_default, 208 KiB), and a
 // manifest may be 1 MiB: past the buffer every load failed, the worker
@@ -359,7 +367,18 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 func workerManifest(m *abi.Manifest) *abi.Manifest {
 	w := *m
 	w.Build, w.Tensors, w.Steps, w.IdleTTL = nil, nil, nil, ""
+	if m.Batch != nil {
+		b := *m.Batch // m's own is the server's batcher's
+		b.MaxDelay = ""
+		w.Batch = &b
+	}
 	return &w
+}
+
+// FitsHostMemory is loader.FitsHostMemory (device.HostMemoryBound): a
+// worker past its max_host_memory_mb is killed.
+func (d *Device) FitsHostMemory(m *abi.Manifest, constSize int64) error {
+	return loader.FitsHostMemory(m, constSize)
 }
 
 // hostLimit is the resident memory a program's worker may hold (0: none).

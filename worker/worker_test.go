@@ -197,6 +197,40 @@ func TestLargeManifestLoads(t *testing.T) {
 	}
 }
 
+// A stored manifest's batch.max_delay may be of any length (only a new
+// one is held to abi.MaxDurationLen): time.ParseDuration takes any number
+// of fraction digits. The worker never reads it; sent in the load
+// message, a 300 KiB one made the message too large for its socket, and
+// the load failed blaming the worker.
+func TestLongMaxDelayLoads(t *testing.T) {
+	d := newDevice(t, 0)
+	m := testkit.BatchManifest("delay", 2, "0."+strings.Repeat("0", 300<<10)+"1s")
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.BatchSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	raw, err := os.ReadFile(filepath.Join(dir, abi.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := abi.ParseStoredManifest(bytes.NewReader(raw)); err != nil {
+		t.Fatalf("the manifest is not one a node loads: %v", err)
+	}
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatalf("load with a %d-byte max_delay: %v", len(m.Batch.MaxDelay), err)
+	}
+	defer p.Close()
+	if len(m.Batch.MaxDelay) < 300<<10 {
+		t.Errorf("the load changed the server's manifest: max_delay %q", m.Batch.MaxDelay)
+	}
+	in := newInst(t, p, m)
+	out := make([]byte, m.OutBytes)
+	input := []byte{41, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}
+	if err := in.Run(&device.Run{Input: input, Output: out, Items: 2, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}, Deadline: time.Now().Add(5 * time.Second)}); err != nil || out[0] != 42 || out[4] != 2 {
+		t.Fatalf("run: %v, %v", err, out)
+	}
+}
+
 func TestConstructorCrashIsAProcessExit(t *testing.T) {
 	d := newDevice(t, 1)
 	m := testkit.Manifest("ctor")
