@@ -145,29 +145,42 @@ func Pack(dir string, w io.Writer) (*abi.Manifest, error) { return PackNamed(dir
 // does not carry (plover serve --repository-name, KServe's model name). The
 // manifest's other fields are kept as written.
 func PackNamed(dir, name string, w io.Writer) (*abi.Manifest, error) {
-	return pack(files{dir: dir}, name, w)
+	return pack(files{dir: dir}, name, w, abi.ParseManifest)
 }
 
 // PackWithin is PackNamed reading only files within dir: a file that is a
 // link resolving outside dir is refused (a model repository's version
 // folder, written by others than the server).
 func PackWithin(dir, name string, w io.Writer) (*abi.Manifest, error) {
+	return packWithin(dir, name, w, abi.ParseManifest)
+}
+
+// RepackWithin is PackWithin reading the manifest as a stored one
+// (abi.ParseStoredManifest): a model repository's folder that a server may
+// have taken under older rules packs to the bytes it took, so that a
+// version the store holds is known as such; bytes the store lacks are
+// held to today's rules by their deploy.
+func RepackWithin(dir, name string, w io.Writer) (*abi.Manifest, error) {
+	return packWithin(dir, name, w, abi.ParseStoredManifest)
+}
+
+func packWithin(dir, name string, w io.Writer, parse parser) (*abi.Manifest, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
 	defer root.Close()
-	return pack(files{dir: dir, root: root}, name, w)
+	return pack(files{dir: dir, root: root}, name, w, parse)
 }
 
-func pack(d files, name string, w io.Writer) (*abi.Manifest, error) {
-	m, err := readManifest(d, abi.ParseManifest)
+func pack(d files, name string, w io.Writer, parse parser) (*abi.Manifest, error) {
+	m, err := readManifest(d, parse)
 	if err != nil {
 		return nil, err
 	}
 	var renamed []byte
 	if name != "" && name != m.Name {
-		if renamed, m, err = rename(d, name); err != nil {
+		if renamed, m, err = rename(d, name, parse); err != nil {
 			return nil, err
 		}
 	}
@@ -207,7 +220,7 @@ func pack(d files, name string, w io.Writer) (*abi.Manifest, error) {
 
 // rename is dir's manifest with its name set to name: the bytes to pack and
 // the manifest they parse to.
-func rename(d files, name string) ([]byte, *abi.Manifest, error) {
+func rename(d files, name string, parse parser) ([]byte, *abi.Manifest, error) {
 	path := filepath.Join(d.dir, abi.ManifestFile)
 	f, err := d.open(abi.ManifestFile)
 	if err != nil {
@@ -227,7 +240,7 @@ func rename(d files, name string) ([]byte, *abi.Manifest, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	m, err := abi.ParseManifest(bytes.NewReader(b))
+	m, err := parse(bytes.NewReader(b))
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s named %q: %w", path, name, err)
 	}

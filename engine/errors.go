@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
 )
@@ -57,4 +58,24 @@ func plural(n int, one, many string) string {
 		return one
 	}
 	return many
+}
+
+// isManifestRefusal reports whether err refuses a field of a version's
+// manifest: the stored bundle's (abi.ParseStoredManifest) or a device's
+// load (device.HostMemoryBound).
+func isManifestRefusal(err error) bool {
+	_, ok := abi.AsFieldError(err)
+	return ok
+}
+
+// refusalKind is the class of a stored bundle's refusal: the bundle's fault
+// (422), but for a field this node's plover does not know, which a newer
+// server sharing the store admitted (a rolling upgrade): this node cannot
+// run it, another may (503). Either way the refusal is kept, not fetched
+// again at every request.
+func refusalKind(err error) errdefs.Kind {
+	if fe, ok := abi.AsFieldError(err); ok && strings.HasPrefix(fe.Reason, "no such field") {
+		return errdefs.KindUnavailable
+	}
+	return errdefs.KindInvalid
 }

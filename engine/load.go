@@ -74,7 +74,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 			if be != nil {
 				why = be.Error()
 			}
-			rf := errorf(errdefs.KindInvalid, err, "function %s version %s: %s", v.fn.name, v.rec.ID, why)
+			rf := errorf(refusalKind(err), err, "function %s version %s: %s", v.fn.name, v.rec.ID, why)
 			v.loadErr = rf
 			v.refused.Store(rf) // for Pin.Unready, which takes no lock
 			return v.loadErr
@@ -102,14 +102,6 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
 	v.loaded.Store(true)
 	return nil
-}
-
-// isManifestRefusal reports whether err refuses a field of a version's
-// manifest: the stored bundle's (abi.ParseStoredManifest) or a device's
-// load (device.HostMemoryBound).
-func isManifestRefusal(err error) bool {
-	_, ok := abi.AsFieldError(err)
-	return ok
 }
 
 // teardown closes every program: constants freed, library unloaded or

@@ -97,3 +97,28 @@ func TestUpgradeKeepsStoredManifests(t *testing.T) {
 		t.Errorf("the refused bundle was fetched %d times for 3 invokes, want 1", n)
 	}
 }
+
+// A stored bundle naming a field this node's plover does not know (a newer
+// server sharing the store admitted it: a rolling upgrade) is 503, this
+// node cannot run it and another may, not 422 the bundle's fault; kept,
+// not fetched again at each request.
+func TestStoredManifestWithAFieldFromANewerServer(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &bundleGets{Store: fs}
+	m := testkit.Manifest("future")
+	storeAsOldServer(t, store, m, withKey(t, m, "future_field", "1"))
+	e := testkit.Engine(t, engine.Config{Store: store})
+	for i := range 3 {
+		err := e.Invoke(ctx, "future", &call.Request{Input: []byte{1}})
+		if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "future_field: no such field") {
+			t.Errorf("invoke %d: %v (kind %v), want 503 naming future_field", i, err, errdefs.KindOf(err))
+		}
+	}
+	if n := store.n.Load(); n != 1 {
+		t.Errorf("fetched %d times for 3 invokes, want 1", n)
+	}
+}

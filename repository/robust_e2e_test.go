@@ -128,3 +128,34 @@ func TestOversizedBundleRefusedWithinTheLimit(t *testing.T) {
 		t.Errorf("load of the folder over the limit: %v, want 413", err)
 	}
 }
+
+// A new folder whose manifest today's rules refuse (a field's name in
+// another case) is UNAVAILABLE naming it, with a load's 400: the folder
+// packs as stored bytes would, and the deploy holds bytes the store lacks
+// to today's rules.
+func TestNewFolderHeldToTodaysRules(t *testing.T) {
+	src := testkit.BundleDir(t, testkit.Manifest("fresh"), nil)
+	models := filepath.Join(t.TempDir(), "models")
+	copyFiles(t, src, filepath.Join(models, "fresh"), "kernels.so")
+	raw, err := os.ReadFile(filepath.Join(src, "plover.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(models, "fresh", "plover.json"), append([]byte(`{"Zero_Out": true, `), raw[1:]...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ageAll(models)
+	e := testkit.Engine(t, engine.Config{})
+	r, err := repository.New(repository.Config{Dir: models, Settle: 50 * time.Millisecond}, e.Control())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(context.Background())
+	idx := r.Index(false)
+	if len(idx) == 0 || idx[0].State != repository.Unavailable || !strings.Contains(idx[0].Reason, "Zero_Out: no such field") {
+		t.Fatalf("a new folder with a key in another case: %+v, want UNAVAILABLE naming Zero_Out", idx)
+	}
+	if err := r.Load(context.Background(), "fresh"); errdefs.KindOf(err) != errdefs.KindBadRequest {
+		t.Errorf("load: %v (kind %v), want 400", err, errdefs.KindOf(err))
+	}
+}
