@@ -105,6 +105,17 @@ func (d *PanicDevice) Load(ctx context.Context, spec device.ProgramSpec) (device
 	return &panicProgram{Program: p, d: d, bugs: d.Function == "" || d.Function == spec.Manifest.Name}, nil
 }
 
+// PanicKernel is a kernel whose lookup (a request's chain override) panics
+// on a PanicDevice's program with the bug.
+const PanicKernel = "panic_in_lookup"
+
+func (p *panicProgram) Entry(kernel string) (int32, error) {
+	if p.bugs && kernel == PanicKernel {
+		panic("a device bug in a kernel's lookup")
+	}
+	return p.Program.Entry(kernel)
+}
+
 func (p *panicProgram) NewInstance(cfg device.InstanceConfig) (device.Instance, error) {
 	i, err := p.Program.NewInstance(cfg)
 	if err != nil {
