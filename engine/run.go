@@ -17,10 +17,12 @@ import (
 // goes first, the most recently used of them.
 func (p *pool) take(ctx context.Context, deadline time.Time, prefer device.Device) (*instance, call.Start, error) {
 	if in := p.takeIdle(prefer); in != nil {
+		h := held{p, in}
+		defer h.drop()
 		if err := in.dev.dev.Health(); err != nil {
-			p.put(in, true, time.Now())
 			return nil, call.Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
 		}
+		h.in = nil
 		return in, call.Hot, nil
 	}
 	lctx, cancel := context.WithDeadline(ctx, deadline)

@@ -79,6 +79,15 @@ type PanicDevice struct {
 	device.Device
 	Function     string
 	Made, Closed atomic.Int32
+	// HealthBug, set, makes the next Health call panic.
+	HealthBug atomic.Bool
+}
+
+func (d *PanicDevice) Health() error {
+	if d.HealthBug.CompareAndSwap(true, false) {
+		panic("a device bug in Health")
+	}
+	return d.Device.Health()
 }
 
 // PanicInput starts the input of a run that panics on a PanicDevice: an
