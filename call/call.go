@@ -119,6 +119,10 @@ type Landing interface {
 	Input() []byte  // the input region, max_input_bytes long: read the body into it
 	Output() []byte // the output region, out_bytes long: the run's output lands here
 	Release()
+	// Discard is Release where the request's run panicked: a worker may
+	// still write into the slot, so it never serves another request; its
+	// memory goes with its program.
+	Discard()
 }
 
 // StepTiming is one function step of a pipeline request.

@@ -191,6 +191,10 @@ type Slot interface {
 	// Device is the device whose runs work on it in place.
 	Device() Device
 	Release()
+	// Discard is Release for a slot a run may still write into (its
+	// request's run panicked): it is never lent again, and its memory is
+	// let go with its program.
+	Discard()
 }
 
 // Lender is a Program that lends slots of its instances' layout (maxIn

@@ -455,6 +455,8 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 	gone := func() bool { _, left := liveDeadline(items); return !left }
 	t0 := time.Now()
 	inst, fresh, spent, err := pool.takeRetrying(context.Background(), deadline, nil)
+	h := held{pool, inst}
+	defer h.drop() // runs before the recovery above: the instance is closed first
 	var r *device.Run
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
@@ -492,6 +494,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		}
 		r.Items = uint32(k)
 		var wait time.Duration
+		h.in = nil
 		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, gone)
 		res.sched += wait
 		r.Input, r.Output, r.Items = nil, nil, 0
@@ -502,7 +505,9 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		// bundle code), or with its tenant's shared worker by another
 		// function's fault: the run goes once more on a fresh worker, as
 		// an unbatched request would.
-		if inst, fresh, t0, err = pool.replace(context.Background(), inst, err, deadline, nil); inst == nil && err == nil {
+		if inst, fresh, t0, err = pool.replace(context.Background(), inst, err, deadline, nil); inst != nil {
+			h.in = inst
+		} else if err == nil {
 			err = errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
 		}
 	}
@@ -516,6 +521,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 			res.tm = r.Timing
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
+		h.in = nil
 		pool.put(inst, broken, ended) // the run's end, as runOn read it
 	}
 	if err != nil {

@@ -36,6 +36,7 @@ func (s *lentSlot) Input() []byte         { return s.mem[:s.maxIn] }
 func (s *lentSlot) Output() []byte        { return s.mem[s.maxIn:] }
 func (s *lentSlot) Device() device.Device { return s.dev }
 func (s *lentSlot) Release()              {}
+func (s *lentSlot) Discard()              {}
 func (s *lentSlot) Owner() device.Program { return s.owner }
 
 func (d *lendDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {

@@ -84,7 +84,26 @@ func fitsDevice(m *abi.Manifest, constSize int64, dev device.Device, total int64
 // returned func gives the reservation back once the allocation is done (or
 // failed).
 func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), error) {
+	ev, avail, err := l.plan(dev, need, forV)
+	l.free(ev, need, avail) // outside the lock; a refusal may have chosen some
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		l.mu.Lock()
+		l.pending[dev] -= need
+		l.mu.Unlock()
+	}, nil
+}
+
+// plan is reserve's part under l.mu: it counts need as pending unless it
+// fails, and returns what to evict (counted freeing) and the bytes dev had
+// available. The lock is released by a defer: the device's MemInfo and the
+// Evictor are called under it, and a panic there, recovered by a
+// transport, must not lock every later load out.
+func (l *ledger) plan(dev device.Device, need int64, forV *version) (eviction, int64, error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	// MemInfo is read under the lock because pending must be consistent
 	// with it; it is a query (cuMemGetInfo at most), never an allocation.
 	mi := dev.MemInfo()
@@ -92,8 +111,7 @@ func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), 
 	ev := eviction{dev: dev}
 	if avail < need {
 		if avail+l.reclaimable(dev, forV) < need {
-			l.mu.Unlock()
-			return nil, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
+			return ev, avail, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
 		var idle []evict.Idle
@@ -115,21 +133,13 @@ func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), 
 				}
 			}
 			l.freeing[dev] += ev.bytes
-			l.mu.Unlock()
-			l.free(ev, need, avail)
-			return nil, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
+			return ev, avail, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
 	}
 	l.pending[dev] += need
 	l.freeing[dev] += ev.bytes
-	l.mu.Unlock()
-	l.free(ev, need, avail)
-	return func() {
-		l.mu.Lock()
-		l.pending[dev] -= need
-		l.mu.Unlock()
-	}, nil
+	return ev, avail, nil
 }
 
 // free closes what an eviction chose, outside the ledger's lock. Each

@@ -17,10 +17,12 @@ import (
 // goes first, the most recently used of them.
 func (p *pool) take(ctx context.Context, deadline time.Time, prefer device.Device) (*instance, call.Start, error) {
 	if in := p.takeIdle(prefer); in != nil {
+		h := held{p, in}
+		defer h.drop()
 		if err := in.dev.dev.Health(); err != nil {
-			p.put(in, true, time.Now())
 			return nil, call.Hot, unavailable(err, "device %s is unhealthy", in.dev.dev.Name())
 		}
+		h.in = nil
 		return in, call.Hot, nil
 	}
 	lctx, cancel := context.WithDeadline(ctx, deadline)
@@ -88,13 +90,17 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	if err != nil {
 		return false, v.runFailed(nil, err)
 	}
+	h := held{p, in}
+	defer h.drop()
 	tr := p.started(req, in, fresh, ta)
 	req.Device = in.dev.name
 	if !tr.Before(deadline) {
+		h.in = nil
 		p.put(in, false, tr)
 		return false, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", v.fn.name, req.Timing.Queue, req.Timing.Load)
 	}
 	landed = output(req, in, landed, j.outLen)
+	h.in = nil // runRetrying's now
 	in, r, tEnd, err := p.runRetrying(ctx, req, in, landed, prefer, j, tr, deadline, spent)
 	if r == nil {
 		return false, err
@@ -112,6 +118,22 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	}
 	p.succeeded()
 	return true, nil
+}
+
+// held is an instance a request took and has neither put back nor handed
+// to runOn (which closes it if its run panics). A panic on the way there (a
+// bug: the cold start's accounting, the output's placement, a chain's
+// kernels looked up) would leak it, never put back nor closed and counted
+// live for good: a deferred drop puts it back broken (closed).
+type held struct {
+	p  *pool
+	in *instance
+}
+
+func (h *held) drop() {
+	if h.in != nil {
+		h.p.put(h.in, true, time.Now())
+	}
 }
 
 // started counts how req found in (fresh) in its start and load time,
@@ -188,6 +210,8 @@ func overlaps(a, b []byte) bool {
 // back already).
 func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance, landed device.Slot, prefer device.Device, j job, tr, deadline time.Time, spent bool) (*instance, *device.Run, time.Time, error) {
 	v, m := p.v, p.v.manifest
+	h := held{p, in}
+	defer h.drop()
 	for retried := false; ; retried = true {
 		var err error
 		if req.Override != nil && req.Override.Chain != nil {
@@ -200,6 +224,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 				// (Collateral). One the lookup itself crashed (a bundle's
 				// IFUNC resolver runs in it) is not.
 				if retried || !(mayRunAgain(err) || stoppedByServer(err)) || spent && collateral(err) {
+					h.in = nil
 					p.put(in, programLost(err), time.Now())
 					return nil, nil, time.Time{}, v.runFailed(in.dev, err)
 				}
@@ -214,6 +239,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 			}
 			var wait time.Duration
 			var tEnd time.Time
+			h.in = nil
 			wait, tEnd, err = p.runOn(ctx, in, r, tr, deadline, req.Gone)
 			req.Timing.Sched += wait
 			if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {
@@ -222,6 +248,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 			}
 		}
 		r.Input, r.Output, r.Slot = nil, nil, nil
+		h.in = nil
 		next, fresh, now, err := p.replace(ctx, in, err, deadline, prefer)
 		if err != nil {
 			return nil, nil, time.Time{}, err
@@ -229,7 +256,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 		if next == nil {
 			return nil, nil, time.Time{}, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (its worker had died)", v.fn.name)
 		}
-		in = next
+		in, h.in = next, next
 		if req.Start < fresh {
 			req.Start = fresh
 		}

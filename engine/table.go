@@ -63,6 +63,10 @@ type table struct {
 	// kept lines, ends the followers and the sink.
 	logs *funclog.Store
 
+	// mu is released by a defer wherever it guards calls out of the table
+	// (forgetFlow, weighFlows: the scheduler's policy; logs): a transport
+	// recovers a panic there, and a table left locked would hang every
+	// later request while /healthz still answers.
 	mu    sync.Mutex
 	funcs map[string]*function
 	// tags holds the version tag of each record Refresh last applied, so
@@ -381,10 +385,20 @@ func (t *table) land(ctx context.Context, name string, rv *api.Version, rec *api
 // nothing unless the epoch is still at. It returns the function (nil if it
 // did nothing) and whether the version changed.
 func (t *table) switchTo(name string, rv api.Version, rec *api.Record, at uint64) (*function, bool) {
+	f, olds, changed := t.switchLocked(name, rv, rec, at)
+	for _, v := range olds {
+		v.pool.retire()
+	}
+	return f, changed
+}
+
+// switchLocked is switchTo's part under t.mu; it returns the versions to
+// retire once t.mu is let go (the previous current one first).
+func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at uint64) (*function, []*version, bool) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.closed || (at != 0 && t.epoch != at) {
-		t.mu.Unlock()
-		return nil, false
+		return nil, nil, false
 	}
 	// The record's tag Refresh applied is stale now (a change made here;
 	// Refresh records the tag again after its own): the record may later
@@ -399,8 +413,7 @@ func (t *table) switchTo(name string, rv api.Version, rec *api.Record, at uint64
 		// Nothing to switch, but a read of the store made before this
 		// one's must not apply after it (land): the epoch moves on.
 		t.epoch++
-		t.mu.Unlock()
-		return f, false
+		return f, nil, false
 	}
 	if f == nil {
 		name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
@@ -422,14 +435,10 @@ func (t *table) switchTo(name string, rv api.Version, rec *api.Record, at uint64
 		t.weighFlows(f.name, f.cur.rec)
 	}
 	t.epoch++
-	t.mu.Unlock()
 	if old != nil {
-		old.pool.retire()
+		dropped = append([]*version{old}, dropped...)
 	}
-	for _, v := range dropped {
-		v.pool.retire()
-	}
-	return f, true
+	return f, dropped, true
 }
 
 // kept runs mk under the table's lock if f is still its name's function
@@ -476,15 +485,19 @@ func (t *table) ioOwned(fl *ioshare.Flow, charge func(look func(string) *version
 // is still at); its version retires once its in-flight requests finish. It
 // reports whether it did, and the epoch it left.
 func (t *table) forget(name string, at uint64) (uint64, bool) {
-	t.mu.Lock()
-	if at != 0 && t.epoch != at {
-		t.mu.Unlock()
+	olds, now, ok := func() ([]*version, uint64, bool) {
+		t.mu.Lock()
+		defer t.mu.Unlock() // see mu: dropLocked calls out
+		if at != 0 && t.epoch != at {
+			return nil, 0, false
+		}
+		olds := t.dropLocked(name)
+		t.epoch++
+		return olds, t.epoch, true
+	}()
+	if !ok {
 		return 0, false
 	}
-	olds := t.dropLocked(name)
-	t.epoch++
-	now := t.epoch
-	t.mu.Unlock()
 	for _, v := range olds {
 		v.pool.retire()
 	}

@@ -545,10 +545,20 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	c.req.Input, c.req.Landing = body, land
 	buf := ctx.Response.SwapBody(nil)[:0]
 	c.req.Output = buf
+	// A panic in the run (recovered above: a 500) leaves the slot to a
+	// worker that may still write into it: discarded, never lent again,
+	// its memory going with its program.
+	running := land
+	defer func() {
+		if running != nil {
+			running.Discard()
+		}
+	}()
 	// Not ctx: fasthttp closes its Done at the start of a graceful
 	// shutdown, and queued requests are meant to drain then. The
 	// request's own deadline bounds it.
 	err = s.door.Invoke(context.Background(), fn, &c.req)
+	running = nil
 	out := c.req.Output
 	c.req.Copied += copied
 	switch {

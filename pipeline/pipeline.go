@@ -593,20 +593,29 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	// .failed); a step they already started or wait for runs: cancelling
 	// it would count a healthy function's failure and could lose a cold
 	// load in flight.
+	//
+	// A panic in a branch (a bug, its run's) is recovered in the branch,
+	// the first's too, fails the request as a step's failure does, and is
+	// raised again once every branch has ended, for the request's
+	// transport to recover (errdefs.Panic): in another branch's goroutine
+	// it would end the process, and unwinding the request's goroutine
+	// while siblings run would hand their input (seq's pooled buffer) and
+	// the request's pooled call to other requests under them.
+	panics := make([]*errdefs.Panic, n)
 	branch := func(j int) {
+		defer func() {
+			if panics[j] = errdefs.Recovered(recover()); panics[j] != nil {
+				x.failed.Store(true)
+			}
+		}()
 		*outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j], client)
 	}
-	// A branch's goroutine is no request's own: a panic there (a bug, its
-	// run's) would end the process. It is raised again here, in the
-	// request's, for its transport to recover (errdefs.Panic).
-	panics := make([]*errdefs.Panic, n)
 	var wg sync.WaitGroup
 	for j := 1; j < n; j++ {
 		outs[j] = x.r.getBuf()
 		wg.Add(1)
 		go func(j int) {
 			defer wg.Done()
-			defer func() { panics[j] = errdefs.Recovered(recover()) }()
 			branch(j)
 		}(j)
 	}

@@ -25,6 +25,10 @@ type Scheduler struct {
 	clock Clock
 	pol   Policy
 
+	// mu is always released by a defer: a transport recovers a panic in
+	// the code it guards (the Policy's, the Clock's), and a mutex left
+	// locked would hang every later request to the device while /healthz
+	// still answers.
 	mu      sync.Mutex
 	flows   map[string]*Flow
 	waiting []*Flow // flows with a run queued
@@ -125,8 +129,8 @@ func (s *Scheduler) Lookup(name string) *Flow {
 // running go on.
 func (s *Scheduler) Forget(name string) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	delete(s.flows, name)
-	s.mu.Unlock()
 }
 
 // Set changes the flow's weight and class. Weights are shares, 0.01..1000
@@ -142,6 +146,7 @@ func (f *Flow) Set(weight float64, class Class) {
 	weight = min(max(weight, MinWeight), MaxWeight)
 	s := f.s
 	s.mu.Lock()
+	defer s.mu.Unlock() // see mu
 	old, oldClass := f.weight, f.class
 	f.weight, f.class = weight, class
 	if weight != old || class != oldClass {
@@ -159,7 +164,6 @@ func (f *Flow) Set(weight float64, class Class) {
 			}
 		}
 	}
-	s.mu.Unlock()
 }
 
 // The weights a flow takes: a manifest's shares.
@@ -228,6 +232,7 @@ func (f *Flow) Alone() bool {
 func (f *Flow) Touch() {
 	s := f.s
 	s.mu.Lock()
+	defer s.mu.Unlock() // see mu: the clock is an interface too
 	if !f.active && len(f.queue) == 0 && f.inFlight == 0 {
 		f.lastIdle = s.clock.Now()
 		if !f.listed {
@@ -235,7 +240,6 @@ func (f *Flow) Touch() {
 			s.idle = append(s.idle, f)
 		}
 	}
-	s.mu.Unlock()
 }
 
 // Charge counts d against the flow beside its runs: what it cost of
@@ -248,9 +252,8 @@ func (f *Flow) Charge(d time.Duration) {
 	}
 	s := f.s
 	s.mu.Lock()
-	now := s.clock.Now()
-	s.pol.Charged(f, d, now)
-	s.mu.Unlock()
+	defer s.mu.Unlock() // see mu
+	s.pol.Charged(f, d, s.clock.Now())
 }
 
 // Recent is the flow's recent device time and every flow's, decayed over
@@ -332,27 +335,10 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		return Ticket{}, 0, ErrDeadline
 	}
 	s := f.s
-	s.mu.Lock()
-	if f.inFlight+len(f.queue) >= 1 {
-		f.lastBusy = now // this run makes two or more
-	}
-	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
-		t := s.start(f, deadline, hold, now)
-		s.mu.Unlock()
+	t, w := s.enter(f, now, deadline, hold)
+	if w == nil {
 		return t, 0, nil
 	}
-	w := &waiter{arrived: now, deadline: deadline, hold: hold, ready: make(chan struct{}, 1)}
-	if !f.active {
-		f.active = true
-		s.pol.Woke(f, now)
-	}
-	if len(f.queue) == 0 {
-		s.waiting = append(s.waiting, f)
-	}
-	f.queue = append(f.queue, w)
-	s.dispatch(now) // a slot may be free for it (Reserve kept it from others)
-	s.armExpiry(now)
-	s.mu.Unlock()
 
 	var timeout chan struct{}
 	if !deadline.IsZero() {
@@ -395,6 +381,30 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		w.t.Done()
 		return Ticket{}, s.clock.Now().Sub(w.arrived), why
 	}
+}
+
+// enter starts a run of f where a slot is free (no waiter), or queues it.
+func (s *Scheduler) enter(f *Flow, now, deadline time.Time, hold time.Duration) (Ticket, *waiter) {
+	s.mu.Lock()
+	defer s.mu.Unlock() // see mu
+	if f.inFlight+len(f.queue) >= 1 {
+		f.lastBusy = now // this run makes two or more
+	}
+	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
+		return s.start(f, deadline, hold, now), nil
+	}
+	w := &waiter{arrived: now, deadline: deadline, hold: hold, ready: make(chan struct{}, 1)}
+	if !f.active {
+		f.active = true
+		s.pol.Woke(f, now)
+	}
+	if len(f.queue) == 0 {
+		s.waiting = append(s.waiting, f)
+	}
+	f.queue = append(f.queue, w)
+	s.dispatch(now) // a slot may be free for it (Reserve kept it from others)
+	s.armExpiry(now)
+	return Ticket{}, w
 }
 
 // leave takes a waiter that gives up out of its queue, unless it was
@@ -451,6 +461,7 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 	}
 	s := r.s // r.f is nil once the run gave its slot up at its deadline
 	s.mu.Lock()
+	defer s.mu.Unlock() // see mu
 	if r.gen == t.gen {
 		part := s.part(r, now)
 		charge := part
@@ -475,7 +486,6 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 		s.dispatch(now)
 		s.armExpiry(now)
 	}
-	s.mu.Unlock()
 }
 
 // part is r's part of the device from its start to now: the time it held
@@ -510,6 +520,8 @@ func (s *Scheduler) start(f *Flow, deadline time.Time, hold time.Duration, now t
 		f.active = true
 		s.pol.Woke(f, now)
 	}
+	// The policy first: a run it panics on is not left on the device.
+	charged := s.pol.Started(f, now)
 	var r *run
 	if n := len(s.spare); n > 0 {
 		r, s.spare = s.spare[n-1], s.spare[:n-1]
@@ -521,9 +533,9 @@ func (s *Scheduler) start(f *Flow, deadline time.Time, hold time.Duration, now t
 		deadline = now.Add(hold)
 	}
 	r.f, r.start, r.deadline, r.shared, r.held = f, now, deadline, s.shared, hold > 0
+	r.charged = charged
 	s.running = append(s.running, r)
 	f.inFlight++
-	r.charged = s.pol.Started(f, now)
 	return Ticket{r, r.gen}
 }
 
@@ -633,11 +645,18 @@ func (s *Scheduler) dispatch(now time.Time) {
 		}
 		f := cands[i]
 		w := f.queue[0]
+		var t Ticket
+		if w.deadline.IsZero() || now.Before(w.deadline) {
+			// Started before the waiter leaves its queue: one the
+			// policy panics on stays there, to give up at its deadline,
+			// not to wait for an answer that never comes.
+			t = s.start(f, w.deadline, w.hold, now)
+		}
 		f.queue = slices.Delete(f.queue, 0, 1)
 		if len(f.queue) == 0 {
 			s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
 		}
-		if !w.deadline.IsZero() && !now.Before(w.deadline) {
+		if t.r == nil {
 			// Its deadline passed before its timer ran (timers run late
 			// on a loaded machine): started, it would give its slot up at
 			// the next expiry while its chain ran on beside the next run.
@@ -648,7 +667,7 @@ func (s *Scheduler) dispatch(now time.Time) {
 			s.maybeIdle(f, now)
 			continue
 		}
-		w.t = s.start(f, w.deadline, w.hold, now)
+		w.t = t
 		w.ready <- struct{}{}
 	}
 }

@@ -39,6 +39,9 @@ type slotPool struct {
 	// dropped as it is made.
 	all     []*poolSlot
 	dropped bool
+	// discarded holds the slots taken out of use (Discard), still counted
+	// (the bound holds for the memory mapped), unmapped with the rest.
+	discarded []*poolSlot
 }
 
 // poolSlot is one pool slot, seen from the server.
@@ -50,6 +53,9 @@ type poolSlot struct {
 	out    int64
 	pinned int64 // bytes its worker pinned (0: none)
 	lent   atomic.Bool
+	// discarded: never lent again (Discard); it goes back to the pool's
+	// discarded, not its free.
+	discarded atomic.Bool
 
 	// holds counts chains still running on it past their request (an
 	// overrun: the request was answered at its deadline); released says
@@ -100,11 +106,24 @@ func (s *poolSlot) Release() {
 	s.giveBack()
 }
 
+// Discard is Release for a slot whose request's run panicked: the worker
+// may still write into it (what the run left is unknown), so it is never
+// lent again; its mapping goes as its worker or its program does
+// (closeSlots), not for the server's life.
+func (s *poolSlot) Discard() {
+	s.discarded.Store(true)
+	s.Release()
+}
+
 func (s *poolSlot) giveBack() {
 	pool := &s.g.slots
 	pool.mu.Lock()
 	if !pool.dead && s.g.p.alive() {
-		pool.free = append(pool.free, s)
+		if s.discarded.Load() {
+			pool.discarded = append(pool.discarded, s)
+		} else {
+			pool.free = append(pool.free, s)
+		}
 		pool.mu.Unlock()
 		return
 	}
@@ -189,14 +208,15 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 	return &poolSlot{g: g, id: rep.ID, mem: mem, maxIn: maxIn, out: out, pinned: pinned}, nil
 }
 
-// closeSlots unmaps the free slots of a program whose worker is gone;
-// lent ones are unmapped as they come back.
+// closeSlots unmaps the free and discarded slots of a program whose
+// worker is gone or that is closed; lent ones are unmapped as they come
+// back.
 func (g *program) closeSlots() {
 	pool := &g.slots
 	pool.mu.Lock()
 	pool.dead = true
-	free := pool.free
-	pool.free = nil
+	free := append(pool.free, pool.discarded...)
+	pool.free, pool.discarded = nil, nil
 	pool.count -= len(free)
 	pool.mu.Unlock()
 	for _, s := range free {

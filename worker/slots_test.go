@@ -136,3 +136,47 @@ func TestRefusalThroughWorker(t *testing.T) {
 		t.Fatalf("%v (%+v), want a refusal with the chain's message", err, ke)
 	}
 }
+
+// A slot whose request's run panicked is discarded: a worker may still
+// write into it, so it is never lent again, and it is unmapped with its
+// program, not kept for the server's life. Before Discard the transport
+// could only leave such a slot unreleased: lent for good, counted and
+// mapped until the server ended (up to maxPoolSlots per program, per
+// version).
+func TestDiscardedSlotIsNotLentAgainAndGoesWithItsProgram(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("echo")
+	p := load(t, d, m)
+	lender := p.(device.Lender)
+	s, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot lent")
+	}
+	s.Discard()
+	for range maxPoolSlots - 1 {
+		other, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
+		if !ok {
+			t.Fatal("the pool refused a slot before its bound")
+		}
+		if other == s {
+			t.Fatal("a discarded slot was lent again")
+		}
+		other.Release()
+	}
+	pool := &p.(*program).slots
+	pool.mu.Lock()
+	count, discarded := pool.count, len(pool.discarded)
+	pool.mu.Unlock()
+	if count != 2 || discarded != 1 {
+		t.Fatalf("the pool counts %d slots, %d discarded; want the discarded one and the one reused", count, discarded)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pool.mu.Lock()
+	count, discarded = pool.count, len(pool.discarded)
+	pool.mu.Unlock()
+	if count != 0 || discarded != 0 {
+		t.Fatalf("after the program's close the pool still counts %d slots (%d discarded): their memory is still mapped", count, discarded)
+	}
+}

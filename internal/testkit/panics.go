@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/sched"
 )
 
 // PanicRunner is a request path with bugs, for the transports' recovery
@@ -77,6 +79,15 @@ type PanicDevice struct {
 	device.Device
 	Function     string
 	Made, Closed atomic.Int32
+	// HealthBug, set, makes the next Health call panic.
+	HealthBug atomic.Bool
+}
+
+func (d *PanicDevice) Health() error {
+	if d.HealthBug.CompareAndSwap(true, false) {
+		panic("a device bug in Health")
+	}
+	return d.Device.Health()
 }
 
 // PanicInput starts the input of a run that panics on a PanicDevice: an
@@ -103,6 +114,17 @@ func (d *PanicDevice) Load(ctx context.Context, spec device.ProgramSpec) (device
 	return &panicProgram{Program: p, d: d, bugs: d.Function == "" || d.Function == spec.Manifest.Name}, nil
 }
 
+// PanicKernel is a kernel whose lookup (a request's chain override) panics
+// on a PanicDevice's program with the bug.
+const PanicKernel = "panic_in_lookup"
+
+func (p *panicProgram) Entry(kernel string) (int32, error) {
+	if p.bugs && kernel == PanicKernel {
+		panic("a device bug in a kernel's lookup")
+	}
+	return p.Program.Entry(kernel)
+}
+
 func (p *panicProgram) NewInstance(cfg device.InstanceConfig) (device.Instance, error) {
 	i, err := p.Program.NewInstance(cfg)
 	if err != nil {
@@ -122,4 +144,90 @@ func (i *panicInstance) Run(r *device.Run) error {
 func (i *panicInstance) Close() {
 	i.d.Closed.Add(1)
 	i.Instance.Close()
+}
+
+// PolicyBug is a bug in a scheduler policy (WFQ): once armed with a method
+// of sched.Policy, the next call of that method, by any device's policy
+// made under the name it was registered as, panics.
+type PolicyBug struct {
+	mu     sync.Mutex
+	method string
+}
+
+// RegisterPolicyBug registers name as WFQ with a bug the result arms; call
+// it once per name (a package's var).
+func RegisterPolicyBug(name string) *PolicyBug {
+	b := &PolicyBug{}
+	sched.RegisterPolicy(name, func(maxWait time.Duration) sched.Policy {
+		base, err := sched.NewPolicy("wfq", maxWait)
+		if err != nil {
+			panic(err)
+		}
+		return b.Policy(base)
+	})
+	return b
+}
+
+// Arm makes method's next call panic.
+func (b *PolicyBug) Arm(method string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.method = method
+}
+
+// Armed reports whether the armed method has not been called yet.
+func (b *PolicyBug) Armed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.method != ""
+}
+
+func (b *PolicyBug) hit(method string) {
+	b.mu.Lock()
+	armed := b.method == method
+	if armed {
+		b.method = ""
+	}
+	b.mu.Unlock()
+	if armed {
+		panic("a bug in the scheduler policy's " + method)
+	}
+}
+
+// Policy is base with b's bug.
+func (b *PolicyBug) Policy(base sched.Policy) sched.Policy { return &buggyPolicy{base, b} }
+
+type buggyPolicy struct {
+	sched.Policy
+	b *PolicyBug
+}
+
+func (p *buggyPolicy) Woke(f *sched.Flow, now time.Time) {
+	p.b.hit("Woke")
+	p.Policy.Woke(f, now)
+}
+
+func (p *buggyPolicy) Started(f *sched.Flow, now time.Time) float64 {
+	p.b.hit("Started")
+	return p.Policy.Started(f, now)
+}
+
+func (p *buggyPolicy) Ended(f *sched.Flow, ran time.Duration, charged float64, now time.Time) {
+	p.b.hit("Ended")
+	p.Policy.Ended(f, ran, charged, now)
+}
+
+func (p *buggyPolicy) Charged(f *sched.Flow, d time.Duration, now time.Time) {
+	p.b.hit("Charged")
+	p.Policy.Charged(f, d, now)
+}
+
+func (p *buggyPolicy) Reweighed(f *sched.Flow, old float64, oc sched.Class, inflight float64, now time.Time) float64 {
+	p.b.hit("Reweighed")
+	return p.Policy.Reweighed(f, old, oc, inflight, now)
+}
+
+func (p *buggyPolicy) Pick(waiting []*sched.Flow, now time.Time) int {
+	p.b.hit("Pick")
+	return p.Policy.Pick(waiting, now)
 }
