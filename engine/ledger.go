@@ -84,8 +84,12 @@ func fitsDevice(m *abi.Manifest, constSize int64, dev device.Device, total int64
 // returned func gives the reservation back once the allocation is done (or
 // failed).
 func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), error) {
-	ev, avail, err := l.plan(dev, need, forV)
-	l.free(ev, need, avail) // outside the lock; a refusal may have chosen some
+	ev := eviction{dev: dev}
+	var avail int64
+	// Deferred: a panic in plan (MemInfo, the Evictor) after it took
+	// victims still closes them, outside the lock (plan's defer first).
+	defer func() { l.free(ev, need, avail) }()
+	err := l.plan(dev, need, forV, &ev, &avail)
 	if err != nil {
 		return nil, err
 	}
@@ -101,17 +105,19 @@ func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), 
 // available. The lock is released by a defer: the device's MemInfo and the
 // Evictor are called under it, and a panic there, recovered by a
 // transport, must not lock every later load out.
-func (l *ledger) plan(dev device.Device, need int64, forV *version) (eviction, int64, error) {
+func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *eviction, availp *int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer func() { l.freeing[dev] += evp.bytes }() // what was taken, however plan ends
+	ev := evp
 	// MemInfo is read under the lock because pending must be consistent
 	// with it; it is a query (cuMemGetInfo at most), never an allocation.
 	mi := dev.MemInfo()
 	avail := mi.Free + l.freeing[dev] - l.pending[dev]
-	ev := eviction{dev: dev}
+	*availp = avail
 	if avail < need {
 		if avail+l.reclaimable(dev, forV) < need {
-			return ev, avail, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
+			return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
 		var idle []evict.Idle
@@ -119,12 +125,12 @@ func (l *ledger) plan(dev device.Device, need int64, forV *version) (eviction, i
 		for missed := 0; avail+ev.bytes < need; {
 			// Gathered afresh each time: taking an instance may leave its
 			// function with none, and so evictable as a whole.
-			idle, from = l.idleOn(dev, forV, &ev, idle[:0], from[:0])
+			idle, from = l.idleOn(dev, forV, ev, idle[:0], from[:0])
 			if len(idle) > 0 && missed <= len(idle) {
 				if i := l.evictor.Pick(idle); i >= 0 && i < len(idle) {
 					// A miss (requests took it meanwhile) looks again, but
 					// not forever.
-					if l.take1(&ev, from[i]) {
+					if l.take1(ev, from[i]) {
 						missed = 0
 					} else {
 						missed++
@@ -132,14 +138,12 @@ func (l *ledger) plan(dev device.Device, need int64, forV *version) (eviction, i
 					continue
 				}
 			}
-			l.freeing[dev] += ev.bytes
-			return ev, avail, errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
+			return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
 				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
 		}
 	}
 	l.pending[dev] += need
-	l.freeing[dev] += ev.bytes
-	return ev, avail, nil
+	return nil
 }
 
 // free closes what an eviction chose, outside the ledger's lock. Each

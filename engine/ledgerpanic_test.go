@@ -9,6 +9,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -61,5 +62,46 @@ func TestLoadPanicInReserveLeavesLedgerUsable(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("another function's cold request (1 s deadline) still hangs after 5 s: the ledger's lock is held by the recovered panic")
+	}
+}
+
+// panicSecondPick is LRU until armed, then panics at its second pick.
+type panicSecondPick struct{ n, armed atomic.Int32 }
+
+func (p *panicSecondPick) Pick(idle []evict.Idle) int {
+	if p.armed.Load() == 1 && p.n.Add(1) == 2 {
+		panic("evictor bug on its second pick")
+	}
+	return evict.LRU{}.Pick(idle)
+}
+
+// A panic in the Evictor after it has taken a victim (its second pick):
+// the victim taken is still closed and its memory given back. It was left
+// taken and never closed, and the function needing the room could never
+// load again ("idle functions hold too little"), as lasting as the lock
+// the ledger's defer freed (a review).
+func TestEvictorPanicAfterATakeFreesTheVictim(t *testing.T) {
+	ma := testkit.Manifest("a")
+	ma.Constants = "w.bin"
+	per := ma.MaxInputBytes + ma.TmpBytes + ma.OutBytes
+	host := device.NewHost(per + 64<<10 + 2048)
+	ev := &panicSecondPick{}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{host}, Evictor: ev})
+	testkit.Deploy(t, e, testkit.BundleDir(t, ma, make([]byte, 64<<10)))
+	mb := testkit.Manifest("b")
+	mb.Constants = "w.bin"
+	testkit.Deploy(t, e, testkit.BundleDir(t, mb, make([]byte, 32<<10)))
+	invoke(t, e, "a", []byte{1})
+	ev.armed.Store(1)
+	func() {
+		defer func() { recover() }() // as a transport recovers it
+		e.Invoke(context.Background(), "b", &call.Request{Input: []byte{1}})
+	}()
+	ev.armed.Store(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := e.Invoke(ctx, "b", &call.Request{Input: []byte{1}})
+	if err != nil {
+		t.Fatalf("b cannot load after the evictor's panic: %v", err)
 	}
 }

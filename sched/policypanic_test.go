@@ -132,3 +132,32 @@ func mustPanic(t *testing.T, fn func()) {
 	}()
 	fn()
 }
+
+// A panic in the policy's Ended, as a run gives its slot back with another
+// run queued: the freed slot still goes to the queued run. Its dispatch
+// came after Ended, and the panic skipped it: the queued run waited out
+// its deadline (3 s) on an idle device (a review).
+func TestEndedPanicStillDispatches(t *testing.T) {
+	base, _ := sched.NewPolicy("wfq", 0)
+	bug := &testkit.PolicyBug{}
+	s := sched.New(sched.Config{MaxRuns: 1, Policy: bug.Policy(base)})
+	f, g := s.Flow("f"), s.Flow("g")
+	held, _, err := g.Admit(context.Background(), time.Now().Add(10*time.Second), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		tk, _, err := f.Admit(context.Background(), time.Now().Add(3*time.Second), nil)
+		tk.Done()
+		got <- err
+	}()
+	for f.Waiting() == 0 { // observed: the run is queued
+		time.Sleep(time.Millisecond)
+	}
+	bug.Arm("Ended")
+	mustPanic(t, held.Done)
+	if err := <-got; err != nil {
+		t.Fatalf("the run queued behind a Done whose Ended panicked: %v, want its turn", err)
+	}
+}

@@ -482,9 +482,14 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 			}
 			charge = max(min(used, most), now.Sub(r.start)/time.Duration(s.cfg.MaxRuns))
 		}
+		// Deferred: a panic in the policy's Ended (in end), recovered by
+		// a transport, must not leave the freed slot to a queued run's
+		// deadline.
+		defer func() {
+			s.dispatch(now)
+			s.armExpiry(now)
+		}()
 		s.end(r, charge, now)
-		s.dispatch(now)
-		s.armExpiry(now)
 	}
 }
 
