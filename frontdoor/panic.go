@@ -38,3 +38,16 @@ func (d *Door) Panicked(transport, route, function string, v any) {
 	}
 	d.log.Error("request panicked", attrs...)
 }
+
+// PanickedInvoke is Panicked for a request that ran function (an invoke,
+// an infer), counted besides as a 500 in plover_requests_total (under
+// _unknown for a name with no series yet, as other failures before an
+// answer are), so that an error rate on requests sees it. Not in the
+// function's counts (plover ls): the engine may have counted the request
+// before the panic, and where it panicked is not known here.
+func (d *Door) PanickedInvoke(transport, route, function string, v any) {
+	d.Panicked(transport, route, function, v)
+	if function != "" && d.metrics != nil {
+		d.metrics.Failed(function, 500)
+	}
+}

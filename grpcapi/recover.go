@@ -14,6 +14,7 @@ import (
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/grpcapi/inferencepb"
 )
 
 // gRPC-Go recovers no panic, in a handler, an interceptor, the codec or
@@ -28,7 +29,11 @@ import (
 func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			s.door.Panicked("grpc", info.FullMethod, modelOf(req), v)
+			if info.FullMethod == inferencepb.GRPCInferenceService_ModelInfer_FullMethodName {
+				s.door.PanickedInvoke("grpc", info.FullMethod, modelOf(req), v)
+			} else {
+				s.door.Panicked("grpc", info.FullMethod, modelOf(req), v)
+			}
 			resp, err = nil, panicked()
 		}
 	}()

@@ -51,6 +51,10 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			_, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "m"})
 			return err
 		}},
+		{"infer", "inference.GRPCInferenceService/ModelInfer", "a bug in Pin", "m", func() error {
+			_, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "m"})
+			return err
+		}},
 		{"stream", "test.Panics/Stream", "a bug in a stream", "", func() error {
 			cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, "/test.Panics/Stream")
 			if err != nil {
@@ -84,8 +88,13 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			}
 		})
 	}
-	if got := [2]float64{testkit.Panics(t, reg, "grpc"), testkit.Panics(t, reg, "http")}; got != [2]float64{3, 0} {
-		t.Errorf("plover_panics_total after 3 panics over gRPC: grpc, http %v, want 3, 0", got)
+	if got := [2]float64{testkit.Panics(t, reg, "grpc"), testkit.Panics(t, reg, "http")}; got != [2]float64{4, 0} {
+		t.Errorf("plover_panics_total after 4 panics over gRPC: grpc, http %v, want 4, 0", got)
+	}
+	// The infer, a function's request, is a 500 in plover_requests_total
+	// too (under _unknown: m has no series of its own); the others are not.
+	if n, _ := testkit.Counter(t, reg, "plover_requests_total", map[string]string{"function": "_unknown", "code": "500"}); n != 1 {
+		t.Errorf(`plover_requests_total{function="_unknown",code="500"} %v, want 1 (the infer)`, n)
 	}
 }
 

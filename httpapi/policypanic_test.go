@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -46,5 +48,30 @@ func TestSchedulerPolicyPanicLeavesDeviceUsable(t *testing.T) {
 	t0 := time.Now()
 	if st, err := post(); st != 200 {
 		t.Fatalf("the next request (500 ms deadline): %d %v after %v: the scheduler's mutex is still held", st, err, time.Since(t0))
+	}
+}
+
+var countedBug = testkit.RegisterPolicyBug("httpapi-test-counted")
+
+// An invoke whose handling panicked is counted as a 500 in
+// plover_requests_total, besides plover_panics_total. It was in
+// plover_panics_total alone, so an error rate on requests did not see it.
+func TestPanickedInvokeIsCounted(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{Policy: "httpapi-test-counted"}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	reg := prometheus.NewRegistry()
+	api := testkit.Serve(t, e, httpapi.Options{Registry: reg})
+	if resp, body := testkit.Post(t, "POST", api+"/v1/functions/echo/invoke", "application/octet-stream", []byte("hello")); resp.StatusCode != 200 {
+		t.Fatalf("the first request: %d %s", resp.StatusCode, body)
+	}
+	countedBug.Arm("Started")
+	if resp, body := testkit.Post(t, "POST", api+"/v1/functions/echo/invoke", "application/octet-stream", []byte("hello")); resp.StatusCode != 500 {
+		t.Fatalf("the request whose admission panics: %d %s, want 500", resp.StatusCode, body)
+	}
+	if n := testkit.Panics(t, reg, "http"); n != 1 {
+		t.Errorf("plover_panics_total{transport=http} %v, want 1", n)
+	}
+	if n, _ := testkit.Counter(t, reg, "plover_requests_total", map[string]string{"function": "echo", "code": "500"}); n != 1 {
+		t.Errorf(`plover_requests_total{function="echo",code="500"} %v, want 1`, n)
 	}
 }

@@ -35,7 +35,12 @@ func (s *Server) recovered(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 // panicked records a request's recovered panic v and answers it.
 func (s *Server) panicked(ctx *fasthttp.RequestCtx, v any) {
 	path := ctx.Path()
-	s.door.Panicked("http", string(ctx.Method())+" "+string(path), functionOf(path), v)
+	route := string(ctx.Method()) + " " + string(path)
+	if invocation(path) {
+		s.door.PanickedInvoke("http", route, functionOf(path), v)
+	} else {
+		s.door.Panicked("http", route, functionOf(path), v)
+	}
 	ctx.SetConnectionClose()
 	st := apierr.Of(errdefs.KindInternal)
 	writeError(ctx, st.HTTP, st.Name, frontdoor.PanicMessage)
@@ -53,7 +58,17 @@ func (s *Server) streamRecovered(route, function string, conn net.Conn) {
 	}
 }
 
-var pathFunctionsSlash = []byte("/v1/functions/")
+var (
+	pathFunctionsSlash = []byte("/v1/functions/")
+	suffixInfer        = []byte("/infer")
+)
+
+// invocation reports whether path runs a function (/v1's invoke, /v2's
+// infer), whose failures are counted per function.
+func invocation(path []byte) bool {
+	return bytes.HasPrefix(path, pathFunctionsSlash) && bytes.HasSuffix(path, suffixInvoke) ||
+		bytes.HasPrefix(path, pathV2Models) && bytes.HasSuffix(path, suffixInfer)
+}
 
 // functionOf is the function (or model) a request's path names, a copy
 // (the log keeps it past the request's buffers), or "".

@@ -80,6 +80,16 @@ func New(reg prometheus.Registerer) *Metrics {
 // Panicked counts a request of transport whose handling panicked.
 func (m *Metrics) Panicked(transport string) { m.panics.WithLabelValues(transport).Inc() }
 
+// Failed counts a request to name that ended with code and no outcome of
+// its own to record (a recovered panic): under _unknown unless name has a
+// series already, so that no request makes one for a name it sends.
+func (m *Metrics) Failed(name string, code int) {
+	if !m.known(name) {
+		name = unknown
+	}
+	m.count(m.function(call.NameOf(name)), code)
+}
+
 func (m *Metrics) known(name string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

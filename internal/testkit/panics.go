@@ -52,24 +52,42 @@ func PanicLines(log string) []string {
 // Panics is plover_panics_total{transport} as reg holds it now.
 func Panics(t testing.TB, reg *prometheus.Registry, transport string) float64 {
 	t.Helper()
+	n, ok := Counter(t, reg, "plover_panics_total", map[string]string{"transport": transport})
+	if !ok {
+		t.Fatalf("no plover_panics_total{transport=%q}", transport)
+	}
+	return n
+}
+
+// Counter is the counter name{labels} as reg holds it now, and whether it
+// has one (labels: some of its labels, each to match).
+func Counter(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "plover_panics_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	metrics:
 		for _, m := range mf.GetMetric() {
+			matched := 0
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "transport" && l.GetValue() == transport {
-					return m.GetCounter().GetValue()
+				if v, ok := labels[l.GetName()]; ok {
+					if v != l.GetValue() {
+						continue metrics
+					}
+					matched++
 				}
+			}
+			if matched == len(labels) {
+				return m.GetCounter().GetValue(), true
 			}
 		}
 	}
-	t.Fatalf("no plover_panics_total{transport=%q}", transport)
-	return 0
+	return 0, false
 }
 
 // PanicDevice is a device (the one it wraps, the host's) with a bug in its
