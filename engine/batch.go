@@ -446,7 +446,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 	// request with a shorter deadline leaves the run at its own.
 	deadline, ok := liveDeadline(items)
 	if !ok { // every request gave up since the run took them
-		res.err = errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
+		res.err = b.allGone()
 		return res
 	}
 	// The run's requests are its clients: once every one has left, a run
@@ -468,23 +468,8 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 			}
 		}
 		now := time.Now()
-		// Requests that gave up (cancelled, client gone, deadline) while
-		// the instance was taken or made left the run: it runs for those
-		// left, until the latest of their deadlines, and for none runs
-		// nothing (an unbatched request's cancelled context stops its run
-		// at the scheduler; this run's context is no request's, and it
-		// leaves the scheduler's queue by gone).
-		live, anyLeft := liveDeadline(items)
-		if !anyLeft {
-			ended, err = now, errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", f.name)
-			break
-		}
-		deadline = live
-		if !now.Before(deadline) {
-			// As run.go's: a load or a take that outlasted every request's
-			// deadline runs nothing (the scheduler refuses it too, but with
-			// the schedulers off nothing else would stop it).
-			ended, err = now, errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (load %v)", f.name, res.load)
+		if deadline, err = b.stillDue(items, now, res.load); err != nil {
+			ended = now
 			break
 		}
 		r = &inst.run
@@ -511,10 +496,45 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 			err = errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (their worker had died)", f.name)
 		}
 	}
+	b.settle(&res, &h, inst, r, len(out), ended, err)
+	return res
+}
+
+// allGone is the error of a run whose requests all gave up before it ran.
+func (b *batcher) allGone() error {
+	return errorf(errdefs.KindUnavailable, nil, "function %s: every request of the run gave up before it ran", b.v.fn.name)
+}
+
+// stillDue is the deadline the run's items still allow at now, or why it
+// runs nothing. Requests that gave up (cancelled, client gone, deadline)
+// while the instance was taken or made left the run: it runs for those
+// left, until the latest of their deadlines, and for none runs nothing (an
+// unbatched request's cancelled context stops its run at the scheduler;
+// this run's context is no request's, and it leaves the scheduler's queue
+// by gone). As run.go's, a load or a take that outlasted every request's
+// deadline runs nothing (the scheduler refuses it too, but with the
+// schedulers off nothing else would stop it).
+func (b *batcher) stillDue(items []*batchItem, now time.Time, load time.Duration) (time.Time, error) {
+	deadline, anyLeft := liveDeadline(items)
+	if !anyLeft {
+		return deadline, b.allGone()
+	}
+	if !now.Before(deadline) {
+		return deadline, errorf(errdefs.KindTimeout, nil, "function %s: the requests' deadline passed before they ran (load %v)", b.v.fn.name, load)
+	}
+	return deadline, nil
+}
+
+// settle ends a run that took inst (nil: none was had): its output's
+// length checked against the outLen the batch expects, inst put back
+// (broken where the device or its program failed) at the run's end, as
+// runOn read it, and the run's failure or success counted.
+func (b *batcher) settle(res *batchRun, h *held, inst *instance, r *device.Run, outLen int, ended time.Time, err error) {
+	pool := &b.v.pool
 	var p *placement
 	if inst != nil {
 		p, res.dev = inst.dev, inst.dev.name
-		if err == nil && r.OutLen != int64(len(out)) {
+		if err == nil && r.OutLen != int64(outLen) {
 			err = &device.KernelError{Msg: abi.OutLenChanged}
 		}
 		if r != nil {
@@ -522,14 +542,13 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		}
 		broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || inst.dev.dead.Load() || programLost(err))
 		h.in = nil
-		pool.put(inst, broken, ended) // the run's end, as runOn read it
+		pool.put(inst, broken, ended)
 	}
 	if err != nil {
-		res.err = v.runFailed(p, err)
+		res.err = b.v.runFailed(p, err)
 	} else {
 		pool.succeeded()
 	}
-	return res
 }
 
 // liveDeadline is the latest deadline of the items still in their run
