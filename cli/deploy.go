@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,29 @@ func checkSteps(reg registry.Registry, name string, steps []abi.Step) error {
 	notFound := func(err error) bool { return errors.Is(err, registry.ErrNoFunction) }
 	if err := pipedef.Check(context.Background(), name, steps, reg.Get, notFound); err != nil {
 		return fmt.Errorf("pipeline %s: %w", name, err)
+	}
+	return nil
+}
+
+// checkDirect is, for a deploy straight to the store, what a default
+// server checks at deploy beyond checkDir: a pipeline's steps
+// (checkSteps), and a host function's max_host_memory_mb against its
+// constants (loader.FitsHostMemory), which a server applies where its
+// workers enforce the field (the default) and no server sees here.
+func checkDirect(reg registry.Registry, dir string, m *abi.Manifest) error {
+	if m.IsPipeline() {
+		return checkSteps(reg, m.Name, m.Steps)
+	}
+	var size int64
+	if m.Constants != "" {
+		fi, err := os.Stat(filepath.Join(dir, m.Constants))
+		if err != nil {
+			return fmt.Errorf("constants: %s: %w", m.Constants, err)
+		}
+		size = fi.Size()
+	}
+	if err := loader.FitsHostMemory(m, size); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, abi.ManifestFile), err)
 	}
 	return nil
 }
@@ -95,11 +119,9 @@ func deployCmd() *command {
 				if err != nil {
 					return err
 				}
-				if m.IsPipeline() {
-					if err := checkSteps(reg, m.Name, m.Steps); err != nil {
-						done()
-						return err
-					}
+				if err := checkDirect(reg, dir, m); err != nil {
+					done()
+					return err
 				}
 				v, c, err := reg.Publish(context.Background(), m, body, sha, int64(len(b)), force)
 				done()

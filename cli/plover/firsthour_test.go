@@ -40,6 +40,33 @@ func TestManifestTypeErrorServed(t *testing.T) {
 	}
 }
 
+// A deploy straight to the store is held to what a default server checks
+// at deploy: a host function whose constants pass its own
+// max_host_memory_mb could never stay in its worker, and is refused naming
+// the field; within it, the deploy goes through.
+func TestStoreDeployChecksHostMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	for _, tc := range []struct {
+		name  string
+		limit int64
+		ok    bool
+	}{{"under", 1, false}, {"within", 8, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := testkit.Manifest("echo")
+			m.Constants, m.MaxHostMemoryMB = "weights.bin", tc.limit
+			dir := testkit.BundleDir(t, m, make([]byte, 2<<20))
+			out, err := exec.Command(bin, "deploy", dir, "--store", "file://"+t.TempDir()).CombinedOutput()
+			refused := err != nil && strings.Contains(string(out), "plover.json: max_host_memory_mb: 1 MiB is less than the worker must hold")
+			if tc.ok && err != nil || !tc.ok && !refused {
+				t.Fatalf("plover deploy: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
 // A kernel name with a typo, through the real CLI: the entries the bundle
 // declares and the closest one (issue 27, item 5).
 func TestKernelTypoServed(t *testing.T) {
