@@ -102,6 +102,13 @@ func (e *Engine) pickDevice(v *version) (device.Device, error) {
 	return best, nil
 }
 
+// biller is a program that finds device time it used outside its runs
+// (a host worker's CPU that no run reported) and passes it to bill, from
+// now until it is closed.
+type biller interface {
+	Bill(bill func(time.Duration))
+}
+
 // place makes sure v's program is loaded on dev (library, entries,
 // constants), loading it once however many requests ask at the same time.
 // It says Cold when it loaded the program, Warm when it was there.
@@ -142,6 +149,9 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		return nil, call.Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
 	}
 	p := &placement{dev: dev, name: dev.Name(), prog: prog, flow: e.flow(v, dev)}
+	if b, ok := prog.(biller); ok && p.flow != nil {
+		b.Bill(p.flow.Bill)
+	}
 	// The request this load serves logs it (coldStarted), with its own
 	// load time: the number its Server-Timing shows.
 	p.cold.Store(&coldLoad{fetched: v.fetched, fetchMs: v.prepMs, programMs: ms(time.Since(t0))})

@@ -205,25 +205,47 @@ func TestSplitChargesNeverPassTheDevicesTime(t *testing.T) {
 	}
 }
 
-// A flow charged beside its runs (the server's CPU on its bytes) gets
-// fewer turns: two equal flows, one also charged as much again as its
-// runs, split the device 2:1 in turns, and neither's device time (its
-// bill) counts the charge.
+// A flow charged beside its runs gets fewer turns: two equal flows, one
+// also charged as much again as its runs, split the device 2:1 in turns.
+// A Charge (the server's CPU on its bytes) is not its device time (its
+// bill); a Bill (its worker's CPU no run reported) is.
 func TestChargeBesideRunsCostsTurns(t *testing.T) {
-	clk := newFakeClock()
-	s := New(Config{MaxRuns: 1, Clock: clk})
-	a, b := s.Flow("a"), s.Flow("b")
-	runs := serial(t, clk, 300, func(f *Flow) time.Duration {
-		if f == b {
-			b.Charge(time.Millisecond)
-		}
-		return time.Millisecond
-	}, a, b)
-	if r := float64(runs[a]) / float64(runs[b]); r < 1.8 || r > 2.2 {
-		t.Fatalf("runs a %d, b %d: want about 2:1", runs[a], runs[b])
-	}
-	if a.DeviceTime() != time.Duration(runs[a])*time.Millisecond || b.DeviceTime() != time.Duration(runs[b])*time.Millisecond {
-		t.Fatalf("device time a %v (%d runs), b %v (%d runs): a charge beside runs is not device time", a.DeviceTime(), runs[a], b.DeviceTime(), runs[b])
+	for _, tc := range []struct {
+		name   string
+		charge func(*Flow, time.Duration)
+		billed bool
+	}{
+		{"Charge", (*Flow).Charge, false},
+		{"Bill", (*Flow).Bill, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			s := New(Config{MaxRuns: 1, Clock: clk})
+			a, b := s.Flow("a"), s.Flow("b")
+			runs := serial(t, clk, 300, func(f *Flow) time.Duration {
+				if f == b {
+					tc.charge(b, time.Millisecond)
+				}
+				return time.Millisecond
+			}, a, b)
+			if r := float64(runs[a]) / float64(runs[b]); r < 1.8 || r > 2.2 {
+				t.Fatalf("runs a %d, b %d: want about 2:1", runs[a], runs[b])
+			}
+			wantB := time.Duration(runs[b]) * time.Millisecond
+			if tc.billed {
+				wantB *= 2
+			}
+			if a.DeviceTime() != time.Duration(runs[a])*time.Millisecond || b.DeviceTime() != wantB {
+				t.Fatalf("device time a %v (%d runs), b %v (%d runs), want b %v", a.DeviceTime(), runs[a], b.DeviceTime(), runs[b], wantB)
+			}
+			// b ran half a's runs: its recent device time is a's when
+			// billed as much again, about half a's when not.
+			ra, _ := a.Recent()
+			rb, _ := b.Recent()
+			if r := rb / ra; tc.billed && r < 0.8 || !tc.billed && r > 0.7 {
+				t.Fatalf("recent device time b/a %.2f (billed %v)", r, tc.billed)
+			}
+		})
 	}
 }
 

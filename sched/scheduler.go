@@ -246,14 +246,28 @@ func (f *Flow) Touch() {
 // another resource the node shares by the same shares (the server's CPU on
 // its bytes), so that a function that costs more there gets fewer turns
 // here. Its device time (billing, the recent fraction) is unchanged.
-func (f *Flow) Charge(d time.Duration) {
+func (f *Flow) Charge(d time.Duration) { f.charge(d, false) }
+
+// Bill is device time the flow used outside its runs, found afterwards
+// (a host worker's CPU that no run of it reported: threads its bundle
+// left running between runs): charged as Charge is, and also counted as
+// its device time, in billing and in the recent fractions, as a run's is.
+func (f *Flow) Bill(d time.Duration) { f.charge(d, true) }
+
+func (f *Flow) charge(d time.Duration, device bool) {
 	if d <= 0 {
 		return
 	}
 	s := f.s
 	s.mu.Lock()
 	defer s.mu.Unlock() // see mu
-	s.pol.Charged(f, d, s.clock.Now())
+	now := s.clock.Now()
+	if device {
+		f.deviceNs.Add(int64(d))
+		f.recent.add(float64(d), now, s.cfg.Decay)
+		s.busy.add(float64(d), now, s.cfg.Decay)
+	}
+	s.pol.Charged(f, d, now)
 }
 
 // Recent is the flow's recent device time and every flow's, decayed over

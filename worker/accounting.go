@@ -186,7 +186,7 @@ func (d *Device) watch() {
 	t := time.NewTicker(watchEvery)
 	defer t.Stop()
 	var watched []*proc
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-d.stop:
 			return
@@ -203,6 +203,9 @@ func (d *Device) watch() {
 		d.mu.Unlock()
 		now, sp := time.Now(), d.opts.sampling
 		for _, p := range watched {
+			if tick%chargeEvery == 0 {
+				p.billUnreported()
+			}
 			limit, reported := p.memLimit.Load(), p.reported.Load()
 			prev := p.sample.Load()
 			status, pss := limit > 0, false

@@ -188,6 +188,9 @@ func (i *instance) Run(r *device.Run) error {
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
 	i.g.runStart()
+	if alone {
+		i.g.p.cpu.alone.Add(1) // its worker may poll for the next (cpucharge.go)
+	}
 	if err := i.send(r, alone, id); err != nil {
 		return err
 	}
@@ -318,6 +321,7 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 	}
 	r.Timing.Copied += copiedIn
 	r.Timing.CopyIn += copyIn
+	i.g.p.cpu.reported.Add(int64(r.Timing.Busy)) // before runEnd (billUnreported)
 	switch st {
 	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
@@ -344,6 +348,7 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 // tenant's worker on g (for tenantOutput).
 func (g *program) runStart() {
 	g.p.runs.Add(1)
+	g.p.cpu.starts.Add(1) // after runs: billUnreported reads them the other way round
 	if g.p.tenant != nil {
 		g.runs.Add(1) // before busyNow's load of busy: reweigh relies on it
 		g.busyNow()

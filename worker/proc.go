@@ -61,6 +61,9 @@ type proc struct {
 	// counts until the process is reaped, so that wait can say what the
 	// worker was doing (during).
 	runs atomic.Int32
+	// cpu is its CPU that its runs reported, and what was billed beside
+	// them (cpucharge.go).
+	cpu cpuTally
 	// slots is the server's slots it maps, and those it pinned (pin.go).
 	slots slotMem
 	// tenant is set on every worker of a device in tenant scope, from its

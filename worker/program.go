@@ -48,7 +48,10 @@ type program struct {
 	busy       atomic.Bool
 	busyAt     atomic.Int64
 	gone       chan struct{}
-	leaveOnce  sync.Once
+	// bill is where its worker's CPU that no run reported goes (Bill;
+	// under its proc's cpu.mu).
+	bill      func(time.Duration)
+	leaveOnce sync.Once
 
 	mu      sync.Mutex
 	entries map[string]int32
@@ -210,6 +213,7 @@ func (g *program) Close() error {
 	if !g.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	g.p.cpu.unbill(g)
 	if g.p.tenant != nil {
 		g.closeShared()
 		return nil

@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/plover-run/plover/api"
 	"io"
 	"net/http"
 	"os"
@@ -385,6 +386,14 @@ func caseThreads(t *testing.T, h *isoHarness) {
 	if n := liveTasks(pid); n < 5 {
 		t.Fatalf("worker %d has %d live threads, want at least 5 (4 spinning + its own)", pid, n)
 	}
+	// The threads' CPU is the function's device time, with no run in
+	// flight: its one run reported a few milliseconds.
+	var fi api.FunctionInfo
+	waitFor(t, 20*time.Second, "the spinning threads billed to threads", func() bool {
+		getJSON(t, h.client, h.srv.url+"/v1/functions/threads", &fi)
+		return fi.DeviceSeconds >= 0.5
+	})
+	t.Logf("threads billed %.2f device s with no run in flight", fi.DeviceSeconds)
 	run(t, h.bin, []string{"PLOVER_SERVER=" + h.srv.url}, "rm", "threads")
 	deadline := time.Now().Add(5 * time.Second)
 	for liveTasks(pid) > 0 {

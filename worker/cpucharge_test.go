@@ -1,0 +1,73 @@
+package worker
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// billed hooks a program's bills (Bill) into a total, in ns.
+func billed(t *testing.T, p device.Program) *atomic.Int64 {
+	t.Helper()
+	var total atomic.Int64
+	p.(*program).Bill(func(d time.Duration) { total.Add(int64(d)) })
+	return &total
+}
+
+// oneStep is a run of kernel alone on a 1-byte input.
+func oneStep(t *testing.T, p device.Program, m *abi.Manifest, kernel string) *device.Run {
+	t.Helper()
+	entry, err := p.Entry(kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), TmpLen: m.TmpBytes, Chain: []device.Step{{Entry: entry, Grid: 1, Block: 1}}}
+}
+
+// Threads a bundle leaves spinning after its run are its function's device
+// time, billed with no run in flight; before, its one run's few
+// milliseconds were all it was billed.
+func TestThreadsLeftRunningAreBilled(t *testing.T) {
+	d := newDevice(t, 1)
+	p, m := loadHostile(t, d, "threads")
+	total := billed(t, p)
+	in, r := newInst(t, p, m), oneStep(t, p, m, "threads")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for total.Load() < int64(300*time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("billed %v in 10 s beside 4 spinning threads (the run reported %v)", time.Duration(total.Load()), r.Timing.Busy)
+		}
+		p.(*program).p.billUnreported()
+		time.Sleep(20 * time.Millisecond) // the threads' CPU to add up: a look, not a wait for state
+	}
+}
+
+// A sequential client's runs, sent alone, have their worker poll for the
+// next request between them: the platform's latency, not the function's
+// work, and not billed (about 100 µs a CNN request on 2 CPUs, which doubled
+// its bill).
+func TestPollingBetweenRunsIsNotBilled(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("echo")
+	p := load(t, d, m)
+	total := billed(t, p)
+	in, r := newInst(t, p, m), oneStep(t, p, m, "echo")
+	start, _ := p.(*program).p.cpuNow()
+	for range 3000 {
+		if err := in.Run(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.(*program).p.billUnreported()
+	end, _ := p.(*program).p.cpuNow()
+	if got := time.Duration(total.Load()); got > 0 {
+		t.Fatalf("billed %v for 3000 sequential echo runs (the worker used %v of CPU over them)", got, end-start)
+	}
+}
