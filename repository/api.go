@@ -6,6 +6,7 @@ package repository
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // whole folder while it settles, when it has no versions to show
 // (unreadable, unloaded), or when its last deploy failed beside the
 // versions that still serve (the store down); with ready, only READY ones.
-func (r *Repository) Index(ready bool) []api.RepositoryModel {
+func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryModel {
+	r.noticeDeleted(ctx)
 	r.mu.Lock()
 	out := make([]api.RepositoryModel, 0, len(r.models))
 	type at struct {
@@ -180,12 +182,63 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	// Its versions are deleted with it: none shows READY until a load or
-	// a change of the folder deploys them again. The folder as last seen
-	// is what is unloaded, a copy still settling included: only a change
-	// after the unload (or a load) brings it back.
-	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
-	m.done = m.seen
+	r.unloadedLocked(m, "unloaded")
 	r.cfg.Log.Info("model repository: unloaded", "model", name)
 	return nil
+}
+
+// unloadedLocked marks m unloaded, its function gone, for reason. Its
+// versions went with the function: none shows READY until a load or a
+// change of the folder deploys them again. The folder as last seen is
+// what is unloaded, a copy still settling included: only a change after
+// the unload (or a load) brings it back.
+func (r *Repository) unloadedLocked(m *model, reason string) {
+	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, reason, nil, false
+	m.done = m.seen
+}
+
+// deletedReason is the index's reason for a model whose function was
+// deleted by other means than the repository's (plover rm).
+const deletedReason = "deleted (plover rm): a load deploys it again"
+
+// listWait bounds the store listing an index answer waits for.
+const listWait = 2 * time.Second
+
+// noticeDeleted marks unloaded the models the repository deployed and
+// serves whose function the store no longer has (plover rm, here or on
+// another node sharing the store): the index said READY while requests
+// answered 404, and they stay deleted through polls as an unload does,
+// rather than deployed again behind the operator's back. One listing of
+// the store, none while no model serves; a store that does not answer
+// changes nothing.
+func (r *Repository) noticeDeleted(ctx context.Context) {
+	r.mu.Lock()
+	at := r.epoch
+	serving := slices.ContainsFunc(slices.Collect(maps.Values(r.models)), (*model).serving)
+	r.mu.Unlock()
+	if !serving {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, listWait)
+	defer cancel()
+	names, err := r.node.Listed(ctx)
+	if err != nil {
+		r.cfg.Log.Debug("model repository: cannot list the functions to see which were deleted", "error", err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.models {
+		// One settled after the listing began may have a record it missed.
+		if m.serving() && m.epoch <= at && !names[m.name] {
+			r.unloadedLocked(m, deletedReason)
+			r.cfg.Log.Info("model repository: its function was deleted (plover rm): unloaded until a load", "model", m.name)
+		}
+	}
+}
+
+// serving reports whether m has a version READY that the repository
+// deployed; under r.mu.
+func (m *model) serving() bool {
+	return m.deployed && !m.unloaded && !m.removing && slices.ContainsFunc(m.versions, func(v version) bool { return v.state == Ready })
 }

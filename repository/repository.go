@@ -56,6 +56,9 @@ type Node interface {
 	// a model's ready answers (its library refused at its first load,
 	// its crashes' back-off), or nil; it reads and loads nothing.
 	Unready(name, version string) error
+	// Listed is the functions the store has, in one listing: the
+	// repository's deployed functions deleted since (plover rm) are not.
+	Listed(ctx context.Context) (map[string]bool, error)
 }
 
 // Config configures a Repository.
@@ -94,6 +97,9 @@ type Repository struct {
 	mu     sync.Mutex
 	models map[string]*model
 	scans  int // scans finished: the first one counts a folder's first look
+	// epoch counts the deploys settled (settleLocked): a listing of the
+	// store taken at epoch e tells nothing of a model settled after e.
+	epoch uint64
 	// single is the function DIR serves as while it is one bundle (""
 	// while it holds model folders): the name stays while its manifest is
 	// rewritten, absent or renamed, until DIR settles so.
@@ -123,7 +129,8 @@ type model struct {
 	deployed  bool         // the node has it from us: removing the folder deletes it
 	retry     bool         // its last deploy failed for a reason that may pass: the next scan tries again
 	removing  bool         // its folder went and deleting its function failed: the next scan tries again
-	unloaded  bool         // by the API, until a load or the folder changes
+	unloaded  bool         // by the API or plover rm, until a load or the folder changes
+	epoch     uint64       // Repository.epoch at its last settle
 }
 
 // version is one version folder's state.
@@ -217,6 +224,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, false
 	}
 	defer r.give()
+	r.noticeDeleted(ctx)
 	found, err := r.list()
 	if err != nil {
 		// DIR itself unreadable (a volume remounting): nothing is removed
@@ -639,6 +647,8 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
 	m.retry = done == ""
+	r.epoch++
+	m.epoch = r.epoch
 	for _, v := range vers {
 		if v.state == Ready {
 			m.deployed = true

@@ -107,6 +107,17 @@ func (f *fakeNode) Unlabel(ctx context.Context, name, label string) error {
 	return nil
 }
 
+// Listed is the functions the fake node has.
+func (f *fakeNode) Listed(ctx context.Context) (map[string]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]bool{}
+	for name := range f.recs {
+		out[name] = true
+	}
+	return out, nil
+}
+
 // Unready: the fake node runs every version it has.
 func (f *fakeNode) Unready(name, version string) error { return nil }
 
@@ -161,7 +172,7 @@ func age(t *testing.T, dir string) {
 
 func index(r *Repository) string {
 	var b strings.Builder
-	for _, e := range r.Index(false) {
+	for _, e := range r.Index(context.Background(), false) {
 		fmt.Fprintf(&b, "%s/%s %s", e.Name, e.Version, e.State)
 		if e.Reason != "" {
 			fmt.Fprintf(&b, " (%s)", e.Reason)
@@ -373,7 +384,7 @@ func BenchmarkIndex1000(b *testing.B) {
 	}
 	b.ResetTimer()
 	for b.Loop() {
-		if len(r.Index(false)) != 1000 {
+		if len(r.Index(context.Background(), false)) != 1000 {
 			b.Fatal("short index")
 		}
 	}

@@ -1,0 +1,60 @@
+package repository_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/repository"
+)
+
+// A model the repository deployed that an operator then deleted (plover
+// rm: DELETE /v1/functions/NAME) is UNAVAILABLE in the index, not READY
+// while its requests answer 404; the next polls leave it deleted (no
+// silent redeploy), and a load deploys it again. The index said READY,
+// also asked for the ready ones only.
+func TestDeletedModelIsNotReady(t *testing.T) {
+	src := testkit.BundleDir(t, testkit.Manifest("cnn"), nil)
+	models := filepath.Join(t.TempDir(), "models")
+	copyFiles(t, src, filepath.Join(models, "cnn", "1"), "plover.json", "kernels.so")
+	ageAll(models)
+	r, url := servePolled(t, models)
+	ctx := context.Background()
+	index := func(body string) []api.RepositoryModel { t.Helper(); return postIndex(t, url, body) }
+	in := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2,3]}]}`)
+	infer := func() int {
+		resp, _ := testkit.Post(t, "POST", url+"/v2/models/cnn/infer", "application/json", in)
+		return resp.StatusCode
+	}
+	if idx := index(`{"ready": true}`); len(idx) != 1 || infer() != 200 {
+		t.Fatalf("at start: %+v", idx)
+	}
+	if resp, b := testkit.Post(t, "DELETE", url+"/v1/functions/cnn", "", nil); resp.StatusCode/100 != 2 {
+		t.Fatalf("plover rm cnn: %d %s", resp.StatusCode, b)
+	}
+	if code := infer(); code != 404 {
+		t.Fatalf("infer after plover rm: %d, want 404", code)
+	}
+	for i := range 2 { // as the delete left it, and after a poll
+		if idx := index(`{"ready": true}`); len(idx) != 0 {
+			t.Errorf("look %d: the ready ones after plover rm: %+v, want none", i, idx)
+		}
+		idx := index("")
+		if len(idx) != 1 || idx[0].Version != "" || idx[0].State != repository.Unavailable || !strings.Contains(idx[0].Reason, "plover rm") {
+			t.Errorf("look %d: index after plover rm: %+v, want cnn UNAVAILABLE saying it was deleted", i, idx)
+		}
+		r.Scan(ctx)
+		if code := infer(); code != 404 {
+			t.Fatalf("look %d: a poll deployed the deleted model again: infer %d", i, code)
+		}
+	}
+	if resp, b := testkit.Post(t, "POST", url+"/v2/repository/models/cnn/load", "", nil); resp.StatusCode != 200 {
+		t.Fatalf("load: %d %s", resp.StatusCode, b)
+	}
+	if idx := index(`{"ready": true}`); len(idx) != 1 || infer() != 200 {
+		t.Errorf("after a load: %+v", idx)
+	}
+}
