@@ -432,7 +432,7 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 		}
 	}
 	if len(vs) == 0 {
-		return nil, false, refused(r.where(m.dir), fmt.Errorf("no %s and no version folders (1/, 2/, ...)", abi.ManifestFile))
+		return nil, false, refused(r.where(m.dir), errNoBundle)
 	}
 	slices.SortFunc(vs, func(a, b version) int { return byNumber(a.label, b.label) })
 	return vs, isPipeline(vs[len(vs)-1].dir), nil
@@ -463,6 +463,10 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	r.mu.Lock()
 	print := m.seen
 	r.mu.Unlock()
+	if errors.Is(err, errNoBundle) {
+		r.noBundle(ctx, m, print, err)
+		return
+	}
 	if errdefs.KindOf(err) == errdefs.KindInvalid {
 		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindInvalid)
 		return
