@@ -83,6 +83,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	if !ok {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
 	}
+	defer r.saveKept()
 	r.mu.Lock()
 	m := r.modelLocked(name, f)
 	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
@@ -181,8 +182,9 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 		}
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.unloadedLocked(m, "unloaded")
+	r.mu.Unlock()
+	r.saveKept()
 	r.cfg.Log.Info("model repository: unloaded", "model", name)
 	return nil
 }
@@ -227,7 +229,6 @@ func (r *Repository) noticeDeleted(ctx context.Context) {
 		return
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for _, m := range r.models {
 		// One settled after the listing began may have a record it missed.
 		if m.serving() && m.epoch <= at && !names[m.name] {
@@ -235,6 +236,8 @@ func (r *Repository) noticeDeleted(ctx context.Context) {
 			r.cfg.Log.Info("model repository: its function was deleted (plover rm): unloaded until a load", "model", m.name)
 		}
 	}
+	r.mu.Unlock()
+	r.saveKept()
 }
 
 // serving reports whether m has a version READY that the repository

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -81,7 +82,11 @@ type Config struct {
 	// the version UNAVAILABLE (413 on load). 0: none of the repository's
 	// own (the node still refuses a larger bundle, once packed whole).
 	MaxBundleBytes int64
-	Log            *slog.Logger
+	// StateFile keeps the models unloaded (by the API or plover rm) for
+	// a restart (plover serve: DATA/repository-unloaded.json); "": none
+	// kept, a restart loads every folder.
+	StateFile string
+	Log       *slog.Logger
 }
 
 // Repository is a model repository served on a node.
@@ -108,6 +113,12 @@ type Repository struct {
 	// folders found at start are deployed, or failed (Started).
 	started   chan struct{}
 	startOnce sync.Once
+	// kept is what StateFile said of the models not looked at yet (nil
+	// after the first scan); saved is what it says now, and saving is
+	// held while it is written.
+	kept   map[string]keptModel
+	saved  map[string]keptModel
+	saving sync.Mutex
 }
 
 // Started is closed once Run's first scans have deployed the folders found
@@ -166,6 +177,11 @@ func New(cfg Config, node Node) (*Repository, error) {
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
 		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{})}
+	r.kept = r.readKept()
+	r.saved = maps.Clone(r.kept)
+	if r.saved == nil {
+		r.saved = map[string]keptModel{}
+	}
 	return r, nil
 }
 
@@ -290,10 +306,12 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	r.deployAll(ctx, due)
 	r.mu.Lock()
 	r.scans++
+	r.kept = nil // those not found: their folders went, and their unloads
 	for _, m := range r.models {
 		retrying = retrying || m.retry || m.removing
 	}
 	r.mu.Unlock()
+	r.saveKept()
 	return settling, retrying
 }
 
@@ -305,6 +323,7 @@ func (r *Repository) modelLocked(name string, f folder) *model {
 	if m == nil {
 		m = &model{name: name, state: Loading, reason: "found: waiting for its first deploy"}
 		r.models[name] = m
+		r.keptLocked(m)
 	}
 	m.dir, m.renamed = f.dir, f.renamed
 	return m
