@@ -2,7 +2,6 @@ package repository_test
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,11 +16,7 @@ import (
 // silent redeploy), and a load deploys it again. The index said READY,
 // also asked for the ready ones only.
 func TestDeletedModelIsNotReady(t *testing.T) {
-	src := testkit.BundleDir(t, testkit.Manifest("cnn"), nil)
-	models := filepath.Join(t.TempDir(), "models")
-	copyFiles(t, src, filepath.Join(models, "cnn", "1"), "plover.json", "kernels.so")
-	ageAll(models)
-	r, url := servePolled(t, models)
+	r, url := servePolled(t, cnnModels(t, "1"))
 	ctx := context.Background()
 	index := func(body string) []api.RepositoryModel { t.Helper(); return postIndex(t, url, body) }
 	in := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2,3]}]}`)

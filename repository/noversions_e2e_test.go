@@ -22,15 +22,11 @@ import (
 func TestModelWithNoVersionsLeftIsDeleted(t *testing.T) {
 	for _, piped := range []bool{false, true} {
 		t.Run(map[bool]string{false: "alone", true: "a pipeline's step"}[piped], func(t *testing.T) {
-			src := testkit.BundleDir(t, testkit.Manifest("cnn"), nil)
-			models := filepath.Join(t.TempDir(), "models")
-			for _, v := range []string{"1", "2"} {
-				copyFiles(t, src, filepath.Join(models, "cnn", v), "plover.json", "kernels.so")
-			}
+			models := cnnModels(t, "1", "2")
 			if piped {
 				copyFiles(t, testkit.PipelineDir(t, "pipe", "cnn"), filepath.Join(models, "pipe"), "plover.json")
+				ageAll(models)
 			}
-			ageAll(models)
 			r, url := servePolled(t, models)
 			ctx := context.Background()
 			in := []byte(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2,3]}]}`)

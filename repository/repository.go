@@ -512,6 +512,10 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	}
 	current, label := "", ""
 	retry := false
+	// The folders whose number still names a deployed version: not one
+	// refused as it is, whose earlier bytes would answer by its number
+	// while the index says UNAVAILABLE.
+	var named []version
 	for i := range vers {
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
@@ -530,12 +534,16 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			// The store down, a conflict, a pipeline's step not there
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
-			retry = retry || passing(err)
+			if passing(err) {
+				retry = true
+				named = append(named, *v)
+			}
 			v.state, v.reason, v.kind = Unavailable, brief(err.Error()), errdefs.KindOf(err)
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
 			continue
 		}
 		v.state, current, label = Ready, v.id, v.label
+		named = append(named, *v)
 	}
 	if current != "" {
 		rec, err = r.node.Versions(ctx, m.name)
@@ -547,7 +555,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			return
 		}
 		rec.Current = current // as the rollback just set it
-		if err := r.retire(ctx, m.name, rec, vers); err != nil {
+		if err := r.retire(ctx, m.name, rec, named); err != nil {
 			retry = true // the store again: the next scan tries again
 			r.cfg.Log.Warn("model repository: a removed version folder still answers", "model", m.name, "error", err)
 		}
@@ -559,8 +567,9 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 }
 
 // retire takes off rec's versions the labels of version folders that
-// went (none of vers): /v2/models/NAME/versions/N stops answering for a
-// folder N removed. rec was read after the current version was set.
+// went or are refused (none of vers): /v2/models/NAME/versions/N stops
+// answering for a folder N removed. rec was read after the current
+// version was set.
 func (r *Repository) retire(ctx context.Context, name string, rec *api.Record, vers []version) error {
 	if rec == nil {
 		return nil

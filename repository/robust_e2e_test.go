@@ -37,6 +37,19 @@ func ageAll(dir string) {
 	filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error { os.Chtimes(p, old, old); return err })
 }
 
+// cnnModels lays out models/cnn/V/ for each version V, copies of one
+// bundle of cnn, at rest, and returns the models folder.
+func cnnModels(t *testing.T, versions ...string) string {
+	t.Helper()
+	src := testkit.BundleDir(t, testkit.Manifest("cnn"), nil)
+	models := filepath.Join(t.TempDir(), "models")
+	for _, v := range versions {
+		copyFiles(t, src, filepath.Join(models, "cnn", v), "plover.json", "kernels.so")
+	}
+	ageAll(models)
+	return models
+}
+
 // servePolled serves the repository at models, polled (every hour: the
 // test scans), on a real engine and server, once scanned; it returns the
 // repository and the server's URL.
