@@ -33,6 +33,9 @@ func TestDeletedModelIsNotReady(t *testing.T) {
 	if code := infer(); code != 404 {
 		t.Fatalf("infer after plover rm: %d, want 404", code)
 	}
+	if resp, b := testkit.Post(t, "GET", url+"/v2/models/cnn/ready", "", nil); resp.StatusCode == 200 {
+		t.Errorf("ready after plover rm: %d %s", resp.StatusCode, b)
+	}
 	for i := range 2 { // as the delete left it, and after a poll
 		if idx := index(`{"ready": true}`); len(idx) != 0 {
 			t.Errorf("look %d: the ready ones after plover rm: %+v, want none", i, idx)
