@@ -6,7 +6,6 @@ package repository
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -215,8 +214,10 @@ const listWait = 2 * time.Second
 // changes nothing.
 func (r *Repository) noticeDeleted(ctx context.Context) {
 	r.mu.Lock()
-	at := r.epoch
-	serving := slices.ContainsFunc(slices.Collect(maps.Values(r.models)), (*model).serving)
+	at, serving := r.epoch, false
+	for _, m := range r.models {
+		serving = serving || m.serving()
+	}
 	r.mu.Unlock()
 	if !serving {
 		return

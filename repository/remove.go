@@ -51,7 +51,9 @@ func (r *Repository) noBundle(ctx context.Context, m *model, print string, why e
 		}
 	}
 	r.mu.Lock()
-	m.deployed = false
+	// Not unloaded either, should an index have seen its function go
+	// meanwhile: a folder with no bundle is what it is.
+	m.deployed, m.unloaded = false, false
 	r.mu.Unlock()
 	r.settle(m, print, nil, Unavailable, why.Error(), errdefs.KindInvalid)
 }

@@ -26,6 +26,9 @@ type fakeNode struct {
 	rollbacks int // each a moment when another version was current
 	deletes   []string
 	n         int
+	// onList, if set, runs in Listed after the names were read: what
+	// happens while a listing is on its way back.
+	onList func()
 }
 
 func newFakeNode() *fakeNode { return &fakeNode{recs: map[string]*api.Record{}} }
@@ -115,6 +118,12 @@ func (f *fakeNode) Listed(ctx context.Context) (map[string]bool, error) {
 	for name := range f.recs {
 		out[name] = true
 	}
+	on := f.onList
+	f.mu.Unlock()
+	if on != nil {
+		on()
+	}
+	f.mu.Lock() // for the deferred Unlock
 	return out, nil
 }
 
