@@ -19,7 +19,7 @@ import (
 // (unreadable, unloaded), or when its last deploy failed beside the
 // versions that still serve (the store down); with ready, only READY ones.
 func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryModel {
-	r.noticeDeleted(ctx)
+	listed := r.noticeDeleted(ctx)
 	r.mu.Lock()
 	out := make([]api.RepositoryModel, 0, len(r.models))
 	type at struct {
@@ -49,6 +49,10 @@ func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryMode
 		e := &out[d.i]
 		if reason, _ := r.unready(e.Name, d.v); reason != "" {
 			e.State, e.Reason = Unavailable, reason
+		} else if i := slices.IndexFunc(d.v.steps, func(s string) bool { return listed != nil && !listed[s] }); i >= 0 {
+			// The node knows only the steps it has loaded: the listing
+			// knows the others were deleted (plover rm --force).
+			e.State, e.Reason = Unavailable, fmt.Sprintf("%s: deployed, but its step %s was deleted since (plover rm --force): its requests fail", d.v.where, d.v.steps[i])
 		}
 	}
 	if ready {
@@ -211,8 +215,9 @@ const listWait = 2 * time.Second
 // answered 404, and they stay deleted through polls as an unload does,
 // rather than deployed again behind the operator's back. One listing of
 // the store, none while no model serves; a store that does not answer
-// changes nothing.
-func (r *Repository) noticeDeleted(ctx context.Context) {
+// changes nothing. It returns the functions listed (nil: none, or none
+// to judge by).
+func (r *Repository) noticeDeleted(ctx context.Context) map[string]bool {
 	r.mu.Lock()
 	at, serving := r.epoch, false
 	for _, m := range r.models {
@@ -220,14 +225,14 @@ func (r *Repository) noticeDeleted(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	if !serving {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, listWait)
 	defer cancel()
 	names, err := r.node.Listed(ctx)
 	if err != nil {
 		r.cfg.Log.Debug("model repository: cannot list the functions to see which were deleted", "error", err)
-		return
+		return nil
 	}
 	r.mu.Lock()
 	for _, m := range r.models {
@@ -237,8 +242,14 @@ func (r *Repository) noticeDeleted(ctx context.Context) {
 			r.cfg.Log.Info("model repository: its function was deleted (plover rm): unloaded until a load", "model", m.name)
 		}
 	}
+	// A deploy settled since the listing began may have made a step it
+	// missed: the index then judges no step by it.
+	if r.epoch != at {
+		names = nil
+	}
 	r.mu.Unlock()
 	r.saveKept()
+	return names
 }
 
 // serving reports whether m has a version READY that the repository

@@ -2,6 +2,7 @@ package repository_test
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -54,5 +55,31 @@ func TestDeletedModelIsNotReady(t *testing.T) {
 	}
 	if idx := index(`{"ready": true}`); len(idx) != 1 || infer() != 200 {
 		t.Errorf("after a load: %+v", idx)
+	}
+}
+
+// A pipeline one of whose steps was deleted (plover rm --force) is not
+// READY in the index: its ready said 503 and its requests failed while
+// the index said READY, also asked for the ready ones only.
+func TestPipelineWithADeletedStepIsNotReady(t *testing.T) {
+	models := cnnModels(t, "1")
+	copyFiles(t, testkit.PipelineDir(t, "pipe", "cnn"), filepath.Join(models, "pipe"), "plover.json")
+	ageAll(models)
+	_, url := servePolled(t, models)
+	if idx := postIndex(t, url, `{"ready": true}`); len(idx) != 2 {
+		t.Fatalf("at start: %+v", idx)
+	}
+	if resp, b := testkit.Post(t, "DELETE", url+"/v1/functions/cnn?force=true", "", nil); resp.StatusCode/100 != 2 {
+		t.Fatalf("plover rm --force cnn: %d %s", resp.StatusCode, b)
+	}
+	if resp, _ := testkit.Post(t, "GET", url+"/v2/models/pipe/ready", "", nil); resp.StatusCode == 200 {
+		t.Fatalf("the pipeline is ready with its step deleted")
+	}
+	if idx := postIndex(t, url, `{"ready": true}`); len(idx) != 0 {
+		t.Errorf("the ready ones once the pipeline's step was deleted: %+v, want none", idx)
+	}
+	idx := postIndex(t, url, "")
+	if len(idx) != 2 || idx[1].Name != "pipe" || idx[1].State != repository.Unavailable || !strings.Contains(idx[1].Reason, "step cnn") {
+		t.Errorf("index once the pipeline's step was deleted: %+v, want pipe/1 UNAVAILABLE naming step cnn", idx)
 	}
 }

@@ -152,6 +152,7 @@ type version struct {
 	state, reason     string
 	kind              errdefs.Kind // the class of the failure reason says, for a load
 	id                string       // the node's version id once deployed
+	steps             []string     // a pipeline's step functions, as its manifest names them
 }
 
 // New returns a repository over cfg.Dir deploying to node; Run serves it.
@@ -640,6 +641,7 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 	if !m.renamed && man.Name != m.name {
 		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
 	}
+	v.steps = abi.Functions(man.Steps)
 	// The latest version with the label (what the label names, as
 	// Record.Find has it) must be these bytes: a folder changed and then
 	// changed back is deployed again.
