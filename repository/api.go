@@ -221,7 +221,7 @@ func (r *Repository) noticeDeleted(ctx context.Context) map[string]bool {
 	r.mu.Lock()
 	at, serving := r.epoch, false
 	for _, m := range r.models {
-		serving = serving || m.serving()
+		serving = serving || m.serving() || m.deletedElsewhere()
 	}
 	r.mu.Unlock()
 	if !serving {
@@ -250,6 +250,38 @@ func (r *Repository) noticeDeleted(ctx context.Context) map[string]bool {
 	r.mu.Unlock()
 	r.saveKept()
 	return names
+}
+
+// deletedElsewhere reports whether m is unloaded because its function was
+// deleted by other means than this repository's; under r.mu.
+func (m *model) deletedElsewhere() bool { return m.unloaded && m.reason == deletedReason }
+
+// backElsewhere ends the unload of the models whose function was deleted
+// by other means and is back, deployed by a model repository (its current
+// version labelled: a load on another node sharing the store, or its
+// restart): this scan deploys them again, which adopts the versions the
+// store has. A function deployed otherwise is left alone. names is the
+// store's listing (noticeDeleted's); called with the turn.
+func (r *Repository) backElsewhere(ctx context.Context, names map[string]bool) {
+	r.mu.Lock()
+	var back []string
+	for name, m := range r.models {
+		if m.deletedElsewhere() && names[name] {
+			back = append(back, name)
+		}
+	}
+	r.mu.Unlock()
+	for _, name := range back {
+		if !r.labelled(ctx, name) {
+			continue
+		}
+		r.mu.Lock()
+		if m := r.models[name]; m != nil && m.deletedElsewhere() {
+			m.unloaded, m.done = false, ""
+			r.cfg.Log.Info("model repository: its function was deployed again elsewhere: loaded", "model", name)
+		}
+		r.mu.Unlock()
+	}
 }
 
 // serving reports whether m has a version READY that the repository

@@ -241,7 +241,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, false
 	}
 	defer r.give()
-	r.noticeDeleted(ctx)
+	r.backElsewhere(ctx, r.noticeDeleted(ctx))
 	found, err := r.list()
 	if err != nil {
 		// DIR itself unreadable (a volume remounting): nothing is removed
