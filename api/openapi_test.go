@@ -451,7 +451,7 @@ func (keepsOutput) KeepsOutput() bool { return true }
 // nothing else is there.
 type fakeRepository struct{}
 
-func (fakeRepository) Index(ready bool) []api.RepositoryModel {
+func (fakeRepository) Index(_ context.Context, ready bool) []api.RepositoryModel {
 	out := []api.RepositoryModel{{Name: "echo", Version: "1", State: "READY"}}
 	if !ready {
 		out = append(out, api.RepositoryModel{Name: "broken", Version: "1", State: "UNAVAILABLE", Reason: `models/broken: plover.json names "other"`})

@@ -347,7 +347,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	}
 	if f.repository != "" {
 		n.repo, err = repository.New(repository.Config{Dir: f.repository, Name: f.repositoryName, Poll: f.repositoryPoll,
-			Settle: f.repositorySettle, MaxBundleBytes: maxBundle, Log: log}, n.eng.Control())
+			Settle: f.repositorySettle, MaxBundleBytes: maxBundle, StateFile: filepath.Join(f.data, "repository-unloaded.json"), Log: log}, n.eng.Control())
 		if err != nil {
 			return nil, err
 		}

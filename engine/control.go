@@ -286,6 +286,22 @@ func (c *Control) Versions(ctx context.Context, name string) (*api.Record, error
 	return c.e.tab.record(ctx, name)
 }
 
+// Listed is the names of the functions the store has, in one listing of
+// its records (no record read): a model repository asks it to see that
+// what it deployed was not deleted since (plover rm, here or on another
+// node sharing the store).
+func (c *Control) Listed(ctx context.Context) (map[string]bool, error) {
+	tags, err := c.e.tab.reg.Tags(ctx)
+	if err != nil {
+		return nil, unavailable(err, "listing the functions: store unavailable")
+	}
+	out := make(map[string]bool, len(tags))
+	for name := range tags {
+		out[name] = true
+	}
+	return out, nil
+}
+
 // Rollback makes an earlier (or later) version of name current. In-flight
 // requests finish on the version they started on.
 func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {

@@ -1,12 +1,14 @@
 // Package fileutil holds the file copies the worker's stage, plover build
 // and the benchmark suite share, and the writer that tells a failed write
-// from a failed read in a copy (the deploy spool, the bundle cache).
+// from a failed read in a copy (the deploy spool, the bundle cache), and a
+// small file's atomic replacement (WriteAtomic).
 package fileutil
 
 import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 )
 
 // Copy copies regular file src to a new file dst. A dst already there is
@@ -60,4 +62,37 @@ func (w *Writer) Write(p []byte) (int, error) {
 		w.Err = err
 	}
 	return n, err
+}
+
+// WriteAtomic replaces path with b whole: written to a temporary file
+// beside it, synced, renamed over it and the directory synced, so that a
+// crash leaves the old file or the new one, never a torn one.
+func WriteAtomic(path string, b []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	_, err = tmp.Write(b)
+	if err == nil {
+		err = tmp.Chmod(perm)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

@@ -112,3 +112,21 @@ func (f failAfter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// WriteAtomic replaces a file whole with the mode asked, and leaves no
+// temporary file beside it.
+func TestWriteAtomic(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	for _, b := range []string{"first", "second, longer"} {
+		if err := WriteAtomic(p, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(p)
+		fi, _ := os.Stat(p)
+		ents, _ := os.ReadDir(dir)
+		if err != nil || string(got) != b || fi.Mode().Perm() != 0o600 || len(ents) != 1 {
+			t.Errorf("after writing %q: %q %v, mode %v, %d files", b, got, err, fi.Mode().Perm(), len(ents))
+		}
+	}
+}

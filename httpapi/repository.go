@@ -26,7 +26,7 @@ import (
 type Repository interface {
 	// Index lists its models' versions and their states (only READY ones
 	// when ready is set).
-	Index(ready bool) []api.RepositoryModel
+	Index(ctx context.Context, ready bool) []api.RepositoryModel
 	// Load deploys a model's folder as it is now; Unload stops serving it
 	// until a load (requests in flight finish).
 	Load(ctx context.Context, name string) error
@@ -90,7 +90,7 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 	repo := s.opts.Repository
 	switch action {
 	case "":
-		writeJSON(ctx, fasthttp.StatusOK, repo.Index(body.Ready))
+		writeJSON(ctx, fasthttp.StatusOK, repo.Index(callCtx(ctx), body.Ready))
 		return
 	case "load":
 		if p := override(body.Parameters); p != "" {

@@ -18,7 +18,8 @@ import (
 // whole folder while it settles, when it has no versions to show
 // (unreadable, unloaded), or when its last deploy failed beside the
 // versions that still serve (the store down); with ready, only READY ones.
-func (r *Repository) Index(ready bool) []api.RepositoryModel {
+func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryModel {
+	listed := r.noticeDeleted(ctx)
 	r.mu.Lock()
 	out := make([]api.RepositoryModel, 0, len(r.models))
 	type at struct {
@@ -48,6 +49,10 @@ func (r *Repository) Index(ready bool) []api.RepositoryModel {
 		e := &out[d.i]
 		if reason, _ := r.unready(e.Name, d.v); reason != "" {
 			e.State, e.Reason = Unavailable, reason
+		} else if i := slices.IndexFunc(d.v.steps, func(s string) bool { return listed != nil && !listed[s] }); i >= 0 {
+			// The node knows only the steps it has loaded: the listing
+			// knows the others were deleted (plover rm --force).
+			e.State, e.Reason = Unavailable, fmt.Sprintf("%s: deployed, but its step %s was deleted since (plover rm --force): its requests fail", d.v.where, d.v.steps[i])
 		}
 	}
 	if ready {
@@ -81,6 +86,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	if !ok {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
 	}
+	defer r.saveKept()
 	r.mu.Lock()
 	m := r.modelLocked(name, f)
 	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
@@ -179,13 +185,107 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 		}
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	// Its versions are deleted with it: none shows READY until a load or
-	// a change of the folder deploys them again. The folder as last seen
-	// is what is unloaded, a copy still settling included: only a change
-	// after the unload (or a load) brings it back.
-	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, "unloaded", nil, false
-	m.done = m.seen
+	r.unloadedLocked(m, "unloaded")
+	r.mu.Unlock()
+	r.saveKept()
 	r.cfg.Log.Info("model repository: unloaded", "model", name)
 	return nil
+}
+
+// unloadedLocked marks m unloaded, its function gone, for reason. Its
+// versions went with the function: none shows READY until a load or a
+// change of the folder deploys them again. The folder as last seen is
+// what is unloaded, a copy still settling included: only a change after
+// the unload (or a load) brings it back.
+func (r *Repository) unloadedLocked(m *model, reason string) {
+	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, reason, nil, false
+	m.done = m.seen
+}
+
+// deletedReason is the index's reason for a model whose function was
+// deleted by other means than the repository's (plover rm).
+const deletedReason = "deleted (plover rm): a load deploys it again"
+
+// listWait bounds the store listing an index answer waits for.
+const listWait = 2 * time.Second
+
+// noticeDeleted marks unloaded the models the repository deployed and
+// serves whose function the store no longer has (plover rm, here or on
+// another node sharing the store): the index said READY while requests
+// answered 404, and they stay deleted through polls as an unload does,
+// rather than deployed again behind the operator's back. One listing of
+// the store, none while no model serves; a store that does not answer
+// changes nothing. It returns the functions listed (nil: none, or none
+// to judge by).
+func (r *Repository) noticeDeleted(ctx context.Context) map[string]bool {
+	r.mu.Lock()
+	at, serving := r.epoch, false
+	for _, m := range r.models {
+		serving = serving || m.serving() || m.deletedElsewhere()
+	}
+	r.mu.Unlock()
+	if !serving {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, listWait)
+	defer cancel()
+	names, err := r.node.Listed(ctx)
+	if err != nil {
+		r.cfg.Log.Debug("model repository: cannot list the functions to see which were deleted", "error", err)
+		return nil
+	}
+	r.mu.Lock()
+	for _, m := range r.models {
+		// One settled after the listing began may have a record it missed.
+		if m.serving() && m.epoch <= at && !names[m.name] {
+			r.unloadedLocked(m, deletedReason)
+			r.cfg.Log.Info("model repository: its function was deleted (plover rm): unloaded until a load", "model", m.name)
+		}
+	}
+	// A deploy settled since the listing began may have made a step it
+	// missed: the index then judges no step by it.
+	if r.epoch != at {
+		names = nil
+	}
+	r.mu.Unlock()
+	r.saveKept()
+	return names
+}
+
+// deletedElsewhere reports whether m is unloaded because its function was
+// deleted by other means than this repository's; under r.mu.
+func (m *model) deletedElsewhere() bool { return m.unloaded && m.reason == deletedReason }
+
+// backElsewhere ends the unload of the models whose function was deleted
+// by other means and is back, deployed by a model repository (its current
+// version labelled: a load on another node sharing the store, or its
+// restart): this scan deploys them again, which adopts the versions the
+// store has. A function deployed otherwise is left alone. names is the
+// store's listing (noticeDeleted's); called with the turn.
+func (r *Repository) backElsewhere(ctx context.Context, names map[string]bool) {
+	r.mu.Lock()
+	var back []string
+	for name, m := range r.models {
+		if m.deletedElsewhere() && names[name] {
+			back = append(back, name)
+		}
+	}
+	r.mu.Unlock()
+	for _, name := range back {
+		if !r.labelled(ctx, name) {
+			continue
+		}
+		r.mu.Lock()
+		if m := r.models[name]; m != nil && m.deletedElsewhere() {
+			m.unloaded, m.done = false, ""
+			r.cfg.Log.Info("model repository: its function was deployed again elsewhere: loaded", "model", name)
+		}
+		r.mu.Unlock()
+	}
+}
+
+// serving reports whether m has a version READY that the repository
+// deployed; under r.mu.
+func (m *model) serving() bool {
+	return m.deployed && !m.unloaded && !m.removing && slices.ContainsFunc(m.versions, func(v version) bool { return v.state == Ready })
 }

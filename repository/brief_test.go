@@ -31,7 +31,7 @@ func TestLongReasonsAreCut(t *testing.T) {
 	age(t, models)
 	r, _ := New(Config{Dir: models, Settle: 10 * time.Millisecond}, newFakeNode())
 	r.Scan(context.Background())
-	idx := r.Index(false)
+	idx := r.Index(context.Background(), false)
 	if len(idx) != 3 {
 		t.Fatalf("index: %s", index(r))
 	}

@@ -2,8 +2,10 @@ package repository
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -20,6 +22,40 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 	}
 	r.cfg.Log.Info("model repository: removed", "model", m.name)
 	return nil
+}
+
+// errNoBundle is a model folder with no bundle: no manifest at its top
+// and no version folder.
+var errNoBundle = errors.New("no " + abi.ManifestFile + " and no version folders (1/, 2/, ...)")
+
+// noBundle settles m, whose folder stays but holds no bundle now (its
+// version folders all removed, or its manifest), as a removed folder's
+// model: its function goes if the repository deployed it (in this run or
+// an earlier one), unless a pipeline runs it; then it stays, UNAVAILABLE
+// with why and the reason, and the next scans try again. It answered
+// requests before, while the index said it had no bundle.
+func (r *Repository) noBundle(ctx context.Context, m *model, print string, why error) {
+	r.mu.Lock()
+	ours := m.deployed
+	r.mu.Unlock()
+	if !ours {
+		ours = r.labelled(ctx, m.name)
+	}
+	if ours {
+		if err := r.remove(ctx, m); err != nil {
+			r.mu.Lock()
+			m.deployed = true // the next scan's try deletes it
+			r.mu.Unlock()
+			r.settle(m, "", nil, Unavailable, fmt.Sprintf("%v; deleting its function failed (tried again at the next scan): %v", why, err), errdefs.KindOf(err))
+			return
+		}
+	}
+	r.mu.Lock()
+	// Not unloaded either, should an index have seen its function go
+	// meanwhile: a folder with no bundle is what it is.
+	m.deployed, m.unloaded = false, false
+	r.mu.Unlock()
+	r.settle(m, print, nil, Unavailable, why.Error(), errdefs.KindInvalid)
 }
 
 // labelled reports whether name's current version carries a version

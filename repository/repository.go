@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,6 +57,9 @@ type Node interface {
 	// a model's ready answers (its library refused at its first load,
 	// its crashes' back-off), or nil; it reads and loads nothing.
 	Unready(name, version string) error
+	// Listed is the functions the store has, in one listing: the
+	// repository's deployed functions deleted since (plover rm) are not.
+	Listed(ctx context.Context) (map[string]bool, error)
 }
 
 // Config configures a Repository.
@@ -78,7 +82,11 @@ type Config struct {
 	// the version UNAVAILABLE (413 on load). 0: none of the repository's
 	// own (the node still refuses a larger bundle, once packed whole).
 	MaxBundleBytes int64
-	Log            *slog.Logger
+	// StateFile keeps the models unloaded (by the API or plover rm) for
+	// a restart (plover serve: DATA/repository-unloaded.json); "": none
+	// kept, a restart loads every folder.
+	StateFile string
+	Log       *slog.Logger
 }
 
 // Repository is a model repository served on a node.
@@ -94,6 +102,9 @@ type Repository struct {
 	mu     sync.Mutex
 	models map[string]*model
 	scans  int // scans finished: the first one counts a folder's first look
+	// epoch counts the deploys settled (settleLocked): a listing of the
+	// store taken at epoch e tells nothing of a model settled after e.
+	epoch uint64
 	// single is the function DIR serves as while it is one bundle (""
 	// while it holds model folders): the name stays while its manifest is
 	// rewritten, absent or renamed, until DIR settles so.
@@ -102,6 +113,12 @@ type Repository struct {
 	// folders found at start are deployed, or failed (Started).
 	started   chan struct{}
 	startOnce sync.Once
+	// kept is what StateFile said of the models not looked at yet (nil
+	// after the first scan); saved is what it says now, and saving is
+	// held while it is written.
+	kept   map[string]keptModel
+	saved  map[string]keptModel
+	saving sync.Mutex
 }
 
 // Started is closed once Run's first scans have deployed the folders found
@@ -123,7 +140,8 @@ type model struct {
 	deployed  bool         // the node has it from us: removing the folder deletes it
 	retry     bool         // its last deploy failed for a reason that may pass: the next scan tries again
 	removing  bool         // its folder went and deleting its function failed: the next scan tries again
-	unloaded  bool         // by the API, until a load or the folder changes
+	unloaded  bool         // by the API or plover rm, until a load or the folder changes
+	epoch     uint64       // Repository.epoch at its last settle
 }
 
 // version is one version folder's state.
@@ -134,6 +152,7 @@ type version struct {
 	state, reason     string
 	kind              errdefs.Kind // the class of the failure reason says, for a load
 	id                string       // the node's version id once deployed
+	steps             []string     // a pipeline's step functions, as its manifest names them
 }
 
 // New returns a repository over cfg.Dir deploying to node; Run serves it.
@@ -159,6 +178,11 @@ func New(cfg Config, node Node) (*Repository, error) {
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
 		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{})}
+	r.kept = r.readKept()
+	r.saved = maps.Clone(r.kept)
+	if r.saved == nil {
+		r.saved = map[string]keptModel{}
+	}
 	return r, nil
 }
 
@@ -217,6 +241,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, false
 	}
 	defer r.give()
+	r.backElsewhere(ctx, r.noticeDeleted(ctx))
 	found, err := r.list()
 	if err != nil {
 		// DIR itself unreadable (a volume remounting): nothing is removed
@@ -282,10 +307,12 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 	r.deployAll(ctx, due)
 	r.mu.Lock()
 	r.scans++
+	r.kept = nil // those not found: their folders went, and their unloads
 	for _, m := range r.models {
 		retrying = retrying || m.retry || m.removing
 	}
 	r.mu.Unlock()
+	r.saveKept()
 	return settling, retrying
 }
 
@@ -297,6 +324,7 @@ func (r *Repository) modelLocked(name string, f folder) *model {
 	if m == nil {
 		m = &model{name: name, state: Loading, reason: "found: waiting for its first deploy"}
 		r.models[name] = m
+		r.keptLocked(m)
 	}
 	m.dir, m.renamed = f.dir, f.renamed
 	return m
@@ -424,7 +452,7 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 		}
 	}
 	if len(vs) == 0 {
-		return nil, false, refused(r.where(m.dir), fmt.Errorf("no %s and no version folders (1/, 2/, ...)", abi.ManifestFile))
+		return nil, false, refused(r.where(m.dir), errNoBundle)
 	}
 	slices.SortFunc(vs, func(a, b version) int { return byNumber(a.label, b.label) })
 	return vs, isPipeline(vs[len(vs)-1].dir), nil
@@ -455,6 +483,10 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	r.mu.Lock()
 	print := m.seen
 	r.mu.Unlock()
+	if errors.Is(err, errNoBundle) {
+		r.noBundle(ctx, m, print, err)
+		return
+	}
 	if errdefs.KindOf(err) == errdefs.KindInvalid {
 		r.settle(m, print, nil, Unavailable, err.Error(), errdefs.KindInvalid)
 		return
@@ -481,6 +513,10 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	}
 	current, label := "", ""
 	retry := false
+	// The folders whose number still names a deployed version: not one
+	// refused as it is, whose earlier bytes would answer by its number
+	// while the index says UNAVAILABLE.
+	var named []version
 	for i := range vers {
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
@@ -499,12 +535,16 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			// The store down, a conflict, a pipeline's step not there
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
-			retry = retry || passing(err)
+			if passing(err) {
+				retry = true
+				named = append(named, *v)
+			}
 			v.state, v.reason, v.kind = Unavailable, brief(err.Error()), errdefs.KindOf(err)
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
 			continue
 		}
 		v.state, current, label = Ready, v.id, v.label
+		named = append(named, *v)
 	}
 	if current != "" {
 		rec, err = r.node.Versions(ctx, m.name)
@@ -516,7 +556,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			return
 		}
 		rec.Current = current // as the rollback just set it
-		if err := r.retire(ctx, m.name, rec, vers); err != nil {
+		if err := r.retire(ctx, m.name, rec, named); err != nil {
 			retry = true // the store again: the next scan tries again
 			r.cfg.Log.Warn("model repository: a removed version folder still answers", "model", m.name, "error", err)
 		}
@@ -528,8 +568,9 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 }
 
 // retire takes off rec's versions the labels of version folders that
-// went (none of vers): /v2/models/NAME/versions/N stops answering for a
-// folder N removed. rec was read after the current version was set.
+// went or are refused (none of vers): /v2/models/NAME/versions/N stops
+// answering for a folder N removed. rec was read after the current
+// version was set.
 func (r *Repository) retire(ctx context.Context, name string, rec *api.Record, vers []version) error {
 	if rec == nil {
 		return nil
@@ -600,6 +641,7 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 	if !m.renamed && man.Name != m.name {
 		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
 	}
+	v.steps = abi.Functions(man.Steps)
 	// The latest version with the label (what the label names, as
 	// Record.Find has it) must be these bytes: a folder changed and then
 	// changed back is deployed again.
@@ -639,6 +681,8 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
 	m.retry = done == ""
+	r.epoch++
+	m.epoch = r.epoch
 	for _, v := range vers {
 		if v.state == Ready {
 			m.deployed = true

@@ -26,6 +26,9 @@ type fakeNode struct {
 	rollbacks int // each a moment when another version was current
 	deletes   []string
 	n         int
+	// onList, if set, runs in Listed after the names were read: what
+	// happens while a listing is on its way back.
+	onList func()
 }
 
 func newFakeNode() *fakeNode { return &fakeNode{recs: map[string]*api.Record{}} }
@@ -107,6 +110,23 @@ func (f *fakeNode) Unlabel(ctx context.Context, name, label string) error {
 	return nil
 }
 
+// Listed is the functions the fake node has.
+func (f *fakeNode) Listed(ctx context.Context) (map[string]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]bool{}
+	for name := range f.recs {
+		out[name] = true
+	}
+	on := f.onList
+	f.mu.Unlock()
+	if on != nil {
+		on()
+	}
+	f.mu.Lock() // for the deferred Unlock
+	return out, nil
+}
+
 // Unready: the fake node runs every version it has.
 func (f *fakeNode) Unready(name, version string) error { return nil }
 
@@ -161,7 +181,7 @@ func age(t *testing.T, dir string) {
 
 func index(r *Repository) string {
 	var b strings.Builder
-	for _, e := range r.Index(false) {
+	for _, e := range r.Index(context.Background(), false) {
 		fmt.Fprintf(&b, "%s/%s %s", e.Name, e.Version, e.State)
 		if e.Reason != "" {
 			fmt.Fprintf(&b, " (%s)", e.Reason)
@@ -373,7 +393,7 @@ func BenchmarkIndex1000(b *testing.B) {
 	}
 	b.ResetTimer()
 	for b.Loop() {
-		if len(r.Index(false)) != 1000 {
+		if len(r.Index(context.Background(), false)) != 1000 {
 			b.Fatal("short index")
 		}
 	}

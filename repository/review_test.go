@@ -234,7 +234,7 @@ func TestUnloadThenChange(t *testing.T) {
 	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", true) // being copied again
 	os.WriteFile(filepath.Join(root, "cnn", "1", "vecadd.so"), []byte("new"), 0o644)
 	r.Scan(ctx)
-	if got := r.Index(true); len(got) > 0 {
+	if got := r.Index(context.Background(), true); len(got) > 0 {
 		t.Errorf("index(ready) lists %v while the function is deleted", got)
 	}
 	if got := index(r); !strings.HasPrefix(got, "cnn/ LOADING") || strings.Contains(got, "cnn/1") {

@@ -37,6 +37,34 @@ func ageAll(dir string) {
 	filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error { os.Chtimes(p, old, old); return err })
 }
 
+// cnnModels lays out models/cnn/V/ for each version V, copies of one
+// bundle of cnn, at rest, and returns the models folder.
+func cnnModels(t *testing.T, versions ...string) string {
+	t.Helper()
+	src := testkit.BundleDir(t, testkit.Manifest("cnn"), nil)
+	models := filepath.Join(t.TempDir(), "models")
+	for _, v := range versions {
+		copyFiles(t, src, filepath.Join(models, "cnn", v), "plover.json", "kernels.so")
+	}
+	ageAll(models)
+	return models
+}
+
+// servePolled serves the repository at models, polled (every hour: the
+// test scans), on a real engine and server, once scanned; it returns the
+// repository and the server's URL.
+func servePolled(t *testing.T, models string) (*repository.Repository, string) {
+	t.Helper()
+	e := testkit.Engine(t, engine.Config{})
+	r, err := repository.New(repository.Config{Dir: models, Poll: time.Hour, Settle: 50 * time.Millisecond}, e.Control())
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testkit.Serve(t, e, httpapi.Options{Repository: r})
+	r.Scan(context.Background())
+	return r, url
+}
+
 // A version folder removed while polling (cnn/2/ deleted, cnn/1/ kept):
 // the repository makes 1 current and drops 2 from its index, and
 // /v2/models/cnn/versions/2/ready and /versions/2/infer no longer answer
@@ -52,14 +80,8 @@ func TestRemovedVersionFolderIsNotServed(t *testing.T) {
 	testkit.WriteManifest(t, filepath.Join(models, "cnn", "2"), m)
 	ageAll(models)
 
-	e := testkit.Engine(t, engine.Config{})
-	r, err := repository.New(repository.Config{Dir: models, Poll: time.Hour, Settle: 50 * time.Millisecond}, e.Control())
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := testkit.Serve(t, e, httpapi.Options{Repository: r})
+	r, url := servePolled(t, models)
 	ctx := context.Background()
-	r.Scan(ctx)
 	if resp, body := testkit.Post(t, "GET", url+"/v2/models/cnn/versions/2/ready", "", nil); resp.StatusCode != 200 {
 		t.Fatalf("version 2 not ready at start: %d %s", resp.StatusCode, body)
 	}
@@ -116,7 +138,7 @@ func TestOversizedBundleRefusedWithinTheLimit(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	r.Scan(context.Background())
 	runtime.ReadMemStats(&after)
-	idx := r.Index(false)
+	idx := r.Index(context.Background(), false)
 	t.Logf("index: %+v", idx)
 	if len(idx) == 0 || idx[0].State != repository.Unavailable || !strings.Contains(idx[0].Reason, "larger than 1048576 bytes") {
 		t.Fatalf("a bundle over the limit is not UNAVAILABLE for its size: %+v", idx)
@@ -151,7 +173,7 @@ func TestNewFolderHeldToTodaysRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Scan(context.Background())
-	idx := r.Index(false)
+	idx := r.Index(context.Background(), false)
 	if len(idx) == 0 || idx[0].State != repository.Unavailable || !strings.Contains(idx[0].Reason, "Zero_Out: no such field") {
 		t.Fatalf("a new folder with a key in another case: %+v, want UNAVAILABLE naming Zero_Out", idx)
 	}

@@ -15,6 +15,17 @@ import (
 	"github.com/plover-run/plover/repository"
 )
 
+// postIndex is the index the server at url answers to body.
+func postIndex(t *testing.T, url, body string) []api.RepositoryModel {
+	t.Helper()
+	resp, b := testkit.Post(t, "POST", url+"/v2/repository/index", "application/json", []byte(body))
+	var out []api.RepositoryModel
+	if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("index: %d %s", resp.StatusCode, b)
+	}
+	return out
+}
+
 // A version the node deployed but cannot run (its library refused at
 // its first load: a dependency missing on this node) is not READY in the
 // index, as /v2/models/NAME/ready is not ready: the index said READY
@@ -36,15 +47,7 @@ func TestIndexSaysWhatCannotRun(t *testing.T) {
 	}
 	url := testkit.Serve(t, e, httpapi.Options{Repository: r})
 	r.Scan(context.Background())
-	index := func(body string) []api.RepositoryModel {
-		t.Helper()
-		resp, b := testkit.Post(t, "POST", url+"/v2/repository/index", "application/json", []byte(body))
-		var out []api.RepositoryModel
-		if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != 200 {
-			t.Fatalf("index: %d %s", resp.StatusCode, b)
-		}
-		return out
-	}
+	index := func(body string) []api.RepositoryModel { t.Helper(); return postIndex(t, url, body) }
 	if idx := index(`{"ready": true}`); len(idx) != 3 {
 		t.Fatalf("before any request (nothing loaded, nothing known refused): %+v", idx)
 	}

@@ -39,7 +39,7 @@ func TestReasonsNameTheRepositorysFolders(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.Scan(context.Background())
-		idx := r.Index(false)
+		idx := r.Index(context.Background(), false)
 		if len(idx) != len(want) {
 			t.Fatalf("--repository %s: index %s", dir, index(r))
 		}
@@ -80,7 +80,7 @@ func TestReasonsKeepTheServersPathsOut(t *testing.T) {
 	}
 	r.Scan(context.Background())
 	want := map[string]string{"broken/1": "models/broken: plover.json: ", "cnn/1": "models/cnn/1: pack: bundle: b.bin is a link that resolves outside"}
-	idx := r.Index(false)
+	idx := r.Index(context.Background(), false)
 	if len(idx) != len(want) {
 		t.Fatalf("index: %s", index(r))
 	}

@@ -1,0 +1,112 @@
+package repository
+
+// What a repository keeps across restarts (Config.StateFile): the models
+// unloaded, by the API or plover rm, so that a restart over the same
+// folders does not deploy them again behind the operator's back.
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+
+	"github.com/plover-run/plover/fileutil"
+)
+
+// keptModel is an unloaded model as kept.
+type keptModel struct {
+	// Print is its folder's fingerprint when it was unloaded: a folder
+	// changed since (while the server was down too) ends the unload.
+	Print  string `json:"print"`
+	Reason string `json:"reason"`
+}
+
+// keptFile is Config.StateFile's content.
+type keptFile struct {
+	// Dir is the repository's directory: another's unloads are not this
+	// one's (a server restarted with another --repository).
+	Dir      string               `json:"dir"`
+	Unloaded map[string]keptModel `json:"unloaded"`
+}
+
+// keptDir is DIR as a state file names it.
+func keptDir(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
+}
+
+// readKept is the models an earlier run left unloaded. A file missing,
+// unreadable, torn or another repository's keeps none: every folder
+// loads, as at a first start (said in the log), rather than the server
+// refusing to start over a file of its own.
+func (r *Repository) readKept() map[string]keptModel {
+	if r.cfg.StateFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(r.cfg.StateFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var k keptFile
+	if err == nil {
+		err = json.Unmarshal(b, &k)
+	}
+	if err != nil {
+		r.cfg.Log.Warn("model repository: cannot read the models unloaded before the restart: every folder loads", "file", r.cfg.StateFile, "error", err)
+		return nil
+	}
+	if k.Dir != keptDir(r.cfg.Dir) {
+		r.cfg.Log.Info("model repository: the models unloaded before the restart were another repository's: every folder loads", "file", r.cfg.StateFile, "was", k.Dir)
+		return nil
+	}
+	return k.Unloaded
+}
+
+// keptLocked applies what an earlier run kept of m, new in this run: an
+// unload stays until a load or a change of the folder. Under r.mu.
+func (r *Repository) keptLocked(m *model) {
+	k, ok := r.kept[m.name]
+	if !ok {
+		return
+	}
+	delete(r.kept, m.name)
+	m.unloaded, m.done, m.state, m.reason = true, k.Print, Unavailable, k.Reason
+}
+
+// saveKept writes the unloaded models to Config.StateFile if they changed
+// since it was last written; a write that fails is tried again at the
+// next call (every scan calls it).
+func (r *Repository) saveKept() {
+	if r.cfg.StateFile == "" {
+		return
+	}
+	r.saving.Lock()
+	defer r.saving.Unlock()
+	r.mu.Lock()
+	now := maps.Clone(r.kept) // not looked at yet: before the first scan
+	if now == nil {
+		now = map[string]keptModel{}
+	}
+	for name, m := range r.models {
+		if m.unloaded {
+			now[name] = keptModel{Print: m.done, Reason: m.reason}
+		}
+	}
+	r.mu.Unlock()
+	if maps.Equal(now, r.saved) {
+		return
+	}
+	b, err := json.Marshal(keptFile{Dir: keptDir(r.cfg.Dir), Unloaded: now})
+	if err == nil {
+		err = fileutil.WriteAtomic(r.cfg.StateFile, b, 0o600)
+	}
+	if err != nil {
+		r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at the next scan)", "file", r.cfg.StateFile, "error", err)
+		return
+	}
+	r.saved = now
+}
