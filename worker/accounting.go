@@ -204,7 +204,7 @@ func (d *Device) watch() {
 		now, sp := time.Now(), d.opts.sampling
 		for _, p := range watched {
 			if tick%chargeEvery == 0 {
-				p.billUnreported()
+				p.look(false)
 			}
 			limit, reported := p.memLimit.Load(), p.reported.Load()
 			prev := p.sample.Load()

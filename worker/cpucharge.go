@@ -3,7 +3,6 @@ package worker
 import (
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -12,76 +11,51 @@ import (
 	"github.com/plover-run/plover/worker/wire"
 )
 
-// A host worker's device time is CPU time, and its runs report their own
-// (device.Host.ChargeProcessCPU: the process's CPU over each run, split
-// among the runs in flight). What no run reports went unbilled: threads a
-// bundle leaves running between runs (four spinning threads took two CPUs
-// for good at a few milliseconds billed), a run's report cut short (tenant
-// code can write its own reply). So the server reads each host worker's
-// CPU clock itself, from outside the process, and bills its programs what
-// the process used beyond what its runs reported, less the worker's own
-// polling for a next request after a run it was sent alone (at most
-// wire.SpinMax a run: a sequential client's CNN requests spent about 100
-// µs each so, which the server's polling for its reply spends too, and
-// neither is the function's work). It looks only at a moment when no run
-// is in flight on the worker, when every run before has reported, so that
-// no run's CPU is billed twice; a worker always busy is billed at its first
-// idle moment, what it owes by then in one charge. A forked child's CPU is
-// not the process's and is not seen (README: Isolation).
+// A host worker's device time is CPU time: the server measures it from
+// outside the process, by the worker's CPU clock (all its threads), read
+// as each run is sent and as its reply comes. The CPU between two readings
+// goes to the runs in flight then, split evenly (as device.Host's
+// ChargeProcessCPU does inside: threads a chain starts are its work); with
+// none in flight, to the worker's programs, billed beside their runs
+// (Bill); during a control call (a load, an unload, an instance made), to
+// nobody. Before, a run's device time was what the worker's reply said,
+// and what no run reported went unbilled: tenant code can write its
+// worker's replies, and threads a bundle left spinning between runs (four
+// took two CPUs for good) were billed nothing. A run's reply no longer
+// says what it is charged, on the host.
+//
+// Between runs the worker does some work of the platform's: it finishes
+// its reply and waits again, and after a run sent while the device ran
+// nothing else it polls for the next request, up to wire.SpinMax (about
+// 100 µs a sequential CNN client's request, which doubled its bill when
+// billed). So the CPU before the next reading, after a reply, is let go up
+// to runSlack, and up to wire.SpinMax more after a run sent alone.
 
-// chargeEvery is how often, in watch ticks, a worker's CPU is looked at:
-// a clock read a worker a second, whatever the node holds.
+// chargeEvery is how often, in watch ticks, an idle worker's CPU is read:
+// a worker with no run in flight is billed once a second.
 const chargeEvery = 10
 
-// minBill is the least CPU billed at a look; less is let go (the worker's
-// own work between runs: its control messages, its runtime).
+// runSlack is the CPU after each reply let go as the worker's own: the
+// end of its reply's system call and its return to waiting.
+const runSlack = 10 * time.Microsecond
+
+// minBill is the least CPU billed at once; less waits for more.
 const minBill = time.Millisecond
 
-// cpuTally is a host worker's CPU as its runs reported it and as billed
-// beside them.
+// cpuTally is a host worker's CPU clock, as the server last read it, and
+// where the CPU since went (see above). Its mutex is held across a clock
+// read (a system call that does not wait), taking proc.mu inside it.
 type cpuTally struct {
-	starts   atomic.Uint64 // runs begun on the worker
-	alone    atomic.Uint64 // of them, sent while the device ran no other
-	reported atomic.Int64  // ns of device time its runs' replies reported
-
-	look sync.Mutex // one look at a time (billUnreported): the watch loop's, a test's
-
-	mu    sync.Mutex
-	sinks []*program // its programs with a bill to send (Bill), in load order
-	// The CPU clock less the runs' reports, and the runs sent alone, at
-	// the last look (or the first program's Bill); based once set.
-	base      time.Duration
-	aloneSeen uint64
-	based     bool
-}
-
-// Bill implements the engine's billing of device time used outside runs:
-// from now on, while g is loaded, CPU its host worker uses that its runs
-// did not report is passed to bill, split evenly among the worker's
-// programs. Not on CUDA, where a run's device time is not CPU time.
-func (g *program) Bill(bill func(time.Duration)) {
-	if g.d.Target() != abi.TargetHost || bill == nil {
-		return
-	}
-	cpu, ok := g.p.cpuNow() // before any run of g: its load is not billed
-	c := &g.p.cpu
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if g.closed.Load() || !ok {
-		return
-	}
-	if !c.based {
-		c.base, c.aloneSeen, c.based = cpu-time.Duration(c.reported.Load()), c.alone.Load(), true
-	}
-	g.bill = bill
-	c.sinks = append(c.sinks, g)
-}
-
-// unbill takes g out of its worker's bills (its Close).
-func (c *cpuTally) unbill(g *program) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sinks = slices.DeleteFunc(c.sinks, func(s *program) bool { return s == g })
+	mu     sync.Mutex
+	on     bool          // a host worker: its CPU is device time
+	last   time.Duration // the clock at the last reading
+	read   bool          // last was read
+	perRun time.Duration // CPU each run in flight since has had, summed
+	runs   int           // runs in flight, as read
+	calls  int           // control calls in flight
+	slack  time.Duration // of the CPU before the next reading, let go
+	idle   time.Duration // CPU with nothing in flight, not yet billed
+	sinks  []*program    // its programs with a bill to send (Bill), in load order
 }
 
 // processCPU reads process pid's CPU clock (all its threads, live and
@@ -108,40 +82,155 @@ func (p *proc) cpuNow() (time.Duration, bool) {
 	return processCPU(p.pid)
 }
 
-// billUnreported bills p's programs the CPU it used that no run reported
-// since the last bill (see cpuTally), when no run is in flight on it.
-func (p *proc) billUnreported() {
-	c := &p.cpu
-	c.look.Lock()
-	defer c.look.Unlock()
-	if p.runs.Load() > 0 {
+// advance reads p's clock and gives the CPU since the last reading where
+// it goes. Under c.mu.
+func (c *cpuTally) advance(p *proc) {
+	now, ok := p.cpuNow()
+	if !ok {
 		return
 	}
-	began := c.starts.Load()
-	cpu, ok := p.cpuNow()
-	rep := time.Duration(c.reported.Load())
-	if !ok || c.starts.Load() != began || p.runs.Load() > 0 {
-		return // a run began meanwhile: its CPU is partly read, not reported
+	d := now - c.last
+	if !c.read || d < 0 {
+		d = 0
+	}
+	c.last, c.read = now, true
+	switch {
+	case c.runs > 0:
+		c.perRun += d / time.Duration(c.runs)
+	case c.calls == 0:
+		c.idle += max(d-c.slack, 0)
+	}
+	c.slack = 0
+}
+
+// runBegan reads p's clock as a run is sent: its start, for runEnded.
+func (p *proc) runBegan() time.Duration {
+	c := &p.cpu
+	if !c.on {
+		return 0
 	}
 	c.mu.Lock()
-	if !c.based || len(c.sinks) == 0 {
-		c.mu.Unlock()
-		return
-	}
-	alone := c.alone.Load()
-	owed := cpu - rep - c.base - time.Duration(alone-c.aloneSeen)*wire.SpinMax
-	c.base, c.aloneSeen = cpu-rep, alone // a run's over-report is not carried
-	if owed < minBill {
-		c.mu.Unlock()
-		return
-	}
-	bills := make([]func(time.Duration), len(c.sinks))
-	for i, g := range c.sinks {
-		bills[i] = g.bill
-	}
+	c.advance(p)
+	c.runs++
+	start := c.perRun
+	bills := c.takeBills(false)
 	c.mu.Unlock()
-	each := owed / time.Duration(len(bills))
-	for _, bill := range bills {
-		bill(each)
+	bills.send()
+	return start
+}
+
+// runEnded reads p's clock as a run's reply came (or its wait ended): the
+// CPU the run used, its part of the worker's since start (runBegan); 0 on
+// a device that is not the host. alone: it was sent while the device ran
+// nothing else, so the worker may poll for the next.
+func (p *proc) runEnded(start time.Duration, alone bool) time.Duration {
+	c := &p.cpu
+	if !c.on {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.advance(p)
+	c.runs--
+	c.slack = runSlack
+	if alone {
+		c.slack += wire.SpinMax
+	}
+	return c.perRun - start
+}
+
+// calling counts n control calls begun (-1: one ended) on p: the CPU they
+// take goes to nobody.
+func (c *cpuTally) calling(p *proc, n int) {
+	if !c.on {
+		return
+	}
+	c.mu.Lock()
+	c.advance(p)
+	c.calls += n
+	c.mu.Unlock()
+}
+
+// look reads p's clock and sends its bills: the watch loop's, once a
+// second, and (all set) the last, as p has exited and is not yet reaped
+// (wait): a zombie's clock still reads, its CPU since the last reading
+// billed whatever its amount.
+func (p *proc) look(all bool) {
+	c := &p.cpu
+	if !c.on {
+		return
+	}
+	c.mu.Lock()
+	c.advance(p)
+	b := c.takeBills(all)
+	c.mu.Unlock()
+	b.send()
+}
+
+// bills is CPU to bill each of a worker's programs.
+type bills struct {
+	each time.Duration
+	to   []func(time.Duration)
+}
+
+// takeBills takes the idle CPU for its programs, when it is minBill or
+// more, or any if all is set. Under c.mu.
+func (c *cpuTally) takeBills(all bool) bills {
+	if len(c.sinks) == 0 || c.idle <= 0 || c.idle < minBill && !all {
+		return bills{}
+	}
+	b := bills{each: c.idle / time.Duration(len(c.sinks))}
+	for _, g := range c.sinks {
+		b.to = append(b.to, g.bill)
+	}
+	c.idle = 0
+	return b
+}
+
+// send bills, with no lock held: a bill takes its scheduler's.
+func (b bills) send() {
+	for _, bill := range b.to {
+		bill(b.each)
 	}
 }
+
+// Bill implements the engine's billing of device time used outside runs:
+// from now on, while g is loaded, the CPU its host worker uses with no run
+// in flight is passed to bill, split evenly among the worker's programs
+// (a tenant's worker's). Not on CUDA, where a run's device time is not
+// CPU time.
+func (g *program) Bill(bill func(time.Duration)) {
+	c := &g.p.cpu
+	if !c.on || bill == nil {
+		return
+	}
+	c.mu.Lock()
+	if g.closed.Load() {
+		c.mu.Unlock()
+		return
+	}
+	c.advance(g.p)
+	b := c.takeBills(true) // what came before is g's siblings', not g's
+	c.idle = 0
+	g.bill = bill
+	c.sinks = append(c.sinks, g)
+	c.mu.Unlock()
+	b.send()
+}
+
+// unbill sends g its last bill, all the worker's idle CPU not yet billed,
+// and takes it out of the worker's bills (its Close).
+func (c *cpuTally) unbill(p *proc, g *program) {
+	if !c.on {
+		return
+	}
+	c.mu.Lock()
+	c.advance(p)
+	b := c.takeBills(true)
+	c.sinks = slices.DeleteFunc(c.sinks, func(s *program) bool { return s == g })
+	c.mu.Unlock()
+	b.send()
+}
+
+// billsCPU reports whether d's workers' CPU is their runs' device time.
+func (d *Device) billsCPU() bool { return d.Target() == abi.TargetHost }

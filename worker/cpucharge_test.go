@@ -44,7 +44,7 @@ func TestThreadsLeftRunningAreBilled(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("billed %v in 10 s beside 4 spinning threads (the run reported %v)", time.Duration(total.Load()), r.Timing.Busy)
 		}
-		p.(*program).p.billUnreported()
+		p.(*program).p.look(false)
 		time.Sleep(20 * time.Millisecond) // the threads' CPU to add up: a look, not a wait for state
 	}
 }
@@ -52,7 +52,8 @@ func TestThreadsLeftRunningAreBilled(t *testing.T) {
 // A sequential client's runs, sent alone, have their worker poll for the
 // next request between them: the platform's latency, not the function's
 // work, and not billed (about 100 µs a CNN request on 2 CPUs, which doubled
-// its bill).
+// its bill). The client's think time between runs is a sleep: what the
+// worker polls through.
 func TestPollingBetweenRunsIsNotBilled(t *testing.T) {
 	d := newDevice(t, 1)
 	m := testkit.Manifest("echo")
@@ -60,14 +61,37 @@ func TestPollingBetweenRunsIsNotBilled(t *testing.T) {
 	total := billed(t, p)
 	in, r := newInst(t, p, m), oneStep(t, p, m, "echo")
 	start, _ := p.(*program).p.cpuNow()
-	for range 3000 {
+	for range 1000 {
 		if err := in.Run(r); err != nil {
 			t.Fatal(err)
 		}
+		time.Sleep(100 * time.Microsecond)
 	}
-	p.(*program).p.billUnreported()
+	p.(*program).p.look(false)
 	end, _ := p.(*program).p.cpuNow()
 	if got := time.Duration(total.Load()); got > 0 {
-		t.Fatalf("billed %v for 3000 sequential echo runs (the worker used %v of CPU over them)", got, end-start)
+		t.Fatalf("billed %v for 1000 sequential echo runs (the worker used %v of CPU over them)", got, end-start)
+	}
+}
+
+// A chain past its request's deadline goes on using the CPU until its
+// worker is killed (overrunGrace later): its run is charged its slot's time
+// to the deadline, and what it used after is billed beside it, read from
+// the dead worker's clock before the reap.
+func TestCPUPastTheDeadlineIsBilled(t *testing.T) {
+	d := newDevice(t, 1)
+	p, m := loadHostile(t, d, "spin")
+	total := billed(t, p)
+	in, r := newInst(t, p, m), oneStep(t, p, m, "spin")
+	r.Deadline = time.Now().Add(50 * time.Millisecond)
+	if err := in.Run(r); err == nil {
+		t.Fatal("a chain that spins forever ended by its deadline")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for total.Load() < int64(overrunGrace/2) {
+		if time.Now().After(deadline) {
+			t.Fatalf("billed %v in 10 s for a chain spinning %v past its deadline", time.Duration(total.Load()), overrunGrace)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

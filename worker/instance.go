@@ -188,10 +188,9 @@ func (i *instance) Run(r *device.Run) error {
 	// that it polls for this instance's next request only then too.
 	alone := i.g.d.running.Add(1) == 1
 	i.g.runStart()
-	if alone {
-		i.g.p.cpu.alone.Add(1) // its worker may poll for the next (cpucharge.go)
-	}
+	cpu0 := i.g.p.runBegan()
 	if err := i.send(r, alone, id); err != nil {
+		i.g.p.runEnded(cpu0, false)
 		return err
 	}
 	var spin time.Duration
@@ -200,6 +199,9 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	sent := time.Now()
 	n, err := i.recv(r.Deadline, spin)
+	// Past its deadline too: the CPU its chain goes on using is billed
+	// beside it (its run is charged its slot's time).
+	cpu := i.g.p.runEnded(cpu0, alone)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		i.overran(ps)
 		return errRunDeadline
@@ -212,7 +214,11 @@ func (i *instance) Run(r *device.Run) error {
 		return i.g.failed(err, "running the chain")
 	}
 	i.reply.Observe(time.Since(sent))
-	return i.answer(r, i.rep[:n], mem, copiedIn, copyIn)
+	err = i.answer(r, i.rep[:n], mem, copiedIn, copyIn)
+	if i.g.p.cpu.on {
+		r.Timing.Busy = cpu // not the reply's word (cpucharge.go)
+	}
+	return err
 }
 
 // check refuses a run that does not fit the instance, or finds it closed.
@@ -321,7 +327,6 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 	}
 	r.Timing.Copied += copiedIn
 	r.Timing.CopyIn += copyIn
-	i.g.p.cpu.reported.Add(int64(r.Timing.Busy)) // before runEnd (billUnreported)
 	switch st {
 	case wire.StOK:
 		// The worker runs bundle code: its word on the length is bounded.
@@ -348,7 +353,6 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 // tenant's worker on g (for tenantOutput).
 func (g *program) runStart() {
 	g.p.runs.Add(1)
-	g.p.cpu.starts.Add(1) // after runs: billUnreported reads them the other way round
 	if g.p.tenant != nil {
 		g.runs.Add(1) // before busyNow's load of busy: reweigh relies on it
 		g.busyNow()

@@ -235,6 +235,7 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 	}
 	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir, marks: marks}
+	p.cpu.on = d.billsCPU()
 	if d.tenantScope() {
 		p.tenant = &tenancy{progs: map[uint32]*program{}, tasksFor: 1, wake: make(chan struct{}, 1), window: weighWindow}
 		if d.opts.CPU != nil {
@@ -341,6 +342,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 			break
 		}
 	}
+	p.look(true) // before exited: its clock reads until the reap
 	p.mu.Lock()
 	contain.KillGroup(p.pid)
 	p.exited = true
@@ -587,6 +589,8 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	if gone {
 		return nil, g.lost(during)
 	}
+	p.cpu.calling(p, 1)
+	defer p.cpu.calling(p, -1)
 	defer func() {
 		if p.tenant != nil {
 			g.callEnded.Store(time.Now().UnixNano())

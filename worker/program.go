@@ -48,8 +48,8 @@ type program struct {
 	busy       atomic.Bool
 	busyAt     atomic.Int64
 	gone       chan struct{}
-	// bill is where its worker's CPU that no run reported goes (Bill;
-	// under its proc's cpu.mu).
+	// bill is where its part of its worker's CPU with no run in flight
+	// goes (Bill; under its proc's cpu.mu).
 	bill      func(time.Duration)
 	leaveOnce sync.Once
 
@@ -213,7 +213,7 @@ func (g *program) Close() error {
 	if !g.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	g.p.cpu.unbill(g)
+	g.p.cpu.unbill(g.p, g)
 	if g.p.tenant != nil {
 		g.closeShared()
 		return nil
