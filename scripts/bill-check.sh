@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bill-check.sh — what a function is billed (device_seconds) per request,
 # for the CNN sample at 1 and 4 closed-loop clients, through two builds in
-# alternated rounds: a check that billing a worker's unreported CPU
-# (worker/cpucharge.go) leaves an honest function's bill as it was. Each
+# alternated rounds, with the latency beside: a check of what measuring a
+# worker's CPU from outside (worker/cpucharge.go) does to an honest
+# function's bill and to its hot path. Each
 # round starts a fresh server per build and client count, warms the CNN,
 # runs it SECONDS, waits 1.5 s (the server looks at a worker's CPU once a
 # second while no run is in flight) and reads its device_seconds.
@@ -18,7 +19,7 @@ secs=${4:-4}
 scratch
 cnn_digit "$work/digit.bin"
 
-one() { # BIN_DIR CLIENTS: prints "requests device_seconds"
+one() { # BIN_DIR CLIENTS: prints "requests device_seconds p50_ms p99_ms"
   plover=$1/plover
   rm -rf "$work/data"
   serve "$work/serve.log"
@@ -28,17 +29,17 @@ one() { # BIN_DIR CLIENTS: prints "requests device_seconds"
   sleep 1.5
   curl -sf "$url/v1/functions/cnn" >"$work/f.json"
   unserve
-  python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); f=json.load(open(sys.argv[2])); print(b["requests"], f["device_seconds"])' "$work/b.json" "$work/f.json"
+  python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); f=json.load(open(sys.argv[2])); l=b["latency_ms"]; print(b["requests"], f["device_seconds"], l["p50"], l["p99"])' "$work/b.json" "$work/f.json"
 }
 
-echo "round clients build requests device_s us_per_request"
+echo "round clients build requests device_s us_per_request p50_ms p99_ms"
 for r in $(seq 1 "$rounds"); do
   for c in 1 4; do
     for b in before after; do
       dir=$before
       [ "$b" = after ] && dir=$after
-      read -r n s < <(one "$dir" "$c")
-      awk -v r="$r" -v c="$c" -v b="$b" -v n="$n" -v s="$s" 'BEGIN { printf "%d %d %s %d %.3f %.1f\n", r, c, b, n, s, s * 1e6 / (n + 1) }'
+      read -r n s p50 p99 < <(one "$dir" "$c")
+      awk -v r="$r" -v c="$c" -v b="$b" -v n="$n" -v s="$s" -v p50="$p50" -v p99="$p99" 'BEGIN { printf "%d %d %s %d %.3f %.1f %.3f %.3f\n", r, c, b, n, s, s * 1e6 / (n + 1), p50, p99 }'
     done
   done
 done
