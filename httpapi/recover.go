@@ -53,9 +53,22 @@ func (s *Server) panicked(ctx *fasthttp.RequestCtx, v any) {
 // client to find it cut rather than ended.
 func (s *Server) streamRecovered(route, function string, conn net.Conn) {
 	if v := recover(); v != nil {
-		s.door.Panicked("http", route, function, v)
-		conn.Close()
+		s.cutAnswer(route, function, conn, v)
 	}
+}
+
+// cut is streamRecovered's for a panic v recovered while ctx's answer was
+// written by fasthttp (answerBody), ctx still its request's.
+func (s *Server) cut(ctx *fasthttp.RequestCtx, conn net.Conn, v any) {
+	s.cutAnswer(string(ctx.Method())+" "+string(ctx.Path()), functionOf(ctx.Path()), conn, v)
+}
+
+// cutAnswer records a panic v recovered once route's answer had begun and
+// closes its connection. Not counted in plover_requests_total: the
+// request was, as answered, before its answer was written.
+func (s *Server) cutAnswer(route, function string, conn net.Conn, v any) {
+	s.door.Panicked("http", route, function, v)
+	conn.Close()
 }
 
 var (
