@@ -33,7 +33,7 @@ type connSet struct {
 	// readTimeout is the deadline a request's reads have from its start.
 	readTimeout time.Duration
 	// expect holds the requests that expect 100-continue (continue.go).
-	expect expectSet
+	expect headerSet
 	// byHeader maps a connection's request header to the connection, for
 	// HeaderReceived, which sees only the header (continue.go).
 	byHeader sync.Map
