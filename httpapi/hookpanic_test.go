@@ -2,11 +2,13 @@ package httpapi_test
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,6 +93,95 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 				!strings.Contains(lines[0], `route="`+tc.route) || strings.Contains(lines[0], "function=") != (tc.function != "") ||
 				tc.function != "" && !strings.HasSuffix(lines[0], " function="+tc.function) {
 				t.Fatalf("want one line about the panic, route %q, function %q:\n%s", tc.route, tc.function, log.String())
+			}
+			if n := testkit.Panics(t, reg, "http"); n != 1 {
+				t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)
+			}
+		})
+	}
+}
+
+// panickyListener's Accept panics once, before it accepts (as a bug in
+// the server's listener would: netguard's, its connection cap), when
+// accept is set; so does its connections' next read when read is (a bug
+// under the server's read of a request's headers).
+type panickyListener struct {
+	net.Listener
+	accept, read *atomic.Bool
+}
+
+func (l panickyListener) Accept() (net.Conn, error) {
+	if l.accept.CompareAndSwap(true, false) {
+		panic("a bug in Accept")
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
+	return panickyConn{c.(*net.TCPConn), l.read}, nil
+}
+
+type panickyConn struct {
+	*net.TCPConn
+	read *atomic.Bool
+}
+
+func (c panickyConn) Read(b []byte) (int, error) {
+	if c.read.CompareAndSwap(true, false) {
+		panic("a bug in Read")
+	}
+	return c.TCPConn.Read(b)
+}
+
+// A panic in what fasthttp calls of the server's connections outside a
+// handler (the listener's Accept, in its accept loop; a connection's read
+// of a request's headers), which it does not recover, is logged and
+// counted, the connection (if any) closed; the server goes on accepting.
+func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
+	for _, tc := range []struct {
+		name, panicked string
+		accept, read   bool
+	}{
+		{"accept", "a bug in Accept", true, false},
+		{"read", "a bug in Read", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var log testkit.LogBuffer
+			reg := prometheus.NewRegistry()
+			door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Metrics: reqmetrics.New(reg),
+				Log: slog.New(slog.NewTextHandler(&log, nil))})
+			srv := httpapi.New(door, panicAdmin{}, httpapi.Options{Registry: reg})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			accept, read := new(atomic.Bool), new(atomic.Bool)
+			accept.Store(tc.accept)
+			read.Store(tc.read)
+			go srv.Serve(panickyListener{ln, accept, read})
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				srv.Shutdown(ctx)
+			})
+			url := "http://" + ln.Addr().String()
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			if resp, err := client.Get(url + "/readyz"); err == nil {
+				resp.Body.Close()
+				if tc.read {
+					t.Fatalf("the connection whose read panicked was answered %d: want it closed", resp.StatusCode)
+				}
+			} else if tc.accept {
+				t.Fatalf("GET /readyz after the panic in Accept: %v", err)
+			}
+			if resp, err := client.Get(url + "/readyz"); err != nil || resp.StatusCode != 200 {
+				t.Fatalf("the next request, GET /readyz: %v %v", resp, err)
+			} else {
+				resp.Body.Close()
+			}
+			lines := testkit.PanicLines(log.String())
+			if len(lines) != 1 || !strings.Contains(lines[0], `panic="`+tc.panicked+`"`) || !strings.Contains(lines[0], "stack=") {
+				t.Fatalf("want one line about the panic:\n%s", log.String())
 			}
 			if n := testkit.Panics(t, reg, "http"); n != 1 {
 				t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)

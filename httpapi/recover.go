@@ -116,9 +116,13 @@ func (s *Server) stateRecovered(c net.Conn, st fasthttp.ConnState) {
 // in the server's drain unknown.
 func (s *Server) connRecovered(c net.Conn) {
 	if v := recover(); v != nil {
-		s.cutConn("", "", c, v)
+		s.connPanicked(c, v)
 	}
 }
+
+// connPanicked records a panic v recovered in serving connection c
+// outside any request (c nil: none accepted yet), and closes c.
+func (s *Server) connPanicked(c net.Conn, v any) { s.cutConn("", "", c, v) }
 
 // streamRecovered, deferred in what writes an answer after its handler
 // returned (a followed log stream's writer, which fasthttp runs in a
@@ -143,7 +147,9 @@ func (s *Server) cut(ctx *fasthttp.RequestCtx, conn net.Conn, v any) {
 // was written.
 func (s *Server) cutConn(route, function string, conn net.Conn, v any) {
 	s.door.Panicked("http", route, function, v)
-	conn.Close()
+	if conn != nil {
+		conn.Close()
+	}
 }
 
 var (

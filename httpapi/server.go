@@ -160,7 +160,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		c.req.Gone = c.gone // bound once: no allocation per request
 		return c
 	}
-	s.conns.readTimeout = opts.ReadTimeout
+	s.conns.readTimeout, s.conns.panicked, s.metricsConns.panicked = opts.ReadTimeout, s.connPanicked, s.connPanicked
 	s.header, s.badRequest, s.connState = s.conns.headerReceived, s.parseError, s.conns.state
 	s.srv = &fasthttp.Server{
 		Handler:            s.recovered(s.conns.handle(s.Handle)),
