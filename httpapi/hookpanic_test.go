@@ -88,15 +88,7 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 					resp.Body.Close()
 				}
 			}
-			lines := testkit.PanicLines(log.String())
-			if len(lines) != 1 || !strings.Contains(lines[0], `panic="a bug in the `+tc.hook+`"`) || !strings.Contains(lines[0], "stack=") ||
-				!strings.Contains(lines[0], `route="`+tc.route) || strings.Contains(lines[0], "function=") != (tc.function != "") ||
-				tc.function != "" && !strings.HasSuffix(lines[0], " function="+tc.function) {
-				t.Fatalf("want one line about the panic, route %q, function %q:\n%s", tc.route, tc.function, log.String())
-			}
-			if n := testkit.Panics(t, reg, "http"); n != 1 {
-				t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)
-			}
+			onePanic(t, log.String(), reg, tc.route, "a bug in the "+tc.hook, tc.function)
 		})
 	}
 }
@@ -179,13 +171,7 @@ func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 			} else {
 				resp.Body.Close()
 			}
-			lines := testkit.PanicLines(log.String())
-			if len(lines) != 1 || !strings.Contains(lines[0], `panic="`+tc.panicked+`"`) || !strings.Contains(lines[0], "stack=") {
-				t.Fatalf("want one line about the panic:\n%s", log.String())
-			}
-			if n := testkit.Panics(t, reg, "http"); n != 1 {
-				t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)
-			}
+			onePanic(t, log.String(), reg, "", tc.panicked, "")
 		})
 	}
 }

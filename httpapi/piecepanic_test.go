@@ -201,14 +201,7 @@ func TestPanicInAPieceRestoresItsThread(t *testing.T) {
 			if moving, _ := fl.Pieces(); moving != 0 {
 				t.Errorf("%d of the function's pieces still moving after the panic, want 0: its turn never ended", moving)
 			}
-			lines := testkit.PanicLines(log.String())
-			if len(lines) != 1 || !strings.Contains(lines[0], `route="`+tc.route+`"`) || !strings.Contains(lines[0], `panic="`+tc.panicked+`"`) ||
-				!strings.HasSuffix(lines[0], " function=echo") {
-				t.Errorf("want one line about the panic:\n%s", log.String())
-			}
-			if n := testkit.Panics(t, reg, "http"); n != 1 {
-				t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)
-			}
+			onePanic(t, log.String(), reg, tc.route, tc.panicked, "echo")
 		})
 	}
 }

@@ -194,10 +194,27 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 
 // Close releases the slot, if any: the response is out (or will never be).
 func (ab *answerBody) Close() error {
-	if ab.land != nil {
-		ab.land.Release()
+	if ab.land != nil && !ab.release() {
+		return nil // not pooled: its state is the panic's
 	}
 	*ab = answerBody{}
 	answerBodies.Put(ab)
 	return nil
+}
+
+// release releases the slot, and reports whether that did not panic. A
+// panic there (a bug in giving the worker's slot back) is recorded as a
+// request's: fasthttp calls Close outside the handler, once it wrote the
+// answer (its recovery made the panic an error, the answer left
+// unflushed, and the context's reset closed the body again, unrecovered:
+// the process ended) or as it resets the context. The answer, written,
+// goes out.
+func (ab *answerBody) release() (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			ab.s.cut(ab.ctx, nil, v)
+		}
+	}()
+	ab.land.Release()
+	return true
 }

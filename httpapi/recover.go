@@ -135,16 +135,22 @@ func (s *Server) streamRecovered(route, function string, conn net.Conn) {
 	}
 }
 
-// cut is streamRecovered's for a panic v recovered while ctx's answer was
-// written by fasthttp (answerBody), ctx still its request's.
+// cut is streamRecovered's for a panic v recovered while fasthttp wrote
+// or closed ctx's answer (answerBody), closing conn (nil: none). Its route
+// is unknown once fasthttp reset the request (it resets the request
+// before the answer, closing an answer it did not write).
 func (s *Server) cut(ctx *fasthttp.RequestCtx, conn net.Conn, v any) {
-	s.cutConn(string(ctx.Method())+" "+string(ctx.Path()), functionOf(ctx.Path()), conn, v)
+	route, function := "", ""
+	if len(ctx.Request.Header.RawHeaders()) > 0 {
+		route, function = string(ctx.Method())+" "+string(ctx.Path()), functionOf(ctx.Path())
+	}
+	s.cutConn(route, function, conn, v)
 }
 
 // cutConn records a panic v recovered once route's answer had begun (or
-// outside any request: route "") and closes its connection. Not counted in
-// plover_requests_total: the request was, as answered, before its answer
-// was written.
+// outside any request: route "") and closes its connection (nil: none).
+// Not counted in plover_requests_total: the request was, as answered,
+// before its answer was written.
 func (s *Server) cutConn(route, function string, conn net.Conn, v any) {
 	s.door.Panicked("http", route, function, v)
 	if conn != nil {
