@@ -148,6 +148,19 @@ func (c *drainConn) Read(b []byte) (n int, err error) {
 	return n, err
 }
 
+// Close closes the connection. A panic in the listener's connection under
+// it (netguard's: its slot given back, a lingering close) is recovered:
+// fasthttp, which closes it once done with it, recovers nothing.
+func (c *drainConn) Close() (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.cs.panicked(nil, v) // not c: its close would panic again
+			err = net.ErrClosed
+		}
+	}()
+	return c.Conn.Close()
+}
+
 // NetConn returns the connection as accepted (netguard.Linger, connGone).
 func (c *drainConn) NetConn() net.Conn { return c.Conn }
 

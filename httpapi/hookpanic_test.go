@@ -96,10 +96,11 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 // panickyListener's Accept panics once, before it accepts (as a bug in
 // the server's listener would: netguard's, its connection cap), when
 // accept is set; so does its connections' next read when read is (a bug
-// under the server's read of a request's headers).
+// under the server's read of a request's headers), and their next close
+// when close is (netguard's: its slot given back, a lingering close).
 type panickyListener struct {
 	net.Listener
-	accept, read *atomic.Bool
+	accept, read, close *atomic.Bool
 }
 
 func (l panickyListener) Accept() (net.Conn, error) {
@@ -110,12 +111,19 @@ func (l panickyListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return c, err
 	}
-	return panickyConn{c.(*net.TCPConn), l.read}, nil
+	return panickyConn{c.(*net.TCPConn), l.read, l.close}, nil
 }
 
 type panickyConn struct {
 	*net.TCPConn
-	read *atomic.Bool
+	read, close *atomic.Bool
+}
+
+func (c panickyConn) Close() error {
+	if c.close.CompareAndSwap(true, false) {
+		panic("a bug in Close")
+	}
+	return c.TCPConn.Close()
 }
 
 func (c panickyConn) Read(b []byte) (int, error) {
@@ -127,15 +135,17 @@ func (c panickyConn) Read(b []byte) (int, error) {
 
 // A panic in what fasthttp calls of the server's connections outside a
 // handler (the listener's Accept, in its accept loop; a connection's read
-// of a request's headers), which it does not recover, is logged and
-// counted, the connection (if any) closed; the server goes on accepting.
+// of a request's headers; its close once fasthttp is done with it), which
+// it does not recover, is logged and counted, the connection (if any)
+// closed; the server goes on accepting.
 func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 	for _, tc := range []struct {
-		name, panicked string
-		accept, read   bool
+		name, panicked      string
+		accept, read, close bool
 	}{
-		{"accept", "a bug in Accept", true, false},
-		{"read", "a bug in Read", false, true},
+		{"accept", "a bug in Accept", true, false, false},
+		{"read", "a bug in Read", false, true, false},
+		{"close", "a bug in Close", false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var log testkit.LogBuffer
@@ -147,10 +157,11 @@ func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			accept, read := new(atomic.Bool), new(atomic.Bool)
+			accept, read, close := new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 			accept.Store(tc.accept)
 			read.Store(tc.read)
-			go srv.Serve(panickyListener{ln, accept, read})
+			close.Store(tc.close)
+			go srv.Serve(panickyListener{ln, accept, read, close})
 			t.Cleanup(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
@@ -163,8 +174,8 @@ func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 				if tc.read {
 					t.Fatalf("the connection whose read panicked was answered %d: want it closed", resp.StatusCode)
 				}
-			} else if tc.accept {
-				t.Fatalf("GET /readyz after the panic in Accept: %v", err)
+			} else if !tc.read {
+				t.Fatalf("GET /readyz: %v", err)
 			}
 			if resp, err := client.Get(url + "/readyz"); err != nil || resp.StatusCode != 200 {
 				t.Fatalf("the next request, GET /readyz: %v %v", resp, err)
