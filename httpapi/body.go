@@ -296,13 +296,9 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	tn, err := b.t.turn(b.chunked || !ioshare.Waitable(b.conn))
-	if err != nil {
-		return 0, err
-	}
-	n, err := b.r.Read(p[:min(len(p), tn.Piece())])
-	tn.DoneMoved(n)
-	return b.count(n, err)
+	return b.count(b.t.move(b.chunked || !ioshare.Waitable(b.conn), func(piece int) (int, error) {
+		return b.r.Read(p[:min(len(p), piece)])
+	}))
 }
 
 func (b *bodyReader) count(n int, err error) (int, error) {

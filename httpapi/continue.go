@@ -33,13 +33,15 @@ var (
 // deadline is the last answer's, maybe past.
 const continueWrite = 10 * time.Second
 
-// expectSet holds the requests that expect 100-continue from fasthttp's
-// HeaderReceived, which sees only the headers, to their handler, which
-// sees the connection: the same goroutine, one after the other.
-type expectSet struct {
+// headerSet carries requests from fasthttp's HeaderReceived, which sees
+// only the headers, to their handler, which sees the connection: the same
+// goroutine, one after the other. It holds the requests that expect
+// 100-continue (their Content-Length), and those whose HeaderReceived
+// panicked (recover.go).
+type headerSet struct {
 	n  atomic.Int32 // entries in m: the handler of any other request looks at nothing
 	mu sync.Mutex
-	m  map[*fasthttp.RequestHeader]int // the Content-Length announced
+	m  map[*fasthttp.RequestHeader]int
 }
 
 // headerReceived is the server's HeaderReceived. A request that expects
@@ -74,14 +76,19 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 	if cl > 0 {
 		h.SetContentLength(0)
 	}
-	cs.expect.mu.Lock()
-	if cs.expect.m == nil {
-		cs.expect.m = make(map[*fasthttp.RequestHeader]int)
-	}
-	cs.expect.m[h] = cl
-	cs.expect.n.Store(int32(len(cs.expect.m)))
-	cs.expect.mu.Unlock()
+	cs.expect.put(h, cl)
 	return fasthttp.RequestConfig{}
+}
+
+// put adds h's entry, v.
+func (e *headerSet) put(h *fasthttp.RequestHeader, v int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m == nil {
+		e.m = make(map[*fasthttp.RequestHeader]int)
+	}
+	e.m[h] = v
+	e.n.Store(int32(len(e.m)))
 }
 
 // expecting restores the Content-Length of ctx's request if it expects
@@ -126,8 +133,8 @@ func preReadOf(ctx *fasthttp.RequestCtx) int {
 	return preRead
 }
 
-// take removes h's entry, and returns its Content-Length.
-func (e *expectSet) take(h *fasthttp.RequestHeader) (int, bool) {
+// take removes h's entry, and returns its value.
+func (e *headerSet) take(h *fasthttp.RequestHeader) (int, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	cl, ok := e.m[h]

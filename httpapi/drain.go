@@ -33,10 +33,14 @@ type connSet struct {
 	// readTimeout is the deadline a request's reads have from its start.
 	readTimeout time.Duration
 	// expect holds the requests that expect 100-continue (continue.go).
-	expect expectSet
+	expect headerSet
 	// byHeader maps a connection's request header to the connection, for
 	// HeaderReceived, which sees only the header (continue.go).
 	byHeader sync.Map
+	// panicked records a panic in what fasthttp calls of the listener
+	// and the connections outside a handler, recovering nothing, and
+	// closes c (nil: none); the server's (Server.connPanicked).
+	panicked func(c net.Conn, v any)
 }
 
 // A connection's state: waiting for a request (no byte of one read, none
@@ -67,13 +71,22 @@ type drainListener struct {
 
 // Accept wraps the connection in a type that keeps what the server looks
 // for in it: the TLS connection's methods under TLS (fasthttp's IsTLS;
-// NetConn for the socket under it), else the socket (syscall.Conn).
-func (l drainListener) Accept() (net.Conn, error) {
+// NetConn for the socket under it), else the socket (syscall.Conn). A
+// panic in the listener under it (netguard's, ours) is recovered: in
+// fasthttp's accept loop it ended the process. It is a timeout to
+// fasthttp, which then waits a second and accepts again.
+func (l drainListener) Accept() (conn net.Conn, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			l.cs.panicked(nil, v)
+			conn, err = nil, acceptPanicked{}
+		}
+	}()
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	d := &drainConn{Conn: c}
+	d := &drainConn{Conn: c, cs: l.cs}
 	l.cs.conns.Store(d, struct{}{})
 	if tc, ok := c.(*tls.Conn); ok {
 		return drainTLS{d, tc}, nil
@@ -84,9 +97,19 @@ func (l drainListener) Accept() (net.Conn, error) {
 	return d, nil
 }
 
+// acceptPanicked is Accept's error when the listener under it panicked.
+type acceptPanicked struct{}
+
+func (acceptPanicked) Error() string {
+	return "httpapi: accepting a connection panicked (logged as request panicked)"
+}
+func (acceptPanicked) Timeout() bool   { return true }
+func (acceptPanicked) Temporary() bool { return true }
+
 // drainConn is a connection of a connSet.
 type drainConn struct {
 	net.Conn
+	cs     *connSet
 	state  atomic.Int32
 	owe100 atomic.Bool // a 100 Continue, said before the next read (continue.go)
 	// reads counts Reads; ended is reads when the last handler returned:
@@ -99,18 +122,43 @@ type drainConn struct {
 }
 
 // Read marks the connection reading a request once a byte of it comes.
-func (c *drainConn) Read(b []byte) (int, error) {
+// Outside a handler (fasthttp reading a request's headers, or what it
+// reads of a body before the handler), a panic in it is recovered, for
+// nothing else would: the connection is closed. In a handler, the
+// handler's recovery answers it, knowing its route.
+func (c *drainConn) Read(b []byte) (n int, err error) {
+	defer func() {
+		if c.state.Load() != connBusy {
+			if v := recover(); v != nil {
+				c.cs.panicked(c, v)
+				n, err = 0, net.ErrClosed
+			}
+		}
+	}()
 	if c.owe100.Load() {
 		if err := c.sayContinue(); err != nil {
 			return 0, err
 		}
 	}
 	c.reads.Add(1)
-	n, err := c.Conn.Read(b)
+	n, err = c.Conn.Read(b)
 	if n > 0 && c.state.Load() == connWaiting { // a load: most reads find it reading or busy
 		c.state.CompareAndSwap(connWaiting, connReading)
 	}
 	return n, err
+}
+
+// Close closes the connection. A panic in the listener's connection under
+// it (netguard's: its slot given back, a lingering close) is recovered:
+// fasthttp, which closes it once done with it, recovers nothing.
+func (c *drainConn) Close() (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.cs.panicked(nil, v) // not c: its close would panic again
+			err = net.ErrClosed
+		}
+	}()
+	return c.Conn.Close()
 }
 
 // NetConn returns the connection as accepted (netguard.Linger, connGone).

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -25,5 +27,34 @@ func PanicOnScrape(s *Server, v any) {
 			panic(v)
 		}
 		scrape(ctx)
+	}
+}
+
+// PanicIn makes one of the hooks fasthttp calls outside s's handler panic
+// with v, as a bug there would: "header" (HeaderReceived) for a request
+// that carries X-Test-Panic, "parse error" (ErrorHandler) for any, "conn
+// state" (ConnState) once, as a connection's first request begins. Call
+// it before s serves.
+func PanicIn(s *Server, hook string, v any) {
+	switch header, connState := s.header, s.connState; hook {
+	case "header":
+		s.header = func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+			if len(h.Peek("X-Test-Panic")) > 0 {
+				panic(v)
+			}
+			return header(h)
+		}
+	case "parse error":
+		s.badRequest = func(*fasthttp.RequestCtx, error) { panic(v) }
+	case "conn state":
+		var once atomic.Bool
+		s.connState = func(c net.Conn, st fasthttp.ConnState) {
+			if st == fasthttp.StateActive && once.CompareAndSwap(false, true) {
+				panic(v)
+			}
+			connState(c, st)
+		}
+	default:
+		panic("PanicIn: no hook " + hook)
 	}
 }

@@ -2,8 +2,14 @@ package httpapi_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/call"
@@ -11,6 +17,7 @@ import (
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/reqmetrics"
 )
 
 // landing is a lent slot that counts how it was given back.
@@ -63,4 +70,55 @@ func TestPanickedRawInvokeDiscardsItsSlot(t *testing.T) {
 	if land.released != 0 || land.discarded != 1 {
 		t.Fatalf("the panicked request's slot: released %d times, discarded %d; want discarded once", land.released, land.discarded)
 	}
+}
+
+// releasePanics is a lent slot whose release panics (a bug in giving a
+// worker's slot back).
+type releasePanics struct{ landing }
+
+func (*releasePanics) Release() { panic("a bug in Release") }
+
+// slotAnswerRunner lends its landing to every raw invoke and leaves the
+// run's output in it, as a device's run does: the answer is written from
+// the slot, released once written.
+type slotAnswerRunner struct {
+	testkit.PanicRunner
+	land call.Landing
+}
+
+func (slotAnswerRunner) IO(string) *ioshare.Flow    { return nil }
+func (r slotAnswerRunner) Land(string) call.Landing { return r.land }
+func (r slotAnswerRunner) Invoke(_ context.Context, _ string, req *call.Request) error {
+	req.Output = append(r.land.Output()[:0], "from the slot"...)
+	return nil
+}
+
+// A panic in releasing the slot an answer was written from, which fasthttp
+// calls as it closes the answer's body (outside the handler), is logged as
+// request panicked and counted, and the answer, whole, still reaches its
+// client. fasthttp's own recovery there made it an error (the answer left
+// unflushed), and its reset of the context then closed the body again,
+// unrecovered: the process ended.
+func TestPanicInReleasingAnAnswersSlotIsRecorded(t *testing.T) {
+	var log testkit.LogBuffer
+	reg := prometheus.NewRegistry()
+	door := frontdoor.New(frontdoor.Config{Runner: slotAnswerRunner{land: &releasePanics{}}, Metrics: reqmetrics.New(reg),
+		Log: slog.New(slog.NewTextHandler(&log, nil))})
+	url := testkit.ServeWith(t, httpapi.New(door, nil, httpapi.Options{Registry: reg}))
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Post(url+"/v1/functions/f/invoke", "application/octet-stream", strings.NewReader("in"))
+	if err != nil {
+		t.Fatalf("the invoke: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "from the slot" || err != nil {
+		t.Fatalf("the invoke: %d %q %v, want 200 and the slot's answer", resp.StatusCode, body, err)
+	}
+	if resp, err := client.Get(url + "/readyz"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the next request, GET /readyz: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	onePanic(t, log.String(), reg, "POST /v1/functions/f/invoke", "a bug in Release", "f")
 }

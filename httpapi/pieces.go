@@ -67,6 +67,23 @@ func (t turns) turn(mayBlock bool) (ioshare.Turn, error) {
 	return tn, err
 }
 
+// move moves one piece in the request's turn (turn): move is given the
+// most bytes the turn moves and returns how many it moved. The turn ends
+// in a defer: a panic in move (recovered by the transport) must not leave
+// the server's thread at the function's CPU weight and locked to its
+// goroutine, fasthttp's, which goes on to serve every tenant's requests,
+// nor the turn counted as moving.
+func (t turns) move(mayBlock bool, move func(piece int) (int, error)) (int, error) {
+	tn, err := t.turn(mayBlock)
+	if err != nil {
+		return 0, err
+	}
+	n := -1
+	defer func() { tn.DoneMoved(n) }()
+	n, err = move(tn.Piece())
+	return n, err
+}
+
 // answerBody is a response of more than bigAnswer bytes (or one in a
 // slot: land), written once fasthttp writes the response: a piece at a
 // time in its function's turns when it has a flow, from the slot its
@@ -76,6 +93,8 @@ type answerBody struct {
 	b    []byte
 	t    turns
 	conn net.Conn
+	s    *Server
+	ctx  *fasthttp.RequestCtx // its request, for a panic's log line
 }
 
 var answerBodies = sync.Pool{New: func() any { return new(answerBody) }}
@@ -85,7 +104,7 @@ var answerBodies = sync.Pool{New: func() any { return new(answerBody) }}
 // answer is made, and is owed to the client.
 func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, t turns) {
 	ab := answerBodies.Get().(*answerBody)
-	ab.land, ab.b, ab.conn = land, b, ctx.Conn()
+	ab.land, ab.b, ab.conn, ab.s, ab.ctx = land, b, ctx.Conn(), s, ctx
 	if t.fl != nil {
 		ab.t = turns{fl: t.fl, deadline: time.Now().Add(s.srv.WriteTimeout)}
 	}
@@ -117,8 +136,24 @@ func (ab *answerBody) Read(p []byte) (int, error) {
 // one call: past w's buffer, bufio writes straight from the bytes to the
 // socket. With them, a piece at a time: where the socket can be waited on,
 // each piece once it has room and in one non-blocking write in turn; under
-// TLS through w, in turn.
-func (ab *answerBody) WriteTo(w io.Writer) (int64, error) {
+// TLS through w, in turn. A panic here is recovered as a handler's is
+// (fasthttp's own recovery made it a debug line, uncounted): the status
+// is out, so the connection is cut.
+func (ab *answerBody) WriteTo(w io.Writer) (written int64, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			ab.s.cut(ab.ctx, ab.conn, v)
+			err = errAnswerCut
+		}
+	}()
+	return ab.write(w)
+}
+
+// errAnswerCut ends the write of an answer whose writer panicked.
+var errAnswerCut = errors.New("httpapi: the answer's writer panicked (logged as request panicked); its connection is closed")
+
+// write is WriteTo's.
+func (ab *answerBody) write(w io.Writer) (int64, error) {
 	bw, ok := w.(*bufio.Writer) // fasthttp's, over the connection
 	if ab.t.fl == nil || len(ab.b) < bigAnswer || !ok {
 		n, err := w.Write(ab.b)
@@ -138,18 +173,16 @@ func (ab *answerBody) WriteTo(w io.Writer) (int64, error) {
 				return total, err
 			}
 		}
-		tn, err := ab.t.turn(!raw)
-		if err != nil {
-			return total, err
-		}
-		piece := ab.b[:min(len(ab.b), tn.Piece())]
-		var n int
-		if raw {
-			n, err = ioshare.WriteSome(ab.conn, piece)
-		} else if n, err = bw.Write(piece); err == nil {
-			err = bw.Flush()
-		}
-		tn.DoneMoved(n)
+		n, err := ab.t.move(!raw, func(max int) (n int, err error) {
+			piece := ab.b[:min(len(ab.b), max)]
+			if raw {
+				return ioshare.WriteSome(ab.conn, piece)
+			}
+			if n, err = bw.Write(piece); err == nil {
+				err = bw.Flush()
+			}
+			return n, err
+		})
 		ab.b = ab.b[n:]
 		total += int64(n)
 		if err != nil {
@@ -161,10 +194,27 @@ func (ab *answerBody) WriteTo(w io.Writer) (int64, error) {
 
 // Close releases the slot, if any: the response is out (or will never be).
 func (ab *answerBody) Close() error {
-	if ab.land != nil {
-		ab.land.Release()
+	if ab.land != nil && !ab.release() {
+		return nil // not pooled: its state is the panic's
 	}
 	*ab = answerBody{}
 	answerBodies.Put(ab)
 	return nil
+}
+
+// release releases the slot, and reports whether that did not panic. A
+// panic there (a bug in giving the worker's slot back) is recorded as a
+// request's: fasthttp calls Close outside the handler, once it wrote the
+// answer (its recovery made the panic an error, the answer left
+// unflushed, and the context's reset closed the body again, unrecovered:
+// the process ended) or as it resets the context. The answer, written,
+// goes out.
+func (ab *answerBody) release() (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			ab.s.cut(ab.ctx, nil, v)
+		}
+	}()
+	ab.land.Release()
+	return true
 }

@@ -23,28 +23,106 @@ import (
 // unknown.
 func (s *Server) recovered(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
-		defer func() {
-			if v := recover(); v != nil {
-				s.panicked(ctx, v)
+		defer s.requestRecovered(ctx)
+		if s.headerPanics.n.Load() > 0 {
+			if _, ok := s.headerPanics.take(&ctx.Request.Header); ok {
+				answerPanicked(ctx) // its panic is recorded (headerRecovered)
+				return
 			}
-		}()
+		}
 		h(ctx)
 	}
 }
 
-// panicked records a request's recovered panic v and answers it.
-func (s *Server) panicked(ctx *fasthttp.RequestCtx, v any) {
-	path := ctx.Path()
-	route := string(ctx.Method()) + " " + string(path)
+// requestRecovered, deferred, recovers a panic in serving ctx's request,
+// records it and answers it.
+func (s *Server) requestRecovered(ctx *fasthttp.RequestCtx) {
+	if v := recover(); v != nil {
+		s.record(ctx.Method(), ctx.Path(), v)
+		answerPanicked(ctx)
+	}
+}
+
+// record logs and counts a panic v recovered in serving a request for
+// path.
+func (s *Server) record(method, path []byte, v any) {
+	route := string(method) + " " + string(path)
 	if invocation(path) {
 		s.door.PanickedInvoke("http", route, functionOf(path), v)
 	} else {
 		s.door.Panicked("http", route, functionOf(path), v)
 	}
+}
+
+// answerPanicked answers a request whose serving panicked.
+func answerPanicked(ctx *fasthttp.RequestCtx) {
 	ctx.SetConnectionClose()
 	st := apierr.Of(errdefs.KindInternal)
 	writeError(ctx, st.HTTP, st.Name, frontdoor.PanicMessage)
 }
+
+// headerRecovered is the server's HeaderReceived: s.header
+// (connSet.headerReceived) under a recovery, fasthttp calling it outside
+// the handler, between a request's headers and its body, and recovering
+// nothing. A panic there is recorded at once and its request answered 500
+// by the handler's wrapper (recovered) without the handler: what the
+// hook left of the request (its Expect taken, its Content-Length zeroed)
+// is unknown. A request still expecting 100-continue loses it, and its
+// body, as the hook would have it lose them: fasthttp would say 100
+// Continue and wait for a body only to answer 500. Marked by header in
+// headerPanics, the one thing the hook and the handler share; a mark whose
+// handler fasthttp skipped (its body failed: ErrorHandler answered) is
+// dropped with the header's next request, here, before it can answer that
+// one.
+func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.RequestConfig) {
+	if s.headerPanics.n.Load() > 0 {
+		s.headerPanics.take(h)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			var u fasthttp.URI // the path as the handler's ctx.Path() would have it
+			u.Parse(nil, h.RequestURI())
+			s.record(h.Method(), u.Path(), v)
+			if bytes.EqualFold(h.PeekBytes(hdrExpect), expect100) {
+				h.DelBytes(hdrExpect)
+				h.SetContentLength(0)
+			}
+			s.headerPanics.put(h, 0)
+			rc = fasthttp.RequestConfig{}
+		}
+	}()
+	return s.header(h)
+}
+
+// errorRecovered is the server's ErrorHandler: s.badRequest (parseError)
+// under the handler's recovery. fasthttp calls it outside the handler,
+// for a request it could not read, and recovers nothing; it closes the
+// connection after the answer.
+func (s *Server) errorRecovered(ctx *fasthttp.RequestCtx, err error) {
+	defer s.requestRecovered(ctx)
+	s.badRequest(ctx, err)
+}
+
+// stateRecovered is the server's ConnState: s.connState (connSet.state)
+// under connRecovered.
+func (s *Server) stateRecovered(c net.Conn, st fasthttp.ConnState) {
+	defer s.connRecovered(c)
+	s.connState(c, st)
+}
+
+// connRecovered, deferred in a server's ConnState, which fasthttp calls
+// recovering nothing (for a new connection, in its accept loop), recovers
+// a panic there. No request is known to answer: c is closed, its state
+// in the server's drain unknown.
+func (s *Server) connRecovered(c net.Conn) {
+	if v := recover(); v != nil {
+		s.connPanicked(c, v)
+	}
+}
+
+// connPanicked records a panic v recovered in serving connection c
+// outside any request (c nil: none accepted yet), and closes c.
+func (s *Server) connPanicked(c net.Conn, v any) { s.cutConn("", "", c, v) }
 
 // streamRecovered, deferred in what writes an answer after its handler
 // returned (a followed log stream's writer, which fasthttp runs in a
@@ -53,7 +131,29 @@ func (s *Server) panicked(ctx *fasthttp.RequestCtx, v any) {
 // client to find it cut rather than ended.
 func (s *Server) streamRecovered(route, function string, conn net.Conn) {
 	if v := recover(); v != nil {
-		s.door.Panicked("http", route, function, v)
+		s.cutConn(route, function, conn, v)
+	}
+}
+
+// cut is streamRecovered's for a panic v recovered while fasthttp wrote
+// or closed ctx's answer (answerBody), closing conn (nil: none). Its route
+// is unknown once fasthttp reset the request (it resets the request
+// before the answer, closing an answer it did not write).
+func (s *Server) cut(ctx *fasthttp.RequestCtx, conn net.Conn, v any) {
+	route, function := "", ""
+	if len(ctx.Request.Header.RawHeaders()) > 0 {
+		route, function = string(ctx.Method())+" "+string(ctx.Path()), functionOf(ctx.Path())
+	}
+	s.cutConn(route, function, conn, v)
+}
+
+// cutConn records a panic v recovered once route's answer had begun (or
+// outside any request: route "") and closes its connection (nil: none).
+// Not counted in plover_requests_total: the request was, as answered,
+// before its answer was written.
+func (s *Server) cutConn(route, function string, conn net.Conn, v any) {
+	s.door.Panicked("http", route, function, v)
+	if conn != nil {
 		conn.Close()
 	}
 }

@@ -198,10 +198,19 @@ func TestPanicInAFollowedStreamCutsIt(t *testing.T) {
 	} else {
 		resp.Body.Close()
 	}
-	lines := testkit.PanicLines(log.String())
-	if len(lines) != 1 || !strings.Contains(lines[0], `route="GET /v1/functions/f/logs"`) || !strings.Contains(lines[0], `panic="a bug in Lookup"`) ||
-		!strings.HasSuffix(lines[0], " function=f") {
-		t.Fatalf("want one line about the stream's panic:\n%s", log.String())
+	onePanic(t, log.String(), reg, "GET /v1/functions/f/logs", "a bug in Lookup", "f")
+}
+
+// onePanic checks that log holds one line about a recovered panic, of
+// panicked, with its stack, its route when route is set ("": not looked
+// at) and function (""; none named), and that reg counted one over HTTP.
+func onePanic(t *testing.T, log string, reg *prometheus.Registry, route, panicked, function string) {
+	t.Helper()
+	lines := testkit.PanicLines(log)
+	if len(lines) != 1 || !strings.Contains(lines[0], `panic="`+panicked+`"`) || !strings.Contains(lines[0], "stack=") ||
+		route != "" && !strings.Contains(lines[0], `route="`+route+`"`) || strings.Contains(lines[0], "function=") != (function != "") ||
+		function != "" && !strings.HasSuffix(lines[0], " function="+function) {
+		t.Errorf("want one line about the panic (%s), route %q, function %q:\n%s", panicked, route, function, log)
 	}
 	if n := testkit.Panics(t, reg, "http"); n != 1 {
 		t.Errorf("plover_panics_total{transport=\"http\"} = %v, want 1", n)

@@ -86,6 +86,14 @@ type Server struct {
 	notReady atomic.Bool // going down (SetReady(false), Shutdown)
 	starting atomic.Bool // not up yet (SetStarting)
 	scrape   fasthttp.RequestHandler
+	// The hooks fasthttp calls outside the handler, each under a
+	// recovery (recover.go): fields, for a test to make them panic.
+	header     func(*fasthttp.RequestHeader) fasthttp.RequestConfig
+	badRequest func(*fasthttp.RequestCtx, error)
+	connState  func(net.Conn, fasthttp.ConnState)
+	// headerPanics marks the requests whose HeaderReceived panicked
+	// (headerRecovered), for their handler's wrapper to answer.
+	headerPanics headerSet
 
 	authLog    gate.LogThrottle
 	metricsSrv atomic.Pointer[fasthttp.Server]
@@ -152,18 +160,19 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		c.req.Gone = c.gone // bound once: no allocation per request
 		return c
 	}
-	s.conns.readTimeout = opts.ReadTimeout
+	s.conns.readTimeout, s.conns.panicked, s.metricsConns.panicked = opts.ReadTimeout, s.connPanicked, s.connPanicked
+	s.header, s.badRequest, s.connState = s.conns.headerReceived, s.parseError, s.conns.state
 	s.srv = &fasthttp.Server{
 		Handler:            s.recovered(s.conns.handle(s.Handle)),
-		ConnState:          s.conns.state,
+		ConnState:          s.stateRecovered,
 		Name:               "plover/" + opts.Version,
 		MaxRequestBodySize: opts.MaxBodyBytes,
 		ReadBufferSize:     readBuffer,
 		ReadTimeout:        opts.ReadTimeout,
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        120 * time.Second,
-		ErrorHandler:       s.parseError,
-		HeaderReceived:     s.conns.headerReceived, // Expect: 100-continue (continue.go)
+		ErrorHandler:       s.errorRecovered,
+		HeaderReceived:     s.headerRecovered, // Expect: 100-continue (continue.go)
 		// Bodies are read as they arrive, by the handlers: a client that
 		// announces a large Content-Length and sends nothing holds nothing.
 		StreamRequestBody: true,
@@ -187,7 +196,10 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 	const readTimeout = 10 * time.Second
 	s.metricsConns.readTimeout = readTimeout
 	srv := &fasthttp.Server{
-		ConnState: s.metricsConns.state,
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			defer s.connRecovered(c)
+			s.metricsConns.state(c, st)
+		},
 		Handler: s.recovered(s.metricsConns.handle(func(ctx *fasthttp.RequestCtx) {
 			if misdirected(ctx, listen) {
 				return

@@ -268,7 +268,10 @@ func (f *Flow) Seconds() float64 { return time.Duration(f.cpu.Load()).Seconds() 
 // many wait for one.
 func (f *Flow) Pieces() (moving, waiting int) { return int(f.moving.Load()), int(f.waiting.Load()) }
 
-// Turn is a flow's turn to move one piece; Done ends it.
+// Turn is a flow's turn to move one piece; Done ends it, deferred where
+// what moves the piece may panic: until then its thread may be at the
+// function's CPU weight and locked to its goroutine, which a recovered
+// panic leaves serving other work there.
 type Turn struct {
 	f       *Flow
 	t       sched.Ticket

@@ -254,6 +254,15 @@ func FuzzWorkerMessages(f *testing.F) {
 			}
 		}
 		ReplyHead(b)
+		// The fatal mark pipe's bytes, the worker's to write, are read in
+		// the goroutine that waits for its exit (no recovery there).
+		ParseFatal(b)
+		ParseFault(b)
+		// A load's failure, made in the goroutine that waits for the
+		// load (a request's, which may have gone).
+		for _, st := range b[:min(len(b), 1)] {
+			ErrorOf(st, string(b[1:]))
+		}
 		var r device.Run
 		if _, _, text, err := DecodeReply(b, &r, 1); err == nil && len(text) > len(b)-ReplyHeader {
 			t.Fatalf("a reply of %d bytes with a message of %d", len(b), len(text))

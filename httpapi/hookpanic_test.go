@@ -1,0 +1,188 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/reqmetrics"
+)
+
+// A panic in a hook fasthttp calls outside the handler, which it does not
+// recover either (the process ended, every tenant's requests with it), is
+// recovered as a handler's is: logged once and counted, the request
+// answered 500 internal without its handler (HeaderReceived: what the hook
+// left of the request is unknown) or in place of the error's answer
+// (ErrorHandler), its connection closed; one in ConnState, which has no
+// request to answer, closes the connection. The server goes on serving. A
+// request that expects 100-continue is not told to send its body first
+// (it was, and the server then waited for it).
+func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
+	for _, tc := range []struct {
+		hook, request string
+		status        int    // the answer's (0: none, the connection closed)
+		route         string // in the log line ("": not checked)
+		function      string
+	}{
+		{"header", "GET /v1/functions/f HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\n\r\n", 500, "GET /v1/functions/f", "f"},
+		{"header", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n",
+			500, "POST /v1/functions/echo/invoke", "echo"},
+		// Its body cut short (the client closes its side): fasthttp
+		// answers that (ErrorHandler) and runs no handler; its mark must
+		// not answer a later request.
+		{"header", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\nContent-Length: 100\r\n\r\nonly this",
+			400, "POST /v1/functions/echo/invoke", "echo"},
+		{"parse error", "GET /readyz HTTP/1.1\r\nHost: localhost\r\nContent-Length: nope\r\n\r\n", 500, "", ""},
+		{"conn state", "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n", 0, "", ""},
+	} {
+		t.Run(tc.hook, func(t *testing.T) {
+			var log testkit.LogBuffer
+			reg := prometheus.NewRegistry()
+			door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Metrics: reqmetrics.New(reg),
+				Log: slog.New(slog.NewTextHandler(&log, nil))})
+			srv := httpapi.New(door, panicAdmin{}, httpapi.Options{Registry: reg}) // a handler run would panic too, a second line
+			httpapi.PanicIn(srv, tc.hook, "a bug in the "+tc.hook)
+			url := testkit.ServeWith(t, srv)
+
+			c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(c, tc.request); err != nil {
+				t.Fatal(err)
+			}
+			if tc.status == 400 {
+				c.(*net.TCPConn).CloseWrite()
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			switch {
+			case tc.status == 0 && err == nil:
+				t.Fatalf("answered %d: want the connection closed", resp.StatusCode)
+			case tc.status != 0 && err != nil:
+				t.Fatalf("no answer: %v (did the server die?)", err)
+			case tc.status != 0:
+				body, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != tc.status || !resp.Close || tc.status == 500 && !strings.Contains(string(body), `"code":"internal"`) ||
+					strings.Contains(string(body), "a bug in") {
+					t.Fatalf("%d %s (close %v): want %d, telling nothing of the panic, its connection closed", resp.StatusCode, body, resp.Close, tc.status)
+				}
+			}
+			for range 3 { // on fresh connections, the pooled request state perhaps the panicked one's
+				if resp, err := http.Get(url + "/readyz"); err != nil || resp.StatusCode != 200 {
+					t.Fatalf("the next request, GET /readyz: %v %v", resp, err)
+				} else {
+					resp.Body.Close()
+				}
+			}
+			onePanic(t, log.String(), reg, tc.route, "a bug in the "+tc.hook, tc.function)
+		})
+	}
+}
+
+// panickyListener's Accept panics once, before it accepts (as a bug in
+// the server's listener would: netguard's, its connection cap), when
+// accept is set; so does its connections' next read when read is (a bug
+// under the server's read of a request's headers), and their next close
+// when close is (netguard's: its slot given back, a lingering close).
+type panickyListener struct {
+	net.Listener
+	accept, read, close *atomic.Bool
+}
+
+func (l panickyListener) Accept() (net.Conn, error) {
+	if l.accept.CompareAndSwap(true, false) {
+		panic("a bug in Accept")
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
+	return panickyConn{c.(*net.TCPConn), l.read, l.close}, nil
+}
+
+type panickyConn struct {
+	*net.TCPConn
+	read, close *atomic.Bool
+}
+
+func (c panickyConn) Close() error {
+	if c.close.CompareAndSwap(true, false) {
+		panic("a bug in Close")
+	}
+	return c.TCPConn.Close()
+}
+
+func (c panickyConn) Read(b []byte) (int, error) {
+	if c.read.CompareAndSwap(true, false) {
+		panic("a bug in Read")
+	}
+	return c.TCPConn.Read(b)
+}
+
+// A panic in what fasthttp calls of the server's connections outside a
+// handler (the listener's Accept, in its accept loop; a connection's read
+// of a request's headers; its close once fasthttp is done with it), which
+// it does not recover, is logged and counted, the connection (if any)
+// closed; the server goes on accepting.
+func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
+	for _, tc := range []struct {
+		name, panicked      string
+		accept, read, close bool
+	}{
+		{"accept", "a bug in Accept", true, false, false},
+		{"read", "a bug in Read", false, true, false},
+		{"close", "a bug in Close", false, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var log testkit.LogBuffer
+			reg := prometheus.NewRegistry()
+			door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Metrics: reqmetrics.New(reg),
+				Log: slog.New(slog.NewTextHandler(&log, nil))})
+			srv := httpapi.New(door, panicAdmin{}, httpapi.Options{Registry: reg})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			accept, read, close := new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
+			accept.Store(tc.accept)
+			read.Store(tc.read)
+			close.Store(tc.close)
+			go srv.Serve(panickyListener{ln, accept, read, close})
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				srv.Shutdown(ctx)
+			})
+			url := "http://" + ln.Addr().String()
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			if resp, err := client.Get(url + "/readyz"); err == nil {
+				resp.Body.Close()
+				if tc.read {
+					t.Fatalf("the connection whose read panicked was answered %d: want it closed", resp.StatusCode)
+				}
+			} else if !tc.read {
+				t.Fatalf("GET /readyz: %v", err)
+			}
+			if resp, err := client.Get(url + "/readyz"); err != nil || resp.StatusCode != 200 {
+				t.Fatalf("the next request, GET /readyz: %v %v", resp, err)
+			} else {
+				resp.Body.Close()
+			}
+			onePanic(t, log.String(), reg, "", tc.panicked, "")
+		})
+	}
+}
