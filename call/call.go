@@ -121,7 +121,7 @@ type Landing interface {
 	Release()
 	// Discard is Release where the request's run panicked: a worker may
 	// still write into the slot, so it never serves another request; its
-	// memory goes with its program.
+	// memory goes once its worker is done with it, or with its program.
 	Discard()
 }
 

@@ -193,7 +193,8 @@ type Slot interface {
 	Release()
 	// Discard is Release for a slot a run may still write into (its
 	// request's run panicked): it is never lent again, and its memory is
-	// let go with its program.
+	// let go once no run may use it (at once when none is on it), else
+	// with its program.
 	Discard()
 }
 

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
@@ -23,25 +22,9 @@ import (
 // ls), as /metrics counts them, though the engine never saw them.
 func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
-	m := testkit.Slow("fn", 1000)
-	m.MaxInstances, m.MaxQueue = 1, 1
-	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	url := testkit.Serve(t, e, httpapi.Options{})
 	host := strings.TrimPrefix(url, "http://")
-	post := func() {
-		resp, err := http.Post(url+"/v1/functions/fn/invoke", "application/octet-stream", strings.NewReader("x"))
-		if err == nil {
-			resp.Body.Close()
-		}
-	}
-	post() // loaded
-	var wg sync.WaitGroup
-	for i := 0; i < 2; i++ { // one running, one queued: the queue is full
-		wg.Add(1)
-		go func() { defer wg.Done(); post() }()
-		testkit.WaitFor(t, e, "fn", "running and queued", func(fi api.FunctionInfo) bool { return fi.Busy == 1 && fi.Queue == i })
-	}
-	defer wg.Wait()
+	fillFn(t, e, url)
 	p, err := e.Pin(context.Background(), "fn", time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -74,5 +57,28 @@ func TestFullQueueRefusedBeforeTheBody(t *testing.T) {
 	}
 	if fi, err := e.Control().Function(t.Context(), "fn"); err != nil || fi.ClientErrors != 2 || fi.Errors != 0 {
 		t.Fatalf("fn: %d client errors, %d errors (%v); want the two 429s as client errors", fi.ClientErrors, fi.Errors, err)
+	}
+}
+
+// fillFn deploys fn (1 s runs, one instance, a queue of one) and fills its
+// queue through url: one request running, one queued, until the test ends.
+func fillFn(t *testing.T, e *engine.Engine, url string) {
+	t.Helper()
+	m := testkit.Slow("fn", 1000)
+	m.MaxInstances, m.MaxQueue = 1, 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	post := func() {
+		resp, err := http.Post(url+"/v1/functions/fn/invoke", "application/octet-stream", strings.NewReader("x"))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}
+	post() // loaded
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); post() }()
+		testkit.WaitFor(t, e, "fn", "running and queued", testkit.Busy(1, i))
 	}
 }

@@ -559,7 +559,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	c.req.Output = buf
 	// A panic in the run (recovered above: a 500) leaves the slot to a
 	// worker that may still write into it: discarded, never lent again,
-	// its memory going with its program.
+	// its memory going once its worker is done with it.
 	running := land
 	defer func() {
 		if running != nil {

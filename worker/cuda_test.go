@@ -408,14 +408,7 @@ func TestCUDASlotsPinnedAndBounded(t *testing.T) {
 	if got := d.Pinning(); got.Bytes != slot || got.Refused != 0 || got.Limit != 3*slot {
 		t.Fatalf("after an instance: %+v, want its slot's %d bytes pinned", got, slot)
 	}
-	var lent []device.Slot
-	for {
-		s, ok := p.(device.Lender).Lend(m.MaxInputBytes, m.OutBytes)
-		if !ok {
-			break
-		}
-		lent = append(lent, s)
-	}
+	lent := lendAll(p.(device.Lender), m)
 	if len(lent) != 2 || d.Pinning().Bytes != 3*slot {
 		t.Fatalf("lent %d pool slots with %+v pinned; want 2, the bound met", len(lent), d.Pinning())
 	}
@@ -490,5 +483,48 @@ func TestCUDAPinRefusedIsCountedAndStaged(t *testing.T) {
 	if log := buf.String(); strings.Count(log, "refused to pin a slot") != 1 || !strings.Contains(log, "CUDA_ERROR_OUT_OF_MEMORY") ||
 		!strings.Contains(log, "function=fake") {
 		t.Fatalf("log: %q; want one line naming the function and the driver's error", log)
+	}
+}
+
+// A discarded slot (its request's run panicked in the server) gives its
+// pinned bytes back as soon as its worker is done with it, not when its
+// program unloads: the worker unregisters and unmaps it, and the device's
+// budget (PinLimit) makes room for another slot. Before, every panic on a
+// warm function kept a slot pinned for the program's life, and enough of
+// them left the device's pinned budget to none.
+func TestCUDADiscardedSlotGivesBackItsPin(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		run  bool // a run on the slot ended (its reply read) before the discard
+	}{{"after its run", true}, {"before any run", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
+			slot := m.MaxInputBytes + m.OutBytes
+			d, dir := pinCUDA(t, 3*slot, nil)
+			p, inst := loadCopy(t, d, dir, m)
+			lender := p.(device.Lender)
+			lent := lendAll(lender, m)
+			pid := p.(*program).p.pid
+			maps := slotMaps(t, pid)
+			if len(lent) != 2 || d.Pinning().Bytes != 3*slot {
+				t.Fatalf("lent %d pool slots with %+v pinned; want 2, the bound met", len(lent), d.Pinning())
+			}
+			if tc.run {
+				copyRun(t, p, inst, lent[0], []byte("then the server panicked"))
+			}
+			lent[0].Discard()
+			waitFor(t, "the discarded slot's pin to come back", func() bool { return d.Pinning().Bytes == 2*slot })
+			waitFor(t, "the worker to unmap the discarded slot", func() bool { return slotMaps(t, pid) == maps-1 })
+			s, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
+			if !ok {
+				t.Fatalf("no slot lent in the room the discarded one gave back (%+v)", d.Pinning())
+			}
+			body := []byte("in the new slot")
+			if out, copied := copyRun(t, p, inst, s, body); copied != 0 || !bytes.Equal(out, body) {
+				t.Fatalf("in the new slot: output %q, %d bytes copied; want the body, none", out, copied)
+			}
+			s.Release()
+			lent[1].Release()
+		})
 	}
 }

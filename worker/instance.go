@@ -55,6 +55,7 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 	}
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
 	if err == nil && i.finished(i.rep[:n]) {
+		held.replied()
 		done <- true
 		return
 	}
@@ -182,6 +183,7 @@ func (i *instance) Run(r *device.Run) error {
 		return err
 	}
 	mem, id, ps := i.slotFor(r)
+	ps.running()
 	copiedIn, copyIn := copyInput(mem, r.Input)
 	// Polled for only while no other run is in flight on the device: a
 	// loaded device needs its CPUs for the runs. The worker is told, so
@@ -202,6 +204,9 @@ func (i *instance) Run(r *device.Run) error {
 	// Past its deadline too: the CPU its chain goes on using is billed
 	// beside it (its run is charged its slot's time).
 	cpu := i.g.p.runEnded(cpu0, alone)
+	if err == nil {
+		ps.replied()
+	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		i.overran(ps)
 		return errRunDeadline

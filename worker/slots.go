@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,12 @@ type poolSlot struct {
 	// discarded: never lent again (Discard); it goes back to the pool's
 	// discarded, not its free.
 	discarded atomic.Bool
+	// inRun: a run message naming it was sent and its reply not read. A
+	// discarded slot is dropped in its worker (dropDiscarded) only while
+	// no run is: a run the server left (a panic between the send and the
+	// reply) may still write into it, so such a slot goes with its
+	// worker (whose reply to the closed instance ends it) or program.
+	inRun atomic.Bool
 
 	// holds counts chains still running on it past their request (an
 	// overrun: the request was answered at its deadline); released says
@@ -108,21 +115,44 @@ func (s *poolSlot) Release() {
 
 // Discard is Release for a slot whose request's run panicked: the worker
 // may still write into it (what the run left is unknown), so it is never
-// lent again; its mapping goes as its worker or its program does
-// (closeSlots), not for the server's life.
+// lent again. Its worker drops it (unpinned, unmapped) once no run of
+// its is on it (dropDiscarded), else it goes as its worker or its program
+// does (closeSlots), not for the server's life.
 func (s *poolSlot) Discard() {
 	s.discarded.Store(true)
 	s.Release()
+}
+
+// running and replied mark a run on s (nil: none) sent and its reply read.
+func (s *poolSlot) running() {
+	if s != nil {
+		s.inRun.Store(true)
+	}
+}
+
+func (s *poolSlot) replied() {
+	if s != nil {
+		s.inRun.Store(false)
+	}
 }
 
 func (s *poolSlot) giveBack() {
 	pool := &s.g.slots
 	pool.mu.Lock()
 	if !pool.dead && s.g.p.alive() {
-		if s.discarded.Load() {
-			pool.discarded = append(pool.discarded, s)
-		} else {
+		switch {
+		case !s.discarded.Load():
 			pool.free = append(pool.free, s)
+		case s.inRun.Load() || pool.dropped:
+			pool.discarded = append(pool.discarded, s)
+		default:
+			// No run of the worker's uses it: it goes now, its pin
+			// with it, not at the program's unload, so that panics on
+			// a warm function do not eat the device's pinned budget.
+			pool.all = slices.DeleteFunc(pool.all, func(a *poolSlot) bool { return a == s })
+			pool.mu.Unlock()
+			go s.g.dropDiscarded(s)
+			return
 		}
 		pool.mu.Unlock()
 		return
@@ -130,6 +160,54 @@ func (s *poolSlot) giveBack() {
 	pool.count--
 	pool.mu.Unlock()
 	unix.Munmap(s.mem)
+}
+
+// dropDiscarded has the worker unregister and unmap discarded slot s,
+// out of the pool's all, then unmaps and uncounts it here. A worker that
+// did not drop it (gone, its program unloading, a device that cannot
+// unpin) leaves it to its program's or worker's end, as before.
+func (g *program) dropDiscarded(s *poolSlot) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpDropSlot, Prog: g.id, Slot: s.id}, nil, "dropping a discarded slot")
+	var rep wire.Reply
+	if err == nil {
+		rep, err = wire.DecodeControlReply(wire.OpDropSlot, raw)
+	}
+	pool := &g.slots
+	if err != nil || rep.St != wire.StOK {
+		g.keepDiscarded(s)
+		return
+	}
+	g.p.dropSlot(s.maxIn+s.out, s.pinned)
+	pool.mu.Lock()
+	pool.count--
+	pool.mu.Unlock()
+	unix.Munmap(s.mem)
+}
+
+// keepDiscarded puts back a discarded slot its worker did not drop, for
+// the program's end to let go of as it does the others (closeSlots,
+// dropSlots), or does what they did already if they ran meanwhile.
+func (g *program) keepDiscarded(s *poolSlot) {
+	pool := &g.slots
+	pool.mu.Lock()
+	dead, dropped := pool.dead, pool.dropped
+	if dead {
+		pool.count--
+	} else {
+		pool.discarded = append(pool.discarded, s)
+	}
+	if !dropped {
+		pool.all = append(pool.all, s)
+	}
+	pool.mu.Unlock()
+	if dropped {
+		g.p.dropSlot(s.maxIn+s.out, s.pinned)
+	}
+	if dead {
+		unix.Munmap(s.mem)
+	}
 }
 
 var _ device.Lender = (*program)(nil)

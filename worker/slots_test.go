@@ -60,14 +60,7 @@ func TestLentSlotRunsInPlace(t *testing.T) {
 	}
 
 	// Slots are reused, bounded, and of the program's layout only.
-	var lent []device.Slot
-	for {
-		s, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
-		if !ok {
-			break
-		}
-		lent = append(lent, s)
-	}
+	lent := lendAll(lender, m)
 	if len(lent) != maxPoolSlots || &lent[0].Input()[0] != first {
 		t.Fatalf("lent %d slots (want %d), the first one again: %v", len(lent), maxPoolSlots, &lent[0].Input()[0] == first)
 	}
@@ -138,11 +131,13 @@ func TestRefusalThroughWorker(t *testing.T) {
 }
 
 // A slot whose request's run panicked is discarded: a worker may still
-// write into it, so it is never lent again, and it is unmapped with its
-// program, not kept for the server's life. Before Discard the transport
-// could only leave such a slot unreleased: lent for good, counted and
-// mapped until the server ended (up to maxPoolSlots per program, per
-// version).
+// write into it, so it is never lent again, and while a run the server
+// left may still be on it (a panic between the run's send and its reply)
+// it is unmapped with its program, not kept for the server's life. Before
+// Discard the transport could only leave such a slot unreleased: lent for
+// good, counted and mapped until the server ended (up to maxPoolSlots per
+// program, per version). One no run is on goes at once
+// (TestCUDADiscardedSlotGivesBackItsPin).
 func TestDiscardedSlotIsNotLentAgainAndGoesWithItsProgram(t *testing.T) {
 	d := newDevice(t, 1)
 	m := testkit.Manifest("echo")
@@ -152,6 +147,7 @@ func TestDiscardedSlotIsNotLentAgainAndGoesWithItsProgram(t *testing.T) {
 	if !ok {
 		t.Fatal("no slot lent")
 	}
+	s.(*poolSlot).running() // and the server panicked before its reply
 	s.Discard()
 	for range maxPoolSlots - 1 {
 		other, ok := lender.Lend(m.MaxInputBytes, m.OutBytes)
@@ -178,5 +174,42 @@ func TestDiscardedSlotIsNotLentAgainAndGoesWithItsProgram(t *testing.T) {
 	pool.mu.Unlock()
 	if count != 0 || discarded != 0 {
 		t.Fatalf("after the program's close the pool still counts %d slots (%d discarded): their memory is still mapped", count, discarded)
+	}
+}
+
+// On the host device too a discarded slot no run is on goes at once: its
+// worker unmaps it and the pool counts it no more (it counted against
+// maxPoolSlots until the program's unload before).
+func TestDiscardedSlotGoesWhenNoRunIsOnIt(t *testing.T) {
+	d := newDevice(t, 1)
+	m := testkit.Manifest("echo")
+	p := load(t, d, m)
+	s, ok := p.(device.Lender).Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot lent")
+	}
+	g := p.(*program)
+	maps := slotMaps(t, g.p.pid)
+	s.Discard()
+	waitFor(t, "the worker to unmap the discarded slot", func() bool { return slotMaps(t, g.p.pid) == maps-1 })
+	waitFor(t, "the pool to count it no more", func() bool {
+		g.slots.mu.Lock()
+		defer g.slots.mu.Unlock()
+		return g.slots.count == 0 && len(g.slots.discarded) == 0 && len(g.slots.all) == 0
+	})
+	if !g.Alive() {
+		t.Fatalf("the worker died: %v", g.Death())
+	}
+}
+
+// lendAll lends slots of m's layout until l lends no more.
+func lendAll(l device.Lender, m *abi.Manifest) []device.Slot {
+	var lent []device.Slot
+	for {
+		s, ok := l.Lend(m.MaxInputBytes, m.OutBytes)
+		if !ok {
+			return lent
+		}
+		lent = append(lent, s)
 	}
 }

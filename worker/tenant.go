@@ -99,59 +99,76 @@ func (d *Device) tenantScope() bool { return d.opts.TenantScope && !d.opts.MPS }
 // worker to start waits on the start alone.
 func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*proc, error) {
 	for {
-		d.mu.Lock()
-		t := d.tenants[spec.Tenant]
-		if t == nil {
-			t = &tenantSlot{}
-			d.tenants[spec.Tenant] = t
-		}
-		// A worker the server killed, or one that exited, but that has
-		// not been reaped yet is as good as dead: a program placed in it
-		// would be lost with it.
-		if t.p != nil && t.p.alive() && t.p.killed.Load() == nil && !t.p.gone.Load() {
-			if err := t.p.admit(spec.Tenant); err != nil {
-				d.mu.Unlock()
-				return nil, err
-			}
-			t.refs++
-			p := t.p
-			d.mu.Unlock()
-			return p, nil
-		}
-		if w := t.starting; w != nil {
-			d.mu.Unlock()
+		t, p, wait, err := d.tenantTurn(spec.Tenant)
+		switch {
+		case err != nil || p != nil:
+			return p, err
+		case wait != nil:
 			select {
-			case <-w:
+			case <-wait:
 				continue
 			case <-ctx.Done():
 				return nil, fmt.Errorf("%w while waiting for the tenant's worker to start", device.ErrDeadline)
 			}
 		}
-		if err := d.churnHeld(spec.Tenant); err != nil {
-			d.dropEmptySlot(spec.Tenant, t)
-			d.mu.Unlock()
-			return nil, err
-		}
-		w := make(chan struct{})
-		t.p, t.starting, t.refs = nil, w, 0
-		d.mu.Unlock()
-		p, err := d.take(ctx, spec.Manifest)
-		d.mu.Lock()
-		t.starting = nil
-		close(w)
-		if err == nil {
-			// Under both locks: the device's readers (admit) hold d.mu,
-			// the process's (its output, its death) p.mu.
-			p.mu.Lock()
-			p.tenant.name, p.tenant.given = spec.Tenant, true
-			p.mu.Unlock()
-			t.p, t.refs = p, 1
-		} else {
-			d.dropEmptySlot(spec.Tenant, t)
-		}
-		d.mu.Unlock()
+		p, err = d.take(ctx, spec.Manifest)
+		d.settleStart(spec.Tenant, t, p, err)
 		return p, err
 	}
+}
+
+// tenantTurn is, under d.mu, what a load for tenant finds: its live
+// worker (counted in its refs), a start under way to wait for, a refusal,
+// or else the start its own (t.starting set: settleStart settles it). Each
+// step that holds d.mu releases it by a defer: a load runs in its
+// request's goroutine, whose panic the transport recovers, and a lock it
+// left held would hang every later load, start and reaping on the device.
+func (d *Device) tenantTurn(tenant string) (t *tenantSlot, p *proc, wait <-chan struct{}, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t = d.tenants[tenant]
+	if t == nil {
+		t = &tenantSlot{}
+		d.tenants[tenant] = t
+	}
+	// A worker the server killed, or one that exited, but that has not
+	// been reaped yet is as good as dead: a program placed in it would
+	// be lost with it.
+	if t.p != nil && t.p.alive() && t.p.killed.Load() == nil && !t.p.gone.Load() {
+		if err := t.p.admit(tenant); err != nil {
+			return nil, nil, nil, err
+		}
+		t.refs++
+		return t, t.p, nil, nil
+	}
+	if t.starting != nil {
+		return t, nil, t.starting, nil
+	}
+	if err := d.churnHeld(tenant); err != nil {
+		d.dropEmptySlot(tenant, t)
+		return nil, nil, nil, err
+	}
+	t.p, t.starting, t.refs = nil, make(chan struct{}), 0
+	return t, nil, nil, nil
+}
+
+// settleStart settles the start tenantTurn gave a load: t's worker is p, or
+// none when it could not be taken (err). The loads waiting on it go on.
+func (d *Device) settleStart(tenant string, t *tenantSlot, p *proc, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	defer close(t.starting)
+	t.starting = nil // before the close (deferred): a waiter finds it settled
+	if err != nil {
+		d.dropEmptySlot(tenant, t)
+		return
+	}
+	// Under both locks: the device's readers (admit) hold d.mu, the
+	// process's (its output, its death) p.mu.
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tenant.name, p.tenant.given = tenant, true
+	t.p, t.refs = p, 1
 }
 
 // dropEmptySlot forgets t, tenant's slot, holding no worker and none
@@ -194,7 +211,17 @@ func (d *Device) releaseTenant(p *proc) bool {
 // addProgram gives g an id in p, counts it in p's task bound and memory
 // limit and marks it busy for p's CPU weight (weighLoop's).
 func (p *proc) addProgram(g *program) {
+	p.enroll(g)
+	p.retune()
+	g.busyNow() // loaded for a request about to run
+}
+
+// enroll is addProgram's part under p.mu, released by a defer as every
+// lock of a load's path (tenantTurn): a panic here is recovered by the
+// request's transport, and the worker's lock must not outlive it.
+func (p *proc) enroll(g *program) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.tenant.nextID++
 	g.id = p.tenant.nextID
 	g.gone = make(chan struct{})
@@ -203,9 +230,6 @@ func (p *proc) addProgram(g *program) {
 		p.d.opts.Pids.Raise(p.pid, p.pids, p.cgroup, p.tenant.tasksFor, n)
 		p.tenant.tasksFor = n
 	}
-	p.mu.Unlock()
-	p.retune()
-	g.busyNow() // loaded for a request about to run
 }
 
 // removeProgram takes g out of p's programs and weight (a program being
@@ -216,7 +240,16 @@ func (p *proc) removeProgram(g *program) { p.dropProgram(g, false) }
 // dropProgram is removeProgram; unloading says the server has yet to
 // unload g from the worker (closeShared, which calls unloaded once done).
 func (p *proc) dropProgram(g *program, unloading bool) {
+	p.unenroll(g, unloading)
+	g.leave()
+	p.retune()
+	p.tenant.poke()
+}
+
+// unenroll is dropProgram's part under p.mu (enroll's, undone).
+func (p *proc) unenroll(g *program, unloading bool) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if _, ok := p.tenant.progs[g.id]; ok {
 		delete(p.tenant.progs, g.id)
 		if g.memLimit == 0 {
@@ -233,19 +266,15 @@ func (p *proc) dropProgram(g *program, unloading bool) {
 		p.tenant.leaving = map[*program]bool{}
 	}
 	p.tenant.leaving[g] = unloading
-	p.mu.Unlock()
-	g.leave()
-	p.retune()
-	p.tenant.poke()
 }
 
 // unloaded says the server is done unloading g (dropProgram): its lines
 // are its own for outputGrace more.
 func (p *proc) unloaded(g *program) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.tenant.leaving[g] = false
 	p.forget(time.Now().Add(-outputGrace).UnixNano())
-	p.mu.Unlock()
 }
 
 // forget drops from leaving the programs unloaded that wrote nothing
@@ -293,6 +322,7 @@ func (g *program) bundleKey() bundleKey { return bundleKey{g.name, g.dir} }
 // for memory none of them holds.
 func (p *proc) retune() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	limit, unlimited := int64(0), p.tenant.unlimited
 	live := make(map[bundleKey]bool, len(p.tenant.progs))
 	for _, g := range p.tenant.progs {
@@ -317,7 +347,6 @@ func (p *proc) retune() {
 		p.memLimit.Store(limit)
 	}
 	p.tenant.tuned = true
-	p.mu.Unlock()
 }
 
 // stageTenant links g's bundle into p's stage, its files' names led by
@@ -440,8 +469,8 @@ func (g *program) shares(err error) error {
 func (g *program) share(e *ProcessExit) {
 	if e.Shared = g.collateral(); e.Shared {
 		g.p.mu.Lock()
+		defer g.p.mu.Unlock()
 		e.By = g.p.tenant.by
-		g.p.mu.Unlock()
 	}
 }
 

@@ -339,6 +339,12 @@ func (w *server) handle(c wire.Control, err error, fds []int) (byte, wire.Reply)
 			return c.Op, failed("slot: want a loaded program's id, a size and a memfd")
 		}
 		return c.Op, w.addSlot(c.Prog, c.Size, fds[0])
+	case wire.OpDropSlot:
+		closeAll()
+		if err != nil || l == nil {
+			return c.Op, failed("drop slot: want a loaded program's id and a slot's")
+		}
+		return c.Op, w.dropSlot(c.Prog, c.Slot)
 	case wire.OpNewInstance:
 		if len(fds) != 2 || err != nil || l == nil {
 			closeAll()
@@ -566,9 +572,7 @@ func (w *server) addSlot(prog uint32, size int64, memfd int) wire.Reply {
 	return wire.Reply{St: wire.StOK, ID: id, Pin: pin}
 }
 
-// dropSlots unregisters and unmaps program prog's pool slots. A device
-// that registered one but cannot undo it (no device.HostUnregistrar) keeps
-// it mapped: unmapping registered memory under the driver is not safe.
+// dropSlots unregisters and unmaps program prog's pool slots.
 func (w *server) dropSlots(prog uint32) {
 	slots.mu.Lock()
 	var drop []poolMem
@@ -579,13 +583,49 @@ func (w *server) dropSlots(prog uint32) {
 		}
 	}
 	slots.mu.Unlock()
-	u, canUnpin := w.dev.(device.HostUnregistrar)
 	for _, m := range drop {
-		if m.pinned && (!canUnpin || u.UnregisterHost(m.mem) != nil) {
-			continue
-		}
-		unix.Munmap(m.mem)
+		w.unmapSlot(m)
 	}
+}
+
+// dropSlot unregisters and unmaps one pool slot of program prog that the
+// server took out of use (its request's run panicked there): the server
+// asks only once its last run's reply was read, so no run here uses it.
+// Refused when the device cannot undo its pin: the server then keeps
+// counting it, pinned, until the program goes.
+func (w *server) dropSlot(prog, id uint32) wire.Reply {
+	slots.mu.Lock()
+	if id == 0 || int(id) > len(slots.s) || slots.s[id-1].mem == nil || slots.s[id-1].prog != prog {
+		slots.mu.Unlock()
+		return failed(fmt.Sprintf("drop slot: program %d has no slot %d", prog, id))
+	}
+	m := slots.s[id-1]
+	if _, canUnpin := w.dev.(device.HostUnregistrar); m.pinned && !canUnpin {
+		slots.mu.Unlock()
+		return failed("drop slot: the device cannot unregister it")
+	}
+	slots.s[id-1] = poolMem{}
+	slots.mu.Unlock()
+	if !w.unmapSlot(m) {
+		return failed("drop slot: the device did not unregister it")
+	}
+	return wire.Reply{St: wire.StOK}
+}
+
+// unmapSlot unregisters m from the device if it was registered, and
+// unmaps it; false when it stays registered and mapped: unmapping
+// registered memory under the driver is not safe, so a device that
+// cannot undo a registration (no device.HostUnregistrar), or fails to,
+// keeps it.
+func (w *server) unmapSlot(m poolMem) bool {
+	if m.pinned {
+		u, canUnpin := w.dev.(device.HostUnregistrar)
+		if !canUnpin || u.UnregisterHost(m.mem) != nil {
+			return false
+		}
+	}
+	unix.Munmap(m.mem)
+	return true
 }
 
 // serveInstance answers run messages on one instance's channel until the

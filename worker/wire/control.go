@@ -18,6 +18,7 @@ import (
 //	OpNewInstance  [u32 id][i64 max_in][i64 tmp][i64 out]  fds: [memfd, instance socket]
 //	OpSlot         [u32 id][i64 size]                      fds: [memfd]: a pool slot of the program, registered with the device
 //	OpUnload       [u32 id]: closes the program (its instances' channels closed first)
+//	OpDropSlot     [u32 id][u32 slot]: unregisters and unmaps one of the program's pool slots, one no run uses
 //
 // A program's pool slots are its own: unloaded, the worker unmaps them
 // (and unregisters them from its device) once its last instance is gone,
@@ -39,17 +40,20 @@ const (
 	unloadLen     = ctlBody
 	slotSize      = ctlBody // i64
 	slotMsgLen    = slotSize + 8
+	dropSlotID    = ctlBody // u32
+	dropMsgLen    = dropSlotID + 4
 )
 
 // Control is a control message's operation and its fields.
 type Control struct {
 	Op              byte
-	Prog            uint32 // OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot: the program's id
+	Prog            uint32 // OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot, OpDropSlot: the program's id
 	Prefix          string // OpLoad: put before the names of the program's files in the stage ("": none)
 	Manifest        []byte // OpLoad: the manifest, JSON (decoded, it aliases the message)
 	Kernel          string // OpEntry
 	MaxIn, Tmp, Out int64  // OpNewInstance: the instance's sizes
 	Size            int64  // OpSlot: the slot's bytes
+	Slot            uint32 // OpDropSlot: the slot's id (OpSlot's reply's)
 }
 
 // AppendControl appends c's message to b. A Prefix over 255 bytes is cut
@@ -57,7 +61,7 @@ type Control struct {
 func AppendControl(b []byte, c Control) []byte {
 	b = append(b, c.Op)
 	switch c.Op {
-	case OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot:
+	case OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot, OpDropSlot:
 		b = le.AppendUint32(b, c.Prog)
 	}
 	switch c.Op {
@@ -73,6 +77,8 @@ func AppendControl(b []byte, c Control) []byte {
 		b = le.AppendUint64(b, uint64(c.Out))
 	case OpSlot:
 		b = le.AppendUint64(b, uint64(c.Size))
+	case OpDropSlot:
+		b = le.AppendUint32(b, c.Slot)
 	}
 	return b
 }
@@ -92,7 +98,7 @@ func DecodeControl(b []byte) (Control, error) {
 	}
 	c := Control{Op: b[ctlOp]}
 	switch c.Op {
-	case OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot:
+	case OpLoad, OpEntry, OpNewInstance, OpUnload, OpSlot, OpDropSlot:
 		if len(b) < ctlBody {
 			return c, ErrShape
 		}
@@ -124,6 +130,11 @@ func DecodeControl(b []byte) (Control, error) {
 			return c, ErrShape
 		}
 		c.Size = int64(le.Uint64(b[slotSize:]))
+	case OpDropSlot:
+		if len(b) != dropMsgLen {
+			return c, ErrShape
+		}
+		c.Slot = le.Uint32(b[dropSlotID:])
 	default:
 		return Control{}, fmt.Errorf("unknown control operation %q", c.Op)
 	}
@@ -142,6 +153,7 @@ type Pin struct {
 //
 //	OpLoad         [st][text]
 //	OpUnload       [st][text]
+//	OpDropSlot     [st][text]
 //	OpEntry        [st][i32 index][text]
 //	OpNewInstance  [StOK][pin][why], or [st][text]
 //	OpSlot         [StOK][u32 id][pin][why], or [st][u32 0][text]

@@ -22,6 +22,7 @@ func TestControlRoundTrip(t *testing.T) {
 		{"new instance", Control{Op: OpNewInstance, Prog: 9, MaxIn: 1 << 33, Tmp: 0, Out: 7}},
 		{"unload", Control{Op: OpUnload, Prog: 4}},
 		{"slot", Control{Op: OpSlot, Prog: 3, Size: 1 << 20}},
+		{"drop a slot", Control{Op: OpDropSlot, Prog: 3, Slot: 9}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := DecodeControl(AppendControl(nil, tc.c))
@@ -57,6 +58,7 @@ func TestControlRefused(t *testing.T) {
 		{"an entry with no program", []byte{OpEntry, 1}, OpEntry, ""},
 		{"a long unload", append(AppendControl(nil, Control{Op: OpUnload}), 0), OpUnload, ""},
 		{"a short unload", []byte{OpUnload, 1}, OpUnload, ""},
+		{"a short slot drop", []byte{OpDropSlot, 1, 0, 0, 0, 9}, OpDropSlot, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := DecodeControl(tc.msg)
@@ -146,13 +148,15 @@ func TestBytesOfProtocol12(t *testing.T) {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 12}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 13}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
 			[]byte{'I', 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0}},
 		{"unload", AppendControl(nil, Control{Op: OpUnload, Prog: 5}), []byte{'U', 5, 0, 0, 0}},
 		{"slot", AppendControl(nil, Control{Op: OpSlot, Prog: 6, Size: 258}), []byte{'S', 6, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0}},
+		{"drop a slot", AppendControl(nil, Control{Op: OpDropSlot, Prog: 7, Slot: 258}), []byte{'D', 7, 0, 0, 0, 2, 1, 0, 0}},
+		{"slot dropped", AppendControlReply(nil, OpDropSlot, Reply{St: StOK}), []byte{0}},
 		{"load reply", AppendControlReply(nil, OpLoad, Reply{St: StFailed, Text: "x"}), []byte{5, 'x'}},
 		{"entry reply", AppendControlReply(nil, OpEntry, Reply{St: StOK, Index: 2}), []byte{0, 2, 0, 0, 0}},
 		{"entry refused", AppendControlReply(nil, OpEntry, Reply{St: StFailed, Text: "x"}), []byte{5, 0, 0, 0, 0, 'x'}},
@@ -174,8 +178,9 @@ func TestBytesOfProtocol12(t *testing.T) {
 		})
 	}
 	// 11: the fatal mark on a pipe of its own (FatalFD); 12: checked
-	// mode's report there too, a checked worker given the pipe.
-	if Protocol != 12 {
+	// mode's report there too, a checked worker given the pipe; 13:
+	// OpDropSlot.
+	if Protocol != 13 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }

@@ -75,6 +75,7 @@ const (
 	OpNewInstance byte = 'I'
 	OpSlot        byte = 'S'
 	OpUnload      byte = 'U'
+	OpDropSlot    byte = 'D'
 )
 
 // FatalMark leads what a tenant's worker writes on its FatalFD when a
@@ -151,7 +152,7 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message.
-const Protocol byte = 12
+const Protocol byte = 13
 
 // Reply status: the first byte of every reply.
 const (
