@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/wire"
 )
 
@@ -46,16 +47,19 @@ const minBill = time.Millisecond
 // where the CPU since went (see above). Its mutex is held across a clock
 // read (a system call that does not wait), taking proc.mu inside it.
 type cpuTally struct {
-	mu     sync.Mutex
-	on     bool          // a host worker: its CPU is device time
-	last   time.Duration // the clock at the last reading
-	read   bool          // last was read
-	perRun time.Duration // CPU each run in flight since has had, summed
-	runs   int           // runs in flight, as read
-	calls  int           // control calls in flight
-	slack  time.Duration // of the CPU before the next reading, let go
-	idle   time.Duration // CPU with nothing in flight, not yet billed
-	sinks  []*program    // its programs with a bill to send (Bill), in load order
+	mu   sync.Mutex
+	on   bool          // a host worker: its CPU is device time
+	last time.Duration // the clock at the last reading
+	read bool          // last was read
+	// lastWall is when: a control call's thread, and the worker's own
+	// work after a reply, take at most the wall time since.
+	lastWall time.Time
+	perRun   time.Duration // CPU each run in flight since has had, summed
+	runs     int           // runs in flight, as read
+	calls    int           // control calls in flight
+	slack    time.Duration // of the CPU before the next reading, let go
+	idle     time.Duration // CPU with nothing in flight, not yet billed
+	sinks    []*program    // its programs with a bill to send (Bill), in load order
 }
 
 // processCPU reads process pid's CPU clock (all its threads, live and
@@ -83,22 +87,28 @@ func (p *proc) cpuNow() (time.Duration, bool) {
 }
 
 // advance reads p's clock and gives the CPU since the last reading where
-// it goes. Under c.mu.
+// it goes: a control call's (one thread of the worker: at most the wall
+// time since) to nobody, the rest to the runs in flight, split evenly, or
+// with none to the worker's programs, less the slack the last reply left
+// (at most that wall time too). Under c.mu.
 func (c *cpuTally) advance(p *proc) {
 	now, ok := p.cpuNow()
 	if !ok {
 		return
 	}
-	d := now - c.last
+	wall := time.Now()
+	d, w := now-c.last, wall.Sub(c.lastWall)
 	if !c.read || d < 0 {
 		d = 0
 	}
-	c.last, c.read = now, true
-	switch {
-	case c.runs > 0:
+	c.last, c.lastWall, c.read = now, wall, true
+	if c.calls > 0 {
+		d -= min(d, w)
+	}
+	if c.runs > 0 {
 		c.perRun += d / time.Duration(c.runs)
-	case c.calls == 0:
-		c.idle += max(d-c.slack, 0)
+	} else {
+		c.idle += max(d-min(c.slack, w), 0)
 	}
 	c.slack = 0
 }
@@ -137,6 +147,16 @@ func (p *proc) runEnded(start time.Duration, alone bool) time.Duration {
 		c.slack += wire.SpinMax
 	}
 	return c.perRun - start
+}
+
+// measured sets r's device time to the CPU the server measured it used
+// (runEnded) on the host, whatever the reply said and whether one came: a
+// run past its deadline, or one whose worker died, is charged what it
+// used, not what the device.Run the engine reuses held from the last.
+func (c *cpuTally) measured(r *device.Run, cpu time.Duration) {
+	if c.on {
+		r.Timing.Busy = cpu
+	}
 }
 
 // calling counts n control calls begun (-1: one ended) on p: the CPU they

@@ -191,8 +191,15 @@ func (i *instance) Run(r *device.Run) error {
 	alone := i.g.d.running.Add(1) == 1
 	i.g.runStart()
 	cpu0 := i.g.p.runBegan()
+	ended := false
+	defer func() {
+		if !ended { // a panic (which the transport recovers): the run leaves the tally
+			i.g.p.runEnded(cpu0, false)
+		}
+	}()
 	if err := i.send(r, alone, id); err != nil {
-		i.g.p.runEnded(cpu0, false)
+		ended = true
+		i.g.p.cpu.measured(r, i.g.p.runEnded(cpu0, false))
 		return err
 	}
 	var spin time.Duration
@@ -204,6 +211,8 @@ func (i *instance) Run(r *device.Run) error {
 	// Past its deadline too: the CPU its chain goes on using is billed
 	// beside it (its run is charged its slot's time).
 	cpu := i.g.p.runEnded(cpu0, alone)
+	ended = true
+	i.g.p.cpu.measured(r, cpu)
 	if err == nil {
 		ps.replied()
 	}
@@ -220,9 +229,7 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	i.reply.Observe(time.Since(sent))
 	err = i.answer(r, i.rep[:n], mem, copiedIn, copyIn)
-	if i.g.p.cpu.on {
-		r.Timing.Busy = cpu // not the reply's word (cpucharge.go)
-	}
+	i.g.p.cpu.measured(r, cpu) // not the reply's word (cpucharge.go)
 	return err
 }
 

@@ -213,8 +213,8 @@ func (g *program) Close() error {
 	if !g.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	g.p.cpu.unbill(g.p, g)
 	if g.p.tenant != nil {
+		g.p.cpu.unbill(g.p, g)
 		g.closeShared()
 		return nil
 	}
