@@ -176,6 +176,9 @@ func (i *instance) Close() {
 // r.Deadline the worker is killed (a running kernel cannot be stopped
 // otherwise).
 func (i *instance) Run(r *device.Run) error {
+	// The engine reuses r: a run that gets no reply (past its deadline,
+	// its worker dead) must not keep the last one's device time.
+	r.Timing.Busy = 0
 	if err := i.check(r); err != nil {
 		return err
 	}
