@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,9 @@ type Engine struct {
 	keepsLogs bool            // some device keeps its functions' output
 	names     nameList        // the store's function names (Names)
 	io        *ioshare.Shares // the server's I/O on functions' bytes (io.go)
+	// refreshPanics is the names whose record's refresh panicked, their
+	// stack logged (refreshOne).
+	refreshPanics sync.Map
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker

@@ -1,14 +1,17 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
@@ -98,5 +101,68 @@ func TestPanicInARecordReadReachesTheRequest(t *testing.T) {
 	}
 	if p, err := invoke("echo"); p != nil || err != nil {
 		t.Fatalf("a request for echo: panic %v, err %v", p, err)
+	}
+}
+
+// armedRecords is panicRecords once armed: the names resolve first.
+type armedRecords struct {
+	objectstore.Store
+	armed *atomic.Bool
+}
+
+func (s armedRecords) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	if s.armed.Load() {
+		return panicRecords{s.Store}.GetTagged(ctx, key)
+	}
+	return s.Store.GetTagged(ctx, key)
+}
+
+// Refresh follows other nodes' changes on a goroutine of its own, with no
+// transport above it: a panic applying one record (a bug the record
+// reaches) ended the process, and every node's, and each again after its
+// restart. It is that name's error now; the other names are applied.
+func TestPanicInARefreshIsItsNamesError(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deployer := testkit.Engine(t, engine.Config{Store: fs})
+	bug, echo := testkit.BundleDir(t, testkit.Manifest("bug"), nil), testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	testkit.Deploy(t, deployer, bug)
+	testkit.Deploy(t, deployer, echo)
+	var armed atomic.Bool
+	e := testkit.Engine(t, engine.Config{Store: armedRecords{fs, &armed}})
+	for _, name := range []string{"bug", "echo"} {
+		if err := e.Invoke(context.Background(), name, &call.Request{Input: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redeploy := func(dir string) string {
+		b, _, m, err := bundle.PackBytes(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, err := deployer.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Version
+	}
+	redeploy(bug)
+	v2 := redeploy(echo)
+	armed.Store(true)
+	err = func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("Refresh panicked: %v", p)
+			}
+		}()
+		return e.Refresh(context.Background())
+	}()
+	if err == nil || !strings.Contains(err.Error(), "function bug: applying its record panicked: a bug in the store") {
+		t.Fatalf("Refresh: %v, want bug's panic as its error", err)
+	}
+	if fi, err := e.Control().Function(context.Background(), "echo"); err != nil || fi.Version != v2 {
+		t.Fatalf("echo after the refresh: version %q (%v), want %q", fi.Version, err, v2)
 	}
 }

@@ -3,9 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"time"
 
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -23,36 +24,54 @@ func (e *Engine) Refresh(ctx context.Context) error {
 	e.names.listed(tags) // Names serves it: no listing of its own while polled
 	var firstErr error
 	for _, name := range names {
-		if tag, ok := tags[name]; ok && tag != "" && tag == e.tab.appliedTag(name) {
-			continue // unchanged since applied
-		}
-		at := e.tab.at()
-		rec, tag, err := e.tab.reg.GetTagged(ctx, name)
-		if errors.Is(err, registry.ErrNoFunction) {
-			e.tab.forget(name, at)
-			continue
-		}
-		if err == nil {
-			// A record deleted and made anew elsewhere between two polls
-			// is a new function under the name (its output, its counts),
-			// not a new version of the one this node had: switchTo sees it.
-			var cv api.Version
-			if cv, err = rec.CurrentVersion(); err == nil {
-				f, changed := e.tab.switchTo(name, cv, rec, at)
-				if changed {
-					e.warmIfWanted(ctx, f)
-				}
-				if f != nil { // applied, not overtaken by a change here
-					e.tab.applied(name, tag)
-				}
-				continue
-			}
-		}
-		if firstErr == nil {
+		if err := e.refreshOne(ctx, name, tags); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
 	return firstErr
+}
+
+// refreshOne applies name's record if its tag changed. A panic while it
+// does (a bug a record can reach, in its parsing or in applying it) is
+// name's error, not the end of the process: Watch runs on every node with
+// no transport above it, and the record would end them all, and each again
+// as it restarts. Its stack is logged once per name.
+func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]string) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("function %s: applying its record panicked: %v", name, v)
+			if _, logged := e.refreshPanics.LoadOrStore(name, true); !logged {
+				e.cfg.Log.Error("applying a function's record panicked; it is left as it was", "function", name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			}
+		}
+	}()
+	if tag, ok := tags[name]; ok && tag != "" && tag == e.tab.appliedTag(name) {
+		return nil // unchanged since applied
+	}
+	at := e.tab.at()
+	rec, tag, err := e.tab.reg.GetTagged(ctx, name)
+	if errors.Is(err, registry.ErrNoFunction) {
+		e.tab.forget(name, at)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// A record deleted and made anew elsewhere between two polls is a new
+	// function under the name (its output, its counts), not a new version
+	// of the one this node had: switchTo sees it.
+	cv, err := rec.CurrentVersion()
+	if err != nil {
+		return err
+	}
+	f, changed := e.tab.switchTo(name, cv, rec, at)
+	if changed {
+		e.warmIfWanted(ctx, f)
+	}
+	if f != nil { // applied, not overtaken by a change here
+		e.tab.applied(name, tag)
+	}
+	return nil
 }
 
 // Watch calls Refresh every interval until ctx ends.
