@@ -636,11 +636,18 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if _, _, err := p.ctl.WriteMsgUnix(wire.AppendControl(nil, c), oob, nil); err != nil {
-		return nil, g.failed(err, during)
+	_, _, err := p.ctl.WriteMsgUnix(wire.AppendControl(nil, c), oob, nil)
+	n := 0
+	if err == nil {
+		n, err = p.ctl.Read(p.buf)
 	}
-	n, err := p.ctl.Read(p.buf)
 	if err != nil {
+		if bound > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Its own bound passed, no request's deadline (a drop has no
+			// request): the kill says so. Its reply, were it to come,
+			// would be read as the next call's: the worker goes.
+			p.killFor(g, fmt.Sprintf("it did not answer within %v while %s", bound, during))
+		}
 		return nil, g.failed(err, during)
 	}
 	if n == 0 {

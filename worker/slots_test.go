@@ -3,6 +3,8 @@ package worker
 import (
 	"bytes"
 	"errors"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -212,4 +214,61 @@ func lendAll(l device.Lender, m *abi.Manifest) []device.Slot {
 		}
 		lent = append(lent, s)
 	}
+}
+
+// A discarded slot's drop waits for its worker's control channel behind
+// another's call, then has its own time for the call. Before, one 10 s
+// bound covered both: a drop that got the channel late, its worker slow
+// for a moment then, ran past it, and the worker was killed, its program
+// blamed as if a request's deadline had passed.
+func TestDiscardedSlotsDropHasItsOwnTimeOnceTheChannelIsFree(t *testing.T) {
+	g, s := lentEcho(t)
+	maps := slotMaps(t, g.p.pid)
+	g.p.ctlTok <- struct{}{} // another's long control call (an instance's init, say)
+	t0 := time.Now()
+	s.Discard()
+	for time.Since(t0) < dropWait-300*time.Millisecond { // the call's length: the scenario, not a wait for state
+		time.Sleep(10 * time.Millisecond)
+	}
+	syscall.Kill(g.p.pid, syscall.SIGSTOP) // the worker slow for a moment (CPU-starved)
+	<-g.p.ctlTok
+	waitFor(t, "the drop's call", func() bool {
+		g.p.mu.Lock()
+		defer g.p.mu.Unlock()
+		return g.p.ctlBusy && g.p.calling == "dropping a discarded slot"
+	})
+	for time.Since(t0) < dropWait+300*time.Millisecond && g.Alive() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	syscall.Kill(g.p.pid, syscall.SIGCONT)
+	waitFor(t, "the worker to drop the slot or die", func() bool { return !g.Alive() || slotMaps(t, g.p.pid) == maps-1 })
+	if !g.Alive() {
+		t.Fatalf("the worker was killed by the slot's drop: %v", g.Death())
+	}
+}
+
+// A drop's call that its worker does not answer within the call's own
+// bound ends the worker (its reply, were it to come, would be read as the
+// next call's), and says why: no request's deadline passed.
+func TestDiscardedSlotsDropPastItsBoundSaysWhy(t *testing.T) {
+	g, s := lentEcho(t)
+	defer func(b time.Duration) { dropBound = b }(dropBound)
+	dropBound = time.Nanosecond // past before the call is sent: no worker answers in time
+	s.Discard()
+	waitFor(t, "the worker's end", func() bool { return !g.Alive() })
+	if err := g.Death(); err == nil || !strings.Contains(err.Error(), "it did not answer within 1ns while dropping a discarded slot") {
+		t.Fatalf("the worker's end: %v", err)
+	}
+}
+
+// lentEcho is a pool slot lent by the echo program in a worker of its own.
+func lentEcho(t *testing.T) (*program, device.Slot) {
+	t.Helper()
+	m := testkit.Manifest("echo")
+	g := load(t, newDevice(t, 0), m).(*program)
+	s, ok := g.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot")
+	}
+	return g, s
 }
