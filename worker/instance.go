@@ -183,7 +183,6 @@ func (i *instance) Run(r *device.Run) error {
 		return err
 	}
 	mem, id, ps := i.slotFor(r)
-	ps.running()
 	copiedIn, copyIn := copyInput(mem, r.Input)
 	// Polled for only while no other run is in flight on the device: a
 	// loaded device needs its CPUs for the runs. The worker is told, so
@@ -191,7 +190,12 @@ func (i *instance) Run(r *device.Run) error {
 	alone := i.g.d.running.Add(1) == 1
 	i.g.runStart()
 	cpu0 := i.g.p.runBegan()
+	// Marked in a run only while its message may be out unanswered: a
+	// panic outside that window leaves none on the slot, and a discarded
+	// slot with none goes at once (dropDiscarded).
+	ps.running()
 	if err := i.send(r, alone, id); err != nil {
+		ps.replied() // it never reached the worker
 		i.g.p.runEnded(cpu0, false)
 		return err
 	}
@@ -201,12 +205,12 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	sent := time.Now()
 	n, err := i.recv(r.Deadline, spin)
-	// Past its deadline too: the CPU its chain goes on using is billed
-	// beside it (its run is charged its slot's time).
-	cpu := i.g.p.runEnded(cpu0, alone)
 	if err == nil {
 		ps.replied()
 	}
+	// Past its deadline too: the CPU its chain goes on using is billed
+	// beside it (its run is charged its slot's time).
+	cpu := i.g.p.runEnded(cpu0, alone)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		i.overran(ps)
 		return errRunDeadline

@@ -3,10 +3,13 @@ package worker
 import (
 	"bytes"
 	"errors"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
@@ -271,4 +274,33 @@ func lentEcho(t *testing.T) (*program, device.Slot) {
 		t.Fatal("no slot")
 	}
 	return g, s
+}
+
+// A run whose request panics in the server before its message went out
+// (here copying its input in, from memory that faults) leaves no run on
+// its pool slot: the slot, discarded, goes at once. Before, the slot was
+// marked in a run from before the copy, and kept until its program ended.
+func TestDiscardedSlotOfARunThatPanickedBeforeItsSendGoes(t *testing.T) {
+	g, s := lentEcho(t)
+	m := testkit.Manifest("echo")
+	in := newInst(t, g, m)
+	echo, _ := g.Entry("echo")
+	bad, err := unix.Mmap(-1, 0, 4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(bad)
+	maps := slotMaps(t, g.p.pid)
+	func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the run did not panic")
+			}
+		}()
+		in.Run(&device.Run{Input: bad[:1], Output: s.Output(), Slot: s, TmpLen: m.TmpBytes,
+			Chain: []device.Step{{Entry: echo, Grid: 1, Block: 1}}})
+	}()
+	s.Discard() // as the transport does with a panicked request's slot
+	waitFor(t, "the worker to unmap the discarded slot", func() bool { return slotMaps(t, g.p.pid) == maps-1 })
 }
