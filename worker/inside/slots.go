@@ -110,6 +110,11 @@ func (w *server) dropSlot(prog, id uint32) wire.Reply {
 	slots.s[id-1] = poolMem{}
 	slots.mu.Unlock()
 	if !w.unmapSlot(m) {
+		// Still mapped and pinned: back in the table, for the program's
+		// unload (dropSlots) to try again, as the server keeps counting it.
+		slots.mu.Lock()
+		slots.s[id-1] = m
+		slots.mu.Unlock()
 		return failed("drop slot: the device did not unregister it")
 	}
 	return wire.Reply{St: wire.StOK}
