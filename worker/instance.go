@@ -186,7 +186,6 @@ func (i *instance) Run(r *device.Run) error {
 		return err
 	}
 	mem, id, ps := i.slotFor(r)
-	ps.running()
 	copiedIn, copyIn := copyInput(mem, r.Input)
 	// Polled for only while no other run is in flight on the device: a
 	// loaded device needs its CPUs for the runs. The worker is told, so
@@ -200,7 +199,12 @@ func (i *instance) Run(r *device.Run) error {
 			i.g.p.runEnded(cpu0, false)
 		}
 	}()
+	// Marked in a run only while its message may be out unanswered: a
+	// panic outside that window leaves none on the slot, and a discarded
+	// slot with none goes at once (dropDiscarded).
+	ps.running()
 	if err := i.send(r, alone, id); err != nil {
+		ps.replied() // it never reached the worker
 		ended = true
 		i.g.p.cpu.measured(r, i.g.p.runEnded(cpu0, false))
 		return err
@@ -211,14 +215,14 @@ func (i *instance) Run(r *device.Run) error {
 	}
 	sent := time.Now()
 	n, err := i.recv(r.Deadline, spin)
+	if err == nil {
+		ps.replied()
+	}
 	// Past its deadline too: the CPU its chain goes on using is billed
 	// beside it (its run is charged its slot's time).
 	cpu := i.g.p.runEnded(cpu0, alone)
 	ended = true
 	i.g.p.cpu.measured(r, cpu)
-	if err == nil {
-		ps.replied()
-	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		i.overran(ps)
 		return errRunDeadline

@@ -137,6 +137,35 @@ func (d *Device) unlist(l *lateLoad) {
 	}
 }
 
+// claimLate takes the late load of spec's key off the list: l, if it is
+// of the same life of the name as spec, else the other life's program to
+// unload (stale) if its load ended. Under d.mu, released by a defer: a
+// load runs in its request's goroutine, whose panic the transport
+// recovers, and a lock it left held would hang the device (tenantTurn).
+func (d *Device) claimLate(spec device.ProgramSpec) (l *lateLoad, stale *program) {
+	key := lateKey(spec)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l = d.late[key]
+	delete(d.late, key)
+	// Outputs are compared as tenantOutput does: == panics on values that
+	// do not compare. Neither having one (a spec without) is one life.
+	if l == nil || l.out == nil && spec.Output == nil || sameOutput(l.out, spec.Output) {
+		return l, nil
+	}
+	// Another life of the name (the function deleted and deployed again
+	// with the same bytes): its program prints to the deleted function's
+	// output, its failure is not this one's. Unloaded here, or as its load
+	// ends; this one loads afresh.
+	select {
+	case <-l.done:
+		stale = l.g
+	default:
+		l.dropped = true
+	}
+	return nil, stale
+}
+
 // takeLate takes over the late load of spec's key, if there is one: its
 // program once it finished (ok), or an error wrapping device.ErrDeadline
 // if ctx ended first (the load put back for the next: putLate), or its
@@ -144,25 +173,7 @@ func (d *Device) unlist(l *lateLoad) {
 // set: told once). With no late load, or one whose failure or loss is not
 // the function's (lateLoss, Collateral), ok is false: load afresh.
 func (d *Device) takeLate(ctx context.Context, spec device.ProgramSpec) (g *program, ok bool, err error) {
-	key := lateKey(spec)
-	d.mu.Lock()
-	l := d.late[key]
-	delete(d.late, key)
-	var stale *program
-	if l != nil && l.out != spec.Output {
-		// Another life of the name (the function deleted and deployed
-		// again with the same bytes): its program prints to the deleted
-		// function's output, its failure is not this one's. Unloaded
-		// here, or as its load ends; this one loads afresh.
-		select {
-		case <-l.done:
-			stale = l.g
-		default:
-			l.dropped = true
-		}
-		l = nil
-	}
-	d.mu.Unlock()
+	l, stale := d.claimLate(spec)
 	if stale != nil {
 		stale.Close()
 	}

@@ -208,3 +208,36 @@ func TestLateLoadOfADeletedFunctionIsNotTakenOver(t *testing.T) {
 		}
 	})
 }
+
+// takeLate compares the late load's output with the spec's to tell two
+// lives of a name apart. Before, it did so with !=, which panics on two
+// outputs holding values that do not compare, under the device's lock,
+// released by no defer: every later load, start and reaping on the device
+// hung.
+func TestTakeLateWithOutputsThatDoNotCompare(t *testing.T) {
+	d := newDevice(t, 0)
+	spec := device.ProgramSpec{Dir: t.TempDir(), Manifest: testkit.Manifest("f"), Tenant: "t", Output: anyOutput{[]int{1}}}
+	l := &lateLoad{key: lateKey(spec), out: anyOutput{[]int{1}}, done: make(chan struct{})}
+	d.mu.Lock()
+	d.late[l.key] = l
+	d.mu.Unlock()
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				t.Errorf("takeLate panicked: %v", v)
+			}
+		}()
+		if _, ok, err := d.takeLate(context.Background(), spec); ok || err != nil {
+			t.Errorf("takeLate: ok %v, %v; want a fresh load", ok, err)
+		}
+	}()
+	if !d.mu.TryLock() {
+		d.mu.Unlock() // the one the panic left: the cleanup's Close takes it
+		t.Fatal("the device's lock was left held")
+	}
+	dropped := l.dropped
+	d.mu.Unlock()
+	if !dropped {
+		t.Error("a late load whose output is not the spec's was not dropped")
+	}
+}

@@ -122,12 +122,30 @@ func (d *Device) spawn(ctx context.Context, w float64, env ...string) (*proc, er
 		return nil, err
 	}
 	defer stageF.Close()
-	p, err := d.start(d.workerCommand(theirs, stageF, env), ctl, stageDir)
-	if err != nil {
+	// A panic from here on (a device's Go code; a load's is recovered by
+	// its request's transport) releases what the start made, the started
+	// worker (its reaping removes its stage) or the channel and the stage,
+	// then goes on: they would leak, with no one left to end them.
+	var p *proc
+	settled := false
+	defer func() {
+		switch {
+		case settled:
+		case p != nil:
+			p.kill("its start panicked")
+		default:
+			ctl.Close()
+			os.RemoveAll(stageDir)
+		}
+	}()
+	if p, err = d.start(d.workerCommand(theirs, stageF, env), ctl, stageDir); err != nil {
+		settled = true // start released them
 		return nil, err
 	}
 	p.placeCgroups(w)
-	if err := p.awaitReady(ctx); err != nil {
+	err = p.awaitReady(ctx)
+	settled = true
+	if err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -618,11 +636,18 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if _, _, err := p.ctl.WriteMsgUnix(wire.AppendControl(nil, c), oob, nil); err != nil {
-		return nil, g.failed(err, during)
+	_, _, err := p.ctl.WriteMsgUnix(wire.AppendControl(nil, c), oob, nil)
+	n := 0
+	if err == nil {
+		n, err = p.ctl.Read(p.buf)
 	}
-	n, err := p.ctl.Read(p.buf)
 	if err != nil {
+		if bound > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Its own bound passed, no request's deadline (a drop has no
+			// request): the kill says so. Its reply, were it to come,
+			// would be read as the next call's: the worker goes.
+			p.killFor(g, fmt.Sprintf("it did not answer within %v while %s", bound, during))
+		}
 		return nil, g.failed(err, during)
 	}
 	if n == 0 {

@@ -162,14 +162,22 @@ func (s *poolSlot) giveBack() {
 	unix.Munmap(s.mem)
 }
 
+// dropWait bounds a discarded slot's drop's wait for its worker's control
+// channel, dropBound the call once the channel is free: a drop is no
+// request's, and a wait behind a sibling's long call must not eat the
+// call's own time (a call past its bound kills the worker). Variables for
+// tests.
+var dropWait, dropBound = 10 * time.Second, 10 * time.Second
+
 // dropDiscarded has the worker unregister and unmap discarded slot s,
 // out of the pool's all, then unmaps and uncounts it here. A worker that
 // did not drop it (gone, its program unloading, a device that cannot
-// unpin) leaves it to its program's or worker's end, as before.
+// unpin, a control channel busy past dropWait) leaves it to its program's
+// or worker's end, as before.
 func (g *program) dropDiscarded(s *poolSlot) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), dropWait)
 	defer cancel()
-	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpDropSlot, Prog: g.id, Slot: s.id}, nil, "dropping a discarded slot")
+	raw, err := g.p.callTurn(ctx, dropBound, g, wire.Control{Op: wire.OpDropSlot, Prog: g.id, Slot: s.id}, nil, "dropping a discarded slot")
 	var rep wire.Reply
 	if err == nil {
 		rep, err = wire.DecodeControlReply(wire.OpDropSlot, raw)

@@ -3,8 +3,13 @@ package worker
 import (
 	"bytes"
 	"errors"
+	"runtime/debug"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
@@ -212,4 +217,90 @@ func lendAll(l device.Lender, m *abi.Manifest) []device.Slot {
 		}
 		lent = append(lent, s)
 	}
+}
+
+// A discarded slot's drop waits for its worker's control channel behind
+// another's call, then has its own time for the call. Before, one 10 s
+// bound covered both: a drop that got the channel late, its worker slow
+// for a moment then, ran past it, and the worker was killed, its program
+// blamed as if a request's deadline had passed.
+func TestDiscardedSlotsDropHasItsOwnTimeOnceTheChannelIsFree(t *testing.T) {
+	g, s := lentEcho(t)
+	maps := slotMaps(t, g.p.pid)
+	g.p.ctlTok <- struct{}{} // another's long control call (an instance's init, say)
+	t0 := time.Now()
+	s.Discard()
+	for time.Since(t0) < dropWait-300*time.Millisecond { // the call's length: the scenario, not a wait for state
+		time.Sleep(10 * time.Millisecond)
+	}
+	syscall.Kill(g.p.pid, syscall.SIGSTOP) // the worker slow for a moment (CPU-starved)
+	<-g.p.ctlTok
+	waitFor(t, "the drop's call", func() bool {
+		g.p.mu.Lock()
+		defer g.p.mu.Unlock()
+		return g.p.ctlBusy && g.p.calling == "dropping a discarded slot"
+	})
+	for time.Since(t0) < dropWait+300*time.Millisecond && g.Alive() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	syscall.Kill(g.p.pid, syscall.SIGCONT)
+	waitFor(t, "the worker to drop the slot or die", func() bool { return !g.Alive() || slotMaps(t, g.p.pid) == maps-1 })
+	if !g.Alive() {
+		t.Fatalf("the worker was killed by the slot's drop: %v", g.Death())
+	}
+}
+
+// A drop's call that its worker does not answer within the call's own
+// bound ends the worker (its reply, were it to come, would be read as the
+// next call's), and says why: no request's deadline passed.
+func TestDiscardedSlotsDropPastItsBoundSaysWhy(t *testing.T) {
+	g, s := lentEcho(t)
+	defer func(b time.Duration) { dropBound = b }(dropBound)
+	dropBound = time.Nanosecond // past before the call is sent: no worker answers in time
+	s.Discard()
+	waitFor(t, "the worker's end", func() bool { return !g.Alive() })
+	if err := g.Death(); err == nil || !strings.Contains(err.Error(), "it did not answer within 1ns while dropping a discarded slot") {
+		t.Fatalf("the worker's end: %v", err)
+	}
+}
+
+// lentEcho is a pool slot lent by the echo program in a worker of its own.
+func lentEcho(t *testing.T) (*program, device.Slot) {
+	t.Helper()
+	m := testkit.Manifest("echo")
+	g := load(t, newDevice(t, 0), m).(*program)
+	s, ok := g.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot")
+	}
+	return g, s
+}
+
+// A run whose request panics in the server before its message went out
+// (here copying its input in, from memory that faults) leaves no run on
+// its pool slot: the slot, discarded, goes at once. Before, the slot was
+// marked in a run from before the copy, and kept until its program ended.
+func TestDiscardedSlotOfARunThatPanickedBeforeItsSendGoes(t *testing.T) {
+	g, s := lentEcho(t)
+	m := testkit.Manifest("echo")
+	in := newInst(t, g, m)
+	echo, _ := g.Entry("echo")
+	bad, err := unix.Mmap(-1, 0, 4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(bad)
+	maps := slotMaps(t, g.p.pid)
+	func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the run did not panic")
+			}
+		}()
+		in.Run(&device.Run{Input: bad[:1], Output: s.Output(), Slot: s, TmpLen: m.TmpBytes,
+			Chain: []device.Step{{Entry: echo, Grid: 1, Block: 1}}})
+	}()
+	s.Discard() // as the transport does with a panicked request's slot
+	waitFor(t, "the worker to unmap the discarded slot", func() bool { return slotMaps(t, g.p.pid) == maps-1 })
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/fileutil"
@@ -111,10 +112,26 @@ func (d *Device) placeTenant(ctx context.Context, spec device.ProgramSpec) (*pro
 				return nil, fmt.Errorf("%w while waiting for the tenant's worker to start", device.ErrDeadline)
 			}
 		}
-		p, err = d.take(ctx, spec.Manifest)
-		d.settleStart(spec.Tenant, t, p, err)
-		return p, err
+		return d.startTenant(ctx, spec.Tenant, spec.Manifest, t)
 	}
+}
+
+// startTenant takes a worker for the start tenantTurn gave this load, t's,
+// and settles it. A panic in the take (recovered by the request's
+// transport) settles it too, as a failure, before it goes on: a start left
+// under way would have the tenant's every later load wait for it until
+// its deadline.
+func (d *Device) startTenant(ctx context.Context, tenant string, m *abi.Manifest, t *tenantSlot) (*proc, error) {
+	settled := false
+	defer func() {
+		if !settled {
+			d.settleStart(tenant, t, nil, errors.New("the worker's start panicked"))
+		}
+	}()
+	p, err := d.take(ctx, m)
+	settled = true
+	d.settleStart(tenant, t, p, err)
+	return p, err
 }
 
 // tenantTurn is, under d.mu, what a load for tenant finds: its live

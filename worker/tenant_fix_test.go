@@ -301,27 +301,66 @@ func TestTenantUnloadReleasesPoolSlots(t *testing.T) {
 // On a device that pins its slots (the fake CUDA driver), the unloaded
 // program's pins are undone too: the device's pinned bytes come back.
 func TestCUDATenantUnloadUnpinsPoolSlots(t *testing.T) {
-	good, dir := fakeCUDA(t)
-	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: good.opts.Driver, Landlock: true,
-		StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
-	t.Cleanup(func() { d.Close() })
+	d, dir := fakeTenantDevice(t)
 	m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
 	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
-	load := func(name string) *program {
-		mm := *m
-		mm.Name = name
-		p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: &mm, Tenant: "t"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		return p.(*program)
-	}
-	keep := load("keep")
+	keep := loadAs(t, d, dir, m, "keep")
+	t.Cleanup(func() { keep.Close() })
 	cycleSlots(t, d, dir, m, keep)
 	if got := d.Pinning().Bytes; got != 0 {
 		t.Errorf("%d bytes pinned after the unloads, want 0", got)
 	}
+}
+
+// A discarded slot its worker failed to unregister stays in the worker's
+// table: its program's unload unregisters and unmaps it with the rest.
+// Before, the failed drop had taken it out of the table first, and it
+// stayed mapped and pinned in the worker for the worker's life.
+func TestCUDASlotThatFailedToUnregisterGoesWithItsProgram(t *testing.T) {
+	d, dir := fakeTenantDevice(t, "FAKECUDA_UNREGISTER_ERROR=1")
+	m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
+	keep := loadAs(t, d, dir, m, "keep")
+	t.Cleanup(func() { keep.Close() })
+	maps := slotMaps(t, keep.p.pid)
+	x := loadAs(t, d, dir, m, "x")
+	s, ok := x.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot lent")
+	}
+	s.Discard() // its drop fails: the driver's first unregister does
+	waitFor(t, "the slot kept after its failed drop", func() bool {
+		x.slots.mu.Lock()
+		defer x.slots.mu.Unlock()
+		return len(x.slots.discarded) == 1
+	})
+	x.Close()
+	waitFor(t, "the unload to unmap the slot", func() bool { return slotMaps(t, keep.p.pid) == maps })
+	if got := d.Pinning().Bytes; got != 0 {
+		t.Errorf("%d bytes pinned after the unload, want 0", got)
+	}
+}
+
+// fakeTenantDevice is a device in tenant scope on the fake CUDA driver,
+// its workers given env, and the fake bundle's directory.
+func fakeTenantDevice(t *testing.T, env ...string) (*Device, string) {
+	t.Helper()
+	good, dir := fakeCUDA(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: good.opts.Driver, Landlock: true,
+		StageDir: t.TempDir(), Spawner: spawner, TenantScope: true, env: env})
+	t.Cleanup(func() { d.Close() })
+	return d, dir
+}
+
+// loadAs loads the fake bundle of m, named name, for tenant t.
+func loadAs(t *testing.T, d *Device, dir string, m *abi.Manifest, name string) *program {
+	t.Helper()
+	mm := *m
+	mm.Name = name
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: &mm, Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.(*program)
 }
 
 // The blame rule, case by case, on a tenant's worker holding programs 1

@@ -74,3 +74,72 @@ func TestPlaceTenantPanicLeavesDeviceUsable(t *testing.T) {
 		t.Fatalf("another tenant's load still hangs after 10 s (the device's lock held: %v)", held)
 	}
 }
+
+// targetBugDevice is the host device whose Target panics, while armed,
+// when a worker's command line is made (a bug in a device's Go code in a
+// worker's start).
+type targetBugDevice struct {
+	device.Device
+	armed atomic.Bool
+}
+
+func (d *targetBugDevice) Target() string {
+	if d.armed.Load() && strings.Contains(string(debug.Stack()), "workerCommand") {
+		panic("a device bug in Target")
+	}
+	return d.Device.Target()
+}
+
+// A load that starts its tenant's worker marks the start under way, and
+// the tenant's other loads wait for it. Before the fix a panic in the start
+// (recovered by the request's transport) left it marked for good: the
+// tenant's every later load waited until its deadline, and the control
+// channel and stage the start had made leaked.
+func TestPanicInATenantsWorkerStartLeavesTheTenantUsable(t *testing.T) {
+	base := &targetBugDevice{Device: device.NewHost(0)}
+	stages := t.TempDir()
+	d := NewDevice(Options{Exe: os.Args[0], Base: base, Landlock: true, StageDir: stages, Spawner: spawner, TenantScope: true})
+	t.Cleanup(func() { d.Close() })
+	m := testkit.Manifest("f")
+	dir := testkit.BundleDir(t, m, nil)
+	sockets := openSockets(t)
+	base.armed.Store(true)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the load did not panic")
+			}
+		}()
+		d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "a"})
+	}()
+	base.armed.Store(false)
+	if left, _ := os.ReadDir(stages); len(left) != 0 {
+		t.Errorf("the panicked start left %d stage directories", len(left))
+	}
+	if n := openSockets(t); n > sockets {
+		t.Errorf("the panicked start left %d sockets open", n-sockets)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := d.Load(ctx, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "a"})
+	if err != nil {
+		t.Fatalf("the tenant's next load after a panic in its worker's start: %v", err)
+	}
+	p.Close()
+}
+
+// openSockets counts this process's open sockets.
+func openSockets(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
+}

@@ -141,7 +141,7 @@ func TestReady(t *testing.T) {
 
 // The protocol's bytes, written out: a change to any of them is a change
 // of the protocol, which bumps Protocol (and this test).
-func TestBytesOfProtocol12(t *testing.T) {
+func TestBytesOfTheProtocol(t *testing.T) {
 	run := device.Run{Input: make([]byte, 2), Output: make([]byte, 3), TmpLen: 4, ZeroOut: true, ChainKey: 5, Items: 6,
 		Chain: []device.Step{{Entry: 7, Grid: 8, Block: 9}}}
 	for _, tc := range []struct {
@@ -249,11 +249,12 @@ func FuzzWorkerMessages(f *testing.F) {
 	f.Add(AppendReady(nil, Ready{PID: 1, Landlocked: true}))
 	f.Add(AppendControlReply(nil, OpSlot, Reply{St: StOK, ID: 3, Pin: Pin{State: PinRefused, Why: "w"}}))
 	f.Add(AppendControlReply(nil, OpEntry, Reply{St: StFailed, Text: "x"}))
+	f.Add(AppendControlReply(nil, OpDropSlot, Reply{St: StFailed, Text: "x"}))
 	f.Add(EncodeReply(make([]byte, 0, ReplyMax), StOK, &device.Run{OutLen: 1}, 1, ""))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		DecodeReady(b)
-		for _, op := range []byte{OpLoad, OpEntry, OpNewInstance, OpSlot, OpUnload, 0} {
+		for _, op := range []byte{OpLoad, OpEntry, OpNewInstance, OpSlot, OpDropSlot, OpUnload, 0} {
 			if r, err := DecodeControlReply(op, b); err == nil && len(r.Text)+len(r.Pin.Why) >= len(b) {
 				t.Fatalf("op %q: a reply of %d bytes read as %+v", op, len(b), r)
 			}

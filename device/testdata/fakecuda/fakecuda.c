@@ -15,6 +15,8 @@
  * Environment: FAKECUDA_INIT_ERROR=<code> makes cuInit fail,
  * FAKECUDA_DEVICES=<n> (default 2, at most 4) sets the device count.
  * FAKECUDA_REGISTER_ERROR=<code> makes cuMemHostRegister refuse.
+ * FAKECUDA_UNREGISTER_ERROR=<code> makes the process's first
+ * cuMemHostUnregister fail (the memory stays registered); later ones work.
  * FAKECUDA_FAULT=<code> is the sticky error a faulting kernel (fakecu_fault)
  * leaves instead of the one it asks for: the other codes NVIDIA documents as
  * ending the process's use of CUDA (an MPS client terminated, say).
@@ -300,6 +302,9 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) {
 EXPORT CUresult cuMemHostUnregister(void *p) {
   NEED_CTX();
   if (p == NULL) return INVALID_VALUE;
+  static int unregisters;
+  const char *fail = getenv("FAKECUDA_UNREGISTER_ERROR");
+  if (fail && atoi(fail) && __atomic_fetch_add(&unregisters, 1, __ATOMIC_RELAXED) == 0) return atoi(fail);
   COUNT(1, -1);
   return OK;
 }
