@@ -134,6 +134,7 @@ func TestIdleCPUDuringASiblingsLoadIsBilled(t *testing.T) {
 	pr.look(true)
 	before := time.Duration(total.Load())
 	c0, _ := pr.cpuNow()
+	t0 := time.Now()
 	b, err := d.Load(context.Background(), slowSpec(t, "b", "-DSLOW_MS=1000"))
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +142,12 @@ func TestIdleCPUDuringASiblingsLoadIsBilled(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	pr.look(true)
 	c1, _ := pr.cpuNow()
-	if got := time.Duration(total.Load()) - before; got < (c1-c0)/4 {
-		t.Fatalf("the worker used %v of CPU during its sibling's 1 s load, 4 threads spinning; billed %v", c1-c0, got)
+	// The load's thread may take its wall time of it; on a loaded machine
+	// the spinning threads may get less than a CPU more, and the bill can
+	// be nothing.
+	got, want := time.Duration(total.Load())-before, c1-c0-time.Since(t0)-50*time.Millisecond
+	t.Logf("the worker used %v of CPU during its sibling's %v load, 4 threads spinning; billed %v", c1-c0, time.Since(t0), got)
+	if got < want {
+		t.Fatalf("billed %v, want at least %v", got, want)
 	}
 }
