@@ -89,7 +89,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	defer r.saveKept()
 	r.mu.Lock()
 	m := r.modelLocked(name, f)
-	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
+	m.unloaded, m.seen, m.seenAt, m.done, m.deploying = false, f.print, time.Now(), "", true
 	if f.unreadable {
 		r.unreadableLocked(m, f)
 		defer r.mu.Unlock()
@@ -237,7 +237,7 @@ func (r *Repository) noticeDeleted(ctx context.Context) map[string]bool {
 	r.mu.Lock()
 	for _, m := range r.models {
 		// One settled after the listing began may have a record it missed.
-		if m.serving() && m.epoch <= at && !names[m.name] {
+		if m.serving() && !m.deploying && m.epoch <= at && !names[m.name] {
 			r.unloadedLocked(m, deletedReason)
 			r.cfg.Log.Info("model repository: its function was deleted (plover rm): unloaded until a load", "model", m.name)
 		}

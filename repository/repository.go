@@ -141,7 +141,11 @@ type model struct {
 	retry     bool         // its last deploy failed for a reason that may pass: the next scan tries again
 	removing  bool         // its folder went and deleting its function failed: the next scan tries again
 	unloaded  bool         // by the API or plover rm, until a load or the folder changes
-	epoch     uint64       // Repository.epoch at its last settle
+	// deploying: a load or scan decided to deploy it and has not settled
+	// yet; a listing of the store says nothing of it (it may be absent
+	// from the store only until this deploy puts it back).
+	deploying bool
+	epoch     uint64 // Repository.epoch at its last settle
 }
 
 // version is one version folder's state.
@@ -274,6 +278,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		case stillChanging:
 			settling = true
 		case changed:
+			m.deploying = true
 			due = append(due, m)
 		}
 	}
@@ -679,8 +684,17 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 
 // settleLocked is settle under r.mu.
 func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
+	if state == "" && len(vers) == 0 {
+		// The index shows the folder's own entry then: never without a
+		// state.
+		state, reason = Unavailable, cmp.Or(reason, "no version deployed")
+	}
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
 	m.retry = done == ""
+	// A deploy's outcome: the load or the change of the folder that
+	// started it ended any unload, and an index that took the model for
+	// deleted meanwhile judged by a listing older than this deploy.
+	m.deploying, m.unloaded = false, false
 	r.epoch++
 	m.epoch = r.epoch
 	for _, v := range vers {
