@@ -35,6 +35,13 @@ var errNoBundle = errors.New("no " + abi.ManifestFile + " and no version folders
 // with why and the reason, and the next scans try again. It answered
 // requests before, while the index said it had no bundle.
 func (r *Repository) noBundle(ctx context.Context, m *model, print string, why error) {
+	// Its versions were listed after the look that decided the deploy:
+	// a plover.json rewritten in place is absent a moment, and deleting
+	// takes the function's record with it.
+	if !stillAs(m, print) {
+		r.unsettled(m)
+		return
+	}
 	r.mu.Lock()
 	ours := m.deployed
 	r.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -440,8 +441,14 @@ func (r *Repository) parallel(n int, f func(int)) {
 // versionsOf lists m's version folders (its folder alone when it is a
 // bundle, as version 1) and whether its highest is a pipeline.
 func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
-	if _, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile)); err == nil {
+	_, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile))
+	if err == nil {
 		return []version{{label: "1", dir: resolved(m.dir), where: r.where(m.dir)}}, isPipeline(m.dir), nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		// EACCES, EIO, ESTALE a moment: taken for absent, the model
+		// would have no bundle and its function would be deleted.
+		return nil, false, fmt.Errorf("%s: %w", r.where(m.dir), err)
 	}
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
@@ -528,12 +535,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		// goes beside it.
 		v.id, err = r.deployVersion(ctx, m, v, rec, i < len(vers)-1, print)
 		if errors.Is(err, errChanged) {
-			// Packed while being copied: nothing more deploys from this
-			// look; the next scans see it settle.
-			r.mu.Lock()
-			old := m.versions
-			r.mu.Unlock()
-			r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was packed: waiting for the copy to settle", r.where(m.dir)), errdefs.KindUnavailable)
+			r.unsettled(m)
 			return
 		}
 		if err != nil {
@@ -619,6 +621,24 @@ func refused(where string, err error) error {
 // to deploy it and the packing of a version.
 var errChanged = errors.New("the folder changed while it was packed")
 
+// stillAs reports whether m's folder is still as print, the look that
+// decided its deploy.
+func stillAs(m *model, print string) bool {
+	now := look(m.dir, m.renamed)
+	return now.print == print && now.err == nil
+}
+
+// unsettled settles m, whose folder changed since the look that decided
+// its deploy (being copied, a manifest rewritten in place): nothing more
+// deploys from that look, what served serves on, and the next scans see
+// it settle.
+func (r *Repository) unsettled(m *model) {
+	r.mu.Lock()
+	old := m.versions
+	r.mu.Unlock()
+	r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was read: waiting for the copy to settle", r.where(m.dir)), errdefs.KindUnavailable)
+}
+
 // deployVersion deploys one version folder unless rec has it already
 // (the same label and bytes: a restart), and returns its version id. The
 // model's folder must still be as print, the look that decided the
@@ -632,7 +652,7 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 	// Only files within the version folder: a file linked out of it
 	// (to the server's own secrets) is refused, and the folder with it.
 	b, sha, man, err := r.pack(v.dir, name)
-	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
+	if !stillAs(m, print) {
 		return "", errChanged
 	}
 	if errdefs.KindOf(err) == errdefs.KindTooLarge {
