@@ -83,3 +83,30 @@ func TestNoBundleOnlyOnceItIsSo(t *testing.T) {
 		})
 	}
 }
+
+// A restart while the store is down a moment, over a model folder an
+// earlier run deployed whose version folders were all removed meanwhile:
+// whether its function is the repository's cannot be read yet, and the
+// next scan reads it again. It was taken for not the repository's and
+// settled for good: the emptied folder's function served on.
+func TestNoBundleAtStartWithTheStoreDown(t *testing.T) {
+	ctx := context.Background()
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	node := &storeDownNode{fakeNode: newFakeNode()}
+	cfg := Config{Dir: models, Poll: time.Hour, Settle: time.Millisecond}
+	earlier, _ := New(cfg, node)
+	earlier.Scan(ctx)
+	os.RemoveAll(filepath.Join(models, "cnn", "1"))
+	age(t, models)
+	node.down.Store(true)
+	r, _ := New(cfg, node)
+	again := r.Scan(ctx)
+	during := index(r)
+	node.down.Store(false)
+	r.Scan(ctx)
+	if !again || !strings.Contains(during, "connection refused") || node.current("cnn") != "" {
+		t.Errorf("scan with the store down: to be tried again %v, index %q; then function current %q, index %q; want it tried again and deleted",
+			again, during, node.current("cnn"), index(r))
+	}
+}

@@ -46,7 +46,13 @@ func (r *Repository) noBundle(ctx context.Context, m *model, print string, why e
 	ours := m.deployed
 	r.mu.Unlock()
 	if !ours {
-		ours = r.labelled(ctx, m.name)
+		var err error
+		if ours, err = r.labelledErr(ctx, m.name); err != nil {
+			// As earlierRuns: taken for not ours, an earlier run's
+			// function would serve on for good with no bundle.
+			r.settle(m, "", nil, Unavailable, fmt.Sprintf("%v; whether its function is the repository's could not be read (tried again at the next scan): %v", why, err), errdefs.KindOf(err))
+			return
+		}
 	}
 	if ours {
 		if err := r.remove(ctx, m); err != nil {
