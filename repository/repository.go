@@ -11,7 +11,6 @@
 package repository
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -526,14 +525,16 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	current, label := "", ""
 	retry := false
 	// The folders whose number still names a deployed version: not one
-	// refused as it is, whose earlier bytes would answer by its number
-	// while the index says UNAVAILABLE.
+	// whose content is now other than its number names (a manifest naming
+	// another function, bytes the node refuses), whose earlier bytes
+	// would answer by its number while the index says UNAVAILABLE.
 	var named []version
 	for i := range vers {
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
 		// goes beside it.
-		v.id, err = r.deployVersion(ctx, m, v, rec, i < len(vers)-1, print)
+		var other bool
+		v.id, other, err = r.deployVersion(ctx, m, v, rec, i < len(vers)-1, print)
 		if errors.Is(err, errChanged) {
 			r.unsettled(m)
 			return
@@ -542,8 +543,8 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			// The store down, a conflict, a pipeline's step not there
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
-			if passing(err) {
-				retry = true
+			retry = retry || passing(err)
+			if passing(err) || !other {
 				named = append(named, *v)
 			}
 			v.state, v.reason, v.kind = Unavailable, brief(err.Error()), errdefs.KindOf(err)
@@ -637,61 +638,6 @@ func (r *Repository) unsettled(m *model) {
 	old := m.versions
 	r.mu.Unlock()
 	r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was read: waiting for the copy to settle", r.where(m.dir)), errdefs.KindUnavailable)
-}
-
-// deployVersion deploys one version folder unless rec has it already
-// (the same label and bytes: a restart), and returns its version id. The
-// model's folder must still be as print, the look that decided the
-// deploy, once the version is packed (errChanged).
-func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, rec *api.Record, aside bool, print string) (string, error) {
-	label, where := v.label, v.where
-	name := ""
-	if m.renamed {
-		name = m.name
-	}
-	// Only files within the version folder: a file linked out of it
-	// (to the server's own secrets) is refused, and the folder with it.
-	b, sha, man, err := r.pack(v.dir, name)
-	if !stillAs(m, print) {
-		return "", errChanged
-	}
-	if errdefs.KindOf(err) == errdefs.KindTooLarge {
-		return "", fmt.Errorf("%s: %w", where, err)
-	}
-	if err != nil {
-		// Its files named from the folder (where names it): the server's
-		// own paths are not the index's readers' to see.
-		return "", refused(where, errors.New(strings.ReplaceAll(err.Error(), v.dir+string(filepath.Separator), "")))
-	}
-	if !m.renamed && man.Name != m.name {
-		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
-	}
-	v.steps = abi.Functions(man.Steps)
-	// The latest version with the label (what the label names, as
-	// Record.Find has it) must be these bytes: a folder changed and then
-	// changed back is deployed again.
-	if v, ok := latestLabeled(rec, label); ok && v.SHA256 == sha {
-		return v.ID, nil
-	}
-	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
-	}
-	r.cfg.Log.Info("model repository: deployed", "model", m.name, "version", label, "id", fi.Version)
-	return fi.Version, nil
-}
-
-// latestLabeled is rec's latest version labeled label.
-func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
-	if rec == nil {
-		return api.Version{}, false
-	}
-	for i := len(rec.Versions) - 1; i >= 0; i-- {
-		if rec.Versions[i].Label == label {
-			return rec.Versions[i], true
-		}
-	}
-	return api.Version{}, false
 }
 
 // settle records a deploy's outcome: done is the fingerprint it answers
