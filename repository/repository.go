@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -119,6 +120,11 @@ type Repository struct {
 	kept   map[string]keptModel
 	saved  map[string]keptModel
 	saving sync.Mutex
+	// life is Run's context (nil before Run): the scans an index asks
+	// for (kick) run under it, also after Run returned (no Poll).
+	life context.Context
+	// kicked: a scan asked for by kick has not taken the turn yet.
+	kicked atomic.Bool
 }
 
 // Started is closed once Run's first scans have deployed the folders found
@@ -199,6 +205,9 @@ const maxRetry = time.Minute
 // deploy that failed for a reason that may pass is tried again, waiting
 // twice as long each time up to a minute).
 func (r *Repository) Run(ctx context.Context) {
+	r.mu.Lock()
+	r.life = ctx
+	r.mu.Unlock()
 	backoff := r.cfg.Settle
 	for {
 		settling, retrying := r.scan(ctx)
@@ -245,7 +254,11 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, false
 	}
 	defer r.give()
-	r.backElsewhere(ctx, r.noticeDeleted(ctx))
+	return r.scanHeld(ctx)
+}
+
+// scanHeld is scan, called with the turn.
+func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	found, err := r.list()
 	if err != nil {
 		// DIR itself unreadable (a volume remounting): nothing is removed
@@ -254,6 +267,12 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, true
 	}
 	now := time.Now()
+	r.mu.Lock()
+	for name, f := range found {
+		r.modelLocked(name, f) // an earlier run's unloads applied, for backElsewhere
+	}
+	r.mu.Unlock()
+	r.backElsewhere(ctx, r.noticeDeleted(ctx), found)
 	var due []*model
 	r.mu.Lock()
 	var gone, unsure []*model
