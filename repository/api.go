@@ -19,7 +19,7 @@ import (
 // (unreadable, unloaded), or when its last deploy failed beside the
 // versions that still serve (the store down); with ready, only READY ones.
 func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryModel {
-	l := r.noticeDeleted(ctx)
+	l := r.noticeDeleted(ctx, true)
 	// With the turn, as a scan: an unload cannot come between the
 	// record read that says the function is back and the end of its
 	// unload. Busy (a scan, a load), it is for the next index.
@@ -239,18 +239,58 @@ const listWait = 2 * time.Second
 // another node sharing the store): the index said READY while requests
 // answered 404, and they stay deleted through polls as an unload does,
 // rather than deployed again behind the operator's back. One listing of
-// the store, none while no model serves or is unloaded; a store that does
-// not answer changes nothing. It returns the listing (nil: none).
-func (r *Repository) noticeDeleted(ctx context.Context) *listing {
+// the store; none while no model serves or is unloaded; a store that
+// does not answer changes nothing. With share (the index's), one listing
+// at a time, shared by those who ask meanwhile; a scan's is its own,
+// taken after its look at the folders. It returns the listing (nil: none).
+func (r *Repository) noticeDeleted(ctx context.Context, share bool) *listing {
 	r.mu.Lock()
-	at, serving := r.epoch, false
+	serving := false
 	for _, m := range r.models {
 		serving = serving || m.serving() || m.unloaded
 	}
-	r.mu.Unlock()
 	if !serving {
+		r.mu.Unlock()
 		return nil
 	}
+	if !share {
+		at := r.epoch
+		r.mu.Unlock()
+		return r.listDeleted(ctx, at)
+	}
+	if f := r.flight; f != nil {
+		f.sharing++
+		r.mu.Unlock()
+		select {
+		case <-f.done:
+			return f.l
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	r.flight = f
+	at := r.epoch
+	r.mu.Unlock()
+	l := r.listDeleted(ctx, at)
+	r.mu.Lock()
+	r.flight, f.l = nil, l
+	r.mu.Unlock()
+	close(f.done)
+	return l
+}
+
+// flight is a listing of the store on its way, which those who ask for
+// one meanwhile wait for.
+type flight struct {
+	done    chan struct{}
+	l       *listing // once done
+	sharing int      // how many wait for it besides the one listing
+}
+
+// listDeleted is noticeDeleted's listing, taken at epoch at, and its
+// marks.
+func (r *Repository) listDeleted(ctx context.Context, at uint64) *listing {
 	ctx, cancel := context.WithTimeout(ctx, listWait)
 	defer cancel()
 	names, err := r.node.Listed(ctx)
@@ -258,17 +298,35 @@ func (r *Repository) noticeDeleted(ctx context.Context) *listing {
 		r.cfg.Log.Debug("model repository: cannot list the functions to see which were deleted", "error", err)
 		return nil
 	}
+	// One settled after the listing began may have a record it missed,
+	// and one deploying may be absent only until it settles.
+	gone := func(m *model) bool { return m.serving() && !m.deploying && m.epoch <= at && !names[m.name] }
 	r.mu.Lock()
+	var missing []*model
 	for _, m := range r.models {
-		// One settled after the listing began may have a record it
-		// missed, and one deploying may be absent only until it settles.
-		if m.serving() && !m.deploying && m.epoch <= at && !names[m.name] {
-			r.unloadedLocked(m, deletedReason)
-			r.cfg.Log.Info("model repository: its function was deleted (plover rm, or an unload on another node): unloaded until a load", "model", m.name)
+		if gone(m) {
+			missing = append(missing, m)
 		}
 	}
 	r.mu.Unlock()
-	r.saveKept()
+	marked := false
+	for _, m := range missing {
+		// A listing may come back partial (a page lost) or empty: its
+		// record's absence confirms each.
+		if _, err := r.node.Versions(ctx, m.name); errdefs.KindOf(err) != errdefs.KindNotFound {
+			continue
+		}
+		r.mu.Lock()
+		if gone(m) {
+			r.unloadedLocked(m, deletedReason)
+			marked = true
+			r.cfg.Log.Info("model repository: its function was deleted (plover rm, or an unload on another node): unloaded until a load", "model", m.name)
+		}
+		r.mu.Unlock()
+	}
+	if marked {
+		r.saveKept()
+	}
 	return &listing{names, at}
 }
 

@@ -79,34 +79,59 @@ func (r *Repository) keptLocked(m *model) {
 
 // saveKept writes the unloaded models to Config.StateFile if they changed
 // since it was last written; a write that fails is tried again at the
-// next call (every scan calls it).
+// next call (every scan calls it). One writes at a time: a call while
+// another writes (its fsyncs on a slow disk) does not wait, the writer
+// writing again once done.
 func (r *Repository) saveKept() {
 	if r.cfg.StateFile == "" {
 		return
 	}
-	r.saving.Lock()
-	defer r.saving.Unlock()
 	r.mu.Lock()
-	now := maps.Clone(r.kept) // not looked at yet: before the first scan
-	if now == nil {
-		now = map[string]keptModel{}
-	}
-	for name, m := range r.models {
-		if m.unloaded {
-			now[name] = keptModel{Print: m.done, Reason: m.reason}
+	r.dirty = true
+	r.mu.Unlock()
+	for r.saving.TryLock() {
+		r.writeKept()
+		r.saving.Unlock()
+		r.mu.Lock()
+		again := r.dirty // asked for after the write's last look
+		r.mu.Unlock()
+		if !again {
+			return
 		}
 	}
-	r.mu.Unlock()
-	if maps.Equal(now, r.saved) {
-		return
+}
+
+// writeKept writes the state file while the unloaded models changed
+// since its last look; with r.saving held.
+func (r *Repository) writeKept() {
+	for {
+		r.mu.Lock()
+		if !r.dirty {
+			r.mu.Unlock()
+			return
+		}
+		r.dirty = false
+		now := maps.Clone(r.kept) // not looked at yet: before the first scan
+		if now == nil {
+			now = map[string]keptModel{}
+		}
+		for name, m := range r.models {
+			if m.unloaded {
+				now[name] = keptModel{Print: m.done, Reason: m.reason}
+			}
+		}
+		r.mu.Unlock()
+		if maps.Equal(now, r.saved) {
+			continue
+		}
+		b, err := json.Marshal(keptFile{Dir: keptDir(r.cfg.Dir), Unloaded: now})
+		if err == nil {
+			err = fileutil.WriteAtomic(r.cfg.StateFile, b, 0o600)
+		}
+		if err != nil {
+			r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at the next scan)", "file", r.cfg.StateFile, "error", err)
+			return
+		}
+		r.saved = now
 	}
-	b, err := json.Marshal(keptFile{Dir: keptDir(r.cfg.Dir), Unloaded: now})
-	if err == nil {
-		err = fileutil.WriteAtomic(r.cfg.StateFile, b, 0o600)
-	}
-	if err != nil {
-		r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at the next scan)", "file", r.cfg.StateFile, "error", err)
-		return
-	}
-	r.saved = now
 }

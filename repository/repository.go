@@ -125,6 +125,12 @@ type Repository struct {
 	life context.Context
 	// kicked: a scan asked for by kick has not taken the turn yet.
 	kicked atomic.Bool
+	// flight is the store's listing on its way (noticeDeleted), nil when
+	// none; under mu.
+	flight *flight
+	// dirty: the unloaded models may have changed since the state file
+	// was written (saveKept); under mu.
+	dirty bool
 }
 
 // Started is closed once Run's first scans have deployed the folders found
@@ -272,7 +278,7 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 		r.modelLocked(name, f) // an earlier run's unloads applied, for backElsewhere
 	}
 	r.mu.Unlock()
-	r.backElsewhere(ctx, r.noticeDeleted(ctx), found)
+	r.backElsewhere(ctx, r.noticeDeleted(ctx, false), found)
 	var due []*model
 	r.mu.Lock()
 	var gone, unsure []*model
