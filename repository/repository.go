@@ -120,6 +120,9 @@ type Repository struct {
 	kept   map[string]keptModel
 	saved  map[string]keptModel
 	saving sync.Mutex
+	// unsaved: the last write of the state file failed, and was said;
+	// with saving held.
+	unsaved bool
 	// life is Run's context (nil before Run): the scans an index asks
 	// for (kick) run under it, also after Run returned (no Poll).
 	life context.Context
@@ -194,6 +197,7 @@ func New(cfg Config, node Node) (*Repository, error) {
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
 		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{})}
+	r.removeTorn()
 	r.kept = r.readKept()
 	r.saved = maps.Clone(r.kept)
 	if r.saved == nil {
