@@ -23,14 +23,16 @@ func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryMode
 	// With the turn, as a scan: an unload cannot come between the
 	// record read that says the function is back and the end of its
 	// unload. Busy (a scan, a load), it is for the next index.
-	select {
-	case r.turn <- struct{}{}:
-		back := r.backElsewhere(ctx, l, nil)
-		r.give()
-		if back {
-			r.kick() // without polling, no scan would deploy them
+	if l != nil {
+		select {
+		case r.turn <- struct{}{}:
+			back := r.backElsewhere(ctx, l, nil)
+			r.give()
+			if back {
+				r.kick() // without polling, no scan would deploy them
+			}
+		default:
 		}
-	default:
 	}
 	r.mu.Lock()
 	var listed map[string]bool
