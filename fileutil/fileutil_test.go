@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/iotest"
 )
@@ -127,6 +128,26 @@ func TestWriteAtomic(t *testing.T) {
 		ents, _ := os.ReadDir(dir)
 		if err != nil || string(got) != b || fi.Mode().Perm() != 0o600 || len(ents) != 1 {
 			t.Errorf("after writing %q: %q %v, mode %v, %d files", b, got, err, fi.Mode().Perm(), len(ents))
+		}
+	}
+}
+
+// A directory whose file system cannot sync a directory (some FUSE and
+// network mounts answer EINVAL or ENOTSUP) still gets the file replaced,
+// and WriteAtomic says so: the rename is done, only its durability is the
+// file system's. Another sync failure (EIO) is one.
+func TestWriteAtomicDirSyncUnsupported(t *testing.T) {
+	defer func(f func(*os.File) error) { syncDir = f }(syncDir)
+	for _, c := range []struct {
+		err  error
+		fail bool
+	}{{syscall.EINVAL, false}, {syscall.ENOTSUP, false}, {syscall.EIO, true}} {
+		syncDir = func(*os.File) error { return &os.PathError{Op: "sync", Path: "dir", Err: c.err} }
+		p := filepath.Join(t.TempDir(), "state.json")
+		err := WriteAtomic(p, []byte("new"), 0o600)
+		got, _ := os.ReadFile(p)
+		if (err != nil) != c.fail || string(got) != "new" {
+			t.Errorf("dir sync %v: WriteAtomic %v, file %q; want failed %v and the file replaced", c.err, err, got, c.fail)
 		}
 	}
 }

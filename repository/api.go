@@ -19,8 +19,28 @@ import (
 // (unreadable, unloaded), or when its last deploy failed beside the
 // versions that still serve (the store down); with ready, only READY ones.
 func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryModel {
-	listed := r.noticeDeleted(ctx)
+	l := r.noticeDeleted(ctx, true)
+	// With the turn, as a scan: an unload cannot come between the
+	// record read that says the function is back and the end of its
+	// unload. Busy (a scan, a load), it is for the next index.
+	if l != nil {
+		select {
+		case r.turn <- struct{}{}:
+			back := r.backElsewhere(ctx, l, nil)
+			r.give()
+			if back {
+				r.kick() // without polling, no scan would deploy them
+			}
+		default:
+		}
+	}
 	r.mu.Lock()
+	var listed map[string]bool
+	if l != nil && l.at == r.epoch {
+		// A deploy settled since the listing began may have made a step
+		// it missed: then no step is judged by it.
+		listed = l.names
+	}
 	out := make([]api.RepositoryModel, 0, len(r.models))
 	type at struct {
 		i int // in out
@@ -89,7 +109,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	defer r.saveKept()
 	r.mu.Lock()
 	m := r.modelLocked(name, f)
-	m.unloaded, m.seen, m.seenAt, m.done = false, f.print, time.Now(), ""
+	m.unloaded, m.seen, m.seenAt, m.done, m.deploying = false, f.print, time.Now(), "", true
 	if f.unreadable {
 		r.unreadableLocked(m, f)
 		defer r.mu.Unlock()
@@ -203,8 +223,15 @@ func (r *Repository) unloadedLocked(m *model, reason string) {
 }
 
 // deletedReason is the index's reason for a model whose function was
-// deleted by other means than the repository's (plover rm).
-const deletedReason = "deleted (plover rm): a load deploys it again"
+// deleted by other means than this repository's: a listing of the store
+// tells plover rm from another node's unload in nothing.
+const deletedReason = "deleted (plover rm, or unloaded on another node): a load deploys it again"
+
+// listing is the store's functions as a listing found them.
+type listing struct {
+	names map[string]bool
+	at    uint64 // Repository.epoch as it began
+}
 
 // listWait bounds the store listing an index answer waits for.
 const listWait = 2 * time.Second
@@ -214,19 +241,58 @@ const listWait = 2 * time.Second
 // another node sharing the store): the index said READY while requests
 // answered 404, and they stay deleted through polls as an unload does,
 // rather than deployed again behind the operator's back. One listing of
-// the store, none while no model serves; a store that does not answer
-// changes nothing. It returns the functions listed (nil: none, or none
-// to judge by).
-func (r *Repository) noticeDeleted(ctx context.Context) map[string]bool {
+// the store; none while no model serves or is unloaded; a store that
+// does not answer changes nothing. With share (the index's), one listing
+// at a time, shared by those who ask meanwhile; a scan's is its own,
+// taken after its look at the folders. It returns the listing (nil: none).
+func (r *Repository) noticeDeleted(ctx context.Context, share bool) *listing {
 	r.mu.Lock()
-	at, serving := r.epoch, false
+	serving := false
 	for _, m := range r.models {
-		serving = serving || m.serving() || m.deletedElsewhere()
+		serving = serving || m.serving() || m.unloaded
 	}
-	r.mu.Unlock()
 	if !serving {
+		r.mu.Unlock()
 		return nil
 	}
+	if !share {
+		at := r.epoch
+		r.mu.Unlock()
+		return r.listDeleted(ctx, at)
+	}
+	if f := r.flight; f != nil {
+		f.sharing++
+		r.mu.Unlock()
+		select {
+		case <-f.done:
+			return f.l
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	r.flight = f
+	at := r.epoch
+	r.mu.Unlock()
+	l := r.listDeleted(ctx, at)
+	r.mu.Lock()
+	r.flight, f.l = nil, l
+	r.mu.Unlock()
+	close(f.done)
+	return l
+}
+
+// flight is a listing of the store on its way, which those who ask for
+// one meanwhile wait for.
+type flight struct {
+	done    chan struct{}
+	l       *listing // once done
+	sharing int      // how many wait for it besides the one listing
+}
+
+// listDeleted is noticeDeleted's listing, taken at epoch at, and its
+// marks.
+func (r *Repository) listDeleted(ctx context.Context, at uint64) *listing {
 	ctx, cancel := context.WithTimeout(ctx, listWait)
 	defer cancel()
 	names, err := r.node.Listed(ctx)
@@ -234,54 +300,94 @@ func (r *Repository) noticeDeleted(ctx context.Context) map[string]bool {
 		r.cfg.Log.Debug("model repository: cannot list the functions to see which were deleted", "error", err)
 		return nil
 	}
+	// One settled after the listing began may have a record it missed,
+	// and one deploying may be absent only until it settles.
+	gone := func(m *model) bool { return m.serving() && !m.deploying && m.epoch <= at && !names[m.name] }
 	r.mu.Lock()
+	var missing []*model
 	for _, m := range r.models {
-		// One settled after the listing began may have a record it missed.
-		if m.serving() && m.epoch <= at && !names[m.name] {
-			r.unloadedLocked(m, deletedReason)
-			r.cfg.Log.Info("model repository: its function was deleted (plover rm): unloaded until a load", "model", m.name)
+		if gone(m) {
+			missing = append(missing, m)
 		}
 	}
-	// A deploy settled since the listing began may have made a step it
-	// missed: the index then judges no step by it.
-	if r.epoch != at {
-		names = nil
-	}
 	r.mu.Unlock()
-	r.saveKept()
-	return names
+	marked := false
+	for _, m := range missing {
+		// A listing may come back partial (a page lost) or empty: its
+		// record's absence confirms each.
+		if _, err := r.node.Versions(ctx, m.name); errdefs.KindOf(err) != errdefs.KindNotFound {
+			continue
+		}
+		r.mu.Lock()
+		if gone(m) {
+			r.unloadedLocked(m, deletedReason)
+			marked = true
+			r.cfg.Log.Info("model repository: its function was deleted (plover rm, or an unload on another node): unloaded until a load", "model", m.name)
+		}
+		r.mu.Unlock()
+	}
+	if marked {
+		r.saveKept()
+	}
+	return &listing{names, at}
 }
 
-// deletedElsewhere reports whether m is unloaded because its function was
-// deleted by other means than this repository's; under r.mu.
-func (m *model) deletedElsewhere() bool { return m.unloaded && m.reason == deletedReason }
-
-// backElsewhere ends the unload of the models whose function was deleted
-// by other means and is back, deployed by a model repository (its current
-// version labelled: a load on another node sharing the store, or its
-// restart): this scan deploys them again, which adopts the versions the
-// store has. A function deployed otherwise is left alone. names is the
-// store's listing (noticeDeleted's); called with the turn.
-func (r *Repository) backElsewhere(ctx context.Context, names map[string]bool) {
+// backElsewhere ends the unload of the models whose function is back in
+// l, deployed by a model repository (its current version labelled: a load
+// on another node sharing the store, after an unload here, there or a
+// plover rm): the next scan deploys them again, which adopts the versions
+// the store has. A function deployed otherwise is left alone. With found
+// (a scan's), only models found in it. It reports whether any is back.
+// Called with the turn.
+func (r *Repository) backElsewhere(ctx context.Context, l *listing, found map[string]folder) bool {
+	if l == nil {
+		return false
+	}
 	r.mu.Lock()
 	var back []string
 	for name, m := range r.models {
-		if m.deletedElsewhere() && names[name] {
+		_, ok := found[name]
+		if m.unloaded && l.names[name] && (ok || found == nil) {
 			back = append(back, name)
 		}
 	}
 	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, listWait)
+	defer cancel()
+	adopted := false
 	for _, name := range back {
 		if !r.labelled(ctx, name) {
 			continue
 		}
 		r.mu.Lock()
-		if m := r.models[name]; m != nil && m.deletedElsewhere() {
-			m.unloaded, m.done = false, ""
+		if m := r.models[name]; m != nil && m.unloaded {
+			m.unloaded, m.done, adopted = false, "", true
+			m.state, m.reason = Loading, "deployed again by a model repository (a load on another node): loading it"
 			r.cfg.Log.Info("model repository: its function was deployed again elsewhere: loaded", "model", name)
 		}
 		r.mu.Unlock()
 	}
+	return adopted
+}
+
+// kick has a scan run (under Run's context) to deploy what an index found
+// to do; none before Run, and one at a time waiting for the turn.
+func (r *Repository) kick() {
+	r.mu.Lock()
+	life := r.life
+	r.mu.Unlock()
+	if life == nil || !r.kicked.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		if !r.take(life) {
+			r.kicked.Store(false)
+			return
+		}
+		defer r.give()
+		r.kicked.Store(false) // what changes from now on asks for another
+		r.scanHeld(life)
+	}()
 }
 
 // serving reports whether m has a version READY that the repository

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"io"
 	"path/filepath"
 	"testing"
 	"time"
@@ -78,5 +79,59 @@ func TestDeletedThenLoadedElsewhereIsServedAgain(t *testing.T) {
 				t.Errorf("after the function came back: index %q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+// hookNode runs onDeploy (once) as a deploy begins: what an index sees
+// while a deploy is on its way.
+type hookNode struct {
+	*fakeNode
+	onDeploy func()
+}
+
+func (h *hookNode) DeployLabeled(ctx context.Context, name, label string, aside bool, body io.Reader) (api.FunctionInfo, error) {
+	if on := h.onDeploy; on != nil {
+		h.onDeploy = nil
+		on()
+	}
+	return h.fakeNode.DeployLabeled(ctx, name, label, aside, body)
+}
+
+// A load of a model deleted by plover rm (no index saw it) during which an
+// index lists the store (cnn not there yet): the index must not take the
+// deploying model for deleted. It did, and the load then answered 200
+// with the function deployed while the index said {"state": ""} for good,
+// a restart included.
+func TestIndexDuringALoadAfterRm(t *testing.T) {
+	ctx := context.Background()
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	age(t, models)
+	node := &hookNode{fakeNode: newFakeNode()}
+	cfg := Config{Dir: models, Poll: time.Hour, Settle: time.Millisecond, StateFile: filepath.Join(t.TempDir(), "state.json")}
+	r, _ := New(cfg, node)
+	r.Scan(ctx)
+	node.fakeNode.Delete(ctx, "cnn", false) // plover rm, unnoticed
+	var during string
+	node.onDeploy = func() { during = index(r) }
+	if err := r.Load(ctx, "cnn"); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	for _, c := range []struct {
+		when string
+		r    *Repository
+	}{{"after the load", r}, {"after a restart", nil}} {
+		if c.r == nil {
+			c.r, _ = New(cfg, node.fakeNode)
+			c.r.Scan(ctx)
+		}
+		for _, e := range c.r.Index(ctx, false) {
+			if e.State != Ready && e.State != Unavailable && e.State != Loading {
+				t.Errorf("%s: entry %+v has no Triton state", c.when, e)
+			}
+		}
+		if got := index(c.r); got != "cnn/1 READY; " || node.current("cnn") != "1" {
+			t.Errorf("%s: index %q (during the load %q), function current %q; want cnn/1 READY", c.when, got, during, node.current("cnn"))
+		}
 	}
 }

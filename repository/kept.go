@@ -7,6 +7,8 @@ package repository
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -31,6 +33,10 @@ type keptFile struct {
 	Unloaded map[string]keptModel `json:"unloaded"`
 }
 
+// maxKeptBytes bounds the state file read at start: it is the server's
+// own, but a file grown wrong would be read whole into memory.
+const maxKeptBytes = 16 << 20
+
 // keptDir is DIR as a state file names it.
 func keptDir(dir string) string {
 	if abs, err := filepath.Abs(dir); err == nil {
@@ -47,9 +53,9 @@ func (r *Repository) readKept() map[string]keptModel {
 	if r.cfg.StateFile == "" {
 		return nil
 	}
-	b, err := os.ReadFile(r.cfg.StateFile)
+	b, err := readBounded(r.cfg.StateFile, maxKeptBytes)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return nil // a first start: nothing to say
 	}
 	var k keptFile
 	if err == nil {
@@ -66,6 +72,35 @@ func (r *Repository) readKept() map[string]keptModel {
 	return k.Unloaded
 }
 
+// readBounded is path's content, refused past max bytes.
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("larger than %d bytes", max)
+	}
+	return b, err
+}
+
+// removeTorn removes the temporary files a write of the state file left
+// beside it, cut by a crash (fileutil.WriteAtomic's names).
+func (r *Repository) removeTorn() {
+	if r.cfg.StateFile == "" {
+		return
+	}
+	dir, base := filepath.Split(r.cfg.StateFile)
+	torn, _ := filepath.Glob(filepath.Join(dir, "."+base+".tmp-*"))
+	for _, p := range torn {
+		if err := os.Remove(p); err != nil {
+			r.cfg.Log.Debug("model repository: cannot remove a torn write of the state file", "file", p, "error", err)
+		}
+	}
+}
+
 // keptLocked applies what an earlier run kept of m, new in this run: an
 // unload stays until a load or a change of the folder. Under r.mu.
 func (r *Repository) keptLocked(m *model) {
@@ -74,39 +109,68 @@ func (r *Repository) keptLocked(m *model) {
 		return
 	}
 	delete(r.kept, m.name)
-	m.unloaded, m.done, m.state, m.reason = true, k.Print, Unavailable, k.Reason
+	m.unloaded, m.done, m.state, m.reason = true, k.Print, Unavailable, brief(k.Reason)
 }
 
 // saveKept writes the unloaded models to Config.StateFile if they changed
 // since it was last written; a write that fails is tried again at the
-// next call (every scan calls it).
+// next call (every scan calls it). One writes at a time: a call while
+// another writes (its fsyncs on a slow disk) does not wait, the writer
+// writing again once done.
 func (r *Repository) saveKept() {
 	if r.cfg.StateFile == "" {
 		return
 	}
-	r.saving.Lock()
-	defer r.saving.Unlock()
 	r.mu.Lock()
-	now := maps.Clone(r.kept) // not looked at yet: before the first scan
-	if now == nil {
-		now = map[string]keptModel{}
-	}
-	for name, m := range r.models {
-		if m.unloaded {
-			now[name] = keptModel{Print: m.done, Reason: m.reason}
+	r.dirty = true
+	r.mu.Unlock()
+	for r.saving.TryLock() {
+		r.writeKept()
+		r.saving.Unlock()
+		r.mu.Lock()
+		again := r.dirty // asked for after the write's last look
+		r.mu.Unlock()
+		if !again {
+			return
 		}
 	}
-	r.mu.Unlock()
-	if maps.Equal(now, r.saved) {
-		return
+}
+
+// writeKept writes the state file while the unloaded models changed
+// since its last look; with r.saving held.
+func (r *Repository) writeKept() {
+	for {
+		r.mu.Lock()
+		if !r.dirty {
+			r.mu.Unlock()
+			return
+		}
+		r.dirty = false
+		now := maps.Clone(r.kept) // not looked at yet: before the first scan
+		if now == nil {
+			now = map[string]keptModel{}
+		}
+		for name, m := range r.models {
+			if m.unloaded {
+				now[name] = keptModel{Print: m.done, Reason: m.reason}
+			}
+		}
+		r.mu.Unlock()
+		if maps.Equal(now, r.saved) {
+			continue
+		}
+		b, err := json.Marshal(keptFile{Dir: keptDir(r.cfg.Dir), Unloaded: now})
+		if err == nil {
+			err = fileutil.WriteAtomic(r.cfg.StateFile, b, 0o600)
+		}
+		if err != nil {
+			// Said once until a write succeeds: every scan tries again.
+			if !r.unsaved {
+				r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at each scan; said again once written)", "file", r.cfg.StateFile, "error", err)
+			}
+			r.unsaved = true
+			return
+		}
+		r.saved, r.unsaved = now, false
 	}
-	b, err := json.Marshal(keptFile{Dir: keptDir(r.cfg.Dir), Unloaded: now})
-	if err == nil {
-		err = fileutil.WriteAtomic(r.cfg.StateFile, b, 0o600)
-	}
-	if err != nil {
-		r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at the next scan)", "file", r.cfg.StateFile, "error", err)
-		return
-	}
-	r.saved = now
 }

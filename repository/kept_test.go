@@ -2,10 +2,13 @@ package repository
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // What a restart makes of an unload kept in Config.StateFile: it stays
@@ -38,19 +41,8 @@ func TestUnloadKeptAcrossRestarts(t *testing.T) {
 		}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			d := t.TempDir()
-			models, state := filepath.Join(d, "models"), filepath.Join(d, "data", "repository-unloaded.json")
-			os.Mkdir(filepath.Join(d, "data"), 0o700)
-			writeBundle(t, filepath.Join(models, "cnn"), "cnn", false)
-			writeBundle(t, filepath.Join(models, "kept"), "kept", false)
-			age(t, models)
-			node := newFakeNode()
-			cfg := Config{Dir: models, StateFile: state}
-			r, _ := New(cfg, node)
-			r.Run(ctx)
-			if err := r.Unload(ctx, "cnn"); err != nil {
-				t.Fatal(err)
-			}
+			r, cfg, node := unloadedCNN(t, "kept")
+			models, state := cfg.Dir, cfg.StateFile
 			c.between(t, r, models, state)
 			r2, err := New(cfg, node)
 			if err != nil {
@@ -64,6 +56,109 @@ func TestUnloadKeptAcrossRestarts(t *testing.T) {
 			}
 			if got != want || (node.current("cnn") == "") != c.unloaded {
 				t.Errorf("after the restart: index %q, cnn deployed %v; want %q", got, node.current("cnn") != "", want)
+			}
+		})
+	}
+}
+
+// unloadedCNN is a repository (run, no poll) keeping its unloads in
+// DATA/repository-unloaded.json, with models cnn and extra deployed and cnn
+// unloaded.
+func unloadedCNN(t *testing.T, extra ...string) (*Repository, Config, *fakeNode) {
+	t.Helper()
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	os.Mkdir(filepath.Join(d, "data"), 0o700)
+	for _, name := range append([]string{"cnn"}, extra...) {
+		writeBundle(t, filepath.Join(models, name), name, false)
+	}
+	age(t, models)
+	node := newFakeNode()
+	cfg := Config{Dir: models, StateFile: filepath.Join(d, "data", "repository-unloaded.json")}
+	r, _ := New(cfg, node)
+	r.Run(context.Background())
+	if err := r.Unload(context.Background(), "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	return r, cfg, node
+}
+
+// warnCount counts the log's warnings that the state file was not written.
+type warnCount struct{ n *atomic.Int32 }
+
+func (h warnCount) Enabled(context.Context, slog.Level) bool { return true }
+func (h warnCount) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Level == slog.LevelWarn && strings.Contains(rec.Message, "cannot keep the unloaded models") {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h warnCount) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h warnCount) WithGroup(string) slog.Handler      { return h }
+
+// A state file that cannot be written (DATA gone, full, read-only) is said
+// once in the log until a write succeeds, not at every scan (or index
+// answer) that tries again; a failure after a success is said again.
+func TestUnwritableStateWarnsOnce(t *testing.T) {
+	ctx := context.Background()
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "a"), "a", false)
+	writeBundle(t, filepath.Join(models, "b"), "b", false)
+	age(t, models)
+	data := filepath.Join(t.TempDir(), "data")
+	var n atomic.Int32
+	r, _ := New(Config{Dir: models, Poll: time.Hour, Settle: time.Millisecond, StateFile: filepath.Join(data, "state.json"), Log: slog.New(warnCount{&n})}, newFakeNode())
+	r.Scan(ctx)
+	r.Unload(ctx, "a")
+	for range 5 {
+		r.Scan(ctx)
+		r.Index(ctx, false)
+	}
+	first := n.Load()
+	os.Mkdir(data, 0o700)
+	r.Scan(ctx) // written
+	os.RemoveAll(data)
+	r.Unload(ctx, "b")
+	r.Scan(ctx)
+	if first != 1 || n.Load() != 2 {
+		t.Errorf("%d warnings over 5 scans and index answers, then %d after a write and another failure; want 1, then 2", first, n.Load())
+	}
+}
+
+// What a restart makes of its state file's extremes: temporary files a
+// crash left beside it are removed; a file over 16 MiB is not read (every
+// folder loads); a kept reason is cut as every reason is.
+func TestStateFileBounds(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name  string
+		write func(t *testing.T, state, kept string)
+		want  string
+	}{
+		{"temporary files left", func(t *testing.T, state, kept string) {
+			os.WriteFile(state, []byte(kept), 0o600)
+			for _, f := range []string{".repository-unloaded.json.tmp-123", ".repository-unloaded.json.tmp-4567"} {
+				os.WriteFile(filepath.Join(filepath.Dir(state), f), []byte("torn"), 0o600)
+			}
+		}, "cnn/ UNAVAILABLE (unloaded); "},
+		{"over 16 MiB", func(t *testing.T, state, kept string) {
+			pad := `,"pad":"` + strings.Repeat("x", maxKeptBytes) + `"}`
+			os.WriteFile(state, []byte(strings.TrimSuffix(kept, "}")+pad), 0o600)
+		}, "cnn/1 READY; "},
+		{"long reason", func(t *testing.T, state, kept string) {
+			os.WriteFile(state, []byte(strings.Replace(kept, `"reason":"unloaded"`, `"reason":"`+strings.Repeat("r", 5000)+`"`, 1)), 0o600)
+		}, "cnn/ UNAVAILABLE (" + strings.Repeat("r", maxReason) + " [3976 more bytes cut]); "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, cfg, node := unloadedCNN(t)
+			state := cfg.StateFile
+			kept, _ := os.ReadFile(state)
+			c.write(t, state, string(kept))
+			r2, _ := New(cfg, node)
+			r2.Run(ctx)
+			ents, _ := os.ReadDir(filepath.Dir(state))
+			if got := index(r2); got != c.want || len(ents) != 1 {
+				t.Errorf("after the restart: index %.200q, %d files in DATA; want %.200q, 1", got, len(ents), c.want)
 			}
 		})
 	}

@@ -1,13 +1,20 @@
 package repository
 
-// Packing a version folder that others than the server write: the bundle
-// package opens only regular files, without blocking on a FIFO.
+// Packing a version folder that others than the server write (the bundle
+// package opens only regular files, without blocking on a FIFO), and
+// deploying it.
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strings"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/errdefs"
 )
@@ -35,6 +42,25 @@ func (r *Repository) pack(dir, name string) ([]byte, string, *abi.Manifest, erro
 	return b, bundle.Digest(b), m, nil
 }
 
+// packFailure is why packing the version folder dir (named where in
+// messages) failed: over the node's bound (413), a file that cannot be
+// read now (EIO, EACCES, ESTALE: tried again, 503), or a bundle refused
+// as it is (waiting for the folder to change).
+func packFailure(where, dir string, err error) error {
+	if errdefs.KindOf(err) == errdefs.KindTooLarge {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	// Its files named from the folder (where names it): the server's
+	// own paths are not the index's readers' to see.
+	msg := errors.New(strings.ReplaceAll(err.Error(), dir+string(filepath.Separator), ""))
+	var pe *fs.PathError
+	var be *bundle.Error
+	if errors.As(err, &pe) && !errors.Is(err, fs.ErrNotExist) && !errors.As(err, &be) {
+		return errdefs.Unavailable(msg, "%s: cannot read it now (tried again at the next scan): %v", where, msg)
+	}
+	return refused(where, msg)
+}
+
 var errTooLarge = errors.New("bundle over the limit")
 
 // capped is a buffer that refuses to grow past max bytes (0: no bound).
@@ -48,4 +74,60 @@ func (c *capped) Write(p []byte) (int, error) {
 		return 0, errTooLarge
 	}
 	return c.b.Write(p)
+}
+
+// deployVersion deploys one version folder unless rec has it already
+// (the same label and bytes: a restart), and returns its version id; on
+// a failure, other says whether the folder holds other bytes than its
+// label names (its label is to go). The model's folder must still be as
+// print, the look that decided the deploy, once the version is packed
+// (errChanged).
+func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, rec *api.Record, aside bool, print string) (id string, other bool, err error) {
+	label, where := v.label, v.where
+	name := ""
+	if m.renamed {
+		name = m.name
+	}
+	// Only files within the version folder: a file linked out of it
+	// (to the server's own secrets) is refused, and the folder with it.
+	b, sha, man, err := r.pack(v.dir, name)
+	if !stillAs(m, print) {
+		return "", false, errChanged
+	}
+	if err != nil {
+		// Over this node's bound, refused by its rules, or not read: the
+		// bytes may still be what the label names (another node sharing
+		// the store deployed and serves them by it).
+		return "", false, packFailure(where, v.dir, err)
+	}
+	if !m.renamed && man.Name != m.name {
+		return "", true, errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
+	}
+	v.steps = abi.Functions(man.Steps)
+	// The latest version with the label (what the label names, as
+	// Record.Find has it) must be these bytes: a folder changed and then
+	// changed back is deployed again.
+	if v, ok := latestLabeled(rec, label); ok && v.SHA256 == sha {
+		return v.ID, false, nil
+	}
+	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
+	if err != nil {
+		// Not the bytes the label names: those returned above.
+		return "", true, fmt.Errorf("%s: %w", where, err)
+	}
+	r.cfg.Log.Info("model repository: deployed", "model", m.name, "version", label, "id", fi.Version)
+	return fi.Version, false, nil
+}
+
+// latestLabeled is rec's latest version labeled label.
+func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
+	if rec == nil {
+		return api.Version{}, false
+	}
+	for i := len(rec.Versions) - 1; i >= 0; i-- {
+		if rec.Versions[i].Label == label {
+			return rec.Versions[i], true
+		}
+	}
+	return api.Version{}, false
 }

@@ -35,11 +35,24 @@ var errNoBundle = errors.New("no " + abi.ManifestFile + " and no version folders
 // with why and the reason, and the next scans try again. It answered
 // requests before, while the index said it had no bundle.
 func (r *Repository) noBundle(ctx context.Context, m *model, print string, why error) {
+	// Its versions were listed after the look that decided the deploy:
+	// a plover.json rewritten in place is absent a moment, and deleting
+	// takes the function's record with it.
+	if !stillAs(m, print) {
+		r.unsettled(m)
+		return
+	}
 	r.mu.Lock()
 	ours := m.deployed
 	r.mu.Unlock()
 	if !ours {
-		ours = r.labelled(ctx, m.name)
+		var err error
+		if ours, err = r.labelledErr(ctx, m.name); err != nil {
+			// As earlierRuns: taken for not ours, an earlier run's
+			// function would serve on for good with no bundle.
+			r.settle(m, "", nil, Unavailable, fmt.Sprintf("%v; whether its function is the repository's could not be read (tried again at the next scan): %v", why, err), errdefs.KindOf(err))
+			return
+		}
 	}
 	if ours {
 		if err := r.remove(ctx, m); err != nil {

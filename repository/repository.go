@@ -11,12 +11,12 @@
 package repository
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -119,6 +120,20 @@ type Repository struct {
 	kept   map[string]keptModel
 	saved  map[string]keptModel
 	saving sync.Mutex
+	// unsaved: the last write of the state file failed, and was said;
+	// with saving held.
+	unsaved bool
+	// life is Run's context (nil before Run): the scans an index asks
+	// for (kick) run under it, also after Run returned (no Poll).
+	life context.Context
+	// kicked: a scan asked for by kick has not taken the turn yet.
+	kicked atomic.Bool
+	// flight is the store's listing on its way (noticeDeleted), nil when
+	// none; under mu.
+	flight *flight
+	// dirty: the unloaded models may have changed since the state file
+	// was written (saveKept); under mu.
+	dirty bool
 }
 
 // Started is closed once Run's first scans have deployed the folders found
@@ -141,7 +156,11 @@ type model struct {
 	retry     bool         // its last deploy failed for a reason that may pass: the next scan tries again
 	removing  bool         // its folder went and deleting its function failed: the next scan tries again
 	unloaded  bool         // by the API or plover rm, until a load or the folder changes
-	epoch     uint64       // Repository.epoch at its last settle
+	// deploying: a load or scan decided to deploy it and has not settled
+	// yet; a listing of the store says nothing of it (it may be absent
+	// from the store only until this deploy puts it back).
+	deploying bool
+	epoch     uint64 // Repository.epoch at its last settle
 }
 
 // version is one version folder's state.
@@ -178,6 +197,7 @@ func New(cfg Config, node Node) (*Repository, error) {
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
 		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{})}
+	r.removeTorn()
 	r.kept = r.readKept()
 	r.saved = maps.Clone(r.kept)
 	if r.saved == nil {
@@ -195,6 +215,9 @@ const maxRetry = time.Minute
 // deploy that failed for a reason that may pass is tried again, waiting
 // twice as long each time up to a minute).
 func (r *Repository) Run(ctx context.Context) {
+	r.mu.Lock()
+	r.life = ctx
+	r.mu.Unlock()
 	backoff := r.cfg.Settle
 	for {
 		settling, retrying := r.scan(ctx)
@@ -241,7 +264,11 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, false
 	}
 	defer r.give()
-	r.backElsewhere(ctx, r.noticeDeleted(ctx))
+	return r.scanHeld(ctx)
+}
+
+// scanHeld is scan, called with the turn.
+func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	found, err := r.list()
 	if err != nil {
 		// DIR itself unreadable (a volume remounting): nothing is removed
@@ -250,6 +277,12 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, true
 	}
 	now := time.Now()
+	r.mu.Lock()
+	for name, f := range found {
+		r.modelLocked(name, f) // an earlier run's unloads applied, for backElsewhere
+	}
+	r.mu.Unlock()
+	r.backElsewhere(ctx, r.noticeDeleted(ctx, false), found)
 	var due []*model
 	r.mu.Lock()
 	var gone, unsure []*model
@@ -274,6 +307,7 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		case stillChanging:
 			settling = true
 		case changed:
+			m.deploying = true
 			due = append(due, m)
 		}
 	}
@@ -435,8 +469,14 @@ func (r *Repository) parallel(n int, f func(int)) {
 // versionsOf lists m's version folders (its folder alone when it is a
 // bundle, as version 1) and whether its highest is a pipeline.
 func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
-	if _, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile)); err == nil {
+	_, err := os.Stat(filepath.Join(m.dir, abi.ManifestFile))
+	if err == nil {
 		return []version{{label: "1", dir: resolved(m.dir), where: r.where(m.dir)}}, isPipeline(m.dir), nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		// EACCES, EIO, ESTALE a moment: taken for absent, the model
+		// would have no bundle and its function would be deleted.
+		return nil, false, fmt.Errorf("%s: %w", r.where(m.dir), err)
 	}
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
@@ -514,29 +554,26 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	current, label := "", ""
 	retry := false
 	// The folders whose number still names a deployed version: not one
-	// refused as it is, whose earlier bytes would answer by its number
-	// while the index says UNAVAILABLE.
+	// whose content is now other than its number names (a manifest naming
+	// another function, bytes the node refuses), whose earlier bytes
+	// would answer by its number while the index says UNAVAILABLE.
 	var named []version
 	for i := range vers {
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later
 		// goes beside it.
-		v.id, err = r.deployVersion(ctx, m, v, rec, i < len(vers)-1, print)
+		var other bool
+		v.id, other, err = r.deployVersion(ctx, m, v, rec, i < len(vers)-1, print)
 		if errors.Is(err, errChanged) {
-			// Packed while being copied: nothing more deploys from this
-			// look; the next scans see it settle.
-			r.mu.Lock()
-			old := m.versions
-			r.mu.Unlock()
-			r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was packed: waiting for the copy to settle", r.where(m.dir)), errdefs.KindUnavailable)
+			r.unsettled(m)
 			return
 		}
 		if err != nil {
 			// The store down, a conflict, a pipeline's step not there
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
-			if passing(err) {
-				retry = true
+			retry = retry || passing(err)
+			if passing(err) || !other {
 				named = append(named, *v)
 			}
 			v.state, v.reason, v.kind = Unavailable, brief(err.Error()), errdefs.KindOf(err)
@@ -614,59 +651,22 @@ func refused(where string, err error) error {
 // to deploy it and the packing of a version.
 var errChanged = errors.New("the folder changed while it was packed")
 
-// deployVersion deploys one version folder unless rec has it already
-// (the same label and bytes: a restart), and returns its version id. The
-// model's folder must still be as print, the look that decided the
-// deploy, once the version is packed (errChanged).
-func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, rec *api.Record, aside bool, print string) (string, error) {
-	label, where := v.label, v.where
-	name := ""
-	if m.renamed {
-		name = m.name
-	}
-	// Only files within the version folder: a file linked out of it
-	// (to the server's own secrets) is refused, and the folder with it.
-	b, sha, man, err := r.pack(v.dir, name)
-	if now := look(m.dir, m.renamed); now.print != print || now.err != nil {
-		return "", errChanged
-	}
-	if errdefs.KindOf(err) == errdefs.KindTooLarge {
-		return "", fmt.Errorf("%s: %w", where, err)
-	}
-	if err != nil {
-		// Its files named from the folder (where names it): the server's
-		// own paths are not the index's readers' to see.
-		return "", refused(where, errors.New(strings.ReplaceAll(err.Error(), v.dir+string(filepath.Separator), "")))
-	}
-	if !m.renamed && man.Name != m.name {
-		return "", errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
-	}
-	v.steps = abi.Functions(man.Steps)
-	// The latest version with the label (what the label names, as
-	// Record.Find has it) must be these bytes: a folder changed and then
-	// changed back is deployed again.
-	if v, ok := latestLabeled(rec, label); ok && v.SHA256 == sha {
-		return v.ID, nil
-	}
-	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
-	}
-	r.cfg.Log.Info("model repository: deployed", "model", m.name, "version", label, "id", fi.Version)
-	return fi.Version, nil
+// stillAs reports whether m's folder is still as print, the look that
+// decided its deploy.
+func stillAs(m *model, print string) bool {
+	now := look(m.dir, m.renamed)
+	return now.print == print && now.err == nil
 }
 
-// latestLabeled is rec's latest version labeled label.
-func latestLabeled(rec *api.Record, label string) (api.Version, bool) {
-	if rec == nil {
-		return api.Version{}, false
-	}
-	for i := len(rec.Versions) - 1; i >= 0; i-- {
-		if rec.Versions[i].Label == label {
-			return rec.Versions[i], true
-		}
-	}
-	return api.Version{}, false
+// unsettled settles m, whose folder changed since the look that decided
+// its deploy (being copied, a manifest rewritten in place): nothing more
+// deploys from that look, what served serves on, and the next scans see
+// it settle.
+func (r *Repository) unsettled(m *model) {
+	r.mu.Lock()
+	old := m.versions
+	r.mu.Unlock()
+	r.settle(m, "", old, Loading, fmt.Sprintf("%s: files changed while it was read: waiting for the copy to settle", r.where(m.dir)), errdefs.KindUnavailable)
 }
 
 // settle records a deploy's outcome: done is the fingerprint it answers
@@ -679,8 +679,17 @@ func (r *Repository) settle(m *model, done string, vers []version, state, reason
 
 // settleLocked is settle under r.mu.
 func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
+	if state == "" && len(vers) == 0 {
+		// The index shows the folder's own entry then: never without a
+		// state.
+		state, reason = Unavailable, cmp.Or(reason, "no version deployed")
+	}
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
 	m.retry = done == ""
+	// A deploy's outcome: the load or the change of the folder that
+	// started it ended any unload, and an index that took the model for
+	// deleted meanwhile judged by a listing older than this deploy.
+	m.deploying, m.unloaded = false, false
 	r.epoch++
 	m.epoch = r.epoch
 	for _, v := range vers {

@@ -321,7 +321,7 @@ func TestChangedWhilePacked(t *testing.T) {
 	if node.deploys != 0 {
 		t.Errorf("deployed %d versions packed while the folder changed", node.deploys)
 	}
-	if got := index(r); !strings.HasPrefix(got, "cnn/ LOADING (models/cnn: files changed while it was packed") {
+	if got := index(r); !strings.HasPrefix(got, "cnn/ LOADING (models/cnn: files changed while it was read") {
 		t.Errorf("index: %s", got)
 	}
 	time.Sleep(20 * time.Millisecond)
