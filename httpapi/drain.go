@@ -73,13 +73,31 @@ type drainListener struct {
 // for in it: the TLS connection's methods under TLS (fasthttp's IsTLS;
 // NetConn for the socket under it), else the socket (syscall.Conn). A
 // panic in the listener under it (netguard's, ours) is recovered: in
-// fasthttp's accept loop it ended the process. It is a timeout to
-// fasthttp, which then waits a second and accepts again.
-func (l drainListener) Accept() (conn net.Conn, err error) {
+// fasthttp's accept loop it ended the process. Accept then tries again
+// after acceptPanicPause, not returning a timeout, after which fasthttp
+// waits a second, every client with it.
+func (l drainListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.accept()
+		if err != errAcceptPanicked {
+			return c, err
+		}
+		time.Sleep(acceptPanicPause)
+	}
+}
+
+// acceptPanicPause keeps a listener that panics at each call from
+// being spun on.
+const acceptPanicPause = 10 * time.Millisecond
+
+// errAcceptPanicked is accept's error when the listener under it panicked.
+var errAcceptPanicked = errors.New("httpapi: accepting a connection panicked")
+
+func (l drainListener) accept() (conn net.Conn, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			l.cs.panicked(nil, v)
-			conn, err = nil, acceptPanicked{}
+			conn, err = nil, errAcceptPanicked
 		}
 	}()
 	c, err := l.Listener.Accept()
@@ -96,15 +114,6 @@ func (l drainListener) Accept() (conn net.Conn, err error) {
 	}
 	return d, nil
 }
-
-// acceptPanicked is Accept's error when the listener under it panicked.
-type acceptPanicked struct{}
-
-func (acceptPanicked) Error() string {
-	return "httpapi: accepting a connection panicked (logged as request panicked)"
-}
-func (acceptPanicked) Timeout() bool   { return true }
-func (acceptPanicked) Temporary() bool { return true }
 
 // drainConn is a connection of a connSet.
 type drainConn struct {
@@ -185,7 +194,19 @@ type drainTLS struct {
 	tc *tls.Conn
 }
 
-func (c drainTLS) Handshake() error                     { return c.tc.Handshake() }
+// Handshake recovers a panic in the handshake's reads (the socket's, and
+// the TLS config's callbacks: GetCertificate) as Read does: fasthttp
+// calls it directly, outside Read, recovering nothing.
+func (c drainTLS) Handshake() (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.cs.panicked(c.drainConn, v)
+			err = net.ErrClosed
+		}
+	}()
+	return c.tc.Handshake()
+}
+
 func (c drainTLS) ConnectionState() tls.ConnectionState { return c.tc.ConnectionState() }
 
 // drainOf is c's drainConn, or nil for a connection Serve did not accept

@@ -2,7 +2,7 @@ package httpapi_test
 
 import (
 	"bufio"
-	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -16,7 +16,9 @@ import (
 
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/selfsigned"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/reqmetrics"
 )
 
@@ -135,40 +137,34 @@ func (c panickyConn) Read(b []byte) (int, error) {
 
 // A panic in what fasthttp calls of the server's connections outside a
 // handler (the listener's Accept, in its accept loop; a connection's read
-// of a request's headers; its close once fasthttp is done with it), which
-// it does not recover, is logged and counted, the connection (if any)
-// closed; the server goes on accepting.
+// of a request's headers, or of a TLS handshake; its close once fasthttp
+// is done with it), which it does not recover, is logged and counted, the
+// connection (if any) closed; the server goes on accepting.
 func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 	for _, tc := range []struct {
-		name, panicked      string
-		accept, read, close bool
+		name, panicked           string
+		accept, read, close, tls bool
 	}{
-		{"accept", "a bug in Accept", true, false, false},
-		{"read", "a bug in Read", false, true, false},
-		{"close", "a bug in Close", false, false, true},
+		{"accept", "a bug in Accept", true, false, false, false},
+		{"read", "a bug in Read", false, true, false, false},
+		{"tls handshake read", "a bug in Read", false, true, false, true},
+		{"close", "a bug in Close", false, false, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var log testkit.LogBuffer
-			reg := prometheus.NewRegistry()
-			door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Metrics: reqmetrics.New(reg),
-				Log: slog.New(slog.NewTextHandler(&log, nil))})
-			srv := httpapi.New(door, panicAdmin{}, httpapi.Options{Registry: reg})
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
+			srv, log, reg := panicServer(t)
 			accept, read, close := new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 			accept.Store(tc.accept)
 			read.Store(tc.read)
 			close.Store(tc.close)
-			go srv.Serve(panickyListener{ln, accept, read, close})
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				srv.Shutdown(ctx)
-			})
-			url := "http://" + ln.Addr().String()
+			var ln net.Listener = panickyListener{listenLocal(t), accept, read, close}
 			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			url := "http://" + ln.Addr().String()
+			if tc.tls {
+				ln = tls.NewListener(ln, selfsigned.Config(t))
+				client.Transport.(*http.Transport).TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+				url = "https://" + ln.Addr().String()
+			}
+			serveOn(t, srv, ln, srv.Serve)
 			if resp, err := client.Get(url + "/readyz"); err == nil {
 				resp.Body.Close()
 				if tc.read {
@@ -182,7 +178,88 @@ func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 			} else {
 				resp.Body.Close()
 			}
+			panicSeen(t, log, reg)
 			onePanic(t, log.String(), reg, "", tc.panicked, "")
 		})
+	}
+}
+
+// addrPanicListener's first connection's RemoteAddr panics, as a bug
+// under netguard's ClientKey would, after netguard took its slot.
+type addrPanicListener struct {
+	net.Listener
+	once *atomic.Bool
+}
+
+func (l addrPanicListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil && l.once.CompareAndSwap(false, true) {
+		return addrPanicConn{c.(*net.TCPConn)}, nil
+	}
+	return c, err
+}
+
+type addrPanicConn struct{ *net.TCPConn }
+
+func (addrPanicConn) RemoteAddr() net.Addr { panic("a bug in RemoteAddr") }
+
+// A panic in netguard's Accept after it took the connection's slot,
+// recovered by the server, gives the slot back and closes that
+// connection: each such panic took a slot for good, and the socket with
+// it, the server refusing every client once none was left. Accepting goes
+// on at once, not after the second fasthttp waits on an accept's timeout.
+func TestAcceptPanicGivesBackItsSlot(t *testing.T) {
+	srv, log, reg := panicServer(t)
+	g := netguard.NewListener(addrPanicListener{listenLocal(t), new(atomic.Bool)}, 1)
+	g.PerClient = 1
+	serveOn(t, srv, g, srv.Serve)
+	c, err := net.Dial("tcp", g.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("the client whose accept panicked reads %v: want EOF, its socket closed", err)
+	}
+	start := time.Now()
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get("http://" + g.Addr().String() + "/readyz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the next request: %v %v: want 200, the panicked accept's slot given back", resp, err)
+	}
+	resp.Body.Close()
+	if d := time.Since(start); d > 900*time.Millisecond {
+		t.Errorf("the next request took %v: want no second's pause after the panic", d)
+	}
+	panicSeen(t, log, reg)
+	onePanic(t, log.String(), reg, "", "a bug in RemoteAddr", "")
+}
+
+// panicServer is a server whose handlers panic, logging to log.
+func panicServer(t *testing.T) (*httpapi.Server, *testkit.LogBuffer, *prometheus.Registry) {
+	log, reg := new(testkit.LogBuffer), prometheus.NewRegistry()
+	door := frontdoor.New(frontdoor.Config{Runner: testkit.PanicRunner{}, Metrics: reqmetrics.New(reg),
+		Log: slog.New(slog.NewTextHandler(log, nil))})
+	return httpapi.New(door, panicAdmin{}, httpapi.Options{Registry: reg}), log, reg
+}
+
+func listenLocal(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// panicSeen waits until a panic is logged and counted: one in closing a
+// connection is recorded in fasthttp's worker, after the client had its
+// answer, and counted before it is logged.
+func panicSeen(t *testing.T, log *testkit.LogBuffer, reg *prometheus.Registry) {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if len(testkit.PanicLines(log.String())) > 0 && testkit.Panics(t, reg, "http") > 0 {
+			return
+		}
 	}
 }
