@@ -58,3 +58,7 @@ func PanicIn(s *Server, hook string, v any) {
 		panic("PanicIn: no hook " + hook)
 	}
 }
+
+// HeaderMarks is the requests s holds marked for their handler as their
+// HeaderReceived panicked.
+func HeaderMarks(s *Server) int32 { return s.headerPanics.n.Load() }

@@ -30,24 +30,27 @@ import (
 // (ErrorHandler), its connection closed; one in ConnState, which has no
 // request to answer, closes the connection. The server goes on serving. A
 // request that expects 100-continue is not told to send its body first
-// (it was, and the server then waited for it).
+// (it was, and the server then waited for it). One whose body then failed
+// (no handler run) is answered 500 too, as recorded (it was a 400), its
+// mark taken (it stayed, every later request taking its lock).
 func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 	for _, tc := range []struct {
 		hook, request string
+		cut           bool   // the client shuts its side after the request
 		status        int    // the answer's (0: none, the connection closed)
 		route         string // in the log line ("": not checked)
 		function      string
 	}{
-		{"header", "GET /v1/functions/f HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\n\r\n", 500, "GET /v1/functions/f", "f"},
+		{"header", "GET /v1/functions/f HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\n\r\n", false, 500, "GET /v1/functions/f", "f"},
 		{"header", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n",
-			500, "POST /v1/functions/echo/invoke", "echo"},
+			false, 500, "POST /v1/functions/echo/invoke", "echo"},
 		// Its body cut short (the client closes its side): fasthttp
 		// answers that (ErrorHandler) and runs no handler; its mark must
 		// not answer a later request.
 		{"header", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\nContent-Length: 100\r\n\r\nonly this",
-			400, "POST /v1/functions/echo/invoke", "echo"},
-		{"parse error", "GET /readyz HTTP/1.1\r\nHost: localhost\r\nContent-Length: nope\r\n\r\n", 500, "", ""},
-		{"conn state", "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n", 0, "", ""},
+			true, 500, "POST /v1/functions/echo/invoke", "echo"},
+		{"parse error", "GET /readyz HTTP/1.1\r\nHost: localhost\r\nContent-Length: nope\r\n\r\n", false, 500, "", ""},
+		{"conn state", "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n", false, 0, "", ""},
 	} {
 		t.Run(tc.hook, func(t *testing.T) {
 			var log testkit.LogBuffer
@@ -67,7 +70,7 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 			if _, err := io.WriteString(c, tc.request); err != nil {
 				t.Fatal(err)
 			}
-			if tc.status == 400 {
+			if tc.cut {
 				c.(*net.TCPConn).CloseWrite()
 			}
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -81,6 +84,9 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 				if resp.StatusCode != tc.status || !resp.Close || tc.status == 500 && !strings.Contains(string(body), `"code":"internal"`) ||
 					strings.Contains(string(body), "a bug in") {
 					t.Fatalf("%d %s (close %v): want %d, telling nothing of the panic, its connection closed", resp.StatusCode, body, resp.Close, tc.status)
+				}
+				if n := httpapi.HeaderMarks(srv); n != 0 {
+					t.Errorf("%d marks left once answered: want none", n)
 				}
 			}
 			for range 3 { // on fresh connections, the pooled request state perhaps the panicked one's

@@ -24,14 +24,22 @@ import (
 func (s *Server) recovered(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
 		defer s.requestRecovered(ctx)
-		if s.headerPanics.n.Load() > 0 {
-			if _, ok := s.headerPanics.take(&ctx.Request.Header); ok {
-				answerPanicked(ctx) // its panic is recorded (headerRecovered)
-				return
-			}
+		if !s.answerMarked(ctx) {
+			h(ctx)
 		}
-		h(ctx)
 	}
+}
+
+// answerMarked answers ctx's request 500 if its HeaderReceived panicked
+// (its panic is recorded: headerRecovered), and reports whether it did.
+func (s *Server) answerMarked(ctx *fasthttp.RequestCtx) bool {
+	if s.headerPanics.n.Load() > 0 {
+		if _, ok := s.headerPanics.take(&ctx.Request.Header); ok {
+			answerPanicked(ctx)
+			return true
+		}
+	}
+	return false
 }
 
 // requestRecovered, deferred, recovers a panic in serving ctx's request,
@@ -71,8 +79,8 @@ func answerPanicked(ctx *fasthttp.RequestCtx) {
 // body, as the hook would have it lose them: fasthttp would say 100
 // Continue and wait for a body only to answer 500. Marked by header in
 // headerPanics, the one thing the hook and the handler share; a mark whose
-// handler fasthttp skipped (its body failed: ErrorHandler answered) is
-// dropped with the header's next request, here, before it can answer that
+// handler fasthttp skipped (its body failed) is taken by errorRecovered,
+// else with the header's next request, here, before it can answer that
 // one.
 func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.RequestConfig) {
 	if s.headerPanics.n.Load() > 0 {
@@ -97,10 +105,16 @@ func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.Request
 // errorRecovered is the server's ErrorHandler: s.badRequest (parseError)
 // under the handler's recovery. fasthttp calls it outside the handler,
 // for a request it could not read, and recovers nothing; it closes the
-// connection after the answer.
+// connection after the answer. A request whose body failed after its
+// headers skips its handler: the mark headerRecovered left for it is
+// taken here (else it stayed, its pooled context perhaps dropped, every
+// later request taking the set's lock), and it is answered 500, as it
+// was recorded, not 400.
 func (s *Server) errorRecovered(ctx *fasthttp.RequestCtx, err error) {
 	defer s.requestRecovered(ctx)
-	s.badRequest(ctx, err)
+	if !s.answerMarked(ctx) {
+		s.badRequest(ctx, err)
+	}
 }
 
 // stateRecovered is the server's ConnState: s.connState (connSet.state)
