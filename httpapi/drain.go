@@ -128,22 +128,35 @@ type drainConn struct {
 	// hdr is the request header fasthttp reads this connection's requests
 	// into (one context serves a connection), its key in connSet.byHeader.
 	hdr atomic.Pointer[fasthttp.RequestHeader]
+	// readPanicked: a read outside a handler panicked (Read).
+	readPanicked atomic.Bool
 }
+
+// errReadPanicked is every read's error once one outside a handler
+// panicked.
+var errReadPanicked = errors.New("httpapi: reading the connection panicked (logged as request panicked)")
 
 // Read marks the connection reading a request once a byte of it comes.
 // Outside a handler (fasthttp reading a request's headers, or what it
 // reads of a body before the handler), a panic in it is recovered, for
-// nothing else would: the connection is closed. In a handler, the
-// handler's recovery answers it, knowing its route.
+// nothing else would, and recorded. The connection is not closed at once:
+// fasthttp may still buffer the answer of a request pipelined before; it
+// answers the read's error (errorRecovered: 500), flushing both, and
+// closes it. In a handler, the handler's recovery answers it, knowing its
+// route.
 func (c *drainConn) Read(b []byte) (n int, err error) {
 	defer func() {
 		if c.state.Load() != connBusy {
 			if v := recover(); v != nil {
-				c.cs.panicked(c, v)
-				n, err = 0, net.ErrClosed
+				c.cs.panicked(nil, v)
+				c.readPanicked.Store(true)
+				n, err = 0, errReadPanicked
 			}
 		}
 	}()
+	if c.readPanicked.Load() {
+		return 0, errReadPanicked
+	}
 	if c.owe100.Load() {
 		if err := c.sayContinue(); err != nil {
 			return 0, err

@@ -103,12 +103,15 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 
 // panickyListener's Accept panics once, before it accepts (as a bug in
 // the server's listener would: netguard's, its connection cap), when
-// accept is set; so does its connections' next read when read is (a bug
-// under the server's read of a request's headers), and their next close
-// when close is (netguard's: its slot given back, a lingering close).
+// accept is set; so does its connections' read that brings read to 0 (a
+// bug under the server's read of a request's headers), and their next
+// close when close is set (netguard's: its slot given back, a lingering
+// close).
 type panickyListener struct {
 	net.Listener
-	accept, read, close *atomic.Bool
+	accept *atomic.Bool
+	read   *atomic.Int32
+	close  *atomic.Bool
 }
 
 func (l panickyListener) Accept() (net.Conn, error) {
@@ -124,7 +127,8 @@ func (l panickyListener) Accept() (net.Conn, error) {
 
 type panickyConn struct {
 	*net.TCPConn
-	read, close *atomic.Bool
+	read  *atomic.Int32
+	close *atomic.Bool
 }
 
 func (c panickyConn) Close() error {
@@ -135,7 +139,7 @@ func (c panickyConn) Close() error {
 }
 
 func (c panickyConn) Read(b []byte) (int, error) {
-	if c.read.CompareAndSwap(true, false) {
+	if c.read.Add(-1) == 0 {
 		panic("a bug in Read")
 	}
 	return c.TCPConn.Read(b)
@@ -145,22 +149,27 @@ func (c panickyConn) Read(b []byte) (int, error) {
 // handler (the listener's Accept, in its accept loop; a connection's read
 // of a request's headers, or of a TLS handshake; its close once fasthttp
 // is done with it), which it does not recover, is logged and counted, the
-// connection (if any) closed; the server goes on accepting.
+// connection (if any) closed, a request whose read panicked answered 500;
+// the server goes on accepting.
 func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 	for _, tc := range []struct {
-		name, panicked           string
-		accept, read, close, tls bool
+		name, panicked     string
+		accept, close, tls bool
+		read               bool
+		first              int // the first request's answer (0: its connection closed)
 	}{
-		{"accept", "a bug in Accept", true, false, false, false},
-		{"read", "a bug in Read", false, true, false, false},
-		{"tls handshake read", "a bug in Read", false, true, false, true},
-		{"close", "a bug in Close", false, false, true, false},
+		{"accept", "a bug in Accept", true, false, false, false, 200},
+		{"read", "a bug in Read", false, false, false, true, 500},
+		{"tls handshake read", "a bug in Read", false, false, true, true, 0},
+		{"close", "a bug in Close", false, true, false, false, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, log, reg := panicServer(t)
-			accept, read, close := new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
+			accept, read, close := new(atomic.Bool), new(atomic.Int32), new(atomic.Bool)
 			accept.Store(tc.accept)
-			read.Store(tc.read)
+			if tc.read {
+				read.Store(1)
+			}
 			close.Store(tc.close)
 			var ln net.Listener = panickyListener{listenLocal(t), accept, read, close}
 			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -173,11 +182,11 @@ func TestPanicInAcceptOrAHeaderReadIsRecovered(t *testing.T) {
 			serveOn(t, srv, ln, srv.Serve)
 			if resp, err := client.Get(url + "/readyz"); err == nil {
 				resp.Body.Close()
-				if tc.read {
-					t.Fatalf("the connection whose read panicked was answered %d: want it closed", resp.StatusCode)
+				if resp.StatusCode != tc.first {
+					t.Fatalf("the first request was answered %d: want %d (0: its connection closed)", resp.StatusCode, tc.first)
 				}
-			} else if !tc.read {
-				t.Fatalf("GET /readyz: %v", err)
+			} else if tc.first != 0 {
+				t.Fatalf("GET /readyz: %v: want %d", err, tc.first)
 			}
 			if resp, err := client.Get(url + "/readyz"); err != nil || resp.StatusCode != 200 {
 				t.Fatalf("the next request, GET /readyz: %v %v", resp, err)
@@ -268,4 +277,37 @@ func panicSeen(t *testing.T, log *testkit.LogBuffer, reg *prometheus.Registry) {
 			return
 		}
 	}
+}
+
+// A panic in reading a request's body before its handler, pipelined
+// behind a request whose answer fasthttp still buffers, leaves that
+// answer delivered, then a 500: the connection was closed at once, the
+// answer lost.
+func TestReadPanicKeepsAPipelinedAnswer(t *testing.T) {
+	srv, log, reg := panicServer(t)
+	read := new(atomic.Int32)
+	read.Store(2) // the first read brings both requests' headers
+	ln := panickyListener{listenLocal(t), new(atomic.Bool), read, new(atomic.Bool)}
+	serveOn(t, srv, ln, srv.Serve)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n"+
+		"POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n")
+	br := bufio.NewReader(c)
+	for _, want := range []int{200, 500} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("want %d: %v", want, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != want {
+			t.Fatalf("answered %d: want %d", resp.StatusCode, want)
+		}
+	}
+	panicSeen(t, log, reg)
+	onePanic(t, log.String(), reg, "", "a bug in Read", "")
 }

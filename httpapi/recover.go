@@ -109,12 +109,17 @@ func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.Request
 // headers skips its handler: the mark headerRecovered left for it is
 // taken here (else it stayed, its pooled context perhaps dropped, every
 // later request taking the set's lock), and it is answered 500, as it
-// was recorded, not 400.
+// was recorded, not 400; so is one whose connection's read panicked.
 func (s *Server) errorRecovered(ctx *fasthttp.RequestCtx, err error) {
 	defer s.requestRecovered(ctx)
-	if !s.answerMarked(ctx) {
-		s.badRequest(ctx, err)
+	if s.answerMarked(ctx) {
+		return
 	}
+	if d := drainOf(ctx.Conn()); d != nil && d.readPanicked.Load() {
+		answerPanicked(ctx) // recorded as recovered (drainConn.Read)
+		return
+	}
+	s.badRequest(ctx, err)
 }
 
 // stateRecovered is the server's ConnState: s.connState (connSet.state)
