@@ -138,11 +138,14 @@ func (c panickyConn) Close() error {
 	return c.TCPConn.Close()
 }
 
+// Read panics once its bytes came: a panic before would beat the
+// client's request, its 500 an answer to nothing sent.
 func (c panickyConn) Read(b []byte) (int, error) {
+	n, err := c.TCPConn.Read(b)
 	if c.read.Add(-1) == 0 {
 		panic("a bug in Read")
 	}
-	return c.TCPConn.Read(b)
+	return n, err
 }
 
 // A panic in what fasthttp calls of the server's connections outside a
@@ -286,7 +289,7 @@ func panicSeen(t *testing.T, log *testkit.LogBuffer, reg *prometheus.Registry) {
 func TestReadPanicKeepsAPipelinedAnswer(t *testing.T) {
 	srv, log, reg := panicServer(t)
 	read := new(atomic.Int32)
-	read.Store(2) // the first read brings both requests' headers
+	read.Store(2) // the first read brings both requests' headers, the second a body
 	ln := panickyListener{listenLocal(t), new(atomic.Bool), read, new(atomic.Bool)}
 	serveOn(t, srv, ln, srv.Serve)
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -297,6 +300,12 @@ func TestReadPanicKeepsAPipelinedAnswer(t *testing.T) {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n"+
 		"POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n")
+	for end := time.Now().Add(10 * time.Second); read.Load() > 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the server did not read the requests")
+		}
+	}
+	io.WriteString(c, strings.Repeat("x", 100))
 	br := bufio.NewReader(c)
 	for _, want := range []int{200, 500} {
 		resp, err := http.ReadResponse(br, nil)
