@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/netguard"
 )
 
 // connSet follows a fasthttp server's connections for its drain.
@@ -61,8 +63,11 @@ const closeWait = time.Second
 // longAgo is a read deadline already past.
 var longAgo = time.Unix(1, 0)
 
-// listener wraps ln so that cs follows its connections.
-func (cs *connSet) listener(ln net.Listener) net.Listener { return drainListener{ln, cs} }
+// listener wraps ln so that cs follows its connections. A panic in
+// accepting is recorded (netguard.Recovered).
+func (cs *connSet) listener(ln net.Listener) net.Listener {
+	return drainListener{netguard.Recovered(ln, func(v any) { cs.panicked(nil, v) }), cs}
+}
 
 type drainListener struct {
 	net.Listener
@@ -71,35 +76,8 @@ type drainListener struct {
 
 // Accept wraps the connection in a type that keeps what the server looks
 // for in it: the TLS connection's methods under TLS (fasthttp's IsTLS;
-// NetConn for the socket under it), else the socket (syscall.Conn). A
-// panic in the listener under it (netguard's, ours) is recovered: in
-// fasthttp's accept loop it ended the process. Accept then tries again
-// after acceptPanicPause, not returning a timeout, after which fasthttp
-// waits a second, every client with it.
+// NetConn for the socket under it), else the socket (syscall.Conn).
 func (l drainListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.accept()
-		if err != errAcceptPanicked {
-			return c, err
-		}
-		time.Sleep(acceptPanicPause)
-	}
-}
-
-// acceptPanicPause keeps a listener that panics at each call from
-// being spun on.
-const acceptPanicPause = 10 * time.Millisecond
-
-// errAcceptPanicked is accept's error when the listener under it panicked.
-var errAcceptPanicked = errors.New("httpapi: accepting a connection panicked")
-
-func (l drainListener) accept() (conn net.Conn, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			l.cs.panicked(nil, v)
-			conn, err = nil, errAcceptPanicked
-		}
-	}()
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err

@@ -427,6 +427,45 @@ func (c sysConn) SyscallConn() (syscall.RawConn, error) {
 	return c.Conn.(syscall.Conn).SyscallConn()
 }
 
+// Recovered wraps ln so that a panic in its Accept (a bug in it or in a
+// listener under it: Listener's ClientKey, OnReject) is given to
+// panicked, and Accept tries again after acceptPanicPause: a server's
+// accept loop (fasthttp's, gRPC-Go's) recovers nothing, and the process
+// ended. Returned as a timeout instead, fasthttp would wait a second
+// before it accepts again, every client with it.
+func Recovered(ln net.Listener, panicked func(v any)) net.Listener {
+	return recovered{ln, panicked}
+}
+
+// acceptPanicPause keeps a listener that panics at each call from being
+// spun on.
+const acceptPanicPause = 10 * time.Millisecond
+
+type recovered struct {
+	net.Listener
+	panicked func(v any)
+}
+
+func (l recovered) Accept() (net.Conn, error) {
+	for {
+		if c, ok, err := l.accept(); ok {
+			return c, err
+		}
+		time.Sleep(acceptPanicPause)
+	}
+}
+
+// accept is one Accept; ok is false when it panicked.
+func (l recovered) accept() (c net.Conn, ok bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			l.panicked(v)
+		}
+	}()
+	c, err = l.Listener.Accept()
+	return c, true, err
+}
+
 // RaiseNoFileLimit raises the soft RLIMIT_NOFILE to the hard limit and
 // returns the resulting soft limit, the most descriptors this process may
 // hold open.

@@ -1269,3 +1269,37 @@ func TestAcceptPanicGivesBackTheSlot(t *testing.T) {
 		})
 	}
 }
+
+// panicOnce's Accept panics at its first call.
+type panicOnce struct {
+	net.Listener
+	done atomic.Bool
+}
+
+func (l *panicOnce) Accept() (net.Conn, error) {
+	if l.done.CompareAndSwap(false, true) {
+		panic("a bug in Accept")
+	}
+	return l.Listener.Accept()
+}
+
+// Recovered gives a panic in Accept to its callback and accepts again
+// after a short pause: a server's accept loop (gRPC-Go's) recovered
+// nothing, the process ended.
+func TestRecoveredAccept(t *testing.T) {
+	f := newFake()
+	defer f.Close()
+	a, b := net.Pipe()
+	defer b.Close()
+	f.push(nil, a)
+	var got []any
+	ln := Recovered(&panicOnce{Listener: f}, func(v any) { got = append(got, v) })
+	c, err := ln.Accept()
+	if err != nil || c != a || len(got) != 1 || got[0] != "a bug in Accept" {
+		t.Fatalf("Accept: %v %v, panics %v: want the connection, one panic", c, err, got)
+	}
+	f.Close()
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept once closed: %v: want net.ErrClosed", err)
+	}
+}
