@@ -41,7 +41,9 @@ type connSet struct {
 	byHeader sync.Map
 	// panicked records a panic in what fasthttp calls of the listener
 	// and the connections outside a handler, recovering nothing, and
-	// closes c (nil: none); the server's (Server.connPanicked).
+	// closes c unless c is nil: Server.connPanicked, set by New for both
+	// of a server's sets. A set without it (an internal test's) turns a
+	// recovered panic into a nil func's.
 	panicked func(c net.Conn, v any)
 }
 
@@ -150,15 +152,30 @@ func (c *drainConn) Read(b []byte) (n int, err error) {
 
 // Close closes the connection. A panic in the listener's connection under
 // it (netguard's: its slot given back, a lingering close) is recovered:
-// fasthttp, which closes it once done with it, recovers nothing.
+// fasthttp, which closes it once done with it, recovers nothing. The
+// close is tried once more, for a panic before the socket was closed, its
+// descriptor else held for good (netguard's second Close closes the
+// socket alone).
 func (c *drainConn) Close() (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			c.cs.panicked(nil, v) // not c: its close would panic again
-			err = net.ErrClosed
+			c.cs.panicked(nil, v)
+			err = c.closeAgain()
 		}
 	}()
 	return c.Conn.Close()
+}
+
+// closeAgain is Close's second try, a panic in it dropped: the first is
+// recorded.
+func (c *drainConn) closeAgain() (err error) {
+	defer func() {
+		if recover() != nil {
+			err = net.ErrClosed
+		}
+	}()
+	c.Conn.Close()
+	return net.ErrClosed
 }
 
 // NetConn returns the connection as accepted (netguard.Linger, connGone).

@@ -44,6 +44,8 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 		{"header", "GET /v1/functions/f HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\n\r\n", false, 500, "GET /v1/functions/f", "f"},
 		{"header", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n",
 			false, 500, "POST /v1/functions/echo/invoke", "echo"},
+		{"header, Expect taken", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nX-Test-Panic: 1\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n",
+			false, 500, "POST /v1/functions/echo/invoke", "echo"},
 		// Its body cut short (the client closes its side): fasthttp
 		// answers that (ErrorHandler) and runs no handler; its mark must
 		// not answer a later request.
@@ -61,12 +63,7 @@ func TestPanicOutsideTheHandlerIsRecovered(t *testing.T) {
 			httpapi.PanicIn(srv, tc.hook, "a bug in the "+tc.hook)
 			url := testkit.ServeWith(t, srv)
 
-			c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, strings.TrimPrefix(url, "http://"))
 			if _, err := io.WriteString(c, tc.request); err != nil {
 				t.Fatal(err)
 			}
@@ -231,12 +228,7 @@ func TestAcceptPanicGivesBackItsSlot(t *testing.T) {
 	g := netguard.NewListener(addrPanicListener{listenLocal(t), new(atomic.Bool)}, 1)
 	g.PerClient = 1
 	serveOn(t, srv, g, srv.Serve)
-	c, err := net.Dial("tcp", g.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c := dialRaw(t, g.Addr().String())
 	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("the client whose accept panicked reads %v: want EOF, its socket closed", err)
 	}
@@ -292,12 +284,7 @@ func TestReadPanicKeepsAPipelinedAnswer(t *testing.T) {
 	read.Store(2) // the first read brings both requests' headers, the second a body
 	ln := panickyListener{listenLocal(t), new(atomic.Bool), read, new(atomic.Bool)}
 	serveOn(t, srv, ln, srv.Serve)
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialRaw(t, ln.Addr().String())
 	io.WriteString(c, "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n"+
 		"POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n")
 	for end := time.Now().Add(10 * time.Second); read.Load() > 1; time.Sleep(time.Millisecond) {
@@ -319,4 +306,41 @@ func TestReadPanicKeepsAPipelinedAnswer(t *testing.T) {
 	}
 	panicSeen(t, log, reg)
 	onePanic(t, log.String(), reg, "", "a bug in Read", "")
+}
+
+// A panic in closing a connection before its socket was closed (a bug in
+// netguard's Close ahead of the close) still closes the socket: its
+// descriptor was held for good, its client never told.
+func TestPanicInCloseStillClosesTheSocket(t *testing.T) {
+	srv, log, reg := panicServer(t)
+	close := new(atomic.Bool)
+	close.Store(true)
+	ln := panickyListener{listenLocal(t), new(atomic.Bool), new(atomic.Int32), close}
+	serveOn(t, srv, ln, srv.Serve)
+	c := dialRaw(t, ln.Addr().String())
+	io.WriteString(c, "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("read past the answer: %v: want EOF, the socket closed", err)
+	}
+	panicSeen(t, log, reg)
+	onePanic(t, log.String(), reg, "", "a bug in Close", "")
+}
+
+// dialRaw is a connection to addr for the test, closed as it ends, its
+// reads and writes bounded.
+func dialRaw(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
 }

@@ -91,7 +91,7 @@ func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.Request
 			var u fasthttp.URI // the path as the handler's ctx.Path() would have it
 			u.Parse(nil, h.RequestURI())
 			s.record(h.Method(), u.Path(), v)
-			if bytes.EqualFold(h.PeekBytes(hdrExpect), expect100) {
+			if expects100(h.RawHeaders()) { // the hook may have taken Expect, not yet the length
 				h.DelBytes(hdrExpect)
 				h.SetContentLength(0)
 			}
@@ -100,6 +100,20 @@ func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.Request
 		}
 	}()
 	return s.header(h)
+}
+
+// expects100 reports whether raw, a request's headers as read, expect
+// 100-continue.
+func expects100(raw []byte) bool {
+	for len(raw) > 0 {
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, []byte{'\n'})
+		name, value, ok := bytes.Cut(line, []byte{':'})
+		if ok && bytes.EqualFold(bytes.TrimSpace(name), hdrExpect) && bytes.EqualFold(bytes.TrimSpace(value), expect100) {
+			return true
+		}
+	}
+	return false
 }
 
 // errorRecovered is the server's ErrorHandler: s.badRequest (parseError)
