@@ -26,6 +26,7 @@ import (
 	"github.com/plover-run/plover/grpcapi"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/registry"
@@ -486,7 +487,9 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 	}
 	log.Info("serving the Open Inference Protocol over gRPC", "addr", gscheme+"://"+gln.Addr().String())
 	go func() {
-		if err := t.gs.Serve(t.shakes.Listener(gln)); err != nil {
+		// gRPC-Go's accept loop recovers nothing.
+		ln := netguard.Recovered(t.shakes.Listener(gln), func(v any) { door.Panicked("grpc", "", "", v) })
+		if err := t.gs.Serve(ln); err != nil {
 			t.errc <- fmt.Errorf("--grpc-listen: %w", err)
 		}
 	}()

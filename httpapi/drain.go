@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/netguard"
 )
 
 // connSet follows a fasthttp server's connections for its drain.
@@ -39,7 +41,9 @@ type connSet struct {
 	byHeader sync.Map
 	// panicked records a panic in what fasthttp calls of the listener
 	// and the connections outside a handler, recovering nothing, and
-	// closes c (nil: none); the server's (Server.connPanicked).
+	// closes c unless c is nil: Server.connPanicked, set by New for both
+	// of a server's sets. A set without it (an internal test's) turns a
+	// recovered panic into a nil func's.
 	panicked func(c net.Conn, v any)
 }
 
@@ -61,8 +65,11 @@ const closeWait = time.Second
 // longAgo is a read deadline already past.
 var longAgo = time.Unix(1, 0)
 
-// listener wraps ln so that cs follows its connections.
-func (cs *connSet) listener(ln net.Listener) net.Listener { return drainListener{ln, cs} }
+// listener wraps ln so that cs follows its connections. A panic in
+// accepting is recorded (netguard.Recovered).
+func (cs *connSet) listener(ln net.Listener) net.Listener {
+	return drainListener{netguard.Recovered(ln, func(v any) { cs.panicked(nil, v) }), cs}
+}
 
 type drainListener struct {
 	net.Listener
@@ -71,17 +78,8 @@ type drainListener struct {
 
 // Accept wraps the connection in a type that keeps what the server looks
 // for in it: the TLS connection's methods under TLS (fasthttp's IsTLS;
-// NetConn for the socket under it), else the socket (syscall.Conn). A
-// panic in the listener under it (netguard's, ours) is recovered: in
-// fasthttp's accept loop it ended the process. It is a timeout to
-// fasthttp, which then waits a second and accepts again.
-func (l drainListener) Accept() (conn net.Conn, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			l.cs.panicked(nil, v)
-			conn, err = nil, acceptPanicked{}
-		}
-	}()
+// NetConn for the socket under it), else the socket (syscall.Conn).
+func (l drainListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
@@ -97,15 +95,6 @@ func (l drainListener) Accept() (conn net.Conn, err error) {
 	return d, nil
 }
 
-// acceptPanicked is Accept's error when the listener under it panicked.
-type acceptPanicked struct{}
-
-func (acceptPanicked) Error() string {
-	return "httpapi: accepting a connection panicked (logged as request panicked)"
-}
-func (acceptPanicked) Timeout() bool   { return true }
-func (acceptPanicked) Temporary() bool { return true }
-
 // drainConn is a connection of a connSet.
 type drainConn struct {
 	net.Conn
@@ -119,22 +108,35 @@ type drainConn struct {
 	// hdr is the request header fasthttp reads this connection's requests
 	// into (one context serves a connection), its key in connSet.byHeader.
 	hdr atomic.Pointer[fasthttp.RequestHeader]
+	// readPanicked: a read outside a handler panicked (Read).
+	readPanicked atomic.Bool
 }
+
+// errReadPanicked is every read's error once one outside a handler
+// panicked.
+var errReadPanicked = errors.New("httpapi: reading the connection panicked (logged as request panicked)")
 
 // Read marks the connection reading a request once a byte of it comes.
 // Outside a handler (fasthttp reading a request's headers, or what it
 // reads of a body before the handler), a panic in it is recovered, for
-// nothing else would: the connection is closed. In a handler, the
-// handler's recovery answers it, knowing its route.
+// nothing else would, and recorded. The connection is not closed at once:
+// fasthttp may still buffer the answer of a request pipelined before; it
+// answers the read's error (errorRecovered: 500), flushing both, and
+// closes it. In a handler, the handler's recovery answers it, knowing its
+// route.
 func (c *drainConn) Read(b []byte) (n int, err error) {
 	defer func() {
 		if c.state.Load() != connBusy {
 			if v := recover(); v != nil {
-				c.cs.panicked(c, v)
-				n, err = 0, net.ErrClosed
+				c.cs.panicked(nil, v)
+				c.readPanicked.Store(true)
+				n, err = 0, errReadPanicked
 			}
 		}
 	}()
+	if c.readPanicked.Load() {
+		return 0, errReadPanicked
+	}
 	if c.owe100.Load() {
 		if err := c.sayContinue(); err != nil {
 			return 0, err
@@ -150,15 +152,30 @@ func (c *drainConn) Read(b []byte) (n int, err error) {
 
 // Close closes the connection. A panic in the listener's connection under
 // it (netguard's: its slot given back, a lingering close) is recovered:
-// fasthttp, which closes it once done with it, recovers nothing.
+// fasthttp, which closes it once done with it, recovers nothing. The
+// close is tried once more, for a panic before the socket was closed, its
+// descriptor else held for good (netguard's second Close closes the
+// socket alone).
 func (c *drainConn) Close() (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			c.cs.panicked(nil, v) // not c: its close would panic again
-			err = net.ErrClosed
+			c.cs.panicked(nil, v)
+			err = c.closeAgain()
 		}
 	}()
 	return c.Conn.Close()
+}
+
+// closeAgain is Close's second try, a panic in it dropped: the first is
+// recorded.
+func (c *drainConn) closeAgain() (err error) {
+	defer func() {
+		if recover() != nil {
+			err = net.ErrClosed
+		}
+	}()
+	c.Conn.Close()
+	return net.ErrClosed
 }
 
 // NetConn returns the connection as accepted (netguard.Linger, connGone).
@@ -185,7 +202,19 @@ type drainTLS struct {
 	tc *tls.Conn
 }
 
-func (c drainTLS) Handshake() error                     { return c.tc.Handshake() }
+// Handshake recovers a panic in the handshake's reads (the socket's, and
+// the TLS config's callbacks: GetCertificate) as Read does: fasthttp
+// calls it directly, outside Read, recovering nothing.
+func (c drainTLS) Handshake() (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.cs.panicked(c.drainConn, v)
+			err = net.ErrClosed
+		}
+	}()
+	return c.tc.Handshake()
+}
+
 func (c drainTLS) ConnectionState() tls.ConnectionState { return c.tc.ConnectionState() }
 
 // drainOf is c's drainConn, or nil for a connection Serve did not accept

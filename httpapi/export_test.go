@@ -32,14 +32,18 @@ func PanicOnScrape(s *Server, v any) {
 
 // PanicIn makes one of the hooks fasthttp calls outside s's handler panic
 // with v, as a bug there would: "header" (HeaderReceived) for a request
-// that carries X-Test-Panic, "parse error" (ErrorHandler) for any, "conn
+// that carries X-Test-Panic ("header, Expect taken": after it took the
+// request's Expect), "parse error" (ErrorHandler) for any, "conn
 // state" (ConnState) once, as a connection's first request begins. Call
 // it before s serves.
 func PanicIn(s *Server, hook string, v any) {
 	switch header, connState := s.header, s.connState; hook {
-	case "header":
+	case "header", "header, Expect taken":
 		s.header = func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 			if len(h.Peek("X-Test-Panic")) > 0 {
+				if hook != "header" {
+					h.Del("Expect")
+				}
 				panic(v)
 			}
 			return header(h)
@@ -58,3 +62,7 @@ func PanicIn(s *Server, hook string, v any) {
 		panic("PanicIn: no hook " + hook)
 	}
 }
+
+// HeaderMarks is the requests s holds marked for their handler as their
+// HeaderReceived panicked.
+func HeaderMarks(s *Server) int32 { return s.headerPanics.n.Load() }

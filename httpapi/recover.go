@@ -24,14 +24,22 @@ import (
 func (s *Server) recovered(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
 		defer s.requestRecovered(ctx)
-		if s.headerPanics.n.Load() > 0 {
-			if _, ok := s.headerPanics.take(&ctx.Request.Header); ok {
-				answerPanicked(ctx) // its panic is recorded (headerRecovered)
-				return
-			}
+		if !s.answerMarked(ctx) {
+			h(ctx)
 		}
-		h(ctx)
 	}
+}
+
+// answerMarked answers ctx's request 500 if its HeaderReceived panicked
+// (its panic is recorded: headerRecovered), and reports whether it did.
+func (s *Server) answerMarked(ctx *fasthttp.RequestCtx) bool {
+	if s.headerPanics.n.Load() > 0 {
+		if _, ok := s.headerPanics.take(&ctx.Request.Header); ok {
+			answerPanicked(ctx)
+			return true
+		}
+	}
+	return false
 }
 
 // requestRecovered, deferred, recovers a panic in serving ctx's request,
@@ -71,8 +79,8 @@ func answerPanicked(ctx *fasthttp.RequestCtx) {
 // body, as the hook would have it lose them: fasthttp would say 100
 // Continue and wait for a body only to answer 500. Marked by header in
 // headerPanics, the one thing the hook and the handler share; a mark whose
-// handler fasthttp skipped (its body failed: ErrorHandler answered) is
-// dropped with the header's next request, here, before it can answer that
+// handler fasthttp skipped (its body failed) is taken by errorRecovered,
+// else with the header's next request, here, before it can answer that
 // one.
 func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.RequestConfig) {
 	if s.headerPanics.n.Load() > 0 {
@@ -83,7 +91,7 @@ func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.Request
 			var u fasthttp.URI // the path as the handler's ctx.Path() would have it
 			u.Parse(nil, h.RequestURI())
 			s.record(h.Method(), u.Path(), v)
-			if bytes.EqualFold(h.PeekBytes(hdrExpect), expect100) {
+			if expects100(h.RawHeaders()) { // the hook may have taken Expect, not yet the length
 				h.DelBytes(hdrExpect)
 				h.SetContentLength(0)
 			}
@@ -94,12 +102,37 @@ func (s *Server) headerRecovered(h *fasthttp.RequestHeader) (rc fasthttp.Request
 	return s.header(h)
 }
 
+// expects100 reports whether raw, a request's headers as read, expect
+// 100-continue.
+func expects100(raw []byte) bool {
+	for len(raw) > 0 {
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, []byte{'\n'})
+		name, value, ok := bytes.Cut(line, []byte{':'})
+		if ok && bytes.EqualFold(bytes.TrimSpace(name), hdrExpect) && bytes.EqualFold(bytes.TrimSpace(value), expect100) {
+			return true
+		}
+	}
+	return false
+}
+
 // errorRecovered is the server's ErrorHandler: s.badRequest (parseError)
 // under the handler's recovery. fasthttp calls it outside the handler,
 // for a request it could not read, and recovers nothing; it closes the
-// connection after the answer.
+// connection after the answer. A request whose body failed after its
+// headers skips its handler: the mark headerRecovered left for it is
+// taken here (else it stayed, its pooled context perhaps dropped, every
+// later request taking the set's lock), and it is answered 500, as it
+// was recorded, not 400; so is one whose connection's read panicked.
 func (s *Server) errorRecovered(ctx *fasthttp.RequestCtx, err error) {
 	defer s.requestRecovered(ctx)
+	if s.answerMarked(ctx) {
+		return
+	}
+	if d := drainOf(ctx.Conn()); d != nil && d.readPanicked.Load() {
+		answerPanicked(ctx) // recorded as recovered (drainConn.Read)
+		return
+	}
 	s.badRequest(ctx, err)
 }
 

@@ -62,6 +62,9 @@ const rejectWriteTimeout = 10 * time.Millisecond
 //     the inner connection with Unwrap, implements syscall.Conn when the
 //     inner connection does, and forwards io.ReaderFrom (so sendfile still
 //     applies to a *net.TCPConn).
+//   - A panic in Accept once a connection is accepted (a bug in OnReject)
+//     closes that connection and gives back its slot as it goes on, for
+//     a server that recovers it.
 //
 // Set the exported fields before the first Accept and leave them alone
 // afterwards. A Listener built as a struct literal around a listener works
@@ -128,21 +131,42 @@ func (l *Listener) Accept() (net.Conn, error) {
 			continue
 		}
 		delay = 0
-		slots := l.slots()
-		n := slots.open.Add(1)
-		if slots.Max > 0 && n > int64(slots.Max) {
-			slots.open.Add(-1)
-			l.reject(c)
-			continue
+		if w := l.admit(c); w != nil {
+			return w, nil
 		}
-		ip, ok := slots.admitClient(c)
-		if !ok {
-			slots.open.Add(-1)
-			l.reject(c)
-			continue
-		}
-		return slots.wrap(c, ip), nil
 	}
+}
+
+// admit counts c, just accepted, in the open connections and returns it
+// wrapped, or nil when it was over a cap (rejected). A panic in it (a bug
+// in ClientKey, OnReject) closes c and gives back its slot before going
+// on: a server that recovers it would otherwise lose a slot, and hold a
+// socket, each time, until every client was refused.
+func (l *Listener) admit(c net.Conn) net.Conn {
+	slots := l.slots()
+	held, done := false, false // held: c's open slot taken
+	defer func() {
+		if !done { // panicking: not recovered here, its stack kept
+			c.Close()
+			if held {
+				slots.open.Add(-1)
+			}
+		}
+	}()
+	held = true
+	ip, ok := "", slots.open.Add(1) <= int64(slots.Max) || slots.Max <= 0
+	if ok {
+		ip, ok = slots.admitClient(c)
+	}
+	if !ok {
+		slots.open.Add(-1)
+		held = false
+		l.reject(c)
+		done = true
+		return nil
+	}
+	done = true
+	return slots.wrap(c, ip)
 }
 
 // slots is the Listener whose cap and counts l's connections take.
@@ -401,6 +425,45 @@ type sysConn struct{ *conn }
 // SyscallConn returns the inner connection's raw connection.
 func (c sysConn) SyscallConn() (syscall.RawConn, error) {
 	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+// Recovered wraps ln so that a panic in its Accept (a bug in it or in a
+// listener under it: Listener's ClientKey, OnReject) is given to
+// panicked, and Accept tries again after acceptPanicPause: a server's
+// accept loop (fasthttp's, gRPC-Go's) recovers nothing, and the process
+// ended. Returned as a timeout instead, fasthttp would wait a second
+// before it accepts again, every client with it.
+func Recovered(ln net.Listener, panicked func(v any)) net.Listener {
+	return recovered{ln, panicked}
+}
+
+// acceptPanicPause keeps a listener that panics at each call from being
+// spun on.
+const acceptPanicPause = 10 * time.Millisecond
+
+type recovered struct {
+	net.Listener
+	panicked func(v any)
+}
+
+func (l recovered) Accept() (net.Conn, error) {
+	for {
+		if c, ok, err := l.accept(); ok {
+			return c, err
+		}
+		time.Sleep(acceptPanicPause)
+	}
+}
+
+// accept is one Accept; ok is false when it panicked.
+func (l recovered) accept() (c net.Conn, ok bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			l.panicked(v)
+		}
+	}()
+	c, err = l.Listener.Accept()
+	return c, true, err
 }
 
 // RaiseNoFileLimit raises the soft RLIMIT_NOFILE to the hard limit and

@@ -1194,3 +1194,112 @@ func TestLingerDeliversAnswerToSendingClient(t *testing.T) {
 type tlsLike struct{ net.Conn }
 
 func (c tlsLike) NetConn() net.Conn { return c.Conn }
+
+// addrPanicConn is a connection whose RemoteAddr panics (a bug under
+// ClientKey) and that records its close.
+type addrPanicConn struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (*addrPanicConn) RemoteAddr() net.Addr { panic("a bug in RemoteAddr") }
+func (c *addrPanicConn) Close() error       { c.closed.Store(true); return c.Conn.Close() }
+
+// A panic in Accept after the connection was accepted and counted (a bug
+// in ClientKey or OnReject), which a server may recover, closes that
+// connection and gives back its slot: each one took a slot for good,
+// until every client was refused.
+func TestAcceptPanicGivesBackTheSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		onReject func()
+		conn     func(net.Conn) net.Conn
+	}{
+		{"client key", nil, func(c net.Conn) net.Conn { return &addrPanicConn{Conn: c} }},
+		{"on reject", func() { panic("a bug in OnReject") }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake()
+			defer f.Close()
+			l := &Listener{Listener: f, Max: 1, PerClient: 1, OnReject: tc.onReject}
+			var held net.Conn
+			if tc.onReject != nil { // the one slot held: the next is rejected
+				a, b := net.Pipe()
+				defer b.Close()
+				f.push(nil, a)
+				c, err := l.Accept()
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = c
+			}
+			a, b := net.Pipe()
+			defer b.Close()
+			var first net.Conn = a
+			if tc.conn != nil {
+				first = tc.conn(a)
+			}
+			f.push(nil, first)
+			func() {
+				defer func() {
+					if v := recover(); v == nil {
+						t.Fatal("Accept did not panic")
+					}
+				}()
+				l.Accept()
+			}()
+			if held != nil {
+				held.Close()
+			}
+			if n := l.Open(); n != 0 {
+				t.Fatalf("Open() = %d after the panic: want 0, its slot given back", n)
+			}
+			b.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := b.Read(make([]byte, 1)); err != io.EOF {
+				t.Errorf("the panicked connection's client reads %v: want EOF, its socket closed", err)
+			}
+			c, d := net.Pipe()
+			defer d.Close()
+			f.push(nil, c)
+			next, err := l.Accept()
+			if err != nil || l.Open() != 1 || l.Rejected() > 1 {
+				t.Fatalf("the next connection: %v, open %d, rejected %d: want it admitted", err, l.Open(), l.Rejected())
+			}
+			next.Close()
+		})
+	}
+}
+
+// panicOnce's Accept panics at its first call.
+type panicOnce struct {
+	net.Listener
+	done atomic.Bool
+}
+
+func (l *panicOnce) Accept() (net.Conn, error) {
+	if l.done.CompareAndSwap(false, true) {
+		panic("a bug in Accept")
+	}
+	return l.Listener.Accept()
+}
+
+// Recovered gives a panic in Accept to its callback and accepts again
+// after a short pause: a server's accept loop (gRPC-Go's) recovered
+// nothing, the process ended.
+func TestRecoveredAccept(t *testing.T) {
+	f := newFake()
+	defer f.Close()
+	a, b := net.Pipe()
+	defer b.Close()
+	f.push(nil, a)
+	var got []any
+	ln := Recovered(&panicOnce{Listener: f}, func(v any) { got = append(got, v) })
+	c, err := ln.Accept()
+	if err != nil || c != a || len(got) != 1 || got[0] != "a bug in Accept" {
+		t.Fatalf("Accept: %v %v, panics %v: want the connection, one panic", c, err, got)
+	}
+	f.Close()
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept once closed: %v: want net.ErrClosed", err)
+	}
+}

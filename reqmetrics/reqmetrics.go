@@ -65,7 +65,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"function"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "plover_panics_total",
-			Help: "Requests whose handling panicked (a bug in the server), recovered by their transport: answered 500 (gRPC: Internal), or their connection closed when the answer had begun, and logged; and HTTP connections whose accepting, reading outside a request, closing or state hook panicked, closed and logged.",
+			Help: "Requests whose handling panicked (a bug in the server), recovered by their transport: answered 500 (gRPC: Internal), or their connection closed when the answer had begun, and logged; and connections whose accepting (HTTP, gRPC), or whose HTTP read outside a request, closing or state hook panicked, closed and logged.",
 		}, []string{"transport"}),
 		byFn:  map[string]*fnMetrics{},
 		limit: 1000,
