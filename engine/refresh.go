@@ -35,7 +35,10 @@ func (e *Engine) Refresh(ctx context.Context) error {
 // does (a bug a record can reach, in its parsing or in applying it) is
 // name's error, not the end of the process: Watch runs on every node with
 // no transport above it, and the record would end them all, and each again
-// as it restarts. Its stack is logged once per name.
+// as it restarts. Its stack is logged once per name, until its record is
+// applied or gone (the map holds only names that panicked and since did
+// neither). The panic may leave the record half-applied (its new version
+// current, the old not retired); the next poll reads it again.
 func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]string) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -52,6 +55,7 @@ func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]st
 	rec, tag, err := e.tab.reg.GetTagged(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
 		e.tab.forget(name, at)
+		e.refreshPanics.Delete(name) // a name made anew may panic anew: its stack logged again
 		return nil
 	}
 	if err != nil {
@@ -70,6 +74,7 @@ func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]st
 	}
 	if f != nil { // applied, not overtaken by a change here
 		e.tab.applied(name, tag)
+		e.refreshPanics.Delete(name)
 	}
 	return nil
 }

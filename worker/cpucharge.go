@@ -125,8 +125,29 @@ func (p *proc) runBegan() time.Duration {
 	start := c.perRun
 	bills := c.takeBills(false)
 	c.mu.Unlock()
-	bills.send()
+	if len(bills.to) > 0 {
+		c.sendBefore(p, bills)
+	}
 	return start
+}
+
+// sendBefore sends bills taken as a run began. A panic in sending them
+// (the scheduler's code, which the transport recovers) takes the run out
+// of the tally again: it is not sent, and the tally would otherwise count
+// it in flight for good, giving the CPU of the worker's idle moments to
+// nobody.
+func (c *cpuTally) sendBefore(p *proc, b bills) {
+	sent := false
+	defer func() {
+		if !sent {
+			c.mu.Lock()
+			c.advance(p)
+			c.runs--
+			c.mu.Unlock()
+		}
+	}()
+	b.send()
+	sent = true
 }
 
 // runEnded reads p's clock as a run's reply came (or its wait ended): the

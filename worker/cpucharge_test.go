@@ -2,6 +2,10 @@ package worker
 
 import (
 	"context"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,5 +153,103 @@ func TestIdleCPUDuringASiblingsLoadIsBilled(t *testing.T) {
 	t.Logf("the worker used %v of CPU during its sibling's %v load, 4 threads spinning; billed %v", c1-c0, time.Since(t0), got)
 	if got < want {
 		t.Fatalf("billed %v, want at least %v", got, want)
+	}
+}
+
+// A panic in a bill sent as a run begins (the scheduler's code; the
+// transport recovers it) leaves no run counted: neither in the CPU tally,
+// where the worker's idle CPU (here 4 spinning threads) was then billed to
+// nobody for good, nor on the device, where its runs in flight decide the
+// reply polling.
+func TestPanicInABillAsARunBeginsLeavesNoRun(t *testing.T) {
+	d := newDevice(t, 1)
+	p, m := loadHostile(t, d, "threads")
+	var total atomic.Int64
+	var armed atomic.Bool
+	p.(*program).Bill(func(d time.Duration) {
+		if armed.Load() && strings.Contains(string(debug.Stack()), "runBegan") {
+			panic("a bug in the scheduler's charge")
+		}
+		total.Add(int64(d))
+	})
+	in, r := newInst(t, p, m), oneStep(t, p, m, "threads")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	pr := p.(*program).p
+	c0, _ := pr.cpuNow()
+	for c, _ := pr.cpuNow(); c-c0 < 10*time.Millisecond; c, _ = pr.cpuNow() {
+		time.Sleep(time.Millisecond) // the spinning threads' CPU, over minBill
+	}
+	armed.Store(true)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the run whose bill panicked did not panic")
+			}
+		}()
+		in.Run(r)
+	}()
+	armed.Store(false)
+	pr.cpu.mu.Lock()
+	runs := pr.cpu.runs
+	pr.cpu.mu.Unlock()
+	if runs != 0 || d.running.Load() != 0 || pr.runs.Load() != 0 {
+		t.Fatalf("after the panic: the tally counts %d runs, the device %d, the worker %d; want none", runs, d.running.Load(), pr.runs.Load())
+	}
+}
+
+// startBugDevice's Target panics when armed, called from a worker's start.
+type startBugDevice struct {
+	device.Device
+	armed atomic.Bool
+}
+
+func (d *startBugDevice) Target() string {
+	if d.armed.Load() && strings.Contains(string(debug.Stack()), ".start(") {
+		panic("a device bug in Target, in start")
+	}
+	return d.Device.Target()
+}
+
+// childrenOf counts the processes whose parent is pid.
+func childrenOf(pid int) int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			n++
+		}
+	}
+	return n
+}
+
+// A panic in the base device's code as a worker starts (the transport
+// recovers it) comes before the process does: read after it started, it
+// left the process unreaped and its pipes open.
+func TestPanicAsAWorkerStartsLeavesNoProcess(t *testing.T) {
+	base := &startBugDevice{Device: device.NewHost(0)}
+	d := NewDevice(Options{Exe: os.Args[0], Base: base, Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
+	t.Cleanup(func() { d.Close() })
+	m := testkit.Manifest("f")
+	dir := testkit.BundleDir(t, m, nil)
+	before := childrenOf(os.Getpid())
+	base.armed.Store(true)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the load did not panic")
+			}
+		}()
+		d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "a"})
+	}()
+	base.armed.Store(false)
+	if after := childrenOf(os.Getpid()); after != before {
+		t.Fatalf("%d child processes after the panicked start, %d before", after, before)
 	}
 }

@@ -190,9 +190,9 @@ func (i *instance) Run(r *device.Run) error {
 	// Polled for only while no other run is in flight on the device: a
 	// loaded device needs its CPUs for the runs. The worker is told, so
 	// that it polls for this instance's next request only then too.
+	cpu0 := i.g.p.runBegan() // first: a panic in its bills leaves nothing counted
 	alone := i.g.d.running.Add(1) == 1
 	i.g.runStart()
-	cpu0 := i.g.p.runBegan()
 	ended := false
 	defer func() {
 		if !ended { // a panic (which the transport recovers): the run leaves the tally

@@ -227,6 +227,9 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 		os.RemoveAll(stageDir)
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
+	// The base device's Go code before the process exists: a panic in it
+	// past the start would leave the process unreaped.
+	billsCPU := d.billsCPU()
 	pr, pw, err := outputPipes(cmd)
 	if err != nil {
 		return fail(err)
@@ -253,7 +256,7 @@ func (d *Device) start(cmd *exec.Cmd, ctl *net.UnixConn, stageDir string) (*proc
 	}
 	p := &proc{d: d, pid: cmd.Process.Pid, tree: tree, ctl: ctl, ctlTok: make(chan struct{}, 1), buf: make([]byte, wire.ReplyMax),
 		done: make(chan struct{}), said: make(chan string, 1), heard: make(chan struct{}), stage: stageDir, marks: marks}
-	p.cpu.on = d.billsCPU()
+	p.cpu.on = billsCPU
 	if d.tenantScope() {
 		p.tenant = &tenancy{progs: map[uint32]*program{}, tasksFor: 1, wake: make(chan struct{}, 1), window: weighWindow}
 		if d.opts.CPU != nil {
