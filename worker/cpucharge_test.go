@@ -199,19 +199,6 @@ func TestPanicInABillAsARunBeginsLeavesNoRun(t *testing.T) {
 	}
 }
 
-// startBugDevice's Target panics when armed, called from a worker's start.
-type startBugDevice struct {
-	device.Device
-	armed atomic.Bool
-}
-
-func (d *startBugDevice) Target() string {
-	if d.armed.Load() && strings.Contains(string(debug.Stack()), ".start(") {
-		panic("a device bug in Target, in start")
-	}
-	return d.Device.Target()
-}
-
 // childrenOf counts the processes whose parent is pid.
 func childrenOf(pid int) int {
 	ents, _ := os.ReadDir("/proc")
@@ -233,7 +220,7 @@ func childrenOf(pid int) int {
 // recovers it) comes before the process does: read after it started, it
 // left the process unreaped and its pipes open.
 func TestPanicAsAWorkerStartsLeavesNoProcess(t *testing.T) {
-	base := &startBugDevice{Device: device.NewHost(0)}
+	base := &targetBugDevice{Device: device.NewHost(0), in: ".start("}
 	d := NewDevice(Options{Exe: os.Args[0], Base: base, Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
 	t.Cleanup(func() { d.Close() })
 	m := testkit.Manifest("f")

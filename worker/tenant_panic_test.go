@@ -76,15 +76,16 @@ func TestPlaceTenantPanicLeavesDeviceUsable(t *testing.T) {
 }
 
 // targetBugDevice is the host device whose Target panics, while armed,
-// when a worker's command line is made (a bug in a device's Go code in a
-// worker's start).
+// when called from a frame named in (a bug in a device's Go code in a
+// worker's start: "workerCommand", ".start(").
 type targetBugDevice struct {
 	device.Device
+	in    string
 	armed atomic.Bool
 }
 
 func (d *targetBugDevice) Target() string {
-	if d.armed.Load() && strings.Contains(string(debug.Stack()), "workerCommand") {
+	if d.armed.Load() && strings.Contains(string(debug.Stack()), d.in) {
 		panic("a device bug in Target")
 	}
 	return d.Device.Target()
@@ -96,7 +97,7 @@ func (d *targetBugDevice) Target() string {
 // tenant's every later load waited until its deadline, and the control
 // channel and stage the start had made leaked.
 func TestPanicInATenantsWorkerStartLeavesTheTenantUsable(t *testing.T) {
-	base := &targetBugDevice{Device: device.NewHost(0)}
+	base := &targetBugDevice{Device: device.NewHost(0), in: "workerCommand"}
 	stages := t.TempDir()
 	d := NewDevice(Options{Exe: os.Args[0], Base: base, Landlock: true, StageDir: stages, Spawner: spawner, TenantScope: true})
 	t.Cleanup(func() { d.Close() })
