@@ -7,6 +7,7 @@ package repository
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -236,4 +237,46 @@ func TestTornWritesRemovedUnderAnyPath(t *testing.T) {
 	if _, err := os.Stat(torn); err == nil {
 		t.Errorf("%s left", torn)
 	}
+}
+
+// holdWarnHandler holds a log call whose message holds hold until
+// release, saying so on held.
+type holdWarnHandler struct {
+	hold          string
+	held, release chan struct{}
+	once          sync.Once
+}
+
+func (h *holdWarnHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *holdWarnHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *holdWarnHandler) WithGroup(string) slog.Handler            { return h }
+func (h *holdWarnHandler) Handle(_ context.Context, rec slog.Record) error {
+	if strings.Contains(rec.Message, h.hold) {
+		h.once.Do(func() { close(h.held) })
+		<-h.release
+	}
+	return nil
+}
+
+// An index whose listing marks a model deleted answers before the state
+// file is written (its fsyncs on a slow disk; here a write failing, whose
+// warning is held): it, and those sharing its listing, waited for it.
+func TestIndexDoesNotWaitForItsListingsWrite(t *testing.T) {
+	h := &holdWarnHandler{hold: "cannot keep the unloaded models", held: make(chan struct{}), release: make(chan struct{})}
+	state := filepath.Join(t.TempDir(), "missing", "state.json") // cannot be written
+	node := newFakeNode()
+	r := servingA(t, node, Config{StateFile: state, Log: slog.New(h)})
+	node.Delete(context.Background(), "a", false) // plover rm
+	done := make(chan string, 1)
+	go func() { done <- index(r) }()
+	<-h.held // the write failed and is being said
+	select {
+	case got := <-done:
+		if !strings.Contains(got, "a/ UNAVAILABLE (deleted") {
+			t.Errorf("index %q, want a deleted", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the index waited for the state file's write 10 s")
+	}
+	close(h.release)
 }
