@@ -20,19 +20,10 @@ import (
 // versions that still serve (the store down); with ready, only READY ones.
 func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryModel {
 	l := r.noticeDeleted(ctx, true)
-	// With the turn, as a scan: an unload cannot come between the
-	// record read that says the function is back and the end of its
-	// unload. Busy (a scan, a load), it is for the next index.
-	if l != nil {
-		select {
-		case r.turn <- struct{}{}:
-			back := r.backElsewhere(ctx, l, nil)
-			r.give()
-			if back {
-				r.kick() // without polling, no scan would deploy them
-			}
-		default:
-		}
+	if r.backInListing(l) {
+		// Only Run's scan re-adopts: it checks the folder is still there
+		// and its record, and settles or retries as after any scan.
+		r.kick()
 	}
 	r.mu.Lock()
 	var listed map[string]bool
@@ -219,7 +210,7 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 // the unload (or a load) brings it back.
 func (r *Repository) unloadedLocked(m *model, reason string) {
 	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, reason, nil, false
-	m.done = m.seen
+	m.done, m.otherAt = m.seen, time.Time{}
 }
 
 // deletedReason is the index's reason for a model whose function was
@@ -258,28 +249,41 @@ func (r *Repository) noticeDeleted(ctx context.Context, share bool) *listing {
 	if !share {
 		at := r.epoch
 		r.mu.Unlock()
-		return r.listDeleted(ctx, at)
+		l, _ := r.listDeleted(ctx, at) // the scan saves the state file at its end
+		return l
 	}
-	if f := r.flight; f != nil {
+	f := r.flight
+	if f != nil {
 		f.sharing++
-		r.mu.Unlock()
-		select {
-		case <-f.done:
-			return f.l
-		case <-ctx.Done():
-			return nil
-		}
+	} else {
+		f = &flight{done: make(chan struct{})}
+		r.flight = f
+		at := r.epoch
+		// Not under the first asker's context: its client leaving would
+		// leave every index sharing the listing without one.
+		go r.listShared(context.WithoutCancel(ctx), f, at)
 	}
-	f := &flight{done: make(chan struct{})}
-	r.flight = f
-	at := r.epoch
 	r.mu.Unlock()
-	l := r.listDeleted(ctx, at)
+	select {
+	case <-f.done:
+		return f.l
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// listShared takes the listing f shares, and then saves the state file
+// if it marked a model: those waiting for the listing do not wait for
+// the write's fsyncs.
+func (r *Repository) listShared(ctx context.Context, f *flight, at uint64) {
+	l, marked := r.listDeleted(ctx, at)
 	r.mu.Lock()
 	r.flight, f.l = nil, l
 	r.mu.Unlock()
 	close(f.done)
-	return l
+	if marked {
+		r.saveKept()
+	}
 }
 
 // flight is a listing of the store on its way, which those who ask for
@@ -291,14 +295,14 @@ type flight struct {
 }
 
 // listDeleted is noticeDeleted's listing, taken at epoch at, and its
-// marks.
-func (r *Repository) listDeleted(ctx context.Context, at uint64) *listing {
+// marks; marked: it marked a model unloaded, for the state file.
+func (r *Repository) listDeleted(ctx context.Context, at uint64) (l *listing, marked bool) {
 	ctx, cancel := context.WithTimeout(ctx, listWait)
 	defer cancel()
 	names, err := r.node.Listed(ctx)
 	if err != nil {
 		r.cfg.Log.Debug("model repository: cannot list the functions to see which were deleted", "error", err)
-		return nil
+		return nil, false
 	}
 	// One settled after the listing began may have a record it missed,
 	// and one deploying may be absent only until it settles.
@@ -311,7 +315,6 @@ func (r *Repository) listDeleted(ctx context.Context, at uint64) *listing {
 		}
 	}
 	r.mu.Unlock()
-	marked := false
 	for _, m := range missing {
 		// A listing may come back partial (a page lost) or empty: its
 		// record's absence confirms each.
@@ -326,68 +329,71 @@ func (r *Repository) listDeleted(ctx context.Context, at uint64) *listing {
 		}
 		r.mu.Unlock()
 	}
-	if marked {
-		r.saveKept()
-	}
-	return &listing{names, at}
+	return &listing{names, at}, marked
 }
 
-// backElsewhere ends the unload of the models whose function is back in
-// l, deployed by a model repository (its current version labelled: a load
-// on another node sharing the store, after an unload here, there or a
-// plover rm): the next scan deploys them again, which adopts the versions
-// the store has. A function deployed otherwise is left alone. With found
-// (a scan's), only models found in it. It reports whether any is back.
-// Called with the turn.
-func (r *Repository) backElsewhere(ctx context.Context, l *listing, found map[string]folder) bool {
+// backElsewhere ends the unload of the models found (a scan's look at
+// the folders) whose function is back in l, deployed by a model
+// repository (its current version labelled: a load on another node
+// sharing the store, after an unload here, there or a plover rm): the
+// scan deploys them again, which adopts the versions the store has. A
+// function deployed otherwise is left alone. Called with the turn.
+func (r *Repository) backElsewhere(ctx context.Context, l *listing, found map[string]folder) {
 	if l == nil {
-		return false
+		return
 	}
 	r.mu.Lock()
 	var back []string
 	for name, m := range r.models {
-		_, ok := found[name]
-		if m.unloaded && l.names[name] && (ok || found == nil) {
+		if _, ok := found[name]; ok && m.unloaded && l.names[name] {
 			back = append(back, name)
 		}
 	}
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, listWait)
 	defer cancel()
-	adopted := false
 	for _, name := range back {
-		if !r.labelled(ctx, name) {
-			continue
-		}
+		ours, err := r.labelledErr(ctx, name)
 		r.mu.Lock()
 		if m := r.models[name]; m != nil && m.unloaded {
-			m.unloaded, m.done, adopted = false, "", true
-			m.state, m.reason = Loading, "deployed again by a model repository (a load on another node): loading it"
-			r.cfg.Log.Info("model repository: its function was deployed again elsewhere: loaded", "model", name)
+			switch {
+			case err == nil && !ours:
+				m.otherAt = time.Now()
+			case ours:
+				m.unloaded, m.done = false, ""
+				m.state, m.reason = Loading, "deployed again by a model repository (a load on another node): loading it"
+				r.cfg.Log.Info("model repository: its function was deployed again elsewhere: loaded", "model", name)
+			}
 		}
 		r.mu.Unlock()
 	}
-	return adopted
 }
 
-// kick has a scan run (under Run's context) to deploy what an index found
-// to do; none before Run, and one at a time waiting for the turn.
-func (r *Repository) kick() {
-	r.mu.Lock()
-	life := r.life
-	r.mu.Unlock()
-	if life == nil || !r.kicked.CompareAndSwap(false, true) {
-		return
+// backInListing reports whether l lists the function of an unloaded
+// model, which may be back (a load on another node): a scan is to look.
+// One whose record a scan found another's (a plover deploy) is looked at
+// again only after maxRetry: every index would have a scan read it.
+func (r *Repository) backInListing(l *listing) bool {
+	if l == nil {
+		return false
 	}
-	go func() {
-		if !r.take(life) {
-			r.kicked.Store(false)
-			return
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, m := range r.models {
+		if m.unloaded && l.names[name] && time.Since(m.otherAt) >= maxRetry {
+			return true
 		}
-		defer r.give()
-		r.kicked.Store(false) // what changes from now on asks for another
-		r.scanHeld(life)
-	}()
+	}
+	return false
+}
+
+// kick has Run's loop scan again (without Poll it waits for this); a
+// scan already asked for covers this one.
+func (r *Repository) kick() {
+	select {
+	case r.kicks <- struct{}{}:
+	default:
+	}
 }
 
 // serving reports whether m has a version READY that the repository

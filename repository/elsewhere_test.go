@@ -55,8 +55,8 @@ func TestLoadedElsewhereWithoutPolling(t *testing.T) {
 			cfg := Config{Dir: models, Settle: time.Millisecond, StateFile: filepath.Join(t.TempDir(), "state.json")}
 			a, _ := New(cfg, node)
 			b, _ := New(Config{Dir: models, Settle: time.Millisecond}, node)
-			a.Run(ctx) // returns: no poll
-			b.Run(ctx)
+			runStarted(t, a)
+			runStarted(t, b)
 			c.unload(t, a, b, node)
 			if got := index(a); !strings.Contains(got, "UNAVAILABLE") {
 				t.Fatalf("after the unload: %q", got)
@@ -72,7 +72,7 @@ func TestLoadedElsewhereWithoutPolling(t *testing.T) {
 			if got := indexUntil(t, a, ready); !ready(got) {
 				t.Errorf("after the load elsewhere: index %q, want cnn/1 READY", got)
 			}
-			restarted.Run(ctx)
+			runStarted(t, restarted)
 			if got := index(restarted); !ready(got) {
 				t.Errorf("restarted after the load elsewhere: index %q, want cnn/1 READY", got)
 			}

@@ -13,6 +13,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/plover-run/plover/fileutil"
 )
@@ -93,8 +94,13 @@ func (r *Repository) removeTorn() {
 		return
 	}
 	dir, base := filepath.Split(r.cfg.StateFile)
-	torn, _ := filepath.Glob(filepath.Join(dir, "."+base+".tmp-*"))
-	for _, p := range torn {
+	// Not filepath.Glob: a --data path holding [, * or ? is no pattern.
+	ents, _ := os.ReadDir(filepath.Clean(dir + "."))
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "."+base+".tmp-") {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
 		if err := os.Remove(p); err != nil {
 			r.cfg.Log.Debug("model repository: cannot remove a torn write of the state file", "file", p, "error", err)
 		}
@@ -114,7 +120,7 @@ func (r *Repository) keptLocked(m *model) {
 
 // saveKept writes the unloaded models to Config.StateFile if they changed
 // since it was last written; a write that fails is tried again at the
-// next call (every scan calls it). One writes at a time: a call while
+// next call (every scan calls it, and Run scans again while one failed). One writes at a time: a call while
 // another writes (its fsyncs on a slow disk) does not wait, the writer
 // writing again once done.
 func (r *Repository) saveKept() {
@@ -164,13 +170,16 @@ func (r *Repository) writeKept() {
 			err = fileutil.WriteAtomic(r.cfg.StateFile, b, 0o600)
 		}
 		if err != nil {
-			// Said once until a write succeeds: every scan tries again.
-			if !r.unsaved {
-				r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at each scan; said again once written)", "file", r.cfg.StateFile, "error", err)
+			// Said once until a write succeeds: Run's scans try again,
+			// without Poll after a back-off.
+			if !r.unsaved.Load() {
+				r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at the next scans; said again once written)", "file", r.cfg.StateFile, "error", err)
+				r.kick() // an idle Run (no Poll) wakes to try again later
 			}
-			r.unsaved = true
+			r.unsaved.Store(true)
 			return
 		}
-		r.saved, r.unsaved = now, false
+		r.saved = now
+		r.unsaved.Store(false)
 	}
 }

@@ -48,7 +48,7 @@ func TestUnloadKeptAcrossRestarts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("restart: %v", err)
 			}
-			r2.Run(ctx)
+			runStarted(t, r2)
 			got := index(r2)
 			want := "cnn/1 READY; kept/1 READY; "
 			if c.unloaded {
@@ -76,7 +76,7 @@ func unloadedCNN(t *testing.T, extra ...string) (*Repository, Config, *fakeNode)
 	node := newFakeNode()
 	cfg := Config{Dir: models, StateFile: filepath.Join(d, "data", "repository-unloaded.json")}
 	r, _ := New(cfg, node)
-	r.Run(context.Background())
+	runStarted(t, r)
 	if err := r.Unload(context.Background(), "cnn"); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,6 @@ func TestUnwritableStateWarnsOnce(t *testing.T) {
 // crash left beside it are removed; a file over 16 MiB is not read (every
 // folder loads); a kept reason is cut as every reason is.
 func TestStateFileBounds(t *testing.T) {
-	ctx := context.Background()
 	for _, c := range []struct {
 		name  string
 		write func(t *testing.T, state, kept string)
@@ -155,7 +154,7 @@ func TestStateFileBounds(t *testing.T) {
 			kept, _ := os.ReadFile(state)
 			c.write(t, state, string(kept))
 			r2, _ := New(cfg, node)
-			r2.Run(ctx)
+			runStarted(t, r2)
 			ents, _ := os.ReadDir(filepath.Dir(state))
 			if got := index(r2); got != c.want || len(ents) != 1 {
 				t.Errorf("after the restart: index %.200q, %d files in DATA; want %.200q, 1", got, len(ents), c.want)

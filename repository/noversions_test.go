@@ -20,14 +20,14 @@ func TestNoBundleAtStartDeletesAnEarlierRunsFunction(t *testing.T) {
 	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
 	node := newFakeNode()
 	r, _ := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
-	r.Run(ctx)
+	runStarted(t, r)
 	if node.current("cnn") != "1" {
 		t.Fatalf("at start: %s", index(r))
 	}
 	os.RemoveAll(filepath.Join(models, "cnn", "1"))
 	age(t, models)
 	r2, _ := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
-	r2.Run(ctx)
+	runStarted(t, r2)
 	want := "cnn/ UNAVAILABLE (models/cnn: no plover.json and no version folders (1/, 2/, ...)); "
 	if _, err := node.Versions(ctx, "cnn"); err == nil || index(r2) != want {
 		t.Errorf("restarted with no version folder left: function kept %v, index %q; want it deleted and %q", err == nil, index(r2), want)

@@ -70,7 +70,8 @@ type Config struct {
 	// as (KServe's model name); "": the manifest's.
 	Name string
 	// Poll is how often DIR is scanned again; 0: once at start (and again
-	// only while a folder settles or a deploy or delete is tried again).
+	// only while a folder settles, a deploy, delete or state file write is
+	// tried again, or an index sees an unloaded model's function back).
 	Poll time.Duration
 	// Settle is how long a folder's files must be still before it loads
 	// (0: 2 s). While polling, a folder also loads only once two scans see
@@ -121,13 +122,16 @@ type Repository struct {
 	saved  map[string]keptModel
 	saving sync.Mutex
 	// unsaved: the last write of the state file failed, and was said;
-	// with saving held.
-	unsaved bool
-	// life is Run's context (nil before Run): the scans an index asks
-	// for (kick) run under it, also after Run returned (no Poll).
-	life context.Context
-	// kicked: a scan asked for by kick has not taken the turn yet.
-	kicked atomic.Bool
+	// written with saving held, read by Run to write it again.
+	unsaved atomic.Bool
+	// kicks has Run scan again (no Poll): an index saw an unloaded
+	// model's function back in the store. Scans run only in Run's loop,
+	// so shutdown waits for them and settling and retries go on as after
+	// any scan.
+	kicks chan struct{}
+	// idle: Run waits for a kick alone (no Poll, nothing settling or to
+	// try again), where it once returned.
+	idle atomic.Bool
 	// flight is the store's listing on its way (noticeDeleted), nil when
 	// none; under mu.
 	flight *flight
@@ -161,6 +165,9 @@ type model struct {
 	// from the store only until this deploy puts it back).
 	deploying bool
 	epoch     uint64 // Repository.epoch at its last settle
+	// otherAt: while unloaded, when a scan found its function in the
+	// store not the repository's (a plover deploy), for backInListing.
+	otherAt time.Time
 }
 
 // version is one version folder's state.
@@ -196,7 +203,8 @@ func New(cfg Config, node Node) (*Repository, error) {
 		return nil, fmt.Errorf("--repository-name %q: a function name must match [a-z0-9][a-z0-9-]{0,62}", cfg.Name)
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
-		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{})}
+		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{}),
+		kicks: make(chan struct{}, 1)}
 	r.removeTorn()
 	r.kept = r.readKept()
 	r.saved = maps.Clone(r.kept)
@@ -211,39 +219,51 @@ func New(cfg Config, node Node) (*Repository, error) {
 const maxRetry = time.Minute
 
 // Run scans the repository until ctx ends: at once, then every Poll (with
-// no Poll, again only while a folder settles, every Settle, or while a
-// deploy that failed for a reason that may pass is tried again, waiting
-// twice as long each time up to a minute).
+// no Poll, again only while a folder settles, every Settle, while a
+// deploy that failed for a reason that may pass or a write of the state
+// file is tried again, waiting twice as long each time up to a minute, or
+// when an index saw an unloaded model's function back in the store).
 func (r *Repository) Run(ctx context.Context) {
-	r.mu.Lock()
-	r.life = ctx
-	r.mu.Unlock()
 	backoff := r.cfg.Settle
 	for {
+		select {
+		case <-r.kicks: // this scan does what it asked for
+		default:
+		}
 		settling, retrying := r.scan(ctx)
-		if !settling && ctx.Err() == nil {
+		if ctx.Err() != nil {
+			return
+		}
+		if !settling {
 			r.startOnce.Do(func() { close(r.started) })
 		}
-		wait := r.cfg.Poll
-		if wait <= 0 {
-			switch {
-			case settling:
-				wait = r.cfg.Settle
-			case retrying:
-				wait = backoff
-				backoff = min(2*backoff, max(maxRetry, r.cfg.Settle))
-			default:
-				return
-			}
+		retrying = retrying || r.unsaved.Load()
+		var wait <-chan time.Time
+		var kicks <-chan struct{}
+		switch {
+		case r.cfg.Poll > 0:
+			// Not kicked: a folder loads once two scans a poll apart
+			// saw it the same, and a scan in between would shorten that.
+			wait = time.After(r.cfg.Poll)
+		case settling:
+			wait, kicks = time.After(r.cfg.Settle), r.kicks
+		case retrying:
+			wait, kicks = time.After(backoff), r.kicks
+			backoff = min(2*backoff, max(maxRetry, r.cfg.Settle))
+		default:
+			kicks = r.kicks
 		}
 		if !retrying {
 			backoff = r.cfg.Settle
 		}
+		r.idle.Store(wait == nil)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(wait):
+		case <-wait:
+		case <-kicks:
 		}
+		r.idle.Store(false)
 	}
 }
 
@@ -264,6 +284,10 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 		return false, false
 	}
 	defer r.give()
+	if ctx.Err() != nil {
+		// take's select may pick the free turn over a context that ended.
+		return false, false
+	}
 	return r.scanHeld(ctx)
 }
 

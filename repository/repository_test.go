@@ -236,7 +236,7 @@ func TestLayouts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.Run(context.Background()) // no Poll: one scan
+			runStarted(t, r)
 			got := index(r)
 			for _, w := range c.want {
 				if !strings.Contains(got, w) {
@@ -251,7 +251,7 @@ func TestLayouts(t *testing.T) {
 			// A restart over the same store deploys nothing again.
 			before := node.deploys
 			r2, _ := New(Config{Dir: filepath.Join(d, dir), Name: c.as}, node)
-			r2.Run(context.Background())
+			runStarted(t, r2)
 			if node.deploys != before {
 				t.Errorf("a restart deployed %d bundles again", node.deploys-before)
 			}
@@ -465,5 +465,9 @@ func TestStartedAfterSettling(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("not started 20 s on: %s", index(r))
 	}
-	<-done // nothing left to scan for without a poll
+	if !idleWithin(r, 20*time.Second) {
+		t.Errorf("without a poll, still scanning 20 s on: %s", index(r))
+	}
+	cancel()
+	<-done
 }

@@ -85,17 +85,13 @@ func TestRetryWithoutPoll(t *testing.T) {
 	age(t, root)
 	node := &flakyNode{fakeNode: newFakeNode(), fails: 2, err: errdefs.New(errdefs.KindUnavailable, nil, "store down")}
 	r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond}, node)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done := make(chan struct{})
-	go func() { r.Run(ctx); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		t.Fatal("Run did not return")
+	cancel, done := runRepo(r)
+	defer func() { cancel(); <-done }()
+	if !idleWithin(r, 10*time.Second) {
+		t.Fatal("Run still scanning 10 s on")
 	}
 	if !node.deployed("cnn") {
-		t.Errorf("Run returned without deploying after the store came back: %s", index(r))
+		t.Errorf("Run stopped scanning without deploying after the store came back: %s", index(r))
 	}
 }
 

@@ -27,6 +27,17 @@ func runRepo(r *Repository) (cancel func(), done <-chan struct{}) {
 	return cancel, ch
 }
 
+// idleWithin reports whether Run came to wait for a kick alone (no
+// folder settling, nothing to try again) within d.
+func idleWithin(r *Repository, d time.Duration) bool {
+	for end := time.Now().Add(d); !r.idle.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			return false
+		}
+	}
+	return true
+}
+
 // servingCNN is a repository of cfg (its Dir made) with one model,
 // cnn/1/, at rest and deployed by a first scan.
 func servingCNN(t *testing.T, cfg Config) (root string, node *fakeNode, r *Repository) {
@@ -166,9 +177,7 @@ func TestUnreadableFolderIsUnavailable(t *testing.T) {
 	if !started(r, 3*time.Second) {
 		t.Errorf("not started 3 s on with unreadable folders (good current %q); index: %s", node.current("good"), index(r))
 	}
-	select {
-	case <-done: // no poll: nothing left to scan for
-	case <-time.After(3 * time.Second):
+	if !idleWithin(r, 3*time.Second) { // no poll: nothing left to scan for
 		t.Errorf("Run (no --repository-poll) still rescanning 3 s on; index: %s", index(r))
 	}
 	got := index(r)
