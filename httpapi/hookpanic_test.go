@@ -344,3 +344,32 @@ func dialRaw(t *testing.T, addr string) net.Conn {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	return c
 }
+
+// A panic in closing a connection under netguard's cap (its socket's
+// close) gives back the connection's --max-conns slot: the recovery's
+// second close closed the socket alone, and with a cap of 1 every later
+// client was refused.
+func TestPanicInCloseGivesBackItsSlot(t *testing.T) {
+	srv, log, reg := panicServer(t)
+	close := new(atomic.Bool)
+	close.Store(true)
+	g := netguard.NewListener(panickyListener{listenLocal(t), new(atomic.Bool), new(atomic.Int32), close}, 1)
+	serveOn(t, srv, g, srv.Serve)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := range 2 {
+		resp, err := client.Get("http://" + g.Addr().String() + "/readyz")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("request %d: %v %v: want 200, the panicked close's slot given back", i, resp, err)
+		}
+		resp.Body.Close()
+		if i == 0 {
+			panicSeen(t, log, reg)
+		}
+		for end := time.Now().Add(5 * time.Second); g.Open() != 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%d connections open after request %d's: want 0", g.Open(), i)
+			}
+		}
+	}
+	onePanic(t, log.String(), reg, "", "a bug in Close", "")
+}

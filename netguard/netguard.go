@@ -323,18 +323,31 @@ type conn struct {
 
 // Close closes the connection; the first call frees its slots. A
 // connection marked by Linger is closed in the background after a
-// lingering close, and its slots are freed once that ends.
+// lingering close, and its slots are freed once that ends. A panic in
+// the first call (the inner connection's Close or CloseWrite) still frees
+// them: a later call, a server's recovery trying again, sees the
+// connection closed and closes the socket alone, the slot else lost for
+// good.
 func (c *conn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return c.Conn.Close()
 	}
+	released := false // freed here, or left to the lingering close
+	defer func() {
+		if !released { // panicking: not recovered here, its stack kept
+			c.release(nil)
+		}
+	}()
 	if c.linger.Load() {
 		if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			released = true
 			go c.drainAndClose()
 			return nil
 		}
 	}
-	return c.release(c.Conn.Close())
+	err := c.Conn.Close()
+	released = true
+	return c.release(err)
 }
 
 func (c *conn) release(err error) error {

@@ -1303,3 +1303,56 @@ func TestRecoveredAccept(t *testing.T) {
 		t.Fatalf("Accept once closed: %v: want net.ErrClosed", err)
 	}
 }
+
+// closePanicConn's Close panics once, before it closes the socket.
+type closePanicConn struct {
+	net.Conn
+	once atomic.Bool
+}
+
+func (c *closePanicConn) Close() error {
+	if c.once.CompareAndSwap(false, true) {
+		panic("a bug in Close")
+	}
+	return c.Conn.Close()
+}
+
+// A panic in closing an admitted connection's socket, which a server may
+// recover, still gives back its slots: Close had marked it closed, so a
+// second Close closed the socket alone, the slot lost for good and, with a
+// cap of 1, every later client refused.
+func TestClosePanicGivesBackTheSlot(t *testing.T) {
+	f := newFake()
+	defer f.Close()
+	l := &Listener{Listener: f, Max: 1, PerClient: 1}
+	a, b := net.Pipe()
+	defer b.Close()
+	f.push(nil, &closePanicConn{Conn: a})
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("Close did not panic")
+			}
+		}()
+		c.Close()
+	}()
+	c.Close() // as a server's recovery tries again; frees nothing twice
+	if n := l.Open(); n != 0 {
+		t.Fatalf("Open() = %d after the panicked close: want 0, its slot given back", n)
+	}
+	d, e := net.Pipe()
+	defer e.Close()
+	f.push(nil, d)
+	next, err := l.Accept()
+	if err != nil || l.Open() != 1 || l.Rejected() != 0 {
+		t.Fatalf("the next connection: %v, open %d, rejected %d: want it admitted", err, l.Open(), l.Rejected())
+	}
+	next.Close()
+	if n := l.Open(); n != 0 {
+		t.Fatalf("Open() = %d once all closed: want 0", n)
+	}
+}
