@@ -445,9 +445,12 @@ func (c sysConn) SyscallConn() (syscall.RawConn, error) {
 // panicked, and Accept tries again after acceptPanicPause: a server's
 // accept loop (fasthttp's, gRPC-Go's) recovers nothing, and the process
 // ended. Returned as a timeout instead, fasthttp would wait a second
-// before it accepts again, every client with it.
+// before it accepts again, every client with it. Once Close was called, a
+// panicked Accept returns net.ErrClosed: one that panics before the inner
+// accept would never see the listener closed, and gRPC-Go's Stop waits
+// for Serve to return.
 func Recovered(ln net.Listener, panicked func(v any)) net.Listener {
-	return recovered{ln, panicked}
+	return &recovered{Listener: ln, panicked: panicked, done: make(chan struct{})}
 }
 
 // acceptPanicPause keeps a listener that panics at each call from being
@@ -457,19 +460,46 @@ const acceptPanicPause = 10 * time.Millisecond
 type recovered struct {
 	net.Listener
 	panicked func(v any)
+	done     chan struct{} // closed by Close
+	once     sync.Once
 }
 
-func (l recovered) Accept() (net.Conn, error) {
+func (l *recovered) Accept() (net.Conn, error) {
 	for {
 		if c, ok, err := l.accept(); ok {
 			return c, err
 		}
-		time.Sleep(acceptPanicPause)
+		if !l.pause() {
+			return nil, &net.OpError{Op: "accept", Net: l.Addr().Network(), Addr: l.Addr(), Err: net.ErrClosed}
+		}
 	}
 }
 
+// pause waits acceptPanicPause and reports whether l is still open.
+func (l *recovered) pause() bool {
+	select {
+	case <-l.done: // first: a timer fired too must not win over it
+		return false
+	default:
+	}
+	t := time.NewTimer(acceptPanicPause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+// Close closes the inner listener and ends Accept's retries of panics.
+func (l *recovered) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
 // accept is one Accept; ok is false when it panicked.
-func (l recovered) accept() (c net.Conn, ok bool, err error) {
+func (l *recovered) accept() (c net.Conn, ok bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			l.panicked(v)

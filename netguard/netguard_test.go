@@ -370,12 +370,19 @@ func TestCloseEndsBackoff(t *testing.T) {
 	fake := newFake(acceptErr(syscall.EMFILE))
 	fake.sticky = true // an inner listener that fails for ever, even closed
 	ln := NewListener(fake, 0)
+	closeEndsAccept(t, ln, "retries", func() bool { return ln.Retried() >= 3 })
+}
+
+// closeEndsAccept closes ln once retrying holds, while an Accept waits,
+// and fails unless that Accept and the next return net.ErrClosed.
+func closeEndsAccept(t *testing.T, ln net.Listener, what string, retrying func() bool) {
+	t.Helper()
 	res := make(chan error, 1)
 	go func() {
 		_, err := ln.Accept()
 		res <- err
 	}()
-	waitFor(t, 5*time.Second, "retries", func() bool { return ln.Retried() >= 3 })
+	waitFor(t, 5*time.Second, what, retrying)
 	ln.Close()
 	select {
 	case err := <-res:
@@ -385,7 +392,7 @@ func TestCloseEndsBackoff(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Accept did not return after Close")
 	}
-	// A closed Listener does not retry again.
+	// A closed listener does not retry again.
 	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Accept on a closed listener: %v", err)
 	}
@@ -1355,4 +1362,20 @@ func TestClosePanicGivesBackTheSlot(t *testing.T) {
 	if n := l.Open(); n != 0 {
 		t.Fatalf("Open() = %d once all closed: want 0", n)
 	}
+}
+
+// panicAlways's Accept panics at every call, before the inner accept.
+type panicAlways struct{ net.Listener }
+
+func (panicAlways) Accept() (net.Conn, error) { panic("a bug in Accept") }
+
+// Closing a Recovered listener whose every Accept panics before the inner
+// accept ends its Accept with net.ErrClosed: it retried for ever, and a
+// gRPC server's Stop, which waits for Serve to return, with it.
+func TestRecoveredCloseEndsPanickingAccept(t *testing.T) {
+	f := newFake()
+	var panics atomic.Int32
+	ln := Recovered(panicAlways{f}, func(any) { panics.Add(1) })
+	closeEndsAccept(t, ln, "panics", func() bool { return panics.Load() >= 2 })
+	ln.Close() // a second Close (a server's, after its Serve's) must not panic
 }
