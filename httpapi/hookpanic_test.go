@@ -373,3 +373,30 @@ func TestPanicInCloseGivesBackItsSlot(t *testing.T) {
 	}
 	onePanic(t, log.String(), reg, "", "a bug in Close", "")
 }
+
+// A panic in reading a request on the --metrics-listen address is
+// answered 500, as on the API's: that server had no ErrorHandler, and
+// fasthttp's answered the read's error 400 "Error when parsing request".
+func TestMetricsReadPanicIsAnswered500(t *testing.T) {
+	srv, log, reg := panicServer(t)
+	read := new(atomic.Int32)
+	read.Store(1)
+	ln := panickyListener{listenLocal(t), new(atomic.Bool), read, new(atomic.Bool)}
+	url := serveOn(t, srv, ln, srv.ServeMetrics)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 500 || !resp.Close {
+		t.Fatalf("answered %d (close %v): want 500, its connection closed", resp.StatusCode, resp.Close)
+	}
+	if resp, err := client.Get(url + "/metrics"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the next scrape: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	panicSeen(t, log, reg)
+	onePanic(t, log.String(), reg, "", "a bug in Read", "")
+}

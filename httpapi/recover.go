@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"errors"
 	"net"
 
 	"github.com/valyala/fasthttp"
@@ -129,11 +130,40 @@ func (s *Server) errorRecovered(ctx *fasthttp.RequestCtx, err error) {
 	if s.answerMarked(ctx) {
 		return
 	}
+	if !readPanicAnswered(ctx) {
+		s.badRequest(ctx, err)
+	}
+}
+
+// readPanicAnswered answers ctx's request 500 if its connection's read
+// panicked (recorded as recovered: drainConn.Read), and reports whether
+// it did: the read's error is no client's fault.
+func readPanicAnswered(ctx *fasthttp.RequestCtx) bool {
 	if d := drainOf(ctx.Conn()); d != nil && d.readPanicked.Load() {
-		answerPanicked(ctx) // recorded as recovered (drainConn.Read)
+		answerPanicked(ctx)
+		return true
+	}
+	return false
+}
+
+// metricsError is the --metrics-listen server's ErrorHandler: its
+// connections are drainConns too, whose read's panic fasthttp's own
+// handler answered 400 "Error when parsing request". Any other error is
+// answered as fasthttp's own would.
+func metricsError(ctx *fasthttp.RequestCtx, err error) {
+	if readPanicAnswered(ctx) {
 		return
 	}
-	s.badRequest(ctx, err)
+	var small *fasthttp.ErrSmallBuffer
+	var ne *net.OpError
+	switch {
+	case errors.As(err, &small):
+		ctx.Error("Too big request header", fasthttp.StatusRequestHeaderFieldsTooLarge)
+	case errors.As(err, &ne) && ne.Timeout():
+		ctx.Error("Request timeout", fasthttp.StatusRequestTimeout)
+	default:
+		ctx.Error("Error when parsing request", fasthttp.StatusBadRequest)
+	}
 }
 
 // stateRecovered is the server's ConnState: s.connState (connSet.state)

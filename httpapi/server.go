@@ -214,7 +214,7 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 		})),
 		Name: "plover/" + s.opts.Version, ReadTimeout: readTimeout, WriteTimeout: 10 * time.Second,
 		IdleTimeout: time.Minute, Logger: fasthttpLogger{s.opts.Log}, MaxRequestBodySize: 1 << 10,
-		CloseOnShutdown: true, SecureErrorLogMessage: true,
+		CloseOnShutdown: true, SecureErrorLogMessage: true, ErrorHandler: metricsError,
 	}
 	s.metricsSrv.Store(srv)
 	return srv.Serve(s.metricsConns.listener(ln))
