@@ -167,14 +167,20 @@ func (c *drainConn) Close() (err error) {
 }
 
 // closeAgain is Close's second try, a panic in it dropped: the first is
-// recorded.
+// recorded. A TLS connection's socket is closed under it: a TLS
+// connection closed once returns at once from a second Close, the socket
+// untouched.
 func (c *drainConn) closeAgain() (err error) {
 	defer func() {
 		if recover() != nil {
 			err = net.ErrClosed
 		}
 	}()
-	c.Conn.Close()
+	if tc, ok := c.Conn.(*tls.Conn); ok {
+		tc.NetConn().Close()
+	} else {
+		c.Conn.Close()
+	}
 	return net.ErrClosed
 }
 

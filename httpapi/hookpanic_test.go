@@ -308,30 +308,6 @@ func TestReadPanicKeepsAPipelinedAnswer(t *testing.T) {
 	onePanic(t, log.String(), reg, "", "a bug in Read", "")
 }
 
-// A panic in closing a connection before its socket was closed (a bug in
-// netguard's Close ahead of the close) still closes the socket: its
-// descriptor was held for good, its client never told.
-func TestPanicInCloseStillClosesTheSocket(t *testing.T) {
-	srv, log, reg := panicServer(t)
-	close := new(atomic.Bool)
-	close.Store(true)
-	ln := panickyListener{listenLocal(t), new(atomic.Bool), new(atomic.Int32), close}
-	serveOn(t, srv, ln, srv.Serve)
-	c := dialRaw(t, ln.Addr().String())
-	io.WriteString(c, "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	if _, err := br.ReadByte(); err != io.EOF {
-		t.Fatalf("read past the answer: %v: want EOF, the socket closed", err)
-	}
-	panicSeen(t, log, reg)
-	onePanic(t, log.String(), reg, "", "a bug in Close", "")
-}
-
 // dialRaw is a connection to addr for the test, closed as it ends, its
 // reads and writes bounded.
 func dialRaw(t *testing.T, addr string) net.Conn {
@@ -399,4 +375,48 @@ func TestMetricsReadPanicIsAnswered500(t *testing.T) {
 	}
 	panicSeen(t, log, reg)
 	onePanic(t, log.String(), reg, "", "a bug in Read", "")
+}
+
+// A panic in closing a connection before its socket was closed (a bug in
+// netguard's Close ahead of the close) still closes the socket: its
+// descriptor was held for good, its client never told. Under TLS too:
+// the second try closed the TLS connection again, which returns at once
+// without reaching the socket.
+func TestPanicInCloseStillClosesTheSocket(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tls  bool
+	}{{"plain", false}, {"tls", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, log, reg := panicServer(t)
+			close := new(atomic.Bool)
+			close.Store(true)
+			var ln net.Listener = panickyListener{listenLocal(t), new(atomic.Bool), new(atomic.Int32), close}
+			if tc.tls {
+				ln = tls.NewListener(ln, selfsigned.Config(t))
+			}
+			serveOn(t, srv, ln, srv.Serve)
+			raw := dialRaw(t, ln.Addr().String())
+			c := raw
+			if tc.tls {
+				c = tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
+			}
+			io.WriteString(c, "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			if tc.tls {
+				br.ReadByte() // the close_notify, sent before the socket's close panicked
+				br = bufio.NewReader(raw)
+			}
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Fatalf("read past the answer: %v: want EOF, the socket closed", err)
+			}
+			panicSeen(t, log, reg)
+			onePanic(t, log.String(), reg, "", "a bug in Close", "")
+		})
+	}
 }
