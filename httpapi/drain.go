@@ -122,8 +122,10 @@ var errReadPanicked = errors.New("httpapi: reading the connection panicked (logg
 // nothing else would, and recorded. The connection is not closed at once:
 // fasthttp may still buffer the answer of a request pipelined before; it
 // answers the read's error (errorRecovered: 500), flushing both, and
-// closes it. In a handler, the handler's recovery answers it, knowing its
-// route.
+// closes it; but not for a kept-alive connection's next request not a
+// byte of which fasthttp had: it takes that for an idle close and closes
+// the connection unanswered. In a handler, the handler's recovery answers
+// it, knowing its route.
 func (c *drainConn) Read(b []byte) (n int, err error) {
 	defer func() {
 		if c.state.Load() != connBusy {
