@@ -64,7 +64,8 @@ const rejectWriteTimeout = 10 * time.Millisecond
 //     applies to a *net.TCPConn).
 //   - A panic in Accept once a connection is accepted (a bug in OnReject)
 //     closes that connection and gives back its slot as it goes on, for
-//     a server that recovers it.
+//     a server that recovers it. One in OnError keeps the back-off for
+//     the next Accept.
 //
 // Set the exported fields before the first Accept and leave them alone
 // afterwards. A Listener built as a struct literal around a listener works
@@ -93,6 +94,7 @@ type Listener struct {
 	open     atomic.Int64
 	rejected atomic.Uint64
 	retried  atomic.Uint64
+	backoff  atomic.Int64 // the accept back-off in progress (Accept)
 
 	mu     sync.Mutex
 	done   chan struct{} // closed by Close; ends a back-off early
@@ -109,7 +111,13 @@ func NewListener(inner net.Listener, max int) *Listener {
 // Accept waits for and returns the next connection under the cap. See
 // Listener for the errors it retries rather than returns.
 func (l *Listener) Accept() (net.Conn, error) {
-	var delay time.Duration
+	// A back-off a panic in OnError cut short, recovered by the server
+	// (Recovered), is kept: else every panic started it over, and a
+	// descriptor shortage was retried at each recovery's pause.
+	delay := time.Duration(l.backoff.Load())
+	if delay > 0 && !l.pause(delay) {
+		return nil, l.closedErr()
+	}
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -117,24 +125,40 @@ func (l *Listener) Accept() (net.Conn, error) {
 				return nil, err
 			}
 			l.retried.Add(1)
+			delay = min(max(2*delay, minBackoff), maxBackoff)
+			l.backoff.Store(int64(delay))
 			if l.OnError != nil {
 				l.OnError(err)
 			}
-			delay = min(max(2*delay, minBackoff), maxBackoff)
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-l.doneChan():
-				t.Stop()
-				return nil, &net.OpError{Op: "accept", Net: l.Addr().Network(), Addr: l.Addr(), Err: net.ErrClosed}
+			if !l.pause(delay) {
+				return nil, l.closedErr()
 			}
 			continue
 		}
-		delay = 0
+		if delay > 0 {
+			delay = 0
+			l.backoff.Store(0)
+		}
 		if w := l.admit(c); w != nil {
 			return w, nil
 		}
 	}
+}
+
+// pause waits d and reports whether l is still open.
+func (l *Listener) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.doneChan():
+		return false
+	}
+}
+
+func (l *Listener) closedErr() error {
+	return &net.OpError{Op: "accept", Net: l.Addr().Network(), Addr: l.Addr(), Err: net.ErrClosed}
 }
 
 // admit counts c, just accepted, in the open connections and returns it

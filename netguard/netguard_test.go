@@ -1379,3 +1379,37 @@ func TestRecoveredCloseEndsPanickingAccept(t *testing.T) {
 	closeEndsAccept(t, ln, "panics", func() bool { return panics.Load() >= 2 })
 	ln.Close() // a second Close (a server's, after its Serve's) must not panic
 }
+
+// A panic in OnError, recovered by Recovered, keeps the accept back-off:
+// each recovered panic started it over, so a descriptor shortage was
+// retried every 10 ms (the recovery's pause), not 5 ms doubling to 1 s.
+func TestOnErrorPanicKeepsTheBackoff(t *testing.T) {
+	emfile := acceptErr(syscall.EMFILE)
+	fake := newFake(emfile, emfile, emfile, emfile, emfile, emfile)
+	a, b := net.Pipe()
+	defer b.Close()
+	fake.push(nil, a)
+	var panics atomic.Int32
+	l := &Listener{Listener: fake, OnError: func(error) { panic("a bug in OnError") }}
+	c, err := Recovered(l, func(any) { panics.Add(1) }).Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	fake.mu.Lock()
+	calls := fake.calls
+	fake.mu.Unlock()
+	if len(calls) != 7 || panics.Load() != 6 {
+		t.Fatalf("%d inner accepts, %d panics: want 7, 6", len(calls), panics.Load())
+	}
+	want := minBackoff
+	for i := 1; i < len(calls); i++ {
+		if gap := calls[i].Sub(calls[i-1]); gap < want {
+			t.Errorf("retry %d after %v, want at least %v", i, gap, want)
+		}
+		want *= 2
+	}
+	if d := l.backoff.Load(); d != 0 {
+		t.Errorf("back-off %v left after a success: want it started over", time.Duration(d))
+	}
+}
