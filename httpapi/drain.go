@@ -65,8 +65,10 @@ const closeWait = time.Second
 // longAgo is a read deadline already past.
 var longAgo = time.Unix(1, 0)
 
-// listener wraps ln so that cs follows its connections. A panic in
-// accepting is recorded (netguard.Recovered).
+// listener wraps ln so that cs follows its connections. A panic in ln's
+// Accept (netguard's, the TLS listener's, and what is under them) is
+// recorded and accepting goes on (netguard.Recovered); drainListener's
+// own Accept, outside that recovery, has nothing that panics.
 func (cs *connSet) listener(ln net.Listener) net.Listener {
 	return drainListener{netguard.Recovered(ln, func(v any) { cs.panicked(nil, v) }), cs}
 }

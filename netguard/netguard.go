@@ -171,10 +171,10 @@ func (l *Listener) admit(c net.Conn) net.Conn {
 	held, done := false, false // held: c's open slot taken
 	defer func() {
 		if !done { // panicking: not recovered here, its stack kept
-			c.Close()
-			if held {
+			if held { // first: a panic in c's Close would lose it
 				slots.open.Add(-1)
 			}
+			c.Close()
 		}
 	}()
 	held = true

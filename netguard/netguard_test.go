@@ -1413,3 +1413,31 @@ func TestOnErrorPanicKeepsTheBackoff(t *testing.T) {
 		t.Errorf("back-off %v left after a success: want it started over", time.Duration(d))
 	}
 }
+
+// addrClosePanicConn's RemoteAddr panics, and so does its first Close.
+type addrClosePanicConn struct{ closePanicConn }
+
+func (*addrClosePanicConn) RemoteAddr() net.Addr { panic("a bug in RemoteAddr") }
+
+// A panic in Accept after the connection's slot was taken gives the slot
+// back even when closing that connection panics too: it was closed first,
+// the slot lost with that second panic.
+func TestAcceptPanicWhoseCloseFailsGivesBackTheSlot(t *testing.T) {
+	f := newFake()
+	defer f.Close()
+	l := &Listener{Listener: f, Max: 1, PerClient: 1}
+	a, b := net.Pipe()
+	defer b.Close()
+	f.push(nil, &addrClosePanicConn{closePanicConn{Conn: a}})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("Accept did not panic")
+			}
+		}()
+		l.Accept()
+	}()
+	if n := l.Open(); n != 0 {
+		t.Fatalf("Open() = %d after the panics: want 0, the slot given back", n)
+	}
+}
