@@ -139,8 +139,8 @@ type Repository struct {
 	// listing started since is not counted.
 	writes  sync.WaitGroup
 	stopped bool
-	// idle: Run waits for a kick alone (no Poll, nothing settling or to
-	// try again), where it once returned. Only tests read it: nothing
+	// idle: Run waits for a kick or a failed write alone (no Poll,
+	// nothing settling or to try again), where it once returned. Only tests read it: nothing
 	// else tells a Run at rest from one between two tries.
 	idle atomic.Bool
 	// flight is the store's listing on its way (noticeDeleted), nil when
