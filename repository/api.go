@@ -259,9 +259,15 @@ func (r *Repository) noticeDeleted(ctx context.Context, share bool) *listing {
 		f = &flight{done: make(chan struct{})}
 		r.flight = f
 		at := r.epoch
+		// Run, returning, waits for its write: a deletion an index saw
+		// is kept for the restart. Added under mu, before Run's Wait.
+		tracked := !r.stopped
+		if tracked {
+			r.writes.Add(1)
+		}
 		// Not under the first asker's context: its client leaving would
 		// leave every index sharing the listing without one.
-		go r.listShared(context.WithoutCancel(ctx), f, at)
+		go r.listShared(context.WithoutCancel(ctx), f, at, tracked)
 	}
 	r.mu.Unlock()
 	select {
@@ -275,7 +281,10 @@ func (r *Repository) noticeDeleted(ctx context.Context, share bool) *listing {
 // listShared takes the listing f shares, and then saves the state file
 // if it marked a model: those waiting for the listing do not wait for
 // the write's fsyncs.
-func (r *Repository) listShared(ctx context.Context, f *flight, at uint64) {
+func (r *Repository) listShared(ctx context.Context, f *flight, at uint64, tracked bool) {
+	if tracked {
+		defer r.writes.Done()
+	}
 	l, marked := r.listDeleted(ctx, at)
 	r.mu.Lock()
 	r.flight, f.l = nil, l
@@ -353,11 +362,19 @@ func (r *Repository) backElsewhere(ctx context.Context, l *listing, found map[st
 	ctx, cancel := context.WithTimeout(ctx, listWait)
 	defer cancel()
 	for _, name := range back {
-		ours, err := r.labelledErr(ctx, name)
+		// Not labelledErr: a record not found (deleted since the listing:
+		// an unload then a load elsewhere, Triton's reload) is not back,
+		// and no function deployed otherwise to leave alone for a while.
+		var ours, other bool
+		if rec, err := r.node.Versions(ctx, name); err == nil {
+			if v, err := rec.CurrentVersion(); err == nil {
+				ours, other = v.Label != "", v.Label == ""
+			}
+		}
 		r.mu.Lock()
 		if m := r.models[name]; m != nil && m.unloaded {
 			switch {
-			case err == nil && !ours:
+			case other:
 				m.otherAt = time.Now()
 			case ours:
 				m.unloaded, m.done = false, ""
@@ -385,15 +402,6 @@ func (r *Repository) backInListing(l *listing) bool {
 		}
 	}
 	return false
-}
-
-// kick has Run's loop scan again (without Poll it waits for this); a
-// scan already asked for covers this one.
-func (r *Repository) kick() {
-	select {
-	case r.kicks <- struct{}{}:
-	default:
-	}
 }
 
 // serving reports whether m has a version READY that the repository

@@ -120,7 +120,8 @@ func (r *Repository) keptLocked(m *model) {
 
 // saveKept writes the unloaded models to Config.StateFile if they changed
 // since it was last written; a write that fails is tried again at the
-// next call (every scan calls it, and Run scans again while one failed). One writes at a time: a call while
+// next call (every scan calls it, and Run, without Poll, calls it alone on
+// its back-off while one failed). One writes at a time: a call while
 // another writes (its fsyncs on a slow disk) does not wait, the writer
 // writing again once done.
 func (r *Repository) saveKept() {
@@ -163,6 +164,9 @@ func (r *Repository) writeKept() {
 		}
 		r.mu.Unlock()
 		if maps.Equal(now, r.saved) {
+			// The change a failed write missed was undone (an unload,
+			// then a load): the file says what is, nothing to try again.
+			r.unsaved.Store(false)
 			continue
 		}
 		b, err := json.Marshal(keptFile{Dir: keptDir(r.cfg.Dir), Unloaded: now})
@@ -171,10 +175,10 @@ func (r *Repository) writeKept() {
 		}
 		if err != nil {
 			// Said once until a write succeeds: Run's scans try again,
-			// without Poll after a back-off.
+			// without Poll Run alone after a back-off.
 			if !r.unsaved.Load() {
 				r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at the next scans; said again once written)", "file", r.cfg.StateFile, "error", err)
-				r.kick() // an idle Run (no Poll) wakes to try again later
+				r.wakeSave() // an idle Run (no Poll) starts its back-off
 			}
 			r.unsaved.Store(true)
 			return

@@ -70,8 +70,10 @@ type Config struct {
 	// as (KServe's model name); "": the manifest's.
 	Name string
 	// Poll is how often DIR is scanned again; 0: once at start (and again
-	// only while a folder settles, a deploy, delete or state file write is
-	// tried again, or an index sees an unloaded model's function back).
+	// only while a folder settles, a deploy or delete is tried again, or
+	// an index sees an unloaded model's function back; each such scan
+	// acts on every folder). A failed state file write is tried again
+	// alone, without a scan.
 	Poll time.Duration
 	// Settle is how long a folder's files must be still before it loads
 	// (0: 2 s). While polling, a folder also loads only once two scans see
@@ -129,8 +131,17 @@ type Repository struct {
 	// so shutdown waits for them and settling and retries go on as after
 	// any scan.
 	kicks chan struct{}
-	// idle: Run waits for a kick alone (no Poll, nothing settling or to
-	// try again), where it once returned.
+	// saves wakes an idle Run (no Poll) to try a failed write of the
+	// state file again after its back-off, with no scan.
+	saves chan struct{}
+	// writes counts the index listings whose state file write Run waits
+	// for as it returns; stopped (under mu): Run waits or waited, and a
+	// listing started since is not counted.
+	writes  sync.WaitGroup
+	stopped bool
+	// idle: Run waits for a kick or a failed write alone (no Poll,
+	// nothing settling or to try again), where it once returned. Only tests read it: nothing
+	// else tells a Run at rest from one between two tries.
 	idle atomic.Bool
 	// flight is the store's listing on its way (noticeDeleted), nil when
 	// none; under mu.
@@ -204,7 +215,7 @@ func New(cfg Config, node Node) (*Repository, error) {
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
 		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{}),
-		kicks: make(chan struct{}, 1)}
+		kicks: make(chan struct{}, 1), saves: make(chan struct{}, 1)}
 	r.removeTorn()
 	r.kept = r.readKept()
 	r.saved = maps.Clone(r.kept)
@@ -212,59 +223,6 @@ func New(cfg Config, node Node) (*Repository, error) {
 		r.saved = map[string]keptModel{}
 	}
 	return r, nil
-}
-
-// maxRetry bounds the wait between scans, without Poll, while a model's
-// deploy is tried again.
-const maxRetry = time.Minute
-
-// Run scans the repository until ctx ends: at once, then every Poll (with
-// no Poll, again only while a folder settles, every Settle, while a
-// deploy that failed for a reason that may pass or a write of the state
-// file is tried again, waiting twice as long each time up to a minute, or
-// when an index saw an unloaded model's function back in the store).
-func (r *Repository) Run(ctx context.Context) {
-	backoff := r.cfg.Settle
-	for {
-		select {
-		case <-r.kicks: // this scan does what it asked for
-		default:
-		}
-		settling, retrying := r.scan(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if !settling {
-			r.startOnce.Do(func() { close(r.started) })
-		}
-		retrying = retrying || r.unsaved.Load()
-		var wait <-chan time.Time
-		var kicks <-chan struct{}
-		switch {
-		case r.cfg.Poll > 0:
-			// Not kicked: a folder loads once two scans a poll apart
-			// saw it the same, and a scan in between would shorten that.
-			wait = time.After(r.cfg.Poll)
-		case settling:
-			wait, kicks = time.After(r.cfg.Settle), r.kicks
-		case retrying:
-			wait, kicks = time.After(backoff), r.kicks
-			backoff = min(2*backoff, max(maxRetry, r.cfg.Settle))
-		default:
-			kicks = r.kicks
-		}
-		if !retrying {
-			backoff = r.cfg.Settle
-		}
-		r.idle.Store(wait == nil)
-		select {
-		case <-ctx.Done():
-			return
-		case <-wait:
-		case <-kicks:
-		}
-		r.idle.Store(false)
-	}
 }
 
 // Scan looks at the repository once and brings the node in line: folders

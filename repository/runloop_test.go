@@ -1,0 +1,141 @@
+package repository
+
+// Run without Poll after start: what wakes it (a failed write of the state
+// file, an index seeing a model back) and what it does then, and what it
+// waits for before returning.
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A state file that cannot be written, no poll: Run tried it again by
+// scanning, on the back-off until a write succeeded, and each scan
+// deleted the function of a folder removed meanwhile (README: without
+// polling the folder is scanned once at start).
+func TestStateRetryDoesNotScan(t *testing.T) {
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	writeBundle(t, filepath.Join(models, "old", "1"), "old", false)
+	age(t, models)
+	node := newFakeNode()
+	state := filepath.Join(d, "data", "state.json") // data/ not there yet
+	r, _ := New(Config{Dir: models, Settle: 10 * time.Millisecond, StateFile: state}, node)
+	runStarted(t, r)
+	n := scansOf(r)
+	if err := r.Unload(context.Background(), "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(models, "old"))
+	os.Mkdir(filepath.Join(d, "data"), 0o700)
+	keptWithin(t, state, "cnn")
+	node.mu.Lock()
+	defer node.mu.Unlock()
+	if node.recs["old"] == nil || scansOf(r) != n {
+		t.Errorf("the write's retries scanned %d times and deleted %v (old's function gone: %v)", scansOf(r)-n, node.deletes, node.recs["old"] == nil)
+	}
+}
+
+// An unload whose write failed, then a load of the same model: nothing
+// is left to write, yet Run tried again for good (unsaved stayed set).
+func TestUndoneUnsavedChangeEndsTheRetries(t *testing.T) {
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	age(t, models)
+	state := filepath.Join(d, "data", "state.json") // cannot be written
+	r, _ := New(Config{Dir: models, Settle: time.Millisecond, StateFile: state}, newFakeNode())
+	runStarted(t, r)
+	ctx := context.Background()
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Load(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	if !idleWithin(r, 5*time.Second) {
+		t.Errorf("nothing to write, yet Run still tries again 5 s on (unsaved %v)", r.unsaved.Load())
+	}
+}
+
+// A scan's record read finding the function absent (deleted between the
+// scan's listing and the read: an unload then a load on B, Triton's
+// reload) took it for deployed otherwise, and A ignored B's load for a
+// minute.
+func TestNotFoundIsNotDeployedOtherwise(t *testing.T) {
+	a, b, _, node := twoNodes(t)
+	ctx := context.Background()
+	if err := b.Load(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	node.mu.Lock()
+	node.onList = func() {
+		if calls.Add(1) == 2 { // the scan's listing: B unloads cnn right after
+			node.Delete(ctx, "cnn", false)
+		}
+	}
+	node.mu.Unlock()
+	n := scansOf(a)
+	index(a) // lists cnn back: a scan
+	scannedAfter(t, a, n)
+	node.mu.Lock()
+	node.onList = nil
+	node.mu.Unlock()
+	if err := b.Load(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	want := func(s string) bool { return strings.Contains(s, "cnn/1 READY") }
+	if got := indexUntil(t, a, want); !want(got) {
+		t.Errorf("A's index 10 s after B's load: %q", got)
+	}
+}
+
+// deadlineListNode's listing answers only as its context ends (a slow
+// store), without the models deleted.
+type deadlineListNode struct {
+	*fakeNode
+	hold    atomic.Bool
+	started chan struct{}
+}
+
+func (n *deadlineListNode) Listed(ctx context.Context) (map[string]bool, error) {
+	if !n.hold.Load() {
+		return n.fakeNode.Listed(ctx)
+	}
+	close(n.started)
+	<-ctx.Done()
+	return n.fakeNode.Listed(context.Background())
+}
+
+// An index's listing marks a model deleted (plover rm) as the server
+// shuts down: Run returned before the state file was written, and the
+// restart deployed the model again.
+func TestRunWaitsForAnIndexsWrite(t *testing.T) {
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	writeBundle(t, filepath.Join(models, "a", "1"), "a", false)
+	age(t, models)
+	node := &deadlineListNode{fakeNode: newFakeNode(), started: make(chan struct{})}
+	state := filepath.Join(d, "state.json")
+	r, _ := New(Config{Dir: models, Settle: time.Millisecond, StateFile: state}, node)
+	cancel, done := runRepo(r)
+	<-r.Started()
+	node.Delete(context.Background(), "a", false) // plover rm
+	node.hold.Store(true)
+	ctx, leave := context.WithCancel(context.Background())
+	go r.Index(ctx, false)
+	<-node.started
+	leave() // the index's client went; its listing goes on
+	cancel()
+	<-done
+	if b, err := os.ReadFile(state); err != nil || !strings.Contains(string(b), `"a"`) {
+		t.Errorf("Run returned before the state file kept a's deletion: %q, %v", b, err)
+	}
+}
