@@ -149,7 +149,10 @@ func readPanicAnswered(ctx *fasthttp.RequestCtx) bool {
 // metricsError is the --metrics-listen server's ErrorHandler: its
 // connections are drainConns too, whose read's panic fasthttp's own
 // handler answered 400 "Error when parsing request". Any other error is
-// answered as fasthttp's own would.
+// answered with fasthttp's own codes and texts (431, 408, 400), except that
+// a timeout wrapped in a header read's error (headers begun, then nothing
+// until the read timeout) is a 408, as the API's parseError says too,
+// where fasthttp's own handler, matching types unwrapped, says 400.
 func metricsError(ctx *fasthttp.RequestCtx, err error) {
 	if readPanicAnswered(ctx) {
 		return

@@ -69,7 +69,9 @@ const rejectWriteTimeout = 10 * time.Millisecond
 //
 // Set the exported fields before the first Accept and leave them alone
 // afterwards. A Listener built as a struct literal around a listener works
-// like one from NewListener.
+// like one from NewListener. One goroutine accepts on it (fasthttp's and
+// gRPC's servers each run one loop): the back-off a failed accept sets
+// holds its next Accept, whoever calls it.
 type Listener struct {
 	net.Listener
 
