@@ -175,12 +175,18 @@ func (r *Repository) writeKept() {
 		}
 		if err != nil {
 			// Said once until a write succeeds: Run's scans try again,
-			// without Poll Run alone after a back-off.
-			if !r.unsaved.Load() {
+			// without Poll Run alone after a back-off. Set before the
+			// wake: a Run woken that read it unset would go idle, and no
+			// later failure would wake it again.
+			if !r.unsaved.Swap(true) {
 				r.cfg.Log.Warn("model repository: cannot keep the unloaded models for a restart (tried again at the next scans; said again once written)", "file", r.cfg.StateFile, "error", err)
-				r.wakeSave() // an idle Run (no Poll) starts its back-off
+				// An idle Run (no Poll) starts its back-off.
+				if r.wake != nil {
+					r.wake()
+				} else {
+					r.wakeSave()
+				}
 			}
-			r.unsaved.Store(true)
 			return
 		}
 		r.saved = now

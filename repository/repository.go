@@ -143,6 +143,11 @@ type Repository struct {
 	// nothing settling or to try again), where it once returned. Only tests read it: nothing
 	// else tells a Run at rest from one between two tries.
 	idle atomic.Bool
+	// waits counts Run's waits begun, and wake (nil but in tests: then
+	// wakeSave) is a failed write's wake-up: a test has Run look at
+	// unsaved just after the wake, where a write was once lost.
+	waits atomic.Uint64
+	wake  func()
 	// flight is the store's listing on its way (noticeDeleted), nil when
 	// none; under mu.
 	flight *flight

@@ -66,6 +66,7 @@ func (r *Repository) Run(ctx context.Context) {
 			step = stepScan
 		}
 		r.idle.Store(wait == nil)
+		r.waits.Add(1)
 		select {
 		case <-ctx.Done():
 			return

@@ -139,3 +139,32 @@ func TestRunWaitsForAnIndexsWrite(t *testing.T) {
 		t.Errorf("Run returned before the state file kept a's deletion: %q, %v", b, err)
 	}
 }
+
+// A failed write woke an idle Run before setting unsaved: Run, looking
+// at it in between, saw nothing to write and went idle, and no later
+// failure woke it again (unsaved already set): the unload was never kept.
+func TestFailedWriteWakeIsNotLost(t *testing.T) {
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	age(t, models)
+	state := filepath.Join(d, "data", "state.json") // data/ not there yet
+	r, _ := New(Config{Dir: models, Settle: time.Millisecond, StateFile: state}, newFakeNode())
+	r.wake = func() {
+		n := r.waits.Load()
+		r.wakeSave()
+		// Run has taken the wake-up and decided its next wait.
+		for r.waits.Load() == n {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	runStarted(t, r)
+	if !idleWithin(r, 10*time.Second) {
+		t.Fatal("Run not idle 10 s after start")
+	}
+	if err := r.Unload(context.Background(), "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(filepath.Join(d, "data"), 0o700)
+	keptWithin(t, state, "cnn")
+}
