@@ -169,7 +169,8 @@ func (m *model) failure() (string, errdefs.Kind) {
 // Unload stops serving name until a load (or, while polling, until its
 // folder changes): its function is deleted from the node (requests in
 // flight finish) and the repository remembers it is unloaded. A function
-// a pipeline runs is refused (409), as plover rm refuses it.
+// a pipeline runs is refused (409), as plover rm refuses it; one whose
+// record cannot be read, when this run has not deployed it, 503.
 func (r *Repository) Unload(ctx context.Context, name string) error {
 	if !r.take(ctx) {
 		return errdefs.Unavailable(ctx.Err(), "unload %s: the server is shutting down", name)
@@ -188,7 +189,13 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	// current version with a version folder's label is the repository's
 	// (an earlier run's, whose first deploy since has failed).
 	if !deployed {
-		deployed = r.labelled(ctx, name)
+		var err error
+		if deployed, err = r.labelledErr(ctx, name); err != nil {
+			// Taken for not ours, the unload would answer 200 and
+			// delete nothing, and a scan once the store is back would
+			// take the function back.
+			return errdefs.New(errdefs.KindOf(err), err, "unload %s: whether its function is the repository's could not be read: %v", name, err)
+		}
 	}
 	if deployed {
 		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {

@@ -71,15 +71,10 @@ func (r *Repository) noBundle(ctx context.Context, m *model, print string, why e
 	r.settle(m, print, nil, Unavailable, why.Error(), errdefs.KindInvalid)
 }
 
-// labelled reports whether name's current version carries a version
-// folder's label, which only the repository gives.
-func (r *Repository) labelled(ctx context.Context, name string) bool {
-	ok, _ := r.labelledErr(ctx, name)
-	return ok
-}
-
-// labelledErr is labelled, and the error when name's record could not be
-// read (not found is no error: nothing to delete).
+// labelledErr reports whether name's current version carries a version
+// folder's label, which only the repository gives, and the error when
+// name's record could not be read (not found is no error: nothing to
+// delete).
 func (r *Repository) labelledErr(ctx context.Context, name string) (bool, error) {
 	rec, err := r.node.Versions(ctx, name)
 	if errdefs.KindOf(err) == errdefs.KindNotFound {

@@ -110,3 +110,28 @@ func TestRemovedBeforeItsFirstDeployOfThisRun(t *testing.T) {
 		t.Errorf("index after the delete: %q, want empty", got)
 	}
 }
+
+// An unload of a model this run has not deployed (its first deploy met
+// the store down) while its record cannot be read: it answered 200,
+// deleting nothing, and once the store was back a scan took an earlier
+// run's function back, the unload undone.
+func TestUnloadWithTheStoreDownIsRefused(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node := &storeDownNode{fakeNode: newFakeNode()}
+	cfg := Config{Dir: root, Poll: time.Hour, Settle: 20 * time.Millisecond}
+	earlier, _ := New(cfg, node)
+	earlier.Scan(ctx)
+	node.down.Store(true)
+	r, _ := New(cfg, node) // restarted, the store down
+	r.Scan(ctx)
+	err := r.Unload(ctx, "cnn")
+	if errdefs.KindOf(err) != errdefs.KindUnavailable {
+		t.Errorf("unload with the store down: %v (kind %d), want 503", err, errdefs.KindOf(err))
+	}
+	if got := index(r); strings.Contains(got, "unloaded") {
+		t.Errorf("index %q: marked unloaded with its function not deleted", got)
+	}
+}
