@@ -72,28 +72,7 @@ func TestStoreDownKeepsWhatServes(t *testing.T) {
 // waits.
 func TestRemovedBeforeItsFirstDeployOfThisRun(t *testing.T) {
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "models")
-	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
-	age(t, root)
-	node := &storeDownNode{fakeNode: newFakeNode()}
-	cfg := Config{Dir: root, Poll: time.Hour, Settle: 20 * time.Millisecond}
-	earlier, err := New(cfg, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	earlier.Scan(ctx)
-	if node.current("cnn") != "1" {
-		t.Fatalf("the earlier run did not deploy cnn: %s", index(earlier))
-	}
-	node.down.Store(true)
-	r, err := New(cfg, node) // the server restarted, the store down
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Scan(ctx)
-	if got := index(r); !strings.Contains(got, "connection refused") {
-		t.Fatalf("first deploy with the store down: %s", got)
-	}
+	r, root, node := restartedStoreDown(t)
 	if err := os.RemoveAll(filepath.Join(root, "cnn")); err != nil {
 		t.Fatal(err)
 	}
@@ -116,22 +95,43 @@ func TestRemovedBeforeItsFirstDeployOfThisRun(t *testing.T) {
 // deleting nothing, and once the store was back a scan took an earlier
 // run's function back, the unload undone.
 func TestUnloadWithTheStoreDownIsRefused(t *testing.T) {
-	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "models")
-	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
-	age(t, root)
-	node := &storeDownNode{fakeNode: newFakeNode()}
-	cfg := Config{Dir: root, Poll: time.Hour, Settle: 20 * time.Millisecond}
-	earlier, _ := New(cfg, node)
-	earlier.Scan(ctx)
-	node.down.Store(true)
-	r, _ := New(cfg, node) // restarted, the store down
-	r.Scan(ctx)
-	err := r.Unload(ctx, "cnn")
+	r, _, _ := restartedStoreDown(t)
+	err := r.Unload(context.Background(), "cnn")
 	if errdefs.KindOf(err) != errdefs.KindUnavailable {
 		t.Errorf("unload with the store down: %v (kind %d), want 503", err, errdefs.KindOf(err))
 	}
 	if got := index(r); strings.Contains(got, "unloaded") {
 		t.Errorf("index %q: marked unloaded with its function not deleted", got)
 	}
+}
+
+// restartedStoreDown is a repository (polling hourly) over DIR/cnn/1/,
+// which an earlier run deployed, restarted with the store down: its first
+// scan could not read cnn's record.
+func restartedStoreDown(t *testing.T) (r *Repository, root string, node *storeDownNode) {
+	t.Helper()
+	ctx := context.Background()
+	root = filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+	age(t, root)
+	node = &storeDownNode{fakeNode: newFakeNode()}
+	cfg := Config{Dir: root, Poll: time.Hour, Settle: 20 * time.Millisecond}
+	earlier, err := New(cfg, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier.Scan(ctx)
+	if node.current("cnn") != "1" {
+		t.Fatalf("the earlier run did not deploy cnn: %s", index(earlier))
+	}
+	node.down.Store(true)
+	r, err = New(cfg, node) // the server restarted, the store down
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(ctx)
+	if got := index(r); !strings.Contains(got, "connection refused") {
+		t.Fatalf("first deploy with the store down: %s", got)
+	}
+	return r, root, node
 }
