@@ -81,14 +81,19 @@ func (r *Repository) list() (map[string]folder, error) {
 		return nil, err
 	}
 	for _, e := range ents {
-		if e.Name()[0] == '.' || e.Name() == "lost+found" || !isDir(r.cfg.Dir, e) {
-			// Files beside models (a README), hidden scratch space, and
-			// the file system's own folder at a volume's root (ext4's,
-			// root's and unreadable to the server; never a function's
-			// name).
+		if e.Name()[0] == '.' || e.Name() == "lost+found" {
+			// Hidden scratch space, and the file system's own folder at
+			// a volume's root (ext4's, root's and unreadable to the
+			// server; never a function's name).
 			continue
 		}
-		out[e.Name()] = look(filepath.Join(r.cfg.Dir, e.Name()), false)
+		p := filepath.Join(r.cfg.Dir, e.Name())
+		switch dir, err := isDir(r.cfg.Dir, e); {
+		case err != nil:
+			out[e.Name()] = lookLink(p, err)
+		case dir: // not files beside models (a README)
+			out[e.Name()] = look(p, false)
+		}
 	}
 	return out, nil
 }
@@ -114,14 +119,45 @@ func (f folder) stillSince(seenAt time.Time) time.Time {
 	return f.newest
 }
 
+// stat is os.Stat, where a link is followed to its folder; tests have a
+// target fail as a volume's may (EACCES, EIO, ESTALE).
+var stat = os.Stat
+
 // isDir reports whether e, in parent, is a directory or a link to one (a
-// folder swapped by its link, a Kubernetes volume's entries).
-func isDir(parent string, e fs.DirEntry) bool {
+// folder swapped by its link, a Kubernetes volume's entries); err is a
+// link whose target cannot be stat'd now but may be there (EACCES, EIO,
+// ESTALE): taken for gone, its folder's function would be deleted.
+func isDir(parent string, e fs.DirEntry) (bool, error) {
 	if e.Type()&fs.ModeSymlink == 0 {
-		return e.IsDir()
+		return e.IsDir(), nil
 	}
-	fi, err := os.Stat(filepath.Join(parent, e.Name()))
-	return err == nil && fi.IsDir()
+	fi, err := stat(filepath.Join(parent, e.Name()))
+	if err != nil && !leadsNowhere(err) {
+		return false, err
+	}
+	return err == nil && fi.IsDir(), nil
+}
+
+// leadsNowhere reports whether a link's stat error says its target is not
+// there (dangling, through a file, a loop of links: an operator's link
+// to nothing, as a removed folder is), not that it cannot be read now.
+func leadsNowhere(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP)
+}
+
+// lookLink is a model folder that is a link whose target cannot be
+// stat'd (err): unreadable, fingerprinted by where it points and the
+// error, so that it is UNAVAILABLE once it looked so for the settle time.
+func lookLink(dir string, err error) folder {
+	f := folder{dir: dir, err: err, unreadable: true}
+	h := sha256.New()
+	target, _ := os.Readlink(dir)
+	io.WriteString(h, target+"\x00"+err.Error())
+	if fi, lerr := os.Lstat(dir); lerr == nil {
+		f.newest = fi.ModTime()
+	}
+	f.print = fmt.Sprintf("%x", h.Sum(nil))
+	return f
 }
 
 // resolved is dir with its links followed (dir when they cannot be): a
@@ -172,13 +208,18 @@ func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
 			// what it points at (a linked file rewritten is a change).
 			target, _ := os.Readlink(p)
 			io.WriteString(h, target)
-			if st, err := os.Stat(p); err == nil {
+			st, err := stat(p)
+			if err == nil {
 				fi = st
 				if follow && st.IsDir() && isVersion(rel) {
 					if err := f.walk(h, resolved(p), filepath.Join(prefix, rel), false); err != nil {
 						return err
 					}
 				}
+			} else if follow && isVersion(rel) && !leadsNowhere(err) {
+				// A version folder that cannot be read now: the model's
+				// folder is unreadable, not short of a version.
+				return err
 			}
 		}
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))

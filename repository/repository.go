@@ -473,7 +473,14 @@ func (r *Repository) versionsOf(m *model) ([]version, bool, error) {
 	}
 	var vs []version
 	for _, e := range ents {
-		if isVersion(e.Name()) && isDir(m.dir, e) {
+		if !isVersion(e.Name()) {
+			continue
+		}
+		if ok, err := isDir(m.dir, e); err != nil {
+			// A linked version folder that cannot be read now: skipped,
+			// the model might have no bundle and lose its function.
+			return nil, false, fmt.Errorf("%s: %w", r.where(filepath.Join(m.dir, e.Name())), err)
+		} else if ok {
 			dir := filepath.Join(m.dir, e.Name())
 			vs = append(vs, version{label: e.Name(), dir: resolved(dir), where: r.where(dir)})
 		}
