@@ -105,7 +105,7 @@ type Repository struct {
 	turn   chan struct{}
 	mu     sync.Mutex
 	models map[string]*model
-	scans  int // scans finished: the first one counts a folder's first look
+	scans  int // scans that read DIR: the first one counts a folder's first look
 	// epoch counts the deploys settled (settleLocked): a listing of the
 	// store taken at epoch e tells nothing of a model settled after e.
 	epoch uint64
@@ -113,8 +113,9 @@ type Repository struct {
 	// while it holds model folders): the name stays while its manifest is
 	// rewritten, absent or renamed, until DIR settles so.
 	single string
-	// started is closed once Run's scans found nothing settling: the
-	// folders found at start are deployed, or failed (Started).
+	// started is closed once Run's scans read DIR and found nothing
+	// settling: the folders found at start are deployed, or failed
+	// (Started).
 	started   chan struct{}
 	startOnce sync.Once
 	// kept is what StateFile said of the models not looked at yet (nil

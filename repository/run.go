@@ -35,7 +35,10 @@ func (r *Repository) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if !settling {
+			// Not after a scan that could not read DIR (a volume not
+			// mounted yet): it found nothing, and ready would be said
+			// with an empty index.
+			if !settling && r.scanned() {
 				r.startOnce.Do(func() { close(r.started) })
 			}
 		case stepSave:
@@ -97,6 +100,13 @@ func (r *Repository) stop() {
 	r.stopped = true
 	r.mu.Unlock()
 	r.writes.Wait()
+}
+
+// scanned reports whether a scan read DIR.
+func (r *Repository) scanned() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.scans > 0
 }
 
 // kick has Run's loop scan again (without Poll it waits for this); a

@@ -168,3 +168,36 @@ func TestFailedWriteWakeIsNotLost(t *testing.T) {
 	os.Mkdir(filepath.Join(d, "data"), 0o700)
 	keptWithin(t, state, "cnn")
 }
+
+// DIR unreadable at the first scan (a volume not mounted yet): Run took
+// the scan that read nothing for one that found nothing settling, and the
+// server said ready with an empty index.
+func TestNotStartedUntilDirIsRead(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	os.Mkdir(models, 0o755)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Settle: time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(models) // gone after the start's check
+	cancel, done := runRepo(r)
+	defer func() { cancel(); <-done }()
+	for r.waits.Load() == 0 { // the first scan ended, and Run decided
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case <-r.Started():
+		t.Fatal("started before DIR could be read")
+	default:
+	}
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	select {
+	case <-r.Started():
+		if node.current("cnn") != "1" {
+			t.Errorf("started with cnn not deployed: %s", index(r))
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("not started 10 s after DIR came: %s", index(r))
+	}
+}
