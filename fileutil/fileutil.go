@@ -6,6 +6,7 @@ package fileutil
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -92,17 +93,22 @@ func WriteAtomic(path string, b []byte, perm os.FileMode) error {
 	}
 	d, err := os.Open(filepath.Dir(path))
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrNotDurable, err)
 	}
 	defer d.Close()
 	err = syncDir(d)
-	if errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSUP) {
+	if err == nil || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSUP) {
 		// Some FUSE and network mounts sync no directory: the file is
 		// replaced, and how durably is their own.
 		return nil
 	}
-	return err
+	return fmt.Errorf("%w: %w", ErrNotDurable, err)
 }
+
+// ErrNotDurable is a WriteAtomic that failed after its rename: the file
+// holds the new bytes, but a crash may bring the old ones back. A caller
+// remembering what the file says knows it no more.
+var ErrNotDurable = errors.New("replaced, but not durably")
 
 // syncDir syncs a directory (tests fail it).
 var syncDir = (*os.File).Sync

@@ -135,7 +135,8 @@ func TestWriteAtomic(t *testing.T) {
 // A directory whose file system cannot sync a directory (some FUSE and
 // network mounts answer EINVAL or ENOTSUP) still gets the file replaced,
 // and WriteAtomic says so: the rename is done, only its durability is the
-// file system's. Another sync failure (EIO) is one.
+// file system's. Another sync failure (EIO) is one, ErrNotDurable: the
+// file replaced, a crash may bring the old one back.
 func TestWriteAtomicDirSyncUnsupported(t *testing.T) {
 	defer func(f func(*os.File) error) { syncDir = f }(syncDir)
 	for _, c := range []struct {
@@ -146,8 +147,17 @@ func TestWriteAtomicDirSyncUnsupported(t *testing.T) {
 		p := filepath.Join(t.TempDir(), "state.json")
 		err := WriteAtomic(p, []byte("new"), 0o600)
 		got, _ := os.ReadFile(p)
-		if (err != nil) != c.fail || string(got) != "new" {
+		if (err != nil) != c.fail || errors.Is(err, ErrNotDurable) != c.fail || string(got) != "new" {
 			t.Errorf("dir sync %v: WriteAtomic %v, file %q; want failed %v and the file replaced", c.err, err, got, c.fail)
 		}
+	}
+}
+
+// A write that fails before its rename leaves the file as it was: not
+// ErrNotDurable, which says the file was replaced.
+func TestWriteAtomicFailedBeforeItsRename(t *testing.T) {
+	err := WriteAtomic(filepath.Join(t.TempDir(), "missing", "state.json"), []byte("new"), 0o600)
+	if err == nil || errors.Is(err, ErrNotDurable) {
+		t.Errorf("WriteAtomic into a missing directory: %v, want an error that is not ErrNotDurable", err)
 	}
 }

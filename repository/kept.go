@@ -73,6 +73,10 @@ func (r *Repository) readKept() map[string]keptModel {
 	return k.Unloaded
 }
 
+// writeAtomic is fileutil.WriteAtomic; tests have it fail after its
+// rename landed (the directory's fsync).
+var writeAtomic = fileutil.WriteAtomic
+
 // readBounded is path's content, refused past max bytes.
 func readBounded(path string, max int64) ([]byte, error) {
 	f, err := os.Open(path)
@@ -163,7 +167,7 @@ func (r *Repository) writeKept() {
 			}
 		}
 		r.mu.Unlock()
-		if maps.Equal(now, r.saved) {
+		if !r.savedUnknown && maps.Equal(now, r.saved) {
 			// The change a failed write missed was undone (an unload,
 			// then a load): the file says what is, nothing to try again.
 			r.unsaved.Store(false)
@@ -171,9 +175,13 @@ func (r *Repository) writeKept() {
 		}
 		b, err := json.Marshal(keptFile{Dir: keptDir(r.cfg.Dir), Unloaded: now})
 		if err == nil {
-			err = fileutil.WriteAtomic(r.cfg.StateFile, b, 0o600)
+			err = writeAtomic(r.cfg.StateFile, b, 0o600)
 		}
 		if err != nil {
+			// A write failed after its rename (the directory's fsync):
+			// the file says now, not saved, until a crash: the next
+			// write is not skipped for a change undone.
+			r.savedUnknown = r.savedUnknown || errors.Is(err, fileutil.ErrNotDurable)
 			// Said once until a write succeeds: Run's scans try again,
 			// without Poll Run alone after a back-off. Set before the
 			// wake: a Run woken that read it unset would go idle, and no
@@ -189,7 +197,7 @@ func (r *Repository) writeKept() {
 			}
 			return
 		}
-		r.saved = now
+		r.saved, r.savedUnknown = now, false
 		r.unsaved.Store(false)
 	}
 }

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/fileutil"
 )
 
 // What a restart makes of an unload kept in Config.StateFile: it stays
@@ -160,5 +163,36 @@ func TestStateFileBounds(t *testing.T) {
 				t.Errorf("after the restart: index %.200q, %d files in DATA; want %.200q, 1", got, len(ents), c.want)
 			}
 		})
+	}
+}
+
+// A write of the state file that failed after its rename landed (the
+// directory's fsync): the file said what was written, but saved still
+// what it said before, and a change back to that (an unload, then a load)
+// was taken for nothing to write: the restart left the loaded model
+// unloaded (or, the other way round, deployed an unloaded one).
+func TestWriteFailedAfterItsRenameIsWrittenAgain(t *testing.T) {
+	ctx := context.Background()
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn"), "cnn", false)
+	state := filepath.Join(t.TempDir(), "state.json")
+	r, _ := New(Config{Dir: models, Poll: time.Hour, Settle: time.Millisecond, StateFile: state}, newFakeNode())
+	r.Scan(ctx)
+	writeAtomic = func(path string, b []byte, perm os.FileMode) error {
+		if err := fileutil.WriteAtomic(path, b, perm); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: sync: input/output error", fileutil.ErrNotDurable)
+	}
+	defer func() { writeAtomic = fileutil.WriteAtomic }()
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic = fileutil.WriteAtomic
+	if err := r.Load(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(state); strings.Contains(string(b), `"cnn"`) {
+		t.Errorf("cnn loaded, yet the state file keeps it unloaded: %s", b)
 	}
 }

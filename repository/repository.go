@@ -120,10 +120,12 @@ type Repository struct {
 	startOnce sync.Once
 	// kept is what StateFile said of the models not looked at yet (nil
 	// after the first scan); saved is what it says now, and saving is
-	// held while it is written.
-	kept   map[string]keptModel
-	saved  map[string]keptModel
-	saving sync.Mutex
+	// held while it is written; savedUnknown (with saving held): a write
+	// failed after its rename, and the file may say either.
+	kept         map[string]keptModel
+	saved        map[string]keptModel
+	savedUnknown bool
+	saving       sync.Mutex
 	// unsaved: the last write of the state file failed, and was said;
 	// written with saving held, read by Run to write it again.
 	unsaved atomic.Bool
