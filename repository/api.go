@@ -217,7 +217,7 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 // the unload (or a load) brings it back.
 func (r *Repository) unloadedLocked(m *model, reason string) {
 	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, reason, nil, false
-	m.done, m.otherAt = m.seen, time.Time{}
+	m.done, m.lookAt, m.lookWait = m.seen, time.Time{}, 0
 }
 
 // deletedReason is the index's reason for a model whose function was
@@ -373,38 +373,52 @@ func (r *Repository) backElsewhere(ctx context.Context, l *listing, found map[st
 		// an unload then a load elsewhere, Triton's reload) is not back,
 		// and no function deployed otherwise to leave alone for a while.
 		var ours, other bool
-		if rec, err := r.node.Versions(ctx, name); err == nil {
-			if v, err := rec.CurrentVersion(); err == nil {
+		rec, err := r.node.Versions(ctx, name)
+		if err == nil {
+			var v api.Version
+			if v, err = rec.CurrentVersion(); err == nil {
 				ours, other = v.Label != "", v.Label == ""
 			}
 		}
+		failed := err != nil && errdefs.KindOf(err) != errdefs.KindNotFound
 		r.mu.Lock()
-		if m := r.models[name]; m != nil && m.unloaded {
+		m := r.models[name]
+		loaded := m != nil && m.unloaded && ours
+		if m != nil && m.unloaded {
 			switch {
 			case other:
-				m.otherAt = time.Now()
+				m.lookAt = time.Now().Add(maxRetry)
+			case failed:
+				// Else every index, still listing it, would have a scan
+				// read it again at once.
+				m.lookWait = min(max(2*m.lookWait, r.cfg.Settle), max(maxRetry, r.cfg.Settle))
+				m.lookAt = time.Now().Add(m.lookWait)
 			case ours:
-				m.unloaded, m.done = false, ""
+				m.unloaded, m.done, m.lookWait = false, "", 0
 				m.state, m.reason = Loading, "deployed again by a model repository (a load on another node): loading it"
-				r.cfg.Log.Info("model repository: its function was deployed again elsewhere: loaded", "model", name)
 			}
 		}
 		r.mu.Unlock()
+		if loaded {
+			r.cfg.Log.Info("model repository: its function was deployed again elsewhere: loaded", "model", name)
+		}
 	}
 }
 
 // backInListing reports whether l lists the function of an unloaded
 // model, which may be back (a load on another node): a scan is to look.
-// One whose record a scan found another's (a plover deploy) is looked at
-// again only after maxRetry: every index would have a scan read it.
+// One whose record a scan found another's (a plover deploy), or could not
+// read, is looked at again only at its lookAt: every index would have a
+// scan read it.
 func (r *Repository) backInListing(l *listing) bool {
 	if l == nil {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now()
 	for name, m := range r.models {
-		if m.unloaded && l.names[name] && time.Since(m.otherAt) >= maxRetry {
+		if m.unloaded && l.names[name] && !now.Before(m.lookAt) {
 			return true
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // runStarted runs r until the test ends and returns once its first scans
@@ -285,4 +286,46 @@ func TestIndexDoesNotWaitForItsListingsWrite(t *testing.T) {
 		t.Error("the index waited for the state file's write 10 s")
 	}
 	close(h.release)
+}
+
+// recordDownNode's records of name cannot be read while down; its
+// listing still answers.
+type recordDownNode struct {
+	*fakeNode
+	down atomic.Bool
+}
+
+func (n *recordDownNode) Versions(ctx context.Context, name string) (*api.Record, error) {
+	if n.down.Load() && name == "cnn" {
+		return nil, errdefs.New(errdefs.KindUnavailable, nil, "store: connection reset")
+	}
+	return n.fakeNode.Versions(ctx, name)
+}
+
+// An unloaded model's function listed again (a load elsewhere) whose
+// record a scan could not read: every index after had a scan read it
+// again at once, each acting on every folder.
+func TestUnreadableRecordBacksOff(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	age(t, models)
+	node := &recordDownNode{fakeNode: newFakeNode()}
+	r, _ := New(Config{Dir: models, Settle: 5 * time.Second}, node)
+	runStarted(t, r)
+	ctx := context.Background()
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	b, _, _, err := r.pack(filepath.Join(models, "cnn", "1"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.DeployLabeled(ctx, "cnn", "1", false, strings.NewReader(string(b))) // a load elsewhere
+	node.down.Store(true)
+	n := scansOf(r)
+	index(r) // lists cnn back: a scan, which cannot read its record
+	scannedAfter(t, r, n)
+	if r.backInListing(&listing{names: map[string]bool{"cnn": true}}) {
+		t.Errorf("the next index would have a scan read cnn's record again at once; index %q", index(r))
+	}
 }

@@ -184,9 +184,12 @@ type model struct {
 	// from the store only until this deploy puts it back).
 	deploying bool
 	epoch     uint64 // Repository.epoch at its last settle
-	// otherAt: while unloaded, when a scan found its function in the
-	// store not the repository's (a plover deploy), for backInListing.
-	otherAt time.Time
+	// lookAt: while unloaded, when an index seeing its function listed
+	// has a scan look again (backInListing): a minute after a scan found
+	// it not the repository's (a plover deploy), and, while its record
+	// cannot be read, after lookWait (Settle, doubling up to a minute).
+	lookAt   time.Time
+	lookWait time.Duration
 }
 
 // version is one version folder's state.
