@@ -174,16 +174,7 @@ func TestIndexesDoNotReadAnotherDeploysRecord(t *testing.T) {
 	age(t, models)
 	node := &countNode{fakeNode: newFakeNode()}
 	r, _ := New(Config{Dir: models, Settle: time.Millisecond}, node)
-	runStarted(t, r)
-	ctx := context.Background()
-	if err := r.Unload(ctx, "cnn"); err != nil {
-		t.Fatal(err)
-	}
-	b, _, _, err := r.pack(filepath.Join(models, "cnn", "1"), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	node.DeployLabeled(ctx, "cnn", "", false, strings.NewReader(string(b))) // a plover deploy: no label
+	unloadedThenDeployed(t, r, node.fakeNode, "") // a plover deploy: no label
 	n := scansOf(r)
 	index(r) // has a scan look at it once
 	scannedAfter(t, r, n)
@@ -311,16 +302,7 @@ func TestUnreadableRecordBacksOff(t *testing.T) {
 	age(t, models)
 	node := &recordDownNode{fakeNode: newFakeNode()}
 	r, _ := New(Config{Dir: models, Settle: 5 * time.Second}, node)
-	runStarted(t, r)
-	ctx := context.Background()
-	if err := r.Unload(ctx, "cnn"); err != nil {
-		t.Fatal(err)
-	}
-	b, _, _, err := r.pack(filepath.Join(models, "cnn", "1"), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	node.DeployLabeled(ctx, "cnn", "1", false, strings.NewReader(string(b))) // a load elsewhere
+	unloadedThenDeployed(t, r, node.fakeNode, "1") // a load elsewhere
 	node.down.Store(true)
 	n := scansOf(r)
 	index(r) // lists cnn back: a scan, which cannot read its record
@@ -328,4 +310,20 @@ func TestUnreadableRecordBacksOff(t *testing.T) {
 	if r.backInListing(&listing{names: map[string]bool{"cnn": true}}) {
 		t.Errorf("the next index would have a scan read cnn's record again at once; index %q", index(r))
 	}
+}
+
+// unloadedThenDeployed runs r, unloads cnn and deploys DIR/cnn/1 into
+// the store again under label ("": a plover deploy).
+func unloadedThenDeployed(t *testing.T, r *Repository, node *fakeNode, label string) {
+	t.Helper()
+	runStarted(t, r)
+	ctx := context.Background()
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	b, _, _, err := r.pack(filepath.Join(r.cfg.Dir, "cnn", "1"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.DeployLabeled(ctx, "cnn", label, false, strings.NewReader(string(b)))
 }
