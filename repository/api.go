@@ -170,7 +170,7 @@ func (m *model) failure() (string, errdefs.Kind) {
 // folder changes): its function is deleted from the node (requests in
 // flight finish) and the repository remembers it is unloaded. A function
 // a pipeline runs is refused (409), as plover rm refuses it; one whose
-// record cannot be read, when this run has not deployed it, 503.
+// record cannot be read, 503.
 func (r *Repository) Unload(ctx context.Context, name string) error {
 	if !r.take(ctx) {
 		return errdefs.Unavailable(ctx.Err(), "unload %s: the server is shutting down", name)
@@ -178,26 +178,24 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	defer r.give()
 	r.mu.Lock()
 	m := r.models[name]
-	deployed := m != nil && m.deployed
 	r.mu.Unlock()
 	if m == nil {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
 	}
 	// A function of that name the repository never deployed (its folder
-	// refused, a plover deploy) is left alone, as the scan's removal
-	// leaves it. Its record says what this server's memory may not: a
-	// current version with a version folder's label is the repository's
-	// (an earlier run's, whose first deploy since has failed).
-	if !deployed {
-		var err error
-		if deployed, err = r.labelledErr(ctx, name); err != nil {
-			// Taken for not ours, the unload would answer 200 and
-			// delete nothing, and a scan once the store is back would
-			// take the function back.
-			return errdefs.New(errdefs.KindOf(err), err, "unload %s: whether its function is the repository's could not be read: %v", name, err)
-		}
+	// refused, a plover deploy), or whose current version a plover deploy
+	// replaced since, is left alone, as the scan's removal leaves it. Its
+	// record says what this server's memory may not: a current version
+	// with a version folder's label is the repository's (an earlier
+	// run's too, whose first deploy since has failed).
+	ours, err := r.labelledErr(ctx, name)
+	if err != nil {
+		// Taken for not ours, the unload would answer 200 and delete
+		// nothing, and a scan once the store is back would take the
+		// function back.
+		return errdefs.New(errdefs.KindOf(err), err, "unload %s: whether its function is the repository's could not be read: %v", name, err)
 	}
-	if deployed {
+	if ours {
 		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 			return fmt.Errorf("unload %s: %w", name, err)
 		}

@@ -15,7 +15,17 @@ import (
 // remove deletes a removed folder's function; requests in flight finish.
 // A function a pipeline runs is not deleted (409, as plover rm without
 // --force): it stays, UNAVAILABLE with the reason, until the pipeline goes.
+// One whose current version a plover deploy replaced since (no folder's
+// label) is left alone: it is no longer the repository's.
 func (r *Repository) remove(ctx context.Context, m *model) error {
+	ours, err := r.stillOurs(ctx, m.name)
+	if err != nil {
+		r.cfg.Log.Warn("model repository: a removed folder's function could not be read to delete it", "model", m.name, "error", err)
+		return err
+	}
+	if !ours {
+		return nil
+	}
 	if err := r.node.Delete(ctx, m.name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
 		return err
@@ -85,6 +95,25 @@ func (r *Repository) labelledErr(ctx context.Context, name string) (bool, error)
 	}
 	v, err := rec.CurrentVersion()
 	return err == nil && v.Label != "", nil
+}
+
+// stillOurs reports whether name's function, which the repository
+// deployed, is still the repository's to delete: false when it is gone,
+// or when a plover deploy replaced its current version since (said in
+// the log).
+func (r *Repository) stillOurs(ctx context.Context, name string) (bool, error) {
+	rec, err := r.node.Versions(ctx, name)
+	if errdefs.KindOf(err) == errdefs.KindNotFound {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if v, err := rec.CurrentVersion(); err == nil && v.Label == "" {
+		r.cfg.Log.Info("model repository: its function was deployed otherwise since (plover deploy): left alone", "model", name)
+		return false, nil
+	}
+	return true, nil
 }
 
 // earlierRuns sorts the models whose folders were removed before this run
