@@ -103,8 +103,10 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	m.unloaded, m.seen, m.seenAt, m.done, m.deploying = false, f.print, time.Now(), "", true
 	if f.unreadable {
 		r.unreadableLocked(m, f)
-		defer r.mu.Unlock()
-		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, m.reason)
+		reason := m.reason
+		r.mu.Unlock()
+		r.warnUnavailable(name, reason)
+		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, reason)
 	}
 	r.mu.Unlock()
 	vers, _, err := r.versionsOf(m)
@@ -336,12 +338,15 @@ func (r *Repository) listDeleted(ctx context.Context, at uint64) (l *listing, ma
 			continue
 		}
 		r.mu.Lock()
-		if gone(m) {
+		now := gone(m)
+		if now {
 			r.unloadedLocked(m, deletedReason)
 			marked = true
-			r.cfg.Log.Info("model repository: its function was deleted (plover rm, or an unload on another node): unloaded until a load", "model", m.name)
 		}
 		r.mu.Unlock()
+		if now {
+			r.cfg.Log.Info("model repository: its function was deleted (plover rm, or an unload on another node): unloaded until a load", "model", m.name)
+		}
 	}
 	return &listing{names, at}, marked
 }

@@ -244,5 +244,6 @@ type settleResult int
 const (
 	unchanged     settleResult = iota // as last deployed, or unloaded and untouched
 	stillChanging                     // LOADING until it is still
+	unreadable                        // made UNAVAILABLE, unreadable, now: to be logged
 	changed                           // settled and different: deploy it
 )

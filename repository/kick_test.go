@@ -327,3 +327,29 @@ func unloadedThenDeployed(t *testing.T, r *Repository, node *fakeNode, label str
 	}
 	node.DeployLabeled(ctx, "cnn", label, false, strings.NewReader(string(b)))
 }
+
+// A log sink that blocks (a full pipe) while a model is said unavailable:
+// the line was written under r.mu, and every index waited for the sink.
+func TestIndexDoesNotWaitForTheLog(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	os.MkdirAll(filepath.Join(models, "empty"), 0o755)
+	os.WriteFile(filepath.Join(models, "empty", "README"), []byte("no bundle"), 0o644)
+	age(t, models)
+	h := &holdWarnHandler{hold: "a model is unavailable", held: make(chan struct{}), release: make(chan struct{})}
+	r, _ := New(Config{Dir: models, Poll: time.Hour, Settle: time.Millisecond, Log: slog.New(h)}, newFakeNode())
+	scanned := make(chan struct{})
+	go func() { r.Scan(context.Background()); close(scanned) }()
+	<-h.held
+	done := make(chan string, 1)
+	go func() { done <- index(r) }()
+	select {
+	case got := <-done:
+		if !strings.Contains(got, "empty/ UNAVAILABLE") {
+			t.Errorf("index %q, want empty unavailable", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the index waited 10 s for a log line")
+	}
+	close(h.release)
+	<-scanned
+}

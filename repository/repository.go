@@ -279,6 +279,7 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	var due []*model
 	r.mu.Lock()
 	var gone, unsure []*model
+	var warns [][2]string // a model and why it is unavailable, logged after the unlock
 	for name, m := range r.models {
 		if _, ok := found[name]; !ok {
 			switch {
@@ -299,12 +300,17 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 		switch r.settledLocked(m, f, now) {
 		case stillChanging:
 			settling = true
+		case unreadable:
+			warns = append(warns, [2]string{m.name, m.reason})
 		case changed:
 			m.deploying = true
 			due = append(due, m)
 		}
 	}
 	r.mu.Unlock()
+	for _, w := range warns {
+		r.warnUnavailable(w[0], w[1])
+	}
 	gone = append(gone, r.earlierRuns(ctx, unsure)...)
 	slices.SortFunc(gone, func(a, b *model) int { return strings.Compare(a.name, b.name) })
 	// Again while one goes: a pipeline removed with its step goes first.
@@ -379,7 +385,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 			// Not a copy in progress: nothing to wait for (a server
 			// waiting would never say ready) until the folder changes.
 			r.unreadableLocked(m, f)
-			return unchanged
+			return unreadable
 		}
 		return changed
 	}
@@ -673,11 +679,22 @@ func (r *Repository) unsettled(m *model) {
 // ("" to try again at the next scan).
 func (r *Repository) settle(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.settleLocked(m, done, vers, state, reason, kind)
+	state, reason = m.state, m.reason
+	r.mu.Unlock()
+	if state == Unavailable && reason != "" {
+		r.warnUnavailable(m.name, reason)
+	}
 }
 
-// settleLocked is settle under r.mu.
+// warnUnavailable logs why a model is unavailable; not under r.mu (a
+// blocked log sink would stall every index).
+func (r *Repository) warnUnavailable(name, reason string) {
+	r.cfg.Log.Warn("model repository: a model is unavailable", "model", name, "reason", reason)
+}
+
+// settleLocked is settle under r.mu; the caller logs it, after the
+// unlock.
 func (r *Repository) settleLocked(m *model, done string, vers []version, state, reason string, kind errdefs.Kind) {
 	if state == "" && len(vers) == 0 {
 		// The index shows the folder's own entry then: never without a
@@ -696,9 +713,6 @@ func (r *Repository) settleLocked(m *model, done string, vers []version, state, 
 		if v.state == Ready {
 			m.deployed = true
 		}
-	}
-	if state == Unavailable && reason != "" {
-		r.cfg.Log.Warn("model repository: a model is unavailable", "model", m.name, "reason", reason)
 	}
 }
 
