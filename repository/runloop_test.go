@@ -191,7 +191,13 @@ func TestNotStartedUntilDirIsRead(t *testing.T) {
 		t.Fatal("started before DIR could be read")
 	default:
 	}
-	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	// Written aside and renamed in: Run looks every millisecond, and a
+	// folder half-written when DIR came back would be its first scan's.
+	staged := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(staged, "cnn", "1"), "cnn", false)
+	if err := os.Rename(staged, models); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-r.Started():
 		if node.current("cnn") != "1" {
