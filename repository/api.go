@@ -217,7 +217,7 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 // the unload (or a load) brings it back.
 func (r *Repository) unloadedLocked(m *model, reason string) {
 	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, reason, nil, false
-	m.done, m.lookAt, m.lookWait = m.seen, time.Time{}, 0
+	m.done, m.lookAt, m.lookWait, m.changing = m.seen, time.Time{}, 0, false
 }
 
 // deletedReason is the index's reason for a model whose function was
@@ -397,7 +397,7 @@ func (r *Repository) backElsewhere(ctx context.Context, l *listing, found map[st
 				m.lookWait = min(max(2*m.lookWait, r.cfg.Settle), max(maxRetry, r.cfg.Settle))
 				m.lookAt = time.Now().Add(m.lookWait)
 			case ours:
-				m.unloaded, m.done, m.lookWait = false, "", 0
+				m.unloaded, m.done, m.lookWait, m.changing = false, "", 0, false
 				m.state, m.reason = Loading, "deployed again by a model repository (a load on another node): loading it"
 			}
 		}

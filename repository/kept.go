@@ -119,7 +119,7 @@ func (r *Repository) keptLocked(m *model) {
 		return
 	}
 	delete(r.kept, m.name)
-	m.unloaded, m.done, m.state, m.reason = true, k.Print, Unavailable, brief(k.Reason)
+	m.unloaded, m.done, m.state, m.reason, m.changing = true, k.Print, Unavailable, brief(k.Reason), false
 }
 
 // saveKept writes the unloaded models to Config.StateFile if they changed

@@ -1,6 +1,7 @@
 package repository
 
 import (
+	"context"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -62,5 +63,38 @@ func TestUnreadableLinkIsNotRemoved(t *testing.T) {
 				t.Errorf("its link's target unreadable: index %q, deletes %v; want cnn served on, its entry UNAVAILABLE", got, node.deletes)
 			}
 		})
+	}
+}
+
+// A linked model folder unreadable for a scan, then readable again as it
+// was, shows what it showed before: its entry stayed LOADING ("cannot
+// read it yet") for good, the folder being unchanged since its deploy.
+func TestLinkUnreadableForAScanComesBack(t *testing.T) {
+	d := t.TempDir()
+	models, target := filepath.Join(d, "models"), filepath.Join(d, "releases", "v1")
+	os.MkdirAll(models, 0o755)
+	writeBundle(t, target, "cnn", false)
+	link := filepath.Join(models, "cnn")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	node := newFakeNode()
+	// A settle long enough that the scans below, back to back, never see
+	// the unreadable link settle into UNAVAILABLE.
+	r, _ := New(Config{Dir: models, Poll: time.Hour, Settle: 5 * time.Second}, node)
+	r.Scan(context.Background()) // the first scan takes a folder settled since before it
+	if node.current("cnn") != "1" {
+		t.Fatalf("cnn not served after the first scan: %s", index(r))
+	}
+	before := index(r)
+	failStat(t, link)
+	r.Scan(context.Background())
+	if got := index(r); !strings.Contains(got, "LOADING") {
+		t.Fatalf("its link's target unreadable for a scan: index %q, want its entry LOADING while it may pass", got)
+	}
+	stat = os.Stat
+	r.Scan(context.Background())
+	if got := index(r); got != before || node.current("cnn") != "1" {
+		t.Fatalf("readable again as it was: index %q, want %q as before", got, before)
 	}
 }

@@ -190,6 +190,15 @@ type model struct {
 	// cannot be read, after lookWait (Settle, doubling up to a minute).
 	lookAt   time.Time
 	lookWait time.Duration
+	// settled is state, reason and kind as the last settle left them, for
+	// a folder that changed and came back as it was before it settled
+	// again (a link unreadable for a scan): its entry is what it was, not
+	// the LOADING the change showed.
+	settled struct {
+		state, reason string
+		kind          errdefs.Kind
+	}
+	changing bool // its LOADING is settledLocked's: the folder changed since
 }
 
 // version is one version folder's state.
@@ -376,6 +385,12 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 		m.seen, m.seenAt = f.print, now
 	}
 	if f.print == m.done {
+		if m.changing {
+			// It changed and is back as it was: what the change said is
+			// no longer so.
+			m.state, m.reason, m.kind = m.settled.state, m.settled.reason, m.settled.kind
+			m.changing = false
+		}
 		return unchanged
 	}
 	m.unloaded = false // changed since the unload (Unload sets done): it is over
@@ -392,6 +407,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 	// Its deployed versions still serve, and show, beside the folder's
 	// LOADING entry.
 	m.state, m.reason = Loading, "files changed within the last "+r.cfg.Settle.String()+": waiting for the copy to settle"
+	m.changing = true
 	if f.err != nil {
 		m.reason = brief(fmt.Sprintf("cannot read it yet: %v", f.err))
 	}
@@ -702,6 +718,8 @@ func (r *Repository) settleLocked(m *model, done string, vers []version, state, 
 		state, reason = Unavailable, cmp.Or(reason, "no version deployed")
 	}
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
+	m.settled.state, m.settled.reason, m.settled.kind = m.state, m.reason, m.kind
+	m.changing = false
 	m.retry = done == ""
 	// A deploy's outcome: the load or the change of the folder that
 	// started it ended any unload, and an index that took the model for
