@@ -89,6 +89,9 @@ func (r *Repository) list() (map[string]folder, error) {
 		}
 		p := filepath.Join(r.cfg.Dir, e.Name())
 		switch dir, err := isDir(r.cfg.Dir, e); {
+		case err != nil && !abi.ValidName(e.Name()):
+			// A link that may lead to a file beside the models (notes.txt)
+			// and could name no function: left alone, as such a file is.
 		case err != nil:
 			out[e.Name()] = lookLink(p, err)
 		case dir: // not files beside models (a README)

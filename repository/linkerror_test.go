@@ -87,8 +87,24 @@ func TestLinkUnreadableForAScanComesBack(t *testing.T) {
 		t.Fatalf("cnn not served after the first scan: %s", index(r))
 	}
 	before := index(r)
+	// A link beside the models to a file that cannot be stat'd now either:
+	// its name could be no function's, and it is left alone, as the file.
+	notes := filepath.Join(models, "notes.txt")
+	if err := os.Symlink(filepath.Join(d, "notes.txt"), notes); err != nil {
+		t.Fatal(err)
+	}
 	failStat(t, link)
+	inner := stat
+	stat = func(p string) (fs.FileInfo, error) {
+		if p == notes {
+			return nil, &fs.PathError{Op: "stat", Path: p, Err: syscall.EACCES}
+		}
+		return inner(p)
+	}
 	r.Scan(context.Background())
+	if got := index(r); strings.Contains(got, "notes.txt") {
+		t.Fatalf("a link to a file beside the models, unreadable: index %q, want it left out", got)
+	}
 	if got := index(r); !strings.Contains(got, "LOADING") {
 		t.Fatalf("its link's target unreadable for a scan: index %q, want its entry LOADING while it may pass", got)
 	}
