@@ -66,17 +66,28 @@ func (w *Writer) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// WriteAtomic replaces path with b whole: written to a temporary file
-// beside it, synced, renamed over it and the directory synced, so that a
-// crash leaves the old file or the new one, never a torn one.
+// WriteAtomic replaces path with b whole, at perm (Replace).
 func WriteAtomic(path string, b []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	return Replace(path, "."+filepath.Base(path)+".tmp-*", perm, func(f *os.File) error {
+		_, err := f.Write(b)
+		return err
+	})
+}
+
+// Replace replaces path with what fill writes: to a temporary file beside
+// it named by pattern (os.CreateTemp's), synced, at perm (0: CreateTemp's
+// 0600), renamed over it and the directory synced, so that a crash leaves
+// the old file or the new one, never a torn one. A failure after the
+// rename is ErrNotDurable; a directory sync the file system does not do
+// (EINVAL, ENOTSUP: some FUSE and network mounts) is not one.
+func Replace(path, pattern string, perm os.FileMode, fill func(*os.File) error) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), pattern)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // no-op after the rename
-	_, err = tmp.Write(b)
-	if err == nil {
+	err = fill(tmp)
+	if err == nil && perm != 0 {
 		err = tmp.Chmod(perm)
 	}
 	if err == nil {
@@ -98,14 +109,13 @@ func WriteAtomic(path string, b []byte, perm os.FileMode) error {
 	defer d.Close()
 	err = syncDir(d)
 	if err == nil || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSUP) {
-		// Some FUSE and network mounts sync no directory: the file is
-		// replaced, and how durably is their own.
+		// The file is replaced, and how durably is the mount's own.
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrNotDurable, err)
 }
 
-// ErrNotDurable is a WriteAtomic that failed after its rename: the file
+// ErrNotDurable is a Replace that failed after its rename: the file
 // holds the new bytes, but a crash may bring the old ones back. A caller
 // remembering what the file says knows it no more.
 var ErrNotDurable = errors.New("replaced, but not durably")

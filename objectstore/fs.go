@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/fileutil"
 )
 
 // FS stores objects as files under a root directory.
@@ -58,41 +60,18 @@ func (s *FS) write(ctx context.Context, key, p string, r io.Reader, size int64) 
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p), ".put-*")
-	if err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	n, err := io.Copy(tmp, ctxReader{ctx, r})
-	if err == nil && size >= 0 && n != size {
-		err = fmt.Errorf("got %d bytes, expected %d", n, size)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), p)
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(p))
-	}
+	// ".put-" names a half-written object: CleanTemp removes such files.
+	err := fileutil.Replace(p, ".put-*", 0, func(f *os.File) error {
+		n, err := io.Copy(f, ctxReader{ctx, r})
+		if err == nil && size >= 0 && n != size {
+			err = fmt.Errorf("got %d bytes, expected %d", n, size)
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	return nil
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // fsTag is a file's version tag: a rename (every write) gives a new inode.
