@@ -297,30 +297,36 @@ func stillChild(k kin) bool {
 const clockTick = 10 * time.Millisecond
 
 // cpuTime is the CPU time process pid's threads used so far, user and
-// system, and its children's that it reaped, from /proc/PID/stat. Its
-// own threads' are read from its CPU clock where it can be (to the
-// nanosecond, where the stat file counts 10 ms ticks: a worker using 0.04
-// CPUs read 0 or 0.1 of them in a 100 ms window, and was boosted at
-// random).
+// system, and its children's that it reaped (cpuParts).
 func cpuTime(pid int) (time.Duration, error) {
+	own, reaped, _, err := cpuParts(pid)
+	return own + reaped, err
+}
+
+// cpuParts is process pid's CPU time so far, its own threads' and its
+// reaped children's, from /proc/PID/stat, and its parent's pid. Its own
+// are read from its CPU clock where they can be (to the nanosecond, where
+// the stat file counts 10 ms ticks: a worker using 0.04 CPUs read 0 or 0.1
+// of them in a 100 ms window, and was boosted at random).
+func cpuParts(pid int) (own, reaped time.Duration, parent int, err error) {
 	f, err := statFields(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, 0, err
 	}
-	fields := f[11:15] // utime, stime, cutime, cstime: fields 14 to 17
-	own, clocked := processCPU(pid)
-	if clocked {
-		fields = fields[2:]
-	}
-	var ticks int64
-	for _, s := range fields {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	var ticks [4]int64 // utime, stime, cutime, cstime: fields 14 to 17
+	for i, s := range f[11:15] {
+		if ticks[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+			return 0, 0, 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 		}
-		ticks += n
 	}
-	return own + time.Duration(ticks)*clockTick, nil
+	if parent, err = strconv.Atoi(f[1]); err != nil {
+		return 0, 0, 0, fmt.Errorf("/proc/%d/stat: parent: %w", pid, err)
+	}
+	own, clocked := processCPU(pid)
+	if !clocked {
+		own = time.Duration(ticks[0]+ticks[1]) * clockTick
+	}
+	return own, time.Duration(ticks[2]+ticks[3]) * clockTick, parent, nil
 }
 
 // statFields are a /proc stat file's fields from the third on

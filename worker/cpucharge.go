@@ -60,6 +60,10 @@ type cpuTally struct {
 	slack    time.Duration // of the CPU before the next reading, let go
 	idle     time.Duration // CPU with nothing in flight, not yet billed
 	sinks    []*program    // its programs with a bill to send (Bill), in load order
+	// offspring is the CPU of the processes the worker started, as last
+	// read (offspringCPU), if it was.
+	offspring     time.Duration
+	offspringRead bool
 }
 
 // processCPU reads process pid's CPU clock (all its threads, live and
@@ -201,11 +205,54 @@ func (p *proc) look(all bool) {
 	if !c.on {
 		return
 	}
+	kids, read := p.offspringCPU()
 	c.mu.Lock()
 	c.advance(p)
+	if read {
+		if c.offspringRead && kids > c.offspring {
+			c.idle += kids - c.offspring
+		}
+		c.offspring, c.offspringRead = kids, true
+	}
 	b := c.takeBills(all)
 	c.mu.Unlock()
 	b.send()
+}
+
+// offspringCPU is the CPU time used so far by the processes p's worker
+// started: those under it and, in a PID namespace, under its init (where
+// orphans go), each its own and its reaped children's, and the worker's
+// and the init's reaped children's; not the worker's own threads (its
+// clock: the runs') nor the init's. A forked child is the function's
+// work as a thread is: billed with the worker's idle CPU, whether runs are
+// in flight or not. A process whose parent is not the one it was listed
+// under is another's that took a reaped pid, and is left out. A sum that
+// goes down (a child reaped where its time is lost: SIGCHLD ignored) is
+// read again from there: what it used since the last look is not billed.
+// false once p exited (before the reap its pid is still its own: the
+// tree is read while it was not, so no pid of it was another's yet).
+func (p *proc) offspringCPU() (time.Duration, bool) {
+	p.mu.Lock()
+	pid, exited := p.pid, p.exited
+	p.mu.Unlock()
+	if exited {
+		return 0, false
+	}
+	root := p.tree.Root()
+	var sum time.Duration
+	for _, k := range treeOf(pid, root) {
+		own, reaped, parent, err := cpuParts(k.pid)
+		switch {
+		case err != nil:
+		case k.pid == pid || k.pid == root:
+			sum += reaped
+		case parent == k.parent:
+			sum += own + reaped
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return sum, !p.exited
 }
 
 // bills is CPU to bill each of a worker's programs.

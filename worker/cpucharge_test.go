@@ -54,6 +54,31 @@ func TestThreadsLeftRunningAreBilled(t *testing.T) {
 	}
 }
 
+// A process a bundle starts is its function's work as a thread is: its
+// CPU is billed beside its worker's. Before, it was not seen: a spinning
+// child was billed nothing. (An orphaned one, under a contained server's
+// PID namespace init or subreaper worker: cli/plover's isolation "spawn".)
+func TestProcessesABundleStartsAreBilled(t *testing.T) {
+	d := newDevice(t, 1)
+	p, m := loadHostile(t, d, "spawn_spinner")
+	total := billed(t, p)
+	in, r := newInst(t, p, m), oneStep(t, p, m, "spawn_spinner")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(r.Output[:7]); got != "spawned" {
+		t.Fatalf("spawn_spinner wrote %q", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for total.Load() < int64(200*time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("billed %v in 10 s beside a spinning process its bundle started", time.Duration(total.Load()))
+		}
+		p.(*program).p.look(false)
+		time.Sleep(20 * time.Millisecond) // the spinner's CPU to add up: a look, not a wait for state
+	}
+}
+
 // A sequential client's runs, sent alone, have their worker poll for the
 // next request between them: the platform's latency, not the function's
 // work, and not billed (about 100 µs a CNN request on 2 CPUs, which doubled

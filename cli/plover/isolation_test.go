@@ -88,6 +88,7 @@ func isolationCases() []isoCase {
 		{name: "deadline-many", noneSkip: skipDeadline, run: caseDeadlineMany},
 		{name: "fork-accept", noneSkip: "a forked child inherits the server's listening socket and answers its clients", run: caseForkAccept},
 		{name: "threads", noneSkip: "threads started by a kernel live in the server process; removing the function cannot end them", run: caseThreads},
+		{name: "spawn", noneSkip: "a process a kernel starts is the server's child", run: caseSpawn},
 		{name: "env", noneSkip: "a kernel sees the server's environment", none: caseEnvNone, run: caseEnv},
 		{name: "read-file", noneSkip: "a kernel can read everything the server can", none: caseReadFileNone, run: caseReadFile},
 		{name: "read-server-environ", noneSkip: "the server's /proc/PID/environ is the kernel's own", run: caseReadServerEnviron},
@@ -388,12 +389,7 @@ func caseThreads(t *testing.T, h *isoHarness) {
 	}
 	// The threads' CPU is the function's device time, with no run in
 	// flight: its one run reported a few milliseconds.
-	var fi api.FunctionInfo
-	waitFor(t, 20*time.Second, "the spinning threads billed to threads", func() bool {
-		getJSON(t, h.client, h.srv.url+"/v1/functions/threads", &fi)
-		return fi.DeviceSeconds >= 0.5
-	})
-	t.Logf("threads billed %.2f device s with no run in flight", fi.DeviceSeconds)
+	h.awaitBilled(t, "threads", 0.5)
 	run(t, h.bin, []string{"PLOVER_SERVER=" + h.srv.url}, "rm", "threads")
 	deadline := time.Now().Add(5 * time.Second)
 	for liveTasks(pid) > 0 {
@@ -404,6 +400,31 @@ func caseThreads(t *testing.T, h *isoHarness) {
 	}
 	t.Logf("worker %d and its threads gone after rm", pid)
 	expectError(t, h.invoke(t, "threads", []byte("t"), crashTimeout), 404, "not_found", "")
+}
+
+// caseSpawn: a kernel starts a process that spins, orphaned at once as a
+// daemon's grandchild is (to its worker's PID namespace's init, or to the
+// worker as a child subreaper); its CPU is the function's device time, as
+// its worker's threads' is (that it ends with its worker: daemon_test.go).
+func caseSpawn(t *testing.T, h *isoHarness) {
+	h.mustDeploy(t, hostileManifest("spawn", launch("spawn_spinner", 2, 1)), h.hostile)
+	if r := h.invoke(t, "spawn", []byte("x"), crashTimeout); r.code != 200 || !bytes.HasPrefix(r.body, []byte("spawned")) {
+		t.Fatalf("spawn: %d %q", r.code, r.body[:min(len(r.body), 64)])
+	}
+	h.awaitBilled(t, "spawn", 0.5)
+	run(t, h.bin, []string{"PLOVER_SERVER=" + h.srv.url}, "rm", "spawn")
+}
+
+// awaitBilled waits until function name is billed at least secs of
+// device time (20 s at most).
+func (h *isoHarness) awaitBilled(t *testing.T, name string, secs float64) {
+	t.Helper()
+	var fi api.FunctionInfo
+	waitFor(t, 20*time.Second, fmt.Sprintf("%g device s billed to %s", secs, name), func() bool {
+		getJSON(t, h.client, h.srv.url+"/v1/functions/"+name, &fi)
+		return fi.DeviceSeconds >= secs
+	})
+	t.Logf("%s billed %.2f device s with no run in flight", name, fi.DeviceSeconds)
 }
 
 func caseEnv(t *testing.T, h *isoHarness) {

@@ -378,6 +378,23 @@ PLOVER_ENTRY(threads) {
   if (started != 4) plover_fail(s, "threads: pthread_create failed");
 }
 
+// spawn_spinner: starts a process that spins forever and returns, writing
+// "spawned". grid 1: its child, never waited for; grid 2: its grandchild,
+// orphaned at once (the child exits and is reaped here), as a daemon's.
+PLOVER_ENTRY(spawn_spinner) {
+  (void)block;
+  pid_t c = fork();
+  if (c < 0) { plover_fail(s, "spawn_spinner: fork failed"); return; }
+  if (c == 0) {
+    if (grid == 2 && fork() != 0) _exit(0);
+    spin_forever(NULL);
+  }
+  if (grid == 2) {
+    while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
+  }
+  put(s, "spawned");
+}
+
 // helpers: computes on 4 threads of its own, 20 ms of CPU each, joins them
 // and echoes the input: the calling thread does almost none of the work.
 static void *burn_20ms(void *arg) {
