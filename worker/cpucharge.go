@@ -64,6 +64,7 @@ type cpuTally struct {
 	// read (offspringCPU), if it was.
 	offspring     time.Duration
 	offspringRead bool
+	billed        bool // a program took bills (Bill) once
 }
 
 // processCPU reads process pid's CPU clock (all its threads, live and
@@ -298,8 +299,15 @@ func (g *program) Bill(bill func(time.Duration)) {
 		return
 	}
 	c.advance(g.p)
-	b := c.takeBills(true) // what came before is g's siblings', not g's
-	c.idle = 0
+	// What came before is g's siblings' where it has any. Before the
+	// worker's first program it is g's own load's (its constructor's
+	// threads, past the one thread its call is let go); after the last
+	// went, theirs that are gone: nobody's.
+	b := c.takeBills(true)
+	if c.billed {
+		c.idle = 0
+	}
+	c.billed = true
 	g.bill = bill
 	c.sinks = append(c.sinks, g)
 	c.mu.Unlock()

@@ -79,6 +79,32 @@ func TestProcessesABundleStartsAreBilled(t *testing.T) {
 	}
 }
 
+// A load's CPU past the one thread its control call is let go (threads a
+// constructor starts) is its function's: billed to the worker's first
+// program as it registers for bills. Before, Bill dropped it (a
+// constructor spinning 4 threads for 250 ms of CPU each was billed 0).
+func TestLoadCPUOfExtraThreadsIsBilled(t *testing.T) {
+	d := newDevice(t, 1)
+	spec := slowSpec(t, "spinload", "-DSLOW_MS=250", "-DSPIN_THREADS=4")
+	t0 := time.Now()
+	p, err := d.Load(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Since(t0)
+	defer p.Close()
+	total := billed(t, p) // as the engine does, right after Load
+	w := p.(*program).p
+	cpu, _ := w.cpuNow()
+	w.look(true)
+	got := time.Duration(total.Load())
+	// The worker's start before its load (its runtime's) is in cpu too,
+	// and is nobody's.
+	if unbilled := cpu - wall - got; unbilled > 150*time.Millisecond {
+		t.Fatalf("a load of %v wall, the worker's CPU %v: billed %v, %v of it beyond one thread to nobody", wall, cpu, got, unbilled)
+	}
+}
+
 // A sequential client's runs, sent alone, have their worker poll for the
 // next request between them: the platform's latency, not the function's
 // work, and not billed (about 100 µs a CNN request on 2 CPUs, which doubled
