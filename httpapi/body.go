@@ -262,7 +262,7 @@ type bodyReader struct {
 	pre     int  // the body's bytes fasthttp read with the headers (preReadOf at most)
 	read    int  // bytes read so far
 	drained bool // fasthttp's read buffer is known empty
-	bounded bool // the connection's read deadline is the request's
+	bounded bool // the connection's read deadline is the request's (bound)
 }
 
 // readPiece reads into p. fasthttp read the body's first bytes with the
@@ -271,34 +271,56 @@ type bodyReader struct {
 // them, with turns, each read is a piece: its socket waited for until it
 // has bytes, holding no turn, then read in turn, so that a client that
 // trickles holds no turn, and one that sends fast waits for its share.
+// Every read past the pre-read, whichever way it goes, is bounded by the
+// request's deadline (bound), and one it cuts is the deadline's 504.
 func (b *bodyReader) readPiece(p []byte) (int, error) {
-	if b.t.fl == nil || b.read < b.pre {
+	if b.read < b.pre {
 		return b.count(b.r.Read(p))
 	}
-	if !b.drained && !b.chunked {
+	b.bound()
+	n, err := b.readPast(p)
+	if b.bounded && timedOut(err) {
+		err = errdefs.New(errdefs.KindTimeout, err, "the request's deadline (X-Plover-Timeout-Ms, or the server's --timeout) passed while its body was still arriving, after %d bytes", b.read+n)
+	}
+	return b.count(n, err)
+}
+
+// bound sets the request's deadline on the connection before its first
+// read past what fasthttp read with the headers: the read timeout
+// fasthttp set bounds those reads otherwise, and a body that stops (at
+// the pre-read's end, in a chunk, under TLS) would wait for it, holding
+// its budget and, in turn, its I/O turn. Where the read timeout comes
+// first (readOut) fasthttp's deadline stands. fasthttp sets the
+// connection's deadline anew for its next request, and a body cut here
+// closes the connection (readBody), its unread bytes no request.
+func (b *bodyReader) bound() {
+	if b.bounded || b.t.readOut || b.t.deadline.IsZero() || b.conn == nil {
+		return
+	}
+	b.bounded = true
+	b.conn.SetReadDeadline(b.t.deadline)
+}
+
+// readPast is a read past the pre-read: straight from the stream without
+// turns; with them, first a read that drains fasthttp's buffer, then each
+// a piece in turn.
+func (b *bodyReader) readPast(p []byte) (int, error) {
+	switch {
+	case b.t.fl == nil:
+		return b.r.Read(p)
+	case !b.drained && !b.chunked:
 		// At most a buffer's worth: what the buffer holds, or, empty,
 		// a read straight from the socket that leaves it empty.
 		b.drained = true
-		return b.count(b.r.Read(p[:min(len(p), readBuffer)]))
-	}
-	if !b.chunked { // a chunked body may wait in fasthttp's buffer: no socket to wait on
-		if !b.bounded && !b.t.readOut {
-			// The request's deadline comes before the read timeout
-			// fasthttp set: a body still arriving then is late for it.
-			// fasthttp sets the connection's next deadline itself.
-			b.bounded = true
-			b.conn.SetReadDeadline(b.t.deadline)
-		}
+		return b.r.Read(p[:min(len(p), readBuffer)])
+	case !b.chunked: // a chunked body may wait in fasthttp's buffer: no socket to wait on
 		if err := ioshare.WaitReadable(b.conn); err != nil {
-			if timedOut(err) && !b.t.readOut {
-				return 0, errdefs.New(errdefs.KindTimeout, err, "the request's deadline passed while its body was still arriving")
-			}
 			return 0, err
 		}
 	}
-	return b.count(b.t.move(b.chunked || !ioshare.Waitable(b.conn), func(piece int) (int, error) {
+	return b.t.move(b.chunked || !ioshare.Waitable(b.conn), func(piece int) (int, error) {
 		return b.r.Read(p[:min(len(p), piece)])
-	}))
+	})
 }
 
 func (b *bodyReader) count(n int, err error) (int, error) {
