@@ -170,9 +170,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 		buf = (*keep)[:0]
 	}
 	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preReadOf(ctx))}
+	defer r.release() // deferred: a panic in a read must not keep the budget for good
 	b, err := r.readAll(buf, limit.n, cl)
 	if err != nil {
-		s.releaseBody(r.held)
 		ctx.SetConnectionClose() // the rest of the body is unread
 		// Before Invoke, whatever its status (a 503 for no room, a 504 at
 		// the deadline): the engine never saw the request.
@@ -182,7 +182,16 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 	if keep != nil && cap(b) <= keptBody {
 		*keep = b[:0]
 	}
+	r.handed = true
 	return b, r.held, nil
+}
+
+// release gives back the budget held for the body's bytes unless they
+// were handed to the caller, who releases it.
+func (b *bodyReader) release() {
+	if !b.handed {
+		b.s.releaseBody(b.held)
+	}
 }
 
 // bodyError is what a client is told of err, which ended the reading of
@@ -254,6 +263,7 @@ type bodyReader struct {
 	s      *Server
 	r      io.Reader
 	held   int64
+	handed bool          // held is the caller's to release
 	waited time.Duration // for the budget so far, over all its windows
 
 	t       turns
