@@ -170,9 +170,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 		buf = (*keep)[:0]
 	}
 	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preReadOf(ctx))}
+	defer r.release() // deferred: a panic in a read must not keep the budget for good
 	b, err := r.readAll(buf, limit.n, cl)
 	if err != nil {
-		s.releaseBody(r.held)
 		ctx.SetConnectionClose() // the rest of the body is unread
 		// Before Invoke, whatever its status (a 503 for no room, a 504 at
 		// the deadline): the engine never saw the request.
@@ -182,7 +182,16 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 	if keep != nil && cap(b) <= keptBody {
 		*keep = b[:0]
 	}
+	r.handed = true
 	return b, r.held, nil
+}
+
+// release gives back the budget held for the body's bytes unless they
+// were handed to the caller, who releases it.
+func (b *bodyReader) release() {
+	if !b.handed {
+		b.s.releaseBody(b.held)
+	}
 }
 
 // bodyError is what a client is told of err, which ended the reading of
@@ -254,6 +263,7 @@ type bodyReader struct {
 	s      *Server
 	r      io.Reader
 	held   int64
+	handed bool          // held is the caller's to release
 	waited time.Duration // for the budget so far, over all its windows
 
 	t       turns
@@ -262,7 +272,7 @@ type bodyReader struct {
 	pre     int  // the body's bytes fasthttp read with the headers (preReadOf at most)
 	read    int  // bytes read so far
 	drained bool // fasthttp's read buffer is known empty
-	bounded bool // the connection's read deadline is the request's
+	bounded bool // the connection's read deadline is the request's (bound)
 }
 
 // readPiece reads into p. fasthttp read the body's first bytes with the
@@ -271,34 +281,56 @@ type bodyReader struct {
 // them, with turns, each read is a piece: its socket waited for until it
 // has bytes, holding no turn, then read in turn, so that a client that
 // trickles holds no turn, and one that sends fast waits for its share.
+// Every read past the pre-read, whichever way it goes, is bounded by the
+// request's deadline (bound), and one it cuts is the deadline's 504.
 func (b *bodyReader) readPiece(p []byte) (int, error) {
-	if b.t.fl == nil || b.read < b.pre {
+	if b.read < b.pre {
 		return b.count(b.r.Read(p))
 	}
-	if !b.drained && !b.chunked {
+	b.bound()
+	n, err := b.readPast(p)
+	if b.bounded && timedOut(err) {
+		err = errdefs.New(errdefs.KindTimeout, err, "the request's deadline (X-Plover-Timeout-Ms, or the server's --timeout) passed while its body was still arriving, after %d bytes", b.read+n)
+	}
+	return b.count(n, err)
+}
+
+// bound sets the request's deadline on the connection before its first
+// read past what fasthttp read with the headers: the read timeout
+// fasthttp set bounds those reads otherwise, and a body that stops (at
+// the pre-read's end, in a chunk, under TLS) would wait for it, holding
+// its budget and, in turn, its I/O turn. Where the read timeout comes
+// first (readOut) fasthttp's deadline stands. fasthttp sets the
+// connection's deadline anew for its next request, and a body cut here
+// closes the connection (readBody), its unread bytes no request.
+func (b *bodyReader) bound() {
+	if b.bounded || b.t.readOut || b.t.deadline.IsZero() || b.conn == nil {
+		return
+	}
+	b.bounded = true
+	b.conn.SetReadDeadline(b.t.deadline)
+}
+
+// readPast is a read past the pre-read: straight from the stream without
+// turns; with them, first a read that drains fasthttp's buffer, then each
+// a piece in turn.
+func (b *bodyReader) readPast(p []byte) (int, error) {
+	switch {
+	case b.t.fl == nil:
+		return b.r.Read(p)
+	case !b.drained && !b.chunked:
 		// At most a buffer's worth: what the buffer holds, or, empty,
 		// a read straight from the socket that leaves it empty.
 		b.drained = true
-		return b.count(b.r.Read(p[:min(len(p), readBuffer)]))
-	}
-	if !b.chunked { // a chunked body may wait in fasthttp's buffer: no socket to wait on
-		if !b.bounded && !b.t.readOut {
-			// The request's deadline comes before the read timeout
-			// fasthttp set: a body still arriving then is late for it.
-			// fasthttp sets the connection's next deadline itself.
-			b.bounded = true
-			b.conn.SetReadDeadline(b.t.deadline)
-		}
+		return b.r.Read(p[:min(len(p), readBuffer)])
+	case !b.chunked: // a chunked body may wait in fasthttp's buffer: no socket to wait on
 		if err := ioshare.WaitReadable(b.conn); err != nil {
-			if timedOut(err) && !b.t.readOut {
-				return 0, errdefs.New(errdefs.KindTimeout, err, "the request's deadline passed while its body was still arriving")
-			}
 			return 0, err
 		}
 	}
-	return b.count(b.t.move(b.chunked || !ioshare.Waitable(b.conn), func(piece int) (int, error) {
+	return b.t.move(b.chunked || !ioshare.Waitable(b.conn), func(piece int) (int, error) {
 		return b.r.Read(p[:min(len(p), piece)])
-	}))
+	})
 }
 
 func (b *bodyReader) count(n int, err error) (int, error) {

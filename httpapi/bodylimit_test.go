@@ -381,29 +381,87 @@ func TestJSONTimeoutMs(t *testing.T) {
 }
 
 // A body still arriving when its request's deadline passes is answered
-// then (504), not at the read timeout: a client that sent 16 KiB of a
-// 1 MiB body and stopped, with a 300 ms deadline against a minute's read
-// timeout.
+// then (504, naming the deadline), not at the read timeout (408), and its
+// connection closed (its unread bytes are no request): a client that stops
+// sending with a 300 ms deadline against a 4 s read timeout, wherever it
+// stops. Right where fasthttp's 8 KiB pre-read ends, at once after 100
+// Continue (no pre-read) and in a chunked body, the first read past the pre-read
+// waited under the read timeout alone (408 at 4 s); over TLS, whose
+// socket cannot be waited on, the deadline cut the read in the turn and
+// was answered as the read timeout (408 at 300 ms).
 func TestBodyLateForItsDeadline(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("echo")
 	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	addr := strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{ReadTimeout: time.Minute}), "http://")
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+	const readTimeout = 4 * time.Second
+	opts := httpapi.Options{ReadTimeout: readTimeout}
+	plain := strings.TrimPrefix(testkit.Serve(t, e, opts), "http://")
+	secure := serveTLS(t, e, opts)
+	const head = "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 300\r\n"
+	sized := func(n int) string { return head + "Content-Length: 1048576\r\n\r\n" + strings.Repeat("t", n) }
+	for _, c := range []struct {
+		name   string
+		tls    bool
+		send   string // written at once
+		expect bool   // send is written after a 100 Continue to headers that asked for it
+	}{
+		{name: "16 KiB of 1 MiB", send: sized(16 << 10)},
+		{name: "stopped where the pre-read ends", send: sized(8 << 10)},
+		{name: "chunked", send: head + "Transfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\r\n%s\r\n", 16<<10, strings.Repeat("t", 16<<10))},
+		{name: "nothing after 100 Continue", expect: true},
+		{name: "over TLS", tls: true, send: sized(16 << 10)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var conn net.Conn
+			if c.tls {
+				conn = dialTLS(t, secure)
+			} else {
+				conn = dialExpect(t, plain).c
+			}
+			ec := &expectConn{t: t, c: conn, br: bufio.NewReader(conn)}
+			start := time.Now()
+			if c.expect {
+				if resp, got := ec.ask("/v1/functions/echo/invoke", "X-Plover-Timeout-Ms: 300\r\n", 1<<20); resp.StatusCode != 100 {
+					t.Fatalf("%d %s, want 100 Continue", resp.StatusCode, got)
+				}
+			}
+			if _, err := io.WriteString(conn, c.send); err != nil {
+				t.Fatal(err)
+			}
+			resp, body := ec.read()
+			took := time.Since(start)
+			t.Logf("%d after %v: %.200s", resp.StatusCode, took.Round(time.Millisecond), body)
+			if resp.StatusCode != 504 || !strings.Contains(body, "deadline") || took > readTimeout/2 {
+				t.Fatalf("%d after %v: %.200s; want 504 naming the 300 ms deadline, well before the %v read timeout",
+					resp.StatusCode, took.Round(time.Millisecond), body, readTimeout)
+			}
+			if !ec.closed() {
+				t.Fatal("the connection stays open after a body cut short: its unread bytes would be parsed as a request")
+			}
+		})
 	}
-	defer c.Close()
+}
+
+// The request's deadline set on the connection for its body is not the
+// next request's: fasthttp sets its own read deadline for each request on
+// a kept-alive connection. A chunked body (bounded from its first byte) with
+// a 300 ms deadline, answered, then a second request on the connection
+// once that deadline has passed: answered too.
+func TestBodyDeadlineIsNotTheNextRequests(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	ec := dialExpect(t, strings.TrimPrefix(testkit.Serve(t, e, httpapi.Options{ReadTimeout: 4 * time.Second}), "http://"))
+	const head = "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 300\r\nTransfer-Encoding: chunked\r\n\r\n"
 	start := time.Now()
-	fmt.Fprintf(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 300\r\nContent-Length: %d\r\n\r\n%s", 1<<20, strings.Repeat("t", 16<<10))
-	c.SetReadDeadline(time.Now().Add(20 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("no answer after %v: %v", time.Since(start), err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	if took := time.Since(start); resp.StatusCode != 504 || took > 10*time.Second {
-		t.Fatalf("%d after %v: %.200s; want 504 at the 300 ms deadline", resp.StatusCode, took.Round(time.Millisecond), body)
+	for i := 0; i < 2; i++ {
+		if _, err := io.WriteString(ec.c, head+"5\r\nhello\r\n0\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		if resp, body := ec.read(); resp.StatusCode != 200 || !strings.HasPrefix(body, "hello") || resp.Close {
+			t.Fatalf("request %d: %d %.40q (close %v), want 200 echoing its body on a kept-alive connection", i, resp.StatusCode, body, resp.Close)
+		}
+		// Not synchronisation: the scenario is the first deadline past.
+		time.Sleep(time.Until(start.Add(500 * time.Millisecond)))
 	}
 }

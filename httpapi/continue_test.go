@@ -42,6 +42,36 @@ func dialExpect(t *testing.T, addr string) *expectConn {
 	return &expectConn{t: t, c: c, br: bufio.NewReader(c)}
 }
 
+// serveTLS serves the HTTP API for e over TLS (a self-signed
+// certificate) on a free loopback port until the test ends, and returns
+// its address.
+func serveTLS(t *testing.T, e *engine.Engine, opts httpapi.Options) string {
+	t.Helper()
+	srv := httpapi.New(testkit.Door(e, nil, nil), e.Control(), opts)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(tls.NewListener(raw, selfsigned.Config(t)))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return raw.Addr().String()
+}
+
+// dialTLS connects to serveTLS's addr, closed when the test ends.
+func dialTLS(t *testing.T, addr string) *tls.Conn {
+	t.Helper()
+	tc, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tc.Close() })
+	return tc
+}
+
 // ask sends the request line and headers (headers: extra lines, each
 // ending in \r\n) announcing a body of n bytes, and reads what the server
 // answers before any byte of the body: a 100 Continue or a final response
@@ -411,22 +441,7 @@ func TestExpectContinuePipelined(t *testing.T) {
 func TestExpectContinueOverTLS(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
-	srv := httpapi.New(testkit.Door(e, nil, nil), e.Control(), httpapi.Options{})
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(tls.NewListener(raw, selfsigned.Config(t)))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	tc, err := tls.Dial("tcp", raw.Addr().String(), &tls.Config{InsecureSkipVerify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tc.Close() })
+	tc := dialTLS(t, serveTLS(t, e, httpapi.Options{}))
 	c := &expectConn{t: t, c: tc, br: bufio.NewReader(tc)}
 	body := strings.Repeat("s", 20000)
 	for i := 0; i < 3; i++ {

@@ -17,6 +17,7 @@ import (
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/reqmetrics"
 )
 
@@ -69,6 +70,53 @@ func TestPanickedRawInvokeDiscardsItsSlot(t *testing.T) {
 	}()
 	if land.released != 0 || land.discarded != 1 {
 		t.Fatalf("the panicked request's slot: released %d times, discarded %d; want discarded once", land.released, land.discarded)
+	}
+}
+
+// panicReader is a body whose read panics (a bug while a piece moves).
+type panicReader struct{}
+
+func (panicReader) Read([]byte) (int, error) { panic("a bug while reading a body piece") }
+
+// A panic while a body is read gives back the body budget its read window
+// held and, for a raw invoke, releases the slot it was lent for the body
+// (no worker has it yet). Before the fix both were given back only on
+// readBody's error return: the slot stayed lent (released 0, discarded 0),
+// 32 such panics filling a program's pool, and --max-body-memory shrank by
+// a window with every panic, on every route that reads a body.
+func TestPanicInReadingABodyGivesBackItsSlotAndBudget(t *testing.T) {
+	for _, c := range []struct {
+		name, route, ct string
+		slot            bool // the route lends the body a slot
+	}{
+		{"raw invoke", "/v1/functions/f/invoke", "application/octet-stream", true},
+		{"JSON invoke", "/v1/functions/f/invoke", "application/json", false},
+		{"v2 infer", "/v2/models/f/infer", "application/json", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			land := &landing{}
+			budget := netguard.NewBudget(1 << 20)
+			srv := httpapi.New(frontdoor.New(frontdoor.Config{Runner: landRunner{land: land}}), nil, httpapi.Options{BodyBudget: budget})
+			var ctx fasthttp.RequestCtx
+			ctx.Request.Header.SetMethod("POST")
+			ctx.Request.SetRequestURI(c.route)
+			ctx.Request.Header.SetContentType(c.ct)
+			ctx.Request.SetBodyStream(panicReader{}, 100)
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Fatal("the body's read did not panic")
+					}
+				}()
+				srv.Handle(&ctx) // in process: no recovery around it
+			}()
+			if want := map[bool]int{true: 1}[c.slot]; land.released != want || land.discarded != 0 {
+				t.Errorf("the slot lent for the body: released %d times, discarded %d; want released %d times", land.released, land.discarded, want)
+			}
+			if n := budget.InUse(); n != 0 {
+				t.Errorf("body budget still held after the request: %d bytes, want 0", n)
+			}
+		})
 	}
 }
 

@@ -534,12 +534,22 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 		landed = land.Input()[:0]
 		dst = &landed
 	}
+	// Until the run has the slot, no worker does: an error or a panic
+	// (recovered above: a 500) releases it. A panic in the run leaves it
+	// to a worker that may still write into it: discarded, never lent
+	// again, its memory going once its worker is done with it.
+	lent, ran := land, false
+	defer func() {
+		switch {
+		case lent != nil && ran:
+			lent.Discard()
+		case lent != nil:
+			lent.Release()
+		}
+	}()
 	tn := s.turnsOf(fn, &c.req)
 	body, held, err := s.readBody(ctx, limit, dst, tn)
 	if err != nil {
-		if land != nil {
-			land.Release()
-		}
 		return err
 	}
 	defer s.releaseBody(held)
@@ -557,20 +567,12 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	c.req.Input, c.req.Landing = body, land
 	buf := ctx.Response.SwapBody(nil)[:0]
 	c.req.Output = buf
-	// A panic in the run (recovered above: a 500) leaves the slot to a
-	// worker that may still write into it: discarded, never lent again,
-	// its memory going once its worker is done with it.
-	running := land
-	defer func() {
-		if running != nil {
-			running.Discard()
-		}
-	}()
 	// Not ctx: fasthttp closes its Done at the start of a graceful
 	// shutdown, and queued requests are meant to drain then. The
 	// request's own deadline bounds it.
+	ran = true
 	err = s.door.Invoke(context.Background(), fn, &c.req)
-	running = nil
+	lent = nil // released or answered from below
 	out := c.req.Output
 	c.req.Copied += copied
 	switch {
