@@ -48,10 +48,12 @@ func (c Containment) String() string {
 // initReady is how long a namespace's init may take to say it is ready.
 const initReady = 10 * time.Second
 
-// maxStrayRounds bounds how many generations of strays one look kills in
-// turn (each round's children, started before their parent's death, are
-// the server's in the next).
-const maxStrayRounds = 100
+// strayTime bounds one look for strays. It kills them a generation a
+// round (each round's children, started before their parent's death, are
+// the server's in the next) until a round finds none: a count of rounds
+// left the rest of a deeper chain running (a worker's pid bound allows
+// hundreds). The time only stops a look that never ends.
+const strayTime = 10 * time.Second
 
 // strayLook is how often Tree.Release looks for strays while it waits
 // for a namespace's init to end.
@@ -393,7 +395,7 @@ func endStrays() {
 func killStrays() {
 	self := os.Getpid()
 	tellable := !noNewPrivs(self)
-	for range maxStrayRounds {
+	for end := time.Now().Add(strayTime); time.Now().Before(end); {
 		var strays []int
 		ours.Lock()
 		for _, c := range childrenOf(self) {
