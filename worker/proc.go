@@ -379,9 +379,11 @@ func (p *proc) wait(cmd *exec.Cmd) {
 		p.during = p.calling
 	}
 	p.mu.Unlock()
+	// What it started ends with it, a daemon that left its group and
+	// session included (contain.Containment), before the reap frees its
+	// pid (Tree.End).
+	p.tree.End()
 	err := cmd.Wait()
-	// What it started ends with it: a daemon that left its group and
-	// session included (contain.Containment).
 	p.tree.Release()
 	p.readMark()
 	// Its last lines (a crash's message) are passed on before it is

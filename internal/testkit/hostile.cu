@@ -395,6 +395,34 @@ PLOVER_ENTRY(spawn_spinner) {
   put(s, "spawned");
 }
 
+// watch_reap: leaves a process (in a session of its own) that spins until
+// its worker's pid is free (reaped: kill() says ESRCH; a zombie still
+// holds it), then says so on stdout: the pid could be another process's
+// by then, which the seccomp reach filter would let it set limits on.
+// Writes "watching" once that process runs.
+PLOVER_ENTRY(watch_reap) {
+  (void)grid; (void)block;
+  pid_t worker = getpid();
+  int ready[2];
+  if (pipe(ready) != 0) { plover_fail(s, "watch_reap: pipe failed"); return; }
+  pid_t c = fork();
+  if (c < 0) { plover_fail(s, "watch_reap: fork failed"); return; }
+  if (c == 0) {
+    setsid();
+    close(ready[0]);
+    close(ready[1]);
+    while (kill(worker, 0) == 0 || errno != ESRCH) {}
+    printf("watch_reap: worker %ld reaped while its stray ran\n", (long)worker);
+    fflush(stdout);
+    _exit(0);
+  }
+  close(ready[1]);
+  char b;
+  while (read(ready[0], &b, 1) < 0 && errno == EINTR) {}
+  close(ready[0]);
+  put(s, "watching");
+}
+
 // helpers: computes on 4 threads of its own, 20 ms of CPU each, joins them
 // and echoes the input: the calling thread does almost none of the work.
 static void *burn_20ms(void *arg) {

@@ -319,6 +319,24 @@ func (t *Tree) Kill() {
 	}
 }
 
+// End ends what the process left, once it exited and before the caller
+// reaps it: with PIDNamespace it kills the namespace's init (the kernel
+// then kills every process left in the namespace); with Subreaper it ends
+// the strays (Contain), and returns once they are gone. The process's
+// zombie holds its pid and process group until then: the seccomp reach
+// filter lets what it started set limits and nice levels on it by those
+// numbers, which must not be another process's while one of them runs.
+// Release remains to be called after the reap.
+func (t *Tree) End() {
+	if t == nil {
+		return
+	}
+	t.Kill()
+	if t.s.Containment() == Subreaper {
+		lookForStrays()
+	}
+}
+
 // Release ends what the process left, once the caller reaped it: with
 // PIDNamespace it kills the namespace's init (the kernel then kills every
 // process left in the namespace) and reaps it; with Subreaper it ends the

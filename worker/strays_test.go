@@ -1,0 +1,87 @@
+package worker
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// lockedBuffer is an io.Writer that Options.Output's goroutines may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// subreaperEnv, set, has a test run as a subreaper server: Contain makes
+// the process one for good, so such a test re-runs itself in a child.
+const subreaperEnv = "PLOVER_TEST_SUBREAPER"
+
+// inSubreaperChild runs the calling test again in a child process with
+// subreaperEnv set and reports false, or reports true in that child.
+func inSubreaperChild(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(subreaperEnv) != "" {
+		return true
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), subreaperEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS") {
+		t.Errorf("as a subreaper server: %v\n%s", err, out)
+	}
+	return false
+}
+
+// A worker's pid (and process group) stays held, its zombie unreaped,
+// until every process it left is gone: the seccomp reach filter lets
+// those set limits on their worker by its pid, which must not be another
+// process's by then. Before, the worker was reaped first and its strays
+// ended after; a stray spinning on kill(worker, 0) saw ESRCH.
+func TestAWorkersPidIsHeldUntilWhatItLeftIsGone(t *testing.T) {
+	if !inSubreaperChild(t) {
+		return
+	}
+	sp := contain.NewSpawner()
+	if c, err := sp.Contain(false); c != contain.Subreaper {
+		t.Fatalf("containment %v: %v", c, err)
+	}
+	var out lockedBuffer
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: sp, Output: &out})
+	t.Cleanup(func() { d.Close() })
+	// The stray sees a free pid only if it runs in the moment between
+	// the reap and its own end: a few workers, so that it is seen.
+	for range 3 {
+		p, m := loadHostile(t, d, "watch_reap")
+		in, r := newInst(t, p, m), oneStep(t, p, m, "watch_reap")
+		if err := in.Run(r); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(r.Output[:8]); got != "watching" {
+			t.Fatalf("watch_reap wrote %q", got)
+		}
+		w := p.(*program).p
+		w.kill("the test")
+		<-w.done
+		if said := out.String(); strings.Contains(said, "reaped while its stray ran") {
+			t.Fatalf("the worker's pid was free while what it left ran: %s", said)
+		}
+	}
+}
