@@ -2,10 +2,12 @@ package worker
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/plover-run/plover/device"
@@ -69,19 +71,50 @@ func TestAWorkersPidIsHeldUntilWhatItLeftIsGone(t *testing.T) {
 	// The stray sees a free pid only if it runs in the moment between
 	// the reap and its own end: a few workers, so that it is seen.
 	for range 3 {
-		p, m := loadHostile(t, d, "watch_reap")
-		in, r := newInst(t, p, m), oneStep(t, p, m, "watch_reap")
-		if err := in.Run(r); err != nil {
-			t.Fatal(err)
-		}
-		if got := string(r.Output[:8]); got != "watching" {
-			t.Fatalf("watch_reap wrote %q", got)
-		}
-		w := p.(*program).p
-		w.kill("the test")
-		<-w.done
+		watchReap(t, d)
 		if said := out.String(); strings.Contains(said, "reaped while its stray ran") {
 			t.Fatalf("the worker's pid was free while what it left ran: %s", said)
 		}
 	}
+}
+
+// A worker's cgroup ends what it left (all at once, before the reap),
+// whatever the Spawner's containment: with process groups alone, a
+// process in a session of its own outlived its worker before.
+func TestWhatAWorkerLeftInItsCgroupEndsBeforeItsReap(t *testing.T) {
+	g := NewPidGroups(cgroupRoot, 64, 0, nil, nil)
+	if m := g.Mechanism(); m != "cgroup v1" {
+		t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+	}
+	t.Cleanup(g.Close)
+	var out lockedBuffer
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Pids: g, Output: &out})
+	t.Cleanup(func() { d.Close() })
+	stray := watchReap(t, d)
+	if f, err := statFields(fmt.Sprintf("/proc/%d/stat", stray)); err == nil && f[0] != "Z" {
+		syscall.Kill(stray, syscall.SIGKILL)
+		t.Fatalf("process %d, which the worker left, runs after its reap (%s)", stray, out.String())
+	}
+	if said := out.String(); strings.Contains(said, "reaped while its stray ran") {
+		t.Errorf("the worker's pid was free while what it left ran: %s", said)
+	}
+}
+
+// watchReap runs the hostile watch_reap in a worker of d, kills the worker
+// and returns, once it is reaped, the pid of the process it left.
+func watchReap(t *testing.T, d *Device) int {
+	t.Helper()
+	p, m := loadHostile(t, d, "watch_reap")
+	in, r := newInst(t, p, m), oneStep(t, p, m, "watch_reap")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	var stray int
+	if _, err := fmt.Sscanf(string(r.Output), "watching %d", &stray); err != nil {
+		t.Fatalf("watch_reap wrote %q: %v", r.Output[:16], err)
+	}
+	w := p.(*program).p
+	w.kill("the test")
+	<-w.done
+	return stray
 }

@@ -397,9 +397,9 @@ PLOVER_ENTRY(spawn_spinner) {
 
 // watch_reap: leaves a process (in a session of its own) that spins until
 // its worker's pid is free (reaped: kill() says ESRCH; a zombie still
-// holds it), then says so on stdout: the pid could be another process's
-// by then, which the seccomp reach filter would let it set limits on.
-// Writes "watching" once that process runs.
+// holds it), then says so on stdout, and stays: the pid could be another
+// process's by then, which the seccomp reach filter would let it set
+// limits on. Writes "watching PID" (that process's) once it runs.
 PLOVER_ENTRY(watch_reap) {
   (void)grid; (void)block;
   pid_t worker = getpid();
@@ -414,13 +414,15 @@ PLOVER_ENTRY(watch_reap) {
     while (kill(worker, 0) == 0 || errno != ESRCH) {}
     printf("watch_reap: worker %ld reaped while its stray ran\n", (long)worker);
     fflush(stdout);
-    _exit(0);
+    for (;;) pause();
   }
   close(ready[1]);
   char b;
   while (read(ready[0], &b, 1) < 0 && errno == EINTR) {}
   close(ready[0]);
-  put(s, "watching");
+  char msg[64];
+  snprintf(msg, sizeof msg, "watching %ld", (long)c); // as its namespace numbers it
+  put(s, msg);
 }
 
 // helpers: computes on 4 threads of its own, 20 ms of CPU each, joins them
