@@ -118,3 +118,29 @@ func watchReap(t *testing.T, d *Device) int {
 	<-w.done
 	return stray
 }
+
+// A worker's process cannot make a child of the server's (clone with
+// CLONE_PARENT): outside its worker's tree, such a child kept the nice
+// level it was made at (a light boost's) and its CPU was not counted in
+// its worker's, which kept the boost. Before, the clone succeeded.
+func TestAWorkerCannotMakeTheServersChild(t *testing.T) {
+	d := newDevice(t, 0)
+	p, m := loadHostile(t, d, "clone_parent")
+	in, r := newInst(t, p, m), oneStep(t, p, m, "clone_parent")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	said := string(bytes.TrimRight(r.Output, "\x00"))
+	var child int
+	if _, err := fmt.Sscanf(said, "clone_parent: child %d", &child); err == nil {
+		syscall.Kill(child, syscall.SIGKILL)
+		var ws syscall.WaitStatus
+		syscall.Wait4(child, &ws, 0, nil)
+	}
+	if d.filterLogged.Load() {
+		t.Skip("this kernel has no seccomp filters")
+	}
+	if said != "clone_parent: refused EPERM" {
+		t.Errorf("the worker's clone(CLONE_PARENT): %q, want it refused", said)
+	}
+}

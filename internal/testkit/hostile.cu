@@ -425,6 +425,25 @@ PLOVER_ENTRY(watch_reap) {
   put(s, msg);
 }
 
+// clone_parent: makes a child that waits forever with clone(CLONE_PARENT),
+// so that it would be the server's, out of its worker's tree; writes
+// "clone_parent: refused E..." or "clone_parent: child PID".
+static char clone_parent_stack[1 << 16];
+static int clone_parent_wait(void *arg) {
+  (void)arg;
+  for (;;) pause();
+  return 0;
+}
+
+PLOVER_ENTRY(clone_parent) {
+  (void)grid; (void)block;
+  char msg[64];
+  int c = clone(clone_parent_wait, clone_parent_stack + sizeof clone_parent_stack, CLONE_PARENT, NULL);
+  if (c < 0) snprintf(msg, sizeof msg, "clone_parent: refused %s", errno == EPERM ? "EPERM" : strerror(errno));
+  else snprintf(msg, sizeof msg, "clone_parent: child %d", c);
+  put(s, msg);
+}
+
 // helpers: computes on 4 threads of its own, 20 ms of CPU each, joins them
 // and echoes the input: the calling thread does almost none of the work.
 static void *burn_20ms(void *arg) {
