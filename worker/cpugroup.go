@@ -270,7 +270,11 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 		}
 	} else {
 		c.dir = filepath.Join(g.dir, strconv.Itoa(pid))
-		if err := g.writeGroup(c.dir, pid, g.value(w)); err != nil {
+		err := makeGroup(c.dir)
+		if err == nil {
+			err = g.writeGroup(c.dir, pid, g.value(w))
+		}
+		if err != nil {
 			os.Remove(c.dir)
 			if !errors.Is(err, syscall.ESRCH) {
 				g.fail(err, "cannot place a worker in a cgroup", "pid", pid)
@@ -437,6 +441,15 @@ func (c *Group) Exited() {
 	c.g.mu.Lock()
 	delete(c.g.live, c)
 	c.g.mu.Unlock()
+}
+
+// Empty kills every process left in the group (none with nice levels),
+// once its process exited, and returns once they are gone (emptyGroup).
+func (c *Group) Empty() error {
+	if c == nil || c.dir == "" {
+		return nil
+	}
+	return emptyGroup(c.dir)
 }
 
 // Remove removes the group once its process has exited. An empty group

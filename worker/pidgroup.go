@@ -178,8 +178,8 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 		return nil, syscall.ESRCH // the CPU groups found it gone
 	}
 	dir := filepath.Join(g.dir, strconv.Itoa(pid))
-	err := os.Mkdir(dir, 0o755)
-	if err == nil || errors.Is(err, os.ErrExist) {
+	err := makeGroup(dir)
+	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "pids.max"), max, 0o644)
 	}
 	if err == nil {
@@ -277,6 +277,15 @@ func (g *PidGroups) Close() {
 
 // PidGroup is one worker's pids group of its own (cgroup v1).
 type PidGroup struct{ dir string }
+
+// Empty kills every process left in the group, once its process exited,
+// and returns once they are gone (emptyGroup).
+func (c *PidGroup) Empty() error {
+	if c == nil {
+		return nil
+	}
+	return emptyGroup(c.dir)
+}
 
 // Remove removes the group once its process has exited. One still holding
 // a process (a child not yet reaped) is left for Close or the next

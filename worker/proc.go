@@ -378,10 +378,19 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	case p.ctlBusy:
 		p.during = p.calling
 	}
+	cg, pg := p.cgroup, p.pids
 	p.mu.Unlock()
+	// What it started ends with it, a daemon that left its group and
+	// session included, before the reap frees its pid (Tree.End): all
+	// of it at once through its cgroups where it has them, and through
+	// its tree (contain.Containment), which also reaps it.
+	for _, err := range []error{cg.Empty(), pg.Empty()} {
+		if err != nil {
+			p.d.opts.Log.Warn("a dead worker's processes", "pid", p.pid, "error", err)
+		}
+	}
+	p.tree.End()
 	err := cmd.Wait()
-	// What it started ends with it: a daemon that left its group and
-	// session included (contain.Containment).
 	p.tree.Release()
 	p.readMark()
 	// Its last lines (a crash's message) are passed on before it is
@@ -393,7 +402,6 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.stagers.Wait() // exited is set: no new one begins (inStage)
 	os.RemoveAll(p.stage)
 	p.mu.Lock()
-	cg, pg := p.cgroup, p.pids
 	p.cgroup, p.pids = nil, nil
 	p.mu.Unlock()
 	cg.Remove()

@@ -395,6 +395,55 @@ PLOVER_ENTRY(spawn_spinner) {
   put(s, "spawned");
 }
 
+// watch_reap: leaves a process (in a session of its own) that spins until
+// its worker's pid is free (reaped: kill() says ESRCH; a zombie still
+// holds it), then says so on stdout, and stays: the pid could be another
+// process's by then, which the seccomp reach filter would let it set
+// limits on. Writes "watching PID" (that process's) once it runs.
+PLOVER_ENTRY(watch_reap) {
+  (void)grid; (void)block;
+  pid_t worker = getpid();
+  int ready[2];
+  if (pipe(ready) != 0) { plover_fail(s, "watch_reap: pipe failed"); return; }
+  pid_t c = fork();
+  if (c < 0) { plover_fail(s, "watch_reap: fork failed"); return; }
+  if (c == 0) {
+    setsid();
+    close(ready[0]);
+    close(ready[1]);
+    while (kill(worker, 0) == 0 || errno != ESRCH) {}
+    printf("watch_reap: worker %ld reaped while its stray ran\n", (long)worker);
+    fflush(stdout);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char b;
+  while (read(ready[0], &b, 1) < 0 && errno == EINTR) {}
+  close(ready[0]);
+  char msg[64];
+  snprintf(msg, sizeof msg, "watching %ld", (long)c); // as its namespace numbers it
+  put(s, msg);
+}
+
+// clone_parent: makes a child that waits forever with clone(CLONE_PARENT),
+// so that it would be the server's, out of its worker's tree; writes
+// "clone_parent: refused E..." or "clone_parent: child PID".
+static char clone_parent_stack[1 << 16];
+static int clone_parent_wait(void *arg) {
+  (void)arg;
+  for (;;) pause();
+  return 0;
+}
+
+PLOVER_ENTRY(clone_parent) {
+  (void)grid; (void)block;
+  char msg[64];
+  int c = clone(clone_parent_wait, clone_parent_stack + sizeof clone_parent_stack, CLONE_PARENT, NULL);
+  if (c < 0) snprintf(msg, sizeof msg, "clone_parent: refused %s", errno == EPERM ? "EPERM" : strerror(errno));
+  else snprintf(msg, sizeof msg, "clone_parent: child %d", c);
+  put(s, msg);
+}
+
 // helpers: computes on 4 threads of its own, 20 ms of CPU each, joins them
 // and echoes the input: the calling thread does almost none of the work.
 static void *burn_20ms(void *arg) {

@@ -181,9 +181,18 @@ func Enter(p Policy) error {
 
 	// A worker may not take its own nice level below the one the server
 	// gives it (its CPU weight): an RLIMIT_NICE above 0 would let it. The
-	// server renices it by CAP_SYS_NICE, not by this limit.
-	if err := unix.Setrlimit(unix.RLIMIT_NICE, &unix.Rlimit{}); err != nil {
-		return fmt.Errorf("contain: enter: setrlimit(RLIMIT_NICE, 0): %w", err)
+	// server renices it by CAP_SYS_NICE, not by this limit. Nor may it
+	// put its threads in a real-time class (SCHED_FIFO, SCHED_RR), above
+	// every CFS thread and whatever weight it has, the server's included:
+	// an RLIMIT_RTPRIO above 0, inherited from the server (a systemd
+	// unit's LimitRTPRIO, limits.conf's rtprio), would let it.
+	for _, r := range []struct {
+		res  int
+		name string
+	}{{unix.RLIMIT_NICE, "RLIMIT_NICE"}, {unix.RLIMIT_RTPRIO, "RLIMIT_RTPRIO"}} {
+		if err := unix.Setrlimit(r.res, &unix.Rlimit{}); err != nil {
+			return fmt.Errorf("contain: enter: setrlimit(%s, 0): %w", r.name, err)
+		}
 	}
 
 	if err := allThreadsPrctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,6 +31,7 @@ type enterReport struct {
 	MainTID      int
 	CTID         int
 	Checks       map[string]string
+	RTPrioRaised bool // RLIMIT_RTPRIO was raised above 0 before Enter
 	Applied      bool
 	LandlockTest bool
 	// EarlyBnd is the main thread's bounding set before Enter: empty
@@ -105,6 +107,9 @@ func childEnterDrop() {
 		die("%v", err)
 	}
 
+	// As a systemd unit's LimitRTPRIO or limits.conf's rtprio would give
+	// the server, where this may raise it (CAP_SYS_RESOURCE).
+	rep.RTPrioRaised = unix.Setrlimit(unix.RLIMIT_RTPRIO, &unix.Rlimit{Cur: 10, Max: 10}) == nil
 	if err := Enter(Policy{Drop: &Identity{UID: nobody, GID: nobody}, ParentPID: os.Getppid()}); err != nil {
 		rep.Err = err.Error()
 		report(rep)
@@ -117,6 +122,15 @@ func childEnterDrop() {
 	var nice unix.Rlimit
 	unix.Getrlimit(unix.RLIMIT_NICE, &nice)
 	rep.Checks["rlimit-nice"] = fmt.Sprintf("%d %d", nice.Cur, nice.Max)
+	var rt unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_RTPRIO, &rt)
+	rep.Checks["rlimit-rtprio"] = fmt.Sprintf("%d %d", rt.Cur, rt.Max)
+	prio := int32(1)
+	_, _, e := unix.RawSyscall(unix.SYS_SCHED_SETSCHEDULER, 0, 1 /* SCHED_FIFO */, uintptr(unsafe.Pointer(&prio)))
+	rep.Checks["sched-fifo"] = "ok"
+	if e != 0 {
+		rep.Checks["sched-fifo"] = outcome(e)
+	}
 	rep.Checks["secret"] = tryRead(os.Getenv("CT_SECRET"))
 	rep.Checks["parent-environ"] = tryRead(fmt.Sprintf("/proc/%d/environ", os.Getppid()))
 	rep.Checks["other-before-landlock"] = tryOpenat(int(other.Fd()), "file")
@@ -184,6 +198,9 @@ func checkEnterDrop(t *testing.T, as, secret string, dirs []string) {
 	if rep.Err != "" {
 		t.Fatalf("Enter: %s", rep.Err)
 	}
+	if !rep.RTPrioRaised {
+		t.Log("RLIMIT_RTPRIO could not be raised here (no CAP_SYS_RESOURCE): its zero after Enter proves little")
+	}
 	if rep.Resuid != [3]int{nobody, nobody, nobody} || rep.Resgid != [3]int{nobody, nobody, nobody} {
 		t.Errorf("resuid %v resgid %v, want all %d", rep.Resuid, rep.Resgid, nobody)
 	}
@@ -224,6 +241,8 @@ func checkEnterDrop(t *testing.T, as, secret string, dirs []string) {
 	want := map[string]string{
 		"setresuid-root":        "EPERM",
 		"rlimit-nice":           "0 0", // it cannot take its own nice level below the server's
+		"rlimit-rtprio":         "0 0", // nor put its threads above every CFS thread
+		"sched-fifo":            "EPERM",
 		"secret":                "EACCES",
 		"parent-environ":        "EACCES",
 		"other-before-landlock": "ok",

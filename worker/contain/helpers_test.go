@@ -96,6 +96,8 @@ func runChild(mode string) {
 		childTreeMiddle()
 	case "tree-daemon":
 		childTreeDaemon()
+	case "deep-chain":
+		childDeepChain()
 	case "reach":
 		childReach()
 	default:

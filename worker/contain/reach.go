@@ -24,6 +24,13 @@ import (
 // refused too (a filter cannot tell a tid of the process from another
 // process's pid); the server sets the workers' levels from outside.
 //
+// It also refuses clone with CLONE_PARENT (EPERM): the child would be the
+// server's, outside its worker's tree, where the server's nice levels and
+// the light boost's count of the worker's CPU do not look (it is still
+// ended with its worker, a stray). clone3's flags are in memory, which a
+// filter cannot read, so clone3 fails with ENOSYS, on which glibc (its
+// pthread_create, posix_spawn) falls back to clone; Go uses clone.
+//
 // It must run after no_new_privs is set (Enter), before tenant code. It
 // reports false, without error, where the kernel has no seccomp filters
 // (asked first, so that a filter the kernel refuses is an error, not read
@@ -87,37 +94,46 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 		ret   = unix.BPF_RET | unix.BPF_K
 		allow = unix.SECCOMP_RET_ALLOW
 		deny  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+		nosys = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+		jset  = unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K
 	)
 	// Labels: the index of each named instruction below.
 	const (
-		lPrio = 7
-		lPgrp = 13
-		lSelf = 16
-		lOK   = 18
-		lNo   = 19
+		lPrio  = 9
+		lPgrp  = 15
+		lSelf  = 18
+		lClone = 20
+		lOK    = 22
+		lNo    = 23
+		lNoSys = 24
 	)
 	// to is the jump offset from instruction at to label.
 	to := func(at, label int) uint8 { return uint8(label - at - 1) }
 	return []unix.SockFilter{
-		0:     {Code: ld, K: seccompArch},
-		1:     {Code: jeq, K: arch, Jt: 0, Jf: to(1, lNo)},
-		2:     {Code: ld, K: seccompNR},
-		3:     {Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
-		4:     {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(4, lPrio)},
-		5:     {Code: ld, K: seccompArg0},
-		6:     {Code: ja, K: uint32(to(6, lSelf))},
-		lPrio: {Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
-		8:     {Code: ld, K: seccompArg0}, // which
-		9:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(9, lPgrp), Jf: 0},
-		10:    {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(10, lNo)},
-		11:    {Code: ld, K: seccompArg1}, // who
-		12:    {Code: ja, K: uint32(to(12, lSelf))},
-		lPgrp: {Code: ld, K: seccompArg1},
-		14:    {Code: jeq, K: 0, Jt: to(14, lOK), Jf: 0},
-		15:    {Code: jeq, K: pgrp, Jt: to(15, lOK), Jf: to(15, lNo)},
-		lSelf: {Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
-		17:    {Code: jeq, K: pid, Jt: to(17, lOK), Jf: to(17, lNo)},
-		lOK:   {Code: ret, K: allow},
-		lNo:   {Code: ret, K: deny},
+		0:      {Code: ld, K: seccompArch},
+		1:      {Code: jeq, K: arch, Jt: 0, Jf: to(1, lNo)},
+		2:      {Code: ld, K: seccompNR},
+		3:      {Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
+		4:      {Code: jeq, K: unix.SYS_CLONE, Jt: to(4, lClone), Jf: 0},
+		5:      {Code: jeq, K: unix.SYS_CLONE3, Jt: to(5, lNoSys), Jf: 0},
+		6:      {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(6, lPrio)},
+		7:      {Code: ld, K: seccompArg0},
+		8:      {Code: ja, K: uint32(to(8, lSelf))},
+		lPrio:  {Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
+		10:     {Code: ld, K: seccompArg0}, // which
+		11:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(11, lPgrp), Jf: 0},
+		12:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(12, lNo)},
+		13:     {Code: ld, K: seccompArg1}, // who
+		14:     {Code: ja, K: uint32(to(14, lSelf))},
+		lPgrp:  {Code: ld, K: seccompArg1},
+		16:     {Code: jeq, K: 0, Jt: to(16, lOK), Jf: 0},
+		17:     {Code: jeq, K: pgrp, Jt: to(17, lOK), Jf: to(17, lNo)},
+		lSelf:  {Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
+		19:     {Code: jeq, K: pid, Jt: to(19, lOK), Jf: to(19, lNo)},
+		lClone: {Code: ld, K: seccompArg0}, // flags, on amd64 and arm64
+		21:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(21, lNo), Jf: to(21, lOK)},
+		lOK:    {Code: ret, K: allow},
+		lNo:    {Code: ret, K: deny},
+		lNoSys: {Code: ret, K: nosys},
 	}
 }

@@ -55,6 +55,14 @@ func childReach() {
 		{"nice-other", func() error { return unix.Setpriority(unix.PRIO_PROCESS, other, 19) }},
 		{"nice-user", func() error { return unix.Setpriority(unix.PRIO_USER, 0, 19) }},
 		{"nice-own-group", func() error { return unix.Setpriority(unix.PRIO_PGRP, 0, 19) }},
+		{"clone-parent", func() error { return rawClone(unix.CLONE_PARENT) }},
+		{"clone", func() error { return rawClone(0) }},
+		{"fork-exec", func() error { return exec.Command("true").Run() }},
+		{"clone3", func() error {
+			// No arguments: the kernel's EINVAL, where the filter lets it by.
+			_, _, e := unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
+			return e
+		}},
 	} {
 		err := c.call()
 		var e unix.Errno
@@ -69,9 +77,29 @@ func childReach() {
 	}
 }
 
+// rawClone forks with clone(flags|SIGCHLD); the child exits at once, by a
+// raw call (a forked Go process has none of its threads), and is reaped
+// where it is this process's.
+func rawClone(flags uintptr) error {
+	pid, _, e := unix.RawSyscall(unix.SYS_CLONE, flags|uintptr(unix.SIGCHLD), 0, 0)
+	if e != 0 {
+		return e
+	}
+	if pid == 0 {
+		unix.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+	}
+	if flags&unix.CLONE_PARENT == 0 {
+		var ws unix.WaitStatus
+		unix.Wait4(int(pid), &ws, 0, nil)
+	}
+	return nil
+}
+
 // The reach filter lets a process change its own limits and nice level
 // (pid 0 or its own, glibc's setrlimit, its own process group) and refuses
-// another process's, however its pid is written, and a whole uid's.
+// another process's, however its pid is written, and a whole uid's. It
+// refuses a child made its parent's (CLONE_PARENT) and clone3, and lets
+// other clones by.
 func TestRestrictReach(t *testing.T) {
 	other := exec.Command("sleep", "60")
 	if err := other.Start(); err != nil {
@@ -98,6 +126,9 @@ func TestRestrictReach(t *testing.T) {
 	for name, want := range map[string]string{
 		"prlimit-self-0": "ok", "prlimit-self-pid": "ok", "setrlimit": "ok", "nice-self-0": "ok", "nice-own-group": "ok",
 		"prlimit-other": "EPERM", "prlimit-other-high-bits": "EPERM", "nice-other": "EPERM", "nice-user": "EPERM",
+		// A child of this process's parent (the server's) is out of its
+		// worker's tree; clone3 is left to glibc's fallback to clone.
+		"clone-parent": "EPERM", "clone": "ok", "fork-exec": "ok", "clone3": "ENOSYS",
 	} {
 		if got[name] != want {
 			t.Errorf("%s: %q, want %s (all: %s)", name, got[name], want, out)

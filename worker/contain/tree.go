@@ -48,10 +48,12 @@ func (c Containment) String() string {
 // initReady is how long a namespace's init may take to say it is ready.
 const initReady = 10 * time.Second
 
-// maxStrayRounds bounds how many generations of strays one look kills in
-// turn (each round's children, started before their parent's death, are
-// the server's in the next).
-const maxStrayRounds = 100
+// strayTime bounds one look for strays. It kills them a generation a
+// round (each round's children, started before their parent's death, are
+// the server's in the next) until a round finds none: a count of rounds
+// left the rest of a deeper chain running (a worker's pid bound allows
+// hundreds). The time only stops a look that never ends.
+const strayTime = 10 * time.Second
 
 // strayLook is how often Tree.Release looks for strays while it waits
 // for a namespace's init to end.
@@ -317,6 +319,24 @@ func (t *Tree) Kill() {
 	}
 }
 
+// End ends what the process left, once it exited and before the caller
+// reaps it: with PIDNamespace it kills the namespace's init (the kernel
+// then kills every process left in the namespace); with Subreaper it ends
+// the strays (Contain), and returns once they are gone. The process's
+// zombie holds its pid and process group until then: the seccomp reach
+// filter lets what it started set limits and nice levels on it by those
+// numbers, which must not be another process's while one of them runs.
+// Release remains to be called after the reap.
+func (t *Tree) End() {
+	if t == nil {
+		return
+	}
+	t.Kill()
+	if t.s.Containment() == Subreaper {
+		lookForStrays()
+	}
+}
+
 // Release ends what the process left, once the caller reaped it: with
 // PIDNamespace it kills the namespace's init (the kernel then kills every
 // process left in the namespace) and reaps it; with Subreaper it ends the
@@ -393,7 +413,7 @@ func endStrays() {
 func killStrays() {
 	self := os.Getpid()
 	tellable := !noNewPrivs(self)
-	for range maxStrayRounds {
+	for end := time.Now().Add(strayTime); time.Now().Before(end); {
 		var strays []int
 		ours.Lock()
 		for _, c := range childrenOf(self) {

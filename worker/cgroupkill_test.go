@@ -1,0 +1,74 @@
+package worker
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// A worker's group is named by its pid: a group of that name still there
+// (what an earlier worker of the pid left, which could not be removed) is
+// emptied before the new worker joins it. Before, the new worker joined
+// the leftovers, its bound and weight theirs too. Against the node's real
+// v1 hierarchies, where they can be written.
+func TestANewWorkerDoesNotJoinWhatAnEarlierOneLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		place func(pid int) (dir string, remove func())
+	}{
+		{"pids", func(pid int) (string, func()) {
+			g := NewPidGroups(cgroupRoot, 64, 0, nil, nil)
+			if m := g.Mechanism(); m != "cgroup v1" {
+				t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+			}
+			dir := filepath.Join(g.dir, strconv.Itoa(pid))
+			leaveBehind(t, dir)
+			pg := g.Place(pid, nil)
+			return dir, func() { pg.Remove(); g.Close() }
+		}},
+		{"cpu", func(pid int) (string, func()) {
+			g := NewCPUGroups(nil)
+			if m := g.Mechanism(); m != "cgroup v1" {
+				t.Skipf("CPU weights by %s here: want a writable cgroup v1 cpu hierarchy", m)
+			}
+			dir := filepath.Join(g.dir, strconv.Itoa(pid))
+			leaveBehind(t, dir)
+			cg := g.Place(pid, 1)
+			return dir, func() { cg.Remove(); g.Close() }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := exec.Command("sleep", "60")
+			if err := w.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer w.Wait()
+			defer w.Process.Kill()
+			dir, remove := tc.place(w.Process.Pid)
+			defer remove()
+			if got := strings.Fields(readString(filepath.Join(dir, "cgroup.procs"))); len(got) != 1 || got[0] != strconv.Itoa(w.Process.Pid) {
+				t.Errorf("the new worker's group holds %v, want only the worker, %d", got, w.Process.Pid)
+			}
+		})
+	}
+}
+
+// leaveBehind makes the group at dir with a process in it, as a worker
+// that left one would, killed and reaped when the test ends.
+func leaveBehind(t *testing.T, dir string) {
+	t.Helper()
+	left := exec.Command("sleep", "60")
+	if err := left.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { left.Process.Kill(); left.Wait() })
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(left.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

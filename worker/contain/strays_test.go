@@ -1,0 +1,153 @@
+package contain
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// chainC, run as "chain DEPTH", forks a chain of DEPTH processes, each in
+// a session of its own (out of reach of KillGroup), each writing its pid
+// on fd 3; its first link says "started" once the last one runs.
+const chainC = `
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/prctl.h>
+int main(int argc, char **argv) {
+	int depth = atoi(argv[1]);
+	prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); /* as Enter: marks a worker's descendants */
+	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+	int ready[2];
+	if (pipe(ready)) return 1;
+	for (int i = 0; i < depth; i++) {
+		pid_t c = fork();
+		if (c < 0) { perror("fork"); return 1; }
+		if (c > 0) {
+			if (i == 0) { close(ready[1]); char b; read(ready[0], &b, 1); printf("started\n"); fflush(stdout); }
+			for (;;) pause();
+		}
+		setsid();
+		dprintf(3, "%d\n", getpid());
+	}
+	write(ready[1], "R", 1);
+	for (;;) pause();
+}
+`
+
+// chainDepth is past the 100 generations Release once ended: each link is
+// the server's only once its parent died.
+const chainDepth = 150
+
+// childDeepChain plays a subreaper server: it starts CHAIN_BIN, kills it
+// once its chain runs, reaps it, releases its Tree, and reports how many
+// of its own children still run; then stays until its stdin closes.
+func childDeepChain() {
+	sp := NewSpawner()
+	if c, err := sp.Contain(false); c != Subreaper {
+		die("containment %v: %v", c, err)
+	}
+	w := exec.Command(os.Getenv("CHAIN_BIN"), strconv.Itoa(chainDepth))
+	w.ExtraFiles = []*os.File{os.NewFile(3, "pids")}
+	w.Stderr = os.Stderr
+	out, err := w.StdoutPipe()
+	if err != nil {
+		die("pipe: %v", err)
+	}
+	tree, err := sp.Start(w)
+	if err != nil {
+		die("start: %v", err)
+	}
+	w.ExtraFiles[0].Close()
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "started\n" {
+		die("worker said %q", line)
+	}
+	KillGroup(w.Process.Pid)
+	w.Wait()
+	tree.Release()
+	left := 0
+	for _, k := range childrenOf(os.Getpid()) {
+		if !zombie(k) {
+			left++
+		}
+	}
+	report(left)
+	os.Stdin.Read(make([]byte, 1))
+}
+
+// A worker's descendants, however deep a chain of sessions they make, are
+// gone once Release returns (Subreaper). Before, Release ended at most 100
+// generations: 50 of a chain of 150 ran on.
+func TestReleaseEndsADeepChainOfSessions(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "chain.c")
+	if err := os.WriteFile(src, []byte(chainC), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "chain")
+	if out, err := exec.Command("cc", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Skipf("cc: %v %s", err, out)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd := childCommand(t, "deep-chain", "CHAIN_BIN="+bin)
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := startChild(cmd); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	defer func() { stdin.Close(); cmd.Wait() }()
+	br := bufio.NewReader(r)
+	var pids []int
+	defer func() {
+		for _, p := range pids {
+			unix.Kill(p, unix.SIGKILL)
+		}
+	}()
+	r.SetReadDeadline(time.Now().Add(childTimeout))
+	for range chainDepth {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the chain's pids: %v (%d read)", err, len(pids))
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, n)
+	}
+	var left int
+	if err := json.NewDecoder(out).Decode(&left); err != nil {
+		t.Fatalf("server child: %v", err)
+	}
+	alive := 0
+	for _, p := range pids {
+		if !zombie(p) {
+			alive++
+		}
+	}
+	if alive > 0 || left > 0 {
+		t.Errorf("after Release: %d of the worker's %d chained descendants run, %d children of the server", alive, chainDepth, left)
+	}
+}

@@ -1,0 +1,146 @@
+package worker
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker/contain"
+)
+
+// lockedBuffer is an io.Writer that Options.Output's goroutines may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// subreaperEnv, set, has a test run as a subreaper server: Contain makes
+// the process one for good, so such a test re-runs itself in a child.
+const subreaperEnv = "PLOVER_TEST_SUBREAPER"
+
+// inSubreaperChild runs the calling test again in a child process with
+// subreaperEnv set and reports false, or reports true in that child.
+func inSubreaperChild(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(subreaperEnv) != "" {
+		return true
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), subreaperEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS") {
+		t.Errorf("as a subreaper server: %v\n%s", err, out)
+	}
+	return false
+}
+
+// A worker's pid (and process group) stays held, its zombie unreaped,
+// until every process it left is gone: the seccomp reach filter lets
+// those set limits on their worker by its pid, which must not be another
+// process's by then. Before, the worker was reaped first and its strays
+// ended after; a stray spinning on kill(worker, 0) saw ESRCH.
+func TestAWorkersPidIsHeldUntilWhatItLeftIsGone(t *testing.T) {
+	if !inSubreaperChild(t) {
+		return
+	}
+	sp := contain.NewSpawner()
+	if c, err := sp.Contain(false); c != contain.Subreaper {
+		t.Fatalf("containment %v: %v", c, err)
+	}
+	var out lockedBuffer
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: sp, Output: &out})
+	t.Cleanup(func() { d.Close() })
+	// The stray sees a free pid only if it runs in the moment between
+	// the reap and its own end: a few workers, so that it is seen.
+	for range 3 {
+		watchReap(t, d)
+		if said := out.String(); strings.Contains(said, "reaped while its stray ran") {
+			t.Fatalf("the worker's pid was free while what it left ran: %s", said)
+		}
+	}
+}
+
+// A worker's cgroup ends what it left (all at once, before the reap),
+// whatever the Spawner's containment: with process groups alone, a
+// process in a session of its own outlived its worker before.
+func TestWhatAWorkerLeftInItsCgroupEndsBeforeItsReap(t *testing.T) {
+	g := NewPidGroups(cgroupRoot, 64, 0, nil, nil)
+	if m := g.Mechanism(); m != "cgroup v1" {
+		t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+	}
+	t.Cleanup(g.Close)
+	var out lockedBuffer
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Pids: g, Output: &out})
+	t.Cleanup(func() { d.Close() })
+	stray := watchReap(t, d)
+	if f, err := statFields(fmt.Sprintf("/proc/%d/stat", stray)); err == nil && f[0] != "Z" {
+		syscall.Kill(stray, syscall.SIGKILL)
+		t.Fatalf("process %d, which the worker left, runs after its reap (%s)", stray, out.String())
+	}
+	if said := out.String(); strings.Contains(said, "reaped while its stray ran") {
+		t.Errorf("the worker's pid was free while what it left ran: %s", said)
+	}
+}
+
+// watchReap runs the hostile watch_reap in a worker of d, kills the worker
+// and returns, once it is reaped, the pid of the process it left.
+func watchReap(t *testing.T, d *Device) int {
+	t.Helper()
+	p, m := loadHostile(t, d, "watch_reap")
+	in, r := newInst(t, p, m), oneStep(t, p, m, "watch_reap")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	var stray int
+	if _, err := fmt.Sscanf(string(r.Output), "watching %d", &stray); err != nil {
+		t.Fatalf("watch_reap wrote %q: %v", r.Output[:16], err)
+	}
+	w := p.(*program).p
+	w.kill("the test")
+	<-w.done
+	return stray
+}
+
+// A worker's process cannot make a child of the server's (clone with
+// CLONE_PARENT): outside its worker's tree, such a child kept the nice
+// level it was made at (a light boost's) and its CPU was not counted in
+// its worker's, which kept the boost. Before, the clone succeeded.
+func TestAWorkerCannotMakeTheServersChild(t *testing.T) {
+	d := newDevice(t, 0)
+	p, m := loadHostile(t, d, "clone_parent")
+	in, r := newInst(t, p, m), oneStep(t, p, m, "clone_parent")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	said := string(bytes.TrimRight(r.Output, "\x00"))
+	var child int
+	if _, err := fmt.Sscanf(said, "clone_parent: child %d", &child); err == nil {
+		syscall.Kill(child, syscall.SIGKILL)
+		var ws syscall.WaitStatus
+		syscall.Wait4(child, &ws, 0, nil)
+	}
+	if d.filterLogged.Load() {
+		t.Skip("this kernel has no seccomp filters")
+	}
+	if said != "clone_parent: refused EPERM" {
+		t.Errorf("the worker's clone(CLONE_PARENT): %q, want it refused", said)
+	}
+}
