@@ -390,16 +390,9 @@ func TestJSONTimeoutMs(t *testing.T) {
 // socket cannot be waited on, the deadline cut the read in the turn and
 // was answered as the read timeout (408 at 300 ms).
 func TestBodyLateForItsDeadline(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{})
-	m := testkit.Manifest("echo")
-	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
-	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	const readTimeout = 4 * time.Second
-	opts := httpapi.Options{ReadTimeout: readTimeout}
-	plain := strings.TrimPrefix(testkit.Serve(t, e, opts), "http://")
-	secure := serveTLS(t, e, opts)
-	const head = "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: 300\r\n"
-	sized := func(n int) string { return head + "Content-Length: 1048576\r\n\r\n" + strings.Repeat("t", n) }
+	srv := bodyTimeouts(t, readTimeout, 300)
+	head, sized := srv.head, srv.sized
 	for _, c := range []struct {
 		name   string
 		tls    bool
@@ -413,13 +406,8 @@ func TestBodyLateForItsDeadline(t *testing.T) {
 		{name: "over TLS", tls: true, send: sized(16 << 10)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var conn net.Conn
-			if c.tls {
-				conn = dialTLS(t, secure)
-			} else {
-				conn = dialExpect(t, plain).c
-			}
-			ec := &expectConn{t: t, c: conn, br: bufio.NewReader(conn)}
+			ec := srv.dial(t, c.tls)
+			conn := ec.c
 			start := time.Now()
 			if c.expect {
 				if resp, got := ec.ask("/v1/functions/echo/invoke", "X-Plover-Timeout-Ms: 300\r\n", 1<<20); resp.StatusCode != 100 {
@@ -464,4 +452,79 @@ func TestBodyDeadlineIsNotTheNextRequests(t *testing.T) {
 		// Not synchronisation: the scenario is the first deadline past.
 		time.Sleep(time.Until(start.Add(500 * time.Millisecond)))
 	}
+}
+
+// The read timeout runs from where fasthttp sets it, before a request's
+// headers (the connection's start for its first request), not from the
+// request's start after them: a client that spends 1.2 s of a 2 s read
+// timeout before its headers, then stops in its body, with a 1.5 s
+// deadline that ends after the read timeout, gets the read timeout's 408
+// at about 2 s. The request's deadline pushed the read timeout back:
+// 504 at 2.7 s, its client kept its connection and body budget 0.7 s more.
+func TestSlowHeadersGetTheReadTimeoutNotALaterDeadline(t *testing.T) {
+	const readTimeout = 2 * time.Second
+	srv := bodyTimeouts(t, readTimeout, 1500)
+	head, sized := srv.head, srv.sized
+	for _, c := range []struct {
+		name, send string
+		tls        bool
+	}{
+		{name: "16 KiB of 1 MiB", send: sized(16 << 10)},
+		{name: "stopped where the pre-read ends", send: sized(8 << 10)},
+		{name: "chunked", send: head + "Transfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\r\n%s\r\n", 16<<10, strings.Repeat("t", 16<<10))},
+		{name: "over TLS", send: sized(16 << 10), tls: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ec := srv.dial(t, c.tls)
+			conn := ec.c
+			start := time.Now()
+			// Not synchronisation: the scenario is headers late in the
+			// read timeout, which fasthttp set as the connection came.
+			time.Sleep(1200 * time.Millisecond)
+			if _, err := io.WriteString(conn, c.send); err != nil {
+				t.Fatal(err)
+			}
+			resp, body := ec.read()
+			took := time.Since(start)
+			t.Logf("%d after %v: %.200s", resp.StatusCode, took.Round(time.Millisecond), body)
+			if resp.StatusCode != 408 || !strings.Contains(body, "read timeout") || took > readTimeout+600*time.Millisecond {
+				t.Fatalf("%d after %v: %.200s; want 408 naming the %v read timeout, before the deadline (2.7 s from the dial)",
+					resp.StatusCode, took.Round(time.Millisecond), body, readTimeout)
+			}
+		})
+	}
+}
+
+// bodyTimeoutServer serves echo (max_input_bytes 1 MiB) over TCP and TLS,
+// for requests whose bodies stop short of a read timeout or deadline.
+type bodyTimeoutServer struct {
+	plain, secure string
+	head          string // a request's head up to its body headers, with its deadline
+}
+
+func bodyTimeouts(t *testing.T, readTimeout time.Duration, timeoutMs int) bodyTimeoutServer {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("echo")
+	m.MaxInputBytes, m.OutBytes = 1<<20, 1<<20
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	opts := httpapi.Options{ReadTimeout: readTimeout}
+	return bodyTimeoutServer{
+		plain:  strings.TrimPrefix(testkit.Serve(t, e, opts), "http://"),
+		secure: serveTLS(t, e, opts),
+		head:   "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nX-Plover-Timeout-Ms: " + strconv.Itoa(timeoutMs) + "\r\n",
+	}
+}
+
+// sized is a request of 1 MiB announced, its first n bytes sent.
+func (s bodyTimeoutServer) sized(n int) string {
+	return s.head + "Content-Length: 1048576\r\n\r\n" + strings.Repeat("t", n)
+}
+
+func (s bodyTimeoutServer) dial(t *testing.T, overTLS bool) *expectConn {
+	if !overTLS {
+		return dialExpect(t, s.plain)
+	}
+	conn := dialTLS(t, s.secure)
+	return &expectConn{t: t, c: conn, br: bufio.NewReader(conn)}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -112,6 +113,47 @@ type drainConn struct {
 	hdr atomic.Pointer[fasthttp.RequestHeader]
 	// readPanicked: a read outside a handler panicked (Read).
 	readPanicked atomic.Bool
+	// readBy is the read deadline last set (SetReadDeadline), in Unix
+	// nanoseconds; 0: none set yet, noReadDeadline: none. fasthttp sets
+	// the read timeout before a request's headers, which the handler does
+	// not see: a body's reads are bounded by it (readDeadline).
+	readBy atomic.Int64
+}
+
+// noReadDeadline is readBy for a deadline cleared.
+const noReadDeadline = math.MaxInt64
+
+// SetReadDeadline records t for readDeadline, then sets it.
+func (c *drainConn) SetReadDeadline(t time.Time) error {
+	c.readBy.Store(deadlineNs(t))
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetDeadline records t as SetReadDeadline does.
+func (c *drainConn) SetDeadline(t time.Time) error {
+	c.readBy.Store(deadlineNs(t))
+	return c.Conn.SetDeadline(t)
+}
+
+func deadlineNs(t time.Time) int64 {
+	if t.IsZero() {
+		return noReadDeadline
+	}
+	return max(t.UnixNano(), 1) // 0 is "none set yet"
+}
+
+// readDeadline is when c's reads end by the read deadline set on it:
+// fasthttp's read timeout, from before the request's headers (from the
+// connection's start for its first request) when it set one, else the
+// read timeout from began, the request's start after its headers (a
+// connection Serve did not accept: an in-process benchmark's).
+func readDeadline(c net.Conn, began time.Time, readTimeout time.Duration) time.Time {
+	if d := drainOf(c); d != nil {
+		if ns := d.readBy.Load(); ns != 0 {
+			return time.Unix(0, ns)
+		}
+	}
+	return began.Add(readTimeout)
 }
 
 // errReadPanicked is every read's error once one outside a handler

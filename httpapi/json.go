@@ -148,7 +148,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchang
 		return err
 	}
 	fn := name.Borrow()
-	tn := s.turnsOf(fn, &c.req)
+	tn := s.turnsOf(ctx, fn, &c.req)
 	body, held, err := s.readBody(ctx, limit, nil, tn)
 	if err != nil {
 		return err

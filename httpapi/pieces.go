@@ -38,13 +38,16 @@ type turns struct {
 	readOut  bool // deadline is the read timeout's: waiting past it is a 408
 }
 
-// turnsOf is the turns of r, a request to name begun at the door: a name
-// the node has no record of has none (its request fails before its body
-// matters). A body must arrive within the read timeout from the request's
-// start, its turns' waits included.
-func (s *Server) turnsOf(name string, r *call.Request) turns {
+// turnsOf is the turns of r, a request to name begun at the door on
+// ctx: a name the node has no record of has none (its request fails
+// before its body matters). A body must arrive within the read timeout,
+// its turns' waits included. The read timeout runs from where fasthttp
+// set it, before the headers: measured from r.Began, after them, a
+// deadline after the read timeout's real end but before Began's would
+// have pushed it back (bound), and made its 408 a 504.
+func (s *Server) turnsOf(ctx *fasthttp.RequestCtx, name string, r *call.Request) turns {
 	t := turns{fl: s.door.IO(name), deadline: r.Deadline, gone: r.Gone}
-	if rt := r.Began.Add(s.readTimeout()); rt.Before(r.Deadline) {
+	if rt := readDeadline(ctx.Conn(), r.Began, s.readTimeout()); rt.Before(r.Deadline) {
 		t.deadline, t.readOut = rt, true
 	}
 	t.fl.Touch(r.Began) // a light function's small request is about too

@@ -547,7 +547,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 			lent.Release()
 		}
 	}()
-	tn := s.turnsOf(fn, &c.req)
+	tn := s.turnsOf(ctx, fn, &c.req)
 	body, held, err := s.readBody(ctx, limit, dst, tn)
 	if err != nil {
 		return err

@@ -260,7 +260,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 		return err
 	}
 	fn := name.Borrow()
-	tn := s.turnsOf(fn, r)
+	tn := s.turnsOf(ctx, fn, r)
 	body, held, err := s.readBody(ctx, limit, &vc.in, tn)
 	if err != nil {
 		return err
