@@ -288,11 +288,19 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 		return b.count(b.r.Read(p))
 	}
 	b.bound()
-	n, err := b.readPast(p)
+	n, err := b.count(b.readPast(p))
+	return n, b.cut(err)
+}
+
+// cut is err, the error of a read past the pre-read, as the deadline's
+// 504 where the request's deadline bounds the read (bound) and cut it:
+// the read timeout's 408 otherwise. Every such read maps its error here,
+// so that none that the deadline cut is taken for the read timeout.
+func (b *bodyReader) cut(err error) error {
 	if b.bounded && timedOut(err) {
-		err = errdefs.New(errdefs.KindTimeout, err, "the request's deadline (X-Plover-Timeout-Ms, or the server's --timeout) passed while its body was still arriving, after %d bytes", b.read+n)
+		return errdefs.New(errdefs.KindTimeout, err, "the request's deadline (X-Plover-Timeout-Ms, or the server's --timeout) passed while its body was still arriving, after %d bytes", b.read)
 	}
-	return b.count(n, err)
+	return err
 }
 
 // bound sets the request's deadline on the connection before its first
@@ -403,8 +411,11 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 }
 
 // atLimit is dst if the body ends here, errTooLarge if a byte follows.
+// Its read is past the pre-read (a chunked body has none), bounded by the
+// request's deadline as readPiece's are.
 func (b *bodyReader) atLimit(dst []byte) ([]byte, error) {
 	var one [1]byte
+	b.bound()
 	for {
 		n, err := b.r.Read(one[:])
 		switch {
@@ -413,7 +424,7 @@ func (b *bodyReader) atLimit(dst []byte) ([]byte, error) {
 		case err == io.EOF:
 			return dst, nil
 		case err != nil:
-			return nil, err
+			return nil, b.cut(err)
 		}
 	}
 }

@@ -3,8 +3,14 @@ package httpapi
 import (
 	"bytes"
 	"errors"
+	"net"
 	"testing"
 	"testing/iotest"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/errdefs"
 )
 
 // A chunked body read into a buffer the size of its limit (a worker's
@@ -35,5 +41,43 @@ func TestChunkedBodyAtTheLimit(t *testing.T) {
 				t.Fatal("the body left the buffer it was read into")
 			}
 		})
+	}
+}
+
+// A chunked body that fills a buffer of its limit exactly (a worker's
+// slot) ends in atLimit's one-byte read, which tells its end from a byte
+// too many. The request's deadline bounds that read as it does the others
+// (bound), and a read it cuts is the deadline's (KindTimeout: 504), not
+// the read timeout's 408.
+func TestAtLimitReadCutByTheDeadlineIsTheDeadlines(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cli, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	srvConn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srvConn.Close()
+	const limit = 16 << 10
+	if _, err := cli.Write(bytes.Repeat([]byte{7}, limit)); err != nil { // then stalls
+		t.Fatal(err)
+	}
+	s := &Server{srv: &fasthttp.Server{ReadTimeout: 4 * time.Second}}
+	r := bodyReader{s: s, r: srvConn, conn: srvConn, chunked: true,
+		t: turns{deadline: time.Now().Add(300 * time.Millisecond)}}
+	start := time.Now()
+	_, err = r.readAll(make([]byte, 0, limit), limit, -1)
+	took := time.Since(start)
+	got := s.bodyError(err, bodyLimit{n: limit})
+	var de *errdefs.Error
+	if !errors.As(got, &de) || de.Kind != errdefs.KindTimeout || took > 2*time.Second {
+		t.Fatalf("a read the request's deadline cut answered %v after %v; want the deadline's KindTimeout (504)", got, took.Round(time.Millisecond))
 	}
 }
