@@ -360,3 +360,23 @@ func TestStoredManifestsKeepOlderRules(t *testing.T) {
 		t.Errorf("stored Zero_Out false: %v, zeroes out %v; want it read as before", err, m != nil && m.ZeroesOut())
 	}
 }
+
+// A name may be a request's, as long as its body limit: Suggest passes
+// over every candidate whose length is beyond a typo's reach before it
+// allocates, instead of a len(name) x len(candidate) table per candidate.
+func TestSuggestAllocatesNothingForANameNoCandidateIsNear(t *testing.T) {
+	names := []string{"saxpy", strings.Repeat("a", MaxNameLen), "zero_tmp"}
+	for _, n := range []int{MaxNameLen + 4, 4 << 10, 1 << 20} {
+		name := strings.Repeat("A", n)
+		if got := Suggest(name, names); got != "" {
+			t.Errorf("Suggest(%d bytes) = %q, want none", n, got)
+		}
+		if a := testing.AllocsPerRun(5, func() { Suggest(name, names) }); a != 0 {
+			t.Errorf("Suggest(%d bytes) allocated %v times, want 0", n, a)
+		}
+	}
+	// Within reach, a long name is still compared, ignoring case.
+	if got := Suggest(strings.Repeat("A", MaxNameLen+1), names); got != names[1] {
+		t.Errorf("Suggest(64 A's) = %q, want the 63 a's", got)
+	}
+}
