@@ -71,7 +71,8 @@ type table struct {
 	funcs map[string]*function
 	// tags holds the version tag of each record Refresh last applied, so
 	// that a poll reads only the records that changed.
-	tags map[string]string
+	tags     map[string]string
+	followed map[string]followedIn // names followed here and not loaded (followed.go)
 	// epoch counts changes of funcs (a version switch, a removal) and the
 	// store reads applied that found nothing to change, so that a store
 	// read (or write) made without the lock is applied only if nothing was
@@ -417,7 +418,7 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 	}
 	if f == nil {
 		name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
-		f = &function{name: name, out: t.logs.Sink(name)}
+		f = &function{name: name, out: t.sinkLocked(name, rec)}
 		t.funcs[name] = f
 	}
 	old := f.cur

@@ -298,6 +298,21 @@ func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower, 
 	return lines, f, nil
 }
 
+// Followed is the names that have followers: a node polls their records
+// to end them when the function is deleted elsewhere, though it may never
+// have run it.
+func (s *Store) Followed() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for name, r := range s.fns {
+		if len(r.follow) > 0 {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // Forget drops name's lines (a deleted function) and ends its followers:
 // their channels close; sinks made before it keep nothing more.
 func (s *Store) Forget(name string) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -202,4 +203,31 @@ func TestFollowersBounded(t *testing.T) {
 	if _, _, err := s.Follow("h", time.Time{}); !errors.Is(err, ErrTooManyFollowers) || !strings.Contains(err.Error(), "in all") {
 		t.Fatalf("follower %d on the node: %v, want ErrTooManyFollowers", MaxFollowersTotal+1, err)
 	}
+}
+
+// Followed is the names that have followers, whether or not they printed:
+// a follower closed or forgotten takes its name off.
+func TestFollowedNames(t *testing.T) {
+	s := New(nil)
+	s.Sink("printed").Add(api.LogLine{Time: time.Now(), Line: "x"})
+	_, a, _ := s.Follow("a", time.Time{})
+	_, b, _ := s.Follow("b", time.Time{})
+	_, b2, _ := s.Follow("b", time.Time{})
+	for _, tc := range []struct {
+		step func()
+		want string
+	}{
+		{func() {}, "a b"},
+		{b.Close, "a b"},
+		{b2.Close, "a"},
+		{func() { s.Forget("a") }, ""},
+	} {
+		tc.step()
+		got := s.Followed()
+		slices.Sort(got)
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("Followed() = %v, want %q", got, tc.want)
+		}
+	}
+	a.Close()
 }
