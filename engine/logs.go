@@ -33,7 +33,7 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	}
 	// Before the follower is made: followers of an earlier life of the
 	// name, deleted and made anew elsewhere, end here.
-	c.e.tab.followIn(name, rec, "", nil)
+	c.e.tab.followed.followIn(c.e.logs, name, rec, "", nil)
 	lines, f, err := c.e.logs.Follow(name, since)
 	if err != nil {
 		return nil, nil, errorf(errdefs.KindBusy, err, "function %s: %v: follow with fewer clients, or read without ?follow", name, err)

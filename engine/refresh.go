@@ -24,12 +24,14 @@ func (e *Engine) Refresh(ctx context.Context) error {
 	}
 	e.names.listed(tags) // Names serves it: no listing of its own while polled
 	var firstErr error
+	loaded := make(map[string]bool, len(names))
 	for _, name := range names {
+		loaded[name] = true
 		if err := e.refreshOne(ctx, name, tags); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
-	if err := e.refreshFollowed(ctx, tags); err != nil && firstErr == nil {
+	if err := e.refreshFollowed(ctx, loaded, tags); err != nil && firstErr == nil {
 		firstErr = err
 	}
 	return firstErr

@@ -321,6 +321,23 @@ func (s *Store) Forget(name string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetLocked(name)
+}
+
+// ForgetUnsunk is Forget unless name's current life has a sink (its
+// function is loaded here: whoever loaded it forgets it when it goes).
+// It serves a node that follows a function it never ran, told by the
+// store that the function was deleted, while a request may load the
+// name's next life: that life's output is kept.
+func (s *Store) ForgetUnsunk(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lives[name] == nil {
+		s.forgetLocked(name)
+	}
+}
+
+func (s *Store) forgetLocked(name string) {
 	if l := s.lives[name]; l != nil {
 		l.over.Store(true)
 		delete(s.lives, name)

@@ -231,3 +231,33 @@ func TestFollowedNames(t *testing.T) {
 	}
 	a.Close()
 }
+
+// ForgetUnsunk ends a name's followers unless its current life has a sink
+// (its function is loaded here): then nothing is forgotten, and what the
+// sink brings is still kept and followed.
+func TestForgetUnsunk(t *testing.T) {
+	for _, sunk := range []bool{false, true} {
+		s := New(nil)
+		_, f, _ := s.Follow("fn", time.Time{})
+		var k *Sink
+		if sunk {
+			k = s.Sink("fn")
+		}
+		s.ForgetUnsunk("fn")
+		select {
+		case _, open := <-f.C:
+			if open || sunk {
+				t.Fatalf("sunk %v: the follower got a line or ended (open %v)", sunk, open)
+			}
+		default:
+			if !sunk {
+				t.Fatal("no sink: the follower is still open")
+			}
+			k.Add(api.LogLine{Time: time.Now(), Line: "kept"})
+			if l := <-f.C; l.Line != "kept" || len(s.Lines("fn", time.Time{})) != 1 {
+				t.Fatalf("sunk: the sink's line %q, kept %v", l.Line, s.Lines("fn", time.Time{}))
+			}
+		}
+		f.Close()
+	}
+}
