@@ -3,6 +3,7 @@ package abi
 import (
 	"os"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -378,5 +379,24 @@ func TestSuggestAllocatesNothingForANameNoCandidateIsNear(t *testing.T) {
 	// Within reach, a long name is still compared, ignoring case.
 	if got := Suggest(strings.Repeat("A", MaxNameLen+1), names); got != names[1] {
 		t.Errorf("Suggest(64 A's) = %q, want the 63 a's", got)
+	}
+}
+
+// A manifest key longer than any field by more than a typo gets no
+// suggestion, and its refusal costs a few copies of it, not a table of
+// len(key) ints per field.
+func TestUnknownLongManifestKeyRefusedInBoundedMemory(t *testing.T) {
+	key := strings.Repeat("z", 64<<10)
+	data := strings.Replace(valid, `"abi":1,`, `"abi":1,"`+key+`":1,`, 1)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := ParseManifest(strings.NewReader(data))
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "no such field") || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("a 64 KiB unknown key: %.200v, want no such field and no suggestion", err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 4<<20 {
+		t.Errorf("a 64 KiB unknown key allocated %d KiB", n>>10)
 	}
 }
