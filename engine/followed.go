@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/plover-run/plover/api"
@@ -53,7 +54,7 @@ func (fl *followedLives) followIn(logs *funclog.Store, name string, rec *api.Rec
 	if fl.m == nil {
 		fl.m = map[string]followedIn{}
 	}
-	fl.m[name] = followedIn{tag: tag, version: rec.Current}
+	fl.m[strings.Clone(name)] = followedIn{tag: tag, version: rec.Current} // a caller's may be borrowed bytes
 }
 
 // sink is the output sink of name's function, loaded here from rec (nil:
