@@ -308,15 +308,25 @@ func lineColumn(data []byte, pos int64) (line, col int) {
 // Suggest returns the candidate closest to name, ignoring case, when it is
 // within a typo of it (two edits, three for names of 12 or more bytes; a
 // swap of neighbours is one edit), else "". Commands, flags, manifest
-// fields and entry points all suggest this way.
+// fields and entry points all suggest this way. A candidate whose length
+// differs from name's by more than the edits allowed cannot be within
+// them, and is passed over before anything is allocated: name may be a
+// request's (a model name up to the body limit), and the distance's table
+// is len(name) by len(candidate).
 func Suggest(name string, candidates []string) string {
 	limit := 2
 	if len(name) >= 12 {
 		limit = 3
 	}
-	best, bestD := "", limit+1
+	best, bestD, lower := "", limit+1, ""
 	for _, c := range candidates {
-		if d := typoDistance(strings.ToLower(name), strings.ToLower(c)); d < bestD && d < len(name) {
+		if len(c) < len(name)-limit || len(c) > len(name)+limit {
+			continue
+		}
+		if lower == "" {
+			lower = strings.ToLower(name)
+		}
+		if d := typoDistance(lower, strings.ToLower(c)); d < bestD && d < len(name) {
 			best, bestD = c, d
 		}
 	}

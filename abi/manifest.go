@@ -152,10 +152,13 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
 // states, and compiling them at init cost every process start (each
 // worker, each CLI command) about a millisecond.
 var (
-	nameClass   = byteClass{first: "a-z0-9", rest: "a-z0-9-", max: 63}      // ^[a-z0-9][a-z0-9-]{0,62}$
-	symbolClass = byteClass{first: "A-Za-z_", rest: "A-Za-z0-9_", max: 128} // ^[A-Za-z_][A-Za-z0-9_]{0,127}$
+	nameClass   = byteClass{first: "a-z0-9", rest: "a-z0-9-", max: MaxNameLen} // ^[a-z0-9][a-z0-9-]{0,62}$
+	symbolClass = byteClass{first: "A-Za-z_", rest: "A-Za-z0-9_", max: 128}    // ^[A-Za-z_][A-Za-z0-9_]{0,127}$
 	fileClass   = byteClass{first: "A-Za-z0-9_", rest: "A-Za-z0-9_.-", max: 128}
 )
+
+// MaxNameLen is the longest a function name may be, in bytes.
+const MaxNameLen = 63
 
 // ValidName reports whether s is a valid function name.
 func ValidName(s string) bool { return nameClass.match(s) }

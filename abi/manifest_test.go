@@ -3,6 +3,7 @@ package abi
 import (
 	"os"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -358,5 +359,44 @@ func TestStoredManifestsKeepOlderRules(t *testing.T) {
 	m, err := ParseStoredManifest(strings.NewReader(`{` + fn + `,"Zero_Out":false}`))
 	if err != nil || m.ZeroesOut() {
 		t.Errorf("stored Zero_Out false: %v, zeroes out %v; want it read as before", err, m != nil && m.ZeroesOut())
+	}
+}
+
+// A name may be a request's, as long as its body limit: Suggest passes
+// over every candidate whose length is beyond a typo's reach before it
+// allocates, instead of a len(name) x len(candidate) table per candidate.
+func TestSuggestAllocatesNothingForANameNoCandidateIsNear(t *testing.T) {
+	names := []string{"saxpy", strings.Repeat("a", MaxNameLen), "zero_tmp"}
+	for _, n := range []int{MaxNameLen + 4, 4 << 10, 1 << 20} {
+		name := strings.Repeat("A", n)
+		if got := Suggest(name, names); got != "" {
+			t.Errorf("Suggest(%d bytes) = %q, want none", n, got)
+		}
+		if a := testing.AllocsPerRun(5, func() { Suggest(name, names) }); a != 0 {
+			t.Errorf("Suggest(%d bytes) allocated %v times, want 0", n, a)
+		}
+	}
+	// Within reach, a long name is still compared, ignoring case.
+	if got := Suggest(strings.Repeat("A", MaxNameLen+1), names); got != names[1] {
+		t.Errorf("Suggest(64 A's) = %q, want the 63 a's", got)
+	}
+}
+
+// A manifest key longer than any field by more than a typo gets no
+// suggestion, and its refusal costs a few copies of it, not a table of
+// len(key) ints per field.
+func TestUnknownLongManifestKeyRefusedInBoundedMemory(t *testing.T) {
+	key := strings.Repeat("z", 64<<10)
+	data := strings.Replace(valid, `"abi":1,`, `"abi":1,"`+key+`":1,`, 1)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := ParseManifest(strings.NewReader(data))
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "no such field") || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("a 64 KiB unknown key: %.200v, want no such field and no suggestion", err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 4<<20 {
+		t.Errorf("a 64 KiB unknown key allocated %d KiB", n>>10)
 	}
 }

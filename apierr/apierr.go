@@ -99,7 +99,11 @@ var byKind = [...]Status{
 // DidYouMean is ` (did you mean "saxpy"?)` for a name no function has when
 // one of names that sees passes is within a typo of it (abi.Suggest), else
 // "": the one wording of the suggestion, on every route and transport.
+// A name longer than any function's is no typo of one.
 func DidYouMean(name string, names []string, sees func(string) bool) string {
+	if len(name) > abi.MaxNameLen {
+		return ""
+	}
 	seen := names[:0:0]
 	for _, n := range names {
 		if n != name && sees(n) {

@@ -3,9 +3,11 @@ package apierr
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
 	"google.golang.org/grpc/codes"
 )
@@ -90,5 +92,28 @@ func TestDidYouMean(t *testing.T) {
 		if got := DidYouMean(tc.name, names, tc.sees); got != tc.want {
 			t.Errorf("DidYouMean(%q) = %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A name longer than any function's gets no suggestion, and costs nothing
+// near its length to refuse: a model name over gRPC may be as long as the
+// body limit.
+func TestDidYouMeanOfANameLongerThanAnyFunctionsIsNone(t *testing.T) {
+	long := strings.Repeat("a", abi.MaxNameLen)
+	names := []string{"saxpy", long}
+	all := func(string) bool { return true }
+	if got := DidYouMean(long+"b", names, all); got != "" {
+		t.Errorf("DidYouMean(64 bytes) = %q, want none", got)
+	}
+	if got := DidYouMean(long[1:]+"b", names, all); got == "" {
+		t.Errorf("DidYouMean(63 bytes a typo away) = none, want %q", long)
+	}
+	huge := strings.Repeat("Q", 1<<20)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	DidYouMean(huge, names, all)
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 64<<10 {
+		t.Errorf("DidYouMean of a 1 MiB name allocated %d bytes", n)
 	}
 }

@@ -61,7 +61,7 @@ func (c *Control) DeployLabeled(ctx context.Context, name, label string, aside b
 func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o registry.PublishOptions) (api.FunctionInfo, error) {
 	e := c.e
 	if !abi.ValidName(name) {
-		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %q must match [a-z0-9][a-z0-9-]{0,62}", name)
+		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %s must match [a-z0-9][a-z0-9-]{0,62}", errdefs.QuoteName(name))
 	}
 	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
 	if err != nil {

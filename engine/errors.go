@@ -21,10 +21,11 @@ func errorf(k errdefs.Kind, err error, format string, a ...any) *errdefs.Error {
 
 // notFound is the 404 of a name no function has; err is what said so (nil:
 // the name cannot be a function's). The name is kept for a did-you-mean
-// (errdefs.NoFunction), copied: it may be a request's bytes.
+// (errdefs.NoFunction), copied: it may be a request's bytes. The message
+// quotes its head only.
 func notFound(name string, err error, why string) *errdefs.Error {
 	name = strings.Clone(name)
-	return errorf(errdefs.KindNotFound, &errdefs.NoFunction{Name: name, Err: err}, "function %q not found%s", name, why)
+	return errorf(errdefs.KindNotFound, &errdefs.NoFunction{Name: name, Err: err}, "function %s not found%s", errdefs.QuoteName(name), why)
 }
 
 func unavailable(err error, format string, a ...any) *errdefs.Error {

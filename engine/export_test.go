@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/sched"
 )
@@ -68,4 +69,15 @@ func (e *Engine) TopUpFails(name string) int32 {
 		return -1
 	}
 	return v.topFails.Load()
+}
+
+// Print adds line to name's output as a worker of its function loaded
+// here would (false: not loaded here).
+func (e *Engine) Print(name, line string) bool {
+	f, _ := e.tab.peek(name)
+	if f == nil || f.out == nil {
+		return false
+	}
+	f.out.Add(api.LogLine{Time: time.Now(), Stream: "stdout", PID: 1, Line: line})
+	return true
 }

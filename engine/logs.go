@@ -20,7 +20,8 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	if !abi.ValidName(name) {
 		return nil, nil, notFound(name, nil, "")
 	}
-	if _, err := c.e.tab.record(ctx, name); err != nil {
+	rec, err := c.e.tab.record(ctx, name)
+	if err != nil {
 		return nil, nil, err
 	}
 	if !c.e.keepsLogs {
@@ -30,6 +31,9 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	if !follow {
 		return c.e.logs.Lines(name, since), nil, nil
 	}
+	// Before the follower is made: followers of an earlier life of the
+	// name, deleted and made anew elsewhere, end here.
+	c.e.tab.followed.followIn(c.e.logs, name, rec, "", nil)
 	lines, f, err := c.e.logs.Follow(name, since)
 	if err != nil {
 		return nil, nil, errorf(errdefs.KindBusy, err, "function %s: %v: follow with fewer clients, or read without ?follow", name, err)

@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 )
@@ -81,5 +84,196 @@ func TestFollowOfAFunctionDeletedMeanwhile(t *testing.T) {
 	}
 	if errdefs.KindOf(err) != errdefs.KindNotFound {
 		t.Fatalf("Logs of a function deleted while it started a follower: %v, want not found", err)
+	}
+}
+
+// A node follows the output of a function it never ran; another node
+// deletes it, or deletes it and deploys the name anew. The follower ends
+// when this node learns of it (a poll, or loading the name's next life for
+// a request), and gets none of the next life's output; a new version of
+// the same function keeps it. Before, nothing ended it: the node polled
+// only the functions it had loaded, and the stream carried the next
+// life's output.
+func TestFollowerOfAFunctionDeletedOnAnotherNode(t *testing.T) {
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	m := testkit.Manifest("echo")
+	m.OutBytes = 128 // another bundle than dir's: a new version
+	newVersion := testkit.BundleDir(t, m, nil)
+	del := func(t *testing.T, a *engine.Engine) {
+		if err := a.Control().Delete(context.Background(), "echo", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	anew := func(t *testing.T, a *engine.Engine) {
+		if _, err := a.Control().DeployAs(context.Background(), "echo", "globex", packed(t, dir), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		steps   []func(t *testing.T, a *engine.Engine)
+		poll    []bool // whether b polls after each step
+		runHere bool   // b then runs echo, whose worker prints
+		ended   bool
+	}{
+		{"deleted", []func(*testing.T, *engine.Engine){del}, []bool{true}, false, true},
+		{"deployed anew after a poll", []func(*testing.T, *engine.Engine){del, anew}, []bool{true, false}, true, true},
+		{"deployed anew between polls, run here", []func(*testing.T, *engine.Engine){del, anew}, []bool{false, false}, true, true},
+		{"deployed anew between polls", []func(*testing.T, *engine.Engine){del, anew}, []bool{false, true}, false, true},
+		{"a new version", []func(*testing.T, *engine.Engine){func(t *testing.T, a *engine.Engine) { testkit.Deploy(t, a, newVersion) }}, []bool{true}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
+			a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
+			testkit.Deploy(t, a, dir)
+			_, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, true)
+			if err != nil {
+				t.Fatalf("follow on b: %v", err)
+			}
+			defer f.Close()
+			for i, step := range tc.steps {
+				step(t, a)
+				if tc.poll[i] {
+					if err := b.Refresh(context.Background()); err != nil {
+						t.Fatalf("b's poll: %v", err)
+					}
+				}
+			}
+			if tc.runHere {
+				runAndPrint(t, b, "the next life's output")
+			}
+			select {
+			case l, open := <-f.C:
+				switch {
+				case open && tc.ended:
+					t.Fatalf("the follower got %q, want it ended", l.Line)
+				case !open && !tc.ended:
+					t.Fatal("the follower ended")
+				}
+			default: // Refresh and Add have returned: an end or a line is there
+				if tc.ended || tc.runHere {
+					t.Fatal("the follower neither ended nor got a line")
+				}
+			}
+		})
+	}
+}
+
+// runAndPrint runs echo on e (loading it) and prints line as its worker.
+func runAndPrint(t *testing.T, e *engine.Engine, line string) {
+	t.Helper()
+	if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Print("echo", line) {
+		t.Fatal("echo is not loaded")
+	}
+}
+
+func packed(t *testing.T, dir string) *bytes.Reader {
+	b, _, _, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.NewReader(b)
+}
+
+// recordReads counts the reads of key (a's background, if any, included:
+// none is expected while b polls).
+type recordReads struct {
+	objectstore.Store
+	key string
+	n   atomic.Int64
+}
+
+func (s *recordReads) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	if key == s.key {
+		s.n.Add(1)
+	}
+	return s.Store.GetTagged(ctx, key)
+}
+
+func (s *recordReads) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if key == s.key {
+		s.n.Add(1)
+	}
+	return s.Store.Get(ctx, key)
+}
+
+// A node that follows a function it has not loaded reads its record once
+// per poll that finds it changed, whatever the number of followers, and
+// not at all while it is unchanged. A follower made after the function
+// was deleted and deployed anew elsewhere, before this node polled, ends
+// the earlier life's followers and gets the next life's output.
+func TestFollowersOfAFunctionNotLoadedHereCostOneReadPerChange(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &recordReads{Store: fs, key: "functions/echo.json"}
+	cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
+	a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	testkit.Deploy(t, a, dir)
+	var old []*funclog.Follower
+	for range 20 {
+		_, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		old = append(old, f)
+	}
+	poll := func(want int64) {
+		t.Helper()
+		store.n.Store(0)
+		if err := b.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := store.n.Load(); n != want {
+			t.Errorf("b's poll read echo's record %d times, want %d", n, want)
+		}
+	}
+	poll(1) // its tag not known from Logs' read
+	poll(0)
+	m := testkit.Manifest("echo")
+	m.OutBytes = 128
+	testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	poll(1)
+	poll(0)
+
+	if err := a.Control().Delete(context.Background(), "echo", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Control().DeployAs(context.Background(), "echo", "globex", packed(t, dir), true); err != nil {
+		t.Fatal(err)
+	}
+	_, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for i, o := range old {
+		select {
+		case _, open := <-o.C:
+			if open {
+				t.Fatalf("follower %d of the deleted life got a line, want it ended", i)
+			}
+		default: // Logs has returned: the end is there
+			t.Fatalf("follower %d of the deleted life still open", i)
+		}
+	}
+	runAndPrint(t, b, "the next life's output")
+	select {
+	case l, open := <-f.C:
+		if !open || l.Line != "the next life's output" {
+			t.Fatalf("the next life's follower: %q %v, want its line", l.Line, open)
+		}
+	default:
+		t.Fatal("the next life's follower got nothing")
 	}
 }

@@ -13,8 +13,9 @@ import (
 // Refresh follows changes made elsewhere (another node's deploy, a
 // rollback, a delete) to the functions this node has resolved. It lists the
 // records' tags (one store request) and reads only the records whose tag
-// changed since this node last applied them. A store outage changes
-// nothing: loaded functions keep serving.
+// changed since this node last applied them, and those of the names
+// followed here that it has not loaded (refreshFollowed). A store outage
+// changes nothing: loaded functions keep serving.
 func (e *Engine) Refresh(ctx context.Context) error {
 	names := e.tab.names()
 	tags, err := e.tab.reg.Tags(ctx)
@@ -23,10 +24,15 @@ func (e *Engine) Refresh(ctx context.Context) error {
 	}
 	e.names.listed(tags) // Names serves it: no listing of its own while polled
 	var firstErr error
+	loaded := make(map[string]bool, len(names))
 	for _, name := range names {
+		loaded[name] = true
 		if err := e.refreshOne(ctx, name, tags); err != nil && firstErr == nil {
 			firstErr = err
 		}
+	}
+	if err := e.refreshFollowed(ctx, loaded, tags); err != nil && firstErr == nil {
+		firstErr = err
 	}
 	return firstErr
 }

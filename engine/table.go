@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,7 +70,8 @@ type table struct {
 	funcs map[string]*function
 	// tags holds the version tag of each record Refresh last applied, so
 	// that a poll reads only the records that changed.
-	tags map[string]string
+	tags     map[string]string
+	followed followedLives // of names followed here (followed.go)
 	// epoch counts changes of funcs (a version switch, a removal) and the
 	// store reads applied that found nothing to change, so that a store
 	// read (or write) made without the lock is applied only if nothing was
@@ -417,7 +417,7 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 	}
 	if f == nil {
 		name = strings.Clone(name) // callers may pass borrowed bytes (the HTTP path)
-		f = &function{name: name, out: t.logs.Sink(name)}
+		f = &function{name: name, out: t.followed.sink(t.logs, name, rec)}
 		t.funcs[name] = f
 	}
 	old := f.cur
@@ -787,9 +787,4 @@ func (t *table) appliedTag(name string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.tags[name]
-}
-
-// lists reports whether rec lists the version id.
-func lists(rec *api.Record, id string) bool {
-	return slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.ID == id })
 }

@@ -8,6 +8,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -80,7 +81,17 @@ func (e *NoFunction) Error() string {
 	if e.Err != nil {
 		return e.Err.Error()
 	}
-	return "no function is named " + e.Name
+	return "no function is named " + QuoteName(e.Name)
+}
+
+// QuoteName is name quoted for a message, its first 64 bytes at most
+// ("..." after): a name may be a request's, as long as its body limit,
+// and a client is answered with it, a log line written with it.
+func QuoteName(name string) string {
+	if len(name) > 64 {
+		return strconv.Quote(name[:64]) + "..."
+	}
+	return strconv.Quote(name)
 }
 
 func (e *NoFunction) Unwrap() error { return e.Err }

@@ -298,6 +298,21 @@ func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower, 
 	return lines, f, nil
 }
 
+// Followed is the names that have followers: a node polls their records
+// to end them when the function is deleted elsewhere, though it may never
+// have run it.
+func (s *Store) Followed() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for name, r := range s.fns {
+		if len(r.follow) > 0 {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // Forget drops name's lines (a deleted function) and ends its followers:
 // their channels close; sinks made before it keep nothing more.
 func (s *Store) Forget(name string) {
@@ -306,6 +321,23 @@ func (s *Store) Forget(name string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetLocked(name)
+}
+
+// ForgetUnsunk is Forget unless name's current life has a sink (its
+// function is loaded here: whoever loaded it forgets it when it goes).
+// It serves a node that follows a function it never ran, told by the
+// store that the function was deleted, while a request may load the
+// name's next life: that life's output is kept.
+func (s *Store) ForgetUnsunk(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lives[name] == nil {
+		s.forgetLocked(name)
+	}
+}
+
+func (s *Store) forgetLocked(name string) {
 	if l := s.lives[name]; l != nil {
 		l.over.Store(true)
 		delete(s.lives, name)

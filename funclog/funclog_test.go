@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -201,5 +202,62 @@ func TestFollowersBounded(t *testing.T) {
 	}
 	if _, _, err := s.Follow("h", time.Time{}); !errors.Is(err, ErrTooManyFollowers) || !strings.Contains(err.Error(), "in all") {
 		t.Fatalf("follower %d on the node: %v, want ErrTooManyFollowers", MaxFollowersTotal+1, err)
+	}
+}
+
+// Followed is the names that have followers, whether or not they printed:
+// a follower closed or forgotten takes its name off.
+func TestFollowedNames(t *testing.T) {
+	s := New(nil)
+	s.Sink("printed").Add(api.LogLine{Time: time.Now(), Line: "x"})
+	_, a, _ := s.Follow("a", time.Time{})
+	_, b, _ := s.Follow("b", time.Time{})
+	_, b2, _ := s.Follow("b", time.Time{})
+	for _, tc := range []struct {
+		step func()
+		want string
+	}{
+		{func() {}, "a b"},
+		{b.Close, "a b"},
+		{b2.Close, "a"},
+		{func() { s.Forget("a") }, ""},
+	} {
+		tc.step()
+		got := s.Followed()
+		slices.Sort(got)
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("Followed() = %v, want %q", got, tc.want)
+		}
+	}
+	a.Close()
+}
+
+// ForgetUnsunk ends a name's followers unless its current life has a sink
+// (its function is loaded here): then nothing is forgotten, and what the
+// sink brings is still kept and followed.
+func TestForgetUnsunk(t *testing.T) {
+	for _, sunk := range []bool{false, true} {
+		s := New(nil)
+		_, f, _ := s.Follow("fn", time.Time{})
+		var k *Sink
+		if sunk {
+			k = s.Sink("fn")
+		}
+		s.ForgetUnsunk("fn")
+		select {
+		case _, open := <-f.C:
+			if open || sunk {
+				t.Fatalf("sunk %v: the follower got a line or ended (open %v)", sunk, open)
+			}
+		default:
+			if !sunk {
+				t.Fatal("no sink: the follower is still open")
+			}
+			k.Add(api.LogLine{Time: time.Now(), Line: "kept"})
+			if l := <-f.C; l.Line != "kept" || len(s.Lines("fn", time.Time{})) != 1 {
+				t.Fatalf("sunk: the sink's line %q, kept %v", l.Line, s.Lines("fn", time.Time{}))
+			}
+		}
+		f.Close()
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/errdefs"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/oip"
 )
@@ -311,9 +312,5 @@ func fields(b []byte, f func(protowire.Number, protowire.Type, []byte) error) er
 func headName(b []byte) string {
 	var r pb.ModelInferRequest
 	decodeHead(b, &r)
-	name := r.GetModelName()
-	if len(name) > 64 {
-		return fmt.Sprintf("%q...", name[:64])
-	}
-	return fmt.Sprintf("%q", name)
+	return errdefs.QuoteName(r.GetModelName())
 }

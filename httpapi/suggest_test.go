@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -117,5 +118,31 @@ func TestDidYouMeanServed(t *testing.T) {
 				t.Fatalf("%d %q; want %d ending %q", resp.StatusCode, msg, tc.status, want)
 			}
 		})
+	}
+}
+
+// A name no function can have (longer than any may be) is refused 404
+// quoting its head only, with no did-you-mean and at the cost of a few
+// copies of it: not a table of len(name) ints for each function name.
+func TestLongFunctionNameRefusedInBoundedMemory(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	for _, c := range "abcdefgh" {
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest(strings.Repeat(string(c), abi.MaxNameLen)), nil))
+	}
+	url := testkit.Serve(t, e, httpapi.Options{})
+	name := strings.Repeat("a", 3800) // the request line and headers may be 4 KiB
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	resp, body := testkit.Post(t, "POST", url+"/v1/functions/"+name+"/invoke", "application/octet-stream", []byte("x"))
+	runtime.ReadMemStats(&after)
+	msg := string(body)
+	if resp.StatusCode != 404 || !strings.Contains(msg, `\"`+name[:64]+`\"...`) || len(msg) > 512 || strings.Contains(msg, "did you mean") {
+		t.Errorf("%d %.300q; want 404 quoting the name's first 64 bytes, no suggestion", resp.StatusCode, msg)
+	}
+	n := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a 3800-byte name: %d KiB allocated", n>>10)
+	if n > 2<<20 {
+		t.Errorf("a 3800-byte name allocated %d KiB", n>>10)
 	}
 }

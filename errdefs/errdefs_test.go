@@ -1,0 +1,28 @@
+package errdefs
+
+import (
+	"strings"
+	"testing"
+)
+
+// A name in a message is quoted whole up to 64 bytes, its head beyond:
+// a request's name may be as long as its body.
+func TestQuoteName(t *testing.T) {
+	long := strings.Repeat("a", 64)
+	for _, tc := range []struct{ name, want string }{
+		{"saxpy", `"saxpy"`},
+		{"", `""`},
+		{`a"b`, `"a\"b"`},
+		{long, `"` + long + `"`},
+		{long + "b", `"` + long + `"...`},
+		{strings.Repeat("a", 1<<20), `"` + long + `"...`},
+	} {
+		if got := QuoteName(tc.name); got != tc.want {
+			t.Errorf("QuoteName(%d bytes) = %.80q, want %.80q", len(tc.name), got, tc.want)
+		}
+	}
+	e := &NoFunction{Name: strings.Repeat("x", 1<<20)}
+	if n := len(e.Error()); n > 100 {
+		t.Errorf("NoFunction's message for a 1 MiB name is %d bytes", n)
+	}
+}
