@@ -76,7 +76,7 @@ func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]st
 	}
 	f, changed := e.tab.switchTo(name, cv, rec, at)
 	if changed {
-		e.warmIfWanted(ctx, f)
+		e.warmAside(ctx, f)
 	}
 	if f != nil { // applied, not overtaken by a change here
 		e.tab.applied(name, tag)

@@ -126,3 +126,38 @@ func TestEvictionSkipsWhatFreesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A poll that takes in another node's deploy of a function with
+// min_instances pre-warms it aside: a constructor that takes its time (up
+// to the request timeout) must not hold up following the other functions'
+// changes, a delete among them. Before, Refresh waited for the load.
+func TestRefreshDoesNotWaitForAPrewarm(t *testing.T) {
+	ctx := context.Background()
+	store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &holdLoads{Device: device.NewHost(0), release: make(chan struct{})}
+	a := testkit.Engine(t, engine.Config{Store: store})
+	b := testkit.Engine(t, engine.Config{Store: store, Devices: []device.Device{d}})
+	m := testkit.Manifest("warm")
+	testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	if err := b.Invoke(ctx, "warm", &call.Request{Input: []byte{1}}); err != nil {
+		t.Fatal(err) // b has it now, so b's polls follow it
+	}
+	m.MinInstances, m.OutBytes = 1, 128 // a new version b pre-warms
+	testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	d.loading = make(chan struct{})
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- b.Refresh(ctx) }()
+	<-d.loading // the pre-warm's load is under way, held
+	defer close(d.release)
+	select {
+	case err := <-refreshed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Refresh still waits for a pre-warm's load after 10 s")
+	}
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"time"
 )
 
@@ -67,6 +68,26 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 		return
 	}
 	e.warmCurrent(ctx, f, v)
+}
+
+// warmAside pre-warms f (warmIfWanted) on a goroutine of its own, for a
+// poll: a constructor may take up to the request timeout, and the poll
+// meanwhile follows the other functions' changes (a delete among them).
+// One at a time per function: a version that lands while one is under way
+// is topped up by the reaper. A panic is logged, as a poll's is.
+func (e *Engine) warmAside(ctx context.Context, f *function) {
+	if _, busy := e.warmingAside.LoadOrStore(f, true); busy {
+		return
+	}
+	go func() {
+		defer e.warmingAside.Delete(f)
+		defer func() {
+			if v := recover(); v != nil {
+				e.cfg.Log.Error("pre-warming a polled function panicked", "function", f.name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			}
+		}()
+		e.warmIfWanted(ctx, f)
+	}()
 }
 
 // warmCurrent brings v up to its min_instances while it is f's current
