@@ -151,7 +151,12 @@ func TestRefreshDoesNotWaitForAPrewarm(t *testing.T) {
 	refreshed := make(chan error, 1)
 	go func() { refreshed <- b.Refresh(ctx) }()
 	<-d.loading // the pre-warm's load is under way, held
-	defer close(d.release)
+	released := false
+	defer func() {
+		if !released {
+			close(d.release)
+		}
+	}()
 	select {
 	case err := <-refreshed:
 		if err != nil {
@@ -159,5 +164,23 @@ func TestRefreshDoesNotWaitForAPrewarm(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Refresh still waits for a pre-warm's load after 10 s")
+	}
+	// A third version lands while the second's pre-warm is under way: the
+	// one under way warms it next, with no request and no poll.
+	m.OutBytes = 256
+	v3 := testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(d.release)
+	released = true
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		fi := info(t, b, "warm")
+		if fi.Version == v3.Version && fi.Loaded && fi.Idle >= 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("b has %s, loaded %v, %d idle 10 s after a pre-warm under way ended; want %s warm", fi.Version, fi.Loaded, fi.Idle, v3.Version)
+		}
 	}
 }

@@ -73,20 +73,33 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 // warmAside pre-warms f (warmIfWanted) on a goroutine of its own, for a
 // poll: a constructor may take up to the request timeout, and the poll
 // meanwhile follows the other functions' changes (a delete among them).
-// One at a time per function: a version that lands while one is under way
-// is topped up by the reaper. A panic is logged, as a poll's is.
+// One at a time per function: the one under way warms again a version
+// that landed meanwhile (the reaper tops up loaded versions only). A
+// panic is logged, as a poll's is.
 func (e *Engine) warmAside(ctx context.Context, f *function) {
 	if _, busy := e.warmingAside.LoadOrStore(f, true); busy {
 		return
 	}
 	go func() {
-		defer e.warmingAside.Delete(f)
 		defer func() {
 			if v := recover(); v != nil {
+				e.warmingAside.Delete(f)
 				e.cfg.Log.Error("pre-warming a polled function panicked", "function", f.name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			}
 		}()
-		e.warmIfWanted(ctx, f)
+		for {
+			v := e.tab.currentOf(f)
+			e.warmIfWanted(ctx, f)
+			// Given up before looking again: a poll that switches f now
+			// either sees it free or is seen here.
+			e.warmingAside.Delete(f)
+			if e.tab.currentOf(f) == v || ctx.Err() != nil {
+				return
+			}
+			if _, busy := e.warmingAside.LoadOrStore(f, true); busy {
+				return
+			}
+		}
 	}()
 }
 
