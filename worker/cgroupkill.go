@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,20 +17,23 @@ import (
 // to be gone.
 const groupEmptyTime = 5 * time.Second
 
-// emptyGroup kills every process in the cgroup at dir and returns once the
-// group holds none: with cgroup v2's cgroup.kill where the kernel has it
-// (5.14), else by killing each process cgroup.procs lists, again until it
-// lists none (a process forking meanwhile adds one after the read). The
-// group reaches what a worker started however it left the worker's tree,
-// all of it at once; a stray look kills a chain of sessions a generation
-// at a time. A process that dies is out of the group before it is reaped,
-// so this needs no reaper.
-func emptyGroup(dir string) error {
-	if err := writeExisting(filepath.Join(dir, "cgroup.kill"), "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("kill cgroup %s: %w", dir, err)
+// emptyGroup kills every process in the cgroup at dir but keep (0: none)
+// and returns once the group holds none but keep: with cgroup v2's
+// cgroup.kill where the kernel has it (5.14) and there is no keep, else by
+// killing each process cgroup.procs lists, again until it lists none (a
+// process forking meanwhile adds one after the read). The group reaches
+// what a worker started however it left the worker's tree, all of it at
+// once. A process that dies is out of the group before it is reaped, so
+// this needs no reaper.
+func emptyGroup(dir string, keep int) error {
+	if keep == 0 {
+		if err := writeExisting(filepath.Join(dir, "cgroup.kill"), "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("kill cgroup %s: %w", dir, err)
+		}
 	}
 	for end := time.Now().Add(groupEmptyTime); ; {
 		pids, err := groupMembers(dir)
+		pids = slices.DeleteFunc(pids, func(pid int) bool { return pid == keep })
 		if err != nil || len(pids) == 0 {
 			return err
 		}
@@ -112,15 +116,16 @@ func killMember(pid int, dir string) {
 	}
 }
 
-// makeGroup makes the cgroup at dir for a worker. One already there (a
+// makeGroup makes the cgroup at dir for worker pid. One already there (a
 // group of an earlier worker of the same pid, of this server or of one
-// killed before it could remove it) is emptied first: whatever that worker
-// left must not join the new one's group, and the group is named by pid
-// only.
-func makeGroup(dir string) error {
+// killed before it could remove it) is emptied first, of all but pid
+// itself (which another controller's placement, in a hierarchy they share,
+// may have put there already): whatever that earlier worker left must not
+// join the new one's group, and the group is named by pid only.
+func makeGroup(dir string, pid int) error {
 	err := os.Mkdir(dir, 0o755)
 	if errors.Is(err, os.ErrExist) {
-		return emptyGroup(dir)
+		return emptyGroup(dir, pid)
 	}
 	return err
 }

@@ -270,7 +270,7 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 		}
 	} else {
 		c.dir = filepath.Join(g.dir, strconv.Itoa(pid))
-		err := makeGroup(c.dir)
+		err := makeGroup(c.dir, pid)
 		if err == nil {
 			err = g.writeGroup(c.dir, pid, g.value(w))
 		}
@@ -449,7 +449,7 @@ func (c *Group) Empty() error {
 	if c == nil || c.dir == "" {
 		return nil
 	}
-	return emptyGroup(c.dir)
+	return emptyGroup(c.dir, 0)
 }
 
 // Remove removes the group once its process has exited. An empty group

@@ -36,12 +36,16 @@ import (
 // (with workers of the server's own uid, a desktop user's thousand
 // threads must not leave workers none). Mechanism says which is in force.
 type PidGroups struct {
-	max  int
-	log  *slog.Logger
-	dir  string     // v1: the workers' groups' parent; "" otherwise
-	cpu  *CPUGroups // v2: the workers' CPU groups, which hold the bound
-	uid  int        // the workers' uid (RLIMIT_NPROC)
-	rlim uint64     // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
+	max int
+	log *slog.Logger
+	dir string     // v1: the workers' groups' parent; "" otherwise
+	cpu *CPUGroups // v2, or v1 sharing cpu's hierarchy: the workers' CPU groups, which hold the bound
+	// shared: cpu and pids are one v1 hierarchy (co-mounted, or a root
+	// leading both to one directory), where a worker's CPU group and pids
+	// group would be one directory.
+	shared bool
+	uid    int    // the workers' uid (RLIMIT_NPROC)
+	rlim   uint64 // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
 
 	mu       sync.Mutex
 	broken   error // the groups failed (logged once): RLIMIT_NPROC from then on
@@ -94,8 +98,15 @@ func (g *PidGroups) cgroups(root string, cpu *CPUGroups) error {
 	// The server stays in its own group (v1 lets a group hold processes
 	// beside groups): a bound set on it holds the workers' too.
 	home := filepath.Join(root, "pids", OwnGroup("pids"))
-	if _, err := os.Stat(filepath.Join(home, "cgroup.procs")); err != nil {
+	fi, err := os.Stat(filepath.Join(home, "cgroup.procs"))
+	if err != nil {
 		return fmt.Errorf("no cgroup v1 pids hierarchy: %w", err)
+	}
+	if cpu.Mechanism() == "cgroup v1" {
+		if cfi, err := os.Stat(filepath.Join(cpu.home, "cgroup.procs")); err == nil && os.SameFile(fi, cfi) {
+			g.cpu, g.shared = cpu, true
+			return nil
+		}
 	}
 	sweep(home)
 	dir := filepath.Join(home, fmt.Sprintf("plover-%d", os.Getpid()))
@@ -131,7 +142,7 @@ func (g *PidGroups) Mechanism() string {
 		return "off"
 	case g.off() != nil:
 		return "rlimit"
-	case g.cpu != nil:
+	case g.cpu != nil && !g.shared:
 		return "cgroup v2"
 	}
 	return "cgroup v1"
@@ -164,8 +175,8 @@ func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
 	return nil
 }
 
-// place puts pid in a pids group: its CPU group under v2, a group of its
-// own under v1.
+// place puts pid in a pids group: its CPU group under v2 or where cpu
+// and pids share a v1 hierarchy, a group of its own under v1.
 func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 	max := []byte(strconv.Itoa(g.max))
 	if g.cpu != nil {
@@ -178,7 +189,7 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 		return nil, syscall.ESRCH // the CPU groups found it gone
 	}
 	dir := filepath.Join(g.dir, strconv.Itoa(pid))
-	err := makeGroup(dir)
+	err := makeGroup(dir, pid)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "pids.max"), max, 0o644)
 	}
@@ -284,7 +295,7 @@ func (c *PidGroup) Empty() error {
 	if c == nil {
 		return nil
 	}
-	return emptyGroup(c.dir)
+	return emptyGroup(c.dir, 0)
 }
 
 // Remove removes the group once its process has exited. One still holding
