@@ -156,8 +156,8 @@ func (g *PidGroups) off() error {
 
 // Place bounds the tasks of process pid, a worker that has not run bundle
 // code yet, whose CPU group is cg (nil: none), and returns its group to
-// remove once it is reaped (nil: nothing to remove). As for CPUGroups.Place
-// the caller holds what keeps pid from being reaped meanwhile. A group
+// remove once it exited and was emptied, before its reap (nil: nothing to
+// remove). As for CPUGroups.Place the caller holds what keeps pid from being reaped meanwhile. A group
 // that cannot be made turns the groups off for RLIMIT_NPROC (logged once),
 // from this worker on.
 func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
@@ -298,9 +298,9 @@ func (c *PidGroup) Empty() error {
 	return emptyGroup(c.dir, 0)
 }
 
-// Remove removes the group once its process has exited. One still holding
-// a process (a child not yet reaped) is left for Close or the next
-// server's sweep.
+// Remove removes the group once its process has exited (a zombie keeps
+// no group populated). One still holding a live process (one Empty could
+// not kill) is left for Close or the next server's sweep.
 func (c *PidGroup) Remove() {
 	if c != nil {
 		os.Remove(c.dir)
