@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,23 +16,19 @@ import (
 // to be gone.
 const groupEmptyTime = 5 * time.Second
 
-// emptyGroup kills every process in the cgroup at dir but keep (0: none)
-// and returns once the group holds none but keep: with cgroup v2's
-// cgroup.kill where the kernel has it (5.14) and there is no keep, else by
-// killing each process cgroup.procs lists, again until it lists none (a
-// process forking meanwhile adds one after the read). The group reaches
-// what a worker started however it left the worker's tree, all of it at
-// once. A process that dies is out of the group before it is reaped, so
-// this needs no reaper.
-func emptyGroup(dir string, keep int) error {
-	if keep == 0 {
-		if err := writeExisting(filepath.Join(dir, "cgroup.kill"), "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("kill cgroup %s: %w", dir, err)
-		}
+// emptyGroup kills every process in the cgroup at dir and returns once the
+// group holds none: with cgroup v2's cgroup.kill where the kernel has it
+// (5.14), else by killing each process cgroup.procs lists, again until it
+// lists none (a process forking meanwhile adds one after the read). The
+// group reaches what a worker started however it left the worker's tree,
+// all of it at once. A process that dies is out of the group before it is
+// reaped, so this needs no reaper.
+func emptyGroup(dir string) error {
+	if err := writeExisting(filepath.Join(dir, "cgroup.kill"), "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("kill cgroup %s: %w", dir, err)
 	}
 	for end := time.Now().Add(groupEmptyTime); ; {
 		pids, err := groupMembers(dir)
-		pids = slices.DeleteFunc(pids, func(pid int) bool { return pid == keep })
 		if err != nil || len(pids) == 0 {
 			return err
 		}
@@ -116,16 +111,28 @@ func killMember(pid int, dir string) {
 	}
 }
 
-// makeGroup makes the cgroup at dir for worker pid. One already there (a
-// group of an earlier worker of the same pid, of this server or of one
-// killed before it could remove it) is emptied first, of all but pid
-// itself (which another controller's placement, in a hierarchy they share,
-// may have put there already): whatever that earlier worker left must not
-// join the new one's group, and the group is named by pid only.
-func makeGroup(dir string, pid int) error {
-	err := os.Mkdir(dir, 0o755)
-	if errors.Is(err, os.ErrExist) {
-		return emptyGroup(dir, pid)
+// groupNames bounds the names makeGroup tries for one worker.
+const groupNames = 16
+
+// errGroupsLeft: every name makeGroup tried for a worker was taken. It
+// fails that worker's placement only.
+var errGroupsLeft = errors.New("cgroups of earlier workers of the same pid left in the way")
+
+// makeGroup makes a cgroup for a worker at base (its pid under the
+// server's group) and returns where: a group of that name still there is
+// one an earlier worker of the same pid left because Empty could not end
+// a process in it (the groups of a worker that ended go before its reap),
+// which emptying it again as the new worker starts would not end either,
+// while the caller holds the worker's lock; so the group goes to the first
+// free name of base-1, base-2, ....
+func makeGroup(base string) (string, error) {
+	dir := base
+	for i := 1; i <= groupNames; i++ {
+		err := os.Mkdir(dir, 0o755)
+		if !errors.Is(err, os.ErrExist) {
+			return dir, err
+		}
+		dir = fmt.Sprintf("%s-%d", base, i)
 	}
-	return err
+	return "", fmt.Errorf("%s: %w", base, errGroupsLeft)
 }

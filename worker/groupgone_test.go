@@ -20,14 +20,8 @@ import (
 // failed and turned the groups off for every worker). Against the node's
 // v1 cpu and pids hierarchies, where they can be written.
 func TestWorkerGroupsGoBeforeItsReap(t *testing.T) {
-	saved := cgroupRoot
-	t.Cleanup(func() { cgroupRoot = saved })
-	cpu := NewCPUGroupsAt(saved, nil)
-	if m := cpu.Mechanism(); m != "cgroup v1" {
-		t.Skipf("CPU groups: %s here, want a writable cgroup v1 hierarchy", m)
-	}
-	t.Cleanup(cpu.Close)
-	pids := NewPidGroups(saved, 64, 0, cpu, nil)
+	cpu := nodeCPUGroupsV1(t)
+	pids := NewPidGroups(cgroupRoot, 64, 0, cpu, nil)
 	if m := pids.Mechanism(); m != "cgroup v1" {
 		t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
 	}
@@ -64,4 +58,18 @@ func TestWorkerGroupsGoBeforeItsReap(t *testing.T) {
 			t.Errorf("worker %d reaped with its group %s still there", pid, dir)
 		}
 	}
+}
+
+// nodeCPUGroupsV1 is CPU groups in the node's cgroup v1 hierarchy for the
+// test (skipped where there is none to write), closed after it.
+func nodeCPUGroupsV1(t *testing.T) *CPUGroups {
+	t.Helper()
+	saved := cgroupRoot
+	t.Cleanup(func() { cgroupRoot = saved })
+	cpu := NewCPUGroupsAt(saved, nil)
+	if m := cpu.Mechanism(); m != "cgroup v1" {
+		t.Skipf("CPU groups: %s here, want a writable cgroup v1 hierarchy", m)
+	}
+	t.Cleanup(cpu.Close)
+	return cpu
 }

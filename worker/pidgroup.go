@@ -169,7 +169,12 @@ func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
 		if err == nil || errors.Is(err, syscall.ESRCH) {
 			return c
 		}
-		g.fallBack(fmt.Errorf("worker %d: %w", pid, err))
+		if errors.Is(err, errGroupsLeft) {
+			// This worker's alone: it gets RLIMIT_NPROC.
+			g.log.Warn("a worker without a pids group", "pid", pid, "error", err)
+		} else {
+			g.fallBack(fmt.Errorf("worker %d: %w", pid, err))
+		}
 	}
 	g.limit(pid)
 	return nil
@@ -188,8 +193,10 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 		}
 		return nil, syscall.ESRCH // the CPU groups found it gone
 	}
-	dir := filepath.Join(g.dir, strconv.Itoa(pid))
-	err := makeGroup(dir, pid)
+	dir, err := makeGroup(filepath.Join(g.dir, strconv.Itoa(pid)))
+	if errors.Is(err, errGroupsLeft) {
+		return nil, err
+	}
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "pids.max"), max, 0o644)
 	}
@@ -295,7 +302,7 @@ func (c *PidGroup) Empty() error {
 	if c == nil {
 		return nil
 	}
-	return emptyGroup(c.dir, 0)
+	return emptyGroup(c.dir)
 }
 
 // Remove removes the group once its process has exited (a zombie keeps
