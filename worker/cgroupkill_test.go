@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,5 +84,37 @@ func leaveBehind(t *testing.T, dir string) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(left.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A process is a group's member by the line of that group's hierarchy in
+// /proc/PID/cgroup, its path exactly: a path of another hierarchy's that
+// only ends the same, or a directory that is no cgroup at all, made it one
+// (and emptyGroup would kill it). Against the node's v1 cpu hierarchy.
+func TestGroupMembersAreOfTheOneHierarchy(t *testing.T) {
+	name := fmt.Sprintf("plover-test-%d-members", os.Getpid())
+	cpu := filepath.Join("/sys/fs/cgroup/cpu", name)
+	if err := os.Mkdir(cpu, 0o755); err != nil {
+		t.Skipf("no writable cgroup v1 cpu hierarchy: %v", err)
+	}
+	w := exec.Command("sleep", "60")
+	if err := w.Start(); err != nil {
+		os.Remove(cpu)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Process.Kill(); w.Wait(); os.Remove(cpu) })
+	pid := strconv.Itoa(w.Process.Pid)
+	if err := os.WriteFile(filepath.Join(cpu, "cgroup.procs"), []byte(pid), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A plain directory whose path ends as the cpu group's, listing it.
+	fake := filepath.Join(t.TempDir(), name)
+	os.Mkdir(fake, 0o755)
+	os.WriteFile(filepath.Join(fake, "cgroup.procs"), []byte(pid), 0o644)
+	if got, err := groupMembers(cpu); err != nil || len(got) != 1 || got[0] != w.Process.Pid {
+		t.Errorf("the cpu group's members %v, %v; want %s", got, err, pid)
+	}
+	if got, _ := groupMembers(fake); len(got) != 0 {
+		t.Errorf("a directory that is no cgroup has members %v", got)
 	}
 }
