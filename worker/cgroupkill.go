@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,15 +23,19 @@ const groupEmptyTime = 5 * time.Second
 // (5.14), else by killing each process cgroup.procs lists, again until it
 // lists none (a process forking meanwhile adds one after the read). The
 // group reaches what a worker started however it left the worker's tree,
-// all of it at once; a stray look kills a chain of sessions a generation
-// at a time. A process that dies is out of the group before it is reaped,
-// so this needs no reaper.
+// all of it at once. A process that dies is out of the group before it is
+// reaped, so this needs no reaper. Without cgroup.kill or pidfds it kills
+// nothing (killMember).
 func emptyGroup(dir string) error {
 	if err := writeExisting(filepath.Join(dir, "cgroup.kill"), "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("kill cgroup %s: %w", dir, err)
 	}
+	ref, ok := groupRefOf(dir)
+	if !ok || !pidfds() {
+		return nil // no cgroup; or no safe way to kill by cgroup.procs (killMember)
+	}
 	for end := time.Now().Add(groupEmptyTime); ; {
-		pids, err := groupMembers(dir)
+		pids, err := membersOf(dir, ref)
 		if err != nil || len(pids) == 0 {
 			return err
 		}
@@ -37,7 +43,7 @@ func emptyGroup(dir string) error {
 			return fmt.Errorf("cgroup %s: processes %v left after %v of kills", dir, pids, groupEmptyTime)
 		}
 		for _, pid := range pids {
-			killMember(pid, dir)
+			killMember(pid, ref)
 		}
 		// The kernel takes a killed process out of the group as it exits:
 		// a look a millisecond later, not a wait for a signal there is not.
@@ -61,8 +67,17 @@ func writeExisting(path, text string) error {
 }
 
 // groupMembers lists the processes in the cgroup at dir that /proc places
-// there too (in a test's fake hierarchy of plain files, none).
+// there too (none in a directory that is no cgroup, a test's fake
+// hierarchy of plain files).
 func groupMembers(dir string) ([]int, error) {
+	ref, ok := groupRefOf(dir)
+	if !ok {
+		return nil, nil
+	}
+	return membersOf(dir, ref)
+}
+
+func membersOf(dir string, ref groupRef) ([]int, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -72,55 +87,122 @@ func groupMembers(dir string) ([]int, error) {
 	}
 	var pids []int
 	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil && inGroup(pid, dir) {
+		if pid, err := strconv.Atoi(f); err == nil && ref.has(pid) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids, nil
 }
 
-// inGroup reports whether /proc/PID/cgroup names the group at dir (a
-// hierarchy's mount point, then the group's path).
-func inGroup(pid int, dir string) bool {
+// groupRef is a cgroup as /proc/PID/cgroup names it: its hierarchy (v2,
+// or v1's mount options, which list its controllers) and its path there.
+type groupRef struct {
+	v2   bool
+	opts []string
+	path string
+}
+
+// groupRefOf finds the cgroup at dir among this process's mounts: the one
+// whose mount point is the longest above dir (the last of equals: it
+// hides the others). False where that is no cgroup mount.
+func groupRefOf(dir string) (groupRef, bool) {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return groupRef{}, false
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return groupRef{}, false
+	}
+	var ref groupRef
+	ok, best := false, -1
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, _ := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 3 {
+			continue
+		}
+		mnt := strings.ReplaceAll(f[4], "\\040", " ")
+		rel, in := strings.CutPrefix(real, strings.TrimSuffix(mnt, "/"))
+		if !in || rel != "" && rel[0] != '/' || len(mnt) < best {
+			continue
+		}
+		best = len(mnt)
+		ref = groupRef{v2: g[0] == "cgroup2", opts: strings.Split(g[2], ","), path: filepath.Join("/", f[3], rel)}
+		ok = g[0] == "cgroup2" || g[0] == "cgroup"
+	}
+	return ref, ok
+}
+
+// has reports whether /proc/PID/cgroup puts pid in the group: the one
+// line of its hierarchy (v2's "0::"; v1's, whose controllers the mount
+// lists), its path exactly.
+func (r groupRef) has(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return false
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 && len(parts[2]) > 1 && strings.HasSuffix(dir, parts[2]) {
-			return true
+		if len(parts) != 3 || (parts[0] == "0" && parts[1] == "") != r.v2 {
+			continue
 		}
+		if !r.v2 && (parts[1] == "" || slices.ContainsFunc(strings.Split(parts[1], ","), func(c string) bool { return !slices.Contains(r.opts, c) })) {
+			continue
+		}
+		return parts[2] == r.path
 	}
 	return false
 }
 
-// killMember kills pid through a pidfd, checking it is in the group at dir
-// once the pidfd holds it: a pid read from cgroup.procs may have been
-// reaped and reused since.
-func killMember(pid int, dir string) {
+// killMember kills pid through a pidfd, checking it is in the group once
+// the pidfd holds it: a pid read from cgroup.procs may have been reaped
+// and reused since. Without pidfds (before Linux 5.3) it does nothing: a
+// check by pid then a kill by pid could kill a process that took the pid
+// between them; what a worker left is still ended by its tree
+// (contain.Tree.End).
+func killMember(pid int, ref groupRef) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		if errors.Is(err, unix.ENOSYS) && inGroup(pid, dir) {
-			unix.Kill(pid, unix.SIGKILL) // before Linux 5.3: no better way
-		}
 		return
 	}
 	defer unix.Close(fd)
-	if inGroup(pid, dir) {
+	if ref.has(pid) {
 		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 	}
 }
 
-// makeGroup makes the cgroup at dir for a worker. One already there (a
-// group of an earlier worker of the same pid, of this server or of one
-// killed before it could remove it) is emptied first: whatever that worker
-// left must not join the new one's group, and the group is named by pid
-// only.
-func makeGroup(dir string) error {
-	err := os.Mkdir(dir, 0o755)
-	if errors.Is(err, os.ErrExist) {
-		return emptyGroup(dir)
+// groupNames bounds the names makeGroup tries for one worker.
+const groupNames = 16
+
+// errGroupsLeft: every name makeGroup tried for a worker was taken. It
+// fails that worker's placement only.
+var errGroupsLeft = errors.New("cgroups of earlier workers of the same pid left in the way")
+
+// makeGroup makes a cgroup for a worker at base (its pid under the
+// server's group) and returns where: a group of that name still there is
+// one an earlier worker of the same pid left because Empty could not end
+// a process in it (the groups of a worker that ended go before its reap),
+// which emptying it again as the new worker starts would not end either,
+// while the caller holds the worker's lock; so the group goes to the first
+// free name of base-1, base-2, ....
+func makeGroup(base string) (string, error) {
+	dir := base
+	for i := 1; i <= groupNames; i++ {
+		err := os.Mkdir(dir, 0o755)
+		if !errors.Is(err, os.ErrExist) {
+			return dir, err
+		}
+		dir = fmt.Sprintf("%s-%d", base, i)
 	}
-	return err
+	return "", fmt.Errorf("%s: %w", base, errGroupsLeft)
 }
+
+// pidfds: the kernel has pidfd_open (Linux 5.3).
+var pidfds = sync.OnceValue(func() bool {
+	fd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return err == nil
+})

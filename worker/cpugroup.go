@@ -269,8 +269,12 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 			c.setWeight(w, "")
 		}
 	} else {
-		c.dir = filepath.Join(g.dir, strconv.Itoa(pid))
-		err := makeGroup(c.dir)
+		var err error
+		c.dir, err = makeGroup(filepath.Join(g.dir, strconv.Itoa(pid)))
+		if errors.Is(err, errGroupsLeft) {
+			g.log.Warn("a worker without a CPU weight", "pid", pid, "error", err)
+			return nil
+		}
 		if err == nil {
 			err = g.writeGroup(c.dir, pid, g.value(w))
 		}

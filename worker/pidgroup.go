@@ -36,12 +36,16 @@ import (
 // (with workers of the server's own uid, a desktop user's thousand
 // threads must not leave workers none). Mechanism says which is in force.
 type PidGroups struct {
-	max  int
-	log  *slog.Logger
-	dir  string     // v1: the workers' groups' parent; "" otherwise
-	cpu  *CPUGroups // v2: the workers' CPU groups, which hold the bound
-	uid  int        // the workers' uid (RLIMIT_NPROC)
-	rlim uint64     // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
+	max int
+	log *slog.Logger
+	dir string     // v1: the workers' groups' parent; "" otherwise
+	cpu *CPUGroups // v2, or v1 sharing cpu's hierarchy: the workers' CPU groups, which hold the bound
+	// shared: cpu and pids are one v1 hierarchy (co-mounted, or a root
+	// leading both to one directory), where a worker's CPU group and pids
+	// group would be one directory.
+	shared bool
+	uid    int    // the workers' uid (RLIMIT_NPROC)
+	rlim   uint64 // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
 
 	mu       sync.Mutex
 	broken   error // the groups failed (logged once): RLIMIT_NPROC from then on
@@ -94,8 +98,15 @@ func (g *PidGroups) cgroups(root string, cpu *CPUGroups) error {
 	// The server stays in its own group (v1 lets a group hold processes
 	// beside groups): a bound set on it holds the workers' too.
 	home := filepath.Join(root, "pids", OwnGroup("pids"))
-	if _, err := os.Stat(filepath.Join(home, "cgroup.procs")); err != nil {
+	fi, err := os.Stat(filepath.Join(home, "cgroup.procs"))
+	if err != nil {
 		return fmt.Errorf("no cgroup v1 pids hierarchy: %w", err)
+	}
+	if cpu.Mechanism() == "cgroup v1" {
+		if cfi, err := os.Stat(filepath.Join(cpu.home, "cgroup.procs")); err == nil && os.SameFile(fi, cfi) {
+			g.cpu, g.shared = cpu, true
+			return nil
+		}
 	}
 	sweep(home)
 	dir := filepath.Join(home, fmt.Sprintf("plover-%d", os.Getpid()))
@@ -131,7 +142,7 @@ func (g *PidGroups) Mechanism() string {
 		return "off"
 	case g.off() != nil:
 		return "rlimit"
-	case g.cpu != nil:
+	case g.cpu != nil && !g.shared:
 		return "cgroup v2"
 	}
 	return "cgroup v1"
@@ -145,8 +156,8 @@ func (g *PidGroups) off() error {
 
 // Place bounds the tasks of process pid, a worker that has not run bundle
 // code yet, whose CPU group is cg (nil: none), and returns its group to
-// remove once it is reaped (nil: nothing to remove). As for CPUGroups.Place
-// the caller holds what keeps pid from being reaped meanwhile. A group
+// remove once it exited and was emptied, before its reap (nil: nothing to
+// remove). As for CPUGroups.Place the caller holds what keeps pid from being reaped meanwhile. A group
 // that cannot be made turns the groups off for RLIMIT_NPROC (logged once),
 // from this worker on.
 func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
@@ -158,14 +169,19 @@ func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
 		if err == nil || errors.Is(err, syscall.ESRCH) {
 			return c
 		}
-		g.fallBack(fmt.Errorf("worker %d: %w", pid, err))
+		if errors.Is(err, errGroupsLeft) {
+			// This worker's alone: it gets RLIMIT_NPROC.
+			g.log.Warn("a worker without a pids group", "pid", pid, "error", err)
+		} else {
+			g.fallBack(fmt.Errorf("worker %d: %w", pid, err))
+		}
 	}
 	g.limit(pid)
 	return nil
 }
 
-// place puts pid in a pids group: its CPU group under v2, a group of its
-// own under v1.
+// place puts pid in a pids group: its CPU group under v2 or where cpu
+// and pids share a v1 hierarchy, a group of its own under v1.
 func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 	max := []byte(strconv.Itoa(g.max))
 	if g.cpu != nil {
@@ -177,8 +193,10 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 		}
 		return nil, syscall.ESRCH // the CPU groups found it gone
 	}
-	dir := filepath.Join(g.dir, strconv.Itoa(pid))
-	err := makeGroup(dir)
+	dir, err := makeGroup(filepath.Join(g.dir, strconv.Itoa(pid)))
+	if errors.Is(err, errGroupsLeft) {
+		return nil, err
+	}
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "pids.max"), max, 0o644)
 	}
@@ -287,9 +305,9 @@ func (c *PidGroup) Empty() error {
 	return emptyGroup(c.dir)
 }
 
-// Remove removes the group once its process has exited. One still holding
-// a process (a child not yet reaped) is left for Close or the next
-// server's sweep.
+// Remove removes the group once its process has exited (a zombie keeps
+// no group populated). One still holding a live process (one Empty could
+// not kill) is left for Close or the next server's sweep.
 func (c *PidGroup) Remove() {
 	if c != nil {
 		os.Remove(c.dir)

@@ -389,6 +389,14 @@ func (p *proc) wait(cmd *exec.Cmd) {
 			p.d.opts.Log.Warn("a dead worker's processes", "pid", p.pid, "error", err)
 		}
 	}
+	// Its groups go before the reap frees its pid (a zombie keeps no
+	// group populated, v1's included): a new worker of that pid must
+	// never meet them, nor have them removed under it.
+	p.mu.Lock()
+	p.cgroup, p.pids = nil, nil
+	p.mu.Unlock()
+	cg.Remove()
+	pg.Remove()
 	p.tree.End()
 	err := cmd.Wait()
 	p.tree.Release()
@@ -401,11 +409,6 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	}
 	p.stagers.Wait() // exited is set: no new one begins (inStage)
 	os.RemoveAll(p.stage)
-	p.mu.Lock()
-	p.cgroup, p.pids = nil, nil
-	p.mu.Unlock()
-	cg.Remove()
-	pg.Remove()
 	p.reason = exitReason(cmd.ProcessState, err)
 	sig := deathSignal(cmd.ProcessState)
 	// Only a death by a memory fault (SIGSEGV, SIGBUS: the signals checked
@@ -457,7 +460,7 @@ func (p *proc) placeCgroups(w float64) {
 }
 
 // weigh sets the worker's CPU weight for the function it took, under mu:
-// its group is removed once it is reaped (wait), not while this writes.
+// its group is removed once it exited (wait), not while this writes.
 func (p *proc) weigh(m *abi.Manifest) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

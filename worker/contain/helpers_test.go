@@ -100,6 +100,8 @@ func runChild(mode string) {
 		childDeepChain()
 	case "reach":
 		childReach()
+	case "stray-server":
+		childStrayServer()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childEnv, mode)
 		os.Exit(2)

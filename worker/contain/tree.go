@@ -48,11 +48,9 @@ func (c Containment) String() string {
 // initReady is how long a namespace's init may take to say it is ready.
 const initReady = 10 * time.Second
 
-// strayTime bounds one look for strays. It kills them a generation a
-// round (each round's children, started before their parent's death, are
-// the server's in the next) until a round finds none: a count of rounds
-// left the rest of a deeper chain running (a worker's pid bound allows
-// hundreds). The time only stops a look that never ends.
+// strayTime bounds one look for strays (strays.go), a last resort: a
+// look converges once every process it killed has exited, which a
+// process stuck in an uninterruptible sleep may delay.
 const strayTime = 10 * time.Second
 
 // strayLook is how often Tree.Release looks for strays while it waits
@@ -321,9 +319,10 @@ func (t *Tree) Kill() {
 
 // End ends what the process left, once it exited and before the caller
 // reaps it: with PIDNamespace it kills the namespace's init (the kernel
-// then kills every process left in the namespace); with Subreaper it ends
-// the strays (Contain), and returns once they are gone. The process's
-// zombie holds its pid and process group until then: the seccomp reach
+// then kills every process left in the namespace as the init exits, which
+// End does not wait for); with Subreaper it ends the strays (Contain) with
+// everything under them, and returns once each was sent SIGKILL and,
+// unless strayTime ran out, exited (killStrays). The process's zombie holds its pid and process group until then: the seccomp reach
 // filter lets what it started set limits and nice levels on it by those
 // numbers, which must not be another process's while one of them runs.
 // Release remains to be called after the reap.
@@ -341,7 +340,7 @@ func (t *Tree) End() {
 // PIDNamespace it kills the namespace's init (the kernel then kills every
 // process left in the namespace) and reaps it; with Subreaper it ends the
 // strays (Contain), among them whatever the process left. It returns once
-// they are gone.
+// the init is reaped (the namespace is empty), or, with Subreaper, as End.
 func (t *Tree) Release() {
 	if t == nil {
 		return
@@ -402,37 +401,6 @@ func endStrays() {
 	for done := range strayLooks.ask {
 		killStrays()
 		close(done)
-	}
-}
-
-// killStrays kills and reaps this process's children that it did not
-// start. Only those under no_new_privs are taken (every worker's
-// descendant is, as Enter set it before any bundle code ran), unless this
-// process is under it too and so cannot tell: a process that library code
-// in the server started is not touched.
-func killStrays() {
-	self := os.Getpid()
-	tellable := !noNewPrivs(self)
-	for end := time.Now().Add(strayTime); time.Now().Before(end); {
-		var strays []int
-		ours.Lock()
-		for _, c := range childrenOf(self) {
-			if _, known := ours.pids[c]; known || (tellable && !noNewPrivs(c)) {
-				continue
-			}
-			// A child not yet reaped: the pid cannot be another's.
-			unix.Kill(c, unix.SIGKILL)
-			strays = append(strays, c)
-		}
-		ours.Unlock()
-		if len(strays) == 0 {
-			return
-		}
-		for _, c := range strays {
-			var info unix.Siginfo
-			for unix.Waitid(unix.P_PID, c, &info, unix.WEXITED, nil) == unix.EINTR {
-			}
-		}
 	}
 }
 
