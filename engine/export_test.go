@@ -1,9 +1,15 @@
 package engine
 
 import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/sched"
 )
@@ -80,4 +86,56 @@ func (e *Engine) Print(name, line string) bool {
 	}
 	f.out.Add(api.LogLine{Time: time.Now(), Stream: "stdout", PID: 1, Line: line})
 	return true
+}
+
+// FollowedRemembered is how many names the node remembers the followed
+// life of.
+func (e *Engine) FollowedRemembered() int {
+	fl := &e.tab.followed
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return len(fl.m)
+}
+
+// FollowWhileRefreshWaits runs a Refresh and, once it waits for the lock of
+// what the node remembers of followed names (its first wait there on a
+// node that has loaded nothing), makes a follower of name in the life
+// whose current version is version, as Logs does, remembering it first;
+// then lets the Refresh go on and returns the follower and its error.
+func (e *Engine) FollowWhileRefreshWaits(name, version string) (*funclog.Follower, error) {
+	fl := &e.tab.followed
+	fl.mu.Lock()
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err = e.Refresh(context.Background())
+	}()
+	for !mutexWaited(&fl.mu) {
+		select {
+		case <-done: // it never waited: the follower comes after it
+		default:
+			runtime.Gosched()
+			continue
+		}
+		break
+	}
+	if fl.m == nil {
+		fl.m = map[string]followedIn{}
+	}
+	fl.m[name] = followedIn{version: version}
+	_, f, ferr := e.logs.Follow(name, time.Time{})
+	fl.mu.Unlock()
+	<-done
+	if ferr != nil {
+		return nil, ferr
+	}
+	return f, err
+}
+
+// mutexWaited reports whether a goroutine waits for mu: its state's
+// waiter count (sync.Mutex is internal/sync's, whose state comes first
+// and counts waiters above its three flag bits).
+func mutexWaited(mu *sync.Mutex) bool {
+	return atomic.LoadInt32((*int32)(unsafe.Pointer(mu)))>>3 > 0
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/funclog"
@@ -29,32 +30,80 @@ import (
 type followedIn struct{ tag, version string }
 
 // followedLives is what a node remembers of the names followed here. Its
-// lock is taken under the table's (sink) and takes funclog's.
+// lock is taken under the table's (sink, forget) and takes funclog's: a
+// follower is made under it (follow), so that what funclog says is
+// followed, read under it too, is never older than what it remembers.
 type followedLives struct {
 	mu sync.Mutex
 	m  map[string]followedIn
+	// follow drops the entries of names no longer followed once m grows
+	// past it: with no polls (--poll 0) nothing else would.
+	pruneAt int
 }
 
-// followIn remembers rec (tagged tag) as the record name's followers are
-// made in; followers of an earlier life the record no longer lists are
-// ended first: call it before a new follower is made. A poll's rec (was:
-// what was remembered when it read rec) is applied only if nothing was
-// remembered since: a follower just made may be in a life begun after
-// the poll's read.
-func (fl *followedLives) followIn(logs *funclog.Store, name string, rec *api.Record, tag string, was *followedIn) {
+// remembered is what fl remembers of name now: Logs reads it before it
+// reads name's record, and follow makes a follower only if it is unchanged.
+func (fl *followedLives) remembered(name string) followedIn {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	in, ok := fl.m[name]
-	if was != nil && in != *was {
-		return
-	}
-	if ok && !lists(rec, in.version) {
+	return fl.m[name]
+}
+
+// inLocked remembers rec (tagged tag) as the record name's followers are
+// made in, ending first the followers of an earlier life the record no
+// longer lists.
+func (fl *followedLives) inLocked(logs *funclog.Store, name string, rec *api.Record, tag string) {
+	if in, ok := fl.m[name]; ok && !lists(rec, in.version) {
 		logs.ForgetUnsunk(name)
 	}
 	if fl.m == nil {
 		fl.m = map[string]followedIn{}
 	}
 	fl.m[strings.Clone(name)] = followedIn{tag: tag, version: rec.Current} // a caller's may be borrowed bytes
+}
+
+// followIn is a poll's inLocked: applied only if fl still remembers of name
+// what it did when the poll read rec (was; the zero followedIn: nothing),
+// for a follower made since may be in a life begun after the poll's read.
+func (fl *followedLives) followIn(logs *funclog.Store, name string, rec *api.Record, tag string, was followedIn) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.m[name] == was {
+		fl.inLocked(logs, name, rec, tag)
+	}
+}
+
+// follow is Logs' follower of name from since on, made in the life of rec,
+// read when fl remembered was of name (any with force). Unless fl still
+// does, it makes none (ok false): rec may be a life's that another
+// follower, made since in a later life, has replaced, and would end it.
+func (fl *followedLives) follow(logs *funclog.Store, name string, rec *api.Record, was followedIn, force bool, since time.Time) (lines []api.LogLine, f *funclog.Follower, ok bool, err error) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if !force && fl.m[name] != was {
+		return nil, nil, false, nil
+	}
+	fl.inLocked(logs, name, rec, "")
+	lines, f, err = logs.Follow(name, since)
+	if len(fl.m) > fl.pruneAt {
+		fl.pruneLocked(logs.Followed())
+		fl.pruneAt = max(64, 2*len(fl.m)) // amortized: one listing per doubling
+	}
+	return lines, f, true, err
+}
+
+// pruneLocked drops what fl remembers of names not followed (followed:
+// those that are, funclog's answer under fl.mu).
+func (fl *followedLives) pruneLocked(followed []string) {
+	keep := make(map[string]bool, len(followed))
+	for _, name := range followed {
+		keep[name] = true
+	}
+	for name := range fl.m {
+		if !keep[name] {
+			delete(fl.m, name)
+		}
+	}
 }
 
 // sink is the output sink of name's function, loaded here from rec (nil:
@@ -71,6 +120,16 @@ func (fl *followedLives) sink(logs *funclog.Store, name string, rec *api.Record)
 	return logs.Sink(name)
 }
 
+// forget ends name's life here (a delete the table applies, under its
+// lock): its lines and followers go, and what fl remembers of it, which
+// nothing else would drop without polls.
+func (fl *followedLives) forget(logs *funclog.Store, name string) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	delete(fl.m, name)
+	logs.Forget(name)
+}
+
 // gone ends name's followers, its record found gone, if it is still
 // remembered as it was when the poll decided (was; the zero followedIn:
 // not remembered): a follower made in a life begun since is not ended.
@@ -84,34 +143,28 @@ func (fl *followedLives) gone(logs *funclog.Store, name string, was followedIn) 
 	logs.ForgetUnsunk(name)
 }
 
-// toCheck sorts the names that have followers (followed), but those
-// loaded here, by the records' tags: it drops what it remembers of names
-// no longer followed, and returns the names whose record is gone and
-// those whose record changed since (or is not known), each with what it
-// remembers of them.
-func (fl *followedLives) toCheck(followed []string, loaded map[string]bool, tags map[string]string) (gone, changed map[string]followedIn) {
+// toCheck drops what fl remembers of names no longer followed, and returns
+// the names followed here, but those loaded here, whose record's tag
+// differs from the one remembered (or is not known, or not listed), each
+// with what it remembers of them. A name missing from the listing is read
+// too, not taken for gone: the listing was taken before the loaded names
+// were refreshed, and a follower made since may be of a function made
+// since.
+func (fl *followedLives) toCheck(logs *funclog.Store, loaded map[string]bool, tags map[string]string) (changed map[string]followedIn) {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	keep := make(map[string]bool, len(followed))
+	followed := logs.Followed() // under fl.mu: no follower made since (follow)
 	for _, name := range followed {
-		keep[name] = true
 		if loaded[name] {
 			continue
 		}
 		in := fl.m[name]
-		switch tag, ok := tags[name]; {
-		case !ok:
-			gone = put(gone, name, in)
-		case tag == "" || tag != in.tag:
+		if tag := tags[name]; tag == "" || tag != in.tag {
 			changed = put(changed, name, in)
 		}
 	}
-	for name := range fl.m {
-		if !keep[name] {
-			delete(fl.m, name)
-		}
-	}
-	return gone, changed
+	fl.pruneLocked(followed)
+	return changed
 }
 
 // refreshFollowed is Refresh's part for names followed here and not
@@ -119,10 +172,7 @@ func (fl *followedLives) toCheck(followed []string, loaded map[string]bool, tags
 // record per poll, whatever the number of followers.
 func (e *Engine) refreshFollowed(ctx context.Context, loaded map[string]bool, tags map[string]string) error {
 	fl := &e.tab.followed
-	gone, changed := fl.toCheck(e.logs.Followed(), loaded, tags)
-	for name, was := range gone {
-		fl.gone(e.logs, name, was)
-	}
+	changed := fl.toCheck(e.logs, loaded, tags)
 	var firstErr error
 	for name, was := range changed {
 		rec, tag, err := e.tab.reg.GetTagged(ctx, name)
@@ -134,7 +184,7 @@ func (e *Engine) refreshFollowed(ctx context.Context, loaded map[string]bool, ta
 				firstErr = fmt.Errorf("function %s: reading the record of a function followed here: %w", name, err)
 			}
 		default:
-			fl.followIn(e.logs, name, rec, tag, &was)
+			fl.followIn(e.logs, name, rec, tag, was)
 		}
 	}
 	return firstErr

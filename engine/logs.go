@@ -20,6 +20,7 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	if !abi.ValidName(name) {
 		return nil, nil, notFound(name, nil, "")
 	}
+	was := c.e.tab.followed.remembered(name) // before the read: see follow
 	rec, err := c.e.tab.record(ctx, name)
 	if err != nil {
 		return nil, nil, err
@@ -31,20 +32,37 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 	if !follow {
 		return c.e.logs.Lines(name, since), nil, nil
 	}
-	// Before the follower is made: followers of an earlier life of the
-	// name, deleted and made anew elsewhere, end here.
-	c.e.tab.followed.followIn(c.e.logs, name, rec, "", nil)
-	lines, f, err := c.e.logs.Follow(name, since)
-	if err != nil {
-		return nil, nil, errorf(errdefs.KindBusy, err, "function %s: %v: follow with fewer clients, or read without ?follow", name, err)
+	return c.follow(ctx, name, rec, was, since)
+}
+
+// follow is Logs' follower of name, whose record rec was read when the
+// node remembered was of the name's followers. Followers of an earlier
+// life of the name, deleted and made anew elsewhere, end as it is made.
+// Unless the node still remembers was, rec may be older than the life of
+// a follower made since, which it would end: it reads the record again
+// (past a few tries, changes keep coming: it takes what it read).
+func (c *Control) follow(ctx context.Context, name string, rec *api.Record, was followedIn, since time.Time) ([]api.LogLine, *funclog.Follower, error) {
+	fl := &c.e.tab.followed
+	for attempt := 1; ; attempt++ {
+		lines, f, ok, err := fl.follow(c.e.logs, name, rec, was, attempt >= 3, since)
+		if err != nil {
+			return nil, nil, errorf(errdefs.KindBusy, err, "function %s: %v: follow with fewer clients, or read without ?follow", name, err)
+		}
+		if ok {
+			// Read again, now that the follower is there: a delete since
+			// the read above has forgotten the name's output before the
+			// follower was made (a follower no Forget will close), or
+			// removes the record after it (its Forget closes it). A
+			// delete removes the record first.
+			if _, err := c.e.tab.record(ctx, name); err != nil {
+				f.Close()
+				return nil, nil, err
+			}
+			return lines, f, nil
+		}
+		was = fl.remembered(name)
+		if rec, err = c.e.tab.record(ctx, name); err != nil {
+			return nil, nil, err
+		}
 	}
-	// Read again, now that the follower is there: a delete since the read
-	// above has forgotten the name's output before the follower was made
-	// (a follower no Forget will close), or removes the record after it
-	// (its Forget closes it). A delete removes the record first.
-	if _, err := c.e.tab.record(ctx, name); err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return lines, f, nil
 }

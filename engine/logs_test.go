@@ -3,6 +3,7 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"path/filepath"
 	"sync/atomic"
@@ -275,5 +276,190 @@ func TestFollowersOfAFunctionNotLoadedHereCostOneReadPerChange(t *testing.T) {
 		}
 	default:
 		t.Fatal("the next life's follower got nothing")
+	}
+}
+
+// listHooked runs its hook, once, after the next List has read the store
+// and before it returns: a listing taken just before what the hook does.
+type listHooked struct {
+	objectstore.Store
+	hook atomic.Pointer[func()]
+}
+
+func (s *listHooked) List(ctx context.Context, prefix string) ([]objectstore.Info, error) {
+	l, err := s.Store.List(ctx, prefix)
+	if h := s.hook.Swap(nil); h != nil {
+		(*h)()
+	}
+	return l, err
+}
+
+// A poll whose listing was taken just before a function was deployed
+// elsewhere, and a follower made here right after the deploy, before the
+// poll reached the names followed here: the name is missing from the
+// listing, and the poll reads its record before it ends the follower.
+// Before, it ended it as if the function had been deleted.
+func TestFollowerNotEndedByAListingOlderThanIt(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &listHooked{Store: fs}
+	cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
+	a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	var f *funclog.Follower
+	hook := func() {
+		testkit.Deploy(t, a, dir)
+		var err error
+		if _, f, err = b.Control().Logs(context.Background(), "echo", time.Time{}, true); err != nil {
+			t.Errorf("follow on b: %v", err)
+		}
+	}
+	store.hook.Store(&hook)
+	if err := b.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f == nil {
+		t.Fatal("the hook made no follower")
+	}
+	defer f.Close()
+	select {
+	case _, open := <-f.C:
+		if !open {
+			t.Fatal("the follower of a function that exists was ended by a listing older than it")
+		}
+	default:
+	}
+}
+
+// Logs reads the record of the name's first life; before it makes its
+// follower, the name is deleted and made anew elsewhere, this node polls
+// and another Logs follows the second life. The first Logs reads the
+// record again and follows the second life too; the second life's
+// follower is not ended. Before, the first Logs' stale record ended it.
+func TestStaleLogsRecordLeavesTheNextLifesFollower(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &hookedStore{Store: fs, key: "functions/echo.json"}
+	cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
+	a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	testkit.Deploy(t, a, dir)
+	var next *funclog.Follower
+	hook := func() { // between the first Logs' record read and its follower
+		if err := a.Control().Delete(context.Background(), "echo", true); err != nil {
+			t.Error(err)
+		}
+		if _, err := a.Control().DeployAs(context.Background(), "echo", "globex", packed(t, dir), true); err != nil {
+			t.Error(err)
+		}
+		if err := b.Refresh(context.Background()); err != nil {
+			t.Error(err)
+		}
+		var err error
+		if _, next, err = b.Control().Logs(context.Background(), "echo", time.Time{}, true); err != nil {
+			t.Error(err)
+		}
+	}
+	store.hook.Store(&hook)
+	_, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if next == nil {
+		t.Fatal("the hook made no follower")
+	}
+	defer next.Close()
+	runAndPrint(t, b, "the next life's output")
+	for i, g := range []*funclog.Follower{f, next} {
+		select {
+		case l, open := <-g.C:
+			if !open || l.Line != "the next life's output" {
+				t.Fatalf("follower %d: %q %v, want the next life's line", i, l.Line, open)
+			}
+		default:
+			t.Fatalf("follower %d got nothing", i)
+		}
+	}
+}
+
+// A follower made while a poll, its followed names listed, waits to
+// compare them with what the node remembers of their lives: the poll does
+// not drop what the node remembers of the follower's life as no longer
+// followed, so that a delete and a redeploy elsewhere, loaded here, ends
+// the follower. Before, the poll listed the followed names before it
+// waited, dropped the follower's life, and the follower got the next
+// life's output.
+func TestFollowerMadeDuringAPollKeepsItsLife(t *testing.T) {
+	store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
+	a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	v := testkit.Deploy(t, a, dir)
+	f, err := b.FollowWhileRefreshWaits("echo", v.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := a.Control().Delete(context.Background(), "echo", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Control().DeployAs(context.Background(), "echo", "globex", packed(t, dir), true); err != nil {
+		t.Fatal(err)
+	}
+	runAndPrint(t, b, "the next life's output")
+	select {
+	case l, open := <-f.C:
+		if open {
+			t.Fatalf("the follower of the deleted life got %q, want it ended", l.Line)
+		}
+	default:
+		t.Fatal("the follower of the deleted life still open")
+	}
+}
+
+// With no polls (--poll 0), what a node remembers of followed names is
+// dropped when the function is deleted here, and does not grow with every
+// name ever followed. Before, it kept an entry per name followed.
+func TestFollowedNamesRememberedBounded(t *testing.T) {
+	store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
+	a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
+	testkit.Deploy(t, b, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	_, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := b.Control().Delete(context.Background(), "echo", true); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.FollowedRemembered(); n != 0 {
+		t.Fatalf("after a delete here, %d names remembered, want 0", n)
+	}
+	const names = 200
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil) // its library built once
+	for i := range names {
+		name := fmt.Sprintf("fn%d", i)
+		testkit.WriteManifest(t, dir, testkit.Manifest(name))
+		testkit.Deploy(t, a, dir)
+		_, f, err := b.Control().Logs(context.Background(), name, time.Time{}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if n := b.FollowedRemembered(); n > names/2 {
+		t.Fatalf("%d names followed, each closed: %d remembered", names, n)
 	}
 }

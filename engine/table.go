@@ -530,7 +530,7 @@ func (t *table) dropLocked(name string) []*version {
 	// Under t.mu too: a redeploy's function gets its sink after this, in
 	// the name's next life, never in the one that ends here (whose lines,
 	// from workers still finishing requests, are dropped from now on).
-	t.logs.Forget(name)
+	t.followed.forget(t.logs, name)
 	return olds
 }
 

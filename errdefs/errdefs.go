@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Kind classifies an error for the front end (which maps it to a status).
@@ -89,7 +90,11 @@ func (e *NoFunction) Error() string {
 // and a client is answered with it, a log line written with it.
 func QuoteName(name string) string {
 	if len(name) > 64 {
-		return strconv.Quote(name[:64]) + "..."
+		n := 64
+		for n > 60 && !utf8.RuneStart(name[n]) { // not inside a character: Quote would show its bytes as \x escapes
+			n--
+		}
+		return strconv.Quote(name[:n]) + "..."
 	}
 	return strconv.Quote(name)
 }

@@ -16,6 +16,10 @@ func TestQuoteName(t *testing.T) {
 		{long, `"` + long + `"`},
 		{long + "b", `"` + long + `"...`},
 		{strings.Repeat("a", 1<<20), `"` + long + `"...`},
+		// Cut before a character the 64th byte is inside, not in it
+		// (strconv.Quote would show its first bytes as \x escapes).
+		{long[:63] + "€€", `"` + long[:63] + `"...`},
+		{long[:61] + "€€", `"` + long[:61] + `€"...`},
 	} {
 		if got := QuoteName(tc.name); got != tc.want {
 			t.Errorf("QuoteName(%d bytes) = %.80q, want %.80q", len(tc.name), got, tc.want)
