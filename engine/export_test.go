@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -111,12 +112,18 @@ func (e *Engine) FollowWhileRefreshWaits(name, version string) (*funclog.Followe
 		defer close(done)
 		err = e.Refresh(context.Background())
 	}()
-	for !mutexWaited(&fl.mu) {
+	// Bounded: were sync.Mutex's layout to change, mutexWaited would never
+	// see the wait, and the test fails instead of hanging.
+	for end := time.Now().Add(10 * time.Second); !mutexWaited(&fl.mu); runtime.Gosched() {
 		select {
 		case <-done: // it never waited: the follower comes after it
 		default:
-			runtime.Gosched()
-			continue
+			if time.Now().Before(end) {
+				continue
+			}
+			fl.mu.Unlock()
+			<-done
+			return nil, errors.New("FollowWhileRefreshWaits: Refresh not seen waiting for the lock in 10 s (has sync.Mutex's layout changed?)")
 		}
 		break
 	}
