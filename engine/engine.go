@@ -80,8 +80,7 @@ type Engine struct {
 	// refreshPanics is the names whose record's refresh panicked, their
 	// stack logged (refreshOne).
 	refreshPanics sync.Map
-	// warmingAside is the functions a poll is pre-warming (warmAside).
-	warmingAside sync.Map
+	aside         asideWarms // the functions a poll is pre-warming (warmAside)
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker

@@ -146,3 +146,6 @@ func (e *Engine) FollowWhileRefreshWaits(name, version string) (*funclog.Followe
 func mutexWaited(mu *sync.Mutex) bool {
 	return atomic.LoadInt32((*int32)(unsafe.Pointer(mu)))>>3 > 0
 }
+
+// AsideWarms is how many of a poll's pre-warms are under way.
+func (e *Engine) AsideWarms() int { return e.aside.under() }

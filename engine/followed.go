@@ -68,7 +68,7 @@ func (fl *followedLives) inLocked(logs *funclog.Store, name string, rec *api.Rec
 func (fl *followedLives) followIn(logs *funclog.Store, name string, rec *api.Record, tag string, was followedIn) {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	if fl.m[name] == was {
+	if fl.m[name].version == was.version { // a tag's change alone is the same life's
 		fl.inLocked(logs, name, rec, tag)
 	}
 }
@@ -136,7 +136,7 @@ func (fl *followedLives) forget(logs *funclog.Store, name string) {
 func (fl *followedLives) gone(logs *funclog.Store, name string, was followedIn) {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	if fl.m[name] != was {
+	if fl.m[name].version != was.version { // a Logs' tag alone ("") is the same life's
 		return
 	}
 	delete(fl.m, name)

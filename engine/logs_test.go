@@ -21,14 +21,24 @@ import (
 )
 
 // hookedStore runs its hook, once, right after the next read of key: what
-// happens between a read and what its reader does next.
+// happens between a read and what its reader does next. Once paused is
+// set, the next read of key closes it and waits for release first.
 type hookedStore struct {
 	objectstore.Store
-	key  string
-	hook atomic.Pointer[func()]
+	key     string
+	hook    atomic.Pointer[func()]
+	paused  atomic.Pointer[chan struct{}]
+	release chan struct{}
 }
 
 func (s *hookedStore) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	if p := s.paused.Swap(nil); p != nil && key == s.key {
+		close(*p)
+		<-s.release
+		return s.Store.GetTagged(ctx, key)
+	} else if p != nil {
+		s.paused.Store(p)
+	}
 	rc, info, err := s.Store.GetTagged(ctx, key)
 	if err != nil || key != s.key {
 		return rc, info, err
@@ -461,5 +471,55 @@ func TestFollowedNamesRememberedBounded(t *testing.T) {
 	}
 	if n := b.FollowedRemembered(); n > names/2 {
 		t.Fatalf("%d names followed, each closed: %d remembered", names, n)
+	}
+}
+
+// A function not loaded here, followed here, is deleted elsewhere while a
+// poll reads its record, and a Logs that read the record before the
+// delete makes its follower meanwhile (and ends it, finding the record
+// gone): the poll that finds the record gone still ends the first
+// follower. Before, the Logs had changed the remembered tag (not the
+// life), the poll took that for a new life and ended nothing until the
+// next poll (a reviewer's test).
+func TestPollThatFindsAFollowedFunctionGoneEndsItsFollower(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &hookedStore{Store: fs, key: "functions/echo.json", release: make(chan struct{})}
+	a := testkit.Engine(t, engine.Config{Store: fs, Devices: []device.Device{keepsOutput{device.NewHost(0)}}})
+	b := testkit.Engine(t, engine.Config{Store: ps, Devices: []device.Device{keepsOutput{device.NewHost(0)}}})
+	testkit.Deploy(t, a, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	_, f0, err := b.Control().Logs(ctx, "echo", time.Time{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f0.Close()
+	if err := b.Refresh(ctx); err != nil { // remembers the record's tag
+		t.Fatal(err)
+	}
+	refreshed := make(chan error, 1)
+	hook := func() { // in the second Logs' record read
+		if err := a.Control().Delete(ctx, "echo", true); err != nil {
+			t.Error(err)
+		}
+		reading := make(chan struct{})
+		ps.paused.Store(&reading)
+		go func() { refreshed <- b.Refresh(ctx) }()
+		<-reading // the poll reads echo's record, held
+	}
+	ps.hook.Store(&hook)
+	if _, _, err := b.Control().Logs(ctx, "echo", time.Time{}, true); err == nil {
+		t.Fatal("the second Logs followed a deleted function")
+	}
+	close(ps.release)
+	if err := <-refreshed; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f0.C:
+	default:
+		t.Fatal("the follower of the deleted function left open by the poll that found it deleted")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 )
 
@@ -73,34 +74,76 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 // warmAside pre-warms f (warmIfWanted) on a goroutine of its own, for a
 // poll: a constructor may take up to the request timeout, and the poll
 // meanwhile follows the other functions' changes (a delete among them).
-// One at a time per function: the one under way warms again a version
-// that landed meanwhile (the reaper tops up loaded versions only). A
-// panic is logged, as a poll's is.
+// One at a time per function: a poll that finds one under way asks it to
+// warm once more when done (the version it found is then current, and the
+// reaper tops up loaded versions only). Only a poll asks: a version this
+// node deployed, or a request landed, is warmed by its own deploy or
+// built by its request, and a second warm beside it made a second
+// instance. A panic is logged, as a poll's is.
 func (e *Engine) warmAside(ctx context.Context, f *function) {
-	if _, busy := e.warmingAside.LoadOrStore(f, true); busy {
+	if !e.aside.start(f) {
 		return
 	}
 	go func() {
 		defer func() {
 			if v := recover(); v != nil {
-				e.warmingAside.Delete(f)
+				e.aside.drop(f)
 				e.cfg.Log.Error("pre-warming a polled function panicked", "function", f.name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			}
 		}()
-		for {
-			v := e.tab.currentOf(f)
-			e.warmIfWanted(ctx, f)
-			// Given up before looking again: a poll that switches f now
-			// either sees it free or is seen here.
-			e.warmingAside.Delete(f)
-			if e.tab.currentOf(f) == v || ctx.Err() != nil {
-				return
-			}
-			if _, busy := e.warmingAside.LoadOrStore(f, true); busy {
-				return
-			}
+		for e.warmIfWanted(ctx, f); e.aside.end(ctx, f); e.warmIfWanted(ctx, f) {
 		}
 	}()
+}
+
+// asideWarms is the functions a poll's pre-warm is under way for, each
+// with whether a poll asked for another since it began.
+type asideWarms struct {
+	mu sync.Mutex
+	m  map[*function]bool
+}
+
+// start reports whether a warm of f is to begin; if one is under way, it
+// is asked to warm once more instead.
+func (a *asideWarms) start(f *function) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, busy := a.m[f]; busy {
+		a.m[f] = true
+		return false
+	}
+	if a.m == nil {
+		a.m = map[*function]bool{}
+	}
+	a.m[f] = false
+	return true
+}
+
+// end reports whether the warm of f under way is to go again (asked, and
+// ctx not done); if not, it is over.
+func (a *asideWarms) end(ctx context.Context, f *function) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m[f] && ctx.Err() == nil {
+		a.m[f] = false
+		return true
+	}
+	delete(a.m, f)
+	return false
+}
+
+// drop ends the warm of f under way, whatever was asked of it.
+func (a *asideWarms) drop(f *function) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.m, f)
+}
+
+// under is how many pre-warms are under way.
+func (a *asideWarms) under() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.m)
 }
 
 // warmCurrent brings v up to its min_instances while it is f's current
