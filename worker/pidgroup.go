@@ -166,13 +166,16 @@ func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
 	}
 	if g.off() == nil {
 		c, err := g.place(pid, cg)
-		if err == nil || errors.Is(err, syscall.ESRCH) {
+		switch {
+		case err == nil || errors.Is(err, syscall.ESRCH):
 			return c
-		}
-		if errors.Is(err, errGroupsLeft) {
-			// This worker's alone: it gets RLIMIT_NPROC.
+		case errors.Is(err, errNoCPUGroup):
+			// This worker's alone, and CPUGroups.Place said why (or it
+			// exited before its placement, when the limit is harmless):
+			// it gets RLIMIT_NPROC.
+		case errors.Is(err, errGroupsLeft):
 			g.log.Warn("a worker without a pids group", "pid", pid, "error", err)
-		} else {
+		default:
 			g.fallBack(fmt.Errorf("worker %d: %w", pid, err))
 		}
 	}
@@ -191,7 +194,7 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 		case g.cpu.off():
 			return nil, errors.New("it has no CPU group to hold the bound: the CPU groups are off (see their line)")
 		}
-		return nil, syscall.ESRCH // the CPU groups found it gone
+		return nil, errNoCPUGroup
 	}
 	dir, err := makeGroup(filepath.Join(g.dir, strconv.Itoa(pid)))
 	if errors.Is(err, errGroupsLeft) {
@@ -209,6 +212,14 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 	}
 	return &PidGroup{dir: dir}, nil
 }
+
+// errNoCPUGroup: a worker whose bound would go in its CPU group has none
+// while the CPU groups are on: every name for it was taken by leftovers
+// (errGroupsLeft), or it exited before it was placed. CPUGroups.Place
+// returns nil for both; reading nil as "gone" left a worker of the first
+// kind without any bound, so either gets RLIMIT_NPROC (a zombie's is
+// harmless: the caller keeps it from being reaped, so the pid is still its).
+var errNoCPUGroup = errors.New("no CPU group to hold the bound")
 
 // limit sets RLIMIT_NPROC of pid (soft and hard: bundle code, without
 // CAP_SYS_RESOURCE, cannot raise it) to the uid's tasks and the bound,

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
@@ -130,6 +132,56 @@ func TestPidGroupsV2(t *testing.T) {
 	}
 	if g := NewPidGroups(root, 0, 65534, cpu, nil); g != nil || g.Mechanism() != "off" {
 		t.Fatalf("a bound of 0 gave %+v (%s), want none", g, g.Mechanism())
+	}
+}
+
+// Under v2 (or a v1 hierarchy cpu and pids share) the bound goes in the
+// worker's CPU group. A worker that got none because earlier workers of
+// its pid left every name taken (errGroupsLeft) was taken for one gone:
+// no group and no RLIMIT_NPROC, no bound at all. It now gets RLIMIT_NPROC,
+// the groups staying on for the rest.
+func TestPidGroupsWorkerWithoutCPUGroupGetsRlimit(t *testing.T) {
+	root := fakeCgroups(t, "0::/srv\n")
+	os.MkdirAll(filepath.Join(root, "srv"), 0o755)
+	os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpu pids"), 0o644)
+	cpu := NewCPUGroupsAt(root, nil)
+	g := NewPidGroups(root, 100, 65534, cpu, nil)
+	if m := g.Mechanism(); m != "cgroup v2" {
+		t.Fatalf("mechanism %q with v2 CPU groups", m)
+	}
+	w := exec.Command("sleep", "60")
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Process.Kill(); w.Wait() })
+	pid := w.Process.Pid
+	for i := 0; i < groupNames; i++ { // the names makeGroup tries
+		d := filepath.Join(cpu.dir, strconv.Itoa(pid))
+		if i > 0 {
+			d += fmt.Sprintf("-%d", i)
+		}
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before unix.Rlimit
+	unix.Prlimit(pid, unix.RLIMIT_NPROC, nil, &before)
+	cg := cpu.Place(pid, 1)
+	if cg != nil {
+		t.Fatalf("a CPU group %s though every name was taken", cg.dir)
+	}
+	if pg := g.Place(pid, cg); pg != nil {
+		t.Fatalf("a pids group of its own under v2: %+v", pg)
+	}
+	var after unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NPROC, nil, &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Cur == before.Cur || after.Cur != after.Max || after.Cur < 100 || after.Cur == unix.RLIM_INFINITY {
+		t.Errorf("RLIMIT_NPROC %d/%d (before %d/%d): want the uid's tasks and the bound, hard and soft", after.Cur, after.Max, before.Cur, before.Max)
+	}
+	if m := g.Mechanism(); m != "cgroup v2" || !cpu.On() {
+		t.Errorf("mechanism %q, CPU weights on %v after one worker without a group: want both on for the rest", m, cpu.On())
 	}
 }
 
