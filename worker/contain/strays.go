@@ -108,18 +108,32 @@ func (k *strayKill) round() int {
 
 // killUnder kills c, a child of p, through a pidfd: c's pid may have been
 // reaped and reused since the children file named it, and the pidfd holds
-// the process whose parent is checked.
+// the process whose parent is checked. p's pid may have been too: a killed
+// p whose parent ignores SIGCHLD is reaped as it exits, and the pid's next
+// holder's children would match by number. So p must still be unreaped
+// after c's parent was read (held): then it held its pid all along.
 func (k *strayKill) killUnder(p, c int) bool {
 	fd, err := unix.PidfdOpen(c, 0)
 	if err != nil {
 		return false
 	}
-	if ppid, _, ok := statOf(c); !ok || ppid != p || unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) != nil {
+	if ppid, _, ok := statOf(c); !ok || ppid != p || !k.held(p) || unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) != nil {
 		unix.Close(fd)
 		return false
 	}
 	k.fds[c] = fd
 	return true
+}
+
+// held reports whether p, a process the look killed, has not been reaped
+// (running, or a zombie), through the pidfd it holds p by: a signal 0
+// reaches a process until its reap. Without one, only a child of this
+// process is sure to be: nothing else reaps it before the look ends.
+func (k *strayKill) held(p int) bool {
+	if fd, ok := k.fds[p]; ok && fd >= 0 {
+		return unix.PidfdSendSignal(fd, 0, nil, 0) == nil
+	}
+	return k.direct[p]
 }
 
 // allExited reports whether every process the look killed has exited.

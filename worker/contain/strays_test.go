@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,5 +150,79 @@ func TestReleaseEndsADeepChainOfSessions(t *testing.T) {
 	}
 	if alive > 0 || left > 0 {
 		t.Errorf("after Release: %d of the worker's %d chained descendants run, %d children of the server", alive, chainDepth, left)
+	}
+}
+
+// A look walks each killed process's children by its pid. A killed p that
+// was reaped (its parent ignoring SIGCHLD) leaves its pid to the next
+// process, whose children the walk then listed and, their parent matching
+// p by number, killed: an unrelated process's. The race is not reliable to
+// provoke, so here the look's state holds p by a pidfd of a reaped process
+// while p's pid is an unrelated x: x's child must be left alone. A zombie
+// p (exited, not reaped) still holds its pid, so its children are taken.
+func TestStrayWalkSkipsTheChildrenOfAReapedParent(t *testing.T) {
+	if !havePidfds() {
+		t.Skip("no pidfds")
+	}
+	gone := exec.Command("sleep", "60")
+	if err := gone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	goneFd, err := unix.PidfdOpen(gone.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(goneFd)
+	// A zombie first: exited, waited for without reaping it.
+	gone.Process.Kill()
+	var info unix.Siginfo
+	for unix.Waitid(unix.P_PID, gone.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+	}
+	zombie := strayKill{fds: map[int]int{gone.Process.Pid: goneFd}}
+	if !zombie.held(gone.Process.Pid) {
+		t.Error("a zombie not held: its pid is still its own")
+	}
+	gone.Wait()
+	if zombie.held(gone.Process.Pid) {
+		t.Error("a reaped process held")
+	}
+
+	x := exec.Command("sh", "-c", "sleep 60 & echo $!; wait")
+	x.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := x.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { unix.Kill(-x.Process.Pid, unix.SIGKILL); x.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// p's pid now x's, p held by the reaped process's pidfd.
+	k := strayKill{fds: map[int]int{x.Process.Pid: goneFd}, direct: map[int]bool{}}
+	if k.killUnder(x.Process.Pid, c) {
+		delete(k.fds, x.Process.Pid)
+		k.close()
+		t.Fatalf("killed %d, the child of %d, which took the pid of a reaped process the look had killed", c, x.Process.Pid)
+	}
+	if f := statFields(c); len(f) == 0 || f[0] == "Z" {
+		t.Fatalf("%d, x's child, gone: %v", c, f)
+	}
+	// Held by its own pidfd, x's child is taken.
+	xFd, err := unix.PidfdOpen(x.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k = strayKill{fds: map[int]int{x.Process.Pid: xFd}, direct: map[int]bool{}}
+	defer k.close()
+	if !k.killUnder(x.Process.Pid, c) {
+		t.Errorf("%d, the child of %d, held by its pidfd, not killed", c, x.Process.Pid)
 	}
 }
