@@ -3,6 +3,7 @@ package contain
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -214,5 +215,82 @@ func TestEndEndsARegrowingChain(t *testing.T) {
 	t.Logf("%+v", rep)
 	if rep.Hung || rep.LeftAtEnd != 0 || rep.EndMs > strayTime.Milliseconds()/2 {
 		t.Errorf("Tree.End: %+v; want it to end the chain, well before strayTime", rep)
+	}
+}
+
+// frozenStrayC leaves one stray S, in a session of its own, frozen in the
+// v1 freezer group argv[1] (SIGKILL cannot end it until it is thawed); it
+// writes S's pid to fd 3 and says "started" once S is frozen.
+const frozenStrayC = `
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/prctl.h>
+static void put(const char *d, const char *f, const char *v) {
+	char p[512]; snprintf(p, sizeof p, "%s/%s", d, f);
+	FILE *fp = fopen(p, "w"); if (!fp) { perror(p); return; } fputs(v, fp); fclose(fp);
+}
+int main(int argc, char **argv) {
+	prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); // as a worker is
+	pid_t s = fork();
+	if (s == 0) { setsid(); for (;;) pause(); }
+	dprintf(3, "%d\n", s);
+	char b[32]; snprintf(b, sizeof b, "%d", s);
+	put(argv[1], "cgroup.procs", b);
+	put(argv[1], "freezer.state", "FROZEN");
+	for (int i = 0; i < 1000; i++) {
+		char st[64] = {0}; char p[512]; snprintf(p, sizeof p, "%s/freezer.state", argv[1]);
+		FILE *fp = fopen(p, "r"); if (fp) { fgets(st, sizeof st, fp); fclose(fp); }
+		if (!strncmp(st, "FROZEN", 6)) break;
+		usleep(10000);
+	}
+	printf("started\n"); fflush(stdout);
+	for (;;) pause();
+}
+`
+
+// A stray that does not die (frozen here; also an uninterruptible sleep,
+// or 400 processes sharing a large mapping, slow to exit) cost every look
+// the whole strayTime and stayed for the next, which paid it again: the
+// dead worker's End and then its Release held the server 2 x strayTime,
+// and every later worker's death another 2. A look now waits for it once;
+// later looks walk it, and reap it once it exits, without waiting.
+func TestAStrayThatCannotDieCostsOneLook(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	freezer := "/sys/fs/cgroup/freezer"
+	if _, err := os.Stat(filepath.Join(freezer, "cgroup.procs")); err != nil {
+		t.Skip("no cgroup v1 freezer")
+	}
+	fz := filepath.Join(freezer, fmt.Sprintf("plover-test-stuck-%d", os.Getpid()))
+	if err := os.Mkdir(fz, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var stray int
+	t.Cleanup(func() {
+		fd := -1
+		if stray > 0 {
+			fd, _ = unix.PidfdOpen(stray, 0) // frozen: not reaped, its pid its own
+		}
+		if fd >= 0 {
+			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+		os.WriteFile(filepath.Join(fz, "freezer.state"), []byte("THAWED"), 0o644)
+		if fd >= 0 {
+			unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 10000)
+			unix.Close(fd)
+		}
+		if err := os.Remove(fz); err != nil {
+			t.Errorf("the freezer group: %v", err)
+		}
+	})
+	t0 := time.Now()
+	rep, pid := runStrayServer(t, frozenStrayC, fz)
+	stray = pid
+	took := time.Since(t0)
+	t.Logf("%+v; End and Release took %v together", rep, took)
+	if took > strayTime+strayTime/2 {
+		t.Errorf("one dead worker's End and Release, with one stray that cannot die, held the server %v: its stray was waited for by more than one look (strayTime %v)", took, strayTime)
 	}
 }

@@ -20,9 +20,10 @@ import (
 // and a stray's exit may be reported to a tracer first, which need never
 // wait for it (the stray stays unreapable until the tracer goes).
 func killStrays() {
-	k := strayKill{self: os.Getpid(), fds: map[int]int{}, direct: map[int]bool{}}
+	k := strayKill{self: os.Getpid(), fds: map[int]int{}, direct: map[int]bool{}, old: map[int]bool{}}
 	k.tellable = !noNewPrivs(k.self)
-	defer k.close()
+	defer k.close(stuck)
+	k.adopt(stuck)
 	for end := time.Now().Add(strayTime); ; {
 		// Nothing is reaped until the walk converged: a killed
 		// process's zombie keeps its pid and its charge against
@@ -32,7 +33,7 @@ func killStrays() {
 			break
 		}
 		if !time.Now().Before(end) {
-			slog.Warn("strays still running after a look's bound: left to a later look", "bound", strayTime, "killed", len(k.fds))
+			slog.Warn("strays still running after a look's bound: later looks neither kill nor wait for them again, and reap them once they exit", "bound", strayTime, "killed", len(k.fds))
 			break
 		}
 		k.waitExit(end)
@@ -40,12 +41,46 @@ func killStrays() {
 	k.reap()
 }
 
+// stuck holds, by pidfd, the processes that outlived a look's bound (an
+// uninterruptible sleep, a frozen cgroup, a slow exit), which only
+// endStrays's goroutine touches. Each had SIGKILL sent, so it cannot fork
+// again: a later look walks it (its children may still be to kill) but
+// does not wait for it, as each look, two per dead worker through the one
+// endStrays, would pay the whole bound again for the same process.
+var stuck = map[int]int{}
+
 // strayKill is one look's state: every process it signalled.
 type strayKill struct {
 	self     int
 	tellable bool
 	fds      map[int]int  // pid -> its pidfd (-1: none)
 	direct   map[int]bool // killed as this process's child
+	old      map[int]bool // taken from stuck: not waited for
+}
+
+// adopt takes over the processes stuck holds, as killed but not waited
+// for. One that exited since is reaped with the look's own, once the walk
+// converged, not before: a reap frees a task that what is not yet killed
+// could fork into.
+func (k *strayKill) adopt(stuck map[int]int) {
+	for pid, fd := range stuck {
+		delete(stuck, pid)
+		k.fds[pid], k.old[pid] = fd, true
+	}
+}
+
+// known reports whether the look killed c already. One taken from stuck
+// must still hold its pid (not reaped by a parent that ignores SIGCHLD):
+// else c is another process, which the look has yet to kill.
+func (k *strayKill) known(c int) bool {
+	fd, ok := k.fds[c]
+	if ok && k.old[c] && !k.held(c) {
+		unix.Close(fd)
+		delete(k.fds, c)
+		delete(k.old, c)
+		return false
+	}
+	return ok
 }
 
 // round kills every stray not yet killed, and what is under it, and
@@ -63,7 +98,7 @@ func (k *strayKill) round() int {
 		if _, known := ours.pids[c]; known {
 			continue
 		}
-		if _, done := k.fds[c]; !done {
+		if !k.known(c) {
 			if k.tellable && !noNewPrivs(c) {
 				continue
 			}
@@ -94,7 +129,7 @@ func (k *strayKill) round() int {
 				continue
 			}
 			seen[c] = true
-			if _, done := k.fds[c]; !done {
+			if !k.known(c) {
 				if !k.killUnder(p, c) {
 					continue
 				}
@@ -139,7 +174,7 @@ func (k *strayKill) held(p int) bool {
 // allExited reports whether every process the look killed has exited.
 func (k *strayKill) allExited() bool {
 	for pid, fd := range k.fds {
-		if !exited(pid, fd) {
+		if !k.old[pid] && !exited(pid, fd) {
 			return false
 		}
 	}
@@ -163,6 +198,9 @@ func exited(pid, fd int) bool {
 func (k *strayKill) waitExit(end time.Time) {
 	var p []unix.PollFd
 	for pid, fd := range k.fds {
+		if k.old[pid] {
+			continue
+		}
 		if fd < 0 {
 			// No pidfd to wait on: look again shortly.
 			time.Sleep(min(time.Millisecond, time.Until(end)))
@@ -202,9 +240,16 @@ func (k *strayKill) reap() {
 	}
 }
 
-func (k *strayKill) close() {
-	for _, fd := range k.fds {
-		if fd >= 0 {
+// close keeps in stuck, by their pidfds, the processes still running
+// once the look ended, and closes the rest. Without a pidfd one is not
+// kept: only a pidfd tells it from a later holder of its pid.
+func (k *strayKill) close(stuck map[int]int) {
+	for pid, fd := range k.fds {
+		switch {
+		case fd < 0:
+		case !exited(pid, fd):
+			stuck[pid] = fd
+		default:
 			unix.Close(fd)
 		}
 	}

@@ -208,8 +208,7 @@ func TestStrayWalkSkipsTheChildrenOfAReapedParent(t *testing.T) {
 	// p's pid now x's, p held by the reaped process's pidfd.
 	k := strayKill{fds: map[int]int{x.Process.Pid: goneFd}, direct: map[int]bool{}}
 	if k.killUnder(x.Process.Pid, c) {
-		delete(k.fds, x.Process.Pid)
-		k.close()
+		unix.Close(k.fds[c])
 		t.Fatalf("killed %d, the child of %d, which took the pid of a reaped process the look had killed", c, x.Process.Pid)
 	}
 	if f := statFields(c); len(f) == 0 || f[0] == "Z" {
@@ -220,9 +219,80 @@ func TestStrayWalkSkipsTheChildrenOfAReapedParent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer unix.Close(xFd)
 	k = strayKill{fds: map[int]int{x.Process.Pid: xFd}, direct: map[int]bool{}}
-	defer k.close()
 	if !k.killUnder(x.Process.Pid, c) {
-		t.Errorf("%d, the child of %d, held by its pidfd, not killed", c, x.Process.Pid)
+		t.Fatalf("%d, the child of %d, held by its pidfd, not killed", c, x.Process.Pid)
+	}
+	unix.Close(k.fds[c])
+}
+
+// What a look leaves running is kept by pidfd for the next (not waited for
+// again); a kept process that exited since is reaped by the next look,
+// which then lets it go; one whose pid went to another process since is not
+// taken for it.
+func TestStuckStraysAreKeptAndReaped(t *testing.T) {
+	if !havePidfds() {
+		t.Skip("no pidfds")
+	}
+	start := func() (*exec.Cmd, int) {
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		fd, err := unix.PidfdOpen(c.Process.Pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, fd
+	}
+	running, runFd := start()
+	dead, deadFd := start()
+	dead.Process.Kill()
+	var info unix.Siginfo
+	for unix.Waitid(unix.P_PID, dead.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+	}
+	// A look ends with both killed: the running one is kept, the other's
+	// pidfd closed (it is reaped by reap, not by close).
+	stuck := map[int]int{}
+	k := strayKill{fds: map[int]int{running.Process.Pid: runFd, dead.Process.Pid: deadFd}, direct: map[int]bool{}}
+	k.close(stuck)
+	if len(stuck) != 1 || stuck[running.Process.Pid] != runFd {
+		t.Fatalf("kept %v, want only %d (fd %d)", stuck, running.Process.Pid, runFd)
+	}
+	// The next look takes it, not waited for; once it exited, the one
+	// after reaps it.
+	k = strayKill{fds: map[int]int{}, direct: map[int]bool{}, old: map[int]bool{}}
+	k.adopt(stuck)
+	if !k.old[running.Process.Pid] || !k.allExited() || len(stuck) != 0 {
+		t.Fatalf("adopted %v (old %v), all exited %v, left %v", k.fds, k.old, k.allExited(), stuck)
+	}
+	k.close(stuck)
+	running.Process.Kill()
+	for unix.Waitid(unix.P_PID, running.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+	}
+	k = strayKill{fds: map[int]int{}, direct: map[int]bool{}, old: map[int]bool{}}
+	k.adopt(stuck)
+	k.reap()
+	k.close(stuck)
+	if len(stuck) != 0 {
+		t.Fatalf("an exited stuck process still kept: %v", stuck)
+	}
+	if f := statFields(running.Process.Pid); len(f) != 0 {
+		t.Errorf("the exited stuck process not reaped: %v", f)
+	}
+	// A kept pid now another process's: known says it is not the one killed.
+	other, otherFd := start()
+	defer unix.Close(otherFd)
+	gone, goneFd := start()
+	gone.Process.Kill()
+	gone.Wait()
+	k = strayKill{fds: map[int]int{other.Process.Pid: goneFd}, direct: map[int]bool{}, old: map[int]bool{other.Process.Pid: true}}
+	if k.known(other.Process.Pid) {
+		t.Errorf("%d taken for the stuck process whose pid it has", other.Process.Pid)
+	}
+	if _, ok := k.fds[other.Process.Pid]; ok {
+		t.Errorf("the reaped stuck process still held")
 	}
 }

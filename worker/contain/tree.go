@@ -322,7 +322,8 @@ func (t *Tree) Kill() {
 // then kills every process left in the namespace as the init exits, which
 // End does not wait for); with Subreaper it ends the strays (Contain) with
 // everything under them, and returns once each was sent SIGKILL and,
-// unless strayTime ran out, exited (killStrays). The process's zombie holds its pid and process group until then: the seccomp reach
+// unless strayTime ran out for it, in this look or an earlier one, exited
+// (killStrays). The process's zombie holds its pid and process group until then: the seccomp reach
 // filter lets what it started set limits and nice levels on it by those
 // numbers, which must not be another process's while one of them runs.
 // Release remains to be called after the reap.
