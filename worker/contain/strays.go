@@ -33,7 +33,7 @@ func killStrays() {
 			break
 		}
 		if !time.Now().Before(end) {
-			slog.Warn("strays still running after a look's bound: later looks neither kill nor wait for them again, and reap them once they exit", "bound", strayTime, "killed", len(k.fds))
+			slog.Warn("strays still running after a look's bound: later looks neither kill nor wait for them again, and reap them once they exit", "bound", strayTime, "killed", len(k.fds)-len(k.old))
 			break
 		}
 		k.waitExit(end)
@@ -69,12 +69,14 @@ func (k *strayKill) adopt(stuck map[int]int) {
 	}
 }
 
-// known reports whether the look killed c already. One taken from stuck
-// must still hold its pid (not reaped by a parent that ignores SIGCHLD):
-// else c is another process, which the look has yet to kill.
+// known reports whether the look killed c already. One taken from stuck,
+// or killed this look under another stray, must still hold its pid (not
+// reaped by a parent that ignores SIGCHLD, a tenant's subreaper or init):
+// else c is another process, which the look has yet to kill. A child of
+// this process holds its pid until the look reaps it.
 func (k *strayKill) known(c int) bool {
 	fd, ok := k.fds[c]
-	if ok && k.old[c] && !k.held(c) {
+	if ok && (k.old[c] || fd >= 0 && !k.direct[c]) && !k.held(c) {
 		unix.Close(fd)
 		delete(k.fds, c)
 		delete(k.old, c)

@@ -296,3 +296,100 @@ func TestStuckStraysAreKeptAndReaped(t *testing.T) {
 		t.Errorf("the reaped stuck process still held")
 	}
 }
+
+// A worker reaped (proc.wait's cmd.Wait) and only then Released: a new
+// worker started in between that got the same pid stays ours. Before, the
+// old tree's forget dropped the pid, and the next look (that Release's
+// own) killed and reaped the live worker as a stray (a reviewer's test).
+// ns_last_pid forces the reuse.
+func TestReleaseLeavesANewWorkerOfTheSamePid(t *testing.T) {
+	requireRoot(t)
+	sp := NewSpawner()
+	if c, err := sp.Contain(false); c != Subreaper {
+		t.Skipf("containment %v: %v", c, err)
+	}
+	a := exec.Command("setpriv", "--no-new-privs", "true")
+	ta, err := sp.Start(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := a.Process.Pid
+	ta.End()
+	a.Wait() // the reap, as proc.wait's cmd.Wait
+	var b *exec.Cmd
+	for i := 0; i < 20; i++ {
+		os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(x-1)), 0o644)
+		c := exec.Command("setpriv", "--no-new-privs", "sleep", "60")
+		tb, err := sp.Start(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Process.Pid == x {
+			b = c
+			_ = tb
+			break
+		}
+		c.Process.Kill()
+		c.Wait()
+		tb.Release()
+	}
+	if b == nil {
+		t.Skip("could not get the pid again")
+	}
+	defer func() { b.Process.Kill(); b.Wait() }()
+	ta.Release() // the old worker's: forget(x), then a look
+	f := statFields(x)
+	t.Logf("new worker %d after the old tree's Release: stat %.20v", x, f)
+	if len(f) == 0 || f[0] == "Z" {
+		t.Errorf("the new live worker %d, holding the old one's pid, was killed by the old tree's Release", x)
+	}
+}
+
+// An entry the look killed under another stray, reaped since by someone
+// else (a parent that ignores SIGCHLD), whose pid a new stray then took,
+// is not taken for the new stray: the look kills it. Before, only entries
+// kept from an earlier look were checked, and the stray lived until the
+// next look (a reviewer's test).
+func TestAStrayOnAKilledProcesssPidIsKilled(t *testing.T) {
+	if !havePidfds() {
+		t.Skip("no pidfds")
+	}
+	gone := exec.Command("sleep", "60")
+	if err := gone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	goneFd, err := unix.PidfdOpen(gone.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(goneFd)
+	gone.Process.Kill()
+	gone.Wait() // its pidfd now names a reaped process
+	x := exec.Command("setpriv", "--no-new-privs", "sleep", "60")
+	if err := x.Start(); err != nil {
+		t.Skip("setpriv: ", err)
+	}
+	defer x.Wait()
+	defer x.Process.Kill()
+	for end := time.Now().Add(10 * time.Second); !noNewPrivs(x.Process.Pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("setpriv never set no_new_privs")
+		}
+	}
+	fd, err := unix.Dup(goneFd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xp := x.Process.Pid
+	k := strayKill{self: os.Getpid(), tellable: true, fds: map[int]int{xp: fd}, direct: map[int]bool{}, old: map[int]bool{}}
+	defer func() {
+		for _, fd := range k.fds {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}()
+	if n := k.round(); n != 1 {
+		t.Fatalf("a round killed %d, want the stray on a killed process's pid", n)
+	}
+}

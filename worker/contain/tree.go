@@ -60,11 +60,13 @@ const strayLook = 100 * time.Millisecond
 // ours is every child that a Spawner of this process started (inits
 // too), until released: never a stray, whichever Spawner looks. Its lock
 // is held across a start and a look for strays, so that a child being
-// started is never taken for one.
+// started is never taken for one. Each pid is kept with its Tree: a
+// worker is reaped before its Release, and a new one may have its pid by
+// then, which that Release must not forget (the next look killed it).
 var ours = struct {
 	sync.Mutex
-	pids map[int]struct{}
-}{pids: map[int]struct{}{}}
+	pids map[int]*Tree
+}{pids: map[int]*Tree{}}
 
 // Containment reports what Contain chose.
 func (s *Spawner) Containment() Containment {
@@ -231,12 +233,12 @@ func (s *Spawner) start(cmd *exec.Cmd) (*Tree, error) {
 			return nil, err
 		}
 		t.init = init
-		ours.pids[init.Process.Pid] = struct{}{}
+		ours.pids[init.Process.Pid] = t
 	} else if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	t.pid = cmd.Process.Pid
-	ours.pids[t.pid] = struct{}{}
+	ours.pids[t.pid] = t
 	return t, nil
 }
 
@@ -354,7 +356,7 @@ func (t *Tree) Release() {
 	t.released = true
 	t.mu.Unlock()
 	s := t.s
-	forget(t.pid)
+	forget(t.pid, t)
 	switch {
 	case t.init != nil:
 		t.init.Process.Kill()
@@ -366,7 +368,7 @@ func (t *Tree) Release() {
 			select {
 			case <-ended:
 				look.Stop()
-				forget(t.init.Process.Pid)
+				forget(t.init.Process.Pid, t)
 				return
 			case <-look.C:
 				lookForStrays()
@@ -377,11 +379,14 @@ func (t *Tree) Release() {
 	}
 }
 
-// forget drops a reaped child from ours.
-func forget(pid int) {
+// forget drops t's reaped child pid from ours, unless a later start made
+// the pid another tree's.
+func forget(pid int, t *Tree) {
 	ours.Lock()
 	defer ours.Unlock()
-	delete(ours.pids, pid)
+	if ours.pids[pid] == t {
+		delete(ours.pids, pid)
+	}
 }
 
 // strayLooks asks endStrays, the one goroutine of the process that ends
