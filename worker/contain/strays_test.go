@@ -161,18 +161,7 @@ func TestReleaseEndsADeepChainOfSessions(t *testing.T) {
 // while p's pid is an unrelated x: x's child must be left alone. A zombie
 // p (exited, not reaped) still holds its pid, so its children are taken.
 func TestStrayWalkSkipsTheChildrenOfAReapedParent(t *testing.T) {
-	if !havePidfds() {
-		t.Skip("no pidfds")
-	}
-	gone := exec.Command("sleep", "60")
-	if err := gone.Start(); err != nil {
-		t.Fatal(err)
-	}
-	goneFd, err := unix.PidfdOpen(gone.Process.Pid, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(goneFd)
+	gone, goneFd := childPidfd(t)
 	// A zombie first: exited, waited for without reaping it.
 	gone.Process.Kill()
 	var info unix.Siginfo
@@ -351,18 +340,7 @@ func TestReleaseLeavesANewWorkerOfTheSamePid(t *testing.T) {
 // kept from an earlier look were checked, and the stray lived until the
 // next look (a reviewer's test).
 func TestAStrayOnAKilledProcesssPidIsKilled(t *testing.T) {
-	if !havePidfds() {
-		t.Skip("no pidfds")
-	}
-	gone := exec.Command("sleep", "60")
-	if err := gone.Start(); err != nil {
-		t.Fatal(err)
-	}
-	goneFd, err := unix.PidfdOpen(gone.Process.Pid, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(goneFd)
+	gone, goneFd := childPidfd(t)
 	gone.Process.Kill()
 	gone.Wait() // its pidfd now names a reaped process
 	x := exec.Command("setpriv", "--no-new-privs", "sleep", "60")
@@ -392,4 +370,25 @@ func TestAStrayOnAKilledProcesssPidIsKilled(t *testing.T) {
 	if n := k.round(); n != 1 {
 		t.Fatalf("a round killed %d, want the stray on a killed process's pid", n)
 	}
+}
+
+// childPidfd starts a child that sleeps, and opens a pidfd of it (closed
+// at the test's end); it skips without pidfds.
+func childPidfd(t *testing.T) (*exec.Cmd, int) {
+	t.Helper()
+	if !havePidfds() {
+		t.Skip("no pidfds")
+	}
+	c := exec.Command("sleep", "60")
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.PidfdOpen(c.Process.Pid, 0)
+	if err != nil {
+		c.Process.Kill()
+		c.Wait()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return c, fd
 }
