@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/sched"
 	"github.com/plover-run/plover/worker"
@@ -89,14 +90,22 @@ func buildCPU(t *testing.T, tree cpuTree, log *slog.Logger) (*worker.CPUGroups, 
 			}
 		}
 	case weightsBroke:
-		// A worker's weight that cannot be written (its cpu.shares a
-		// directory) turns the weights off.
-		if err := os.MkdirAll(filepath.Join(dir, "4242", "cpu.shares"), 0o755); err != nil {
+		// A worker's weight that cannot be written (its cpu.shares made
+		// a directory once it was placed) turns the weights off. (A
+		// leftover group of its name is no such failure: a worker takes
+		// a fresh name beside it.)
+		g := cpu.Place(4242, 1)
+		if g == nil {
+			t.Fatal("a worker not placed in a fresh tree")
+		}
+		shares := filepath.Join(dir, "4242", "cpu.shares")
+		if err := os.Remove(shares); err != nil {
 			t.Fatal(err)
 		}
-		if g := cpu.Place(4242, 1); g != nil {
-			t.Fatal("placed a worker whose group's weight cannot be written")
+		if err := os.Mkdir(shares, 0o755); err != nil {
+			t.Fatal(err)
 		}
+		g.Weigh(&abi.Manifest{Name: "f", Share: 2})
 		if got := cpu.Mechanism(); got != "off" {
 			t.Fatalf("CPU weights by %q after a failed write, want off", got)
 		}
