@@ -208,7 +208,7 @@ func (r invoked) echoed(t *testing.T, in []byte, when string) {
 func exited(t *testing.T, srv *server, since time.Time, bound time.Duration) time.Duration {
 	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
+	go func() { done <- srv.wait(bound) }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -273,7 +273,7 @@ func TestSecondSignalEndsTheDrain(t *testing.T) {
 	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
 	srv.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
+	go func() { done <- srv.wait(30 * time.Second) }()
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(srv.log.String(), "a second signal") {

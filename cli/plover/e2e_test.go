@@ -26,6 +26,22 @@ type server struct {
 	url string
 	cmd *exec.Cmd
 	log *bytes.Buffer
+	// logRead is closed once its stderr was read to the end: cmd.Wait
+	// closes the pipe, and lines not read by then (its last ones, as it
+	// stops) are lost.
+	logRead chan struct{}
+}
+
+// wait is s.cmd.Wait once s's stderr was read to the end (or bound
+// passed): Wait closes the pipe, and the lines a server writes as it
+// stops were lost when read after it (a test looking for "stopped" in
+// its log failed under load).
+func (s *server) wait(bound time.Duration) error {
+	select {
+	case <-s.logRead:
+	case <-time.After(bound):
+	}
+	return s.cmd.Wait()
 }
 
 // buildPlover builds plover and, beside it, plover-worker (which its
@@ -76,7 +92,7 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{cmd: cmd, log: &bytes.Buffer{}}
+	s := &server{cmd: cmd, log: &bytes.Buffer{}, logRead: make(chan struct{})}
 	t.Cleanup(func() {
 		cmd.Process.Signal(os.Interrupt)
 		done := make(chan struct{})
@@ -93,6 +109,7 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 	addrRE := regexp.MustCompile(`msg="plover serving" addr=(http://127\.0\.0\.1:\d+)`)
 	found := make(chan string, 1)
 	go func() {
+		defer close(s.logRead)
 		sc := bufio.NewScanner(stderr)
 		sent := false
 		for sc.Scan() {
@@ -218,7 +235,7 @@ func TestEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
+	go func() { done <- srv.wait(10 * time.Second) }()
 	select {
 	case err := <-done:
 		if err != nil {

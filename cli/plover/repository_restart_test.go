@@ -67,7 +67,7 @@ func stop(t *testing.T, srv *server) {
 	t.Helper()
 	srv.cmd.Process.Signal(os.Interrupt)
 	done := make(chan error, 1)
-	go func() { done <- srv.cmd.Wait() }()
+	go func() { done <- srv.wait(10 * time.Second) }()
 	select {
 	case err := <-done:
 		if err != nil {
