@@ -69,10 +69,20 @@ func (d *gatedDevice) arm(entered, release *chan struct{}, rel chan struct{}) ch
 }
 
 // A poll's pre-warm aside of v2 is under way (its load held) when this
-// node deploys v3 itself, whose deploy pre-warms it (its instance held).
-// The aside warm, once over, does not warm v3 beside the deploy's warm:
-// that made v3 two instances for a min_instances of 1 (a reviewer's test).
+// node deploys a version itself, whose deploy pre-warms it (its instance
+// held). The aside warm, once over, does not warm that version beside the
+// deploy's warm: that made it two instances for a min_instances of 1 (a
+// reviewer's test), whether or not a poll meanwhile left the warm another
+// version (v3, from the other node, replaced by this node's deploy).
 func TestAsideWarmLeavesALocalDeploysWarmAlone(t *testing.T) {
+	for _, asked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "a poll asked for another"}[asked], func(t *testing.T) {
+			asideBesideALocalDeploy(t, asked)
+		})
+	}
+}
+
+func asideBesideALocalDeploy(t *testing.T, asked bool) {
 	ctx := context.Background()
 	store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
 	if err != nil {
@@ -94,6 +104,13 @@ func TestAsideWarmLeavesALocalDeploysWarmAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-loading // v2's pre-warm aside
+	if asked {
+		m.OutBytes = 192
+		testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+		if err := b.Refresh(ctx); err != nil { // leaves the warm under way v3
+			t.Fatal(err)
+		}
+	}
 	newRelease := make(chan struct{})
 	making := d.arm(&d.newEntered, &d.newRelease, newRelease)
 	m.OutBytes = 256
@@ -106,7 +123,7 @@ func TestAsideWarmLeavesALocalDeploysWarmAlone(t *testing.T) {
 		_, err := b.Control().Deploy(ctx, "warm", bytes.NewReader(raw), false)
 		deployed <- err
 	}()
-	<-making // the deploy's warm of v3 makes its instance
+	<-making // the deploy's warm of its version makes its instance
 	close(loadRelease)
 	for end := time.Now().Add(10 * time.Second); b.AsideWarms() > 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(end) {
@@ -118,6 +135,6 @@ func TestAsideWarmLeavesALocalDeploysWarmAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	if fi := info(t, b, "warm"); fi.Idle+fi.Busy != 1 {
-		t.Fatalf("v3 has %d instances for min_instances 1 (instances made since v2's: %d)", fi.Idle+fi.Busy, d.news.Load())
+		t.Fatalf("the version deployed here has %d instances for min_instances 1 (instances made: %d)", fi.Idle+fi.Busy, d.news.Load())
 	}
 }

@@ -75,8 +75,8 @@ func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]st
 		return err
 	}
 	f, changed := e.tab.switchTo(name, cv, rec, at)
-	if changed {
-		e.warmAside(ctx, f)
+	if changed && f != nil {
+		e.warmAside(ctx, f, cv.ID)
 	}
 	if f != nil { // applied, not overtaken by a change here
 		e.tab.applied(name, tag)

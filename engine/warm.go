@@ -64,24 +64,31 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 // Functions without a minimum (by their record, or the server default) are
 // left unloaded, and nothing is fetched for them.
 func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
+	e.warmIfWantedAt(ctx, f, "")
+}
+
+// warmIfWantedAt is warmIfWanted, only while f's current version is id
+// (any, for ""): a poll's warm of the version it installed leaves one
+// landed since (a deploy here, which warms its own) alone.
+func (e *Engine) warmIfWantedAt(ctx context.Context, f *function, id string) {
 	v := e.tab.currentOf(f)
-	if v == nil || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) {
+	if v == nil || id != "" && v.rec.ID != id || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) {
 		return
 	}
 	e.warmCurrent(ctx, f, v)
 }
 
-// warmAside pre-warms f (warmIfWanted) on a goroutine of its own, for a
-// poll: a constructor may take up to the request timeout, and the poll
-// meanwhile follows the other functions' changes (a delete among them).
-// One at a time per function: a poll that finds one under way asks it to
-// warm once more when done (the version it found is then current, and the
-// reaper tops up loaded versions only). Only a poll asks: a version this
-// node deployed, or a request landed, is warmed by its own deploy or
-// built by its request, and a second warm beside it made a second
-// instance. A panic is logged, as a poll's is.
-func (e *Engine) warmAside(ctx context.Context, f *function) {
-	if !e.aside.start(f) {
+// warmAside pre-warms version id of f (warmIfWantedAt), which a poll
+// installed, on a goroutine of its own: a constructor may take up to the
+// request timeout, and the poll meanwhile follows the other functions'
+// changes (a delete among them). One at a time per function: a poll that
+// finds one under way leaves it the version it installed, warmed next
+// (the reaper tops up loaded versions only). Only a poll's version is
+// warmed: one this node deployed, or a request landed, is warmed by its
+// own deploy or built by its request, and a second warm beside it made a
+// second instance. A panic is logged, as a poll's is.
+func (e *Engine) warmAside(ctx context.Context, f *function, id string) {
+	if !e.aside.start(f, id) {
 		return
 	}
 	go func() {
@@ -91,48 +98,50 @@ func (e *Engine) warmAside(ctx context.Context, f *function) {
 				e.cfg.Log.Error("pre-warming a polled function panicked", "function", f.name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			}
 		}()
-		for e.warmIfWanted(ctx, f); e.aside.end(ctx, f); e.warmIfWanted(ctx, f) {
+		for ; id != ""; id = e.aside.end(ctx, f) {
+			e.warmIfWantedAt(ctx, f, id)
 		}
 	}()
 }
 
 // asideWarms is the functions a poll's pre-warm is under way for, each
-// with whether a poll asked for another since it began.
+// with the version a poll installed since it began, to warm next ("":
+// none).
 type asideWarms struct {
 	mu sync.Mutex
-	m  map[*function]bool
+	m  map[*function]string
 }
 
 // start reports whether a warm of f is to begin; if one is under way, it
-// is asked to warm once more instead.
-func (a *asideWarms) start(f *function) bool {
+// is left version id to warm next instead.
+func (a *asideWarms) start(f *function, id string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, busy := a.m[f]; busy {
-		a.m[f] = true
+		a.m[f] = id
 		return false
 	}
 	if a.m == nil {
-		a.m = map[*function]bool{}
+		a.m = map[*function]string{}
 	}
-	a.m[f] = false
+	a.m[f] = ""
 	return true
 }
 
-// end reports whether the warm of f under way is to go again (asked, and
-// ctx not done); if not, it is over.
-func (a *asideWarms) end(ctx context.Context, f *function) bool {
+// end is the version the warm of f under way is to warm next ("" once
+// ctx is done or none was left it: the warm is over).
+func (a *asideWarms) end(ctx context.Context, f *function) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.m[f] && ctx.Err() == nil {
-		a.m[f] = false
-		return true
+	if id := a.m[f]; id != "" && ctx.Err() == nil {
+		a.m[f] = ""
+		return id
 	}
 	delete(a.m, f)
-	return false
+	return ""
 }
 
-// drop ends the warm of f under way, whatever was asked of it.
+// drop ends the warm of f under way, whatever was left it.
 func (a *asideWarms) drop(f *function) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -35,7 +35,10 @@ type server struct {
 // wait is s.cmd.Wait once s's stderr was read to the end (or bound
 // passed): Wait closes the pipe, and the lines a server writes as it
 // stops were lost when read after it (a test looking for "stopped" in
-// its log failed under load).
+// its log failed under load). The bound keeps a test from hanging, were
+// a process to hold the server's stderr past its exit (none does: workers
+// have pipes of their own, a namespace's init /dev/null); it does not
+// make such a test pass.
 func (s *server) wait(bound time.Duration) error {
 	select {
 	case <-s.logRead:
@@ -96,7 +99,7 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 	t.Cleanup(func() {
 		cmd.Process.Signal(os.Interrupt)
 		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+		go func() { s.wait(10 * time.Second); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
