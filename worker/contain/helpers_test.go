@@ -231,6 +231,35 @@ func pauseForever() {
 
 // readLine reads one line from r, failing the test rather than hanging if
 // nothing comes.
+// startReporting starts the test binary as child mode, a stand-in server
+// that reports on fd 3 (r) and writes its verdict on stdout (out), and
+// runs until its stdin closes: at the test's end, which then waits for it.
+func startReporting(t *testing.T, mode string, env ...string) (r *os.File, out io.Reader) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	cmd := childCommand(t, mode, env...)
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := startChild(cmd); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	return r, out
+}
+
 func readLine(t *testing.T, f *os.File) string {
 	t.Helper()
 	if err := f.SetReadDeadline(time.Now().Add(childTimeout)); err != nil {

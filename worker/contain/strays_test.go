@@ -98,27 +98,7 @@ func TestReleaseEndsADeepChainOfSessions(t *testing.T) {
 	if out, err := exec.Command("cc", "-o", bin, src).CombinedOutput(); err != nil {
 		t.Skipf("cc: %v %s", err, out)
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	cmd := childCommand(t, "deep-chain", "CHAIN_BIN="+bin)
-	cmd.ExtraFiles = []*os.File{w}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := startChild(cmd); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	defer func() { stdin.Close(); cmd.Wait() }()
+	r, out := startReporting(t, "deep-chain", "CHAIN_BIN="+bin)
 	br := bufio.NewReader(r)
 	var pids []int
 	defer func() {

@@ -151,27 +151,7 @@ func TestTreeEndsDaemons(t *testing.T) {
 			kind, how, _ := strings.Cut(how, "/")
 			t.Run(tc.want+"/"+kind+"/"+how, func(t *testing.T) {
 				t.Parallel()
-				r, w, err := os.Pipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer r.Close()
-				cmd := childCommand(t, "tree", "TREE_CONTAIN="+tc.contain, "TREE_HOW="+how, "TREE_KIND="+kind)
-				cmd.ExtraFiles = []*os.File{w}
-				cmd.Stderr = os.Stderr
-				stdin, err := cmd.StdinPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				out, err := cmd.StdoutPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := startChild(cmd); err != nil {
-					t.Fatal(err)
-				}
-				w.Close()
-				defer func() { stdin.Close(); cmd.Wait() }()
+				r, out := startReporting(t, "tree", "TREE_CONTAIN="+tc.contain, "TREE_HOW="+how, "TREE_KIND="+kind)
 				pid, err := strconv.Atoi(readLine(t, r))
 				if err != nil {
 					t.Fatalf("daemon's pid: %v", err)
