@@ -277,16 +277,7 @@ func TestPanicAsAWorkerStartsLeavesNoProcess(t *testing.T) {
 	m := testkit.Manifest("f")
 	dir := testkit.BundleDir(t, m, nil)
 	before := childrenOf(os.Getpid())
-	base.armed.Store(true)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the load did not panic")
-			}
-		}()
-		d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "a"})
-	}()
-	base.armed.Store(false)
+	loadPanicking(t, d, base, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "a"})
 	if after := childrenOf(os.Getpid()); after != before {
 		t.Fatalf("%d child processes after the panicked start, %d before", after, before)
 	}

@@ -104,16 +104,7 @@ func TestPanicInATenantsWorkerStartLeavesTheTenantUsable(t *testing.T) {
 	m := testkit.Manifest("f")
 	dir := testkit.BundleDir(t, m, nil)
 	sockets := openSockets(t)
-	base.armed.Store(true)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the load did not panic")
-			}
-		}()
-		d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "a"})
-	}()
-	base.armed.Store(false)
+	loadPanicking(t, d, base, device.ProgramSpec{Dir: dir, Manifest: m, Tenant: "a"})
 	if left, _ := os.ReadDir(stages); len(left) != 0 {
 		t.Errorf("the panicked start left %d stage directories", len(left))
 	}
@@ -143,4 +134,18 @@ func openSockets(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+// loadPanicking loads spec on d with base's bug armed, and fails the test
+// unless the load panics (as the transport would recover it).
+func loadPanicking(t *testing.T, d *Device, base *targetBugDevice, spec device.ProgramSpec) {
+	t.Helper()
+	base.armed.Store(true)
+	defer base.armed.Store(false)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("the load did not panic")
+		}
+	}()
+	d.Load(context.Background(), spec)
 }
