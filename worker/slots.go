@@ -182,11 +182,15 @@ func (g *program) dropDiscarded(s *poolSlot) {
 	if err == nil {
 		rep, err = wire.DecodeControlReply(wire.OpDropSlot, raw)
 	}
-	pool := &g.slots
-	if err != nil || rep.St != wire.StOK {
+	if err == nil && rep.St != wire.StOK {
+		err = wire.ErrorOf(rep.St, rep.Text)
+	}
+	if err != nil {
+		g.d.opts.Log.Warn("a worker did not drop a discarded request slot: its memory (pinned, on a GPU) stays counted until the function's program unloads", "function", g.name, "pid", g.p.pid, "error", err)
 		g.keepDiscarded(s)
 		return
 	}
+	pool := &g.slots
 	g.p.dropSlot(s.maxIn+s.out, s.pinned)
 	pool.mu.Lock()
 	pool.count--
