@@ -8,10 +8,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/worker/contain"
 )
 
 // groupEmptyTime bounds how long emptyGroup waits for a group's processes
@@ -31,7 +32,7 @@ func emptyGroup(dir string) error {
 		return fmt.Errorf("kill cgroup %s: %w", dir, err)
 	}
 	ref, ok := groupRefOf(dir)
-	if !ok || !pidfds() {
+	if !ok || !contain.HavePidfds() {
 		return nil // no cgroup; or no safe way to kill by cgroup.procs (killMember)
 	}
 	for end := time.Now().Add(groupEmptyTime); ; {
@@ -64,17 +65,6 @@ func writeExisting(path, text string) error {
 		err = cerr
 	}
 	return err
-}
-
-// groupMembers lists the processes in the cgroup at dir that /proc places
-// there too (none in a directory that is no cgroup, a test's fake
-// hierarchy of plain files).
-func groupMembers(dir string) ([]int, error) {
-	ref, ok := groupRefOf(dir)
-	if !ok {
-		return nil, nil
-	}
-	return membersOf(dir, ref)
 }
 
 func membersOf(dir string, ref groupRef) ([]int, error) {
@@ -197,12 +187,3 @@ func makeGroup(base string) (string, error) {
 	}
 	return "", fmt.Errorf("%s: %w", base, errGroupsLeft)
 }
-
-// pidfds: the kernel has pidfd_open (Linux 5.3).
-var pidfds = sync.OnceValue(func() bool {
-	fd, err := unix.PidfdOpen(os.Getpid(), 0)
-	if err == nil {
-		unix.Close(fd)
-	}
-	return err == nil
-})

@@ -118,3 +118,14 @@ func TestGroupMembersAreOfTheOneHierarchy(t *testing.T) {
 		t.Errorf("a directory that is no cgroup has members %v", got)
 	}
 }
+
+// groupMembers lists the processes in the cgroup at dir that /proc places
+// there too (none in a directory that is no cgroup, a test's fake
+// hierarchy of plain files).
+func groupMembers(dir string) ([]int, error) {
+	ref, ok := groupRefOf(dir)
+	if !ok {
+		return nil, nil
+	}
+	return membersOf(dir, ref)
+}

@@ -197,9 +197,6 @@ func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
 		return nil, errNoCPUGroup
 	}
 	dir, err := makeGroup(filepath.Join(g.dir, strconv.Itoa(pid)))
-	if errors.Is(err, errGroupsLeft) {
-		return nil, err
-	}
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "pids.max"), max, 0o644)
 	}

@@ -1,7 +1,6 @@
 package contain
 
 import (
-	"errors"
 	"log/slog"
 	"os"
 	"sync"
@@ -216,9 +215,7 @@ func (k *strayKill) waitExit(end time.Time) {
 		return
 	}
 	ms := max(int(time.Until(end).Milliseconds()), 0)
-	if _, err := unix.Poll(p, ms); errors.Is(err, unix.EINTR) {
-		return
-	}
+	unix.Poll(p, ms) // EINTR, or an error: the caller looks again
 }
 
 // reap reaps the killed processes that are this process's children now,
@@ -257,7 +254,9 @@ func (k *strayKill) close(stuck map[int]int) {
 	}
 }
 
-// havePidfds: the kernel has pidfd_open (Linux 5.3).
+// HavePidfds reports whether the kernel has pidfd_open (Linux 5.3).
+func HavePidfds() bool { return havePidfds() }
+
 var havePidfds = sync.OnceValue(func() bool {
 	fd, err := unix.PidfdOpen(os.Getpid(), 0)
 	if err != nil {
