@@ -53,9 +53,7 @@ func (fl *followedLives) remembered(name string) followedIn {
 // made in, ending first the followers of an earlier life the record no
 // longer lists.
 func (fl *followedLives) inLocked(logs *funclog.Store, name string, rec *api.Record, tag string) {
-	if in, ok := fl.m[name]; ok && !lists(rec, in.version) {
-		logs.ForgetUnsunk(name)
-	}
+	fl.endEarlierLocked(logs, name, rec)
 	if fl.m == nil {
 		fl.m = map[string]followedIn{}
 	}
@@ -113,11 +111,20 @@ func (fl *followedLives) pruneLocked(followed []string) {
 func (fl *followedLives) sink(logs *funclog.Store, name string, rec *api.Record) *funclog.Sink {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	if in, ok := fl.m[name]; ok && rec != nil && !lists(rec, in.version) {
-		logs.ForgetUnsunk(name)
+	if rec != nil {
+		fl.endEarlierLocked(logs, name, rec)
 	}
 	delete(fl.m, name)
 	return logs.Sink(name)
+}
+
+// endEarlierLocked ends the followers of name made in a life rec no
+// longer lists (an earlier one: records keep every version until the
+// function is deleted).
+func (fl *followedLives) endEarlierLocked(logs *funclog.Store, name string, rec *api.Record) {
+	if in, ok := fl.m[name]; ok && !lists(rec, in.version) {
+		logs.ForgetUnsunk(name)
+	}
 }
 
 // forget ends name's life here (a delete the table applies, under its
@@ -160,7 +167,10 @@ func (fl *followedLives) toCheck(logs *funclog.Store, loaded map[string]bool, ta
 		}
 		in := fl.m[name]
 		if tag := tags[name]; tag == "" || tag != in.tag {
-			changed = put(changed, name, in)
+			if changed == nil {
+				changed = map[string]followedIn{}
+			}
+			changed[name] = in
 		}
 	}
 	fl.pruneLocked(followed)
@@ -188,14 +198,6 @@ func (e *Engine) refreshFollowed(ctx context.Context, loaded map[string]bool, ta
 		}
 	}
 	return firstErr
-}
-
-func put(m map[string]followedIn, name string, in followedIn) map[string]followedIn {
-	if m == nil {
-		m = map[string]followedIn{}
-	}
-	m[name] = in
-	return m
 }
 
 // lists reports whether rec lists the version id: records keep every

@@ -65,23 +65,24 @@ func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]st
 		return nil
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("function %s: reading its record: %w", name, err)
 	}
 	// A record deleted and made anew elsewhere between two polls is a new
 	// function under the name (its output, its counts), not a new version
 	// of the one this node had: switchTo sees it.
 	cv, err := rec.CurrentVersion()
 	if err != nil {
-		return err
+		return fmt.Errorf("function %s: %w", name, err)
 	}
 	f, changed := e.tab.switchTo(name, cv, rec, at)
-	if changed && f != nil {
+	if f == nil {
+		return nil // overtaken by a change here
+	}
+	if changed {
 		e.warmAside(ctx, f, cv.ID)
 	}
-	if f != nil { // applied, not overtaken by a change here
-		e.tab.applied(name, tag)
-		e.refreshPanics.Delete(name)
-	}
+	e.tab.applied(name, tag)
+	e.refreshPanics.Delete(name)
 	return nil
 }
 
