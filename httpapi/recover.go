@@ -127,12 +127,10 @@ func expects100(raw []byte) bool {
 // was recorded, not 400; so is one whose connection's read panicked.
 func (s *Server) errorRecovered(ctx *fasthttp.RequestCtx, err error) {
 	defer s.requestRecovered(ctx)
-	if s.answerMarked(ctx) {
+	if s.answerMarked(ctx) || readPanicAnswered(ctx) {
 		return
 	}
-	if !readPanicAnswered(ctx) {
-		s.badRequest(ctx, err)
-	}
+	s.badRequest(ctx, err)
 }
 
 // readPanicAnswered answers ctx's request 500 if its connection's read
@@ -158,11 +156,10 @@ func metricsError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	var small *fasthttp.ErrSmallBuffer
-	var ne *net.OpError
 	switch {
 	case errors.As(err, &small):
 		ctx.Error("Too big request header", fasthttp.StatusRequestHeaderFieldsTooLarge)
-	case errors.As(err, &ne) && ne.Timeout():
+	case timedOut(err): // as parseError tells it
 		ctx.Error("Request timeout", fasthttp.StatusRequestTimeout)
 	default:
 		ctx.Error("Error when parsing request", fasthttp.StatusBadRequest)
