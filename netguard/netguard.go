@@ -117,8 +117,8 @@ func (l *Listener) Accept() (net.Conn, error) {
 	// (Recovered), is kept: else every panic started it over, and a
 	// descriptor shortage was retried at each recovery's pause.
 	delay := time.Duration(l.backoff.Load())
-	if delay > 0 && !l.pause(delay) {
-		return nil, l.closedErr()
+	if delay > 0 && !pause(delay, l.doneChan()) {
+		return nil, closedErr(l.Addr())
 	}
 	for {
 		c, err := l.Listener.Accept()
@@ -132,8 +132,8 @@ func (l *Listener) Accept() (net.Conn, error) {
 			if l.OnError != nil {
 				l.OnError(err)
 			}
-			if !l.pause(delay) {
-				return nil, l.closedErr()
+			if !pause(delay, l.doneChan()) {
+				return nil, closedErr(l.Addr())
 			}
 			continue
 		}
@@ -147,20 +147,26 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 }
 
-// pause waits d and reports whether l is still open.
-func (l *Listener) pause(d time.Duration) bool {
+// pause waits d and reports whether done is still open.
+func pause(d time.Duration, done <-chan struct{}) bool {
+	select {
+	case <-done: // first: a timer fired too must not win over it
+		return false
+	default:
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return true
-	case <-l.doneChan():
+	case <-done:
 		return false
 	}
 }
 
-func (l *Listener) closedErr() error {
-	return &net.OpError{Op: "accept", Net: l.Addr().Network(), Addr: l.Addr(), Err: net.ErrClosed}
+// closedErr is Accept's error on a listener at a that was closed.
+func closedErr(a net.Addr) error {
+	return &net.OpError{Op: "accept", Net: a.Network(), Addr: a, Err: net.ErrClosed}
 }
 
 // admit counts c, just accepted, in the open connections and returns it
@@ -495,26 +501,9 @@ func (l *recovered) Accept() (net.Conn, error) {
 		if c, ok, err := l.accept(); ok {
 			return c, err
 		}
-		if !l.pause() {
-			return nil, &net.OpError{Op: "accept", Net: l.Addr().Network(), Addr: l.Addr(), Err: net.ErrClosed}
+		if !pause(acceptPanicPause, l.done) {
+			return nil, closedErr(l.Addr())
 		}
-	}
-}
-
-// pause waits acceptPanicPause and reports whether l is still open.
-func (l *recovered) pause() bool {
-	select {
-	case <-l.done: // first: a timer fired too must not win over it
-		return false
-	default:
-	}
-	t := time.NewTimer(acceptPanicPause)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-l.done:
-		return false
 	}
 }
 
