@@ -499,9 +499,13 @@ PY
 
 # The CUDA CNN through the Open Inference Protocol's gRPC ModelInfer beside
 # the HTTP route, same server, same digit: plover bench both ways, in turn.
+# Dispatch is the server's total less its named parts: where a worker's
+# wake-up lands when its poll for the next request (worker/wire/poll.go)
+# gave up, as it does once the gap between a client's requests passes
+# half of wire.SpinMax.
 sec_grpc() {
   if [ "$cuda_up" = 1 ] && [ -f "$tmp/cnn-in-0.bin" ] && have python3; then
-    p50() { python3 -c 'import json,sys; r=json.load(sys.stdin); print("%s ok, p50 %.3f ms, p99 %.3f ms, server total p50 %.3f ms" % (r["ok"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["server_ms"]["total"]["p50"]))'; }
+    p50() { python3 -c 'import json,sys; r=json.load(sys.stdin); s=r["server_ms"]; print("%s ok, p50 %.3f ms, p99 %.3f ms, server total p50 %.3f ms, dispatch p50 %.3f ms" % (r["ok"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], s["total"]["p50"], s.get("dispatch", {}).get("p50", 0)))'; }
     for round in 1 2; do
       h=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --server "$cuda_url" --requests "$grpc_requests" --json 2>/dev/null | p50) || h="failed"
       g=$(bin/plover bench cnn --in "$tmp/cnn-in-0.bin" --grpc "grpc://127.0.0.1:$((cuda_port + 100))" --requests "$grpc_requests" --json 2>/dev/null | p50) || g="failed"
