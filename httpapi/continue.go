@@ -61,7 +61,7 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 		}
 		return fasthttp.RequestConfig{}
 	}
-	if d, ok := cs.byHeader.Load(h); ok && d.(*drainConn).reads.Load() == d.(*drainConn).ended.Load() {
+	if d, ok := cs.byHeader.Load(h); ok && d.(*drainConn).pipelined() {
 		// Pipelined behind an answer fasthttp may still buffer (it read
 		// these headers from its buffer, and flushes only before a read):
 		// its own 100 Continue goes into that buffer after the answer,
@@ -78,6 +78,22 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 	}
 	cs.expect.put(h, cl)
 	return fasthttp.RequestConfig{}
+}
+
+// pipelined reports whether the request whose headers fasthttp has just
+// read into c's context came from its buffer, no read since c's last
+// handler returned; called from HeaderReceived, on the goroutine that
+// read them. fasthttp gives a connection's context back to its pool
+// before it closes the connection, and ConnState's close, which drops c's
+// entry in byHeader, comes after: a new connection may read its first
+// headers into that context in between, and c, closing, its last read
+// before its last handler, would take them for its own pipelined request
+// (leaving its expectation to fasthttp, whose read of the body, before
+// any handler, only the read timeout bounds). The context's connection
+// is the one that read them.
+func (c *drainConn) pipelined() bool {
+	ctx := c.ctx.Load()
+	return ctx != nil && drainOf(ctx.Conn()) == c && c.reads.Load() == c.ended.Load()
 }
 
 // put adds h's entry, v.

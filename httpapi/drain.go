@@ -108,9 +108,10 @@ type drainConn struct {
 	// equal, the request came from fasthttp's buffer, pipelined, with the
 	// last answer perhaps still unflushed (continue.go).
 	reads, ended atomic.Uint64
-	// hdr is the request header fasthttp reads this connection's requests
-	// into (one context serves a connection), its key in connSet.byHeader.
-	hdr atomic.Pointer[fasthttp.RequestHeader]
+	// ctx is the context fasthttp reads this connection's requests into
+	// (one context serves a connection); its header is c's key in
+	// connSet.byHeader.
+	ctx atomic.Pointer[fasthttp.RequestCtx]
 	// readPanicked: a read outside a handler panicked (Read).
 	readPanicked atomic.Bool
 	// readBy is the read deadline last set (SetReadDeadline), in Unix
@@ -289,10 +290,10 @@ func (cs *connSet) state(c net.Conn, st fasthttp.ConnState) {
 		d.state.CompareAndSwap(connBusy, connWaiting)
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		cs.conns.Delete(d)
-		if h := d.hdr.Load(); h != nil {
-			// Only if still d's: fasthttp may have given the header's
-			// context to a new connection already.
-			cs.byHeader.CompareAndDelete(h, d)
+		if ctx := d.ctx.Load(); ctx != nil {
+			// Only if still d's: fasthttp may have given the context
+			// to a new connection already.
+			cs.byHeader.CompareAndDelete(&ctx.Request.Header, d)
 		}
 	}
 }
@@ -317,9 +318,9 @@ func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 			defer answered(ctx)
 		}
 		if d := drainOf(ctx.Conn()); d != nil {
-			if h := &ctx.Request.Header; d.hdr.Load() != h {
-				d.hdr.Store(h)
-				cs.byHeader.Store(h, d)
+			if d.ctx.Load() != ctx {
+				d.ctx.Store(ctx)
+				cs.byHeader.Store(&ctx.Request.Header, d)
 			}
 			defer func() { d.ended.Store(d.reads.Load()) }()
 		}
