@@ -80,7 +80,7 @@ type serveFlags struct {
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
 	sched, schedPolicy, evictPolicy                  string
-	deviceRuns, ioSlots                              int
+	deviceRuns, floodRuns, ioSlots                   int
 	cpuWeights                                       bool
 	lightBoost                                       float64
 	cgroupRoot                                       string
@@ -143,6 +143,7 @@ func serveCmd() *command {
 			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights and --worker-max-pids)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
+			fs.IntVar(&f.floodRuns, "flood-runs", 0, "while a light function (one request at a time) is about, the runs other functions may have on a device together, below --device-runs less the slots kept for light ones: on a GPU, whose copies and kernels in flight are not preempted, a light run waits behind each (0: all but the kept slots)")
 			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where the server's threads can be weighed as the workers': by nice level where the workers' weights are nice levels, by moving a piece's thread into a CPU group at its function's weight under cgroup v1; off under cgroup v2, where on keeps the server's weight, or without CPU weights)")
 			fs.IntVar(&f.ioSlots, "io-slots", 0, "pieces of functions' bytes the server reads or writes at once (256 KiB each), the rest waiting in their clients' sockets for their functions' turns, one kept for light functions (0: the CPUs; --sched off moves bytes as they come)")
 			fs.StringVar(&f.repository, "repository", "", "serve the model repository DIR (Triton's --model-repository, KServe's /mnt/models): DIR/NAME/ is a bundle directory or holds version folders DIR/NAME/1/, DIR/NAME/2/ (the highest current), or DIR is one bundle; each is deployed as plover deploy would, and /v2/repository/index, load and unload serve it")
@@ -264,7 +265,7 @@ func stopSignals() (stop, force context.Context) {
 // schedFlags checks the flags that shape the devices' schedulers and
 // eviction, and assembles them.
 func schedFlags(f *serveFlags, env *Env) (engine.SchedConfig, evict.Evictor, error) {
-	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, Policy: f.schedPolicy, IO: ioshare.Config{Slots: f.ioSlots}}
+	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, FloodRuns: f.floodRuns, Policy: f.schedPolicy, IO: ioshare.Config{Slots: f.ioSlots}}
 	if _, err := sched.NewPolicy(f.schedPolicy, 0); err != nil {
 		return sc, nil, usagef(env, "serve", "--sched-policy: %v", err)
 	}
@@ -283,6 +284,9 @@ func schedFlags(f *serveFlags, env *Env) (engine.SchedConfig, evict.Evictor, err
 	}
 	if f.deviceRuns < 0 {
 		return sc, nil, usagef(env, "serve", "--device-runs %d: want 0 (the device default) or more", f.deviceRuns)
+	}
+	if f.floodRuns < 0 {
+		return sc, nil, usagef(env, "serve", "--flood-runs %d: want 0 (all runs but the reserve) or more", f.floodRuns)
 	}
 	if f.ioSlots < 0 {
 		return sc, nil, usagef(env, "serve", "--io-slots %d: want 0 (the CPUs) or more", f.ioSlots)

@@ -106,6 +106,10 @@ type SchedConfig struct {
 	// keeping some for functions that come and go (sched.Config.Reserve;
 	// how many is the device kind's: device.ReservedRuns).
 	NoReserve bool
+	// FloodRuns bounds the floods' runs on a device together while a
+	// light function is about (sched.Config.FloodRuns); 0: all but the
+	// reserve.
+	FloodRuns int
 	// Policy names the registered policy that orders queued runs
 	// (sched.RegisterPolicy; "": sched.DefaultPolicy, wfq).
 	Policy string
@@ -195,7 +199,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 		for _, d := range cfg.Devices {
 			n := cfg.Sched.maxRuns(d)
-			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), PolicyName: cfg.Sched.Policy,
+			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), FloodRuns: cfg.Sched.FloodRuns, PolicyName: cfg.Sched.Policy,
 				Capacity: device.SharedTime(d.Target())})
 		}
 	}

@@ -110,6 +110,15 @@ type Config struct {
 	// spatial share, as MPS keeps SMs), while floods share the rest by the
 	// policy. With no light function about, every slot is used. 0: none.
 	Reserve int
+	// FloodRuns, where set (1..MaxRuns-Reserve), is how many runs the
+	// floods may have on the device together while a light function is
+	// about (Reserve's condition), in place of MaxRuns-Reserve. A device
+	// that preempts nothing in flight (a GPU: a copy already queued on
+	// the copy engine, a kernel already launched) makes a light run wait
+	// behind every flood run started before it, however free its slot:
+	// fewer floods in flight bound that wait. 0: MaxRuns-Reserve. Without
+	// a Reserve nobody is about, and it does nothing.
+	FloodRuns int
 	// Recent is how long after going idle a function counts for Reserve
 	// (default 100ms).
 	Recent time.Duration

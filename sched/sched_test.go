@@ -438,6 +438,55 @@ func TestReserveHoldsWhileTheLightFunctionRuns(t *testing.T) {
 	}
 }
 
+// FloodRuns bounds the floods' runs in flight together while a light
+// function is about, below MaxRuns-Reserve, and only then: with nobody
+// about they take every slot again.
+func TestFloodRunsWhileALightFunctionIsAbout(t *testing.T) {
+	for _, tt := range []struct {
+		floodRuns, want int // want: the floods' runs admitted with the victim about
+	}{{0, 3}, {1, 1}, {2, 2}, {5, 3}} {
+		clk := newFakeClock()
+		s := New(Config{MaxRuns: 4, Reserve: 1, FloodRuns: tt.floodRuns, Recent: 100 * time.Millisecond, Clock: clk})
+		victim, a, b := s.Flow("victim"), s.Flow("a"), s.Flow("b")
+		v, _, _ := victim.Admit(context.Background(), time.Time{}, nil)
+		clk.Advance(time.Millisecond)
+		v.Done()
+		var runs []Ticket
+		var queued []<-chan result
+		for i := range 4 { // two floods, two runs each
+			f := a
+			if i%2 == 1 {
+				f = b
+			}
+			c := admitAsync(f, context.Background(), time.Time{}, nil)
+			if i < tt.want {
+				runs = append(runs, got(t, c, "a flood's run within its slots").t)
+				continue
+			}
+			waitFor(t, "flood queued", func() bool { return f.queued() >= 1 })
+			queued = append(queued, c)
+		}
+		if n := s.running_(); n != tt.want {
+			t.Fatalf("FloodRuns %d: %d flood runs on the device with the victim about, want %d", tt.floodRuns, n, tt.want)
+		}
+		if v, wait, _ := victim.Admit(context.Background(), time.Time{}, nil); wait != 0 {
+			t.Fatalf("FloodRuns %d: the victim waited %v", tt.floodRuns, wait)
+		} else {
+			v.Done()
+		}
+		clk.Advance(100 * time.Millisecond) // the victim quiet for Recent: every slot is the floods'
+		for _, c := range queued {
+			runs = append(runs, got(t, c, "a flood's run with nobody about").t)
+		}
+		if n := s.running_(); n != 4 {
+			t.Fatalf("FloodRuns %d: %d runs with nobody about, want all 4", tt.floodRuns, n)
+		}
+		for _, tk := range runs {
+			tk.Done()
+		}
+	}
+}
+
 // The fast path (a free slot, nobody waiting) allocates nothing.
 func TestAdmitAllocatesNothing(t *testing.T) {
 	s := New(Config{MaxRuns: 2, Reserve: 1})

@@ -56,6 +56,7 @@ func New(cfg Config) *Scheduler {
 		cfg.MaxRuns = 1
 	}
 	cfg.Reserve = min(max(cfg.Reserve, 0), cfg.MaxRuns-1)
+	cfg.FloodRuns = max(cfg.FloodRuns, 0)
 	if cfg.Recent <= 0 {
 		cfg.Recent = 100 * time.Millisecond
 	}
@@ -636,7 +637,11 @@ func (s *Scheduler) floodLimit(now time.Time) int {
 	}
 	// The light functions' own runs fill the reserved slots first: one
 	// running does not open the reserve to the floods.
-	return s.cfg.MaxRuns - s.cfg.Reserve + min(lightRuns, s.cfg.Reserve)
+	floods := s.cfg.MaxRuns - s.cfg.Reserve
+	if s.cfg.FloodRuns > 0 {
+		floods = min(floods, s.cfg.FloodRuns)
+	}
+	return floods + min(lightRuns, s.cfg.Reserve)
 }
 
 // light reports a flow that has not had two runs at once within Recent.

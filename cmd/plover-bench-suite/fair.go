@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,7 +83,8 @@ type fairRun struct {
 	// Rounds are the victim alone and beside the 4 MB flood, mode by
 	// mode in each round (fairRoundModes), the modes interleaved so that
 	// a noisy stretch of the machine falls on all of them.
-	Rounds [][]fairVictim `json:"rounds"`
+	Rounds     [][]fairVictim `json:"rounds"`
+	RoundModes []string       `json:"round_modes"`
 }
 
 // fairVictim is one round of one mode: the victim alone and beside the
@@ -95,8 +97,17 @@ type fairVictim struct {
 }
 
 // fairRoundModes are the modes the rounds compare: the light workers'
-// boost on and off, with cgroups and with nice levels.
-var fairRoundModes = []string{"fair", "fair-noboost", "fair-nice", "fair-nice-noboost"}
+// boost on and off, with cgroups and with nice levels, and the floods'
+// runs bounded while the victim is about.
+var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-nice", "fair-nice-noboost"}
+
+// chosenModes is modes less those --fair-modes leaves out (empty: all).
+func chosenModes(o *options, modes []string) []string {
+	if len(o.fairModes) == 0 {
+		return modes
+	}
+	return slices.DeleteFunc(slices.Clone(modes), func(m string) bool { return !slices.Contains(o.fairModes, m) })
+}
 
 // fairBundle is a sample deployed under another name, with a manifest
 // change (a share, a priority).
@@ -146,8 +157,8 @@ func runFair(ctx context.Context, o *options, res *results) error {
 			return fmt.Errorf("%s: %w (make samples)", b.name, err)
 		}
 	}
-	fr := &fairRun{Clients: o.fairClients, Time: o.fairTime.Seconds()}
-	for _, mode := range fairModes {
+	fr := &fairRun{Clients: o.fairClients, Time: o.fairTime.Seconds(), RoundModes: chosenModes(o, fairRoundModes)}
+	for _, mode := range chosenModes(o, fairModes) {
 		logf("mode %s", mode)
 		m, err := fairOneMode(ctx, o, data, mode, cnn.Input, vec.Input, spinIn)
 		if err != nil {
@@ -156,9 +167,9 @@ func runFair(ctx context.Context, o *options, res *results) error {
 		fr.Modes = append(fr.Modes, m)
 	}
 	for r := range o.fairRounds {
-		logf("round %d of the victim beside the 4 MB flood: %s", r+1, strings.Join(fairRoundModes, ", "))
+		logf("round %d of the victim beside the 4 MB flood: %s", r+1, strings.Join(fr.RoundModes, ", "))
 		var round []fairVictim
-		for _, mode := range fairRoundModes {
+		for _, mode := range fr.RoundModes {
 			v, err := fairVictimRound(ctx, o, data, mode, cnn.Input, vec.Input)
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", r+1, mode, err)
@@ -199,15 +210,15 @@ func fairVictimRound(ctx context.Context, o *options, data, mode string, cnnIn, 
 // writeFairRounds writes the interleaved rounds: each mode's victim beside
 // the 4 MB flood, round by round, and the medians.
 func writeFairRounds(p func(string, ...any), fr *fairRun) {
-	if len(fr.Rounds) == 0 {
+	if len(fr.Rounds) == 0 || len(fr.RoundModes) == 0 {
 		return
 	}
 	p("\nThe victim beside the 4 MB flood, the light workers' boost on and off (`--light-boost 1`): %d rounds, each a server per mode, the modes in turn in every round (so that a noisy stretch of this shared machine falls on all of them). Each cell: alone p99 → beside p50 / p99 ms; the medians over the rounds last (target: beside ≤ 1.5× alone at p50, ≤ 3× at p99).\n\n", len(fr.Rounds))
 	p("| round |")
-	for _, m := range fairRoundModes {
+	for _, m := range fr.RoundModes {
 		p(" %s |", m)
 	}
-	p("\n|---|%s\n", strings.Repeat("---|", len(fairRoundModes)))
+	p("\n|---|%s\n", strings.Repeat("---|", len(fr.RoundModes)))
 	for i, round := range fr.Rounds {
 		p("| %d |", i+1)
 		for _, v := range round {
@@ -216,7 +227,7 @@ func writeFairRounds(p func(string, ...any), fr *fairRun) {
 		p("\n")
 	}
 	p("| median |")
-	for k := range fairRoundModes {
+	for k := range fr.RoundModes {
 		var a50, a99, b50, b99, fl []float64
 		for _, round := range fr.Rounds {
 			v := round[k]
@@ -275,14 +286,16 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 // written: nice levels, and the server's I/O scheduled by default),
 // fair-nice-noio (the same with it unscheduled), fair-noboost and
 // fair-nice-noboost (fair and fair-nice without the light workers' boost:
-// --light-boost 1), off (--sched off) and none (the server before the
-// scheduler and the CPU weights).
-var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "off", "none"}
+// --light-boost 1), fair-flood1 (fair with --flood-runs 1: the floods one
+// run on the device at a time while the victim is about), off (--sched
+// off) and none (the server before the scheduler and the CPU weights).
+var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "off", "none"}
 
 // fairFlags are the plover serve flags of a mode.
 func fairFlags(data, mode string) []string {
 	var flags []string
-	base, noio := strings.CutSuffix(mode, "-noio")
+	base, flood1 := strings.CutSuffix(mode, "-flood1")
+	base, noio := strings.CutSuffix(base, "-noio")
 	base, noboost := strings.CutSuffix(base, "-noboost")
 	switch base {
 	case "none":
@@ -299,6 +312,9 @@ func fairFlags(data, mode string) []string {
 	}
 	if noboost {
 		flags = append(flags, "--light-boost", "1")
+	}
+	if flood1 {
+		flags = append(flags, "--flood-runs", "1")
 	}
 	return flags
 }
@@ -516,7 +532,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {

@@ -59,6 +59,7 @@ type options struct {
 	tracingBefore                         string
 	fairClients, fairRounds               int
 	fairTime                              time.Duration
+	fairModes                             []string
 	batchClients                          int
 	batchTime                             time.Duration
 	batchFractions, batchChart            string
@@ -103,6 +104,15 @@ func main() {
 	flag.StringVar(&o.burstBefore, "burst-before", "", "with --burst: other plover binaries (space-separated; an earlier build) measured the same way in the same run, for ratios")
 	flag.IntVar(&o.fairClients, "fair-clients", 8, "closed-loop clients of each flood for --fair")
 	flag.DurationVar(&o.fairTime, "fair-time", 5*time.Second, "duration of each --fair measurement")
+	flag.Func("fair-modes", "--fair: the modes to run, comma-separated, of fair, fair-noio, fair-noboost, fair-flood1, fair-nice, fair-nice-noio, fair-nice-noboost, off, none (default all)", func(s string) error {
+		for _, m := range strings.Split(s, ",") {
+			if !slices.Contains(fairModes, m) {
+				return fmt.Errorf("%q is not a mode", m)
+			}
+			o.fairModes = append(o.fairModes, m)
+		}
+		return nil
+	})
 	flag.IntVar(&o.fairRounds, "fair-rounds", 4, "--fair: rounds of the victim alone and beside the 4 MB flood, the server's I/O scheduled and not, the modes interleaved (0: none)")
 	flag.IntVar(&o.batchClients, "batch-clients", 32, "closed-loop clients for --batch")
 	flag.DurationVar(&o.batchTime, "batch-time", 6*time.Second, "duration of each --batch closed-loop run")

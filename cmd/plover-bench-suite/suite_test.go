@@ -183,3 +183,27 @@ func TestSuiteEndToEnd(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// Each fair mode names the serve flags it differs by; --fair-modes keeps
+// only the modes it lists, in the suite's order.
+func TestFairModes(t *testing.T) {
+	for _, tt := range []struct{ mode, want string }{
+		{"fair", "--sched fair"},
+		{"fair-noio", "--sched fair --io-shares off"},
+		{"fair-flood1", "--sched fair --flood-runs 1"},
+		{"fair-nice-noboost", "--sched fair --cgroup-root /d/no-cgroups --light-boost 1"},
+		{"off", "--sched off"},
+		{"none", "--sched off --cpu-weights=false"},
+	} {
+		if got := strings.Join(fairFlags("/d", tt.mode), " "); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.mode, got, tt.want)
+		}
+	}
+	o := &options{fairModes: []string{"off", "fair-flood1", "fair"}}
+	if got := strings.Join(chosenModes(o, fairRoundModes), ","); got != "fair,fair-flood1" {
+		t.Errorf("round modes %q", got)
+	}
+	if got := chosenModes(&options{}, fairModes); len(got) != len(fairModes) {
+		t.Errorf("no --fair-modes kept %d of %d modes", len(got), len(fairModes))
+	}
+}
