@@ -63,7 +63,7 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 
 // serveEngine serves e over gRPC on a loopback port, behind a front door
 // with tokens (nil: none).
-func serveEngine(t *testing.T, e *engine.Engine, tokens gate.Tokens, opts grpcapi.Options) *fixture {
+func serveEngine(t testing.TB, e *engine.Engine, tokens gate.Tokens, opts grpcapi.Options) *fixture {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	run := pipeline.New(e, reg)
@@ -76,7 +76,7 @@ func serveEngine(t *testing.T, e *engine.Engine, tokens gate.Tokens, opts grpcap
 
 // dial serves gs on a loopback port and returns a client connection to
 // it; both end with the test.
-func dial(t *testing.T, gs *grpc.Server) *grpc.ClientConn {
+func dial(t testing.TB, gs *grpc.Server) *grpc.ClientConn {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
