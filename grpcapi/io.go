@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/ioshare"
@@ -51,7 +52,6 @@ func (s *Server) service() *grpc.ServiceDesc {
 			d.Methods[i].Handler = inferHandler
 		}
 	}
-	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
 	return &d
 }
 
@@ -75,6 +75,9 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 		resp, err = interceptor(ctx, &c.req, &s.inferInfo, h)
 	}
 	if r, ok := resp.(*pb.ModelInferResponse); ok && err == nil && c.io.fl != nil {
+		// gRPC-Go keeps the reply until it is written: the request, whose
+		// tensors may be as large as the answer's, need not stay with it.
+		proto.Reset(&c.req)
 		c.resp = r
 		return c, nil
 	}

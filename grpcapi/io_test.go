@@ -67,8 +67,8 @@ func TestInferChargesIOSeconds(t *testing.T) {
 	for _, model := range []string{"big", "pbig"} {
 		t.Run(model, func(t *testing.T) {
 			inferRaw(t, f, model, in)
-			// The answer's encoding is charged as it is sent, after the
-			// client may have it: waited for, bounded.
+			// The answer's encoding is charged before gRPC-Go writes it,
+			// so before the client has it; polled, bounded, all the same.
 			var info, metric float64
 			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 				fi, err := f.e.Control().Function(context.Background(), model)

@@ -87,7 +87,9 @@ func New(door *frontdoor.Door, opts Options) *Server {
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
 	}
-	return &Server{door: door, opts: opts}
+	s := &Server{door: door, opts: opts}
+	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
+	return s
 }
 
 // GRPC returns a grpc.Server with s registered, its limits and credentials
