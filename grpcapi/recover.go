@@ -86,7 +86,7 @@ func (c recoveringCodec) Unmarshal(data mem.BufferSlice, v any) (err error) {
 // recovered, deferred, turns a panic in the codec into its error.
 func (c recoveringCodec) recovered(what string, v any, err *error) {
 	if p := recover(); p != nil {
-		c.door.Panicked("grpc", fmt.Sprintf("codec: %s %T", what, v), "", p)
+		c.door.Panicked("grpc", fmt.Sprintf("codec: %s %T", what, wireMessage(v)), "", p)
 		*err = panicked()
 	}
 }

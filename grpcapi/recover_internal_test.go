@@ -29,13 +29,15 @@ func TestCodecPanicIsAnError(t *testing.T) {
 	c := recoveringCodec{panicCodec{}, frontdoor.New(frontdoor.Config{Log: slog.New(slog.NewTextHandler(&log, nil))})}
 	_, merr := c.Marshal(&pb.ServerLiveResponse{})
 	uerr := c.Unmarshal(nil, &pb.ModelInferRequest{})
-	for _, err := range []error{merr, uerr} {
+	_, cerr := c.Marshal(&inferCall{resp: &pb.ModelInferResponse{}}) // named by its message on the wire
+	for _, err := range []error{merr, uerr, cerr} {
 		if st, _ := status.FromError(err); st.Code() != codes.Internal || st.Message() != frontdoor.PanicMessage {
 			t.Errorf("a codec's panic: %v, want Internal: %s", err, frontdoor.PanicMessage)
 		}
 	}
 	for _, want := range []string{`route="codec: encoding *inferencepb.ServerLiveResponse" panic="a bug in Marshal"`,
-		`route="codec: decoding *inferencepb.ModelInferRequest" panic="a bug in Unmarshal"`} {
+		`route="codec: decoding *inferencepb.ModelInferRequest" panic="a bug in Unmarshal"`,
+		`route="codec: encoding *inferencepb.ModelInferResponse" panic="a bug in Marshal"`} {
 		if !strings.Contains(log.String(), want) {
 			t.Errorf("the log lacks %s:\n%s", want, log.String())
 		}

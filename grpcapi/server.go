@@ -34,6 +34,7 @@ import (
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
@@ -69,6 +70,8 @@ type Server struct {
 	authLog gate.LogThrottle
 	anon    anonCalls
 	refused refusals // the codec's (wire.go)
+	// inferInfo is ModelInfer's, for its interceptors (io.go).
+	inferInfo grpc.UnaryServerInfo
 }
 
 // New returns a Server over door, the front door it shares with the HTTP
@@ -84,7 +87,9 @@ func New(door *frontdoor.Door, opts Options) *Server {
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
 	}
-	return &Server{door: door, opts: opts}
+	s := &Server{door: door, opts: opts}
+	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
+	return s
 }
 
 // GRPC returns a grpc.Server with s registered, its limits and credentials
@@ -135,7 +140,7 @@ func (s *Server) GRPC() *grpc.Server {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
 	}
 	g := grpc.NewServer(opts...)
-	pb.RegisterGRPCInferenceServiceServer(g, s)
+	g.RegisterService(s.service(), s)
 	return g
 }
 
@@ -459,6 +464,14 @@ func deadlineOf(ctx context.Context) time.Time {
 // the way the inputs came (raw for raw, typed for typed where the
 // datatype has typed contents), each output named in outputs, or all.
 func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb.ModelInferResponse, error) {
+	var io inferIO
+	return s.modelInfer(ctx, req, &io)
+}
+
+// modelInfer is ModelInfer of a call whose message's decoding took
+// io.decode; it sets io.fl to the flow its answer's encoding is charged to
+// (io.go).
+func (s *Server) modelInfer(ctx context.Context, req *pb.ModelInferRequest, io *inferIO) (*pb.ModelInferResponse, error) {
 	o := frontdoor.Outcome{Transport: "grpc", Route: "inference.GRPCInferenceService/ModelInfer", Function: call.NameOf(req.GetModelName()), Req: &call.Request{}}
 	// The client's deadline is the request's (queue time plus the run);
 	// none, the server's.
@@ -467,7 +480,7 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 		md, _ := metadata.FromIncomingContext(ctx)
 		o.Carrier = mdCarrier(md)
 	}
-	resp, err := s.infer(ctx, req, o.Req)
+	resp, err := s.infer(ctx, req, o.Req, io)
 	o.Err = err
 	if err != nil {
 		o.Authorization = authorization(ctx)
@@ -483,14 +496,17 @@ func (s *Server) ModelInfer(ctx context.Context, req *pb.ModelInferRequest) (*pb
 	return resp, nil
 }
 
-func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.Request) (*pb.ModelInferResponse, error) {
+func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.Request, io *inferIO) (*pb.ModelInferResponse, error) {
 	if err := refusal(ctx); err != nil {
 		return nil, err
 	}
 	// A message read past the limit (up to envelope): too_large, counted
 	// as the function's refused request, as HTTP's 413 for a body over
-	// --max-body.
-	if n := proto.Size(req); n > s.opts.MaxMessageBytes {
+	// --max-body. Sizing it is the server's time on its bytes too.
+	w := ioshare.StartStopwatch()
+	n := proto.Size(req)
+	io.decode += w.Elapsed()
+	if n > s.opts.MaxMessageBytes {
 		return nil, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
 			"model %s: request message of %d bytes is over the server's limit of %d bytes (plover serve --max-body)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
 	}
@@ -513,25 +529,42 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return nil, err
 	}
 	defer pin.Release()
-	lookup := time.Since(t0)        // laying the tensors out is metered I/O, not the lookup
+	lookup := time.Since(t0) // laying the tensors out is metered I/O, not the lookup
+	// The model found (a pipeline's flow is its own, as over HTTP), the
+	// call is its function's: touched, and charged its message's decoding
+	// (io.go).
+	io.fl = s.door.IO(req.GetModelName())
+	io.fl.Touch(r.Began)
+	io.fl.Metered(io.decode)
+	m := io.fl.Meter()
 	maxIn, step := pin.InputBound() // a pipeline's: its first step's
 	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
-	if err != nil {
-		return nil, err
+	var pick []int
+	if err == nil {
+		// The outputs to answer: those the request names, in its order, or all.
+		pick, err = oip.Requested(nil, req.GetOutputs(), (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, ts.Outputs)
 	}
-	// The outputs to answer: those the request names, in its order, or all.
-	pick, err := oip.Requested(nil, req.GetOutputs(), (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, ts.Outputs)
+	m.Done()
 	if err != nil {
 		return nil, err
 	}
 	if err := pin.InvokeSince(ctx, r, time.Now().Add(-lookup)); err != nil {
 		return nil, err
 	}
-	resp, err := outputs(req, r, ts.Outputs, pick, typed)
+	m = io.fl.Meter() // and cutting the answer (the codec encodes it)
+	resp, err := s.answer(req, r, ts.Outputs, pick, typed)
+	m.Done()
+	return resp, err
+}
+
+// answer is the response to req, whose function ran: its outputs cut from
+// r.Output, typed when the inputs were and the answer fits.
+func (s *Server) answer(req *pb.ModelInferRequest, r *call.Request, decl []abi.Tensor, pick []int, typed bool) (*pb.ModelInferResponse, error) {
+	resp, err := outputs(req, r, decl, pick, typed)
 	if err == nil && typed && proto.Size(resp) > s.opts.MaxMessageBytes {
 		// Typed contents can be ten times the raw bytes (a negative
 		// int32 is a 10-byte varint): what does not fit goes raw.
-		resp, err = outputs(req, r, ts.Outputs, pick, false)
+		resp, err = outputs(req, r, decl, pick, false)
 		typed = false
 	}
 	// Raw, a response is its output's bytes and a little framing: sized

@@ -63,7 +63,7 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 
 // serveEngine serves e over gRPC on a loopback port, behind a front door
 // with tokens (nil: none).
-func serveEngine(t *testing.T, e *engine.Engine, tokens gate.Tokens, opts grpcapi.Options) *fixture {
+func serveEngine(t testing.TB, e *engine.Engine, tokens gate.Tokens, opts grpcapi.Options) *fixture {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	run := pipeline.New(e, reg)
@@ -76,7 +76,7 @@ func serveEngine(t *testing.T, e *engine.Engine, tokens gate.Tokens, opts grpcap
 
 // dial serves gs on a loopback port and returns a client connection to
 // it; both end with the test.
-func dial(t *testing.T, gs *grpc.Server) *grpc.ClientConn {
+func dial(t testing.TB, gs *grpc.Server) *grpc.ClientConn {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -213,25 +213,39 @@ func TestService(t *testing.T) {
 
 func counter(t *testing.T, reg *prometheus.Registry, fn, code string) prometheus.Collector {
 	t.Helper()
+	v := counterValue(t, reg, "plover_requests_total", map[string]string{"function": fn, "code": code})
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return v })
+}
+
+// counterValue is the counter name{labels} as reg gathers it (0 when it
+// has no such series).
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "plover_requests_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	series:
 		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
+			n := 0
 			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
+				if want, ok := labels[l.GetName()]; ok {
+					if l.GetValue() != want {
+						continue series
+					}
+					n++
+				}
 			}
-			if labels["function"] == fn && labels["code"] == code {
-				return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return m.GetCounter().GetValue() })
+			if n == len(labels) {
+				return m.GetCounter().GetValue()
 			}
 		}
 	}
-	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return 0 })
+	return 0
 }
 
 // Refusals: each with its code and a message naming the field.

@@ -46,13 +46,25 @@ func newCodec(s *Server) codec {
 
 func (c codec) Name() string { return protocodec.Name }
 
-func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if call, ok := v.(*inferCall); ok {
+		return c.marshalCall(call)
+	}
+	return c.base.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	req, ok := v.(*pb.ModelInferRequest)
-	if !ok {
-		return c.base.Unmarshal(data, v)
+	switch m := v.(type) {
+	case *inferCall:
+		return c.unmarshalCall(data, m)
+	case *pb.ModelInferRequest:
+		return c.unmarshalInfer(data, m)
 	}
+	return c.base.Unmarshal(data, v)
+}
+
+// unmarshalInfer decodes a ModelInferRequest within the bounds above.
+func (c codec) unmarshalInfer(data mem.BufferSlice, req *pb.ModelInferRequest) error {
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	b := buf.ReadOnlyData()

@@ -442,6 +442,29 @@ func (f *Flow) Meter() Turn {
 	return Turn{f: f, start: mono(), metered: true}
 }
 
+// Stopwatch measures, on Meter's clock, work on a function's bytes done
+// before its flow is known: a gRPC call's message is decoded before the
+// call is admitted and its function found (package grpcapi). What it read
+// is charged once the flow is known (Flow.Metered), as a Meter's Done
+// would have charged it; a request that never finds its function's flow
+// (refused, unknown) charges no one.
+type Stopwatch struct{ start time.Duration }
+
+// StartStopwatch starts a Stopwatch.
+func StartStopwatch() Stopwatch { return Stopwatch{mono()} }
+
+// Elapsed is the time since the stopwatch started.
+func (w Stopwatch) Elapsed() time.Duration { return mono() - w.start }
+
+// Metered charges the flow d of work on its bytes that needed no turn,
+// measured by a Stopwatch: as a Meter's Done charges its time (the flow's
+// Seconds, Config.Charge). A nil flow's charges nothing.
+func (f *Flow) Metered(d time.Duration) {
+	if f != nil {
+		f.charge(d)
+	}
+}
+
 // chargeEvery is how much of a flow's I/O time is passed to Config.Charge
 // at once: a small request's decoding costs a microsecond or two, and
 // charging the device flows takes their schedulers' locks; a share does

@@ -413,6 +413,24 @@ func TestNilFlow(t *testing.T) {
 	}
 	tn.Done()
 	f.Meter().Done()
+	f.Metered(time.Second)
+}
+
+// Work measured by a Stopwatch before its flow was known (a gRPC call's
+// decoding) is charged by Metered as a Meter's Done charges it: the flow's
+// Seconds, and Config.Charge once chargeEvery is owed.
+func TestMeteredChargesAsMeter(t *testing.T) {
+	var charged time.Duration
+	sh := New(Config{Charge: func(_ *Flow, cpu time.Duration) bool { charged += cpu; return true }})
+	w := StartStopwatch()
+	for w.Elapsed() < chargeEvery {
+	}
+	d := w.Elapsed()
+	f := sh.Flow("f")
+	f.Metered(d)
+	if got := time.Duration(f.cpu.Load()); got != d || charged != d {
+		t.Fatalf("Metered(%v): spent %v, charged %v; want both %v", d, got, charged, d)
+	}
 }
 
 // levels records where Threads put each thread (by thread id).

@@ -1,0 +1,137 @@
+package grpcapi_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/grpcapi"
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// bigSize is the tensor of the I/O tests: a 4 MiB body and answer.
+const bigSize = 4 << 20
+
+// serveBig serves, over gRPC behind tokens (nil: none), big (echo_exact of
+// up to bigSize bytes), pbig (a pipeline of big) and small (echo), with the
+// engine's metrics in the fixture's registry.
+func serveBig(t *testing.T, tokens gate.Tokens) *fixture {
+	t.Helper()
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Manifest("big")
+	m.MaxInputBytes, m.OutBytes = bigSize, bigSize
+	m.ZeroOut = new(bool)
+	m.Chain = []abi.Launch{{Kernel: "echo_exact", Grid: 1, Block: 256}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	testkit.Deploy(t, e, testkit.PipelineDir(t, "pbig", "big"))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("small"), nil))
+	f := serveEngine(t, e, tokens, grpcapi.Options{})
+	f.reg.MustRegister(e.Collector())
+	return f
+}
+
+// inferRaw calls model with one raw UINT8 input and wants it back.
+func inferRaw(t *testing.T, f *fixture, model string, in []byte) {
+	t.Helper()
+	r, err := f.client.ModelInfer(ctxT(t), &pb.ModelInferRequest{ModelName: model,
+		Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(in))}}},
+		RawInputContents: [][]byte{in}}, grpc.MaxCallRecvMsgSize(2*bigSize), grpc.MaxCallSendMsgSize(2*bigSize))
+	if err != nil {
+		t.Fatalf("ModelInfer %s: %v", model, err)
+	}
+	if out := r.GetRawOutputContents(); len(out) != 1 || !bytes.Equal(out[0][:len(in)], in) {
+		t.Fatalf("ModelInfer %s: the answer is not the input back", model)
+	}
+}
+
+// The server's time on a gRPC call's bytes (decoding its message and laying
+// its tensors out, cutting and encoding its answer) is its function's
+// io_seconds, as HTTP's decoding and encoding are: in the function's info
+// (plover ls -o wide's IO) and in plover_io_seconds_total; a pipeline's under
+// its own name.
+func TestInferChargesIOSeconds(t *testing.T) {
+	f := serveBig(t, nil)
+	in := bytes.Repeat([]byte("plover"), bigSize/6)
+	for _, model := range []string{"big", "pbig"} {
+		t.Run(model, func(t *testing.T) {
+			inferRaw(t, f, model, in)
+			// The answer's encoding is charged before gRPC-Go writes it,
+			// so before the client has it; polled, bounded, all the same.
+			var info, metric float64
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				fi, err := f.e.Control().Function(context.Background(), model)
+				if err != nil {
+					t.Fatal(err)
+				}
+				info = fi.IOSeconds
+				metric = ioSecondsOf(t, f.reg, model)
+				if info > 0 && metric > 0 {
+					return
+				}
+			}
+			t.Fatalf("after a %d-byte call over gRPC, %s's io_seconds is %v and plover_io_seconds_total %v: want the server's time on its bytes counted", len(in), model, info, metric)
+		})
+	}
+}
+
+// A call's message is decoded before its token is checked for its model
+// (gRPC-Go decodes before any interceptor): what that cost is charged only
+// once the call is admitted, so a token that may not call a function
+// cannot charge it (its io_seconds, its device share) with large messages.
+func TestRefusedInferChargesNoOne(t *testing.T) {
+	f := serveBig(t, table{"small-only": {Name: "small-only", Scopes: auth.Invoke, Functions: []string{"small"}}})
+	ctx := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer small-only")
+	_, err := f.client.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "big",
+		Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{bigSize}}},
+		RawInputContents: [][]byte{make([]byte, bigSize)}}, grpc.MaxCallSendMsgSize(2*bigSize))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("big with a token for small alone: %v, want PermissionDenied", err)
+	}
+	if s := ioSecondsOf(t, f.reg, "big"); s != 0 {
+		t.Fatalf("a call refused big's token check charged big %v s of I/O", s)
+	}
+}
+
+// ioSecondsOf is plover_io_seconds_total{function=name} as reg gathers it.
+func ioSecondsOf(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	return counterValue(t, reg, "plover_io_seconds_total", map[string]string{"function": name})
+}
+
+// A gRPC call touches its function's I/O flow, as an HTTP request does: a
+// light function's small call is about, so another function's piece moves
+// beside it (a turn of Config.Piece bytes), not as though it had the
+// server's I/O to itself (alonePieces of them). A touch counts for the I/O
+// scheduler's Recent (100 ms): tried until one turn begins within it.
+func TestInferTouchesItsFlow(t *testing.T) {
+	f := serveBig(t, nil)
+	other := f.e.IO("big")
+	alone := func() int {
+		tn, err := other.Turn(context.Background(), time.Now().Add(10*time.Second), nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tn.Done()
+		return tn.Piece()
+	}
+	full := alone()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		inferRaw(t, f, "small", []byte{1, 2, 3})
+		if alone() < full {
+			return
+		}
+	}
+	t.Fatalf("big's turns are of %d bytes after small's calls over gRPC, as though big had the server's I/O to itself: small's calls touch no flow", full)
+}
