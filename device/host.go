@@ -150,7 +150,7 @@ func (h *Host) freeBuf(p unsafe.Pointer, n int64, guarded bool) {
 
 func (h *Host) free(p unsafe.Pointer, n int64) {
 	if p != nil {
-		C.free(p)
+		C.plover_host_free(p, C.size_t(n))
 		h.used.Add(-n)
 	}
 }

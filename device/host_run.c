@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 _Static_assert(sizeof(plover_state_t) == 160, "plover_state_t is 160 bytes in ABI 2");
@@ -62,12 +63,28 @@ static double ledger_event(int change) {
 }
 
 /* 256-byte alignment matches cudaMalloc, so kernels that rely on it behave
- * the same on both targets. Zero-sized buffers still get a valid pointer. */
+ * the same on both targets. Zero-sized buffers still get a valid pointer.
+ * A large buffer is its own anonymous mapping: zero pages, resident only
+ * once touched. A worker's instance runs in place on the server's slot,
+ * so its own in and out are never touched there, and zeroing them here
+ * made max_input_bytes + out_bytes resident in every instance, counted
+ * against max_host_memory_mb (a worker of 128 MiB out was killed). */
 void *plover_host_alloc(size_t n) {
+  if (n >= PLOVER_HOST_MAP_MIN) {
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return m == MAP_FAILED ? NULL : m;
+  }
   void *p = NULL;
   if (posix_memalign(&p, PLOVER_HOST_ALIGN, n ? n : 1) != 0) return NULL;
   memset(p, 0, n ? n : 1);
   return p;
+}
+
+void plover_host_free(void *p, size_t n) {
+  if (p && n >= PLOVER_HOST_MAP_MIN)
+    munmap(p, n);
+  else
+    free(p);
 }
 
 void plover_state_init(plover_inst_state_t *s, int abi1, void *in, size_t in_n,

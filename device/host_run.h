@@ -83,7 +83,11 @@ size_t plover_state_out_used(const plover_inst_state_t *s, size_t out_len);
 /* Calls hook(st) and returns the bundle's error (NULL: none). */
 const char *plover_call_hook(void *hook, plover_state_t *st, void *last_error);
 
+/* Buffers of at least this many bytes are mapped (plover_host_alloc). */
+#define PLOVER_HOST_MAP_MIN (64 << 10)
+
 void *plover_host_alloc(size_t n);
+void plover_host_free(void *p, size_t n);
 
 /* Checked mode. plover_guarded_alloc maps n bytes (rounded up to pages)
  * between two inaccessible pages, zeroed; NULL: out of memory. */

@@ -1,11 +1,13 @@
 package worker
 
 import (
+	"bytes"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // A worker's figures come from samples taken in the background: they must
@@ -107,4 +109,56 @@ func TestProcessFiguresFollowTheWorker(t *testing.T) {
 	// A worker gone reports its pid alone.
 	p.Close()
 	waitFigures("a closed worker's figures", 5*time.Second, func(s device.ProcessStats) bool { return s == device.ProcessStats{PID: st.PID} })
+}
+
+// A worker's instance runs in place on the server's slots, so its own
+// input and output buffers on the host device are never touched there:
+// they must not be resident. They were zeroed when made, so a function
+// whose max_host_memory_mb was sized for its bundle (constants, tmp) but
+// whose max_input_bytes or out_bytes was large had its worker killed at
+// its first request (about 150 MiB resident besides the slots for 128 MiB
+// out, against 22 MiB).
+func TestLargeInOutNotResidentInWorker(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
+	}
+	const limitMB, big = 64, 128 << 20
+	for _, tc := range []struct {
+		name    string
+		in, out int64
+	}{{"out", 1 << 16, big}, {"input", big, 256}, {"both", big, big}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDevice(t, 0)
+			m := testkit.Manifest("big-" + tc.name)
+			m.MaxInputBytes, m.OutBytes, m.MaxHostMemoryMB = tc.in, tc.out, limitMB
+			p := load(t, d, m)
+			g := p.(*program)
+			in := newInst(t, p, m)
+			body := []byte("a small request")
+			out := make([]byte, tc.out)
+			if err := in.Run(&device.Run{Input: body, Output: out, ZeroOut: true, TmpLen: m.TmpBytes,
+				Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}); err != nil {
+				t.Fatalf("the first request: %v", err)
+			}
+			if !bytes.Equal(out[:len(body)], body) {
+				t.Fatalf("output %q, want %q", out[:len(body)], body)
+			}
+			// Two samples taken after the run: the watch loop checked the
+			// limit against each.
+			ran := time.Now()
+			for n := 0; n < 2; {
+				s := g.p.sample.Load()
+				if !g.Alive() {
+					t.Fatalf("the worker was killed for a bundle of %d MiB limit: %v", limitMB, g.Death())
+				}
+				if s != nil && s.at.After(ran) {
+					if lim := g.p.limitedRSS(s.rss, s.shmem); lim > limitMB<<20 {
+						t.Fatalf("%d MiB resident besides the slots (rss %d MiB, shmem %d MiB), over %d MiB", lim>>20, s.rss>>20, s.shmem>>20, limitMB)
+					}
+					ran, n = s.at, n+1
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
 }
