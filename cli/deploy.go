@@ -70,7 +70,7 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest) error {
 		}
 		size = fi.Size()
 	}
-	if err := loader.FitsHostMemory(m, size); err != nil {
+	if err := loader.FitsHostMemory(m, size, false); err != nil {
 		return fmt.Errorf("%s: %w", filepath.Join(dir, abi.ManifestFile), err)
 	}
 	return nil

@@ -49,15 +49,26 @@ func CheckBundle(dir string, m *abi.Manifest, target string) (*Info, error) {
 // FitsHostMemory refuses a host function whose worker could never stay
 // within its own max_host_memory_mb: on the host device its constants and
 // an instance's tmp are the worker's resident memory, so such a worker
-// was killed at its first memory sample, at every load. A worker device
-// applies it (device.HostMemoryBound); in the server nothing enforces the
-// field, and such a function runs.
-func FitsHostMemory(m *abi.Manifest, constSize int64) error {
+// was killed at its first memory sample, at every load. checked: the
+// worker runs in checked mode, where a run is copied through the
+// instance's guarded buffers instead of run in place on the server's
+// slot, so with zero_out its out_bytes are resident from the first
+// request too. A worker device applies it (device.HostMemoryBound); in
+// the server nothing enforces the field, and such a function runs.
+func FitsHostMemory(m *abi.Manifest, constSize int64, checked bool) error {
 	limit := m.MaxHostMemoryMB << 20
-	if m.Target != abi.TargetHost || limit == 0 || constSize+m.TmpBytes <= limit {
+	if m.Target != abi.TargetHost || limit == 0 {
 		return nil
 	}
-	return &abi.FieldError{Field: "max_host_memory_mb", Reason: fmt.Sprintf("%d MiB is less than the worker must hold on the host: constants %s of %d bytes and one instance's tmp_bytes %d", m.MaxHostMemoryMB, orNone(m.Constants), constSize, m.TmpBytes)}
+	need, out := constSize+m.TmpBytes, ""
+	if checked && m.ZeroesOut() {
+		need += m.OutBytes
+		out = fmt.Sprintf(", and its out_bytes %d, zeroed there at every request in checked mode (serve --checked)", m.OutBytes)
+	}
+	if need <= limit {
+		return nil
+	}
+	return &abi.FieldError{Field: "max_host_memory_mb", Reason: fmt.Sprintf("%d MiB is less than the worker must hold on the host: constants %s of %d bytes and one instance's tmp_bytes %d%s", m.MaxHostMemoryMB, orNone(m.Constants), constSize, m.TmpBytes, out)}
 }
 
 func orNone(name string) string {

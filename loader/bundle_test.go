@@ -59,25 +59,35 @@ func TestCheckBundle(t *testing.T) {
 }
 
 // On the host the constants and tmp live in the worker, which its own
-// max_host_memory_mb would kill at its first memory sample.
+// max_host_memory_mb would kill at its first memory sample; in checked
+// mode, with zero_out, out_bytes too, from its first request.
 func TestFitsHostMemory(t *testing.T) {
 	for _, tt := range []struct {
 		name      string
 		change    func(m *abi.Manifest)
 		constSize int64
+		checked   bool
 		want      string // "" accepts
 	}{
-		{"constants over it", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "big.bin", 1 }, 1<<20 + 1,
+		{"constants over it", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "big.bin", 1 }, 1<<20 + 1, false,
 			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants big.bin of 1048577 bytes and one instance's tmp_bytes 64"},
-		{"tmp over it", func(m *abi.Manifest) { m.TmpBytes, m.MaxHostMemoryMB = 2<<20, 1 }, 0,
+		{"tmp over it", func(m *abi.Manifest) { m.TmpBytes, m.MaxHostMemoryMB = 2<<20, 1 }, 0, false,
 			"max_host_memory_mb: 1 MiB is less than the worker must hold on the host: constants (none) of 0 bytes and one instance's tmp_bytes 2097152"},
-		{"constants within it", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "w.bin", 1 }, 4, ""},
-		{"no limit", func(m *abi.Manifest) { m.Constants = "big.bin" }, 1 << 30, ""},
-		{"on a GPU", func(m *abi.Manifest) { m.Target, m.Constants, m.MaxHostMemoryMB = abi.TargetCUDA, "big.bin", 1 }, 1<<20 + 1, ""},
+		{"constants within it", func(m *abi.Manifest) { m.Constants, m.MaxHostMemoryMB = "w.bin", 1 }, 4, false, ""},
+		{"no limit", func(m *abi.Manifest) { m.Constants = "big.bin" }, 1 << 30, false, ""},
+		{"on a GPU", func(m *abi.Manifest) { m.Target, m.Constants, m.MaxHostMemoryMB = abi.TargetCUDA, "big.bin", 1 }, 1<<20 + 1, false, ""},
+		// In place on the server's slots, a worker never touches its own out.
+		{"out over it", func(m *abi.Manifest) { m.OutBytes, m.MaxHostMemoryMB = 128<<20, 64 }, 0, false, ""},
+		{"out over it, checked", func(m *abi.Manifest) { m.OutBytes, m.MaxHostMemoryMB = 128<<20, 64 }, 0, true,
+			"max_host_memory_mb: 64 MiB is less than the worker must hold on the host: constants (none) of 0 bytes and one instance's tmp_bytes 64, and its out_bytes 134217728, zeroed there at every request in checked mode (serve --checked)"},
+		{"out over it, checked, not zeroed", func(m *abi.Manifest) {
+			m.OutBytes, m.MaxHostMemoryMB, m.ZeroOut = 128<<20, 64, new(false)
+		}, 0, true, ""},
+		{"out within it, checked", func(m *abi.Manifest) { m.OutBytes, m.MaxHostMemoryMB = 32<<20, 64 }, 0, true, ""},
 	} {
 		m := testkit.Manifest("fn")
 		tt.change(m)
-		err := loader.FitsHostMemory(m, tt.constSize)
+		err := loader.FitsHostMemory(m, tt.constSize, tt.checked)
 		if tt.want == "" && err != nil || tt.want != "" && (err == nil || err.Error() != tt.want) {
 			t.Errorf("%s: got %v, want %q", tt.name, err, tt.want)
 		}

@@ -2,10 +2,15 @@ package worker
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -122,43 +127,100 @@ func TestLargeInOutNotResidentInWorker(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
 	}
-	const limitMB, big = 64, 128 << 20
+	const big = 128 << 20
 	for _, tc := range []struct {
 		name    string
 		in, out int64
 	}{{"out", 1 << 16, big}, {"input", big, 256}, {"both", big, big}} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newDevice(t, 0)
-			m := testkit.Manifest("big-" + tc.name)
-			m.MaxInputBytes, m.OutBytes, m.MaxHostMemoryMB = tc.in, tc.out, limitMB
-			p := load(t, d, m)
-			g := p.(*program)
-			in := newInst(t, p, m)
-			body := []byte("a small request")
-			out := make([]byte, tc.out)
-			if err := in.Run(&device.Run{Input: body, Output: out, ZeroOut: true, TmpLen: m.TmpBytes,
-				Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}); err != nil {
-				t.Fatalf("the first request: %v", err)
-			}
-			if !bytes.Equal(out[:len(body)], body) {
-				t.Fatalf("output %q, want %q", out[:len(body)], body)
-			}
-			// Two samples taken after the run: the watch loop checked the
-			// limit against each.
-			ran := time.Now()
-			for n := 0; n < 2; {
-				s := g.p.sample.Load()
-				if !g.Alive() {
-					t.Fatalf("the worker was killed for a bundle of %d MiB limit: %v", limitMB, g.Death())
-				}
-				if s != nil && s.at.After(ran) {
-					if lim := g.p.limitedRSS(s.rss, s.shmem); lim > limitMB<<20 {
-						t.Fatalf("%d MiB resident besides the slots (rss %d MiB, shmem %d MiB), over %d MiB", lim>>20, s.rss>>20, s.shmem>>20, limitMB)
-					}
-					ran, n = s.at, n+1
-				}
-				time.Sleep(10 * time.Millisecond)
+			m := testkit.Manifest("big")
+			m.MaxInputBytes, m.OutBytes, m.MaxHostMemoryMB = tc.in, tc.out, 64
+			if err := firstRequest(t, load(t, newDevice(t, 0), m), m); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
+}
+
+// In checked mode a run is copied through the instance's guarded buffers,
+// not run in place on the server's slot: with zero_out its whole out is
+// resident in the worker from the first request. The worker device's
+// load (FitsHostMemory) must refuse what that request would be killed
+// for, and accept what it survives; it counted constants and tmp only,
+// and loaded 128 MiB of out under a limit of 64, whose worker the first
+// request then passed (150 MiB besides the server's slots).
+func TestCheckedWorkerCountsItsOut(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
+	}
+	for _, tc := range []struct {
+		name   string
+		out    int64
+		refuse bool
+	}{{"out over the limit", 128 << 20, true}, {"out within it", 16 << 20, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Checked: true})
+			t.Cleanup(func() { d.Close() })
+			m := testkit.Manifest("checked")
+			m.OutBytes, m.MaxHostMemoryMB = tc.out, 64
+			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: testkit.BundleDir(t, m, nil), Manifest: m})
+			if tc.refuse {
+				if err == nil {
+					t.Cleanup(func() { p.Close() })
+					t.Fatalf("loaded; its first request: %v", firstRequest(t, p, m))
+				}
+				var fe *abi.FieldError
+				if !errors.As(err, &fe) || fe.Field != "max_host_memory_mb" || !strings.Contains(err.Error(), "checked mode") {
+					t.Fatalf("load: %v; want max_host_memory_mb refused for the out checked mode zeroes", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			t.Cleanup(func() { p.Close() })
+			if err := firstRequest(t, p, m); err != nil {
+				t.Fatalf("loaded, but %v", err)
+			}
+		})
+	}
+}
+
+// firstRequest runs on p, of manifest m, one request of a few bytes on a
+// lent slot, as the HTTP front door does, with zero_out; then watches two
+// samples of the worker's memory taken after it, against which the watch
+// loop checked m's max_host_memory_mb. It returns why the worker died,
+// or a sample that passed the limit; nil when it lived.
+func firstRequest(t *testing.T, p device.Program, m *abi.Manifest) error {
+	t.Helper()
+	limit := m.MaxHostMemoryMB << 20
+	g := p.(*program)
+	in := newInst(t, p, m)
+	s, ok := p.(device.Lender).Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot lent")
+	}
+	defer s.Release()
+	body := []byte("a small request")
+	n := copy(s.Input(), body)
+	r := &device.Run{Input: s.Input()[:n], Output: s.Output(), Slot: s, ZeroOut: true, TmpLen: m.TmpBytes,
+		Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}
+	if err := in.Run(r); err != nil {
+		return fmt.Errorf("the first request: %w", err)
+	}
+	if !bytes.Equal(s.Output()[:n], body) {
+		t.Fatalf("output %q, want %q", s.Output()[:n], body)
+	}
+	for ran, seen := time.Now(), 0; seen < 2; time.Sleep(10 * time.Millisecond) {
+		if !g.Alive() {
+			return fmt.Errorf("the worker was killed: %v", g.Death())
+		}
+		if s := g.p.sample.Load(); s != nil && s.at.After(ran) {
+			if rss := g.p.limitedRSS(s.rss, s.shmem); rss > limit {
+				return fmt.Errorf("%d MiB resident besides the slots (rss %d MiB, shmem %d MiB), over max_host_memory_mb %d", rss>>20, s.rss>>20, s.shmem>>20, limit>>20)
+			}
+			ran, seen = s.at, seen+1
+		}
+	}
+	return nil
 }

@@ -378,7 +378,7 @@ func workerManifest(m *abi.Manifest) *abi.Manifest {
 // FitsHostMemory is loader.FitsHostMemory (device.HostMemoryBound): a
 // worker past its max_host_memory_mb is killed.
 func (d *Device) FitsHostMemory(m *abi.Manifest, constSize int64) error {
-	return loader.FitsHostMemory(m, constSize)
+	return loader.FitsHostMemory(m, constSize, d.opts.Checked)
 }
 
 // hostLimit is the resident memory a program's worker may hold (0: none).
