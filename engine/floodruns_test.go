@@ -1,0 +1,54 @@
+package engine_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// --flood-runs reaches the device's scheduler: while a light function
+// sends one request at a time, a flood of three slow requests has one run
+// on the device and two queued with FloodRuns 1, where without it the
+// flood has all but the reserve (two of four) and one queued.
+func TestFloodRunsBoundAFloodBesideALightFunction(t *testing.T) {
+	for _, tt := range []struct {
+		floodRuns, running int
+	}{{1, 1}, {0, 2}} {
+		e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 4, FloodRuns: tt.floodRuns}})
+		slow := testkit.Slow("slow", 300)
+		slow.MaxInstances = 4
+		testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("light"), nil))
+		invoke(t, e, "slow", []byte{1}) // loaded: its runs below are the flood's
+		invoke(t, e, "light", []byte{1})
+
+		ctx, stop := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		t.Cleanup(func() { stop(); wg.Wait() }) // before the engine's: also when WaitFor fails
+		wg.Add(1)
+		go func() { // the light function, one request at a time throughout
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if err := e.Invoke(context.Background(), "light", &call.Request{Input: []byte{2}}); err != nil {
+					t.Errorf("light: %v", err)
+					return
+				}
+			}
+		}()
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := e.Invoke(context.Background(), "slow", &call.Request{Input: []byte{1}}); err != nil {
+					t.Errorf("slow: %v", err)
+				}
+			}()
+		}
+		testkit.WaitFor(t, e, "slow", "the flood's runs on the device and queued", testkit.Busy(3, 3-tt.running))
+		stop()
+	}
+}
