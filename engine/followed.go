@@ -191,7 +191,7 @@ func (e *Engine) refreshFollowed(ctx context.Context, loaded map[string]bool, ta
 			fl.gone(e.logs, name, was)
 		case err != nil:
 			if firstErr == nil {
-				firstErr = fmt.Errorf("function %s: reading the record of a function followed here: %w", name, err)
+				firstErr = fmt.Errorf("reading the record of a function followed here: %w", err)
 			}
 		default:
 			fl.followIn(e.logs, name, rec, tag, was)

@@ -65,14 +65,14 @@ func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]st
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("function %s: reading its record: %w", name, err)
+		return err // the registry's errors name the function
 	}
 	// A record deleted and made anew elsewhere between two polls is a new
 	// function under the name (its output, its counts), not a new version
 	// of the one this node had: switchTo sees it.
 	cv, err := rec.CurrentVersion()
 	if err != nil {
-		return fmt.Errorf("function %s: %w", name, err)
+		return err
 	}
 	f, changed := e.tab.switchTo(name, cv, rec, at)
 	if f == nil {

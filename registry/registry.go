@@ -131,7 +131,7 @@ func (g Registry) readTagged(ctx context.Context, name string) (*api.Record, str
 	var r api.Record
 	if err := json.NewDecoder(io.LimitReader(rc, 8<<20)).Decode(&r); err != nil {
 		if errors.Is(err, objectstore.ErrPrecondition) {
-			return nil, "", err
+			return nil, "", fmt.Errorf("function %s: its record was replaced while read: %w", name, err)
 		}
 		return nil, "", fmt.Errorf("function %s: corrupt record: %w", name, err)
 	}
