@@ -186,7 +186,17 @@ func (g *program) dropDiscarded(s *poolSlot) {
 		err = wire.ErrorOf(rep.St, rep.Text)
 	}
 	if err != nil {
-		g.d.opts.Log.Warn("a worker did not drop a discarded request slot: its memory (pinned, on a GPU) stays counted until the function's program unloads", "function", g.name, "pid", g.p.pid, "error", err)
+		// A worker gone or a program unloading frees the slot anyway: only
+		// a live worker's refusal keeps memory longer than expected.
+		log := g.d.opts.Log.Debug
+		if g.Alive() {
+			log = g.d.opts.Log.Warn
+		}
+		what := "its memory"
+		if s.pinned > 0 {
+			what = "its pinned memory"
+		}
+		log("a worker did not drop a discarded request slot: "+what+" stays counted until the function's program unloads", "function", g.name, "pid", g.p.pid, "error", err)
 		g.keepDiscarded(s)
 		return
 	}
