@@ -148,4 +148,8 @@ func mutexWaited(mu *sync.Mutex) bool {
 }
 
 // AsideWarms is how many of a poll's pre-warms are under way.
-func (e *Engine) AsideWarms() int { return e.aside.under() }
+func (e *Engine) AsideWarms() int {
+	e.aside.mu.Lock()
+	defer e.aside.mu.Unlock()
+	return len(e.aside.m)
+}

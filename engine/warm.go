@@ -148,13 +148,6 @@ func (a *asideWarms) drop(f *function) {
 	delete(a.m, f)
 }
 
-// under is how many pre-warms are under way.
-func (a *asideWarms) under() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.m)
-}
-
 // warmCurrent brings v up to its min_instances while it is f's current
 // version (a deploy landing meanwhile pre-warms the new one), and says why
 // it could not (logged here). A pre-warm runs the bundle's constructors:

@@ -56,7 +56,6 @@ func New(cfg Config) *Scheduler {
 		cfg.MaxRuns = 1
 	}
 	cfg.Reserve = min(max(cfg.Reserve, 0), cfg.MaxRuns-1)
-	cfg.FloodRuns = max(cfg.FloodRuns, 0)
 	if cfg.Recent <= 0 {
 		cfg.Recent = 100 * time.Millisecond
 	}

@@ -67,6 +67,9 @@ func writeExisting(path, text string) error {
 	return err
 }
 
+// membersOf lists the processes cgroup.procs names in the cgroup at dir
+// that /proc confirms are in ref (a pid read there may have exited and
+// been reused since); none where dir is gone.
 func membersOf(dir string, ref groupRef) ([]int, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if errors.Is(err, os.ErrNotExist) {

@@ -107,7 +107,7 @@ func main() {
 	flag.Func("fair-modes", "--fair: the modes to run, comma-separated, of fair, fair-noio, fair-noboost, fair-flood1, fair-nice, fair-nice-noio, fair-nice-noboost, off, none (default all)", func(s string) error {
 		for _, m := range strings.Split(s, ",") {
 			if !slices.Contains(fairModes, m) {
-				return fmt.Errorf("%q is not a mode", m)
+				return fmt.Errorf("%q is not a mode: want some of %s", m, strings.Join(fairModes, ", "))
 			}
 			o.fairModes = append(o.fairModes, m)
 		}

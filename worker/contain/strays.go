@@ -116,7 +116,7 @@ func (k *strayKill) round() int {
 		walk = append(walk, c)
 	}
 	ours.Unlock()
-	if !havePidfds() {
+	if !HavePidfds() {
 		// Only a child's pid is safe to signal: the rest go a
 		// generation a round, as each is left to this process.
 		return n
@@ -255,9 +255,7 @@ func (k *strayKill) close(stuck map[int]int) {
 }
 
 // HavePidfds reports whether the kernel has pidfd_open (Linux 5.3).
-func HavePidfds() bool { return havePidfds() }
-
-var havePidfds = sync.OnceValue(func() bool {
+var HavePidfds = sync.OnceValue(func() bool {
 	fd, err := unix.PidfdOpen(os.Getpid(), 0)
 	if err != nil {
 		return false

@@ -201,7 +201,7 @@ func TestStrayWalkSkipsTheChildrenOfAReapedParent(t *testing.T) {
 // which then lets it go; one whose pid went to another process since is not
 // taken for it.
 func TestStuckStraysAreKeptAndReaped(t *testing.T) {
-	if !havePidfds() {
+	if !HavePidfds() {
 		t.Skip("no pidfds")
 	}
 	start := func() (*exec.Cmd, int) {
@@ -356,7 +356,7 @@ func TestAStrayOnAKilledProcesssPidIsKilled(t *testing.T) {
 // at the test's end); it skips without pidfds.
 func childPidfd(t *testing.T) (*exec.Cmd, int) {
 	t.Helper()
-	if !havePidfds() {
+	if !HavePidfds() {
 		t.Skip("no pidfds")
 	}
 	c := exec.Command("sleep", "60")
