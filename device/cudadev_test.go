@@ -472,7 +472,7 @@ func testGraphReplay(t *testing.T, e *bundleEnv) {
 func testHostBuffer(t *testing.T, e *bundleEnv) {
 	g := e.gpu(t)
 	const maxIn, tmp, out = 300, 512, 200
-	slot, err := syscall.Mmap(-1, 0, maxIn+out, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_ANONYMOUS)
+	slot, err := syscall.Mmap(-1, 0, int(SlotSize(maxIn, out)), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,10 +491,11 @@ func testHostBuffer(t *testing.T, e *bundleEnv) {
 	chain := []Step{e.step(t, "pl_load", 4, 128), e.step(t, "pl_inc", 4, 128), e.step(t, "pl_store", 4, 128)}
 	in := randBytes(rand.New(rand.NewPCG(7, 8)), 250)
 	copy(slot, in)
-	r := &Run{Input: slot[:len(in)], Output: slot[maxIn : maxIn+out], Chain: chain, TmpLen: tmp}
+	at := SlotOut(maxIn) // 512: an input of 300 is not where the output starts
+	r := &Run{Input: slot[:len(in)], Output: slot[at : at+out], Chain: chain, TmpLen: tmp}
 	mustRun(t, inst, r)
-	if want := chainOut(in, nil, tmp, out, false); !bytes.Equal(slot[maxIn:maxIn+out], want) {
-		t.Errorf("aliased run: %s", firstDiff(slot[maxIn:maxIn+out], want))
+	if want := chainOut(in, nil, tmp, out, false); !bytes.Equal(slot[at:at+out], want) {
+		t.Errorf("aliased run: %s", firstDiff(slot[at:at+out], want))
 	}
 	inst.Close()
 	if e.live != nil && atomic.LoadInt64(&e.live[1]) != before {

@@ -242,7 +242,7 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
 
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
-                          size_t constant_len, void *host, int abi1,
+                          size_t constant_len, void *host, size_t host_out, int abi1,
                           void *program, plcu_inst_t **pin, const char **op) {
   plcu_inst_t *in = calloc(1, sizeof *in);
   if (in == NULL) {
@@ -270,11 +270,11 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
   /* The caller's buffer (a worker's shared slot), pinned where it is, saves
    * a copy each way; a driver or mapping that refuses it gets staging of
    * the instance's own. */
-  if (host != NULL && max_in + out > 0 &&
-      (in->host_err = d->cuMemHostRegister_v2(host, max_in + out, PLCU_MEMHOSTREGISTER_PORTABLE)) == PLCU_SUCCESS) {
+  if (host != NULL && host_out + out > 0 &&
+      (in->host_err = d->cuMemHostRegister_v2(host, host_out + out, PLCU_MEMHOSTREGISTER_PORTABLE)) == PLCU_SUCCESS) {
     in->h_ext = 1;
     in->h_in = host;
-    in->h_out = (char *)host + max_in;
+    in->h_out = (char *)host + host_out;
   } else {
     TRY("cuMemHostAlloc", d->cuMemHostAlloc(&in->h_in, max_in ? max_in : 1,
                                             PLCU_MEMHOSTALLOC_PORTABLE));

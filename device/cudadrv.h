@@ -123,7 +123,7 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
                    const void *src, size_t n);
 
 /* Allocates an instance with its stream, events, device buffers and pinned
- * staging: host (max_in + out bytes, input then output), registered in
+ * staging: host (host_out + out bytes, input then output from host_out), registered in
  * place, when it is not NULL and the driver accepts it (else host_err says
  * why, and the instance has staging of its own); runs whose src and dst
  * are those halves then copy nothing on the host. The caller keeps host
@@ -131,7 +131,7 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
  * *op names the call. */
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
-                          size_t constant_len, void *host, int abi1,
+                          size_t constant_len, void *host, size_t host_out, int abi1,
                           void *program, plcu_inst_t **inst, const char **op);
 /* Runs an instance hook (plover_instance_init/fini) on the instance's state
  * and stream and waits for the stream: returns the bundle's error, or NULL

@@ -86,16 +86,32 @@ type InstanceConfig struct {
 	// (nil when the bundle has none) and entry table.
 	Constants Constants
 	Entries   *Entries
-	// Host, when set, is memory of MaxInput+Out bytes outside the Go heap
-	// (a worker's shared slot) that stays mapped while the instance lives.
-	// A CUDA instance pins it in place and copies straight between it and
-	// the device when a Run's Input and Output are its two halves.
+	// Host, when set, is memory of SlotSize(MaxInput, Out) bytes outside
+	// the Go heap (a worker's shared slot) that stays mapped while the
+	// instance lives. A CUDA instance pins it in place and copies straight
+	// between it and the device when a Run's Input and Output are its two
+	// parts.
 	Host []byte
 	// Deadline, when set, bounds the creation (it runs the bundle's
 	// plover_instance_init) on a device that can stop it: a worker process
 	// is killed past it.
 	Deadline time.Time
 }
+
+// A slot is laid out as its input, then its output from SlotOut: the
+// input's size rounded up to the 256-byte alignment of every buffer a
+// chain sees (plover.h), so that the host device runs a chain on the
+// output where it is. At the input's end it was copied through the
+// instance's own out whenever max_input_bytes was not a multiple of 256,
+// which then stayed resident in the worker, counted against
+// max_host_memory_mb.
+const slotAlign = 256
+
+// SlotOut is where a slot's output starts, for an input of maxIn bytes.
+func SlotOut(maxIn int64) int64 { return (maxIn + slotAlign - 1) &^ (slotAlign - 1) }
+
+// SlotSize is the size of a slot for maxIn bytes of input and out of output.
+func SlotSize(maxIn, out int64) int64 { return SlotOut(maxIn) + out }
 
 // Constants is a read-only device buffer shared by a program's instances.
 type Constants interface {

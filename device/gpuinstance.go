@@ -63,11 +63,11 @@ func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
 	var ci *C.plcu_inst_t
 	var op *C.char
 	var host unsafe.Pointer
-	if int64(len(cfg.Host)) >= cfg.MaxInput+cfg.Out && len(cfg.Host) > 0 {
+	if int64(len(cfg.Host)) >= SlotSize(cfg.MaxInput, cfg.Out) && len(cfg.Host) > 0 {
 		host = unsafe.Pointer(&cfg.Host[0]) // not Go memory: C may keep it
 	}
 	code := C.plcu_inst_create(g.drv.c, g.ctx, C.size_t(cfg.MaxInput), C.size_t(cfg.Tmp),
-		C.size_t(cfg.Out), cptr, clen, host, boolInt(cfg.Entries.abi1()), cfg.Entries.programPtr(), &ci, &op)
+		C.size_t(cfg.Out), cptr, clen, host, C.size_t(SlotOut(cfg.MaxInput)), boolInt(cfg.Entries.abi1()), cfg.Entries.programPtr(), &ci, &op)
 	if code != 0 {
 		g.used.Add(-n)
 		return nil, fmt.Errorf("%s: instance: %w", g.name, g.check(C.GoString(op), code))

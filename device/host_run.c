@@ -151,9 +151,9 @@ const char *plover_host_run(plover_inst_state_t *s, const void *in,
   t->copied = 0;
   /* This request's input and out are where they already are (a worker's
    * slot): the chain works on them there, if they start 256-byte aligned
-   * as every buffer the chain sees does (plover.h); a slot's out starts
-   * max_input_bytes in, which may not be, and is then copied as out of
-   * place. The next request's begin points the state back at whatever it
+   * as every buffer the chain sees does (plover.h), as a worker's slots'
+   * do (device.SlotOut); memory that does not is copied as out of place,
+   * through the instance's own buffers. The next request's begin points the state back at whatever it
    * is given. */
   if (in_place && in && (uintptr_t)in % PLOVER_HOST_ALIGN == 0)
     s->st.input.dat = (uint8_t *)in;

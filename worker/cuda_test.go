@@ -499,7 +499,7 @@ func TestCUDADiscardedSlotGivesBackItsPin(t *testing.T) {
 	}{{"after its run", true}, {"before any run", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 64})
-			slot := m.MaxInputBytes + m.OutBytes
+			slot := device.SlotSize(m.MaxInputBytes, m.OutBytes)
 			d, dir := pinCUDA(t, 3*slot, nil)
 			p, inst := loadCopy(t, d, dir, m)
 			lender := p.(device.Lender)

@@ -353,7 +353,8 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 			i.g.p.killFor(i.g, fmt.Sprintf("it reported %d output bytes of %d", outLen, len(r.Output)))
 			return i.g.lost("running the chain")
 		}
-		out := mem[i.maxIn : i.maxIn+int64(outLen)]
+		at := device.SlotOut(i.maxIn)
+		out := mem[at : at+int64(outLen)]
 		if outLen > 0 && &r.Output[0] != &out[0] {
 			t0 := time.Now()
 			r.Timing.Copied += int64(copy(r.Output, out))

@@ -131,7 +131,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	if cfg.MaxInput < 0 || cfg.Tmp < 0 || cfg.Out < 0 {
 		return nil, fmt.Errorf("instance sizes %d/%d/%d", cfg.MaxInput, cfg.Tmp, cfg.Out)
 	}
-	memfd, slot, err := newSlot(cfg.MaxInput + cfg.Out) // out_bytes >= 1 (abi.Manifest.Validate)
+	memfd, slot, err := newSlot(device.SlotSize(cfg.MaxInput, cfg.Out)) // out_bytes >= 1 (abi.Manifest.Validate)
 	if err != nil {
 		return nil, err
 	}

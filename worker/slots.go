@@ -90,7 +90,8 @@ func (s *poolSlot) unhold() {
 }
 
 func (s *poolSlot) Input() []byte         { return s.mem[:s.maxIn:s.maxIn] }
-func (s *poolSlot) Output() []byte        { return s.mem[s.maxIn : s.maxIn+s.out : s.maxIn+s.out] }
+func (s *poolSlot) Output() []byte        { return s.mem[device.SlotOut(s.maxIn):s.size():s.size()] }
+func (s *poolSlot) size() int64           { return device.SlotSize(s.maxIn, s.out) }
 func (s *poolSlot) Device() device.Device { return s.g.d }
 
 // Owner is the program that lent it: its worker maps the memory.
@@ -201,7 +202,7 @@ func (g *program) dropDiscarded(s *poolSlot) {
 		return
 	}
 	pool := &g.slots
-	g.p.dropSlot(s.maxIn+s.out, s.pinned)
+	g.p.dropSlot(s.size(), s.pinned)
 	pool.mu.Lock()
 	pool.count--
 	pool.mu.Unlock()
@@ -225,7 +226,7 @@ func (g *program) keepDiscarded(s *poolSlot) {
 	}
 	pool.mu.Unlock()
 	if dropped {
-		g.p.dropSlot(s.maxIn+s.out, s.pinned)
+		g.p.dropSlot(s.size(), s.pinned)
 	}
 	if dead {
 		unix.Munmap(s.mem)
@@ -252,7 +253,8 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 		s.lent.Store(true)
 		return s, true
 	}
-	if pool.count >= maxPoolSlots || !g.d.reservePin(maxIn+out) {
+	size := device.SlotSize(maxIn, out)
+	if pool.count >= maxPoolSlots || !g.d.reservePin(size) {
 		pool.mu.Unlock()
 		return nil, false
 	}
@@ -261,7 +263,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 	pool.mu.Unlock()
 	s, err := g.newPoolSlot(maxIn, out)
 	if err != nil {
-		g.d.unpinned(maxIn + out)
+		g.d.unpinned(size)
 		pool.mu.Lock()
 		pool.count--
 		pool.mu.Unlock()
@@ -274,7 +276,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 	}
 	pool.mu.Unlock()
 	if dropped { // made before the unload, counted after it (dropSlots)
-		g.p.dropSlot(maxIn+out, s.pinned)
+		g.p.dropSlot(size, s.pinned)
 	}
 	s.lent.Store(true)
 	return s, true
@@ -282,15 +284,16 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 
 // newPoolSlot makes a slot and has the worker map and register it.
 func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
-	memfd, mem, err := newSlot(maxIn + out)
+	size := device.SlotSize(maxIn, out)
+	memfd, mem, err := newSlot(size)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(memfd)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	g.p.mapSlot(maxIn + out)
-	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: maxIn + out}, []int{memfd}, "adding a slot")
+	g.p.mapSlot(size)
+	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: size}, []int{memfd}, "adding a slot")
 	var rep wire.Reply
 	if err == nil {
 		var bad error
@@ -299,12 +302,12 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 		}
 	}
 	if err != nil {
-		g.p.dropSlot(maxIn+out, 0)
+		g.p.dropSlot(size, 0)
 		unix.Munmap(mem)
 		return nil, err
 	}
 	// Kept as long as the program (dropSlots), or the worker.
-	pinned := g.p.pinSlot(g, rep.Pin, maxIn+out, "a pool slot", true)
+	pinned := g.p.pinSlot(g, rep.Pin, size, "a pool slot", true)
 	return &poolSlot{g: g, id: rep.ID, mem: mem, maxIn: maxIn, out: out, pinned: pinned}, nil
 }
 
@@ -334,6 +337,6 @@ func (g *program) dropSlots() {
 	pool.all, pool.dropped = nil, true
 	pool.mu.Unlock()
 	for _, s := range all {
-		g.p.dropSlot(s.maxIn+s.out, s.pinned)
+		g.p.dropSlot(s.size(), s.pinned)
 	}
 }

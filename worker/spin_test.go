@@ -110,7 +110,7 @@ func TestRunMessageAlone(t *testing.T) {
 			t.Fatalf("encoded alone=%v, read %v", alone, wire.SentAlone(msg))
 		}
 		var got device.Run
-		slot := make([]byte, 64)
+		slot := make([]byte, device.SlotSize(16, 16))
 		if err := wire.DecodeRun(msg, &got, make([]device.Step, 4), slot, 16, 16); err != nil || !got.ZeroOut || got.ZeroTmp {
 			t.Fatalf("decode with alone=%v: %v, %+v", alone, err, got)
 		}

@@ -443,7 +443,7 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 	if maxIn < 0 || tmp < 0 || out < 0 || maxIn+out <= 0 {
 		return fail(fmt.Errorf("new instance: sizes %d/%d/%d", maxIn, tmp, out))
 	}
-	slot, err := unix.Mmap(memfd, 0, int(maxIn+out), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	slot, err := unix.Mmap(memfd, 0, int(device.SlotSize(maxIn, out)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fail(fmt.Errorf("new instance: map the slot: %w", err))
 	}

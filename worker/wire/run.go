@@ -119,11 +119,12 @@ func DecodeRun(b []byte, r *device.Run, steps []device.Step, slot []byte, maxIn,
 	}
 	in, outLen := int64(le.Uint32(b[runIn:])), int64(le.Uint32(b[runOut:]))
 	n := int(le.Uint16(b[runSteps:]))
-	if in > maxIn || outLen > out || maxIn+outLen > int64(len(slot)) || n > len(steps) || len(b) != RunHeader+n*StepBytes {
+	at := device.SlotOut(maxIn)
+	if in > maxIn || outLen > out || at+outLen > int64(len(slot)) || n > len(steps) || len(b) != RunHeader+n*StepBytes {
 		return fmt.Errorf("run message out of bounds: input %d/%d, output %d/%d in a slot of %d, %d steps in %d bytes", in, maxIn, outLen, out, len(slot), n, len(b))
 	}
 	r.Input = slot[:in:in]
-	r.Output = slot[maxIn : maxIn+outLen : maxIn+outLen]
+	r.Output = slot[at : at+outLen : at+outLen]
 	r.TmpLen = int64(le.Uint64(b[runTmp:]))
 	r.ZeroTmp = b[runFlags]&FlagZeroTmp != 0
 	r.ZeroOut = b[runFlags]&FlagZeroOut != 0

@@ -151,8 +151,9 @@ const (
 // Protocol is the version of this package's messages, sent in OpReady: a
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
-// change to a message.
-const Protocol byte = 13
+// change to a message, or to what one means (14: a run's output starts
+// at device.SlotOut of its input, not at max_input_bytes).
+const Protocol byte = 14
 
 // Reply status: the first byte of every reply.
 const (

@@ -31,7 +31,7 @@ func TestRunRoundTrip(t *testing.T) {
 			if SentAlone(msg) != tc.alone || RunSeq(msg) != tc.seq || RunSlot(msg) != tc.slot {
 				t.Fatalf("alone %v slot %d seq %d, want %v %d %d", SentAlone(msg), RunSlot(msg), RunSeq(msg), tc.alone, tc.slot, tc.seq)
 			}
-			slot := make([]byte, maxIn+out)
+			slot := make([]byte, device.SlotSize(maxIn, out))
 			var got device.Run
 			steps := make([]device.Step, 8)
 			if err := DecodeRun(msg, &got, steps, slot, maxIn, out); err != nil {
@@ -46,7 +46,7 @@ func TestRunRoundTrip(t *testing.T) {
 					t.Fatalf("step %d: %+v, sent %+v", i, s, tc.run.Chain[i])
 				}
 			}
-			if len(got.Input) > 0 && &got.Input[0] != &slot[0] || len(got.Output) > 0 && &got.Output[0] != &slot[maxIn] {
+			if len(got.Input) > 0 && &got.Input[0] != &slot[0] || len(got.Output) > 0 && &got.Output[0] != &slot[device.SlotOut(maxIn)] {
 				t.Fatal("input and output are not the slot's bytes")
 			}
 		})
@@ -71,7 +71,7 @@ func TestRunOutOfBounds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r device.Run
-			if err := DecodeRun(tc.msg, &r, make([]device.Step, 8), make([]byte, maxIn+out), maxIn, out); err == nil {
+			if err := DecodeRun(tc.msg, &r, make([]device.Step, 8), make([]byte, device.SlotSize(maxIn, out)), maxIn, out); err == nil {
 				t.Fatal("decoded")
 			}
 		})
