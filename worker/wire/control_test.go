@@ -148,7 +148,7 @@ func TestBytesOfTheProtocol(t *testing.T) {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 13}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 14}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
@@ -179,8 +179,8 @@ func TestBytesOfTheProtocol(t *testing.T) {
 	}
 	// 11: the fatal mark on a pipe of its own (FatalFD); 12: checked
 	// mode's report there too, a checked worker given the pipe; 13:
-	// OpDropSlot.
-	if Protocol != 13 {
+	// OpDropSlot; 14: a run's output at device.SlotOut of its input.
+	if Protocol != 14 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }
