@@ -813,6 +813,28 @@ sec_tenants() {
   grep -E 'functions of 10 tenants|GPU memory' "$tmp/tenants.md" || true
 }
 
+# Contexts made at once: on the H200 (2026-11-30) 14 cold starts at once
+# under --worker-scope function each took 7.2-8.3 s, all ending within
+# 1.1 s of each other, against 40 ms into tenant workers. Whether the
+# driver makes contexts of many processes one at a time: bin/device.test's
+# TestGPUInfo (a context, and a second one with a budget) in one process,
+# then in N at once, each process's wall time.
+sec_contexts() {
+  device_test_ready || return 0
+  local n=${CONTEXTS:-14} i t0 one
+  t0=$(date +%s%N)
+  device_test 30 "$tmp/contexts-1.txt" -test.run '^TestGPUInfo$' || fail "TestGPUInfo alone (exit $?)"
+  one=$((($(date +%s%N) - t0) / 1000000))
+  say "one process: ${one} ms"
+  t0=$(date +%s%N)
+  for i in $(seq "$n"); do
+    (s=$(date +%s%N); device_test 60 "$tmp/contexts-n$i.txt" -test.run '^TestGPUInfo$'; echo "rc $? $((($(date +%s%N) - s) / 1000000))" >"$tmp/contexts-t$i") &
+  done
+  wait
+  say "$n processes at once: all done in $((($(date +%s%N) - t0) / 1000000)) ms; each (rc ms): $(cat "$tmp"/contexts-t* | sort -n -k3 | tr '\n' ' ')"
+  if grep -L '^ok\|^PASS' "$tmp"/contexts-n*.txt | grep -q .; then fail "a TestGPUInfo of the $n failed"; else pass "$n contexts at once"; fi
+}
+
 # A function unloaded by its idle TTL and loaded again into its tenant's
 # worker beside a sibling: CUDA libraries are never closed, so the reload
 # is staged as a copy of its library (the worker answers that it maps the
@@ -893,6 +915,7 @@ run datapath 40 "data path: vecadd 4 MB against an echo floor (plover-bench-suit
 run fair 40 "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
 run isolation 30 "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
 run reload 15 "a function unloaded and loaded again into its tenant's worker (scripts/tenant-reload.sh cuda)"
+run contexts 20 "contexts: TestGPUInfo in one process, then in 14 at once"
 run tenants 60 "tenant workers: 40 functions of 2 tenants, function vs tenant scope; 1,000 functions of 10 tenants (plover-bench-suite --tenants)"
 
 section "summary"
