@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"text/tabwriter"
 
@@ -18,6 +19,23 @@ func openDevices(kind string, limit int64, log *slog.Logger) ([]device.Device, e
 		return nil, fmt.Errorf("--device %s: %w", kind, err)
 	}
 	return devs, nil
+}
+
+// maxCopyPieceKiB is the largest --copy-piece whose bytes fit an int64.
+const maxCopyPieceKiB = math.MaxInt64 >> 10
+
+// setCopyPiece gives the devices that copy in pieces (CUDA) --copy-piece,
+// before any instance is made: with --isolation none they run the
+// functions themselves (worker processes get it as a flag: isolate).
+func setCopyPiece(devs []device.Device, kib int) {
+	if kib <= 0 {
+		return
+	}
+	for _, d := range devs {
+		if p, ok := d.(device.CopyPiecer); ok {
+			p.SetCopyPiece(int64(kib) << 10)
+		}
+	}
 }
 
 // withHost adds the host device to GPUs (unless off), so that one server

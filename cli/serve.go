@@ -81,6 +81,7 @@ type serveFlags struct {
 	maxBodyMemMB                                     int64
 	sched, schedPolicy, evictPolicy                  string
 	deviceRuns, floodRuns, ioSlots                   int
+	copyPieceKiB                                     int
 	cpuWeights                                       bool
 	lightBoost                                       float64
 	cgroupRoot                                       string
@@ -144,6 +145,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights and --worker-max-pids)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.IntVar(&f.floodRuns, "flood-runs", 0, "while a light function (one request at a time) is about, the runs other functions may have on a device together, below --device-runs less the slots kept for light ones: on a GPU, whose copies and kernels in flight are not preempted, a light run waits behind each (0: all but the kept slots)")
+			fs.IntVar(&f.copyPieceKiB, "copy-piece", 0, "KiB: on a CUDA device each run's copies between host and device are issued in pieces of at most this size, so that another function's copy waits behind one piece rather than a whole body; ignored on the host device (0: whole copies)")
 			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where the server's threads can be weighed as the workers': by nice level where the workers' weights are nice levels, by moving a piece's thread into a CPU group at its function's weight under cgroup v1; off under cgroup v2, where on keeps the server's weight, or without CPU weights)")
 			fs.IntVar(&f.ioSlots, "io-slots", 0, "pieces of functions' bytes the server reads or writes at once (256 KiB each), the rest waiting in their clients' sockets for their functions' turns, one kept for light functions (0: the CPUs; --sched off moves bytes as they come)")
 			fs.StringVar(&f.repository, "repository", "", "serve the model repository DIR (Triton's --model-repository, KServe's /mnt/models): DIR/NAME/ is a bundle directory or holds version folders DIR/NAME/1/, DIR/NAME/2/ (the highest current), or DIR is one bundle; each is deployed as plover deploy would, and /v2/repository/index, load and unload serve it")
@@ -193,6 +195,9 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	if n := f.workerMaxPids; n < 0 || n > 0 && n < minWorkerMaxPids {
 		return usagef(env, "serve", "--worker-max-pids %d: want 0 (no bound) or at least %d: a worker's own threads need a few", n, minWorkerMaxPids)
+	}
+	if k := f.copyPieceKiB; k < 0 || k > maxCopyPieceKiB {
+		return usagef(env, "serve", "--copy-piece %d: want 0 (whole copies) to %d KiB", k, maxCopyPieceKiB)
 	}
 	if f.data == "" {
 		f.data = defaultDataDir()
@@ -332,6 +337,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	if err != nil {
 		return nil, err
 	}
+	setCopyPiece(devs, f.copyPieceKiB)
 	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
 	if n.devs, n.cpu, n.pids, err = isolate(f, devs, log); err != nil {
 		return nil, err

@@ -112,7 +112,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		standby, standbyMax := standbySizes(d.Target(), f.standby, f.standbyMax)
 		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
 			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && device.TakesMPS(d.Target()), MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu, Pids: pids,
-			Checked: f.checked, PinLimit: f.maxPinnedMB << 20, TenantScope: f.workerScope == "tenant"})
+			Checked: f.checked, PinLimit: f.maxPinnedMB << 20, TenantScope: f.workerScope == "tenant", CopyPiece: int64(f.copyPieceKiB) << 10})
 	}
 	user := "the server's"
 	if drop != nil {

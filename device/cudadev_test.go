@@ -244,6 +244,7 @@ var suite = []struct {
 	{"MemfdSlot", testMemfdSlot},
 	{"OutLen", testOutLen},
 	{"Hooks", testHooks},
+	{"CopyPieces", testCopyPieces},
 }
 
 func runSuite(t *testing.T, e *bundleEnv) {

@@ -451,6 +451,31 @@ static int capture(plcu_inst_t *in, int n, int slot, void *last_error,
   return 1;
 }
 
+/* A run's copies, issued as in->piece-byte pieces back to back on the
+ * stream (no host sync between them): the copy engine may take another
+ * context's copy between two pieces, where a whole body holds it. */
+static size_t piece_len(const plcu_inst_t *in, size_t left) {
+  return in->piece && in->piece < left ? in->piece : left;
+}
+
+static CUresult htod_pieces(plcu_inst_t *in, const void *src, size_t n) {
+  CUresult e = PLCU_SUCCESS;
+  for (size_t off = 0, k; off < n && e == PLCU_SUCCESS; off += k) {
+    k = piece_len(in, n - off);
+    e = in->drv->cuMemcpyHtoDAsync_v2(in->d_in + off, (const char *)src + off, k, in->stream);
+  }
+  return e;
+}
+
+static CUresult dtoh_pieces(plcu_inst_t *in, void *dst, size_t n) {
+  CUresult e = PLCU_SUCCESS;
+  for (size_t off = 0, k; off < n && e == PLCU_SUCCESS; off += k) {
+    k = piece_len(in, n - off);
+    e = in->drv->cuMemcpyDtoHAsync_v2((char *)dst + off, in->d_out + off, k, in->stream);
+  }
+  return e;
+}
+
 /*
  * Timing uses CUDA events on the instance stream for the device side (the
  * H2D copy and memset, the chain, the D2H copy) plus clock_gettime for the
@@ -497,8 +522,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   }
   STEP("cuEventRecord", d->cuEventRecord(in->ev[0], in->stream));
   if (in_len)
-    STEP("cuMemcpyHtoDAsync_v2",
-         d->cuMemcpyHtoDAsync_v2(in->d_in, h_in, in_len, in->stream));
+    STEP("cuMemcpyHtoDAsync_v2", htod_pieces(in, h_in, in_len));
   if ((zero & PLOVER_ZERO_OUT) && out_len)
     STEP("cuMemsetD8Async", d->cuMemsetD8Async(in->d_out, 0, out_len, in->stream));
   if ((zero & PLOVER_ZERO_TMP) && tmp_len)
@@ -537,8 +561,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   STEP("cuEventRecord", d->cuEventRecord(in->ev[2], in->stream));
   /* A failed chain's output is never returned: skip the copy. */
   if (r->kernel_err == NULL && used && used <= out_len)
-    STEP("cuMemcpyDtoHAsync_v2",
-         d->cuMemcpyDtoHAsync_v2(h_out, in->d_out, used, in->stream));
+    STEP("cuMemcpyDtoHAsync_v2", dtoh_pieces(in, h_out, used));
   STEP("cuEventRecord", d->cuEventRecord(in->ev[3], in->stream));
 #undef STEP
 sync:

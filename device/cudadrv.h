@@ -76,6 +76,9 @@ typedef struct {
   int h_ext;          /* h_in/h_out are the caller's buffer, registered */
   CUresult host_err;  /* why the caller's buffer was not registered (0: it
                          was, or none was given) */
+  size_t piece;       /* a run's copies go in async pieces of at most this
+                         many bytes, so that another context's copy waits
+                         behind one piece on the copy engine (0: whole) */
   CUgraphExec exec[PLCU_GRAPHS]; /* cached graphs (slots chosen by Go), or NULL */
   size_t exec_out_used[PLCU_GRAPHS]; /* out.len as the entries left it when recorded */
   plover_inst_state_t state;

@@ -235,6 +235,15 @@ type HostUnregistrar interface {
 	UnregisterHost(b []byte) error
 }
 
+// CopyPiecer is a device whose runs can issue their copies between host
+// and device in pieces (CUDA: plover serve --copy-piece), so that another
+// context's copy waits on the copy engine behind one piece rather than a
+// whole body. Set once, before instances are made; an instance keeps the
+// size it was made with.
+type CopyPiecer interface {
+	SetCopyPiece(bytes int64)
+}
+
 // HostMemoryBound is a device whose programs run in processes whose
 // resident memory it bounds (worker processes: --isolation process; a
 // bundle run in the server is not bounded). FitsHostMemory refuses a

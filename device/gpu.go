@@ -48,10 +48,16 @@ type GPU struct {
 	closed        atomic.Bool
 	captureLogged atomic.Bool
 	graphs        graphCounters
+	copyPiece     atomic.Int64 // bytes; 0: whole copies
 }
 
 var _ Device = (*GPU)(nil)
 var _ HostUnregistrar = (*GPU)(nil)
+var _ CopyPiecer = (*GPU)(nil)
+
+// SetCopyPiece makes the instances made from now on issue each run's copy
+// in and copy out as async pieces of at most n bytes (0 or less: whole).
+func (g *GPU) SetCopyPiece(n int64) { g.copyPiece.Store(max(n, 0)) }
 
 // OpenCUDA opens every CUDA device visible to this process (as
 // CUDA_VISIBLE_DEVICES filters them). limit is each device's memory budget

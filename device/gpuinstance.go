@@ -72,6 +72,7 @@ func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
 		g.used.Add(-n)
 		return nil, fmt.Errorf("%s: instance: %w", g.name, g.check(C.GoString(op), code))
 	}
+	ci.piece = C.size_t(g.copyPiece.Load())
 	inst := &gpuInstance{g: g, c: ci, cfg: cfg}
 	if err := inst.hook(hookInstanceInit); err != nil {
 		// No fini for an instance whose init failed.

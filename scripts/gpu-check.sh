@@ -783,7 +783,8 @@ sec_datapath() {
 # The victim beside floods (issues 23, 36, 45). Its table of the victim's
 # Server-Timing parts beside vecadd says whether the CNN's tail there is in
 # its copies (waiting behind the flood's on the copy engines: what cutting
-# copies into pieces, issue 45 item 5, would address) or elsewhere.
+# copies into pieces, issue 45 item 5, --copy-piece, is meant to address)
+# or elsewhere.
 sec_fair() {
   if [ ! -d build/samples/cnn-cuda ] || [ ! -d build/samples/spin-cuda ] || [ ! -d build/samples/vecadd-cuda ]; then
     say "SKIP: needs build/samples/{cnn,spin,vecadd}-cuda"
@@ -792,10 +793,15 @@ sec_fair() {
   # Eight modes of six measurements and a round of four ran 240 s on the
   # H200 at 2 s each (2026-11-30; at 3 s and the suite's 4 rounds a 120 s
   # cap cut it in its fourth mode, no table written). Seven modes here, not
-  # the boost's (a host question): fair-flood1 asks whether one flood run
-  # in flight at a time bounds the CNN's copy wait (issue 45).
+  # the boost's (a host question), nor fair-nice-noio and off (earlier
+  # defaults), to stay at seven: fair-flood1 asks whether one flood run in
+  # flight at a time bounds the CNN's copy wait (issue 45), fair-piece
+  # whether the floods' copies in 256 KiB pieces (--copy-piece 256) bound it
+  # to about a piece, fair-flood1-piece both together. Five of them are
+  # round modes (the round was three): seven modes and a round of five are
+  # the twelve servers of the 240 s above.
   bench_suite fair 280 --fair --fair-time "${FAIR_TIME:-2s}" --fair-rounds "${FAIR_ROUNDS:-1}" \
-    --fair-modes "${FAIR_MODES:-fair,fair-noio,fair-flood1,fair-nice,fair-nice-noio,off,none}"
+    --fair-modes "${FAIR_MODES:-fair,fair-noio,fair-flood1,fair-piece,fair-flood1-piece,fair-nice,none}"
 }
 
 # Tenant workers (issue 46): the CNN as 40 functions of 2 tenants under

@@ -528,3 +528,62 @@ func TestCUDADiscardedSlotGivesBackItsPin(t *testing.T) {
 		})
 	}
 }
+
+// TestCUDAWorkerCopyPiece: Options.CopyPiece reaches the worker's device
+// (its command line's --copy-piece): on a fake driver that refuses an
+// async copy above 64 KiB, a run of 1 MiB and 123 bytes each way fails
+// with whole copies and comes out exact in 64 KiB pieces.
+func TestCUDAWorkerCopyPiece(t *testing.T) {
+	fakeDir, err := fakecuda.Shared()
+	if err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
+	}
+	_, dir := fakeCUDA(t)
+	const n = 1<<20 + 123
+	tests := []struct {
+		name  string
+		piece int64
+		fails string // "": the run succeeds
+	}{
+		{"whole copies", 0, "cuMemcpyHtoDAsync_v2"},
+		{"64 KiB pieces", 64 << 10, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
+				Landlock: true, StageDir: t.TempDir(), Spawner: spawner, CopyPiece: tt.piece,
+				env: []string{"FAKECUDA_MAX_COPY=" + strconv.Itoa(64<<10)}})
+			defer d.Close()
+			m := fakeManifest(abi.Launch{Kernel: "pl_copy", Grid: 1, Block: 256})
+			m.MaxInputBytes, m.TmpBytes, m.OutBytes = n, 0, n
+			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			inst, err := p.NewInstance(device.InstanceConfig{MaxInput: n, Out: n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer inst.Close()
+			in := make([]byte, n)
+			for i := range in {
+				in[i] = byte(i*7 + i>>16)
+			}
+			out := make([]byte, n)
+			err = inst.Run(&device.Run{Input: in, Output: out, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 256}}})
+			if tt.fails != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.fails) {
+					t.Fatalf("run: %v, want an error naming %s", err, tt.fails)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			if !bytes.Equal(out, in) {
+				t.Fatal("the output is not the input")
+			}
+		})
+	}
+}

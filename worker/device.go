@@ -61,8 +61,12 @@ type Options struct {
 	// within it; past it a request's body is read into ordinary memory
 	// and copied into its instance's own slot (pin.go).
 	PinLimit int64
-	Spawner  *contain.Spawner
-	Log      *slog.Logger
+	// CopyPiece, when above 0, is passed to CUDA workers (--copy-piece):
+	// each run's copies between host and device go in pieces of at most
+	// this many bytes (device.CopyPiecer).
+	CopyPiece int64
+	Spawner   *contain.Spawner
+	Log       *slog.Logger
 	// Output, when set, receives all a worker writes to stdout and stderr
 	// (a bundle's printf, an assertion's message), line by line, each
 	// marked with its stream ("stdout | ..."); unset, a program's lines

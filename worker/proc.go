@@ -207,6 +207,9 @@ func (d *Device) workerCommand(ctl, stage *os.File, env []string) *exec.Cmd {
 	if d.opts.Checked {
 		args = append(args, "--checked")
 	}
+	if d.opts.CopyPiece > 0 {
+		args = append(args, "--copy-piece", strconv.FormatInt(d.opts.CopyPiece, 10))
+	}
 	if d.tenantScope() {
 		args = append(args, "--tenant")
 	}

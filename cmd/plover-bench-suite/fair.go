@@ -97,9 +97,9 @@ type fairVictim struct {
 }
 
 // fairRoundModes are the modes the rounds compare: the light workers'
-// boost on and off, with cgroups and with nice levels, and the floods'
-// runs bounded while the victim is about.
-var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-nice", "fair-nice-noboost"}
+// boost on and off, with cgroups and with nice levels, the floods' runs
+// bounded while the victim is about, and the runs' copies in pieces.
+var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noboost"}
 
 // chosenModes is modes less those --fair-modes leaves out (empty: all).
 func chosenModes(o *options, modes []string) []string {
@@ -287,14 +287,18 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 // fair-nice-noio (the same with it unscheduled), fair-noboost and
 // fair-nice-noboost (fair and fair-nice without the light workers' boost:
 // --light-boost 1), fair-flood1 (fair with --flood-runs 1: the floods one
-// run on the device at a time while the victim is about), off (--sched
-// off) and none (the server before the scheduler and the CPU weights).
-var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "off", "none"}
+// run on the device at a time while the victim is about), fair-piece and
+// fair-flood1-piece (fair and fair-flood1 with --copy-piece 256: on a GPU
+// the victim's copy waits behind a 256 KiB piece of a flood's, not a whole
+// one), off (--sched off) and none (the server before the scheduler and
+// the CPU weights).
+var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "off", "none"}
 
 // fairFlags are the plover serve flags of a mode.
 func fairFlags(data, mode string) []string {
 	var flags []string
-	base, flood1 := strings.CutSuffix(mode, "-flood1")
+	base, piece := strings.CutSuffix(mode, "-piece")
+	base, flood1 := strings.CutSuffix(base, "-flood1")
 	base, noio := strings.CutSuffix(base, "-noio")
 	base, noboost := strings.CutSuffix(base, "-noboost")
 	switch base {
@@ -315,6 +319,9 @@ func fairFlags(data, mode string) []string {
 	}
 	if flood1 {
 		flags = append(flags, "--flood-runs", "1")
+	}
+	if piece {
+		flags = append(flags, "--copy-piece", "256")
 	}
 	return flags
 }
@@ -532,7 +539,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {

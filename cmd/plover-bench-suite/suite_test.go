@@ -191,6 +191,8 @@ func TestFairModes(t *testing.T) {
 		{"fair", "--sched fair"},
 		{"fair-noio", "--sched fair --io-shares off"},
 		{"fair-flood1", "--sched fair --flood-runs 1"},
+		{"fair-piece", "--sched fair --copy-piece 256"},
+		{"fair-flood1-piece", "--sched fair --flood-runs 1 --copy-piece 256"},
 		{"fair-nice-noboost", "--sched fair --cgroup-root /d/no-cgroups --light-boost 1"},
 		{"off", "--sched off"},
 		{"none", "--sched off --cpu-weights=false"},
@@ -199,8 +201,8 @@ func TestFairModes(t *testing.T) {
 			t.Errorf("%s: %q, want %q", tt.mode, got, tt.want)
 		}
 	}
-	o := &options{fairModes: []string{"off", "fair-flood1", "fair"}}
-	if got := strings.Join(chosenModes(o, fairRoundModes), ","); got != "fair,fair-flood1" {
+	o := &options{fairModes: []string{"off", "fair-flood1-piece", "fair-flood1", "fair"}}
+	if got := strings.Join(chosenModes(o, fairRoundModes), ","); got != "fair,fair-flood1,fair-flood1-piece" {
 		t.Errorf("round modes %q", got)
 	}
 	if got := chosenModes(&options{}, fairModes); len(got) != len(fairModes) {

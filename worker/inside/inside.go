@@ -50,6 +50,9 @@ type Config struct {
 	// and a goroutine locked to its thread. Unset, the worker holds one
 	// program and runs exactly as before.
 	Tenant bool
+	// CopyPiece: a CUDA device's runs copy in and out in pieces of at
+	// most this many bytes (device.CopyPiecer); 0: whole copies.
+	CopyPiece int64
 }
 
 // checker is a device with a checked mode (the host).
@@ -141,6 +144,9 @@ func openDevice(cfg Config) (device.Device, error) {
 	}
 	if c, ok := dev.(processCharger); ok {
 		c.ChargeProcessCPU()
+	}
+	if c, ok := dev.(device.CopyPiecer); ok && cfg.CopyPiece > 0 {
+		c.SetCopyPiece(cfg.CopyPiece)
 	}
 	if cfg.Tenant || cfg.Checked {
 		// The fatal mark's and checked mode's report's pipe.
@@ -637,6 +643,7 @@ func BindFlags(fs *flag.FlagSet, cfg *Config) (resolve func() error) {
 	fs.BoolVar(&cfg.Checked, "checked", false, "host device: catch accesses past in, tmp and out (checked mode)")
 	fs.BoolVar(&cfg.Tenant, "tenant", false, "a tenant's worker: holds several programs, and a fatal signal names the program it took")
 	fs.BoolVar(&cfg.PIDNS, "pid-namespace", false, "started in a PID namespace of its own (its /proc is mounted before Go starts: package contain)")
+	fs.Int64Var(&cfg.CopyPiece, "copy-piece", 0, "CUDA: issue each run's copies between host and device in pieces of at most this many bytes (0: whole)")
 	fs.BoolVar(&cfg.Subreaper, "subreaper", false, "keep what the bundle starts under this process (a child subreaper), for the server to end")
 	// Only read in /proc/PID/cmdline: a later server ends what this one
 	// left by it (contain.EndLeftovers).

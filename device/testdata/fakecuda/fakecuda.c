@@ -20,6 +20,9 @@
  * FAKECUDA_FAULT=<code> is the sticky error a faulting kernel (fakecu_fault)
  * leaves instead of the one it asks for: the other codes NVIDIA documents as
  * ending the process's use of CUDA (an MPS client terminated, say).
+ * FAKECUDA_MAX_COPY=<n> makes an async copy between host and device of
+ * more than n bytes fail with CUDA_ERROR_INVALID_VALUE: a test in another
+ * process (a worker) sees that its copies went in pieces no larger.
  * FAKECUDA_KERNEL_US=<n> makes the GPU busy: every kernel holds it for n
  * microseconds, one kernel at a time in the process, and across processes
  * that name the same file in FAKECUDA_GPU_LOCK (flock): a GPU whose kernels
@@ -67,6 +70,23 @@ enum {
  * 4 graphs, 5 graph execs, 6 kernels executed, 7 device bytes allocated. */
 EXPORT long long fakecu_live[8];
 #define COUNT(i, d) __atomic_add_fetch(&fakecu_live[i], (d), __ATOMIC_RELAXED)
+
+/* The async copies between host and device, read by tests through dlsym:
+ * [0] host to device, [1] device to host; each {calls, bytes, largest}. */
+EXPORT long long fakecu_copies[2][3];
+
+static CUresult count_copy(int dir, size_t n) {
+  const char *max = getenv("FAKECUDA_MAX_COPY");
+  if (max && atoll(max) > 0 && (long long)n > atoll(max)) return INVALID_VALUE;
+  long long *c = fakecu_copies[dir];
+  __atomic_add_fetch(&c[0], 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&c[1], (long long)n, __ATOMIC_RELAXED);
+  long long big = __atomic_load_n(&c[2], __ATOMIC_RELAXED);
+  while ((long long)n > big &&
+         !__atomic_compare_exchange_n(&c[2], &big, (long long)n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return OK;
+}
 
 struct CUctx_st {
   int dev;
@@ -335,7 +355,7 @@ static CUresult stream_op(CUstream s) {
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
   NEED_CTX();
   CUresult e = stream_op(s);
-  if (e) return e;
+  if (e || (e = count_copy(0, n))) return e;
   memcpy((void *)(uintptr_t)dst, src, n);
   return OK;
 }
@@ -343,7 +363,7 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
   NEED_CTX();
   CUresult e = stream_op(s);
-  if (e) return e;
+  if (e || (e = count_copy(1, n))) return e;
   memcpy(dst, (const void *)(uintptr_t)src, n);
   return OK;
 }
