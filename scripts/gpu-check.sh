@@ -33,7 +33,7 @@
 #
 # Sections (names for SKIP and ONLY): tests memcheck eager bench servers
 # vecadd cnn cnnbatch softmax pipeline grpc latency faults batch datapath
-# fair isolation tenants reload. The sample sections start the servers
+# fair isolation reload contexts tenants. The sample sections start the servers
 # themselves.
 #
 # Assumptions about the CLI and HTTP API (adjust here if they drift):
