@@ -33,7 +33,7 @@
 #
 # Sections (names for SKIP and ONLY): tests memcheck eager bench servers
 # vecadd cnn cnnbatch softmax pipeline grpc latency faults batch datapath
-# fair isolation reload contexts tenants. The sample sections start the servers
+# fair isolation reload mps contexts tenants. The sample sections start the servers
 # themselves.
 #
 # Assumptions about the CLI and HTTP API (adjust here if they drift):
@@ -819,6 +819,61 @@ sec_tenants() {
   grep -E 'functions of 10 tenants|GPU memory' "$tmp/tenants.md" || true
 }
 
+# The CNN beside the 4 MB flood under MPS (issue 45 item 5): the third GPU
+# run showed the CNN's copy-in waiting ~0.15 ms beside the flood whether or
+# not the flood's copies were cut into pieces, which looks like the card
+# time-slicing between the workers' contexts; under MPS every worker is a
+# client of one server context. An MPS server serves one uid, and a root
+# server's workers run as another: so the bench runs as nobody (nice
+# levels, no cgroups, no standby workers under MPS), with its own control
+# daemon (its pipe and log directories in a temporary directory, stopped
+# after; the GPU's compute mode is not touched), and from a copy of what it
+# reads, in case the checkout is not readable by nobody. Without the MPS
+# daemon (MPS_OFF=1) the same run measures nobody's server without MPS.
+sec_mps() {
+  local mps=nvidia-cuda-mps-control d run rc
+  if [ -z "${MPS_OFF:-}" ] && ! have "$mps"; then
+    say "SKIP: $mps not found"
+    return 0
+  fi
+  if ! have runuser || ! id nobody >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ]; then
+    say "SKIP: needs root, runuser and the user nobody"
+    return 0
+  fi
+  if [ ! -d build/samples/cnn-cuda ] || [ ! -d build/samples/spin-cuda ] || [ ! -d build/samples/vecadd-cuda ]; then
+    say "SKIP: needs build/samples/{cnn,spin,vecadd}-cuda"
+    return 0
+  fi
+  d=$(mktemp -d /tmp/plover-mps.XXXXXX) || { fail "mktemp"; return 0; }
+  mkdir -p "$d/pipe" "$d/log" "$d/tmp" "$d/repo/build" "$d/repo/samples/cnn"
+  cp -r bin "$d/repo/" && cp -r build/samples "$d/repo/build/" && cp -r samples/cnn/testdata "$d/repo/samples/cnn/" && cp go.mod "$d/repo/" ||
+    { fail "copying the artifacts for nobody"; return 0; }
+  chown -R nobody: "$d"
+  chmod 755 "$d"
+  run=(runuser -u nobody -- env -i PATH="$PATH" HOME="$d" TMPDIR="$d/tmp" CUDA_MPS_PIPE_DIRECTORY="$d/pipe" CUDA_MPS_LOG_DIRECTORY="$d/log")
+  if [ -z "${MPS_OFF:-}" ]; then
+    if ! bounded 15 "${run[@]}" "$mps" -d; then
+      fail "$mps -d (exit $?)"
+      return 0
+    fi
+    say "MPS control daemon started as nobody (pipe $d/pipe)"
+  fi
+  (cd "$d/repo" && bounded 120 "${run[@]}" bin/plover-bench-suite --plover bin/plover --device "${MPS_DEVICE:-cuda}" --dry-run --fair \
+    --fair-time "${FAIR_TIME:-2s}" --fair-rounds 1 --fair-modes "${MPS_MODES:-fair}") >"$tmp/mps.md" 2>&1
+  rc=$?
+  if [ -z "${MPS_OFF:-}" ]; then
+    echo quit | bounded 15 "${run[@]}" "$mps" >/dev/null 2>&1 || say "stopping the MPS daemon: exit $?"
+    cp -r "$d/log" "$tmp/logs/mps-log" 2>/dev/null
+    # Whether the workers were its clients (the driver falls back without
+    # MPS quietly): the daemon logs each client and server it starts.
+    say "MPS control.log: $(grep -ci 'client' "$d/log/control.log" 2>/dev/null || echo 0) lines naming a client; first lines: $(head -n 4 "$d/log/control.log" 2>/dev/null | tr '\n' ' ')"
+  fi
+  grep -E '^\||MPS' "$tmp/mps.md" || true
+  save "$tmp/mps.md" mps.md
+  if [ "$rc" -eq 0 ]; then pass "the fairness bench as nobody${MPS_OFF:+ (MPS off)}"; else fail "the fairness bench as nobody (exit $rc; mps.md)"; tail -n 20 "$tmp/mps.md"; fi
+  rm -rf "$d"
+}
+
 # Contexts made at once: on the H200 (2026-11-30) 14 cold starts at once
 # under --worker-scope function each took 7.2-8.3 s, all ending within
 # 1.1 s of each other, against 40 ms into tenant workers. Whether the
@@ -925,6 +980,7 @@ run datapath 40 "data path: vecadd 4 MB against an echo floor (plover-bench-suit
 run fair 40 "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
 run isolation 30 "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
 run reload 15 "a function unloaded and loaded again into its tenant's worker (scripts/tenant-reload.sh cuda)"
+run mps 60 "the CNN beside floods under MPS, the bench as nobody (plover-bench-suite --fair)"
 run contexts 20 "contexts: TestGPUInfo in one process, then in 14 at once"
 run tenants 60 "tenant workers: 40 functions of 2 tenants, function vs tenant scope; 1,000 functions of 10 tenants (plover-bench-suite --tenants)"
 

@@ -207,6 +207,9 @@ func (d *Device) workerCommand(ctl, stage *os.File, env []string) *exec.Cmd {
 	if d.opts.Checked {
 		args = append(args, "--checked")
 	}
+	if d.opts.MPS {
+		args = append(args, "--mps")
+	}
 	if d.opts.CopyPiece > 0 {
 		args = append(args, "--copy-piece", strconv.FormatInt(d.opts.CopyPiece, 10))
 	}

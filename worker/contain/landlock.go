@@ -88,6 +88,25 @@ func DefaultRules() FSRules {
 	return r
 }
 
+// MPSPipeDefault is where an MPS control daemon keeps its named pipes and
+// sockets when CUDA_MPS_PIPE_DIRECTORY is not set.
+const MPSPipeDefault = "/tmp/nvidia-mps"
+
+// AddMPS lets a worker reach an MPS control daemon: its pipe directory
+// (pipeDir; "": MPSPipeDefault), whose named pipes the CUDA driver opens,
+// and /dev/shm, read-write. Without them cuInit's connection to the daemon
+// fails and the driver goes on without MPS, saying nothing: the worker
+// would make a context of its own, time-sliced against the others. Paths
+// that do not exist are left out, as in DefaultRules.
+func (r *FSRules) AddMPS(pipeDir string) {
+	if pipeDir == "" {
+		pipeDir = MPSPipeDefault
+	}
+	for _, p := range []string{pipeDir, "/dev/shm"} {
+		addExisting(&r.RWDirs, &r.RWFiles, p)
+	}
+}
+
 // addExisting appends p to dirs or files according to what it is, and
 // drops it when it does not exist or is already there.
 func addExisting(dirs, files *[]string, p string) {

@@ -351,3 +351,33 @@ func TestDefaultRules(t *testing.T) {
 		seen[p] = true
 	}
 }
+
+func TestAddMPS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, shm := os.Stat("/dev/shm")
+	for _, tc := range []struct {
+		name, pipeDir string
+		want          []string
+	}{
+		{"its directory", dir, []string{dir}},
+		{"a directory that is not there", filepath.Join(dir, "gone"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r FSRules
+			r.AddMPS(tc.pipeDir)
+			want := tc.want
+			if shm == nil {
+				want = append(want, "/dev/shm")
+			}
+			if !slices.Equal(r.RWDirs, want) || len(r.RODirs)+len(r.ROFiles)+len(r.RWFiles) != 0 {
+				t.Errorf("rules %v, want read-write directories %v and nothing else", r, want)
+			}
+		})
+	}
+	var r FSRules
+	r.AddMPS("")
+	if _, err := os.Stat(MPSPipeDefault); (err == nil) != slices.Contains(r.RWDirs, MPSPipeDefault) {
+		t.Errorf("no pipe directory given: rules %v; %s exists: %v", r, MPSPipeDefault, err == nil)
+	}
+}

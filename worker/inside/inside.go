@@ -53,6 +53,9 @@ type Config struct {
 	// CopyPiece: a CUDA device's runs copy in and out in pieces of at
 	// most this many bytes (device.CopyPiecer); 0: whole copies.
 	CopyPiece int64
+	// MPS: a client of an MPS control daemon (worker.Options.MPS): its
+	// Landlock rules let it reach the daemon (contain.FSRules.AddMPS).
+	MPS bool
 }
 
 // checker is a device with a checked mode (the host).
@@ -180,13 +183,22 @@ func restrictFS(cfg Config) (bool, error) {
 	if !cfg.Landlock {
 		return false, nil
 	}
-	rules := contain.DefaultRules()
-	rules.RODirs = append(rules.RODirs, stageDir)
-	applied, err := contain.RestrictFS(rules)
+	applied, err := contain.RestrictFS(fsRules(cfg, os.Getenv("CUDA_MPS_PIPE_DIRECTORY")))
 	if err != nil {
 		return false, fmt.Errorf("worker: landlock: %w", err)
 	}
 	return applied, nil
+}
+
+// fsRules is what a worker of cfg may reach: the system's libraries and
+// devices, its stage, and under MPS the daemon's pipes (in pipeDir).
+func fsRules(cfg Config, pipeDir string) contain.FSRules {
+	rules := contain.DefaultRules()
+	rules.RODirs = append(rules.RODirs, stageDir)
+	if cfg.MPS {
+		rules.AddMPS(pipeDir)
+	}
+	return rules
 }
 
 // serve answers the server's control messages until it closes the channel.
@@ -640,6 +652,7 @@ func BindFlags(fs *flag.FlagSet, cfg *Config) (resolve func() error) {
 	fs.IntVar(&cfg.ParentPID, "parent", 0, "the server's pid")
 	fs.StringVar(&user, "user", "", "run as UID:GID")
 	fs.BoolVar(&cfg.Landlock, "landlock", false, "restrict the filesystem to the stage and system libraries")
+	fs.BoolVar(&cfg.MPS, "mps", false, "CUDA: a client of an MPS control daemon, whose pipes its Landlock rules let it reach")
 	fs.BoolVar(&cfg.Checked, "checked", false, "host device: catch accesses past in, tmp and out (checked mode)")
 	fs.BoolVar(&cfg.Tenant, "tenant", false, "a tenant's worker: holds several programs, and a fatal signal names the program it took")
 	fs.BoolVar(&cfg.PIDNS, "pid-namespace", false, "started in a PID namespace of its own (its /proc is mounted before Go starts: package contain)")
