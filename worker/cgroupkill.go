@@ -95,9 +95,8 @@ type groupRef struct {
 	path string
 }
 
-// groupRefOf finds the cgroup at dir among this process's mounts: the one
-// whose mount point is the longest above dir (the last of equals: it
-// hides the others). False where that is no cgroup mount.
+// groupRefOf finds the cgroup at dir among this process's mounts
+// (groupRefIn).
 func groupRefOf(dir string) (groupRef, bool) {
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
@@ -107,24 +106,53 @@ func groupRefOf(dir string) (groupRef, bool) {
 	if err != nil {
 		return groupRef{}, false
 	}
+	return groupRefIn(string(b), real)
+}
+
+// groupRefIn finds the cgroup at real (a path without symlinks) in the
+// mountinfo text: the mount whose mount point is the longest above real
+// (the last of equals: it hides the others). False where that is no
+// cgroup mount.
+func groupRefIn(mountinfo, real string) (groupRef, bool) {
 	var ref groupRef
 	ok, best := false, -1
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(mountinfo, "\n") {
 		pre, post, _ := strings.Cut(line, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
 		if len(f) < 5 || len(g) < 3 {
 			continue
 		}
-		mnt := strings.ReplaceAll(f[4], "\\040", " ")
+		mnt := unescapeMount(f[4])
 		rel, in := strings.CutPrefix(real, strings.TrimSuffix(mnt, "/"))
 		if !in || rel != "" && rel[0] != '/' || len(mnt) < best {
 			continue
 		}
 		best = len(mnt)
-		ref = groupRef{v2: g[0] == "cgroup2", opts: strings.Split(g[2], ","), path: filepath.Join("/", f[3], rel)}
+		ref = groupRef{v2: g[0] == "cgroup2", opts: strings.Split(g[2], ","), path: filepath.Join("/", unescapeMount(f[3]), rel)}
 		ok = g[0] == "cgroup2" || g[0] == "cgroup"
 	}
 	return ref, ok
+}
+
+// unescapeMount decodes the \ooo octal escapes the kernel writes in
+// mountinfo's root and mount point fields (for space, tab, newline and
+// backslash), as /proc/PID/cgroup and the file system name them unescaped.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if c, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(c))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // has reports whether /proc/PID/cgroup puts pid in the group: the one

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,4 +129,68 @@ func groupMembers(dir string) ([]int, error) {
 		return nil, nil
 	}
 	return membersOf(dir, ref)
+}
+
+// The kernel escapes space, tab, newline and backslash as \ooo in
+// mountinfo's root and mount point fields, but not in /proc/PID/cgroup:
+// a group's path is its mount's root and its place under the mount point,
+// both decoded, else a group under such a name is not the one /proc names
+// and emptyGroup misses its processes. The mount is the longest above the
+// directory, the last of equals.
+func TestGroupRefInMountinfo(t *testing.T) {
+	const base = `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+25 22 0:21 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755
+30 25 0:26 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:10 - cgroup cgroup rw,cpu,cpuacct
+31 25 0:27 /kube/pod1 /sys/fs/cgroup/pids rw,nosuid shared:11 - cgroup cgroup rw,pids
+`
+	v1 := func(path string, opts ...string) groupRef {
+		return groupRef{opts: append([]string{"rw"}, opts...), path: path}
+	}
+	v2 := func(path string) groupRef { return groupRef{v2: true, opts: []string{"rw", "nsdelegate"}, path: path} }
+	for _, tc := range []struct {
+		name, lines, dir string
+		want             groupRef
+		ok               bool
+	}{
+		{"v1", "", "/sys/fs/cgroup/cpu,cpuacct/plover-1/42", v1("/plover-1/42", "cpu", "cpuacct"), true},
+		{"v1 under a root", "", "/sys/fs/cgroup/pids/plover-1/42", v1("/kube/pod1/plover-1/42", "pids"), true},
+		{"v1 mount itself", "", "/sys/fs/cgroup/pids", v1("/kube/pod1", "pids"), true},
+		{"v2", "40 22 0:30 / /run/cg2 rw - cgroup2 cgroup2 rw,nsdelegate\n", "/run/cg2/srv/42", v2("/srv/42"), true},
+		{"not a cgroup", "", "/sys/fs/cgroup/memory/42", groupRef{}, false},
+		{"no mount boundary", "", "/sys/fs/cgroup/pidsx/42", groupRef{}, false},
+		{"longest wins over a later shorter", "40 22 0:30 / /sys/fs rw - sysfs sysfs rw\n", "/sys/fs/cgroup/pids/42", v1("/kube/pod1/42", "pids"), true},
+		{"longest non-cgroup hides", "40 31 0:30 / /sys/fs/cgroup/pids/x rw - tmpfs tmpfs rw\n", "/sys/fs/cgroup/pids/x/42", groupRef{}, false},
+		{"last of equals", "40 25 0:30 / /sys/fs/cgroup/pids rw - cgroup2 cgroup2 rw,nsdelegate\n", "/sys/fs/cgroup/pids/42", v2("/42"), true},
+		{"space in mount point", `40 22 0:30 / /cg/a\040b rw - cgroup2 cgroup2 rw,nsdelegate` + "\n", "/cg/a b/42", v2("/42"), true},
+		{"tab in mount point", `40 22 0:30 / /cg/a\011b rw - cgroup2 cgroup2 rw,nsdelegate` + "\n", "/cg/a\tb/42", v2("/42"), true},
+		{"newline in mount point", `40 22 0:30 / /cg/a\012b rw - cgroup2 cgroup2 rw,nsdelegate` + "\n", "/cg/a\nb/42", v2("/42"), true},
+		{"backslash in mount point", `40 22 0:30 / /cg/a\134b rw - cgroup2 cgroup2 rw,nsdelegate` + "\n", `/cg/a\b/42`, v2("/42"), true},
+		{"an escape is not the name", `40 22 0:30 / /cg/a\134b rw - cgroup2 cgroup2 rw,nsdelegate` + "\n", `/cg/a\134b/42`, groupRef{}, false},
+		{"all in root", `40 22 0:30 /k\040a\011b\012c\134d /cg rw - cgroup cgroup rw,pids` + "\n", "/cg/42", v1("/k a\tb\nc\\d/42", "pids"), true},
+		{"root and mount point", `40 22 0:30 /pod\0401 /cg/x\134y rw - cgroup2 cgroup2 rw,nsdelegate` + "\n", `/cg/x\y/42`, v2("/pod 1/42"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := groupRefIn(base+tc.lines, tc.dir)
+			if ok != tc.ok || ok && !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("groupRefIn(%q) = %+v, %v; want %+v, %v", tc.dir, got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+// What is no three-digit octal escape of a byte stays as it is.
+func TestUnescapeMount(t *testing.T) {
+	for in, want := range map[string]string{
+		`/a\040b\011c\012d\134e`: "/a b\tc\nd\\e",
+		`/a\134134`:              `/a\134`,
+		`/plain`:                 "/plain",
+		`/a\04`:                  `/a\04`,
+		`/a\`:                    `/a\`,
+		`/a\400b`:                `/a\400b`,
+		`/a\08b`:                 `/a\08b`,
+	} {
+		if got := unescapeMount(in); got != want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
