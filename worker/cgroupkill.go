@@ -155,25 +155,44 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-// has reports whether /proc/PID/cgroup puts pid in the group: the one
-// line of its hierarchy (v2's "0::"; v1's, whose controllers the mount
-// lists), its path exactly.
+// has reports whether /proc/PID/cgroup puts pid in the group (listedIn).
 func (r groupRef) has(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
+	return err == nil && r.listedIn(string(b))
+}
+
+// listedIn reports whether a /proc/PID/cgroup text puts its process in
+// the group: the one line of its hierarchy (v2's "0::"; v1's, whose
+// controllers the mount lists), its path exactly.
+func (r groupRef) listedIn(text string) bool {
+	path, ok := procGroup(text, func(v2 bool, ctls []string) bool {
+		if v2 != r.v2 {
+			return false
+		}
+		return v2 || len(ctls) > 0 && !slices.ContainsFunc(ctls, func(c string) bool { return !slices.Contains(r.opts, c) })
+	})
+	return ok && path == r.path
+}
+
+// procGroup is the path on the first line of a /proc/PID/cgroup text
+// whose hierarchy is one want takes: v2's ("0::"), or a v1 one by the
+// controllers its line lists (nil where it lists none). The kernel does
+// not escape the path: one with a newline in it is on no line.
+func procGroup(text string, want func(v2 bool, ctls []string) bool) (string, bool) {
+	for _, line := range strings.Split(text, "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 || (parts[0] == "0" && parts[1] == "") != r.v2 {
+		if len(parts) != 3 {
 			continue
 		}
-		if !r.v2 && (parts[1] == "" || slices.ContainsFunc(strings.Split(parts[1], ","), func(c string) bool { return !slices.Contains(r.opts, c) })) {
-			continue
+		var ctls []string
+		if parts[1] != "" {
+			ctls = strings.Split(parts[1], ",")
 		}
-		return parts[2] == r.path
+		if want(parts[0] == "0" && parts[1] == "", ctls) {
+			return parts[2], true
+		}
 	}
-	return false
+	return "", false
 }
 
 // killMember kills pid through a pidfd, checking it is in the group once

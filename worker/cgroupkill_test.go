@@ -194,3 +194,62 @@ func TestUnescapeMount(t *testing.T) {
 		}
 	}
 }
+
+// /proc/PID/cgroup names a process's group in each hierarchy: v2's on its
+// "0::" line, a v1 one's on the line listing its controllers. The
+// server's own group (OwnGroup) is the line of one controller, "/" where
+// none says; a group's member (groupRef.has) is on the first line of the
+// group's hierarchy, whose controllers the mount lists all of, at the
+// group's path exactly.
+func TestProcCgroupLines(t *testing.T) {
+	const (
+		hybrid = "12:pids:/user.slice/u\n5:cpu,cpuacct:/srv/a\n1:name=systemd:/user.slice\n0::/user.slice/u/s\n"
+		v2only = "0::/srv/b\n"
+		odd    = "x\n3::/nohier\n4:cpuset:/z\n"
+	)
+	old := procSelfCgroup
+	t.Cleanup(func() { procSelfCgroup = old })
+	procSelfCgroup = filepath.Join(t.TempDir(), "cgroup")
+	for _, tc := range []struct {
+		text, controller, own string
+	}{
+		{hybrid, "", "/user.slice/u/s"},
+		{hybrid, "cpu", "/srv/a"},
+		{hybrid, "cpuacct", "/srv/a"},
+		{hybrid, "pids", "/user.slice/u"},
+		{hybrid, "memory", "/"},
+		{v2only, "", "/srv/b"},
+		{v2only, "cpu", "/"},
+		{odd, "", "/"},
+		{odd, "cpu", "/"},
+		{"", "", "/"},
+	} {
+		os.WriteFile(procSelfCgroup, []byte(tc.text), 0o644)
+		if got := OwnGroup(tc.controller); got != tc.own {
+			t.Errorf("OwnGroup(%q) in %q = %q, want %q", tc.controller, tc.text, got, tc.own)
+		}
+	}
+	for _, tc := range []struct {
+		text string
+		ref  groupRef
+		in   bool
+	}{
+		{hybrid, groupRef{v2: true, path: "/user.slice/u/s"}, true},
+		{hybrid, groupRef{v2: true, path: "/srv/a"}, false},
+		{hybrid, groupRef{opts: []string{"rw", "cpu", "cpuacct"}, path: "/srv/a"}, true},
+		{hybrid, groupRef{opts: []string{"rw", "cpu"}, path: "/srv/a"}, false}, // a mount of cpu alone is another hierarchy
+		{hybrid, groupRef{opts: []string{"rw", "pids"}, path: "/user.slice/u"}, true},
+		{hybrid, groupRef{opts: []string{"rw", "pids"}, path: "/srv/a"}, false},
+		{hybrid, groupRef{opts: []string{"rw", "xattr", "name=systemd"}, path: "/user.slice"}, true},
+		{v2only, groupRef{v2: true, path: "/srv/b"}, true},
+		{v2only, groupRef{opts: []string{"rw", "cpu"}, path: "/srv/b"}, false},
+		{odd, groupRef{opts: []string{"rw", ""}, path: "/nohier"}, false},
+		{odd, groupRef{v2: true, path: "/nohier"}, false},
+		{odd, groupRef{opts: []string{"cpuset"}, path: "/z"}, true},
+		{"4:cpuset:/z\n4:cpuset:/y\n", groupRef{opts: []string{"cpuset"}, path: "/y"}, false}, // the first line of the hierarchy
+	} {
+		if got := tc.ref.listedIn(tc.text); got != tc.in {
+			t.Errorf("%+v listed in %q: %v, want %v", tc.ref, tc.text, got, tc.in)
+		}
+	}
+}
