@@ -9,6 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/worker/contain"
 )
 
 // A worker's group is named by its pid: a group of that name still there
@@ -175,6 +179,47 @@ func TestGroupRefInMountinfo(t *testing.T) {
 				t.Errorf("groupRefIn(%q) = %+v, %v; want %+v, %v", tc.dir, got, ok, tc.want, tc.ok)
 			}
 		})
+	}
+}
+
+// Against the kernel, where this process may mount: a cgroup hierarchy
+// mounted again at a path with a tab, a backslash and a space, which
+// mountinfo escapes. emptyGroup empties a group there; before, the mount
+// was not found and its process was left.
+func TestEmptyGroupUnderAnEscapedMountPoint(t *testing.T) {
+	if !contain.HavePidfds() {
+		t.Skip("no pidfds: emptyGroup kills nothing by cgroup.procs")
+	}
+	mnt := filepath.Join(t.TempDir(), "cg\tx\\y z")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fstype, opts := "cgroup", "pids"
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		fstype, opts = "cgroup2", ""
+	}
+	if err := unix.Mount("none", mnt, fstype, 0, opts); err != nil {
+		t.Skipf("cannot mount %s %s: %v", fstype, opts, err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	dir := filepath.Join(mnt, fmt.Sprintf("plover-test-%d-escaped", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	w := exec.Command("sleep", "60")
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Process.Kill(); w.Wait() })
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(w.Process.Pid)), 0o644); err != nil {
+		t.Skipf("cannot move a process into %s: %v", dir, err)
+	}
+	if err := emptyGroup(dir); err != nil {
+		t.Fatal(err)
+	}
+	if left := strings.Fields(readString(filepath.Join(dir, "cgroup.procs"))); len(left) != 0 {
+		t.Errorf("processes %v left in a group under %q", left, mnt)
 	}
 }
 
