@@ -95,9 +95,8 @@ type groupRef struct {
 	path string
 }
 
-// groupRefOf finds the cgroup at dir among this process's mounts: the one
-// whose mount point is the longest above dir (the last of equals: it
-// hides the others). False where that is no cgroup mount.
+// groupRefOf finds the cgroup at dir among this process's mounts
+// (groupRefIn).
 func groupRefOf(dir string) (groupRef, bool) {
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
@@ -107,45 +106,93 @@ func groupRefOf(dir string) (groupRef, bool) {
 	if err != nil {
 		return groupRef{}, false
 	}
+	return groupRefIn(string(b), real)
+}
+
+// groupRefIn finds the cgroup at real (a path without symlinks) in the
+// mountinfo text: the mount whose mount point is the longest above real
+// (the last of equals: it hides the others). False where that is no
+// cgroup mount.
+func groupRefIn(mountinfo, real string) (groupRef, bool) {
 	var ref groupRef
 	ok, best := false, -1
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(mountinfo, "\n") {
 		pre, post, _ := strings.Cut(line, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
 		if len(f) < 5 || len(g) < 3 {
 			continue
 		}
-		mnt := strings.ReplaceAll(f[4], "\\040", " ")
+		mnt := unescapeMount(f[4])
 		rel, in := strings.CutPrefix(real, strings.TrimSuffix(mnt, "/"))
 		if !in || rel != "" && rel[0] != '/' || len(mnt) < best {
 			continue
 		}
 		best = len(mnt)
-		ref = groupRef{v2: g[0] == "cgroup2", opts: strings.Split(g[2], ","), path: filepath.Join("/", f[3], rel)}
+		ref = groupRef{v2: g[0] == "cgroup2", opts: strings.Split(g[2], ","), path: filepath.Join("/", unescapeMount(f[3]), rel)}
 		ok = g[0] == "cgroup2" || g[0] == "cgroup"
 	}
 	return ref, ok
 }
 
-// has reports whether /proc/PID/cgroup puts pid in the group: the one
-// line of its hierarchy (v2's "0::"; v1's, whose controllers the mount
-// lists), its path exactly.
+// unescapeMount decodes the \ooo octal escapes the kernel writes in
+// mountinfo's root and mount point fields (for space, tab, newline and
+// backslash), as /proc/PID/cgroup and the file system name them unescaped.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if c, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(c))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// has reports whether /proc/PID/cgroup puts pid in the group (listedIn).
 func (r groupRef) has(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
+	return err == nil && r.listedIn(string(b))
+}
+
+// listedIn reports whether a /proc/PID/cgroup text puts its process in
+// the group: the one line of its hierarchy (v2's "0::"; v1's, whose
+// controllers the mount lists), its path exactly.
+func (r groupRef) listedIn(text string) bool {
+	path, ok := procGroup(text, func(v2 bool, ctls []string) bool {
+		if v2 != r.v2 {
+			return false
+		}
+		return v2 || len(ctls) > 0 && !slices.ContainsFunc(ctls, func(c string) bool { return !slices.Contains(r.opts, c) })
+	})
+	return ok && path == r.path
+}
+
+// procGroup is the path on the first line of a /proc/PID/cgroup text
+// whose hierarchy is one want takes: v2's ("0::"), or a v1 one by the
+// controllers its line lists (nil where it lists none). The kernel does
+// not escape the path: one with a newline in it is on no line.
+func procGroup(text string, want func(v2 bool, ctls []string) bool) (string, bool) {
+	for _, line := range strings.Split(text, "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 || (parts[0] == "0" && parts[1] == "") != r.v2 {
+		if len(parts) != 3 {
 			continue
 		}
-		if !r.v2 && (parts[1] == "" || slices.ContainsFunc(strings.Split(parts[1], ","), func(c string) bool { return !slices.Contains(r.opts, c) })) {
-			continue
+		var ctls []string
+		if parts[1] != "" {
+			ctls = strings.Split(parts[1], ",")
 		}
-		return parts[2] == r.path
+		if want(parts[0] == "0" && parts[1] == "", ctls) {
+			return parts[2], true
+		}
 	}
-	return false
+	return "", false
 }
 
 // killMember kills pid through a pidfd, checking it is in the group once

@@ -164,19 +164,16 @@ func OwnGroup(controller string) string {
 	if err != nil {
 		return "/"
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
+	path, ok := procGroup(string(b), func(v2 bool, ctls []string) bool {
+		if controller == "" {
+			return v2
 		}
-		if controller == "" && parts[0] == "0" && parts[1] == "" {
-			return parts[2]
-		}
-		if controller != "" && slices.Contains(strings.Split(parts[1], ","), controller) {
-			return parts[2]
-		}
+		return slices.Contains(ctls, controller)
+	})
+	if !ok {
+		return "/"
 	}
-	return "/"
+	return path
 }
 
 // sweep removes the groups of servers that are gone (one killed before

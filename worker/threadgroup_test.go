@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,10 +23,9 @@ func threadGroup(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if parts := strings.SplitN(line, ":", 3); len(parts) == 3 && strings.Contains(","+parts[1]+",", ",cpu,") {
-			return parts[2]
-		}
+	path, ok := procGroup(string(b), func(_ bool, ctls []string) bool { return slices.Contains(ctls, "cpu") })
+	if ok {
+		return path
 	}
 	t.Fatalf("no cpu group in %q", b)
 	return ""
