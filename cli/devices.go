@@ -21,8 +21,12 @@ func openDevices(kind string, limit int64, log *slog.Logger) ([]device.Device, e
 	return devs, nil
 }
 
-// maxCopyPieceKiB is the largest --copy-piece whose bytes fit an int64.
-const maxCopyPieceKiB = math.MaxInt64 >> 10
+// The --copy-piece bounds: the largest whose bytes fit an int64, and the
+// smallest a run may be cut into (each piece is a driver call).
+const (
+	minCopyPieceKiB = 64
+	maxCopyPieceKiB = math.MaxInt64 >> 10
+)
 
 // setCopyPiece gives the devices that copy in pieces (CUDA) --copy-piece,
 // before any instance is made: with --isolation none they run the

@@ -196,8 +196,8 @@ func serve(f *serveFlags, env *Env) error {
 	if n := f.workerMaxPids; n < 0 || n > 0 && n < minWorkerMaxPids {
 		return usagef(env, "serve", "--worker-max-pids %d: want 0 (no bound) or at least %d: a worker's own threads need a few", n, minWorkerMaxPids)
 	}
-	if k := f.copyPieceKiB; k < 0 || k > maxCopyPieceKiB {
-		return usagef(env, "serve", "--copy-piece %d: want 0 (whole copies) to %d KiB", k, maxCopyPieceKiB)
+	if k := f.copyPieceKiB; k < 0 || k > 0 && k < minCopyPieceKiB || k > maxCopyPieceKiB {
+		return usagef(env, "serve", "--copy-piece %d: want 0 (whole copies) or %d to %d KiB: smaller pieces cost a driver call each (a 4 MB body in 1 KiB pieces is 4096 calls a way)", k, minCopyPieceKiB, maxCopyPieceKiB)
 	}
 	if f.data == "" {
 		f.data = defaultDataDir()

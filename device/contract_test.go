@@ -60,7 +60,7 @@ func loadContract(t *testing.T) device.Program {
 	return prog
 }
 
-// A run in place (a worker's slot: out at max_input_bytes into it, any
+// A run in place (a worker's slot: out at SlotOut(max_input_bytes) into it, any
 // number of bytes) still gives the chain 256-byte-aligned buffers, as a
 // run that is not in place and the CUDA target do; the output lands in
 // the slot all the same.

@@ -498,6 +498,12 @@ func testHostBuffer(t *testing.T, e *bundleEnv) {
 	if want := chainOut(in, nil, tmp, out, false); !bytes.Equal(slot[at:at+out], want) {
 		t.Errorf("aliased run: %s", firstDiff(slot[at:at+out], want))
 	}
+	// The registration's output half is where the slot's is: a run whose
+	// halves are the instance's own copies nothing on the host (a stale
+	// offset still gave the right bytes, through a memcpy).
+	if r.Timing.Copied != 0 {
+		t.Errorf("aliased run copied %d bytes on the host, want 0", r.Timing.Copied)
+	}
 	inst.Close()
 	if e.live != nil && atomic.LoadInt64(&e.live[1]) != before {
 		t.Errorf("fake driver: %d host ranges held after Close, want %d", atomic.LoadInt64(&e.live[1]), before)
@@ -533,7 +539,8 @@ func memfdSlot(t *testing.T, size int) []byte {
 func testMemfdSlot(t *testing.T, e *bundleEnv) {
 	g := e.gpu(t)
 	const maxIn, tmp, out = 64 << 10, 4096, 64 << 10
-	own, pool := memfdSlot(t, maxIn+out), memfdSlot(t, maxIn+out)
+	size, at := int(SlotSize(maxIn, out)), SlotOut(maxIn)
+	own, pool := memfdSlot(t, size), memfdSlot(t, size)
 	inst := newInst(t, g, e, InstanceConfig{MaxInput: maxIn, Tmp: tmp, Out: out, Host: own})
 	if pinned, err := inst.HostPinned(); !pinned || err != nil {
 		t.Fatalf("a memfd slot of its own: pinned %v, %v", pinned, err)
@@ -551,10 +558,10 @@ func testMemfdSlot(t *testing.T, e *bundleEnv) {
 	for _, slot := range [][]byte{own, pool} {
 		in := randBytes(rng, maxIn-17)
 		copy(slot, in)
-		r := &Run{Input: slot[:len(in)], Output: slot[maxIn : maxIn+out], Chain: chain, TmpLen: tmp, InPlace: true}
+		r := &Run{Input: slot[:len(in)], Output: slot[at : at+out], Chain: chain, TmpLen: tmp, InPlace: true}
 		mustRun(t, inst, r)
-		if want := chainOut(in, nil, tmp, out, false); !bytes.Equal(slot[maxIn:], want) {
-			t.Errorf("in place on a memfd slot: %s", firstDiff(slot[maxIn:], want))
+		if want := chainOut(in, nil, tmp, out, false); !bytes.Equal(slot[at:at+out], want) {
+			t.Errorf("in place on a memfd slot: %s", firstDiff(slot[at:at+out], want))
 		}
 		if r.Timing.Copied != 0 {
 			t.Errorf("in place on a memfd slot: %d bytes copied on the host, want 0", r.Timing.Copied)

@@ -49,7 +49,7 @@ type slotPool struct {
 type poolSlot struct {
 	g      *program
 	id     uint32 // the worker's id for it
-	mem    []byte // the server's mapping: input at 0, output at maxIn
+	mem    []byte // the server's mapping: input at 0, output at device.SlotOut(maxIn)
 	maxIn  int64
 	out    int64
 	pinned int64 // bytes its worker pinned (0: none)

@@ -111,7 +111,7 @@ func RunSlot(b []byte) uint32 {
 }
 
 // DecodeRun fills r from a run message, slicing input and output out of
-// slot (input at 0, output at maxIn): the slot the message names, which
+// slot (input at 0, output at device.SlotOut(maxIn)): the slot the message names, which
 // the caller looked up (RunSlot).
 func DecodeRun(b []byte, r *device.Run, steps []device.Step, slot []byte, maxIn, out int64) error {
 	if len(b) < RunHeader {
