@@ -122,3 +122,32 @@ func TestGPUCheckStopsAtItsBudget(t *testing.T) {
 		t.Errorf("the check took %v with a budget of %d s", took, budget)
 	}
 }
+
+// The contexts section ends as soon as its processes do, with OUT set (a
+// bare wait there once waited for the report's tee until the budget ran
+// out), and counts a TestGPUInfo that skipped (no device: PASS all the
+// same) as a failure.
+func TestGPUCheckContexts(t *testing.T) {
+	for _, tc := range []struct {
+		name, test, want string
+	}{
+		{"passed", "--- PASS: TestGPUInfo (0.01s)", "PASS: 3 contexts at once"},
+		{"skipped", "--- SKIP: TestGPUInfo (0.00s)", "FAIL: 4 TestGPUInfo run(s) of 4 did not pass"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root, path := checkTree(t, "exit 1")
+			stand := "#!/bin/sh\necho '" + tc.test + "'\necho PASS\n"
+			if err := os.WriteFile(filepath.Join(root, "bin/device.test"), []byte(stand), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			const budget = 60
+			report, took := runCheck(t, root, path, "BUDGET="+strconv.Itoa(budget), "RESERVE=5", "ONLY=contexts", "CONTEXTS=3")
+			if !strings.Contains(report, tc.want) || !strings.Contains(report, "3 processes at once: all done in") || strings.Contains(report, "STOPPED") {
+				t.Errorf("the report lacks %q, or stopped at the budget:\n%s", tc.want, report)
+			}
+			if took > 20*time.Second {
+				t.Errorf("the check took %v for three stand-ins that end at once", took)
+			}
+		})
+	}
+}
