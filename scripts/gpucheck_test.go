@@ -151,3 +151,62 @@ func TestGPUCheckContexts(t *testing.T) {
 		})
 	}
 }
+
+// The mps section runs the fairness bench as nobody beside an MPS control
+// daemon of its own, both seeing the daemon's directories, and stops the
+// daemon after: here with stand-ins for the daemon and the bench.
+func TestGPUCheckMPS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the section needs root (it runs the bench as nobody)")
+	}
+	if _, err := exec.LookPath("runuser"); err != nil {
+		t.Skip("runuser not found")
+	}
+	if err := exec.Command("id", "nobody").Run(); err != nil {
+		t.Skip("no user nobody")
+	}
+	root, path := checkTree(t, "exit 1")
+	// nobody runs the stand-in daemon from PATH: the test's directories
+	// must let it through.
+	for d := filepath.Join(root, "path"); d != "/"; d = filepath.Dir(d) {
+		if strings.HasPrefix(d, os.TempDir()) && d != os.TempDir() {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	files := map[string]string{
+		"path/nvidia-cuda-mps-control": "#!/bin/sh\nif [ \"$1\" = -d ]; then echo \"stand-in daemon of uid $(id -u), pipes in $CUDA_MPS_PIPE_DIRECTORY\" >\"$CUDA_MPS_LOG_DIRECTORY/control.log\"; exit 0; fi\nread cmd; echo \"stand-in $cmd\" >>\"$CUDA_MPS_LOG_DIRECTORY/control.log\"\n",
+		"bin/plover-bench-suite":       "#!/bin/sh\necho \"| fair | as $(id -un), pipes in $CUDA_MPS_PIPE_DIRECTORY, $*\"\n",
+		"samples/cnn/testdata/digit":   "x",
+		"go.mod":                       "module stand.in\n",
+	}
+	for _, d := range []string{"cnn-cuda", "spin-cuda", "vecadd-cuda"} {
+		files["build/samples/"+d+"/plover.json"] = "{}"
+	}
+	for rel, text := range files {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report, _ := runCheck(t, root, path, "BUDGET=90", "RESERVE=5", "ONLY=mps")
+	for _, want := range []string{
+		"MPS control daemon started as nobody",
+		"| fair | as nobody, pipes in /tmp/plover-mps.",
+		"--fair-modes fair",
+		"stand-in daemon of uid 65534",
+		"PASS: the fairness bench as nobody",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
+	}
+	logs, err := exec.Command("tar", "-xzOf", filepath.Join(root, "out", "gpu-check-logs.tgz"), "./mps-log/control.log").CombinedOutput()
+	if err != nil || !strings.Contains(string(logs), "stand-in quit") {
+		t.Errorf("the daemon's log kept: %s %v; want it told to quit", logs, err)
+	}
+}
