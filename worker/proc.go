@@ -91,7 +91,7 @@ type proc struct {
 	// cgroup is its CPU group (CPUGroups.Place), and pids its pids group
 	// (PidGroups.Place), removed once it is reaped.
 	cgroup *Group
-	pids   *PidGroup
+	pids   *ownGroup
 	stage  string // removed when the process is gone, once stagers are done
 	// stagers counts the loads putting files in stage (inStage).
 	stagers sync.WaitGroup
