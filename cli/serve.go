@@ -142,7 +142,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
 			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
-			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights and --worker-max-pids)")
+			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids and the workers' memory groups)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.IntVar(&f.floodRuns, "flood-runs", 0, "while a light function (one request at a time) is about, the runs other functions may have on a device together, below --device-runs less the slots kept for light ones: on a GPU, whose copies and kernels in flight are not preempted, a light run waits behind each (0: all but the kept slots)")
 			fs.IntVar(&f.copyPieceKiB, "copy-piece", 0, "KiB: on a CUDA device each run's copies between host and device are issued as async pieces of at most this size, back to back on its stream (on an H200 it shortened a light function's tail beside large-body floods only together with --flood-runs 1: README); ignored on the host device (0: whole copies)")
@@ -311,6 +311,7 @@ type node struct {
 	devs  []device.Device
 	cpu   *worker.CPUGroups
 	pids  *worker.PidGroups
+	mem   *worker.MemGroups
 	eng   *engine.Engine
 	repo  *repository.Repository // nil: no --repository
 
@@ -339,7 +340,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	}
 	setCopyPiece(devs, f.copyPieceKiB)
 	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
-	if n.devs, n.cpu, n.pids, err = isolate(f, devs, log); err != nil {
+	if n.devs, n.cpu, n.pids, n.mem, err = isolate(f, devs, log); err != nil {
 		return nil, err
 	}
 	ioShares(f, n.cpu, &sc.IO, log)
@@ -606,6 +607,7 @@ func (n *node) drain(force context.Context, f *serveFlags, t *transports, log *s
 	}
 	n.cpu.Close()
 	n.pids.Close()
+	n.mem.Close()
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

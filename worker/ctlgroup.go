@@ -3,11 +3,13 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // ctlGroups is where the workers' groups of one cgroup controller (pids,
@@ -25,6 +27,26 @@ type ctlGroups struct {
 	dir    string     // v1: the workers' groups' parent; "" otherwise
 	cpu    *CPUGroups // v2, or v1 sharing cpu's hierarchy: the workers' CPU groups, which hold the controller's files
 	shared bool       // v1, the controller in cpu's hierarchy
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	broken error // the groups failed (logged once): none from then on
+}
+
+func (c *ctlGroups) off() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
+}
+
+// warnOnce logs msg the first time *said (under mu) is found false.
+func (c *ctlGroups) warnOnce(said *bool, msg string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !*said {
+		*said = true
+		c.log.Warn(msg, args...)
+	}
 }
 
 // ready readies the controller's groups under root (the cgroup mount), or

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -37,15 +36,12 @@ import (
 type PidGroups struct {
 	ctlGroups
 	max  int
-	log  *slog.Logger
 	uid  int    // the workers' uid (RLIMIT_NPROC)
 	rlim uint64 // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
 
-	mu       sync.Mutex
-	broken   error // the groups failed (logged once): RLIMIT_NPROC from then on
-	rlimSaid bool  // a failed RLIMIT_NPROC was logged
-	// raiseSaid: a failed raise of one was logged.
-	raiseSaid bool
+	// Under mu. broken: RLIMIT_NPROC from then on. rlimSaid: a failed
+	// RLIMIT_NPROC was logged; raiseSaid: a failed raise of one.
+	rlimSaid, raiseSaid bool
 }
 
 // NewPidGroups finds where cgroup pids controllers can be written under
@@ -61,7 +57,7 @@ func NewPidGroups(root string, max, uid int, cpu *CPUGroups, log *slog.Logger) *
 		log.Warn("worker tasks unbounded (--worker-max-pids 0): a bundle that forks or makes threads until the kernel refuses takes every task of the node, the server's included")
 		return nil
 	}
-	g := &PidGroups{ctlGroups: ctlGroups{ctl: "pids"}, max: max, log: log, uid: uid}
+	g := &PidGroups{ctlGroups: ctlGroups{ctl: "pids", log: log}, max: max, uid: uid}
 	if err := g.ready(root, cpu); err != nil {
 		g.fallBack(err)
 		return g
@@ -97,12 +93,6 @@ func (g *PidGroups) Mechanism() string {
 		return "rlimit"
 	}
 	return g.mechanism()
-}
-
-func (g *PidGroups) off() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.broken
 }
 
 // Place bounds the tasks of process pid, a worker that has not run bundle
@@ -167,16 +157,6 @@ func (g *PidGroups) limit(pid int) {
 		return
 	}
 	g.warnOnce(&g.rlimSaid, "worker tasks unbounded: cannot set a worker's RLIMIT_NPROC", "pid", pid, "error", err)
-}
-
-// warnOnce logs msg the first time *said is found false.
-func (g *PidGroups) warnOnce(said *bool, msg string, args ...any) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !*said {
-		*said = true
-		g.log.Warn(msg, args...)
-	}
 }
 
 // Raise bounds the tasks of worker pid, whose groups Place gave (c, and

@@ -338,6 +338,7 @@ func (g *program) bundleKey() bundleKey { return bundleKey{g.name, g.dir} }
 // would have the watch loop kill the worker, and every sibling with it,
 // for memory none of them holds.
 func (p *proc) retune() {
+	defer p.syncMemGroup() // after the unlock: the group's lock is not under p.mu
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	limit, unlimited := int64(0), p.tenant.unlimited
