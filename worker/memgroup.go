@@ -308,6 +308,10 @@ func (p *proc) watchMemGroup() {
 		return
 	}
 	m.mu.Lock()
+	if m.want < 0 && m.limit < 0 { // no limit: nothing to settle, no OOM kill of its own
+		m.mu.Unlock()
+		return
+	}
 	m.settle()
 	n, told, function, limit := m.oomKills(), m.told, m.function, m.want
 	m.told = max(n, told)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -115,6 +116,37 @@ func TestAForkedChildCannotHoldMemoryPastItsWorkersLimit(t *testing.T) {
 	}
 }
 
+// A worker that holds memory its check cannot see (a memfd it never maps,
+// 256 MiB under a limit of 64) kept it, alive, for as long as it liked.
+// With a memory group the kernel's OOM killer ends it (v1: the largest
+// process in the group, the worker itself here), and its requests say why,
+// as the check's kill does: a kill for its limit, by the server's rules.
+func TestAWorkerOOMKilledInItsMemoryGroupSaysSo(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
+	}
+	mem := realMemGroups(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Mem: mem})
+	t.Cleanup(func() { d.Close() })
+	m := testkit.Manifest("hider")
+	m.Library = "hostile.so"
+	m.Chain = []abi.Launch{{Kernel: "hide_memory", Grid: 256, Block: 1}}
+	m.MaxHostMemoryMB = 64
+	p := loadSource(t, d, testkit.HostileSource(), m)
+	out := make([]byte, m.OutBytes)
+	err := newInst(t, p, m).Run(&device.Run{Input: []byte("x"), Output: out, TmpLen: m.TmpBytes,
+		Chain: []device.Step{{Entry: 0, Grid: 256, Block: 1}}})
+	var pe *ProcessExit
+	if !errors.As(err, &pe) {
+		t.Fatalf("the run: %v, said %q; the worker (alive %v, %d MiB resident) kept 256 MiB in a memfd past its limit of %d MiB",
+			err, bytes.TrimRight(out, "\x00"), p.(*program).Alive(), p.(*program).Process().RSSBytes>>20, m.MaxHostMemoryMB)
+	}
+	want := "its process tree's memory passed its limit of 64 MiB (max_host_memory_mb; the kernel's OOM killer in its memory cgroup)"
+	if !pe.Killed || !strings.Contains(pe.Reason, want) {
+		t.Fatalf("the worker's end: %v (killed by the server's rules: %v); want it to say %q", err, pe.Killed, want)
+	}
+}
+
 // A worker's slots are the server's: the pages of them it touches (the
 // outputs it writes, here 128 MiB of out zeroed in place) are charged to
 // its memory group, under a limit of 64. The group's limit counts the
@@ -150,6 +182,52 @@ func TestSlotPagesAWorkerTouchesFitItsMemoryGroup(t *testing.T) {
 				t.Fatalf("the group holds %d MiB (%v): the test wants more than the limit and headroom, the slot's pages", used>>20, err)
 			}
 		})
+	}
+}
+
+// An instance's slot whose out the worker zeroed (128 MiB charged to its
+// group) is let go at the instance's close, while the worker's own unmap
+// of it is still to come: the group's limit falls to the worker's limit
+// and headroom as the charge goes, never below what the group holds (the
+// worker lives), within the watch loop's settles.
+func TestAMemoryGroupsLimitFallsOnceASlotIsLetGo(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
+	}
+	mem := realMemGroups(t)
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Mem: mem})
+	t.Cleanup(func() { d.Close() })
+	m := testkit.Manifest("big")
+	m.OutBytes, m.MaxHostMemoryMB = 128<<20, 64
+	p := load(t, d, m)
+	g := p.(*program)
+	mg := g.p.mem.Load()
+	in := newInst(t, p, m)
+	if err := in.Run(&device.Run{Input: []byte("x"), Output: make([]byte, m.OutBytes), ZeroOut: true, TmpLen: m.TmpBytes,
+		Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	look := func() (limit, want, used int64) {
+		mg.mu.Lock()
+		defer mg.mu.Unlock()
+		used, _ = mg.usage()
+		return mg.limit, memGroupLimit(g.p.memLimit.Load(), g.p.mappedSlots()), used
+	}
+	if limit, _, used := look(); used < m.MaxHostMemoryMB<<20+memHeadroom || limit < used {
+		t.Fatalf("before the close: limit %d MiB, %d MiB held; want the slot's out held, within the limit", limit>>20, used>>20)
+	}
+	in.Close()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		limit, want, used := look()
+		if !g.Alive() {
+			t.Fatalf("the worker died as its slot went: %v", g.Death())
+		}
+		if limit == want && want == m.MaxHostMemoryMB<<20+memHeadroom {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the group's limit %d MiB 5 s after the slot went (%d MiB held), want %d MiB", limit>>20, used>>20, want>>20)
+		}
 	}
 }
 

@@ -24,6 +24,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -797,6 +798,24 @@ PLOVER_ENTRY(fork_hog) {
   char msg[64];
   snprintf(msg, sizeof msg, "killed by signal %d", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
   put(s, msg);
+}
+
+// hide_memory: writes `grid` MiB into a memfd it keeps open and never maps:
+// memory the worker holds outside its VmRSS. Writes "hidden" once it all
+// is, then keeps it for the worker's life.
+PLOVER_ENTRY(hide_memory) {
+  (void)block;
+  int fd = (int)syscall(SYS_memfd_create, "hide_memory", 0);
+  if (fd < 0) { plover_fail(s, "hide_memory: memfd_create failed"); return; }
+  static char chunk[1 << 16];
+  memset(chunk, 1, sizeof chunk);
+  for (size_t left = (size_t)grid << 20; left > 0;) {
+    ssize_t w = write(fd, chunk, left < sizeof chunk ? left : sizeof chunk);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) { plover_fail(s, "hide_memory: write failed"); return; }
+    left -= (size_t)w;
+  }
+  put(s, "hidden");
 }
 
 // hog_memory: allocates and touches `grid` MiB, holds it for 10 × `block`
