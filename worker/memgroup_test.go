@@ -17,17 +17,34 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// realMemGroups is the node's memory groups, skipping the test where the
-// memory controller cannot be written (no root, no hierarchy, v2 without
-// CPU groups).
-func realMemGroups(t *testing.T) *MemGroups {
+// memDevice is a host device whose workers get the node's memory groups,
+// skipping the test where the memory controller cannot be written (no
+// root, no hierarchy, v2 without CPU groups); its log goes to log (nil:
+// nowhere).
+func memDevice(t *testing.T, log *slog.Logger) *Device {
 	t.Helper()
+	if raceEnabled {
+		t.Skip("the race detector's memory passes the 64 MiB limits these tests give workers")
+	}
 	g := NewMemGroups(cgroupRoot, nil, nil)
 	if m := g.Mechanism(); m != "cgroup v1" {
 		t.Skipf("worker memory groups %s here: want a writable cgroup v1 memory hierarchy", m)
 	}
 	t.Cleanup(g.Close)
-	return g
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Mem: g, Log: log})
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// loadCapped loads the hostile bundle as function name, its chain the
+// kernel named, under a max_host_memory_mb of 64.
+func loadCapped(t *testing.T, d *Device, name, kernel string) (device.Program, *abi.Manifest) {
+	t.Helper()
+	m := testkit.Manifest(name)
+	m.Library = "hostile.so"
+	m.Chain = []abi.Launch{{Kernel: kernel, Grid: 1, Block: 1}}
+	m.MaxHostMemoryMB = 64
+	return loadSource(t, d, testkit.HostileSource(), m), m
 }
 
 // procsNamed lists the processes whose comm is name, with their resident
@@ -55,19 +72,9 @@ func procsNamed(name string) map[int]int64 {
 // process in the group), said in the log; the worker, the other function's
 // worker and the server (this test) go on.
 func TestAForkedChildCannotHoldMemoryPastItsWorkersLimit(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
-	}
-	mem := realMemGroups(t)
 	var logBuf lockedBuffer
-	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner,
-		Mem: mem, Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
-	t.Cleanup(func() { d.Close() })
-	m := testkit.Manifest("forkhog")
-	m.Library = "hostile.so"
-	m.Chain = []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}
-	m.MaxHostMemoryMB = 64
-	p := loadSource(t, d, testkit.HostileSource(), m)
+	d := memDevice(t, slog.New(slog.NewTextHandler(&logBuf, nil)))
+	p, m := loadCapped(t, d, "forkhog", "echo")
 	bystander := load(t, d, testkit.Manifest("bystander"))
 	in := newInst(t, p, m)
 	hog, err := p.Entry("fork_hog")
@@ -122,17 +129,7 @@ func TestAForkedChildCannotHoldMemoryPastItsWorkersLimit(t *testing.T) {
 // process in the group, the worker itself here), and its requests say why,
 // as the check's kill does: a kill for its limit, by the server's rules.
 func TestAWorkerOOMKilledInItsMemoryGroupSaysSo(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
-	}
-	mem := realMemGroups(t)
-	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Mem: mem})
-	t.Cleanup(func() { d.Close() })
-	m := testkit.Manifest("hider")
-	m.Library = "hostile.so"
-	m.Chain = []abi.Launch{{Kernel: "hide_memory", Grid: 256, Block: 1}}
-	m.MaxHostMemoryMB = 64
-	p := loadSource(t, d, testkit.HostileSource(), m)
+	p, m := loadCapped(t, memDevice(t, nil), "hider", "hide_memory")
 	out := make([]byte, m.OutBytes)
 	err := newInst(t, p, m).Run(&device.Run{Input: []byte("x"), Output: out, TmpLen: m.TmpBytes,
 		Chain: []device.Step{{Entry: 0, Grid: 256, Block: 1}}})
@@ -153,21 +150,15 @@ func TestAWorkerOOMKilledInItsMemoryGroupSaysSo(t *testing.T) {
 // slots it maps: a limit of 64 MiB and headroom alone had the kernel kill
 // the worker at its first request.
 func TestSlotPagesAWorkerTouchesFitItsMemoryGroup(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
-	}
-	mem := realMemGroups(t)
 	const big = 128 << 20
 	for _, tc := range []struct {
 		name    string
 		in, out int64
 	}{{"out", 1 << 16, big}, {"both", big, big}} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Mem: mem})
-			t.Cleanup(func() { d.Close() })
 			m := testkit.Manifest("big")
 			m.MaxInputBytes, m.OutBytes, m.MaxHostMemoryMB = tc.in, tc.out, 64
-			p := load(t, d, m)
+			p := load(t, memDevice(t, nil), m)
 			if err := firstRequest(t, p, m); err != nil {
 				t.Fatal(err)
 			}
@@ -191,15 +182,9 @@ func TestSlotPagesAWorkerTouchesFitItsMemoryGroup(t *testing.T) {
 // and headroom as the charge goes, never below what the group holds (the
 // worker lives), within the watch loop's settles.
 func TestAMemoryGroupsLimitFallsOnceASlotIsLetGo(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
-	}
-	mem := realMemGroups(t)
-	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Mem: mem})
-	t.Cleanup(func() { d.Close() })
 	m := testkit.Manifest("big")
 	m.OutBytes, m.MaxHostMemoryMB = 128<<20, 64
-	p := load(t, d, m)
+	p := load(t, memDevice(t, nil), m)
 	g := p.(*program)
 	mg := g.p.mem.Load()
 	in := newInst(t, p, m)
