@@ -17,11 +17,10 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// memDevice is a host device whose workers get the node's memory groups,
-// skipping the test where the memory controller cannot be written (no
-// root, no hierarchy, v2 without CPU groups); its log goes to log (nil:
-// nowhere).
-func memDevice(t *testing.T, log *slog.Logger) *Device {
+// memDevice is a host device of options o whose workers get the node's
+// memory groups, skipping the test where the memory controller cannot be
+// written (no root, no hierarchy, v2 without CPU groups).
+func memDevice(t *testing.T, o Options) *Device {
 	t.Helper()
 	if raceEnabled {
 		t.Skip("the race detector's memory passes the 64 MiB limits these tests give workers")
@@ -31,7 +30,8 @@ func memDevice(t *testing.T, log *slog.Logger) *Device {
 		t.Skipf("worker memory groups %s here: want a writable cgroup v1 memory hierarchy", m)
 	}
 	t.Cleanup(g.Close)
-	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, Mem: g, Log: log})
+	o.Exe, o.Base, o.Landlock, o.StageDir, o.Spawner, o.Mem = os.Args[0], device.NewHost(0), true, t.TempDir(), spawner, g
+	d := NewDevice(o)
 	t.Cleanup(func() { d.Close() })
 	return d
 }
@@ -73,7 +73,7 @@ func procsNamed(name string) map[int]int64 {
 // worker and the server (this test) go on.
 func TestAForkedChildCannotHoldMemoryPastItsWorkersLimit(t *testing.T) {
 	var logBuf lockedBuffer
-	d := memDevice(t, slog.New(slog.NewTextHandler(&logBuf, nil)))
+	d := memDevice(t, Options{Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
 	p, m := loadCapped(t, d, "forkhog", "echo")
 	bystander := load(t, d, testkit.Manifest("bystander"))
 	in := newInst(t, p, m)
@@ -129,7 +129,7 @@ func TestAForkedChildCannotHoldMemoryPastItsWorkersLimit(t *testing.T) {
 // process in the group, the worker itself here), and its requests say why,
 // as the check's kill does: a kill for its limit, by the server's rules.
 func TestAWorkerOOMKilledInItsMemoryGroupSaysSo(t *testing.T) {
-	p, m := loadCapped(t, memDevice(t, nil), "hider", "hide_memory")
+	p, m := loadCapped(t, memDevice(t, Options{}), "hider", "hide_memory")
 	out := make([]byte, m.OutBytes)
 	err := newInst(t, p, m).Run(&device.Run{Input: []byte("x"), Output: out, TmpLen: m.TmpBytes,
 		Chain: []device.Step{{Entry: 0, Grid: 256, Block: 1}}})
@@ -158,7 +158,7 @@ func TestSlotPagesAWorkerTouchesFitItsMemoryGroup(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := testkit.Manifest("big")
 			m.MaxInputBytes, m.OutBytes, m.MaxHostMemoryMB = tc.in, tc.out, 64
-			p := load(t, memDevice(t, nil), m)
+			p := load(t, memDevice(t, Options{}), m)
 			if err := firstRequest(t, p, m); err != nil {
 				t.Fatal(err)
 			}
@@ -184,7 +184,7 @@ func TestSlotPagesAWorkerTouchesFitItsMemoryGroup(t *testing.T) {
 func TestAMemoryGroupsLimitFallsOnceASlotIsLetGo(t *testing.T) {
 	m := testkit.Manifest("big")
 	m.OutBytes, m.MaxHostMemoryMB = 128<<20, 64
-	p := load(t, memDevice(t, nil), m)
+	p := load(t, memDevice(t, Options{}), m)
 	g := p.(*program)
 	mg := g.p.mem.Load()
 	in := newInst(t, p, m)
@@ -212,6 +212,34 @@ func TestAMemoryGroupsLimitFallsOnceASlotIsLetGo(t *testing.T) {
 		}
 		if time.Now().After(end) {
 			t.Fatalf("the group's limit %d MiB 5 s after the slot went (%d MiB held), want %d MiB", limit>>20, used>>20, want>>20)
+		}
+	}
+}
+
+// A tenant's worker's limit is its functions' together (retune): its
+// memory group's follows it, as each function loads, and goes to none
+// with a function that has none.
+func TestATenantWorkersMemoryGroupFollowsItsFunctions(t *testing.T) {
+	d := memDevice(t, Options{TenantScope: true})
+	var g *program
+	sum := int64(0) // MiB; -1 once one has none
+	for i, lim := range []int64{64, 32, 0} {
+		m := testkit.Manifest(fmt.Sprintf("f%d", i))
+		m.MaxHostMemoryMB = lim
+		g = loadFor(t, d, "t", "", m, nil).(*program)
+		mg := g.p.mem.Load()
+		if mg == nil {
+			t.Fatal("the tenant's worker has no memory group")
+		}
+		mg.mu.Lock()
+		limit := mg.limit
+		mg.mu.Unlock()
+		if sum += lim; lim == 0 {
+			sum = -1
+		}
+		want := memGroupLimit(max(sum, 0)<<20, g.p.mappedSlots())
+		if got := strings.TrimSpace(readString(filepath.Join(mg.dir, "memory.limit_in_bytes"))); limit != want || want >= 0 && got != strconv.FormatInt(want, 10) {
+			t.Fatalf("after %s (max_host_memory_mb %d): the group's limit %d (its file %q), want %d", m.Name, lim, limit, got, want)
 		}
 	}
 }
