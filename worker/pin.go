@@ -117,7 +117,7 @@ func (p *proc) dropSlot(size, pinned int64) {
 		p.d.pin.bytes.Add(-pinned)
 	}
 	s.mu.Unlock()
-	p.syncMemGroup() // lowered once the worker let it go, as far as memGroupLower lets
+	p.syncMemGroup() // lowered, no further than the group holds (memGroupLower): the worker may unmap it later
 }
 
 // unpin gives back what the worker pinned, once it is gone: the process's
