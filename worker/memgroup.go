@@ -106,6 +106,7 @@ func (g *MemGroups) Place(pid int, cg *Group) *MemGroup {
 	switch {
 	case err == nil:
 		m.dir, m.own = dir, own
+		m.told, m.hits = m.oomKills(), m.limitHits() // a v2 CPU group's past is not this worker's
 		return m
 	case errors.Is(err, syscall.ESRCH), errors.Is(err, errNoCPUGroup):
 		// Gone before its placement, or alone without a CPU group (whose
@@ -142,8 +143,9 @@ type MemGroup struct {
 	limit    int64  // as last written; -1: none
 	want     int64  // as last asked (memGroupLimit)
 	function string // whose limit it is, for the log
-	told     int64  // OOM kills logged
-	ended    int64  // OOM kills as its worker was found dead (closeMemGroup)
+	told     int64  // OOM kills in the group, as of the watch loop's last look (logged)
+	hits     int64  // times the group met its own limit, as of that look (limitHits)
+	oomDied  bool   // its worker died of the group's own limit (closeMemGroup)
 }
 
 // Empty kills what is left in the worker's own group (v1) once it exited
@@ -270,6 +272,32 @@ func (m *MemGroup) oomKills() int64 {
 	return 0
 }
 
+// limitHits is the times the group met its own limit (v1
+// memory.failcnt; v2 memory.events.local's, else memory.events', max and
+// oom lines): an OOM kill counted in a group (oomKills) is the victim's,
+// whichever group's limit, or the node's memory, ran out; one by the
+// group's own limit comes with a rise here. 0 where it cannot tell.
+func (m *MemGroup) limitHits() int64 {
+	if !m.g.v2() {
+		b, _ := os.ReadFile(filepath.Join(m.dir, "memory.failcnt"))
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	b, err := os.ReadFile(filepath.Join(m.dir, "memory.events.local"))
+	if err != nil {
+		b, _ = os.ReadFile(filepath.Join(m.dir, "memory.events"))
+	}
+	var n int64
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		if k == "max" || k == "oom" {
+			c, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			n += c
+		}
+	}
+	return n
+}
+
 // syncMemGroup sets p's memory group's limit for its limit and the slots
 // it maps now: called after either changes, a raise before the worker is
 // handed a slot (mapSlot), a lowering once it let one go. Computed and
@@ -315,6 +343,7 @@ func (p *proc) watchMemGroup() {
 	m.settle()
 	n, told, function, limit := m.oomKills(), m.told, m.function, m.want
 	m.told = max(n, told)
+	m.hits = max(m.limitHits(), m.hits)
 	m.mu.Unlock()
 	if n <= told || !p.alive() || p.gone.Load() {
 		return
@@ -329,7 +358,12 @@ func (p *proc) watchMemGroup() {
 }
 
 // closeMemGroup ends the writes to p's memory group once p exited, and
-// reads, before the group is removed, the OOM kills there (memGroupDeath).
+// reads, before the group is removed, whether its limit killed it
+// (memGroupDeath): OOM kills there past those the watch loop last saw
+// (a child's, logged, is not its worker's death; one that ended the
+// worker before the next look is), with the group meeting its own limit
+// since that look (a kill counted there may be the node's, or a parent
+// group's).
 func (p *proc) closeMemGroup() {
 	m := p.mem.Load()
 	if m == nil {
@@ -339,16 +373,16 @@ func (p *proc) closeMemGroup() {
 	defer m.mu.Unlock()
 	m.closed = true
 	if m.limit >= 0 { // without a limit of its own, a kill there was its parent's
-		m.ended = m.oomKills()
+		m.oomDied = m.oomKills() > m.told && m.limitHits() > m.hits
 	}
 }
 
 // memGroupDeath reports a worker the kernel's OOM killer ended in its
-// memory group (closeMemGroup counted kills there, and it died of a
-// SIGKILL the server did not send) as the limit it is: a kill by the
-// server, as the check's, whose reason reaches its requests.
+// memory group for its limit (closeMemGroup, and it died of a SIGKILL the
+// server did not send) as the limit it is: a kill by the server, as the
+// check's, whose reason reaches its requests.
 func (p *proc) memGroupDeath(sig syscall.Signal) {
-	if m := p.mem.Load(); m == nil || m.ended == 0 || sig != syscall.SIGKILL {
+	if m := p.mem.Load(); m == nil || !m.oomDied || sig != syscall.SIGKILL {
 		return
 	}
 	why := fmt.Sprintf("its process tree's memory passed its limit of %d MiB (max_host_memory_mb; the kernel's OOM killer in its memory cgroup)", p.memLimit.Load()>>20)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,6 +121,19 @@ func TestAForkedChildCannotHoldMemoryPastItsWorkersLimit(t *testing.T) {
 	bout := make([]byte, bm.OutBytes)
 	if err := newInst(t, bystander, bm).Run(&device.Run{Input: []byte("x"), Output: bout, Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}}}); err != nil || bout[0] != 'x' {
 		t.Fatalf("the other function's worker: %v, %q", err, bout[:1])
+	}
+	// Its group's OOM kill was logged; a SIGKILL from elsewhere later is
+	// no death by its limit (the group's kill count still says 1).
+	if err := syscall.Kill(g.p.pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-g.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker outlived a SIGKILL by 10 s")
+	}
+	if d := g.Death(); d == nil || strings.Contains(d.Error(), "max_host_memory_mb") {
+		t.Fatalf("the worker's death by a SIGKILL not its group's: %v; want it not blamed on its memory limit", d)
 	}
 }
 
@@ -354,6 +368,18 @@ func TestMemGroupFiles(t *testing.T) {
 			os.WriteFile(filepath.Join(dir, tc.events), []byte("oom 3\noom_kill 2\n"), 0o644)
 			if n := mg.oomKills(); n != 2 {
 				t.Fatalf("oom kills %d from %s, want 2", n, tc.events)
+			}
+			// The times it met its own limit: v1 memory.failcnt, v2
+			// memory.events.local's max and oom.
+			hits := "memory.failcnt"
+			if cpu != nil {
+				hits = "memory.events.local"
+				os.WriteFile(filepath.Join(dir, hits), []byte("low 0\nhigh 1\nmax 4\noom 3\noom_kill 2\n"), 0o644)
+			} else {
+				os.WriteFile(filepath.Join(dir, hits), []byte("7\n"), 0o644)
+			}
+			if n := mg.limitHits(); n != 7 {
+				t.Fatalf("limit hits %d from %s, want 7", n, hits)
 			}
 		})
 	}
