@@ -39,14 +39,16 @@ type MemGroups struct {
 }
 
 // memHeadroom is what a worker's memory group may hold beyond its limit
-// and its slots: what the kernel charges a group and the resident-memory
-// check does not see. Page tables (2 MiB a GiB mapped and touched),
-// kernel stacks (16 KiB a thread: 8 MiB for --worker-max-pids' 512),
-// socket buffers of its channels and the slab of its files and mappings
-// come to a few MiB for a host worker, more with a CUDA context's
-// mappings; 32 MiB covers them with room, where a limit too tight would
-// have the kernel kill a worker the check passes. A bundle can keep the
-// headroom in a child unseen by the check, no more.
+// and its slots, at the least: what the kernel charges a group and the
+// resident-memory check does not see. Kernel stacks (16 KiB a thread: 8
+// MiB for --worker-max-pids' 512), socket buffers of its channels and the
+// slab of its files and mappings come to a few MiB for a host worker,
+// more with a CUDA context's mappings; 32 MiB covers them with room,
+// where a limit too tight would have the kernel kill a worker the check
+// passes. Page tables grow with what is touched (8 bytes a 4 KiB page:
+// 1/512 of it, 2 MiB a GiB), so memGroupLimit adds 1/256 of the limit
+// and slots, twice that, on top. A bundle can keep the headroom in a
+// child unseen by the check, no more.
 const memHeadroom = 32 << 20
 
 // memSlack is what a lowered limit leaves above the group's usage as
@@ -170,8 +172,13 @@ func memGroupLimit(limit, mapped int64) int64 {
 	if limit <= 0 {
 		return -1
 	}
-	return limit + max(mapped, 0) + memHeadroom
+	held := limit + max(mapped, 0)
+	return held + memHeadroom + held/memTableShare
 }
+
+// memTableShare: a group's page tables' allowance is 1/memTableShare of
+// what its worker may touch (memHeadroom).
+const memTableShare = 256
 
 // memGroupLower is the limit to write for want, below the group's limit
 // now (cur; -1: none), with the group's usage at used: a limit below what

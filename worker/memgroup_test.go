@@ -221,7 +221,7 @@ func TestAMemoryGroupsLimitFallsOnceASlotIsLetGo(t *testing.T) {
 		if !g.Alive() {
 			t.Fatalf("the worker died as its slot went: %v", g.Death())
 		}
-		if limit == want && want == m.MaxHostMemoryMB<<20+memHeadroom {
+		if limit == want && want == memGroupLimit(m.MaxHostMemoryMB<<20, 0) {
 			break
 		}
 		if time.Now().After(end) {
@@ -265,9 +265,11 @@ func TestMemGroupLimitArithmetic(t *testing.T) {
 	}{
 		{0, 0, -1},                                   // no limit: none for the group
 		{0, 512 * mib, -1},                           // slots alone make none
-		{64 * mib, 0, 64*mib + memHeadroom},          // a program loaded, no slot yet
-		{64 * mib, 257 * mib, 321*mib + memHeadroom}, // its slots counted whole
-		{64 * mib, -mib, 64*mib + memHeadroom},       // never less than its limit
+		{64 * mib, 0, 96*mib + 256<<10},              // a program loaded, no slot yet: 32 MiB and 1/256 of 64
+		{64 * mib, 257 * mib, 353*mib + 321*mib/256}, // its slots counted whole, their page tables too
+		{64 * mib, -mib, 96*mib + 256<<10},           // never less than its limit
+		{8192 * mib, 0, 8256 * mib},                  // page tables of 8 GiB touched: 16 MiB, headroom 64
+		{8192 * mib, 8192 * mib, 16384*mib + 96*mib}, // 16 GiB in all: 32 MiB and 64
 	} {
 		if got := memGroupLimit(tc.limit, tc.mapped); got != tc.want {
 			t.Errorf("memGroupLimit(%d, %d) = %d, want %d", tc.limit, tc.mapped, got, tc.want)
