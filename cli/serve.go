@@ -62,6 +62,7 @@ func defaultDataDir() string {
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
 	isolation, workerUser, ioShares, workerScope     string
+	memoryGroups                                     string
 	checked                                          bool
 	standby, standbyMax                              int
 	workerMaxMemMB, maxPinnedMB                      int64
@@ -103,6 +104,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.BoolVar(&f.checked, "checked", false, "host device: checked mode, as plover run has by default: an access past the end of a request's in, tmp or out fails the request naming the entry and the buffer (guard pages; a copy in and out per request)")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
+			fs.StringVar(&f.memoryGroups, "memory-groups", "auto", "a memory cgroup per worker process (--isolation process), backing max_host_memory_mb over its whole process tree where cgroups can be written: auto (the host device's workers only: what a CUDA worker's driver memory adds to its group is not yet measured, and a false kill of a GPU function is worse than the gap) | on (every worker's, CUDA's too: for a GPU run to compare) | off (none: each worker's own resident memory alone is checked)")
 			fs.StringVar(&f.workerScope, "worker-scope", "function", "which functions share a worker process (--isolation process): function (each function version a worker of its own) | tenant (a tenant's functions, those one token deployed, share one worker per device, a load into it being no process start; never two tenants in one; not with MPS)")
 			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none")
 			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0)")
@@ -192,6 +194,9 @@ func serve(f *serveFlags, env *Env) error {
 		if err := mibFlag(c.name, c.v, c.least); err != nil {
 			return usagef(env, "serve", "%v", err)
 		}
+	}
+	if err := checkMemoryGroups(f.memoryGroups); err != nil {
+		return usagef(env, "serve", "%v", err)
 	}
 	if n := f.workerMaxPids; n < 0 || n > 0 && n < minWorkerMaxPids {
 		return usagef(env, "serve", "--worker-max-pids %d: want 0 (no bound) or at least %d: a worker's own threads need a few", n, minWorkerMaxPids)
