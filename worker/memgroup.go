@@ -52,8 +52,11 @@ type MemGroups struct {
 const memHeadroom = 32 << 20
 
 // memSlack is what a lowered limit leaves above the group's usage as
-// last read (memGroupLower).
-const memSlack = 4 << 20
+// last read (memGroupLower): room for what its processes allocate until
+// the next settle, a second on (a sibling's growth in a tenant's worker
+// as another's slot goes), that would otherwise meet the lowered limit
+// and be OOM-killed.
+const memSlack = 16 << 20
 
 // NewMemGroups readies memory groups for workers under root (the cgroup
 // mount), cpu being the workers' CPU groups (under v2 the limit goes in
@@ -144,10 +147,11 @@ type MemGroup struct {
 	closed   bool   // its worker exited: nothing is written from now on
 	limit    int64  // as last written; -1: none
 	want     int64  // as last asked (memGroupLimit)
-	function string // whose limit it is, for the log
+	function string // whose limit it is, for the log: "tenant <name>" in a tenant's worker (tenantGiven)
 	told     int64  // OOM kills in the group, as of the watch loop's last look (logged)
 	hits     int64  // times the group met its own limit, as of that look (limitHits)
 	oomDied  bool   // its worker died of the group's own limit (closeMemGroup)
+	diedAt   int64  // its limit then
 }
 
 // Empty kills what is left in the worker's own group (v1) once it exited
@@ -324,7 +328,7 @@ func (p *proc) syncMemGroup() {
 // name for it).
 func (p *proc) limitMemory(limit int64, function string) {
 	p.memLimit.Store(limit)
-	if m := p.mem.Load(); m != nil {
+	if m := p.mem.Load(); m != nil && p.tenant == nil {
 		m.mu.Lock()
 		m.function = function
 		m.mu.Unlock()
@@ -348,20 +352,26 @@ func (p *proc) watchMemGroup() {
 		return
 	}
 	m.settle()
-	n, told, function, limit := m.oomKills(), m.told, m.function, m.want
+	n, told, function, limit := m.oomKills(), m.told, m.function, m.limit
 	m.told = max(n, told)
 	m.hits = max(m.limitHits(), m.hits)
 	m.mu.Unlock()
 	if n <= told || !p.alive() || p.gone.Load() {
 		return
 	}
-	if p.tenant != nil {
-		p.d.mu.Lock()
-		function = "tenant " + p.tenant.name
-		p.d.mu.Unlock()
-	}
 	p.d.opts.Log.Warn("the kernel's OOM killer ended a process in a worker's memory group (max_host_memory_mb, with the slots it maps and headroom): most often a process its bundle forked; the worker lives on",
 		"function", function, "pid", p.pid, "oom_kills", n, "limit_mib", limit>>20)
+}
+
+// tenantGiven names p's memory group's limit for the log after tenant,
+// whose functions' limits it holds together (retune). Under the device's
+// and p's mu: the group's lock is taken under them, never they under it.
+func (p *proc) tenantGiven(tenant string) {
+	if m := p.mem.Load(); m != nil {
+		m.mu.Lock()
+		m.function = "tenant " + tenant
+		m.mu.Unlock()
+	}
 }
 
 // closeMemGroup ends the writes to p's memory group once p exited, and
@@ -381,6 +391,7 @@ func (p *proc) closeMemGroup() {
 	m.closed = true
 	if m.limit >= 0 { // without a limit of its own, a kill there was its parent's
 		m.oomDied = m.oomKills() > m.told && m.limitHits() > m.hits
+		m.diedAt = m.limit
 	}
 }
 
@@ -389,9 +400,10 @@ func (p *proc) closeMemGroup() {
 // server did not send) as the limit it is: a kill by the server, as the
 // check's, whose reason reaches its requests.
 func (p *proc) memGroupDeath(sig syscall.Signal) {
-	if m := p.mem.Load(); m == nil || !m.oomDied || sig != syscall.SIGKILL {
+	m := p.mem.Load()
+	if m == nil || !m.oomDied || sig != syscall.SIGKILL {
 		return
 	}
-	why := fmt.Sprintf("its process tree's memory passed its limit of %d MiB (max_host_memory_mb; the kernel's OOM killer in its memory cgroup)", p.memLimit.Load()>>20)
+	why := fmt.Sprintf("its process tree's memory passed its memory cgroup's limit of %d MiB (max_host_memory_mb %d MiB, with the slots it maps and headroom; the kernel's OOM killer in its memory cgroup)", m.diedAt>>20, p.memLimit.Load()>>20)
 	p.killed.CompareAndSwap(nil, &why)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,7 +27,7 @@ func memDevice(t *testing.T, o Options) *Device {
 	if raceEnabled {
 		t.Skip("the race detector's memory passes the 64 MiB limits these tests give workers")
 	}
-	g := NewMemGroups(cgroupRoot, nil, nil)
+	g := NewMemGroups(cgroupRoot, nil, o.Log)
 	if m := g.Mechanism(); m != "cgroup v1" {
 		t.Skipf("worker memory groups %s here: want a writable cgroup v1 memory hierarchy", m)
 	}
@@ -152,9 +153,37 @@ func TestAWorkerOOMKilledInItsMemoryGroupSaysSo(t *testing.T) {
 		t.Fatalf("the run: %v, said %q; the worker (alive %v, %d MiB resident) kept 256 MiB in a memfd past its limit of %d MiB",
 			err, bytes.TrimRight(out, "\x00"), p.(*program).Alive(), p.(*program).Process().RSSBytes>>20, m.MaxHostMemoryMB)
 	}
-	want := "its process tree's memory passed its limit of 64 MiB (max_host_memory_mb; the kernel's OOM killer in its memory cgroup)"
-	if !pe.Killed || !strings.Contains(pe.Reason, want) {
+	// The group's limit as written: max_host_memory_mb, the slots it
+	// maps and headroom.
+	want := regexp.MustCompile(`its process tree's memory passed its memory cgroup's limit of (\d+) MiB \(max_host_memory_mb 64 MiB, with the slots it maps and headroom; the kernel's OOM killer in its memory cgroup\)`)
+	if !pe.Killed || !want.MatchString(pe.Reason) {
 		t.Fatalf("the worker's end: %v (killed by the server's rules: %v); want it to say %q", err, pe.Killed, want)
+	}
+	if n, _ := strconv.ParseInt(want.FindStringSubmatch(pe.Reason)[1], 10, 64); n < memGroupLimit(64<<20, 0)>>20 {
+		t.Errorf("the limit quoted, %d MiB, is not the group's (at least %d MiB)", n, memGroupLimit(64<<20, 0)>>20)
+	}
+}
+
+// A tenant's worker's memory group whose limit cannot be written is
+// logged naming the tenant, whose functions' limits it holds together.
+func TestATenantWorkersMemoryGroupFailureNamesTheTenant(t *testing.T) {
+	var logBuf lockedBuffer
+	d := memDevice(t, Options{TenantScope: true, Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	m := testkit.Manifest("f")
+	m.MaxHostMemoryMB = 64
+	g := loadFor(t, d, "acme", "", m, nil).(*program)
+	mg := g.p.mem.Load()
+	if mg == nil {
+		t.Fatal("the tenant's worker has no memory group")
+	}
+	mg.mu.Lock()
+	dir := mg.dir
+	mg.dir = filepath.Join(t.TempDir(), "gone") // its files unreadable: the lowering fails
+	mg.set(memGroupLimit(32<<20, 0))
+	mg.dir = dir
+	mg.mu.Unlock()
+	if l := logBuf.String(); !strings.Contains(l, "cannot set a worker's memory group's limit") || !strings.Contains(l, `function="tenant acme"`) {
+		t.Fatalf("the failed write's log does not name the tenant:\n%s", l)
 	}
 }
 
@@ -284,6 +313,7 @@ func TestMemGroupLimitArithmetic(t *testing.T) {
 		{"never above the limit now", 100 * mib, 400 * mib, 399 * mib, 400 * mib},
 		{"from none, above usage", 100 * mib, -1, 300 * mib, 300*mib + memSlack},
 		{"from none, usage below", 100 * mib, -1, 10 * mib, 100 * mib},
+		{"16 MiB above usage: room for a sibling's growth", 100 * mib, 400 * mib, 300 * mib, 316 * mib},
 	} {
 		if got := memGroupLower(tc.want, tc.cur, tc.used); got != tc.got {
 			t.Errorf("%s: memGroupLower(%d, %d, %d) = %d, want %d", tc.name, tc.want, tc.cur, tc.used, got, tc.got)

@@ -185,6 +185,7 @@ func (d *Device) settleStart(tenant string, t *tenantSlot, p *proc, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.tenant.name, p.tenant.given = tenant, true
+	p.tenantGiven(tenant)
 	t.p, t.refs = p, 1
 }
 
