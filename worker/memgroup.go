@@ -143,6 +143,16 @@ type MemGroup struct {
 	dir string    // where its memory files are
 	own *ownGroup // v1: its own group, emptied and removed with the worker
 
+	// mu is held across the group's file reads and writes (syncMemGroup,
+	// watchMemGroup, closeMemGroup): the limit is figured and written as
+	// one step, so that of two changes racing (a slot mapped, one dropped,
+	// the watch loop's settle) the later's figures are written last, and
+	// nothing is written once the worker's end closed the group. Without
+	// it a write would need a sequence number checked after the write and
+	// a rewrite on a lost race: no simpler. It is one worker's, held for a
+	// few cgroupfs syscalls (an EBUSY reclaim at most); no other worker,
+	// nor the device's lock, waits on it (it is taken under p.mu and the
+	// device's mu, never they under it).
 	mu       sync.Mutex
 	closed   bool   // its worker exited: nothing is written from now on
 	limit    int64  // as last written; -1: none
