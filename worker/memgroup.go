@@ -362,15 +362,54 @@ func (p *proc) watchMemGroup() {
 		return
 	}
 	m.settle()
-	n, told, function, limit := m.oomKills(), m.told, m.function, m.limit
-	m.told = max(n, told)
-	m.hits = max(m.limitHits(), m.hits)
+	n, hits, told, function, limit := m.oomKills(), m.limitHits(), m.told, m.function, m.limit
+	// Kills counted while the worker is ending may be its own, which
+	// closeMemGroup is to find past told: they are taken as seen only once
+	// it is found alive after them (the kernel counts a kill just before
+	// its SIGKILL, so a kill in those microseconds can still pass as seen).
+	ending := n > told && processEnding(p.pid)
+	if !ending {
+		m.told, m.hits = max(n, told), max(hits, m.hits)
+	}
 	m.mu.Unlock()
-	if n <= told || !p.alive() || p.gone.Load() {
+	if n <= told || ending || !p.alive() || p.gone.Load() {
 		return
 	}
 	p.d.opts.Log.Warn("the kernel's OOM killer ended a process in a worker's memory group (max_host_memory_mb, with the slots it maps and headroom): most often a process its bundle forked; the worker lives on",
 		"function", function, "pid", p.pid, "oom_kills", n, "limit_mib", limit>>20)
+}
+
+// processEnding reports whether process pid is ending or gone: a zombie,
+// exiting (PF_EXITING in its stat's flags), or a SIGKILL pending for it.
+func processEnding(pid int) bool {
+	dir := "/proc/" + strconv.Itoa(pid)
+	stat, err := os.ReadFile(dir + "/stat")
+	if err != nil {
+		return true
+	}
+	// After the comm's closing parenthesis: state, ppid, pgrp, session,
+	// tty_nr, tpgid, flags.
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 7 || f[0] == "Z" || f[0] == "X" || f[0] == "x" {
+		return true
+	}
+	const pfExiting = 0x4
+	if flags, err := strconv.ParseUint(f[6], 10, 64); err == nil && flags&pfExiting != 0 {
+		return true
+	}
+	status, err := os.ReadFile(dir + "/status")
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if k == "SigPnd" || k == "ShdPnd" {
+			if set, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && set&(1<<(syscall.SIGKILL-1)) != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // tenantGiven names p's memory group's limit for the log after tenant,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -419,5 +420,30 @@ func TestMemGroupFiles(t *testing.T) {
 	root := fakeCgroups(t, "0::/\n")
 	if g := NewMemGroups(filepath.Join(root, "none"), nil, nil); g != nil || g.Mechanism() != "off" || g.Place(1, nil) != nil {
 		t.Fatalf("memory groups without a hierarchy: %+v", g)
+	}
+}
+
+// processEnding: a live process is not; a zombie (exited, not yet waited
+// for) and a pid with no process are.
+func TestMemGroupProcessEnding(t *testing.T) {
+	if processEnding(os.Getpid()) {
+		t.Fatal("this test's own process taken as ending")
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	for end := time.Now().Add(5 * time.Second); !strings.HasPrefix(strings.Fields(readString(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)) + " x x x")[2], "Z"); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("true never became a zombie")
+		}
+	}
+	if !processEnding(cmd.Process.Pid) {
+		t.Fatal("a zombie taken as alive")
+	}
+	cmd.Wait()
+	if !processEnding(cmd.Process.Pid) {
+		t.Fatal("a reaped pid taken as alive")
 	}
 }
