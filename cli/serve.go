@@ -62,6 +62,7 @@ func defaultDataDir() string {
 type serveFlags struct {
 	listen, data, device, store, logFormat, logLevel string
 	isolation, workerUser, ioShares, workerScope     string
+	memoryGroups                                     string
 	checked                                          bool
 	standby, standbyMax                              int
 	workerMaxMemMB, maxPinnedMB                      int64
@@ -103,6 +104,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.device, "device", "auto", "device: auto (a GPU if one works, else host) | host | cuda")
 			fs.BoolVar(&f.checked, "checked", false, "host device: checked mode, as plover run has by default: an access past the end of a request's in, tmp or out fails the request naming the entry and the buffer (guard pages; a copy in and out per request)")
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
+			fs.StringVar(&f.memoryGroups, "memory-groups", "auto", "a memory cgroup per worker process (--isolation process), backing max_host_memory_mb over its whole process tree where cgroups can be written: auto (the host device's workers only: what a CUDA worker's driver memory adds to its group is not yet measured, and a false kill of a GPU function is worse than the gap) | on (every worker's, CUDA's too: for a GPU run to compare) | off (none: each worker's own resident memory alone is checked)")
 			fs.StringVar(&f.workerScope, "worker-scope", "function", "which functions share a worker process (--isolation process): function (each function version a worker of its own) | tenant (a tenant's functions, those one token deployed, share one worker per device, a load into it being no process start; never two tenants in one; not with MPS)")
 			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none")
 			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0)")
@@ -142,7 +144,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
 			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
-			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights and --worker-max-pids)")
+			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids and the workers' memory groups)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.IntVar(&f.floodRuns, "flood-runs", 0, "while a light function (one request at a time) is about, the runs other functions may have on a device together, below --device-runs less the slots kept for light ones: on a GPU, whose copies and kernels in flight are not preempted, a light run waits behind each (0: all but the kept slots)")
 			fs.IntVar(&f.copyPieceKiB, "copy-piece", 0, "KiB: on a CUDA device each run's copies between host and device are issued as async pieces of at most this size, back to back on its stream (on an H200 it shortened a light function's tail beside large-body floods only together with --flood-runs 1: README); ignored on the host device (0: whole copies)")
@@ -192,6 +194,9 @@ func serve(f *serveFlags, env *Env) error {
 		if err := mibFlag(c.name, c.v, c.least); err != nil {
 			return usagef(env, "serve", "%v", err)
 		}
+	}
+	if err := checkMemoryGroups(f.memoryGroups); err != nil {
+		return usagef(env, "serve", "%v", err)
 	}
 	if n := f.workerMaxPids; n < 0 || n > 0 && n < minWorkerMaxPids {
 		return usagef(env, "serve", "--worker-max-pids %d: want 0 (no bound) or at least %d: a worker's own threads need a few", n, minWorkerMaxPids)
@@ -311,6 +316,7 @@ type node struct {
 	devs  []device.Device
 	cpu   *worker.CPUGroups
 	pids  *worker.PidGroups
+	mem   *worker.MemGroups
 	eng   *engine.Engine
 	repo  *repository.Repository // nil: no --repository
 
@@ -339,7 +345,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	}
 	setCopyPiece(devs, f.copyPieceKiB)
 	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
-	if n.devs, n.cpu, n.pids, err = isolate(f, devs, log); err != nil {
+	if n.devs, n.cpu, n.pids, n.mem, err = isolate(f, devs, log); err != nil {
 		return nil, err
 	}
 	ioShares(f, n.cpu, &sc.IO, log)
@@ -606,6 +612,7 @@ func (n *node) drain(force context.Context, f *serveFlags, t *transports, log *s
 	}
 	n.cpu.Close()
 	n.pids.Close()
+	n.mem.Close()
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

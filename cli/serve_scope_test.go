@@ -40,6 +40,8 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"negative copy piece", []string{"--copy-piece", "-1"}, "--copy-piece -1: want 0 (whole copies) or 64 to 9007199254740991 KiB"},
 		{"copy piece below 64 KiB", []string{"--copy-piece", "16"}, "--copy-piece 16: want 0 (whole copies) or 64 to"},
 		{"copy piece past an int64", []string{"--copy-piece", "9007199254740992"}, "--copy-piece 9007199254740992: want 0 (whole copies) or 64 to"},
+		{"unknown memory groups", []string{"--memory-groups", "yes"}, `--memory-groups "yes": want auto, on or off`},
+		{"empty memory groups", []string{"--memory-groups", ""}, `--memory-groups "": want auto, on or off`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -101,5 +103,28 @@ func TestVersionsTenantColumn(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// --memory-groups: auto (the default) gives memory groups to the host
+// device's workers only (a CUDA worker's driver memory charged to its
+// group is not yet measured), on to every worker, off to none.
+func TestMemoryGroupsFlag(t *testing.T) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	serveCmd().flags(fs)
+	if got := fs.Lookup("memory-groups"); got == nil || got.DefValue != "auto" {
+		t.Fatalf("--memory-groups %+v, want the default auto", got)
+	}
+	for _, tc := range []struct {
+		mode, target string
+		want         bool
+	}{
+		{"auto", "host", true}, {"auto", "cuda", false},
+		{"on", "host", true}, {"on", "cuda", true},
+		{"off", "host", false}, {"off", "cuda", false},
+	} {
+		if got := memGroupsFor(tc.mode, tc.target); got != tc.want {
+			t.Errorf("--memory-groups %s, a %s worker: memory group %v, want %v", tc.mode, tc.target, got, tc.want)
+		}
 	}
 }

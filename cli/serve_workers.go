@@ -21,7 +21,7 @@ import (
 
 // isolate wraps each device so that functions run in worker processes
 // (--isolation process), and makes the server unreadable to them.
-func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, *worker.CPUGroups, *worker.PidGroups, error) {
+func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, *worker.CPUGroups, *worker.PidGroups, *worker.MemGroups, error) {
 	type checker interface{ EnableChecks(reportFD int) error }
 	if f.checked {
 		for _, d := range devs {
@@ -31,7 +31,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		}
 	}
 	if f.lightBoost < 1 || math.IsNaN(f.lightBoost) || math.IsInf(f.lightBoost, 0) {
-		return nil, nil, nil, fmt.Errorf("--light-boost %g: want 1 (off) or more", f.lightBoost)
+		return nil, nil, nil, nil, fmt.Errorf("--light-boost %g: want 1 (off) or more", f.lightBoost)
 	}
 	switch f.isolation {
 	case "none":
@@ -43,34 +43,34 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 				}
 			}
 		}
-		return devs, nil, nil, nil
+		return devs, nil, nil, nil, nil
 	case "process":
 	default:
-		return nil, nil, nil, fmt.Errorf("--isolation %q: want process or none", f.isolation)
+		return nil, nil, nil, nil, fmt.Errorf("--isolation %q: want process or none", f.isolation)
 	}
 	if f.standbyMax < 0 {
-		return nil, nil, nil, fmt.Errorf("--standby-max %d: want 0 or more", f.standbyMax)
+		return nil, nil, nil, nil, fmt.Errorf("--standby-max %d: want 0 or more", f.standbyMax)
 	}
 	if f.standby < -1 {
-		return nil, nil, nil, fmt.Errorf("--standby-workers %d: want 0 or more (-1: the device's default)", f.standby)
+		return nil, nil, nil, nil, fmt.Errorf("--standby-workers %d: want 0 or more (-1: the device's default)", f.standby)
 	}
 	// Workers run with another uid when we are root; when we are not, they
 	// share ours, and only a non-dumpable server keeps them out of its
 	// /proc files (environment, memory).
 	if err := contain.MakeNonDumpable(); err != nil {
-		return nil, nil, nil, fmt.Errorf("--isolation process: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("--isolation process: %w", err)
 	}
 	var drop *contain.Identity
 	if os.Geteuid() == 0 {
 		id, err := contain.LookupUser(f.workerUser)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--worker-user: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("--worker-user: %w", err)
 		}
 		drop = &id
 	}
 	stages, err := stageDir(f.data)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	mps := false
 	if len(devs) > 0 && device.TakesMPS(devs[0].Target()) {
@@ -79,10 +79,10 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 			// MPS serves one uid at a time: a client of another uid waits
 			// until the running server's clients (this process's own
 			// context, as root) are gone, that is for ever.
-			return nil, nil, nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
+			return nil, nil, nil, nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
 		}
 		if mps && f.workerScope == "tenant" {
-			return nil, nil, nil, errors.New("--worker-scope tenant: MPS gives each function's worker limits of its own (gpu_share, memory budget), so it needs a process per function; use --worker-scope function, or run without MPS (no --mps, its control daemon stopped)")
+			return nil, nil, nil, nil, errors.New("--worker-scope tenant: MPS gives each function's worker limits of its own (gpu_share, memory budget), so it needs a process per function; use --worker-scope function, or run without MPS (no --mps, its control daemon stopped)")
 		}
 		if mps {
 			log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
@@ -102,6 +102,19 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		uid = drop.UID
 	}
 	pids := worker.NewPidGroups(f.cgroupRoot, f.workerMaxPids, uid, cpu, log)
+	var mem *worker.MemGroups
+	grouped := 0
+	for _, d := range devs {
+		if memGroupsFor(f.memoryGroups, d.Target()) {
+			grouped++
+		}
+	}
+	if grouped > 0 {
+		mem = worker.NewMemGroups(f.cgroupRoot, cpu, log)
+	}
+	if grouped < len(devs) && f.memoryGroups == "auto" {
+		log.Info("CUDA workers get no memory cgroup (--memory-groups auto): what the driver charges to a worker's group beyond its resident memory is not yet measured; their limits check their own resident memory only (--memory-groups on: theirs too)")
+	}
 	exe := workerExe(log)
 	out := make([]device.Device, len(devs))
 	for i, d := range devs {
@@ -110,8 +123,12 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 			ordinal = o.Ordinal()
 		}
 		standby, standbyMax := standbySizes(d.Target(), f.standby, f.standbyMax)
+		var dmem *worker.MemGroups
+		if memGroupsFor(f.memoryGroups, d.Target()) {
+			dmem = mem
+		}
 		out[i] = worker.NewDevice(worker.Options{Exe: exe, Base: d, Ordinal: ordinal, MemLimit: f.memLimitMB << 20,
-			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && device.TakesMPS(d.Target()), MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu, Pids: pids,
+			Standby: standby, MaxStandby: standbyMax, Drop: drop, Landlock: true, StageDir: stages, MPS: mps && device.TakesMPS(d.Target()), MaxHostMemory: f.workerMaxMemMB << 20, Spawner: spawner, Log: log, CPU: cpu, Pids: pids, Mem: dmem,
 			Checked: f.checked, PinLimit: f.maxPinnedMB << 20, TenantScope: f.workerScope == "tenant", CopyPiece: int64(f.copyPieceKiB) << 10})
 	}
 	user := "the server's"
@@ -119,7 +136,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 		user = f.workerUser + " (" + drop.String() + ")"
 	}
 	log.Info("functions run in worker processes", "worker_user", user, "worker_binary", exe, "worker_scope", f.workerScope)
-	return out, cpu, pids, nil
+	return out, cpu, pids, mem, nil
 }
 
 // defaultWorkerMaxPids is --worker-max-pids's default: room for a bundle's
@@ -127,6 +144,26 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 // least); minWorkerMaxPids is the least it may be: a worker's own threads
 // (5 on the host device, a CUDA context's more) with room to spare.
 const defaultWorkerMaxPids, minWorkerMaxPids = 512, 32
+
+// checkMemoryGroups checks --memory-groups before anything starts.
+func checkMemoryGroups(mode string) error {
+	switch mode {
+	case "auto", "on", "off":
+		return nil
+	}
+	return fmt.Errorf("--memory-groups %q: want auto, on or off", mode)
+}
+
+// memGroupsFor reports whether a worker of a device of target gets a
+// memory group under --memory-groups mode. auto: the host device's only.
+// A CUDA worker's driver memory (its context, pinned buffers, the page
+// tables of its pinned slots) may be charged to its group beyond what its
+// resident memory shows, by how much is not yet measured on a GPU, and a
+// false kill of a GPU function is worse than the gap its check leaves
+// (README); on is there for that comparison.
+func memGroupsFor(mode, target string) bool {
+	return mode == "on" || mode == "auto" && target == "host"
+}
 
 // checkWorkerScope checks --worker-scope before anything starts: tenant
 // workers are worker processes, which --isolation none has none of. (MPS,

@@ -205,6 +205,7 @@ func (d *Device) watch() {
 		for _, p := range watched {
 			if tick%chargeEvery == 0 {
 				p.look(false)
+				p.watchMemGroup()
 			}
 			limit, reported := p.memLimit.Load(), p.reported.Load()
 			prev := p.sample.Load()

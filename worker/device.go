@@ -79,6 +79,9 @@ type Options struct {
 	// Pids, when set, bounds the tasks of each worker and what it starts
 	// (NewPidGroups).
 	Pids *PidGroups
+	// Mem, when set, backs each worker's memory limit with a memory
+	// cgroup over what it starts too (NewMemGroups).
+	Mem *MemGroups
 
 	// sampling replaces the periods of workers' figures (a zero field:
 	// its constant, statsEvery...): tests shorten them.
@@ -338,7 +341,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	if spec.Output != nil {
 		p.out.Store(&output{spec.Output})
 	}
-	p.memLimit.Store(d.hostLimit(spec))
+	p.limitMemory(d.hostLimit(spec), spec.Manifest.Name)
 	p.weigh(spec.Manifest)
 	if err := p.inStage(func() error { _, err := stage(spec, p.stage, ""); return err }); err != nil {
 		p.kill("its bundle could not be staged") // gone already, if the loss is its death

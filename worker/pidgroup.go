@@ -7,10 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -36,22 +34,14 @@ import (
 // (with workers of the server's own uid, a desktop user's thousand
 // threads must not leave workers none). Mechanism says which is in force.
 type PidGroups struct {
-	max int
-	log *slog.Logger
-	dir string     // v1: the workers' groups' parent; "" otherwise
-	cpu *CPUGroups // v2, or v1 sharing cpu's hierarchy: the workers' CPU groups, which hold the bound
-	// shared: cpu and pids are one v1 hierarchy (co-mounted, or a root
-	// leading both to one directory), where a worker's CPU group and pids
-	// group would be one directory.
-	shared bool
-	uid    int    // the workers' uid (RLIMIT_NPROC)
-	rlim   uint64 // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
+	ctlGroups
+	max  int
+	uid  int    // the workers' uid (RLIMIT_NPROC)
+	rlim uint64 // RLIMIT_NPROC at the fallback (logged): the uid's tasks then, plus max
 
-	mu       sync.Mutex
-	broken   error // the groups failed (logged once): RLIMIT_NPROC from then on
-	rlimSaid bool  // a failed RLIMIT_NPROC was logged
-	// raiseSaid: a failed raise of one was logged.
-	raiseSaid bool
+	// Under mu. broken: RLIMIT_NPROC from then on. rlimSaid: a failed
+	// RLIMIT_NPROC was logged; raiseSaid: a failed raise of one.
+	rlimSaid, raiseSaid bool
 }
 
 // NewPidGroups finds where cgroup pids controllers can be written under
@@ -67,54 +57,13 @@ func NewPidGroups(root string, max, uid int, cpu *CPUGroups, log *slog.Logger) *
 		log.Warn("worker tasks unbounded (--worker-max-pids 0): a bundle that forks or makes threads until the kernel refuses takes every task of the node, the server's included")
 		return nil
 	}
-	g := &PidGroups{max: max, log: log, uid: uid}
-	if err := g.cgroups(root, cpu); err != nil {
+	g := &PidGroups{ctlGroups: ctlGroups{ctl: "pids", log: log}, max: max, uid: uid}
+	if err := g.ready(root, cpu); err != nil {
 		g.fallBack(err)
 		return g
 	}
 	log.Info("worker tasks bounded by a pids cgroup per worker", "max", max, "mechanism", g.Mechanism())
 	return g
-}
-
-// cgroups readies the pids groups under root, or says why it cannot.
-func (g *PidGroups) cgroups(root string, cpu *CPUGroups) error {
-	if ctl, err := os.ReadFile(filepath.Join(root, "cgroup.controllers")); err == nil {
-		if !slices.Contains(strings.Fields(string(ctl)), "pids") {
-			return fmt.Errorf("the cgroup v2 hierarchy at %s has no pids controller", root)
-		}
-		if cpu.Mechanism() != "cgroup v2" {
-			return errors.New("under cgroup v2 the bound is set in each worker's CPU group, and workers have none (--cpu-weights=false, or its cgroups cannot be written: see its line)")
-		}
-		// As for cpu: the server's group passes the controller to ours,
-		// ours to the workers'.
-		for _, d := range []string{cpu.home, cpu.dir} {
-			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+pids"), 0o644); err != nil {
-				return fmt.Errorf("enable the pids controller in %s: %w", d, err)
-			}
-		}
-		g.cpu = cpu
-		return nil
-	}
-	// The server stays in its own group (v1 lets a group hold processes
-	// beside groups): a bound set on it holds the workers' too.
-	home := filepath.Join(root, "pids", OwnGroup("pids"))
-	fi, err := os.Stat(filepath.Join(home, "cgroup.procs"))
-	if err != nil {
-		return fmt.Errorf("no cgroup v1 pids hierarchy: %w", err)
-	}
-	if cpu.Mechanism() == "cgroup v1" {
-		if cfi, err := os.Stat(filepath.Join(cpu.home, "cgroup.procs")); err == nil && os.SameFile(fi, cfi) {
-			g.cpu, g.shared = cpu, true
-			return nil
-		}
-	}
-	sweep(home)
-	dir := filepath.Join(home, fmt.Sprintf("plover-%d", os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("make a pids cgroup: %w", err)
-	}
-	g.dir = dir
-	return nil
 }
 
 // fallBack turns the groups off for RLIMIT_NPROC, saying why once.
@@ -142,16 +91,8 @@ func (g *PidGroups) Mechanism() string {
 		return "off"
 	case g.off() != nil:
 		return "rlimit"
-	case g.cpu != nil && !g.shared:
-		return "cgroup v2"
 	}
-	return "cgroup v1"
-}
-
-func (g *PidGroups) off() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.broken
+	return g.mechanism()
 }
 
 // Place bounds the tasks of process pid, a worker that has not run bundle
@@ -160,7 +101,7 @@ func (g *PidGroups) off() error {
 // remove). As for CPUGroups.Place the caller holds what keeps pid from being reaped meanwhile. A group
 // that cannot be made turns the groups off for RLIMIT_NPROC (logged once),
 // from this worker on.
-func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
+func (g *PidGroups) Place(pid int, cg *Group) *ownGroup {
 	if g == nil {
 		return nil
 	}
@@ -183,31 +124,12 @@ func (g *PidGroups) Place(pid int, cg *Group) *PidGroup {
 	return nil
 }
 
-// place puts pid in a pids group: its CPU group under v2 or where cpu
-// and pids share a v1 hierarchy, a group of its own under v1.
-func (g *PidGroups) place(pid int, cg *Group) (*PidGroup, error) {
-	max := []byte(strconv.Itoa(g.max))
-	if g.cpu != nil {
-		switch {
-		case cg != nil && cg.dir != "":
-			return nil, os.WriteFile(filepath.Join(cg.dir, "pids.max"), max, 0o644)
-		case g.cpu.off():
-			return nil, errors.New("it has no CPU group to hold the bound: the CPU groups are off (see their line)")
-		}
-		return nil, errNoCPUGroup
-	}
-	dir, err := makeGroup(filepath.Join(g.dir, strconv.Itoa(pid)))
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, "pids.max"), max, 0o644)
-	}
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
-	}
-	if err != nil {
-		os.Remove(dir)
-		return nil, err
-	}
-	return &PidGroup{dir: dir}, nil
+// place puts pid in a pids group with the bound (ctlGroups.place).
+func (g *PidGroups) place(pid int, cg *Group) (*ownGroup, error) {
+	own, _, err := g.ctlGroups.place(pid, cg, func(dir string) error {
+		return os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(g.max)), 0o644)
+	})
+	return own, err
 }
 
 // errNoCPUGroup: a worker whose bound would go in its CPU group has none
@@ -237,16 +159,6 @@ func (g *PidGroups) limit(pid int) {
 	g.warnOnce(&g.rlimSaid, "worker tasks unbounded: cannot set a worker's RLIMIT_NPROC", "pid", pid, "error", err)
 }
 
-// warnOnce logs msg the first time *said is found false.
-func (g *PidGroups) warnOnce(said *bool, msg string, args ...any) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !*said {
-		*said = true
-		g.log.Warn(msg, args...)
-	}
-}
-
 // Raise bounds the tasks of worker pid, whose groups Place gave (c, and
 // cg under v2), at n times the bound, up from was times: a tenant's worker
 // holding n programs (each of their live instances keeps a thread of the
@@ -255,7 +167,7 @@ func (g *PidGroups) warnOnce(said *bool, msg string, args ...any) {
 // runtime aborts when it cannot make one), taking every function in it.
 // The caller holds what keeps pid from being reaped meanwhile (a pid must
 // not be written once it may have been reused).
-func (g *PidGroups) Raise(pid int, c *PidGroup, cg *Group, was, n int) {
+func (g *PidGroups) Raise(pid int, c *ownGroup, cg *Group, was, n int) {
 	if g == nil || n <= was {
 		return
 	}
@@ -295,30 +207,8 @@ func (g *PidGroups) Raise(pid int, c *PidGroup, cg *Group, was, n int) {
 
 // Close removes the server's pids groups (every worker is gone by then).
 func (g *PidGroups) Close() {
-	if g == nil || g.dir == "" {
-		return
-	}
-	removeGroups(g.dir)
-}
-
-// PidGroup is one worker's pids group of its own (cgroup v1).
-type PidGroup struct{ dir string }
-
-// Empty kills every process left in the group, once its process exited,
-// and returns once they are gone (emptyGroup).
-func (c *PidGroup) Empty() error {
-	if c == nil {
-		return nil
-	}
-	return emptyGroup(c.dir)
-}
-
-// Remove removes the group once its process has exited (a zombie keeps
-// no group populated). One still holding a live process (one Empty could
-// not kill) is left for Close or the next server's sweep.
-func (c *PidGroup) Remove() {
-	if c != nil {
-		os.Remove(c.dir)
+	if g != nil {
+		g.close()
 	}
 }
 

@@ -73,6 +73,7 @@ func (p *proc) mapSlot(size int64) {
 	p.slots.mu.Lock()
 	p.slots.mapped += size
 	p.slots.mu.Unlock()
+	p.syncMemGroup() // raised before the worker can touch it
 }
 
 // pinSlot accounts the pin p's worker reported for a slot of size bytes
@@ -110,12 +111,13 @@ func (p *proc) pinSlot(g *program, pin wire.Pin, size int64, what string, reserv
 func (p *proc) dropSlot(size, pinned int64) {
 	s := &p.slots
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.mapped -= size
 	if !s.gone {
 		s.pinned -= pinned
 		p.d.pin.bytes.Add(-pinned)
 	}
+	s.mu.Unlock()
+	p.syncMemGroup() // lowered, no further than the group holds (memGroupLower): the worker may unmap it later
 }
 
 // unpin gives back what the worker pinned, once it is gone: the process's
@@ -133,9 +135,13 @@ func (p *proc) unpin() {
 // server's slots it maps, as far as its shared memory (where they are)
 // holds them; a bundle's own shared memory past that still counts.
 func (p *proc) limitedRSS(rss, shmem int64) int64 {
+	return rss - min(max(shmem, 0), p.mappedSlots())
+}
+
+// mappedSlots is the bytes of the server's slots p's worker maps.
+func (p *proc) mappedSlots() int64 {
 	s := &p.slots
 	s.mu.Lock()
-	mapped := s.mapped
-	s.mu.Unlock()
-	return rss - min(max(shmem, 0), mapped)
+	defer s.mu.Unlock()
+	return s.mapped
 }

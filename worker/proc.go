@@ -91,8 +91,11 @@ type proc struct {
 	// cgroup is its CPU group (CPUGroups.Place), and pids its pids group
 	// (PidGroups.Place), removed once it is reaped.
 	cgroup *Group
-	pids   *PidGroup
-	stage  string // removed when the process is gone, once stagers are done
+	pids   *ownGroup
+	// mem is its memory group (MemGroups.Place; nil: none), set before it
+	// runs bundle code, and closed once it exited (closeMemGroup).
+	mem   atomic.Pointer[MemGroup]
+	stage string // removed when the process is gone, once stagers are done
 	// stagers counts the loads putting files in stage (inStage).
 	stagers sync.WaitGroup
 	// gone is exited, read without mu (placeTenant, under the device's):
@@ -390,11 +393,13 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	// session included, before the reap frees its pid (Tree.End): all
 	// of it at once through its cgroups where it has them, and through
 	// its tree (contain.Containment), which also reaps it.
-	for _, err := range []error{cg.Empty(), pg.Empty()} {
+	mg := p.mem.Load()
+	for _, err := range []error{cg.Empty(), pg.Empty(), mg.Empty()} {
 		if err != nil {
 			p.d.opts.Log.Warn("a dead worker's processes", "pid", p.pid, "error", err)
 		}
 	}
+	p.closeMemGroup()
 	// Its groups go before the reap frees its pid (a zombie keeps no
 	// group populated, v1's included): a new worker of that pid must
 	// never meet them, nor have them removed under it.
@@ -403,6 +408,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Unlock()
 	cg.Remove()
 	pg.Remove()
+	mg.Remove()
 	p.tree.End()
 	err := cmd.Wait()
 	p.tree.Release()
@@ -417,6 +423,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	os.RemoveAll(p.stage)
 	p.reason = exitReason(cmd.ProcessState, err)
 	sig := deathSignal(cmd.ProcessState)
+	p.memGroupDeath(sig)
 	// Only a death by a memory fault (SIGSEGV, SIGBUS: the signals checked
 	// mode's handler reports before it lets them kill the process) takes
 	// the handler's report.
@@ -447,13 +454,14 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.programsGone()
 }
 
-// placeCgroups puts the worker in a CPU group of weight w (CPUGroups.Place)
-// and bounds its tasks (PidGroups.Place), before it runs bundle code, and
+// placeCgroups puts the worker in a CPU group of weight w (CPUGroups.Place),
+// bounds its tasks (PidGroups.Place) and gives it a memory group
+// (MemGroups.Place), before it runs bundle code, and
 // keeps the groups' removal for its exit. It writes the pid under mu and
 // only while the process has not exited, as kill signals it: a reaped pid
 // may belong to another process.
 func (p *proc) placeCgroups(w float64) {
-	if p.d.opts.CPU == nil && p.d.opts.Pids == nil {
+	if p.d.opts.CPU == nil && p.d.opts.Pids == nil && p.d.opts.Mem == nil {
 		return
 	}
 	p.mu.Lock()
@@ -462,6 +470,7 @@ func (p *proc) placeCgroups(w float64) {
 		p.cgroup = p.d.opts.CPU.Place(p.pid, w)
 		p.cgroup.Tree(p.tree.Root())
 		p.pids = p.d.opts.Pids.Place(p.pid, p.cgroup)
+		p.mem.Store(p.d.opts.Mem.Place(p.pid, p.cgroup))
 	}
 }
 

@@ -185,6 +185,7 @@ func (d *Device) settleStart(tenant string, t *tenantSlot, p *proc, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.tenant.name, p.tenant.given = tenant, true
+	p.tenantGiven(tenant)
 	t.p, t.refs = p, 1
 }
 
@@ -338,6 +339,7 @@ func (g *program) bundleKey() bundleKey { return bundleKey{g.name, g.dir} }
 // would have the watch loop kill the worker, and every sibling with it,
 // for memory none of them holds.
 func (p *proc) retune() {
+	defer p.syncMemGroup() // after the unlock: the group's lock is not under p.mu
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	limit, unlimited := int64(0), p.tenant.unlimited

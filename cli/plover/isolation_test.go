@@ -96,6 +96,7 @@ func isolationCases() []isoCase {
 		{name: "signal-others", noneSkip: "a kernel in the server process can signal anything the server can", run: caseSignalOthers},
 		{name: "connect-tcp", noneSkip: "a kernel in the server process has the server's network", run: caseConnectTCP},
 		{name: "memory-limit", noneSkip: "a kernel in the server process grows the server", run: caseMemoryLimit},
+		{name: "memory-tree", noneSkip: "a kernel in the server process grows the server", run: caseMemoryTree},
 		{name: "accounting", noneSkip: "no worker processes to account", run: caseAccounting},
 		{name: "ctor-hang", noneSkip: "a constructor that never returns hangs the server's dlopen", run: caseCtorHang},
 		{name: "ctor-crash", noneSkip: "a library constructor that crashes on dlopen takes the server down", run: caseCtorCrash},
@@ -1143,6 +1144,27 @@ func caseMemoryLimit(t *testing.T, h *isoHarness) {
 	r := h.overrideChain(t, "hog", []byte("x"), launch("hog_memory", 8, 1))
 	if r.code != 200 {
 		t.Fatalf("8 MiB under a 64 MiB limit: %d %.300s", r.code, r.body)
+	}
+}
+
+// caseMemoryTree: where cgroups can be written, a worker's memory cgroup
+// counts what its resident-memory check cannot see (here a memfd it never
+// maps, 256 MiB under a limit of 64): the kernel kills it, and the request
+// says why.
+func caseMemoryTree(t *testing.T, h *isoHarness) {
+	// Whether the server's workers have memory groups is the server's to
+	// find (a read-only cgroupfs, v2 without CPU groups: none), and it
+	// says so as it starts.
+	if !strings.Contains(h.srv.log.String(), "backed by a memory cgroup per worker") {
+		t.Skip("the server's workers have no memory cgroups here (its log says none): the worker's own resident memory alone is checked")
+	}
+	m := hostileManifest("hider", launch("hide_memory", 256, 1))
+	m.MaxHostMemoryMB = 64
+	h.mustDeploy(t, m, h.hostile)
+	msg := expectError(t, h.invoke(t, "hider", []byte("x"), crashTimeout), 500, "worker_crashed", "max_host_memory_mb")
+	t.Logf("hider: %s", msg)
+	if !strings.Contains(msg, "OOM killer in its memory cgroup") {
+		t.Errorf("worker_crashed message %q does not say its memory cgroup's OOM killer ended it", msg)
 	}
 }
 

@@ -20,9 +20,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -757,6 +759,63 @@ PLOVER_ENTRY(whoami) {
   char msg[32];
   snprintf(msg, sizeof msg, "%ld", outer_pid());
   put(s, msg);
+}
+
+// fork_hog: forks a child, named by the input (PR_SET_NAME, 15 bytes at
+// most: a test finds it by /proc/PID/comm), that maps and touches `grid`
+// MiB and holds it for ever: memory outside the worker process, which its
+// resident-memory check does not see. Writes "held" once the child holds
+// it all, or "killed by signal N" if the child died first (reaped here).
+PLOVER_ENTRY(fork_hog) {
+  (void)block;
+  char name[16] = {0};
+  size_t n = s->input.len < sizeof name - 1 ? s->input.len : sizeof name - 1;
+  memcpy(name, s->input.dat, n);
+  int ready[2];
+  if (pipe(ready) != 0) { plover_fail(s, "fork_hog: pipe failed"); return; }
+  pid_t c = fork();
+  if (c < 0) { plover_fail(s, "fork_hog: fork failed"); return; }
+  if (c == 0) {
+    // Only system calls after a fork in a threaded process: no malloc.
+    close(ready[0]);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+    size_t size = (size_t)grid << 20;
+    char *p = (char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) _exit(1);
+    for (size_t i = 0; i < size; i += 4096) p[i] = 1;
+    char b = 1;
+    while (write(ready[1], &b, 1) < 0 && errno == EINTR) {}
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char b;
+  ssize_t r;
+  while ((r = read(ready[0], &b, 1)) < 0 && errno == EINTR) {}
+  close(ready[0]);
+  if (r == 1) { put(s, "held"); return; }
+  int st = 0;
+  while (waitpid(c, &st, 0) < 0 && errno == EINTR) {}
+  char msg[64];
+  snprintf(msg, sizeof msg, "killed by signal %d", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  put(s, msg);
+}
+
+// hide_memory: writes `grid` MiB into a memfd it keeps open and never maps:
+// memory the worker holds outside its VmRSS. Writes "hidden" once it all
+// is, then keeps it for the worker's life.
+PLOVER_ENTRY(hide_memory) {
+  (void)block;
+  int fd = (int)syscall(SYS_memfd_create, "hide_memory", 0);
+  if (fd < 0) { plover_fail(s, "hide_memory: memfd_create failed"); return; }
+  static char chunk[1 << 16];
+  memset(chunk, 1, sizeof chunk);
+  for (size_t left = (size_t)grid << 20; left > 0;) {
+    ssize_t w = write(fd, chunk, left < sizeof chunk ? left : sizeof chunk);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) { plover_fail(s, "hide_memory: write failed"); return; }
+    left -= (size_t)w;
+  }
+  put(s, "hidden");
 }
 
 // hog_memory: allocates and touches `grid` MiB, holds it for 10 × `block`
