@@ -33,7 +33,7 @@
 #
 # Sections (names for SKIP and ONLY): tests memcheck eager bench servers
 # vecadd cnn cnnbatch softmax pipeline grpc latency faults batch datapath
-# fair isolation reload mps contexts tenants. The sample sections start the servers
+# fair isolation reload memgroups mps contexts tenants. The sample sections start the servers
 # themselves.
 #
 # Assumptions about the CLI and HTTP API (adjust here if they drift):
@@ -51,7 +51,7 @@
 #
 # Environment: OUT (copy the report and logs there), BUDGET and RESERVE
 # (seconds, above), SKIP and ONLY (section names), HOT_RUNS (default 30),
-# BENCHTIME (go test -test.benchtime, default 1s), PORT (first of four
+# BENCHTIME (go test -test.benchtime, default 1s), PORT (first of seven
 # ports), NO_CURL=1 (use the fallbacks even where curl exists),
 # ISO_SECONDS/ISO_ROUNDS (isolation bench, default 3 and 2), FAIR_TIME/
 # FAIR_ROUNDS/FAIR_MODES (fairness bench, default 2s, 1 and five of its
@@ -319,11 +319,12 @@ http_get() { # http_get PORT PATH BODYFILE -> prints the status code
   awk 'NR == 1 { print $2; exit }' <<<"$resp"
 }
 
-start_server() { # start_server DEVICE PORT [ISOLATION] -> sets server_pid
-  local dev=$1 p=$2 iso=${3:-process} log=$tmp/server-$1${3:+-$3}.log
-  mkdir -p "$tmp/data-$dev${3:+-$3}"
+start_server() { # start_server DEVICE PORT [ISOLATION [FLAGS...]] -> sets server_pid
+  local dev=$1 p=$2 iso=${3:-process} log=$tmp/server-$1${3:+-$3}.log data=$tmp/data-$1${3:+-$3}
+  shift $(($# < 3 ? $# : 3))
+  mkdir -p "$data"
   # Every server also serves gRPC, 100 ports above its HTTP port.
-  bin/plover serve --listen "127.0.0.1:$p" --grpc-listen "127.0.0.1:$((p + 100))" --data "$tmp/data-$dev${3:+-$3}" --device "$dev" --isolation "$iso" >"$log" 2>&1 &
+  bin/plover serve --listen "127.0.0.1:$p" --grpc-listen "127.0.0.1:$((p + 100))" --data "$data" --device "$dev" --isolation "$iso" "$@" >"$log" 2>&1 &
   server_pid=$!
   pids+=("$server_pid")
   local i code
@@ -875,6 +876,54 @@ sec_mps() {
   rm -rf "$d"
 }
 
+# Memory groups on CUDA workers: a worker's memory cgroup counts what its
+# process tree is charged, its CUDA driver's memory included where the
+# kernel charges it, against max_host_memory_mb plus its slots; by default
+# (--memory-groups auto) only host workers get one until this compares, for
+# CUDA workers, the group's usage with the resident memory the check sees
+# (VmRSS) and the page tables (VmPTE). A server with --memory-groups on and
+# a 2 GiB default limit, vecadd 4 MB and the CNN served: every request 200,
+# no worker killed, and each worker's figures.
+sec_memgroups() {
+  if [ ! -d build/samples/vecadd-cuda ] || [ ! -d build/samples/cnn-cuda ]; then
+    say "SKIP: needs build/samples/{vecadd,cnn}-cuda"
+    return 0
+  fi
+  # The only server started with an explicit "process": its log and data
+  # are server-cuda-process.log and data-cuda-process.
+  local p=$((port + 6)) url log=$tmp/server-cuda-process.log i r bad=0 w cg use lim
+  url=http://127.0.0.1:$p
+  start_server cuda "$p" process --memory-groups on --worker-max-memory 2048 || { fail "a server with --memory-groups on did not come up"; return 0; }
+  grep -m 1 -o 'worker memory limits[^"]*' "$log"
+  bin/plover deploy build/samples/vecadd-cuda --server "$url" >/dev/null || fail "deploy vecadd"
+  bin/plover deploy build/samples/cnn-cuda --server "$url" >/dev/null || fail "deploy cnn"
+  head -c 3136 /dev/zero >"$tmp/memgroups-cnn.bin"
+  for i in $(seq 20); do
+    for r in "vecadd $vin" "cnn $tmp/memgroups-cnn.bin"; do
+      set -- $r
+      r=$(invoke "$url" "$1" "$2" "$tmp/memgroups.out")
+      [ "${r%% *}" = 200 ] || { bad=$((bad + 1)); say "$1: ${r%% *} $(body "$tmp/memgroups.out")"; }
+    done
+  done
+  # The server's descendants that are workers, their memory group's files.
+  for w in $(ps -e -o pid=,ppid= | awk -v s="$server_pid" '{ p[$1] = $2 } END { for (k in p) { for (q = p[k]; q > 1; q = p[q]) if (q == s) { print k; break } } }'); do
+    tr '\0' ' ' <"/proc/$w/cmdline" 2>/dev/null | grep -q -- ' worker --device cuda' || continue
+    cg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ { print "/sys/fs/cgroup/memory" $3 } $1 == "0" && $2 == "" { v2 = "/sys/fs/cgroup" $3 } END { if (v2 != "") print v2 }' "/proc/$w/cgroup" | head -n 1)
+    use=$(cat "$cg/memory.usage_in_bytes" "$cg/memory.current" 2>/dev/null | head -n 1)
+    lim=$(cat "$cg/memory.limit_in_bytes" "$cg/memory.max" 2>/dev/null | head -n 1)
+    # A standby (no function, no limit) says nothing here.
+    case $lim in max | 92233720368547* | "") continue ;; esac
+    say "worker $w: group ${cg:-none} usage $((${use:-0} >> 20)) MiB, limit ${lim:-none}; $(grep -E 'VmRSS|VmPTE|RssShmem' "/proc/$w/status" | tr -s ' \t\n' ' ')"
+  done
+  kill "$server_pid" 2>/dev/null
+  save "$log" server-cuda-memgroups.log
+  if grep -q 'was stopped by the server' "$log" || [ "$bad" -gt 0 ]; then
+    fail "memory groups on CUDA: $bad requests failed or a worker was killed (server-cuda-memgroups.log)"
+  else
+    pass "memory groups on CUDA workers: 40 requests 200, no worker killed"
+  fi
+}
+
 # Contexts made at once: on the H200 (2026-11-30) 14 cold starts at once
 # under --worker-scope function each took 7.2-8.3 s, all ending within
 # 1.1 s of each other, against 40 ms into tenant workers. Whether making
@@ -987,6 +1036,7 @@ run datapath 40 "data path: vecadd 4 MB against an echo floor (plover-bench-suit
 run fair 40 "sharing a device: the CNN beside floods, shares 3:1, priorities (plover-bench-suite --fair)"
 run isolation 30 "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
 run reload 15 "a function unloaded and loaded again into its tenant's worker (scripts/tenant-reload.sh cuda)"
+run memgroups 20 "memory groups on CUDA workers (--memory-groups on): a group's usage against the worker's RSS"
 run mps 60 "the CNN beside floods under MPS, the bench as nobody (plover-bench-suite --fair)"
 run contexts 20 "contexts: TestGPUInfo in one process, then in ${CONTEXTS:-14} at once"
 run tenants 60 "tenant workers: 40 functions of 2 tenants, function vs tenant scope; 1,000 functions of 10 tenants (plover-bench-suite --tenants)"
