@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -150,9 +151,12 @@ type MemGroup struct {
 	// nothing is written once the worker's end closed the group. Without
 	// it a write would need a sequence number checked after the write and
 	// a rewrite on a lost race: no simpler. It is one worker's, held for a
-	// few cgroupfs syscalls (an EBUSY reclaim at most); no other worker,
-	// nor the device's lock, waits on it (it is taken under p.mu and the
-	// device's mu, never they under it).
+	// few cgroupfs syscalls and two reads of the worker's /proc status
+	// (processEnding; an EBUSY reclaim at most); no other worker waits on
+	// it. It is taken under p.mu and the device's mu (tenantGiven), never
+	// they under it, so one holding those may wait for those syscalls: a
+	// tenant's worker being given its tenant, before it has a limit (no
+	// file I/O then).
 	mu       sync.Mutex
 	closed   bool   // its worker exited: nothing is written from now on
 	limit    int64  // as last written; -1: none
@@ -181,12 +185,17 @@ func (m *MemGroup) Remove() {
 }
 
 // memGroupLimit is a worker's memory group's limit for its limit (0:
-// none) and the bytes of the server's slots it maps: -1 for none.
+// none) and the bytes of the server's slots it maps: -1 for none, and for
+// a limit so large (--worker-max-memory takes up to 2^43 MiB) that the sum
+// would pass an int64: no memory could reach it anyway.
 func memGroupLimit(limit, mapped int64) int64 {
 	if limit <= 0 {
 		return -1
 	}
 	held := limit + max(mapped, 0)
+	if held < 0 || held > math.MaxInt64/2 {
+		return -1
+	}
 	return held + memHeadroom + held/memTableShare
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -300,6 +301,8 @@ func TestMemGroupLimitArithmetic(t *testing.T) {
 		{64 * mib, -mib, 96*mib + 256<<10},           // never less than its limit
 		{8192 * mib, 0, 8256 * mib},                  // page tables of 8 GiB touched: 16 MiB, headroom 64
 		{8192 * mib, 8192 * mib, 16384*mib + 96*mib}, // 16 GiB in all: 32 MiB and 64
+		{math.MaxInt64 >> 20 << 20, 0, -1},           // --worker-max-memory's largest: the sum would pass an int64
+		{math.MaxInt64 - mib, 2 * mib, -1},           // limit and slots passing an int64 together
 	} {
 		if got := memGroupLimit(tc.limit, tc.mapped); got != tc.want {
 			t.Errorf("memGroupLimit(%d, %d) = %d, want %d", tc.limit, tc.mapped, got, tc.want)
