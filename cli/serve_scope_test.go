@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/device"
 )
 
 // --worker-scope takes function or tenant, and tenant only where there are
@@ -125,6 +127,24 @@ func TestMemoryGroupsFlag(t *testing.T) {
 	} {
 		if got := memGroupsFor(tc.mode, tc.target); got != tc.want {
 			t.Errorf("--memory-groups %s, a %s worker: memory group %v, want %v", tc.mode, tc.target, got, tc.want)
+		}
+	}
+}
+
+// --memory-groups on names worker processes' groups: under --isolation
+// none, which has none, it is said to be ignored, as --mps is off CUDA.
+func TestMemoryGroupsOnWithoutWorkersIsTold(t *testing.T) {
+	for _, tc := range []struct {
+		mode string
+		told bool
+	}{{"on", true}, {"auto", false}, {"off", false}} {
+		var logs bytes.Buffer
+		f := &serveFlags{isolation: "none", memoryGroups: tc.mode, lightBoost: 1}
+		if _, _, _, _, err := isolate(f, []device.Device{device.NewHost(0)}, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(logs.String(), "--memory-groups on"); got != tc.told {
+			t.Errorf("--memory-groups %s with --isolation none: told %v, want %v; logs:\n%s", tc.mode, got, tc.told, logs.String())
 		}
 	}
 }

@@ -36,6 +36,9 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	switch f.isolation {
 	case "none":
 		log.Warn("--isolation none: every function runs inside the server process; use it for one trusted tenant only")
+		if f.memoryGroups == "on" {
+			log.Warn("--memory-groups on: memory groups are worker processes', and --isolation none has none; ignored")
+		}
 		if f.checked { // overruns past the padding fault the server itself, unreported
 			for _, d := range devs {
 				if c, ok := d.(checker); ok {
