@@ -63,61 +63,21 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	if err := contain.MakeNonDumpable(); err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("--isolation process: %w", err)
 	}
-	var drop *contain.Identity
-	if os.Geteuid() == 0 {
-		id, err := contain.LookupUser(f.workerUser)
-		if err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("--worker-user: %w", err)
-		}
-		drop = &id
+	drop, err := workerIdentity(f.workerUser)
+	if err != nil {
+		return nil, nil, nil, nil, err
 	}
 	stages, err := stageDir(f.data)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	mps := false
-	if len(devs) > 0 && device.TakesMPS(devs[0].Target()) {
-		mps = f.mps || worker.MPSRunning()
-		if mps && drop != nil {
-			// MPS serves one uid at a time: a client of another uid waits
-			// until the running server's clients (this process's own
-			// context, as root) are gone, that is for ever.
-			return nil, nil, nil, nil, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
-		}
-		if mps && f.workerScope == "tenant" {
-			return nil, nil, nil, nil, errors.New("--worker-scope tenant: MPS gives each function's worker limits of its own (gpu_share, memory budget), so it needs a process per function; use --worker-scope function, or run without MPS (no --mps, its control daemon stopped)")
-		}
-		if mps {
-			log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
-		}
-	} else if f.mps {
-		log.Warn("--mps applies to CUDA devices only; ignored")
+	mps, err := mpsFor(f, devs, drop, log)
+	if err != nil {
+		return nil, nil, nil, nil, err
 	}
 	spawner := contain.NewSpawner()
 	containTrees(spawner, f, mps, log)
-	var cpu *worker.CPUGroups
-	if f.cpuWeights {
-		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
-		cpu.StartBoost(f.lightBoost)
-	}
-	uid := os.Getuid()
-	if drop != nil {
-		uid = drop.UID
-	}
-	pids := worker.NewPidGroups(f.cgroupRoot, f.workerMaxPids, uid, cpu, log)
-	var mem *worker.MemGroups
-	grouped := 0
-	for _, d := range devs {
-		if memGroupsFor(f.memoryGroups, d.Target()) {
-			grouped++
-		}
-	}
-	if grouped > 0 {
-		mem = worker.NewMemGroups(f.cgroupRoot, cpu, log)
-	}
-	if grouped < len(devs) && f.memoryGroups == "auto" {
-		log.Info("CUDA workers get no memory cgroup (--memory-groups auto): what the driver charges to a worker's group beyond its resident memory is not yet measured; their limits check their own resident memory only (--memory-groups on: theirs too)")
-	}
+	cpu, pids, mem := workerGroups(f, devs, drop, log)
 	exe := workerExe(log)
 	out := make([]device.Device, len(devs))
 	for i, d := range devs {
@@ -140,6 +100,73 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	}
 	log.Info("functions run in worker processes", "worker_user", user, "worker_binary", exe, "worker_scope", f.workerScope)
 	return out, cpu, pids, mem, nil
+}
+
+// workerIdentity is the user workers run as: name's (--worker-user) when
+// the server runs as root, nil (the server's own) otherwise.
+func workerIdentity(name string) (*contain.Identity, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	id, err := contain.LookupUser(name)
+	if err != nil {
+		return nil, fmt.Errorf("--worker-user: %w", err)
+	}
+	return &id, nil
+}
+
+// mpsFor reports whether the CUDA devices' workers are MPS clients (--mps,
+// or a control daemon running), refusing what MPS cannot serve.
+func mpsFor(f *serveFlags, devs []device.Device, drop *contain.Identity, log *slog.Logger) (bool, error) {
+	if len(devs) == 0 || !device.TakesMPS(devs[0].Target()) {
+		if f.mps {
+			log.Warn("--mps applies to CUDA devices only; ignored")
+		}
+		return false, nil
+	}
+	if !f.mps && !worker.MPSRunning() {
+		return false, nil
+	}
+	if drop != nil {
+		// MPS serves one uid at a time: a client of another uid waits
+		// until the running server's clients (this process's own
+		// context, as root) are gone, that is for ever.
+		return false, fmt.Errorf("--isolation process with MPS: the server runs as root and its workers as %s, and an MPS server serves one uid at a time; run plover serve as that user, or without MPS (stop its control daemon)", f.workerUser)
+	}
+	if f.workerScope == "tenant" {
+		return false, errors.New("--worker-scope tenant: MPS gives each function's worker limits of its own (gpu_share, memory budget), so it needs a process per function; use --worker-scope function, or run without MPS (no --mps, its control daemon stopped)")
+	}
+	log.Info("MPS: each function's worker starts with its gpu_share and memory budget; standby workers are not used")
+	return true, nil
+}
+
+// workerGroups readies the workers' CPU weights (--cpu-weights), task
+// bounds (--worker-max-pids) and memory groups (--memory-groups), each nil
+// where it is off.
+func workerGroups(f *serveFlags, devs []device.Device, drop *contain.Identity, log *slog.Logger) (*worker.CPUGroups, *worker.PidGroups, *worker.MemGroups) {
+	var cpu *worker.CPUGroups
+	if f.cpuWeights {
+		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
+		cpu.StartBoost(f.lightBoost)
+	}
+	uid := os.Getuid()
+	if drop != nil {
+		uid = drop.UID
+	}
+	pids := worker.NewPidGroups(f.cgroupRoot, f.workerMaxPids, uid, cpu, log)
+	grouped := 0
+	for _, d := range devs {
+		if memGroupsFor(f.memoryGroups, d.Target()) {
+			grouped++
+		}
+	}
+	if grouped < len(devs) && f.memoryGroups == "auto" {
+		log.Info("CUDA workers get no memory cgroup (--memory-groups auto): what the driver charges to a worker's group beyond its resident memory is not yet measured; their limits check their own resident memory only (--memory-groups on: theirs too)")
+	}
+	if grouped == 0 {
+		return cpu, pids, nil
+	}
+	return cpu, pids, worker.NewMemGroups(f.cgroupRoot, cpu, log)
 }
 
 // defaultWorkerMaxPids is --worker-max-pids's default: room for a bundle's
