@@ -452,8 +452,10 @@ static int capture(plcu_inst_t *in, int n, int slot, void *last_error,
 }
 
 /* A run's copies, issued as in->piece-byte pieces back to back on the
- * stream (no host sync between them): the copy engine may take another
- * context's copy between two pieces, where a whole body holds it. */
+ * stream (no host sync between them), meant to let another context's copy
+ * in between two pieces. On an H200 pieces alone did not shorten another
+ * function's wait (it looks like time-slicing between contexts); with
+ * the floods held to one run they did (BENCHMARKS.md, "GPU, third run"). */
 static size_t piece_len(const plcu_inst_t *in, size_t left) {
   return in->piece && in->piece < left ? in->piece : left;
 }

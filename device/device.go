@@ -236,10 +236,10 @@ type HostUnregistrar interface {
 }
 
 // CopyPiecer is a device whose runs can issue their copies between host
-// and device in pieces (CUDA: plover serve --copy-piece), so that another
-// context's copy waits on the copy engine behind one piece rather than a
-// whole body. Set once, before instances are made; an instance keeps the
-// size it was made with.
+// and device in pieces (CUDA: plover serve --copy-piece), meant to let
+// another context's copy in between pieces (measured: README, --copy-piece).
+// Set once, before instances are made; an instance keeps the size it was
+// made with.
 type CopyPiecer interface {
 	SetCopyPiece(bytes int64)
 }
