@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/plover-run/plover/worker/contain"
 )
 
 // MemGroups backs each worker's memory limit (max_host_memory_mb) with a
@@ -103,8 +105,12 @@ func (g *MemGroups) Place(pid int, cg *Group) *MemGroup {
 			return err
 		}
 		// The whole tree dies as a unit, as the check's kill takes it; a
-		// kernel before 4.19 has no such file, and kills as v1 does.
-		if err := writeExisting(filepath.Join(dir, "memory.oom.group"), "1"); g.v2() && err != nil && !errors.Is(err, os.ErrNotExist) {
+		// kernel before 4.19 has no such file, and kills as v1 does (v1
+		// has none at all).
+		if !g.v2() {
+			return nil
+		}
+		if err := writeExisting(filepath.Join(dir, "memory.oom.group"), "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 		return nil
@@ -392,14 +398,9 @@ func (p *proc) watchMemGroup() {
 // exiting (PF_EXITING in its stat's flags), or a SIGKILL pending for it.
 func processEnding(pid int) bool {
 	dir := "/proc/" + strconv.Itoa(pid)
-	stat, err := os.ReadFile(dir + "/stat")
-	if err != nil {
-		return true
-	}
-	// After the comm's closing parenthesis: state, ppid, pgrp, session,
-	// tty_nr, tpgid, flags.
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	if len(f) < 7 || f[0] == "Z" || f[0] == "X" || f[0] == "x" {
+	// After the comm: state, ppid, pgrp, session, tty_nr, tpgid, flags.
+	f, err := contain.StatFields(dir + "/stat")
+	if err != nil || len(f) < 7 || f[0] == "Z" || f[0] == "X" || f[0] == "x" {
 		return true
 	}
 	const pfExiting = 0x4
