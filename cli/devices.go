@@ -30,15 +30,21 @@ const (
 
 // setCopyPiece gives the devices that copy in pieces (CUDA) --copy-piece,
 // before any instance is made: with --isolation none they run the
-// functions themselves (worker processes get it as a flag: isolate).
-func setCopyPiece(devs []device.Device, kib int) {
+// functions themselves (worker processes get it as a flag: isolate). A
+// server without such a device says the flag does nothing.
+func setCopyPiece(devs []device.Device, kib int, log *slog.Logger) {
 	if kib <= 0 {
 		return
 	}
+	set := false
 	for _, d := range devs {
 		if p, ok := d.(device.CopyPiecer); ok {
 			p.SetCopyPiece(int64(kib) << 10)
+			set = true
 		}
+	}
+	if !set {
+		log.Warn("--copy-piece applies to CUDA devices only; ignored")
 	}
 }
 

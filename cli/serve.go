@@ -343,7 +343,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	if err != nil {
 		return nil, err
 	}
-	setCopyPiece(devs, f.copyPieceKiB)
+	setCopyPiece(devs, f.copyPieceKiB, log)
 	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
 	if n.devs, n.cpu, n.pids, n.mem, err = isolate(f, devs, log); err != nil {
 		return nil, err
