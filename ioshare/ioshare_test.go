@@ -730,3 +730,83 @@ func TestForgetBesideFlowKeepsOneFlowPerName(t *testing.T) {
 		}
 	}
 }
+
+// A flow is Alone while no other function is about: none of its pieces
+// moving or waiting, and none touched within the scheduler's Recent. Each
+// of those makes it not alone, and so does nothing with the I/O
+// unscheduled (Off); a nil flow never is.
+func TestAloneWhileNoOtherFunctionIsAbout(t *testing.T) {
+	inTurn := func(t *testing.T, b *Flow) func() {
+		tn, err := b.Turn(context.Background(), time.Time{}, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tn.Done
+	}
+	for _, tc := range []struct {
+		name  string
+		off   bool
+		other func(t *testing.T, b *Flow) (done func()) // what the other function does
+		want  bool
+	}{
+		{"no other function", false, nil, true},
+		{"another's piece in turn", false, inTurn, false},
+		{"another's small request just now", false, func(t *testing.T, b *Flow) func() {
+			b.Touch(time.Now())
+			return func() {}
+		}, false},
+		{"another function deployed but idle", false, func(t *testing.T, b *Flow) func() { return func() {} }, true},
+		{"unscheduled (Off), another's piece in turn", true, inTurn, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sh := New(Config{Off: tc.off, Slots: 2})
+			a := sh.Flow("a")
+			if tc.other != nil {
+				done := tc.other(t, sh.Flow("b"))
+				defer done()
+			}
+			if got := a.Alone(); got != tc.want {
+				t.Fatalf("Alone() = %v, want %v", got, tc.want)
+			}
+			// Its own piece in turn does not make it less alone.
+			tn, err := a.Turn(context.Background(), time.Time{}, nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tn.Done()
+			if got := a.Alone(); got != tc.want {
+				t.Fatalf("Alone() with its own piece in turn = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	var nilFlow *Flow
+	if nilFlow.Alone() {
+		t.Fatal("a nil flow is alone: its transport would read without its limits")
+	}
+	nilFlow.MovedAlone(1 << 20) // does nothing, as a nil flow's turns
+}
+
+// Bytes moved alone are charged at the rate the server's non-blocking
+// pieces taught (defaultRate before any did), in the flow's Seconds and to
+// Config.Charge, never for an empty read or write.
+func TestMovedAloneChargesItsBytes(t *testing.T) {
+	var charged time.Duration
+	sh := New(Config{Charge: func(_ *Flow, cpu time.Duration) bool { charged += cpu; return true }})
+	f := sh.Flow("f")
+	f.MovedAlone(0)
+	f.MovedAlone(-1)
+	if f.cpu.Load() != 0 {
+		t.Fatalf("nothing moved, charged %v", time.Duration(f.cpu.Load()))
+	}
+	f.MovedAlone(1 << 20)
+	if want := time.Duration(int64(1<<20) * defaultRate / 1000); time.Duration(f.cpu.Load()) != want || charged != want {
+		t.Fatalf("1 MiB alone before any rate was learnt: Seconds %v, Charge told %v; want %v each", time.Duration(f.cpu.Load()), charged, want)
+	}
+	sh.learnRate(100*time.Microsecond, 1<<20) // a piece's sample: about 95 ps a byte
+	r := sh.rate.Load()
+	before := f.cpu.Load()
+	f.MovedAlone(4 << 20)
+	if got, want := time.Duration(f.cpu.Load()-before), time.Duration(int64(4<<20)*r/1000); got != want {
+		t.Fatalf("4 MiB alone at %d ps a byte: charged %v, want %v", r, got, want)
+	}
+}
