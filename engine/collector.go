@@ -29,8 +29,6 @@ var (
 		"The server's time on the function's bytes (reading request bodies, decoding, writing answers: non-blocking system calls once a socket is ready, so CPU time but for preemption), charged to its share beside device time.", []string{"function"}, nil)
 	descIOPieces = prometheus.NewDesc("plover_io_pieces",
 		"The function's pieces of bytes the server moves now (moving: in their turn) or that wait for their turn (waiting); a body that waits for its client holds none.", []string{"function", "state"}, nil)
-	descIOAlone = prometheus.NewDesc("plover_io_alone_bytes_total",
-		"Bytes of the function's bodies and answers the server moved alone: no other function about, as unscheduled bytes move, holding no turn (work conserving); plover_io_seconds_total counts them at the per-byte cost measured on pieces moved in turn.", []string{"function"}, nil)
 	descEvictions = prometheus.NewDesc("plover_evictions_total",
 		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
 	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
@@ -55,7 +53,7 @@ var (
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descIOSeconds, descIOPieces, descIOAlone, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
+	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descIOSeconds, descIOPieces, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -80,7 +78,6 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 			moving, waiting := fl.Pieces()
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(moving), f.name, "moving")
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(waiting), f.name, "waiting")
-			ch <- prometheus.MustNewConstMetric(descIOAlone, prometheus.CounterValue, float64(fl.AloneBytes()), f.name)
 		}
 		busy, idle, mem := v.usage()
 		queued := v.queued()

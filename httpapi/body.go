@@ -325,8 +325,8 @@ func (b *bodyReader) bound() {
 // a piece in turn, the first always and the others while another function
 // is about: while the flow has the server's I/O to itself (Alone) they are
 // read as without turns and charged by their bytes, so that a flow alone
-// moves as fast as unscheduled (turns for every piece cost a 4 MB flood
-// alone 7% of its 4-client throughput: BENCHMARKS.md).
+// moves as fast as unscheduled (a turn's wait for readiness, its admission
+// and its thread's clock cost a 4 MB flood 4-5% of its throughput).
 func (b *bodyReader) readPast(p []byte) (int, error) {
 	switch {
 	case b.t.fl == nil:
@@ -337,11 +337,10 @@ func (b *bodyReader) readPast(p []byte) (int, error) {
 		b.drained = true
 		return b.r.Read(p[:min(len(p), readBuffer)])
 	case b.chunked: // a chunked body may wait in fasthttp's buffer: no socket to wait on
-	case b.inTurn && ioshare.Waitable(b.conn) && b.t.fl.Alone():
-		// Alone: read as unscheduled, a read at a time (at most its
-		// window, never below fasthttp's buffer: readAll grows first, so
-		// nothing is read ahead into it that a later wait on the socket
-		// would not see).
+	case b.inTurn && b.t.fl.Alone() && ioshare.Waitable(b.conn):
+		// Alone: read as unscheduled, a read at a time, each as big as
+		// a turn alone would move (never below fasthttp's buffer: readAll
+		// grows first, so nothing is read ahead into it).
 		n, err := b.r.Read(p[:min(len(p), b.t.fl.AlonePiece())])
 		b.t.fl.MovedAlone(n)
 		return n, err

@@ -187,13 +187,12 @@ func (s *Shares) Forget(name string) {
 
 // Flow is one function's share of the server's I/O.
 type Flow struct {
-	sh    *Shares
-	name  string
-	f     *sched.Flow
-	cpu   atomic.Int64 // ns the server's threads spent on its pieces
-	owed  atomic.Int64 // ns of it not yet passed to Config.Charge
-	kept  atomic.Int64 // ns Config.Charge did not take: offered with the next owed
-	alone atomic.Int64 // bytes moved alone (MovedAlone)
+	sh   *Shares
+	name string
+	f    *sched.Flow
+	cpu  atomic.Int64 // ns the server's threads spent on its pieces
+	owed atomic.Int64 // ns of it not yet passed to Config.Charge
+	kept atomic.Int64 // ns Config.Charge did not take: offered with the next owed
 
 	moving, waiting atomic.Int32                // its pieces in turn, and waiting for one
 	nice            atomic.Int32                // the level its pieces move at (Config.Nice)
@@ -269,46 +268,24 @@ const alonePieces = 4
 // turn: work conserving, as an echo server moves them. Any other flow's
 // request makes it false, its small bodies' too (Touch), and the bytes go
 // back to turns at the next read or write. A nil flow is never alone.
-//
-// A yes touches the flow (Touch): it is about to move bytes holding no
-// turn, and must stay about for others' Alone while it does, a read that
-// waits for its client included (MovedAlone touches it again after).
-// While alone a flood seldom has two pieces queued, so the scheduler may
-// count it light, keeping the slot kept for light functions from another
-// flood for up to Recent after its last touch.
 func (f *Flow) Alone() bool {
-	if f == nil {
-		return false
-	}
-	if f.sh.cfg.Off {
-		return true
-	}
-	if !f.f.Alone() {
-		return false
-	}
-	f.Touch(time.Now())
-	return true
+	return f != nil && (f.sh.cfg.Off || f.f.Alone())
 }
-
-// AloneBytes is how many of the flow's bytes moved alone (MovedAlone):
-// their part of its Seconds is an estimate, their bytes at the measured
-// rate.
-func (f *Flow) AloneBytes() int64 { return f.alone.Load() }
 
 // AlonePiece is the most bytes one read or write moves while the flow is
 // Alone (aloneMoves pieces): between two, Alone is asked again.
 func (f *Flow) AlonePiece() int { return aloneMoves * f.sh.cfg.Piece }
 
 // aloneMoves is how many pieces' bytes one read or write moves alone: 4
-// MiB by default (a body's reads are at most its read window, 1 MiB, in
-// package httpapi; an answer's writes take it all): with 4, 1 MiB writes,
-// a 4 MB flood alone had 3.5% less 4-client throughput in one run. A
-// write that large holds no turn, but once begun it runs on at the
-// server's CPU weight if another function comes meanwhile: its bound.
+// MiB by default, as much as a read of a 4 MB body takes at once (with 4,
+// 1 MiB, what a turn alone moves, a 4 MB flood alone had 3.5% less
+// 4-client throughput in one run). A write that large holds no turn, but
+// once begun it runs on at the server's CPU weight if another function
+// comes meanwhile: that is its bound.
 const aloneMoves = 16
 
 // MovedAlone charges the flow n bytes moved while it was Alone, with no
-// turn, and counts them (AloneBytes). Such a read or write may wait for its peer (it is the runtime's
+// turn. Such a read or write may wait for its peer (it is the runtime's
 // blocking one), so neither its wall time nor a thread's CPU time is its
 // cost: n is charged at the rate the server's non-blocking pieces taught
 // (learnRate: each body and answer moves its first piece in turn), as a
@@ -321,12 +298,7 @@ func (f *Flow) MovedAlone(n int) {
 	if r == 0 {
 		r = defaultRate
 	}
-	f.alone.Add(int64(n))
 	f.charge(time.Duration(int64(n) * r / 1000))
-	// Still about: a body that takes longer than Recent to arrive,
-	// moving alone with no turn, would be seen by no other function's
-	// Alone, and two would move alone beside each other.
-	f.Touch(time.Now())
 }
 
 // Seconds is the server's CPU time on the flow's bytes so far.

@@ -755,10 +755,6 @@ func TestAloneWhileNoOtherFunctionIsAbout(t *testing.T) {
 			b.Touch(time.Now())
 			return func() {}
 		}, false},
-		{"another moving its bytes alone just now", false, func(t *testing.T, b *Flow) func() {
-			b.MovedAlone(1 << 20)
-			return func() {}
-		}, false},
 		{"another function deployed but idle", false, func(t *testing.T, b *Flow) func() { return func() {} }, true},
 		{"unscheduled (Off), another's piece in turn", true, inTurn, true},
 	} {

@@ -73,13 +73,10 @@ func echoBigAs(t *testing.T, bin string, env []string, name string) {
 
 // postEcho posts to big, as client's request req, n bytes that say whose
 // they are (body), and wants them back whole.
-func postEcho(url string) func(client, req, n int) error { return postEchoTo(url, "big") }
-
-// postEchoTo is postEcho to the echo function fn.
-func postEchoTo(url, fn string) func(client, req, n int) error {
+func postEcho(url string) func(client, req, n int) error {
 	return func(client, req, n int) error {
 		in := body(client, req, n)
-		resp, err := http.Post(url+"/v1/functions/"+fn+"/invoke", "application/octet-stream", bytes.NewReader(in))
+		resp, err := http.Post(url+"/v1/functions/big/invoke", "application/octet-stream", bytes.NewReader(in))
 		if err != nil {
 			return err
 		}
@@ -150,62 +147,24 @@ func wantEcho(t *testing.T, c net.Conn, in []byte, what string) {
 // stops sending holds no turn: the server waits for its socket, not in its
 // turn, while every other request moves and is answered with its own
 // bytes. A body cut midway gives its turn back at once.
-//
-// Alone (no other function about) a body's and an answer's bytes past
-// their first piece move as unscheduled ones, counted in
-// plover_io_alone_bytes_total; once another function is about they go
-// back to turns, a body begun alone included. The subtests after that one
-// keep another function about, so that their bodies move in turns.
 func TestIOTurns(t *testing.T) {
 	bin := buildPlover(t)
 	srv := startServer(t, bin, "--isolation", "process", "--io-shares", "on", "--io-slots", "1", "--timeout", "20s")
 	env := []string{"PLOVER_SERVER=" + srv.url}
 	echoBig(t, bin, env)
-	echoBigAs(t, bin, env, "other")
 	post := postEcho(srv.url)
 	if err := post(0, 0, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	moving := `plover_io_pieces{function="big",state="moving"}`
-	alone := `plover_io_alone_bytes_total{function="big"}`
 	if s := metric(t, srv.url, `plover_io_seconds_total{function="big"}`); s <= 0 {
 		t.Fatalf("a 1 MiB body and answer moved in pieces cost %v s of the server's CPU: want it counted", s)
 	}
-	if a := metric(t, srv.url, alone); a <= 0 {
-		t.Fatalf("a 1 MiB body and answer with no other function about: %v bytes moved alone, want most of them", a)
-	}
-
-	t.Run("a body begun alone finishes in turns once another function comes", func(t *testing.T) {
-		const size = 4 << 20
-		in := body(40, 0, size)
-		before := metric(t, srv.url, alone)
-		c := rawPost(t, srv.url, "big", size)
-		if _, err := c.Write(in[:2<<20]); err != nil {
-			t.Fatal(err)
-		}
-		waitMetric(t, srv.url, alone, "more than before the body", func(v float64) bool { return v > before })
-		stop := keepAbout(t, srv.url, "other")
-		defer stop()
-		if _, err := c.Write(in[2<<20:]); err != nil {
-			t.Fatal(err)
-		}
-		wantEcho(t, c, in, "the body begun alone")
-		// The read waiting when the other came returns at most its
-		// window (1 MiB) alone; the rest, and the answer past its first
-		// piece, move in turns.
-		if got := metric(t, srv.url, alone) - before; got > 3<<20+64<<10 {
-			t.Fatalf("%.0f of the body's %d bytes moved alone, though another function was about for its second half", got, size)
-		}
-	})
-
-	stop := keepAbout(t, srv.url, "other")
-	defer stop()
 
 	t.Run("a stalled body holds no turn", func(t *testing.T) {
 		const size = 4 << 20
 		in := body(50, 0, size)
 		spent := metric(t, srv.url, `plover_io_seconds_total{function="big"}`)
-		aloneBefore := metric(t, srv.url, alone)
 		c := rawPost(t, srv.url, "big", size)
 		if _, err := c.Write(in[:1<<20]); err != nil {
 			t.Fatal(err)
@@ -219,9 +178,6 @@ func TestIOTurns(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantEcho(t, c, in, "the stalled body, sent at last")
-		if got := metric(t, srv.url, alone) - aloneBefore; got != 0 {
-			t.Fatalf("%.0f bytes moved alone while another function was about", got)
-		}
 	})
 
 	t.Run("a trickled chunked body is charged its bytes, not its waits", func(t *testing.T) {
@@ -353,41 +309,6 @@ func keepEveryAnswerItsOwn(t *testing.T, bin string, names []string) {
 	if oks < clients*each/3 {
 		t.Errorf("only %d requests of %d answered 200", oks, clients*each)
 	}
-	if len(names) == 1 {
-		if a := metric(t, srv.url, `plover_io_alone_bytes_total{function="`+names[0]+`"}`); a <= 0 {
-			t.Errorf("%v bytes moved alone with no other function about, want most of them", a)
-		}
-	}
-}
-
-// keepAbout keeps fn about (a small request every 10 ms, each wanted
-// back whole) until the returned stop, so that other functions' bytes
-// move in turns.
-func keepAbout(t *testing.T, url, fn string) (stop func()) {
-	t.Helper()
-	done, ended := make(chan struct{}), make(chan struct{})
-	post := postEchoTo(url, fn)
-	if err := post(900, 0, 100); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(ended)
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for i := 1; ; i++ {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			if err := post(900, i, 100); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(done); <-ended }) }
 }
 
 // workerPID is the pid of fn's worker, from GET /v1/functions/{fn}.
