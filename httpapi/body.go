@@ -273,7 +273,6 @@ type bodyReader struct {
 	read    int  // bytes read so far
 	drained bool // fasthttp's read buffer is known empty
 	bounded bool // the connection's read deadline is the request's (bound)
-	inTurn  bool // a piece moved in turn (readPast: the first always does)
 }
 
 // readPiece reads into p. fasthttp read the body's first bytes with the
@@ -322,11 +321,7 @@ func (b *bodyReader) bound() {
 
 // readPast is a read past the pre-read: straight from the stream without
 // turns; with them, first a read that drains fasthttp's buffer, then each
-// a piece in turn, the first always and the others while another function
-// is about: while the flow has the server's I/O to itself (Alone) they are
-// read as without turns and charged by their bytes, so that a flow alone
-// moves as fast as unscheduled (a turn's wait for readiness, its admission
-// and its thread's clock cost a 4 MB flood 4-5% of its throughput).
+// a piece in turn.
 func (b *bodyReader) readPast(p []byte) (int, error) {
 	switch {
 	case b.t.fl == nil:
@@ -336,20 +331,11 @@ func (b *bodyReader) readPast(p []byte) (int, error) {
 		// a read straight from the socket that leaves it empty.
 		b.drained = true
 		return b.r.Read(p[:min(len(p), readBuffer)])
-	case b.chunked: // a chunked body may wait in fasthttp's buffer: no socket to wait on
-	case b.inTurn && b.t.fl.Alone() && ioshare.Waitable(b.conn):
-		// Alone: read as unscheduled, a read at a time, each as big as
-		// a turn alone would move (never below fasthttp's buffer: readAll
-		// grows first, so nothing is read ahead into it).
-		n, err := b.r.Read(p[:min(len(p), b.t.fl.AlonePiece())])
-		b.t.fl.MovedAlone(n)
-		return n, err
-	default:
+	case !b.chunked: // a chunked body may wait in fasthttp's buffer: no socket to wait on
 		if err := ioshare.WaitReadable(b.conn); err != nil {
 			return 0, err
 		}
 	}
-	b.inTurn = true
 	return b.t.move(b.chunked || !ioshare.Waitable(b.conn), func(piece int) (int, error) {
 		return b.r.Read(p[:min(len(p), piece)])
 	})

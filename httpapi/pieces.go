@@ -171,19 +171,6 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 	}
 	var total int64
 	for len(ab.b) > 0 {
-		if raw && total > 0 && ab.t.fl.Alone() {
-			// Alone (past the first piece, in turn): written as
-			// unscheduled, a write at a time (the runtime's, which
-			// waits for room), charged by its bytes (readPast).
-			n, err := ab.conn.Write(ab.b[:min(len(ab.b), ab.t.fl.AlonePiece())])
-			ab.t.fl.MovedAlone(n)
-			ab.b = ab.b[n:]
-			total += int64(n)
-			if err != nil {
-				return total, err
-			}
-			continue
-		}
 		if raw {
 			if err := ioshare.WaitWritable(ab.conn); err != nil {
 				return total, err

@@ -261,46 +261,6 @@ const touchEvery = 10 * time.Millisecond
 // 4-client throughput against 0.8x in 1 MiB windows, BENCHMARKS.md).
 const alonePieces = 4
 
-// Alone reports whether the flow has the server's I/O to itself: no other
-// flow's piece moves or waits, and no other function was about within the
-// scheduler's Recent (sched.Flow.Alone). Its bytes may then move as
-// unscheduled ones do (MovedAlone), a read or write at a time, with no
-// turn: work conserving, as an echo server moves them. Any other flow's
-// request makes it false, its small bodies' too (Touch), and the bytes go
-// back to turns at the next read or write. A nil flow is never alone.
-func (f *Flow) Alone() bool {
-	return f != nil && (f.sh.cfg.Off || f.f.Alone())
-}
-
-// AlonePiece is the most bytes one read or write moves while the flow is
-// Alone (aloneMoves pieces): between two, Alone is asked again.
-func (f *Flow) AlonePiece() int { return aloneMoves * f.sh.cfg.Piece }
-
-// aloneMoves is how many pieces' bytes one read or write moves alone: 4
-// MiB by default, as much as a read of a 4 MB body takes at once (with 4,
-// 1 MiB, what a turn alone moves, a 4 MB flood alone had 3.5% less
-// 4-client throughput in one run). A write that large holds no turn, but
-// once begun it runs on at the server's CPU weight if another function
-// comes meanwhile: that is its bound.
-const aloneMoves = 16
-
-// MovedAlone charges the flow n bytes moved while it was Alone, with no
-// turn. Such a read or write may wait for its peer (it is the runtime's
-// blocking one), so neither its wall time nor a thread's CPU time is its
-// cost: n is charged at the rate the server's non-blocking pieces taught
-// (learnRate: each body and answer moves its first piece in turn), as a
-// piece that may block is, without blockingFactor (a plain socket's copy).
-func (f *Flow) MovedAlone(n int) {
-	if f == nil || n <= 0 {
-		return
-	}
-	r := f.sh.rate.Load()
-	if r == 0 {
-		r = defaultRate
-	}
-	f.charge(time.Duration(int64(n) * r / 1000))
-}
-
 // Seconds is the server's CPU time on the flow's bytes so far.
 func (f *Flow) Seconds() float64 { return time.Duration(f.cpu.Load()).Seconds() }
 

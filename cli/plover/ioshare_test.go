@@ -59,12 +59,9 @@ func waitMetric(t *testing.T, url, series, want string, ok func(float64) bool) {
 }
 
 // echoBig deploys big: echo_exact, 16 MiB in and out, a body's bytes back.
-func echoBig(t *testing.T, bin string, env []string) { echoBigAs(t, bin, env, "big") }
-
-// echoBigAs is echoBig under another name.
-func echoBigAs(t *testing.T, bin string, env []string, name string) {
+func echoBig(t *testing.T, bin string, env []string) {
 	t.Helper()
-	m := testkit.Manifest(name)
+	m := testkit.Manifest("big")
 	m.MaxInputBytes, m.OutBytes = 16<<20, 16<<20
 	m.ZeroOut = new(bool)
 	m.Chain = []abi.Launch{{Kernel: "echo_exact", Grid: 1, Block: 256}}
@@ -227,22 +224,13 @@ func TestIOTurns(t *testing.T) {
 // No foreign bytes while bytes move in turns: clients of random body sizes
 // (from a few bytes to 3 MiB), some of which stop mid-upload or read only
 // part of their answer, and a worker killed in the middle: every 200 is
-// exactly its own request's bytes. With one function its bytes past each
-// body's and answer's first piece move as unscheduled ones (alone); with
-// two, each in turn while the other is about, and alone between.
+// exactly its own request's bytes.
 func TestIOTurnsKeepEveryAnswerItsOwn(t *testing.T) {
 	bin := buildPlover(t)
-	for _, names := range [][]string{{"big"}, {"big", "big2"}} {
-		t.Run(strings.Join(names, ","), func(t *testing.T) { keepEveryAnswerItsOwn(t, bin, names) })
-	}
-}
-
-func keepEveryAnswerItsOwn(t *testing.T, bin string, names []string) {
 	srv := startServer(t, bin, "--isolation", "process", "--io-shares", "on", "--io-slots", "1", "--timeout", "20s", "--max-instances", "4")
 	env := []string{"PLOVER_SERVER=" + srv.url}
-	for _, n := range names {
-		echoBigAs(t, bin, env, n)
-	}
+	echoBig(t, bin, env)
+	url := srv.url + "/v1/functions/big/invoke"
 	const clients, each = 8, 12
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -260,11 +248,9 @@ func keepEveryAnswerItsOwn(t *testing.T, bin string, names []string) {
 				}
 				n := 1 + rng.IntN(3<<20)
 				in := body(100+c, i, n)
-				fn := names[c%len(names)]
-				url := srv.url + "/v1/functions/" + fn + "/invoke"
 				switch rng.IntN(6) {
 				case 0: // stops mid-upload
-					conn := rawPost(t, srv.url, fn, n)
+					conn := rawPost(t, srv.url, "big", n)
 					conn.Write(in[:n/2])
 					conn.Close()
 					continue
@@ -299,7 +285,7 @@ func keepEveryAnswerItsOwn(t *testing.T, bin string, names []string) {
 		}()
 	}
 	<-kill
-	if pid := workerPID(t, srv.url, names[0]); pid > 0 {
+	if pid := workerPID(t, srv.url, "big"); pid > 0 {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	wg.Wait()
