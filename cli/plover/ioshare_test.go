@@ -59,9 +59,12 @@ func waitMetric(t *testing.T, url, series, want string, ok func(float64) bool) {
 }
 
 // echoBig deploys big: echo_exact, 16 MiB in and out, a body's bytes back.
-func echoBig(t *testing.T, bin string, env []string) {
+func echoBig(t *testing.T, bin string, env []string) { echoBigAs(t, bin, env, "big") }
+
+// echoBigAs is echoBig under another name.
+func echoBigAs(t *testing.T, bin string, env []string, name string) {
 	t.Helper()
-	m := testkit.Manifest("big")
+	m := testkit.Manifest(name)
 	m.MaxInputBytes, m.OutBytes = 16<<20, 16<<20
 	m.ZeroOut = new(bool)
 	m.Chain = []abi.Launch{{Kernel: "echo_exact", Grid: 1, Block: 256}}
@@ -224,13 +227,23 @@ func TestIOTurns(t *testing.T) {
 // No foreign bytes while bytes move in turns: clients of random body sizes
 // (from a few bytes to 3 MiB), some of which stop mid-upload or read only
 // part of their answer, and a worker killed in the middle: every 200 is
-// exactly its own request's bytes.
+// exactly its own request's bytes. With one function its pieces move
+// alone (up to 1 MiB a turn, at the server's CPU weight); with two, each
+// function's pieces wait for their turns beside the other's (256 KiB, at
+// their function's weight) while both are about.
 func TestIOTurnsKeepEveryAnswerItsOwn(t *testing.T) {
 	bin := buildPlover(t)
+	for _, names := range [][]string{{"big"}, {"big", "big2"}} {
+		t.Run(strings.Join(names, ","), func(t *testing.T) { keepEveryAnswerItsOwn(t, bin, names) })
+	}
+}
+
+func keepEveryAnswerItsOwn(t *testing.T, bin string, names []string) {
 	srv := startServer(t, bin, "--isolation", "process", "--io-shares", "on", "--io-slots", "1", "--timeout", "20s", "--max-instances", "4")
 	env := []string{"PLOVER_SERVER=" + srv.url}
-	echoBig(t, bin, env)
-	url := srv.url + "/v1/functions/big/invoke"
+	for _, n := range names {
+		echoBigAs(t, bin, env, n)
+	}
 	const clients, each = 8, 12
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -248,9 +261,11 @@ func TestIOTurnsKeepEveryAnswerItsOwn(t *testing.T) {
 				}
 				n := 1 + rng.IntN(3<<20)
 				in := body(100+c, i, n)
+				fn := names[c%len(names)]
+				url := srv.url + "/v1/functions/" + fn + "/invoke"
 				switch rng.IntN(6) {
 				case 0: // stops mid-upload
-					conn := rawPost(t, srv.url, "big", n)
+					conn := rawPost(t, srv.url, fn, n)
 					conn.Write(in[:n/2])
 					conn.Close()
 					continue
@@ -285,7 +300,7 @@ func TestIOTurnsKeepEveryAnswerItsOwn(t *testing.T) {
 		}()
 	}
 	<-kill
-	if pid := workerPID(t, srv.url, "big"); pid > 0 {
+	if pid := workerPID(t, srv.url, names[0]); pid > 0 {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	wg.Wait()
