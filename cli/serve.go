@@ -61,6 +61,7 @@ func defaultDataDir() string {
 }
 
 type serveFlags struct {
+	cpus                                             float64 // the CPUs the runtime chose (serverProcs), not a flag
 	listen, data, device, store, logFormat, logLevel string
 	isolation, workerUser, ioShares, workerScope     string
 	memoryGroups                                     string
@@ -212,7 +213,7 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	serverProcs(log)
+	f.cpus = serverProcs(log)
 	ctx, force := stopSignals()
 	// SIGHUP reloads tokens and certificate; caught from the start, so one
 	// sent while the server starts does not kill it.
@@ -664,11 +665,15 @@ func stopGRPC(ctx context.Context, gs *grpc.Server, shakes *grpcapi.Handshakes) 
 // 8 clients of 4 MB vecadd on 2 cores, a CNN at 8 requests a second had a
 // p50 of 4.2-5.5 ms with 2 processors and 1.9-2.3 ms with 4 (BENCHMARKS.md,
 // "A lead for the sparse function").
-func serverProcs(log *slog.Logger) {
+// It returns the CPUs the runtime chose (a pod's CPU limit, where NumCPU
+// is the node's), or GOMAXPROCS where it is set: what the light workers'
+// boost counts a worker's part of.
+func serverProcs(log *slog.Logger) (cpus float64) {
+	n := runtime.GOMAXPROCS(0)
 	if os.Getenv("GOMAXPROCS") != "" {
-		return
+		return float64(n)
 	}
-	n := 2 * runtime.GOMAXPROCS(0)
-	runtime.GOMAXPROCS(n)
-	log.Info("the server's Go processors: twice the CPUs it may use (GOMAXPROCS sets them)", "procs", n)
+	runtime.GOMAXPROCS(2 * n)
+	log.Info("the server's Go processors: twice the CPUs it may use (GOMAXPROCS sets them)", "procs", 2*n, "cpus", n)
+	return float64(n)
 }

@@ -147,7 +147,7 @@ func workerGroups(f *serveFlags, devs []device.Device, drop *contain.Identity, l
 	var cpu *worker.CPUGroups
 	if f.cpuWeights {
 		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
-		cpu.StartBoost(f.lightBoost)
+		cpu.StartBoost(f.lightBoost, f.cpus)
 	}
 	uid := os.Getuid()
 	if drop != nil {

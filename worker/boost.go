@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,12 +94,15 @@ func lightBoosts(uses []groupUse, cpus float64) []bool {
 const LightBoost = 8
 
 // StartBoost starts boosting light workers by factor (1 or less: none),
-// until Close. Call it once, before workers are placed.
-func (g *CPUGroups) StartBoost(factor float64) {
-	if g == nil || factor <= 1 || g.nice && !g.lower { // a boost must be taken back
+// until Close, a worker's part being of cpus CPUs (the runtime's choice of
+// Go processors: a pod's CPU limit, where NumCPU is the node's; not the
+// server's own processors, which it may run more of). Call it once,
+// before workers are placed.
+func (g *CPUGroups) StartBoost(factor, cpus float64) {
+	if g == nil || factor <= 1 || cpus <= 0 || g.nice && !g.lower { // a boost must be taken back
 		return
 	}
-	g.boost = factor
+	g.boost, g.cpus = factor, cpus
 	g.stopBoost = make(chan struct{})
 	g.boostDone = make(chan struct{})
 	go g.boostLoop()
@@ -111,7 +113,7 @@ func (g *CPUGroups) boostLoop() {
 	defer close(g.boostDone)
 	tick := time.NewTicker(boostWindow)
 	defer tick.Stop()
-	cpus := float64(runtime.GOMAXPROCS(0)) // a pod's CPU limit, where NumCPU is the node's
+	cpus := g.cpus
 	for {
 		select {
 		case <-g.stopBoost:

@@ -340,7 +340,7 @@ func TestNiceLevelsOnlyRiseWithoutPrivilege(t *testing.T) {
 		if g.lower {
 			return
 		}
-		g.StartBoost(LightBoost)
+		g.StartBoost(LightBoost, float64(runtime.GOMAXPROCS(0)))
 		c := g.Place(pid, 0) // a standby
 		levels = append(levels, niceOf(t, pid))
 		c.Weigh(&abi.Manifest{Name: "f"})

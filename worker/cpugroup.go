@@ -54,6 +54,7 @@ type CPUGroups struct {
 	// The light workers' boost (StartBoost): its factor, and its loop's
 	// stop and end.
 	boost     float64
+	cpus      float64 // what a worker's part is of (StartBoost)
 	stopBoost chan struct{}
 	boostDone chan struct{}
 }
