@@ -61,7 +61,7 @@ func defaultDataDir() string {
 }
 
 type serveFlags struct {
-	cpus                                             float64 // the CPUs the runtime chose (serverProcs), not a flag
+	cpus                                             float64 // the CPUs the runtime chose (serverProcs), not a flag; 0: not read, GOMAXPROCS's
 	listen, data, device, store, logFormat, logLevel string
 	isolation, workerUser, ioShares, workerScope     string
 	memoryGroups                                     string
@@ -671,6 +671,9 @@ func stopGRPC(ctx context.Context, gs *grpc.Server, shakes *grpcapi.Handshakes) 
 func serverProcs(log *slog.Logger) (cpus float64) {
 	n := runtime.GOMAXPROCS(0)
 	if os.Getenv("GOMAXPROCS") != "" {
+		// Said either way, so that an operator sees which applies (the
+		// runtime ignores a GOMAXPROCS it cannot parse: its own choice).
+		log.Info("the server's Go processors: as GOMAXPROCS says", "procs", n)
 		return float64(n)
 	}
 	runtime.GOMAXPROCS(2 * n)

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 
 	"github.com/plover-run/plover/device"
@@ -147,7 +148,11 @@ func workerGroups(f *serveFlags, devs []device.Device, drop *contain.Identity, l
 	var cpu *worker.CPUGroups
 	if f.cpuWeights {
 		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
-		cpu.StartBoost(f.lightBoost, f.cpus)
+		cpus := f.cpus
+		if cpus <= 0 { // serve did not read them (serverProcs): nothing doubled
+			cpus = float64(runtime.GOMAXPROCS(0))
+		}
+		cpu.StartBoost(f.lightBoost, cpus)
 	}
 	uid := os.Getuid()
 	if drop != nil {
