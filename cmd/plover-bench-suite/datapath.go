@@ -33,8 +33,10 @@ const (
 	dpBlockTime = 3 * time.Second // per four-client block
 )
 
-// echoFloorEnv starts this binary as the echo floor: ADDR,BURN (a listen
-// address and a duration to spin for per request).
+// echoFloorEnv starts this binary as the echo floor: ADDR,BURN[,SMALL] (a
+// listen address and a duration to spin for per request; with SMALL, a
+// request whose body is under smallBody spins SMALL instead: one floor
+// standing for two functions, --fair's sparse victim and its flood).
 const echoFloorEnv = "PLOVER_BENCH_ECHO_FLOOR"
 
 // runEchoFloorIfAsked serves the echo floor when this process was started
@@ -45,7 +47,12 @@ func runEchoFloorIfAsked() {
 		return
 	}
 	addr, burnS, _ := strings.Cut(v, ",")
+	burnS, smallS, twoBurns := strings.Cut(burnS, ",")
 	burn, err := time.ParseDuration(burnS)
+	small := burn
+	if err == nil && twoBurns {
+		small, err = time.ParseDuration(smallS)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "echo floor:", err)
 		os.Exit(2)
@@ -57,7 +64,11 @@ func runEchoFloorIfAsked() {
 	}
 	fmt.Printf("listening %s\n", ln.Addr())
 	srv := &fasthttp.Server{MaxRequestBodySize: 64 << 20, Handler: func(ctx *fasthttp.RequestCtx) {
-		for t0 := time.Now(); time.Since(t0) < burn; { // the kernel's time, on a CPU
+		spin := burn
+		if len(ctx.Request.Body()) < smallBody {
+			spin = small
+		}
+		for t0 := time.Now(); time.Since(t0) < spin; { // the kernel's time, on a CPU
 		}
 		ctx.SetContentType("application/octet-stream")
 		ctx.Response.SetBodyRaw(ctx.Request.Body()) // the bytes it read, sent as they are
@@ -122,7 +133,7 @@ func runDatapath(ctx context.Context, o *options, res *results) error {
 		}
 	}
 	burn := time.Duration(kernels * float64(time.Millisecond))
-	floor, stopFloor, err := startEchoFloor(burn)
+	floor, stopFloor, err := startEchoFloor(burn, -1)
 	if err != nil {
 		return err
 	}
@@ -204,14 +215,24 @@ func metOrMissed(ok bool) string {
 	return "missed"
 }
 
-// startEchoFloor runs this binary as the echo floor on a loopback port.
-func startEchoFloor(burn time.Duration) (string, func(), error) {
+// smallBody is where an echo floor given two burns tells a small request
+// (the CNN's 3,136 bytes) from a flood's (vecadd's 4 MB).
+const smallBody = 1 << 20
+
+// startEchoFloor runs this binary as the echo floor on a loopback port,
+// spinning burn a request, or small for a body under smallBody (small < 0:
+// burn for every request).
+func startEchoFloor(burn, small time.Duration) (string, func(), error) {
 	self, err := os.Executable()
 	if err != nil {
 		return "", nil, err
 	}
 	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), echoFloorEnv+"=127.0.0.1:0,"+burn.String())
+	spec := "127.0.0.1:0," + burn.String()
+	if small >= 0 {
+		spec += "," + small.String()
+	}
+	cmd.Env = append(os.Environ(), echoFloorEnv+"="+spec)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", nil, err

@@ -85,10 +85,17 @@ type fairRun struct {
 	// a noisy stretch of the machine falls on all of them.
 	Rounds     [][]fairVictim `json:"rounds"`
 	RoundModes []string       `json:"round_modes"`
+	// Sparse are the sparse victim's rounds (fairsparse.go), a target
+	// after another in each, SparseTargets' order; SparseBurns what the
+	// echo floors spin, vecadd's and the CNN's (ms).
+	Sparse        [][]fairVictim `json:"sparse_rounds,omitempty"`
+	SparseTargets []string       `json:"sparse_targets,omitempty"`
+	SparseBurns   [2]float64     `json:"sparse_floor_burns_ms"`
 }
 
-// fairVictim is one round of one mode: the victim alone and beside the
-// vecadd flood, and the flood's throughput meanwhile.
+// fairVictim is one round of one mode (or, in the sparse rounds, a floor):
+// the victim alone and beside the vecadd flood, and the flood's throughput
+// meanwhile.
 type fairVictim struct {
 	Mode   string   `json:"mode"`
 	Alone  fairLoad `json:"alone"`
@@ -178,6 +185,11 @@ func runFair(ctx context.Context, o *options, res *results) error {
 		}
 		fr.Rounds = append(fr.Rounds, round)
 	}
+	if o.fairSparseRounds > 0 {
+		if err := runSparse(ctx, o, data, cnn.Input, vec.Input, fr); err != nil {
+			return err
+		}
+	}
 	res.LoadAfterRuns = loadAvg()
 	return writeFair(o, res, fr)
 }
@@ -185,16 +197,11 @@ func runFair(ctx context.Context, o *options, res *results) error {
 // fairVictimRound is one mode's round: a server of its own, the victim
 // alone, then beside the vecadd flood.
 func fairVictimRound(ctx context.Context, o *options, data, mode string, cnnIn, vecIn []byte) (fairVictim, error) {
-	srv, err := startServer(o.plover, data, o.device, o.isolation, fairFlags(data, mode)...)
+	srv, err := roundServer(ctx, o, data, mode, cnnIn, vecIn)
 	if err != nil {
 		return fairVictim{}, err
 	}
 	defer srv.stop()
-	for name, in := range map[string][]byte{"cnn": cnnIn, "vecadd": vecIn} {
-		if _, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond); err != nil {
-			return fairVictim{}, err
-		}
-	}
 	v := fairVictim{Mode: mode}
 	if v.Alone, err = closed(ctx, srv.url, "cnn", cnnIn, 1, o.fairTime); err != nil {
 		return v, err
@@ -207,6 +214,22 @@ func fairVictimRound(ctx context.Context, o *options, data, mode string, cnnIn, 
 	return v, nil
 }
 
+// roundServer starts a mode's server for a round, the CNN and vecadd
+// loaded and their instances made before anything is timed.
+func roundServer(ctx context.Context, o *options, data, mode string, cnnIn, vecIn []byte) (*server, error) {
+	srv, err := startServer(o.plover, data, o.device, o.isolation, fairFlags(data, mode)...)
+	if err != nil {
+		return nil, err
+	}
+	for name, in := range map[string][]byte{"cnn": cnnIn, "vecadd": vecIn} {
+		if _, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond); err != nil {
+			srv.stop()
+			return nil, err
+		}
+	}
+	return srv, nil
+}
+
 // writeFairRounds writes the interleaved rounds: each mode's victim beside
 // the 4 MB flood, round by round, and the medians.
 func writeFairRounds(p func(string, ...any), fr *fairRun) {
@@ -214,29 +237,49 @@ func writeFairRounds(p func(string, ...any), fr *fairRun) {
 		return
 	}
 	p("\nThe victim beside the 4 MB flood, the light workers' boost on and off (`--light-boost 1`): %d rounds, each a server per mode, the modes in turn in every round (so that a noisy stretch of this shared machine falls on all of them). Each cell: alone p99 → beside p50 / p99 ms; the medians over the rounds last (target: beside ≤ 1.5× alone at p50, ≤ 3× at p99).\n\n", len(fr.Rounds))
-	p("| round |")
-	for _, m := range fr.RoundModes {
-		p(" %s |", m)
+	writeRoundTable(p, fr.RoundModes, fr.Rounds, false)
+}
+
+// victimMedians are one column's medians over the rounds: the victim alone
+// and beside (p50, p99 ms), and the flood's rate.
+type victimMedians struct{ a50, a99, b50, b99, flood float64 }
+
+// writeRoundTable writes rounds of victims, a column per name, then their
+// medians with the ratios beside to alone; withP50 shows the victim's p50
+// alone too (else its p99 alone only). It returns the medians by column.
+func writeRoundTable(p func(string, ...any), names []string, rounds [][]fairVictim, withP50 bool) []victimMedians {
+	alone := func(v victimMedians) string {
+		if withP50 {
+			return fmtMs(v.a50) + " / " + fmtMs(v.a99)
+		}
+		return fmtMs(v.a99)
 	}
-	p("\n|---|%s\n", strings.Repeat("---|", len(fr.RoundModes)))
-	for i, round := range fr.Rounds {
+	p("| round |")
+	for _, n := range names {
+		p(" %s |", n)
+	}
+	p("\n|---|%s\n", strings.Repeat("---|", len(names)))
+	for i, round := range rounds {
 		p("| %d |", i+1)
 		for _, v := range round {
-			p(" %s → %s / %s |", fmtMs(v.Alone.P99), fmtMs(v.Beside.P50), fmtMs(v.Beside.P99))
+			p(" %s → %s / %s |", alone(victimMedians{a50: v.Alone.P50, a99: v.Alone.P99}), fmtMs(v.Beside.P50), fmtMs(v.Beside.P99))
 		}
 		p("\n")
 	}
+	meds := make([]victimMedians, len(names))
 	p("| median |")
-	for k := range fr.RoundModes {
+	for k := range names {
 		var a50, a99, b50, b99, fl []float64
-		for _, round := range fr.Rounds {
+		for _, round := range rounds {
 			v := round[k]
 			a50, a99, b50, b99, fl = append(a50, v.Alone.P50), append(a99, v.Alone.P99), append(b50, v.Beside.P50), append(b99, v.Beside.P99), append(fl, v.Flood)
 		}
-		p(" %s → %s / %s (%s / %s of alone; flood %.0f/s) |", fmtMs(median(a99)), fmtMs(median(b50)), fmtMs(median(b99)),
-			ratio(median(b50), median(a50)), ratio(median(b99), median(a99)), median(fl))
+		m := victimMedians{median(a50), median(a99), median(b50), median(b99), median(fl)}
+		meds[k] = m
+		p(" %s → %s / %s (%s / %s of alone; flood %.0f/s) |", alone(m), fmtMs(m.b50), fmtMs(m.b99), ratio(m.b50, m.a50), ratio(m.b99, m.a99), m.flood)
 	}
 	p("\n")
+	return meds
 }
 
 // fairModeNamed is the mode called name in fr, or nil.
@@ -432,6 +475,18 @@ func closed(ctx context.Context, url, fn string, in []byte, clients int, d time.
 
 // closedAs is closed with a bearer token ("": none).
 func closedAs(ctx context.Context, url, token, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
+	return loop(ctx, bench.Config{Server: url, Token: token, Function: fn, Input: in, Concurrency: clients, Duration: d})
+}
+
+// sparseLoop runs an open loop of rate requests a second and summarises it.
+func sparseLoop(ctx context.Context, url, fn string, in []byte, rate float64, d time.Duration) (fairLoad, error) {
+	return loop(ctx, bench.Config{Server: url, Function: fn, Input: in, Rate: rate, Duration: d})
+}
+
+// loop runs cfg (its server, function, input, clients or rate, and
+// duration) and summarises it, with each request's time outside the
+// server.
+func loop(ctx context.Context, cfg bench.Config) (fairLoad, error) {
 	var mu sync.Mutex
 	var outside []float64
 	observe := func(s *bench.Sample) {
@@ -441,9 +496,10 @@ func closedAs(ctx context.Context, url, token, fn string, in []byte, clients int
 			mu.Unlock()
 		}
 	}
-	r, err := bench.Run(ctx, bench.Config{Server: url, Token: token, Function: fn, Input: in, Concurrency: clients, Duration: d, Requests: 100_000_000, Timeout: time.Minute, Observe: observe})
+	cfg.Requests, cfg.Timeout, cfg.Observe = 100_000_000, time.Minute, observe
+	r, err := bench.Run(ctx, cfg)
 	if err != nil {
-		return fairLoad{}, fmt.Errorf("%s: %w", fn, err)
+		return fairLoad{}, fmt.Errorf("%s: %w", cfg.Function, err)
 	}
 	l := loadOf(r)
 	l.OutsideP50, l.OutsideP99 = quantile(outside, 0.5), quantile(outside, 0.99)
@@ -495,6 +551,12 @@ func flood(ctx context.Context, plover, url, fn string, in []byte, clients int, 
 // beside runs the victim at one client while the neighbour is flooded;
 // the flood starts first and runs past the victim's end.
 func beside(ctx context.Context, plover, url, victim string, vin []byte, nb string, nin []byte, clients int, d time.Duration) (fairLoad, fairLoad, error) {
+	return besideFlood(ctx, plover, url, nb, nin, clients, d, func() (fairLoad, error) { return closed(ctx, url, victim, vin, 1, d) })
+}
+
+// besideFlood runs victim while nb is flooded at url by clients for d and
+// more: the flood starts first and runs past the victim's end.
+func besideFlood(ctx context.Context, plover, url, nb string, nin []byte, clients int, d time.Duration, victim func() (fairLoad, error)) (fairLoad, fairLoad, error) {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var fl fairLoad
@@ -509,7 +571,7 @@ func beside(ctx context.Context, plover, url, victim string, vin []byte, nb stri
 	case <-done:
 		return fairLoad{}, fairLoad{}, fmt.Errorf("flood %s ended early: %v", nb, ferr)
 	}
-	v, err := closed(ctx, url, victim, vin, 1, d)
+	v, err := victim()
 	cancel()
 	<-done
 	if err == nil {
@@ -604,5 +666,6 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 		p("| %s | %s | %s | %.3f | %d, %d |\n", m.Mode, alone, io, m.IO.BytesA, m.IO.Throughput[0], m.IO.Throughput[1])
 	}
 	writeFairRounds(p, fr)
+	writeFairSparse(p, fr)
 	return writeSection(o, "fair-"+o.device, b.String(), fr)
 }

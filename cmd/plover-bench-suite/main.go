@@ -58,6 +58,7 @@ type options struct {
 	tracing                               bool
 	tracingBefore                         string
 	fairClients, fairRounds               int
+	fairSparseRounds                      int
 	fairTime                              time.Duration
 	fairModes                             []string
 	batchClients                          int
@@ -113,6 +114,7 @@ func main() {
 		}
 		return nil
 	})
+	flag.IntVar(&o.fairSparseRounds, "fair-sparse-rounds", 2, "--fair: rounds of a sparse victim (the CNN at 4/s, open loop, 4 times --fair-time) alone and beside the 4 MB flood, on fair, fair-nice and two echo floors (0: none)")
 	flag.IntVar(&o.fairRounds, "fair-rounds", 4, "--fair: rounds of the victim alone and beside the 4 MB flood, the server's I/O scheduled and not, the modes interleaved (0: none)")
 	flag.IntVar(&o.batchClients, "batch-clients", 32, "closed-loop clients for --batch")
 	flag.DurationVar(&o.batchTime, "batch-time", 6*time.Second, "duration of each --batch closed-loop run")

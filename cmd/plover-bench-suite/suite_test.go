@@ -209,3 +209,32 @@ func TestFairModes(t *testing.T) {
 		t.Errorf("no --fair-modes kept %d of %d modes", len(got), len(fairModes))
 	}
 }
+
+// The sparse rounds' table: a column per target, the medians over the
+// rounds with their ratios to alone, and each target beside the flood
+// against the floor of a process each (always the last column).
+func TestWriteFairSparse(t *testing.T) {
+	v := func(mode string, a50, a99, b50, b99, flood float64) fairVictim {
+		return fairVictim{Mode: mode, Alone: fairLoad{P50: a50, P99: a99}, Beside: fairLoad{P50: b50, P99: b99}, Flood: flood}
+	}
+	fr := &fairRun{Clients: 8, Time: 5, SparseTargets: []string{"fair", floorOne, floorTwo}, SparseBurns: [2]float64{0.58, 0.05},
+		Sparse: [][]fairVictim{
+			{v("fair", 0.6, 1.0, 0.6, 4.0, 250), v(floorOne, 0.3, 0.6, 5.0, 20, 600), v(floorTwo, 0.3, 0.5, 0.4, 6.0, 620)},
+			{v("fair", 0.7, 1.2, 0.8, 6.0, 230), v(floorOne, 0.3, 0.6, 6.0, 24, 580), v(floorTwo, 0.3, 0.5, 0.4, 8.0, 600)},
+			{v("fair", 0.6, 1.1, 0.7, 5.0, 240), v(floorOne, 0.3, 0.6, 7.0, 22, 590), v(floorTwo, 0.3, 0.5, 0.4, 10, 610)},
+		}}
+	var b strings.Builder
+	writeFairSparse(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, fr)
+	out := b.String()
+	for _, want := range []string{
+		"| round | fair | echo, one process | echo, a process each |",
+		"| 2 | 0.700 / 1.20 → 0.800 / 6.00 |",
+		"| median | 0.600 / 1.10 → 0.700 / 5.00 (1.17× / 4.55× of alone; flood 240/s) |",
+		"vecadd 0.580 ms, the CNN 0.050 ms",
+		"`fair` 1.75× / 0.62×; `echo, one process` 15× / 2.75×.",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+}
