@@ -110,6 +110,10 @@ type SchedConfig struct {
 	// light function is about (sched.Config.FloodRuns); 0: all but the
 	// reserve.
 	FloodRuns int
+	// ReserveHold is how long after a light function's last request its
+	// slots stay kept, on every device and in the server's I/O
+	// (sched.Config.Recent); 0: sched.DefaultRecent.
+	ReserveHold time.Duration
 	// Policy names the registered policy that orders queued runs
 	// (sched.RegisterPolicy; "": sched.DefaultPolicy, wfq).
 	Policy string
@@ -199,7 +203,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 		for _, d := range cfg.Devices {
 			n := cfg.Sched.maxRuns(d)
-			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), FloodRuns: cfg.Sched.FloodRuns, PolicyName: cfg.Sched.Policy,
+			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), FloodRuns: cfg.Sched.FloodRuns, PolicyName: cfg.Sched.Policy, Recent: cfg.Sched.ReserveHold,
 				Capacity: device.SharedTime(d.Target())})
 		}
 	}

@@ -2,8 +2,10 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
@@ -50,5 +52,51 @@ func TestFloodRunsBoundAFloodBesideALightFunction(t *testing.T) {
 		}
 		testkit.WaitFor(t, e, "slow", "the flood's runs on the device and queued", testkit.Busy(3, 3-tt.running))
 		stop()
+	}
+}
+
+// ReserveHold reaches the device's scheduler and the server's I/O: after a
+// light function's one request, a flood of four slow requests has all but
+// the reserve (two of four) on the device while the hold lasts, and all
+// four with a hold that has passed before the flood comes.
+func TestReserveHoldKeepsSlotsAfterALightRequest(t *testing.T) {
+	for _, tt := range []struct {
+		hold    time.Duration
+		running int
+	}{{time.Hour, 2}, {time.Nanosecond, 4}} {
+		e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 4, ReserveHold: tt.hold}})
+		slow := testkit.Slow("slow", 300)
+		slow.MaxInstances = 4
+		testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("light"), nil))
+		invoke(t, e, "slow", []byte{1})
+		invoke(t, e, "light", []byte{1}) // its one request: then quiet
+
+		var wg sync.WaitGroup
+		t.Cleanup(wg.Wait)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := e.Invoke(context.Background(), "slow", &call.Request{Input: []byte{1}}); err != nil {
+					t.Errorf("slow: %v", err)
+				}
+			}()
+		}
+		testkit.WaitFor(t, e, "slow", fmt.Sprintf("hold %v: the flood's runs on the device and queued", tt.hold), testkit.Busy(4, 4-tt.running))
+		wg.Wait()
+
+		// The server's I/O holds the same: a turn beside a light
+		// function's request moves one piece (ioshare's default 256 KiB)
+		// while the hold lasts, more once it has passed.
+		e.IO("light").Touch(time.Now())
+		tn, err := e.IO("slow").Turn(context.Background(), time.Time{}, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if shared, want := tn.Piece() == 256<<10, tt.running == 2; shared != want {
+			t.Errorf("hold %v: a turn beside the light function's request moves %d bytes", tt.hold, tn.Piece())
+		}
+		tn.Done()
 	}
 }

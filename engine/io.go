@@ -22,6 +22,9 @@ func newIO(e *Engine, sc SchedConfig) *ioshare.Shares {
 	if cfg.Policy == "" {
 		cfg.Policy = sc.Policy
 	}
+	if cfg.Recent == 0 {
+		cfg.Recent = sc.ReserveHold
+	}
 	cfg.Charge = e.chargeIO
 	return ioshare.New(cfg)
 }

@@ -114,7 +114,7 @@ func ioSecondsOf(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // light function's small call is about, so another function's piece moves
 // beside it (a turn of Config.Piece bytes), not as though it had the
 // server's I/O to itself (alonePieces of them). A touch counts for the I/O
-// scheduler's Recent (100 ms): tried until one turn begins within it.
+// scheduler's Recent (sched.DefaultRecent): tried until one turn begins within it.
 func TestInferTouchesItsFlow(t *testing.T) {
 	f := serveBig(t, nil)
 	other := f.e.IO("big")

@@ -67,6 +67,9 @@ type Config struct {
 	Log *slog.Logger
 	// Policy orders waiting pieces ("": sched.DefaultPolicy).
 	Policy string
+	// Recent is how long a light function's request keeps the slot kept
+	// for light functions (sched.Config.Recent; 0: sched.DefaultRecent).
+	Recent time.Duration
 	// Charge, when set, is told each piece's CPU time with its flow: the
 	// engine charges the function's device flows with it. The flow, not
 	// its name: a charge may be on its way as its function is deleted
@@ -112,7 +115,7 @@ func New(cfg Config) *Shares {
 		cfg.Hold = 2 * time.Millisecond
 	}
 	sh := &Shares{cfg: cfg, flows: map[string]*Flow{},
-		s: sched.New(sched.Config{MaxRuns: cfg.Slots, Reserve: 1, PolicyName: cfg.Policy})}
+		s: sched.New(sched.Config{MaxRuns: cfg.Slots, Reserve: 1, PolicyName: cfg.Policy, Recent: cfg.Recent})}
 	if cfg.Threads == nil {
 		sh.cfg.Threads = NiceLevels{}
 	}
@@ -244,7 +247,7 @@ func (f *Flow) Touch(now time.Time) {
 		return
 	}
 	// Once in touchEvery is as good as every time: it marks the flow
-	// about for sched's Recent (100 ms).
+	// about for sched's Recent (Config.Recent, a second by default).
 	at := now.UnixNano()
 	if last := f.touched.Load(); at-last < int64(touchEvery) || !f.touched.CompareAndSwap(last, at) {
 		return

@@ -384,6 +384,28 @@ func TestOffMovesAsTheyCome(t *testing.T) {
 	}
 }
 
+// A light function's request (Touch) makes another flow's turns share the
+// server's I/O for Config.Recent: a turn moves Piece bytes while the light
+// one counts as about, alonePieces of them once it no longer does.
+func TestTouchCountsForRecent(t *testing.T) {
+	for _, tt := range []struct {
+		recent time.Duration
+		pieces int
+	}{{time.Hour, 1}, {time.Nanosecond, alonePieces}} {
+		sh := New(Config{Slots: 2, Recent: tt.recent})
+		sh.Flow("light").Touch(time.Now())
+		tn, err := sh.Flow("big").Turn(context.Background(), time.Time{}, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := tn.Piece()
+		tn.Done()
+		if want := tt.pieces * sh.Piece(); got != want {
+			t.Errorf("Recent %v: a turn beside a touched light flow moves %d bytes, want %d", tt.recent, got, want)
+		}
+	}
+}
+
 // A piece that holds its turn past Hold (blocked) gives its slot up to a
 // waiting one.
 func TestHeldTurnGivesWay(t *testing.T) {

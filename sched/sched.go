@@ -119,8 +119,9 @@ type Config struct {
 	// fewer floods in flight bound that wait. 0: MaxRuns-Reserve. Without
 	// a Reserve nobody is about, and it does nothing.
 	FloodRuns int
-	// Recent is how long after going idle a function counts for Reserve
-	// (default 100ms).
+	// Recent is how long after going idle a function counts for Reserve,
+	// and how long after two of its runs were queued or running at once
+	// it does not count as light (default DefaultRecent).
 	Recent time.Duration
 	// Policy orders queued runs; nil: the policy registered as PolicyName
 	// ("": DefaultPolicy), made with MaxWait. An unknown name is a

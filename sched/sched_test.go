@@ -362,12 +362,11 @@ func TestWaitingRunGivesUp(t *testing.T) {
 	}
 }
 
-// With Reserve, a function that ran recently finds a slot free however
-// long its neighbour's runs are; once it has been idle for Recent, the
-// neighbour gets the slot back (by a timer: nothing else happens).
-func TestReserveKeepsASlotForARecentFunction(t *testing.T) {
-	clk := newFakeClock()
-	s := New(Config{MaxRuns: 2, Reserve: 1, Recent: 100 * time.Millisecond, Clock: clk})
+// floodBesideLight runs a light function's one run on s (two slots, one
+// kept), then a flood's: one running (f1), the next queued behind the kept
+// slot (c2).
+func floodBesideLight(t *testing.T, s *Scheduler, clk *fakeClock) (victim *Flow, f1 Ticket, c2 <-chan result) {
+	t.Helper()
 	victim, flood := s.Flow("victim"), s.Flow("flood")
 	v, _, _ := victim.Admit(context.Background(), time.Time{}, nil)
 	clk.Advance(time.Millisecond)
@@ -376,9 +375,19 @@ func TestReserveKeepsASlotForARecentFunction(t *testing.T) {
 	if wait != 0 {
 		t.Fatal("the flood's first run waited")
 	}
-	c2 := admitAsync(flood, context.Background(), time.Time{}, nil)
+	c2 = admitAsync(flood, context.Background(), time.Time{}, nil)
 	waitFor(t, "flood queued", func() bool { return flood.queued() == 1 })
-	v, wait, _ = victim.Admit(context.Background(), time.Time{}, nil)
+	return victim, f1, c2
+}
+
+// With Reserve, a function that ran recently finds a slot free however
+// long its neighbour's runs are; once it has been idle for Recent, the
+// neighbour gets the slot back (by a timer: nothing else happens).
+func TestReserveKeepsASlotForARecentFunction(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Reserve: 1, Recent: 100 * time.Millisecond, Clock: clk})
+	victim, f1, c2 := floodBesideLight(t, s, clk)
+	v, wait, _ := victim.Admit(context.Background(), time.Time{}, nil)
 	if wait != 0 || !pending(c2) {
 		t.Fatalf("victim waited %v; the flood's second run was admitted: %v", wait, !pending(c2))
 	}
@@ -390,6 +399,54 @@ func TestReserveKeepsASlotForARecentFunction(t *testing.T) {
 	clk.Advance(100 * time.Millisecond)
 	got(t, c2, "flood after the victim went quiet").t.Done()
 	f1.Done()
+}
+
+// By default a light function stays about for a second: one called twice
+// a second keeps its reserve between requests (with the 100 ms of before,
+// one called every 125 ms found the floods in every slot at each request),
+// and a second after its last run the floods get every slot.
+func TestDefaultRecentKeepsTheReserveBetweenSparseRequests(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Reserve: 1, Clock: clk})
+	_, f1, c2 := floodBesideLight(t, s, clk)
+	var quiet time.Duration
+	for _, to := range []time.Duration{125 * time.Millisecond, 500 * time.Millisecond, 990 * time.Millisecond} {
+		clk.Advance(to - quiet)
+		quiet = to
+		if s.running_() != 1 || !pending(c2) {
+			t.Fatalf("the kept slot went to the flood %v after the light function's run", quiet)
+		}
+	}
+	clk.Advance(DefaultRecent - quiet)
+	got(t, c2, "flood once the light function was quiet for DefaultRecent").t.Done()
+	f1.Done()
+}
+
+// A flood that stops keeps no reserve for itself: two of its runs at once
+// make it a flood for as long as it counts as about, so another flood
+// gets every slot at once.
+func TestAStoppedFloodIsNotLight(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Reserve: 1, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	r1, _, _ := a.Admit(context.Background(), time.Time{}, nil)
+	r2, _, _ := a.Admit(context.Background(), time.Time{}, nil)
+	clk.Advance(time.Millisecond)
+	r1.Done()
+	r2.Done()
+	var since time.Duration
+	for _, after := range []time.Duration{0, 200 * time.Millisecond, 900 * time.Millisecond} {
+		clk.Advance(after - since)
+		since = after
+		b1, _, _ := b.Admit(context.Background(), time.Time{}, nil)
+		c2 := admitAsync(b, context.Background(), time.Time{}, nil)
+		waitFor(t, "b's second run admitted or queued", func() bool { return s.running_() == 2 || b.queued() == 1 })
+		if s.running_() != 2 {
+			t.Fatalf("%v after a stopped: b's second run waits for a slot kept for a", after)
+		}
+		b1.Done()
+		got(t, c2, "b's second run").t.Done()
+	}
 }
 
 // A reserve of two of four: a flood gets two slots while a light function
