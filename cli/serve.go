@@ -149,7 +149,7 @@ func serveCmd() *command {
 			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids and the workers' memory groups)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
-			fs.DurationVar(&f.reserveHold, "reserve-hold", sched.DefaultRecent, "how long after a light function's last request (one at a time) the slots kept for light functions stay kept from floods, on every device and in the server's I/O; a function called less often finds the floods in every slot (shorter: floods lose less after a light function's last request)")
+			fs.DurationVar(&f.reserveHold, "reserve-hold", sched.DefaultRecent, "how long after a light function's last run (one at a time) the slots kept for light functions stay kept from floods, on every device and in the server's I/O; a function called less often finds the floods in every slot (shorter: floods lose less after a light function's last request)")
 			fs.IntVar(&f.floodRuns, "flood-runs", 0, "while a light function (one request at a time) is about, the runs other functions may have on a device together, below --device-runs less the slots kept for light ones: on a GPU, whose copies and kernels in flight are not preempted, a light run waits behind each (0: all but the kept slots)")
 			fs.IntVar(&f.copyPieceKiB, "copy-piece", 0, "KiB: on a CUDA device each run's copies between host and device are issued as async pieces of at most this size, back to back on its stream (on an H200 it shortened a light function's tail beside large-body floods only together with --flood-runs 1: README); ignored on the host device (0: whole copies)")
 			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where the server's threads can be weighed as the workers': by nice level where the workers' weights are nice levels, by moving a piece's thread into a CPU group at its function's weight under cgroup v1; off under cgroup v2, where on keeps the server's weight, or without CPU weights)")
@@ -304,7 +304,7 @@ func schedFlags(f *serveFlags, env *Env) (engine.SchedConfig, evict.Evictor, err
 		return sc, nil, usagef(env, "serve", "--flood-runs %d: want 0 (all runs but the reserve) or more", f.floodRuns)
 	}
 	if f.reserveHold <= 0 {
-		return sc, nil, usagef(env, "serve", "--reserve-hold %v: want a positive duration (--sched fair-no-reserve keeps no slots)", f.reserveHold)
+		return sc, nil, usagef(env, "serve", "--reserve-hold %v: want a positive duration", f.reserveHold)
 	}
 	if f.ioSlots < 0 {
 		return sc, nil, usagef(env, "serve", "--io-slots %d: want 0 (the CPUs) or more", f.ioSlots)

@@ -104,7 +104,7 @@ type Config struct {
 	MaxRuns int
 	// Reserve is how many of MaxRuns (at most MaxRuns-1) are kept for
 	// light functions, ones that send a run at a time (no two queued or
-	// running within Recent), while such a function went idle within Recent
+	// running within Overlap), while such a function went idle within Recent
 	// and has nothing running: an interactive function finds the device
 	// free between its requests instead of behind a neighbour's long run (a
 	// spatial share, as MPS keeps SMs), while floods share the rest by the
@@ -119,10 +119,13 @@ type Config struct {
 	// fewer floods in flight bound that wait. 0: MaxRuns-Reserve. Without
 	// a Reserve nobody is about, and it does nothing.
 	FloodRuns int
-	// Recent is how long after going idle a function counts for Reserve,
-	// and how long after two of its runs were queued or running at once
-	// it does not count as light (default DefaultRecent).
+	// Recent is how long after going idle a light function counts for
+	// Reserve (default DefaultRecent): one that was light as it went idle
+	// (a flood that stops is not).
 	Recent time.Duration
+	// Overlap is how long after two of its runs were queued or running at
+	// once a function does not count as light (default DefaultOverlap).
+	Overlap time.Duration
 	// Policy orders queued runs; nil: the policy registered as PolicyName
 	// ("": DefaultPolicy), made with MaxWait. An unknown name is a
 	// programming error (New panics): check it with NewPolicy first.

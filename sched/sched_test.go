@@ -449,6 +449,48 @@ func TestAStoppedFloodIsNotLight(t *testing.T) {
 	}
 }
 
+// A light function whose requests overlapped once is light again Overlap
+// later, not a whole hold later: one with random arrivals now and then
+// sends two at once and must not lose its slots for a second each time.
+func TestLightAgainSoonAfterAnOverlap(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Reserve: 1, Clock: clk})
+	victim, flood := s.Flow("victim"), s.Flow("flood")
+	r1, _, _ := victim.Admit(context.Background(), time.Time{}, nil)
+	r2 := admitAsync(victim, context.Background(), time.Time{}, nil)
+	waitFor(t, "the victim's second run", func() bool { return s.running_() == 2 || victim.queued() == 1 })
+	clk.Advance(time.Millisecond)
+	r1.Done()
+	got(t, r2, "the victim's second run").t.Done()
+	clk.Advance(DefaultOverlap + 50*time.Millisecond)
+	v, _, _ := victim.Admit(context.Background(), time.Time{}, nil) // one at a time again
+	clk.Advance(time.Millisecond)
+	v.Done()
+	f1, _, _ := flood.Admit(context.Background(), time.Time{}, nil)
+	c2 := admitAsync(flood, context.Background(), time.Time{}, nil)
+	waitFor(t, "flood queued", func() bool { return flood.queued() == 1 || s.running_() == 2 })
+	clk.Advance(500 * time.Millisecond)
+	if s.running_() != 1 {
+		t.Fatal("the flood took the kept slot: the victim's one overlap made it a flood for the hold")
+	}
+	clk.Advance(DefaultRecent)
+	got(t, c2, "flood once the victim was quiet for the hold").t.Done()
+	f1.Done()
+}
+
+// A deleted light function keeps no slots for the rest of its hold.
+func TestForgetReleasesTheReserve(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Reserve: 1, Clock: clk})
+	_, f1, c2 := floodBesideLight(t, s, clk)
+	if s.running_() != 1 {
+		t.Fatal("the flood took the kept slot")
+	}
+	s.Forget("victim")
+	got(t, c2, "flood once the light function was deleted").t.Done()
+	f1.Done()
+}
+
 // A reserve of two of four: a flood gets two slots while a light function
 // is about, and the light function's own run takes a reserved slot, not
 // one of the flood's: the flood cannot fill the device behind it (on the

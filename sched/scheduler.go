@@ -54,12 +54,16 @@ type Scheduler struct {
 // called every 125 ms or less often then found, at each request, its
 // reserve lapsed and the floods in every slot, and beside 8 clients of 4 MB
 // vecadd its p99 was 23-34 ms against 3-6 ms when called every 62 ms
-// (BENCHMARKS.md, "A sparse victim"). A second covers a caller that sends a
-// request a second; a flood pays the reserve for a second after a light
-// function's last request. The window for lightness is the same one, so
-// that a flood that stops is never light while it is still about: it
-// would hold the reserve for itself.
+// (BENCHMARKS.md, "The reserve hold"). A second covers a caller that sends
+// a request a second; a flood pays the reserve for a second after a light
+// function's last request.
 const DefaultRecent = time.Second
+
+// DefaultOverlap is Config.Overlap's default: lightness is lost for this
+// long after two runs at once, not for the hold, so that a light function
+// whose requests now and then overlap (random arrivals) stays light nearly
+// all the time.
+const DefaultOverlap = 100 * time.Millisecond
 
 // New returns a Scheduler for one device.
 func New(cfg Config) *Scheduler {
@@ -69,6 +73,9 @@ func New(cfg Config) *Scheduler {
 	cfg.Reserve = min(max(cfg.Reserve, 0), cfg.MaxRuns-1)
 	if cfg.Recent <= 0 {
 		cfg.Recent = DefaultRecent
+	}
+	if cfg.Overlap <= 0 {
+		cfg.Overlap = DefaultOverlap
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 200 * time.Millisecond
@@ -103,7 +110,10 @@ type Flow struct {
 	lastIdle time.Time // when it last went idle
 	lastBusy time.Time // when it last had two or more runs queued or running
 	listed   bool      // in s.idle
-	recent   decayed
+	// idleLight: it was light when it last went idle (or was touched), so
+	// it counts as about for Recent after; a flood that stops does not.
+	idleLight bool
+	recent    decayed
 
 	// PolicyData belongs to the Scheduler's Policy (set and read in its
 	// calls, under the Scheduler's lock).
@@ -141,6 +151,16 @@ func (s *Scheduler) Lookup(name string) *Flow {
 func (s *Scheduler) Forget(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if f := s.flows[name]; f != nil && f.listed && f.inFlight == 0 {
+		// A deleted function keeps no slots, nor another flow from
+		// being Alone, for the rest of its hold; one still running
+		// is pruned once its runs end and Recent passes.
+		f.listed = false
+		s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool { return g == f })
+		now := s.clock.Now()
+		s.dispatch(now) // the slots it kept are the floods' now
+		s.armExpiry(now)
+	}
 	delete(s.flows, name)
 }
 
@@ -228,7 +248,7 @@ func (f *Flow) Alone() bool {
 	}
 	now := s.clock.Now()
 	for _, g := range s.idle {
-		if g != f && now.Sub(g.lastIdle) < s.cfg.Recent {
+		if g != f && s.aboutLight(g, now) {
 			return false
 		}
 	}
@@ -246,6 +266,7 @@ func (f *Flow) Touch() {
 	defer s.mu.Unlock() // see mu: the clock is an interface too
 	if !f.active && len(f.queue) == 0 && f.inFlight == 0 {
 		f.lastIdle = s.clock.Now()
+		f.idleLight = s.light(f, f.lastIdle)
 		if !f.listed {
 			f.listed = true
 			s.idle = append(s.idle, f)
@@ -594,6 +615,7 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 	}
 	f.active = false
 	f.lastIdle = now
+	f.idleLight = s.light(f, now)
 	if !f.listed {
 		f.listed = true
 		s.idle = append(s.idle, f)
@@ -602,8 +624,9 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 
 // limit is how many runs may be on the device when f starts one: all of
 // them, or all but Config.Reserve while a light function (one that has
-// not had two runs queued or running within Recent: it sends one request
-// at a time) went idle within Recent, unless f is such a function itself.
+// not had two runs queued or running within Overlap: it sends one request
+// at a time) went idle within Recent, light, unless f is such a function
+// itself.
 // The light function's own runs take the reserved slots: an interactive
 // function finds them free between its requests, and a flood, whatever
 // its gaps, cannot fill the device while it runs.
@@ -626,8 +649,10 @@ func (s *Scheduler) floodLimit(now time.Time) int {
 	// otherwise hold every flow ever seen (deleted functions' included).
 	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
 		// One running stays listed however long its run: the reserve is
-		// held until Recent after that run ends (maybeIdle).
-		if g.inFlight == 0 && now.Sub(g.lastIdle) >= s.cfg.Recent {
+		// held until Recent after that run ends (maybeIdle). One that
+		// went idle a flood counts for nothing: no longer listed, its
+		// own next run is a flood's too.
+		if g.inFlight == 0 && (!g.idleLight || now.Sub(g.lastIdle) >= s.cfg.Recent) {
 			g.listed = false
 			return true
 		}
@@ -638,7 +663,7 @@ func (s *Scheduler) floodLimit(now time.Time) int {
 	}
 	about, lightRuns := false, 0
 	for _, g := range s.idle {
-		if s.light(g, now) {
+		if g.inFlight > 0 && s.light(g, now) || s.aboutLight(g, now) {
 			about, lightRuns = true, lightRuns+g.inFlight
 		}
 	}
@@ -654,9 +679,15 @@ func (s *Scheduler) floodLimit(now time.Time) int {
 	return floods + min(lightRuns, s.cfg.Reserve)
 }
 
-// light reports a flow that has not had two runs at once within Recent.
+// light reports a flow that has not had two runs at once within Overlap.
 func (s *Scheduler) light(f *Flow, now time.Time) bool {
-	return f.lastBusy.IsZero() || now.Sub(f.lastBusy) >= s.cfg.Recent
+	return f.lastBusy.IsZero() || now.Sub(f.lastBusy) >= s.cfg.Overlap
+}
+
+// aboutLight reports a listed flow with nothing running that went idle
+// light within Recent and is light still: one the reserve is kept for.
+func (s *Scheduler) aboutLight(g *Flow, now time.Time) bool {
+	return g.inFlight == 0 && g.idleLight && now.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, now)
 }
 
 // dispatch admits queued runs while slots are free. Called with s.mu held.
@@ -726,7 +757,7 @@ func (s *Scheduler) armExpiry(now time.Time) {
 			for _, g := range s.idle {
 				// A running one's reserve lapses only after its run
 				// ends, which dispatches anyway: no timer for it.
-				if g.inFlight == 0 && s.light(g, now) {
+				if s.aboutLight(g, now) {
 					earliest(g.lastIdle.Add(s.cfg.Recent))
 				}
 			}
