@@ -110,8 +110,8 @@ type SchedConfig struct {
 	// light function is about (sched.Config.FloodRuns); 0: all but the
 	// reserve.
 	FloodRuns int
-	// ReserveHold is how long after a light function's last request its
-	// slots stay kept, on every device and in the server's I/O
+	// ReserveHold is how long after a light function's last run (or, in
+	// the server's I/O, its last request) its slots stay kept, on every device and in the server's I/O
 	// (sched.Config.Recent); 0: sched.DefaultRecent.
 	ReserveHold time.Duration
 	// Policy names the registered policy that orders queued runs

@@ -110,10 +110,7 @@ type Flow struct {
 	lastIdle time.Time // when it last went idle
 	lastBusy time.Time // when it last had two or more runs queued or running
 	listed   bool      // in s.idle
-	// idleLight: it was light when it last went idle (or was touched), so
-	// it counts as about for Recent after; a flood that stops does not.
-	idleLight bool
-	recent    decayed
+	recent   decayed
 
 	// PolicyData belongs to the Scheduler's Policy (set and read in its
 	// calls, under the Scheduler's lock).
@@ -266,7 +263,6 @@ func (f *Flow) Touch() {
 	defer s.mu.Unlock() // see mu: the clock is an interface too
 	if !f.active && len(f.queue) == 0 && f.inFlight == 0 {
 		f.lastIdle = s.clock.Now()
-		f.idleLight = s.light(f, f.lastIdle)
 		if !f.listed {
 			f.listed = true
 			s.idle = append(s.idle, f)
@@ -615,7 +611,6 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 	}
 	f.active = false
 	f.lastIdle = now
-	f.idleLight = s.light(f, now)
 	if !f.listed {
 		f.listed = true
 		s.idle = append(s.idle, f)
@@ -652,7 +647,7 @@ func (s *Scheduler) floodLimit(now time.Time) int {
 		// held until Recent after that run ends (maybeIdle). One that
 		// went idle a flood counts for nothing: no longer listed, its
 		// own next run is a flood's too.
-		if g.inFlight == 0 && (!g.idleLight || now.Sub(g.lastIdle) >= s.cfg.Recent) {
+		if g.inFlight == 0 && (!s.light(g, g.lastIdle) || now.Sub(g.lastIdle) >= s.cfg.Recent) {
 			g.listed = false
 			return true
 		}
@@ -685,9 +680,10 @@ func (s *Scheduler) light(f *Flow, now time.Time) bool {
 }
 
 // aboutLight reports a listed flow with nothing running that went idle
-// light within Recent and is light still: one the reserve is kept for.
+// light (no two runs at once within Overlap of it: a flood that stops is
+// not) within Recent, and is light still: one the reserve is kept for.
 func (s *Scheduler) aboutLight(g *Flow, now time.Time) bool {
-	return g.inFlight == 0 && g.idleLight && now.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, now)
+	return g.inFlight == 0 && s.light(g, g.lastIdle) && now.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, now)
 }
 
 // dispatch admits queued runs while slots are free. Called with s.mu held.
