@@ -83,7 +83,7 @@ type serveFlags struct {
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
 	sched, schedPolicy, evictPolicy                  string
-	deviceRuns, floodRuns, ioSlots                   int
+	deviceRuns, floodRuns, sharedRuns, ioSlots       int
 	copyPieceKiB                                     int
 	reserveHold                                      time.Duration
 	cpuWeights                                       bool
@@ -150,6 +150,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids and the workers' memory groups)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.DurationVar(&f.reserveHold, "reserve-hold", sched.DefaultRecent, "how long after a light function's last run (one at a time) the slots kept for light functions stay kept from floods, on every device and in the server's I/O; a function called less often finds the floods in every slot (shorter: floods lose less after a light function's last request)")
+			fs.IntVar(&f.sharedRuns, "shared-runs", 0, "while two or more functions want a device, the runs floods may have on it together (on every device; a light function's runs in its kept slots not counted), the rest queued in the order of their shares: on the host device, runs past its CPUs are split by the OS, not by share (0: the host device's CPUs and one; every run on a GPU)")
 			fs.IntVar(&f.floodRuns, "flood-runs", 0, "while a light function (one request at a time) is about, the runs other functions may have on a device together, below --device-runs less the slots kept for light ones: on a GPU, whose copies and kernels in flight are not preempted, a light run waits behind each (0: all but the kept slots)")
 			fs.IntVar(&f.copyPieceKiB, "copy-piece", 0, "KiB: on a CUDA device each run's copies between host and device are issued as async pieces of at most this size, back to back on its stream (on an H200 it shortened a light function's tail beside large-body floods only together with --flood-runs 1: README); ignored on the host device (0: whole copies)")
 			fs.StringVar(&f.ioShares, "io-shares", "auto", "read request bodies and write answers a piece at a time in their functions' turns, by the same shares as device runs, each piece at its function's CPU weight: on | off (as they come; the device runs still scheduled) | auto (on where the server's threads can be weighed as the workers': by nice level where the workers' weights are nice levels, by moving a piece's thread into a CPU group at its function's weight under cgroup v1; off under cgroup v2, where on keeps the server's weight, or without CPU weights)")
@@ -280,7 +281,7 @@ func stopSignals() (stop, force context.Context) {
 // schedFlags checks the flags that shape the devices' schedulers and
 // eviction, and assembles them.
 func schedFlags(f *serveFlags, env *Env) (engine.SchedConfig, evict.Evictor, error) {
-	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, FloodRuns: f.floodRuns, ReserveHold: f.reserveHold, Policy: f.schedPolicy, IO: ioshare.Config{Slots: f.ioSlots}}
+	sc := engine.SchedConfig{MaxRuns: f.deviceRuns, FloodRuns: f.floodRuns, SharedRuns: f.sharedRuns, ReserveHold: f.reserveHold, Policy: f.schedPolicy, IO: ioshare.Config{Slots: f.ioSlots}}
 	if _, err := sched.NewPolicy(f.schedPolicy, 0); err != nil {
 		return sc, nil, usagef(env, "serve", "--sched-policy: %v", err)
 	}
@@ -299,6 +300,9 @@ func schedFlags(f *serveFlags, env *Env) (engine.SchedConfig, evict.Evictor, err
 	}
 	if f.deviceRuns < 0 {
 		return sc, nil, usagef(env, "serve", "--device-runs %d: want 0 (the device default) or more", f.deviceRuns)
+	}
+	if f.sharedRuns < 0 {
+		return sc, nil, usagef(env, "serve", "--shared-runs %d: want 0 (the device's default) or more", f.sharedRuns)
 	}
 	if f.floodRuns < 0 {
 		return sc, nil, usagef(env, "serve", "--flood-runs %d: want 0 (all runs but the reserve) or more", f.floodRuns)

@@ -39,6 +39,7 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"worker memory past an int64", []string{"--worker-max-memory", "9999999999999999"}, "--worker-max-memory 9999999999999999"},
 		{"negative pinned memory", []string{"--max-pinned-memory", "-1"}, "--max-pinned-memory -1"},
 		{"negative flood runs", []string{"--flood-runs", "-1"}, "--flood-runs -1: want 0 (all runs but the reserve) or more"},
+		{"negative shared runs", []string{"--shared-runs", "-1"}, "--shared-runs -1: want 0 (the device's default) or more"},
 		{"no reserve hold", []string{"--reserve-hold", "0s"}, "--reserve-hold 0s: want a positive duration"},
 		{"negative reserve hold", []string{"--reserve-hold", "-1s"}, "--reserve-hold -1s: want a positive duration"},
 		{"negative copy piece", []string{"--copy-piece", "-1"}, "--copy-piece -1: want 0 (whole copies) or 64 to 9007199254740991 KiB"},

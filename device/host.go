@@ -91,6 +91,14 @@ func init() {
 		// BENCHMARKS.md).
 		Runs:    func() int { return 2 * runtime.NumCPU() },
 		Reserve: func(runs int) int { return runs / 2 },
+		// While two functions want the CPUs, a run per CPU and one more:
+		// a run past the CPUs slows the others, and nice levels do not
+		// split CPUs by weight across them (a run alone on a CPU has it
+		// whole). Spin at share 3 against share 1, 4 clients each, on 2
+		// CPUs with nice levels: 0.57-0.60 of the work to share 3 with all
+		// four runs, 0.73-0.74 with three, 0.75 with two, but two served
+		// 10-17% fewer (BENCHMARKS.md, "Runs past the CPUs").
+		SharedRuns: func() int { return runtime.NumCPU() + 1 },
 		// An idle worker is about 2 MiB, and 16 distinct functions waking
 		// at once on 2 CPUs answered within 26 ms with 16 workers waiting
 		// against 120 ms with one (BENCHMARKS.md).

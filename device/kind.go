@@ -35,6 +35,10 @@ type Kind struct {
 	// Reserve how many of runs are kept for light functions (sched).
 	Runs    func() int
 	Reserve func(runs int) int
+	// SharedRuns is how many runs floods may have on one device together
+	// while two or more functions want it (sched.Config.SharedRuns), where
+	// its runs share cores and the OS would split them; nil: Runs.
+	SharedRuns func() int
 	// SharedTime, when not 0, says a run's measured device time
 	// (Timing.Busy) is a span in which other runs' work can fall, and how
 	// many runs the device serves at full speed at once: runs in flight
@@ -98,6 +102,15 @@ func ReservedRuns(target string, runs int) int {
 		return k.Reserve(runs)
 	}
 	return 1
+}
+
+// DefaultSharedRuns is the kind's SharedRuns (0, all runs, for a kind
+// that does not say).
+func DefaultSharedRuns(target string) int {
+	if k := traits(target); k.SharedRuns != nil {
+		return k.SharedRuns()
+	}
+	return 0
 }
 
 // SharedTime reports the kind's SharedTime (0 for a kind that does not say).

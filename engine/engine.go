@@ -110,6 +110,11 @@ type SchedConfig struct {
 	// light function is about (sched.Config.FloodRuns); 0: all but the
 	// reserve.
 	FloodRuns int
+	// SharedRuns bounds the floods' runs on each device together while two
+	// or more functions want it (sched.Config.SharedRuns); 0: the device
+	// kind's (device.DefaultSharedRuns: the host's CPUs and one, every run
+	// on a GPU).
+	SharedRuns int
 	// ReserveHold is how long after a light function's last run (or, in
 	// the server's I/O, its last request) its slots stay kept, on every device and in the server's I/O
 	// (sched.Config.Recent); 0: sched.DefaultRecent.
@@ -129,6 +134,14 @@ func (c SchedConfig) reserve(d device.Device, maxRuns int) int {
 		return 0
 	}
 	return device.ReservedRuns(d.Target(), maxRuns)
+}
+
+// sharedRuns is the floods' runs on a device while functions contend.
+func (c SchedConfig) sharedRuns(d device.Device) int {
+	if c.SharedRuns > 0 {
+		return c.SharedRuns
+	}
+	return device.DefaultSharedRuns(d.Target())
 }
 
 // maxRuns is the runs a device takes at once.
@@ -203,8 +216,8 @@ func New(cfg Config) (*Engine, error) {
 		}
 		for _, d := range cfg.Devices {
 			n := cfg.Sched.maxRuns(d)
-			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), FloodRuns: cfg.Sched.FloodRuns, PolicyName: cfg.Sched.Policy, Recent: cfg.Sched.ReserveHold,
-				Capacity: device.SharedTime(d.Target())})
+			e.scheds[d] = sched.New(sched.Config{MaxRuns: n, Reserve: cfg.Sched.reserve(d, n), FloodRuns: cfg.Sched.FloodRuns, SharedRuns: cfg.Sched.sharedRuns(d),
+				PolicyName: cfg.Sched.Policy, Recent: cfg.Sched.ReserveHold, Capacity: device.SharedTime(d.Target())})
 		}
 	}
 	e.io = newIO(e, cfg.Sched)

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -98,5 +99,61 @@ func TestReserveHoldKeepsSlotsAfterALightRequest(t *testing.T) {
 			t.Errorf("hold %v: a turn beside the light function's request moves %d bytes", tt.hold, tn.Piece())
 		}
 		tn.Done()
+	}
+}
+
+// SharedRuns reaches the device's scheduler, and the host device's default
+// is its CPUs and one: two functions of four slow requests each have that
+// many runs on the device together, the rest queued, where one alone has
+// all four (TestReserveHoldKeepsSlotsAfterALightRequest).
+func TestSharedRunsBoundTwoFloods(t *testing.T) {
+	for _, tt := range []struct {
+		shared, running int
+	}{{2, 2}, {0, min(runtime.NumCPU()+1, 4)}} {
+		// No hold: a function's first request leaves it light, and
+		// about, for the hold; here both are floods from the start.
+		e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 4, SharedRuns: tt.shared, ReserveHold: time.Nanosecond}})
+		for _, name := range []string{"a", "b"} {
+			m := testkit.Slow(name, 1000) // long enough for all 8 to take instances
+			m.MaxInstances = 4
+			testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+			invoke(t, e, name, []byte{1}) // loaded: the runs below are floods'
+		}
+		var wg sync.WaitGroup
+		t.Cleanup(wg.Wait) // before the engine's Close
+		for range 4 {
+			for _, name := range []string{"a", "b"} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := e.Invoke(context.Background(), name, &call.Request{Input: []byte{1}}); err != nil {
+						t.Errorf("%s: %v", name, err)
+					}
+				}()
+			}
+		}
+		running := func() (int, bool) {
+			n, all := 0, true
+			for _, name := range []string{"a", "b"} {
+				fi, err := e.Control().Function(context.Background(), name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += fi.Busy - fi.Queue
+				all = all && fi.Busy == 4
+			}
+			return n, all
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n, all := running()
+			if all && n == tt.running {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("SharedRuns %d: %d runs on the device with all 8 requests in (%v), want %d", tt.shared, n, all, tt.running)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 	}
 }

@@ -119,6 +119,21 @@ type Config struct {
 	// fewer floods in flight bound that wait. 0: MaxRuns-Reserve. Without
 	// a Reserve nobody is about, and it does nothing.
 	FloodRuns int
+	// SharedRuns, where set (1..MaxRuns), is how many runs floods may
+	// have on the device together while two or more functions have runs
+	// queued or running: a device whose runs share cores (the host
+	// device's CPUs) serves MaxRuns at once only by slowing each, and how
+	// the ones in flight are slowed is the OS's split, not the policy's
+	// (nice levels do not carry across CPUs: a run alone on a CPU has it
+	// whole, whatever its weight). Runs a flood may not have wait in the
+	// queue, where the policy orders them. A function alone may still
+	// have MaxRuns (all but the Reserve while a light function is about),
+	// and a light function's runs are not counted in SharedRuns. The
+	// bound is kept as runs start: a flood that had more before another
+	// function came keeps them until they end, and a light function whose
+	// run is in flight when it sends a second becomes a flood with that
+	// run. 0: MaxRuns.
+	SharedRuns int
 	// Recent is how long after going idle a light function counts for
 	// Reserve (default DefaultRecent): one that was light as it went idle
 	// (a flood that stops is not).

@@ -71,6 +71,9 @@ func New(cfg Config) *Scheduler {
 		cfg.MaxRuns = 1
 	}
 	cfg.Reserve = min(max(cfg.Reserve, 0), cfg.MaxRuns-1)
+	if cfg.SharedRuns <= 0 || cfg.SharedRuns > cfg.MaxRuns {
+		cfg.SharedRuns = cfg.MaxRuns
+	}
 	if cfg.Recent <= 0 {
 		cfg.Recent = DefaultRecent
 	}
@@ -621,7 +624,8 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 // them, or all but Config.Reserve while a light function (one that has
 // not had two runs queued or running within Overlap: it sends one request
 // at a time) went idle within Recent, light, unless f is such a function
-// itself.
+// itself; and at most Config.SharedRuns (and the light functions' runs in
+// the reserve) while another function has runs queued or running.
 // The light function's own runs take the reserved slots: an interactive
 // function finds them free between its requests, and a flood, whatever
 // its gaps, cannot fill the device while it runs.
@@ -630,16 +634,31 @@ func (s *Scheduler) limit(f *Flow, now time.Time) int {
 }
 
 // limitOf is limit given floodLimit's answer for this moment.
-func (s *Scheduler) limitOf(f *Flow, now time.Time, flood int) int {
+func (s *Scheduler) limitOf(f *Flow, now time.Time, fl floods) int {
 	if f.listed && s.light(f, now) {
 		return s.cfg.MaxRuns
 	}
-	return flood
+	if fl.many || fl.other != nil && fl.other != f {
+		return fl.shared
+	}
+	return fl.alone
+}
+
+// floods is floodLimit's answer: how many runs may be on the device (every
+// function's counted) when a flood starts one with no other function's
+// runs queued or running, and when another's are; and whose are, where
+// the two differ.
+type floods struct {
+	alone, shared int
+	other         *Flow // a function with runs queued or running, if any
+	many          bool  // two or more are
 }
 
 // floodLimit is the limit of a function that is not light and recent:
-// all runs, or all but the reserve while a light function is about.
-func (s *Scheduler) floodLimit(now time.Time) int {
+// all runs, or all but the reserve while a light function is about; and
+// SharedRuns of them (and the light ones' runs in the reserve) where
+// another function wants the device too.
+func (s *Scheduler) floodLimit(now time.Time) floods {
 	// Pruned without a reserve too: Alone reads the list, which would
 	// otherwise hold every flow ever seen (deleted functions' included).
 	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
@@ -653,25 +672,47 @@ func (s *Scheduler) floodLimit(now time.Time) int {
 		}
 		return false
 	})
-	if s.cfg.Reserve == 0 {
-		return s.cfg.MaxRuns
-	}
+	fl := floods{alone: s.cfg.MaxRuns}
 	about, lightRuns := false, 0
 	for _, g := range s.idle {
 		if g.inFlight > 0 && s.light(g, now) || s.aboutLight(g, now) {
 			about, lightRuns = true, lightRuns+g.inFlight
 		}
 	}
-	if !about {
-		return s.cfg.MaxRuns
+	if s.cfg.Reserve > 0 && about {
+		// The light functions' own runs fill the reserved slots first:
+		// one running does not open the reserve to the floods.
+		lightRuns = min(lightRuns, s.cfg.Reserve)
+		n := s.cfg.MaxRuns - s.cfg.Reserve
+		if s.cfg.FloodRuns > 0 {
+			n = min(n, s.cfg.FloodRuns)
+		}
+		fl.alone = n + lightRuns
 	}
-	// The light functions' own runs fill the reserved slots first: one
-	// running does not open the reserve to the floods.
-	floods := s.cfg.MaxRuns - s.cfg.Reserve
-	if s.cfg.FloodRuns > 0 {
-		floods = min(floods, s.cfg.FloodRuns)
+	fl.shared = min(fl.alone, s.cfg.SharedRuns+lightRuns)
+	if fl.shared == fl.alone {
+		return fl // who else wants the device changes nothing
 	}
-	return floods + min(lightRuns, s.cfg.Reserve)
+	// Who wants the device: the runs in flight and the queue, as far as
+	// a second function (a bounded scan: MaxRuns, then two flows).
+	note := func(g *Flow) {
+		if fl.other == nil {
+			fl.other = g
+		} else if g != fl.other {
+			fl.many = true
+		}
+	}
+	for _, r := range s.running {
+		if note(r.f); fl.many {
+			return fl
+		}
+	}
+	for _, g := range s.waiting {
+		if note(g); fl.many {
+			return fl
+		}
+	}
+	return fl
 }
 
 // light reports a flow that has not had two runs at once within Overlap.
