@@ -586,6 +586,29 @@ func TestFloodRunsWhileALightFunctionIsAbout(t *testing.T) {
 	}
 }
 
+// What the list of light functions about costs a flood's run: it is
+// scanned at every admission (floodLimit), under the scheduler's lock, and
+// with a hold of a second it holds every light function that ran in the
+// last second. The fake clock stands still: all n stay about.
+func BenchmarkAdmitDoneBesideLightFunctions(b *testing.B) {
+	for _, n := range []int{0, 10, 100, 1000, 10000} {
+		b.Run(fmt.Sprintf("light=%d", n), func(b *testing.B) {
+			s := New(Config{MaxRuns: 4, Reserve: 1, Clock: newFakeClock()})
+			ctx := context.Background()
+			for i := range n {
+				tk, _, _ := s.Flow(fmt.Sprint("light-", i)).Admit(ctx, time.Time{}, nil)
+				tk.Done()
+			}
+			f := s.Flow("flood")
+			b.ReportAllocs()
+			for b.Loop() {
+				tk, _, _ := f.Admit(ctx, time.Time{}, nil)
+				tk.Done()
+			}
+		})
+	}
+}
+
 // The fast path (a free slot, nobody waiting) allocates nothing.
 func TestAdmitAllocatesNothing(t *testing.T) {
 	s := New(Config{MaxRuns: 2, Reserve: 1})
