@@ -233,7 +233,7 @@ func (d *Device) watch() {
 			}
 			// The server's slots it maps are the server's layout, not the
 			// bundle's keeping: on CUDA they are pinned whole (pin.go).
-			if rss := p.limitedRSS(s.rss, s.shmem); ok && limit > 0 && rss > limit {
+			if rss := p.limitedRSS(s.rss, s.shmem, s.at); ok && limit > 0 && rss > limit {
 				p.kill(fmt.Sprintf("its resident memory, %d MiB besides the server's slots, passed its limit of %d MiB (max_host_memory_mb)", rss>>20, limit>>20))
 			}
 		}

@@ -3,6 +3,7 @@ package worker
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/wire"
@@ -31,12 +32,23 @@ type pinning struct {
 
 // slotMem is what a worker holds of the server's slots: the bytes mapped
 // (left out of its resident-memory limit) and of them those pinned, until
-// it is gone.
+// it is gone; and the bytes of slots the server let go of within
+// leaveGrace of leftAt, which the worker may still map.
 type slotMem struct {
 	mu             sync.Mutex
 	mapped, pinned int64
+	leaving        int64
+	leftAt         time.Time
 	gone, logged   bool // logged: a refusal was logged for this worker
 }
+
+// leaveGrace is how long a slot the server let go of stays out of its
+// worker's resident-memory limit: the worker unmaps it when it reads its
+// instance's end, at once unless busy, and until then the slot's pages
+// are resident in the worker (on a loaded machine a watch between the two
+// took a closed instance's 128 MiB slot, partly unmapped, for the
+// bundle's memory and killed its worker).
+const leaveGrace = time.Second
 
 // Pinning reports the pinned memory of the device's slots: none on a
 // device that pins nothing.
@@ -112,6 +124,8 @@ func (p *proc) dropSlot(size, pinned int64) {
 	s := &p.slots
 	s.mu.Lock()
 	s.mapped -= size
+	s.leaving += size
+	s.leftAt = time.Now()
 	if !s.gone {
 		s.pinned -= pinned
 		p.d.pin.bytes.Add(-pinned)
@@ -134,8 +148,17 @@ func (p *proc) unpin() {
 // limitedRSS is the resident memory a worker's limit counts: rss less the
 // server's slots it maps, as far as its shared memory (where they are)
 // holds them; a bundle's own shared memory past that still counts.
-func (p *proc) limitedRSS(rss, shmem int64) int64 {
-	return rss - min(max(shmem, 0), p.mappedSlots())
+func (p *proc) limitedRSS(rss, shmem int64, now time.Time) int64 {
+	s := &p.slots
+	s.mu.Lock()
+	slots := s.mapped
+	if s.leaving > 0 && now.Sub(s.leftAt) < leaveGrace {
+		slots += s.leaving
+	} else {
+		s.leaving = 0
+	}
+	s.mu.Unlock()
+	return rss - min(max(shmem, 0), slots)
 }
 
 // mappedSlots is the bytes of the server's slots p's worker maps.
