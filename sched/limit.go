@@ -1,0 +1,117 @@
+package sched
+
+import (
+	"slices"
+	"time"
+)
+
+// How many runs a flow may start: the slots kept for light functions
+// (Config.Reserve, FloodRuns) and the floods' bound while functions contend
+// (Config.SharedRuns). Called with s.mu held.
+
+// limit is how many runs may be on the device when f starts one: all of
+// them, or all but Config.Reserve while a light function (one that has
+// not had two runs queued or running within Overlap: it sends one request
+// at a time) went idle within Recent, light, unless f is such a function
+// itself; and at most Config.SharedRuns (and the light functions' runs in
+// the reserve) while another function has runs queued or running.
+// The light function's own runs take the reserved slots: an interactive
+// function finds them free between its requests, and a flood, whatever
+// its gaps, cannot fill the device while it runs.
+func (s *Scheduler) limit(f *Flow, now time.Time) int {
+	return s.limitOf(f, now, s.floodLimit(now))
+}
+
+// limitOf is limit given floodLimit's answer for this moment.
+func (s *Scheduler) limitOf(f *Flow, now time.Time, fl floods) int {
+	if f.listed && s.light(f, now) {
+		return s.cfg.MaxRuns
+	}
+	if fl.many || fl.other != nil && fl.other != f {
+		return fl.shared
+	}
+	return fl.alone
+}
+
+// floods is floodLimit's answer: how many runs may be on the device (every
+// function's counted) when a flood starts one with no other function's
+// runs queued or running, and when another's are; and whose are, where
+// the two differ.
+type floods struct {
+	alone, shared int
+	other         *Flow // a function with runs queued or running, if any
+	many          bool  // two or more are
+}
+
+// floodLimit is the limit of a function that is not light and recent:
+// all runs, or all but the reserve while a light function is about; and
+// SharedRuns of them (and the light ones' runs in the reserve) where
+// another function wants the device too.
+func (s *Scheduler) floodLimit(now time.Time) floods {
+	// Pruned without a reserve too: Alone reads the list, which would
+	// otherwise hold every flow ever seen (deleted functions' included).
+	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
+		// One running stays listed however long its run: the reserve is
+		// held until Recent after that run ends (maybeIdle). One that
+		// went idle a flood counts for nothing: no longer listed, its
+		// own next run is a flood's too.
+		if g.inFlight == 0 && (!s.light(g, g.lastIdle) || now.Sub(g.lastIdle) >= s.cfg.Recent) {
+			g.listed = false
+			return true
+		}
+		return false
+	})
+	fl := floods{alone: s.cfg.MaxRuns}
+	about, lightRuns := false, 0
+	for _, g := range s.idle {
+		if g.inFlight > 0 && s.light(g, now) || s.aboutLight(g, now) {
+			about, lightRuns = true, lightRuns+g.inFlight
+		}
+	}
+	if s.cfg.Reserve > 0 && about {
+		// The light functions' own runs fill the reserved slots first:
+		// one running does not open the reserve to the floods.
+		lightRuns = min(lightRuns, s.cfg.Reserve)
+		n := s.cfg.MaxRuns - s.cfg.Reserve
+		if s.cfg.FloodRuns > 0 {
+			n = min(n, s.cfg.FloodRuns)
+		}
+		fl.alone = n + lightRuns
+	}
+	fl.shared = min(fl.alone, s.cfg.SharedRuns+lightRuns)
+	if fl.shared == fl.alone {
+		return fl // who else wants the device changes nothing
+	}
+	// Who wants the device: the runs in flight and the queue, as far as
+	// a second function (a bounded scan: MaxRuns, then two flows).
+	note := func(g *Flow) {
+		if fl.other == nil {
+			fl.other = g
+		} else if g != fl.other {
+			fl.many = true
+		}
+	}
+	for _, r := range s.running {
+		if note(r.f); fl.many {
+			return fl
+		}
+	}
+	for _, g := range s.waiting {
+		if note(g); fl.many {
+			return fl
+		}
+	}
+	return fl
+}
+
+// light reports a flow that has not had two runs at once within Overlap.
+func (s *Scheduler) light(f *Flow, now time.Time) bool {
+	return f.lastBusy.IsZero() || now.Sub(f.lastBusy) >= s.cfg.Overlap
+}
+
+// aboutLight reports a listed flow with nothing running that went idle
+// light (no two runs at once within Overlap of it: a flood that stops is
+// not) within Recent, and is light still: one the reserve is kept for.
+func (s *Scheduler) aboutLight(g *Flow, now time.Time) bool {
+	return g.inFlight == 0 && s.light(g, g.lastIdle) && now.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, now)
+}
