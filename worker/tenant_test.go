@@ -45,12 +45,25 @@ func procCount(d *Device) int {
 // output to out (may be nil).
 func loadFor(t testing.TB, d *Device, tenant, src string, m *abi.Manifest, out device.Output) device.Program {
 	t.Helper()
+	return loadDir(t, d, tenant, bundleFor(t, src, m), m, out)
+}
+
+// bundleFor builds m's bundle (src, the test kernels' when empty) in a
+// directory of its own and gives that directory.
+func bundleFor(t testing.TB, src string, m *abi.Manifest) string {
+	t.Helper()
 	if src == "" {
 		src = testkit.KernelsSource()
 	}
 	dir := t.TempDir()
 	testkit.BuildLib(t, src, dir, m.Library)
 	testkit.WriteManifest(t, dir, m)
+	return dir
+}
+
+// loadDir loads the bundle bundleFor built in dir for tenant.
+func loadDir(t testing.TB, d *Device, tenant, dir string, m *abi.Manifest, out device.Output) device.Program {
+	t.Helper()
 	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Tenant: tenant, Output: out})
 	if err != nil {
 		t.Fatalf("load %s for %q: %v", m.Name, tenant, err)

@@ -185,9 +185,14 @@ func TestTenantWorkerWeighsItsBusyPrograms(t *testing.T) {
 		m.Share = share
 		return m
 	}
-	ma := withShare("a", 1)
-	a := loadFor(t, d, "t", "", ma, nil)
-	loadFor(t, d, "t", "", withShare("b", 3), nil)
+	ma, mb := withShare("a", 1), withShare("b", 3)
+	// Both built before either loads: a's build (a compiler's run) must
+	// not stand between the loads, where a loaded machine could stretch
+	// it past a's window and b would find a idle. b is busy from its
+	// load's start, a a window past its load's end.
+	da, db := bundleFor(t, "", ma), bundleFor(t, "", mb)
+	a := loadDir(t, d, "t", da, ma, nil)
+	loadDir(t, d, "t", db, mb, nil)
 	p := a.(*program).p
 	p.mu.Lock()
 	file := filepath.Join(p.cgroup.dir, g.file)
