@@ -1,9 +1,6 @@
 package sched
 
-import (
-	"slices"
-	"time"
-)
+import "time"
 
 // How many runs a flow may start: the slots kept for light functions
 // (Config.Reserve, FloodRuns) and the floods' bound while functions contend
@@ -48,26 +45,12 @@ type floods struct {
 // SharedRuns of them (and the light ones' runs in the reserve) where
 // another function wants the device too.
 func (s *Scheduler) floodLimit(now time.Time) floods {
-	// Pruned without a reserve too: Alone reads the list, which would
-	// otherwise hold every flow ever seen (deleted functions' included).
-	s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool {
-		// One running stays listed however long its run: the reserve is
-		// held until Recent after that run ends (maybeIdle). One that
-		// went idle a flood counts for nothing: no longer listed, its
-		// own next run is a flood's too.
-		if g.inFlight == 0 && (!s.light(g, g.lastIdle) || now.Sub(g.lastIdle) >= s.cfg.Recent) {
-			g.listed = false
-			return true
-		}
-		return false
-	})
+	// Pruned without a reserve too: the list would otherwise hold every
+	// flow ever seen (deleted functions' included). One running stays
+	// listed however long its run: the reserve is held until Recent after
+	// that run ends (maybeIdle).
 	fl := floods{alone: s.cfg.MaxRuns}
-	about, lightRuns := false, 0
-	for _, g := range s.idle {
-		if g.inFlight > 0 && s.light(g, now) || s.aboutLight(g, now) {
-			about, lightRuns = true, lightRuns+g.inFlight
-		}
-	}
+	about, lightRuns := s.lightAbout(now)
 	if s.cfg.Reserve > 0 && about {
 		// The light functions' own runs fill the reserved slots first:
 		// one running does not open the reserve to the floods.
@@ -107,11 +90,4 @@ func (s *Scheduler) floodLimit(now time.Time) floods {
 // light reports a flow that has not had two runs at once within Overlap.
 func (s *Scheduler) light(f *Flow, now time.Time) bool {
 	return f.lastBusy.IsZero() || now.Sub(f.lastBusy) >= s.cfg.Overlap
-}
-
-// aboutLight reports a listed flow with nothing running that went idle
-// light (no two runs at once within Overlap of it: a flood that stops is
-// not) within Recent, and is light still: one the reserve is kept for.
-func (s *Scheduler) aboutLight(g *Flow, now time.Time) bool {
-	return g.inFlight == 0 && s.light(g, g.lastIdle) && now.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, now)
 }

@@ -198,7 +198,7 @@ func randomSequence(t *testing.T, seed uint64) {
 		if err != nil || wait != 0 {
 			s.mu.Lock()
 			var idle []string
-			for _, g := range s.idle {
+			for g := s.idle.head; g != nil; g = g.idleNext {
 				idle = append(idle, fmt.Sprintf("{inFlight %d, idle at %v, busy at %v, active %v queue %d light %v}", g.inFlight, g.lastIdle.Sub(t0), g.lastBusy.Sub(t0), g.active, len(g.queue), s.light(g, clk.Now())))
 			}
 			s.mu.Unlock()

@@ -724,7 +724,7 @@ func TestIdleFlowsPrunedWithoutReserve(t *testing.T) {
 	}
 	tk.Done()
 	s.mu.Lock()
-	n := len(s.idle)
+	n := s.idle.n
 	s.mu.Unlock()
 	if n > 1 {
 		t.Fatalf("%d flows listed as recently idle an hour after they were: want at most a's", n)

@@ -34,9 +34,10 @@ type Scheduler struct {
 	waiting []*Flow // flows with a run queued
 	running []*run  // admitted and not ended: the runs on the device
 	spare   []*run  // ended runs, reused
-	// idle holds the flows that went idle within Config.Recent (each
-	// once: Flow.listed), for Reserve; pruned as it is read.
-	idle []*Flow
+	// idle lists the flows that went idle light within Config.Recent
+	// and have nothing running, for Reserve (idle.go); pruned as it is
+	// read.
+	idle idleList
 	busy decayed // every flow's recent device time
 	// shared is the device time one run in flight has had since the
 	// Scheduler began, were the device split evenly among the runs in
@@ -112,7 +113,10 @@ type Flow struct {
 	active   bool      // a run queued or running since the policy was told (Woke)
 	lastIdle time.Time // when it last went idle
 	lastBusy time.Time // when it last had two or more runs queued or running
-	listed   bool      // in s.idle
+	listed   bool      // see idle.go: on s.idle, or running since
+	linked   bool      // on s.idle, between idlePrev and idleNext
+	idlePrev *Flow
+	idleNext *Flow
 	recent   decayed
 
 	// PolicyData belongs to the Scheduler's Policy (set and read in its
@@ -155,8 +159,7 @@ func (s *Scheduler) Forget(name string) {
 		// A deleted function keeps no slots, nor another flow from
 		// being Alone, for the rest of its hold; one still running
 		// is pruned once its runs end and Recent passes.
-		f.listed = false
-		s.idle = slices.DeleteFunc(s.idle, func(g *Flow) bool { return g == f })
+		s.unlist(f)
 		now := s.clock.Now()
 		s.dispatch(now) // the slots it kept are the floods' now
 		s.armExpiry(now)
@@ -246,13 +249,7 @@ func (f *Flow) Alone() bool {
 			return false
 		}
 	}
-	now := s.clock.Now()
-	for _, g := range s.idle {
-		if g != f && s.aboutLight(g, now) {
-			return false
-		}
-	}
-	return true
+	return !s.othersAbout(f, s.clock.Now())
 }
 
 // Touch says the flow's function is about, though it needs no slot now
@@ -265,11 +262,7 @@ func (f *Flow) Touch() {
 	s.mu.Lock()
 	defer s.mu.Unlock() // see mu: the clock is an interface too
 	if !f.active && len(f.queue) == 0 && f.inFlight == 0 {
-		f.lastIdle = s.clock.Now()
-		if !f.listed {
-			f.listed = true
-			s.idle = append(s.idle, f)
-		}
+		s.list(f, s.clock.Now())
 	}
 }
 
@@ -434,6 +427,7 @@ func (s *Scheduler) enter(f *Flow, now, deadline time.Time, hold time.Duration) 
 	defer s.mu.Unlock() // see mu
 	if f.inFlight+len(f.queue) >= 1 {
 		f.lastBusy = now // this run makes two or more
+		s.place(f)       // went idle light, now a flood's: unlisted
 	}
 	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
 		return s.start(f, deadline, hold, now), nil
@@ -586,6 +580,7 @@ func (s *Scheduler) start(f *Flow, deadline time.Time, hold time.Duration, now t
 	r.charged = charged
 	s.running = append(s.running, r)
 	f.inFlight++
+	s.idle.remove(f) // listed still: its runs count where they run
 	return Ticket{r, r.gen}
 }
 
@@ -605,6 +600,7 @@ func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
 	s.busy.add(float64(ran), now, s.cfg.Decay)
 	s.pol.Ended(f, ran, r.charged, now)
 	s.maybeIdle(f, now)
+	s.place(f) // its last run ended with runs of it queued: listed still?
 }
 
 // maybeIdle notes f going idle (nothing queued or running).
@@ -613,11 +609,7 @@ func (s *Scheduler) maybeIdle(f *Flow, now time.Time) {
 		return
 	}
 	f.active = false
-	f.lastIdle = now
-	if !f.listed {
-		f.listed = true
-		s.idle = append(s.idle, f)
-	}
+	s.list(f, now)
 }
 
 // dispatch admits queued runs while slots are free. Called with s.mu held.
@@ -684,13 +676,9 @@ func (s *Scheduler) armExpiry(now time.Time) {
 			earliest(r.deadline)
 		}
 		if len(s.running) < s.cfg.MaxRuns {
-			for _, g := range s.idle {
-				// A running one's reserve lapses only after its run
-				// ends, which dispatches anyway: no timer for it.
-				if s.aboutLight(g, now) {
-					earliest(g.lastIdle.Add(s.cfg.Recent))
-				}
-			}
+			// A running one's reserve lapses only after its run ends,
+			// which dispatches anyway: no timer for it.
+			earliest(s.nextLapse(now))
 		}
 	}
 	if at.Equal(s.expAt) {

@@ -1,0 +1,136 @@
+package sched
+
+import "time"
+
+// The flows the reserve is kept for, kept so that no admission walks them:
+// a node may hold thousands of light functions each called now and then,
+// and the list was walked under the Scheduler's lock at every admission
+// (646 µs beside 10,000 of them; BENCHMARKS.md, "What the hold's list
+// costs").
+//
+// A flow is listed (Flow.listed) from when it goes idle light (nothing
+// queued or running, and no two runs at once within Overlap of that) or
+// is touched, until Recent passes with nothing running, it goes idle a
+// flood, or it is forgotten. While listed with nothing running it is on
+// idleList, ordered by when it went idle, so the list's oldest entries are
+// the first to lapse and its newest says whether one is about; listed and
+// running, it is off the list, and its runs count where the runs are
+// (Scheduler.running, MaxRuns at most).
+
+// idleList is a list of flows ordered by lastIdle, oldest first, linked
+// through the flows themselves.
+type idleList struct {
+	head, tail *Flow
+	n          int
+}
+
+// push puts f in its place by lastIdle: at the end, unless callers' clocks
+// read before the lock put a later one there first.
+func (l *idleList) push(f *Flow) {
+	at := l.tail
+	for at != nil && at.lastIdle.After(f.lastIdle) {
+		at = at.idlePrev
+	}
+	f.idlePrev, f.linked = at, true
+	if at == nil {
+		f.idleNext, l.head = l.head, f
+	} else {
+		f.idleNext, at.idleNext = at.idleNext, f
+	}
+	if f.idleNext == nil {
+		l.tail = f
+	} else {
+		f.idleNext.idlePrev = f
+	}
+	l.n++
+}
+
+func (l *idleList) remove(f *Flow) {
+	if !f.linked {
+		return
+	}
+	if f.idlePrev == nil {
+		l.head = f.idleNext
+	} else {
+		f.idlePrev.idleNext = f.idleNext
+	}
+	if f.idleNext == nil {
+		l.tail = f.idlePrev
+	} else {
+		f.idleNext.idlePrev = f.idlePrev
+	}
+	f.idlePrev, f.idleNext, f.linked = nil, nil, false
+	l.n--
+}
+
+// list lists f as idle from now (it went idle, or was touched). Called
+// with s.mu held.
+func (s *Scheduler) list(f *Flow, now time.Time) {
+	f.lastIdle = now
+	f.listed = true
+	s.idle.remove(f) // to its new place
+	s.place(f)
+}
+
+// place puts f on the idle list or off it after its runs or lastBusy
+// changed: listed with nothing running, it is on the list while it went
+// idle light, and unlisted when not (a flood that went idle counts for
+// nothing, and its own next run is a flood's); running, it is off the list
+// but stays listed. Called with s.mu held.
+func (s *Scheduler) place(f *Flow) {
+	switch {
+	case !f.listed:
+		s.idle.remove(f)
+	case f.inFlight > 0:
+		s.idle.remove(f)
+	case !s.light(f, f.lastIdle):
+		s.idle.remove(f)
+		f.listed = false
+	case !f.linked:
+		s.idle.push(f)
+	}
+}
+
+// unlist takes f off the list and unlists it. Called with s.mu held.
+func (s *Scheduler) unlist(f *Flow) {
+	s.idle.remove(f)
+	f.listed = false
+}
+
+// prune unlists the idle flows that went idle Recent or more before now:
+// the list's oldest. Called with s.mu held.
+func (s *Scheduler) prune(now time.Time) {
+	for g := s.idle.head; g != nil && now.Sub(g.lastIdle) >= s.cfg.Recent; g = s.idle.head {
+		s.unlist(g)
+	}
+}
+
+// lightAbout says whether a light function is about (listed and idle
+// within Recent, or running and light now), and how many runs the light
+// functions have on the device. Called with s.mu held.
+func (s *Scheduler) lightAbout(now time.Time) (about bool, lightRuns int) {
+	s.prune(now)
+	for _, r := range s.running {
+		if r.f.listed && s.light(r.f, now) {
+			lightRuns++
+		}
+	}
+	return s.idle.n > 0 || lightRuns > 0, lightRuns
+}
+
+// othersAbout says whether a listed idle flow other than f is about.
+// Called with s.mu held.
+func (s *Scheduler) othersAbout(f *Flow, now time.Time) bool {
+	s.prune(now)
+	return s.idle.n > 1 || s.idle.n == 1 && s.idle.head != f
+}
+
+// nextLapse is when the oldest idle flow's Recent ends (zero: none is
+// listed). Called with s.mu held.
+func (s *Scheduler) nextLapse(now time.Time) time.Time {
+	s.prune(now)
+	if s.idle.head == nil {
+		return time.Time{}
+	}
+	return s.idle.head.lastIdle.Add(s.cfg.Recent)
+}

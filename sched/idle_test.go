@@ -1,0 +1,197 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+func init() { workloadCheck = checkIdle }
+
+// checkIdle checks the idle list against what it stands for: ordered by
+// lastIdle, each flow on it listed with nothing running and gone idle
+// light, and lightAbout's answer the one a walk over every listed flow
+// gives (the walk every admission made before the list was kept).
+func checkIdle(s *Scheduler, now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Every listed flow, by the walk: named ones, forgotten ones still
+	// running, forgotten ones idle since (on the list).
+	seen := map[*Flow]bool{}
+	var all []*Flow
+	add := func(g *Flow) {
+		if g != nil && !seen[g] {
+			seen[g] = true
+			all = append(all, g)
+		}
+	}
+	for _, g := range s.flows {
+		add(g)
+	}
+	for _, r := range s.running {
+		add(r.f)
+	}
+	n := 0
+	for g := s.idle.head; g != nil; g = g.idleNext {
+		add(g)
+		n++
+		switch {
+		case !g.linked || !g.listed:
+			return fmt.Errorf("a flow on the list has linked %v, listed %v", g.linked, g.listed)
+		case g.inFlight > 0:
+			return fmt.Errorf("a flow with %d runs on the device is on the idle list", g.inFlight)
+		case !s.light(g, g.lastIdle):
+			return errors.New("a flow that went idle a flood is on the idle list")
+		case g.idleNext != nil && g.idleNext.lastIdle.Before(g.lastIdle):
+			return errors.New("the idle list is out of lastIdle's order")
+		case g.idleNext == nil && s.idle.tail != g:
+			return errors.New("the idle list's tail is not its last flow")
+		}
+	}
+	if n != s.idle.n {
+		return fmt.Errorf("the idle list counts %d flows, holds %d", s.idle.n, n)
+	}
+	wantAbout, wantRuns := false, 0
+	for _, g := range all {
+		if g.linked != (g.listed && g.inFlight == 0) {
+			return fmt.Errorf("a flow listed %v with %d runs is linked %v", g.listed, g.inFlight, g.linked)
+		}
+		if !g.listed {
+			continue
+		}
+		running := g.inFlight > 0 && s.light(g, now)
+		idle := g.inFlight == 0 && s.light(g, g.lastIdle) && now.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, now)
+		if running || idle {
+			wantAbout, wantRuns = true, wantRuns+g.inFlight
+		}
+	}
+	if about, runs := s.lightAbout(now); about != wantAbout || runs != wantRuns {
+		return fmt.Errorf("lightAbout: about %v, %d light runs; a walk over every listed flow: %v, %d", about, runs, wantAbout, wantRuns)
+	}
+	return nil
+}
+
+// A light function that went idle keeps the reserve for Recent whatever
+// came after it on the list; one that ran two at once since it went idle
+// keeps nothing; forgotten, it keeps nothing; a touch moves a function's
+// lapse to Recent from the touch.
+func TestIdleListKeepsTheReserveForWhoIsAbout(t *testing.T) {
+	ctx := context.Background()
+	run := func(f *Flow) {
+		t.Helper()
+		tk, wait, err := f.Admit(ctx, time.Time{}, nil)
+		if err != nil || wait != 0 {
+			t.Fatalf("%v waited %v", err, wait)
+		}
+		tk.Done()
+	}
+	for _, tt := range []struct {
+		name string
+		// what happens after light-a and light-b ran once each, 400 ms
+		// apart; then the clock is at b's run + 700 ms
+		then func(s *Scheduler, clk *fakeClock, a, b *Flow)
+		// whether a light function is about, and until when from
+		// light-b's run (0: still at the end)
+		about bool
+		until time.Duration
+	}{
+		{"both ran: b's Recent", func(_ *Scheduler, clk *fakeClock, _, _ *Flow) {
+			clk.Advance(700 * time.Millisecond)
+		}, true, time.Second},
+		{"a touched after b", func(_ *Scheduler, clk *fakeClock, a, _ *Flow) {
+			clk.Advance(200 * time.Millisecond)
+			a.Touch()
+			clk.Advance(500 * time.Millisecond)
+		}, true, 1200 * time.Millisecond},
+		{"b forgotten", func(s *Scheduler, clk *fakeClock, _, _ *Flow) {
+			s.Forget("light-b")
+			clk.Advance(700 * time.Millisecond)
+		}, false, 0},
+		{"b ran two at once", func(_ *Scheduler, clk *fakeClock, _, b *Flow) {
+			t1, _, _ := b.Admit(ctx, time.Time{}, nil)
+			t2, _, _ := b.Admit(ctx, time.Time{}, nil)
+			t1.Done()
+			t2.Done()
+			clk.Advance(700 * time.Millisecond)
+		}, false, 0},
+		{"b running, a lapsed", func(_ *Scheduler, clk *fakeClock, _, b *Flow) {
+			tk, _, _ := b.Admit(ctx, time.Time{}, nil)
+			t.Cleanup(tk.Done)
+			clk.Advance(700 * time.Millisecond)
+		}, true, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			s := New(Config{MaxRuns: 3, Reserve: 1, Clock: clk})
+			a, b := s.Flow("light-a"), s.Flow("light-b")
+			run(a)
+			clk.Advance(400 * time.Millisecond)
+			run(b)
+			tt.then(s, clk, a, b)
+			at := 700 * time.Millisecond
+			for _, step := range []time.Duration{0, tt.until - at - time.Millisecond, time.Millisecond} {
+				if step < 0 {
+					continue
+				}
+				clk.Advance(step)
+				at += step
+				s.mu.Lock()
+				about, _ := s.lightAbout(clk.Now())
+				s.mu.Unlock()
+				if want := tt.about && (tt.until == 0 || at < tt.until); about != want {
+					t.Fatalf("%v after b's run: a light function about %v, want %v", at, about, want)
+				}
+			}
+			if err := checkIdle(s, clk.Now()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Flows pushed with lastIdle out of order (callers read their clocks
+// before the lock) take their places by it; removed from anywhere, the
+// rest keep theirs.
+func TestIdleListOrder(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	for _, tt := range []struct {
+		name   string
+		at     []int // each flow's lastIdle, ms after t0, in push order
+		remove []int // then removed, by push index
+		want   []int // the list, by push index
+	}{
+		{"in order", []int{1, 2, 3}, nil, []int{0, 1, 2}},
+		{"one late", []int{1, 3, 2}, nil, []int{0, 2, 1}},
+		{"oldest last", []int{2, 3, 1}, nil, []int{2, 0, 1}},
+		{"ties keep push order", []int{1, 1, 1}, nil, []int{0, 1, 2}},
+		{"head removed", []int{1, 2, 3}, []int{0}, []int{1, 2}},
+		{"middle and tail removed", []int{1, 2, 3, 4}, []int{1, 3}, []int{0, 2}},
+		{"all removed", []int{1, 2}, []int{1, 0}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var l idleList
+			fs := make([]*Flow, len(tt.at))
+			for i, ms := range tt.at {
+				fs[i] = &Flow{lastIdle: t0.Add(time.Duration(ms) * time.Millisecond)}
+				l.push(fs[i])
+			}
+			for _, i := range tt.remove {
+				l.remove(fs[i])
+				l.remove(fs[i]) // a second time: no effect
+			}
+			var got, back []int
+			for g := l.head; g != nil; g = g.idleNext {
+				got = append(got, slices.Index(fs, g))
+			}
+			for g := l.tail; g != nil; g = g.idlePrev {
+				back = slices.Insert(back, 0, slices.Index(fs, g))
+			}
+			if !slices.Equal(got, tt.want) || !slices.Equal(back, tt.want) || l.n != len(tt.want) {
+				t.Fatalf("list %v, backwards %v, n %d; want %v", got, back, l.n, tt.want)
+			}
+		})
+	}
+}
