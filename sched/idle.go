@@ -10,12 +10,13 @@ import "time"
 //
 // A flow is listed (Flow.listed) from when it goes idle light (nothing
 // queued or running, and no two runs at once within Overlap of that) or
-// is touched, until Recent passes with nothing running, it goes idle a
-// flood, or it is forgotten. While listed with nothing running it is on
-// idleList, ordered by when it went idle, so the list's oldest entries are
-// the first to lapse and its newest says whether one is about; listed and
-// running, it is off the list, and its runs count where the runs are
-// (Scheduler.running, MaxRuns at most).
+// is touched while idle, until Recent passes with nothing running, it
+// goes idle a flood, a second run of it queues while none runs, or it is
+// forgotten. While listed with nothing running it is on idleList, ordered
+// by when it went idle, so the list's oldest entries are the first to
+// lapse and its newest say whether one is about; listed and running, it is
+// off the list, and its runs count where the runs are (Scheduler.running,
+// MaxRuns at most).
 
 // idleList is a list of flows ordered by lastIdle, oldest first, linked
 // through the flows themselves.
@@ -115,18 +116,31 @@ func (s *Scheduler) lightAbout(now time.Time) (about bool, lightRuns int) {
 			lightRuns++
 		}
 	}
-	return s.idle.n > 0 || lightRuns > 0, lightRuns
+	return lightRuns > 0 || s.idleAbout(now, nil), lightRuns
 }
 
-// othersAbout says whether a listed idle flow other than f is about.
-// Called with s.mu held.
-func (s *Scheduler) othersAbout(f *Flow, now time.Time) bool {
-	s.prune(now)
-	return s.idle.n > 1 || s.idle.n == 1 && s.idle.head != f
+// idleAbout says whether a flow on the idle list other than except went
+// idle within Recent of now and is light at now. It walks from the newest:
+// a flow on the list went idle light, so is light at any time from then
+// on, and only one that went idle after now (a caller's clock, read before
+// the lock, may be behind another's) needs asking. Called with s.mu held;
+// it prunes nothing, so that a caller's later time does not decide for an
+// earlier one's.
+func (s *Scheduler) idleAbout(now time.Time, except *Flow) bool {
+	for g := s.idle.tail; g != nil; g = g.idlePrev {
+		switch {
+		case g == except:
+		case now.Sub(g.lastIdle) >= s.cfg.Recent:
+			return false // and every flow before it lapsed too
+		case !g.lastIdle.After(now) || s.light(g, now):
+			return true
+		}
+	}
+	return false
 }
 
-// nextLapse is when the oldest idle flow's Recent ends (zero: none is
-// listed). Called with s.mu held.
+// nextLapse is when the oldest flow on the idle list lapses (zero: the
+// list is empty). Called with s.mu held.
 func (s *Scheduler) nextLapse(now time.Time) time.Time {
 	s.prune(now)
 	if s.idle.head == nil {

@@ -195,3 +195,135 @@ func TestIdleListOrder(t *testing.T) {
 		})
 	}
 }
+
+// A flood of long runs stays a flood while it has two at once, however
+// long since the last of them arrived: it does not take the slot kept for
+// a light function. Two at once ended, it stays a flood for Overlap from
+// then: going idle within it, it keeps no slots.
+func TestAFloodOfLongRunsStaysAFlood(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 3, Reserve: 1, Clock: clk})
+	light, flood := s.Flow("light"), s.Flow("flood")
+	// enter admits a run of f, the caller's way but on this goroutine:
+	// a ticket, or the waiter the run queued as.
+	enter := func(f *Flow) (Ticket, *waiter) { return s.enter(f, clk.Now(), time.Time{}, 0) }
+	admitted := func(w *waiter) bool {
+		select {
+		case <-w.ready:
+			return true
+		default:
+			return false
+		}
+	}
+	at := func(f *Flow) Ticket {
+		t.Helper()
+		tk, w := enter(f)
+		if w == nil {
+			return tk
+		}
+		if !admitted(w) { // queued behind others, and picked at once
+			t.Fatalf("%p queued with a slot free for it", f)
+		}
+		return w.t
+	}
+	at(light).Done()
+	at(flood).Done() // listed: it went idle light, as any function's first run does
+	f1, f2 := at(flood), at(flood)
+	_, w3 := enter(flood)
+	_, w4 := enter(flood)
+	if admitted(w3) || admitted(w4) {
+		t.Fatal("a flood took the slot kept for a light function")
+	}
+	clk.Advance(500 * time.Millisecond) // long runs: nothing arrives for Overlap
+	f1.Done()
+	if !admitted(w3) {
+		t.Fatal("the flood's queued run did not take its ended run's slot")
+	}
+	if admitted(w4) {
+		t.Fatal("a flood with runs still queued, its last arrival Overlap ago, took the slot kept for a light function")
+	}
+	at(light).Done() // the kept slot is free
+	f2.Done()
+	if !admitted(w4) {
+		t.Fatal("the flood's last queued run did not start")
+	}
+	w3.t.Done()
+	w4.t.Done() // two at once ended just now
+	s.mu.Lock()
+	listed := flood.listed
+	s.mu.Unlock()
+	if listed {
+		t.Fatal("the flood went idle within Overlap of two runs at once and is listed: it keeps slots")
+	}
+}
+
+// A caller's time read before the lock may be behind the time a flow went
+// idle at: there the flow is asked whether it was light then (it was not,
+// within Overlap of its two runs at once), as a walk over every flow did.
+func TestIdleAboutAtAnEarlierNow(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 4, Reserve: 1, Clock: clk})
+	g := s.Flow("g")
+	t1, _ := s.enter(g, clk.Now(), time.Time{}, 0)
+	t2, _ := s.enter(g, clk.Now(), time.Time{}, 0)
+	clk.Advance(10 * time.Millisecond)
+	t1.DoneAt(clk.Now()) // two at once end: a flood for Overlap from here
+	clk.Advance(DefaultOverlap)
+	idleAt := clk.Now()
+	t2.DoneAt(idleAt) // idle light, just
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, tt := range []struct {
+		now  time.Time
+		want bool
+	}{
+		{idleAt.Add(-time.Microsecond), false},
+		{idleAt, true},
+		{idleAt.Add(DefaultRecent - time.Nanosecond), true},
+	} {
+		if got := s.idleAbout(tt.now, nil); got != tt.want {
+			t.Errorf("at %v from going idle: about %v, want %v", tt.now.Sub(idleAt), got, tt.want)
+		}
+	}
+	if !g.listed || !g.linked {
+		t.Fatalf("g went idle light and is listed %v, linked %v", g.listed, g.linked)
+	}
+	if s.idleAbout(idleAt, g) {
+		t.Error("g about besides g")
+	}
+}
+
+// endPanics is the default policy, but its Ended panics.
+type endPanics struct{ Policy }
+
+func (endPanics) Ended(*Flow, time.Duration, float64, time.Time) { panic("a bug in Ended") }
+
+// A run whose policy's Ended panics still leaves its flow idle and on the
+// idle list, where its hold lapses: not listed off it for good.
+func TestEndedPanicStillListsTheFlow(t *testing.T) {
+	clk := newFakeClock()
+	pol, err := NewPolicy("", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{MaxRuns: 2, Reserve: 1, Clock: clk, Policy: endPanics{pol}})
+	f := s.Flow("f")
+	tk, _ := s.enter(f, clk.Now(), time.Time{}, 0)
+	func() {
+		defer func() { recover() }() // as a transport recovers it
+		tk.Done()
+	}()
+	if err := checkIdle(s, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !f.linked {
+		t.Fatal("f went idle light and is not on the idle list")
+	}
+	clk.Advance(DefaultRecent)
+	s.mu.Lock()
+	about, _ := s.lightAbout(clk.Now())
+	s.mu.Unlock()
+	if about || f.listed {
+		t.Fatalf("Recent after f went idle: about %v, f listed %v", about, f.listed)
+	}
+}

@@ -87,7 +87,11 @@ func (s *Scheduler) floodLimit(now time.Time) floods {
 	return fl
 }
 
-// light reports a flow that has not had two runs at once within Overlap.
+// light reports a flow that has fewer than two runs queued or running and
+// has not had two at once within Overlap. lastBusy is set as a run makes
+// two or more (enter) and as a run fewer ends two at once (fewer), so a
+// flood of long runs, whose arrivals may be further apart than Overlap, is
+// never light while it has two at once, nor for Overlap after.
 func (s *Scheduler) light(f *Flow, now time.Time) bool {
-	return f.lastBusy.IsZero() || now.Sub(f.lastBusy) >= s.cfg.Overlap
+	return f.inFlight+len(f.queue) < 2 && (f.lastBusy.IsZero() || now.Sub(f.lastBusy) >= s.cfg.Overlap)
 }

@@ -112,7 +112,7 @@ type Flow struct {
 	inFlight int
 	active   bool      // a run queued or running since the policy was told (Woke)
 	lastIdle time.Time // when it last went idle
-	lastBusy time.Time // when it last had two or more runs queued or running
+	lastBusy time.Time // when it last had two or more runs queued or running (see light)
 	listed   bool      // see idle.go: on s.idle, or running since
 	linked   bool      // on s.idle, between idlePrev and idleNext
 	idlePrev *Flow
@@ -249,7 +249,7 @@ func (f *Flow) Alone() bool {
 			return false
 		}
 	}
-	return !s.othersAbout(f, s.clock.Now())
+	return !s.idleAbout(s.clock.Now(), f)
 }
 
 // Touch says the flow's function is about, though it needs no slot now
@@ -459,8 +459,8 @@ func (s *Scheduler) leave(f *Flow, w *waiter) bool {
 	now := s.clock.Now()
 	if len(f.queue) == 0 {
 		s.waiting = slices.DeleteFunc(s.waiting, func(g *Flow) bool { return g == f })
-		s.maybeIdle(f, now)
 	}
+	s.fewer(f, now)
 	s.dispatch(now) // a head that left may unblock others (Reserve)
 	s.armExpiry(now)
 	return true
@@ -595,12 +595,24 @@ func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
 	r.f = nil
 	s.spare = append(s.spare, r)
 	f.inFlight--
+	// Deferred: a panic in the policy's Ended must not leave f listed
+	// off the list, where nothing would let its hold lapse.
+	defer s.fewer(f, now)
 	f.deviceNs.Add(int64(ran))
 	f.recent.add(float64(ran), now, s.cfg.Decay)
 	s.busy.add(float64(ran), now, s.cfg.Decay)
 	s.pol.Ended(f, ran, r.charged, now)
+}
+
+// fewer notes that f has a run fewer queued or running (one ended, gave
+// up or was refused): where that ends two at once, f stays a flood for
+// Overlap from now; with none left it goes idle. Called with s.mu held.
+func (s *Scheduler) fewer(f *Flow, now time.Time) {
+	if f.inFlight+len(f.queue) == 1 {
+		f.lastBusy = now
+	}
 	s.maybeIdle(f, now)
-	s.place(f) // its last run ended with runs of it queued: listed still?
+	s.place(f)
 }
 
 // maybeIdle notes f going idle (nothing queued or running).
@@ -651,7 +663,7 @@ func (s *Scheduler) dispatch(now time.Time) {
 			// free for the next pick.
 			w.err = ErrDeadline
 			w.ready <- struct{}{}
-			s.maybeIdle(f, now)
+			s.fewer(f, now)
 			continue
 		}
 		w.t = t
