@@ -54,22 +54,39 @@ func checkIdle(s *Scheduler, now time.Time) error {
 	if n != s.idle.n {
 		return fmt.Errorf("the idle list counts %d flows, holds %d", s.idle.n, n)
 	}
-	wantAbout, wantRuns := false, 0
 	for _, g := range all {
 		if g.linked != (g.listed && g.inFlight == 0) {
 			return fmt.Errorf("a flow listed %v with %d runs is linked %v", g.listed, g.inFlight, g.linked)
 		}
-		if !g.listed {
-			continue
-		}
-		running := g.inFlight > 0 && s.light(g, now)
-		idle := g.inFlight == 0 && s.light(g, g.lastIdle) && now.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, now)
-		if running || idle {
-			wantAbout, wantRuns = true, wantRuns+g.inFlight
-		}
 	}
-	if about, runs := s.lightAbout(now); about != wantAbout || runs != wantRuns {
-		return fmt.Errorf("lightAbout: about %v, %d light runs; a walk over every listed flow: %v, %d", about, runs, wantAbout, wantRuns)
+	// At the step's time, and at times a caller's clock read before the
+	// lock could give, behind it (the earliest first: lightAbout prunes).
+	for _, at := range []time.Time{now.Add(-50 * time.Millisecond), now.Add(-time.Microsecond), now} {
+		wantAbout, wantRuns := false, 0
+		var idleAbout []*Flow
+		for _, g := range all {
+			if !g.listed {
+				continue
+			}
+			running := g.inFlight > 0 && s.light(g, at)
+			idle := g.inFlight == 0 && s.light(g, g.lastIdle) && at.Sub(g.lastIdle) < s.cfg.Recent && s.light(g, at)
+			if running || idle {
+				wantAbout, wantRuns = true, wantRuns+g.inFlight
+			}
+			if idle {
+				idleAbout = append(idleAbout, g)
+			}
+		}
+		// Alone's question, for a few flows: another idle one about.
+		for _, g := range all[:min(len(all), 4)] {
+			want := len(idleAbout) > 1 || len(idleAbout) == 1 && idleAbout[0] != g
+			if got := s.idleAbout(at, g); got != want {
+				return fmt.Errorf("at %v: idleAbout besides a flow %v; a walk over every listed flow: %v", at.Sub(now), got, want)
+			}
+		}
+		if about, runs := s.lightAbout(at); about != wantAbout || runs != wantRuns {
+			return fmt.Errorf("at %v: lightAbout: about %v, %d light runs; a walk over every listed flow: %v, %d", at.Sub(now), about, runs, wantAbout, wantRuns)
+		}
 	}
 	return nil
 }
