@@ -11,6 +11,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/ioshare"
 )
 
 // --flood-runs reaches the device's scheduler: while a light function
@@ -99,6 +100,33 @@ func TestReserveHoldKeepsSlotsAfterALightRequest(t *testing.T) {
 			t.Errorf("hold %v: a turn beside the light function's request moves %d bytes", tt.hold, tn.Piece())
 		}
 		tn.Done()
+	}
+}
+
+// --sched fair-no-reserve keeps no slot in the server's I/O either: a
+// flood's pieces beside a light function's request take every slot there.
+func TestNoReserveReachesTheServersIO(t *testing.T) {
+	for _, noReserve := range []bool{false, true} {
+		e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{NoReserve: noReserve, ReserveHold: time.Hour,
+			IO: ioshare.Config{Slots: 2, Hold: time.Hour}}})
+		for _, name := range []string{"flood", "light"} {
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest(name), nil))
+		}
+		e.IO("light").Touch(time.Now())
+		first, err := e.IO("flood").Turn(context.Background(), time.Time{}, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Kept, the last slot stays free however long the second
+		// waits: its deadline ends the wait.
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		second, err := e.IO("flood").Turn(ctx, time.Time{}, nil, false)
+		cancel()
+		if took := err == nil; took != noReserve {
+			t.Errorf("NoReserve %v: the flood's second piece beside a light function took the last slot %v (%v)", noReserve, took, err)
+		}
+		second.Done()
+		first.Done()
 	}
 }
 

@@ -15,10 +15,12 @@ import (
 // server more gets fewer turns there.
 
 // newIO makes the node's I/O shares: scheduled unless the device
-// schedulers are off (plover serve --sched off moves bytes as they come).
+// schedulers are off (plover serve --sched off moves bytes as they come),
+// with a slot kept for light functions unless the devices keep none.
 func newIO(e *Engine, sc SchedConfig) *ioshare.Shares {
 	cfg := sc.IO
 	cfg.Off = cfg.Off || sc.Off
+	cfg.NoReserve = cfg.NoReserve || sc.NoReserve
 	if cfg.Policy == "" {
 		cfg.Policy = sc.Policy
 	}

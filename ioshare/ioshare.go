@@ -42,6 +42,10 @@ type Config struct {
 	// Slots is how many pieces move at once (default: the CPUs), one of
 	// them kept for light functions where there are two or more.
 	Slots int
+	// NoReserve keeps no slot for light functions: every slot goes to
+	// whichever piece waits (plover serve --sched fair-no-reserve, as on
+	// the devices).
+	NoReserve bool
 	// Nice, when set, is the level (a nice level's scale: higher is
 	// lighter) the server's thread takes while it moves a piece of a
 	// function of that share and priority class; where the server cannot
@@ -114,8 +118,12 @@ func New(cfg Config) *Shares {
 	if cfg.Hold <= 0 {
 		cfg.Hold = 2 * time.Millisecond
 	}
+	reserve := 1
+	if cfg.NoReserve {
+		reserve = 0
+	}
 	sh := &Shares{cfg: cfg, flows: map[string]*Flow{},
-		s: sched.New(sched.Config{MaxRuns: cfg.Slots, Reserve: 1, PolicyName: cfg.Policy, Recent: cfg.Recent})}
+		s: sched.New(sched.Config{MaxRuns: cfg.Slots, Reserve: reserve, PolicyName: cfg.Policy, Recent: cfg.Recent})}
 	if cfg.Threads == nil {
 		sh.cfg.Threads = NiceLevels{}
 	}

@@ -406,6 +406,30 @@ func TestTouchCountsForRecent(t *testing.T) {
 	}
 }
 
+// While a light function is about, a flood's pieces leave a slot free for
+// it, unless the node keeps none (NoReserve): then they take every slot.
+func TestNoReserveGivesTheFloodsEverySlot(t *testing.T) {
+	for _, noReserve := range []bool{false, true} {
+		sh := New(Config{Slots: 2, Recent: time.Hour, Hold: time.Hour, NoReserve: noReserve})
+		sh.Flow("light").Touch(time.Now())
+		flood := sh.Flow("flood")
+		first, err := flood.Turn(context.Background(), time.Time{}, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Kept, the slot stays free however long the second waits: its
+		// deadline ends the wait.
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		second, err := flood.Turn(ctx, time.Time{}, nil, false)
+		cancel()
+		if took := err == nil; took != noReserve {
+			t.Errorf("NoReserve %v: the flood's second piece beside a light function took the last slot %v (%v)", noReserve, took, err)
+		}
+		second.Done()
+		first.Done()
+	}
+}
+
 // A piece that holds its turn past Hold (blocked) gives its slot up to a
 // waiting one.
 func TestHeldTurnGivesWay(t *testing.T) {
