@@ -344,3 +344,42 @@ func TestEndedPanicStillListsTheFlow(t *testing.T) {
 		t.Fatalf("Recent after f went idle: about %v, f listed %v", about, f.listed)
 	}
 }
+
+// A light function's run that turns light by time alone (Overlap after its
+// two at once ended) counts in the slots kept for light functions from
+// then, so a flood's queued run may start: a timer admits it then, not the
+// next run's end.
+func TestARunTurningLightAdmitsAQueuedFlood(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 3, Reserve: 1, Clock: clk})
+	enter := func(f *Flow) (Ticket, *waiter) { return s.enter(f, clk.Now(), time.Time{}, 0) }
+	other, light, flood := s.Flow("other"), s.Flow("light"), s.Flow("flood")
+	tk, _ := enter(other)
+	tk.Done() // about, idle: the reserve is kept for it
+	tk, _ = enter(light)
+	tk.Done() // listed
+	l1, _ := enter(light)
+	l2, _ := enter(light) // two at once: a flood for now
+	clk.Advance(time.Millisecond)
+	l1.Done() // a flood for Overlap from here; l2 runs on
+	f1, w1 := enter(flood)
+	_, w2 := enter(flood)
+	if w1 != nil || w2 == nil {
+		t.Fatalf("beside a light function about and a flood's run, a flood got %v slots of 3, want 1", w1 == nil)
+	}
+	clk.Advance(DefaultOverlap - time.Millisecond)
+	select {
+	case <-w2.ready:
+		t.Fatal("the flood's queued run started before the light function's run turned light")
+	default:
+	}
+	clk.Advance(time.Millisecond)
+	select {
+	case <-w2.ready:
+		w2.t.Done()
+	default:
+		t.Fatal("the light function's run turned light and the flood's queued run did not start: no timer")
+	}
+	f1.Done()
+	l2.Done()
+}

@@ -674,8 +674,9 @@ func (s *Scheduler) dispatch(now time.Time) {
 // armExpiry keeps a timer, while runs wait, on the next moment the
 // device's state changes by time alone: the earliest deadline of a running
 // run (a run past its deadline gives its slot up then: the engine stops
-// such a run's worker, and the slot must not wait for that), or the end of
-// a Reserve that holds a slot free. Called with s.mu held.
+// such a run's worker, and the slot must not wait for that), the end of a
+// Reserve that holds a slot free, or a light function's run turning light
+// (Overlap after its two at once ended). Called with s.mu held.
 func (s *Scheduler) armExpiry(now time.Time) {
 	var at time.Time
 	earliest := func(t time.Time) {
@@ -686,6 +687,12 @@ func (s *Scheduler) armExpiry(now time.Time) {
 	if len(s.waiting) > 0 {
 		for _, r := range s.running {
 			earliest(r.deadline)
+			// A listed function's run that turns light by time alone
+			// counts in the reserve from then (lightAbout): the floods'
+			// limit may rise.
+			if f := r.f; s.cfg.Reserve > 0 && f.listed && f.inFlight+len(f.queue) < 2 && !s.light(f, now) {
+				earliest(f.lastBusy.Add(s.cfg.Overlap))
+			}
 		}
 		if len(s.running) < s.cfg.MaxRuns {
 			// A running one's reserve lapses only after its run ends,
