@@ -7,8 +7,8 @@
 // control stops its sender there, at no cost to the server.
 //
 // The mechanism is sched's: a Scheduler whose slots are pieces in flight
-// (Config.Slots, one kept for light functions: the CPUs their requests
-// need besides the pieces), whose runs are pieces, charged the CPU time
+// (Config.Slots, one kept for light functions unless Config.NoReserve:
+// the CPUs their requests need besides the pieces), whose runs are pieces, charged the CPU time
 // the server's thread spent on them (its thread's clock: not the waits of
 // a thread preempted in its turn), each holding its slot at most
 // Config.Hold (a piece that blocks past it, a TLS record or a chunk still
@@ -40,7 +40,8 @@ type Config struct {
 	// plover serve --sched off); pieces are still counted and charged.
 	Off bool
 	// Slots is how many pieces move at once (default: the CPUs), one of
-	// them kept for light functions where there are two or more.
+	// them kept for light functions where there are two or more (none
+	// with NoReserve).
 	Slots int
 	// NoReserve keeps no slot for light functions: every slot goes to
 	// whichever piece waits (plover serve --sched fair-no-reserve, as on

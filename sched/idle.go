@@ -11,8 +11,9 @@ import "time"
 // A flow is listed (Flow.listed) from when it goes idle light (nothing
 // queued or running, and no two runs at once within Overlap of that) or
 // is touched while idle, until Recent passes with nothing running, it
-// goes idle a flood, a second run of it queues while none runs, or it is
-// forgotten. While listed with nothing running it is on idleList, ordered
+// goes idle a flood, a second run of it queues while none runs, its last
+// run ends with another of it still queued after two at once, or it is
+// forgotten (for good: its runs still going count as a flood's). While listed with nothing running it is on idleList, ordered
 // by when it went idle, so the list's oldest entries are the first to
 // lapse and its newest say whether one is about; listed and running, it is
 // off the list, and its runs count where the runs are (Scheduler.running,
@@ -68,6 +69,9 @@ func (l *idleList) remove(f *Flow) {
 // with s.mu held.
 func (s *Scheduler) list(f *Flow, now time.Time) {
 	f.lastIdle = now
+	if f.forgotten {
+		return
+	}
 	f.listed = true
 	s.idle.remove(f) // to its new place
 	s.place(f)

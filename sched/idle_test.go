@@ -310,22 +310,38 @@ func TestIdleAboutAtAnEarlierNow(t *testing.T) {
 	}
 }
 
-// endPanics is the default policy, but its Ended panics.
-type endPanics struct{ Policy }
+// endPanics is the default policy, but its Ended panics once armed.
+type endPanics struct {
+	Policy
+	armed *bool
+}
 
-func (endPanics) Ended(*Flow, time.Duration, float64, time.Time) { panic("a bug in Ended") }
+func (p endPanics) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) {
+	if *p.armed {
+		panic("a bug in Ended")
+	}
+	p.Policy.Ended(f, ran, charged, now)
+}
 
 // A run whose policy's Ended panics still leaves its flow idle and on the
-// idle list, where its hold lapses: not listed off it for good.
+// idle list, where its hold lapses: a listed flow (it went idle before)
+// is not left listed off the list for good.
 func TestEndedPanicStillListsTheFlow(t *testing.T) {
 	clk := newFakeClock()
 	pol, err := NewPolicy("", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(Config{MaxRuns: 2, Reserve: 1, Clock: clk, Policy: endPanics{pol}})
+	armed := false
+	s := New(Config{MaxRuns: 2, Reserve: 1, Clock: clk, Policy: endPanics{pol, &armed}})
 	f := s.Flow("f")
 	tk, _ := s.enter(f, clk.Now(), time.Time{}, 0)
+	tk.Done() // listed, on the list
+	tk, _ = s.enter(f, clk.Now(), time.Time{}, 0)
+	if !f.listed || f.linked {
+		t.Fatalf("running after it went idle: listed %v, linked %v; want listed off the list", f.listed, f.linked)
+	}
+	armed = true
 	func() {
 		defer func() { recover() }() // as a transport recovers it
 		tk.Done()
@@ -342,6 +358,79 @@ func TestEndedPanicStillListsTheFlow(t *testing.T) {
 	s.mu.Unlock()
 	if about || f.listed {
 		t.Fatalf("Recent after f went idle: about %v, f listed %v", about, f.listed)
+	}
+}
+
+// Two runs at once ended by a queued one giving up, or refused past its
+// deadline, make the flow a flood for Overlap from then, as an ended run
+// does (fewer): not light again the moment one run is left.
+func TestTwoAtOnceEndedByAGiveUpOrARefusal(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		end  func(s *Scheduler, f *Flow, w *waiter, first Ticket)
+	}{
+		{"gave up", func(s *Scheduler, f *Flow, w *waiter, _ Ticket) {
+			if !s.leave(f, w) {
+				t.Fatal("the queued run was admitted, not given up")
+			}
+		}},
+		{"refused", func(s *Scheduler, f *Flow, w *waiter, first Ticket) {
+			first.Done() // three to two; the refusal makes one
+			<-w.ready
+			if w.err != ErrDeadline {
+				t.Fatalf("the run queued past its deadline: %v, want refused", w.err)
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			s := New(Config{MaxRuns: 1, Clock: clk})
+			f := s.Flow("f")
+			first, _ := s.enter(f, clk.Now(), time.Time{}, 0)
+			_, w := s.enter(f, clk.Now(), clk.Now().Add(10*time.Millisecond), 0)
+			if tt.name == "refused" {
+				s.enter(f, clk.Now(), time.Time{}, 0) // started once the second is refused
+			}
+			clk.Advance(500 * time.Millisecond) // nothing arrives for Overlap
+			tt.end(s, f, w, first)
+			ended := clk.Now()
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if n := f.inFlight + len(f.queue); n != 1 {
+				t.Fatalf("%d runs queued or running, want 1", n)
+			}
+			if s.light(f, ended) || s.light(f, ended.Add(DefaultOverlap-time.Nanosecond)) {
+				t.Fatal("light within Overlap of its two at once ending")
+			}
+			if !s.light(f, ended.Add(DefaultOverlap)) {
+				t.Fatal("not light Overlap after its two at once ended, one run left")
+			}
+		})
+	}
+}
+
+// A forgotten function keeps no slots: not for the rest of its hold, nor
+// once a run it still had when forgotten ends.
+func TestAForgottenFunctionKeepsNoSlots(t *testing.T) {
+	for _, running := range []bool{false, true} {
+		clk := newFakeClock()
+		s := New(Config{MaxRuns: 3, Reserve: 1, Clock: clk})
+		f := s.Flow("f")
+		tk, _ := s.enter(f, clk.Now(), time.Time{}, 0)
+		tk.Done() // listed: about for Recent
+		if running {
+			tk, _ = s.enter(f, clk.Now(), time.Time{}, 0)
+		}
+		s.Forget("f")
+		if running {
+			tk.Done()
+		}
+		s.mu.Lock()
+		about, _ := s.lightAbout(clk.Now())
+		s.mu.Unlock()
+		if about || f.listed {
+			t.Errorf("forgotten with a run going %v: about %v, listed %v", running, about, f.listed)
+		}
 	}
 }
 

@@ -106,18 +106,19 @@ type Flow struct {
 	s *Scheduler
 
 	// Under s.mu.
-	weight   float64
-	class    Class
-	queue    []*waiter // oldest first
-	inFlight int
-	active   bool      // a run queued or running since the policy was told (Woke)
-	lastIdle time.Time // when it last went idle
-	lastBusy time.Time // when it last had two or more runs queued or running (see light)
-	listed   bool      // see idle.go: on s.idle, or running since
-	linked   bool      // on s.idle, between idlePrev and idleNext
-	idlePrev *Flow
-	idleNext *Flow
-	recent   decayed
+	weight    float64
+	class     Class
+	queue     []*waiter // oldest first
+	inFlight  int
+	active    bool      // a run queued or running since the policy was told (Woke)
+	lastIdle  time.Time // when it last went idle
+	lastBusy  time.Time // when it last had two or more runs queued or running (see light)
+	listed    bool      // see idle.go: on s.idle, or running since
+	forgotten bool      // its name's Forget: never listed again
+	linked    bool      // on s.idle, between idlePrev and idleNext
+	idlePrev  *Flow
+	idleNext  *Flow
+	recent    decayed
 
 	// PolicyData belongs to the Scheduler's Policy (set and read in its
 	// calls, under the Scheduler's lock).
@@ -155,16 +156,21 @@ func (s *Scheduler) Lookup(name string) *Flow {
 func (s *Scheduler) Forget(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f := s.flows[name]; f != nil && f.listed && f.inFlight == 0 {
-		// A deleted function keeps no slots, nor another flow from
-		// being Alone, for the rest of its hold; one still running
-		// is pruned once its runs end and Recent passes.
+	f := s.flows[name]
+	if f == nil {
+		return
+	}
+	delete(s.flows, name)
+	// A deleted function keeps no slots, nor another flow from being
+	// Alone: not for the rest of its hold, nor once runs it still has
+	// end (they count as a flood's meanwhile).
+	f.forgotten = true
+	if f.listed {
 		s.unlist(f)
 		now := s.clock.Now()
 		s.dispatch(now) // the slots it kept are the floods' now
 		s.armExpiry(now)
 	}
-	delete(s.flows, name)
 }
 
 // Set changes the flow's weight and class. Weights are shares, 0.01..1000
@@ -608,7 +614,7 @@ func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
 // up or was refused): where that ends two at once, f stays a flood for
 // Overlap from now; with none left it goes idle. Called with s.mu held.
 func (s *Scheduler) fewer(f *Flow, now time.Time) {
-	if f.inFlight+len(f.queue) == 1 {
+	if f.inFlight+len(f.queue) == 1 && now.After(f.lastBusy) { // now may be a caller's, read before the lock
 		f.lastBusy = now
 	}
 	s.maybeIdle(f, now)
