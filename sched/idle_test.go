@@ -472,3 +472,24 @@ func TestARunTurningLightAdmitsAQueuedFlood(t *testing.T) {
 	f1.Done()
 	l2.Done()
 }
+
+// A detached flow (the last runs of a function deleted meanwhile) keeps no
+// slots as it goes idle, as a forgotten one does; a named one does.
+func TestADetachedFlowKeepsNoSlots(t *testing.T) {
+	for _, detached := range []bool{false, true} {
+		clk := newFakeClock()
+		s := New(Config{MaxRuns: 3, Reserve: 1, Clock: clk})
+		f := s.Flow("f")
+		if detached {
+			f = s.Detached()
+		}
+		tk, _ := s.enter(f, clk.Now(), time.Time{}, 0)
+		tk.Done()
+		s.mu.Lock()
+		about, _ := s.lightAbout(clk.Now())
+		s.mu.Unlock()
+		if about != !detached {
+			t.Errorf("detached %v: went idle light, about %v", detached, about)
+		}
+	}
+}

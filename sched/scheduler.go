@@ -133,7 +133,7 @@ func (s *Scheduler) Flow(name string) *Flow {
 	defer s.mu.Unlock()
 	f := s.flows[name]
 	if f == nil {
-		f = s.Detached()
+		f = s.newFlow()
 		s.flows[name] = f
 	}
 	return f
@@ -141,8 +141,15 @@ func (s *Scheduler) Flow(name string) *Flow {
 
 // Detached returns a new flow of weight 1 and class Default that is no
 // name's (Lookup never finds it): for the last runs of a function
-// forgotten meanwhile, whose name's next flow must start afresh.
-func (s *Scheduler) Detached() *Flow { return &Flow{s: s, weight: 1, class: Default} }
+// forgotten meanwhile, whose name's next flow must start afresh. Like a
+// forgotten flow it keeps no slots (Config.Reserve) as it goes idle.
+func (s *Scheduler) Detached() *Flow {
+	f := s.newFlow()
+	f.forgotten = true
+	return f
+}
+
+func (s *Scheduler) newFlow() *Flow { return &Flow{s: s, weight: 1, class: Default} }
 
 // Lookup returns name's flow, or nil.
 func (s *Scheduler) Lookup(name string) *Flow {
