@@ -32,14 +32,35 @@ type pinning struct {
 
 // slotMem is what a worker holds of the server's slots: the bytes mapped
 // (left out of its resident-memory limit) and of them those pinned, until
-// it is gone; and the bytes of slots the server let go of within
-// leaveGrace of leftAt, which the worker may still map.
+// it is gone; and the slots the server let go of within leaveGrace,
+// which the worker may still map.
 type slotMem struct {
 	mu             sync.Mutex
 	mapped, pinned int64
-	leaving        int64
-	leftAt         time.Time
-	gone, logged   bool // logged: a refusal was logged for this worker
+	left           []leftSlot // oldest first; pruned as it is read
+	gone, logged   bool       // logged: a refusal was logged for this worker
+}
+
+// leftSlot is a slot the server let go of: its size, and when.
+type leftSlot struct {
+	size int64
+	at   time.Time
+}
+
+// leaving is the bytes of the slots let go of within leaveGrace of now,
+// each on its own clock: drops less than a grace apart must not keep every
+// earlier one out of the limit. Called with s.mu held.
+func (s *slotMem) leaving(now time.Time) int64 {
+	i := 0
+	for i < len(s.left) && now.Sub(s.left[i].at) >= leaveGrace {
+		i++
+	}
+	s.left = s.left[i:]
+	var n int64
+	for _, l := range s.left {
+		n += l.size
+	}
+	return n
 }
 
 // leaveGrace is how long a slot the server let go of stays out of its
@@ -124,8 +145,9 @@ func (p *proc) dropSlot(size, pinned int64) {
 	s := &p.slots
 	s.mu.Lock()
 	s.mapped -= size
-	s.leaving += size
-	s.leftAt = time.Now()
+	now := time.Now()
+	s.leaving(now) // pruned, so that the list holds a grace's drops at most
+	s.left = append(s.left, leftSlot{size, now})
 	if !s.gone {
 		s.pinned -= pinned
 		p.d.pin.bytes.Add(-pinned)
@@ -151,12 +173,7 @@ func (p *proc) unpin() {
 func (p *proc) limitedRSS(rss, shmem int64, now time.Time) int64 {
 	s := &p.slots
 	s.mu.Lock()
-	slots := s.mapped
-	if s.leaving > 0 && now.Sub(s.leftAt) < leaveGrace {
-		slots += s.leaving
-	} else {
-		s.leaving = 0
-	}
+	slots := s.mapped + s.leaving(now)
 	s.mu.Unlock()
 	return rss - min(max(shmem, 0), slots)
 }

@@ -13,7 +13,7 @@ func TestALetGoSlotCountsAsTheServersForAWhile(t *testing.T) {
 	p := &proc{d: &Device{}}
 	p.mapSlot(128 * mib)
 	p.dropSlot(128*mib, 0)
-	left := p.slots.leftAt
+	left := p.slots.left[0].at
 	for _, tt := range []struct {
 		name  string
 		after time.Duration
@@ -27,6 +27,36 @@ func TestALetGoSlotCountsAsTheServersForAWhile(t *testing.T) {
 	} {
 		// A bundle's 4 MiB and the slot's 128, still mapped.
 		if got := p.limitedRSS(132*mib, 128*mib, left.Add(tt.after)); got != tt.want {
+			t.Errorf("%s: %d MiB counted, want %d", tt.name, got/mib, tt.want/mib)
+		}
+	}
+}
+
+// Slots let go of less than a grace apart each leave the limit's allowance
+// a grace after their own drop: a stream of closing instances does not
+// keep every slot it ever closed out of the limit (a bundle's own shared
+// memory would hide there).
+func TestLetGoSlotsLeaveOnTheirOwnClocks(t *testing.T) {
+	const mib = 1 << 20
+	p := &proc{d: &Device{}}
+	p.mapSlot(64 * mib)
+	p.mapSlot(64 * mib)
+	p.dropSlot(64*mib, 0)
+	first := p.slots.left[0].at
+	// The second drop half a grace later (set by hand: dropSlot reads
+	// the clock).
+	p.dropSlot(64*mib, 0)
+	p.slots.left[1].at = first.Add(leaveGrace / 2)
+	for _, tt := range []struct {
+		name  string
+		after time.Duration // from the first drop
+		want  int64         // of a bundle's 4 MiB and 128 MiB of slots still mapped
+	}{
+		{"both within their grace", leaveGrace / 4, 4 * mib},
+		{"the first's past", leaveGrace, 68 * mib},
+		{"both past", leaveGrace * 3 / 2, 132 * mib},
+	} {
+		if got := p.limitedRSS(132*mib, 128*mib, first.Add(tt.after)); got != tt.want {
 			t.Errorf("%s: %d MiB counted, want %d", tt.name, got/mib, tt.want/mib)
 		}
 	}
