@@ -21,10 +21,7 @@ import "time"
 
 // idleList is a list of flows ordered by lastIdle, oldest first, linked
 // through the flows themselves.
-type idleList struct {
-	head, tail *Flow
-	n          int
-}
+type idleList struct{ head, tail *Flow }
 
 // push puts f in its place by lastIdle: at the end, unless callers' clocks
 // read before the lock put a later one there first.
@@ -44,7 +41,6 @@ func (l *idleList) push(f *Flow) {
 	} else {
 		f.idleNext.idlePrev = f
 	}
-	l.n++
 }
 
 func (l *idleList) remove(f *Flow) {
@@ -62,7 +58,6 @@ func (l *idleList) remove(f *Flow) {
 		f.idleNext.idlePrev = f.idlePrev
 	}
 	f.idlePrev, f.idleNext, f.linked = nil, nil, false
-	l.n--
 }
 
 // list lists f as idle from now (it went idle, or was touched). Called
@@ -84,13 +79,10 @@ func (s *Scheduler) list(f *Flow, now time.Time) {
 // but stays listed. Called with s.mu held.
 func (s *Scheduler) place(f *Flow) {
 	switch {
-	case !f.listed:
-		s.idle.remove(f)
-	case f.inFlight > 0:
+	case !f.listed || f.inFlight > 0:
 		s.idle.remove(f)
 	case !s.light(f, f.lastIdle):
-		s.idle.remove(f)
-		f.listed = false
+		s.unlist(f)
 	case !f.linked:
 		s.idle.push(f)
 	}

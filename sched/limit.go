@@ -45,10 +45,8 @@ type floods struct {
 // SharedRuns of them (and the light ones' runs in the reserve) where
 // another function wants the device too.
 func (s *Scheduler) floodLimit(now time.Time) floods {
-	// Pruned without a reserve too: the list would otherwise hold every
-	// flow ever seen (deleted functions' included). One running stays
-	// listed however long its run: the reserve is held until Recent after
-	// that run ends (maybeIdle).
+	// Asked without a reserve too: lightAbout prunes the idle list, and
+	// SharedRuns leaves the light runs out of its bound.
 	fl := floods{alone: s.cfg.MaxRuns}
 	about, lightRuns := s.lightAbout(now)
 	if s.cfg.Reserve > 0 && about {

@@ -724,7 +724,7 @@ func TestIdleFlowsPrunedWithoutReserve(t *testing.T) {
 	}
 	tk.Done()
 	s.mu.Lock()
-	n := s.idle.n
+	n := idleLen(s)
 	s.mu.Unlock()
 	if n > 1 {
 		t.Fatalf("%d flows listed as recently idle an hour after they were: want at most a's", n)
