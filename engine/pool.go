@@ -72,10 +72,8 @@ func (p *pool) open(e *Engine, runs int, freed slotWaiter, now time.Time) {
 // acquire waits for a slot, in FIFO order, until the deadline. The fast
 // path takes no timer and allocates nothing; a full queue fails at once.
 func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool) error {
-	select {
-	case p.slots <- struct{}{}:
+	if p.trySlot() {
 		return nil
-	default:
 	}
 	name := p.v.fn.name
 	if n := p.waiting.Add(1); int(n) > p.v.policy.queue {

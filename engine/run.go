@@ -72,11 +72,14 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	}
 	tq := time.Now()
 	req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
-	if err := p.acquire(ctx, deadline, req.Gone); err != nil {
-		return false, err
+	ta := tq // taken at once, the common case: no second clock read
+	if !p.trySlot() {
+		if err := p.acquire(ctx, deadline, req.Gone); err != nil {
+			return false, err
+		}
+		ta = time.Now()
 	}
 	defer p.release()
-	ta := time.Now()
 	req.Timing.Queue = ta.Sub(tq)
 	var landed device.Slot // where the body was read, if a device lent it
 	if req.Landing != nil {

@@ -16,9 +16,9 @@ import (
 // A ModelInfer call's bytes are its function's share of the server's I/O
 // (package ioshare), as an HTTP request's are: the call touches its
 // function's flow, and the server's time on its bytes is charged to it,
-// by wall time as HTTP's decoding and encoding are (Flow.Meter): decoding
-// its message (the codec's, before any interceptor: measured there with a
-// Stopwatch and charged once the call is admitted and its model found, so
+// by wall time as HTTP's decoding and encoding are (Flow.MeteredSince):
+// decoding its message (the codec's, before any interceptor: measured
+// there on the same clock and charged once the call is admitted and its model found, so
 // that a call its token may not make charges no one), laying its tensors
 // out, cutting its answer and encoding it (the codec's again, after the
 // handler). Nothing moves in turns: gRPC-Go reads and writes the frames
@@ -86,7 +86,7 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 
 // unmarshalCall decodes a ModelInfer call's message, measuring it.
 func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
-	w := ioshare.StartStopwatch()
+	w := ioshare.Now()
 	err := c.unmarshalInfer(data, &call.req)
 	call.io.decode = w.Elapsed()
 	return err
@@ -94,9 +94,9 @@ func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
 
 // marshalCall encodes a ModelInfer call's answer, metered as its flow's.
 func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
-	m := call.io.fl.Meter()
+	t := ioshare.Now()
 	b, err := c.base.Marshal(call.resp)
-	m.Done()
+	call.io.fl.MeteredSince(t)
 	return b, err
 }
 

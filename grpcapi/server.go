@@ -503,7 +503,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	// A message read past the limit (up to envelope): too_large, counted
 	// as the function's refused request, as HTTP's 413 for a body over
 	// --max-body. Sizing it is the server's time on its bytes too.
-	w := ioshare.StartStopwatch()
+	w := ioshare.Now()
 	n := proto.Size(req)
 	io.decode += w.Elapsed()
 	if n > s.opts.MaxMessageBytes {
@@ -523,20 +523,19 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return errors.Is(rpc.Err(), context.Canceled) && (!hasDeadline || time.Until(d) > goneMargin)
 	}
 	ctx = context.WithoutCancel(ctx)
-	t0 := time.Now() // the model's total counts its lookup, as HTTP's does
+	looked := ioshare.Now() // the model's total counts its lookup, as HTTP's does
 	pin, ts, err := s.pin(ctx, req.GetModelName(), req.GetModelVersion(), r.Deadline)
 	if err != nil {
 		return nil, err
 	}
 	defer pin.Release()
-	lookup := time.Since(t0) // laying the tensors out is metered I/O, not the lookup
+	found := ioshare.Now() // laying the tensors out is metered I/O, not the lookup
 	// The model found (a pipeline's flow is its own, as over HTTP), the
 	// call is its function's: touched, and charged its message's decoding
 	// (io.go).
 	io.fl = s.door.IO(req.GetModelName())
 	io.fl.Touch(r.Began)
 	io.fl.Metered(io.decode)
-	m := io.fl.Meter()
 	maxIn, step := pin.InputBound() // a pipeline's: its first step's
 	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
 	var pick []int
@@ -544,16 +543,16 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		// The outputs to answer: those the request names, in its order, or all.
 		pick, err = oip.Requested(nil, req.GetOutputs(), (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, ts.Outputs)
 	}
-	m.Done()
+	laid := io.fl.MeteredSince(found)
 	if err != nil {
 		return nil, err
 	}
-	if err := pin.InvokeSince(ctx, r, time.Now().Add(-lookup)); err != nil {
+	if err := pin.InvokeSince(ctx, r, (laid - (found - looked)).Time()); err != nil {
 		return nil, err
 	}
-	m = io.fl.Meter() // and cutting the answer (the codec encodes it)
+	t := ioshare.Now() // and cutting the answer (the codec encodes it)
 	resp, err := s.answer(req, r, ts.Outputs, pick, typed)
-	m.Done()
+	io.fl.MeteredSince(t)
 	return resp, err
 }
 

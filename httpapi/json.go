@@ -14,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/oip"
 )
 
@@ -154,9 +155,9 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchang
 		return err
 	}
 	defer s.releaseBody(held)
-	m := tn.fl.Meter() // decoding is the server's CPU on the function's bytes too
+	start := ioshare.Now() // decoding is the server's CPU on the function's bytes too
 	input, o, timeout, err := parseInvoke(body, fn)
-	m.Done()
+	tn.fl.MeteredSince(start)
 	if err != nil {
 		return err
 	}
@@ -172,9 +173,8 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchang
 	if err != nil {
 		return err
 	}
+	defer tn.fl.MeteredSince(ioshare.Now()) // and encoding
 	t := &c.req.Timing
-	m = tn.fl.Meter() // and encoding
-	defer m.Done()
 	out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(c.req.Output))+256)
 	out = append(out, `{"output":"`...)
 	out = base64.StdEncoding.AppendEncode(out, c.req.Output)

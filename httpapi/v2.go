@@ -15,6 +15,7 @@ import (
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -280,33 +281,33 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	h := &vc.hdr
 	// Decoding the header and laying the tensors out are the server's CPU
 	// on the function's bytes, metered; finding the version between them
-	// is not (it may wait for a store read).
-	m := tn.fl.Meter()
+	// is not (it may wait for a store read), but the model's total counts
+	// it, as /v1's does (Runner.Invoke). One clock read ends each step and
+	// starts the next.
+	t := ioshare.Now()
 	err = h.read(header)
-	m.Done()
+	looked := tn.fl.MeteredSince(t)
 	if err != nil {
 		return err
 	}
-	t0 := time.Now() // the model's total counts its lookup, as /v1's does (Runner.Invoke)
 	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version, r.Deadline)
 	if err != nil {
 		return err
 	}
 	defer pin.Release()
-	lookup := time.Since(t0) // laying the tensors out is metered I/O, not the lookup
-	m = tn.fl.Meter()
+	found := ioshare.Now()
 	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err == nil {
 		r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
 		if err != nil {
 			err = &apierr.Error{Status: apierr.BadRequest, Msg: err.Error()}
 		}
 	}
-	m.Done()
+	t = tn.fl.MeteredSince(found)
 	if err != nil {
 		return err
 	}
 	r.Output = vc.out[:0]
-	err = pin.InvokeSince(context.Background(), r, time.Now().Add(-lookup))
+	err = pin.InvokeSince(context.Background(), r, (t - (found - looked)).Time())
 	vc.out, r.Input = r.Output, nil
 	if err != nil {
 		return err
@@ -314,7 +315,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	// The function ran; what it produced may still not make a response
 	// (too few bytes for its outputs, values JSON cannot carry): a 500
 	// that says why, counted as one.
-	m = tn.fl.Meter() // and encoding the answer
+	t = ioshare.Now() // and encoding the answer is metered
 	vc.cuts, vc.dims, err = oip.CutOutputs(r.Output, ts.Outputs, vc.cuts[:0], vc.dims[:0])
 	if err == nil {
 		vc.ans = oip.Picked(vc.ans[:0], vc.cuts, vc.pick)
@@ -324,7 +325,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 			err = writeInferJSON(ctx, h, fn, r.Version, vc.ans)
 		}
 	}
-	m.Done()
+	tn.fl.MeteredSince(t)
 	if err == nil {
 		s.pieceAnswer(ctx, tn)
 	}

@@ -285,14 +285,13 @@ func (f *Flow) Pieces() (moving, waiting int) { return int(f.moving.Load()), int
 // function's CPU weight and locked to its goroutine, which a recovered
 // panic leaves serving other work there.
 type Turn struct {
-	f       *Flow
-	t       sched.Ticket
-	start   time.Duration // mono()
-	metered bool          // Meter's: no piece
-	niced   bool          // its thread took the flow's nice level (and is locked)
-	cpu0    time.Duration // its thread's CPU time at its start (threadCPU; -1: not read)
-	alone   bool          // its flow had the server's I/O to itself when it began
-	blocks  bool          // its piece may block (Turn's mayBlock)
+	f      *Flow
+	t      sched.Ticket
+	start  time.Duration // mono()
+	niced  bool          // its thread took the flow's nice level (and is locked)
+	cpu0   time.Duration // its thread's CPU time at its start (threadCPU; -1: not read)
+	alone  bool          // its flow had the server's I/O to itself when it began
+	blocks bool          // its piece may block (Turn's mayBlock)
 }
 
 // Piece is the most bytes the turn moves: Config.Piece, or, while its flow
@@ -383,15 +382,13 @@ func (t Turn) DoneMoved(n int) {
 	}
 	held := mono() - t.start
 	cpu := held
-	switch {
-	case t.blocks:
+	if t.blocks {
 		held = min(held, sh.cfg.Hold)
 		cpu = held
 		if n >= 0 {
 			cpu = min(cpu, sh.blockingCost(n))
 		}
-	case t.metered:
-	default:
+	} else {
 		if c := threadCPU(); c >= 0 && t.cpu0 >= 0 {
 			cpu = min(c-t.cpu0, held)
 		}
@@ -399,14 +396,10 @@ func (t Turn) DoneMoved(n int) {
 		if n >= rateSample && !t.niced {
 			sh.learnRate(cpu, n)
 		}
-	}
-	if !t.metered && !t.blocks {
 		runtime.UnlockOSThread()
 	}
-	if !t.metered {
-		t.f.moving.Add(-1)
-		t.t.DoneUsed(time.Now(), max(held, 1)) // 0 would charge the slot time
-	}
+	t.f.moving.Add(-1)
+	t.t.DoneUsed(time.Now(), max(held, 1)) // 0 would charge the slot time
 	t.f.charge(cpu)
 }
 
@@ -444,33 +437,40 @@ func (s *Shares) learnRate(cpu time.Duration, n int) {
 	s.rate.Store(r + (sample-r)/8)
 }
 
-// Meter starts measuring work on the flow's bytes that needs no turn
-// (decoding a body already read, encoding an answer): its Done charges the
-// time as a turn's, with no slot to give back.
-func (f *Flow) Meter() Turn {
-	if f == nil {
-		return Turn{}
-	}
-	return Turn{f: f, start: mono(), metered: true}
+// Instant is a reading of the clock the server's work on a function's
+// bytes is measured on: the monotonic clock since the process began, at
+// about half a time.Now (which reads the wall clock too). A request reads
+// it at each step's end and takes that as the next step's start: decoding
+// its body, finding its function, laying its inputs out and encoding its
+// answer cost a microsecond or two together, and each clock read on this
+// machine tens of nanoseconds.
+type Instant time.Duration
+
+// Now reads the clock.
+func Now() Instant { return Instant(mono()) }
+
+// Elapsed is the time since i.
+func (i Instant) Elapsed() time.Duration { return mono() - time.Duration(i) }
+
+// Time is i as a time.Time with its monotonic reading, for code that
+// takes a start or a deadline as one.
+func (i Instant) Time() time.Time { return epoch.Add(time.Duration(i)) }
+
+// MeteredSince charges the flow the work on its bytes since start that
+// needed no turn (decoding a body already read, encoding an answer), as
+// Done charges a turn's time (the flow's Seconds, Config.Charge), and
+// returns the clock's reading at its end. A nil flow's charges nothing.
+func (f *Flow) MeteredSince(start Instant) Instant {
+	now := Now()
+	f.Metered(time.Duration(now - start))
+	return now
 }
 
-// Stopwatch measures, on Meter's clock, work on a function's bytes done
-// before its flow is known: a gRPC call's message is decoded before the
-// call is admitted and its function found (package grpcapi). What it read
-// is charged once the flow is known (Flow.Metered), as a Meter's Done
-// would have charged it; a request that never finds its function's flow
-// (refused, unknown) charges no one.
-type Stopwatch struct{ start time.Duration }
-
-// StartStopwatch starts a Stopwatch.
-func StartStopwatch() Stopwatch { return Stopwatch{mono()} }
-
-// Elapsed is the time since the stopwatch started.
-func (w Stopwatch) Elapsed() time.Duration { return mono() - w.start }
-
 // Metered charges the flow d of work on its bytes that needed no turn,
-// measured by a Stopwatch: as a Meter's Done charges its time (the flow's
-// Seconds, Config.Charge). A nil flow's charges nothing.
+// measured before the flow was known (a gRPC call's message is decoded
+// before the call is admitted and its function found, package grpcapi):
+// as MeteredSince charges. A request that never finds its function's flow
+// (refused, unknown) charges no one. A nil flow's charges nothing.
 func (f *Flow) Metered(d time.Duration) {
 	if f != nil {
 		f.charge(d)
@@ -483,9 +483,7 @@ func (f *Flow) Metered(d time.Duration) {
 // not move by less.
 const chargeEvery = 100 * time.Microsecond
 
-// epoch makes mono: time.Since reads the monotonic clock alone, at about
-// half a time.Now (which reads the wall clock too), and a small request
-// reads it several times.
+// epoch makes mono (Instant's clock).
 var epoch = time.Now()
 
 // mono is the monotonic time since epoch.

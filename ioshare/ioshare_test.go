@@ -202,10 +202,10 @@ func TestChargeKeptUntilTaken(t *testing.T) {
 	}})
 	f := sh.Flow("f")
 	piece := func() {
-		m := f.Meter()
-		for start := mono(); mono()-start < chargeEvery; {
+		start := Now()
+		for start.Elapsed() < chargeEvery {
 		}
-		m.Done()
+		f.MeteredSince(start)
 	}
 	for range 3 {
 		piece()
@@ -458,24 +458,44 @@ func TestNilFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	tn.Done()
-	f.Meter().Done()
+	f.MeteredSince(Now())
 	f.Metered(time.Second)
 }
 
-// Work measured by a Stopwatch before its flow was known (a gRPC call's
-// decoding) is charged by Metered as a Meter's Done charges it: the flow's
-// Seconds, and Config.Charge once chargeEvery is owed.
-func TestMeteredChargesAsMeter(t *testing.T) {
+// Work measured on the flow's clock is charged the time between its
+// readings: MeteredSince charges up to the instant it returns, which the
+// next step takes as its start, and Metered charges work measured before
+// the flow was known (a gRPC call's decoding). Both count in the flow's
+// Seconds and reach Config.Charge once chargeEvery is owed.
+func TestMeteredCharges(t *testing.T) {
 	var charged time.Duration
 	sh := New(Config{Charge: func(_ *Flow, cpu time.Duration) bool { charged += cpu; return true }})
-	w := StartStopwatch()
-	for w.Elapsed() < chargeEvery {
-	}
-	d := w.Elapsed()
 	f := sh.Flow("f")
-	f.Metered(d)
-	if got := time.Duration(f.cpu.Load()); got != d || charged != d {
-		t.Fatalf("Metered(%v): spent %v, charged %v; want both %v", d, got, charged, d)
+	start := Now()
+	for start.Elapsed() < chargeEvery {
+	}
+	end := f.MeteredSince(start)
+	if d := time.Duration(end - start); d < chargeEvery || time.Duration(f.cpu.Load()) != d || charged != d {
+		t.Fatalf("MeteredSince: %v to its end, spent %v, charged %v; want both the %v (at least %v)", d, time.Duration(f.cpu.Load()), charged, d, chargeEvery)
+	}
+	before := time.Duration(f.cpu.Load())
+	f.Metered(chargeEvery)
+	if got := time.Duration(f.cpu.Load()) - before; got != chargeEvery || charged != before+chargeEvery {
+		t.Fatalf("Metered(%v): spent %v more, charged %v in all; want %v more, %v", chargeEvery, got, charged, chargeEvery, before+chargeEvery)
+	}
+}
+
+// An Instant as a time.Time is when it was read, on the monotonic clock:
+// what a start handed to code that takes a time.Time must be.
+func TestInstantTime(t *testing.T) {
+	t0 := time.Now()
+	i := Now()
+	t1 := time.Now()
+	if got := i.Time(); got.Before(t0) || got.After(t1) {
+		t.Fatalf("Now().Time() = %v; want between %v and %v", got, t0, t1)
+	}
+	if d := time.Since(i.Time()); d < 0 || d > time.Since(t0) {
+		t.Fatalf("time.Since(Now().Time()) = %v; want between 0 and %v", d, time.Since(t0))
 	}
 }
 
