@@ -52,6 +52,7 @@ type sample struct {
 	shmem     int64 // of rss, shared memory (the server's slots are)
 	threads   int
 	at, pssAt time.Time
+	read      time.Time // when it was read: at, unless dated back (measure)
 }
 
 // procStatus reads a process's resident memory, of it the shared memory,
@@ -154,7 +155,7 @@ func (g *program) Process() device.ProcessStats {
 // reports it gone anyway.
 func (p *proc) measure(prev *sample, pss bool) (s *sample, ok bool) {
 	now := time.Now()
-	s = &sample{at: now, pssAt: now}
+	s = &sample{at: now, pssAt: now, read: now}
 	if prev != nil {
 		s.pss, s.pssAt = prev.pss, prev.pssAt
 	} else {
@@ -233,7 +234,7 @@ func (d *Device) watch() {
 			}
 			// The server's slots it maps are the server's layout, not the
 			// bundle's keeping: on CUDA they are pinned whole (pin.go).
-			if rss := p.limitedRSS(s.rss, s.shmem, s.at); ok && limit > 0 && rss > limit {
+			if rss := p.limitedRSS(s.rss, s.shmem, s.read); ok && limit > 0 && rss > limit {
 				p.kill(fmt.Sprintf("its resident memory, %d MiB besides the server's slots, passed its limit of %d MiB (max_host_memory_mb)", rss>>20, limit>>20))
 			}
 		}

@@ -220,7 +220,7 @@ func firstRequest(t *testing.T, p device.Program, m *abi.Manifest) error {
 			return fmt.Errorf("the worker was killed: %v", g.Death())
 		}
 		if s := g.p.sample.Load(); s != nil && s.at.After(ran) {
-			if rss := g.p.limitedRSS(s.rss, s.shmem, s.at); rss > limit {
+			if rss := g.p.limitedRSS(s.rss, s.shmem, s.read); rss > limit {
 				return fmt.Errorf("%d MiB resident besides the slots (rss %d MiB, shmem %d MiB), over max_host_memory_mb %d", rss>>20, s.rss>>20, s.shmem>>20, limit>>20)
 			}
 			ran, seen = s.at, seen+1

@@ -155,7 +155,7 @@ func (i *instance) Close() {
 			i.g.instanceClosed()
 			unix.Close(fd)
 			unix.Munmap(slot)
-			i.g.p.dropSlot(int64(len(slot)), pinned)
+			i.g.p.dropSlot(int64(len(slot)), pinned, false)
 		}(i.overrun, i.fd, i.slot, i.pinned)
 		i.slot = nil
 		i.g.d.used.Add(-i.DeviceBytes())
@@ -164,7 +164,7 @@ func (i *instance) Close() {
 	i.g.instanceClosed()
 	unix.Close(i.fd) // the worker frees the instance when it reads EOF
 	unix.Munmap(i.slot)
-	i.g.p.dropSlot(int64(len(i.slot)), i.pinned)
+	i.g.p.dropSlot(int64(len(i.slot)), i.pinned, false)
 	i.slot = nil
 	i.g.d.used.Add(-i.DeviceBytes())
 }

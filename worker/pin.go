@@ -32,12 +32,12 @@ type pinning struct {
 
 // slotMem is what a worker holds of the server's slots: the bytes mapped
 // (left out of its resident-memory limit) and of them those pinned, until
-// it is gone; and the slots the server let go of within leaveGrace,
-// which the worker may still map.
+// it is gone; and the slots the server let go of within leaveMost, which
+// the worker may still map.
 type slotMem struct {
 	mu             sync.Mutex
 	mapped, pinned int64
-	left           []leftSlot // oldest first; pruned as it is read
+	left           []leftSlot // oldest first
 	gone, logged   bool       // logged: a refusal was logged for this worker
 }
 
@@ -47,12 +47,37 @@ type leftSlot struct {
 	at   time.Time
 }
 
-// leaving is the bytes of the slots let go of within leaveGrace of now,
-// each on its own clock: drops less than a grace apart must not keep every
-// earlier one out of the limit. Called with s.mu held.
+// A slot the server let go of stays in its worker's mapping a while: the
+// worker unmaps an instance's own slot when it reads the instance's end,
+// after the bundle's plover_instance_fini (on CUDA, after the instance's
+// device memory is freed too), and a program's pool slots once its last
+// instance has gone that way after an unload. Until then its pages are
+// resident in the worker (on CUDA, pinned whole), where a watch would take
+// them for the bundle's memory: on a loaded machine one took a closed
+// instance's 128 MiB slot for it and killed its worker. Whether it is
+// unmapped yet cannot be read from the worker's figures (on the host
+// device a slot is resident only where requests touched it), so a let-go
+// slot stays out of the limit for leaveMost after its drop, each on its
+// own clock; a bundle's own shared memory can hide behind those bytes that
+// long, and no longer.
+const leaveMost = 10 * time.Second
+
+// letGo takes size bytes out of the slots mapped at now, into those let
+// go of unless the worker holds none of them (unmapped). Called with s.mu
+// held, so that the list stays in the order of its times.
+func (s *slotMem) letGo(size int64, unmapped bool, now time.Time) {
+	s.mapped -= size
+	s.leaving(now) // pruned, so that the list holds leaveMost's drops at most
+	if !unmapped {
+		s.left = append(s.left, leftSlot{size, now})
+	}
+}
+
+// leaving is the bytes of the slots let go of within leaveMost of now.
+// Called with s.mu held.
 func (s *slotMem) leaving(now time.Time) int64 {
 	i := 0
-	for i < len(s.left) && now.Sub(s.left[i].at) >= leaveGrace {
+	for i < len(s.left) && now.Sub(s.left[i].at) >= leaveMost {
 		i++
 	}
 	s.left = s.left[i:]
@@ -62,14 +87,6 @@ func (s *slotMem) leaving(now time.Time) int64 {
 	}
 	return n
 }
-
-// leaveGrace is how long a slot the server let go of stays out of its
-// worker's resident-memory limit: the worker unmaps it when it reads its
-// instance's end, at once unless busy, and until then the slot's pages
-// are resident in the worker (on a loaded machine a watch between the two
-// took a closed instance's 128 MiB slot, partly unmapped, for the
-// bundle's memory and killed its worker).
-const leaveGrace = time.Second
 
 // Pinning reports the pinned memory of the device's slots: none on a
 // device that pins nothing.
@@ -101,7 +118,7 @@ func (d *Device) unpinned(size int64) { d.pin.bytes.Add(-size) }
 
 // mapSlot accounts a slot of size bytes about to be handed to p's worker:
 // from here, before the worker pins (touches) it, its bytes are not the
-// bundle's (limitedRSS). dropSlot undoes it.
+// bundle's (limitedRSS). dropSlot ends it.
 func (p *proc) mapSlot(size int64) {
 	p.slots.mu.Lock()
 	p.slots.mapped += size
@@ -113,41 +130,40 @@ func (p *proc) mapSlot(size int64) {
 // it mapped (what names it for the log), and returns the bytes pinned (0:
 // not pinned). reserved: reservePin counted them already.
 func (p *proc) pinSlot(g *program, pin wire.Pin, size int64, what string, reserved bool) int64 {
-	state, why := pin.State, pin.Why
 	s := &p.slots
+	var pinned int64
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if state == wire.PinRefused {
+	first := pin.State == wire.PinRefused && !s.logged
+	s.logged = s.logged || first
+	switch {
+	case pin.State == wire.PinDone && !s.gone:
+		s.pinned, pinned = s.pinned+size, size
+		if !reserved {
+			p.d.pin.bytes.Add(size)
+		}
+	case reserved:
+		p.d.unpinned(size)
+	}
+	s.mu.Unlock()
+	if pin.State == wire.PinRefused {
 		p.d.pin.refused.Add(1)
-		if !s.logged {
-			s.logged = true
-			p.d.opts.Log.Warn("the device refused to pin a slot: its requests' copies are staged through the instance's buffers",
-				"function", g.name, "pid", p.pid, "slot", what, "bytes", size, "reason", why)
-		}
 	}
-	if state != wire.PinDone || s.gone {
-		if reserved {
-			p.d.unpinned(size)
-		}
-		return 0
+	if first { // logged outside the lock, which the watch takes
+		p.d.opts.Log.Warn("the device refused to pin a slot: its requests' copies are staged through the instance's buffers",
+			"function", g.name, "pid", p.pid, "slot", what, "bytes", size, "reason", pin.Why)
 	}
-	s.pinned += size
-	if !reserved {
-		p.d.pin.bytes.Add(size)
-	}
-	return size
+	return pinned
 }
 
-// dropSlot undoes mapSlot and pinSlot for a slot its worker let go (an
-// instance's, closed, or one it never took): size bytes mapped, pinned of
-// them pinned.
-func (p *proc) dropSlot(size, pinned int64) {
+// dropSlot undoes mapSlot and pinSlot for a slot the server let go of (an
+// instance's, closed, or one its worker never took): size bytes mapped,
+// pinned of them pinned. unmapped: the worker's reply says it holds none of
+// it (it refused the slot, or dropped it before answering); otherwise the
+// slot stays out of the limit for leaveMost.
+func (p *proc) dropSlot(size, pinned int64, unmapped bool) {
 	s := &p.slots
 	s.mu.Lock()
-	s.mapped -= size
-	now := time.Now()
-	s.leaving(now) // pruned, so that the list holds a grace's drops at most
-	s.left = append(s.left, leftSlot{size, now})
+	s.letGo(size, unmapped, time.Now())
 	if !s.gone {
 		s.pinned -= pinned
 		p.d.pin.bytes.Add(-pinned)
@@ -167,13 +183,14 @@ func (p *proc) unpin() {
 	s.pinned = 0
 }
 
-// limitedRSS is the resident memory a worker's limit counts: rss less the
-// server's slots it maps, as far as its shared memory (where they are)
+// limitedRSS is the resident memory a worker's limit counts, from a
+// sample read at read: rss less the server's slots it maps and those let
+// go of within leaveMost, as far as its shared memory (where they are)
 // holds them; a bundle's own shared memory past that still counts.
-func (p *proc) limitedRSS(rss, shmem int64, now time.Time) int64 {
+func (p *proc) limitedRSS(rss, shmem int64, read time.Time) int64 {
 	s := &p.slots
 	s.mu.Lock()
-	slots := s.mapped + s.leaving(now)
+	slots := s.mapped + s.leaving(read)
 	s.mu.Unlock()
 	return rss - min(max(shmem, 0), slots)
 }

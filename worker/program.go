@@ -162,6 +162,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	if err == nil {
 		rep, err = wire.DecodeControlReply(wire.OpNewInstance, raw)
 	}
+	replied := err == nil // a refusal unmapped the slot before it was sent
 	switch {
 	case err != nil:
 	case rep.St == wire.StFault: // plover_instance_init faulted the device: the worker goes
@@ -170,7 +171,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 		err = wire.ErrorOf(rep.St, rep.Text)
 	}
 	if err != nil {
-		g.p.dropSlot(int64(len(slot)), 0)
+		g.p.dropSlot(int64(len(slot)), 0, replied)
 		unix.Close(fds[0])
 		unix.Munmap(slot)
 		return nil, err

@@ -202,7 +202,7 @@ func (g *program) dropDiscarded(s *poolSlot) {
 		return
 	}
 	pool := &g.slots
-	g.p.dropSlot(s.size(), s.pinned)
+	g.p.dropSlot(s.size(), s.pinned, true) // unmapped before its answer
 	pool.mu.Lock()
 	pool.count--
 	pool.mu.Unlock()
@@ -226,7 +226,7 @@ func (g *program) keepDiscarded(s *poolSlot) {
 	}
 	pool.mu.Unlock()
 	if dropped {
-		g.p.dropSlot(s.size(), s.pinned)
+		g.p.dropSlot(s.size(), s.pinned, false)
 	}
 	if dead {
 		unix.Munmap(s.mem)
@@ -276,7 +276,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 	}
 	pool.mu.Unlock()
 	if dropped { // made before the unload, counted after it (dropSlots)
-		g.p.dropSlot(size, s.pinned)
+		g.p.dropSlot(size, s.pinned, false)
 	}
 	s.lent.Store(true)
 	return s, true
@@ -295,14 +295,16 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 	g.p.mapSlot(size)
 	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: size}, []int{memfd}, "adding a slot")
 	var rep wire.Reply
+	refused := false // answered: the worker holds none of the slot
 	if err == nil {
 		var bad error
 		if rep, bad = wire.DecodeControlReply(wire.OpSlot, raw); bad != nil || rep.St != wire.StOK {
 			err = fmt.Errorf("worker %d refused a slot: %q", g.p.pid, raw)
+			refused = bad == nil
 		}
 	}
 	if err != nil {
-		g.p.dropSlot(size, 0)
+		g.p.dropSlot(size, 0, refused)
 		unix.Munmap(mem)
 		return nil, err
 	}
@@ -337,6 +339,6 @@ func (g *program) dropSlots() {
 	pool.all, pool.dropped = nil, true
 	pool.mu.Unlock()
 	for _, s := range all {
-		g.p.dropSlot(s.size(), s.pinned)
+		g.p.dropSlot(s.size(), s.pinned, false) // unmapped as g's last instance goes
 	}
 }
