@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/apierr"
@@ -211,28 +212,48 @@ func (s *Server) bodyError(err error, limit bodyLimit) error {
 		return &apierr.Error{Status: apierr.RequestTimeout,
 			Msg: "the request body did not arrive within the server's read timeout of " + s.readTimeout().String()}
 	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		// Its client is gone, not its request malformed: counted as a
+		// client that left (499), as one that leaves while it waits is.
+		// A body that ends short of its length with the connection
+		// half-open may be a client waiting for its 400: that stays one.
+		return errdefs.New(errdefs.KindGone, err, "the client went away while its request body was arriving (its connection was reset)")
+	}
 	return &apierr.Error{Status: apierr.BadRequest, Msg: "reading the request body: " + err.Error()}
 }
 
 // acquire waits for room for n more body bytes: up to budgetWait in all
 // over the body's windows, so that no request waits for ever (nor, a
 // window at a time, up to the read timeout) behind clients that hold the
-// budget.
+// budget, and no later than the request's deadline or the read timeout,
+// whichever comes first (its turns' deadline): a request that asked for
+// 100 ms is answered then, as its deadline's, not as the budget's at 5 s.
 func (b *bodyReader) acquire(n int64) error {
 	budget := b.s.opts.BodyBudget
 	if budget.TryAcquire(n) { // the usual case: no deadline to build
 		return nil
 	}
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), budgetWait-b.waited)
+	wait, dl := budgetWait-b.waited, b.t.deadline
+	byDeadline := !dl.IsZero() && dl.Sub(t0) < wait
+	if byDeadline {
+		wait = dl.Sub(t0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	err := budget.Acquire(ctx, n)
 	b.waited += time.Since(t0)
-	if err != nil {
-		return &apierr.Error{Status: apierr.Unavailable,
-			Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
+	switch {
+	case err == nil:
+		return nil
+	case byDeadline && b.t.readOut:
+		return &apierr.Error{Status: apierr.RequestTimeout,
+			Msg: "the request body did not arrive within the server's read timeout of " + b.s.readTimeout().String() + ", its wait for room among the request bytes the server holds in memory (plover serve --max-body-memory) included"}
+	case byDeadline:
+		return errdefs.New(errdefs.KindTimeout, err, "the request's deadline (X-Plover-Timeout-Ms, or the server's --timeout) passed while its body waited for room among the request bytes the server holds in memory (plover serve --max-body-memory), after %d bytes", b.read)
 	}
-	return nil
+	return &apierr.Error{Status: apierr.Unavailable,
+		Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
 }
 
 func (s *Server) releaseBody(n int64) {

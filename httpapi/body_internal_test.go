@@ -3,13 +3,17 @@ package httpapi
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
+	"os"
+	"syscall"
 	"testing"
 	"testing/iotest"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -79,5 +83,26 @@ func TestAtLimitReadCutByTheDeadlineIsTheDeadlines(t *testing.T) {
 	var de *errdefs.Error
 	if !errors.As(got, &de) || de.Kind != errdefs.KindTimeout || took > 2*time.Second {
 		t.Fatalf("a read the request's deadline cut answered %v after %v; want the deadline's KindTimeout (504)", got, took.Round(time.Millisecond))
+	}
+}
+
+// How a body that stopped arriving is answered: a reset connection is a
+// client gone (499), not a malformed request; one that ended short of its
+// length may have a client waiting for its 400.
+func TestBodyErrors(t *testing.T) {
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}
+	for _, tt := range []struct {
+		name string
+		err  error
+		want apierr.Status
+	}{
+		{"a connection reset", reset, apierr.Of(errdefs.KindGone)},
+		{"a broken pipe", &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}, apierr.Of(errdefs.KindGone)},
+		{"a body short of its length", io.ErrUnexpectedEOF, apierr.BadRequest},
+	} {
+		st, _, msg, _ := apierr.Classify((&Server{}).bodyError(tt.err, bodyLimit{}))
+		if st != tt.want {
+			t.Errorf("%s: %v %q, want %v", tt.name, st, msg, tt.want)
+		}
 	}
 }

@@ -178,25 +178,40 @@ func dialSlowBudget(t *testing.T, wait time.Duration) net.Conn {
 	return c
 }
 
-// A request waits for the body budget 5 s in all, however many windows its
-// body takes: a 4 MiB body whose every window waited 0.7 s was answered
-// after 7 s (and under contention, up to the read timeout); it is a 503 at 5 s.
-func TestBudgetWaitIsPerRequest(t *testing.T) {
-	c := dialSlowBudget(t, 700*time.Millisecond)
-	const n = 4 << 20
+// postWhileReading sends an echo invoke of n bytes on c, with header
+// (lines ending in CRLF) among its headers, while it reads the answer: the
+// server answers before it has read the body. It returns the status, the
+// answer's body and how long it took.
+func postWhileReading(t *testing.T, c net.Conn, header string, n int) (int, string, time.Duration) {
+	t.Helper()
 	start := time.Now()
-	// Sent while the answer is read: the server answers before it has
-	// read the body.
-	go io.WriteString(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(n)+"\r\n\r\n"+strings.Repeat("b", n))
+	go io.WriteString(c, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\n"+header+"Content-Type: application/octet-stream\r\nContent-Length: "+strconv.Itoa(n)+"\r\n\r\n"+strings.Repeat("b", n))
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatalf("after %v: %v", time.Since(start), err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	took := time.Since(start)
-	if resp.StatusCode != 503 || !strings.Contains(string(body), "--max-body-memory") || took > 9*time.Second {
-		t.Fatalf("%d after %v: %.200s; want 503 within about 5 s", resp.StatusCode, took.Round(time.Millisecond), body)
+	return resp.StatusCode, string(body), time.Since(start).Round(time.Millisecond)
+}
+
+// A request waits for the body budget 5 s in all, however many windows its
+// body takes: a 4 MiB body whose every window waited 0.7 s was answered
+// after 7 s (and under contention, up to the read timeout); it is a 503 at 5 s.
+func TestBudgetWaitIsPerRequest(t *testing.T) {
+	st, body, took := postWhileReading(t, dialSlowBudget(t, 700*time.Millisecond), "", 4<<20)
+	if st != 503 || !strings.Contains(body, "--max-body-memory") || took > 9*time.Second {
+		t.Fatalf("%d after %v: %.200s; want 503 within about 5 s", st, took, body)
+	}
+}
+
+// A request's deadline bounds its wait for the budget: one that asked
+// for 200 ms is answered then, its deadline's 504 naming the budget, not
+// the budget's 503 at 5 s.
+func TestBudgetWaitEndsAtTheDeadline(t *testing.T) {
+	st, body, took := postWhileReading(t, dialSlowBudget(t, time.Minute), "X-Plover-Timeout-Ms: 200\r\n", 1<<20)
+	if st != 504 || !strings.Contains(body, "deadline") || !strings.Contains(body, "--max-body-memory") {
+		t.Fatalf("%d after %v: %.300s; want 504 at the deadline, naming the budget", st, took, body)
 	}
 }
 

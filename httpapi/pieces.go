@@ -36,6 +36,7 @@ type turns struct {
 	deadline time.Time
 	gone     func() bool
 	readOut  bool // deadline is the read timeout's: waiting past it is a 408
+	writeOut bool // deadline is the write timeout's (an answer's)
 }
 
 // turnsOf is the turns of r, a request to name begun at the door on
@@ -58,14 +59,20 @@ func (s *Server) turnsOf(ctx *fasthttp.RequestCtx, name string, r *call.Request)
 // ioshare.Flow.Turn.
 func (t turns) turn(mayBlock bool) (ioshare.Turn, error) {
 	tn, err := t.fl.Turn(context.Background(), t.deadline, t.gone, mayBlock)
+	if err == nil {
+		return tn, nil
+	}
+	name := t.fl.Name() // the flow's own string: no request bytes
 	switch {
 	case errors.Is(err, sched.ErrDeadline) && t.readOut:
 		return tn, &apierr.Error{Status: apierr.RequestTimeout,
-			Msg: "the request body did not arrive within the server's read timeout, its waits for its turns (its function's share of the server's I/O) included"}
+			Msg: "function " + name + ": the request body did not arrive within the server's read timeout, its waits for its turns (its function's share of the server's I/O) included"}
+	case errors.Is(err, sched.ErrDeadline) && t.writeOut: // for the log: the answer's status is out
+		return tn, errdefs.New(errdefs.KindTimeout, nil, "function %s: the answer was not written within the server's write timeout, its waits for its turns (its function's share of the server's I/O) included", name)
 	case errors.Is(err, sched.ErrDeadline):
-		return tn, errdefs.New(errdefs.KindTimeout, err, "the request's deadline passed while its bytes waited for their turn (its function's share of the server's I/O)")
+		return tn, errdefs.New(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while its bytes waited for their turn (its function's share of the server's I/O)", name)
 	case errors.Is(err, sched.ErrGone):
-		return tn, errdefs.New(errdefs.KindGone, err, "the client went away while the request's bytes waited for their turn")
+		return tn, errdefs.New(errdefs.KindGone, nil, "function %s: the client went away while the request's bytes waited for their turn", name)
 	}
 	return tn, err
 }
@@ -109,7 +116,7 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, t
 	ab := answerBodies.Get().(*answerBody)
 	ab.land, ab.b, ab.conn, ab.s, ab.ctx = land, b, ctx.Conn(), s, ctx
 	if t.fl != nil {
-		ab.t = turns{fl: t.fl, deadline: time.Now().Add(s.srv.WriteTimeout)}
+		ab.t = turns{fl: t.fl, deadline: time.Now().Add(s.srv.WriteTimeout), writeOut: true}
 	}
 	ctx.Response.SetBodyStream(ab, len(b))
 }
@@ -170,8 +177,15 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 		}
 	}
 	var total int64
-	for len(ab.b) > 0 {
+	for stalled := false; len(ab.b) > 0; {
 		if raw {
+			if stalled {
+				// The socket said it had room and took nothing (the
+				// kernel's TCP memory short, say): a moment's pause,
+				// holding no turn, rather than a turn a pass until the
+				// write timeout.
+				time.Sleep(time.Millisecond)
+			}
 			if err := ioshare.WaitWritable(ab.conn); err != nil {
 				return total, err
 			}
@@ -191,6 +205,7 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 		if err != nil {
 			return total, err
 		}
+		stalled = n == 0
 	}
 	return total, nil
 }

@@ -64,8 +64,14 @@ func WaitWritable(conn net.Conn) error {
 	}
 	return rc.Write(func(fd uintptr) bool {
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-		n, err := unix.Poll(pfd, 0)
-		return err != unix.EINTR && (n > 0 || err != nil)
+		for {
+			// Asked again on EINTR: parked on the poller, a socket
+			// with room already would wait for an edge that may not come.
+			n, err := unix.Poll(pfd, 0)
+			if err != unix.EINTR {
+				return n > 0 || err != nil
+			}
+		}
 	})
 }
 

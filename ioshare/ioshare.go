@@ -210,7 +210,7 @@ type Flow struct {
 	nice            atomic.Int32                // the level its pieces move at (Config.Nice)
 	set             atomic.Pointer[weightClass] // what Set applied last
 	setMu           sync.Mutex                  // Set's changes, one at a time
-	touched         atomic.Int64                // unix ns of its last Touch
+	touched         atomic.Int64                // its last Touch, ns since epoch (0: none)
 	// gone is set once its function is deleted (Forget): its pieces still
 	// in flight pass nothing to Config.Charge, which charges by name, and
 	// the name's next function is another.
@@ -256,9 +256,11 @@ func (f *Flow) Touch(now time.Time) {
 		return
 	}
 	// Once in touchEvery is as good as every time: it marks the flow
-	// about for sched's Recent (Config.Recent, a second by default).
-	at := now.UnixNano()
-	if last := f.touched.Load(); at-last < int64(touchEvery) || !f.touched.CompareAndSwap(last, at) {
+	// about for sched's Recent (Config.Recent, a second by default). On
+	// the monotonic clock: a wall clock stepped back an hour would skip
+	// every touch for that hour.
+	at := int64(now.Sub(epoch))
+	if last := f.touched.Load(); last != 0 && at-last < int64(touchEvery) || !f.touched.CompareAndSwap(last, at) {
 		return
 	}
 	f.f.Touch()
@@ -333,12 +335,28 @@ func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, m
 		}
 	}
 	f.moving.Add(1)
-	tn := Turn{f: f, t: t, blocks: mayBlock, alone: f.sh.cfg.Off || f.f.Alone(), cpu0: -1, start: mono()}
+	tn := Turn{f: f, t: t, blocks: mayBlock, cpu0: -1, start: mono()}
+	// Until the caller holds the turn (and defers its Done), a panic here
+	// (the policy's Alone, the Weighing callback) would keep its slot for
+	// good: the turn ends, and the thread is let go, before it goes on.
+	locked := false
+	defer func() {
+		if v := recover(); v != nil {
+			f.moving.Add(-1)
+			t.Done()
+			if locked {
+				runtime.UnlockOSThread()
+			}
+			panic(v)
+		}
+	}()
+	tn.alone = f.sh.cfg.Off || f.f.Alone()
 	if !mayBlock {
 		// Its thread is its own until Done, so that the thread's CPU
 		// time is the piece's, moving it to the flow's weight and back
 		// included (a cgroup v1 move takes 4-35 us).
 		runtime.LockOSThread()
+		locked = true
 		tn.cpu0 = threadCPU()
 		if !tn.alone {
 			tn.niced = f.sh.nice(int(f.nice.Load()))
@@ -380,7 +398,8 @@ func (t Turn) DoneMoved(n int) {
 	if t.niced {
 		sh.unnice() // first: the move back is the piece's CPU too
 	}
-	held := mono() - t.start
+	end := mono()
+	held := end - t.start
 	cpu := held
 	if t.blocks {
 		held = min(held, sh.cfg.Hold)
@@ -399,7 +418,7 @@ func (t Turn) DoneMoved(n int) {
 		runtime.UnlockOSThread()
 	}
 	t.f.moving.Add(-1)
-	t.t.DoneUsed(time.Now(), max(held, 1)) // 0 would charge the slot time
+	t.t.DoneUsed(Instant(end).Time(), max(held, 1)) // 0 would charge the slot time
 	t.f.charge(cpu)
 }
 

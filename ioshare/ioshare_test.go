@@ -796,3 +796,65 @@ func TestForgetBesideFlowKeepsOneFlowPerName(t *testing.T) {
 		}
 	}
 }
+
+// A flow's touches reach its scheduler once in touchEvery at most, on
+// the monotonic clock from the process's start: the first always does,
+// even within touchEvery of the start.
+func TestTouchIsThrottled(t *testing.T) {
+	sh := New(Config{})
+	f := sh.Flow("f")
+	for _, tt := range []struct {
+		at    time.Duration // after epoch
+		touch bool
+	}{
+		{time.Millisecond, true}, // the first, within touchEvery of the start
+		{2 * time.Millisecond, false},
+		{time.Millisecond + touchEvery - 1, false},
+		{time.Millisecond + touchEvery, true},
+		{time.Millisecond, false}, // a caller's time read earlier
+		{3 * touchEvery, true},
+	} {
+		before := f.touched.Load()
+		f.Touch(epoch.Add(tt.at))
+		if got := f.touched.Load() != before; got != tt.touch {
+			t.Errorf("a touch at epoch+%v: reached the scheduler %v, want %v", tt.at, got, tt.touch)
+		}
+	}
+}
+
+// A panic between a piece's admission and its caller's hold on the turn
+// (here in the Weighing callback, as a piece beside another flow's is
+// about to take its flow's level) ends the turn: its slot goes to the
+// next piece, where it was kept for good.
+func TestAPanicTakingATurnGivesItsSlotBack(t *testing.T) {
+	th := &levels{at: map[int]int{}}
+	sh := New(Config{Slots: 2, NoReserve: true, Hold: time.Minute, Threads: th,
+		Nice:     func(float64, sched.Class) int { return 10 },
+		Weighing: func() bool { panic("weighing") }})
+	a, b := sh.Flow("a"), sh.Flow("b")
+	a.Set(1, sched.Default) // level 10
+	busy, err := b.Turn(context.Background(), time.Time{}, nil, false) // a is not alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Done()
+	func() {
+		defer func() {
+			if v := recover(); v != "weighing" {
+				t.Fatalf("recovered %v, want the callback's panic", v)
+			}
+		}()
+		a.Turn(context.Background(), time.Time{}, nil, false)
+	}()
+	if moving, _ := a.Pieces(); moving != 0 {
+		t.Errorf("%d of a's pieces counted moving after the panic, want 0", moving)
+	}
+	// The slot a's panicked turn was admitted to is free again.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tn, err := a.Turn(ctx, time.Time{}, nil, true) // may block: not weighed
+	if err != nil {
+		t.Fatalf("a turn after the panic: %v; want the slot it held given back", err)
+	}
+	tn.Done()
+}
