@@ -109,7 +109,7 @@ func (g *program) Entry(kernel string) (int32, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpEntry, Prog: g.id, Kernel: kernel}, nil, "resolving an entry point")
+	raw, err := g.p.callTurn(ctx, 10*time.Second, g, wire.Control{Op: wire.OpEntry, Prog: g.id, Kernel: kernel}, nil, "resolving an entry point")
 	if err != nil {
 		return 0, err
 	}
@@ -230,6 +230,11 @@ func (g *program) Close() error {
 	return nil
 }
 
+// unloadWait bounds an unload's wait for its tenant's worker's control
+// channel (behind a sibling's load, up to loadBound), unloadBound the
+// call once the channel is its. Variables for tests.
+var unloadWait, unloadBound = maxControlWait, 10 * time.Second
+
 // closeShared unloads g from its tenant's worker: its slots and its
 // ledger are freed here, the worker closes it and lets go of its pool
 // slots once its instances are gone (the caller closed them first), and
@@ -247,9 +252,12 @@ func (g *program) closeShared() {
 		return
 	}
 	if g.p.alive() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// Its own time starts at its turn: behind a sibling's load (up to
+		// loadBound) an unload left with little would time out and kill
+		// every sibling, or not go out at all and leave g loaded for good.
+		ctx, cancel := context.WithTimeout(context.Background(), unloadWait)
 		defer cancel()
-		raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpUnload, Prog: g.id}, nil, "unloading a program")
+		raw, err := g.p.callTurn(ctx, unloadBound, g, wire.Control{Op: wire.OpUnload, Prog: g.id}, nil, "unloading a program")
 		var rep wire.Reply
 		if err == nil {
 			rep, err = wire.DecodeControlReply(wire.OpUnload, raw)

@@ -290,10 +290,10 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 		return nil, err
 	}
 	defer unix.Close(memfd)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // its wait for the channel
 	defer cancel()
 	g.p.mapSlot(size)
-	raw, err := g.p.call(ctx, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: size}, []int{memfd}, "adding a slot")
+	raw, err := g.p.callTurn(ctx, 10*time.Second, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: size}, []int{memfd}, "adding a slot") // pinning a large slot takes time of its own
 	var rep wire.Reply
 	refused := false // answered: the worker holds none of the slot
 	if err == nil {

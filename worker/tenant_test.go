@@ -691,3 +691,38 @@ func BenchmarkTenantFirstRun(b *testing.B) {
 	b.ReportMetric(float64(load.Nanoseconds())/float64(b.N), "load-ns/op")
 	b.ReportMetric(float64(inst.Nanoseconds())/float64(b.N), "instance-ns/op")
 }
+
+// An unload's time starts at its turn on the control channel: behind a
+// sibling's call longer than its bound (a large load, up to loadBound) it
+// waits, then unloads, where its one deadline for both made it go out
+// with too little time (timing out killed every sibling) or not at all,
+// leaving the program loaded in the worker for good.
+func TestTenantUnloadWaitsForItsTurn(t *testing.T) {
+	defer func(b time.Duration) { unloadBound = b }(unloadBound)
+	unloadBound = time.Second
+	d := tenantDevice(t)
+	ma, mb := testkit.Manifest("stays"), testkit.Manifest("goes")
+	a := loadFor(t, d, "t", "", ma, nil).(*program)
+	b := loadFor(t, d, "t", "", mb, nil).(*program)
+	a.p.ctlTok <- struct{}{} // a sibling's long call holds the channel
+	closed := make(chan struct{})
+	go func() { b.Close(); close(closed) }()
+	time.Sleep(unloadBound + unloadBound/2) // longer than the unload's own bound
+	<-a.p.ctlTok
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unload did not return")
+	}
+	raw, err := a.p.call(context.Background(), a, wire.Control{Op: wire.OpEntry, Prog: b.id, Kernel: "echo"}, nil, "testing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := wire.DecodeControlReply(wire.OpEntry, raw); err != nil || rep.St == wire.StOK {
+		t.Fatalf("the worker still holds the unloaded program (entry reply %+v, %v)", rep, err)
+	}
+	if !a.Alive() {
+		t.Fatalf("the sibling's worker died: %v", a.Death())
+	}
+	echoes(t, a, ma)
+}
