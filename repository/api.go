@@ -112,6 +112,11 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	vers, _, err := r.versionsOf(m)
 	r.deploy(ctx, m, vers, err)
 	r.mu.Lock()
+	if m.retry || m.state == Loading {
+		// Run's scans try it again (without Poll they wait for this),
+		// as the index says they will.
+		r.kick()
+	}
 	if m.state == Loading {
 		defer r.mu.Unlock()
 		return errdefs.Unavailable(nil, "load %s: %s", name, m.reason)
@@ -218,6 +223,8 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 func (r *Repository) unloadedLocked(m *model, reason string) {
 	m.unloaded, m.deployed, m.state, m.reason, m.versions, m.retry = true, false, Unavailable, reason, nil, false
 	m.done, m.lookAt, m.lookWait, m.changing = m.seen, time.Time{}, 0, false
+	m.removing = false // its function is gone: no delete left to try
+	m.markSettled()
 }
 
 // deletedReason is the index's reason for a model whose function was

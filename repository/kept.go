@@ -120,6 +120,7 @@ func (r *Repository) keptLocked(m *model) {
 	}
 	delete(r.kept, m.name)
 	m.unloaded, m.done, m.state, m.reason, m.changing = true, k.Print, Unavailable, brief(k.Reason), false
+	m.markSettled()
 }
 
 // saveKept writes the unloaded models to Config.StateFile if they changed

@@ -201,6 +201,12 @@ type model struct {
 	changing bool // its LOADING is settledLocked's: the folder changed since
 }
 
+// markSettled records m's state, reason and kind as what a change that
+// comes back as it was restores (settledLocked). Under r.mu.
+func (m *model) markSettled() {
+	m.settled.state, m.settled.reason, m.settled.kind = m.state, m.reason, m.kind
+}
+
 // version is one version folder's state.
 type version struct {
 	// dir is read (links followed); where names it in messages as the
@@ -393,7 +399,9 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 		}
 		return unchanged
 	}
-	m.unloaded = false // changed since the unload (Unload sets done): it is over
+	// An unload ends with the deploy this change brings (settleLocked),
+	// not here: a folder that changes for a scan and comes back as it was
+	// (a link unreadable a moment) is still unloaded.
 	still := now.Sub(f.stillSince(m.seenAt)) >= r.cfg.Settle
 	if (f.err == nil || f.unreadable) && still && (same || (first && r.scans == 0)) {
 		if f.unreadable {
@@ -409,7 +417,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 	m.state, m.reason = Loading, "files changed within the last "+r.cfg.Settle.String()+": waiting for the copy to settle"
 	m.changing = true
 	if f.err != nil {
-		m.reason = brief(fmt.Sprintf("cannot read it yet: %v", f.err))
+		m.reason = brief("cannot read it yet: " + r.quiet(f.err))
 	}
 	return stillChanging
 }
@@ -418,7 +426,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 // as it is (f.unreadable), until it changes; its function, if deployed,
 // serves on meanwhile.
 func (r *Repository) unreadableLocked(m *model, f folder) {
-	r.settleLocked(m, f.print, nil, Unavailable, fmt.Sprintf("%s: cannot read it (tried again when it changes): %v", r.where(f.dir), f.err), errdefs.KindInvalid)
+	r.settleLocked(m, f.print, nil, Unavailable, fmt.Sprintf("%s: cannot read it (tried again when it changes): %s", r.where(f.dir), r.quiet(f.err)), errdefs.KindInvalid)
 }
 
 // take waits for the turn to change deployments; false if ctx ended first.
@@ -529,6 +537,13 @@ func byNumber(a, b string) int {
 
 // where names a folder of the repository in messages, from DIR's own
 // name: "models/cnn/2".
+// quiet is err's text with the server's path to DIR as the repository's
+// name: a reason an index shows tells the client nothing of the server's
+// file system.
+func (r *Repository) quiet(err error) string {
+	return strings.ReplaceAll(err.Error(), r.cfg.Dir, r.top)
+}
+
 func (r *Repository) where(dir string) string {
 	rel, err := filepath.Rel(r.cfg.Dir, dir)
 	if err != nil || rel == "." {
@@ -540,7 +555,9 @@ func (r *Repository) where(dir string) string {
 // deploy brings the node in line with m's versions: each one the node's
 // record lacks (by label and sha256) is deployed, the highest as current
 // and the others beside it; a broken one is UNAVAILABLE with its reason
-// and the others still deploy (the highest that did is made current).
+// and the others still deploy (the highest that did is made current,
+// unless the highest failed for a reason that may pass or that is this
+// node's alone: then the record's current version stays).
 func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err error) {
 	r.mu.Lock()
 	print := m.seen
@@ -560,7 +577,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		r.mu.Lock()
 		old := m.versions
 		r.mu.Unlock()
-		r.settle(m, "", old, Loading, fmt.Sprintf("cannot read it now (tried again at the next scan): %v", err), errdefs.KindUnavailable)
+		r.settle(m, "", old, Loading, "cannot read it now (tried again at the next scan): "+r.quiet(err), errdefs.KindUnavailable)
 		return
 	}
 	rec, err := r.node.Versions(ctx, m.name)
@@ -575,6 +592,11 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	}
 	current, label := "", ""
 	retry := false
+	// keep: the highest version failed for a reason that may pass, or
+	// this node's own (its bytes still what its label names, which another
+	// node sharing the store may serve): the record's current version
+	// stays, rather than a lower one made current for every node.
+	keep := false
 	// The folders whose number still names a deployed version: not one
 	// whose content is now other than its number names (a manifest naming
 	// another function, bytes the node refuses), whose earlier bytes
@@ -597,6 +619,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			retry = retry || passing(err)
 			if passing(err) || !other {
 				named = append(named, *v)
+				keep = keep || i == len(vers)-1
 			}
 			v.state, v.reason, v.kind = Unavailable, brief(err.Error()), errdefs.KindOf(err)
 			r.cfg.Log.Warn("model repository: a version is unavailable", "model", m.name, "version", v.label, "reason", v.reason)
@@ -607,14 +630,16 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	}
 	if current != "" {
 		rec, err = r.node.Versions(ctx, m.name)
-		if err == nil && rec.Current != current {
+		if err == nil && rec.Current != current && !keep {
 			_, err = r.node.Rollback(ctx, m.name, current)
 		}
 		if err != nil {
 			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err), errdefs.KindOf(err))
 			return
 		}
-		rec.Current = current // as the rollback just set it
+		if !keep {
+			rec.Current = current // as the rollback just set it
+		}
 		if err := r.retire(ctx, m.name, rec, named); err != nil {
 			retry = true // the store again: the next scan tries again
 			r.cfg.Log.Warn("model repository: a removed version folder still answers", "model", m.name, "error", err)
@@ -718,7 +743,7 @@ func (r *Repository) settleLocked(m *model, done string, vers []version, state, 
 		state, reason = Unavailable, cmp.Or(reason, "no version deployed")
 	}
 	m.done, m.versions, m.state, m.reason, m.kind = done, vers, state, brief(reason), kind
-	m.settled.state, m.settled.reason, m.settled.kind = m.state, m.reason, m.kind
+	m.markSettled()
 	m.changing = false
 	m.retry = done == ""
 	// A deploy's outcome: the load or the change of the folder that
