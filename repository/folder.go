@@ -10,16 +10,17 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/plover-run/plover/bundle"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 )
 
 // folder is a model folder as a scan found it.
@@ -33,6 +34,10 @@ type folder struct {
 	// removal in progress) but stays until the folder changes (a folder
 	// the server may not read, a volume's I/O error).
 	unreadable bool
+	// versions: the folder holds version folders (no manifest at its
+	// top), and only they, and a manifest appearing there, are what it is
+	// (walk).
+	versions bool
 }
 
 // list finds the repository's model folders: DIR itself when it is one
@@ -183,6 +188,8 @@ func look(dir string, renamed bool) folder {
 	// cnn-v7): what it points at is part of what it is.
 	root := resolved(dir)
 	io.WriteString(h, root)
+	_, err := os.Stat(filepath.Join(root, abi.ManifestFile))
+	f.versions = errors.Is(err, fs.ErrNotExist)
 	f.err = f.walk(h, root, "", true)
 	f.print = fmt.Sprintf("%x", h.Sum(nil))
 	f.unreadable = f.err != nil && !errors.Is(f.err, fs.ErrNotExist) && !errors.Is(f.err, syscall.ENOTDIR)
@@ -205,7 +212,21 @@ func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
+		if f.versions && follow && rel != "." && !strings.ContainsRune(rel, filepath.Separator) && !isVersion(rel) && rel != abi.ManifestFile {
+			// Beside the version folders, no bundle's (a log, .git,
+			// Triton's config.pbtxt): left alone, as README says, and a
+			// write there neither repacks the versions nor ends an unload.
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
 		io.WriteString(h, filepath.Join(prefix, rel))
+		if f.versions && follow && rel == "." {
+			// Its own size and time change with any entry beside the
+			// versions; theirs are their folders'.
+			return nil
+		}
 		if d.Type()&fs.ModeSymlink != 0 {
 			// A linked version folder or file: where it points, and
 			// what it points at (a linked file rewritten is a change).

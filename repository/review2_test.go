@@ -183,3 +183,39 @@ func TestAnUnloadEndsAPendingDelete(t *testing.T) {
 		t.Fatalf("after the unload: %q, current %q; want it unloaded, nothing deployed", got, node.current("cnn"))
 	}
 }
+
+// Files beside a model's version folders (a log, .git, Triton's
+// config.pbtxt) are no bundle's: writing them neither deploys anything
+// again nor ends an unload, where they were part of the folder's
+// fingerprint.
+func TestFilesBesideTheVersionsAreLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	models := cnnModels(t, "1")
+	node := newFakeNode()
+	r, _ := New(Config{Dir: models, Poll: time.Hour, Settle: 10 * time.Millisecond}, node)
+	r.Scan(ctx)
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	deploys := node.deploys
+	for _, f := range []string{"logs/serve.log", ".git/HEAD", "config.pbtxt"} {
+		p := filepath.Join(models, "cnn", f)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte("written "+f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Scan(ctx)
+	r.Scan(ctx)
+	if got := index(r); got != "cnn/ UNAVAILABLE (unloaded); " || node.deploys != deploys {
+		t.Fatalf("after writes beside the versions: %q, %d deploys; want it unloaded, none", got, node.deploys-deploys)
+	}
+	// A version folder's change still ends it.
+	writeBundle(t, filepath.Join(models, "cnn", "2"), "cnn", false)
+	age(t, models)
+	r.Scan(ctx)
+	r.Scan(ctx)
+	if c := node.current("cnn"); c != "2" {
+		t.Fatalf("after a new version folder: current %q, want 2; index %q", c, index(r))
+	}
+}
