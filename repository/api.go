@@ -95,7 +95,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	}
 	f, ok := found[name]
 	if !ok {
-		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
+		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
 	}
 	defer r.saveKept()
 	r.mu.Lock()
@@ -187,7 +187,7 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 	m := r.models[name]
 	r.mu.Unlock()
 	if m == nil {
-		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", name, r.cfg.Dir)
+		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
 	}
 	// A function of that name the repository never deployed (its folder
 	// refused, a plover deploy), or whose current version a plover deploy
