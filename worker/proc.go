@@ -73,6 +73,11 @@ type proc struct {
 	// killedBy is the program whose run or call the server killed the
 	// process for (past its deadline, a message it should not have sent).
 	killedBy atomic.Pointer[program]
+	// killedHeld: killedBy was one of a tenant's worker's programs when
+	// the kill was made (a run's, a load's), not one let go of (an
+	// unload's call); under mu. Read by blame, which may run after a
+	// failed load let its program go.
+	killedHeld bool
 	// fatal is the program a tenant's worker named as it died of a fatal
 	// signal (wire.FatalMark), 0: none; read from marks, the server's end
 	// of its wire.FatalFD, once it died.
@@ -559,6 +564,7 @@ func (p *proc) killFor(g *program, why string) {
 	}
 	if p.killed.CompareAndSwap(nil, &why) && g != nil {
 		p.killedBy.Store(g)
+		p.killedHeld = p.tenant != nil && p.tenant.progs[g.id] == g
 	}
 	contain.KillGroup(p.pid)
 	p.tree.Kill()

@@ -423,8 +423,9 @@ func stagePrefix(id uint32) string { return "p" + strconv.FormatUint(uint64(id),
 //   - the server's kill for one program's run or call (killedBy: a run
 //     past its deadline and grace, a call that hung), when the process
 //     died by that kill (SIGKILL), not by a crash of its own first: that
-//     program (named only if still held: an unload's call that hung is
-//     no function's crash either);
+//     program (named only if held when killed: an unload's call that hung
+//     is no function's crash either, where a load that hung is, though
+//     its failure may let it go before this runs);
 //   - anything else (a signal with no mark: a thread of a bundle's own;
 //     an exit; a memory-limit kill; a broken channel): every program,
 //     none Shared. Who did it is not known, and guessing from the runs
@@ -457,7 +458,7 @@ func (p *proc) blame(sig syscall.Signal) {
 		}
 	} else if g := p.killedBy.Load(); g != nil && sig == syscall.SIGKILL {
 		culprits = append(culprits, g)
-		named = progs[g.id] == g
+		named = p.killedHeld // as when killed: a hung load's failure lets g go, racing this
 		p.tenant.by = g.name
 	} else {
 		named = false

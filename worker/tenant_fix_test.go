@@ -374,21 +374,25 @@ func TestBlameRule(t *testing.T) {
 		killedBy uint32
 		blamed   []uint32
 		named    bool
+		letGo    bool // killedBy let go of after the kill, before the reap (a hung load's failure)
 	}{
-		{"a marked fault", 1, syscall.SIGSEGV, 0, []uint32{1}, true},
-		{"a marked fault of an unloaded program", 3, syscall.SIGSEGV, 0, nil, false},
-		{"a mark naming no program", 9, syscall.SIGSEGV, 0, []uint32{1, 2}, false},
-		{"the server's kill", 0, syscall.SIGKILL, 2, []uint32{2}, true},
-		{"the server's kill for an unloaded program's call", 0, syscall.SIGKILL, 3, nil, false},
-		{"a mark, then the server's kill", 1, syscall.SIGKILL, 2, []uint32{2}, true},
-		{"a crash before the server's kill", 0, syscall.SIGSEGV, 2, []uint32{1, 2}, false},
-		{"an exit", 0, 0, 0, []uint32{1, 2}, false},
+		{"a marked fault", 1, syscall.SIGSEGV, 0, []uint32{1}, true, false},
+		{"a marked fault of an unloaded program", 3, syscall.SIGSEGV, 0, nil, false, false},
+		{"a mark naming no program", 9, syscall.SIGSEGV, 0, []uint32{1, 2}, false, false},
+		{"the server's kill", 0, syscall.SIGKILL, 2, []uint32{2}, true, false},
+		{"the server's kill for an unloaded program's call", 0, syscall.SIGKILL, 3, nil, false, false},
+		{"a mark, then the server's kill", 1, syscall.SIGKILL, 2, []uint32{2}, true, false},
+		{"a crash before the server's kill", 0, syscall.SIGSEGV, 2, []uint32{1, 2}, false, false},
+		{"an exit", 0, 0, 0, []uint32{1, 2}, false, false},
+		{"the server's kill for a load, let go of before the reap", 0, syscall.SIGKILL, 2, []uint32{2}, true, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &proc{tenant: &tenancy{progs: map[uint32]*program{}, nextID: 3}} // 3 unloaded
+			held := map[uint32]*program{}
 			for _, id := range []uint32{1, 2} {
 				p.tenant.progs[id] = &program{id: id, p: p}
+				held[id] = p.tenant.progs[id]
 			}
 			p.fatal.Store(tc.fatal)
 			if tc.killedBy != 0 {
@@ -397,11 +401,15 @@ func TestBlameRule(t *testing.T) {
 					g = &program{id: tc.killedBy, p: p}
 				}
 				p.killedBy.Store(g)
+				p.killedHeld = p.tenant.progs[g.id] == g // as killFor records it
+				if tc.letGo {
+					delete(p.tenant.progs, g.id)
+				}
 			}
 			p.blame(tc.sig)
 			var blamed []uint32
 			for _, id := range []uint32{1, 2} {
-				if p.tenant.progs[id].blamed.Load() {
+				if held[id].blamed.Load() {
 					blamed = append(blamed, id)
 				}
 			}
