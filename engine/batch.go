@@ -366,6 +366,15 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	clear(in[int64(n)*b.itemIn:])
 	out := bb.out[:int64(k)*b.itemOut]
 	all := b.runChain(items, in, out, k)
+	took := time.Since(start) - all.load // a cold start's load is no run's length
+	if all.err != nil {
+		// A run that failed (a refused input, a device unhealthy, a
+		// deadline) says nothing of how long a run takes, nor do the
+		// one-by-one runs after a refusal: counted, they lowered or raised
+		// the hold rule's guess, and requests with tight deadlines were
+		// held past them, or none were held.
+		took = 0
+	}
 	var alone []batchRun
 	if n > 1 && errdefs.KindOf(all.err) == errdefs.KindRejected {
 		// The ABI has no refusal per item: one request's bad input
@@ -377,7 +386,7 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			alone[i] = b.runChain(items[i:i+1], in[int64(i)*b.itemIn:int64(i+1)*b.itemIn], out[o:o+b.itemOut], 1)
 		}
 	}
-	b.ended(time.Since(start) - all.load) // a cold start's load is no run's length
+	b.ended(took)
 	for i, it := range items {
 		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
 			continue // its request gave up

@@ -516,3 +516,24 @@ func TestBatchCountsItsCopies(t *testing.T) {
 		})
 	}
 }
+
+// A run that fails (here its input refused) leaves the length of runs the
+// hold rule goes by as it was: a run refused at once lowered it, and a
+// request with a tight deadline was then held past it.
+func TestAFailedBatchRunIsNoRunsLength(t *testing.T) {
+	m := testkit.BatchManifest("len", 4, "")
+	e := batchEngine(t, m)
+	if err := e.Invoke(context.Background(), "len", &call.Request{Input: item(1, 50)}); err != nil {
+		t.Fatal(err)
+	}
+	took := e.BatchRunTook("len")
+	if took <= 0 {
+		t.Fatalf("after a run: runs take %v", took)
+	}
+	if err := e.Invoke(context.Background(), "len", &call.Request{Input: item(0xBAD, 0)}); errdefs.KindOf(err) != errdefs.KindRejected {
+		t.Fatalf("a refused input: %v", err)
+	}
+	if got := e.BatchRunTook("len"); got != took {
+		t.Fatalf("after a refused run: runs take %v, want %v as before", got, took)
+	}
+}

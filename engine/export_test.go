@@ -153,3 +153,16 @@ func (e *Engine) AsideWarms() int {
 	defer e.aside.mu.Unlock()
 	return len(e.aside.m)
 }
+
+// BatchRunTook is the smoothed length of the batch runs of name's current
+// version (0: none yet, or no batching).
+func (e *Engine) BatchRunTook(name string) time.Duration {
+	_, v := e.tab.peek(name)
+	if v == nil || v.batch == nil {
+		return 0
+	}
+	v.batch.mu.Lock()
+	defer v.batch.mu.Unlock()
+	return v.batch.runTook
+}
+

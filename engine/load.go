@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,12 +16,12 @@ import (
 )
 
 // loadState is the version's bundle as load prepared it, and teardown
-// unloads (loadMu is taken in this file alone): written once, under
-// loadMu, before loaded is set, and read-only after; but for refused (set
+// unloads (loadTok is taken in this file alone): written once, holding
+// loadTok, before loaded is set, and read-only after; but for refused (set
 // by a device's refusal) and prepMs and fetched, which the first program
 // load takes (under placeTok).
 type loadState struct {
-	loadMu   sync.Mutex
+	loadTok  chan struct{} // one fetch and unpack at a time; waits honour the request's deadline
 	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
 	loaded   atomic.Bool
 	loadErr  error                         // a permanent refusal (invalid bundle), not an outage
@@ -42,8 +41,15 @@ type loadState struct {
 // load prepares v's bundle on this node (fetched, verified, unpacked;
 // its policy and run pool set) once, however many requests ask at a time.
 func (e *Engine) load(ctx context.Context, v *version) error {
-	v.loadMu.Lock()
-	defer v.loadMu.Unlock()
+	// A token, not a mutex: a request that finds another's fetch under way
+	// (a store that hangs, up to that request's deadline) gives up at its
+	// own deadline, not at the other's.
+	select {
+	case v.loadTok <- struct{}{}:
+	case <-ctx.Done():
+		return errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request fetched its bundle %s", v.fn.name, v.rec.SHA256[:min(12, len(v.rec.SHA256))])
+	}
+	defer func() { <-v.loadTok }()
 	if v.loaded.Load() {
 		return nil
 	}
@@ -106,11 +112,11 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 
 // teardown closes every program: constants freed, library unloaded or
 // worker stopped. Every instance is closed by now: refs is 0, so none is
-// busy, and retire closed the idle ones. It takes loadMu so that it never
+// busy, and retire closed the idle ones. It takes loadTok so that it never
 // runs beside a load.
 func (v *version) teardown() {
-	v.loadMu.Lock()
-	defer v.loadMu.Unlock()
+	v.loadTok <- struct{}{}
+	defer func() { <-v.loadTok }()
 	for _, p := range v.pool.unplace() {
 		if err := p.prog.Close(); err != nil {
 			v.lg.Info("unload failed", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)

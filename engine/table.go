@@ -546,7 +546,7 @@ func (t *table) peek(name string) (*function, *version) {
 }
 
 func (t *table) newVersion(f *function, rv api.Version) *version {
-	v := &version{fn: f, rec: rv, lg: t.log, loadState: loadState{placeTok: make(chan struct{}, 1)}}
+	v := &version{fn: f, rec: rv, lg: t.log, loadState: loadState{loadTok: make(chan struct{}, 1), placeTok: make(chan struct{}, 1)}}
 	v.pool.v, v.pool.owner = v, v
 	return v
 }
