@@ -23,7 +23,8 @@ import (
 // hold a partial batch for company, but only while other runs of the
 // function are in flight (so a lone request never waits), never longer
 // than max_delay after the oldest request in it arrived, and not at all
-// when a request in it has a deadline before then.
+// when a request in it has a deadline before then and a run after it
+// (holdFor).
 //
 // Runs execute on their own goroutines; a request's goroutine only waits
 // for its item, so its deadline, cancellation and client checks act on it

@@ -41,7 +41,7 @@ type pool struct {
 	mu      sync.Mutex
 	idle    []*instance
 	live    int // instances that exist (idle or busy)
-	refs    int // requests between resolve and the end of Invoke
+	refs    int // requests between resolve and the end of Invoke, batch runs and evictions in progress
 	retired bool
 	dead    bool
 	// evicted: an eviction took the whole version (evictEmpty); no
