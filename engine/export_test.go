@@ -165,4 +165,3 @@ func (e *Engine) BatchRunTook(name string) time.Duration {
 	defer v.batch.mu.Unlock()
 	return v.batch.runTook
 }
-

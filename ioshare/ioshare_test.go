@@ -833,7 +833,8 @@ func TestAPanicTakingATurnGivesItsSlotBack(t *testing.T) {
 		Weighing: func() bool { panic("weighing") }})
 	a, b := sh.Flow("a"), sh.Flow("b")
 	a.Set(1, sched.Default) // level 10
-	busy, err := b.Turn(context.Background(), time.Time{}, nil, false) // a is not alone
+	// b's piece in flight: a is not alone.
+	busy, err := b.Turn(context.Background(), time.Time{}, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
