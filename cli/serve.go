@@ -274,6 +274,9 @@ func stopSignals() (stop, force context.Context) {
 		stopped()
 		<-sigs
 		forced()
+		// A third takes the signals' default: the process ends, whatever
+		// the cleanup after the drain is waiting for.
+		signal.Stop(sigs)
 	}()
 	return stop, force
 }
@@ -601,7 +604,7 @@ func (n *node) drain(force context.Context, f *serveFlags, t *transports, log *s
 		err = context.DeadlineExceeded
 	}
 	switch {
-	case force.Err() != nil:
+	case force.Err() != nil && err != nil: // after a drain that ended, a second signal cuts nothing
 		// As below, the drain cut short by the operator: an error, so
 		// that the exit status says requests may have been cut.
 		log.Warn("a second signal: exiting now, requests still running are cut")
@@ -650,7 +653,7 @@ func openStore(ctx context.Context, url string, o objectstore.S3Options) (object
 }
 
 // stopGRPC ends the connections still in their handshake (gRPC-Go's stops
-// wait for them, up to two minutes), lets the gRPC server's calls finish
+// wait for them, up to its connection timeout: --read-timeout here), lets the gRPC server's calls finish
 // until ctx ends, then cuts the rest; it reports whether they all
 // finished.
 func stopGRPC(ctx context.Context, gs *grpc.Server, shakes *grpcapi.Handshakes) bool {

@@ -9,7 +9,8 @@ import (
 // Handshakes follows a gRPC listener's connections until their handshake
 // (TLS, the HTTP/2 preface and settings) is over, so that a drain can end
 // those still in it. gRPC-Go's GracefulStop and Stop both wait for every
-// handshake in progress, up to its connection timeout (two minutes),
+// handshake in progress, up to its connection timeout (two minutes by
+// default; the server sets it to --read-timeout),
 // before they tell the served clients to go away or close anything: one
 // connection left silent held a server's exit past any grace, its served
 // clients' calls going on until cut.
