@@ -61,10 +61,11 @@ type cpuTally struct {
 	idle     time.Duration // CPU with nothing in flight, not yet billed
 	sinks    []*program    // its programs with a bill to send (Bill), in load order
 	// offspring is the CPU of the processes the worker started, as last
-	// read (offspringCPU), if it was.
-	offspring     time.Duration
-	offspringRead bool
-	billed        bool // a program took bills (Bill) once
+	// read (offspringCPU), if it was; dipped: the last read was below it,
+	// not yet taken for the new baseline (offspringAt).
+	offspring             time.Duration
+	offspringRead, dipped bool
+	billed                bool // a program took bills (Bill) once
 }
 
 // processCPU reads process pid's CPU clock (all its threads, live and
@@ -210,14 +211,33 @@ func (p *proc) look(all bool) {
 	c.mu.Lock()
 	c.advance(p)
 	if read {
-		if c.offspringRead && kids > c.offspring {
-			c.idle += kids - c.offspring
-		}
-		c.offspring, c.offspringRead = kids, true
+		c.idle += c.offspringAt(kids)
 	}
 	b := c.takeBills(all)
 	c.mu.Unlock()
 	b.send()
+}
+
+// offspringAt takes kids, a read of offspringCPU, and returns what to bill
+// of it: its rise over the baseline. A sum below the baseline is taken
+// for the new one only when the next read is below it too (a child's
+// time lost for good: SIGCHLD ignored): once, it may be a child reaped
+// between the reads of its parent and of itself, its time in neither,
+// and lowering the baseline then billed it again at the next look. Under
+// c.mu.
+func (c *cpuTally) offspringAt(kids time.Duration) time.Duration {
+	var bill time.Duration
+	switch {
+	case !c.offspringRead:
+		c.offspring, c.offspringRead = kids, true
+	case kids >= c.offspring:
+		bill, c.offspring, c.dipped = kids-c.offspring, kids, false
+	case c.dipped:
+		c.offspring, c.dipped = kids, false
+	default:
+		c.dipped = true
+	}
+	return bill
 }
 
 // offspringCPU is the CPU time used so far by the processes p's worker

@@ -282,3 +282,30 @@ func TestPanicAsAWorkerStartsLeavesNoProcess(t *testing.T) {
 		t.Fatalf("%d child processes after the panicked start, %d before", after, before)
 	}
 }
+
+// The CPU of a worker's offspring is billed by its rises. A read below the
+// baseline once (a child reaped between the reads of its parent and of
+// itself, its time in neither) leaves the baseline, so that the child is
+// not billed again when its time shows in its parent's; below it twice
+// (time lost for good: SIGCHLD ignored) it is the new baseline.
+func TestOffspringBilledByRisesOnce(t *testing.T) {
+	const ms = time.Millisecond
+	var c cpuTally
+	for _, tt := range []struct {
+		name string
+		kids time.Duration
+		bill time.Duration
+	}{
+		{"the first read: the baseline", 100 * ms, 0},
+		{"a child's work", 150 * ms, 50 * ms},
+		{"the child reaped between two reads: its 40 ms in neither", 110 * ms, 0},
+		{"its time in its parent's now, and 5 ms more work", 155 * ms, 5 * ms},
+		{"a child's time lost for good", 120 * ms, 0},
+		{"still lost: the new baseline", 121 * ms, 0},
+		{"work from there", 130 * ms, 9 * ms},
+	} {
+		if got := c.offspringAt(tt.kids); got != tt.bill {
+			t.Errorf("%s (%v): billed %v, want %v", tt.name, tt.kids, got, tt.bill)
+		}
+	}
+}

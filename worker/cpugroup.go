@@ -330,10 +330,12 @@ func (c *Group) Weigh(m *abi.Manifest) {
 	c.setWeight(Weight(m), m.Name)
 }
 
-// Dying gives the group a default function's weight: a worker killed while
-// a standby, at the smallest weight, would otherwise take seconds to exit
-// on a busy machine (measured: over 2 s), and its stage, group and pid
-// with it.
+// Dying gives the group a default function's weight, unboosted, for good:
+// a worker killed while a standby, at the smallest weight, would otherwise
+// take seconds to exit on a busy machine (measured: over 2 s), and its
+// stage, group and pid with it; one killed while boosted would run at 8
+// times a default function's weight until emptied (README: a group being
+// killed is not boosted).
 func (c *Group) Dying() {
 	if c == nil {
 		return
@@ -341,7 +343,7 @@ func (c *Group) Dying() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
-		c.base, c.dying = 1, true
+		c.base, c.dying, c.boosted = 1, true, false
 		c.write(false) // its tree is being killed: no walk through it
 	}
 }
@@ -366,7 +368,7 @@ func (c *Group) setWeight(w float64, function string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed || c.dying { // Dying's weight stands
 		return
 	}
 	c.base, c.function = w, function

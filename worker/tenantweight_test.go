@@ -204,3 +204,20 @@ func TestTenantWorkerWeighsItsBusyPrograms(t *testing.T) {
 	echoes(t, a, ma)
 	await("a ran: a alone busy", 1)
 }
+
+// A worker being killed runs at a default function's weight, unboosted,
+// whatever is written after: one killed while boosted ran at 8 times it
+// until emptied, and a weighing after the kill overwrote the weight Dying
+// gave.
+func TestDyingIsUnboostedForGood(t *testing.T) {
+	cg, shares := fakeV1Group(t, 4321)
+	cg.setWeight(2, "f")
+	cg.setBoost(true)
+	if got, boosted := strings.TrimSpace(shares()), cg.g.value(2*cg.g.boost*Weight(&abi.Manifest{Name: "f"})); got != boosted {
+		t.Fatalf("boosted: weight %s, want %s", got, boosted)
+	}
+	cg.Dying()
+	awaitWeight(t, "killed while boosted", cg.g, shares, 1)
+	cg.setWeight(3, "f")
+	awaitWeight(t, "weighed after the kill", cg.g, shares, 1)
+}
