@@ -392,7 +392,7 @@ func (c *Group) write(tree bool) {
 		if err := renice(c.pid, level, !c.g.lower); err == nil {
 			c.level = level
 		} else if !errors.Is(err, syscall.ESRCH) {
-			c.g.fail(err, "cannot set a worker's nice level", "function", c.function)
+			c.g.fail(err, "cannot set a worker's nice level", "function", c.function, "pid", c.pid)
 		}
 		if tree {
 			c.reniceTree(level)
@@ -401,7 +401,7 @@ func (c *Group) write(tree bool) {
 	}
 	err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(w)), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
-		c.g.fail(err, "cannot set a worker's CPU weight", "function", c.function)
+		c.g.fail(err, "cannot set a worker's CPU weight", "function", c.function, "pid", c.pid)
 	}
 }
 

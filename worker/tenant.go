@@ -49,8 +49,10 @@ type tenancy struct {
 	// Ids are never reused: those up to nextID not in progs are of
 	// programs unloaded, whose chains may still run in the worker (an
 	// overrun) and crash it.
-	progs     map[uint32]*program
-	nextID    uint32
+	progs  map[uint32]*program
+	nextID uint32
+	names  []string // each id's function, by id-1: blame names an unloaded program's crash
+
 	tuned     bool
 	gone      map[bundleKey]int64
 	unlimited bool
@@ -242,6 +244,7 @@ func (p *proc) enroll(g *program) {
 	defer p.mu.Unlock()
 	p.tenant.nextID++
 	g.id = p.tenant.nextID
+	p.tenant.names = append(p.tenant.names, g.name)
 	g.gone = make(chan struct{})
 	p.tenant.progs[g.id] = g
 	if n := len(p.tenant.progs); n > p.tenant.tasksFor && !p.exited {
@@ -450,10 +453,10 @@ func (p *proc) blame(sig syscall.Signal) {
 			p.tenant.by = progs[id].name
 		} else { // an unloaded program's: no one left is at fault
 			named = false
-			for g := range p.tenant.leaving {
-				if g.id == id {
-					p.tenant.by = g.name
-				}
+			if int(id) <= len(p.tenant.names) {
+				// Named however long ago it was unloaded: its fini or
+				// unload hook may run, and crash, after leaving forgot it.
+				p.tenant.by = p.tenant.names[id-1]
 			}
 		}
 	} else if g := p.killedBy.Load(); g != nil && sig == syscall.SIGKILL {

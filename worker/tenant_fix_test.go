@@ -464,3 +464,20 @@ func TestTenantHangingLoadIsBlamedAlone(t *testing.T) {
 	}
 	echoes(t, again, ms)
 }
+
+// A crash marked with an unloaded program's id names its function however
+// long after its unload it comes (its fini or unload hook on its last
+// instance's thread): leaving forgot it outputGrace after, and the log
+// then named no one.
+func TestACrashOfAnUnloadedProgramNamesIt(t *testing.T) {
+	p := &proc{exited: true, tenant: &tenancy{progs: map[uint32]*program{}}} // exited: enroll raises no pids bound
+	for _, name := range []string{"kept", "unloaded"} {
+		p.enroll(&program{name: name, p: p})
+	}
+	delete(p.tenant.progs, 2) // unloaded, and forgotten by leaving
+	p.fatal.Store(2)
+	p.blame(syscall.SIGSEGV)
+	if p.tenant.by != "unloaded" || p.tenant.named {
+		t.Fatalf("by %q (named %v), want \"unloaded\", not named", p.tenant.by, p.tenant.named)
+	}
+}
