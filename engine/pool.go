@@ -69,21 +69,22 @@ func (p *pool) open(e *Engine, runs int, freed slotWaiter, now time.Time) {
 	p.mu.Unlock()
 }
 
-// acquire waits for a slot, in FIFO order, until the deadline. The fast
-// path takes no timer and allocates nothing; a full queue fails at once.
-func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool) error {
+// acquire waits for a slot, in FIFO order, until the deadline, and says
+// whether it waited. The fast path takes no timer and allocates nothing; a
+// full queue fails at once.
+func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool) (waited bool, err error) {
 	if p.trySlot() {
-		return nil
+		return false, nil
 	}
 	name := p.v.fn.name
 	if n := p.waiting.Add(1); int(n) > p.v.policy.queue {
 		p.waiting.Add(-1)
-		return p.busy()
+		return true, p.busy()
 	}
 	defer p.waiting.Add(-1)
 	wait := time.Until(deadline)
 	if wait <= 0 {
-		return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran", name)
+		return true, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran", name)
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -96,14 +97,14 @@ func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool
 	for {
 		select {
 		case p.slots <- struct{}{}:
-			return nil
+			return true, nil
 		case <-ctx.Done():
-			return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", name, cap(p.slots))
+			return true, errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", name, cap(p.slots))
 		case <-t.C:
-			return errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", name, cap(p.slots))
+			return true, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", name, cap(p.slots))
 		case <-poll:
 			if gone() {
-				return errorf(errdefs.KindGone, nil, "function %s: the client went away while the request waited", name)
+				return true, errorf(errdefs.KindGone, nil, "function %s: the client went away while the request waited", name)
 			}
 		}
 	}

@@ -72,14 +72,15 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	}
 	tq := time.Now()
 	req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
-	ta := tq // taken at once, the common case: no second clock read
-	if !p.trySlot() {
-		if err := p.acquire(ctx, deadline, req.Gone); err != nil {
-			return false, err
-		}
-		ta = time.Now()
+	waited, err := p.acquire(ctx, deadline, req.Gone)
+	if err != nil {
+		return false, err
 	}
 	defer p.release()
+	ta := tq // taken at once, the common case: no second clock read
+	if waited {
+		ta = time.Now()
+	}
 	req.Timing.Queue = ta.Sub(tq)
 	var landed device.Slot // where the body was read, if a device lent it
 	if req.Landing != nil {

@@ -18,10 +18,10 @@ import (
 // function's flow, and the server's time on its bytes is charged to it,
 // by wall time as HTTP's decoding and encoding are (Flow.MeteredSince):
 // decoding its message (the codec's, before any interceptor: measured
-// there on the same clock and charged once the call is admitted and its model found, so
-// that a call its token may not make charges no one), laying its tensors
-// out, cutting its answer and encoding it (the codec's again, after the
-// handler). Nothing moves in turns: gRPC-Go reads and writes the frames
+// there on the same clock and charged once the call is admitted and its
+// model found, so that a call its token may not make charges no one),
+// laying its tensors out, cutting its answer and encoding it (the codec's
+// again, after the handler). Nothing moves in turns: gRPC-Go reads and writes the frames
 // itself, whole messages before and after the handler.
 
 // inferCall is a ModelInfer call as the codec decodes and encodes it: its

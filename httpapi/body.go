@@ -246,11 +246,8 @@ func (b *bodyReader) acquire(n int64) error {
 	switch {
 	case err == nil:
 		return nil
-	case byDeadline && b.t.readOut:
-		return &apierr.Error{Status: apierr.RequestTimeout,
-			Msg: "the request body did not arrive within the server's read timeout of " + b.s.readTimeout().String() + ", its wait for room among the request bytes the server holds in memory (plover serve --max-body-memory) included"}
 	case byDeadline:
-		return errdefs.New(errdefs.KindTimeout, err, "the request's deadline (X-Plover-Timeout-Ms, or the server's --timeout) passed while its body waited for room among the request bytes the server holds in memory (plover serve --max-body-memory), after %d bytes", b.read)
+		return b.t.late("room among the request bytes the server holds in memory (plover serve --max-body-memory)")
 	}
 	return &apierr.Error{Status: apierr.Unavailable,
 		Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
@@ -333,7 +330,7 @@ func (b *bodyReader) cut(err error) error {
 // connection's deadline anew for its next request, and a body cut here
 // closes the connection (readBody), its unread bytes no request.
 func (b *bodyReader) bound() {
-	if b.bounded || b.t.readOut || b.t.deadline.IsZero() || b.conn == nil {
+	if b.bounded || b.t.readOut > 0 || b.t.deadline.IsZero() || b.conn == nil {
 		return
 	}
 	b.bounded = true

@@ -35,8 +35,8 @@ type turns struct {
 	fl       *ioshare.Flow
 	deadline time.Time
 	gone     func() bool
-	readOut  bool // deadline is the read timeout's: waiting past it is a 408
-	writeOut bool // deadline is the write timeout's (an answer's)
+	readOut  time.Duration // not 0: deadline is the read timeout's (this long), waiting past it a 408
+	writeOut bool          // deadline is the write timeout's (an answer's)
 }
 
 // turnsOf is the turns of r, a request to name begun at the door on
@@ -49,7 +49,7 @@ type turns struct {
 func (s *Server) turnsOf(ctx *fasthttp.RequestCtx, name string, r *call.Request) turns {
 	t := turns{fl: s.door.IO(name), deadline: r.Deadline, gone: r.Gone}
 	if rt := readDeadline(ctx.Conn(), r.Began, s.readTimeout()); rt.Before(r.Deadline) {
-		t.deadline, t.readOut = rt, true
+		t.deadline, t.readOut = rt, s.readTimeout()
 	}
 	t.fl.Touch(r.Began) // a light function's small request is about too
 	return t
@@ -59,22 +59,37 @@ func (s *Server) turnsOf(ctx *fasthttp.RequestCtx, name string, r *call.Request)
 // ioshare.Flow.Turn.
 func (t turns) turn(mayBlock bool) (ioshare.Turn, error) {
 	tn, err := t.fl.Turn(context.Background(), t.deadline, t.gone, mayBlock)
-	if err == nil {
-		return tn, nil
-	}
-	name := t.fl.Name() // the flow's own string: no request bytes
 	switch {
-	case errors.Is(err, sched.ErrDeadline) && t.readOut:
-		return tn, &apierr.Error{Status: apierr.RequestTimeout,
-			Msg: "function " + name + ": the request body did not arrive within the server's read timeout, its waits for its turns (its function's share of the server's I/O) included"}
-	case errors.Is(err, sched.ErrDeadline) && t.writeOut: // for the log: the answer's status is out
-		return tn, errdefs.New(errdefs.KindTimeout, nil, "function %s: the answer was not written within the server's write timeout, its waits for its turns (its function's share of the server's I/O) included", name)
 	case errors.Is(err, sched.ErrDeadline):
-		return tn, errdefs.New(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while its bytes waited for their turn (its function's share of the server's I/O)", name)
+		return tn, t.late("its turns (its function's share of the server's I/O)")
 	case errors.Is(err, sched.ErrGone):
-		return tn, errdefs.New(errdefs.KindGone, nil, "function %s: the client went away while the request's bytes waited for their turn", name)
+		return tn, errdefs.New(errdefs.KindGone, nil, "%sthe client went away while the request's bytes waited for their turn", t.function())
 	}
 	return tn, err
+}
+
+// late is the error of a wait for what that t's deadline ended: the read
+// timeout's 408 where that came first, the write timeout's for an answer
+// (for the log: its status is out), else the request's deadline's 504.
+func (t turns) late(what string) error {
+	fn := t.function()
+	switch {
+	case t.readOut > 0:
+		return &apierr.Error{Status: apierr.RequestTimeout,
+			Msg: fn + "the request body did not arrive within the server's read timeout of " + t.readOut.String() + ", its wait for " + what + " included"}
+	case t.writeOut:
+		return errdefs.New(errdefs.KindTimeout, nil, "%sthe answer was not written within the server's write timeout, its wait for %s included", fn, what)
+	}
+	return errdefs.New(errdefs.KindTimeout, nil, "%sthe request's deadline (X-Plover-Timeout-Ms, or the server's --timeout) passed while its bytes waited for %s", fn, what)
+}
+
+// function names t's function for a message ("" without a flow): the
+// flow's own string, no request bytes.
+func (t turns) function() string {
+	if t.fl == nil {
+		return ""
+	}
+	return "function " + t.fl.Name() + ": "
 }
 
 // move moves one piece in the request's turn (turn): move is given the

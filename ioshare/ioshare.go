@@ -8,9 +8,10 @@
 //
 // The mechanism is sched's: a Scheduler whose slots are pieces in flight
 // (Config.Slots, one kept for light functions unless Config.NoReserve:
-// the CPUs their requests need besides the pieces), whose runs are pieces, charged the CPU time
-// the server's thread spent on them (its thread's clock: not the waits of
-// a thread preempted in its turn), each holding its slot at most
+// the CPUs their requests need besides the pieces), whose runs are pieces,
+// charged the CPU time the server's thread spent on them (its thread's
+// clock: not the waits of a thread preempted in its turn), each holding
+// its slot at most
 // Config.Hold (a piece that blocks past it, a TLS record or a chunk still
 // arriving, gives its slot up, so no client holds another's turn). Every
 // request touches its function's flow (Flow.Touch), so that a light one

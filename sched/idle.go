@@ -13,11 +13,11 @@ import "time"
 // is touched while idle, until Recent passes with nothing running, it
 // goes idle a flood, a second run of it queues while none runs, its last
 // run ends with another of it still queued after two at once, or it is
-// forgotten (for good: its runs still going count as a flood's). While listed with nothing running it is on idleList, ordered
-// by when it went idle, so the list's oldest entries are the first to
-// lapse and its newest say whether one is about; listed and running, it is
-// off the list, and its runs count where the runs are (Scheduler.running,
-// MaxRuns at most).
+// forgotten (for good: its runs still going count as a flood's). While
+// listed with nothing running it is on idleList, ordered by when it went
+// idle, so the list's oldest entries are the first to lapse and its newest
+// say whether one is about; listed and running, it is off the list, and
+// its runs count where the runs are (Scheduler.running, MaxRuns at most).
 
 // idleList is a list of flows ordered by lastIdle, oldest first, linked
 // through the flows themselves.
