@@ -251,9 +251,23 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
-	n.background(ctx, f, t, log)
+	bg, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
+	n.background(bg, f, t, log)
 	select {
 	case err := <-t.errc:
+		// A transport's accept loop ended (its listener failed): the
+		// other's calls, and the requests this one had begun, drain as
+		// for a signal, and the node closes, rather than the process
+		// ending under them with its workers' groups left behind.
+		if err == nil {
+			err = errors.New("its listener closed")
+		}
+		log.Error("a server stopped accepting: draining the rest", "error", err)
+		stopBackground()
+		if derr := n.drain(force, f, t, log); derr != nil {
+			log.Warn("the drain after the failure", "error", derr)
+		}
 		return fmt.Errorf("server stopped: %w", err)
 	case <-ctx.Done():
 	}

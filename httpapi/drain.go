@@ -28,8 +28,10 @@ import (
 // connections alone.
 type connSet struct {
 	conns sync.Map // *drainConn -> struct{}
-	// handlers counts the requests in a handler now.
-	handlers atomic.Int64
+	// handlers counts the requests in a handler now; answers the answers
+	// written after their handler returned (answerBody), until closed:
+	// one from a worker's slot is read until then.
+	handlers, answers atomic.Int64
 	// mu orders a drain's cut with a handler starting on a cut
 	// connection: the handler's read deadline must be the last set.
 	mu sync.Mutex
@@ -191,10 +193,36 @@ func (c *drainConn) Read(b []byte) (n int, err error) {
 	}
 	c.reads.Add(1)
 	n, err = c.Conn.Read(b)
-	if n > 0 && c.state.Load() == connWaiting { // a load: most reads find it reading or busy
-		c.state.CompareAndSwap(connWaiting, connReading)
+	if n > 0 {
+		switch c.state.Load() { // a load: most reads find it reading or busy
+		case connWaiting:
+			c.state.CompareAndSwap(connWaiting, connReading)
+		case connCut:
+			c.uncut()
+		}
 	}
 	return n, err
+}
+
+// uncut serves the request whose first bytes a read took as the drain cut
+// its connection: the cut's peek found the socket empty, the bytes just
+// read, so it took the connection for one waiting. A read under a cut
+// already made takes nothing (its deadline is past), so these bytes had
+// come by the cut, and the request is served, as one whose bytes were
+// still in the socket is; else its next read ended at the cut's deadline
+// and it was answered 503. Under TLS the bytes may be plaintext the TLS
+// connection held from before: they had come too.
+func (c *drainConn) uncut() {
+	c.cs.mu.Lock()
+	defer c.cs.mu.Unlock()
+	if !c.state.CompareAndSwap(connCut, connReading) {
+		return
+	}
+	by := time.Now().Add(c.cs.readTimeout) // fasthttp set none: bounded all the same
+	if ns := c.readBy.Load(); ns != 0 && ns != noReadDeadline {
+		by = time.Unix(0, ns) // fasthttp's own, which the cut did not record
+	}
+	c.Conn.SetReadDeadline(by)
 }
 
 // Close closes the connection. A panic in the listener's connection under
@@ -343,7 +371,8 @@ func (cs *connSet) cutWaiting() {
 			d.state.CompareAndSwap(connWaiting, connReading)
 		}
 		if d.state.CompareAndSwap(connWaiting, connCut) || d.state.Load() == connCut {
-			d.SetReadDeadline(longAgo)
+			// Not recorded in readBy: uncut gives fasthttp's back.
+			d.Conn.SetReadDeadline(longAgo)
 		}
 		return true
 	})
@@ -384,9 +413,10 @@ func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server) error {
 				return err
 			}
 			cs.closeAll()
-			// A handler blocked on its connection (an answer its
-			// client does not read) returns once it is closed.
-			for end := time.Now().Add(closeWait); cs.handlers.Load() > 0; time.Sleep(10 * time.Millisecond) {
+			// A handler blocked on its connection, or an answer being
+			// written from a slot (a client not reading it), ends once
+			// it is closed: the node closes its workers only after.
+			for end := time.Now().Add(closeWait); cs.handlers.Load() > 0 || cs.answers.Load() > 0; time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(end) {
 					return err
 				}

@@ -1,10 +1,13 @@
 package httpapi
 
 import (
+	"context"
 	"crypto/tls"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/internal/selfsigned"
 	"github.com/plover-run/plover/ioshare"
@@ -113,16 +116,7 @@ func TestDrainCutsOnlyConnectionsWithNothingSent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var cs connSet
 			dl := cs.listener(ln)
-			client, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			c, err := dl.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			client, c := connect(t, ln, dl)
 			if tc.sent != nil {
 				if _, err := client.Write(tc.sent); err != nil {
 					t.Fatal(err)
@@ -156,4 +150,169 @@ func TestDrainCutsOnlyConnectionsWithNothingSent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hookedConn runs after on each read that took bytes, before the read
+// returns: where a drain's cut may land, between the socket's read and
+// the connection's state noting it.
+type hookedConn struct {
+	net.Conn
+	after func()
+}
+
+func (c hookedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && c.after != nil {
+		c.after()
+	}
+	return n, err
+}
+
+// A request whose first bytes a read took just as the drain cut its
+// connection (the cut's peek found the socket empty, the bytes read) is
+// served, as one whose bytes were still in the socket is: before, the
+// cut's past deadline ended its next read and it was answered 503.
+func TestDrainServesARequestReadAsTheCutCame(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cs := connSet{readTimeout: 5 * time.Second}
+	cut := false
+	dl := cs.listener(hookedListener{ln, func() {
+		if !cut {
+			cut = true
+			cs.cutWaiting()
+		}
+	}})
+	client, c := connect(t, ln, dl)
+	d := drainOf(c)
+	head, rest := "PUT /v1/functions/late HTTP/1.1\r\nHo", "st: x\r\n\r\n"
+	if _, err := client.Write([]byte(head)); err != nil {
+		t.Fatal(err)
+	}
+	fasthttpsBy := time.Now().Add(3 * time.Second)
+	c.SetReadDeadline(fasthttpsBy) // as fasthttp sets before a request's headers
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if !cut || string(buf[:n]) != head {
+		t.Fatalf("first read %q (%v), cut %v; want %q read as the cut came", buf[:n], err, cut, head)
+	}
+	if got := d.state.Load(); got != connReading {
+		t.Fatalf("state after a read that took a request's first bytes as the cut came: %d, want reading (%d)", got, connReading)
+	}
+	if got := readDeadline(c, time.Now(), time.Minute); !got.Equal(time.Unix(0, fasthttpsBy.UnixNano())) {
+		t.Fatalf("read deadline after the cut was undone: %v, want fasthttp's %v", got, fasthttpsBy)
+	}
+	if _, err := client.Write([]byte(rest)); err != nil {
+		t.Fatal(err)
+	}
+	n, err = c.Read(buf)
+	if string(buf[:n]) != rest {
+		t.Fatalf("the request's next read: %q (%v), want %q", buf[:n], err, rest)
+	}
+	// A later pass of the drain leaves it be: it is reading a request.
+	cs.cutWaiting()
+	if got := d.state.Load(); got != connReading {
+		t.Fatalf("state after the next pass: %d, want reading (%d)", got, connReading)
+	}
+}
+
+// hookedListener accepts hookedConns.
+type hookedListener struct {
+	net.Listener
+	after func()
+}
+
+func (l hookedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return hookedConn{c, l.after}, nil
+}
+
+// blockedLanding is a slot whose Release waits for its test.
+type blockedLanding struct {
+	out      []byte
+	released chan struct{} // Release began
+	proceed  chan struct{} // Release may return
+}
+
+func (l *blockedLanding) Input() []byte  { return nil }
+func (l *blockedLanding) Output() []byte { return l.out }
+func (l *blockedLanding) Release()       { close(l.released); <-l.proceed }
+func (l *blockedLanding) Discard()       { l.Release() }
+
+// A drain whose grace ran out waits, after it closed the connections
+// left, for the answers still being written from a worker's slot to give
+// their slot back, as it does for handlers: the node then closes its
+// workers and devices, and an answer still read from a slot (after its
+// handler returned, to a client that does not read it) was read from
+// memory being unmapped.
+func TestDrainWaitsForAnswersBeingWritten(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	s := &Server{}
+	land := &blockedLanding{out: make([]byte, 16<<20), released: make(chan struct{}), proceed: make(chan struct{})}
+	s.srv = &fasthttp.Server{
+		Handler:      s.conns.handle(func(ctx *fasthttp.RequestCtx) { s.answer(ctx, land.out, land, turns{}) }),
+		ConnState:    s.conns.state,
+		WriteTimeout: time.Minute,
+	}
+	go s.srv.Serve(s.conns.listener(ln))
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	client.(*net.TCPConn).SetReadBuffer(4 << 10)
+	if _, err := client.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Its handler returned, its answer being written to a client that
+	// reads none of it.
+	for end := time.Now().Add(10 * time.Second); s.conns.answers.Load() != 1 || s.conns.handlers.Load() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("answers %d, handlers %d: want one answer being written, no handler", s.conns.answers.Load(), s.conns.handlers.Load())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.conns.shutdown(ctx, s.srv) }()
+	<-land.released // the connection closed, its write failed: the slot is being given back
+	select {
+	case err := <-done:
+		t.Fatalf("the drain ended (%v) while an answer's slot was still being given back", err)
+	case <-time.After(closeWait / 3): // a while, well inside the drain's wait
+	}
+	close(land.proceed)
+	if err := <-done; err != nil {
+		t.Fatalf("a drain whose last answer ended within its wait: %v, want none (nothing cut)", err)
+	}
+	if n := s.conns.answers.Load(); n != 0 {
+		t.Fatalf("answers being written as the drain ended: %d", n)
+	}
+}
+
+// connect dials ln and accepts the connection through dl (ln's wrapper),
+// both closed as the test ends.
+func connect(t *testing.T, ln, dl net.Listener) (client, server net.Conn) {
+	t.Helper()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err = dl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
 }

@@ -2,15 +2,19 @@ package main_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
@@ -285,4 +289,82 @@ func TestSecondSignalEndsTheDrain(t *testing.T) {
 	if r := <-res; r.err == nil && r.code == 200 {
 		t.Fatalf("the minute-long request was answered 200 though the drain was cut")
 	}
+}
+
+// TestAFailedListenerDrainsTheRest: when the API's listener fails (its
+// accept loop ends with an error), the server drains as for a signal,
+// answering the request in flight and cleaning up after itself, and
+// exits with a failing status naming the failure, where it had returned
+// at once, cutting that request and leaving its workers' groups behind.
+// The failure is made from outside: the test takes a copy of the
+// server's listening socket (pidfd_getfd) and shuts it down, so that the
+// server's accept fails with EINVAL.
+func TestAFailedListenerDrainsTheRest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	const grace = 8 * time.Second
+	srv := startServer(t, bin, "--grace", grace.String())
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 1500), nil))
+	invokeHTTP(srv.url, "slow", []byte("warm"))
+	res := invokeInFlight(t, srv, "slow", []byte("finish me"))
+	ln := listeningSocket(t, srv.cmd.Process.Pid, strings.TrimPrefix(srv.url, "http://"))
+	start := time.Now()
+	if err := unix.Shutdown(ln, unix.SHUT_RDWR); err != nil {
+		t.Fatalf("shutting the server's listener down: %v", err)
+	}
+	unix.Close(ln)
+	(<-res).echoed(t, []byte("finish me"), "as the listener failed")
+	done := make(chan error, 1)
+	go func() { done <- srv.wait(grace + 5*time.Second) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(grace + 5*time.Second):
+		t.Fatalf("server still running %v after its listener failed", grace+5*time.Second)
+	}
+	log := srv.log.String()
+	if err == nil || !strings.Contains(log, "server stopped") || !strings.Contains(log, "invalid argument") {
+		t.Fatalf("exit after the listener failed: %v; want a failing status and the log naming the failure\n%s", err, log)
+	}
+	stoppedWithin(t, srv, time.Since(start), grace/2)
+}
+
+// listeningSocket is a copy, in this process, of the socket pid listens
+// on at addr (host:port); the test is skipped where pidfd_getfd is not
+// allowed (it needs the right to ptrace pid).
+func listeningSocket(t *testing.T, pid int, addr string) int {
+	t.Helper()
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Skipf("pidfd_open: %v", err)
+	}
+	defer unix.Close(pidfd)
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range fds {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fd, err := unix.PidfdGetfd(pidfd, n, 0)
+		if err != nil {
+			if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOSYS) {
+				t.Skipf("pidfd_getfd: %v", err)
+			}
+			continue // closed meanwhile
+		}
+		sa, err := unix.Getsockname(fd)
+		listening, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+		if in4, ok := sa.(*unix.SockaddrInet4); ok && err == nil && listening == 1 &&
+			net.JoinHostPort(net.IP(in4.Addr[:]).String(), strconv.Itoa(in4.Port)) == addr {
+			return fd
+		}
+		unix.Close(fd)
+	}
+	t.Fatalf("no socket of pid %d listens on %s", pid, addr)
+	return -1
 }
