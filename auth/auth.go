@@ -368,8 +368,15 @@ func checkHash(sha string) error {
 			return fmt.Errorf("%q has %q: want lowercase hex", sha, c)
 		}
 	}
+	if sha == emptyHash {
+		return errors.New("the hash of the empty token: no request can send it (hash a token made by plover token new)")
+	}
 	return nil
 }
+
+// emptyHash is the SHA-256 of no bytes: a line with it could match only
+// a lookup of an empty token, which no request makes.
+const emptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 type entry struct {
 	p   Principal

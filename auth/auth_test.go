@@ -154,6 +154,7 @@ func TestParseErrors(t *testing.T) {
 		{"upper hash", "ci read " + strings.ToUpper(hA) + "\n", `f:1: SHA256: ` + `"` + strings.ToUpper(hA) + `": want lowercase hex`},
 		{"non-hex hash", "ci read " + strings.Repeat("g", 64) + "\n", `f:1: SHA256: "` + strings.Repeat("g", 64) + `" has 'g'`},
 		{"duplicate hash", "ci read " + hA + "\n\nops admin " + hA + "\n", "f:3: SHA256: duplicate hash (the same token as line 1)"},
+		{"the empty token's hash", "ci read e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\n", "f:1: SHA256: the hash of the empty token"},
 		{"bad glob", "ci invoke " + hA + " cnn,vec[\n", `f:1: FUNCTIONS: glob "vec["`},
 		{"empty glob", "ci invoke " + hA + " cnn,,vec\n", `f:1: FUNCTIONS: empty glob`},
 		{"trailing comma glob", "ci invoke " + hA + " cnn,\n", `f:1: FUNCTIONS: empty glob`},

@@ -6,6 +6,7 @@
 package gate
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -196,14 +197,42 @@ func (g *Gate) check(authorization []byte, scope auth.Scope, fn string, limits i
 func (g *Gate) principal(authorization []byte) (*auth.Principal, *Refusal) {
 	tok, ok := auth.BearerToken(authorization)
 	if !ok {
-		return nil, g.refuse(apierr.Unauthenticated, "missing_token",
-			"this server needs a token: send Authorization: Bearer TOKEN (plover --token or $PLOVER_TOKEN)")
+		return nil, g.refuse(apierr.Unauthenticated, "missing_token", noBearer(authorization))
 	}
 	p := g.tokens.Lookup(tok)
 	if p == nil {
 		return nil, g.refuse(apierr.Unauthenticated, "unknown_token", "the bearer token is not known to this server")
 	}
 	return p, nil
+}
+
+// noBearer says what is wrong with an authorization that carries no
+// bearer token, quoting nothing that may be a secret: a scheme is quoted
+// only when it is a short word followed by more.
+func noBearer(authorization []byte) string {
+	const how = "send the header Authorization: Bearer TOKEN over HTTP, the metadata authorization: Bearer TOKEN over gRPC (plover --token or $PLOVER_TOKEN)"
+	if len(authorization) == 0 {
+		return "this server needs a token: " + how
+	}
+	scheme, rest, spaced := bytes.Cut(authorization, []byte(" "))
+	switch {
+	case !spaced:
+		return "the authorization is one word, not a scheme and a token: " + how
+	case !bytes.EqualFold(scheme, []byte("bearer")) && len(scheme) <= 16 && isWord(scheme):
+		return fmt.Sprintf("the authorization's scheme is %q; this server takes only bearer tokens: %s", scheme, how)
+	case len(bytes.TrimSpace(rest)) == 0:
+		return "the authorization's bearer token is empty: " + how
+	}
+	return "the authorization is not one bearer token (a token has no spaces or tabs): " + how
+}
+
+func isWord(b []byte) bool {
+	for _, c := range b {
+		if (c|0x20) < 'a' || (c|0x20) > 'z' {
+			return false
+		}
+	}
+	return len(b) > 0
 }
 
 func (g *Gate) refuse(s apierr.Status, reason, msg string) *Refusal {

@@ -161,16 +161,21 @@ func TestAdmit(t *testing.T) {
 		reason       string // "": admitted
 		http         int
 		grpc         codes.Code
+		msg          string // in the refusal's message
 	}{
-		{"no header", "", auth.Read, "", "missing_token", 401, codes.Unauthenticated},
-		{"not bearer", "Basic eDp5", auth.Read, "", "missing_token", 401, codes.Unauthenticated},
-		{"unknown", "Bearer nobody", auth.Read, "", "unknown_token", 401, codes.Unauthenticated},
-		{"read", "Bearer reader", auth.Read, "", "", 0, 0},
-		{"read cannot invoke", "Bearer reader", auth.Invoke, "cnn", "forbidden", 403, codes.PermissionDenied},
-		{"invoke in glob", "Bearer invoker", auth.Invoke, "cnn-large", "", 0, 0},
-		{"invoke outside glob", "Bearer invoker", auth.Invoke, "vecadd", "forbidden", 403, codes.PermissionDenied},
-		{"rate: the burst", "Bearer slow", auth.Invoke, "x", "", 0, 0},
-		{"rate: over", "Bearer slow", auth.Invoke, "x", "rate", 429, codes.ResourceExhausted},
+		{"no header", "", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "needs a token"},
+		{"not bearer", "Basic eDp5", auth.Read, "", "missing_token", 401, codes.Unauthenticated, `scheme is "Basic"`},
+		{"a token alone", "s3cr3t-token", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "one word"},
+		{"bearer, empty", "Bearer  ", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "empty"},
+		{"bearer, two words", "Bearer ab cd", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "no spaces or tabs"},
+		{"a long scheme is not quoted", "eDp5eDp5eDp5eDp5eDp5eDp5 x", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "no spaces or tabs"},
+		{"unknown", "Bearer nobody", auth.Read, "", "unknown_token", 401, codes.Unauthenticated, ""},
+		{"read", "Bearer reader", auth.Read, "", "", 0, 0, ""},
+		{"read cannot invoke", "Bearer reader", auth.Invoke, "cnn", "forbidden", 403, codes.PermissionDenied, ""},
+		{"invoke in glob", "Bearer invoker", auth.Invoke, "cnn-large", "", 0, 0, ""},
+		{"invoke outside glob", "Bearer invoker", auth.Invoke, "vecadd", "forbidden", 403, codes.PermissionDenied, ""},
+		{"rate: the burst", "Bearer slow", auth.Invoke, "x", "", 0, 0, ""},
+		{"rate: over", "Bearer slow", auth.Invoke, "x", "rate", 429, codes.ResourceExhausted, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tk, r := g.Admit([]byte(tc.header), tc.scope, tc.fn)
@@ -181,8 +186,10 @@ func TestAdmit(t *testing.T) {
 			case tc.reason == "":
 			case r == nil:
 				t.Fatalf("admitted, want %s", tc.reason)
-			case r.Reason != tc.reason || r.Status.HTTP != tc.http || r.Status.GRPC != tc.grpc || r.Msg == "":
-				t.Fatalf("refusal %+v, want %s %d %v", r, tc.reason, tc.http, tc.grpc)
+			case r.Reason != tc.reason || r.Status.HTTP != tc.http || r.Status.GRPC != tc.grpc || r.Msg == "" || !strings.Contains(r.Msg, tc.msg):
+				t.Fatalf("refusal %+v, want %s %d %v saying %q", r, tc.reason, tc.http, tc.grpc, tc.msg)
+			case tc.reason == "missing_token" && (strings.Contains(r.Msg, "eDp5") || strings.Contains(r.Msg, "s3cr3t")):
+				t.Fatalf("a refusal quoted what may be a secret: %q", r.Msg)
 			case tc.reason == "rate" && (r.Retry < time.Second || !strings.Contains(r.Msg, "retry in")):
 				t.Fatalf("a rate refusal without its retry delay: %+v", r)
 			}

@@ -302,18 +302,22 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	ctx = s.takeRefusal(ctx, req) // first: every decoded request comes here
 	if c, ok := ctx.Value(pendingKey{}).(*pending); ok {
-		late := !c.timer.Stop() // the read timeout passed as the message came
 		// From here the place is the handler's until it returns, as an
 		// HTTP request's is: a client that cancels must not free it while
-		// the server still runs its call.
-		if c.stop() {
+		// the server still runs its call. The stream's end is asked first:
+		// its release stops the timer too, and a timer stopped reads as
+		// one that fired.
+		ended := !c.stop()
+		if !ended {
 			defer c.release()
-		} else if !late {
-			// The stream ended first (the client cancelled), and its end
-			// gave the place back: no handler runs without one.
-			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		if late {
+		switch {
+		case ended && !errors.Is(context.Cause(ctx), errNoMessage):
+			// The stream ended first (the client cancelled, or its own
+			// deadline passed), and its end gave the place back: no
+			// handler runs without one.
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case ended || !c.timer.Stop(): // the read timeout passed, or did as the message came
 			return nil, status.Errorf(codes.DeadlineExceeded, "the request message did not arrive within %v of its headers (the server's read timeout; 1 s for the methods open without a token)", c.wait)
 		}
 	}
