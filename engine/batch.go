@@ -327,7 +327,6 @@ func (b *batcher) run(items []*batchItem) {
 		}
 	}
 	if len(live) > 0 {
-		b.v.fn.batches.observe(len(live))
 		b.runItems(live, bb)
 	} else {
 		b.ended(0)
@@ -368,6 +367,11 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	out := bb.out[:int64(k)*b.itemOut]
 	all := b.runChain(items, in, out, k)
 	took := time.Since(start) - all.load // a cold start's load is no run's length
+	if all.ran {
+		// Only now: a batch whose instance could not be had, or whose
+		// deadline passed while it loaded, is no run of n items.
+		b.v.fn.batches.observe(n)
+	}
 	if all.err != nil {
 		// A run that failed (a refused input, a device unhealthy, a
 		// deadline) says nothing of how long a run takes, nor do the
@@ -402,6 +406,14 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 			res.start, res.load, res.sched = max(res.start, all.start), res.load+all.load, res.sched+all.sched
 			copied += res.tm.Copied
 		}
+		if !all.ran {
+			// The batch's run never reached an instance (and so had no
+			// one-by-one runs, which follow a run's refusal): as an
+			// unbatched request's that did not run, its start is not
+			// counted (invoke counts one for a batch size), and it was in
+			// no run to report.
+			size = 0
+		}
 		it.err, it.start, it.load, it.sched, it.size, it.device = res.err, res.start, res.load, res.sched, size, res.dev
 		rq := it.req
 		if res.err == nil {
@@ -435,6 +447,10 @@ type batchRun struct {
 	load, sched time.Duration
 	dev         string
 	tm          device.Timing // the run's, read before its instance went back
+	// ran says the chain reached an instance's run, well or not, as
+	// pool.run's ran: false when no instance was had, the deadline passed
+	// before the run, or a run to go again found no instance to go on.
+	ran bool
 }
 
 // runChain runs the chain once over items (k of them in the chain's eyes:
@@ -492,6 +508,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		h.in = nil
 		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, gone)
 		res.sched += wait
+		res.ran = true
 		r.Input, r.Output, r.Items = nil, nil, 0
 		if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {
 			break
@@ -499,7 +516,9 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		// The worker died while the instance was idle (the run reached no
 		// bundle code), or with its tenant's shared worker by another
 		// function's fault: the run goes once more on a fresh worker, as
-		// an unbatched request would.
+		// an unbatched request would; as its, the batch ran only if that
+		// run happens (pool.runRetrying returns no run otherwise).
+		res.ran = false
 		if inst, fresh, t0, err = pool.replace(context.Background(), inst, err, deadline, nil); inst != nil {
 			h.in = inst
 		} else if err == nil {

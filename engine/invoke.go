@@ -152,7 +152,10 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		tq := time.Now()
 		req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
 		err = v.batch.invoke(ctx, req, deadline, tq)
-		ran = req.BatchSize > 0 // it ran, well or not: its start counts as the unbatched path's does
+		// Its batch reached an instance's run, well or not (a batch that
+		// never did writes no size): its start counts as the unbatched
+		// path's does.
+		ran = req.BatchSize > 0
 		if ran {
 			// Timed as the unbatched path times a request that ran: one
 			// refused (its queue full) or that left before its run wrote
