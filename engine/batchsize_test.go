@@ -6,32 +6,44 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// batchSizeCount is plover_batch_size's count and sum for fn in reg; ok is
-// false when it has no series.
-func batchSizeCount(t *testing.T, reg *prometheus.Registry, fn string) (count uint64, sum float64, ok bool) {
+// functionMetric is the series of metric name for function fn in reg, or
+// nil.
+func functionMetric(t *testing.T, reg *prometheus.Registry, name, fn string) *dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "plover_batch_size" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "function" && l.GetValue() == fn {
-					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum(), true
+					return m
 				}
 			}
 		}
 	}
-	return 0, 0, false
+	return nil
+}
+
+// batchSizeCount is plover_batch_size's count and sum for fn in reg; ok is
+// false when it has no series.
+func batchSizeCount(t *testing.T, reg *prometheus.Registry, fn string) (count uint64, sum float64, ok bool) {
+	t.Helper()
+	m := functionMetric(t, reg, "plover_batch_size", fn)
+	if m == nil {
+		return 0, 0, false
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum(), true
 }
 
 // plover_batch_size is a function's, like its other counters

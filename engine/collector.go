@@ -80,14 +80,15 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(waiting), f.name, "waiting")
 		}
 		busy, idle, mem := v.usage()
-		queued := v.queued()
 		// Pinned versions that are not current (pipeline steps) add to the
 		// function's figures; their workers are in plover ls, not here (one
 		// series per function and device).
-		for _, sv := range e.tab.side(f) {
+		side := e.tab.side(f)
+		for _, sv := range side {
 			b, i, m := sv.usage()
-			busy, idle, mem, queued = busy+b, idle+i, mem+m, queued+sv.queued()
+			busy, idle, mem = busy+b, idle+i, mem+m
 		}
+		queued := queueDepth(append(side, v))
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(busy), f.name, "busy")
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(idle), f.name, "idle")
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(queued), f.name)

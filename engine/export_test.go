@@ -30,6 +30,18 @@ func (e *Engine) DeviceFlowShare(name string) (weight float64, class sched.Class
 	return 0, 0, false
 }
 
+// DeviceFlowWaiting is the runs waiting in name's flows on the devices'
+// schedulers: each once, as the schedulers hold them.
+func (e *Engine) DeviceFlowWaiting(name string) int {
+	n := 0
+	for _, s := range e.scheds {
+		if fl := s.Lookup(name); fl != nil {
+			n += fl.Waiting()
+		}
+	}
+	return n
+}
+
 // ChargeIO is what the server's I/O shares call with a piece's CPU time
 // (ioshare.Config.Charge): charges fl's function's device flows with it,
 // reporting whether any took it.

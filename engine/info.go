@@ -32,20 +32,22 @@ func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionIn
 	}
 	fi.DeviceSeconds, fi.DeviceFraction = e.deviceTime(f.name)
 	fi.IOSeconds = e.ioSeconds(f.name)
+	var cur []*version
 	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
 		fi.Loaded, fi.Manifest = true, v.manifest
 		fi.Busy, fi.Idle, fi.Memory = v.usage()
-		fi.Queue = v.queued()
 		fi.Workers = v.processes()
+		cur = append(cur, v)
 	}
 	// Versions pipelines pinned that are not current run too: their
-	// instances, memory and workers are the function's.
-	for _, sv := range e.tab.side(f) {
+	// instances, memory, queues and workers are the function's.
+	side := e.tab.side(f)
+	for _, sv := range side {
 		b, i, m := sv.usage()
 		fi.Busy, fi.Idle, fi.Memory = fi.Busy+b, fi.Idle+i, fi.Memory+m
-		fi.Queue += sv.queued()
 		fi.Workers = append(fi.Workers, sv.processes()...)
 	}
+	fi.Queue = queueDepth(append(cur, side...))
 	return fi
 }
 

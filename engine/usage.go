@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"slices"
+
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/sched"
 )
 
 // processReporter is a program living in a process of its own.
@@ -32,16 +35,24 @@ func (v *version) batcher() *batcher {
 	return v.batch
 }
 
-// queued is the requests waiting: for an instance, for a batch, or for
-// the device (its scheduler).
-func (v *version) queued() int {
-	n := v.pool.queued()
-	if b := v.batcher(); b != nil {
-		n += b.pendingCount()
-	}
-	for _, p := range v.pool.programs() {
-		if p.flow != nil {
-			n += p.flow.Waiting()
+// queueDepth is the requests waiting for vs, versions of one function:
+// for an instance, for a batch, or for the device (its scheduler). Every
+// version of a function runs in the function's one flow on a device
+// (Engine.flow), so each flow counts once, not once per version placed
+// there (a version pipelines pinned beside the current one).
+func queueDepth(vs []*version) int {
+	n := 0
+	var flows []*sched.Flow // a few: one a device
+	for _, v := range vs {
+		n += v.pool.queued()
+		if b := v.batcher(); b != nil {
+			n += b.pendingCount()
+		}
+		for _, p := range v.pool.programs() {
+			if p.flow != nil && !slices.Contains(flows, p.flow) {
+				flows = append(flows, p.flow)
+				n += p.flow.Waiting()
+			}
 		}
 	}
 	return n
