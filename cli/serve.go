@@ -226,6 +226,15 @@ func serve(f *serveFlags, env *Env) error {
 	if err != nil {
 		return err
 	}
+	// Until the transports serve, a failure (a --listen address in use, a
+	// certificate that does not load) closes the node: its workers'
+	// groups outlive the process else.
+	serving := false
+	defer func() {
+		if !serving {
+			n.close()
+		}
+	}()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(n.eng.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	front, err := newFrontDoor(f, log, reg)
@@ -253,6 +262,7 @@ func serve(f *serveFlags, env *Env) error {
 	}
 	bg, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
+	serving = true // the drain closes the node from here, or leaves it to the exit
 	n.background(bg, f, t, log)
 	select {
 	case err := <-t.errc:
@@ -356,8 +366,16 @@ type node struct {
 
 // openNode opens the store, the bundle cache and spool, and the devices,
 // and starts the engine over them.
-func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor evict.Evictor, log *slog.Logger) (*node, error) {
+func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor evict.Evictor, log *slog.Logger) (_ *node, err error) {
+	if err := repositoryFlags(f); err != nil {
+		return nil, err
+	}
 	n := &node{}
+	defer func() {
+		if err != nil {
+			n.close() // as far as it got: the workers' groups outlive the process else
+		}
+	}()
 	cache, spool, err := n.openStorage(ctx, f, log)
 	if err != nil {
 		return nil, err
@@ -388,9 +406,6 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	if err != nil {
 		return nil, err
 	}
-	if err := repositoryFlags(f); err != nil {
-		return nil, err
-	}
 	if f.repository != "" {
 		n.repo, err = repository.New(repository.Config{Dir: f.repository, Name: f.repositoryName, Poll: f.repositoryPoll,
 			Settle: f.repositorySettle, MaxBundleBytes: maxBundle, StateFile: filepath.Join(f.data, "repository-unloaded.json"), Log: log}, n.eng.Control())
@@ -400,6 +415,20 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 		n.repoDone = make(chan struct{})
 	}
 	return n, nil
+}
+
+// close closes what openNode opened, as far as it got: the engine, the
+// devices (their workers) and the workers' groups.
+func (n *node) close() {
+	if n.eng != nil {
+		n.eng.Close()
+	}
+	for _, d := range n.devs {
+		d.Close()
+	}
+	n.cpu.Close()
+	n.pids.Close()
+	n.mem.Close()
 }
 
 // openStorage opens the store (n.store), the node's bundle cache and the
@@ -635,13 +664,7 @@ func (n *node) drain(force context.Context, f *serveFlags, t *transports, log *s
 		case <-sctx.Done():
 		}
 	}
-	n.eng.Close()
-	for _, d := range n.devs {
-		d.Close()
-	}
-	n.cpu.Close()
-	n.pids.Close()
-	n.mem.Close()
+	n.close()
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -367,4 +369,43 @@ func listeningSocket(t *testing.T, pid int, addr string) int {
 	}
 	t.Fatalf("no socket of pid %d listens on %s", pid, addr)
 	return -1
+}
+
+// TestAFailedStartLeavesNoGroups: a server that fails to start after its
+// workers' groups were made (its --listen address in use, a --repository
+// that is not there) removes them before it exits, as a drain does: they
+// outlived it before, a cgroup tree of about twenty directories each time.
+func TestAFailedStartLeavesNoGroups(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts servers")
+	}
+	bin := buildPlover(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, tc := range []struct {
+		name string
+		args []string
+		says string
+	}{
+		{"--listen in use", []string{"--listen", busy.Addr().String()}, "address already in use"},
+		{"no --repository", []string{"--listen", "127.0.0.1:0", "--repository", filepath.Join(t.TempDir(), "none")}, "--repository"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(bin, append([]string{"serve", "--data", t.TempDir(), "--device", "host"}, tc.args...)...)
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tc.says) {
+				t.Fatalf("serve %v: %v; want a failure saying %q\n%s", tc.args, err, tc.says, out)
+			}
+			g := regexp.MustCompile(`msg="worker CPU weights on" cgroup=(\S+)`).FindSubmatch(out)
+			if g == nil {
+				t.Skip("the server made no CPU groups here (no writable cgroups): nothing to leave")
+			}
+			if _, err := os.Stat(string(g[1])); err == nil {
+				t.Fatalf("the failed server's group %s is still there", g[1])
+			}
+		})
+	}
 }
