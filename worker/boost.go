@@ -119,20 +119,17 @@ func (g *CPUGroups) boostLoop() {
 		case <-g.stopBoost:
 			return
 		case now := <-tick.C:
+			if g.off() {
+				// The weights turned off after a failed write: fail ended
+				// every boost, and none begins.
+				continue
+			}
 			g.mu.Lock()
 			groups := make([]*Group, 0, len(g.live))
 			for c := range g.live {
 				groups = append(groups, c)
 			}
 			g.mu.Unlock()
-			if g.off() {
-				// The weights turned off after a failed write: boosts end
-				// (once; a write no longer counts one), and none begins.
-				for _, c := range groups {
-					c.setBoost(false)
-				}
-				continue
-			}
 			g.reboost(groups, now, cpus)
 		}
 	}
@@ -183,7 +180,7 @@ func (c *Group) use(now time.Time) groupUse {
 func (c *Group) setBoost(on bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.dying || on == c.boosted || c.base <= 0 {
+	if c.closed || c.dying || c.unweighed || on == c.boosted || c.base <= 0 {
 		return
 	}
 	c.boosted = on

@@ -191,14 +191,8 @@ func lightWorkerIsBoosted(t *testing.T, script string) {
 	defer g.Close()
 	spin := exec.Command("sh", "-c", script)
 	sleep := exec.Command("sleep", "60")
-	for _, c := range []*exec.Cmd{spin, sleep} {
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer c.Wait()
-		defer syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
-	}
+	startInGroup(t, spin)
+	startInGroup(t, sleep)
 	m := &abi.Manifest{Name: "f"}
 	spinner, sleeper := g.Place(spin.Process.Pid, 0), g.Place(sleep.Process.Pid, 0)
 	spinner.Weigh(m)
@@ -236,6 +230,34 @@ func lightWorkerIsBoosted(t *testing.T, script string) {
 	}
 }
 
+// startInGroup starts cmd in a process group of its own, which is killed,
+// and cmd reaped, when the test ends.
+func startInGroup(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+}
+
+// firstChild waits up to 10 s for process pid's first child, what, to
+// show in its tree (procTree), and returns its pid.
+func firstChild(t *testing.T, pid int, what string) int {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if tree := procTree(pid); len(tree) > 1 {
+			return tree[1].pid
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s never showed under process %d", what, pid)
+		}
+	}
+}
+
 // niceOf is process pid's nice level (its main thread's).
 func niceOf(t *testing.T, pid int) int {
 	t.Helper()
@@ -265,14 +287,7 @@ func TestLightBoostByNiceLevelCountsTheWorkersChildren(t *testing.T) {
 		defer c.Wait()
 		defer syscall.Kill(c.Process.Pid, syscall.SIGKILL)
 	}
-	var child int
-	for end := time.Now().Add(10 * time.Second); child == 0; time.Sleep(10 * time.Millisecond) {
-		if tree := procTree(parent.Process.Pid); len(tree) > 1 {
-			child = tree[1].pid
-		} else if time.Now().After(end) {
-			t.Fatal("the spinning child never showed in its parent's tree")
-		}
-	}
+	child := firstChild(t, parent.Process.Pid, "the spinning child")
 	defer syscall.Kill(child, syscall.SIGKILL)
 	m := &abi.Manifest{Name: "f"}
 	spinner, sleeper := g.Place(parent.Process.Pid, 0), g.Place(sleep.Process.Pid, 0)
@@ -400,22 +415,9 @@ func TestLightBoostByNiceLevelCountsTheNamespacesOrphans(t *testing.T) {
 	// worker (sleep) is the test's child, as the worker is the server's.
 	init := exec.Command("sh", "-c", "(while :; do :; done) & wait")
 	worker := exec.Command("sleep", "60")
-	for _, c := range []*exec.Cmd{init, worker} {
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer c.Wait()
-		defer syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
-	}
-	var orphan int
-	for end := time.Now().Add(10 * time.Second); orphan == 0; time.Sleep(10 * time.Millisecond) {
-		if tree := procTree(init.Process.Pid); len(tree) > 1 {
-			orphan = tree[1].pid
-		} else if time.Now().After(end) {
-			t.Fatal("the orphan never showed under the init")
-		}
-	}
+	startInGroup(t, init)
+	startInGroup(t, worker)
+	orphan := firstChild(t, init.Process.Pid, "the orphan")
 	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
 	c := g.Place(worker.Process.Pid, 0)
 	c.Tree(init.Process.Pid)

@@ -47,7 +47,7 @@ type CPUGroups struct {
 	log   *slog.Logger
 
 	mu      sync.Mutex
-	broken  error         // set once a write failed: logged once, then not tried again
+	broken  error         // set once a write failed: logged once, then every worker at the server's weight (fail)
 	threads *ThreadGroups // the server's threads' groups (Threads), once asked for
 	live    map[*Group]struct{}
 
@@ -254,7 +254,9 @@ func (g *CPUGroups) value(w float64) string {
 // a function. The caller holds what keeps pid from being reaped meanwhile
 // (a pid must not be written once it may have been reused). A process
 // already gone is no failure; another failure is logged once and turns
-// the weights off.
+// the weights off (fail). Once they are off a worker is left where it was
+// born, in the server's group at the server's nice level, as with the
+// weights off from the start.
 func (g *CPUGroups) Place(pid int, w float64) *Group {
 	if g == nil || g.off() {
 		return nil
@@ -279,7 +281,7 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 		if err != nil {
 			os.Remove(c.dir)
 			if !errors.Is(err, syscall.ESRCH) {
-				g.fail(err, "cannot place a worker in a cgroup", "pid", pid)
+				g.fail(nil, fmt.Errorf("place worker %d: %w", pid, err), "cannot place a worker in a cgroup", "pid", pid)
 			}
 			return nil
 		}
@@ -289,7 +291,15 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 		g.live = map[*Group]struct{}{}
 	}
 	g.live[c] = struct{}{}
+	off := g.broken != nil
 	g.mu.Unlock()
+	if off {
+		// The weights went off while this one was being placed, after
+		// fail's sweep had read the live groups: it is its own sweep.
+		c.mu.Lock()
+		c.unweigh()
+		c.mu.Unlock()
+	}
 	return c
 }
 
@@ -303,13 +313,35 @@ func (g *CPUGroups) off() bool {
 	return g.broken != nil
 }
 
-// fail turns the weights off, saying why once.
-func (g *CPUGroups) fail(err error, msg string, args ...any) {
+// fail turns the weights off, saying why once, and gives every live
+// worker but self (whose write failed: the caller holds its mu and
+// unweighs it) the server's weight. Off must mean what it means from the
+// start, where every worker weighs as the server: workers placed from now
+// on stay in the server's group at its weight, and the ones weighed
+// before, kept at their functions' weights, would get a 256th of a new
+// one's CPU under cgroup v1 (a default function's 1024 cpu.shares beside
+// the server's group's 262144), a ninth with nice levels (10 against 0).
+// No g.mu is held while the groups' are taken: a group's mu is held
+// while it calls fail.
+func (g *CPUGroups) fail(self *Group, err error, msg string, args ...any) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.broken == nil {
-		g.broken = err
-		g.log.Warn("worker CPU weights off: "+msg, append(args, "error", err)...)
+	if g.broken != nil {
+		g.mu.Unlock()
+		return
+	}
+	g.broken = err
+	g.log.Warn("worker CPU weights off: "+msg+"; every worker runs at the server's weight from now on", append(args, "error", err)...)
+	live := make([]*Group, 0, len(g.live))
+	for c := range g.live {
+		if c != self {
+			live = append(live, c)
+		}
+	}
+	g.mu.Unlock()
+	for _, c := range live {
+		c.mu.Lock()
+		c.unweigh()
+		c.mu.Unlock()
 	}
 }
 
@@ -319,13 +351,15 @@ type Group struct {
 	dir   string // cgroups
 	pid   int
 	level int // nice levels: the worker's, as last set (under mu)
+	// unweighed: the weights are off and the group was given the server's
+	// weight (unweigh), which stands (under mu).
+	unweighed bool
 	boostState
 }
 
-// Weigh sets the group's weight for m's function (Weight). It is written
-// even after the weights were turned off for new workers: a group that
-// exists holds a standby at the smallest weight, which must not run a
-// function at it. A group gone with its process is no failure.
+// Weigh sets the group's weight for m's function (Weight); once the
+// weights are off, the server's weight stands (unweigh). A group gone
+// with its process is no failure.
 func (c *Group) Weigh(m *abi.Manifest) {
 	c.setWeight(Weight(m), m.Name)
 }
@@ -376,12 +410,15 @@ func (c *Group) setWeight(w float64, function string) {
 }
 
 // write writes c's weight, under c.mu; with nice levels, on the processes
-// of its tree too when tree is set. A boost counts only while the weights
-// are on: once off, a worker goes back to its function's weight with its
-// next write.
+// of its tree too when tree is set. Once the weights are off it writes
+// the server's weight, once (unweigh).
 func (c *Group) write(tree bool) {
+	if !c.g.On() {
+		c.unweigh()
+		return
+	}
 	w := c.base
-	if c.boosted && c.g.On() {
+	if c.boosted {
 		w *= c.g.boost
 	}
 	if c.g.nice {
@@ -392,7 +429,9 @@ func (c *Group) write(tree bool) {
 		if err := renice(c.pid, level, !c.g.lower); err == nil {
 			c.level = level
 		} else if !errors.Is(err, syscall.ESRCH) {
-			c.g.fail(err, "cannot set a worker's nice level", "function", c.function, "pid", c.pid)
+			c.g.fail(c, fmt.Errorf("renice worker %d to %d: %w", c.pid, level, err), "cannot set a worker's nice level", "function", c.function, "pid", c.pid)
+			c.unweigh()
+			return
 		}
 		if tree {
 			c.reniceTree(level)
@@ -401,8 +440,58 @@ func (c *Group) write(tree bool) {
 	}
 	err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(w)), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
-		c.g.fail(err, "cannot set a worker's CPU weight", "function", c.function, "pid", c.pid)
+		c.g.fail(c, fmt.Errorf("weigh worker %d: %w", c.pid, err), "cannot set a worker's CPU weight", "function", c.function, "pid", c.pid)
+		c.unweigh()
 	}
+}
+
+// unweigh gives c the server's weight, under c.mu, once the weights are
+// off (CPUGroups.fail): its boost ends and no function's weight is written
+// from then on. Its group's processes stay where they are (under cgroup
+// v2 its group holds its pids and memory limits too), at the server's
+// cpu.shares or cpu.weight; with nice levels, at the server's level, or,
+// where a level cannot be taken back down, at the one they have (logged).
+// A write that fails is logged, not tried again.
+func (c *Group) unweigh() {
+	if c.closed || c.unweighed {
+		return
+	}
+	c.unweighed, c.boosted = true, false
+	why := c.g.whyOff()
+	if !c.g.nice {
+		err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(strconv.Itoa(int(c.g.units().hi))), 0o644)
+		switch {
+		case err == nil:
+			c.g.log.Info("worker CPU weight set to the server's, the weights being off", "function", c.function, "pid", c.pid, "why", why)
+		case !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH):
+			c.g.log.Warn("worker CPU weights off, but a worker keeps its function's weight", "function", c.function, "pid", c.pid,
+				"error", fmt.Errorf("weigh worker %d as the server: %w", c.pid, err), "why", why)
+		}
+		return
+	}
+	level := c.g.base
+	if !c.g.lower && c.level > level {
+		c.g.log.Warn("worker CPU weights off, but a worker keeps its nice level: a level cannot be taken back down here (no CAP_SYS_NICE)",
+			"function", c.function, "pid", c.pid, "nice", c.level, "server_nice", level, "why", why)
+		return
+	}
+	err := renice(c.pid, level, !c.g.lower)
+	switch {
+	case err == nil:
+		c.level = level
+		c.reniceTree(level)
+		c.g.log.Info("worker nice level set to the server's, the weights being off", "function", c.function, "pid", c.pid, "nice", level, "why", why)
+	case !errors.Is(err, syscall.ESRCH):
+		c.g.log.Warn("worker CPU weights off, but a worker keeps its nice level", "function", c.function, "pid", c.pid, "nice", c.level,
+			"error", fmt.Errorf("renice worker %d to %d: %w", c.pid, level, err), "why", why)
+	}
+}
+
+// whyOff is the failure that turned the weights off (nil: on).
+func (g *CPUGroups) whyOff() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.broken
 }
 
 // reniceTree gives the processes of the worker's tree (Tree) its level:

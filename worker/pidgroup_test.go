@@ -122,7 +122,7 @@ func TestPidGroupsV2(t *testing.T) {
 	if m := g.Mechanism(); m != "cgroup v2" {
 		t.Fatalf("mechanism %q after a worker gone before its group, want cgroup v2 still", m)
 	}
-	cpu.fail(errors.New("a write refused"), "test")
+	cpu.fail(nil, errors.New("a write refused"), "test")
 	g.Place(999999999, cpu.Place(999999999, 1))
 	if m := g.Mechanism(); m != "rlimit" {
 		t.Fatalf("mechanism %q once the CPU groups are off, want rlimit", m)

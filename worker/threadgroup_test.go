@@ -112,7 +112,7 @@ func TestThreadGroupsStayHomeOnceWeightsAreOff(t *testing.T) {
 		t.Fatal("Base says threads cannot move")
 	}
 	server := threadGroup(t)
-	g.fail(os.ErrPermission, "a worker's weight could not be written (test)")
+	g.fail(nil, os.ErrPermission, "a worker's weight could not be written (test)")
 	if m := g.Mechanism(); m != "off" {
 		t.Fatalf("Mechanism %q after a failure, want off", m)
 	}
