@@ -426,7 +426,7 @@ func (c *Group) write(tree bool) {
 		if !c.g.lower {
 			level = max(level, c.level) // it cannot come back down
 		}
-		if err := renice(c.pid, level, !c.g.lower); err == nil {
+		if _, err := renice(c.pid, level, !c.g.lower); err == nil {
 			c.level = level
 		} else if !errors.Is(err, syscall.ESRCH) {
 			c.g.fail(c, fmt.Errorf("renice worker %d to %d: %w", c.pid, level, err), "cannot set a worker's nice level", "function", c.function, "pid", c.pid)
@@ -475,7 +475,7 @@ func (c *Group) unweigh() {
 			"function", c.function, "pid", c.pid, "nice", c.level, "server_nice", level, "why", why)
 		return
 	}
-	err := renice(c.pid, level, !c.g.lower)
+	_, err := renice(c.pid, level, !c.g.lower)
 	switch {
 	case err == nil:
 		c.level = level
@@ -498,11 +498,25 @@ func (g *CPUGroups) whyOff() error {
 // they would keep the level they were forked at (a boosted one, say) for
 // good. Each is checked to be its parent's child still just before (its
 // pid may have been reused); failures are theirs (a child that changed
-// its uid), not the weights'.
+// its uid), not the weights'. A process listed that forks before its turn
+// comes passes the old level to a child the list does not hold, which
+// would keep it until the worker's next change (after a boost's end,
+// perhaps never: with a pool forking every 1 ms, one pass left 2 to 72 of
+// 90 to 167 processes at the old level), so the tree is read again until
+// a pass finds every process at the level (at most reniceRounds passes: a
+// tree that outruns them keeps what is left).
 func (c *Group) reniceTree(level int) {
-	for _, k := range c.tree() {
-		if k.pid != c.pid && (k.parent == 0 || stillChild(k)) {
-			renice(k.pid, level, !c.g.lower)
+	for range reniceRounds {
+		set := false
+		for _, k := range c.tree() {
+			if k.pid != c.pid && (k.parent == 0 || stillChild(k)) {
+				if s, _ := renice(k.pid, level, !c.g.lower); s {
+					set = true
+				}
+			}
+		}
+		if !set {
+			return
 		}
 	}
 }
@@ -579,15 +593,16 @@ func NiceLevel(w float64) int {
 //
 // With raiseOnly (no CAP_SYS_NICE: a level cannot be taken back down) a
 // thread already at a higher level than n (one that raised its own) is
-// left there: lowering it would fail.
-func renice(pid, n int, raiseOnly bool) error {
+// left there: lowering it would fail. changed says whether it set any
+// thread (reniceTree's passes end on a pass that set none).
+func renice(pid, n int, raiseOnly bool) (changed bool, err error) {
 	for range reniceRounds {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				return syscall.ESRCH
+				return changed, syscall.ESRCH
 			}
-			return err
+			return changed, err
 		}
 		set := false
 		for _, t := range tasks {
@@ -601,18 +616,19 @@ func renice(pid, n int, raiseOnly bool) error {
 				continue
 			}
 			if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
-				return err
+				return changed, err
 			}
-			set = true
+			set, changed = true, true
 		}
 		if !set {
-			return nil
+			return changed, nil
 		}
 	}
-	return nil
+	return changed, nil
 }
 
-// reniceRounds bounds renice's passes over a process's threads.
+// reniceRounds bounds renice's passes over a process's threads, and
+// reniceTree's over a worker's processes.
 const reniceRounds = 10
 
 // writeGroup makes group dir with weight value v and moves pid into it.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +56,7 @@ func TestReniceLeavesNoThreadBehind(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // its threads come and go
 		level := 15 + try
-		err = renice(pid, level, false)
+		_, err = renice(pid, level, false)
 		var behind []string
 		if tasks, rerr := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); rerr == nil {
 			for _, task := range tasks {
@@ -72,5 +73,64 @@ func TestReniceLeavesNoThreadBehind(t *testing.T) {
 		if len(behind) > 0 {
 			t.Fatalf("renice to %d left %d threads at another level (%s ...)", level, len(behind), strings.Join(behind[:min(4, len(behind))], ", "))
 		}
+	}
+}
+
+// With nice levels a worker's level (its weight, its boost) is its
+// processes' too, and a process takes its level from the one that forked
+// it: renicing the tree is renicing a moving set of processes. A process
+// that forked after the tree was read and before its own turn came passed
+// the old level to a child the pass never saw: after a boost, that child
+// ran boosted until the worker's next change, which may never come. Each
+// change must leave no process of the tree at the old level.
+func TestReniceTreeLeavesNoProcessBehind(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a boost lowers nice levels: it takes CAP_SYS_NICE")
+	}
+	bin := filepath.Join(t.TempDir(), "forkers")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-o", bin, filepath.Join("testdata", "forkers.c")).CombinedOutput(); err != nil {
+		t.Skipf("cannot build the test program: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startInGroup(t, cmd)
+	pid := cmd.Process.Pid
+	var r [1]byte
+	if n, err := out.Read(r[:]); n != 1 || err != nil {
+		t.Fatalf("the test program did not start: %v", err)
+	}
+	// Its forkers' children come and go: wait for some to be there.
+	for end := time.Now().Add(10 * time.Second); len(procTree(pid)) < 50; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the test program's tree has %d processes after 10 s", len(procTree(pid)))
+		}
+	}
+	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
+	c := g.Place(pid, 1)
+	behind := func(level int) (n int, of int) {
+		tree := procTree(pid)
+		for _, k := range tree {
+			if f, err := statFields(fmt.Sprintf("/proc/%d/stat", k.pid)); err == nil && f[16] != strconv.Itoa(level) {
+				n++
+			}
+		}
+		return n, len(tree)
+	}
+	for try := 0; try < 3; try++ {
+		for _, tc := range []struct {
+			boost bool
+			level int
+		}{{true, 1}, {false, 10}} {
+			c.setBoost(tc.boost)
+			if n, of := behind(tc.level); n > 0 {
+				t.Fatalf("boost %v: %d of the tree's %d processes not at nice %d", tc.boost, n, of, tc.level)
+			}
+		}
+	}
+	if !g.On() {
+		t.Fatal("the weights turned off")
 	}
 }
