@@ -345,7 +345,8 @@ func jsonWant(t reflect.Type) string {
 // plover deploy and pack, a model repository's folder). Unknown fields are
 // errors: a misspelt "zero_tmp" must not silently become false; so are a
 // field given twice and one spelt in another case, which encoding/json
-// would take, and a duration longer than MaxDurationLen.
+// would take, a duration longer than MaxDurationLen, and more than
+// MaxTensors tensors a side.
 func ParseManifest(r io.Reader) (*Manifest, error) { return parseManifest(r, true) }
 
 // ParseStoredManifest decodes and validates the manifest of a bundle
@@ -386,6 +387,9 @@ func parseManifest(r io.Reader, admit bool) (*Manifest, error) {
 			return nil, fe
 		}
 		if fe := m.durationLengths(); fe != nil {
+			return nil, fe
+		}
+		if fe := m.Tensors.counts(); fe != nil {
 			return nil, fe
 		}
 	}

@@ -1,6 +1,7 @@
 package abi
 
 import (
+	"fmt"
 	"os"
 	"reflect"
 	"runtime"
@@ -398,5 +399,41 @@ func TestUnknownLongManifestKeyRefusedInBoundedMemory(t *testing.T) {
 	}
 	if n := after.TotalAlloc - before.TotalAlloc; n > 4<<20 {
 		t.Errorf("a 64 KiB unknown key allocated %d KiB", n>>10)
+	}
+}
+
+// A side declares at most MaxTensors tensors when admitted: every version
+// of a function's record keeps a copy of them, and a manifest of some
+// 20,000 one-byte inputs made a few deploys' record too large to read
+// back. A stored manifest with more still loads.
+func TestTensorCountBounded(t *testing.T) {
+	tensors := func(prefix string, n int) string {
+		ts := make([]string, n)
+		for i := range ts {
+			ts[i] = fmt.Sprintf(`{"name":"%s%d","datatype":"BOOL","shape":[1]}`, prefix, i)
+		}
+		return strings.Join(ts, ",")
+	}
+	manifest := func(in, out int) string {
+		return `{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":4096,"out_bytes":4096,"chain":[{"kernel":"k","grid":1,"block":1}],` +
+			`"tensors":{"inputs":[` + tensors("x", in) + `],"outputs":[` + tensors("y", out) + `]}}`
+	}
+	for _, tt := range []struct {
+		in, out int
+		want    string // "": admitted
+	}{
+		{MaxTensors, MaxTensors, ""},
+		{MaxTensors + 1, 1, "tensors.inputs: declares 1025 tensors, at most 1024"},
+		{1, MaxTensors + 1, "tensors.outputs: declares 1025 tensors, at most 1024"},
+		{20000, 1, "tensors.inputs: declares 20000 tensors, at most 1024"},
+	} {
+		doc := manifest(tt.in, tt.out)
+		_, err := ParseManifest(strings.NewReader(doc))
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || err.Error() != tt.want) {
+			t.Errorf("%d inputs, %d outputs:\n got %v\nwant %q", tt.in, tt.out, err, tt.want)
+		}
+		if _, err := ParseStoredManifest(strings.NewReader(doc)); err != nil {
+			t.Errorf("%d inputs, %d outputs, stored: %v", tt.in, tt.out, err)
+		}
 	}
 }

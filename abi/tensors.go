@@ -34,6 +34,31 @@ var RawTensors = Tensors{
 	Outputs: []Tensor{{Name: "OUTPUT0", Datatype: "UINT8", Shape: []int64{-1}}},
 }
 
+// MaxTensors bounds the tensors one side (inputs, outputs) declares. 1,024
+// inputs of 8 dimensions are some 12,300 values of a /v2 request's header,
+// within the 16,384 one may hold (oip.MaxParts): a function declaring many
+// more could not be sent all its inputs. Every version of a function's
+// record keeps a copy of its tensors, so they bound its size too
+// (registry.MaxRecordBytes). A rule of admission: a bundle stored with more
+// still loads.
+const MaxTensors = 1024
+
+// counts refuses a side that declares more than MaxTensors tensors.
+func (t *Tensors) counts() *FieldError {
+	if t == nil {
+		return nil
+	}
+	for _, side := range []struct {
+		field string
+		n     int
+	}{{"tensors.inputs", len(t.Inputs)}, {"tensors.outputs", len(t.Outputs)}} {
+		if side.n > MaxTensors {
+			return &FieldError{side.field, fmt.Sprintf("declares %d tensors, at most %d", side.n, MaxTensors)}
+		}
+	}
+	return nil
+}
+
 var tensorNameClass = byteClass{first: "A-Za-z0-9_.:/-", rest: "A-Za-z0-9_.:/-", max: 64} // ^[A-Za-z0-9_.:/-]{1,64}$
 
 func (t *Tensors) validate() error {
