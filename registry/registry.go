@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -31,11 +32,35 @@ const recordPrefix = "functions/"
 
 func recordKey(name string) string { return recordPrefix + name + ".json" }
 
+// ErrCorruptRecord is returned (wrapped) for a record whose bytes do not
+// decode to the function's record: cut short, over maxRecordRead, or not
+// one. Delete still deletes it: short of a repair by hand, the one way
+// past it.
+var ErrCorruptRecord = errors.New("its record cannot be decoded")
+
+// ErrRecordTooLarge is returned (wrapped) for a change that would make a
+// record larger than MaxRecordBytes: it is not written.
+var ErrRecordTooLarge = errors.New("its record would be too large")
+
+// A record is read whole and at most maxRecordRead bytes of it: past that
+// it does not decode, and every reader of it (a listing of all functions
+// among them) fails. Writes stop at MaxRecordBytes, well short of it, so
+// that what is written reads back. Each version copies its manifest's
+// tensors, so a function with many versions, or many tensors and a few
+// versions, reaches it: compact, an ordinary version takes some 200 bytes,
+// one declaring the most tensors (abi.MaxTensors a side) a few hundred KB.
+const (
+	MaxRecordBytes = 4 << 20
+	maxRecordRead  = 8 << 20
+)
+
 // Registry reads and writes records in one store. The zero Cache reads
-// every record on every List; a server keeps one (NewCache).
+// every record on every List; a server keeps one (NewCache). Log gets the
+// records a listing passes over (nil: slog's default).
 type Registry struct {
 	Store objectstore.Store
 	Cache *Cache
+	Log   *slog.Logger
 }
 
 // Cache keeps the records List read, by name with their version tags, so
@@ -50,23 +75,24 @@ type Cache struct {
 type cachedRecord struct {
 	tag string
 	rec *api.Record
+	bad error // rec is nil: the record at tag does not decode (ErrCorruptRecord)
 }
 
 // NewCache returns an empty Cache for a Registry.
 func NewCache() *Cache { return &Cache{recs: map[string]cachedRecord{}} }
 
-// get is the cached record of name if its tag is still tag.
-func (c *Cache) get(name, tag string) (*api.Record, bool) {
+// get is what was read of name's record if its tag is still tag.
+func (c *Cache) get(name, tag string) (cachedRecord, bool) {
 	if c == nil || tag == "" {
-		return nil, false
+		return cachedRecord{}, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cr, ok := c.recs[name]
 	if !ok || cr.tag != tag {
-		return nil, false
+		return cachedRecord{}, false
 	}
-	return cr.rec, true
+	return cr, true
 }
 
 // keep replaces the cache's records with those of the last listing.
@@ -81,7 +107,8 @@ func (c *Cache) keep(recs map[string]cachedRecord) {
 
 // GetTagged reads a function's record and its version tag (the ETag).
 func (g Registry) GetTagged(ctx context.Context, name string) (*api.Record, string, error) {
-	return g.getTagged(ctx, name)
+	r, in, err := g.getTagged(ctx, name)
+	return r, in.ETag, err
 }
 
 // Tags lists every record's version tag by function name, in one listing
@@ -105,40 +132,71 @@ func (g Registry) Get(ctx context.Context, name string) (*api.Record, error) {
 	return r, err
 }
 
-// getTagged reads a record and the ETag its next write is conditioned on,
-// again if it was replaced while being read.
-func (g Registry) getTagged(ctx context.Context, name string) (*api.Record, string, error) {
+// getTagged reads a record and what the store said of it: the ETag its
+// next write is conditioned on, and its size; again if it was replaced
+// while being read.
+func (g Registry) getTagged(ctx context.Context, name string) (*api.Record, objectstore.Info, error) {
 	for attempt := 0; ; attempt++ {
-		r, tag, err := g.readTagged(ctx, name)
+		r, in, err := g.readTagged(ctx, name)
 		if !errors.Is(err, objectstore.ErrPrecondition) || attempt == casAttempts {
-			return r, tag, err
+			return r, in, err
 		}
 	}
 }
 
-func (g Registry) readTagged(ctx context.Context, name string) (*api.Record, string, error) {
+func (g Registry) readTagged(ctx context.Context, name string) (*api.Record, objectstore.Info, error) {
 	if !abi.ValidName(name) {
-		return nil, "", fmt.Errorf("function %q: %w", name, ErrNoFunction)
+		return nil, objectstore.Info{}, fmt.Errorf("function %q: %w", name, ErrNoFunction)
 	}
 	rc, info, err := g.Store.GetTagged(ctx, recordKey(name))
 	if errors.Is(err, objectstore.ErrNotFound) {
-		return nil, "", fmt.Errorf("function %s: %w", name, ErrNoFunction)
+		return nil, objectstore.Info{}, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("function %s: %w", name, err)
+		return nil, objectstore.Info{}, fmt.Errorf("function %s: %w", name, err)
 	}
 	defer rc.Close()
 	var r api.Record
-	if err := json.NewDecoder(io.LimitReader(rc, 8<<20)).Decode(&r); err != nil {
-		if errors.Is(err, objectstore.ErrPrecondition) {
-			return nil, "", fmt.Errorf("function %s: its record was replaced while read: %w", name, err)
+	rr := &recordReader{r: io.LimitReader(rc, maxRecordRead)}
+	if err := json.NewDecoder(rr).Decode(&r); err != nil {
+		switch {
+		case errors.Is(err, objectstore.ErrPrecondition):
+			return nil, objectstore.Info{}, fmt.Errorf("function %s: its record was replaced while read: %w", name, err)
+		case rr.err != nil:
+			// The store failed mid-read: the record may well be whole.
+			return nil, objectstore.Info{}, fmt.Errorf("function %s: reading its record: %w", name, rr.err)
+		case rr.n >= maxRecordRead:
+			err = fmt.Errorf("it is larger than the %d bytes a record is read to", maxRecordRead)
 		}
-		return nil, "", fmt.Errorf("function %s: corrupt record: %w", name, err)
+		return nil, objectstore.Info{}, corrupt(name, err)
 	}
 	if r.Name != name {
-		return nil, "", fmt.Errorf("function %s: record is for %q", name, r.Name)
+		return nil, objectstore.Info{}, corrupt(name, fmt.Errorf("it is for %q", r.Name))
 	}
-	return &r, info.ETag, nil
+	return &r, info, nil
+}
+
+// corrupt is the error of name's record that does not decode, for why.
+func corrupt(name string, why error) error {
+	return fmt.Errorf("function %s: %w (delete the function to recover: plover rm %s): %w", name, ErrCorruptRecord, name, why)
+}
+
+// recordReader counts the bytes a record's decoder read and keeps the
+// store's own read error apart: a connection cut mid-read is the store
+// failing, not a corrupt record, which List passes over.
+type recordReader struct {
+	r   io.Reader
+	n   int64
+	err error
+}
+
+func (rr *recordReader) Read(p []byte) (int, error) {
+	n, err := rr.r.Read(p)
+	rr.n += int64(n)
+	if err != nil && err != io.EOF {
+		rr.err = err
+	}
+	return n, err
 }
 
 // ErrConflict is returned (wrapped) when a record kept changing under an
@@ -155,7 +213,7 @@ const casAttempts = 32
 // all land. change returns the record to write, or nil to write nothing.
 func (g Registry) update(ctx context.Context, name string, change func(*api.Record) (*api.Record, error)) (*api.Record, error) {
 	for attempt := 0; attempt < casAttempts; attempt++ {
-		r, tag, err := g.getTagged(ctx, name)
+		r, in, err := g.getTagged(ctx, name)
 		if errors.Is(err, ErrNoFunction) {
 			r, err = nil, nil
 		}
@@ -166,11 +224,16 @@ func (g Registry) update(ctx context.Context, name string, change func(*api.Reco
 		if err != nil || next == nil {
 			return r, err
 		}
-		b, err := json.MarshalIndent(next, "", "  ")
+		// Compact: indented, a version declaring many tensors took
+		// about four times the bytes.
+		b, err := json.Marshal(next)
 		if err != nil {
+			return nil, fmt.Errorf("function %s: encode record: %w", name, err)
+		}
+		if err := checkSize(name, in.Size, next, len(b)); err != nil {
 			return nil, err
 		}
-		err = g.Store.PutIf(ctx, recordKey(name), bytes.NewReader(b), int64(len(b)), tag)
+		err = g.Store.PutIf(ctx, recordKey(name), bytes.NewReader(b), int64(len(b)), in.ETag)
 		if err == nil {
 			return next, nil
 		}
@@ -187,35 +250,73 @@ func (g Registry) update(ctx context.Context, name string, change func(*api.Reco
 	return nil, fmt.Errorf("function %s: %w", name, ErrConflict)
 }
 
+// checkSize refuses next, n bytes encoded, over MaxRecordBytes, unless it
+// is no larger than the record it replaces (was bytes; 0: none): a
+// rollback or an unlabel of a record written larger before the limit
+// still lands. Never past maxRecordRead: it would not read back.
+func checkSize(name string, was int64, next *api.Record, n int) error {
+	if n <= MaxRecordBytes || int64(n) <= min(was, maxRecordRead) {
+		return nil
+	}
+	return fmt.Errorf("function %s: %w: %d versions would take %d bytes, over the %d a record may hold (every version keeps a copy of its manifest's tensors); old versions are not pruned: delete the function (plover rm %s) and deploy it again", name, ErrRecordTooLarge, len(next.Versions), n, MaxRecordBytes, name)
+}
+
 // List reads every record, sorted by name: from the Cache where the
 // store lists the tag it was read at. The records are shared with the
-// cache: callers must not modify them.
+// cache: callers must not modify them. A record that does not decode is
+// passed over and logged (with a Cache, once for each version of it), so
+// that one function's record fails no other's listing (every tenant's GET
+// /v1/functions, a start's pre-warm); a failing store fails the List.
 func (g Registry) List(ctx context.Context) ([]*api.Record, error) {
+	recs, _, err := g.list(ctx)
+	return recs, err
+}
+
+// list is List with the errors of the records it passed over
+// (ErrCorruptRecord), for the callers that must not take them for absent:
+// their versions may name any bundle.
+func (g Registry) list(ctx context.Context) ([]*api.Record, []error, error) {
 	infos, err := g.Store.List(ctx, recordPrefix)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []*api.Record
+	var bad []error
 	seen := make(map[string]cachedRecord, len(infos))
 	for _, in := range infos {
 		name := strings.TrimSuffix(strings.TrimPrefix(in.Key, recordPrefix), ".json")
-		r, ok := g.Cache.get(name, in.ETag)
-		tag := in.ETag
+		cr, ok := g.Cache.get(name, in.ETag)
 		if !ok {
-			r, tag, err = g.getTagged(ctx, name)
-			if errors.Is(err, ErrNoFunction) {
+			r, got, err := g.getTagged(ctx, name)
+			switch {
+			case errors.Is(err, ErrNoFunction):
 				continue // deleted since List
-			}
-			if err != nil {
-				return nil, err
+			case errors.Is(err, ErrCorruptRecord):
+				g.logger().Error("function record passed over", "function", name, "err", err)
+				cr = cachedRecord{tag: in.ETag, bad: err}
+			case err != nil:
+				return nil, nil, err
+			default:
+				cr = cachedRecord{tag: got.ETag, rec: r}
 			}
 		}
-		seen[name] = cachedRecord{tag: tag, rec: r}
-		out = append(out, r)
+		seen[name] = cr
+		if cr.bad != nil {
+			bad = append(bad, cr.bad)
+			continue
+		}
+		out = append(out, cr.rec)
 	}
 	g.Cache.keep(seen)
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return out, bad, nil
+}
+
+func (g Registry) logger() *slog.Logger {
+	if g.Log != nil {
+		return g.Log
+	}
+	return slog.Default()
 }
 
 // Publish stores a bundle (if the store lacks it) and makes it the current
@@ -367,16 +468,25 @@ const BundleGrace = time.Minute
 // went (the store failed listing the records, or checking or deleting a
 // bundle) wraps ErrBundlesKept: the function is deleted all the same. A
 // bundle that fails does not stop the others: each kept is named, the
-// failures joined (errors.Join).
+// failures joined (errors.Join). A record that does not decode is deleted
+// all the same, so that its function can be deleted at all; which bundles
+// it named is unknown, so they are left to gc. While another record does
+// not decode, none of name's bundles is deleted: that record may name them.
 func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 	r, err := g.Get(ctx, name)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrCorruptRecord) {
 		return nil, err
 	}
 	if err := g.Store.Delete(ctx, recordKey(name)); err != nil {
 		return nil, fmt.Errorf("function %s: delete record: %w", name, err)
 	}
-	others, err := g.List(ctx)
+	if r == nil {
+		return nil, fmt.Errorf("function %s deleted, but %w: its record did not decode, so which bundles it named is unknown", name, ErrBundlesKept)
+	}
+	others, bad, err := g.list(ctx)
+	if err == nil && len(bad) > 0 {
+		err = fmt.Errorf("a record that cannot be decoded may name them: %w", errors.Join(bad...))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("function %s deleted, but %w: %w", name, ErrBundlesKept, err)
 	}
@@ -478,11 +588,17 @@ func (g Registry) Unlabel(ctx context.Context, name, label string) (current stri
 // GC deletes every bundle object that no record's version list names. A
 // bundle being published concurrently may be deleted before its record
 // lands; grace keeps objects younger than it, by their age read just
-// before each delete (a deploy touches a bundle it reuses).
+// before each delete (a deploy touches a bundle it reuses). It deletes
+// nothing while a record does not decode (Delete that function first).
 func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error) {
-	recs, err := g.List(ctx)
+	recs, bad, err := g.list(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
+	}
+	if len(bad) > 0 {
+		// Its bundles are unknown, and may be what a hand repair of it
+		// needs: nothing goes until it is deleted.
+		return nil, fmt.Errorf("gc: nothing deleted: %d %s that cannot be decoded may name any bundle: %w", len(bad), plural(len(bad), "record", "records"), errors.Join(bad...))
 	}
 	used := map[string]bool{}
 	for _, r := range recs {
@@ -522,4 +638,11 @@ func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error)
 		removed = append(removed, o.Key)
 	}
 	return removed, nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
