@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
@@ -130,16 +132,15 @@ func (c *Cache) Stats() CacheStats {
 	return s
 }
 
-// use marks sha used now and in use by one more holder, recording it if new.
-func (c *Cache) use(sha, dir string) error {
+// use marks sha used now and in use by one more holder, recording it, of
+// size bytes, if new. It cannot fail: its caller has just renamed dir into
+// place, and a directory there that no entry records would fail every
+// later unpack's rename of sha.
+func (c *Cache) use(sha, dir string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[sha]
 	if !ok {
-		size, _, err := dirSize(dir)
-		if err != nil {
-			return err
-		}
 		e = &cacheEntry{size: size}
 		c.entries[sha] = e
 		c.total += size
@@ -149,7 +150,6 @@ func (c *Cache) use(sha, dir string) error {
 	now := time.Now()
 	os.Chtimes(dir, now, now) // the order survives a restart
 	c.evictLocked()
-	return nil
 }
 
 // Release ends one use of a bundle that Get returned.
@@ -246,13 +246,11 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 			c.OnRepair(sha, err)
 		}
 	}
-	m, st, err := c.fetch(ctx, store, sha, dir)
+	m, st, size, err := c.fetch(ctx, store, sha, dir)
 	if err != nil {
 		return "", nil, true, err
 	}
-	if err := c.use(sha, dir); err != nil {
-		return dir, m, true, err
-	}
+	c.use(sha, dir, size)
 	c.keep(sha, st)
 	return dir, m, true, nil
 }
@@ -361,15 +359,15 @@ func (c *Cache) lock(sha string) *sync.Mutex {
 	return l
 }
 
-func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string) (*abi.Manifest, stamps, error) {
+func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string) (*abi.Manifest, stamps, int64, error) {
 	rc, err := store.Get(ctx, ObjectKey(sha))
 	if err != nil {
-		return nil, nil, &FetchError{Err: err}
+		return nil, nil, 0, &FetchError{Err: err}
 	}
 	defer rc.Close()
 	tmp, err := os.CreateTemp(c.dir, ".fetch-*")
 	if err != nil {
-		return nil, nil, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -379,48 +377,74 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	if sink.Err != nil {
 		// This node's disk (full, most likely), not the store: the caller
 		// must not report a store that is fine as the cause.
-		return nil, nil, fmt.Errorf("bundle cache: %w", sink.Err)
+		return nil, nil, 0, fmt.Errorf("bundle cache: %w", sink.Err)
 	}
 	if err != nil {
-		return nil, nil, &FetchError{Err: err}
+		return nil, nil, 0, &FetchError{Err: err}
 	}
 	if n > c.maxUnpacked {
-		return nil, nil, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.maxUnpacked)
+		return nil, nil, 0, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.maxUnpacked)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != sha {
-		return nil, nil, refuse("sha256 mismatch for %s: content hashes to %s", ObjectKey(sha), got)
+		return nil, nil, 0, refuse("sha256 mismatch for %s: content hashes to %s", ObjectKey(sha), got)
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return nil, nil, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
 	}
 	return c.unpackInto(tmp, dir)
 }
 
 // unpackInto unpacks r into a temporary sibling of dir, stamped
-// (stampUnpacked), then renames it into place.
-func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, error) {
+// (stampUnpacked), then renames it into place; it returns the bytes the
+// entry takes, counted before the rename (use cannot fail after it).
+func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, int64, error) {
 	work, err := mkdirShared(c.dir, ".unpack-*")
 	if err != nil {
-		return nil, nil, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
 	}
 	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseStoredManifest)
 	var st stamps
+	var size int64
 	if err == nil {
 		st, err = writeSums(work)
 	}
 	if err == nil {
-		err = os.Rename(work, dir) // which keeps each file's stamp
+		size, _, err = dirSize(work)
+	}
+	if err == nil {
+		err = c.rename(work, dir) // which keeps each file's stamp
 	}
 	if err != nil {
 		os.RemoveAll(work)
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	// Best effort: the entry is complete in place, its files durable; were
 	// the rename lost to a crash, the bundle would only be fetched again.
 	// (Failed, the whole would leave a directory no entry records, where
 	// every later fetch's rename would fail.)
 	syncDir(c.dir)
-	return m, st, nil
+	return m, st, size, nil
+}
+
+// rename moves work into place as dir, an entry no one holds (its sha's
+// lock is held, and no entry records it): a directory found there is
+// one no entry records (a discard whose rename failed, a copy put there
+// by hand), set aside for the new one. Left, it would fail this rename,
+// and every later fetch's, until a restart.
+func (c *Cache) rename(work, dir string) error {
+	err := os.Rename(work, dir)
+	if !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		return err
+	}
+	gone, err := os.MkdirTemp(c.dir, ".evict-*")
+	if err != nil {
+		return fmt.Errorf("bundle cache: setting aside %s, which no entry records: %w", filepath.Base(dir), err)
+	}
+	defer os.RemoveAll(gone)
+	if err := os.Rename(dir, filepath.Join(gone, filepath.Base(dir))); err != nil {
+		return fmt.Errorf("bundle cache: setting aside %s, which no entry records: %w", filepath.Base(dir), err)
+	}
+	return os.Rename(work, dir)
 }
 
 // Verify unpacks a bundle into a scratch directory under the cache and
@@ -453,15 +477,18 @@ func (c *Cache) Adopt(work, sha string) {
 	lock.Lock()
 	defer lock.Unlock()
 	dir := filepath.Join(c.dir, sha)
-	if err := os.Rename(work, dir); err != nil {
-		os.RemoveAll(work)
+	size, _, err := dirSize(work) // before the rename: use cannot fail after it
+	if err == nil {
+		err = os.Rename(work, dir)
+	}
+	if err != nil {
+		os.RemoveAll(work) // the first Get fetches it
 		return
 	}
 	syncDir(c.dir)
 	c.keep(sha, nil) // any kept were of files no longer there: read the new ones
-	if c.use(sha, dir) == nil {
-		c.Release(sha)
-	}
+	c.use(sha, dir, size)
+	c.Release(sha)
 }
 
 // mkdirShared is os.MkdirTemp with the directory searchable by others: a

@@ -37,6 +37,22 @@ func putBundle(t *testing.T, store objectstore.Store, fill byte, size int) strin
 	return sha
 }
 
+// storedBundle is a store holding a bundle with 4 KiB of constants, its
+// sha256, and an empty cache.
+func storedBundle(t *testing.T) (objectstore.Store, string, *Cache) {
+	t.Helper()
+	store, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha := putBundle(t, store, 7, 4<<10)
+	c, err := NewCache(t.TempDir(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, sha, c
+}
+
 func TestCacheLRUEvictionSparesBundlesInUse(t *testing.T) {
 	ctx := context.Background()
 	store, _ := objectstore.NewFS(t.TempDir())
@@ -151,15 +167,7 @@ func TestCacheDiskFull(t *testing.T) {
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store, err := objectstore.NewFS(t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
-			sha := putBundle(t, store, 7, 4<<10)
-			c, err := NewCache(t.TempDir(), 0, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			store, sha, c := storedBundle(t)
 			var full atomic.Bool
 			full.Store(true)
 			c.WriteFault = func(path string, n int) error {
@@ -168,7 +176,7 @@ func TestCacheDiskFull(t *testing.T) {
 				}
 				return nil
 			}
-			err = tc.get(c, store, sha)
+			err := tc.get(c, store, sha)
 			var fe *FetchError
 			var be *Error
 			switch {
@@ -592,4 +600,42 @@ func pastTick(t *testing.T, path string) {
 		}
 	}
 	t.Fatal("the file system's clock did not move in 5 s")
+}
+
+// A directory under a bundle's name that no entry records (one a failed
+// discard left, or one whose record was never made: its size was read
+// after the rename, and a failed read left it unrecorded) is set aside
+// by the next fetch of that bundle, which takes its place. Left, it
+// failed that fetch's rename, and every later one's (ENOTEMPTY), until
+// a restart: a 503 for the function on the node.
+func TestCacheGetReplacesADirectoryNoEntryRecords(t *testing.T) {
+	store, sha, c := storedBundle(t)
+	stale := filepath.Join(c.Dir(), sha)
+	if err := os.Mkdir(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "w.bin"), []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir, m, fetched, err := c.Get(context.Background(), store, sha)
+	if err != nil || !fetched {
+		t.Fatalf("Get over an unrecorded directory: fetched %v, %v", fetched, err)
+	}
+	c.Release(sha)
+	if got, err := os.ReadFile(filepath.Join(dir, m.Constants)); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{7}, 4<<10)) {
+		t.Errorf("the constants are not the bundle's: %.20q, %v", got, err)
+	}
+	size, _, err := dirSize(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Bundles != 1 || st.Bytes != size {
+		t.Errorf("cache stats %+v, want 1 bundle of %d bytes", st, size)
+	}
+	des, _ := os.ReadDir(c.Dir())
+	for _, de := range des {
+		if de.Name() != sha {
+			t.Errorf("left in the cache: %s", de.Name())
+		}
+	}
 }
