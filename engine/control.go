@@ -73,7 +73,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	sink := &fileutil.Writer{W: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
 	n, err := io.Copy(sink, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
 	if err != nil && sink.Err != nil { // our disk, not the client
-		return api.FunctionInfo{}, storageError(sink.Err, "deploy %s: spooling the bundle", name)
+		return api.FunctionInfo{}, e.diskError(name, "spooling", sink.Err)
 	}
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, err, "deploy: reading the bundle")
@@ -86,11 +86,8 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
 	dir, m, err := e.cfg.Cache.Verify(tmp)
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return api.FunctionInfo{}, storageError(err, "deploy %s: unpacking the bundle", name)
-	}
 	if err != nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindInvalid, err, "%s", err.Error())
+		return api.FunctionInfo{}, e.unpackError(name, err)
 	}
 	defer os.RemoveAll(dir)
 	if err := checkDeploy(dir, m, name, e.targets); err != nil {
