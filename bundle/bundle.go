@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
 )
@@ -313,12 +314,13 @@ func packBytes(dir, name string, packer func(string, string, io.Writer) (*abi.Ma
 // is a bundle over maxUnpacked bytes. Its manifest is one being admitted
 // (abi.ParseManifest).
 func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
-	return unpack(r, dst, maxUnpacked, nil, abi.ParseManifest)
+	return unpack(r, dst, maxUnpacked, nil, abi.ParseManifest, nil)
 }
 
-// unpack is Unpack with each file write first put to fault (nil: none)
-// and the manifest read by parse.
-func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse parser) (*abi.Manifest, error) {
+// unpack is Unpack with each file write first put to fault (nil: none),
+// the manifest read by parse and then put to check (nil: none), whose
+// error it returns as it is, before anything is written.
+func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse parser, check func(*abi.Manifest) error) (*abi.Manifest, error) {
 	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("unpack: %w", err)
@@ -370,6 +372,11 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 			if m, err = parse(bytes.NewReader(raw)); err != nil {
 				return nil, fmt.Errorf("bundle %s: %w", abi.ManifestFile, err)
 			}
+			if check != nil {
+				if err := check(m); err != nil {
+					return nil, err
+				}
+			}
 			if m.Library != "" {
 				want[m.Library] = true
 			}
@@ -381,7 +388,10 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 			return nil, refuse("unexpected entry %q (library is %q, constants %q)", hdr.Name, m.Library, m.Constants)
 		default:
 			delete(want, hdr.Name)
-			err = copyFile(filepath.Join(dst, hdr.Name), tr, hdr.Size, fault)
+			path := filepath.Join(dst, hdr.Name)
+			if err = room(path, hdr.Size); err == nil {
+				err = copyFile(path, tr, hdr.Size, fault)
+			}
 		}
 		if err != nil {
 			return nil, err
@@ -394,6 +404,27 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 		return nil, refuse("missing %q named by the manifest", name)
 	}
 	return m, nil
+}
+
+// room fails with ENOSPC, before any of it is written, a file of size
+// bytes at path that its disk has no room for: a bundle of a few KB can
+// unpack to gigabytes of zeros, which, written until the disk is full,
+// would fail every other function's cold start and deploy on the node
+// meanwhile. A disk that cannot say (no statfs, or no blocks counted, as
+// some FUSE file systems report) is left to the writes to tell.
+func room(path string, size int64) error {
+	var st unix.Statfs_t
+	if unix.Statfs(filepath.Dir(path), &st) != nil || st.Blocks == 0 {
+		return nil
+	}
+	unit := uint64(st.Frsize) // f_bavail counts fragments on Linux
+	if unit == 0 {
+		unit = uint64(st.Bsize)
+	}
+	if free := st.Bavail * unit; uint64(size) > free {
+		return fmt.Errorf("unpack %s: %d bytes, and its disk has %d free: %w", path, size, free, syscall.ENOSPC)
+	}
+	return nil
 }
 
 // tarSlack is what an archive may hold beyond its files' bytes: headers,

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/objectstore"
@@ -333,5 +336,40 @@ func TestPackRefusesSpecialFilesWithoutBlocking(t *testing.T) {
 				t.Fatalf("%s a FIFO (within %v): packing still blocked 5 s on", name, within)
 			}
 		}
+	}
+}
+
+// An entry larger than its disk's free space is refused with ENOSPC (the
+// node's disk, not the bundle: 507 from a deploy or a cold start) before
+// any of it is written: a few KB of zstd can unpack to gigabytes of
+// zeros, and written until the disk filled, they failed every other
+// function's writes on the node meanwhile.
+func TestUnpackRefusesAnEntryItsDiskHasNoRoomFor(t *testing.T) {
+	dst := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dst, &st); err != nil {
+		t.Skip("statfs:", err)
+	}
+	size := int64(st.Bavail)*st.Frsize + 1<<40
+	// The header alone: what unpacking writes for it, if anything, is
+	// what the stream holds (nothing), before it finds the entry cut.
+	var buf bytes.Buffer
+	zw, _ := zstd.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for _, e := range []entry{{name: abi.ManifestFile, body: manifestJSON(t, "w.bin")}, {name: "lib.so", body: []byte("\x7fELF")}} {
+		tw.WriteHeader(&tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(e.body))})
+		tw.Write(e.body)
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: "w.bin", Typeflag: tar.TypeReg, Mode: 0o644, Size: size}); err != nil {
+		t.Fatal(err)
+	}
+	zw.Close()
+	_, err := Unpack(bytes.NewReader(buf.Bytes()), dst, math.MaxInt64)
+	var be *Error
+	if !errors.Is(err, syscall.ENOSPC) || errors.As(err, &be) {
+		t.Fatalf("Unpack of a %d-byte entry, more than its disk has free: %v, want ENOSPC", size, err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "w.bin")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("w.bin was created (%v)", err)
 	}
 }

@@ -402,7 +402,7 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, int6
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
 	}
-	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseStoredManifest)
+	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseStoredManifest, nil)
 	var st stamps
 	var size int64
 	if err == nil {
@@ -449,13 +449,16 @@ func (c *Cache) rename(work, dir string) error {
 
 // Verify unpacks a bundle into a scratch directory under the cache and
 // returns it with its manifest, for checks before a deploy is accepted. The
-// caller removes the directory.
-func (c *Cache) Verify(r io.Reader) (string, *abi.Manifest, error) {
+// caller removes the directory. check (nil: none) is put the manifest as
+// soon as it is read, and its error returned as it is, before any file is
+// written: a bundle deployed under another name, or for a device the node
+// lacks, is refused before its gigabytes of constants are unpacked.
+func (c *Cache) Verify(r io.Reader, check func(*abi.Manifest) error) (string, *abi.Manifest, error) {
 	work, err := mkdirShared(c.dir, ".verify-*")
 	if err != nil {
 		return "", nil, fmt.Errorf("bundle cache: %w", err)
 	}
-	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseManifest)
+	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseManifest, check)
 	if err == nil {
 		_, err = writeSums(work) // Adopt may make it a cache entry, stamps read at its first Get
 	}

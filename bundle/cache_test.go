@@ -220,7 +220,7 @@ func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
 		return err
 	}
 	defer rc.Close()
-	dir, _, err := c.Verify(rc)
+	dir, _, err := c.Verify(rc, nil)
 	if err == nil {
 		os.RemoveAll(dir)
 	}
@@ -453,7 +453,7 @@ func TestCacheStampsWhatItUnpacks(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				work, _, err := cache.Verify(rc)
+				work, _, err := cache.Verify(rc, nil)
 				rc.Close()
 				if err != nil {
 					t.Fatal(err)

@@ -85,12 +85,17 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
-	dir, m, err := e.cfg.Cache.Verify(tmp)
+	release, err := e.unpackTurn(ctx, name)
+	if err != nil {
+		return api.FunctionInfo{}, err
+	}
+	defer release() // after the RemoveAll below: the turn bounds the scratch directory's disk too
+	dir, m, err := e.cfg.Cache.Verify(tmp, func(m *abi.Manifest) error { return checkManifest(m, name, e.targets) })
 	if err != nil {
 		return api.FunctionInfo{}, e.unpackError(name, err)
 	}
 	defer os.RemoveAll(dir)
-	if err := checkDeploy(dir, m, name, e.targets); err != nil {
+	if err := checkBundle(dir, m); err != nil {
 		return api.FunctionInfo{}, err
 	}
 	if err := e.checkRoom(dir, m); err != nil {
@@ -114,6 +119,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
+	release() // the cache has the directory now, or it is gone: a landing's warm-up need not hold the turn
 	if created && o.Label != "" {
 		e.tab.unlabel(name, o.Label, rv.ID)
 	}
@@ -154,18 +160,11 @@ func (c *Control) landed(ctx context.Context, f *function, name string, rv api.V
 	return c.info(f, rv, c.versionCount(ctx, name))
 }
 
-// checkDeploy checks an unpacked bundle against the name it is deployed
-// under and the node's targets, then as every bundle is checked
-// (loader.CheckBundle).
-func checkDeploy(dir string, m *abi.Manifest, name string, targets []string) error {
-	if m.Name != name {
-		return errorf(errdefs.KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
-	}
+// checkBundle checks an unpacked bundle, whose manifest checkManifest
+// passed, as every bundle is checked (loader.CheckBundle).
+func checkBundle(dir string, m *abi.Manifest) error {
 	if m.IsPipeline() {
 		return nil // no library: its steps are checked against the store (checkPipeline)
-	}
-	if err := abi.RunsOn(m.Target, targets); err != nil {
-		return errorf(errdefs.KindInvalid, nil, "%s", err.Error())
 	}
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		err = inBundle(err, dir, m.Library)
@@ -197,7 +196,7 @@ func (e *Engine) checkRoom(dir string, m *abi.Manifest) error {
 		}
 	}
 	if largest == nil {
-		return nil // no such device: checkDeploy refused it
+		return nil // no such device: checkManifest refused it
 	}
 	if fe := fitsDevice(m, constSize, largest, total); fe != nil {
 		return errorf(errdefs.KindInvalid, fe, "%s", fe.Error())

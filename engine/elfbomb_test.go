@@ -69,7 +69,7 @@ func writeELFBomb(t *testing.T, path string, big elf.SectionType, size int64) {
 	}
 }
 
-// A deploy's static check of the library (checkDeploy -> loader.Inspect,
+// A deploy's static check of the library (checkBundle -> loader.Inspect,
 // in the server process) read its dynamic symbols with debug/elf, which
 // reads .dynsym whole and makes a 72-byte symbol of every 24-byte entry,
 // and reads .gnu.version whole beside them: bounded only by the 4 GiB a

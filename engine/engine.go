@@ -80,7 +80,8 @@ type Engine struct {
 	// refreshPanics is the names whose record's refresh panicked, their
 	// stack logged (refreshOne).
 	refreshPanics sync.Map
-	aside         asideWarms // the functions a poll is pre-warming (warmAside)
+	aside         asideWarms   // the functions a poll is pre-warming (warmAside)
+	unpacks       *unpackSlots // the turns to unpack a deploy's bundle (unpackTurn)
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker
@@ -190,7 +191,7 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log)}
+	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log), unpacks: newUnpackSlots()}
 	for _, d := range cfg.Devices {
 		if k, ok := d.(outputKeeper); ok && k.KeepsOutput() {
 			e.keepsLogs = true

@@ -177,3 +177,6 @@ func (e *Engine) BatchRunTook(name string) time.Duration {
 	defer v.batch.mu.Unlock()
 	return v.batch.runTook
 }
+
+// UnpacksWaiting is the deploys waiting for a turn to unpack their bundles.
+func (e *Engine) UnpacksWaiting() int { return int(e.unpacks.waiting.Load()) }

@@ -5,15 +5,61 @@ import (
 	"context"
 	"errors"
 	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 )
+
+// unpackGate holds every deploy's unpack at its first write (the
+// manifest's, in the cache's .verify-* scratch directory) until open is
+// closed, counting the unpacks it holds and the most it held at once.
+type unpackGate struct {
+	held, most atomic.Int32
+	open       chan struct{}
+	once       sync.Once
+}
+
+// release opens the gate (once, whoever asks first: the test or its
+// cleanup after a failure).
+func (g *unpackGate) release() { g.once.Do(func() { close(g.open) }) }
+
+func (g *unpackGate) fault(path string, n int) error {
+	if !strings.Contains(path, "/.verify-") || filepath.Base(path) != abi.ManifestFile {
+		return nil
+	}
+	h := g.held.Add(1)
+	for m := g.most.Load(); h > m && !g.most.CompareAndSwap(m, h); m = g.most.Load() {
+	}
+	<-g.open
+	g.held.Add(-1)
+	return nil
+}
+
+// gatedEngine is an engine whose deploys' unpacks stop at the gate.
+func gatedEngine(t *testing.T, timeout time.Duration) (*engine.Engine, *unpackGate) {
+	t.Helper()
+	c, err := bundle.NewCache(t.TempDir(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &unpackGate{open: make(chan struct{})}
+	c.WriteFault = g.fault
+	e := testkit.Engine(t, engine.Config{Cache: c, Timeout: timeout})
+	t.Cleanup(g.release) // before the engine closes
+	return e, g
+}
 
 // packedAs packs the bundle directory dir under name.
 func packedAs(t *testing.T, dir, name string) []byte {
@@ -23,6 +69,146 @@ func packedAs(t *testing.T, dir, name string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// A node unpacks at most two deploys' bundles at once: a bundle of a few
+// KB can unpack to gigabytes, and twenty at a time filled the node's disk
+// for every tenant. The others wait for a turn, within their request's
+// deadline (504 when it passes), until cancelled (503), or, with no
+// deadline, for the engine's request timeout (503 saying why); then they
+// all land.
+func TestDeployUnpacksTakeTurns(t *testing.T) {
+	dir := testkit.BundleDir(t, testkit.Manifest("turn-0"), nil)
+	e, g := gatedEngine(t, 0)
+	ctl := e.Control()
+	errs := make(chan error, 5)
+	for i := range 5 {
+		name := "turn-" + string(rune('0'+i))
+		b := packedAs(t, dir, name)
+		go func() {
+			_, err := ctl.Deploy(context.Background(), name, bytes.NewReader(b), false)
+			errs <- err
+		}()
+	}
+	engine.WaitFor(t, "two deploys unpacking and three waiting their turn", func() bool {
+		return g.held.Load() == 2 && e.UnpacksWaiting() == 3
+	})
+
+	late := packedAs(t, dir, "late")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := ctl.Deploy(ctx, "late", bytes.NewReader(late), false) // every turn is held until the gate opens
+	if errdefs.KindOf(err) != errdefs.KindTimeout || !strings.Contains(err.Error(), "deadline passed while it waited for its turn to unpack") {
+		t.Errorf("a deploy whose deadline passed while it waited: %v (kind %v), want 504 saying so", err, errdefs.KindOf(err))
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := ctl.Deploy(ctx, "late", bytes.NewReader(late), false)
+		cancelled <- err
+	}()
+	engine.WaitFor(t, "the cancellable deploy waiting its turn", func() bool { return e.UnpacksWaiting() == 4 })
+	cancel()
+	if err := <-cancelled; errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "cancelled while it waited for its turn") {
+		t.Errorf("a deploy cancelled while it waited: %v (kind %v), want 503 saying so", err, errdefs.KindOf(err))
+	}
+
+	g.release()
+	for range 5 {
+		if err := <-errs; err != nil {
+			t.Errorf("a deploy that waited its turn: %v", err)
+		}
+	}
+	if most := g.most.Load(); most > 2 {
+		t.Errorf("%d deploys unpacked at once, want at most 2", most)
+	}
+	if n := e.UnpacksWaiting(); n != 0 {
+		t.Errorf("%d deploys still counted waiting", n)
+	}
+	// Those that gave up took no turn with them.
+	if _, err := ctl.Deploy(context.Background(), "late", bytes.NewReader(late), false); err != nil {
+		t.Errorf("a deploy after the others: %v", err)
+	}
+
+	// A deploy over HTTP has no deadline: it waits as long as a request
+	// would (the engine's timeout), then answers 503 naming the wait.
+	e2, g2 := gatedEngine(t, 50*time.Millisecond)
+	ctl2 := e2.Control()
+	var wg sync.WaitGroup
+	for i := range 2 {
+		b := packedAs(t, dir, "held-"+string(rune('0'+i)))
+		wg.Go(func() { ctl2.Deploy(context.Background(), "held-"+string(rune('0'+i)), bytes.NewReader(b), false) })
+	}
+	defer wg.Wait()
+	defer g2.release()
+	engine.WaitFor(t, "two deploys unpacking", func() bool { return g2.held.Load() == 2 })
+	_, err = ctl2.Deploy(context.Background(), "late", bytes.NewReader(late), false)
+	if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "waited 50ms for a turn to unpack the bundle") {
+		t.Errorf("a deploy without a deadline that waited out the engine's timeout: %v (kind %v), want 503 naming the wait", err, errdefs.KindOf(err))
+	}
+}
+
+// A bundle deployed under another name than its manifest's, or for a
+// target the node lacks, is refused (422) as soon as its manifest is
+// read: none of its files is written to the node's disk (the refusal
+// came after its library and constants, gigabytes for some, were
+// unpacked, synced and read back).
+func TestDeployRefusedByItsManifestWritesNothing(t *testing.T) {
+	c, err := bundle.NewCache(t.TempDir(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var wrote []string
+	c.WriteFault = func(path string, n int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		wrote = append(wrote, filepath.Base(path))
+		return nil
+	}
+	e := testkit.Engine(t, engine.Config{Cache: c})
+	m := testkit.Manifest("mine")
+	m.Constants = "w.bin"
+	dir := testkit.BundleDir(t, m, make([]byte, 1<<20))
+	cuda := *m
+	cuda.Target = abi.TargetCUDA
+	cudaDir := t.TempDir()
+	for _, f := range []string{m.Library, m.Constants} {
+		raw, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(cudaDir, f), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.WriteManifest(t, cudaDir, &cuda)
+	for _, tc := range []struct {
+		name, as, dir, want string
+	}{
+		{"another name", "theirs", dir, `the manifest names "mine" but the bundle is deployed as "theirs"`},
+		{"a target the node lacks", "mine", cudaDir, `"cuda"`},
+	} {
+		b, _, _, err := bundle.PackBytes(tc.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.Control().Deploy(context.Background(), tc.as, bytes.NewReader(b), false)
+		mu.Lock()
+		w := wrote
+		wrote = nil
+		mu.Unlock()
+		if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v (kind %v), want 422 containing %s", tc.name, err, errdefs.KindOf(err), tc.want)
+		}
+		if len(w) > 0 {
+			t.Errorf("%s: refused after writing %v", tc.name, slices.Compact(w))
+		}
+	}
+	testkit.Deploy(t, e, dir)
+	if len(wrote) == 0 {
+		t.Fatal("a deploy taken wrote nothing the fault saw: the check above could not fail")
+	}
 }
 
 // A deploy whose unpack fails on this node's own disk or files (an I/O
