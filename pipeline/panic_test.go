@@ -1,15 +1,21 @@
 package pipeline_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 )
 
@@ -37,5 +43,110 @@ func TestPanicInAParallelBranchReachesTheRequest(t *testing.T) {
 	}
 	if closed := dev.Closed.Load(); closed != 1 {
 		t.Errorf("%d instances closed, want the panicked run's", closed)
+	}
+}
+
+// A request that panics (its device's bug, raised again to its transport)
+// gives back what it pinned: the function's version, or the pipeline's
+// and its steps'. A pin kept held the version for the process's life: a
+// redeploy never closed the old version's program, nor its device memory.
+func TestAPanicGivesItsPinsBack(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		invoke string // what the request names
+		steps  []any  // its pipeline's, if a pipeline
+	}{
+		{"a function", "bug", nil},
+		{"a pipeline's step", "p", []any{"echo", "bug"}},
+		{"a parallel branch", "p", []any{map[string]any{"parallel": []string{"echo", "bug"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dev := &testkit.PanicDevice{Device: device.NewHost(0), Function: "bug"}
+			e := testkit.Engine(t, engine.Config{Devices: []device.Device{dev}})
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+			bug := testkit.BundleDir(t, testkit.Manifest("bug"), nil)
+			testkit.Deploy(t, e, bug)
+			if tc.steps != nil {
+				testkit.Deploy(t, e, pipelineDir(t, "p", tc.steps...))
+			}
+			r := pipeline.New(e, nil)
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Fatal("the request did not panic")
+					}
+				}()
+				r.Invoke(context.Background(), tc.invoke, &call.Request{Input: testkit.PanicInput})
+			}()
+			closed := dev.ProgramsClosed.Load()
+			b, _, _, err := bundle.PackBytes(bug)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.Control().Deploy(context.Background(), "bug", bytes.NewReader(b), true); err != nil {
+				t.Fatal(err)
+			}
+			// The redeploy retires the version that ran: with nothing
+			// holding it, its program closes.
+			for end := time.Now().Add(10 * time.Second); dev.ProgramsClosed.Load() == closed; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatal("the version the panicked request ran was never closed after a redeploy: its pin was kept")
+				}
+			}
+		})
+	}
+}
+
+// bugRecords is a store with a bug: reading the record of a function
+// named "bug" panics.
+type bugRecords struct{ objectstore.Store }
+
+func (s bugRecords) GetTagged(ctx context.Context, key string) (io.ReadCloser, objectstore.Info, error) {
+	if key == "functions/bug.json" {
+		panic("a bug in the store")
+	}
+	return s.Store.GetTagged(ctx, key)
+}
+
+// A pipeline whose plan panics as it resolves a later step (a bug in the
+// store's read of that step's record, raised again in the request's
+// goroutine) gives back the pins it took before: the pipeline's and the
+// earlier steps'. They held those versions for good.
+func TestAPanicMakingAPlanGivesItsPinsBack(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deployer := testkit.Engine(t, engine.Config{Store: fs})
+	echo := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	testkit.Deploy(t, deployer, echo)
+	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("bug"), nil))
+	testkit.Deploy(t, deployer, pipelineDir(t, "p", "echo", "bug"))
+	dev := &testkit.PanicDevice{Device: device.NewHost(0), Function: "none"}
+	e := testkit.Engine(t, engine.Config{Store: bugRecords{fs}, Devices: []device.Device{dev}})
+	r := pipeline.New(e, nil)
+	if err := r.Invoke(context.Background(), "echo", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatal(err) // echo's program loaded: something to close
+	}
+	func() {
+		defer func() {
+			if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "a bug in the store") {
+				t.Fatalf("planning p: panic %v, want the store's", p)
+			}
+		}()
+		err := r.Invoke(context.Background(), "p", &call.Request{Input: []byte("x")})
+		t.Errorf("planning p returned %v", err)
+	}()
+	b, _, _, err := bundle.PackBytes(echo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Control().Deploy(context.Background(), "echo", bytes.NewReader(b), true); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(10 * time.Second); dev.ProgramsClosed.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("echo's version was never closed after a redeploy: the plan that panicked kept its pin")
+		}
 	}
 }

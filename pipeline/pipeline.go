@@ -75,9 +75,11 @@ func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) err
 	if err != nil {
 		return err
 	}
-	err = p.invoke(ctx, req, t0)
-	p.Release()
-	return err
+	// Deferred: a device's panic goes up to the transport through here,
+	// and a pin kept would hold its version (its program, its device
+	// memory) for the process's life.
+	defer p.Release()
+	return p.invoke(ctx, req, t0)
 }
 
 // Deadline is the engine's: d, or its request timeout from start when d
@@ -167,21 +169,29 @@ func (r *Runner) PinVersion(ctx context.Context, name, ref string, deadline time
 
 // plan holds top and, for a pipeline's version, every function its steps
 // run.
-func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline time.Time) (Pin, error) {
+func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline time.Time) (_ Pin, err error) {
 	steps := top.Steps()
 	if steps == nil {
 		return Pin{r: r, top: top}, nil
 	}
 	pl := &plan{name: top.Name()}
+	made := false
+	defer func() {
+		// Also on a panic (a store read's, re-raised by the engine): the
+		// pins taken so far would hold their versions for good.
+		if !made {
+			pl.release()
+			top.Release()
+		}
+	}()
 	for i, s := range steps {
 		st, err := r.expand(ctx, deadline, pl, i, "", s, []string{name})
 		if err != nil {
-			pl.release()
-			top.Release()
 			return Pin{}, &PlanError{Pipeline: pl.name, Err: err}
 		}
 		pl.stages = append(pl.stages, st...)
 	}
+	made = true
 	if outs, ok := lastOutputs(pl.stages); ok {
 		markCuts(pl.stages, outs)
 	}
@@ -462,6 +472,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
 	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps, true)
 	req.Output = out
+	req.Copied += x.copied.Load()
 	t := call.Timing{}
 	for _, s := range req.Steps {
 		t.Queue += s.Timing.Queue
@@ -495,6 +506,10 @@ type run struct {
 	// failed is set by the first step that fails: the request is lost,
 	// so parallel branches still running take no further step.
 	failed atomic.Bool
+	// copied is the payload bytes the steps' runs copied on the host
+	// (call.Request.Copied), and a parallel step's concatenation of its
+	// branches' outputs: the request's, counted under the pipeline's name.
+	copied atomic.Int64
 }
 
 // errSibling is a branch stopped because another branch failed: never
@@ -568,6 +583,7 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 			err = unfit(err)
 		}
 		x.ran.Store(true)
+		x.copied.Add(sub.Copied)
 		*steps = append(*steps, call.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
 			BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
 		if errdefs.KindOf(err) != errdefs.KindGone {
@@ -657,15 +673,16 @@ func firstFailure(errs []error) error {
 // appendCut appends branch j's output to dst, cut to what its declared
 // outputs take where the stage's outputs are the pipeline's (stage.cut).
 func (x *run) appendCut(dst, out []byte, st *stage, j int) ([]byte, error) {
-	if st.cut == nil || st.cut[j] < 0 {
-		return append(dst, out...), nil
+	n := int64(len(out))
+	if st.cut != nil && st.cut[j] >= 0 {
+		if n < st.cut[j] {
+			x.failed.Store(true)
+			return dst, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
+				x.pl.name, st.index, st.label, j, len(out), st.cut[j])}
+		}
+		n = st.cut[j]
 	}
-	n := st.cut[j]
-	if int64(len(out)) < n {
-		x.failed.Store(true)
-		return dst, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
-			x.pl.name, st.index, st.label, j, len(out), n)}
-	}
+	x.copied.Add(n)
 	return append(dst, out[:n]...), nil
 }
 

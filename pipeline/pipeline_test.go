@@ -162,3 +162,40 @@ func TestOneDefaultDeadlineForAllSteps(t *testing.T) {
 		t.Fatalf("the third step ran %d requests past the pipeline's deadline", fi.Requests)
 	}
 }
+
+// A pipeline's request counts the payload bytes its steps copied on the
+// host, and a parallel step's concatenation of its branches' outputs: it
+// counted none (plover_payload_copied_bytes_total under the pipeline's
+// name), though its steps copy as a function's request does.
+func TestAPipelineCountsItsStepsCopies(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "seq", "echo", "echo"))
+	testkit.Deploy(t, e, pipelineDir(t, "par", map[string]any{"parallel": []string{"echo", "echo"}}))
+	r := pipeline.New(e, nil)
+	in := []byte("copied bytes")
+	invoke := func(name string, in []byte) *call.Request {
+		t.Helper()
+		req := &call.Request{Input: in}
+		if err := r.Invoke(context.Background(), name, req); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return req
+	}
+	one := invoke("echo", in)
+	if one.Copied <= 0 {
+		t.Fatalf("echo alone copied %d bytes on the host; the test needs a function that copies", one.Copied)
+	}
+	then := invoke("echo", one.Output) // seq's second step: on the first's output
+	for _, tc := range []struct {
+		name string
+		want int64
+	}{
+		{"seq", one.Copied + then.Copied},
+		{"par", 2*one.Copied + 2*int64(len(one.Output))},
+	} {
+		if got := invoke(tc.name, in).Copied; got != tc.want {
+			t.Errorf("pipeline %s counted %d bytes copied, want %d", tc.name, got, tc.want)
+		}
+	}
+}

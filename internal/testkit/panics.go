@@ -92,11 +92,13 @@ func Counter(t testing.TB, reg *prometheus.Registry, name string, labels map[str
 
 // PanicDevice is a device (the one it wraps, the host's) with a bug in its
 // Go code: a run whose input starts with PanicInput panics, of Function's
-// programs only when it is set. It counts the instances made and closed.
+// programs only when it is set. It counts the instances made and closed,
+// and the programs closed (a version's, once nothing holds it).
 type PanicDevice struct {
 	device.Device
-	Function     string
-	Made, Closed atomic.Int32
+	Function       string
+	Made, Closed   atomic.Int32
+	ProgramsClosed atomic.Int32
 	// HealthBug, set, makes the next Health call panic.
 	HealthBug atomic.Bool
 }
@@ -135,6 +137,11 @@ func (d *PanicDevice) Load(ctx context.Context, spec device.ProgramSpec) (device
 // PanicKernel is a kernel whose lookup (a request's chain override) panics
 // on a PanicDevice's program with the bug.
 const PanicKernel = "panic_in_lookup"
+
+func (p *panicProgram) Close() error {
+	p.d.ProgramsClosed.Add(1)
+	return p.Program.Close()
+}
 
 func (p *panicProgram) Entry(kernel string) (int32, error) {
 	if p.bugs && kernel == PanicKernel {
