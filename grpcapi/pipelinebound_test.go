@@ -8,6 +8,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -47,5 +50,33 @@ func TestModelReadyOfAPipelineWhoseStepWasDeleted(t *testing.T) {
 	_, err = f.client.ModelMetadata(ctxT(t), &pb.ModelMetadataRequest{Name: "p"})
 	if st, _ := status.FromError(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "step 1 (gone)") || !strings.Contains(st.Message(), "model p") {
 		t.Fatalf("ModelMetadata(p) after its step's function was deleted: %v; want Unavailable naming model p and step 1 (gone)", err)
+	}
+}
+
+// Over gRPC as over HTTP, a pipeline's version other than its current one
+// runs only for a token that may invoke each of its steps (oip.PinVersion):
+// a redeploy without a step withdraws it from the pipeline's callers.
+func TestAnOlderPipelineVersionNeedsItsStepsOverGRPC(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	old, cur := testkit.WithdrawnStep(t, e)
+	f := serveEngine(t, e, table{
+		"caller":  {Name: "caller", Scopes: auth.Invoke, Functions: []string{"p"}},
+		"trusted": {Name: "trusted", Scopes: auth.Invoke, Functions: []string{"p", "secret"}},
+	}, grpcapi.Options{})
+	for _, tc := range []struct {
+		token, version string
+		want           codes.Code
+	}{
+		{"caller", "", codes.OK},
+		{"caller", cur, codes.OK},
+		{"caller", old, codes.PermissionDenied},
+		{"trusted", old, codes.OK},
+	} {
+		req := oneByte("p")
+		req.ModelVersion = tc.version
+		_, err := f.client.ModelInfer(withToken(ctxT(t), tc.token), req)
+		if st, _ := status.FromError(err); st.Code() != tc.want || tc.want != codes.OK && !strings.Contains(st.Message(), "secret") {
+			t.Errorf("%s calling p version %q: %v; want %v (naming the step)", tc.token, tc.version, err, tc.want)
+		}
 	}
 }

@@ -528,7 +528,13 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	}
 	ctx = context.WithoutCancel(ctx)
 	looked := ioshare.Now() // the model's total counts its lookup, as HTTP's does
-	pin, ts, err := s.pin(ctx, req.GetModelName(), req.GetModelVersion(), r.Deadline)
+	pctx := ctx
+	if req.GetModelVersion() != "" {
+		// A pipeline's version other than its current one runs only for
+		// a token that may invoke its steps (oip.PinVersion).
+		pctx = s.door.Gate().InvokeCheck(ctx, authorization(ctx))
+	}
+	pin, ts, err := s.pin(pctx, req.GetModelName(), req.GetModelVersion(), r.Deadline)
 	if err != nil {
 		return nil, err
 	}

@@ -91,6 +91,17 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx) (gate.Ticket, bool) {
 	return tk, true
 }
 
+// runCheck is the context an inference pins its model's version in: with
+// a version named, the caller's invoke check, which a pipeline's version
+// other than its current one runs under (oip.PinVersion); none else (a
+// request's current version asks nothing more, and pays nothing more).
+func (s *Server) runCheck(ctx *fasthttp.RequestCtx, version string) context.Context {
+	if version == "" {
+		return context.Background()
+	}
+	return s.gate.InvokeCheck(context.Background(), ctx.Request.Header.PeekBytes(hdrAuthorization))
+}
+
 // invokeCheck is ctx carrying the check a pipeline's deploy or rollback
 // makes of each function it names (gate.InvokeCheck).
 func (s *Server) invokeCheck(ctx *fasthttp.RequestCtx) context.Context {

@@ -113,7 +113,7 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 	if version != "" && !a.Version.Names(version) {
 		// Another version than the current one: its own bound, and an
 		// unknown one's 404 before the body (oip.Pin pins it again after).
-		p, err := oip.PinVersion(context.Background(), s.door, name.Borrow(), version, deadline)
+		p, err := oip.PinVersion(s.runCheck(ctx, version), s.door, name.Borrow(), version, deadline)
 		if err != nil { // counted as the pin after the body would count it: not at all
 			return bodyLimit{}, err
 		}

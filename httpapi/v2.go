@@ -290,7 +290,7 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	if err != nil {
 		return err
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version, r.Deadline)
+	pin, ts, err := oip.Pin(s.runCheck(ctx, version), s.door, fn, version, r.Deadline)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/pipedef"
 	"github.com/plover-run/plover/pipeline"
 )
 
@@ -223,11 +224,24 @@ func MetadataError(name string, err error) error {
 // whose current version was found: a version it lacks is a 404 counted
 // under its name, as a request its transport refused (not as an unknown
 // function's).
+//
+// A pipeline's version other than its current one runs only for a caller
+// that may invoke every function it runs, when ctx carries the caller's
+// check (pipedef.WithInvokeCheck: an inference's transport sets it): a
+// pipeline offers its steps to its callers as its current version says,
+// and a redeploy without a step withdraws it (README, "Pipelines do not
+// escalate"), which its older versions, still in its record, undid.
 func PinVersion(ctx context.Context, inv Pinner, name, version string, deadline time.Time) (pipeline.Pin, error) {
 	pin, err := inv.PinVersion(ctx, name, version, deadline)
 	var pe *pipeline.PlanError
 	if errdefs.KindOf(err) == errdefs.KindNotFound && !errors.As(err, &pe) { // not a step's 404
 		return pin, &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s has no version %q: name a version folder's number, or a version id or its first 8+ characters (plover versions %s)", name, version, name)}
+	}
+	if err == nil && pin.Pipeline() {
+		if err := pin.Runs(func(fn string) error { return pipedef.Allowed(ctx, fn) }); err != nil {
+			pin.Release()
+			return pipeline.Pin{}, &apierr.Error{Status: apierr.Forbidden, Msg: fmt.Sprintf("model %s version %s is not its current version, and an older version of a pipeline runs only for a token that may invoke each of its steps: %v (the current version needs invoke on %s alone)", name, version, err, name)}
+		}
 	}
 	return pin, err
 }

@@ -56,6 +56,16 @@ func WithInvokeCheck(ctx context.Context, allow func(function string) error) con
 	return context.WithValue(ctx, authKey{}, allow)
 }
 
+// Allowed asks ctx's invoke check (WithInvokeCheck) whether its caller may
+// invoke function; nil when ctx carries none (a server without tokens, or
+// a caller that is not a request's).
+func Allowed(ctx context.Context, function string) error {
+	if allow, _ := ctx.Value(authKey{}).(func(string) error); allow != nil {
+		return allow(function)
+	}
+	return nil
+}
+
 // Check checks the pipeline name's steps against the records get reads:
 // each function exists, a pinned version is one of its versions, nested
 // pipelines (at their current or pinned versions) exist as well, no step
@@ -168,18 +178,68 @@ func Pick(rec *api.Record, ref string) (api.Version, error) {
 }
 
 // UsersOf names the pipelines among recs whose current version runs the
-// function name, sorted.
+// function name, sorted: as a step, or through a nested pipeline's steps
+// at the version the step pins (an older one, whose steps no current
+// version names) or its current one.
 func UsersOf(recs []*api.Record, name string) []string {
+	u := users{recs: make(map[string]*api.Record, len(recs)), name: name, seen: map[string]bool{}}
+	for _, r := range recs {
+		u.recs[r.Name] = r
+	}
 	var out []string
 	for _, r := range recs {
 		v, err := r.CurrentVersion()
 		if err != nil || v.Kind != abi.KindPipeline || r.Name == name {
 			continue
 		}
-		if slices.Contains(abi.Functions(v.Steps), name) {
+		if u.runs(v.Steps, MaxDepth) {
 			out = append(out, r.Name)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// users is UsersOf's walk. seen holds the nested pipeline versions
+// walked, by name and version id, with whether they run name: a version
+// is walked once however many pipelines nest it.
+type users struct {
+	recs map[string]*api.Record
+	name string
+	seen map[string]bool
+}
+
+// runs reports whether steps run u.name, looking depth levels of nested
+// pipelines deep (deploys refuse deeper).
+func (u *users) runs(steps []abi.Step, depth int) bool {
+	for _, s := range steps {
+		if s.Parallel != nil {
+			if u.runs(s.Parallel, depth) {
+				return true
+			}
+			continue
+		}
+		if s.Function == u.name {
+			return true
+		}
+		r := u.recs[s.Function]
+		if r == nil || depth <= 1 {
+			continue
+		}
+		v, err := Pick(r, s.Version)
+		if err != nil || v.Kind != abi.KindPipeline {
+			continue
+		}
+		key := r.Name + "@" + v.ID
+		found, ok := u.seen[key]
+		if !ok {
+			u.seen[key] = false // a cycle, which deploys refuse, ends here
+			found = u.runs(v.Steps, depth-1)
+			u.seen[key] = found
+		}
+		if found {
+			return true
+		}
+	}
+	return false
 }

@@ -142,9 +142,14 @@ func TestUsersOf(t *testing.T) {
 		pipe("p1", s("a"), s("b")),
 		fn("b"),
 		old, // names b only in a version that is not current
+		pipe("p3", abi.Step{Function: "old", Version: "x"}), // runs b through old's version x
+		pipe("p4", s("old")), // old's current version: a, not b
 	}
-	if got := strings.Join(UsersOf(recs, "b"), ","); got != "p1,p2" {
+	if got := strings.Join(UsersOf(recs, "b"), ","); got != "p1,p2,p3" {
 		t.Fatalf("UsersOf(b) = %s", got)
+	}
+	if got := strings.Join(UsersOf(recs, "a"), ","); got != "old,p1,p4" {
+		t.Fatalf("UsersOf(a) = %s", got)
 	}
 	if got := UsersOf(recs, "z"); got != nil {
 		t.Fatalf("UsersOf(z) = %v", got)

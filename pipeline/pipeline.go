@@ -331,6 +331,21 @@ func (p Pin) Unready(now time.Time) error {
 // Pipeline reports whether the pin is a pipeline's.
 func (p Pin) Pipeline() bool { return p.plan != nil }
 
+// Runs calls f with the name of every function and nested pipeline the
+// pinned pipeline runs, once each, until f returns an error; for a
+// function, it calls nothing.
+func (p Pin) Runs(f func(name string) error) error {
+	if p.plan == nil {
+		return nil
+	}
+	for _, fp := range p.plan.pins {
+		if err := f(fp.Name()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Version is the pinned version's record. A pipeline's input bound is its
 // first step's (Admit's), its tensors are its first step's inputs and its
 // last step's outputs (a parallel last step:

@@ -159,3 +159,15 @@ func WaitFor(t testing.TB, e *engine.Engine, name string, what string, cond func
 func Busy(n, q int) func(api.FunctionInfo) bool {
 	return func(fi api.FunctionInfo) bool { return fi.Busy == n && fi.Queue == q }
 }
+
+// WithdrawnStep deploys functions secret and public and the pipeline p
+// twice, [secret] then [public] (a step withdrawn by a redeploy), and
+// returns the two versions' ids.
+func WithdrawnStep(t testing.TB, e *engine.Engine) (old, cur string) {
+	t.Helper()
+	Deploy(t, e, BundleDir(t, Manifest("secret"), nil))
+	Deploy(t, e, BundleDir(t, Manifest("public"), nil))
+	old = Deploy(t, e, PipelineDir(t, "p", "secret")).Version
+	cur = Deploy(t, e, PipelineDir(t, "p", "public")).Version
+	return old, cur
+}
