@@ -200,7 +200,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MaxTimeout <= 0 {
 		cfg.MaxTimeout = 10 * time.Minute
 	}
-	e.tab = newTable(registry.Registry{Store: cfg.Store, Cache: registry.NewCache()}, e.logs, cfg.Timeout, max(cfg.Timeout, cfg.MaxTimeout))
+	e.tab = newTable(registry.Registry{Store: cfg.Store, Cache: registry.NewCache(), Log: cfg.Log}, e.logs, cfg.Timeout, max(cfg.Timeout, cfg.MaxTimeout))
 	e.tab.log = cfg.Log
 	e.tab.forgetFlow = func(name string) {
 		for _, s := range e.scheds { // set below, before any function is known

@@ -12,6 +12,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/registry"
 )
 
 // The engine's errors are errdefs', made here with these two.
@@ -28,7 +29,19 @@ func notFound(name string, err error, why string) *errdefs.Error {
 	return errorf(errdefs.KindNotFound, &errdefs.NoFunction{Name: name, Err: err}, "function %s not found%s", errdefs.QuoteName(name), why)
 }
 
+// unavailable is the 503 of a store that failed, the error of every store
+// call; a record that the store returned but that cannot be changed or
+// read is no store's outage, and a retry would not mend it: one a change
+// would make too large is a 409 (registry.ErrRecordTooLarge), one that
+// does not decode a 500 (registry.ErrCorruptRecord), each saying what
+// does.
 func unavailable(err error, format string, a ...any) *errdefs.Error {
+	switch {
+	case errors.Is(err, registry.ErrRecordTooLarge):
+		return errorf(errdefs.KindConflict, err, "%s", err.Error()) // it names the function and what to do
+	case errors.Is(err, registry.ErrCorruptRecord):
+		return errorf(errdefs.KindInternal, err, "%s", err.Error())
+	}
 	return errdefs.Unavailable(err, format, a...)
 }
 
