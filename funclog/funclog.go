@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -284,6 +285,7 @@ func (s *Store) Follow(name string, since time.Time) ([]api.LogLine, *Follower, 
 		return nil, nil, fmt.Errorf("%w: this node serves %d in all, the most it may", ErrTooManyFollowers, MaxFollowersTotal)
 	}
 	lines := s.linesLocked(name, since)
+	name = strings.Clone(name) // a map key and the follower's own: it outlives the caller's bytes
 	if r == nil {
 		r = &ring{}
 		s.fns[name] = r

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/plover-run/plover/api"
 )
@@ -259,5 +260,28 @@ func TestForgetUnsunk(t *testing.T) {
 			}
 		}
 		f.Close()
+	}
+}
+
+// Follow keeps a name of its own: a caller's name borrowed over a request
+// buffer, which serves another request next, must not become the ring's
+// map key, or the function's lines reach a key since rewritten.
+func TestFollowKeepsItsOwnName(t *testing.T) {
+	s := New(nil)
+	buf := []byte("fn")
+	_, f, err := s.Follow(unsafe.String(&buf[0], len(buf)), time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	copy(buf, "xx") // the buffer's next request
+	s.Sink("fn").Add(line(time.Now(), 1))
+	select {
+	case l := <-f.C:
+		if l.Line != "line 1" {
+			t.Fatalf("the follower got %+v", l)
+		}
+	default:
+		t.Fatalf("the follower of fn got nothing; the store's names: %v", s.Followed())
 	}
 }
