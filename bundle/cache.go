@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -138,34 +139,46 @@ func (c *Cache) Stats() CacheStats {
 // later unpack's rename of sha.
 func (c *Cache) use(sha, dir string, size int64) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	e, ok := c.entries[sha]
 	if !ok {
 		e = &cacheEntry{size: size}
 		c.entries[sha] = e
 		c.total += size
 	}
-	e.lastUsed = time.Now()
-	e.inUse++
 	now := time.Now()
+	e.lastUsed = now
+	e.inUse++ // not evicted while in use: its directory stays
+	gone := c.evictLocked()
+	c.mu.Unlock()
 	os.Chtimes(dir, now, now) // the order survives a restart
-	c.evictLocked()
+	removeAll(gone)
 }
 
 // Release ends one use of a bundle that Get returned.
 func (c *Cache) Release(sha string) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	var gone []string
 	if e, ok := c.entries[sha]; ok && e.inUse > 0 {
 		e.inUse--
-		c.evictLocked()
+		gone = c.evictLocked()
+	}
+	c.mu.Unlock()
+	removeAll(gone)
+}
+
+// removeAll removes the directories evictLocked set aside, outside the
+// cache's lock: a bundle of gigabytes takes a while, and every Get,
+// Release and Stats waited on it.
+func removeAll(dirs []string) {
+	for _, d := range dirs {
+		os.RemoveAll(d)
 	}
 }
 
 // evictLocked removes least recently used bundles not in use until the
 // cache fits its limit. Bundles in use are never removed, so the cache can
 // exceed the limit while they are.
-func (c *Cache) evictLocked() {
+func (c *Cache) evictLocked() (gone []string) {
 	for c.maxBytes > 0 && c.total > c.maxBytes {
 		var victim string
 		var oldest time.Time
@@ -175,18 +188,22 @@ func (c *Cache) evictLocked() {
 			}
 		}
 		if victim == "" {
-			return
+			return gone
 		}
-		// Rename first: a crash mid-removal must not leave a half-deleted
-		// bundle under its sha256 name (NewCache removes .evict-* leftovers).
-		gone := filepath.Join(c.dir, ".evict-"+victim)
-		if err := os.Rename(filepath.Join(c.dir, victim), gone); err != nil {
-			return
+		// Renamed aside here, removed by the caller once it let go of the
+		// lock: a crash mid-removal must not leave a half-deleted bundle
+		// under its sha256 name (NewCache removes .evict-* leftovers).
+		// Named apart: the same bundle, fetched again, may be evicted
+		// again before the first removal ends.
+		aside := filepath.Join(c.dir, ".evict-"+victim+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+		if err := os.Rename(filepath.Join(c.dir, victim), aside); err != nil {
+			return gone
 		}
-		os.RemoveAll(gone)
+		gone = append(gone, aside)
 		c.total -= c.entries[victim].size
 		delete(c.entries, victim)
 	}
+	return gone
 }
 
 // FetchError is a failure to read a bundle from the store (an outage, a

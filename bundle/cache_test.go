@@ -85,6 +85,11 @@ func TestCacheLRUEvictionSparesBundlesInUse(t *testing.T) {
 	if has(a) || !has(b) || !has(c) {
 		t.Fatalf("after b again: a=%v b=%v c=%v, want a evicted", has(a), has(b), has(c))
 	}
+	// An evicted bundle's files are gone from the disk by then, not only
+	// from its name.
+	if aside, _ := filepath.Glob(filepath.Join(dir, ".evict-*")); len(aside) > 0 {
+		t.Fatalf("evicted bundles still on the disk: %v", aside)
+	}
 
 	// A restarted node finds its bundles on disk: no fetch, same usage.
 	os.MkdirAll(filepath.Join(dir, ".unpack-123"), 0o755) // crash leftover
