@@ -11,9 +11,10 @@
 // of its data directory left running (EndLeftovers).
 //
 // The worker side, first thing after it starts and before any tenant
-// code runs, gives up privileges (Enter) and, once it knows which
-// bundle it serves, confines its filesystem view with Landlock
-// (RestrictFS).
+// code runs, gives up privileges (Enter), takes a seccomp filter that
+// keeps it off other processes' limits and nice levels and off the
+// network (RestrictReach) and, once it knows which bundle it serves,
+// confines its filesystem view with Landlock (RestrictFS).
 //
 // Every per-thread kernel attribute this package changes in the worker
 // (capability sets, no_new_privs, the parent-death signal, the Landlock

@@ -100,6 +100,8 @@ func runChild(mode string) {
 		childDeepChain()
 	case "reach":
 		childReach()
+	case "reach-sockets":
+		childReachSockets()
 	case "stray-server":
 		childStrayServer()
 	default:

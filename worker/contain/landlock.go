@@ -131,7 +131,9 @@ func addExisting(dirs, files *[]string, p string) {
 // it cannot read the server's configuration, other tenants' bundles,
 // credentials or keys, whatever the Unix permissions, even as root. Where
 // the kernel supports it, it also takes away TCP (bind, connect) and
-// signals and abstract sockets to processes outside the domain.
+// signals and abstract sockets to processes outside the domain. Landlock
+// has no UDP rule: RestrictReach's seccomp filter is what keeps a worker
+// off the network, on any ABI.
 //
 // It is best effort by kernel: where the kernel has no Landlock (or it is
 // disabled at boot) it returns applied=false and no error, so the caller

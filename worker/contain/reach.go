@@ -31,6 +31,24 @@ import (
 // filter cannot read, so clone3 fails with ENOSYS, on which glibc (its
 // pthread_create, posix_spawn) falls back to clone; Go uses clone.
 //
+// It takes away the network: socket and socketpair succeed only for Unix
+// and netlink sockets and fail with EPERM for every other family. Landlock
+// refuses TCP bind and connect only from its ABI 4 (Linux 6.7) and UDP
+// never, and a worker has no network namespace of its own, so without this
+// a bundle could send UDP anywhere, and before ABI 4 fetch a cloud
+// instance's credentials from 169.254.169.254. An allowlist, not the IP
+// families alone: vsock reaches a virtual machine's host, and other
+// families reach other networks (AF_SMC through a TCP socket of the
+// kernel's own, which Landlock's TCP rule does not check). Unix sockets
+// carry the CUDA driver's and MPS's traffic (and the worker's own
+// channels, made by the server); netlink is kept as nothing shows that the
+// CUDA driver does without it, and it reaches this kernel, not another
+// host. io_uring_setup fails with ENOSYS, as on a kernel without io_uring:
+// a ring makes sockets without socket(2) (IORING_OP_SOCKET); with no ring
+// to be had, io_uring_enter and io_uring_register have nothing to act on.
+// amd64 and arm64 have no socketcall(2); i386's, by int 0x80 on amd64, is
+// refused with every call of another architecture.
+//
 // It must run after no_new_privs is set (Enter), before tenant code. It
 // reports false, without error, where the kernel has no seccomp filters
 // (asked first, so that a filter the kernel refuses is an error, not read
@@ -99,13 +117,14 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	)
 	// Labels: the index of each named instruction below.
 	const (
-		lPrio  = 9
-		lPgrp  = 15
-		lSelf  = 18
-		lClone = 20
-		lOK    = 22
-		lNo    = 23
-		lNoSys = 24
+		lPrio   = 12
+		lPgrp   = 18
+		lSelf   = 21
+		lClone  = 23
+		lFamily = 25
+		lOK     = 28
+		lNo     = 29
+		lNoSys  = 30
 	)
 	// to is the jump offset from instruction at to label.
 	to := func(at, label int) uint8 { return uint8(label - at - 1) }
@@ -116,24 +135,32 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 		3:      {Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
 		4:      {Code: jeq, K: unix.SYS_CLONE, Jt: to(4, lClone), Jf: 0},
 		5:      {Code: jeq, K: unix.SYS_CLONE3, Jt: to(5, lNoSys), Jf: 0},
-		6:      {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(6, lPrio)},
-		7:      {Code: ld, K: seccompArg0},
-		8:      {Code: ja, K: uint32(to(8, lSelf))},
+		6:      {Code: jeq, K: unix.SYS_SOCKET, Jt: to(6, lFamily), Jf: 0},
+		7:      {Code: jeq, K: unix.SYS_SOCKETPAIR, Jt: to(7, lFamily), Jf: 0},
+		8:      {Code: jeq, K: unix.SYS_IO_URING_SETUP, Jt: to(8, lNoSys), Jf: 0},
+		9:      {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(9, lPrio)},
+		10:     {Code: ld, K: seccompArg0},
+		11:     {Code: ja, K: uint32(to(11, lSelf))},
 		lPrio:  {Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
-		10:     {Code: ld, K: seccompArg0}, // which
-		11:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(11, lPgrp), Jf: 0},
-		12:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(12, lNo)},
-		13:     {Code: ld, K: seccompArg1}, // who
-		14:     {Code: ja, K: uint32(to(14, lSelf))},
+		13:     {Code: ld, K: seccompArg0}, // which
+		14:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(14, lPgrp), Jf: 0},
+		15:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(15, lNo)},
+		16:     {Code: ld, K: seccompArg1}, // who
+		17:     {Code: ja, K: uint32(to(17, lSelf))},
 		lPgrp:  {Code: ld, K: seccompArg1},
-		16:     {Code: jeq, K: 0, Jt: to(16, lOK), Jf: 0},
-		17:     {Code: jeq, K: pgrp, Jt: to(17, lOK), Jf: to(17, lNo)},
+		19:     {Code: jeq, K: 0, Jt: to(19, lOK), Jf: 0},
+		20:     {Code: jeq, K: pgrp, Jt: to(20, lOK), Jf: to(20, lNo)},
 		lSelf:  {Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
-		19:     {Code: jeq, K: pid, Jt: to(19, lOK), Jf: to(19, lNo)},
+		22:     {Code: jeq, K: pid, Jt: to(22, lOK), Jf: to(22, lNo)},
 		lClone: {Code: ld, K: seccompArg0}, // flags, on amd64 and arm64
-		21:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(21, lNo), Jf: to(21, lOK)},
-		lOK:    {Code: ret, K: allow},
-		lNo:    {Code: ret, K: deny},
-		lNoSys: {Code: ret, K: nosys},
+		24:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(24, lNo), Jf: to(24, lOK)},
+		// socket's and socketpair's domain: an int, so the kernel reads
+		// the argument's low 32 bits, as this does.
+		lFamily: {Code: ld, K: seccompArg0},
+		26:      {Code: jeq, K: unix.AF_UNIX, Jt: to(26, lOK), Jf: 0},
+		27:      {Code: jeq, K: unix.AF_NETLINK, Jt: to(27, lOK), Jf: to(27, lNo)},
+		lOK:     {Code: ret, K: allow},
+		lNo:     {Code: ret, K: deny},
+		lNoSys:  {Code: ret, K: nosys},
 	}
 }
