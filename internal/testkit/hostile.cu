@@ -727,30 +727,59 @@ PLOVER_ENTRY(poke) {
   put(s, msg);
 }
 
-// connect_tcp: the input is "a.b.c.d:port"; connects and writes "OK", or
-// "ERR <errno name>".
-PLOVER_ENTRY(connect_tcp) {
-  (void)grid; (void)block;
+// in4_input reads the input, "a.b.c.d:port", into sa; on a bad one it
+// writes "ERR bad address" and returns -1.
+static int in4_input(plover_state_t *s, struct sockaddr_in *sa) {
   char buf[64] = {0};
   size_t n = s->input.len < sizeof buf - 1 ? s->input.len : sizeof buf - 1;
   memcpy(buf, s->input.dat, n);
   char *colon = strchr(buf, ':');
-  if (colon == NULL) { put(s, "ERR bad address"); return; }
+  if (colon == NULL) { put(s, "ERR bad address"); return -1; }
   *colon = 0;
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)atoi(colon + 1));
-  if (inet_pton(AF_INET, buf, &sa.sin_addr) != 1) { put(s, "ERR bad address"); return; }
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) { char m[64]; snprintf(m, sizeof m, "ERR %s", strerrorname_np(errno)); put(s, m); return; }
-  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
-  int e = errno;
-  close(fd);
-  if (rc == 0) { put(s, "OK"); return; }
+  memset(sa, 0, sizeof *sa);
+  sa->sin_family = AF_INET;
+  sa->sin_port = htons((uint16_t)atoi(colon + 1));
+  if (inet_pton(AF_INET, buf, &sa->sin_addr) != 1) { put(s, "ERR bad address"); return -1; }
+  return 0;
+}
+
+// put_errname writes "ERR <errno name>" of e (any errno glibc names).
+static void put_errname(plover_state_t *s, int e) {
   char msg[64];
   snprintf(msg, sizeof msg, "ERR %s", strerrorname_np(e));
   put(s, msg);
+}
+
+// connect_tcp: the input is "a.b.c.d:port"; connects and writes "OK", or
+// "ERR <errno name>".
+PLOVER_ENTRY(connect_tcp) {
+  (void)grid; (void)block;
+  struct sockaddr_in sa;
+  if (in4_input(s, &sa) < 0) return;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) { put_errname(s, errno); return; }
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  int e = errno;
+  close(fd);
+  if (rc == 0) put(s, "OK");
+  else put_errname(s, e);
+}
+
+// send_udp: the input is "a.b.c.d:port"; sends the datagram "plover-udp"
+// there and writes "OK", or "ERR <errno name>" of the call that failed.
+PLOVER_ENTRY(send_udp) {
+  (void)grid; (void)block;
+  struct sockaddr_in sa;
+  if (in4_input(s, &sa) < 0) return;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) { put_errname(s, errno); return; }
+  static const char dgram[] = "plover-udp";
+  ssize_t n = sendto(fd, dgram, sizeof dgram - 1, 0, (struct sockaddr *)&sa, sizeof sa);
+  int e = errno;
+  close(fd);
+  if (n == (ssize_t)(sizeof dgram - 1)) put(s, "OK");
+  else if (n < 0) put_errname(s, e);
+  else put(s, "ERR short send");
 }
 
 // whoami: writes this worker's pid (as its parent sees it).
