@@ -328,10 +328,17 @@ func (p *proc) awaitReady(ctx context.Context) error {
 	}
 	d.startFailures.Store(0)
 	if d.opts.Landlock && !ready.Landlocked && d.landlockLogged.CompareAndSwap(false, true) {
-		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can, open network connections and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
+		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
 	}
 	if !ready.Filtered && d.filterLogged.CompareAndSwap(false, true) {
-		d.opts.Log.Warn("this kernel has no seccomp filters: without PID namespaces a worker can change the resource limits and nice level of another process of its uid (another worker's, the server's when they share it)")
+		// The filter is what refuses a worker every socket family but
+		// Unix's and netlink; without it Landlock refuses TCP at best
+		// (from its ABI 4), and UDP never.
+		network := "reach the network by UDP and TCP (Landlock refuses TCP only from its ABI 4, Linux 6.7): a bundle can call the node's services and a cloud instance's metadata service (169.254.169.254) for its credentials"
+		if d.opts.Landlock && ready.Landlocked && landlockABI() >= landlockRefusesTCP {
+			network = "reach the network by UDP (Landlock refuses them TCP, not UDP): a bundle can call the node's UDP services and send anywhere"
+		}
+		d.opts.Log.Warn("this kernel has no seccomp filters: workers can "+network+"; without PID namespaces a worker can change the resource limits and nice level of another process of its uid (another worker's, the server's when they share it)", "landlock_abi", landlockABI())
 	}
 	if d.opts.Landlock && ready.Landlocked && landlockABI() < landlockScopesSignals && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel's Landlock does not scope signals (that needs its ABI 6, Linux 6.12): workers, which share one uid (--worker-user), can signal one another, another tenant's included", "landlock_abi", landlockABI())
@@ -339,12 +346,16 @@ func (p *proc) awaitReady(ctx context.Context) error {
 	return nil
 }
 
-// landlockABI is the kernel's Landlock ABI (a variable for tests), and
-// landlockScopesSignals the first that keeps a worker from signalling
+// landlockABI is the kernel's Landlock ABI (a variable for tests),
+// landlockRefusesTCP the first that refuses a worker TCP bind and connect,
+// and landlockScopesSignals the first that keeps a worker from signalling
 // processes outside its domain.
 var landlockABI = contain.LandlockABI
 
-const landlockScopesSignals = 6
+const (
+	landlockRefusesTCP    = 4
+	landlockScopesSignals = 6
+)
 
 // startFailure is the error of a worker that ended before it was ready,
 // with what it said about why (a device it could not open, say): an
