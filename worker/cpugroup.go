@@ -126,7 +126,7 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 		return nil
 	}
 	g.dir = filepath.Join(g.home, name)
-	sweep(g.home)
+	sweep(g.home, log)
 	if err := os.Mkdir(g.dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		log.Warn("worker CPU weights: cannot create a cgroup", "dir", g.dir, "error", err)
 		return nil
@@ -177,17 +177,58 @@ func OwnGroup(controller string) string {
 	return path
 }
 
-// sweep removes the groups of servers that are gone (one killed before
-// its Close): empty groups go, groups that still hold a process stay.
-func sweep(parent string) {
+// sweep removes the groups under parent of servers that are gone (killed
+// before their Close), first killing what is left in them (emptyGroup):
+// without PID namespaces (subreapers) what a dead server's workers
+// started outlives them, and the next server's EndLeftovers finds it only
+// by the tag in its argv, which a child that rewrote its argv or ran
+// another program no longer carries, while the worker's groups still hold
+// it. A group holding a process that does not die stays, logged. The pids
+// are read from groups only a dead server made, each checked to be in its
+// group through a pidfd before the kill. Except: a server in a PID
+// namespace of its own that shares the hierarchy (a container) names its
+// groups by a pid this one may not see, though it sees the server's
+// process in its server group, plover-<pid>/server: groups whose server
+// group holds a process are left alone, whatever they hold. servers are
+// other hierarchies to look for that group in (cpu's, for pids and
+// memory, whose server stays in its home group).
+func sweep(parent string, log *slog.Logger, servers ...string) {
+	servers = append([]string{parent}, servers...)
 	des, _ := os.ReadDir(parent)
 	for _, de := range des {
 		pid, ok := strings.CutPrefix(de.Name(), "plover-")
 		if n, err := strconv.Atoi(pid); !ok || err != nil || !de.IsDir() || processExists(n) {
 			continue
 		}
-		removeGroups(filepath.Join(parent, de.Name()))
+		dir := filepath.Join(parent, de.Name())
+		if slices.ContainsFunc(servers, func(p string) bool { return populated(filepath.Join(p, de.Name(), "server")) }) {
+			log.Warn("the cgroups of a server that looks gone are left alone: a process is in its server group (a server under another PID namespace, or one it started that outlived it)", "dir", dir)
+			continue
+		}
+		if err := emptyGroups(dir); err != nil {
+			log.Warn("a killed server's leftover processes could not all be ended: their cgroups stay", "dir", dir, "error", err)
+		}
+		removeGroups(dir)
 	}
+}
+
+// populated reports whether cgroup.procs of group dir names a process.
+func populated(dir string) bool {
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	return len(strings.TrimSpace(string(b))) > 0
+}
+
+// emptyGroups kills the processes in group dir and in the groups in it
+// (emptyGroup), and returns once they are gone, or what failed.
+func emptyGroups(dir string) error {
+	err := emptyGroup(dir) // under v2 its cgroup.kill ends the groups in it too
+	kids, _ := os.ReadDir(dir)
+	for _, k := range kids {
+		if k.IsDir() {
+			err = errors.Join(err, emptyGroup(filepath.Join(dir, k.Name())))
+		}
+	}
+	return err
 }
 
 // removeGroups removes group dir and the groups in it, those that hold no

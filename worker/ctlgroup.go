@@ -82,7 +82,11 @@ func (c *ctlGroups) ready(root string, cpu *CPUGroups) error {
 			return nil
 		}
 	}
-	sweep(home)
+	var servers []string // where a live server's own group would be (sweep)
+	if cpu != nil && cpu.home != "" {
+		servers = append(servers, cpu.home)
+	}
+	sweep(home, c.log, servers...)
 	dir := filepath.Join(home, fmt.Sprintf("plover-%d", os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("make a %s cgroup: %w", c.ctl, err)

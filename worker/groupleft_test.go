@@ -68,3 +68,109 @@ func TestLeftoverGroupThatCannotBeEmptiedFailsNothing(t *testing.T) {
 		t.Errorf("the worker's group %s (members %v), the leftover %s", cg.dir, members, left)
 	}
 }
+
+// A process a killed server's worker started that its argv no longer
+// names (one that rewrote it, or ran another program: EndLeftovers finds
+// leftovers only by the tag there) still sits in the worker's groups,
+// plover-<dead server>/<worker>. The next server's sweep kills it, in
+// each hierarchy, and removes the groups; before, it removed only empty
+// groups, and the process lived on, its groups with it. Against the
+// node's v1 cpu and pids hierarchies.
+func TestSweepEndsWhatADeadServerLeftInItsGroups(t *testing.T) {
+	cpuHome, pidsHome := nodeHomes(t)
+	dead := deadServer()
+	inCPU := leftIn(t, filepath.Join(cpuHome, dead, "7"))
+	inPids := leftIn(t, filepath.Join(pidsHome, dead, "7-1"))
+	cpu := nodeCPUGroupsV1(t)
+	pids := NewPidGroups(cgroupRoot, 64, 0, cpu, nil)
+	t.Cleanup(pids.Close)
+	if m := pids.Mechanism(); m != "cgroup v1" {
+		t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+	}
+	for _, l := range []*leftover{inCPU, inPids} {
+		select {
+		case <-l.done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a killed server's leftover %d in %s lives on after the next server's sweep", l.cmd.Process.Pid, l.dir)
+		}
+		if _, err := os.Stat(filepath.Dir(l.dir)); !os.IsNotExist(err) {
+			t.Errorf("the killed server's group %s is still there: %v", filepath.Dir(l.dir), err)
+		}
+	}
+}
+
+// A server's groups whose plover-<pid> names no process this one sees,
+// but whose server group holds one, are a live server's under a PID
+// namespace of its own (a container sharing the hierarchy): sweep kills
+// nothing in them and leaves them, in the pids hierarchy too, where the
+// server group looked at is cpu's.
+func TestSweepLeavesTheGroupsOfAServerInAnotherNamespace(t *testing.T) {
+	cpuHome, pidsHome := nodeHomes(t)
+	name := deadServer()
+	server := leftIn(t, filepath.Join(cpuHome, name, "server"))
+	workers := []*leftover{leftIn(t, filepath.Join(cpuHome, name, "7")), leftIn(t, filepath.Join(pidsHome, name, "7"))}
+	cpu := nodeCPUGroupsV1(t)
+	pids := NewPidGroups(cgroupRoot, 64, 0, cpu, nil)
+	t.Cleanup(pids.Close)
+	if m := pids.Mechanism(); m != "cgroup v1" {
+		t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+	}
+	// The sweeps ran in the constructors, to their end: anything they
+	// killed is out of its group by now (emptyGroup returns once it is).
+	for _, l := range append(workers, server) {
+		if members, _ := groupMembers(l.dir); !slices.Contains(members, l.cmd.Process.Pid) {
+			t.Errorf("process %d of another namespace's server was swept out of %s (members %v)", l.cmd.Process.Pid, l.dir, members)
+		}
+	}
+}
+
+// nodeHomes is the node's v1 cpu and pids groups this process is in,
+// where a server started here makes its groups (skipped where there are
+// none to write).
+func nodeHomes(t *testing.T) (cpu, pids string) {
+	t.Helper()
+	cpu = filepath.Join(cgroupRoot, "cpu", OwnGroup("cpu"))
+	pids = filepath.Join(cgroupRoot, "pids", OwnGroup("pids"))
+	for _, d := range []string{cpu, pids} {
+		if _, err := os.Stat(filepath.Join(d, "cgroup.procs")); err != nil {
+			t.Skipf("no cgroup v1 hierarchy at %s: %v", d, err)
+		}
+	}
+	return cpu, pids
+}
+
+// deadServer is a server's group name whose pid no process has: above
+// any pid_max, and this test process's own.
+func deadServer() string { return fmt.Sprintf("plover-%d", 1<<30+os.Getpid()) }
+
+// leftover is a process the test put in a group as a killed server's.
+type leftover struct {
+	cmd  *exec.Cmd
+	dir  string
+	done chan struct{} // closed once it exited and was reaped
+}
+
+// leftIn starts a process in group dir (made, with its parent), killed
+// and removed with the groups after the test (skipped where the group
+// cannot be made).
+func leftIn(t *testing.T, dir string) *leftover {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Skipf("cannot make a cgroup: %v", err)
+	}
+	l := &leftover{cmd: exec.Command("sleep", "60"), dir: dir, done: make(chan struct{})}
+	if err := l.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { l.cmd.Wait(); close(l.done) }()
+	t.Cleanup(func() {
+		l.cmd.Process.Kill()
+		<-l.done
+		os.Remove(dir)
+		os.Remove(filepath.Dir(dir))
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(l.cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatalf("move %d into %s: %v", l.cmd.Process.Pid, dir, err)
+	}
+	return l
+}
