@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -238,7 +239,13 @@ var _ device.Lender = (*program)(nil)
 // Lend lends a pool slot of maxIn input and out output bytes (a program's
 // instances all have its manifest's sizes), making one if none is free and
 // the pool has room: a control call the first time, the slot reused after.
-// False when the worker is gone or the pool is full.
+// False when the worker is gone, the pool is full, or a slot would have to
+// be made while the worker's control channel is busy: Lend is called
+// before a request's body is read, and a wait for the channel would hold
+// the request behind another's call (an instance's plover_instance_init
+// as its function scales up, a sibling's load in a tenant's worker: up to
+// tens of seconds), where its body read into ordinary memory and copied
+// costs a copy. The next request makes the slot once the channel is free.
 func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 	pool := &g.slots
 	pool.mu.Lock()
@@ -254,7 +261,9 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 		return s, true
 	}
 	size := device.SlotSize(maxIn, out)
-	if pool.count >= maxPoolSlots || !g.d.reservePin(size) {
+	// A busy control channel is seen here before a slot's memory is made
+	// for nothing; one taken after the look is newPoolSlot's to refuse.
+	if pool.count >= maxPoolSlots || len(g.p.ctlTok) > 0 || !g.d.reservePin(size) {
 		pool.mu.Unlock()
 		return nil, false
 	}
@@ -290,21 +299,27 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 		return nil, err
 	}
 	defer unix.Close(memfd)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // its wait for the channel
-	defer cancel()
+	// A context already done: callTurn takes the control channel only if
+	// it is free at once (Lend waits for no other call). The call, once
+	// sent, has its own bound: pinning a large slot takes time of its own.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
 	g.p.mapSlot(size)
-	raw, err := g.p.callTurn(ctx, 10*time.Second, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: size}, []int{memfd}, "adding a slot") // pinning a large slot takes time of its own
+	raw, err := g.p.callTurn(ctx, 10*time.Second, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: size}, []int{memfd}, "adding a slot")
 	var rep wire.Reply
-	refused := false // answered: the worker holds none of the slot
+	// The worker holds none of the slot: the call was not sent (the
+	// channel was busy: callTurn's only ErrNotStarted with a bound), or
+	// was answered with a refusal.
+	unheld := errors.Is(err, device.ErrNotStarted)
 	if err == nil {
 		var bad error
 		if rep, bad = wire.DecodeControlReply(wire.OpSlot, raw); bad != nil || rep.St != wire.StOK {
 			err = fmt.Errorf("worker %d refused a slot: %q", g.p.pid, raw)
-			refused = bad == nil
+			unheld = bad == nil
 		}
 	}
 	if err != nil {
-		g.p.dropSlot(size, 0, refused)
+		g.p.dropSlot(size, 0, unheld)
 		unix.Munmap(mem)
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"runtime/debug"
 	"strings"
@@ -306,4 +307,92 @@ func TestDiscardedSlotOfARunThatPanickedBeforeItsSendGoes(t *testing.T) {
 	}()
 	s.Discard() // as the transport does with a panicked request's slot
 	waitFor(t, "the worker to unmap the discarded slot", func() bool { return slotMaps(t, g.p.pid) == maps-1 })
+}
+
+// Lend is called before a request's body is read: a slot it would have
+// to make while the worker's control channel is busy (here an instance's
+// plover_instance_init, 3 s, as a warm function scales up) is not made,
+// and the body goes to ordinary memory and is copied, as when the pool is
+// full. Before, Lend waited up to 10 s for the channel, then up to 10 s
+// for the call, the request held before its body was read. Once the
+// channel is free the slot is made.
+func TestLendDoesNotWaitForTheControlChannel(t *testing.T) {
+	d := newDevice(t, 0)
+	m := testkit.Manifest("hooks")
+	m.Library, m.Chain = "hooks.so", []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}}
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.HooksSource(), dir, m.Library, "-DSLOW_INIT_MS=3000")
+	testkit.WriteManifest(t, dir, m)
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	g := p.(*program)
+	made := make(chan error, 1)
+	go func() {
+		in, err := p.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes})
+		if err == nil {
+			in.Close()
+		}
+		made <- err
+	}()
+	waitFor(t, "the instance's init to hold the control channel", func() bool {
+		g.p.mu.Lock()
+		defer g.p.mu.Unlock()
+		return g.p.ctlBusy && g.p.calling == "creating an instance"
+	})
+	s, ok := g.Lend(m.MaxInputBytes, m.OutBytes)
+	select {
+	case err := <-made:
+		t.Fatalf("Lend returned (lent %v) only once the instance's init had ended (%v)", ok, err)
+	default:
+	}
+	if ok {
+		s.Release()
+		t.Fatal("Lend made a slot while the control channel was busy")
+	}
+	if count := poolCount(g); count != 0 {
+		t.Fatalf("the pool counts %d slots after a Lend that made none", count)
+	}
+	if err := <-made; err != nil {
+		t.Fatalf("new instance: %v", err)
+	}
+	s, ok = g.Lend(m.MaxInputBytes, m.OutBytes)
+	if !ok {
+		t.Fatal("no slot made once the control channel was free")
+	}
+	s.Release()
+}
+
+// A slot whose call finds the control channel taken (after Lend's look
+// found it free) is not made, at once, not after the other call, and the
+// worker, never sent it, is not counted as perhaps still mapping it: its memory limit stays as it
+// was, where a slot it may map counts for 10 s after it is let go of.
+func TestPoolSlotNotSentOnABusyChannelLeavesNothingCounted(t *testing.T) {
+	g, s := lentEcho(t)
+	s.Release()
+	g.p.ctlTok <- struct{}{} // another's call, taken after Lend's look, ending in 3 s
+	end := time.AfterFunc(3*time.Second, func() { <-g.p.ctlTok })
+	_, err := g.newPoolSlot(s.(*poolSlot).maxIn, s.(*poolSlot).out)
+	if !end.Stop() {
+		t.Fatalf("the slot's call returned (%v) only once the other call had ended", err)
+	}
+	<-g.p.ctlTok
+	if !errors.Is(err, device.ErrNotStarted) {
+		t.Fatalf("a slot made on a busy channel: %v, want ErrNotStarted (not sent)", err)
+	}
+	g.p.slots.mu.Lock()
+	mapped, left := g.p.slots.mapped, len(g.p.slots.left)
+	g.p.slots.mu.Unlock()
+	if mapped != s.(*poolSlot).size() || left != 0 {
+		t.Fatalf("the worker counted as mapping %d bytes (want the one slot's %d), %d slots let go of (want none: it was never sent one)", mapped, s.(*poolSlot).size(), left)
+	}
+}
+
+// poolCount is how many slots g's pool counts, lent and free.
+func poolCount(g *program) int {
+	g.slots.mu.Lock()
+	defer g.slots.mu.Unlock()
+	return g.slots.count
 }
