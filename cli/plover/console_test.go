@@ -45,9 +45,10 @@ type consoleBrowser struct {
 	asked []string
 }
 
-// startBrowser starts one for the test, which it skips without Chromium
-// (fails with PLOVER_REQUIRE_CHROMIUM=1); it ends with the test.
-func startBrowser(t *testing.T) *consoleBrowser {
+// startBrowser starts one for the test, with extra options, which it skips
+// without Chromium (fails with PLOVER_REQUIRE_CHROMIUM=1); it ends with
+// the test.
+func startBrowser(t *testing.T, extra ...chromedp.ExecAllocatorOption) *consoleBrowser {
 	t.Helper()
 	chrome := chromiumPath()
 	if chrome == "" && os.Getenv("PLOVER_REQUIRE_CHROMIUM") == "1" {
@@ -58,6 +59,7 @@ func startBrowser(t *testing.T) *consoleBrowser {
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
 		chromedp.WindowSize(1280, 900), chromedp.Flag("disable-dev-shm-usage", true))
+	opts = append(opts, extra...)
 	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancel)
 	ctx, cancel := chromedp.NewContext(actx)
@@ -429,5 +431,52 @@ func TestConsole(t *testing.T) {
 		if !ours && !strings.HasPrefix(u, "data:") {
 			t.Errorf("the console fetched %s, not from the servers %s and %s", u, srv.url, open.url)
 		}
+	}
+}
+
+// TestConsoleInsecureOrigin: a console read over plain HTTP from a name
+// other than localhost (http://gpu-box:8080 with tokens: TLS is optional)
+// is no secure context, and its browser has no crypto.subtle. Invoking from it still
+// shows the output's size and offers it for download, and says why no
+// sha256 is shown, instead of an error after the function ran.
+func TestConsoleInsecureOrigin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries, starts a server and a browser")
+	}
+	b := startBrowser(t, chromedp.Flag("host-resolver-rules", "MAP plover.test 127.0.0.1"))
+	bin := buildPlover(t)
+	// A server without tokens answers only its loopback names.
+	authFile := filepath.Join(t.TempDir(), "tokens")
+	toks := writeAuthFile(t, authFile, [][3]string{{"root", "admin", "*"}})
+	srv := startServer(t, bin, "--auth-file", authFile)
+	c := &http.Client{Timeout: 30 * time.Second}
+	talker, _ := outputBundle(t, "talker", "say", 1, 1)
+	if r := secDo(t, c, "PUT", srv.url+"/v1/functions/talker", toks["root"], bundle.MediaType, packDir(t, talker)); r.code != 201 {
+		t.Fatalf("deploy talker: %d %s", r.code, r.body)
+	}
+	page := strings.Replace(srv.url, "127.0.0.1", "plover.test", 1) + "/ui/#/functions/talker"
+	in := filepath.Join(t.TempDir(), "in.txt")
+	os.WriteFile(in, []byte("hello"), 0o644)
+	b.do(30*time.Second, "open talker's page at "+page,
+		chromedp.Navigate(page+"?token="+toks["root"]),
+		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)))
+	if evaluate[bool](b, `window.isSecureContext || globalThis.crypto.subtle !== undefined`) {
+		t.Fatalf("%s is a secure context here: the test would not see what a plain-HTTP console's browser lacks", page)
+	}
+	b.do(30*time.Second, "invoke from a page that is no secure context",
+		chromedp.SetUploadFiles(chromedp.CSS("#invoke-file"), []string{in}),
+		chromedp.Click(chromedp.CSS(`#invoke button[type="submit"]`)),
+		poll(`document.getElementById("invoke-download") !== null || document.getElementById("invoke-error") !== null`))
+	if evaluate[bool](b, `document.getElementById("invoke-error") !== null`) {
+		t.Fatalf("invoke from %s: %q, want the output offered (the function ran)", page, b.text("#invoke-error"))
+	}
+	if href := evaluate[string](b, `document.getElementById("invoke-download").href`); !strings.HasPrefix(href, "blob:http://plover.test:") {
+		t.Errorf("the download link: %q, want a blob: URL of the page's origin", href)
+	}
+	if note := b.text("#invoke-sha256-note"); !strings.Contains(note, "HTTPS") || !strings.Contains(note, "localhost") {
+		t.Errorf("the page says %q where the sha256 would be, want why there is none (HTTPS or localhost)", note)
+	}
+	if got := b.text("#invoke-result"); !strings.Contains(got, "200 ·") {
+		t.Errorf("the invoke's result: %q, want its status and size", got)
 	}
 }

@@ -391,7 +391,18 @@ async function invoke(name, f, result) {
     const body = f ? await f.arrayBuffer() : new ArrayBuffer(0);
     const r = await api("/v1/functions/" + encodeURIComponent(name) + "/invoke", { method: "POST", headers: { "Content-Type": "application/octet-stream" }, body });
     const out = await r.arrayBuffer();
-    const sum = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", out)), (b) => b.toString(16).padStart(2, "0")).join("");
+    // The function ran: its output is shown and offered whatever comes of
+    // its digest. Browsers give crypto.subtle only to secure contexts
+    // (HTTPS, localhost): a console read over plain HTTP from a machine's
+    // name (gpu-box:8080, with tokens) has none.
+    let digest;
+    if (globalThis.crypto && crypto.subtle) {
+      try {
+        digest = ["sha256 ", el("code", { id: "invoke-sha256" }, Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", out)), (b) => b.toString(16).padStart(2, "0")).join(""))];
+      } catch (e) { digest = [el("span", { id: "invoke-sha256-note" }, "no sha256: " + e.message)]; }
+    } else {
+      digest = [el("span", { id: "invoke-sha256-note" }, "no sha256: the browser computes it only on a page served over HTTPS or from localhost")];
+    }
     const parts = (r.headers.get("Server-Timing") || "").split(",").map((p) => p.trim()).filter(Boolean).map((p) => {
       const [n, ...kv] = p.split(";");
       return el("tr", {}, el("td", {}, n), el("td", { class: "num" }, kv.map((x) => x.replace(/^dur=/, "") + (x.startsWith("dur=") ? " ms" : "")).join(" ")));
@@ -399,8 +410,8 @@ async function invoke(name, f, result) {
     if (lastOutput) URL.revokeObjectURL(lastOutput); // one output held at a time
     const url = lastOutput = URL.createObjectURL(new Blob([out], { type: "application/octet-stream" }));
     result.replaceChildren(
-      el("p", { class: "ok" }, "200 · " + (r.headers.get("X-Plover-Start") || "") + " · version " + short(r.headers.get("X-Plover-Version") || "") + " · " + out.byteLength + " bytes · sha256 ",
-        el("code", { id: "invoke-sha256" }, sum), " ", el("a", { href: url, download: name + ".out", id: "invoke-download" }, "download output")),
+      el("p", { class: "ok" }, "200 · " + (r.headers.get("X-Plover-Start") || "") + " · version " + short(r.headers.get("X-Plover-Version") || "") + " · " + out.byteLength + " bytes · ",
+        ...digest, " ", el("a", { href: url, download: name + ".out", id: "invoke-download" }, "download output")),
       el("table", { id: "server-timing" }, el("tbody", {}, ...parts)));
   } catch (e) {
     result.replaceChildren(el("p", { class: "error", id: "invoke-error" }, e.message));
