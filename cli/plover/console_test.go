@@ -286,6 +286,46 @@ func TestConsole(t *testing.T) {
 		t.Errorf("the digits pipeline's steps: %q", steps)
 	}
 
+	// A parallel step's branches share its index and are each a series of
+	// their own (plover_pipeline_step_seconds' function label): a row each,
+	// each with its own figures (one histogram read across both gave the
+	// slow branch the fast one's p99) and a link to its own page. Both warm
+	// first, so that the fast branch's time in the pipeline is its run.
+	const slowMs = 300
+	deploy(testkit.BundleDir(t, testkit.Manifest("fast"), nil), "fast", "", 201)
+	deploy(testkit.BundleDir(t, testkit.Slow("slow", slowMs), nil), "slow", "", 201)
+	deploy(testkit.PipelineDir(t, "par", map[string]any{"parallel": []string{"fast", "slow"}}), "par", "", 201)
+	for _, name := range []string{"fast", "slow", "par"} {
+		if r := secDo(t, c, "POST", fn+name+"/invoke", toks["root"], "application/octet-stream", []byte("x")); r.code != 200 {
+			t.Fatalf("invoke %s: %d %.200s", name, r.code, r.body)
+		}
+	}
+	branch := func(name string) string {
+		return `section[data-pipeline="par"] tr[data-step="0"][data-function="` + name + `"]`
+	}
+	do("a parallel step's branches",
+		chromedp.WaitVisible(chromedp.CSS(branch("slow"))),
+		poll(`document.querySelector('`+branch("slow")+` td.runs').textContent === "1" && document.querySelector('`+branch("fast")+` td.runs').textContent === "1"`))
+	p99 := func(name string) time.Duration {
+		t.Helper()
+		s := strings.TrimSuffix(text(branch(name)+" td.p99"), " ms")
+		d, err := time.ParseDuration(s + "ms")
+		if err != nil {
+			t.Fatalf("%s's p99 on the pipelines page: %q", name, s)
+		}
+		return d
+	}
+	if got := p99("slow"); got < slowMs*time.Millisecond {
+		t.Errorf("the slow branch's p99 on the pipelines page: %v, under its %d ms run (another branch's series mixed in)", got, slowMs)
+	}
+	for _, name := range []string{"fast", "slow"} {
+		if href := evaluate[string](b, `document.querySelector('`+branch(name)+` a').getAttribute("href")`); href != "#/functions/"+name {
+			t.Errorf("the %s branch links to %q, want #/functions/%s", name, href, name)
+		}
+	}
+	do("a branch's link", chromedp.Click(chromedp.CSS(branch("slow")+" a")),
+		poll(`document.querySelector("#main h2").textContent === "slow" && document.querySelector("#versions tr.current") !== null`))
+
 	// A function's page from a link with the token in the fragment: the
 	// token leaves the address bar. Invoking with an uploaded file gives the
 	// function's bytes and the Server-Timing parts.

@@ -426,24 +426,54 @@ function pipelines() {
   every(2000, async () => {
     const { fns, samples, q } = await figures();
     const by = new Map(fns.map((f) => [f.name, f]));
-    // Per step, as the pipeline runner counts it (plover_pipeline_step_*).
-    const stepQ = histQuantiles(samples, "plover_pipeline_step_seconds", (l) => l.pipeline + "\u0000" + l.step);
+    // Per step and function, as the pipeline runner counts them
+    // (plover_pipeline_step_*): a parallel step's branches and a nested
+    // pipeline's functions ("inner/cnn") share their step's index, each a
+    // series of its own.
+    const key = (l) => l.pipeline + "\u0000" + l.step + "\u0000" + l.function;
+    const stepQ = histQuantiles(samples, "plover_pipeline_step_seconds", key);
     const stepErr = Object.create(null);
-    for (const s of samples) if (s.name === "plover_pipeline_step_errors_total") stepErr[s.labels.pipeline + "\u0000" + s.labels.step] = (stepErr[s.labels.pipeline + "\u0000" + s.labels.step] || 0) + s.value;
+    const seen = Object.create(null); // pipeline and step: the functions counted
+    for (const s of samples) {
+      if (s.name === "plover_pipeline_step_errors_total") stepErr[key(s.labels)] = (stepErr[key(s.labels)] || 0) + s.value;
+      else if (s.name !== "plover_pipeline_step_seconds_count") continue;
+      (seen[s.labels.pipeline + "\u0000" + s.labels.step] ||= new Set()).add(s.labels.function);
+    }
     const ps = fns.filter((f) => f.kind === "pipeline");
     if (!ps.length) { body.replaceChildren(el("p", {}, "No pipelines deployed.")); return; }
     body.replaceChildren(...ps.map((p) => el("section", { "data-pipeline": p.name }, el("h3", {}, p.name + " (" + (p.requests || 0) + " requests, p50 " + ms((q[p.name] || {}).p50) + ")"),
       el("table", {}, el("thead", {}, el("tr", {}, ...["step", "function", "version", "runs", "errors", "p50", "p99"].map((h) => el("th", {}, h)))),
-        el("tbody", {}, ...(p.steps || []).map((s, i) => {
-          // A step is a function's name, {function, version} or {parallel: [...]}.
-          const name = (x) => (typeof x === "string" ? x : x.function || "");
-          const fn = typeof s === "string" ? s : s.function || (s.parallel || []).map(name).join(" ∥ ");
-          const f = by.get(fn) || {}, l = stepQ[p.name + "\u0000" + i] || {};
-          return el("tr", { "data-step": String(i) }, el("td", {}, String(i + 1)), el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(fn) }, fn)),
-            el("td", {}, short(s.version || f.version)), el("td", { class: "num runs" }, l.count || 0), el("td", { class: "num" }, stepErr[p.name + "\u0000" + i] || 0),
-            el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num" }, ms(l.p99)));
-        }))))));
+        el("tbody", {}, ...(p.steps || []).flatMap((s, i) => stepRows(s, seen[p.name + "\u0000" + i], by).map(([label, version], j, rows) => {
+          const k = p.name + "\u0000" + i + "\u0000" + label, l = stepQ[k] || {};
+          // A nested pipeline's function is counted as "inner/cnn": its
+          // page is cnn's.
+          const fn = label.slice(label.lastIndexOf("/") + 1);
+          return el("tr", { "data-step": String(i), "data-function": label },
+            j === 0 ? el("td", { rowspan: String(rows.length) }, String(i + 1)) : null,
+            el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(fn) }, label)),
+            el("td", {}, short(version)), el("td", { class: "num runs" }, l.count || 0), el("td", { class: "num errors" }, stepErr[k] || 0),
+            el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num p99" }, ms(l.p99)));
+        })))))));
   });
+}
+
+// stepRows is the rows of a pipeline's step s: one per function it runs,
+// [label as the runner counts it, version]. A step is a function's name,
+// {function, version} or {parallel: [...]} of them; a function that is a
+// pipeline has a row for each of its functions counted at the step so far
+// (seen), labelled "inner/cnn", with no version: the pipeline may pin one.
+function stepRows(s, seen, by) {
+  const counted = [...(seen || [])].sort();
+  const rows = [];
+  for (const b of s.parallel || [s]) {
+    const fn = typeof b === "string" ? b : b.function || "";
+    const f = by.get(fn) || {};
+    if (f.kind !== "pipeline") { rows.push([fn, b.version || f.version]); continue; }
+    const inner = counted.filter((c) => c.startsWith(fn + "/"));
+    if (inner.length) for (const c of inner) rows.push([c, ""]);
+    else rows.push([fn, b.version || f.version]);
+  }
+  return rows;
 }
 
 // ---- routing ----
