@@ -127,7 +127,11 @@ func TestConsoleOutputPane(t *testing.T) {
 			t.Fatalf("delete: %d %s", r.code, r.body)
 		}
 		b.do(15*time.Second, "the page saying its stream ended", poll(logs+`.textContent.includes("[output stream ended]")`))
+		// Its summary and versions are gone, said so, and come back with it.
+		b.do(15*time.Second, "the page saying the function is gone",
+			poll(`document.getElementById("summary").textContent.includes("function talker not found (deleted?)") && document.querySelector("#versions tr") === null`))
 		deploy("talker", "say", 1)
+		b.do(15*time.Second, "the page showing it again", chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)))
 		invoke("talker", []byte("after the redeploy"))
 		b.do(45*time.Second, "the redeployed function's line", poll(logs+`.textContent.includes("say: after the redeploy")`))
 		if n := strings.Count(b.text("#logs"), "say: before the redeploy"); n != 1 {

@@ -236,7 +236,8 @@ func TestConsole(t *testing.T) {
 		}
 	}
 
-	// A wrong token: the form again, saying why.
+	// A wrong token: the form again, saying why in the server's words, and
+	// the page holds no token it could go on showing as signed in.
 	wrong := "not-a-token-this-server-knows"
 	do("sign in with a wrong token",
 		chromedp.Navigate(srv.url+"/ui/"),
@@ -244,6 +245,12 @@ func TestConsole(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS("#token"), wrong),
 		chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
 		poll(`!document.getElementById("signin").hidden && document.getElementById("signin-error").textContent.includes("401")`))
+	if why := text("#signin-error"); !strings.Contains(why, "not known to this server") {
+		t.Errorf("a wrong token's sign-in error: %q, want the server's message (the bearer token is not known to this server)", why)
+	}
+	if who, held := text("#whoami"), evaluate[bool](b, `sessionStorage.getItem("plover-token") !== null || !document.getElementById("signout").hidden`); who != "" || held {
+		t.Errorf("after a token the server refused the header says %q (sign-out shown or token kept: %v), want signed out", who, held)
+	}
 
 	// Sign in; the overview lists both functions with vecadd's figures.
 	do("sign in and overview",
@@ -401,9 +408,10 @@ func TestConsole(t *testing.T) {
 	if who := text("#whoami"); who != "token "+tag("dash") {
 		t.Errorf("the header says %q, want token %s", who, tag("dash"))
 	}
-	// Signed out (a new tab holds no token), a link still asks: it is
-	// anyone's, and would act as its sender's token.
-	eval(`sessionStorage.clear(), true`)
+	// Signed out (as a new tab holds no token), a link still asks: it is
+	// anyone's, and would act as its sender's token. Followed while the
+	// sign-in form shows, it leaves no form beside the signed-in page.
+	do("sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#signin")))
 	// Waited for until the overview shows: the page keeps the link's token
 	// as it loads, and the next step's navigation must not come first.
 	do("back to the admin token", chromedp.Navigate(srv.url+"/ui/#/?token="+toks["root"]),
@@ -411,12 +419,25 @@ func TestConsole(t *testing.T) {
 	if d := b.dialogs(); len(d) != 2 || !strings.Contains(d[1], "signs you in with token "+tag("root")) {
 		t.Errorf("a link opened without a token asked %q, want a second question naming it", d)
 	}
+	if eval(`!document.getElementById("signin").hidden`) {
+		t.Error("a token link followed from the sign-in form left the form showing beside the signed-in page")
+	}
 
 	// A link someone was sent, naming no function: nothing is called with
 	// the user's token on a path it builds.
 	do("a fragment that is not a function name",
 		chromedp.Navigate(srv.url+"/ui/#/functions/..%2F..%2Fhealthz"),
 		poll(`document.getElementById("main").textContent.includes("not a function name")`))
+
+	// A function deleted under its open page: nothing of it is left to
+	// roll back to, and the page says why.
+	do("vecadd's page", chromedp.Navigate(srv.url+"/ui/#/functions/vecadd"),
+		chromedp.WaitVisible(chromedp.CSS(`#versions button.rollback`)))
+	if r := secDo(t, c, "DELETE", fn+"vecadd", toks["root"], "", nil); r.code != 200 {
+		t.Fatalf("delete vecadd: %d %s", r.code, r.body)
+	}
+	do("a deleted function's page",
+		poll(`document.getElementById("summary").textContent === "function vecadd not found (deleted?)" && document.querySelector("#versions button.rollback") === null && document.querySelector("#chart polyline") === null`))
 
 	// A function printing HTML: its output shows as text, as it comes.
 	htmlIn := filepath.Join(t.TempDir(), "html.txt")

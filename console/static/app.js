@@ -63,6 +63,18 @@ function showSignedIn() {
 
 class Unauthenticated extends Error {}
 
+// ApiError is an answer other than 2xx or 401; status is its HTTP status.
+class ApiError extends Error {
+  constructor(msg, status) { super(msg); this.status = status; }
+}
+
+// serverMessage is the status and the server's {"error":{"code","message"}}
+// of an answer, or its status line when it sent none.
+async function serverMessage(r) {
+  try { const j = await r.clone().json(); if (j.error) return r.status + " " + j.error.code + ": " + j.error.message; } catch (_) {}
+  return r.status + " " + r.statusText;
+}
+
 // lastOutput is the blob: URL of the last invoke's output, revoked when the
 // next one comes.
 let lastOutput = null;
@@ -74,12 +86,19 @@ async function api(path, opts = {}) {
   const t = sessionStorage.getItem(KEY);
   if (t) headers.set("Authorization", "Bearer " + t);
   const r = await fetch(path, { ...opts, headers });
-  if (r.status === 401) { showSignIn("the server wants a token (401)"); throw new Unauthenticated(path); }
-  if (!r.ok) {
-    let msg = r.status + " " + r.statusText;
-    try { const j = await r.clone().json(); if (j.error) msg = r.status + " " + j.error.code + ": " + j.error.message; } catch (_) {}
-    throw new Error(path + ": " + msg);
+  if (r.status === 401) {
+    // A request sent with a token since replaced (signed in again while it
+    // ran) speaks for no one now: its view has ended.
+    if (sessionStorage.getItem(KEY) !== t) throw new Unauthenticated(path);
+    // The server does not take the token (unknown, or revoked by a reload
+    // of its auth file): the page drops it rather than go on showing it
+    // signed in, and says why in the server's words.
+    sessionStorage.removeItem(KEY);
+    showSignedIn();
+    showSignIn(await serverMessage(r));
+    throw new Unauthenticated(path);
   }
+  if (!r.ok) throw new ApiError(path + ": " + await serverMessage(r), r.status);
   return r;
 }
 
@@ -263,7 +282,21 @@ function functionPage(name) {
   };
   const points = [];
   every(2000, async () => {
-    const f = await (await api("/v1/functions/" + enc)).json();
+    let r;
+    try { r = await api("/v1/functions/" + enc); }
+    catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 404) throw e;
+      // Deleted: nothing of it is left to show or roll back to. The page
+      // keeps asking, and shows it again once it is deployed again.
+      summary.replaceChildren(el("p", { class: "error", id: "gone" }, "function " + name + " not found (deleted?)"));
+      versions.replaceChildren();
+      shown = "";
+      rollbackError.textContent = "";
+      points.length = 0;
+      drawChart(chart, points);
+      return;
+    }
+    const f = await r.json();
     const m = f.manifest || {};
     summary.replaceChildren(el("table", {}, el("tbody", {},
       ...[["version", short(f.version)], ["kind", f.kind || ""], ["target", f.target || m.target || ""], ["entry / chain", (m.chain || []).map((c) => c.kernel).join(" → ")],
@@ -283,7 +316,9 @@ function svg(tag, attrs) {
   return e;
 }
 
+// drawChart draws points' p50 and p99 (none: an empty chart).
 function drawChart(chart, points) {
+  if (!points.length) { chart.replaceChildren(); return; }
   const W = 600, H = 160, max = Math.max(1e-6, ...points.map((p) => p.p99 || 0));
   const line = (key, cls) => svg("polyline", { class: cls, points: points.map((p, i) => `${(i * W) / 119},${H - 12 - ((p[key] || 0) / max) * (H - 24)}`).join(" ") });
   const label = svg("text", { x: "4", y: "10" });
@@ -483,6 +518,9 @@ async function route() {
   stop = [];
   takeToken();
   showSignedIn();
+  // A token held (a link's, one signed in with in another view) is tried:
+  // the form comes back if the server refuses it.
+  if (sessionStorage.getItem(KEY)) document.getElementById("signin").hidden = true;
   const h = location.hash.slice(1).split("?")[0] || "/";
   if (h.startsWith("/functions/")) {
     // The fragment is anyone's link: only a function name goes into the
