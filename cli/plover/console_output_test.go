@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,48 @@ func TestConsoleOutputPane(t *testing.T) {
 		}
 		if n := evaluate[int](b, logs+`.childNodes.length`); n < limit {
 			t.Errorf("after 8 runs of 1502 lines the output pane holds %d lines, want the last %d", n, limit)
+		}
+	})
+
+	// A reader scrolled up to read keeps what is read where it was while
+	// lines come and older ones are dropped above it (the pane scrolled to
+	// its end on every batch); one at the end stays at the end.
+	t.Run("a reader scrolled up keeps their place", func(t *testing.T) {
+		open("flood")
+		// A full pane, so that each batch drops lines above the reader. A
+		// run's lines may not all come (a page that reads slowly misses
+		// some): runs until it is full.
+		limit := 2 * funclog.RingLines
+		for i := 0; evaluate[int](b, logs+`.childNodes.length`) < limit; i++ {
+			if i == 8 {
+				t.Fatalf("after 8 runs of 1502 lines the pane holds %d, not %d", evaluate[int](b, logs+`.childNodes.length`), limit)
+			}
+			invoke("flood", []byte("x"))
+			ctx, cancel := context.WithTimeout(b.ctx, 8*time.Second)
+			chromedp.Do(ctx, poll(logs+`.childNodes.length >= `+strconv.Itoa(limit)))
+			cancel()
+		}
+		// The line at the top of the pane's view, a little above its end,
+		// and how far below the pane's top it shows.
+		evaluate[bool](b, `(() => {
+			const pre = `+logs+`;
+			window.topOf = (n) => { const r = document.createRange(); r.selectNodeContents(n); return r.getBoundingClientRect().top - pre.getBoundingClientRect().top; };
+			pre.scrollTop = pre.scrollHeight - pre.clientHeight - 300;
+			window.reading = [...pre.childNodes].find((n) => topOf(n) >= 0);
+			window.readingAt = topOf(window.reading);
+			window.lastSeen = pre.lastChild;
+			return true;
+		})()`)
+		invoke("flood", []byte("x"))
+		b.do(30*time.Second, "the run's lines", poll(logs+`.lastChild !== window.lastSeen`))
+		if moved := evaluate[float64](b, `window.reading.isConnected ? topOf(window.reading) - window.readingAt : 1e9`); moved < -2 || moved > 2 {
+			t.Errorf("the line read moved %v px while lines came and older ones were dropped (1e9: dropped itself)", moved)
+		}
+		evaluate[bool](b, `(`+logs+`.scrollTop = `+logs+`.scrollHeight, window.lastSeen = `+logs+`.lastChild, true)`)
+		invoke("flood", []byte("x"))
+		b.do(30*time.Second, "the next run's lines", poll(logs+`.lastChild !== window.lastSeen`))
+		if below := evaluate[float64](b, logs+`.scrollHeight - `+logs+`.scrollTop - `+logs+`.clientHeight`); below > 8 {
+			t.Errorf("a reader at the end of the pane was left %v px above it when lines came", below)
 		}
 	})
 

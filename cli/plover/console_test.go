@@ -251,6 +251,9 @@ func TestConsole(t *testing.T) {
 	if who, held := text("#whoami"), evaluate[bool](b, `sessionStorage.getItem("plover-token") !== null || !document.getElementById("signout").hidden`); who != "" || held {
 		t.Errorf("after a token the server refused the header says %q (sign-out shown or token kept: %v), want signed out", who, held)
 	}
+	if !eval(`document.activeElement === document.getElementById("token")`) {
+		t.Error("the sign-in form shows without its token field focused")
+	}
 
 	// Sign in; the overview lists both functions with vecadd's figures.
 	do("sign in and overview",
@@ -382,6 +385,14 @@ func TestConsole(t *testing.T) {
 	other := before.Versions[0].ID
 	if other == before.Current {
 		other = before.Versions[1].ID
+	}
+	// Each rollback button is named for its version, for a screen reader;
+	// the upload field has a label.
+	if name := evaluate[string](b, `document.querySelector('button.rollback[data-version="`+other+`"]').getAttribute("aria-label")`); name != "Roll back to "+other[:12] {
+		t.Errorf("the rollback button's accessible name: %q, want Roll back to %s", name, other[:12])
+	}
+	if !eval(`document.getElementById("invoke-file").labels.length === 1 && document.getElementById("chart").getAttribute("role") === "img" && document.getElementById("chart").getAttribute("aria-label").includes("latency of vecadd")`) {
+		t.Error("the upload field has no label, or the chart no role and name")
 	}
 	do("rollback from the page",
 		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+other+`"]`)),

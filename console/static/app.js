@@ -106,6 +106,7 @@ function showSignIn(why) {
   document.getElementById("signin").hidden = false;
   document.getElementById("signin-error").textContent = why || "";
   main.replaceChildren();
+  document.getElementById("token").focus();
 }
 
 function setupSignIn() {
@@ -193,11 +194,15 @@ async function figures() {
   return { fns: fns || [], samples, q: quantiles(samples) };
 }
 
+// say puts m on the status line, a live region: the same error again each
+// refresh is not read out again.
+const say = (m) => { if (statusLine.textContent !== m) statusLine.textContent = m; };
+
 function every(ms, f) {
   let live = true, timer = null;
   const tick = async () => {
-    try { await f(); statusLine.textContent = ""; }
-    catch (e) { if (!(e instanceof Unauthenticated)) statusLine.textContent = e.message; else live = false; }
+    try { await f(); say(""); }
+    catch (e) { if (!(e instanceof Unauthenticated)) say(e.message); else live = false; }
     if (live) timer = setTimeout(tick, ms);
   };
   tick();
@@ -248,11 +253,13 @@ function functionPage(name) {
   const versions = el("tbody", { id: "versions" });
   // Kept apart from the status line, which each refresh clears.
   const rollbackError = el("p", { class: "error", id: "rollback-error" });
-  const logs = el("pre", { class: "logs", id: "logs" });
-  const chart = svg("svg", { class: "chart", id: "chart", width: "600", height: "160" });
+  // Focusable, so that a keyboard scrolls it; a region named for what it
+  // holds (not a live one: a function printing fast would be read out).
+  const logs = el("pre", { class: "logs", id: "logs", tabindex: "0", role: "region", "aria-label": "output of " + name });
+  const chart = svg("svg", { class: "chart", id: "chart", width: "600", height: "160", role: "img", "aria-label": "p50 and p99 latency of " + name + ": no requests yet" });
   const file = el("input", { type: "file", id: "invoke-file" });
-  const result = el("div", { id: "invoke-result" });
-  const form = el("form", { id: "invoke" }, file, el("button", { type: "submit" }, "Invoke"));
+  const result = el("div", { id: "invoke-result", role: "status", "aria-live": "polite" });
+  const form = el("form", { id: "invoke" }, el("label", { for: "invoke-file" }, "Input file "), file, " ", el("button", { type: "submit" }, "Invoke"));
   form.addEventListener("submit", (ev) => { ev.preventDefault(); invoke(name, file.files[0], result); });
   main.replaceChildren(el("h2", {}, name), summary,
     el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "by"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError),
@@ -276,7 +283,7 @@ function functionPage(name) {
           await showVersions();
           rollbackError.textContent = "";
         } catch (e) { if (!(e instanceof Unauthenticated)) rollbackError.textContent = e.message; }
-      } }, "Roll back to this");
+      }, "aria-label": "Roll back to " + short(v.id) }, "Roll back");
       return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "tenant" }, v.tenant || ""), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
     }));
   };
@@ -293,7 +300,7 @@ function functionPage(name) {
       shown = "";
       rollbackError.textContent = "";
       points.length = 0;
-      drawChart(chart, points);
+      drawChart(chart, points, name);
       return;
     }
     const f = await r.json();
@@ -305,7 +312,7 @@ function functionPage(name) {
         .map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))));
     await showVersions();
     const q = quantiles(parseMetrics(await (await api("/metrics")).text()))[name];
-    if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points); }
+    if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points, name); }
   });
   followLogs(enc, logs);
 }
@@ -316,9 +323,13 @@ function svg(tag, attrs) {
   return e;
 }
 
-// drawChart draws points' p50 and p99 (none: an empty chart).
-function drawChart(chart, points) {
-  if (!points.length) { chart.replaceChildren(); return; }
+// drawChart draws points' p50 and p99, and says the last of them in the
+// chart's accessible name.
+function drawChart(chart, points, name) {
+  const what = "p50 and p99 latency of " + name;
+  if (!points.length) { chart.replaceChildren(); chart.setAttribute("aria-label", what + ": no requests yet"); return; }
+  const last = points[points.length - 1];
+  chart.setAttribute("aria-label", `${what}, last ${points.length} samples: now p50 ${ms(last.p50)}, p99 ${ms(last.p99)}`);
   const W = 600, H = 160, max = Math.max(1e-6, ...points.map((p) => p.p99 || 0));
   const line = (key, cls) => svg("polyline", { class: cls, points: points.map((p, i) => `${(i * W) / 119},${H - 12 - ((p[key] || 0) / max) * (H - 24)}`).join(" ") });
   const label = svg("text", { x: "4", y: "10" });
@@ -359,15 +370,25 @@ function logText(j) {
 }
 
 // pane appends lines to pre, one text node each, dropping the oldest past
-// PANE_LINES, and scrolls to the end once for all of them.
+// PANE_LINES. A reader at the end (within a few pixels) stays at it, once
+// for all the lines; one scrolled up to read keeps the lines read in place
+// while older ones are dropped above them.
 function pane(pre) {
   return (lines) => {
     if (!lines.length) return;
+    const atEnd = pre.scrollHeight - pre.scrollTop - pre.clientHeight <= 8;
     const frag = document.createDocumentFragment();
     for (const l of lines.slice(-PANE_LINES)) frag.append(document.createTextNode(l + "\n"));
     pre.append(frag);
-    for (let n = pre.childNodes.length - PANE_LINES; n > 0; n--) pre.firstChild.remove();
-    pre.scrollTop = pre.scrollHeight;
+    const drop = pre.childNodes.length - PANE_LINES;
+    if (atEnd) {
+      for (let n = drop; n > 0; n--) pre.firstChild.remove();
+      pre.scrollTop = pre.scrollHeight;
+    } else if (drop > 0) {
+      const before = pre.scrollHeight;
+      for (let n = drop; n > 0; n--) pre.firstChild.remove();
+      pre.scrollTop -= before - pre.scrollHeight;
+    }
   };
 }
 
