@@ -27,12 +27,12 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) err
 // idle instance on, else the first. Nil when there is none now: not loaded
 // on this node, a batching function (its runs gather several requests), a
 // pipeline, a device that does not lend, a pool at its bound, or a slot
-// to make while its worker's control channel is busy; the body then goes
-// to ordinary memory and is copied. It reads no store and waits for no
-// other call: a new slot is the worker's call only when its channel is
-// free at once (worker's Lend), which spares a request a wait, before its
-// body is read, behind an instance's init or a sibling's load. The caller
-// releases what it gets once the response is written.
+// to make while its worker's control channel stays busy; the body then
+// goes to ordinary memory and is copied. It reads no store, and a new
+// slot waits for its worker's channel 200 ms at most (worker's Lend),
+// which spares a request a wait, before its body is read, behind an
+// instance's init or a sibling's load. The caller releases what it gets
+// once the response is written.
 func (e *Engine) Land(name string) call.Landing {
 	_, v := e.tab.peek(name)
 	if v == nil || !v.loaded.Load() || v.batch != nil || v.rec.Kind != "" {

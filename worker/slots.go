@@ -234,18 +234,26 @@ func (g *program) keepDiscarded(s *poolSlot) {
 	}
 }
 
+// lendWait bounds a new pool slot's wait for its worker's control channel
+// (Lend): long enough for the other slots' calls of a burst of first
+// requests, short of an instance's init or a load. A variable for tests.
+var lendWait = 200 * time.Millisecond
+
 var _ device.Lender = (*program)(nil)
 
 // Lend lends a pool slot of maxIn input and out output bytes (a program's
 // instances all have its manifest's sizes), making one if none is free and
 // the pool has room: a control call the first time, the slot reused after.
 // False when the worker is gone, the pool is full, or a slot would have to
-// be made while the worker's control channel is busy: Lend is called
-// before a request's body is read, and a wait for the channel would hold
-// the request behind another's call (an instance's plover_instance_init
-// as its function scales up, a sibling's load in a tenant's worker: up to
-// tens of seconds), where its body read into ordinary memory and copied
-// costs a copy. The next request makes the slot once the channel is free.
+// be made while the worker's control channel stays busy past lendWait:
+// Lend is called before a request's body is read, and a longer wait would
+// hold the request behind another's call (an instance's
+// plover_instance_init as its function scales up, a sibling's load in a
+// tenant's worker: up to tens of seconds), where its body read into
+// ordinary memory and copied costs a copy. Other slots' calls, a
+// millisecond or so each, are waited for: concurrent first requests of a
+// function each get a slot, as the zero-copy path promises. The next
+// request makes the slot once the channel is free.
 func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 	pool := &g.slots
 	pool.mu.Lock()
@@ -261,9 +269,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 		return s, true
 	}
 	size := device.SlotSize(maxIn, out)
-	// A busy control channel is seen here before a slot's memory is made
-	// for nothing; one taken after the look is newPoolSlot's to refuse.
-	if pool.count >= maxPoolSlots || len(g.p.ctlTok) > 0 || !g.d.reservePin(size) {
+	if pool.count >= maxPoolSlots || !g.d.reservePin(size) {
 		pool.mu.Unlock()
 		return nil, false
 	}
@@ -299,16 +305,15 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 		return nil, err
 	}
 	defer unix.Close(memfd)
-	// A context already done: callTurn takes the control channel only if
-	// it is free at once (Lend waits for no other call). The call, once
-	// sent, has its own bound: pinning a large slot takes time of its own.
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	// The channel's wait is lendWait at most (Lend); the call, once sent,
+	// has its own bound: pinning a large slot takes time of its own.
+	ctx, cancel := context.WithTimeout(context.Background(), lendWait)
+	defer cancel()
 	g.p.mapSlot(size)
 	raw, err := g.p.callTurn(ctx, 10*time.Second, g, wire.Control{Op: wire.OpSlot, Prog: g.id, Size: size}, []int{memfd}, "adding a slot")
 	var rep wire.Reply
 	// The worker holds none of the slot: the call was not sent (the
-	// channel was busy: callTurn's only ErrNotStarted with a bound), or
+	// channel stayed busy: callTurn's only ErrNotStarted with a bound), or
 	// was answered with a refusal.
 	unheld := errors.Is(err, device.ErrNotStarted)
 	if err == nil {
