@@ -392,7 +392,9 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	}
 	setCopyPiece(devs, f.copyPieceKiB, log)
 	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
+	n.devs = devs // closed by close should isolate fail; its own devices replace them
 	if n.devs, n.cpu, n.pids, n.mem, err = isolate(f, devs, log); err != nil {
+		n.devs = devs
 		return nil, err
 	}
 	ioShares(f, n.cpu, &sc.IO, log)

@@ -47,7 +47,11 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	select {
 	case v.loadTok <- struct{}{}:
 	case <-ctx.Done():
-		return errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request fetched its bundle %s", v.fn.name, v.rec.SHA256[:min(12, len(v.rec.SHA256))])
+		sha := v.rec.SHA256[:min(12, len(v.rec.SHA256))]
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) { // as pool.acquire tells them
+			return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while another request fetched its bundle %s", v.fn.name, sha)
+		}
+		return errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request fetched its bundle %s", v.fn.name, sha)
 	}
 	defer func() { <-v.loadTok }()
 	if v.loaded.Load() {

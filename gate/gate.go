@@ -214,12 +214,16 @@ func noBearer(authorization []byte) string {
 	if len(authorization) == 0 {
 		return "this server needs a token: " + how
 	}
-	scheme, rest, spaced := bytes.Cut(authorization, []byte(" "))
-	switch {
-	case !spaced:
+	cut := bytes.IndexAny(authorization, " \t")
+	if cut < 0 {
 		return "the authorization is one word, not a scheme and a token: " + how
+	}
+	scheme, rest := authorization[:cut], authorization[cut+1:]
+	switch {
 	case !bytes.EqualFold(scheme, []byte("bearer")) && len(scheme) <= 16 && isWord(scheme):
 		return fmt.Sprintf("the authorization's scheme is %q; this server takes only bearer tokens: %s", scheme, how)
+	case authorization[cut] == '\t':
+		return "the authorization's scheme is followed by a tab; send one space: " + how
 	case len(bytes.TrimSpace(rest)) == 0:
 		return "the authorization's bearer token is empty: " + how
 	}
@@ -277,9 +281,18 @@ func (g *Gate) InvokeCheck(ctx context.Context, authorization []byte) context.Co
 	if g.tokens == nil {
 		return ctx
 	}
-	tok, _ := auth.BearerToken(authorization)
-	p := g.tokens.Lookup(tok) // Admit found it: the route needs a token
+	// Looked up at the first check, not here: an inference naming its
+	// model's version carries the check (a pipeline's older version runs
+	// under it) but seldom asks it, and a lookup hashes the token. The
+	// check runs within its request, in one goroutine (its token's bytes
+	// are the request's).
+	var p *auth.Principal
+	looked := false
 	return pipedef.WithInvokeCheck(ctx, func(fn string) error {
+		if !looked {
+			tok, _ := auth.BearerToken(authorization)
+			p, looked = g.tokens.Lookup(tok), true // Admit found it: the route needs a token
+		}
 		if p == nil {
 			return errors.New("no token")
 		}

@@ -167,6 +167,7 @@ func TestAdmit(t *testing.T) {
 		{"not bearer", "Basic eDp5", auth.Read, "", "missing_token", 401, codes.Unauthenticated, `scheme is "Basic"`},
 		{"a token alone", "s3cr3t-token", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "one word"},
 		{"bearer, empty", "Bearer  ", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "empty"},
+		{"bearer, then a tab", "Bearer\tsecret", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "a tab"},
 		{"bearer, two words", "Bearer ab cd", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "no spaces or tabs"},
 		{"a long scheme is not quoted", "eDp5eDp5eDp5eDp5eDp5eDp5 x", auth.Read, "", "missing_token", 401, codes.Unauthenticated, "no spaces or tabs"},
 		{"unknown", "Bearer nobody", auth.Read, "", "unknown_token", 401, codes.Unauthenticated, ""},

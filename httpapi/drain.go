@@ -29,8 +29,8 @@ import (
 type connSet struct {
 	conns sync.Map // *drainConn -> struct{}
 	// handlers counts the requests in a handler now; answers the answers
-	// written after their handler returned (answerBody), until closed:
-	// one from a worker's slot is read until then.
+	// from a worker's slot written after their handler returned
+	// (answerBody), until closed: the slot is read until then.
 	handlers, answers atomic.Int64
 	// mu orders a drain's cut with a handler starting on a cut
 	// connection: the handler's read deadline must be the last set.

@@ -120,9 +120,6 @@ type answerBody struct {
 	conn net.Conn
 	s    *Server
 	ctx  *fasthttp.RequestCtx // its request, for a panic's log line
-	// set counts it among the answers being written until it is closed
-	// (connSet.answers).
-	set *connSet
 }
 
 var answerBodies = sync.Pool{New: func() any { return new(answerBody) }}
@@ -132,8 +129,10 @@ var answerBodies = sync.Pool{New: func() any { return new(answerBody) }}
 // answer is made, and is owed to the client.
 func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, t turns) {
 	ab := answerBodies.Get().(*answerBody)
-	ab.land, ab.b, ab.conn, ab.s, ab.ctx, ab.set = land, b, ctx.Conn(), s, ctx, &s.conns
-	ab.set.answers.Add(1)
+	ab.land, ab.b, ab.conn, ab.s, ab.ctx = land, b, ctx.Conn(), s, ctx
+	if land != nil {
+		s.conns.answers.Add(1) // until Close: the drain waits for the slot's release
+	}
 	if t.fl != nil {
 		ab.t = turns{fl: t.fl, deadline: time.Now().Add(s.srv.WriteTimeout), writeOut: true}
 	}
@@ -231,8 +230,8 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 
 // Close releases the slot, if any: the response is out (or will never be).
 func (ab *answerBody) Close() error {
-	if set := ab.set; set != nil {
-		defer set.answers.Add(-1) // after the release: the slot is given back
+	if ab.land != nil {
+		defer ab.s.conns.answers.Add(-1) // after the release: the slot is given back (ab.s read now)
 	}
 	if ab.land != nil && !ab.release() {
 		return nil // not pooled: its state is the panic's

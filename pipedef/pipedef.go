@@ -72,8 +72,7 @@ func Allowed(ctx context.Context, function string) error {
 // leads back to name, and nesting stays within MaxDepth. isNotFound tells
 // a missing record from a store failure, which Check returns unwrapped.
 func Check(ctx context.Context, name string, steps []abi.Step, get Records, isNotFound func(error) bool) error {
-	allow, _ := ctx.Value(authKey{}).(func(string) error)
-	c := checker{ctx: ctx, get: get, notFound: isNotFound, allow: allow, recs: map[string]*api.Record{}}
+	c := checker{ctx: ctx, get: get, notFound: isNotFound, recs: map[string]*api.Record{}}
 	if err := c.steps(name, steps, []string{name}, "steps"); err != nil {
 		return err
 	}
@@ -87,7 +86,6 @@ type checker struct {
 	ctx       context.Context
 	get       Records
 	notFound  func(error) bool
-	allow     func(string) error
 	recs      map[string]*api.Record // read once per check
 	functions int                    // function steps a request would run
 }
@@ -130,10 +128,8 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 	if slices.Contains(path, s.Function) {
 		return &StepError{field, fmt.Sprintf("%s -> %s is a cycle: a pipeline may not run itself", strings.Join(path, " -> "), s.Function), nil}
 	}
-	if c.allow != nil {
-		if err := c.allow(s.Function); err != nil {
-			return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err), nil}}
-		}
+	if err := Allowed(c.ctx, s.Function); err != nil {
+		return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err), nil}}
 	}
 	if c.functions > MaxFunctions {
 		return nil // reported once the walk ends; no need to read on

@@ -332,8 +332,9 @@ func (p Pin) Unready(now time.Time) error {
 func (p Pin) Pipeline() bool { return p.plan != nil }
 
 // Runs calls f with the name of every function and nested pipeline the
-// pinned pipeline runs, once each, until f returns an error; for a
-// function, it calls nothing.
+// pinned pipeline runs, once per version pinned (a name pinned at two
+// versions comes twice), until f returns an error; for a function, it
+// calls nothing.
 func (p Pin) Runs(f func(name string) error) error {
 	if p.plan == nil {
 		return nil
@@ -487,7 +488,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
 	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps, true)
 	req.Output = out
-	req.Copied += x.copied.Load()
+	req.Copied = x.copied.Load()
 	t := call.Timing{}
 	for _, s := range req.Steps {
 		t.Queue += s.Timing.Queue
