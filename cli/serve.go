@@ -223,7 +223,19 @@ func serve(f *serveFlags, env *Env) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	n, err := openNode(ctx, f, sc, evictor, log)
+	if err == nil && ctx.Err() != nil {
+		n.close()
+		err = ctx.Err()
+	}
 	if err != nil {
+		if ctx.Err() != nil {
+			// A stop signal while the node opened (an S3 store slow to
+			// answer, a GPU's driver starting): nothing was served, so
+			// nothing was cut, and the stop is what the operator asked
+			// for, not a failure to start. No listener opens.
+			log.Info("stopped by a signal while starting: nothing was served", "during", err)
+			return nil
+		}
 		return err
 	}
 	// Until the transports serve, a failure (a --listen address in use, a
@@ -393,6 +405,9 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	setCopyPiece(devs, f.copyPieceKiB, log)
 	devs = withHost(devs, f.hostDevice, f.memLimitMB<<20, log)
 	n.devs = devs // closed by close should isolate fail; its own devices replace them
+	if err := ctx.Err(); err != nil {
+		return nil, err // a stop signal came while the store or the devices opened
+	}
 	if n.devs, n.cpu, n.pids, n.mem, err = isolate(f, devs, log); err != nil {
 		n.devs = devs
 		return nil, err
@@ -656,9 +671,10 @@ func (n *node) drain(force context.Context, f *serveFlags, t *transports, log *s
 		return errors.New("stopped by a second signal before the drain finished")
 	case errors.Is(err, context.DeadlineExceeded):
 		// Requests are still running on the devices: leave them to the
-		// process exit rather than free memory under them.
-		log.Warn("grace period over with requests still running; exiting", "grace", f.grace)
-		return nil
+		// process exit rather than free memory under them. They are cut
+		// as by a second signal, and the exit status says so alike.
+		log.Warn("grace period over with requests still running: exiting, they are cut", "grace", f.grace)
+		return fmt.Errorf("stopped at the end of --grace %v with requests still running", f.grace)
 	}
 	if n.repoDone != nil {
 		select { // a deploy in flight ends with the scan's context

@@ -263,33 +263,50 @@ func send(t *testing.T, c net.Conn, b []byte) {
 	}
 }
 
-// TestSecondSignalEndsTheDrain: a second SIGTERM (or Ctrl-C) while the
-// server drains ends the drain at once, as the end of --grace does, with
-// a failing exit status, where the server caught and dropped it and only
-// SIGKILL could stop it before a long request ended.
-func TestSecondSignalEndsTheDrain(t *testing.T) {
+// TestADrainCutShortFails: a drain ended with a request still running,
+// by a second SIGTERM (or Ctrl-C) or by the end of --grace, cuts it and
+// exits with a failing status saying why. The second signal had been
+// caught and dropped (only SIGKILL stopped the server before a long
+// request ended), and the grace's end exited 0 as if the drain had
+// finished.
+func TestADrainCutShortFails(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
 	bin := buildPlover(t)
-	srv := startServer(t, bin, "--grace", "2m")
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 60000), nil))
-	res := invokeInFlight(t, srv, "slow", []byte("cut me"))
-	srv.cmd.Process.Signal(syscall.SIGTERM)
-	waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
-	srv.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- srv.wait(30 * time.Second) }()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(srv.log.String(), "a second signal") {
-			t.Fatalf("exit after a second SIGTERM: %v, want a failing status and the log saying why\n%s", err, srv.log.String())
-		}
-	case <-time.After(30 * time.Second): // the run takes a minute, the grace two
-		t.Fatal("server still running 30 s after a second SIGTERM")
-	}
-	if r := <-res; r.err == nil && r.code == 200 {
-		t.Fatalf("the minute-long request was answered 200 though the drain was cut")
+	for _, tc := range []struct {
+		name, grace, says string
+		second            bool
+	}{
+		{"second signal", "2m", "a second signal", true},
+		{"grace over", "1s", "grace period over with requests still running", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := startServer(t, bin, "--grace", tc.grace)
+			run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 60000), nil))
+			res := invokeInFlight(t, srv, "slow", []byte("cut me"))
+			waitFor(t, 10*time.Second, "the run to start", func() bool {
+				return metric(t, srv.url, `plover_instances{function="slow",state="busy"}`) >= 1
+			})
+			srv.cmd.Process.Signal(syscall.SIGTERM)
+			if tc.second {
+				waitFor(t, 10*time.Second, "the shutdown's log line", func() bool { return strings.Contains(srv.log.String(), "shutting down") })
+				srv.cmd.Process.Signal(syscall.SIGTERM)
+			}
+			done := make(chan error, 1)
+			go func() { done <- srv.wait(30 * time.Second) }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(srv.log.String(), tc.says) {
+					t.Fatalf("exit: %v, want a failing status and the log saying %q\n%s", err, tc.says, srv.log.String())
+				}
+			case <-time.After(30 * time.Second): // the run takes a minute
+				t.Fatal("server still running 30 s after the drain was cut short")
+			}
+			if r := <-res; r.err == nil && r.code == 200 {
+				t.Fatalf("the minute-long request was answered 200 though the drain was cut")
+			}
+		})
 	}
 }
 
@@ -407,5 +424,57 @@ func TestAFailedStartLeavesNoGroups(t *testing.T) {
 				t.Fatalf("the failed server's group %s is still there", g[1])
 			}
 		})
+	}
+}
+
+// TestASignalWhileStartingStopsTheStart: a stop signal while the node
+// opens (here an S3 store that accepts connections and never answers)
+// ends the start at once, opens no listener and exits 0, as a stop the
+// operator asked for, where the start failed with "context canceled".
+func TestASignalWhileStartingStopsTheStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--device", "host",
+		"--store", "s3://bucket", "--s3-endpoint", "http://"+silent.Addr().String())
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=y")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	select {
+	case c := <-accepted: // the server is opening its store
+		defer c.Close()
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server never reached its store")
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(out.String(), "stopped by a signal while starting") || strings.Contains(out.String(), "plover serving") {
+			t.Fatalf("exit after SIGTERM while starting: %v, want status 0, the log saying why and no listener\n%s", err, out.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("server still starting 20 s after SIGTERM")
 	}
 }
