@@ -89,11 +89,13 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 		return errdefs.Unavailable(ctx.Err(), "load %s: the server is shutting down", name)
 	}
 	defer r.give()
-	found, err := r.list()
+	// Its folder alone: the index and the scans look at the others.
+	f, ok, err := r.listOne(name)
 	if err != nil {
-		return errdefs.Unavailable(err, "load %s: cannot read the model repository: %v", name, err)
+		// The server's path in the log only (the cause), DIR's name in
+		// the answer.
+		return errdefs.New(errdefs.KindUnavailable, err, "load %s: cannot read the model repository: %s", name, r.quiet(err))
 	}
-	f, ok := found[name]
 	if !ok {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
 	}

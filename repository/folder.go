@@ -43,7 +43,53 @@ type folder struct {
 // list finds the repository's model folders: DIR itself when it is one
 // bundle, else its subdirectories (not hidden ones). Called with the turn.
 func (r *Repository) list() (map[string]folder, error) {
-	out := map[string]folder{}
+	out, whole := r.listSingle()
+	if whole {
+		return out, nil
+	}
+	ents, err := os.ReadDir(r.cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if f, ok := r.entry(e); ok {
+			out[e.Name()] = f
+		}
+	}
+	return out, nil
+}
+
+// listOne is list for the model folder name alone (a load's): the other
+// folders are not looked at, so that a load's cost does not grow with the
+// repository, nor wait on a folder a volume stalls. ok is false when name
+// is no model folder of the repository. Called with the turn.
+func (r *Repository) listOne(name string) (f folder, ok bool, err error) {
+	if out, whole := r.listSingle(); whole {
+		f, ok = out[name]
+		return f, ok, nil
+	}
+	// What ReadDir could list in DIR: one name, no path (a name with a
+	// slash, or .., would reach past DIR). A name too long for a file,
+	// or holding a NUL, is in no folder: Lstat's EINVAL or ENAMETOOLONG
+	// would be taken for DIR unreadable.
+	if name == "" || name == "." || name == ".." || len(name) > 255 || strings.ContainsAny(name, "/\x00") {
+		return folder{}, false, nil
+	}
+	fi, err := os.Lstat(filepath.Join(r.cfg.Dir, name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return folder{}, false, nil
+	}
+	if err != nil {
+		return folder{}, false, err
+	}
+	f, ok = r.entry(fs.FileInfoToDirEntry(fi))
+	return f, ok, nil
+}
+
+// listSingle is list while DIR is one bundle: its one model folder, and
+// whole true; else an empty map to fill from DIR's entries.
+func (r *Repository) listSingle() (out map[string]folder, whole bool) {
+	out = map[string]folder{}
 	_, absent := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile))
 	if absent == nil || r.single != "" {
 		f := look(r.cfg.Dir, r.cfg.Name != "")
@@ -72,38 +118,38 @@ func (r *Repository) list() (map[string]folder, error) {
 				f.err = fmt.Errorf("%s: waiting for it to settle", why)
 			}
 			out[r.single] = f
-			return out, nil
+			return out, true
 		}
 		if absent == nil {
 			r.single = name
 			out[name] = f
-			return out, nil
+			return out, true
 		}
 		r.single = "" // the manifest went for good: DIR holds model folders
 	}
-	ents, err := os.ReadDir(r.cfg.Dir)
-	if err != nil {
-		return nil, err
+	return out, false
+}
+
+// entry is the model folder e of DIR, looked at, or ok false for an entry
+// that is none.
+func (r *Repository) entry(e fs.DirEntry) (f folder, ok bool) {
+	if e.Name()[0] == '.' || e.Name() == "lost+found" {
+		// Hidden scratch space, and the file system's own folder at a
+		// volume's root (ext4's, root's and unreadable to the server;
+		// never a function's name).
+		return folder{}, false
 	}
-	for _, e := range ents {
-		if e.Name()[0] == '.' || e.Name() == "lost+found" {
-			// Hidden scratch space, and the file system's own folder at
-			// a volume's root (ext4's, root's and unreadable to the
-			// server; never a function's name).
-			continue
-		}
-		p := filepath.Join(r.cfg.Dir, e.Name())
-		switch dir, err := isDir(r.cfg.Dir, e); {
-		case err != nil && !abi.ValidName(e.Name()):
-			// A link that may lead to a file beside the models (notes.txt)
-			// and could name no function: left alone, as such a file is.
-		case err != nil:
-			out[e.Name()] = lookLink(p, err)
-		case dir: // not files beside models (a README)
-			out[e.Name()] = look(p, false)
-		}
+	p := filepath.Join(r.cfg.Dir, e.Name())
+	switch dir, err := isDir(r.cfg.Dir, e); {
+	case err != nil && !abi.ValidName(e.Name()):
+		// A link that may lead to a file beside the models (notes.txt)
+		// and could name no function: left alone, as such a file is.
+	case err != nil:
+		return lookLink(p, err), true
+	case dir: // not files beside models (a README)
+		return look(p, false), true
 	}
-	return out, nil
+	return folder{}, false
 }
 
 // still reports whether DIR, as one bundle, is as the last scan saw it

@@ -1,0 +1,94 @@
+package repository
+
+import (
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/errdefs"
+)
+
+// A load of one model looks at that model's folder alone: it fingerprinted
+// every folder of the repository (a walk of each, a stat of each link), so
+// that a load's cost grew with the repository and waited on any folder a
+// volume stalled. The other folders here are links, whose stat the test
+// counts (the walk of a plain folder has no seam).
+func TestLoadLooksAtItsFolderAlone(t *testing.T) {
+	ctx := context.Background()
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	for i := range 10 {
+		name := "m" + strconv.Itoa(i)
+		target := filepath.Join(d, "releases", name)
+		writeBundle(t, filepath.Join(target, "1"), name, false)
+		if err := os.Symlink(target, filepath.Join(models, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	age(t, models)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Poll: time.Hour, Settle: time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(ctx)
+	if node.current("cnn") != "1" || node.current("m9") != "1" {
+		t.Fatalf("not deployed: %s", index(r))
+	}
+	if err := r.Unload(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	var others atomic.Int32
+	stat = func(p string) (fs.FileInfo, error) {
+		if filepath.Dir(p) == models && filepath.Base(p) != "cnn" {
+			others.Add(1)
+		}
+		return os.Stat(p)
+	}
+	t.Cleanup(func() { stat = os.Stat })
+	if err := r.Load(ctx, "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	if node.current("cnn") != "1" {
+		t.Fatalf("load of cnn deployed nothing: %s", index(r))
+	}
+	if n := others.Load(); n != 0 {
+		t.Errorf("a load of cnn looked at the other model folders (%d stats of their links), want none", n)
+	}
+}
+
+// A load names one folder of DIR, never a path: a name reaching past DIR
+// (a folder beside it) is no model of the repository (404), nor are the
+// names list leaves out.
+func TestLoadNamesNoPath(t *testing.T) {
+	ctx := context.Background()
+	d := t.TempDir()
+	models := filepath.Join(d, "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	writeBundle(t, filepath.Join(d, "other", "1"), "other", false)
+	writeBundle(t, filepath.Join(models, ".hidden", "1"), "hidden", false)
+	age(t, d)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Poll: time.Hour, Settle: time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"../other", "..", ".", "", ".hidden", "cnn/1", "cnn\x00", strings.Repeat("a", 300)} {
+		if err := r.Load(ctx, name); errdefs.KindOf(err) != errdefs.KindNotFound {
+			t.Errorf("load %q: %v, want 404", name, err)
+		}
+	}
+	if len(node.recs) != 0 {
+		t.Errorf("deployed %v, want nothing", node.recs)
+	}
+	if err := r.Load(ctx, "cnn"); err != nil || node.current("cnn") != "1" {
+		t.Errorf("load cnn: %v, current %q", err, node.current("cnn"))
+	}
+}
