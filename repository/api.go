@@ -107,8 +107,10 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 		r.unreadableLocked(m, f)
 		reason := m.reason
 		r.mu.Unlock()
-		r.warnUnavailable(name, reason)
-		return errdefs.New(errdefs.KindBadRequest, nil, "load %s: %s", name, reason)
+		r.warnUnreadable(name, reason, f)
+		// The node's failure, as a file of the folder that cannot be read
+		// is (503); the error with its path is the cause, for the log.
+		return errdefs.New(errdefs.KindUnavailable, f.err, "load %s: %s", name, reason)
 	}
 	r.mu.Unlock()
 	vers, _, err := r.versionsOf(m)

@@ -317,3 +317,40 @@ const (
 	unreadable                        // made UNAVAILABLE, unreadable, now: to be logged
 	changed                           // settled and different: deploy it
 )
+
+// unreadableAt is why the folder dir, named where in messages
+// ("models/cnn"), or an entry in it cannot be read, as an index shows it
+// and a load answers it (503: the node's volume or permissions, not the
+// client's request): the entry within the folder that failed and the
+// errno, "models/cnn/1/b.bin: unreadable (permission denied)". The
+// server's paths (DIR, where a link leads) are the log's alone.
+func unreadableAt(where, dir string, err error) string {
+	why := strings.ReplaceAll(err.Error(), dir, where)
+	var pe *fs.PathError
+	var errno syscall.Errno
+	switch {
+	case errors.As(err, &pe):
+		why = pe.Err.Error()
+		if rel, ok := inside(dir, pe.Path); ok {
+			where += "/" + rel
+		}
+	case errors.As(err, &errno):
+		why = errno.Error()
+	}
+	return where + ": unreadable (" + why + ")"
+}
+
+// inside is p relative to the folder dir (or to where its links lead),
+// when it is within it and not dir itself: a file packed through an
+// os.Root is named relative to its version folder already.
+func inside(dir, p string) (string, bool) {
+	if !filepath.IsAbs(p) {
+		return filepath.ToSlash(p), filepath.IsLocal(p)
+	}
+	for _, root := range []string{dir, resolved(dir)} {
+		if rel, err := filepath.Rel(root, p); err == nil && rel != "." && filepath.IsLocal(rel) {
+			return filepath.ToSlash(rel), true
+		}
+	}
+	return "", false
+}

@@ -31,7 +31,7 @@ func isPipeline(dir string) bool {
 // packed whole to be refused then).
 func (r *Repository) pack(dir, name string) ([]byte, string, *abi.Manifest, error) {
 	buf := &capped{max: r.cfg.MaxBundleBytes}
-	m, err := bundle.RepackWithin(dir, name, buf) // today's rules at the deploy, for bytes the store lacks
+	m, err := repackWithin(dir, name, buf) // today's rules at the deploy, for bytes the store lacks
 	if errors.Is(err, errTooLarge) {
 		return nil, "", nil, errdefs.New(errdefs.KindTooLarge, nil, "bundle is larger than %d bytes", buf.max)
 	}
@@ -56,12 +56,18 @@ func packFailure(where, dir string, err error) error {
 	var pe *fs.PathError
 	var be *bundle.Error
 	if errors.As(err, &pe) && !errors.Is(err, fs.ErrNotExist) && !errors.As(err, &be) {
-		return errdefs.Unavailable(msg, "%s: cannot read it now (tried again at the next scan): %v", where, msg)
+		// The node's failure (503), as a folder that cannot be read is;
+		// no cause quoted, which would carry the server's path.
+		return errdefs.New(errdefs.KindUnavailable, nil, "%s: tried again at the next scan", unreadableAt(where, dir, err))
 	}
 	return refused(where, msg)
 }
 
 var errTooLarge = errors.New("bundle over the limit")
+
+// repackWithin is bundle.RepackWithin; tests have a file fail to open as
+// a volume's may (EACCES, EIO), which root, running them, never sees.
+var repackWithin = bundle.RepackWithin
 
 // capped is a buffer that refuses to grow past max bytes (0: no bound).
 type capped struct {
@@ -98,7 +104,13 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 		// Over this node's bound, refused by its rules, or not read: the
 		// bytes may still be what the label names (another node sharing
 		// the store deployed and serves them by it).
-		return "", false, packFailure(where, v.dir, err)
+		failed := packFailure(where, v.dir, err)
+		if errdefs.KindOf(failed) == errdefs.KindUnavailable {
+			// The system's error, its path with it: the reason has
+			// neither.
+			r.cfg.Log.Warn("model repository: a version folder cannot be read now", "model", m.name, "version", label, "folder", v.dir, "error", err)
+		}
+		return "", false, failed
 	}
 	if !m.renamed && man.Name != m.name {
 		return "", true, errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)

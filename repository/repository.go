@@ -294,7 +294,11 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	var due []*model
 	r.mu.Lock()
 	var gone, unsure []*model
-	var warns [][2]string // a model and why it is unavailable, logged after the unlock
+	type warn struct {
+		name, reason string
+		f            folder
+	}
+	var warns []warn // a model and why its folder is unreadable, logged after the unlock
 	for name, m := range r.models {
 		if _, ok := found[name]; !ok {
 			switch {
@@ -316,7 +320,7 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 		case stillChanging:
 			settling = true
 		case unreadable:
-			warns = append(warns, [2]string{m.name, m.reason})
+			warns = append(warns, warn{m.name, m.reason, f})
 		case changed:
 			m.deploying = true
 			due = append(due, m)
@@ -324,7 +328,7 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	}
 	r.mu.Unlock()
 	for _, w := range warns {
-		r.warnUnavailable(w[0], w[1])
+		r.warnUnreadable(w.name, w.reason, w.f)
 	}
 	gone = append(gone, r.earlierRuns(ctx, unsure)...)
 	slices.SortFunc(gone, func(a, b *model) int { return strings.Compare(a.name, b.name) })
@@ -425,8 +429,17 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 // unreadableLocked makes m UNAVAILABLE for a folder that cannot be read
 // as it is (f.unreadable), until it changes; its function, if deployed,
 // serves on meanwhile.
+// It is the node's failure (its volume, its permissions), not a bundle
+// refused: a load answers 503, as for a file in it that cannot be read.
 func (r *Repository) unreadableLocked(m *model, f folder) {
-	r.settleLocked(m, f.print, nil, Unavailable, fmt.Sprintf("%s: cannot read it (tried again when it changes): %s", r.where(f.dir), r.quiet(f.err)), errdefs.KindInvalid)
+	r.settleLocked(m, f.print, nil, Unavailable, unreadableAt(r.where(f.dir), f.dir, f.err)+": tried again when it changes", errdefs.KindUnavailable)
+}
+
+// warnUnreadable logs why m's folder f is unavailable, with its path and
+// the error as the system gave it (the index and the load's answer name
+// it from DIR's name alone); not under r.mu.
+func (r *Repository) warnUnreadable(name, reason string, f folder) {
+	r.cfg.Log.Warn("model repository: a model is unavailable", "model", name, "reason", reason, "folder", f.dir, "error", f.err)
 }
 
 // take waits for the turn to change deployments; false if ctx ended first.
@@ -577,7 +590,9 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		r.mu.Lock()
 		old := m.versions
 		r.mu.Unlock()
-		r.settle(m, "", old, Loading, "cannot read it now (tried again at the next scan): "+r.quiet(err), errdefs.KindUnavailable)
+		reason := unreadableAt(r.where(m.dir), m.dir, err) + ": tried again at the next scan"
+		r.cfg.Log.Warn("model repository: a model's folder cannot be read now", "model", m.name, "reason", reason, "folder", m.dir, "error", err)
+		r.settle(m, "", old, Loading, reason, errdefs.KindUnavailable)
 		return
 	}
 	rec, err := r.node.Versions(ctx, m.name)
