@@ -114,7 +114,9 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	}
 	r.mu.Unlock()
 	vers, _, err := r.versionsOf(m)
-	r.deploy(ctx, m, vers, err)
+	// A load applies the folder: its highest version becomes current
+	// even over a plover deploy since (which a scan leaves current).
+	r.deploy(ctx, m, vers, err, true)
 	r.mu.Lock()
 	if m.retry || m.state == Loading {
 		// Run's scans try it again (without Poll they wait for this),

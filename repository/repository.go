@@ -482,7 +482,7 @@ func (r *Repository) deployAll(ctx context.Context, due []*model) {
 	for _, group := range [][]int{funcs, pipes} {
 		r.parallel(len(group), func(k int) {
 			j := &jobs[group[k]]
-			r.deploy(ctx, j.m, j.vers, j.err)
+			r.deploy(ctx, j.m, j.vers, j.err, false)
 		})
 	}
 }
@@ -570,8 +570,10 @@ func (r *Repository) where(dir string) string {
 // and the others beside it; a broken one is UNAVAILABLE with its reason
 // and the others still deploy (the highest that did is made current,
 // unless the highest failed for a reason that may pass or that is this
-// node's alone: then the record's current version stays).
-func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err error) {
+// node's alone: then the record's current version stays). Unless apply
+// (a load), a version deployed otherwise after the highest folder's, which
+// the record already had, stays current (deployedSince).
+func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err error, apply bool) {
 	r.mu.Lock()
 	print := m.seen
 	r.mu.Unlock()
@@ -596,6 +598,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		return
 	}
 	rec, err := r.node.Versions(ctx, m.name)
+	before := rec // as the folder's deploys found it
 	if err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		// The store, not the folder: the next scan tries again ("") and
 		// what served serves on, and shows so.
@@ -645,6 +648,15 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	}
 	if current != "" {
 		rec, err = r.node.Versions(ctx, m.name)
+		if err == nil && rec.Current != current && !keep && !apply && deployedSince(before, rec, current) {
+			// The folder's highest version is one the record had: nothing
+			// in the folder is newer than what an operator deployed since
+			// (a hot-fix), which a restart rolled back while the running
+			// server, seeing the folder unchanged, had kept it.
+			keep = true
+			r.cfg.Log.Warn("model repository: the folder's version is not made current: a version deployed since (plover deploy) is, and stays so until the folder changes or a load applies it",
+				"model", m.name, "version", label, "current", rec.Current)
+		}
 		if err == nil && rec.Current != current && !keep {
 			_, err = r.node.Rollback(ctx, m.name, current)
 		}
@@ -664,6 +676,23 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		print = ""
 	}
 	r.settle(m, print, vers, "", "", 0)
+}
+
+// deployedSince reports whether rec's current version was deployed by
+// other means than a model repository (no label: plover deploy) after
+// current, the folder's highest version, which before (the record as the
+// folder's deploys found it) already had: the folder brings nothing newer
+// than it. The record's order is its deploys': one listed before current
+// was current before the folder's (a function plover deploy made, which
+// the folder replaced, or which it did not replace yet for a rollback
+// that failed), and the folder's is made current.
+func deployedSince(before, rec *api.Record, current string) bool {
+	if before == nil || !slices.ContainsFunc(before.Versions, func(v api.Version) bool { return v.ID == current }) {
+		return false // deployed now: the folder changed
+	}
+	at := slices.IndexFunc(rec.Versions, func(v api.Version) bool { return v.ID == current })
+	now := slices.IndexFunc(rec.Versions, func(v api.Version) bool { return v.ID == rec.Current })
+	return at >= 0 && now > at && rec.Versions[now].Label == ""
 }
 
 // retire takes off rec's versions the labels of version folders that

@@ -321,7 +321,7 @@ func TestReadErrorKeepsWhatServes(t *testing.T) {
 	r.mu.Lock()
 	m := r.models["cnn"]
 	r.mu.Unlock()
-	r.deploy(ctx, m, nil, fmt.Errorf("models/cnn: %w", syscall.EIO)) // versionsOf's ReadDir failed
+	r.deploy(ctx, m, nil, fmt.Errorf("models/cnn: %w", syscall.EIO), false) // versionsOf's ReadDir failed
 	if got := index(r); !strings.Contains(got, "cnn/ LOADING (models/cnn: unreadable (input/output error): tried again at the next scan)") || !strings.Contains(got, "cnn/1 READY") {
 		t.Errorf("after a read error: %s, want cnn/1 still READY beside a LOADING entry", got)
 	}
