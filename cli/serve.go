@@ -80,6 +80,7 @@ type serveFlags struct {
 	grpcListen                                       string
 	insecureNoAuth                                   bool
 	console                                          bool
+	origins                                          originsFlag
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
 	sched, schedPolicy, evictPolicy                  string
@@ -91,6 +92,27 @@ type serveFlags struct {
 	cgroupRoot                                       string
 	repository, repositoryName                       string
 	repositoryPoll, repositorySettle                 time.Duration
+}
+
+// originsFlag is --origin: repeatable, each value one origin or several
+// separated by commas (an origin has none), so that PLOVER_ORIGIN can name
+// several. Each is checked and kept as browsers write it (ParseOrigin).
+type originsFlag []string
+
+func (o *originsFlag) String() string { return strings.Join(*o, ",") }
+
+// Type is what --help shows for the flag's value (pflag asks it).
+func (o *originsFlag) Type() string { return "URL" }
+
+func (o *originsFlag) Set(s string) error {
+	for _, v := range strings.Split(s, ",") {
+		n, err := httpapi.ParseOrigin(strings.TrimSpace(v))
+		if err != nil {
+			return err
+		}
+		*o = append(*o, n)
+	}
+	return nil
 }
 
 func serveCmd() *command {
@@ -134,6 +156,7 @@ func serveCmd() *command {
 			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC connection's handshake (closed past it) and a call's message after its headers (the call is cancelled)")
 			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
 			fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ (its files need no token; its API calls carry the user's)")
+			fs.Var(&f.origins, "origin", "a further origin (http[s]://HOST[:PORT]) whose pages the server takes as its own, as a browser's Origin names it: the proxy's, behind a plain-HTTP proxy that rewrites Host (repeatable, or comma-separated; X-Forwarded-Host is never trusted)")
 			fs.BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "listen on a non-loopback address without --auth-file: anyone who reaches the port can deploy native code")
 			fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for HTTPS, with --tls-key; re-read on SIGHUP")
 			fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
@@ -520,7 +543,7 @@ type transports struct {
 // unauthenticated metrics address (--metrics-listen).
 func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDoor, door *frontdoor.Door, reg *prometheus.Registry, log *slog.Logger) (*transports, error) {
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		ReadTimeout: f.readTimeout, NoConsole: !f.console}
+		ReadTimeout: f.readTimeout, NoConsole: !f.console, Origins: f.origins}
 	if f.isolation == "process" {
 		opts.CPUWeights = n.cpu.Mechanism // nil: "off"
 	}

@@ -13,7 +13,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +75,12 @@ type Options struct {
 	// NoConsole turns the web console at /ui/ off (plover serve
 	// --console=false); the zero value serves it.
 	NoConsole bool
+	// Origins are further origins (scheme://host[:port], as ParseOrigin
+	// reads them) whose pages' requests the server takes as its own (plover
+	// serve --origin): a plain-HTTP proxy that rewrites Host leaves the
+	// browser's Origin naming the proxy, and its browser sends no
+	// Sec-Fetch-Site to say same-origin (only secure contexts do).
+	Origins []string
 }
 
 // Server serves the Plover HTTP API.
@@ -104,6 +112,8 @@ type Server struct {
 	// checks no tokens ("" otherwise): then only a request naming a
 	// loopback host is answered (misdirected).
 	loopback atomic.Pointer[string]
+	// origins are Options.Origins, normalized (ParseOrigin).
+	origins [][]byte
 }
 
 // SetReady sets what /readyz answers; a server going down sets it false
@@ -154,6 +164,16 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		opts.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{door: door, gate: door.Gate(), adm: adm, opts: opts}
+	for _, o := range opts.Origins {
+		n, err := ParseOrigin(o)
+		if err != nil {
+			// plover serve checks its flag; a caller that passed a
+			// malformed one has it match nothing, and hears of it.
+			opts.Log.Warn("an origin that is no origin is not taken as the server's own", "origin", o, "error", err)
+			continue
+		}
+		s.origins = append(s.origins, []byte(n))
+	}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
 		c := &exchange{timing: make([]byte, 0, 200)}
@@ -268,12 +288,17 @@ var (
 // asking it first; on a server without tokens, nothing else would stand
 // between such a page and a rollback or gc. A browser names the page's
 // origin in Origin and, lately, says cross-site in Sec-Fetch-Site; other
-// clients send neither.
-func crossSite(ctx *fasthttp.RequestCtx) string {
+// clients send neither. An origin the operator named (--origin) is the
+// server's own, whatever the browser says of the Host it sees.
+func (s *Server) crossSite(ctx *fasthttp.RequestCtx) string {
 	if ctx.IsGet() || ctx.IsHead() {
 		return ""
 	}
 	h := &ctx.Request.Header
+	o := h.PeekBytes(hdrOrigin)
+	if len(o) > 0 && s.namedOrigin(o) {
+		return ""
+	}
 	// A browser that sends Sec-Fetch-Site says itself whether the page is
 	// this origin's: behind a proxy the Host the server sees (localhost,
 	// say) need not be the page's, so Origin is compared only without it.
@@ -283,10 +308,45 @@ func crossSite(ctx *fasthttp.RequestCtx) string {
 	case "same-origin", "none":
 		return ""
 	}
-	if o := h.PeekBytes(hdrOrigin); len(o) > 0 && !sameOrigin(o, ctx.Host()) {
-		return "Origin " + strconv.Quote(string(o)) + " is not this server's"
+	if len(o) > 0 && !sameOrigin(o, ctx.Host()) {
+		return "Origin " + strconv.Quote(string(o)) + " is not this server's nor one named by plover serve --origin"
 	}
 	return ""
+}
+
+// namedOrigin reports whether origin (an Origin header) is one the
+// operator named (Options.Origins). Browsers send an origin's scheme and
+// host in lower case and leave a default port out, as ParseOrigin keeps
+// the named ones; the comparison still ignores case.
+func (s *Server) namedOrigin(origin []byte) bool {
+	for _, n := range s.origins {
+		if bytes.EqualFold(origin, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseOrigin reads an origin as a browser's Origin header names it,
+// scheme://host[:port] with the scheme http or https, and returns it as
+// browsers write it: in lower case, the scheme's default port left out.
+// A path, query, fragment or user is refused: an origin has none, and one
+// given would match no browser's.
+func ParseOrigin(s string) (string, error) {
+	u, err := url.Parse(strings.TrimSuffix(s, "/"))
+	switch {
+	case err != nil:
+		return "", err
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", fmt.Errorf("%q: want http://HOST[:PORT] or https://HOST[:PORT]", s)
+	case u.Host == "" || u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" || strings.HasSuffix(u.Host, ":"):
+		return "", fmt.Errorf("%q: an origin is a scheme, a host and perhaps a port, nothing more (no path, query, fragment or user)", s)
+	}
+	host := strings.ToLower(u.Host)
+	if p := u.Port(); (u.Scheme == "http" && p == "80") || (u.Scheme == "https" && p == "443") {
+		host = strings.TrimSuffix(host, ":"+p)
+	}
+	return u.Scheme + "://" + host, nil
 }
 
 // sameOrigin reports whether origin (an Origin header: scheme://host[:port])
@@ -388,7 +448,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	if l := s.loopback.Load(); l != nil && misdirected(ctx, *l) {
 		return
 	}
-	if h := crossSite(ctx); h != "" {
+	if h := s.crossSite(ctx); h != "" {
 		s.refuse(ctx, &gate.Refusal{Status: apierr.Forbidden, Reason: "cross_site",
 			Msg: string(ctx.Method()) + " from another site's page (" + h + "): the server takes requests that change anything only from its own pages (the console) and from clients that send no Origin"})
 		return
