@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +20,7 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
@@ -345,6 +348,9 @@ func TestConsole(t *testing.T) {
 	do("invoke from the page",
 		chromedp.Navigate(srv.url+"/ui/#/functions/vecadd?token="+toks["root"]),
 		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)),
+		// The chart shows the requests since the page's first poll at the
+		// earliest (their window's start): one made before it is not drawn.
+		poll(`!document.getElementById("chart").getAttribute("aria-label").endsWith("measuring")`),
 		chromedp.SetUploadFiles(chromedp.CSS("#invoke-file"), []string{inFile}),
 		chromedp.Click(chromedp.CSS(`#invoke button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.CSS("#invoke-sha256")))
@@ -550,5 +556,92 @@ func TestConsoleInsecureOrigin(t *testing.T) {
 	}
 	if got := b.text("#invoke-result"); !strings.Contains(got, "200 ·") {
 		t.Errorf("the invoke's result: %q, want its status and size", got)
+	}
+}
+
+// TestConsoleLatencyWindow: a function page's latency chart reads the
+// requests of its window (?window=10s here; a minute by default), not the
+// server's life: the server's histogram is cumulative, and a function
+// that was slow once read slow for ever (its p99 while slow requests were
+// 1% of all it served). Slow requests, then fast ones: the chart's p99
+// follows the fast ones once the slow have left the window, and once no
+// request comes it shows none rather than the last figure.
+func TestConsoleLatencyWindow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries, starts a server and a browser")
+	}
+	b := startBrowser(t)
+	srv := startServer(t, buildPlover(t))
+	c := &http.Client{Timeout: 30 * time.Second}
+	fn := srv.url + "/v1/functions/lat"
+	deploy := func(m *abi.Manifest) {
+		t.Helper()
+		if r := secDo(t, c, "PUT", fn+"?force=true", "", bundle.MediaType, packDir(t, testkit.BundleDir(t, m, nil))); r.code != 201 {
+			t.Fatalf("deploy lat: %d %s", r.code, r.body)
+		}
+	}
+	// invoke also runs on another goroutine than the test's: it fails
+	// nothing itself.
+	invoke := func() error {
+		resp, err := c.Post(fn+"/invoke", "application/octet-stream", strings.NewReader("x"))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 {
+			return fmt.Errorf("invoke lat: %d %.200s", resp.StatusCode, b)
+		}
+		return nil
+	}
+	// label is the chart's accessible name; p99 reads its figure in ms
+	// (-1: none).
+	const label = `document.getElementById("chart").getAttribute("aria-label")`
+	const p99 = `(() => { const m = / p99 ([0-9.]+) ms/.exec(` + label + `); return m ? Number(m[1]) : -1; })()`
+	const slowMs = 300 // its bucket starts at 238 ms; an echo's ends at 95 ms
+
+	deploy(testkit.Slow("lat", slowMs))
+	b.do(30*time.Second, "lat's page, no request yet in its window",
+		chromedp.Navigate(srv.url+"/ui/#/functions/lat?window=10s"),
+		poll(label+`.endsWith("now no requests")`))
+	if title := b.text("#chart-title"); !strings.Contains(title, "requests in the last 10 s") {
+		t.Errorf("the chart's title %q does not say its window", title)
+	}
+	for range 5 {
+		if err := invoke(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.do(30*time.Second, "the slow requests drawn", poll(p99+` >= 200`))
+
+	// Fast requests, kept coming until the chart has followed them. Paced
+	// (a load, not a wait): at 5 a second the 5 slow ones stay over 1% of
+	// the server's life's requests for 100 s, so within the 40 s waited
+	// only a windowed p99 falls.
+	deploy(testkit.Manifest("lat"))
+	ctx, cancel := context.WithCancel(context.Background())
+	fast := make(chan error, 1)
+	go func() {
+		pace := time.NewTicker(200 * time.Millisecond)
+		defer pace.Stop()
+		for ctx.Err() == nil {
+			if err := invoke(); err != nil {
+				fast <- err
+				return
+			}
+			select {
+			case <-pace.C:
+			case <-ctx.Done():
+			}
+		}
+		fast <- nil
+	}()
+	b.do(40*time.Second, "the chart following the fast requests", poll(p99+` >= 0 && `+p99+` < 100`))
+	cancel()
+	if err := <-fast; err != nil {
+		t.Fatal(err)
+	}
+	b.do(60*time.Second, "a window with no request", poll(label+`.endsWith("now no requests")`))
+	if b.text("#chart text") == "" || !strings.Contains(b.text("#chart text"), "none") {
+		t.Errorf("the chart's own text: %q, want it to say no requests came in its window", b.text("#chart text"))
 	}
 }

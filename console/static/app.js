@@ -143,10 +143,9 @@ function parseMetrics(text) {
   return out;
 }
 
-// histQuantiles reads p50 and p99 (seconds) of a histogram's series,
-// grouped by key(labels) (null: left out), interpolating inside a bucket
-// as Prometheus's histogram_quantile does.
-function histQuantiles(samples, metric, key) {
+// histBuckets reads a histogram's series grouped by key(labels) (null:
+// left out): for each group its cumulative buckets, [le, count] by le.
+function histBuckets(samples, metric, key) {
   // Keyed by tenants' function names: no prototype (a function named
   // "constructor" would find Object's).
   const groups = Object.create(null);
@@ -156,31 +155,85 @@ function histQuantiles(samples, metric, key) {
     if (k === null) continue;
     (groups[k] ||= []).push([s.labels.le === "+Inf" ? Infinity : parseFloat(s.labels.le), s.value]);
   }
-  const res = Object.create(null);
-  for (const [k, b] of Object.entries(groups)) {
-    b.sort((x, y) => x[0] - y[0]);
-    const total = b[b.length - 1][1];
-    const q = (p) => {
-      if (!total) return null;
-      const rank = p * total;
-      let prevLe = 0, prevC = 0;
-      for (const [le, c] of b) {
-        if (c >= rank) {
-          if (le === Infinity) return prevLe;
-          return prevLe + (le - prevLe) * (c === prevC ? 0 : (rank - prevC) / (c - prevC));
-        }
-        prevLe = le; prevC = c;
+  for (const b of Object.values(groups)) b.sort((x, y) => x[0] - y[0]);
+  return groups;
+}
+
+// bucketQuantiles is p50 and p99 (seconds; null without a request) and the
+// count of cumulative buckets b, interpolating inside a bucket as
+// Prometheus's histogram_quantile does.
+function bucketQuantiles(b) {
+  const total = b.length ? b[b.length - 1][1] : 0;
+  const q = (p) => {
+    if (!total) return null;
+    const rank = p * total;
+    let prevLe = 0, prevC = 0;
+    for (const [le, c] of b) {
+      if (c >= rank) {
+        if (le === Infinity) return prevLe;
+        return prevLe + (le - prevLe) * (c === prevC ? 0 : (rank - prevC) / (c - prevC));
       }
-      return prevLe;
-    };
-    res[k] = { p50: q(0.5), p99: q(0.99), count: total };
-  }
+      prevLe = le; prevC = c;
+    }
+    return prevLe;
+  };
+  return { p50: q(0.5), p99: q(0.99), count: total };
+}
+
+// histQuantiles reads p50 and p99 of a histogram's series over the
+// server's life (its cumulative counts), grouped as histBuckets groups.
+function histQuantiles(samples, metric, key) {
+  const res = Object.create(null);
+  for (const [k, b] of Object.entries(histBuckets(samples, metric, key))) res[k] = bucketQuantiles(b);
   return res;
 }
 
 // quantiles: each function's total request time.
-const quantiles = (samples) => histQuantiles(samples, "plover_request_duration_seconds",
-  (l) => (l.phase && l.phase !== "total" ? null : l.function));
+const totalTime = (l) => (l.phase && l.phase !== "total" ? null : l.function);
+const quantiles = (samples) => histQuantiles(samples, "plover_request_duration_seconds", totalTime);
+
+// recentLatency follows one function's total request time over a sliding
+// window of the last windowMs: the server's histogram is cumulative over
+// its life (a function slow an hour ago and fast since would read slow,
+// and one slow since a minute ago fast), so each poll's bucket counts are
+// kept and the quantiles read from what came since the poll windowMs ago.
+// add takes a poll's samples and returns the window's {p50, p99, count}
+// (p50 and p99 null when no request came in it), or null while the page
+// has seen one poll only: it cannot yet tell what is recent.
+function recentLatency(name, windowMs) {
+  let polls = []; // {t, buckets}, oldest first
+  return {
+    add(samples, now) {
+      const buckets = histBuckets(samples, "plover_request_duration_seconds", totalTime)[name] || [];
+      polls.push({ t: now, buckets });
+      // The base is the newest poll at least windowMs old, or the oldest
+      // kept while the page has been open for less.
+      while (polls.length > 1 && polls[1].t <= now - windowMs) polls.shift();
+      if (polls.length < 2) return null;
+      const base = new Map(polls[0].buckets);
+      // A count lower than the base's: the series started again (the
+      // server restarted, the function was deleted and deployed again),
+      // and all of it is newer than the base.
+      const restarted = buckets.some(([le, c]) => c < (base.get(le) || 0));
+      return bucketQuantiles(buckets.map(([le, c]) => [le, restarted ? c : c - (base.get(le) || 0)]));
+    },
+    reset() { polls = []; },
+  };
+}
+
+// chartWindow is the latency chart's window in ms, from a function page's
+// ?window= (10s, 5m, 1h; 10 s to 1 h), else 1 minute.
+function chartWindow(query) {
+  const m = /^(\d+)(s|m|h)$/.exec(new URLSearchParams(query).get("window") || "");
+  const ms = m ? Number(m[1]) * { s: 1000, m: 60000, h: 3600000 }[m[2]] : 60000;
+  return Math.min(3600000, Math.max(10000, ms));
+}
+
+// span says a window in words: "1 min", "10 s", "1 h 30 min".
+function span(ms) {
+  const h = Math.floor(ms / 3600000), m = Math.floor(ms / 60000) % 60, s = Math.floor(ms / 1000) % 60;
+  return [h && h + " h", m && m + " min", s && s + " s"].filter(Boolean).join(" ");
+}
 
 const ms = (s) => s === null || s === undefined ? "–" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms";
 const bytes = (n) => n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n >= 1024 ? (n / 1024).toFixed(1) + " KiB" : n + " B";
@@ -247,8 +300,11 @@ function overview() {
 
 // ---- a function ----
 
-function functionPage(name) {
+function functionPage(name, query) {
   const enc = encodeURIComponent(name);
+  const windowMs = chartWindow(query);
+  const recent = recentLatency(name, windowMs);
+  const win = span(windowMs);
   const summary = el("div", { id: "summary" });
   const versions = el("tbody", { id: "versions" });
   // Kept apart from the status line, which each refresh clears.
@@ -256,7 +312,7 @@ function functionPage(name) {
   // Focusable, so that a keyboard scrolls it; a region named for what it
   // holds (not a live one: a function printing fast would be read out).
   const logs = el("pre", { class: "logs", id: "logs", tabindex: "0", role: "region", "aria-label": "output of " + name });
-  const chart = svg("svg", { class: "chart", id: "chart", width: "600", height: "160", role: "img", "aria-label": "p50 and p99 latency of " + name + ": no requests yet" });
+  const chart = svg("svg", { class: "chart", id: "chart", width: "600", height: "160", role: "img", "aria-label": "p50 and p99 latency of " + name + " over the last " + win + ": measuring" });
   const file = el("input", { type: "file", id: "invoke-file" });
   const result = el("div", { id: "invoke-result", role: "status", "aria-live": "polite" });
   const form = el("form", { id: "invoke" }, el("label", { for: "invoke-file" }, "Input file "), file, " ", el("button", { type: "submit" }, "Invoke"));
@@ -264,7 +320,7 @@ function functionPage(name) {
   main.replaceChildren(el("h2", {}, name), summary,
     el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "by"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError),
     el("section", {}, el("h3", {}, "Invoke"), form, result),
-    el("section", {}, el("h3", {}, "Latency (p50 blue, p99 orange, from the server's histogram)"), chart),
+    el("section", {}, el("h3", { id: "chart-title" }, "Latency of the requests in the last " + win + " (p50 blue, p99 orange, from the server's histogram, sampled every 2 s)"), chart),
     el("section", {}, el("h3", {}, "Output"), logs));
 
   let shown = "";
@@ -300,7 +356,8 @@ function functionPage(name) {
       shown = "";
       rollbackError.textContent = "";
       points.length = 0;
-      drawChart(chart, points, name);
+      recent.reset();
+      drawChart(chart, points, name, win);
       return;
     }
     const f = await r.json();
@@ -311,8 +368,8 @@ function functionPage(name) {
         ["instances busy / idle", (f.instances_busy || 0) + " / " + (f.instances_idle || 0)], ["device memory", bytes(f.device_memory_bytes || 0)]]
         .map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))));
     await showVersions();
-    const q = quantiles(parseMetrics(await (await api("/metrics")).text()))[name];
-    if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points, name); }
+    const q = recent.add(parseMetrics(await (await api("/metrics")).text()), performance.now());
+    if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points, name, win); }
   });
   followLogs(enc, logs);
 }
@@ -323,18 +380,29 @@ function svg(tag, attrs) {
   return e;
 }
 
-// drawChart draws points' p50 and p99, and says the last of them in the
-// chart's accessible name.
-function drawChart(chart, points, name) {
-  const what = "p50 and p99 latency of " + name;
-  if (!points.length) { chart.replaceChildren(); chart.setAttribute("aria-label", what + ": no requests yet"); return; }
+// drawChart draws points' p50 and p99 (each of the requests in the win
+// before it), a line broken where a window held no request, and says the
+// last of them in the chart's accessible name: a window with no request
+// says so rather than show an older figure.
+function drawChart(chart, points, name, win) {
+  const what = "p50 and p99 latency of " + name + " over the last " + win;
+  if (!points.length) { chart.replaceChildren(); chart.setAttribute("aria-label", what + ": measuring"); return; }
   const last = points[points.length - 1];
-  chart.setAttribute("aria-label", `${what}, last ${points.length} samples: now p50 ${ms(last.p50)}, p99 ${ms(last.p99)}`);
+  chart.setAttribute("aria-label", `${what}, last ${points.length} samples: ` +
+    (last.count ? `now p50 ${ms(last.p50)}, p99 ${ms(last.p99)} (${last.count} requests)` : "now no requests"));
   const W = 600, H = 160, max = Math.max(1e-6, ...points.map((p) => p.p99 || 0));
-  const line = (key, cls) => svg("polyline", { class: cls, points: points.map((p, i) => `${(i * W) / 119},${H - 12 - ((p[key] || 0) / max) * (H - 24)}`).join(" ") });
+  const xy = (p, i, key) => `${(i * W) / 119},${H - 12 - (p[key] / max) * (H - 24)}`;
+  const lines = [];
+  for (const key of ["p50", "p99"]) {
+    let run = [];
+    points.forEach((p, i) => {
+      if (p[key] !== null) run.push(xy(p, i, key));
+      if ((p[key] === null || i === points.length - 1) && run.length) { lines.push(svg("polyline", { class: key, points: run.join(" ") })); run = []; }
+    });
+  }
   const label = svg("text", { x: "4", y: "10" });
-  label.textContent = "max " + ms(max);
-  chart.replaceChildren(line("p50", "p50"), line("p99", "p99"), label);
+  label.textContent = "max " + ms(max) + " · requests in the last " + win + ": " + (last.count || "none");
+  chart.replaceChildren(...lines, label);
 }
 
 // The output pane keeps a function's last lines: twice what the server
@@ -548,7 +616,7 @@ async function route() {
     // API paths the page calls with the user's token.
     let name = "";
     try { name = decodeURIComponent(h.slice("/functions/".length)); } catch (_) {}
-    if (/^[a-z0-9][a-z0-9-]{0,62}$/.test(name)) functionPage(name);
+    if (/^[a-z0-9][a-z0-9-]{0,62}$/.test(name)) functionPage(name, location.hash.slice(1).split("?")[1] || "");
     else main.replaceChildren(el("p", { class: "error" }, "not a function name: " + h.slice("/functions/".length)));
   }
   else if (h === "/pipelines") pipelines();
