@@ -50,7 +50,7 @@ func New(tokens Tokens, reg prometheus.Registerer) *Gate {
 	}, []string{"reason"})
 	g.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "plover_token_limited_total",
-		Help: "Requests refused with 429 because their token was over its auth-file rate or concurrency.",
+		Help: "Requests refused with 429 because their token was over its auth-file rate or concurrency, or held as many followed log streams as its concurrency (limit streams).",
 	}, []string{"token", "limit"})
 	if reg != nil {
 		reg.MustRegister(g.failures, g.limited)
@@ -69,7 +69,7 @@ func (g *Gate) Open() bool { return g.tokens == nil }
 // when over a limit, how long until a retry can succeed.
 type Refusal struct {
 	Status apierr.Status
-	Reason string // missing_token, unknown_token, forbidden, rate, concurrency
+	Reason string // missing_token, unknown_token, forbidden, rate, concurrency, streams
 	Msg    string
 	Retry  time.Duration
 }
@@ -77,25 +77,54 @@ type Refusal struct {
 func (r *Refusal) Error() string { return r.Msg }
 
 // Ticket is an admitted request; Done ends it (its token's concurrency).
-type Ticket struct{ st *state }
+// A ticket Follow returned holds a followed stream's place instead.
+type Ticket struct {
+	st     *state
+	stream bool
+}
 
-// Done ends the request the ticket admitted; a zero Ticket does nothing.
+// Done ends the request (or stream) the ticket admitted; a zero Ticket
+// does nothing.
 func (t Ticket) Done() {
 	if t.st != nil {
 		t.st.mu.Lock()
-		t.st.inflight--
+		if t.stream {
+			t.st.streams--
+		} else {
+			t.st.inflight--
+		}
 		t.st.mu.Unlock()
 	}
 }
 
-// Pass hands t's place on to what outlives the handler that was admitted
-// (a followed log stream, written after the handler returns): the ticket
-// returned ends it, and t is left zero, so the handler's own Done gives
-// nothing back.
-func (t *Ticket) Pass() Ticket {
-	held := *t
-	*t = Ticket{}
-	return held
+// Follow takes a place among its token's followed log streams for a
+// stream whose request t admitted, to hold until the stream ends (Done).
+// Streams are counted apart from requests in flight, up to the same
+// number (the token's concurrency): a stream open for an hour is no
+// request in flight, and a token of concurrency 1 following a function's
+// output (the console does, while it polls) may still call; but it may
+// hold no more streams than that, or one read token could take all of a
+// function's followers. t's own place is given back as its handler
+// returns, as any request's. A token without a concurrency limit (t holds
+// no place) follows unbounded here: funclog's bounds per function and
+// node hold. Over the bound it is a 429, counted as limit "streams".
+func (g *Gate) Follow(t Ticket) (Ticket, *Refusal) {
+	st := t.st
+	if st == nil || t.stream {
+		return Ticket{}, nil
+	}
+	st.mu.Lock()
+	full, limit := st.streams >= st.limit, st.limit
+	if !full {
+		st.streams++
+	}
+	st.mu.Unlock()
+	if !full {
+		return Ticket{st: st, stream: true}, nil
+	}
+	g.limited.WithLabelValues(st.name, "streams").Inc()
+	return Ticket{}, &Refusal{Status: apierr.RateLimited, Reason: "streams", Retry: time.Second,
+		Msg: fmt.Sprintf("token %s has %d followed log streams open, as many as its concurrency (auth file): retry when one ends", st.name, limit)}
 }
 
 // Admit checks the value of an Authorization header (or gRPC's
@@ -179,7 +208,7 @@ func (g *Gate) check(authorization []byte, scope auth.Scope, fn string, limits i
 	}
 	st, over, retry := g.admit(p, time.Now, limits)
 	if over == "" {
-		return Ticket{st}, nil
+		return Ticket{st: st}, nil
 	}
 	g.limited.WithLabelValues(p.Name, over).Inc()
 	secs := max(1, int(math.Ceil(retry.Seconds())))
@@ -305,13 +334,16 @@ func (g *Gate) InvokeCheck(ctx context.Context, authorization []byte) context.Co
 	})
 }
 
-// state is one token's use of its limits: its bucket (golang.org/x/time/rate)
-// and its requests in flight.
+// state is one token's use of its limits: its bucket (golang.org/x/time/rate),
+// its requests in flight and its followed log streams (Follow).
 type state struct {
+	name     string
 	mu       sync.Mutex
 	bucket   *rate.Limiter // nil until the token first has a rate
 	last     time.Time     // the latest time the bucket was given
 	inflight int
+	streams  int
+	limit    int // the concurrency the token's last admission counted against: Follow's bound
 }
 
 func (g *Gate) state(name string) *state {
@@ -319,7 +351,7 @@ func (g *Gate) state(name string) *state {
 	defer g.mu.Unlock()
 	st := g.by[name]
 	if st == nil {
-		st = &state{}
+		st = &state{name: name}
 		g.by[name] = st
 	}
 	return st
@@ -374,6 +406,7 @@ func (g *Gate) admit(p *auth.Principal, clock func() time.Time, limits int) (st 
 		return nil, "", 0
 	}
 	st.inflight++
+	st.limit = lim.Concurrency
 	return st, "", 0
 }
 

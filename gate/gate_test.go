@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/auth"
 )
 
@@ -46,31 +48,53 @@ func TestTokenLimitsAdmit(t *testing.T) {
 	if _, over, _ := l.admit(c, at(t0), limitRate|limitConcurrency); over != "concurrency" {
 		t.Fatalf("third in flight: over %q", over)
 	}
-	Ticket{a}.Done()
+	Ticket{st: a}.Done()
 	if _, over, _ := l.admit(c, at(t0), limitRate|limitConcurrency); over != "" {
 		t.Fatalf("after one ended: over %q", over)
 	}
-	Ticket{b}.Done()
+	Ticket{st: b}.Done()
 }
 
-// A ticket passed on holds its place until the ticket it was passed to is
-// done; the handler's own Done, run on the emptied ticket, gives nothing
-// back (before Pass, the handler's Done freed the place of a stream still
-// being written).
-func TestTicketPass(t *testing.T) {
-	g := New(nil, prometheus.NewRegistry())
+// A followed stream's place (Follow) is counted apart from the token's
+// requests in flight, up to its concurrency: the request that opened it
+// gives its own place back and the token calls on; a second stream is
+// refused (limit streams) until the first is done. A token without a
+// concurrency limit holds no place to count streams by.
+func TestFollow(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := New(nil, reg)
 	c := &auth.Principal{Name: "c", Limits: auth.Limits{Concurrency: 1}}
-	st, _, _ := g.admit(c, at(time.Unix(1000, 0)), limitConcurrency)
-	tk := Ticket{st}
-	held := tk.Pass()
-	tk.Done()
-	tk.Done()
-	if _, over, _ := g.admit(c, at(time.Unix(1000, 0)), limitConcurrency); over != "concurrency" {
-		t.Fatalf("with the passed ticket held: over %q, want concurrency", over)
+	clock := at(time.Unix(1000, 0))
+	st, _, _ := g.admit(c, clock, limitConcurrency)
+	req := Ticket{st: st}
+	stream, r := g.Follow(req)
+	if r != nil {
+		t.Fatalf("the first stream: %v", r)
 	}
-	held.Done()
-	if _, over, _ := g.admit(c, at(time.Unix(1000, 0)), limitConcurrency); over != "" {
-		t.Fatalf("after the passed ticket was done: over %q", over)
+	req.Done() // its handler returns
+	st2, over, _ := g.admit(c, clock, limitConcurrency)
+	if over != "" {
+		t.Fatalf("a call with a stream open: over %q, want admitted", over)
+	}
+	if _, r := g.Follow(Ticket{st: st2}); r == nil || r.Reason != "streams" || r.Status != apierr.RateLimited || !strings.Contains(r.Msg, "1 followed log streams open") {
+		t.Fatalf("a second stream: %+v, want 429 naming the streams", r)
+	}
+	if n := testutil.ToFloat64(g.limited.WithLabelValues("c", "streams")); n != 1 {
+		t.Errorf("plover_token_limited_total{limit=streams}: %v, want 1", n)
+	}
+	Ticket{st: st2}.Done()
+	stream.Done() // its stream's place, not a request's (checked below)
+	st3, _, _ := g.admit(c, clock, limitConcurrency)
+	if again, r := g.Follow(Ticket{st: st3}); r != nil {
+		t.Fatalf("a stream after the first ended: %v", r)
+	} else {
+		again.Done()
+	}
+	if st3.inflight != 1 || st3.streams != 0 {
+		t.Errorf("in flight %d, streams %d; want 1 and 0", st3.inflight, st3.streams)
+	}
+	if tk, r := g.Follow(Ticket{}); r != nil || tk != (Ticket{}) {
+		t.Errorf("a token without a concurrency limit: %+v %v, want nothing held", tk, r)
 	}
 }
 

@@ -41,9 +41,10 @@ var (
 // back from now, or an RFC 3339 time) on; with ?follow=true the response
 // stays open and carries each new line as it comes, until the client goes,
 // the function is deleted, the server shuts down or the request's token no
-// longer reads the function (an auth-file reload). The stream holds the
-// request's place in its token's concurrency (tk) until it ends: the
-// handler returns before the stream is written.
+// longer reads the function (an auth-file reload). The stream holds a
+// place among its token's followed streams (gate.Follow) until it ends:
+// the request's own place in its token's concurrency (tk) is given back as
+// the handler returns, before the stream is written.
 func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 	lr, ok := s.adm.(LogReader)
 	if !ok {
@@ -69,7 +70,20 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "follow: want true or false, not "+v)
 		return
 	}
+	// Taken before the follower (funclog's places), and given back if
+	// there is none.
+	var held gate.Ticket
+	if follow {
+		var r *gate.Refusal
+		if held, r = s.gate.Follow(*tk); r != nil {
+			s.refuse(ctx, r)
+			return
+		}
+	}
 	lines, f, err := lr.Logs(callCtx(ctx), name, since, follow)
+	if f == nil {
+		held.Done()
+	}
 	if err != nil {
 		s.fail(ctx, err)
 		return
@@ -87,7 +101,6 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 	// function learns that it follows.
 	ctx.Response.ImmediateHeaderFlush = true
 	conn := ctx.Conn()
-	held := tk.Pass()
 	allowed := s.stillAllowed(ctx, name)
 	route := "GET " + string(ctx.Path()) // the stream outlives ctx
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -643,5 +644,81 @@ func TestConsoleLatencyWindow(t *testing.T) {
 	b.do(60*time.Second, "a window with no request", poll(label+`.endsWith("now no requests")`))
 	if b.text("#chart text") == "" || !strings.Contains(b.text("#chart text"), "none") {
 		t.Errorf("the chart's own text: %q, want it to say no requests came in its window", b.text("#chart text"))
+	}
+}
+
+// TestConsoleConcurrencyOne: the console signed in with a token limited to
+// concurrency=1 (README, token limits). A function's page follows its
+// output and polls its figures together: when the stream held the token's
+// only place, every poll was refused 429 (the chart stayed empty, the
+// status line said rate_limited). Streams are now counted apart, up to the
+// same bound, and the page sends one read at a time: the output comes,
+// the chart fills, and the server refuses none of the page's requests,
+// on the overview either.
+func TestConsoleConcurrencyOne(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries, starts a server and a browser")
+	}
+	b := startBrowser(t)
+	bin := buildPlover(t)
+	authFile := filepath.Join(t.TempDir(), "tokens")
+	tok := writeLimitedAuthFile(t, authFile, []limitedToken{
+		{"root", auth.Admin, auth.Limits{}},
+		{"one", auth.Read, auth.Limits{Concurrency: 1}},
+	})
+	srv := startServer(t, bin, "--auth-file", authFile)
+	c := &http.Client{Timeout: 30 * time.Second}
+	fn := srv.url + "/v1/functions/talker"
+	talker, _ := outputBundle(t, "talker", "say", 1, 1)
+	if r := secDo(t, c, "PUT", fn, tok["root"], bundle.MediaType, packDir(t, talker)); r.code != 201 {
+		t.Fatalf("deploy talker: %d %s", r.code, r.body)
+	}
+	// refused is what the server counted of the token's 429s.
+	refused := func() string {
+		t.Helper()
+		r := secDo(t, c, "GET", srv.url+"/metrics", tok["root"], "", nil)
+		var out []string
+		for _, l := range strings.Split(r.body, "\n") {
+			if strings.HasPrefix(l, "plover_token_limited_total{") && strings.Contains(l, `token="one"`) {
+				out = append(out, l)
+			}
+		}
+		return strings.Join(out, "; ")
+	}
+
+	b.do(30*time.Second, "talker's page, following its output",
+		chromedp.Navigate(srv.url+"/ui/#/functions/talker?token="+tok["one"]),
+		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)))
+	for i := range 3 {
+		if r := secDo(t, c, "POST", fn+"/invoke", tok["root"], "application/octet-stream", []byte(fmt.Sprintf("line-%d", i))); r.code != 200 {
+			t.Fatalf("invoke talker: %d %.200s", r.code, r.body)
+		}
+	}
+	// Polls made while the stream is open: the chart's samples, each a
+	// poll of /metrics after the function's summary and versions.
+	b.do(30*time.Second, "the output and the figures together",
+		poll(`document.getElementById("logs").textContent.includes("say: line-2")`),
+		poll(`/last ([3-9]|[1-9][0-9]+) samples/.test(document.getElementById("chart").getAttribute("aria-label"))`))
+	if st := b.text("#status"); st != "" {
+		t.Errorf("the status line says %q with the output followed, want nothing", st)
+	}
+	if n := refused(); n != "" {
+		t.Errorf("the server refused the page's requests: %s", n)
+	}
+
+	// The overview, two reads each refresh.
+	b.do(30*time.Second, "the overview refreshing",
+		chromedp.Navigate(srv.url+"/ui/#/"),
+		poll(`document.querySelector('tr[data-function="talker"] td.requests') !== null && document.querySelector('tr[data-function="talker"] td.requests').textContent === "3"`))
+	if r := secDo(t, c, "POST", fn+"/invoke", tok["root"], "application/octet-stream", []byte("line-3")); r.code != 200 {
+		t.Fatalf("invoke talker: %d %.200s", r.code, r.body)
+	}
+	b.do(30*time.Second, "the overview refreshed",
+		poll(`document.querySelector('tr[data-function="talker"] td.requests').textContent === "4" && document.getElementById("health").textContent.includes("status: ok")`))
+	if st := b.text("#status"); st != "" {
+		t.Errorf("the overview's status line says %q, want nothing", st)
+	}
+	if n := refused(); n != "" {
+		t.Errorf("the server refused the overview's requests: %s", n)
 	}
 }

@@ -79,13 +79,28 @@ async function serverMessage(r) {
 // next one comes.
 let lastOutput = null;
 
+// reads chains the page's reads (GETs): one is sent only once the one
+// before has its answer's headers, when the server has given its token's
+// place back (a followed output stream then holds a place of its own,
+// among the token's streams). So the page's polls and its stream hold one
+// place of the token's concurrency at a time, and a token limited to 1 is
+// not refused by its own page. Writes (invoke, rollback) are sent at once:
+// a run may take minutes, and the refresh goes on meanwhile.
+let reads = Promise.resolve();
+
 // api calls the server with the user's token; an error's message is the
 // server's {"error":{"message"}} when it sent one.
 async function api(path, opts = {}) {
   const headers = new Headers(opts.headers || {});
   const t = sessionStorage.getItem(KEY);
   if (t) headers.set("Authorization", "Bearer " + t);
-  const r = await fetch(path, { ...opts, headers });
+  const send = () => fetch(path, { ...opts, headers });
+  let sent;
+  if ((opts.method || "GET") === "GET") {
+    sent = reads.then(send);
+    reads = sent.then(() => {}, () => {});
+  } else sent = send();
+  const r = await sent;
   if (r.status === 401) {
     // A request sent with a token since replaced (signed in again while it
     // ran) speaks for no one now: its view has ended.
