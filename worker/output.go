@@ -3,9 +3,11 @@ package worker
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -39,7 +41,10 @@ func outputPipes(cmd *exec.Cmd) (pr, pw [2]*os.File, err error) {
 // or "stderr"), line by line (the worker line-buffers C's stdout: package
 // inside), to its end. A line over api.LogLineMax is cut there (the rest is
 // counted). The first stderr line goes to said (a worker that fails to
-// start says why there).
+// start says why there). Past the worker's line budget what it writes is
+// dropped in bulk (skipOutput) and counted: a worker writing empty lines
+// as fast as it could had the server spend some fifty times its CPU
+// passing each on, at the server's weight, billed to nobody.
 func (p *proc) readOutput(r *os.File, stream string) {
 	defer r.Close()
 	said := stream != "stderr"
@@ -48,8 +53,10 @@ func (p *proc) readOutput(r *os.File, stream string) {
 			close(p.said)
 		}
 	}()
-	br := bufio.NewReaderSize(r, api.LogLineMax)
+	src := &outputSource{r: r}
+	br := bufio.NewReaderSize(src, api.LogLineMax)
 	nl := []byte{'\n'}
+	rest := false // the next line read ends one a drop began in
 	for {
 		b, err := br.ReadSlice('\n')
 		if len(b) == 0 && err != nil {
@@ -66,11 +73,149 @@ func (p *proc) readOutput(r *os.File, stream string) {
 			close(p.said)
 			said = true
 		}
-		p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid, Line: text, Truncated: cut})
+		now := time.Now()
+		switch {
+		case rest: // counted with the drop
+			rest = false
+		case p.d.opts.Output != nil || p.lines.take(now): // plover run: the author's own terminal
+			p.output(api.LogLine{Time: now, Stream: stream, PID: p.pid, Line: text, Truncated: cut})
+		default:
+			n, midLine, serr := skipOutput(src, br, p.lines.readyAt(now))
+			if midLine {
+				n++
+			}
+			rest = midLine
+			p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid,
+				Line: fmt.Sprintf("[plover: %d lines not kept: this worker printed more than %d lines at once, or %d a second]", 1+n, outputBurst, outputRate)})
+			err = serr
+		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// skipOutput reads and drops what br (over r) holds until until, when the
+// worker's line budget has room again, or r's end: what the server spends
+// on it is a read of up to skipRead bytes and a count of their newlines,
+// about what the worker spent writing them, not a line's work each. It
+// stops at a line's end where it can (the bytes after it go back to br);
+// midLine says it stopped within a line, whose rest the caller drops. It
+// returns the lines it dropped, each counted at its end.
+func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int, midLine bool, err error) {
+	r := src.r
+	// A pipe takes a deadline (os.Pipe's ends are in the poller): a worker
+	// that stopped printing ends the drop when the budget has room. Should
+	// it not, the drop ends at the first read after then.
+	if r.SetReadDeadline(until) == nil {
+		defer r.SetReadDeadline(time.Time{})
+	}
+	nl := []byte{'\n'}
+	if n := br.Buffered(); n > 0 {
+		chunk, _ := br.Peek(n)
+		lines, midLine = bytes.Count(chunk, nl), chunk[n-1] != '\n'
+		br.Discard(n)
+	}
+	buf := make([]byte, skipRead)
+	for read := 0; ; read += len(buf) {
+		if read >= skipMax {
+			// The rest waits in the pipe, the worker's writes with it,
+			// until the budget has room: what a drop costs the server is
+			// bounded, whatever the worker spends writing.
+			time.Sleep(time.Until(until))
+			return lines, midLine, nil
+		}
+		n := copy(buf, src.left)
+		src.left = src.left[n:]
+		if n == 0 {
+			n, err = r.Read(buf)
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				err = nil
+			}
+			return lines, midLine, err
+		}
+		chunk := buf[:n]
+		if !time.Now().Before(until) {
+			if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
+				src.left = chunk[i+1:]
+				return lines + bytes.Count(chunk[:i+1], nl), false, nil
+			}
+		}
+		lines += bytes.Count(chunk, nl)
+		midLine = chunk[n-1] != '\n'
+	}
+}
+
+// skipRead is what skipOutput reads at once: a pipe's default capacity;
+// skipMax is the most a drop reads (about a millisecond of the server's
+// CPU), after which the worker's writes wait for the drop's end.
+const (
+	skipRead = 64 << 10
+	skipMax  = 4 << 20
+)
+
+// outputSource is a worker stream read by a bufio.Reader, with what a
+// drop read past the line it stopped at (left) read before the rest of r.
+type outputSource struct {
+	r    *os.File
+	left []byte
+}
+
+func (l *outputSource) Read(b []byte) (int, error) {
+	if len(l.left) > 0 {
+		n := copy(b, l.left)
+		l.left = l.left[n:]
+		return n, nil
+	}
+	return l.r.Read(b)
+}
+
+// lineBudget bounds the lines of a worker's output the server passes on: a
+// token bucket of outputBurst lines, refilled at outputRate a second. Past
+// it the worker's output is dropped until outputResume lines have room, so
+// that a worker printing without end has one line a second say how many
+// were dropped.
+type lineBudget struct {
+	mu     sync.Mutex
+	tokens float64
+	at     time.Time
+}
+
+const (
+	outputRate   = 1000
+	outputBurst  = 10000
+	outputResume = outputRate
+)
+
+func (b *lineBudget) fill(now time.Time) {
+	if b.at.IsZero() {
+		b.tokens = outputBurst
+	} else {
+		b.tokens = min(outputBurst, b.tokens+now.Sub(b.at).Seconds()*outputRate)
+	}
+	b.at = now
+}
+
+// take spends a line of the budget; false if it has none.
+func (b *lineBudget) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fill(now)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// readyAt is when the budget will hold outputResume lines.
+func (b *lineBudget) readyAt(now time.Time) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fill(now)
+	return now.Add(time.Duration(max(0, outputResume-b.tokens) / outputRate * float64(time.Second)))
 }
 
 // readMark reads the fatal mark a tenant's worker wrote as it died

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -316,5 +318,85 @@ func waitHeard(t *testing.T, p device.Program) {
 	case <-p.(*program).p.heard:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker's output not read to its end 10 s on")
+	}
+}
+
+// countedOutput is a device.Output that counts the lines passed on and
+// sums the drops they report.
+type countedOutput struct {
+	mu             sync.Mutex
+	passed, report int
+	lines          []api.LogLine
+}
+
+var notKept = regexp.MustCompile(`^\[plover: (\d+) lines not kept: `)
+
+func (c *countedOutput) Add(l api.LogLine) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := notKept.FindStringSubmatch(l.Line); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		c.report += n
+	} else {
+		c.passed++
+	}
+	c.lines = append(c.lines, l)
+}
+
+func (c *countedOutput) counts() (passed, dropped int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.passed, c.report
+}
+
+// A worker printing past its line budget (outputBurst at once, then
+// outputRate a second) has the rest dropped in bulk and counted, every
+// line either passed on or counted in a "not kept" line; once the budget
+// has room again, its lines are passed on again.
+func TestOutputPastItsBudgetIsDroppedAndCounted(t *testing.T) {
+	d := newDevice(t, 0)
+	const flood = 50000
+	m := testkit.OutputManifest("talker", "flood", flood, 1)
+	dir := t.TempDir()
+	testkit.BuildLib(t, testkit.OutputSource(), dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	out := &countedOutput{}
+	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m, Output: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	start := time.Now()
+	if err := runOnce(t, p, m, []byte("x"), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	const printed = flood + 2 // and the long line, and "flood done"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		passed, dropped := out.counts()
+		if passed+dropped == printed && dropped > 0 {
+			// What passed is the burst and what the rate gave while the
+			// flood was read, not the flood.
+			if bound := outputBurst + int(time.Since(start).Seconds()*outputRate) + 1; passed > bound {
+				t.Errorf("%d lines passed on, over the budget's %d", passed, bound)
+			}
+			break
+		}
+		if passed+dropped > printed || time.Now().After(deadline) {
+			t.Fatalf("%d lines passed on and %d counted dropped, want %d in all with some dropped", passed, dropped, printed)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The drop ended with the flood (the report came once the budget had
+	// room): the next lines are kept.
+	before, _ := out.counts()
+	if err := runOnce(t, p, m, []byte("x"), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for passed, _ := out.counts(); passed-before < outputResume-1; passed, _ = out.counts() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lines of the second flood passed on, want the %d the budget had room for", passed-before, outputResume)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -48,6 +48,9 @@ type proc struct {
 	// closed: the lines read after the kill were printed before it.
 	out      atomic.Pointer[output]
 	startOut atomic.Int32 // lines written before it had a function
+	// lines bounds the lines of its output the server passes on, both
+	// streams together (output.go).
+	lines lineBudget
 	// fault is checked mode's report of the access that killed it, the
 	// last its fault handler wrote on its report pipe (marks, read by
 	// readMark once it died), told with its exit: never a line of its
