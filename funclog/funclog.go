@@ -7,11 +7,11 @@
 // Everything is bounded: a line at api.LogLineMax bytes (the rest is cut and
 // counted), a function's ring at RingLines lines or RingBytes bytes, the
 // rings together at TotalBytes (past it the function that printed least
-// recently loses its lines), a follower's backlog at followBuffer lines (a
-// follower that reads more slowly misses lines and is told how many), and
-// the server log at traceLines lines per function and traceTotal in all per
-// traceWindow (then one line saying how many were not logged). Add never
-// blocks: a function's printf never waits for a reader.
+// recently loses its lines), a follower's backlog at followBuffer lines and
+// followBytes bytes (a follower that reads more slowly misses lines and is
+// told how many), and the server log at traceLines lines per function and
+// traceTotal in all per traceWindow (then one line saying how many were not
+// logged). Add never blocks: a function's printf never waits for a reader.
 package funclog
 
 import (
@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/plover-run/plover/api"
 )
@@ -32,6 +33,19 @@ const (
 	RingBytes    = 256 << 10
 	TotalBytes   = 64 << 20
 	followBuffer = 256
+	// followBytes is a follower's whole backlog: its channel's slots and
+	// the text of the lines queued in them. A line's text can be shared
+	// with the ring only while the ring keeps it, and followers reading
+	// at different paces hold different lines: bounded by lines alone,
+	// 1,024 followers of 4 KiB lines could hold a GiB, past the rings'
+	// TotalBytes many times over. With it, a node's logs hold at most
+	// TotalBytes + MaxFollowersTotal*followBytes (128 MiB).
+	followBytes = 64 << 10
+	// followText is what followBytes leaves for the queued lines' text
+	// (43 KiB): lines up to 172 bytes still fill every slot, as under the
+	// line bound alone; of 4 KiB lines a follower queues 10.
+	followText = followBytes - followBuffer*followSlot
+	followSlot = int(unsafe.Sizeof(api.LogLine{}) + unsafe.Sizeof(int32(0))) // a channel slot and its size's record
 	// Followers of one function and of all on a node: each line is
 	// handed to, encoded for and written to every follower, so that a
 	// client holding many that never read multiplied a printing
@@ -375,19 +389,35 @@ type Follower struct {
 	dropped int64
 	closed  bool // its channel
 	done    bool // Close was called
+	// The text sizes of the lines sent on ch and not yet known to be
+	// received, oldest first from sizeHead, and their sum. The reader
+	// takes lines without telling: len(ch) says how many are still
+	// queued, and those are the newest sizeN of them.
+	sizes           [followBuffer]int32
+	sizeHead, sizeN int
+	held            int
 }
 
-// offer hands l over without waiting (under s.mu).
+// offer hands l over without waiting (under s.mu), unless the follower's
+// backlog would pass followBuffer lines or followText bytes of text.
 func (f *Follower) offer(l api.LogLine) {
+	for f.sizeN > len(f.ch) { // received since the last offer
+		f.held -= int(f.sizes[f.sizeHead])
+		f.sizeHead = (f.sizeHead + 1) % followBuffer
+		f.sizeN--
+	}
+	if f.sizeN == followBuffer || f.held+len(l.Line) > followText {
+		f.dropped++
+		return
+	}
 	if f.dropped > 0 {
 		l.Dropped = f.dropped
 	}
-	select {
-	case f.ch <- l:
-		f.dropped = 0
-	default:
-		f.dropped++
-	}
+	f.ch <- l // room: only offer sends, and len(ch) <= sizeN < followBuffer
+	f.dropped = 0
+	f.sizes[(f.sizeHead+f.sizeN)%followBuffer] = int32(len(l.Line))
+	f.sizeN++
+	f.held += len(l.Line)
 }
 
 // end closes the channel (under s.mu).

@@ -115,6 +115,84 @@ func TestFollow(t *testing.T) {
 	}
 }
 
+// Followers that never read hold at most followBytes each, their slots
+// and their lines' text, however long the lines: followers joined one
+// after another each hold lines the others missed, which the rings let go
+// long ago. One that then reads is told how many it missed, and has its
+// room again.
+func TestFollowersBacklogIsBoundedInBytes(t *testing.T) {
+	s := New(nil)
+	long := strings.Repeat("x", api.LogLineMax)
+	t0 := time.Now()
+	const fns = 4
+	var fs []*Follower
+	printed := map[*Follower]int{} // lines printed since it began to follow
+	for fn := range fns {
+		name := fmt.Sprint("f", fn)
+		for range MaxFollowers {
+			_, f, err := s.Follow(name, time.Time{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			fs = append(fs, f)
+			for i := range followBuffer {
+				l := line(t0, i)
+				l.Line = long
+				s.Sink(name).Add(l)
+			}
+			for g := range printed {
+				if g.name == name {
+					printed[g] += followBuffer
+				}
+			}
+			printed[f] = followBuffer
+		}
+	}
+	drain := func(f *Follower) (lines, text int) {
+		for len(f.C) > 0 {
+			l := <-f.C
+			lines++
+			text += len(l.Line)
+		}
+		return lines, text
+	}
+	first, firstKept := fs[0], 0
+	for i, f := range fs {
+		lines, text := drain(f)
+		if held := followBuffer*followSlot + text; held > followBytes {
+			t.Fatalf("follower %d held %d lines, %d bytes with its slots, over %d", i, lines, held, followBytes)
+		}
+		if lines == 0 {
+			t.Fatalf("follower %d was handed nothing", i)
+		}
+		if f == first {
+			firstKept = lines
+		}
+	}
+
+	// The first follower, reading now, is told what it missed: all but
+	// what it held of the lines printed since it began.
+	l := line(t0, 0)
+	l.Line = long
+	s.Sink("f0").Add(l)
+	var got api.LogLine
+	select { // Add hands lines over before it returns
+	case got = <-first.C:
+	default:
+		t.Fatal("the slow follower, having read all it held, was handed no new line")
+	}
+	if want := int64(printed[first] - firstKept); got.Dropped != want {
+		t.Fatalf("the slow follower was told it missed %d lines, want %d", got.Dropped, want)
+	}
+	for range followBuffer {
+		s.Sink("f0").Add(l)
+	}
+	if n, _ := drain(first); n != firstKept {
+		t.Fatalf("having read, the follower took %d more lines, want %d as at first", n, firstKept)
+	}
+}
+
 // syncBuf is a log destination the store's timer may write to.
 type syncBuf struct {
 	mu sync.Mutex
