@@ -5,7 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -19,16 +18,7 @@ import (
 )
 
 // exitWatchers counts the engine's goroutines watching a program's exit.
-func exitWatchers() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), ".watchExit(")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
+func exitWatchers() int { return testkit.Goroutines(".watchExit(") }
 
 // awaitWatchers waits (10 s at most) for want exit watchers.
 func awaitWatchers(t *testing.T, what string, want int) {

@@ -67,9 +67,10 @@ type Server struct {
 	door *frontdoor.Door
 	opts Options
 
-	authLog gate.LogThrottle
-	anon    anonCalls
-	refused refusals // the codec's (wire.go)
+	authLog   gate.LogThrottle
+	authLines refusalLog // the lines authLog lets through
+	anon      anonCalls
+	refused   refusals // the codec's (wire.go)
 	// inferInfo is ModelInfer's, for its interceptors (io.go).
 	inferInfo grpc.UnaryServerInfo
 }
@@ -87,7 +88,7 @@ func New(door *frontdoor.Door, opts Options) *Server {
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
 	}
-	s := &Server{door: door, opts: opts}
+	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}}
 	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
 	return s
 }
@@ -356,7 +357,7 @@ func authorization(ctx context.Context) []byte {
 }
 
 // logRefusal logs an authentication failure, once a second per client at
-// most (gate.LogThrottle).
+// most (gate.LogThrottle), without waiting for the log (refusalLog).
 func (s *Server) logRefusal(ctx context.Context, method string, r *gate.Refusal) {
 	var addr net.Addr
 	client := "?"
@@ -370,11 +371,7 @@ func (s *Server) logRefusal(ctx context.Context, method string, r *gate.Refusal)
 	if !ok {
 		return
 	}
-	attrs := []any{"reason", r.Reason, "client", client, "method", method, "transport", "grpc"}
-	if unlogged > 0 {
-		attrs = append(attrs, "not_logged", unlogged) // refusals the log's cap held back before this one
-	}
-	s.opts.Log.Warn("request refused", attrs...)
+	s.authLines.add([]any{"reason", r.Reason, "client", client, "method", method, "transport", "grpc"}, unlogged)
 }
 
 // ServerLive answers while the process serves.

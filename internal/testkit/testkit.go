@@ -191,3 +191,17 @@ func WriteManifest(t testing.TB, dir string, m *abi.Manifest) {
 		t.Fatal(err)
 	}
 }
+
+// Goroutines counts the goroutines whose stacks hold a frame of the
+// function named by frame ("pkg.(*T).method("): the ones a test waits to
+// see end.
+func Goroutines(frame string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), frame)
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
