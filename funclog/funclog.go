@@ -159,7 +159,7 @@ func (k *Sink) Add(l api.LogLine) {
 	for f := range r.follow {
 		f.offer(l)
 	}
-	for s.bytes > s.totalBytes && s.evict(r) {
+	for s.bytes > s.totalBytes && s.evict() {
 	}
 	trace := s.allowTrace(name, r, l.Time)
 	s.mu.Unlock()
@@ -200,25 +200,33 @@ func (r *ring) drop(s *Store) {
 	r.n--
 }
 
-// evict empties the ring, other than keep, that printed least recently,
-// and reports whether there was one.
-func (s *Store) evict(keep *ring) bool {
-	var oldest *ring
+// evict trims the ring holding the most bytes (of those alike, the one
+// that printed least recently) by a quarter at least, its oldest lines
+// first, and reports whether there was one. The largest first, so that a
+// tenant's many chatty functions share the node's bound among themselves
+// rather than take a quiet function's few lines (its rare errors), as
+// emptying the one that printed least recently did; a quarter at a time,
+// so that a store at its bound looks over its functions once per many
+// lines, not per line.
+func (s *Store) evict() bool {
+	var big *ring
 	var name string
 	for n, r := range s.fns {
-		if r != keep && r.n > 0 && (oldest == nil || r.last.Before(oldest.last)) {
-			oldest, name = r, n
+		if r.n > 0 && (big == nil || r.bytes > big.bytes || r.bytes == big.bytes && r.last.Before(big.last)) {
+			big, name = r, n
 		}
 	}
-	if oldest == nil {
+	if big == nil {
 		return false
 	}
-	for oldest.n > 0 {
-		oldest.drop(s)
+	for target := big.bytes * 3 / 4; big.n > 0 && big.bytes > target; {
+		big.drop(s)
 	}
-	oldest.buf, oldest.head = nil, 0
-	if len(oldest.follow) == 0 && oldest.summary == nil {
-		delete(s.fns, name)
+	if big.n == 0 {
+		big.buf, big.head = nil, 0
+		if len(big.follow) == 0 && big.summary == nil {
+			delete(s.fns, name)
+		}
 	}
 	return true
 }
