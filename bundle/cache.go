@@ -32,7 +32,7 @@ type Cache struct {
 	maxBytes    int64 // 0: no limit
 
 	mu      sync.Mutex
-	locks   map[string]*sync.Mutex
+	locks   map[string]*shaLock // only while held or waited for (lock)
 	entries map[string]*cacheEntry
 	total   int64
 
@@ -69,7 +69,7 @@ func NewCache(dir string, maxUnpacked, maxBytes int64) (*Cache, error) {
 	if maxUnpacked <= 0 {
 		maxUnpacked = DefaultMaxUnpacked
 	}
-	c := &Cache{dir: dir, maxUnpacked: maxUnpacked, maxBytes: maxBytes, locks: map[string]*sync.Mutex{}, entries: map[string]*cacheEntry{}}
+	c := &Cache{dir: dir, maxUnpacked: maxUnpacked, maxBytes: maxBytes, locks: map[string]*shaLock{}, entries: map[string]*cacheEntry{}}
 	des, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("bundle cache: %w", err)
@@ -221,9 +221,7 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	if !ValidDigest(sha) {
 		return "", nil, false, refuse("invalid sha256 %q", sha)
 	}
-	lock := c.lock(sha)
-	lock.Lock()
-	defer lock.Unlock()
+	defer c.lock(sha)()
 	dir = filepath.Join(c.dir, sha)
 	// Pin a cached bundle before reading it, so that eviction (which skips
 	// bundles in use) cannot remove it under us.
@@ -365,15 +363,35 @@ func (c *Cache) pin(sha, dir string) bool {
 	return true
 }
 
-func (c *Cache) lock(sha string) *sync.Mutex {
+// shaLock serialises the work on one bundle's entry; refs counts those
+// that hold it or wait for it.
+type shaLock struct {
+	sync.Mutex
+	refs int
+}
+
+// lock takes sha's lock and returns its unlock. The lock leaves c.locks
+// when its last holder or waiter lets go: kept, one per bundle ever asked
+// for stayed for the process's life. refs is counted under c.mu, so a
+// newcomer finds the lock others wait for, never a second one beside it.
+func (c *Cache) lock(sha string) (unlock func()) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	l, ok := c.locks[sha]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &shaLock{}
 		c.locks[sha] = l
 	}
-	return l
+	l.refs++
+	c.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		c.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(c.locks, sha)
+		}
+		c.mu.Unlock()
+	}
 }
 
 func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string) (*abi.Manifest, stamps, int64, error) {
@@ -493,9 +511,7 @@ func (c *Cache) Adopt(work, sha string) {
 	if !ValidDigest(sha) {
 		return
 	}
-	lock := c.lock(sha)
-	lock.Lock()
-	defer lock.Unlock()
+	defer c.lock(sha)()
 	dir := filepath.Join(c.dir, sha)
 	size, _, err := dirSize(work) // before the rename: use cannot fail after it
 	if err == nil {

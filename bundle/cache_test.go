@@ -194,6 +194,7 @@ func TestCacheDiskFull(t *testing.T) {
 			case !tc.isFetch && (!errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), c.Dir()+tc.full)):
 				t.Fatalf("want ENOSPC naming the file under %s: %v", c.Dir(), err)
 			}
+
 			des, _ := os.ReadDir(c.Dir())
 			for _, de := range des {
 				t.Errorf("left in the cache: %s", de.Name())
@@ -220,6 +221,18 @@ func cacheGet(c *Cache, store objectstore.Store, sha string) error {
 
 // cacheVerify unpacks sha for a deploy's checks, as a deploy does.
 func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
+	return verifyThen(c, store, sha, func(dir string) { os.RemoveAll(dir) })
+}
+
+// cacheAdopt unpacks sha for a deploy's checks and hands it to the cache,
+// as a deploy that stored it does.
+func cacheAdopt(c *Cache, store objectstore.Store, sha string) error {
+	return verifyThen(c, store, sha, func(work string) { c.Adopt(work, sha) })
+}
+
+// verifyThen unpacks sha from store with Verify and puts its directory to
+// then.
+func verifyThen(c *Cache, store objectstore.Store, sha string, then func(dir string)) error {
 	rc, err := store.Get(context.Background(), ObjectKey(sha))
 	if err != nil {
 		return err
@@ -227,7 +240,7 @@ func cacheVerify(c *Cache, store objectstore.Store, sha string) error {
 	defer rc.Close()
 	dir, _, err := c.Verify(rc, nil)
 	if err == nil {
-		os.RemoveAll(dir)
+		then(dir)
 	}
 	return err
 }
@@ -454,16 +467,9 @@ func TestCacheStampsWhatItUnpacks(t *testing.T) {
 			}
 			cache, repaired := open()
 			deploy := func() {
-				rc, err := store.Get(context.Background(), ObjectKey(sha))
-				if err != nil {
+				if err := cacheAdopt(cache, store, sha); err != nil {
 					t.Fatal(err)
 				}
-				work, _, err := cache.Verify(rc, nil)
-				rc.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
-				cache.Adopt(work, sha)
 			}
 			if tt.deployed {
 				deploy()
