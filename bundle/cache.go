@@ -44,6 +44,9 @@ type Cache struct {
 	WriteFault WriteFault
 
 	now func() time.Time // a test's clock (nil: time.Now)
+	// removeDir removes a directory set aside (nil: os.RemoveAll); a
+	// test's window on when that happens.
+	removeDir func(string) error
 	// hashed counts the entries hashed at a Get (a test's window).
 	hashed int
 }
@@ -151,7 +154,7 @@ func (c *Cache) use(sha, dir string, size int64) {
 	gone := c.evictLocked()
 	c.mu.Unlock()
 	os.Chtimes(dir, now, now) // the order survives a restart
-	removeAll(gone)
+	c.removeAll(gone)
 }
 
 // Release ends one use of a bundle that Get returned.
@@ -163,15 +166,20 @@ func (c *Cache) Release(sha string) {
 		gone = c.evictLocked()
 	}
 	c.mu.Unlock()
-	removeAll(gone)
+	c.removeAll(gone)
 }
 
-// removeAll removes the directories evictLocked set aside, outside the
-// cache's lock: a bundle of gigabytes takes a while, and every Get,
-// Release and Stats waited on it.
-func removeAll(dirs []string) {
+// removeAll removes directories set aside (by evictLocked, discard,
+// rename), outside the cache's lock and any bundle's: a bundle of
+// gigabytes takes a while, and every Get, Release and Stats, or every
+// request for that bundle, waited on it.
+func (c *Cache) removeAll(dirs []string) {
 	for _, d := range dirs {
-		os.RemoveAll(d)
+		if c.removeDir != nil {
+			c.removeDir(d)
+		} else {
+			os.RemoveAll(d)
+		}
 	}
 }
 
@@ -221,7 +229,12 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	if !ValidDigest(sha) {
 		return "", nil, false, refuse("invalid sha256 %q", sha)
 	}
-	defer c.lock(sha)()
+	unlock := c.lock(sha)
+	var aside []string // removed once sha's lock is let go
+	defer func() {
+		unlock()
+		c.removeAll(aside)
+	}()
 	dir = filepath.Join(c.dir, sha)
 	// Pin a cached bundle before reading it, so that eviction (which skips
 	// bundles in use) cannot remove it under us.
@@ -256,12 +269,12 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 			// replaced under it. It is repaired once that version unloads.
 			return "", nil, false, &FetchError{Err: fmt.Errorf("cached bundle %s is damaged (%v) and still in use by a loaded version", sha, err)}
 		}
-		c.discard(sha, dir)
+		aside = append(aside, c.discard(sha, dir)...)
 		if c.OnRepair != nil {
 			c.OnRepair(sha, err)
 		}
 	}
-	m, st, size, err := c.fetch(ctx, store, sha, dir)
+	m, st, size, err := c.fetch(ctx, store, sha, dir, &aside)
 	if err != nil {
 		return "", nil, true, err
 	}
@@ -333,19 +346,23 @@ func (c *Cache) holders(sha string) int {
 	return 0
 }
 
-// discard removes a damaged entry (not in use by anyone but the caller,
-// who just released it; a holder's open files stay valid after the unlink).
-func (c *Cache) discard(sha, dir string) {
+// discard forgets a damaged entry (not in use by anyone but the caller,
+// who just released it; a holder's open files stay valid after the unlink)
+// and sets its directory aside, returning it for the caller to remove.
+func (c *Cache) discard(sha, dir string) []string {
 	c.mu.Lock()
 	if e, ok := c.entries[sha]; ok {
 		c.total -= e.size
 		delete(c.entries, sha)
 	}
 	c.mu.Unlock()
-	gone := filepath.Join(c.dir, ".evict-"+sha)
-	if os.Rename(dir, gone) == nil {
-		os.RemoveAll(gone)
+	// Named apart, as evictLocked's are: this one's removal runs after
+	// sha's lock is let go, beside a later discard of the same bundle.
+	gone := filepath.Join(c.dir, ".evict-"+sha+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	if os.Rename(dir, gone) != nil {
+		return nil
 	}
+	return []string{gone}
 }
 
 // pin marks a cached bundle in use and recently used; false if the cache
@@ -394,7 +411,10 @@ func (c *Cache) lock(sha string) (unlock func()) {
 	}
 }
 
-func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string) (*abi.Manifest, stamps, int64, error) {
+// fetch reads bundle sha from store into dir; a directory in dir's way is
+// set aside and added to aside, for the caller to remove once it let go
+// of sha's lock.
+func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string, aside *[]string) (*abi.Manifest, stamps, int64, error) {
 	rc, err := store.Get(ctx, ObjectKey(sha))
 	if err != nil {
 		return nil, nil, 0, &FetchError{Err: err}
@@ -426,13 +446,14 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
 	}
-	return c.unpackInto(tmp, dir)
+	return c.unpackInto(tmp, dir, aside)
 }
 
 // unpackInto unpacks r into a temporary sibling of dir, stamped
 // (stampUnpacked), then renames it into place; it returns the bytes the
-// entry takes, counted before the rename (use cannot fail after it).
-func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, int64, error) {
+// entry takes, counted before the rename (use cannot fail after it). A
+// directory in dir's way is set aside into aside (rename).
+func (c *Cache) unpackInto(r io.Reader, dir string, aside *[]string) (*abi.Manifest, stamps, int64, error) {
 	work, err := mkdirShared(c.dir, ".unpack-*")
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
@@ -447,7 +468,7 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, int6
 		size, _, err = dirSize(work)
 	}
 	if err == nil {
-		err = c.rename(work, dir) // which keeps each file's stamp
+		err = c.rename(work, dir, aside) // which keeps each file's stamp
 	}
 	if err != nil {
 		os.RemoveAll(work)
@@ -465,8 +486,10 @@ func (c *Cache) unpackInto(r io.Reader, dir string) (*abi.Manifest, stamps, int6
 // lock is held, and no entry records it): a directory found there is
 // one no entry records (a discard whose rename failed, a copy put there
 // by hand), set aside for the new one. Left, it would fail this rename,
-// and every later fetch's, until a restart.
-func (c *Cache) rename(work, dir string) error {
+// and every later fetch's, until a restart. The directory set aside is
+// added to aside, not removed here: sha's lock is held, and a large one
+// would hold up every request for the bundle while it went.
+func (c *Cache) rename(work, dir string, aside *[]string) error {
 	err := os.Rename(work, dir)
 	if !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
 		return err
@@ -475,7 +498,7 @@ func (c *Cache) rename(work, dir string) error {
 	if err != nil {
 		return fmt.Errorf("bundle cache: setting aside %s, which no entry records: %w", filepath.Base(dir), err)
 	}
-	defer os.RemoveAll(gone)
+	*aside = append(*aside, gone) // empty, or holding dir: removed either way
 	if err := os.Rename(dir, filepath.Join(gone, filepath.Base(dir))); err != nil {
 		return fmt.Errorf("bundle cache: setting aside %s, which no entry records: %w", filepath.Base(dir), err)
 	}
@@ -511,20 +534,25 @@ func (c *Cache) Adopt(work, sha string) {
 	if !ValidDigest(sha) {
 		return
 	}
-	defer c.lock(sha)()
+	unlock := c.lock(sha)
 	dir := filepath.Join(c.dir, sha)
 	size, _, err := dirSize(work) // before the rename: use cannot fail after it
 	if err == nil {
 		err = os.Rename(work, dir)
 	}
 	if err != nil {
-		os.RemoveAll(work) // the first Get fetches it
+		// The first Get fetches it. Removed once sha's lock is let go: a
+		// bundle deployed again is a copy of gigabytes, which would hold
+		// up every request for it meanwhile.
+		unlock()
+		c.removeAll([]string{work})
 		return
 	}
 	syncDir(c.dir)
 	c.keep(sha, nil) // any kept were of files no longer there: read the new ones
 	c.use(sha, dir, size)
 	c.Release(sha)
+	unlock()
 }
 
 // mkdirShared is os.MkdirTemp with the directory searchable by others: a

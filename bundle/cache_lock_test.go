@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -131,5 +133,83 @@ func TestCacheGetsOfABundleTakeTurns(t *testing.T) {
 	}
 	if n := lockRefs(c, sha); n != -1 {
 		t.Errorf("the bundle's lock is left with %d holders", n)
+	}
+}
+
+// A directory the cache sets aside (a stray in a fetch's way, a damaged
+// entry, a deploy's copy of a bundle the cache has) is removed after the
+// bundle's lock is let go: a large one held up every request for the
+// bundle while it went.
+func TestCacheRemovesWhatItSetsAsideOutsideTheBundlesLock(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, c *Cache, store objectstore.Store, sha string)
+		act   func(c *Cache, store objectstore.Store, sha string) error
+	}{
+		{"a directory no entry records", func(t *testing.T, c *Cache, store objectstore.Store, sha string) {
+			stray := filepath.Join(c.Dir(), sha)
+			if err := os.Mkdir(stray, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(stray, "w.bin"), []byte("stray"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, cacheGet},
+		{"a damaged entry", func(t *testing.T, c *Cache, store objectstore.Store, sha string) {
+			if err := cacheGet(c, store, sha); err != nil {
+				t.Fatal(err)
+			}
+			w := filepath.Join(c.Dir(), sha, "w.bin")
+			if err := os.Remove(w); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(w, []byte("damaged"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, cacheGet},
+		{"a deploy's copy of a bundle the cache has", func(t *testing.T, c *Cache, store objectstore.Store, sha string) {
+			if err := cacheGet(c, store, sha); err != nil {
+				t.Fatal(err)
+			}
+		}, cacheAdopt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, sha, c := storedBundle(t)
+			tc.setup(t, c, store, sha)
+			removing, let := make(chan string, 4), make(chan struct{})
+			c.removeDir = func(d string) error {
+				removing <- d
+				<-let
+				return os.RemoveAll(d)
+			}
+			done := make(chan error, 1)
+			go func() { done <- tc.act(c, store, sha) }()
+			var aside string
+			select {
+			case aside = <-removing:
+			case err := <-done:
+				t.Fatalf("nothing was set aside (%v)", err)
+			}
+			if n := lockRefs(c, sha); n != -1 {
+				close(let)
+				<-done
+				t.Fatalf("%s is removed while %d hold or wait for the bundle's lock", filepath.Base(aside), n)
+			}
+			// Meanwhile, another request for the bundle is served.
+			if _, _, fetched, err := c.Get(context.Background(), store, sha); err != nil || fetched {
+				t.Fatalf("a Get during the removal: fetched %v, %v", fetched, err)
+			}
+			c.Release(sha)
+			close(let)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			des, _ := os.ReadDir(c.Dir())
+			for _, de := range des {
+				if de.Name() != sha {
+					t.Errorf("left in the cache: %s", de.Name())
+				}
+			}
+		})
 	}
 }
