@@ -116,6 +116,12 @@ func dirSize(dir string) (int64, time.Time, error) {
 // Dir is the directory the cache keeps its bundles in, on this node's disk.
 func (c *Cache) Dir() string { return c.dir }
 
+// MaxObject is the largest store object, a packed bundle, that the cache
+// fetches (its limit on a bundle's unpacked bytes bounds its archive too).
+// A deploy stores none larger: one a node took, every node with the same
+// limit must be able to fetch.
+func (c *Cache) MaxObject() int64 { return c.maxUnpacked }
+
 // CacheStats describes the cache for metrics and tests.
 type CacheStats struct {
 	Bundles int
@@ -428,7 +434,7 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	defer tmp.Close()
 	h := sha256.New()
 	sink := &fileutil.Writer{W: c.WriteFault.Wrap(tmp, tmp.Name())}
-	n, err := io.Copy(io.MultiWriter(sink, h), io.LimitReader(rc, c.maxUnpacked+1))
+	n, err := io.Copy(io.MultiWriter(sink, h), io.LimitReader(rc, c.MaxObject()+1))
 	if sink.Err != nil {
 		// This node's disk (full, most likely), not the store: the caller
 		// must not report a store that is fine as the cause.
@@ -437,8 +443,8 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	if err != nil {
 		return nil, nil, 0, &FetchError{Err: err}
 	}
-	if n > c.maxUnpacked {
-		return nil, nil, 0, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.maxUnpacked)
+	if n > c.MaxObject() {
+		return nil, nil, 0, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.MaxObject())
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != sha {
 		return nil, nil, 0, refuse("sha256 mismatch for %s: content hashes to %s", ObjectKey(sha), got)

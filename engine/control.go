@@ -71,15 +71,16 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	defer tmp.Close()
 	h := sha256.New() // hashed on the way to disk: the bundle is read once
 	sink := &fileutil.Writer{W: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
-	n, err := io.Copy(sink, io.LimitReader(body, e.cfg.MaxBundleBytes+1))
+	limit, over := e.bundleLimit(name)
+	n, err := io.Copy(sink, io.LimitReader(body, limit+1))
 	if err != nil && sink.Err != nil { // our disk, not the client
 		return api.FunctionInfo{}, e.diskError(name, "spooling", sink.Err)
 	}
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, err, "deploy: reading the bundle")
 	}
-	if n > e.cfg.MaxBundleBytes {
-		return api.FunctionInfo{}, errorf(errdefs.KindTooLarge, nil, "bundle is larger than %d bytes", e.cfg.MaxBundleBytes)
+	if n > limit {
+		return api.FunctionInfo{}, over
 	}
 	sha := hex.EncodeToString(h.Sum(nil))
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
@@ -147,6 +148,18 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	}
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
 	return c.landed(ctx, f, name, rv), nil
+}
+
+// bundleLimit is the most bytes a deploy of name may store, and the 413
+// of a bundle over it: this node's --max-body, or, where that is higher,
+// the bundle cache's limit on what it fetches (bundle.Cache.MaxObject),
+// which a bundle this node took would pass here, adopted, and fail on
+// every other node's cold start.
+func (e *Engine) bundleLimit(name string) (int64, error) {
+	if lim := e.cfg.Cache.MaxObject(); lim < e.cfg.MaxBundleBytes {
+		return lim, errorf(errdefs.KindTooLarge, nil, "deploy %s: bundle is larger than %d bytes, the most any node's bundle cache fetches from the store (a fixed limit: a higher --max-body does not raise it)", name, lim)
+	}
+	return e.cfg.MaxBundleBytes, errorf(errdefs.KindTooLarge, nil, "deploy %s: bundle is larger than %d bytes (plover serve --max-body)", name, e.cfg.MaxBundleBytes)
 }
 
 // landed is the answer of a deploy or rollback that made rv current and

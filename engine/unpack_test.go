@@ -3,11 +3,13 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"math/rand"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +22,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
 )
 
 // unpackGate holds every deploy's unpack at its first write (the
@@ -281,4 +284,60 @@ func TestDeployUnpackFailuresOfTheNode(t *testing.T) {
 		t.Errorf("a bundle damaged within its constants: %v (kind %v), want 422 naming the entry and no path of the node's", err, errdefs.KindOf(err))
 	}
 	testkit.Deploy(t, e, dir)
+}
+
+// A deploy stores no bundle that another node with the same bundle cache
+// would refuse to fetch: one whose archive is over the cache's limit on
+// what it fetches (Cache.MaxObject) is 413 naming that limit, though it
+// unpacks within it and --max-body is higher, and nothing is stored; one
+// at the limit deploys, and another node's cache with the same limit
+// fetches it.
+func TestDeployStoresOnlyWhatEveryNodeFetches(t *testing.T) {
+	ctx := context.Background()
+	// An archive larger than its files, as tar's headers and zstd's
+	// frames make one of incompressible constants near the limit: here by
+	// a skippable frame of 16 KiB, which unpacking passes over.
+	b := packedAs(t, testkit.BundleDir(t, testkit.Manifest("big"), nil), "big")
+	b = binary.LittleEndian.AppendUint32(b, 0x184D2A50)
+	b = binary.LittleEndian.AppendUint32(b, 16<<10)
+	b = append(b, make([]byte, 16<<10)...)
+	size := int64(len(b))
+	if _, err := bundle.Unpack(bytes.NewReader(b), t.TempDir(), size-1); err != nil {
+		t.Fatalf("the bundle does not unpack within %d bytes, so this test cannot tell the archive's limit: %v", size-1, err)
+	}
+	for _, limit := range []int64{size - 1, size} {
+		store, err := objectstore.NewFS(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache, err := bundle.NewCache(t.TempDir(), limit, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := testkit.Engine(t, engine.Config{Store: store, Cache: cache, MaxBundleBytes: 1 << 20})
+		_, derr := e.Control().Deploy(ctx, "big", bytes.NewReader(b), false)
+		other, err := bundle.NewCache(t.TempDir(), limit, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, _, ferr := other.Get(ctx, store, bundle.Digest(b))
+		if ferr == nil {
+			other.Release(bundle.Digest(b))
+		}
+		var de *errdefs.Error
+		switch {
+		case limit < size && (!errors.As(derr, &de) || de.Kind != errdefs.KindTooLarge || !strings.Contains(de.Msg, "larger than "+strconv.FormatInt(limit, 10)+" bytes, the most any node's bundle cache fetches")):
+			t.Errorf("an archive of %d bytes, %d allowed: %v, want 413 naming the cache's limit", size, limit, derr)
+		case limit < size && !errors.Is(ferr, objectstore.ErrNotFound):
+			t.Errorf("an archive of %d bytes, %d allowed, refused, is in the store: %v", size, limit, ferr)
+		case limit == size && (derr != nil || ferr != nil):
+			t.Errorf("an archive of %d bytes, %d allowed: deploy %v, another node's fetch %v", size, limit, derr, ferr)
+		}
+	}
+	// Below the cache's limit, --max-body is the one named.
+	e := testkit.Engine(t, engine.Config{MaxBundleBytes: size - 1})
+	_, err := e.Control().Deploy(ctx, "big", bytes.NewReader(b), false)
+	if errdefs.KindOf(err) != errdefs.KindTooLarge || !strings.Contains(err.Error(), "(plover serve --max-body)") {
+		t.Errorf("over --max-body: %v, want 413 naming it", err)
+	}
 }
