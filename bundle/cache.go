@@ -227,6 +227,19 @@ type FetchError struct{ Err error }
 func (e *FetchError) Error() string { return "fetch bundle: " + e.Err.Error() }
 func (e *FetchError) Unwrap() error { return e.Err }
 
+// StageError says at which stage a Get's work on this node's disk failed:
+// "fetching" (the archive, from the store into the cache) or "unpacking"
+// (the archive into its entry), so that a caller can tell its client where
+// without quoting the paths Err names (those are the server log's). Its
+// message is Err's.
+type StageError struct {
+	Stage string
+	Err   error
+}
+
+func (e *StageError) Error() string { return e.Err.Error() }
+func (e *StageError) Unwrap() error { return e.Err }
+
 // Get returns the unpacked directory and manifest of bundle sha, fetching,
 // verifying and unpacking it from store if this node does not have it yet;
 // fetched says whether it did. On success the bundle is in use until the
@@ -428,7 +441,7 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	defer rc.Close()
 	tmp, err := os.CreateTemp(c.dir, ".fetch-*")
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, 0, &StageError{Stage: "fetching", Err: fmt.Errorf("bundle cache: %w", err)}
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -438,7 +451,7 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 	if sink.Err != nil {
 		// This node's disk (full, most likely), not the store: the caller
 		// must not report a store that is fine as the cause.
-		return nil, nil, 0, fmt.Errorf("bundle cache: %w", sink.Err)
+		return nil, nil, 0, &StageError{Stage: "fetching", Err: fmt.Errorf("bundle cache: %w", sink.Err)}
 	}
 	if err != nil {
 		return nil, nil, 0, &FetchError{Err: err}
@@ -450,9 +463,13 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 		return nil, nil, 0, refuse("sha256 mismatch for %s: content hashes to %s", ObjectKey(sha), got)
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
+		return nil, nil, 0, &StageError{Stage: "fetching", Err: fmt.Errorf("bundle cache: %w", err)}
 	}
-	return c.unpackInto(tmp, dir, aside)
+	m, st, size, err := c.unpackInto(tmp, dir, aside)
+	if err != nil {
+		err = &StageError{Stage: "unpacking", Err: err}
+	}
+	return m, st, size, err
 }
 
 // unpackInto unpacks r into a temporary sibling of dir, stamped

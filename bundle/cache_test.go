@@ -153,7 +153,8 @@ func (s failingStore) Get(ctx context.Context, key string) (io.ReadCloser, error
 
 // TestCacheDiskFull: a write of the node's copy of a bundle that fails for
 // a full disk (at the fetch, the unpacking into the cache, or a deploy's
-// check) is reported as ENOSPC naming the file, not as a failure to read
+// check) is reported as ENOSPC naming the file, and a Get's with its stage
+// (StageError), not as a failure to read
 // the store (FetchError) nor as a refused bundle (Error); it leaves nothing
 // behind, and the same call succeeds once the disk has room. A stream the
 // store breaks is still a FetchError.
@@ -163,13 +164,14 @@ func TestCacheDiskFull(t *testing.T) {
 		full    string // writes to paths containing this fail with ENOSPC
 		get     func(c *Cache, store objectstore.Store, sha string) error
 		isFetch bool
+		stage   string // StageError's, for a Get's failure on this node
 	}{
-		{"fetch", "/.fetch-", cacheGet, false},
-		{"unpack", "/.unpack-", cacheGet, false},
-		{"deploy-check", "/.verify-", cacheVerify, false},
+		{"fetch", "/.fetch-", cacheGet, false, "fetching"},
+		{"unpack", "/.unpack-", cacheGet, false, "unpacking"},
+		{"deploy-check", "/.verify-", cacheVerify, false, ""},
 		{"store-breaks", "", func(c *Cache, store objectstore.Store, sha string) error {
 			return cacheGet(c, failingStore{store}, sha)
-		}, true},
+		}, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store, sha, c := storedBundle(t)
@@ -194,7 +196,10 @@ func TestCacheDiskFull(t *testing.T) {
 			case !tc.isFetch && (!errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), c.Dir()+tc.full)):
 				t.Fatalf("want ENOSPC naming the file under %s: %v", c.Dir(), err)
 			}
-
+			var se *StageError
+			if tc.stage != "" && (!errors.As(err, &se) || se.Stage != tc.stage) {
+				t.Errorf("want the stage %q said: %#v", tc.stage, err)
+			}
 			des, _ := os.ReadDir(c.Dir())
 			for _, de := range des {
 				t.Errorf("left in the cache: %s", de.Name())

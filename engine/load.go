@@ -68,8 +68,10 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		switch {
 		case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT):
 			// Writing the bundle into the cache failed: the store is fine,
-			// and the disk to free is this node's.
-			return errorf(errdefs.KindNoSpace, err, "function %s: cold start: this node's disk is full: no room for bundle %s in its bundle cache %s (%v)", v.fn.name, v.rec.SHA256[:12], e.cfg.Cache.Dir(), err)
+			// and the disk to free is this node's. The client is told the
+			// stage and the errno; where the node keeps its files is the
+			// log's alone.
+			return e.cacheFull(v, err)
 		case errors.As(err, &fe) && errors.Is(ctx.Err(), context.DeadlineExceeded):
 			// The request's deadline bounds the fetch: its 504, as for a
 			// record read cut by it (readCut), not the store's 503.
@@ -112,6 +114,21 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
 	v.loaded.Store(true)
 	return nil
+}
+
+// cacheFull is the 507 of a cold start whose fetch or unpack of v's
+// bundle into the bundle cache found this node's disk full.
+func (e *Engine) cacheFull(v *version, err error) error {
+	sha := v.rec.SHA256[:12]
+	e.cfg.Log.Error("cold start: this node's disk is full", "function", v.fn.name, "sha256", sha, "cache", e.cfg.Cache.Dir(), "error", err)
+	stage := "writing" // not seen: Get says the stage of every write
+	var se *bundle.StageError
+	if errors.As(err, &se) {
+		stage = se.Stage
+	}
+	why := syscall.ENOSPC
+	errors.As(err, &why)
+	return errorf(errdefs.KindNoSpace, err, "function %s: cold start: this node's disk is full: %s bundle %s into the node's bundle cache failed (%v)", v.fn.name, stage, sha, why)
 }
 
 // teardown closes every program: constants freed, library unloaded or

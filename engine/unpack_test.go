@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
@@ -339,5 +341,46 @@ func TestDeployStoresOnlyWhatEveryNodeFetches(t *testing.T) {
 	_, err := e.Control().Deploy(ctx, "big", bytes.NewReader(b), false)
 	if errdefs.KindOf(err) != errdefs.KindTooLarge || !strings.Contains(err.Error(), "(plover serve --max-body)") {
 		t.Errorf("over --max-body: %v, want 413 naming it", err)
+	}
+}
+
+// A cold start whose fetch or unpack of its bundle into the bundle cache
+// fills this node's disk is 507 naming the stage, the bundle and the
+// errno, not the cache's directory, which the server log has.
+func TestColdStartDiskFullNamesTheStageNotThePath(t *testing.T) {
+	dir := testkit.BundleDir(t, testkit.Manifest("cold"), nil)
+	store, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi := testkit.Deploy(t, testkit.Engine(t, engine.Config{Store: store}), dir)
+	for _, tc := range []struct{ at, stage string }{{"/.fetch-", "fetching"}, {"/.unpack-", "unpacking"}} {
+		cache, err := bundle.NewCache(t.TempDir(), 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var full atomic.Bool
+		full.Store(true)
+		cache.WriteFault = func(path string, n int) error {
+			if full.Load() && strings.Contains(path, tc.at) {
+				return syscall.ENOSPC
+			}
+			return nil
+		}
+		var log testkit.LogBuffer
+		e := testkit.Engine(t, engine.Config{Store: store, Cache: cache, Log: slog.New(slog.NewTextHandler(&log, nil))})
+		err = e.Invoke(context.Background(), "cold", &call.Request{Input: []byte("x")})
+		var de *errdefs.Error
+		want := "function cold: cold start: this node's disk is full: " + tc.stage + " bundle " + fi.SHA256[:12] + " into the node's bundle cache failed (no space left on device)"
+		switch {
+		case !errors.As(err, &de) || de.Kind != errdefs.KindNoSpace:
+			t.Errorf("%s: %v, want 507", tc.stage, err)
+		case de.Msg != want:
+			t.Errorf("%s: the answer is %q, want %q", tc.stage, de.Msg, want)
+		case !strings.Contains(log.String(), cache.Dir()):
+			t.Errorf("%s: the log does not name the cache's directory: %s", tc.stage, log.String())
+		}
+		full.Store(false)
+		invoke(t, e, "cold", []byte("x"))
 	}
 }

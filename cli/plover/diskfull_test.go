@@ -26,8 +26,9 @@ import (
 // TestDiskFull: a node whose disk fills at each stage that writes to it (a
 // deploy's spooling and unpacking of the upload, the file store's write, a
 // cold start's fetch and unpacking into the bundle cache) answers 507
-// insufficient_storage naming the stage (a cold start: the cache directory,
-// not the store, which is fine); a function already warm keeps serving
+// insufficient_storage naming the stage (a cold start: its fetch or unpack
+// into the node's bundle cache, not the store, which is fine) and never
+// where the node keeps its files; a function already warm keeps serving
 // meanwhile; and once the space is back the same request succeeds, with
 // nothing to repair and no leftovers of the failed one on the disk.
 //
@@ -60,7 +61,7 @@ type diskNode struct {
 	storeURL string // the node's store, for `plover deploy --store` from here
 	data     string // its data directory, as this process reaches it
 	store    string // its file store's directory, as this process reaches it
-	cacheDir string // its bundle cache, as the node names it
+	cacheDir string // its bundle cache, as the node would name it
 	// fill leaves about free bytes on d (0: none at all); empty gives d its
 	// space back (a no-op on a disk not filled).
 	fill  func(t *testing.T, d disk, free int64)
@@ -94,8 +95,8 @@ func diskFullStages(t *testing.T, bin string, n *diskNode, spin, vecadd string) 
 		{"deploy-spool", nodeDisk, 0, spin, false, []string{"deploy deploy-spool: spooling the bundle", "no space left on device"}},
 		{"deploy-unpack", nodeDisk, roomPacked, vecadd, false, []string{"deploy deploy-unpack: unpacking the bundle", "no space left on device"}},
 		{"deploy-store", storeDisk, 0, spin, false, []string{"deploy deploy-store: cannot write to the store", "no space left on device"}},
-		{"cold-fetch", nodeDisk, 0, spin, true, []string{"function cold-fetch: cold start: this node's disk is full", "bundle cache " + n.cacheDir + " (", ".fetch-"}},
-		{"cold-unpack", nodeDisk, roomPacked, vecadd, true, []string{"function cold-unpack: cold start: this node's disk is full", "bundle cache " + n.cacheDir + " (", ".unpack-"}},
+		{"cold-fetch", nodeDisk, 0, spin, true, []string{"function cold-fetch: cold start: this node's disk is full: fetching bundle ", " into the node's bundle cache failed (no space left on device)"}},
+		{"cold-unpack", nodeDisk, roomPacked, vecadd, true, []string{"function cold-unpack: cold start: this node's disk is full: unpacking bundle ", " into the node's bundle cache failed (no space left on device)"}},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			input, want := in, spinWant
@@ -131,6 +132,9 @@ func diskFullStages(t *testing.T, bin string, n *diskNode, spin, vecadd string) 
 			}
 			if strings.Contains(msg, "from the store") {
 				t.Errorf("the 507 blames the store, which is fine: %s", msg)
+			}
+			if strings.Contains(msg, n.cacheDir) {
+				t.Errorf("the 507 names where the node keeps its files (the log's alone): %s", msg)
 			}
 			mustServe(t, n.url, "warm", in, spinWant, "cold")
 
