@@ -60,7 +60,18 @@ func (e *Error) Error() string { return e.Msg }
 func Classify(err error) (st Status, k errdefs.Kind, msg string, ok bool) {
 	var e *Error
 	if errors.As(err, &e) {
-		if e.Status.HTTP >= 500 { // the server's failure (an output it cannot encode), not the request's
+		if e.Status.HTTP >= 500 { // the server's state or failure, not the request's
+			// By its class where one kind has it (a 503 for no room in
+			// the body budget is KindUnavailable, which the metrics count
+			// under _unknown for a name they have not met, as the
+			// engine's 503s: a transport's 503 counted as Internal gave
+			// every probed name its own series); else Internal (an
+			// output it cannot encode).
+			for k, st := range byKind {
+				if st == e.Status && errdefs.Kind(k) != errdefs.KindInternal {
+					return e.Status, errdefs.Kind(k), e.Msg, true
+				}
+			}
 			return e.Status, errdefs.KindInternal, e.Msg, true
 		}
 		return e.Status, errdefs.KindBadRequest, e.Msg, true

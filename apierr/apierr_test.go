@@ -60,6 +60,9 @@ func TestClassify(t *testing.T) {
 	}{
 		{"refusal", fmt.Errorf("wrapped: %w", &Error{Status: NotFound, Msg: "model m version v"}), 404, errdefs.KindBadRequest, "model m version v", true},
 		{"bad output", &Error{Status: BadOutput, Msg: "NaN"}, 500, errdefs.KindInternal, "NaN", true},
+		// A transport's 503 (no room in the body budget) is the kind whose
+		// class it is, as the engine's 503s are, not Internal.
+		{"unavailable refusal", &Error{Status: Unavailable, Msg: "--max-body-memory"}, 503, errdefs.KindUnavailable, "--max-body-memory", true},
 		{"engine", &errdefs.Error{Kind: errdefs.KindBusy, Msg: "queue full"}, 429, errdefs.KindBusy, "queue full", true},
 		{"foreign", errors.New("secret path /var/x"), 500, errdefs.KindInternal, "internal error", false},
 	} {

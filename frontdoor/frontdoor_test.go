@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
@@ -149,5 +150,22 @@ func TestBegin(t *testing.T) {
 				t.Errorf("Deadline = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A transport's 503 (no room in the body budget: the request never
+// reached a function) for names the metrics have not met is counted under
+// one label, as the engine's 503s are: probing 50 names made 50
+// plover_requests_total series when it was classed Internal.
+func TestUnavailableRefusalsShareOneSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	d := New(Config{Metrics: reqmetrics.New(reg)})
+	for i := range 50 {
+		err := Refusal(&apierr.Error{Status: apierr.Unavailable, Msg: "the server holds its limit of request bytes in memory"})
+		d.End(&Outcome{Transport: "http", Route: "r", Function: call.NameOf("probe" + strconv.Itoa(i)), Req: &call.Request{}, Err: err})
+	}
+	n, err := testutil.GatherAndCount(reg, "plover_requests_total")
+	if err != nil || n != 1 {
+		t.Fatalf("50 unknown names answered 503: %d plover_requests_total series (%v), want 1 (_unknown)", n, err)
 	}
 }

@@ -275,7 +275,14 @@ func TestErrors(t *testing.T) {
 			codes.InvalidArgument, "raw_input_contents has 1 entries for 2 inputs"},
 		{"typed count", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{
 			{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}, Contents: &pb.InferTensorContents{Fp32Contents: []float32{1}}}, y}},
-			codes.InvalidArgument, "contents hold 1 elements, the shape holds 4"},
+			codes.InvalidArgument, "contents hold 1 elements in fp32_contents, the field for FP32; the shape holds 4"},
+		// Elements in another datatype's field: the message names the one
+		// the datatype takes, and where they went.
+		{"typed wrong field", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+			{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{2}, Contents: &pb.InferTensorContents{IntContents: []int32{1, 2}}}}},
+			codes.InvalidArgument, `input "INPUT0": contents hold 0 elements in uint_contents, the field for UINT8; the shape holds 2 (int_contents holds 2, not the field for UINT8)`},
+		{"negative dimension", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{-2}}},
+			RawInputContents: [][]byte{{1}}}, codes.InvalidArgument, `input "INPUT0": shape [-2]: dimension 0 is negative`},
 		{"typed range", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{
 			{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}, Contents: &pb.InferTensorContents{Fp32Contents: []float32{1, 2, 3, 4}}},
 			{Name: "y", Datatype: "INT16", Shape: []int64{1}, Contents: &pb.InferTensorContents{IntContents: []int32{70000}}}}},

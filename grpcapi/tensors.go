@@ -63,12 +63,7 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, ste
 		// Each size is at most what the message holds (counted above), times
 		// eight: the sum cannot overflow.
 		if total += size; maxInput > 0 && total > maxInput {
-			whose := "max_input_bytes"
-			if step != "" {
-				whose = "its " + step + "'s max_input_bytes"
-			}
-			return false, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
-				"input %q (shape %v of %s) brings the inputs to %d bytes; model %s takes at most %d (%s)", d.Name, t.GetShape(), d.Datatype, total, req.GetModelName(), maxInput, whose)}
+			return false, oip.InputOver(req.GetModelName(), d.Name, t.GetShape(), d.Datatype, total, maxInput, step)
 		}
 	}
 	for n := range idx {
@@ -93,29 +88,52 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, ste
 }
 
 // countTyped checks that c holds n elements in the typed field for
-// datatype dt.
+// datatype dt. A count that is off names that field, and a field of
+// another datatype that holds elements: a client that put UINT8 elements
+// in int_contents learns where they go, not just that none came.
 func countTyped(dt string, c *pb.InferTensorContents, n int64) error {
-	var have int
+	fields := [...]struct {
+		name string
+		have int
+	}{
+		{"bool_contents", len(c.GetBoolContents())},
+		{"int_contents", len(c.GetIntContents())},
+		{"int64_contents", len(c.GetInt64Contents())},
+		{"uint_contents", len(c.GetUintContents())},
+		{"uint64_contents", len(c.GetUint64Contents())},
+		{"fp32_contents", len(c.GetFp32Contents())},
+		{"fp64_contents", len(c.GetFp64Contents())},
+	}
+	var want string
 	switch dt {
 	case "BOOL":
-		have = len(c.GetBoolContents())
+		want = "bool_contents"
 	case "INT8", "INT16", "INT32":
-		have = len(c.GetIntContents())
+		want = "int_contents"
 	case "INT64":
-		have = len(c.GetInt64Contents())
+		want = "int64_contents"
 	case "UINT8", "UINT16", "UINT32":
-		have = len(c.GetUintContents())
+		want = "uint_contents"
 	case "UINT64":
-		have = len(c.GetUint64Contents())
+		want = "uint64_contents"
 	case "FP32":
-		have = len(c.GetFp32Contents())
+		want = "fp32_contents"
 	case "FP64":
-		have = len(c.GetFp64Contents())
+		want = "fp64_contents"
 	default: // FP16: the protocol has no typed field for it
 		return fmt.Errorf("%s has no typed contents in the protocol: send it in raw_input_contents", dt)
 	}
+	have, other := 0, ""
+	for _, f := range fields {
+		switch {
+		case f.name == want:
+			have = f.have
+		case f.have > 0 && other == "":
+			other = fmt.Sprintf(" (%s holds %d, not the field for %s)", f.name, f.have, dt)
+		}
+	}
 	if int64(have) != n {
-		return fmt.Errorf("contents hold %d elements, the shape holds %d", have, n)
+		return fmt.Errorf("contents hold %d elements in %s, the field for %s; the shape holds %d%s", have, want, dt, n, other)
 	}
 	return nil
 }

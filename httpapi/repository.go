@@ -109,9 +109,10 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(fasthttp.StatusOK) // the extension's success: 200, no body
 }
 
-// bodyReason says what is wrong with a repository route's body in the
-// client's terms (the field, what it is, what it should be), not in
-// encoding/json's, which names this package's Go types.
+// bodyReason says what is wrong with a JSON body (a repository route's,
+// an inference header) in the client's terms (the field, what it is, what
+// it should be), not in encoding/json's, which names this package's Go
+// types.
 func bodyReason(err error) string {
 	var te *json.UnmarshalTypeError
 	if !errors.As(err, &te) {
@@ -125,8 +126,13 @@ func bodyReason(err error) string {
 	switch te.Type.Kind() {
 	case reflect.Bool:
 		want = "true or false"
-	case reflect.Map:
+	case reflect.Map, reflect.Struct:
 		want = "a JSON object"
+	case reflect.Slice:
+		want = "an array"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		want = "an integer"
 	}
 	return `"` + te.Field + `" ` + is + ", want " + want
 }

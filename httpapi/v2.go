@@ -3,9 +3,12 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/ioshare"
@@ -297,9 +301,11 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	defer pin.Release()
 	found := ioshare.Now()
 	if vc.pick, err = oip.Requested(vc.pick[:0], h.outputs, outputName, ts.Outputs); err == nil {
-		r.Input, vc.lay, err = layInputs(h.inputs, ts.Inputs, bin, vc.lay[:0])
-		if err != nil {
-			err = &apierr.Error{Status: apierr.BadRequest, Msg: err.Error()}
+		lim := inputBound{model: fn}
+		lim.max, lim.step = pin.InputBound()
+		r.Input, vc.lay, err = layInputs(h, ts.Inputs, bin, vc.lay[:0], lim)
+		if err != nil { // layInputs' own errors are the request's fault
+			err = classed(err, apierr.BadRequest)
 		}
 	}
 	t = tn.fl.MeteredSince(found)
@@ -329,10 +335,21 @@ func (s *Server) v2Run(ctx *fasthttp.RequestCtx, vc *v2Call, name call.Name, ver
 	if err == nil {
 		s.pieceAnswer(ctx, tn)
 	}
-	if err != nil {
-		return &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}
+	if err != nil { // an output the protocol cannot carry, but for writeInferJSON's refusal
+		return classed(err, apierr.BadOutput)
 	}
 	return nil
+}
+
+// classed is err as an *apierr.Error: as it is if it is one (a 413 of
+// max_input_bytes, a refusal of JSON data), else with status st. Called
+// on the error path only: its errors.As target escapes.
+func classed(err error, st apierr.Status) error {
+	var ae *apierr.Error
+	if errors.As(err, &ae) {
+		return err
+	}
+	return &apierr.Error{Status: st, Msg: err.Error()}
 }
 
 // writeBinary writes the response when every output is binary: the JSON
@@ -405,47 +422,180 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// writeInferJSON writes a response with JSON data for some output. An
-// output whose JSON data would hold NaN or an infinity, which JSON has no
-// numbers for, is an error (and nothing is written): the binary extension
-// carries those values.
+// maxJSONOutput bounds the output bytes one response carries as JSON
+// data. Written as JSON numbers an element takes up to 7 times its bytes
+// (an INT8 "-128," is 5 for 1; a UINT8 output of 16 MiB made 57 MiB of
+// JSON), and the answer is built in memory before it is sent; the binary
+// extension carries any size at its own. Past it the request is refused
+// (400) with what to ask for instead: the function has run, but a client
+// that asks the same way would get the same refusal, so it is the
+// request's to change. README, "Open Inference Protocol".
+const maxJSONOutput = 16 << 20
+
+// writeInferJSON writes a response with JSON data for some output, by
+// hand into the response's buffer, as encoding/json would write it from
+// maps (sorted keys, its number format; TestWriteInferJSONMatchesEncodingJSON),
+// but without a value per element: decoded into []any first, a 16 MiB
+// output took 441 MiB of memory. An output whose JSON data would hold NaN
+// or an infinity, which JSON has no numbers for, is an error (and nothing
+// is written): the binary extension carries those values. So is JSON data
+// of more than maxJSONOutput bytes of outputs, a 400.
 func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version string, outs []oip.Cut) error {
-	resp := map[string]any{"model_name": name, "model_version": version, "outputs": nil}
-	if h.id != "" {
-		resp["id"] = h.id
-	}
-	var tail []byte
-	outList := make([]map[string]any, 0, len(outs))
+	var inJSON, room int64
 	for i := range outs {
-		o, decl := &outs[i], outs[i].Decl
-		t := map[string]any{"name": decl.Name, "datatype": decl.Datatype, "shape": o.Shape}
-		if h.binaryOutput || h.wantsBinary(decl.Name) {
-			t["parameters"] = map[string]any{"binary_data_size": len(o.Bytes)}
-			tail = append(tail, o.Bytes...)
-		} else {
-			data := decodeElements(decl.Datatype, o.Bytes)
-			if k, v, ok := nonFinite(data); ok {
-				return fmt.Errorf("output %q: element %d is %v, which JSON data cannot carry: ask for the output in binary "+
-					"(the request's parameters.binary_data_output, or the output's parameters.binary_data)", decl.Name, k, v)
-			}
-			t["data"] = data
+		o := &outs[i]
+		if !h.binaryOutput && !h.wantsBinary(o.Decl.Name) {
+			inJSON += int64(len(o.Bytes))
+			room += int64(len(o.Bytes)) / abi.DatatypeSize[o.Decl.Datatype] * maxElementText[o.Decl.Datatype]
 		}
-		outList = append(outList, t)
 	}
-	resp["outputs"] = outList
-	js, err := json.Marshal(resp)
-	if err != nil {
-		return fmt.Errorf("encoding the response: %v", err)
+	if inJSON > maxJSONOutput {
+		return &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("the outputs asked for as JSON data hold %d bytes, over the %d that JSON data carries: "+
+			"ask for them in binary (the request's parameters.binary_data_output, or an output's parameters.binary_data)", inJSON, maxJSONOutput)}
 	}
 	ctx.Response.Reset()
+	b := ctx.Response.SwapBody(nil)[:0]
+	b = slices.Grow(b, int(room)+256)
+	b = append(b, '{')
+	if h.id != "" {
+		b = append(b, `"id":`...)
+		b = appendJSONString(b, h.id)
+		b = append(b, ',')
+	}
+	b = append(b, `"model_name":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"model_version":`...)
+	b = appendJSONString(b, version)
+	b = append(b, `,"outputs":[`...)
+	tail := 0 // the binary outputs' bytes, appended after the header
+	for i := range outs {
+		o, decl := &outs[i], outs[i].Decl
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '{')
+		binary := h.binaryOutput || h.wantsBinary(decl.Name)
+		if !binary {
+			b = append(b, `"data":[`...)
+			var err error
+			if b, err = appendData(b, decl.Datatype, o.Bytes); err != nil {
+				ctx.Response.SwapBody(b[:0])
+				return fmt.Errorf("output %q: %v, which JSON data cannot carry: ask for the output in binary "+
+					"(the request's parameters.binary_data_output, or the output's parameters.binary_data)", decl.Name, err)
+			}
+			b = append(b, "],"...)
+		}
+		b = append(b, `"datatype":`...)
+		b = appendJSONString(b, decl.Datatype)
+		b = append(b, `,"name":`...)
+		b = appendJSONString(b, decl.Name)
+		if binary {
+			b = append(b, `,"parameters":{"binary_data_size":`...)
+			b = strconv.AppendInt(b, int64(len(o.Bytes)), 10)
+			b = append(b, '}')
+			tail += len(o.Bytes)
+		}
+		b = append(b, `,"shape":[`...)
+		for k, d := range o.Shape {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, d, 10)
+		}
+		b = append(b, "]}"...)
+	}
+	b = append(b, "]}"...)
+	n := len(b)
+	for i := range outs {
+		if h.binaryOutput || h.wantsBinary(outs[i].Decl.Name) {
+			b = append(b, outs[i].Bytes...)
+		}
+	}
+	ctx.Response.SwapBody(b)
 	ctx.SetStatusCode(fasthttp.StatusOK)
-	if tail != nil {
+	if tail > 0 {
 		ctx.SetContentType("application/octet-stream")
-		ctx.Response.Header.Set("Inference-Header-Content-Length", strconv.Itoa(len(js)))
-		ctx.SetBody(append(js, tail...))
+		ctx.Response.Header.Set("Inference-Header-Content-Length", strconv.Itoa(n))
 	} else {
 		ctx.SetContentType("application/json")
-		ctx.SetBody(js)
 	}
 	return nil
+}
+
+// maxElementText is the most bytes appendData writes for an element of
+// each datatype, its comma included: the JSON is grown once to fit.
+var maxElementText = map[string]int64{
+	"BOOL": 6, "UINT8": 4, "INT8": 5, "UINT16": 6, "INT16": 7, "UINT32": 11, "INT32": 12,
+	"UINT64": 21, "INT64": 21, "FP16": 16, "FP32": 16, "FP64": 25,
+}
+
+// appendData appends the elements of little-endian tensor bytes b of
+// datatype dt as JSON numbers (or true and false) separated by commas, as
+// encoding/json writes the Go values they are; an element NaN or
+// infinite is an error naming it.
+func appendData(dst []byte, dt string, b []byte) ([]byte, error) {
+	es := int(abi.DatatypeSize[dt])
+	le := binary.LittleEndian
+	for i, k := 0, 0; i+es <= len(b); i, k = i+es, k+1 {
+		if k > 0 {
+			dst = append(dst, ',')
+		}
+		e := b[i : i+es]
+		switch dt {
+		case "BOOL":
+			dst = strconv.AppendBool(dst, e[0] != 0)
+		case "UINT8":
+			dst = strconv.AppendUint(dst, uint64(e[0]), 10)
+		case "INT8":
+			dst = strconv.AppendInt(dst, int64(int8(e[0])), 10)
+		case "UINT16":
+			dst = strconv.AppendUint(dst, uint64(le.Uint16(e)), 10)
+		case "INT16":
+			dst = strconv.AppendInt(dst, int64(int16(le.Uint16(e))), 10)
+		case "UINT32":
+			dst = strconv.AppendUint(dst, uint64(le.Uint32(e)), 10)
+		case "INT32":
+			dst = strconv.AppendInt(dst, int64(int32(le.Uint32(e))), 10)
+		case "UINT64":
+			dst = strconv.AppendUint(dst, le.Uint64(e), 10)
+		case "INT64":
+			dst = strconv.AppendInt(dst, int64(le.Uint64(e)), 10)
+		default:
+			var f float64
+			bits := 32
+			switch dt {
+			case "FP32":
+				f = float64(math.Float32frombits(le.Uint32(e)))
+			case "FP16":
+				f = float64(float16to32(le.Uint16(e)))
+			default:
+				f, bits = math.Float64frombits(le.Uint64(e)), 64
+			}
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return dst, fmt.Errorf("element %d is %v", k, f)
+			}
+			dst = appendFloat(dst, f, bits)
+		}
+	}
+	return dst, nil
+}
+
+// appendFloat appends f (a float32's value when bits is 32) as
+// encoding/json writes it: the shortest text that reads back as it, in
+// exponent form below 1e-6 and from 1e21, with an exponent of one digit
+// not padded (1e-7, not 1e-07).
+func appendFloat(dst []byte, f float64, bits int) []byte {
+	abs := math.Abs(f)
+	format := byte('f')
+	if abs != 0 && (bits == 64 && (abs < 1e-6 || abs >= 1e21) || bits == 32 && (float32(abs) < 1e-6 || float32(abs) >= 1e21)) {
+		format = 'e'
+	}
+	dst = strconv.AppendFloat(dst, f, format, -1, bits)
+	if format == 'e' {
+		if n := len(dst); n >= 4 && dst[n-4] == 'e' && dst[n-3] == '-' && dst[n-2] == '0' {
+			dst[n-2] = dst[n-1]
+			dst = dst[:n-1]
+		}
+	}
+	return dst
 }

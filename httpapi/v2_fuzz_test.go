@@ -50,7 +50,7 @@ func readInfer(h *inferHeader, body []byte, hdrLen int, decl []abi.Tensor, buf [
 	if err := h.read(header); err != nil {
 		return nil, err
 	}
-	in, _, err := layInputs(h.inputs, decl, bin, buf)
+	in, _, err := layInputs(h, decl, bin, buf, inputBound{})
 	return in, err
 }
 
@@ -184,8 +184,20 @@ func FuzzV2InferBody(f *testing.F) {
 			// is wrong, or name an input it sends or the model declares.
 			msg := err.Error()
 			switch {
-			case strings.HasPrefix(msg, "request body: invalid JSON: "),
-				strings.HasSuffix(msg, " bytes of binary data after the last input"):
+			case strings.HasPrefix(msg, "request body: "), // invalid JSON, a field of the wrong kind, bytes after it
+				strings.HasSuffix(msg, " bytes of binary data after the last input"),
+				strings.HasPrefix(msg, "parameters.binary_data_output: "):
+			case strings.HasPrefix(msg, "inputs["), strings.HasPrefix(msg, "outputs["):
+				// A parameter of the wrong kind, by its path: an index the
+				// request has.
+				var k int
+				what := h.inputs
+				if msg[0] == 'o' {
+					what = h.outputs
+				}
+				if _, err := fmt.Sscanf(msg[strings.IndexByte(msg, '[')+1:], "%d]", &k); err != nil || k < 0 || k >= len(what) && len(what) > 0 {
+					t.Fatalf("error names no tensor of the request: %q", msg)
+				}
 			case strings.HasPrefix(msg, "input "):
 				name, qerr := strconv.QuotedPrefix(msg[len("input "):])
 				name, _ = strconv.Unquote(name)

@@ -188,9 +188,13 @@ func TestOpenInferenceProtocol(t *testing.T) {
 		{"unknown input", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]},{"name":"extra","datatype":"UINT8","shape":[1],"data":[1]}]}`, 400, `input "extra" is not one of the model's inputs`},
 		{"wrong datatype", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[1]}]}`, 400, "datatype FP32, the model takes UINT8"},
 		{"wrong shape", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"y","datatype":"INT16","shape":[1],"data":[1]}]}`, 400, "shape [4] has 1 dimensions"},
-		{"element count", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2]}]}`, 400, "data has 2 elements, the shape holds 3"},
+		{"element count", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2]}]}`, 400, `input "INPUT0": inputs[0].data holds 2 elements, its shape holds 3`},
 		{"out of range", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[256]}]}`, 400, "256 is not a UINT8"},
 		{"bad JSON", "/v2/models/echo/infer", `{"inputs":`, 400, "invalid JSON"},
+		// Inputs past the function's max_input_bytes (echo: 64 KiB) are a
+		// 413 naming the input, in gRPC's words, before its data is read.
+		{"over max_input_bytes", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[70000],"data":[0]}]}`, 413,
+			`input "INPUT0" (shape [70000] of UINT8) brings the inputs to 70000 bytes; model echo takes at most 65536 (max_input_bytes)`},
 		// A byte size past int64, given as the number it overflows to:
 		// refused, not sliced with (which took the server down).
 		{"byte size overflows", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3,4]},` +

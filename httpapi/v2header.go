@@ -3,8 +3,10 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/oip"
 )
 
@@ -48,16 +50,13 @@ type inferTensor struct {
 	name, datatype string
 	shape          []int64
 	data           []byte // the JSON value of "data", as sent; nil: none
-	// parameters.binary_data_size of an input: hasBinSize; binSize, or
-	// binSizeBad when it is no integer; binSizeText, from decode, the value
-	// as its messages have always shown it (parse takes only integers that
-	// print as they were sent).
-	hasBinSize  bool
-	binSize     int64
-	binSizeBad  bool
-	binSizeText string
-	binOff      int64 // layInputs: where an input's binary bytes start
-	binary      bool  // parameters.binary_data of an output
+	// parameters.binary_data_size of an input: hasBinSize, binSize (an
+	// integer: read refuses any other value).
+	hasBinSize bool
+	binSize    int64
+	binOff     int64 // layInputs: where an input's binary bytes start
+	size       int64 // layInputs: its byte size, from its shape
+	binary     bool  // parameters.binary_data of an output
 }
 
 // allBinary reports whether every output answered goes in the binary
@@ -88,7 +87,8 @@ func (h *inferHeader) wantsBinary(name string) bool {
 
 // read reads header, by parse or, for what parse leaves, decode: a 400
 // naming the request body where neither takes it or it holds too many
-// parts (errHeaderParts).
+// parts (errHeaderParts), or naming the field whose value is of the wrong
+// kind.
 func (h *inferHeader) read(header []byte) error {
 	if h.parse(header) {
 		return nil
@@ -97,17 +97,19 @@ func (h *inferHeader) read(header []byte) error {
 	if !h.over {
 		err = h.decode(header)
 	}
+	var field *apierr.Error
 	switch {
 	case h.over:
 		return badField("request body", errHeaderParts.Error())
+	case errors.As(err, &field):
+		return err
 	case err != nil:
-		return badField("request body", "invalid JSON: "+err.Error())
+		return badField("request body", bodyReason(err))
 	}
 	return nil
 }
 
-// decode reads header with encoding/json, for what parse leaves to it: its
-// errors are the ones clients have always seen.
+// decode reads header with encoding/json, for what parse leaves to it.
 func (h *inferHeader) decode(header []byte) error {
 	// Counted first: encoding/json decodes what it is given, and a value
 	// of a few bytes takes a hundred in memory.
@@ -121,36 +123,80 @@ func (h *inferHeader) decode(header []byte) error {
 	if err := dec.Decode(&req); err != nil {
 		return err
 	}
-	*h = inferHeader{id: req.ID, binaryOutput: paramBool(req.Parameters, "binary_data_output"), parts: n}
-	for _, t := range req.Inputs {
+	// One JSON value and nothing after it but whitespace, as parse takes
+	// it: a Decoder reads one value and would leave the rest unread. With
+	// the binary extension the header is its Inference-Header-Content-Length
+	// bytes, so bytes the client miscounted are told here, not taken for
+	// nothing.
+	if rest := header[dec.InputOffset():]; len(bytes.TrimLeft(rest, " \t\r\n")) > 0 {
+		return badField("request body", fmt.Sprintf("%d bytes follow the JSON header (a binary extension request's Inference-Header-Content-Length is the header's length)", len(rest)))
+	}
+	bo, err := paramBool(req.Parameters, "binary_data_output", "parameters")
+	if err != nil {
+		return err
+	}
+	*h = inferHeader{id: req.ID, binaryOutput: bo, parts: n}
+	for i, t := range req.Inputs {
 		it := inferTensor{name: t.Name, datatype: t.Datatype, shape: t.Shape, data: t.Data}
-		if n, ok := t.Parameters["binary_data_size"]; ok {
-			it.hasBinSize, it.binSizeText = true, fmt.Sprint(n)
-			it.binSize, ok = paramInt(n)
-			it.binSizeBad = !ok
+		if v, ok := t.Parameters["binary_data_size"]; ok {
+			it.hasBinSize = true
+			if it.binSize, ok = paramInt(v); !ok {
+				return badField(fmt.Sprintf("inputs[%d].parameters.binary_data_size", i), "it is "+jsonKind(v)+", want an integer (the input's bytes in the binary extension)")
+			}
 		}
 		h.inputs = append(h.inputs, it)
 	}
-	for _, t := range req.Outputs {
-		h.outputs = append(h.outputs, inferTensor{name: t.Name, binary: paramBool(t.Parameters, "binary_data")})
+	for i, t := range req.Outputs {
+		b, err := paramBool(t.Parameters, "binary_data", fmt.Sprintf("outputs[%d].parameters", i))
+		if err != nil {
+			return err
+		}
+		h.outputs = append(h.outputs, inferTensor{name: t.Name, binary: b})
 	}
 	return nil
 }
 
-func paramBool(p map[string]any, key string) bool {
-	b, _ := p[key].(bool)
-	return b
+// paramBool is p[key], false when absent; any value but true or false is
+// a 400 naming it (at path), where it was taken for false: a client that
+// sent "binary_data_output": "true" got JSON and no word why.
+func paramBool(p map[string]any, key, path string) (bool, error) {
+	v, ok := p[key]
+	if !ok {
+		return false, nil
+	}
+	b, ok := v.(bool)
+	if !ok {
+		return false, badField(path+"."+key, "it is "+jsonKind(v)+", want true or false")
+	}
+	return b, nil
 }
 
+// paramInt is v as an int64, when it is a JSON integer that fits one.
 func paramInt(v any) (int64, bool) {
-	switch n := v.(type) {
-	case json.Number:
-		i, err := n.Int64()
-		return i, err == nil
-	case float64:
-		return int64(n), true
+	n, ok := v.(json.Number)
+	if !ok {
+		return 0, false
 	}
-	return 0, false
+	i, err := n.Int64()
+	return i, err == nil
+}
+
+// jsonKind says what a value decoded with UseNumber is, for messages: a
+// number as it was sent ("16.0"), other values by kind.
+func jsonKind(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "the number " + x.String()
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	}
+	return "an object"
 }
 
 // parse decodes the header without encoding/json, for the requests clients

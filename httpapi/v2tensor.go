@@ -1,11 +1,10 @@
 package httpapi
 
 import (
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,28 +16,22 @@ import (
 // order from JSON data or the binary extension, outputs cut from the
 // function's output and encoded per datatype (FP16 included).
 
-// nonFinite finds the first NaN or infinity among decodeElements' values
-// (only FP16, FP32 and FP64 ones can be).
-func nonFinite(data []any) (k int, v float64, ok bool) {
-	for k, x := range data {
-		switch f := x.(type) {
-		case float32:
-			v = float64(f)
-		case float64:
-			v = f
-		default:
-			return 0, 0, false // one datatype: no floats at all
-		}
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return k, v, true
-		}
-	}
-	return 0, 0, false
+// inputBound is a model's max_input_bytes as layInputs checks it (max 0:
+// none known here; the engine checks the laid-out input after), with
+// what its 413 names.
+type inputBound struct {
+	model string
+	max   int64
+	step  string // a pipeline's: the step whose bound it is
 }
 
 // layInputs puts the request's tensors in declared order (the function's
 // input buffer: inputs back to back, as the model declares them), checking
-// names, datatypes and shapes. The binary extension's bytes hold the binary
+// names, datatypes and shapes. Every input is found and checked, and their
+// byte sizes summed against lim, before any is laid out or its JSON data
+// decoded, as gRPC does: elements sent as JSON numbers widen when laid out,
+// and a request for more than the function takes must cost no more than
+// its header to refuse. The binary extension's bytes hold the binary
 // inputs in the order the REQUEST lists them (the protocol: "in the same
 // order as the tensors appear in the inputs list"), so each one's offset in
 // bin is worked out in request order first (kept in its binOff), and the
@@ -47,29 +40,48 @@ func nonFinite(data []any) (k int, v float64, ok bool) {
 // declared before it ends: request order is declared order, but for empty
 // inputs) the result is bin itself, and the engine reads the inputs where
 // they arrived (as invoke's body). Otherwise they are laid out in buf.
-func layInputs(got []inferTensor, decl []abi.Tensor, bin []byte, buf []byte) ([]byte, []byte, error) {
+func layInputs(h *inferHeader, decl []abi.Tensor, bin []byte, buf []byte, lim inputBound) ([]byte, []byte, error) {
+	got := h.inputs
 	byName, err := inputsByName(got)
 	if err != nil {
 		return nil, buf, err
 	}
 	off := binOffsets(got, bin)
-	l := layout{bin: bin, buf: buf, inPlace: true}
+	// order[k] is decl[k]'s index in got: on the stack for the inputs
+	// requests have, so that the binary path allocates nothing.
+	var small [16]int
+	order := small[:0]
 	var used uint32 // by index, without byName
+	var total int64
 	for _, d := range decl {
 		i := takeInput(got, byName, &used, d.Name)
 		if i < 0 {
-			return nil, l.buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
+			return nil, buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
 		}
-		if err := l.add(&got[i], d); err != nil {
-			return nil, l.buf, err
+		t := &got[i]
+		if t.size, err = oip.CheckInput(t.datatype, t.shape, d); err != nil {
+			return nil, buf, err
 		}
+		if t.hasBinSize && t.data != nil {
+			return nil, buf, fmt.Errorf("input %q: inputs[%d] has both data and parameters.binary_data_size: send its elements one way", d.Name, i)
+		}
+		if total = oip.AddSize(total, t.size); lim.max > 0 && total > lim.max {
+			return nil, buf, oip.InputOver(lim.model, d.Name, t.shape, d.Datatype, total, lim.max, lim.step)
+		}
+		order = append(order, i)
 	}
 	for n := range byName {
-		return nil, l.buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
+		return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
 	}
 	for k := range got {
 		if byName == nil && used&(1<<k) == 0 {
-			return nil, l.buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, oip.Names(decl))
+			return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, oip.Names(decl))
+		}
+	}
+	l := layout{bin: bin, buf: buf, inPlace: true, parts: h.parts}
+	for k, d := range decl {
+		if err := l.add(got, order[k], d); err != nil {
+			return nil, l.buf, err
 		}
 	}
 	if l.short != nil {
@@ -114,8 +126,8 @@ func inputsByName(got []inferTensor) (map[string]int, error) {
 }
 
 // binOffsets sets each input's offset in bin, in request order, and
-// returns where the last ends. A size that cannot be right (no integer,
-// negative) takes no room: its input fails its own check. The running
+// returns where the last ends. A size that cannot be right (negative)
+// takes no room: its input fails its own check. The running
 // offset stops past the end of bin, so that sums cannot overflow; an input
 // placed there fails the bounds check.
 func binOffsets(got []inferTensor, bin []byte) int64 {
@@ -124,7 +136,7 @@ func binOffsets(got []inferTensor, bin []byte) int64 {
 	for i := range got {
 		t := &got[i]
 		t.binOff = off
-		if t.hasBinSize && !t.binSizeBad && t.binSize > 0 {
+		if t.hasBinSize && t.binSize > 0 {
 			off = min(off+min(t.binSize, end), end)
 		}
 	}
@@ -158,35 +170,29 @@ type layout struct {
 	inPlace  bool
 	laid     int64
 	short    *inferTensor // the first binary input past the end of bin
+	parts    int          // the header's values, and the empty arrays of data so far
 }
 
-// add lays out input t, declared as d, after those before it.
-func (l *layout) add(t *inferTensor, d abi.Tensor) error {
-	size, err := oip.CheckInput(t.datatype, t.shape, d)
-	if err != nil {
-		return err
-	}
+// add lays out got[i], declared as d and checked by layInputs (its size
+// set), after those before it.
+func (l *layout) add(got []inferTensor, i int, d abi.Tensor) error {
+	t := &got[i]
 	if t.hasBinSize {
-		return l.addBinary(t, d, size)
+		return l.addBinary(t, d, t.size)
 	}
 	l.leave()
-	b, err := encodeElements(d.Datatype, t.data, size/abi.DatatypeSize[d.Datatype])
-	if err != nil {
-		return fmt.Errorf("input %q: %v", d.Name, err)
+	var err error
+	if l.buf, err = appendElements(l.buf, d.Datatype, t.data, t.size/abi.DatatypeSize[d.Datatype], &l.parts); err != nil {
+		return fmt.Errorf("input %q: inputs[%d].%v", d.Name, i, err)
 	}
-	l.buf = append(l.buf, b...)
 	return nil
 }
 
 // addBinary lays out binary input t of size bytes: in place while each
 // starts where the one declared before it ends.
 func (l *layout) addBinary(t *inferTensor, d abi.Tensor, size int64) error {
-	if t.binSizeBad || t.binSize != size {
-		var n any = t.binSize
-		if t.binSizeText != "" {
-			n = t.binSizeText
-		}
-		return fmt.Errorf("input %q: binary_data_size %v: want %d bytes (shape %v of %s), with that many left in the body", d.Name, n, size, t.shape, d.Datatype)
+	if t.binSize != size {
+		return fmt.Errorf("input %q: binary_data_size %d: want %d bytes (shape %v of %s), with that many left in the body", d.Name, t.binSize, size, t.shape, d.Datatype)
 	}
 	if size > int64(len(l.bin))-t.binOff {
 		// Reported once every input's own size is checked: an input
@@ -213,131 +219,175 @@ func (l *layout) leave() {
 	}
 }
 
-// encodeElements turns JSON data (flat or nested arrays) into n elements of
-// datatype, little-endian.
-func encodeElements(dt string, data json.RawMessage, n int64) ([]byte, error) {
+// appendElements appends JSON data (an array, flat or nested: the
+// protocol's row-major order either way; or one bare value) to out as n
+// elements of datatype dt, little-endian. It reads data as it goes and
+// writes each element as it reads it, keeping nothing per element: data
+// decoded whole, as values, took 30 bytes of memory for each 2 sent (a
+// 31 MiB body of "0," for a shape of [1] raised the heap 2.3 GiB before
+// its 400). Past n elements it stops at once. An array that holds no
+// element takes a part (*parts, the header's values counted with it, at
+// most oip.MaxParts): a shape of [0] with 24 MiB of "[]," is refused, not
+// read through. Errors start with the field ("data", "data[k]"), for the
+// caller to put inputs[i]. before.
+func appendElements(out []byte, dt string, data []byte, n int64, parts *int) ([]byte, error) {
 	if len(data) == 0 {
-		return nil, fmt.Errorf("no data (send \"data\" or the binary extension's binary_data_size)")
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("data: %v", err)
-	}
-	var flat []any
-	var walk func(any)
-	walk = func(x any) {
-		if a, ok := x.([]any); ok {
-			for _, e := range a {
-				walk(e)
-			}
-			return
-		}
-		flat = append(flat, x)
-	}
-	walk(v)
-	if int64(len(flat)) != n {
-		return nil, fmt.Errorf("data has %d elements, the shape holds %d", len(flat), n)
+		return out, fmt.Errorf("data is missing (send \"data\" or the binary extension's binary_data_size)")
 	}
 	es := abi.DatatypeSize[dt]
-	out := make([]byte, 0, int64(len(flat))*es)
-	for i, x := range flat {
-		b, err := encodeOne(dt, x)
-		if err != nil {
-			return nil, fmt.Errorf("data[%d]: %v", i, err)
+	// Room for every element, but no more than data can hold (an element
+	// and its comma take 2 bytes at least): a shape may claim more
+	// elements than its data has.
+	out = slices.Grow(out, int(min(n, int64(len(data))/2+1)*es))
+	p := hdrParser{b: data}
+	var open [maxDepth]int64 // the elements read when each open array began
+	depth := 0
+	var k int64 // elements read
+	for {
+		// A value: an array opens, or an element.
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == '[' {
+			if depth == maxDepth {
+				return out, fmt.Errorf("data nests arrays deeper than %d", maxDepth)
+			}
+			p.i++
+			if !p.eat(']') {
+				open[depth] = k
+				depth++
+				continue
+			}
+			if *parts++; *parts > oip.MaxParts { // [], an array without elements
+				return out, errEmptyArrays
+			}
+		} else {
+			if k == n {
+				return out, fmt.Errorf("data holds more than the %d elements its shape holds", n)
+			}
+			var err error
+			if out, err = appendElement(out, dt, &p); err != nil {
+				return out, fmt.Errorf("data[%d]: %v", k, err)
+			}
+			k++
 		}
-		out = append(out, b...)
+		// After a value: the arrays it closes, then a comma or the end.
+		for {
+			if depth == 0 {
+				if !p.end() {
+					return out, fmt.Errorf("data is not one JSON value")
+				}
+				if k != n {
+					return out, fmt.Errorf("data holds %d elements, its shape holds %d", k, n)
+				}
+				return out, nil
+			}
+			if p.eat(',') {
+				break
+			}
+			if !p.eat(']') {
+				return out, fmt.Errorf("data is invalid JSON at byte %d", p.i)
+			}
+			depth--
+			if k == open[depth] {
+				if *parts++; *parts > oip.MaxParts {
+					return out, errEmptyArrays
+				}
+			}
+		}
 	}
-	return out, nil
 }
 
-func encodeOne(dt string, x any) ([]byte, error) {
-	var b [8]byte
+var errEmptyArrays = fmt.Errorf("data holds arrays without elements that, with the header's values, pass the %d parts a request may hold", oip.MaxParts)
+
+// appendElement reads one element of datatype dt at p and appends its
+// bytes to out.
+func appendElement(out []byte, dt string, p *hdrParser) ([]byte, error) {
+	start := p.i
+	if p.i >= len(p.b) {
+		return out, fmt.Errorf("missing")
+	}
+	switch c := p.b[p.i]; {
+	case c == 't' && p.literal("true"), c == 'f' && p.literal("false"):
+		if dt != "BOOL" {
+			return out, fmt.Errorf("%s is not a number (%s)", p.b[start:p.i], dt)
+		}
+		if c == 't' {
+			return append(out, 1), nil
+		}
+		return append(out, 0), nil
+	case c == '-' || '0' <= c && c <= '9':
+		if !p.number() {
+			return out, fmt.Errorf("%q is not a JSON number", p.b[start:min(p.i+1, len(p.b))])
+		}
+	default:
+		what := "null"
+		switch c {
+		case '"':
+			what = "a string"
+		case '{':
+			what = "an object"
+		case 'n':
+		default:
+			what = "not JSON"
+		}
+		want := "want a number"
+		if dt == "BOOL" {
+			want = "want true or false"
+		}
+		return out, fmt.Errorf("it is %s, %s", what, want)
+	}
+	num := b2s(p.b[start:p.i]) // for strconv only: not kept
 	if dt == "BOOL" {
-		v, ok := x.(bool)
-		if !ok {
-			return nil, fmt.Errorf("%v is not a boolean", x)
-		}
-		if v {
-			return []byte{1}, nil
-		}
-		return []byte{0}, nil
+		return out, fmt.Errorf("%s is not a boolean", num)
 	}
-	num, ok := x.(json.Number)
-	if !ok {
-		return nil, fmt.Errorf("%v is not a number", x)
-	}
+	return appendNumber(out, dt, num)
+}
+
+// appendNumber appends JSON number num as an element of datatype dt
+// (not BOOL). A float that no element of dt can hold (1e39 as FP32,
+// 70000 as FP16) is refused, where it became an infinity that the
+// function was given and the answer then could not carry in JSON.
+func appendNumber(out []byte, dt, num string) ([]byte, error) {
 	switch dt {
 	case "FP32", "FP64", "FP16":
-		f, err := num.Float64()
+		f, err := strconv.ParseFloat(num, 64)
 		if err != nil {
-			return nil, err
+			return out, fmt.Errorf("%s is past the range of %s", num, dt)
 		}
 		switch dt {
 		case "FP32":
-			binary.LittleEndian.PutUint32(b[:], math.Float32bits(float32(f)))
-			return b[:4], nil
+			f32 := float32(f)
+			if math.IsInf(float64(f32), 0) {
+				return out, fmt.Errorf("%s is past the range of FP32 (at most %g)", num, math.MaxFloat32)
+			}
+			return binary.LittleEndian.AppendUint32(out, math.Float32bits(f32)), nil
 		case "FP64":
-			binary.LittleEndian.PutUint64(b[:], math.Float64bits(f))
-			return b[:8], nil
+			return binary.LittleEndian.AppendUint64(out, math.Float64bits(f)), nil
 		}
-		binary.LittleEndian.PutUint16(b[:], float16bits(float32(f)))
-		return b[:2], nil
+		h := float16bits(float32(f))
+		if h&0x7fff == 0x7c00 {
+			return out, fmt.Errorf("%s is past the range of FP16 (at most 65504)", num)
+		}
+		return binary.LittleEndian.AppendUint16(out, h), nil
 	}
 	size := abi.DatatypeSize[dt]
+	var u uint64
 	if strings.HasPrefix(dt, "UINT") {
-		u, err := strconv.ParseUint(num.String(), 10, int(size*8))
+		v, err := strconv.ParseUint(num, 10, int(size*8))
 		if err != nil {
-			return nil, fmt.Errorf("%s is not a %s", num, dt)
+			return out, fmt.Errorf("%s is not a %s", num, dt)
 		}
-		binary.LittleEndian.PutUint64(b[:], u)
-		return b[:size], nil
-	}
-	i, err := strconv.ParseInt(num.String(), 10, int(size*8))
-	if err != nil {
-		return nil, fmt.Errorf("%s is not an %s", num, dt)
-	}
-	binary.LittleEndian.PutUint64(b[:], uint64(i))
-	return b[:size], nil
-}
-
-// decodeElements is the JSON data of a little-endian tensor (flat).
-func decodeElements(dt string, b []byte) []any {
-	es := int(abi.DatatypeSize[dt])
-	out := make([]any, 0, len(b)/es)
-	for i := 0; i+es <= len(b); i += es {
-		e := b[i : i+es]
-		var v any
-		switch dt {
-		case "BOOL":
-			v = e[0] != 0
-		case "UINT8":
-			v = e[0]
-		case "INT8":
-			v = int8(e[0])
-		case "UINT16":
-			v = binary.LittleEndian.Uint16(e)
-		case "INT16":
-			v = int16(binary.LittleEndian.Uint16(e))
-		case "UINT32":
-			v = binary.LittleEndian.Uint32(e)
-		case "INT32":
-			v = int32(binary.LittleEndian.Uint32(e))
-		case "UINT64":
-			v = binary.LittleEndian.Uint64(e)
-		case "INT64":
-			v = int64(binary.LittleEndian.Uint64(e))
-		case "FP32":
-			v = math.Float32frombits(binary.LittleEndian.Uint32(e))
-		case "FP64":
-			v = math.Float64frombits(binary.LittleEndian.Uint64(e))
-		case "FP16":
-			v = float16to32(binary.LittleEndian.Uint16(e))
+		u = v
+	} else {
+		v, err := strconv.ParseInt(num, 10, int(size*8))
+		if err != nil {
+			return out, fmt.Errorf("%s is not an %s", num, dt)
 		}
-		out = append(out, v)
+		u = uint64(v)
 	}
-	return out
+	for b := range size {
+		out = append(out, byte(u>>(8*b)))
+	}
+	return out, nil
 }
 
 // float16bits rounds f to IEEE half precision (round to nearest even).

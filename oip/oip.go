@@ -98,11 +98,41 @@ func MatchShape(got, decl []int64) error {
 		return fmt.Errorf("shape %v has %d dimensions, the model's %v has %d", got, len(got), decl, len(decl))
 	}
 	for i := range got {
-		if got[i] < 0 || (decl[i] != -1 && got[i] != decl[i]) {
+		if got[i] < 0 {
+			// Said as it is: "does not match [-1]" read as if -1 were
+			// the one size the model refused.
+			return fmt.Errorf("shape %v: dimension %d is negative", got, i)
+		}
+		if decl[i] != -1 && got[i] != decl[i] {
 			return fmt.Errorf("shape %v does not match the model's %v", got, decl)
 		}
 	}
 	return nil
+}
+
+// InputOver is the 413 of input (shape of datatype), which brings a
+// request's inputs, counted in declared order, to total bytes, past
+// model's max_input_bytes (maxInput); step, for a pipeline, is the step
+// whose bound it is (pipeline.Pin.InputBound). Both transports refuse
+// with it before laying any input out, since elements sent as JSON
+// numbers or typed contents widen when laid out (an INT64 zero: 2 bytes
+// sent, 8 laid out), so one wording serves HTTP and gRPC.
+func InputOver(model, input string, shape []int64, datatype string, total, maxInput int64, step string) error {
+	whose := "max_input_bytes"
+	if step != "" {
+		whose = "its " + step + "'s max_input_bytes"
+	}
+	return &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
+		"input %q (shape %v of %s) brings the inputs to %d bytes; model %s takes at most %d (%s)", input, shape, datatype, total, model, maxInput, whose)}
+}
+
+// AddSize is total + size, saturating at math.MaxInt64: each size fits an
+// int64 (CheckInput), their sum need not.
+func AddSize(total, size int64) int64 {
+	if size > math.MaxInt64-total {
+		return math.MaxInt64
+	}
+	return total + size
 }
 
 // CheckInput checks a request's input against its declaration d (found by
