@@ -80,8 +80,10 @@ type Engine struct {
 	// refreshPanics is the names whose record's refresh panicked, their
 	// stack logged (refreshOne).
 	refreshPanics sync.Map
-	aside         asideWarms   // the functions a poll is pre-warming (warmAside)
-	unpacks       *unpackSlots // the turns to unpack a deploy's bundle (unpackTurn)
+	slowReads     slowReads     // the records whose read the last poll's deadline cut (refresh)
+	pollDeadline  time.Duration // a test's bound on Watch's polls; 0: pollLimit
+	aside         asideWarms    // the functions a poll is pre-warming (warmAside)
+	unpacks       *unpackSlots  // the turns to unpack a deploy's bundle (unpackTurn)
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker

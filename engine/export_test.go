@@ -180,3 +180,7 @@ func (e *Engine) BatchRunTook(name string) time.Duration {
 
 // UnpacksWaiting is the deploys waiting for a turn to unpack their bundles.
 func (e *Engine) UnpacksWaiting() int { return int(e.unpacks.waiting.Load()) }
+
+// SetPollDeadline bounds each of Watch's polls to d, where pollLimit
+// asks 10 s at least: a test's stalled read is cut sooner.
+func (e *Engine) SetPollDeadline(d time.Duration) { e.pollDeadline = d }

@@ -179,25 +179,42 @@ func (fl *followedLives) toCheck(logs *funclog.Store, loaded map[string]bool, ta
 
 // refreshFollowed is Refresh's part for names followed here and not
 // loaded (loaded: those that are, as keys): one store read per changed
-// record per poll, whatever the number of followers.
-func (e *Engine) refreshFollowed(ctx context.Context, loaded map[string]bool, tags map[string]string) error {
+// record per poll, whatever the number of followers. The names whose read
+// the last poll cut are read last (p.slow), and its errors are p's.
+func (e *Engine) refreshFollowed(ctx context.Context, loaded map[string]bool, tags map[string]string, p *poll) {
 	fl := &e.tab.followed
 	changed := fl.toCheck(e.logs, loaded, tags)
-	var firstErr error
-	for name, was := range changed {
-		rec, tag, err := e.tab.reg.GetTagged(ctx, name)
-		switch {
-		case errors.Is(err, registry.ErrNoFunction):
-			fl.gone(e.logs, name, was)
-		case err != nil:
-			if firstErr == nil {
-				firstErr = fmt.Errorf("reading the record of a function followed here: %w", err)
-			}
-		default:
-			fl.followIn(e.logs, name, rec, tag, was)
-		}
+	names := make([]string, 0, len(changed))
+	for name := range changed {
+		names = append(names, name)
 	}
-	return firstErr
+	slices.SortStableFunc(names, func(a, b string) int { return cmpBool(p.slow[a], p.slow[b]) })
+	for _, name := range names {
+		was := changed[name]
+		p.read(name, func() error {
+			rec, tag, err := e.tab.reg.GetTagged(ctx, name)
+			switch {
+			case errors.Is(err, registry.ErrNoFunction):
+				fl.gone(e.logs, name, was)
+			case err != nil:
+				return fmt.Errorf("reading the record of a function followed here: %w", err)
+			default:
+				fl.followIn(e.logs, name, rec, tag, was)
+			}
+			return nil
+		})
+	}
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 // lists reports whether rec lists the version id: records keep every

@@ -16,25 +16,39 @@ import (
 // changed since this node last applied them, and those of the names
 // followed here that it has not loaded (refreshFollowed). A store outage
 // changes nothing: loaded functions keep serving.
-func (e *Engine) Refresh(ctx context.Context) error {
+func (e *Engine) Refresh(ctx context.Context) error { return e.refresh(ctx, ctx) }
+
+// refresh is Refresh under ctx, whose deadline (Watch's) bounds the poll's
+// reads; life is what a version it installs is pre-warmed under, which the
+// poll's end must not cut. The records whose read ran out of the poll's
+// time in the last poll are read last: a record whose read stalls takes
+// the poll's time and cuts the reads after it, and read first at every
+// poll it would keep every other change made elsewhere (a rollback) from
+// landing here.
+func (e *Engine) refresh(ctx, life context.Context) error {
 	names := e.tab.names()
 	tags, err := e.tab.reg.Tags(ctx)
 	if err != nil {
 		return err
 	}
 	e.names.listed(tags) // Names serves it: no listing of its own while polled
-	var firstErr error
+	p := &poll{ctx: ctx, slow: e.slowReads.take(), cut: map[string]bool{}}
 	loaded := make(map[string]bool, len(names))
+	var later []string
 	for _, name := range names {
 		loaded[name] = true
-		if err := e.refreshOne(ctx, name, tags); err != nil && firstErr == nil {
-			firstErr = err
+		if p.slow[name] {
+			later = append(later, name)
+			continue
 		}
+		p.read(name, func() error { return e.refreshOne(ctx, life, name, tags) })
 	}
-	if err := e.refreshFollowed(ctx, loaded, tags); err != nil && firstErr == nil {
-		firstErr = err
+	e.refreshFollowed(ctx, loaded, tags, p)
+	for _, name := range later {
+		p.read(name, func() error { return e.refreshOne(ctx, life, name, tags) })
 	}
-	return firstErr
+	e.slowReads.keep(p.cut)
+	return p.err
 }
 
 // refreshOne applies name's record if its tag changed. A panic while it
@@ -45,7 +59,7 @@ func (e *Engine) Refresh(ctx context.Context) error {
 // applied or gone (the map holds only names that panicked and since did
 // neither). The panic may leave the record half-applied (its new version
 // current, the old not retired); the next poll reads it again.
-func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]string) (err error) {
+func (e *Engine) refreshOne(ctx, life context.Context, name string, tags map[string]string) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("function %s: applying its record panicked: %v", name, v)
@@ -79,30 +93,53 @@ func (e *Engine) refreshOne(ctx context.Context, name string, tags map[string]st
 		return nil // overtaken by a change here
 	}
 	if changed {
-		e.warmAside(ctx, f, cv.ID)
+		e.warmAside(life, f, cv.ID)
 	}
 	e.tab.applied(name, tag)
 	e.refreshPanics.Delete(name)
 	return nil
 }
 
-// Watch calls Refresh every interval until ctx ends.
+// pollLimit is how long one poll of Watch may take: twice its interval,
+// and 10 s at least, so that a store slow to list or to answer a record
+// read (a busy S3, a short --poll) still finishes its poll. It bounds the
+// poll because nothing else does: minio-go bounds no read of a body once
+// its headers came, and a read that stalls held the poll, and with it
+// every change made elsewhere (a rollback, a delete), with no line said.
+func pollLimit(interval time.Duration) time.Duration {
+	return max(2*interval, 10*time.Second)
+}
+
+// Watch calls Refresh every interval until ctx ends, each under pollLimit
+// (e.pollDeadline in tests). A poll cut by it is said once until a poll
+// finishes in time, apart from the store's errors (said once until it
+// reads again); its records are read again at the next.
 func (e *Engine) Watch(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	failing := false
+	limit := e.pollDeadline
+	if limit <= 0 {
+		limit = pollLimit(interval)
+	}
+	failing, overran := false, false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		err := e.Refresh(ctx)
-		if err != nil && !failing {
+		pctx, cancel := context.WithTimeout(ctx, limit)
+		err := e.refresh(pctx, ctx)
+		over := errors.Is(pctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		cancel()
+		switch {
+		case over && !overran:
+			e.cfg.Log.Warn("a poll of the function records ran past its deadline and was cut; the functions whose records it did not read serve what this node last saw, and the next poll reads them again", "deadline", limit, "error", err)
+		case err != nil && !over && !failing:
 			e.cfg.Log.Warn("cannot refresh function records; serving what is loaded", "error", err)
-		} else if err == nil && failing {
+		case err == nil && (failing || overran):
 			e.cfg.Log.Info("function records readable again")
 		}
-		failing = err != nil
+		failing, overran = err != nil && !over, over
 	}
 }

@@ -40,7 +40,13 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 // instances (the server default applies to all), so other bundles are not
 // fetched: they stay in the store until their first request.
 func (e *Engine) Prewarm(ctx context.Context) error {
-	recs, err := e.tab.reg.List(ctx)
+	// As long as a request may take, as the lookups and warms below: the
+	// server's start runs it under its own life, and a listing that stalls
+	// (no read of a body is bounded by minio-go once its headers came)
+	// would warm nothing, and say nothing, for as long as it lives.
+	lctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	recs, err := e.tab.reg.List(lctx)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("prewarm: %w", err)
 	}
