@@ -13,6 +13,7 @@ import (
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/objectstore"
 )
 
 // loadState is the version's bundle as load prepared it, and teardown
@@ -76,6 +77,8 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 			// The request's deadline bounds the fetch: its 504, as for a
 			// record read cut by it (readCut), not the store's 503.
 			return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while bundle %s was fetched from the store", v.fn.name, v.rec.SHA256[:12])
+		case errors.As(err, &fe) && errors.Is(err, objectstore.ErrNotFound):
+			return e.bundleMissing(ctx, v, err) // no outage: retries would not mend it
 		case errors.As(err, &fe):
 			return unavailable(err, "function %s: cannot fetch bundle %s from the store", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &be) || isManifestRefusal(err):
