@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -390,9 +391,21 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	}
 	var unchanged *api.Version
 	var p Published
+	// The id is minted once, not at each round of update: a round whose
+	// write landed but whose answer was lost (the connection cut after
+	// the store committed the PUT; S3's client sends it again and gets
+	// 412) is run again on a record that lists it. A fresh id there made
+	// a second version, or, the new version being current, found the
+	// bytes unchanged and said no version was made.
+	id := uuid.NewString()
 	rec, err := g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
 		if r == nil {
 			r = &api.Record{Name: name}
+		}
+		if slices.ContainsFunc(r.Versions, func(v api.Version) bool { return v.ID == id }) {
+			unchanged = nil // an earlier round's write landed: p.Version is its
+			p.Current = r.Current == id
+			return nil, nil
 		}
 		// After the object step, so that an unchanged deploy still
 		// repairs a missing or damaged bundle object.
@@ -401,7 +414,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 			return nil, nil
 		}
 		unchanged = nil
-		v := api.Version{ID: uuid.NewString(), SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
+		v := api.Version{ID: id, SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
 		if m.IsPipeline() {
 			v.Kind, v.Steps = m.Kind, m.Steps
 		}
