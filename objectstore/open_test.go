@@ -346,3 +346,30 @@ func TestS3NotFoundNamesTheStore(t *testing.T) {
 		}
 	}
 }
+
+// An endpoint refused with credentials in it (http://user:secret@host)
+// names it without the password, nor a piece of it, however it fails:
+// the message reaches the server's log and a command's output.
+func TestParseEndpointHidesAPassword(t *testing.T) {
+	for _, tc := range []struct {
+		ep   string
+		says string
+	}{
+		{"http://user:s3cr3tpw@minio:9000", "http://user:xxxxx@minio:9000"},
+		{"https://user:s3cr3tpw@minio:9000/path", "credentials do not go in the endpoint"},
+		{"ftp://user:s3cr3tpw@minio:9000", "scheme must be http or https"},
+		{"http://user:s3cr%zz3tpw@minio:9000", "http://xxxxx@minio:9000"},               // url.Parse fails: an invalid escape
+		{"http://user:s3cr3tpw@minio:9000/%zz", "http://xxxxx@minio:9000\": not a URL"}, // fails after the host
+		{"user:s3cr3tpw@minio:9000", `"xxxxx@minio:9000"`},                              // no scheme
+		{"http://user:s3cr3tpw@[::1", "not a URL"},
+	} {
+		_, _, err := parseEndpoint(tc.ep, false)
+		if err == nil {
+			t.Errorf("%s: no error", tc.ep)
+			continue
+		}
+		if msg := err.Error(); strings.Contains(msg, "s3cr") || strings.Contains(msg, "3tpw") || !strings.Contains(msg, tc.says) {
+			t.Errorf("%s: %q shows the password, or does not say %q", tc.ep, msg, tc.says)
+		}
+	}
+}

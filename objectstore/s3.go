@@ -109,25 +109,55 @@ func firstEnv(names ...string) string {
 }
 
 // parseEndpoint splits an endpoint into the host[:port] minio-go wants and
-// whether to use TLS.
+// whether to use TLS. Its errors never show a password the endpoint holds
+// (http://user:secret@host, refused: credentials go in AWS_ACCESS_KEY_ID
+// and AWS_SECRET_ACCESS_KEY): they reach logs, and a command's output.
 func parseEndpoint(ep string, insecure bool) (host string, secure bool, err error) {
 	if !strings.Contains(ep, "://") {
 		if ep == "" || strings.ContainsAny(ep, "/?#@ ") {
-			return "", false, fmt.Errorf("S3 endpoint %q: want host[:port] or http(s)://host[:port]", ep)
+			shown := ep
+			if strings.Contains(ep, "@") {
+				shown = endpointHead(ep)
+			}
+			return "", false, fmt.Errorf("S3 endpoint %q: want host[:port] or http(s)://host[:port]", shown)
 		}
 		return ep, !insecure, nil
 	}
 	u, err := url.Parse(ep)
 	if err != nil {
-		return "", false, fmt.Errorf("S3 endpoint %q: %w", ep, err)
+		// url.Parse's error quotes the whole string, and its reason may
+		// quote a piece of a password (an invalid escape in it).
+		return "", false, fmt.Errorf("S3 endpoint %q: not a URL: want http(s)://host[:port]", endpointHead(ep))
 	}
+	shown := u.Redacted()
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
-		return "", false, fmt.Errorf("S3 endpoint %q: scheme must be http or https", ep)
-	case u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
-		return "", false, fmt.Errorf("S3 endpoint %q: want %s://host[:port] with nothing after it", ep, u.Scheme)
+		return "", false, fmt.Errorf("S3 endpoint %q: scheme must be http or https", shown)
+	case u.User != nil:
+		return "", false, fmt.Errorf("S3 endpoint %q: credentials do not go in the endpoint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", shown)
+	case u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
+		return "", false, fmt.Errorf("S3 endpoint %q: want %s://host[:port] with nothing after it", shown, u.Scheme)
 	}
 	return u.Host, u.Scheme == "https" && !insecure, nil
+}
+
+// endpointHead is ep's scheme and host for a message, nothing after them,
+// and any user and password before the host as "xxxxx@".
+func endpointHead(ep string) string {
+	scheme, rest, ok := strings.Cut(ep, "://")
+	if !ok {
+		rest = ep
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	if i := strings.LastIndex(rest, "@"); i >= 0 {
+		rest = "xxxxx" + rest[i:]
+	}
+	if !ok {
+		return rest
+	}
+	return scheme + "://" + rest
 }
 
 // NewS3 opens bucket (keys under prefix, if any) and checks that the bucket
