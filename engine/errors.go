@@ -5,6 +5,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/loader"
+	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
 )
 
@@ -34,13 +36,19 @@ func notFound(name string, err error, why string) *errdefs.Error {
 // read is no store's outage, and a retry would not mend it: one a change
 // would make too large is a 409 (registry.ErrRecordTooLarge), one that
 // does not decode a 500 (registry.ErrCorruptRecord), each saying what
-// does.
+// does. An S3 store's error names its bucket, prefix, objects and
+// endpoint, which are no caller's business (any token's request may fail
+// so): the client is told its class (objectstore.Fault), and the error's
+// cause, which the transports log, keeps the rest.
 func unavailable(err error, format string, a ...any) *errdefs.Error {
 	switch {
 	case errors.Is(err, registry.ErrRecordTooLarge):
 		return errorf(errdefs.KindConflict, err, "%s", err.Error()) // it names the function and what to do
 	case errors.Is(err, registry.ErrCorruptRecord):
 		return errorf(errdefs.KindInternal, err, "%s", err.Error())
+	}
+	if class := objectstore.ClassOf(err); class != "" {
+		return errorf(errdefs.KindUnavailable, err, "%s: %s", fmt.Sprintf(format, a...), class)
 	}
 	return errdefs.Unavailable(err, format, a...)
 }

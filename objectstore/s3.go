@@ -407,7 +407,8 @@ func (s *S3) fullName(key string) string {
 	return s.prefix + "/" + key
 }
 
-func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) (err error) {
+	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
 	if err != nil {
 		return err
@@ -511,7 +512,8 @@ func (e *exactReader) probeEnd() error {
 	return nil
 }
 
-func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+func (s *S3) Get(ctx context.Context, key string) (_ io.ReadCloser, err error) {
+	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
 	if err != nil {
 		return nil, err
@@ -527,10 +529,19 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		return nil, s.wrapHead(ctx, "get", key, err)
 	}
 	s.sawBucket()
-	return obj, nil
+	return faultReader{obj}, nil
 }
 
-func (s *S3) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, error) {
+// faultReader marks the errors of a read of an object's body (Fault).
+type faultReader struct{ *minio.Object }
+
+func (r faultReader) Read(p []byte) (int, error) {
+	n, err := r.Object.Read(p)
+	return n, fault(err)
+}
+
+func (s *S3) GetTagged(ctx context.Context, key string) (_ io.ReadCloser, _ Info, err error) {
+	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
 	if err != nil {
 		return nil, Info{}, err
@@ -551,7 +562,10 @@ func (s *S3) GetTagged(ctx context.Context, key string) (io.ReadCloser, Info, er
 // tagReader reports a read of an object that was replaced after GetTagged
 // returned (minio-go conditions its reads on the ETag it saw) as
 // ErrPrecondition: the caller read a version that is gone, and should read
-// again.
+// again. One deleted since (GetTagged's HEAD found it, the GET that reads
+// it does not: NoSuchKey) is ErrNotFound, as if it had been gone before:
+// a record deleted elsewhere is no store failure, which failed every
+// listing that read it.
 type tagReader struct {
 	obj *minio.Object
 	key string
@@ -560,18 +574,22 @@ type tagReader struct {
 func (r *tagReader) Read(p []byte) (int, error) {
 	n, err := r.obj.Read(p)
 	if err != nil && err != io.EOF {
-		if resp := minio.ToErrorResponse(err); resp.StatusCode == 412 || resp.Code == "PreconditionFailed" {
-			return n, fmt.Errorf("get %s: replaced while read: %w", r.key, ErrPrecondition)
+		switch resp := minio.ToErrorResponse(err); {
+		case resp.StatusCode == 412 || resp.Code == "PreconditionFailed":
+			return n, fault(fmt.Errorf("get %s: replaced while read: %w", r.key, ErrPrecondition))
+		case resp.Code == "NoSuchKey":
+			return n, fault(fmt.Errorf("get %s: deleted while read: %w", r.key, ErrNotFound))
 		}
 	}
-	return n, err
+	return n, fault(err)
 }
 
 func (r *tagReader) Close() error { return r.obj.Close() }
 
 // PutIf sends the condition with the PUT (If-None-Match: * or If-Match:
 // ETAG), which AWS S3 and MinIO evaluate atomically; 412 is the refusal.
-func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifMatch string) error {
+func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifMatch string) (err error) {
+	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
 	if err != nil {
 		return err
@@ -609,7 +627,8 @@ func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 // Touch copies the object onto itself with new metadata (a server-side
 // copy; S3 refuses a self-copy that changes nothing), which resets its
 // modification time.
-func (s *S3) Touch(ctx context.Context, key string) error {
+func (s *S3) Touch(ctx context.Context, key string) (err error) {
+	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
 	if err != nil {
 		return err
@@ -623,7 +642,8 @@ func (s *S3) Touch(ctx context.Context, key string) error {
 	return nil
 }
 
-func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
+func (s *S3) Stat(ctx context.Context, key string) (_ Info, err error) {
+	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
 	if err != nil {
 		return Info{}, err
@@ -636,7 +656,8 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	return Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
 
-func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
+func (s *S3) List(ctx context.Context, prefix string) (_ []Info, err error) {
+	defer func() { err = fault(err) }()
 	full := prefix
 	if s.prefix != "" {
 		full = s.prefix + "/" + prefix
@@ -671,7 +692,8 @@ func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
 	return out, nil
 }
 
-func (s *S3) Delete(ctx context.Context, key string) error {
+func (s *S3) Delete(ctx context.Context, key string) (err error) {
+	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -64,6 +65,10 @@ func wantStoreError(t *testing.T, op string, err, target error, words ...string)
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("%s: %q does not say %q", op, err, w)
 		}
+	}
+	// What a client is told (the engine's 503) names none of it.
+	if c := ClassOf(err); c == "" || strings.Contains(c, "s3://") || strings.Contains(c, "http") || strings.Contains(c, `bucket "`) {
+		t.Errorf("%s: class %q for the client is none, or names where", op, c)
 	}
 }
 
@@ -461,5 +466,41 @@ func TestS3ForbiddenCodes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An object deleted between GetTagged's HEAD and the GET that reads it
+// (AWS answers that GET 404 NoSuchKey) reads as missing, ErrNotFound, as
+// one deleted before: a record deleted elsewhere is a function gone, not
+// a store failure that fails every listing reading it.
+func TestS3ObjectDeletedWhileRead(t *testing.T) {
+	noS3Env(t)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case isBucket(r):
+			w.WriteHeader(http.StatusOK)
+		case r.Method == http.MethodHead:
+			w.Header().Set("ETag", `"0123"`)
+			w.Header().Set("Last-Modified", time.Now().UTC().Format(http.TimeFormat))
+			w.Header().Set("Content-Length", "2")
+			w.WriteHeader(http.StatusOK)
+		default: // the GET, conditioned on the HEAD's ETag: deleted since
+			w.Header().Set("Content-Type", "application/xml")
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message></Error>`))
+		}
+	}))
+	t.Cleanup(ts.Close)
+	s, err := NewS3(context.Background(), "bkt", "", S3Options{Endpoint: ts.URL, Region: "us-east-1", AccessKey: "a", SecretKey: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, _, err := s.GetTagged(context.Background(), "functions/fn.json")
+	if err != nil {
+		t.Fatalf("get tagged: %v (the HEAD found it)", err)
+	}
+	defer rc.Close()
+	if _, err := io.ReadAll(rc); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("read of an object deleted after the HEAD: %v, want ErrNotFound", err)
 	}
 }

@@ -343,3 +343,25 @@ func TestCutReadIsNoCorruptRecord(t *testing.T) {
 		t.Errorf("listed %q once the store reads again, want fn and victim", got)
 	}
 }
+
+// A record deleted between the store's answer and its body (S3 finds it
+// at the HEAD, not at the GET) is a function gone, as one deleted before
+// the read: a listing passes over it rather than failing for every
+// function.
+func TestARecordDeletedWhileReadIsGone(t *testing.T) {
+	ctx := context.Background()
+	cut := &cutStore{Store: newFS(t)}
+	g := Registry{Store: cut}
+	for _, name := range []string{"victim", "fn"} {
+		if _, err := publishBody(t, g, &abi.Manifest{Name: name, Priority: "default"}, name+"'s bundle", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cut.key, cut.err = recordKey("fn"), fmt.Errorf("get %s: deleted while read: %w", recordKey("fn"), objectstore.ErrNotFound)
+	if _, err := g.Get(ctx, "fn"); !errors.Is(err, ErrNoFunction) {
+		t.Errorf("get: %v, want ErrNoFunction", err)
+	}
+	if got := listed(t, g); strings.Join(got, ",") != "victim" {
+		t.Errorf("listed %q, want victim alone", got)
+	}
+}

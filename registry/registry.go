@@ -163,6 +163,10 @@ func (g Registry) readTagged(ctx context.Context, name string) (*api.Record, obj
 		switch {
 		case errors.Is(err, objectstore.ErrPrecondition):
 			return nil, objectstore.Info{}, fmt.Errorf("function %s: its record was replaced while read: %w", name, err)
+		case errors.Is(err, objectstore.ErrNotFound):
+			// Deleted between the store's answer and its body (S3: the
+			// HEAD, then the GET): gone, as if before the read.
+			return nil, objectstore.Info{}, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 		case rr.err != nil:
 			// The store failed mid-read: the record may well be whole.
 			return nil, objectstore.Info{}, fmt.Errorf("function %s: reading its record: %w", name, rr.err)
