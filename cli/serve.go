@@ -149,7 +149,7 @@ func serveCmd() *command {
 			fs.DurationVar(&f.timeout, "timeout", defaultTimeout, "request deadline (queue + run) when the client asks for none (X-Plover-Timeout-Ms, timeout_ms, a gRPC deadline)")
 			fs.DurationVar(&f.maxTimeout, "max-timeout", defaultMaxTimeout, "the longest deadline a client may ask for: a longer one is cut to it (at least --timeout)")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
-			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory)")
+			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory; on the host device its RAM or 7/8 of the server's cgroup memory limit, whichever is less)")
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")

@@ -64,13 +64,20 @@ func (h *Host) EnableChecks(reportFD int) error {
 // the process's life.
 func (h *Host) ChargeProcessCPU() { C.plover_host_process_clock() }
 
-// NewHost returns a host device whose memory budget is limit bytes, or the
-// machine's RAM when limit is 0.
+// NewHost returns a host device whose memory budget is limit bytes; when
+// limit is 0, the machine's RAM or, where less, seven eighths of what the
+// process's cgroup may use (a pod's memory limit; the rest is the
+// server's own: bodies, answers, logs).
 func NewHost(limit int64) *Host {
 	if limit <= 0 {
 		var si syscall.Sysinfo_t
 		if syscall.Sysinfo(&si) == nil {
 			limit = int64(si.Totalram) * int64(si.Unit)
+		}
+		if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+			if g := groupMemory(string(b), "/sys/fs/cgroup") / 8 * 7; g > 0 && (limit <= 0 || g < limit) {
+				limit = g
+			}
 		}
 	}
 	return &Host{total: limit}
