@@ -59,7 +59,7 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 		done <- true
 		return
 	}
-	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errEmptyMessage) {
 		// The worker closed its end within the grace (EOF, or a reset):
 		// it is dying of its own (a crash, this chain's or a sibling's),
 		// to be told as it died, not as the server's kill for an overrun.
@@ -67,7 +67,8 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 		done <- false
 		return
 	}
-	// Late, faulted, or not a reply at all: the worker goes.
+	// Late, faulted, or not a reply at all (an empty message too): the
+	// worker goes.
 	why := "a chain ran past its request's deadline by more than " + overrunGrace.String()
 	i.g.p.killFor(i.g, why)
 	i.g.p.end(why) // reaped while this run counts: its death was a run's
@@ -75,8 +76,9 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 }
 
 // recv waits for the reply until dl (zero: no limit): os.ErrDeadlineExceeded
-// past it, io.EOF when the worker's end closed. It polls for up to spin
-// first (wire/poll.go), then sleeps.
+// past it, io.EOF when the worker's end closed, errEmptyMessage for a
+// message of no bytes with its end open. It polls for up to spin first
+// (wire/poll.go), then sleeps.
 func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 	if !dl.IsZero() {
 		spin = min(spin, time.Until(dl))
@@ -85,7 +87,7 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 		n, err := wire.PollRecv(i.fd, i.rep, spin, &i.g.d.running, 1)
 		switch {
 		case err == nil && n == 0:
-			return 0, io.EOF
+			return 0, zeroRead(i.fd)
 		case err == nil:
 			return n, nil
 		case err != unix.EAGAIN:
@@ -123,10 +125,23 @@ func (i *instance) recv(dl time.Time, spin time.Duration) (int, error) {
 			return 0, err
 		}
 		if n == 0 {
-			return 0, io.EOF
+			return 0, zeroRead(i.fd)
 		}
 		return n, nil
 	}
+}
+
+// zeroRead is what a read of no bytes on an instance's channel fd was:
+// the worker's end closing (io.EOF), or, with that end still open, an
+// empty message, which only bundle code sends (the worker's replies are
+// never empty). Taken for the end, it had the run wait 2 s for a death
+// that does not come, then kill the worker naming no program (p.end),
+// where any other malformed reply ends it at once, for its program.
+func zeroRead(fd int) error {
+	if hungUp(fd) {
+		return io.EOF
+	}
+	return errEmptyMessage
 }
 
 // finished reports whether rep is the last run's reply, and its device
@@ -231,6 +246,10 @@ func (i *instance) Run(r *device.Run) error {
 	// After any wait for the worker's end below: a run that saw it die
 	// counts until it is reaped.
 	defer i.g.runEnd()
+	if errors.Is(err, errEmptyMessage) { // as a malformed reply (answer)
+		i.g.p.killFor(i.g, "it sent an empty message on its instance channel")
+		return i.g.lost("running the chain")
+	}
 	if err != nil {
 		return i.g.failed(err, "running the chain")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -690,6 +691,15 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	if err == nil {
 		n, err = p.ctl.Read(p.buf)
 	}
+	// A message of no bytes reads as io.EOF (the net package takes a
+	// read of 0 bytes for the end on any socket but a datagram one): with
+	// the worker's end still open it is bundle code's (a reply is never
+	// empty), ended at once for g as any reply it forged, not waited on
+	// for 2 s as a death (p.end), the channel held, then killed for no one.
+	if (errors.Is(err, io.EOF) || err == nil && n == 0) && !p.ctlHungUp() {
+		p.killFor(g, "it sent an empty message on its control channel while "+during)
+		return nil, g.lost(during)
+	}
 	if err != nil {
 		if bound > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 			// Its own bound passed, no request's deadline (a drop has no
@@ -730,6 +740,38 @@ func (p *proc) pending() bool {
 		waiting = err == nil && (n > 0 || !ended)
 	})
 	return waiting
+}
+
+// errEmptyMessage is a message of no bytes on a worker's channel whose
+// worker's end is open: bundle code's.
+var errEmptyMessage = errors.New("an empty message")
+
+// hungUp reports whether the peer of socket fd closed its end or shut it
+// for writing: a read of no bytes was then the end, else an empty message.
+// A poll that fails says so too (the end, as before).
+func hungUp(fd int) bool {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	for {
+		n, err := unix.Poll(pfd, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || n > 0 && pfd[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR|unix.POLLNVAL) != 0
+	}
+}
+
+// ctlHungUp is hungUp for the control channel; a channel closed here
+// reads as hung up.
+func (p *proc) ctlHungUp() bool {
+	rc, err := p.ctl.SyscallConn()
+	if err != nil {
+		return true
+	}
+	up := true
+	if rc.Control(func(fd uintptr) { up = hungUp(int(fd)) }) != nil {
+		return true
+	}
+	return up
 }
 
 // instanceGrace is how long past its request's deadline an instance

@@ -335,20 +335,72 @@ func TestControlMessageOutOfTurn(t *testing.T) {
 }
 
 // A run reply too short to be one (bundle code wrote it on the instance's
-// channel) ends the worker at once, for the run's program, as a reply out
-// of turn does: the run fails within a moment saying why, not after the
-// 2 s a channel that broke is given to show the worker's death (which
-// does not come: the worker is well), reported as a broken channel; in a
-// tenant's worker the program whose channel carried it is the one at
-// fault, its sibling's loss collateral, not every program's crash.
+// channel), an empty message included, ends the worker at once, for the
+// run's program, as a reply out of turn does: the run fails within a
+// moment saying why, not after the 2 s a channel that broke is given to
+// show the worker's death (which does not come: the worker is well),
+// reported as a broken channel; in a tenant's worker the program whose
+// channel carried it is the one at fault, its sibling's loss collateral,
+// not every program's crash. An empty message reads as 0 bytes, as the
+// channel's end does: the server tells them apart by the end's state.
 func TestShortRunReplyEndsWorkerForItsProgram(t *testing.T) {
+	for _, tc := range []struct{ kernel, why string }{{"ring_short", "malformed reply"}, {"ring_empty", "empty message"}} {
+		for _, scope := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s tenant scope %v", tc.kernel, scope), func(t *testing.T) {
+				shortRunReply(t, tc.kernel, tc.why, scope)
+			})
+		}
+	}
+}
+
+func shortRunReply(t *testing.T, kernel, why string, scope bool) {
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(),
+		Spawner: spawner, TenantScope: scope})
+	t.Cleanup(func() { d.Close() })
+	m := crashManifest("hostile.so", kernel, 1)
+	p := loadFor(t, d, "t", testkit.HostileSource(), m, nil).(*program)
+	var sibling *program
+	if scope {
+		sibling = loadFor(t, d, "t", "", testkit.Manifest("sibling"), nil).(*program)
+		if pidOf(sibling) != pidOf(p) {
+			t.Fatal("the tenant's programs are not in one worker")
+		}
+	}
+	t0 := time.Now()
+	err := runOnce(t, p, m, []byte("x"), 10*time.Second)
+	took := time.Since(t0)
+	var pe *ProcessExit
+	if !errors.As(err, &pe) || !pe.Killed || !strings.Contains(pe.Reason, why) {
+		t.Errorf("the run: %v; want a ProcessExit saying the server stopped the worker (%s)", err, why)
+	}
+	if took > time.Second {
+		t.Errorf("the run failed after %v: the server waited for a death, not ending the worker at once", took)
+	}
+	if sibling != nil {
+		<-sibling.Exited()
+		if ds := sibling.Death(); ds == nil || !ds.Collateral() {
+			t.Errorf("the sibling's death: %v; want a collateral loss", ds)
+		}
+		if dp := p.Death(); dp == nil || dp.Collateral() {
+			t.Errorf("the writer's death: %v; want its own loss", dp)
+		}
+	}
+}
+
+// An empty message on the control channel (plover_instance_init sent it
+// ahead of the init's reply) is a forged reply too: the call fails at
+// once, the worker ended for the program whose call it was, where read as
+// the channel's end it was waited on for 2 s with the channel held, then
+// killed naming no one (in a tenant's worker, every program's crash).
+func TestEmptyControlReplyEndsWorkerForItsProgram(t *testing.T) {
 	for _, scope := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tenant scope %v", scope), func(t *testing.T) {
 			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(),
 				Spawner: spawner, TenantScope: scope})
 			t.Cleanup(func() { d.Close() })
-			m := crashManifest("hostile.so", "ring_short", 1)
-			p := loadFor(t, d, "t", testkit.HostileSource(), m, nil).(*program)
+			mh := testkit.Manifest("hooks")
+			mh.Library, mh.Chain = "hooks.so", []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}}
+			p := loadBuilt(t, d, mh, "-DEMPTY_INIT_MESSAGE").(*program)
 			var sibling *program
 			if scope {
 				sibling = loadFor(t, d, "t", "", testkit.Manifest("sibling"), nil).(*program)
@@ -357,14 +409,18 @@ func TestShortRunReplyEndsWorkerForItsProgram(t *testing.T) {
 				}
 			}
 			t0 := time.Now()
-			err := runOnce(t, p, m, []byte("x"), 10*time.Second)
+			in, err := p.NewInstance(device.InstanceConfig{MaxInput: mh.MaxInputBytes, Tmp: mh.TmpBytes, Out: mh.OutBytes})
 			took := time.Since(t0)
+			if err == nil {
+				in.Close()
+				t.Fatal("an instance was made past an empty reply")
+			}
 			var pe *ProcessExit
-			if !errors.As(err, &pe) || !pe.Killed || !strings.Contains(pe.Reason, "malformed reply") {
-				t.Errorf("the run: %v; want a ProcessExit saying the server stopped the worker for a malformed reply", err)
+			if !errors.As(err, &pe) || !pe.Killed || !strings.Contains(pe.Reason, "empty message on its control channel") {
+				t.Errorf("the instance's creation: %v; want a ProcessExit saying the server stopped the worker for an empty message", err)
 			}
 			if took > time.Second {
-				t.Errorf("the run failed after %v: the server waited for a death, not ending the worker at once", took)
+				t.Errorf("the creation failed after %v: the server waited for a death, not ending the worker at once", took)
 			}
 			if sibling != nil {
 				<-sibling.Exited()
@@ -372,7 +428,7 @@ func TestShortRunReplyEndsWorkerForItsProgram(t *testing.T) {
 					t.Errorf("the sibling's death: %v; want a collateral loss", ds)
 				}
 				if dp := p.Death(); dp == nil || dp.Collateral() {
-					t.Errorf("the writer's death: %v; want its own loss", dp)
+					t.Errorf("the sender's death: %v; want its own loss", dp)
 				}
 			}
 		})

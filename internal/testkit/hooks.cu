@@ -3,8 +3,13 @@
 // each instance counts its requests in memory plover_instance_init made.
 // -DFAIL_LOAD and -DFAIL_INIT make those hooks fail; -DCRASH_LOAD makes
 // plover_load segfault and -DHANG_INIT makes plover_instance_init hang (a
-// hostile bundle's hooks); -DSLOW_INIT_MS=n makes it take n ms.
+// hostile bundle's hooks); -DSLOW_INIT_MS=n makes it take n ms;
+// -DEMPTY_INIT_MESSAGE makes plover_instance_init send a message of no
+// bytes on the worker's control channel (fd 3), ahead of the init's reply.
 #include <signal.h>
+#ifdef EMPTY_INIT_MESSAGE
+#include <sys/socket.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,6 +46,9 @@ PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
   hooks_calls[1]++;
 #ifdef HANG_INIT
   for (;;) pause();
+#endif
+#ifdef EMPTY_INIT_MESSAGE
+  send(3, "", 0, MSG_DONTWAIT);
 #endif
 #ifdef SLOW_INIT_MS
   usleep(SLOW_INIT_MS * 1000);

@@ -235,6 +235,14 @@ PLOVER_ENTRY(ring_short) {
   echo_or(s, ring_n(4, 1024, 0, 5));
 }
 
+// ring_empty: the same with a message of no bytes, which a read takes
+// for the channel's end unless it looks: the server must end the worker
+// for its run at once, as for a short reply, not wait for a death.
+PLOVER_ENTRY(ring_empty) {
+  (void)grid; (void)block;
+  echo_or(s, ring_n(4, 1024, 0, 0));
+}
+
 static const char fake_http[] =
     "HTTP/1.1 200 OK\r\n"
     "Content-Type: application/json\r\n"
