@@ -20,9 +20,12 @@ import (
 // that the body lands where the worker's device reads it, and its output
 // is written to the client from where the device put it. A slot is one
 // request's from its lending to its Release (after the response is
-// written), and only this function's worker ever maps it: a worker that
-// writes into its slots after replying can spoil only its own function's
-// answers, and a slot is never lent again before its response is out.
+// written), and only its program's worker ever maps it: a worker that
+// writes into its slots after replying can spoil only the answers of the
+// functions it runs, its own in function scope, and in tenant scope every
+// function of its tenant's (each of their bundles can write the whole
+// process's memory, these slots too), never another tenant's. A slot is
+// never lent again before its response is out.
 
 // maxPoolSlots bounds a program's pool slots: runs in flight on its
 // instances plus requests queued or uploading beyond them. Past it a body
