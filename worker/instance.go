@@ -218,6 +218,10 @@ func (i *instance) Run(r *device.Run) error {
 	// panic outside that window leaves none on the slot, and a discarded
 	// slot with none goes at once (dropDiscarded).
 	ps.running()
+	// Read before the send: the worker may start on the message before
+	// the send returns, and its figures must fit in the wall time
+	// (boundTiming).
+	sent := time.Now()
 	if err := i.send(r, alone, id); err != nil {
 		ps.replied() // it never reached the worker
 		ended = true
@@ -228,7 +232,6 @@ func (i *instance) Run(r *device.Run) error {
 	if alone {
 		spin = i.reply.Budget()
 	}
-	sent := time.Now()
 	n, err := i.recv(r.Deadline, spin)
 	if err == nil {
 		ps.replied()
@@ -253,8 +256,9 @@ func (i *instance) Run(r *device.Run) error {
 	if err != nil {
 		return i.g.failed(err, "running the chain")
 	}
-	i.reply.Observe(time.Since(sent))
-	err = i.answer(r, i.rep[:n], mem, copiedIn, copyIn)
+	wall := time.Since(sent)
+	i.reply.Observe(wall)
+	err = i.answer(r, i.rep[:n], mem, copiedIn, copyIn, wall)
 	i.g.p.cpu.measured(r, cpu) // not the reply's word (cpucharge.go)
 	return err
 }
@@ -348,13 +352,18 @@ func (i *instance) overran(ps *poolSlot) {
 }
 
 // answer reads the worker's reply rep to r, run in mem, into r: its
-// timing, with the copy-in done here (copiedIn bytes in copyIn), and its
+// timing (its figures bounded, boundTiming, by wall, the time from the
+// run's message to its reply), with the copy-in done here (copiedIn bytes
+// in copyIn), and its
 // output, copied out of mem unless it is there already; or the run's
 // error. A reply out of turn, one too short to be a reply, or one that
 // claims more output than r has room for, ends the worker, for g: the
 // worker is well and would not end by itself.
-func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn time.Duration) error {
+func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn, wall time.Duration) error {
 	st, outLen, text, err := wire.DecodeReply(rep, r, i.seq)
+	if err == nil {
+		boundTiming(&r.Timing, wall, int64(len(mem)))
+	}
 	if err != nil {
 		why := fmt.Sprintf("it sent a malformed reply (%v)", err)
 		if turn := (*wire.TurnError)(nil); errors.As(err, &turn) {
@@ -386,6 +395,23 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 		return &faultError{ke: ke, exit: i.g.lost("running the chain")}
 	}
 	return wire.ErrorOf(st, text)
+}
+
+// boundTiming bounds the worker's word on a run's timing, once, here,
+// where the run's wall time is known: bundle code can write the reply, and
+// its figures go on into Server-Timing, histograms, a batch's split among
+// its requests and a pipeline's sums, which may be another tenant's. Each
+// of the copy-in, kernels and copy-out lies in [0, wall], the time from
+// the run's message to its reply, within which the worker did them all;
+// the bytes it copied on the host in [0, slot], its slot's size (in and
+// out, each at most its part). Busy, the run's charge, is bounded where
+// it is charged (sched's DoneUsed), or replaced by the server's own
+// measure (cpucharge.go).
+func boundTiming(t *device.Timing, wall time.Duration, slot int64) {
+	t.CopyIn = min(max(t.CopyIn, 0), wall)
+	t.Kernels = min(max(t.Kernels, 0), wall)
+	t.CopyOut = min(max(t.CopyOut, 0), wall)
+	t.Copied = min(max(t.Copied, 0), slot)
 }
 
 // runStart and runEnd count a run in flight on g's worker, and in a
