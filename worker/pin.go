@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,14 @@ import (
 // the instance's own pinned buffers, their copies counted in
 // Timing.Copied, instead of copied by the driver from pageable memory
 // unseen.
+//
+// Whether a slot was pinned is the worker's word, which bundle code can
+// forge (it can write the control channel, and pin or unpin the slot
+// itself). So the count does not read it: on a device that pins, every
+// slot a worker maps counts at its size from before it is handed over
+// (a pool slot's reservation, checked against the limit) until it is let
+// go of or its worker is gone, a refused one too; the refusals are
+// counted and logged from the worker's word, for what they are.
 
 // pinning is a device's pinned slot memory, over its workers.
 type pinning struct {
@@ -97,24 +106,41 @@ func (d *Device) Pinning() device.Pinning {
 	return device.Pinning{Bytes: d.pin.bytes.Load(), Limit: d.opts.PinLimit, Refused: d.pin.refused.Load()}
 }
 
-// reservePin reserves size bytes of pinning for a pool slot about to be
-// made (addSlot settles it, unpinned releases it): always on a device that
-// pins nothing, else while the device's pinned slots stay within
+// pinCharge is what a slot of size bytes counts of the device's pinned
+// memory for its life: all of it on a device that pins, whatever its
+// worker says of the pin; nothing on one that pins nothing.
+func (d *Device) pinCharge(size int64) int64 {
+	if device.PinsHost(d.Target()) {
+		return size
+	}
+	return 0
+}
+
+// reservePin reserves a pool slot's pinning (pinCharge) before the slot
+// is made (pinSlot keeps it, unpinned releases it): always on a device
+// that pins nothing, else while the device's pinned slots stay within
 // Options.PinLimit.
 func (d *Device) reservePin(size int64) bool {
+	charge := d.pinCharge(size)
+	if charge == 0 {
+		return true
+	}
 	for {
 		b := d.pin.bytes.Load()
-		if d.opts.PinLimit > 0 && device.PinsHost(d.Target()) && b+size > d.opts.PinLimit {
+		if d.opts.PinLimit > 0 && b+charge > d.opts.PinLimit {
 			return false
 		}
-		if d.pin.bytes.CompareAndSwap(b, b+size) {
+		if d.pin.bytes.CompareAndSwap(b, b+charge) {
 			return true
 		}
 	}
 }
 
-// unpinned releases a reservation of size bytes whose slot was not made.
-func (d *Device) unpinned(size int64) { d.pin.bytes.Add(-size) }
+// unpinned releases a reservation of a slot of size bytes not made.
+func (d *Device) unpinned(size int64) { d.pin.bytes.Add(-d.pinCharge(size)) }
+
+// maxPinWhy bounds a refusal's reason as logged: the worker's word.
+const maxPinWhy = 256
 
 // mapSlot accounts a slot of size bytes about to be handed to p's worker:
 // from here, before the worker pins (touches) it, its bytes are not the
@@ -126,31 +152,39 @@ func (p *proc) mapSlot(size int64) {
 	p.syncMemGroup() // raised before the worker can touch it
 }
 
-// pinSlot accounts the pin p's worker reported for a slot of size bytes
-// it mapped (what names it for the log), and returns the bytes pinned (0:
-// not pinned). reserved: reservePin counted them already.
+// pinSlot accounts a slot of size bytes p's worker mapped (what names it
+// for the log), whose pin it reported as pin, and returns the bytes it
+// counts as pinned until dropSlot (pinCharge; 0 once the worker is gone,
+// whose end undid every pin). reserved: reservePin counted them already.
+// The reply's pin is only logged and counted as a refusal: the count
+// holds whatever the worker says.
 func (p *proc) pinSlot(g *program, pin wire.Pin, size int64, what string, reserved bool) int64 {
+	charge := p.d.pinCharge(size)
 	s := &p.slots
 	var pinned int64
 	s.mu.Lock()
 	first := pin.State == wire.PinRefused && !s.logged
 	s.logged = s.logged || first
 	switch {
-	case pin.State == wire.PinDone && !s.gone:
-		s.pinned, pinned = s.pinned+size, size
+	case !s.gone:
+		s.pinned, pinned = s.pinned+charge, charge
 		if !reserved {
-			p.d.pin.bytes.Add(size)
+			p.d.pin.bytes.Add(charge)
 		}
 	case reserved:
-		p.d.unpinned(size)
+		p.d.pin.bytes.Add(-charge)
 	}
 	s.mu.Unlock()
 	if pin.State == wire.PinRefused {
 		p.d.pin.refused.Add(1)
 	}
 	if first { // logged outside the lock, which the watch takes
+		why := pin.Why
+		if len(why) > maxPinWhy {
+			why = why[:maxPinWhy] + "..."
+		}
 		p.d.opts.Log.Warn("the device refused to pin a slot: its requests' copies are staged through the instance's buffers",
-			"function", g.name, "pid", p.pid, "slot", what, "bytes", size, "reason", pin.Why)
+			"function", g.name, "pid", p.pid, "slot", what, "bytes", size, "reason", strings.ToValidUTF8(why, "?"))
 	}
 	return pinned
 }

@@ -1,8 +1,15 @@
 package worker
 
 import (
+	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/worker/wire"
 )
 
 const mib = 1 << 20
@@ -92,5 +99,54 @@ func TestTheLetGoListStaysBounded(t *testing.T) {
 	}
 	if s.mapped != 0 {
 		t.Fatalf("mapped %d after every slot was let go of", s.mapped)
+	}
+}
+
+// Whether a slot is pinned is its worker's word, which bundle code can
+// forge: the device's count does not read it. On a device that pins, a
+// pool slot keeps its reservation for its life and an instance's own slot
+// counts at its size, whether the worker says it pinned it, refused, or
+// that there was nothing to pin, until each is let go of; so a worker
+// cannot lower the count of what it may hold pinned (saying it pinned
+// nothing) nor move it otherwise, and the limit holds. On a device that
+// pins nothing, nothing counts, whatever the worker says. A refusal's
+// reason, the worker's text, is logged bounded.
+func TestPinCountIsNotTheWorkersWord(t *testing.T) {
+	const size = 4 * mib
+	long := strings.Repeat("\xffwhy", 10000)
+	for _, pin := range []wire.Pin{{State: wire.PinNone}, {State: wire.PinDone}, {State: wire.PinRefused, Why: long}} {
+		t.Run(fmt.Sprintf("pin state %d", pin.State), func(t *testing.T) {
+			var log testkit.LogBuffer
+			d := &Device{opts: Options{Base: fakeGPU{}, PinLimit: 2 * size, Log: slog.New(slog.NewTextHandler(&log, nil))}}
+			p := &proc{d: d}
+			g := &program{p: p, name: "f"}
+			own := p.pinSlot(g, pin, size, "an instance's own", false)
+			if !d.reservePin(size) {
+				t.Fatal("no room reserved for a pool slot within the limit")
+			}
+			pool := p.pinSlot(g, pin, size, "a pool slot", true)
+			if own != size || pool != size || d.Pinning().Bytes != 2*size {
+				t.Fatalf("the slots count %d and %d, the device %d; want each at its size, %d in all", own, pool, d.Pinning().Bytes, 2*size)
+			}
+			if d.reservePin(1) {
+				t.Fatal("a reservation past the limit was granted")
+			}
+			p.dropSlot(size, pool, true)
+			p.dropSlot(size, own, false)
+			if got := d.Pinning().Bytes; got != 0 {
+				t.Fatalf("%d bytes counted after both slots were let go of", got)
+			}
+			if pin.State == wire.PinRefused {
+				line := log.String()
+				if !strings.Contains(line, "refused to pin") || len(line) > 2*maxPinWhy+500 {
+					t.Fatalf("the refusal's log line (%d bytes): want it logged, its reason bounded", len(line))
+				}
+			}
+			// A device that pins nothing counts nothing, whatever is said.
+			h := &proc{d: &Device{opts: Options{Base: device.NewHost(0), Log: d.opts.Log}}}
+			if h.d.reservePin(size); h.pinSlot(g, pin, size, "a pool slot", true) != 0 || h.d.pin.bytes.Load() != 0 {
+				t.Fatalf("on the host device: %d bytes counted", h.d.pin.bytes.Load())
+			}
+		})
 	}
 }
