@@ -488,6 +488,7 @@ const (
 	ecSharedSeen       = "shared workers seen"
 	ecOverruns         = "overrun kills"
 	ecLanded           = "landed"
+	ecRelanded         = "landed in another version's worker"
 )
 
 func (s *ecStats) count(what string) { s.addN(what, 1) }

@@ -517,6 +517,11 @@ func (c *ec) judge(r *ecCall) {
 		c.judgeLoss(r)
 	case k == errdefs.KindUnavailable && f.kind == ecHostile && strings.Contains(r.err.Error(), "backing off"):
 		c.sawBackoff(r)
+	case k == errdefs.KindUnavailable && strings.HasSuffix(r.what, "(landed)") && strings.Contains(r.err.Error(), "while this request's body was read"):
+		// Its body landed in a slot of a worker of the version before
+		// a redeploy, or of one an idle unload was ending, which may
+		// still have written it: refused, a retry's to land anew.
+		c.stats.count(ecRelanded)
 	default:
 		c.failf(g, "%s on %s (version %v, deadline %v): %v (kind %d): not an error this request may get", r.what, f.name, r.states, r.dl.Sub(r.s), r.err, k)
 	}

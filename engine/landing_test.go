@@ -3,22 +3,33 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
 // lendDevice is the host device whose programs lend slots of ordinary
-// memory, owned by the program that lent them or (stranger) by another,
-// as a worker's slot is after a redeploy by another tenant.
+// memory, owned by the program that lent them or by stranger, as a
+// worker's slot is after a redeploy by another tenant.
 type lendDevice struct {
 	device.Device
-	stranger bool
+	stranger device.Program
 }
+
+// strangerProgram is a worker's program of another version, in process
+// pid.
+type strangerProgram struct {
+	device.Program
+	pid int
+}
+
+func (s *strangerProgram) PID() int { return s.pid }
 
 type lendProgram struct {
 	device.Program
@@ -49,8 +60,8 @@ func (d *lendDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.
 
 func (p *lendProgram) Lend(maxIn, out int64) (device.Slot, bool) {
 	owner := device.Program(p)
-	if p.d.stranger {
-		owner = &lendProgram{}
+	if p.d.stranger != nil {
+		owner = p.d.stranger
 	}
 	return &lentSlot{mem: make([]byte, maxIn+out), maxIn: maxIn, dev: p.d, owner: owner}, true
 }
@@ -58,13 +69,22 @@ func (p *lendProgram) Lend(maxIn, out int64) (device.Slot, bool) {
 // A body read into a slot its instance's own program lent is run on in
 // place (the output lands in the slot); one another program lent is not:
 // its memory may be another process's (a tenant's worker), and the
-// output goes to memory of the server's.
+// output goes to memory of the server's. When that program does not run
+// the request's version (the function was redeployed, perhaps by another
+// tenant, between the body's read and the run), its process may have
+// rewritten the body meanwhile: the request fails, retryable, naming the
+// redeploy, rather than run on what that process left.
 func TestOutputLandsOnlyInItsProgramsSlot(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		stranger bool
+		stranger device.Program
 		inPlace  bool
-	}{{"own program's slot", false, true}, {"another program's slot", true, false}} {
+		refused  bool
+	}{
+		{"own program's slot", nil, true, false},
+		{"a worker's slot of another version", &strangerProgram{pid: 1 << 22}, false, true},
+		{"a slot of another version, no worker's", &lendProgram{}, false, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &lendDevice{Device: device.NewHost(0), stranger: tc.stranger}
 			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
@@ -78,7 +98,14 @@ func TestOutputLandsOnlyInItsProgramsSlot(t *testing.T) {
 			}
 			n := copy(s.Input(), "hello")
 			req := &call.Request{Input: s.Input()[:n], Landing: s}
-			if err := e.Invoke(context.Background(), "echo", req); err != nil {
+			err := e.Invoke(context.Background(), "echo", req)
+			if tc.refused {
+				if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "redeployed") {
+					t.Fatalf("the request: %v (output %.20q); want a 503 naming the redeploy", err, req.Output)
+				}
+				return
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.HasPrefix(req.Output, []byte("hello")) {

@@ -103,6 +103,11 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 		p.put(in, false, tr)
 		return false, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", v.fn.name, req.Timing.Queue, req.Timing.Load)
 	}
+	if p.foreign(landed, in) {
+		h.in = nil
+		p.put(in, false, time.Now())
+		return false, errorf(errdefs.KindUnavailable, nil, "function %s was redeployed or unloaded, or its worker replaced, while this request's body was read: the body landed in memory of a worker that does not run this version, which may have changed it; retry", v.fn.name)
+	}
 	landed = output(req, in, landed, j.outLen)
 	h.in = nil // runRetrying's now
 	in, r, tEnd, err := p.runRetrying(ctx, req, in, landed, prefer, j, tr, deadline, spent)
@@ -190,6 +195,39 @@ func landsOn(landed device.Slot, in *instance) bool {
 	}
 	o, ok := landed.(ownedSlot)
 	return !ok || o.Owner() == in.dev.prog
+}
+
+// foreign reports whether the body landed in a slot lent by a program
+// that is not one of this version's now, mapped by a process other than
+// in's: the version current when the body was read, before a redeploy (by
+// another token, perhaps another tenant's), or one an unload or a crash
+// ended since. That process can have read and rewritten the body (before
+// its end too, if it ended); copying it out now would not undo that, so
+// the request fails (503: a retry lands in a slot of this version's). A
+// slot of the very process in runs in (a tenant's worker that reloaded
+// the version) is not foreign: that process can rewrite the input as it
+// runs anyway. Where the owner was this version's before a crash or an
+// idle unload, the refusal is needless but rare (the body's read and
+// the run straddle the end), and nothing here can tell it from another
+// version's.
+func (p *pool) foreign(landed device.Slot, in *instance) bool {
+	o, ok := landed.(ownedSlot)
+	if !ok || o.Owner() == in.dev.prog {
+		return false
+	}
+	owner := o.Owner()
+	type worker interface{ PID() int } // a program in a worker process
+	if w, ok := owner.(worker); ok {
+		if r, ok := in.dev.prog.(worker); ok && r.PID() == w.PID() {
+			return false
+		}
+	}
+	for _, pl := range p.programs() {
+		if pl.prog == owner {
+			return false
+		}
+	}
+	return true
 }
 
 // overlaps reports whether a and b share memory (an output buffer the
