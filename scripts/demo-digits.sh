@@ -4,6 +4,9 @@
 # pixels in, normalised on the host, classified by the CNN, top-1 out, in
 # one request. Checks five held-out digits.
 set -euo pipefail
+# Every PLOVER_* variable unset but PLOVER_SERVER, set by demo.sh (scripts/lib/demo-env.sh).
+. "$(dirname "$0")/lib/demo-env.sh"
+demo_clean_env PLOVER_SERVER
 plover=${1:-bin/plover}
 work=${2:?work directory}
 echo "== deploy the digits pipeline: digits-normalize > cnn > digits-top1"

@@ -4,6 +4,10 @@
 # timing breakdown, and stop the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# None of the user's PLOVER_* variables (PLOVER_STORE, PLOVER_AUTH_FILE, ...):
+# the demo's server and deploys use the demo's own settings only.
+. scripts/lib/demo-env.sh
+demo_clean_env
 plover=bin/plover
 data=$(mktemp -d -t plover-demo-XXXXXX)
 log="$data/serve.log"
@@ -14,7 +18,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$plover" serve --listen 127.0.0.1:0 --data "$data" --device host >"$log" 2>&1 &
+"$plover" serve --listen 127.0.0.1:0 --data "$data" --store "file://$data/store" --device host >"$log" 2>&1 &
 server_pid=$!
 addr=""
 for _ in $(seq 1 100); do

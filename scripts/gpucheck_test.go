@@ -28,15 +28,7 @@ func checkTree(t *testing.T, plover string) (root, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(rel, text string, mode os.FileMode) {
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(text), mode); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, text string, mode os.FileMode) { writeUnder(t, root, rel, []byte(text), mode) }
 	write("scripts/gpu-check.sh", string(src), 0o755)
 	hang := "#!/bin/sh\necho \"$0 $*\"\nexec sleep 600\n"
 	write("bin/device.test", hang, 0o755)
@@ -63,6 +55,18 @@ fi
 	write("build/samples/vecadd-input.bin", "x", 0o644)
 	write("path/nvidia-smi", "#!/bin/sh\necho 'name, driver_version, memory.total'\necho 'Stand-in GPU, 0, 0 MiB'\n", 0o755)
 	return root, filepath.Join(root, "path") + ":" + os.Getenv("PATH")
+}
+
+// writeUnder writes b to root/rel, making its folders.
+func writeUnder(t *testing.T, root, rel string, b []byte, mode os.FileMode) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, b, mode); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // runCheck runs the check with env and returns its report and wall time;
