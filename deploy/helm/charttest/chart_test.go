@@ -524,6 +524,69 @@ func checkPod(t *testing.T, tpl corev1.PodTemplateSpec, w podWant) {
 	if got := time.Duration(*ps.TerminationGracePeriodSeconds) * time.Second; got < need {
 		t.Errorf("terminationGracePeriodSeconds %v < preStop %ds + --grace %v", got, sleep, grace)
 	}
+	// And --grace must cover the request deadline, or a rollout cuts
+	// requests still within it.
+	timeout := serveDuration(t, "defaultTimeout")
+	for i, a := range c.Args { // the last --timeout wins, in either spelling
+		d, ok := strings.CutPrefix(a, "--timeout=")
+		if a == "--timeout" && i+1 < len(c.Args) {
+			d, ok = c.Args[i+1], true
+		}
+		if ok {
+			if timeout, err = time.ParseDuration(d); err != nil {
+				t.Fatalf("--timeout %q: %v", d, err)
+			}
+		}
+	}
+	if grace < timeout {
+		t.Errorf("--grace %v is shorter than the request deadline --timeout %v", grace, timeout)
+	}
+}
+
+// TestDrainCoversTheRequestTimeout: the default --grace covers plover's
+// default request deadline with time to spare, and an explicit --timeout
+// (server.extraArgs, either spelling, or PLOVER_TIMEOUT in env) longer than
+// server.graceSeconds is refused, saying what to raise.
+func TestDrainCoversTheRequestTimeout(t *testing.T) {
+	c := template(t, "plover", required()).deployments["plover"].Spec.Template.Spec.Containers[0]
+	g, _ := flagValue(c.Args, "grace")
+	if grace, err := time.ParseDuration(g); err != nil || grace <= serveDuration(t, "defaultTimeout") {
+		t.Errorf("default --grace %q, want more than plover serve's default --timeout %v", g, serveDuration(t, "defaultTimeout"))
+	}
+	env := func(v string) []any { return []any{map[string]any{"name": "PLOVER_TIMEOUT", "value": v}} }
+	for _, tc := range []struct {
+		name string
+		v    values
+		want string // "": renders
+	}{
+		{"--timeout=35s, the grace", required().set("server.extraArgs", []any{"--timeout=35s"}), ""},
+		{"--timeout=10s", required().set("server.extraArgs", []any{"--max-instances=8", "--timeout=10s"}), ""},
+		{"--timeout=1500ms", required().set("server.extraArgs", []any{"--timeout=1500ms"}), ""},
+		{"--timeout=36s", required().set("server.extraArgs", []any{"--timeout=36s"}),
+			"server.extraArgs --timeout 36s is longer than server.graceSeconds (35): a rollout would cut requests still within their deadline; set server.graceSeconds to 36 or more"},
+		{"--timeout=35.5s rounds up", required().set("server.extraArgs", []any{"--timeout=35.5s"}), "set server.graceSeconds to 36 or more"},
+		{"--timeout 1m30s, two args", required().set("server.extraArgs", []any{"--timeout", "1m30s"}), "set server.graceSeconds to 90 or more"},
+		{"the last --timeout wins", required().set("server.extraArgs", []any{"--timeout=5m", "--timeout=20s"}), ""},
+		{"a raised grace", required().set("server.graceSeconds", 120).set("server.extraArgs", []any{"--timeout=2m"}), ""},
+		{"PLOVER_TIMEOUT", required().set("env", env("1m")), "env PLOVER_TIMEOUT 1m is longer than server.graceSeconds (35)"},
+		{"the flag wins over PLOVER_TIMEOUT", required().set("env", env("1h")).set("server.extraArgs", []any{"--timeout=30s"}), ""},
+		{"not a duration", required().set("server.extraArgs", []any{"--timeout=45"}), `server.extraArgs --timeout "45": want a Go duration`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.want == "" {
+				d := template(t, "plover", tc.v).deployments["plover"]
+				checkPod(t, d.Spec.Template, podWant{
+					gpu: true, device: "cuda", scheme: corev1.URISchemeHTTP,
+					authFile: "/etc/plover/auth/tokens", authSec: "plover-auth", s3Secret: "plover-s3",
+					store: "s3://plover-bundles/prod",
+				})
+				return
+			}
+			if out := templateFails(t, tc.v); !strings.Contains(out, tc.want) {
+				t.Errorf("helm template failed without %q:\n%s", tc.want, out)
+			}
+		})
+	}
 }
 
 // checkService: the Service selects the pods and maps to their named ports.
@@ -634,13 +697,13 @@ func TestDefaults(t *testing.T) {
 		store: "s3://plover-bundles/prod",
 	})
 	args := d.Spec.Template.Spec.Containers[0].Args
-	for k, want := range map[string]string{"s3-endpoint": "minio.storage.svc:9000", "s3-region": "us-east-1", "grace": "25s"} {
+	for k, want := range map[string]string{"s3-endpoint": "minio.storage.svc:9000", "s3-region": "us-east-1", "grace": "35s"} {
 		if got, _ := flagValue(args, k); got != want {
 			t.Errorf("--%s = %q, want %q", k, got, want)
 		}
 	}
-	if got := *d.Spec.Template.Spec.TerminationGracePeriodSeconds; got != 35 {
-		t.Errorf("terminationGracePeriodSeconds %d, want 5 + 25 + 5", got)
+	if got := *d.Spec.Template.Spec.TerminationGracePeriodSeconds; got != 45 {
+		t.Errorf("terminationGracePeriodSeconds %d, want 5 + 35 + 5", got)
 	}
 	svc := checkService(t, o, "plover", d.Spec.Template.Labels, 80, "http")
 	checkGRPCService(t, svc, 0, "")

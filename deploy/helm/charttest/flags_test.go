@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // serveGo is the file whose flag definitions the chart's args must match.
@@ -97,24 +98,32 @@ func TestArgsAreServeFlags(t *testing.T) {
 	}
 }
 
+// serveDuration is the value of cli/serve.go's const NAME = N * time.Second
+// (or Minute): one of plover serve's defaults, read from its text.
+func serveDuration(t *testing.T, name string) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(serveGo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`const ` + name + ` = (\d+) \* time\.(Second|Minute)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("cli/serve.go: no const %s = N * time.Second|Minute", name)
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	if string(m[2]) == "Minute" {
+		return time.Duration(n) * time.Minute
+	}
+	return time.Duration(n) * time.Second
+}
+
 // TestIngressReadTimeoutAboveMaxTimeout: a client may ask for a deadline up
 // to plover serve's --max-timeout; ingress-nginx's own proxy-read-timeout
 // (60 s unless the Ingress says) would answer 504 first and cut every
 // deadline past a minute. The chart's default must be above the server's
 // default --max-timeout (cli/serve.go), and an annotation of the user's wins.
 func TestIngressReadTimeoutAboveMaxTimeout(t *testing.T) {
-	b, err := os.ReadFile(serveGo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`const defaultMaxTimeout = (\d+) \* time\.(Second|Minute)`).FindSubmatch(b)
-	if m == nil {
-		t.Fatal("cli/serve.go: no const defaultMaxTimeout = N * time.Second|Minute")
-	}
-	maxTimeout, _ := strconv.Atoi(string(m[1]))
-	if string(m[2]) == "Minute" {
-		maxTimeout *= 60
-	}
+	maxTimeout := int(serveDuration(t, "defaultMaxTimeout").Seconds())
 	const key = "nginx.ingress.kubernetes.io/proxy-read-timeout"
 	ing := template(t, "plover", required().set("ingress.enabled", true)).ingresses["plover"]
 	if ing == nil {

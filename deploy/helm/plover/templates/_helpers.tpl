@@ -84,6 +84,52 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The request deadline given explicitly, as "SOURCE\tVALUE" ("" if none):
+     --timeout in server.extraArgs (--timeout=D, or --timeout then D; the
+     last wins, as on plover's command line), else a literal PLOVER_TIMEOUT in
+     env (a flag on the command line wins over the variable). */}}
+{{- define "plover.explicitTimeout" -}}
+{{- $args := .Values.server.extraArgs | default list }}
+{{- $found := "" }}
+{{- range $i, $a := $args }}
+{{- $a = toString $a }}
+{{- if hasPrefix "--timeout=" $a }}
+{{- $found = printf "server.extraArgs --timeout\t%s" (trimPrefix "--timeout=" $a) }}
+{{- else if and (eq $a "--timeout") (lt (add1 $i) (len $args)) }}
+{{- $found = printf "server.extraArgs --timeout\t%s" (toString (index $args (add1 $i))) }}
+{{- end }}
+{{- end }}
+{{- if not $found }}
+{{- range (.Values.env | default list) }}
+{{- if and (eq (toString .name) "PLOVER_TIMEOUT") (hasKey . "value") }}
+{{- $found = printf "env PLOVER_TIMEOUT\t%s" (toString .value) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $found }}
+{{- end }}
+
+{{/* A Go duration (what plover's duration flags take) in whole seconds,
+     rounded up; fails on anything else. Takes (list WHAT DURATION). */}}
+{{- define "plover.durationSeconds" -}}
+{{- $what := index . 0 }}
+{{- $d := index . 1 }}
+{{- if eq $d "0" }}0
+{{- else }}
+{{- if not (regexMatch "^([0-9]+(\\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$" $d) }}
+{{- fail (printf "%s %q: want a Go duration such as 30s, 2m or 1m30s" $what $d) }}
+{{- end }}
+{{- $unit := dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001 "us" 0.000001 "µs" 0.000001 "ns" 0.000000001 }}
+{{- $sum := 0.0 }}
+{{- range regexFindAll "[0-9]+(\\.[0-9]*)?(ns|us|µs|ms|s|m|h)" $d -1 }}
+{{- $n := regexReplaceAll "(ns|us|µs|ms|s|m|h)$" . "" }}
+{{- $u := trimPrefix $n . }}
+{{- $sum = addf $sum (mulf (float64 $n) (get $unit $u)) }}
+{{- end }}
+{{- int (ceil $sum) }}
+{{- end }}
+{{- end }}
+
 {{/* Refuse settings that would deploy something broken or unsafe. */}}
 {{- define "plover.validate" -}}
 {{- if not (has .Values.kind (list "Deployment" "DaemonSet")) }}
@@ -115,6 +161,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if lt (int (include "plover.terminationGracePeriodSeconds" .)) (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds)) }}
 {{- fail (printf "terminationGracePeriodSeconds %v is less than preStopSleepSeconds + server.graceSeconds (%d): pods would be killed mid-drain" .Values.terminationGracePeriodSeconds (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds))) }}
+{{- end }}
+{{- with include "plover.explicitTimeout" . }}
+{{- $src := index (splitList "\t" .) 0 }}
+{{- $val := index (splitList "\t" .) 1 }}
+{{- $secs := int (include "plover.durationSeconds" (list $src $val)) }}
+{{- if gt $secs (int $.Values.server.graceSeconds) }}
+{{- fail (printf "%s %s is longer than server.graceSeconds (%d): a rollout would cut requests still within their deadline; set server.graceSeconds to %d or more" $src $val (int $.Values.server.graceSeconds) $secs) }}
+{{- end }}
 {{- end }}
 {{- if not (has (toString .Values.server.workerScope) (list "function" "tenant")) }}
 {{- fail (printf "server.workerScope %q: want function or tenant" (toString .Values.server.workerScope)) }}
