@@ -1204,6 +1204,48 @@ func TestInsecureNoAuth(t *testing.T) {
 	}
 }
 
+// TestFileStoreOnePod: a file:// store lives on each pod's own data volume,
+// so with more than one pod a deploy reaches one of them and the others never
+// serve it; the chart refuses that unless a model repository fills every
+// pod's store with the same functions.
+func TestFileStoreOnePod(t *testing.T) {
+	file := func() values {
+		return values{}.set("store.url", "file:///var/lib/plover/store").set("auth.existingSecret", "plover-auth")
+	}
+	withRepo := func(v values) values {
+		return v.set("repository.enabled", true).set("repository.existingClaim", "models")
+	}
+	const refusal = "store.url file:///var/lib/plover/store is a store on each pod's own data volume, and with "
+	for _, tc := range []struct {
+		name string
+		v    values
+		want string // "": renders
+	}{
+		{"one replica", file().set("replicaCount", 1), ""},
+		{"no replicas", file().set("replicaCount", 0), ""},
+		{"two replicas (the default)", file(), refusal + "replicaCount 2 there are several pods"},
+		{"replicaCount null", file().set("replicaCount", nil), refusal + "replicaCount null (an external autoscaler's)"},
+		{"autoscaling", file().set("replicaCount", 1).set("autoscaling.enabled", true), refusal + "autoscaling.enabled"},
+		{"DaemonSet", file().set("kind", "DaemonSet"), refusal + "kind DaemonSet (a pod per node)"},
+		{"any file:// path", file().set("store.url", "file:///srv/store").set("replicaCount", 3), "store.url file:///srv/store is a store on each pod's own data volume"},
+		{"a repository, three replicas", withRepo(file().set("replicaCount", 3)), ""},
+		{"a repository, autoscaling", withRepo(file().set("autoscaling.enabled", true)), ""},
+		{"a repository, DaemonSet", withRepo(file().set("kind", "DaemonSet")), ""},
+		{"S3, three replicas", required().set("replicaCount", 3), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.want == "" {
+				render(t, "plover", tc.v)
+				return
+			}
+			out := templateFails(t, tc.v)
+			if !strings.Contains(out, tc.want) || !strings.Contains(out, "repository.enabled") {
+				t.Errorf("helm template failed without %q and the ways out:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
 func TestMain(m *testing.M) {
 	if _, err := os.Stat(filepath.Join(chartDir, "Chart.yaml")); err != nil {
 		fmt.Fprintln(os.Stderr, "charttest: run from deploy/helm/charttest:", err)

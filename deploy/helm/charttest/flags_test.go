@@ -76,6 +76,7 @@ func TestArgsAreServeFlags(t *testing.T) {
 			set("server.workerScope", "tenant"),
 		"insecure, no metrics": values{}.
 			set("store.url", "file:///var/lib/plover/store").
+			set("replicaCount", 1).
 			set("auth.insecureNoAuth", true).
 			set("metrics.enabled", false).
 			set("gpu.enabled", false),

@@ -130,6 +130,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* Why the release may run more than one pod ("" for at most one): a
+     DaemonSet, the chart's autoscaler, replicaCount null (an external
+     autoscaler's) or above 1. */}}
+{{- define "plover.manyPods" -}}
+{{- if ne .Values.kind "Deployment" }}kind {{ .Values.kind }} (a pod per node)
+{{- else if .Values.autoscaling.enabled }}autoscaling.enabled
+{{- else if kindIs "invalid" .Values.replicaCount }}replicaCount null (an external autoscaler's)
+{{- else if gt (int .Values.replicaCount) 1 }}replicaCount {{ int .Values.replicaCount }}
+{{- end }}
+{{- end }}
+
 {{/* Refuse settings that would deploy something broken or unsafe. */}}
 {{- define "plover.validate" -}}
 {{- if not (has .Values.kind (list "Deployment" "DaemonSet")) }}
@@ -137,6 +148,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if not (include "plover.storeURL" .) }}
 {{- fail "set s3.bucket (the store every pod serves from; s3.prefix, s3.endpoint and s3.region as needed) or store.url" }}
+{{- end }}
+{{- /* A file:// store is on each pod's own data volume (the chart mounts no
+       shared one): with several pods a deploy reaches one of them. With a
+       repository every pod deploys the same folders into its own store. */}}
+{{- if and (hasPrefix "file://" (include "plover.storeURL" .)) (not .Values.repository.enabled) (include "plover.manyPods" .) }}
+{{- fail (printf "store.url %s is a store on each pod's own data volume, and with %s there are several pods: a deploy would reach one of them, which alone would serve it. Use replicaCount=1 (a trial), a shared store (s3.bucket), or a model repository (repository.enabled: every pod deploys the same folders into its own store)" (include "plover.storeURL" .) (include "plover.manyPods" .)) }}
 {{- end }}
 {{- if and (include "plover.usesS3" .) (not .Values.s3.existingSecret) (not .Values.s3.createSecret) }}
 {{- fail "an s3:// store needs credentials: s3.existingSecret (a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or s3.createSecret=true with s3.accessKeyId and s3.secretAccessKey" }}
