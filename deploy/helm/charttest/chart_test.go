@@ -1246,6 +1246,42 @@ func TestFileStoreOnePod(t *testing.T) {
 	}
 }
 
+// TestMemoryDataVolume: with data.medium Memory the data volume is a tmpfs
+// that counts toward the pod's memory, so data.sizeLimit and
+// server.cacheLimitMiB above resources.limits.memory are refused (binary
+// suffixes Ki, Mi, Gi, Ti; other forms are not checked).
+func TestMemoryDataVolume(t *testing.T) {
+	mem := func(size, limit string, cache int) values {
+		return required().set("data.medium", "Memory").set("data.sizeLimit", size).
+			set("resources.limits.memory", limit).set("server.cacheLimitMiB", cache)
+	}
+	for _, tc := range []struct {
+		name string
+		v    values
+		want string // "": renders
+	}{
+		{"within the limit", mem("4Gi", "8Gi", 2048), ""},
+		{"equal", mem("8192Mi", "8Gi", 8192), ""},
+		{"size above", mem("20Gi", "8Gi", 2048), "data.sizeLimit 20Gi is more than resources.limits.memory 8Gi"},
+		{"size a little above", mem("8193Mi", "8Gi", 2048), "data.sizeLimit 8193Mi is more than"},
+		{"fractional", mem("1.5Gi", "1536Mi", 1024), ""},
+		{"cache above (the default 10240 MiB)", required().set("data.medium", "Memory").set("data.sizeLimit", "8Gi"), "server.cacheLimitMiB 10240 is more than resources.limits.memory 8Gi (8192 MiB)"},
+		{"the default medium: disk", required().set("data.sizeLimit", "20Gi"), ""},
+		{"a decimal suffix: not checked", mem("20G", "8G", 2048), ""},
+		{"no memory limit", mem("20Gi", "8Gi", 2048).set("resources.limits.memory", nil), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.want == "" {
+				render(t, "plover", tc.v)
+				return
+			}
+			if out := templateFails(t, tc.v); !strings.Contains(out, tc.want) {
+				t.Errorf("helm template failed without %q:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
 func TestMain(m *testing.M) {
 	if _, err := os.Stat(filepath.Join(chartDir, "Chart.yaml")); err != nil {
 		fmt.Fprintln(os.Stderr, "charttest: run from deploy/helm/charttest:", err)

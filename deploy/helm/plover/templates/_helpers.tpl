@@ -141,6 +141,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* A Kubernetes quantity with a binary suffix (Ki, Mi, Gi, Ti), in MiB,
+     rounded up; "" for any other form (plain bytes, M, G, ...), which the
+     checks below then leave alone. */}}
+{{- define "plover.mebibytes" -}}
+{{- $q := toString . }}
+{{- if regexMatch "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti)$" $q }}
+{{- $n := float64 (regexReplaceAll "(Ki|Mi|Gi|Ti)$" $q "") }}
+{{- $f := get (dict "Ki" 0.0009765625 "Mi" 1.0 "Gi" 1024.0 "Ti" 1048576.0) (regexFind "(Ki|Mi|Gi|Ti)$" $q) }}
+{{- int (ceil (mulf $n $f)) }}
+{{- end }}
+{{- end }}
+
 {{/* Refuse settings that would deploy something broken or unsafe. */}}
 {{- define "plover.validate" -}}
 {{- if not (has .Values.kind (list "Deployment" "DaemonSet")) }}
@@ -185,6 +197,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $secs := int (include "plover.durationSeconds" (list $src $val)) }}
 {{- if gt $secs (int $.Values.server.graceSeconds) }}
 {{- fail (printf "%s %s is longer than server.graceSeconds (%d): a rollout would cut requests still within their deadline; set server.graceSeconds to %d or more" $src $val (int $.Values.server.graceSeconds) $secs) }}
+{{- end }}
+{{- end }}
+{{- /* A tmpfs data volume counts toward the pod's memory: neither it nor the
+       bundle cache on it may exceed the memory limit. */}}
+{{- if and (eq .Values.data.type "emptyDir") (eq (toString .Values.data.medium) "Memory") }}
+{{- $lim := ((.Values.resources | default dict).limits | default dict).memory }}
+{{- with and $lim (include "plover.mebibytes" $lim) }}
+{{- $limMiB := int . }}
+{{- with include "plover.mebibytes" $.Values.data.sizeLimit }}
+{{- if gt (int .) $limMiB }}
+{{- fail (printf "data.medium Memory: data.sizeLimit %s is more than resources.limits.memory %s, and a tmpfs counts toward the pod's memory: the pod would be killed for memory before the volume filled. Lower data.sizeLimit or raise the limit" (toString $.Values.data.sizeLimit) (toString $lim)) }}
+{{- end }}
+{{- end }}
+{{- if gt (int $.Values.server.cacheLimitMiB) $limMiB }}
+{{- fail (printf "data.medium Memory: server.cacheLimitMiB %d is more than resources.limits.memory %s (%d MiB), and the bundle cache on a tmpfs counts toward the pod's memory. Lower server.cacheLimitMiB or raise the limit" (int $.Values.server.cacheLimitMiB) (toString $lim) $limMiB) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if not (has (toString .Values.server.workerScope) (list "function" "tenant")) }}
