@@ -305,7 +305,7 @@ func TestChargedMovesTheTagOn(t *testing.T) {
 			s := New(Config{MaxRuns: 1, Policy: w})
 			f := s.Flow("f")
 			f.Set(c.weight, Default)
-			w.state(f).tag, w.vnow, f.active = c.tag, c.vnow, c.active
+			w.state(f).tag, w.vnow[Default], f.active = c.tag, c.vnow, c.active
 			w.Charged(f, c.charge, time.Time{})
 			if got := w.state(f).tag; math.Abs(got-c.want) > 1 {
 				t.Fatalf("tag %v after charging %v (weight %v, tag %v, clock %v): want %v",

@@ -40,7 +40,7 @@ func TestReweighWithTheClockInsideARunsCharge(t *testing.T) {
 			ranFor(t, clk, g, c.gRan)
 			tg := admitted(t, g)
 			s.mu.Lock()
-			t.Logf("f tag %.6g, clock %.6g, lead %.6g, f's run charged %.6g", w.state(f).tag, w.vnow, w.state(f).tag-w.vnow, float64(time.Second)/c.from)
+			t.Logf("f tag %.6g, clock %.6g, lead %.6g, f's run charged %.6g", w.state(f).tag, w.vnow[Default], w.state(f).tag-w.vnow[Default], float64(time.Second)/c.from)
 			s.mu.Unlock()
 			f.Set(c.to, Default) // the redeploy
 			clk.Advance(time.Millisecond)
@@ -48,7 +48,7 @@ func TestReweighWithTheClockInsideARunsCharge(t *testing.T) {
 			tg.Done()
 			s.mu.Lock()
 			moved := w.state(f).tag - fStart
-			lag := w.vnow - w.state(f).tag
+			lag := w.vnow[Default] - w.state(f).tag
 			s.mu.Unlock()
 			ran := clk.Now().Sub(fAt)
 			want := float64(ran) / c.to

@@ -392,17 +392,17 @@ func TestVirtualTimeMovedBackKeepsDifferences(t *testing.T) {
 	s := New(Config{MaxRuns: 1, Clock: newFakeClock()})
 	w := s.pol.(*WFQ)
 	a, b := s.Flow("a"), s.Flow("b")
-	w.vnow = 3 * vQuantum
+	w.vnow[Default] = 3 * vQuantum
 	w.state(a).tag = 3*vQuantum + 0.25
 	w.state(b).tag = 3*vQuantum + 1.75
 	w.Started(a, time.Time{}) // the clock moves to a's tag: past 2*vQuantum
-	if w.vnow != 0.25 || w.base != 3 {
-		t.Fatalf("clock %v (base %d quanta), want 0.25 (3)", w.vnow, w.base)
+	if w.vnow[Default] != 0.25 || w.base != 3 {
+		t.Fatalf("clock %v (base %d quanta), want 0.25 (3)", w.vnow[Default], w.base)
 	}
-	if got := w.state(b).tag - w.vnow; got != 1.5 {
+	if got := w.state(b).tag - w.vnow[Default]; got != 1.5 {
 		t.Fatalf("b's tag is %v past the clock, want 1.5 as before", got)
 	}
-	if got := w.state(a).tag - w.vnow; got != initialEst {
+	if got := w.state(a).tag - w.vnow[Default]; got != initialEst {
 		t.Fatalf("a's tag is %v past the clock after its run started, want its estimate %v", got, initialEst)
 	}
 }

@@ -32,7 +32,7 @@ func TestNonFiniteWeightIsTheDefault(t *testing.T) {
 		clk.Advance(time.Millisecond)
 		tk.Done()
 		s.mu.Lock()
-		tag, vnow := w.state(f).tag, w.vnow
+		tag, vnow := w.state(f).tag, w.vnow[Default]
 		s.mu.Unlock()
 		if math.IsNaN(tag) || math.IsInf(tag, 0) || math.IsNaN(vnow) || tag <= 0 {
 			t.Errorf("Set(%v): after a run, tag %v, clock %v", wt, tag, vnow)

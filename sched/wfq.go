@@ -18,14 +18,20 @@ func init() {
 // proportion to their weights whatever their runs cost. A run is charged an
 // estimate of its cost when it starts (the flow's recent mean; so a flow
 // cannot take every slot before its first run is charged) and the
-// difference when it ends. The clock is the tag of the last run started;
-// a flow that wakes from idle starts at it, not behind it: time a flow
-// did not use goes to the busy ones (work conservation) and is not banked. A run that has waited
+// difference when it ends. Each class has its clock, the largest tag a
+// run of the class started at, or where that run went out of fair order
+// (a light function's run in its kept slot, a run past maxWait) the least
+// tag of its class's flows with runs waiting; a flow that wakes from idle
+// starts at its class's clock, not behind it: time a flow did not use goes
+// to the busy ones (work conservation) and is not banked. One clock for
+// every class, moved by every run started, left a flow backlogged below a
+// busier class (or beside a low-share light function's runs) behind it, and
+// a flow that woke beside that one had nothing until it caught up. A run that has waited
 // longer than maxWait behind a higher class goes before it, oldest first:
 // priorities order runs but starve none.
 type WFQ struct {
 	maxWait time.Duration
-	vnow    float64 // virtual time: the largest tag a run started at
+	vnow    [numClasses]float64 // each class's virtual time (Started)
 	// base counts the vQuantum taken off the clock and every tag so far
 	// (Started): tags are brought to it as they are read (state).
 	base int64
@@ -74,7 +80,7 @@ func (w *WFQ) state(f *Flow) *wfqFlow {
 // Woke implements Policy.
 func (w *WFQ) Woke(f *Flow, now time.Time) {
 	st := w.state(f)
-	st.tag = math.Max(st.tag, w.vnow)
+	st.tag = math.Max(st.tag, w.vnow[f.Class()])
 }
 
 // Started implements Policy. The run is charged the flow's estimate now,
@@ -85,10 +91,15 @@ func (w *WFQ) Woke(f *Flow, now time.Time) {
 // starved by whoever wakes next.
 func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	st := w.state(f)
-	w.vnow = math.Max(w.vnow, st.tag)
-	if w.vnow >= 2*vQuantum {
-		k := math.Floor(w.vnow / vQuantum)
-		w.vnow -= k * vQuantum
+	c := f.Class()
+	w.vnow[c] = math.Max(w.vnow[c], math.Min(st.tag, w.floor(f)))
+	if w.vnow[c] >= 2*vQuantum {
+		// Every clock and tag moves back alike (one base); a clock left
+		// more than a quantum behind is where such tags are (state).
+		k := math.Floor(w.vnow[c] / vQuantum)
+		for i := range w.vnow {
+			w.vnow[i] = math.Max(w.vnow[i]-k*vQuantum, -vQuantum)
+		}
 		w.base += int64(k)
 		st = w.state(f)
 	}
@@ -102,6 +113,23 @@ func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	charged := est / f.Weight()
 	st.tag += charged
 	return charged
+}
+
+// floor is the least tag of the flows of f's class with runs waiting, f
+// aside (+Inf for none): where a run goes before them out of fair order,
+// its class's clock moves no further, or a flow waking beside them would
+// start ahead of them and wait until they caught up.
+func (w *WFQ) floor(f *Flow) float64 {
+	least := math.Inf(1)
+	if f.s == nil {
+		return least
+	}
+	for _, g := range f.s.waiting {
+		if g != f && g.Class() == f.Class() {
+			least = math.Min(least, w.state(g).tag)
+		}
+	}
+	return least
 }
 
 // initialEst is a flow's estimated run before any of its runs ended (ns).
@@ -133,12 +161,13 @@ func (w *WFQ) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) 
 // a debt that keeps the flow off the device for as long.
 func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 	st := w.state(f)
+	vnow := w.vnow[f.Class()]
 	from := st.tag
 	if !f.active {
-		from = math.Max(from, w.vnow)
+		from = math.Max(from, vnow)
 	}
 	wt := f.Weight()
-	st.tag = math.Max(st.tag, math.Min(from+float64(d)/wt, w.vnow+float64(maxAhead)/wt))
+	st.tag = math.Max(st.tag, math.Min(from+float64(d)/wt, vnow+float64(maxAhead)/wt))
 }
 
 // maxAhead bounds what charges beside runs put a flow ahead of the clock.
@@ -153,11 +182,11 @@ const maxAhead = time.Second
 // others to use 10 us of it, not a second, and one lowered waits longer.
 // A place at or behind the clock is left: behind it is a flow's place
 // among its own class's, below a busier class's clock, which scaling
-// would reorder. A flow moved to another class has its place brought up
-// to the clock, as one that wakes there: behind it was among its old
-// class's flows (a batch flow lagging below a latency flood), and taken
-// into the new class it would take every run until it caught up, owed by
-// nobody there. The runs in flight are always converted (their charges
+// would reorder. A flow moved to another class takes the new class's
+// clock, as one that wakes there, with its lead over its old class's
+// clock: behind it was among its old class's flows (a batch flow lagging
+// below a latency flood), and taken into the new class it would take
+// every run until it caught up, owed by nobody there. The runs in flight are always converted (their charges
 // ahead are device time over the old weight), so that each run's end
 // takes back exactly what the tag holds of it, wherever the clock stands
 // (another flow's start may have moved it into their charges).
@@ -165,11 +194,13 @@ func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, inflight float64, 
 	st := w.state(f)
 	k := old / f.Weight()
 	base := st.tag - inflight
-	if lead := base - w.vnow; lead > 0 {
-		base = w.vnow + lead*k
+	if lead := base - w.vnow[oldClass]; lead > 0 {
+		base = w.vnow[oldClass] + lead*k
 	}
 	if f.Class() != oldClass {
-		base = math.Max(base, w.vnow)
+		// Its lead over its old class's clock it keeps over the new
+		// one's; a lag (owed by its old class's flows) it does not.
+		base = w.vnow[f.Class()] + math.Max(0, base-w.vnow[oldClass])
 	}
 	st.tag = base + inflight*k
 	return k
