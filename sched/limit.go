@@ -87,7 +87,7 @@ func (s *Scheduler) floodLimit(now time.Time) floods {
 
 // light reports a flow that has fewer than two runs queued or running and
 // has not had two at once within Overlap. lastBusy is set as a run makes
-// two or more (enter) and as a run fewer ends two at once (fewer), so a
+// two or more (join) and as a run fewer ends two at once (fewer), so a
 // flood of long runs, whose arrivals may be further apart than Overlap, is
 // never light while it has two at once, nor for Overlap after.
 func (s *Scheduler) light(f *Flow, now time.Time) bool {

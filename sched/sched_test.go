@@ -733,3 +733,26 @@ func TestIdleFlowsPrunedWithoutReserve(t *testing.T) {
 		t.Fatal("a is not alone among flows idle for an hour")
 	}
 }
+
+// enter is admit's way in without the wait: a run started where a slot is
+// free, or queued and dispatched (join, then kick).
+func (s *Scheduler) enter(f *Flow, now, deadline time.Time, hold time.Duration) (Ticket, *waiter) {
+	t, w := s.join(f, now, deadline, hold)
+	if w != nil {
+		s.kick(now)
+	}
+	return t, w
+}
+
+// timersArmed is how many of the clock's timers are armed and not yet run.
+func (c *fakeClock) timersArmed() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if !t.stopped {
+			n++
+		}
+	}
+	return n
+}

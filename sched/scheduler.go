@@ -386,10 +386,23 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		return Ticket{}, 0, ErrDeadline
 	}
 	s := f.s
-	t, w := s.enter(f, now, deadline, hold)
+	t, w := s.join(f, now, deadline, hold)
 	if w == nil {
 		return t, 0, nil
 	}
+	// From here until it returns, a panic (the gone callback's, the
+	// policy's in a dispatch, the Clock's) must not leave w queued, or its
+	// run started and not handed back: nobody waits on w any more, and a
+	// dispatch would start a run nobody owns, its slot held until its
+	// deadline, or for good without one. Installed before w's first
+	// dispatch (kick), so a panic there is covered too.
+	defer func() {
+		if v := recover(); v != nil {
+			defer panic(v) // the first panic goes on up, even if giving w back panics too
+			s.abandon(f, w)
+		}
+	}()
+	s.kick(now) // a slot may be free for it (Reserve kept it from others)
 
 	var timeout chan struct{}
 	if !deadline.IsZero() {
@@ -411,6 +424,15 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		var why error
 		select {
 		case <-w.ready:
+			if w.err == nil && ctx.Err() != nil {
+				// Granted and cancelled both before this select, which
+				// picks one at random: the request is gone, and its
+				// chain must not run for nobody. The run is handed back
+				// having used nothing, as one answered while it gave
+				// up is below.
+				w.t.Done()
+				return Ticket{}, s.clock.Now().Sub(w.arrived), ctx.Err()
+			}
 			return w.t, s.clock.Now().Sub(w.arrived), w.err
 		case <-ctx.Done():
 			why = ctx.Err()
@@ -434,8 +456,10 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 	}
 }
 
-// enter starts a run of f where a slot is free (no waiter), or queues it.
-func (s *Scheduler) enter(f *Flow, now, deadline time.Time, hold time.Duration) (Ticket, *waiter) {
+// join starts a run of f where a slot is free (no waiter), or queues it;
+// the caller then dispatches (kick), once it is ready to take w back out
+// should that panic (admit).
+func (s *Scheduler) join(f *Flow, now, deadline time.Time, hold time.Duration) (Ticket, *waiter) {
 	s.mu.Lock()
 	defer s.mu.Unlock() // see mu
 	if f.inFlight+len(f.queue) >= 1 {
@@ -454,9 +478,29 @@ func (s *Scheduler) enter(f *Flow, now, deadline time.Time, hold time.Duration) 
 		s.waiting = append(s.waiting, f)
 	}
 	f.queue = append(f.queue, w)
-	s.dispatch(now) // a slot may be free for it (Reserve kept it from others)
-	s.armExpiry(now)
 	return Ticket{}, w
+}
+
+// kick admits what queued runs the free slots let start, and arms the
+// expiry for the runs that wait.
+func (s *Scheduler) kick(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock() // see mu
+	s.dispatch(now)
+	s.armExpiry(now)
+}
+
+// abandon gives w up for a run whose admit panicked: out of its queue, or,
+// answered meanwhile, its run handed back (a refusal's and a waiter's that
+// left already is the zero Ticket; a run ended already is ignored). Never
+// waits on w.ready: a waiter that left is never answered, and one answered
+// may have been read.
+func (s *Scheduler) abandon(f *Flow, w *waiter) {
+	if !s.leave(f, w) {
+		// leave found w out of its queue under s.mu, where dispatch sets
+		// w.t before taking it out: w.t is final.
+		w.t.Done()
+	}
 }
 
 // leave takes a waiter that gives up out of its queue, unless it was
