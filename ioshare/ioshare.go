@@ -312,6 +312,17 @@ func (t Turn) Piece() int {
 	return t.f.sh.cfg.Piece
 }
 
+// admit waits for the piece's slot, counted waiting meanwhile. The count
+// comes down in a defer: a panic while the piece waits (its gone callback,
+// the policy), recovered by a transport, would otherwise leave the
+// plover_io_pieces{state="waiting"} gauge up for good.
+func (f *Flow) admit(ctx context.Context, deadline time.Time, gone func() bool) (sched.Ticket, error) {
+	f.waiting.Add(1)
+	defer f.waiting.Add(-1)
+	t, _, err := f.f.AdmitHold(ctx, deadline, f.sh.cfg.Hold, gone)
+	return t, err
+}
+
 // Turn waits for the flow's turn to move a piece: at once while a slot is
 // free and no piece waits; otherwise when the policy picks it. It fails
 // when ctx ends, deadline passes (sched.ErrDeadline) or gone says the
@@ -327,10 +338,8 @@ func (f *Flow) Turn(ctx context.Context, deadline time.Time, gone func() bool, m
 	}
 	var t sched.Ticket
 	if !f.sh.cfg.Off {
-		f.waiting.Add(1)
 		var err error
-		t, _, err = f.f.AdmitHold(ctx, deadline, f.sh.cfg.Hold, gone)
-		f.waiting.Add(-1)
+		t, err = f.admit(ctx, deadline, gone)
 		if err != nil {
 			return Turn{}, err
 		}

@@ -859,3 +859,31 @@ func TestAPanicTakingATurnGivesItsSlotBack(t *testing.T) {
 	}
 	tn.Done()
 }
+
+// A panic while a piece waits for its turn (here its gone callback),
+// recovered by a transport, takes it out of the waiting gauge
+// (plover_io_pieces{state="waiting"}), which it stayed in for good, and
+// out of its flow's queue in the scheduler.
+func TestAPanicWaitingForATurnLeavesNothingWaiting(t *testing.T) {
+	sh := New(Config{Slots: 1, NoReserve: true, Hold: time.Minute})
+	a, b := sh.Flow("a"), sh.Flow("b")
+	busy, err := b.Turn(context.Background(), time.Time{}, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Done()
+	func() {
+		defer func() {
+			if v := recover(); v != "gone" {
+				t.Fatalf("recovered %v, want the gone callback's panic", v)
+			}
+		}()
+		a.Turn(context.Background(), time.Time{}, func() bool { panic("gone") }, true)
+	}()
+	if moving, waiting := a.Pieces(); moving != 0 || waiting != 0 {
+		t.Errorf("a's pieces after the panic: moving %d, waiting %d; want none", moving, waiting)
+	}
+	if n := a.f.Waiting(); n != 0 {
+		t.Errorf("a's runs queued in the scheduler after the panic: %d, want 0", n)
+	}
+}
