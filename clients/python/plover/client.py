@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import select
 import shutil
 import socket
 import ssl
@@ -171,6 +172,27 @@ def _to_array(body, dtype, shape):
     if shape is not None:
         a = a.reshape(shape)
     return a
+
+
+# A connection cut under a request: the server reset or closed it.
+_CUT = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+def _closed(sock):
+    """Whether a kept connection can no longer take a request, checked
+    without blocking: readable while no answer is awaited means the server
+    closed it (EOF, a reset) or sent what nobody asked for; either way it
+    is not used again."""
+    try:
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        if hasattr(select, "poll"):
+            p = select.poll()
+            p.register(sock, select.POLLIN | select.POLLPRI)
+            return bool(p.poll(0))  # POLLHUP and POLLERR are always reported
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 # Forks this process has made, as seen in the child: a connection made
@@ -341,29 +363,42 @@ class Client:
     def _exchange(self, method, target, body, headers, wait):
         """One request on this thread's connection: (response, body bytes).
 
-        A kept connection the server closed while idle (its keep-alive
-        timeout, a restart) fails before any answer arrives; the request is
-        then sent once more on a new connection, as Go's net/http and urllib3
-        do. The server had then almost always not read it (it closes only
-        idle connections); the exception, a server dying with the request,
-        would see it again: the API's requests are idempotent (an invoke runs
-        a pure chain; a deploy of the same bytes is unchanged; a DELETE of
-        what is gone is a 404)."""
+        A kept connection is checked before it is used, without blocking:
+        one the server closed while idle (its keep-alive timeout, a restart)
+        reads as closed, and the request goes on a new connection instead,
+        sent once. A connection cut after the request went out (a reset, or
+        closed without an answer) may have been cut after the server read
+        the request and ran it: only a GET or HEAD on a kept connection (the
+        server's close can still cross the request on the wire) is then
+        sent once more, on a new connection; any other request raises
+        PloverError "unreachable" saying that it may have run. The caller
+        decides whether to send it again."""
         for attempt in (0, 1):
             c = self._conn(wait)
             reused = c.sock is not None
+            if reused and _closed(c.sock):
+                c.close()
+                reused = False
+            if c.sock is None:
+                try:
+                    c.connect()
+                except BaseException as e:
+                    e.plover_connected = False  # nothing was sent
+                    c.close()
+                    raise
             try:
                 c.request(method, target, body=body, headers=headers)
                 resp = c.getresponse()
                 data = resp.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-                    ConnectionAbortedError):
+            except _CUT as e:
                 c.close()
-                if reused and attempt == 0:
+                if reused and attempt == 0 and method in ("GET", "HEAD"):
                     continue
-                raise
+                raise PloverError(None, "unreachable", "the plover server at %s closed the connection before "
+                                  "answering (%s): the %s request was sent and may have run"
+                                  % (self.url, e or type(e).__name__, method)) from e
             except BaseException as e:
-                e.plover_connected = c.sock is not None
+                e.plover_connected = True
                 c.close()  # a half-read answer leaves the connection unusable
                 raise
             if resp.will_close:

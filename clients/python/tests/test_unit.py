@@ -7,7 +7,9 @@ requests the client sends, against a stub HTTP server in this process.
 import base64
 import json
 import os
+import select
 import socket
+import struct
 import stat
 import sys
 import tempfile
@@ -241,12 +243,23 @@ class AgainstStub(unittest.TestCase):
         self.assertEqual(Stub.peers[0], Stub.peers[2])  # the parent kept its own
         self.assertNotEqual(Stub.peers[0], Stub.peers[1])
 
+    def closed_by_server(self):
+        # Wait until the server's close of this thread's kept connection
+        # has reached the client (its socket reads EOF).
+        sock = self.c._local.conn.sock
+        self.assertIsNotNone(sock, "no kept connection")
+        r, _, _ = select.select([sock], [], [], 10)
+        self.assertTrue(r, "the server did not close the connection within 10 s")
+
     def test_server_closed_kept_connection(self):
-        # The server closed the kept connection after its answer: the next
-        # request goes once more on a new connection, and reaches it once.
+        # The server closed the kept connection after its answer, while
+        # idle: the client sees it closed before sending, and the next
+        # request (a POST) goes on a new connection, reaching the server once.
         self.assertEqual(self.c.invoke("drop", b"a"), b"a")
+        self.closed_by_server()
         self.assertEqual(self.c.invoke("echo", b"b"), b"b")
         self.assertEqual(self.c.invoke("drop", b"c"), b"c")
+        self.closed_by_server()
         self.assertEqual(self.c.invoke("drop", b"d"), b"d")
         self.assertEqual([r[3] for r in Stub.requests], [b"a", b"b", b"c", b"d"])
         self.assertEqual(len(set(Stub.peers)), 3, Stub.peers)
@@ -461,6 +474,117 @@ class AgainstStub(unittest.TestCase):
             c.health()
         self.assertIsNone(cm.exception.status)
         self.assertEqual(cm.exception.code, "unreachable")
+
+
+class Resetter:
+    """A server that answers GET /healthz (keeping the connection) and
+    reads every other request in full, records it, then resets the
+    connection without an answer: a server killed, or a proxy cutting the
+    connection, after the request arrived. A GET of a path in answer_again
+    is answered (404) when it comes a second time."""
+
+    answer_again = ("/v1/functions/twice",)
+
+    def __init__(self):
+        self.arrived = []  # "METHOD PATH" of each request read
+        self.lock = threading.Lock()
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(16)
+        self.url = "http://127.0.0.1:%d" % self.srv.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self):
+        self.srv.close()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn, status, body):
+        conn.sendall(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (status, len(body), body))
+
+    def _serve(self, conn):
+        f = conn.makefile("rb")
+        while True:
+            line = f.readline()
+            if not line:
+                conn.close()
+                return
+            n = 0
+            while True:
+                h = f.readline()
+                if h in (b"\r\n", b""):
+                    break
+                k, _, v = h.decode().partition(":")
+                if k.strip().lower() == "content-length":
+                    n = int(v)
+            f.read(n)
+            method, path = line.decode().split()[:2]
+            with self.lock:
+                self.arrived.append("%s %s" % (method, path))
+                count = self.arrived.count("%s %s" % (method, path))
+            if path == "/healthz":
+                self._answer(conn, b"200 OK", b'{"status":"ok","devices":[]}')
+            elif path in self.answer_again and count > 1:
+                self._answer(conn, b"404 Not Found", b'{"error":{"code":"not_found","message":"no twice"}}')
+            else:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # a reset (RST), no answer
+                return
+
+
+class CutAfterTheRequest(unittest.TestCase):
+    """A kept connection cut after the request reached the server: the
+    request may have run, and only a GET is sent again."""
+
+    def setUp(self):
+        self.srv = Resetter()
+        self.addCleanup(self.srv.close)
+        self.c = plover.Client(self.srv.url, timeout=10)
+        self.addCleanup(self.c.close)
+
+    def test_not_sent_twice(self):
+        calls = [
+            ("POST /v1/functions/fn/invoke", lambda: self.c.invoke("fn", b"x" * 16)),
+            ("POST /v1/functions/fn/invoke", lambda: self.c.invoke_pyplover("fn", b"x", ["k"], [1], [1], 1)),
+            ("DELETE /v1/functions/fn", lambda: self.c.delete("fn")),
+            ("DELETE /v1/functions/fn?force=true", lambda: self.c.delete("fn", force=True)),
+            ("PUT /v1/functions/fn?force=true", lambda: self.c.deploy_bundle("fn", b"b" * 10, force=True)),
+            ("POST /v1/functions/fn/rollback", lambda: self.c.rollback("fn", "abcdef12")),
+        ]
+        for want, call in calls:
+            with self.subTest(want):
+                self.srv.arrived.clear()
+                self.assertEqual(self.c.health()["status"], "ok")  # the connection is a kept one now
+                with self.assertRaises(PloverError) as cm:
+                    call()
+                self.assertEqual(self.srv.arrived, ["GET /healthz", want])  # once
+                e = cm.exception
+                self.assertEqual((e.status, e.code), (None, "unreachable"), e)
+                self.assertIn("closed the connection before answering", e.message)
+                self.assertIn("may have run", e.message)
+
+    def test_get_is_sent_again(self):
+        # A GET changes nothing: cut on a kept connection, it goes once more
+        # on a new one (whose answer, here a 404, is the caller's).
+        self.c.health()
+        with self.assertRaises(PloverError) as cm:
+            self.c.function("twice")
+        self.assertEqual((cm.exception.status, cm.exception.code), (404, "not_found"), cm.exception)
+        self.assertEqual(self.srv.arrived, ["GET /healthz", "GET /v1/functions/twice", "GET /v1/functions/twice"])
+
+    def test_new_connection_get_not_sent_again(self):
+        # Cut on a new connection: nothing to blame on an idle close; once.
+        with self.assertRaises(PloverError) as cm:
+            self.c.function("twice")
+        self.assertEqual(cm.exception.code, "unreachable")
+        self.assertEqual(self.srv.arrived, ["GET /v1/functions/twice"])
 
 
 class Defaults(unittest.TestCase):
