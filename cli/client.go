@@ -8,10 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -74,11 +78,18 @@ type client struct {
 	base   string
 	token  string
 	http   *http.Client
-	tlsErr error // a --cacert that cannot be used: reported by the first call
+	tlsErr error         // a --cacert that cannot be used: reported by the first call
+	wait   time.Duration // with http.Timeout 0: the bound the request's context sets, for messages
 }
 
+// requestTimeout bounds a request to the server, its answer included: a
+// listing, a delete, a rollback, and an invoke without --timeout. An invoke
+// with --timeout waits that and invokeGrace instead (invokeWait); a deploy
+// waits while its bytes move (uploadIdle). A variable for tests.
+var requestTimeout = 10 * time.Minute
+
 func newClient(server, token, cacert string) *client {
-	c := &client{base: serverURL(server), token: token, http: &http.Client{Timeout: 10 * time.Minute}}
+	c := &client{base: serverURL(server), token: token, http: &http.Client{Timeout: requestTimeout}}
 	cfg, err := tlsConfig(cacert)
 	c.tlsErr = err
 	if cfg != nil {
@@ -87,6 +98,84 @@ func newClient(server, token, cacert string) *client {
 		c.http.Transport = tr
 	}
 	return c
+}
+
+// bounded is c without its http.Client's overall Timeout, for a request
+// whose context bounds it instead, to wait (0: an upload's idle watch).
+func (c *client) bounded(wait time.Duration) *client {
+	hc := *c.http
+	hc.Timeout = 0
+	u := *c
+	u.http, u.wait = &hc, wait
+	return &u
+}
+
+// uploadIdle is how long plover deploy waits while no byte of its bundle
+// moves to the server, and then for the server's answer after the last
+// one (it checks and stores the bundle): a deploy has no overall bound, so
+// that a large bundle over a slow link is not cut off while it moves. A
+// variable for tests.
+var uploadIdle = 5 * time.Minute
+
+// upload sends body (size bytes) and decodes the JSON answer into v,
+// failing when idle passes with no byte sent, or with no answer after the
+// last.
+func (c *client) upload(path, contentType string, body io.Reader, size int64, idle time.Duration, v any) error {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	w := &stallWatch{r: body, size: size, idle: idle}
+	w.t = time.AfterFunc(idle, func() { cancel(w.stalled()) })
+	defer w.t.Stop()
+	resp, err := c.bounded(0).doRequest(ctx, http.MethodPut, path, contentType, w, size, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	w.kick(0) // the answer came: idle again to read it
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
+			err = cause
+		}
+		return fmt.Errorf("reading the server's answer: %w", err)
+	}
+	return nil
+}
+
+// stallWatch reads a request's body, restarting t (which cancels the
+// request) at each byte read, and once more at its end.
+type stallWatch struct {
+	r    io.Reader
+	size int64
+	idle time.Duration
+	t    *time.Timer
+
+	mu   sync.Mutex
+	sent int64
+}
+
+func (w *stallWatch) Read(p []byte) (int, error) {
+	n, err := w.r.Read(p)
+	if n > 0 || err == io.EOF {
+		w.kick(n)
+	}
+	return n, err
+}
+
+func (w *stallWatch) kick(n int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sent += int64(n)
+	w.t.Reset(w.idle)
+}
+
+// stalled says what the request was waiting for when idle passed.
+func (w *stallWatch) stalled() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sent < w.size {
+		return fmt.Errorf("no byte of the upload moved for %v (%s of %s sent): gave up; the link or the server stalled", w.idle, humanBytes(w.sent), humanBytes(w.size))
+	}
+	return fmt.Errorf("no answer within %v of the upload's last byte (%s sent): gave up waiting; the server may still store it (plover versions NAME shows whether it did)", w.idle, humanBytes(w.sent))
 }
 
 // apiError is the server's JSON error, with the status it came with.
@@ -131,9 +220,15 @@ func (c *client) doRequest(ctx context.Context, method, path, contentType string
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	var conn exchange
+	req = req.WithContext(httptrace.WithClientTrace(ctx, conn.trace()))
+	limit := c.http.Timeout
+	if limit == 0 {
+		limit = c.wait
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach the plover server at %s (start one with 'plover serve', or set --server / PLOVER_SERVER): %w", c.base, err)
+		return nil, c.transportError(ctx, err, &conn, limit)
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
@@ -151,6 +246,49 @@ func (c *client) doRequest(ctx context.Context, method, path, contentType string
 		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b))}
 	}
 	return resp, nil
+}
+
+// exchange records how far a request got: a connection, then the whole
+// request written to it.
+type exchange struct {
+	connected, wrote atomic.Bool
+}
+
+func (x *exchange) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { x.connected.Store(true) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				x.wrote.Store(true)
+			}
+		},
+	}
+}
+
+// transportError says how a request that got no answer failed: no
+// connection made (no server there: how to start one), no answer within
+// limit (the client's wait), or the connection cut after the request went
+// out (the server may have run it: a client that sends it again may run it
+// twice), or while it was being sent. A reason ctx was cancelled with (a
+// stalled upload's) is the error.
+func (c *client) transportError(ctx context.Context, err error, x *exchange, limit time.Duration) error {
+	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
+		return fmt.Errorf("the plover server at %s: %w", c.base, cause)
+	}
+	if !x.connected.Load() {
+		return fmt.Errorf("cannot reach the plover server at %s (start one with 'plover serve', or set --server / PLOVER_SERVER): %w", c.base, err)
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		if !x.wrote.Load() {
+			return fmt.Errorf("the plover server at %s did not take the whole request within %v: gave up sending it", c.base, limit.Round(time.Millisecond))
+		}
+		return fmt.Errorf("no answer from the plover server at %s within %v: gave up waiting; the server may still be running the request", c.base, limit.Round(time.Millisecond))
+	}
+	if !x.wrote.Load() {
+		return fmt.Errorf("the connection to the plover server at %s broke while the request was being sent: %w", c.base, err)
+	}
+	return fmt.Errorf("the plover server at %s closed the connection before answering: the request may have run (%w)", c.base, err)
 }
 
 // functionNames lists the server's functions by name.

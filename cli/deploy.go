@@ -134,15 +134,11 @@ func deployCmd() *command {
 				if force {
 					path += "?force=true"
 				}
-				resp, err := ep.client().doSized(http.MethodPut, path, bundle.MediaType, body, int64(len(b)))
+				var fi api.FunctionInfo
+				err := ep.client().upload(path, bundle.MediaType, body, int64(len(b)), uploadIdle, &fi)
 				done()
 				if err != nil {
 					return err
-				}
-				defer resp.Body.Close()
-				var fi api.FunctionInfo
-				if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
-					return fmt.Errorf("reading the server's answer: %w", err)
 				}
 				id, created = fi.Version, !fi.Unchanged
 			}
@@ -227,7 +223,7 @@ func invokeCmd() *command {
 			fs.StringVar(&out, "out", "-", "output file, - for stdout")
 			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
 			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
-			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's --max-timeout, "+defaultMaxTimeout.String()+" by default, caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's --timeout, "+defaultTimeout.String()+" by default)")
+			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's --max-timeout, "+defaultMaxTimeout.String()+" by default, caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's --timeout, "+defaultTimeout.String()+" by default, and plover invoke waits up to "+requestTimeout.String()+")")
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if timeout < 0 || timeout > 0 && timeout < time.Millisecond {
@@ -246,6 +242,16 @@ func invokeCmd() *command {
 // server's answer (a 504 saying why) before it gives up itself (a
 // variable for tests).
 var invokeGrace = 2 * time.Second
+
+// invokeWait is how long plover invoke waits for its answer: --timeout and
+// invokeGrace, or requestTimeout without --timeout (the server's deadline,
+// which the CLI does not know).
+func invokeWait(timeout time.Duration) time.Duration {
+	if timeout > 0 {
+		return timeout + invokeGrace
+	}
+	return requestTimeout
+}
 
 type invokeOptions struct {
 	asJSON, timing bool
@@ -276,14 +282,17 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	if !asJSON && out == "-" && env.StdoutIsTerminal {
 		return errors.New("the output is binary: write it with --out FILE, or ask for --json")
 	}
-	ctx, hdr := context.Background(), http.Header{}
+	hdr := http.Header{}
 	if o.timeout > 0 {
 		ms := (o.timeout + time.Millisecond - 1) / time.Millisecond
 		hdr.Set("X-Plover-Timeout-Ms", strconv.FormatInt(int64(ms), 10))
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, o.timeout+invokeGrace)
-		defer cancel()
 	}
+	// The wait is the context's alone: the client's requestTimeout would
+	// end a --timeout longer than it (a server with a raised --max-timeout).
+	wait := invokeWait(o.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	c = c.bounded(wait)
 	resp, err := c.doRequest(ctx, http.MethodPost, "/v1/functions/"+name+"/invoke", ct, bytes.NewReader(body), int64(len(body)), hdr)
 	if err != nil {
 		return invokeTimeoutError(ctx, name, o.timeout, err)
@@ -303,7 +312,7 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	}
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		if ctx.Err() != nil {
-			return invokeTimeoutError(ctx, name, o.timeout, ctx.Err())
+			return invokeTimeoutError(ctx, name, o.timeout, fmt.Errorf("%s: the answer did not arrive in full within %v: gave up waiting", name, wait))
 		}
 		return fmt.Errorf("reading the response: %w", err)
 	}

@@ -1,0 +1,267 @@
+package cli
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// rawServer accepts connections and hands each request, read in full, to
+// then (nil: close the connection without an answer); it records the
+// request line of each.
+type rawServer struct {
+	ln      net.Listener
+	mu      sync.Mutex
+	arrived []string
+	release chan struct{}
+}
+
+func newRawServer(t *testing.T, then func(c net.Conn, req *http.Request)) *rawServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &rawServer{ln: ln, release: make(chan struct{})}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); close(s.release); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				s.mu.Lock()
+				s.arrived = append(s.arrived, req.Method+" "+req.URL.RequestURI())
+				s.mu.Unlock()
+				if then != nil {
+					then(c, req)
+				}
+			}()
+		}
+	}()
+	return s
+}
+
+func (s *rawServer) url() string { return "http://" + s.ln.Addr().String() }
+
+func (s *rawServer) requests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.arrived...)
+}
+
+// A request that got no answer is told by how far it got: no connection
+// (how to start a server), the connection closed after the whole request
+// was sent (it may have run), no answer within the client's wait (issue:
+// all three said "cannot reach the plover server (start one with plover
+// serve)").
+func TestTransportFailuresToldApart(t *testing.T) {
+	in := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(in, []byte("input"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	invokeArgs := func(url string, more ...string) []string {
+		return append([]string{"invoke", "f", "--server", url, "--in", in, "--out", filepath.Join(t.TempDir(), "out")}, more...)
+	}
+
+	t.Run("not reached", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := "http://" + ln.Addr().String()
+		ln.Close() // nothing listens there now
+		_, errs, code := runMain(t, nil, invokeArgs(url)...)
+		if code != 1 || !strings.Contains(errs, "cannot reach the plover server at "+url+" (start one with 'plover serve'") {
+			t.Fatalf("exit %d, stderr %q", code, errs)
+		}
+	})
+
+	t.Run("closed after the request", func(t *testing.T) {
+		s := newRawServer(t, nil)
+		for _, args := range [][]string{invokeArgs(s.url()), {"rm", "f", "--server", s.url()}} {
+			_, errs, code := runMain(t, nil, args...)
+			want := "the plover server at " + s.url() + " closed the connection before answering: the request may have run"
+			if code != 1 || !strings.Contains(errs, want) || strings.Contains(errs, "start one") {
+				t.Fatalf("%s: exit %d, stderr %q; want %q", args[0], code, errs, want)
+			}
+		}
+		if got := s.requests(); len(got) != 2 || got[0] != "POST /v1/functions/f/invoke" || got[1] != "DELETE /v1/functions/f" {
+			t.Fatalf("the server got %q; want the invoke and the delete, once each", got)
+		}
+	})
+
+	t.Run("no answer in time", func(t *testing.T) {
+		defer func(d time.Duration) { requestTimeout = d }(requestTimeout)
+		requestTimeout = 150 * time.Millisecond
+		var s *rawServer
+		s = newRawServer(t, func(net.Conn, *http.Request) { <-s.release })
+		for _, args := range [][]string{invokeArgs(s.url()), {"ls", "--server", s.url()}} {
+			_, errs, code := runMain(t, nil, args...)
+			want := "no answer from the plover server at " + s.url() + " within 150ms: gave up waiting; the server may still be running the request"
+			if code != 1 || !strings.Contains(errs, want) {
+				t.Fatalf("%s: exit %d, stderr %q; want %q", args[0], code, errs, want)
+			}
+		}
+	})
+}
+
+// plover invoke waits as long as its --timeout asks (and invokeGrace), not
+// the client's requestTimeout: a --timeout of 20m against a server with a
+// raised --max-timeout failed at 10 minutes.
+func TestInvokeWaitFollowsTimeout(t *testing.T) {
+	defer func(d, g time.Duration) { requestTimeout, invokeGrace = d, g }(requestTimeout, invokeGrace)
+	requestTimeout, invokeGrace = 10*time.Minute, 2*time.Second
+	for _, tt := range []struct{ timeout, want time.Duration }{
+		{0, 10 * time.Minute},
+		{time.Second, 3 * time.Second},
+		{20 * time.Minute, 20*time.Minute + 2*time.Second},
+	} {
+		if got := invokeWait(tt.timeout); got != tt.want {
+			t.Errorf("invokeWait(%v) = %v, want %v", tt.timeout, got, tt.want)
+		}
+	}
+
+	// Against a server: it answers after the client's requestTimeout has
+	// passed, within --timeout.
+	requestTimeout = 100 * time.Millisecond
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		time.Sleep(4 * requestTimeout) // a function that runs longer than requestTimeout
+		w.Write([]byte("done"))
+	}))
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "out")
+	_, errs, code := runMain(t, nil, "invoke", "f", "--server", srv.URL, "--in", os.DevNull, "--out", out, "--timeout", "30s")
+	if b, _ := os.ReadFile(out); code != 0 || string(b) != "done" {
+		t.Fatalf("invoke --timeout 30s with requestTimeout %v: exit %d, output %q, stderr %q", requestTimeout, code, b, errs)
+	}
+}
+
+// slowBody yields its bytes a chunk at a time, each after a tick: a slow
+// link that keeps moving.
+type slowBody struct {
+	chunk, left int
+	tick        <-chan time.Time
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	<-b.tick
+	n := min(b.chunk, b.left, len(p))
+	for i := range p[:n] {
+		p[i] = 'b'
+	}
+	b.left -= n
+	return n, nil
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// A deploy has no overall bound: it fails when no byte moves for
+// uploadIdle, or no answer comes that long after the last one, and an
+// upload that keeps moving goes on past requestTimeout.
+func TestUploadIdleTimeout(t *testing.T) {
+	defer func(d time.Duration) { requestTimeout = d }(requestTimeout)
+	requestTimeout = 100 * time.Millisecond
+	const idle = 300 * time.Millisecond
+	hold := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/functions/stalled": // takes a little, then reads no more
+			io.CopyN(io.Discard, r.Body, 2048)
+			<-hold
+			return
+		case "/v1/functions/held": // takes it all, never answers
+			io.Copy(io.Discard, r.Body)
+			<-hold
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"name":"f","version":"v1"}`))
+	}))
+	defer srv.Close()
+	defer close(hold) // before srv.Close, which waits for the handlers
+	c := newClient(srv.URL, "", "")
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+
+	// 20 chunks, a tick apart: 400 ms in all, longer than requestTimeout.
+	var v map[string]any
+	body := &slowBody{chunk: 1024, left: 20 * 1024, tick: tick.C}
+	start := time.Now()
+	if err := c.upload("/v1/functions/f", "application/octet-stream", body, 20*1024, idle, &v); err != nil || v["version"] != "v1" {
+		t.Fatalf("a moving upload: %v, answer %v", err, v)
+	}
+	if el := time.Since(start); el < requestTimeout {
+		t.Fatalf("the upload took %v, not longer than requestTimeout %v: it tests nothing", el, requestTimeout)
+	}
+
+	// The server stops reading: the socket's buffers fill (64 MiB is far
+	// more than they hold), and nothing moves.
+	const size = 64 << 20
+	err := c.upload("/v1/functions/stalled", "application/octet-stream", io.LimitReader(zeros{}, size), size, idle, &v)
+	want := "the plover server at " + srv.URL + ": no byte of the upload moved for 300ms ("
+	if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), " of 64.0 MiB sent): gave up") {
+		t.Fatalf("a stalled upload: %v; want %q", err, want+"... of 64.0 MiB sent): gave up")
+	}
+
+	// All sent; the answer never comes.
+	err = c.upload("/v1/functions/held", "application/octet-stream", strings.NewReader("bundle"), 6, idle, &v)
+	want = "the plover server at " + srv.URL + ": no answer within 300ms of the upload's last byte (6 B sent): gave up waiting"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("an unanswered upload: %v; want %q", err, want)
+	}
+}
+
+// plover deploy sends its bundle with upload: a server that takes it and
+// never answers is given up on uploadIdle after the last byte, with the
+// reason.
+func TestDeployGivesUpWhenIdle(t *testing.T) {
+	defer func(d, r time.Duration) { uploadIdle, requestTimeout = d, r }(uploadIdle, requestTimeout)
+	uploadIdle, requestTimeout = 200*time.Millisecond, 3*time.Second // the latter only ends a deploy that ignores uploadIdle sooner
+	var s *rawServer
+	s = newRawServer(t, func(c net.Conn, req *http.Request) {
+		if req.URL.Path == "/healthz" { // deploy asks first which targets the server runs
+			io.WriteString(c, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+			return
+		}
+		<-s.release
+	})
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	_, errs, code := runMain(t, nil, "deploy", dir, "--server", s.url())
+	want := "no answer within 200ms of the upload's last byte"
+	if code != 1 || !strings.Contains(errs, want) {
+		t.Fatalf("exit %d, stderr %q; want %q", code, errs, want)
+	}
+}
