@@ -44,6 +44,7 @@ type benchFlags struct {
 	rate              rateFlag
 	duration, timeout time.Duration
 	requests          int64
+	maxErrors         int64
 	asJSON            bool
 	grpc              string
 	chart             string
@@ -56,12 +57,13 @@ func benchCmd() *command {
 		named: true,
 		name:  "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
 		complete: f.ep.completeFunctions,
-		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--chart FILE.svg] [--json]",
+		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--max-errors N] [--chart FILE.svg] [--json]",
 		example: "  plover bench vecadd --in build/samples/vecadd-input.bin --concurrency 4 --duration 10s\n" +
 			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
 			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms\n" +
 			"  plover bench cnn --size 3136 --grpc grpc://127.0.0.1:8001           # through gRPC ModelInfer\n" +
-			"  plover bench cnn --size 3136 --duration 5s --chart cnn-latency.svg   # and the latency histogram as an SVG chart",
+			"  plover bench cnn --size 3136 --duration 5s --chart cnn-latency.svg   # and the latency histogram as an SVG chart\n" +
+			"  plover bench cnn --size 3136 --requests 1000 --max-errors 0          # in CI: exit 1 if any request failed",
 		flags: func(fs *flag.FlagSet) {
 			f.ep.serverFlag(fs)
 			fs.StringVar(&f.in, "in", "", "input file sent as every request's body, - for stdin")
@@ -71,6 +73,7 @@ func benchCmd() *command {
 			fs.DurationVar(&f.duration, "duration", bench.DefaultDuration, "stop after this long (or at --requests, whichever comes first)")
 			fs.Int64Var(&f.requests, "requests", bench.DefaultRequests, "stop after this many requests (or at --duration, whichever comes first)")
 			fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "per-request timeout (requests in flight at --duration may finish up to this much later)")
+			fs.Int64Var(&f.maxErrors, "max-errors", -1, "exit 1 (after the report) when more than this many requests end without a 2xx answer: 429s (busy, rate_limited), 5xx, no answer; 0 fails on any (-1: no bound, the run fails only when no request succeeded)")
 			fs.BoolVar(&f.asJSON, "json", false, "print the result as JSON on stdout")
 			fs.StringVar(&f.chart, "chart", "", "also write the client latency histogram as an SVG chart to this file (bars over a log latency axis, p50/p90/p99 marked)")
 			fs.StringVar(&f.grpc, "grpc", "", "send the requests over gRPC (the Open Inference Protocol's ModelInfer, the input split raw into the model's inputs) to this address of plover serve --grpc-listen: grpc://HOST:PORT, or grpcs://HOST:PORT for TLS (--cacert)")
@@ -97,6 +100,8 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		return usagef(env, "bench", "--concurrency %d: want 1..10000 (or 0: 1, or 64 with --rate)", f.concurrency)
 	case f.timeout < 0:
 		return usagef(env, "bench", "--timeout %v: want a positive duration", f.timeout)
+	case f.maxErrors < -1:
+		return usagef(env, "bench", "--max-errors %d: want 0 or more (or -1: no bound)", f.maxErrors)
 	case f.grpc != "" && !grpcAddress(f.grpc):
 		return usagef(env, "bench", "--grpc %q: want grpc://HOST:PORT, or grpcs://HOST:PORT for TLS", f.grpc)
 	}
@@ -154,6 +159,13 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	}
 	if res.OK == 0 {
 		return errors.New("no request succeeded")
+	}
+	var failed int64
+	for _, e := range res.Errors {
+		failed += e.Count
+	}
+	if f.maxErrors >= 0 && failed > f.maxErrors {
+		return fmt.Errorf("%d of %d requests failed (the report lists their errors), more than --max-errors %d", failed, res.Requests, f.maxErrors)
 	}
 	return nil
 }

@@ -127,3 +127,42 @@ func TestBenchSecondInterruptQuits(t *testing.T) {
 		t.Errorf("stderr does not say the first ^C was taken: %q", stderr.String())
 	}
 }
+
+// --max-errors lets a script fail a run with errors in it (429s here, with
+// the Retry-After a load test does not obey): without it a run exits 0
+// unless no request succeeded. Every third request is refused.
+func TestBenchMaxErrors(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1)%3 == 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			w.Write([]byte(`{"error":{"code":"rate_limited","message":"over its rate"}}`))
+			return
+		}
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		flags []string
+		code  int
+		want  string // in stderr
+	}{
+		{nil, 0, ""},
+		{[]string{"--max-errors", "3"}, 0, ""},
+		{[]string{"--max-errors", "2"}, 1, "plover bench: 3 of 9 requests failed (the report lists their errors), more than --max-errors 2"},
+		{[]string{"--max-errors", "0"}, 1, "3 of 9 requests failed"},
+		{[]string{"--max-errors", "-2"}, 2, "--max-errors -2: want 0 or more (or -1: no bound)"},
+	} {
+		n.Store(0)
+		args := append([]string{"bench", "f", "--server", srv.URL, "--size", "8", "--requests", "9", "--concurrency", "1"}, tt.flags...)
+		out, errs, code := runMain(t, nil, args...)
+		if code != tt.code || !strings.Contains(errs, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and %q\n%s", tt.flags, code, errs, tt.code, tt.want, out)
+		}
+		if tt.code != 2 && !strings.Contains(out, "error       429 × 3") {
+			t.Errorf("%v: the report lacks the three 429s:\n%s", tt.flags, out)
+		}
+	}
+}

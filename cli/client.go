@@ -183,10 +183,35 @@ type apiError struct {
 	Status  int
 	Code    string
 	Message string
+	// RetryAfter is the wait the answer's Retry-After asks for (429 busy
+	// and rate_limited, a 503), rounded up to whole seconds; 0 without one.
+	RetryAfter time.Duration
 }
 
 func (e *apiError) Error() string {
-	return fmt.Sprintf("server said %d %s: %s", e.Status, e.Code, e.Message)
+	s := fmt.Sprintf("server said %d %s: %s", e.Status, e.Code, e.Message)
+	if e.RetryAfter > 0 {
+		s += fmt.Sprintf(" (retry after %d s)", int64(e.RetryAfter/time.Second))
+	}
+	return s
+}
+
+// retryAfter reads a Retry-After header: delay-seconds, or an HTTP date
+// (the wait until then, rounded up to a second); 0 for none, one that is
+// neither, or a wait already over.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 || n > 1<<31 {
+			return 0
+		}
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		d := max(t.Sub(now), 0)
+		return (d + time.Second - 1) / time.Second * time.Second
+	}
+	return 0
 }
 
 func (c *client) do(method, path, contentType string, body io.Reader) (*http.Response, error) {
@@ -241,9 +266,9 @@ func (c *client) doRequest(ctx context.Context, method, path, contentType string
 			if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
 				msg += " (no token was sent: set $PLOVER_TOKEN or --token)"
 			}
-			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: msg}
+			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: msg, RetryAfter: retryAfter(resp.Header, time.Now())}
 		}
-		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b))}
+		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b)), RetryAfter: retryAfter(resp.Header, time.Now())}
 	}
 	return resp, nil
 }

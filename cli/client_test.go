@@ -265,3 +265,53 @@ func TestDeployGivesUpWhenIdle(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q; want %q", code, errs, want)
 	}
 }
+
+// An error answer's Retry-After is said with it: a 429 or 503 printed
+// "server said 429 rate_limited: ..." without the wait it asks for.
+func TestAPIErrorSaysRetryAfter(t *testing.T) {
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		header string
+		want   time.Duration
+	}{
+		{"", 0}, {"7", 7 * time.Second}, {" 2 ", 2 * time.Second}, {"-3", 0}, {"soon", 0},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
+		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
+	} {
+		h := http.Header{}
+		if tt.header != "" {
+			h.Set("Retry-After", tt.header)
+		}
+		if got := retryAfter(h, now); got != tt.want {
+			t.Errorf("Retry-After %q: %v, want %v", tt.header, got, tt.want)
+		}
+	}
+
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch strings.TrimSuffix(r.URL.Path, "/versions") {
+		case "/v1/functions/limited":
+			w.Header().Set("Retry-After", "7")
+			w.WriteHeader(http.StatusTooManyRequests)
+			io.WriteString(w, `{"error":{"code":"rate_limited","message":"token app is over its rate"}}`)
+		case "/v1/functions/down":
+			w.Header().Set("Retry-After", "30")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "the proxy's own page")
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"error":{"code":"not_found","message":"function f not found"}}`)
+		}
+	}))
+	defer srv.Close()
+	for _, tt := range []struct{ name, want string }{
+		{"limited", "plover versions: server said 429 rate_limited: token app is over its rate (retry after 7 s)\n"},
+		{"down", "plover versions: server said 503 http: the proxy's own page (retry after 30 s)\n"},
+		{"f", "plover versions: server said 404 not_found: function f not found\n"},
+	} {
+		_, errs, code := runMain(t, nil, "versions", tt.name, "--server", srv.URL)
+		if code != 1 || !strings.HasSuffix(errs, tt.want) {
+			t.Errorf("versions %s: exit %d, stderr %q; want it to end %q", tt.name, code, errs, tt.want)
+		}
+	}
+}
