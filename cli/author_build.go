@@ -113,7 +113,7 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBund
 	if m.Constants != "" {
 		fi, err := os.Stat(filepath.Join(dir, m.Constants))
 		if err != nil {
-			return nil, fmt.Errorf("constants %q (plover.json): %w", m.Constants, err)
+			return nil, constantsError(dir, m, err)
 		}
 		constants = fi
 	}

@@ -335,8 +335,9 @@ func TestBuildErrors(t *testing.T) {
 	}
 	os.Rename(filepath.Join(dir, "moved.cu"), filepath.Join(dir, "errs.cu"))
 	os.Remove(filepath.Join(dir, "constants.bin"))
-	if _, _, err := runCommand(buildCmd(), dir); err == nil || !strings.Contains(err.Error(), `constants "constants.bin"`) {
-		t.Fatalf("missing constants: %v", err)
+	want := filepath.Join(dir, "plover.json") + ": constants: " + filepath.Join(dir, "constants.bin") + ": no such file or directory"
+	if _, _, err := runCommand(buildCmd(), dir); err == nil || err.Error() != want {
+		t.Fatalf("missing constants: %v; want %q", err, want)
 	}
 }
 

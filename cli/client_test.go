@@ -315,3 +315,25 @@ func TestAPIErrorSaysRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// A constants file that is not there is said as the manifest's other
+// checks are, naming DIR/plover.json and the field: it read "constants:
+// nosuch.bin: no such file or directory".
+func TestMissingConstantsNamesTheManifest(t *testing.T) {
+	m := testkit.Manifest("fn")
+	m.Constants = "nosuch.bin"
+	dir := testkit.BundleDir(t, m, nil)
+	want := "plover deploy: " + filepath.Join(dir, "plover.json") + ": constants: " + filepath.Join(dir, "nosuch.bin") + ": no such file or directory\n"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := "http://" + ln.Addr().String()
+	ln.Close() // the check comes before any upload: no server needed
+	for _, to := range [][]string{{"--server", server}, {"--store", "file://" + filepath.Join(t.TempDir(), "store")}} {
+		_, errs, code := runMain(t, nil, append([]string{"deploy", dir}, to...)...)
+		if code != 1 || errs != want {
+			t.Errorf("deploy %s: exit %d, stderr %q; want %q", to[0], code, errs, want)
+		}
+	}
+}

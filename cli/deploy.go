@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -36,10 +37,26 @@ func checkDir(dir string) (*abi.Manifest, error) {
 	if m.IsPipeline() {
 		return m, nil // no library; the server checks its steps against the store
 	}
+	if m.Constants != "" {
+		if _, err := os.Stat(filepath.Join(dir, m.Constants)); err != nil {
+			return nil, constantsError(dir, m, err)
+		}
+	}
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// constantsError says that the constants file dir's manifest names cannot
+// be read, as the manifest's other checks do: the manifest's path, the
+// field, the file's path and why.
+func constantsError(dir string, m *abi.Manifest, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err // the path is said once, below
+	}
+	return fmt.Errorf("%s: constants: %s: %w", filepath.Join(dir, abi.ManifestFile), filepath.Join(dir, m.Constants), err)
 }
 
 // checkSteps is, for a deploy or rollback straight to the store, what a
@@ -66,7 +83,7 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest) error {
 	if m.Constants != "" {
 		fi, err := os.Stat(filepath.Join(dir, m.Constants))
 		if err != nil {
-			return fmt.Errorf("constants: %s: %w", m.Constants, err)
+			return constantsError(dir, m, err)
 		}
 		size = fi.Size()
 	}
