@@ -34,7 +34,8 @@ class PloverError(Exception):
     with status None for none within the client's wait: the server's own
     deadline answers 504 "timeout");
     message: the error object's message; headers: the answer's headers
-    (None without an answer); retry_after: the seconds its Retry-After
+    (None without an answer; for deploy, which runs the CLI, only the
+    Retry-After its message reported); retry_after: the seconds its Retry-After
     header asks the caller to wait before sending again (429 busy and
     rate_limited carry one, at least 1), else None. The client does not
     retry by itself.
@@ -566,11 +567,17 @@ class Client:
         return json.loads(data)
 
     _SERVER_SAID = re.compile(r"server said (\d+) (\S+): (.*)")
+    _RETRY_AFTER = re.compile(r" \(retry after (\d+) s\)$")
 
-    def deploy(self, dir, *, force=False, plover="plover"):
+    def deploy(self, dir, *, force=False, plover="plover", timeout=...):
         """Check, pack and upload the bundle directory dir, by running the
         plover CLI (`plover deploy DIR --server URL`) with this client's
         token and CA file.
+
+        timeout: seconds the CLI may run in all (default the client's
+        timeout; None: no bound); past it the CLI is stopped and
+        PloverError code "timeout" raised (the server may still have
+        stored the bundle if it was all sent: versions() shows).
 
         A bundle is a zstd-compressed tar, and the Python standard library
         has no zstd; the CLI also checks the manifest and the library's
@@ -598,13 +605,23 @@ class Client:
             env.pop("PLOVER_TOKEN", None)
         if self.cafile:
             env["PLOVER_CACERT"] = self.cafile
-        p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, universal_newlines=True)
+        wait = self.timeout if timeout is ... else timeout
+        try:
+            p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, universal_newlines=True, timeout=wait)
+        except subprocess.TimeoutExpired as e:
+            raise PloverError(None, "timeout", "plover deploy %s did not finish within %g s (deploy's timeout: the "
+                              "client's unless given) and was stopped; if the whole bundle was sent the server may "
+                              "still have stored it (versions() shows)" % (os.fspath(dir), wait)) from e
         if p.returncode != 0:
             msg = p.stderr.strip() or p.stdout.strip() or "exit status %d" % p.returncode
             m = self._SERVER_SAID.search(msg)
             if m:
-                raise PloverError(int(m.group(1)), m.group(2), m.group(3).strip())
+                message, headers = m.group(3).strip(), None
+                r = self._RETRY_AFTER.search(message)
+                if r:  # the CLI's rendering of the answer's Retry-After
+                    message, headers = message[:r.start()], {"Retry-After": r.group(1)}
+                raise PloverError(int(m.group(1)), m.group(2), message, headers)
             raise PloverError(None, "deploy_failed", msg)
         try:
             r = json.loads(p.stdout)

@@ -659,6 +659,28 @@ class DeployViaCLI(unittest.TestCase):
         self.assertEqual((cm.exception.status, cm.exception.code), (None, "deploy_failed"))
         self.assertIn("plover.json", cm.exception.message)
 
+    @unittest.skipIf(os.name != "posix", "a shell script stands in for the CLI")
+    def test_timeout(self):
+        # A CLI that never ends is stopped at the client's timeout (or
+        # deploy's own), and said as a timeout.
+        cli = self.fake("exec sleep 20\n")
+        for client, kw, wait in [(plover.Client("http://127.0.0.1:1", timeout=0.3), {}, "0.3"),
+                                 (plover.Client("http://127.0.0.1:1", timeout=None), {"timeout": 0.2}, "0.2")]:
+            start = time.monotonic()
+            with self.assertRaises(PloverError) as cm:
+                client.deploy("/d", plover=cli, **kw)
+            self.assertLess(time.monotonic() - start, 10, "the CLI was not stopped")
+            self.assertEqual((cm.exception.status, cm.exception.code), (None, "timeout"), cm.exception)
+            self.assertIn("plover deploy /d did not finish within %s s" % wait, cm.exception.message)
+
+    @unittest.skipIf(os.name != "posix", "a shell script stands in for the CLI")
+    def test_retry_after(self):
+        cli = self.fake('echo "plover deploy: server said 429 rate_limited: token app is over its rate (retry after 7 s)" >&2\nexit 1\n')
+        with self.assertRaises(PloverError) as cm:
+            plover.Client("http://127.0.0.1:1").deploy("/d", plover=cli)
+        e = cm.exception
+        self.assertEqual((e.status, e.code, e.message, e.retry_after), (429, "rate_limited", "token app is over its rate", 7.0))
+
     def test_no_cli(self):
         with self.assertRaises(FileNotFoundError):
             plover.Client().deploy("/d", plover="plover-no-such-binary-here")
