@@ -569,13 +569,15 @@ class Client:
     _SERVER_SAID = re.compile(r"server said (\d+) (\S+): (.*)")
     _RETRY_AFTER = re.compile(r" \(retry after (\d+) s\)$")
 
-    def deploy(self, dir, *, force=False, plover="plover", timeout=...):
+    def deploy(self, dir, *, force=False, plover="plover", timeout=None):
         """Check, pack and upload the bundle directory dir, by running the
         plover CLI (`plover deploy DIR --server URL`) with this client's
         token and CA file.
 
-        timeout: seconds the CLI may run in all (default the client's
-        timeout; None: no bound); past it the CLI is stopped and
+        timeout: seconds the CLI may run in all (None, the default: the
+        CLI's own bound, 5 minutes with no byte of the bundle moving or no
+        answer after the last; a large bundle over a slow link may take
+        longer than any one figure); past it the CLI is stopped and
         PloverError code "timeout" raised (the server may still have
         stored the bundle if it was all sent: versions() shows).
 
@@ -605,13 +607,13 @@ class Client:
             env.pop("PLOVER_TOKEN", None)
         if self.cafile:
             env["PLOVER_CACERT"] = self.cafile
-        wait = self.timeout if timeout is ... else timeout
+        wait = timeout
         try:
             p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, universal_newlines=True, timeout=wait)
         except subprocess.TimeoutExpired as e:
-            raise PloverError(None, "timeout", "plover deploy %s did not finish within %g s (deploy's timeout: the "
-                              "client's unless given) and was stopped; if the whole bundle was sent the server may "
+            raise PloverError(None, "timeout", "plover deploy %s did not finish within %g s (deploy's "
+                              "timeout) and was stopped; if the whole bundle was sent the server may "
                               "still have stored it (versions() shows)" % (os.fspath(dir), wait)) from e
         if p.returncode != 0:
             msg = p.stderr.strip() or p.stdout.strip() or "exit status %d" % p.returncode

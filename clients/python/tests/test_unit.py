@@ -661,10 +661,10 @@ class DeployViaCLI(unittest.TestCase):
 
     @unittest.skipIf(os.name != "posix", "a shell script stands in for the CLI")
     def test_timeout(self):
-        # A CLI that never ends is stopped at the client's timeout (or
-        # deploy's own), and said as a timeout.
+        # A CLI that never ends is stopped at deploy's timeout, and said
+        # as a timeout; the client's own (for its requests) is not deploy's.
         cli = self.fake("exec sleep 20\n")
-        for client, kw, wait in [(plover.Client("http://127.0.0.1:1", timeout=0.3), {}, "0.3"),
+        for client, kw, wait in [(plover.Client("http://127.0.0.1:1", timeout=0.01), {"timeout": 0.3}, "0.3"),
                                  (plover.Client("http://127.0.0.1:1", timeout=None), {"timeout": 0.2}, "0.2")]:
             start = time.monotonic()
             with self.assertRaises(PloverError) as cm:
