@@ -557,7 +557,9 @@ func (c *Cache) Adopt(work, sha string) {
 	if !ValidDigest(sha) {
 		return
 	}
-	unlock := c.lock(sha)
+	var aside []string
+	defer func() { c.removeAll(aside) }() // after the lock below is let go (defers run last first)
+	defer c.lock(sha)()                   // let go on every path, a panic's too
 	dir := filepath.Join(c.dir, sha)
 	size, _, err := dirSize(work) // before the rename: use cannot fail after it
 	if err == nil {
@@ -567,15 +569,13 @@ func (c *Cache) Adopt(work, sha string) {
 		// The first Get fetches it. Removed once sha's lock is let go: a
 		// bundle deployed again is a copy of gigabytes, which would hold
 		// up every request for it meanwhile.
-		unlock()
-		c.removeAll([]string{work})
+		aside = append(aside, work)
 		return
 	}
 	syncDir(c.dir)
 	c.keep(sha, nil) // any kept were of files no longer there: read the new ones
 	c.use(sha, dir, size)
 	c.Release(sha)
-	unlock()
 }
 
 // mkdirShared is os.MkdirTemp with the directory searchable by others: a

@@ -141,6 +141,6 @@ func TestAStalledListingEndsThePrewarm(t *testing.T) {
 			t.Errorf("prewarm over a stalled listing: %v, want its error", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("prewarm still waits for a stalled listing after 10 s (its request timeout is 200 ms)")
+		t.Fatal("prewarm still waits for a stalled listing after 10 s (its request timeout is 200 ms, the listing's bound 4 s)")
 	}
 }

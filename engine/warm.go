@@ -40,11 +40,13 @@ func (e *Engine) warm(ctx context.Context, v *version) error {
 // instances (the server default applies to all), so other bundles are not
 // fetched: they stay in the store until their first request.
 func (e *Engine) Prewarm(ctx context.Context) error {
-	// As long as a request may take, as the lookups and warms below: the
-	// server's start runs it under its own life, and a listing that stalls
-	// (no read of a body is bounded by minio-go once its headers came)
-	// would warm nothing, and say nothing, for as long as it lives.
-	lctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	// Bounded: the server's start runs it under its own life, and a
+	// listing that stalls (no read of a body is bounded by minio-go once
+	// its headers came) would warm nothing, and say nothing, for as long
+	// as it lives. Not by one request's time: at start the listing reads
+	// every record in turn (a round trip each on S3), and 500 functions
+	// at 30 ms each took the default 30 s, so that the cut warmed none.
+	lctx, cancel := context.WithTimeout(ctx, prewarmListing*e.cfg.Timeout)
 	recs, err := e.tab.reg.List(lctx)
 	cancel()
 	if err != nil {
@@ -65,6 +67,10 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	}
 	return firstErr
 }
+
+// prewarmListing is how many request timeouts Prewarm's listing may take
+// (10 minutes at the default 30 s: some 20,000 records on S3).
+const prewarmListing = 20
 
 // warmIfWanted brings f's current version up to its min_instances.
 // Functions without a minimum (by their record, or the server default) are

@@ -522,8 +522,12 @@ func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version stri
 	return nil
 }
 
-// maxElementText is the most bytes appendData writes for an element of
-// each datatype, its comma included: the JSON is grown once to fit.
+// maxElementText is what appendData writes for an element of each
+// datatype, its comma included, at most for the integers and for most
+// floats: the JSON is grown once to fit. A float below 1e21 but far from 1
+// is written whole ('f'), -1.2345678e20 as FP32 in 23 bytes, and answers
+// full of such values grow past it (a copy, up to twice the memory); room
+// for them in every answer would be half as much again for the usual ones.
 var maxElementText = map[string]int64{
 	"BOOL": 6, "UINT8": 4, "INT8": 5, "UINT16": 6, "INT16": 7, "UINT32": 11, "INT32": 12,
 	"UINT64": 21, "INT64": 21, "FP16": 16, "FP32": 16, "FP64": 25,

@@ -161,7 +161,7 @@ func (h *inferHeader) decode(header []byte) error {
 // sent "binary_data_output": "true" got JSON and no word why.
 func paramBool(p map[string]any, key, path string) (bool, error) {
 	v, ok := p[key]
-	if !ok {
+	if !ok || v == nil { // null, as absent: clients that write every field send it
 		return false, nil
 	}
 	b, ok := v.(bool)

@@ -77,6 +77,12 @@ func (r *Repository) listOne(name string) (f folder, ok bool, err error) {
 	}
 	fi, err := os.Lstat(filepath.Join(r.cfg.Dir, name))
 	if errors.Is(err, fs.ErrNotExist) {
+		// No such model, unless DIR itself is gone (a volume unmounted, a
+		// link being swapped): the node's failure, as the index says, not
+		// a 404 a client takes for final.
+		if _, derr := os.Stat(r.cfg.Dir); derr != nil {
+			return folder{}, false, derr
+		}
 		return folder{}, false, nil
 	}
 	if err != nil {
