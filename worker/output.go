@@ -117,8 +117,8 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int
 		br.Discard(n)
 	}
 	buf := make([]byte, skipRead)
-	for read := 0; ; read += len(buf) {
-		if read >= skipMax {
+	for read, reads := 0, 0; ; reads++ {
+		if read >= skipMax || reads >= skipReads {
 			// The rest waits in the pipe, the worker's writes with it,
 			// until the budget has room: what a drop costs the server is
 			// bounded, whatever the worker spends writing.
@@ -136,6 +136,7 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int
 			}
 			return lines, midLine, err
 		}
+		read += n
 		chunk := buf[:n]
 		if !time.Now().Before(until) {
 			if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
@@ -149,11 +150,14 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int
 }
 
 // skipRead is what skipOutput reads at once: a pipe's default capacity;
-// skipMax is the most a drop reads (about a millisecond of the server's
-// CPU), after which the worker's writes wait for the drop's end.
+// skipMax and skipReads are the most a drop reads, in bytes (about a
+// millisecond of the server's CPU) and in reads (a worker writing a line
+// at a time, as printf does, costs a read a line: some 50 ms), after which
+// the worker's writes wait for the drop's end.
 const (
-	skipRead = 64 << 10
-	skipMax  = 4 << 20
+	skipRead  = 64 << 10
+	skipMax   = 4 << 20
+	skipReads = 16 << 10
 )
 
 // outputSource is a worker stream read by a bufio.Reader, with what a
