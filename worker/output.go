@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"time"
 
@@ -80,13 +81,27 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		case p.d.opts.Output != nil || p.lines.take(now): // plover run: the author's own terminal
 			p.output(api.LogLine{Time: now, Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		default:
-			n, midLine, serr := skipOutput(src, br, p.lines.readyAt(now))
+			n, midLine, tail, serr := skipOutput(src, br, p.lines.readyAt(now))
+			kept := lastLines(tail, outputResume)
+			n += 1 - len(kept) // the line that began the drop; the tail's are passed on
 			if midLine {
 				n++
 			}
 			rest = midLine
-			p.output(api.LogLine{Time: time.Now(), Stream: stream, PID: p.pid,
-				Line: fmt.Sprintf("[plover: %d lines not kept: this worker printed more than %d lines at once, or %d a second]", 1+n, outputBurst, outputRate)})
+			at := time.Now()
+			p.output(api.LogLine{Time: at, Stream: stream, PID: p.pid,
+				Line: fmt.Sprintf("[plover: %d lines not kept: this worker printed more than %d lines at once, or %d a second]", n, outputBurst, outputRate)})
+			// The drop's last lines, as a function's log keeps its last:
+			// what a worker printed last (as it failed, or finished) is
+			// what its author reads first.
+			for _, l := range kept {
+				p.lines.take(at)
+				text, cut := l, 0
+				if len(text) > api.LogLineMax {
+					text, cut = text[:api.LogLineMax], len(text)-api.LogLineMax
+				}
+				p.output(api.LogLine{Time: at, Stream: stream, PID: p.pid, Line: string(text), Truncated: cut})
+			}
 			err = serr
 		}
 		if err != nil {
@@ -102,8 +117,19 @@ func (p *proc) readOutput(r *os.File, stream string) {
 // stops at a line's end where it can (the bytes after it go back to br);
 // midLine says it stopped within a line, whose rest the caller drops. It
 // returns the lines it dropped, each counted at its end.
-func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int, midLine bool, err error) {
+func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int, midLine bool, tail []byte, err error) {
 	r := src.r
+	// tail is the last tailKeep bytes dropped, ending at a line's end.
+	keep := func(b []byte) {
+		tail = append(tail, b...)
+		if len(tail) > 2*tailKeep {
+			tail = append(tail[:0:0], tail[len(tail)-tailKeep:]...)
+		}
+	}
+	defer func() {
+		end := bytes.LastIndexByte(tail, '\n') + 1
+		tail = tail[max(0, end-tailKeep):end]
+	}()
 	// A pipe takes a deadline (os.Pipe's ends are in the poller): a worker
 	// that stopped printing ends the drop when the budget has room. Should
 	// it not, the drop ends at the first read after then.
@@ -114,6 +140,7 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int
 	if n := br.Buffered(); n > 0 {
 		chunk, _ := br.Peek(n)
 		lines, midLine = bytes.Count(chunk, nl), chunk[n-1] != '\n'
+		keep(chunk)
 		br.Discard(n)
 	}
 	buf := make([]byte, skipRead)
@@ -123,7 +150,7 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int
 			// until the budget has room: what a drop costs the server is
 			// bounded, whatever the worker spends writing.
 			time.Sleep(time.Until(until))
-			return lines, midLine, nil
+			return lines, midLine, tail, nil
 		}
 		n := copy(buf, src.left)
 		src.left = src.left[n:]
@@ -134,19 +161,38 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				err = nil
 			}
-			return lines, midLine, err
+			return lines, midLine, tail, err
 		}
 		read += n
 		chunk := buf[:n]
 		if !time.Now().Before(until) {
 			if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
 				src.left = chunk[i+1:]
-				return lines + bytes.Count(chunk[:i+1], nl), false, nil
+				keep(chunk[:i+1])
+				return lines + bytes.Count(chunk[:i+1], nl), false, tail, nil
 			}
 		}
+		keep(chunk)
 		lines += bytes.Count(chunk, nl)
 		midLine = chunk[n-1] != '\n'
 	}
+}
+
+// lastLines is the last n lines of b (lines ended by newlines, without
+// them), b's first line left out unless b holds its start: a tail cut at
+// tailKeep bytes may begin within a line. They alias b.
+func lastLines(b []byte, n int) [][]byte {
+	var out [][]byte
+	for end := len(b) - 1; end >= 0 && len(out) < n; {
+		start := bytes.LastIndexByte(b[:end], '\n') + 1
+		if start == 0 && len(b) >= tailKeep {
+			break // may be the rest of a line cut off
+		}
+		out = append(out, b[start:end])
+		end = start - 1
+	}
+	slices.Reverse(out)
+	return out
 }
 
 // skipRead is what skipOutput reads at once: a pipe's default capacity;
@@ -158,6 +204,9 @@ const (
 	skipRead  = 64 << 10
 	skipMax   = 4 << 20
 	skipReads = 16 << 10
+	// tailKeep is how much of a drop's end is kept, its last lines (up
+	// to outputResume) passed on after the count.
+	tailKeep = 64 << 10
 )
 
 // outputSource is a worker stream read by a bufio.Reader, with what a

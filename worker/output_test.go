@@ -380,6 +380,14 @@ func TestOutputPastItsBudgetIsDroppedAndCounted(t *testing.T) {
 			if bound := outputBurst + int(time.Since(start).Seconds()*outputRate) + 1; passed > bound {
 				t.Errorf("%d lines passed on, over the budget's %d", passed, bound)
 			}
+			// The drop's last lines are passed on after its count, as a
+			// log keeps its last: the flood's end among them.
+			out.mu.Lock()
+			last := out.lines[len(out.lines)-1].Line
+			out.mu.Unlock()
+			if last != "flood done" {
+				t.Errorf("the last line passed on is %.60q, want the flood's last, %q", last, "flood done")
+			}
 			break
 		}
 		if passed+dropped > printed || time.Now().After(deadline) {

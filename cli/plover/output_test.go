@@ -84,7 +84,7 @@ func TestFunctionOutput(t *testing.T) {
 	if err := follow.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer follow.Wait()
+	defer func() { stop(); follow.Wait() }() // stopped before it is waited for, or a failure hangs here
 	followed := &lockedBuf{}
 	go func() {
 		sc := bufio.NewScanner(followOut)
