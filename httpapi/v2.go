@@ -380,14 +380,7 @@ func writeBinary(ctx *fasthttp.RequestCtx, vc *v2Call, name string) {
 		b = appendJSONString(b, o.Decl.Name)
 		b = append(b, `,"parameters":{"binary_data_size":`...)
 		b = strconv.AppendInt(b, int64(len(o.Bytes)), 10)
-		b = append(b, `},"shape":[`...)
-		for k, d := range o.Shape {
-			if k > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, d, 10)
-		}
-		b = append(b, "]}"...)
+		b = appendShape(append(b, `},"shape":[`...), o.Shape)
 	}
 	b = append(b, "]}"...)
 	n := len(b)
@@ -495,14 +488,7 @@ func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version stri
 			b = append(b, '}')
 			tail += len(o.Bytes)
 		}
-		b = append(b, `,"shape":[`...)
-		for k, d := range o.Shape {
-			if k > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, d, 10)
-		}
-		b = append(b, "]}"...)
+		b = appendShape(append(b, `,"shape":[`...), o.Shape)
 	}
 	b = append(b, "]}"...)
 	n := len(b)
@@ -602,4 +588,16 @@ func appendFloat(dst []byte, f float64, bits int) []byte {
 		}
 	}
 	return dst
+}
+
+// appendShape appends shape's dimensions, comma-separated, and closes the
+// array and the output's object.
+func appendShape(b []byte, shape []int64) []byte {
+	for k, d := range shape {
+		if k > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, d, 10)
+	}
+	return append(b, "]}"...)
 }

@@ -647,35 +647,50 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 		named = append(named, *v)
 	}
 	if current != "" {
-		rec, err = r.node.Versions(ctx, m.name)
-		if err == nil && rec.Current != current && !keep && !apply && deployedSince(before, rec, current) {
-			// The folder's highest version is one the record had: nothing
-			// in the folder is newer than what an operator deployed since
-			// (a hot-fix), which a restart rolled back while the running
-			// server, seeing the folder unchanged, had kept it.
-			keep = true
-			r.cfg.Log.Warn("model repository: the folder's version is not made current: a version deployed since (plover deploy) is, and stays so until the folder changes or a load applies it",
-				"model", m.name, "version", label, "current", rec.Current)
-		}
-		if err == nil && rec.Current != current && !keep {
-			_, err = r.node.Rollback(ctx, m.name, current)
-		}
-		if err != nil {
-			r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err), errdefs.KindOf(err))
+		ok, again := r.makeCurrent(ctx, m, vers, named, before, current, label, keep, apply)
+		if !ok {
 			return
 		}
-		if !keep {
-			rec.Current = current // as the rollback just set it
-		}
-		if err := r.retire(ctx, m.name, rec, named); err != nil {
-			retry = true // the store again: the next scan tries again
-			r.cfg.Log.Warn("model repository: a removed version folder still answers", "model", m.name, "error", err)
-		}
+		retry = retry || again
 	}
 	if retry {
 		print = ""
 	}
 	r.settle(m, print, vers, "", "", 0)
+}
+
+// makeCurrent makes current, the version id of the folder's highest (its
+// label label), the record's current one, unless keep or a hot-fix deployed
+// since (before: the record as the folder's deploys found it) keeps another, and
+// retires the versions whose folders went (named are those that stay). ok
+// is false where it settled m unavailable; retry, where the next scan must
+// look again.
+func (r *Repository) makeCurrent(ctx context.Context, m *model, vers, named []version, before *api.Record, current, label string, keep, apply bool) (ok, retry bool) {
+	rec, err := r.node.Versions(ctx, m.name)
+	if err == nil && rec.Current != current && !keep && !apply && deployedSince(before, rec, current) {
+		// The folder's highest version is one the record had: nothing
+		// in the folder is newer than what an operator deployed since
+		// (a hot-fix), which a restart rolled back while the running
+		// server, seeing the folder unchanged, had kept it.
+		keep = true
+		r.cfg.Log.Warn("model repository: the folder's version is not made current: a version deployed since (plover deploy) is, and stays so until the folder changes or a load applies it",
+			"model", m.name, "version", label, "current", rec.Current)
+	}
+	if err == nil && rec.Current != current && !keep {
+		_, err = r.node.Rollback(ctx, m.name, current)
+	}
+	if err != nil {
+		r.settle(m, "", vers, Unavailable, fmt.Sprintf("%s: making version %s current: %v", r.where(m.dir), label, err), errdefs.KindOf(err))
+		return false, false
+	}
+	if !keep {
+		rec.Current = current // as the rollback just set it
+	}
+	if err := r.retire(ctx, m.name, rec, named); err != nil {
+		retry = true // the store again: the next scan tries again
+		r.cfg.Log.Warn("model repository: a removed version folder still answers", "model", m.name, "error", err)
+	}
+	return true, retry
 }
 
 // deployedSince reports whether rec's current version was deployed by
