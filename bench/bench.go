@@ -5,6 +5,15 @@
 // and summarises client-side latency, errors, the server's Server-Timing
 // breakdown and the X-Plover-Start counts.
 //
+// A server that sheds load answers 429 or 503 with a Retry-After. In the
+// closed loop the connection that got one waits that long (to the run's end
+// at most) before its next request: sending again at once would hammer a
+// server that asked for room and fill the report with refusals made in
+// microseconds. The open loop does not wait: its load is the rate it was
+// given, whatever the answers, and a wait would only turn the refusals
+// into late or unsent requests. Either way such answers are counted as
+// shed, apart from (and among) the errors.
+//
 // The request path allocates nothing: each worker reuses one fasthttp
 // Request and Response over a kept-alive connection, and every statistic is
 // recorded into fixed-size, lock-free histograms and counters.
@@ -23,6 +32,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/apierr"
 )
 
 // Defaults for Config fields left zero.
@@ -143,6 +154,8 @@ type run struct {
 	maxWake   atomic.Int64
 	noServer  atomic.Int64 // transport errors while answered == 0
 	answered  atomic.Int64 // requests that got a response, any status
+	shed      atomic.Int64 // 429/503 answers with a Retry-After
+	shedWait  atomic.Int64 // ns the closed loop's workers waited for them, summed
 
 	status    [600]atomic.Int64 // by HTTP status; 0: no response
 	other     atomic.Int64      // statuses outside 100..599
@@ -156,6 +169,10 @@ type run struct {
 	stopped  string
 	stopAt   time.Time
 	cancel   context.CancelFunc
+	// halted is closed when the run stops for any reason: a worker waiting
+	// out a Retry-After holds no ticket, so it need not sleep on once
+	// another worker has taken the last request.
+	halted chan struct{}
 
 	errMu    sync.Mutex
 	firstErr error
@@ -204,6 +221,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		r.interval = 1e9 / cfg.Rate
 	}
 	r.errBody = map[int]string{}
+	r.halted = make(chan struct{})
 	ctx, r.cancel = context.WithCancel(ctx)
 	defer r.cancel()
 
@@ -266,7 +284,10 @@ func hostPort(u *url.URL) string {
 // other workers short: at the request or time limit, tickets already taken
 // are still due and are sent.
 func (r *run) stop(why string) {
-	r.stopOnce.Do(func() { r.stopped, r.stopAt = why, time.Now() })
+	r.stopOnce.Do(func() {
+		r.stopped, r.stopAt = why, time.Now()
+		close(r.halted)
+	})
 	if why == "errors" {
 		r.cancel()
 	}
@@ -280,6 +301,7 @@ const noServerLimit = 20
 var (
 	hdrServerTiming = []byte("Server-Timing")
 	hdrStart        = []byte("X-Plover-Start")
+	hdrRetryAfter   = []byte("Retry-After")
 )
 
 // sender sends one request and describes its response; each worker has
@@ -296,6 +318,9 @@ type reply struct {
 	timing []byte // Server-Timing
 	body   []byte // the output, or the error's body
 	errMsg string // gRPC: the status message
+	// retryAfter is the wait a 429 or 503 asked for (HTTP only: gRPC
+	// statuses carry no Retry-After); 0 for none.
+	retryAfter time.Duration
 }
 
 // httpSender is one worker's HTTP invoke.
@@ -325,8 +350,20 @@ func (h *httpSender) send(context.Context) (*reply, error) {
 	}
 	h.rep = reply{code: h.resp.StatusCode(), start: h.resp.Header.PeekBytes(hdrStart),
 		timing: h.resp.Header.PeekBytes(hdrServerTiming), body: h.resp.Body()}
+	if shedding(h.rep.code) {
+		// Off the 2xx path, which allocates nothing: the conversion
+		// allocates.
+		if v := h.resp.Header.PeekBytes(hdrRetryAfter); len(v) > 0 {
+			h.rep.retryAfter = apierr.RetryAfter(string(v), time.Now())
+		}
+	}
 	return &h.rep, nil
 }
+
+// shedding says whether an answer with this status may be a server
+// shedding load: 429 (busy, rate_limited) or 503 (unavailable, or a proxy
+// in front), the statuses Retry-After comes with.
+func shedding(code int) bool { return code == 429 || code == 503 }
 
 func (h *httpSender) close() {
 	fasthttp.ReleaseRequest(h.req)
@@ -354,6 +391,12 @@ func (r *run) worker(ctx context.Context) {
 		defer timer.Stop()
 	}
 	var st Sample
+	var backoff *time.Timer
+	defer func() {
+		if backoff != nil {
+			backoff.Stop()
+		}
+	}()
 	for ctx.Err() == nil {
 		k := r.next.Add(1) - 1
 		if k >= r.cfg.Requests {
@@ -423,7 +466,47 @@ func (r *run) worker(ctx context.Context) {
 		end := time.Now()
 		r.record(err, rep, end.Sub(t0), &st)
 		atomicMax(&r.lastEnd, int64(end.Sub(r.start)))
+		if err == nil && rep.retryAfter > 0 && r.interval == 0 {
+			if backoff == nil {
+				backoff = time.NewTimer(time.Hour)
+			}
+			if !r.waitRetryAfter(ctx, backoff, rep.retryAfter) {
+				return
+			}
+		}
 	}
+}
+
+// waitRetryAfter waits out a shed answer's Retry-After before the
+// worker's next request: d, but never past the run's deadline (a server
+// asking for an hour ends this worker's sending, it does not stretch the
+// run). The wait is not latency (the next request's clock starts when it
+// is sent) but it is in the elapsed time, so throughput counts it. It
+// returns false when the worker is to send no more: the run stopped or was
+// cancelled meanwhile, or its duration ran out.
+func (r *run) waitRetryAfter(ctx context.Context, t *time.Timer, d time.Duration) bool {
+	left := time.Until(r.deadline)
+	if left <= 0 {
+		r.stop("duration")
+		return false
+	}
+	t.Reset(min(d, left))
+	t0 := time.Now()
+	defer func() { r.shedWait.Add(int64(time.Since(t0))) }()
+	select {
+	case <-t.C:
+		if d >= left {
+			// Said here rather than left to the loop's clock check, which
+			// a timer firing on the deadline's very nanosecond would pass.
+			r.stop("duration")
+			return false
+		}
+		return true
+	case <-ctx.Done():
+	case <-r.halted:
+	}
+	t.Stop()
+	return false
 }
 
 // offset is when open-loop request k is due, relative to the start, to
@@ -477,6 +560,9 @@ func (r *run) record(err error, rep *reply, lat time.Duration, s *Sample) {
 		r.other.Add(1)
 	}
 	if code < 200 || code > 299 {
+		if rep.retryAfter > 0 {
+			r.shed.Add(1)
+		}
 		r.errMu.Lock()
 		if _, seen := r.errBody[code]; !seen {
 			if rep.errMsg != "" {

@@ -31,6 +31,13 @@ type Result struct {
 	// Errors counts non-2xx responses by status; status 0 is a request
 	// that got no HTTP response (connection refused, timeout).
 	Errors []ErrorCount `json:"errors"`
+	// Shed is how many of Errors' 429s and 503s carried a Retry-After:
+	// a server shedding load, not failing. They stay in Errors (a request
+	// shed is a request not served). RetryAfterWait is the seconds the
+	// closed loop's connections spent waiting them out, summed over the
+	// connections; the open loop does not wait, so it is 0 there.
+	Shed           int64   `json:"shed"`
+	RetryAfterWait float64 `json:"retry_after_wait_s"`
 	// Latency is client-side, over 2xx responses: from the send (closed
 	// loop) or the scheduled send time (open loop) to the whole response.
 	Latency Summary `json:"latency_ms"`
@@ -130,6 +137,7 @@ func (r *run) result() *Result {
 		InputBytes: len(c.Input), DurationLimit: c.Duration.Seconds(), RequestLimit: c.Requests,
 		Stopped: r.stopped, Elapsed: time.Duration(r.lastEnd.Load()).Seconds(),
 		Requests: r.done.Load(), OK: r.ok.Load(), Latency: summarize(&r.latency), LatencyHistogram: r.latency.LogBins(HistogramBins),
+		Shed: r.shed.Load(), RetryAfterWait: time.Duration(r.shedWait.Load()).Seconds(),
 		Starts: Starts{Cold: r.starts[Cold].Load(), Warm: r.starts[Warm].Load(), Hot: r.starts[Hot].Load(), Missing: r.startNone.Load()},
 	}
 	if res.Elapsed > 0 {
@@ -209,8 +217,20 @@ func (res *Result) WriteText(w io.Writer) error {
 		mode = fmt.Sprintf("open loop at %g req/s, at most %d in flight", res.Rate, res.Concurrency)
 	}
 	fmt.Fprintf(&b, "%s at %s: %s, %d-byte input, stopped by %s\n", res.Function, res.Server, mode, res.InputBytes, stopWhy(res))
-	fmt.Fprintf(&b, "requests    %d in %.2fs: %d ok, %d failed; throughput %.1f req/s\n",
-		res.Requests, res.Elapsed, res.OK, res.Requests-res.OK, res.Throughput)
+	shed := ""
+	if res.Shed > 0 {
+		shed = fmt.Sprintf(" (%d of them shed)", res.Shed)
+	}
+	fmt.Fprintf(&b, "requests    %d in %.2fs: %d ok, %d failed%s; throughput %.1f req/s\n",
+		res.Requests, res.Elapsed, res.OK, res.Requests-res.OK, shed, res.Throughput)
+	if res.Shed > 0 {
+		if res.Mode == "open" {
+			fmt.Fprintf(&b, "shed        %d answered 429/503 with Retry-After; the open loop keeps its schedule and did not wait\n", res.Shed)
+		} else {
+			fmt.Fprintf(&b, "shed        %d answered 429/503 with Retry-After; waited %.2fs for Retry-After in all (summed over connections; in the elapsed time, not in latency)\n",
+				res.Shed, res.RetryAfterWait)
+		}
+	}
 	fmt.Fprintf(&b, "starts      cold %d, warm %d, hot %d", res.Starts.Cold, res.Starts.Warm, res.Starts.Hot)
 	if res.Starts.Missing > 0 {
 		fmt.Fprintf(&b, ", no X-Plover-Start %d", res.Starts.Missing)

@@ -68,12 +68,12 @@ func benchCmd() *command {
 			f.ep.serverFlag(fs)
 			fs.StringVar(&f.in, "in", "", "input file sent as every request's body, - for stdin")
 			fs.Int64Var(&f.size, "size", 0, "send this many random bytes instead of --in")
-			fs.IntVar(&f.concurrency, "concurrency", 0, "connections: the closed loop's requests in flight, or the open loop's limit on them (default 1, or 64 with --rate)")
-			fs.Var(&f.rate, "rate", "open loop: send this many requests per second (e.g. 500/s) whatever the latency, measuring each from its scheduled time")
+			fs.IntVar(&f.concurrency, "concurrency", 0, "connections: the closed loop's requests in flight, or the open loop's limit on them (default 1, or 64 with --rate); in the closed loop a connection answered 429 or 503 with Retry-After waits that long (to --duration's end at most) before its next request, and the report counts such answers as shed")
+			fs.Var(&f.rate, "rate", "open loop: send this many requests per second (e.g. 500/s) whatever the latency or the answers, measuring each from its scheduled time; a Retry-After is not waited for (the offered load is the rate), its answers are counted as shed")
 			fs.DurationVar(&f.duration, "duration", bench.DefaultDuration, "stop after this long (or at --requests, whichever comes first)")
 			fs.Int64Var(&f.requests, "requests", bench.DefaultRequests, "stop after this many requests (or at --duration, whichever comes first)")
 			fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "per-request timeout (requests in flight at --duration may finish up to this much later)")
-			fs.Int64Var(&f.maxErrors, "max-errors", -1, "exit 1 (after the report) when more than this many requests end without a 2xx answer: 429s (busy, rate_limited), 5xx, no answer; 0 fails on any (-1: no bound, the run fails only when no request succeeded)")
+			fs.Int64Var(&f.maxErrors, "max-errors", -1, "exit 1 (after the report) when more than this many requests end without a 2xx answer: 429s (busy, rate_limited), 5xx, no answer, the shed ones (429/503 with Retry-After) included, for a request shed is one not served; 0 fails on any (-1: no bound, the run fails only when no request succeeded)")
 			fs.BoolVar(&f.asJSON, "json", false, "print the result as JSON on stdout")
 			fs.StringVar(&f.chart, "chart", "", "also write the client latency histogram as an SVG chart to this file (bars over a log latency axis, p50/p90/p99 marked)")
 			fs.StringVar(&f.grpc, "grpc", "", "send the requests over gRPC (the Open Inference Protocol's ModelInfer, the input split raw into the model's inputs) to this address of plover serve --grpc-listen: grpc://HOST:PORT, or grpcs://HOST:PORT for TLS (--cacert)")
@@ -165,7 +165,11 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		failed += e.Count
 	}
 	if f.maxErrors >= 0 && failed > f.maxErrors {
-		return fmt.Errorf("%d of %d requests failed (the report lists their errors), more than --max-errors %d", failed, res.Requests, f.maxErrors)
+		shed := ""
+		if res.Shed > 0 {
+			shed = fmt.Sprintf("%d of them shed with Retry-After; ", res.Shed)
+		}
+		return fmt.Errorf("%d of %d requests failed (%sthe report lists their errors), more than --max-errors %d", failed, res.Requests, shed, f.maxErrors)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,15 +129,15 @@ func TestBenchSecondInterruptQuits(t *testing.T) {
 	}
 }
 
-// --max-errors lets a script fail a run with errors in it (429s here, with
-// the Retry-After a load test does not obey): without it a run exits 0
-// unless no request succeeded. Every third request is refused.
+// --max-errors lets a script fail a run with errors in it (429s here,
+// without a Retry-After, which bench would wait out: see
+// TestBenchShedAnswersWaitedAndCounted): without it a run exits 0 unless
+// no request succeeded. Every third request is refused.
 func TestBenchMaxErrors(t *testing.T) {
 	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if n.Add(1)%3 == 0 {
 			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusTooManyRequests)
 			w.Write([]byte(`{"error":{"code":"rate_limited","message":"over its rate"}}`))
 			return
@@ -163,6 +164,68 @@ func TestBenchMaxErrors(t *testing.T) {
 		}
 		if tt.code != 2 && !strings.Contains(out, "error       429 × 3") {
 			t.Errorf("%v: the report lacks the three 429s:\n%s", tt.flags, out)
+		}
+	}
+}
+
+// A server shedding load (503 with Retry-After: 1, to the first request
+// here) is waited out before the next request, seen by when the server
+// got it, and the report counts the answer as shed. Shed answers count
+// towards --max-errors: a request shed is one not served, and a CI gate
+// of --max-errors 0 should not pass a server that refused its load.
+func TestBenchShedAnswersWaitedAndCounted(t *testing.T) {
+	var mu sync.Mutex
+	var at []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		at = append(at, time.Now())
+		first := len(at) == 1
+		mu.Unlock()
+		if first {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"error":{"code":"unavailable","message":"shedding load"}}`))
+			return
+		}
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		flags []string
+		code  int
+		err   string   // in stderr
+		out   []string // in stdout
+	}{
+		{nil, 0, "", []string{"3 in ", "2 ok, 1 failed (1 of them shed)", "error       503 × 1: unavailable: shedding load",
+			"shed        1 answered 429/503 with Retry-After; waited "}},
+		{[]string{"--max-errors", "1"}, 0, "", []string{"(1 of them shed)"}},
+		{[]string{"--max-errors", "0"}, 1,
+			"plover bench: 1 of 3 requests failed (1 of them shed with Retry-After; the report lists their errors), more than --max-errors 0",
+			[]string{"(1 of them shed)"}},
+		{[]string{"--json"}, 0, "", []string{`"shed": 1,`, `"retry_after_wait_s": `}},
+	} {
+		mu.Lock()
+		at = nil
+		mu.Unlock()
+		args := append([]string{"bench", "f", "--server", srv.URL, "--size", "8", "--requests", "3", "--concurrency", "1"}, tt.flags...)
+		out, errs, code := runMain(t, nil, args...)
+		if code != tt.code || !strings.Contains(errs, tt.err) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and %q\n%s", tt.flags, code, errs, tt.code, tt.err, out)
+		}
+		for _, want := range tt.out {
+			if !strings.Contains(out, want) {
+				t.Errorf("%v: the report lacks %q:\n%s", tt.flags, want, out)
+			}
+		}
+		mu.Lock()
+		got := append([]time.Time(nil), at...)
+		mu.Unlock()
+		if len(got) != 3 {
+			t.Fatalf("%v: the server got %d requests, want 3", tt.flags, len(got))
+		}
+		if gap := got[1].Sub(got[0]); gap < 900*time.Millisecond {
+			t.Errorf("%v: the request after the 503 came %v after it, want the Retry-After's 1 s waited", tt.flags, gap)
 		}
 	}
 }

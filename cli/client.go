@@ -17,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/plover-run/plover/apierr"
 )
 
 // DefaultServer is where commands find a server without --server (or
@@ -196,22 +198,10 @@ func (e *apiError) Error() string {
 	return s
 }
 
-// retryAfter reads a Retry-After header: delay-seconds, or an HTTP date
-// (the wait until then, rounded up to a second); 0 for none, one that is
-// neither, or a wait already over.
+// retryAfter reads a Retry-After header (apierr.RetryAfter: the one
+// parser, plover bench's too).
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if n < 0 || n > 1<<31 {
-			return 0
-		}
-		return time.Duration(n) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		d := max(t.Sub(now), 0)
-		return (d + time.Second - 1) / time.Second * time.Second
-	}
-	return 0
+	return apierr.RetryAfter(h.Get("Retry-After"), now)
 }
 
 func (c *client) do(method, path, contentType string, body io.Reader) (*http.Response, error) {

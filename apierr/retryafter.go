@@ -1,0 +1,29 @@
+package apierr
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RetryAfter reads a Retry-After header's value: delay-seconds, or an HTTP
+// date (the wait until then, rounded up to a second); 0 for none, one that
+// is neither, or a wait already over. It lives here, beside the statuses
+// that carry the header (429 busy and rate_limited, a 503), so that the
+// CLI's single requests and plover bench's load read it alike: bench
+// cannot import the CLI, and two parsers would drift.
+func RetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 || n > 1<<31 {
+			return 0
+		}
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		d := max(t.Sub(now), 0)
+		return (d + time.Second - 1) / time.Second * time.Second
+	}
+	return 0
+}
