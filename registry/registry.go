@@ -577,24 +577,42 @@ var ErrNoVersion = errors.New("no such version")
 // Unlabel takes label (a model repository's version folder) off every
 // version of name that carries it but the current one: a version whose
 // folder went no longer answers by its label. The versions stay in the
-// record (rollback by id still reaches them); n is how many lost it, and
-// current the record's current version.
+// record (rollback by id still reaches them); n is how many lost it in
+// this call, and current the record's current version. A call made again
+// after one that succeeded finds nothing to take off: n 0.
 func (g Registry) Unlabel(ctx context.Context, name, label string) (current string, n int, err error) {
 	if label == "" {
 		return "", 0, nil
 	}
+	// The versions an earlier round took the label off, counted again
+	// when a later round finds them without it: a round whose write
+	// landed but whose answer was lost (the connection cut after the
+	// store committed the PUT; S3's client sends it again and gets 412)
+	// is run again on a record without the label, and counted none, and
+	// the engine unloads this node's versions pinned under the label only
+	// for n > 0 (Control.Unlabel): the folder that went kept answering by
+	// its number here. Had another writer taken it off in between, the
+	// versions did lose it since this call began, which is what a caller
+	// acts on. (Labels are set only when a version is made, so a version
+	// without one now had it taken off.)
+	var took map[string]bool
 	_, err = g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
 		if r == nil {
 			return nil, fmt.Errorf("function %s: %w", name, ErrNoFunction)
 		}
-		n, current = 0, r.Current
+		current = r.Current
+		now, changed := map[string]bool{}, false
 		for i := range r.Versions {
-			if v := &r.Versions[i]; v.Label == label && v.ID != r.Current {
+			switch v := &r.Versions[i]; {
+			case v.Label == label && v.ID != r.Current:
 				v.Label = ""
-				n++
+				now[v.ID], changed = true, true
+			case v.Label == "" && took[v.ID]:
+				now[v.ID] = true
 			}
 		}
-		if n == 0 {
+		took, n = now, len(now)
+		if !changed {
 			return nil, nil
 		}
 		return r, nil
