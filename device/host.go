@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/cgrouplimit"
 )
 
 // Host is the host device: "device memory" is 256-byte aligned C memory and a
@@ -74,10 +75,8 @@ func NewHost(limit int64) *Host {
 		if syscall.Sysinfo(&si) == nil {
 			limit = int64(si.Totalram) * int64(si.Unit)
 		}
-		if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
-			if g := groupMemory(string(b), "/sys/fs/cgroup") / 8 * 7; g > 0 && (limit <= 0 || g < limit) {
-				limit = g
-			}
+		if g := cgrouplimit.Memory() / 8 * 7; g > 0 && (limit <= 0 || g < limit) {
+			limit = g
 		}
 	}
 	return &Host{total: limit}
@@ -96,7 +95,7 @@ func init() {
 		// its own (with one of four kept, its p99 beside a compute-bound
 		// flood was 3.1-3.6x alone on 2 CPUs; with half, 1.3-2.2x:
 		// BENCHMARKS.md).
-		Runs:    func() int { return 2 * runtime.NumCPU() },
+		Runs:    func() int { return 2 * cgrouplimit.CPUs() },
 		Reserve: func(runs int) int { return runs / 2 },
 		// While two functions want the CPUs, a run per CPU and one more:
 		// a run past the CPUs slows the others, and nice levels do not
@@ -105,7 +104,7 @@ func init() {
 		// CPUs with nice levels: 0.57-0.60 of the work to share 3 with all
 		// four runs, 0.73-0.74 with three, 0.75 with two, but two served
 		// 10-17% fewer (BENCHMARKS.md, "Runs past the CPUs").
-		SharedRuns: func() int { return runtime.NumCPU() + 1 },
+		SharedRuns: func() int { return cgrouplimit.CPUs() + 1 },
 		// An idle worker is about 2 MiB, and 16 distinct functions waking
 		// at once on 2 CPUs answered within 26 ms with 16 workers waiting
 		// against 120 ms with one (BENCHMARKS.md).
@@ -115,7 +114,10 @@ func init() {
 
 func (h *Host) Target() string { return abi.TargetHost }
 func (h *Host) Name() string {
-	return "host (" + runtime.GOARCH + ", " + fmt.Sprint(runtime.NumCPU()) + " CPUs)"
+	if n := cgrouplimit.CPUs(); n != 1 {
+		return fmt.Sprintf("host (%s, %d CPUs)", runtime.GOARCH, n)
+	}
+	return "host (" + runtime.GOARCH + ", 1 CPU)"
 }
 func (h *Host) Health() error { return nil }
 

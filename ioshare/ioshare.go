@@ -32,6 +32,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/plover-run/plover/internal/cgrouplimit"
 	"github.com/plover-run/plover/sched"
 )
 
@@ -112,7 +113,7 @@ type Shares struct {
 // New returns the shares cfg describes.
 func New(cfg Config) *Shares {
 	if cfg.Slots <= 0 {
-		cfg.Slots = runtime.NumCPU()
+		cfg.Slots = cgrouplimit.CPUs()
 	}
 	if cfg.Piece <= 0 {
 		cfg.Piece = 256 << 10
