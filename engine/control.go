@@ -345,9 +345,20 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 // that carried it: a model repository's version folder that went stops
 // answering by its number. Other nodes keep a loaded one until its
 // idle_ttl unloads it.
+//
+// This node's pinned versions are unloaded whatever the store said: when
+// it found the label already off (another node's call, or this one's
+// earlier call whose write landed but whose answer was lost), and when
+// the write failed, which may have landed too, while the caller (the
+// repository's scan) reads the record next time without the label and
+// does not call again. Unloading a pinned version the record still
+// labels costs its next pin a load, no more.
 func (c *Control) Unlabel(ctx context.Context, name, label string) error {
 	e := c.e
 	current, n, err := e.tab.reg.Unlabel(ctx, name, label)
+	if !errors.Is(err, registry.ErrNoFunction) {
+		e.tab.unlabel(name, label, current) // current "": this node's
+	}
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
 		return notFound(name, err, "")
@@ -357,7 +368,6 @@ func (c *Control) Unlabel(ctx context.Context, name, label string) error {
 		return unavailable(err, "unlabel %s: cannot update the store", name)
 	}
 	if n > 0 {
-		e.tab.unlabel(name, label, current)
 		e.cfg.Log.Info("version label retired", "function", name, "label", label, "versions", n)
 	}
 	return nil

@@ -580,13 +580,16 @@ func (t *table) versions(pinned bool) []funcVersion {
 }
 
 // unlabel retires f's versions pinned beside the current one that carry
-// label but are not id: a model repository's version folder deployed
-// again names its new version from now on (match), not a loaded old one.
-// In-flight requests on them finish.
+// label but are not id ("": the version current here): a model
+// repository's version folder deployed again names its new version from
+// now on (match), not a loaded old one. In-flight requests on them finish.
 func (t *table) unlabel(name, label, id string) {
 	t.mu.Lock()
 	var olds []*version
 	if f := t.funcs[name]; f != nil {
+		if id == "" && f.cur != nil {
+			id = f.cur.rec.ID
+		}
 		for k, v := range f.pinned {
 			if v.rec.Label == label && v.rec.ID != id {
 				olds = append(olds, v)
