@@ -70,5 +70,24 @@ VOLUME /var/lib/plover
 # 8080: the API (/v1/..., /healthz, /readyz, /metrics with a read token).
 # 9090: /metrics without authentication, when started with --metrics-listen 0.0.0.0:9090.
 EXPOSE 8080 9090
+# Health. Docker (and Compose's depends_on: service_healthy, and Swarm, which
+# replaces an unhealthy task) learns that a server's devices failed only by
+# asking: `plover health` asks GET /healthz on the CMD's listener over
+# loopback, with no token (the probes need none), and exits 0 on 200, 1 on a
+# 503 (the failed device and its error land in `docker inspect`'s health
+# log), 3 when nothing answers within its --timeout. That timeout is under
+# Docker's, so a hung server's probe says why instead of being killed. The
+# flags are given so that a PLOVER_SERVER or PLOVER_TIMEOUT set for other
+# commands (serve has a --timeout of its own) does not steer it. /healthz,
+# not /readyz: a server still deploying its --repository, or draining, is
+# not broken, and Swarm would replace it. The start period covers a slow
+# start (the store check, CUDA contexts). Arguments that move the listener
+# (another --listen port) or make it TLS (--tls-cert, or PLOVER_TLS_CERT)
+# need a check of their own: `docker run --health-cmd 'plover health
+# --server https://127.0.0.1:8443 --cacert /path/ca.pem'`, Compose's
+# healthcheck:, or --no-healthcheck. Kubernetes ignores HEALTHCHECK (the
+# chart has its own probes).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["/usr/local/bin/plover", "health", "--server", "http://127.0.0.1:8080", "--timeout", "3s"]
 ENTRYPOINT ["/usr/bin/tini", "--", "plover", "serve"]
 CMD ["--listen", "0.0.0.0:8080", "--data", "/var/lib/plover"]

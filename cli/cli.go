@@ -26,8 +26,11 @@ var Version = "dev"
 type command struct {
 	name    string
 	summary string
-	usage   string // arguments after the name
-	nargs   int    // positional arguments the command takes
+	// long follows the summary in the command's help: what a summary
+	// line cannot hold, such as exit statuses.
+	long  string
+	usage string // arguments after the name
+	nargs int    // positional arguments the command takes
 	// named: the first argument is a function's name, which goes into
 	// request paths: refused (exit 2) unless a function can have it.
 	named   bool
@@ -73,11 +76,12 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func commands() []*command {
-	return []*command{serveCmd(), initCmd(), buildCmd(), runCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), logsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), tokenCmd(), versionCmd(), workerCmd()}
+	return []*command{serveCmd(), initCmd(), buildCmd(), runCmd(), deployCmd(), invokeCmd(), benchCmd(), lsCmd(), logsCmd(), rmCmd(), versionsCmd(), rollbackCmd(), gcCmd(), devicesCmd(), tokenCmd(), healthCmd(), versionCmd(), workerCmd()}
 }
 
 // Main runs the plover command and returns its exit status: 0, 1 for a
-// command that failed, 2 for a command line that cannot run.
+// command that failed, 2 for a command line that cannot run, or the status
+// a command's exitError carries (plover health's 3: no answer).
 func Main(args []string, env *Env) int {
 	root := newRoot(env)
 	root.SetArgs(args)
@@ -92,6 +96,10 @@ func Main(args []string, env *Env) int {
 		// An error may quote what others wrote (a server's message, a
 		// bundle's): escaped as a function's output is.
 		fmt.Fprintf(env.Stderr, "plover %s: %s\n", cmd.Name(), visibleLines(err.Error()))
+		var xe *exitError
+		if errors.As(err, &xe) {
+			return xe.code
+		}
 		return 1
 	}
 }
@@ -238,7 +246,7 @@ func (c *command) cobra(env *Env) *cobra.Command {
 	cc := &cobra.Command{
 		Use:     strings.TrimSpace(c.name + " " + c.usage),
 		Short:   c.summary,
-		Long:    c.summary,
+		Long:    strings.TrimSpace(c.summary + "\n\n" + c.long),
 		Example: c.example,
 		Hidden:  c.hidden,
 		// The usage strings already show the flags that matter.

@@ -1,0 +1,290 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/plover-run/plover/api"
+)
+
+// plover health's exit statuses. 0 and 2 are every command's (Main): a
+// probe that calls it can tell a server that answered "not now" (1) from
+// one it never heard (3), which a restart policy may treat differently,
+// and neither from a probe that is itself misconfigured (2).
+const (
+	healthBad         = 1 // the server answered, and not 200
+	healthUnreachable = 3 // no answer: refused, timed out, TLS, cut
+)
+
+// healthTimeout is plover health's default bound on the whole exchange: a
+// probe that waits longer than its scheduler's own timeout is killed and
+// says nothing.
+const healthTimeout = 3 * time.Second
+
+// healthBodyMax bounds what plover health reads of an answer: /healthz
+// lists a few devices, and anything much larger is not plover's.
+const healthBodyMax = 1 << 20
+
+const healthLong = `Asks a plover server whether it is healthy (GET /healthz: its devices) or,
+with --ready, ready for work (GET /readyz: not while it starts or drains),
+for container health checks and scripts. It sends no token: both probes
+are open on an --auth-file server. Where PLOVER_TIMEOUT is set for plover
+serve (its request deadline), it sets --timeout here too: give --timeout.
+
+Exit status:
+  0  the server answered 200 (a line says so, unless --quiet)
+  1  the server answered something else, such as 503: unhealthy, not ready
+  2  the command line cannot run (a bad flag, --server or --cacert)
+  3  no answer: nothing listens there, no answer within --timeout, TLS failed`
+
+func healthCmd() *command {
+	var server, cacert string
+	var ready, quiet bool
+	timeout := healthTimeout
+	return &command{
+		name: "health", summary: "ask a server whether it is healthy (/healthz) or ready (/readyz); the exit status says",
+		long:  healthLong,
+		usage: "[--ready] [--timeout 3s] [-q]",
+		example: "  plover health                                   # http://127.0.0.1:8080/healthz\n" +
+			"  plover health --ready --server https://plover.example:8443 --cacert ca.pem\n" +
+			"  plover health --ready -q --timeout 1s && echo serving   # a script: the exit status alone",
+		shorthands: map[string]string{"quiet": "q"},
+		flags: func(fs *flag.FlagSet) {
+			// No --token: the probes need none, and one that has expired
+			// must not make a healthy server look down.
+			fs.StringVar(&server, "server", "", "server URL (default $PLOVER_SERVER or "+DefaultServer+"); https:// for a server with --tls-cert")
+			fs.StringVar(&cacert, "cacert", "", "PEM file of CA certificates to trust for https, besides the system's (default $PLOVER_CACERT)")
+			fs.BoolVar(&ready, "ready", false, "ask GET /readyz (ready for work) instead of GET /healthz (devices healthy)")
+			fs.DurationVar(&timeout, "timeout", healthTimeout, "give up after this long, connection, TLS and answer included (exit 3)")
+			fs.BoolVar(&quiet, "quiet", false, "print nothing when the answer is 200; a failure still says why on stderr")
+		},
+		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if timeout <= 0 {
+				return usagef(env, "health", "--timeout %v: want a positive duration", timeout)
+			}
+			c := newClient(server, "", cacert)
+			if c.tlsErr != nil {
+				return usagef(env, "health", "%v", c.tlsErr)
+			}
+			c.http.Timeout = timeout
+			path := "/healthz"
+			if ready {
+				path = "/readyz"
+			}
+			line, err := c.health(path, timeout)
+			if err != nil {
+				return err
+			}
+			if !quiet {
+				fmt.Fprintln(env.Stdout, line)
+			}
+			return nil
+		},
+	}
+}
+
+// exitError is a failure with an exit status of its own; Main prints it as
+// any other error.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// health asks path (/healthz or /readyz) and returns the line to print for
+// a 200, or an exitError that says what came back instead.
+func (c *client) health(path string, timeout time.Duration) (string, error) {
+	target := c.base + path
+	req, err := http.NewRequest(http.MethodGet, target, nil)
+	if err != nil {
+		return "", &exitError{healthUnreachable, fmt.Errorf("GET %s: %w", target, err)}
+	}
+	req.Header.Set("Accept", "application/json")
+	var x probeTrace
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), x.trace()))
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return "", &exitError{healthUnreachable, fmt.Errorf("GET %s: no answer: %s", target, unreachableReason(err, &x, req.URL.Scheme == "https", timeout))}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, healthBodyMax))
+	if err != nil && resp.StatusCode == http.StatusOK {
+		// The status is the probe's answer (as a kubelet's httpGet reads
+		// it); a body cut after it only loses the summary's details.
+		return fmt.Sprintf("%s: %s answered 200 (its body was cut: %v)", healthWord(path), target, err), nil
+	}
+	if resp.StatusCode == http.StatusOK {
+		return fmt.Sprintf("%s: %s answered 200%s", healthWord(path), target, healthDetails(path, body)), nil
+	}
+	return "", &exitError{healthBad, fmt.Errorf("GET %s answered %s: %s", target, resp.Status, answerReason(path, body))}
+}
+
+func healthWord(path string) string {
+	if path == "/readyz" {
+		return "ready"
+	}
+	return "healthy"
+}
+
+// healthDetails is what a 200 from /healthz adds to the line: its devices,
+// named, so that a probe's log shows which the server found.
+func healthDetails(path string, body []byte) string {
+	if path != "/healthz" {
+		return ""
+	}
+	var h struct {
+		Devices []api.DeviceHealth `json:"devices"`
+	}
+	if json.Unmarshal(body, &h) != nil || len(h.Devices) == 0 {
+		return ""
+	}
+	names := make([]string, len(h.Devices))
+	for i, d := range h.Devices {
+		names[i] = d.Name
+	}
+	noun := "device"
+	if len(names) > 1 {
+		noun = "devices"
+	}
+	return fmt.Sprintf("; %d %s: %s", len(names), noun, strings.Join(names, ", "))
+}
+
+// answerReason says why an answer other than 200 is one: the unhealthy
+// devices and their errors from /healthz, what a 503 from /readyz means,
+// the server's JSON error, or the start of a body that is none of these
+// (another service on the port).
+func answerReason(path string, body []byte) string {
+	var h struct {
+		Status  *string            `json:"status"`
+		Ready   *bool              `json:"ready"`
+		Devices []api.DeviceHealth `json:"devices"`
+		Error   struct{ Code, Message string }
+	}
+	if json.Unmarshal(body, &h) == nil {
+		switch {
+		case path == "/healthz" && h.Status != nil:
+			var bad []string
+			for _, d := range h.Devices {
+				if !d.Healthy {
+					s := "device " + d.Name + " unhealthy"
+					if d.Error != "" {
+						s += ": " + d.Error
+					}
+					bad = append(bad, s)
+				}
+			}
+			if len(bad) == 0 {
+				return fmt.Sprintf("status %q", *h.Status)
+			}
+			return fmt.Sprintf("status %q; %s", *h.Status, strings.Join(bad, "; "))
+		case path == "/readyz" && h.Ready != nil && !*h.Ready:
+			return "not ready: the server is starting (its --repository models still deploying) or draining"
+		case h.Error.Code != "":
+			return h.Error.Code + ": " + h.Error.Message
+		}
+	}
+	s := strings.TrimSpace(string(body))
+	if s == "" {
+		return "an empty body"
+	}
+	const max = 200
+	if len(s) > max {
+		s = s[:max] + "..."
+	}
+	return "not plover's answer? " + s
+}
+
+// unreachableReason says in a few words why no answer came, and what
+// likely fixes it, for a probe's log: refused, timed out (before or after
+// the connection), TLS, an unknown host, or the connection cut.
+func unreachableReason(err error, x *probeTrace, tlsURL bool, timeout time.Duration) string {
+	var (
+		dns     *net.DNSError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+		invalid x509.CertificateInvalidError
+		record  tls.RecordHeaderError
+		verify  *tls.CertificateVerificationError
+		ne      net.Error
+	)
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused: nothing listens there (is plover serve running, with this --listen?)"
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		switch {
+		case !x.dialed.Load():
+			return fmt.Sprintf("no connection within %v (timeout): a firewall dropping it, or the host down", timeout)
+		case !x.connected.Load():
+			return fmt.Sprintf("connected, but no TLS handshake within %v (timeout)", timeout)
+		}
+		return fmt.Sprintf("connected, but no answer within %v (timeout): the server is stuck or overloaded", timeout)
+	case errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid), errors.As(err, &verify):
+		return fmt.Sprintf("TLS: the server's certificate is not trusted (%v); give its CA with --cacert or $PLOVER_CACERT", tlsCause(err))
+	case errors.As(err, &record), strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return "TLS handshake failed: the server speaks plain HTTP there (use http://)"
+	case errors.As(err, &dns):
+		return fmt.Sprintf("cannot resolve %s: %v", dns.Name, dns.Err)
+	case x.connected.Load():
+		hint := ""
+		if !tlsURL && errors.Is(err, io.EOF) {
+			// What plover serve's TLS listener does with plain HTTP: it
+			// closes without a word, so this is the likely cause.
+			hint = " (a TLS listener closes plain HTTP so: for a server with --tls-cert, use https://)"
+		}
+		return fmt.Sprintf("the connection was cut before an answer: %v%s", cause(err), hint)
+	}
+	return cause(err).Error()
+}
+
+// probeTrace records how far a probe got, so that a timeout can say where
+// it stopped: the TCP connection, the TLS handshake, or the answer.
+type probeTrace struct {
+	dialed, connected atomic.Bool
+}
+
+func (p *probeTrace) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		ConnectDone: func(_, _ string, err error) {
+			if err == nil {
+				p.dialed.Store(true)
+			}
+		},
+		GotConn: func(httptrace.GotConnInfo) { p.connected.Store(true) },
+	}
+}
+
+// tlsCause is the verification failure itself, without the URL and the
+// method the http client wraps it in.
+func tlsCause(err error) error {
+	var verify *tls.CertificateVerificationError
+	if errors.As(err, &verify) && verify.Err != nil {
+		return verify.Err
+	}
+	return cause(err)
+}
+
+// cause unwraps the http client's *url.Error, whose text repeats the method
+// and URL that the message already names.
+func cause(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
