@@ -24,16 +24,31 @@ import (
 //     kill for it ended every sibling there, and would again at each of
 //     its loads, a minute apart at most, too few for any back-off. Alone,
 //     a hang of its load ends only its own worker. Marked on this device
-//     while the server runs (and while the memo keeps it).
+//     while the server runs (and while the memo keeps it);
+//   - a function's bundle whose chain, or an instance's creation, ran past
+//     its request's deadline in a worker it shared with other programs
+//     (overran): the kill for it ended them all, and the deadline is the
+//     client's to choose (X-Plover-Timeout-Ms, from 1 ms), so any caller
+//     could end its siblings' worker at will, a success between two kills
+//     clearing the function's back-off each time. Alone, its overruns end
+//     only its own worker, as in function scope. Marked by function and
+//     bundle, as hungAtLoad's is (a redeploy's bundle starts unmarked).
 
 // ownWorkers keeps, by library path (under a cache entry named by its
 // bundle's sha256: its bytes never change), why the bundle needs a worker
 // of its own ("": it does not), so that a cold start reads its ELF once a
 // process.
 type ownWorkers struct {
-	mu  sync.Mutex
-	m   map[string]string
-	seq atomic.Uint64 // the workers of their own placed so far
+	mu sync.Mutex
+	m  map[string]string
+	// overran is the bundles marked by overran, by function: a program
+	// knows its function and bundle directory, not its manifest's library.
+	overran map[bundleKey]bool
+	// shareOverrun (tests) has overran mark nothing: the tenant chaos
+	// test's invariant is every tenant's programs in one worker, hung
+	// ones included.
+	shareOverrun bool
+	seq          atomic.Uint64 // the workers of their own placed so far
 }
 
 // ownKey returns spec, its tenant made its function's and bundle's alone
@@ -65,8 +80,12 @@ const ownWorkersMax = 4096
 func (d *Device) needsOwn(spec device.ProgramSpec) bool {
 	lib := filepath.Join(spec.Dir, spec.Manifest.Library)
 	d.own.mu.Lock()
+	overran := d.own.overran[bundleKey{spec.Manifest.Name, spec.Dir}]
 	why, ok := d.own.m[lib]
 	d.own.mu.Unlock()
+	if overran {
+		return true
+	}
 	if ok {
 		return why != ""
 	}
@@ -104,4 +123,54 @@ func (d *Device) setOwn(spec device.ProgramSpec, lib, why string) bool {
 			"function", spec.Manifest.Name, "tenant", spec.Tenant, "bundle", filepath.Base(spec.Dir))
 	}
 	return why != "" || was != ""
+}
+
+// overran has g's function's bundle run in a worker of its own from now
+// on, where the server is about to kill, or has killed, g's worker for g's
+// chain or instance creation past its request's deadline (during says
+// which) and the worker held other programs (shared; the caller looks, as
+// only it knows when the kill was made). Its current program needs no
+// move: it dies with the worker, and its next load is placed afresh
+// (ownKey).
+func (d *Device) overran(g *program, during string, shared bool) {
+	if !shared {
+		return // its own worker already, or no one beside it to end
+	}
+	k := g.bundleKey()
+	d.own.mu.Lock()
+	if d.own.shareOverrun {
+		d.own.mu.Unlock()
+		return
+	}
+	if d.own.overran == nil || len(d.own.overran) >= ownWorkersMax {
+		d.own.overran = map[bundleKey]bool{}
+	}
+	was := d.own.overran[k]
+	d.own.overran[k] = true
+	d.own.mu.Unlock()
+	if was {
+		return
+	}
+	d.mu.Lock()
+	tenant := g.p.tenant.name
+	d.mu.Unlock()
+	d.opts.Log.Info("the function's bundle runs in a worker of its own, not its tenant's: its request's deadline (its client's choice) passed while "+during+
+		", and the kill for it ended the worker with the other functions in it",
+		"function", g.name, "tenant", tenant, "bundle", filepath.Base(g.dir))
+}
+
+// holdsBeside reports whether p, a tenant's worker, holds a program other
+// than g: a kill for g would end that one too.
+func (p *proc) holdsBeside(g *program) bool {
+	if p.tenant == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, o := range p.tenant.progs {
+		if o != g {
+			return true
+		}
+	}
+	return false
 }

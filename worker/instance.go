@@ -69,6 +69,11 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 	}
 	// Late, faulted, or not a reply at all (an empty message too): the
 	// worker goes.
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// Marked before the kill: once the worker is reaped the engine
+		// may load the function again, and that load must find the mark.
+		i.g.d.overran(i.g, "its chain was running", i.g.p.holdsBeside(i.g))
+	}
 	why := "a chain ran past its request's deadline by more than " + overrunGrace.String()
 	i.g.p.killFor(i.g, why)
 	i.g.p.end(why) // reaped while this run counts: its death was a run's

@@ -153,7 +153,15 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
 	g.p.mapSlot(int64(len(slot)))
+	shared := g.p.holdsBeside(g) // before the call: a kill may have the engine drop the others
 	raw, err := g.p.call(ctx, g, msg, []int{memfd, fds[1]}, "creating an instance")
+	if !cfg.Deadline.IsZero() && errors.Is(err, device.ErrDeadline) && !errors.Is(err, device.ErrNotStarted) && g.p.killedBy.Load() == g {
+		// Killed for it at its request's deadline. Marked once the call that made
+		// the kill returns: a load of the function racing this (the worker
+		// reaped and the function loaded again meanwhile) may still go
+		// into the tenant's worker, and the mark holds from its next.
+		g.d.overran(g, "an instance of it was being created", shared || g.p.holdsBeside(g))
+	}
 	if err != nil && ctx.Err() != nil && !errors.Is(err, device.ErrDeadline) {
 		err = fmt.Errorf("%w: %v", device.ErrDeadline, err)
 	}

@@ -173,6 +173,7 @@ func newChaos(t *testing.T, b chaosBundles, seed uint64) *chaos {
 	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
 	t.Cleanup(func() { d.Close() })
 	d.lateKeep = 100 * time.Millisecond // a late load nobody takes is unloaded soon
+	d.own.shareOverrun = true           // a hung program stays in its tenant's worker (overran)
 	c := &chaos{t: t, d: d, b: b, seed: seed, crashed: map[int]string{}, start: time.Now()}
 	for i := range chaosWorkers {
 		tenant := "t1"
