@@ -16,24 +16,34 @@ import (
 
 // lendDevice is the host device whose programs lend slots of ordinary
 // memory, owned by the program that lent them or by stranger, as a
-// worker's slot is after a redeploy by another tenant.
+// worker's slot is after a redeploy by another tenant. Its programs run in
+// worker process proc (nil: none).
 type lendDevice struct {
 	device.Device
 	stranger device.Program
+	proc     *workerProc
 }
+
+// workerProc is a worker process: its pid may be a dead one's.
+type workerProc struct{ pid int }
 
 // strangerProgram is a worker's program of another version, in process
-// pid.
+// proc.
 type strangerProgram struct {
 	device.Program
-	pid int
+	proc *workerProc
 }
-
-func (s *strangerProgram) PID() int { return s.pid }
 
 type lendProgram struct {
 	device.Program
 	d *lendDevice
+}
+
+// SameProcess is a worker's program's (worker.program's): the same
+// process, whatever the pids.
+func (p *lendProgram) SameProcess(o device.Program) bool {
+	s, ok := o.(*strangerProgram)
+	return ok && p.d.proc != nil && s.proc == p.d.proc
 }
 
 type lentSlot struct {
@@ -73,8 +83,12 @@ func (p *lendProgram) Lend(maxIn, out int64) (device.Slot, bool) {
 // the request's version (the function was redeployed, perhaps by another
 // tenant, between the body's read and the run), its process may have
 // rewritten the body meanwhile: the request fails, retryable, naming the
-// redeploy, rather than run on what that process left.
+// redeploy, rather than run on what that process left. A slot of the very
+// process the request runs in (a tenant's worker that reloaded the
+// version) is not refused; one of a dead worker whose pid the running
+// worker has now is.
 func TestOutputLandsOnlyInItsProgramsSlot(t *testing.T) {
+	running := &workerProc{pid: 1 << 22}
 	for _, tc := range []struct {
 		name     string
 		stranger device.Program
@@ -82,11 +96,13 @@ func TestOutputLandsOnlyInItsProgramsSlot(t *testing.T) {
 		refused  bool
 	}{
 		{"own program's slot", nil, true, false},
-		{"a worker's slot of another version", &strangerProgram{pid: 1 << 22}, false, true},
+		{"a worker's slot of another version", &strangerProgram{proc: &workerProc{pid: 1<<22 + 1}}, false, true},
 		{"a slot of another version, no worker's", &lendProgram{}, false, true},
+		{"a slot of another program of the running worker", &strangerProgram{proc: running}, false, false},
+		{"a slot of a dead worker whose pid the running one reuses", &strangerProgram{proc: &workerProc{pid: running.pid}}, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &lendDevice{Device: device.NewHost(0), stranger: tc.stranger}
+			d := &lendDevice{Device: device.NewHost(0), stranger: tc.stranger, proc: running}
 			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
 			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 			if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {

@@ -216,11 +216,11 @@ func (p *pool) foreign(landed device.Slot, in *instance) bool {
 		return false
 	}
 	owner := o.Owner()
-	type worker interface{ PID() int } // a program in a worker process
-	if w, ok := owner.(worker); ok {
-		if r, ok := in.dev.prog.(worker); ok && r.PID() == w.PID() {
-			return false
-		}
+	// A program in a worker process; compared by the process itself, as
+	// the owner's may be dead and its pid the running worker's now.
+	type worker interface{ SameProcess(device.Program) bool }
+	if r, ok := in.dev.prog.(worker); ok && r.SameProcess(owner) {
+		return false
 	}
 	for _, pl := range p.programs() {
 		if pl.prog == owner {

@@ -119,3 +119,21 @@ func TestTenantInstanceOverrunRunsAlone(t *testing.T) {
 		t.Errorf("the move to a worker of its own was not logged with its reason:\n%s", logged.String())
 	}
 }
+
+// SameProcess compares worker processes, not pids: a program of a dead
+// worker whose pid a new worker has is not of the new one's process (the
+// engine would take a slot that the dead one mapped and could have
+// rewritten for one of the running worker's own).
+func TestSameProcessIsNotSamePID(t *testing.T) {
+	running, dead := &proc{pid: 4242}, &proc{pid: 4242}
+	a, b := &program{p: running}, &program{p: running}
+	stale := &program{p: dead}
+	switch {
+	case !a.SameProcess(b):
+		t.Error("two programs of one process: not the same process")
+	case a.SameProcess(stale) || stale.SameProcess(a):
+		t.Error("a program of a dead worker with the running one's pid: taken for the running process")
+	case a.SameProcess(device.Program(nil)):
+		t.Error("no program: taken for the running process")
+	}
+}

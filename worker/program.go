@@ -62,6 +62,15 @@ type program struct {
 // PID is the worker process's.
 func (g *program) PID() int { return g.p.pid }
 
+// SameProcess reports whether o is a program of g's worker process. By
+// the process, not its pid: a dead worker's pid may be a new worker's by
+// now, whose program would pass as the dead one's process (engine's
+// foreign, judging a slot the dead one mapped).
+func (g *program) SameProcess(o device.Program) bool {
+	h, ok := o.(*program)
+	return ok && h.p == g.p
+}
+
 // Alive is false once the worker process is gone.
 func (g *program) Alive() bool { return g.p.alive() }
 
