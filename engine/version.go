@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -90,11 +91,33 @@ func (v *version) override(o *call.Override) (int64, int64, error) {
 	return out, tmp, nil
 }
 
-// resolveChain is an override chain's steps on p's program.
-func (v *version) resolveChain(p *placement, chain []abi.Launch) ([]device.Step, error) {
+// entryWaiter is a program whose entry lookups wait their turn (on a
+// tenant's worker's control channel, behind another function's load):
+// the wait ends with ctx.
+type entryWaiter interface {
+	EntryContext(ctx context.Context, kernel string) (int32, error)
+}
+
+// resolveChain is an override chain's steps on p's program, for a request
+// of ctx due by deadline (zero: none), which bounds the lookups' waits.
+func (v *version) resolveChain(ctx context.Context, p *placement, chain []abi.Launch, deadline time.Time) ([]device.Step, error) {
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	steps := make([]device.Step, len(chain))
 	for i, l := range chain {
-		e, err := p.prog.Entry(l.Kernel)
+		var e int32
+		var err error
+		if w, ok := p.prog.(entryWaiter); ok {
+			e, err = w.EntryContext(ctx, l.Kernel)
+		} else {
+			e, err = p.prog.Entry(l.Kernel)
+		}
+		if errors.Is(err, device.ErrNotStarted) { // the program is intact, and nothing ran
+			return nil, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed before chain[%d].kernel could be looked up", v.fn.name, i)
+		}
 		if err != nil {
 			if _, lost := device.AsLoss(err); lost || errors.Is(err, device.ErrDeadline) {
 				return nil, err // the worker's trouble, not the chain's

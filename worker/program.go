@@ -110,15 +110,36 @@ func (g *program) death() *ProcessExit {
 func (g *program) ConstantsBytes() int64 { return g.consts }
 
 func (g *program) Entry(kernel string) (int32, error) {
+	return g.EntryContext(context.Background(), kernel)
+}
+
+// entryBound bounds an entry lookup once the control channel is its turn:
+// a dlsym, unless the bundle's IFUNC resolver hangs.
+const entryBound = 10 * time.Second
+
+// EntryContext is Entry for a request (a chain override's kernel): its
+// wait for the worker's control channel ends with ctx, the request's
+// deadline, and lasts at most loadBound where ctx has none. In a tenant's
+// worker a sibling's load may hold the channel up to loadBound: a fixed
+// wait shorter than that failed a request whose deadline was far off, as
+// if its time had run out.
+func (g *program) EntryContext(ctx context.Context, kernel string) (int32, error) {
 	g.mu.Lock()
 	i, ok := g.entries[kernel]
 	g.mu.Unlock()
 	if ok {
 		return i, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := g.p.callTurn(ctx, 10*time.Second, g, wire.Control{Op: wire.OpEntry, Prog: g.id, Kernel: kernel}, nil, "resolving an entry point")
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.d.loadBound)
+		defer cancel()
+	}
+	t0 := time.Now()
+	raw, err := g.p.callTurn(ctx, entryBound, g, wire.Control{Op: wire.OpEntry, Prog: g.id, Kernel: kernel}, nil, "resolving an entry point")
+	if errors.Is(err, device.ErrNotStarted) {
+		return 0, fmt.Errorf("%w, after %v behind the worker's other calls", err, time.Since(t0).Round(time.Millisecond))
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -1,0 +1,89 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// busyDevice is the host device whose programs' entry lookups wait, as a
+// tenant's worker's do behind a sibling's load, for a control channel
+// that stays busy: until the lookup's context ends, then ErrNotStarted.
+// It records the lookups' deadlines and counts loads.
+type busyDevice struct {
+	device.Device
+	mu        sync.Mutex
+	deadlines []time.Time
+	loads     int
+}
+
+type busyProgram struct {
+	device.Program
+	d *busyDevice
+}
+
+func (d *busyDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
+	p, err := d.Device.Load(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.loads++
+	d.mu.Unlock()
+	return &busyProgram{p, d}, nil
+}
+
+func (p *busyProgram) EntryContext(ctx context.Context, kernel string) (int32, error) {
+	dl, _ := ctx.Deadline()
+	p.d.mu.Lock()
+	p.d.deadlines = append(p.d.deadlines, dl)
+	p.d.mu.Unlock()
+	<-ctx.Done()
+	return 0, fmt.Errorf("%w, waiting for the worker's control channel (resolving an entry point)", device.ErrNotStarted)
+}
+
+// A chain override's lookup waits for its worker's control channel until
+// the request's deadline (the lookup's context carries it), and a wait that
+// ends there fails the request as a timeout saying the lookup never
+// started, not as a chain that ran past its deadline; the program is
+// intact (no load again).
+func TestEntryWaitEndsAtTheRequestsDeadline(t *testing.T) {
+	d := &busyDevice{Device: device.NewHost(0)}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(300 * time.Millisecond)
+	req := &call.Request{Input: []byte("x"), Deadline: deadline,
+		Override: &call.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}}
+	err := e.Invoke(context.Background(), "echo", req)
+	if late := time.Since(deadline); late > time.Second {
+		t.Errorf("the request returned %v past its deadline", late)
+	}
+	if errdefs.KindOf(err) != errdefs.KindTimeout || !strings.Contains(err.Error(), "chain[0].kernel could be looked up") ||
+		!strings.Contains(err.Error(), "waiting for the worker's control channel") || strings.Contains(err.Error(), "while its chain was running") {
+		t.Errorf("the request: %v; want a timeout saying the lookup waited for the control channel", err)
+	}
+	if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("after")}); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.deadlines) != 1 || !d.deadlines[0].Equal(deadline) {
+		t.Errorf("the lookups' deadlines: %v, want [%v] (the request's)", d.deadlines, deadline)
+	}
+	if d.loads != 1 {
+		t.Errorf("%d loads, want 1: the program is intact", d.loads)
+	}
+}
