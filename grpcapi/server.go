@@ -105,6 +105,7 @@ func (s *Server) GRPC() *grpc.Server {
 		// a body over --max-body (too_large).
 		grpc.MaxRecvMsgSize(s.opts.MaxMessageBytes + envelope),
 		grpc.MaxSendMsgSize(s.opts.MaxMessageBytes),
+		grpc.RPCDecompressor(refuseCompressed{}), //nolint:staticcheck // the one hook that keeps the registered gzip from inflating a call's message
 		// Streams per connection: with the connection cap, what bounds
 		// the requests (and their messages in memory) one client holds.
 		// gRPC reads a whole message before a handler runs, so unlike
