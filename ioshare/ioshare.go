@@ -397,10 +397,12 @@ func (t Turn) Done() { t.DoneMoved(-1) }
 // A non-blocking piece is charged its thread's CPU time, in the turns'
 // order too: a flow whose pieces are preempted (at a light weight, behind
 // heavier work) has not had the server's CPU while it waited. But one that
-// held its slot past Config.Hold while another flow waited was charged the
-// slot's time when the slot went to the next (sched's expiry): in the
-// turns' order a piece pays for a slot it held that long; its function's
-// I/O time is still its CPU.
+// held its slot past Config.Hold while another flow waited was charged
+// Config.Hold when the slot went to the next (sched's expiry): in the
+// turns' order a piece pays for its slot's time up to the hold, and no
+// more for a stall nobody waited behind, whether it blocked (its client
+// paused) or not; its function's I/O time is still its CPU, or its
+// bytes' cost.
 func (t Turn) DoneMoved(n int) {
 	if t.f == nil {
 		return

@@ -887,3 +887,62 @@ func TestAPanicWaitingForATurnLeavesNothingWaiting(t *testing.T) {
 		t.Errorf("a's runs queued in the scheduler after the panic: %d, want 0", n)
 	}
 }
+
+// A piece that may block and stalls while no other piece waits (a client
+// that paused its chunked or TLS upload) keeps its slot until the next
+// piece comes, and is charged in the turns' order at most Config.Hold for
+// it, as DoneMoved would charge it: its flow, backlogged beside another
+// from then on, gets its share of the next turns at once. Charged the 5 s
+// it stalled, it had none of the next several thousand, about 5 s of the
+// other flow's pieces.
+func TestStalledPieceChargedAtMostItsHold(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 5 s stall")
+	}
+	sh := New(Config{Slots: 1, Hold: 2 * time.Millisecond})
+	a, b := sh.Flow("a"), sh.Flow("b")
+	stalled, err := a.Turn(context.Background(), time.Time{}, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // its client pauses; nobody else waits
+	defer stalled.DoneMoved(1)
+
+	const total = 200
+	var mu sync.Mutex
+	var order []*Flow
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, f := range []*Flow{a, a, a, a, b, b, b, b} { // each flow always has pieces waiting
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				tn, err := f.Turn(ctx, time.Time{}, nil, false)
+				if err != nil {
+					return
+				}
+				work()
+				mu.Lock()
+				if len(order) < total {
+					order = append(order, f)
+				} else {
+					cancel()
+				}
+				mu.Unlock()
+				tn.Done()
+			}
+		}()
+	}
+	wg.Wait()
+	na := 0
+	for _, f := range order {
+		if f == a {
+			na++
+		}
+	}
+	if na < total/4 {
+		t.Fatalf("after a piece of it stalled 5 s with nobody waiting, flow a had %d of the next %d turns beside b at equal shares, want about half", na, total)
+	}
+}

@@ -344,3 +344,40 @@ func TestHeldTurnChargedWhatItUsed(t *testing.T) {
 		t.Fatalf("a run that reported 2 ms after holding one of 2 slots 10 s was charged %v, want 5s", d)
 	}
 }
+
+// A held turn that blocked long while nobody waited (a piece whose client
+// paused its upload) gives its slot up when the next run comes, charged at
+// most its hold, not all the time since it began: from then on its flow,
+// backlogged beside another, gets its share of the turns at once. Charged
+// the 10 s it stalled, it had none of the next 20, nor would it have for
+// 10 s of the other's runs.
+func TestStalledHeldTurnChargedAtMostItsHold(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk, Policy: NewWFQ(time.Second)})
+	a, b := s.Flow("a"), s.Flow("b")
+	const hold = 2 * time.Millisecond
+	stalled, _, err := a.AdmitHold(t.Context(), time.Time{}, hold, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.DoneUsed(clk.Now(), hold) // expired by then: ignored
+	clk.Advance(10 * time.Second)           // nobody waits: no expiry armed
+
+	c := admitAsync(b, t.Context(), time.Time{}, nil)
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(0) // the expiry b's wait armed, due at once
+	r := <-c
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if d := a.DeviceTime(); d != hold {
+		t.Fatalf("a turn held %v (its hold) that stalled 10 s with nobody waiting was charged %v at its expiry", hold, d)
+	}
+	clk.Advance(time.Millisecond)
+	r.t.Done()
+
+	runs := serial(t, clk, 20, func(*Flow) time.Duration { return time.Millisecond }, a, b)
+	if runs[a] < 8 {
+		t.Fatalf("after its stalled turn, a had %d of the next 20 runs beside b at equal shares (b %d), want about half", runs[a], runs[b])
+	}
+}

@@ -330,10 +330,10 @@ type run struct {
 	s        *Scheduler // for a Done after end cleared f
 	f        *Flow
 	start    time.Time
-	deadline time.Time // zero: none
-	charged  float64   // what the policy charged when it started
-	shared   float64   // Scheduler.shared at its start
-	held     bool      // AdmitHold's: what it reports used is all it is charged
+	deadline time.Time     // zero: none
+	charged  float64       // what the policy charged when it started
+	shared   float64       // Scheduler.shared at its start
+	hold     time.Duration // AdmitHold's (0: none): what it reports used is all it is charged, at most this at its expiry
 	gen      uint64
 }
 
@@ -370,7 +370,8 @@ func (f *Flow) AdmitAt(ctx context.Context, now, deadline time.Time, gone func()
 // happens to it (the server's I/O pieces: package ioshare): once admitted
 // it holds its slot at most hold, as if its deadline were then: past it,
 // while runs wait, the slot goes to the next, and the run is charged what
-// it held.
+// it held, at most hold (expire): a turn that blocked on with nobody
+// waiting took nothing from anyone.
 func (f *Flow) AdmitHold(ctx context.Context, deadline time.Time, hold time.Duration, gone func() bool) (Ticket, time.Duration, error) {
 	return f.admit(ctx, f.s.clock.Now(), deadline, hold, gone)
 }
@@ -562,7 +563,7 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 		part := s.part(r, now)
 		charge := part
 		switch {
-		case used > 0 && r.held:
+		case used > 0 && r.hold > 0:
 			// A held turn kept its slot past its hold only while
 			// nobody waited for it, and what it reports is what it
 			// cost (ioshare: at most its hold while it blocked on its
@@ -633,7 +634,7 @@ func (s *Scheduler) start(f *Flow, deadline time.Time, hold time.Duration, now t
 	if hold > 0 && (deadline.IsZero() || now.Add(hold).Before(deadline)) {
 		deadline = now.Add(hold)
 	}
-	r.f, r.start, r.deadline, r.shared, r.held = f, now, deadline, s.shared, hold > 0
+	r.f, r.start, r.deadline, r.shared, r.hold = f, now, deadline, s.shared, max(hold, 0)
 	r.charged = charged
 	s.running = append(s.running, r)
 	f.inFlight++
@@ -772,7 +773,15 @@ func (s *Scheduler) armExpiry(now time.Time) {
 }
 
 // expire frees the slots of runs past their deadlines, and admits what
-// that (or a lapsed Reserve) lets start.
+// that (or a lapsed Reserve) lets start. A run is charged its part of the
+// device, but a held one (AdmitHold) at most its hold: its expiry is armed
+// only while runs wait, so one that blocked past its hold with nobody
+// waiting (a piece whose client paused its upload) is expired only when
+// the next run comes, maybe seconds later, and charged all that time it
+// would take as many seconds of turns from its flow's next pieces, for
+// time the slot was nobody else's. DoneUsed charges such a run at most
+// what it reports, which its transport bounds by the hold (ioshare); here
+// it reports nothing, and the hold is the same bound.
 func (s *Scheduler) expire() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -784,7 +793,11 @@ func (s *Scheduler) expire() {
 			i++
 			continue
 		}
-		s.end(r, s.part(r, now), now) // removes r from running
+		ran := s.part(r, now)
+		if r.hold > 0 {
+			ran = min(ran, r.hold)
+		}
+		s.end(r, ran, now) // removes r from running
 	}
 	s.dispatch(now)
 	s.armExpiry(now)
