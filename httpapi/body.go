@@ -153,6 +153,13 @@ func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version st
 // read is a piece in the request's turns (pieces.go). The caller releases
 // the returned reservation once done with the bytes.
 func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byte, t turns) ([]byte, int64, error) {
+	return s.readBodyLent(ctx, limit, keep, t, nil)
+}
+
+// readBodyLent is readBody for a body that may go on into a slot its
+// function's worker reads it from (sl; nil: none), lent once the body is
+// arriving (slotLend).
+func (s *Server) readBodyLent(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byte, t turns, sl *slotLend) ([]byte, int64, error) {
 	cl := ctx.Request.Header.ContentLength()
 	if cl > limit.n {
 		ctx.SetConnectionClose() // the body stays unread
@@ -172,7 +179,14 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 	}
 	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preReadOf(ctx))}
 	defer r.release() // deferred: a panic in a read must not keep the budget for good
-	b, err := r.readAll(buf, limit.n, cl)
+	var b []byte
+	err := r.lendFor(sl, cl)
+	if err == nil {
+		if sl != nil && sl.land != nil {
+			buf = sl.land.Input()[:0] // lent before any byte was read: none to copy
+		}
+		b, err = r.readAll(buf, limit.n, cl)
+	}
 	if err != nil {
 		ctx.SetConnectionClose() // the rest of the body is unread
 		// Before Invoke, whatever its status (a 503 for no room, a 504 at
@@ -180,8 +194,8 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[]byt
 		return nil, 0, frontdoor.Refusal(s.bodyError(err, limit))
 	}
 	markRead(ctx)
-	if keep != nil && cap(b) <= keptBody {
-		*keep = b[:0]
+	if keep != nil && cap(b) <= keptBody && (sl == nil || sl.land == nil || !aliases(b, sl.land.Input())) {
+		*keep = b[:0] // never the slot's memory: it goes back to its worker
 	}
 	r.handed = true
 	return b, r.held, nil
@@ -291,6 +305,93 @@ type bodyReader struct {
 	read    int  // bytes read so far
 	drained bool // fasthttp's read buffer is known empty
 	bounded bool // the connection's read deadline is the request's (bound)
+	// lend, while not nil, is the slot to lend once a read past the
+	// pre-read brings bytes (lendFor); then nil.
+	lend *slotLend
+}
+
+// slotLend lends a raw invoke's body the slot its function's worker reads
+// it from (the front door's Land), so that the body lands where the device
+// reads it and the answer is written from where the run left it. A
+// worker lends a few dozen slots (its pool), and a slot lent is the
+// request's until its answer is written: lent before the body came, a
+// client that sent its headers and nothing more (a chunked body, or one
+// that expects 100-continue) held one for up to the read timeout, and 32
+// such connections left the function's other requests none (each then
+// copied its body and its answer: 8 MiB copied for a 4 MiB echo). So a
+// slot is lent only once the body is arriving: where the socket can be
+// waited on and the rest of the body cannot all be in fasthttp's read
+// buffer, once the socket has bytes, before any is read (nothing
+// copied); otherwise once a read past the pre-read brought some, which
+// are copied into it with what was read before (at most the pre-read and
+// one read of readBuffer bytes). A body all read with the headers, or
+// none, is lent one after it is read (invokeRaw), for the answer.
+type slotLend struct {
+	s      *Server
+	fn     string
+	land   call.Landing // the slot lent; nil: none yet, or none to lend
+	asked  bool         // Land was asked: land is its answer
+	pre    int          // the body's bytes fasthttp read with the headers (bodyReader.pre)
+	copied int64        // body bytes read before the slot was lent, copied into it
+}
+
+// lendInto asks for the slot, once, and returns where the body goes on:
+// the slot's input, got copied to its start, or got itself where no slot
+// is lent, or got does not fit in it (the copy path, as a body past the
+// slot's size always took).
+func (l *slotLend) lendInto(got []byte) []byte {
+	if l.asked {
+		return got
+	}
+	l.asked = true
+	land := l.s.door.Land(l.fn)
+	if land == nil {
+		return got
+	}
+	in := land.Input()
+	if len(got) > len(in) {
+		land.Release()
+		return got
+	}
+	l.land = land
+	l.copied += int64(copy(in, got))
+	return in[:len(got)]
+}
+
+// lendFor decides when the body's reads lend sl's slot, for a body of
+// length cl (-1: chunked): at once where the socket can be waited on and
+// more of the body is to come than fasthttp's read buffer holds, once the
+// socket has bytes (a client that expects 100-continue is told to send
+// first), holding nothing meanwhile; a wait bounded by the request's
+// deadline as the reads after it are (bound, cut). Otherwise after the
+// first read past the pre-read that brings bytes (readAll): a chunked
+// body, TLS (whose records the socket's readiness says nothing of), and a
+// body whose rest may all be in fasthttp's buffer already, its socket
+// never to be readable. A body all read with the headers lends nothing
+// here.
+func (b *bodyReader) lendFor(sl *slotLend, cl int) error {
+	if sl == nil {
+		return nil
+	}
+	sl.pre = b.pre
+	switch {
+	case cl >= 0 && cl <= b.pre:
+		return nil // all in memory: invokeRaw lends once it is read
+	case cl >= 0 && cl-b.pre > readBuffer && ioshare.Waitable(b.conn):
+		if d := drainOf(b.conn); d != nil {
+			if err := d.sayContinue(); err != nil {
+				return err
+			}
+		}
+		b.bound()
+		if err := ioshare.WaitReadable(b.conn); err != nil {
+			return b.cut(err)
+		}
+		sl.lendInto(nil)
+		return nil
+	}
+	b.lend = sl
+	return nil
 }
 
 // readPiece reads into p. fasthttp read the body's first bytes with the
@@ -398,6 +499,11 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 			dst = slices.Grow(dst, min(max(cap(dst), readBuffer), room))
 		}
 		end := min(cap(dst), len(dst)+win, len(dst)+room)
+		if b.lend != nil && b.read >= b.pre {
+			// The read that lends the slot (below): what it brings is
+			// copied into the slot, so a buffer's worth at most.
+			end = min(end, len(dst)+readBuffer)
+		}
 		window := int64(end - len(dst))
 		if budget {
 			if err := b.acquire(window); err != nil {
@@ -407,6 +513,11 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		}
 		n, err := b.readPiece(dst[len(dst):end])
 		dst = dst[:len(dst)+n]
+		if b.lend != nil && n > 0 && b.read > b.pre {
+			// The body is arriving past what came with the headers: its
+			// slot is lent now, and the rest read into it.
+			dst, b.lend = b.lend.lendInto(dst), nil
+		}
 		if int64(n) == window && win < maxReadWindow && len(dst) >= maxReadWindow/4 {
 			win *= 2 // a large body whose bytes were waiting: read more at once
 		}

@@ -23,12 +23,12 @@ import (
 
 // landing is a lent slot that counts how it was given back.
 type landing struct {
-	mem                 [64]byte
+	mem                 [128 << 10]byte
 	released, discarded int
 }
 
-func (l *landing) Input() []byte  { return l.mem[:32] }
-func (l *landing) Output() []byte { return l.mem[32:] }
+func (l *landing) Input() []byte  { return l.mem[:64<<10] }
+func (l *landing) Output() []byte { return l.mem[64<<10:] }
 func (l *landing) Release()       { l.released++ }
 func (l *landing) Discard()       { l.discarded++ }
 
@@ -73,17 +73,26 @@ func TestPanickedRawInvokeDiscardsItsSlot(t *testing.T) {
 	}
 }
 
-// panicReader is a body whose read panics (a bug while a piece moves).
-type panicReader struct{}
+// panicReader is a body whose read panics (a bug while a piece moves)
+// once it has given n bytes.
+type panicReader struct{ n int }
 
-func (panicReader) Read([]byte) (int, error) { panic("a bug while reading a body piece") }
+func (r *panicReader) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		panic("a bug while reading a body piece")
+	}
+	k := min(len(p), r.n)
+	r.n -= k
+	return k, nil
+}
 
 // A panic while a body is read gives back the body budget its read window
 // held and, for a raw invoke, releases the slot it was lent for the body
-// (no worker has it yet). Before the fix both were given back only on
-// readBody's error return: the slot stayed lent (released 0, discarded 0),
-// 32 such panics filling a program's pool, and --max-body-memory shrank by
-// a window with every panic, on every route that reads a body.
+// once the body was arriving, past what came with the headers (no worker
+// has it yet). Before the fix both were given back only on readBody's
+// error return: the slot stayed lent (released 0, discarded 0), 32 such
+// panics filling a program's pool, and --max-body-memory shrank by a
+// window with every panic, on every route that reads a body.
 func TestPanicInReadingABodyGivesBackItsSlotAndBudget(t *testing.T) {
 	for _, c := range []struct {
 		name, route, ct string
@@ -101,7 +110,7 @@ func TestPanicInReadingABodyGivesBackItsSlotAndBudget(t *testing.T) {
 			ctx.Request.Header.SetMethod("POST")
 			ctx.Request.SetRequestURI(c.route)
 			ctx.Request.Header.SetContentType(c.ct)
-			ctx.Request.SetBodyStream(panicReader{}, 100)
+			ctx.Request.SetBodyStream(&panicReader{n: 16 << 10}, 32<<10)
 			func() {
 				defer func() {
 					if recover() == nil {

@@ -134,6 +134,7 @@ type exchange struct {
 	in     []byte // the input buffer, reused
 	timing []byte
 	conn   net.Conn // the client's, for gone
+	lend   slotLend // a raw invoke's slot (invokeRaw): kept here, not allocated each request
 }
 
 // gone reports whether the client closed its connection, by peeking at the
@@ -509,32 +510,37 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 		return err
 	}
 	fn := name.Borrow()
-	land := s.door.Land(fn)
-	dst, copied := &c.in, int64(0)
-	var landed []byte
-	if land != nil {
-		landed = land.Input()[:0]
-		dst = &landed
-	}
-	// Until the run has the slot, no worker does: an error or a panic
-	// (recovered above: a 500) releases it. A panic in the run leaves it
-	// to a worker that may still write into it: discarded, never lent
-	// again, its memory going once its worker is done with it.
-	lent, ran := land, false
+	copied := int64(0)
+	// The slot is lent as the body arrives (slotLend), or after it for a
+	// body read with the headers. Until the run has it, no worker does:
+	// an error or a panic (recovered above: a 500) releases it. A panic
+	// in the run leaves it to a worker that may still write into it:
+	// discarded, never lent again, its memory going once its worker is
+	// done with it.
+	sl := &c.lend
+	*sl = slotLend{s: s, fn: fn}
+	ran, handed := false, false
 	defer func() {
+		land := sl.land
+		*sl = slotLend{} // the pooled exchange keeps no slot
 		switch {
-		case lent != nil && ran:
-			lent.Discard()
-		case lent != nil:
-			lent.Release()
+		case handed || land == nil:
+		case ran:
+			land.Discard()
+		default:
+			land.Release()
 		}
 	}()
 	tn := s.turnsOf(ctx, fn, &c.req)
-	body, held, err := s.readBody(ctx, limit, dst, tn)
+	body, held, err := s.readBodyLent(ctx, limit, &c.in, tn, sl)
 	if err != nil {
 		return err
 	}
 	defer s.releaseBody(held)
+	if !sl.asked {
+		sl.lendInto(nil) // a body read with the headers, or none: a slot for its answer
+	}
+	land := sl.land
 	switch {
 	case land != nil && !sameStart(body, land.Input()) && len(body) <= len(land.Input()):
 		// fasthttp read it before the handler ran (up to 8 KiB): the one
@@ -543,8 +549,9 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 		copied = int64(len(body))
 	case land != nil && ctx.RequestBodyStream() != nil:
 		// Streamed into the slot, but for the first bytes, which fasthttp
-		// read with the headers and its stream copied from its buffer.
-		copied = int64(min(len(body), preReadOf(ctx)))
+		// read with the headers and its stream copied from its buffer,
+		// and what was read before the slot was lent, copied into it.
+		copied = int64(min(len(body), sl.pre)) + sl.copied
 	}
 	c.req.Input, c.req.Landing = body, land
 	buf := ctx.Response.SwapBody(nil)[:0]
@@ -554,7 +561,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	// request's own deadline bounds it.
 	ran = true
 	err = s.door.Invoke(context.Background(), fn, &c.req)
-	lent = nil // released or answered from below
+	handed = true // released or answered from below
 	out := c.req.Output
 	c.req.Copied += copied
 	switch {
