@@ -28,7 +28,7 @@ var (
 	descIOSeconds = prometheus.NewDesc("plover_io_seconds_total",
 		"The server's time on the function's bytes (reading request bodies, decoding, writing answers: non-blocking system calls once a socket is ready, so CPU time but for preemption), charged to its share beside device time.", []string{"function"}, nil)
 	descIOPieces = prometheus.NewDesc("plover_io_pieces",
-		"The function's pieces of bytes the server moves now (moving: in their turn) or that wait for their turn (waiting); a body that waits for its client holds none.", []string{"function", "state"}, nil)
+		"The function's pieces of bytes the server moves now (moving: in their turn), that blocked on their clients past their turns, their slots given to the next piece (stalled: a chunked or TLS upload that paused), or that wait for their turn (waiting); a body that waits for its client holds none.", []string{"function", "state"}, nil)
 	descEvictions = prometheus.NewDesc("plover_evictions_total",
 		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
 	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
@@ -75,8 +75,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descIOSeconds, prometheus.CounterValue, e.ioSeconds(f.name), f.name)
 		if fl := e.io.Lookup(f.name); fl != nil {
-			moving, waiting := fl.Pieces()
+			moving, stalled, waiting := fl.Pieces()
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(moving), f.name, "moving")
+			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(stalled), f.name, "stalled")
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(waiting), f.name, "waiting")
 		}
 		busy, idle, mem := v.usage()

@@ -198,8 +198,8 @@ func TestPanicInAPieceRestoresItsThread(t *testing.T) {
 			if left := th.left(); len(left) > 0 {
 				t.Errorf("threads left at the function's level after the panic (thread id: level): %v", left)
 			}
-			if moving, _ := fl.Pieces(); moving != 0 {
-				t.Errorf("%d of the function's pieces still moving after the panic, want 0: its turn never ended", moving)
+			if moving, stalled, _ := fl.Pieces(); moving+stalled != 0 {
+				t.Errorf("%d of the function's pieces still moving and %d stalled after the panic, want 0: its turn never ended", moving, stalled)
 			}
 			onePanic(t, log.String(), reg, tc.route, tc.panicked, "echo")
 		})

@@ -280,9 +280,20 @@ const alonePieces = 4
 // Seconds is the server's CPU time on the flow's bytes so far.
 func (f *Flow) Seconds() float64 { return time.Duration(f.cpu.Load()).Seconds() }
 
-// Pieces is how many of the flow's pieces move now (hold a turn) and how
-// many wait for one.
-func (f *Flow) Pieces() (moving, waiting int) { return int(f.moving.Load()), int(f.waiting.Load()) }
+// Pieces is how many of the flow's pieces move now (hold a turn), how
+// many stalled (a piece that may block, blocked on its client past
+// Config.Hold while another piece waited: its slot went to that one, and
+// it holds none, though it has not ended), and how many wait for a turn.
+// A stalled piece counted moving was a chunked or TLS upload that paused,
+// shown moving for as long as it paused, up to the read timeout.
+func (f *Flow) Pieces() (moving, stalled, waiting int) {
+	m := int(f.moving.Load())
+	// At most every piece counted: a piece's slot may expire between its
+	// admission and its count (Turn), its turn's end is counted after its
+	// ticket's (endTurn).
+	st := min(f.f.Overran(), m)
+	return m - st, st, int(f.waiting.Load())
+}
 
 // Turn is a flow's turn to move one piece; Done ends it, deferred where
 // what moves the piece may panic: until then its thread may be at the
@@ -430,9 +441,18 @@ func (t Turn) DoneMoved(n int) {
 		}
 		runtime.UnlockOSThread()
 	}
-	t.f.moving.Add(-1)
-	t.t.DoneUsed(Instant(end).Time(), max(held, 1)) // 0 would charge the slot time
+	t.f.endTurn(t.t, Instant(end).Time(), max(held, 1)) // 0 would charge the slot time
 	t.f.charge(cpu)
+}
+
+// endTurn ends a turn's ticket, then counts the turn ended: a piece whose
+// slot expired leaves the scheduler's Overran first, so that for the
+// instant between the two it counts moving (Pieces), not as stalled in
+// another piece's place, which moves. Deferred: a panic in the policy (the
+// ticket's end) must not leave the plover_io_pieces gauge up for good.
+func (f *Flow) endTurn(t sched.Ticket, end time.Time, used time.Duration) {
+	defer f.moving.Add(-1)
+	t.DoneUsed(end, used)
 }
 
 // A piece that may block is charged its bytes at blockingFactor times the

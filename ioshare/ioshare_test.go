@@ -847,7 +847,7 @@ func TestAPanicTakingATurnGivesItsSlotBack(t *testing.T) {
 		}()
 		a.Turn(context.Background(), time.Time{}, nil, false)
 	}()
-	if moving, _ := a.Pieces(); moving != 0 {
+	if moving, _, _ := a.Pieces(); moving != 0 {
 		t.Errorf("%d of a's pieces counted moving after the panic, want 0", moving)
 	}
 	// The slot a's panicked turn was admitted to is free again.
@@ -880,7 +880,7 @@ func TestAPanicWaitingForATurnLeavesNothingWaiting(t *testing.T) {
 		}()
 		a.Turn(context.Background(), time.Time{}, func() bool { panic("gone") }, true)
 	}()
-	if moving, waiting := a.Pieces(); moving != 0 || waiting != 0 {
+	if moving, _, waiting := a.Pieces(); moving != 0 || waiting != 0 {
 		t.Errorf("a's pieces after the panic: moving %d, waiting %d; want none", moving, waiting)
 	}
 	if n := a.f.Waiting(); n != 0 {
@@ -944,5 +944,50 @@ func TestStalledPieceChargedAtMostItsHold(t *testing.T) {
 	}
 	if na < total/4 {
 		t.Fatalf("after a piece of it stalled 5 s with nobody waiting, flow a had %d of the next %d turns beside b at equal shares, want about half", na, total)
+	}
+}
+
+// A piece that may block and stalls past Config.Hold while another waits
+// gives its slot to that one, and counts stalled from then, not moving
+// (plover_io_pieces): it holds no turn. Counted moving, 60 paused chunked
+// uploads showed as 60 pieces in turn on a server of 2 slots, for as long
+// as they paused. Once it ends it counts nowhere.
+func TestStalledPieceCountsStalled(t *testing.T) {
+	sh := New(Config{Slots: 1, NoReserve: true, Hold: 2 * time.Millisecond})
+	a, b := sh.Flow("a"), sh.Flow("b")
+	stalled, err := a.Turn(context.Background(), time.Time{}, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moving, st, waiting := a.Pieces(); moving != 1 || st != 0 || waiting != 0 {
+		t.Fatalf("a piece in its turn counts moving %d, stalled %d, waiting %d; want 1, 0, 0", moving, st, waiting)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	next, err := b.Turn(ctx, time.Time{}, nil, false) // its slot goes to this one at the hold
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moving, st, _ := a.Pieces(); moving != 0 || st != 1 {
+		t.Errorf("a piece whose slot went to another at its hold counts moving %d, stalled %d; want 0, 1", moving, st)
+	}
+	if moving, st, _ := b.Pieces(); moving != 1 || st != 0 {
+		t.Errorf("the piece that took its slot counts moving %d, stalled %d; want 1, 0", moving, st)
+	}
+	next.Done()
+	stalled.DoneMoved(1)
+	if moving, st, waiting := a.Pieces(); moving != 0 || st != 0 || waiting != 0 {
+		t.Errorf("the stalled piece, ended, counts moving %d, stalled %d, waiting %d; want none", moving, st, waiting)
+	}
+	// Its slot is the scheduler's to lend again, once.
+	for range 3 {
+		tn, err := a.Turn(ctx, time.Time{}, nil, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tn.DoneMoved(1)
+	}
+	if moving, st, _ := a.Pieces(); moving != 0 || st != 0 {
+		t.Errorf("after three more pieces: moving %d, stalled %d; want none", moving, st)
 	}
 }

@@ -381,3 +381,55 @@ func TestStalledHeldTurnChargedAtMostItsHold(t *testing.T) {
 		t.Fatalf("after its stalled turn, a had %d of the next 20 runs beside b at equal shares (b %d), want about half", runs[a], runs[b])
 	}
 }
+
+// A run that gives its slot up at its hold or deadline (expire) counts in
+// its flow's Overran until its holder ends it (Done), once: its holder,
+// blocked, still has it (ioshare counts such a piece stalled, not moving).
+// Its Done after the slot went on ends nobody else's run.
+func TestOverranCountsExpiredRunsUntilDone(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	a, b := s.Flow("a"), s.Flow("b")
+	held, _, err := a.AdmitHold(t.Context(), time.Time{}, 2*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := admitAsync(b, t.Context(), time.Time{}, nil)
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(2 * time.Millisecond)
+	r := <-c
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if a.Overran() != 1 || b.Overran() != 0 {
+		t.Fatalf("after a's hold gave its slot to b: a overran %d, b %d; want 1, 0", a.Overran(), b.Overran())
+	}
+	held.Done()
+	held.Done() // a second Done changes nothing
+	if a.Overran() != 0 {
+		t.Fatalf("a's expired run, ended, still counts overran %d", a.Overran())
+	}
+	if got := b.queued() + len(s.running); got != 1 {
+		t.Fatalf("b's run, admitted, is not running alone after a's Done: %d queued or running", got)
+	}
+	r.t.Done()
+	// A run past its deadline counts as well.
+	tk, _, err := a.Admit(t.Context(), clk.Now().Add(time.Second), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = admitAsync(b, t.Context(), time.Time{}, nil)
+	waitFor(t, "b queued", func() bool { return b.queued() == 1 })
+	clk.Advance(time.Second)
+	if r = <-c; r.err != nil {
+		t.Fatal(r.err)
+	}
+	if a.Overran() != 1 {
+		t.Fatalf("a run past its deadline counts overran %d, want 1", a.Overran())
+	}
+	tk.Done()
+	r.t.Done()
+	if a.Overran() != 0 || len(s.running) != 0 {
+		t.Fatalf("all ended: a overran %d, %d running", a.Overran(), len(s.running))
+	}
+}

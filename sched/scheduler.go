@@ -125,6 +125,7 @@ type Flow struct {
 	PolicyData any
 
 	deviceNs atomic.Int64 // device time of ended runs
+	overran  atomic.Int32 // runs expired whose holders have not said Done (Overran)
 }
 
 // Flow returns name's flow, creating it with weight 1 and class Default.
@@ -241,6 +242,13 @@ func (f *Flow) Waiting() int {
 	return len(f.queue)
 }
 
+// Overran is how many of the flow's runs gave their slots up at their
+// deadlines or holds (expire) while their holders, not knowing it, still
+// have them: a held turn blocked on its client past its hold (ioshare's
+// stalled pieces), a run past its deadline whose worker is being stopped.
+// Each counts until its Ticket's Done.
+func (f *Flow) Overran() int { return int(f.overran.Load()) }
+
 // DeviceTime is the device time the flow's ended runs were charged
 // (Ticket.DoneUsed), not the time they held their slots.
 func (f *Flow) DeviceTime() time.Duration { return time.Duration(f.deviceNs.Load()) }
@@ -335,6 +343,10 @@ type run struct {
 	shared   float64       // Scheduler.shared at its start
 	hold     time.Duration // AdmitHold's (0: none): what it reports used is all it is charged, at most this at its expiry
 	gen      uint64
+	// overran is the flow of a run expire ended, until its Ticket's Done
+	// (Flow.Overran): the run is not reused meanwhile, so that Done knows
+	// it.
+	overran *Flow
 }
 
 type waiter struct {
@@ -559,6 +571,14 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 	s := r.s // r.f is nil once the run gave its slot up at its deadline
 	s.mu.Lock()
 	defer s.mu.Unlock() // see mu
+	if f := r.overran; f != nil && r.gen == t.gen+1 {
+		// Its slot went at its deadline or hold (expire): it was charged
+		// then. Its holder is done with it now, and it may be reused.
+		r.overran = nil
+		f.overran.Add(-1)
+		s.spare = append(s.spare, r)
+		return
+	}
 	if r.gen == t.gen {
 		part := s.part(r, now)
 		charge := part
@@ -586,7 +606,7 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 			s.dispatch(now)
 			s.armExpiry(now)
 		}()
-		s.end(r, charge, now)
+		s.end(r, charge, now, false)
 	}
 }
 
@@ -642,8 +662,10 @@ func (s *Scheduler) start(f *Flow, deadline time.Time, hold time.Duration, now t
 	return Ticket{r, r.gen}
 }
 
-// end ends a run that held the device for ran. Called with s.mu held.
-func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
+// end ends a run that held the device for ran; expired: at its deadline
+// or hold, its holder still having its Ticket (Flow.Overran). Called with
+// s.mu held.
+func (s *Scheduler) end(r *run, ran time.Duration, now time.Time, expired bool) {
 	f := r.f
 	if i := slices.Index(s.running, r); i >= 0 {
 		s.running[i] = s.running[len(s.running)-1]
@@ -651,7 +673,12 @@ func (s *Scheduler) end(r *run, ran time.Duration, now time.Time) {
 	}
 	r.gen++
 	r.f = nil
-	s.spare = append(s.spare, r)
+	if expired {
+		r.overran = f
+		f.overran.Add(1)
+	} else {
+		s.spare = append(s.spare, r)
+	}
 	f.inFlight--
 	// Deferred: a panic in the policy's Ended must not leave f listed
 	// off the list, where nothing would let its hold lapse.
@@ -797,7 +824,7 @@ func (s *Scheduler) expire() {
 		if r.hold > 0 {
 			ran = min(ran, r.hold)
 		}
-		s.end(r, ran, now) // removes r from running
+		s.end(r, ran, now, true) // removes r from running
 	}
 	s.dispatch(now)
 	s.armExpiry(now)
