@@ -26,7 +26,7 @@ var (
 	descDeviceSeconds = prometheus.NewDesc("plover_device_seconds_total",
 		"Device time the function's runs were charged, on every device of the node: each run's use as its device measured it, at most its part of the device while it held its slot (the device's time split evenly among the runs in flight; that part itself where the device measures nothing) and at least its slot time divided by the device's slots. Not the time runs held slots.", []string{"function"}, nil)
 	descIOSeconds = prometheus.NewDesc("plover_io_seconds_total",
-		"The server's time on the function's bytes (reading request bodies, decoding, writing answers: non-blocking system calls once a socket is ready, so CPU time but for preemption), charged to its share beside device time.", []string{"function"}, nil)
+		"The server's time on the function's bytes (reading request bodies past what comes with the headers and the HTTP library's buffer, about 12 KiB, decoding, writing answers of 64 KiB or more: non-blocking system calls once a socket is ready, so CPU time but for preemption), charged to its share beside device time.", []string{"function"}, nil)
 	descIOPieces = prometheus.NewDesc("plover_io_pieces",
 		"The function's pieces of bytes the server moves now (moving: in their turn), that blocked on their clients past their turns, their slots given to the next piece (stalled: a chunked or TLS upload that paused), or that wait for their turn (waiting); a body that waits for its client holds none.", []string{"function", "state"}, nil)
 	descEvictions = prometheus.NewDesc("plover_evictions_total",
