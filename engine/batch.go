@@ -354,7 +354,8 @@ func (b *batcher) ended(took time.Duration) {
 // runItems runs one chain over items, whose inputs are in bb.in already,
 // and delivers each its slice of out, or the run's error to all of them;
 // but for an input refused (plover_reject), whose run is then retried
-// item by item, so that the refusal goes to its own request alone.
+// item by item (rerunAlone), so that the refusal goes to its own request
+// alone.
 func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	start := time.Now()
 	n := len(items)
@@ -380,54 +381,88 @@ func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 		// held past them, or none were held.
 		took = 0
 	}
-	var alone []batchRun
-	if n > 1 && errdefs.KindOf(all.err) == errdefs.KindRejected {
-		// The ABI has no refusal per item: one request's bad input
-		// refuses the run, and its batch-mates sent nothing wrong. Each
-		// runs alone, its input and output where they are in the run's.
-		alone = make([]batchRun, n)
-		for i := range items {
-			o := int64(i) * b.itemOut
-			alone[i] = b.runChain(items[i:i+1], in[int64(i)*b.itemIn:int64(i+1)*b.itemIn], out[o:o+b.itemOut], 1)
-		}
-	}
+	// Before any answer, the one-by-one runs' too: a request answered
+	// and at once followed by the next finds no batch run in flight to
+	// hold it for (holdFor); the one-by-one runs take no company.
 	b.ended(took)
-	for i, it := range items {
-		if !it.state.CompareAndSwap(itemTaken, itemWriting) {
-			continue // its request gave up
-		}
-		res, size := all, n
-		// Its input was copied into the run's (run), and it has its part
-		// of the run's host copies (the device's), as an unbatched
-		// request has its run's.
-		copied := b.itemIn + partOf(all.tm.Copied, i, n)
-		if alone != nil {
-			res, size = alone[i], 1
-			res.start, res.load, res.sched = max(res.start, all.start), res.load+all.load, res.sched+all.sched
-			copied += res.tm.Copied
-		}
-		if !all.ran {
-			// The batch's run never reached an instance (and so had no
-			// one-by-one runs, which follow a run's refusal): as an
-			// unbatched request's that did not run, its start is not
-			// counted (invoke counts one for a batch size), and it was in
-			// no run to report.
-			size = 0
-		}
-		it.err, it.start, it.load, it.sched, it.size, it.device = res.err, res.start, res.load, res.sched, size, res.dev
-		rq := it.req
-		if res.err == nil {
-			if int64(cap(rq.Output)) < b.itemOut {
-				rq.Output = make([]byte, b.itemOut)
-			}
-			rq.Output = rq.Output[:b.itemOut]
-			copy(rq.Output, out[int64(i)*b.itemOut:])
-			copied += b.itemOut
-			rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = res.tm.CopyIn, res.tm.Kernels, res.tm.CopyOut
-		}
-		rq.Copied += copied
-		close(it.done)
+	if n > 1 && errdefs.KindOf(all.err) == errdefs.KindRejected {
+		b.rerunAlone(items, in, out, all)
+		return
 	}
+	for i := range items {
+		b.answer(items, i, all, nil, out)
+	}
+}
+
+// rerunAlone runs each item of a run that was refused (plover_reject) by
+// itself, its input and output where they are in the run's, and answers
+// it as soon as its own run ends: the ABI has no refusal per item (the
+// bundle's message does not say whose input it refused), so one request's
+// bad input refuses the run and only running each alone finds it, while
+// its batch-mates sent nothing wrong. Each waits for the one-by-one runs
+// before its own, not for all of them: answered only after the last, every
+// request of a batch of n waited for n runs, and met no deadline that
+// fewer would have allowed (the refused one's 422 turned into a 504 too).
+// The runs go earliest deadline first (arrival order among equals), so
+// that as many as can meet theirs; a request that gave up (cancelled,
+// client gone) or whose deadline has passed is not run at all: its waiter
+// leaves with its own error (invoke), which a run would only have
+// delayed for those after it.
+func (b *batcher) rerunAlone(items []*batchItem, in, out []byte, all batchRun) {
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(i, j int) int { return items[i].deadline.Compare(items[j].deadline) })
+	for _, i := range order {
+		it := items[i]
+		if it.state.Load() != itemTaken || !time.Now().Before(it.deadline) {
+			continue
+		}
+		o := int64(i) * b.itemOut
+		alone := b.runChain(items[i:i+1], in[int64(i)*b.itemIn:int64(i+1)*b.itemIn], out[o:o+b.itemOut], 1)
+		b.answer(items, i, all, &alone, out)
+	}
+}
+
+// answer hands items[i] its result: its part of all, the run of the
+// whole batch, or with alone its own one-by-one run after the batch's
+// refusal, its output at its slice of out either way.
+func (b *batcher) answer(items []*batchItem, i int, all batchRun, alone *batchRun, out []byte) {
+	it, n := items[i], len(items)
+	if !it.state.CompareAndSwap(itemTaken, itemWriting) {
+		return // its request gave up
+	}
+	res, size := all, n
+	// Its input was copied into the run's (run), and it has its part of
+	// the run's host copies (the device's), as an unbatched request has
+	// its run's.
+	copied := b.itemIn + partOf(all.tm.Copied, i, n)
+	if alone != nil {
+		res, size = *alone, 1
+		res.start, res.load, res.sched = max(res.start, all.start), res.load+all.load, res.sched+all.sched
+		copied += res.tm.Copied
+	}
+	if !all.ran {
+		// The batch's run never reached an instance (and so had no
+		// one-by-one runs, which follow a run's refusal): as an unbatched
+		// request's that did not run, its start is not counted (invoke
+		// counts one for a batch size), and it was in no run to report.
+		size = 0
+	}
+	it.err, it.start, it.load, it.sched, it.size, it.device = res.err, res.start, res.load, res.sched, size, res.dev
+	rq := it.req
+	if res.err == nil {
+		if int64(cap(rq.Output)) < b.itemOut {
+			rq.Output = make([]byte, b.itemOut)
+		}
+		rq.Output = rq.Output[:b.itemOut]
+		copy(rq.Output, out[int64(i)*b.itemOut:])
+		copied += b.itemOut
+		rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = res.tm.CopyIn, res.tm.Kernels, res.tm.CopyOut
+	}
+	rq.Copied += copied
+	close(it.done)
 }
 
 // partOf is item i's part of c bytes a run of n items copied: an even
