@@ -88,9 +88,13 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, ste
 }
 
 // countTyped checks that c holds n elements in the typed field for
-// datatype dt. A count that is off names that field, and a field of
-// another datatype that holds elements: a client that put UINT8 elements
-// in int_contents learns where they go, not just that none came.
+// datatype dt, and none in any other field. A count that is off names that
+// field, and a field of another datatype that holds elements: a client
+// that put UINT8 elements in int_contents learns where they go, not just
+// that none came. Elements in another field beside a right count are
+// refused too: only dt's field is laid out, so they were dropped
+// unannounced, and a client that sent them meant something by them (a
+// wrong datatype, or values put in the wrong field) that it would not learn.
 func countTyped(dt string, c *pb.InferTensorContents, n int64) error {
 	fields := [...]struct {
 		name string
@@ -103,6 +107,9 @@ func countTyped(dt string, c *pb.InferTensorContents, n int64) error {
 		{"uint64_contents", len(c.GetUint64Contents())},
 		{"fp32_contents", len(c.GetFp32Contents())},
 		{"fp64_contents", len(c.GetFp64Contents())},
+		// No datatype here takes it (BYTES is none of a model's), so its
+		// elements are always another field's.
+		{"bytes_contents", len(c.GetBytesContents())},
 	}
 	var want string
 	switch dt {
@@ -123,17 +130,24 @@ func countTyped(dt string, c *pb.InferTensorContents, n int64) error {
 	default: // FP16: the protocol has no typed field for it
 		return fmt.Errorf("%s has no typed contents in the protocol: send it in raw_input_contents", dt)
 	}
-	have, other := 0, ""
+	have, other, otherHas := 0, "", 0
 	for _, f := range fields {
 		switch {
 		case f.name == want:
 			have = f.have
 		case f.have > 0 && other == "":
-			other = fmt.Sprintf(" (%s holds %d, not the field for %s)", f.name, f.have, dt)
+			other, otherHas = f.name, f.have
 		}
 	}
 	if int64(have) != n {
-		return fmt.Errorf("contents hold %d elements in %s, the field for %s; the shape holds %d%s", have, want, dt, n, other)
+		stray := ""
+		if other != "" {
+			stray = fmt.Sprintf(" (%s holds %d, not the field for %s)", other, otherHas, dt)
+		}
+		return fmt.Errorf("contents hold %d elements in %s, the field for %s; the shape holds %d%s", have, want, dt, n, stray)
+	}
+	if other != "" {
+		return fmt.Errorf("contents hold %d elements in %s, not the field for %s (%s): send an input's elements in its datatype's field alone", otherHas, other, dt, want)
 	}
 	return nil
 }
