@@ -57,9 +57,14 @@ func (v *version) runFailed(p *placement, err error) error {
 	switch {
 	case errors.As(err, &ee): // already classified, with its own message
 		return err
-	case errors.As(err, &ke) && lost:
+	case errors.As(err, &ke) && lost && !loss.Collateral():
 		// The chain faulted its worker's device context: the request failed
-		// like any kernel failure; the worker, and only it, is gone.
+		// like any kernel failure; the worker, and only it, is gone. Not
+		// where the loss is collateral: in a tenant's worker another
+		// function's chain faulted the context this run shared, and the run
+		// met the sticky error as if it were its own. It is the loss of the
+		// worker (below), not this function's kernel failure, and the
+		// error, another function's, is not its client's to read.
 		v.workerDied(p, loss)
 		return errorf(errdefs.KindKernel, err, "function %s: %s (its worker was stopped)", f.name, ke.Error())
 	case errors.Is(err, device.ErrDeadline):

@@ -47,6 +47,9 @@ type lossDevice struct {
 	// failInstances instances' creations fail with instErr.
 	failInstances, instances int
 	instErr                  error
+	// faulted: failing runs met a device fault (faultLoss), the loss
+	// with a kernel error.
+	faulted bool
 }
 
 // fails counts one operation and reports whether it fails (n: how many
@@ -111,10 +114,23 @@ func (i *lossInstance) Run(r *device.Run) error {
 		if l := i.d.runLoss; l != nil {
 			return *l
 		}
+		if i.d.faulted {
+			return faultLoss{ke: &device.KernelError{Msg: "cuEventRecord: CUDA_ERROR_ILLEGAL_ADDRESS"}, loss: i.d.loss}
+		}
 		return i.d.loss
 	}
 	return i.Instance.Run(r)
 }
+
+// faultLoss is a run that met a sticky device fault, as a worker reports
+// it: the chain's kernel error, with the worker lost by it.
+type faultLoss struct {
+	ke   *device.KernelError
+	loss workerLoss
+}
+
+func (e faultLoss) Error() string   { return e.ke.Error() }
+func (e faultLoss) Unwrap() []error { return []error{e.ke, e.loss} }
 
 // lossEngine is an engine over d with echo deployed by tenant acme, and the
 // engine's log.
@@ -188,6 +204,51 @@ func TestCollateralLossRunsOnceMore(t *testing.T) {
 			}
 			if !strings.Contains(logs.String(), tt.wantLog) {
 				t.Fatalf("log lacks %q:\n%s", tt.wantLog, logs)
+			}
+		})
+	}
+}
+
+// A run that met a sticky device fault in a tenant's worker, the context
+// faulted by another function (its loss collateral), is retried once as
+// any collateral loss, and if it is lost so again its client is told of
+// the lost worker (worker_crashed), not of a kernel failure of its own
+// with another function's error. A fault of its own is its kernel's
+// failure, not retried (the control).
+func TestCollateralFaultIsNotTheFunctionsKernelFailure(t *testing.T) {
+	tests := []struct {
+		name       string
+		collateral bool
+		runs       int  // that fault
+		wantOK     bool // else wantKind
+		wantKind   errdefs.Kind
+		wantRuns   int
+	}{
+		{"collateral, then a fresh worker", true, 1, true, 0, 2},
+		{"collateral twice", true, 2, false, errdefs.KindWorkerCrashed, 2},
+		{"own", false, 1, false, errdefs.KindKernel, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &lossDevice{Device: device.NewHost(0), loss: workerLoss{collateral: tt.collateral}, failRuns: tt.runs, faulted: true}
+			e, logs := lossEngine(t, d)
+			req := &call.Request{Input: []byte("x")}
+			err := e.Invoke(context.Background(), "echo", req)
+			switch {
+			case tt.wantOK && (err != nil || req.Output[0] != 'x'):
+				t.Fatalf("got %v; want x from the run once more", err)
+			case !tt.wantOK && errdefs.KindOf(err) != tt.wantKind:
+				t.Fatalf("got %v (%v), want %v", err, errdefs.KindOf(err), tt.wantKind)
+			case tt.collateral && err != nil && strings.Contains(err.Error(), "ILLEGAL_ADDRESS"):
+				t.Fatalf("got %v: another function's error", err)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.runs != tt.wantRuns {
+				t.Fatalf("%d runs, want %d", d.runs, tt.wantRuns)
+			}
+			if want := map[bool]string{true: "lost with its tenant's worker", false: "worker died"}[tt.collateral]; !strings.Contains(logs.String(), want) {
+				t.Fatalf("log lacks %q:\n%s", want, logs)
 			}
 		})
 	}

@@ -414,7 +414,10 @@ func stagePrefix(id uint32) string { return "p" + strconv.FormatUint(uint64(id),
 // signal that ended it (0: an exit). The rule:
 //
 //   - a fatal signal (not the server's SIGKILL) whose handler named a
-//     program the process holds (wire.FatalMark): that program; or one
+//     program the process holds (wire.FatalMark), or the worker's own exit
+//     for its device's fault (wire.ExitFault: a sticky CUDA error) that
+//     named the program whose run or call met the fault first (the mark
+//     with signal 0; package inside, claimFault): that program; or one
 //     it held, unloaded while a chain (or its unload hook) of its ran on:
 //     none of the rest. A bundle can write the mark on its pipe itself
 //     (its clients cannot: their bytes reach stdout and stderr at most),
@@ -430,7 +433,8 @@ func stagePrefix(id uint32) string { return "p" + strconv.FormatUint(uint64(id),
 //     is no function's crash either, where a load that hung is, though
 //     its failure may let it go before this runs);
 //   - anything else (a signal with no mark: a thread of a bundle's own;
-//     an exit; a memory-limit kill; a broken channel): every program,
+//     an exit with none: an exit(), a device fault whose mark the pipe
+//     did not take; a memory-limit kill; a broken channel): every program,
 //     none Shared. Who did it is not known, and guessing from the runs
 //     in flight would make a bundle that crashes outside its runs a
 //     retried, never backed-off bystander while its sibling takes the
@@ -447,7 +451,11 @@ func (p *proc) blame(sig syscall.Signal) {
 	progs := p.tenant.progs
 	var culprits []*program
 	named := true
-	if id := p.fatal.Load(); id != 0 && sig != 0 && sig != syscall.SIGKILL && id <= p.tenant.nextID {
+	// A mark is believed for an exit too: the worker writes one only as it
+	// exits for a device fault, and bundle code that writes one itself
+	// could as well raise a signal after it (the first rule's caveat).
+	// Never for the server's SIGKILL, whose cause is its own (killedBy).
+	if id := p.fatal.Load(); id != 0 && sig != syscall.SIGKILL && id <= p.tenant.nextID {
 		if progs[id] != nil {
 			culprits = append(culprits, progs[id])
 			p.tenant.by = progs[id].name

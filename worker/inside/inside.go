@@ -217,8 +217,14 @@ func (w *server) serve() error {
 		}
 		c, err := wire.DecodeControl(w.buf[:n])
 		w.marking(c.Prog, err)
+		// A call that finds the device poisoned already did not poison it
+		// (claimFault): read before the call, in a tenant's worker.
+		healthy := w.cfg.Tenant && w.faulted() == nil
 		op, rep := w.handle(c, err, fds)
 		w.marking(0, nil)
+		if rep.St == wire.StFault && err == nil {
+			w.claimFault(c.Prog, healthy) // at once, ahead of a sibling that meets the fault after
+		}
 		w.out = wire.AppendControlReply(w.out[:0], op, rep)
 		if err := unix.Sendmsg(wire.CtlFD, w.out, nil, nil, 0); err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
@@ -226,7 +232,7 @@ func (w *server) serve() error {
 		if rep.St == wire.StFault {
 			// The device context is poisoned (a bundle hook faulted it):
 			// nothing more can run here, as after a faulting chain.
-			os.Exit(wire.ExitFault)
+			w.exitFault()
 		}
 	}
 }
@@ -492,12 +498,15 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 			// program's last reference.
 			defer marked(l.id)()
 		}
-		serveInstance(sock, own, inst, maxIn, out)
+		healthy := w.serveInstance(l.id, sock, own, inst, maxIn, out)
 		w.release(l)
 		if w.faulted() != nil {
 			// Nothing more can run here, as after a faulting chain; kept,
 			// the worker would fail its siblings' next requests as theirs.
-			os.Exit(wire.ExitFault)
+			// l's plover_instance_fini (or, its last reference gone, its
+			// plover_unload) faulted it, if it was healthy before.
+			w.claimFault(l.id, healthy)
+			w.exitFault()
 		}
 	}()
 	return wire.Reply{St: wire.StOK, Pin: pin}
@@ -531,8 +540,12 @@ func pinOf(err error) wire.Pin {
 // that makes its device context current itself, and a locked thread cost
 // two scheduler hand-offs per request (measured with perf). Except in a
 // tenant's worker, whose caller locks it to a thread marked as the
-// program's (marked) for the instance's life.
-func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64) {
+// program's (marked) for the instance's life. id is the instance's
+// program's, named should one of its runs fault the device (claimFault).
+// It returns once the server closed the channel, the instance closed
+// (its plover_instance_fini run), saying whether the device was healthy
+// before that close: a fault found after it is then the fini's.
+func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Instance, maxIn, out int64) (healthy bool) {
 	msg := make([]byte, wire.RunMsgMax+1)
 	rep := make([]byte, wire.ReplyMax)
 	steps := make([]device.Step, abi.MaxChainLength)
@@ -557,10 +570,11 @@ func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64
 			gap.Observe(time.Since(replied))
 		}
 		if n == 0 && err == nil {
+			healthy = w.faulted() == nil
 			inst.Close()
 			unix.Munmap(own.mem)
 			unix.Close(sock)
-			return
+			return healthy
 		}
 		if err != nil {
 			os.Exit(wire.ExitChannel)
@@ -578,7 +592,10 @@ func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64
 			// The slot is this run's alone until the reply: the device
 			// works on it where it is, if it can.
 			r.InPlace = mem.inPlace
-			st, text = wire.StatusOf(inst.Run(&r))
+			err := inst.Run(&r)
+			if st, text = wire.StatusOf(err); st == wire.StFault {
+				w.claimFault(id, ranIntoFault(err)) // at once, ahead of a sibling that meets the fault after
+			}
 		}
 		running.Add(-1)
 		rep = wire.EncodeReply(rep, st, &r, wire.RunSeq(msg[:n]), text)
@@ -588,7 +605,7 @@ func serveInstance(sock int, own poolMem, inst device.Instance, maxIn, out int64
 		replied = time.Now()
 		if st == wire.StFault {
 			// The context is poisoned for good: nothing more can run here.
-			os.Exit(wire.ExitFault)
+			w.exitFault()
 		}
 	}
 }

@@ -6,6 +6,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "plover.h"
 
@@ -112,6 +113,16 @@ PLOVER_ENTRY(pl_fault) {
   enter();
   (void)grid, (void)block;
   launch(s, 1, 1, k_fault, (args_t){0});
+}
+
+/* Sleeps grid milliseconds in host code, then launches k_inc: a run in
+ * flight in no kernel, which a fault of another run in the process's
+ * context meets at its launch (worker's tenant tests). */
+PLOVER_ENTRY(pl_nap) {
+  enter();
+  struct timespec ts = {grid / 1000, (long)(grid % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  launch(s, 1, block, k_inc, (args_t){s->tmp.dat, NULL, s->tmp.len, 0});
 }
 
 /* Host-synchronises inside the entry point, which no capture allows. */
