@@ -184,11 +184,21 @@ func (l *Library) Symbol(name string) (unsafe.Pointer, error) {
 	return p, nil
 }
 
+// StaysMapped reports whether a library built for target stays mapped in
+// its process once closed (Close): a target that does not say its
+// libraries unload (abi.Target.Unloads), CUDA's, or one not registered.
+// A process that loads such libraries again and again (a tenant's worker)
+// holds every copy it ever loaded.
+func StaysMapped(target string) bool {
+	t, ok := abi.TargetOf(target)
+	return !ok || !t.Unloads
+}
+
 // Close unloads a library whose target says its libraries unload
 // (abi.Target.Unloads: the host's). Others are never unloaded (CUDA's
 // static cudart registered fatbins with the driver, and unregistering them
 // at dlclose is a documented source of crashes): the handle is simply
-// dropped.
+// dropped, and the library stays mapped (StaysMapped).
 func (l *Library) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -198,7 +208,7 @@ func (l *Library) Close() error {
 	h := l.handle
 	l.handle = nil
 	l.syms = nil
-	if t, ok := abi.TargetOf(l.Target); !ok || !t.Unloads {
+	if StaysMapped(l.Target) {
 		return nil
 	}
 	lockDL()

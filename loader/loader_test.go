@@ -229,3 +229,14 @@ func TestResident(t *testing.T) {
 	// matched it: it goes with the library.
 	check("closed", nil)
 }
+
+// A host library is unmapped at its Close; a CUDA one, or one of a target
+// not registered, stays mapped (what Close does, and what a tenant's
+// worker counts of the programs it unloaded).
+func TestStaysMapped(t *testing.T) {
+	for target, want := range map[string]bool{abi.TargetHost: false, abi.TargetCUDA: true, "no such target": true} {
+		if got := loader.StaysMapped(target); got != want {
+			t.Errorf("StaysMapped(%q) = %v, want %v", target, got, want)
+		}
+	}
+}

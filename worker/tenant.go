@@ -18,6 +18,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/fileutil"
+	"github.com/plover-run/plover/loader"
 )
 
 // Tenant scope (Options.TenantScope): the programs of one tenant run in
@@ -44,8 +45,9 @@ type tenancy struct {
 	// Under the proc's mu. tuned: retune set the memory limit once; gone:
 	// the limit of each bundle unloaded, by function and bundle directory (a
 	// version unloaded and loaded again, as scale to zero does, counts
-	// once, not at every cycle; a redeploy's new bundle counts apart);
-	// unlimited: one had none.
+	// once, not at every cycle, but for a library that stays mapped, each
+	// load a copy of its own: loadKey; a redeploy's new bundle counts
+	// apart); unlimited: one had none.
 	// Ids are never reused: those up to nextID not in progs are of
 	// programs unloaded, whose chains may still run in the worker (an
 	// overrun) and crash it.
@@ -54,8 +56,21 @@ type tenancy struct {
 	names  []string // each id's function, by id-1: blame names an unloaded program's crash
 
 	tuned     bool
-	gone      map[bundleKey]int64
+	gone      map[loadKey]int64
 	unlimited bool
+	// keepsLibs: a library its device loads stays mapped for the
+	// process's life (loader.StaysMapped: CUDA's); set with name.
+	keepsLibs bool
+	// stuck counts the libraries mapped in the process for programs it no
+	// longer holds (unloaded, or whose load failed) that stay mapped for
+	// its life (loader.StaysMapped: CUDA's); at stuckCopies the worker
+	// takes no new load (retire).
+	stuck atomic.Int32
+	// Under the device's mu. retired: the tenant's slot no longer holds
+	// the worker, which takes no new load and ends with the last of its
+	// programs, refs of them left (retire, releaseTenant).
+	retired bool
+	refs    int
 	// tasksFor (under the proc's mu) is how many programs its task bound
 	// is for (PidGroups.Raise): the most it held at once, never lowered,
 	// as an unloaded program's threads may stay.
@@ -187,6 +202,7 @@ func (d *Device) settleStart(tenant string, t *tenantSlot, p *proc, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.tenant.name, p.tenant.given = tenant, true
+	p.tenant.keepsLibs = loader.StaysMapped(d.Target())
 	p.tenantGiven(tenant)
 	t.p, t.refs = p, 1
 }
@@ -212,20 +228,75 @@ func (p *proc) admit(tenant string) error {
 
 // releaseTenant drops one of p's refs, and says whether it was the last:
 // the process then ends (the caller kills it), and the tenant's next load
-// takes a new one.
+// takes a new one. A worker left holding stuckCopies libraries it cannot
+// unmap is retired here (retire), logged once the device's lock is let go.
 func (d *Device) releaseTenant(p *proc) bool {
+	last, retired := d.release(p)
+	if retired {
+		d.opts.Log.Info("a tenant's worker takes no new function: it holds the libraries of functions it unloaded, which stay mapped; the tenant's next load starts a worker, and this one ends with its last function",
+			"pid", p.pid, "tenant", p.tenant.name, "libraries_unloaded", p.tenant.stuck.Load())
+	}
+	return last
+}
+
+// release is releaseTenant's part under d.mu: whether p's last ref went,
+// and whether p was retired now.
+func (d *Device) release(p *proc) (last, retired bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if p.tenant.retired {
+		p.tenant.refs--
+		return p.tenant.refs <= 0, false
+	}
 	t := d.tenants[p.tenant.name]
 	if t == nil || t.p != p {
-		return true // a worker that died and was replaced: nothing else in it
+		return true, false // a worker that died and was replaced: nothing else in it
 	}
 	t.refs--
 	if t.refs > 0 {
-		return false
+		if p.tenant.stuck.Load() < stuckCopies {
+			return false, false
+		}
+		d.retire(t, p)
+		return false, true
 	}
 	delete(d.tenants, p.tenant.name)
-	return true
+	return true, false
+}
+
+// stuckCopies is how many libraries of programs a tenant's worker no
+// longer holds may stay mapped in it (loader.StaysMapped: a CUDA library
+// is never closed, its static cudart having registered its fatbin with
+// the driver) before the worker takes no new load. Each reload of a CUDA
+// function into its tenant's worker maps a fresh copy (stageCopy: a
+// reload must not find its last load's statics), so a function scaling to
+// zero and back beside a sibling that keeps the worker alive left a copy
+// per cycle, its pages, heap and cudart in the process and its module
+// with its __device__ data in the context, until the worker passed its
+// memory limit and died with every sibling. Reusing a closed copy
+// instead would hand a load the statics its last left, which the ABI's
+// lifecycle (plover.h: plover_load once per version, plover_unload frees
+// what it made) does not ask a bundle to reset. Retired, the worker goes
+// on serving what it holds, without a move of any program (a move would
+// be a cold load of each), and ends with its last: its copies are
+// bounded by this many and the programs it held when retired, each
+// counted in its memory limit meanwhile (retune). The tenant's next load
+// starts a worker, a process and on a GPU a context (a standby's, made
+// already, when the pool has one), where its later loads go: a function
+// alone there starts one at each load, as in function scope, until a
+// sibling joins it, and the tenant holds two contexts while the retired
+// worker lives. Small, as each copy may hold a bundle's whole host memory
+// limit; not 1, as a redeploy or one function's rare reload should not
+// cost its tenant a second context.
+const stuckCopies = 4
+
+// retire takes p, the tenant's worker in t, off the slot: the tenant's
+// next load starts another, and p, with t's refs its own now, ends with
+// its last program (release). Under d.mu.
+func (d *Device) retire(t *tenantSlot, p *proc) {
+	p.tenant.retired, p.tenant.refs = true, t.refs
+	t.p, t.refs = nil, 0
+	d.dropEmptySlot(p.tenant.name, t)
 }
 
 // addProgram gives g an id in p, counts it in p's task bound and memory
@@ -273,13 +344,18 @@ func (p *proc) unenroll(g *program, unloading bool) {
 	defer p.mu.Unlock()
 	if _, ok := p.tenant.progs[g.id]; ok {
 		delete(p.tenant.progs, g.id)
+		if g.staysMapped() {
+			// A load that failed may have mapped its library too (its
+			// plover_load failing after the dlopen): counted alike.
+			p.tenant.stuck.Add(1)
+		}
 		if g.memLimit == 0 {
 			p.tenant.unlimited = true
 		} else {
 			if p.tenant.gone == nil {
-				p.tenant.gone = map[bundleKey]int64{}
+				p.tenant.gone = map[loadKey]int64{}
 			}
-			k := g.bundleKey()
+			k := g.loadKey()
 			p.tenant.gone[k] = max(p.tenant.gone[k], g.memLimit)
 		}
 	}
@@ -333,6 +409,29 @@ type bundleKey struct{ name, dir string }
 
 func (g *program) bundleKey() bundleKey { return bundleKey{g.name, g.dir} }
 
+// loadKey is what a tenant's worker's memory limit counts a program's
+// limit by (retune): its bundle, and for a library that stays mapped
+// (staysMapped) the program's id, as each load of it maps a copy of its
+// own (stageCopy), with its own statics, heap and runtime, which stay when
+// it is unloaded, the next load's beside them. Under g.p's mu.
+type loadKey struct {
+	bundleKey
+	copy uint32
+}
+
+func (g *program) loadKey() loadKey {
+	k := loadKey{bundleKey: g.bundleKey()}
+	if g.staysMapped() {
+		k.copy = g.id
+	}
+	return k
+}
+
+// staysMapped: g's library stays mapped in its worker once it is
+// unloaded (keepsLibs: its worker's device's target is the one its bundle
+// may be built for there). Under g.p's mu.
+func (g *program) staysMapped() bool { return g.p.tenant.keepsLibs }
+
 // retune sets a tenant's worker's memory limit to the sum of the limits of
 // every bundle it has held, each once (none if one has none); its CPU
 // weight is weighLoop's. An unloaded bundle's limit stays in
@@ -340,17 +439,20 @@ func (g *program) bundleKey() bundleKey { return bundleKey{g.name, g.dir} }
 // stays resident (free rarely gives memory back, a leak never), so
 // leaving it out, as the programs' sum alone would (after a redeploy, say),
 // would have the watch loop kill the worker, and every sibling with it,
-// for memory none of them holds.
+// for memory none of them holds. A library that stays mapped counts at
+// each load (loadKey): every load of it is a copy of its own, the last
+// one's left beside it; at most stuckCopies of them, unloaded, before the
+// worker takes no new load.
 func (p *proc) retune() {
 	defer p.syncMemGroup() // after the unlock: the group's lock is not under p.mu
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	limit, unlimited := int64(0), p.tenant.unlimited
-	live := make(map[bundleKey]bool, len(p.tenant.progs))
+	live := make(map[loadKey]bool, len(p.tenant.progs))
 	for _, g := range p.tenant.progs {
 		unlimited = unlimited || g.memLimit == 0
 		limit += g.memLimit
-		live[g.bundleKey()] = true
+		live[g.loadKey()] = true
 	}
 	// An unloaded bundle's heap may stay in the process: counted until the
 	// bundle is loaded again, whose program's limit then covers it.

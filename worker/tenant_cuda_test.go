@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +124,107 @@ func TestTenantCUDAFaultNamesItsProgram(t *testing.T) {
 				t.Errorf("the tenant's back-off counted %d deaths, want none: the program at fault was named", n)
 			}
 		})
+	}
+}
+
+// mappedCopies is how many files named like file are mapped in process
+// pid: the copies of a bundle's library loaded there.
+func mappedCopies(t *testing.T, pid int, file string) int {
+	t.Helper()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatalf("the worker's mappings: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, l := range strings.Split(string(maps), "\n") {
+		if i := strings.IndexByte(l, '/'); i >= 0 && strings.Contains(l[i:], file) {
+			seen[l[i:]] = true
+		}
+	}
+	return len(seen)
+}
+
+// A CUDA library is never unmapped, and each load of one into a tenant's
+// worker maps a copy of its own: a function scaling to zero and back
+// beside siblings that keep the worker alive left a copy at each cycle,
+// until the worker passed its memory limit and died with them. Now the
+// worker takes no new load once stuckCopies such copies are left (the
+// function's next load starts another worker, which ends with it), keeps
+// serving its siblings, counts each copy in its memory limit meanwhile,
+// and ends with its last sibling. Before, 10 cycles left 11 copies mapped.
+func TestTenantCUDAReloadsAreBounded(t *testing.T) {
+	d, dirs := tenantCUDA(t, 3)
+	mk := func(name string) *abi.Manifest {
+		m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+		m.Name, m.MaxHostMemoryMB = name, 64
+		return m
+	}
+	run := func(what string, p device.Program, m *abi.Manifest) {
+		t.Helper()
+		in, err := p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer in.Close()
+		out := make([]byte, 64)
+		if err := in.Run(&device.Run{Input: []byte(what), Output: out, TmpLen: 64,
+			Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}}}); err != nil || string(out[:len(what)]) != what {
+			t.Fatalf("%s: %v, output %q", what, err, out[:len(what)])
+		}
+	}
+	keep, other := mk("keep"), mk("other")
+	kp, err := d.Load(context.Background(), device.ProgramSpec{Dir: dirs[0], Manifest: keep, Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := d.Load(context.Background(), device.ProgramSpec{Dir: dirs[1], Manifest: other, Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := kp.(*program).p
+	if pidOf(op) != w.pid {
+		t.Fatal("the tenant's siblings are not in one worker")
+	}
+	const cycles = 10
+	for i := 1; i <= cycles; i++ {
+		cyc := mk("cycles")
+		p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dirs[2], Manifest: cyc, Tenant: "t"})
+		if err != nil {
+			t.Fatalf("cycle %d: %v", i, err)
+		}
+		in := pidOf(p) == w.pid
+		run(fmt.Sprintf("cycle %d", i), p, cyc)
+		p.Close()
+		run(fmt.Sprintf("keep after cycle %d", i), kp, keep)
+		// The siblings' two, and the cycling function's copies left.
+		if n, most := mappedCopies(t, w.pid, "fakebundle.so"), 2+stuckCopies; n > most {
+			t.Fatalf("after cycle %d: %d copies of the library mapped in the siblings' worker, want %d at most", i, n, most)
+		}
+		if in != (i <= stuckCopies) {
+			t.Fatalf("cycle %d loaded in the siblings' worker: %v, want %v (%d copies left there before)", i, in, i <= stuckCopies, i-1)
+		}
+		if i > stuckCopies {
+			waitFor(t, "the cycling function's worker to end with it", func() bool { return procCount(d) == 1 })
+		}
+	}
+	if n := mappedCopies(t, w.pid, "fakebundle.so"); n != 2+stuckCopies {
+		t.Errorf("%d copies of the library mapped in the siblings' worker, want %d", n, 2+stuckCopies)
+	}
+	// Each copy left counts in the worker's memory limit, beside the
+	// siblings' own.
+	if got, want := w.memLimit.Load(), int64(2+stuckCopies)*64<<20; got != want {
+		t.Errorf("the siblings' worker's memory limit: %d MiB, want %d MiB", got>>20, want>>20)
+	}
+	// Retired, it ends with its last program, not its first.
+	op.Close()
+	run("keep after its sibling's unload", kp, keep)
+	if !w.alive() {
+		t.Fatal("the retired worker ended with one of its two programs")
+	}
+	kp.Close()
+	select {
+	case <-w.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retired worker outlived its last program")
 	}
 }
