@@ -87,3 +87,34 @@ func TestEntryWaitEndsAtTheRequestsDeadline(t *testing.T) {
 		t.Errorf("%d loads, want 1: the program is intact", d.loads)
 	}
 }
+
+// A lookup whose wait ends because the client went (its context
+// cancelled, as a gRPC client's cancel is) says so, a 499, not that the
+// request's deadline passed.
+func TestEntryWaitEndedByTheClientIsGone(t *testing.T) {
+	d := &busyDevice{Device: device.NewHost(0)}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req := &call.Request{Input: []byte("x"), Deadline: time.Now().Add(time.Minute),
+		Override: &call.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}}
+	done := make(chan error, 1)
+	go func() { done <- e.Invoke(ctx, "echo", req) }()
+	for { // the lookup is waiting: then the client goes
+		d.mu.Lock()
+		n := len(d.deadlines)
+		d.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	err := <-done
+	if errdefs.KindOf(err) != errdefs.KindGone || !strings.Contains(err.Error(), "the client went away before chain[0].kernel") {
+		t.Errorf("the request: %v (kind %v); want the client gone, not a deadline", err, errdefs.KindOf(err))
+	}
+}

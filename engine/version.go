@@ -116,6 +116,9 @@ func (v *version) resolveChain(ctx context.Context, p *placement, chain []abi.La
 			e, err = p.prog.Entry(l.Kernel)
 		}
 		if errors.Is(err, device.ErrNotStarted) { // the program is intact, and nothing ran
+			if errors.Is(ctx.Err(), context.Canceled) { // the client went, not the deadline
+				return nil, errorf(errdefs.KindGone, err, "function %s: the client went away before chain[%d].kernel could be looked up", v.fn.name, i)
+			}
 			return nil, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed before chain[%d].kernel could be looked up", v.fn.name, i)
 		}
 		if err != nil {
