@@ -460,6 +460,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		// the load's: loadBound starts at its turn.
 		wctx, cancel := context.WithTimeout(context.Background(), maxControlWait)
 		defer cancel()
+		g.loadAsked.Store(true)
 		rep, err := g.load(wctx, d.loadBound, mj)
 		if err == nil && rep.St == wire.StMapped {
 			rep, err = g.loadCopy(wctx, spec, mj)

@@ -45,9 +45,13 @@ type program struct {
 	callEnded  atomic.Int64
 	instClosed atomic.Int64
 	blamed     atomic.Bool
-	busy       atomic.Bool
-	busyAt     atomic.Int64
-	gone       chan struct{}
+	// loadAsked: its load was handed to the worker's control channel, so
+	// the worker may have mapped its library (staysMapped); a load that
+	// failed before (staging it, placing it) mapped nothing.
+	loadAsked atomic.Bool
+	busy      atomic.Bool
+	busyAt    atomic.Int64
+	gone      chan struct{}
 	// bill is where its part of its worker's CPU with no run in flight
 	// goes (Bill; under its proc's cpu.mu).
 	bill      func(time.Duration)

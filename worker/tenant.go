@@ -430,7 +430,7 @@ func (g *program) loadKey() loadKey {
 // staysMapped: g's library stays mapped in its worker once it is
 // unloaded (keepsLibs: its worker's device's target is the one its bundle
 // may be built for there). Under g.p's mu.
-func (g *program) staysMapped() bool { return g.p.tenant.keepsLibs }
+func (g *program) staysMapped() bool { return g.p.tenant.keepsLibs && g.loadAsked.Load() }
 
 // retune sets a tenant's worker's memory limit to the sum of the limits of
 // every bundle it has held, each once (none if one has none); its CPU
