@@ -22,7 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/internal/cgrouplimit"
+	"github.com/plover-run/plover/cgrouplimit"
 )
 
 // Host is the host device: "device memory" is 256-byte aligned C memory and a

@@ -32,7 +32,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/plover-run/plover/internal/cgrouplimit"
+	"github.com/plover-run/plover/cgrouplimit"
 	"github.com/plover-run/plover/sched"
 )
 
