@@ -405,54 +405,9 @@ func (r *run) worker(ctx context.Context) {
 		}
 		var t0 time.Time
 		if r.interval > 0 {
-			// Open loop: request k is due at start + k/rate whether or
-			// not earlier ones have returned, and its latency counts from
-			// then, so a slow server cannot hide its queue by slowing
-			// the sender (coordinated omission): a request that waits
-			// for a free connection has that wait in its latency.
-			due := r.start.Add(r.offset(k))
-			if !due.Before(r.deadline) {
-				r.stop("duration")
+			var ok bool
+			if t0, ok = r.due(ctx, k, timer); !ok {
 				return
-			}
-			slept := false
-			if wait := time.Until(due); wait > 0 {
-				timer.Reset(wait)
-				select {
-				case <-timer.C:
-				case <-ctx.Done():
-					timer.Stop()
-					return
-				}
-				slept = true
-				r.slept.Add(1)
-			}
-			now := time.Now()
-			grace := LateSlack
-			if slept {
-				grace += MaxWakeLag
-			}
-			if now.After(r.deadline.Add(grace)) {
-				// Due in time but no connection came free before the
-				// end: counted as unsent rather than stretching the run.
-				r.stop("duration")
-				return
-			}
-			lag := now.Sub(due)
-			t0 = due
-			if slept {
-				// The connection was free when the request fell due; only
-				// this process's timer woke late (Go timers wake up to
-				// ≈1 ms late in an idle process). That delay is the
-				// client's, so up to MaxWakeLag of it is not latency.
-				r.wakeLag.Add(int64(lag))
-				atomicMax(&r.maxWake, int64(lag))
-				t0 = due.Add(min(lag, MaxWakeLag))
-				lag -= min(lag, MaxWakeLag)
-			}
-			if lag > LateSlack {
-				r.late.Add(1)
-				atomicMax(&r.maxLag, int64(lag))
 			}
 		} else {
 			t0 = time.Now()
@@ -475,6 +430,62 @@ func (r *run) worker(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// due waits for open-loop request k's time and returns when its latency
+// counts from; false when the worker is to send no more (the run's
+// duration is over, or ctx ended).
+//
+// Request k is due at start + k/rate whether or not earlier ones have
+// returned, and its latency counts from then, so a slow server cannot hide
+// its queue by slowing the sender (coordinated omission): a request that
+// waits for a free connection has that wait in its latency.
+func (r *run) due(ctx context.Context, k int64, timer *time.Timer) (time.Time, bool) {
+	due := r.start.Add(r.offset(k))
+	if !due.Before(r.deadline) {
+		r.stop("duration")
+		return time.Time{}, false
+	}
+	slept := false
+	if wait := time.Until(due); wait > 0 {
+		timer.Reset(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return time.Time{}, false
+		}
+		slept = true
+		r.slept.Add(1)
+	}
+	now := time.Now()
+	grace := LateSlack
+	if slept {
+		grace += MaxWakeLag
+	}
+	if now.After(r.deadline.Add(grace)) {
+		// Due in time but no connection came free before the end:
+		// counted as unsent rather than stretching the run.
+		r.stop("duration")
+		return time.Time{}, false
+	}
+	lag := now.Sub(due)
+	t0 := due
+	if slept {
+		// The connection was free when the request fell due; only this
+		// process's timer woke late (Go timers wake up to ≈1 ms late in
+		// an idle process). That delay is the client's, so up to
+		// MaxWakeLag of it is not latency.
+		r.wakeLag.Add(int64(lag))
+		atomicMax(&r.maxWake, int64(lag))
+		t0 = due.Add(min(lag, MaxWakeLag))
+		lag -= min(lag, MaxWakeLag)
+	}
+	if lag > LateSlack {
+		r.late.Add(1)
+		atomicMax(&r.maxLag, int64(lag))
+	}
+	return t0, true
 }
 
 // waitRetryAfter waits out a shed answer's Retry-After before the
