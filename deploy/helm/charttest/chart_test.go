@@ -571,6 +571,19 @@ func TestDrainCoversTheRequestTimeout(t *testing.T) {
 		{"PLOVER_TIMEOUT", required().set("env", env("1m")), "env PLOVER_TIMEOUT 1m is longer than server.graceSeconds (35)"},
 		{"the flag wins over PLOVER_TIMEOUT", required().set("env", env("1h")).set("server.extraArgs", []any{"--timeout=30s"}), ""},
 		{"not a duration", required().set("server.extraArgs", []any{"--timeout=45"}), `server.extraArgs --timeout "45": want a Go duration`},
+		// What time.ParseDuration takes, the chart takes.
+		{"--timeout=.5s", required().set("server.extraArgs", []any{"--timeout=.5s"}), ""},
+		{"--timeout=+30s", required().set("server.extraArgs", []any{"--timeout=+30s"}), ""},
+		{"--timeout=1.5m", required().set("server.extraArgs", []any{"--timeout=1.5m"}), "set server.graceSeconds to 90 or more"},
+		{"--timeout in μs (Greek mu)", required().set("server.extraArgs", []any{"--timeout=40000000μs"}), "set server.graceSeconds to 40 or more"},
+		{"--timeout=.", required().set("server.extraArgs", []any{"--timeout=.s"}), "want a Go duration"},
+		{"a negative --timeout", required().set("server.extraArgs", []any{"--timeout=-30s"}), "want a Go duration"},
+		{"-timeout, one dash", required().set("server.extraArgs", []any{"-timeout=36s"}), "set server.graceSeconds to 36 or more"},
+		{"-timeout D, one dash", required().set("server.extraArgs", []any{"-timeout", "2m"}), "set server.graceSeconds to 120 or more"},
+		// --grace is the chart's: the pods' termination grace is computed
+		// from server.graceSeconds, so one in extraArgs would be cut.
+		{"--grace in extraArgs", required().set("server.extraArgs", []any{"--grace=60s"}), "server.extraArgs --grace=60s: set server.graceSeconds instead"},
+		{"-grace D in extraArgs", required().set("server.extraArgs", []any{"-grace", "60s"}), "server.extraArgs -grace: set server.graceSeconds instead"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.want == "" {

@@ -93,9 +93,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $found := "" }}
 {{- range $i, $a := $args }}
 {{- $a = toString $a }}
-{{- if hasPrefix "--timeout=" $a }}
-{{- $found = printf "server.extraArgs --timeout\t%s" (trimPrefix "--timeout=" $a) }}
-{{- else if and (eq $a "--timeout") (lt (add1 $i) (len $args)) }}
+{{- if hasPrefix "--" $a }}{{ $a = trimPrefix "-" $a }}{{ end }}{{/* Go's flags take -timeout as --timeout */}}
+{{- if hasPrefix "-timeout=" $a }}
+{{- $found = printf "server.extraArgs --timeout\t%s" (trimPrefix "-timeout=" $a) }}
+{{- else if and (eq $a "-timeout") (lt (add1 $i) (len $args)) }}
 {{- $found = printf "server.extraArgs --timeout\t%s" (toString (index $args (add1 $i))) }}
 {{- end }}
 {{- end }}
@@ -109,20 +110,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $found }}
 {{- end }}
 
-{{/* A Go duration (what plover's duration flags take) in whole seconds,
-     rounded up; fails on anything else. Takes (list WHAT DURATION). */}}
+{{/* A Go duration (what plover's duration flags take, time.ParseDuration:
+     "30s", "1m30s", ".5s", "+30s", "1.5h", "0") in whole seconds, rounded up;
+     fails on anything else, a negative one included. Takes
+     (list WHAT DURATION). */}}
 {{- define "plover.durationSeconds" -}}
 {{- $what := index . 0 }}
 {{- $d := index . 1 }}
 {{- if eq $d "0" }}0
 {{- else }}
-{{- if not (regexMatch "^([0-9]+(\\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$" $d) }}
+{{- if not (regexMatch "^\\+?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$" $d) }}
 {{- fail (printf "%s %q: want a Go duration such as 30s, 2m or 1m30s" $what $d) }}
 {{- end }}
-{{- $unit := dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001 "us" 0.000001 "µs" 0.000001 "ns" 0.000000001 }}
+{{- $unit := dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001 "us" 0.000001 "µs" 0.000001 "μs" 0.000001 "ns" 0.000000001 }}
 {{- $sum := 0.0 }}
-{{- range regexFindAll "[0-9]+(\\.[0-9]*)?(ns|us|µs|ms|s|m|h)" $d -1 }}
-{{- $n := regexReplaceAll "(ns|us|µs|ms|s|m|h)$" . "" }}
+{{- range regexFindAll "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)" $d -1 }}
+{{- $n := regexReplaceAll "(ns|us|µs|μs|ms|s|m|h)$" . "" }}
 {{- $u := trimPrefix $n . }}
 {{- $sum = addf $sum (mulf (float64 $n) (get $unit $u)) }}
 {{- end }}
@@ -190,6 +193,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if lt (int (include "plover.terminationGracePeriodSeconds" .)) (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds)) }}
 {{- fail (printf "terminationGracePeriodSeconds %v is less than preStopSleepSeconds + server.graceSeconds (%d): pods would be killed mid-drain" .Values.terminationGracePeriodSeconds (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds))) }}
+{{- end }}
+{{- range (.Values.server.extraArgs | default list) }}
+{{- $a := toString . }}
+{{- if hasPrefix "--" $a }}{{ $a = trimPrefix "-" $a }}{{ end }}
+{{- if or (eq $a "-grace") (hasPrefix "-grace=" $a) }}
+{{- fail (printf "server.extraArgs %s: set server.graceSeconds instead: the chart passes --grace from it, and the pods' terminationGracePeriodSeconds and the --timeout check are computed from it, so a --grace of its own would be killed mid-drain" (toString .)) }}
+{{- end }}
 {{- end }}
 {{- with include "plover.explicitTimeout" . }}
 {{- $src := index (splitList "\t" .) 0 }}
