@@ -73,7 +73,16 @@ var machines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AA
 // Inspect reads the ELF headers and dynamic symbols of path and the values of
 // plover_abi_version and plover_target. It refuses anything that is not a
 // 64-bit little-endian shared object for this CPU.
-func Inspect(path string) (*Info, error) {
+func Inspect(path string) (info *Info, err error) {
+	// debug/elf trusts more of a file than a tenant's library deserves
+	// (a section header marked compressed left it a nil reader, read
+	// through): whatever it panics on is this library's refusal, never
+	// the server's or the client's crash.
+	defer func() {
+		if p := recover(); p != nil {
+			info, err = nil, &Error{Path: path, Reason: fmt.Sprintf("malformed ELF file (reading it failed: %v)", p)}
+		}
+	}()
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, &Error{Path: path, Reason: "cannot open", Err: err}
@@ -104,7 +113,7 @@ func Inspect(path string) (*Info, error) {
 	if err != nil {
 		return nil, &Error{Path: path, Reason: "no dynamic symbol table", Err: err}
 	}
-	info := &Info{Exports: make(map[string]bool, len(syms)), Funcs: map[string]bool{}}
+	info = &Info{Exports: make(map[string]bool, len(syms)), Funcs: map[string]bool{}}
 	var verSym, targetSym, itemsSym *elf.Symbol
 	for i := range syms {
 		s := &syms[i]
@@ -177,7 +186,10 @@ func declaredEntries(ef *elf.File) ([]string, error) {
 	}
 	names := []string{}
 	for _, n := range bytes.Split(data, []byte{0}) {
-		if len(n) > 0 {
+		// Only a name a chain could run: PLOVER_ENTRY writes
+		// identifiers, and anything else (control bytes, a terminal's
+		// escapes) would reach deploy answers, the index and logs.
+		if len(n) > 0 && abi.ValidSymbol(string(n)) {
 			names = append(names, string(n))
 		}
 	}
@@ -195,6 +207,12 @@ func symbolBytes(ef *elf.File, s *elf.Symbol, n uint64) ([]byte, error) {
 		return nil, errors.New("symbol in no section")
 	}
 	sec := ef.Sections[s.Section]
+	if sec.Flags&elf.SHF_COMPRESSED != 0 || sec.ReaderAt == nil {
+		// The dynamic linker reads no section headers: a loadable
+		// section marked compressed in its header is a lie about the
+		// bytes it maps (and debug/elf gives it no ReaderAt).
+		return nil, fmt.Errorf("symbol in section %s, which its header says is compressed: a loaded section never is", sec.Name)
+	}
 	if sec.Type == elf.SHT_NOBITS || s.Value < sec.Addr || s.Value+n > sec.Addr+sec.Size {
 		return nil, errors.New("symbol outside its section's data")
 	}
@@ -240,7 +258,7 @@ func (info *Info) CheckEntry(name string) error {
 	case info.Declared != nil && len(info.Declared) == 0:
 		return fmt.Errorf("kernel %q: the bundle declares no entries (no %s section: define entries with PLOVER_ENTRY, and link without --gc-sections or with a compiler that knows __attribute__((retain)))", name, abi.EntriesSection)
 	case info.Declared != nil && !info.Declares(name):
-		return fmt.Errorf("kernel %q is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares %s%s", name, strings.Join(info.Declared, ", "), didYouMean(name, info.Declared))
+		return fmt.Errorf("kernel %q is not a declared entry (define entries with PLOVER_ENTRY); this bundle declares %s%s", name, listed(info.Declared), didYouMean(name, info.Declared))
 	}
 	return nil
 }
@@ -263,14 +281,24 @@ func (info *Info) missingHint(name string) string {
 			}
 		}
 		sort.Strings(entries)
-		if len(entries) > 20 {
-			entries = entries[:20]
-		}
 	}
 	if len(entries) == 0 {
 		return " (it declares no entries: define them with PLOVER_ENTRY)"
 	}
-	return "; this bundle declares " + strings.Join(entries, ", ") + didYouMean(name, entries)
+	return "; this bundle declares " + listed(entries) + didYouMean(name, entries)
+}
+
+// listedEntries is how many entry names a message lists: a library may
+// declare any number (80,000 made a 1 MB deploy error).
+const listedEntries = 20
+
+// listed is names, sorted, for a message: the first listedEntries and how
+// many more.
+func listed(names []string) string {
+	if len(names) <= listedEntries {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:listedEntries], ", "), len(names)-listedEntries)
 }
 
 // didYouMean is ` (did you mean "x"?)` for the candidate within a typo of

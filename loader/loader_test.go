@@ -1,9 +1,14 @@
 package loader_test
 
 import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -237,6 +242,89 @@ func TestStaysMapped(t *testing.T) {
 	for target, want := range map[string]bool{abi.TargetHost: false, abi.TargetCUDA: true, "no such target": true} {
 		if got := loader.StaysMapped(target); got != want {
 			t.Errorf("StaysMapped(%q) = %v, want %v", target, got, want)
+		}
+	}
+}
+
+// A library whose section header marks the section holding
+// plover_abi_version compressed (the dynamic linker reads no section
+// headers: it loads as before) is refused, naming the section: debug/elf
+// gives such a section no reader, and reading the symbol through it
+// panicked, crashing plover serve on a repository holding the bundle and
+// plover deploy on the client (a review found it).
+func TestInspectRefusesASectionMarkedCompressed(t *testing.T) {
+	dir := t.TempDir()
+	lib := testkit.BuildLib(t, testkit.KernelsSource(), dir, "k.so")
+	b, err := os.ReadFile(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ef, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	syms, err := ef.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := -1
+	for _, s := range syms {
+		if s.Name == abi.SymABIVersion {
+			idx = int(s.Section)
+		}
+	}
+	if idx <= 0 || idx >= len(ef.Sections) {
+		t.Fatalf("%s in section %d", abi.SymABIVersion, idx)
+	}
+	name := ef.Sections[idx].Name
+	// The header alone: SHF_COMPRESSED, its offset at an Elf64_Chdr
+	// appended to the file (ELFCOMPRESS_ZLIB, 1 MiB).
+	le := binary.LittleEndian
+	shoff, shentsize := le.Uint64(b[0x28:]), uint64(le.Uint16(b[0x3a:]))
+	h := b[shoff+uint64(idx)*shentsize:]
+	chdr := uint64(len(b))
+	le.PutUint64(h[8:], le.Uint64(h[8:])|uint64(elf.SHF_COMPRESSED))
+	le.PutUint64(h[0x18:], chdr)
+	le.PutUint64(h[0x20:], 24)
+	b = le.AppendUint32(b, uint32(elf.COMPRESS_ZLIB))
+	b = le.AppendUint32(b, 0)
+	b = le.AppendUint64(b, 1<<20)
+	b = le.AppendUint64(b, 1)
+	if err := os.WriteFile(lib, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	info, err := loader.Inspect(lib)
+	var le2 *loader.Error
+	if !errors.As(err, &le2) || !strings.Contains(err.Error(), "compressed") || !strings.Contains(err.Error(), name) {
+		t.Fatalf("Inspect = %+v, %v; want a loader.Error naming section %s compressed", info, err, name)
+	}
+}
+
+// A library may write anything into its plover_entries section: names
+// that are no C identifier (control bytes, a terminal's escapes) are not
+// entries, and a message lists at most 20 of the declared ones, saying how
+// many more (80,000 names made a 1 MB deploy error).
+func TestDeclaredEntriesInMessagesAreBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("#include \"plover.h\"\nPLOVER_BUNDLE(\"host\");\n")
+	for i := range 30 {
+		fmt.Fprintf(&b, "PLOVER_ENTRY(k%02d) { (void)grid; (void)block; (void)s; }\n", i)
+	}
+	// Written as PLOVER_ENTRY writes its names, but not a name.
+	b.WriteString("__attribute__((used, section(\"plover_entries\"), aligned(1))) static const char odd[] = \"\\x1b[31mred\";\n")
+	dir := t.TempDir()
+	lib := testkit.BuildLib(t, writeSrc(t, dir, "many.cu", b.String()), dir, "many.so")
+	info, err := loader.Inspect(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Declared) != 30 || slices.ContainsFunc(info.Declared, func(n string) bool { return strings.Contains(n, "red") }) {
+		t.Fatalf("Declared = %q, want k00..k29 alone", info.Declared)
+	}
+	for _, name := range []string{"nope", "k00x"} {
+		err := info.CheckEntry(name)
+		if err == nil || !strings.Contains(err.Error(), "k19 and 10 more") || strings.Contains(err.Error(), "k20") {
+			t.Errorf("CheckEntry(%q) = %v; want the first 20 entries listed, and 10 more", name, err)
 		}
 	}
 }

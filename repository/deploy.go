@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -48,9 +49,30 @@ func (r *Repository) deployAll(ctx context.Context, due []*model) {
 	for _, group := range [][]int{funcs, pipes} {
 		r.parallel(len(group), func(k int) {
 			j := &jobs[group[k]]
-			r.deploy(ctx, j.m, j.vers, j.err, false)
+			r.guard(j.m, func() { r.deploy(ctx, j.m, j.vers, j.err, false) })
 		})
 	}
+}
+
+// guard runs step, m's deploy, so that a panic in it makes m UNAVAILABLE
+// until its folder changes, logged with its stack, rather than end the
+// server: a scan deploys on a goroutine of its own, which no transport
+// recovers, from files that whoever writes the volume chose (a tampered
+// library once panicked debug/elf). A load (the API) is recovered by its
+// transport.
+func (r *Repository) guard(m *model, step func()) {
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		r.cfg.Log.Error("model repository: a model's deploy panicked", "model", m.name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		r.mu.Lock()
+		print, old := m.seen, m.versions
+		r.mu.Unlock()
+		r.settle(m, print, old, Unavailable, fmt.Sprintf("%s: the server failed while deploying it (an internal error, in its log): tried again when the folder changes", r.where(m.dir)), errdefs.KindInternal)
+	}()
+	step()
 }
 
 // parallel runs f(0) to f(n-1), Deploys at a time, and waits for them.
