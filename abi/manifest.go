@@ -383,6 +383,14 @@ func parseManifest(r io.Reader, admit bool) (*Manifest, error) {
 		return nil, &FieldError{Field: ManifestFile, Reason: "trailing data after the JSON object"}
 	}
 	if admit {
+		// More is false before a stray '}' or ']' as before the end, so
+		// "{...}}" passed it: only JSON's whitespace may follow. Stored
+		// manifests keep More's rule, so that one deployed so stays
+		// loadable.
+		if off := dec.InputOffset(); len(bytes.Trim(data[off:], " \t\r\n")) > 0 {
+			line, col := lineColumn(data, off+int64(bytes.IndexFunc(data[off:], func(r rune) bool { return !strings.ContainsRune(" \t\r\n", r) })))
+			return nil, &FieldError{Field: ManifestFile, Reason: fmt.Sprintf("trailing data after the JSON object at line %d, column %d", line, col)}
+		}
 		if fe := keySpelling(data, manifestType); fe != nil {
 			return nil, fe
 		}

@@ -69,6 +69,11 @@ func TestParseManifest(t *testing.T) {
 		{"unknown field in a chain step", `"block":256`, `"blok":256`, "chain[0].blok"},
 		{"wrong type", `"abi":1`, `"abi":"1"`, "abi"},
 		{"trailing data", `}]}`, `}]} {}`, "plover.json"},
+		// json.Decoder's More is false before a stray '}' or ']' as at the
+		// end: those passed, where jq and editors refuse the file.
+		{"a stray brace after the object", `}]}`, "}]}}", "plover.json"},
+		{"a stray bracket after the object", `}]}`, "}]}\n]", "plover.json"},
+		{"whitespace after the object", `}]}`, "}]}\r\n\t \n", ""},
 		{"not json", valid, `not json`, "plover.json"},
 	}
 	for _, tt := range tests {

@@ -117,7 +117,9 @@
  * message, up to 255 bytes of it (less a UTF-8 character the cut splits),
  * copied (it may be built on the stack).
  * The first failure or refusal of a request wins; a refusal in a hook is a
- * failure. Field names and the buf_t/state_t aliases match PyPlover, so its
+ * failure. Call both on the thread the runtime called the entry on: the
+ * error slot is that thread's, so a call from a thread the entry started
+ * (std::thread, OpenMP) is lost and the request succeeds. Field names and the buf_t/state_t aliases match PyPlover, so its
  * kernels port by recompiling.
  *
  * VERSIONS. plover_abi_version is (major << 16) | minor. A runtime loads
