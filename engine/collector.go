@@ -29,6 +29,8 @@ var (
 		"The server's time on the function's bytes (reading request bodies past what comes with the headers and the HTTP library's buffer, about 12 KiB, decoding, writing answers of 64 KiB or more: non-blocking system calls once a socket is ready, so CPU time but for preemption), charged to its share beside device time.", []string{"function"}, nil)
 	descIOPieces = prometheus.NewDesc("plover_io_pieces",
 		"The function's pieces of bytes the server moves now (moving: in their turn), that blocked on their clients past their turns, their slots given to the next piece (stalled: a chunked or TLS upload that paused), or that wait for their turn (waiting); a body that waits for its client holds none.", []string{"function", "state"}, nil)
+	descBodies = prometheus.NewDesc("plover_bodies_reading",
+		"The function's request bodies the server is reading now that did not all come with their headers (8 KiB), by where they land: in a slot of its worker, or in the server's memory (none lent, or not yet).", []string{"function", "into"}, nil)
 	descEvictions = prometheus.NewDesc("plover_evictions_total",
 		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
 	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",
@@ -53,7 +55,7 @@ var (
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descIOSeconds, descIOPieces, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
+	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descIOSeconds, descIOPieces, descBodies, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -79,6 +81,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(moving), f.name, "moving")
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(stalled), f.name, "stalled")
 			ch <- prometheus.MustNewConstMetric(descIOPieces, prometheus.GaugeValue, float64(waiting), f.name, "waiting")
+			inSlot, inMemory := fl.Bodies()
+			ch <- prometheus.MustNewConstMetric(descBodies, prometheus.GaugeValue, float64(inSlot), f.name, "slot")
+			ch <- prometheus.MustNewConstMetric(descBodies, prometheus.GaugeValue, float64(inMemory), f.name, "memory")
 		}
 		busy, idle, mem := v.usage()
 		// Pinned versions that are not current (pipeline steps) add to the

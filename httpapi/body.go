@@ -178,7 +178,12 @@ func (s *Server) readBodyLent(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[
 		buf = (*keep)[:0]
 	}
 	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preReadOf(ctx))}
-	defer r.release() // deferred: a panic in a read must not keep the budget for good
+	// Deferred: a panic in a read must not keep the budget, nor the
+	// flow's count of bodies being read, for good.
+	defer r.release()
+	if r.reading = cl < 0 || cl > r.pre; r.reading {
+		t.fl.Reading(1)
+	}
 	var b []byte
 	err := r.lendFor(sl, cl)
 	if err == nil {
@@ -202,10 +207,17 @@ func (s *Server) readBodyLent(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[
 }
 
 // release gives back the budget held for the body's bytes unless they
-// were handed to the caller, who releases it.
+// were handed to the caller, who releases it, and ends the flow's count
+// of the body being read.
 func (b *bodyReader) release() {
 	if !b.handed {
 		b.s.releaseBody(b.held)
+	}
+	if b.reading {
+		b.t.fl.Reading(-1)
+	}
+	if b.landed {
+		b.t.fl.Landed(-1)
 	}
 }
 
@@ -308,6 +320,9 @@ type bodyReader struct {
 	// lend, while not nil, is the slot to lend once a read past the
 	// pre-read brings bytes (lendFor); then nil.
 	lend *slotLend
+	// reading, landed: the body is counted being read (Flow.Reading),
+	// and in a slot (Flow.Landed).
+	reading, landed bool
 }
 
 // slotLend lends a raw invoke's body the slot its function's worker reads
@@ -387,7 +402,7 @@ func (b *bodyReader) lendFor(sl *slotLend, cl int) error {
 		if err := ioshare.WaitReadable(b.conn); err != nil {
 			return b.cut(err)
 		}
-		sl.lendInto(nil)
+		b.lent(sl, nil)
 		return nil
 	}
 	b.lend = sl
@@ -409,6 +424,17 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 	b.bound()
 	n, err := b.count(b.readPast(p))
 	return n, b.cut(err)
+}
+
+// lent lends sl's slot to the body (slotLend.lendInto: got is what was
+// read before it, copied into it), and counts it.
+func (b *bodyReader) lent(sl *slotLend, got []byte) []byte {
+	got = sl.lendInto(got)
+	if sl.land != nil {
+		b.landed = true
+		b.t.fl.Landed(1)
+	}
+	return got
 }
 
 // cut is err, the error of a read past the pre-read, as the deadline's
@@ -516,7 +542,7 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		if b.lend != nil && n > 0 && b.read > b.pre {
 			// The body is arriving past what came with the headers: its
 			// slot is lent now, and the rest read into it.
-			dst, b.lend = b.lend.lendInto(dst), nil
+			dst, b.lend = b.lent(b.lend, dst), nil
 		}
 		if int64(n) == window && win < maxReadWindow && len(dst) >= maxReadWindow/4 {
 			win *= 2 // a large body whose bytes were waiting: read more at once

@@ -209,6 +209,7 @@ type Flow struct {
 	kept atomic.Int64 // ns Config.Charge did not take: offered with the next owed
 
 	moving, waiting atomic.Int32                // its pieces in turn, and waiting for one
+	bodies, landed  atomic.Int32                // its request bodies being read, and of them those in a slot (Bodies)
 	nice            atomic.Int32                // the level its pieces move at (Config.Nice)
 	set             atomic.Pointer[weightClass] // what Set applied last
 	setMu           sync.Mutex                  // Set's changes, one at a time
@@ -293,6 +294,33 @@ func (f *Flow) Pieces() (moving, stalled, waiting int) {
 	// ticket's (endTurn).
 	st := min(f.f.Overran(), m)
 	return m - st, st, int(f.waiting.Load())
+}
+
+// Reading counts one of the flow's request bodies whose reading past what
+// came with its headers starts (1) or ends (-1); Landed counts one of
+// them that is read into a slot of its function's worker as it is lent
+// (1) and as its reading ends (-1). The transport counts
+// them; a nil flow counts nothing.
+func (f *Flow) Reading(n int) {
+	if f != nil {
+		f.bodies.Add(int32(n))
+	}
+}
+
+// Landed: see Reading.
+func (f *Flow) Landed(n int) {
+	if f != nil {
+		f.landed.Add(int32(n))
+	}
+}
+
+// Bodies is how many of the flow's request bodies are being read now past
+// what came with their headers: into a slot of its function's worker,
+// and into the server's memory (no slot lent, or not yet).
+func (f *Flow) Bodies() (inSlot, inMemory int) {
+	all, landed := int(f.bodies.Load()), int(f.landed.Load())
+	inSlot = min(max(landed, 0), max(all, 0)) // the two are read one after the other
+	return inSlot, max(all, 0) - inSlot
 }
 
 // Turn is a flow's turn to move one piece; Done ends it, deferred where

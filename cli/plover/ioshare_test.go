@@ -28,12 +28,24 @@ import (
 // when the server does not report it.
 func metric(t *testing.T, url, series string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	return metricsOf(t, http.DefaultClient, url)(series)
+}
+
+// metricsOf reads url's /metrics once, through client, and returns what
+// metric says of each series in it.
+func metricsOf(t *testing.T, client *http.Client, url string) func(series string) float64 {
+	t.Helper()
+	resp, err := client.Get(url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return func(series string) float64 { return seriesIn(b, series) }
+}
+
+// seriesIn is series's value in the metrics text b, or -1.
+func seriesIn(b []byte, series string) float64 {
 	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(b)
 	if m == nil {
 		return -1

@@ -3,6 +3,7 @@ package main_test
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -49,9 +50,9 @@ func TestStalledUploadsLeaveTheSlots(t *testing.T) {
 			fmt.Fprintf(c, "%sContent-Length: %d\r\n\r\n%s", head, 1<<20, make([]byte, 8<<10))
 		}
 	}
-	// Their handlers start on their bodies meanwhile: lent a slot as they
-	// start, they would hold every one now.
-	time.Sleep(time.Second)
+	// Their handlers are on their bodies, none in a slot: lent one as
+	// they start, they would hold every one now.
+	waitBodies(t, http.DefaultClient, srv.url, "big", 0, 42)
 	before := copiedBytes(t, srv.url, "big")
 	const requests = 10
 	for i := range requests {
@@ -62,5 +63,24 @@ func TestStalledUploadsLeaveTheSlots(t *testing.T) {
 	if got := copiedBytes(t, srv.url, "big") - before; got != requests*8<<10 {
 		t.Fatalf("%.1f KiB payload copied a request of 4 MiB beside 42 uploads that sent no body, want 8 KiB (what fasthttp reads with the headers): the uploads held the worker's slots",
 			float64(got)/requests/1024)
+	}
+}
+
+// waitBodies waits, bounded, until the server at url reads fn's request
+// bodies, past what came with their headers, inSlot of them into worker
+// slots and inMemory into its memory (plover_bodies_reading), in three
+// reads of /metrics in a row.
+func waitBodies(t *testing.T, client *http.Client, url, fn string, inSlot, inMemory int) {
+	t.Helper()
+	var slot, memory float64
+	for row, end := 0, time.Now().Add(20*time.Second); row < 3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the server reads %v of %s's bodies into slots and %v into memory, want %d and %d", slot, fn, memory, inSlot, inMemory)
+		}
+		m := metricsOf(t, client, url)
+		slot, memory = m(`plover_bodies_reading{function="`+fn+`",into="slot"}`), m(`plover_bodies_reading{function="`+fn+`",into="memory"}`)
+		if row++; slot != float64(inSlot) || memory != float64(inMemory) {
+			row = 0
+		}
 	}
 }
