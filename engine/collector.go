@@ -30,7 +30,7 @@ var (
 	descIOPieces = prometheus.NewDesc("plover_io_pieces",
 		"The function's pieces of bytes the server moves now (moving: in their turn), that blocked on their clients past their turns, their slots given to the next piece (stalled: a chunked or TLS upload that paused), or that wait for their turn (waiting); a body that waits for its client holds none.", []string{"function", "state"}, nil)
 	descBodies = prometheus.NewDesc("plover_bodies_reading",
-		"The function's request bodies the server is reading now that did not all come with their headers (8 KiB), by where they land: in a slot of its worker, or in the server's memory (none lent, or not yet).", []string{"function", "into"}, nil)
+		"The function's request bodies the server is reading now that did not all come with their headers (8 KiB), by where they land: in a slot of its worker, or in the server's memory (none lent, not yet, or given back: a body that paused in a slot).", []string{"function", "into"}, nil)
 	descEvictions = prometheus.NewDesc("plover_evictions_total",
 		"Idle instances and functions released to make room on a device.", []string{"what"}, nil)
 	descDevMem = prometheus.NewDesc("plover_device_memory_bytes",

@@ -177,7 +177,7 @@ func (s *Server) readBodyLent(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[
 	if keep != nil {
 		buf = (*keep)[:0]
 	}
-	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preReadOf(ctx))}
+	r := bodyReader{s: s, r: stream, t: t, conn: ctx.Conn(), chunked: cl < 0, pre: min(max(cl, 0), preReadOf(ctx)), spare: buf}
 	// Deferred: a panic in a read must not keep the budget, nor the
 	// flow's count of bodies being read, for good.
 	defer r.release()
@@ -207,8 +207,9 @@ func (s *Server) readBodyLent(ctx *fasthttp.RequestCtx, limit bodyLimit, keep *[
 }
 
 // release gives back the budget held for the body's bytes unless they
-// were handed to the caller, who releases it, and ends the flow's count
-// of the body being read.
+// were handed to the caller, who releases it, ends the flow's count of
+// the body being read, and leaves the connection's read deadline as it
+// was before a slot's (arm).
 func (b *bodyReader) release() {
 	if !b.handed {
 		b.s.releaseBody(b.held)
@@ -218,6 +219,9 @@ func (b *bodyReader) release() {
 	}
 	if b.landed {
 		b.t.fl.Landed(-1)
+	}
+	if b.armed {
+		b.conn.SetReadDeadline(b.back)
 	}
 }
 
@@ -320,10 +324,43 @@ type bodyReader struct {
 	// lend, while not nil, is the slot to lend once a read past the
 	// pre-read brings bytes (lendFor); then nil.
 	lend *slotLend
+	// sl is the request's slot once lent (lent), until the body ends or
+	// gives it back (giveBack); spare is the memory it goes on in then
+	// (the pooled exchange's).
+	sl    *slotLend
+	spare []byte
+	// armed: the connection's read deadline is the slot's (arm), at most
+	// slotIdle away, set when read was armedAt; back is the deadline the
+	// reads run under without it.
+	armed   bool
+	armedAt int
+	back    time.Time
 	// reading, landed: the body is counted being read (Flow.Reading),
 	// and in a slot (Flow.Landed).
 	reading, landed bool
 }
+
+// slotIdle is how long a body read into a worker's slot may bring no byte
+// before it gives the slot back (giveBack): a slot is lent only once its
+// body arrives (slotLend), but a client that sends some and stops would
+// otherwise hold it until the request's deadline, and a few dozen such
+// clients every slot of its function's worker, whose other requests then
+// copied their bodies and answers. Above Linux's shortest TCP
+// retransmission timeout (200 ms), so that a loopback or LAN client that
+// lost a segment keeps its slot, and short beside a request's deadline
+// (--timeout, 30 s by default). A body that pauses longer (a WAN client
+// waiting on its window, a client that stalled) goes on in the server's
+// memory: one copy more, its answer copied too, never wrong. The
+// deadline is set when the slot is lent and again only once it passes
+// (idled), not for every read: a body that gives its slot back brought
+// no byte for slotIdle to twice that.
+const slotIdle = 250 * time.Millisecond
+
+// errSlotIdle ends a read of a body whose slot's deadline (arm) passed
+// with no byte read since it was set: the body gives its slot back
+// (giveBack) and goes on. Never a client's error: neither the request's
+// deadline (504) nor the read timeout (408).
+var errSlotIdle = errors.New("httpapi: the body brought no byte for the slot's idle time")
 
 // slotLend lends a raw invoke's body the slot its function's worker reads
 // it from (the front door's Land), so that the body lands where the device
@@ -340,14 +377,16 @@ type bodyReader struct {
 // copied); otherwise once a read past the pre-read brought some, which
 // are copied into it with what was read before (at most the pre-read and
 // one read of readBuffer bytes). A body all read with the headers, or
-// none, is lent one after it is read (invokeRaw), for the answer.
+// none, is lent one after it is read (invokeRaw), for the answer. A body
+// of known length that stops arriving gives its slot back after slotIdle
+// (giveBack) and goes on in memory, as one lent none.
 type slotLend struct {
 	s      *Server
 	fn     string
 	land   call.Landing // the slot lent; nil: none yet, or none to lend
 	asked  bool         // Land was asked: land is its answer
 	pre    int          // the body's bytes fasthttp read with the headers (bodyReader.pre)
-	copied int64        // body bytes read before the slot was lent, copied into it
+	copied int64        // body bytes read before the slot was lent, copied into it; given back, all copied into it and out
 }
 
 // lendInto asks for the slot, once, and returns where the body goes on:
@@ -423,18 +462,101 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 	}
 	b.bound()
 	n, err := b.count(b.readPast(p))
+	if b.armed && err != nil && timedOut(err) {
+		return n, b.idled()
+	}
 	return n, b.cut(err)
 }
 
 // lent lends sl's slot to the body (slotLend.lendInto: got is what was
-// read before it, copied into it), and counts it.
+// read before it, copied into it), counts it and, for a body of known
+// length, sets the slot's read deadline (arm).
 func (b *bodyReader) lent(sl *slotLend, got []byte) []byte {
 	got = sl.lendInto(got)
-	if sl.land != nil {
-		b.landed = true
-		b.t.fl.Landed(1)
+	if sl.land == nil {
+		return got
 	}
+	b.sl, b.landed = sl, true
+	b.t.fl.Landed(1)
+	b.arm()
 	return got
+}
+
+// arm bounds the body's reads while it holds its slot: the connection's
+// read deadline slotIdle from now, unless the request's deadline (or the
+// read timeout, where it comes first: back) comes before that, which then
+// stands and cuts the body with its own 504 or 408. Only for a body of
+// known length: a read that blocks in fasthttp's chunked parser and times
+// out may lose its place in a chunk's size line or in the CRLF after its
+// data (parseChunkSize and readCrLf consume what they read before the
+// error), so a chunked body keeps its slot until it ends or its deadline
+// cuts it. A length-bounded body's read resumes where the timeout left it:
+// on a socket, a wait or a read that found nothing consumed nothing;
+// fasthttp's reader (a bufio.Reader, the length counted in its stream)
+// keeps its place; under TLS, crypto/tls keeps a partly read record for
+// the next read and does not take a timeout (a temporary net.Error) for
+// the connection's end (TestSlotGivenBackWhenTheBodyPauses resumes
+// after such a timeout mid-record).
+func (b *bodyReader) arm() {
+	if b.chunked || b.conn == nil {
+		return
+	}
+	if b.back.IsZero() {
+		b.back = b.t.deadline // the request's (bound), or the read timeout's where it comes first
+		if b.back.IsZero() {  // no deadline of the request's: fasthttp's read timeout, as it set it
+			b.back = readDeadline(b.conn, time.Now(), b.s.readTimeout())
+		}
+	}
+	by := time.Now().Add(slotIdle)
+	if !by.Before(b.back) {
+		if b.armed {
+			b.armed = false
+			b.conn.SetReadDeadline(b.back)
+		}
+		return
+	}
+	b.armed, b.armedAt = true, b.read
+	b.conn.SetReadDeadline(by)
+}
+
+// idled is what ends a read that the slot's deadline cut (arm): nil where
+// the body brought bytes since it was set, which is set again (or the
+// request's deadline alone where that comes first), and the read is tried
+// again; errSlotIdle where none came, and the slot is given back.
+func (b *bodyReader) idled() error {
+	if b.read > b.armedAt {
+		b.arm()
+		return nil
+	}
+	return errSlotIdle
+}
+
+// giveBack gives back the slot of a body that paused (errSlotIdle): what
+// came of it so far (dst, in the slot) is copied into ordinary memory,
+// the pooled exchange's (spare), grown as the copy path grows it as more
+// comes, never to what the Content-Length announces (a client that sends
+// a little and pauses must not make the server allocate what it
+// announced); its budget was taken as it came. The slot is released at
+// once: no worker has it, the run comes once the body is read. The
+// request goes on as one that found no slot (slotLend: asked, land nil)
+// under the deadline its reads had before (back), and is never lent one
+// again: a client that paused may pause again, and a slot lent each time
+// it resumed would be held for slotIdle at every pause. What the body
+// copied into the slot (the slot path's count: the pre-read, and what
+// was read before it was lent) and out of it is its copied bytes
+// (slotLend.copied; invokeRaw).
+func (b *bodyReader) giveBack(dst []byte) []byte {
+	sl := b.sl
+	body := append(b.spare[:0], dst...)
+	sl.copied += int64(min(len(dst), sl.pre) + len(dst))
+	land := sl.land
+	sl.land, b.sl = nil, nil
+	b.landed = false
+	b.t.fl.Landed(-1)
+	b.armed = false
+	b.conn.SetReadDeadline(b.back)
+	land.Release()
+	return body
 }
 
 // cut is err, the error of a read past the pre-read, as the deadline's
@@ -539,6 +661,9 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		}
 		n, err := b.readPiece(dst[len(dst):end])
 		dst = dst[:len(dst)+n]
+		if err == errSlotIdle {
+			dst, err = b.giveBack(dst), nil
+		}
 		if b.lend != nil && n > 0 && b.read > b.pre {
 			// The body is arriving past what came with the headers: its
 			// slot is lent now, and the rest read into it.

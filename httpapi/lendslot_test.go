@@ -147,14 +147,7 @@ func TestSlotLentOnlyOnceTheBodyArrives(t *testing.T) {
 			if _, err := io.WriteString(c, tc.rest(body)); err != nil {
 				t.Fatal(err)
 			}
-			resp, err := http.ReadResponse(br, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, err := io.ReadAll(resp.Body)
-			if err != nil || resp.StatusCode != 200 || !bytes.Equal(out, body) {
-				t.Fatalf("once the body came: %d, %d bytes, %v; its own bytes back %v", resp.StatusCode, len(out), err, bytes.Equal(out, body))
-			}
+			wantOwnBytes(t, br, body, "once the body came")
 			if r.lent.Load() != 1 || r.fromSlot.Load() != 1 || r.notInIt.Load() != 0 {
 				t.Fatalf("lent %d slots, ran %d from one and %d without: want one, and the run from it", r.lent.Load(), r.fromSlot.Load(), r.notInIt.Load())
 			}

@@ -552,6 +552,10 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 		// read with the headers and its stream copied from its buffer,
 		// and what was read before the slot was lent, copied into it.
 		copied = int64(min(len(body), sl.pre)) + sl.copied
+	case land == nil:
+		// A body that gave its slot back as it paused (giveBack): what
+		// it copied into the slot and out of it. None lent: nothing.
+		copied = sl.copied
 	}
 	c.req.Input, c.req.Landing = body, land
 	buf := ctx.Response.SwapBody(nil)[:0]

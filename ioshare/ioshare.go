@@ -299,8 +299,8 @@ func (f *Flow) Pieces() (moving, stalled, waiting int) {
 // Reading counts one of the flow's request bodies whose reading past what
 // came with its headers starts (1) or ends (-1); Landed counts one of
 // them that is read into a slot of its function's worker as it is lent
-// (1) and as its reading ends (-1). The transport counts
-// them; a nil flow counts nothing.
+// (1) and as it is given back or the body ends (-1). The transport
+// counts them; a nil flow counts nothing.
 func (f *Flow) Reading(n int) {
 	if f != nil {
 		f.bodies.Add(int32(n))
@@ -316,7 +316,7 @@ func (f *Flow) Landed(n int) {
 
 // Bodies is how many of the flow's request bodies are being read now past
 // what came with their headers: into a slot of its function's worker,
-// and into the server's memory (no slot lent, or not yet).
+// and into the server's memory (no slot lent, not yet, or given back).
 func (f *Flow) Bodies() (inSlot, inMemory int) {
 	all, landed := int(f.bodies.Load()), int(f.landed.Load())
 	inSlot = min(max(landed, 0), max(all, 0)) // the two are read one after the other

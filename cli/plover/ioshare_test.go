@@ -85,10 +85,13 @@ func echoBigAs(t *testing.T, bin string, env []string, name string) {
 
 // postEcho posts to big, as client's request req, n bytes that say whose
 // they are (body), and wants them back whole.
-func postEcho(url string) func(client, req, n int) error {
+func postEcho(url string) func(client, req, n int) error { return postEchoVia(http.DefaultClient, url) }
+
+// postEchoVia is postEcho through hc (its TLS roots, say).
+func postEchoVia(hc *http.Client, url string) func(client, req, n int) error {
 	return func(client, req, n int) error {
 		in := body(client, req, n)
-		resp, err := http.Post(url+"/v1/functions/big/invoke", "application/octet-stream", bytes.NewReader(in))
+		resp, err := hc.Post(url+"/v1/functions/big/invoke", "application/octet-stream", bytes.NewReader(in))
 		if err != nil {
 			return err
 		}

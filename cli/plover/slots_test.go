@@ -1,6 +1,8 @@
 package main_test
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -82,5 +84,100 @@ func waitBodies(t *testing.T, client *http.Client, url, fn string, inSlot, inMem
 		if row++; slot != float64(inSlot) || memory != float64(inMemory) {
 			row = 0
 		}
+	}
+}
+
+// Uploads that were lent their slots as their bodies began to arrive, and
+// then stopped, give the slots back once no byte came for the slot's idle
+// time (250 ms to twice that): 40 uploads of 1 MiB that sent their headers,
+// 8 KiB and 64 KiB, and wait. Once the server reads all of them into its
+// memory (none in a slot), the function's other 4 MiB requests land in
+// slots, copying 8 KiB each (what fasthttp reads with the headers; under
+// TLS up to 20 KiB, lent after their first read past it), where
+// they copied 8 MiB each (body and answer) beside uploads that kept their
+// slots until the request's deadline (60 s here). Then the uploads send
+// the rest, and each gets exactly its own bytes back, its copies counted:
+// 2 MiB each (body and answer, as any body read into memory), and for one
+// that gave a slot back the 8 KiB pre-read copied into it and the 72 KiB
+// copied out of it (under TLS also what was read before its slot was
+// lent, the pre-read and up to 4 KiB, copied into it).
+func TestPausedUploadsGiveTheirSlotsBack(t *testing.T) {
+	bin := buildPlover(t)
+	for _, overTLS := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "TLS"}[overTLS], func(t *testing.T) {
+			args := []string{"--isolation", "process", "--timeout", "60s"}
+			client, dial := http.DefaultClient, func(addr string) (net.Conn, error) { return net.Dial("tcp", addr) }
+			var env []string
+			if overTLS {
+				ca, cert, key, caPEM := writeCerts(t, t.TempDir())
+				args = append(args, "--tls-cert", cert, "--tls-key", key)
+				pool := x509.NewCertPool()
+				pool.AppendCertsFromPEM(caPEM)
+				cfg := &tls.Config{RootCAs: pool}
+				client = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+				dial = func(addr string) (net.Conn, error) { return tls.Dial("tcp", addr, cfg) }
+				env = append(env, "PLOVER_CACERT="+ca)
+			}
+			srv := startIsoServer(t, bin, t.TempDir(), nil, args...)
+			env = append(env, "PLOVER_SERVER="+srv.url)
+			echoBig(t, bin, env)
+			post := postEchoVia(client, srv.url)
+			const size, upload, sent, uploads = 4 << 20, 1 << 20, 8<<10 + 64<<10, 40
+			if err := post(0, 0, size); err != nil { // loaded: the worker exists and lends
+				t.Fatal(err)
+			}
+			addr := srv.url[strings.Index(srv.url, "://")+3:]
+			conns, ins := make([]net.Conn, uploads), make([][]byte, uploads)
+			for i := range conns {
+				c, err := dial(addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				conns[i], ins[i] = c, body(100+i, 0, upload)
+				fmt.Fprintf(c, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", upload, ins[i][:sent])
+			}
+			waitBodies(t, client, srv.url, "big", 0, uploads)
+			m := metricsOf(t, client, srv.url)
+			before := int64(m(`plover_payload_copied_bytes_total{function="big"}`))
+			const requests = 10
+			for i := range requests {
+				if err := post(1, i, size); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m = metricsOf(t, client, srv.url)
+			after := int64(m(`plover_payload_copied_bytes_total{function="big"}`))
+			// In a slot, a request copies what fasthttp read with its
+			// headers; under TLS, lent its slot after its first read past
+			// them, that and what the read brought (up to 4 KiB) again.
+			least, most := int64(requests*8<<10), int64(requests*8<<10)
+			if overTLS {
+				least, most = 2*least+requests, 2*most+requests*4<<10
+			}
+			if got := after - before; got < least || got > most {
+				t.Fatalf("%.1f KiB payload copied a request of 4 MiB beside %d uploads that stopped midway, want %.1f to %.1f KiB (what a request lent a slot copies): the uploads kept the worker's slots",
+					float64(got)/requests/1024, uploads, float64(least)/requests/1024, float64(most)/requests/1024)
+			}
+			for i, c := range conns {
+				if _, err := c.Write(ins[i][sent:]); err != nil {
+					t.Fatal(err)
+				}
+				wantEcho(t, c, ins[i], fmt.Sprintf("upload %d, once the rest came", i))
+			}
+			m = metricsOf(t, client, srv.url)
+			extra := int64(m(`plover_payload_copied_bytes_total{function="big"}`)) - after - uploads*2*upload
+			per, most := int64(8<<10+sent), int64(uploads*(8<<10+sent))
+			if overTLS {
+				per, most = per+8<<10+1, most+uploads*(12<<10)
+			}
+			if extra < per || extra > most || (!overTLS && extra%per != 0) {
+				t.Fatalf("%d payload bytes copied for %d uploads of 1 MiB beyond their bodies and answers (2 MiB each), want what some of them (at least one) copied into the slots they gave back and out: %d each%s",
+					extra, uploads, per, map[bool]string{false: "", true: " and up to 4 KiB more"}[overTLS])
+			}
+			if !overTLS {
+				t.Logf("%d of %d uploads gave their slots back", extra/per, uploads)
+			}
+		})
 	}
 }
