@@ -12,9 +12,13 @@
 // read by the exporter; OTEL_TRACES_SAMPLER and _ARG choose the sampler
 // (default parentbased_always_on: a request that arrives with a sampled
 // traceparent is traced, one with an unsampled one is not, one with none
-// starts a trace); OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the
-// service (default service.name "plover"); OTEL_SDK_DISABLED=true or
-// OTEL_TRACES_EXPORTER=none turn it off; OTEL_BSP_* tune the batching.
+// starts a trace); OTEL_PROPAGATORS the context read from a request
+// (tracecontext, baggage, or none: every request starts its own trace);
+// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service (default
+// service.name "plover"); OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none
+// turn it off; OTEL_BSP_* tune the batching. A value of the exporter,
+// protocol, sampler or propagator variables that Plover does not take is
+// an error naming the variable, not the SDK's silent default.
 package tracing
 
 import (
@@ -23,7 +27,9 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +45,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
+	grpccodes "google.golang.org/grpc/codes"
 )
 
 // Tracer records requests as spans. A nil *Tracer records nothing: the
@@ -48,6 +55,13 @@ type Tracer struct {
 	t     trace.Tracer
 	prop  propagation.TextMapPropagator
 	Where string // the exporter's protocol and endpoint, for the log
+
+	// building counts the goroutines making sampled requests' spans, for
+	// Shutdown to wait for; closing (under mu) stops new ones once it
+	// waits, as a WaitGroup must not grow from zero during its Wait.
+	mu       sync.RWMutex
+	closing  bool
+	building sync.WaitGroup
 }
 
 // FromEnv returns a Tracer configured by the environment, or nil when the
@@ -104,16 +118,96 @@ func fromEnv(ctx context.Context, version string, getenv func(string) string) (*
 	if err != nil {
 		return nil, fmt.Errorf("the OTLP trace exporter (%s %s): %w", proto, endpoint, err)
 	}
+	sampler, err := samplerFromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
+	prop, err := propagatorFromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
 	res, err := resource.Merge(resource.NewSchemaless(semconv.ServiceName("plover"), semconv.ServiceVersion(version)),
 		resource.Environment()) // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
 	if err != nil {
 		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
-	// The sampler comes from OTEL_TRACES_SAMPLER (default parentbased_always_on).
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return &Tracer{tp: tp, t: tp.Tracer("github.com/plover-run/plover"),
-		prop:  propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
-		Where: proto + " " + endpoint}, nil
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
+	return &Tracer{tp: tp, t: tp.Tracer("github.com/plover-run/plover"), prop: prop, Where: proto + " " + endpoint}, nil
+}
+
+// samplerFromEnv is OTEL_TRACES_SAMPLER's sampler (the values the SDK
+// knows; default parentbased_always_on), with OTEL_TRACES_SAMPLER_ARG for
+// the ratio ones (default 1). Plover reads them itself: the SDK takes a
+// value it cannot parse (5%, 0,05, a misspelt name) for 1, so for every
+// request, with a line on stderr outside the server's log. An argument
+// the sampler does not read is refused too: OTEL_TRACES_SAMPLER_ARG=0.05
+// alone would trace every request under the default.
+func samplerFromEnv(getenv func(string) string) (sdktrace.Sampler, error) {
+	name := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER")))
+	arg := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER_ARG"))
+	var s sdktrace.Sampler
+	switch name {
+	case "always_on":
+		s = sdktrace.AlwaysSample()
+	case "always_off":
+		s = sdktrace.NeverSample()
+	case "", "parentbased_always_on":
+		s = sdktrace.ParentBased(sdktrace.AlwaysSample())
+	case "parentbased_always_off":
+		s = sdktrace.ParentBased(sdktrace.NeverSample())
+	case "traceidratio", "parentbased_traceidratio":
+		ratio := 1.0
+		if arg != "" {
+			v, err := strconv.ParseFloat(arg, 64)
+			if err != nil || !(v >= 0 && v <= 1) { // NaN too
+				return nil, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG %q: %s takes the fraction of traces to keep, a number from 0 to 1 (0.05 keeps 5%%)", arg, name)
+			}
+			ratio, arg = v, ""
+		}
+		if s = sdktrace.TraceIDRatioBased(ratio); name == "parentbased_traceidratio" {
+			s = sdktrace.ParentBased(s)
+		}
+	default:
+		return nil, fmt.Errorf("OTEL_TRACES_SAMPLER %q: want always_on, always_off, traceidratio, parentbased_always_on (the default), parentbased_always_off or parentbased_traceidratio", name)
+	}
+	if arg != "" {
+		set := "unset (parentbased_always_on)"
+		if name != "" {
+			set = strconv.Quote(name)
+		}
+		return nil, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG %q: only OTEL_TRACES_SAMPLER traceidratio and parentbased_traceidratio read it; OTEL_TRACES_SAMPLER is %s", arg, set)
+	}
+	return s, nil
+}
+
+// propagatorFromEnv reads a request's context as OTEL_PROPAGATORS says: a
+// comma-separated list of tracecontext (W3C traceparent and tracestate)
+// and baggage, the default both; none reads nothing, so that every
+// request starts its own trace, sampled by the sampler's root rule,
+// whatever its client sent.
+func propagatorFromEnv(getenv func(string) string) (propagation.TextMapPropagator, error) {
+	v := strings.ToLower(strings.TrimSpace(getenv("OTEL_PROPAGATORS")))
+	if v == "" {
+		v = "tracecontext,baggage"
+	}
+	var ps []propagation.TextMapPropagator
+	none := false
+	for _, p := range strings.Split(v, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "tracecontext":
+			ps = append(ps, propagation.TraceContext{})
+		case "baggage":
+			ps = append(ps, propagation.Baggage{})
+		case "none":
+			none = true
+		default:
+			return nil, fmt.Errorf("OTEL_PROPAGATORS %q: Plover reads tracecontext, baggage or none, not %q", v, p)
+		}
+	}
+	if none && len(ps) > 0 {
+		return nil, fmt.Errorf("OTEL_PROPAGATORS %q: none reads no context, so it goes alone", v)
+	}
+	return propagation.NewCompositeTextMapPropagator(ps...), nil
 }
 
 // New returns a Tracer exporting with exp under the given provider options
@@ -124,12 +218,26 @@ func New(exp sdktrace.SpanExporter, opts ...sdktrace.TracerProviderOption) *Trac
 		prop: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), Where: "in process"}
 }
 
-// Shutdown exports what is buffered, within ctx.
+// Shutdown waits for the spans of requests already recorded to be made,
+// then exports what is buffered, all within ctx. A request recorded after
+// Shutdown has begun is not traced.
 func (t *Tracer) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	return t.tp.Shutdown(ctx)
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
+	built := make(chan struct{})
+	go func() {
+		t.building.Wait()
+		close(built)
+	}()
+	select {
+	case <-built:
+	case <-ctx.Done():
+	}
+	return t.tp.Shutdown(ctx) // ctx's error when it ended first
 }
 
 // Call is one finished request as a transport saw it.
@@ -167,12 +275,19 @@ func (t *Tracer) Record(h propagation.TextMapCarrier, c *Call) {
 	cc.Function = call.Name{}
 	r.Input, r.Output, r.Gone, r.Steps = nil, nil, nil, slices.Clone(r.Steps)
 	cc.Req = &r
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.closing {
+		return
+	}
+	t.building.Add(1)
 	go t.spans(ctx, span, &cc, fn)
 }
 
 // spans completes a sampled request's span, of function fn, and makes its
 // parts.
 func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call, fn string) {
+	defer t.building.Done()
 	r := c.Req
 	span.SetAttributes(attribute.String("plover.function", fn), attribute.String("plover.transport", c.Transport))
 	if r.Version != "" {
@@ -187,7 +302,11 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call, fn string)
 		span.SetAttributes(attribute.Int("http.response.status_code", c.Status))
 	}
 	if c.Err != nil {
-		span.SetStatus(codes.Error, strings.ToValidUTF8(c.Err.Error(), "\uFFFD"))
+		msg := strings.ToValidUTF8(c.Err.Error(), "\uFFFD")
+		span.SetAttributes(attribute.String("error.type", c.errorType()), attribute.String("error.message", msg))
+		if c.serverFault() {
+			span.SetStatus(codes.Error, msg)
+		}
 	}
 	if len(r.Steps) > 0 {
 		// A pipeline: its steps where they ran, from when the request
@@ -206,6 +325,40 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call, fn string)
 		t.parts(ctx, c.End.Add(-r.Timing.Total), &r.Timing)
 	}
 	span.End(trace.WithTimestamp(c.End))
+}
+
+// serverFault reports whether failed c is the server's failure, which
+// alone makes its span an error in OpenTelemetry's conventions for server
+// spans: over HTTP a 5xx (a 4xx is the client's: its status stays unset);
+// over gRPC Unknown, DeadlineExceeded, Unimplemented, Internal,
+// Unavailable or DataLoss. Each transport's own code decides: a 507 is an
+// error over HTTP, its gRPC ResourceExhausted is not.
+func (c *Call) serverFault() bool {
+	if c.GRPCCode < 0 {
+		return c.Status >= 500
+	}
+	switch grpccodes.Code(c.GRPCCode) {
+	case grpccodes.Unknown, grpccodes.DeadlineExceeded, grpccodes.Unimplemented, grpccodes.Internal, grpccodes.Unavailable, grpccodes.DataLoss:
+		return true
+	}
+	return false
+}
+
+// grpcCodeNames are gRPC's canonical names of its status codes.
+var grpcCodeNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+	"PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+	"UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
+
+// errorType is failed c's error.type: its status code, as the conventions
+// say, the HTTP status's number or the gRPC code's name.
+func (c *Call) errorType() string {
+	if c.GRPCCode < 0 {
+		return strconv.Itoa(c.Status)
+	}
+	if c.GRPCCode < len(grpcCodeNames) {
+		return grpcCodeNames[c.GRPCCode]
+	}
+	return strconv.Itoa(c.GRPCCode)
 }
 
 // parts lays a function request's phases out from b, in the order the
