@@ -5,10 +5,13 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -358,5 +361,33 @@ func TestTracingCollectorDown(t *testing.T) {
 	})
 	if n := strings.Count(srv.log.String(), "spans could not be exported"); n != 1 {
 		t.Errorf("the failure was logged %d times, want once a minute", n)
+	}
+}
+
+// A tracing variable plover serve cannot honour stops it at start, naming
+// the variable, rather than start tracing otherwise than asked: the SDK
+// traced every request on a sampler it could not read, with one line on
+// stderr.
+func TestServeRefusesTracingItCannotHonour(t *testing.T) {
+	bin := buildPlover(t)
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=5%"}, "OTEL_TRACES_SAMPLER_ARG"},
+		{[]string{"OTEL_TRACES_SAMPLER=parentbased_ratio"}, "OTEL_TRACES_SAMPLER"},
+		{[]string{"OTEL_PROPAGATORS=b3"}, "OTEL_PROPAGATORS"},
+	} {
+		t.Run(strings.Join(tc.env, " "), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--device", "host", "--insecure-no-auth")
+			cmd.Env = append(os.Environ(), append([]string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1"}, tc.env...)...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "tracing: "+tc.want) {
+				t.Fatalf("plover serve with %s: %v (want exit 1 naming %s)\n%s", tc.env, err, tc.want, out)
+			}
+		})
 	}
 }
