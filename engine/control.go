@@ -122,6 +122,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	e.cfg.Cache.Adopt(dir, sha)
 	release() // the cache has the directory now, or it is gone: a landing's warm-up need not hold the turn
 	if created && o.Label != "" {
+		e.tab.labelled(name, o.Label, rv.ID, pub.Record)
 		e.tab.unlabel(name, o.Label, rv.ID)
 	}
 	if !created {

@@ -45,7 +45,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 		if err != nil {
 			return Pin{}, errorf(errdefs.KindNotFound, err, "%s", err.Error())
 		}
-		e.tab.pin(f, rv)
+		e.tab.pin(f, rv, rec)
 	}
 }
 

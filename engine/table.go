@@ -27,7 +27,13 @@ type function struct {
 	out    *funclog.Sink       // where its programs' output goes
 	cur    *version            // guarded by table.mu
 	pinned map[string]*version // by id; guarded by table.mu
-	stats  stats
+	// labels is, from the fullest record applied (labelsFrom versions:
+	// a record only grows while its function lives), each label's latest
+	// version id, as the record names it (Record.Find); nil until a
+	// record is applied. Guarded by table.mu.
+	labels     map[string]string
+	labelsFrom int
+	stats      stats
 	// batches counts the runs of its versions that batch, all of them
 	// (plover_batch_size): not a version's, which a redeploy would drop.
 	batches batchSizes
@@ -411,7 +417,9 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 	}
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
 		// Nothing to switch, but a read of the store made before this
-		// one's must not apply after it (land): the epoch moves on.
+		// one's must not apply after it (land): the epoch moves on. Its
+		// labels may have moved (a folder deployed again beside it).
+		f.applyLabels(rec)
 		t.epoch++
 		return f, nil, false
 	}
@@ -420,6 +428,7 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 		f = &function{name: name, out: t.followed.sink(t.logs, name, rec)}
 		t.funcs[name] = f
 	}
+	f.applyLabels(rec)
 	old := f.cur
 	if pv := f.pinned[rv.ID]; pv != nil {
 		// A version pipelines pinned becomes current: its warm pool serves both.
@@ -579,16 +588,36 @@ func (t *table) versions(pinned bool) []funcVersion {
 	return out
 }
 
+// labelled notes a deploy that made id, name's latest version with label,
+// whose record is rec (nil: none): name's function, if here, takes rec's
+// labels, and label names id whatever rec says (match).
+func (t *table) labelled(name, label, id string, rec *api.Record) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f := t.funcs[name]; f != nil {
+		f.applyLabels(rec)
+		if f.labels == nil {
+			f.labels = map[string]string{}
+		}
+		f.labels[label] = id
+	}
+}
+
 // unlabel retires f's versions pinned beside the current one that carry
 // label but are not id ("": the version current here): a model
 // repository's version folder deployed again names its new version from
 // now on (match), not a loaded old one. In-flight requests on them finish.
+// Where label named another version than id (its labels: match), it names
+// none here from now on: the next pin of it reads the record.
 func (t *table) unlabel(name, label, id string) {
 	t.mu.Lock()
 	var olds []*version
 	if f := t.funcs[name]; f != nil {
 		if id == "" && f.cur != nil {
 			id = f.cur.rec.ID
+		}
+		if f.labels != nil && f.labels[label] != id {
+			delete(f.labels, label)
 		}
 		for k, v := range f.pinned {
 			if v.rec.Label == label && v.rec.ID != id {
@@ -718,10 +747,14 @@ func (t *table) match(name, ref string) (*function, *version) {
 
 // pin adds rv as a version of f that pipelines pinned, beside its current
 // one, unless the table closed, f was dropped or rv is there already.
-func (t *table) pin(f *function, rv api.Version) {
+func (t *table) pin(f *function, rv api.Version, rec *api.Record) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed || t.funcs[f.name] != f || f.match(rv.ID) != nil {
+	if t.closed || t.funcs[f.name] != f {
+		return
+	}
+	f.applyLabels(rec) // rv was picked from it: a label names what it says
+	if f.match(rv.ID) != nil {
 		return
 	}
 	if f.pinned == nil {
@@ -734,8 +767,14 @@ func (t *table) pin(f *function, rv api.Version) {
 
 // match is f's version that ref names, current first, or nil; under
 // table.mu. An id or prefix comes first; else a label (a model
-// repository's version folder) names the current version if it has it, or
-// the latest pinned one with it (a folder deployed again makes a newer).
+// repository's version folder) names the version the record names by it,
+// its latest (Record.Find: a folder deployed again makes a newer), if
+// that one is current or pinned here: a label the current version has
+// names a later version deployed beside it with the same label (a folder
+// rewritten while a higher one could not be made current), which the
+// caller then pins (PinVersion), never the current one that carried it
+// first. Before any record is applied, the current version if it has the
+// label, else the latest pinned one with it.
 func (f *function) match(ref string) *version {
 	if f.cur != nil && f.cur.rec.Matches(ref) {
 		return f.cur
@@ -744,6 +783,16 @@ func (f *function) match(ref string) *version {
 		if v.rec.Matches(ref) {
 			return v
 		}
+	}
+	if f.labels != nil {
+		id, ok := f.labels[ref]
+		switch {
+		case !ok:
+			return nil // no version has it now (unlabelled): the record says so
+		case f.cur != nil && f.cur.rec.ID == id:
+			return f.cur
+		}
+		return f.pinned[id]
 	}
 	if f.cur != nil && f.cur.rec.Names(ref) {
 		return f.cur
@@ -755,6 +804,23 @@ func (f *function) match(ref string) *version {
 		}
 	}
 	return found
+}
+
+// applyLabels takes f's labels from rec (nil: none read) unless f applied
+// a fuller record: a record read before another but applied after it
+// (PinVersion's, beside a refresh) must not name an older version again.
+// Under table.mu.
+func (f *function) applyLabels(rec *api.Record) {
+	if rec == nil || (f.labels != nil && len(rec.Versions) < f.labelsFrom) {
+		return
+	}
+	labels := make(map[string]string)
+	for _, v := range rec.Versions { // in deploy order: the latest last
+		if v.Label != "" {
+			labels[v.Label] = v.ID
+		}
+	}
+	f.labels, f.labelsFrom = labels, len(rec.Versions)
 }
 
 // side is f's loaded versions that pipelines pinned and are not current.
