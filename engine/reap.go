@@ -45,9 +45,12 @@ func (e *Engine) Reap(now time.Time) {
 
 // unload replaces v, if still current, by an unloaded copy of the same
 // version and retires v: its programs go once in-flight requests end. The
-// next request is a cold start.
+// next request is a cold start. As an eviction does (evictEmpty), only if
+// v still has no instance and no request under the table's lock, and no
+// request takes it after: one that found v between the reaper's look and
+// the detach would run on a retired v while the next loaded a second copy.
 func (e *Engine) unload(f *function, v *version) bool {
-	if !e.tab.detach(f, v, nil) {
+	if !e.tab.detach(f, v, func() bool { return v.pool.evictEmpty(0) }) {
 		return false
 	}
 	v.pool.retire()
