@@ -534,8 +534,9 @@ func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry,
 	if front.tokens != nil {
 		tokens = front.tokens
 	}
-	return frontdoor.New(frontdoor.Config{Runner: pipeline.New(n.eng, reg), Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg),
-		Tracer: tr, Log: log})
+	run, met := pipeline.New(n.eng, reg), reqmetrics.New(reg)
+	n.eng.Forgets(run, met) // a deleted function's series go, and its label's slot
+	return frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: met, Tracer: tr, Log: log})
 }
 
 // transports are the servers plover serve answers on: HTTP, and gRPC

@@ -227,6 +227,14 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
+// Forgets has fs told of every function's changes on this node from now
+// on (Forgetter).
+func (e *Engine) Forgets(fs ...Forgetter) {
+	e.tab.mu.Lock()
+	defer e.tab.mu.Unlock()
+	e.tab.forgetters = append(e.tab.forgetters, fs...)
+}
+
 // Targets are the bundle targets this engine's devices run.
 func (e *Engine) Targets() []string { return e.targets }
 

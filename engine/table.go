@@ -49,6 +49,20 @@ func (f *function) output() device.Output {
 	return f.out
 }
 
+// Forgetter keeps something per function name outside the engine: the
+// request metrics' series and their label slots (reqmetrics), a
+// pipeline's step series (pipeline). The engine tells it, under its
+// table's lock and so in the order the node applies them, when a name's
+// current version changes on the node (Met: a deploy, a rollback, a
+// request's first lookup, a poll that saw another node's change) and
+// when its function leaves the node (Forget: a delete here, one seen
+// through the store, its record deleted and made anew). It must not call
+// the engine.
+type Forgetter interface {
+	Met(name string)
+	Forget(name string)
+}
+
 // table is the functions this node knows and their current versions (and
 // the versions pipelines pinned): the room every request passes through to
 // find what it runs, and every deploy, rollback and refresh to change it.
@@ -62,6 +76,9 @@ type table struct {
 	// version's share and priority: its current version's, at every switch
 	// and placement, under mu, so that they land in the switches' order.
 	weighFlows func(name string, rv api.Version)
+	// forgetters keep series per name outside the engine (Forgets):
+	// told under mu, in the order the table changes.
+	forgetters []Forgetter
 	// logs keeps functions' output: each function (each life of its
 	// name, from its lookup or deploy here to its delete) has its sink,
 	// given to its programs; a delete (here or on another node) drops the
@@ -443,6 +460,9 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 		// placement of the old one's made nothing: no load to wait for.
 		t.weighFlows(f.name, f.cur.rec)
 	}
+	for _, fg := range t.forgetters {
+		fg.Met(f.name)
+	}
 	t.epoch++
 	if old != nil {
 		dropped = append([]*version{old}, dropped...)
@@ -540,6 +560,12 @@ func (t *table) dropLocked(name string) []*version {
 	// the name's next life, never in the one that ends here (whose lines,
 	// from workers still finishing requests, are dropped from now on).
 	t.followed.forget(t.logs, name)
+	if f != nil {
+		// Under t.mu too: the name's next function is met after this.
+		for _, fg := range t.forgetters {
+			fg.Forget(f.name)
+		}
+	}
 	return olds
 }
 

@@ -11,23 +11,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
 )
 
 // Metrics counts requests by function and status and times their
 // phases. Series are resolved once per function and status, so recording a
-// request allocates nothing.
+// request allocates nothing. Functions are labelled through a Table of
+// 1,000 names; Forget gives a deleted function's back.
 type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	copied   *prometheus.CounterVec
 	panics   *prometheus.CounterVec
 
-	mu    sync.RWMutex
-	byFn  map[string]*fnMetrics
-	limit int // distinct function labels kept; beyond it they share "_other"
+	fns *Table[fnMetrics]
 }
 
 type fnMetrics struct {
@@ -35,15 +33,14 @@ type fnMetrics struct {
 	copied prometheus.Counter
 	mu     sync.RWMutex
 	codes  map[int]prometheus.Counter
+	gone   bool // its name forgotten: no series made for it any more (a request still holding it)
 	name   string
 }
 
-// unknown is the label of requests for names no function has; other, of
-// functions met past the limit of labels.
-const (
-	unknown = "_unknown"
-	other   = "_other"
-)
+// MaxLabels is how many names have series of their own in the request
+// metrics (and in a pipeline's step metrics): past it, a name shares
+// Other's.
+const MaxLabels = 1000
 
 var phaseNames = [7]string{"queue", "sched", "load", "copy_in", "kernels", "copy_out", "total"}
 
@@ -67,9 +64,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "plover_panics_total",
 			Help: "Requests whose handling panicked (a bug in the server), recovered by their transport: answered 500 (gRPC: Internal), or their connection closed when the answer had begun, and logged; and connections whose accepting (HTTP, gRPC), or whose HTTP read outside a request, closing or state hook panicked, closed and logged.",
 		}, []string{"transport"}),
-		byFn:  map[string]*fnMetrics{},
-		limit: 1000,
 	}
+	m.fns = NewTable(MaxLabels, m.newFn, m.dropFn)
 	for _, t := range [...]string{"http", "grpc"} {
 		m.panics.WithLabelValues(t) // at 0 from the start, for a rate or an alert to read
 	}
@@ -85,53 +81,44 @@ func (m *Metrics) Panicked(transport string) { m.panics.WithLabelValues(transpor
 // series already, so that no request makes one for a name it sends.
 func (m *Metrics) Failed(name string, code int) {
 	if !m.known(name) {
-		name = unknown
+		name = Unknown
 	}
-	m.count(m.function(call.NameOf(name)), code)
+	m.count(m.fns.Take(call.NameOf(name)), code)
 }
 
-func (m *Metrics) known(name string) bool {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return m.byFn[name] != nil
-}
+func (m *Metrics) known(name string) bool { return m.fns.Of(name) != nil }
 
-// function is name's series; a name not met before is kept (a copy),
-// unless it shares one of the labels that are no function's own.
-func (m *Metrics) function(name call.Name) *fnMetrics {
-	fn := name.Borrow() // for the lookups
-	m.mu.RLock()
-	fm := m.byFn[fn]
-	m.mu.RUnlock()
-	if fm != nil {
-		return fm
-	}
-	if fn != unknown && !abi.ValidName(fn) {
-		// No function has such a name, and a label that is not UTF-8
-		// fails every scrape: whatever a client sent shares one series.
-		return m.function(call.NameOf(unknown))
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if fm = m.byFn[fn]; fm != nil {
-		return fm
-	}
-	if len(m.byFn) >= m.limit && fn != unknown {
-		// Names past the limit share one series and one entry: a name
-		// is not kept once its series is no longer its own.
-		if fm = m.byFn[other]; fm != nil {
-			return fm
-		}
-		name = call.NameOf(other)
-	}
-	label := name.Keep()
-	fm = &fnMetrics{codes: map[int]prometheus.Counter{}, name: label, copied: m.copied.WithLabelValues(label)}
+func (m *Metrics) newFn(label string) *fnMetrics {
+	fm := &fnMetrics{codes: map[int]prometheus.Counter{}, name: label, copied: m.copied.WithLabelValues(label)}
 	for i, p := range phaseNames {
 		fm.phases[i] = m.duration.WithLabelValues(label, p)
 	}
-	m.byFn[label] = fm
 	return fm
 }
+
+// dropFn deletes fm's series; a request still holding fm makes none again
+// (count).
+func (m *Metrics) dropFn(fm *fnMetrics) {
+	fm.mu.Lock()
+	defer fm.mu.Unlock()
+	fm.gone = true
+	for code := range fm.codes {
+		m.requests.DeleteLabelValues(fm.name, strconv.Itoa(code))
+	}
+	for _, p := range phaseNames {
+		m.duration.DeleteLabelValues(fm.name, p)
+	}
+	m.copied.DeleteLabelValues(fm.name)
+}
+
+// Met is told by the engine that a function of name is on the node
+// (engine.Forgetter): a name deleted before takes a label again.
+func (m *Metrics) Met(name string) { m.fns.Met(name) }
+
+// Forget is told by the engine that name's function left the node
+// (deleted, here or on another node sharing the store): its series go and
+// its label's slot is free for the next name met.
+func (m *Metrics) Forget(name string) { m.fns.Forget(name) }
 
 func (m *Metrics) count(fm *fnMetrics, code int) {
 	fm.mu.RLock()
@@ -139,34 +126,40 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 	fm.mu.RUnlock()
 	if c == nil {
 		fm.mu.Lock()
-		if c = fm.codes[code]; c == nil {
+		if c = fm.codes[code]; c == nil && !fm.gone {
 			c = m.requests.WithLabelValues(fm.name, strconv.Itoa(code))
 			fm.codes[code] = c
 		}
 		fm.mu.Unlock()
+		if c == nil {
+			return // forgotten meanwhile: its series went, and stay gone
+		}
 	}
 	c.Inc()
 }
 
 // Record accounts one invoke, of HTTP status code (its class's, for
-// gRPC) and engine kind; t is read only when it succeeded. Unknown functions share one label so that
-// probing names cannot grow the series without bound; so do requests
-// refused before the engine saw them (400, 415, the gate's 401, 403, 429)
-// and those answered 503 (the store unreachable: the name may be anything)
-// for names the metrics have not met yet, and those that timed out or whose
-// client left before a version was resolved (r.Version empty: the record
-// was still being read, so the name is the client's guess): a name takes
-// one of the limited labels only once a function of that name has
-// answered.
+// gRPC) and engine kind; r's timing is read only when it succeeded. Names
+// no function has share one label, Unknown, so that probing names cannot
+// grow the series without bound: a 404's, and for names not met yet a
+// request refused before the engine saw it (400, 415), one answered 503
+// (the store unreachable: the name may be anything), and one that timed
+// out or whose client left before a version was resolved (r.Version empty:
+// the record was still being read, so the name is the client's guess). A
+// name takes one of the limited labels only once a function of that name
+// has answered; one whose function was deleted (Forget) counts under
+// Unknown until a function of the name is on the node again. The gate's
+// refusals (401, 403, a token's 429) are not invokes that reach here: the
+// gate counts them (plover_auth_failures_total, plover_token_limited_total).
 func (m *Metrics) Record(name call.Name, code int, kind errdefs.Kind, r *call.Request) {
 	t := &r.Timing
 	unresolved := (kind == errdefs.KindTimeout || kind == errdefs.KindGone) && r.Version == ""
 	if code == 404 && kind == errdefs.KindNotFound {
-		name = call.NameOf(unknown)
+		name = call.NameOf(Unknown)
 	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable || unresolved) && !m.known(name.Borrow()) {
-		name = call.NameOf(unknown)
+		name = call.NameOf(Unknown)
 	}
-	fm := m.function(name)
+	fm := m.fns.Take(name)
 	m.count(fm, code)
 	if r.Copied > 0 {
 		fm.copied.Add(float64(r.Copied))

@@ -54,12 +54,12 @@ func TestLabels(t *testing.T) {
 func TestOtherKeepsNoNames(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
-	m.limit = 3
+	m.fns.limit = 3
 	var r call.Request
 	for i := range 50 {
 		m.Record(call.NameOf("fn-"+strconv.Itoa(i)), 500, errdefs.KindKernel, &r)
 	}
-	if n := len(m.byFn); n != 4 {
+	if n := len(m.fns.slots); n != 4 {
 		t.Errorf("%d names kept for a limit of 3, want 3 and _other", n)
 	}
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("_other", "500")); got != 47 {

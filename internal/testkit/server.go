@@ -74,13 +74,15 @@ func ServeTokens(t testing.TB, e *engine.Engine, tokens gate.Tokens, opts httpap
 
 // Door is a front door over e as plover serve builds one: e's functions
 // and pipelines, its request timeout, tokens (nil: no authentication) and
-// the request metrics on reg (nil: a registry of the door's own).
+// the request and pipeline step metrics on reg (nil: a registry of the
+// door's own), whose series of a function deleted go.
 func Door(e *engine.Engine, tokens gate.Tokens, reg *prometheus.Registry) *frontdoor.Door {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	return frontdoor.New(frontdoor.Config{Runner: pipeline.New(e, nil), Gate: gate.New(tokens, reg),
-		Metrics: reqmetrics.New(reg)})
+	run, met := pipeline.New(e, reg), reqmetrics.New(reg)
+	e.Forgets(run, met)
+	return frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: met})
 }
 
 // ServeWith serves an already built server on a free loopback port,
