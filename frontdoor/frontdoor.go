@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -89,6 +90,9 @@ type Door struct {
 	log     *slog.Logger
 	// panicLog caps the lines about recovered panics (Panicked).
 	panicLog gate.LogThrottle
+	// failLog caps the lines about failures (logFailure), which clients
+	// can drive: one a second per function.
+	failLog gate.LogThrottle
 }
 
 // New returns the Door cfg describes.
@@ -154,7 +158,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 	if o.Err != nil {
 		var known bool
 		st, kind, msg, known = d.classify(o.Err, o.Authorization)
-		d.logFailure(o.Err, o.Transport, o.Route, st, known)
+		d.logFailure(o.Err, o.Transport, o.Route, o.Function.Borrow(), st, known)
 		if d.Runner != nil && refusedByTransport(o.Err) {
 			d.Runner.Refused(o.Function.Borrow(), st.HTTP)
 		}
@@ -224,7 +228,7 @@ func (d *Door) Admit(ctx context.Context, name string, deadline time.Time) (pipe
 // authorization is the request's (Outcome.Authorization).
 func (d *Door) Fail(err error, transport, route string, authorization []byte) (apierr.Status, string) {
 	st, _, msg, known := d.classify(err, authorization)
-	d.logFailure(err, transport, route, st, known)
+	d.logFailure(err, transport, route, "", st, known)
 	return st, msg
 }
 
@@ -241,11 +245,36 @@ func (d *Door) classify(err error, authorization []byte) (apierr.Status, errdefs
 	return st, kind, msg, known
 }
 
-func (d *Door) logFailure(err error, transport, route string, st apierr.Status, known bool) {
-	switch {
-	case !known: // a foreign error's text is for the log, not the client
-		d.log.Error("request failed", "transport", transport, "route", route, "error", err)
-	case st.HTTP >= 500:
-		d.log.Warn("request failed", "transport", transport, "route", route, "status", st.HTTP, "error", err)
+// logFailure logs a failure whose cause the client is not told (an error
+// of no class) or that is the server's or the function's (5xx): at most a
+// line a second per function (per route for a request that names none)
+// and 20 a second in all (gate.LogThrottle.AllowKey), since a client can
+// make a function fail or ask for a deadline it cannot meet at its own
+// rate; a line says how many of its function's the throttle held back
+// before it (not_logged), and every failure is counted in /metrics.
+// function may be borrowed.
+func (d *Door) logFailure(err error, transport, route, function string, st apierr.Status, known bool) {
+	if known && st.HTTP < 500 {
+		return
 	}
+	key := function
+	if key == "" {
+		key = route
+	}
+	ok, unlogged := d.failLog.AllowKey(key)
+	if !ok {
+		return
+	}
+	attrs := []any{"transport", transport, "route", route}
+	if function != "" {
+		attrs = append(attrs, "function", strings.Clone(function))
+	}
+	if unlogged > 0 {
+		attrs = append(attrs, "not_logged", unlogged) // this function's failures the throttle held back before this one
+	}
+	if !known { // a foreign error's text is for the log, not the client
+		d.log.Error("request failed", append(attrs, "error", err)...)
+		return
+	}
+	d.log.Warn("request failed", append(attrs, "status", st.HTTP, "error", err)...)
 }

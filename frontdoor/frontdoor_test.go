@@ -169,3 +169,28 @@ func TestUnavailableRefusalsShareOneSeries(t *testing.T) {
 		t.Fatalf("50 unknown names answered 503: %d plover_requests_total series (%v), want 1 (_unknown)", n, err)
 	}
 }
+
+// A client can make a function fail at its own rate (an input the
+// function refuses with plover_fail, a deadline it cannot meet): the
+// failure lines are one a second per function, not one a request, and a
+// client's own errors (4xx) none, as before.
+func TestFailureLinesAreThrottledPerFunction(t *testing.T) {
+	var logs bytes.Buffer
+	d := New(Config{Runner: &refusals{}, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	for range 100 {
+		for _, f := range []struct {
+			fn  string
+			err error
+		}{
+			{"a", &errdefs.Error{Kind: errdefs.KindKernel, Msg: "a: bad input"}},
+			{"b", &errdefs.Error{Kind: errdefs.KindTimeout, Msg: "b: past its deadline"}},
+			{"c", &errdefs.Error{Kind: errdefs.KindRejected, Msg: "c refused its input"}},
+		} {
+			d.End(&Outcome{Transport: "http", Route: "r", Function: call.NameOf(f.fn), Req: &call.Request{}, Err: f.err})
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "function=a status=500") || !strings.Contains(lines[1], "function=b status=504") {
+		t.Fatalf("100 failures of a (500), b (504) and c (422): %d lines, want a's and b's first alone:\n%s", len(lines), logs.String())
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -422,11 +423,13 @@ const maxRetry = time.Duration(1 << 62)
 // together. Those can take every line of a second, other clients' too:
 // the next line logged says how many were held back by it (Allow's
 // unlogged), and every refusal is counted (plover_auth_failures_total).
-// Both transports use one.
+// Both transports use one. AllowKey throttles lines by what they are about
+// instead (the front door's failure lines, by function).
 type LogThrottle struct {
 	mu       sync.Mutex
 	last     map[string]time.Time
-	second   int64 // the Unix second lines counts
+	keys     map[string]*keyLines // AllowKey's
+	second   int64                // the Unix second lines counts
 	lines    int
 	unlogged int              // held back by the cap since the last line
 	now      func() time.Time // tests' clock; nil: time.Now
@@ -442,10 +445,7 @@ func (p *LogThrottle) Allow(addr net.Addr) (ok bool, unlogged int) {
 	client := netguard.ClientKey(addr)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
-	if p.now != nil {
-		now = p.now()
-	}
+	now := p.clock()
 	if p.last == nil || len(p.last) > 4096 {
 		p.last = map[string]time.Time{} // bounded: forget everyone at once
 	}
@@ -465,11 +465,48 @@ func (p *LogThrottle) Allow(addr net.Addr) (ok bool, unlogged int) {
 func (p *LogThrottle) AllowLine() (ok bool, unlogged int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
-	if p.now != nil {
-		now = p.now()
+	return p.line(p.clock())
+}
+
+// keyLines is a key's last line and the lines held back since.
+type keyLines struct {
+	at   time.Time
+	held int
+}
+
+// AllowKey is Allow for lines about key (a function's name, which may be
+// borrowed) rather than about a client: one a second per key, and the
+// overall cap. unlogged is how many of key's own lines either held back
+// since its last one (for the line to say: not_logged); past 4096 keys
+// the throttle forgets them all at once, and those counts with them.
+func (p *LogThrottle) AllowKey(key string) (ok bool, unlogged int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock()
+	if p.keys == nil || len(p.keys) > 4096 {
+		p.keys = map[string]*keyLines{}
 	}
-	return p.line(now)
+	k := p.keys[key]
+	if k == nil {
+		k = &keyLines{}
+		p.keys[strings.Clone(key)] = k
+	} else if now.Sub(k.at) < time.Second {
+		k.held++
+		return false, 0
+	}
+	if ok, _ := p.line(now); !ok {
+		k.held++
+		return false, 0
+	}
+	k.at, unlogged, k.held = now, k.held, 0
+	return true, unlogged
+}
+
+func (p *LogThrottle) clock() time.Time {
+	if p.now != nil {
+		return p.now()
+	}
+	return time.Now()
 }
 
 // line takes one of the second's lines, if one is left. Called with p.mu

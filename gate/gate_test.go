@@ -363,3 +363,41 @@ func TestSlowRateRetry(t *testing.T) {
 		t.Fatalf("over a rate of one request per 317 years: retry %v (%q), want a year or more", r.Retry, r.Msg)
 	}
 }
+
+// AllowKey lets a line about a key (a function) through once a second,
+// within the overall cap, and the next line it lets through for the key
+// says how many of the key's it held back, by either.
+func TestLogThrottleAllowKey(t *testing.T) {
+	clock := time.Unix(1_000_000, 0)
+	l := LogThrottle{now: func() time.Time { return clock }}
+	for i, tr := range []struct {
+		after    time.Duration // the clock moves on by it first
+		key      string
+		ok       bool
+		unlogged int
+	}{
+		{0, "a", true, 0},
+		{0, "a", false, 0},
+		{0, "b", true, 0},
+		{500 * time.Millisecond, "a", false, 0},
+		{0, "fill", true, 0}, // the cap's 18 lines left in this second, one of them each
+		{0, "c", false, 0},   // held back by the cap
+		{500 * time.Millisecond, "a", true, 2},
+		{0, "c", true, 1},
+		{0, "b", true, 0},
+		{0, "b", false, 0},
+	} {
+		clock = clock.Add(tr.after)
+		if tr.key == "fill" {
+			for k := range maxRefusalLines - 2 {
+				if ok, _ := l.AllowKey(fmt.Sprintf("k%d", k)); !ok {
+					t.Fatalf("row %d: key k%d's first line held back under the cap", i, k)
+				}
+			}
+			continue
+		}
+		if ok, unlogged := l.AllowKey(tr.key); ok != tr.ok || unlogged != tr.unlogged {
+			t.Fatalf("row %d (%s): allowed %v, not_logged %d, want %v, %d", i, tr.key, ok, unlogged, tr.ok, tr.unlogged)
+		}
+	}
+}
