@@ -11,8 +11,6 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/apierr"
-	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/funclog"
@@ -122,38 +120,6 @@ func newTable(reg registry.Registry, logs *funclog.Store, timeout, maxTimeout ti
 	life, stop := context.WithCancel(context.Background())
 	return &table{reg: reg, logs: logs, timeout: timeout, maxTimeout: maxTimeout, life: life, stop: stop, epoch: 1,
 		funcs: map[string]*function{}, tags: map[string]string{}, flights: map[string]*flight{}}
-}
-
-// stats are a function's requests on this node (plover ls): a failed one
-// is a client error or an error by its class's HTTP status (apierr), 4xx
-// or 5xx, as /metrics counts it under its code.
-type stats struct {
-	requests, clientErrors, errors atomic.Int64
-	cold, warm, hot                atomic.Int64
-	latencyNs                      atomic.Int64 // sum over successful requests
-}
-
-// failed counts a failed request: a client error when its class is a 4xx
-// (the request's own fault, a function at capacity, a client that left),
-// else an error (the function's or the server's).
-func (s *stats) failed(err error) {
-	if apierr.Of(errdefs.KindOf(err)).HTTP < 500 {
-		s.clientErrors.Add(1)
-	} else {
-		s.errors.Add(1)
-	}
-}
-
-// count records how a request that ran found its instance.
-func (s *stats) count(start call.Start) {
-	switch start {
-	case call.Cold:
-		s.cold.Add(1)
-	case call.Warm:
-		s.warm.Add(1)
-	default:
-		s.hot.Add(1)
-	}
 }
 
 // resolve finds the current version of name, reading the store the first
@@ -789,64 +755,6 @@ func (t *table) pin(f *function, rv api.Version, rec *api.Record) {
 	pv := t.newVersion(f, rv)
 	pv.side.Store(true)
 	f.pinned[rv.ID] = pv
-}
-
-// match is f's version that ref names, current first, or nil; under
-// table.mu. An id or prefix comes first; else a label (a model
-// repository's version folder) names the version the record names by it,
-// its latest (Record.Find: a folder deployed again makes a newer), if
-// that one is current or pinned here: a label the current version has
-// names a later version deployed beside it with the same label (a folder
-// rewritten while a higher one could not be made current), which the
-// caller then pins (PinVersion), never the current one that carried it
-// first. Before any record is applied, the current version if it has the
-// label, else the latest pinned one with it.
-func (f *function) match(ref string) *version {
-	if f.cur != nil && f.cur.rec.Matches(ref) {
-		return f.cur
-	}
-	for _, v := range f.pinned {
-		if v.rec.Matches(ref) {
-			return v
-		}
-	}
-	if f.labels != nil {
-		id, ok := f.labels[ref]
-		switch {
-		case !ok:
-			return nil // no version has it now (unlabelled): the record says so
-		case f.cur != nil && f.cur.rec.ID == id:
-			return f.cur
-		}
-		return f.pinned[id]
-	}
-	if f.cur != nil && f.cur.rec.Names(ref) {
-		return f.cur
-	}
-	var found *version
-	for _, v := range f.pinned {
-		if v.rec.Names(ref) && (found == nil || v.rec.Created.After(found.rec.Created)) {
-			found = v
-		}
-	}
-	return found
-}
-
-// applyLabels takes f's labels from rec (nil: none read) unless f applied
-// a fuller record: a record read before another but applied after it
-// (PinVersion's, beside a refresh) must not name an older version again.
-// Under table.mu.
-func (f *function) applyLabels(rec *api.Record) {
-	if rec == nil || (f.labels != nil && len(rec.Versions) < f.labelsFrom) {
-		return
-	}
-	labels := make(map[string]string)
-	for _, v := range rec.Versions { // in deploy order: the latest last
-		if v.Label != "" {
-			labels[v.Label] = v.ID
-		}
-	}
-	f.labels, f.labelsFrom = labels, len(rec.Versions)
 }
 
 // side is f's loaded versions that pipelines pinned and are not current.

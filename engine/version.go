@@ -169,3 +169,61 @@ func (e *Engine) tenantOf(v *version) string {
 	}
 	return "(function " + v.fn.name + ")"
 }
+
+// match is f's version that ref names, current first, or nil; under
+// table.mu. An id or prefix comes first; else a label (a model
+// repository's version folder) names the version the record names by it,
+// its latest (Record.Find: a folder deployed again makes a newer), if
+// that one is current or pinned here: a label the current version has
+// names a later version deployed beside it with the same label (a folder
+// rewritten while a higher one could not be made current), which the
+// caller then pins (PinVersion), never the current one that carried it
+// first. Before any record is applied, the current version if it has the
+// label, else the latest pinned one with it.
+func (f *function) match(ref string) *version {
+	if f.cur != nil && f.cur.rec.Matches(ref) {
+		return f.cur
+	}
+	for _, v := range f.pinned {
+		if v.rec.Matches(ref) {
+			return v
+		}
+	}
+	if f.labels != nil {
+		id, ok := f.labels[ref]
+		switch {
+		case !ok:
+			return nil // no version has it now (unlabelled): the record says so
+		case f.cur != nil && f.cur.rec.ID == id:
+			return f.cur
+		}
+		return f.pinned[id]
+	}
+	if f.cur != nil && f.cur.rec.Names(ref) {
+		return f.cur
+	}
+	var found *version
+	for _, v := range f.pinned {
+		if v.rec.Names(ref) && (found == nil || v.rec.Created.After(found.rec.Created)) {
+			found = v
+		}
+	}
+	return found
+}
+
+// applyLabels takes f's labels from rec (nil: none read) unless f applied
+// a fuller record: a record read before another but applied after it
+// (PinVersion's, beside a refresh) must not name an older version again.
+// Under table.mu.
+func (f *function) applyLabels(rec *api.Record) {
+	if rec == nil || (f.labels != nil && len(rec.Versions) < f.labelsFrom) {
+		return
+	}
+	labels := make(map[string]string)
+	for _, v := range rec.Versions { // in deploy order: the latest last
+		if v.Label != "" {
+			labels[v.Label] = v.ID
+		}
+	}
+	f.labels, f.labelsFrom = labels, len(rec.Versions)
+}
