@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,7 @@ type metrics struct {
 	seconds *prometheus.HistogramVec
 	errors  *prometheus.CounterVec
 	tab     *reqmetrics.Table[steps]
+	named   *named
 }
 
 // steps are a pipeline's step series (those of its label), made as its
@@ -37,6 +39,90 @@ type steps struct {
 	gone    bool // its pipeline forgotten: a request still holding it makes no series
 	seconds map[stepKey]prometheus.Observer
 	errors  map[stepKey]prometheus.Counter
+	// byName is the keys of the series (of either map) whose function
+	// label mentions a name, kept with them; named lists s under each.
+	byName map[mention]map[stepKey]struct{}
+	named  *named
+}
+
+// mention is a name in a step's function label: the function it ran
+// (last) or a nested pipeline on its path.
+type mention struct {
+	name string
+	last bool
+}
+
+// mentions calls f with each name in the function label ("cnn",
+// "inner/cnn").
+func mentions(label string, f func(mention)) {
+	for {
+		seg, rest, nested := strings.Cut(label, "/")
+		f(mention{seg, !nested})
+		if !nested {
+			return
+		}
+		label = rest
+	}
+}
+
+// named is, for each name step series mention, the pipelines' steps that
+// have one, so that Met and Forget look at those series alone and not at
+// every pipeline's (they are told under the engine's table lock, on every
+// version switch of any function). Its lock is taken under a steps' mu,
+// never the other way.
+type named struct {
+	mu       sync.Mutex
+	of       map[mention]map[*steps]struct{}
+	examined atomic.Int64 // series looked at for a name (the tests')
+}
+
+// index notes k, a series of s just made, under the names it mentions.
+// Called with s.mu held.
+func (s *steps) index(k stepKey) {
+	mentions(k.function, func(mn mention) {
+		ks := s.byName[mn]
+		if ks == nil {
+			ks = map[stepKey]struct{}{}
+			s.byName[mn] = ks
+			s.named.mu.Lock()
+			if s.named.of[mn] == nil {
+				s.named.of[mn] = map[*steps]struct{}{}
+			}
+			s.named.of[mn][s] = struct{}{}
+			s.named.mu.Unlock()
+		}
+		ks[k] = struct{}{}
+	})
+}
+
+// unindex forgets k, whose series of s went. Called with s.mu held.
+func (s *steps) unindex(k stepKey) {
+	mentions(k.function, func(mn mention) {
+		ks, ok := s.byName[mn]
+		if !ok {
+			return // a name the label mentions twice
+		}
+		if delete(ks, k); len(ks) > 0 {
+			return
+		}
+		delete(s.byName, mn)
+		s.named.mu.Lock()
+		if delete(s.named.of[mn], s); len(s.named.of[mn]) == 0 {
+			delete(s.named.of, mn)
+		}
+		s.named.mu.Unlock()
+	})
+}
+
+// steps are those with a series that mentions mn, as they are now.
+func (n *named) steps(mn mention) []*steps {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ss := make([]*steps, 0, len(n.of[mn]))
+	for s := range n.of[mn] {
+		ss = append(ss, s)
+	}
+	return ss
 }
 
 // stepKey is a step series' labels besides the pipeline's.
@@ -57,14 +143,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "plover_pipeline_step_errors_total",
 			Help: "Pipeline steps that failed, by pipeline, step index, function and the HTTP status of the failure's class (4xx: the input's fault; 5xx: the function's or the server's).",
 		}, []string{"pipeline", "step", "function", "code"}),
+		named: &named{of: map[mention]map[*steps]struct{}{}},
 	}
 	m.tab = reqmetrics.NewTable(reqmetrics.MaxLabels, func(label string) *steps {
-		return &steps{label: label, seconds: map[stepKey]prometheus.Observer{}, errors: map[stepKey]prometheus.Counter{}}
+		return &steps{label: label, seconds: map[stepKey]prometheus.Observer{}, errors: map[stepKey]prometheus.Counter{},
+			byName: map[mention]map[stepKey]struct{}{}, named: m.named}
 	}, func(s *steps) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.gone = true
-		m.clear(s, nil)
+		m.clear(s)
 	})
 	if reg != nil {
 		reg.MustRegister(m.seconds, m.errors)
@@ -118,34 +206,45 @@ func stepSeries[V comparable](s *steps, series map[stepKey]V, k stepKey, mk func
 	if v = series[k]; v == none && !s.gone {
 		v = mk()
 		series[k] = v
+		s.index(k)
 	}
 	return v
 }
 
-// clear deletes s's series of the steps whose function label match
-// reports (nil: all of them). Called with s.mu held.
-func (m *metrics) clear(s *steps, match func(function string) bool) {
+// clear deletes all of s's series. Called with s.mu held.
+func (m *metrics) clear(s *steps) {
 	for k := range s.seconds {
-		if match == nil || match(k.function) {
-			m.seconds.DeleteLabelValues(s.label, stepNames[k.index], k.function)
-			delete(s.seconds, k)
-		}
+		m.drop(s, k)
 	}
 	for k := range s.errors {
-		if match == nil || match(k.function) {
-			m.errors.DeleteLabelValues(s.label, stepNames[k.index], k.function, strconv.Itoa(k.code))
-			delete(s.errors, k)
-		}
+		m.drop(s, k)
 	}
 }
 
-// clearAll clears the steps match reports in every pipeline's series.
-func (m *metrics) clearAll(match func(function string) bool) {
-	m.tab.Range(func(_ string, s *steps) {
+// drop deletes s's series of k, in both maps. Called with s.mu held.
+func (m *metrics) drop(s *steps, k stepKey) {
+	if _, ok := s.seconds[k]; ok {
+		m.seconds.DeleteLabelValues(s.label, stepNames[k.index], k.function)
+		delete(s.seconds, k)
+	}
+	if _, ok := s.errors[k]; ok {
+		m.errors.DeleteLabelValues(s.label, stepNames[k.index], k.function, strconv.Itoa(k.code))
+		delete(s.errors, k)
+	}
+	s.unindex(k)
+}
+
+// clearNamed clears the steps whose function label mentions mn, in every
+// pipeline's series: those named lists, no others.
+func (m *metrics) clearNamed(mn mention) {
+	for _, s := range m.named.steps(mn) {
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		m.clear(s, match)
-	})
+		for k := range s.byName[mn] {
+			m.named.examined.Add(1)
+			m.drop(s, k)
+		}
+		s.mu.Unlock()
+	}
 }
 
 // Met is told by the engine that name's current version changed on the
@@ -158,10 +257,10 @@ func (r *Runner) Met(name string) {
 	m.tab.Met(name)
 	if s := m.tab.Of(name); s != nil {
 		s.mu.Lock()
-		m.clear(s, nil)
+		m.clear(s)
 		s.mu.Unlock()
 	}
-	m.clearAll(func(function string) bool { return onPath(function, name, false) })
+	m.clearNamed(mention{name, false})
 }
 
 // Forget is told by the engine that name's function left the node: its
@@ -170,20 +269,6 @@ func (r *Runner) Met(name string) {
 func (r *Runner) Forget(name string) {
 	m := r.met
 	m.tab.Forget(name)
-	m.clearAll(func(function string) bool { return onPath(function, name, true) })
-}
-
-// onPath reports whether a step's function label ("cnn", "inner/cnn")
-// names name as a nested pipeline or, with last, as its function too.
-func onPath(label, name string, last bool) bool {
-	for {
-		seg, rest, nested := strings.Cut(label, "/")
-		if seg == name && (nested || last) {
-			return true
-		}
-		if !nested {
-			return false
-		}
-		label = rest
-	}
+	m.clearNamed(mention{name, false})
+	m.clearNamed(mention{name, true})
 }

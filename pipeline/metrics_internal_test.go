@@ -41,3 +41,40 @@ func TestStepSeriesStayBounded(t *testing.T) {
 		t.Errorf("%d step error series, want %d", n, reqmetrics.MaxLabels+1)
 	}
 }
+
+// Met and Forget are told under the engine's table lock on every version
+// switch of any function, plain ones too: they look at the step series
+// that mention the name alone, none for a name no step mentions, however
+// many pipelines have series (they walked all of them: 16,000 here, 1.5
+// to 24 ms under that lock). The index goes with the series.
+func TestMetLooksAtTheNamesSeriesAlone(t *testing.T) {
+	r := New(nil, prometheus.NewRegistry())
+	m := r.met
+	for i := range reqmetrics.MaxLabels {
+		p := "p" + strconv.Itoa(i)
+		for s := range 8 {
+			fn := "inner" + strconv.Itoa(s) + "/fn" + strconv.Itoa(i)
+			m.observe(p, s, fn, 1, nil)
+			m.observe(p, s, fn, 0, errors.New("failed"))
+		}
+	}
+	r.Met("plain")
+	r.Forget("plain")
+	if n := m.named.examined.Load(); n != 0 {
+		t.Fatalf("Met and Forget of a name no step mentions looked at %d step series, want 0", n)
+	}
+	r.Met("inner3") // nested in 1,000 pipelines' step 3: a seconds and an errors series each
+	if n := m.named.examined.Load(); n != 2*reqmetrics.MaxLabels {
+		t.Errorf("Met of inner3 looked at %d step series, want %d", n, 2*reqmetrics.MaxLabels)
+	}
+	r.Forget("fn7") // p7's other 7 steps
+	if n, want := testutil.CollectAndCount(m.seconds)+testutil.CollectAndCount(m.errors), 2*7*reqmetrics.MaxLabels-2*7; n != want {
+		t.Errorf("%d step series, want %d", n, want)
+	}
+	for i := range reqmetrics.MaxLabels {
+		r.Forget("p" + strconv.Itoa(i))
+	}
+	if n := len(m.named.of); n != 0 {
+		t.Errorf("%d names indexed after every pipeline was forgotten, want none", n)
+	}
+}

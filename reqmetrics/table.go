@@ -129,16 +129,6 @@ func (t *Table[T]) Forget(name string) bool {
 	return true
 }
 
-// Range calls f with each label and its series, under the table's read
-// lock (f must not call the table).
-func (t *Table[T]) Range(f func(label string, s *T)) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	for label, s := range t.slots {
-		f(label, s)
-	}
-}
-
 // forgotten is the names forgotten and not met since, at most n of them:
 // past n the oldest is let go (a ring of names, each with its place).
 type forgotten struct {
