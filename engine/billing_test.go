@@ -80,12 +80,16 @@ func TestGPUBillingSplitsOverlappingRuns(t *testing.T) {
 		billed += info(t, e, name).DeviceSeconds - before[name]
 	}
 	gpuTime := time.Duration(len(names)*2*perClient*2) * kernel
-	// One kernel's slack over the wall time: the spans billed are the
-	// driver's event times, read apart from this test's clock, and a
-	// loaded 2-CPU machine once billed 0.401 s in 0.397 s of wall. Runs
-	// billed whole would come to twice the kernels' time, far over it.
-	if billed > (wall+kernel).Seconds() || billed < 0.8*gpuTime.Seconds() {
-		t.Fatalf("billed %.3fs in all for %v of kernels in %v of wall time: want at most the wall time (and a kernel) and at least 0.8x the kernels'",
+	// A tenth and a kernel of slack over the wall time: the spans billed
+	// are the driver's event times, read apart from this test's clock,
+	// and each run is charged the larger of its part of the device and
+	// its slot time over the slots (sched's floor), which on a loaded
+	// 2-CPU machine, runs holding their slots longer than their kernels,
+	// may add up past the wall (0.401 s in 0.397; 0.414 s in 0.405 in a
+	// CI run with other tests beside it). Runs billed by their events
+	// alone came to about 4x, by their slots whole 2x: far over it.
+	if billed > (wall*11/10+kernel).Seconds() || billed < 0.8*gpuTime.Seconds() {
+		t.Fatalf("billed %.3fs in all for %v of kernels in %v of wall time: want at most 1.1x the wall time (and a kernel) and at least 0.8x the kernels'",
 			billed, gpuTime, wall)
 	}
 }
