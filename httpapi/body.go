@@ -334,6 +334,7 @@ type bodyReader struct {
 	// reads run under without it.
 	armed   bool
 	armedAt int
+	due     time.Time // the slot's deadline while armed
 	back    time.Time
 	// reading, landed: the body is counted being read (Flow.Reading),
 	// and in a slot (Flow.Landed).
@@ -391,9 +392,11 @@ type slotLend struct {
 
 // lendInto asks for the slot, once, and returns where the body goes on:
 // the slot's input, got copied to its start, or got itself where no slot
-// is lent, or got does not fit in it (the copy path, as a body past the
-// slot's size always took).
-func (l *slotLend) lendInto(got []byte) []byte {
+// is lent, or got or the body's announced size (0, -1: unknown) does not
+// fit in it (the copy path, as a body past the slot's size always took:
+// lent, it would grow out of the slot into memory, and a pause would copy
+// it again for nothing).
+func (l *slotLend) lendInto(got []byte, size int) []byte {
 	if l.asked {
 		return got
 	}
@@ -403,7 +406,7 @@ func (l *slotLend) lendInto(got []byte) []byte {
 		return got
 	}
 	in := land.Input()
-	if len(got) > len(in) {
+	if max(len(got), size) > len(in) {
 		land.Release()
 		return got
 	}
@@ -441,7 +444,7 @@ func (b *bodyReader) lendFor(sl *slotLend, cl int) error {
 		if err := ioshare.WaitReadable(b.conn); err != nil {
 			return b.cut(err)
 		}
-		b.lent(sl, nil)
+		b.lent(sl, nil, cl)
 		return nil
 	}
 	b.lend = sl
@@ -461,6 +464,7 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 		return b.count(b.r.Read(p))
 	}
 	b.bound()
+	b.fresh()
 	n, err := b.count(b.readPast(p))
 	if b.armed && err != nil && timedOut(err) {
 		return n, b.idled()
@@ -471,8 +475,8 @@ func (b *bodyReader) readPiece(p []byte) (int, error) {
 // lent lends sl's slot to the body (slotLend.lendInto: got is what was
 // read before it, copied into it), counts it and, for a body of known
 // length, sets the slot's read deadline (arm).
-func (b *bodyReader) lent(sl *slotLend, got []byte) []byte {
-	got = sl.lendInto(got)
+func (b *bodyReader) lent(sl *slotLend, got []byte, size int) []byte {
+	got = sl.lendInto(got, size)
 	if sl.land == nil {
 		return got
 	}
@@ -515,8 +519,20 @@ func (b *bodyReader) arm() {
 		}
 		return
 	}
-	b.armed, b.armedAt = true, b.read
+	b.armed, b.armedAt, b.due = true, b.read, by
 	b.conn.SetReadDeadline(by)
+}
+
+// fresh sets the slot's deadline (arm) anew where it passed while the
+// server, not the client, kept the body waiting (for room in the body
+// budget, for its I/O turn): only the client's silence gives a slot back,
+// and a deadline already passed would fail the next read at once, bytes
+// waiting or not. Before each read past the pre-read and as its turn
+// comes: one clock read each while a slot is held.
+func (b *bodyReader) fresh() {
+	if b.armed && !time.Now().Before(b.due) {
+		b.arm()
+	}
 }
 
 // idled is what ends a read that the slot's deadline cut (arm): nil where
@@ -604,6 +620,7 @@ func (b *bodyReader) readPast(p []byte) (int, error) {
 		}
 	}
 	return b.t.move(b.chunked || !ioshare.Waitable(b.conn), func(piece int) (int, error) {
+		b.fresh()
 		return b.r.Read(p[:min(len(p), piece)])
 	})
 }
@@ -667,7 +684,7 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		if b.lend != nil && n > 0 && b.read > b.pre {
 			// The body is arriving past what came with the headers: its
 			// slot is lent now, and the rest read into it.
-			dst, b.lend = b.lent(b.lend, dst), nil
+			dst, b.lend = b.lent(b.lend, dst, announced), nil
 		}
 		if int64(n) == window && win < maxReadWindow && len(dst) >= maxReadWindow/4 {
 			win *= 2 // a large body whose bytes were waiting: read more at once

@@ -538,7 +538,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	}
 	defer s.releaseBody(held)
 	if !sl.asked {
-		sl.lendInto(nil) // a body read with the headers, or none: a slot for its answer
+		sl.lendInto(nil, 0) // a body read with the headers, or none: a slot for its answer
 	}
 	land := sl.land
 	switch {

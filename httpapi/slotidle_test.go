@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"github.com/plover-run/plover/internal/selfsigned"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/reqmetrics"
 )
 
@@ -222,6 +224,63 @@ func TestSlotGivenBackWhenTheBodyPauses(t *testing.T) {
 			}
 			if int(copied) < lo || int(copied) > hi {
 				t.Fatalf("%v payload bytes copied, want %d to %d", copied, lo, hi)
+			}
+		})
+	}
+}
+
+// Only the client's silence gives a slot back: a body whose client sends
+// it whole, without a pause, keeps its slot while the server itself keeps
+// it waiting past slotIdle, here for room in the body budget (--max-body-
+// memory: another holder keeps all but 70 KiB of it, and another body
+// waits for 100 KiB, so that this one waits about 1.4 s between reads).
+// The slot's deadline passed during such a wait, and the next read failed
+// at once as if the client had paused: the body was copied out of its
+// slot and its answer copied too (a final review found it).
+func TestAServerWaitKeepsTheSlot(t *testing.T) {
+	for _, hold := range []time.Duration{0, 700 * time.Millisecond} {
+		t.Run(fmt.Sprint("budget held ", hold), func(t *testing.T) {
+			const max = 1 << 20
+			budget := netguard.NewBudget(max)
+			if hold > 0 {
+				if !budget.TryAcquire(max - 70<<10) {
+					t.Fatal("acquire")
+				}
+				go func() {
+					time.Sleep(hold)
+					budget.Release(64 << 10)
+					time.Sleep(hold)
+					budget.Release(max - 70<<10 - 64<<10)
+				}()
+				go func() {
+					time.Sleep(100 * time.Millisecond)
+					budget.Acquire(context.Background(), 100<<10)
+					time.Sleep(3 * time.Second)
+					budget.Release(100 << 10)
+				}()
+			}
+			fl := ioshare.New(ioshare.Config{Slots: 2}).Flow("f")
+			r := lendingRunner{fl: fl, started: make(chan struct{}, 1),
+				lent: new(atomic.Int32), released: new(atomic.Int32), fromSlot: new(atomic.Int32), notInIt: new(atomic.Int32)}
+			reg := prometheus.NewRegistry()
+			door := frontdoor.New(frontdoor.Config{Runner: refusingRunner{r}, Metrics: reqmetrics.New(reg)})
+			srv := httpapi.New(door, nil, httpapi.Options{Registry: reg, BodyBudget: budget})
+			ln := listenLoopback(t)
+			serveOn(t, srv, ln, srv.Serve)
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			body := make([]byte, 256<<10)
+			for i := range body {
+				body[i] = byte(i*7 + i>>11)
+			}
+			go fmt.Fprintf(c, "POST /v1/functions/f/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			wantOwnBytes(t, bufio.NewReader(c), body, "answer")
+			if r.lent.Load() != 1 || r.fromSlot.Load() != 1 || r.notInIt.Load() != 0 {
+				t.Errorf("lent %d slots, ran %d from a slot and %d without: want the one slot kept, its client never paused", r.lent.Load(), r.fromSlot.Load(), r.notInIt.Load())
 			}
 		})
 	}
