@@ -147,6 +147,7 @@ type run struct {
 	done      atomic.Int64 // requests that ended (response or error)
 	ok        atomic.Int64
 	lastEnd   atomic.Int64 // ns after start of the latest end
+	lastExit  atomic.Int64 // ns after start at which the latest worker stopped
 	late      atomic.Int64
 	maxLag    atomic.Int64
 	slept     atomic.Int64 // open-loop requests whose worker waited for them
@@ -233,6 +234,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			r.worker(ctx)
+			atomicMax(&r.lastExit, int64(time.Since(r.start)))
 		}()
 	}
 	progressDone := make(chan struct{})
@@ -492,7 +494,9 @@ func (r *run) due(ctx context.Context, k int64, timer *time.Timer) (time.Time, b
 // worker's next request: d, but never past the run's deadline (a server
 // asking for an hour ends this worker's sending, it does not stretch the
 // run). The wait is not latency (the next request's clock starts when it
-// is sent) but it is in the elapsed time, so throughput counts it. It
+// is sent) but it is in the elapsed time, so throughput counts it: a wait
+// that runs to the deadline keeps its worker until then, and Elapsed runs
+// to the last worker's stop (lastExit), not only to the last answer. It
 // returns false when the worker is to send no more: the run stopped or was
 // cancelled meanwhile, or its duration ran out.
 func (r *run) waitRetryAfter(ctx context.Context, t *time.Timer, d time.Duration) bool {

@@ -21,8 +21,13 @@ type Result struct {
 	RequestLimit  int64   `json:"request_limit"`
 	// Stopped says which bound ended the run: "requests", "duration",
 	// "interrupted", or "errors" (the server never answered).
-	Stopped string  `json:"stopped"`
-	Elapsed float64 `json:"elapsed_s"` // start to the last response
+	Stopped string `json:"stopped"`
+	// Elapsed is the run as its loop ran it: from the start to the last
+	// response, or to the last connection's stop where that came later (a
+	// closed-loop connection waiting out a Retry-After to --duration's end,
+	// or an interrupt). A run stopped by --requests ends at its last
+	// answer.
+	Elapsed float64 `json:"elapsed_s"`
 	// Requests is every request that ended, with a response or not.
 	Requests int64 `json:"requests"`
 	OK       int64 `json:"ok"`
@@ -135,7 +140,7 @@ func (r *run) result() *Result {
 	res := &Result{
 		Function: c.Function, Server: c.Server, Mode: "closed", Concurrency: c.Concurrency,
 		InputBytes: len(c.Input), DurationLimit: c.Duration.Seconds(), RequestLimit: c.Requests,
-		Stopped: r.stopped, Elapsed: time.Duration(r.lastEnd.Load()).Seconds(),
+		Stopped: r.stopped, Elapsed: time.Duration(max(r.lastEnd.Load(), r.lastExit.Load())).Seconds(),
 		Requests: r.done.Load(), OK: r.ok.Load(), Latency: summarize(&r.latency), LatencyHistogram: r.latency.LogBins(HistogramBins),
 		Shed: r.shed.Load(), RetryAfterWait: time.Duration(r.shedWait.Load()).Seconds(),
 		Starts: Starts{Cold: r.starts[Cold].Load(), Warm: r.starts[Warm].Load(), Hot: r.starts[Hot].Load(), Missing: r.startNone.Load()},

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -152,5 +153,44 @@ func TestRetryAfterWaitedOut(t *testing.T) {
 				t.Errorf("report says shed: %v, want %v:\n%s", said, tt.shed > 0, b.String())
 			}
 		})
+	}
+}
+
+// A closed loop whose last connection waits out a Retry-After to the
+// run's end ran for the whole --duration, and its throughput is over
+// that: Elapsed stopped at the last answer, so 10 OKs and then a 429
+// asking for 10 s, in a 1.5 s run, read as thousands of requests a second
+// where 10 in 1.5 s were served. A run that stops at --requests still
+// ends at its last answer: the wait of a connection that another's last
+// request halted is not stretched to --duration.
+func TestRetryAfterWaitInElapsed(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) <= 10 {
+			w.Write([]byte("ok"))
+			return
+		}
+		w.Header().Set("Retry-After", "10")
+		w.WriteHeader(429)
+	}))
+	t.Cleanup(srv.Close)
+	res, err := Run(context.Background(), Config{Server: srv.URL, Function: "f", Input: []byte("x"), Concurrency: 1, Duration: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK != 10 || res.Shed != 1 || res.Stopped != "duration" {
+		t.Fatalf("ok %d shed %d stopped %q; want 10 ok, 1 shed, by duration", res.OK, res.Shed, res.Stopped)
+	}
+	if res.Elapsed < 1.45 || res.Elapsed > 5 || res.Throughput > 10/1.45 {
+		t.Fatalf("elapsed %.4fs, throughput %.1f/s: want the 1.5 s the loop ran and 10 served in it", res.Elapsed, res.Throughput)
+	}
+
+	s := startShedServer(t, 1, 503, "30")
+	res, err = Run(context.Background(), Config{Server: s.url, Function: "f", Input: []byte("x"), Concurrency: 2, Requests: 2, Duration: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stopped != "requests" || res.Elapsed > 5 {
+		t.Fatalf("stopped by %q after %.3fs: want --requests, at the last answer", res.Stopped, res.Elapsed)
 	}
 }
