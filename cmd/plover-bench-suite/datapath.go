@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,7 +22,8 @@ import (
 
 // The data-path benchmark (--datapath): vecadd with 4,000,000 bytes in and
 // out, against an echo floor: a server in its own process that reads the
-// same body, spins for vecadd's kernel time and answers the same bytes, so
+// same body, spins its thread's CPU for vecadd's kernel time (spinCPU) and
+// answers the same bytes, so
 // that the ratio is what Plover costs beyond receiving, computing and
 // sending. One client (p50, p99) and four (throughput), in alternating
 // rounds; with --datapath-before, an earlier build measured the same way in
@@ -34,7 +36,7 @@ const (
 )
 
 // echoFloorEnv starts this binary as the echo floor: ADDR,BURN[,SMALL] (a
-// listen address and a duration to spin for per request; with SMALL, a
+// listen address and the CPU time to spin per request; with SMALL, a
 // request whose body is under smallBody spins SMALL instead: one floor
 // standing for two functions, --fair's sparse victim and its flood).
 const echoFloorEnv = "PLOVER_BENCH_ECHO_FLOOR"
@@ -53,6 +55,9 @@ func runEchoFloorIfAsked() {
 	if err == nil && twoBurns {
 		small, err = time.ParseDuration(smallS)
 	}
+	if _, ok := threadCPUTime(); err == nil && !ok {
+		err = errors.New("no CLOCK_THREAD_CPUTIME_ID to spin a kernel's CPU time by")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "echo floor:", err)
 		os.Exit(2)
@@ -68,8 +73,7 @@ func runEchoFloorIfAsked() {
 		if len(ctx.Request.Body()) < smallBody {
 			spin = small
 		}
-		for t0 := time.Now(); time.Since(t0) < spin; { // the kernel's time, on a CPU
-		}
+		spinCPU(spin) // the kernel's time, of this thread's CPU
 		ctx.SetContentType("application/octet-stream")
 		ctx.Response.SetBodyRaw(ctx.Request.Body()) // the bytes it read, sent as they are
 	}}
@@ -138,7 +142,7 @@ func runDatapath(ctx context.Context, o *options, res *results) error {
 		return err
 	}
 	defer stopFloor()
-	targets = append(targets, &dpTarget{Name: fmt.Sprintf("echo floor (reads, spins %s, answers the same bytes)", burn.Round(time.Microsecond)), url: floor, Copied: -1})
+	targets = append(targets, &dpTarget{Name: fmt.Sprintf("echo floor (reads, spins %s of CPU, answers the same bytes)", burn.Round(time.Microsecond)), url: floor, Copied: -1})
 	for _, t := range targets[:len(bins)] {
 		t.before, t.counts = copiedTotal(t.url)
 	}
@@ -188,7 +192,7 @@ func dpMeasure(ctx context.Context, targets []*dpTarget, w *workload) error {
 func renderDatapath(o *options, res *results, targets []*dpTarget, kernels float64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The data path: vecadd 4 MB against an echo floor (%s device)\n\n", o.device)
-	fmt.Fprintf(&b, "Command: `%s`. vecadd (`samples/vecadd`), 4,000,000 bytes in and out, --isolation %s, against an echo floor: a fasthttp server in its own process that reads the same body, spins for vecadd's kernel time (the server's own `kernels` p50, %s) and answers the bytes it read. %d rounds, each server in turn: %d requests from one client (p50, p99), then %s of %d clients (throughput).\n\n",
+	fmt.Fprintf(&b, "Command: `%s`. vecadd (`samples/vecadd`), 4,000,000 bytes in and out, --isolation %s, against an echo floor: a fasthttp server in its own process that reads the same body, spins for vecadd's kernel time (the server's own `kernels` p50, %s) and answers the bytes it read. The floor spins its thread's CPU time, so that it does a kernel's work however its thread is descheduled (from 2026-12-01; before, it spun the wall clock, and under load did less work than the kernel it stands for). %d rounds, each server in turn: %d requests from one client (p50, p99), then %s of %d clients (throughput).\n\n",
 		res.Command, o.isolation, fmtMs(kernels), dpRounds, dpRequests, dpBlockTime, dpClients)
 	b.WriteString(runMachine(res, res.Machine.Plover))
 	fl := targets[len(targets)-1]

@@ -20,7 +20,7 @@ import (
 // caller.
 //
 // Beside the scheduled servers it measures two echo floors (the datapath
-// bench's, spinning each function's own kernel time): one process for
+// bench's, spinning each function's own kernel time of CPU): one process for
 // both functions' bytes, as a server that moves them unscheduled, and a
 // process each, as a container per function would, the kernel alone
 // sharing the CPUs between them. The second is the floor a server of
@@ -140,7 +140,7 @@ func writeFairSparse(p func(string, ...any), fr *fairRun) {
 	if len(fr.Sparse) == 0 {
 		return
 	}
-	p("\nA sparse victim: the CNN at %d requests/s in an open loop for %.0f s (latency from each request's scheduled send), alone and beside the 4 MB flood (%d clients), %d round(s), each target in turn in every round; a server of its own per mode and round. The floors are echo servers (fasthttp, the datapath bench's) spinning each function's kernel time (vecadd %s ms, the CNN %s ms: the fair server's kernels p50): `%s` takes both functions' bytes, as an unscheduled server of one process would; `%s` is a process for the victim and one for the flood, as a container per function, the kernel alone sharing the CPUs. Both the victim's client and the flood's run on this machine's CPUs too. Each cell: alone p50 / p99 → beside p50 / p99 ms; the medians over the rounds last.\n\n",
+	p("\nA sparse victim: the CNN at %d requests/s in an open loop for %.0f s (latency from each request's scheduled send), alone and beside the 4 MB flood (%d clients), %d round(s), each target in turn in every round; a server of its own per mode and round. The floors are echo servers (fasthttp, the datapath bench's) spinning each function's kernel time of their thread's CPU (vecadd %s ms, the CNN %s ms: the fair server's kernels p50; CPU time from 2026-12-01, the wall clock before, which did less work when the thread was descheduled): `%s` takes both functions' bytes, as an unscheduled server of one process would; `%s` is a process for the victim and one for the flood, as a container per function, the kernel alone sharing the CPUs. Both the victim's client and the flood's run on this machine's CPUs too. Each cell: alone p50 / p99 → beside p50 / p99 ms; the medians over the rounds last.\n\n",
 		sparseRate, fr.Time*sparseTime, fr.Clients, len(fr.Sparse), fmtMs(fr.SparseBurns[0]), fmtMs(fr.SparseBurns[1]), floorOne, floorTwo)
 	meds := writeRoundTable(p, fr.SparseTargets, fr.Sparse, true)
 	floor := meds[len(meds)-1] // floorTwo, always last
