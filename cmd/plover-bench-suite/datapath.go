@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,10 +30,14 @@ import (
 // rounds; with --datapath-before, an earlier build measured the same way in
 // the same run.
 const (
-	dpRounds    = 4
-	dpRequests  = 150 // per one-client block
-	dpClients   = 4
-	dpBlockTime = 3 * time.Second // per four-client block
+	dpRounds  = 4
+	dpClients = 4
+)
+
+// Variables for the tests' sake.
+var (
+	dpRequests  int64 = 150             // per one-client block
+	dpBlockTime       = 3 * time.Second // per four-client block
 )
 
 // echoFloorEnv starts this binary as the echo floor: ADDR,BURN[,SMALL] (a
@@ -160,11 +165,20 @@ func runDatapath(ctx context.Context, o *options, res *results) error {
 	return writeSection(o, "datapath-"+o.device, renderDatapath(o, res, targets, kernels), targets)
 }
 
-// dpMeasure runs dpRounds rounds, each target in turn: dpRequests
-// requests from one client, then dpBlockTime of dpClients clients.
+// dpMeasure runs dpRounds rounds, each target in turn, the order reversed
+// in every other round so that whatever going first or last does to a
+// target falls on each (the floor went last in every round until
+// 2026-12-01): dpRequests requests from one client, then dpBlockTime of
+// dpClients clients. A request that fails in either fails the run: its
+// latency would be in no figure, and its block's throughput would count
+// only the rest.
 func dpMeasure(ctx context.Context, targets []*dpTarget, w *workload) error {
 	for round := 0; round < dpRounds && ctx.Err() == nil; round++ {
-		for _, t := range targets {
+		order := slices.Clone(targets)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, t := range order {
 			var lat []float64
 			r, err := bench.Run(ctx, bench.Config{Server: t.url, Function: "vecadd", Input: w.Input, Concurrency: 1, Requests: dpRequests, Duration: time.Minute, Timeout: time.Minute,
 				Observe: func(s *bench.Sample) { lat = append(lat, ms(s.Latency)) }})
@@ -180,6 +194,9 @@ func dpMeasure(ctx context.Context, targets []*dpTarget, w *workload) error {
 			if err != nil {
 				return err
 			}
+			if r.OK != r.Requests {
+				return fmt.Errorf("%s, %d clients: %d of %d requests succeeded: %+v", t.Name, dpClients, r.OK, r.Requests, r.Errors)
+			}
 			t.Thru = append(t.Thru, r.Throughput)
 			t.served += r.OK
 		}
@@ -192,7 +209,7 @@ func dpMeasure(ctx context.Context, targets []*dpTarget, w *workload) error {
 func renderDatapath(o *options, res *results, targets []*dpTarget, kernels float64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The data path: vecadd 4 MB against an echo floor (%s device)\n\n", o.device)
-	fmt.Fprintf(&b, "Command: `%s`. vecadd (`samples/vecadd`), 4,000,000 bytes in and out, --isolation %s, against an echo floor: a fasthttp server in its own process that reads the same body, spins for vecadd's kernel time (the server's own `kernels` p50, %s) and answers the bytes it read. The floor spins its thread's CPU time, so that it does a kernel's work however its thread is descheduled (from 2026-12-01; before, it spun the wall clock, and under load did less work than the kernel it stands for). %d rounds, each server in turn: %d requests from one client (p50, p99), then %s of %d clients (throughput).\n\n",
+	fmt.Fprintf(&b, "Command: `%s`. vecadd (`samples/vecadd`), 4,000,000 bytes in and out, --isolation %s, against an echo floor: a fasthttp server in its own process that reads the same body, spins for vecadd's kernel time (the server's own `kernels` p50, %s) and answers the bytes it read. The floor spins its thread's CPU time, so that it does a kernel's work however its thread is descheduled (from 2026-12-01; before, it spun the wall clock, and under load did less work than the kernel it stands for). %d rounds, each server in turn (the order reversed in every other round, from 2026-12-01), a failed request failing the run: %d requests from one client (p50, p99), then %s of %d clients (throughput).\n\n",
 		res.Command, o.isolation, fmtMs(kernels), dpRounds, dpRequests, dpBlockTime, dpClients)
 	b.WriteString(runMachine(res, res.Machine.Plover))
 	fl := targets[len(targets)-1]
