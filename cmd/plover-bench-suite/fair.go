@@ -38,6 +38,14 @@ type fairLoad struct {
 	// OutsideP50 and OutsideP99 are each request's latency less its
 	// server's total (ms): the network, the HTTP stacks and the client.
 	OutsideP50, OutsideP99 float64
+	Max                    float64 // the slowest 2xx answer, ms
+	// The open loop's (the sparse victim's): its 2xx latencies (ms), for
+	// the rounds to pool; the requests sent late, and those due but never
+	// sent (in no latency figure); the longest wake-up lag of the client's
+	// timer (ms), of which bench forgives up to MaxWakeLag a request.
+	Lat          []float64 `json:",omitempty"`
+	Late, Unsent int64
+	WakeLagMax   float64
 }
 
 // fairMode is one scheduling mode's measurements.
@@ -65,6 +73,7 @@ type fairMode struct {
 type fairIO struct {
 	IOA, BytesA float64  // fractions: a's of both
 	Throughput  [2]int64 // served/s a, b
+	Errors      [2]int64 // failed requests a, b
 }
 
 // fairShares is spin-a (share 3) against spin-b (share 1), each flooded by
@@ -75,6 +84,7 @@ type fairShares struct {
 	BilledA    float64  `json:"billed_a_fraction"`
 	WorkA      float64  `json:"work_a_fraction"`
 	Throughput [2]int64 `json:"throughput"`
+	Errors     [2]int64 `json:"errors"` // failed requests a, b
 }
 
 type fairRun struct {
@@ -102,6 +112,8 @@ type fairVictim struct {
 	Alone  fairLoad `json:"alone"`
 	Beside fairLoad `json:"beside"`
 	Flood  float64  `json:"flood_served_per_s"`
+	// FloodErrors are the flood's failed requests.
+	FloodErrors int64 `json:"flood_errors"`
 }
 
 // fairRoundModes are the modes the rounds compare: the light workers'
@@ -211,7 +223,7 @@ func fairVictimRound(ctx context.Context, o *options, data, mode string, cnnIn, 
 	if v.Beside, flood, err = beside(ctx, o.plover, srv.url, "cnn", cnnIn, "vecadd", vecIn, o.fairClients, o.fairTime); err != nil {
 		return v, err
 	}
-	v.Flood = flood.Throughput
+	v.Flood, v.FloodErrors = flood.Throughput, flood.Errors
 	return v, nil
 }
 
@@ -237,24 +249,26 @@ func writeFairRounds(p func(string, ...any), fr *fairRun) {
 	if len(fr.Rounds) == 0 || len(fr.RoundModes) == 0 {
 		return
 	}
-	p("\nThe victim beside the 4 MB flood, the light workers' boost on and off (`--light-boost 1`): %d rounds, each a server per mode, the modes in turn in every round (so that a noisy stretch of this shared machine falls on all of them). Each cell: alone p99 → beside p50 / p99 ms; the medians over the rounds last (target: beside ≤ 1.5× alone at p50, ≤ 3× at p99).\n\n", len(fr.Rounds))
+	p("\nThe victim beside the 4 MB flood, the light workers' boost on and off (`--light-boost 1`): %d rounds, each a server per mode, the modes in turn in every round (so that a noisy stretch of this shared machine falls on all of them). Each cell: alone p99 → beside p50 / p99 ms; the medians over the rounds last (target: beside ≤ 1.5× alone at p50, ≤ 3× at p99). The flood's served/s is over its whole run, from 1 s before the victim's start to just after its end. A cell whose requests failed says how many (they are in no latency figure), and a line under the table names them.\n\n", len(fr.Rounds))
 	writeRoundTable(p, fr.RoundModes, fr.Rounds, false)
 }
 
-// victimMedians are one column's medians over the rounds: the victim alone
-// and beside (p50, p99 ms), and the flood's rate.
+// victimMedians are one column's summary over the rounds: the victim
+// alone and beside (p50, p99 ms), and the flood's rate; the medians over
+// the rounds, or for sparse rounds p50 and p99 of the rounds' requests
+// pooled.
 type victimMedians struct{ a50, a99, b50, b99, flood float64 }
 
 // writeRoundTable writes rounds of victims, a column per name, then their
-// medians with the ratios beside to alone; withP50 shows the victim's p50
-// alone too (else its p99 alone only). It returns the medians by column.
-func writeRoundTable(p func(string, ...any), names []string, rounds [][]fairVictim, withP50 bool) []victimMedians {
-	alone := func(v victimMedians) string {
-		if withP50 {
-			return fmtMs(v.a50) + " / " + fmtMs(v.a99)
-		}
-		return fmtMs(v.a99)
-	}
+// summary with the ratios beside to alone, and a line naming every load
+// with failed or unsent requests. Closed-loop rounds (sparse false) show
+// the victim's p99 alone, p50 / p99 beside, then the medians over the
+// rounds. Sparse rounds, too few requests a round for a p99 that is not
+// their slowest, show each round's p50 / max, alone and beside, then p50 /
+// p99 of the rounds' requests pooled. It returns the summary by column.
+func writeRoundTable(p func(string, ...any), names []string, rounds [][]fairVictim, sparse bool) []victimMedians {
+	var f failNotes
+	pair := func(a, b float64) string { return fmtMs(a) + " / " + fmtMs(b) }
 	p("| round |")
 	for _, n := range names {
 		p(" %s |", n)
@@ -263,24 +277,122 @@ func writeRoundTable(p func(string, ...any), names []string, rounds [][]fairVict
 	for i, round := range rounds {
 		p("| %d |", i+1)
 		for _, v := range round {
-			p(" %s → %s / %s |", alone(victimMedians{a50: v.Alone.P50, a99: v.Alone.P99}), fmtMs(v.Beside.P50), fmtMs(v.Beside.P99))
+			alone, beside := fmtMs(v.Alone.P99), pair(v.Beside.P50, v.Beside.P99)
+			if sparse {
+				alone, beside = pair(v.Alone.P50, v.Alone.Max), pair(v.Beside.P50, v.Beside.Max)
+			}
+			where := fmt.Sprintf("round %d, %s", i+1, v.Mode)
+			p(" %s%s → %s%s%s |", alone, f.cell(where+", the victim alone", v.Alone), beside, f.cell(where+", the victim beside the flood", v.Beside),
+				f.mark(where+", the flood", "flood: ", v.FloodErrors, 0, 0))
 		}
 		p("\n")
 	}
 	meds := make([]victimMedians, len(names))
-	p("| median |")
+	if sparse {
+		var ns []int
+		for k := range names {
+			var a, b []float64
+			for _, round := range rounds {
+				a, b = append(a, round[k].Alone.Lat...), append(b, round[k].Beside.Lat...)
+			}
+			ns = append(ns, len(a), len(b))
+			meds[k] = victimMedians{quantile(a, 0.5), quantile(a, 0.99), quantile(b, 0.5), quantile(b, 0.99), 0}
+		}
+		p("| pooled p50 / p99 (%s) |", pooledNote(ns))
+	} else {
+		p("| median |")
+	}
 	for k := range names {
 		var a50, a99, b50, b99, fl []float64
 		for _, round := range rounds {
 			v := round[k]
 			a50, a99, b50, b99, fl = append(a50, v.Alone.P50), append(a99, v.Alone.P99), append(b50, v.Beside.P50), append(b99, v.Beside.P99), append(fl, v.Flood)
 		}
-		m := victimMedians{median(a50), median(a99), median(b50), median(b99), median(fl)}
-		meds[k] = m
-		p(" %s → %s / %s (%s / %s of alone; flood %.0f/s) |", alone(m), fmtMs(m.b50), fmtMs(m.b99), ratio(m.b50, m.a50), ratio(m.b99, m.a99), m.flood)
+		if !sparse {
+			meds[k] = victimMedians{median(a50), median(a99), median(b50), median(b99), 0}
+		}
+		m := &meds[k]
+		m.flood = median(fl)
+		alone := fmtMs(m.a99)
+		if sparse {
+			alone = pair(m.a50, m.a99)
+		}
+		p(" %s → %s (%s / %s of alone; flood %.0f/s) |", alone, pair(m.b50, m.b99), ratio(m.b50, m.a50), ratio(m.b99, m.a99), m.flood)
 	}
 	p("\n")
+	f.write(p)
 	return meds
+}
+
+// pooledNote says how many requests a pooled cell holds and which of them
+// the nearest-rank p99 is.
+func pooledNote(ns []int) string {
+	lo, hi := slices.Min(ns), slices.Max(ns)
+	if hi == 0 {
+		return "no requests"
+	}
+	n := fmt.Sprint(lo)
+	if hi != lo {
+		n = fmt.Sprintf("%d-%d", lo, hi)
+	}
+	return fmt.Sprintf("%s requests a cell: p99 their %s", n, slowest(lo))
+}
+
+// slowest names the nearest-rank p99 of n values by its place from the
+// top: "slowest", "2nd slowest".
+func slowest(n int) string {
+	k := n - int(math.Ceil(0.99*float64(n))) + 1
+	switch {
+	case k == 1:
+		return "slowest"
+	case k == 2:
+		return "2nd slowest"
+	case k == 3:
+		return "3rd slowest"
+	}
+	return fmt.Sprintf("%dth slowest", k)
+}
+
+// failNotes gathers a table's loads whose requests failed (non-2xx, or
+// no answer: their latency is in no figure, and they are not served) or,
+// in an open loop, fell due and were never sent, for a line under the
+// table: a figure that lost requests says so where it is read.
+type failNotes []string
+
+// cell marks a load's figure: its failed and unsent requests, noted, and
+// its late ones (in its latency, from when they were due: shown only).
+func (f *failNotes) cell(where string, l fairLoad) string {
+	return f.mark(where, "", l.Errors, l.Unsent, l.Late)
+}
+
+// mark is cell from counts, label before them in the cell.
+func (f *failNotes) mark(where, label string, failed, unsent, late int64) string {
+	var lost []string
+	if failed > 0 {
+		lost = append(lost, fmt.Sprintf("%d failed", failed))
+	}
+	if unsent > 0 {
+		lost = append(lost, fmt.Sprintf("%d never sent", unsent))
+	}
+	out := ""
+	if len(lost) > 0 {
+		*f = append(*f, where+": "+strings.Join(lost, ", "))
+		out = "**" + strings.Join(lost, ", ") + "**"
+	}
+	if late > 0 {
+		out = strings.TrimPrefix(out+fmt.Sprintf(", %d late", late), ", ")
+	}
+	if out == "" {
+		return ""
+	}
+	return " (" + label + out + ")"
+}
+
+// write writes the line under a table, if any load lost requests.
+func (f failNotes) write(p func(string, ...any)) {
+	if len(f) > 0 {
+		p("\n**Requests lost to the figures above** (failed: a non-2xx answer or none, in no latency and not served; never sent: due in an open loop, not sent by its end): %s.\n", strings.Join(f, "; "))
+	}
 }
 
 // fairModeNamed is the mode called name in fr, or nil.
@@ -413,7 +525,7 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 		if ea != nil || eb != nil {
 			return nil, fmt.Errorf("shares: %v %v", ea, eb)
 		}
-		sh := fairShares{Clients: clients, Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}}
+		sh := fairShares{Clients: clients, Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}}
 		if la.Throughput+lb.Throughput > 0 {
 			sh.WorkA = la.Throughput / (la.Throughput + lb.Throughput)
 		}
@@ -463,7 +575,7 @@ func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d tim
 	if ea != nil || eb != nil {
 		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
 	}
-	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}}
+	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}}
 	if ia, ib := ioSeconds(url, "vecadd-a")-before[0], ioSeconds(url, "vecadd-b")-before[1]; ia+ib > 0 {
 		r.IOA = ia / (ia + ib)
 	}
@@ -493,12 +605,15 @@ func sparseLoop(ctx context.Context, url, fn string, in []byte, rate float64, d 
 // server.
 func loop(ctx context.Context, cfg bench.Config) (fairLoad, error) {
 	var mu sync.Mutex
-	var outside []float64
+	var outside, lat []float64
 	observe := func(s *bench.Sample) {
+		mu.Lock()
+		defer mu.Unlock()
 		if s.Timing.Complete() {
-			mu.Lock()
 			outside = append(outside, float64(s.Latency-s.Timing.Dur[bench.Total])/1e6)
-			mu.Unlock()
+		}
+		if cfg.Rate > 0 {
+			lat = append(lat, ms(s.Latency))
 		}
 	}
 	cfg.Requests, cfg.Timeout, cfg.Observe = 100_000_000, time.Minute, observe
@@ -508,12 +623,16 @@ func loop(ctx context.Context, cfg bench.Config) (fairLoad, error) {
 	}
 	l := loadOf(r)
 	l.OutsideP50, l.OutsideP99 = quantile(outside, 0.5), quantile(outside, 0.99)
+	l.Lat = lat
+	if o := r.Open; o != nil {
+		l.Late, l.Unsent, l.WakeLagMax = o.Late, o.Unsent, o.WakeLagMaxMs
+	}
 	return l, nil
 }
 
 // loadOf is a bench run's fairLoad.
 func loadOf(r *bench.Result) fairLoad {
-	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
+	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Max: r.Latency.Max, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
 	for _, e := range r.Errors {
 		l.Errors += e.Count
 	}
@@ -608,13 +727,19 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
 	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
-	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 | beside vecadd: p50 / p99 | spin, vecadd served/s beside the victim |\n|---|---|---|---|---|\n")
+	p("Every figure in this table and the next three is one reading: one %.0f-s run each, on a server per mode, the modes one after another, minutes apart (the rounds further below repeat and interleave theirs). A cell whose requests failed says how many (they are in no latency figure), and a line under its table names them.\n\n", fr.Time)
+	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 (one reading) | beside vecadd: p50 / p99 (one reading) | spin, vecadd served/s, each over its flood's whole run (from 1 s before the victim to its end) |\n|---|---|---|---|---|\n")
+	var lost failNotes
 	for _, m := range fr.Modes {
 		s, v := m.Beside["spin"], m.Beside["vecadd"]
-		p("| %s | %s / %s | %s / %s | %s / %s | %.0f, %.0f |\n", m.Mode, fmtMs(m.Alone.P50), fmtMs(m.Alone.P99),
-			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99),
-			m.Neighbours["spin"].Throughput, m.Neighbours["vecadd"].Throughput)
+		ns, nv := m.Neighbours["spin"], m.Neighbours["vecadd"]
+		p("| %s | %s / %s%s | %s / %s%s | %s / %s%s | %.0f%s, %.0f%s |\n", m.Mode, fmtMs(m.Alone.P50), fmtMs(m.Alone.P99), lost.cell(m.Mode+", the victim alone", m.Alone),
+			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), lost.cell(m.Mode+", the victim beside spin", s),
+			ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99), lost.cell(m.Mode+", the victim beside vecadd", v),
+			ns.Throughput, lost.cell(m.Mode+", the spin flood", ns), nv.Throughput, lost.cell(m.Mode+", the vecadd flood", nv))
 	}
+	lost.write(p)
+	lost = nil
 	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
 	p("| mode | | sched | copy in | kernels | copy out | server total | outside the server |\n|---|---|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
@@ -646,19 +771,24 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 				billed = fmt.Sprintf("%.3f", sh.BilledA)
 			}
 			parts = append(parts, fmt.Sprintf("%d clients: %.3f / %s", sh.Clients, sh.WorkA, billed))
-			served = append(served, fmt.Sprintf("%d, %d", sh.Throughput[0], sh.Throughput[1]))
+			where := fmt.Sprintf("%s, %d clients, spin-", m.Mode, sh.Clients)
+			served = append(served, fmt.Sprintf("%d%s, %d%s", sh.Throughput[0], lost.mark(where+"a", "", sh.Errors[0], 0, 0), sh.Throughput[1], lost.mark(where+"b", "", sh.Errors[1], 0, 0)))
 		}
-		p("| %s | %s | %s | %s (%s / %s ms) | %.0f | %s ms |\n", m.Mode, strings.Join(parts, "; "), strings.Join(served, "; "),
-			ratio(m.LatBeside.P99, m.LatAlone.P99), fmtMs(m.LatBeside.P99), fmtMs(m.LatAlone.P99), m.Alone4.Throughput, fmtMs(m.Alone.P50))
+		p("| %s | %s | %s | %s (%s%s / %s%s ms)%s | %.0f%s | %s ms |\n", m.Mode, strings.Join(parts, "; "), strings.Join(served, "; "),
+			ratio(m.LatBeside.P99, m.LatAlone.P99), fmtMs(m.LatBeside.P99), lost.cell(m.Mode+", cnn-latency beside spin-batch", m.LatBeside),
+			fmtMs(m.LatAlone.P99), lost.cell(m.Mode+", cnn-latency alone", m.LatAlone), lost.cell(m.Mode+", the spin-batch flood", m.BatchBeside),
+			m.Alone4.Throughput, lost.cell(m.Mode+", cnn alone at 4 clients", m.Alone4), fmtMs(m.Alone.P50))
 	}
+	lost.write(p)
+	lost = nil
 	off := fairModeNamed(fr, "off")
 	if f := fairModeNamed(fr, "fair"); f != nil && off != nil {
-		p("\nA function alone, fair over off (work conservation: the scheduler costs nothing uncontended): 4-client throughput **%s**, 1-client p50 **%s**.",
+		p("\nA function alone, fair over off (work conservation: the scheduler costs nothing uncontended), one reading each (a run of each server, minutes apart): 4-client throughput **%s**, 1-client p50 **%s**.",
 			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
 		p(" (Without the scheduler no device time is accounted: only the work split shows.)\n")
 	}
 	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved.\n\n", fr.Clients, fr.Clients, ioSplitClients*fr.Clients)
-	p("| mode | vecadd alone: served/s (÷ off) | vecadd-a / vecadd-b: I/O time to a | bytes to a | served/s a, b |\n|---|---|---|---|---|\n")
+	p("| mode | vecadd alone: served/s (÷ off: one reading each) | vecadd-a / vecadd-b: I/O time to a | bytes to a | served/s a, b |\n|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		io := "-"
 		if m.IO.IOA > 0 {
@@ -668,8 +798,11 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 		if off != nil {
 			alone += " (" + ratio(m.FloodAlone.Throughput, off.FloodAlone.Throughput) + ")"
 		}
-		p("| %s | %s | %s | %.3f | %d, %d |\n", m.Mode, alone, io, m.IO.BytesA, m.IO.Throughput[0], m.IO.Throughput[1])
+		alone += lost.cell(m.Mode+", vecadd alone", m.FloodAlone)
+		p("| %s | %s | %s | %.3f | %d%s, %d%s |\n", m.Mode, alone, io, m.IO.BytesA, m.IO.Throughput[0], lost.mark(m.Mode+", vecadd-a", "", m.IO.Errors[0], 0, 0),
+			m.IO.Throughput[1], lost.mark(m.Mode+", vecadd-b", "", m.IO.Errors[1], 0, 0))
 	}
+	lost.write(p)
 	writeFairRounds(p, fr)
 	writeFairSparse(p, fr)
 	return writeSection(o, "fair-"+o.device, b.String(), fr)
