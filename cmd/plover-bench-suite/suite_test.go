@@ -247,7 +247,7 @@ func TestWriteFairSparse(t *testing.T) {
 	var b strings.Builder
 	writeFairSparse(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, fr)
 	out := b.String()
-	for _, want := range []string{
+	wantAll(t, out,
 		"| round | fair | echo, one process | echo, a process each |",
 		"alone p50 / max → beside p50 / max ms of the round's 80 requests",
 		"| 1 | 0.600 / 1.00 → 0.800 / 50.0 |",
@@ -255,11 +255,7 @@ func TestWriteFairSparse(t *testing.T) {
 		"vecadd 0.580 ms, the CNN 0.050 ms",
 		"`fair` 2.00× / 1.00×; `echo, one process` 15× / 3.33×.",
 		"woke up to 1.50 ms late",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("no %q in:\n%s", want, out)
-		}
-	}
+	)
 	if strings.Contains(out, "28.0") {
 		t.Errorf("a median of maxima in:\n%s", out)
 	}
@@ -296,7 +292,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := string(b)
-	for _, want := range []string{
+	wantAll(t, out,
 		"| fair | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× (**7 failed**) | 100, 100 |",
 		"| off | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× | 50 (**3 failed**), 100 |",
 		"**Requests lost to the figures above**",
@@ -308,11 +304,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 		"beside spin: p50 / p99 (one reading)",
 		"fair over off (work conservation: the scheduler costs nothing uncontended), one reading each",
 		"vecadd alone: served/s (÷ off: one reading each)",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("no %q in:\n%s", want, out)
-		}
-	}
+	)
 }
 
 // The sparse loop keeps each answered request's latency, for the rounds
@@ -334,5 +326,15 @@ func TestSparseLoopKeepsLatenciesAndFailures(t *testing.T) {
 	}
 	if l.Errors != 4 || len(l.Lat) != 16 || l.Unsent != 0 || l.Max != slices.Max(l.Lat) {
 		t.Fatalf("errors %d, %d latencies (max %v of %v), unsent %d: want 4 failed and 16 kept of 20 due", l.Errors, len(l.Lat), l.Max, l.Lat, l.Unsent)
+	}
+}
+
+// wantAll fails t for each of wants that out lacks.
+func wantAll(t *testing.T, out string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
 	}
 }
