@@ -455,6 +455,10 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	if err != nil {
 		return nil, err
 	}
+	// The light workers' boost counts the server's time on a function's
+	// bytes and never boosts a flood: its worker alone reads light for a
+	// flood of large bodies.
+	n.cpu.Consult(n.eng)
 	if f.repository != "" {
 		n.repo, err = repository.New(repository.Config{Dir: f.repository, Name: f.repositoryName, Poll: f.repositoryPoll,
 			Settle: f.repositorySettle, MaxBundleBytes: maxBundle, StateFile: filepath.Join(f.data, "repository-unloaded.json"), Log: log}, n.eng.Control())

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"time"
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
@@ -66,6 +67,18 @@ func (v *version) usage() (busy, idle int, mem int64) {
 		mem = int64(busy+idle)*(m.MaxInputBytes+m.TmpBytes+m.OutBytes) + int64(programs)*v.constSize
 	}
 	return busy, idle, mem
+}
+
+// Flooding reports whether name has had two or more runs at once on one
+// of this node's devices within d (sched.Flow.Flooding): what a worker's
+// CPU weight cannot tell from its CPU time (worker.CPUGroups's Consult).
+func (e *Engine) Flooding(name string, d time.Duration) bool {
+	for _, s := range e.scheds {
+		if fl := s.Lookup(name); fl != nil && fl.Flooding(d) {
+			return true
+		}
+	}
+	return false
 }
 
 // deviceTime is the device time name's runs held on this node's devices

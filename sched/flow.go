@@ -100,6 +100,16 @@ func (f *Flow) Alone() bool {
 	return !s.idleAbout(s.clock.Now(), f)
 }
 
+// Flooding reports whether f has two or more runs queued or running, or
+// had within d: a flood, where a light function (the kept slots' reading,
+// light) has one at a time.
+func (f *Flow) Flooding(d time.Duration) bool {
+	s := f.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return f.inFlight+len(f.queue) >= 2 || !f.lastBusy.IsZero() && s.clock.Now().Sub(f.lastBusy) < d
+}
+
 // Touch says the flow's function is about, though it needs no slot now
 // (a request whose bytes are all read): while it has nothing queued or
 // running it counts, for Recent from now, as a function that went idle,

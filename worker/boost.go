@@ -29,16 +29,31 @@ import (
 // loses the boost within a window, so that a boost buys at most a window
 // of more than its share. What a device scheduler's virtual time gives a
 // flow that was idle (it goes first), this gives its worker's threads.
+//
+// A function's use is its worker's and the server's own CPU time on its
+// bytes (Consult): the server's threads move a request's body and answer
+// outside the worker's group (with nice levels in the server's process,
+// under cgroup v1 in the server's I/O groups), and for a function with
+// large bodies and short kernels that is most of what it costs. And a
+// flood, a function with two or more runs at once on a device in the
+// window (what the device schedulers call no light function), is never
+// boosted, whatever its use: on 2 cores the 4 MB vecadd flood's worker used
+// about 0.4 CPUs of its part of 1, and with the server's time on its bytes
+// 0.5-0.7 (the rest of the CPUs went to its clients and the server), read
+// light and ran boosted beside the CNN, whose boost then bought it
+// nothing (both workers at nice 1, or both at cpu.shares 8192).
 
 // boostWindow is how often the groups' use is read and their boosts set.
 const boostWindow = 250 * time.Millisecond
 
 // groupUse is a group's weight and its CPU use in a window, in CPUs, if
-// its use could be read (known).
+// its use could be read (known), and whether one of its functions flooded
+// in the window.
 type groupUse struct {
 	weight, used float64
 	boosted      bool
 	known        bool
+	flooding     bool
 }
 
 // lightBoosts says which groups run boosted in the next window: a group
@@ -46,7 +61,7 @@ type groupUse struct {
 // light, its part its weight's among the groups that used any (a group
 // that used almost nothing is reckoned as if it were the only idle one
 // among the busy). A group with no weight (a standby), or whose use is
-// unknown, is not boosted. No group is newly boosted
+// unknown, or that runs a flood, is not boosted. No group is newly boosted
 // in a window in which a boosted one used more than its part: the others
 // were held back by it, and read light; a flood boosted while it was idle
 // would otherwise hand its boost to the flood beside it, and back, window
@@ -80,6 +95,7 @@ func lightBoosts(uses []groupUse, cpus float64) []bool {
 		case !u.known:
 			// Not boosted: a group whose count keeps going down (children
 			// reaped where their time is lost) must not keep a boost by it.
+		case u.flooding:
 		case u.boosted:
 			out[i] = u.used < part(u)*3/4
 		default:
@@ -92,6 +108,48 @@ func lightBoosts(uses []groupUse, cpus float64) []bool {
 // LightBoost is how many times its weight a light worker runs at (see
 // above); 1 turns the boost off.
 const LightBoost = 8
+
+// Functions is what the server knows of the functions its workers run
+// that their groups' CPU time does not show (the engine does).
+type Functions interface {
+	// IOTime is the server's CPU time on name's bytes so far, which its
+	// threads spend outside the worker's group.
+	IOTime(name string) time.Duration
+	// Flooding reports whether name had two or more runs at once on a
+	// device within d.
+	Flooding(name string, d time.Duration) bool
+}
+
+// Consult tells the boost where to learn what fns knows of the functions
+// the groups' workers run (nil: nothing). Safe while the boost runs: it
+// may be told once the engine exists.
+func (g *CPUGroups) Consult(fns Functions) {
+	if g == nil {
+		return
+	}
+	if fns == nil {
+		g.fns.Store(nil)
+		return
+	}
+	g.fns.Store(&fns)
+}
+
+// outsideOf is the server's time on each of names' bytes so far (Consult),
+// nil where nothing says, and whether one of them flooded in the last
+// window.
+func (g *CPUGroups) outsideOf(names []string) (map[string]time.Duration, bool) {
+	f := g.fns.Load()
+	if f == nil || len(names) == 0 {
+		return nil, false
+	}
+	out := make(map[string]time.Duration, len(names))
+	flooding := false
+	for _, n := range names {
+		out[n] = (*f).IOTime(n)
+		flooding = flooding || (*f).Flooding(n, boostWindow)
+	}
+	return out, flooding
+}
 
 // StartBoost starts boosting light workers by factor (1 or less: none),
 // until Close, a worker's part being of cpus CPUs (the runtime's choice of
@@ -147,14 +205,16 @@ func (g *CPUGroups) reboost(groups []*Group, now time.Time, cpus float64) {
 	}
 }
 
-// use is c's weight and CPU use since the last call: unknown on the first
-// call, for a process gone, and when the count went down (a process of the
-// group ended, its time with it, unless its parent in the group reaped
-// it). The reads are made without c.mu: a large tree takes a while.
+// use is c's weight and CPU use since the last call, its processes' and
+// the server's on its functions' bytes (Consult), and whether one of its
+// functions flooded: unknown on the
+// first call, for a process gone, and when the count went down (a process
+// of the group ended, its time with it, unless its parent in the group
+// reaped it). The reads are made without c.mu: a large tree takes a while.
 func (c *Group) use(now time.Time) groupUse {
 	c.mu.Lock()
 	u := groupUse{weight: c.base, boosted: c.boosted}
-	closed, root := c.closed, c.root
+	closed, root, names := c.closed, c.root, c.names
 	c.mu.Unlock()
 	if closed {
 		return groupUse{}
@@ -163,6 +223,8 @@ func (c *Group) use(now time.Time) groupUse {
 	if c.g.nice {
 		tree = treeOf(c.pid, root)
 	}
+	outside, flooding := c.g.outsideOf(names)
+	u.flooding = flooding
 	t, err := c.cpuTime(tree)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -170,10 +232,25 @@ func (c *Group) use(now time.Time) groupUse {
 		return u
 	}
 	if !c.readAt.IsZero() && t >= c.cpu && now.After(c.readAt) {
-		u.used, u.known = (t-c.cpu).Seconds()/now.Sub(c.readAt).Seconds(), true
+		used := t - c.cpu + c.outsideSince(outside)
+		u.used, u.known = used.Seconds()/now.Sub(c.readAt).Seconds(), true
 	}
-	c.cpu, c.readAt = t, now
+	c.cpu, c.readAt, c.seen = t, now, outside
 	return u
+}
+
+// outsideSince is what the server spent on c's functions' bytes since the
+// last read (seen), of now's reading: a function new to the group counts
+// from its next read, and one whose count went down (deleted, deployed
+// anew) counts nothing this window. Under c.mu.
+func (c *Group) outsideSince(now map[string]time.Duration) time.Duration {
+	var d time.Duration
+	for name, t := range now {
+		if was, ok := c.seen[name]; ok && t > was {
+			d += t - was
+		}
+	}
+	return d
 }
 
 // setBoost boosts c, or ends its boost, writing its weight if that changed.
@@ -348,10 +425,12 @@ type boostState struct {
 	mu       sync.Mutex
 	root     int // nice levels: where the worker's tree starts (Group.Tree)
 	base     float64
-	function string // for the log, should a write fail
+	names    []string // the functions weighed (setWeight), of which the server tells (Consult)
+	function string   // names joined, for the log, should a write fail
 	boosted  bool
 	dying    bool // Dying was called: it is being killed, no boost
 	closed   bool
 	cpu      time.Duration
 	readAt   time.Time
+	seen     map[string]time.Duration // outside time by function at readAt (outsideOf)
 }

@@ -18,7 +18,16 @@ import (
 )
 
 // u is a known use of a group: its weight, CPUs used and boost.
-func u(weight, used float64, boosted bool) groupUse { return groupUse{weight, used, boosted, true} }
+func u(weight, used float64, boosted bool) groupUse {
+	return groupUse{weight: weight, used: used, boosted: boosted, known: true}
+}
+
+// flood is u of a group whose function flooded in the window.
+func flood(weight, used float64, boosted bool) groupUse {
+	g := u(weight, used, boosted)
+	g.flooding = true
+	return g
+}
 
 func TestLightBoosts(t *testing.T) {
 	for _, tc := range []struct {
@@ -46,7 +55,14 @@ func TestLightBoosts(t *testing.T) {
 		{"alone and busy", 2, []groupUse{u(1, 1.9, false)}, []bool{false}},
 		{"nothing busy", 2, []groupUse{u(1, 0, false), u(2, 0, false)}, []bool{true, true}},
 		// A use that could not be read (a count gone down) is no boost.
-		{"unknown", 2, []groupUse{{1, 0, true, false}, {1, 0, false, false}, u(1, 1.5, false)}, []bool{false, false, false}},
+		// A flood (two runs at once on a device in the window) is never
+		// boosted, whatever its use: with the server's time on its bytes
+		// and the rest of the CPUs its clients' and the server's, the 4 MB
+		// vecadd flood used 0.5-0.7 CPUs of its part of 1 on 2 cores.
+		{"a flood that used under half its part", 2, []groupUse{u(1, 0.3, false), flood(1, 0.45, false)}, []bool{true, false}},
+		{"a boosted flood under three quarters of its part", 2, []groupUse{u(1, 0.3, true), flood(1, 0.6, true)}, []bool{true, false}},
+		{"a flood alone, idle for the window", 2, []groupUse{flood(1, 0, false)}, []bool{false}},
+		{"unknown", 2, []groupUse{{weight: 1, boosted: true}, {weight: 1}, u(1, 1.5, false)}, []bool{false, false, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := lightBoosts(tc.uses, tc.cpus)
@@ -360,9 +376,9 @@ func TestNiceLevelsOnlyRiseWithoutPrivilege(t *testing.T) {
 		levels = append(levels, niceOf(t, pid))
 		c.Weigh(&abi.Manifest{Name: "f"})
 		levels = append(levels, niceOf(t, pid))
-		c.setWeight(3, "f,g") // a tenant's worker with a second function busy
+		c.setWeight(3, []string{"f", "g"}) // a tenant's worker with a second function busy
 		levels = append(levels, niceOf(t, pid))
-		c.setWeight(1.0/8, "h") // a batch function alone
+		c.setWeight(1.0/8, []string{"h"}) // a batch function alone
 		levels = append(levels, niceOf(t, pid))
 	})
 	if g.lower {
@@ -437,5 +453,103 @@ func TestLightBoostByNiceLevelCountsTheNamespacesOrphans(t *testing.T) {
 	}
 	if n := niceOf(t, worker.Process.Pid); n != 10 {
 		t.Fatalf("the worker at nice %d, want 10", n)
+	}
+}
+
+// fakeFunctions is what the engine tells the boost (Functions): the
+// server's time on a function's bytes, growing at io CPUs from start, and
+// which functions flood.
+type fakeFunctions struct {
+	start   time.Time
+	io      map[string]float64
+	flooded map[string]bool
+}
+
+func (f fakeFunctions) IOTime(name string) time.Duration {
+	return time.Duration(float64(time.Since(f.start)) * f.io[name])
+}
+
+func (f fakeFunctions) Flooding(name string, _ time.Duration) bool { return f.flooded[name] }
+
+// What the server tells of a function counts in its group's use (Consult):
+// a worker that sleeps while the server moves its function's bytes at a
+// CPU's worth is no light worker, and stays at its weight beside a light
+// one, which runs boosted; nor is a flood's worker (two runs at once on a
+// device), however little it uses. Without them both sleepers read light
+// and both ran boosted (on 2 cores the 4 MB vecadd flood's worker used
+// 0.4 CPUs and was boosted beside the CNN).
+func TestWhatTheServerTellsCountsInAGroupsUse(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fns  fakeFunctions
+	}{
+		{"the server moves its bytes at a CPU's worth", fakeFunctions{io: map[string]float64{"flood": 1}}},
+		{"it floods", fakeFunctions{flooded: map[string]bool{"flood": true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.fns.start = time.Now()
+			serverTellsOfAFlood(t, tc.fns)
+		})
+	}
+}
+
+func serverTellsOfAFlood(t *testing.T, fns fakeFunctions) {
+	root := t.TempDir()
+	old := cgroupRoot
+	cgroupRoot = root
+	defer func() { cgroupRoot = old }()
+	os.MkdirAll(filepath.Join(root, "cpu"), 0o755)
+	os.WriteFile(filepath.Join(root, "cpu", "cpu.shares"), []byte("1024"), 0o644)
+	g := NewCPUGroups(nil)
+	if g == nil {
+		t.Fatal("no groups on a writable v1 hierarchy")
+	}
+	g.boost = LightBoost // the loop is driven by hand below
+	defer g.Close()
+	g.Consult(fns)
+	flood, victim := exec.Command("sleep", "60"), exec.Command("sleep", "60")
+	startInGroup(t, flood)
+	startInGroup(t, victim)
+	fc, vc := g.Place(flood.Process.Pid, 0), g.Place(victim.Process.Pid, 0)
+	fc.Weigh(&abi.Manifest{Name: "flood"})
+	vc.Weigh(&abi.Manifest{Name: "victim"})
+	shares := func(c *Group) string { return readString(filepath.Join(c.dir, "cpu.shares")) }
+	// Two CPUs to share: each part is one, and the flood's worker with the
+	// server's time on its bytes uses about all of it.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		g.reboost([]*Group{fc, vc}, time.Now(), 2)
+		if shares(fc) == "1024" && shares(vc) == "8192" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("cpu.shares: the flood's worker %s, the victim's %s; want 1024 and 8192", shares(fc), shares(vc))
+		}
+	}
+	// Told nothing: the flood's worker sleeps, and reads light.
+	g.Consult(nil)
+	for end := time.Now().Add(10 * time.Second); shares(fc) != "8192"; time.Sleep(100 * time.Millisecond) {
+		g.reboost([]*Group{fc, vc}, time.Now(), 2)
+		if time.Now().After(end) {
+			t.Fatalf("cpu.shares of a sleeping worker with no count of its bytes: %s, want 8192 (boosted)", shares(fc))
+		}
+	}
+}
+
+func TestOutsideSince(t *testing.T) {
+	c := &Group{}
+	c.seen = map[string]time.Duration{"a": time.Second, "b": 3 * time.Second}
+	for _, tc := range []struct {
+		name string
+		now  map[string]time.Duration
+		want time.Duration
+	}{
+		{"nothing told", nil, 0},
+		{"both grew", map[string]time.Duration{"a": 2 * time.Second, "b": 3500 * time.Millisecond}, 1500 * time.Millisecond},
+		{"one went down (deployed anew), one grew", map[string]time.Duration{"a": 0, "b": 4 * time.Second}, time.Second},
+		{"a function new to the group counts from its next read", map[string]time.Duration{"c": 9 * time.Second, "a": time.Second}, 0},
+	} {
+		if got := c.outsideSince(tc.now); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/plover-run/plover/abi"
@@ -57,6 +58,9 @@ type CPUGroups struct {
 	cpus      float64 // what a worker's part is of (StartBoost)
 	stopBoost chan struct{}
 	boostDone chan struct{}
+	// fns tells what the server knows of the workers' functions
+	// (Consult).
+	fns atomic.Pointer[Functions]
 }
 
 // Where cgroup hierarchies are mounted and where the kernel says which
@@ -307,7 +311,7 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 	if g.nice {
 		c.level = g.base      // inherited from the server
 		if w > 0 || g.lower { // a standby that could not come back down stays
-			c.setWeight(w, "")
+			c.setWeight(w, nil)
 		}
 	} else {
 		var err error
@@ -402,7 +406,7 @@ type Group struct {
 // weights are off, the server's weight stands (unweigh). A group gone
 // with its process is no failure.
 func (c *Group) Weigh(m *abi.Manifest) {
-	c.setWeight(Weight(m), m.Name)
+	c.setWeight(Weight(m), []string{m.Name})
 }
 
 // Dying gives the group a default function's weight, unboosted, for good:
@@ -435,9 +439,9 @@ func (c *Group) Tree(root int) {
 	c.mu.Unlock()
 }
 
-// setWeight sets the weight of the function(s) the worker runs (its
+// setWeight sets the weight of the functions the worker runs, names (its
 // boost, if it has one, on top).
-func (c *Group) setWeight(w float64, function string) {
+func (c *Group) setWeight(w float64, names []string) {
 	if c == nil {
 		return
 	}
@@ -446,7 +450,7 @@ func (c *Group) setWeight(w float64, function string) {
 	if c.closed || c.dying { // Dying's weight stands
 		return
 	}
-	c.base, c.function = w, function
+	c.base, c.names, c.function = w, names, strings.Join(names, ",")
 	c.write(true)
 }
 

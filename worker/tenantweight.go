@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"strings"
 	"time"
 )
 
@@ -126,6 +125,6 @@ func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 	}
 	p.tenant.weighed = sum
 	p.tenant.writes.Add(1)
-	p.cgroup.setWeight(sum, strings.Join(names, ","))
+	p.cgroup.setWeight(sum, names)
 	return busy, true
 }

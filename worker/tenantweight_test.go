@@ -211,13 +211,13 @@ func TestTenantWorkerWeighsItsBusyPrograms(t *testing.T) {
 // gave.
 func TestDyingIsUnboostedForGood(t *testing.T) {
 	cg, shares := fakeV1Group(t, 4321)
-	cg.setWeight(2, "f")
+	cg.setWeight(2, []string{"f"})
 	cg.setBoost(true)
 	if got, boosted := strings.TrimSpace(shares()), cg.g.value(2*cg.g.boost*Weight(&abi.Manifest{Name: "f"})); got != boosted {
 		t.Fatalf("boosted: weight %s, want %s", got, boosted)
 	}
 	cg.Dying()
 	awaitWeight(t, "killed while boosted", cg.g, shares, 1)
-	cg.setWeight(3, "f")
+	cg.setWeight(3, []string{"f"})
 	awaitWeight(t, "weighed after the kill", cg.g, shares, 1)
 }
