@@ -192,6 +192,85 @@ func TestLightWorkerBoostedServed(t *testing.T) {
 	})
 }
 
+// A flood's worker is never boosted on a real server, however little CPU
+// it uses: a function whose runs sleep 20 ms, sent 4 at a time (so two or
+// more are queued or running), stays at its weight while an idle
+// function's worker beside it runs boosted, and is boosted itself once it
+// stops. Read by CPU time alone, its sleeping worker was light and ran
+// boosted beside the idle one (as the 4 MB vecadd flood's did beside the
+// CNN).
+func TestAFloodIsNotBoostedServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts servers")
+	}
+	bin := buildPlover(t)
+	s := startIsoServer(t, bin, t.TempDir(), nil)
+	if strings.Contains(s.log.String(), "worker CPU weights off") || strings.Contains(s.log.String(), "by nice level") {
+		t.Skipf("no cgroups to read the weight from here: %s", grepLine(s.log.String(), "CPU weights"))
+	}
+	env := []string{"PLOVER_SERVER=" + s.url}
+	run(t, bin, env, "deploy", testkit.BundleDir(t, testkit.Manifest("idle"), nil))
+	run(t, bin, env, "deploy", testkit.BundleDir(t, testkit.Slow("flood", 20), nil))
+	shares := map[string]string{}
+	for _, name := range []string{"idle", "flood"} {
+		resp, err := http.Post(s.url+"/v1/functions/"+name+"/invoke", "application/octet-stream", bytes.NewReader([]byte{1}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		var fi api.FunctionInfo
+		getJSON(t, http.DefaultClient, s.url+"/v1/functions/"+name, &fi)
+		if len(fi.Workers) != 1 {
+			t.Fatalf("%s's workers: %+v", name, fi.Workers)
+		}
+		shares[name] = filepath.Join(serverGroup(t, s), strconv.Itoa(fi.Workers[0].PID), "cpu.shares")
+	}
+	read := func(name string) string {
+		v, err := os.ReadFile(shares[name])
+		if err != nil { // cgroup v2
+			v, _ = os.ReadFile(strings.TrimSuffix(shares[name], "cpu.shares") + "cpu.weight")
+		}
+		return strings.TrimSpace(string(v))
+	}
+	boosted := func(name string) bool { v := read(name); return v == "8192" || v == "800" }
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := http.Post(s.url+"/v1/functions/flood/invoke", "application/octet-stream", bytes.NewReader([]byte{1}))
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+		}()
+	}
+	// Both at once, in one look: the idle function's worker boosted, the
+	// flood's at its weight, for a second of the boost's windows.
+	since := time.Time{}
+	waitFor(t, 15*time.Second, "the idle worker boosted and the flood's not, for a second", func() bool {
+		if !boosted("idle") || boosted("flood") {
+			since = time.Time{}
+			return false
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		return time.Since(since) >= time.Second
+	})
+	close(stop)
+	wg.Wait()
+	waitFor(t, 10*time.Second, "the flood's worker boosted once it stopped and idled", func() bool { return boosted("flood") })
+}
+
 func dirExists(d string) bool {
 	fi, err := os.Stat(d)
 	return err == nil && fi.IsDir()
