@@ -226,23 +226,26 @@ func writeInit(dir string, spec *initSpec) error {
 // as it stands. A function source directory (one with a build section) means
 // its built bundle dir/build/<target>, target being the manifest's when "";
 // a source directory without that build but with its library built in place
-// is taken as a bundle too. A stale build gets a warning on stderr. An
-// unreadable manifest returns dir, for the caller's check to report.
+// is taken as a bundle too. A built bundle named directly, <src>/build/<target>,
+// is rebuilt first when its sources changed. An unreadable manifest returns
+// dir, for the caller's check to report.
 func resolveBundle(dir, target string, env *Env) (string, error) {
 	m, err := bundle.ReadManifest(dir)
 	if err != nil {
 		return dir, nil
 	}
-	if m.Build == nil {
-		// A built bundle named directly (build/host, as the generated
-		// Makefile suggests) is checked against its sources too. A bundle
-		// of another target than asked for is left to the caller to refuse.
+	// A built bundle named directly (build/host) is checked against the
+	// sources above it: plover build's, whose manifest has no build
+	// section, and the generated Makefile's, whose manifest is the source
+	// plover.json with its target set, build section and all. A bundle of
+	// another target than asked for is left to the caller to refuse.
+	if src, sm := sourceOf(dir, m.Target); sm != nil {
 		if target != "" && target != m.Target {
 			return dir, nil
 		}
-		if src, sm := sourceOf(dir, m.Target); sm != nil {
-			return dir, rebuildIfStale(src, sm, dir, m.Target, env)
-		}
+		return dir, rebuildIfStale(src, sm, dir, m.Target, env)
+	}
+	if m.Build == nil {
 		return dir, nil
 	}
 	if target == "" {

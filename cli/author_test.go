@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -418,6 +419,83 @@ func TestBuildAndRun(t *testing.T) {
 	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("over max_input_bytes %d", 4*initMaxFloats)) {
 		t.Fatalf("big input: %v", err)
 	}
+}
+
+// The generated Makefile's build/host is checked against the sources above
+// it as plover build's is: its manifest is the source plover.json with the
+// target set (build section and all), and plover run (and deploy, through
+// the same resolveBundle) of it after an edit rebuilds, never running the
+// old bytes.
+func TestMakefileBundleRebuiltWhenStale(t *testing.T) {
+	for _, tool := range []string{"make", "g++"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found: the Makefile's bundle is not built here", tool)
+		}
+	}
+	dir := initDir(t, "mk")
+	mk := exec.Command("make", "host")
+	mk.Dir = dir
+	if out, err := mk.CombinedOutput(); err != nil {
+		t.Fatalf("make host: %v\n%s", err, out)
+	}
+	built := filepath.Join(dir, "build", "host")
+	in := float32sLE(1, 2, 3, 4)
+	inPath := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(inPath, in, 0o644)
+	runIt := func() ([]float32, string) {
+		t.Helper()
+		stdout, stderr, err := runCommand(runCmd(), built, "--in", inPath, "--json")
+		if err != nil {
+			t.Fatalf("plover run %s: %v\n%s", built, err, stderr)
+		}
+		var rep runReport
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+			t.Fatalf("%v\n%s", err, stdout)
+		}
+		var ys []float32
+		for i := 0; i+4 <= len(rep.Output); i += 4 {
+			ys = append(ys, math.Float32frombits(binary.LittleEndian.Uint32(rep.Output[i:])))
+		}
+		return ys, stderr
+	}
+	if ys, stderr := runIt(); !reflect.DeepEqual(ys, []float32{3, 5, 7, 9}) || strings.Contains(stderr, "rebuilding") {
+		t.Fatalf("fresh Makefile build: %v, stderr %q", ys, stderr)
+	}
+	// y = 2x + 101 now; the library is older than the edit.
+	src := filepath.Join(dir, "mk.cu")
+	b, _ := os.ReadFile(src)
+	edited := strings.Replace(string(b), "ab[1];", "ab[1] + 100.0f;", 1)
+	if edited == string(b) {
+		t.Fatal("test bug: the kernel has no \"ab[1];\"")
+	}
+	past := time.Now().Add(-time.Minute)
+	for _, f := range []string{"plover.json", "constants.bin", "include/plover.h", "include/plover_kernel.h"} {
+		os.Chtimes(filepath.Join(dir, f), past.Add(-time.Second), past.Add(-time.Second))
+	}
+	os.Chtimes(filepath.Join(built, "mk.so"), past, past)
+	os.WriteFile(src, []byte(edited), 0o644)
+	ys, stderr := runIt()
+	if !reflect.DeepEqual(ys, []float32{103, 105, 107, 109}) {
+		t.Fatalf("after the edit: %v (stale bytes run), stderr %q", ys, stderr)
+	}
+	if !strings.Contains(stderr, src+" changed after "+built+" was built: rebuilding it") {
+		t.Fatalf("stderr does not say it rebuilt: %q", stderr)
+	}
+	// A rebuild that fails refuses, naming the change, as for the source dir.
+	os.WriteFile(src, []byte("this is not C++\n"), 0o644)
+	os.Chtimes(filepath.Join(built, "mk.so"), past, past)
+	if _, err := resolveBundle(built, "", &Env{Stderr: io.Discard}); err == nil || !strings.Contains(err.Error(), "rebuilding it failed") {
+		t.Fatalf("failed rebuild through the Makefile's build dir: %v", err)
+	}
+}
+
+// float32sLE is vs as little-endian float32s.
+func float32sLE(vs ...float32) []byte {
+	b := make([]byte, 4*len(vs))
+	for i, v := range vs {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
 }
 
 func mustManifest(t *testing.T, dir string) *abi.Manifest {
