@@ -300,6 +300,9 @@ func (lr *localRun) failed(err error, k, n int) error {
 		what = fmt.Sprintf(" (run %d of %d)", k+1, n)
 	}
 	var ke *device.KernelError
+	if errors.As(err, &ke) && ke.Rejected {
+		return fmt.Errorf("%s: the chain [%s] refused its input%s (plover_reject: a server answers 422 invalid_input): %s", lr.dir, chain, what, ke.Msg)
+	}
 	if errors.As(err, &ke) {
 		return fmt.Errorf("%s: the chain [%s] failed%s: %s", lr.dir, chain, what, ke.Msg)
 	}

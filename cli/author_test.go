@@ -408,12 +408,22 @@ func TestBuildAndRun(t *testing.T) {
 	if got, _ := os.ReadFile(outPath); !bytes.Equal(got, rep.Output) {
 		t.Fatal("--out differs from --json's output")
 	}
-	// The kernel's own error, named with the chain.
+	// A malformed input is refused (plover_reject: the client's fault, 422
+	// on a server), not failed (500), named with the chain.
 	os.WriteFile(inPath, in[:3], 0o644)
 	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil ||
-		!strings.Contains(err.Error(), "the chain [loop] failed: input length is not a multiple of 4") {
+		!strings.Contains(err.Error(), "the chain [loop] refused its input (plover_reject: a server answers 422 invalid_input): input length is not a multiple of 4") {
 		t.Fatalf("bad input: %v", err)
 	}
+	// The function's own fault stays a failure: constants too short.
+	os.WriteFile(inPath, in, 0o644)
+	consts, _ := os.ReadFile(filepath.Join(dir, "constants.bin"))
+	os.WriteFile(filepath.Join(dir, "constants.bin"), consts[:4], 0o644) // rebuilt into the bundle
+	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil ||
+		!strings.Contains(err.Error(), "the chain [loop] failed: the constants file must hold a and b") {
+		t.Fatalf("short constants: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "constants.bin"), consts, 0o644)
 	// Over max_input_bytes.
 	os.WriteFile(inPath, make([]byte, 4*initMaxFloats+4), 0o644)
 	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("over max_input_bytes %d", 4*initMaxFloats)) {
