@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
@@ -118,5 +119,34 @@ func TestDidYouMeanOfANameLongerThanAnyFunctionsIsNone(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if n := after.TotalAlloc - before.TotalAlloc; n > 64<<10 {
 		t.Errorf("DidYouMean of a 1 MiB name allocated %d bytes", n)
+	}
+}
+
+// An error carrying when a retry may succeed (a crash back-off) tells the
+// whole seconds until then, rounded up and at least 1, through wrapping;
+// one carrying none tells 0 (no Retry-After).
+func TestRetrySeconds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	backoff := func(d time.Duration) error {
+		return &errdefs.Error{Kind: errdefs.KindUnavailable, Msg: "backing off", RetryAt: now.Add(d)}
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int64
+	}{
+		{"none", errdefs.New(errdefs.KindUnavailable, nil, "store down"), 0},
+		{"not ours", errors.New("x"), 0},
+		{"a minute", backoff(time.Minute), 60},
+		{"rounded up", backoff(59*time.Second + time.Millisecond), 60},
+		{"under a second", backoff(time.Millisecond), 1},
+		{"passed", backoff(-time.Second), 1},
+		{"wrapped", fmt.Errorf("step 2: %w", backoff(30*time.Second)), 30},
+		{"under another Error", errdefs.New(errdefs.KindUnavailable, backoff(5*time.Second), "pipeline p"), 5},
+		{"joined", errors.Join(errors.New("a"), backoff(2*time.Second)), 2},
+	} {
+		if got := RetrySeconds(tc.err, now); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/plover-run/plover/errdefs"
 )
 
 // RetryAfter reads a Retry-After header's value: delay-seconds, or an HTTP
@@ -26,4 +28,17 @@ func RetryAfter(v string, now time.Time) time.Duration {
 		return (d + time.Second - 1) / time.Second * time.Second
 	}
 	return 0
+}
+
+// RetrySeconds is the wait err tells its client, in whole seconds (rounded
+// up, at least 1): until the time it carries (errdefs.RetryAt: a version's
+// crash back-off ends then); 0 when it carries none. The transports read
+// it alike: HTTP as Retry-After, gRPC, which has no such header, in the
+// message.
+func RetrySeconds(err error, now time.Time) int64 {
+	at := errdefs.RetryAt(err)
+	if at.IsZero() {
+		return 0
+	}
+	return max(1, int64((at.Sub(now)+time.Second-1)/time.Second))
 }

@@ -508,9 +508,14 @@ func (p *pool) backingOff(now time.Time) error {
 	return nil
 }
 
-// backoffError is the 503 of a version backing off after crashes.
+// backoffError is the 503 of a version backing off after crashes, which
+// carries when the back-off ends (the transports' Retry-After). A deploy
+// of the same bytes makes no new version, so it takes --force to end it
+// early.
 func (p *pool) backoffError(until int64) error {
-	at := time.Unix(0, until).UTC().Format(time.RFC3339)
-	return errorf(errdefs.KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy",
-		p.v.fn.name, crashLimit, crashWindow, at)
+	end := time.Unix(0, until)
+	e := errorf(errdefs.KindUnavailable, nil, "function %s is backing off: it failed %d times within %v (worker crashes, failing plover_load or plover_instance_init); requests fail until %s or a redeploy (plover deploy --force for the same bytes)",
+		p.v.fn.name, crashLimit, crashWindow, end.UTC().Format(time.RFC3339))
+	e.RetryAt = end
+	return e
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -40,6 +41,10 @@ type Error struct {
 	Kind Kind
 	Msg  string
 	Err  error
+	// RetryAt is when the same request may succeed, where the server
+	// knows it (a version's crash back-off ends then); zero: not known.
+	// The transports tell the client the wait (HTTP's Retry-After).
+	RetryAt time.Time
 }
 
 // Error is the message plus the cause, unless the message already quotes it
@@ -100,6 +105,29 @@ func QuoteName(name string) string {
 }
 
 func (e *NoFunction) Unwrap() error { return e.Err }
+
+// RetryAt is the first RetryAt set on an Error in err's chain, or zero.
+func RetryAt(err error) time.Time {
+	for err != nil {
+		if e, ok := err.(*Error); ok && !e.RetryAt.IsZero() {
+			return e.RetryAt
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if t := RetryAt(e); !t.IsZero() {
+					return t
+				}
+			}
+			return time.Time{}
+		default:
+			return time.Time{}
+		}
+	}
+	return time.Time{}
+}
 
 // KindOf returns the kind of err (KindInternal for foreign errors).
 func KindOf(err error) Kind {

@@ -489,7 +489,7 @@ func (s *Server) modelInfer(ctx context.Context, req *pb.ModelInferRequest, io *
 	}
 	st, msg := s.door.End(&o)
 	if err != nil {
-		return nil, grpcStatus(st, msg)
+		return nil, grpcStatus(st, msg, err)
 	}
 	// What HTTP says in Server-Timing, X-Plover-Start and X-Plover-Version.
 	r := o.Req
@@ -598,13 +598,16 @@ func badRequest(format string, a ...any) error {
 // door.
 func (s *Server) statusOf(ctx context.Context, err error, method string) error {
 	st, msg := s.door.Fail(err, "grpc", method, authorization(ctx))
-	return grpcStatus(st, msg)
+	return grpcStatus(st, msg, err)
 }
 
-// grpcStatus is a class and message as a gRPC status; a 429 says when to
-// retry, as HTTP's Retry-After does.
-func grpcStatus(st apierr.Status, msg string) error {
-	if st.GRPC == codes.ResourceExhausted && st.HTTP == 429 {
+// grpcStatus is err's class and message as a gRPC status; a 429, and an
+// error that says when the same request may succeed (a crash back-off:
+// apierr.RetrySeconds), say when to retry, as HTTP's Retry-After does.
+func grpcStatus(st apierr.Status, msg string, err error) error {
+	if n := apierr.RetrySeconds(err, time.Now()); n > 0 {
+		msg += fmt.Sprintf(" (retry in %d s)", n)
+	} else if st.GRPC == codes.ResourceExhausted && st.HTTP == 429 {
 		msg += " (retry in 1 s)"
 	}
 	return status.Error(st.GRPC, msg)

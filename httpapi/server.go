@@ -638,7 +638,7 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name call.Name, c *exchange, e
 		o.Authorization = ctx.Request.Header.PeekBytes(hdrAuthorization)
 	}
 	if st, msg := s.door.End(&o); err != nil {
-		writeError(ctx, st.HTTP, st.Name, msg)
+		writeFailure(ctx, st, msg, err)
 	}
 }
 
@@ -731,7 +731,17 @@ func mediaType(ct []byte) string {
 // (finish ends those): classified and logged by the front door.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 	st, msg := s.door.Fail(err, "http", string(ctx.Path()), ctx.Request.Header.PeekBytes(hdrAuthorization))
-	writeError(ctx, st.HTTP, st.Name, msg)
+	writeFailure(ctx, st, msg, err)
+}
+
+// writeFailure writes the answer to err, st and msg as the front door
+// classified it, with Retry-After when err says when the same request may
+// succeed (a crash back-off's end: apierr.RetrySeconds).
+func writeFailure(ctx *fasthttp.RequestCtx, st apierr.Status, msg string, err error) {
+	writeError(ctx, st.HTTP, st.Name, msg) // resets the response: headers after it
+	if n := apierr.RetrySeconds(err, time.Now()); n > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(n, 10))
+	}
 }
 
 type errorBody struct {

@@ -159,6 +159,19 @@ func BundleDir(t testing.TB, m *abi.Manifest, consts []byte) string {
 	return dir
 }
 
+// FailingLoadBundleDir writes a bundle directory of function name whose
+// plover_load always fails (HooksSource built with -DFAIL_LOAD): each
+// load counts towards the version's back-off, which five bring on.
+func FailingLoadBundleDir(t testing.TB, name string) string {
+	t.Helper()
+	m := &abi.Manifest{Name: name, ABI: abi.Major, Target: abi.TargetHost, Library: "hooks.so",
+		MaxInputBytes: 1 << 10, OutBytes: 256, Chain: []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}}}
+	dir := t.TempDir()
+	BuildLib(t, HooksSource(), dir, m.Library, "-DFAIL_LOAD")
+	WriteManifest(t, dir, m)
+	return dir
+}
+
 // UnloadableBundleDir writes a bundle directory for m whose library passes
 // the static checks but cannot be loaded here: it needs a shared library
 // (libploverdep.so) removed once the bundle's was built, as a dependency
