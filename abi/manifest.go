@@ -401,10 +401,51 @@ func parseManifest(r io.Reader, admit bool) (*Manifest, error) {
 			return nil, fe
 		}
 	}
-	if err := m.Validate(); err != nil {
+	// The object alone: a stored manifest may have a stray '}' after it.
+	var has requiredKeys
+	if err := json.Unmarshal(data[:dec.InputOffset()], &has); err != nil { // decoded above: cannot fail
+		return nil, jsonError(data, err)
+	}
+	missing := has.missing()
+	if err := m.validate(func(field string) bool { return missing[field] }); err != nil {
 		return nil, err
 	}
 	return &m, nil
+}
+
+// requiredKeys are the fields a function's manifest must have (those
+// without a default), each as the JSON it had, so that one left out is
+// told apart from one given a bad value (abi: "required, missing", not
+// "is 0").
+type requiredKeys struct {
+	Name          json.RawMessage `json:"name"`
+	ABI           json.RawMessage `json:"abi"`
+	Target        json.RawMessage `json:"target"`
+	Library       json.RawMessage `json:"library"`
+	MaxInputBytes json.RawMessage `json:"max_input_bytes"`
+	OutBytes      json.RawMessage `json:"out_bytes"`
+	Chain         json.RawMessage `json:"chain"`
+}
+
+// missing is the set of requiredKeys' fields the manifest had no key (or
+// null) for.
+func (k *requiredKeys) missing() map[string]bool {
+	missing := map[string]bool{}
+	for f, raw := range map[string]json.RawMessage{
+		"name": k.Name, "abi": k.ABI, "target": k.Target, "library": k.Library,
+		"max_input_bytes": k.MaxInputBytes, "out_bytes": k.OutBytes, "chain": k.Chain,
+	} {
+		if len(raw) == 0 || string(raw) == "null" {
+			missing[f] = true
+		}
+	}
+	return missing
+}
+
+// missingField is the error of a required field the manifest left out;
+// want says what it holds.
+func missingField(field, want string) *FieldError {
+	return &FieldError{field, "required, missing: " + want}
 }
 
 // durationLengths refuses a duration longer than MaxDurationLen.
@@ -422,10 +463,15 @@ func (m *Manifest) durationLengths() *FieldError {
 }
 
 // Validate checks every field and returns the first problem as *FieldError.
-func (m *Manifest) Validate() error {
+func (m *Manifest) Validate() error { return m.validate(func(string) bool { return false }) }
+
+// validate is Validate where missing says which required fields the
+// manifest's JSON left out (a parsed manifest's), told as missing rather
+// than by their zero value.
+func (m *Manifest) validate(missing func(field string) bool) error {
 	switch m.Kind {
 	case KindPipeline:
-		return m.validatePipeline()
+		return m.validatePipeline(missing)
 	case "", KindFunction:
 	default:
 		return &FieldError{"kind", fmt.Sprintf("%q must be %q (the default) or %q", m.Kind, KindFunction, KindPipeline)}
@@ -433,22 +479,34 @@ func (m *Manifest) Validate() error {
 	switch {
 	case m.Steps != nil:
 		return &FieldError{"steps", "only a pipeline (\"kind\": \"pipeline\") has steps; a function has a chain"}
+	case missing("name"):
+		return missingField("name", "the function's name, [a-z0-9][a-z0-9-]{0,62}")
 	case !ValidName(m.Name):
 		return &FieldError{"name", fmt.Sprintf("%q must match [a-z0-9][a-z0-9-]{0,62}", m.Name)}
+	case missing("abi"):
+		return missingField("abi", fmt.Sprintf("%d (or 1 for a library built against the ABI 1 header), the major version the library was built for", Major))
 	case m.ABI != 1 && m.ABI != Major:
 		return &FieldError{"abi", fmt.Sprintf("is %d, this runtime speaks ABI %d (and loads ABI 1 bundles): the major version the library was built for", m.ABI, Major)}
+	case missing("target"):
+		return missingField("target", orList(quoted(Targets())))
 	case !isTarget(m.Target):
 		return &FieldError{"target", fmt.Sprintf("%q must be %s", m.Target, orList(quoted(Targets())))}
+	case missing("library"):
+		return missingField("library", "the .so file name in the bundle")
 	case !fileClass.match(m.Library) || !strings.HasSuffix(m.Library, ".so"):
 		return &FieldError{"library", fmt.Sprintf("%q must be a plain file name ending in .so", m.Library)}
 	case m.Constants != "" && !fileClass.match(m.Constants):
 		return &FieldError{"constants", fmt.Sprintf("%q must be a plain file name", m.Constants)}
 	case m.Constants == m.Library || m.Constants == ManifestFile || m.Library == ManifestFile:
 		return &FieldError{"constants", "library, constants and plover.json must be three different files"}
+	case missing("max_input_bytes"):
+		return missingField("max_input_bytes", fmt.Sprintf("the largest input in bytes, 1..%d", MaxBufferBytes))
 	case m.MaxInputBytes <= 0 || m.MaxInputBytes > MaxBufferBytes:
 		return &FieldError{"max_input_bytes", fmt.Sprintf("%d must be in 1..%d", m.MaxInputBytes, MaxBufferBytes)}
 	case m.TmpBytes < 0 || m.TmpBytes > MaxBufferBytes:
 		return &FieldError{"tmp_bytes", fmt.Sprintf("%d must be in 0..%d", m.TmpBytes, MaxBufferBytes)}
+	case missing("out_bytes"):
+		return missingField("out_bytes", fmt.Sprintf("the size of out in bytes, 1..%d", MaxBufferBytes))
 	case m.OutBytes <= 0 || m.OutBytes > MaxBufferBytes:
 		return &FieldError{"out_bytes", fmt.Sprintf("%d must be in 1..%d", m.OutBytes, MaxBufferBytes)}
 	case m.ZeroTmp && m.TmpBytes == 0:
@@ -483,6 +541,9 @@ func (m *Manifest) Validate() error {
 	}
 	if err := m.Batch.validate(m); err != nil {
 		return err
+	}
+	if missing("chain") {
+		return missingField("chain", `the entries to run, [{"kernel": ..., "grid": ..., "block": ...}]`)
 	}
 	return ValidateChain("chain", m.Chain)
 }

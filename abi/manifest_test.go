@@ -2,6 +2,7 @@ package abi
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"runtime"
@@ -106,6 +107,55 @@ func TestParseManifest(t *testing.T) {
 				t.Fatal("error has no reason")
 			}
 		})
+	}
+}
+
+// A required field left out is told as missing, not by the zero value the
+// author never wrote ("abi: is 0", "target: \"\" must be ..."); one given
+// a bad value keeps its message.
+func TestManifestMissingField(t *testing.T) {
+	targets := orList(quoted(Targets())) // "host" or "cuda", and a test's
+	for _, tt := range []struct {
+		name     string
+		from, to string // replace from with to in valid
+		want     string // the whole error
+	}{
+		{"no name", `"name":"vecadd",`, ``, `name: required, missing: the function's name, [a-z0-9][a-z0-9-]{0,62}`},
+		{"no abi", `"abi":1,`, ``, `abi: required, missing: 2 (or 1 for a library built against the ABI 1 header), the major version the library was built for`},
+		{"abi null", `"abi":1`, `"abi":null`, `abi: required, missing: 2 (or 1 for a library built against the ABI 1 header), the major version the library was built for`},
+		{"no target", `"target":"host",`, ``, `target: required, missing: ` + targets},
+		{"no library", `"library":"vecadd.so",`, ``, `library: required, missing: the .so file name in the bundle`},
+		{"no max_input_bytes", `"max_input_bytes":4000000,`, ``, `max_input_bytes: required, missing: the largest input in bytes, 1..1073741824`},
+		{"no out_bytes", `"out_bytes":4000000,`, ``, `out_bytes: required, missing: the size of out in bytes, 1..1073741824`},
+		{"no chain", `,
+ "chain":[{"kernel":"vecadd","grid":256,"block":256}]`, ``, `chain: required, missing: the entries to run, [{"kernel": ..., "grid": ..., "block": ...}]`},
+		// Present but bad: the value's own message, as before.
+		{"abi 0", `"abi":1`, `"abi":0`, `abi: is 0, this runtime speaks ABI 2 (and loads ABI 1 bundles): the major version the library was built for`},
+		{"target empty", `"target":"host"`, `"target":""`, `target: "" must be ` + targets},
+		{"library empty", `"library":"vecadd.so"`, `"library":""`, `library: "" must be a plain file name ending in .so`},
+		{"max_input_bytes 0", `"max_input_bytes":4000000`, `"max_input_bytes":0`, `max_input_bytes: 0 must be in 1..1073741824`},
+		{"out_bytes 0", `"out_bytes":4000000`, `"out_bytes":0`, `out_bytes: 0 must be in 1..1073741824`},
+		{"chain empty", `[{"kernel":"vecadd","grid":256,"block":256}]`, `[]`, `chain: must name at least one kernel`},
+		// The first problem in the fields' order: a bad name before a
+		// missing abi.
+		{"bad name, no abi", `"name":"vecadd","abi":1,`, `"name":"Vec",`, `name: "Vec" must match [a-z0-9][a-z0-9-]{0,62}`},
+		{"pipeline without a name", valid, `{"kind":"pipeline","steps":["a"]}`, `name: required, missing: the pipeline's name, [a-z0-9][a-z0-9-]{0,62}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if !strings.Contains(valid, tt.from) {
+				t.Fatalf("test bug: %q not in the manifest", tt.from)
+			}
+			src := strings.Replace(valid, tt.from, tt.to, 1)
+			for _, parse := range []func(io.Reader) (*Manifest, error){ParseManifest, ParseStoredManifest} {
+				if _, err := parse(strings.NewReader(src)); err == nil || err.Error() != tt.want {
+					t.Fatalf("%v\nwant %s\n%s", err, tt.want, src)
+				}
+			}
+		})
+	}
+	// A manifest checked without its JSON (Validate) has no keys to miss.
+	if err := (&Manifest{Name: "x"}).Validate(); err == nil || !strings.HasPrefix(err.Error(), "abi: is 0") {
+		t.Fatalf("Validate: %v", err)
 	}
 }
 
@@ -352,6 +402,7 @@ func TestStoredManifestsKeepOlderRules(t *testing.T) {
 		{`{` + fn + `,"Zero_Out":false}`, `Zero_Out: no such field (did you mean "zero_out"?`},
 		{`{` + fn + `,"zero_out":true,"zero_out":false}`, `zero_out: given twice`},
 		{`{` + fn + `,"idle_ttl":"` + long + `"}`, `idle_ttl: is 44 bytes long, at most 32`},
+		{`{` + fn + `}}`, `plover.json: trailing data after the JSON object at line 1`}, // its required keys read from the object alone
 		{`{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}],` +
 			`"batch":{"max_items":2,"max_delay":"` + long + `","item_input_bytes":8,"item_output_bytes":8}}`, `batch.max_delay: is 44 bytes long, at most 32`},
 	} {

@@ -103,7 +103,10 @@ var pipelineFields = map[string]bool{"name": true, "kind": true, "steps": true}
 // validatePipeline checks a pipeline manifest's shape: its name, its steps
 // and that it sets nothing else (whether the functions exist, and cycles,
 // are the server's to check at deploy).
-func (m *Manifest) validatePipeline() error {
+func (m *Manifest) validatePipeline(missing func(field string) bool) error {
+	if missing("name") {
+		return missingField("name", "the pipeline's name, [a-z0-9][a-z0-9-]{0,62}")
+	}
 	if !ValidName(m.Name) {
 		return &FieldError{"name", fmt.Sprintf("%q must match [a-z0-9][a-z0-9-]{0,62}", m.Name)}
 	}
