@@ -38,8 +38,9 @@
  *
  * The runtime resets every field before each request, so an entry that
  * changes one (other than the dat bytes) affects only the current request.
- * grid and block come from the manifest or a per-request override. An entry
- * must not block, call back into the runtime, or keep pointers into s after
+ * grid and block come from the manifest or a per-request override; an entry
+ * that ignores either needs no (void)grid: PLOVER_ENTRY marks both unused,
+ * so -Wextra does not warn. An entry must not block, call back into the runtime, or keep pointers into s after
  * it returns.
  *
  * CUDA GRAPHS. On the CUDA target an instance runs a chain directly the
@@ -182,11 +183,13 @@ typedef void (*plover_hook_fn)(plover_state_t *s);
 #endif
 
 /* Defines an entry point with the exported, unmangled name `name` and
- * declares it in the bundle's entry table. */
+ * declares it in the bundle's entry table. grid and block are marked unused
+ * (an attribute, no change to the entry's type): an entry may ignore them. */
 #define PLOVER_ENTRY(name)                                                \
   static const char plover_entry_##name##_[] __attribute__((             \
       used, PLOVER_RETAIN_ section("plover_entries"), aligned(1))) = #name; \
-  PLOVER_EXPORT void name(plover_state_t *s, int grid, int block)
+  PLOVER_EXPORT void name(plover_state_t *s, int grid __attribute__((unused)), \
+                          int block __attribute__((unused)))
 
 /*
  * PLOVER_BUNDLE("host") or PLOVER_BUNDLE("cuda"), in exactly one source file

@@ -203,13 +203,15 @@ func outputPath(dir, path string) (string, error) {
 	return abs, nil
 }
 
-// warningCounter counts the compiler's warnings in what it writes: lines
-// with "warning:" (g++'s "file:line:col: warning: ...") or "warning #"
-// (nvcc's front end), each distinct line once (nvcc repeats its own for
-// every compilation pass).
+// warningCounter counts the compiler's warnings in what it writes: every
+// line with "warning:" (g++'s "file:line:col: warning: ...", which is the
+// same line for each expansion of a macro that warns, so each counts), and
+// each distinct line with "warning #" once (nvcc's front end, which says
+// its own again for every compilation pass).
 type warningCounter struct {
-	seen    map[string]bool
-	partial []byte // the line being written
+	n       int
+	seen    map[string]bool // nvcc's front-end lines
+	partial []byte          // the line being written
 }
 
 func (w *warningCounter) Write(p []byte) (int, error) {
@@ -226,11 +228,17 @@ func (w *warningCounter) Write(p []byte) (int, error) {
 }
 
 func (w *warningCounter) line(l []byte) {
-	if bytes.Contains(l, []byte("warning:")) || bytes.Contains(l, []byte("warning #")) {
+	switch {
+	case bytes.Contains(l, []byte("warning:")):
+		w.n++
+	case bytes.Contains(l, []byte("warning #")):
 		if w.seen == nil {
 			w.seen = map[string]bool{}
 		}
-		w.seen[string(bytes.TrimSpace(l))] = true
+		if k := string(bytes.TrimSpace(l)); !w.seen[k] {
+			w.seen[k] = true
+			w.n++
+		}
 	}
 }
 
@@ -239,5 +247,5 @@ func (w *warningCounter) count() int {
 		w.line(w.partial)
 		w.partial = nil
 	}
-	return len(w.seen)
+	return w.n
 }

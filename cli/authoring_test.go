@@ -248,20 +248,37 @@ func TestBuildShowsWarnings(t *testing.T) {
     if (threadIdx.x < s && i < n) y[i] += 1;
   }
 `
+	// A warning in a macro is the same line at each expansion: g++ says
+	// it once for each, and each counts.
+	const macro = `
+#define HELPER(n) int helper_##n(int x) { int unused; return x; }
+HELPER(a)
+HELPER(b)
+`
+	// Entries that ignore grid and block (PLOVER_ENTRY marks them unused).
+	const entries = `
+PLOVER_ENTRY(ignores_both) { s->out.len = 0; }
+PLOVER_ENTRY(ignores_block) { s->out.len = (size_t)grid; }
+`
 	for _, tt := range []struct {
 		name, target string
 		add          string // added to the kernel's body
+		file         string // added at the source's end
 		want, not    []string
 	}{
-		{"clean", "host", "", []string{"-Wall -Wextra"}, []string{"warning"}},
-		{"unsigned loop never ends", "host", loop, []string{"-Wtype-limits", "s >= 0", "host build of", "1 compiler warning above; read it"}, nil},
+		{"clean", "host", "", "", []string{"-Wall -Wextra"}, []string{"warning"}},
+		{"unsigned loop never ends", "host", loop, "", []string{"-Wtype-limits", "s >= 0", "host build of", "1 compiler warning above; read it"}, nil},
 		{"two warnings", "host", `
   int unused;
   if (n >= 0) y[0] = 0;
-`, []string{"-Wunused-variable", "-Wtype-limits", "2 compiler warnings above; read them"}, nil},
+`, "", []string{"-Wunused-variable", "-Wtype-limits", "2 compiler warnings above; read them"}, nil},
+		{"a macro's warning at two expansions", "host", "", macro, []string{"-Wunused-variable", "2 compiler warnings above; read them"}, nil},
+		{"entries ignoring grid and block", "host", "", entries, []string{"-Wall -Wextra"}, []string{"warning"}},
 		// nvcc's front end says it once per compilation pass: one warning.
-		{"unsigned loop never ends, cuda", "cuda", loop, []string{"-Xcompiler -Wall,-Wextra", "pointless comparison of unsigned integer with zero", "cuda build of", "1 compiler warning above; read it"}, nil},
-		{"clean, cuda", "cuda", "", []string{"-Xcompiler -Wall,-Wextra"}, []string{"warning"}},
+		{"unsigned loop never ends, cuda", "cuda", loop, "", []string{"-Xcompiler -Wall,-Wextra", "pointless comparison of unsigned integer with zero", "cuda build of", "1 compiler warning above; read it"}, nil},
+		{"clean, cuda", "cuda", "", "", []string{"-Xcompiler -Wall,-Wextra"}, []string{"warning"}},
+		{"a macro's warning at two expansions, cuda", "cuda", "", macro, []string{"never referenced", "2 compiler warnings above; read them"}, nil},
+		{"entries ignoring grid and block, cuda", "cuda", "", entries, []string{"-Xcompiler -Wall,-Wextra"}, []string{"warning"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if _, err := exec.LookPath("nvcc"); err != nil && tt.target == "cuda" {
@@ -276,7 +293,7 @@ func TestBuildShowsWarnings(t *testing.T) {
 			if !strings.Contains(string(b), body) {
 				t.Fatalf("test bug: the kernel has no %q", body)
 			}
-			os.WriteFile(src, []byte(strings.Replace(string(b), body, body+tt.add, 1)), 0o644)
+			os.WriteFile(src, []byte(strings.Replace(string(b), body, body+tt.add, 1)+tt.file), 0o644)
 			out, errs, code := runMain(t, nil, "build", dir, "--target", tt.target)
 			if code != 0 {
 				t.Fatalf("exit %d:\n%s%s", code, out, errs)
