@@ -28,8 +28,13 @@ func CheckBundle(dir string, m *abi.Manifest, target string) (*Info, error) {
 	if info.Target != m.Target {
 		return nil, &Error{Path: path, Reason: fmt.Sprintf("built for target %q, but plover.json says \"target\": %q", info.Target, m.Target)}
 	}
-	if err := info.Check(path, target, abi.Kernels(m.Chain)); err != nil {
+	if err := info.Check(path, target, nil); err != nil {
 		return nil, err
+	}
+	for i, l := range m.Chain { // named by the manifest's field
+		if err := info.CheckEntry(l.Kernel); err != nil {
+			return nil, &Error{Path: path, Reason: fmt.Sprintf("chain[%d].kernel: %v", i, err)}
+		}
 	}
 	if err := info.CheckManifest(path, m); err != nil {
 		return nil, err

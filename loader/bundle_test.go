@@ -33,7 +33,15 @@ func TestCheckBundle(t *testing.T) {
 		{"missing constants", func(m *abi.Manifest) { m.Constants = "gone.bin" }, abi.TargetHost, "constants: gone.bin: no such file"},
 		{"manifest target differs from the library's", func(m *abi.Manifest) { m.Target = abi.TargetCUDA }, abi.TargetHost, `but plover.json says "target": "cuda"`},
 		{"device target differs", func(m *abi.Manifest) {}, abi.TargetCUDA, `the device is "cuda"`},
-		{"unknown kernel", func(m *abi.Manifest) { m.Chain[0].Kernel = "nope" }, abi.TargetHost, `kernel "nope"`},
+		{"unknown kernel", func(m *abi.Manifest) { m.Chain[0].Kernel = "nope" }, abi.TargetHost, `kernels.so: chain[0].kernel: kernel "nope" is not in the library`},
+		// A __global__ kernel named where its entry should be: the field,
+		// and that a chain names entries.
+		{"a __global__ kernel in the chain", func(m *abi.Manifest) {
+			m.Chain = append(m.Chain, abi.Launch{Kernel: "copy_bytes", Grid: 1, Block: 1})
+		}, abi.TargetHost, `chain[1].kernel: kernel "copy_bytes" is not in the library; this bundle declares `},
+		{"a __global__ kernel in the chain, the hint", func(m *abi.Manifest) {
+			m.Chain = append(m.Chain, abi.Launch{Kernel: "copy_bytes", Grid: 1, Block: 1})
+		}, abi.TargetHost, `: a chain names entries (their PLOVER_ENTRY names), not the __global__ kernels they launch`},
 		{"abi mismatch", func(m *abi.Manifest) { m.ABI = 1 }, abi.TargetHost, `plover.json says "abi": 1`},
 		{"batch without PLOVER_BATCHED", func(m *abi.Manifest) {
 			m.Batch = &abi.Batch{MaxItems: 2, ItemInputBytes: 4, ItemOutputBytes: 4}
@@ -55,6 +63,12 @@ func TestCheckBundle(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, tt.want)
 			}
 		})
+	}
+	// A typo of an entry gets the entry suggested, and no word of kernels.
+	m := testkit.Manifest("fn")
+	m.Chain[0].Kernel = "ecoh"
+	if _, err := loader.CheckBundle(dir, m, abi.TargetHost); err == nil || !strings.HasSuffix(err.Error(), `(did you mean "echo"?)`) {
+		t.Fatalf("typo: %v", err)
 	}
 }
 

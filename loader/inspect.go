@@ -285,7 +285,13 @@ func (info *Info) missingHint(name string) string {
 	if len(entries) == 0 {
 		return " (it declares no entries: define them with PLOVER_ENTRY)"
 	}
-	return "; this bundle declares " + listed(entries) + didYouMean(name, entries)
+	hint := "; this bundle declares " + listed(entries)
+	if typo := didYouMean(name, entries); typo != "" || info.Declared == nil {
+		return hint + typo
+	}
+	// Not a typo of an entry: most often a kernel's name, which an entry
+	// launches and the chain cannot.
+	return hint + ": a chain names entries (their PLOVER_ENTRY names), not the __global__ kernels they launch"
 }
 
 // listedEntries is how many entry names a message lists: a library may
