@@ -288,6 +288,12 @@ func (c *command) cobra(env *Env) *cobra.Command {
 	}
 	fs.VisitAll(func(gf *flag.Flag) {
 		pf := pflag.PFlagFromGoFlag(gf)
+		if pf.Value.Type() == "duration" && pf.DefValue == "0s" {
+			// No default to show, as for pflag's own durations: a
+			// wrapped one printed "(default 0s)" after a usage that says
+			// what 0 means, or its own default (logs --since).
+			pf.DefValue = "0"
+		}
 		if short := c.shorthands[gf.Name]; short != "" {
 			pf.Shorthand = short
 		}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"io"
 	"strings"
 	"testing"
 )
@@ -63,5 +64,28 @@ func TestEnvDurationWithoutUnit(t *testing.T) {
 	_, errs, code := runMain(t, envOf(map[string]string{"PLOVER_TIMEOUT": "5"}), "invoke", "f")
 	if code != 2 || !strings.Contains(errs, "$PLOVER_TIMEOUT (for --timeout)") || !strings.Contains(errs, "a duration takes a unit") {
 		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}
+
+// A flag's help shows one default: a duration whose default is 0 shows
+// none from the flag library, as pflag's own durations do, so logs --since
+// keeps only the default its usage says (the usability review's "(default:
+// all the server keeps, ...) (default 0s)").
+func TestHelpShowsOneDefault(t *testing.T) {
+	out, _, code := runMain(t, nil, "logs", "--help")
+	var since string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "--since duration") {
+			since = l
+		}
+	}
+	if code != 0 || strings.Count(since, "(default") != 1 || !strings.Contains(since, "(default: all the server keeps") {
+		t.Fatalf("exit %d, --since: %q; want one default, its usage's", code, since)
+	}
+	root := newRoot(&Env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard})
+	for _, c := range root.Commands() {
+		if u := c.Flags().FlagUsages(); strings.Contains(u, "(default 0s)") {
+			t.Errorf("plover %s --help shows a default of 0s:\n%s", c.Name(), u)
+		}
 	}
 }
