@@ -40,8 +40,8 @@
  * changes one (other than the dat bytes) affects only the current request.
  * grid and block come from the manifest or a per-request override; an entry
  * that ignores either needs no (void)grid: PLOVER_ENTRY marks both unused,
- * so -Wextra does not warn. An entry must not block, call back into the runtime, or keep pointers into s after
- * it returns.
+ * so -Wextra does not warn. An entry must not block, call back into the
+ * runtime, or keep pointers into s after it returns.
  *
  * CUDA GRAPHS. On the CUDA target an instance runs a chain directly the
  * first time it sees given input, tmp and out lengths, records its launches
