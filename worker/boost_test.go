@@ -192,19 +192,28 @@ func TestLightWorkerIsBoosted(t *testing.T) {
 	}
 }
 
-func lightWorkerIsBoosted(t *testing.T, script string) {
+// fakeV1Groups is CPU groups on a fake v1 hierarchy in a temporary
+// directory, boosting at LightBoost with the loop driven by hand (reboost),
+// closed and the hierarchy's root restored when the test ends.
+func fakeV1Groups(t *testing.T) *CPUGroups {
+	t.Helper()
 	root := t.TempDir()
 	old := cgroupRoot
 	cgroupRoot = root
-	defer func() { cgroupRoot = old }()
+	t.Cleanup(func() { cgroupRoot = old })
 	os.MkdirAll(filepath.Join(root, "cpu"), 0o755)
 	os.WriteFile(filepath.Join(root, "cpu", "cpu.shares"), []byte("1024"), 0o644)
 	g := NewCPUGroups(nil)
 	if g == nil {
 		t.Fatal("no groups on a writable v1 hierarchy")
 	}
-	g.boost = LightBoost // the loop is driven by hand below
-	defer g.Close()
+	g.boost = LightBoost
+	t.Cleanup(g.Close)
+	return g
+}
+
+func lightWorkerIsBoosted(t *testing.T, script string) {
+	g := fakeV1Groups(t)
 	spin := exec.Command("sh", "-c", script)
 	sleep := exec.Command("sleep", "60")
 	startInGroup(t, spin)
@@ -494,18 +503,7 @@ func TestWhatTheServerTellsCountsInAGroupsUse(t *testing.T) {
 }
 
 func serverTellsOfAFlood(t *testing.T, fns fakeFunctions) {
-	root := t.TempDir()
-	old := cgroupRoot
-	cgroupRoot = root
-	defer func() { cgroupRoot = old }()
-	os.MkdirAll(filepath.Join(root, "cpu"), 0o755)
-	os.WriteFile(filepath.Join(root, "cpu", "cpu.shares"), []byte("1024"), 0o644)
-	g := NewCPUGroups(nil)
-	if g == nil {
-		t.Fatal("no groups on a writable v1 hierarchy")
-	}
-	g.boost = LightBoost // the loop is driven by hand below
-	defer g.Close()
+	g := fakeV1Groups(t)
 	g.Consult(fns)
 	flood, victim := exec.Command("sleep", "60"), exec.Command("sleep", "60")
 	startInGroup(t, flood)

@@ -156,11 +156,11 @@ func serverGroup(t *testing.T, s *isoServer) string {
 	return ""
 }
 
-// A light function's boost on a real server: the worker of a function
-// that has been idle since its first request runs at 8 times its
-// function's weight within a few of the boost's 250 ms windows (where
-// cgroups can be written; TestSharingServed checks the weights without it).
-func TestLightWorkerBoostedServed(t *testing.T) {
+// startGroupedServer builds plover and starts a server whose workers' CPU
+// weights are cgroups, whose files a test reads; it skips the test where
+// they cannot be (no cgroups, or nice levels).
+func startGroupedServer(t *testing.T) (string, *isoServer) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds binaries and starts servers")
 	}
@@ -169,6 +169,15 @@ func TestLightWorkerBoostedServed(t *testing.T) {
 	if strings.Contains(s.log.String(), "worker CPU weights off") || strings.Contains(s.log.String(), "by nice level") {
 		t.Skipf("no cgroups to read the weight from here: %s", grepLine(s.log.String(), "CPU weights"))
 	}
+	return bin, s
+}
+
+// A light function's boost on a real server: the worker of a function
+// that has been idle since its first request runs at 8 times its
+// function's weight within a few of the boost's 250 ms windows (where
+// cgroups can be written; TestSharingServed checks the weights without it).
+func TestLightWorkerBoostedServed(t *testing.T) {
+	bin, s := startGroupedServer(t)
 	run(t, bin, []string{"PLOVER_SERVER=" + s.url}, "deploy", testkit.BundleDir(t, testkit.Manifest("idle"), nil))
 	resp, err := http.Post(s.url+"/v1/functions/idle/invoke", "application/octet-stream", bytes.NewReader([]byte{1}))
 	if err != nil {
@@ -200,14 +209,7 @@ func TestLightWorkerBoostedServed(t *testing.T) {
 // boosted beside the idle one (as the 4 MB vecadd flood's did beside the
 // CNN).
 func TestAFloodIsNotBoostedServed(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds binaries and starts servers")
-	}
-	bin := buildPlover(t)
-	s := startIsoServer(t, bin, t.TempDir(), nil)
-	if strings.Contains(s.log.String(), "worker CPU weights off") || strings.Contains(s.log.String(), "by nice level") {
-		t.Skipf("no cgroups to read the weight from here: %s", grepLine(s.log.String(), "CPU weights"))
-	}
+	bin, s := startGroupedServer(t)
 	env := []string{"PLOVER_SERVER=" + s.url}
 	run(t, bin, env, "deploy", testkit.BundleDir(t, testkit.Manifest("idle"), nil))
 	run(t, bin, env, "deploy", testkit.BundleDir(t, testkit.Slow("flood", 20), nil))
