@@ -378,9 +378,10 @@ var errSlotIdle = errors.New("httpapi: the body brought no byte for the slot's i
 // copied); otherwise once a read past the pre-read brought some, which
 // are copied into it with what was read before (at most the pre-read and
 // one read of readBuffer bytes). A body all read with the headers, or
-// none, is lent one after it is read (invokeRaw), for the answer. A body
-// of known length that stops arriving gives its slot back after slotIdle
-// (giveBack) and goes on in memory, as one lent none.
+// none, is lent one after it is read (invokeRaw), for the answer, and so
+// is a chunked body, read into memory (lendFor). A body that stops
+// arriving gives its slot back after slotIdle (giveBack) and goes on in
+// memory, as one lent none.
 type slotLend struct {
 	s      *Server
 	fn     string
@@ -421,20 +422,24 @@ func (l *slotLend) lendInto(got []byte, size int) []byte {
 // socket has bytes (a client that expects 100-continue is told to send
 // first), holding nothing meanwhile; a wait bounded by the request's
 // deadline as the reads after it are (bound, cut). Otherwise after the
-// first read past the pre-read that brings bytes (readAll): a chunked
-// body, TLS (whose records the socket's readiness says nothing of), and a
-// body whose rest may all be in fasthttp's buffer already, its socket
-// never to be readable. A body all read with the headers lends nothing
-// here.
+// first read past the pre-read that brings bytes (readAll): TLS (whose
+// records the socket's readiness says nothing of), and a body whose rest
+// may all be in fasthttp's buffer already, its socket never to be
+// readable. A body all read with the headers lends nothing here, nor
+// does a chunked body: one that pauses could not give its slot back
+// (arm), so it is read into memory and lent its slot once read
+// (invokeRaw), for one copy of it.
 func (b *bodyReader) lendFor(sl *slotLend, cl int) error {
 	if sl == nil {
 		return nil
 	}
 	sl.pre = b.pre
 	switch {
-	case cl >= 0 && cl <= b.pre:
+	case cl < 0:
+		return nil // chunked: in memory, lent once read
+	case cl <= b.pre:
 		return nil // all in memory: invokeRaw lends once it is read
-	case cl >= 0 && cl-b.pre > readBuffer && ioshare.Waitable(b.conn):
+	case cl-b.pre > readBuffer && ioshare.Waitable(b.conn):
 		if d := drainOf(b.conn); d != nil {
 			if err := d.sayContinue(); err != nil {
 				return err
@@ -489,20 +494,20 @@ func (b *bodyReader) lent(sl *slotLend, got []byte, size int) []byte {
 // arm bounds the body's reads while it holds its slot: the connection's
 // read deadline slotIdle from now, unless the request's deadline (or the
 // read timeout, where it comes first: back) comes before that, which then
-// stands and cuts the body with its own 504 or 408. Only for a body of
-// known length: a read that blocks in fasthttp's chunked parser and times
-// out may lose its place in a chunk's size line or in the CRLF after its
-// data (parseChunkSize and readCrLf consume what they read before the
-// error), so a chunked body keeps its slot until it ends or its deadline
-// cuts it. A length-bounded body's read resumes where the timeout left it:
-// on a socket, a wait or a read that found nothing consumed nothing;
-// fasthttp's reader (a bufio.Reader, the length counted in its stream)
-// keeps its place; under TLS, crypto/tls keeps a partly read record for
-// the next read and does not take a timeout (a temporary net.Error) for
-// the connection's end (TestSlotGivenBackWhenTheBodyPauses resumes
-// after such a timeout mid-record).
+// stands and cuts the body with its own 504 or 408. A body that holds a
+// slot has a known length (lendFor): its read resumes where the timeout
+// left it: on a socket, a wait or a read that found nothing consumed
+// nothing; fasthttp's reader (a bufio.Reader, the length counted in its
+// stream) keeps its place; under TLS, crypto/tls keeps a partly read
+// record for the next read and does not take a timeout (a temporary
+// net.Error) for the connection's end (TestSlotGivenBackWhenTheBodyPauses
+// resumes after such a timeout mid-record). A chunked body's would not:
+// a read that blocks in fasthttp's chunk parser and times out may lose
+// its place in a chunk's size line or in the CRLF after its data
+// (parseChunkSize and readCrLf consume what they read before the error),
+// which is why such a body is lent no slot while it arrives.
 func (b *bodyReader) arm() {
-	if b.chunked || b.conn == nil {
+	if b.conn == nil {
 		return
 	}
 	if b.back.IsZero() {
@@ -641,8 +646,8 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		}
 		if len(dst) == cap(dst) && announced < 0 && len(dst) >= limit {
 			// Full at the limit, the length unknown: one byte tells the
-			// body's end from one too long, where growing would move a
-			// body that fits out of the slot it was read into.
+			// body's end from one too long, where growing would double
+			// the memory of a body that fits.
 			return b.atLimit(dst)
 		}
 		// Never room for more than one byte past the limit: a body for a
@@ -656,7 +661,7 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		// rest of a body of known length, would let its buffer read ahead
 		// and keep body bytes that no socket wait would then see
 		// (readPiece): grow first. A chunked body waits on no socket, and
-		// grows only when full (it may be read into a slot of its limit).
+		// grows only when full.
 		switch {
 		case announced >= 0 && cap(dst)-len(dst) < min(readBuffer, room):
 			dst = slices.Grow(dst, min(max(cap(dst), readBuffer), room))

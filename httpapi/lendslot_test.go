@@ -78,7 +78,10 @@ func (r lendingRunner) Invoke(_ context.Context, _ string, req *call.Request) er
 // worker's pool from the function's other requests, which then copied
 // their bodies and answers. Once the body comes, it lands in the slot and
 // its answer is written from there, copying at most what was read before
-// the slot was lent.
+// the slot was lent. A chunked body holds none until it has all come, a
+// chunk and a pause included (a read cut inside fasthttp's chunk parser
+// could not resume, so such a body could not give a slot back as it
+// paused): it is read into memory and copied into its slot once, whole.
 func TestSlotLentOnlyOnceTheBodyArrives(t *testing.T) {
 	const size = 256 << 10
 	for _, tc := range []struct {
@@ -97,7 +100,13 @@ func TestSlotLentOnlyOnceTheBodyArrives(t *testing.T) {
 				return "POST /v1/functions/f/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 			},
 			func(b []byte) string { return fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(b), b) },
-			false, 4 << 10},
+			false, size},
+		{"chunked, a chunk and a pause",
+			func(b []byte) string {
+				return fmt.Sprintf("POST /v1/functions/f/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", 100<<10, b[:100<<10])
+			},
+			func(b []byte) string { return fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(b)-100<<10, b[100<<10:]) },
+			false, size},
 		{"Expect: 100-continue, no body yet",
 			func([]byte) string {
 				return fmt.Sprintf("POST /v1/functions/f/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", size)
@@ -139,10 +148,19 @@ func TestSlotLentOnlyOnceTheBodyArrives(t *testing.T) {
 					t.Fatalf("before the body: %v %v, want 100 Continue", resp, err)
 				}
 			}
-			// A moment for a handler that would lend it now: none must.
+			// The body being read, then a moment for a handler that would
+			// lend it a slot now: none must.
+			for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				if _, inMemory := r.fl.Bodies(); inMemory == 1 {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatal("the request's body is not being read")
+				}
+			}
 			time.Sleep(100 * time.Millisecond)
-			if n := r.lent.Load(); n != 0 {
-				t.Fatalf("%d slots lent to a request whose body has not come (its client waits)", n)
+			if inSlot, inMemory := r.fl.Bodies(); r.lent.Load() != 0 || inSlot != 0 || inMemory != 1 {
+				t.Fatalf("%d slots lent, bodies read in a slot %d and in memory %d, while the client holds the rest of its body back; want none lent, one read in memory", r.lent.Load(), inSlot, inMemory)
 			}
 			if _, err := io.WriteString(c, tc.rest(body)); err != nil {
 				t.Fatal(err)

@@ -538,13 +538,17 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	}
 	defer s.releaseBody(held)
 	if !sl.asked {
-		sl.lendInto(nil, 0) // a body read with the headers, or none: a slot for its answer
+		// A body read with the headers, a chunked one (read into memory:
+		// lendFor), or none: a slot for its run and its answer, where the
+		// body fits.
+		sl.lendInto(nil, len(body))
 	}
 	land := sl.land
 	switch {
 	case land != nil && !sameStart(body, land.Input()) && len(body) <= len(land.Input()):
-		// fasthttp read it before the handler ran (up to 8 KiB): the one
-		// copy of a small body, into where the device reads it.
+		// Read before a slot was lent (by fasthttp with the headers, up
+		// to 8 KiB, or a chunked body, into memory): one copy, into
+		// where the device reads it.
 		body = land.Input()[:copy(land.Input(), body)]
 		copied = int64(len(body))
 	case land != nil && ctx.RequestBodyStream() != nil:
