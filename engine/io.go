@@ -133,7 +133,7 @@ const maxNesting = 16
 // IOTime is the server's CPU time on name's bytes so far
 // (plover_io_seconds_total), none for a name without a flow here: what a
 // worker's CPU weight cannot see of its function's cost (worker.CPUGroups's
-// CountOutside).
+// Consult).
 func (e *Engine) IOTime(name string) time.Duration {
 	return time.Duration(e.ioSeconds(name) * float64(time.Second))
 }

@@ -54,6 +54,10 @@ type groupUse struct {
 	boosted      bool
 	known        bool
 	flooding     bool
+	// io is the server's time on each of the group's functions' bytes in
+	// the window, in CPUs (Consult), not yet in used: a function's is
+	// shared among the groups that run it (spreadIO).
+	io map[string]float64
 }
 
 // lightBoosts says which groups run boosted in the next window: a group
@@ -200,14 +204,34 @@ func (g *CPUGroups) reboost(groups []*Group, now time.Time, cpus float64) {
 	for i, c := range groups {
 		uses[i] = c.use(now)
 	}
+	spreadIO(uses)
 	for i, b := range lightBoosts(uses, cpus) {
 		groups[i].setBoost(b)
 	}
 }
 
-// use is c's weight and CPU use since the last call, its processes' and
-// the server's on its functions' bytes (Consult), and whether one of its
-// functions flooded: unknown on the
+// spreadIO adds to each group's use its part of the server's time on its
+// functions' bytes: a function whose workers are several (one a device, an
+// older version draining beside the new one) is charged once, in equal
+// parts, since the server does not say which worker a request went to.
+// A flood is one for each of its workers.
+func spreadIO(uses []groupUse) {
+	runs := map[string]int{}
+	for _, u := range uses {
+		for name := range u.io {
+			runs[name]++
+		}
+	}
+	for i := range uses {
+		for name, cpus := range uses[i].io {
+			uses[i].used += cpus / float64(runs[name])
+		}
+	}
+}
+
+// use is c's weight and CPU use since the last call, its processes' (the
+// server's on its functions' bytes in io, for spreadIO), and whether one of
+// its functions flooded: unknown on the
 // first call, for a process gone, and when the count went down (a process
 // of the group ended, its time with it, unless its parent in the group
 // reaped it). The reads are made without c.mu: a large tree takes a while.
@@ -232,25 +256,30 @@ func (c *Group) use(now time.Time) groupUse {
 		return u
 	}
 	if !c.readAt.IsZero() && t >= c.cpu && now.After(c.readAt) {
-		used := t - c.cpu + c.outsideSince(outside)
-		u.used, u.known = used.Seconds()/now.Sub(c.readAt).Seconds(), true
+		window := now.Sub(c.readAt).Seconds()
+		u.used, u.known = (t-c.cpu).Seconds()/window, true
+		u.io = c.outsideSince(outside, window)
 	}
 	c.cpu, c.readAt, c.seen = t, now, outside
 	return u
 }
 
-// outsideSince is what the server spent on c's functions' bytes since the
-// last read (seen), of now's reading: a function new to the group counts
-// from its next read, and one whose count went down (deleted, deployed
-// anew) counts nothing this window. Under c.mu.
-func (c *Group) outsideSince(now map[string]time.Duration) time.Duration {
-	var d time.Duration
+// outsideSince is what the server spent on each of c's functions' bytes
+// since the last read (seen), window seconds ago, in CPUs, of now's
+// reading: a function new to the group counts from its next read, and one
+// whose count went down (deleted, deployed anew) counts nothing this
+// window. Under c.mu.
+func (c *Group) outsideSince(now map[string]time.Duration, window float64) map[string]float64 {
+	var out map[string]float64
 	for name, t := range now {
 		if was, ok := c.seen[name]; ok && t > was {
-			d += t - was
+			if out == nil {
+				out = make(map[string]float64, len(now))
+			}
+			out[name] = (t - was).Seconds() / window
 		}
 	}
-	return d
+	return out
 }
 
 // setBoost boosts c, or ends its boost, writing its weight if that changed.

@@ -3,6 +3,7 @@ package worker
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -539,15 +540,34 @@ func TestOutsideSince(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		now  map[string]time.Duration
-		want time.Duration
+		want map[string]float64 // CPUs over a window of 2 s
 	}{
-		{"nothing told", nil, 0},
-		{"both grew", map[string]time.Duration{"a": 2 * time.Second, "b": 3500 * time.Millisecond}, 1500 * time.Millisecond},
-		{"one went down (deployed anew), one grew", map[string]time.Duration{"a": 0, "b": 4 * time.Second}, time.Second},
-		{"a function new to the group counts from its next read", map[string]time.Duration{"c": 9 * time.Second, "a": time.Second}, 0},
+		{"nothing told", nil, nil},
+		{"both grew", map[string]time.Duration{"a": 2 * time.Second, "b": 3500 * time.Millisecond}, map[string]float64{"a": 0.5, "b": 0.25}},
+		{"one went down (deployed anew), one grew", map[string]time.Duration{"a": 0, "b": 4 * time.Second}, map[string]float64{"b": 0.5}},
+		{"a function new to the group counts from its next read", map[string]time.Duration{"c": 9 * time.Second, "a": time.Second}, nil},
 	} {
-		if got := c.outsideSince(tc.now); got != tc.want {
+		if got := c.outsideSince(tc.now, 2); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A function's bytes are charged once, in equal parts among the groups
+// that run it (one a device, or an older version draining beside the new
+// one), not in full to each: two workers of f whose bytes the server moves
+// at a CPU's worth read half a CPU each, where each read a whole one.
+func TestSpreadIO(t *testing.T) {
+	uses := []groupUse{
+		{weight: 1, used: 0.1, known: true, io: map[string]float64{"f": 1}},
+		{weight: 1, used: 0.2, known: true, io: map[string]float64{"f": 1}},
+		{weight: 1, used: 0.3, known: true, io: map[string]float64{"g": 0.4, "f": 1}}, // a tenant's worker running f too
+		{weight: 1, used: 0.05, known: true},
+	}
+	spreadIO(uses)
+	for i, want := range []float64{0.1 + 1.0/3, 0.2 + 1.0/3, 0.3 + 0.4 + 1.0/3, 0.05} {
+		if math.Abs(uses[i].used-want) > 1e-9 {
+			t.Errorf("group %d: %v CPUs, want %v", i, uses[i].used, want)
 		}
 	}
 }

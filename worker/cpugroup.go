@@ -454,6 +454,19 @@ func (c *Group) setWeight(w float64, names []string) {
 	c.write(true)
 }
 
+// setNames sets the functions the worker runs, of which the boost asks
+// the server (Consult), where its weight did not change.
+func (c *Group) setNames(names []string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.Equal(c.names, names) {
+		c.names, c.function = names, strings.Join(names, ",")
+	}
+}
+
 // write writes c's weight, under c.mu; with nice levels, on the processes
 // of its tree too when tree is set. Once the weights are off it writes
 // the server's weight, once (unweigh).

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"slices"
 	"time"
 )
 
@@ -93,7 +94,6 @@ func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var sum, top float64
-	var names []string
 	for _, g := range p.tenant.progs {
 		top = max(top, g.weight)
 		if !g.busy.Load() {
@@ -115,16 +115,28 @@ func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 		}
 		busy = true
 		sum += g.weight
-		names = append(names, g.name)
 	}
 	if !busy {
 		sum = top
 	}
-	if p.exited || p.killed.Load() != nil || sum == 0 || sum == p.tenant.weighed {
+	if p.exited || p.killed.Load() != nil {
+		return busy, false
+	}
+	// The boost asks the server of every function the worker holds (an
+	// idle one moves no bytes and floods nothing), whichever are busy and
+	// whether or not the weight changes: the busy set changes while their
+	// weights' sum stays.
+	all := make([]string, 0, len(p.tenant.progs))
+	for _, g := range p.tenant.progs {
+		all = append(all, g.name)
+	}
+	slices.Sort(all)
+	if sum == 0 || sum == p.tenant.weighed {
+		p.cgroup.setNames(all)
 		return busy, false
 	}
 	p.tenant.weighed = sum
 	p.tenant.writes.Add(1)
-	p.cgroup.setWeight(sum, names)
+	p.cgroup.setWeight(sum, all)
 	return busy, true
 }

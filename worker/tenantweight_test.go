@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -126,6 +127,41 @@ func TestTenantWeightFollowsBusyPrograms(t *testing.T) {
 	want("killed: the weight Dying gave it stays", 1)
 	a.runEnd()
 	d.runEnd()
+}
+
+// A tenant's worker tells the boost of every program it holds, whatever is
+// busy and whether or not its weight changed: the busy set changed from a
+// to b at equal weights (the sum unchanged, no write) and the boost went on
+// asking of a alone, so b's flood or bytes went unseen.
+func TestTenantWorkerNamesEveryProgram(t *testing.T) {
+	cg, _ := fakeV1Group(t, 4321)
+	p := tenantProc(cg, weighWindow)
+	names := func() []string {
+		cg.mu.Lock()
+		defer cg.mu.Unlock()
+		return cg.names
+	}
+	a := weighedProgram(p, "a", 0)
+	later := func(n time.Duration) time.Time { return time.Now().Add(n * p.tenant.window) }
+	p.reweigh(time.Now())
+	if got := names(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("a loaded: the group names %v, want [a]", got)
+	}
+	p.reweigh(later(1)) // a idle: the heaviest's weight, unchanged
+	b := weighedProgram(p, "b", 0)
+	b.runStart()
+	if _, wrote := p.reweigh(later(1)); wrote {
+		t.Fatal("b busy at a's weight: the weight was written again")
+	}
+	if got := names(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("b loaded and busy, the weight unchanged: the group names %v, want [a b]", got)
+	}
+	b.runEnd()
+	p.removeProgram(a)
+	p.reweigh(later(3))
+	if got := names(); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("a unloaded: the group names %v, want [b]", got)
+	}
 }
 
 // The worker's own loop keeps the weight without being called: a load
