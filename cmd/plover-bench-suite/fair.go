@@ -1,22 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bench"
 	"github.com/plover-run/plover/sched"
 )
@@ -560,164 +555,6 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 // ioSplitClients is how many times a's clients b's flood has: a's bodies
 // are 4 times b's.
 const ioSplitClients = 4
-
-// ioSplit floods vecadd-a and vecadd-b together, ca and cb clients, and
-// reads the server's I/O time each was charged meanwhile.
-func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d time.Duration) (fairIO, error) {
-	before := [2]float64{ioSeconds(url, "vecadd-a"), ioSeconds(url, "vecadd-b")}
-	var wg sync.WaitGroup
-	var la, lb fairLoad
-	var ea, eb error
-	wg.Add(2)
-	go func() { defer wg.Done(); la, ea = closed(ctx, url, "vecadd-a", inA, ca, d) }()
-	go func() { defer wg.Done(); lb, eb = closed(ctx, url, "vecadd-b", inB, cb, d) }()
-	wg.Wait()
-	if ea != nil || eb != nil {
-		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
-	}
-	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}}
-	if ia, ib := ioSeconds(url, "vecadd-a")-before[0], ioSeconds(url, "vecadd-b")-before[1]; ia+ib > 0 {
-		r.IOA = ia / (ia + ib)
-	}
-	if ba, bb := la.Throughput*float64(len(inA)), lb.Throughput*float64(len(inB)); ba+bb > 0 {
-		r.BytesA = ba / (ba + bb)
-	}
-	return r, nil
-}
-
-// closed runs a closed loop and summarises it.
-func closed(ctx context.Context, url, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
-	return closedAs(ctx, url, "", fn, in, clients, d)
-}
-
-// closedAs is closed with a bearer token ("": none).
-func closedAs(ctx context.Context, url, token, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
-	return loop(ctx, bench.Config{Server: url, Token: token, Function: fn, Input: in, Concurrency: clients, Duration: d})
-}
-
-// sparseLoop runs an open loop of rate requests a second and summarises it.
-func sparseLoop(ctx context.Context, url, fn string, in []byte, rate float64, d time.Duration) (fairLoad, error) {
-	return loop(ctx, bench.Config{Server: url, Function: fn, Input: in, Rate: rate, Duration: d})
-}
-
-// loop runs cfg (its server, function, input, clients or rate, and
-// duration) and summarises it, with each request's time outside the
-// server.
-func loop(ctx context.Context, cfg bench.Config) (fairLoad, error) {
-	var mu sync.Mutex
-	var outside, lat []float64
-	observe := func(s *bench.Sample) {
-		mu.Lock()
-		defer mu.Unlock()
-		if s.Timing.Complete() {
-			outside = append(outside, float64(s.Latency-s.Timing.Dur[bench.Total])/1e6)
-		}
-		if cfg.Rate > 0 {
-			lat = append(lat, ms(s.Latency))
-		}
-	}
-	cfg.Requests, cfg.Timeout, cfg.Observe = 100_000_000, time.Minute, observe
-	r, err := bench.Run(ctx, cfg)
-	if err != nil {
-		return fairLoad{}, fmt.Errorf("%s: %w", cfg.Function, err)
-	}
-	l := loadOf(r)
-	l.OutsideP50, l.OutsideP99 = quantile(outside, 0.5), quantile(outside, 0.99)
-	l.Lat = lat
-	if o := r.Open; o != nil {
-		l.Late, l.Unsent, l.WakeLagMax = o.Late, o.Unsent, o.WakeLagMaxMs
-	}
-	return l, nil
-}
-
-// loadOf is a bench run's fairLoad.
-func loadOf(r *bench.Result) fairLoad {
-	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Max: r.Latency.Max, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
-	for _, e := range r.Errors {
-		l.Errors += e.Count
-	}
-	return l
-}
-
-// flood floods fn from a process of its own (plover bench), as a tenant's
-// clients on other machines would: its clients in this program would share
-// the victim's client's Go runtime (its processors, its collector, busy
-// with 4 MB bodies), and the victim's latency would measure them too. It
-// runs for d unless ctx ends first, which interrupts it (it reports what
-// it did).
-func flood(ctx context.Context, plover, url, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
-	f, err := os.CreateTemp("", "plover-fair-flood-")
-	if err != nil {
-		return fairLoad{}, err
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(in)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fairLoad{}, err
-	}
-	cmd := exec.CommandContext(ctx, plover, "bench", fn, "--server", url, "--in", f.Name(), "--concurrency", strconv.Itoa(clients),
-		"--duration", d.String(), "--requests", "100000000", "--timeout", "1m", "--json")
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 30 * time.Second
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	var r bench.Result
-	if jerr := json.Unmarshal(out, &r); jerr != nil {
-		return fairLoad{}, fmt.Errorf("flood %s: %v (%v) %s", fn, jerr, err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return loadOf(&r), nil
-}
-
-// beside runs the victim at one client while the neighbour is flooded;
-// the flood starts first and runs past the victim's end.
-func beside(ctx context.Context, plover, url, victim string, vin []byte, nb string, nin []byte, clients int, d time.Duration) (fairLoad, fairLoad, error) {
-	return besideFlood(ctx, plover, url, nb, nin, clients, d, func() (fairLoad, error) { return closed(ctx, url, victim, vin, 1, d) })
-}
-
-// besideFlood runs victim while nb is flooded at url by clients for d and
-// more: the flood starts first and runs past the victim's end.
-func besideFlood(ctx context.Context, plover, url, nb string, nin []byte, clients int, d time.Duration, victim func() (fairLoad, error)) (fairLoad, fairLoad, error) {
-	fctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var fl fairLoad
-	var ferr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fl, ferr = flood(fctx, plover, url, nb, nin, clients, d+2*time.Second)
-	}()
-	select {
-	case <-time.After(time.Second): // the flood at its pace
-	case <-done:
-		return fairLoad{}, fairLoad{}, fmt.Errorf("flood %s ended early: %v", nb, ferr)
-	}
-	v, err := victim()
-	cancel()
-	<-done
-	if err == nil {
-		err = ferr
-	}
-	return v, fl, err
-}
-
-// deviceSeconds is a function's device time on the server so far.
-func deviceSeconds(url, fn string) float64 { return functionInfo(url, fn).DeviceSeconds }
-
-// ioSeconds is the server's CPU time on a function's bytes so far.
-func ioSeconds(url, fn string) float64 { return functionInfo(url, fn).IOSeconds }
-
-// functionInfo is GET /v1/functions/{fn}, or its zero value.
-func functionInfo(url, fn string) api.FunctionInfo {
-	var fi api.FunctionInfo
-	if getJSON(http.DefaultClient, url+"/v1/functions/"+fn, &fi) != nil {
-		return api.FunctionInfo{}
-	}
-	return fi
-}
 
 func writeFair(o *options, res *results, fr *fairRun) error {
 	var b strings.Builder
