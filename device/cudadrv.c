@@ -532,6 +532,7 @@ void plcu_run(plcu_inst_t *in, const void *src, size_t in_len, void *dst,
   STEP("cuEventRecord", d->cuEventRecord(in->ev[1], in->stream));
 
   plover_state_begin(&in->state, in_len, tmp_len, out_len, items);
+  r->reached = 1;
   r->ran = PLCU_DIRECT;
   if (slot < 0 || slot >= PLCU_GRAPHS) mode = PLCU_DIRECT;
   if (mode == PLCU_REPLAY && in->exec[slot] != NULL) {

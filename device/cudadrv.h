@@ -58,6 +58,8 @@ typedef struct {
   const char *err_op;     /* the driver call that returned it */
   const char *kernel_err; /* the bundle's plover_last_error, or NULL */
   int ran;                /* the mode that actually produced the output */
+  int reached;            /* the chain was launched: a sticky error met
+                             before it came from other work in the context */
   CUresult capture_err;   /* nonzero: a capture or replay failed and the */
   const char *capture_op; /*   chain ran directly instead */
   const char *capture_kernel_err; /* bundle error seen while capturing */

@@ -76,9 +76,11 @@ func (e *DeviceFault) Error() string {
 
 func (e *DeviceFault) Unwrap() []error { return []error{ErrUnhealthy, e.Err} }
 
-// kernelFault is what the Run that hit a sticky error returns: the request
-// failed like any kernel failure (errors.As finds the *KernelError), and the
-// device is gone (errors.Is(err, ErrUnhealthy)).
+// kernelFault is what the Run that hit a sticky error after launching its
+// chain returns: the request failed like any kernel failure (errors.As finds
+// the *KernelError), and the device is gone (errors.Is(err, ErrUnhealthy)).
+// A Run that met it before its chain launched returns the *DeviceFault alone,
+// as one refused on a device already poisoned: it launched nothing.
 type kernelFault struct {
 	ke    *KernelError
 	fault *DeviceFault

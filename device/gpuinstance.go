@@ -216,11 +216,18 @@ func (i *gpuInstance) Run(r *Run) error {
 		if kerr != "" {
 			msg = unmarked(kerr) + "; " + msg
 		}
-		ke := &KernelError{Msg: msg}
 		if de.Sticky() {
-			return &kernelFault{ke: ke, fault: i.g.poison(de)}
+			fault := i.g.poison(de)
+			if res.reached == 0 {
+				// Met before this run launched anything of its own: the
+				// context was poisoned by other work (another instance's,
+				// another program's in a tenant's worker), so the run is
+				// refused as one that began on a poisoned device.
+				return fault
+			}
+			return &kernelFault{ke: &KernelError{Msg: msg}, fault: fault}
 		}
-		return ke
+		return &KernelError{Msg: msg}
 	}
 	if kerr != "" {
 		return chainError(kerr)

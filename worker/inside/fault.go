@@ -28,7 +28,9 @@ import (
 //
 // A run or call that began on a device already poisoned (the device's
 // Health says so once a run or hook of a program's met the fault, whose
-// claim is on its way) claims nothing. It waits a moment for the claim
+// claim is on its way), or a run that met the fault before its chain
+// launched (its first driver calls: the fault is other work's), claims
+// nothing. It waits a moment for the claim
 // before the process exits, as the exit would end the claimant's goroutine
 // before it wrote; with no claim (a mark the pipe did not take), the
 // server blames every program, as for any death it cannot pin on one.
@@ -83,8 +85,10 @@ func (w *server) exitFault() {
 
 // ranIntoFault reports whether err, a run's fault, was met by the run
 // itself: the device's error comes with a *device.KernelError where the
-// run's own driver calls met the sticky error, and alone where the run
-// was refused up front, the device poisoned before it began.
+// run's chain was launched before its driver calls met the sticky error,
+// and alone where the run was refused up front, the device poisoned
+// before it began, or met the error before its chain launched (other
+// work poisoned the context: the run had launched nothing).
 func ranIntoFault(err error) bool {
 	var ke *device.KernelError
 	return errors.As(err, &ke)

@@ -4,9 +4,12 @@
  * fakecu_launch in place of CUDA kernels. Built with gcc against
  * libfakecuda.so; see cuda_test.go.
  */
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "plover.h"
 
@@ -123,6 +126,20 @@ PLOVER_ENTRY(pl_nap) {
   struct timespec ts = {grid / 1000, (long)(grid % 1000) * 1000000L};
   nanosleep(&ts, NULL);
   launch(s, 1, block, k_inc, (args_t){s->tmp.dat, NULL, s->tmp.len, 0});
+}
+
+/* Holds its run in host code, launching nothing, while the file
+ * $FAKEBUNDLE_HOLD exists (it creates it first; at most grid ms): a run in
+ * flight, past its own launches, that a test lets go by removing the file. */
+PLOVER_ENTRY(pl_hold) {
+  enter();
+  (void)block;
+  const char *f = getenv("FAKEBUNDLE_HOLD");
+  if (f == NULL) return;
+  int fd = open(f, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd >= 0) close(fd);
+  struct timespec ms = {0, 1000000L};
+  for (int i = 0; i < grid && access(f, F_OK) == 0; i++) nanosleep(&ms, NULL);
 }
 
 /* Host-synchronises inside the entry point, which no capture allows. */
