@@ -290,6 +290,16 @@ func sourceOf(dir, target string) (string, *abi.Manifest) {
 	return src, m
 }
 
+// editableManifest is the manifest an author edits for bundle dir (for
+// target): its source directory's when dir is <src>/build/<target>, the
+// built copy being rewritten by every build; else dir's own.
+func editableManifest(dir, target string) string {
+	if src, sm := sourceOf(dir, target); sm != nil {
+		return filepath.Join(src, abi.ManifestFile)
+	}
+	return filepath.Join(dir, abi.ManifestFile)
+}
+
 // rebuildIfStale rebuilds target of source directory src (manifest m) into
 // built when a source is newer than it: a build older than its sources is
 // never used, since its bytes are not the function the author now has (a

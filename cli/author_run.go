@@ -220,7 +220,7 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 	if items > 0 {
 		outLen = int64(items) * m.Batch.ItemOutputBytes // each request's slice of out, as a server answers them
 	}
-	lr := &localRun{dir: dir, timeout: timeout, sig: sig, inst: inst, rep: rep,
+	lr := &localRun{dir: dir, manifest: editableManifest(dir, m.Target), timeout: timeout, sig: sig, inst: inst, rep: rep,
 		r: &device.Run{Input: input, Output: make([]byte, outLen), Chain: steps,
 			TmpLen: m.TmpBytes, ZeroTmp: m.ZeroTmp, ZeroOut: m.ZeroesOut(), Items: items}}
 	if err := lr.repeat(repeat, items > 0); err != nil {
@@ -256,12 +256,13 @@ func chainSteps(prog device.Program, m *abi.Manifest) ([]device.Step, error) {
 // localRun is plover run's chain on its one instance: the run it repeats
 // and the report its timings go to.
 type localRun struct {
-	dir     string
-	timeout time.Duration
-	sig     context.Context // done on ^C or SIGTERM
-	inst    device.Instance
-	r       *device.Run
-	rep     *runReport
+	dir      string
+	manifest string // the manifest the author edits (editableManifest)
+	timeout  time.Duration
+	sig      context.Context // done on ^C or SIGTERM
+	inst     device.Instance
+	r        *device.Run
+	rep      *runReport
 }
 
 // repeat runs the chain n times, each under the timeout, and sums up
@@ -321,7 +322,7 @@ func (lr *localRun) checkTmpKept(output []byte) error {
 	r := lr.r
 	r.Deadline = time.Now().Add(lr.timeout)
 	advice := fmt.Sprintf("the chain [%s] reads what an earlier run left in tmp, and %s has \"zero_tmp\": false. A kernel that accumulates into tmp (atomicAdd, +=) needs \"zero_tmp\": true, or a server answers its second request wrongly",
-		strings.Join(lr.rep.Chain, " "), filepath.Join(lr.dir, abi.ManifestFile))
+		strings.Join(lr.rep.Chain, " "), lr.manifest)
 	switch err := lr.inst.Run(r); {
 	case err != nil && lr.sig.Err() != nil:
 		return errors.New("interrupted")

@@ -277,6 +277,14 @@ func TestResolveBundle(t *testing.T) {
 	if staleSources(src, mustManifest(t, src), built) != "" {
 		t.Fatal("build dir still stale after the rebuild")
 	}
+	// What a message asks the author to edit is the source's manifest,
+	// not the build's copy, which the next build rewrites.
+	if got := editableManifest(built, "host"); got != filepath.Join(src, "plover.json") {
+		t.Errorf("the manifest to edit for %s: %s, want the source's", built, got)
+	}
+	if got := editableManifest(plain, "host"); got != filepath.Join(plain, "plover.json") {
+		t.Errorf("the manifest to edit for a plain bundle: %s, want its own", got)
+	}
 	// From inside the build dir ("."), and not for another target than
 	// the bundle's (the caller refuses that bundle).
 	os.Chtimes(filepath.Join(src, "src.cu"), old, time.Now().Add(time.Second))
