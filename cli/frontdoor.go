@@ -123,7 +123,7 @@ func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", d.f.listen, err)
 	}
-	if err := d.refuseExposed(ctx, ln, "--listen", "deploy native code and run it here"); err != nil {
+	if err := d.refuseExposed(ctx, ln, "--listen", d.f.listen, "deploy native code and run it here"); err != nil {
 		return nil, "", err
 	}
 	d.guard.Listener = ln
@@ -140,14 +140,21 @@ func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
 // refuseExposed closes ln and refuses it when it is not a loopback
 // address and there are no tokens, unless --insecure-no-auth (then the
 // reminder runs until ctx ends).
-func (d *frontDoor) refuseExposed(ctx context.Context, ln net.Listener, flag, what string) error {
-	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsLoopback() || d.tokens != nil {
+func (d *frontDoor) refuseExposed(ctx context.Context, ln net.Listener, flag, given, what string) error {
+	a, ok := ln.Addr().(*net.TCPAddr)
+	if ok && a.IP.IsLoopback() || d.tokens != nil {
 		return nil
 	}
 	if !d.f.insecureNoAuth {
 		ln.Close()
+		// Named as the operator gave it: ":8080" listens as "[::]:8080",
+		// which no one typed.
+		where := given
+		if ok && a.IP.IsUnspecified() {
+			where += " (every address of this machine)"
+		}
 		return fmt.Errorf("%s %s is not a loopback address and there is no --auth-file: anyone who reaches it could %s. "+
-			"Create tokens (plover token new NAME --scopes ...) and pass --auth-file FILE, or, on a network you trust, --insecure-no-auth", flag, ln.Addr(), what)
+			"Create tokens (plover token new NAME --scopes ...) and pass --auth-file FILE, or, on a network you trust, --insecure-no-auth", flag, where, what)
 	}
 	go d.remind(ctx, flag, ln.Addr().String())
 	return nil
@@ -161,7 +168,7 @@ func (d *frontDoor) listenGRPC(ctx context.Context) (net.Listener, *tls.Config, 
 	if err != nil {
 		return nil, nil, fmt.Errorf("--grpc-listen %s: %w", d.f.grpcListen, err)
 	}
-	if err := d.refuseExposed(ctx, ln, "--grpc-listen", "run every function deployed here"); err != nil {
+	if err := d.refuseExposed(ctx, ln, "--grpc-listen", d.f.grpcListen, "run every function deployed here"); err != nil {
 		return nil, nil, err
 	}
 	// No canned reply past the cap: an HTTP/2 client reads a close.

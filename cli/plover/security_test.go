@@ -278,10 +278,13 @@ func TestTLSAndNonLoopback(t *testing.T) {
 	})
 
 	t.Run("non-loopback-needs-auth", func(t *testing.T) {
-		cmd := exec.Command(bin, "serve", "--listen", "0.0.0.0:0", "--data", t.TempDir(), "--device", "host")
-		out, err := cmd.CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "is not a loopback address and there is no --auth-file") {
-			t.Fatalf("serve on 0.0.0.0 without auth: %v\n%s", err, out)
+		// Named as given: ":0" listens as "[::]:0", which no one typed.
+		for _, addr := range []string{"0.0.0.0:0", ":0"} {
+			cmd := exec.Command(bin, "serve", "--listen", addr, "--data", t.TempDir(), "--device", "host")
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "--listen "+addr+" (every address of this machine) is not a loopback address and there is no --auth-file") {
+				t.Fatalf("serve on %s without auth: %v\n%s", addr, err, out)
+			}
 		}
 		// With --insecure-no-auth it starts, and says what that means for
 		// each exposed listener: gRPC's too, with HTTP on loopback.
