@@ -264,6 +264,9 @@ func TestErrors(t *testing.T) {
 		{"an unknown version", &pb.ModelInferRequest{ModelName: "typed", ModelVersion: "00000000"}, codes.NotFound, "has no version"},
 		{"missing input", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{x}, RawInputContents: [][]byte{fp32(1, 2, 3, 4)}},
 			codes.InvalidArgument, `input "y" is missing`},
+		{"misnamed input", &pb.ModelInferRequest{ModelName: "typed", Inputs: []*pb.ModelInferRequest_InferInputTensor{x,
+			{Name: "Y", Datatype: "INT16", Shape: []int64{1}}}, RawInputContents: [][]byte{fp32(1, 2, 3, 4), {0, 0}}},
+			codes.InvalidArgument, `input "Y" is not one of the model's inputs (x, y), and "y" is missing`},
 		{"extra input", &pb.ModelInferRequest{ModelName: "echo", Inputs: []*pb.ModelInferRequest_InferInputTensor{
 			{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{1}}, {Name: "other", Datatype: "UINT8", Shape: []int64{1}}}, RawInputContents: [][]byte{{1}, {2}}},
 			codes.InvalidArgument, `input "other" is not one of the model's inputs`},

@@ -44,7 +44,7 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, ste
 	for k, d := range decl {
 		i, ok := idx[d.Name]
 		if !ok {
-			return false, badRequest("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
+			return false, badRequest("%v", oip.MissingInput(decl, d.Name, len(got), func(i int) string { return got[i].GetName() }))
 		}
 		delete(idx, d.Name)
 		order[k] = i

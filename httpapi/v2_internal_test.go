@@ -237,6 +237,9 @@ func TestLayInputs(t *testing.T) {
 		{name: "three, mixed, JSON between", decl: decl3, got: []inferTensor{cBin, bJSON, a}, bin: cat(c, bin[:2]), want: cat(bin, c)},
 		{name: "three, all JSON", decl: decl3, got: []inferTensor{cJSON, bJSON, aJSON}, want: cat(bin, c)},
 		{name: "missing", got: []inferTensor{a}, bin: bin[:2], err: `input "b" is missing (the model takes a, b)`},
+		// Misnamed: the name sent is the one to fix, said first.
+		{name: "missing, another name sent", got: []inferTensor{a, {name: "B", datatype: "INT16", shape: []int64{2}, hasBinSize: true, binSize: 4}}, bin: bin,
+			err: `input "B" is not one of the model's inputs (a, b), and "b" is missing`},
 		{name: "twice", got: []inferTensor{a, bBin, a}, bin: bin, err: `input "a" is given twice`},
 		{name: "unknown", got: []inferTensor{a, bBin, {name: "c"}}, bin: bin, err: `input "c" is not one of the model's inputs (a, b)`},
 		{name: "bytes left", got: []inferTensor{a, bBin}, bin: append(bin[:6:6], 9), err: "1 bytes of binary data after the last input"},
@@ -266,7 +269,7 @@ func TestLayInputs(t *testing.T) {
 			got: []inferTensor{{name: "v", datatype: "FP32", shape: []int64{0, 1 << 40, 1 << 40}, hasBinSize: true, binSize: 0}}, want: []byte{}},
 		{name: "many inputs, all binary, reversed", decl: declMany, got: manyRev, bin: manyBin, want: manyWant},
 		{name: "many inputs, one twice", got: append(many, many[3]), err: `input "t3" is given twice`},
-		{name: "many inputs, unknown", got: many, err: `input "a" is missing`},
+		{name: "many inputs, unknown", got: many, err: `input "t0" is not one of the model's inputs (a, b), and "a" is missing`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := tt.decl

@@ -56,7 +56,7 @@ func layInputs(h *inferHeader, decl []abi.Tensor, bin []byte, buf []byte, lim in
 	for _, d := range decl {
 		i := takeInput(got, byName, &used, d.Name)
 		if i < 0 {
-			return nil, buf, fmt.Errorf("input %q is missing (the model takes %s)", d.Name, oip.Names(decl))
+			return nil, buf, oip.MissingInput(decl, d.Name, len(got), func(i int) string { return got[i].name })
 		}
 		t := &got[i]
 		if t.size, err = oip.CheckInput(t.datatype, t.shape, d); err != nil {

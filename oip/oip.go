@@ -91,6 +91,18 @@ func Names(ts []abi.Tensor) string {
 	return strings.Join(n, ", ")
 }
 
+// MissingInput is the error of a request without declared input missing,
+// whose n inputs are named by name(i): where one of them is no input of
+// the model's, most likely the one meant, the error names it first.
+func MissingInput(decl []abi.Tensor, missing string, n int, name func(int) string) error {
+	for i := range n {
+		if !slices.ContainsFunc(decl, func(t abi.Tensor) bool { return t.Name == name(i) }) {
+			return fmt.Errorf("input %q is not one of the model's inputs (%s), and %q is missing", name(i), Names(decl), missing)
+		}
+	}
+	return fmt.Errorf("input %q is missing (the model takes %s)", missing, Names(decl))
+}
+
 // MatchShape checks a request's shape against a declared one (-1: any
 // size in that dimension).
 func MatchShape(got, decl []int64) error {
