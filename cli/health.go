@@ -53,15 +53,16 @@ Exit status:
 
 func healthCmd() *command {
 	var server, cacert string
-	var ready, quiet bool
+	var ready, quiet, asJSON bool
 	timeout := healthTimeout
 	return &command{
 		name: "health", summary: "ask a server whether it is healthy (/healthz) or ready (/readyz); the exit status says",
 		long:  healthLong,
-		usage: "[--ready] [--timeout 3s] [-q]",
+		usage: "[--ready] [--timeout 3s] [-q | --json]",
 		example: "  plover health                                   # http://127.0.0.1:8080/healthz\n" +
 			"  plover health --ready --server https://plover.example:8443 --cacert ca.pem\n" +
-			"  plover health --ready -q --timeout 1s && echo serving   # a script: the exit status alone",
+			"  plover health --ready -q --timeout 1s && echo serving   # a script: the exit status alone\n" +
+			"  plover health --json | jq '.answer.devices[] | select(.healthy | not)'",
 		shorthands: map[string]string{"quiet": "q"},
 		flags: func(fs *flag.FlagSet) {
 			// No --token: the probes need none, and one that has expired
@@ -71,6 +72,7 @@ func healthCmd() *command {
 			fs.BoolVar(&ready, "ready", false, "ask GET /readyz (ready for work) instead of GET /healthz (devices healthy)")
 			fs.DurationVar(&timeout, "timeout", healthTimeout, "give up after this long, connection, TLS and answer included (exit 3)")
 			fs.BoolVar(&quiet, "quiet", false, "print nothing when the answer is 200; a failure still says why on stderr")
+			fs.BoolVar(&asJSON, "json", false, `print {"url","http_status","answer","error"} whatever the answer (the server's JSON as "answer"); the exit status as without it`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			if timeout <= 0 {
@@ -85,7 +87,13 @@ func healthCmd() *command {
 			if ready {
 				path = "/readyz"
 			}
-			line, err := c.health(path, timeout)
+			line, res, err := c.health(path, timeout)
+			if asJSON {
+				if jerr := printJSON(env.Stdout, res); jerr != nil {
+					return jerr
+				}
+				return err
+			}
 			if err != nil {
 				return err
 			}
@@ -107,10 +115,31 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
+// healthResult is plover health --json's output: the probe's URL, the
+// answer's status and body (when it is JSON: plover's /healthz and /readyz
+// are) and, for any answer but a 200, why it failed.
+type healthResult struct {
+	URL        string          `json:"url"`
+	HTTPStatus int             `json:"http_status,omitempty"` // 0: no answer
+	Answer     json.RawMessage `json:"answer,omitempty"`
+	Error      string          `json:"error,omitempty"`
+}
+
 // health asks path (/healthz or /readyz) and returns the line to print for
-// a 200, or an exitError that says what came back instead.
-func (c *client) health(path string, timeout time.Duration) (string, error) {
-	target := c.base + path
+// a 200, or an exitError that says what came back instead, and either way
+// the result for --json.
+func (c *client) health(path string, timeout time.Duration) (string, healthResult, error) {
+	res := healthResult{URL: c.base + path}
+	line, err := c.probe(path, timeout, &res)
+	if err != nil {
+		res.Error = err.Error()
+	}
+	return line, res, err
+}
+
+// probe is health's exchange, filling res's status and answer as they come.
+func (c *client) probe(path string, timeout time.Duration, res *healthResult) (string, error) {
+	target := res.URL
 	req, err := http.NewRequest(http.MethodGet, target, nil)
 	if err != nil {
 		return "", &exitError{healthUnreachable, fmt.Errorf("GET %s: %w", target, err)}
@@ -124,6 +153,10 @@ func (c *client) health(path string, timeout time.Duration) (string, error) {
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, healthBodyMax))
+	res.HTTPStatus = resp.StatusCode
+	if err == nil && json.Valid(body) {
+		res.Answer = body
+	}
 	if err != nil && resp.StatusCode == http.StatusOK {
 		// The status is the probe's answer (as a kubelet's httpGet reads
 		// it); a body cut after it only loses the summary's details.
