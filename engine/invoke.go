@@ -151,6 +151,12 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 		return errorf(errdefs.KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, limit)
 	}
 	var ran bool
+	if v.batch != nil && req.Landing != nil {
+		// Land lends a batching version nothing: the body landed in a
+		// slot of the version the name ran before a redeploy, whose
+		// process may have rewritten it (foreign).
+		return LandedElsewhere(f.name)
+	}
 	if v.batch != nil {
 		tq := time.Now()
 		req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep

@@ -12,6 +12,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // lendDevice is the host device whose programs lend slots of ordinary
@@ -130,6 +131,51 @@ func TestOutputLandsOnlyInItsProgramsSlot(t *testing.T) {
 			in := unsafe.SliceData(req.Output) == unsafe.SliceData(s.Output())
 			if in != tc.inPlace {
 				t.Errorf("output in the slot: %v, want %v", in, tc.inPlace)
+			}
+		})
+	}
+}
+
+// A body landed in a slot of the function the name was, which a redeploy
+// made a batching function or a pipeline (neither is lent a slot, so the
+// landing is the old version's), is refused as the unbatched path refuses
+// a foreign slot: the old worker may have rewritten it meanwhile. Before,
+// both ran on what that worker left (a read-only review's probe: the
+// batch answered 667 for 7 rewritten to 666, the pipeline "EVIL!").
+func TestABodyLandedBeforeARedeployIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		deploy func(t *testing.T, e *engine.Engine)
+		invoke func(e *engine.Engine, req *call.Request) error
+	}{
+		{"now batching", func(t *testing.T, e *engine.Engine) {
+			testkit.Deploy(t, e, batchBundle(t, testkit.BatchManifest("echo", 4, "")))
+		}, func(e *engine.Engine, req *call.Request) error { return e.Invoke(context.Background(), "echo", req) }},
+		{"now a pipeline", func(t *testing.T, e *engine.Engine) {
+			testkit.Deploy(t, e, testkit.PipelineDir(t, "echo", "echo2"))
+		}, func(e *engine.Engine, req *call.Request) error {
+			return pipeline.New(e, nil).Invoke(context.Background(), "echo", req)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &lendDevice{Device: device.NewHost(0), stranger: &strangerProgram{proc: &workerProc{pid: 1<<22 + 1}},
+				proc: &workerProc{pid: 1 << 22}}
+			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo2"), nil))
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+			if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
+				t.Fatal(err)
+			}
+			s, ok := e.Land("echo").(*lentSlot)
+			if !ok {
+				t.Fatal("no slot lent")
+			}
+			n := copy(s.Input(), item(7, 0))
+			tc.deploy(t, e)
+			req := &call.Request{Input: s.Input()[:n], Landing: s}
+			err := tc.invoke(e, req)
+			if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "redeployed") {
+				t.Fatalf("the request: %v (output %q); want a 503 naming the redeploy", err, req.Output)
 			}
 		})
 	}

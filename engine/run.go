@@ -106,7 +106,7 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	if p.foreign(landed, in) {
 		h.in = nil
 		p.put(in, false, time.Now())
-		return false, errorf(errdefs.KindUnavailable, nil, "function %s was redeployed or unloaded, or its worker replaced, while this request's body was read: the body landed in memory of a worker that does not run this version, which may have changed it; retry", v.fn.name)
+		return false, LandedElsewhere(v.fn.name)
 	}
 	landed = output(req, in, landed, j.outLen)
 	h.in = nil // runRetrying's now
@@ -195,6 +195,15 @@ func landsOn(landed device.Slot, in *instance) bool {
 	}
 	o, ok := landed.(ownedSlot)
 	return !ok || o.Owner() == in.dev.prog
+}
+
+// LandedElsewhere is the error of a request to function name whose body
+// landed in a slot of a program that does not run the version it came
+// to (foreign): for the engine's pools, and for a batching function or a
+// pipeline, which Land lends nothing, so that a landed body was lent by
+// what the name was before.
+func LandedElsewhere(name string) error {
+	return errorf(errdefs.KindUnavailable, nil, "function %s was redeployed or unloaded, or its worker replaced, while this request's body was read: the body landed in memory of a worker that does not run this version, which may have changed it; retry", name)
 }
 
 // foreign reports whether the body landed in a slot lent by a program

@@ -483,6 +483,13 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	if req.Override != nil {
 		return &errdefs.Error{Kind: errdefs.KindBadRequest, Msg: fmt.Sprintf("%s is a pipeline: its steps run their own manifests' chains, so a request may not override chain, out_bytes or tmp_bytes", p.plan.name)}
 	}
+	if req.Landing != nil {
+		// Land lends a pipeline nothing: the body landed in a slot of the
+		// function the name was before a redeploy, whose worker may have
+		// rewritten it; the steps' runs, given the input alone, could
+		// not tell.
+		return engine.LandedElsewhere(p.plan.name)
+	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
 	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps, true)
