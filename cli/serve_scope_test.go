@@ -151,3 +151,14 @@ func TestMemoryGroupsOnWithoutWorkersIsTold(t *testing.T) {
 		}
 	}
 }
+
+// A record's digest is the store's word: one shorter than the 12
+// characters shown (a record written by hand or another tool) is printed
+// as it is, where plover versions panicked (a read-only review's probe).
+func TestVersionsShortDigest(t *testing.T) {
+	var out bytes.Buffer
+	rec := &api.Record{Name: "fn", Current: "v1", Versions: []api.Version{{ID: "v1", SHA256: "abc"}}}
+	if err := writeVersions(&out, rec); err != nil || !strings.Contains(out.String(), "v1       abc ") {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+}

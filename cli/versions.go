@@ -92,7 +92,9 @@ func writeVersions(w io.Writer, rec *api.Record) error {
 		if v.ID == rec.Current {
 			mark = "*"
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", mark, v.ID, v.SHA256[:12], humanBytes(v.Size), v.Created.Local().Format(time.DateTime))
+		// A record is the store's word: one written by hand or by another
+		// tool may hold a digest of any length, printed as it is.
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", mark, v.ID, v.SHA256[:min(12, len(v.SHA256))], humanBytes(v.Size), v.Created.Local().Format(time.DateTime))
 		if labels {
 			line += "\t" + v.Label
 		}
