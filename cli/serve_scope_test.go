@@ -158,7 +158,8 @@ func TestMemoryGroupsOnWithoutWorkersIsTold(t *testing.T) {
 func TestVersionsShortDigest(t *testing.T) {
 	var out bytes.Buffer
 	rec := &api.Record{Name: "fn", Current: "v1", Versions: []api.Version{{ID: "v1", SHA256: "abc"}}}
-	if err := writeVersions(&out, rec); err != nil || !strings.Contains(out.String(), "v1       abc ") {
+	err := writeVersions(&out, rec)
+	if lines := strings.Split(out.String(), "\n"); err != nil || len(lines) < 2 || !strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "* v1 abc ") {
 		t.Fatalf("%v:\n%s", err, out.String())
 	}
 }
