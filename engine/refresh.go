@@ -88,14 +88,13 @@ func (e *Engine) refreshOne(ctx, life context.Context, name string, tags map[str
 	if err != nil {
 		return err
 	}
-	f, changed := e.tab.switchTo(name, cv, rec, at)
+	f, changed := e.tab.switchTo(name, cv, rec, at, tag)
 	if f == nil {
 		return nil // overtaken by a change here
 	}
 	if changed {
 		e.warmAside(life, f, cv.ID)
 	}
-	e.tab.applied(name, tag)
 	e.refreshPanics.Delete(name)
 	return nil
 }

@@ -321,7 +321,7 @@ func (t *table) follow(ctx context.Context, name string, gone bool) (*function, 
 		if err != nil {
 			return nil, errorf(errdefs.KindInternal, err, "function %s: corrupt record", name)
 		}
-		if f, _ := t.switchTo(name, cv, rec, at); f != nil {
+		if f, _ := t.switchTo(name, cv, rec, at, ""); f != nil {
 			return f, nil
 		}
 	}
@@ -345,7 +345,7 @@ func (t *table) land(ctx context.Context, name string, rv *api.Version, rec *api
 		if _, ok := t.forget(name, at); ok {
 			return nil, nil
 		}
-	} else if f, _ := t.switchTo(name, *rv, rec, at); f != nil {
+	} else if f, _ := t.switchTo(name, *rv, rec, at, ""); f != nil {
 		return f, nil
 	}
 	// The store is changed already: follow it even if the caller has gone.
@@ -358,7 +358,7 @@ func (t *table) land(ctx context.Context, name string, rv *api.Version, rec *api
 		t.forget(name, 0)
 		return nil, nil
 	}
-	if f, _ := t.switchTo(name, *rv, rec, 0); f != nil {
+	if f, _ := t.switchTo(name, *rv, rec, 0, ""); f != nil {
 		return f, nil
 	}
 	return nil, errorf(errdefs.KindUnavailable, nil, "the server is shutting down") // switchTo's only refusal at epoch 0
@@ -371,10 +371,12 @@ func (t *table) land(ctx context.Context, name string, rv *api.Version, rec *api
 // every version until the function is deleted: the record was deleted and
 // made anew), dropped in the same step (forget's), so that the new one
 // starts with nothing of it (its counts, logs, flows). With at != 0 it does
-// nothing unless the epoch is still at. It returns the function (nil if it
-// did nothing) and whether the version changed.
-func (t *table) switchTo(name string, rv api.Version, rec *api.Record, at uint64) (*function, bool) {
-	f, olds, changed := t.switchLocked(name, rv, rec, at)
+// nothing unless the epoch is still at. tag is the store's tag of rec, as
+// Refresh read it, recorded as applied with the switch ("": a change made
+// here, after which no tag read before it is). It returns the function
+// (nil if it did nothing) and whether the version changed.
+func (t *table) switchTo(name string, rv api.Version, rec *api.Record, at uint64, tag string) (*function, bool) {
+	f, olds, changed := t.switchLocked(name, rv, rec, at, tag)
 	for _, v := range olds {
 		v.pool.retire()
 	}
@@ -383,20 +385,27 @@ func (t *table) switchTo(name string, rv api.Version, rec *api.Record, at uint64
 
 // switchLocked is switchTo's part under t.mu; it returns the versions to
 // retire once t.mu is let go (the previous current one first).
-func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at uint64) (*function, []*version, bool) {
+func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at uint64, tag string) (*function, []*version, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed || (at != 0 && t.epoch != at) {
 		return nil, nil, false
 	}
-	// The record's tag Refresh applied is stale now (a change made here;
-	// Refresh records the tag again after its own): the record may later
-	// return to those very bytes and tag.
-	delete(t.tags, name)
+	// The tag Refresh applied last is stale after a change made here: the
+	// record may later return to those very bytes and tag. Refresh's own
+	// is recorded in the same step, under the same lock: recorded after,
+	// a change made here in between would leave it standing for a record
+	// this node no longer runs, and a poll that met that tag again would
+	// skip it for good.
 	f := t.funcs[name]
 	var dropped []*version
 	if rec != nil && f != nil && f.cur != nil && !lists(rec, f.cur.rec.ID) {
 		dropped, f = t.dropLocked(name), nil
+	}
+	if tag != "" {
+		t.tags[name] = tag
+	} else {
+		delete(t.tags, name)
 	}
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
 		// Nothing to switch, but a read of the store made before this
@@ -776,13 +785,6 @@ func (t *table) at() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.epoch
-}
-
-// applied records tag as the tag of name's record Refresh last applied.
-func (t *table) applied(name, tag string) {
-	t.mu.Lock()
-	t.tags[name] = tag
-	t.mu.Unlock()
 }
 
 // appliedTag is the tag of the record Refresh last applied for name.
