@@ -460,7 +460,7 @@ func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir str
 		return nil, nil, 0, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.MaxObject())
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != sha {
-		return nil, nil, 0, refuse("sha256 mismatch for %s: content hashes to %s", ObjectKey(sha), got)
+		return nil, nil, 0, refuse("sha256 mismatch for %s: content hashes to %s (the stored object is damaged: plover deploy --force of the same bundle stores it anew)", ObjectKey(sha), got)
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return nil, nil, 0, &StageError{Stage: "fetching", Err: fmt.Errorf("bundle cache: %w", err)}

@@ -365,3 +365,44 @@ func TestARecordDeletedWhileReadIsGone(t *testing.T) {
 		t.Errorf("listed %q, want victim alone", got)
 	}
 }
+
+// A stored bundle damaged without changing its size (which a node's
+// sha256 check finds, its refusal saying so) is stored anew by a forced
+// deploy of the same bytes; a plain one reuses the object, as it reuses
+// any of the right size. Before, neither mended it.
+func TestForcedDeployStoresADamagedBundleAnew(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := Registry{Store: fs}
+	body := []byte("the bundle's true bytes")
+	sha := bundle.Digest(body)
+	m := &abi.Manifest{Name: "fn", Priority: "default"}
+	if _, _, err := g.Publish(ctx, m, bytes.NewReader(body), sha, int64(len(body)), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Put(ctx, bundle.ObjectKey(sha), bytes.NewReader(bytes.Repeat([]byte("x"), len(body))), int64(len(body))); err != nil {
+		t.Fatal(err)
+	}
+	stored := func() string {
+		rc, err := fs.Get(ctx, bundle.ObjectKey(sha))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		b, _ := io.ReadAll(rc)
+		return bundle.Digest(b)
+	}
+	for _, tc := range []struct {
+		force, mended bool
+	}{{false, false}, {true, true}} {
+		if _, _, err := g.Publish(ctx, m, bytes.NewReader(body), sha, int64(len(body)), tc.force); err != nil {
+			t.Fatal(err)
+		}
+		if got := stored() == sha; got != tc.mended {
+			t.Errorf("deploy again, force %v: the stored object mended %v, want %v", tc.force, got, tc.mended)
+		}
+	}
+}

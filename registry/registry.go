@@ -328,7 +328,9 @@ func (g Registry) logger() *slog.Logger {
 // version of the function m names. The bundle must already be verified.
 // Unless force is set, a bundle equal to the current version's (same
 // sha256) creates no version: the current one is returned with created
-// false (its object is still stored again if missing or damaged).
+// false (its object is still stored again if missing or of another size).
+// With force the object is stored again whatever the store holds: the way
+// to mend one damaged at its size, which only a node's fetch can tell.
 func (g Registry) Publish(ctx context.Context, m *abi.Manifest, bundleBytes io.Reader, sha string, size int64, force bool) (v api.Version, created bool, err error) {
 	p, err := g.PublishWith(ctx, m, bundleBytes, sha, size, PublishOptions{Force: force})
 	return p.Version, p.Created, err
@@ -373,11 +375,12 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	name, force, label, tenant := m.Name, o.Force, o.Label, o.Tenant
 
 	// Bundles are content-addressed, so an object already there is reused;
-	// one of the wrong size is damaged and is uploaded again. (Damage that
-	// keeps the size is caught by the sha256 check when a node fetches it.)
+	// one of the wrong size is damaged and is uploaded again. Damage that
+	// keeps the size is caught by the sha256 check when a node fetches it,
+	// whose refusal says to deploy again with force, which uploads anew.
 	key := bundle.ObjectKey(sha)
 	info, err := g.Store.Stat(ctx, key)
-	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && info.Size != size) {
+	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && (info.Size != size || force)) {
 		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
 			return Published{}, fmt.Errorf("publish %s: %w", name, err)
 		}
