@@ -3,8 +3,12 @@ package registry
 import (
 	"bytes"
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,4 +97,172 @@ func TestGCKeepsABundleADeployReusedMeanwhile(t *testing.T) {
 	if len(removed) != 1 || removed[0] != bundle.ObjectKey(shas[0]) {
 		t.Errorf("gc removed %q, want only %s", removed, bundle.ObjectKey(shas[0]))
 	}
+}
+
+// raceStore runs hook once, before the first Delete of key (the bundle a
+// delete takes), and closes waiting when a deploy first asks whether a
+// delete of key is under way (its mark).
+type raceStore struct {
+	onDelete
+	waiting chan struct{}
+	seen    sync.Once
+}
+
+func (s *raceStore) Stat(ctx context.Context, key string) (objectstore.Info, error) {
+	if key == deletingKey(s.key) {
+		s.seen.Do(func() { close(s.waiting) })
+	}
+	return s.Store.Stat(ctx, key)
+}
+
+// A deploy that reuses a bundle between a delete's last read of its age
+// and its delete (gc's, and a deleted function's, whose bundle the deploy
+// reuses) is acknowledged with the bundle there: it sees the delete's
+// mark, waits for the delete to end, and stores the bundle again. Before,
+// it touched the bundle, wrote its record, found the bundle there and
+// returned; the delete then removed it under the record (a read-only
+// review's probe), and every node's cold start of that version failed.
+func TestADeployReusingABundleADeleteTakesKeepsIt(t *testing.T) {
+	ctx := context.Background()
+	srv := minio.Start(t)
+	srv.MustCreateBucket(t, "mark-race")
+	for _, tc := range []struct {
+		name   string
+		store  func(t *testing.T) (objectstore.Store, func(key string))
+		delete func(g Registry) error // takes the bundle, an old one no other record names
+		owner  string                 // the function whose record names the bundle at first ("": none)
+	}{
+		{"gc, file store", fileStore, func(g Registry) error { _, err := g.GC(ctx, time.Minute); return err }, ""},
+		{"gc, S3", func(t *testing.T) (objectstore.Store, func(string)) {
+			s3, err := objectstore.Open(ctx, "s3://mark-race", objectstore.S3Options{Endpoint: srv.Endpoint, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s3, func(key string) { // S3 dates its objects itself: wait out gc's grace, as its listing dates them
+				for {
+					infos, err := s3.List(ctx, key)
+					if err != nil || len(infos) != 1 {
+						t.Fatal(infos, err)
+					}
+					if time.Since(infos[0].ModTime) > 2*time.Second {
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}, func(g Registry) error { _, err := g.GC(ctx, 2*time.Second); return err }, ""},
+		{"a function's delete, file store", fileStore, func(g Registry) error { _, err := g.Delete(ctx, "gone"); return err }, "gone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, age := tc.store(t)
+			body := []byte("a bundle, soon no record's: " + tc.name)
+			sha := bundle.Digest(body)
+			key := bundle.ObjectKey(sha)
+			if tc.owner != "" {
+				if _, _, err := (Registry{Store: store}).Publish(ctx, &abi.Manifest{Name: tc.owner, Priority: "default"}, bytes.NewReader(body), sha, int64(len(body)), false); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := store.Put(ctx, key, bytes.NewReader(body), int64(len(body))); err != nil {
+				t.Fatal(err)
+			}
+			age(key)
+			st := &raceStore{onDelete: onDelete{Store: store, key: key}, waiting: make(chan struct{})}
+			g := Registry{Store: st}
+			deployed := make(chan error, 1)
+			hooked := false
+			st.hook = func() {
+				hooked = true
+				// Another node's deploy of the same bytes, after the
+				// delete read the bundle's age: the delete goes on once
+				// the deploy waits on its mark, or once it is done.
+				go func() {
+					_, _, err := g.Publish(ctx, &abi.Manifest{Name: "reuser", Priority: "default"}, bytes.NewReader(body), sha, int64(len(body)), false)
+					deployed <- err
+				}()
+				select {
+				case <-st.waiting:
+				case err := <-deployed:
+					deployed <- err
+				}
+			}
+			if err := tc.delete(g); err != nil {
+				t.Fatal(err)
+			}
+			if !hooked {
+				t.Fatal("the delete kept the bundle: no race to run")
+			}
+			if err := <-deployed; err != nil {
+				t.Fatalf("the deploy: %v", err)
+			}
+			if _, err := store.Stat(ctx, key); err != nil {
+				t.Fatalf("the deploy was acknowledged, its record naming bundle %s, which is gone: %v", sha[:12], err)
+			}
+			if _, err := store.Stat(ctx, deletingKey(key)); !errors.Is(err, objectstore.ErrNotFound) {
+				t.Errorf("the delete's mark: %v, want it removed", err)
+			}
+		})
+	}
+}
+
+// fileStore is a file store, and a way to age an object of it past any
+// grace (its modification time set back ten minutes).
+func fileStore(t *testing.T) (objectstore.Store, func(key string)) {
+	dir := t.TempDir()
+	fs, err := objectstore.NewFS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs, func(key string) {
+		old := time.Now().Add(-10 * time.Minute)
+		if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A mark left by a delete that died (the process killed between its mark
+// and its removal) holds no deploy up once stale, and gc removes it.
+func TestGCRemovesAStaleDeleteMark(t *testing.T) {
+	ctx := context.Background()
+	store, age := fileStore(t)
+	g := Registry{Store: store}
+	body := []byte("a bundle whose delete died")
+	sha := bundle.Digest(body)
+	stale, fresh := deletingKey(bundle.ObjectKey(sha)), deletingKey(bundle.ObjectKey(bundle.Digest([]byte("another"))))
+	for _, k := range []string{stale, fresh} {
+		if err := store.Put(ctx, k, bytes.NewReader(nil), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	age(stale)
+	cs := &countStats{Store: store, key: stale}
+	if _, _, err := (Registry{Store: cs}).Publish(ctx, &abi.Manifest{Name: "fn", Priority: "default"}, bytes.NewReader(body), sha, int64(len(body)), false); err != nil {
+		t.Fatal(err)
+	}
+	if n := cs.n.Load(); n != 1 {
+		t.Errorf("the deploy read the stale mark %d times, want once (it waits on a fresh one, reading it again)", n)
+	}
+	if _, err := g.GC(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Stat(ctx, stale); !errors.Is(err, objectstore.ErrNotFound) {
+		t.Errorf("the stale mark after gc: %v, want it removed", err)
+	}
+	if _, err := store.Stat(ctx, fresh); err != nil {
+		t.Errorf("a fresh mark (a delete under way) after gc: %v, want it kept", err)
+	}
+}
+
+// countStats counts the Stats of key.
+type countStats struct {
+	objectstore.Store
+	key string
+	n   atomic.Int64
+}
+
+func (s *countStats) Stat(ctx context.Context, key string) (objectstore.Info, error) {
+	if key == s.key {
+		s.n.Add(1)
+	}
+	return s.Store.Stat(ctx, key)
 }

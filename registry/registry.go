@@ -455,6 +455,9 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 // ensureBundle stores the bundle again if it is gone, when its bytes can be
 // read again. Its error completes "the record is written but ...".
 func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.Reader, size int64) error {
+	if err := g.awaitDelete(ctx, key); err != nil {
+		return fmt.Errorf("whether a delete of its bundle %s is under way could not be checked (deploy again): %w", key, err)
+	}
 	_, err := g.Store.Stat(ctx, key)
 	switch {
 	case err == nil:
@@ -474,6 +477,82 @@ func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.R
 		return fmt.Errorf("its bundle %s is missing and could not be stored again (deploy again): %w", key, err)
 	}
 	return nil
+}
+
+// A bundle's delete (gc's, or a deleted function's) and a deploy that
+// reuses the bundle meet by a mark, deleting/<sha256>.tar.zst, each
+// writing before it reads what the other wrote: the delete writes its mark,
+// then reads the bundle's age (a deploy touches the bundle it reuses)
+// before it deletes; the deploy touches the bundle and writes its record,
+// then reads the mark. So either the delete sees the touch and keeps the
+// bundle, or the deploy sees the mark, waits for the delete to end, and
+// stores the bundle again if it went (ensureBundle). Without the mark, a
+// deploy that touched, recorded and checked the bundle between the
+// delete's read of its age and its delete (a delete retried after a
+// store's 503, say) was acknowledged with its bundle deleted under it.
+
+// deletingKey is the mark of a delete of bundle key under way.
+func deletingKey(key string) string { return "deleting/" + strings.TrimPrefix(key, "bundles/") }
+
+const (
+	// markWait is how long a deploy waits for a delete under way.
+	markWait = 10 * time.Second
+	// markStale is the age past which a mark is a delete's that died
+	// before it removed it: no deploy waits for it, and gc removes it.
+	markStale = time.Minute
+)
+
+// deleteUnused deletes bundle key unless it is gone or was written or
+// touched within grace, reporting whether it did, under the mark that a
+// deploy reusing the bundle meanwhile waits on.
+func (g Registry) deleteUnused(ctx context.Context, key string, grace time.Duration) (bool, error) {
+	mark := deletingKey(key)
+	if err := g.Store.Put(ctx, mark, bytes.NewReader(nil), 0); err != nil {
+		return false, err
+	}
+	defer func() {
+		// Removed even when ctx has ended: a mark left makes each deploy
+		// of the bundle wait until markStale.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markWait)
+		defer cancel()
+		g.Store.Delete(uctx, mark)
+	}()
+	in, err := g.Store.Stat(ctx, key)
+	switch {
+	case errors.Is(err, objectstore.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	case time.Since(in.ModTime) < grace:
+		return false, nil // reused by a deploy since it was listed
+	}
+	if err := g.Store.Delete(ctx, key); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// awaitDelete returns once no delete of bundle key is under way (no fresh
+// mark), or after markWait: the caller then checks the bundle is there.
+func (g Registry) awaitDelete(ctx context.Context, key string) error {
+	mark := deletingKey(key)
+	give := time.Now().Add(markWait)
+	for {
+		in, err := g.Store.Stat(ctx, mark)
+		switch {
+		case errors.Is(err, objectstore.ErrNotFound):
+			return nil
+		case err != nil:
+			return err
+		case time.Since(in.ModTime) > markStale || time.Now().After(give):
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // BundleGrace is how long a bundle written or reused by a deploy is kept
@@ -523,25 +602,22 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 			continue
 		}
 		used[v.SHA256] = true // versions may share a bundle
-		in, err := g.Store.Stat(ctx, bundle.ObjectKey(v.SHA256))
-		if cerr := ctx.Err(); cerr != nil {
-			// Whatever the Stat said (a not found whose bucket check was
+		// Kept if gone already, or just written or reused by a deploy.
+		deleted, err := g.deleteUnused(ctx, bundle.ObjectKey(v.SHA256), BundleGrace)
+		if cerr := ctx.Err(); cerr != nil && !deleted {
+			// Whatever the store said (a not found whose bucket check was
 			// cut is no bundle gone), this one and the rest are kept: one
 			// line for them, not a failed call each (S3 retries each).
 			kept = append(kept, fmt.Errorf("bundle %s and any after it: %w", v.SHA256, cerr))
 			break
 		}
-		if errors.Is(err, objectstore.ErrNotFound) || err == nil && time.Since(in.ModTime) < BundleGrace {
-			continue // gone already, or just written or reused by a deploy
-		}
-		if err == nil {
-			err = g.Store.Delete(ctx, bundle.ObjectKey(v.SHA256))
-		}
 		if err != nil {
 			kept = append(kept, fmt.Errorf("bundle %s: %w", v.SHA256, err))
 			continue
 		}
-		removed = append(removed, bundle.ObjectKey(v.SHA256))
+		if deleted {
+			removed = append(removed, bundle.ObjectKey(v.SHA256))
+		}
 	}
 	if len(kept) > 0 {
 		return removed, fmt.Errorf("function %s deleted, but %w: %w", name, ErrBundlesKept, errors.Join(kept...))
@@ -661,19 +737,28 @@ func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error)
 		if used[o.Key] || time.Since(o.ModTime) < grace {
 			continue
 		}
-		// Its age again, as it is now: a deploy may have reused it
-		// (touched it, then written a record naming it) since the
-		// listing, while the bundles before it were deleted.
-		if in, err := g.Store.Stat(ctx, o.Key); err != nil || time.Since(in.ModTime) < grace {
-			if err != nil && !errors.Is(err, objectstore.ErrNotFound) {
-				return removed, fmt.Errorf("gc: %w", err)
-			}
-			continue
-		}
-		if err := g.Store.Delete(ctx, o.Key); err != nil {
+		// Its age again, as it is now, under the delete's mark: a deploy
+		// may have reused it (touched it, then written a record naming
+		// it) since the listing, while the bundles before it were deleted.
+		deleted, err := g.deleteUnused(ctx, o.Key, grace)
+		if err != nil {
 			return removed, fmt.Errorf("gc: %w", err)
 		}
-		removed = append(removed, o.Key)
+		if deleted {
+			removed = append(removed, o.Key)
+		}
+	}
+	// Marks of deletes that died before they removed them.
+	marks, err := g.Store.List(ctx, "deleting/")
+	if err != nil {
+		return removed, fmt.Errorf("gc: %w", err)
+	}
+	for _, m := range marks {
+		if time.Since(m.ModTime) > markStale {
+			if err := g.Store.Delete(ctx, m.Key); err != nil {
+				return removed, fmt.Errorf("gc: %w", err)
+			}
+		}
 	}
 	return removed, nil
 }
