@@ -307,6 +307,9 @@ func (s *FS) listDir(ctx context.Context, rel, prefix string, out *[]Info) error
 }
 
 func (s *FS) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err) // as S3's client: no request once ctx has ended
+	}
 	p, err := s.path(key)
 	if err != nil {
 		return err

@@ -100,19 +100,20 @@ func TestGCKeepsABundleADeployReusedMeanwhile(t *testing.T) {
 }
 
 // raceStore runs hook once, before the first Delete of key (the bundle a
-// delete takes), and closes waiting when a deploy first asks whether a
-// delete of key is under way (its mark).
+// delete takes), and closes waiting when a deploy first finds a delete of
+// key under way (a mark).
 type raceStore struct {
 	onDelete
 	waiting chan struct{}
 	seen    sync.Once
 }
 
-func (s *raceStore) Stat(ctx context.Context, key string) (objectstore.Info, error) {
-	if key == deletingKey(s.key) {
+func (s *raceStore) List(ctx context.Context, prefix string) ([]objectstore.Info, error) {
+	infos, err := s.Store.List(ctx, prefix)
+	if prefix == deletingPrefix(s.key) && len(infos) > 0 {
 		s.seen.Do(func() { close(s.waiting) })
 	}
-	return s.Store.Stat(ctx, key)
+	return infos, err
 }
 
 // A deploy that reuses a bundle between a delete's last read of its age
@@ -197,8 +198,8 @@ func TestADeployReusingABundleADeleteTakesKeepsIt(t *testing.T) {
 			if _, err := store.Stat(ctx, key); err != nil {
 				t.Fatalf("the deploy was acknowledged, its record naming bundle %s, which is gone: %v", sha[:12], err)
 			}
-			if _, err := store.Stat(ctx, deletingKey(key)); !errors.Is(err, objectstore.ErrNotFound) {
-				t.Errorf("the delete's mark: %v, want it removed", err)
+			if marks, err := store.List(ctx, "deleting/"); err != nil || len(marks) != 0 {
+				t.Errorf("the delete's mark: %v %v, want it removed", marks, err)
 			}
 		})
 	}
@@ -228,14 +229,14 @@ func TestGCRemovesAStaleDeleteMark(t *testing.T) {
 	g := Registry{Store: store}
 	body := []byte("a bundle whose delete died")
 	sha := bundle.Digest(body)
-	stale, fresh := deletingKey(bundle.ObjectKey(sha)), deletingKey(bundle.ObjectKey(bundle.Digest([]byte("another"))))
+	stale, fresh := deletingPrefix(bundle.ObjectKey(sha))+"dead", deletingPrefix(bundle.ObjectKey(bundle.Digest([]byte("another"))))+"live"
 	for _, k := range []string{stale, fresh} {
 		if err := store.Put(ctx, k, bytes.NewReader(nil), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	age(stale)
-	cs := &countStats{Store: store, key: stale}
+	cs := &countLists{Store: store, prefix: deletingPrefix(bundle.ObjectKey(sha))}
 	if _, _, err := (Registry{Store: cs}).Publish(ctx, &abi.Manifest{Name: "fn", Priority: "default"}, bytes.NewReader(body), sha, int64(len(body)), false); err != nil {
 		t.Fatal(err)
 	}
@@ -253,16 +254,107 @@ func TestGCRemovesAStaleDeleteMark(t *testing.T) {
 	}
 }
 
-// countStats counts the Stats of key.
-type countStats struct {
+// countLists counts the listings of prefix.
+type countLists struct {
 	objectstore.Store
-	key string
-	n   atomic.Int64
+	prefix string
+	n      atomic.Int64
 }
 
-func (s *countStats) Stat(ctx context.Context, key string) (objectstore.Info, error) {
-	if key == s.key {
+func (s *countLists) List(ctx context.Context, prefix string) ([]objectstore.Info, error) {
+	if prefix == s.prefix {
 		s.n.Add(1)
 	}
-	return s.Store.Stat(ctx, key)
+	return s.Store.List(ctx, prefix)
+}
+
+// holdDelete holds the first Delete of key until release is closed, and
+// closes held as it begins to.
+type holdDelete struct {
+	objectstore.Store
+	key           string
+	once          sync.Once
+	held, release chan struct{}
+}
+
+func (s *holdDelete) Delete(ctx context.Context, key string) error {
+	if key == s.key {
+		s.once.Do(func() {
+			close(s.held)
+			<-s.release
+		})
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+// Two deletes of one bundle each have a mark of their own: the first to
+// end removes only its own, and a deploy that reuses the bundle meanwhile
+// waits for the second, which deletes the bundle, then stores it again.
+// And a delete held past deleteBound (a store's retries) keeps the bundle
+// rather than delete it after a deploy stopped waiting. Before (one mark
+// per bundle, a deploy's wait of 10 s), both left an acknowledged deploy
+// without its bundle (a read-only review's probes).
+func TestABundleDeleteHeldBackStillMeetsTheDeploy(t *testing.T) {
+	ctx := context.Background()
+	bound, stale := deleteBound, markStale
+	deleteBound, markStale = 300*time.Millisecond, 600*time.Millisecond
+	t.Cleanup(func() { deleteBound, markStale = bound, stale })
+	for _, tc := range []struct {
+		name      string
+		second    bool // another gc deletes the bundle while the first is held
+		pastBound bool // the held delete is let go only once the deploy is done, past deleteBound
+	}{
+		{"two deletes", true, false},
+		{"a delete held past its bound", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, age := fileStore(t)
+			body := []byte("a bundle no record names: " + tc.name)
+			sha := bundle.Digest(body)
+			key := bundle.ObjectKey(sha)
+			if err := store.Put(ctx, key, bytes.NewReader(body), int64(len(body))); err != nil {
+				t.Fatal(err)
+			}
+			age(key)
+			h := &holdDelete{Store: store, key: key, held: make(chan struct{}), release: make(chan struct{})}
+			held := make(chan error, 1)
+			go func() { _, err := (Registry{Store: h}).GC(ctx, time.Minute); held <- err }()
+			<-h.held // marked, the age read: about to delete
+			if tc.second {
+				if rm, err := (Registry{Store: store}).GC(ctx, time.Minute); err != nil || len(rm) != 1 {
+					t.Fatalf("the second gc: removed %v, %v", rm, err)
+				}
+			}
+			waiting := &raceStore{onDelete: onDelete{Store: store, key: key}, waiting: make(chan struct{})}
+			deployed := make(chan error, 1)
+			go func() {
+				_, _, err := (Registry{Store: waiting}).Publish(ctx, &abi.Manifest{Name: "reuser", Priority: "default"}, bytes.NewReader(body), sha, int64(len(body)), false)
+				deployed <- err
+			}()
+			select {
+			case <-waiting.waiting: // the deploy found the held delete's mark
+			case err := <-deployed:
+				t.Fatalf("the deploy returned (%v) while a delete of its bundle was under way", err)
+			}
+			var derr error
+			if tc.pastBound {
+				// The deploy waits on the mark until it is stale, past the
+				// held delete's bound; the delete is let go only then.
+				derr = <-deployed
+				close(h.release)
+			} else {
+				close(h.release)
+				derr = <-deployed
+			}
+			if err := <-held; err != nil {
+				t.Fatal(err)
+			}
+			if derr != nil {
+				t.Fatalf("the deploy: %v", derr)
+			}
+			if _, err := store.Stat(ctx, key); err != nil {
+				t.Fatalf("the deploy was acknowledged with its bundle gone: %v", err)
+			}
+		})
+	}
 }

@@ -480,40 +480,50 @@ func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.R
 }
 
 // A bundle's delete (gc's, or a deleted function's) and a deploy that
-// reuses the bundle meet by a mark, deleting/<sha256>.tar.zst, each
-// writing before it reads what the other wrote: the delete writes its mark,
-// then reads the bundle's age (a deploy touches the bundle it reuses)
-// before it deletes; the deploy touches the bundle and writes its record,
-// then reads the mark. So either the delete sees the touch and keeps the
-// bundle, or the deploy sees the mark, waits for the delete to end, and
-// stores the bundle again if it went (ensureBundle). Without the mark, a
-// deploy that touched, recorded and checked the bundle between the
-// delete's read of its age and its delete (a delete retried after a
-// store's 503, say) was acknowledged with its bundle deleted under it.
+// reuses the bundle meet by marks, deleting/<sha256>.<uuid>, one per
+// delete, each side writing before it reads what the other wrote: the
+// delete writes its mark, then reads the bundle's age (a deploy touches
+// the bundle it reuses) before it deletes; the deploy touches the bundle
+// and writes its record, then lists the bundle's marks. So either the
+// delete sees the touch and keeps the bundle, or the deploy sees the mark,
+// waits until no fresh mark is left, and stores the bundle again if it
+// went (ensureBundle). A delete acts only within deleteBound of its mark,
+// and a deploy waits on a mark until it is markStale, so a slow delete (a
+// store's retries) cannot outlast the wait. Without the marks, a deploy
+// that touched, recorded and checked the bundle between a delete's read
+// of its age and its delete was acknowledged with its bundle deleted.
 
-// deletingKey is the mark of a delete of bundle key under way.
-func deletingKey(key string) string { return "deleting/" + strings.TrimPrefix(key, "bundles/") }
+// deletingPrefix is the prefix of the marks of the deletes of bundle key
+// under way.
+func deletingPrefix(key string) string {
+	return "deleting/" + strings.TrimSuffix(strings.TrimPrefix(key, "bundles/"), ".tar.zst") + "."
+}
 
-const (
-	// markWait is how long a deploy waits for a delete under way.
-	markWait = 10 * time.Second
-	// markStale is the age past which a mark is a delete's that died
-	// before it removed it: no deploy waits for it, and gc removes it.
+// Variables for tests.
+var (
+	// deleteBound is how long after writing its mark a delete may still
+	// delete: past it the bundle is kept (a later gc takes it).
+	deleteBound = 30 * time.Second
+	// markStale is the age past which a mark is of a delete that can no
+	// longer act (twice deleteBound: the nodes' clocks against the
+	// store's may differ by the rest): no deploy waits on it, and gc
+	// removes it (a delete that died before it removed its mark).
 	markStale = time.Minute
 )
 
 // deleteUnused deletes bundle key unless it is gone or was written or
-// touched within grace, reporting whether it did, under the mark that a
-// deploy reusing the bundle meanwhile waits on.
+// touched within grace, reporting whether it did, under a mark of its own
+// that a deploy reusing the bundle meanwhile waits on.
 func (g Registry) deleteUnused(ctx context.Context, key string, grace time.Duration) (bool, error) {
-	mark := deletingKey(key)
+	mark := deletingPrefix(key) + uuid.NewString()
 	if err := g.Store.Put(ctx, mark, bytes.NewReader(nil), 0); err != nil {
 		return false, err
 	}
+	marked := time.Now()
 	defer func() {
 		// Removed even when ctx has ended: a mark left makes each deploy
-		// of the bundle wait until markStale.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markWait)
+		// of the bundle wait until it is stale.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteBound)
 		defer cancel()
 		g.Store.Delete(uctx, mark)
 	}()
@@ -526,25 +536,27 @@ func (g Registry) deleteUnused(ctx context.Context, key string, grace time.Durat
 	case time.Since(in.ModTime) < grace:
 		return false, nil // reused by a deploy since it was listed
 	}
-	if err := g.Store.Delete(ctx, key); err != nil {
+	dctx, cancel := context.WithDeadline(ctx, marked.Add(deleteBound))
+	defer cancel()
+	if err := g.Store.Delete(dctx, key); err != nil {
+		if dctx.Err() != nil && ctx.Err() == nil {
+			return false, nil // past its bound: kept for a later gc
+		}
 		return false, err
 	}
 	return true, nil
 }
 
-// awaitDelete returns once no delete of bundle key is under way (no fresh
-// mark), or after markWait: the caller then checks the bundle is there.
+// awaitDelete returns once no delete of bundle key is under way: no mark
+// of one fresher than markStale.
 func (g Registry) awaitDelete(ctx context.Context, key string) error {
-	mark := deletingKey(key)
-	give := time.Now().Add(markWait)
+	prefix := deletingPrefix(key)
 	for {
-		in, err := g.Store.Stat(ctx, mark)
-		switch {
-		case errors.Is(err, objectstore.ErrNotFound):
-			return nil
-		case err != nil:
+		marks, err := g.Store.List(ctx, prefix)
+		if err != nil {
 			return err
-		case time.Since(in.ModTime) > markStale || time.Now().After(give):
+		}
+		if !slices.ContainsFunc(marks, func(m objectstore.Info) bool { return time.Since(m.ModTime) < markStale }) {
 			return nil
 		}
 		select {
