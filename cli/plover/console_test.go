@@ -472,6 +472,23 @@ func TestConsole(t *testing.T) {
 	}
 	shoot("console-function.png")
 
+	// A function refusing its input with the input as its message: the
+	// error shows escaped, as its output does, not applied (a bidi
+	// override could make what the operator reads say something else).
+	refuser, _ := outputBundle(t, "refuser", "refuse", 1, 1)
+	deploy(refuser, "refuser", "", 201)
+	bidiIn := filepath.Join(t.TempDir(), "bidi.txt")
+	os.WriteFile(bidiIn, []byte("report-\u202egpj.exe"), 0o644)
+	do("a function's refusal in its own words",
+		chromedp.Navigate(srv.url+"/ui/#/functions/refuser"),
+		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)),
+		chromedp.SetUploadFiles(chromedp.CSS("#invoke-file"), []string{bidiIn}),
+		chromedp.Click(chromedp.CSS(`#invoke button[type="submit"]`)),
+		poll(`document.getElementById("invoke-error") !== null`))
+	if got := text("#invoke-error"); !strings.Contains(got, `report-\u202egpj.exe`) || strings.ContainsRune(got, '\u202e') {
+		t.Errorf("the refusal shows as %q, want the override escaped", got)
+	}
+
 	// The page sends tokens only in Authorization headers, which the
 	// server never logs.
 	for _, tok := range []string{toks["root"], toks["dash"], wrong} {

@@ -25,7 +25,9 @@ function el(tag, attrs, ...children) {
 
 // takeToken moves a token given in the address fragment (#token=T, or
 // #/functions/NAME?token=T) to sessionStorage and out of the address bar,
-// so that it is neither bookmarked nor left in the history.
+// so that it is not bookmarked or shown. The browser has recorded the
+// address as it loaded, before this runs: the token stays in its history
+// and session files (README says so).
 function takeToken() {
   const h = location.hash.slice(1);
   let route = h, query = "";
@@ -270,7 +272,7 @@ function every(ms, f) {
   let live = true, timer = null;
   const tick = async () => {
     try { await f(); say(""); }
-    catch (e) { if (!(e instanceof Unauthenticated)) say(e.message); else live = false; }
+    catch (e) { if (!(e instanceof Unauthenticated)) say(visible(e.message)); else live = false; }
     if (live) timer = setTimeout(tick, ms);
   };
   tick();
@@ -353,7 +355,7 @@ function functionPage(name, query) {
           await api("/v1/functions/" + enc + "/rollback", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ version: v.id }) });
           await showVersions();
           rollbackError.textContent = "";
-        } catch (e) { if (!(e instanceof Unauthenticated)) rollbackError.textContent = e.message; }
+        } catch (e) { if (!(e instanceof Unauthenticated)) rollbackError.textContent = visible(e.message); }
       }, "aria-label": "Roll back to " + short(v.id) }, "Roll back");
       return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "tenant" }, v.tenant || ""), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
     }));
@@ -516,7 +518,7 @@ async function followLogs(enc, pre) {
       end("[output stream ended]");
     } catch (e) {
       if (e.name === "AbortError" || e instanceof Unauthenticated) return;
-      end("[output stream ended: " + e.message + "]");
+      end("[output stream ended: " + visible(e.message) + "]");
     }
     if (last) since = last;
     await new Promise((res) => { wake = res; setTimeout(res, pause); });
@@ -553,7 +555,7 @@ async function invoke(name, f, result) {
         ...digest, " ", el("a", { href: url, download: name + ".out", id: "invoke-download" }, "download output")),
       el("table", { id: "server-timing" }, el("tbody", {}, ...parts)));
   } catch (e) {
-    result.replaceChildren(el("p", { class: "error", id: "invoke-error" }, e.message));
+    result.replaceChildren(el("p", { class: "error", id: "invoke-error" }, visible(e.message)));
   }
 }
 

@@ -30,6 +30,17 @@ PLOVER_ENTRY(say) {
   echo_input(s);
 }
 
+// refuse: refuses its input with the input's first 200 bytes as the
+// message (a tenant's bytes in an error the server answers).
+static char refusal[201];
+PLOVER_ENTRY(refuse) {
+  (void)grid, (void)block;
+  size_t n = s->input.len < 200 ? s->input.len : 200;
+  memcpy(refusal, s->input.dat, n);
+  refusal[n] = 0;
+  plover_reject(s, refusal);
+}
+
 // say_then_crash: a line on stdout, never flushed by the bundle, then
 // SIGSEGV: line-buffered, the line reaches the server all the same.
 PLOVER_ENTRY(say_then_crash) {
