@@ -137,22 +137,9 @@ func (i *gpuInstance) Run(r *Run) error {
 	if err := checkRun(r, i.cfg.MaxInput, i.cfg.Tmp, i.cfg.Out, len(i.c.steps)); err != nil {
 		return err
 	}
-	table := i.cfg.Entries.table()
-	for k, s := range r.Chain {
-		fn, err := entryFn(table, s)
-		if err != nil {
-			return err
-		}
-		i.c.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
-	}
-	key := graphKey{chain: r.ChainKey, in: int64(len(r.Input)), tmp: r.TmpLen, out: int64(len(r.Output))}
-	mode, slot := C.int(C.PLCU_DIRECT), -1
-	if r.ChainKey != 0 && !i.graphsOff {
-		if slot = i.graphSlot(key); slot >= 0 {
-			mode = C.PLCU_REPLAY
-		} else if slices.Contains(i.candidates[:], key) {
-			mode, slot = C.PLCU_CAPTURE, i.victimSlot()
-		}
+	key, mode, slot, err := i.plan(r)
+	if err != nil {
+		return err
 	}
 	var in, out unsafe.Pointer
 	if len(r.Input) > 0 {
@@ -176,7 +163,38 @@ func (i *gpuInstance) Run(r *Run) error {
 	if res.kernel_err != nil {
 		kerr = C.GoString(res.kernel_err)
 	}
+	i.settleGraphs(r, key, mode, slot, kerr)
+	return i.runError(r, kerr)
+}
 
+// plan puts r's chain in the instance's steps and picks how it runs: a
+// kept graph replayed, a graph captured into a slot, or the entries
+// called directly.
+func (i *gpuInstance) plan(r *Run) (graphKey, C.int, int, error) {
+	table := i.cfg.Entries.table()
+	for k, s := range r.Chain {
+		fn, err := entryFn(table, s)
+		if err != nil {
+			return graphKey{}, 0, 0, err
+		}
+		i.c.steps[k] = C.plover_step_t{fn: fn, grid: C.int32_t(s.Grid), block: C.int32_t(s.Block)}
+	}
+	key := graphKey{chain: r.ChainKey, in: int64(len(r.Input)), tmp: r.TmpLen, out: int64(len(r.Output))}
+	mode, slot := C.int(C.PLCU_DIRECT), -1
+	if r.ChainKey != 0 && !i.graphsOff {
+		if slot = i.graphSlot(key); slot >= 0 {
+			mode = C.PLCU_REPLAY
+		} else if slices.Contains(i.candidates[:], key) {
+			mode, slot = C.PLCU_CAPTURE, i.victimSlot()
+		}
+	}
+	return key, mode, slot, nil
+}
+
+// settleGraphs counts how the run ran (its result in i.c.res, the chain's
+// own error kerr) and keeps, drops or nominates its graph accordingly.
+func (i *gpuInstance) settleGraphs(r *Run, key graphKey, mode C.int, slot int, kerr string) {
+	res := &i.c.res
 	switch res.ran {
 	case C.PLCU_CAPTURE:
 		i.count(&i.stats.captured, &i.g.graphs.captured)
@@ -209,7 +227,13 @@ func (i *gpuInstance) Run(r *Run) error {
 			i.logCaptureFailure(res)
 		}
 	}
+}
 
+// runError is the run's outcome (its result in i.c.res, the chain's own
+// error kerr): a driver error, the device's fault, the chain's failure or
+// refusal, or its output length checked.
+func (i *gpuInstance) runError(r *Run, kerr string) error {
+	res := &i.c.res
 	if res.err != 0 {
 		de := i.g.drv.err(C.GoString(res.err_op), res.err)
 		msg := de.Error()

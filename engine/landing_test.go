@@ -77,6 +77,22 @@ func (p *lendProgram) Lend(maxIn, out int64) (device.Slot, bool) {
 	return &lentSlot{mem: make([]byte, maxIn+out), maxIn: maxIn, dev: p.d, owner: owner}, true
 }
 
+// lentEcho is an engine on d running function echo, loaded, and a slot
+// its program lent (owned as d says).
+func lentEcho(t *testing.T, d *lendDevice) (*engine.Engine, *lentSlot) {
+	t.Helper()
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
+		t.Fatal(err)
+	}
+	s, ok := e.Land("echo").(*lentSlot)
+	if !ok {
+		t.Fatal("no slot lent")
+	}
+	return e, s
+}
+
 // A body read into a slot its instance's own program lent is run on in
 // place (the output lands in the slot); one another program lent is not:
 // its memory may be another process's (a tenant's worker), and the
@@ -103,16 +119,7 @@ func TestOutputLandsOnlyInItsProgramsSlot(t *testing.T) {
 		{"a slot of a dead worker whose pid the running one reuses", &strangerProgram{proc: &workerProc{pid: running.pid}}, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &lendDevice{Device: device.NewHost(0), stranger: tc.stranger, proc: running}
-			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
-			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
-			if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
-				t.Fatal(err)
-			}
-			s, ok := e.Land("echo").(*lentSlot)
-			if !ok {
-				t.Fatal("no slot lent")
-			}
+			e, s := lentEcho(t, &lendDevice{Device: device.NewHost(0), stranger: tc.stranger, proc: running})
 			n := copy(s.Input(), "hello")
 			req := &call.Request{Input: s.Input()[:n], Landing: s}
 			err := e.Invoke(context.Background(), "echo", req)
@@ -152,24 +159,15 @@ func TestABodyLandedBeforeARedeployIsRefused(t *testing.T) {
 			testkit.Deploy(t, e, batchBundle(t, testkit.BatchManifest("echo", 4, "")))
 		}, func(e *engine.Engine, req *call.Request) error { return e.Invoke(context.Background(), "echo", req) }},
 		{"now a pipeline", func(t *testing.T, e *engine.Engine) {
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo2"), nil))
 			testkit.Deploy(t, e, testkit.PipelineDir(t, "echo", "echo2"))
 		}, func(e *engine.Engine, req *call.Request) error {
 			return pipeline.New(e, nil).Invoke(context.Background(), "echo", req)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &lendDevice{Device: device.NewHost(0), stranger: &strangerProgram{proc: &workerProc{pid: 1<<22 + 1}},
-				proc: &workerProc{pid: 1 << 22}}
-			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
-			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo2"), nil))
-			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
-			if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
-				t.Fatal(err)
-			}
-			s, ok := e.Land("echo").(*lentSlot)
-			if !ok {
-				t.Fatal("no slot lent")
-			}
+			e, s := lentEcho(t, &lendDevice{Device: device.NewHost(0), stranger: &strangerProgram{proc: &workerProc{pid: 1<<22 + 1}},
+				proc: &workerProc{pid: 1 << 22}})
 			n := copy(s.Input(), item(7, 0))
 			tc.deploy(t, e)
 			req := &call.Request{Input: s.Input()[:n], Landing: s}

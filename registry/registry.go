@@ -562,7 +562,7 @@ func (g Registry) awaitDelete(ctx context.Context, key string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond): // a listing a tenth of a second, only while a delete is under way
 		}
 	}
 }
