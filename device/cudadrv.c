@@ -342,7 +342,8 @@ static const char *take_error(void *last_error) {
 static const char *hook_and_sync(const plcu_driver_t *d, CUstream stream,
                                  void *hook, plover_state_t *st,
                                  void *last_error, CUresult *e,
-                                 const char **op) {
+                                 const char **op, int *reached) {
+  *reached = 1;
   const char *msg = plover_call_hook(hook, st, last_error);
   CUresult se = d->cuStreamSynchronize(stream);
   if (se != PLCU_SUCCESS && *e == PLCU_SUCCESS) {
@@ -355,7 +356,8 @@ static const char *hook_and_sync(const plcu_driver_t *d, CUstream stream,
 }
 
 const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
-                           CUresult *e, const char **op) {
+                           CUresult *e, const char **op, int *reached) {
+  *reached = 0;
   *e = in->drv->cuCtxSetCurrent(in->ctx);
   if (*e != PLCU_SUCCESS) {
     *op = "cuCtxSetCurrent";
@@ -363,7 +365,7 @@ const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
   }
   in->state.st = in->state.base;
   const char *msg = hook_and_sync(in->drv, in->stream, hook, &in->state.st,
-                                  last_error, e, op);
+                                  last_error, e, op, reached);
   in->state.base.instance = in->state.st.instance;
   return msg;
 }
@@ -371,8 +373,10 @@ const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
 const char *plcu_program_hook(const plcu_driver_t *d, CUcontext ctx,
                               void *hook, void *last_error,
                               CUdeviceptr constant, size_t constant_len,
-                              void **program, CUresult *e, const char **op) {
+                              void **program, CUresult *e, const char **op,
+                              int *reached) {
   CUstream stream = NULL;
+  *reached = 0;
   if ((*e = d->cuCtxSetCurrent(ctx)) != PLCU_SUCCESS) {
     *op = "cuCtxSetCurrent";
     return NULL;
@@ -384,7 +388,7 @@ const char *plcu_program_hook(const plcu_driver_t *d, CUcontext ctx,
   plover_inst_state_t s;
   plover_state_init(&s, 0, NULL, 0, (void *)(uintptr_t)constant, constant_len,
                     NULL, 0, NULL, 0, stream, *program);
-  const char *msg = hook_and_sync(d, stream, hook, &s.st, last_error, e, op);
+  const char *msg = hook_and_sync(d, stream, hook, &s.st, last_error, e, op, reached);
   *program = s.st.program;
   d->cuStreamDestroy_v2(stream);
   return msg;

@@ -140,9 +140,11 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           void *program, plcu_inst_t **inst, const char **op);
 /* Runs an instance hook (plover_instance_init/fini) on the instance's state
  * and stream and waits for the stream: returns the bundle's error, or NULL
- * with *e set when a driver call failed (*op names it). */
+ * with *e set when a driver call failed (*op names it). *reached is set to 1
+ * just before the hook is called: a sticky error met while it is still 0
+ * was other work's (the hook ran nothing). */
 const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
-                           CUresult *e, const char **op);
+                           CUresult *e, const char **op, int *reached);
 /* Runs plover_load or plover_unload with the constants writable and
  * s->program = *program, on a stream of its own (valid during the call
  * only), and waits for it; *program receives s->program. Errors as
@@ -150,7 +152,8 @@ const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
 const char *plcu_program_hook(const plcu_driver_t *d, CUcontext ctx,
                               void *hook, void *last_error,
                               CUdeviceptr constant, size_t constant_len,
-                              void **program, CUresult *e, const char **op);
+                              void **program, CUresult *e, const char **op,
+                              int *reached);
 /* skip_gpu: the context is poisoned; free only the C struct. */
 void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu);
 

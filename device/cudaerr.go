@@ -77,15 +77,25 @@ func (e *DeviceFault) Error() string {
 func (e *DeviceFault) Unwrap() []error { return []error{ErrUnhealthy, e.Err} }
 
 // kernelFault is what the Run that hit a sticky error after launching its
-// chain returns: the request failed like any kernel failure (errors.As finds
-// the *KernelError), and the device is gone (errors.Is(err, ErrUnhealthy)).
-// A Run that met it before its chain launched returns the *DeviceFault alone,
-// as one refused on a device already poisoned: it launched nothing.
+// chain returns, and a hook that met one once it ran: the request failed
+// like any kernel failure (errors.As finds the *KernelError), and the
+// device is gone (errors.Is(err, ErrUnhealthy)). A Run or hook that met it
+// before its own code ran (the driver calls that set it up, an instance's
+// buffers) returns the *DeviceFault alone, as one refused on a device
+// already poisoned: it launched nothing.
 type kernelFault struct {
 	ke    *KernelError
 	fault *DeviceFault
 }
 
 func (e *kernelFault) Error() string { return e.ke.Error() }
+
+// OwnFault reports whether err is a device fault met by the call's own
+// code, a run's chain or a hook, once it ran (a kernelFault), not one
+// left by other work before it.
+func OwnFault(err error) bool {
+	var kf *kernelFault
+	return errors.As(err, &kf)
+}
 
 func (e *kernelFault) Unwrap() []error { return []error{e.ke, e.fault} }

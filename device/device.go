@@ -130,6 +130,17 @@ type Instance interface {
 	Close()
 }
 
+// CloseFault closes inst as Close does and returns what its close met of
+// a device fault of its own (OwnFault: its plover_instance_fini faulted
+// the device once it ran), else nil.
+func CloseFault(inst Instance) error {
+	if c, ok := inst.(interface{ closeFault() error }); ok {
+		return c.closeFault()
+	}
+	inst.Close()
+	return nil
+}
+
 // Step is one launch: an entry of the program's table and its sizes.
 type Step struct {
 	Entry int32

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -401,7 +402,7 @@ func (g *GPU) LoadConstants(r io.Reader, size int64) (Constants, error) {
 
 // hookResult turns what a hook left into an error: the bundle's message,
 // a driver failure (which may poison the device), or nil.
-func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char) error {
+func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char, reached C.int) error {
 	var kerr string
 	if msg != nil {
 		kerr = C.GoString(msg)
@@ -409,9 +410,19 @@ func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char) 
 	if code != 0 {
 		if err := g.check(C.GoString(op), code); err != nil {
 			if kerr != "" {
-				return fmt.Errorf("%s failed: %s: %w", name, unmarked(kerr), err)
+				err = fmt.Errorf("%s failed: %s: %w", name, unmarked(kerr), err)
+			} else {
+				err = fmt.Errorf("%s: %w", name, err)
 			}
-			return fmt.Errorf("%s: %w", name, err)
+			var fault *DeviceFault
+			if reached != 0 && errors.As(err, &fault) {
+				// Met once the hook ran: its own, as a run's that
+				// launched its chain. Met before (the driver calls that
+				// set the hook up), it was other work's, and the bare
+				// fault says so.
+				return &kernelFault{ke: &KernelError{Msg: err.Error()}, fault: fault}
+			}
+			return err
 		}
 	}
 	if kerr != "" {
@@ -436,8 +447,9 @@ func (g *GPU) programHook(e *Entries, k hookKind, c Constants, program unsafe.Po
 	var code C.CUresult
 	var op *C.char
 	defer onThread()()
-	msg := C.plcu_program_hook(g.drv.c, g.ctx, fn, e.lastErrorFn(), cptr, clen, &program, &code, &op)
-	return program, g.hookResult(name, msg, code, op)
+	var reached C.int
+	msg := C.plcu_program_hook(g.drv.c, g.ctx, fn, e.lastErrorFn(), cptr, clen, &program, &code, &op, &reached)
+	return program, g.hookResult(name, msg, code, op, reached)
 }
 
 // openOneGPU opens CUDA device ordinal, and no other, through the driver

@@ -92,8 +92,9 @@ func (i *gpuInstance) hook(k hookKind) error {
 	var code C.CUresult
 	var op *C.char
 	defer onThread()()
-	msg := C.plcu_inst_hook(i.c, fn, i.cfg.Entries.lastErrorFn(), &code, &op)
-	return i.g.hookResult(name, msg, code, op)
+	var reached C.int
+	msg := C.plcu_inst_hook(i.c, fn, i.cfg.Entries.lastErrorFn(), &code, &op, &reached)
+	return i.g.hookResult(name, msg, code, op, reached)
 }
 
 func (i *gpuInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
@@ -112,19 +113,28 @@ func (i *gpuInstance) HostPinned() (bool, error) {
 	return false, nil
 }
 
-func (i *gpuInstance) Close() {
+func (i *gpuInstance) Close() { i.closeFault() }
+
+// closeFault closes i and returns its plover_instance_fini's fault where
+// the hook faulted the device once it ran (OwnFault), else nil: fini's
+// failure is otherwise ignored (documented).
+func (i *gpuInstance) closeFault() error {
 	if i.c == nil {
-		return
+		return nil
 	}
 	// After a fault the context rejects everything; after the device's Close
 	// it may be gone with its allocations. Either way: only free the C side.
+	var err error
 	skip := i.g.poisoned() || i.g.closed.Load()
 	if !skip {
-		_ = i.hook(hookInstanceFini) // documented: ignored
+		if err = i.hook(hookInstanceFini); !OwnFault(err) {
+			err = nil
+		}
 	}
 	C.plcu_inst_destroy(i.c, boolInt(skip))
 	i.c = nil
 	i.g.used.Add(-i.DeviceBytes())
+	return err
 }
 
 func (i *gpuInstance) Run(r *Run) error {

@@ -5,6 +5,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -199,13 +200,20 @@ func (p *program) NewInstance(cfg InstanceConfig) (Instance, error) {
 	return p.dev.NewInstance(cfg)
 }
 
-// Close runs the bundle's plover_unload (its failure is ignored, as
-// fini's), then frees the constants and closes the library.
+// Close runs the bundle's plover_unload, then frees the constants and
+// closes the library. The hook's failure is ignored, as fini's, unless it
+// faulted the device once it ran (OwnFault): a process that shares the
+// device with other programs must know whose fault that was.
 func (p *program) Close() error {
+	var unload error
 	if p.lib != nil && p.lib.Unload != nil {
-		p.dev.programHook(p.ents, hookUnload, p.consts, p.ents.program)
+		_, unload = p.dev.programHook(p.ents, hookUnload, p.consts, p.ents.program)
 	}
-	return p.free()
+	err := p.free()
+	if OwnFault(unload) {
+		return errors.Join(unload, err)
+	}
+	return err
 }
 
 func (p *program) free() error {

@@ -221,6 +221,32 @@ func TestCUDAInstanceInitFaultEndsItsWorker(t *testing.T) {
 	}
 }
 
+// A device fault inside plover_load ends the worker as one in
+// plover_instance_init does: the load fails naming the CUDA error, as the
+// function's own kernel failure and the loss of its worker (which the
+// engine counts towards its back-off). Before, the load's error was a plain
+// one, neither: the engine answered 503 "cannot load" and never backed the
+// function off, each request taking a fresh worker and CUDA context.
+func TestCUDALoadFaultEndsItsWorker(t *testing.T) {
+	d, dir := fakeCUDA(t)
+	if err := os.WriteFile(filepath.Join(dir, "c15.bin"), make([]byte, 15), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := fakeManifest(abi.Launch{Kernel: "pl_inc", Grid: 1, Block: 64})
+	m.Constants = "c15.bin" // 15 bytes: the fake bundle's plover_load faults
+	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+	var ke *device.KernelError
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") {
+		t.Fatalf("a fault in plover_load: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS", err)
+	}
+	if l, ok := device.AsLoss(err); !ok || l.Collateral() || l.ByServer() {
+		t.Errorf("a fault in plover_load: %v, want the loss of its worker, its own", err)
+	}
+	if err := d.Health(); err != nil {
+		t.Errorf("device health after one worker's fault: %v", err)
+	}
+}
+
 // A device fault inside plover_instance_fini (ignored, as documented) still
 // poisons the worker's context: the worker ends then, as after a faulting
 // chain, rather than staying with a context that fails its sibling

@@ -354,6 +354,11 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 		p.kill("its load failed")
 		return nil, err
 	}
+	if rep.St == wire.StFault {
+		// plover_load faulted the device: the worker goes by itself, and
+		// the load failed as the function's own (back-off counts it).
+		return nil, &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.lost("loading the bundle")}
+	}
 	if rep.St != wire.StOK {
 		p.kill("its bundle was refused")
 		return nil, wire.ErrorOf(rep.St, rep.Text)
@@ -469,7 +474,15 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 			d.hungAtLoad(spec) // killed for it: its load hung
 		}
 		g.touch() // busy from the load's end: it may have outlasted a window
-		if err == nil && rep.St != wire.StOK {
+		switch {
+		case err != nil:
+		case rep.St == wire.StFault:
+			// Its plover_load faulted the device (the worker claimed it
+			// for g, if its hook met the fault): the worker goes, blamed
+			// on g while g is still among its programs, which fail
+			// removes it from.
+			err = &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.lost("loading the bundle")}
+		case rep.St != wire.StOK:
 			err = wire.ErrorOf(rep.St, rep.Text)
 		}
 		res <- loaded{rep, err}

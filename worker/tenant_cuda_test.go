@@ -49,19 +49,25 @@ func tenantCUDA(t *testing.T, dirs int) (*Device, []string) {
 // retried and not counted, its run in flight and its idle instance alike,
 // and the tenant's back-off does not count the death. Before, the exit
 // (status 71, no signal) blamed every program, the sibling's requests not
-// retried, its back-off counting another function's fault.
+// retried, its back-off counting another function's fault; and a fault in
+// plover_load named no one (the load's program was gone from the worker's
+// list when its death was judged), its error neither its kernel's nor a
+// loss (the engine answered 503 and never backed the function off).
 func TestTenantCUDAFaultNamesItsProgram(t *testing.T) {
-	for _, where := range []string{"run", "plover_instance_init", "plover_instance_fini"} {
+	for _, where := range []string{"run", "plover_instance_init", "plover_instance_fini", "plover_load"} {
 		t.Run(where, func(t *testing.T) {
 			d, dirs := tenantCUDA(t, 2)
 			ma := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
 			ma.Name = "faulty"
 			mb := fakeManifest(abi.Launch{Kernel: "pl_nap", Grid: 1, Block: 64})
 			mb.Name = "sibling"
-			a := loadDir(t, d, "t", dirs[0], ma, nil).(*program)
 			b := loadDir(t, d, "t", dirs[1], mb, nil).(*program)
-			if a.PID() != b.PID() {
-				t.Fatalf("the tenant's programs run in workers %d and %d, want one", a.PID(), b.PID())
+			var a *program // loaded below, but for the row whose load faults
+			if where != "plover_load" {
+				a = loadDir(t, d, "t", dirs[0], ma, nil).(*program)
+				if a.PID() != b.PID() {
+					t.Fatalf("the tenant's programs run in workers %d and %d, want one", a.PID(), b.PID())
+				}
 			}
 			idle := newInst(t, b, mb)
 			busy := newInst(t, b, mb)
@@ -95,6 +101,12 @@ func TestTenantCUDAFaultNamesItsProgram(t *testing.T) {
 					t.Fatal(rerr)
 				}
 				in.Close()
+			case "plover_load":
+				if werr := os.WriteFile(filepath.Join(dirs[0], "c15.bin"), make([]byte, 15), 0o644); werr != nil {
+					t.Fatal(werr)
+				}
+				ma.Constants = "c15.bin" // 15 bytes: the fake bundle's plover_load faults
+				_, err = d.Load(context.Background(), device.ProgramSpec{Dir: dirs[0], Manifest: ma, Tenant: "t"})
 			}
 			if where != "plover_instance_fini" {
 				var ke *device.KernelError
@@ -103,12 +115,14 @@ func TestTenantCUDAFaultNamesItsProgram(t *testing.T) {
 				}
 			}
 			select {
-			case <-a.p.done:
+			case <-b.p.done:
 			case <-time.After(10 * time.Second):
 				t.Fatal("the worker whose context faulted is still alive 10 s later")
 			}
-			if l := a.Death(); l == nil || l.Collateral() {
-				t.Errorf("the faulting program's death: %v, want its own", l)
+			if a != nil {
+				if l := a.Death(); l == nil || l.Collateral() {
+					t.Errorf("the faulting program's death: %v, want its own", l)
+				}
 			}
 			if l := b.Death(); l == nil || !l.Collateral() {
 				t.Errorf("the sibling's death: %v, want a collateral loss (lost by another function)", l)
@@ -226,5 +240,95 @@ func TestTenantCUDAReloadsAreBounded(t *testing.T) {
 	case <-w.done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the retired worker outlived its last program")
+	}
+}
+
+// A sibling's control call that meets the sticky error another program's
+// kernel left, in the driver calls around its hooks (an instance's
+// buffers, a load's constants and stream, an unload's frees) before that
+// program's run returned, ran nothing that could have made it: the worker
+// names the program whose kernel faulted, not the sibling. Before, the
+// control loop named whichever call met the fault on a device it had found
+// healthy: the sibling lost the worker as its own crash (its request
+// failed with the other's CUDA error, its back-off counting it) and the
+// program at fault was retried as a bystander.
+func TestTenantCUDAControlCallMeetingAnothersFaultClaimsNothing(t *testing.T) {
+	// A load meeting the fault before its hook ran is device's
+	// TestFakeFaultMetBeforeItsOwnCodeIsNotItsOwn; the worker judges its
+	// reply as it does these.
+	for _, call := range []string{"creating an instance", "unloading"} {
+		t.Run(call, func(t *testing.T) {
+			fakeDir, err := fakecuda.Shared()
+			if err != nil {
+				t.Skipf("cannot build the fake CUDA driver: %v", err)
+			}
+			_, dirs := tenantCUDA(t, 2) // its bundle directories; this device holds a run in host code
+			hold := filepath.Join(t.TempDir(), "hold")
+			// No Landlock: pl_hold's file is outside the stage.
+			d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
+				StageDir: t.TempDir(), Spawner: spawner, TenantScope: true, env: []string{"FAKEBUNDLE_HOLD=" + hold}})
+			t.Cleanup(func() { os.Remove(hold); d.Close() })
+			ma := fakeManifest(abi.Launch{Kernel: "pl_fault", Grid: 1, Block: 1}, abi.Launch{Kernel: "pl_hold", Grid: 20000, Block: 1})
+			ma.Name = "faulty"
+			mb := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+			mb.Name = "sibling"
+			a := loadDir(t, d, "t", dirs[0], ma, nil).(*program)
+			b := loadDir(t, d, "t", dirs[1], mb, nil).(*program)
+			if a.PID() != b.PID() {
+				t.Fatalf("the tenant's programs run in workers %d and %d, want one", a.PID(), b.PID())
+			}
+			in := newInst(t, a, ma)
+			done := make(chan error, 1)
+			go func() {
+				// pl_fault's kernel poisons the context; pl_hold keeps the
+				// run in host code until the file goes: the fault is there,
+				// its run not yet returned to claim it.
+				done <- in.Run(&device.Run{Output: make([]byte, 64), TmpLen: 64,
+					Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}, {Entry: 1, Grid: 20000, Block: 1}}, Deadline: time.Now().Add(time.Minute)})
+			}()
+			waitFor(t, "the faulting run to hold in host code", func() bool { _, err := os.Stat(hold); return err == nil })
+			asked := b.callEnded.Load()
+			answered := make(chan error, 1)
+			go func() {
+				switch call {
+				case "creating an instance":
+					_, err := b.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+					answered <- err
+				case "unloading":
+					answered <- b.Close()
+				}
+			}()
+			// Its reply came (the worker exits once it claimed, or gave up
+			// on a claim): the faulting run may return now, and claims.
+			waitFor(t, "the sibling's call to be answered", func() bool { return b.callEnded.Load() != asked })
+			os.Remove(hold)
+			err = <-answered
+			t.Logf("the sibling's %s: %v", call, err)
+			var ke *device.KernelError
+			if err := <-done; !errors.As(err, &ke) {
+				t.Errorf("the faulting run: %v, want its kernel error", err)
+			} else if lost, shared := collateral(err); !lost || shared {
+				t.Errorf("the faulting run: %v (lost %v, collateral %v), want its own loss", err, lost, shared)
+			}
+			select {
+			case <-a.p.done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the worker whose context faulted is still alive 10 s later")
+			}
+			if l := a.Death(); l == nil || l.Collateral() {
+				t.Errorf("the faulting program's death: %v, want its own", l)
+			}
+			if lost, shared := collateral(err); lost && !shared {
+				t.Errorf("the sibling's %s: %v, lost as its own crash; want the loss collateral", call, err)
+			}
+			if call != "unloading" {
+				if l := b.Death(); l == nil || !l.Collateral() {
+					t.Errorf("the sibling's death: %v, want a collateral loss", l)
+				}
+			}
+			if n := churnDeaths(d, "t"); n != 0 {
+				t.Errorf("the tenant's back-off counted %d deaths, want none: the program at fault was named", n)
+			}
+		})
 	}
 }

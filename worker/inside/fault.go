@@ -1,7 +1,6 @@
 package inside
 
 import (
-	"errors"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -9,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/worker/wire"
 )
 
@@ -28,8 +26,10 @@ import (
 //
 // A run or call that began on a device already poisoned (the device's
 // Health says so once a run or hook of a program's met the fault, whose
-// claim is on its way), or a run that met the fault before its chain
-// launched (its first driver calls: the fault is other work's), claims
+// claim is on its way), or that met the fault before its own code ran
+// (device.OwnFault: a run's driver calls before its chain launched; a
+// call's around its hook, such as an instance's buffers, a program's
+// constants, an unload's frees: the fault is other work's), claims
 // nothing. It waits a moment for the claim
 // before the process exits, as the exit would end the claimant's goroutine
 // before it wrote; with no claim (a mark the pipe did not take), the
@@ -50,17 +50,26 @@ var (
 	faultNamed = make(chan struct{})
 )
 
-// faultClaimWait is how long a run or call that met a fault it does not
-// claim waits for another's claim before the process exits: the claimant
-// is past its own run or call, and claims at once.
-const faultClaimWait = 100 * time.Millisecond
+// A run or call that met a fault it does not claim waits for another's
+// claim before the process exits, as long as a chain runs in the worker
+// (its run may be the claimant's, its kernels done, its host code not yet)
+// and faultClaimWait after the last ended (a claimant past its own run or
+// call claims at once), at most faultClaimBound: a chain held in host
+// code past the fault is not waited for beyond it, and the server then
+// blames every program. The server waits 2 s for the worker's end before
+// it kills it (proc.end), which would name no one either.
+const (
+	faultClaimWait  = 100 * time.Millisecond
+	faultClaimBound = time.Second
+)
 
 // claimFault names program id as the one at fault, in a tenant's worker,
 // if its run or call met the fault itself (own: it began on a healthy
-// device) and no program was named before.
-func (w *server) claimFault(id uint32, own bool) {
+// device and met the fault once its own code ran) and no program was
+// named before. It reports whether it named id.
+func (w *server) claimFault(id uint32, own bool) bool {
 	if !w.cfg.Tenant || !own || id == 0 || !faultBy.CompareAndSwap(0, id) {
-		return
+		return false
 	}
 	// One write(2), as the signal handler's: the pipe is non-blocking, and
 	// a pipe the bundle filled takes no mark (the server then blames every
@@ -68,28 +77,40 @@ func (w *server) claimFault(id uint32, own bool) {
 	mark := wire.FatalMark + "0 in program " + strconv.FormatUint(uint64(id), 10) + "\n"
 	unix.Write(wire.FatalFD, []byte(mark))
 	close(faultNamed)
+	return true
 }
 
 // exitFault ends the worker for its device's fault, once its reply, if
-// any, went out: in a tenant's worker after a claim (claimFault), or
-// faultClaimWait without one.
-func (w *server) exitFault() {
-	if w.cfg.Tenant {
-		select {
-		case <-faultNamed:
-		case <-time.After(faultClaimWait):
-		}
+// any, went out. The claimant (claimed: its claimFault named it) exits at
+// once. Another run or call, in a tenant's worker, waits for a claim
+// (awaitClaim) and then, a moment at most, for the claimant's own exit,
+// which follows its reply: an exit here would cut that reply off, and the
+// request at fault would hear of a lost worker, not of its kernel's error.
+func (w *server) exitFault(claimed bool) {
+	if w.cfg.Tenant && !claimed && awaitClaim(faultClaimWait, faultClaimBound) {
+		time.Sleep(faultClaimWait)
 	}
 	os.Exit(wire.ExitFault)
 }
 
-// ranIntoFault reports whether err, a run's fault, was met by the run
-// itself: the device's error comes with a *device.KernelError where the
-// run's chain was launched before its driver calls met the sticky error,
-// and alone where the run was refused up front, the device poisoned
-// before it began, or met the error before its chain launched (other
-// work poisoned the context: the run had launched nothing).
-func ranIntoFault(err error) bool {
-	var ke *device.KernelError
-	return errors.As(err, &ke)
+// awaitClaim returns once a program claimed the fault (true), or no chain
+// ran in the worker for quiet, or bound passed.
+func awaitClaim(quiet, bound time.Duration) bool {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	now := time.Now()
+	end, calm := now.Add(bound), now.Add(quiet)
+	for {
+		select {
+		case <-faultNamed:
+			return true
+		case now = <-tick.C:
+		}
+		if running.Load() > 0 {
+			calm = now.Add(quiet)
+		}
+		if now.After(calm) || now.After(end) {
+			return false
+		}
+	}
 }

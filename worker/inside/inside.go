@@ -220,11 +220,10 @@ func (w *server) serve() error {
 		// A call that finds the device poisoned already did not poison it
 		// (claimFault): read before the call, in a tenant's worker.
 		healthy := w.cfg.Tenant && w.faulted() == nil
-		op, rep := w.handle(c, err, fds)
+		op, rep, own := w.handle(c, err, fds)
 		w.marking(0, nil)
-		if rep.St == wire.StFault && err == nil {
-			w.claimFault(c.Prog, healthy) // at once, ahead of a sibling that meets the fault after
-		}
+		claimed := rep.St == wire.StFault && err == nil &&
+			w.claimFault(c.Prog, healthy && own) // at once, ahead of a sibling that meets the fault after
 		w.out = wire.AppendControlReply(w.out[:0], op, rep)
 		if err := unix.Sendmsg(wire.CtlFD, w.out, nil, nil, 0); err != nil {
 			return fmt.Errorf("worker: control channel: %w", err)
@@ -232,7 +231,7 @@ func (w *server) serve() error {
 		if rep.St == wire.StFault {
 			// The device context is poisoned (a bundle hook faulted it):
 			// nothing more can run here, as after a faulting chain.
-			w.exitFault()
+			w.exitFault(claimed)
 		}
 	}
 }
@@ -272,16 +271,18 @@ func (w *server) program(id uint32) *loaded {
 // and its pool slots: no instance of it is left to run on them. In a
 // tenant's worker its callers' threads are marked as l's (the control
 // loop's for an unload, the instance's own): the unload hook, which runs
-// with the last, names l if it crashes.
-func (w *server) release(l *loaded) {
+// with the last, names l if it crashes. It returns the close's error: a
+// fault of plover_unload's own (device.OwnFault) among others.
+func (w *server) release(l *loaded) error {
 	w.mu.Lock()
 	l.refs--
 	last := l.refs == 0
 	w.mu.Unlock()
-	if last {
-		w.dropSlots(l.id)
-		l.prog.Close()
+	if !last {
+		return nil
 	}
+	w.dropSlots(l.id)
+	return l.prog.Close()
 }
 
 // marking tells the fatal-signal handler which program the control call
@@ -327,8 +328,10 @@ func statusReply(err error) wire.Reply {
 
 // handle makes the call one control message asks for and returns the
 // reply, with the operation it answers (0 for a message it could not
-// read): the reply's shape is the operation's.
-func (w *server) handle(c wire.Control, err error, fds []int) (byte, wire.Reply) {
+// read): the reply's shape is the operation's; and whether a fault it
+// replies was met by the program's own hook once it ran (claimFault), not
+// by the calls around it, which meet another's fault as readily.
+func (w *server) handle(c wire.Control, err error, fds []int) (byte, wire.Reply, bool) {
 	closeAll := func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -342,62 +345,66 @@ func (w *server) handle(c wire.Control, err error, fds []int) (byte, wire.Reply)
 	case wire.OpLoad:
 		closeAll()
 		if err != nil {
-			return c.Op, failed("load: want a program id, a file name prefix and a manifest")
+			return c.Op, failed("load: want a program id, a file name prefix and a manifest"), false
 		}
-		return c.Op, w.load(c)
+		rep, own := w.load(c)
+		return c.Op, rep, own
 	case wire.OpUnload:
 		closeAll()
-		return c.Op, w.unload(c.Prog, err)
+		rep, own := w.unload(c.Prog, err)
+		return c.Op, rep, own
 	case wire.OpEntry:
 		closeAll()
 		if l == nil {
-			return c.Op, failed(fmt.Sprintf("entry: no program %d", c.Prog))
+			return c.Op, failed(fmt.Sprintf("entry: no program %d", c.Prog)), false
 		}
 		i, err := l.prog.Entry(c.Kernel)
 		rep := statusReply(err)
 		rep.Index = i
-		return c.Op, rep
+		return c.Op, rep, false
 	case wire.OpSlot:
 		if len(fds) != 1 || err != nil || l == nil {
 			closeAll()
-			return c.Op, failed("slot: want a loaded program's id, a size and a memfd")
+			return c.Op, failed("slot: want a loaded program's id, a size and a memfd"), false
 		}
-		return c.Op, w.addSlot(c.Prog, c.Size, fds[0])
+		return c.Op, w.addSlot(c.Prog, c.Size, fds[0]), false
 	case wire.OpDropSlot:
 		closeAll()
 		if err != nil || l == nil {
-			return c.Op, failed("drop slot: want a loaded program's id and a slot's")
+			return c.Op, failed("drop slot: want a loaded program's id and a slot's"), false
 		}
-		return c.Op, w.dropSlot(c.Prog, c.Slot)
+		return c.Op, w.dropSlot(c.Prog, c.Slot), false
 	case wire.OpNewInstance:
 		if len(fds) != 2 || err != nil || l == nil {
 			closeAll()
-			return c.Op, failed("new instance: want a loaded program's id, sizes, a memfd and a socket")
+			return c.Op, failed("new instance: want a loaded program's id, sizes, a memfd and a socket"), false
 		}
-		return c.Op, w.newInstance(l, c.MaxIn, c.Tmp, c.Out, fds[0], fds[1])
+		rep, own := w.newInstance(l, c.MaxIn, c.Tmp, c.Out, fds[0], fds[1])
+		return c.Op, rep, own
 	}
 	closeAll()
-	return c.Op, failed(err.Error()) // empty, or an unknown operation
+	return c.Op, failed(err.Error()), false // empty, or an unknown operation
 }
 
 // unload closes program id once its instances are gone (loaded); an id
-// not loaded is refused.
-func (w *server) unload(id uint32, err error) wire.Reply {
+// not loaded is refused. It says, as load does, whether a fault it
+// replies was its plover_unload's own.
+func (w *server) unload(id uint32, err error) (wire.Reply, bool) {
 	if err != nil {
-		return failed("unload: want a program id")
+		return failed("unload: want a program id"), false
 	}
 	w.mu.Lock()
 	l := w.progs[id]
 	delete(w.progs, id)
 	w.mu.Unlock()
 	if l == nil {
-		return failed(fmt.Sprintf("unload: no program %d", id))
+		return failed(fmt.Sprintf("unload: no program %d", id)), false
 	}
-	w.release(l)
+	closed := w.release(l)
 	if err := w.faulted(); err != nil {
-		return statusReply(err) // StFault: the worker ends once it replied
+		return statusReply(err), device.OwnFault(closed) // StFault: the worker ends once it replied
 	}
-	return wire.Reply{St: wire.StOK}
+	return wire.Reply{St: wire.StOK}, false
 }
 
 // faulted is the device's fault once a hook whose failure no one is told
@@ -419,20 +426,20 @@ var stageDir = "/proc/self/fd/" + strconv.Itoa(wire.StageFD)
 // side: no directory each, whose inode costs the server a mkdir at every
 // load): the library's constructors run here, inside the restrictions. An
 // id in use, or a second program in a function's worker, is refused.
-func (w *server) load(c wire.Control) wire.Reply {
+func (w *server) load(c wire.Control) (wire.Reply, bool) {
 	w.mu.Lock()
 	_, taken := w.progs[c.Prog]
 	n := len(w.progs)
 	w.mu.Unlock()
 	switch {
 	case taken:
-		return failed(fmt.Sprintf("load: program %d is loaded already", c.Prog))
+		return failed(fmt.Sprintf("load: program %d is loaded already", c.Prog)), false
 	case n > 0 && !w.cfg.Tenant:
-		return failed("load: once per worker")
+		return failed("load: once per worker"), false
 	}
 	var m abi.Manifest
 	if err := json.Unmarshal(c.Manifest, &m); err != nil {
-		return failed("load: manifest: " + err.Error())
+		return failed("load: manifest: " + err.Error()), false
 	}
 	// What a failed load says names the bundle's files as its author
 	// wrote them, not where the stage keeps them.
@@ -444,25 +451,25 @@ func (w *server) load(c wire.Control) wire.Reply {
 		}
 	}
 	if w.cfg.Tenant && m.Library != "" && loader.Resident(stageDir+"/"+m.Library) {
-		return wire.Reply{St: wire.StMapped, Text: "load: the library's file is mapped in this worker already: stage a copy"}
+		return wire.Reply{St: wire.StMapped, Text: "load: the library's file is mapped in this worker already: stage a copy"}, false
 	}
 	prog, err := w.dev.Load(context.Background(), device.ProgramSpec{Dir: stageDir, Manifest: &m})
 	if err != nil {
 		rep := statusReply(err)
 		rep.Text = strings.NewReplacer(names...).Replace(rep.Text)
-		return rep
+		return rep, device.OwnFault(err)
 	}
 	w.mu.Lock()
 	w.progs[c.Prog] = &loaded{prog: prog, id: c.Prog, refs: 1}
 	w.mu.Unlock()
-	return wire.Reply{St: wire.StOK}
+	return wire.Reply{St: wire.StOK}, false
 }
 
-func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) wire.Reply {
-	fail := func(err error) wire.Reply {
+func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) (wire.Reply, bool) {
+	fail := func(err error) (wire.Reply, bool) {
 		unix.Close(memfd)
 		unix.Close(sock)
-		return statusReply(err)
+		return statusReply(err), false
 	}
 	if maxIn < 0 || tmp < 0 || out < 0 || maxIn+out <= 0 {
 		return fail(fmt.Errorf("new instance: sizes %d/%d/%d", maxIn, tmp, out))
@@ -476,7 +483,7 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 	if err != nil {
 		unix.Munmap(slot)
 		unix.Close(sock)
-		return statusReply(err)
+		return statusReply(err), device.OwnFault(err) // its plover_instance_init's
 	}
 	own := poolMem{mem: slot}
 	var pin wire.Pin // PinNone
@@ -498,18 +505,19 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 			// program's last reference.
 			defer marked(l.id)()
 		}
-		healthy := w.serveInstance(l.id, sock, own, inst, maxIn, out)
-		w.release(l)
+		healthy, fini := w.serveInstance(l.id, sock, own, inst, maxIn, out)
+		unload := w.release(l)
 		if w.faulted() != nil {
 			// Nothing more can run here, as after a faulting chain; kept,
 			// the worker would fail its siblings' next requests as theirs.
 			// l's plover_instance_fini (or, its last reference gone, its
-			// plover_unload) faulted it, if it was healthy before.
-			w.claimFault(l.id, healthy)
-			w.exitFault()
+			// plover_unload) faulted it if it was healthy before and the
+			// hook met the fault once it ran; the frees around the hooks
+			// may meet another's first.
+			w.exitFault(w.claimFault(l.id, healthy && (device.OwnFault(fini) || device.OwnFault(unload))))
 		}
 	}()
-	return wire.Reply{St: wire.StOK, Pin: pin}
+	return wire.Reply{St: wire.StOK, Pin: pin}, false
 }
 
 // instancePin is whether inst's device pinned its slot.
@@ -544,8 +552,9 @@ func pinOf(err error) wire.Pin {
 // program's, named should one of its runs fault the device (claimFault).
 // It returns once the server closed the channel, the instance closed
 // (its plover_instance_fini run), saying whether the device was healthy
-// before that close: a fault found after it is then the fini's.
-func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Instance, maxIn, out int64) (healthy bool) {
+// before that close, and the fault the fini met once it ran, if any
+// (device.CloseFault): a fault found after it is then the fini's.
+func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Instance, maxIn, out int64) (healthy bool, fini error) {
 	msg := make([]byte, wire.RunMsgMax+1)
 	rep := make([]byte, wire.ReplyMax)
 	steps := make([]device.Step, abi.MaxChainLength)
@@ -571,16 +580,17 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 		}
 		if n == 0 && err == nil {
 			healthy = w.faulted() == nil
-			inst.Close()
+			fini = device.CloseFault(inst)
 			unix.Munmap(own.mem)
 			unix.Close(sock)
-			return healthy
+			return healthy, fini
 		}
 		if err != nil {
 			os.Exit(wire.ExitChannel)
 		}
 		var st byte
 		var text string
+		claimed := false
 		running.Add(1)
 		alone = wire.SentAlone(msg[:n])
 		r.Timing, r.OutLen = device.Timing{}, 0
@@ -594,7 +604,7 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 			r.InPlace = mem.inPlace
 			err := inst.Run(&r)
 			if st, text = wire.StatusOf(err); st == wire.StFault {
-				w.claimFault(id, ranIntoFault(err)) // at once, ahead of a sibling that meets the fault after
+				claimed = w.claimFault(id, device.OwnFault(err)) // at once, ahead of a sibling that meets the fault after
 			}
 		}
 		running.Add(-1)
@@ -605,7 +615,7 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 		replied = time.Now()
 		if st == wire.StFault {
 			// The context is poisoned for good: nothing more can run here.
-			w.exitFault()
+			w.exitFault(claimed)
 		}
 	}
 }
