@@ -625,9 +625,10 @@ func (s *Scheduler) armExpiry(now time.Time) {
 		for _, r := range s.running {
 			earliest(r.deadline)
 			// A listed function's run that turns light by time alone
-			// counts in the reserve from then (lightAbout): the floods'
-			// limit may rise.
-			if f := r.f; s.cfg.Reserve > 0 && f.listed && f.inFlight+len(f.queue) < 2 && !s.light(f, now) {
+			// counts in the reserve from then (lightAbout), and in the
+			// floods' SharedRuns bound with a reserve or without: the
+			// floods' limit may rise.
+			if f := r.f; f.listed && f.inFlight+len(f.queue) < 2 && !s.light(f, now) {
 				earliest(f.lastBusy.Add(s.cfg.Overlap))
 			}
 		}

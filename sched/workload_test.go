@@ -139,6 +139,7 @@ var workloadConfigs = []Config{
 	{MaxRuns: 8, Reserve: 2, FloodRuns: 4, SharedRuns: 3},
 	{MaxRuns: 2},
 	{MaxRuns: 1},
+	{MaxRuns: 4, SharedRuns: 2}, // --sched fair-no-reserve on a host device
 }
 
 // TestWorkloadTraces runs the workloads (with workloadCheck after every
@@ -157,6 +158,37 @@ func TestWorkloadTraces(t *testing.T) {
 				if err := os.WriteFile(file, []byte(strings.Join(trace, "\n")+"\n"), 0o644); err != nil {
 					t.Fatal(err)
 				}
+			}
+		}
+	}
+}
+
+// No flow waits while the device has a slot its limits let it take, after
+// any step of the workloads: the moments at which the state changes by time
+// alone (a deadline, a reserve's lapse, a run turning light) each have a
+// timer. Before, a run turning light raised the floods' SharedRuns bound
+// with no timer where there was no reserve (--sched fair-no-reserve), and a
+// flood's run queued under the old bound waited for the next run's end.
+func TestWorkConservedAfterEveryStep(t *testing.T) {
+	conserved := func(s *Scheduler, now time.Time) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if len(s.running) >= s.cfg.MaxRuns {
+			return nil
+		}
+		fl := s.floodLimit(now)
+		for _, f := range s.waiting {
+			if lim := s.limitOf(f, now, fl); len(s.running) < lim {
+				return fmt.Errorf("a flow waits with %d runs on the device, its limit %d", len(s.running), lim)
+			}
+		}
+		return nil
+	}
+	for ci, cfg := range workloadConfigs {
+		for seed := range uint64(20) {
+			if _, err := workload(seed, cfg, 3000, conserved); err != nil {
+				t.Errorf("config %d %+v, seed %d: %v", ci, cfg, seed, err)
+				break
 			}
 		}
 	}
