@@ -44,28 +44,36 @@ var errRunDeadline = fmt.Errorf("%w while its chain was running", device.ErrDead
 const overrunGrace = 200 * time.Millisecond
 
 // finish waits out an overrun chain: its reply is discarded. The run
-// leaves the device's count of runs in flight only now.
+// leaves the device's count of runs in flight only now. Its slot is given
+// back before the instance's next run is let go (done), so that a request
+// after that run finds it free.
 func (i *instance) finish(done chan<- bool, held *poolSlot) {
 	defer i.g.runEnd() // last: after the worker is gone, if it goes
 	defer i.g.d.running.Add(-1)
+	ok := i.waitOut(held)
 	if held != nil {
-		// The chain may still read and write its slot until it ends or
-		// its worker does: only then may the slot serve another request.
-		defer held.unhold()
+		// The chain may read and write its slot until it ends or its
+		// worker does: only then may the slot serve another request.
+		held.unhold()
 	}
+	done <- ok
+}
+
+// waitOut waits for an overrun chain's reply within overrunGrace, and
+// reports whether it came (the worker lives on); else the worker is gone
+// once it returns, killed here if it was late.
+func (i *instance) waitOut(held *poolSlot) bool {
 	n, err := i.recv(time.Now().Add(overrunGrace), 0)
 	if err == nil && i.finished(i.rep[:n]) {
 		held.replied()
-		done <- true
-		return
+		return true
 	}
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errEmptyMessage) {
 		// The worker closed its end within the grace (EOF, or a reset):
 		// it is dying of its own (a crash, this chain's or a sibling's),
 		// to be told as it died, not as the server's kill for an overrun.
 		i.g.p.end("it closed its channel while a chain overran")
-		done <- false
-		return
+		return false
 	}
 	// Late, faulted, or not a reply at all (an empty message too): the
 	// worker goes.
@@ -77,7 +85,7 @@ func (i *instance) finish(done chan<- bool, held *poolSlot) {
 	why := "a chain ran past its request's deadline by more than " + overrunGrace.String()
 	i.g.p.killFor(i.g, why)
 	i.g.p.end(why) // reaped while this run counts: its death was a run's
-	done <- false
+	return false
 }
 
 // recv waits for the reply until dl (zero: no limit): os.ErrDeadlineExceeded
