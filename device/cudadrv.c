@@ -363,6 +363,14 @@ const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
     *op = "cuCtxSetCurrent";
     return NULL;
   }
+  /* cuCtxSetCurrent does not report a sticky error: a context that other
+   * work poisoned is found here, on the idle stream, before the hook runs,
+   * and not by the sync after it, which would take it for the hook's. */
+  *e = in->drv->cuStreamSynchronize(in->stream);
+  if (*e != PLCU_SUCCESS) {
+    *op = "cuStreamSynchronize";
+    return NULL;
+  }
   in->state.st = in->state.base;
   const char *msg = hook_and_sync(in->drv, in->stream, hook, &in->state.st,
                                   last_error, e, op, reached);

@@ -45,6 +45,20 @@ func TestFakeFaultMetBeforeItsOwnCodeIsNotItsOwn(t *testing.T) {
 		{"plover_load", func(t *testing.T, g *GPU, e *bundleEnv) func() error {
 			return func() error { _, err := g.programHook(e.ents, hookLoad, nil, nil); return err }
 		}},
+		{"closing an instance", func(t *testing.T, g *GPU, e *bundleEnv) func() error {
+			in, err := g.NewInstance(InstanceConfig{MaxInput: 8, Tmp: 8, Out: 8, Entries: e.ents})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// CloseFault says only a fault of the fini's own; the
+			// device's, then, is what the close met.
+			return func() error {
+				if err := CloseFault(in); err != nil {
+					return err
+				}
+				return g.Health()
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := fakeEnv(t)

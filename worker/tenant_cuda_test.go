@@ -332,3 +332,51 @@ func TestTenantCUDAControlCallMeetingAnothersFaultClaimsNothing(t *testing.T) {
 		})
 	}
 }
+
+// A hook still in host code after it faulted the device claims the fault
+// once it returns, and the worker waits for that claim: a sibling's run
+// that met the fault before its own chain launched (no claim of its own)
+// loses the worker as collateral. Before, the worker waited for chains in
+// flight only, exited 100 ms after the sibling's reply with no claim, and
+// the server blamed every program: the sibling's request failed with the
+// other's CUDA error, its crash counted.
+func TestTenantCUDAFaultingHookIsWaitedFor(t *testing.T) {
+	fakeDir, err := fakecuda.Shared()
+	if err != nil {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
+	}
+	_, dirs := tenantCUDA(t, 2) // its bundle directories
+	hold := filepath.Join(t.TempDir(), "faulted")
+	// No Landlock: plover_load's file is outside the stage.
+	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
+		StageDir: t.TempDir(), Spawner: spawner, TenantScope: true, env: []string{"FAKEBUNDLE_HOLD=" + hold}})
+	t.Cleanup(func() { d.Close() })
+	mb := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+	mb.Name = "sibling"
+	b := loadDir(t, d, "t", dirs[1], mb, nil).(*program)
+	in := newInst(t, b, mb)
+	if err := os.WriteFile(filepath.Join(dirs[0], "c16.bin"), make([]byte, 16), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ma := fakeManifest(mb.Chain...)
+	ma.Name, ma.Constants = "faulty", "c16.bin" // 16 bytes: plover_load faults, then stays 300 ms
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dirs[0], Manifest: ma, Tenant: "t"})
+		loaded <- err
+	}()
+	waitFor(t, "plover_load to fault", func() bool { _, err := os.Stat(hold); return err == nil })
+	rerr := in.Run(&device.Run{Input: []byte("x"), Output: make([]byte, 64), TmpLen: 64,
+		Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}}, Deadline: time.Now().Add(time.Minute)})
+	if lost, shared := collateral(rerr); !lost || !shared {
+		t.Errorf("the sibling's run: %v (lost %v, collateral %v), want a collateral loss", rerr, lost, shared)
+	}
+	lerr := <-loaded
+	var ke *device.KernelError
+	if lost, shared := collateral(lerr); !errors.As(lerr, &ke) || !lost || shared {
+		t.Errorf("the faulting load: %v (lost %v, collateral %v), want its kernel error and its own loss", lerr, lost, shared)
+	}
+	if n := churnDeaths(d, "t"); n != 0 {
+		t.Errorf("the tenant's back-off counted %d deaths, want none: the program at fault was named", n)
+	}
+}

@@ -52,8 +52,9 @@ var (
 
 // A run or call that met a fault it does not claim waits for another's
 // claim before the process exits, as long as a chain runs in the worker
-// (its run may be the claimant's, its kernels done, its host code not yet)
-// and faultClaimWait after the last ended (a claimant past its own run or
+// or a hook may (a control call, an instance's close: the claimant's may
+// be among them, its kernels done, its host code not yet) and
+// faultClaimWait after the last ended (a claimant past its own run or
 // call claims at once), at most faultClaimBound: a chain held in host
 // code past the fault is not waited for beyond it, and the server then
 // blames every program. The server waits 2 s for the worker's end before
@@ -106,7 +107,7 @@ func awaitClaim(quiet, bound time.Duration) bool {
 			return true
 		case now = <-tick.C:
 		}
-		if running.Load() > 0 {
+		if running.Load() > 0 || hooking.Load() > 0 {
 			calm = now.Add(quiet)
 		}
 		if now.After(calm) || now.After(end) {

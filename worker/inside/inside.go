@@ -220,7 +220,9 @@ func (w *server) serve() error {
 		// A call that finds the device poisoned already did not poison it
 		// (claimFault): read before the call, in a tenant's worker.
 		healthy := w.cfg.Tenant && w.faulted() == nil
+		hooking.Add(1)
 		op, rep, own := w.handle(c, err, fds)
+		hooking.Add(-1)
 		w.marking(0, nil)
 		claimed := rep.St == wire.StFault && err == nil &&
 			w.claimFault(c.Prog, healthy && own) // at once, ahead of a sibling that meets the fault after
@@ -507,6 +509,7 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 		}
 		healthy, fini := w.serveInstance(l.id, sock, own, inst, maxIn, out)
 		unload := w.release(l)
+		hooking.Add(-1) // counted once the channel closed (serveInstance)
 		if w.faulted() != nil {
 			// Nothing more can run here, as after a faulting chain; kept,
 			// the worker would fail its siblings' next requests as theirs.
@@ -580,6 +583,7 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 		}
 		if n == 0 && err == nil {
 			healthy = w.faulted() == nil
+			hooking.Add(1) // until the program's release, if the close is its last
 			fini = device.CloseFault(inst)
 			unix.Munmap(own.mem)
 			unix.Close(sock)
@@ -622,6 +626,10 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 
 // running is the instances of this worker running a chain (worker/wire/poll.go).
 var running atomic.Int32
+
+// hooking is the control calls and instance closes in progress, in which a
+// bundle's hooks run (a fault claim waits for them: awaitClaim).
+var hooking atomic.Int32
 
 // rehearse runs the code a load runs (manifest decoding, the ELF checks)
 // on harmless input while the worker is a standby, so that a cold start

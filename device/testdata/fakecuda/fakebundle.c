@@ -174,8 +174,17 @@ PLOVER_EXPORT void plover_load(plover_state_t *s) {
   if (s->input.len != 0 || s->out.len != 0) plover_fail(s, "plover_load: input and out must be empty");
   s->program = &pl_program_tag;
   /* The tests' way to ask for a device fault inside plover_load: a program
-   * with 15 bytes of constants. */
-  if (s->constant.len == 15) launch(s, 1, 1, k_fault, (args_t){0});
+   * with 15 bytes of constants; with 16, the hook then stays 300 ms in host
+   * code, having made the file $FAKEBUNDLE_HOLD names (if set) once it
+   * faulted. */
+  if (s->constant.len == 15 || s->constant.len == 16) launch(s, 1, 1, k_fault, (args_t){0});
+  if (s->constant.len == 16) {
+    const char *f = getenv("FAKEBUNDLE_HOLD");
+    int fd = f != NULL ? open(f, O_CREAT | O_WRONLY | O_CLOEXEC, 0600) : -1;
+    if (fd >= 0) close(fd);
+    struct timespec ms300 = {0, 300000000L};
+    nanosleep(&ms300, NULL);
+  }
 }
 
 PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
