@@ -761,14 +761,18 @@ func TestBudgetHighWater(t *testing.T) {
 func TestBudgetCancel(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		ctx  func() (context.Context, context.CancelFunc)
+		// ctx is the waiter's context and what ends it, called once it
+		// waits: a deadline timed by the test, not by the clock, which a
+		// loaded machine could let pass before the waiter began to wait.
+		ctx  func() (context.Context, func())
 		want error
 	}{
-		{"cancel", func() (context.Context, context.CancelFunc) {
+		{"cancel", func() (context.Context, func()) {
 			return context.WithCancel(context.Background())
 		}, context.Canceled},
-		{"deadline", func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), 20*time.Millisecond)
+		{"deadline", func() (context.Context, func()) {
+			ctx := &deadlineCtx{Context: context.Background(), done: make(chan struct{})}
+			return ctx, func() { close(ctx.done) }
 		}, context.DeadlineExceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -776,13 +780,10 @@ func TestBudgetCancel(t *testing.T) {
 			if err := b.Acquire(context.Background(), 8); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := tc.ctx()
-			defer cancel()
+			ctx, end := tc.ctx()
 			res := acquireAsync(ctx, b, 5)
 			waitFor(t, 5*time.Second, "waiter", func() bool { return b.waiting() == 1 })
-			if tc.want == context.Canceled {
-				cancel()
-			}
+			end()
 			if err := recv(t, res); !errors.Is(err, tc.want) {
 				t.Fatalf("Acquire: %v, want %v", err, tc.want)
 			}
@@ -1439,5 +1440,22 @@ func TestAcceptPanicWhoseCloseFailsGivesBackTheSlot(t *testing.T) {
 	}()
 	if n := l.Open(); n != 0 {
 		t.Fatalf("Open() = %d after the panics: want 0, the slot given back", n)
+	}
+}
+
+// deadlineCtx is a context that ends as one past its deadline does
+// (DeadlineExceeded) when done is closed.
+type deadlineCtx struct {
+	context.Context
+	done chan struct{}
+}
+
+func (c *deadlineCtx) Done() <-chan struct{} { return c.done }
+func (c *deadlineCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
 	}
 }
