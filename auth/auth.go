@@ -545,8 +545,11 @@ func readFile(path string) (*Table, error) {
 }
 
 // unfinished is how long Reload waits to see a file whose last line has
-// no newline again, unchanged, before it takes it (a variable for tests).
-var unfinished = 250 * time.Millisecond
+// no newline again, unchanged, before it takes it; waitUnfinished waits it
+// (a variable for tests, which finish the file meanwhile).
+const unfinished = 250 * time.Millisecond
+
+var waitUnfinished = func() { time.Sleep(unfinished) }
 
 // Reload re-reads the file. If it cannot be read or parsed, the store
 // keeps the table it had and Reload returns the error. A file whose last
@@ -562,7 +565,7 @@ func (s *Store) Reload() error {
 		return err
 	}
 	if len(b) > 0 && b[len(b)-1] != '\n' {
-		time.Sleep(unfinished)
+		waitUnfinished()
 		again, err := os.ReadFile(s.path)
 		if err != nil {
 			return err

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/plover-run/plover/auth"
 )
@@ -36,14 +35,13 @@ func TestReloadKeepsTheTableForAFileCutMidLine(t *testing.T) {
 		}
 		// The writer finishes its line while the reload waits to see the
 		// file again.
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			time.Sleep(50 * time.Millisecond)
-			os.WriteFile(path, []byte(full), 0o600)
-		}()
+		restore := auth.WhileReloadWaits(func() {
+			if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
+				t.Error(err)
+			}
+		})
 		reloadErr := s.Reload()
-		<-done
+		restore()
 		if reloadErr == nil || !strings.Contains(reloadErr.Error(), "being written") {
 			t.Errorf("file cut to %q, then finished: Reload %v, want it refused as being written", cut, reloadErr)
 		}
