@@ -470,18 +470,50 @@ func emfileChild(t *testing.T) {
 		}
 	}()
 
-	// Hold every free descriptor, then give one back for the client. The
-	// runtime may hold a descriptor of its own for a moment meanwhile (seen
-	// about once in 100 runs): the one given back is then taken before the
-	// dial, or one more comes free and Accept never runs short. The setup
-	// is tried again then, a few times at most.
-	var held []*os.File
+	held, served := shortOfDescriptors(t, ln, errs, returned)
 	defer func() {
 		for _, f := range held {
 			f.Close()
 		}
 	}()
-	var served chan error // the client's read of its greeting
+	waitFor(t, 5*time.Second, "retries", func() bool { return ln.Retried() >= 3 })
+	select {
+	case err := <-returned:
+		t.Fatalf("Accept returned %v while out of descriptors", err)
+	default:
+	}
+	t.Logf("retried %d times out of descriptors", ln.Retried())
+
+	// Free the descriptors: the client waiting in the backlog is served.
+	for _, f := range held {
+		f.Close()
+	}
+	held = nil
+	if err := <-served; err != nil {
+		t.Fatalf("client not served after descriptors freed: %v", err)
+	}
+	ln.Close()
+	select {
+	case err := <-returned:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept did not return after Close")
+	}
+	fmt.Println("EMFILE recovered")
+}
+
+// shortOfDescriptors holds every free descriptor but one, dials ln with
+// that one, and returns once Accept met EMFILE with the client waiting in
+// the backlog: the descriptors held (the caller closes them), and what the
+// client's read of its greeting ends in.
+func shortOfDescriptors(t *testing.T, ln *Listener, errs, returned <-chan error) (held []*os.File, served chan error) {
+	// Hold every free descriptor, then give one back for the client. The
+	// runtime may hold a descriptor of its own for a moment meanwhile (seen
+	// about once in 100 runs): the one given back is then taken before the
+	// dial, or one more comes free and Accept never runs short. The setup
+	// is tried again then, a few times at most.
 	for try := 1; ; try++ {
 		for {
 			f, err := os.Open(os.DevNull)
@@ -501,7 +533,7 @@ func emfileChild(t *testing.T) {
 		held = held[:len(held)-1]
 		client, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
 		if err == nil {
-			defer client.Close()
+			t.Cleanup(func() { client.Close() })
 			served = make(chan error, 1)
 			go func() {
 				client.SetReadDeadline(time.Now().Add(30 * time.Second))
@@ -537,32 +569,7 @@ func emfileChild(t *testing.T) {
 			t.Fatalf("no try of 5 had Accept short of descriptors with the client waiting (the last dial: %v)", err)
 		}
 	}
-	waitFor(t, 5*time.Second, "retries", func() bool { return ln.Retried() >= 3 })
-	select {
-	case err := <-returned:
-		t.Fatalf("Accept returned %v while out of descriptors", err)
-	default:
-	}
-	t.Logf("retried %d times out of descriptors", ln.Retried())
-
-	// Free the descriptors: the client waiting in the backlog is served.
-	for _, f := range held {
-		f.Close()
-	}
-	held = nil
-	if err := <-served; err != nil {
-		t.Fatalf("client not served after descriptors freed: %v", err)
-	}
-	ln.Close()
-	select {
-	case err := <-returned:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("Accept after Close: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Accept did not return after Close")
-	}
-	fmt.Println("EMFILE recovered")
+	return held, served
 }
 
 func TestConnInterfaces(t *testing.T) {
