@@ -210,8 +210,8 @@ func TestCUDAInstanceInitFaultEndsItsWorker(t *testing.T) {
 	_, err = p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 13, Out: 64}) // 13: the fake bundle's hook faults
 	var ke *device.KernelError
 	var pe *ProcessExit
-	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || !errors.As(err, &pe) {
-		t.Fatalf("a fault in plover_instance_init: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS that ended the worker", err)
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || !errors.As(err, &pe) || strings.Count(err.Error(), "kernel failed") != 1 {
+		t.Fatalf("a fault in plover_instance_init: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS, said once, that ended the worker", err)
 	}
 	if p.(*program).Alive() {
 		t.Error("the worker whose context faulted is still alive")
@@ -236,8 +236,8 @@ func TestCUDALoadFaultEndsItsWorker(t *testing.T) {
 	m.Constants = "c15.bin" // 15 bytes: the fake bundle's plover_load faults
 	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	var ke *device.KernelError
-	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") {
-		t.Fatalf("a fault in plover_load: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS", err)
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_ILLEGAL_ADDRESS") || strings.Count(err.Error(), "kernel failed") != 1 {
+		t.Fatalf("a fault in plover_load: %v, want a KernelError naming CUDA_ERROR_ILLEGAL_ADDRESS, said once", err)
 	}
 	if l, ok := device.AsLoss(err); !ok || l.Collateral() || l.ByServer() {
 		t.Errorf("a fault in plover_load: %v, want the loss of its worker, its own", err)

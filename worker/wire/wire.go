@@ -186,6 +186,10 @@ func StatusOf(err error) (byte, string) {
 		return StOK, ""
 	case errors.As(err, &lerr):
 		return StInvalid, lerr.Path + "\x00" + lerr.Reason
+	case errors.Is(err, device.ErrUnhealthy) && errors.As(err, &ke):
+		// Its own fault (device.OwnFault): the server makes its
+		// KernelError again from the message, as for StKernel.
+		return StFault, ke.Msg
 	case errors.Is(err, device.ErrUnhealthy):
 		return StFault, err.Error()
 	case errors.As(err, &ke) && ke.Rejected:

@@ -116,6 +116,12 @@ func TestStatusRoundTrip(t *testing.T) {
 	if st, _ := StatusOf(errors.Join(errors.New("sticky"), device.ErrUnhealthy)); st != StFault {
 		t.Fatalf("an unhealthy device: status %d, want StFault (the worker goes)", st)
 	}
+	// A fault of the call's own goes as its kernel error's message, which
+	// the server wraps in a KernelError again: "kernel failed: " once.
+	own := errors.Join(&device.KernelError{Msg: "plover_load: illegal address"}, device.ErrUnhealthy)
+	if st, msg := StatusOf(own); st != StFault || msg != "plover_load: illegal address" {
+		t.Fatalf("a fault of its own: status %d, %q; want StFault and the kernel error's message", st, msg)
+	}
 }
 
 // The protocol version is in the ready message: bumped with any change to
