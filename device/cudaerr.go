@@ -90,6 +90,8 @@ type kernelFault struct {
 
 func (e *kernelFault) Error() string { return e.ke.Error() }
 
+func (e *kernelFault) Unwrap() []error { return []error{e.ke, e.fault} }
+
 // OwnFault reports whether err is a device fault met by the call's own
 // code, a run's chain or a hook, once it ran (a kernelFault), not one
 // left by other work before it.
@@ -97,5 +99,3 @@ func OwnFault(err error) bool {
 	var kf *kernelFault
 	return errors.As(err, &kf)
 }
-
-func (e *kernelFault) Unwrap() []error { return []error{e.ke, e.fault} }

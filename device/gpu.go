@@ -10,7 +10,6 @@ import "C"
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -408,14 +407,12 @@ func (g *GPU) hookResult(name string, msg *C.char, code C.CUresult, op *C.char, 
 		kerr = C.GoString(msg)
 	}
 	if code != 0 {
-		if err := g.check(C.GoString(op), code); err != nil {
+		if derr := g.check(C.GoString(op), code); derr != nil {
+			err := fmt.Errorf("%s: %w", name, derr)
 			if kerr != "" {
-				err = fmt.Errorf("%s failed: %s: %w", name, unmarked(kerr), err)
-			} else {
-				err = fmt.Errorf("%s: %w", name, err)
+				err = fmt.Errorf("%s failed: %s: %w", name, unmarked(kerr), derr)
 			}
-			var fault *DeviceFault
-			if reached != 0 && errors.As(err, &fault) {
+			if fault, ok := derr.(*DeviceFault); ok && reached != 0 {
 				// Met once the hook ran: its own, as a run's that
 				// launched its chain. Met before (the driver calls that
 				// set the hook up), it was other work's, and the bare

@@ -198,7 +198,7 @@ func TestADeployReusingABundleADeleteTakesKeepsIt(t *testing.T) {
 			if _, err := store.Stat(ctx, key); err != nil {
 				t.Fatalf("the deploy was acknowledged, its record naming bundle %s, which is gone: %v", sha[:12], err)
 			}
-			if marks, err := store.List(ctx, "deleting/"); err != nil || len(marks) != 0 {
+			if marks, err := store.List(ctx, deletingDir); err != nil || len(marks) != 0 {
 				t.Errorf("the delete's mark: %v %v, want it removed", marks, err)
 			}
 		})

@@ -493,10 +493,13 @@ func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.R
 // that touched, recorded and checked the bundle between a delete's read
 // of its age and its delete was acknowledged with its bundle deleted.
 
+// deletingDir holds the marks of the bundle deletes under way.
+const deletingDir = "deleting/"
+
 // deletingPrefix is the prefix of the marks of the deletes of bundle key
 // under way.
 func deletingPrefix(key string) string {
-	return "deleting/" + strings.TrimSuffix(strings.TrimPrefix(key, "bundles/"), ".tar.zst") + "."
+	return deletingDir + strings.TrimSuffix(strings.TrimPrefix(key, "bundles/"), ".tar.zst") + "."
 }
 
 // Variables for tests.
@@ -761,7 +764,7 @@ func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error)
 		}
 	}
 	// Marks of deletes that died before they removed them.
-	marks, err := g.Store.List(ctx, "deleting/")
+	marks, err := g.Store.List(ctx, deletingDir)
 	if err != nil {
 		return removed, fmt.Errorf("gc: %w", err)
 	}

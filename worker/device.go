@@ -357,7 +357,7 @@ func (d *Device) Load(ctx context.Context, spec device.ProgramSpec) (device.Prog
 	if rep.St == wire.StFault {
 		// plover_load faulted the device: the worker goes by itself, and
 		// the load failed as the function's own (back-off counts it).
-		return nil, &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.lost("loading the bundle")}
+		return nil, g.faulted(rep.Text, "loading the bundle")
 	}
 	if rep.St != wire.StOK {
 		p.kill("its bundle was refused")
@@ -481,7 +481,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 			// for g, if its hook met the fault): the worker goes, blamed
 			// on g while g is still among its programs, which fail
 			// removes it from.
-			err = &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.lost("loading the bundle")}
+			err = g.faulted(rep.Text, "loading the bundle")
 		case rep.St != wire.StOK:
 			err = wire.ErrorOf(rep.St, rep.Text)
 		}

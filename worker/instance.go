@@ -404,8 +404,7 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 		r.OutLen = int64(outLen)
 		return nil
 	case wire.StFault:
-		ke := &device.KernelError{Msg: text}
-		return &faultError{ke: ke, exit: i.g.lost("running the chain")}
+		return i.g.faulted(text, "running the chain")
 	}
 	return wire.ErrorOf(st, text)
 }
@@ -445,8 +444,15 @@ func (g *program) runEnd() {
 	g.p.runs.Add(-1)
 }
 
-// faultError is a chain that faulted the worker's device context for good:
-// the request failed like any kernel failure, and the worker is gone.
+// faulted is the error of g's call that faulted its worker's device
+// context (a StFault reply saying text), once the worker is gone.
+func (g *program) faulted(text, during string) error {
+	return &faultError{ke: &device.KernelError{Msg: text}, exit: g.lost(during)}
+}
+
+// faultError is a chain or hook that faulted the worker's device context
+// for good: the request failed like any kernel failure, and the worker is
+// gone.
 type faultError struct {
 	ke   *device.KernelError
 	exit error

@@ -208,7 +208,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	switch {
 	case err != nil:
 	case rep.St == wire.StFault: // plover_instance_init faulted the device: the worker goes
-		err = &faultError{ke: &device.KernelError{Msg: rep.Text}, exit: g.lost("creating an instance")}
+		err = g.faulted(rep.Text, "creating an instance")
 	case rep.St != wire.StOK:
 		err = wire.ErrorOf(rep.St, rep.Text)
 	}

@@ -20,6 +20,14 @@ import (
 // bundle directories of their own (each its own copy of the file).
 func tenantCUDA(t *testing.T, dirs int) (*Device, []string) {
 	t.Helper()
+	return tenantCUDAWith(t, dirs, "")
+}
+
+// tenantCUDAWith is tenantCUDA with FAKEBUNDLE_HOLD set to hold in its
+// workers (the fake bundle's way to hold a run or a load in host code,
+// with a file outside the stage), and so without Landlock; hold "": none.
+func tenantCUDAWith(t *testing.T, dirs int, hold string) (*Device, []string) {
+	t.Helper()
 	fakeDir, err := fakecuda.Shared()
 	if err != nil {
 		t.Skipf("cannot build the fake CUDA driver: %v", err)
@@ -36,8 +44,12 @@ func tenantCUDA(t *testing.T, dirs int) (*Device, []string) {
 		}
 		out = append(out, dir)
 	}
-	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
-		Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
+	opts := Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
+		Landlock: hold == "", StageDir: t.TempDir(), Spawner: spawner, TenantScope: true}
+	if hold != "" {
+		opts.env = []string{"FAKEBUNDLE_HOLD=" + hold}
+	}
+	d := NewDevice(opts)
 	t.Cleanup(func() { d.Close() })
 	return d, out
 }
@@ -258,16 +270,9 @@ func TestTenantCUDAControlCallMeetingAnothersFaultClaimsNothing(t *testing.T) {
 	// reply as it does these.
 	for _, call := range []string{"creating an instance", "unloading"} {
 		t.Run(call, func(t *testing.T) {
-			fakeDir, err := fakecuda.Shared()
-			if err != nil {
-				t.Skipf("cannot build the fake CUDA driver: %v", err)
-			}
-			_, dirs := tenantCUDA(t, 2) // its bundle directories; this device holds a run in host code
 			hold := filepath.Join(t.TempDir(), "hold")
-			// No Landlock: pl_hold's file is outside the stage.
-			d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
-				StageDir: t.TempDir(), Spawner: spawner, TenantScope: true, env: []string{"FAKEBUNDLE_HOLD=" + hold}})
-			t.Cleanup(func() { os.Remove(hold); d.Close() })
+			d, dirs := tenantCUDAWith(t, 2, hold)
+			t.Cleanup(func() { os.Remove(hold) }) // before the device's close: a run held lets go
 			ma := fakeManifest(abi.Launch{Kernel: "pl_fault", Grid: 1, Block: 1}, abi.Launch{Kernel: "pl_hold", Grid: 20000, Block: 1})
 			ma.Name = "faulty"
 			mb := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
@@ -302,7 +307,7 @@ func TestTenantCUDAControlCallMeetingAnothersFaultClaimsNothing(t *testing.T) {
 			// on a claim): the faulting run may return now, and claims.
 			waitFor(t, "the sibling's call to be answered", func() bool { return b.callEnded.Load() != asked })
 			os.Remove(hold)
-			err = <-answered
+			err := <-answered
 			t.Logf("the sibling's %s: %v", call, err)
 			var ke *device.KernelError
 			if err := <-done; !errors.As(err, &ke) {
@@ -341,16 +346,8 @@ func TestTenantCUDAControlCallMeetingAnothersFaultClaimsNothing(t *testing.T) {
 // the server blamed every program: the sibling's request failed with the
 // other's CUDA error, its crash counted.
 func TestTenantCUDAFaultingHookIsWaitedFor(t *testing.T) {
-	fakeDir, err := fakecuda.Shared()
-	if err != nil {
-		t.Skipf("cannot build the fake CUDA driver: %v", err)
-	}
-	_, dirs := tenantCUDA(t, 2) // its bundle directories
 	hold := filepath.Join(t.TempDir(), "faulted")
-	// No Landlock: plover_load's file is outside the stage.
-	d := NewDevice(Options{Exe: os.Args[0], Base: fakeGPU{}, Driver: filepath.Join(fakeDir, "libfakecuda.so"),
-		StageDir: t.TempDir(), Spawner: spawner, TenantScope: true, env: []string{"FAKEBUNDLE_HOLD=" + hold}})
-	t.Cleanup(func() { d.Close() })
+	d, dirs := tenantCUDAWith(t, 2, hold)
 	mb := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
 	mb.Name = "sibling"
 	b := loadDir(t, d, "t", dirs[1], mb, nil).(*program)
