@@ -238,7 +238,7 @@ func spreadIO(uses []groupUse) {
 func (c *Group) use(now time.Time) groupUse {
 	c.mu.Lock()
 	u := groupUse{weight: c.base, boosted: c.boosted}
-	closed, root, names := c.closed, c.root, c.names
+	closed, root, names, level := c.closed, c.root, c.names, c.level
 	c.mu.Unlock()
 	if closed {
 		return groupUse{}
@@ -246,6 +246,7 @@ func (c *Group) use(now time.Time) groupUse {
 	var tree []kin
 	if c.g.nice {
 		tree = treeOf(c.pid, root)
+		c.sessions(tree, level)
 	}
 	outside, flooding := c.g.outsideOf(names)
 	u.flooding = flooding
@@ -280,6 +281,19 @@ func (c *Group) outsideSince(now map[string]time.Duration, window float64) map[s
 		}
 	}
 	return out
+}
+
+// sessions gives the autogroups of c's tree level, each window: a process
+// of the tree that made a session of its own (setsid) since its last
+// change would run in a new group at nice 0, the server's weight, until
+// the worker's next. Without c.mu, as use's reads: a level set meanwhile
+// may be overwritten by the one before it, until the next window.
+func (c *Group) sessions(tree []kin, level int) {
+	for _, k := range tree {
+		if k.pid == c.pid || k.parent == 0 || stillChild(k) {
+			c.g.ag.set(k.pid, level)
+		}
+	}
 }
 
 // setBoost boosts c, or ends its boost, writing its weight if that changed.

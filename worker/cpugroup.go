@@ -45,7 +45,10 @@ type CPUGroups struct {
 	// has.
 	base  int
 	lower bool
-	log   *slog.Logger
+	// ag gives each worker's autogroup its level too, where the kernel
+	// schedules sessions as groups (autogroup.go).
+	ag  *autogroups
+	log *slog.Logger
 
 	mu      sync.Mutex
 	broken  error         // set once a write failed: logged once, then every worker at the server's weight (fail)
@@ -86,7 +89,7 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 	if g := newCgroups(log); g != nil {
 		return g
 	}
-	g := &CPUGroups{nice: true, log: log}
+	g := &CPUGroups{nice: true, log: log, ag: newAutogroups(log)}
 	g.base, g.lower = nicelevel.Probe()
 	if g.lower {
 		log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
@@ -486,6 +489,7 @@ func (c *Group) write(tree bool) {
 		}
 		if _, err := renice(c.pid, level, !c.g.lower); err == nil {
 			c.level = level
+			c.g.ag.set(c.pid, level)
 		} else if !errors.Is(err, syscall.ESRCH) {
 			c.g.fail(c, fmt.Errorf("renice worker %d to %d: %w", c.pid, level, err), "cannot set a worker's nice level", "function", c.function, "pid", c.pid)
 			c.unweigh()
@@ -537,6 +541,7 @@ func (c *Group) unweigh() {
 	switch {
 	case err == nil:
 		c.level = level
+		c.g.ag.set(c.pid, level)
 		c.reniceTree(level)
 		c.g.log.Info("worker nice level set to the server's, the weights being off", "function", c.function, "pid", c.pid, "nice", level, "why", why)
 	case !errors.Is(err, syscall.ESRCH):
@@ -571,6 +576,7 @@ func (c *Group) reniceTree(level int) {
 				if s, _ := renice(k.pid, level, !c.g.lower); s {
 					set = true
 				}
+				c.g.ag.set(k.pid, level) // one that made a session of its own
 			}
 		}
 		if !set {

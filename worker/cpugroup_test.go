@@ -123,6 +123,11 @@ func TestCPUWeightsByNiceLevel(t *testing.T) {
 				t.Fatalf("share %v %q: thread %s of worker %d at nice %d, want %d", tc.share, tc.priority, task.Name(), pid, n, tc.nice)
 			}
 		}
+		// Where the kernel schedules sessions as groups, the level weighs
+		// the worker (a session of its own) only if its group has it too.
+		if _, n, ok := readAutogroup(pid); ok && g.ag.on.Load() && n != tc.nice {
+			t.Fatalf("share %v %q: worker %d's autogroup at nice %d, want %d", tc.share, tc.priority, pid, n, tc.nice)
+		}
 		p.Close()
 		d.Close()
 	}

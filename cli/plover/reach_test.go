@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/worker/contain"
 )
 
 func TestWorkerCannotReachOtherProcesses(t *testing.T) {
@@ -55,6 +56,21 @@ func TestWorkerCannotReachOtherProcesses(t *testing.T) {
 					r := h.invoke(t, "poker", []byte(op+" "+target.pid), crashTimeout)
 					if r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
 						t.Errorf("%s on %s (pid %s): %d %q, want the kernel to refuse", op, target.what, target.pid, r.code, cstr(r.body))
+					}
+				}
+			}
+			// Its own autogroup's weight (which the server sets, where the
+			// kernel schedules sessions as groups, to the worker's level)
+			// the kernel lets any process raise to nice 0 that may write
+			// the file: Landlock keeps /proc read-only to workers.
+			if contain.LandlockABI() >= 1 {
+				for _, target := range []struct{ op, what, pid string }{
+					{"autogroup", "the server", strconv.Itoa(h.srv.pid)},
+					{"autogroup", "another function's worker", victim},
+					{"myautogroup", "itself", "2"},
+				} {
+					if r := h.invoke(t, "poker", []byte(target.op+" "+target.pid), crashTimeout); r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
+						t.Errorf("autogroup nice level of %s: %d %q, want it refused", target.what, r.code, cstr(r.body))
 					}
 				}
 			}

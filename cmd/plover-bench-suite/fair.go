@@ -97,6 +97,9 @@ type fairRun struct {
 	Sparse        [][]fairVictim `json:"sparse_rounds,omitempty"`
 	SparseTargets []string       `json:"sparse_targets,omitempty"`
 	SparseBurns   [2]float64     `json:"sparse_floor_burns_ms"`
+	// NoPod says why the fair-nice modes ran in this program's cgroup,
+	// not a pod's of their own (pod.go); "" where they did.
+	NoPod string `json:"no_pod,omitempty"`
 }
 
 // fairVictim is one round of one mode (or, in the sparse rounds, a floor):
@@ -114,7 +117,7 @@ type fairVictim struct {
 // fairRoundModes are the modes the rounds compare: the light workers'
 // boost on and off, with cgroups and with nice levels, the floods' runs
 // bounded while the victim is about, and the runs' copies in pieces.
-var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noboost"}
+var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noboost", "fair-nice-root"}
 
 // chosenModes is modes less those --fair-modes leaves out (empty: all).
 func chosenModes(o *options, modes []string) []string {
@@ -172,7 +175,9 @@ func runFair(ctx context.Context, o *options, res *results) error {
 			return fmt.Errorf("%s: %w (make samples)", b.name, err)
 		}
 	}
-	fr := &fairRun{Clients: o.fairClients, Time: o.fairTime.Seconds(), RoundModes: chosenModes(o, fairRoundModes)}
+	o.pod = makePod()
+	defer o.pod.remove()
+	fr := &fairRun{Clients: o.fairClients, Time: o.fairTime.Seconds(), RoundModes: chosenModes(o, fairRoundModes), NoPod: o.pod.why}
 	for _, mode := range chosenModes(o, fairModes) {
 		logf("mode %s", mode)
 		m, err := fairOneMode(ctx, o, data, mode, cnn.Input, vec.Input, spinIn)
@@ -225,7 +230,7 @@ func fairVictimRound(ctx context.Context, o *options, data, mode string, cnnIn, 
 // roundServer starts a mode's server for a round, the CNN and vecadd
 // loaded and their instances made before anything is timed.
 func roundServer(ctx context.Context, o *options, data, mode string, cnnIn, vecIn []byte) (*server, error) {
-	srv, err := startServer(o.plover, data, o.device, o.isolation, fairFlags(data, mode)...)
+	srv, err := startServerIn(o.podFor(mode), o.plover, data, o.device, o.isolation, nil, fairFlags(data, mode)...)
 	if err != nil {
 		return nil, err
 	}
@@ -434,8 +439,10 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 // fair (the default: cgroups here, the server's I/O by share where its
 // threads can be moved into CPU groups, cgroup v1), fair-noio (the same
 // with it unscheduled: --io-shares off), fair-nice (where cgroups cannot be
-// written: nice levels, and the server's I/O scheduled by default),
-// fair-nice-noio (the same with it unscheduled), fair-noboost and
+// written: nice levels, and the server's I/O scheduled by default; the
+// server in a pod's CPU group, pod.go), fair-nice-noio (the same with it
+// unscheduled), fair-nice-root (fair-nice where this program runs: its
+// session's autogroup, where on), fair-noboost and
 // fair-nice-noboost (fair and fair-nice without the light workers' boost:
 // --light-boost 1), fair-flood1 (fair with --flood-runs 1: the floods one
 // run on the device at a time while the victim is about), fair-piece and
@@ -443,7 +450,7 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 // the victim's copy waits behind a 256 KiB piece of a flood's, not a whole
 // one), off (--sched off) and none (the server before the scheduler and
 // the CPU weights).
-var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "off", "none"}
+var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "fair-nice-root", "off", "none"}
 
 // fairFlags are the plover serve flags of a mode.
 func fairFlags(data, mode string) []string {
@@ -452,6 +459,7 @@ func fairFlags(data, mode string) []string {
 	base, flood1 := strings.CutSuffix(base, "-flood1")
 	base, noio := strings.CutSuffix(base, "-noio")
 	base, noboost := strings.CutSuffix(base, "-noboost")
+	base, _ = strings.CutSuffix(base, "-root") // where the server runs (inPod), not a flag
 	switch base {
 	case "none":
 		return []string{"--sched", "off", "--cpu-weights=false"}
@@ -479,7 +487,7 @@ func fairFlags(data, mode string) []string {
 
 func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecIn, spinIn []byte) (*fairMode, error) {
 	flags := fairFlags(data, mode)
-	srv, err := startServer(o.plover, data, o.device, o.isolation, flags...)
+	srv, err := startServerIn(o.podFor(mode), o.plover, data, o.device, o.isolation, nil, flags...)
 	if err != nil {
 		return nil, err
 	}
@@ -562,8 +570,11 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod; `--cgroup-root` at an empty directory): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels; `fair-nice-noio` is the same with it unscheduled (`--io-shares off`); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels, the server started (by this program) in a CPU cgroup of its own under cgroup v1, at the default weight, and not given it (`--cgroup-root` at an empty directory), as a pod's container is; `fair-nice-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice-root` is `fair-nice` with the server where this program runs, in the root CPU cgroup here, as every `fair-nice` reading before 2026-12-02 was: there the kernel schedules each session as a group (autogroups), which a pod's processes never are, so that the server's threads, whatever their levels, weigh as one group against each worker's (since 2026-12-02 each worker's group takes the worker's level); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
+	if fr.NoPod != "" {
+		p("The `fair-nice` modes ran where this program runs, as `fair-nice-root` did, not in a pod's group of their own: %s.\n\n", fr.NoPod)
+	}
 	p("Every figure in this table and the next three is one reading: one %.0f-s run each, on a server per mode, the modes one after another, minutes apart (the rounds further below repeat and interleave theirs). A cell whose requests failed says how many (they are in no latency figure), and a line under its table names them.\n\n", fr.Time)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 (one reading) | beside vecadd: p50 / p99 (one reading) | spin, vecadd served/s, each over its flood's whole run (from 1 s before the victim to its end) |\n|---|---|---|---|---|\n")
 	var lost failNotes
@@ -577,8 +588,8 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	}
 	lost.write(p)
 	lost = nil
-	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the device scheduler's wait, the copy in, the kernels, the copy out, the server's total), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
-	p("| mode | | sched | copy in | kernels | copy out | server total | outside the server |\n|---|---|---|---|---|---|---|---|\n")
+	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it add up to it request by request), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
+	p("| mode | | queue | resolve | sched | copy in | kernels | copy out | dispatch | server total | outside the server |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		for _, c := range []struct {
 			what string
@@ -595,7 +606,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			if !math.IsNaN(c.l.OutsideP50) && t.Total.N > 0 {
 				outside = fmtMs(c.l.OutsideP50) + " / " + fmtMs(c.l.OutsideP99)
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Total), outside)
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Queue), part(t.Resolve), part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Dispatch), part(t.Total), outside)
 		}
 	}
 	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")

@@ -34,6 +34,9 @@ import (
 )
 
 type options struct {
+	// pod is where the fair-nice modes' servers run (pod.go), made by
+	// --fair's run.
+	pod                                   pod
 	repo, plover, device, suffix, samples string
 	functions                             string
 	trials                                int

@@ -50,9 +50,16 @@ func startServer(plover, dataDir, device, isolation string, extra ...string) (*s
 
 // startServerEnv is startServer with extra environment (KEY=VALUE).
 func startServerEnv(plover, dataDir, device, isolation string, env []string, extra ...string) (*server, error) {
-	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device, "--isolation", isolation,
+	return startServerIn(pod{}, plover, dataDir, device, isolation, env, extra...)
+}
+
+// startServerIn is startServerEnv with the server in a pod's CPU cgroup
+// (pod.go; the zero pod: where this program runs).
+func startServerIn(p pod, plover, dataDir, device, isolation string, env []string, extra ...string) (*server, error) {
+	args := append([]string{plover, "serve", "--listen", "127.0.0.1:0", "--data", dataDir, "--device", device, "--isolation", isolation,
 		"--log-format", "json", "--poll", "0", "--grace", "2s"}, extra...)
-	cmd := exec.Command(plover, args...)
+	args = p.wrap(args)
+	cmd := exec.Command(args[0], args[1:]...)
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}

@@ -688,7 +688,11 @@ PLOVER_ENTRY(signal_pid) {
 // name>" when the kernel refuses. Op "pgrp", from a child (a worker leads
 // its session, and setpgid on a session leader fails whatever the target),
 // joins the process group whose id is pid (a worker's is its pid) and sets
-// that group's nice level to 19.
+// that group's nice level to 19. Op "autogroup" sets the nice level of
+// pid's autogroup (its session's group, where the kernel schedules
+// sessions as groups) to 0, which the kernel allows any process that may
+// write the file: a worker weighed at 10 there would take the server's
+// weight back; "myautogroup" does it to its own (pid ignored).
 PLOVER_ENTRY(poke) {
   (void)grid; (void)block;
   char buf[64] = {0};
@@ -720,6 +724,13 @@ PLOVER_ENTRY(poke) {
     if (c > 0) waitpid(c, NULL, 0);
     errno = e;
     rc = e == 0 ? 0 : -1;
+  } else if (strcmp(op, "autogroup") == 0 || strcmp(op, "myautogroup") == 0) {
+    char path[64];
+    if (strcmp(op, "autogroup") == 0) snprintf(path, sizeof path, "/proc/%ld/autogroup", pid);
+    else snprintf(path, sizeof path, "/proc/self/autogroup");
+    int fd = open(path, O_WRONLY);
+    rc = fd < 0 ? -1 : (write(fd, "0", 1) == 1 ? 0 : -1);
+    if (fd >= 0) { int e = errno; close(fd); errno = e; }
   } else if (strcmp(op, "cpus") == 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
