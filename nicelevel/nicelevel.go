@@ -39,18 +39,19 @@ func Try() (level int, lower bool) {
 		return 0, false
 	}
 	n := 20 - raw // the system call's value is 20 - nice
-	if !sysNice() {
+	if !HasCap(unix.CAP_SYS_NICE) {
 		return n, false
 	}
 	return n, n < 19 && unix.Setpriority(unix.PRIO_PROCESS, 0, n+1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
 }
 
-// sysNice reports whether the calling thread holds CAP_SYS_NICE.
-func sysNice() bool {
+// HasCap reports whether the calling thread holds capability c
+// (unix.CAP_*, below 32) in its effective set.
+func HasCap(c int) bool {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		return false
 	}
-	return data[0].Effective&(1<<unix.CAP_SYS_NICE) != 0
+	return data[0].Effective&(1<<c) != 0
 }

@@ -5,11 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/nicelevel"
 )
 
 // Autogroups (CONFIG_SCHED_AUTOGROUP, on by default in many kernels): a
@@ -34,17 +39,24 @@ type autogroups struct {
 // Where the kernel says whether autogroups are on (a variable for tests).
 var procAutogroupEnabled = "/proc/sys/kernel/sched_autogroup_enabled"
 
+// mayWriteWorkers reports whether the server may write its workers'
+// autogroup files: a worker makes itself non-dumpable as it starts, and
+// the kernel then gives its /proc files to root, so only a server that
+// may write files it does not own can (a variable for tests).
+var mayWriteWorkers = func() bool { return nicelevel.HasCap(unix.CAP_DAC_OVERRIDE) }
+
 // newAutogroups finds whether autogroups may weigh the server's workers:
-// turned on, and the server in the root CPU cgroup (as its own
-// /proc/self/cgroup says: in a container with a cgroup namespace of its
-// own that is its root, and writes there are harmless).
+// turned on, the server in the root CPU task group (rootTaskGroup), and
+// the server allowed to write its workers' files (mayWriteWorkers;
+// logged where not).
 func newAutogroups(log *slog.Logger) *autogroups {
 	a := &autogroups{log: log}
 	b, err := os.ReadFile(procAutogroupEnabled)
-	if err != nil || strings.TrimSpace(string(b)) != "1" {
+	if err != nil || strings.TrimSpace(string(b)) != "1" || !rootTaskGroup() {
 		return a
 	}
-	if cpuGroup() != "/" {
+	if !mayWriteWorkers() {
+		log.Warn("worker CPU weights by nice level weigh each worker only against its own threads here: the kernel schedules sessions as groups (sched_autogroup_enabled, the server in the root CPU cgroup) and each worker leads a session of its own, but a server that is not root (no CAP_DAC_OVERRIDE) cannot give a worker's group its level (a worker's /proc files are root's); run the server in a CPU cgroup of its own (any but the root, as a pod or a systemd unit with the cpu controller is), or as root")
 		return a
 	}
 	a.self, _, _ = readAutogroup(os.Getpid())
@@ -53,17 +65,27 @@ func newAutogroups(log *slog.Logger) *autogroups {
 	return a
 }
 
-// cpuGroup is the server's CPU cgroup as /proc/self/cgroup says it: the
-// v1 cpu controller's, else the v2 hierarchy's; "/" where it says none.
-func cpuGroup() string {
+// rootTaskGroup reports whether the server's threads are in the kernel's
+// root CPU task group, where autogroups apply: its v1 cpu group is the
+// root, or, under v2, no group on its path below the root has the cpu
+// controller (a cpu.weight file: a group whose parent passed the
+// controller down), as /proc/self/cgroup and the hierarchy say. In a
+// container with a cgroup namespace of its own "/" is that namespace's
+// root, read as the root: writes there are harmless.
+func rootTaskGroup() bool {
 	b, err := os.ReadFile(procSelfCgroup)
 	if err != nil {
-		return "/"
+		return true
 	}
 	if path, ok := procGroup(string(b), func(v2 bool, ctls []string) bool { return !v2 && slices.Contains(ctls, "cpu") }); ok {
-		return path
+		return path == "/"
 	}
-	return OwnGroup("")
+	for dir := OwnGroup(""); dir != "/" && dir != "." && dir != ""; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(cgroupRoot, dir, "cpu.weight")); err == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // readAutogroup is process pid's autogroup and its nice level; ok is

@@ -9,24 +9,35 @@ import (
 	"testing"
 )
 
-// Whether autogroups may weigh the workers: the kernel's switch and the
-// server's CPU cgroup, as /proc says them.
+// Whether autogroups may weigh the workers: the kernel's switch, the
+// server's CPU task group and its right to write its workers' files, as
+// /proc and the hierarchy say them.
 func TestAutogroupsInForce(t *testing.T) {
-	oldOn, oldSelf := procAutogroupEnabled, procSelfCgroup
-	t.Cleanup(func() { procAutogroupEnabled, procSelfCgroup = oldOn, oldSelf })
+	oldOn, oldSelf, oldRoot, oldMay := procAutogroupEnabled, procSelfCgroup, cgroupRoot, mayWriteWorkers
+	t.Cleanup(func() {
+		procAutogroupEnabled, procSelfCgroup, cgroupRoot, mayWriteWorkers = oldOn, oldSelf, oldRoot, oldMay
+	})
 	dir := t.TempDir()
-	procAutogroupEnabled, procSelfCgroup = filepath.Join(dir, "enabled"), filepath.Join(dir, "cgroup")
+	procAutogroupEnabled, procSelfCgroup, cgroupRoot = filepath.Join(dir, "enabled"), filepath.Join(dir, "cgroup"), filepath.Join(dir, "v2")
+	// Under v2, a.slice passes the cpu controller to its children (they
+	// have cpu.weight); b.slice does not.
+	os.MkdirAll(filepath.Join(cgroupRoot, "a.slice", "x.service"), 0o755)
+	os.WriteFile(filepath.Join(cgroupRoot, "a.slice", "x.service", "cpu.weight"), []byte("100\n"), 0o644)
+	os.MkdirAll(filepath.Join(cgroupRoot, "b.slice", "y.service"), 0o755)
 	for _, tc := range []struct {
 		name, enabled, cgroup string
+		notRoot               bool
 		on                    bool
 	}{
-		{"v1 root", "1\n", "4:memory:/x\n2:cpuacct:/\n1:cpu:/\n0::/\n", true},
-		{"v1 cpu,cpuacct root", "1\n", "3:cpu,cpuacct:/\n0::/y\n", true},
-		{"v2 root", "1\n", "0::/\n", true},
-		{"switched off", "0\n", "0::/\n", false},
-		{"v1 in a group", "1\n", "1:cpu:/system.slice/plover.service\n0::/\n", false},
-		{"v2 in a group", "1\n", "0::/kubepods/pod1/c1\n", false},
-		{"no switch (a kernel without autogroups)", "", "0::/\n", false},
+		{"v1 root", "1\n", "4:memory:/x\n2:cpuacct:/\n1:cpu:/\n0::/\n", false, true},
+		{"v1 cpu,cpuacct root", "1\n", "3:cpu,cpuacct:/\n0::/y\n", false, true},
+		{"v2 root", "1\n", "0::/\n", false, true},
+		{"switched off", "0\n", "0::/\n", false, false},
+		{"v1 in a group", "1\n", "1:cpu:/system.slice/plover.service\n0::/\n", false, false},
+		{"v2 in a group with the cpu controller", "1\n", "0::/a.slice/x.service\n", false, false},
+		{"v2 in a group without it", "1\n", "0::/b.slice/y.service\n", false, true},
+		{"no switch (a kernel without autogroups)", "", "0::/\n", false, false},
+		{"a server that may not write its workers' files", "1\n", "0::/\n", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			os.Remove(procAutogroupEnabled)
@@ -34,6 +45,7 @@ func TestAutogroupsInForce(t *testing.T) {
 				os.WriteFile(procAutogroupEnabled, []byte(tc.enabled), 0o644)
 			}
 			os.WriteFile(procSelfCgroup, []byte(tc.cgroup), 0o644)
+			mayWriteWorkers = func() bool { return !tc.notRoot }
 			if a := newAutogroups(slog.New(slog.DiscardHandler)); a.on.Load() != tc.on {
 				t.Fatalf("in force %v, want %v", a.on.Load(), tc.on)
 			}

@@ -100,6 +100,7 @@ func TestCPUWeightsByNiceLevel(t *testing.T) {
 	if g.Mechanism() != "nice" {
 		t.Fatalf("mechanism %q without cgroups, want nice", g.Mechanism())
 	}
+	autogroups := g.ag.on.Load() // in force here (autogroup.go)
 	for _, tc := range []struct {
 		share    float64
 		priority string
@@ -125,8 +126,10 @@ func TestCPUWeightsByNiceLevel(t *testing.T) {
 		}
 		// Where the kernel schedules sessions as groups, the level weighs
 		// the worker (a session of its own) only if its group has it too.
-		if _, n, ok := readAutogroup(pid); ok && g.ag.on.Load() && n != tc.nice {
-			t.Fatalf("share %v %q: worker %d's autogroup at nice %d, want %d", tc.share, tc.priority, pid, n, tc.nice)
+		if autogroups {
+			if _, n, ok := readAutogroup(pid); !ok || n != tc.nice || !g.ag.on.Load() {
+				t.Fatalf("share %v %q: worker %d's autogroup at nice %d (%v), want %d; still in force: %v", tc.share, tc.priority, pid, n, ok, tc.nice, g.ag.on.Load())
+			}
 		}
 		p.Close()
 		d.Close()

@@ -33,8 +33,8 @@ type pod struct {
 // no process: the pod is not made there (the fair-nice modes say so).
 var cgroupV1CPU = "/sys/fs/cgroup/cpu"
 
-// makePod makes the pod's group beside this program's own, at the
-// default weight (1024), or says why it could not.
+// makePod makes the pod's group under this program's own, at the default
+// weight (1024), or says why it could not.
 func makePod() pod {
 	own, err := ownV1CPUGroup()
 	if err != nil {
@@ -81,10 +81,14 @@ func (p pod) wrap(argv []string) []string {
 	return append([]string{"/bin/sh", "-c", `echo $$ > "$0" && exec "$@"`, p.procs}, argv...)
 }
 
-// remove removes the group (empty once its servers are gone).
+// remove removes the group (empty once its servers are gone), or says
+// it could not: a group left behind holds no process, and weighs nothing.
 func (p pod) remove() {
-	if p.procs != "" {
-		os.Remove(filepath.Dir(p.procs))
+	if p.procs == "" {
+		return
+	}
+	if err := os.Remove(filepath.Dir(p.procs)); err != nil && !os.IsNotExist(err) {
+		logf("the pod's CPU cgroup was not removed: %v", err)
 	}
 }
 

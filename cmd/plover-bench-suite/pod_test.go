@@ -59,7 +59,7 @@ func TestMakePod(t *testing.T) {
 	os.MkdirAll(filepath.Join(cgroupV1CPU, own), 0o755)
 	p := makePod()
 	if p.why != "" || filepath.Dir(filepath.Dir(p.procs)) != filepath.Join(cgroupV1CPU, own) {
-		t.Fatalf("pod %+v, want one beside this program's group %s", p, own)
+		t.Fatalf("pod %+v, want one under this program's group %s", p, own)
 	}
 	if _, err := os.Stat(filepath.Dir(p.procs)); err != nil {
 		t.Fatal(err)
