@@ -31,6 +31,14 @@ import (
 // filter cannot read, so clone3 fails with ENOSYS, on which glibc (its
 // pthread_create, posix_spawn) falls back to clone; Go uses clone.
 //
+// It refuses prctl(PR_SET_DUMPABLE) but to 0 (EPERM): a worker makes
+// itself non-dumpable as it starts (MakeNonDumpable), and its /proc files
+// are then root's; dumpable again, they would be its own, and it could
+// raise its own autogroup's weight (/proc/self/autogroup, which the kernel
+// lets any writer of the file set to nice 0) where the server weighs
+// workers by nice level and autogroups are in force, and, without
+// Landlock, open its memory to workers of its uid.
+//
 // It takes away the network: socket and socketpair succeed only for Unix
 // and netlink sockets and fail with EPERM for every other family. Landlock
 // refuses TCP bind and connect only from its ABI 4 (Linux 6.7) and UDP
@@ -117,14 +125,15 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	)
 	// Labels: the index of each named instruction below.
 	const (
-		lPrio   = 12
-		lPgrp   = 18
-		lSelf   = 21
-		lClone  = 23
-		lFamily = 25
-		lOK     = 28
-		lNo     = 29
-		lNoSys  = 30
+		lPrio   = 13
+		lPgrp   = 19
+		lSelf   = 22
+		lClone  = 24
+		lFamily = 26
+		lPrctl  = 29
+		lOK     = 33
+		lNo     = 34
+		lNoSys  = 35
 	)
 	// to is the jump offset from instruction at to label.
 	to := func(at, label int) uint8 { return uint8(label - at - 1) }
@@ -138,29 +147,36 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 		6:      {Code: jeq, K: unix.SYS_SOCKET, Jt: to(6, lFamily), Jf: 0},
 		7:      {Code: jeq, K: unix.SYS_SOCKETPAIR, Jt: to(7, lFamily), Jf: 0},
 		8:      {Code: jeq, K: unix.SYS_IO_URING_SETUP, Jt: to(8, lNoSys), Jf: 0},
-		9:      {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(9, lPrio)},
-		10:     {Code: ld, K: seccompArg0},
-		11:     {Code: ja, K: uint32(to(11, lSelf))},
+		9:      {Code: jeq, K: unix.SYS_PRCTL, Jt: to(9, lPrctl), Jf: 0},
+		10:     {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(10, lPrio)},
+		11:     {Code: ld, K: seccompArg0},
+		12:     {Code: ja, K: uint32(to(12, lSelf))},
 		lPrio:  {Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
-		13:     {Code: ld, K: seccompArg0}, // which
-		14:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(14, lPgrp), Jf: 0},
-		15:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(15, lNo)},
-		16:     {Code: ld, K: seccompArg1}, // who
-		17:     {Code: ja, K: uint32(to(17, lSelf))},
+		14:     {Code: ld, K: seccompArg0}, // which
+		15:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(15, lPgrp), Jf: 0},
+		16:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(16, lNo)},
+		17:     {Code: ld, K: seccompArg1}, // who
+		18:     {Code: ja, K: uint32(to(18, lSelf))},
 		lPgrp:  {Code: ld, K: seccompArg1},
-		19:     {Code: jeq, K: 0, Jt: to(19, lOK), Jf: 0},
-		20:     {Code: jeq, K: pgrp, Jt: to(20, lOK), Jf: to(20, lNo)},
+		20:     {Code: jeq, K: 0, Jt: to(20, lOK), Jf: 0},
+		21:     {Code: jeq, K: pgrp, Jt: to(21, lOK), Jf: to(21, lNo)},
 		lSelf:  {Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
-		22:     {Code: jeq, K: pid, Jt: to(22, lOK), Jf: to(22, lNo)},
+		23:     {Code: jeq, K: pid, Jt: to(23, lOK), Jf: to(23, lNo)},
 		lClone: {Code: ld, K: seccompArg0}, // flags, on amd64 and arm64
-		24:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(24, lNo), Jf: to(24, lOK)},
+		25:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(25, lNo), Jf: to(25, lOK)},
 		// socket's and socketpair's domain: an int, so the kernel reads
 		// the argument's low 32 bits, as this does.
 		lFamily: {Code: ld, K: seccompArg0},
-		26:      {Code: jeq, K: unix.AF_UNIX, Jt: to(26, lOK), Jf: 0},
-		27:      {Code: jeq, K: unix.AF_NETLINK, Jt: to(27, lOK), Jf: to(27, lNo)},
-		lOK:     {Code: ret, K: allow},
-		lNo:     {Code: ret, K: deny},
-		lNoSys:  {Code: ret, K: nosys},
+		27:      {Code: jeq, K: unix.AF_UNIX, Jt: to(27, lOK), Jf: 0},
+		28:      {Code: jeq, K: unix.AF_NETLINK, Jt: to(28, lOK), Jf: to(28, lNo)},
+		// prctl's option (an int) and, for PR_SET_DUMPABLE, its value: the
+		// kernel takes only 0 and 1 there, so its low 32 bits say which.
+		lPrctl: {Code: ld, K: seccompArg0},
+		30:     {Code: jeq, K: unix.PR_SET_DUMPABLE, Jt: 0, Jf: to(30, lOK)},
+		31:     {Code: ld, K: seccompArg1},
+		32:     {Code: jeq, K: 0, Jt: to(32, lOK), Jf: to(32, lNo)},
+		lOK:    {Code: ret, K: allow},
+		lNo:    {Code: ret, K: deny},
+		lNoSys: {Code: ret, K: nosys},
 	}
 }

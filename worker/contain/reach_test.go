@@ -51,6 +51,12 @@ func childReach() {
 		{"clone-parent", func() error { return rawClone(unix.CLONE_PARENT) }},
 		{"clone", func() error { return rawClone(0) }},
 		{"fork-exec", func() error { return exec.Command("true").Run() }},
+		{"dumpable-0", func() error { return unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0) }},
+		{"dumpable-1", func() error { return unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0) }},
+		{"dumpable-high-bits", func() error { return unix.Prctl(unix.PR_SET_DUMPABLE, 1<<32|1, 0, 0, 0) }},
+		{"prctl-other", func() error {
+			return unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&[]byte("reach\x00")[0])), 0, 0, 0)
+		}},
 		{"clone3", func() error {
 			// No arguments: the kernel's EINVAL, where the filter lets it by.
 			_, _, e := unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
@@ -138,6 +144,9 @@ func TestRestrictReach(t *testing.T) {
 		// A child of this process's parent (the server's) is out of its
 		// worker's tree; clone3 is left to glibc's fallback to clone.
 		"clone-parent": "EPERM", "clone": "ok", "fork-exec": "ok", "clone3": "ENOSYS",
+		// Dumpable again, a worker's /proc files would be its own: its
+		// autogroup's weight among them. Other prctl options pass.
+		"dumpable-0": "ok", "dumpable-1": "EPERM", "dumpable-high-bits": "EPERM", "prctl-other": "ok",
 	} {
 		if got[name] != want {
 			t.Errorf("%s: %q, want %s (all: %s)", name, got[name], want, out)
