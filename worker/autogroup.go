@@ -69,9 +69,10 @@ func newAutogroups(log *slog.Logger) *autogroups {
 // root CPU task group, where autogroups apply: its v1 cpu group is the
 // root, or, under v2, no group on its path below the root has the cpu
 // controller (a cpu.weight file: a group whose parent passed the
-// controller down), as /proc/self/cgroup and the hierarchy say. In a
-// container with a cgroup namespace of its own "/" is that namespace's
-// root, read as the root: writes there are harmless.
+// controller down), as /proc/self/cgroup and the hierarchy say (in a
+// container with a cgroup namespace of its own, "/" is its group: that
+// one's cpu.weight says so; under v1 it is read as the root, and the
+// writes are harmless).
 func rootTaskGroup() bool {
 	b, err := os.ReadFile(procSelfCgroup)
 	if err != nil {
@@ -80,12 +81,16 @@ func rootTaskGroup() bool {
 	if path, ok := procGroup(string(b), func(v2 bool, ctls []string) bool { return !v2 && slices.Contains(ctls, "cpu") }); ok {
 		return path == "/"
 	}
-	for dir := OwnGroup(""); dir != "/" && dir != "." && dir != ""; dir = filepath.Dir(dir) {
+	// "/" too: the real root has no cpu.weight, a cgroup namespace's
+	// root (a container's group) may.
+	for dir := OwnGroup(""); ; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(cgroupRoot, dir, "cpu.weight")); err == nil {
 			return false
 		}
+		if dir == "/" || dir == "." || dir == "" {
+			return true
+		}
 	}
-	return true
 }
 
 // readAutogroup is process pid's autogroup and its nice level; ok is

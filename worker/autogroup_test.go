@@ -26,18 +26,19 @@ func TestAutogroupsInForce(t *testing.T) {
 	os.MkdirAll(filepath.Join(cgroupRoot, "b.slice", "y.service"), 0o755)
 	for _, tc := range []struct {
 		name, enabled, cgroup string
-		notRoot               bool
+		notRoot, nsRoot       bool
 		on                    bool
 	}{
-		{"v1 root", "1\n", "4:memory:/x\n2:cpuacct:/\n1:cpu:/\n0::/\n", false, true},
-		{"v1 cpu,cpuacct root", "1\n", "3:cpu,cpuacct:/\n0::/y\n", false, true},
-		{"v2 root", "1\n", "0::/\n", false, true},
-		{"switched off", "0\n", "0::/\n", false, false},
-		{"v1 in a group", "1\n", "1:cpu:/system.slice/plover.service\n0::/\n", false, false},
-		{"v2 in a group with the cpu controller", "1\n", "0::/a.slice/x.service\n", false, false},
-		{"v2 in a group without it", "1\n", "0::/b.slice/y.service\n", false, true},
-		{"no switch (a kernel without autogroups)", "", "0::/\n", false, false},
-		{"a server that may not write its workers' files", "1\n", "0::/\n", true, false},
+		{"v1 root", "1\n", "4:memory:/x\n2:cpuacct:/\n1:cpu:/\n0::/\n", false, false, true},
+		{"v1 cpu,cpuacct root", "1\n", "3:cpu,cpuacct:/\n0::/y\n", false, false, true},
+		{"v2 root", "1\n", "0::/\n", false, false, true},
+		{"switched off", "0\n", "0::/\n", false, false, false},
+		{"v1 in a group", "1\n", "1:cpu:/system.slice/plover.service\n0::/\n", false, false, false},
+		{"v2 in a group with the cpu controller", "1\n", "0::/a.slice/x.service\n", false, false, false},
+		{"v2 in a group without it", "1\n", "0::/b.slice/y.service\n", false, false, true},
+		{"v2 in a container's cgroup namespace", "1\n", "0::/\n", false, true, false},
+		{"no switch (a kernel without autogroups)", "", "0::/\n", false, false, false},
+		{"a server that may not write its workers' files", "1\n", "0::/\n", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			os.Remove(procAutogroupEnabled)
@@ -45,6 +46,12 @@ func TestAutogroupsInForce(t *testing.T) {
 				os.WriteFile(procAutogroupEnabled, []byte(tc.enabled), 0o644)
 			}
 			os.WriteFile(procSelfCgroup, []byte(tc.cgroup), 0o644)
+			// A cgroup namespace's root is a container's group, with the
+			// cpu controller; the real root has no cpu.weight.
+			os.Remove(filepath.Join(cgroupRoot, "cpu.weight"))
+			if tc.nsRoot {
+				os.WriteFile(filepath.Join(cgroupRoot, "cpu.weight"), []byte("100\n"), 0o644)
+			}
 			mayWriteWorkers = func() bool { return !tc.notRoot }
 			if a := newAutogroups(slog.New(slog.DiscardHandler)); a.on.Load() != tc.on {
 				t.Fatalf("in force %v, want %v", a.on.Load(), tc.on)

@@ -37,7 +37,9 @@ import (
 // raise its own autogroup's weight (/proc/self/autogroup, which the kernel
 // lets any writer of the file set to nice 0) where the server weighs
 // workers by nice level and autogroups are in force, and, without
-// Landlock, open its memory to workers of its uid.
+// Landlock, open its memory to workers of its uid. A program it runs
+// (execve) is dumpable again all the same: only Landlock, which keeps
+// /proc read-only, closes that way.
 //
 // It takes away the network: socket and socketpair succeed only for Unix
 // and netlink sockets and fail with EPERM for every other family. Landlock
