@@ -66,7 +66,10 @@ type fairMode struct {
 // followed what each asked for (0.80 to a in every mode, scheduled or
 // not): a share decides only between flows that both want more.
 type fairIO struct {
-	IOA, BytesA float64  // fractions: a's of both
+	IOA, BytesA float64 // fractions: a's of both
+	// BothWaiting is the part of the run's /metrics readings in which a
+	// and b both had a piece waiting for its turn (bothWaiting).
+	BothWaiting float64
 	Throughput  [2]int64 // served/s a, b
 	Errors      [2]int64 // failed requests a, b
 }
@@ -635,8 +638,8 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
 		p(" (Without the scheduler no device time is accounted: only the work split shows.)\n")
 	}
-	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved.\n\n", fr.Clients, fr.Clients, ioSplitClients*fr.Clients)
-	p("| mode | vecadd alone: served/s (÷ off: one reading each) | vecadd-a / vecadd-b: I/O time to a | bytes to a | served/s a, b |\n|---|---|---|---|---|\n")
+	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved, and the part of the run's `/metrics` readings (every 50 ms) in which both had a piece waiting for its turn (`plover_io_pieces{state=\"waiting\"}`): the shares decide the server's I/O only then; a split read while the server's I/O is seldom contended follows what each flow asks for.\n\n", fr.Clients, fr.Clients, ioSplitClients*fr.Clients)
+	p("| mode | vecadd alone: served/s (÷ off: one reading each) | vecadd-a / vecadd-b: I/O time to a | bytes to a | both waiting for a turn | served/s a, b |\n|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		io := "-"
 		if m.IO.IOA > 0 {
@@ -647,7 +650,11 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			alone += " (" + ratio(m.FloodAlone.Throughput, off.FloodAlone.Throughput) + ")"
 		}
 		alone += lost.cell(m.Mode+", vecadd alone", m.FloodAlone)
-		p("| %s | %s | %s | %.3f | %d%s, %d%s |\n", m.Mode, alone, io, m.IO.BytesA, m.IO.Throughput[0], lost.mark(m.Mode+", vecadd-a", "", m.IO.Errors[0], 0, 0),
+		both := "n/a"
+		if !math.IsNaN(m.IO.BothWaiting) {
+			both = fmt.Sprintf("%.0f%%", 100*m.IO.BothWaiting)
+		}
+		p("| %s | %s | %s | %.3f | %s | %d%s, %d%s |\n", m.Mode, alone, io, m.IO.BytesA, both, m.IO.Throughput[0], lost.mark(m.Mode+", vecadd-a", "", m.IO.Errors[0], 0, 0),
 			m.IO.Throughput[1], lost.mark(m.Mode+", vecadd-b", "", m.IO.Errors[1], 0, 0))
 	}
 	lost.write(p)

@@ -9,10 +9,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +27,9 @@ import (
 // reads the server's I/O time each was charged meanwhile.
 func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d time.Duration) (fairIO, error) {
 	before := [2]float64{ioSeconds(url, "vecadd-a"), ioSeconds(url, "vecadd-b")}
+	sctx, stop := context.WithCancel(ctx)
+	contended := make(chan float64, 1)
+	go func() { contended <- bothWaiting(sctx, url, "vecadd-a", "vecadd-b", contentionEvery) }()
 	var wg sync.WaitGroup
 	var la, lb fairLoad
 	var ea, eb error
@@ -31,10 +37,12 @@ func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d tim
 	go func() { defer wg.Done(); la, ea = closed(ctx, url, "vecadd-a", inA, ca, d) }()
 	go func() { defer wg.Done(); lb, eb = closed(ctx, url, "vecadd-b", inB, cb, d) }()
 	wg.Wait()
+	stop()
+	both := <-contended
 	if ea != nil || eb != nil {
 		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
 	}
-	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}}
+	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}, BothWaiting: both}
 	if ia, ib := ioSeconds(url, "vecadd-a")-before[0], ioSeconds(url, "vecadd-b")-before[1]; ia+ib > 0 {
 		r.IOA = ia / (ia + ib)
 	}
@@ -176,4 +184,72 @@ func functionInfo(url, fn string) api.FunctionInfo {
 		return api.FunctionInfo{}
 	}
 	return fi
+}
+
+// contentionEvery is how often bothWaiting reads /metrics.
+const contentionEvery = 50 * time.Millisecond
+
+// bothWaiting reads url's /metrics every interval until ctx ends and
+// returns the part of its readings in which functions a and b both had a
+// piece waiting for its I/O turn (plover_io_pieces{state="waiting"}): the
+// shares decide the server's I/O only then, and a split read while one
+// flow waits alone says what the flows asked for, not what the turns gave
+// (NaN: no reading).
+func bothWaiting(ctx context.Context, url, a, b string, interval time.Duration) float64 {
+	var n, both int
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if n == 0 {
+				return math.NaN()
+			}
+			return float64(both) / float64(n)
+		case <-t.C:
+		}
+		text, err := getText(ctx, url+"/metrics")
+		if err != nil {
+			continue
+		}
+		n++
+		if waitingPieces(text, a) > 0 && waitingPieces(text, b) > 0 {
+			both++
+		}
+	}
+}
+
+// waitingPieces is fn's plover_io_pieces{state="waiting"} in a /metrics
+// text (0 where absent).
+func waitingPieces(text, fn string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok || name != "plover_io_pieces" || !strings.Contains(rest, `function="`+fn+`"`) || !strings.Contains(rest, `state="waiting"`) {
+			continue
+		}
+		_, v, _ := strings.Cut(rest, "} ")
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err == nil {
+			return f
+		}
+	}
+	return 0
+}
+
+// getText is GET url's body.
+func getText(ctx context.Context, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(b), err
 }
