@@ -93,6 +93,10 @@ func rootTaskGroup() bool {
 	}
 }
 
+// active reports whether the workers' autogroups are given their levels
+// (nil: never; with cgroups, or where autogroups are not in force).
+func (a *autogroups) active() bool { return a != nil && a.on.Load() }
+
 // readAutogroup is process pid's autogroup and its nice level; ok is
 // false when the process is gone or in no autogroup (the file is empty
 // for the kernel's default group).
@@ -119,7 +123,7 @@ func readAutogroup(pid int) (id string, nice int, ok bool) {
 // the workers' autogroups as they are from then on, logged once: their
 // threads' levels still weigh their threads against each other.
 func (a *autogroups) set(pid, n int) bool {
-	if a == nil || !a.on.Load() {
+	if !a.active() {
 		return false
 	}
 	id, cur, ok := readAutogroup(pid)

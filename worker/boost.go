@@ -283,12 +283,17 @@ func (c *Group) outsideSince(now map[string]time.Duration, window float64) map[s
 	return out
 }
 
-// sessions gives the autogroups of c's tree level, each window: a process
-// of the tree that made a session of its own (setsid) since its last
-// change would run in a new group at nice 0, the server's weight, until
-// the worker's next. Without c.mu, as use's reads: a level set meanwhile
-// may be overwritten by the one before it, until the next window.
+// sessions gives the autogroups of c's tree level, at each change
+// (reniceTree) and each window (use): a process of the tree that made a
+// session of its own (setsid) since would run in a new group at nice 0,
+// the server's weight, until the worker's next. In use, without c.mu, as
+// its reads: a level set meanwhile may be overwritten by the one before
+// it, until the next window. Nothing is read where autogroups are not
+// given levels (cgroups, a pod).
 func (c *Group) sessions(tree []kin, level int) {
+	if !c.g.ag.active() {
+		return
+	}
 	for _, k := range tree {
 		if k.pid == c.pid || k.parent == 0 || stillChild(k) {
 			c.g.ag.set(k.pid, level)

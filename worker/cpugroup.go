@@ -541,7 +541,6 @@ func (c *Group) unweigh() {
 	switch {
 	case err == nil:
 		c.level = level
-		c.g.ag.set(c.pid, level)
 		c.reniceTree(level)
 		c.g.log.Info("worker nice level set to the server's, the weights being off", "function", c.function, "pid", c.pid, "nice", level, "why", why)
 	case !errors.Is(err, syscall.ESRCH):
@@ -576,13 +575,13 @@ func (c *Group) reniceTree(level int) {
 				if s, _ := renice(k.pid, level, !c.g.lower); s {
 					set = true
 				}
-				c.g.ag.set(k.pid, level) // one that made a session of its own
 			}
 		}
 		if !set {
-			return
+			break
 		}
 	}
+	c.sessions(c.tree(), level)
 }
 
 // tree is the worker's process tree, under c.mu: the worker and what it

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -204,12 +202,11 @@ var (
 // batchSizes reads the function's plover_batch_size from /metrics; zeros
 // when it cannot.
 func batchSizes(url, fn string) sizeCount {
-	resp, err := http.Get(url + "/metrics")
+	text, err := getText(context.Background(), url+"/metrics")
 	if err != nil {
 		return sizeCount{}
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b := []byte(text)
 	var sc sizeCount
 	for _, m := range sizeSumRE.FindAllSubmatch(b, -1) {
 		if string(m[1]) == fn {

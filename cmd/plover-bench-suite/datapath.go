@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -279,13 +278,12 @@ var copiedRE = regexp.MustCompile(`plover_payload_copied_bytes_total\{function="
 // copiedTotal reads plover_payload_copied_bytes_total for vecadd (false: a
 // build that does not count it).
 func copiedTotal(url string) (float64, bool) {
-	resp, err := http.Get(url + "/metrics")
+	text, err := getText(context.Background(), url+"/metrics")
 	if err != nil {
 		return 0, false
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(b), "plover_payload_copied_bytes_total") {
+	b := []byte(text)
+	if !strings.Contains(text, "plover_payload_copied_bytes_total") {
 		return 0, false
 	}
 	m := copiedRE.FindSubmatch(b)
