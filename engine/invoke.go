@@ -10,12 +10,17 @@ import (
 	"github.com/plover-run/plover/errdefs"
 )
 
-// Invoke runs one request on the current version of function name.
+// Invoke runs one request on the current version of function name, or,
+// for a body read into a slot Land lent for name, on the version it was
+// lent for.
 func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) error {
 	t0 := time.Now()
-	f, v, err := e.tab.resolve(ctx, name, req.Deadline)
-	if err != nil {
-		return err
+	f, v, ok := e.landed(name, req.Landing)
+	if !ok {
+		var err error
+		if f, v, err = e.tab.resolve(ctx, name, req.Deadline); err != nil {
+			return err
+		}
 	}
 	defer v.pool.unref()
 	return e.invoke(ctx, f, v, req, t0, e.tab.deadline(req.Deadline, t0))
@@ -33,20 +38,41 @@ func (e *Engine) Invoke(ctx context.Context, name string, req *call.Request) err
 // which spares a request a wait, before its body is read, behind an
 // instance's init or a sibling's load. The caller releases what it gets
 // once the response is written.
+//
+// The landing holds the version it was lent for until its release, and
+// the request whose body it holds runs on that version (Invoke,
+// PinLanding), whatever deploys land while the body is read: as a
+// request in flight finishes on the version it started on, a redeploy
+// costs a request whose body was on its way nothing (before, its run
+// met a slot of another version's worker and answered 503).
 func (e *Engine) Land(name string) call.Landing {
-	_, v := e.tab.peek(name)
+	f, v := e.tab.peek(name)
 	if v == nil || !v.loaded.Load() || v.batch != nil || v.rec.Kind != "" {
 		return nil
 	}
-	l, ok := v.pool.lender().(device.Lender)
-	if !ok {
+	prog := v.pool.lender() // a reference on v with it
+	if prog == nil {
 		return nil
 	}
-	s, ok := l.Lend(v.manifest.MaxInputBytes, v.manifest.OutBytes)
-	if !ok {
-		return nil
+	if l, ok := prog.(device.Lender); ok {
+		if s, ok := l.Lend(v.manifest.MaxInputBytes, v.manifest.OutBytes); ok {
+			return &landing{Slot: s, e: e, f: f, v: v}
+		}
 	}
-	return s
+	v.pool.unref()
+	return nil
+}
+
+// PinLanding pins the version a request's body landed for: l is the
+// request's landing, which Land lent for name. False when l is nil or not
+// such a landing (pin name as usual). A successful pin is released as
+// Pin's are.
+func (e *Engine) PinLanding(name string, l call.Landing) (Pin, bool) {
+	f, v, ok := e.landed(name, l)
+	if !ok {
+		return Pin{}, false
+	}
+	return Pin{e, f, v}, true
 }
 
 // Pin is a function's version resolved once and held for one call: a
@@ -152,9 +178,10 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	}
 	var ran bool
 	if v.batch != nil && req.Landing != nil {
-		// Land lends a batching version nothing: the body landed in a
-		// slot of the version the name ran before a redeploy, whose
-		// process may have rewritten it (foreign).
+		// Land lends a batching version nothing, and its landings run
+		// on the version they were lent for: this body landed in a slot
+		// lent otherwise (a pin of this version with a landing of
+		// another's), whose process may have rewritten it (foreign).
 		return LandedElsewhere(f.name)
 	}
 	if v.batch != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -23,6 +24,7 @@ type lendDevice struct {
 	device.Device
 	stranger device.Program
 	proc     *workerProc
+	closed   atomic.Int32 // programs closed
 }
 
 // workerProc is a worker process: its pid may be a dead one's.
@@ -38,6 +40,12 @@ type strangerProgram struct {
 type lendProgram struct {
 	device.Program
 	d *lendDevice
+}
+
+// Close counts the programs closed on the device (lendDevice.closed).
+func (p *lendProgram) Close() error {
+	p.d.closed.Add(1)
+	return p.Program.Close()
 }
 
 // SameProcess is a worker's program's (worker.program's): the same
@@ -78,18 +86,19 @@ func (p *lendProgram) Lend(maxIn, out int64) (device.Slot, bool) {
 }
 
 // lentEcho is an engine on d running function echo, loaded, and a slot
-// its program lent (owned as d says).
-func lentEcho(t *testing.T, d *lendDevice) (*engine.Engine, *lentSlot) {
+// its program lent (owned as d says), released when the test ends.
+func lentEcho(t *testing.T, d *lendDevice) (*engine.Engine, call.Landing) {
 	t.Helper()
 	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
 		t.Fatal(err)
 	}
-	s, ok := e.Land("echo").(*lentSlot)
-	if !ok {
+	s := e.Land("echo")
+	if s == nil {
 		t.Fatal("no slot lent")
 	}
+	t.Cleanup(s.Release)
 	return e, s
 }
 
@@ -176,5 +185,89 @@ func TestABodyLandedBeforeARedeployIsRefused(t *testing.T) {
 				t.Fatalf("the request: %v (output %q); want a 503 naming the redeploy", err, req.Output)
 			}
 		})
+	}
+}
+
+// A redeploy, or a delete, between a body's landing in a slot of its
+// worker and its run costs the request nothing: it runs on the version it
+// landed for, in place, as a request in flight finishes on the version it
+// started on, and that version goes once the landing is released. Before,
+// the run resolved the name again, met the slot of the version before,
+// and answered 503 (an S3 switch under load lost 1 request in 5,133).
+// Through the engine and through the request path's runner alike.
+func TestABodyLandedBeforeARedeployRunsOnItsVersion(t *testing.T) {
+	changes := []struct {
+		name   string
+		change func(t *testing.T, e *engine.Engine)
+	}{
+		{"redeployed", func(t *testing.T, e *engine.Engine) {
+			m := testkit.Manifest("echo")
+			m.TmpBytes++ // another bundle, another version
+			testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+		}},
+		{"now batching", func(t *testing.T, e *engine.Engine) {
+			testkit.Deploy(t, e, batchBundle(t, testkit.BatchManifest("echo", 4, "")))
+		}},
+		{"now a pipeline", func(t *testing.T, e *engine.Engine) {
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo2"), nil))
+			testkit.Deploy(t, e, testkit.PipelineDir(t, "echo", "echo2"))
+		}},
+		{"deleted", func(t *testing.T, e *engine.Engine) {
+			if err := e.Control().Delete(context.Background(), "echo", true); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	paths := []struct {
+		name   string
+		invoke func(e *engine.Engine, req *call.Request) error
+	}{
+		{"engine", func(e *engine.Engine, req *call.Request) error { return e.Invoke(context.Background(), "echo", req) }},
+		{"runner", func(e *engine.Engine, req *call.Request) error {
+			return pipeline.New(e, nil).Invoke(context.Background(), "echo", req)
+		}},
+	}
+	for _, ch := range changes {
+		for _, path := range paths {
+			t.Run(ch.name+"/"+path.name, func(t *testing.T) {
+				d := &lendDevice{Device: device.NewHost(0)}
+				e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+				v1 := testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+				if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
+					t.Fatal(err)
+				}
+				s := e.Land("echo")
+				if s == nil {
+					t.Fatal("no slot lent")
+				}
+				released := false
+				defer func() {
+					if !released {
+						s.Release()
+					}
+				}()
+				n := copy(s.Input(), "hello")
+				ch.change(t, e)
+				req := &call.Request{Input: s.Input()[:n], Landing: s}
+				if err := path.invoke(e, req); err != nil {
+					t.Fatalf("the request: %v", err)
+				}
+				if !bytes.HasPrefix(req.Output, []byte("hello")) || req.Version != v1.Version {
+					t.Fatalf("output %q of version %s; want hello... of the version landed for, %s", req.Output, req.Version, v1.Version)
+				}
+				if unsafe.SliceData(req.Output) != unsafe.SliceData(s.Output()) {
+					t.Error("the output did not land in the slot")
+				}
+				if c := d.closed.Load(); c != 0 {
+					t.Fatalf("%d programs closed while the landing holds its version", c)
+				}
+				released = true
+				s.Release()
+				s.Release() // a second release drops no second reference
+				if c := d.closed.Load(); c != 1 {
+					t.Fatalf("%d programs closed after the landing's release; want the old version's", c)
+				}
+			})
+		}
 	}
 }

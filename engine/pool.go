@@ -297,17 +297,25 @@ func (p *pool) usage() (busy, idle, programs int) {
 
 // lender is the program whose slots a request's body would land in: the
 // program of the instance take would give now, else the first loaded;
-// nil when none is loaded.
+// nil when none is loaded, or the version is retired or gone. It takes a
+// reference on the version with the program it returns (Land's landing
+// holds it until its release), in the one lock.
 func (p *pool) lender() device.Program {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dead || p.evicted || p.retired {
+		return nil
+	}
+	var prog device.Program
 	if n := len(p.idle); n > 0 {
-		return p.idle[n-1].dev.prog
+		prog = p.idle[n-1].dev.prog
+	} else if len(p.placements) > 0 {
+		prog = p.placements[0].prog
 	}
-	if len(p.placements) > 0 {
-		return p.placements[0].prog
+	if prog != nil {
+		p.refs++
 	}
-	return nil
+	return prog
 }
 
 // placement is the program on dev, or nil.

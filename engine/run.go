@@ -82,10 +82,7 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 		ta = time.Now()
 	}
 	req.Timing.Queue = ta.Sub(tq)
-	var landed device.Slot // where the body was read, if a device lent it
-	if req.Landing != nil {
-		landed, _ = req.Landing.(device.Slot)
-	}
+	landed := slotOf(req.Landing) // where the body was read, if a device lent it
 	var prefer device.Device
 	if landed != nil {
 		prefer = landed.Device()
@@ -208,9 +205,9 @@ func LandedElsewhere(name string) error {
 
 // foreign reports whether the body landed in a slot lent by a program
 // that is not one of this version's now, mapped by a process other than
-// in's: the version current when the body was read, before a redeploy (by
-// another token, perhaps another tenant's), or one an unload or a crash
-// ended since. That process can have read and rewritten the body (before
+// in's: one an unload or a crash ended since the body was read, or
+// another version's (a landing run on a version other than the one Land
+// lent it for, which Invoke and PinLanding do not do: a caller's own). That process can have read and rewritten the body (before
 // its end too, if it ended); copying it out now would not undo that, so
 // the request fails (503: a retry lands in a slot of this version's). A
 // slot of the very process in runs in (a tenant's worker that reloaded

@@ -36,6 +36,9 @@ type Engine interface {
 	Pin(ctx context.Context, name string, deadline time.Time) (engine.Pin, error)
 	PinVersion(ctx context.Context, name, ref string, deadline time.Time) (engine.Pin, error)
 	Land(name string) call.Landing
+	// PinLanding pins the version a request's body landed for when
+	// landing is one Land lent for name (false: pin name).
+	PinLanding(name string, landing call.Landing) (engine.Pin, bool)
 	IO(name string) *ioshare.Flow
 	// Deadline is d, or the engine's request timeout from start when d
 	// is zero.
@@ -70,9 +73,17 @@ func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) err
 		// user): one deadline still covers every step.
 		req.Deadline = r.e.Deadline(time.Time{}, t0)
 	}
-	p, err := r.Pin(ctx, name, req.Deadline)
-	if err != nil {
-		return err
+	// A body read into a slot Land lent runs on the version it was lent
+	// for (a function's: Land lends a pipeline nothing), whatever deploys
+	// landed since.
+	var p Pin
+	if top, ok := r.e.PinLanding(name, req.Landing); ok {
+		p = Pin{r: r, top: top}
+	} else {
+		var err error
+		if p, err = r.Pin(ctx, name, req.Deadline); err != nil {
+			return err
+		}
 	}
 	// Deferred: a device's panic goes up to the transport through here,
 	// and a pin kept would hold its version (its program, its device
@@ -484,10 +495,10 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 		return &errdefs.Error{Kind: errdefs.KindBadRequest, Msg: fmt.Sprintf("%s is a pipeline: its steps run their own manifests' chains, so a request may not override chain, out_bytes or tmp_bytes", p.plan.name)}
 	}
 	if req.Landing != nil {
-		// Land lends a pipeline nothing: the body landed in a slot of the
-		// function the name was before a redeploy, whose worker may have
-		// rewritten it; the steps' runs, given the input alone, could
-		// not tell.
+		// Land lends a pipeline nothing, and Invoke runs a body Land
+		// lent on the function version it was lent for: this one landed
+		// in a slot lent otherwise, whose worker may have rewritten it;
+		// the steps' runs, given the input alone, could not tell.
 		return engine.LandedElsewhere(p.plan.name)
 	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
