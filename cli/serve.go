@@ -89,6 +89,7 @@ type serveFlags struct {
 	reserveHold                                      time.Duration
 	cpuWeights                                       bool
 	lightBoost                                       float64
+	lightSlice                                       time.Duration
 	cgroupRoot                                       string
 	repository, repositoryName                       string
 	repositoryPoll, repositorySettle                 time.Duration
@@ -170,6 +171,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
 			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
+			fs.DurationVar(&f.lightSlice, "light-slice", worker.LightSlice, "with --cpu-weights by nice levels and the light boost, on Linux 6.12 or later: a boosted worker's threads and the server's run with this EEVDF slice (the kernel's default is 0.7 ms times 1 + log2 of the CPUs, at most 8), so that a light function's wakeups beside a flood run at once rather than after a flood's thread ends its slice; 0: off (100us to 100ms)")
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids and the workers' memory groups)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.DurationVar(&f.reserveHold, "reserve-hold", sched.DefaultRecent, "how long after a light function's last run (one at a time) the slots kept for light functions stay kept from floods, on every device and in the server's I/O; a function called less often finds the floods in every slot (shorter: floods lose less after a light function's last request)")
@@ -380,6 +382,9 @@ func schedFlags(f *serveFlags, env *Env) (engine.SchedConfig, evict.Evictor, err
 	}
 	if f.reserveHold <= 0 {
 		return sc, nil, usagef(env, "serve", "--reserve-hold %v: want a positive duration", f.reserveHold)
+	}
+	if f.lightSlice != 0 && (f.lightSlice < 100*time.Microsecond || f.lightSlice > 100*time.Millisecond) {
+		return sc, nil, usagef(env, "serve", "--light-slice %v: want 0 (off) or 100us to 100ms (the kernel's bounds)", f.lightSlice)
 	}
 	if f.ioSlots < 0 {
 		return sc, nil, usagef(env, "serve", "--io-slots %d: want 0 (the CPUs) or more", f.ioSlots)

@@ -45,6 +45,9 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"negative copy piece", []string{"--copy-piece", "-1"}, "--copy-piece -1: want 0 (whole copies) or 64 to 9007199254740991 KiB"},
 		{"copy piece below 64 KiB", []string{"--copy-piece", "16"}, "--copy-piece 16: want 0 (whole copies) or 64 to"},
 		{"copy piece past an int64", []string{"--copy-piece", "9007199254740992"}, "--copy-piece 9007199254740992: want 0 (whole copies) or 64 to"},
+		{"light slice under the kernel's bound", []string{"--light-slice", "50us"}, "--light-slice 50µs: want 0 (off) or 100us to 100ms"},
+		{"light slice past the kernel's bound", []string{"--light-slice", "101ms"}, "--light-slice 101ms: want 0 (off) or 100us to 100ms"},
+		{"negative light slice", []string{"--light-slice", "-1ms"}, "--light-slice -1ms: want 0 (off)"},
 		{"unknown memory groups", []string{"--memory-groups", "yes"}, `--memory-groups "yes": want auto, on or off`},
 		{"empty memory groups", []string{"--memory-groups", ""}, `--memory-groups "": want auto, on or off`},
 	}

@@ -152,6 +152,12 @@ func workerGroups(f *serveFlags, devs []device.Device, drop *contain.Identity, l
 		if cpus <= 0 { // serve did not read them (serverProcs): nothing doubled
 			cpus = float64(runtime.GOMAXPROCS(0))
 		}
+		switch on, err := cpu.LightSlice(f.lightSlice, f.lightBoost); {
+		case err != nil:
+			log.Warn("light workers get no short EEVDF slice (--light-slice)", "error", err)
+		case on:
+			log.Info("boosted workers and the server's threads run with a short EEVDF slice (--light-slice)", "slice", f.lightSlice)
+		}
 		cpu.StartBoost(f.lightBoost, cpus)
 	}
 	uid := os.Getuid()

@@ -1,11 +1,17 @@
 // Package nicelevel finds whether this process may take a thread's nice
 // level back down once it raised it: the fact the workers' CPU weights
 // (package worker) and the server's I/O threads (package ioshare) both
-// depend on where nice levels stand in for cgroups.
+// depend on where nice levels stand in for cgroups; and reads and sets a
+// thread's nice level and EEVDF slice together, as the light workers'
+// short slices need.
 package nicelevel
 
 import (
+	"fmt"
+	"os"
 	"runtime"
+	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,4 +60,99 @@ func HasCap(c int) bool {
 		return false
 	}
 	return data[0].Effective&(1<<c) != 0
+}
+
+// Attr is a thread's scheduling attributes that the server sets: its
+// policy (kept), its nice level, and its EEVDF slice (Linux 6.12 and
+// later; 0 where the kernel keeps none per thread).
+type Attr struct {
+	Policy uint32
+	Nice   int
+	Slice  time.Duration
+}
+
+// Thread is thread tid's attributes (sched_getattr; tid 0: the calling
+// thread).
+func Thread(tid int) (Attr, error) {
+	a, err := unix.SchedGetAttr(tid, 0)
+	if err != nil {
+		return Attr{}, err
+	}
+	return Attr{Policy: a.Policy, Nice: int(a.Nice), Slice: time.Duration(a.Runtime)}, nil
+}
+
+// SetThread sets thread tid's policy, nice level and slice in one call
+// (sched_setattr): slice 0 gives it the kernel's default, which it then
+// follows. A nice level set by setpriority after keeps the slice, and a
+// thread or process made by the thread starts with both.
+func SetThread(tid int, a Attr) error {
+	return unix.SchedSetAttr(tid, &unix.SchedAttr{Policy: a.Policy, Nice: int32(a.Nice), Runtime: uint64(a.Slice)}, 0)
+}
+
+// DefaultSlice is the slice the kernel gives a thread that asks for none
+// (its base slice, scaled by the CPUs), read on a thread of its own that
+// asks for none first; 0 where the kernel keeps no slice per thread
+// (before Linux 6.12 sched_getattr reports none for SCHED_OTHER).
+func DefaultSlice() time.Duration {
+	c := make(chan time.Duration)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		a, err := Thread(0)
+		if err != nil || a.Policy != unix.SCHED_NORMAL || a.Slice == 0 {
+			c <- 0
+			return
+		}
+		a.Slice = 0
+		if SetThread(0, a) != nil {
+			c <- 0
+			return
+		}
+		a, err = Thread(0)
+		if err != nil {
+			c <- 0
+			return
+		}
+		c <- a.Slice
+	}()
+	return <-c
+}
+
+// SliceProcess gives every thread of the calling process slice d (more
+// than 0), each keeping its policy and level. Threads made
+// while it works take their maker's: it reads the list again until a
+// pass sets none (at most 10 passes). Threads the Go runtime makes later
+// take their maker's slice too, so set once they all keep it.
+func SliceProcess(d time.Duration) error {
+	for range 10 {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return err
+		}
+		set := false
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			a, err := Thread(tid)
+			if err == unix.ESRCH {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("thread %d's attributes: %w", tid, err)
+			}
+			if a.Slice == d {
+				continue
+			}
+			a.Slice = d
+			if err := SetThread(tid, a); err != nil && err != unix.ESRCH {
+				return fmt.Errorf("thread %d's slice: %w", tid, err)
+			}
+			set = true
+		}
+		if !set {
+			return nil
+		}
+	}
+	return nil
 }

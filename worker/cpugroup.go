@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/nicelevel"
@@ -61,6 +62,9 @@ type CPUGroups struct {
 	cpus      float64 // what a worker's part is of (StartBoost)
 	stopBoost chan struct{}
 	boostDone chan struct{}
+	// The light workers' EEVDF slice (LightSlice), and the kernel's
+	// default; both 0: slices are left alone.
+	slice, defSlice time.Duration
 	// fns tells what the server knows of the workers' functions
 	// (Consult).
 	fns atomic.Pointer[Functions]
@@ -487,7 +491,7 @@ func (c *Group) write(tree bool) {
 		if !c.g.lower {
 			level = max(level, c.level) // it cannot come back down
 		}
-		if _, err := renice(c.pid, level, !c.g.lower); err == nil {
+		if _, err := renice(c.pid, level, c.slicing(), !c.g.lower); err == nil {
 			c.level = level
 			c.g.ag.set(c.pid, level)
 		} else if !errors.Is(err, syscall.ESRCH) {
@@ -537,7 +541,7 @@ func (c *Group) unweigh() {
 			"function", c.function, "pid", c.pid, "nice", c.level, "server_nice", level, "why", why)
 		return
 	}
-	_, err := renice(c.pid, level, !c.g.lower)
+	_, err := renice(c.pid, level, c.slicing(), !c.g.lower)
 	switch {
 	case err == nil:
 		c.level = level
@@ -572,7 +576,7 @@ func (c *Group) reniceTree(level int) {
 		set := false
 		for _, k := range c.tree() {
 			if k.pid != c.pid && (k.parent == 0 || stillChild(k)) {
-				if s, _ := renice(k.pid, level, !c.g.lower); s {
+				if s, _ := renice(k.pid, level, c.slicing(), !c.g.lower); s {
 					set = true
 				}
 			}
@@ -647,8 +651,9 @@ func NiceLevel(w float64) int {
 	return min(19, max(0, niceBase-int(math.Round(math.Log(w)/math.Log(1.25)))))
 }
 
-// renice sets every thread of process pid to nice level n: a nice level
-// is a thread's on Linux, and threads a thread creates inherit its level.
+// renice sets every thread of process pid to nice level n, and with sl
+// its slice: both are a thread's on Linux, and threads a thread creates
+// inherit them.
 // The threads change while it works: one made after the list was read by
 // a thread not yet set takes the old level, for good. So it reads the
 // list again until a pass finds every thread at n (at most reniceRounds
@@ -658,7 +663,7 @@ func NiceLevel(w float64) int {
 // thread already at a higher level than n (one that raised its own) is
 // left there: lowering it would fail. changed says whether it set any
 // thread (reniceTree's passes end on a pass that set none).
-func renice(pid, n int, raiseOnly bool) (changed bool, err error) {
+func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
 	for range reniceRounds {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
@@ -671,6 +676,14 @@ func renice(pid, n int, raiseOnly bool) (changed bool, err error) {
 		for _, t := range tasks {
 			tid, err := strconv.Atoi(t.Name())
 			if err != nil {
+				continue
+			}
+			if sl.def != 0 {
+				ok, err := sl.set(tid, n, raiseOnly)
+				if err != nil {
+					return changed, err
+				}
+				set, changed = set || ok, changed || ok
 				continue
 			}
 			// The system call's value is 20 - nice.
@@ -688,6 +701,40 @@ func renice(pid, n int, raiseOnly bool) (changed bool, err error) {
 		}
 	}
 	return changed, nil
+}
+
+// slicing is the EEVDF slice renice gives a worker's threads with their
+// level, where the kernel keeps one per thread and light workers get a
+// short one (CPUGroups.LightSlice): want, the worker's (its light one
+// while boosted, else the kernel's default), and def, that default. Zero:
+// slices are left as they are.
+type slicing struct{ want, def time.Duration }
+
+// set gives thread tid level n and sl's slice in one call, unless it has
+// both (false); a thread gone is no error. With raiseOnly a thread above
+// n keeps its level.
+func (sl slicing) set(tid, n int, raiseOnly bool) (bool, error) {
+	a, err := nicelevel.Thread(tid)
+	if err == syscall.ESRCH {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if raiseOnly && a.Nice > n {
+		n = a.Nice
+	}
+	if a.Nice == n && a.Slice == sl.want {
+		return false, nil
+	}
+	a.Nice, a.Slice = n, sl.want
+	if sl.want == sl.def {
+		a.Slice = 0 // the default, followed should it change
+	}
+	if err := nicelevel.SetThread(tid, a); err != nil && err != syscall.ESRCH {
+		return false, err
+	}
+	return true, nil
 }
 
 // reniceRounds bounds renice's passes over a process's threads, and

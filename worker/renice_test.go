@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/nicelevel"
 )
 
 // threadNice is thread tid of process pid's nice level, and false once
@@ -56,7 +58,7 @@ func TestReniceLeavesNoThreadBehind(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // its threads come and go
 		level := 15 + try
-		_, err = renice(pid, level, false)
+		_, err = renice(pid, level, slicing{}, false)
 		var behind []string
 		if tasks, rerr := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); rerr == nil {
 			for _, task := range tasks {
@@ -76,6 +78,27 @@ func TestReniceLeavesNoThreadBehind(t *testing.T) {
 	}
 }
 
+// startProgram builds testdata/prog.c, starts it (startInGroup: ended
+// with the test) and returns its pid once it says it started.
+func startProgram(t *testing.T, prog string) int {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), prog)
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", bin, filepath.Join("testdata", prog+".c")).CombinedOutput(); err != nil {
+		t.Skipf("cannot build the test program: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startInGroup(t, cmd)
+	var r [1]byte
+	if n, err := out.Read(r[:]); n != 1 || err != nil {
+		t.Fatalf("the test program did not start: %v", err)
+	}
+	return cmd.Process.Pid
+}
+
 // With nice levels a worker's level (its weight, its boost) is its
 // processes' too, and a process takes its level from the one that forked
 // it: renicing the tree is renicing a moving set of processes. A process
@@ -87,21 +110,7 @@ func TestReniceTreeLeavesNoProcessBehind(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("a boost lowers nice levels: it takes CAP_SYS_NICE")
 	}
-	bin := filepath.Join(t.TempDir(), "forkers")
-	if out, err := exec.Command("gcc", "-O2", "-Wall", "-o", bin, filepath.Join("testdata", "forkers.c")).CombinedOutput(); err != nil {
-		t.Skipf("cannot build the test program: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	startInGroup(t, cmd)
-	pid := cmd.Process.Pid
-	var r [1]byte
-	if n, err := out.Read(r[:]); n != 1 || err != nil {
-		t.Fatalf("the test program did not start: %v", err)
-	}
+	pid := startProgram(t, "forkers")
 	// Its forkers' children come and go: wait for some to be there.
 	for end := time.Now().Add(10 * time.Second); len(procTree(pid)) < 50; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {
@@ -132,5 +141,125 @@ func TestReniceTreeLeavesNoProcessBehind(t *testing.T) {
 	}
 	if !g.On() {
 		t.Fatal("the weights turned off")
+	}
+}
+
+// threadSlice is thread tid of process pid's EEVDF slice, and false once
+// the thread is gone.
+func threadSlice(tid int) (time.Duration, bool) {
+	a, err := nicelevel.Thread(tid)
+	return a.Slice, err == nil
+}
+
+// With nice levels and light slices (LightSlice), a boosted worker's
+// threads, in every process of its tree, run with the light slice, and
+// its others with the kernel's default once the boost ends; the level
+// comes with it. The slice is what lets a light function's wakeups beside
+// a flood run at once: a slice left on a thread the boost left (or a
+// process forked boosted) would let a flood's threads preempt as a light
+// one does. The test program's threads and processes come and go.
+func TestBoostedWorkerRunsWithTheLightSlice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a boost lowers nice levels: it takes CAP_SYS_NICE")
+	}
+	def := nicelevel.DefaultSlice()
+	if def == 0 {
+		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
+	}
+	for _, prog := range []string{"forkers", "spawners"} {
+		t.Run(prog, func(t *testing.T) {
+			pid := startProgram(t, prog)
+			g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost, slice: LightSlice, defSlice: def}
+			c := g.Place(pid, 1)
+			behind := func(level int, slice time.Duration) (n, of int, what string) {
+				for _, k := range procTree(pid) {
+					tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", k.pid))
+					if err != nil {
+						continue
+					}
+					for _, task := range tasks {
+						tid, _ := strconv.Atoi(task.Name())
+						s, ok1 := threadSlice(tid)
+						nice, ok2 := threadNice(k.pid, task.Name())
+						if !ok1 || !ok2 {
+							continue // gone
+						}
+						of++
+						if s != slice || nice != level {
+							n++
+							what = fmt.Sprintf("thread %d: nice %d, slice %v", tid, nice, s)
+						}
+					}
+				}
+				return n, of, what
+			}
+			for try := 0; try < 3; try++ {
+				for _, tc := range []struct {
+					boost bool
+					level int
+					slice time.Duration
+				}{{true, 1, LightSlice}, {false, 10, def}} {
+					c.setBoost(tc.boost)
+					if n, of, what := behind(tc.level, tc.slice); n > 0 {
+						t.Fatalf("boost %v: %d of the tree's %d threads not at nice %d with slice %v (%s)", tc.boost, n, of, tc.level, tc.slice, what)
+					}
+				}
+			}
+			if !g.On() {
+				t.Fatal("the weights turned off")
+			}
+		})
+	}
+}
+
+// LightSlice is in force only where it can act (nice levels that may come
+// back down, a boost, a slice), and then gives the server's every thread
+// the slice: a thread of the server left at the default would wait out a
+// flood's slice on each wakeup of a light function's request.
+func TestLightSliceGivesTheServersThreadsTheirs(t *testing.T) {
+	def := nicelevel.DefaultSlice()
+	if def == 0 {
+		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
+	}
+	discard := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		name   string
+		g      *CPUGroups
+		d      time.Duration
+		factor float64
+		on     bool
+	}{
+		{"cgroups", &CPUGroups{log: discard}, LightSlice, LightBoost, false},
+		{"levels that only rise", &CPUGroups{nice: true, log: discard}, LightSlice, LightBoost, false},
+		{"no boost", &CPUGroups{nice: true, lower: true, log: discard}, LightSlice, 1, false},
+		{"off", &CPUGroups{nice: true, lower: true, log: discard}, 0, LightBoost, false},
+		{"nice levels and a boost", &CPUGroups{nice: true, lower: true, log: discard}, LightSlice, LightBoost, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Cleanup(func() { nicelevel.SliceProcess(def) })
+			on, err := tc.g.LightSlice(tc.d, tc.factor)
+			if err != nil || on != tc.on {
+				t.Fatalf("in force %v (%v); want %v", on, err, tc.on)
+			}
+			if !on {
+				if tc.g.defSlice != 0 {
+					t.Fatalf("slices off, but the groups keep a default of %v", tc.g.defSlice)
+				}
+				return
+			}
+			if tc.g.slice != tc.d || tc.g.defSlice != def {
+				t.Fatalf("the groups' slices %v and %v; want %v and %v", tc.g.slice, tc.g.defSlice, tc.d, def)
+			}
+			tasks, err := os.ReadDir("/proc/self/task")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, task := range tasks {
+				tid, _ := strconv.Atoi(task.Name())
+				if s, ok := threadSlice(tid); ok && s != tc.d {
+					t.Errorf("the server's thread %d has slice %v; want %v", tid, s, tc.d)
+				}
+			}
+		})
 	}
 }
