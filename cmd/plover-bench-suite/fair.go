@@ -120,7 +120,7 @@ type fairVictim struct {
 // fairRoundModes are the modes the rounds compare: the light workers'
 // boost on and off, with cgroups and with nice levels, the floods' runs
 // bounded while the victim is about, and the runs' copies in pieces.
-var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noboost", "fair-nice-root"}
+var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noboost", "fair-nice-noslice", "fair-nice-root"}
 
 // chosenModes is modes less those --fair-modes leaves out (empty: all).
 func chosenModes(o *options, modes []string) []string {
@@ -447,13 +447,15 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 // unscheduled), fair-nice-root (fair-nice where this program runs: its
 // session's autogroup, where on), fair-noboost and
 // fair-nice-noboost (fair and fair-nice without the light workers' boost:
-// --light-boost 1), fair-flood1 (fair with --flood-runs 1: the floods one
+// --light-boost 1), fair-nice-noslice (fair-nice without the light
+// workers' short EEVDF slice: --light-slice 0), fair-flood1 (fair with
+// --flood-runs 1: the floods one
 // run on the device at a time while the victim is about), fair-piece and
 // fair-flood1-piece (fair and fair-flood1 with --copy-piece 256: on a GPU
 // the victim's copy waits behind a 256 KiB piece of a flood's, not a whole
 // one), off (--sched off) and none (the server before the scheduler and
 // the CPU weights).
-var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "fair-nice-root", "off", "none"}
+var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "fair-nice-noslice", "fair-nice-root", "off", "none"}
 
 // fairFlags are the plover serve flags of a mode.
 func fairFlags(data, mode string) []string {
@@ -462,6 +464,7 @@ func fairFlags(data, mode string) []string {
 	base, flood1 := strings.CutSuffix(base, "-flood1")
 	base, noio := strings.CutSuffix(base, "-noio")
 	base, noboost := strings.CutSuffix(base, "-noboost")
+	base, noslice := strings.CutSuffix(base, "-noslice")
 	base, _ = strings.CutSuffix(base, "-root") // where the server runs (inPod), not a flag
 	switch base {
 	case "none":
@@ -478,6 +481,9 @@ func fairFlags(data, mode string) []string {
 	}
 	if noboost {
 		flags = append(flags, "--light-boost", "1")
+	}
+	if noslice {
+		flags = append(flags, "--light-slice", "0")
 	}
 	if flood1 {
 		flags = append(flags, "--flood-runs", "1")

@@ -199,6 +199,7 @@ func TestFairModes(t *testing.T) {
 		{"fair-piece", "--sched fair --copy-piece 256"},
 		{"fair-flood1-piece", "--sched fair --flood-runs 1 --copy-piece 256"},
 		{"fair-nice-noboost", "--sched fair --cgroup-root /d/no-cgroups --light-boost 1"},
+		{"fair-nice-noslice", "--sched fair --cgroup-root /d/no-cgroups --light-slice 0"},
 		{"fair-nice-root", "--sched fair --cgroup-root /d/no-cgroups"},
 		{"off", "--sched off"},
 		{"none", "--sched off --cpu-weights=false"},
