@@ -54,13 +54,22 @@ func (e *Engine) Land(name string) call.Landing {
 	if prog == nil {
 		return nil
 	}
-	if l, ok := prog.(device.Lender); ok {
-		if s, ok := l.Lend(v.manifest.MaxInputBytes, v.manifest.OutBytes); ok {
-			return &landing{Slot: s, e: e, f: f, v: v}
+	handed := false
+	defer func() {
+		if !handed { // none lent, or Lend panicked (a bug its caller recovers)
+			v.pool.unref()
 		}
+	}()
+	l, ok := prog.(device.Lender)
+	if !ok {
+		return nil
 	}
-	v.pool.unref()
-	return nil
+	s, ok := l.Lend(v.manifest.MaxInputBytes, v.manifest.OutBytes)
+	if !ok {
+		return nil
+	}
+	handed = true
+	return &landing{Slot: s, e: e, f: f, v: v}
 }
 
 // PinLanding pins the version a request's body landed for: l is the

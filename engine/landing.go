@@ -17,14 +17,17 @@ type landing struct {
 	done atomic.Bool // the reference dropped: a second Release drops none
 }
 
+// Release and Discard give the slot back, then drop the reference, also
+// where giving the slot back panics (a bug its caller recovers): else the
+// version would be held for good, never torn down nor evicted.
 func (l *landing) Release() {
+	defer l.drop()
 	l.Slot.Release()
-	l.drop()
 }
 
 func (l *landing) Discard() {
+	defer l.drop()
 	l.Slot.Discard()
-	l.drop()
 }
 
 func (l *landing) drop() {

@@ -25,6 +25,7 @@ type lendDevice struct {
 	stranger device.Program
 	proc     *workerProc
 	closed   atomic.Int32 // programs closed
+	panics   string       // "lend", "release" or "discard": that call panics (a bug)
 }
 
 // workerProc is a worker process: its pid may be a dead one's.
@@ -65,8 +66,17 @@ type lentSlot struct {
 func (s *lentSlot) Input() []byte         { return s.mem[:s.maxIn] }
 func (s *lentSlot) Output() []byte        { return s.mem[s.maxIn:] }
 func (s *lentSlot) Device() device.Device { return s.dev }
-func (s *lentSlot) Release()              {}
-func (s *lentSlot) Discard()              {}
+func (s *lentSlot) Release() {
+	if d, ok := s.dev.(*lendDevice); ok && d.panics == "release" {
+		panic("a bug in the slot's release")
+	}
+}
+
+func (s *lentSlot) Discard() {
+	if d, ok := s.dev.(*lendDevice); ok && d.panics == "discard" {
+		panic("a bug in the slot's discard")
+	}
+}
 func (s *lentSlot) Owner() device.Program { return s.owner }
 
 func (d *lendDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
@@ -78,6 +88,9 @@ func (d *lendDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.
 }
 
 func (p *lendProgram) Lend(maxIn, out int64) (device.Slot, bool) {
+	if p.d.panics == "lend" {
+		panic("a bug in Lend")
+	}
 	owner := device.Program(p)
 	if p.d.stranger != nil {
 		owner = p.d.stranger
@@ -269,5 +282,43 @@ func TestABodyLandedBeforeARedeployRunsOnItsVersion(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A landing holds its version until it is released, also where giving the
+// slot back, or lending it, panics (a bug the caller recovers: httpapi
+// does): the reference is dropped all the same, and the version goes
+// after a redeploy. Before, a panic there held it for good (a read-only
+// review's probe: 0 programs closed after the redeploy).
+func TestALandingsPanicDropsItsVersion(t *testing.T) {
+	for _, where := range []string{"lend", "release", "discard"} {
+		t.Run(where, func(t *testing.T) {
+			d := &lendDevice{Device: device.NewHost(0)}
+			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+			if err := e.Invoke(context.Background(), "echo", &call.Request{Input: []byte("load")}); err != nil {
+				t.Fatal(err)
+			}
+			d.panics = where
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Fatalf("%s did not panic", where)
+					}
+				}()
+				l := e.Land("echo")
+				if where == "discard" {
+					l.Discard()
+				} else {
+					l.Release()
+				}
+			}()
+			m := testkit.Manifest("echo")
+			m.TmpBytes++ // another version
+			testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+			if c := d.closed.Load(); c != 1 {
+				t.Fatalf("%d programs closed after a redeploy; want the old version's: its reference was kept", c)
+			}
+		})
 	}
 }
