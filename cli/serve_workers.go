@@ -284,6 +284,14 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	case f.ioShares == "off" || f.sched == "off":
 	case mech == "nice" && ioshare.CanWeigh():
 		threads = ioshare.NiceLevels{}
+		if d := cpu.Slice(); d > 0 {
+			nl, err := ioshare.SlicedNiceLevels(d)
+			if err != nil {
+				log.Warn("the server's I/O threads keep their short EEVDF slice while they move a function's bytes", "error", err)
+			} else {
+				threads = nl
+			}
+		}
 	default:
 		if tg := cpu.Threads(); tg != nil {
 			if _, ok := tg.Base(); ok {

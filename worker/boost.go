@@ -204,6 +204,15 @@ func (g *CPUGroups) LightSlice(d time.Duration, factor float64) (bool, error) {
 	return true, nil
 }
 
+// Slice is the server's threads' and the boosted workers' EEVDF slice
+// (LightSlice), 0 where none is set.
+func (g *CPUGroups) Slice() time.Duration {
+	if g == nil {
+		return 0
+	}
+	return g.slice
+}
+
 // slicing is the slice c's threads get with their level: the light one
 // while boosted, under c.mu.
 func (c *Group) slicing() slicing {
