@@ -68,8 +68,11 @@ type fairMode struct {
 type fairIO struct {
 	IOA, BytesA float64 // fractions: a's of both
 	// BothWaiting is the part of the run's /metrics readings in which a
-	// and b both had a piece waiting for its turn (bothWaiting).
+	// and b both had a piece waiting for its turn, and IOAWaiting a's
+	// part of their I/O time between two such readings in a row
+	// (contention; 0: no such pair).
 	BothWaiting float64
+	IOAWaiting  float64
 	Throughput  [2]int64 // served/s a, b
 	Errors      [2]int64 // failed requests a, b
 }
@@ -644,7 +647,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 			ratio(f.Alone4.Throughput, off.Alone4.Throughput), ratio(f.Alone.P50, off.Alone.P50))
 		p(" (Without the scheduler no device time is accounted: only the work split shows.)\n")
 	}
-	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved, and the part of the run's `/metrics` readings (every 50 ms) in which both had a piece waiting for its turn (`plover_io_pieces{state=\"waiting\"}`): the shares decide the server's I/O only then; a split read while the server's I/O is seldom contended follows what each flow asks for.\n\n", fr.Clients, fr.Clients, ioSplitClients*fr.Clients)
+	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved, and the part of the run's `/metrics` readings (every 50 ms) in which both had a piece waiting for its turn (`plover_io_pieces{state=\"waiting\"}`), with a's part of the I/O time charged between two such readings in a row in brackets: the shares decide the server's I/O only then; a split read while the server's I/O is seldom contended follows what each flow asks for, and while each flow moves a piece in a slot of its own with none waiting, the slots split the CPU as the kernel does.\n\n", fr.Clients, fr.Clients, ioSplitClients*fr.Clients)
 	p("| mode | vecadd alone: served/s (÷ off: one reading each) | vecadd-a / vecadd-b: I/O time to a | bytes to a | both waiting for a turn | served/s a, b |\n|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		io := "-"
@@ -659,6 +662,9 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 		both := "n/a"
 		if !math.IsNaN(m.IO.BothWaiting) {
 			both = fmt.Sprintf("%.0f%%", 100*m.IO.BothWaiting)
+		}
+		if m.IO.IOAWaiting > 0 {
+			both += fmt.Sprintf(" (a %.3f)", m.IO.IOAWaiting)
 		}
 		p("| %s | %s | %s | %.3f | %s | %d%s, %d%s |\n", m.Mode, alone, io, m.IO.BytesA, both, m.IO.Throughput[0], lost.mark(m.Mode+", vecadd-a", "", m.IO.Errors[0], 0, 0),
 			m.IO.Throughput[1], lost.mark(m.Mode+", vecadd-b", "", m.IO.Errors[1], 0, 0))

@@ -28,8 +28,8 @@ import (
 func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d time.Duration) (fairIO, error) {
 	before := [2]float64{ioSeconds(url, "vecadd-a"), ioSeconds(url, "vecadd-b")}
 	sctx, stop := context.WithCancel(ctx)
-	contended := make(chan float64, 1)
-	go func() { contended <- bothWaiting(sctx, url, "vecadd-a", "vecadd-b", contentionEvery) }()
+	seen := make(chan contended, 1)
+	go func() { seen <- contention(sctx, url, "vecadd-a", "vecadd-b", contentionEvery) }()
 	var wg sync.WaitGroup
 	var la, lb fairLoad
 	var ea, eb error
@@ -38,11 +38,11 @@ func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d tim
 	go func() { defer wg.Done(); lb, eb = closed(ctx, url, "vecadd-b", inB, cb, d) }()
 	wg.Wait()
 	stop()
-	both := <-contended
+	c := <-seen
 	if ea != nil || eb != nil {
 		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
 	}
-	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}, BothWaiting: both}
+	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}, BothWaiting: c.Both, IOAWaiting: c.IOA}
 	if ia, ib := ioSeconds(url, "vecadd-a")-before[0], ioSeconds(url, "vecadd-b")-before[1]; ia+ib > 0 {
 		r.IOA = ia / (ia + ib)
 	}
@@ -186,45 +186,69 @@ func functionInfo(url, fn string) api.FunctionInfo {
 	return fi
 }
 
-// contentionEvery is how often bothWaiting reads /metrics.
+// contentionEvery is how often contention reads /metrics.
 const contentionEvery = 50 * time.Millisecond
 
-// bothWaiting reads url's /metrics every interval until ctx ends and
-// returns the part of its readings in which functions a and b both had a
-// piece waiting for its I/O turn (plover_io_pieces{state="waiting"}): the
-// shares decide the server's I/O only then, and a split read while one
-// flow waits alone says what the flows asked for, not what the turns gave
-// (NaN: no reading).
-func bothWaiting(ctx context.Context, url, a, b string, interval time.Duration) float64 {
+// contended is what contention read of two flows' I/O: Both, the part of
+// its readings in which both had a piece waiting for its I/O turn
+// (plover_io_pieces{state="waiting"}), and IOA, a's part of the I/O time
+// both were charged (plover_io_seconds_total) between two readings in a
+// row that both showed that: what the turns gave while they decided.
+// Both is NaN where no reading was made, IOA 0 where no such pair was.
+type contended struct{ Both, IOA float64 }
+
+// contention reads url's /metrics every interval until ctx ends, for
+// functions a and b. The shares decide the server's I/O only while both
+// flows wait for a turn; a split read while one flow waits alone, or
+// while each moves a piece in a slot of its own with none waiting, says
+// what the flows asked for, not what the turns gave.
+func contention(ctx context.Context, url, a, b string, interval time.Duration) contended {
 	var n, both int
+	var ioA, ioB float64
+	prev := struct {
+		both   bool
+		ia, ib float64
+	}{}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			if n == 0 {
-				return math.NaN()
+			c := contended{Both: math.NaN()}
+			if n > 0 {
+				c.Both = float64(both) / float64(n)
 			}
-			return float64(both) / float64(n)
+			if ioA+ioB > 0 {
+				c.IOA = ioA / (ioA + ioB)
+			}
+			return c
 		case <-t.C:
 		}
 		text, err := getText(ctx, url+"/metrics")
 		if err != nil {
+			prev.both = false // the pair is broken
 			continue
 		}
 		n++
-		if waitingPieces(text, a) > 0 && waitingPieces(text, b) > 0 {
+		now := metricValue(text, "plover_io_pieces", a, "waiting") > 0 && metricValue(text, "plover_io_pieces", b, "waiting") > 0
+		ia, ib := metricValue(text, "plover_io_seconds_total", a, ""), metricValue(text, "plover_io_seconds_total", b, "")
+		if now {
 			both++
+			if prev.both {
+				ioA += ia - prev.ia
+				ioB += ib - prev.ib
+			}
 		}
+		prev.both, prev.ia, prev.ib = now, ia, ib
 	}
 }
 
-// waitingPieces is fn's plover_io_pieces{state="waiting"} in a /metrics
-// text (0 where absent).
-func waitingPieces(text, fn string) float64 {
+// metricValue is the sample of metric name for function fn (and state,
+// where not "") in a /metrics text, 0 where absent.
+func metricValue(text, name, fn, state string) float64 {
 	for _, line := range strings.Split(text, "\n") {
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok || name != "plover_io_pieces" || !strings.Contains(rest, `function="`+fn+`"`) || !strings.Contains(rest, `state="waiting"`) {
+		n, rest, ok := strings.Cut(line, "{")
+		if !ok || n != name || !strings.Contains(rest, `function="`+fn+`"`) || state != "" && !strings.Contains(rest, `state="`+state+`"`) {
 			continue
 		}
 		_, v, _ := strings.Cut(rest, "} ")
