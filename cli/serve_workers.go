@@ -152,11 +152,13 @@ func workerGroups(f *serveFlags, devs []device.Device, drop *contain.Identity, l
 		if cpus <= 0 { // serve did not read them (serverProcs): nothing doubled
 			cpus = float64(runtime.GOMAXPROCS(0))
 		}
-		switch on, err := cpu.LightSlice(f.lightSlice, f.lightBoost); {
+		switch off, err := cpu.LightSlice(f.lightSlice, f.lightBoost); {
 		case err != nil:
 			log.Warn("light workers get no short EEVDF slice (--light-slice)", "error", err)
-		case on:
+		case off == "":
 			log.Info("boosted workers and the server's threads run with a short EEVDF slice (--light-slice)", "slice", f.lightSlice)
+		case f.lightSlice > 0 && cpu.Mechanism() == "nice":
+			log.Info("light workers get no short EEVDF slice (--light-slice)", "why", off)
 		}
 		cpu.StartBoost(f.lightBoost, cpus)
 	}
@@ -285,7 +287,7 @@ func ioShares(f *serveFlags, cpu *worker.CPUGroups, cfg *ioshare.Config, log *sl
 	case mech == "nice" && ioshare.CanWeigh():
 		threads = ioshare.NiceLevels{}
 		if d := cpu.Slice(); d > 0 {
-			nl, err := ioshare.SlicedNiceLevels(d)
+			nl, err := ioshare.SlicedNiceLevels(d, func() bool { return cpu.Slice() > 0 })
 			if err != nil {
 				log.Warn("the server's I/O threads keep their short EEVDF slice while they move a function's bytes", "error", err)
 			} else {

@@ -14,24 +14,26 @@ import (
 // threads run with (package worker's CPUGroups.LightSlice): a thread
 // moving a piece takes the kernel's default slice with the function's
 // level, as that function's worker has, and Light back with Home, the
-// server's level. A thread moving a flood's bytes with the server's short
-// slice would preempt a light function's threads as they do it (beside 8
-// clients of 4 MB vecadd in a pod, the light function's p99 rose by a
-// fifth to two fifths).
+// server's level, while Sliced says the slices are still in force (the
+// weights may turn off). A thread moving a flood's bytes with the
+// server's short slice would preempt a light function's threads as they
+// do it (beside 8 clients of 4 MB vecadd in a pod, the light function's
+// p99 rose by a fifth to two fifths).
 type NiceLevels struct {
 	Light  time.Duration
 	Home   int
-	Policy uint32 // the server's threads' scheduling policy, kept
+	Sliced func() bool
 }
 
 // SlicedNiceLevels is NiceLevels for a server whose threads run with
-// slice light: its level and policy read from the calling thread.
-func SlicedNiceLevels(light time.Duration) (NiceLevels, error) {
+// slice light while sliced says so: its level read from the calling
+// thread.
+func SlicedNiceLevels(light time.Duration, sliced func() bool) (NiceLevels, error) {
 	a, err := nicelevel.Thread(0)
 	if err != nil {
 		return NiceLevels{}, err
 	}
-	return NiceLevels{Light: light, Home: a.Nice, Policy: a.Policy}, nil
+	return NiceLevels{Light: light, Home: a.Nice, Sliced: sliced}, nil
 }
 
 // Set sets the calling thread's nice level, and with Light its slice.
@@ -39,11 +41,11 @@ func (l NiceLevels) Set(n int) error {
 	if l.Light == 0 {
 		return unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), n)
 	}
-	a := nicelevel.Attr{Policy: l.Policy, Nice: n} // the default slice
-	if n == l.Home {
-		a.Slice = l.Light
+	slice := time.Duration(0) // the default
+	if n == l.Home && (l.Sliced == nil || l.Sliced()) {
+		slice = l.Light
 	}
-	return nicelevel.SetThread(0, a)
+	return nicelevel.SetThread(0, n, slice)
 }
 
 // Base is the nice level of this process's threads, and whether it may

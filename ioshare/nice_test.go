@@ -27,11 +27,17 @@ func TestNiceLevelsMoveTheSliceWithTheLevel(t *testing.T) {
 	go func() {
 		defer close(done)
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := nicelevel.SetThread(0, nicelevel.Attr{Slice: light}); err != nil {
+		home, err := nicelevel.Thread(0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if err := nicelevel.SetThread(0, home.Nice, light); err != nil {
 			t.Errorf("the thread's own slice: %v", err)
 			return
 		}
-		nl, err := SlicedNiceLevels(light)
+		sliced := true
+		nl, err := SlicedNiceLevels(light, func() bool { return sliced })
 		if err != nil {
 			t.Error(err)
 			return
@@ -48,6 +54,24 @@ func TestNiceLevelsMoveTheSliceWithTheLevel(t *testing.T) {
 			if err != nil || a.Nice != tc.level || a.Slice != tc.slice {
 				t.Errorf("after Set(%d): nice %d, slice %v (%v); want nice %d, slice %v", tc.level, a.Nice, a.Slice, err, tc.level, tc.slice)
 			}
+		}
+		// Once the slices are off (the weights turned off), back to the
+		// server's level is back to the default slice.
+		sliced = false
+		if err := nl.Set(nl.Home + 1); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := nl.Set(nl.Home); err != nil {
+			t.Error(err)
+			return
+		}
+		if a, _ := nicelevel.Thread(0); a.Slice != def {
+			t.Errorf("slices off: back at the server's level with slice %v; want the default, %v", a.Slice, def)
+		}
+		if err := nicelevel.SetThread(0, nl.Home, light); err != nil {
+			t.Error(err)
+			return
 		}
 		// Without Light the slice stays as it is.
 		if err := (NiceLevels{}).Set(nl.Home + 2); err != nil {

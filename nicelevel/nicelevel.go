@@ -62,14 +62,19 @@ func HasCap(c int) bool {
 	return data[0].Effective&(1<<c) != 0
 }
 
-// Attr is a thread's scheduling attributes that the server sets: its
-// policy (kept), its nice level, and its EEVDF slice (Linux 6.12 and
-// later; 0 where the kernel keeps none per thread).
+// Attr is a thread's scheduling attributes that the server reads: its
+// policy, its nice level, and its EEVDF slice (Linux 6.12 and later; 0
+// where the kernel keeps none per thread).
 type Attr struct {
 	Policy uint32
 	Nice   int
 	Slice  time.Duration
 }
+
+// Sliced reports whether a's policy takes a nice level and a slice of its
+// own (SCHED_NORMAL, SCHED_BATCH): SCHED_IDLE takes neither from
+// sched_setattr (setpriority sets its level), real-time policies no level.
+func (a Attr) Sliced() bool { return a.Policy == unix.SCHED_NORMAL || a.Policy == unix.SCHED_BATCH }
 
 // Thread is thread tid's attributes (sched_getattr; tid 0: the calling
 // thread).
@@ -81,34 +86,32 @@ func Thread(tid int) (Attr, error) {
 	return Attr{Policy: a.Policy, Nice: int(a.Nice), Slice: time.Duration(a.Runtime)}, nil
 }
 
-// SetThread sets thread tid's policy, nice level and slice in one call
-// (sched_setattr): slice 0 gives it the kernel's default, which it then
-// follows. A nice level set by setpriority after keeps the slice, and a
-// thread or process made by the thread starts with both.
-func SetThread(tid int, a Attr) error {
-	return unix.SchedSetAttr(tid, &unix.SchedAttr{Policy: a.Policy, Nice: int32(a.Nice), Runtime: uint64(a.Slice)}, 0)
+// SetThread sets thread tid's nice level and slice in one call
+// (sched_setattr), keeping its policy and its reset-on-fork flag, as the
+// thread may change them itself between a read and this: slice 0 gives it
+// the kernel's default, which it then follows. A nice level set by
+// setpriority after keeps the slice, and a thread or process made by the
+// thread starts with both. On a thread whose policy is not Sliced the
+// kernel takes neither (and answers success).
+func SetThread(tid, nice int, slice time.Duration) error {
+	return unix.SchedSetAttr(tid, &unix.SchedAttr{Flags: unix.SCHED_FLAG_KEEP_POLICY, Nice: int32(nice), Runtime: uint64(slice)}, 0)
 }
 
 // DefaultSlice is the slice the kernel gives a thread that asks for none
 // (its base slice, scaled by the CPUs), read on a thread of its own that
 // asks for none first; 0 where the kernel keeps no slice per thread
-// (before Linux 6.12 sched_getattr reports none for SCHED_OTHER).
+// (before Linux 6.12 sched_getattr reports none), or where this process's
+// threads' policy takes none.
 func DefaultSlice() time.Duration {
 	c := make(chan time.Duration)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
 		a, err := Thread(0)
-		if err != nil || a.Policy != unix.SCHED_NORMAL || a.Slice == 0 {
+		if err != nil || !a.Sliced() || a.Slice == 0 || SetThread(0, a.Nice, 0) != nil {
 			c <- 0
 			return
 		}
-		a.Slice = 0
-		if SetThread(0, a) != nil {
-			c <- 0
-			return
-		}
-		a, err = Thread(0)
-		if err != nil {
+		if a, err = Thread(0); err != nil {
 			c <- 0
 			return
 		}
@@ -117,12 +120,14 @@ func DefaultSlice() time.Duration {
 	return <-c
 }
 
-// SliceProcess gives every thread of the calling process slice d (more
-// than 0), each keeping its policy and level. Threads made
-// while it works take their maker's: it reads the list again until a
-// pass sets none (at most 10 passes). Threads the Go runtime makes later
-// take their maker's slice too, so set once they all keep it.
+// SliceProcess gives every thread of the calling process slice d (0: the
+// kernel's default, followed from then on), each keeping its policy and
+// level. Threads made while it works take their maker's: it reads the
+// list again until a pass finds no thread it has not set (at most 10
+// passes). Threads the Go runtime makes later take their maker's slice
+// too, so once all have it they keep it.
 func SliceProcess(d time.Duration) error {
+	done := map[int]bool{}
 	for range 10 {
 		tasks, err := os.ReadDir("/proc/self/task")
 		if err != nil {
@@ -131,7 +136,7 @@ func SliceProcess(d time.Duration) error {
 		set := false
 		for _, t := range tasks {
 			tid, err := strconv.Atoi(t.Name())
-			if err != nil {
+			if err != nil || done[tid] {
 				continue
 			}
 			a, err := Thread(tid)
@@ -141,14 +146,10 @@ func SliceProcess(d time.Duration) error {
 			if err != nil {
 				return fmt.Errorf("thread %d's attributes: %w", tid, err)
 			}
-			if a.Slice == d {
-				continue
-			}
-			a.Slice = d
-			if err := SetThread(tid, a); err != nil && err != unix.ESRCH {
+			if err := SetThread(tid, a.Nice, d); err != nil && err != unix.ESRCH {
 				return fmt.Errorf("thread %d's slice: %w", tid, err)
 			}
-			set = true
+			done[tid], set = true, true
 		}
 		if !set {
 			return nil

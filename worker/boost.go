@@ -185,44 +185,68 @@ const LightSlice = 100 * time.Microsecond
 // shorter slice. A light function's request wakes the server and its
 // worker several times, each behind a flood's slice at worst. Call it
 // before StartBoost and before workers are placed, with the boost to
-// come (a slice is a boosted worker's): it reports whether slices are in
-// force, and their error where setting the server's failed (then none
-// is).
-func (g *CPUGroups) LightSlice(d time.Duration, factor float64) (bool, error) {
-	if g == nil || d <= 0 || !g.nice || !g.lower || factor <= 1 {
-		return false, nil
+// come (a slice is a boosted worker's). It returns "" where slices are in
+// force, else why not (logged by the caller), and the error where setting
+// the server's threads failed (then none is in force).
+func (g *CPUGroups) LightSlice(d time.Duration, factor float64) (off string, err error) {
+	switch {
+	case g == nil || d <= 0:
+		return "--light-slice 0", nil
+	case !g.nice:
+		return "the workers' CPU weights are not nice levels", nil
+	case !g.lower:
+		return "nice levels cannot be taken back down here (no CAP_SYS_NICE), so there is no boost", nil
+	case factor <= 1:
+		return "no light workers' boost (--light-boost 1)", nil
 	}
 	def := nicelevel.DefaultSlice()
-	if def == 0 {
-		return false, nil
+	switch {
+	case def == 0:
+		return "the kernel keeps no slice per thread (Linux 6.12 and later do), or the server's policy takes none", nil
+	case d >= def:
+		return fmt.Sprintf("--light-slice %v is not shorter than the kernel's default, %v", d, def), nil
 	}
 	if err := nicelevel.SliceProcess(d); err != nil {
-		nicelevel.SliceProcess(def) // as it was, where it got to
-		return false, fmt.Errorf("the server's threads' slice: %w", err)
+		nicelevel.SliceProcess(0) // back to the default, where it got to
+		return "", fmt.Errorf("the server's threads' slice: %w", err)
 	}
-	g.slice, g.defSlice = d, def
-	return true, nil
+	g.slice = d
+	return "", nil
 }
 
 // Slice is the server's threads' and the boosted workers' EEVDF slice
-// (LightSlice), 0 where none is set.
+// (LightSlice), 0 where none is set or the weights turned off.
 func (g *CPUGroups) Slice() time.Duration {
-	if g == nil {
+	if g == nil || g.off() {
 		return 0
 	}
 	return g.slice
 }
 
+// unslice gives the server's threads the kernel's default slice once the
+// weights are off (fail), so that workers started from then on, which
+// take their slice from the server's thread that starts them and are
+// placed in no group, do not keep the light one for good.
+func (g *CPUGroups) unslice() {
+	if g.slice == 0 {
+		return
+	}
+	if err := nicelevel.SliceProcess(0); err != nil {
+		g.log.Warn("the server's threads keep the light workers' short EEVDF slice: they could not be given the default once the weights were off", "error", err)
+	}
+}
+
 // slicing is the slice c's threads get with their level: the light one
-// while boosted, under c.mu.
+// while boosted (never once the weights are off: unweigh ends the boost),
+// under c.mu.
 func (c *Group) slicing() slicing {
-	if c.g.defSlice == 0 {
+	if c.g.slice == 0 {
 		return slicing{}
 	}
 	if c.boosted {
-		return slicing{c.g.slice, c.g.defSlice}
+		return slicing{c.g.slice, c.g.slice}
 	}
-	return slicing{c.g.defSlice, c.g.defSlice}
+	return slicing{0, c.g.slice}
 }
 
 // boostLoop reads the groups' use each window and sets their boosts.

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/nicelevel"
 )
@@ -62,9 +64,9 @@ type CPUGroups struct {
 	cpus      float64 // what a worker's part is of (StartBoost)
 	stopBoost chan struct{}
 	boostDone chan struct{}
-	// The light workers' EEVDF slice (LightSlice), and the kernel's
-	// default; both 0: slices are left alone.
-	slice, defSlice time.Duration
+	// The light workers' EEVDF slice (LightSlice); 0: slices are left
+	// alone. Set before any worker is placed, then only read.
+	slice time.Duration
 	// fns tells what the server knows of the workers' functions
 	// (Consult).
 	fns atomic.Pointer[Functions]
@@ -390,6 +392,7 @@ func (g *CPUGroups) fail(self *Group, err error, msg string, args ...any) {
 		}
 	}
 	g.mu.Unlock()
+	g.unslice()
 	for _, c := range live {
 		c.mu.Lock()
 		c.unweigh()
@@ -678,7 +681,7 @@ func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
 			if err != nil {
 				continue
 			}
-			if sl.def != 0 {
+			if sl.light != 0 {
 				ok, err := sl.set(tid, n, raiseOnly)
 				if err != nil {
 					return changed, err
@@ -705,14 +708,27 @@ func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
 
 // slicing is the EEVDF slice renice gives a worker's threads with their
 // level, where the kernel keeps one per thread and light workers get a
-// short one (CPUGroups.LightSlice): want, the worker's (its light one
-// while boosted, else the kernel's default), and def, that default. Zero:
-// slices are left as they are.
-type slicing struct{ want, def time.Duration }
+// short one (CPUGroups.LightSlice): want, the worker's (light while it is
+// boosted, else 0: the kernel's default), and light. Zero: slices are
+// left as they are.
+type slicing struct{ want, light time.Duration }
+
+// has reports whether a thread with slice d has sl's: for the default,
+// any slice but the light one (the default may change with the CPUs, and
+// a slice a bundle gave itself is its own business unless it is the
+// light one).
+func (sl slicing) has(d time.Duration) bool {
+	if sl.want == 0 {
+		return d != sl.light
+	}
+	return d == sl.want
+}
 
 // set gives thread tid level n and sl's slice in one call, unless it has
 // both (false); a thread gone is no error. With raiseOnly a thread above
-// n keeps its level.
+// n keeps its level. A thread its bundle put in SCHED_IDLE gets its level
+// by setpriority (sched_setattr sets none there) and no slice; one in a
+// real-time policy (a worker holds no privilege for one) is left alone.
 func (sl slicing) set(tid, n int, raiseOnly bool) (bool, error) {
 	a, err := nicelevel.Thread(tid)
 	if err == syscall.ESRCH {
@@ -724,14 +740,19 @@ func (sl slicing) set(tid, n int, raiseOnly bool) (bool, error) {
 	if raiseOnly && a.Nice > n {
 		n = a.Nice
 	}
-	if a.Nice == n && a.Slice == sl.want {
+	if !a.Sliced() {
+		if a.Policy != unix.SCHED_IDLE || a.Nice == n {
+			return false, nil
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
+			return false, err
+		}
+		return true, nil
+	}
+	if a.Nice == n && sl.has(a.Slice) {
 		return false, nil
 	}
-	a.Nice, a.Slice = n, sl.want
-	if sl.want == sl.def {
-		a.Slice = 0 // the default, followed should it change
-	}
-	if err := nicelevel.SetThread(tid, a); err != nil && err != syscall.ESRCH {
+	if err := nicelevel.SetThread(tid, n, sl.want); err != nil && err != syscall.ESRCH {
 		return false, err
 	}
 	return true, nil

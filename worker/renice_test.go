@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/nicelevel"
 )
@@ -169,7 +172,7 @@ func TestBoostedWorkerRunsWithTheLightSlice(t *testing.T) {
 	for _, prog := range []string{"forkers", "spawners"} {
 		t.Run(prog, func(t *testing.T) {
 			pid := startProgram(t, prog)
-			g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost, slice: LightSlice, defSlice: def}
+			g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost, slice: LightSlice}
 			c := g.Place(pid, 1)
 			behind := func(level int, slice time.Duration) (n, of int, what string) {
 				for _, k := range procTree(pid) {
@@ -213,52 +216,139 @@ func TestBoostedWorkerRunsWithTheLightSlice(t *testing.T) {
 }
 
 // LightSlice is in force only where it can act (nice levels that may come
-// back down, a boost, a slice), and then gives the server's every thread
-// the slice: a thread of the server left at the default would wait out a
-// flood's slice on each wakeup of a light function's request.
+// back down, a boost, a slice shorter than the kernel's default), says
+// why not otherwise, and then gives the server's every thread the slice:
+// a thread of the server left at the default would wait out a flood's
+// slice on each wakeup of a light function's request. Once the weights
+// turn off (fail), the server's threads get the default back: workers
+// started after take their slice from the thread that starts them, and
+// are placed in no group that would set it.
 func TestLightSliceGivesTheServersThreadsTheirs(t *testing.T) {
 	def := nicelevel.DefaultSlice()
 	if def == 0 {
 		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
 	}
 	discard := slog.New(slog.DiscardHandler)
+	slices := func() map[int]time.Duration {
+		out := map[int]time.Duration{}
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			tid, _ := strconv.Atoi(task.Name())
+			if s, ok := threadSlice(tid); ok {
+				out[tid] = s
+			}
+		}
+		return out
+	}
 	for _, tc := range []struct {
 		name   string
 		g      *CPUGroups
 		d      time.Duration
 		factor float64
-		on     bool
+		off    string // "": in force
 	}{
-		{"cgroups", &CPUGroups{log: discard}, LightSlice, LightBoost, false},
-		{"levels that only rise", &CPUGroups{nice: true, log: discard}, LightSlice, LightBoost, false},
-		{"no boost", &CPUGroups{nice: true, lower: true, log: discard}, LightSlice, 1, false},
-		{"off", &CPUGroups{nice: true, lower: true, log: discard}, 0, LightBoost, false},
-		{"nice levels and a boost", &CPUGroups{nice: true, lower: true, log: discard}, LightSlice, LightBoost, true},
+		{"cgroups", &CPUGroups{log: discard}, LightSlice, LightBoost, "not nice levels"},
+		{"levels that only rise", &CPUGroups{nice: true, log: discard}, LightSlice, LightBoost, "CAP_SYS_NICE"},
+		{"no boost", &CPUGroups{nice: true, lower: true, log: discard}, LightSlice, 1, "--light-boost 1"},
+		{"off", &CPUGroups{nice: true, lower: true, log: discard}, 0, LightBoost, "--light-slice 0"},
+		{"not shorter than the default", &CPUGroups{nice: true, lower: true, log: discard}, def, LightBoost, "not shorter than the kernel's default"},
+		{"nice levels and a boost", &CPUGroups{nice: true, lower: true, log: discard}, LightSlice, LightBoost, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Cleanup(func() { nicelevel.SliceProcess(def) })
-			on, err := tc.g.LightSlice(tc.d, tc.factor)
-			if err != nil || on != tc.on {
-				t.Fatalf("in force %v (%v); want %v", on, err, tc.on)
+			t.Cleanup(func() { nicelevel.SliceProcess(0) })
+			off, err := tc.g.LightSlice(tc.d, tc.factor)
+			if err != nil || (off == "") != (tc.off == "") || !strings.Contains(off, tc.off) {
+				t.Fatalf("off %q (%v); want %q", off, err, tc.off)
 			}
-			if !on {
-				if tc.g.defSlice != 0 {
-					t.Fatalf("slices off, but the groups keep a default of %v", tc.g.defSlice)
+			if off != "" {
+				if tc.g.Slice() != 0 {
+					t.Fatalf("slices off (%s), but the groups keep %v", off, tc.g.Slice())
 				}
 				return
 			}
-			if tc.g.slice != tc.d || tc.g.defSlice != def {
-				t.Fatalf("the groups' slices %v and %v; want %v and %v", tc.g.slice, tc.g.defSlice, tc.d, def)
+			if tc.g.Slice() != tc.d {
+				t.Fatalf("the groups' slice %v; want %v", tc.g.Slice(), tc.d)
 			}
-			tasks, err := os.ReadDir("/proc/self/task")
+			for tid, s := range slices() {
+				if s != tc.d {
+					t.Errorf("the server's thread %d has slice %v; want %v", tid, s, tc.d)
+				}
+			}
+			tc.g.fail(nil, errors.New("a write failed"), "a test's failure")
+			if tc.g.Slice() != 0 {
+				t.Errorf("the weights off, the groups still give slice %v", tc.g.Slice())
+			}
+			for tid, s := range slices() {
+				if s != def {
+					t.Errorf("the weights off, the server's thread %d has slice %v; want the default, %v", tid, s, def)
+				}
+			}
+		})
+	}
+}
+
+// A bundle may put its threads in another policy (SCHED_IDLE, SCHED_BATCH
+// with reset-on-fork; a real-time one needs a privilege a worker does not
+// hold, but a worker of an uncontained server may have it): renice with
+// slices keeps each thread's policy and flags, sets an idle thread's
+// level as setpriority did (sched_setattr sets none there, and renice
+// read that as a change every pass: 10 passes on every weight change),
+// and leaves a real-time thread alone rather than failing (which turned
+// every worker's weights off).
+func TestRenicedSlicesKeepAThreadsPolicy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a real-time policy and lowered levels take CAP_SYS_NICE")
+	}
+	def := nicelevel.DefaultSlice()
+	if def == 0 {
+		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
+	}
+	for _, tc := range []struct {
+		name       string
+		policy     uint32
+		prio       uint32
+		flags      uint64
+		wantNice   int
+		wantSlice  time.Duration // 0: not checked
+		wantChange bool
+	}{
+		{"normal", unix.SCHED_NORMAL, 0, 0, 5, LightSlice, true},
+		{"batch, reset on fork", unix.SCHED_BATCH, 0, unix.SCHED_FLAG_RESET_ON_FORK, 5, LightSlice, true},
+		{"idle", unix.SCHED_IDLE, 0, 0, 5, 0, true},
+		{"fifo", unix.SCHED_FIFO, 1, 0, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command("sleep", "30")
+			startInGroup(t, cmd)
+			pid := cmd.Process.Pid
+			if err := unix.SchedSetAttr(pid, &unix.SchedAttr{Policy: tc.policy, Priority: tc.prio, Flags: tc.flags}, 0); err != nil {
+				t.Skipf("cannot set the test's policy: %v", err)
+			}
+			sl := slicing{LightSlice, LightSlice}
+			changed, err := renice(pid, 5, sl, false)
+			if err != nil || changed != tc.wantChange {
+				t.Fatalf("renice: changed %v, %v; want changed %v and no error", changed, err, tc.wantChange)
+			}
+			a, err := unix.SchedGetAttr(pid, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, task := range tasks {
-				tid, _ := strconv.Atoi(task.Name())
-				if s, ok := threadSlice(tid); ok && s != tc.d {
-					t.Errorf("the server's thread %d has slice %v; want %v", tid, s, tc.d)
+			if a.Policy != tc.policy || a.Flags&unix.SCHED_FLAG_RESET_ON_FORK != tc.flags&unix.SCHED_FLAG_RESET_ON_FORK {
+				t.Errorf("policy %d flags %#x; want %d and %#x kept", a.Policy, a.Flags, tc.policy, tc.flags)
+			}
+			if tc.policy != unix.SCHED_FIFO {
+				if n, _ := threadNice(pid, strconv.Itoa(pid)); n != tc.wantNice {
+					t.Errorf("nice %d; want %d", n, tc.wantNice)
 				}
+			}
+			if tc.wantSlice != 0 && time.Duration(a.Runtime) != tc.wantSlice {
+				t.Errorf("slice %v; want %v", time.Duration(a.Runtime), tc.wantSlice)
+			}
+			if changed, err := renice(pid, 5, sl, false); changed || err != nil {
+				t.Errorf("a second renice to the same level: changed %v, %v; want nothing to change", changed, err)
 			}
 		})
 	}

@@ -193,7 +193,9 @@ const contentionEvery = 50 * time.Millisecond
 // its readings in which both had a piece waiting for its I/O turn
 // (plover_io_pieces{state="waiting"}), and IOA, a's part of the I/O time
 // both were charged (plover_io_seconds_total) between two readings in a
-// row that both showed that: what the turns gave while they decided.
+// row that both showed that: about what the turns gave while they
+// decided (io_seconds is charged as pieces end, and both may not have
+// waited all the interval).
 // Both is NaN where no reading was made, IOA 0 where no such pair was.
 type contended struct{ Both, IOA float64 }
 
