@@ -205,7 +205,8 @@ func LandedElsewhere(name string) error {
 
 // foreign reports whether the body landed in a slot lent by a program
 // that is not one of this version's now, mapped by a process other than
-// in's: one an unload or a crash ended since the body was read, or
+// in's: one a crash ended since the body was read (Land's reference
+// keeps the version from being unloaded or evicted meanwhile), or
 // another version's (a landing run on a version other than the one Land
 // lent it for, which Invoke and PinLanding do not do: a caller's own). That process can have read and rewritten the body (before
 // its end too, if it ended); copying it out now would not undo that, so
