@@ -517,7 +517,7 @@ func (c *ec) judge(r *ecCall) {
 		c.judgeLoss(r)
 	case k == errdefs.KindUnavailable && f.kind == ecHostile && strings.Contains(r.err.Error(), "backing off"):
 		c.sawBackoff(r)
-	case k == errdefs.KindUnavailable && strings.HasSuffix(r.what, "(landed)") && strings.Contains(r.err.Error(), "while this request's body was read"):
+	case k == errdefs.KindUnavailable && strings.HasSuffix(r.what, "(landed)") && strings.Contains(r.err.Error(), "the worker this request's body was read into"):
 		// Its body landed in a slot of a worker of the version before
 		// a redeploy, or of one an idle unload was ending, which may
 		// still have written it: refused, a retry's to land anew.

@@ -53,8 +53,11 @@ type CPUGroups struct {
 	ag  *autogroups
 	log *slog.Logger
 
-	mu      sync.Mutex
-	broken  error         // set once a write failed: logged once, then every worker at the server's weight (fail)
+	mu     sync.Mutex
+	broken error // set once a write failed: logged once, then every worker at the server's weight (fail)
+	// isOff is broken != nil, read without mu: the server's I/O asks
+	// (On, Slice) for every piece it moves.
+	isOff   atomic.Bool
 	threads *ThreadGroups // the server's threads' groups (Threads), once asked for
 	live    map[*Group]struct{}
 
@@ -361,11 +364,7 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 // (nil), nor off since a write failed.
 func (g *CPUGroups) On() bool { return g != nil && !g.off() }
 
-func (g *CPUGroups) off() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.broken != nil
-}
+func (g *CPUGroups) off() bool { return g.isOff.Load() }
 
 // fail turns the weights off, saying why once, and gives every live
 // worker but self (whose write failed: the caller holds its mu and
@@ -384,6 +383,7 @@ func (g *CPUGroups) fail(self *Group, err error, msg string, args ...any) {
 		return
 	}
 	g.broken = err
+	g.isOff.Store(true)
 	g.log.Warn("worker CPU weights off: "+msg+"; every worker runs at the server's weight from now on", append(args, "error", err)...)
 	live := make([]*Group, 0, len(g.live))
 	for c := range g.live {

@@ -154,6 +154,21 @@ func threadSlice(tid int) (time.Duration, bool) {
 	return a.Slice, err == nil
 }
 
+// needSlices skips a test where the kernel keeps no slice per thread, or,
+// with root, where the test is not root (lowered levels and real-time
+// policies take CAP_SYS_NICE), and returns the kernel's default slice.
+func needSlices(t *testing.T, root bool) time.Duration {
+	t.Helper()
+	if root && os.Geteuid() != 0 {
+		t.Skip("lowered nice levels and real-time policies take CAP_SYS_NICE")
+	}
+	def := nicelevel.DefaultSlice()
+	if def == 0 {
+		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
+	}
+	return def
+}
+
 // With nice levels and light slices (LightSlice), a boosted worker's
 // threads, in every process of its tree, run with the light slice, and
 // its others with the kernel's default once the boost ends; the level
@@ -162,13 +177,7 @@ func threadSlice(tid int) (time.Duration, bool) {
 // process forked boosted) would let a flood's threads preempt as a light
 // one does. The test program's threads and processes come and go.
 func TestBoostedWorkerRunsWithTheLightSlice(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a boost lowers nice levels: it takes CAP_SYS_NICE")
-	}
-	def := nicelevel.DefaultSlice()
-	if def == 0 {
-		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
-	}
+	def := needSlices(t, true)
 	for _, prog := range []string{"forkers", "spawners"} {
 		t.Run(prog, func(t *testing.T) {
 			pid := startProgram(t, prog)
@@ -224,10 +233,7 @@ func TestBoostedWorkerRunsWithTheLightSlice(t *testing.T) {
 // started after take their slice from the thread that starts them, and
 // are placed in no group that would set it.
 func TestLightSliceGivesTheServersThreadsTheirs(t *testing.T) {
-	def := nicelevel.DefaultSlice()
-	if def == 0 {
-		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
-	}
+	def := needSlices(t, false)
 	discard := slog.New(slog.DiscardHandler)
 	slices := func() map[int]time.Duration {
 		out := map[int]time.Duration{}
@@ -299,13 +305,7 @@ func TestLightSliceGivesTheServersThreadsTheirs(t *testing.T) {
 // and leaves a real-time thread alone rather than failing (which turned
 // every worker's weights off).
 func TestRenicedSlicesKeepAThreadsPolicy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a real-time policy and lowered levels take CAP_SYS_NICE")
-	}
-	def := nicelevel.DefaultSlice()
-	if def == 0 {
-		t.Skip("this kernel keeps no slice per thread (Linux 6.12 and later do)")
-	}
+	needSlices(t, true)
 	for _, tc := range []struct {
 		name       string
 		policy     uint32
