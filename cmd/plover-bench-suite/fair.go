@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/bench"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/sched"
 )
 
@@ -460,6 +461,15 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 // the CPU weights).
 var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "fair-nice-noslice", "fair-nice-root", "off", "none"}
 
+// fairGRPCOn reports whether --fair floods vecadd through gRPC too.
+func (o *options) fairGRPCOn() bool {
+	return o.fairGRPC == "on" || o.fairGRPC == "auto" && o.device == device.KindHost
+}
+
+// viaGRPC is the key, in a mode's Beside and Neighbours, of the vecadd
+// flood sent through gRPC.
+const viaGRPC = "vecadd over gRPC"
+
 // fairFlags are the plover serve flags of a mode.
 func fairFlags(data, mode string) []string {
 	var flags []string
@@ -499,6 +509,9 @@ func fairFlags(data, mode string) []string {
 
 func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecIn, spinIn []byte) (*fairMode, error) {
 	flags := fairFlags(data, mode)
+	if o.fairGRPCOn() {
+		flags = append(flags, "--grpc-listen", "127.0.0.1:0")
+	}
 	srv, err := startServerIn(o.podFor(mode), o.plover, data, o.device, o.isolation, nil, flags...)
 	if err != nil {
 		return nil, err
@@ -526,6 +539,18 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 			return nil, err
 		}
 		m.Beside[nb], m.Neighbours[nb] = v, n
+	}
+	if srv.grpc != "" {
+		// The same flood through gRPC ModelInfer, the victim over HTTP as
+		// before: gRPC-Go reads and writes its messages itself, outside the
+		// server's I/O turns (README, "The server's own I/O").
+		logf("  cnn beside vecadd over gRPC (%d clients)", o.fairClients)
+		v, n, err := besideFlood(ctx, o.plover, srv.grpc, "vecadd", vecIn, o.fairClients, o.fairTime,
+			func() (fairLoad, error) { return closed(ctx, srv.url, "cnn", cnnIn, 1, o.fairTime) })
+		if err != nil {
+			return nil, err
+		}
+		m.Beside[viaGRPC], m.Neighbours[viaGRPC] = v, n
 	}
 	for _, clients := range []int{4, 12} {
 		logf("  spin-a (share 3) and spin-b (share 1), %d clients each", clients)
@@ -582,31 +607,50 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels, the server started (by this program) in a CPU cgroup of its own under cgroup v1, at the default weight, and not given it (`--cgroup-root` at an empty directory), as a pod's container is; `fair-nice-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice-root` is `fair-nice` with the server where this program runs, in the root CPU cgroup here, as every `fair-nice` reading before 2026-12-02 was: there the kernel schedules each session as a group (autogroups), which a pod's processes never are, so that the server's threads, whatever their levels, weigh as one group against each worker's (since 2026-12-02 each worker's group takes the worker's level); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-nice-noslice` is `fair-nice` without the light workers' short EEVDF slice (`--light-slice 0`: by default, on Linux 6.12 and later, a boosted worker's threads and the server's run with a 100 µs slice, so that they preempt a flood's thread when they wake rather than wait out its slice); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies), over HTTP, and `vecadd` again through gRPC `ModelInfer` (the victim still over HTTP: gRPC-Go reads and writes a call's frames itself, outside the server's I/O turns). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels, the server started (by this program) in a CPU cgroup of its own under cgroup v1, at the default weight, and not given it (`--cgroup-root` at an empty directory), as a pod's container is; `fair-nice-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice-root` is `fair-nice` with the server where this program runs, in the root CPU cgroup here, as every `fair-nice` reading before 2026-12-02 was: there the kernel schedules each session as a group (autogroups), which a pod's processes never are, so that the server's threads, whatever their levels, weigh as one group against each worker's (since 2026-12-02 each worker's group takes the worker's level); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-nice-noslice` is `fair-nice` without the light workers' short EEVDF slice (`--light-slice 0`: by default, on Linux 6.12 and later, a boosted worker's threads and the server's run with a 100 µs slice, so that they preempt a flood's thread when they wake rather than wait out its slice); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	if fr.NoPod != "" {
 		p("The `fair-nice` modes ran where this program runs, as `fair-nice-root` did, not in a pod's group of their own: %s.\n\n", fr.NoPod)
 	}
 	p("Every figure in this table and the next three is one reading: one %.0f-s run each, on a server per mode, the modes one after another, minutes apart (the rounds further below repeat and interleave theirs). A cell whose requests failed says how many (they are in no latency figure), and a line under its table names them.\n\n", fr.Time)
-	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 (one reading) | beside vecadd: p50 / p99 (one reading) | spin, vecadd served/s, each over its flood's whole run (from 1 s before the victim to its end) |\n|---|---|---|---|---|\n")
+	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 (one reading) | beside vecadd: p50 / p99 (one reading) | beside vecadd over gRPC: p50 / p99 (one reading) | spin, vecadd, vecadd over gRPC served/s, each over its flood's whole run (from 1 s before the victim to its end) |\n|---|---|---|---|---|---|\n")
 	var lost failNotes
 	for _, m := range fr.Modes {
-		s, v := m.Beside["spin"], m.Beside["vecadd"]
-		ns, nv := m.Neighbours["spin"], m.Neighbours["vecadd"]
-		p("| %s | %s / %s%s | %s / %s%s | %s / %s%s | %.0f%s, %.0f%s |\n", m.Mode, fmtMs(m.Alone.P50), fmtMs(m.Alone.P99), lost.cell(m.Mode+", the victim alone", m.Alone),
-			ratio(s.P50, m.Alone.P50), ratio(s.P99, m.Alone.P99), lost.cell(m.Mode+", the victim beside spin", s),
-			ratio(v.P50, m.Alone.P50), ratio(v.P99, m.Alone.P99), lost.cell(m.Mode+", the victim beside vecadd", v),
-			ns.Throughput, lost.cell(m.Mode+", the spin flood", ns), nv.Throughput, lost.cell(m.Mode+", the vecadd flood", nv))
+		s, v, g := m.Beside["spin"], m.Beside["vecadd"], m.Beside[viaGRPC]
+		ns, nv, ng := m.Neighbours["spin"], m.Neighbours["vecadd"], m.Neighbours[viaGRPC]
+		_, hasGRPC := m.Beside[viaGRPC]
+		// The cells in the columns' order: each notes its failures in it.
+		cells := []string{
+			fmtMs(m.Alone.P50) + " / " + fmtMs(m.Alone.P99) + lost.cell(m.Mode+", the victim alone", m.Alone),
+			ratio(s.P50, m.Alone.P50) + " / " + ratio(s.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside spin", s),
+			ratio(v.P50, m.Alone.P50) + " / " + ratio(v.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside vecadd", v),
+			"-",
+		}
+		if hasGRPC {
+			cells[3] = ratio(g.P50, m.Alone.P50) + " / " + ratio(g.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside vecadd over gRPC", g)
+		}
+		served := []string{
+			fmt.Sprintf("%.0f%s", ns.Throughput, lost.cell(m.Mode+", the spin flood", ns)),
+			fmt.Sprintf("%.0f%s", nv.Throughput, lost.cell(m.Mode+", the vecadd flood", nv)),
+			"-",
+		}
+		if hasGRPC {
+			served[2] = fmt.Sprintf("%.0f%s", ng.Throughput, lost.cell(m.Mode+", the vecadd flood over gRPC", ng))
+		}
+		p("| %s | %s | %s |\n", m.Mode, strings.Join(cells, " | "), strings.Join(served, ", "))
 	}
 	lost.write(p)
 	lost = nil
-	p("\nWhere the victim's time went, alone and beside vecadd: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it add up to it request by request), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
+	p("\nWhere the victim's time went, alone, beside vecadd and beside vecadd over gRPC: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it add up to it request by request), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
 	p("| mode | | queue | resolve | sched | copy in | kernels | copy out | dispatch | server total | outside the server |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		for _, c := range []struct {
 			what string
 			l    fairLoad
-		}{{"alone", m.Alone}, {"beside vecadd", m.Beside["vecadd"]}} {
+		}{{"alone", m.Alone}, {"beside vecadd", m.Beside["vecadd"]}, {"beside vecadd over gRPC", m.Beside[viaGRPC]}} {
+			if _, ok := m.Beside[viaGRPC]; !ok && c.what == "beside vecadd over gRPC" {
+				continue
+			}
 			t := &c.l.Server
 			part := func(x bench.Summary) string {
 				if x.N == 0 {

@@ -106,12 +106,13 @@ func loadOf(r *bench.Result) fairLoad {
 	return l
 }
 
-// flood floods fn from a process of its own (plover bench), as a tenant's
-// clients on other machines would: its clients in this program would share
-// the victim's client's Go runtime (its processors, its collector, busy
-// with 4 MB bodies), and the victim's latency would measure them too. It
-// runs for d unless ctx ends first, which interrupts it (it reports what
-// it did).
+// flood floods fn at url from a process of its own (plover bench), as a
+// tenant's clients on other machines would: its clients in this program
+// would share the victim's client's Go runtime (its processors, its
+// collector, busy with 4 MB bodies), and the victim's latency would
+// measure them too. A grpc:// url floods through gRPC ModelInfer. It runs
+// for d unless ctx ends first, which interrupts it (it reports what it
+// did).
 func flood(ctx context.Context, plover, url, fn string, in []byte, clients int, d time.Duration) (fairLoad, error) {
 	f, err := os.CreateTemp("", "plover-fair-flood-")
 	if err != nil {
@@ -125,8 +126,12 @@ func flood(ctx context.Context, plover, url, fn string, in []byte, clients int, 
 	if err != nil {
 		return fairLoad{}, err
 	}
-	cmd := exec.CommandContext(ctx, plover, "bench", fn, "--server", url, "--in", f.Name(), "--concurrency", strconv.Itoa(clients),
-		"--duration", d.String(), "--requests", "100000000", "--timeout", "1m", "--json")
+	to := []string{"--server", url}
+	if strings.HasPrefix(url, "grpc://") {
+		to = []string{"--grpc", url}
+	}
+	cmd := exec.CommandContext(ctx, plover, append(append([]string{"bench", fn}, to...), "--in", f.Name(), "--concurrency", strconv.Itoa(clients),
+		"--duration", d.String(), "--requests", "100000000", "--timeout", "1m", "--json")...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 30 * time.Second
 	var stderr bytes.Buffer

@@ -62,6 +62,7 @@ type options struct {
 	tracingBefore                         string
 	fairClients, fairRounds               int
 	fairSparseRounds                      int
+	fairGRPC                              string
 	fairTime                              time.Duration
 	fairModes                             []string
 	batchClients                          int
@@ -118,6 +119,14 @@ func main() {
 		return nil
 	})
 	flag.IntVar(&o.fairSparseRounds, "fair-sparse-rounds", 2, "--fair: rounds of a sparse victim (the CNN at 4/s, open loop, 4 times --fair-time) alone and beside the 4 MB flood, on fair, fair-nice and two echo floors (0: none)")
+	o.fairGRPC = "auto"
+	flag.Func("fair-grpc", "--fair: also the victim beside the 4 MB flood sent through gRPC: auto (on the host device; the GPU check's window has no room for it) | on | off (default auto)", func(s string) error {
+		if s != "auto" && s != "on" && s != "off" {
+			return fmt.Errorf("%q: want auto, on or off", s)
+		}
+		o.fairGRPC = s
+		return nil
+	})
 	flag.IntVar(&o.fairRounds, "fair-rounds", 4, "--fair: rounds of the victim alone and beside the 4 MB flood, the server's I/O scheduled and not, the modes interleaved (0: none)")
 	flag.IntVar(&o.batchClients, "batch-clients", 32, "closed-loop clients for --batch")
 	flag.DurationVar(&o.batchTime, "batch-time", 6*time.Second, "duration of each --batch closed-loop run")

@@ -282,6 +282,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 	}
 	fair, off := mode("fair"), mode("off")
 	fair.Beside["vecadd"] = bad
+	fair.Beside[viaGRPC], fair.Neighbours[viaGRPC] = fairLoad{P50: 1, P99: 2, Throughput: 100, Errors: 2}, ok // off has no gRPC flood (a server without --grpc-listen)
 	off.Neighbours["spin"] = fairLoad{Throughput: 50, Errors: 3}
 	off.Shares = []fairShares{{Clients: 4, Throughput: [2]int64{10, 5}, Errors: [2]int64{0, 2}}}
 	fr := &fairRun{Clients: 8, Time: 5, Modes: []*fairMode{fair, off}, RoundModes: []string{"fair"},
@@ -295,10 +296,11 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 	}
 	out := string(b)
 	wantAll(t, out,
-		"| fair | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× (**7 failed**) | 100, 100 |",
-		"| off | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× | 50 (**3 failed**), 100 |",
+		"| fair | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× (**7 failed**) | 1.00× / 1.00× (**2 failed**) | 100, 100, 100 |",
+		"| off | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× | - | 50 (**3 failed**), 100, - |",
+		"| fair | beside vecadd over gRPC |",
 		"**Requests lost to the figures above**",
-		"fair, the victim beside vecadd: 7 failed; off, the spin flood: 3 failed.",
+		"fair, the victim beside vecadd: 7 failed; fair, the victim beside vecadd over gRPC: 2 failed; off, the spin flood: 3 failed.",
 		"10, 5 (**2 failed**)",
 		"off, 4 clients, spin-b: 2 failed",
 		"| 2 | 2.00 → 1.00 / 2.00 (**7 failed**) (flood: **4 failed**) |",
@@ -307,6 +309,9 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 		"fair over off (work conservation: the scheduler costs nothing uncontended), one reading each",
 		"vecadd alone: served/s (÷ off: one reading each)",
 	)
+	if strings.Contains(out, "| off | beside vecadd over gRPC |") {
+		t.Error("a mode without a gRPC flood has a row for it in where the victim's time went")
+	}
 }
 
 // The sparse loop keeps each answered request's latency, for the rounds
@@ -337,6 +342,25 @@ func wantAll(t *testing.T, out string, wants ...string) {
 	for _, want := range wants {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+}
+
+// --fair-grpc auto floods through gRPC on the host device only: the GPU
+// check's window has no room for the extra flood.
+func TestFairGRPCOn(t *testing.T) {
+	for _, c := range []struct {
+		flag, device string
+		want         bool
+	}{
+		{"auto", "host", true},
+		{"auto", "cuda", false},
+		{"on", "cuda", true},
+		{"off", "host", false},
+	} {
+		o := &options{fairGRPC: c.flag, device: c.device}
+		if got := o.fairGRPCOn(); got != c.want {
+			t.Errorf("--fair-grpc %s on %s: %v, want %v", c.flag, c.device, got, c.want)
 		}
 	}
 }
