@@ -540,12 +540,16 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 		}
 		m.Beside[nb], m.Neighbours[nb] = v, n
 	}
-	if srv.grpc != "" {
+	if o.fairGRPCOn() {
 		// The same flood through gRPC ModelInfer, the victim over HTTP as
 		// before: gRPC-Go reads and writes its messages itself, outside the
 		// server's I/O turns (README, "The server's own I/O").
+		gaddr, err := srv.grpcAddr()
+		if err != nil {
+			return nil, err
+		}
 		logf("  cnn beside vecadd over gRPC (%d clients)", o.fairClients)
-		v, n, err := besideFlood(ctx, o.plover, srv.grpc, "vecadd", vecIn, o.fairClients, o.fairTime,
+		v, n, err := besideFlood(ctx, o.plover, gaddr, "vecadd", vecIn, o.fairClients, o.fairTime,
 			func() (fairLoad, error) { return closed(ctx, srv.url, "cnn", cnnIn, 1, o.fairTime) })
 		if err != nil {
 			return nil, err

@@ -126,12 +126,7 @@ func flood(ctx context.Context, plover, url, fn string, in []byte, clients int, 
 	if err != nil {
 		return fairLoad{}, err
 	}
-	to := []string{"--server", url}
-	if strings.HasPrefix(url, "grpc://") {
-		to = []string{"--grpc", url}
-	}
-	cmd := exec.CommandContext(ctx, plover, append(append([]string{"bench", fn}, to...), "--in", f.Name(), "--concurrency", strconv.Itoa(clients),
-		"--duration", d.String(), "--requests", "100000000", "--timeout", "1m", "--json")...)
+	cmd := exec.CommandContext(ctx, plover, floodArgs(url, fn, f.Name(), clients, d)...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 30 * time.Second
 	var stderr bytes.Buffer
@@ -142,6 +137,18 @@ func flood(ctx context.Context, plover, url, fn string, in []byte, clients int, 
 		return fairLoad{}, fmt.Errorf("flood %s: %v (%v) %s", fn, jerr, err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return loadOf(&r), nil
+}
+
+// floodArgs are flood's plover bench arguments: a grpc:// or grpcs://
+// url is called through gRPC ModelInfer (plover bench --grpc), any other
+// over HTTP.
+func floodArgs(url, fn, in string, clients int, d time.Duration) []string {
+	to := []string{"--server", url}
+	if strings.HasPrefix(url, "grpc://") || strings.HasPrefix(url, "grpcs://") {
+		to = []string{"--grpc", url}
+	}
+	return append(append([]string{"bench", fn}, to...), "--in", in, "--concurrency", strconv.Itoa(clients),
+		"--duration", d.String(), "--requests", "100000000", "--timeout", "1m", "--json")
 }
 
 // beside runs the victim at one client while the neighbour is flooded;

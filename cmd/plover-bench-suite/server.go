@@ -92,6 +92,18 @@ func startServerIn(p pod, plover, dataDir, device, isolation string, env []strin
 	}
 }
 
+// grpcAddr is the grpc:// (or grpcs://) address a server started with
+// --grpc-listen logged, or an error with its log's tail.
+func (s *server) grpcAddr() (string, error) {
+	s.mu.Lock()
+	addr := s.grpc
+	s.mu.Unlock()
+	if addr == "" {
+		return "", fmt.Errorf("the server logged no gRPC address:\n%s", s.logTail())
+	}
+	return addr, nil
+}
+
 func (s *server) readLog(r io.Reader, ready chan<- string) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/bench"
 )
 
 func TestReplaceSection(t *testing.T) {
@@ -282,7 +284,12 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 	}
 	fair, off := mode("fair"), mode("off")
 	fair.Beside["vecadd"] = bad
-	fair.Beside[viaGRPC], fair.Neighbours[viaGRPC] = fairLoad{P50: 1, P99: 2, Throughput: 100, Errors: 2}, ok // off has no gRPC flood (a server without --grpc-listen)
+	// off has no gRPC flood (a server without --grpc-listen); fair's has
+	// figures of its own, so that a cell read from another load shows.
+	grpcVictim := fairLoad{P50: 3, P99: 10, Throughput: 100, Errors: 2}
+	grpcVictim.Server.Dispatch = bench.Summary{N: 5, P50: 0.5, P99: 7}
+	grpcVictim.Server.Total = bench.Summary{N: 5, P50: 1, P99: 9}
+	fair.Beside[viaGRPC], fair.Neighbours[viaGRPC] = grpcVictim, fairLoad{Throughput: 77}
 	off.Neighbours["spin"] = fairLoad{Throughput: 50, Errors: 3}
 	off.Shares = []fairShares{{Clients: 4, Throughput: [2]int64{10, 5}, Errors: [2]int64{0, 2}}}
 	fr := &fairRun{Clients: 8, Time: 5, Modes: []*fairMode{fair, off}, RoundModes: []string{"fair"},
@@ -296,9 +303,10 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 	}
 	out := string(b)
 	wantAll(t, out,
-		"| fair | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× (**7 failed**) | 1.00× / 1.00× (**2 failed**) | 100, 100, 100 |",
+		"| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 (one reading) | beside vecadd: p50 / p99 (one reading) | beside vecadd over gRPC: p50 / p99 (one reading) | spin, vecadd, vecadd over gRPC served/s,",
+		"| fair | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× (**7 failed**) | 3.00× / 5.00× (**2 failed**) | 100, 100, 77 |",
 		"| off | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× | - | 50 (**3 failed**), 100, - |",
-		"| fair | beside vecadd over gRPC |",
+		"| fair | beside vecadd over gRPC | n/a | n/a | n/a | n/a | n/a | n/a | 0.500 / 7.00 | 1.00 / 9.00 |",
 		"**Requests lost to the figures above**",
 		"fair, the victim beside vecadd: 7 failed; fair, the victim beside vecadd over gRPC: 2 failed; off, the spin flood: 3 failed.",
 		"10, 5 (**2 failed**)",
@@ -361,6 +369,22 @@ func TestFairGRPCOn(t *testing.T) {
 		o := &options{fairGRPC: c.flag, device: c.device}
 		if got := o.fairGRPCOn(); got != c.want {
 			t.Errorf("--fair-grpc %s on %s: %v, want %v", c.flag, c.device, got, c.want)
+		}
+	}
+}
+
+// The flood's plover bench arguments: a gRPC address is called through
+// --grpc (which bench uses as its server too), an HTTP one through
+// --server.
+func TestFloodArgs(t *testing.T) {
+	for _, c := range []struct{ url, want string }{
+		{"http://127.0.0.1:8080", "--server http://127.0.0.1:8080"},
+		{"grpc://127.0.0.1:8001", "--grpc grpc://127.0.0.1:8001"},
+		{"grpcs://127.0.0.1:8001", "--grpc grpcs://127.0.0.1:8001"},
+	} {
+		args := strings.Join(floodArgs(c.url, "vecadd", "in.bin", 8, 5*time.Second), " ")
+		if want := "bench vecadd " + c.want + " --in in.bin --concurrency 8 --duration 5s"; !strings.HasPrefix(args, want) {
+			t.Errorf("%s: %q, want it to start %q", c.url, args, want)
 		}
 	}
 }

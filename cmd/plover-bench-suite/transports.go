@@ -43,11 +43,9 @@ func runTransports(ctx context.Context, o *options, res *results) error {
 		return err
 	}
 	defer srv.stop()
-	srv.mu.Lock()
-	gaddr := srv.grpc
-	srv.mu.Unlock()
-	if gaddr == "" {
-		return fmt.Errorf("the server logged no gRPC address:\n%s", srv.logTail())
+	gaddr, err := srv.grpcAddr()
+	if err != nil {
+		return err
 	}
 	dir := filepath.Join(o.samples, "cnn-"+o.suffix)
 	if err := deployDir(ctx, o.plover, dir, srv.url); err != nil {
