@@ -612,8 +612,9 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 	if err != nil {
 		return err
 	}
-	t.gs = grpcapi.New(door, grpcapi.Options{Log: log, Version: Version, TLS: tlsConf,
-		MaxMessageBytes: f.maxBodyMB << 20, Ready: t.srv.Ready, ReadTimeout: f.readTimeout}).GRPC()
+	g := grpcapi.New(door, grpcapi.Options{Log: log, Version: Version, TLS: tlsConf,
+		MaxMessageBytes: f.maxBodyMB << 20, Ready: t.srv.Ready, ReadTimeout: f.readTimeout})
+	t.gs = g.GRPC()
 	gscheme := "grpc"
 	if tlsConf != nil {
 		gscheme = "grpcs"
@@ -621,7 +622,9 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 	log.Info("serving the Open Inference Protocol over gRPC", "addr", gscheme+"://"+gln.Addr().String())
 	go func() {
 		// gRPC-Go's accept loop recovers nothing.
-		ln := netguard.Recovered(t.shakes.Listener(gln), func(v any) { door.Panicked("grpc", "", "", v) })
+		// Nearest the sockets, the connections a large call puts in its
+		// function's I/O turns (grpcapi.Server.Listener).
+		ln := netguard.Recovered(t.shakes.Listener(g.Listener(gln)), func(v any) { door.Panicked("grpc", "", "", v) })
 		if err := t.gs.Serve(ln); err != nil {
 			t.errc <- fmt.Errorf("--grpc-listen: %w", err)
 		}

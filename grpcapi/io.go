@@ -21,8 +21,13 @@ import (
 // there on the same clock and charged once the call is admitted and its
 // model found, so that a call its token may not make charges no one),
 // laying its tensors out, cutting its answer and encoding it (the codec's
-// again, after the handler). Nothing moves in turns: gRPC-Go reads and writes the frames
-// itself, whole messages before and after the handler.
+// again, after the handler). The message itself moves in the turns of its
+// connection's function, once a large call put the connection in them
+// (conns.go).
+
+// bigMessage is the smallest message that puts its connection in its
+// function's turns (HTTP's bigAnswer).
+const bigMessage = 64 << 10
 
 // inferCall is a ModelInfer call as the codec decodes and encodes it: its
 // request, what the server spent on it before its flow was known, and its

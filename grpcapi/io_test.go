@@ -3,6 +3,7 @@ package grpcapi_test
 import (
 	"bytes"
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -53,6 +54,34 @@ func inferRaw(t *testing.T, f *fixture, model string, in []byte) {
 	}
 	if out := r.GetRawOutputContents(); len(out) != 1 || !bytes.Equal(out[0][:len(in)], in) {
 		t.Fatalf("ModelInfer %s: the answer is not the input back", model)
+	}
+}
+
+// A large call puts its connection in its function's I/O turns; a small
+// one does not. Calls go on through the turns whole (the 4 MiB answers,
+// read ahead while the flow is alone), a small function's too.
+func TestALargeCallPutsItsConnectionInTurns(t *testing.T) {
+	f := serveBig(t, nil)
+	small := bytes.Repeat([]byte{3}, 100)
+	inferRaw(t, f, "small", small)
+	if got := grpcapi.ConnFlows(f.srv); !slices.Equal(got, []string{""}) {
+		t.Fatalf("after a small call the connections move in %q, want one in none", got)
+	}
+	big := make([]byte, bigSize)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	inferRaw(t, f, "big", big[:1<<20])
+	if got := grpcapi.ConnFlows(f.srv); !slices.Equal(got, []string{"big"}) {
+		t.Fatalf("after a 1 MiB call the connections move in %q, want one in big's turns", got)
+	}
+	for range 3 {
+		inferRaw(t, f, "big", big)
+		inferRaw(t, f, "small", small)
+	}
+	inferRaw(t, f, "pbig", big[:bigSize/2])
+	if got := grpcapi.ConnFlows(f.srv); !slices.Equal(got, []string{"pbig"}) {
+		t.Fatalf("after a pipeline's large call the connections move in %q, want the pipeline's turns", got)
 	}
 }
 

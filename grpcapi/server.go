@@ -71,6 +71,7 @@ type Server struct {
 	authLines refusalLog // the lines authLog lets through
 	anon      anonCalls
 	refused   refusals // the codec's (wire.go)
+	conns     conns    // the connections, for calls to put in their functions' turns (conns.go)
 	// inferInfo is ModelInfer's, for its interceptors (io.go).
 	inferInfo grpc.UnaryServerInfo
 }
@@ -88,7 +89,7 @@ func New(door *frontdoor.Door, opts Options) *Server {
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
 	}
-	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}}
+	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}, conns: conns{wait: opts.ReadTimeout}}
 	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
 	return s
 }
@@ -544,6 +545,13 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	io.fl = s.door.IO(req.GetModelName())
 	io.fl.Touch(r.Began)
 	io.fl.Metered(io.decode)
+	if n >= bigMessage {
+		// A large call puts its connection's bytes in its function's turns
+		// (conns.go): admitted, its token may invoke the function.
+		if p, ok := peer.FromContext(rpc); ok {
+			s.conns.inTurns(p.Addr, io.fl)
+		}
+	}
 	maxIn, step := pin.InputBound() // a pipeline's: its first step's
 	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
 	var pick []int

@@ -70,17 +70,21 @@ func serveEngine(t testing.TB, e *engine.Engine, tokens gate.Tokens, opts grpcap
 	opts.Version = "test"
 	door := frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg)})
 	srv := grpcapi.New(door, opts)
-	conn := dial(t, srv.GRPC())
+	conn := dial(t, srv.GRPC(), srv.Listener) // as plover serve does: its connections may move in turns
 	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, srv: srv}
 }
 
-// dial serves gs on a loopback port and returns a client connection to
-// it; both end with the test.
-func dial(t testing.TB, gs *grpc.Server) *grpc.ClientConn {
+// dial serves gs on a loopback port, its listener wrapped by wrap (the
+// first nearest the sockets), and returns a client connection to it; both
+// end with the test.
+func dial(t testing.TB, gs *grpc.Server, wrap ...func(net.Listener) net.Listener) *grpc.ClientConn {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, w := range wrap {
+		ln = w(ln)
 	}
 	go gs.Serve(ln)
 	t.Cleanup(gs.Stop)

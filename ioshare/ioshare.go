@@ -224,6 +224,11 @@ type Flow struct {
 // dropped it) the share of.
 func (f *Flow) Name() string { return f.name }
 
+// Forgotten reports whether the flow's function was deleted (Forget): a
+// holder that outlives requests (a connection's) takes no more turns in
+// it.
+func (f *Flow) Forgotten() bool { return f.gone.Load() }
+
 type weightClass struct {
 	w float64
 	c sched.Class
@@ -351,6 +356,11 @@ func (t Turn) Piece() int {
 	}
 	return t.f.sh.cfg.Piece
 }
+
+// Alone reports whether the turn's flow had the server's I/O to itself
+// when it began (Piece is then alonePieces of them): work conserving, a
+// reader may take more than it was asked for.
+func (t Turn) Alone() bool { return t.alone }
 
 // admit waits for the piece's slot, counted waiting meanwhile. The count
 // comes down in a defer: a panic while the piece waits (its gone callback,

@@ -1,0 +1,183 @@
+package grpcapi
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plover-run/plover/ioshare"
+)
+
+// A gRPC connection's bytes move in a function's I/O turns (package
+// ioshare), as an HTTP request's body and answer do, once the connection
+// has carried a large call (bigMessage or more) to that function: from
+// then on its reads and writes are pieces of that function's flow, each
+// waited for holding no turn (the socket readable, or with room) and then
+// moved in a turn at the function's CPU weight. gRPC-Go reads and writes a
+// connection's frames itself, for every call on it at once, so the
+// connection, not the call, is what can wait its turn: a connection that
+// carries calls to several functions (a gateway's) moves them all in the
+// turns of the function whose large call it carried last. A connection
+// that has carried only small calls moves its bytes as they come: they
+// cost less than a turn's bookkeeping would save. A reader alone on the
+// server's I/O (ioshare.Turn.Alone) takes a whole piece in its turn and
+// gives it to gRPC-Go's next reads without one, so that alone a flow
+// reads at full speed.
+
+// smallWrite is the largest write moved as it comes on a connection in
+// turns: gRPC-Go's control frames (settings, pings, window updates,
+// headers), which every call on the connection waits for.
+const smallWrite = 4 << 10
+
+// conns follows a gRPC listener's connections by their peer's address, for
+// the calls on them to name the function whose turns they move in.
+type conns struct {
+	wait time.Duration // the most a piece waits for its turn before it moves as it comes
+	m    sync.Map      // the peer's address (string) -> *turnConn
+}
+
+// Listener wraps ln so that the calls on its connections can put them in
+// their functions' turns. It must be the listener nearest the sockets
+// (under TLS and any other wrapper): a piece waits on the socket.
+func (s *Server) Listener(ln net.Listener) net.Listener { return &turnListener{ln, &s.conns} }
+
+type turnListener struct {
+	net.Listener
+	c *conns
+}
+
+func (l *turnListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil || !ioshare.Waitable(c) || c.RemoteAddr() == nil {
+		return c, err // no socket to wait on: its bytes move as they come
+	}
+	tc := &turnConn{Conn: c, c: l.c, key: c.RemoteAddr().String()}
+	l.c.m.Store(tc.key, tc)
+	return tc, nil
+}
+
+// inTurns puts the connection a call came on (addr, its peer's) in fl's
+// turns.
+func (c *conns) inTurns(addr net.Addr, fl *ioshare.Flow) {
+	if addr == nil || fl == nil {
+		return
+	}
+	if v, ok := c.m.Load(addr.String()); ok {
+		v.(*turnConn).fl.Store(fl)
+	}
+}
+
+// turnConn is a connection whose bytes move in its function's turns once
+// a call put it in them. Read is gRPC-Go's reader's alone; Write may be
+// called by more than one of its goroutines, and keeps no state.
+type turnConn struct {
+	net.Conn
+	c      *conns
+	key    string
+	fl     atomic.Pointer[ioshare.Flow]
+	closed atomic.Bool
+
+	ahead []byte // read in an earlier turn, not given yet
+	buf   *[]byte
+}
+
+// flow is the flow the connection's bytes move in now, or nil.
+func (t *turnConn) flow() *ioshare.Flow {
+	fl := t.fl.Load()
+	if fl == nil || fl.Forgotten() {
+		return nil
+	}
+	return fl
+}
+
+// turn waits for fl's turn; a turn not had (the wait bounded by
+// conns.wait, or the connection closed) moves the piece as it comes, with
+// no turn: gRPC-Go ends the whole connection on an error, every call on
+// it.
+func (t *turnConn) turn(fl *ioshare.Flow) ioshare.Turn {
+	tn, err := fl.Turn(context.Background(), time.Now().Add(t.c.wait), t.closed.Load, false)
+	if err != nil {
+		return ioshare.Turn{}
+	}
+	return tn
+}
+
+var aheadBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+func (t *turnConn) Read(p []byte) (int, error) {
+	if len(t.ahead) > 0 {
+		n := copy(p, t.ahead)
+		if t.ahead = t.ahead[n:]; len(t.ahead) == 0 {
+			aheadBufs.Put(t.buf)
+			t.ahead, t.buf = nil, nil
+		}
+		return n, nil
+	}
+	fl := t.flow()
+	if fl == nil || len(p) == 0 {
+		return t.Conn.Read(p)
+	}
+	if err := ioshare.WaitReadable(t.Conn); err != nil {
+		return 0, err
+	}
+	tn := t.turn(fl)
+	defer tn.Done() // a panic must not leave the reader's thread at the function's weight
+	piece := tn.Piece()
+	switch {
+	case piece <= 0: // no turn had: as it comes
+		return t.Conn.Read(p)
+	case !tn.Alone() || len(p) >= piece:
+		return t.Conn.Read(p[:min(len(p), piece)])
+	}
+	buf := aheadBufs.Get().(*[]byte)
+	if cap(*buf) < piece {
+		*buf = make([]byte, piece)
+	}
+	n, err := t.Conn.Read((*buf)[:piece])
+	m := copy(p, (*buf)[:n])
+	if m < n {
+		t.ahead, t.buf = (*buf)[m:n], buf
+	} else {
+		aheadBufs.Put(buf)
+	}
+	return m, err
+}
+
+func (t *turnConn) Write(p []byte) (int, error) {
+	fl := t.flow()
+	if fl == nil || len(p) <= smallWrite {
+		return t.Conn.Write(p)
+	}
+	n := 0
+	for n < len(p) {
+		if err := ioshare.WaitWritable(t.Conn); err != nil {
+			return n, err
+		}
+		m, err := t.writePiece(fl, p[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// writePiece writes what the socket takes of p now, at most a piece, in
+// fl's turn (ended in a defer: see Read).
+func (t *turnConn) writePiece(fl *ioshare.Flow, p []byte) (int, error) {
+	tn := t.turn(fl)
+	defer tn.Done()
+	piece := tn.Piece()
+	if piece <= 0 { // no turn had: as it comes
+		return t.Conn.Write(p)
+	}
+	return ioshare.WriteSome(t.Conn, p[:min(len(p), piece)])
+}
+
+func (t *turnConn) Close() error {
+	t.closed.Store(true)
+	t.c.m.CompareAndDelete(t.key, t)
+	return t.Conn.Close()
+}

@@ -1,0 +1,181 @@
+package grpcapi
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/ioshare"
+)
+
+// connPair is a connection accepted through a turnListener following c,
+// and its client's end.
+func connPair(t *testing.T, c *conns) (*turnConn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	sc, err := (&turnListener{ln, c}).Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	return sc.(*turnConn), client
+}
+
+// holdSlot takes fl's turn on a goroutine of its own (a turn locks its
+// thread) and holds it until the returned func is called.
+func holdSlot(t *testing.T, fl *ioshare.Flow) (release func()) {
+	t.Helper()
+	held, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		tn, err := fl.Turn(context.Background(), time.Now().Add(time.Minute), nil, false)
+		if err != nil {
+			t.Error(err)
+		}
+		close(held)
+		<-done
+		tn.Done()
+	}()
+	<-held
+	return func() { close(done) }
+}
+
+// waitWaiting waits until fl has n pieces waiting for a turn: observed,
+// not slept for.
+func waitWaiting(t *testing.T, fl *ioshare.Flow, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, _, w := fl.Pieces(); w == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: never %d pieces waiting", fl.Name(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A connection in a function's turns reads and writes only in them: while
+// another flow holds the one slot, its read and its write wait (counted
+// waiting), and go on once the slot is free; a connection in no turns,
+// and one whose function was deleted, move as they come.
+func TestConnectionsMoveInTheirFunctionsTurns(t *testing.T) {
+	sh := ioshare.New(ioshare.Config{Slots: 1, NoReserve: true, Piece: 16 << 10, Hold: time.Hour}) // a held slot never expires to the waiting piece
+	fl, other := sh.Flow("flood"), sh.Flow("other")
+	c := &conns{wait: time.Minute}
+	inTurns, client := connPair(t, c)
+	free, freeClient := connPair(t, c)
+	c.inTurns(client.LocalAddr(), fl)
+	if got := inTurns.flow(); got != fl {
+		t.Fatalf("the connection's flow: %v, want flood's", got)
+	}
+
+	release := holdSlot(t, other)
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 4<<10) // 64 KiB
+	if _, err := client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := freeClient.Write(msg[:100]); err != nil {
+		t.Fatal(err)
+	}
+	// The free connection reads while the slot is held.
+	buf := make([]byte, 100)
+	if _, err := io.ReadFull(free, buf); err != nil || !bytes.Equal(buf, msg[:100]) {
+		t.Fatalf("a connection in no turns: %v", err)
+	}
+	got := make(chan []byte)
+	go func() {
+		b := make([]byte, len(msg))
+		n, err := io.ReadFull(inTurns, b)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- b[:n]
+	}()
+	waitWaiting(t, fl, 1) // its read waits for the turn
+	select {
+	case <-got:
+		t.Fatal("the connection read while another flow held the only slot")
+	default:
+	}
+	release()
+	if b := <-got; !bytes.Equal(b, msg) {
+		t.Fatalf("read %d bytes in turns, not the %d sent", len(b), len(msg))
+	}
+
+	// A write past smallWrite waits as well.
+	release = holdSlot(t, other)
+	wrote := make(chan error)
+	go func() {
+		_, err := inTurns.Write(msg)
+		wrote <- err
+	}()
+	waitWaiting(t, fl, 1)
+	release()
+	back := make([]byte, len(msg))
+	if _, err := io.ReadFull(client, back); err != nil || !bytes.Equal(back, msg) {
+		t.Fatalf("written in turns: %v", err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+
+	// Deleted, its function's turns are no longer the connection's.
+	sh.Forget("flood")
+	release = holdSlot(t, other)
+	defer release()
+	if _, err := client.Write(msg[:100]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(inTurns, buf); err != nil || !bytes.Equal(buf, msg[:100]) {
+		t.Fatalf("a connection of a deleted function: %v", err)
+	}
+}
+
+// Alone on the server's I/O, a read takes a whole piece in its turn and
+// gives the rest to the next reads, which take no turn; every byte comes
+// through in order. A closed connection leaves the listener's map.
+func TestAReadAloneTakesAWholePiece(t *testing.T) {
+	sh := ioshare.New(ioshare.Config{Slots: 2, Piece: 16 << 10})
+	fl := sh.Flow("flood")
+	c := &conns{wait: time.Minute}
+	tc, client := connPair(t, c)
+	c.inTurns(client.LocalAddr(), fl)
+	msg := make([]byte, 48<<10) // in the socket whole before the first read: within its buffer
+	for i := range msg {
+		msg[i] = byte(i * 13)
+	}
+	if _, err := client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	small := make([]byte, 1000)
+	for len(got) < len(msg) {
+		n, err := tc.Read(small)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) == 0 && len(tc.ahead) == 0 {
+			t.Fatal("a read alone of 1000 bytes kept nothing ahead")
+		}
+		got = append(got, small[:n]...)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatal("the bytes read ahead came out otherwise than sent")
+	}
+	tc.Close()
+	if _, ok := c.m.Load(tc.key); ok {
+		t.Error("a closed connection is still followed")
+	}
+}
