@@ -12,14 +12,16 @@ import (
 
 // A gRPC connection's bytes move in a function's I/O turns (package
 // ioshare), as an HTTP request's body and answer do, once the connection
-// has carried a large call (bigMessage or more) to that function: from
-// then on its reads and writes are pieces of that function's flow, each
+// has carried a large call (bigMessage or more) to that function, until a
+// call to another function moves it (a large one to that function's
+// turns, a small one out of any): its reads and writes are pieces of the
+// flow it is in, each
 // waited for holding no turn (the socket readable, or with room) and then
 // moved in a turn at the function's CPU weight. gRPC-Go reads and writes a
 // connection's frames itself, for every call on it at once, so the
 // connection, not the call, is what can wait its turn: a connection that
-// carries calls to several functions (a gateway's) moves them all in the
-// turns of the function whose large call it carried last. A connection
+// carries calls to several functions (a gateway's) moves them in the turns
+// of the function of its last call, where that was large. A connection
 // that has carried only small calls moves its bytes as they come: they
 // cost less than a turn's bookkeeping would save. A reader alone on the
 // server's I/O (ioshare.Turn.Alone) takes a whole piece in its turn and
@@ -35,8 +37,15 @@ const smallWrite = 4 << 10
 // the calls on them to name the function whose turns they move in.
 type conns struct {
 	wait time.Duration // the most a piece waits for its turn before it moves as it comes
-	m    sync.Map      // the peer's address (string) -> *turnConn
+	m    sync.Map      // connKey -> *turnConn
+	// inTurns counts the connections in a function's turns now: while
+	// none is, a small call looks no connection up.
+	inTurns atomic.Int64
 }
+
+// connKey is a connection's two ends: the peer's address alone may be two
+// connections' (one client port to two of the server's addresses).
+func connKey(local, remote net.Addr) string { return local.String() + "|" + remote.String() }
 
 // Listener wraps ln so that the calls on its connections can put them in
 // their functions' turns. It must be the listener nearest the sockets
@@ -53,19 +62,33 @@ func (l *turnListener) Accept() (net.Conn, error) {
 	if err != nil || !ioshare.Waitable(c) || c.RemoteAddr() == nil {
 		return c, err // no socket to wait on: its bytes move as they come
 	}
-	tc := &turnConn{Conn: c, c: l.c, key: c.RemoteAddr().String()}
-	l.c.m.Store(tc.key, tc)
+	tc := &turnConn{Conn: c, c: l.c, key: connKey(c.LocalAddr(), c.RemoteAddr())}
+	if _, taken := l.c.m.LoadOrStore(tc.key, tc); taken {
+		return c, nil // not followed: another connection has its ends (cannot be, but is not mistaken for it)
+	}
 	return tc, nil
 }
 
-// inTurns puts the connection a call came on (addr, its peer's) in fl's
-// turns.
-func (c *conns) inTurns(addr net.Addr, fl *ioshare.Flow) {
-	if addr == nil || fl == nil {
+// called says a call to fl's function was admitted on the connection
+// whose ends are local and remote (the call's peer), large or not: a
+// large call puts the connection in fl's turns; a small call to another
+// function takes it out of the turns it is in, so that a client's small
+// calls do not move in the turns of a function it called once (a batch
+// function's, or one it would have pay for them).
+func (c *conns) called(local, remote net.Addr, fl *ioshare.Flow, large bool) {
+	if local == nil || remote == nil || fl == nil || !large && c.inTurns.Load() == 0 {
 		return
 	}
-	if v, ok := c.m.Load(addr.String()); ok {
-		v.(*turnConn).fl.Store(fl)
+	v, ok := c.m.Load(connKey(local, remote))
+	if !ok {
+		return
+	}
+	tc := v.(*turnConn)
+	switch was := tc.fl.Load(); {
+	case large && was != fl:
+		tc.setFlow(was, fl)
+	case !large && was != nil && was != fl:
+		tc.setFlow(was, nil)
 	}
 }
 
@@ -81,6 +104,20 @@ type turnConn struct {
 
 	ahead []byte // read in an earlier turn, not given yet
 	buf   *[]byte
+}
+
+// setFlow moves the connection from the turns of was to those of fl (nil:
+// none), unless another call moved it meanwhile.
+func (t *turnConn) setFlow(was, fl *ioshare.Flow) {
+	if !t.fl.CompareAndSwap(was, fl) {
+		return
+	}
+	switch {
+	case was == nil && fl != nil:
+		t.c.inTurns.Add(1)
+	case was != nil && fl == nil:
+		t.c.inTurns.Add(-1)
+	}
 }
 
 // flow is the flow the connection's bytes move in now, or nil.
@@ -177,7 +214,11 @@ func (t *turnConn) writePiece(fl *ioshare.Flow, p []byte) (int, error) {
 }
 
 func (t *turnConn) Close() error {
-	t.closed.Store(true)
-	t.c.m.CompareAndDelete(t.key, t)
+	if !t.closed.Swap(true) {
+		t.c.m.CompareAndDelete(t.key, t)
+		if t.fl.Swap(nil) != nil {
+			t.c.inTurns.Add(-1)
+		}
+	}
 	return t.Conn.Close()
 }

@@ -25,6 +25,7 @@ func connPair(t *testing.T, c *conns) (*turnConn, net.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
+	client.SetDeadline(time.Now().Add(time.Minute)) // a bug that loses bytes fails, not hangs
 	sc, err := (&turnListener{ln, c}).Accept()
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +77,7 @@ func TestConnectionsMoveInTheirFunctionsTurns(t *testing.T) {
 	c := &conns{wait: time.Minute}
 	inTurns, client := connPair(t, c)
 	free, freeClient := connPair(t, c)
-	c.inTurns(client.LocalAddr(), fl)
+	c.called(inTurns.LocalAddr(), client.LocalAddr(), fl, true)
 	if got := inTurns.flow(); got != fl {
 		t.Fatalf("the connection's flow: %v, want flood's", got)
 	}
@@ -151,7 +152,7 @@ func TestAReadAloneTakesAWholePiece(t *testing.T) {
 	fl := sh.Flow("flood")
 	c := &conns{wait: time.Minute}
 	tc, client := connPair(t, c)
-	c.inTurns(client.LocalAddr(), fl)
+	c.called(tc.LocalAddr(), client.LocalAddr(), fl, true)
 	msg := make([]byte, 48<<10) // in the socket whole before the first read: within its buffer
 	for i := range msg {
 		msg[i] = byte(i * 13)
@@ -178,4 +179,54 @@ func TestAReadAloneTakesAWholePiece(t *testing.T) {
 	if _, ok := c.m.Load(tc.key); ok {
 		t.Error("a closed connection is still followed")
 	}
+}
+
+// A connection moves in the turns of its last call's function where that
+// call was large: a small call to another function takes it out of them
+// (a client's small calls do not wait in, nor are charged to, a function
+// it called once), a small call to the same one keeps it, and a large
+// call to another moves it there. Closed, it counts in none.
+func TestACallMovesItsConnection(t *testing.T) {
+	sh := ioshare.New(ioshare.Config{})
+	batch, own := sh.Flow("batch"), sh.Flow("own")
+	c := &conns{wait: time.Minute}
+	tc, client := connPair(t, c)
+	other, otherClient := connPair(t, c)
+	local, remote := tc.LocalAddr(), client.LocalAddr()
+	for _, step := range []struct {
+		what  string
+		fl    *ioshare.Flow
+		large bool
+		want  *ioshare.Flow
+	}{
+		{"a small call", own, false, nil},
+		{"a large call", batch, true, batch},
+		{"a small call to the same function", batch, false, batch},
+		{"a small call to another", own, false, nil},
+		{"a large call again", batch, true, batch},
+		{"a large call to another", own, true, own},
+	} {
+		c.called(local, remote, step.fl, step.large)
+		if got := tc.flow(); got != step.want {
+			t.Fatalf("after %s: in %v, want %v", step.what, got, step.want)
+		}
+		if n := c.inTurns.Load(); n != int64(btoi(step.want != nil)) {
+			t.Fatalf("after %s: %d connections counted in turns", step.what, n)
+		}
+	}
+	if other.flow() != nil {
+		t.Fatal("another connection of the same client host moved too")
+	}
+	otherClient.Close()
+	tc.Close()
+	if n := c.inTurns.Load(); n != 0 {
+		t.Fatalf("closed: %d connections counted in turns", n)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -58,7 +58,7 @@ func inferRaw(t *testing.T, f *fixture, model string, in []byte) {
 }
 
 // A large call puts its connection in its function's I/O turns; a small
-// one does not. Calls go on through the turns whole (the 4 MiB answers,
+// one does not, and a small one to another function takes it out. Calls go on through the turns whole (the 4 MiB answers,
 // read ahead while the flow is alone), a small function's too.
 func TestALargeCallPutsItsConnectionInTurns(t *testing.T) {
 	f := serveBig(t, nil)
@@ -78,6 +78,9 @@ func TestALargeCallPutsItsConnectionInTurns(t *testing.T) {
 	for range 3 {
 		inferRaw(t, f, "big", big)
 		inferRaw(t, f, "small", small)
+	}
+	if got := grpcapi.ConnFlows(f.srv); !slices.Equal(got, []string{""}) {
+		t.Fatalf("after a small call to another function the connections move in %q, want one in none", got)
 	}
 	inferRaw(t, f, "pbig", big[:bigSize/2])
 	if got := grpcapi.ConnFlows(f.srv); !slices.Equal(got, []string{"pbig"}) {

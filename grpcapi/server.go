@@ -545,12 +545,11 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	io.fl = s.door.IO(req.GetModelName())
 	io.fl.Touch(r.Began)
 	io.fl.Metered(io.decode)
-	if n >= bigMessage {
-		// A large call puts its connection's bytes in its function's turns
-		// (conns.go): admitted, its token may invoke the function.
-		if p, ok := peer.FromContext(rpc); ok {
-			s.conns.inTurns(p.Addr, io.fl)
-		}
+	// A large call puts its connection's bytes in its function's turns, a
+	// small one to another function takes them out (conns.go): admitted,
+	// its token may invoke the function.
+	if p, ok := peer.FromContext(rpc); ok {
+		s.conns.called(p.LocalAddr, p.Addr, io.fl, n >= bigMessage)
 	}
 	maxIn, step := pin.InputBound() // a pipeline's: its first step's
 	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
