@@ -619,57 +619,12 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	}
 	p("Every figure in this table and the next three is one reading: one %.0f-s run each, on a server per mode, the modes one after another, minutes apart (the rounds further below repeat and interleave theirs). A cell whose requests failed says how many (they are in no latency figure), and a line under its table names them.\n\n", fr.Time)
 	p("| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 (one reading) | beside vecadd: p50 / p99 (one reading) | beside vecadd over gRPC: p50 / p99 (one reading) | spin, vecadd, vecadd over gRPC served/s, each over its flood's whole run (from 1 s before the victim to its end) |\n|---|---|---|---|---|---|\n")
-	var lost failNotes
-	for _, m := range fr.Modes {
-		s, v, g := m.Beside["spin"], m.Beside["vecadd"], m.Beside[viaGRPC]
-		ns, nv, ng := m.Neighbours["spin"], m.Neighbours["vecadd"], m.Neighbours[viaGRPC]
-		_, hasGRPC := m.Beside[viaGRPC]
-		// The cells in the columns' order: each notes its failures in it.
-		cells := []string{
-			fmtMs(m.Alone.P50) + " / " + fmtMs(m.Alone.P99) + lost.cell(m.Mode+", the victim alone", m.Alone),
-			ratio(s.P50, m.Alone.P50) + " / " + ratio(s.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside spin", s),
-			ratio(v.P50, m.Alone.P50) + " / " + ratio(v.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside vecadd", v),
-			"-",
-		}
-		if hasGRPC {
-			cells[3] = ratio(g.P50, m.Alone.P50) + " / " + ratio(g.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside vecadd over gRPC", g)
-		}
-		served := []string{
-			fmt.Sprintf("%.0f%s", ns.Throughput, lost.cell(m.Mode+", the spin flood", ns)),
-			fmt.Sprintf("%.0f%s", nv.Throughput, lost.cell(m.Mode+", the vecadd flood", nv)),
-			"-",
-		}
-		if hasGRPC {
-			served[2] = fmt.Sprintf("%.0f%s", ng.Throughput, lost.cell(m.Mode+", the vecadd flood over gRPC", ng))
-		}
-		p("| %s | %s | %s |\n", m.Mode, strings.Join(cells, " | "), strings.Join(served, ", "))
-	}
+	lost := writeFairNeighbours(p, fr)
 	lost.write(p)
 	lost = nil
 	p("\nWhere the victim's time went, alone, beside vecadd and beside vecadd over gRPC: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it add up to it request by request), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
 	p("| mode | | queue | resolve | sched | copy in | kernels | copy out | dispatch | server total | outside the server |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, m := range fr.Modes {
-		for _, c := range []struct {
-			what string
-			l    fairLoad
-		}{{"alone", m.Alone}, {"beside vecadd", m.Beside["vecadd"]}, {"beside vecadd over gRPC", m.Beside[viaGRPC]}} {
-			if _, ok := m.Beside[viaGRPC]; !ok && c.what == "beside vecadd over gRPC" {
-				continue
-			}
-			t := &c.l.Server
-			part := func(x bench.Summary) string {
-				if x.N == 0 {
-					return "n/a"
-				}
-				return fmtMs(x.P50) + " / " + fmtMs(x.P99)
-			}
-			outside := "n/a"
-			if !math.IsNaN(c.l.OutsideP50) && t.Total.N > 0 {
-				outside = fmtMs(c.l.OutsideP50) + " / " + fmtMs(c.l.OutsideP99)
-			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Queue), part(t.Resolve), part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Dispatch), part(t.Total), outside)
-		}
-	}
+	writeFairParts(p, fr)
 	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")
 	p("| mode | spin-a (share 3) against spin-b (share 1): work done / billed device time (targets 0.75 ± 0.05; billed within 0.05 of the work), at 4 and 12 clients each | served/s a, b | cnn-latency p99 beside a spin-batch flood / alone | cnn alone, 4 clients: served/s | cnn alone 1 client p50 |\n|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
@@ -722,4 +677,62 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	writeFairRounds(p, fr)
 	writeFairSparse(p, fr)
 	return writeSection(o, "fair-"+o.device, b.String(), fr)
+}
+
+// writeFairNeighbours writes the first table's rows, a mode each: the
+// victim alone and beside each flood, and the floods' rates. It returns
+// the failures its cells noted, in the columns' order.
+func writeFairNeighbours(p func(string, ...any), fr *fairRun) (lost failNotes) {
+	for _, m := range fr.Modes {
+		s, v, g := m.Beside["spin"], m.Beside["vecadd"], m.Beside[viaGRPC]
+		ns, nv, ng := m.Neighbours["spin"], m.Neighbours["vecadd"], m.Neighbours[viaGRPC]
+		_, hasGRPC := m.Beside[viaGRPC]
+		// The cells in the columns' order: each notes its failures in it.
+		cells := []string{
+			fmtMs(m.Alone.P50) + " / " + fmtMs(m.Alone.P99) + lost.cell(m.Mode+", the victim alone", m.Alone),
+			ratio(s.P50, m.Alone.P50) + " / " + ratio(s.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside spin", s),
+			ratio(v.P50, m.Alone.P50) + " / " + ratio(v.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside vecadd", v),
+			"-",
+		}
+		if hasGRPC {
+			cells[3] = ratio(g.P50, m.Alone.P50) + " / " + ratio(g.P99, m.Alone.P99) + lost.cell(m.Mode+", the victim beside vecadd over gRPC", g)
+		}
+		served := []string{
+			fmt.Sprintf("%.0f%s", ns.Throughput, lost.cell(m.Mode+", the spin flood", ns)),
+			fmt.Sprintf("%.0f%s", nv.Throughput, lost.cell(m.Mode+", the vecadd flood", nv)),
+			"-",
+		}
+		if hasGRPC {
+			served[2] = fmt.Sprintf("%.0f%s", ng.Throughput, lost.cell(m.Mode+", the vecadd flood over gRPC", ng))
+		}
+		p("| %s | %s | %s |\n", m.Mode, strings.Join(cells, " | "), strings.Join(served, ", "))
+	}
+	return lost
+}
+
+// writeFairParts writes the rows of where the victim's time went: alone,
+// beside vecadd and, where the mode ran it, beside vecadd over gRPC.
+func writeFairParts(p func(string, ...any), fr *fairRun) {
+	for _, m := range fr.Modes {
+		for _, c := range []struct {
+			what string
+			l    fairLoad
+		}{{"alone", m.Alone}, {"beside vecadd", m.Beside["vecadd"]}, {"beside vecadd over gRPC", m.Beside[viaGRPC]}} {
+			if _, ok := m.Beside[viaGRPC]; !ok && c.what == "beside vecadd over gRPC" {
+				continue
+			}
+			t := &c.l.Server
+			part := func(x bench.Summary) string {
+				if x.N == 0 {
+					return "n/a"
+				}
+				return fmtMs(x.P50) + " / " + fmtMs(x.P99)
+			}
+			outside := "n/a"
+			if !math.IsNaN(c.l.OutsideP50) && t.Total.N > 0 {
+				outside = fmtMs(c.l.OutsideP50) + " / " + fmtMs(c.l.OutsideP99)
+			}
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Queue), part(t.Resolve), part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Dispatch), part(t.Total), outside)
+		}
+	}
 }
