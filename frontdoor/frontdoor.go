@@ -43,6 +43,10 @@ type Runner interface {
 	// that will run it reads it (a worker's slot), or nil; the transport
 	// puts it in the request and releases it once the response is written.
 	Land(name string) call.Landing
+	// PinLanding pins the version l, a landing Land lent for name, was
+	// lent for, as Pin does: a body read into it runs there, whatever
+	// deploys landed since. False where l is not such a landing (Pin).
+	PinLanding(name string, l call.Landing) (pipeline.Pin, bool)
 	// IO is name's share of the server's own I/O, for reading its body
 	// and writing its answer a piece at a time in its turns, or nil for a
 	// name the node has no record of (ask after Admit or Invoke met it).

@@ -2,13 +2,17 @@ package grpcapi
 
 import (
 	"context"
+	"runtime"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/plover-run/plover/call"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/ioshare"
 )
@@ -36,13 +40,46 @@ type inferCall struct {
 	req  pb.ModelInferRequest // first: the refusals' weak key is its address, the call's
 	io   inferIO
 	resp *pb.ModelInferResponse
+	// wire is the message the request's raw inputs lie in (the codec's
+	// decodeInfer, which copies them no more): the handler frees it once
+	// they are laid out and run.
+	wire mem.Buffer
+	// unencoded gives the call's slot back should gRPC-Go drop it before
+	// its answer is encoded (inferHandler); the codec stops it.
+	unencoded runtime.Cleanup
 }
 
 // inferIO is a call's share of the server's I/O: the time its message's
-// decoding took, and its function's flow once the handler found it.
+// decoding took, and its function's flow once the handler found it; and
+// the slot its inputs were laid out in, where its function's device reads
+// them and writes its output (lend: the call may be lent one, its answer
+// encoded by the codec, which gives it back).
 type inferIO struct {
 	decode time.Duration
 	fl     *ioshare.Flow
+	lend   bool
+	land   *lent
+}
+
+// lent is a slot lent to a call (Runner.Land), given back once: by the
+// codec once the answer cut from it is encoded, by the handler where the
+// call failed, or, where a run panicked and the worker may still write
+// into it, discarded.
+type lent struct {
+	call.Landing
+	done atomic.Bool
+}
+
+func (l *lent) release() {
+	if l != nil && l.done.CompareAndSwap(false, true) {
+		l.Release()
+	}
+}
+
+func (l *lent) discard() {
+	if l != nil && l.done.CompareAndSwap(false, true) {
+		l.Discard()
+	}
 }
 
 // service is the generated service with ModelInfer's handler inferHandler:
@@ -65,7 +102,8 @@ func (s *Server) service() *grpc.ServiceDesc {
 // flow's name.
 func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 	s := srv.(*Server)
-	c := new(inferCall)
+	c := &inferCall{io: inferIO{lend: true}}
+	defer c.inputsDone()
 	if err := dec(c); err != nil {
 		return nil, err
 	}
@@ -79,30 +117,124 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 	} else {
 		resp, err = interceptor(ctx, &c.req, &s.inferInfo, h)
 	}
-	if r, ok := resp.(*pb.ModelInferResponse); ok && err == nil && c.io.fl != nil {
+	if r, ok := resp.(*pb.ModelInferResponse); ok && err == nil && (c.io.fl != nil || c.io.land != nil) {
 		// gRPC-Go keeps the reply until it is written: the request, whose
 		// tensors may be as large as the answer's, need not stay with it.
 		proto.Reset(&c.req)
 		c.resp = r
+		if c.io.land != nil {
+			// The codec gives the slot back once it encoded the answer;
+			// should gRPC-Go ever drop a reply unencoded, the call's
+			// collection does.
+			c.unencoded = runtime.AddCleanup(c, (*lent).release, c.io.land)
+		}
 		return c, nil
 	}
+	c.io.land.release()
 	return resp, err
 }
 
-// unmarshalCall decodes a ModelInfer call's message, measuring it.
+// inputsDone frees the message the request's raw inputs lay in: the run
+// has them (in its slot, or copied) or failed.
+func (c *inferCall) inputsDone() {
+	c.req.RawInputContents = nil
+	if c.wire != nil {
+		c.wire.Free()
+		c.wire = nil
+	}
+}
+
+// unmarshalCall decodes a ModelInfer call's message, measuring it: its
+// raw inputs are left where they lie in the message (decodeInfer), which
+// the call keeps until its handler is done; a second message, which gRPC
+// decodes to refuse the call, is copied.
 func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
 	w := ioshare.Now()
-	err := c.unmarshalInfer(data, &call.req)
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	if c.decodeInfer(buf.ReadOnlyData(), &call.req, call.wire == nil) && call.wire == nil {
+		call.wire = buf
+	} else {
+		buf.Free()
+	}
 	call.io.decode = w.Elapsed()
-	return err
+	return nil
 }
 
 // marshalCall encodes a ModelInfer call's answer, metered as its flow's.
+// Its raw outputs, cut from the slot its function ran in, are not copied:
+// the message's last buffers are the slot's own bytes (slotOutputs), and
+// the slot is given back once gRPC-Go has written them. Other answers
+// give it back at once.
 func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 	t := ioshare.Now()
-	b, err := c.base.Marshal(call.resp)
-	call.io.fl.MeteredSince(t)
-	return b, err
+	defer call.io.fl.MeteredSince(t)
+	land := call.io.land
+	call.unencoded.Stop()
+	resp := call.resp
+	raw := resp.RawOutputContents
+	if land == nil || len(raw) == 0 {
+		defer land.release()
+		return c.base.Marshal(resp)
+	}
+	resp.RawOutputContents = nil
+	head, err := c.base.Marshal(resp)
+	resp.RawOutputContents = raw
+	if err != nil {
+		land.release()
+		return nil, err
+	}
+	return slotOutputs(head, raw, land), nil
+}
+
+// slotOutput is the smallest raw output written from its slot: a smaller
+// one is copied, which costs less than the buffer that would hold it.
+const slotOutput = 4 << 10
+
+// slotOutputs is msg, a ModelInferResponse's other fields encoded, with
+// its raw_output_contents (field 6) after them (a message's fields may
+// come in any order), each past slotOutput a buffer over the slot it lies
+// in, which is given back once gRPC-Go frees the last of them (or, should
+// it drop them unfreed, once they are collected).
+func slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent) mem.BufferSlice {
+	refs := &slotRefs{land: land}
+	refs.n.Store(1) // this function's own, dropped at its end
+	refs.unfreed = runtime.AddCleanup(refs, (*lent).release, land)
+	defer refs.Put(nil)
+	var small []byte
+	for _, b := range raw {
+		small = protowire.AppendTag(small, 6, protowire.BytesType)
+		small = protowire.AppendVarint(small, uint64(len(b)))
+		if len(b) < slotOutput {
+			small = append(small, b...)
+			continue
+		}
+		msg = append(msg, mem.SliceBuffer(small))
+		small = nil
+		refs.n.Add(1)
+		whole := b[:len(b):len(b)] // at least slotOutput: NewBuffer pools it
+		msg = append(msg, mem.NewBuffer(&whole, refs))
+	}
+	if len(small) > 0 {
+		msg = append(msg, mem.SliceBuffer(small))
+	}
+	return msg
+}
+
+// slotRefs is the pool of the buffers over one call's slot: the slot is
+// given back when the last is freed.
+type slotRefs struct {
+	land    *lent
+	n       atomic.Int32
+	unfreed runtime.Cleanup
+}
+
+func (r *slotRefs) Get(int) *[]byte { panic("grpcapi: a slot's buffers are not for reuse") }
+
+func (r *slotRefs) Put(*[]byte) {
+	if r.n.Add(-1) == 0 {
+		r.unfreed.Stop()
+		r.land.release()
+	}
 }
 
 // wireMessage is the message v is on the wire: an inferCall's request or

@@ -51,8 +51,13 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			_, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "m"})
 			return err
 		}},
-		{"infer", "inference.GRPCInferenceService/ModelInfer", "a bug in Pin", "m", func() error {
+		{"infer", "inference.GRPCInferenceService/ModelInfer", "a bug in Land", "m", func() error {
 			_, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "m"})
+			return err
+		}},
+		{"infer of a version", "inference.GRPCInferenceService/ModelInfer", "a bug in Pin", "m", func() error {
+			// A version named is pinned, and lent no slot (pinLanded).
+			_, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "m", ModelVersion: "1"})
 			return err
 		}},
 		{"stream", "test.Panics/Stream", "a bug in a stream", "", func() error {
@@ -88,13 +93,13 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			}
 		})
 	}
-	if got := [2]float64{testkit.Panics(t, reg, "grpc"), testkit.Panics(t, reg, "http")}; got != [2]float64{4, 0} {
-		t.Errorf("plover_panics_total after 4 panics over gRPC: grpc, http %v, want 4, 0", got)
+	if got := [2]float64{testkit.Panics(t, reg, "grpc"), testkit.Panics(t, reg, "http")}; got != [2]float64{5, 0} {
+		t.Errorf("plover_panics_total after 5 panics over gRPC: grpc, http %v, want 5, 0", got)
 	}
-	// The infer, a function's request, is a 500 in plover_requests_total
+	// The infers, a function's requests, are 500s in plover_requests_total
 	// too (under _unknown: m has no series of its own); the others are not.
-	if n, _ := testkit.Counter(t, reg, "plover_requests_total", map[string]string{"function": "_unknown", "code": "500"}); n != 1 {
-		t.Errorf(`plover_requests_total{function="_unknown",code="500"} %v, want 1 (the infer)`, n)
+	if n, _ := testkit.Counter(t, reg, "plover_requests_total", map[string]string{"function": "_unknown", "code": "500"}); n != 2 {
+		t.Errorf(`plover_requests_total{function="_unknown",code="500"} %v, want 2 (the infers)`, n)
 	}
 }
 

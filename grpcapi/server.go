@@ -450,6 +450,41 @@ func (s *Server) pin(ctx context.Context, name, version string, deadline time.Ti
 	return oip.Pin(ctx, s.door, name, version, deadline)
 }
 
+// pinLanded pins the model a call names, as pin does, in a slot lent for
+// it where io may be lent one: its function's current version, for a call
+// that names none (a pipeline, a batching function, a function not loaded
+// here lends none), pinned as the version the slot was lent for, so that
+// a deploy between the two costs the call nothing (Runner.PinLanding).
+// The slot is io.land, for the caller to lay the inputs out in or give
+// back.
+func (s *Server) pinLanded(ctx context.Context, req *pb.ModelInferRequest, deadline time.Time, io *inferIO) (pipeline.Pin, *abi.Tensors, error) {
+	name := req.GetModelName()
+	if io.lend && name != "" && req.GetModelVersion() == "" {
+		if l := s.door.Land(name); l != nil {
+			if pin, ok := s.door.PinLanding(name, l); ok {
+				io.land = &lent{Landing: l}
+				return pin, oip.Tensors(pin), nil
+			}
+			l.Release()
+		}
+	}
+	return s.pin(ctx, name, req.GetModelVersion(), deadline)
+}
+
+// run runs r on pin. A run that panics discards the slot land, which its
+// worker may still write into (its release after is nothing).
+func (s *Server) run(ctx context.Context, pin pipeline.Pin, r *call.Request, t0 time.Time, land *lent) error {
+	ran := false
+	defer func() {
+		if !ran {
+			land.discard()
+		}
+	}()
+	err := pin.InvokeSince(ctx, r, t0)
+	ran = true
+	return err
+}
+
 // deadline is a call's deadline at the door: the client's, or the
 // server's timeout from now.
 func (s *Server) deadline(ctx context.Context) time.Time {
@@ -533,7 +568,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		// a token that may invoke its steps (oip.PinVersion).
 		pctx = s.door.Gate().InvokeCheck(ctx, authorization(ctx))
 	}
-	pin, ts, err := s.pin(pctx, req.GetModelName(), req.GetModelVersion(), r.Deadline)
+	pin, ts, err := s.pinLanded(pctx, req, r.Deadline, io)
 	if err != nil {
 		return nil, err
 	}
@@ -552,7 +587,19 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		s.conns.called(p.LocalAddr, p.Addr, io.fl, n >= bigMessage)
 	}
 	maxIn, step := pin.InputBound() // a pipeline's: its first step's
-	typed, err := layInputs(req, ts.Inputs, maxIn, step, r)
+	var into []byte
+	if io.land != nil {
+		into = io.land.Input()
+	}
+	typed, inSlot, err := layInputs(req, ts.Inputs, maxIn, step, into, r)
+	if inSlot {
+		// The function's device reads the inputs where they were laid out
+		// and writes its output beside them: the answer is cut from there.
+		r.Landing = io.land.Landing // the engine's own: it knows its slot
+	} else {
+		io.land.release()
+		io.land = nil
+	}
 	var pick []int
 	if err == nil {
 		// The outputs to answer: those the request names, in its order, or all.
@@ -562,7 +609,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if err != nil {
 		return nil, err
 	}
-	if err := pin.InvokeSince(ctx, r, (laid - (found - looked)).Time()); err != nil {
+	if err := s.run(ctx, pin, r, (laid - (found - looked)).Time(), io.land); err != nil {
 		return nil, err
 	}
 	t := ioshare.Now() // and cutting the answer (the codec encodes it)

@@ -15,27 +15,29 @@ import (
 // layInputs puts the request's inputs in the model's declared order into
 // r.Input, checking names, datatypes and shapes. The inputs come all raw
 // (raw_input_contents, one entry per input in the request's order) or all
-// typed (each input's contents); typed reports which. A single raw input
-// is used where it arrived, with no copy. maxInput is the model's
+// typed (each input's contents); typed reports which. Where into, a slot
+// lent for the function (its input region), holds them, they are laid out
+// there, where its device reads them (inSlot); otherwise a single raw
+// input is used where it arrived, with no copy. maxInput is the model's
 // max_input_bytes (0: not known here; the engine checks it after): inputs
 // past it are refused before any is laid out, as typed contents widen (an
 // INT64 zero is one byte in the message and eight laid out); step, for a
 // pipeline, is the step whose max_input_bytes it is (pipeline.Pin.InputBound).
-func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, step string, r *call.Request) (typed bool, err error) {
+func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, step string, into []byte, r *call.Request) (typed, inSlot bool, err error) {
 	got := req.GetInputs()
 	raw := req.GetRawInputContents()
 	if len(raw) > 0 && len(raw) != len(got) {
-		return false, badRequest("raw_input_contents has %d entries for %d inputs: send one per input, in the order of inputs", len(raw), len(got))
+		return false, false, badRequest("raw_input_contents has %d entries for %d inputs: send one per input, in the order of inputs", len(raw), len(got))
 	}
 	typed = len(raw) == 0
 	idx := make(map[string]int, len(got))
 	for i, t := range got {
 		if _, dup := idx[t.GetName()]; dup {
-			return false, badRequest("input %q is given twice", t.GetName())
+			return false, false, badRequest("input %q is given twice", t.GetName())
 		}
 		idx[t.GetName()] = i
 		if !typed && t.GetContents() != nil {
-			return false, badRequest("input %q has contents beside raw_input_contents: send every input one way", t.GetName())
+			return false, false, badRequest("input %q has contents beside raw_input_contents: send every input one way", t.GetName())
 		}
 	}
 	// Every input found and checked, and their sum, before any is laid out.
@@ -44,47 +46,52 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, ste
 	for k, d := range decl {
 		i, ok := idx[d.Name]
 		if !ok {
-			return false, badRequest("%v", oip.MissingInput(decl, d.Name, len(got), func(i int) string { return got[i].GetName() }))
+			return false, false, badRequest("%v", oip.MissingInput(decl, d.Name, len(got), func(i int) string { return got[i].GetName() }))
 		}
 		delete(idx, d.Name)
 		order[k] = i
 		t := got[i]
 		size, err := oip.CheckInput(t.GetDatatype(), t.GetShape(), d)
 		if err != nil {
-			return false, badRequest("%v", err)
+			return false, false, badRequest("%v", err)
 		}
 		if !typed {
 			if int64(len(raw[i])) != size {
-				return false, badRequest("input %q: raw_input_contents[%d] has %d bytes, shape %v of %s needs %d", d.Name, i, len(raw[i]), t.GetShape(), d.Datatype, size)
+				return false, false, badRequest("input %q: raw_input_contents[%d] has %d bytes, shape %v of %s needs %d", d.Name, i, len(raw[i]), t.GetShape(), d.Datatype, size)
 			}
 		} else if err := countTyped(d.Datatype, t.GetContents(), size/abi.DatatypeSize[d.Datatype]); err != nil {
-			return false, badRequest("input %q: %v", d.Name, err)
+			return false, false, badRequest("input %q: %v", d.Name, err)
 		}
 		// Each size is at most what the message holds (counted above), times
 		// eight: the sum cannot overflow.
 		if total += size; maxInput > 0 && total > maxInput {
-			return false, oip.InputOver(req.GetModelName(), d.Name, t.GetShape(), d.Datatype, total, maxInput, step)
+			return false, false, oip.InputOver(req.GetModelName(), d.Name, t.GetShape(), d.Datatype, total, maxInput, step)
 		}
 	}
 	for n := range idx {
-		return false, badRequest("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
+		return false, false, badRequest("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
 	}
-	if !typed && len(decl) == 1 && len(got) == 1 {
+	var buf []byte
+	switch {
+	case into != nil && total <= int64(len(into)):
+		buf, inSlot = into[:0], true
+	case !typed && len(decl) == 1 && len(got) == 1:
 		r.Input = raw[order[0]] // the one input, where it arrived
-		return false, nil
+		return false, false, nil
+	default:
+		buf = make([]byte, 0, total)
 	}
-	buf := make([]byte, 0, total)
 	for k, d := range decl {
 		if !typed {
 			buf = append(buf, raw[order[k]]...)
 			continue
 		}
 		if buf, err = appendTyped(buf, d.Datatype, got[order[k]].GetContents()); err != nil {
-			return false, badRequest("input %q: %v", d.Name, err)
+			return false, false, badRequest("input %q: %v", d.Name, err)
 		}
 	}
 	r.Input = buf
-	return typed, nil
+	return typed, inSlot, nil
 }
 
 // countTyped checks that c holds n elements in the typed field for

@@ -63,15 +63,31 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return c.base.Unmarshal(data, v)
 }
 
-// unmarshalInfer decodes a ModelInferRequest within the bounds above.
+// unmarshalInfer decodes a ModelInferRequest within the bounds above, its
+// bytes copied out of data.
 func (c codec) unmarshalInfer(data mem.BufferSlice, req *pb.ModelInferRequest) error {
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	b := buf.ReadOnlyData()
+	c.decodeInfer(buf.ReadOnlyData(), req, false)
+	return nil
+}
+
+// decodeInfer decodes b into req within the bounds above, or leaves the
+// refusal for the call's interceptor. Where alias, req's raw input
+// contents are b's own bytes, not copies: true is returned where some are,
+// and b must then outlive them (unmarshalCall).
+func (c codec) decodeInfer(b []byte, req *pb.ModelInferRequest, alias bool) bool {
 	err := checkInferWire(b, int64(c.s.opts.MaxMessageBytes))
 	if err == nil {
-		if err = proto.Unmarshal(b, req); err == nil {
-			return nil
+		head, raw := b, [][]byte(nil)
+		if alias {
+			head, raw = splitRaw(b)
+		}
+		if err = proto.Unmarshal(head, req); err == nil {
+			if raw != nil {
+				req.RawInputContents = raw
+			}
+			return raw != nil
 		}
 		// What the walk does not look into (a parameter's entry, a
 		// string's UTF-8) is still the client's fault.
@@ -80,7 +96,38 @@ func (c codec) unmarshalInfer(data mem.BufferSlice, req *pb.ModelInferRequest) e
 	}
 	decodeHead(b, req)
 	c.s.refused.put(req, err)
-	return nil
+	return false
+}
+
+// splitRaw parts a ModelInferRequest's wire bytes, which checkInferWire
+// walked, into its raw_input_contents (field 7), as they lie in b, and
+// the rest, for proto to decode: its inputs' bytes, up to the message's
+// whole size, are then neither copied nor allocated once more, but
+// copied straight to where the function reads them.
+func splitRaw(b []byte) (head []byte, raw [][]byte) {
+	rest := b
+	for len(rest) > 0 {
+		num, typ, n := protowire.ConsumeTag(rest)
+		m := protowire.ConsumeFieldValue(num, typ, rest[n:])
+		if n < 0 || m < 0 { // checked: not so
+			return b, nil
+		}
+		if num == 7 && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(rest[n:])
+			raw = append(raw, v[:len(v):len(v)])
+			if head == nil { // the fields before the first raw one
+				head = make([]byte, 0, min(len(b)-len(rest), 4<<10)+64)
+				head = append(head, b[:len(b)-len(rest)]...)
+			}
+		} else if head != nil {
+			head = append(head, rest[:n+m]...)
+		}
+		rest = rest[n+m:]
+	}
+	if raw == nil {
+		return b, nil
+	}
+	return head, raw
 }
 
 // refusals holds what the codec refused, by the request it left half

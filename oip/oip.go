@@ -240,11 +240,16 @@ func Pin(ctx context.Context, inv Pinner, name, version string, deadline time.Ti
 			return pin, nil, err
 		}
 	}
-	ts := pin.Version().Tensors
-	if ts == nil {
-		ts = &abi.RawTensors
+	return pin, Tensors(pin), nil
+}
+
+// Tensors is pin's version's declared tensors, or the raw pair where it
+// declares none.
+func Tensors(pin pipeline.Pin) *abi.Tensors {
+	if ts := pin.Version().Tensors; ts != nil {
+		return ts
 	}
-	return pin, ts, nil
+	return &abi.RawTensors
 }
 
 // MetadataError is err as a model's metadata answers it. A pipeline whose

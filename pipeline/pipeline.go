@@ -76,10 +76,8 @@ func (r *Runner) Invoke(ctx context.Context, name string, req *call.Request) err
 	// A body read into a slot Land lent runs on the version it was lent
 	// for (a function's: Land lends a pipeline nothing), whatever deploys
 	// landed since.
-	var p Pin
-	if top, ok := r.e.PinLanding(name, req.Landing); ok {
-		p = Pin{r: r, top: top}
-	} else {
+	p, ok := r.PinLanding(name, req.Landing)
+	if !ok {
 		var err error
 		if p, err = r.Pin(ctx, name, req.Deadline); err != nil {
 			return err
@@ -100,6 +98,17 @@ func (r *Runner) Deadline(d, start time.Time) time.Time { return r.e.Deadline(d,
 // function's device reads it, or nil (a pipeline: its first step's input
 // is its own request's).
 func (r *Runner) Land(name string) call.Landing { return r.e.Land(name) }
+
+// PinLanding pins the function version l, a landing Land lent for name,
+// was lent for: the request whose body it holds runs there. False where l
+// is nil, not such a landing, or released (pin name as usual).
+func (r *Runner) PinLanding(name string, l call.Landing) (Pin, bool) {
+	top, ok := r.e.PinLanding(name, l)
+	if !ok {
+		return Pin{}, false
+	}
+	return Pin{r: r, top: top}, true
+}
 
 // IO is the engine's: name's share of the server's I/O (a pipeline's own,
 // for its request's body and answer), or nil for a name it has no record

@@ -20,8 +20,8 @@ import (
 )
 
 // PanicRunner is a request path with bugs, for the transports' recovery
-// tests: lending an invoke's body a slot, pinning a model and asking the
-// devices' health panic. It admits every request and keeps the deadline
+// tests: lending an invoke's body (or a gRPC call's inputs) a slot,
+// pinning a model and asking the devices' health panic. It admits every request and keeps the deadline
 // asked; its other methods are a nil Runner's (they panic too).
 type PanicRunner struct{ frontdoor.Runner }
 

@@ -1,0 +1,170 @@
+package grpcapi
+
+import (
+	"bytes"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+)
+
+// A call's raw inputs are decoded where they lie in its message, not
+// copied: whatever the fields' order, the request decodes as proto would
+// decode it, each raw input within the message's bytes.
+func TestRawInputsStayInTheMessage(t *testing.T) {
+	c := newCodec(New(nil, Options{MaxMessageBytes: 64 << 20}))
+	head := &pb.ModelInferRequest{ModelName: "f", Id: "7",
+		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "A", Datatype: "UINT8", Shape: []int64{3}}, {Name: "B", Datatype: "UINT8", Shape: []int64{5000}}}}
+	headWire, _ := proto.Marshal(head)
+	raw := func(b []byte) []byte {
+		w := protowire.AppendTag(nil, 7, protowire.BytesType)
+		return protowire.AppendBytes(w, b)
+	}
+	a, b := []byte{1, 2, 3}, bytes.Repeat([]byte{9}, 5000)
+	for _, tc := range []struct {
+		name string
+		wire []byte
+		raws int
+	}{
+		{"no raw inputs", headWire, 0},
+		{"raw inputs last", cat(headWire, raw(a), raw(b)), 2},
+		{"raw inputs first", cat(raw(a), raw(b), headWire), 2},
+		{"raw inputs between fields", cat(headWire[:3], raw(a), headWire[3:], raw(b)), 2},
+		{"an empty raw input", cat(headWire, raw(nil)), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var want pb.ModelInferRequest
+			if err := proto.Unmarshal(tc.wire, &want); err != nil {
+				t.Fatal(err)
+			}
+			var got pb.ModelInferRequest
+			aliased := c.decodeInfer(tc.wire, &got, true)
+			if err := c.s.refused.take(&got); err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			if !proto.Equal(&got, &want) {
+				t.Fatalf("decoded %v, proto decodes %v", &got, &want)
+			}
+			if aliased != (tc.raws > 0) || len(got.RawInputContents) != tc.raws {
+				t.Fatalf("aliased %v with %d raw inputs, want %d", aliased, len(got.RawInputContents), tc.raws)
+			}
+			for i, r := range got.RawInputContents {
+				if len(r) > 0 && !within(r, tc.wire) {
+					t.Errorf("raw input %d was copied out of the message", i)
+				}
+			}
+		})
+	}
+}
+
+func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+
+// within reports whether b lies in m's memory.
+func within(b, m []byte) bool {
+	p, lo := uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(unsafe.Pointer(unsafe.SliceData(m)))
+	return p >= lo && p+uintptr(len(b)) <= lo+uintptr(len(m))
+}
+
+// countedLanding is a slot that counts its release and discard.
+type countedLanding struct {
+	mem                 []byte
+	released, discarded atomic.Int32
+}
+
+func (l *countedLanding) Input() []byte  { return l.mem }
+func (l *countedLanding) Output() []byte { return l.mem }
+func (l *countedLanding) Release()       { l.released.Add(1) }
+func (l *countedLanding) Discard()       { l.discarded.Add(1) }
+
+// An answer cut from a slot is encoded with its large raw outputs as the
+// slot's own bytes, and the slot is given back once, when gRPC-Go frees
+// the last buffer over it (the transport takes a reference of its own
+// until the bytes are written); an answer with no large raw output gives
+// it back at once. The message is the answer, whatever the order its
+// fields come in.
+func TestAnswerIsWrittenFromItsSlot(t *testing.T) {
+	c := newCodec(New(nil, Options{}))
+	slot := make([]byte, 1<<20)
+	for i := range slot {
+		slot[i] = byte(i * 7)
+	}
+	for _, tc := range []struct {
+		name  string
+		cuts  [][2]int // each raw output's bounds in the slot
+		typed bool
+		held  bool // the slot is held until the message is freed
+	}{
+		{"one large output", [][2]int{{0, 300 << 10}}, false, true},
+		{"small outputs only", [][2]int{{0, 10}, {10, 4000}}, false, false},
+		{"small and large, out of order", [][2]int{{600 << 10, 601 << 10}, {0, 200 << 10}, {5, 9}, {200 << 10, 600 << 10}}, false, true},
+		{"typed outputs", nil, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			land := &countedLanding{mem: slot}
+			resp := &pb.ModelInferResponse{ModelName: "f", Id: "x", ModelVersion: "v"}
+			for i, cut := range tc.cuts {
+				resp.Outputs = append(resp.Outputs, &pb.ModelInferResponse_InferOutputTensor{Name: string(rune('A' + i)), Datatype: "UINT8", Shape: []int64{int64(cut[1] - cut[0])}})
+				resp.RawOutputContents = append(resp.RawOutputContents, slot[cut[0]:cut[1]])
+			}
+			if tc.typed {
+				resp.Outputs = []*pb.ModelInferResponse_InferOutputTensor{{Name: "A", Datatype: "INT32", Shape: []int64{2},
+					Contents: &pb.InferTensorContents{IntContents: []int32{-1, 5}}}}
+			}
+			want := proto.Clone(resp)
+			call := &inferCall{resp: resp, io: inferIO{land: &lent{Landing: land}}}
+			out, err := c.Marshal(call)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got pb.ModelInferResponse
+			if err := proto.Unmarshal(out.Materialize(), &got); err != nil || !proto.Equal(&got, want) {
+				t.Fatalf("the message decodes to %v (%v), want %v", &got, err, want)
+			}
+			if !proto.Equal(resp, want) {
+				t.Fatal("encoding changed the answer")
+			}
+			if n := land.released.Load(); n != map[bool]int32{true: 0, false: 1}[tc.held] {
+				t.Fatalf("released %d times once encoded, the slot held: %v", n, tc.held)
+			}
+			out.Ref() // the transport's, until its write
+			out.Free()
+			if n := land.released.Load(); tc.held && n != 0 {
+				t.Fatalf("released before the transport freed its reference")
+			}
+			out.Free()
+			if n := land.released.Load(); n != 1 || land.discarded.Load() != 0 {
+				t.Fatalf("released %d times, discarded %d, once every buffer was freed", n, land.discarded.Load())
+			}
+		})
+	}
+}
+
+// A message over a slot that gRPC-Go dropped unfreed still gives the slot
+// back: once, when the buffers over it are collected.
+func TestAnUnfreedAnswerGivesItsSlotBackWhenCollected(t *testing.T) {
+	c := newCodec(New(nil, Options{}))
+	land := &countedLanding{mem: make([]byte, 1<<20)}
+	func() {
+		call := &inferCall{resp: &pb.ModelInferResponse{RawOutputContents: [][]byte{land.mem}}, io: inferIO{land: &lent{Landing: land}}}
+		out, err := c.Marshal(call)
+		if err != nil || out.Len() < len(land.mem) {
+			t.Fatalf("%d bytes, %v", out.Len(), err)
+		}
+	}()
+	for end := time.Now().Add(10 * time.Second); land.released.Load() == 0 && time.Now().Before(end); {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := land.released.Load(); n != 1 {
+		t.Fatalf("released %d times after the message was dropped, want 1", n)
+	}
+}
+
+var _ mem.BufferPool = (*slotRefs)(nil)
