@@ -41,9 +41,9 @@ type inferCall struct {
 	io   inferIO
 	resp *pb.ModelInferResponse
 	// wire is the message the request's raw inputs lie in (the codec's
-	// decodeInfer, which copies them no more): the handler frees it once
-	// they are laid out and run.
-	wire mem.Buffer
+	// decodeInfer or splitPieces, which copy them no more): the handler
+	// frees it once they are laid out and run.
+	wire mem.BufferSlice
 	// unencoded gives the call's slot back should gRPC-Go drop it before
 	// its answer is encoded (inferHandler); the codec stops it.
 	unencoded runtime.Cleanup
@@ -59,6 +59,12 @@ type inferIO struct {
 	fl     *ioshare.Flow
 	lend   bool
 	land   *lent
+	// size is the message's length on the wire (0: not known, the
+	// request's proto size), and pieces its raw inputs where the codec
+	// left them in its buffers (splitPieces; the request then holds each
+	// empty).
+	size   int
+	pieces [][][]byte
 }
 
 // lent is a slot lent to a call (Runner.Land), given back once: by the
@@ -137,26 +143,36 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 // inputsDone frees the message the request's raw inputs lay in: the run
 // has them (in its slot, or copied) or failed.
 func (c *inferCall) inputsDone() {
-	c.req.RawInputContents = nil
-	if c.wire != nil {
-		c.wire.Free()
-		c.wire = nil
-	}
+	c.req.RawInputContents, c.io.pieces = nil, nil
+	c.wire.Free()
+	c.wire = nil
 }
 
 // unmarshalCall decodes a ModelInfer call's message, measuring it: its
-// raw inputs are left where they lie in the message (decodeInfer), which
-// the call keeps until its handler is done; a second message, which gRPC
-// decodes to refuse the call, is copied.
+// raw inputs are left where they lie in the message, which the call keeps
+// until its handler is done: in its buffers where it came in several
+// (splitPieces), else in its one (decodeInfer). A second message, which
+// gRPC decodes to refuse the call, is copied.
 func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
 	w := ioshare.Now()
+	defer func() { call.io.decode = w.Elapsed() }()
+	first := call.wire == nil
+	call.io.size = data.Len()
+	if first && len(data) > 1 {
+		if head, raw, ok := splitPieces(data); ok {
+			if c.decodeInfer(head, &call.req, false) && raw != nil {
+				data.Ref()
+				call.wire, call.io.pieces = data, raw
+			}
+			return nil
+		}
+	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-	if c.decodeInfer(buf.ReadOnlyData(), &call.req, call.wire == nil) && call.wire == nil {
-		call.wire = buf
+	if c.decodeInfer(buf.ReadOnlyData(), &call.req, first) && first && call.req.RawInputContents != nil {
+		call.wire = mem.BufferSlice{buf}
 	} else {
 		buf.Free()
 	}
-	call.io.decode = w.Elapsed()
 	return nil
 }
 

@@ -542,7 +542,10 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	// as the function's refused request, as HTTP's 413 for a body over
 	// --max-body. Sizing it is the server's time on its bytes too.
 	w := ioshare.Now()
-	n := proto.Size(req)
+	n := io.size
+	if n == 0 { // not from the codec: a caller's request
+		n = proto.Size(req)
+	}
 	io.decode += w.Elapsed()
 	if n > s.opts.MaxMessageBytes {
 		return nil, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
@@ -591,7 +594,8 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if io.land != nil {
 		into = io.land.Input()
 	}
-	typed, inSlot, err := layInputs(req, ts.Inputs, maxIn, step, into, r)
+	raw := rawInputs{whole: req.GetRawInputContents(), pieces: io.pieces}
+	typed, inSlot, err := layInputs(req, raw, ts.Inputs, maxIn, step, into, r)
 	if inSlot {
 		// The function's device reads the inputs where they were laid out
 		// and writes its output beside them: the answer is cut from there.

@@ -2,7 +2,9 @@ package grpcapi
 
 import (
 	"bytes"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,10 +25,7 @@ func TestRawInputsStayInTheMessage(t *testing.T) {
 	head := &pb.ModelInferRequest{ModelName: "f", Id: "7",
 		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "A", Datatype: "UINT8", Shape: []int64{3}}, {Name: "B", Datatype: "UINT8", Shape: []int64{5000}}}}
 	headWire, _ := proto.Marshal(head)
-	raw := func(b []byte) []byte {
-		w := protowire.AppendTag(nil, 7, protowire.BytesType)
-		return protowire.AppendBytes(w, b)
-	}
+	raw := raw7
 	a, b := []byte{1, 2, 3}, bytes.Repeat([]byte{9}, 5000)
 	for _, tc := range []struct {
 		name string
@@ -45,15 +44,14 @@ func TestRawInputsStayInTheMessage(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got pb.ModelInferRequest
-			aliased := c.decodeInfer(tc.wire, &got, true)
-			if err := c.s.refused.take(&got); err != nil {
-				t.Fatalf("refused: %v", err)
+			if !c.decodeInfer(tc.wire, &got, true) {
+				t.Fatalf("refused: %v", c.s.refused.take(&got))
 			}
 			if !proto.Equal(&got, &want) {
 				t.Fatalf("decoded %v, proto decodes %v", &got, &want)
 			}
-			if aliased != (tc.raws > 0) || len(got.RawInputContents) != tc.raws {
-				t.Fatalf("aliased %v with %d raw inputs, want %d", aliased, len(got.RawInputContents), tc.raws)
+			if len(got.RawInputContents) != tc.raws {
+				t.Fatalf("%d raw inputs, want %d", len(got.RawInputContents), tc.raws)
 			}
 			for i, r := range got.RawInputContents {
 				if len(r) > 0 && !within(r, tc.wire) {
@@ -65,6 +63,94 @@ func TestRawInputsStayInTheMessage(t *testing.T) {
 }
 
 func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+
+// A message that came in many buffers is decoded with its raw inputs left
+// in them: cut anywhere (a varint, a tag, an input across buffers), the
+// call's request is proto's, its raw inputs the pieces of the buffers
+// that hold them; a message the walk cannot read whole (cut short, a
+// group, field 0, a length past its end) is left to proto, whose refusal
+// the call gets, and so is one whose other fields pass 64 KiB.
+func TestRawInputsStayInTheirBuffers(t *testing.T) {
+	c := newCodec(New(nil, Options{MaxMessageBytes: 64 << 20}))
+	req := &pb.ModelInferRequest{ModelName: "f", Id: "7",
+		Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "A", Datatype: "UINT8", Shape: []int64{3}}, {Name: "B", Datatype: "UINT8", Shape: []int64{70000}}, {Name: "C", Datatype: "UINT8", Shape: []int64{0}}},
+		Parameters:       map[string]*pb.InferParameter{"p": {ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: -3}}},
+		RawInputContents: [][]byte{{1, 2, 3}, bytes.Repeat([]byte{5, 6, 7}, 70000/3+1)[:70000], {}}}
+	wire, _ := proto.Marshal(req)
+	wire = cat(raw7([]byte{8}), wire) // a raw input first, then the rest
+	var want pb.ModelInferRequest
+	if err := proto.Unmarshal(wire, &want); err != nil {
+		t.Fatal(err)
+	}
+	for _, cut := range []int{1, 2, 3, 7, 1000, 16 << 10} {
+		t.Run(fmt.Sprintf("cut every %d bytes", cut), func(t *testing.T) {
+			call := new(inferCall)
+			if err := c.Unmarshal(cutInto(wire, cut), call); err != nil || c.s.refused.take(&call.req) != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			defer call.inputsDone()
+			raw := rawInputs{whole: call.req.RawInputContents, pieces: call.io.pieces}
+			if call.io.pieces == nil || raw.count() != len(want.RawInputContents) {
+				t.Fatalf("%d raw inputs in pieces (%v), want %d", raw.count(), call.io.pieces != nil, len(want.RawInputContents))
+			}
+			for i, w := range want.RawInputContents {
+				if got := raw.appendTo(nil, i); !bytes.Equal(got, w) || raw.size(i) != len(w) || !bytes.Equal(raw.one(i), w) {
+					t.Errorf("raw input %d: %d bytes, not its %d", i, len(got), len(w))
+				}
+			}
+			got := proto.Clone(&call.req).(*pb.ModelInferRequest)
+			got.RawInputContents = want.RawInputContents
+			if !proto.Equal(got, &want) {
+				t.Fatalf("decoded %v, proto decodes %v", got, &want)
+			}
+			if call.io.size != len(wire) {
+				t.Errorf("the message's size %d, want %d", call.io.size, len(wire))
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name    string
+		wire    []byte
+		refused bool
+	}{
+		{"cut short", wire[:len(wire)-1], true},
+		{"a group (proto keeps it, unknown)", cat(wire, []byte{0x0b, 0x0c}), false},
+		{"field 0", cat([]byte{0x02, 0x00}, wire), true},
+		{"a raw input past the end", cat(wire, []byte{0x3a, 0x7f, 1}), true},
+		{"other fields past 64 KiB (joined whole)", cat(wire, protowire.AppendString(protowire.AppendTag(nil, 3, protowire.BytesType), strings.Repeat("i", 100<<10))), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			call := new(inferCall)
+			if err := c.Unmarshal(cutInto(tc.wire, 1000), call); err != nil {
+				t.Fatal(err)
+			}
+			defer call.inputsDone()
+			if err := c.s.refused.take(&call.req); (err != nil) != tc.refused || call.io.pieces != nil {
+				t.Fatalf("refused: %v, want %v; pieces kept %v", err, tc.refused, call.io.pieces != nil)
+			}
+			if !tc.refused && len(call.req.RawInputContents) != len(want.RawInputContents) {
+				t.Fatalf("%d raw inputs decoded whole, want %d", len(call.req.RawInputContents), len(want.RawInputContents))
+			}
+		})
+	}
+}
+
+// raw7 is a raw_input_contents entry.
+func raw7(b []byte) []byte {
+	w := protowire.AppendTag(nil, 7, protowire.BytesType)
+	return protowire.AppendBytes(w, b)
+}
+
+// cutInto is b in buffers of n bytes (copied: the codec keeps them).
+func cutInto(b []byte, n int) mem.BufferSlice {
+	var s mem.BufferSlice
+	for len(b) > 0 {
+		k := min(n, len(b))
+		s = append(s, mem.SliceBuffer(bytes.Clone(b[:k])))
+		b = b[k:]
+	}
+	return s
+}
 
 // within reports whether b lies in m's memory.
 func within(b, m []byte) bool {

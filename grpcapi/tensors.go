@@ -15,7 +15,8 @@ import (
 // layInputs puts the request's inputs in the model's declared order into
 // r.Input, checking names, datatypes and shapes. The inputs come all raw
 // (raw_input_contents, one entry per input in the request's order) or all
-// typed (each input's contents); typed reports which. Where into, a slot
+// typed (each input's contents); typed reports which. raw is the raw
+// contents, whole or in the pieces the codec left them in. Where into, a slot
 // lent for the function (its input region), holds them, they are laid out
 // there, where its device reads them (inSlot); otherwise a single raw
 // input is used where it arrived, with no copy. maxInput is the model's
@@ -23,13 +24,12 @@ import (
 // past it are refused before any is laid out, as typed contents widen (an
 // INT64 zero is one byte in the message and eight laid out); step, for a
 // pipeline, is the step whose max_input_bytes it is (pipeline.Pin.InputBound).
-func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, step string, into []byte, r *call.Request) (typed, inSlot bool, err error) {
+func layInputs(req *pb.ModelInferRequest, raw rawInputs, decl []abi.Tensor, maxInput int64, step string, into []byte, r *call.Request) (typed, inSlot bool, err error) {
 	got := req.GetInputs()
-	raw := req.GetRawInputContents()
-	if len(raw) > 0 && len(raw) != len(got) {
-		return false, false, badRequest("raw_input_contents has %d entries for %d inputs: send one per input, in the order of inputs", len(raw), len(got))
+	if n := raw.count(); n > 0 && n != len(got) {
+		return false, false, badRequest("raw_input_contents has %d entries for %d inputs: send one per input, in the order of inputs", n, len(got))
 	}
-	typed = len(raw) == 0
+	typed = raw.count() == 0
 	idx := make(map[string]int, len(got))
 	for i, t := range got {
 		if _, dup := idx[t.GetName()]; dup {
@@ -56,8 +56,8 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, ste
 			return false, false, badRequest("%v", err)
 		}
 		if !typed {
-			if int64(len(raw[i])) != size {
-				return false, false, badRequest("input %q: raw_input_contents[%d] has %d bytes, shape %v of %s needs %d", d.Name, i, len(raw[i]), t.GetShape(), d.Datatype, size)
+			if n := raw.size(i); int64(n) != size {
+				return false, false, badRequest("input %q: raw_input_contents[%d] has %d bytes, shape %v of %s needs %d", d.Name, i, n, t.GetShape(), d.Datatype, size)
 			}
 		} else if err := countTyped(d.Datatype, t.GetContents(), size/abi.DatatypeSize[d.Datatype]); err != nil {
 			return false, false, badRequest("input %q: %v", d.Name, err)
@@ -76,14 +76,14 @@ func layInputs(req *pb.ModelInferRequest, decl []abi.Tensor, maxInput int64, ste
 	case into != nil && total <= int64(len(into)):
 		buf, inSlot = into[:0], true
 	case !typed && len(decl) == 1 && len(got) == 1:
-		r.Input = raw[order[0]] // the one input, where it arrived
+		r.Input = raw.one(order[0]) // the one input, where it arrived if in one piece
 		return false, false, nil
 	default:
 		buf = make([]byte, 0, total)
 	}
 	for k, d := range decl {
 		if !typed {
-			buf = append(buf, raw[order[k]]...)
+			buf = raw.appendTo(buf, order[k])
 			continue
 		}
 		if buf, err = appendTyped(buf, d.Datatype, got[order[k]].GetContents()); err != nil {

@@ -72,10 +72,10 @@ func (c codec) unmarshalInfer(data mem.BufferSlice, req *pb.ModelInferRequest) e
 	return nil
 }
 
-// decodeInfer decodes b into req within the bounds above, or leaves the
-// refusal for the call's interceptor. Where alias, req's raw input
-// contents are b's own bytes, not copies: true is returned where some are,
-// and b must then outlive them (unmarshalCall).
+// decodeInfer decodes b into req within the bounds above (true), or
+// leaves the refusal for the call's interceptor. Where alias, req's raw
+// input contents are b's own bytes, not copies: b must then outlive them
+// (unmarshalCall).
 func (c codec) decodeInfer(b []byte, req *pb.ModelInferRequest, alias bool) bool {
 	err := checkInferWire(b, int64(c.s.opts.MaxMessageBytes))
 	if err == nil {
@@ -87,7 +87,7 @@ func (c codec) decodeInfer(b []byte, req *pb.ModelInferRequest, alias bool) bool
 			if raw != nil {
 				req.RawInputContents = raw
 			}
-			return raw != nil
+			return true
 		}
 		// What the walk does not look into (a parameter's entry, a
 		// string's UTF-8) is still the client's fault.
