@@ -660,13 +660,18 @@ func NiceLevel(w float64) int {
 // The threads change while it works: one made after the list was read by
 // a thread not yet set takes the old level, for good. So it reads the
 // list again until a pass finds every thread at n (at most reniceRounds
-// passes: a process whose threads outrun it keeps what is left).
+// passes: a process whose threads outrun it keeps what is left), and,
+// where it set any, once more: a thread its parent was making while the
+// parent was set (copied at the old level, not yet in the list) can miss
+// the first pass that finds the rest at n, never the one after (one test
+// run in several hundred saw one at its old level).
 //
 // With raiseOnly (no CAP_SYS_NICE: a level cannot be taken back down) a
 // thread already at a higher level than n (one that raised its own) is
 // left there: lowering it would fail. changed says whether it set any
 // thread (reniceTree's passes end on a pass that set none).
 func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
+	confirmed := false
 	for range reniceRounds {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
@@ -699,8 +704,13 @@ func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
 			}
 			set, changed = true, true
 		}
-		if !set {
+		switch {
+		case set:
+			confirmed = false
+		case !changed || confirmed:
 			return changed, nil
+		default:
+			confirmed = true
 		}
 	}
 	return changed, nil
