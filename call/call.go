@@ -6,6 +6,7 @@
 package call
 
 import (
+	"errors"
 	"time"
 
 	"github.com/plover-run/plover/abi"
@@ -124,6 +125,13 @@ type Landing interface {
 	// memory goes once its worker is done with it, or with its program.
 	Discard()
 }
+
+// ErrLandedElsewhere is the cause of a request's failure where its landing
+// was lent by a program that may not run it (its worker crashed or was
+// replaced meanwhile, and may have rewritten the slot): it did not run. A
+// caller that holds the input elsewhere too (gRPC's message) may run it
+// again without the landing.
+var ErrLandedElsewhere = errors.New("the request's input is in a slot its run may not use")
 
 // StepTiming is one function step of a pipeline request.
 type StepTiming struct {

@@ -200,7 +200,7 @@ func landsOn(landed device.Slot, in *instance) bool {
 // pipeline, which Land lends nothing, so that a landed body was lent by
 // what the name was before.
 func LandedElsewhere(name string) error {
-	return errorf(errdefs.KindUnavailable, nil, "function %s: the worker this request's body was read into was replaced (it crashed) or redeployed meanwhile, and does not run this version: it may have changed the body; retry", name)
+	return errorf(errdefs.KindUnavailable, call.ErrLandedElsewhere, "function %s: the worker this request's body was read into was replaced (it crashed) or redeployed meanwhile, and does not run this version: it may have changed the body; retry", name)
 }
 
 // foreign reports whether the body landed in a slot lent by a program

@@ -9,7 +9,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/plover-run/plover/call"
@@ -176,81 +175,19 @@ func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
 	return nil
 }
 
-// marshalCall encodes a ModelInfer call's answer, metered as its flow's.
-// Its raw outputs, cut from the slot its function ran in, are not copied:
-// the message's last buffers are the slot's own bytes (slotOutputs), and
-// the slot is given back once gRPC-Go has written them. Other answers
-// give it back at once.
+// marshalCall encodes a ModelInfer call's answer, metered as its flow's,
+// and gives back the slot its raw outputs were cut from. Encoding copies
+// them: were the message written from the slot, a client that reads it
+// slowly or not at all would hold the slot, and its function's version,
+// for as long as it kept its connection (gRPC-Go has no write timeout;
+// a stalled stream is not even a stalled socket).
 func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
-	t := ioshare.Now()
-	defer call.io.fl.MeteredSince(t)
-	land := call.io.land
+	defer call.io.land.release()
 	call.unencoded.Stop()
-	resp := call.resp
-	raw := resp.RawOutputContents
-	if land == nil || len(raw) == 0 {
-		defer land.release()
-		return c.base.Marshal(resp)
-	}
-	resp.RawOutputContents = nil
-	head, err := c.base.Marshal(resp)
-	resp.RawOutputContents = raw
-	if err != nil {
-		land.release()
-		return nil, err
-	}
-	return slotOutputs(head, raw, land), nil
-}
-
-// slotOutput is the smallest raw output written from its slot: a smaller
-// one is copied, which costs less than the buffer that would hold it.
-const slotOutput = 4 << 10
-
-// slotOutputs is msg, a ModelInferResponse's other fields encoded, with
-// its raw_output_contents (field 6) after them (a message's fields may
-// come in any order), each past slotOutput a buffer over the slot it lies
-// in, which is given back once gRPC-Go frees the last of them (or, should
-// it drop them unfreed, once they are collected).
-func slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent) mem.BufferSlice {
-	refs := &slotRefs{land: land}
-	refs.n.Store(1) // this function's own, dropped at its end
-	refs.unfreed = runtime.AddCleanup(refs, (*lent).release, land)
-	defer refs.Put(nil)
-	var small []byte
-	for _, b := range raw {
-		small = protowire.AppendTag(small, 6, protowire.BytesType)
-		small = protowire.AppendVarint(small, uint64(len(b)))
-		if len(b) < slotOutput {
-			small = append(small, b...)
-			continue
-		}
-		msg = append(msg, mem.SliceBuffer(small))
-		small = nil
-		refs.n.Add(1)
-		whole := b[:len(b):len(b)] // at least slotOutput: NewBuffer pools it
-		msg = append(msg, mem.NewBuffer(&whole, refs))
-	}
-	if len(small) > 0 {
-		msg = append(msg, mem.SliceBuffer(small))
-	}
-	return msg
-}
-
-// slotRefs is the pool of the buffers over one call's slot: the slot is
-// given back when the last is freed.
-type slotRefs struct {
-	land    *lent
-	n       atomic.Int32
-	unfreed runtime.Cleanup
-}
-
-func (r *slotRefs) Get(int) *[]byte { panic("grpcapi: a slot's buffers are not for reuse") }
-
-func (r *slotRefs) Put(*[]byte) {
-	if r.n.Add(-1) == 0 {
-		r.unfreed.Stop()
-		r.land.release()
-	}
+	t := ioshare.Now()
+	b, err := c.base.Marshal(call.resp)
+	call.io.fl.MeteredSince(t)
+	return b, err
 }
 
 // wireMessage is the message v is on the wire: an inferCall's request or

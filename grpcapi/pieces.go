@@ -144,7 +144,8 @@ func (w *wireWalk) varint(dst []byte) (uint64, []byte, bool) {
 		dst = append(dst, c)
 		v |= uint64(c&0x7f) << (7 * i)
 		if c < 0x80 {
-			return v, dst, true
+			// A tenth byte over 1 overflows 64 bits: proto refuses it.
+			return v, dst, i < 9 || c <= 1
 		}
 	}
 	return 0, dst, false

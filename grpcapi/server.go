@@ -596,10 +596,14 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	}
 	raw := rawInputs{whole: req.GetRawInputContents(), pieces: io.pieces}
 	typed, inSlot, err := layInputs(req, raw, ts.Inputs, maxIn, step, into, r)
+	var laidOut int64
 	if inSlot {
 		// The function's device reads the inputs where they were laid out
 		// and writes its output beside them: the answer is cut from there.
+		// Laying them out is the one copy of the inputs (a body read into
+		// memory first and copied into its slot counts so too).
 		r.Landing = io.land.Landing // the engine's own: it knows its slot
+		laidOut = int64(len(r.Input))
 	} else {
 		io.land.release()
 		io.land = nil
@@ -613,7 +617,22 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if err != nil {
 		return nil, err
 	}
-	if err := s.run(ctx, pin, r, (laid - (found - looked)).Time(), io.land); err != nil {
+	t0 := (laid - (found - looked)).Time()
+	err = s.run(ctx, pin, r, t0, io.land)
+	if r.Landing != nil && errors.Is(err, call.ErrLandedElsewhere) {
+		// The slot's worker was replaced (it crashed) while the call
+		// waited, and the call did not run. Unlike an HTTP body read into
+		// the slot, the inputs are still in the message: laid out again
+		// in memory, the call runs on the new worker, as it would have
+		// without a slot.
+		io.land.release()
+		io.land, r.Landing, r.Output = nil, nil, nil
+		if _, _, err = layInputs(req, raw, ts.Inputs, maxIn, step, nil, r); err == nil {
+			err = s.run(ctx, pin, r, t0, nil)
+		}
+	}
+	r.Copied += laidOut // the run counts its own from 0
+	if err != nil {
 		return nil, err
 	}
 	t := ioshare.Now() // and cutting the answer (the codec encodes it)

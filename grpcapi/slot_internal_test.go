@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"runtime"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -68,7 +70,8 @@ func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 // in them: cut anywhere (a varint, a tag, an input across buffers), the
 // call's request is proto's, its raw inputs the pieces of the buffers
 // that hold them; a message the walk cannot read whole (cut short, a
-// group, field 0, a length past its end) is left to proto, whose refusal
+// group, field 0, a length past its end or past 64 bits) is left to
+// proto, whose refusal
 // the call gets, and so is one whose other fields pass 64 KiB.
 func TestRawInputsStayInTheirBuffers(t *testing.T) {
 	c := newCodec(New(nil, Options{MaxMessageBytes: 64 << 20}))
@@ -117,6 +120,7 @@ func TestRawInputsStayInTheirBuffers(t *testing.T) {
 		{"a group (proto keeps it, unknown)", cat(wire, []byte{0x0b, 0x0c}), false},
 		{"field 0", cat([]byte{0x02, 0x00}, wire), true},
 		{"a raw input past the end", cat(wire, []byte{0x3a, 0x7f, 1}), true},
+		{"a raw input's length past 64 bits", cat(wire, []byte{0x3a, 0x83, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02, 1, 2, 3}), true},
 		{"other fields past 64 KiB (joined whole)", cat(wire, protowire.AppendString(protowire.AppendTag(nil, 3, protowire.BytesType), strings.Repeat("i", 100<<10))), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,13 +173,11 @@ func (l *countedLanding) Output() []byte { return l.mem }
 func (l *countedLanding) Release()       { l.released.Add(1) }
 func (l *countedLanding) Discard()       { l.discarded.Add(1) }
 
-// An answer cut from a slot is encoded with its large raw outputs as the
-// slot's own bytes, and the slot is given back once, when gRPC-Go frees
-// the last buffer over it (the transport takes a reference of its own
-// until the bytes are written); an answer with no large raw output gives
-// it back at once. The message is the answer, whatever the order its
-// fields come in.
-func TestAnswerIsWrittenFromItsSlot(t *testing.T) {
+// An answer cut from a slot is encoded whole, copied out of the slot, and
+// the slot is given back once, as it is encoded: a client that never reads
+// its answer holds no worker's slot. A call never encoded (gRPC-Go drops
+// it) gives its slot back when it is collected.
+func TestEncodingAnAnswerGivesItsSlotBack(t *testing.T) {
 	c := newCodec(New(nil, Options{}))
 	slot := make([]byte, 1<<20)
 	for i := range slot {
@@ -185,12 +187,11 @@ func TestAnswerIsWrittenFromItsSlot(t *testing.T) {
 		name  string
 		cuts  [][2]int // each raw output's bounds in the slot
 		typed bool
-		held  bool // the slot is held until the message is freed
 	}{
-		{"one large output", [][2]int{{0, 300 << 10}}, false, true},
-		{"small outputs only", [][2]int{{0, 10}, {10, 4000}}, false, false},
-		{"small and large, out of order", [][2]int{{600 << 10, 601 << 10}, {0, 200 << 10}, {5, 9}, {200 << 10, 600 << 10}}, false, true},
-		{"typed outputs", nil, true, false},
+		{"one large output", [][2]int{{0, 300 << 10}}, false},
+		{"small outputs", [][2]int{{0, 10}, {10, 4000}}, false},
+		{"small and large, out of order", [][2]int{{600 << 10, 601 << 10}, {0, 200 << 10}, {5, 9}, {200 << 10, 600 << 10}}, false},
+		{"typed outputs", nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			land := &countedLanding{mem: slot}
@@ -209,48 +210,53 @@ func TestAnswerIsWrittenFromItsSlot(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if n := land.released.Load(); n != 1 || land.discarded.Load() != 0 {
+				t.Fatalf("released %d times, discarded %d, once encoded", n, land.discarded.Load())
+			}
+			for _, b := range out {
+				if data := b.ReadOnlyData(); len(data) > 0 && within(data, slot) {
+					t.Fatal("the message holds the slot's bytes")
+				}
+			}
 			var got pb.ModelInferResponse
 			if err := proto.Unmarshal(out.Materialize(), &got); err != nil || !proto.Equal(&got, want) {
 				t.Fatalf("the message decodes to %v (%v), want %v", &got, err, want)
 			}
-			if !proto.Equal(resp, want) {
-				t.Fatal("encoding changed the answer")
-			}
-			if n := land.released.Load(); n != map[bool]int32{true: 0, false: 1}[tc.held] {
-				t.Fatalf("released %d times once encoded, the slot held: %v", n, tc.held)
-			}
-			out.Ref() // the transport's, until its write
 			out.Free()
-			if n := land.released.Load(); tc.held && n != 0 {
-				t.Fatalf("released before the transport freed its reference")
+			if _, err := c.Marshal(call); err != nil || land.released.Load() != 1 {
+				t.Fatalf("encoded again: %v, released %d times", err, land.released.Load())
 			}
-			out.Free()
+		})
+	}
+	// Through the handler: a call that failed gives its slot back at once;
+	// one whose answer gRPC-Go drops unencoded, once it is collected.
+	for _, failed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("handled, failed %v", failed), func(t *testing.T) {
+			land := &countedLanding{mem: slot}
+			interceptor := func(_ context.Context, req any, _ *grpc.UnaryServerInfo, _ grpc.UnaryHandler) (any, error) {
+				// The request is its call's first field (inferCall).
+				(*inferCall)(unsafe.Pointer(req.(*pb.ModelInferRequest))).io.land = &lent{Landing: land}
+				if failed {
+					return nil, badRequest("no")
+				}
+				return &pb.ModelInferResponse{}, nil
+			}
+			func() {
+				reply, err := inferHandler(New(nil, Options{}), context.Background(), func(any) error { return nil }, interceptor)
+				if _, ok := reply.(*inferCall); ok == failed || (err != nil) != failed {
+					t.Fatalf("reply %T, %v", reply, err)
+				}
+			}()
+			if failed && land.released.Load() != 1 {
+				t.Fatalf("a failed call released its slot %d times", land.released.Load())
+			}
+			for end := time.Now().Add(10 * time.Second); land.released.Load() == 0 && time.Now().Before(end); {
+				runtime.GC()
+				time.Sleep(10 * time.Millisecond)
+			}
 			if n := land.released.Load(); n != 1 || land.discarded.Load() != 0 {
-				t.Fatalf("released %d times, discarded %d, once every buffer was freed", n, land.discarded.Load())
+				t.Fatalf("released %d times, discarded %d, once the call was dropped", n, land.discarded.Load())
 			}
 		})
 	}
 }
-
-// A message over a slot that gRPC-Go dropped unfreed still gives the slot
-// back: once, when the buffers over it are collected.
-func TestAnUnfreedAnswerGivesItsSlotBackWhenCollected(t *testing.T) {
-	c := newCodec(New(nil, Options{}))
-	land := &countedLanding{mem: make([]byte, 1<<20)}
-	func() {
-		call := &inferCall{resp: &pb.ModelInferResponse{RawOutputContents: [][]byte{land.mem}}, io: inferIO{land: &lent{Landing: land}}}
-		out, err := c.Marshal(call)
-		if err != nil || out.Len() < len(land.mem) {
-			t.Fatalf("%d bytes, %v", out.Len(), err)
-		}
-	}()
-	for end := time.Now().Add(10 * time.Second); land.released.Load() == 0 && time.Now().Before(end); {
-		runtime.GC()
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := land.released.Load(); n != 1 {
-		t.Fatalf("released %d times after the message was dropped, want 1", n)
-	}
-}
-
-var _ mem.BufferPool = (*slotRefs)(nil)

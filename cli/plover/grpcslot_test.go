@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,16 +15,17 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // A gRPC call's inputs are laid out in a worker's slot and its answer is
-// written from there (grpcapi's pinLanded, slotOutputs). Against a real
-// server with process isolation: clients of random sizes, some that cancel
-// mid-call, and a worker killed in the middle; every OK is exactly its own
-// call's bytes. Then 40 calls that leave their answers unread and cancel
-// while the server writes them, more than a program has slots (32): were
-// a slot whose answer was never written not given back, the calls after
-// would find none and be copied (plover_payload_copied_bytes_total).
+// cut from there (grpcapi's pinLanded). Against a real server with
+// process isolation: clients of random sizes, some that cancel mid-call,
+// and a worker killed in the middle; every OK is exactly its own call's
+// bytes. Then 40 calls that leave their answers unread and cancel while
+// the server writes them, more than a program has slots (32): were a slot
+// whose answer was never read not given back, the calls after would find
+// none and be copied twice (plover_payload_copied_bytes_total).
 func TestGRPCAnswersFromTheSlotAreTheirOwn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server with worker processes")
@@ -104,6 +106,8 @@ func TestGRPCAnswersFromTheSlotAreTheirOwn(t *testing.T) {
 				t.Fatalf("unread call %d: %v", i, err)
 			}
 		}
+		// A call laid out in its slot copies its input once (the slot's
+		// layout); one lent none, twice (into the run's slot and out).
 		copied := `plover_payload_copied_bytes_total{function="big"}`
 		before := metric(t, srv.url, copied)
 		for i := range 3 {
@@ -116,8 +120,61 @@ func TestGRPCAnswersFromTheSlotAreTheirOwn(t *testing.T) {
 				t.Fatalf("call %d after the unread ones: %v", i, err)
 			}
 		}
-		if after := metric(t, srv.url, copied); after != before {
-			t.Errorf("%s went from %v to %v over 3 calls after 40 unread answers: they were copied, as where the program's slots are all held", copied, before, after)
+		if after := metric(t, srv.url, copied); after-before != 3<<20 {
+			t.Errorf("%s went from %v to %v over 3 calls of 1 MiB after 40 unread answers, want 3 MiB more: they were lent no slot, as where the program's slots are all held", copied, before, after)
 		}
 	})
+}
+
+// Calls whose inputs were laid out in a slot of a worker that is then
+// killed, while they wait behind its one instance, run on the worker that
+// replaces it: unlike an HTTP body read into the slot, their inputs are
+// still in their messages (the engine refuses the slot: the killed worker
+// may have written into it). Only the call that was running fails.
+func TestGRPCCallsInASlotOfAKilledWorkerRunOnTheNext(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server with worker processes")
+	}
+	bin := buildPlover(t)
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "process", "--grpc-listen", "127.0.0.1:0", "--timeout", "30s", "--max-instances", "1")
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 300), nil))
+	conn, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := pb.NewGRPCInferenceServiceClient(conn)
+	in := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	call := func() error {
+		resp, err := c.ModelInfer(context.Background(), &pb.ModelInferRequest{ModelName: "slow",
+			Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{8}}},
+			RawInputContents: [][]byte{in}})
+		if err == nil && (len(resp.RawOutputContents) != 1 || !bytes.HasPrefix(resp.RawOutputContents[0], in)) { // echo: its input, then zeros
+			err = fmt.Errorf("OK with %v, not its input", resp.RawOutputContents)
+		}
+		return err
+	}
+	if err := call(); err != nil { // loaded: its worker lends slots
+		t.Fatal(err)
+	}
+	const calls = 6
+	errs := make(chan error, calls)
+	for range calls {
+		go func() { errs <- call() }()
+	}
+	// One runs, the others wait for the one instance.
+	waitMetric(t, srv.url, `plover_queue_depth{function="slow"}`, fmt.Sprint(calls-1), func(v float64) bool { return v == calls-1 })
+	syscall.Kill(workerPID(t, srv.url, "slow"), syscall.SIGKILL)
+	failed := 0
+	for range calls {
+		if err := <-errs; err != nil {
+			failed++
+			if code := status.Code(err); code != codes.Internal {
+				t.Errorf("a call failed %v: only the running one should, Internal (its worker crashed)", err)
+			}
+		}
+	}
+	if failed > 1 {
+		t.Errorf("%d of %d calls failed, want the running one at most", failed, calls)
+	}
 }
