@@ -114,8 +114,10 @@ func TestReniceTreeLeavesNoProcessBehind(t *testing.T) {
 		t.Skip("a boost lowers nice levels: it takes CAP_SYS_NICE")
 	}
 	pid := startProgram(t, "forkers")
-	// Its forkers' children come and go: wait for some to be there.
-	for end := time.Now().Add(10 * time.Second); len(procTree(pid)) < 50; time.Sleep(10 * time.Millisecond) {
+	// Its forkers' children come and go: wait for some to be there (about
+	// 240 at once on an idle machine; under a loaded make test, as few as
+	// 41 in 10 s, where this waited for 50).
+	for end := time.Now().Add(10 * time.Second); len(procTree(pid)) < 20; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatalf("the test program's tree has %d processes after 10 s", len(procTree(pid)))
 		}
