@@ -66,6 +66,12 @@ type inferIO struct {
 	pieces [][][]byte
 }
 
+// raw is req's raw inputs: in the pieces the codec left them in, or as
+// proto decoded them.
+func (io *inferIO) raw(req *pb.ModelInferRequest) rawInputs {
+	return rawInputs{whole: req.GetRawInputContents(), pieces: io.pieces}
+}
+
 // lent is a slot lent to a call (Runner.Land), given back once: by the
 // codec once the answer cut from it is encoded, by the handler where the
 // call failed, or, where a run panicked and the worker may still write

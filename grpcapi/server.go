@@ -589,36 +589,54 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if p, ok := peer.FromContext(rpc); ok {
 		s.conns.called(p.LocalAddr, p.Addr, io.fl, n >= bigMessage)
 	}
+	typed, pick, err := s.lay(req, pin, ts, r, io)
+	laid := io.fl.MeteredSince(found)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.runLaid(ctx, req, pin, ts, r, io, (laid - (found - looked)).Time()); err != nil {
+		return nil, err
+	}
+	t := ioshare.Now() // and cutting the answer (the codec encodes it)
+	resp, err := s.answer(req, r, ts.Outputs, pick, typed)
+	io.fl.MeteredSince(t)
+	return resp, err
+}
+
+// lay lays the call's inputs out for its run (layInputs): in io's slot
+// where it was lent one and they fit (r.Landing then), else in memory,
+// the slot given back; and picks the outputs to answer, those the request
+// names, in its order, or all.
+func (s *Server) lay(req *pb.ModelInferRequest, pin pipeline.Pin, ts *abi.Tensors, r *call.Request, io *inferIO) (typed bool, pick []int, err error) {
 	maxIn, step := pin.InputBound() // a pipeline's: its first step's
 	var into []byte
 	if io.land != nil {
 		into = io.land.Input()
 	}
-	raw := rawInputs{whole: req.GetRawInputContents(), pieces: io.pieces}
-	typed, inSlot, err := layInputs(req, raw, ts.Inputs, maxIn, step, into, r)
-	var laidOut int64
+	typed, inSlot, err := layInputs(req, io.raw(req), ts.Inputs, maxIn, step, into, r)
 	if inSlot {
 		// The function's device reads the inputs where they were laid out
 		// and writes its output beside them: the answer is cut from there.
-		// Laying them out is the one copy of the inputs (a body read into
-		// memory first and copied into its slot counts so too).
 		r.Landing = io.land.Landing // the engine's own: it knows its slot
-		laidOut = int64(len(r.Input))
 	} else {
 		io.land.release()
 		io.land = nil
 	}
-	var pick []int
 	if err == nil {
-		// The outputs to answer: those the request names, in its order, or all.
 		pick, err = oip.Requested(nil, req.GetOutputs(), (*pb.ModelInferRequest_InferRequestedOutputTensor).GetName, ts.Outputs)
 	}
-	laid := io.fl.MeteredSince(found)
-	if err != nil {
-		return nil, err
+	return typed, pick, err
+}
+
+// runLaid runs the call whose inputs lay laid out, from t0. Laying them
+// out in a slot is the one copy of the inputs, counted as a body read
+// into memory first and copied into its slot is.
+func (s *Server) runLaid(ctx context.Context, req *pb.ModelInferRequest, pin pipeline.Pin, ts *abi.Tensors, r *call.Request, io *inferIO, t0 time.Time) error {
+	var laidOut int64
+	if r.Landing != nil {
+		laidOut = int64(len(r.Input))
 	}
-	t0 := (laid - (found - looked)).Time()
-	err = s.run(ctx, pin, r, t0, io.land)
+	err := s.run(ctx, pin, r, t0, io.land)
 	if r.Landing != nil && errors.Is(err, call.ErrLandedElsewhere) {
 		// The slot's worker was replaced (it crashed) while the call
 		// waited, and the call did not run. Unlike an HTTP body read into
@@ -627,18 +645,13 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		// without a slot.
 		io.land.release()
 		io.land, r.Landing, r.Output = nil, nil, nil
-		if _, _, err = layInputs(req, raw, ts.Inputs, maxIn, step, nil, r); err == nil {
+		maxIn, step := pin.InputBound()
+		if _, _, err = layInputs(req, io.raw(req), ts.Inputs, maxIn, step, nil, r); err == nil {
 			err = s.run(ctx, pin, r, t0, nil)
 		}
 	}
 	r.Copied += laidOut // the run counts its own from 0
-	if err != nil {
-		return nil, err
-	}
-	t := ioshare.Now() // and cutting the answer (the codec encodes it)
-	resp, err := s.answer(req, r, ts.Outputs, pick, typed)
-	io.fl.MeteredSince(t)
-	return resp, err
+	return err
 }
 
 // answer is the response to req, whose function ran: its outputs cut from
