@@ -74,7 +74,7 @@ type serveFlags struct {
 	idleTTL, timeout, maxTimeout                     time.Duration
 	memLimitMB, cacheMB                              int64
 	poll                                             time.Duration
-	grace, readTimeout                               time.Duration
+	grace, readTimeout, writeTimeout                 time.Duration
 	s3                                               objectstore.S3Options
 	authFile, tlsCert, tlsKey, metricsListen         string
 	grpcListen                                       string
@@ -155,6 +155,7 @@ func serveCmd() *command {
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish")
 			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC connection's handshake (closed past it) and a call's message after its headers (the call is cancelled)")
+			fs.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long an answer may take to be written once made: an HTTP response, and a gRPC answer written from its function's slot (the connection is closed past it)")
 			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
 			fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ (its files need no token; its API calls carry the user's)")
 			fs.Var(&f.origins, "origin", "a further origin (http[s]://HOST[:PORT]) whose pages the server takes as its own, as a browser's Origin names it: the proxy's, behind a plain-HTTP proxy that rewrites Host (repeatable, or comma-separated; X-Forwarded-Host is never trusted)")
@@ -562,7 +563,7 @@ type transports struct {
 // unauthenticated metrics address (--metrics-listen).
 func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDoor, door *frontdoor.Door, reg *prometheus.Registry, log *slog.Logger) (*transports, error) {
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		ReadTimeout: f.readTimeout, NoConsole: !f.console, Origins: f.origins}
+		ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout, NoConsole: !f.console, Origins: f.origins}
 	if f.isolation == "process" {
 		opts.CPUWeights = n.cpu.Mechanism // nil: "off"
 	}
@@ -613,7 +614,7 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 		return err
 	}
 	g := grpcapi.New(door, grpcapi.Options{Log: log, Version: Version, TLS: tlsConf,
-		MaxMessageBytes: f.maxBodyMB << 20, Ready: t.srv.Ready, ReadTimeout: f.readTimeout})
+		MaxMessageBytes: f.maxBodyMB << 20, Ready: t.srv.Ready, ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout})
 	t.gs = g.GRPC()
 	gscheme := "grpc"
 	if tlsConf != nil {

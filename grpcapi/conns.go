@@ -76,20 +76,31 @@ func (l *turnListener) Accept() (net.Conn, error) {
 // calls do not move in the turns of a function it called once (a batch
 // function's, or one it would have pay for them).
 func (c *conns) called(local, remote net.Addr, fl *ioshare.Flow, large bool) {
-	if local == nil || remote == nil || fl == nil || !large && c.inTurns.Load() == 0 {
+	if fl == nil || !large && c.inTurns.Load() == 0 {
 		return
 	}
-	v, ok := c.m.Load(connKey(local, remote))
-	if !ok {
+	tc := c.find(local, remote)
+	if tc == nil {
 		return
 	}
-	tc := v.(*turnConn)
 	switch was := tc.fl.Load(); {
 	case large && was != fl:
 		tc.setFlow(was, fl)
 	case !large && was != nil && was != fl:
 		tc.setFlow(was, nil)
 	}
+}
+
+// find is the connection whose ends are local and remote, or nil where
+// it is not followed.
+func (c *conns) find(local, remote net.Addr) *turnConn {
+	if local == nil || remote == nil {
+		return nil
+	}
+	if v, ok := c.m.Load(connKey(local, remote)); ok {
+		return v.(*turnConn)
+	}
+	return nil
 }
 
 // turnConn is a connection whose bytes move in its function's turns once
@@ -214,11 +225,17 @@ func (t *turnConn) writePiece(fl *ioshare.Flow, p []byte) (int, error) {
 }
 
 func (t *turnConn) Close() error {
-	if !t.closed.Swap(true) {
+	_, err := t.close()
+	return err
+}
+
+// close closes the connection; first says whether this call did.
+func (t *turnConn) close() (first bool, err error) {
+	if first = !t.closed.Swap(true); first {
 		t.c.m.CompareAndDelete(t.key, t)
 		if t.fl.Swap(nil) != nil {
 			t.c.inTurns.Add(-1)
 		}
 	}
-	return t.Conn.Close()
+	return first, t.Conn.Close()
 }

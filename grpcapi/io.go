@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/plover-run/plover/call"
@@ -64,6 +66,9 @@ type inferIO struct {
 	// empty).
 	size   int
 	pieces [][][]byte
+	// peer is the call's, for its answer to find its connection
+	// (marshalCall).
+	peer *peer.Peer
 }
 
 // raw is req's raw inputs: in the pieces the codec left them in, or as
@@ -181,19 +186,122 @@ func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
 	return nil
 }
 
-// marshalCall encodes a ModelInfer call's answer, metered as its flow's,
-// and gives back the slot its raw outputs were cut from. Encoding copies
-// them: were the message written from the slot, a client that reads it
-// slowly or not at all would hold the slot, and its function's version,
-// for as long as it kept its connection (gRPC-Go has no write timeout;
-// a stalled stream is not even a stalled socket).
+// marshalCall encodes a ModelInfer call's answer, metered as its flow's.
+// Its raw outputs, cut from the slot its function ran in, are written from
+// there (slotOutputs) where the server follows the call's connection, so
+// that it can close it should the answer hold the slot too long; else they
+// are copied as they are encoded, and the slot given back at once.
 func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
-	defer call.io.land.release()
-	call.unencoded.Stop()
 	t := ioshare.Now()
-	b, err := c.base.Marshal(call.resp)
-	call.io.fl.MeteredSince(t)
-	return b, err
+	defer call.io.fl.MeteredSince(t)
+	land := call.io.land
+	call.unencoded.Stop()
+	resp := call.resp
+	raw := resp.RawOutputContents
+	var conn *turnConn
+	if land != nil && call.io.peer != nil && slices.ContainsFunc(raw, func(b []byte) bool { return len(b) >= slotOutput }) {
+		conn = c.s.conns.find(call.io.peer.LocalAddr, call.io.peer.Addr)
+	}
+	if conn == nil {
+		defer land.release()
+		return c.base.Marshal(resp)
+	}
+	resp.RawOutputContents = nil
+	head, err := c.base.Marshal(resp)
+	resp.RawOutputContents = raw
+	if err != nil {
+		land.release()
+		return nil, err
+	}
+	return c.slotOutputs(head, raw, land, conn, resp.GetModelName()), nil
+}
+
+// slotOutput is the smallest raw output written from its slot: a smaller
+// one is copied, which costs less than the buffer that would hold it.
+const slotOutput = 4 << 10
+
+// slotOutputs is msg, a ModelInferResponse's other fields encoded, with
+// its raw_output_contents (field 6) after them (a message's fields may
+// come in any order), each past slotOutput a buffer over the slot it lies
+// in. The slot is given back once gRPC-Go frees the last of them (or,
+// should it drop them unfreed, once they are collected). gRPC-Go has no
+// write timeout, and a client that reads slowly or not at all holds them,
+// and so the slot and its function's version: past the server's write
+// timeout (HTTP's, for an answer written from its slot) the connection is
+// closed, as HTTP's would be, and gRPC-Go frees what it held.
+func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *turnConn, model string) mem.BufferSlice {
+	refs := &slotRefs{land: land}
+	refs.n.Store(1) // this function's own, dropped at its end
+	refs.unfreed = runtime.AddCleanup(refs, (*lent).release, land)
+	s := c.s // not refs: the timer must not keep them from collection
+	refs.held = time.AfterFunc(s.opts.WriteTimeout, func() { s.answerHeld(conn, model, land) })
+	defer refs.Put(nil)
+	var small []byte
+	for _, b := range raw {
+		small = protowire.AppendTag(small, 6, protowire.BytesType)
+		small = protowire.AppendVarint(small, uint64(len(b)))
+		if len(b) < slotOutput {
+			small = append(small, b...)
+			continue
+		}
+		msg = append(msg, mem.SliceBuffer(small))
+		small = nil
+		refs.n.Add(1)
+		whole := b[:len(b):len(b)] // at least slotOutput: NewBuffer pools it
+		msg = append(msg, mem.NewBuffer(&whole, refs))
+	}
+	if len(small) > 0 {
+		msg = append(msg, mem.SliceBuffer(small))
+	}
+	return msg
+}
+
+// answerHeld closes conn, on which an answer of model's held its slot
+// land past the write timeout: every call on it ends (gRPC-Go's clients
+// read UNAVAILABLE), as an HTTP connection's would. gRPC-Go leaves what a
+// closed connection's streams held to be collected, unfreed, so the slot
+// comes back through its cleanup (slotOutputs): only then can no write of
+// gRPC-Go's read the slot any more. A server at rest might not collect for
+// minutes, so a few collections are asked for, until it is back.
+func (s *Server) answerHeld(conn *turnConn, model string, land *lent) {
+	if first, _ := conn.close(); first { // one line a connection, not one an answer
+		s.opts.Log.Warn("closed a gRPC connection: an answer written from its function's slot was not taken within the write timeout",
+			"model", model, "peer", conn.RemoteAddr().String(), "write_timeout", s.opts.WriteTimeout.String())
+	}
+	go func() {
+		t0 := time.Now()
+		for _, wait := range heldCollections {
+			time.Sleep(wait)
+			runtime.GC()
+			if land.done.Load() {
+				s.opts.Log.Info("the slot of a gRPC answer not taken is back", "model", model, "after", time.Since(t0).String())
+				return
+			}
+		}
+	}()
+}
+
+// heldCollections are the waits before each collection answerHeld asks
+// for: the connection's goroutines end within milliseconds of its close.
+var heldCollections = []time.Duration{50 * time.Millisecond, 500 * time.Millisecond, 5 * time.Second}
+
+// slotRefs is the pool of the buffers over one call's slot: the slot is
+// given back when the last is freed.
+type slotRefs struct {
+	land    *lent
+	n       atomic.Int32
+	unfreed runtime.Cleanup
+	held    *time.Timer // closes the connection at the write timeout
+}
+
+func (r *slotRefs) Get(int) *[]byte { panic("grpcapi: a slot's buffers are not for reuse") }
+
+func (r *slotRefs) Put(*[]byte) {
+	if r.n.Add(-1) == 0 {
+		r.held.Stop()
+		r.unfreed.Stop()
+		r.land.release()
+	}
 }
 
 // wireMessage is the message v is on the wire: an inferCall's request or

@@ -56,6 +56,10 @@ type Options struct {
 	// (HTTP's read timeout); past it the call is cancelled. It bounds a
 	// connection's handshake too. 0: 60 s.
 	ReadTimeout time.Duration
+	// WriteTimeout bounds the time an answer written from its function's
+	// slot may hold the slot (HTTP's write timeout): past it the call's
+	// connection is closed. 0: 60 s.
+	WriteTimeout time.Duration
 	// TLS, when set, serves TLS (its certificate may be reloaded through
 	// GetCertificate); h2 is added to its NextProtos.
 	TLS *tls.Config
@@ -88,6 +92,9 @@ func New(door *frontdoor.Door, opts Options) *Server {
 	}
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 60 * time.Second
 	}
 	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}, conns: conns{wait: opts.ReadTimeout}}
 	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
@@ -588,6 +595,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	// its token may invoke the function.
 	if p, ok := peer.FromContext(rpc); ok {
 		s.conns.called(p.LocalAddr, p.Addr, io.fl, n >= bigMessage)
+		io.peer = p
 	}
 	typed, pick, err := s.lay(req, pin, ts, r, io)
 	laid := io.fl.MeteredSince(found)

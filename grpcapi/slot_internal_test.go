@@ -3,7 +3,9 @@ package grpcapi
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -173,12 +176,17 @@ func (l *countedLanding) Output() []byte { return l.mem }
 func (l *countedLanding) Release()       { l.released.Add(1) }
 func (l *countedLanding) Discard()       { l.discarded.Add(1) }
 
-// An answer cut from a slot is encoded whole, copied out of the slot, and
-// the slot is given back once, as it is encoded: a client that never reads
-// its answer holds no worker's slot. A call never encoded (gRPC-Go drops
+// An answer cut from a slot is encoded whole. On a connection the server
+// follows, its raw outputs of slotOutput or more are written from the
+// slot, which is given back once, when gRPC-Go frees the last of them;
+// elsewhere (and where every output is small) they are copied and the slot
+// given back as the answer is encoded. A call never encoded (gRPC-Go drops
 // it) gives its slot back when it is collected.
 func TestEncodingAnAnswerGivesItsSlotBack(t *testing.T) {
-	c := newCodec(New(nil, Options{}))
+	srv := New(nil, Options{})
+	c := newCodec(srv)
+	sc, _ := connPair(t, &srv.conns)
+	followed := &peer.Peer{Addr: sc.RemoteAddr(), LocalAddr: sc.LocalAddr()}
 	slot := make([]byte, 1<<20)
 	for i := range slot {
 		slot[i] = byte(i * 7)
@@ -193,40 +201,56 @@ func TestEncodingAnAnswerGivesItsSlotBack(t *testing.T) {
 		{"small and large, out of order", [][2]int{{600 << 10, 601 << 10}, {0, 200 << 10}, {5, 9}, {200 << 10, 600 << 10}}, false},
 		{"typed outputs", nil, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			land := &countedLanding{mem: slot}
-			resp := &pb.ModelInferResponse{ModelName: "f", Id: "x", ModelVersion: "v"}
-			for i, cut := range tc.cuts {
-				resp.Outputs = append(resp.Outputs, &pb.ModelInferResponse_InferOutputTensor{Name: string(rune('A' + i)), Datatype: "UINT8", Shape: []int64{int64(cut[1] - cut[0])}})
-				resp.RawOutputContents = append(resp.RawOutputContents, slot[cut[0]:cut[1]])
-			}
-			if tc.typed {
-				resp.Outputs = []*pb.ModelInferResponse_InferOutputTensor{{Name: "A", Datatype: "INT32", Shape: []int64{2},
-					Contents: &pb.InferTensorContents{IntContents: []int32{-1, 5}}}}
-			}
-			want := proto.Clone(resp)
-			call := &inferCall{resp: resp, io: inferIO{land: &lent{Landing: land}}}
-			out, err := c.Marshal(call)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n := land.released.Load(); n != 1 || land.discarded.Load() != 0 {
-				t.Fatalf("released %d times, discarded %d, once encoded", n, land.discarded.Load())
-			}
-			for _, b := range out {
-				if data := b.ReadOnlyData(); len(data) > 0 && within(data, slot) {
-					t.Fatal("the message holds the slot's bytes")
+		for _, p := range []*peer.Peer{nil, followed} {
+			t.Run(fmt.Sprintf("%s, connection followed %v", tc.name, p != nil), func(t *testing.T) {
+				land := &countedLanding{mem: slot}
+				resp := &pb.ModelInferResponse{ModelName: "f", Id: "x", ModelVersion: "v"}
+				large := false
+				for i, cut := range tc.cuts {
+					resp.Outputs = append(resp.Outputs, &pb.ModelInferResponse_InferOutputTensor{Name: string(rune('A' + i)), Datatype: "UINT8", Shape: []int64{int64(cut[1] - cut[0])}})
+					resp.RawOutputContents = append(resp.RawOutputContents, slot[cut[0]:cut[1]])
+					large = large || cut[1]-cut[0] >= slotOutput
 				}
-			}
-			var got pb.ModelInferResponse
-			if err := proto.Unmarshal(out.Materialize(), &got); err != nil || !proto.Equal(&got, want) {
-				t.Fatalf("the message decodes to %v (%v), want %v", &got, err, want)
-			}
-			out.Free()
-			if _, err := c.Marshal(call); err != nil || land.released.Load() != 1 {
-				t.Fatalf("encoded again: %v, released %d times", err, land.released.Load())
-			}
-		})
+				if tc.typed {
+					resp.Outputs = []*pb.ModelInferResponse_InferOutputTensor{{Name: "A", Datatype: "INT32", Shape: []int64{2},
+						Contents: &pb.InferTensorContents{IntContents: []int32{-1, 5}}}}
+				}
+				want := proto.Clone(resp)
+				call := &inferCall{resp: resp, io: inferIO{land: &lent{Landing: land}, peer: p}}
+				out, err := c.Marshal(call)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fromSlot := p != nil && large
+				if n := land.released.Load(); int(n) != btoi(!fromSlot) || land.discarded.Load() != 0 {
+					t.Fatalf("released %d times, discarded %d, once encoded", n, land.discarded.Load())
+				}
+				inSlot := 0
+				for _, b := range out {
+					if data := b.ReadOnlyData(); len(data) > 0 && within(data, slot) {
+						if len(data) < slotOutput {
+							t.Fatalf("a buffer of %d bytes over the slot: smaller than slotOutput", len(data))
+						}
+						inSlot++
+					}
+				}
+				if (inSlot > 0) != fromSlot {
+					t.Fatalf("%d of the message's buffers over the slot", inSlot)
+				}
+				var got pb.ModelInferResponse
+				if err := proto.Unmarshal(out.Materialize(), &got); err != nil || !proto.Equal(&got, want) {
+					t.Fatalf("the message decodes to %v (%v), want %v", &got, err, want)
+				}
+				for i, b := range out {
+					if b.Free(); i < len(out)-1 && int(land.released.Load()) != btoi(!fromSlot) {
+						t.Fatalf("released with %d of the message's buffers not yet freed", len(out)-1-i)
+					}
+				}
+				if n := land.released.Load(); n != 1 {
+					t.Fatalf("released %d times once the message was freed", n)
+				}
+			})
+		}
 	}
 	// Through the handler: a call that failed gives its slot back at once;
 	// one whose answer gRPC-Go drops unencoded, once it is collected.
@@ -258,5 +282,49 @@ func TestEncodingAnAnswerGivesItsSlotBack(t *testing.T) {
 				t.Fatalf("released %d times, discarded %d, once the call was dropped", n, land.discarded.Load())
 			}
 		})
+	}
+}
+
+// An answer written from its slot holds the slot until gRPC-Go frees it,
+// which a client that does not read may put off for ever: past the write
+// timeout its connection is closed, and the slot comes back once gRPC-Go
+// frees what it held. An answer freed in time closes nothing.
+func TestAnAnswerHeldPastTheWriteTimeoutClosesItsConnection(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	srv := New(nil, Options{WriteTimeout: timeout})
+	c := newCodec(srv)
+	slot := make([]byte, 64<<10)
+	answer := func(sc *turnConn) (mem.BufferSlice, *countedLanding) {
+		land := &countedLanding{mem: slot}
+		call := &inferCall{io: inferIO{land: &lent{Landing: land}, peer: &peer.Peer{Addr: sc.RemoteAddr(), LocalAddr: sc.LocalAddr()}},
+			resp: &pb.ModelInferResponse{ModelName: "f", RawOutputContents: [][]byte{slot}}}
+		out, err := c.Marshal(call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out, land
+	}
+	held, heldClient := connPair(t, &srv.conns)
+	freed, freedClient := connPair(t, &srv.conns)
+	out, land := answer(held)
+	out2, _ := answer(freed)
+	out2.Free()
+	// The held answer's connection ends: its client reads its end.
+	heldClient.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := heldClient.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the connection of an answer held past the write timeout: read %d, %v; want its end", n, err)
+	}
+	if n := land.released.Load(); n != 0 {
+		t.Fatalf("the slot was given back %d times while gRPC-Go held the answer", n)
+	}
+	out.Free()
+	if n := land.released.Load(); n != 1 {
+		t.Fatalf("the slot was given back %d times once the answer was freed", n)
+	}
+	// The other answer was freed at once: 10 times its write timeout
+	// later its connection is still open.
+	freedClient.SetReadDeadline(time.Now().Add(10 * timeout))
+	if _, err := freedClient.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) || freed.closed.Load() {
+		t.Fatalf("the connection of an answer freed in time: %v (closed %v), want it open", err, freed.closed.Load())
 	}
 }

@@ -66,6 +66,9 @@ type Options struct {
 	// ReadTimeout bounds the time a client takes to send a request, its
 	// headers and body (408 past it); 0: 60 s.
 	ReadTimeout time.Duration
+	// WriteTimeout bounds the time a response takes to be written once
+	// its handler returned (the connection is closed past it); 0: 60 s.
+	WriteTimeout time.Duration
 	// Repository, when set, is the model repository the node serves
 	// (plover serve --repository), behind /v2/repository/...; nil: those
 	// routes answer 404.
@@ -159,6 +162,9 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	if opts.ReadTimeout <= 0 {
 		opts.ReadTimeout = 60 * time.Second
 	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 60 * time.Second
+	}
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
@@ -188,7 +194,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		MaxRequestBodySize: opts.MaxBodyBytes,
 		ReadBufferSize:     readBuffer,
 		ReadTimeout:        opts.ReadTimeout,
-		WriteTimeout:       60 * time.Second,
+		WriteTimeout:       opts.WriteTimeout,
 		IdleTimeout:        120 * time.Second,
 		ErrorHandler:       s.errorRecovered,
 		HeaderReceived:     s.headerRecovered, // Expect: 100-continue (continue.go)

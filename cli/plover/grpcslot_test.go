@@ -5,12 +5,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -40,18 +42,7 @@ func TestGRPCAnswersFromTheSlotAreTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	c := pb.NewGRPCInferenceServiceClient(conn)
-	call := func(ctx context.Context, in []byte) (*pb.ModelInferResponse, error) {
-		return c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "big",
-			Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(in))}}},
-			RawInputContents: [][]byte{in}})
-	}
-	own := func(resp *pb.ModelInferResponse, in []byte) error {
-		if raw := resp.GetRawOutputContents(); len(raw) != 1 || !bytes.Equal(raw[0], in) {
-			return fmt.Errorf("OK with %d outputs, not its own %d bytes", len(raw), len(in))
-		}
-		return nil
-	}
+	call := inferBig(pb.NewGRPCInferenceServiceClient(conn))
 
 	t.Run("hostile mix", func(t *testing.T) {
 		mixedClients(t, srv.url, "big", 11, func(rng *rand.Rand, cl, i int) (bool, string) {
@@ -64,7 +55,7 @@ func TestGRPCAnswersFromTheSlotAreTheirOwn(t *testing.T) {
 			cancel()
 			switch code := status.Code(err); {
 			case err == nil:
-				if e := own(resp, in); e != nil {
+				if e := ownAnswer(resp, in); e != nil {
 					return false, e.Error()
 				}
 				return true, ""
@@ -85,45 +76,156 @@ func TestGRPCAnswersFromTheSlotAreTheirOwn(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer slow.Close()
-		in := body(300, 0, 2<<20)
-		req := &pb.ModelInferRequest{ModelName: "big",
+		unreadCalls(t, slow, 40, true)
+		landsOnce(t, srv.url, call)
+	})
+}
+
+// inferBig calls "big" (echoBigAs) on c with one raw input.
+func inferBig(c pb.GRPCInferenceServiceClient) func(context.Context, []byte) (*pb.ModelInferResponse, error) {
+	return func(ctx context.Context, in []byte) (*pb.ModelInferResponse, error) {
+		return c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "big",
 			Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(in))}}},
-			RawInputContents: [][]byte{in}}
-		for i := range 40 {
-			ctx, cancel := context.WithCancel(context.Background())
-			s, err := slow.NewStream(ctx, &grpc.StreamDesc{}, "/inference.GRPCInferenceService/ModelInfer", grpc.MaxCallSendMsgSize(16<<20))
-			if err == nil {
-				err = s.SendMsg(req)
-			}
-			if err == nil {
-				err = s.CloseSend()
-			}
-			if err == nil {
-				_, err = s.Header() // the answer's headers: its message is on its way
-			}
-			cancel()
-			if err != nil {
-				t.Fatalf("unread call %d: %v", i, err)
-			}
-		}
-		// A call laid out in its slot copies its input once (the slot's
-		// layout); one lent none, twice (into the run's slot and out).
-		copied := `plover_payload_copied_bytes_total{function="big"}`
-		before := metric(t, srv.url, copied)
-		for i := range 3 {
-			in := body(301, i, 1<<20)
-			resp, err := call(context.Background(), in)
-			if err == nil {
-				err = own(resp, in)
-			}
-			if err != nil {
-				t.Fatalf("call %d after the unread ones: %v", i, err)
-			}
-		}
-		if after := metric(t, srv.url, copied); after-before != 3<<20 {
-			t.Errorf("%s went from %v to %v over 3 calls of 1 MiB after 40 unread answers, want 3 MiB more: they were lent no slot, as where the program's slots are all held", copied, before, after)
+			RawInputContents: [][]byte{in}})
+	}
+}
+
+// ownAnswer says whether resp is "big"'s answer to in: in, exactly.
+func ownAnswer(resp *pb.ModelInferResponse, in []byte) error {
+	if raw := resp.GetRawOutputContents(); len(raw) != 1 || !bytes.Equal(raw[0], in) {
+		return fmt.Errorf("OK with %d outputs, not its own %d bytes", len(raw), len(in))
+	}
+	return nil
+}
+
+// unreadCalls makes n calls of 2 MiB to "big" on conn, which leave their
+// answers unread: with a client window of 64 KiB the server's write of
+// each waits on it. Each is made once the one before had its answer's
+// headers (its message on its way), and cancelled then if cancel is set,
+// else at the test's end (a connection holds 32 calls at most).
+func unreadCalls(t *testing.T, conn *grpc.ClientConn, n int, cancelEach bool) {
+	t.Helper()
+	in := body(300, 0, 2<<20)
+	req := &pb.ModelInferRequest{ModelName: "big",
+		Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(in))}}},
+		RawInputContents: [][]byte{in}}
+	var cancels []context.CancelFunc
+	t.Cleanup(func() {
+		for _, c := range cancels {
+			c()
 		}
 	})
+	for i := range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		s, err := conn.NewStream(ctx, &grpc.StreamDesc{}, "/inference.GRPCInferenceService/ModelInfer", grpc.MaxCallSendMsgSize(16<<20))
+		if err == nil {
+			err = s.SendMsg(req)
+		}
+		if err == nil {
+			err = s.CloseSend()
+		}
+		if err == nil {
+			_, err = s.Header()
+		}
+		if err != nil {
+			t.Fatalf("unread call %d: %v", i, err)
+		}
+		if cancelEach {
+			cancel()
+		}
+	}
+}
+
+// landsOnce makes 3 calls of 1 MiB and checks that each was laid out in a
+// slot: a call laid out in its slot copies its input once (the slot's
+// layout); one lent none, twice (into the run's slot and out), as where
+// the program's slots are all held.
+func landsOnce(t *testing.T, url string, call func(context.Context, []byte) (*pb.ModelInferResponse, error)) {
+	t.Helper()
+	copied := `plover_payload_copied_bytes_total{function="big"}`
+	before := metric(t, url, copied)
+	for i := range 3 {
+		in := body(301, i, 1<<20)
+		resp, err := call(context.Background(), in)
+		if err == nil {
+			err = ownAnswer(resp, in)
+		}
+		if err != nil {
+			t.Fatalf("call %d after the unread ones: %v", i, err)
+		}
+	}
+	if after := metric(t, url, copied); after-before != 3<<20 {
+		t.Errorf("%s went from %v to %v over 3 calls of 1 MiB after the unread answers, want 3 MiB more: they were lent no slot", copied, before, after)
+	}
+}
+
+// An answer is written from its slot, so a client that leaves it unread
+// and keeps its call holds the slot: past --write-timeout its connection
+// is closed (logged), and the slots come back. 40 such calls on two
+// connections, more than a program's 32 slots: the calls after them still
+// land.
+func TestGRPCAnswersNotTakenCloseTheirConnection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server with worker processes")
+	}
+	bin := buildPlover(t)
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "process", "--grpc-listen", "127.0.0.1:0", "--write-timeout", "2s")
+	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var slow [2]*grpc.ClientConn
+	for i := range slow {
+		c, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		unreadCalls(t, c, 20, false)
+		slow[i] = c
+	}
+	for i, c := range slow {
+		for st := c.GetState(); st == connectivity.Ready; st = c.GetState() {
+			if !c.WaitForStateChange(ctx, st) {
+				t.Fatalf("connection %d of 20 unread answers still %v 30 s after they were made, with a write timeout of 2 s", i, st)
+			}
+		}
+	}
+	conn, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The slots come back once what gRPC-Go held for the closed
+	// connections is collected, which the server asks for: 32 lines say
+	// so (a program lends 32), with no call made to make it collect.
+	for back := 0; back < 32; back = strings.Count(srv.log.String(), "the slot of a gRPC answer not taken is back") {
+		if ctx.Err() != nil {
+			t.Fatalf("%d slots of answers not taken back 30 s after they were made", back)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	call := inferBig(pb.NewGRPCInferenceServiceClient(conn))
+	copied := `plover_payload_copied_bytes_total{function="big"}`
+	for in := body(302, 0, 1<<20); ; {
+		before := metric(t, srv.url, copied)
+		resp, err := call(ctx, in)
+		if err == nil {
+			err = ownAnswer(resp, in)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if metric(t, srv.url, copied)-before == 1<<20 {
+			break
+		}
+	}
+	landsOnce(t, srv.url, call)
+	if log := srv.log.String(); strings.Count(log, "closed a gRPC connection: an answer written from its function's slot was not taken within the write timeout") != 2 {
+		t.Errorf("want a line for each connection closed, saying why; the server's log:\n%s", log)
+	}
 }
 
 // Calls whose inputs were laid out in a slot of a worker that is then
