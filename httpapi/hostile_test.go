@@ -137,24 +137,27 @@ func TestBodyBudget(t *testing.T) {
 	}
 
 	t.Run("full budget: 503, then room again", func(t *testing.T) {
-		// A client announces 1 MiB and sends 150 KiB: the server holds what
-		// it sent plus the read window it waits on, most of the budget.
+		// A client announces 1 MiB and sends 190 KiB: the server holds what
+		// it sent, and between its reads the window it waits on (at most
+		// 64 KiB: room for it in the budget). Whatever its windows, a
+		// body of 100,000 bytes cannot then fit, even less the bytes that
+		// came with its headers.
 		hog, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer hog.Close()
 		fmt.Fprintf(hog, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
-		hog.Write(make([]byte, 150<<10))
+		hog.Write(make([]byte, 190<<10))
 		end := time.Now().Add(5 * time.Second)
-		for budget.InUse() < 150<<10 {
+		for budget.InUse() < 190<<10 {
 			if time.Now().After(end) {
 				t.Fatalf("the hog holds %d of %d budget bytes", budget.InUse(), budget.Max())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 		start := time.Now()
-		rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 70000\r\n\r\n"+strings.Repeat("y", 70000), 10*time.Second)
+		rs := rawExchangeWithin(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("y", 100000), 10*time.Second)
 		if len(rs) == 0 || rs[0].StatusCode != 503 {
 			t.Fatalf("with the budget full: %d responses, first %v", len(rs), statusOf(rs))
 		}
