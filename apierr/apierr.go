@@ -43,6 +43,13 @@ var (
 	Unavailable    = byKind[errdefs.KindUnavailable]
 )
 
+// MemoryFull is the refusal of a request whose body (or gRPC message)
+// found no room among the request bytes the server holds in memory within
+// its wait: a busy server's, to retry.
+func MemoryFull() error {
+	return &Error{Status: Unavailable, Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
+}
+
 // Error is a request a transport refuses itself (a field it cannot parse,
 // a version that is not the current one, a body over a limit) or an
 // output it cannot encode: its class and the message for the client.

@@ -82,7 +82,9 @@ func newFrontDoor(f *serveFlags, log *slog.Logger, reg prometheus.Registerer) (*
 	acceptErrs := prometheus.NewCounter(prometheus.CounterOpts{Name: "plover_accept_errors_total",
 		Help: "Accept errors (out of descriptors, ...) the server retried after a back-off."})
 	reg.MustRegister(rejected, acceptErrs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "plover_connections_open",
-		Help: "Client connections open now."}, func() float64 { return float64(d.guard.Open()) }))
+		Help: "Client connections open now."}, func() float64 { return float64(d.guard.Open()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "plover_body_memory_bytes",
+			Help: "Bytes of request bodies and gRPC inference messages held in memory now, of --max-body-memory."}, func() float64 { return float64(d.budget.InUse()) }))
 	var mu sync.Mutex
 	var lastLog time.Time
 	d.guard.OnReject = func() { rejected.Inc() }

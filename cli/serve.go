@@ -166,7 +166,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.metricsListen, "metrics-listen", "", "also serve GET /metrics, without authentication, on this address (for a scraper on a private network)")
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
-			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
+			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies (and gRPC inference messages) held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
 			fs.StringVar(&f.schedPolicy, "sched-policy", sched.DefaultPolicy, "the order in which queued runs get the device, one of the registered policies: "+strings.Join(sched.Policies(), ", ")+" (wfq: weighted fair by device time within priority classes; fifo: as they came, shares and priorities ignored)")
 			fs.StringVar(&f.evictPolicy, "evict", evict.Default, "what goes first when a device is short of memory, one of the registered policies: "+strings.Join(evict.Names(), ", ")+" (idle instances before programs; lru: least recently used first; largest: the most memory first)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
@@ -614,7 +614,7 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 		return err
 	}
 	g := grpcapi.New(door, grpcapi.Options{Log: log, Version: Version, TLS: tlsConf,
-		MaxMessageBytes: f.maxBodyMB << 20, Ready: t.srv.Ready, ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout})
+		MaxMessageBytes: f.maxBodyMB << 20, BodyBudget: front.budget, Ready: t.srv.Ready, ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout})
 	t.gs = g.GRPC()
 	gscheme := "grpc"
 	if tlsConf != nil {

@@ -112,6 +112,12 @@ type turnConn struct {
 	key    string
 	fl     atomic.Pointer[ioshare.Flow]
 	closed atomic.Bool
+	// answers is how many answers written from their slots the
+	// connection's streams may still hold (io.go's slotOutputs), and
+	// collecting whether, closed with some held, the server waits for
+	// their slots (heldSlots).
+	answers    atomic.Int32
+	collecting atomic.Bool
 
 	ahead []byte // read in an earlier turn, not given yet
 	buf   *[]byte

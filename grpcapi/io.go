@@ -69,6 +69,9 @@ type inferIO struct {
 	// peer is the call's, for its answer to find its connection
 	// (marshalCall).
 	peer *peer.Peer
+	// room is its message's in the request bytes held in memory, from
+	// once it is read until the handler is done (room.go).
+	room room
 }
 
 // raw is req's raw inputs: in the pieces the codec left them in, or as
@@ -86,10 +89,16 @@ type lent struct {
 	done atomic.Bool
 }
 
-func (l *lent) release() {
+func (l *lent) release() { l.releaseFirst() }
+
+// releaseFirst is release, saying whether this was the call that gave the
+// slot back.
+func (l *lent) releaseFirst() bool {
 	if l != nil && l.done.CompareAndSwap(false, true) {
 		l.Release()
+		return true
 	}
+	return false
 }
 
 func (l *lent) discard() {
@@ -120,6 +129,9 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 	s := srv.(*Server)
 	c := &inferCall{io: inferIO{lend: true}}
 	defer c.inputsDone()
+	if err := c.io.room.await(ctx, s.opts.BodyBudget); err != nil { // before its message is read (room.go)
+		return nil, s.statusOf(ctx, err, "ModelInfer")
+	}
 	if err := dec(c); err != nil {
 		return nil, err
 	}
@@ -150,12 +162,13 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 	return resp, err
 }
 
-// inputsDone frees the message the request's raw inputs lay in: the run
-// has them (in its slot, or copied) or failed.
+// inputsDone frees the message the request's raw inputs lay in, and its
+// room in the budget: the run has them (in its slot, or copied) or failed.
 func (c *inferCall) inputsDone() {
 	c.req.RawInputContents, c.io.pieces = nil, nil
 	c.wire.Free()
 	c.wire = nil
+	c.io.room.release()
 }
 
 // unmarshalCall decodes a ModelInfer call's message, measuring it: its
@@ -196,6 +209,14 @@ func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 	defer call.io.fl.MeteredSince(t)
 	land := call.io.land
 	call.unencoded.Stop()
+	// The slot is given back here, a panic's included (recoveringCodec
+	// recovers it), unless slotOutputs took it over.
+	handed := false
+	defer func() {
+		if !handed {
+			land.release()
+		}
+	}()
 	resp := call.resp
 	raw := resp.RawOutputContents
 	var conn *turnConn
@@ -203,16 +224,15 @@ func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 		conn = c.s.conns.find(call.io.peer.LocalAddr, call.io.peer.Addr)
 	}
 	if conn == nil {
-		defer land.release()
 		return c.base.Marshal(resp)
 	}
 	resp.RawOutputContents = nil
 	head, err := c.base.Marshal(resp)
 	resp.RawOutputContents = raw
 	if err != nil {
-		land.release()
 		return nil, err
 	}
+	handed = true
 	return c.slotOutputs(head, raw, land, conn, resp.GetModelName()), nil
 }
 
@@ -230,17 +250,19 @@ const slotOutput = 4 << 10
 // timeout (HTTP's, for an answer written from its slot) the connection is
 // closed, as HTTP's would be, and gRPC-Go frees what it held.
 func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *turnConn, model string) mem.BufferSlice {
-	refs := &slotRefs{land: land}
-	refs.n.Store(1) // this function's own, dropped at its end
-	refs.unfreed = runtime.AddCleanup(refs, (*lent).release, land)
+	conn.answers.Add(1)
 	s := c.s // not refs: the timer must not keep them from collection
-	refs.held = time.AfterFunc(s.opts.WriteTimeout, func() { s.answerHeld(conn, model, land) })
+	back := heldSlot{land, time.AfterFunc(s.opts.WriteTimeout, func() { s.answerHeld(conn, model, land) }), conn}
+	refs := &slotRefs{back: back}
+	refs.n.Store(1) // this function's own, dropped at its end
+	refs.unfreed = runtime.AddCleanup(refs, heldSlot.collected, back)
 	defer refs.Put(nil)
 	var small []byte
 	for _, b := range raw {
 		small = protowire.AppendTag(small, 6, protowire.BytesType)
 		small = protowire.AppendVarint(small, uint64(len(b)))
-		if len(b) < slotOutput {
+		// A buffer gRPC-Go would not pool would never reach refs.Put.
+		if len(b) < slotOutput || mem.IsBelowBufferPoolingThreshold(len(b)) {
 			small = append(small, b...)
 			continue
 		}
@@ -259,48 +281,60 @@ func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *
 // answerHeld closes conn, on which an answer of model's held its slot
 // land past the write timeout: every call on it ends (gRPC-Go's clients
 // read UNAVAILABLE), as an HTTP connection's would. gRPC-Go leaves what a
-// closed connection's streams held to be collected, unfreed, so the slot
-// comes back through its cleanup (slotOutputs): only then can no write of
-// gRPC-Go's read the slot any more. A server at rest might not collect for
-// minutes, so a few collections are asked for, until it is back.
+// closed connection's streams held to be collected, unfreed, so the slots
+// come back through their cleanups (slotOutputs): only then can no write
+// of gRPC-Go's read them any more. A server at rest might not collect for
+// minutes, so collections are asked for until they are back (heldSlots).
 func (s *Server) answerHeld(conn *turnConn, model string, land *lent) {
+	if land.done.Load() {
+		// Back as the timer fired: its buffers were freed, or dropped
+		// and collected with the connection alive (gRPC-Go drops a frame
+		// whose stream the client reset as it was queued).
+		return
+	}
 	if first, _ := conn.close(); first { // one line a connection, not one an answer
 		s.opts.Log.Warn("closed a gRPC connection: an answer written from its function's slot was not taken within the write timeout",
-			"model", model, "peer", conn.RemoteAddr().String(), "write_timeout", s.opts.WriteTimeout.String())
+			"model", model, "peer", conn.RemoteAddr().String(), "write_timeout", s.opts.WriteTimeout.String(), "answers_held", conn.answers.Load())
 	}
-	go func() {
-		t0 := time.Now()
-		for _, wait := range heldCollections {
-			time.Sleep(wait)
-			runtime.GC()
-			if land.done.Load() {
-				s.opts.Log.Info("the slot of a gRPC answer not taken is back", "model", model, "after", time.Since(t0).String())
-				return
-			}
-		}
-	}()
+	// Closed by the server or before (by its client, or gRPC-Go): its
+	// slots are waited for once.
+	if conn.collecting.CompareAndSwap(false, true) {
+		s.held.add(conn, model, conn.answers.Load())
+	}
 }
 
-// heldCollections are the waits before each collection answerHeld asks
-// for: the connection's goroutines end within milliseconds of its close.
-var heldCollections = []time.Duration{50 * time.Millisecond, 500 * time.Millisecond, 5 * time.Second}
+// heldSlot gives an answer's slot back once (slotRefs.Put, or its cleanup
+// where gRPC-Go dropped its buffers unfreed), stopping the write timer,
+// which must not close a connection whose answer is back: one that drops
+// a frame queued as its client reset the stream stays up. It holds no
+// slotRefs, which the cleanup must not reach.
+type heldSlot struct {
+	land *lent
+	held *time.Timer
+	conn *turnConn
+}
+
+func (h heldSlot) collected() {
+	if h.land.releaseFirst() { // first: a timer firing now finds it back
+		h.conn.answers.Add(-1)
+	}
+	h.held.Stop()
+}
 
 // slotRefs is the pool of the buffers over one call's slot: the slot is
 // given back when the last is freed.
 type slotRefs struct {
-	land    *lent
+	back    heldSlot
 	n       atomic.Int32
 	unfreed runtime.Cleanup
-	held    *time.Timer // closes the connection at the write timeout
 }
 
 func (r *slotRefs) Get(int) *[]byte { panic("grpcapi: a slot's buffers are not for reuse") }
 
 func (r *slotRefs) Put(*[]byte) {
 	if r.n.Add(-1) == 0 {
-		r.held.Stop()
 		r.unfreed.Stop()
-		r.land.release()
+		r.back.collected()
 	}
 }
 

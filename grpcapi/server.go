@@ -60,6 +60,9 @@ type Options struct {
 	// slot may hold the slot (HTTP's write timeout): past it the call's
 	// connection is closed. 0: 60 s.
 	WriteTimeout time.Duration
+	// BodyBudget, when set, is the request bytes held in memory that
+	// ModelInfer's messages count in, with HTTP's bodies (room.go).
+	BodyBudget Budget
 	// TLS, when set, serves TLS (its certificate may be reloaded through
 	// GetCertificate); h2 is added to its NextProtos.
 	TLS *tls.Config
@@ -74,8 +77,9 @@ type Server struct {
 	authLog   gate.LogThrottle
 	authLines refusalLog // the lines authLog lets through
 	anon      anonCalls
-	refused   refusals // the codec's (wire.go)
-	conns     conns    // the connections, for calls to put in their functions' turns (conns.go)
+	refused   refusals  // the codec's (wire.go)
+	conns     conns     // the connections, for calls to put in their functions' turns (conns.go)
+	held      heldSlots // the slots of answers on connections closed for holding them (held.go)
 	// inferInfo is ModelInfer's, for its interceptors (io.go).
 	inferInfo grpc.UnaryServerInfo
 }
@@ -96,7 +100,7 @@ func New(door *frontdoor.Door, opts Options) *Server {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = 60 * time.Second
 	}
-	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}, conns: conns{wait: opts.ReadTimeout}}
+	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}, conns: conns{wait: opts.ReadTimeout}, held: heldSlots{log: opts.Log}}
 	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
 	return s
 }
@@ -115,10 +119,9 @@ func (s *Server) GRPC() *grpc.Server {
 		grpc.MaxSendMsgSize(s.opts.MaxMessageBytes),
 		grpc.RPCDecompressor(refuseCompressed{}), //nolint:staticcheck // the one hook that keeps the registered gzip from inflating a call's message
 		// Streams per connection: with the connection cap, what bounds
-		// the requests (and their messages in memory) one client holds.
-		// gRPC reads a whole message before a handler runs, so unlike
-		// HTTP bodies these are not counted in --max-body-memory; the tap
-		// keeps them to callers with a known token.
+		// the requests one client holds, and the messages read before
+		// they are counted in --max-body-memory (room.go); the tap keeps
+		// them to callers with a known token.
 		grpc.MaxConcurrentStreams(32),
 		// A call's headers are read whole before the tap sees them:
 		// bounded as HTTP bounds a request's (431 past 4 KiB), with room
@@ -557,6 +560,10 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	if n > s.opts.MaxMessageBytes {
 		return nil, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
 			"model %s: request message of %d bytes is over the server's limit of %d bytes (plover serve --max-body)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
+	}
+	// Read, its message holds its size in the budget, not its ticket.
+	if err := io.room.resize(ctx, int64(n)); err != nil {
+		return nil, err
 	}
 	// The engine learns of a client that cancels by polling Gone (499, as
 	// for HTTP), and of its deadline through r.Deadline (504,

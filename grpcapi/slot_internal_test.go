@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // A call's raw inputs are decoded where they lie in its message, not
@@ -317,14 +319,118 @@ func TestAnAnswerHeldPastTheWriteTimeoutClosesItsConnection(t *testing.T) {
 	if n := land.released.Load(); n != 0 {
 		t.Fatalf("the slot was given back %d times while gRPC-Go held the answer", n)
 	}
+	if n := held.answers.Load(); n != 1 {
+		t.Fatalf("the closed connection counts %d answers held, want 1", n)
+	}
 	out.Free()
-	if n := land.released.Load(); n != 1 {
-		t.Fatalf("the slot was given back %d times once the answer was freed", n)
+	if n := land.released.Load(); n != 1 || held.answers.Load() != 0 {
+		t.Fatalf("the slot was given back %d times once the answer was freed, its connection counting %d answers held", n, held.answers.Load())
 	}
 	// The other answer was freed at once: 10 times its write timeout
 	// later its connection is still open.
 	freedClient.SetReadDeadline(time.Now().Add(10 * timeout))
 	if _, err := freedClient.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) || freed.closed.Load() {
 		t.Fatalf("the connection of an answer freed in time: %v (closed %v), want it open", err, freed.closed.Load())
+	}
+}
+
+// An answer that gRPC-Go drops unfreed on a connection that stays up (a
+// frame queued as its client reset the stream) gives its slot back once
+// collected, and its write timeout then closes nothing.
+func TestAnAnswerDroppedUnfreedKeepsItsConnection(t *testing.T) {
+	const timeout = time.Second // room for a collection on a loaded machine
+	srv := New(nil, Options{WriteTimeout: timeout})
+	c := newCodec(srv)
+	sc, client := connPair(t, &srv.conns)
+	slot := make([]byte, 64<<10)
+	land := &countedLanding{mem: slot}
+	encoded := time.Now()
+	func() {
+		call := &inferCall{io: inferIO{land: &lent{Landing: land}, peer: &peer.Peer{Addr: sc.RemoteAddr(), LocalAddr: sc.LocalAddr()}},
+			resp: &pb.ModelInferResponse{ModelName: "f", RawOutputContents: [][]byte{slot}}}
+		if _, err := c.Marshal(call); err != nil { // and dropped
+			t.Fatal(err)
+		}
+	}()
+	for end := time.Now().Add(10 * time.Second); land.released.Load() == 0 && time.Now().Before(end); {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	if n := land.released.Load(); n != 1 || sc.answers.Load() != 0 {
+		t.Fatalf("the slot of an answer dropped unfreed was given back %d times once collected, its connection counting %d answers held", n, sc.answers.Load())
+	}
+	if after := time.Since(encoded); after >= timeout {
+		t.Skipf("collected %v after it was encoded, past its write timeout of %v: a machine this loaded cannot tell", after, timeout)
+	}
+	client.SetReadDeadline(encoded.Add(timeout + timeout/2))
+	if _, err := client.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) || sc.closed.Load() {
+		t.Fatalf("the connection of an answer dropped and collected, past its write timeout: %v (closed %v), want it open", err, sc.closed.Load())
+	}
+	if n := land.released.Load(); n != 1 {
+		t.Fatalf("the slot was given back %d times in all", n)
+	}
+}
+
+// A connection its client closed (gRPC-Go closes it then) with an answer
+// still held: the server closes nothing, but waits for the slot all the
+// same, which comes back once gRPC-Go's dropped frames are collected.
+func TestAHeldAnswerOnAConnectionItsClientClosedIsWaitedFor(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	var log testkit.LogBuffer
+	srv := New(nil, Options{WriteTimeout: timeout, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	c := newCodec(srv)
+	sc, _ := connPair(t, &srv.conns)
+	slot := make([]byte, 64<<10)
+	land := &countedLanding{mem: slot}
+	func() {
+		call := &inferCall{io: inferIO{land: &lent{Landing: land}, peer: &peer.Peer{Addr: sc.RemoteAddr(), LocalAddr: sc.LocalAddr()}},
+			resp: &pb.ModelInferResponse{ModelName: "f", RawOutputContents: [][]byte{slot}}}
+		if _, err := c.Marshal(call); err != nil { // and dropped with the connection
+			t.Fatal(err)
+		}
+	}()
+	sc.Close()
+	for end := time.Now().Add(10 * time.Second); !strings.Contains(log.String(), "are back"); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the slot not back 10 s after the write timeout (released %d times):\n%s", land.released.Load(), log.String())
+		}
+	}
+	if n := land.released.Load(); n != 1 || strings.Contains(log.String(), "closed a gRPC connection") {
+		t.Fatalf("released %d times; the server's log:\n%s", n, log.String())
+	}
+}
+
+// A panic while an answer is encoded (recoveringCodec recovers it), or an
+// error, gives its slot back, on a connection the server follows or not.
+func TestAPanicEncodingAnAnswerGivesItsSlotBack(t *testing.T) {
+	srv := New(nil, Options{})
+	c := newCodec(srv)
+	sc, _ := connPair(t, &srv.conns)
+	slot := make([]byte, 64<<10)
+	for _, p := range []*peer.Peer{nil, {Addr: sc.RemoteAddr(), LocalAddr: sc.LocalAddr()}} {
+		land := &countedLanding{mem: slot}
+		call := &inferCall{io: inferIO{land: &lent{Landing: land}, peer: p}} // no answer: encoding it panics
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("encoding a call with no answer did not panic")
+				}
+			}()
+			c.Marshal(call)
+		}()
+		if n := land.released.Load(); n != 1 {
+			t.Fatalf("connection followed %v: the slot was given back %d times after a panic", p != nil, n)
+		}
+		// A model name proto refuses (not UTF-8) fails the encoding of
+		// the answer's other fields, after its connection was found.
+		land = &countedLanding{mem: slot}
+		call = &inferCall{io: inferIO{land: &lent{Landing: land}, peer: p},
+			resp: &pb.ModelInferResponse{ModelName: "\xff", RawOutputContents: [][]byte{slot}}}
+		if _, err := c.Marshal(call); err == nil {
+			t.Fatal("an answer with a model name not UTF-8 was encoded")
+		}
+		if n := land.released.Load(); n != 1 || sc.answers.Load() != 0 {
+			t.Fatalf("connection followed %v: the slot was given back %d times after an error, %d answers counted held", p != nil, n, sc.answers.Load())
+		}
 	}
 }

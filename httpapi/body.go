@@ -279,8 +279,7 @@ func (b *bodyReader) acquire(n int64) error {
 	case byDeadline:
 		return b.t.late("room among the request bytes the server holds in memory (plover serve --max-body-memory)")
 	}
-	return &apierr.Error{Status: apierr.Unavailable,
-		Msg: "the server holds its limit of request bytes in memory (plover serve --max-body-memory); retry shortly"}
+	return apierr.MemoryFull()
 }
 
 func (s *Server) releaseBody(n int64) {
