@@ -8,10 +8,11 @@ import (
 	"time"
 )
 
-// heldSlots asks the runtime to collect until the slots of the answers on
-// connections closed for holding one (answerHeld) are back: gRPC-Go
-// drops what a closed connection's streams held unfreed, and the slots
-// come back through their cleanups only once that is collected, which a
+// heldSlots asks the runtime to collect until the answers held on
+// connections closed with some not taken (answerHeld) are freed: their
+// slots given back, or the server's memory a copied one held. gRPC-Go
+// drops what a closed connection's streams held unfreed, and the answers
+// are freed through their cleanups only once that is collected, which a
 // server at rest might not do for minutes. One loop for the server, not
 // one a connection: a client that holds many answers costs a few
 // collections, not one each.
@@ -76,11 +77,11 @@ func (h *heldSlots) collect() {
 		}
 		h.mu.Unlock()
 		for _, c := range back {
-			h.log.Info("the slots of the gRPC answers not taken on a closed connection are back",
+			h.log.Info("the answers not taken on a closed gRPC connection are freed",
 				"model", c.model, "peer", c.conn.RemoteAddr().String(), "answers", c.n, "after", now.Sub(c.since).String())
 		}
 		for _, c := range lost {
-			h.log.Warn("the slots of gRPC answers not taken on a closed connection are not back: something still holds the connection's frames; they come back when those are collected",
+			h.log.Warn("the answers not taken on a closed gRPC connection are not freed: something still holds the connection's frames; they are freed when those are collected",
 				"model", c.model, "peer", c.conn.RemoteAddr().String(), "answers", c.conn.answers.Load(), "after", now.Sub(c.since).String())
 		}
 		if done {

@@ -34,7 +34,7 @@ func TestHeldSlotsAreWaitedForUntilTheyAreBack(t *testing.T) {
 			sc.answers.Store(0)
 		}
 		// One connection's answers still out: the loop goes on.
-		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), "are back") < 2*round+2; time.Sleep(time.Millisecond) {
+		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), "are freed") < 2*round+2; time.Sleep(time.Millisecond) {
 			if time.Now().After(end) {
 				t.Fatalf("round %d: no line for the connections whose answers are back:\n%s", round, log.String())
 			}
@@ -50,12 +50,12 @@ func TestHeldSlotsAreWaitedForUntilTheyAreBack(t *testing.T) {
 			t.Fatalf("round %d: the loop still runs 10 s after every slot was back", round)
 		}
 		// Its lines are written as it ends.
-		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), "are back") < 3*(round+1); time.Sleep(time.Millisecond) {
+		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), "are freed") < 3*(round+1); time.Sleep(time.Millisecond) {
 			if time.Now().After(end) {
 				t.Fatalf("round %d: want %d lines saying a connection's slots are back:\n%s", round, 3*(round+1), log.String())
 			}
 		}
-		if n := strings.Count(log.String(), "the slots of the gRPC answers not taken on a closed connection are back"); n != 3*(round+1) {
+		if n := strings.Count(log.String(), "the answers not taken on a closed gRPC connection are freed"); n != 3*(round+1) {
 			t.Fatalf("round %d: %d lines say a connection's slots are back, want %d:\n%s", round, n, 3*(round+1), log.String())
 		}
 	}

@@ -203,7 +203,8 @@ func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
 // Its raw outputs, cut from the slot its function ran in, are written from
 // there (slotOutputs) where the server follows the call's connection, so
 // that it can close it should the answer hold the slot too long; else they
-// are copied as they are encoded, and the slot given back at once.
+// are copied as they are encoded, and the slot given back at once, and an
+// answer of bigMessage or more is bounded the same way (heldCopy).
 func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 	t := ioshare.Now()
 	defer call.io.fl.MeteredSince(t)
@@ -219,12 +220,12 @@ func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 	}()
 	resp := call.resp
 	raw := resp.RawOutputContents
-	var conn *turnConn
-	if land != nil && call.io.peer != nil && slices.ContainsFunc(raw, func(b []byte) bool { return len(b) >= slotOutput }) {
-		conn = c.s.conns.find(call.io.peer.LocalAddr, call.io.peer.Addr)
+	if land == nil || call.io.peer == nil || !slices.ContainsFunc(raw, func(b []byte) bool { return len(b) >= slotOutput }) {
+		return c.copied(resp, call.io.peer)
 	}
+	conn := c.s.conns.find(call.io.peer.LocalAddr, call.io.peer.Addr)
 	if conn == nil {
-		return c.base.Marshal(resp)
+		return c.copied(resp, nil)
 	}
 	resp.RawOutputContents = nil
 	head, err := c.base.Marshal(resp)
@@ -234,6 +235,20 @@ func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 	}
 	handed = true
 	return c.slotOutputs(head, raw, land, conn, resp.GetModelName()), nil
+}
+
+// copied is resp encoded whole in gRPC-Go's buffers, bounded by the write
+// timeout where it is large and the server follows its connection (p's).
+func (c codec) copied(resp *pb.ModelInferResponse, p *peer.Peer) (mem.BufferSlice, error) {
+	msg, err := c.base.Marshal(resp)
+	if err != nil || p == nil || msg.Len() < bigMessage {
+		return msg, err
+	}
+	conn := c.s.conns.find(p.LocalAddr, p.Addr)
+	if conn == nil {
+		return msg, nil
+	}
+	return c.heldCopy(msg, conn, resp.GetModelName()), nil
 }
 
 // slotOutput is the smallest raw output written from its slot: a smaller
@@ -250,27 +265,19 @@ const slotOutput = 4 << 10
 // timeout (HTTP's, for an answer written from its slot) the connection is
 // closed, as HTTP's would be, and gRPC-Go frees what it held.
 func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *turnConn, model string) mem.BufferSlice {
-	conn.answers.Add(1)
-	s := c.s // not refs: the timer must not keep them from collection
-	back := heldSlot{land, time.AfterFunc(s.opts.WriteTimeout, func() { s.answerHeld(conn, model, land) }), conn}
-	refs := &slotRefs{back: back}
-	refs.n.Store(1) // this function's own, dropped at its end
-	refs.unfreed = runtime.AddCleanup(refs, heldSlot.collected, back)
+	refs := c.hold(land, conn, model)
 	defer refs.Put(nil)
 	var small []byte
 	for _, b := range raw {
 		small = protowire.AppendTag(small, 6, protowire.BytesType)
 		small = protowire.AppendVarint(small, uint64(len(b)))
-		// A buffer gRPC-Go would not pool would never reach refs.Put.
 		if len(b) < slotOutput || mem.IsBelowBufferPoolingThreshold(len(b)) {
 			small = append(small, b...)
 			continue
 		}
 		msg = append(msg, mem.SliceBuffer(small))
 		small = nil
-		refs.n.Add(1)
-		whole := b[:len(b):len(b)] // at least slotOutput: NewBuffer pools it
-		msg = append(msg, mem.NewBuffer(&whole, refs))
+		msg = append(msg, refs.over(b))
 	}
 	if len(small) > 0 {
 		msg = append(msg, mem.SliceBuffer(small))
@@ -278,13 +285,59 @@ func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *
 	return msg
 }
 
-// answerHeld closes conn, on which an answer of model's held its slot
-// land past the write timeout: every call on it ends (gRPC-Go's clients
-// read UNAVAILABLE), as an HTTP connection's would. gRPC-Go leaves what a
-// closed connection's streams held to be collected, unfreed, so the slots
-// come back through their cleanups (slotOutputs): only then can no write
-// of gRPC-Go's read them any more. A server at rest might not collect for
-// minutes, so collections are asked for until they are back (heldSlots).
+// heldCopy is msg, an answer encoded whole, in buffers that give it back
+// to gRPC-Go's pool once it has written them, bounded as an answer written
+// from its slot is: a client that does not read a large answer holds it
+// in the server's memory otherwise for as long as it keeps its
+// connection.
+func (c codec) heldCopy(msg mem.BufferSlice, conn *turnConn, model string) mem.BufferSlice {
+	refs := c.hold(&lent{Landing: pooled{msg}}, conn, model)
+	defer refs.Put(nil)
+	out := make(mem.BufferSlice, 0, len(msg))
+	for _, b := range msg {
+		data := b.ReadOnlyData()
+		if mem.IsBelowBufferPoolingThreshold(len(data)) {
+			// Not over msg, which goes back to its pool with the last.
+			out = append(out, mem.SliceBuffer(slices.Clone(data)))
+			continue
+		}
+		out = append(out, refs.over(data))
+	}
+	return out
+}
+
+// pooled is an answer's encoding in gRPC-Go's buffers, lent to it as a
+// slot is (heldCopy), and given back to their pool.
+type pooled struct{ msg mem.BufferSlice }
+
+func (p pooled) Input() []byte  { return nil }
+func (p pooled) Output() []byte { return nil }
+func (p pooled) Release()       { p.msg.Free() }
+func (p pooled) Discard()       { p.msg.Free() }
+
+// hold is the pool of the buffers of an answer of model's over land on
+// conn, holding one reference (its caller's, to Put once the buffers are
+// made): land is given back once the last is freed, or once they are
+// collected should gRPC-Go drop them unfreed; past the write timeout
+// answerHeld closes conn.
+func (c codec) hold(land *lent, conn *turnConn, model string) *slotRefs {
+	conn.answers.Add(1)
+	s := c.s // not refs: the timer must not keep them from collection
+	back := heldSlot{land, time.AfterFunc(s.opts.WriteTimeout, func() { s.answerHeld(conn, model, land) }), conn}
+	refs := &slotRefs{back: back}
+	refs.n.Store(1)
+	refs.unfreed = runtime.AddCleanup(refs, heldSlot.collected, back)
+	return refs
+}
+
+// answerHeld closes conn, on which an answer of model's held land (its
+// slot, or its copy in gRPC-Go's pool) past the write timeout: every call
+// on it ends (gRPC-Go's clients read UNAVAILABLE), as an HTTP
+// connection's would. gRPC-Go leaves what a closed connection's streams
+// held to be collected, unfreed, so the answers are freed through their
+// cleanups (hold): only then can no write of gRPC-Go's read them any more.
+// A server at rest might not collect for minutes, so collections are
+// asked for until they are freed (heldSlots).
 func (s *Server) answerHeld(conn *turnConn, model string, land *lent) {
 	if land.done.Load() {
 		// Back as the timer fired: its buffers were freed, or dropped
@@ -293,7 +346,7 @@ func (s *Server) answerHeld(conn *turnConn, model string, land *lent) {
 		return
 	}
 	if first, _ := conn.close(); first { // one line a connection, not one an answer
-		s.opts.Log.Warn("closed a gRPC connection: an answer written from its function's slot was not taken within the write timeout",
+		s.opts.Log.Warn("closed a gRPC connection: an answer was not taken within the write timeout",
 			"model", model, "peer", conn.RemoteAddr().String(), "write_timeout", s.opts.WriteTimeout.String(), "answers_held", conn.answers.Load())
 	}
 	// Closed by the server or before (by its client, or gRPC-Go): its
@@ -327,6 +380,14 @@ type slotRefs struct {
 	back    heldSlot
 	n       atomic.Int32
 	unfreed runtime.Cleanup
+}
+
+// over is a buffer over b, at least gRPC-Go's pooling threshold long (a
+// buffer it would not pool would never reach Put), counted in r.
+func (r *slotRefs) over(b []byte) mem.Buffer {
+	r.n.Add(1)
+	whole := b[:len(b):len(b)]
+	return mem.NewBuffer(&whole, r)
 }
 
 func (r *slotRefs) Get(int) *[]byte { panic("grpcapi: a slot's buffers are not for reuse") }

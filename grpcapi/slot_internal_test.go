@@ -288,49 +288,69 @@ func TestEncodingAnAnswerGivesItsSlotBack(t *testing.T) {
 }
 
 // An answer written from its slot holds the slot until gRPC-Go frees it,
-// which a client that does not read may put off for ever: past the write
-// timeout its connection is closed, and the slot comes back once gRPC-Go
-// frees what it held. An answer freed in time closes nothing.
+// and a large one copied holds the server's memory, which a client that
+// does not read may put off for ever: past the write timeout its
+// connection is closed, and the slot comes back once gRPC-Go frees what it
+// held. An answer freed in time closes nothing.
 func TestAnAnswerHeldPastTheWriteTimeoutClosesItsConnection(t *testing.T) {
 	const timeout = 20 * time.Millisecond
 	srv := New(nil, Options{WriteTimeout: timeout})
 	c := newCodec(srv)
 	slot := make([]byte, 64<<10)
-	answer := func(sc *turnConn) (mem.BufferSlice, *countedLanding) {
-		land := &countedLanding{mem: slot}
-		call := &inferCall{io: inferIO{land: &lent{Landing: land}, peer: &peer.Peer{Addr: sc.RemoteAddr(), LocalAddr: sc.LocalAddr()}},
-			resp: &pb.ModelInferResponse{ModelName: "f", RawOutputContents: [][]byte{slot}}}
-		out, err := c.Marshal(call)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out, land
+	for i := range slot {
+		slot[i] = byte(i * 3)
 	}
-	held, heldClient := connPair(t, &srv.conns)
-	freed, freedClient := connPair(t, &srv.conns)
-	out, land := answer(held)
-	out2, _ := answer(freed)
-	out2.Free()
-	// The held answer's connection ends: its client reads its end.
-	heldClient.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if n, err := heldClient.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("the connection of an answer held past the write timeout: read %d, %v; want its end", n, err)
-	}
-	if n := land.released.Load(); n != 0 {
-		t.Fatalf("the slot was given back %d times while gRPC-Go held the answer", n)
-	}
-	if n := held.answers.Load(); n != 1 {
-		t.Fatalf("the closed connection counts %d answers held, want 1", n)
-	}
-	out.Free()
-	if n := land.released.Load(); n != 1 || held.answers.Load() != 0 {
-		t.Fatalf("the slot was given back %d times once the answer was freed, its connection counting %d answers held", n, held.answers.Load())
-	}
-	// The other answer was freed at once: 10 times its write timeout
-	// later its connection is still open.
-	freedClient.SetReadDeadline(time.Now().Add(10 * timeout))
-	if _, err := freedClient.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) || freed.closed.Load() {
-		t.Fatalf("the connection of an answer freed in time: %v (closed %v), want it open", err, freed.closed.Load())
+	// An answer from its slot, and one copied (no slot: a pipeline's, a
+	// typed one): the same bound for both.
+	for _, fromSlot := range []bool{true, false} {
+		t.Run(fmt.Sprintf("from its slot %v", fromSlot), func(t *testing.T) {
+			answer := func(sc *turnConn) (mem.BufferSlice, *countedLanding) {
+				land := &countedLanding{mem: slot}
+				resp := &pb.ModelInferResponse{ModelName: "f", RawOutputContents: [][]byte{slot}}
+				want, _ := proto.Marshal(resp)
+				call := &inferCall{io: inferIO{peer: &peer.Peer{Addr: sc.RemoteAddr(), LocalAddr: sc.LocalAddr()}}, resp: resp}
+				if fromSlot {
+					call.io.land = &lent{Landing: land}
+				}
+				out, err := c.Marshal(call)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(out.Materialize(), want) {
+					t.Fatal("the answer is not its message")
+				}
+				return out, land
+			}
+			held, heldClient := connPair(t, &srv.conns)
+			freed, freedClient := connPair(t, &srv.conns)
+			out, land := answer(held)
+			out2, _ := answer(freed)
+			out2.Free()
+			if n := freed.answers.Load(); n != 0 {
+				t.Fatalf("a connection whose answer was freed counts %d answers held", n)
+			}
+			// The held answer's connection ends: its client reads its end.
+			heldClient.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if n, err := heldClient.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the connection of an answer held past the write timeout: read %d, %v; want its end", n, err)
+			}
+			if n := land.released.Load(); n != 0 {
+				t.Fatalf("the slot was given back %d times while gRPC-Go held the answer", n)
+			}
+			if n := held.answers.Load(); n != 1 {
+				t.Fatalf("the closed connection counts %d answers held, want 1", n)
+			}
+			out.Free()
+			if n := land.released.Load(); n != int32(btoi(fromSlot)) || held.answers.Load() != 0 {
+				t.Fatalf("the slot was given back %d times once the answer was freed, its connection counting %d answers held", n, held.answers.Load())
+			}
+			// The other answer was freed at once: 10 times its write
+			// timeout later its connection is still open.
+			freedClient.SetReadDeadline(time.Now().Add(10 * timeout))
+			if _, err := freedClient.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) || freed.closed.Load() {
+				t.Fatalf("the connection of an answer freed in time: %v (closed %v), want it open", err, freed.closed.Load())
+			}
+		})
 	}
 }
 
@@ -390,7 +410,7 @@ func TestAHeldAnswerOnAConnectionItsClientClosedIsWaitedFor(t *testing.T) {
 		}
 	}()
 	sc.Close()
-	for end := time.Now().Add(10 * time.Second); !strings.Contains(log.String(), "are back"); time.Sleep(time.Millisecond) {
+	for end := time.Now().Add(10 * time.Second); !strings.Contains(log.String(), "are freed"); time.Sleep(time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatalf("the slot not back 10 s after the write timeout (released %d times):\n%s", land.released.Load(), log.String())
 		}

@@ -174,34 +174,12 @@ func TestGRPCAnswersNotTakenCloseTheirConnection(t *testing.T) {
 	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var slow [2]*grpc.ClientConn
-	for i := range slow {
-		c, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		unreadCalls(t, c, 20, false)
-		slow[i] = c
-	}
-	for i, c := range slow {
-		for st := c.GetState(); st == connectivity.Ready; st = c.GetState() {
-			if !c.WaitForStateChange(ctx, st) {
-				t.Fatalf("connection %d of 20 unread answers still %v 30 s after they were made, with a write timeout of 2 s", i, st)
-			}
-		}
-	}
-	conn, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	unreadUntilClosed(ctx, t, srv, 2)
+	conn := bigClient(t, srv)
 	// The slots come back once what gRPC-Go held for the closed
 	// connections is collected, which the server asks for: a line for
 	// each connection says so, with no call made to make it collect.
-	for back := 0; back < 2; back = strings.Count(srv.log.String(), "the slots of the gRPC answers not taken on a closed connection are back") {
+	for back := 0; back < 2; back = strings.Count(srv.log.String(), "the answers not taken on a closed gRPC connection are freed") {
 		if ctx.Err() != nil {
 			t.Fatalf("%d of 2 connections' slots back 30 s after their answers were made", back)
 		}
@@ -228,9 +206,81 @@ func TestGRPCAnswersNotTakenCloseTheirConnection(t *testing.T) {
 		}
 	}
 	landsOnce(t, srv.url, call)
-	if log := srv.log.String(); strings.Count(log, "closed a gRPC connection: an answer written from its function's slot was not taken within the write timeout") != 2 {
+	if log := srv.log.String(); strings.Count(log, "closed a gRPC connection: an answer was not taken within the write timeout") != 2 {
 		t.Errorf("want a line for each connection closed, saying why; the server's log:\n%s", log)
 	}
+}
+
+// A large answer copied out of the function's output (no slot: here
+// --isolation none) is bounded as one written from its slot: a client that
+// leaves 20 such answers unread has its connection closed past
+// --write-timeout (logged), the server frees them with no call made to
+// make it collect, and calls go on.
+func TestGRPCCopiedAnswersNotTakenCloseTheirConnection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "none", "--grpc-listen", "127.0.0.1:0", "--write-timeout", "2s")
+	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	unreadUntilClosed(ctx, t, srv, 1)
+	for !strings.Contains(srv.log.String(), "the answers not taken on a closed gRPC connection are freed") {
+		if ctx.Err() != nil {
+			t.Fatalf("the unread answers not freed 30 s after they were made; the server's log:\n%s", srv.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	conn := bigClient(t, srv)
+	in := body(304, 0, 1<<20)
+	resp, err := inferBig(pb.NewGRPCInferenceServiceClient(conn))(ctx, in)
+	if err == nil {
+		err = ownAnswer(resp, in)
+	}
+	if err != nil {
+		t.Fatalf("a call after the unread ones: %v", err)
+	}
+	if log := srv.log.String(); strings.Count(log, "closed a gRPC connection: an answer was not taken within the write timeout") != 1 {
+		t.Errorf("want a line for the connection closed, saying why; the server's log:\n%s", log)
+	}
+}
+
+// unreadUntilClosed makes 20 calls that leave their answers unread on
+// each of n connections of srv (a write timeout of 2 s), and waits until
+// the server has closed them all.
+func unreadUntilClosed(ctx context.Context, t *testing.T, srv *isoServer, n int) {
+	t.Helper()
+	slow := make([]*grpc.ClientConn, n)
+	for i := range slow {
+		c, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		unreadCalls(t, c, 20, false)
+		slow[i] = c
+	}
+	for i, c := range slow {
+		for st := c.GetState(); st == connectivity.Ready; st = c.GetState() {
+			if !c.WaitForStateChange(ctx, st) {
+				t.Fatalf("connection %d of 20 unread answers still %v 30 s after they were made, with a write timeout of 2 s", i, st)
+			}
+		}
+	}
+}
+
+// bigClient is a connection to srv for calls of up to 16 MiB.
+func bigClient(t *testing.T, srv *isoServer) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // Calls whose inputs were laid out in a slot of a worker that is then
