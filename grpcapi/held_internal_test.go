@@ -9,54 +9,67 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// The slots of the answers on connections closed for holding one are
-// waited for until they are back: a line a connection says so once they
-// all are, and the loop ends once no connection is left, to start again
-// for the next.
-func TestHeldSlotsAreWaitedForUntilTheyAreBack(t *testing.T) {
+// Answers found held at their write timeout are judged after a
+// collection: one freed by then closes nothing; one still held closes its
+// connection (a line a connection), whose answers are then waited for
+// until they are freed (a line a connection once they all are). The loop
+// ends once nothing is left, to start again for the next.
+func TestHeldAnswersAreJudgedThenWaitedFor(t *testing.T) {
 	var log testkit.LogBuffer
-	h := heldSlots{log: slog.New(slog.NewTextHandler(&log, nil))}
+	h := heldSlots{log: slog.New(slog.NewTextHandler(&log, nil)), writeTimeout: time.Second}
 	running := func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return h.running
 	}
+	lines := func(what string, want int) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), what) < want; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("want %d lines %q:\n%s", want, what, log.String())
+			}
+		}
+		if n := strings.Count(log.String(), what); n != want {
+			t.Fatalf("%d lines %q, want %d:\n%s", n, what, want, log.String())
+		}
+	}
+	const closed, freed = "closed a gRPC connection", "the answers not taken on a closed gRPC connection are freed"
 	var c conns
 	for round := range 2 {
 		var held []*turnConn
 		for range 3 {
 			sc, _ := connPair(t, &c)
 			sc.answers.Store(20)
-			h.add(sc, "f", 20)
+			h.suspect(sc, "f", &lent{Landing: &countedLanding{}})
 			held = append(held, sc)
+		}
+		kept, _ := connPair(t, &c)
+		land := &lent{Landing: &countedLanding{}}
+		h.suspect(kept, "f", land)
+		land.release() // freed before it is judged
+		lines(closed, 3*(round+1))
+		for _, sc := range held {
+			if !sc.closed.Load() {
+				t.Fatalf("round %d: a connection of an answer still held after a collection is open", round)
+			}
+		}
+		if kept.closed.Load() {
+			t.Fatalf("round %d: the connection of an answer freed before it was judged was closed", round)
 		}
 		for _, sc := range held[:2] {
 			sc.answers.Store(0)
 		}
-		// One connection's answers still out: the loop goes on.
-		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), "are freed") < 2*round+2; time.Sleep(time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("round %d: no line for the connections whose answers are back:\n%s", round, log.String())
-			}
-		}
+		lines(freed, 3*round+2)
 		if !running() {
 			t.Fatalf("round %d: the loop ended with a connection's answers still out", round)
 		}
 		held[2].answers.Store(0)
+		lines(freed, 3*(round+1))
 		for end := time.Now().Add(10 * time.Second); running() && time.Now().Before(end); {
 			time.Sleep(time.Millisecond)
 		}
 		if running() {
-			t.Fatalf("round %d: the loop still runs 10 s after every slot was back", round)
-		}
-		// Its lines are written as it ends.
-		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), "are freed") < 3*(round+1); time.Sleep(time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("round %d: want %d lines saying a connection's slots are back:\n%s", round, 3*(round+1), log.String())
-			}
-		}
-		if n := strings.Count(log.String(), "the answers not taken on a closed gRPC connection are freed"); n != 3*(round+1) {
-			t.Fatalf("round %d: %d lines say a connection's slots are back, want %d:\n%s", round, n, 3*(round+1), log.String())
+			t.Fatalf("round %d: the loop still runs 10 s after every answer was freed", round)
 		}
 	}
 }

@@ -330,29 +330,12 @@ func (c codec) hold(land *lent, conn *turnConn, model string) *slotRefs {
 	return refs
 }
 
-// answerHeld closes conn, on which an answer of model's held land (its
-// slot, or its copy in gRPC-Go's pool) past the write timeout: every call
-// on it ends (gRPC-Go's clients read UNAVAILABLE), as an HTTP
-// connection's would. gRPC-Go leaves what a closed connection's streams
-// held to be collected, unfreed, so the answers are freed through their
-// cleanups (hold): only then can no write of gRPC-Go's read them any more.
-// A server at rest might not collect for minutes, so collections are
-// asked for until they are freed (heldSlots).
+// answerHeld has heldSlots judge an answer of model's on conn still
+// holding land (its slot, or its copy in gRPC-Go's pool) at its write
+// timeout: after a collection, one still held closes its connection.
 func (s *Server) answerHeld(conn *turnConn, model string, land *lent) {
-	if land.done.Load() {
-		// Back as the timer fired: its buffers were freed, or dropped
-		// and collected with the connection alive (gRPC-Go drops a frame
-		// whose stream the client reset as it was queued).
-		return
-	}
-	if first, _ := conn.close(); first { // one line a connection, not one an answer
-		s.opts.Log.Warn("closed a gRPC connection: an answer was not taken within the write timeout",
-			"model", model, "peer", conn.RemoteAddr().String(), "write_timeout", s.opts.WriteTimeout.String(), "answers_held", conn.answers.Load())
-	}
-	// Closed by the server or before (by its client, or gRPC-Go): its
-	// slots are waited for once.
-	if conn.collecting.CompareAndSwap(false, true) {
-		s.held.add(conn, model, conn.answers.Load())
+	if !land.done.Load() { // else freed as the timer fired
+		s.held.suspect(conn, model, land)
 	}
 }
 

@@ -58,8 +58,9 @@ func TestARoomHoldsNothingWhileItWaits(t *testing.T) {
 	}
 	close(read)
 
-	// b holds 10 KiB, then both want the whole budget: b gives its 10 KiB
-	// back as it waits, so one of them gets it, then the other.
+	// rooms[1] holds 10 KiB, another call half the budget; then both rooms
+	// want all of it, and the other call leaves. Had rooms[1] kept its
+	// 10 KiB while it waits, neither could get the budget.
 	ctx := context.Background()
 	var rooms [2]room
 	for i := range rooms {
@@ -70,6 +71,9 @@ func TestARoomHoldsNothingWhileItWaits(t *testing.T) {
 	if err := rooms[1].resize(ctx, 10<<10); err != nil {
 		t.Fatal(err)
 	}
+	if !budget.TryAcquire(512 << 10) {
+		t.Fatal("no room for the other call")
+	}
 	done := make(chan int, 2)
 	for i := range rooms {
 		go func() {
@@ -79,6 +83,12 @@ func TestARoomHoldsNothingWhileItWaits(t *testing.T) {
 			done <- i
 		}()
 	}
+	for end := time.Now().Add(10 * time.Second); budget.InUse() != 512<<10; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("both rooms waiting: %d bytes held, want the other call's alone", budget.InUse())
+		}
+	}
+	budget.Release(512 << 10)
 	for range rooms {
 		select {
 		case i := <-done:

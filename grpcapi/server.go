@@ -100,7 +100,7 @@ func New(door *frontdoor.Door, opts Options) *Server {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = 60 * time.Second
 	}
-	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}, conns: conns{wait: opts.ReadTimeout}, held: heldSlots{log: opts.Log}}
+	s := &Server{door: door, opts: opts, authLines: refusalLog{log: opts.Log}, conns: conns{wait: opts.ReadTimeout}, held: heldSlots{log: opts.Log, writeTimeout: opts.WriteTimeout}}
 	s.inferInfo = grpc.UnaryServerInfo{Server: s, FullMethod: pb.GRPCInferenceService_ModelInfer_FullMethodName}
 	return s
 }
