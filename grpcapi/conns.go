@@ -112,10 +112,10 @@ type turnConn struct {
 	key    string
 	fl     atomic.Pointer[ioshare.Flow]
 	closed atomic.Bool
-	// answers is how many answers written from their slots the
-	// connection's streams may still hold (io.go's slotOutputs), and
-	// collecting whether, closed with some held, the server waits for
-	// their slots (heldSlots).
+	// answers is how many answers bounded by the write timeout (written
+	// from their slots, or large copies: io.go's hold) the connection's
+	// streams may still hold, and collecting whether, closed with some
+	// held, the server waits for them (heldSlots).
 	answers    atomic.Int32
 	collecting atomic.Bool
 

@@ -339,11 +339,12 @@ func (s *Server) answerHeld(conn *turnConn, model string, land *lent) {
 	}
 }
 
-// heldSlot gives an answer's slot back once (slotRefs.Put, or its cleanup
-// where gRPC-Go dropped its buffers unfreed), stopping the write timer,
-// which must not close a connection whose answer is back: one that drops
-// a frame queued as its client reset the stream stays up. It holds no
-// slotRefs, which the cleanup must not reach.
+// heldSlot gives back once what an answer holds, its slot or its copy
+// (slotRefs.Put, or its cleanup where gRPC-Go dropped its buffers
+// unfreed), stopping the write timer, which must not close a connection
+// whose answer is back: one that drops a frame queued as its client reset
+// the stream stays up. It holds no slotRefs, which the cleanup must not
+// reach.
 type heldSlot struct {
 	land *lent
 	held *time.Timer

@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"strings"
@@ -25,9 +24,7 @@ func TestGRPCMessagesShareTheBodyBudget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server with worker processes")
 	}
-	bin := buildPlover(t)
-	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "process", "--grpc-listen", "127.0.0.1:0", "--max-body-memory", "1")
-	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
+	srv, ctx := bigServer(t, "process", "--max-body-memory", "1")
 	held := func() float64 { return metric(t, srv.url, "plover_body_memory_bytes") }
 	waitHeld := func(what string, ok func(float64) bool) {
 		t.Helper()
@@ -43,8 +40,6 @@ func TestGRPCMessagesShareTheBodyBudget(t *testing.T) {
 	}
 	defer conn.Close()
 	call := inferBig(pb.NewGRPCInferenceServiceClient(conn))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	in := body(303, 0, 900<<10)
 
 	// The hog announces 4 MiB and sends 300 KiB: the server holds them

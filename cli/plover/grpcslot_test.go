@@ -169,11 +169,7 @@ func TestGRPCAnswersNotTakenCloseTheirConnection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server with worker processes")
 	}
-	bin := buildPlover(t)
-	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "process", "--grpc-listen", "127.0.0.1:0", "--write-timeout", "2s")
-	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	srv, ctx := bigServer(t, "process", "--write-timeout", "2s")
 	unreadUntilClosed(ctx, t, srv, 2)
 	conn := bigClient(t, srv)
 	// The slots come back once what gRPC-Go held for the closed
@@ -220,11 +216,7 @@ func TestGRPCCopiedAnswersNotTakenCloseTheirConnection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
-	bin := buildPlover(t)
-	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "none", "--grpc-listen", "127.0.0.1:0", "--write-timeout", "2s")
-	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	srv, ctx := bigServer(t, "none", "--write-timeout", "2s")
 	unreadUntilClosed(ctx, t, srv, 1)
 	for !strings.Contains(srv.log.String(), "the answers not taken on a closed gRPC connection are freed") {
 		if ctx.Err() != nil {
@@ -244,6 +236,18 @@ func TestGRPCCopiedAnswersNotTakenCloseTheirConnection(t *testing.T) {
 	if log := srv.log.String(); strings.Count(log, "closed a gRPC connection: an answer was not taken within the write timeout") != 1 {
 		t.Errorf("want a line for the connection closed, saying why; the server's log:\n%s", log)
 	}
+}
+
+// bigServer is a plover serve with --isolation iso, gRPC and flags, "big"
+// deployed on it, and a context that ends 30 s into the test.
+func bigServer(t *testing.T, iso string, flags ...string) (*isoServer, context.Context) {
+	t.Helper()
+	bin := buildPlover(t)
+	srv := startIsoServer(t, bin, t.TempDir(), nil, append([]string{"--isolation", iso, "--grpc-listen", "127.0.0.1:0"}, flags...)...)
+	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return srv, ctx
 }
 
 // unreadUntilClosed makes 20 calls that leave their answers unread on
