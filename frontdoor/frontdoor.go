@@ -236,6 +236,18 @@ func (d *Door) Fail(err error, transport, route string, authorization []byte) (a
 	return st, msg
 }
 
+// FailUnnamed is Fail for an invoke refused before the name it asks for
+// could be read (a gRPC message that waited for room in --max-body-memory
+// before it was read): counted besides in plover_requests_total under
+// _unknown, so that a rate of 503s or 504s on requests sees it.
+func (d *Door) FailUnnamed(err error, transport, route string, authorization []byte) (apierr.Status, string) {
+	st, msg := d.Fail(err, transport, route, authorization)
+	if d.metrics != nil {
+		d.metrics.Failed(reqmetrics.Unknown, st.HTTP)
+	}
+	return st, msg
+}
+
 // classify is apierr.Classify, the one mapping of both transports, and for
 // an error about a name no function has (errdefs.NoFunction: a 404, a
 // pipeline's step), a did-you-mean in the message: a function within a

@@ -102,6 +102,9 @@ func (h *heldSlots) collect() {
 		h.conns = slices.DeleteFunc(h.conns, func(c heldConn) bool {
 			switch {
 			case c.conn.answers.Load() == 0:
+				// An answer counted on it as it closed, and dropped
+				// unfreed, is waited for anew once it is found held.
+				c.conn.collecting.Store(false)
 				freed = append(freed, c)
 			case now.Sub(c.since) > heldGiveUp:
 				lost = append(lost, c)

@@ -9,20 +9,12 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// Answers found held at their write timeout are judged after a
-// collection: one freed by then closes nothing; one still held closes its
-// connection (a line a connection), whose answers are then waited for
-// until they are freed (a line a connection once they all are). The loop
-// ends once nothing is left, to start again for the next.
-func TestHeldAnswersAreJudgedThenWaitedFor(t *testing.T) {
+// heldTest is a heldSlots logging into log, and lines waits until log has
+// want lines of what, failing should it have more.
+func heldTest(t *testing.T) (*heldSlots, func(what string, want int)) {
 	var log testkit.LogBuffer
-	h := heldSlots{log: slog.New(slog.NewTextHandler(&log, nil)), writeTimeout: time.Second}
-	running := func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.running
-	}
-	lines := func(what string, want int) {
+	h := &heldSlots{log: slog.New(slog.NewTextHandler(&log, nil)), writeTimeout: time.Second}
+	return h, func(what string, want int) {
 		t.Helper()
 		for end := time.Now().Add(10 * time.Second); strings.Count(log.String(), what) < want; time.Sleep(time.Millisecond) {
 			if time.Now().After(end) {
@@ -33,7 +25,40 @@ func TestHeldAnswersAreJudgedThenWaitedFor(t *testing.T) {
 			t.Fatalf("%d lines %q, want %d:\n%s", n, what, want, log.String())
 		}
 	}
-	const closed, freed = "closed a gRPC connection", "the answers not taken on a closed gRPC connection are freed"
+}
+
+const heldClosed, heldFreed = "closed a gRPC connection", "the answers not taken on a closed gRPC connection are freed"
+
+// An answer counted on a connection as it closed, after the connection's
+// other answers were all freed, and then found held at its own write
+// timeout, is waited for again: the connection is not closed twice (one
+// line), and its freeing is logged a second time.
+func TestALateAnswerOnAClosedConnectionIsWaitedFor(t *testing.T) {
+	h, lines := heldTest(t)
+	var c conns
+	sc, _ := connPair(t, &c)
+	for i := range 2 {
+		sc.answers.Store(1)
+		h.suspect(sc, "f", &lent{Landing: &countedLanding{}})
+		lines(heldClosed, 1)
+		sc.answers.Store(0)
+		lines(heldFreed, i+1)
+	}
+}
+
+// Answers found held at their write timeout are judged after a
+// collection: one freed by then closes nothing; one still held closes its
+// connection (a line a connection), whose answers are then waited for
+// until they are freed (a line a connection once they all are). The loop
+// ends once nothing is left, to start again for the next.
+func TestHeldAnswersAreJudgedThenWaitedFor(t *testing.T) {
+	h, lines := heldTest(t)
+	running := func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.running
+	}
+	const closed, freed = heldClosed, heldFreed
 	var c conns
 	for round := range 2 {
 		var held []*turnConn

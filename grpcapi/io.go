@@ -130,7 +130,8 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 	c := &inferCall{io: inferIO{lend: true}}
 	defer c.inputsDone()
 	if err := c.io.room.await(ctx, s.opts.BodyBudget); err != nil { // before its message is read (room.go)
-		return nil, s.statusOf(ctx, err, "ModelInfer")
+		st, msg := s.door.FailUnnamed(err, "grpc", "ModelInfer", authorization(ctx))
+		return nil, grpcStatus(st, msg, err)
 	}
 	if err := dec(c); err != nil {
 		return nil, err

@@ -139,10 +139,16 @@ func (s *Server) GRPC() *grpc.Server {
 		grpc.StreamInterceptor(s.recoverStream),
 		// Fixed flow-control windows turn off grpc-go's bandwidth-delay
 		// probing, a ping per burst of data that a request/response
-		// protocol on a fast network pays for in latency; 4 MiB per
-		// stream and 16 MiB per connection keep inputs of a few MiB
-		// from waiting for window updates.
-		grpc.InitialWindowSize(4 << 20),
+		// protocol on a fast network pays for in latency. A stream's
+		// window is what gRPC-Go takes in of a call before its handler
+		// asks for the message, outside --max-body-memory (room.go):
+		// 64 KiB, an HTTP body's first window. Once the handler asks,
+		// gRPC-Go reads the message's length and opens the window to the
+		// whole message at once, so a large input waits one window
+		// update, not one per 64 KiB. The connection's window gRPC-Go
+		// gives back as bytes arrive, read or not: it bounds nothing
+		// held, and 16 MiB keeps many streams' inputs moving.
+		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(16 << 20),
 		// A pool of goroutines serves the streams, rather than one
 		// started for each.

@@ -62,15 +62,16 @@ func serveOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture 
 }
 
 // serveEngine serves e over gRPC on a loopback port, behind a front door
-// with tokens (nil: none).
-func serveEngine(t testing.TB, e *engine.Engine, tokens gate.Tokens, opts grpcapi.Options) *fixture {
+// with tokens (nil: none), its listener wrapped by wrap (the first nearest
+// the sockets) and then as plover serve wraps it.
+func serveEngine(t testing.TB, e *engine.Engine, tokens gate.Tokens, opts grpcapi.Options, wrap ...func(net.Listener) net.Listener) *fixture {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	run := pipeline.New(e, reg)
 	opts.Version = "test"
 	door := frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: reqmetrics.New(reg)})
 	srv := grpcapi.New(door, opts)
-	conn := dial(t, srv.GRPC(), srv.Listener) // as plover serve does: its connections may move in turns
+	conn := dial(t, srv.GRPC(), append(wrap, srv.Listener)...) // as plover serve does: its connections may move in turns
 	return &fixture{conn: conn, client: pb.NewGRPCInferenceServiceClient(conn), e: e, reg: reg, srv: srv}
 }
 
