@@ -44,6 +44,7 @@ func TestALateAnswerOnAClosedConnectionIsWaitedFor(t *testing.T) {
 		sc.answers.Store(0)
 		lines(heldFreed, i+1)
 	}
+	lines(heldClosed, 1) // the second round's line came after its close
 }
 
 // Answers found held at their write timeout are judged after a

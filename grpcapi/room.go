@@ -31,17 +31,18 @@ type Budget interface {
 // nothing while its message has not come (a client that sends headers
 // alone holds no room), nor while it waits (two large messages do not
 // each hold part of what the other needs). Not counted: what gRPC-Go
-// takes in of a stream before its handler asks (up to streamWindow),
-// and a message's bytes while it is read (up to --max-body
-// + 64 KiB a call), which --max-conns-per-client and 32 streams a
-// connection bound. Every wait ends within budgetWait in all (503), or at
-// the call's deadline (504) or the read timeout (408), as an HTTP body's
-// does.
+// takes in of a stream before its handler asks (up to streamWindow), and
+// a message's bytes while it is read (up to --max-body + 64 KiB a call,
+// twice that where a client sends a second message, which gRPC-Go reads
+// whole before it refuses the call), which --max-conns-per-client and 32
+// streams a connection bound. Every wait ends within budgetWait in all
+// (503), or at the call's deadline (504) or the read timeout (408), as an
+// HTTP body's does.
 const messageTicket = 64 << 10
 
 // streamWindow is each stream's HTTP/2 flow-control window: what a
 // client may send of a call before its handler asks for the message.
-// gRPC-Go takes no less than 64 KiB.
+// gRPC-Go ignores a window under 65,535 bytes.
 const streamWindow = 64 << 10
 
 // budgetWait is how long a call waits for room in the budget in all, as
