@@ -69,8 +69,9 @@ type Config struct {
 	// run at the server's weight), no piece moves at a function's, where
 	// it would wait behind them.
 	Weighing func() bool
-	// Log hears of a thread that could not be taken back to the
-	// server's level (nil: not told).
+	// Log hears of a thread whose level could not be set (Threads.Set
+	// failed or panicked), after which pieces move at the server's level
+	// (nil: not told).
 	Log *slog.Logger
 	// Policy orders waiting pieces ("": sched.DefaultPolicy).
 	Policy string

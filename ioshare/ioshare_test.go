@@ -1,13 +1,16 @@
 package ioshare
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -858,6 +861,92 @@ func TestAPanicTakingATurnGivesItsSlotBack(t *testing.T) {
 		t.Fatalf("a turn after the panic: %v; want the slot it held given back", err)
 	}
 	tn.Done()
+}
+
+// panicLevels is a Threads whose Set panics moving a thread to one level.
+type panicLevels struct{ at int }
+
+func (panicLevels) Base() (int, bool) { return 0, true }
+func (p panicLevels) Set(n int) error {
+	if n == p.at {
+		panic(fmt.Sprint("set ", n))
+	}
+	return nil
+}
+
+// A Config.Threads whose Set panics, moving a piece's thread to its flow's
+// level or back, is a Set that failed: the turn ends, its slot and niced
+// thread are given back (the niced count is of a few threads only, and a
+// panic in Done kept the slot for good), and pieces move at the server's
+// level from then on, which is logged.
+func TestAPanicSettingALevelEndsTheTurn(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		at    int
+		niced bool // the turn's thread took its flow's level
+	}{
+		{"to the flow's level", 10, false},
+		{"back to the server's", 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var logged bytes.Buffer
+			sh := New(Config{Slots: 2, NoReserve: true, Hold: time.Minute, Threads: panicLevels{tt.at},
+				Nice: func(float64, sched.Class) int { return 10 },
+				Log:  slog.New(slog.NewTextHandler(&logged, nil))})
+			a, b := sh.Flow("a"), sh.Flow("b")
+			a.Set(1, sched.Default)                                           // level 10
+			busy, err := b.Turn(context.Background(), time.Time{}, nil, true) // a not alone
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error)
+			go func() {
+				defer func() {
+					if v := recover(); v != nil {
+						done <- fmt.Errorf("panicked: %v", v)
+					}
+				}()
+				tn, err := a.Turn(context.Background(), time.Time{}, nil, false)
+				if err != nil {
+					done <- err
+					return
+				}
+				niced := tn.niced
+				tn.Done()
+				if niced != tt.niced {
+					done <- fmt.Errorf("the turn niced %v, want %v", niced, tt.niced)
+					return
+				}
+				done <- nil
+			}()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			busy.Done()
+			if n := sh.niced.Load(); n != 0 {
+				t.Errorf("%d threads counted niced after the turn, want 0", n)
+			}
+			if moving, _, _ := a.Pieces(); moving != 0 {
+				t.Errorf("%d of a's pieces counted moving, want 0", moving)
+			}
+			// Both slots are free: two pieces take them at once.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for range 2 {
+				tn, err := a.Turn(ctx, time.Time{}, nil, true)
+				if err != nil {
+					t.Fatalf("a turn after the panic: %v; want its slot given back", err)
+				}
+				defer tn.Done()
+			}
+			if sh.niceOK.Load() {
+				t.Error("pieces may still move niced after a thread's level could not be set")
+			}
+			if !strings.Contains(logged.String(), fmt.Sprintf("level %d: set %d", tt.at, tt.at)) {
+				t.Errorf("logged %q, want the failed move", logged.String())
+			}
+		})
+	}
 }
 
 // A panic while a piece waits for its turn (here its gone callback),

@@ -1,6 +1,8 @@
 package ioshare
 
 import (
+	"errors"
+	"fmt"
 	"runtime"
 	"time"
 
@@ -69,9 +71,15 @@ func (s *Shares) nice(n int) bool {
 		return false
 	}
 	runtime.LockOSThread()
-	if s.cfg.Threads.Set(n) != nil {
-		runtime.UnlockOSThread()
+	if err := s.setThread(n); err != nil {
 		s.niced.Add(-1)
+		if errors.Is(err, errSetPanicked) {
+			// Its level is unknown: the thread stays the goroutine's,
+			// as after a failed unnice.
+			s.stopNicing(err)
+			return false
+		}
+		runtime.UnlockOSThread()
 		return false
 	}
 	return true
@@ -84,11 +92,32 @@ func (s *Shares) nice(n int) bool {
 // a function's level again, and the failure is logged once.
 func (s *Shares) unnice() {
 	s.niced.Add(-1)
-	if err := s.cfg.Threads.Set(s.base); err != nil {
-		if s.niceOK.Swap(false) && s.cfg.Log != nil {
-			s.cfg.Log.Warn("the server's I/O no longer moves at its functions' CPU weights: a thread could not be taken back to the server's", "error", err)
-		}
+	if err := s.setThread(s.base); err != nil {
+		s.stopNicing(err)
 		return
 	}
 	runtime.UnlockOSThread()
+}
+
+// errSetPanicked marks a Config.Threads.Set that panicked.
+var errSetPanicked = errors.New("ioshare: moving a thread's nice level panicked")
+
+// setThread is Config.Threads.Set with a panic made an error: the turn
+// that called it must still end, and give its slot and its niced thread
+// back (a panic in Set from Done would keep both for good).
+func (s *Shares) setThread(n int) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: level %d: %v", errSetPanicked, n, v)
+		}
+	}()
+	return s.cfg.Threads.Set(n)
+}
+
+// stopNicing turns the nice levels off after a thread's level could not be
+// set, and logs it once.
+func (s *Shares) stopNicing(err error) {
+	if s.niceOK.Swap(false) && s.cfg.Log != nil {
+		s.cfg.Log.Warn("the server's I/O no longer moves at its functions' CPU weights: a thread's nice level could not be set", "error", err)
+	}
 }
