@@ -135,6 +135,12 @@ func (t *turnConn) setFlow(was, fl *ioshare.Flow) {
 	case was != nil && fl == nil:
 		t.c.inTurns.Add(-1)
 	}
+	// close may have taken the connection out of its turns before this
+	// call put it back in (it found the connection open): close sets
+	// closed before it swaps, so one of the two takes it out again.
+	if fl != nil && t.closed.Load() && t.fl.Swap(nil) != nil {
+		t.c.inTurns.Add(-1)
+	}
 }
 
 // flow is the flow the connection's bytes move in now, or nil.

@@ -185,7 +185,8 @@ func TestAReadAloneTakesAWholePiece(t *testing.T) {
 // call was large: a small call to another function takes it out of them
 // (a client's small calls do not wait in, nor are charged to, a function
 // it called once), a small call to the same one keeps it, and a large
-// call to another moves it there. Closed, it counts in none.
+// call to another moves it there. Closed, it counts in none, even moved
+// by a call that found it open.
 func TestACallMovesItsConnection(t *testing.T) {
 	sh := ioshare.New(ioshare.Config{})
 	batch, own := sh.Flow("batch"), sh.Flow("own")
@@ -221,6 +222,13 @@ func TestACallMovesItsConnection(t *testing.T) {
 	tc.Close()
 	if n := c.inTurns.Load(); n != 0 {
 		t.Fatalf("closed: %d connections counted in turns", n)
+	}
+	// A call found the connection just before it closed, and moves it
+	// after: it counts in no turns still (the count is the fast path's,
+	// for a server with none).
+	tc.setFlow(nil, batch)
+	if n := c.inTurns.Load(); n != 0 {
+		t.Fatalf("moved after it closed: %d connections counted in turns", n)
 	}
 }
 

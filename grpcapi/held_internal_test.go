@@ -2,7 +2,9 @@ package grpcapi
 
 import (
 	"log/slog"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,5 +99,40 @@ func TestHeldAnswersAreJudgedThenWaitedFor(t *testing.T) {
 		if running() {
 			t.Fatalf("round %d: the loop still runs 10 s after every answer was freed", round)
 		}
+	}
+}
+
+// An answer suspected while a collection runs is judged after the next
+// one, not after the one it came in the middle of: that one may have
+// begun before its frame was dropped. Here it is freed by the next; judged
+// after the first, its healthy connection was closed.
+func TestAnAnswerSuspectedDuringACollectionWaitsForTheNext(t *testing.T) {
+	h, _ := heldTest(t)
+	var c conns
+	first, _ := connPair(t, &c)
+	late, _ := connPair(t, &c)
+	lateLand := &lent{Landing: &countedLanding{}}
+	closedBefore := make(chan bool, 1)
+	var calls atomic.Int32
+	h.gc = func() {
+		runtime.GC()
+		switch calls.Add(1) {
+		case 1: // the first answer's collection: another is suspected
+			h.suspect(late, "f", lateLand)
+		case 2: // the late answer's own collection frees it
+			closedBefore <- late.closed.Load()
+			lateLand.release()
+		}
+	}
+	land := &lent{Landing: &countedLanding{}}
+	h.suspect(first, "f", land)
+	land.release()
+	select {
+	case closed := <-closedBefore:
+		if closed {
+			t.Fatal("an answer suspected during a collection was judged on it: its connection was closed before a collection began after it")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no second collection within 10 s")
 	}
 }
