@@ -104,6 +104,8 @@ type Shares struct {
 	// below the Go scheduler's Ps (nice.go).
 	niceOK atomic.Bool
 	niced  atomic.Int32
+	// lostLogged says stopNicing logged: the failure is logged once.
+	lostLogged atomic.Bool
 
 	// rate is what a byte of a non-blocking piece costs the server's
 	// thread, in ps (0: not learnt yet): the bound of what a piece that
@@ -458,8 +460,9 @@ func (t Turn) DoneMoved(n int) {
 		return
 	}
 	sh := t.f.sh
+	var lost error
 	if t.niced {
-		sh.unnice() // first: the move back is the piece's CPU too
+		lost = sh.unnice() // first: the move back is the piece's CPU too
 	}
 	end := mono()
 	held := end - t.start
@@ -482,6 +485,9 @@ func (t Turn) DoneMoved(n int) {
 	}
 	t.f.endTurn(t.t, Instant(end).Time(), max(held, 1)) // 0 would charge the slot time
 	t.f.charge(cpu)
+	if lost != nil {
+		sh.stopNicing(lost)
+	}
 }
 
 // endTurn ends a turn's ticket, then counts the turn ended: a piece whose

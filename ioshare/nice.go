@@ -88,15 +88,17 @@ func (s *Shares) nice(n int) bool {
 // unnice takes the thread back to the server's level. Where that fails
 // (it did not at start: a group removed under the server, say) the
 // goroutine keeps its thread, rather than have others run at the light
-// level on it (Go ends the thread with the goroutine), no piece moves at
-// a function's level again, and the failure is logged once.
-func (s *Shares) unnice() {
+// level on it (Go ends the thread with the goroutine), and the error is
+// returned for stopNicing, once the turn has ended (a logger that panics
+// must not keep the turn's slot).
+func (s *Shares) unnice() error {
 	s.niced.Add(-1)
 	if err := s.setThread(s.base); err != nil {
-		s.stopNicing(err)
-		return
+		s.niceOK.Store(false)
+		return err
 	}
 	runtime.UnlockOSThread()
+	return nil
 }
 
 // errSetPanicked marks a Config.Threads.Set that panicked.
@@ -117,7 +119,8 @@ func (s *Shares) setThread(n int) (err error) {
 // stopNicing turns the nice levels off after a thread's level could not be
 // set, and logs it once.
 func (s *Shares) stopNicing(err error) {
-	if s.niceOK.Swap(false) && s.cfg.Log != nil {
+	s.niceOK.Store(false)
+	if s.cfg.Log != nil && !s.lostLogged.Swap(true) {
 		s.cfg.Log.Warn("the server's I/O no longer moves at its functions' CPU weights: a thread's nice level could not be set", "error", err)
 	}
 }
