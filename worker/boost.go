@@ -326,6 +326,7 @@ func (c *Group) use(now time.Time) groupUse {
 	if c.g.nice {
 		tree = treeOf(c.pid, root)
 		c.sessions(tree, level)
+		c.catchUp(tree, level)
 	}
 	outside, flooding := c.g.outsideOf(names)
 	u.flooding = flooding

@@ -63,6 +63,9 @@ func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
 				continue
 			}
 			if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
+				if raisedMeanwhile(tid, n, raiseOnly, err) {
+					continue
+				}
 				return changed, err
 			}
 			set, changed = true, true
@@ -118,7 +121,7 @@ func (sl slicing) set(tid, n int, raiseOnly bool) (bool, error) {
 			return false, nil
 		}
 		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
-			return false, err
+			return false, orRaised(tid, n, raiseOnly, err)
 		}
 		return true, nil
 	}
@@ -126,9 +129,33 @@ func (sl slicing) set(tid, n int, raiseOnly bool) (bool, error) {
 		return false, nil
 	}
 	if err := nicelevel.SetThread(tid, n, sl.want); err != nil && err != syscall.ESRCH {
-		return false, err
+		return false, orRaised(tid, n, raiseOnly, err)
 	}
 	return true, nil
+}
+
+// raisedMeanwhile reports whether a set of thread tid to level n that
+// failed with err failed because the thread raised its own level above n
+// after it was read (a bundle may: with raiseOnly the set would take it
+// back down, which takes a privilege the server lacks), or has gone: its
+// business, not a mechanism that broke. Taken for a failure, it turned
+// every worker's weights off; a hostile bundle's threads raising
+// themselves as the server set them did so within a hundred tries.
+func raisedMeanwhile(tid, n int, raiseOnly bool, err error) bool {
+	if !raiseOnly || !errors.Is(err, syscall.EACCES) && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	raw, gerr := syscall.Getpriority(syscall.PRIO_PROCESS, tid) // 20 - nice
+	return gerr == syscall.ESRCH || gerr == nil && 20-raw > n
+}
+
+// orRaised is err, or nil where the thread raised its level meanwhile
+// (raisedMeanwhile).
+func orRaised(tid, n int, raiseOnly bool, err error) error {
+	if raisedMeanwhile(tid, n, raiseOnly, err) {
+		return nil
+	}
+	return err
 }
 
 // reniceRounds bounds renice's passes over a process's threads, and

@@ -7,13 +7,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/nicelevel"
 )
 
@@ -351,6 +354,153 @@ func TestRenicedSlicesKeepAThreadsPolicy(t *testing.T) {
 			}
 			if changed, err := renice(pid, 5, sl, false); changed || err != nil {
 				t.Errorf("a second renice to the same level: changed %v, %v; want nothing to change", changed, err)
+			}
+		})
+	}
+}
+
+// raisedMeanwhile tells a set that failed because its thread raised its own
+// level above the one set (where levels only rise) from one that failed
+// otherwise: the thread read, here, is at 15.
+func TestRaisedMeanwhile(t *testing.T) {
+	tid := make(chan int)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := unix.Setpriority(unix.PRIO_PROCESS, 0, 15); err != nil {
+			tid <- 0
+			return
+		}
+		tid <- unix.Gettid()
+		<-done
+	}()
+	at15 := <-tid
+	if at15 == 0 {
+		t.Skip("cannot raise a thread's level here")
+	}
+	gone := 1 << 22 // above pid_max's largest (4,194,304): no such thread
+	for _, tt := range []struct {
+		name      string
+		tid, n    int
+		raiseOnly bool
+		err       error
+		want      bool
+	}{
+		{"above the level, refused", at15, 10, true, unix.EACCES, true},
+		{"above the level, not permitted", at15, 10, true, unix.EPERM, true},
+		{"at the level", at15, 15, true, unix.EACCES, false},
+		{"below the level", at15, 19, true, unix.EACCES, false},
+		{"levels come back down here", at15, 10, false, unix.EACCES, false},
+		{"another error", at15, 10, true, unix.EINVAL, false},
+		{"gone", gone, 10, true, unix.EPERM, true},
+	} {
+		if got := raisedMeanwhile(tt.tid, tt.n, tt.raiseOnly, tt.err); got != tt.want {
+			t.Errorf("%s: raisedMeanwhile = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// Where levels only rise (no CAP_SYS_NICE: a pod), a bundle's thread that
+// raises its own level between the server's reading it and setting it
+// makes the set fail (it would take the level back down): that is the
+// thread's business, not a broken mechanism. Taken for one, it turned every
+// worker's weights off, for good, in 42 to 93 tries of testdata/raisers.c.
+func TestThreadsRaisingThemselvesAsTheyAreSetFailNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("tried from root, on a thread made unprivileged")
+	}
+	const nobody = 65534
+	dir, err := os.MkdirTemp("", "raisers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil { // the program runs as nobody
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "raisers")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", bin, filepath.Join("testdata", "raisers.c")).CombinedOutput(); err != nil {
+		t.Skipf("cannot build the test program: %v\n%s", err, out)
+	}
+	for _, slice := range []time.Duration{0, 200 * time.Microsecond} {
+		if slice != 0 && nicelevel.DefaultSlice() == 0 {
+			continue // no slices on this kernel: the same path as without
+		}
+		for try := range 150 {
+			cmd := exec.Command("nice", "-n", "5", bin)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var r [1]byte
+			_, rerr := out.Read(r[:])
+			var g *CPUGroups
+			if rerr == nil {
+				onThreadAs(t, nobody, func() {
+					g = &CPUGroups{nice: true, slice: slice, log: slog.New(slog.DiscardHandler)}
+					g.base, g.lower = nicelevel.Try()
+					if !g.lower {
+						g.Place(cmd.Process.Pid, 0).Weigh(&abi.Manifest{Name: "f"}) // from 5 to 10
+					}
+				})
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+			switch {
+			case rerr != nil:
+				t.Fatalf("the test program did not start: %v", rerr)
+			case g.lower:
+				t.Fatal("an unprivileged thread could take its nice level back down")
+			case g.Mechanism() != "nice":
+				t.Fatalf("slice %v, try %d: a bundle's threads raising their own levels turned the weights off (%s)", slice, try, g.whyOff())
+			}
+		}
+	}
+}
+
+// A process of a worker's tree found at a level other than the worker's
+// is set to it at the next window's reading (use): one forked as its
+// parent was set copies the old level as the fork begins and shows in
+// /proc only as it ends, after reniceTree's last pass (tens of
+// milliseconds for a large address space: at a boost's end, one child in
+// each of 5 was left at the boosted level, for good). Where levels only
+// rise, one above the worker's raised its own and is left there.
+func TestEachWindowCatchesUpAProcessAtAnotherLevel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a level taken back down takes CAP_SYS_NICE")
+	}
+	for _, tt := range []struct {
+		name  string
+		lower bool // levels come back down
+		at    int  // the child's level, the worker's being 10
+		want  int
+	}{
+		{"boosted", true, 1, 10},
+		{"raised", true, 15, 10},
+		{"below, levels only rising", false, 5, 10},
+		{"raised, levels only rising", false, 15, 15},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command("sh", "-c", "sleep 60 & wait")
+			startInGroup(t, cmd)
+			child := firstChild(t, cmd.Process.Pid, "sleep")
+			g := &CPUGroups{nice: true, lower: tt.lower, log: slog.New(slog.DiscardHandler)}
+			c := g.Place(cmd.Process.Pid, 1)
+			c.Weigh(&abi.Manifest{Name: "f"})
+			if n := niceOf(t, child); n != 10 {
+				t.Fatalf("the child at %d after the worker was weighed, want 10", n)
+			}
+			if err := unix.Setpriority(unix.PRIO_PROCESS, child, tt.at); err != nil {
+				t.Fatal(err)
+			}
+			c.use(time.Now())
+			if n := niceOf(t, child); n != tt.want {
+				t.Fatalf("a child at %d after a window's reading: %d, want %d", tt.at, n, tt.want)
 			}
 		})
 	}
