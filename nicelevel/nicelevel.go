@@ -123,11 +123,17 @@ func DefaultSlice() time.Duration {
 // SliceProcess gives every thread of the calling process slice d (0: the
 // kernel's default, followed from then on), each keeping its policy and
 // level. Threads made while it works take their maker's: it reads the
-// list again until a pass finds no thread it has not set (at most 10
-// passes). Threads the Go runtime makes later take their maker's slice
-// too, so once all have it they keep it.
+// list again until a pass finds no thread it has not set, and then once
+// more (at most 10 passes): a thread its maker was making as the maker
+// was set (copied at the old slice, not yet in the list) can miss the
+// first pass that finds no new thread, as with a worker's levels. A
+// process whose threads are made faster than it passes keeps what is
+// left after the 10th. Threads the Go runtime
+// makes later take their maker's slice too, so once all have it they keep
+// it.
 func SliceProcess(d time.Duration) error {
 	done := map[int]bool{}
+	confirmed := false
 	for range 10 {
 		tasks, err := os.ReadDir("/proc/self/task")
 		if err != nil {
@@ -151,8 +157,13 @@ func SliceProcess(d time.Duration) error {
 			}
 			done[tid], set = true, true
 		}
-		if !set {
+		switch {
+		case set:
+			confirmed = false
+		case confirmed:
 			return nil
+		default:
+			confirmed = true
 		}
 	}
 	return nil
