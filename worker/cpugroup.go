@@ -604,8 +604,9 @@ func (c *Group) reniceTree(level int) {
 // for a large address space (37 ms for 40,000 mappings), after reniceTree's
 // last pass: after a boost's end it ran boosted (nice 1 for 10) until the
 // worker's next change. Where levels only rise, a process above level
-// raised its own and is left there. A level changed meanwhile is the
-// change's to set.
+// raised its own and is left there (there is no boost loop there, and so
+// no window's reading, but a Group's use may be read). A level changed
+// meanwhile is the change's to set.
 func (c *Group) catchUp(tree []kin, level int) {
 	var behind []kin
 	for _, k := range tree {
