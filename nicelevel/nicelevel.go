@@ -122,24 +122,16 @@ func DefaultSlice() time.Duration {
 
 // SliceProcess gives every thread of the calling process slice d (0: the
 // kernel's default, followed from then on), each keeping its policy and
-// level. Threads made while it works take their maker's: it reads the
-// list again until a pass finds no thread it has not set, and then once
-// more (at most 10 passes): a thread its maker was making as the maker
-// was set (copied at the old slice, not yet in the list) can miss the
-// first pass that finds no new thread, as with a worker's levels. A
-// process whose threads are made faster than it passes keeps what is
-// left after the 10th. Threads the Go runtime
-// makes later take their maker's slice too, so once all have it they keep
-// it.
+// level, in passes over its threads (Settle: threads made while it works
+// take their maker's). Threads the Go runtime makes later take their
+// maker's slice too, so once all have it they keep it.
 func SliceProcess(d time.Duration) error {
 	done := map[int]bool{}
-	confirmed := false
-	for range 10 {
+	_, err := Settle(10, func() (set bool, err error) {
 		tasks, err := os.ReadDir("/proc/self/task")
 		if err != nil {
-			return err
+			return false, err
 		}
-		set := false
 		for _, t := range tasks {
 			tid, err := strconv.Atoi(t.Name())
 			if err != nil || done[tid] {
@@ -150,21 +142,42 @@ func SliceProcess(d time.Duration) error {
 				continue
 			}
 			if err != nil {
-				return fmt.Errorf("thread %d's attributes: %w", tid, err)
+				return set, fmt.Errorf("thread %d's attributes: %w", tid, err)
 			}
 			if err := SetThread(tid, a.Nice, d); err != nil && err != unix.ESRCH {
-				return fmt.Errorf("thread %d's slice: %w", tid, err)
+				return set, fmt.Errorf("thread %d's slice: %w", tid, err)
 			}
 			done[tid], set = true, true
 		}
+		return set, nil
+	})
+	return err
+}
+
+// Settle sets a value (a nice level, a slice) on a set of threads or
+// processes that changes as it works, each new one taking its maker's
+// value: pass goes over the set once, saying whether it set any. Settle
+// runs passes until one sets none, and, where any did, once more: one
+// being made as its maker was set (copied at the old value, not yet
+// listed) can miss the first pass that sets none, never the one after
+// (one test run in several hundred saw a thread at its old level). At
+// most rounds passes: a set that outruns them keeps what is left.
+// changed says whether any pass set any.
+func Settle(rounds int, pass func() (set bool, err error)) (changed bool, err error) {
+	confirmed := false
+	for range rounds {
+		set, err := pass()
+		changed = changed || set
 		switch {
+		case err != nil:
+			return changed, err
 		case set:
 			confirmed = false
-		case confirmed:
-			return nil
+		case !changed || confirmed:
+			return changed, nil
 		default:
 			confirmed = true
 		}
 	}
-	return nil
+	return changed, nil
 }

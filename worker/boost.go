@@ -326,11 +326,11 @@ func (c *Group) use(now time.Time) groupUse {
 	if c.g.nice {
 		tree = treeOf(c.pid, root)
 		c.sessions(tree, level)
-		c.catchUp(tree, level)
 	}
 	outside, flooding := c.g.outsideOf(names)
 	u.flooding = flooding
-	t, err := c.cpuTime(tree)
+	t, behind, err := c.cpuTime(tree, level)
+	c.catchUp(behind, level)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil || c.closed {
@@ -400,24 +400,33 @@ func (c *Group) setBoost(on bool) {
 // init). A function that spins in a child of its worker is counted (unless
 // the child is reaped where its time is lost: SIGCHLD ignored), as the
 // group's weight applies to the whole group.
-func (c *Group) cpuTime(tree []kin) (time.Duration, error) {
+//
+// With nice levels, behind is the processes of tree read at a level other
+// than level, the worker's (catchUp): the same read.
+func (c *Group) cpuTime(tree []kin, level int) (t time.Duration, behind []kin, err error) {
 	switch {
 	case c.g.nice:
-		var pids []int
-		for _, k := range tree {
-			pids = append(pids, k.pid)
+		pids := make([]int, len(tree))
+		for i, k := range tree {
+			pids[i] = k.pid
 		}
-		return sumCPU(pids)
+		t, err = sumCPU(pids, func(i int, p procCPU) {
+			if c.behind(p.nice, level) {
+				behind = append(behind, tree[i])
+			}
+		})
+		return t, behind, err
 	case c.g.v2:
-		return cgroupV2Usage(filepath.Join(c.dir, "cpu.stat"))
+		t, err = cgroupV2Usage(filepath.Join(c.dir, "cpu.stat"))
+		return t, nil, err
 	}
 	if b, err := os.ReadFile(filepath.Join(c.dir, "cpuacct.usage")); err == nil {
 		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		return time.Duration(ns), err
+		return time.Duration(ns), nil, err
 	}
 	b, err := os.ReadFile(filepath.Join(c.dir, "cgroup.procs"))
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var pids []int
 	for _, f := range bytes.Fields(b) {
@@ -425,17 +434,22 @@ func (c *Group) cpuTime(tree []kin) (time.Duration, error) {
 			pids = append(pids, pid)
 		}
 	}
-	return sumCPU(pids)
+	t, err = sumCPU(pids, nil)
+	return t, nil, err
 }
 
 // sumCPU is the CPU time processes pids used; one gone meanwhile counts
-// none (the count may go down: that window's use is unknown).
-func sumCPU(pids []int) (time.Duration, error) {
+// none (the count may go down: that window's use is unknown). each, where
+// set, is told each process read, by its index in pids.
+func sumCPU(pids []int, each func(i int, p procCPU)) (time.Duration, error) {
 	var sum time.Duration
 	read := false
-	for _, pid := range pids {
-		if t, err := cpuTime(pid); err == nil {
-			sum, read = sum+t, true
+	for i, pid := range pids {
+		if p, err := cpuParts(pid); err == nil {
+			sum, read = sum+p.own+p.reaped, true
+			if each != nil {
+				each(i, p)
+			}
 		}
 	}
 	if !read {
@@ -503,34 +517,46 @@ const clockTick = 10 * time.Millisecond
 // cpuTime is the CPU time process pid's threads used so far, user and
 // system, and its children's that it reaped (cpuParts).
 func cpuTime(pid int) (time.Duration, error) {
-	own, reaped, _, err := cpuParts(pid)
-	return own + reaped, err
+	p, err := cpuParts(pid)
+	return p.own + p.reaped, err
+}
+
+// procCPU is what cpuParts reads of a process.
+type procCPU struct {
+	own, reaped  time.Duration // its own threads' CPU time, its reaped children's
+	parent, nice int           // its parent's pid, its (main thread's) nice level
 }
 
 // cpuParts is process pid's CPU time so far, its own threads' and its
-// reaped children's, from /proc/PID/stat, and its parent's pid. Its own
-// are read from its CPU clock where they can be (to the nanosecond, where
-// the stat file counts 10 ms ticks: a worker using 0.04 CPUs read 0 or 0.1
-// of them in a 100 ms window, and was boosted at random).
-func cpuParts(pid int) (own, reaped time.Duration, parent int, err error) {
+// reaped children's, from /proc/PID/stat, with its parent's pid and nice
+// level. Its own are read from its CPU clock where they can be (to the
+// nanosecond, where the stat file counts 10 ms ticks: a worker using 0.04
+// CPUs read 0 or 0.1 of them in a 100 ms window, and was boosted at
+// random).
+func cpuParts(pid int) (procCPU, error) {
 	f, err := statFields(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, 0, 0, err
+		return procCPU{}, err
 	}
 	var ticks [4]int64 // utime, stime, cutime, cstime: fields 14 to 17
 	for i, s := range f[11:15] {
 		if ticks[i], err = strconv.ParseInt(s, 10, 64); err != nil {
-			return 0, 0, 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+			return procCPU{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 		}
 	}
-	if parent, err = strconv.Atoi(f[1]); err != nil {
-		return 0, 0, 0, fmt.Errorf("/proc/%d/stat: parent: %w", pid, err)
+	var p procCPU
+	if p.parent, err = strconv.Atoi(f[1]); err != nil {
+		return procCPU{}, fmt.Errorf("/proc/%d/stat: parent: %w", pid, err)
+	}
+	if p.nice, err = strconv.Atoi(f[16]); err != nil {
+		return procCPU{}, fmt.Errorf("/proc/%d/stat: nice: %w", pid, err)
 	}
 	own, clocked := processCPU(pid)
 	if !clocked {
 		own = time.Duration(ticks[0]+ticks[1]) * clockTick
 	}
-	return own, time.Duration(ticks[2]+ticks[3]) * clockTick, parent, nil
+	p.own, p.reaped = own, time.Duration(ticks[2]+ticks[3])*clockTick
+	return p, nil
 }
 
 // statFields are a /proc stat file's fields from the third on

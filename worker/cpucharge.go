@@ -262,13 +262,13 @@ func (p *proc) offspringCPU() (time.Duration, bool) {
 	root := p.tree.Root()
 	var sum time.Duration
 	for _, k := range treeOf(pid, root) {
-		own, reaped, parent, err := cpuParts(k.pid)
+		pc, err := cpuParts(k.pid)
 		switch {
 		case err != nil:
 		case k.pid == pid || k.pid == root:
-			sum += reaped
-		case parent == k.parent:
-			sum += own + reaped
+			sum += pc.reaped
+		case pc.parent == k.parent:
+			sum += pc.own + pc.reaped
 		}
 	}
 	p.mu.Lock()

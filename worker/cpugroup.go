@@ -574,64 +574,64 @@ func (g *CPUGroups) whyOff() error {
 // set (at most reniceRounds passes: a tree that outruns them keeps what
 // is left).
 func (c *Group) reniceTree(level int) {
-	changed, confirmed := false, false
-	for range reniceRounds {
-		set := false
+	nicelevel.Settle(reniceRounds, func() (set bool, _ error) {
 		for _, k := range c.tree() {
-			if k.pid != c.pid && (k.parent == 0 || stillChild(k)) {
-				if s, _ := renice(k.pid, level, c.slicing(), !c.g.lower); s {
-					set = true
-				}
+			if k.pid != c.pid && c.reniceKin(k, level) {
+				set = true
 			}
 		}
-		// As renice's threads: a child being forked while its parent was
-		// set can miss the first pass that finds the rest at the level.
-		if set {
-			changed, confirmed = true, false
-		} else if !changed || confirmed {
-			break
-		} else {
-			confirmed = true
-		}
-	}
+		return set, nil
+	})
 	c.sessions(c.tree(), level)
 }
 
-// catchUp gives level, the worker's (read under c.mu), to the processes of
-// its tree found at another, each window (use): a process forked as
+// reniceKin gives process k of the worker's tree level, under c.mu, once
+// it is checked to be its parent's child still (its pid may have been
+// reused); it reports whether it set any thread. Failures are the
+// process's (a child that changed its uid), not the weights'.
+func (c *Group) reniceKin(k kin, level int) bool {
+	if k.pid != c.pid && k.parent != 0 && !stillChild(k) {
+		return false
+	}
+	set, _ := renice(k.pid, level, c.slicing(), !c.g.lower)
+	return set
+}
+
+// catchUp gives level, the worker's, to behind, the processes of its
+// tree found at another in a window's reading (use), unless the level
+// changed meanwhile (the change sets the tree): a process forked as
 // reniceTree set its parent copies the parent's old level as the fork
 // begins but shows in /proc only as it ends, tens of milliseconds later
-// for a large address space (37 ms for 40,000 mappings), after reniceTree's
-// last pass: after a boost's end it ran boosted (nice 1 for 10) until the
-// worker's next change. Where levels only rise, a process above level
-// raised its own and is left there (there is no boost loop there, and so
-// no window's reading, but a Group's use may be read). A level changed
-// meanwhile is the change's to set.
-func (c *Group) catchUp(tree []kin, level int) {
-	var behind []kin
-	for _, k := range tree {
-		f, err := statFields(fmt.Sprintf("/proc/%d/stat", k.pid))
-		if err != nil {
-			continue
-		}
-		if n, err := strconv.Atoi(f[16]); err == nil && n != level && (c.g.lower || n < level) {
-			behind = append(behind, k)
-		}
-	}
-	if len(behind) == 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.unweighed || c.level != level {
-		return
-	}
+// for a large address space (37 ms for 40,000 mappings), after
+// reniceTree's last pass: after a boost's end it ran boosted (nice 1 for
+// 10) until the worker's next change. The lock is taken a process at a
+// time, not for the list: a bundle that keeps raising its own level is
+// behind at every window, and its passes must not hold off the group's
+// boosts and exits for all of them.
+func (c *Group) catchUp(behind []kin, level int) {
 	for _, k := range behind {
-		if k.pid == c.pid || k.parent == 0 || stillChild(k) {
-			renice(k.pid, level, c.slicing(), !c.g.lower) // failures are the process's, as in reniceTree
+		if !c.catchUpKin(k, level) {
+			return
 		}
 	}
 }
+
+// catchUpKin sets process k to level under c.mu unless the group ended,
+// is dying (its weight stands) or changed level; false then.
+func (c *Group) catchUpKin(k kin, level int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.dying || c.unweighed || c.level != level {
+		return false
+	}
+	c.reniceKin(k, level)
+	return true
+}
+
+// behind says whether a process at nice level n is behind level, the
+// worker's: where levels only rise, one above it raised its own and is
+// left there.
+func (c *Group) behind(n, level int) bool { return n != level && (c.g.lower || n < level) }
 
 // tree is the worker's process tree, under c.mu: the worker and what it
 // started, and with a PID namespace (Tree) its init and what the worker

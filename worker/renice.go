@@ -19,67 +19,58 @@ import (
 
 // renice sets every thread of process pid to nice level n, and with sl
 // its slice: both are a thread's on Linux, and threads a thread creates
-// inherit them.
-// The threads change while it works: one made after the list was read by
-// a thread not yet set takes the old level, for good. So it reads the
-// list again until a pass finds every thread at n (at most reniceRounds
-// passes: a process whose threads outrun it keeps what is left), and,
-// where it set any, once more: a thread its parent was making while the
-// parent was set (copied at the old level, not yet in the list) can miss
-// the first pass that finds the rest at n, never the one after (one test
-// run in several hundred saw one at its old level).
+// inherit them. The threads change while it works: one made after the
+// list was read by a thread not yet set takes the old level, for good; so
+// it reads the list in passes (nicelevel.Settle, at most reniceRounds).
 //
 // With raiseOnly (no CAP_SYS_NICE: a level cannot be taken back down) a
 // thread already at a higher level than n (one that raised its own) is
 // left there: lowering it would fail. changed says whether it set any
 // thread (reniceTree's passes end on a pass that set none).
 func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
-	confirmed := false
-	for range reniceRounds {
+	return nicelevel.Settle(reniceRounds, func() (set bool, err error) {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				return changed, syscall.ESRCH
+				return false, syscall.ESRCH
 			}
-			return changed, err
+			return false, err
 		}
-		set := false
 		for _, t := range tasks {
 			tid, err := strconv.Atoi(t.Name())
 			if err != nil {
 				continue
 			}
+			var ok bool
 			if sl.light != 0 {
-				ok, err := sl.set(tid, n, raiseOnly)
-				if err != nil {
-					return changed, err
-				}
-				set, changed = set || ok, changed || ok
-				continue
+				ok, err = sl.set(tid, n, raiseOnly)
+			} else {
+				ok, err = setLevel(tid, n, raiseOnly)
 			}
-			// The system call's value is 20 - nice.
-			raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid)
-			if err == syscall.ESRCH || err == nil && (20-raw == n || raiseOnly && 20-raw > n) {
-				continue
+			if err != nil {
+				return set, err
 			}
-			if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
-				if raisedMeanwhile(tid, n, raiseOnly, err) {
-					continue
-				}
-				return changed, err
-			}
-			set, changed = true, true
+			set = set || ok
 		}
-		switch {
-		case set:
-			confirmed = false
-		case !changed || confirmed:
-			return changed, nil
-		default:
-			confirmed = true
-		}
+		return set, nil
+	})
+}
+
+// setLevel gives thread tid level n unless it has it (false); a thread
+// gone is no error. With raiseOnly a thread above n keeps its level.
+func setLevel(tid, n int, raiseOnly bool) (bool, error) {
+	// The system call's value is 20 - nice.
+	raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid)
+	if err == syscall.ESRCH || err == nil && (20-raw == n || raiseOnly && 20-raw > n) {
+		return false, nil
 	}
-	return changed, nil
+	if betweenReadAndSet != nil {
+		betweenReadAndSet(tid)
+	}
+	if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
+		return false, raisedOr(tid, n, raiseOnly, err)
+	}
+	return true, nil
 }
 
 // slicing is the EEVDF slice renice gives a worker's threads with their
@@ -120,39 +111,37 @@ func (sl slicing) set(tid, n int, raiseOnly bool) (bool, error) {
 		if a.Policy != unix.SCHED_IDLE || a.Nice == n {
 			return false, nil
 		}
-		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
-			return false, orRaised(tid, n, raiseOnly, err)
-		}
-		return true, nil
+		return setLevel(tid, n, raiseOnly)
 	}
 	if a.Nice == n && sl.has(a.Slice) {
 		return false, nil
 	}
+	if betweenReadAndSet != nil {
+		betweenReadAndSet(tid)
+	}
 	if err := nicelevel.SetThread(tid, n, sl.want); err != nil && err != syscall.ESRCH {
-		return false, orRaised(tid, n, raiseOnly, err)
+		return false, raisedOr(tid, n, raiseOnly, err)
 	}
 	return true, nil
 }
 
-// raisedMeanwhile reports whether a set of thread tid to level n that
-// failed with err failed because the thread raised its own level above n
-// after it was read (a bundle may: with raiseOnly the set would take it
-// back down, which takes a privilege the server lacks), or has gone: its
-// business, not a mechanism that broke. Taken for a failure, it turned
+// betweenReadAndSet, where set, is called between a thread's reading and
+// its setting: a test's bundle thread changing its own level there.
+var betweenReadAndSet func(tid int)
+
+// raisedOr is nil where a set of thread tid to level n failed (err)
+// because the thread raised its own level above n after it was read (a
+// bundle may: with raiseOnly the set would take it back down, which takes
+// a privilege the server lacks) or has gone: its business, not a
+// mechanism that broke. Else it is err. Taken for a failure, it turned
 // every worker's weights off; a hostile bundle's threads raising
 // themselves as the server set them did so within a hundred tries.
-func raisedMeanwhile(tid, n int, raiseOnly bool, err error) bool {
+func raisedOr(tid, n int, raiseOnly bool, err error) error {
 	if !raiseOnly || !errors.Is(err, syscall.EACCES) && !errors.Is(err, syscall.EPERM) {
-		return false
+		return err
 	}
 	raw, gerr := syscall.Getpriority(syscall.PRIO_PROCESS, tid) // 20 - nice
-	return gerr == syscall.ESRCH || gerr == nil && 20-raw > n
-}
-
-// orRaised is err, or nil where the thread raised its level meanwhile
-// (raisedMeanwhile).
-func orRaised(tid, n int, raiseOnly bool, err error) error {
-	if raisedMeanwhile(tid, n, raiseOnly, err) {
+	if gerr == syscall.ESRCH || gerr == nil && 20-raw > n {
 		return nil
 	}
 	return err
