@@ -533,6 +533,52 @@ func TestAThreadRaisedBetweenReadingAndSettingFailsNothing(t *testing.T) {
 	}
 }
 
+// A window's catch-up takes the group's lock a process at a time and
+// reads the worker's level again for each: a change of level while it
+// works (a boost's start or end) stops it, as the change sets the whole
+// tree itself, where one lock over the whole list would have set the rest
+// at the old level after the change.
+func TestACatchUpStopsWhenTheLevelChanges(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a level taken back down takes CAP_SYS_NICE")
+	}
+	notNiced(t)
+	cmd := exec.Command("sh", "-c", "sleep 60 & sleep 60 & wait")
+	startInGroup(t, cmd)
+	var kids []kin
+	for end := time.Now().Add(10 * time.Second); len(kids) < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the worker's two children never showed: %v", kids)
+		}
+		kids = procTree(cmd.Process.Pid)[1:]
+	}
+	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler)}
+	c := g.Place(cmd.Process.Pid, 1)
+	c.Weigh(&abi.Manifest{Name: "f"})
+	for _, k := range kids {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, k.pid, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := 0
+	betweenReadAndSet = func(int) {
+		if calls++; calls == 1 {
+			c.level = 12 // under c.mu, which the catch-up holds here
+		}
+	}
+	defer func() { betweenReadAndSet = nil }()
+	c.catchUp(kids, 10)
+	if calls == 0 {
+		t.Fatal("nothing was set")
+	}
+	if n := niceOf(t, kids[0].pid); n != 10 {
+		t.Errorf("the first process at %d, want 10 (set before the change)", n)
+	}
+	if n := niceOf(t, kids[1].pid); n != 1 {
+		t.Errorf("the second process at %d after the level changed, want 1 (left for the change to set)", n)
+	}
+}
+
 // A process of a worker's tree found at a level other than the worker's
 // is set to it at the next window's reading (use): one forked as its
 // parent was set copies the old level as the fork begins and shows in
