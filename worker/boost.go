@@ -446,7 +446,7 @@ func sumCPU(pids []int, each func(i int, p procCPU)) (time.Duration, error) {
 	read := false
 	for i, pid := range pids {
 		if p, err := cpuParts(pid); err == nil {
-			sum, read = sum+p.own+p.reaped, true
+			sum, read = sum+p.total(), true
 			if each != nil {
 				each(i, p)
 			}
@@ -514,18 +514,15 @@ func stillChild(k kin) bool {
 // every Linux architecture the server builds for).
 const clockTick = 10 * time.Millisecond
 
-// cpuTime is the CPU time process pid's threads used so far, user and
-// system, and its children's that it reaped (cpuParts).
-func cpuTime(pid int) (time.Duration, error) {
-	p, err := cpuParts(pid)
-	return p.own + p.reaped, err
-}
-
 // procCPU is what cpuParts reads of a process.
 type procCPU struct {
 	own, reaped  time.Duration // its own threads' CPU time, its reaped children's
 	parent, nice int           // its parent's pid, its (main thread's) nice level
 }
+
+// total is the CPU time the process's threads used so far, user and
+// system, and its children's that it reaped.
+func (p procCPU) total() time.Duration { return p.own + p.reaped }
 
 // cpuParts is process pid's CPU time so far, its own threads' and its
 // reaped children's, from /proc/PID/stat, with its parent's pid and nice

@@ -151,7 +151,7 @@ func TestLightBoostsSettle(t *testing.T) {
 }
 
 func TestCPUTimeCountsEveryThread(t *testing.T) {
-	before, err := cpuTime(os.Getpid())
+	before, err := cpuParts(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,16 +165,16 @@ func TestCPUTimeCountsEveryThread(t *testing.T) {
 	}
 	<-done
 	<-done
-	after, err := cpuTime(os.Getpid())
+	after, err := cpuParts(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Two threads spun 150 ms of wall time each; on a busy machine they
 	// got less of a CPU, never none.
-	if after-before < 50*time.Millisecond {
-		t.Fatalf("cpu time rose %v across two threads' spins of 150 ms", after-before)
+	if rose := after.total() - before.total(); rose < 50*time.Millisecond {
+		t.Fatalf("cpu time rose %v across two threads' spins of 150 ms", rose)
 	}
-	if _, err := cpuTime(1 << 30); err == nil {
+	if _, err := cpuParts(1 << 30); err == nil {
 		t.Fatal("a pid that cannot exist was read")
 	}
 }
@@ -358,6 +358,24 @@ func onThreadAs(t *testing.T, uid int, f func()) {
 	}
 }
 
+// sleepAsNobodyAt starts a sleep as user nobody at nice level n (from the
+// test's 0), killed and reaped when the test ends, once it is at n.
+func sleepAsNobodyAt(t *testing.T, n int) *exec.Cmd {
+	t.Helper()
+	const nobody = 65534
+	cmd := exec.Command("nice", "-n", strconv.Itoa(n), "sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	waitFor(t, fmt.Sprintf("nice -n %d to take", n), func() bool { return niceOf(t, cmd.Process.Pid) == n })
+	return cmd
+}
+
 // An unprivileged server (a pod's) cannot take a nice level back down: its
 // workers' levels only rise. A standby stays at the server's level, so
 // that the function it takes gets its own level (from 19 it could not come
@@ -410,18 +428,7 @@ func TestNiceLevelsOnlyRiseWithoutPrivilege(t *testing.T) {
 	// A worker whose thread raised its own level past its function's is
 	// left there: the level cannot be taken back, and trying failed the
 	// weights of every worker.
-	niced := exec.Command("nice", "-n", "19", "sleep", "60")
-	niced.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	if err := niced.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer niced.Wait()
-	defer niced.Process.Kill()
-	for end := time.Now().Add(10 * time.Second); niceOf(t, niced.Process.Pid) != 19; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("nice -n 19 never took")
-		}
-	}
+	niced := sleepAsNobodyAt(t, 19)
 	onThreadAs(t, nobody, func() {
 		c := g.Place(niced.Process.Pid, 0)
 		c.Weigh(&abi.Manifest{Name: "f"})

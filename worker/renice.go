@@ -64,9 +64,7 @@ func setLevel(tid, n int, raiseOnly bool) (bool, error) {
 	if err == syscall.ESRCH || err == nil && (20-raw == n || raiseOnly && 20-raw > n) {
 		return false, nil
 	}
-	if betweenReadAndSet != nil {
-		betweenReadAndSet(tid)
-	}
+	betweenReadAndSet(tid)
 	if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, n); err != nil && err != syscall.ESRCH {
 		return false, raisedOr(tid, n, raiseOnly, err)
 	}
@@ -116,18 +114,16 @@ func (sl slicing) set(tid, n int, raiseOnly bool) (bool, error) {
 	if a.Nice == n && sl.has(a.Slice) {
 		return false, nil
 	}
-	if betweenReadAndSet != nil {
-		betweenReadAndSet(tid)
-	}
+	betweenReadAndSet(tid)
 	if err := nicelevel.SetThread(tid, n, sl.want); err != nil && err != syscall.ESRCH {
 		return false, raisedOr(tid, n, raiseOnly, err)
 	}
 	return true, nil
 }
 
-// betweenReadAndSet, where set, is called between a thread's reading and
-// its setting: a test's bundle thread changing its own level there.
-var betweenReadAndSet func(tid int)
+// betweenReadAndSet is called between a thread's reading and its setting:
+// a test's bundle thread changes its own level there.
+var betweenReadAndSet = func(tid int) {}
 
 // raisedOr is nil where a set of thread tid to level n failed (err)
 // because the thread raised its own level above n after it was read (a

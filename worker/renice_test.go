@@ -473,6 +473,14 @@ func notNiced(t *testing.T) {
 	}
 }
 
+// hookBetweenReadAndSet puts f between a thread's reading and setting
+// (betweenReadAndSet) until the test ends.
+func hookBetweenReadAndSet(t *testing.T, f func(tid int)) {
+	old := betweenReadAndSet
+	betweenReadAndSet = f
+	t.Cleanup(func() { betweenReadAndSet = old })
+}
+
 // The race TestThreadsRaisingThemselvesAsTheyAreSetFailNothing tries, made
 // certain: a bundle's thread raises its own level between the server's
 // reading and setting it (betweenReadAndSet), where levels only rise. The
@@ -496,28 +504,14 @@ func TestAThreadRaisedBetweenReadingAndSettingFailsNothing(t *testing.T) {
 			if tt.sl.light != 0 && nicelevel.DefaultSlice() == 0 {
 				t.Skip("no slices on this kernel")
 			}
-			cmd := exec.Command("nice", "-n", "5", "sleep", "60")
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Wait()
-			defer cmd.Process.Kill()
-			pid := cmd.Process.Pid
-			for deadline := time.Now().Add(10 * time.Second); niceOf(t, pid) != 5; {
-				if time.Now().After(deadline) {
-					t.Fatal("the test program never reached nice 5")
-				}
-				runtime.Gosched()
-			}
+			pid := sleepAsNobodyAt(t, 5).Process.Pid
 			raised := 0
-			betweenReadAndSet = func(tid int) {
+			hookBetweenReadAndSet(t, func(tid int) {
 				if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, 19); err != nil {
 					t.Errorf("raising thread %d: %v", tid, err)
 				}
 				raised++
-			}
-			defer func() { betweenReadAndSet = nil }()
+			})
 			var err error
 			onThreadAs(t, nobody, func() { _, err = renice(pid, 10, tt.sl, true) })
 			if raised == 0 {
@@ -546,12 +540,10 @@ func TestACatchUpStopsWhenTheLevelChanges(t *testing.T) {
 	cmd := exec.Command("sh", "-c", "sleep 60 & sleep 60 & wait")
 	startInGroup(t, cmd)
 	var kids []kin
-	for end := time.Now().Add(10 * time.Second); len(kids) < 2; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("the worker's two children never showed: %v", kids)
-		}
+	waitFor(t, "the worker's two children", func() bool {
 		kids = procTree(cmd.Process.Pid)[1:]
-	}
+		return len(kids) == 2
+	})
 	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler)}
 	c := g.Place(cmd.Process.Pid, 1)
 	c.Weigh(&abi.Manifest{Name: "f"})
@@ -561,12 +553,11 @@ func TestACatchUpStopsWhenTheLevelChanges(t *testing.T) {
 		}
 	}
 	calls := 0
-	betweenReadAndSet = func(int) {
+	hookBetweenReadAndSet(t, func(int) {
 		if calls++; calls == 1 {
 			c.level = 12 // under c.mu, which the catch-up holds here
 		}
-	}
-	defer func() { betweenReadAndSet = nil }()
+	})
 	c.catchUp(kids, 10)
 	if calls == 0 {
 		t.Fatal("nothing was set")
