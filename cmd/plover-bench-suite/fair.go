@@ -27,6 +27,7 @@ type fairLoad struct {
 	P50, P99   float64 // ms
 	Throughput float64
 	Errors     int64
+	FirstError string  `json:",omitempty"` // a failed request's status and message, the first kind seen
 	SchedP50   float64 // the Server-Timing sched wait, ms
 	// Server is the Server-Timing breakdown (ms): where a victim's time
 	// went, the device's copies and kernels apart from the rest.
@@ -366,10 +367,20 @@ func slowest(n int) string {
 // table: a figure that lost requests says so where it is read.
 type failNotes []string
 
-// cell marks a load's figure: its failed and unsent requests, noted, and
-// its late ones (in its latency, from when they were due: shown only).
+// cell marks a load's figure: its failed and unsent requests, noted (with
+// the first failure's status and message, so that a run on a machine that
+// is gone says why), and its late ones (in its latency, from when they
+// were due: shown only).
 func (f *failNotes) cell(where string, l fairLoad) string {
-	return f.mark(where, "", l.Errors, l.Unsent, l.Late)
+	n := len(*f)
+	out := f.mark(where, "", l.Errors, l.Unsent, l.Late)
+	if why := l.FirstError; len(*f) > n && l.Errors > 0 && why != "" {
+		if len(why) > 200 {
+			why = strings.ToValidUTF8(why[:200], "") + "…"
+		}
+		(*f)[n] += " (the first: " + why + ")"
+	}
+	return out
 }
 
 // mark is cell from counts, label before them in the cell.
@@ -521,8 +532,15 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 	inputs := map[string][]byte{"cnn": cnnIn, "vecadd": vecIn, "spin": spinIn, "spin-a": spinIn, "spin-b": spinIn, "cnn-latency": cnnIn, "spin-batch": spinIn,
 		"vecadd-a": vecIn, "vecadd-b": vecB}
 	for name, in := range inputs { // loaded, instances made, before anything is timed
-		if _, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond); err != nil {
+		l, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond)
+		if err != nil {
 			return nil, err
+		}
+		// Nothing served: every figure of the mode would be a failure
+		// count (the first MPS run on a GPU, 2026-12-04, measured nothing
+		// for a minute and said nothing of why); stop with the server's word.
+		if l.Throughput == 0 && l.Errors > 0 {
+			return nil, fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s", mode, name, l.Errors, l.FirstError, srv.logTail())
 		}
 	}
 	m := &fairMode{Mode: mode, Beside: map[string]fairLoad{}, Neighbours: map[string]fairLoad{}}

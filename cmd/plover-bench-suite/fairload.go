@@ -102,6 +102,9 @@ func loadOf(r *bench.Result) fairLoad {
 	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Max: r.Latency.Max, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
 	for _, e := range r.Errors {
 		l.Errors += e.Count
+		if l.FirstError == "" {
+			l.FirstError = fmt.Sprintf("status %d: %s", e.Status, e.Message)
+		}
 	}
 	return l
 }

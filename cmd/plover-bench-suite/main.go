@@ -75,6 +75,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.repo, "repo", ".", "repository root: BENCHMARKS.md, docs/, samples/cnn/testdata, go.mod")
 	flag.StringVar(&o.plover, "plover", "bin/plover", "the plover binary to serve and deploy with")
+	flag.StringVar(&serverLogs, "server-logs", "", "also write each plover serve's log to a file of its own in this directory (server-NNN.log, its command first, at most 4 MiB each)")
 	flag.StringVar(&o.device, "device", "host", "device for plover serve and the direct calls: host | cuda")
 	flag.StringVar(&o.isolation, "isolation", "process", "plover serve --isolation for the served figures: process | none (scripts/isolation-bench.sh compares the two)")
 	flag.StringVar(&o.suffix, "bundle-suffix", "", "bundle directories are SAMPLES/<function>-<suffix> (default: the device)")

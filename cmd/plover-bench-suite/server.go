@@ -9,8 +9,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -41,6 +43,62 @@ type coldStart struct {
 }
 
 const serverStartTimeout = 30 * time.Second
+
+// serverLogs is the directory each server's log is also written to, a
+// file a server (--server-logs; "": none), so that a run on a machine this
+// program will not be on again says why its requests failed; serverLogCap
+// bounds each file (a server failing every request may log each).
+var (
+	serverLogs   string
+	serverLogSeq atomic.Int64
+)
+
+const serverLogCap = 4 << 20
+
+// keepLog opens the file args's server logs into under serverLogs, its
+// first line the command; nil where there is none or it cannot be made
+// (said once on stderr: the run goes on without it).
+func keepLog(args []string) io.WriteCloser {
+	if serverLogs == "" {
+		return nil
+	}
+	if err := os.MkdirAll(serverLogs, 0o755); err != nil {
+		logf("--server-logs: %v", err)
+		return nil
+	}
+	f, err := os.Create(filepath.Join(serverLogs, fmt.Sprintf("server-%03d.log", serverLogSeq.Add(1))))
+	if err != nil {
+		logf("--server-logs: %v", err)
+		return nil
+	}
+	fmt.Fprintf(f, "# %s\n", strings.Join(args, " "))
+	return &cappedFile{f: f, left: serverLogCap}
+}
+
+// cappedFile writes up to left bytes to f and drops the rest, saying so
+// once; a write never fails, so that the log's reader never stops on it.
+type cappedFile struct {
+	f    *os.File
+	left int64
+}
+
+func (c *cappedFile) Write(p []byte) (int, error) {
+	if c.left <= 0 {
+		return len(p), nil
+	}
+	n := int64(len(p))
+	if n > c.left {
+		c.f.Write(p[:c.left])
+		fmt.Fprintf(c.f, "\n# --server-logs: the rest left out past %d bytes\n", int64(serverLogCap))
+		c.left = 0
+		return len(p), nil
+	}
+	c.f.Write(p)
+	c.left -= n
+	return len(p), nil
+}
+
+func (c *cappedFile) Close() error { return c.f.Close() }
 
 // startServer runs plover serve on 127.0.0.1:0 with dataDir (and extra
 // flags) and waits for it to log its address.
@@ -74,8 +132,16 @@ func startServerIn(p pod, plover, dataDir, device, isolation string, env []strin
 		return nil, fmt.Errorf("start %s serve: %w", plover, err)
 	}
 	ready := make(chan string, 1)
+	var log io.Reader = stderr
+	kept := keepLog(args)
+	if kept != nil {
+		log = io.TeeReader(stderr, kept)
+	}
 	go func() {
-		s.readLog(stderr, ready)
+		s.readLog(log, ready)
+		if kept != nil {
+			kept.Close()
+		}
 		s.waitErr = cmd.Wait()
 		close(s.exited)
 	}()
