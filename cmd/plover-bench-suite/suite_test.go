@@ -284,6 +284,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 	}
 	fair, off := mode("fair"), mode("off")
 	fair.Beside["vecadd"] = bad
+	fair.IO.Clients = [2]int{32, 128} // the caption says what the first mode ran
 	// off has no gRPC flood (a server without --grpc-listen); fair's has
 	// figures of its own, so that a cell read from another load shows.
 	grpcVictim := fairLoad{P50: 3, P99: 10, Throughput: 100, Errors: 2, FirstError: "status 503: no worker"}
@@ -316,6 +317,8 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 		"beside spin: p50 / p99 (one reading)",
 		"fair over off (work conservation: the scheduler costs nothing uncontended), one reading each",
 		"vecadd alone: served/s (÷ off: one reading each)",
+		"vecadd-a (share 3, 4 MB bodies and answers, 32 clients: ",
+		"vecadd-b (share 1, 1 MB, 128 clients: ",
 	)
 	if strings.Contains(out, "| off | beside vecadd over gRPC |") {
 		t.Error("a mode without a gRPC flood has a row for it in where the victim's time went")
@@ -385,6 +388,20 @@ func TestFloodArgs(t *testing.T) {
 		args := strings.Join(floodArgs(c.url, "vecadd", "in.bin", 8, 5*time.Second), " ")
 		if want := "bench vecadd " + c.want + " --in in.bin --concurrency 8 --duration 5s"; !strings.HasPrefix(args, want) {
 			t.Errorf("%s: %q, want it to start %q", c.url, args, want)
+		}
+	}
+}
+
+// vecadd-a's clients can ask for every I/O slot (one a CPU) of the server.
+func TestIOSplitAClients(t *testing.T) {
+	for _, tc := range []struct{ clients, cpus, want int }{
+		{8, 2, 8},   // the dev VM: as before
+		{8, 4, 8},   // twice the CPUs is the benchmark's
+		{8, 16, 32}, // the H200's host: 8 could hold half the slots
+		{40, 16, 40},
+	} {
+		if got := ioSplitAClients(tc.clients, tc.cpus); got != tc.want {
+			t.Errorf("ioSplitAClients(%d, %d) = %d, want %d", tc.clients, tc.cpus, got, tc.want)
 		}
 	}
 }
