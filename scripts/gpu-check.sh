@@ -743,25 +743,27 @@ sec_faults() {
   fi
 }
 
-# bench_suite NAME CAP ARGS...: plover-bench-suite on CUDA within CAP
-# seconds of the budget, its markdown to NAME.md (kept with the logs).
-# lost_requests FILE: a bench report marks figures whose requests failed
-# ("**N failed**"): the suite exits 0 then, its tables saying so, but the
-# figures stand on the requests that got through, and on a GPU machine
-# nobody will be on again a run that served nothing must read as failed.
-lost_requests() { grep -q 'failed\*\*' "$1"; }
+# lost_requests FILE: the fairness report marks figures whose requests
+# failed ("**N failed**", "**N failed, M never sent**"; the other benches'
+# reports say it their own way, not read here): the suite exits 0 then,
+# its tables saying so, but the figures stand on the requests that got
+# through, and on a GPU machine nobody will be on again a run that served
+# nothing must read as failed.
+lost_requests() { grep -qE '\*\*[0-9]+ failed' "$1"; }
 # lost_requests_said FILE: the first table's losses, as its line under it
-# names them ("fair, the victim alone: 1 failed (the first: status 503:
-# ...)").
+# names them ("fair, the victim alone: 1 failed (the most common: status
+# 503: ...)").
 lost_requests_said() { sed -n 's/^\*\*Requests lost to the figures above\*\* ([^)]*): //p' "$1" | head -n 1 | cut -c 1-600; }
 
 # judge_bench RC NAME WHAT WHERE: PASS or FAIL for the bench WHAT that
 # exited RC with its report in $tmp/NAME.md (WHERE: where to read more);
-# returns 1 where it failed.
+# returns 1 where it failed. A suite that stopped says why on its own
+# line, above the server's log it quotes: that line, then the report's end.
 judge_bench() {
   local rc=$1 name=$2 what=$3 where=$4
   if [ "$rc" -ne 0 ]; then
     fail "$what (exit $rc; $where)"
+    grep -m 1 '^plover-bench-suite:' "$tmp/$name.md" | cut -c 1-1000
     tail -n 20 "$tmp/$name.md"
     return 1
   fi
@@ -772,6 +774,8 @@ judge_bench() {
   pass "$what"
 }
 
+# bench_suite NAME CAP ARGS...: plover-bench-suite on CUDA within CAP
+# seconds of the budget, its markdown to NAME.md (kept with the logs).
 bench_suite() {
   local name=$1 cap=$2
   shift 2
@@ -894,7 +898,7 @@ sec_mps() {
     cp -r "$d/log" "$tmp/logs/mps-log" 2>/dev/null
     # Whether the workers were its clients (the driver falls back without
     # MPS quietly): the daemon logs each client and server it starts.
-    say "MPS control.log: $(grep -ci 'client' "$d/log/control.log" 2>/dev/null) lines naming a client; first lines: $(head -n 4 "$d/log/control.log" 2>/dev/null | tr '\n' ' ')"
+    say "MPS control.log: $(grep -ci 'client' "$d/log/control.log" 2>/dev/null || [ -f "$d/log/control.log" ] || echo no log,) lines naming a client; first lines: $(head -n 4 "$d/log/control.log" 2>/dev/null | tr '\n' ' ')"
     # Under MPS nothing served on the H200 (2026-12-04), and nothing said
     # whether MPS or a server run as nobody was the cause: where it fails,
     # the same bench as nobody without the daemon (its directories out of

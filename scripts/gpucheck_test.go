@@ -170,8 +170,8 @@ func TestGPUCheckMPS(t *testing.T) {
 		t.Skip("no user nobody")
 	}
 	// The stand-in bench prints its table, then what its row says, and
-	// keeps a server log where --server-logs (its last but two argument
-	// pair) says.
+	// keeps a server log where --server-logs (its second to last
+	// argument pair) says.
 	const bench = "#!/bin/sh\necho \"| fair | as $(id -un), pipes in $CUDA_MPS_PIPE_DIRECTORY, $*\"\n" +
 		"while [ \"$1\" != --server-logs ]; do shift; done; mkdir -p \"$2\" && echo stand-in server log >\"$2/server-001.log\"\n"
 	for _, tc := range []struct {
@@ -183,10 +183,18 @@ func TestGPUCheckMPS(t *testing.T) {
 		// the suite exited 0 with its tables saying so, and this said PASS.
 		// Then the same without the daemon tells MPS from a server run
 		// as nobody: here it serves.
-		{"every request failed", `[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] && echo "| fair | 0 / 0 (**1 failed**) |" && echo "**Requests lost to the figures above** (failed: a non-2xx answer or none; never sent: due, not sent by its end): fair, the victim alone: 1 failed (the first: status 503: no worker)."; true`,
-			[]string{"FAIL: the fairness bench as nobody: requests failed (fair, the victim alone: 1 failed (the first: status 503: no worker).; mps.md, mps-servers/)",
+		{"every request failed", `[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] && echo "| fair | 0 / 0 (**1 failed, 2 never sent**) |" && echo "**Requests lost to the figures above** (failed: a non-2xx answer or none; never sent: due, not sent by its end): fair, the victim alone: 1 failed, 2 never sent (the most common: status 503: no worker)."; true`,
+			[]string{"FAIL: the fairness bench as nobody: requests failed (fair, the victim alone: 1 failed, 2 never sent (the most common: status 503: no worker).; mps.md, mps-servers/)",
 				"-- the same as nobody without MPS, to tell the two apart",
 				"| fair | as nobody, pipes in , --plover",
+				"PASS: the fairness bench as nobody (MPS off)"}},
+		// The suite stops as its server serves nothing, its reason on a
+		// line above the server's log it quotes, longer than the tail
+		// the check shows: the reason is shown too.
+		{"the suite stopped", `[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] || exit 0; echo "plover-bench-suite: --sched fair: mode fair: every request to cnn failed as the server warmed up (4; status 503: stand-in); the server's log ends:"; for i in $(seq 30); do echo "{\"msg\":\"line $i\"}"; done; exit 1`,
+			[]string{"FAIL: the fairness bench as nobody (exit 1; mps.md, mps-servers/)",
+				"plover-bench-suite: --sched fair: mode fair: every request to cnn failed as the server warmed up (4; status 503: stand-in)",
+				`{"msg":"line 30"}`,
 				"PASS: the fairness bench as nobody (MPS off)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -25,11 +25,11 @@ import (
 
 // fairLoad is one closed loop of the benchmark.
 type fairLoad struct {
-	P50, P99   float64 // ms
-	Throughput float64
-	Errors     int64
-	FirstError string  `json:",omitempty"` // a failed request's status and message, the first kind seen
-	SchedP50   float64 // the Server-Timing sched wait, ms
+	P50, P99    float64 // ms
+	Throughput  float64
+	Errors      int64
+	CommonError string  `json:",omitempty"` // the most common failure's status and its first message
+	SchedP50    float64 // the Server-Timing sched wait, ms
 	// Server is the Server-Timing breakdown (ms): where a victim's time
 	// went, the device's copies and kernels apart from the rest.
 	Server bench.ServerSummary
@@ -370,17 +370,19 @@ func slowest(n int) string {
 type failNotes []string
 
 // cell marks a load's figure: its failed and unsent requests, noted (with
-// the first failure's status and message, so that a run on a machine that
-// is gone says why), and its late ones (in its latency, from when they
-// were due: shown only).
+// the most common failure's status and message, so that a run on a
+// machine that is gone says why: the victims' and the floods' loads of
+// the first table and the rounds' victims; the loads marked by counts
+// alone say none), and its late ones (in its latency, from when they were
+// due: shown only).
 func (f *failNotes) cell(where string, l fairLoad) string {
 	n := len(*f)
 	out := f.mark(where, "", l.Errors, l.Unsent, l.Late)
-	if why := l.FirstError; len(*f) > n && l.Errors > 0 && why != "" {
+	if why := l.CommonError; len(*f) > n && l.Errors > 0 && why != "" {
 		if len(why) > 200 {
 			why = strings.ToValidUTF8(why[:200], "") + "…"
 		}
-		(*f)[n] += " (the first: " + why + ")"
+		(*f)[n] += " (the most common: " + why + ")"
 	}
 	return out
 }
@@ -542,7 +544,7 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 		// count (the first MPS run on a GPU, 2026-12-04, measured nothing
 		// for a minute and said nothing of why); stop with the server's word.
 		if l.Throughput == 0 && l.Errors > 0 {
-			return nil, fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s", mode, name, l.Errors, l.FirstError, srv.logTail())
+			return nil, fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s", mode, name, l.Errors, l.CommonError, srv.logTail())
 		}
 	}
 	m := &fairMode{Mode: mode, Beside: map[string]fairLoad{}, Neighbours: map[string]fairLoad{}}

@@ -100,10 +100,12 @@ func loop(ctx context.Context, cfg bench.Config) (fairLoad, error) {
 // loadOf is a bench run's fairLoad.
 func loadOf(r *bench.Result) fairLoad {
 	l := fairLoad{P50: r.Latency.P50, P99: r.Latency.P99, Max: r.Latency.Max, Throughput: r.Throughput, SchedP50: r.Timing.Sched.P50, Server: r.Timing}
+	var most int64
 	for _, e := range r.Errors {
 		l.Errors += e.Count
-		if l.FirstError == "" {
-			l.FirstError = fmt.Sprintf("status %d: %s", e.Status, e.Message)
+		if e.Count > most {
+			// One line: a body that is not JSON is kept as it came.
+			most, l.CommonError = e.Count, fmt.Sprintf("status %d: %s", e.Status, strings.Join(strings.Fields(e.Message), " "))
 		}
 	}
 	return l

@@ -76,25 +76,22 @@ func keepLog(args []string) io.WriteCloser {
 }
 
 // cappedFile writes up to left bytes to f and drops the rest, saying so
-// once; a write never fails, so that the log's reader never stops on it.
+// at the first byte dropped; a write never fails, so that the log's reader
+// never stops on it.
 type cappedFile struct {
-	f    *os.File
-	left int64
+	f     *os.File
+	left  int64
+	noted bool
 }
 
 func (c *cappedFile) Write(p []byte) (int, error) {
-	if c.left <= 0 {
-		return len(p), nil
-	}
-	n := int64(len(p))
-	if n > c.left {
-		c.f.Write(p[:c.left])
+	k := min(int64(len(p)), c.left)
+	c.f.Write(p[:k])
+	c.left -= k
+	if k < int64(len(p)) && !c.noted {
 		fmt.Fprintf(c.f, "\n# --server-logs: the rest left out past %d bytes\n", int64(serverLogCap))
-		c.left = 0
-		return len(p), nil
+		c.noted = true
 	}
-	c.f.Write(p)
-	c.left -= n
 	return len(p), nil
 }
 

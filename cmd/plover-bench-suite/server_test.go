@@ -75,8 +75,10 @@ func TestCappedFile(t *testing.T) {
 		want   string
 	}{
 		{10, []string{"abc", "def"}, "abcdef"},
-		{5, []string{"abc", "def"}, "abcde\n# --server-logs: the rest left out"},
-		{3, []string{"abc", "def"}, "abc"},
+		{6, []string{"abc", "def"}, "abcdef"},
+		{5, []string{"abc", "def", "ghi"}, "abcde\n# --server-logs: the rest left out past 4194304 bytes\n"},
+		// Filled exactly, then a write: the note still comes.
+		{3, []string{"abc", "def", "ghi"}, "abc\n# --server-logs: the rest left out past 4194304 bytes\n"},
 	} {
 		p := filepath.Join(t.TempDir(), "log")
 		f, err := os.Create(p)
@@ -91,8 +93,8 @@ func TestCappedFile(t *testing.T) {
 		}
 		c.Close()
 		b, _ := os.ReadFile(p)
-		if !strings.HasPrefix(string(b), tc.want) || tc.left >= 6 && string(b) != tc.want {
-			t.Errorf("left %d: the file holds %q, want %q first", tc.left, b, tc.want)
+		if string(b) != tc.want {
+			t.Errorf("left %d: the file holds %q, want %q", tc.left, b, tc.want)
 		}
 	}
 }

@@ -287,7 +287,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 	fair.IO.Clients = [2]int{32, 128} // the caption says what the first mode ran
 	// off has no gRPC flood (a server without --grpc-listen); fair's has
 	// figures of its own, so that a cell read from another load shows.
-	grpcVictim := fairLoad{P50: 3, P99: 10, Throughput: 100, Errors: 2, FirstError: "status 503: no worker"}
+	grpcVictim := fairLoad{P50: 3, P99: 10, Throughput: 100, Errors: 2, CommonError: "status 503: no worker"}
 	grpcVictim.Server.Dispatch = bench.Summary{N: 5, P50: 0.5, P99: 7}
 	grpcVictim.Server.Total = bench.Summary{N: 5, P50: 1, P99: 9}
 	fair.Beside[viaGRPC], fair.Neighbours[viaGRPC] = grpcVictim, fairLoad{Throughput: 77}
@@ -309,7 +309,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 		"| off | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× | - | 50 (**3 failed**), 100, - |",
 		"| fair | beside vecadd over gRPC | n/a | n/a | n/a | n/a | n/a | n/a | 0.500 / 7.00 | 1.00 / 9.00 |",
 		"**Requests lost to the figures above**",
-		"fair, the victim beside vecadd: 7 failed; fair, the victim beside vecadd over gRPC: 2 failed (the first: status 503: no worker); off, the spin flood: 3 failed.",
+		"fair, the victim beside vecadd: 7 failed; fair, the victim beside vecadd over gRPC: 2 failed (the most common: status 503: no worker); off, the spin flood: 3 failed.",
 		"10, 5 (**2 failed**)",
 		"off, 4 clients, spin-b: 2 failed",
 		"| 2 | 2.00 → 1.00 / 2.00 (**7 failed**) (flood: **4 failed**) |",
