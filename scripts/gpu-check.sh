@@ -880,9 +880,10 @@ sec_mps() {
     return 0
   fi
   d=$(mktemp -d /tmp/plover-mps.XXXXXX) || { fail "mktemp"; return 0; }
-  mkdir -p "$d/pipe" "$d/log" "$d/tmp" "$d/repo/build" "$d/repo/samples/cnn"
+  mkdir -p "$d/pipe" "$d/log" "$d/tmp" "$d/repo/build" "$d/repo/samples/cnn" "$d/repo/device"
   cp -r bin "$d/repo/" && cp -r build/samples "$d/repo/build/" && cp -r samples/cnn/testdata "$d/repo/samples/cnn/" && cp go.mod "$d/repo/" ||
     { fail "copying the artifacts for nobody"; return 0; }
+  cp -r build/cudatest "$d/repo/build/" 2>/dev/null
   chown -R nobody: "$d"
   chmod 755 "$d"
   run=(runuser -u nobody -- env -i PATH="$PATH" HOME="$d" TMPDIR="$d/tmp" CUDA_MPS_PIPE_DIRECTORY="$d/pipe" CUDA_MPS_LOG_DIRECTORY="$d/log")
@@ -892,6 +893,7 @@ sec_mps() {
       return 0
     fi
     say "MPS control daemon started as nobody (pipe $d/pipe)"
+    mps_device_suite "$d" "${run[@]}"
     mps_fair "$d" mps "" "${run[@]}"
     rc=$?
     echo quit | bounded 15 "${run[@]}" "$mps" >/dev/null 2>&1 || say "stopping the MPS daemon: exit $?"
@@ -911,6 +913,35 @@ sec_mps() {
     mps_fair "$d" mps " (MPS off)" "${run[@]}"
   fi
   rm -rf "$d"
+}
+
+# mps_device_suite DIR RUN...: the device suite (TestGPUSuite, TestGPUInfo;
+# not TestGPUFault: under MPS a fault reaches every client) as an MPS
+# client in one plain process, run through RUN from DIR's copy: no worker,
+# no Landlock, no seccomp filter. Where the workers end under MPS (the
+# H200, 2026-12-04) and this passes, their containment or their start is
+# the cause; where this fails too, a driver call under MPS is, and the
+# failing case names it.
+mps_device_suite() {
+  local d=$1 rc
+  shift
+  if [ ! -x "$d/repo/bin/device.test" ] || [ ! -f "$d/repo/build/cudatest/testkernels.so" ]; then
+    say "SKIP: the device suite under MPS: needs bin/device.test and build/cudatest/testkernels.so"
+    return 0
+  fi
+  (cd "$d/repo/device" && bounded 60 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 -test.timeout=50s \
+    -test.v -test.run '^TestGPU(Suite|Info)$') >"$tmp/mps-device-test.txt" 2>&1
+  rc=$?
+  save "$tmp/mps-device-test.txt" mps-device-test.txt
+  grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|panic)' "$tmp/mps-device-test.txt"
+  if [ "$rc" -ne 0 ]; then
+    fail "the device suite under MPS as nobody, one process (exit $rc; mps-device-test.txt)"
+    tail -n 30 "$tmp/mps-device-test.txt"
+  elif grep -q -- '--- SKIP: TestGPUSuite' "$tmp/mps-device-test.txt"; then
+    fail "the device suite under MPS as nobody skipped: $(grep -m 1 -A 1 -- '--- SKIP: TestGPUSuite' "$tmp/mps-device-test.txt" | tail -n 1)"
+  else
+    pass "the device suite under MPS as nobody, one process"
+  fi
 }
 
 # mps_fair DIR NAME SUFFIX RUN...: the fairness bench (MPS_MODES) run

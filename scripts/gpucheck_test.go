@@ -211,8 +211,12 @@ func TestGPUCheckMPS(t *testing.T) {
 			files := map[string]string{
 				"path/nvidia-cuda-mps-control": "#!/bin/sh\nif [ \"$1\" = -d ]; then echo \"stand-in daemon of uid $(id -u), pipes in $CUDA_MPS_PIPE_DIRECTORY\" >\"$CUDA_MPS_LOG_DIRECTORY/control.log\"; exit 0; fi\nread cmd; echo \"stand-in $cmd\" >>\"$CUDA_MPS_LOG_DIRECTORY/control.log\"\n",
 				"bin/plover-bench-suite":       bench + tc.row + "\n",
-				"samples/cnn/testdata/digit":   "x",
-				"go.mod":                       "module stand.in\n",
+				// The device suite as an MPS client: run from device/,
+				// given the test kernels, with the daemon's pipes.
+				"bin/device.test": "#!/bin/sh\n[ \"$(basename \"$PWD\")\" = device ] && [ -f \"$PLOVER_TEST_CUDA_BUNDLE_DIR/testkernels.so\" ] && [ -n \"$CUDA_MPS_PIPE_DIRECTORY\" ] || exit 1\n" +
+					"echo \"--- PASS: TestGPUSuite (0.01s) as $(id -un) $*\"\necho PASS\n",
+				"samples/cnn/testdata/digit": "x",
+				"go.mod":                     "module stand.in\n",
 			}
 			for _, d := range []string{"cnn-cuda", "spin-cuda", "vecadd-cuda"} {
 				files["build/samples/"+d+"/plover.json"] = "{}"
@@ -227,6 +231,8 @@ func TestGPUCheckMPS(t *testing.T) {
 				"--fair-sparse-rounds 0 --server-logs /tmp/plover-mps.",
 				"--fair-modes fair",
 				"stand-in daemon of uid 65534",
+				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=50s -test.v -test.run ^TestGPU(Suite|Info)$",
+				"PASS: the device suite under MPS as nobody, one process",
 			}, tc.want...) {
 				if !strings.Contains(report, want) {
 					t.Errorf("the report lacks %q:\n%s", want, report)
