@@ -823,12 +823,17 @@ sec_fair() {
   fi
   # Seven modes and a round of five took 234 s on the H200 at 2 s a
   # measurement (2026-11-30, fe2834d), which with the sections after it
-  # passed the budget. Five here, a round of four (about 175 s): fair, the
-  # floods bounded to one run with their copies in 256 KiB pieces
-  # (fair-flood1-piece: the CNN's p99 5.7-7.5x against fair's 9-11x) and
-  # without pieces (fair-flood1: whether the pieces add anything), nice
-  # levels, and none. fair-piece (pieces alone: no change, 11x twice) and
-  # fair-noio (12-13x twice) were measured enough; FAIR_MODES runs them.
+  # passed the budget; five modes and a round of four took about 176 s
+  # (2026-12-04). Five here, a round of five (about 190 s): fair, the floods
+  # bounded to one run with their copies in 256 KiB pieces
+  # (fair-flood1-piece: the CNN's p99 5.4-7.5x against fair's 9-11x), the
+  # victim and the floods in one worker and one CUDA context
+  # (fair-tenant, and with pieces: whether the victim's copy waits for
+  # the card's time-slicing between contexts, as the third run suggested,
+  # or for the flood's copies), and nice levels. fair-flood1 (4.7-4.9x
+  # p50, 5.7-11x p99), fair-piece (no change, 11x twice), fair-noio
+  # (12-13x twice) and none (11-13x in four runs) were measured enough;
+  # FAIR_MODES runs them.
   # The sparse victim's rounds (the CNN at 4/s, added 2026-12-01) are a
   # question of the server's CPU, asked on the host device: on the H200
   # (2026-12-04) the section's 220 s ran out in the first of them, and no
@@ -836,7 +841,7 @@ sec_fair() {
   # kept (fair-servers/ in the logs), so that failed requests say why.
   bench_suite fair 220 --fair --fair-time "${FAIR_TIME:-2s}" --fair-rounds "${FAIR_ROUNDS:-1}" \
     --fair-sparse-rounds "${FAIR_SPARSE_ROUNDS:-0}" --server-logs "$tmp/logs/fair-servers" \
-    --fair-modes "${FAIR_MODES:-fair,fair-flood1,fair-flood1-piece,fair-nice,none}"
+    --fair-modes "${FAIR_MODES:-fair,fair-flood1-piece,fair-tenant,fair-tenant-piece,fair-nice}"
 }
 
 # Tenant workers (issue 46): the CNN as 40 functions of 2 tenants under

@@ -127,12 +127,17 @@ type fairVictim struct {
 // fairRoundModes are the modes the rounds compare: the light workers'
 // boost on and off, with cgroups and with nice levels, the floods' runs
 // bounded while the victim is about, and the runs' copies in pieces.
-var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noboost", "fair-nice-noslice", "fair-nice-root"}
+var fairRoundModes = []string{"fair", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-tenant", "fair-tenant-piece", "fair-nice", "fair-nice-noboost", "fair-nice-noslice", "fair-nice-root"}
 
-// chosenModes is modes less those --fair-modes leaves out (empty: all).
+// fairOptIn are the modes that run only where --fair-modes names them:
+// questions of a GPU (one CUDA context for the victim and the floods).
+var fairOptIn = []string{"fair-tenant", "fair-tenant-piece"}
+
+// chosenModes is modes less those --fair-modes leaves out (empty: all but
+// fairOptIn's).
 func chosenModes(o *options, modes []string) []string {
 	if len(o.fairModes) == 0 {
-		return modes
+		return slices.DeleteFunc(slices.Clone(modes), func(m string) bool { return slices.Contains(fairOptIn, m) })
 	}
 	return slices.DeleteFunc(slices.Clone(modes), func(m string) bool { return !slices.Contains(o.fairModes, m) })
 }
@@ -472,9 +477,11 @@ func renamedBundle(root string, b fairBundle) (string, error) {
 // run on the device at a time while the victim is about), fair-piece and
 // fair-flood1-piece (fair and fair-flood1 with --copy-piece 256: on a GPU
 // the victim's copy waits behind a 256 KiB piece of a flood's, not a whole
-// one), off (--sched off) and none (the server before the scheduler and
-// the CPU weights).
-var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "fair-nice-noslice", "fair-nice-root", "off", "none"}
+// one), fair-tenant and fair-tenant-piece (fair and fair-piece with
+// --worker-scope tenant: every function in one worker, on a GPU one CUDA
+// context; run only where --fair-modes names them), off (--sched off) and
+// none (the server before the scheduler and the CPU weights).
+var fairModes = []string{"fair", "fair-noio", "fair-noboost", "fair-flood1", "fair-piece", "fair-flood1-piece", "fair-tenant", "fair-tenant-piece", "fair-nice", "fair-nice-noio", "fair-nice-noboost", "fair-nice-noslice", "fair-nice-root", "off", "none"}
 
 // fairGRPCOn reports whether --fair floods vecadd through gRPC too.
 func (o *options) fairGRPCOn() bool {
@@ -489,6 +496,7 @@ const viaGRPC = "vecadd over gRPC"
 func fairFlags(data, mode string) []string {
 	var flags []string
 	base, piece := strings.CutSuffix(mode, "-piece")
+	base, tenant := strings.CutSuffix(base, "-tenant")
 	base, flood1 := strings.CutSuffix(base, "-flood1")
 	base, noio := strings.CutSuffix(base, "-noio")
 	base, noboost := strings.CutSuffix(base, "-noboost")
@@ -515,6 +523,9 @@ func fairFlags(data, mode string) []string {
 	}
 	if flood1 {
 		flags = append(flags, "--flood-runs", "1")
+	}
+	if tenant {
+		flags = append(flags, "--worker-scope", "tenant")
 	}
 	if piece {
 		flags = append(flags, "--copy-piece", "256")
@@ -643,7 +654,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	p("## Sharing a device: a victim beside floods (%s device)\n\n", res.Device)
 	p("Written by `%s` on %s: %s, %d cores, %s; `plover serve --isolation %s`, one server per mode, client and server on this machine; load average before %s, after %s.\n\n",
 		res.Command, res.Started.Format("2006-01-02"), res.Machine.CPU, res.Machine.Cores, res.Machine.OS, o.isolation, res.LoadBefore, res.LoadAfterRuns)
-	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies), over HTTP, and `vecadd` again through gRPC `ModelInfer` (the victim still over HTTP; gRPC-Go reads and writes a connection's frames itself, for all its calls at once, and a connection moves in its function's I/O turns from its first large call). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels, the server started (by this program) in a CPU cgroup of its own under cgroup v1, at the default weight, and not given it (`--cgroup-root` at an empty directory), as a pod's container is; `fair-nice-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice-root` is `fair-nice` with the server where this program runs, in the root CPU cgroup here, as every `fair-nice` reading before 2026-12-02 was: there the kernel schedules each session as a group (autogroups), which a pod's processes never are, so that the server's threads, whatever their levels, weigh as one group against each worker's (since 2026-12-02 each worker's group takes the worker's level); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-nice-noslice` is `fair-nice` without the light workers' short EEVDF slice (`--light-slice 0`: by default, on Linux 6.12 and later, a boosted worker's threads and the server's run with a 100 µs slice, so that they preempt a flood's thread when they wake rather than wait out its slice); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
+	p("The victim is the CNN (`samples/cnn`) at one client in a closed loop for %.0f s; each neighbour is flooded by %d closed-loop clients from a process of their own (`plover bench`; until 2026-11-30 they shared this program's process with the victim's client): `spin` (`samples/spin`, compute-bound, about 2 ms a request, 1 KiB bodies) and `vecadd` (4 MB bodies), over HTTP, and `vecadd` again through gRPC `ModelInfer` (the victim still over HTTP; gRPC-Go reads and writes a connection's frames itself, for all its calls at once, and a connection moves in its function's I/O turns from its first large call). Ratios are to the victim alone in the same mode. Modes: `fair` is the default (`--sched fair`: the device scheduler, and CPU weights for the workers and the server: cgroups here; `--io-shares auto` moves the server's I/O by share under cgroup v1, the thread moving a piece in a CPU group at its function's weight, and leaves it unscheduled under v2); `fair-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice` is the default where cgroups cannot be written (a pod): the workers' weights are nice levels, and the server's I/O moves by share at its functions' levels, the server started (by this program) in a CPU cgroup of its own under cgroup v1, at the default weight, and not given it (`--cgroup-root` at an empty directory), as a pod's container is; `fair-nice-noio` is the same with the server's I/O unscheduled (`--io-shares off`); `fair-nice-root` is `fair-nice` with the server where this program runs, in the root CPU cgroup here, as every `fair-nice` reading before 2026-12-02 was: there the kernel schedules each session as a group (autogroups), which a pod's processes never are, so that the server's threads, whatever their levels, weigh as one group against each worker's (since 2026-12-02 each worker's group takes the worker's level); `fair-noboost` and `fair-nice-noboost` are `fair` and `fair-nice` without the light workers' boost (`--light-boost 1`: every worker at its function's weight all the time, where by default one that used under half its weight's part of the CPUs in the last 250 ms runs at 8 times it); `fair-nice-noslice` is `fair-nice` without the light workers' short EEVDF slice (`--light-slice 0`: by default, on Linux 6.12 and later, a boosted worker's threads and the server's run with a 100 µs slice, so that they preempt a flood's thread when they wake rather than wait out its slice); `fair-flood1` is `fair` with `--flood-runs 1` (while a light function is about, the floods have one run on the device at a time, so that on a GPU a light run's copy waits behind one flood copy, not three); `fair-piece` and `fair-flood1-piece` are `fair` and `fair-flood1` with `--copy-piece 256` (each run's copies between host and device issued in 256 KiB pieces, so that on a GPU a light run's copy waits behind one piece of a flood's copy rather than the whole 4 MB; ignored on the host device); `fair-tenant` and `fair-tenant-piece` are `fair` and `fair-piece` with `--worker-scope tenant`: the benchmark deploys every function without a token, so they are one tenant's and share one worker, and on a GPU one CUDA context, where by default each has a worker and a context of its own (on a GPU, whether the victim's copy waits behind the flood's because the card time-slices between contexts: inferred from the third GPU run, not measured; on the host device one process holds the victim's and the floods' threads at one CPU weight); `off` keeps the CPU weights but runs chains and moves bytes as they come (`--sched off`); `none` is the server before the scheduler (`--sched off --cpu-weights=false`).\n\n",
 		fr.Time, fr.Clients)
 	if fr.NoPod != "" {
 		p("The `fair-nice` modes ran where this program runs, as `fair-nice-root` did, not in a pod's group of their own: %s.\n\n", fr.NoPod)

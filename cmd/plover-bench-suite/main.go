@@ -110,7 +110,7 @@ func main() {
 	flag.StringVar(&o.burstBefore, "burst-before", "", "with --burst: other plover binaries (space-separated; an earlier build) measured the same way in the same run, for ratios")
 	flag.IntVar(&o.fairClients, "fair-clients", 8, "closed-loop clients of each flood for --fair")
 	flag.DurationVar(&o.fairTime, "fair-time", 5*time.Second, "duration of each --fair measurement")
-	flag.Func("fair-modes", "--fair: the modes to run, comma-separated, of fair, fair-noio, fair-noboost, fair-flood1, fair-piece, fair-flood1-piece, fair-nice, fair-nice-noio, fair-nice-noboost, fair-nice-noslice, fair-nice-root, off, none (default all)", func(s string) error {
+	flag.Func("fair-modes", "--fair: the modes to run, comma-separated, of fair, fair-noio, fair-noboost, fair-flood1, fair-piece, fair-flood1-piece, fair-tenant, fair-tenant-piece, fair-nice, fair-nice-noio, fair-nice-noboost, fair-nice-noslice, fair-nice-root, off, none (default all)", func(s string) error {
 		for _, m := range strings.Split(s, ",") {
 			if !slices.Contains(fairModes, m) {
 				return fmt.Errorf("%q is not a mode: want some of %s", m, strings.Join(fairModes, ", "))

@@ -200,6 +200,8 @@ func TestFairModes(t *testing.T) {
 		{"fair-flood1", "--sched fair --flood-runs 1"},
 		{"fair-piece", "--sched fair --copy-piece 256"},
 		{"fair-flood1-piece", "--sched fair --flood-runs 1 --copy-piece 256"},
+		{"fair-tenant", "--sched fair --worker-scope tenant"},
+		{"fair-tenant-piece", "--sched fair --worker-scope tenant --copy-piece 256"},
 		{"fair-nice-noboost", "--sched fair --cgroup-root /d/no-cgroups --light-boost 1"},
 		{"fair-nice-noslice", "--sched fair --cgroup-root /d/no-cgroups --light-slice 0"},
 		{"fair-nice-root", "--sched fair --cgroup-root /d/no-cgroups"},
@@ -214,8 +216,8 @@ func TestFairModes(t *testing.T) {
 	if got := strings.Join(chosenModes(o, fairRoundModes), ","); got != "fair,fair-flood1,fair-flood1-piece" {
 		t.Errorf("round modes %q", got)
 	}
-	if got := chosenModes(&options{}, fairModes); len(got) != len(fairModes) {
-		t.Errorf("no --fair-modes kept %d of %d modes", len(got), len(fairModes))
+	if got := chosenModes(&options{}, fairModes); len(got) != len(fairModes)-len(fairOptIn) || slices.Contains(got, "fair-tenant") {
+		t.Errorf("no --fair-modes kept %v of %d modes; want all but %v", got, len(fairModes), fairOptIn)
 	}
 }
 
