@@ -67,8 +67,7 @@ func TestClientSlotsComeBack(t *testing.T) {
 	}
 	for _, withTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
-			metrics, grpcListen := freeAddr(t), freeAddr(t)
-			args := []string{"--max-conns-per-client", fmt.Sprint(perClient), "--metrics-listen", metrics, "--grpc-listen", grpcListen}
+			args := []string{"--max-conns-per-client", fmt.Sprint(perClient), "--metrics-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"}
 			if withTLS {
 				args = append(args, "--tls-cert", cert, "--tls-key", key)
 			}
@@ -80,6 +79,9 @@ func TestClientSlotsComeBack(t *testing.T) {
 				t.Fatalf("no API address in the log:\n%s", srv.log)
 			}
 			api, addr := m[1], m[2]
+			// Ports 0, read back: a port found free could be another
+			// test's by the time the server binds it.
+			grpcListen, metrics := grpcAddr(t, srv), metricsAddr(t, srv)
 			wrap := func(c net.Conn) net.Conn { return c }
 			type tc struct {
 				name, addr string

@@ -34,9 +34,9 @@ func TestSIGTERMClosesConnectionsWithoutRequests(t *testing.T) {
 		t.Skip("starts a server")
 	}
 	bin := buildPlover(t)
-	metrics := freeAddr(t)
 	const grace = 8 * time.Second
-	srv := startServer(t, bin, "--grace", grace.String(), "--metrics-listen", metrics)
+	srv := startServer(t, bin, "--grace", grace.String(), "--metrics-listen", "127.0.0.1:0")
+	metrics := srv.metrics
 	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 800), nil))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
 	dial(t, strings.TrimPrefix(srv.url, "http://"))
@@ -90,9 +90,9 @@ func TestSIGTERMEndsUnfinishedGRPCHandshakes(t *testing.T) {
 		t.Skip("starts a server")
 	}
 	bin := buildPlover(t)
-	grpcListen := freeAddr(t)
 	const grace = 6 * time.Second
-	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", grpcListen)
+	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", "127.0.0.1:0")
+	grpcListen := srv.grpc
 	dial(t, grpcListen)
 	send(t, dial(t, grpcListen), []byte("PRI * HTTP/2.0\r\n"))
 	waitFor(t, 10*time.Second, "the server to count both connections", func() bool { return metric(t, srv.url, "plover_connections_open") >= 2 })
@@ -165,17 +165,6 @@ func TestSIGHUPDuringDrainIsNoExit(t *testing.T) {
 	srv.cmd.Process.Signal(syscall.SIGHUP)
 	(<-res).echoed(t, []byte("drain me"), "during shutdown and SIGHUP")
 	exited(t, srv, start, 15*time.Second)
-}
-
-// freeAddr is a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // invoked is the outcome of an invoke.

@@ -24,8 +24,13 @@ import (
 // server is a real `plover serve` process on a free loopback port.
 type server struct {
 	url string
-	cmd *exec.Cmd
-	log *bytes.Buffer
+	// grpc and metrics are --grpc-listen's and --metrics-listen's
+	// addresses (host:port) as the server logged them, before its API's:
+	// a test passes port 0 and reads them here, where a port it found free
+	// could be taken by another test's before the server bound it.
+	grpc, metrics string
+	cmd           *exec.Cmd
+	log           *bytes.Buffer
 	// logRead is closed once its stderr was read to the end: cmd.Wait
 	// closes the pipe, and lines not read by then (its last ones, as it
 	// stops) are lost.
@@ -110,6 +115,8 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 		}
 	})
 	addrRE := regexp.MustCompile(`msg="plover serving" addr=(http://127\.0\.0\.1:\d+)`)
+	grpcRE := regexp.MustCompile(`msg="serving the Open Inference Protocol over gRPC" addr=grpcs?://(127\.0\.0\.1:\d+)`)
+	metricsRE := regexp.MustCompile(`msg="metrics without authentication" addr=http://(127\.0\.0\.1:\d+)/metrics`)
 	found := make(chan string, 1)
 	go func() {
 		defer close(s.logRead)
@@ -117,7 +124,17 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 		sent := false
 		for sc.Scan() {
 			s.log.WriteString(sc.Text() + "\n")
-			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil && !sent {
+			if sent {
+				continue
+			}
+			// Written before the send, read after the receive.
+			if m := grpcRE.FindStringSubmatch(sc.Text()); m != nil {
+				s.grpc = m[1]
+			}
+			if m := metricsRE.FindStringSubmatch(sc.Text()); m != nil {
+				s.metrics = m[1]
+			}
+			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
 				found <- m[1]
 				sent = true
 			}

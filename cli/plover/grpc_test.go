@@ -62,13 +62,27 @@ func grpcurl(t *testing.T) string {
 	return ""
 }
 
-var grpcAddrRE = regexp.MustCompile(`addr=grpcs?://(127\.0\.0\.1:\d+)`)
+var (
+	grpcAddrRE    = regexp.MustCompile(`addr=grpcs?://(127\.0\.0\.1:\d+)`)
+	metricsAddrRE = regexp.MustCompile(`msg="metrics without authentication" addr=http://(127\.0\.0\.1:\d+)/metrics`)
+)
 
 func grpcAddr(t *testing.T, srv *isoServer) string {
 	t.Helper()
-	m := grpcAddrRE.FindStringSubmatch(srv.log.String())
+	return loggedAddr(t, srv, grpcAddrRE, "gRPC")
+}
+
+// metricsAddr is --metrics-listen's address as srv logged it.
+func metricsAddr(t *testing.T, srv *isoServer) string {
+	t.Helper()
+	return loggedAddr(t, srv, metricsAddrRE, "metrics")
+}
+
+func loggedAddr(t *testing.T, srv *isoServer, re *regexp.Regexp, what string) string {
+	t.Helper()
+	m := re.FindStringSubmatch(srv.log.String())
 	if m == nil {
-		t.Fatalf("no gRPC address in the server log:\n%s", srv.log)
+		t.Fatalf("no %s address in the server log:\n%s", what, srv.log)
 	}
 	return m[1]
 }
@@ -269,9 +283,8 @@ func TestGRPCHandshakeWithinReadTimeout(t *testing.T) {
 		t.Skip("starts a server")
 	}
 	bin := buildPlover(t)
-	grpcListen := freeAddr(t)
 	const readTimeout = time.Second
-	startServer(t, bin, "--read-timeout", readTimeout.String(), "--grpc-listen", grpcListen)
+	grpcListen := startServer(t, bin, "--read-timeout", readTimeout.String(), "--grpc-listen", "127.0.0.1:0").grpc
 	for _, hello := range []string{"", "PRI * HTTP/2.0\r\n"} {
 		c := dial(t, grpcListen)
 		send(t, c, []byte(hello))
@@ -293,9 +306,9 @@ func TestSIGTERMDrainsInFlightGRPCCall(t *testing.T) {
 		t.Skip("starts a server")
 	}
 	bin := buildPlover(t)
-	grpcListen := freeAddr(t)
 	const grace = 8 * time.Second
-	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", grpcListen)
+	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", "127.0.0.1:0")
+	grpcListen := srv.grpc
 	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 800), nil))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
 	dial(t, grpcListen)
