@@ -18,6 +18,15 @@ import (
 // For the engine_test package's tests.
 var WaitFor = waitFor
 
+// SetAbandonHook makes f run in the call that abandons a dead program,
+// under its pool's lock, before the crash is counted; it returns the
+// restore.
+func SetAbandonHook(f func()) (restore func()) {
+	old := hookAbandoning
+	hookAbandoning = f
+	return func() { hookAbandoning = old }
+}
+
 // DeviceFlowShare is the weight and class name's device flow has on the
 // first scheduler that has one (ok false: none).
 func (e *Engine) DeviceFlowShare(name string) (weight float64, class sched.Class, ok bool) {

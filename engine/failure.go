@@ -91,12 +91,26 @@ func (v *version) runFailed(p *placement, err error) error {
 // not counted: back-off is for a function that crashes its own workers,
 // and must not fail the siblings of one that does.
 func (v *version) workerDied(p *placement, l device.Loss) error {
-	if p == nil || v.pool.abandon(p) {
+	// The crash is counted as the program is abandoned, under the pool's
+	// lock (abandonThen): whichever of the two that saw it returns second
+	// returns after the count, so a client's next request sees its back-off.
+	var backoff bool
+	count := func() {
+		if !l.Collateral() {
+			backoff = v.pool.crashedLocked(time.Now())
+		}
+	}
+	first := p == nil
+	if first {
+		backoff = !l.Collateral() && v.pool.crashed(time.Now())
+	} else {
+		first = v.pool.abandonThen(p, count)
+	}
+	if first {
 		attrs := append([]any{"function", v.fn.name, "version", v.rec.ID}, l.LogAttrs()...)
 		if l.Collateral() {
 			v.lg.Warn("lost with its tenant's worker", append(attrs, "tenant", v.pool.e.tenantOf(v))...)
 		} else {
-			backoff := v.pool.crashed(time.Now())
 			v.lg.Error("worker died", append(attrs, "backoff", backoff)...)
 		}
 	}

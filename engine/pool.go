@@ -358,11 +358,31 @@ func (p *pool) unplace() []*placement {
 // closed, busy ones are closed as they come back (put sees pl.dead), and
 // the next instance loads a fresh program. It reports whether this call
 // did it, so that one death is counted once however many requests saw it.
-func (p *pool) abandon(pl *placement) bool {
+func (p *pool) abandon(pl *placement) bool { return p.abandonThen(pl, nil) }
+
+// hookAbandoning runs in the call that abandons a placement, under the
+// pool's lock, before it counts anything: a test holds that call there.
+var hookAbandoning = func() {}
+
+// abandonThen is abandon, and where this call abandons pl it runs first
+// (nil: nothing) under the pool's lock before anything else, so that what
+// first records (a crash counted towards back-off) is in place before any
+// other caller's abandon of pl returns. Two callers see one death: the
+// request whose run met it and watchExit, whichever comes first. Were the
+// count made after the lock, the request could answer its client while
+// watchExit, first, had yet to count: the client's next request then
+// found no back-off and crashed one more worker than crashLimit (CI's
+// TestIsolationProcess/backoff, "backed off after 6 crashes, want 5").
+func (p *pool) abandonThen(pl *placement, first func()) bool {
+	p.mu.Lock()
 	if !pl.dead.CompareAndSwap(false, true) {
+		p.mu.Unlock()
 		return false
 	}
-	p.mu.Lock()
+	hookAbandoning()
+	if first != nil {
+		first()
+	}
 	for i, q := range p.placements {
 		if q == pl {
 			p.placements = append(p.placements[:i:i], p.placements[i+1:]...)
@@ -483,6 +503,11 @@ const (
 func (p *pool) crashed(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.crashedLocked(now)
+}
+
+// crashedLocked is crashed with p.mu held.
+func (p *pool) crashedLocked(now time.Time) bool {
 	p.crashes = append(p.crashes, now)
 	for len(p.crashes) > 0 && now.Sub(p.crashes[0]) > crashWindow {
 		p.crashes = p.crashes[1:]
