@@ -70,19 +70,24 @@ func (in *dyingInstance) Run(r *device.Run) error {
 	noticed := in.p.d.noticed
 	in.p.d.mu.Unlock()
 	in.p.once.Do(func() { close(in.p.exited) })
-	<-noticed // the watcher abandons the program first
+	select { // the watcher abandons the program first
+	case <-noticed:
+	case <-time.After(10 * time.Second): // the test fails on its own wait
+	}
 	return dyingLoss{}
 }
 
 // A worker's death is seen twice, by the request whose run met it and by
 // the engine's exit watcher, and counted once, by whichever abandons the
 // program first. The request answers its client only once the death is
-// counted: the watcher first, held as it abandons, keeps the request from
-// answering; and after crashLimit (5) crashes the sixth request is backed
-// off, not run. Counted after the pool's lock, the request answered while
-// the watcher had yet to count (this test: "the request answered before
-// its worker's death was counted"), and in CI a client's sixth request
-// crashed a sixth worker (TestIsolationProcess/backoff).
+// counted: while the watcher, first, is held as it abandons (under the
+// pool's lock: the request waits for it), the request does not answer;
+// when it answers, its crash is counted; and after crashLimit (5) crashes
+// the sixth request is backed off, not run. Counted after the pool's lock,
+// the request answered while the watcher had yet to count (this test: "the
+// request answered before its worker's death was counted"), and in CI a
+// client's sixth request crashed a sixth worker
+// (TestIsolationProcess/backoff).
 func TestARequestAnswersAfterItsWorkersDeathIsCounted(t *testing.T) {
 	d := &dyingDevice{Device: device.NewHost(0)}
 	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
@@ -92,7 +97,11 @@ func TestARequestAnswersAfterItsWorkersDeathIsCounted(t *testing.T) {
 		d.mu.Lock()
 		noticed, rel := d.noticed, release
 		d.mu.Unlock()
-		close(noticed)
+		select {
+		case <-noticed: // a run past the fifth crash (a regression): told below
+		default:
+			close(noticed)
+		}
 		<-rel
 	})()
 	for i := 1; i <= 5; i++ {
@@ -102,7 +111,11 @@ func TestARequestAnswersAfterItsWorkersDeathIsCounted(t *testing.T) {
 		d.mu.Unlock()
 		answered := make(chan error, 1)
 		go func() { answered <- e.Invoke(context.Background(), "crashy", &call.Request{Input: []byte("x")}) }()
-		<-noticed
+		select {
+		case <-noticed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("crash %d: the exit watcher never abandoned the dead program", i)
+		}
 		select {
 		case err := <-answered:
 			close(rel)
@@ -112,6 +125,10 @@ func TestARequestAnswersAfterItsWorkersDeathIsCounted(t *testing.T) {
 		close(rel)
 		if err := <-answered; errdefs.KindOf(err) != errdefs.KindWorkerCrashed {
 			t.Fatalf("crash %d: %v (kind %v), want the worker's crash", i, err, errdefs.KindOf(err))
+		}
+		// Counted as it answered (the fifth: backed off, the count reset).
+		if n, want := e.CrashesCounted("crashy"), int32(i%5); n != want {
+			t.Errorf("crash %d answered with %d crashes counted, want %d", i, n, want)
 		}
 	}
 	runs := d.runs.Load()

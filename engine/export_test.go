@@ -90,6 +90,16 @@ func (e *Engine) ToppingUp(name string) bool {
 	return v != nil && v.topping.Load()
 }
 
+// CrashesCounted is the crashes of name's current version counted towards
+// its back-off (0 again once it backs off); -1 without a version.
+func (e *Engine) CrashesCounted(name string) int32 {
+	_, v := e.tab.peek(name)
+	if v == nil {
+		return -1
+	}
+	return v.pool.crashCount.Load()
+}
+
 // TopUpFails is how many top-ups of name's current version failed in a row.
 func (e *Engine) TopUpFails(name string) int32 {
 	_, v := e.tab.peek(name)

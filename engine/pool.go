@@ -361,11 +361,12 @@ func (p *pool) unplace() []*placement {
 func (p *pool) abandon(pl *placement) bool { return p.abandonThen(pl, nil) }
 
 // hookAbandoning runs in the call that abandons a placement, under the
-// pool's lock, before it counts anything: a test holds that call there.
+// pool's lock, before it counts anything: a test holds that call there. A
+// plain variable: set only by tests, which do not run in parallel.
 var hookAbandoning = func() {}
 
 // abandonThen is abandon, and where this call abandons pl it runs first
-// (nil: nothing) under the pool's lock before anything else, so that what
+// (nil: nothing) under the pool's lock before it forgets pl, so that what
 // first records (a crash counted towards back-off) is in place before any
 // other caller's abandon of pl returns. Two callers see one death: the
 // request whose run met it and watchExit, whichever comes first. Were the
