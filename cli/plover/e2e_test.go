@@ -115,8 +115,6 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 		}
 	})
 	addrRE := regexp.MustCompile(`msg="plover serving" addr=(http://127\.0\.0\.1:\d+)`)
-	grpcRE := regexp.MustCompile(`msg="serving the Open Inference Protocol over gRPC" addr=grpcs?://(127\.0\.0\.1:\d+)`)
-	metricsRE := regexp.MustCompile(`msg="metrics without authentication" addr=http://(127\.0\.0\.1:\d+)/metrics`)
 	found := make(chan string, 1)
 	go func() {
 		defer close(s.logRead)
@@ -128,10 +126,10 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 				continue
 			}
 			// Written before the send, read after the receive.
-			if m := grpcRE.FindStringSubmatch(sc.Text()); m != nil {
+			if m := grpcAddrRE.FindStringSubmatch(sc.Text()); m != nil {
 				s.grpc = m[1]
 			}
-			if m := metricsRE.FindStringSubmatch(sc.Text()); m != nil {
+			if m := metricsAddrRE.FindStringSubmatch(sc.Text()); m != nil {
 				s.metrics = m[1]
 			}
 			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/plover-run/plover/bench"
@@ -249,11 +248,9 @@ func roundServer(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 	if err != nil {
 		return nil, err
 	}
-	for name, in := range map[string][]byte{"cnn": cnnIn, "vecadd": vecIn} {
-		if _, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond); err != nil {
-			srv.stop()
-			return nil, err
-		}
+	if err := warmUp(ctx, srv, mode, map[string][]byte{"cnn": cnnIn, "vecadd": vecIn}); err != nil {
+		srv.stop()
+		return nil, err
 	}
 	return srv, nil
 }
@@ -546,17 +543,8 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 	vecB := vecIn[:len(vecIn)/4/4*4] // a quarter of the floats: 1 MB bodies and answers
 	inputs := map[string][]byte{"cnn": cnnIn, "vecadd": vecIn, "spin": spinIn, "spin-a": spinIn, "spin-b": spinIn, "cnn-latency": cnnIn, "spin-batch": spinIn,
 		"vecadd-a": vecIn, "vecadd-b": vecB}
-	for name, in := range inputs { // loaded, instances made, before anything is timed
-		l, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond)
-		if err != nil {
-			return nil, err
-		}
-		// Nothing served: every figure of the mode would be a failure
-		// count (the first MPS run on a GPU, 2026-12-04, measured nothing
-		// for a minute and said nothing of why); stop with the server's word.
-		if l.Throughput == 0 && l.Errors > 0 {
-			return nil, fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s", mode, name, l.Errors, l.CommonError, srv.logTail())
-		}
+	if err := warmUp(ctx, srv, mode, inputs); err != nil {
+		return nil, err
 	}
 	m := &fairMode{Mode: mode, Beside: map[string]fairLoad{}, Neighbours: map[string]fairLoad{}}
 	if m.Alone, err = closed(ctx, srv.url, "cnn", cnnIn, 1, o.fairTime); err != nil {
@@ -591,26 +579,9 @@ func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecI
 		m.Beside[viaGRPC], m.Neighbours[viaGRPC] = v, n
 	}
 	for _, clients := range []int{4, 12} {
-		logf("  spin-a (share 3) and spin-b (share 1), %d clients each", clients)
-		before := [2]float64{deviceSeconds(srv.url, "spin-a"), deviceSeconds(srv.url, "spin-b")}
-		var wg sync.WaitGroup
-		var la, lb fairLoad
-		var ea, eb error
-		wg.Add(2)
-		go func() { defer wg.Done(); la, ea = closed(ctx, srv.url, "spin-a", spinIn, clients, o.fairTime) }()
-		go func() { defer wg.Done(); lb, eb = closed(ctx, srv.url, "spin-b", spinIn, clients, o.fairTime) }()
-		wg.Wait()
-		if ea != nil || eb != nil {
-			return nil, fmt.Errorf("shares: %v %v", ea, eb)
-		}
-		sh := fairShares{Clients: clients, Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}}
-		if la.Throughput+lb.Throughput > 0 {
-			sh.WorkA = la.Throughput / (la.Throughput + lb.Throughput)
-		}
-		da, db := deviceSeconds(srv.url, "spin-a")-before[0], deviceSeconds(srv.url, "spin-b")-before[1]
-		sh.BilledA = math.NaN() // no scheduler, no device time
-		if strings.HasPrefix(mode, "fair") && da+db > 0 {
-			sh.BilledA = da / (da + db)
+		sh, err := shareSplit(ctx, o, srv.url, mode, spinIn, clients)
+		if err != nil {
+			return nil, err
 		}
 		m.Shares = append(m.Shares, sh)
 	}

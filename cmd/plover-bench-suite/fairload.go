@@ -296,3 +296,49 @@ func getText(ctx context.Context, url string) (string, error) {
 	}
 	return string(b), err
 }
+
+// warmUp loads each function of inputs on srv and makes its instances
+// before anything is timed. A function whose every request failed stops
+// the mode with the server's word: every figure would be a failure count
+// (the first MPS run on a GPU, 2026-12-04, measured nothing for a minute
+// and said nothing of why).
+func warmUp(ctx context.Context, srv *server, mode string, inputs map[string][]byte) error {
+	for name, in := range inputs {
+		l, err := closed(ctx, srv.url, name, in, 4, 500*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		if l.Throughput == 0 && l.Errors > 0 {
+			return fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s", mode, name, l.Errors, l.CommonError, srv.logTail())
+		}
+	}
+	return nil
+}
+
+// shareSplit floods spin-a (share 3) and spin-b (share 1) with clients
+// each at once: the part of the work each got done and of the device time
+// each was billed (none without the scheduler: NaN).
+func shareSplit(ctx context.Context, o *options, url, mode string, spinIn []byte, clients int) (fairShares, error) {
+	logf("  spin-a (share 3) and spin-b (share 1), %d clients each", clients)
+	before := [2]float64{deviceSeconds(url, "spin-a"), deviceSeconds(url, "spin-b")}
+	var wg sync.WaitGroup
+	var la, lb fairLoad
+	var ea, eb error
+	wg.Add(2)
+	go func() { defer wg.Done(); la, ea = closed(ctx, url, "spin-a", spinIn, clients, o.fairTime) }()
+	go func() { defer wg.Done(); lb, eb = closed(ctx, url, "spin-b", spinIn, clients, o.fairTime) }()
+	wg.Wait()
+	if ea != nil || eb != nil {
+		return fairShares{}, fmt.Errorf("shares: %v %v", ea, eb)
+	}
+	sh := fairShares{Clients: clients, Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}}
+	if la.Throughput+lb.Throughput > 0 {
+		sh.WorkA = la.Throughput / (la.Throughput + lb.Throughput)
+	}
+	da, db := deviceSeconds(url, "spin-a")-before[0], deviceSeconds(url, "spin-b")-before[1]
+	sh.BilledA = math.NaN() // no scheduler, no device time
+	if strings.HasPrefix(mode, "fair") && da+db > 0 {
+		sh.BilledA = da / (da + db)
+	}
+	return sh, nil
+}
