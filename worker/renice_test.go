@@ -127,14 +127,15 @@ func TestReniceTreeLeavesNoProcessBehind(t *testing.T) {
 	}
 	g := &CPUGroups{nice: true, lower: true, log: slog.New(slog.DiscardHandler), boost: LightBoost}
 	c := g.Place(pid, 1)
-	behind := func(level int) (n int, of int) {
+	behind := func(level int) (n, of int, one string) {
 		tree := procTree(pid)
 		for _, k := range tree {
 			if f, err := statFields(fmt.Sprintf("/proc/%d/stat", k.pid)); err == nil && f[16] != strconv.Itoa(level) {
 				n++
+				one = fmt.Sprintf("process %d at nice %s", k.pid, f[16])
 			}
 		}
-		return n, len(tree)
+		return n, len(tree), one
 	}
 	for try := 0; try < 3; try++ {
 		for _, tc := range []struct {
@@ -142,13 +143,35 @@ func TestReniceTreeLeavesNoProcessBehind(t *testing.T) {
 			level int
 		}{{true, 1}, {false, 10}} {
 			c.setBoost(tc.boost)
-			if n, of := behind(tc.level); n > 0 {
-				t.Fatalf("boost %v: %d of the tree's %d processes not at nice %d", tc.boost, n, of, tc.level)
-			}
+			leftBehind(t, fmt.Sprintf("boost %v: processes not at nice %d", tc.boost, tc.level), func() (int, int, string) {
+				return behind(tc.level)
+			})
 		}
 	}
 	if !g.On() {
 		t.Fatal("the weights turned off")
+	}
+}
+
+// leftBehind fails t where a change of a forking tree's level left more
+// than one of its threads or processes behind (behind: how many, of how
+// many, one of them), or any behind for a second. A pass that reads the
+// tree until it finds nothing new still cannot see a child whose fork is
+// under way as it reads last: the child takes its forker's old level and
+// keeps it for its 30 ms of life (a window's catch-up would set it), where
+// a missed forker or worker stays behind, and a pass that missed the
+// forks made during it leaves several.
+func leftBehind(t *testing.T, what string, behind func() (n, of int, one string)) {
+	t.Helper()
+	n, of, one := behind()
+	if n > 1 {
+		t.Fatalf("%s: %d of the tree's %d (%s)", what, n, of, one)
+	}
+	for deadline := time.Now().Add(time.Second); n > 0; n, of, one = behind() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of the tree's %d still after 1 s (%s)", what, n, of, one)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -217,9 +240,9 @@ func TestBoostedWorkerRunsWithTheLightSlice(t *testing.T) {
 					slice time.Duration
 				}{{true, 1, LightSlice}, {false, 10, def}} {
 					c.setBoost(tc.boost)
-					if n, of, what := behind(tc.level, tc.slice); n > 0 {
-						t.Fatalf("boost %v: %d of the tree's %d threads not at nice %d with slice %v (%s)", tc.boost, n, of, tc.level, tc.slice, what)
-					}
+					leftBehind(t, fmt.Sprintf("boost %v: threads not at nice %d with slice %v", tc.boost, tc.level, tc.slice), func() (int, int, string) {
+						return behind(tc.level, tc.slice)
+					})
 				}
 			}
 			if !g.On() {
