@@ -926,7 +926,10 @@ sec_mps() {
 # no Landlock, no seccomp filter. Where the workers end under MPS (the
 # H200, 2026-12-04) and this passes, their containment or their start is
 # the cause; where this fails too, a driver call under MPS is, and the
-# failing case names it.
+# failing case names it. TestGPUContained then runs the suite's chain in
+# a child under each step of a worker's containment alone (reach filter,
+# non-dumpable, Landlock, the MPS limits in its environment) and all
+# together: the first that fails under MPS is the step to look at.
 mps_device_suite() {
   local d=$1 rc
   shift
@@ -934,8 +937,8 @@ mps_device_suite() {
     say "SKIP: the device suite under MPS: needs bin/device.test and build/cudatest/testkernels.so"
     return 0
   fi
-  (cd "$d/repo/device" && bounded 60 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 -test.timeout=50s \
-    -test.v -test.run '^TestGPU(Suite|Info)$') >"$tmp/mps-device-test.txt" 2>&1
+  (cd "$d/repo/device" && bounded 90 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 -test.timeout=80s \
+    -test.v -test.run '^TestGPU(Suite|Info|Contained)$') >"$tmp/mps-device-test.txt" 2>&1
   rc=$?
   save "$tmp/mps-device-test.txt" mps-device-test.txt
   grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|panic)' "$tmp/mps-device-test.txt"

@@ -231,7 +231,7 @@ func TestGPUCheckMPS(t *testing.T) {
 				"--fair-sparse-rounds 0 --server-logs /tmp/plover-mps.",
 				"--fair-modes fair",
 				"stand-in daemon of uid 65534",
-				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=50s -test.v -test.run ^TestGPU(Suite|Info)$",
+				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=80s -test.v -test.run ^TestGPU(Suite|Info|Contained)$",
 				"PASS: the device suite under MPS as nobody, one process",
 			}, tc.want...) {
 				if !strings.Contains(report, want) {

@@ -17,7 +17,13 @@ var shared struct {
 	once sync.Once
 	dir  string
 	err  error
+	lent bool // dir is another process's (DirEnv): not removed here
 }
+
+// DirEnv names a build another process made and keeps, which Shared uses
+// instead of building its own: a test's child processes, which may not be
+// able to remove a build of their own (a child under Landlock).
+const DirEnv = "PLOVER_FAKECUDA_DIR"
 
 // Shared is Build done once per process, for tests that load the driver
 // into their own process: a second build loaded beside the first does not
@@ -25,13 +31,20 @@ var shared struct {
 // to the copy loaded first (with its own current contexts), and launches
 // fail where the test ran more than once (-count). Remove removes it.
 func Shared() (string, error) {
-	shared.once.Do(func() { shared.dir, shared.err = Build() })
+	shared.once.Do(func() {
+		if d := os.Getenv(DirEnv); d != "" {
+			shared.dir, shared.lent = d, true
+			return
+		}
+		shared.dir, shared.err = Build()
+	})
 	return shared.dir, shared.err
 }
 
-// Remove removes Shared's build, if any (from TestMain, after the tests).
+// Remove removes Shared's build, if any and its own (from TestMain, after
+// the tests).
 func Remove() {
-	if shared.dir != "" {
+	if shared.dir != "" && !shared.lent {
 		os.RemoveAll(shared.dir)
 	}
 }
