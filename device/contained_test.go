@@ -26,9 +26,11 @@ import (
 // of them in the worker's order, so that a GPU run says which step, if
 // any, a driver (under MPS or not) does not stand: the reach filter
 // (seccomp, after no_new_privs), non-dumpable, Landlock with the worker's
-// rules (applied after the device is open, the bundle loaded after it), and
-// the MPS limits a worker is started with (in its environment). On the
-// fake driver the same children check the steps and the harness.
+// rules (applied after the device is open, the bundle loaded after it),
+// Landlock without its scopes of signals and abstract sockets (a lead: the
+// H200's kernel has them), and the MPS limits a worker is started with (in
+// its environment). On the fake driver the same children check the steps
+// and the harness.
 
 // containSteps are the children's names, each a set of steps.
 var containSteps = []struct{ name, steps string }{
@@ -36,6 +38,9 @@ var containSteps = []struct{ name, steps string }{
 	{"reach", "reach"},
 	{"nodump", "nodump"},
 	{"landlock", "landlock"},
+	// Landlock without its scopes (FSRules.Unscoped): signals and
+	// abstract Unix sockets to the MPS server left open.
+	{"landlock-unscoped", "landlock,unscoped"},
 	{"mps-limits", "limits"},
 	{"all", "reach,nodump,landlock,limits"},
 }
@@ -134,6 +139,7 @@ func containedChain(t *testing.T, env string, steps []string) {
 	if has("landlock") {
 		rules := contain.DefaultRules()
 		rules.RODirs = append(rules.RODirs, filepath.Dir(bundle))
+		rules.Unscoped = has("unscoped")
 		if pipe := os.Getenv("CUDA_MPS_PIPE_DIRECTORY"); pipe != "" || mpsDaemon() {
 			rules.AddMPS(pipe)
 		}

@@ -68,6 +68,8 @@ func runChild(mode string) {
 		childLandlockThreads()
 	case "landlock-default":
 		childLandlockDefault()
+	case "landlock-ipc":
+		childLandlockIPC()
 	case "enter-drop":
 		childEnterDrop()
 	case "enter-keep":

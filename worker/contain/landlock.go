@@ -34,6 +34,14 @@ type FSRules struct {
 	// /dev/nvidia* need it) on the file, or on every file beneath a
 	// directory.
 	RWFiles []string
+	// Unscoped leaves signals and abstract Unix sockets to processes
+	// outside the domain as they were (Landlock ABI 6 scopes them): for
+	// a client of a service that checks on it by signal or reaches it
+	// through an abstract socket. Nothing in a worker sets it: it is
+	// TestGPUContained's, to tell whether a CUDA client of an MPS server
+	// needs it (on an H200 under MPS every worker ended about 150 ms
+	// after it connected, 2026-12-04).
+	Unscoped bool
 }
 
 // llConfig is the newest Landlock ABI whose filesystem rights the rules
@@ -189,7 +197,11 @@ func RestrictFS(r FSRules) (applied bool, err error) {
 	// connect is refused (ABI 4), and signals and abstract Unix sockets are
 	// scoped to the domain (ABI 6), so a worker can signal neither the
 	// server nor another worker, even under the same uid.
-	if err := llConfig.Restrict(rules...); err != nil {
+	cfg := llConfig
+	if r.Unscoped {
+		cfg.Scoped = 0
+	}
+	if err := cfg.Restrict(rules...); err != nil {
 		return false, fmt.Errorf("contain: landlock: %w", err)
 	}
 	return true, nil

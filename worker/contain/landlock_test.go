@@ -3,6 +3,7 @@ package contain
 import (
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -379,5 +380,67 @@ func TestAddMPS(t *testing.T) {
 	r.AddMPS("")
 	if _, err := os.Stat(MPSPipeDefault); (err == nil) != slices.Contains(r.RWDirs, MPSPipeDefault) {
 		t.Errorf("no pipe directory given: rules %v; %s exists: %v", r, MPSPipeDefault, err == nil)
+	}
+}
+
+// childLandlockIPC restricts itself (Unscoped from CT_UNSCOPED) and
+// reports whether it may still signal its parent, outside its domain, and
+// connect to the abstract Unix socket CT_ABSTRACT its parent listens on.
+func childLandlockIPC() {
+	applied, err := RestrictFS(FSRules{RODirs: []string{"/proc"}, Unscoped: os.Getenv("CT_UNSCOPED") == "1"})
+	if err != nil {
+		die("RestrictFS: %v", err)
+	}
+	checks := map[string]string{"signal": outcome(unix.Kill(os.Getppid(), 0))}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		die("socket: %v", err)
+	}
+	checks["abstract"] = outcome(unix.Connect(fd, &unix.SockaddrUnix{Name: "@" + os.Getenv("CT_ABSTRACT")}))
+	unix.Close(fd)
+	report(map[string]any{"Applied": applied, "Checks": checks})
+}
+
+// Landlock scopes signals and abstract Unix sockets to the domain (ABI 6),
+// so that a worker reaches neither the server nor another worker, even
+// under their uid; FSRules.Unscoped leaves both open, for a client of a
+// service outside (TestGPUContained's MPS question).
+func TestRestrictFSScopesIPC(t *testing.T) {
+	t.Parallel()
+	if LandlockABI() < 6 {
+		t.Skipf("Landlock ABI %d scopes no signals or abstract sockets (ABI 6, Linux 6.12)", LandlockABI())
+	}
+	name := fmt.Sprintf("plover-contain-test-%d", os.Getpid())
+	ln, err := net.Listen("unix", "@"+name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	for _, tc := range []struct {
+		unscoped string
+		want     string
+	}{{"0", "EPERM"}, {"1", "ok"}} {
+		var rep struct {
+			Applied bool
+			Checks  map[string]string
+		}
+		runJSONChild(t, &rep, "landlock-ipc", "CT_UNSCOPED="+tc.unscoped, "CT_ABSTRACT="+name)
+		if !rep.Applied {
+			t.Fatal("RestrictFS reported not applied")
+		}
+		for _, what := range []string{"signal", "abstract"} {
+			if got := rep.Checks[what]; got != tc.want {
+				t.Errorf("Unscoped=%s: %s to outside the domain: %q, want %q", tc.unscoped, what, got, tc.want)
+			}
+		}
 	}
 }
