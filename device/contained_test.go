@@ -27,8 +27,8 @@ import (
 // any, a driver (under MPS or not) does not stand: the reach filter
 // (seccomp, after no_new_privs), non-dumpable, Landlock with the worker's
 // rules (applied after the device is open, the bundle loaded after it),
-// Landlock without its scopes of signals and abstract sockets (a lead: the
-// H200's kernel has them), and the MPS limits a worker is started with (in
+// Landlock with its scope of signals or of abstract sockets left open (a
+// lead: the H200's kernel has both), and the MPS limits a worker is started with (in
 // its environment). On the fake driver the same children check the steps
 // and the harness.
 
@@ -38,9 +38,11 @@ var containSteps = []struct{ name, steps string }{
 	{"reach", "reach"},
 	{"nodump", "nodump"},
 	{"landlock", "landlock"},
-	// Landlock without its scopes (FSRules.Unscoped): signals and
-	// abstract Unix sockets to the MPS server left open.
-	{"landlock-unscoped", "landlock,unscoped"},
+	// Landlock with one of its scopes left open: signals to the MPS
+	// server (FSRules.OpenSignals), or its abstract Unix sockets
+	// (OpenAbstractSockets).
+	{"landlock-signals", "landlock,signals"},
+	{"landlock-sockets", "landlock,sockets"},
 	{"mps-limits", "limits"},
 	{"all", "reach,nodump,landlock,limits"},
 }
@@ -139,7 +141,7 @@ func containedChain(t *testing.T, env string, steps []string) {
 	if has("landlock") {
 		rules := contain.DefaultRules()
 		rules.RODirs = append(rules.RODirs, filepath.Dir(bundle))
-		rules.Unscoped = has("unscoped")
+		rules.OpenSignals, rules.OpenAbstractSockets = has("signals"), has("sockets")
 		if pipe := os.Getenv("CUDA_MPS_PIPE_DIRECTORY"); pipe != "" || mpsDaemon() {
 			rules.AddMPS(pipe)
 		}

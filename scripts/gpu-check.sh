@@ -928,8 +928,8 @@ sec_mps() {
 # the cause; where this fails too, a driver call under MPS is, and the
 # failing case names it. TestGPUContained then runs the suite's chain in
 # a child under each step of a worker's containment alone (reach filter,
-# non-dumpable, Landlock, Landlock without its scopes of signals and
-# abstract sockets, the MPS limits in its environment) and all together:
+# non-dumpable, Landlock, Landlock with its scope of signals or of
+# abstract sockets left open, the MPS limits in its environment) and all together:
 # the first that fails under MPS is the step to look at.
 mps_device_suite() {
   local d=$1 rc

@@ -34,14 +34,14 @@ type FSRules struct {
 	// /dev/nvidia* need it) on the file, or on every file beneath a
 	// directory.
 	RWFiles []string
-	// Unscoped leaves signals and abstract Unix sockets to processes
-	// outside the domain as they were (Landlock ABI 6 scopes them): for
-	// a client of a service that checks on it by signal or reaches it
-	// through an abstract socket. Nothing in a worker sets it: it is
-	// TestGPUContained's, to tell whether a CUDA client of an MPS server
-	// needs it (on an H200 under MPS every worker ended about 150 ms
-	// after it connected, 2026-12-04).
-	Unscoped bool
+	// OpenSignals and OpenAbstractSockets leave signals and abstract Unix
+	// sockets to processes outside the domain as they were (Landlock ABI
+	// 6 scopes both): for a client of a service that checks on it by
+	// signal or reaches it through an abstract socket. Nothing in a worker
+	// sets them: they are TestGPUContained's, to tell whether a CUDA
+	// client of an MPS server needs either (on an H200 under MPS every
+	// worker ended about 150 ms after it connected, 2026-12-04).
+	OpenSignals, OpenAbstractSockets bool
 }
 
 // llConfig is the newest Landlock ABI whose filesystem rights the rules
@@ -198,8 +198,11 @@ func RestrictFS(r FSRules) (applied bool, err error) {
 	// scoped to the domain (ABI 6), so a worker can signal neither the
 	// server nor another worker, even under the same uid.
 	cfg := llConfig
-	if r.Unscoped {
-		cfg.Scoped = 0
+	if r.OpenSignals {
+		cfg.Scoped &^= llsys.ScopeSignal
+	}
+	if r.OpenAbstractSockets {
+		cfg.Scoped &^= llsys.ScopeAbstractUnixSocket
 	}
 	if err := cfg.Restrict(rules...); err != nil {
 		return false, fmt.Errorf("contain: landlock: %w", err)

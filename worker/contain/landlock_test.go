@@ -383,11 +383,14 @@ func TestAddMPS(t *testing.T) {
 	}
 }
 
-// childLandlockIPC restricts itself (Unscoped from CT_UNSCOPED) and
-// reports whether it may still signal its parent, outside its domain, and
-// connect to the abstract Unix socket CT_ABSTRACT its parent listens on.
+// childLandlockIPC restricts itself (CT_OPEN: "signals", "sockets", both
+// or neither open) and reports whether it may still signal its parent,
+// outside its domain, and connect to the abstract Unix socket CT_ABSTRACT
+// its parent listens on.
 func childLandlockIPC() {
-	applied, err := RestrictFS(FSRules{RODirs: []string{"/proc"}, Unscoped: os.Getenv("CT_UNSCOPED") == "1"})
+	open := os.Getenv("CT_OPEN")
+	applied, err := RestrictFS(FSRules{RODirs: []string{"/proc"},
+		OpenSignals: strings.Contains(open, "signals"), OpenAbstractSockets: strings.Contains(open, "sockets")})
 	if err != nil {
 		die("RestrictFS: %v", err)
 	}
@@ -403,8 +406,9 @@ func childLandlockIPC() {
 
 // Landlock scopes signals and abstract Unix sockets to the domain (ABI 6),
 // so that a worker reaches neither the server nor another worker, even
-// under their uid; FSRules.Unscoped leaves both open, for a client of a
-// service outside (TestGPUContained's MPS question).
+// under their uid; FSRules.OpenSignals and OpenAbstractSockets leave one
+// or the other open, for a client of a service outside (TestGPUContained's
+// MPS question).
 func TestRestrictFSScopesIPC(t *testing.T) {
 	t.Parallel()
 	if LandlockABI() < 6 {
@@ -426,20 +430,20 @@ func TestRestrictFSScopesIPC(t *testing.T) {
 		}
 	}()
 	for _, tc := range []struct {
-		unscoped string
-		want     string
-	}{{"0", "EPERM"}, {"1", "ok"}} {
+		open             string
+		signal, abstract string
+	}{{"", "EPERM", "EPERM"}, {"signals", "ok", "EPERM"}, {"sockets", "EPERM", "ok"}, {"signals,sockets", "ok", "ok"}} {
 		var rep struct {
 			Applied bool
 			Checks  map[string]string
 		}
-		runJSONChild(t, &rep, "landlock-ipc", "CT_UNSCOPED="+tc.unscoped, "CT_ABSTRACT="+name)
+		runJSONChild(t, &rep, "landlock-ipc", "CT_OPEN="+tc.open, "CT_ABSTRACT="+name)
 		if !rep.Applied {
 			t.Fatal("RestrictFS reported not applied")
 		}
-		for _, what := range []string{"signal", "abstract"} {
-			if got := rep.Checks[what]; got != tc.want {
-				t.Errorf("Unscoped=%s: %s to outside the domain: %q, want %q", tc.unscoped, what, got, tc.want)
+		for what, want := range map[string]string{"signal": tc.signal, "abstract": tc.abstract} {
+			if got := rep.Checks[what]; got != want {
+				t.Errorf("open %q: %s to outside the domain: %q, want %q", tc.open, what, got, want)
 			}
 		}
 	}
