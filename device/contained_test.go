@@ -44,7 +44,22 @@ var containSteps = []struct{ name, steps string }{
 	{"landlock-signals", "landlock,signals"},
 	{"landlock-sockets", "landlock,sockets"},
 	{"mps-limits", "limits"},
-	{"all", "reach,nodump,landlock,limits"},
+	// A worker's environment: PATH, the device selection and the MPS
+	// daemon's directories, nothing else (no HOME, no TMPDIR).
+	{"bare-env", "bareenv"},
+	{"all", "bareenv,reach,nodump,landlock,limits"},
+}
+
+// bareEnv is a worker's environment (worker.workerCommand, mpsEnv) and
+// what a child needs to be one of these tests.
+func bareEnv() []string {
+	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	for _, k := range []string{"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
 }
 
 func TestGPUContained(t *testing.T)  { testContained(t, "gpu") }
@@ -79,7 +94,11 @@ func testContained(t *testing.T, env string) {
 			ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+name, "-test.v", "-test.count=1", "-test.timeout=12s")
-			cmd.Env = append(append(os.Environ(), childEnv...), "PLOVER_CONTAIN_STEPS="+c.steps)
+			base := os.Environ()
+			if strings.Contains(c.steps, "bareenv") {
+				base = bareEnv()
+			}
+			cmd.Env = append(append(base, childEnv...), "PLOVER_CONTAIN_STEPS="+c.steps)
 			out, err := cmd.CombinedOutput()
 			if err != nil || !strings.Contains(string(out), "--- PASS: "+name[1:len(name)-1]) {
 				t.Fatalf("the chain contained by %q: %v; the child's output:\n%s", c.steps, err, out)
