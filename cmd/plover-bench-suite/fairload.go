@@ -309,10 +309,44 @@ func warmUp(ctx context.Context, srv *server, mode string, inputs map[string][]b
 			return err
 		}
 		if l.Throughput == 0 && l.Errors > 0 {
-			return fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s", mode, name, l.Errors, l.CommonError, srv.logTail())
+			// The server's log says how its workers ended, the function's
+			// output what they said before (a worker's own error, a Go
+			// runtime's or a driver's message on its stderr).
+			out := functionOutput(srv.url, name, 10)
+			if out == "" {
+				out = "(none kept)"
+			}
+			return fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s\n%s's output ends:\n%s", mode, name, l.Errors, l.CommonError, srv.logTail(), name, out)
 		}
 	}
 	return nil
+}
+
+// functionOutput is the last n lines of function fn's kept output (GET
+// /v1/functions/{fn}/logs), "stderr pid 42: text" a line; "" where there
+// is none or it cannot be read.
+func functionOutput(url, fn string, n int) string {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url + "/v1/functions/" + fn + "/logs")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	var lines []string
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 16<<20))
+	for {
+		var l api.LogLine
+		if dec.Decode(&l) != nil {
+			break
+		}
+		lines = append(lines, fmt.Sprintf("%s pid %d: %s", l.Stream, l.PID, l.Line))
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // shareSplit floods spin-a (share 3) and spin-b (share 1) with clients

@@ -35,6 +35,14 @@ func fakeServe() {
 	enc.Encode(map[string]string{"level": "WARN", "msg": "worker exited", "error": "stand-in: signal: killed"})
 	enc.Encode(map[string]string{"level": "INFO", "msg": "plover serving", "addr": "http://" + ln.Addr().String()})
 	http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/logs") {
+			// The function's output: its worker's last words.
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			for i := range 12 {
+				fmt.Fprintf(w, `{"stream":"stderr","pid":42,"line":"stand-in line %d"}`+"\n", i)
+			}
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprint(w, `{"error":{"code":"unavailable","message":"stand-in: the worker exited"}}`)
@@ -42,8 +50,9 @@ func fakeServe() {
 }
 
 // A mode whose server serves nothing stops as it warms up, with the
-// failure and the server's log in its error (it ran every measurement
-// before, each a count of failures), and --server-logs keeps that log.
+// failure, the server's log and the function's last 10 lines of output in
+// its error (it ran every measurement before, each a count of failures),
+// and --server-logs keeps that log.
 func TestFairStopsWhereTheServerServesNothing(t *testing.T) {
 	t.Setenv(fakeServeEnv, "1")
 	logs := t.TempDir()
@@ -54,7 +63,8 @@ func TestFairStopsWhereTheServerServesNothing(t *testing.T) {
 	if err == nil {
 		t.Fatal("a mode whose every request failed ran on")
 	}
-	for _, want := range []string{"mode fair: every request to", "failed as the server warmed up", "status 503", "stand-in: signal: killed"} {
+	for _, want := range []string{"mode fair: every request to", "failed as the server warmed up", "status 503", "stand-in: signal: killed",
+		"output ends:\nstderr pid 42: stand-in line 2\n", "stderr pid 42: stand-in line 11"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error lacks %q: %v", want, err)
 		}
