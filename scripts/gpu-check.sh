@@ -899,6 +899,7 @@ sec_mps() {
     fi
     say "MPS control daemon started as nobody (pipe $d/pipe)"
     mps_device_suite "$d" "${run[@]}"
+    mps_contained "$d" "${run[@]}"
     mps_fair "$d" mps "" "${run[@]}"
     rc=$?
     echo quit | bounded 15 "${run[@]}" "$mps" >/dev/null 2>&1 || say "stopping the MPS daemon: exit $?"
@@ -926,11 +927,7 @@ sec_mps() {
 # no Landlock, no seccomp filter. Where the workers end under MPS (the
 # H200, 2026-12-04) and this passes, their containment or their start is
 # the cause; where this fails too, a driver call under MPS is, and the
-# failing case names it. TestGPUContained then runs the suite's chain in
-# a child under each step of a worker's containment alone (reach filter,
-# non-dumpable, Landlock, Landlock with its scope of signals or of
-# abstract sockets left open, the MPS limits in its environment) and all together:
-# the first that fails under MPS is the step to look at.
+# failing case names it.
 mps_device_suite() {
   local d=$1 rc
   shift
@@ -938,8 +935,8 @@ mps_device_suite() {
     say "SKIP: the device suite under MPS: needs bin/device.test and build/cudatest/testkernels.so"
     return 0
   fi
-  (cd "$d/repo/device" && bounded 90 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 -test.timeout=80s \
-    -test.v -test.run '^TestGPU(Suite|Info|Contained)$') >"$tmp/mps-device-test.txt" 2>&1
+  (cd "$d/repo/device" && bounded 60 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 -test.timeout=50s \
+    -test.v -test.run '^TestGPU(Suite|Info)$') >"$tmp/mps-device-test.txt" 2>&1
   rc=$?
   save "$tmp/mps-device-test.txt" mps-device-test.txt
   grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|panic)' "$tmp/mps-device-test.txt"
@@ -950,6 +947,37 @@ mps_device_suite() {
     fail "the device suite under MPS as nobody skipped: $(grep -m 1 -A 1 -- '--- SKIP: TestGPUSuite' "$tmp/mps-device-test.txt" | tail -n 1)"
   else
     pass "the device suite under MPS as nobody, one process"
+  fi
+}
+
+# mps_contained DIR RUN...: TestGPUContained as an MPS client, run
+# through RUN from DIR's copy: the suite's chain in a child under each step
+# of a worker's containment alone (Enter, the default fatal signals, the
+# reach filter, non-dumpable, Landlock, Landlock with its scope of signals
+# or of abstract sockets left open, the MPS limits in its environment, a
+# worker's bare environment) and all together, each child holding its
+# context 2 s and running the chain again. Where the workers end under MPS
+# and the one-process suite passes, the failing children name the step.
+mps_contained() {
+  local d=$1 rc failed
+  shift
+  if [ ! -x "$d/repo/bin/device.test" ] || [ ! -f "$d/repo/build/cudatest/testkernels.so" ]; then
+    say "SKIP: a worker's containment under MPS: needs bin/device.test and build/cudatest/testkernels.so"
+    return 0
+  fi
+  (cd "$d/repo/device" && bounded 90 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 \
+    -test.timeout="$(test_timeout 90)" -test.v -test.run '^TestGPUContained$') >"$tmp/mps-contained.txt" 2>&1
+  rc=$?
+  save "$tmp/mps-contained.txt" mps-contained.txt
+  grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|panic)' "$tmp/mps-contained.txt"
+  failed=$(grep -oE '^    --- FAIL: TestGPUContained/[^ ]+' "$tmp/mps-contained.txt" | sed 's|.*/||' | tr '\n' ' ')
+  if [ "$rc" -ne 0 ]; then
+    fail "a worker's containment under MPS as nobody: failed ${failed:-(none named)}(exit $rc; mps-contained.txt)"
+    tail -n 40 "$tmp/mps-contained.txt"
+  elif grep -q -- '^--- SKIP: TestGPUContained' "$tmp/mps-contained.txt"; then
+    fail "a worker's containment under MPS as nobody skipped: $(grep -m 1 -A 1 -- '--- SKIP: TestGPUContained' "$tmp/mps-contained.txt" | tail -n 1)"
+  else
+    pass "a worker's containment under MPS as nobody: the chain under every step"
   fi
 }
 

@@ -174,16 +174,25 @@ func TestGPUCheckMPS(t *testing.T) {
 	// argument pair) says.
 	const bench = "#!/bin/sh\necho \"| fair | as $(id -un), pipes in $CUDA_MPS_PIPE_DIRECTORY, $*\"\n" +
 		"while [ \"$1\" != --server-logs ]; do shift; done; mkdir -p \"$2\" && echo stand-in server log >\"$2/server-001.log\"\n"
+	// The stand-in device suite's TestGPUContained: its children pass.
+	const contained = `echo "    --- PASS: TestGPUContained/all (2.31s)"; echo "--- PASS: TestGPUContained (9.90s) as $(id -un) $*"; echo PASS; exit 0`
 	for _, tc := range []struct {
-		name, row string
-		want      []string
+		name, row, contained string
+		want                 []string
 	}{
-		{"served", "", []string{"PASS: the fairness bench as nobody"}},
+		{"served", "", contained, []string{"PASS: the fairness bench as nobody",
+			"--- PASS: TestGPUContained (9.90s) as nobody -test.count=1 -test.timeout=",
+			"PASS: a worker's containment under MPS as nobody: the chain under every step"}},
+		// A child under one step failed (and so all): the check names
+		// them, apart from the one-process suite's verdict.
+		{"a containment step failed", "", `echo "    --- FAIL: TestGPUContained/landlock (0.20s)"; echo "    --- FAIL: TestGPUContained/all (0.30s)"; echo "--- FAIL: TestGPUContained (3.00s)"; echo FAIL; exit 1`,
+			[]string{"FAIL: a worker's containment under MPS as nobody: failed landlock all (exit 1; mps-contained.txt)",
+				"PASS: the device suite under MPS as nobody, one process"}},
 		// The first MPS run on a GPU (2026-12-04): every request failed,
 		// the suite exited 0 with its tables saying so, and this said PASS.
 		// Then the same without the daemon tells MPS from a server run
 		// as nobody: here it serves.
-		{"every request failed", `[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] && echo "| fair | 0 / 0 (**1 failed, 2 never sent**) |" && echo "**Requests lost to the figures above** (failed: a non-2xx answer or none; never sent: due, not sent by its end): fair, the victim alone: 1 failed, 2 never sent (the most common: status 503: no worker)."; true`,
+		{"every request failed", `[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] && echo "| fair | 0 / 0 (**1 failed, 2 never sent**) |" && echo "**Requests lost to the figures above** (failed: a non-2xx answer or none; never sent: due, not sent by its end): fair, the victim alone: 1 failed, 2 never sent (the most common: status 503: no worker)."; true`, contained,
 			[]string{"FAIL: the fairness bench as nobody: requests failed (fair, the victim alone: 1 failed, 2 never sent (the most common: status 503: no worker).; mps.md, mps-servers/)",
 				"-- the same as nobody without MPS, to tell the two apart",
 				"| fair | as nobody, pipes in , --plover",
@@ -191,7 +200,7 @@ func TestGPUCheckMPS(t *testing.T) {
 		// The suite stops as its server serves nothing, its reason on a
 		// line above the server's log it quotes, longer than the tail
 		// the check shows: the reason is shown too.
-		{"the suite stopped", `[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] || exit 0; echo "plover-bench-suite: --sched fair: mode fair: every request to cnn failed as the server warmed up (4; status 503: stand-in); the server's log ends:"; for i in $(seq 30); do echo "{\"msg\":\"line $i\"}"; done; exit 1`,
+		{"the suite stopped", `[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] || exit 0; echo "plover-bench-suite: --sched fair: mode fair: every request to cnn failed as the server warmed up (4; status 503: stand-in); the server's log ends:"; for i in $(seq 30); do echo "{\"msg\":\"line $i\"}"; done; exit 1`, contained,
 			[]string{"FAIL: the fairness bench as nobody (exit 1; mps.md, mps-servers/)",
 				"plover-bench-suite: --sched fair: mode fair: every request to cnn failed as the server warmed up (4; status 503: stand-in)",
 				`{"msg":"line 30"}`,
@@ -214,6 +223,7 @@ func TestGPUCheckMPS(t *testing.T) {
 				// The device suite as an MPS client: run from device/,
 				// given the test kernels, with the daemon's pipes.
 				"bin/device.test": "#!/bin/sh\n[ \"$(basename \"$PWD\")\" = device ] && [ -f \"$PLOVER_TEST_CUDA_BUNDLE_DIR/testkernels.so\" ] && [ -n \"$CUDA_MPS_PIPE_DIRECTORY\" ] || exit 1\n" +
+					"case \"$*\" in *TestGPUContained*) " + tc.contained + ";; esac\n" +
 					"echo \"--- PASS: TestGPUSuite (0.01s) as $(id -un) $*\"\necho PASS\n",
 				"samples/cnn/testdata/digit": "x",
 				"go.mod":                     "module stand.in\n",
@@ -231,7 +241,7 @@ func TestGPUCheckMPS(t *testing.T) {
 				"--fair-sparse-rounds 0 --server-logs /tmp/plover-mps.",
 				"--fair-modes fair",
 				"stand-in daemon of uid 65534",
-				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=80s -test.v -test.run ^TestGPU(Suite|Info|Contained)$",
+				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=50s -test.v -test.run ^TestGPU(Suite|Info)$",
 				"PASS: the device suite under MPS as nobody, one process",
 			}, tc.want...) {
 				if !strings.Contains(report, want) {

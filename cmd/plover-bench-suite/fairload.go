@@ -312,39 +312,43 @@ func warmUp(ctx context.Context, srv *server, mode string, inputs map[string][]b
 			// The server's log says how its workers ended, the function's
 			// output what they said before (a worker's own error, a Go
 			// runtime's or a driver's message on its stderr).
-			out := functionOutput(srv.url, name, 10)
-			if out == "" {
-				out = "(none kept)"
-			}
-			return fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s\n%s's output ends:\n%s", mode, name, l.Errors, l.CommonError, srv.logTail(), name, out)
+			return fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s\n%s's output ends:\n%s",
+				mode, name, l.Errors, l.CommonError, srv.logTail(), name, functionOutput(srv.url, name, 10))
 		}
 	}
 	return nil
 }
 
 // functionOutput is the last n lines of function fn's kept output (GET
-// /v1/functions/{fn}/logs), "stderr pid 42: text" a line; "" where there
-// is none or it cannot be read.
+// /v1/functions/{fn}/logs), "stderr pid 42: text" a line, or why it could
+// not be read.
 func functionOutput(url, fn string, n int) string {
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url + "/v1/functions/" + fn + "/logs")
 	if err != nil {
-		return ""
+		return fmt.Sprintf("(cannot read it: %v)", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return ""
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Sprintf("(cannot read it: GET /v1/functions/%s/logs: status %d: %s)", fn, resp.StatusCode, bytes.TrimSpace(b))
 	}
 	var lines []string
 	dec := json.NewDecoder(io.LimitReader(resp.Body, 16<<20))
 	for {
 		var l api.LogLine
-		if dec.Decode(&l) != nil {
+		if err := dec.Decode(&l); err == io.EOF {
+			break
+		} else if err != nil {
+			lines = append(lines, fmt.Sprintf("(the rest unreadable: %v)", err))
 			break
 		}
 		lines = append(lines, fmt.Sprintf("%s pid %d: %s", l.Stream, l.PID, l.Line))
 		if len(lines) > n {
 			lines = lines[1:]
 		}
+	}
+	if len(lines) == 0 {
+		return "(none kept)"
 	}
 	return strings.Join(lines, "\n")
 }

@@ -26,7 +26,7 @@ static void plover_put_u(char *b, size_t *n, unsigned long v) {
 }
 
 // The fatal signals, and the action each had before plover_fatal took it
-// over: the default (defaultFatalSignals), or for SIGSEGV and SIGBUS
+// over: the default (contain.DefaultFatalSignals), or for SIGSEGV and SIGBUS
 // checked mode's fault reporter (device/host_checked.c), set before it.
 static const int plover_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
 #define PLOVER_NSIGS (sizeof plover_sigs / sizeof plover_sigs[0])
@@ -112,7 +112,7 @@ func reportPipe() error {
 }
 
 // installFatalHandler replaces the action of the fatal signals (the
-// default, defaultFatalSignals, or checked mode's for SIGSEGV and SIGBUS:
+// default, contain.DefaultFatalSignals, or checked mode's for SIGSEGV and SIGBUS:
 // it must come after both) with a handler that names the program whose
 // run or call the signal took (setProgram, marked) on the report pipe
 // (wire.FatalFD, readied by reportPipe), then calls the handler it

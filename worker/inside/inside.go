@@ -124,7 +124,7 @@ func containSelf(cfg Config) error {
 	if err := contain.MakeNonDumpable(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if err := defaultFatalSignals(); err != nil {
+	if err := contain.DefaultFatalSignals(); err != nil {
 		return fmt.Errorf("worker: signals: %w", err)
 	}
 	if cfg.Tenant {
@@ -158,13 +158,13 @@ func openDevice(cfg Config) (device.Device, error) {
 		}
 	}
 	if c, ok := dev.(checker); ok && cfg.Checked {
-		// After defaultFatalSignals: its handler replaces the default one.
+		// After contain.DefaultFatalSignals: its handler replaces the default one.
 		if err := c.EnableChecks(wire.FatalFD); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
 	if cfg.Tenant {
-		// After defaultFatalSignals, whose SIG_DFL the handler restores
+		// After contain.DefaultFatalSignals, whose SIG_DFL the handler restores
 		// before it re-raises, and after checked mode's handler, which
 		// it calls once it has named the program: a fault in checked
 		// mode names its program too.

@@ -1,4 +1,4 @@
-package inside
+package contain
 
 import (
 	"unsafe"
@@ -6,12 +6,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// defaultFatalSignals gives the signals a crashing bundle raises back their
+// DefaultFatalSignals gives the signals a crashing bundle raises back their
 // default action. Go's runtime handles them, and turns a fault in C code
 // into "exit status 2" with a Go traceback; with the default action the
 // worker dies by the signal itself, so the server can say which. The
 // worker's own Go code has no use for recovering from them.
-func defaultFatalSignals() error {
+func DefaultFatalSignals() error {
 	type sigaction struct { // struct kernel_sigaction, x86-64 and arm64
 		handler  uintptr
 		flags    uint64
