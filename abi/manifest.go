@@ -81,8 +81,15 @@ type Manifest struct {
 	Batch *Batch `json:"batch,omitempty"`
 }
 
+// The values of a manifest's "priority" ("" is PriorityDefault).
+const (
+	PriorityLatency = "latency"
+	PriorityDefault = "default"
+	PriorityBatch   = "batch"
+)
+
 // Priorities are the values of a manifest's "priority", highest first.
-var Priorities = []string{"latency", "default", "batch"}
+var Priorities = []string{PriorityLatency, PriorityDefault, PriorityBatch}
 
 // Weight is the manifest's share as a scheduler weight (0: 1).
 func (m *Manifest) Weight() float64 {

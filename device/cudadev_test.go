@@ -248,6 +248,7 @@ var suite = []struct {
 	{"OutLen", testOutLen},
 	{"Hooks", testHooks},
 	{"CopyPieces", testCopyPieces},
+	{"StreamPriorities", testStreamPriorities},
 }
 
 func runSuite(t *testing.T, e *bundleEnv) {

@@ -40,6 +40,9 @@
   X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))       \
   X(cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))     \
   X(cuStreamCreate, (CUstream *, unsigned int))                          \
+  X(cuStreamCreateWithPriority, (CUstream *, unsigned int, int))         \
+  X(cuStreamGetPriority, (CUstream, int *))                              \
+  X(cuCtxGetStreamPriorityRange, (int *, int *))                         \
   X(cuStreamDestroy_v2, (CUstream))                                      \
   X(cuStreamSynchronize, (CUstream))                                     \
   X(cuStreamBeginCapture_v2, (CUstream, int))                            \
@@ -114,7 +117,8 @@ CUresult plcu_device_count(const plcu_driver_t *d, int *n) {
 
 CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
                           CUcontext *ctx, char *name, int namelen,
-                          size_t *total, const char **op) {
+                          size_t *total, int *prio_least, int *prio_greatest,
+                          const char **op) {
   CUresult e;
   if ((e = d->cuDeviceGet(dev, ordinal)) != PLCU_SUCCESS) {
     *op = "cuDeviceGet";
@@ -132,6 +136,12 @@ CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
    * cudart uses, so their launches and our stream share one context. */
   if ((e = d->cuDevicePrimaryCtxRetain(ctx, *dev)) != PLCU_SUCCESS) {
     *op = "cuDevicePrimaryCtxRetain";
+    return e;
+  }
+  if ((e = d->cuCtxSetCurrent(*ctx)) != PLCU_SUCCESS ||
+      (e = d->cuCtxGetStreamPriorityRange(prio_least, prio_greatest)) != PLCU_SUCCESS) {
+    *op = "cuCtxGetStreamPriorityRange";
+    d->cuDevicePrimaryCtxRelease_v2(*dev);
     return e;
   }
   return PLCU_SUCCESS;
@@ -243,7 +253,8 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
                           size_t constant_len, void *host, size_t host_out, int abi1,
-                          void *program, plcu_inst_t **pin, const char **op) {
+                          void *program, int priority, plcu_inst_t **pin,
+                          const char **op) {
   plcu_inst_t *in = calloc(1, sizeof *in);
   if (in == NULL) {
     *op = "calloc";
@@ -261,7 +272,8 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
   /* Non-blocking: the legacy default stream must never serialise with, or
    * be captured into, an instance's work (bundles' cudart and other
    * libraries may use it). */
-  TRY("cuStreamCreate", d->cuStreamCreate(&in->stream, PLCU_STREAM_NON_BLOCKING));
+  TRY("cuStreamCreateWithPriority",
+      d->cuStreamCreateWithPriority(&in->stream, PLCU_STREAM_NON_BLOCKING, priority));
   for (int i = 0; i < 4; i++)
     TRY("cuEventCreate", d->cuEventCreate(&in->ev[i], PLCU_EVENT_DEFAULT));
   TRY("cuMemAlloc_v2", d->cuMemAlloc_v2(&in->d_in, max_in ? max_in : 1));
@@ -298,6 +310,12 @@ static void plcu_inst_drop_graph(plcu_inst_t *in, int slot) {
     in->drv->cuGraphExecDestroy(in->exec[slot]);
     in->exec[slot] = NULL;
   }
+}
+
+CUresult plcu_inst_stream_priority(plcu_inst_t *in, int *priority) {
+  CUresult e = in->drv->cuCtxSetCurrent(in->ctx);
+  if (e != PLCU_SUCCESS) return e;
+  return in->drv->cuStreamGetPriority(in->stream, priority);
 }
 
 void plcu_inst_destroy(plcu_inst_t *in, int skip_gpu) {

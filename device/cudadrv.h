@@ -98,10 +98,13 @@ const char *plcu_error_name(const plcu_driver_t *d, CUresult e);
 const char *plcu_error_string(const plcu_driver_t *d, CUresult e);
 
 CUresult plcu_device_count(const plcu_driver_t *d, int *n);
-/* Retains the primary context of device ordinal. */
+/* Retains the primary context of device ordinal, and reads the range of
+ * its stream priorities (*prio_least is the lowest, usually 0; a greater
+ * priority is a smaller number). */
 CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
                           CUcontext *ctx, char *name, int namelen,
-                          size_t *total, const char **op);
+                          size_t *total, int *prio_least, int *prio_greatest,
+                          const char **op);
 CUresult plcu_device_close(const plcu_driver_t *d, CUdevice dev);
 
 CUresult plcu_mem_info(const plcu_driver_t *d, CUcontext ctx, size_t *free_b,
@@ -127,8 +130,8 @@ CUresult plcu_copy_probe(const plcu_driver_t *d, CUcontext ctx, void *h,
 CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
                    const void *src, size_t n);
 
-/* Allocates an instance with its stream, events, device buffers and pinned
- * staging: host (host_out + out bytes, input then output from host_out), registered in
+/* Allocates an instance with its stream (at priority: its function's class,
+ * within the device's range), events, device buffers and pinned staging: host (host_out + out bytes, input then output from host_out), registered in
  * place, when it is not NULL and the driver accepts it (else host_err says
  * why, and the instance has staging of its own); runs whose src and dst
  * are those halves then copy nothing on the host. The caller keeps host
@@ -137,7 +140,10 @@ CUresult plcu_htod(const plcu_driver_t *d, CUcontext ctx, CUdeviceptr dst,
 CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
                           size_t tmp, size_t out, CUdeviceptr constant,
                           size_t constant_len, void *host, size_t host_out, int abi1,
-                          void *program, plcu_inst_t **inst, const char **op);
+                          void *program, int priority, plcu_inst_t **inst,
+                          const char **op);
+/* The priority the instance's stream was made with (for tests). */
+CUresult plcu_inst_stream_priority(plcu_inst_t *in, int *priority);
 /* Runs an instance hook (plover_instance_init/fini) on the instance's state
  * and stream and waits for the stream: returns the bundle's error, or NULL
  * with *e set when a driver call failed (*op names it). *reached is set to 1

@@ -83,9 +83,12 @@ type InstanceConfig struct {
 	Tmp      int64
 	Out      int64
 	// Below the seam (a device's own NewInstance): the program's constants
-	// (nil when the bundle has none) and entry table.
+	// (nil when the bundle has none), entry table and priority class
+	// (abi.Manifest.Priority: a GPU makes the instance's stream at its
+	// class's priority).
 	Constants Constants
 	Entries   *Entries
+	Priority  string
 	// Host, when set, is memory of SlotSize(MaxInput, Out) bytes outside
 	// the Go heap (a worker's shared slot) that stays mapped while the
 	// instance lives. A CUDA instance pins it in place and copies straight

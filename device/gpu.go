@@ -49,6 +49,9 @@ type GPU struct {
 	captureLogged atomic.Bool
 	graphs        graphCounters
 	copyPiece     atomic.Int64 // bytes; 0: whole copies
+	// The context's stream priorities: least (a plain stream's, usually
+	// 0) to greatest (a smaller number; -5 on an H100).
+	prioLeast, prioGreatest int
 }
 
 var _ Device = (*GPU)(nil)
@@ -106,15 +109,34 @@ func openGPU(d *driver, ordinal int, limit int64, log *slog.Logger) (*GPU, error
 	var name [256]C.char
 	var total C.size_t
 	var op *C.char
-	code := C.plcu_device_open(d.c, C.int(ordinal), &g.dev, &g.ctx, &name[0], C.int(len(name)), &total, &op)
+	var least, greatest C.int
+	code := C.plcu_device_open(d.c, C.int(ordinal), &g.dev, &g.ctx, &name[0], C.int(len(name)), &total, &least, &greatest, &op)
 	if code != 0 {
 		return nil, fmt.Errorf("CUDA device %d: %w", ordinal, d.err(C.GoString(op), code))
 	}
 	g.name = fmt.Sprintf("%s (GPU %d)", C.GoString(&name[0]), ordinal)
 	g.hwTotal = int64(total)
+	g.prioLeast, g.prioGreatest = int(least), int(greatest)
 	log.Info("CUDA device opened", "device", g.name, "memory", g.hwTotal,
 		"budget", limit, "driver_cuda_version", versionString(d.version))
 	return g, nil
+}
+
+// streamPriority is the stream priority of an instance of a function of
+// priority class (abi.Manifest.Priority): latency the greatest, batch the
+// least, default midway. Where several functions' kernels share a context
+// (a tenant's worker) the GPU then prefers a latency function's waiting
+// kernels, as the device scheduler orders their runs; the driver does not
+// preempt running work for it nor order copies by it, and time-slices
+// separate contexts whatever their streams' priorities.
+func (g *GPU) streamPriority(class string) int {
+	switch class {
+	case abi.PriorityLatency:
+		return g.prioGreatest
+	case abi.PriorityBatch:
+		return g.prioLeast
+	}
+	return g.prioLeast + (g.prioGreatest-g.prioLeast)/2
 }
 
 func init() {

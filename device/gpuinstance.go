@@ -67,7 +67,8 @@ func (g *GPU) NewInstance(cfg InstanceConfig) (Instance, error) {
 		host = unsafe.Pointer(&cfg.Host[0]) // not Go memory: C may keep it
 	}
 	code := C.plcu_inst_create(g.drv.c, g.ctx, C.size_t(cfg.MaxInput), C.size_t(cfg.Tmp),
-		C.size_t(cfg.Out), cptr, clen, host, C.size_t(SlotOut(cfg.MaxInput)), boolInt(cfg.Entries.abi1()), cfg.Entries.programPtr(), &ci, &op)
+		C.size_t(cfg.Out), cptr, clen, host, C.size_t(SlotOut(cfg.MaxInput)), boolInt(cfg.Entries.abi1()), cfg.Entries.programPtr(),
+		C.int(g.streamPriority(cfg.Priority)), &ci, &op)
 	if code != 0 {
 		g.used.Add(-n)
 		return nil, fmt.Errorf("%s: instance: %w", g.name, g.check(C.GoString(op), code))
@@ -98,6 +99,15 @@ func (i *gpuInstance) hook(k hookKind) error {
 }
 
 func (i *gpuInstance) DeviceBytes() int64 { return i.cfg.MaxInput + i.cfg.Tmp + i.cfg.Out }
+
+// streamPriority is the priority the driver gave the instance's stream.
+func (i *gpuInstance) streamPriority() (int, error) {
+	var p C.int
+	if code := C.plcu_inst_stream_priority(i.c, &p); code != 0 {
+		return 0, i.g.check("cuStreamGetPriority", code)
+	}
+	return int(p), nil
+}
 
 var _ HostPinner = (*gpuInstance)(nil)
 

@@ -131,10 +131,11 @@ type rawDevice interface {
 
 // program is a bundle loaded into this process.
 type program struct {
-	dev    rawDevice
-	lib    *loader.Library
-	ents   *Entries
-	consts Constants // nil: no constants
+	dev      rawDevice
+	lib      *loader.Library
+	ents     *Entries
+	consts   Constants // nil: no constants
+	priority string    // the manifest's class, for its instances
 }
 
 // loadProgram dlopens spec's library, resolves the manifest chain's kernels
@@ -146,7 +147,7 @@ func loadProgram(ctx context.Context, dev rawDevice, spec ProgramSpec) (Program,
 	if err != nil {
 		return nil, err
 	}
-	p := &program{dev: dev, lib: lib, ents: NewEntries(lib)}
+	p := &program{dev: dev, lib: lib, ents: NewEntries(lib), priority: m.Priority}
 	// A failed load frees what it made: the library, the entry names, the
 	// constants (and calls no plover_unload after a failed plover_load).
 	loaded := false
@@ -196,7 +197,7 @@ func (p *program) ConstantsBytes() int64 {
 }
 
 func (p *program) NewInstance(cfg InstanceConfig) (Instance, error) {
-	cfg.Constants, cfg.Entries = p.consts, p.ents // Host passes through
+	cfg.Constants, cfg.Entries, cfg.Priority = p.consts, p.ents, p.priority // Host passes through
 	return p.dev.NewInstance(cfg)
 }
 

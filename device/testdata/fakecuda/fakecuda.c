@@ -116,6 +116,7 @@ typedef struct CUgraphExec_st *CUgraphExec;
 
 struct CUstream_st {
   unsigned flags;
+  int priority;
   int capturing, invalidated;
   CUgraph g;
 };
@@ -382,6 +383,31 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
   if (*s == NULL) return OUT_OF_MEMORY;
   (*s)->flags = flags;
   COUNT(2, 1);
+  return OK;
+}
+
+/* Priorities as an H100's: 0 (the lowest, a plain stream's) to -5; one
+ * outside is clamped to the range, as the driver does. */
+enum { PRIO_LEAST = 0, PRIO_GREATEST = -5 };
+
+EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
+  NEED_CTX();
+  if (least) *least = PRIO_LEAST;
+  if (greatest) *greatest = PRIO_GREATEST;
+  return OK;
+}
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority) {
+  CUresult e = cuStreamCreate(s, flags);
+  if (e) return e;
+  (*s)->priority = priority > PRIO_LEAST ? PRIO_LEAST : priority < PRIO_GREATEST ? PRIO_GREATEST : priority;
+  return OK;
+}
+
+EXPORT CUresult cuStreamGetPriority(CUstream s, int *priority) {
+  NEED_CTX();
+  if (s == NULL || priority == NULL) return INVALID_VALUE;
+  *priority = s->priority;
   return OK;
 }
 
