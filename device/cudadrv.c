@@ -138,9 +138,12 @@ CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
     *op = "cuDevicePrimaryCtxRetain";
     return e;
   }
-  if ((e = d->cuCtxSetCurrent(*ctx)) != PLCU_SUCCESS ||
-      (e = d->cuCtxGetStreamPriorityRange(prio_least, prio_greatest)) != PLCU_SUCCESS) {
+  *op = "cuCtxSetCurrent";
+  if ((e = d->cuCtxSetCurrent(*ctx)) == PLCU_SUCCESS) {
     *op = "cuCtxGetStreamPriorityRange";
+    e = d->cuCtxGetStreamPriorityRange(prio_least, prio_greatest);
+  }
+  if (e != PLCU_SUCCESS) {
     d->cuDevicePrimaryCtxRelease_v2(*dev);
     return e;
   }
@@ -464,6 +467,9 @@ static int capture(plcu_inst_t *in, int n, int slot, void *last_error,
     capture_failed(r, 0, "capture");
     return 0;
   }
+  /* Flags 0, not CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY: a replay
+   * runs at the priority of the stream it is launched into, the instance's
+   * (its function's class), as its direct runs do. */
   e = d->cuGraphInstantiateWithFlags(&x, g, 0);
   d->cuGraphDestroy(g); /* the exec does not need it */
   if (e != PLCU_SUCCESS) {

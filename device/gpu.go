@@ -50,7 +50,7 @@ type GPU struct {
 	graphs        graphCounters
 	copyPiece     atomic.Int64 // bytes; 0: whole copies
 	// The context's stream priorities: least (a plain stream's, usually
-	// 0) to greatest (a smaller number; -5 on an H100).
+	// 0) to greatest (a smaller number).
 	prioLeast, prioGreatest int
 }
 

@@ -126,7 +126,7 @@ func directOnce(cdev device.Device, dir string, input []byte, items int, res *di
 
 	t0 = time.Now()
 	inst, err := dev.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes,
-		Constants: consts, Entries: ents})
+		Constants: consts, Entries: ents, Priority: m.Priority})
 	if err != nil {
 		return fmt.Errorf("instance: %w", err)
 	}

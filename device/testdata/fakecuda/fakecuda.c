@@ -386,8 +386,8 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
   return OK;
 }
 
-/* Priorities as an H100's: 0 (the lowest, a plain stream's) to -5; one
- * outside is clamped to the range, as the driver does. */
+/* Priorities from 0 (the lowest, a plain stream's) to -5; one outside is
+ * clamped to the range, as the driver does. */
 enum { PRIO_LEAST = 0, PRIO_GREATEST = -5 };
 
 EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
