@@ -140,8 +140,9 @@ func bareEnv() []string {
 
 // containedChain contains this process by steps in a worker's order
 // (worker/inside: containSelf, openDevice, restrictFS, then the bundle's
-// load), runs the suite's chain test, keeps the device for containHold,
-// and runs it again. A step that applies nothing here skips the test.
+// load), runs the suite's chain and memfd-slot tests, keeps the device for
+// containHold, and runs them again. A step that applies nothing here skips
+// the test.
 func containedChain(t *testing.T, env string, steps []string) {
 	has := func(s string) bool { return slices.Contains(steps, s) }
 	if has("limits") {
@@ -235,12 +236,18 @@ func containedChain(t *testing.T, env string, steps []string) {
 	}
 	e := &bundleEnv{name: env, fake: env != "gpu", lib: lib, ents: NewEntries(lib), calls: (*int64)(calls)}
 	e.open = func(testing.TB, int64, *slog.Logger) *GPU { return g }
-	testChain(t, e)
+	// The chain, and a run in place on a memfd slot the driver pins, as a
+	// worker's every instance is (the server's shared slot).
+	runs := func(t *testing.T) {
+		t.Run("chain", func(t *testing.T) { testChain(t, e) })
+		t.Run("memfd slot", func(t *testing.T) { testMemfdSlot(t, e) })
+	}
+	runs(t)
 	time.Sleep(containHold[env])
 	if t.Failed() {
 		return
 	}
-	t.Run(fmt.Sprintf("again after %v", containHold[env]), func(t *testing.T) { testChain(t, e) })
+	t.Run(fmt.Sprintf("again after %v", containHold[env]), runs)
 }
 
 // mpsDaemon reports whether an MPS control daemon listens at the default
