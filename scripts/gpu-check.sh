@@ -986,12 +986,24 @@ mps_contained() {
 # artifacts, its report in NAME.md and its servers' logs in NAME-servers/;
 # says PASS or FAIL, and returns 1 where it failed.
 mps_fair() {
-  local d=$1 name=$2 suffix=$3 rc
+  local d=$1 name=$2 suffix=$3 rc sampler
   shift 3
+  # Every process of the run is nobody's (the server, its workers, the
+  # floods' clients, the MPS server), and without writable cgroups a
+  # worker's task bound is RLIMIT_NPROC: the uid's tasks at its start plus
+  # --worker-max-pids (the servers' logs say rlimit_nproc). On the 2-CPU
+  # dev VM the run peaked at 203 tasks; a 16-CPU host runs more threads in
+  # every Go process: the peak says whether a worker could have met it.
+  : >"$tmp/$name-tasks"
+  (while :; do ps -L -u nobody --no-headers 2>/dev/null | wc -l >>"$tmp/$name-tasks"; sleep 0.5; done) &
+  sampler=$!
   (cd "$d/repo" && bounded 120 "$@" bin/plover-bench-suite --plover bin/plover --device "${MPS_DEVICE:-cuda}" --dry-run --fair \
     --fair-time "${FAIR_TIME:-2s}" --fair-rounds 1 --fair-sparse-rounds "${FAIR_SPARSE_ROUNDS:-0}" \
     --server-logs "$d/$name-servers" --fair-modes "${MPS_MODES:-fair}") >"$tmp/$name.md" 2>&1
   rc=$?
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
+  say "nobody's tasks during the run: at most $(sort -n "$tmp/$name-tasks" | tail -n 1) (sampled every 0.5 s); RLIMIT_NPROC as each server started (a worker's: the uid's tasks as it starts, plus the bound): $(grep -ho '"rlimit_nproc":[0-9]*' "$d/$name-servers"/*.log 2>/dev/null | sort -u | tr '\n' ' ')"
   cp -r "$d/$name-servers" "$tmp/logs/" 2>/dev/null
   grep -E '^\||MPS' "$tmp/$name.md" || true
   save "$tmp/$name.md" "$name.md"

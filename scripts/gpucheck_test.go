@@ -182,7 +182,8 @@ func TestGPUCheckMPS(t *testing.T) {
 	}{
 		{"served", "", contained, []string{"PASS: the fairness bench as nobody",
 			"--- PASS: TestGPUContained (9.90s) as nobody -test.count=1 -test.timeout=",
-			"PASS: a worker's containment under MPS as nobody: the chain under every step"}},
+			"PASS: a worker's containment under MPS as nobody: the chain under every step",
+			"nobody's tasks during the run: at most "}},
 		// A child under one step failed (and so all): the check names
 		// them, apart from the one-process suite's verdict.
 		{"a containment step failed", "", `echo "    --- FAIL: TestGPUContained/landlock (0.20s)"; echo "    --- FAIL: TestGPUContained/all (0.30s)"; echo "--- FAIL: TestGPUContained (3.00s)"; echo FAIL; exit 1`,
