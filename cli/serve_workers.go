@@ -125,7 +125,7 @@ func mpsFor(f *serveFlags, devs []device.Device, drop *contain.Identity, log *sl
 		}
 		return false, nil
 	}
-	if !f.mps && !worker.MPSRunning() {
+	if !f.mps && !contain.MPSRunning() {
 		return false, nil
 	}
 	if drop != nil {

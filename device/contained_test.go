@@ -1,16 +1,14 @@
 package device
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,33 +30,28 @@ import (
 // a worker lives on between requests: a death 150 ms after the connection
 // must fail it. On the fake driver the same children check the harness.
 
-// containSteps are the children: a name, its steps, and (scoped) whether
-// it means anything only where Landlock scopes signals and abstract
-// sockets (ABI 6).
-var containSteps = []struct {
-	name, steps string
-	scoped      bool
-}{
-	{"none", "", false},
+// containSteps are the children: a name and its steps.
+var containSteps = []struct{ name, steps string }{
+	{"none", ""},
 	// contain.Enter as a worker under MPS calls it (no uid to drop where
 	// the server is not root, the server's pid to die with, a subreaper:
 	// no PID namespace under MPS): no capabilities, no_new_privs on every
 	// thread, RLIMIT_NICE and RLIMIT_RTPRIO 0, PDEATHSIG.
-	{"enter", "enter", false},
-	{"fatal-signals", "fatal", false}, // contain.DefaultFatalSignals
-	{"reach", "reach", false},         // the seccomp filter
-	{"nodump", "nodump", false},
-	{"landlock", "landlock", false},
+	{"enter", "enter"},
+	{"fatal-signals", "fatal"}, // contain.DefaultFatalSignals
+	{"reach", "reach"},         // the seccomp filter
+	{"nodump", "nodump"},
+	{"landlock", "landlock"},
 	// Landlock with one of its scopes left open: signals to the MPS
 	// server (FSRules.OpenSignals), or its abstract Unix sockets
 	// (OpenAbstractSockets).
-	{"landlock-signals", "landlock,signals", true},
-	{"landlock-sockets", "landlock,sockets", true},
-	{"mps-limits", "limits", false},
+	{"landlock-signals", "landlock,signals"},
+	{"landlock-sockets", "landlock,sockets"},
+	{"mps-limits", "limits"},
 	// A worker's environment: PATH, the device selection and the MPS
 	// daemon's directories, nothing else (no HOME, no TMPDIR).
-	{"bare-env", "bareenv", false},
-	{"all", "bareenv,enter,reach,nodump,fatal,landlock,limits", false},
+	{"bare-env", "bareenv"},
+	{"all", "bareenv,enter,reach,nodump,fatal,landlock,limits"},
 }
 
 func TestGPUContained(t *testing.T)  { testContained(t, "gpu") }
@@ -85,12 +78,9 @@ func testContained(t *testing.T, env string) {
 		// remove a build of its own.
 		childEnv = append(childEnv, fakecuda.DirEnv+"="+fakeDir(t))
 	}
-	name := "Test" + strings.ToUpper(env[:1]) + env[1:] + "Contained"
+	name := t.Name()
 	for i, c := range containSteps {
 		t.Run(c.name, func(t *testing.T) {
-			if c.scoped && contain.LandlockABI() < 6 {
-				t.Skipf("Landlock ABI %d scopes neither signals nor abstract sockets: the same as landlock", contain.LandlockABI())
-			}
 			// The time left shared among the children still to run: one
 			// that hangs in the driver (connecting to MPS, say) ends with
 			// its goroutines' stacks, and the others still run.
@@ -98,27 +88,20 @@ func testContained(t *testing.T, env string) {
 			if dl, ok := t.Deadline(); ok {
 				limit = min(limit, (time.Until(dl)-time.Second)/time.Duration(len(containSteps)-i))
 			}
-			ctx, cancel := context.WithTimeout(t.Context(), limit)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1",
-				"-test.timeout="+max(limit-time.Second, time.Second).String())
 			base := os.Environ()
 			if strings.Contains(c.steps, "bareenv") {
 				base = bareEnv()
 			}
-			cmd.Env = append(append(base, childEnv...), "PLOVER_CONTAIN_STEPS="+c.steps)
-			// Not left holding an MPS connection if this process dies.
-			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			out, err := cmd.CombinedOutput()
-			for _, l := range strings.Split(string(out), "\n") {
+			out, err := childTest(t, name, limit, append(append(base, childEnv...), "PLOVER_CONTAIN_STEPS="+c.steps))
+			for _, l := range strings.Split(out, "\n") {
 				if i := strings.Index(l, ": "); i >= 0 && strings.Contains(l, "applied: ") {
 					t.Log("child: " + l[i+2:])
 				}
 			}
 			switch {
-			case err == nil && strings.Contains(string(out), "--- SKIP: "+name):
-				t.Skipf("the child skipped: %s", strings.TrimSpace(string(out)))
-			case err != nil || !strings.Contains(string(out), "--- PASS: "+name):
+			case errors.Is(err, errChildSkipped):
+				t.Skipf("the child skipped: %s", strings.TrimSpace(out))
+			case err != nil:
 				t.Fatalf("the chain contained by %q: %v; the child's output:\n%s", c.steps, err, out)
 			}
 		})
@@ -204,11 +187,14 @@ func containedChain(t *testing.T, env string, steps []string) {
 		t.Fatalf("open the device: %v", err)
 	}
 	defer g.Close()
+	if (has("signals") || has("sockets")) && contain.LandlockABI() < 6 {
+		t.Skipf("Landlock ABI %d scopes neither signals nor abstract sockets: the same as landlock", contain.LandlockABI())
+	}
 	if has("landlock") {
 		rules := contain.DefaultRules()
 		rules.RODirs = append(rules.RODirs, filepath.Dir(bundle))
-		if pipe := os.Getenv("CUDA_MPS_PIPE_DIRECTORY"); pipe != "" || mpsDaemon() {
-			rules.AddMPS(pipe)
+		if contain.MPSRunning() { // as a worker under MPS (cli: mpsFor)
+			rules.AddMPS(os.Getenv("CUDA_MPS_PIPE_DIRECTORY"))
 		}
 		rules.OpenSignals, rules.OpenAbstractSockets = has("signals"), has("sockets")
 		applied, err := contain.RestrictFS(rules)
@@ -248,11 +234,4 @@ func containedChain(t *testing.T, env string, steps []string) {
 		return
 	}
 	t.Run(fmt.Sprintf("again after %v", containHold[env]), runs)
-}
-
-// mpsDaemon reports whether an MPS control daemon listens at the default
-// pipe directory (worker.MPSRunning's check, for want of an import).
-func mpsDaemon() bool {
-	fi, err := os.Stat(filepath.Join(contain.MPSPipeDefault, "control"))
-	return err == nil && fi.Mode()&os.ModeSocket != 0
 }

@@ -168,23 +168,42 @@ func TestGPUFault(t *testing.T) {
 	// Bounded inside this test's own deadline: a child that hangs in the
 	// driver ends with its goroutines' stacks, and this test with it.
 	limit := 2 * time.Minute
-	if dl, ok := t.Deadline(); ok && time.Until(dl)-5*time.Second < limit {
-		limit = max(time.Until(dl)-5*time.Second, time.Second)
+	if dl, ok := t.Deadline(); ok {
+		limit = min(limit, time.Until(dl)-5*time.Second)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), limit)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestGPUFault$", "-test.v", "-test.count=1",
-		"-test.timeout="+max(limit-2*time.Second, time.Second).String())
-	cmd.Env = append(os.Environ(), "PLOVER_CUDA_FAULT_CHILD=1", "PLOVER_TEST_CUDA_BUNDLE_DIR="+gpuT.bundleDir)
-	out, err := cmd.CombinedOutput()
+	out, err := childTest(t, "TestGPUFault", limit, append(os.Environ(), "PLOVER_CUDA_FAULT_CHILD=1", "PLOVER_TEST_CUDA_BUNDLE_DIR="+gpuT.bundleDir))
 	t.Logf("child process:\n%s", out)
 	if err != nil {
 		t.Fatalf("child: %v", err)
 	}
-	if !strings.Contains(string(out), "--- PASS: TestGPUFault") {
-		t.Fatal("the child did not pass TestGPUFault")
-	}
 }
+
+// childTest runs the top-level test name again in a child process of this
+// binary with env, for up to limit (at least 2 s), and returns its output;
+// the error says why it did not pass (it skipped: errChildSkipped). The
+// child dies with this process.
+func childTest(t *testing.T, name string, limit time.Duration, env []string) (string, error) {
+	limit = max(limit, 2*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1",
+		"-test.timeout="+(limit-time.Second).String())
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	b, err := cmd.CombinedOutput()
+	out := string(b)
+	switch {
+	case err != nil:
+		return out, err
+	case strings.Contains(out, "--- SKIP: "+name):
+		return out, errChildSkipped
+	case !strings.Contains(out, "--- PASS: "+name):
+		return out, fmt.Errorf("the child did not pass %s", name)
+	}
+	return out, nil
+}
+
+var errChildSkipped = errors.New("the child skipped")
 
 // ---- benchmarks (scripts/gpu-check.sh reads their output) ----
 

@@ -95,14 +95,11 @@ func (v *version) workerDied(p *placement, l device.Loss) error {
 	// lock (abandonThen): whichever of the two that saw it returns second
 	// returns after the count, so a client's next request sees its back-off.
 	var backoff bool
-	count := func() { backoff = !l.Collateral() && v.pool.crashedLocked(time.Now()) }
 	first := true
 	if p == nil { // died loading: no placement, no exit watcher to race
-		v.pool.mu.Lock()
-		count()
-		v.pool.mu.Unlock()
+		backoff = !l.Collateral() && v.pool.crashed(time.Now())
 	} else {
-		first = v.pool.abandonThen(p, count)
+		first = v.pool.abandonThen(p, func() { backoff = !l.Collateral() && v.pool.crashedLocked(time.Now()) })
 	}
 	if first {
 		attrs := append([]any{"function", v.fn.name, "version", v.rec.ID}, l.LogAttrs()...)

@@ -898,8 +898,19 @@ sec_mps() {
       return 0
     fi
     say "MPS control daemon started as nobody (pipe $d/pipe)"
-    mps_device_suite "$d" "${run[@]}"
-    mps_contained "$d" "${run[@]}"
+    # The device suite (not TestGPUFault: under MPS a fault reaches every
+    # client) in one plain process: no worker, Landlock or seccomp filter.
+    # Where the workers end under MPS (the H200, 2026-12-04) and this
+    # passes, their containment or their start is the cause; where it
+    # fails too, a driver call under MPS is, and the failing case names it.
+    mps_device_test "$d" mps-device-test 'TestGPU(Suite|Info)' 60 "the device suite under MPS as nobody, one process" "${run[@]}"
+    # The suite's chain in a child under each step of a worker's
+    # containment alone (Enter, the default fatal signals, the reach filter,
+    # non-dumpable, Landlock, Landlock with its scope of signals or of
+    # abstract sockets left open, the MPS limits in its environment, a
+    # worker's bare environment) and all together, each child holding its
+    # context 2 s and running again: the failing children name the step.
+    mps_device_test "$d" mps-contained TestGPUContained 90 "a worker's containment under MPS as nobody" "${run[@]}"
     mps_fair "$d" mps "" "${run[@]}"
     rc=$?
     echo quit | bounded 15 "${run[@]}" "$mps" >/dev/null 2>&1 || say "stopping the MPS daemon: exit $?"
@@ -921,63 +932,30 @@ sec_mps() {
   rm -rf "$d"
 }
 
-# mps_device_suite DIR RUN...: the device suite (TestGPUSuite, TestGPUInfo;
-# not TestGPUFault: under MPS a fault reaches every client) as an MPS
-# client in one plain process, run through RUN from DIR's copy: no worker,
-# no Landlock, no seccomp filter. Where the workers end under MPS (the
-# H200, 2026-12-04) and this passes, their containment or their start is
-# the cause; where this fails too, a driver call under MPS is, and the
-# failing case names it.
-mps_device_suite() {
-  local d=$1 rc
-  shift
+# mps_device_test DIR NAME TESTS CAP WHAT RUN...: bin/device.test's tests
+# matching ^TESTS$ as an MPS client, run through RUN from DIR's copy within
+# CAP seconds, its output in NAME.txt; WHAT passes, or fails naming the
+# cases that failed, or skipped.
+mps_device_test() {
+  local d=$1 name=$2 tests=$3 cap=$4 what=$5 rc failed
+  shift 5
   if [ ! -x "$d/repo/bin/device.test" ] || [ ! -f "$d/repo/build/cudatest/testkernels.so" ]; then
-    say "SKIP: the device suite under MPS: needs bin/device.test and build/cudatest/testkernels.so"
+    say "SKIP: $what: needs bin/device.test and build/cudatest/testkernels.so"
     return 0
   fi
-  (cd "$d/repo/device" && bounded 60 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 -test.timeout=50s \
-    -test.v -test.run '^TestGPU(Suite|Info)$') >"$tmp/mps-device-test.txt" 2>&1
+  (cd "$d/repo/device" && bounded "$cap" "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 \
+    -test.timeout="$(test_timeout "$cap")" -test.v -test.run "^$tests\$") >"$tmp/$name.txt" 2>&1
   rc=$?
-  save "$tmp/mps-device-test.txt" mps-device-test.txt
-  grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|panic)' "$tmp/mps-device-test.txt"
+  save "$tmp/$name.txt" "$name.txt"
+  grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|panic)' "$tmp/$name.txt"
+  failed=$(grep -oE '^    --- FAIL: [^ ]+' "$tmp/$name.txt" | sed 's|^.*FAIL: [^/]*/||' | tr '\n' ' ')
   if [ "$rc" -ne 0 ]; then
-    fail "the device suite under MPS as nobody, one process (exit $rc; mps-device-test.txt)"
-    tail -n 30 "$tmp/mps-device-test.txt"
-  elif grep -q -- '--- SKIP: TestGPUSuite' "$tmp/mps-device-test.txt"; then
-    fail "the device suite under MPS as nobody skipped: $(grep -m 1 -A 1 -- '--- SKIP: TestGPUSuite' "$tmp/mps-device-test.txt" | tail -n 1)"
+    fail "$what: failed ${failed:-(no case named)}(exit $rc; $name.txt)"
+    tail -n 40 "$tmp/$name.txt"
+  elif grep -q -- '^--- SKIP: ' "$tmp/$name.txt"; then
+    fail "$what: skipped: $(grep -m 1 -A 1 -- '^--- SKIP: ' "$tmp/$name.txt" | tail -n 1)"
   else
-    pass "the device suite under MPS as nobody, one process"
-  fi
-}
-
-# mps_contained DIR RUN...: TestGPUContained as an MPS client, run
-# through RUN from DIR's copy: the suite's chain in a child under each step
-# of a worker's containment alone (Enter, the default fatal signals, the
-# reach filter, non-dumpable, Landlock, Landlock with its scope of signals
-# or of abstract sockets left open, the MPS limits in its environment, a
-# worker's bare environment) and all together, each child holding its
-# context 2 s and running the chain again. Where the workers end under MPS
-# and the one-process suite passes, the failing children name the step.
-mps_contained() {
-  local d=$1 rc failed
-  shift
-  if [ ! -x "$d/repo/bin/device.test" ] || [ ! -f "$d/repo/build/cudatest/testkernels.so" ]; then
-    say "SKIP: a worker's containment under MPS: needs bin/device.test and build/cudatest/testkernels.so"
-    return 0
-  fi
-  (cd "$d/repo/device" && bounded 90 "$@" PLOVER_TEST_CUDA_BUNDLE_DIR="$d/repo/build/cudatest" ../bin/device.test -test.count=1 \
-    -test.timeout="$(test_timeout 90)" -test.v -test.run '^TestGPUContained$') >"$tmp/mps-contained.txt" 2>&1
-  rc=$?
-  save "$tmp/mps-contained.txt" mps-contained.txt
-  grep -E '^(--- (PASS|FAIL|SKIP)|    --- (PASS|FAIL|SKIP)|panic)' "$tmp/mps-contained.txt"
-  failed=$(grep -oE '^    --- FAIL: TestGPUContained/[^ ]+' "$tmp/mps-contained.txt" | sed 's|.*/||' | tr '\n' ' ')
-  if [ "$rc" -ne 0 ]; then
-    fail "a worker's containment under MPS as nobody: failed ${failed:-(none named)}(exit $rc; mps-contained.txt)"
-    tail -n 40 "$tmp/mps-contained.txt"
-  elif grep -q -- '^--- SKIP: TestGPUContained' "$tmp/mps-contained.txt"; then
-    fail "a worker's containment under MPS as nobody skipped: $(grep -m 1 -A 1 -- '--- SKIP: TestGPUContained' "$tmp/mps-contained.txt" | tail -n 1)"
-  else
-    pass "a worker's containment under MPS as nobody: the chain under every step"
+    pass "$what"
   fi
 }
 

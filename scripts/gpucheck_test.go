@@ -182,7 +182,8 @@ func TestGPUCheckMPS(t *testing.T) {
 	}{
 		{"served", "", contained, []string{"PASS: the fairness bench as nobody",
 			"--- PASS: TestGPUContained (9.90s) as nobody -test.count=1 -test.timeout=",
-			"PASS: a worker's containment under MPS as nobody: the chain under every step",
+			"-test.v -test.run ^TestGPUContained$",
+			"PASS: a worker's containment under MPS as nobody",
 			"nobody's tasks during the run: at most "}},
 		// A child under one step failed (and so all): the check names
 		// them, apart from the one-process suite's verdict.
@@ -242,7 +243,8 @@ func TestGPUCheckMPS(t *testing.T) {
 				"--fair-sparse-rounds 0 --server-logs /tmp/plover-mps.",
 				"--fair-modes fair",
 				"stand-in daemon of uid 65534",
-				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=50s -test.v -test.run ^TestGPU(Suite|Info)$",
+				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=",
+				"s -test.v -test.run ^TestGPU(Suite|Info)$",
 				"PASS: the device suite under MPS as nobody, one process",
 			}, tc.want...) {
 				if !strings.Contains(report, want) {

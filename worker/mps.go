@@ -3,7 +3,6 @@ package worker
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 )
 
 // MPS: NVIDIA's Multi-Process Service lets workers share a GPU's SMs at
@@ -18,18 +17,6 @@ import (
 // worker's pinned-memory limit allows for the CUDA context and the
 // bundle's own runtime allocations.
 const mpsContextHeadroom = 512 << 20
-
-// MPSRunning reports whether an MPS control daemon is listening: its pipe
-// directory ($CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) holds its
-// control socket.
-func MPSRunning() bool {
-	dir := os.Getenv("CUDA_MPS_PIPE_DIRECTORY")
-	if dir == "" {
-		dir = "/tmp/nvidia-mps"
-	}
-	fi, err := os.Stat(filepath.Join(dir, "control"))
-	return err == nil && fi.Mode()&os.ModeSocket != 0
-}
 
 // mpsEnv is the environment that limits a worker under MPS: share percent
 // of the SMs (0: none) and budget bytes of device memory (0: none) on

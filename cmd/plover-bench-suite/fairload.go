@@ -313,7 +313,7 @@ func warmUp(ctx context.Context, srv *server, mode string, inputs map[string][]b
 			// output what they said before (a worker's own error, a Go
 			// runtime's or a driver's message on its stderr).
 			return fmt.Errorf("mode %s: every request to %s failed as the server warmed up (%d; %s); the server's log ends:\n%s\n%s's output ends:\n%s",
-				mode, name, l.Errors, l.CommonError, srv.logTail(), name, functionOutput(srv.url, name, 10))
+				mode, name, l.Errors, l.CommonError, srv.logTail(), name, functionOutput(ctx, srv.url, name, 10))
 		}
 	}
 	return nil
@@ -322,35 +322,26 @@ func warmUp(ctx context.Context, srv *server, mode string, inputs map[string][]b
 // functionOutput is the last n lines of function fn's kept output (GET
 // /v1/functions/{fn}/logs), "stderr pid 42: text" a line, or why it could
 // not be read.
-func functionOutput(url, fn string, n int) string {
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url + "/v1/functions/" + fn + "/logs")
+func functionOutput(ctx context.Context, url, fn string, n int) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	body, err := getText(ctx, url+"/v1/functions/"+fn+"/logs")
 	if err != nil {
-		return fmt.Sprintf("(cannot read it: %v)", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Sprintf("(cannot read it: GET /v1/functions/%s/logs: status %d: %s)", fn, resp.StatusCode, bytes.TrimSpace(b))
+		return fmt.Sprintf("(cannot read it: %v: %.200s)", err, strings.TrimSpace(body))
 	}
 	var lines []string
-	dec := json.NewDecoder(io.LimitReader(resp.Body, 16<<20))
-	for {
+	for _, raw := range strings.Split(strings.TrimSpace(body), "\n") {
 		var l api.LogLine
-		if err := dec.Decode(&l); err == io.EOF {
-			break
-		} else if err != nil {
-			lines = append(lines, fmt.Sprintf("(the rest unreadable: %v)", err))
-			break
+		if err := json.Unmarshal([]byte(raw), &l); err != nil {
+			lines = append(lines, fmt.Sprintf("(unreadable: %v: %.200s)", err, raw))
+			continue
 		}
 		lines = append(lines, fmt.Sprintf("%s pid %d: %s", l.Stream, l.PID, l.Line))
-		if len(lines) > n {
-			lines = lines[1:]
-		}
 	}
-	if len(lines) == 0 {
+	if body == "" {
 		return "(none kept)"
 	}
-	return strings.Join(lines, "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
 // shareSplit floods spin-a (share 3) and spin-b (share 1) with clients

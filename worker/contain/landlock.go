@@ -100,6 +100,18 @@ func DefaultRules() FSRules {
 // sockets when CUDA_MPS_PIPE_DIRECTORY is not set.
 const MPSPipeDefault = "/tmp/nvidia-mps"
 
+// MPSRunning reports whether an MPS control daemon is listening: its pipe
+// directory ($CUDA_MPS_PIPE_DIRECTORY, default MPSPipeDefault) holds its
+// control socket.
+func MPSRunning() bool {
+	dir := os.Getenv("CUDA_MPS_PIPE_DIRECTORY")
+	if dir == "" {
+		dir = MPSPipeDefault
+	}
+	fi, err := os.Stat(filepath.Join(dir, "control"))
+	return err == nil && fi.Mode()&os.ModeSocket != 0
+}
+
 // AddMPS lets a worker reach an MPS control daemon: its pipe directory
 // (pipeDir; "": MPSPipeDefault), whose named pipes the CUDA driver opens,
 // and /dev/shm, read-write. Without them cuInit's connection to the daemon

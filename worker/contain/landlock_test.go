@@ -448,3 +448,35 @@ func TestRestrictFSScopesIPC(t *testing.T) {
 		}
 	}
 }
+
+// MPSRunning looks for the control daemon's socket in
+// $CUDA_MPS_PIPE_DIRECTORY: a socket there is a daemon, anything else or
+// nothing is none.
+func TestMPSRunning(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		make    func(path string) error
+		running bool
+	}{
+		{"a socket", func(p string) error {
+			ln, err := net.Listen("unix", p)
+			if err == nil {
+				t.Cleanup(func() { ln.Close() })
+			}
+			return err
+		}, true},
+		{"a plain file", func(p string) error { return os.WriteFile(p, nil, 0o644) }, false},
+		{"nothing", func(string) error { return nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := tc.make(filepath.Join(dir, "control")); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv("CUDA_MPS_PIPE_DIRECTORY", dir)
+			if got := MPSRunning(); got != tc.running {
+				t.Errorf("MPSRunning() = %v, want %v", got, tc.running)
+			}
+		})
+	}
+}
