@@ -131,9 +131,10 @@ func containedChain(t *testing.T, env string, steps []string) {
 	if has("limits") {
 		// What a worker of the bench's functions is started with under
 		// MPS (worker.mpsEnv: no gpu_share in their manifests, a device
-		// memory budget of a few MiB plus 512 MiB); the driver reads it as
-		// it initialises.
-		os.Setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=513MB")
+		// memory budget of a few MiB plus 1 GiB); the driver reads it as
+		// it initialises. With 512 MiB (513 MB) an H200's context did not
+		// fit: this child failed where the others passed (2026-12-04).
+		os.Setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1025MB")
 	}
 	if has("enter") {
 		if err := contain.Enter(contain.Policy{ParentPID: os.Getppid(), Subreaper: true}); err != nil {

@@ -148,7 +148,7 @@ func TestCUDAWorkerUnderMPS(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot read a worker's environment here: %v", err)
 	}
-	for _, v := range []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=612MB"} {
+	for _, v := range []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1124MB"} {
 		if !bytes.Contains(env, []byte(v+"\x00")) {
 			t.Errorf("worker environment lacks %s: %q", v, env)
 		}

@@ -15,8 +15,11 @@ import (
 
 // mpsContextHeadroom is device memory beyond a function's buffers that its
 // worker's pinned-memory limit allows for the CUDA context and the
-// bundle's own runtime allocations.
-const mpsContextHeadroom = 512 << 20
+// bundle's own runtime allocations. On an H200 under MPS (driver 580,
+// 2026-12-04) a context does not fit in 513 MB (cuDevicePrimaryCtxRetain:
+// CUDA_ERROR_OUT_OF_MEMORY, and every worker ended as it started) and fits
+// in 768: 1 GiB leaves room beyond the measurement.
+const mpsContextHeadroom = 1 << 30
 
 // mpsEnv is the environment that limits a worker under MPS: share percent
 // of the SMs (0: none) and budget bytes of device memory (0: none) on

@@ -511,7 +511,7 @@ func TestWorkerEnvironment(t *testing.T) {
 	}{
 		{"plain", false, []string{"PATH=/usr/local/bin:/usr/bin:/bin"}},
 		{"mps", true, []string{"PATH=/usr/local/bin:/usr/bin:/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
-			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=514MB"}}, // 2 MiB of buffers + 512 MiB for the context
+			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1026MB"}}, // 2 MiB of buffers + 1 GiB for the context
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Standby: 1, MPS: tc.mps, StageDir: t.TempDir(), Spawner: spawner})
