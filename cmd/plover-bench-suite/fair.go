@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -77,7 +78,9 @@ type fairIO struct {
 	IOAWaiting  float64
 	Throughput  [2]int64 // served/s a, b
 	Errors      [2]int64 // failed requests a, b
-	Clients     [2]int   // a's and b's closed-loop clients
+	// Why are a's and b's most common failures (fairLoad.CommonError).
+	Why     [2]string `json:",omitempty"`
+	Clients [2]int    // a's and b's closed-loop clients
 }
 
 // fairShares is spin-a (share 3) against spin-b (share 1), each flooded by
@@ -531,7 +534,10 @@ func fairFlags(data, mode string) []string {
 }
 
 func fairOneMode(ctx context.Context, o *options, data, mode string, cnnIn, vecIn, spinIn []byte) (*fairMode, error) {
-	flags := fairFlags(data, mode)
+	// A closed loop's clients are all to be served: with the server's
+	// default max_queue (64) the I/O split's 128 clients of vecadd-b on a
+	// 16-CPU host were shed with 429 (113 of them on the H200, 2026-12-04).
+	flags := append(fairFlags(data, mode), "--max-queue", strconv.Itoa(fairQueue(o.fairClients, runtime.NumCPU())))
 	if o.fairGRPCOn() {
 		flags = append(flags, "--grpc-listen", "127.0.0.1:0")
 	}
@@ -619,6 +625,13 @@ const ioSplitClients = 4
 // decide what the target asks of them.
 func ioSplitAClients(clients, cpus int) int { return max(clients, 2*cpus) }
 
+// fairQueue is the servers' --max-queue in fairOneMode: the most clients
+// one of its loads sends to a function (vecadd-b's in the I/O split), so
+// that each waits for its turn rather than getting 429.
+func fairQueue(clients, cpus int) int {
+	return max(clients, ioSplitClients*ioSplitAClients(clients, cpus))
+}
+
 func writeFair(o *options, res *results, fr *fairRun) error {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
@@ -668,7 +681,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	if len(fr.Modes) > 0 && fr.Modes[0].IO.Clients[0] > 0 {
 		ca, cb = fr.Modes[0].IO.Clients[0], fr.Modes[0].IO.Clients[1]
 	}
-	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients: the vecadd flood's, or twice the CPUs where that is more, so that it can ask for every slot of the server's I/O, one a CPU) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved, and the part of the run's `/metrics` readings (every 50 ms) in which both had a piece waiting for its turn (`plover_io_pieces{state=\"waiting\"}`), with a's part of the I/O time charged between two such readings in a row in brackets: the shares decide the server's I/O only then; a split read while the server's I/O is seldom contended follows what each flow asks for, and while each flow moves a piece in a slot of its own with none waiting, the slots split the CPU as the kernel does.\n\n", fr.Clients, ca, cb)
+	p("\nThe server's own I/O, same servers: vecadd alone at %d clients (work conservation: ÷ off), and vecadd-a (share 3, 4 MB bodies and answers, %d clients: the vecadd flood's, or twice the CPUs where that is more, so that it can ask for every slot of the server's I/O, one a CPU) against vecadd-b (share 1, 1 MB, %d clients: both asking for about the same bytes, so that the shares decide; from 2026-12-04 each server's `--max-queue` holds them all, where before the default 64 shed b's clients past 64 waiting with 429): a's part of the server's CPU time on their bytes (`io_seconds`, each piece's thread's CPU time; target 0.75 ± 0.05) and of the bytes moved, and the part of the run's `/metrics` readings (every 50 ms) in which both had a piece waiting for its turn (`plover_io_pieces{state=\"waiting\"}`), with a's part of the I/O time charged between two such readings in a row in brackets: the shares decide the server's I/O only then; a split read while the server's I/O is seldom contended follows what each flow asks for, and while each flow moves a piece in a slot of its own with none waiting, the slots split the CPU as the kernel does.\n\n", fr.Clients, ca, cb)
 	p("| mode | vecadd alone: served/s (÷ off: one reading each) | vecadd-a / vecadd-b: I/O time to a | bytes to a | both waiting for a turn | served/s a, b |\n|---|---|---|---|---|---|\n")
 	for _, m := range fr.Modes {
 		io := "-"
@@ -687,8 +700,8 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 		if m.IO.IOAWaiting > 0 {
 			both += fmt.Sprintf(" (a %.3f)", m.IO.IOAWaiting)
 		}
-		p("| %s | %s | %s | %.3f | %s | %d%s, %d%s |\n", m.Mode, alone, io, m.IO.BytesA, both, m.IO.Throughput[0], lost.mark(m.Mode+", vecadd-a", "", m.IO.Errors[0], 0, 0),
-			m.IO.Throughput[1], lost.mark(m.Mode+", vecadd-b", "", m.IO.Errors[1], 0, 0))
+		p("| %s | %s | %s | %.3f | %s | %d%s, %d%s |\n", m.Mode, alone, io, m.IO.BytesA, both, m.IO.Throughput[0], lost.cell(m.Mode+", vecadd-a", fairLoad{Errors: m.IO.Errors[0], CommonError: m.IO.Why[0]}),
+			m.IO.Throughput[1], lost.cell(m.Mode+", vecadd-b", fairLoad{Errors: m.IO.Errors[1], CommonError: m.IO.Why[1]}))
 	}
 	lost.write(p)
 	writeFairRounds(p, fr)

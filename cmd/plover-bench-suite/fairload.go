@@ -42,7 +42,7 @@ func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d tim
 	if ea != nil || eb != nil {
 		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
 	}
-	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}, BothWaiting: c.Both, IOAWaiting: c.IOA, Clients: [2]int{ca, cb}}
+	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}, Why: [2]string{la.CommonError, lb.CommonError}, BothWaiting: c.Both, IOAWaiting: c.IOA, Clients: [2]int{ca, cb}}
 	if ia, ib := ioSeconds(url, "vecadd-a")-before[0], ioSeconds(url, "vecadd-b")-before[1]; ia+ib > 0 {
 		r.IOA = ia / (ia + ib)
 	}

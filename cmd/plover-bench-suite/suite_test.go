@@ -191,6 +191,20 @@ func TestSuiteEndToEnd(t *testing.T) {
 	}
 }
 
+// A fair server's queue holds every client of the bench's largest load:
+// vecadd-b's in the I/O split (4 times a's, a's twice the CPUs at least).
+func TestFairQueue(t *testing.T) {
+	for _, tt := range []struct{ clients, cpus, want int }{
+		{8, 2, 32},
+		{8, 16, 128},
+		{40, 2, 160},
+	} {
+		if got := fairQueue(tt.clients, tt.cpus); got != tt.want {
+			t.Errorf("fairQueue(%d clients, %d CPUs) = %d, want %d", tt.clients, tt.cpus, got, tt.want)
+		}
+	}
+}
+
 // Each fair mode names the serve flags it differs by; --fair-modes keeps
 // only the modes it lists, in the suite's order.
 func TestFairModes(t *testing.T) {
