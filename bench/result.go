@@ -76,8 +76,9 @@ type Summary struct {
 
 // ServerSummary is the Server-Timing breakdown; Responses is how many 2xx
 // responses carried a complete header. An optional metric (sched, resolve,
-// dispatch) sums up only the responses that carried it: N 0 when the
-// server sends none (older servers).
+// dispatch, handoff, handback) sums up only the responses that carried it:
+// N 0 when the server sends none (older servers; handoff and handback only
+// come from runs in worker processes).
 type ServerSummary struct {
 	Responses int64   `json:"responses"`
 	Queue     Summary `json:"queue"`
@@ -89,11 +90,13 @@ type ServerSummary struct {
 	Sched     Summary `json:"sched"`
 	Resolve   Summary `json:"resolve"`
 	Dispatch  Summary `json:"dispatch"`
+	Handoff   Summary `json:"handoff"`
+	Handback  Summary `json:"handback"`
 }
 
-// Metric returns the summary of Server-Timing metric i (Queue..Dispatch).
+// Metric returns the summary of Server-Timing metric i (Queue..Handback).
 func (s *ServerSummary) Metric(i int) *Summary {
-	return [...]*Summary{&s.Queue, &s.Load, &s.CopyIn, &s.Kernels, &s.CopyOut, &s.Total, &s.Sched, &s.Resolve, &s.Dispatch}[i]
+	return [...]*Summary{&s.Queue, &s.Load, &s.CopyIn, &s.Kernels, &s.CopyOut, &s.Total, &s.Sched, &s.Resolve, &s.Dispatch, &s.Handoff, &s.Handback}[i]
 }
 
 // Starts counts X-Plover-Start values of 2xx responses.

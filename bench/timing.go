@@ -16,15 +16,18 @@ const (
 	Sched    // optional: servers before the device scheduler do not send it
 	Resolve  // optional: finding the version and checking the request (newer servers)
 	Dispatch // optional: the hand-over to the device and back, beside its phases (newer servers)
+	Handoff  // optional, part of Dispatch: the run's message's wait for its worker process to read it
+	Handback // optional, part of Dispatch: the worker's reply's wait for the server to read it
 	NumMetrics
 )
 
-// optional are the metrics older servers do not send.
-const optional = 1<<Sched | 1<<Resolve | 1<<Dispatch
+// optional are the metrics older servers (and runs in the server's
+// process: handoff, handback) do not send.
+const optional = 1<<Sched | 1<<Resolve | 1<<Dispatch | 1<<Handoff | 1<<Handback
 
 // MetricNames are the Server-Timing names of the metrics, indexed by
-// Queue..Dispatch.
-var MetricNames = [NumMetrics]string{"queue", "load", "copyin", "kernels", "copyout", "total", "sched", "resolve", "dispatch"}
+// Queue..Handback.
+var MetricNames = [NumMetrics]string{"queue", "load", "copyin", "kernels", "copyout", "total", "sched", "resolve", "dispatch", "handoff", "handback"}
 
 var metricNameBytes = func() (b [NumMetrics][]byte) {
 	for i, n := range MetricNames {

@@ -50,6 +50,10 @@ type Timing struct {
 	// request's parts add up to its Total: Resolve + Queue + Load + Sched
 	// + CopyIn + Kernels + CopyOut + Dispatch.
 	Resolve, Dispatch time.Duration
+	// Handoff and Handback are parts of Dispatch: the run's message's
+	// wait for its worker process to read it and the reply's for the
+	// server to read it (device.Timing's); 0 in the server's process.
+	Handoff, Handback time.Duration
 }
 
 // End sets Total and, from it, Dispatch: what no other part holds.

@@ -208,6 +208,11 @@ type Timing struct {
 	// the thread that ran the chain); on CUDA the copies' and the chain's
 	// time on the GPU. 0: the device does not know.
 	Busy time.Duration
+	// Handoff is how long the run's message waited for its worker
+	// process to read it, and Handback how long the worker's reply
+	// waited for the server to read it (each thread's wake among them),
+	// from the clock both read; 0 for a run in the server's process.
+	Handoff, Handback time.Duration
 }
 
 // Slot is memory a request's input lands in and its output is read from,

@@ -460,6 +460,7 @@ func (b *batcher) answer(items []*batchItem, i int, all batchRun, alone *batchRu
 		copy(rq.Output, out[int64(i)*b.itemOut:])
 		copied += b.itemOut
 		rq.Timing.CopyIn, rq.Timing.Kernels, rq.Timing.CopyOut = res.tm.CopyIn, res.tm.Kernels, res.tm.CopyOut
+		rq.Timing.Handoff, rq.Timing.Handback = res.tm.Handoff, res.tm.Handback
 	}
 	rq.Copied += copied
 	close(it.done)

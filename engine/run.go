@@ -116,6 +116,7 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	}
 	req.Copied += r.Timing.Copied
 	req.Timing.CopyIn, req.Timing.Kernels, req.Timing.CopyOut = r.Timing.CopyIn, r.Timing.Kernels, r.Timing.CopyOut
+	req.Timing.Handoff, req.Timing.Handback = r.Timing.Handoff, r.Timing.Handback
 	broken := err != nil && (errors.Is(err, device.ErrUnhealthy) || in.dev.dead.Load() || programLost(err))
 	p.put(in, broken, tEnd)
 	req.Timing.End(tEnd.Sub(t0))

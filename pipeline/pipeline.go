@@ -526,6 +526,8 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 		t.Sched += s.Timing.Sched
 		t.Resolve += s.Timing.Resolve
 		t.Dispatch += s.Timing.Dispatch
+		t.Handoff += s.Timing.Handoff
+		t.Handback += s.Timing.Handback
 		req.Start = max(req.Start, s.Start)
 	}
 	t.Total = time.Since(t0)

@@ -24,6 +24,10 @@ func AppendServerTiming(b []byte, r *call.Request) []byte {
 	b = appendDur(b, "copyout", t.CopyOut, false)
 	b = appendDur(b, "resolve", t.Resolve, false)
 	b = appendDur(b, "dispatch", t.Dispatch, false)
+	if t.Handoff > 0 || t.Handback > 0 { // a worker's run: dispatch's parts
+		b = appendDur(b, "handoff", t.Handoff, false)
+		b = appendDur(b, "handback", t.Handback, false)
+	}
 	b = appendDur(b, "total", t.Total, false)
 	if n := r.BatchSize; n > 0 {
 		// A batching function: the part of queue spent held for company,

@@ -205,8 +205,8 @@ func (i *instance) Close() {
 // otherwise).
 func (i *instance) Run(r *device.Run) error {
 	// The engine reuses r: a run that gets no reply (past its deadline,
-	// its worker dead) must not keep the last one's device time.
-	r.Timing.Busy = 0
+	// its worker dead) must not keep the last one's device time or parts.
+	r.Timing = device.Timing{}
 	if err := i.check(r); err != nil {
 		return err
 	}
@@ -234,7 +234,7 @@ func (i *instance) Run(r *device.Run) error {
 	// Read before the send: the worker may start on the message before
 	// the send returns, and its figures must fit in the wall time
 	// (boundTiming).
-	sent := time.Now()
+	sent, sentMono := time.Now(), wire.Mono()
 	if err := i.send(r, alone, id); err != nil {
 		ps.replied() // it never reached the worker
 		ended = true
@@ -246,6 +246,7 @@ func (i *instance) Run(r *device.Run) error {
 		spin = i.reply.Budget()
 	}
 	n, err := i.recv(r.Deadline, spin)
+	gotMono := wire.Mono()
 	if err == nil {
 		ps.replied()
 	}
@@ -272,6 +273,7 @@ func (i *instance) Run(r *device.Run) error {
 	wall := time.Since(sent)
 	i.reply.Observe(wall)
 	err = i.answer(r, i.rep[:n], mem, copiedIn, copyIn, wall)
+	r.Timing.Handoff, r.Timing.Handback = wire.Handover(i.rep[:n], sentMono, gotMono, wall)
 	i.g.p.cpu.measured(r, cpu) // not the reply's word (cpucharge.go)
 	return err
 }

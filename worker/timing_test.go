@@ -39,7 +39,7 @@ func TestReplyTimingIsBounded(t *testing.T) {
 			st = wire.StKernel
 		}
 		i.seq++
-		rep := wire.EncodeReply(make([]byte, 0, wire.ReplyMax), st, &device.Run{Timing: sent}, i.seq, "")
+		rep := wire.EncodeReply(make([]byte, 0, wire.ReplyMax), st, &device.Run{Timing: sent}, i.seq, 0, 0, "")
 		r := &device.Run{Output: make([]byte, out)}
 		err := i.answer(r, rep, mem, copiedIn, copyIn, wall)
 		if (err == nil) != (st == wire.StOK) {

@@ -102,6 +102,15 @@ func TestColdStartTimingAddsUp(t *testing.T) {
 			t.Errorf("%s: Server-Timing parts add up to %.3f ms, its total is %.3f ms (%.3f ms in no part), want them equal within rounding: %s",
 				tt.name, sum, total, total-sum, hdr)
 		}
+		// The run went through a worker process: dispatch names its two
+		// waits, the message's for the worker and the reply's for the
+		// server, which lie in it.
+		off, okOff := st["handoff"]
+		back, okBack := st["handback"]
+		if !okOff || !okBack || off+back > st["dispatch"]+0.002 {
+			t.Errorf("%s: Server-Timing's handoff %.3f and handback %.3f (present: %v, %v), dispatch %.3f: want both, within dispatch: %s",
+				tt.name, off, back, okOff, okBack, st["dispatch"], hdr)
+		}
 		t.Logf("%s: %s", tt.name, hdr)
 		if tt.start != "cold" {
 			continue

@@ -648,8 +648,8 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	lost := writeFairNeighbours(p, fr)
 	lost.write(p)
 	lost = nil
-	p("\nWhere the victim's time went, alone, beside vecadd and beside vecadd over gRPC: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it add up to it request by request), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
-	p("| mode | | queue | resolve | sched | copy in | kernels | copy out | dispatch | server total | outside the server |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("\nWhere the victim's time went, alone, beside vecadd and beside vecadd over gRPC: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it add up to it request by request; from 2026-12-04 dispatch's two waits beside it: hand-off, from the server's send of the run's message until its worker read it, and hand-back, from the worker's write of its reply until the server's read of it returned, each thread's wake among them, read on the clock both processes share), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
+	p("| mode | | queue | resolve | sched | copy in | kernels | copy out | dispatch | hand-off | hand-back | server total | outside the server |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	writeFairParts(p, fr)
 	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")
 	p("| mode | spin-a (share 3) against spin-b (share 1): work done / billed device time (targets 0.75 ± 0.05; billed within 0.05 of the work), at 4 and 12 clients each | served/s a, b | cnn-latency p99 beside a spin-batch flood / alone | cnn alone, 4 clients: served/s | cnn alone 1 client p50 |\n|---|---|---|---|---|---|\n")
@@ -762,7 +762,7 @@ func writeFairParts(p func(string, ...any), fr *fairRun) {
 			if !math.IsNaN(c.l.OutsideP50) && t.Total.N > 0 {
 				outside = fmtMs(c.l.OutsideP50) + " / " + fmtMs(c.l.OutsideP99)
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Queue), part(t.Resolve), part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Dispatch), part(t.Total), outside)
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Mode, c.what, part(t.Queue), part(t.Resolve), part(t.Sched), part(t.CopyIn), part(t.Kernels), part(t.CopyOut), part(t.Dispatch), part(t.Handoff), part(t.Handback), part(t.Total), outside)
 		}
 	}
 }

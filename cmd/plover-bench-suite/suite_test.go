@@ -323,7 +323,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 		"| mode | victim alone p50 / p99 ms | beside spin: p50 / p99 (one reading) | beside vecadd: p50 / p99 (one reading) | beside vecadd over gRPC: p50 / p99 (one reading) | spin, vecadd, vecadd over gRPC served/s,",
 		"| fair | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× (**7 failed**) | 3.00× / 5.00× (**2 failed**) | 100, 100, 77 |",
 		"| off | 1.00 / 2.00 | 1.00× / 1.00× | 1.00× / 1.00× | - | 50 (**3 failed**), 100, - |",
-		"| fair | beside vecadd over gRPC | n/a | n/a | n/a | n/a | n/a | n/a | 0.500 / 7.00 | 1.00 / 9.00 |",
+		"| fair | beside vecadd over gRPC | n/a | n/a | n/a | n/a | n/a | n/a | 0.500 / 7.00 | n/a | n/a | 1.00 / 9.00 |",
 		"**Requests lost to the figures above**",
 		"fair, the victim beside vecadd: 7 failed; fair, the victim beside vecadd over gRPC: 2 failed (the most common: status 503: no worker); off, the spin flood: 3 failed.",
 		"10, 5 (**2 failed**)",

@@ -578,6 +578,7 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 		if err == unix.EAGAIN {
 			n, err = unix.Read(sock, msg)
 		}
+		got := wire.Mono() // the server's hand-off ends here (its reply says so)
 		if !replied.IsZero() {
 			gap.Observe(time.Since(replied))
 		}
@@ -612,7 +613,7 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 			}
 		}
 		running.Add(-1)
-		rep = wire.EncodeReply(rep, st, &r, wire.RunSeq(msg[:n]), text)
+		rep = wire.EncodeReply(rep, st, &r, wire.RunSeq(msg[:n]), got, wire.Mono(), text)
 		if _, err := unix.Write(sock, rep); err != nil {
 			os.Exit(wire.ExitChannel)
 		}

@@ -148,7 +148,7 @@ func TestBytesOfTheProtocol(t *testing.T) {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 14}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 15}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
@@ -167,9 +167,9 @@ func TestBytesOfTheProtocol(t *testing.T) {
 		{"run", EncodeRun(make([]byte, 0, RunMsgMax), &run, true, 10, 11), []byte{
 			2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, FlagZeroOut | FlagAlone, 5, 0, 0, 0, 0, 0, 0, 0, 1, 0,
 			6, 0, 0, 0, 10, 0, 0, 0, 11, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0, 9, 0, 0, 0}},
-		{"run reply", EncodeReply(make([]byte, 0, ReplyMax), StKernel, &device.Run{OutLen: 2, Timing: device.Timing{CopyIn: 1, Kernels: 3, CopyOut: 4, Copied: 5, Busy: 6}}, 7, "x"), []byte{
+		{"run reply", EncodeReply(make([]byte, 0, ReplyMax), StKernel, &device.Run{OutLen: 2, Timing: device.Timing{CopyIn: 1, Kernels: 3, CopyOut: 4, Copied: 5, Busy: 6}}, 7, 8, 9, "x"), []byte{
 			2, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,
-			5, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 'x'}},
+			5, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 'x'}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !bytes.Equal(tc.got, tc.want) {
@@ -179,8 +179,9 @@ func TestBytesOfTheProtocol(t *testing.T) {
 	}
 	// 11: the fatal mark on a pipe of its own (FatalFD); 12: checked
 	// mode's report there too, a checked worker given the pipe; 13:
-	// OpDropSlot; 14: a run's output at device.SlotOut of its input.
-	if Protocol != 14 {
+	// OpDropSlot; 14: a run's output at device.SlotOut of its input; 15:
+	// a run reply's clock readings.
+	if Protocol != 15 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }
@@ -250,7 +251,7 @@ func FuzzWorkerMessages(f *testing.F) {
 	f.Add(AppendControlReply(nil, OpSlot, Reply{St: StOK, ID: 3, Pin: Pin{State: PinRefused, Why: "w"}}))
 	f.Add(AppendControlReply(nil, OpEntry, Reply{St: StFailed, Text: "x"}))
 	f.Add(AppendControlReply(nil, OpDropSlot, Reply{St: StFailed, Text: "x"}))
-	f.Add(EncodeReply(make([]byte, 0, ReplyMax), StOK, &device.Run{OutLen: 1}, 1, ""))
+	f.Add(EncodeReply(make([]byte, 0, ReplyMax), StOK, &device.Run{OutLen: 1}, 1, 2, 3, ""))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		DecodeReady(b)

@@ -3,6 +3,7 @@ package wire
 import (
 	"fmt"
 	"time"
+	_ "unsafe" // go:linkname
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
@@ -40,7 +41,9 @@ const (
 	replyCopied  = replyOutLen + 8  // i64: the payload bytes the worker copied on the host
 	replyBusy    = replyCopied + 8  // i64 ns: the device time the run used
 	replySeq     = replyBusy + 8    // u32: the run's sequence number, echoed
-	ReplyHeader  = replySeq + 4     // the header's length; the message follows
+	replyGot     = replySeq + 4     // i64 ns, CLOCK_MONOTONIC: when the worker read the run's message
+	replySent    = replyGot + 8     // i64 ns, CLOCK_MONOTONIC: when it wrote this reply
+	ReplyHeader  = replySent + 8    // the header's length; the message follows
 	ReplyMax     = ReplyHeader + 4096
 )
 
@@ -138,8 +141,10 @@ func DecodeRun(b []byte, r *device.Run, steps []device.Step, slot []byte, maxIn,
 	return nil
 }
 
-// EncodeReply writes a run's reply into b (of ReplyMax capacity).
-func EncodeReply(b []byte, st byte, r *device.Run, seq uint32, text string) []byte {
+// EncodeReply writes a run's reply into b (of ReplyMax capacity): got is
+// when the worker read the run's message and sent when it sends the reply
+// (Mono readings).
+func EncodeReply(b []byte, st byte, r *device.Run, seq uint32, got, sent int64, text string) []byte {
 	b = b[:ReplyHeader]
 	b[replyStatus] = st
 	le.PutUint64(b[replyCopyIn:], uint64(r.Timing.CopyIn))
@@ -149,10 +154,41 @@ func EncodeReply(b []byte, st byte, r *device.Run, seq uint32, text string) []by
 	le.PutUint64(b[replyCopied:], uint64(r.Timing.Copied))
 	le.PutUint64(b[replyBusy:], uint64(r.Timing.Busy))
 	le.PutUint32(b[replySeq:], seq)
+	le.PutUint64(b[replyGot:], uint64(got))
+	le.PutUint64(b[replySent:], uint64(sent))
 	if len(text) > ReplyMax-ReplyHeader {
 		text = text[:ReplyMax-ReplyHeader]
 	}
 	return append(b, text...)
+}
+
+// Mono is the system's CLOCK_MONOTONIC in nanoseconds: one clock for the
+// server and its workers, where Go's monotonic readings count from each
+// process's start. The runtime's own reading goes through the vDSO;
+// unix.ClockGettime would be a system call on every run, twice a side.
+func Mono() int64 { return nanotime() }
+
+//go:linkname nanotime runtime.nanotime
+func nanotime() int64
+
+// Handover is how long a run's message waited for its worker to read it
+// (handoff: from sent, the server's Mono before its send) and the
+// reply for the server to read it (handback: until got, the server's
+// Mono once its read returned), from reply b's clock readings; each is
+// bounded by wall, the run's time as the server saw it, so that a
+// reply's wrong readings (bundle code can write on the channel, though
+// not with the run's sequence number unseen) skew no figure past it.
+func Handover(b []byte, sent, got int64, wall time.Duration) (handoff, handback time.Duration) {
+	if len(b) < ReplyHeader {
+		return 0, 0
+	}
+	since := func(from, to int64) time.Duration { // to - from within 0..wall, with no overflow
+		if to <= from {
+			return 0
+		}
+		return time.Duration(min(uint64(to)-uint64(from), uint64(max(0, wall))))
+	}
+	return since(sent, int64(le.Uint64(b[replyGot:]))), since(int64(le.Uint64(b[replySent:])), got)
 }
 
 // ReplyHead reads a run reply's status and the sequence number it echoes;

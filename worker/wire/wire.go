@@ -152,8 +152,9 @@ const (
 // worker binary from another build (plover-worker beside a newer plover)
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message, or to what one means (14: a run's output starts
-// at device.SlotOut of its input, not at max_input_bytes).
-const Protocol byte = 14
+// at device.SlotOut of its input, not at max_input_bytes; 15: a run's
+// reply says when its message was read and the reply sent).
+const Protocol byte = 15
 
 // Reply status: the first byte of every reply.
 const (

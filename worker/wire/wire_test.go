@@ -2,8 +2,12 @@ package wire
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/loader"
@@ -146,7 +150,7 @@ func TestReplyRoundTrip(t *testing.T) {
 		{"a fault", StFault, device.Run{}, "illegal address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := EncodeReply(make([]byte, 0, ReplyMax), tc.st, &tc.run, 9, tc.text)
+			b := EncodeReply(make([]byte, 0, ReplyMax), tc.st, &tc.run, 9, 10, 11, tc.text)
 			if st, seq, err := ReplyHead(b); err != nil || st != tc.st || seq != 9 {
 				t.Fatalf("head: status %d seq %d (%v), want %d 9", st, seq, err, tc.st)
 			}
@@ -163,7 +167,50 @@ func TestReplyRoundTrip(t *testing.T) {
 		})
 	}
 	r := device.Run{}
-	if long := EncodeReply(make([]byte, 0, ReplyMax), StKernel, &r, 9, strings.Repeat("x", 2*ReplyMax)); len(long) != ReplyMax {
+	if long := EncodeReply(make([]byte, 0, ReplyMax), StKernel, &r, 9, 10, 11, strings.Repeat("x", 2*ReplyMax)); len(long) != ReplyMax {
 		t.Fatalf("a long message made a reply of %d bytes, want it cut to %d", len(long), ReplyMax)
+	}
+}
+
+// A reply's clock readings give the run's hand-off (its message sent
+// until the worker read it) and hand-back (the reply sent until the
+// server read it), each within 0 and the run's wall time whatever the
+// reply says.
+func TestHandover(t *testing.T) {
+	const wall = time.Millisecond
+	for _, tc := range []struct {
+		name                  string
+		got, sent             int64 // the worker's readings
+		serverSent, serverGot int64
+		off, back             time.Duration
+	}{
+		{"in order", 1_010, 1_500, 1_000, 1_700, 10, 200},
+		{"read before it was sent", 900, 1_500, 1_000, 1_700, 0, 200},
+		{"sent after the server read it", 1_010, 1_800, 1_000, 1_700, 10, 0},
+		{"past the wall time", 1_000 + 2*int64(wall), 1_500, 1_000, 1_000 + 3*int64(wall), wall, wall},
+		{"any bits", math.MaxInt64, math.MinInt64, 1_000, 1_700, wall, wall},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := EncodeReply(make([]byte, 0, ReplyMax), StOK, &device.Run{}, 1, tc.got, tc.sent, "")
+			if off, back := Handover(b, tc.serverSent, tc.serverGot, wall); off != tc.off || back != tc.back {
+				t.Fatalf("hand-off %v, hand-back %v; want %v, %v", off, back, tc.off, tc.back)
+			}
+		})
+	}
+	if off, back := Handover(make([]byte, ReplyHeader-1), 0, 1, wall); off != 0 || back != 0 {
+		t.Fatalf("a reply too short: %v, %v; want none", off, back)
+	}
+}
+
+// Mono reads the system's CLOCK_MONOTONIC, the one clock a worker and its
+// server share.
+func TestMonoIsTheSystemsMonotonicClock(t *testing.T) {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	a := ts.Nano()
+	m := Mono()
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	if b := ts.Nano(); m < a || m > b {
+		t.Fatalf("Mono %d, not within CLOCK_MONOTONIC's %d..%d", m, a, b)
 	}
 }
