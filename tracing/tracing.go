@@ -365,7 +365,8 @@ func (c *Call) errorType() string {
 // engine spends them: resolve, the version's fetch (a cold request),
 // queue, the load of a program and instance, sched, the run, then
 // dispatch (the rest of the call to the device, which Server-Timing
-// counts apart): together they cover the request's total.
+// counts apart; under it a worker's handoff and handback): together they
+// cover the request's total.
 func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 	at := b
 	span := func(ctx context.Context, name string, from time.Time, d time.Duration) context.Context {
@@ -413,6 +414,14 @@ func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 		at = at.Add(run)
 	}
 	if tm.Dispatch > 0 {
-		span(ctx, "dispatch", at, tm.Dispatch)
+		dctx := span(ctx, "dispatch", at, tm.Dispatch)
+		// A worker's run: the message's wait for the worker first, the
+		// reply's for the server last (laid out as the rest is).
+		if tm.Handoff > 0 {
+			span(dctx, "handoff", at, tm.Handoff)
+		}
+		if tm.Handback > 0 {
+			span(dctx, "handback", at.Add(max(0, tm.Dispatch-tm.Handback)), tm.Handback)
+		}
 	}
 }

@@ -179,7 +179,7 @@ func TestTracing(t *testing.T) {
 	t.Run("HTTP, cold", func(t *testing.T) {
 		id := "4bf92f3577b34da6a3ce929d0e0e4736"
 		pipeInvoke(t, srv.url, "echo", []byte("x"), "traceparent", tp(id, "01")).ok(t, "echo")
-		sp := rcv.waitSpans(t, id, "POST /v1/functions/{name}/invoke", "load", "fetch", "program", "run", "copy in", "kernels", "copy out")
+		sp := rcv.waitSpans(t, id, "POST /v1/functions/{name}/invoke", "load", "fetch", "program", "run", "copy in", "kernels", "copy out", "dispatch", "handoff", "handback")
 		req := sp["POST /v1/functions/{name}/invoke"]
 		if hex.EncodeToString(req.GetParentSpanId()) != parent || req.GetKind() != tracepb.Span_SPAN_KIND_SERVER {
 			t.Errorf("request span: parent %x kind %v", req.GetParentSpanId(), req.GetKind())
@@ -195,6 +195,11 @@ func TestTracing(t *testing.T) {
 		}
 		if !bytes.Equal(sp["program"].GetParentSpanId(), sp["load"].GetSpanId()) || !bytes.Equal(sp["kernels"].GetParentSpanId(), sp["run"].GetSpanId()) {
 			t.Error("program is not under load, or kernels under run")
+		}
+		for _, n := range []string{"handoff", "handback"} { // the run went through a worker process
+			if !bytes.Equal(sp[n].GetParentSpanId(), sp["dispatch"].GetSpanId()) {
+				t.Errorf("%s is not under dispatch", n)
+			}
 		}
 		// The bundle is fetched before the request queues for an
 		// instance, whose load (program, instance) comes after.
