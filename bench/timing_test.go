@@ -48,6 +48,13 @@ func TestParseServerTiming(t *testing.T) {
 		t.Fatalf("got %v, want %v", st.Dur, want)
 	}
 
+	// A worker's run: dispatch's two parts, optional as dispatch is.
+	h = "queue;dur=0, sched;dur=0, load;dur=0, copyin;dur=0.002, kernels;dur=0.1, copyout;dur=0, resolve;dur=0.001, dispatch;dur=0.05, handoff;dur=0.012, handback;dur=0.02, total;dur=0.153"
+	if !ParseServerTiming([]byte(h), &st) || st.Dur[Handoff] != 12*time.Microsecond || st.Dur[Handback] != 20*time.Microsecond ||
+		st.Has&(1<<Handoff|1<<Handback) != 1<<Handoff|1<<Handback || !st.Complete() {
+		t.Fatalf("a worker's run: has=%b %v", st.Has, st.Dur)
+	}
+
 	// Other shapes the header grammar allows: unknown metrics, desc
 	// parameters, quoted and upper-case dur, no spaces, missing metrics.
 	h = `cdn;desc="edge", total;desc="all";DUR="3.5",kernels;dur=1 ,queue`

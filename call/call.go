@@ -56,10 +56,14 @@ type Timing struct {
 	Handoff, Handback time.Duration
 }
 
-// End sets Total and, from it, Dispatch: what no other part holds.
+// End sets Total and, from it, Dispatch: what no other part holds; and
+// bounds Handoff and Handback, parts of it, to it (a worker's clock
+// readings are its word, each bounded apart by its run's wall time).
 func (t *Timing) End(total time.Duration) {
 	t.Total = total
 	t.Dispatch = max(0, total-t.Resolve-t.Queue-t.Load-t.Sched-t.CopyIn-t.Kernels-t.CopyOut)
+	t.Handoff = min(t.Handoff, t.Dispatch)
+	t.Handback = min(t.Handback, t.Dispatch-t.Handoff)
 }
 
 // Override replaces parts of the manifest for one request, within its limits.

@@ -354,6 +354,9 @@ func (p *pool) replace(ctx context.Context, in *instance, err error, deadline ti
 // put back idle, since what the run left in it is unknown. The caller
 // then has no instance to put back.
 func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, deadline time.Time, gone func() bool) (time.Duration, time.Time, error) {
+	// r is the instance's, reused: a run the scheduler refuses must not
+	// hand its request the last run's parts and bytes.
+	r.Timing = device.Timing{}
 	ended := false
 	defer func() {
 		if !ended {

@@ -545,7 +545,7 @@ func (s *Server) modelInfer(ctx context.Context, req *pb.ModelInferRequest, io *
 	}
 	// What HTTP says in Server-Timing, X-Plover-Start and X-Plover-Version.
 	r := o.Req
-	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, 200), r)),
+	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, reqmetrics.ServerTimingCap), r)),
 		"x-plover-start", r.Start.String(), "x-plover-version", r.Version))
 	return resp, nil
 }

@@ -181,7 +181,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 	}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	s.calls.New = func() any {
-		c := &exchange{timing: make([]byte, 0, 200)}
+		c := &exchange{timing: make([]byte, 0, reqmetrics.ServerTimingCap)}
 		c.req.Gone = c.gone // bound once: no allocation per request
 		return c
 	}

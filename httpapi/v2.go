@@ -22,6 +22,7 @@ import (
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
+	"github.com/plover-run/plover/reqmetrics"
 )
 
 // The Open Inference Protocol (KServe v2) over HTTP/REST: health, server and
@@ -189,7 +190,7 @@ type v2Call struct {
 }
 
 var v2Calls = sync.Pool{New: func() any {
-	vc := &v2Call{exchange: exchange{timing: make([]byte, 0, 200)}}
+	vc := &v2Call{exchange: exchange{timing: make([]byte, 0, reqmetrics.ServerTimingCap)}}
 	vc.req.Gone = vc.gone
 	return vc
 }}

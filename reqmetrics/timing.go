@@ -7,6 +7,12 @@ import (
 	"github.com/plover-run/plover/call"
 )
 
+// ServerTimingCap is room for a function request's whole Server-Timing
+// (every part, a worker run's two and a batch's, each up to 99,999 ms):
+// the transports' buffers start at it, so that no request grows one.
+// A pipeline's steps may.
+const ServerTimingCap = 320
+
 // AppendServerTiming appends r's timing as a Server-Timing header value
 // (milliseconds, as the header's dur expects): the phases, which for a
 // function add up to total (resolve and dispatch hold what the others do

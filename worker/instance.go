@@ -32,6 +32,10 @@ type instance struct {
 	reply wire.WaitEstimate
 	// seq numbers the runs; a reply must echo its run's (wire/run.go).
 	seq uint32
+	// sent and got are the run's message's sending and its reply's
+	// arrival on the clock the worker reads too (wire.Mono), for the
+	// handoff and handback an accepted reply gives (answer).
+	sent, got int64
 }
 
 // errRunDeadline is a run given up at its deadline (device.ErrDeadline).
@@ -234,7 +238,8 @@ func (i *instance) Run(r *device.Run) error {
 	// Read before the send: the worker may start on the message before
 	// the send returns, and its figures must fit in the wall time
 	// (boundTiming).
-	sent, sentMono := time.Now(), wire.Mono()
+	sent := time.Now()
+	i.sent = wire.Mono()
 	if err := i.send(r, alone, id); err != nil {
 		ps.replied() // it never reached the worker
 		ended = true
@@ -246,7 +251,7 @@ func (i *instance) Run(r *device.Run) error {
 		spin = i.reply.Budget()
 	}
 	n, err := i.recv(r.Deadline, spin)
-	gotMono := wire.Mono()
+	i.got = wire.Mono()
 	if err == nil {
 		ps.replied()
 	}
@@ -273,7 +278,6 @@ func (i *instance) Run(r *device.Run) error {
 	wall := time.Since(sent)
 	i.reply.Observe(wall)
 	err = i.answer(r, i.rep[:n], mem, copiedIn, copyIn, wall)
-	r.Timing.Handoff, r.Timing.Handback = wire.Handover(i.rep[:n], sentMono, gotMono, wall)
 	i.g.p.cpu.measured(r, cpu) // not the reply's word (cpucharge.go)
 	return err
 }
@@ -378,6 +382,7 @@ func (i *instance) answer(r *device.Run, rep, mem []byte, copiedIn int64, copyIn
 	st, outLen, text, err := wire.DecodeReply(rep, r, i.seq)
 	if err == nil {
 		boundTiming(&r.Timing, wall, int64(len(mem)))
+		r.Timing.Handoff, r.Timing.Handback = wire.Handover(rep, i.sent, i.got, wall)
 	}
 	if err != nil {
 		why := fmt.Sprintf("it sent a malformed reply (%v)", err)

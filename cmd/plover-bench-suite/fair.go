@@ -79,7 +79,7 @@ type fairIO struct {
 	Throughput  [2]int64 // served/s a, b
 	Errors      [2]int64 // failed requests a, b
 	// Why are a's and b's most common failures (fairLoad.CommonError).
-	Why     [2]string `json:",omitempty"`
+	Why     [2]string `json:",omitzero"`
 	Clients [2]int    // a's and b's closed-loop clients
 }
 
@@ -626,10 +626,11 @@ const ioSplitClients = 4
 func ioSplitAClients(clients, cpus int) int { return max(clients, 2*cpus) }
 
 // fairQueue is the servers' --max-queue in fairOneMode: the most clients
-// one of its loads sends to a function (vecadd-b's in the I/O split), so
-// that each waits for its turn rather than getting 429.
+// one of its loads sends to a function (vecadd-b's in the I/O split, more
+// than any flood's), so that each waits for its turn rather than getting
+// 429.
 func fairQueue(clients, cpus int) int {
-	return max(clients, ioSplitClients*ioSplitAClients(clients, cpus))
+	return ioSplitClients * ioSplitAClients(clients, cpus)
 }
 
 func writeFair(o *options, res *results, fr *fairRun) error {
@@ -648,7 +649,7 @@ func writeFair(o *options, res *results, fr *fairRun) error {
 	lost := writeFairNeighbours(p, fr)
 	lost.write(p)
 	lost = nil
-	p("\nWhere the victim's time went, alone, beside vecadd and beside vecadd over gRPC: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it add up to it request by request; from 2026-12-04 dispatch's two waits beside it: hand-off, from the server's send of the run's message until its worker read it, and hand-back, from the worker's write of its reply until the server's read of it returned, each thread's wake among them, read on the clock both processes share), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
+	p("\nWhere the victim's time went, alone, beside vecadd and beside vecadd over gRPC: the server's Server-Timing parts, p50 / p99 ms (the wait for an instance, finding the version, the device scheduler's wait, the copy in, the kernels, the copy out, the hand-over to the worker and back (dispatch: its message, its reply, waking each), the server's total: the parts before it but hand-off and hand-back add up to it request by request; from 2026-12-04 dispatch's two waits, parts of it, beside it: hand-off, from the server's send of the run's message until its worker read it, and hand-back, from the worker's write of its reply until the server's read of it returned, each thread's wake among them, read on the clock both processes share), and each request's latency less its server's total, p50 / p99 (the network, the HTTP stacks and the client; the floods' clients run in a process of their own, `plover bench`, as other machines' would). Each part's p99 is its own, of whichever requests were slowest in it: they do not add up to the total's.\n\n")
 	p("| mode | | queue | resolve | sched | copy in | kernels | copy out | dispatch | hand-off | hand-back | server total | outside the server |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	writeFairParts(p, fr)
 	p("\nShares, priorities and the cost of scheduling, same servers:\n\n")

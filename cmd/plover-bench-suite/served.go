@@ -18,7 +18,7 @@ import (
 type served struct {
 	ProcessStartMs float64                   `json:"process_start_ms,omitempty"` // exec to listening
 	ClientMs       float64                   `json:"client_ms"`
-	Timing         [bench.NumMetrics]float64 `json:"server_timing_ms"` // queue, load, copyin, kernels, copyout, total
+	Timing         [bench.NumMetrics]float64 `json:"server_timing_ms"` // by bench.MetricNames
 	Start          string                    `json:"start"`            // X-Plover-Start
 	Log            *coldStart                `json:"cold_start_log,omitempty"`
 	out            []byte                    // the response body, kept for the first request only

@@ -301,6 +301,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 	fair, off := mode("fair"), mode("off")
 	fair.Beside["vecadd"] = bad
 	fair.IO.Clients = [2]int{32, 128} // the caption says what the first mode ran
+	fair.IO.Errors, fair.IO.Why = [2]int64{0, 113}, [2]string{"", "status 429: busy: function vecadd-b is busy"}
 	// off has no gRPC flood (a server without --grpc-listen); fair's has
 	// figures of its own, so that a cell read from another load shows.
 	grpcVictim := fairLoad{P50: 3, P99: 10, Throughput: 100, Errors: 2, CommonError: "status 503: no worker"}
@@ -335,6 +336,7 @@ func TestWriteFairSaysWhatFailed(t *testing.T) {
 		"vecadd alone: served/s (÷ off: one reading each)",
 		"vecadd-a (share 3, 4 MB bodies and answers, 32 clients: ",
 		"vecadd-b (share 1, 1 MB, 128 clients: ",
+		"fair, vecadd-b: 113 failed (the most common: status 429: busy: function vecadd-b is busy)",
 	)
 	if strings.Contains(out, "| off | beside vecadd over gRPC |") {
 		t.Error("a mode without a gRPC flood has a row for it in where the victim's time went")

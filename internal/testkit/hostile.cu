@@ -181,16 +181,16 @@ PLOVER_ENTRY(close_fds) {
 }
 
 // ring_twice: echoes its input, and first writes a forged "done" message (a
-// success status, everything else zero) on every SOCK_SEQPACKET descriptor
-// it has: the worker's channels to the server. A server that took it for
-// the run's reply would answer this request early and the next one with
-// this one's output.
-// ring sends a forged message of size bytes (64 at most) on every
+// success status, everything else zero, as long as a run's reply or
+// longer) on every SOCK_SEQPACKET descriptor it has: the worker's channels
+// to the server. A server that took it for the run's reply would answer
+// this request early and the next one with this one's output.
+// ring_n sends a forged message of size bytes (128 at most) on every
 // SOCK_SEQPACKET descriptor in [from, to): a success status, then index
 // (read as a kernel lookup's answer, or the low half of a run's copy-in
 // time), then zeros.
 static int ring_n(int from, int to, uint32_t index, size_t size) {
-  char forged[64] = {0};
+  char forged[128] = {0};
   memcpy(forged + 1, &index, sizeof index);
   if (size > sizeof forged) size = sizeof forged;
   int rung = 0;
@@ -204,7 +204,10 @@ static int ring_n(int from, int to, uint32_t index, size_t size) {
   return rung;
 }
 
-static int ring(int from, int to, uint32_t index) { return ring_n(from, to, index, 64); }
+// A run reply's header is 69 bytes (worker/wire ReplyHeader, protocol
+// 15): a forged reply of fewer is read as malformed, not as a reply out of
+// turn, which is what ring_twice is for.
+static const size_t forged_reply = 128;
 
 static void echo_or(plover_state_t *s, int rung) {
   size_t n = s->input.len < s->out.len ? s->input.len : s->out.len;
@@ -215,7 +218,7 @@ static void echo_or(plover_state_t *s, int rung) {
 
 PLOVER_ENTRY(ring_twice) {
   (void)grid; (void)block;
-  echo_or(s, ring(3, 1024, 0));
+  echo_or(s, ring_n(3, 1024, 0, forged_reply));
 }
 
 // ring_control: the same on fd 3 alone, the worker's control channel, where
@@ -223,7 +226,7 @@ PLOVER_ENTRY(ring_twice) {
 // that call's reply: a lookup would get kernel 0x7fffffff.
 PLOVER_ENTRY(ring_control) {
   (void)grid; (void)block;
-  echo_or(s, ring(3, 4, 0x7fffffff));
+  echo_or(s, ring_n(3, 4, 0x7fffffff, 64));
 }
 
 // ring_short: the same as ring_twice on every channel but the control

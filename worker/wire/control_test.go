@@ -3,7 +3,9 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/device"
 )
@@ -273,6 +275,14 @@ func FuzzWorkerMessages(f *testing.F) {
 		var r device.Run
 		if _, _, text, err := DecodeReply(b, &r, 1); err == nil && len(text) > len(b)-ReplyHeader {
 			t.Fatalf("a reply of %d bytes with a message of %d", len(b), len(text))
+		}
+		// A reply's clock readings are the worker's word: the waits they
+		// give stay within the run's wall time whatever they say.
+		const wall = time.Millisecond
+		for _, at := range [][2]int64{{0, 0}, {1 << 40, 1<<40 + 5e5}, {math.MaxInt64 - 1, math.MaxInt64}, {math.MinInt64, 0}} {
+			if off, back := Handover(b, at[0], at[1], wall); off < 0 || off > wall || back < 0 || back > wall {
+				t.Fatalf("sent %d, got %d: handoff %v, handback %v; want each within 0..%v", at[0], at[1], off, back, wall)
+			}
 		}
 	})
 }

@@ -20,8 +20,10 @@ DEFAULT_SERVER = "http://127.0.0.1:8080"
 BUNDLE_MEDIA_TYPE = "application/vnd.plover.bundle+zstd"
 OCTET_STREAM = "application/octet-stream"
 
-# Server-Timing names, in the order the server writes them.
-TIMING_NAMES = ("queue", "sched", "load", "copyin", "kernels", "copyout", "resolve", "dispatch", "total")
+# Server-Timing names, in the order the server writes them; handoff and
+# handback (parts of dispatch) come only from a run in a worker process.
+TIMING_NAMES = ("queue", "sched", "load", "copyin", "kernels", "copyout", "resolve", "dispatch", "handoff", "handback",
+                "total")
 
 
 class PloverError(Exception):
@@ -266,7 +268,8 @@ class Client:
     system's (default $PLOVER_CACERT).
 
     After each invoke, last_timing ({"queue", "sched", "load", "copyin", "kernels",
-    "copyout", "resolve", "dispatch", "total"}: milliseconds, from
+    "copyout", "resolve", "dispatch", "total"}, and "handoff" and "handback",
+    parts of dispatch, for a run in a worker process: milliseconds, from
     Server-Timing; the others add up to total), last_start
     ("cold", "warm" or "hot") and last_version (the version that ran)
     describe it. A Client keeps one connection per thread that uses it

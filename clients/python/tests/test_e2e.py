@@ -59,6 +59,8 @@ class EndToEnd(unittest.TestCase):
 
     def check_meta(self):
         t = self.c.last_timing
+        # The test's server runs functions in worker processes: handoff
+        # and handback too.
         self.assertEqual(set(t), set(plover.client.TIMING_NAMES), t)
         for k, v in t.items():
             self.assertIsInstance(v, float, k)

@@ -29,14 +29,14 @@ except ImportError:
     np = None
 
 # What the server writes (httpapi writeMeta).
-TIMING = "queue;dur=0.012, sched;dur=0.001, load;dur=0.000, copyin;dur=0.004, kernels;dur=1.250, copyout;dur=0.003, resolve;dur=0.002, dispatch;dur=0.029, total;dur=1.301"
+TIMING = "queue;dur=0.012, sched;dur=0.001, load;dur=0.000, copyin;dur=0.004, kernels;dur=1.250, copyout;dur=0.003, resolve;dur=0.002, dispatch;dur=0.029, handoff;dur=0.011, handback;dur=0.009, total;dur=1.301"
 
 
 class ParseServerTiming(unittest.TestCase):
     def test_server_format(self):
         self.assertEqual(parse_server_timing(TIMING), {
             "queue": 0.012, "sched": 0.001, "load": 0.0, "copyin": 0.004, "kernels": 1.25, "copyout": 0.003,
-            "resolve": 0.002, "dispatch": 0.029, "total": 1.301})
+            "resolve": 0.002, "dispatch": 0.029, "handoff": 0.011, "handback": 0.009, "total": 1.301})
 
     def test_every_name(self):
         self.assertEqual(set(parse_server_timing(TIMING)), set(plover.client.TIMING_NAMES))
