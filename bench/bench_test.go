@@ -386,6 +386,10 @@ func TestServerTimingAbsentMetricsNotRecorded(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^  sched +- +- +- +-$`).MatchString(b.String()) {
 		t.Errorf("the report's sched row is not n/a:\n%s", b.String())
 	}
+	// Dispatch's parts, under it.
+	if !regexp.MustCompile(`(?m)^  dispatch +- +- +- +-\n    handoff +- +- +- +-\n    handback +- +- +- +-$`).MatchString(b.String()) {
+		t.Errorf("the report's handoff and handback rows are not n/a under dispatch:\n%s", b.String())
+	}
 }
 
 // An open loop offers rate × duration requests: at 1800/s the interval is

@@ -272,6 +272,9 @@ func (res *Result) WriteText(w io.Writer) error {
 	} else {
 		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s   (%d responses)\n", "server (Server-Timing)", "mean", "p50", "p99", "max", res.Timing.Responses)
 		for i, name := range MetricNames {
+			if i == Handoff || i == Handback {
+				name = "  " + name // parts of dispatch, the row above
+			}
 			s := res.Timing.Metric(i)
 			if s.N == 0 { // a metric this server does not send: not a zero
 				fmt.Fprintf(&b, "  %-22s%9s%9s%9s%9s\n", name, "-", "-", "-", "-")
