@@ -416,12 +416,13 @@ func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 	if tm.Dispatch > 0 {
 		dctx := span(ctx, "dispatch", at, tm.Dispatch)
 		// A worker's run: the message's wait for the worker first, the
-		// reply's for the server last (laid out as the rest is).
+		// reply's for the server last (laid out as the rest is; End keeps
+		// both within dispatch).
 		if tm.Handoff > 0 {
 			span(dctx, "handoff", at, tm.Handoff)
 		}
 		if tm.Handback > 0 {
-			span(dctx, "handback", at.Add(max(0, tm.Dispatch-tm.Handback)), tm.Handback)
+			span(dctx, "handback", at.Add(tm.Dispatch-tm.Handback), tm.Handback)
 		}
 	}
 }

@@ -208,8 +208,10 @@ func (i *instance) Close() {
 // r.Deadline the worker is killed (a running kernel cannot be stopped
 // otherwise).
 func (i *instance) Run(r *device.Run) error {
-	// The engine reuses r: a run that gets no reply (past its deadline,
-	// its worker dead) must not keep the last one's device time or parts.
+	// Callers reuse r (plover run --repeat; the engine, which also resets
+	// it for a run its scheduler refuses): a run that gets no reply (past
+	// its deadline, its worker dead) must not keep the last one's device
+	// time or parts.
 	r.Timing = device.Timing{}
 	if err := i.check(r); err != nil {
 		return err
