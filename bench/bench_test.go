@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/plover-run/plover/internal/racebuild"
 )
 
 // fakeServer answers invokes like a Plover server: a fixed body, the
@@ -253,7 +255,7 @@ func hotPath(t testing.TB, bodyLen int) (func(), *run) {
 // after ~42,000 bodies), so a process that first read tens of thousands of
 // small bodies reallocates large ones. A bench run reads one size.
 func TestHotPathAllocs(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	for _, size := range []int{4 << 20, 256} {

@@ -21,6 +21,7 @@ import (
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/racebuild"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/netguard"
@@ -189,7 +190,7 @@ func benchTokens(t testing.TB) (*auth.Table, string) {
 // device call, with and without tokens and a body budget. A count, not a
 // timing: it holds on any machine.
 func TestHotInvokeAllocatesNothing(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("under -race sync.Pool drops items on purpose: allocation counts do not hold")
 	}
 	e := testkit.Engine(t, engine.Config{})
@@ -248,7 +249,7 @@ func v2BinaryHeader(n int) []byte {
 // once its pools are warm: the header is parsed without encoding/json, the
 // input read where it arrived and the response written by hand.
 func TestV2BinaryInferAllocatesNothing(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("under -race sync.Pool drops items on purpose: allocation counts do not hold")
 	}
 	e := testkit.Engine(t, engine.Config{})

@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/racebuild"
 	"github.com/plover-run/plover/oip"
 )
 
@@ -283,7 +284,9 @@ func TestWriteInferJSONBounded(t *testing.T) {
 		if err != nil || body < len(out) {
 			t.Fatalf("%s: %v, %d bytes", dt, err, body)
 		}
-		if n > 5*uint64(len(out)) {
+		// A race detector build allocated 134 MB here for 16 MiB of output:
+		// the count is the plain build's.
+		if n > 5*uint64(len(out)) && !racebuild.Enabled {
 			t.Errorf("%s: %d bytes of output became %d of JSON, allocating %d: want under 5 times the output", dt, len(out), body, n)
 		}
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/racebuild"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -126,7 +127,7 @@ func TestProcessFiguresFollowTheWorker(t *testing.T) {
 // with an input not a multiple of 256 the chain's output was written in
 // the instance's own out and copied: out_bytes resident again.
 func TestLargeInOutNotResidentInWorker(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
 	}
 	const big = 128 << 20
@@ -152,7 +153,7 @@ func TestLargeInOutNotResidentInWorker(t *testing.T) {
 // and loaded 128 MiB of out under a limit of 64, whose worker the first
 // request then passed (150 MiB besides the server's slots).
 func TestCheckedWorkerCountsItsOut(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector's memory passes the 64 MiB limit this test gives the worker")
 	}
 	for _, tc := range []struct {

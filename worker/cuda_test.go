@@ -15,6 +15,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/fakecuda"
+	"github.com/plover-run/plover/internal/racebuild"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -423,7 +424,7 @@ func copyRun(t *testing.T, p device.Program, in device.Instance, s device.Slot, 
 // fake driver's device buffers are 32 MiB of the worker's own memory). Pinned
 // memory is given back with its worker.
 func TestCUDASlotsPinnedAndBounded(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector's memory passes the 80 MiB limit this test gives the worker, which then kills it")
 	}
 	const slot = 32 << 20

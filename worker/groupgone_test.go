@@ -40,7 +40,11 @@ func TestWorkerGroupsGoBeforeItsReap(t *testing.T) {
 	// A load putting files in its stage holds the end of wait after the
 	// reap (stagers), as long as the test looks.
 	w := p.(*program).p
+	// As inStage adds one: under mu, which wait takes to set exited before
+	// it waits (the race detector sees no order in the kill and the reap).
+	w.mu.Lock()
 	w.stagers.Add(1)
+	w.mu.Unlock()
 	var once sync.Once
 	done := func() { once.Do(w.stagers.Done) }
 	defer done()

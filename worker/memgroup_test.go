@@ -18,6 +18,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/racebuild"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -26,7 +27,7 @@ import (
 // written (no root, no hierarchy, v2 without CPU groups).
 func memDevice(t *testing.T, o Options) *Device {
 	t.Helper()
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector's memory passes the 64 MiB limits these tests give workers")
 	}
 	g := NewMemGroups(cgroupRoot, nil, o.Log)
