@@ -130,8 +130,26 @@ func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline, enq t
 		b.soonest = it.deadline
 	}
 	b.mu.Unlock()
+	// A panic before the item ends (dispatch's, say; the transport
+	// recovers it) takes it back: left listed, a later run would copy
+	// into req, which the transport has pooled for another request by
+	// then.
+	ended := false
+	defer func() {
+		if !ended {
+			b.abandon(it)
+		}
+	}()
 	b.dispatch()
+	err := b.await(ctx, it, deadline)
+	ended = true
+	return err
+}
 
+// await waits for it's batch to end within ctx and deadline, or takes it
+// back (abandon), and gives its result.
+func (b *batcher) await(ctx context.Context, it *batchItem, deadline time.Time) error {
+	v, req := b.v, it.req
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	var poll <-chan time.Time

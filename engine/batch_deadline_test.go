@@ -164,3 +164,54 @@ func TestBatchWhoseRequestsAllLeftWhileItWaitedForTheDeviceRunsNothing(t *testin
 		t.Fatal("the batch's chain ran after every request in it had left while it waited for the device")
 	}
 }
+
+// A request whose goroutine panics while its batch waits for the device
+// (here its transport's Gone check; the transport recovers such a panic
+// and pools the request for another) is taken out of the batch as it
+// leaves: the batch runs nothing for it and writes nothing into it. Left
+// in, the run copied its answer into a request by then another's.
+func TestBatchItemOfAPanickedRequestIsTakenBack(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 1, NoReserve: true}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("hog", 1500), nil))
+	m := testkit.BatchManifest("left", 4, "")
+	m.MaxInstances = 1
+	mark := filepath.Join(t.TempDir(), "ran")
+	testkit.Deploy(t, e, batchBundle(t, m, `-DRUN_MARK="`+mark+`"`))
+	if r := <-invokeAsync(e, "left", item(1, 0), time.Time{}); r.err != nil || r.value != 2 {
+		t.Fatalf("first request: %+v", r)
+	}
+	if err := os.Remove(mark); err != nil {
+		t.Fatal(err)
+	}
+	hog := make(chan error, 1)
+	go func() { hog <- e.Invoke(context.Background(), "hog", &call.Request{Input: []byte{1}}) }()
+	testkit.WaitFor(t, e, "hog", "a run on the device", testkit.Busy(1, 0))
+
+	req := &call.Request{Input: item(2, 0), Deadline: time.Now().Add(10 * time.Second)}
+	waiting := make(chan struct{})
+	req.Gone = func() bool {
+		<-waiting // asked first while the batch waits for the device
+		panic("the transport's Gone check")
+	}
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		e.Invoke(context.Background(), "left", req)
+	}()
+	testkit.WaitFor(t, e, "left", "a run waiting for the device", testkit.Busy(1, 1))
+	close(waiting)
+	if p := <-panicked; p == nil {
+		t.Fatal("the request's goroutine did not panic")
+	}
+	req.Output = nil // as a transport's pool would reuse it
+	if err := <-hog; err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, e, "left", "its instance back", testkit.Busy(0, 0))
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatal("the batch's chain ran for a request whose goroutine had panicked out of it")
+	}
+	if req.Output != nil {
+		t.Fatalf("the batch wrote %d bytes into a request whose goroutine had left it", len(req.Output))
+	}
+}
