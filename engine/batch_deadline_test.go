@@ -127,23 +127,7 @@ func TestBatchHoldLeavesARequestTimeToRun(t *testing.T) {
 // another function's run and then running its chain, charged to the
 // function, for nobody.
 func TestBatchWhoseRequestsAllLeftWhileItWaitedForTheDeviceRunsNothing(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 1, NoReserve: true}})
-	slow := testkit.Slow("hog", 1500)
-	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
-	m := testkit.BatchManifest("left", 4, "")
-	m.MaxInstances = 1
-	mark := filepath.Join(t.TempDir(), "ran")
-	testkit.Deploy(t, e, batchBundle(t, m, `-DRUN_MARK="`+mark+`"`))
-	if r := <-invokeAsync(e, "left", item(1, 0), time.Time{}); r.err != nil || r.value != 2 {
-		t.Fatalf("first request: %+v", r)
-	}
-	if err := os.Remove(mark); err != nil {
-		t.Fatal(err)
-	}
-
-	hog := make(chan error, 1)
-	go func() { hog <- e.Invoke(context.Background(), "hog", &call.Request{Input: []byte{1}}) }()
-	testkit.WaitFor(t, e, "hog", "a run on the device", testkit.Busy(1, 0))
+	e, mark, hog := batchBehindAHog(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	left := make(chan error, 1)
@@ -171,22 +155,7 @@ func TestBatchWhoseRequestsAllLeftWhileItWaitedForTheDeviceRunsNothing(t *testin
 // leaves: the batch runs nothing for it and writes nothing into it. Left
 // in, the run copied its answer into a request by then another's.
 func TestBatchItemOfAPanickedRequestIsTakenBack(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 1, NoReserve: true}})
-	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("hog", 1500), nil))
-	m := testkit.BatchManifest("left", 4, "")
-	m.MaxInstances = 1
-	mark := filepath.Join(t.TempDir(), "ran")
-	testkit.Deploy(t, e, batchBundle(t, m, `-DRUN_MARK="`+mark+`"`))
-	if r := <-invokeAsync(e, "left", item(1, 0), time.Time{}); r.err != nil || r.value != 2 {
-		t.Fatalf("first request: %+v", r)
-	}
-	if err := os.Remove(mark); err != nil {
-		t.Fatal(err)
-	}
-	hog := make(chan error, 1)
-	go func() { hog <- e.Invoke(context.Background(), "hog", &call.Request{Input: []byte{1}}) }()
-	testkit.WaitFor(t, e, "hog", "a run on the device", testkit.Busy(1, 0))
-
+	e, mark, hog := batchBehindAHog(t)
 	req := &call.Request{Input: item(2, 0), Deadline: time.Now().Add(10 * time.Second)}
 	waiting := make(chan struct{})
 	req.Gone = func() bool {
@@ -214,4 +183,29 @@ func TestBatchItemOfAPanickedRequestIsTakenBack(t *testing.T) {
 	if req.Output != nil {
 		t.Fatalf("the batch wrote %d bytes into a request whose goroutine had left it", len(req.Output))
 	}
+}
+
+// batchBehindAHog is an engine of one device run at a time, running
+// hog's 1.5 s chain, and a batching function "left" of one instance
+// whose chain writes mark as it runs (removed after its first request),
+// so that left's next batch waits for the device; hog says when its
+// request ends.
+func batchBehindAHog(t *testing.T) (e *engine.Engine, mark string, hog <-chan error) {
+	t.Helper()
+	e = testkit.Engine(t, engine.Config{Sched: engine.SchedConfig{MaxRuns: 1, NoReserve: true}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("hog", 1500), nil))
+	m := testkit.BatchManifest("left", 4, "")
+	m.MaxInstances = 1
+	mark = filepath.Join(t.TempDir(), "ran")
+	testkit.Deploy(t, e, batchBundle(t, m, `-DRUN_MARK="`+mark+`"`))
+	if r := <-invokeAsync(e, "left", item(1, 0), time.Time{}); r.err != nil || r.value != 2 {
+		t.Fatalf("first request: %+v", r)
+	}
+	if err := os.Remove(mark); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Invoke(context.Background(), "hog", &call.Request{Input: []byte{1}}) }()
+	testkit.WaitFor(t, e, "hog", "a run on the device", testkit.Busy(1, 0))
+	return e, mark, done
 }
