@@ -28,6 +28,7 @@ import (
 	"context"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,13 +169,14 @@ func (s *Shares) Weighed() bool { return s.niceOK.Load() }
 // Piece is the most bytes a turn moves.
 func (s *Shares) Piece() int { return s.cfg.Piece }
 
-// Flow returns the flow of the function called name, creating it: name
-// must be the caller's own (it is kept), not a request's bytes.
+// Flow returns the flow of the function called name, creating it (with a
+// copy of name: it is kept).
 func (s *Shares) Flow(name string) *Flow {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f := s.flows[name]
 	if f == nil {
+		name = strings.Clone(name) // not a borrowed request's bytes
 		f = &Flow{sh: s, name: name, f: s.s.Flow(name)}
 		s.flows[name] = f
 	}

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/plover-run/plover/sched"
 	"golang.org/x/sys/unix"
@@ -1103,5 +1104,22 @@ func TestStalledPieceCountsStalled(t *testing.T) {
 	}
 	if moving, st, _ := a.Pieces(); moving != 0 || st != 0 {
 		t.Errorf("after three more pieces: moving %d, stalled %d; want none", moving, st)
+	}
+}
+
+// A flow's name is kept past the call that made it, here and in the
+// device scheduler under it: a caller's string over bytes it reuses (a
+// request's path, borrowed) leaves the flow found by the name it had.
+func TestFlowKeepsItsOwnName(t *testing.T) {
+	buf := []byte("fn-a")
+	borrowed := unsafe.String(&buf[0], len(buf))
+	sh := New(Config{Off: true, Charge: func(*Flow, time.Duration) bool { return true }})
+	f := sh.Flow(borrowed)
+	copy(buf, "fn-b") // the request's buffer, another's now
+	if sh.Lookup("fn-a") != f || sh.Lookup("fn-b") != nil {
+		t.Error("the I/O flow's key changed with the caller's bytes")
+	}
+	if sh.s.Lookup("fn-a") == nil || sh.s.Lookup("fn-b") != nil {
+		t.Error("the device scheduler's flow key changed with the caller's bytes")
 	}
 }

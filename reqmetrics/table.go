@@ -1,6 +1,7 @@
 package reqmetrics
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/plover-run/plover/abi"
@@ -118,7 +119,7 @@ func (t *Table[T]) Forget(name string) bool {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.gone.add(name, t.limit)
+	t.gone.add(strings.Clone(name), t.limit) // kept: not a caller's borrowed bytes
 	s := t.slots[name]
 	if s == nil {
 		return false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -134,7 +135,7 @@ func (s *Scheduler) Flow(name string) *Flow {
 	f := s.flows[name]
 	if f == nil {
 		f = s.newFlow()
-		s.flows[name] = f
+		s.flows[strings.Clone(name)] = f // a key kept: not a caller's borrowed bytes
 	}
 	return f
 }
