@@ -103,6 +103,7 @@ type Device struct {
 	refill  chan struct{}
 	started chan standbyStart // keepStandby's starts in flight report here
 	starts  sync.WaitGroup    // the same starts, for Close
+	unloads inFlight          // tenant programs' unload calls (closeShared)
 	demand  *standbyDemand
 	stop    chan struct{}
 	once    sync.Once
@@ -208,9 +209,14 @@ func (d *Device) MemInfo() device.MemInfo {
 }
 
 // Close stops every worker, and returns once they are gone (their stages
-// and CPU groups removed with them) or after 2 s.
+// and CPU groups removed with them) or after 3 s.
 func (d *Device) Close() error {
 	d.once.Do(func() { close(d.stop) })
+	// Programs closed as the server stops (the engine closes them first)
+	// are unloaded by their workers while that takes little (a second at
+	// most): their hooks run, as they would have before the stop. Then
+	// every worker goes.
+	d.unloads.wait(time.After(time.Second))
 	d.mu.Lock()
 	d.closed = true // spawn kills what it starts from now on
 	procs := d.procsLocked()
@@ -222,11 +228,7 @@ func (d *Device) Close() error {
 	// The pool's starts in flight end at once now (their workers were
 	// killed above, or kill themselves on seeing closed): wait for them,
 	// then for every worker they left too.
-	started := make(chan struct{})
-	go func() { d.starts.Wait(); close(started) }()
-	select {
-	case <-started:
-	case <-deadline:
+	if !waitUntil(&d.starts, deadline) {
 		return nil
 	}
 	d.mu.Lock()
@@ -241,6 +243,59 @@ func (d *Device) Close() error {
 		}
 	}
 	return nil
+}
+
+// waitUntil waits for wg until deadline, and says whether it ended.
+func waitUntil(wg *sync.WaitGroup, deadline <-chan time.Time) bool {
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+		return true
+	case <-deadline:
+		return false
+	}
+}
+
+// inFlight counts calls made in the background that Close waits for a
+// while. Unlike a WaitGroup's, its count may rise from 0 while one waits
+// (a program closed as the server stops).
+type inFlight struct {
+	mu   sync.Mutex
+	n    int
+	none chan struct{} // closed as n falls to 0
+}
+
+func (f *inFlight) add() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		f.none = make(chan struct{})
+	}
+	f.n++
+}
+
+func (f *inFlight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n--; f.n == 0 {
+		close(f.none)
+	}
+}
+
+// wait waits until none is in flight or deadline.
+func (f *inFlight) wait(deadline <-chan time.Time) {
+	f.mu.Lock()
+	none := f.none
+	n := f.n
+	f.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	select {
+	case <-none:
+	case <-deadline:
+	}
 }
 
 func (d *Device) procsLocked() []*proc {

@@ -284,36 +284,58 @@ var unloadWait, unloadBound = maxControlWait, 10 * time.Second
 // function's worker's: whatever the bundles started goes with it. g is
 // out of the worker's programs (its weight, its blame) from the start;
 // what its plover_unload hook prints is still its own (dropProgram).
+//
+// The worker's unload call is made in the background, as a function's
+// worker's kill is reaped: Close is called where nobody may wait on this
+// tenant's worker (an eviction making room for another tenant's cold
+// start, the reaper's round for every function, shutdown), and the call
+// waits for its turn behind a sibling's load and for the program's hook
+// (up to unloadWait and unloadBound).
 func (g *program) closeShared() {
 	g.closeSlots()
 	g.d.used.Add(-g.consts)
 	g.p.dropProgram(g, true)
-	defer g.p.unloaded(g)
 	if g.d.releaseTenant(g.p) {
 		g.p.kill("its last program was unloaded")
+		g.p.unloaded(g)
 		return
 	}
-	if g.p.alive() {
-		// Its own time starts at its turn: behind a sibling's load (up to
-		// loadBound) an unload left with little would time out and kill
-		// every sibling, or not go out at all and leave g loaded for good.
-		ctx, cancel := context.WithTimeout(context.Background(), unloadWait)
-		defer cancel()
-		raw, err := g.p.callTurn(ctx, unloadBound, g, wire.Control{Op: wire.OpUnload, Prog: g.id}, nil, "unloading a program")
-		var rep wire.Reply
-		if err == nil {
-			rep, err = wire.DecodeControlReply(wire.OpUnload, raw)
-		}
-		if err == nil && rep.St != wire.StOK {
-			err = wire.ErrorOf(rep.St, rep.Text)
-		}
-		if err != nil {
-			g.d.opts.Log.Warn("a tenant's worker did not unload a program", "function", g.name, "pid", g.p.pid, "error", err)
-		} else {
-			g.dropSlots()
-		}
+	g.d.unloads.add()
+	go func() {
+		defer g.d.unloads.done()
+		g.unloadShared()
+	}()
+}
+
+// unloadShared is closeShared's call to the worker.
+func (g *program) unloadShared() {
+	defer g.unstage()
+	defer g.p.unloaded(g)
+	if !g.p.alive() {
+		return
 	}
-	g.unstage()
+	// Its own time starts at its turn: behind a sibling's load (up to
+	// loadBound) an unload left with little would time out and kill
+	// every sibling, or not go out at all and leave g loaded for good.
+	ctx, cancel := context.WithTimeout(context.Background(), unloadWait)
+	defer cancel()
+	raw, err := g.p.callTurn(ctx, unloadBound, g, wire.Control{Op: wire.OpUnload, Prog: g.id}, nil, "unloading a program")
+	var rep wire.Reply
+	if err == nil {
+		rep, err = wire.DecodeControlReply(wire.OpUnload, raw)
+	}
+	if err == nil && rep.St != wire.StOK {
+		err = wire.ErrorOf(rep.St, rep.Text)
+	}
+	if err == nil {
+		g.dropSlots()
+		return
+	}
+	select {
+	case <-g.d.stop: // the server stopping killed the worker: nothing to say
+	default:
+		g.d.opts.Log.Warn("a tenant's worker did not unload a program", "function", g.name, "pid", g.p.pid, "error", err)
+	}
 }
 
 // unstage removes g's files from its tenant worker's stage.

@@ -274,6 +274,7 @@ func cycleSlots(t *testing.T, d *Device, dir string, m *abi.Manifest, keep *prog
 			s.Release()
 		}
 		g.Close()
+		awaitUnloads(t, d)
 		p.slots.mu.Lock()
 		mapped, pinned := p.slots.mapped, p.slots.pinned
 		p.slots.mu.Unlock()
@@ -334,6 +335,7 @@ func TestCUDASlotThatFailedToUnregisterGoesWithItsProgram(t *testing.T) {
 		return len(x.slots.discarded) == 1
 	})
 	x.Close()
+	awaitUnloads(t, d)
 	waitFor(t, "the unload to unmap the slot", func() bool { return slotMaps(t, keep.p.pid) == maps })
 	if got := d.Pinning().Bytes; got != 0 {
 		t.Errorf("%d bytes pinned after the unload, want 0", got)

@@ -221,6 +221,7 @@ func TestStageHoldsLoadedProgramsFiles(t *testing.T) {
 				t.Errorf("the stage holds %q, want %q (a's and b's files, no failed load's)", got, want)
 			}
 			b.Close()
+			awaitUnloads(t, d)
 			if got, want := staged(a), []string{ga.prefix + "kernels.so", ga.prefix + "w.bin"}; !slices.Equal(got, want) {
 				t.Errorf("after b's unload the stage holds %q, want a's files alone", got)
 			}
@@ -696,7 +697,10 @@ func BenchmarkTenantFirstRun(b *testing.B) {
 // sibling's call longer than its bound (a large load, up to loadBound) it
 // waits, then unloads, where its one deadline for both made it go out
 // with too little time (timing out killed every sibling) or not at all,
-// leaving the program loaded in the worker for good.
+// leaving the program loaded in the worker for good. Close does not wait
+// for it: it is called where nobody may wait on this tenant's worker (an
+// eviction for another tenant's cold start, the reaper's round), and
+// waited up to a minute there.
 func TestTenantUnloadWaitsForItsTurn(t *testing.T) {
 	defer func(b time.Duration) { unloadBound = b }(unloadBound)
 	unloadBound = time.Second
@@ -707,13 +711,14 @@ func TestTenantUnloadWaitsForItsTurn(t *testing.T) {
 	a.p.ctlTok <- struct{}{} // a sibling's long call holds the channel
 	closed := make(chan struct{})
 	go func() { b.Close(); close(closed) }()
-	time.Sleep(unloadBound + unloadBound/2) // longer than the unload's own bound
-	<-a.p.ctlTok
 	select {
 	case <-closed:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the unload did not return")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited on the tenant's worker's control channel")
 	}
+	time.Sleep(unloadBound + unloadBound/2) // longer than the unload's own bound
+	<-a.p.ctlTok
+	awaitUnloads(t, d)
 	raw, err := a.p.call(context.Background(), a, wire.Control{Op: wire.OpEntry, Prog: b.id, Kernel: "echo"}, nil, "testing")
 	if err != nil {
 		t.Fatal(err)
@@ -725,4 +730,17 @@ func TestTenantUnloadWaitsForItsTurn(t *testing.T) {
 		t.Fatalf("the sibling's worker died: %v", a.Death())
 	}
 	echoes(t, a, ma)
+}
+
+// awaitUnloads waits up to 30 s for d's programs closed so far to be
+// unloaded by their workers (Close leaves that to the background).
+func awaitUnloads(t testing.TB, d *Device) {
+	t.Helper()
+	d.unloads.wait(time.After(30 * time.Second))
+	d.unloads.mu.Lock()
+	left := d.unloads.n
+	d.unloads.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d programs' unloads still under way after 30 s", left)
+	}
 }
