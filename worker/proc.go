@@ -33,6 +33,7 @@ type proc struct {
 	done     chan struct{} // closed once the process is reaped; reason is set
 	reason   string
 	killed   atomic.Pointer[string] // why the server stopped it
+	unreaped atomic.Bool            // end gave up waiting for its reap (said once)
 	memLimit atomic.Int64           // resident bytes it may hold; 0: none
 	// reported is set once it runs a program: from then on the watch
 	// loop samples its figures into sample (nil until the first), which
@@ -529,6 +530,19 @@ func (p *proc) idleExit() error {
 // exit is its death as a run or call doing during saw it (the process has
 // ended: reason is set).
 func (p *proc) exit(during string) *ProcessExit {
+	select {
+	case <-p.done:
+	default:
+		// Not reaped within end's bound: what the reap finds (the exit
+		// status, a fault's report, the blame) is not there to read.
+		what := "ended"
+		k := p.killed.Load()
+		if k != nil {
+			what = "was stopped by the server (" + *k + ")"
+		}
+		return &ProcessExit{PID: p.pid, During: during, Killed: k != nil,
+			Reason: fmt.Sprintf("%s and is not reaped %s later: its reap waits on a process that does not end (stuck in the kernel, say)", what, 2*time.Second+reapWait)}
+	}
 	return &ProcessExit{PID: p.pid, Reason: p.reason, Fault: p.faulted, During: during, Killed: p.killed.Load() != nil}
 }
 
@@ -593,15 +607,29 @@ func (p *proc) lost(during string) error {
 }
 
 // end waits for the process to be gone, killing it (for why) if it does not
-// go by itself within a moment.
+// go by itself within a moment, and waits for its reap up to reapWait then.
 func (p *proc) end(why string) {
 	select {
 	case <-p.done:
+		return
 	case <-time.After(2 * time.Second):
-		p.kill(why)
-		<-p.done
+	}
+	p.kill(why)
+	select {
+	case <-p.done:
+	case <-time.After(reapWait):
+		if p.unreaped.CompareAndSwap(false, true) {
+			p.d.opts.Log.Warn("a killed worker is not reaped: its requests are told so without waiting longer", "pid", p.pid, "waited", (2*time.Second + reapWait).String())
+		}
 	}
 }
+
+// reapWait bounds end's wait for a killed worker's reap. A process of it
+// stuck in the kernel (uninterruptible: a hung driver call, say) holds the
+// reap for good, in a PID namespace through its init too, and every
+// request that saw the worker go waited with it, each holding its
+// instance, until the function had none left. A variable for tests.
+var reapWait = 10 * time.Second
 
 // deathSignal is the signal that killed a process, 0 for none (an exit):
 // a fatal signal's line, wire.FatalMark, is believed only for a signal.
