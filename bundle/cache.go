@@ -248,7 +248,10 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	if !ValidDigest(sha) {
 		return "", nil, false, refuse("invalid sha256 %q", sha)
 	}
-	unlock := c.lock(sha)
+	unlock, err := c.lock(ctx, sha)
+	if err != nil {
+		return "", nil, false, &FetchError{Err: fmt.Errorf("waiting for another request's work on bundle %s: %w", sha, err)}
+	}
 	var aside []string // removed once sha's lock is let go
 	defer func() {
 		unlock()
@@ -400,34 +403,46 @@ func (c *Cache) pin(sha, dir string) bool {
 }
 
 // shaLock serialises the work on one bundle's entry; refs counts those
-// that hold it or wait for it.
+// that hold it or wait for it. Held is holding its one token: a waiter
+// gives up with its context, where a mutex held it until the fetch before
+// it ended (a download from a distant store, up to that request's
+// deadline).
 type shaLock struct {
-	sync.Mutex
+	held chan struct{}
 	refs int
 }
 
-// lock takes sha's lock and returns its unlock. The lock leaves c.locks
-// when its last holder or waiter lets go: kept, one per bundle ever asked
-// for stayed for the process's life. refs is counted under c.mu, so a
-// newcomer finds the lock others wait for, never a second one beside it.
-func (c *Cache) lock(sha string) (unlock func()) {
+// lock takes sha's lock within ctx and returns its unlock. The lock leaves
+// c.locks when its last holder or waiter lets go: kept, one per bundle
+// ever asked for stayed for the process's life. refs is counted under
+// c.mu, so a newcomer finds the lock others wait for, never a second one
+// beside it.
+func (c *Cache) lock(ctx context.Context, sha string) (unlock func(), err error) {
 	c.mu.Lock()
 	l, ok := c.locks[sha]
 	if !ok {
-		l = &shaLock{}
+		l = &shaLock{held: make(chan struct{}, 1)}
 		c.locks[sha] = l
 	}
 	l.refs++
 	c.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
+	letGo := func() {
 		c.mu.Lock()
 		if l.refs--; l.refs == 0 {
 			delete(c.locks, sha)
 		}
 		c.mu.Unlock()
 	}
+	select {
+	case l.held <- struct{}{}:
+	case <-ctx.Done():
+		letGo()
+		return nil, ctx.Err()
+	}
+	return func() {
+		<-l.held
+		letGo()
+	}, nil
 }
 
 // fetch reads bundle sha from store into dir; a directory in dir's way is
@@ -558,8 +573,9 @@ func (c *Cache) Adopt(work, sha string) {
 		return
 	}
 	var aside []string
-	defer func() { c.removeAll(aside) }() // after the lock below is let go (defers run last first)
-	defer c.lock(sha)()                   // let go on every path, a panic's too
+	defer func() { c.removeAll(aside) }()          // after the lock below is let go (defers run last first)
+	unlock, _ := c.lock(context.Background(), sha) // no context: never fails
+	defer unlock()                                 // let go on every path, a panic's too
 	dir := filepath.Join(c.dir, sha)
 	size, _, err := dirSize(work) // before the rename: use cannot fail after it
 	if err == nil {

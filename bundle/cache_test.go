@@ -655,3 +655,63 @@ func TestCacheGetReplacesADirectoryNoEntryRecords(t *testing.T) {
 		}
 	}
 }
+
+// heldStore holds every Get until release is closed (or its context
+// ends), as a distant store's slow download would.
+type heldStore struct {
+	objectstore.Store
+	began   chan struct{}
+	release chan struct{}
+}
+
+func (s heldStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	s.began <- struct{}{}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Store.Get(ctx, key)
+}
+
+// A Get waiting for another's fetch of the same bundle gives up with its
+// own context (a 504 for its request), where it waited until the fetch
+// before it ended; the fetch it waited for goes on, and a Get after it
+// finds the bundle cached.
+func TestCacheGetWaitsForAnotherFetchWithinItsContext(t *testing.T) {
+	store, sha, c := storedBundle(t)
+	held := heldStore{Store: store, began: make(chan struct{}, 1), release: make(chan struct{})}
+	first := make(chan error, 1)
+	go func() {
+		_, _, _, err := c.Get(context.Background(), held, sha)
+		first <- err
+	}()
+	<-held.began // the first holds the bundle's lock, fetching
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, _, _, err := c.Get(ctx, held, sha)
+	var fe *FetchError
+	if !errors.As(err, &fe) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the second Get: %v; want a FetchError at its deadline", err)
+	}
+	select {
+	case <-held.began:
+		t.Fatal("the second Get fetched too")
+	default:
+	}
+	close(held.release)
+	if err := <-first; err != nil {
+		t.Fatalf("the first Get: %v", err)
+	}
+	c.Release(sha)
+	if _, _, fetched, err := c.Get(context.Background(), held, sha); err != nil || fetched {
+		t.Fatalf("a Get after the fetch: fetched %v, %v; want the cached bundle", fetched, err)
+	}
+	c.Release(sha)
+	c.mu.Lock()
+	locks := len(c.locks)
+	c.mu.Unlock()
+	if locks != 0 {
+		t.Errorf("%d bundle locks kept with no holder or waiter", locks)
+	}
+}
