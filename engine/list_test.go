@@ -273,8 +273,6 @@ func TestListingWorkerFigures(t *testing.T) {
 	}
 }
 
-// sameWorkers reports whether each function's own view lists the workers
-// the listing does.
 // sameListing is whether two listings say the same, their device
 // fractions within 1e-9: each is a ratio of two decaying sums brought to
 // the reading's time by steps that differ between the two (the series
@@ -297,6 +295,8 @@ func sameListing(a, b []api.FunctionInfo) bool {
 	return true
 }
 
+// sameWorkers reports whether each function's own view lists the workers
+// the listing does.
 func sameWorkers(list []api.FunctionInfo, views map[string]api.FunctionInfo) bool {
 	for _, fi := range list {
 		if !reflect.DeepEqual(views[fi.Name].Workers, fi.Workers) {

@@ -39,7 +39,11 @@ func loadLate(t *testing.T, d *Device, spec device.ProgramSpec) *lateLoad {
 	if err != nil {
 		t.Fatalf("start %q's worker: %v", spec.Tenant, err)
 	}
-	defer d.releaseTenant(w)
+	defer func() {
+		if d.releaseTenant(w) { // the hold was the worker's last ref (no late load came)
+			w.kill("a test's hold on it ended")
+		}
+	}()
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		p, err := d.Load(ctx, spec)

@@ -541,7 +541,7 @@ func (p *proc) exit(during string) *ProcessExit {
 			what = "was stopped by the server (" + *k + ")"
 		}
 		return &ProcessExit{PID: p.pid, During: during, Killed: k != nil,
-			Reason: fmt.Sprintf("%s and is not reaped %s later: its reap waits on a process that does not end (stuck in the kernel, say)", what, 2*time.Second+reapWait)}
+			Reason: fmt.Sprintf("%s and is not reaped %s later: its reap waits on a process that does not end (stuck in the kernel, say)", what, endWait+reapWait)}
 	}
 	return &ProcessExit{PID: p.pid, Reason: p.reason, Fault: p.faulted, During: during, Killed: p.killed.Load() != nil}
 }
@@ -609,17 +609,22 @@ func (p *proc) lost(during string) error {
 // end waits for the process to be gone, killing it (for why) if it does not
 // go by itself within a moment, and waits for its reap up to reapWait then.
 func (p *proc) end(why string) {
+	if p.unreaped.Load() {
+		// Known not to be reaped: each request that waited 12 s again
+		// would hold its instance as long.
+		return
+	}
 	select {
 	case <-p.done:
 		return
-	case <-time.After(2 * time.Second):
+	case <-time.After(endWait):
 	}
 	p.kill(why)
 	select {
 	case <-p.done:
 	case <-time.After(reapWait):
 		if p.unreaped.CompareAndSwap(false, true) {
-			p.d.opts.Log.Warn("a killed worker is not reaped: its requests are told so without waiting longer", "pid", p.pid, "waited", (2*time.Second + reapWait).String())
+			p.d.opts.Log.Warn("a killed worker is not reaped: its requests are told so without waiting longer", "pid", p.pid, "waited", (endWait + reapWait).String())
 		}
 	}
 }
@@ -629,7 +634,9 @@ func (p *proc) end(why string) {
 // reap for good, in a PID namespace through its init too, and every
 // request that saw the worker go waited with it, each holding its
 // instance, until the function had none left. A variable for tests.
-var reapWait = 10 * time.Second
+//
+// endWait is how long end lets a worker go by itself before it kills it.
+var reapWait, endWait = 10 * time.Second, 2 * time.Second
 
 // deathSignal is the signal that killed a process, 0 for none (an exit):
 // a fatal signal's line, wire.FatalMark, is believed only for a signal.

@@ -285,12 +285,15 @@ var unloadWait, unloadBound = maxControlWait, 10 * time.Second
 // out of the worker's programs (its weight, its blame) from the start;
 // what its plover_unload hook prints is still its own (dropProgram).
 //
-// The worker's unload call is made in the background, as a function's
-// worker's kill is reaped: Close is called where nobody may wait on this
-// tenant's worker (an eviction making room for another tenant's cold
-// start, the reaper's round for every function, shutdown), and the call
-// waits for its turn behind a sibling's load and for the program's hook
-// (up to unloadWait and unloadBound).
+// The worker's unload call is waited for up to unloadWaited, then left to
+// the background, as a function's worker's kill is reaped: Close is called
+// where nobody may wait long on this tenant's worker (an eviction making
+// room for another tenant's cold start, the reaper's round for every
+// function, shutdown), and the call waits for its turn behind a sibling's
+// load and for the program's hook (up to unloadWait and unloadBound). A
+// quick one (no load ahead of it, a short hook) ends before Close returns,
+// so that on a GPU the memory it frees is free for the load an eviction
+// made room for.
 func (g *program) closeShared() {
 	g.closeSlots()
 	g.d.used.Add(-g.consts)
@@ -301,11 +304,21 @@ func (g *program) closeShared() {
 		return
 	}
 	g.d.unloads.add()
+	unloaded := make(chan struct{})
 	go func() {
 		defer g.d.unloads.done()
+		defer close(unloaded)
 		g.unloadShared()
 	}()
+	select {
+	case <-unloaded:
+	case <-time.After(unloadWaited):
+	}
 }
+
+// unloadWaited is how long Close waits for its program's unload by a
+// tenant's worker. A variable for tests.
+var unloadWaited = time.Second
 
 // unloadShared is closeShared's call to the worker.
 func (g *program) unloadShared() {
@@ -333,9 +346,13 @@ func (g *program) unloadShared() {
 	}
 	select {
 	case <-g.d.stop: // the server stopping killed the worker: nothing to say
+		return
 	default:
-		g.d.opts.Log.Warn("a tenant's worker did not unload a program", "function", g.name, "pid", g.p.pid, "error", err)
 	}
+	if g.p.killed.Load() != nil && g.p.killedBy.Load() != g {
+		return // stopped meanwhile for another reason (its last program unloaded, a limit): g went with it
+	}
+	g.d.opts.Log.Warn("a tenant's worker did not unload a program", "function", g.name, "pid", g.p.pid, "error", err)
 }
 
 // unstage removes g's files from its tenant worker's stage.

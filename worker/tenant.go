@@ -586,8 +586,12 @@ func (p *proc) blame(sig syscall.Signal) {
 }
 
 // collateral: g lost its (tenant's) worker by another program's fault.
-// Known once the process is reaped.
-func (g *program) collateral() bool { return g.p.tenant != nil && !g.blamed.Load() }
+// Known once the process is reaped: a worker not reaped (proc.end gave up)
+// has no blame, and its death counts against every program in it, as one
+// no single program is found at fault for does.
+func (g *program) collateral() bool {
+	return g.p.tenant != nil && !g.blamed.Load() && !g.p.alive()
+}
 
 // shares marks err, a loss of g's worker, as collateral where it was.
 func (g *program) shares(err error) error {
