@@ -102,7 +102,7 @@ type Device struct {
 	standby chan *proc
 	refill  chan struct{}
 	started chan standbyStart // keepStandby's starts in flight report here
-	starts  sync.WaitGroup    // the same starts, for Close
+	starts  inFlight          // the same starts, for Close
 	unloads inFlight          // tenant programs' unload calls (closeShared)
 	demand  *standbyDemand
 	stop    chan struct{}
@@ -228,7 +228,7 @@ func (d *Device) Close() error {
 	// The pool's starts in flight end at once now (their workers were
 	// killed above, or kill themselves on seeing closed): wait for them,
 	// then for every worker they left too.
-	if !waitUntil(&d.starts, deadline) {
+	if !d.starts.wait(deadline) {
 		return nil
 	}
 	d.mu.Lock()
@@ -245,21 +245,9 @@ func (d *Device) Close() error {
 	return nil
 }
 
-// waitUntil waits for wg until deadline, and says whether it ended.
-func waitUntil(wg *sync.WaitGroup, deadline <-chan time.Time) bool {
-	ended := make(chan struct{})
-	go func() { wg.Wait(); close(ended) }()
-	select {
-	case <-ended:
-		return true
-	case <-deadline:
-		return false
-	}
-}
-
-// inFlight counts calls made in the background that Close waits for a
-// while. Unlike a WaitGroup's, its count may rise from 0 while one waits
-// (a program closed as the server stops).
+// inFlight counts work under way in the background (the pool's starts,
+// unloads) that Close waits for a while. Unlike a WaitGroup's, its count
+// may rise from 0 while one waits (a program closed as the server stops).
 type inFlight struct {
 	mu   sync.Mutex
 	n    int
@@ -283,18 +271,20 @@ func (f *inFlight) done() {
 	}
 }
 
-// wait waits until none is in flight or deadline.
-func (f *inFlight) wait(deadline <-chan time.Time) {
+// wait waits until none is in flight or deadline, and says whether none
+// is.
+func (f *inFlight) wait(deadline <-chan time.Time) bool {
 	f.mu.Lock()
-	none := f.none
-	n := f.n
+	none, n := f.none, f.n
 	f.mu.Unlock()
 	if n == 0 {
-		return
+		return true
 	}
 	select {
 	case <-none:
+		return true
 	case <-deadline:
+		return false
 	}
 }
 

@@ -104,11 +104,11 @@ func (d *Device) keepStandby() {
 				d.mu.Unlock()
 				return
 			}
-			d.starts.Add(1)
+			d.starts.add()
 			d.mu.Unlock()
 			starting++
 			go func() {
-				defer d.starts.Done()
+				defer d.starts.done()
 				p, err := d.spawn(context.Background(), 0)
 				d.started <- standbyStart{p, err} // buffered: never blocks
 			}()

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -446,4 +447,32 @@ func probedTenantDevice(t *testing.T, watch string) (*Device, *lockProbe) {
 	d := loggedTenantDevice(t, h)
 	h.d.Store(d)
 	return d, h
+}
+
+// A plover_unload that never returns holds up nobody who closed its
+// program (an eviction for another tenant, the reaper, shutdown): Close
+// returns after unloadWaited, and the unload's own bound ends the worker,
+// the hook's program at fault, its sibling lost as collateral.
+func TestTenantUnloadHookThatHangs(t *testing.T) {
+	defer func(b, w time.Duration) { unloadBound, unloadWaited = b, w }(unloadBound, unloadWaited)
+	unloadBound, unloadWaited = time.Second, 100*time.Millisecond
+	d := tenantDevice(t)
+	sib := loadFor(t, d, "t", "", testkit.Manifest("sibling"), nil).(*program)
+	h, _ := loadLeaving(t, d, "hanger", "echo", nil, "-DHANG_UNLOAD")
+	closed := make(chan struct{})
+	go func() { h.Close(); close(closed) }()
+	select {
+	case <-closed:
+		if h.p.killed.Load() != nil {
+			t.Fatal("Close waited on a plover_unload that never returns until the unload's bound killed the worker")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited on a plover_unload that never returns for 10 s")
+	}
+	awaitClosed(t, sib.Exited(), "the worker's end at the unload's bound")
+	var pe *ProcessExit
+	if err := sib.Death(); !errors.As(err, &pe) || !pe.Shared || !strings.Contains(pe.Reason, "unloading a program") {
+		t.Fatalf("the sibling's loss: %v; want a collateral one, the worker stopped while unloading a program", err)
+	}
+	awaitUnloads(t, d)
 }

@@ -736,11 +736,7 @@ func TestTenantUnloadWaitsForItsTurn(t *testing.T) {
 // unloaded by their workers (Close leaves that to the background).
 func awaitUnloads(t testing.TB, d *Device) {
 	t.Helper()
-	d.unloads.wait(time.After(30 * time.Second))
-	d.unloads.mu.Lock()
-	left := d.unloads.n
-	d.unloads.mu.Unlock()
-	if left != 0 {
-		t.Fatalf("%d programs' unloads still under way after 30 s", left)
+	if !d.unloads.wait(time.After(30 * time.Second)) {
+		t.Fatal("programs' unloads still under way after 30 s")
 	}
 }

@@ -3,7 +3,7 @@
 // a line naming it ("fini: WHO", "unload: WHO"; -DWHO=\"name\"). With
 // -DCRASH_UNLOAD its plover_unload writes to address 0 instead: on the
 // worker's control thread, which the fatal-signal handler marks with the
-// program being unloaded. forge writes its input as one line on
+// program being unloaded; with -DHANG_UNLOAD it never returns. forge writes its input as one line on
 // descriptor block (a fatal-signal mark the test composes, naming a
 // program of its choice: on 2, stderr, as a bundle echoing its client's
 // bytes would; on 5, the mark's own pipe, as only the bundle itself can),
@@ -78,6 +78,10 @@ PLOVER_EXPORT void plover_unload(plover_state_t *s) {
   (void)s;
 #ifdef CRASH_UNLOAD
   *null_ptr = 1;
+#endif
+#ifdef HANG_UNLOAD
+  for (;;)
+    pause();
 #endif
   printf("unload: %s\n", WHO);
   fflush(stdout);
