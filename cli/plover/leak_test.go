@@ -1,0 +1,266 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+)
+
+// Clients that misbehave in the ways a transport sees (gone mid-body,
+// mid-answer, at their deadline, between pipelined requests, after a
+// 100-continue, in a chunk; over gRPC cancelled, out of time, a stream
+// left unread, a connection cut mid-frame), beside a worker killed under
+// them, leave nothing in the server once they are gone and its function
+// is unloaded again: its goroutines and open files come back to what they
+// were after a round of well-behaved requests. A leak of one goroutine or
+// file in ten such requests shows: each round makes about 50 of them.
+// Every 200 (every OK) is the request's own bytes.
+func TestMisbehavingClientsLeaveNothingBehind(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server with worker processes")
+	}
+	bin := buildPlover(t)
+	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "process", "--grpc-listen", "127.0.0.1:0",
+		"--idle-ttl", "1s", "--standby-workers", "0", "--timeout", "20s", "--max-instances", "4")
+	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
+	scrape := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	read := func() (goroutines, fds float64) {
+		m := metricsOf(t, scrape, srv.url)
+		return m("go_goroutines"), m("process_open_fds")
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 30 * time.Second}
+	conn, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := misbehaving{t: t, url: srv.url, grpcAddr: grpcAddr(t, srv), hc: hc, infer: inferBig(pb.NewGRPCInferenceServiceClient(conn)), conn: conn}
+
+	// The baseline: every transport and the function used once, the
+	// clients gone, the function unloaded.
+	for i := range 4 {
+		if ok, bad := g.wellBehaved(rand.New(rand.NewPCG(uint64(i), 0)), 200, i); !ok {
+			t.Fatalf("a well-behaved request before the rounds: %s", bad)
+		}
+	}
+	g.leave()
+	waitUnloaded(t, srv.url, "big")
+	g0, f0 := settled(read)
+	t.Logf("baseline: %v goroutines, %v open files", g0, f0)
+
+	for round := range uint64(2) {
+		mixedClients(t, srv.url, "big", 11+round, g.try)
+	}
+	g.leave()
+	waitUnloaded(t, srv.url, "big")
+	const slackG, slackF = 6, 2 // a scrape's connection, a timer: not one a request
+	var gs, fs float64
+	for end := time.Now().Add(40 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		if gs, fs = read(); gs <= g0+slackG && fs <= f0+slackF {
+			t.Logf("after the rounds: %v goroutines, %v open files", gs, fs)
+			return
+		}
+		if time.Now().After(end) {
+			break
+		}
+	}
+	// What is left, in the server's own words: SIGQUIT dumps its
+	// goroutines into its log, which the cleanup prints for a failed test.
+	srv.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-srv.exited:
+	case <-time.After(5 * time.Second):
+	}
+	t.Fatalf("40 s after the rounds, with the function unloaded: %v goroutines and %v open files, against %v and %v before them", gs, fs, g0, f0)
+}
+
+// settled is read's figures once the goroutines stop falling: fasthttp
+// ends an idle worker goroutine 10 s after its last connection, a
+// gRPC connection's goroutines end as it closes.
+func settled(read func() (float64, float64)) (float64, float64) {
+	g, f := read()
+	low := time.Now()
+	for end := time.Now().Add(40 * time.Second); time.Now().Before(end) && time.Since(low) < 12*time.Second; time.Sleep(250 * time.Millisecond) {
+		if g1, f1 := read(); g1 < g || f1 < f {
+			g, f, low = min(g, g1), min(f, f1), time.Now()
+		}
+	}
+	return g, f
+}
+
+// waitUnloaded waits, bounded, until fn has no instance (--idle-ttl).
+func waitUnloaded(t *testing.T, url, fn string) {
+	t.Helper()
+	waitMetric(t, url, `plover_instances{function="`+fn+`",state="idle"}`, "none", func(v float64) bool { return v <= 0 })
+	waitMetric(t, url, `plover_instances{function="`+fn+`",state="busy"}`, "none", func(v float64) bool { return v <= 0 })
+}
+
+// misbehaving makes the requests of TestMisbehavingClientsLeaveNothingBehind
+// to "big" (echoBigAs) on a server over HTTP and gRPC.
+type misbehaving struct {
+	t        *testing.T
+	url      string
+	grpcAddr string
+	hc       *http.Client
+	infer    func(context.Context, []byte) (*pb.ModelInferResponse, error)
+	conn     *grpc.ClientConn
+}
+
+// leave closes every connection the clients keep.
+func (g *misbehaving) leave() {
+	g.hc.CloseIdleConnections()
+	g.conn.Close()
+	conn, err := grpc.NewClient(g.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.t.Cleanup(func() { conn.Close() })
+	g.conn, g.infer = conn, inferBig(pb.NewGRPCInferenceServiceClient(conn))
+}
+
+// try is one request of client c, half of them well-behaved (ok where
+// answered with its own bytes), half not (never ok); bad says what was
+// wrong with an answer.
+func (g *misbehaving) try(rng *rand.Rand, c, i int) (bool, string) {
+	if rng.IntN(2) == 0 {
+		return g.wellBehaved(rng, c, i)
+	}
+	n := 1 + rng.IntN(2<<20)
+	in := body(400+c, i, n)
+	switch rng.IntN(9) {
+	case 0: // gone mid-body
+		conn := g.raw(fmt.Sprintf("Content-Length: %d\r\n\r\n", n))
+		conn.Write(in[:n/2])
+		conn.Close()
+	case 1: // gone mid-answer
+		if resp, err := g.hc.Post(g.url+"/v1/functions/big/invoke", "application/octet-stream", bytes.NewReader(in)); err == nil {
+			io.CopyN(io.Discard, resp.Body, int64(n/3))
+			resp.Body.Close()
+		}
+	case 2: // its deadline passes mid-body: a 504, then gone
+		conn := g.raw(fmt.Sprintf("X-Plover-Timeout-Ms: 50\r\nContent-Length: %d\r\n\r\n", n+1))
+		conn.Write(in)
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil && resp.StatusCode == 200 {
+			conn.Close()
+			return false, "200 for a body one byte short"
+		}
+		conn.Close()
+	case 3: // two requests at once, the second's answer never read
+		conn := g.raw(fmt.Sprintf("Content-Length: %d\r\n\r\n", n))
+		conn.Write(in)
+		fmt.Fprintf(conn, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", n)
+		conn.Write(in)
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		bad := "the first answer: " + fmt.Sprint(err)
+		if err == nil {
+			_, bad = ownEcho(resp, in)
+		}
+		conn.Close()
+		if bad != "" {
+			return false, "pipelined: " + bad
+		}
+	case 4: // asks to continue, then leaves
+		conn := g.raw(fmt.Sprintf("Expect: 100-continue\r\nContent-Length: %d\r\n\r\n", n))
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		conn.Read(make([]byte, 64))
+		conn.Close()
+	case 5: // a chunked body cut in a chunk
+		conn := g.raw(fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n", n))
+		conn.Write(in[:n/2])
+		conn.Close()
+	case 6: // a call cancelled as it goes
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.infer(ctx, in) }()
+		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		cancel()
+		<-done
+	case 7: // a call out of time
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+rng.IntN(3))*time.Millisecond)
+		resp, err := g.infer(ctx, in)
+		cancel()
+		if err == nil {
+			if err := ownAnswer(resp, in); err != nil {
+				return false, "a call near its deadline: " + err.Error()
+			}
+		}
+	case 8: // a gRPC connection cut in its first message's frame
+		conn, err := net.Dial("tcp", g.grpcAddr)
+		if err != nil {
+			return false, err.Error()
+		}
+		conn.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x01"))
+		conn.Close()
+	}
+	return false, ""
+}
+
+// wellBehaved is a whole request of client c over HTTP or gRPC: ok where
+// the answer is its own bytes; a 5xx (a killed worker's) is neither.
+func (g *misbehaving) wellBehaved(rng *rand.Rand, c, i int) (bool, string) {
+	n := 1 + rng.IntN(2<<20)
+	in := body(200+c, i, n)
+	if rng.IntN(2) == 0 {
+		resp, err := g.infer(context.Background(), in)
+		if err != nil {
+			return false, "" // a killed worker's call fails; which code is the gRPC tests'
+		}
+		if err := ownAnswer(resp, in); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	}
+	resp, err := g.hc.Post(g.url+"/v1/functions/big/invoke", "application/octet-stream", bytes.NewReader(in))
+	if err != nil {
+		return false, err.Error()
+	}
+	defer resp.Body.Close()
+	return ownEcho(resp, in)
+}
+
+// ownEcho reads resp, an answer to in: ok where it is a 200 of in's
+// bytes; bad where it is a 200 of others, or neither a 200 nor a 5xx (a
+// killed worker's).
+func ownEcho(resp *http.Response, in []byte) (ok bool, bad string) {
+	out, _ := io.ReadAll(resp.Body)
+	switch {
+	case resp.StatusCode == 200 && !bytes.Equal(out, in):
+		return false, fmt.Sprintf("200 with %d bytes, not its own %d", len(out), len(in))
+	case resp.StatusCode == 200:
+		return true, ""
+	case resp.StatusCode != 500 && resp.StatusCode != 503:
+		return false, fmt.Sprintf("%d %s", resp.StatusCode, out)
+	}
+	return false, ""
+}
+
+// raw opens a connection and sends an invoke's request line and headers,
+// ending with rest (its last headers, the blank line).
+func (g *misbehaving) raw(rest string) net.Conn {
+	conn, err := net.Dial("tcp", strings.TrimPrefix(g.url, "http://"))
+	if err != nil {
+		g.t.Error(err)
+		c, other := net.Pipe() // goes nowhere: writes fail, reads end
+		other.Close()
+		return c
+	}
+	io.WriteString(conn, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\n"+rest)
+	return conn
+}
